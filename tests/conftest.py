@@ -1,0 +1,86 @@
+"""Shared fixtures: the real sglang release history (cached), clones of it, and test series."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from c128patch.git import Git
+from c128patch.manifest import load_series
+from c128patch.release_source import ReleaseHistory
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RELEASES = ("v0.5.20", "v0.5.21", "v0.5.22", "v0.5.23")
+
+
+@pytest.fixture(scope="session")
+def sglang_release_repo() -> Path:
+    """A bare git repo with one tagged commit per sglang release (0.5.20-0.5.23), built once from
+    the release wheels and cached outside the repository (~/.cache/c128patch or $C128PATCH_CACHE)."""
+    return ReleaseHistory().ensure()
+
+
+@pytest.fixture
+def upstream_clone(sglang_release_repo: Path, tmp_path: Path) -> Path:
+    """A working clone of the release history, checked out at v0.5.23 on branch 'main'."""
+    dest = tmp_path / "sglang"
+    subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(sglang_release_repo), str(dest)], check=True)
+    subprocess.run(["git", "-C", str(dest), "checkout", "--quiet", "-b", "main", "v0.5.23"], check=True)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def real_series():
+    return load_series(REPO_ROOT)
+
+
+def snapshot(tree: Path) -> dict:
+    """Everything a refused command must leave untouched: refs, HEAD, index and worktree state."""
+    git = Git(worktree=tree)
+    return {
+        "refs": git.out("for-each-ref", "--format=%(refname) %(objectname)"),
+        "head": git.out("symbolic-ref", "-q", "HEAD", check=False) or git.out("rev-parse", "HEAD"),
+        "status": git.out("status", "--porcelain=v1", "--untracked-files=all"),
+        "diff": git.out("diff", "HEAD"),
+    }
+
+
+def make_test_series(dest: Path, upstream: Path, edits: dict[str, tuple[str, str]], overlay: bool = True) -> Path:
+    """A series with one real patch made against real upstream v0.5.23 (``edits``: path -> (old, new))
+    and, optionally, one overlay file. For mechanics tests; the product series lives in patches/."""
+    work = dest / "work"
+    subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(upstream), str(work)], check=True)
+    git = Git(worktree=work)
+    git.run("checkout", "--quiet", "-b", "w", "v0.5.23")
+    for path, (old, new) in edits.items():
+        f = work / path
+        text = f.read_text()
+        assert old in text, f"{old!r} not in {path}"
+        f.write_text(text.replace(old, new, 1))
+    git.run("commit", "--quiet", "-am", "c128: test change\n\nWhy: mechanics test.\n\nC128patch-Gate: none (test)\n")
+    (dest / "patches").mkdir(parents=True)
+    git.run("format-patch", "-1", "--full-index", "--zero-commit", "--no-signature", "-o", str(dest / "patches"))
+    (patch,) = (dest / "patches").glob("*.patch")
+    patch.rename(dest / "patches" / "0001-test.patch")
+    entries = [
+        '[[entries]]\nname = "test-patch"\nkind = "patch"\nfile = "0001-test.patch"\n'
+        'why = "test"\nbase = "v0.5.23"\n'
+    ]
+    if overlay:
+        (dest / "overlay" / "sglang").mkdir(parents=True)
+        (dest / "overlay" / "sglang" / "c128_test_overlay.py").write_text("VALUE = 1\n")
+        entries.append(
+            '[[entries]]\nname = "test-overlay"\nkind = "overlay"\nsource = "overlay/sglang/c128_test_overlay.py"\n'
+            'target = "python/sglang/c128_test_overlay.py"\nwhy = "test"\nbase = "v0.5.23"\n'
+        )
+    (dest / "patches" / "series.toml").write_text(
+        '[series]\nname = "test"\nversion = "1"\nbase = "v0.5.23"\n\n' + "\n".join(entries)
+    )
+    from c128patch.lint import update_hashes
+
+    update_hashes(load_series(dest))
+    shutil.rmtree(work)
+    return dest
