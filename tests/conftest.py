@@ -32,6 +32,18 @@ def upstream_clone(sglang_release_repo: Path, tmp_path: Path) -> Path:
     return dest
 
 
+@pytest.fixture
+def sparse_clone(sglang_release_repo: Path, tmp_path: Path) -> Path:
+    """A cheap clone at v0.5.23 (branch 'main') with only a few upstream files checked out:
+    for tests of commands that must refuse before touching the tree."""
+    dest = tmp_path / "sglang"
+    subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(sglang_release_repo), str(dest)], check=True)
+    subprocess.run(["git", "-C", str(dest), "sparse-checkout", "set", "--no-cone",
+                    "/python/sglang/srt/environ.py", "/python/sglang/kernels/jit/csrc/deepseek_v4/"], check=True)
+    subprocess.run(["git", "-C", str(dest), "checkout", "--quiet", "-b", "main", "v0.5.23"], check=True)
+    return dest
+
+
 @pytest.fixture(scope="session")
 def real_series():
     return load_series(REPO_ROOT)
@@ -50,21 +62,23 @@ def snapshot(tree: Path) -> dict:
 
 def make_test_series(dest: Path, upstream: Path, edits: dict[str, tuple[str, str]], overlay: bool = True) -> Path:
     """A series with one real patch made against real upstream v0.5.23 (``edits``: path -> (old, new))
-    and, optionally, one overlay file. For mechanics tests; the product series lives in patches/."""
-    work = dest / "work"
-    subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(upstream), str(work)], check=True)
-    git = Git(worktree=work)
-    git.run("checkout", "--quiet", "-b", "w", "v0.5.23")
+    and, optionally, one overlay file. For mechanics tests; the product series lives in patches/.
+    Made with git plumbing in a shared bare clone: nothing is checked out."""
+    work = dest / "work.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(upstream), str(work)], check=True)
+    git = Git(git_dir=work).with_env(GIT_INDEX_FILE=str(dest / "index"))
+    git.run("read-tree", "v0.5.23")
     for path, (old, new) in edits.items():
-        f = work / path
-        text = f.read_text()
+        text = git.blob("v0.5.23", path).decode()
         assert old in text, f"{old!r} not in {path}"
-        f.write_text(text.replace(old, new, 1))
-    git.run("commit", "--quiet", "-am", "c128: test change\n\nWhy: mechanics test.\n\nC128patch-Gate: none (test)\n")
+        sha = git.out("hash-object", "-w", "--stdin", input=text.replace(old, new, 1))
+        git.run("update-index", "--cacheinfo", f"100644,{sha},{path}")
+    tree = git.out("write-tree")
+    commit = git.out("commit-tree", tree, "-p", "v0.5.23", "-m",
+                     "c128: test change\n\nWhy: mechanics test.\n\nC128patch-Gate: none (test)")
     (dest / "patches").mkdir(parents=True)
-    git.run("format-patch", "-1", "--full-index", "--zero-commit", "--no-signature", "-o", str(dest / "patches"))
-    (patch,) = (dest / "patches").glob("*.patch")
-    patch.rename(dest / "patches" / "0001-test.patch")
+    patch = git.out("format-patch", "-1", "--full-index", "--zero-commit", "--no-signature", "--stdout", commit)
+    (dest / "patches" / "0001-test.patch").write_text(patch + "\n")
     entries = [
         '[[entries]]\nname = "test-patch"\nkind = "patch"\nfile = "0001-test.patch"\n'
         'why = "test"\nbase = "v0.5.23"\n'
@@ -83,4 +97,5 @@ def make_test_series(dest: Path, upstream: Path, edits: dict[str, tuple[str, str
 
     update_hashes(load_series(dest))
     shutil.rmtree(work)
+    (dest / "index").unlink()
     return dest

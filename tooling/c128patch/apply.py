@@ -86,8 +86,8 @@ def apply_series(
         ensure_clean(git, "apply")
     if git.rev_parse(f"refs/heads/{branch}"):
         raise C128Error(
-            f"branch {branch} already exists in {tree}; nothing was changed",
-            hint=f"pass --branch NAME, or delete it: git -C {_q(tree)} branch -D {branch}",
+            f"branch {branch} already exists in {tree}; pass --branch NAME or delete it "
+            f"(git -C {_q(tree)} branch -D {branch}); nothing was changed"
         )
     # Everything that can be checked without touching the tree is checked first.
     planned = plan(series, git, upstream_commit)

@@ -7,7 +7,7 @@ from pathlib import PurePosixPath
 
 from .errors import C128Error
 from .git import Git
-from .manifest import Series, sha256_file
+from .manifest import Series, sha256_file, symlink_on_path
 from .patchfile import read_patch
 from .replay import prefixes
 
@@ -45,7 +45,7 @@ def lint_series(series: Series, upstream: Git | None = None) -> list[Finding]:
             if not path.is_file():
                 found.append(Finding(e.name, f"{rel} is missing"))
                 continue
-            if any(p.is_symlink() for p in [path, *path.parents] if series.root in p.parents or p == path):
+            if symlink_on_path(series.root, path) is not None:
                 found.append(Finding(e.name, f"{rel} is (or goes through) a symlink"))
             want = variant.sha256 if variant else e.sha256
             if not want:

@@ -12,6 +12,7 @@ from rich.table import Table
 from .check import check_rev
 from .cli_common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
 from .progress import console, reporter
+from .replay import validate_files
 from .upstream import open_upstream
 
 
@@ -24,6 +25,7 @@ from .upstream import open_upstream
 def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, as_json: bool) -> None:
     """Does the series apply to each REV? Nothing is checked out."""
     series = get_series(series_dir)
+    validate_files(series)
     with reporter(not as_json, total=len(revs), title="check") as rep:
         upstream = open_upstream(repo, list(revs), rep)
         commits = [(rev, upstream.resolve(rev)) for rev in revs]

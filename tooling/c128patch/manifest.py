@@ -37,6 +37,15 @@ def check_relpath(path: str, what: str) -> str:
     return path
 
 
+def symlink_on_path(root: Path, path: Path) -> Path | None:
+    """The first symlink among ``path`` and its folders below ``root``, if any."""
+    rel = path.relative_to(root)
+    for part in [*reversed(rel.parents[:-1]), rel]:
+        if (root / part).is_symlink():
+            return root / part
+    return None
+
+
 @dataclass(frozen=True)
 class Variant:
     """One patch file of an entry, made against upstream ``base``."""

@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 
 from .errors import C128Error
 from .git import Git
-from .manifest import Entry, Series, Variant, sha256_file
+from .manifest import Entry, Series, Variant, sha256_file, symlink_on_path
 from .patchfile import PatchInfo, read_patch
 
 ENTRY_TRAILER = "C128patch-Entry"
@@ -51,15 +51,25 @@ def verify_file(series: Series, entry: Entry, variant: Variant | None) -> Path:
     path = series.file_of(entry, variant)
     if not path.is_file():
         raise C128Error(f"entry '{entry.name}': {path} is missing")
-    if path.is_symlink() or any(p.is_symlink() for p in path.relative_to(series.root).parents if str(p) != "."):
-        raise C128Error(f"entry '{entry.name}': {path} is a symlink; series files must be regular files")
+    link = symlink_on_path(series.root, path)
+    if link is not None:
+        raise C128Error(f"unsafe path in entry '{entry.name}': {path} goes through the symlink {link}")
     want = variant.sha256 if variant else entry.sha256
     if want and sha256_file(path) != want:
         raise C128Error(
-            f"corrupt series file {path.relative_to(series.root)}: sha256 does not match the manifest",
-            hint="restore it from git, or run `c128patch refresh` if the change is intended",
+            f"corrupt series file {path.relative_to(series.root)}: sha256 does not match the manifest "
+            "(restore it, or record the change with `c128patch lint --update-hashes`)"
         )
     return path
+
+
+def validate_files(series: Series) -> None:
+    """Every file of every entry (all variants) exists, matches its hash and parses."""
+    for entry in series.entries:
+        for variant in entry.patch_files() or [None]:
+            path = verify_file(series, entry, variant)
+            if variant is not None:
+                read_patch(path)
 
 
 def plan(series: Series, git: Git, target: str) -> list[Planned]:

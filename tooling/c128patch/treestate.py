@@ -35,15 +35,12 @@ def ensure_idle(git: Git, action: str) -> None:
     """Refuse to ``action`` while a c128patch rebase or a git operation is half done."""
     if rebase_journal(git).is_file():
         raise C128Error(
-            f"cannot {action}: a c128patch rebase is in progress in {git.worktree}",
-            hint="finish it with `c128patch rebase --continue`, `--skip`, or undo it with `c128patch rebase --abort`",
+            f"cannot {action}: a c128patch rebase is in progress in {git.worktree}; "
+            "finish it (c128patch rebase --continue / --skip) or undo it (c128patch rebase --abort)"
         )
     for name, what in _GIT_BUSY.items():
         if git_path(git, name).exists():
-            raise C128Error(
-                f"cannot {action}: {what} is in progress in {git.worktree}",
-                hint="finish or abort it with git first",
-            )
+            raise C128Error(f"cannot {action}: {what} is in progress in {git.worktree}; finish or abort it first")
 
 
 def ensure_clean(git: Git, action: str) -> None:
@@ -53,6 +50,6 @@ def ensure_clean(git: Git, action: str) -> None:
         sample = ", ".join(line[3:] for line in changes[:3])
         more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
         raise C128Error(
-            f"cannot {action}: {git.worktree} has uncommitted changes ({sample}{more}); nothing was changed",
-            hint="commit or stash them first (git stash -u), then retry",
+            f"cannot {action}: {git.worktree} has uncommitted changes ({sample}{more}); "
+            "commit or stash them (git stash -u) and retry; nothing was changed"
         )
