@@ -2,7 +2,8 @@
 
 The release's ``srt/model_executor/pool_configurator.py`` is executed unchanged (its
 real source file, so tracebacks point at upstream lines). Its imports are answered by
-an import hook local to that module's globals (``sys.modules`` is not touched):
+an import hook local to that module's globals; ``sys.modules`` only holds a private
+entry for the module while its dataclasses are created:
 
 * real code, lifted from the same release with ``ast`` and executed as-is: the
   ring/indexer/layout helpers of ``srt/mem_cache/deepseek_v4_memory_pool.py``,
