@@ -67,9 +67,12 @@ def pr_inputs(budget_bytes: int = 1) -> CapacityInputs:
 
 
 PR_HYPOTHESIS = Hypothesis(
-    label="July base (0.5.20 formula), R=256 (DSV4 default), W=6 (dspark_block_size 5)",
+    label="0.5.20 formula, R=256, W=6",
     inputs=pr_inputs(),
-    why="each setting is what upstream resolves for the PR's command line",
+    why=(
+        "what upstream resolves for the PR's command line: the July base's formula "
+        "(0.5.20 family), the DSV4 hook's R=256, W = dspark_block_size 5 + 1"
+    ),
 )
 
 
