@@ -28,6 +28,7 @@ from __future__ import annotations
 import __future__
 import ast
 import builtins
+import functools
 import logging
 import os
 import sys
@@ -156,8 +157,13 @@ _POOL_HELPERS = (
 )
 
 
-def _lift(path: Path, names: tuple[str, ...], into: dict[str, Any]) -> list[str]:
-    """Execute the top-level defs/assignments of ``path`` named in ``names``."""
+@functools.lru_cache(maxsize=None)
+def _compiled(path: Path):
+    return compile(path.read_text(), str(path), "exec")
+
+
+@functools.lru_cache(maxsize=None)
+def _lifted(path: Path, names: tuple[str, ...]):
     tree = ast.parse(path.read_text(), filename=str(path))
     picked = []
     for node in tree.body:
@@ -169,8 +175,14 @@ def _lift(path: Path, names: tuple[str, ...], into: dict[str, Any]) -> list[str]
             picked.append(node)
     module = ast.Module(body=picked, type_ignores=[])
     code = compile(module, str(path), "exec", flags=_FUTURE_ANNOTATIONS, dont_inherit=True)
+    return code, [getattr(n, "name", None) or n.targets[0].id for n in picked]
+
+
+def _lift(path: Path, names: tuple[str, ...], into: dict[str, Any]) -> list[str]:
+    """Execute the top-level defs/assignments of ``path`` named in ``names``."""
+    code, picked = _lifted(path, names)
     exec(code, into)
-    return [getattr(n, "name", None) or n.targets[0].id for n in picked]
+    return picked
 
 
 def _module(name: str, **attrs: Any) -> types.ModuleType:
@@ -283,7 +295,7 @@ def build_configurator(version: str, cfg: ProbeConfig):
     kv_layout_mod = None
     if kv_layout_path.is_file():
         kv_layout_mod = _module("sglang.kernels.ops.attention.dsv4.kv_layout", __builtins__=hook_builtins)
-        exec(compile(kv_layout_path.read_text(), str(kv_layout_path), "exec"), kv_layout_mod.__dict__)
+        exec(_compiled(kv_layout_path), kv_layout_mod.__dict__)
         modules[kv_layout_mod.__name__] = kv_layout_mod
 
     import typing
@@ -314,7 +326,7 @@ def build_configurator(version: str, cfg: ProbeConfig):
     # while the classes are created; the entry is private and dropped right after.
     sys.modules[pc_name] = pc
     try:
-        exec(compile(pc_path.read_text(), str(pc_path), "exec"), pc.__dict__)
+        exec(_compiled(pc_path), pc.__dict__)
     finally:
         sys.modules.pop(pc_name, None)
 
@@ -347,11 +359,19 @@ def run_upstream(version: str, cfg: ProbeConfig) -> dict[str, Any]:
     """Upstream's numbers for one configuration: full tokens, c128 fixed bytes, b, R."""
     conf = build_configurator(version, cfg)
     r = conf._resolve_max_running_requests_per_worker(cfg.budget_bytes)
-    pool_cfg = conf.calculate_pool_sizes(cfg.budget_bytes, cfg.page_size)
-    return {
-        "full_tokens": pool_cfg.max_total_num_tokens,
-        "swa_tokens": pool_cfg.swa_max_total_num_tokens,
+    out = {
         "c128_fixed_bytes": conf._get_c128_state_fixed_bytes(r),
         "bytes_per_full_token": conf.bytes_per_full_token,
         "max_running_requests_per_worker": r,
+        "full_tokens": None,
+        "swa_tokens": None,
+        "refused": None,
     }
+    try:
+        pool_cfg = conf.calculate_pool_sizes(cfg.budget_bytes, cfg.page_size)
+    except (ValueError, RuntimeError) as e:  # upstream refuses to start
+        out["refused"] = str(e)
+        return out
+    out["full_tokens"] = pool_cfg.max_total_num_tokens
+    out["swa_tokens"] = pool_cfg.swa_max_total_num_tokens
+    return out

@@ -7,11 +7,13 @@ budget before it is divided by bytes-per-full-token, so the gain is
 ``(F_off - F_on) / b`` tokens, floored to whole pages.
 
 Citations ``file:line`` are sglang 0.5.23 (paths relative to the ``sglang/``
-package) unless a version is named. Two formula families exist:
+package) unless a version is named. ``formula`` names the release whose arithmetic is
+mirrored; there are two families:
 
-* ``"0.5.23"`` (also 0.5.21, 0.5.22): layout-aware, page-padded KV bytes;
-* ``"0.5.20"`` (also the July 2026 base of PR #32035): a flat 584-byte KV cell and
-  c4 state priced per ``window_size`` rows.
+* 0.5.21-0.5.23: layout-aware, page-padded KV bytes (0.5.21/0.5.22 differ from 0.5.23
+  only in not flooring R // attn_dp_size at 1 and not re-checking reserved pages);
+* 0.5.20 (also the July 2026 base of PR #32035): a flat 584-byte KV cell and c4
+  state priced per ``window_size`` rows.
 
 No torch, no click: plain integers and floats in the order upstream computes them.
 """
@@ -22,11 +24,11 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal, Optional
 
-Formula = Literal["0.5.23", "0.5.20"]
+Formula = Literal["0.5.23", "0.5.22", "0.5.21", "0.5.20"]
 StateDtype = Literal["fp32", "bf16"]
 KVLayoutName = Literal["v4", "v41"]
 
-FORMULAS: tuple[str, ...] = ("0.5.23", "0.5.20")
+FORMULAS: tuple[str, ...] = ("0.5.23", "0.5.22", "0.5.21", "0.5.20")
 
 # srt/configs/deepseek_v4.py:58,79,80,102 (dataclass defaults; V4-Flash and V4-Pro agree).
 QK_NOPE_HEAD_DIM = 448
@@ -166,6 +168,11 @@ class CapacityInputs:
 # ---- per-token terms ----------------------------------------------------------------
 
 
+def _paged(inp: CapacityInputs) -> bool:
+    """The 0.5.21+ family (page-padded layouts, c4 state per page)."""
+    return inp.formula != "0.5.20"
+
+
 def state_dtype_bytes(dtype: StateDtype) -> int:
     """pool_configurator.py:136-145 (SGLANG_DSV4_COMPRESS_STATE_DTYPE)."""
     return _STATE_DTYPE_BYTES[dtype]
@@ -183,7 +190,7 @@ def kv_bytes_per_token(inp: CapacityInputs, compress_ratio: int = 0) -> float:
     kv_layout.py:103-105 (page of ``page_size // ratio`` slots). 0.5.20: the flat
     FlashMLA cell ``nope + 2*rope + 8`` (0.5.20 pool_configurator.py:1113).
     """
-    if inp.formula == "0.5.20":
+    if not _paged(inp):
         return float(QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM * 2 + 8)
     bytes_per_token, align = _KV_LAYOUTS[inp.kv_layout]
     page = inp.page_size // compress_ratio if compress_ratio else inp.page_size
@@ -269,7 +276,7 @@ def _bytes_per_full_token_0520(inp: CapacityInputs) -> float:
 
 def bytes_per_full_token(inp: CapacityInputs) -> float:
     """b: the divisor of the budget, inflated for the draft worker when speculative."""
-    base = _bytes_per_full_token_0520(inp) if inp.formula == "0.5.20" else _bytes_per_full_token_0523(inp)
+    base = _bytes_per_full_token_0523(inp) if _paged(inp) else _bytes_per_full_token_0520(inp)
     if inp.speculative:
         base *= spec_inflation(inp)
     return base
@@ -308,23 +315,30 @@ def c128_state_fixed_bytes(inp: CapacityInputs, max_running_requests: int, onlin
 
 def resolve_max_running_requests(inp: CapacityInputs, b: float) -> tuple[int, str]:
     """Per-DP-worker R the fixed bytes are sized for: pool_configurator.py:1141-1145
-    (requested // attn_dp_size, at least 1) or the estimate :1565-1574."""
+    (requested // attn_dp_size, at least 1; 0.5.20-0.5.22 have no floor of 1, e.g.
+    0.5.20 :963-967) or the estimate :1565-1574."""
     if inp.max_running_requests is not None:
-        return max(1, inp.max_running_requests // inp.attn_dp_size), "given"
+        per_worker = inp.max_running_requests // inp.attn_dp_size
+        if inp.formula == "0.5.23":
+            per_worker = max(1, per_worker)
+        return per_worker, "given"
     full_token = int(inp.budget_bytes / b)
     estimated = int(full_token / inp.layout.context_len * 512)
     estimated = max(min(estimated, 4096), 2048)
     return min(estimated, full_token // 2), "estimated (clamp(full/context*512, 2048, 4096), <= full/2)"
 
 
-def full_tokens(budget_bytes: int, fixed_bytes: int, b: float, page_size: int) -> int:
+def full_tokens(
+    budget_bytes: int, fixed_bytes: int, b: float, page_size: int, recheck: bool = True
+) -> int:
     """max_total_num_tokens: pool_configurator.py:1667-1677, then the page floor of
-    _compute_dsv4_sizes (:1464). The 0.5.23 reserved-page loop adds 0 bytes for ratios
-    4/128 (:1406-1435 only pads ratios 1/2) but is kept for its float edge."""
+    _compute_dsv4_sizes (:1464). The 0.5.23 reserved-page loop (``recheck``) adds 0
+    bytes for ratios 4/128 (:1406-1435 only pads ratios 1/2) but is kept for its
+    float edge; 0.5.20-0.5.22 do not have it."""
     avail = max(budget_bytes - fixed_bytes, 0)
     tokens = int(avail / b)
     tokens = tokens // page_size * page_size
-    while tokens > 0 and tokens * b > avail:
+    while recheck and tokens > 0 and tokens * b > avail:
         tokens -= page_size
     return tokens
 
@@ -344,6 +358,21 @@ class ModeResult:
     swa_tokens: int
     c4_tokens: int
     c128_tokens: int
+    refusal: Optional[str] = None  # why upstream would refuse to start, if it would
+
+
+def refusal_reason(full: int, swa_tokens: int, page_size: int) -> Optional[str]:
+    """Upstream raises instead of returning these sizes: validate_swa_pool_size
+    (pool_configurator.py:198-216, called from :1470) and MemoryPoolConfig's
+    "Not enough memory" (:94-100)."""
+    if WINDOW_SIZE + page_size >= swa_tokens:
+        return (
+            f"SWA pool of {swa_tokens} tokens cannot hold one request (needs more than "
+            f"window {WINDOW_SIZE} + page {page_size}); upstream refuses to start"
+        )
+    if full <= 0:
+        return "no full tokens left; upstream refuses to start (Not enough memory)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -401,16 +430,18 @@ def _mode(inp: CapacityInputs, b: float, r: int, online: bool) -> ModeResult:
     fixed = c128_state_fixed_bytes(inp, r, online)
     # Other fixed terms (c2 state, unified SWA ring, unified c4 state, encoder-replay
     # windows, cap-mode SWA; :1648-1666) are 0 for the modelled pool.
-    full = full_tokens(inp.budget_bytes, fixed, b, inp.page_size)
+    full = full_tokens(inp.budget_bytes, fixed, b, inp.page_size, recheck=inp.formula == "0.5.23")
+    swa = int(full * inp.swa_full_tokens_ratio) // inp.page_size * inp.page_size  # :1457-1461
     return ModeResult(
         online=online,
         c128_ring_size=ring_size(inp, 128, online),
         c128_state_rows_per_layer=c128_state_rows(inp, r, online) if inp.layout.num_c128 else 0,
         c128_fixed_bytes=fixed,
         full_tokens=full,
-        swa_tokens=int(full * inp.swa_full_tokens_ratio) // inp.page_size * inp.page_size,  # :1457-1461
+        swa_tokens=swa,
         c4_tokens=full // 4,  # :1491
         c128_tokens=full // 128,  # :1492
+        refusal=refusal_reason(full, swa, inp.page_size),
     )
 
 
@@ -435,7 +466,7 @@ def compute(inp: CapacityInputs) -> CapacityResult:
         inputs=inp,
         bytes_per_full_token=b,
         bytes_per_swa_token=(
-            bytes_per_swa_token(inp) if inp.formula == "0.5.23" else float("nan")
+            bytes_per_swa_token(inp) if _paged(inp) else float("nan")
         ),
         max_running_requests_per_worker=r,
         max_running_requests_source=source,
@@ -464,7 +495,7 @@ def budget_interval(inp: CapacityInputs, target_full_tokens: int, online: bool) 
     hi = math.ceil(fixed + (target_full_tokens + inp.page_size) * b) + 2
 
     def tokens(a: int) -> int:
-        return full_tokens(a, fixed, b, inp.page_size)
+        return full_tokens(a, fixed, b, inp.page_size, recheck=inp.formula == "0.5.23")
 
     # Nudge the float estimate to the exact integer edges (monotone in the budget).
     while tokens(lo) >= target_full_tokens:

@@ -82,6 +82,10 @@ def _gib(n: float) -> str:
     return f"{cap.gib(n):.3f}"
 
 
+def _tokens(mode: cap.ModeResult) -> str:
+    return f"{mode.full_tokens:,}" + (" (refused)" if mode.refusal else "")
+
+
 def render_table(results: list[cap.CapacityResult], title: str) -> Table:
     table = Table(title=title)
     for col in ("model", "R", "W", "B/full token", "c128 state off GiB", "c128 state on GiB",
@@ -96,8 +100,8 @@ def render_table(results: list[cap.CapacityResult], title: str) -> Table:
             f"{r.bytes_per_full_token:,.1f}",
             _gib(r.off.c128_fixed_bytes),
             _gib(r.on.c128_fixed_bytes),
-            f"{r.off.full_tokens:,}",
-            f"{r.on.full_tokens:,}",
+            _tokens(r.off),
+            _tokens(r.on),
             f"{r.delta_tokens:+,}",
             f"{pct:+.1f}",
         )
@@ -147,7 +151,7 @@ def render_pr(explained: dict) -> Table:
 @click.option("--page-size", type=int, default=cap.DSV4_PAGE_SIZE, show_default=True)
 @click.option("--speculative/--no-speculative", default=True, show_default=True)
 @click.option("--formula", type=click.Choice(list(cap.FORMULAS)), default="0.5.23", show_default=True,
-              help="0.5.23 (also 0.5.21-0.5.22) or 0.5.20 (also PR #32035's July base).")
+              help="Release whose arithmetic to mirror; 0.5.20 is also PR #32035's July base.")
 @click.option("--kv-layout", type=click.Choice(["v4", "v41"]), default="v4", show_default=True)
 @click.option("--explain-pr", is_flag=True, help="Also show how PR #32035's numbers come out.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
@@ -216,6 +220,11 @@ def command(
             "when it is still unset, which it is not for DSV4. Use --max-running-requests dspark "
             "to see R = 48."
         )
+    for res in results:
+        for mode in (res.off, res.on):
+            if mode.refusal:
+                state = "on" if mode.online else "off"
+                console.print(f"[red]{res.inputs.layout.name}, online {state}: {mode.refusal}[/red]")
     for note in sorted({n for res in results for n in res.notes}):
         console.print(f"note: {note}")
     if explained:
