@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 from typing import Optional
 
@@ -207,7 +208,8 @@ def command(
         click.echo(json.dumps(out, indent=2))
         return
 
-    console = Console()
+    # A pipe or a file gets the whole table rather than 80 wrapped columns.
+    console = Console() if sys.stdout.isatty() else Console(width=200)
     title = (f"KV budget {cap.gib(budget):.2f} GiB/GPU, TP{tp}, formula {formula}, "
              f"swa ratio {swa_full_tokens_ratio}, {state_dtype} state, "
              f"{'DSPARK' if speculative else 'no speculation'}")
