@@ -320,3 +320,23 @@ def test_cli_table_and_errors() -> None:
     assert CliRunner().invoke(command, ["--budget-gib", "1", "--budget-bytes", "5"]).exit_code != 0
     assert CliRunner().invoke(command, ["--budget-gib", "40", "--max-running-requests", "lots"]).exit_code != 0
     assert CliRunner().invoke(command, ["--budget-gib", "40", "--compress-ratios", "0,2,4"]).exit_code != 0
+
+
+def test_ci_capacity_table_writes_json(tmp_path: Path) -> None:
+    import subprocess
+
+    out = tmp_path / "capacity.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "ci/bench/capacity_table.py"), "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    rows = {(r["inputs"]["layout"]["name"], r["max_running_requests_per_worker"]): r for r in data["rows"]}
+    assert set(rows) == {(m, r) for m in ("flash", "pro") for r in (48, 128, 256)}
+    for (model, r), row in rows.items():
+        expect = cap.compute(cap.CapacityInputs(budget_bytes=data["budget_bytes"], layout=cap.PRESETS[model],
+                                                max_running_requests=r))
+        assert (row["off"]["full_tokens"], row["on"]["full_tokens"]) == (expect.off.full_tokens, expect.on.full_tokens)
+    assert (data["pr_row"]["off"]["full_tokens"], data["pr_row"]["on"]["full_tokens"]) == (2_553_344, 3_167_232)
+    assert "2,553,344" in proc.stdout
