@@ -300,7 +300,7 @@ def c128_state_rows(inp: CapacityInputs, max_running_requests: int, online: bool
         rows = slots + ring + 1  # :1519, ring == 1
         return rows * (1 + inp.draft_tokens)  # :1520, MTP banks 0..N
     rows = slots * ring + ring + 1  # :1523-1524
-    return math.ceil(rows / 128) * 128  # :1525
+    return -(-rows // 128) * 128  # :1525 (ceil_div)
 
 
 def c128_state_fixed_bytes(inp: CapacityInputs, max_running_requests: int, online: bool) -> int:
@@ -439,8 +439,8 @@ def _mode(inp: CapacityInputs, b: float, r: int, online: bool) -> ModeResult:
         c128_fixed_bytes=fixed,
         full_tokens=full,
         swa_tokens=swa,
-        c4_tokens=full // 4,  # :1491
-        c128_tokens=full // 128,  # :1492
+        c4_tokens=full // 4,  # :1492
+        c128_tokens=full // 128,  # :1493
         refusal=refusal_reason(full, swa, inp.page_size),
     )
 
