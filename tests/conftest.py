@@ -49,6 +49,15 @@ def real_series():
     return load_series(REPO_ROOT)
 
 
+def unpack_release(repo: Path, tag: str, dest: Path, paths: list[str]) -> Path:
+    """Extract ``paths`` of release ``tag`` as an unpacked wheel would hold them (``dest/sglang/...``)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "--git-dir", str(repo), "archive", "--format=tar", tag, *paths],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "--strip-components=1", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
 def snapshot(tree: Path) -> dict:
     """Everything a refused command must leave untouched: refs, HEAD, index and worktree state."""
     git = Git(worktree=tree)

@@ -16,17 +16,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tooling"))
-import c128patch  # noqa: E402
-
-if str(ROOT / "tooling" / "c128patch") not in list(c128patch.__path__):
-    c128patch.__path__.insert(0, str(ROOT / "tooling" / "c128patch"))
-
 from c128patch import capacity as cap  # noqa: E402
 from c128patch import capacity_pr  # noqa: E402
 from c128patch.main_capacity import command  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 
 

@@ -1,8 +1,8 @@
 """``c128patch.capacity`` against upstream's own ``DSV4PoolConfigurator``.
 
 Each release's real ``pool_configurator.py`` runs through ``upstream_dsv4_probe`` (no
-torch, no GPU; see its docstring for what is stood in). Needs the unpacked release
-wheels under ``/tmp/sgl`` (or ``C128PATCH_SGL_RELEASES``); skips without them.
+torch, no GPU; see its docstring for what is stood in). The sources come from the cached
+release history (the ``sglang_release_repo`` fixture), unpacked once per session.
 """
 
 from __future__ import annotations
@@ -15,24 +15,27 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tooling"))
-import c128patch  # noqa: E402
-
-if str(ROOT / "tooling" / "c128patch") not in list(c128patch.__path__):
-    c128patch.__path__.insert(0, str(ROOT / "tooling" / "c128patch"))
-
 from c128patch import capacity as cap  # noqa: E402
 from c128patch import capacity_pr  # noqa: E402
 
 import upstream_dsv4_probe as probe  # noqa: E402
+from conftest import unpack_release  # noqa: E402
 
 FORMULA_OF = {v: v[1:] for v in probe.VERSIONS}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _unpacked_releases(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("releases")
+    for version in probe.VERSIONS:
+        unpack_release(sglang_release_repo, version, root / version, ["python/sglang/srt", "python/sglang/kernels/ops"])
+    old, probe.SGL_RELEASES = probe.SGL_RELEASES, root
+    yield
+    probe.SGL_RELEASES = old
+
+
 def _need(version: str) -> None:
-    if not probe.available(version):
-        pytest.skip(f"sglang {version} is not unpacked under {probe.SGL_RELEASES}")
+    assert probe.available(version), f"sglang {version} sources missing under {probe.SGL_RELEASES}"
 
 
 def _probe_cfg(inp: cap.CapacityInputs, online: bool) -> probe.ProbeConfig:
