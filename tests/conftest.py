@@ -86,8 +86,8 @@ def make_test_series(dest: Path, upstream: Path, edits: dict[str, tuple[str, str
     commit = git.out("commit-tree", tree, "-p", "v0.5.23", "-m",
                      "c128: test change\n\nWhy: mechanics test.\n\nC128patch-Gate: none (test)")
     (dest / "patches").mkdir(parents=True)
-    patch = git.out("format-patch", "-1", "--full-index", "--zero-commit", "--no-signature", "--stdout", commit)
-    (dest / "patches" / "0001-test.patch").write_text(patch + "\n")
+    patch = git.run("format-patch", "-1", "--full-index", "--zero-commit", "--no-signature", "--stdout", commit).stdout
+    (dest / "patches" / "0001-test.patch").write_text(patch)
     entries = [
         '[[entries]]\nname = "test-patch"\nkind = "patch"\nfile = "0001-test.patch"\n'
         'why = "test"\nbase = "v0.5.23"\n'

@@ -49,6 +49,14 @@ def _strip(path: str) -> str:
     return path[2:] if path.startswith(("a/", "b/")) else path
 
 
+def split_message(text: str) -> tuple[str, str]:
+    """(mail header + message, rest) of a format-patch text; rest starts at '---' or the diff."""
+    cut = [i for i in (text.find("\n---\n"), text.find("\ndiff --git ")) if i >= 0]
+    if not cut:
+        return text, ""
+    return text[: min(cut)], text[min(cut) :]
+
+
 def read_patch(path: Path) -> PatchInfo:
     """Parse a git format-patch file; a corrupt one is a C128Error naming the file."""
     try:
@@ -56,7 +64,7 @@ def read_patch(path: Path) -> PatchInfo:
     except OSError as exc:
         raise C128Error(f"cannot read patch {path}: {exc.strerror}") from exc
     text = raw.decode("utf-8", errors="replace")
-    head, sep, _ = text.partition("\n---\n")
+    head, sep = split_message(text)
     if not sep or not text.startswith("From "):
         raise C128Error(f"corrupt patch {path.name}: not a git format-patch file (no mail header)")
     msg = email.message_from_string(head.split("\n", 1)[1], policy=email.policy.default)
