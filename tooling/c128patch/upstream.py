@@ -87,14 +87,12 @@ def prepare_tree(
     upstream: Upstream, tree: Path | None, commit: str, reporter: Reporter = NullReporter()
 ) -> tuple[Path, bool]:
     """The working tree that ``apply`` patches, and whether it is a fresh clone (nothing to lose)."""
-    if upstream.kind == "path":
-        if tree is not None and tree.resolve() != Path(upstream.location).resolve():
-            raise C128Error("--tree cannot be used with a local --repo: the repo is the tree")
-        if upstream.git.worktree is None:
-            raise C128Error(f"{upstream.location} is a bare repository; apply needs a working tree")
+    if upstream.kind == "path" and upstream.git.worktree is not None:
+        if tree is not None and tree.resolve() != upstream.git.worktree.resolve():
+            raise C128Error("--tree cannot be used with a local clone as --repo: the clone is the tree")
         return upstream.git.worktree, False
     tree = tree or Path("sglang")
-    source = str(upstream.git.git_dir)
+    source = str(upstream.git.git_dir)  # a bare repo: the release cache, a URL's mirror, or the user's
     if not tree.exists() or (tree.is_dir() and not any(tree.iterdir())):
         reporter.step(f"cloning upstream into {tree}")
         Git().run("clone", "--quiet", "--no-checkout", source, str(tree))
