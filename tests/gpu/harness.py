@@ -294,7 +294,9 @@ def write_result(name: str, data: dict[str, Any]) -> Path | None:
     return path
 
 
-def run_with_tree(tree: Path, code: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_with_tree(
+    tree: Path, code: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh Python with ``install_sglang(tree)`` done first (for the unpatched
     kernels, which cannot share a process with the patched ones)."""
     prelude = (
@@ -306,4 +308,5 @@ def run_with_tree(tree: Path, code: str, timeout: float = 600) -> subprocess.Com
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
