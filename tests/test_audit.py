@@ -196,8 +196,13 @@ def test_plain_calls_are_not_findings():
 
 # ----------------------------------------------------------------------------- real patch
 
-RELEASE_DIR = Path("/tmp/sgl/v0.5.23/sglang")
-RS_PATCH = REPO / "patches" / "0002-c128-gate-dspark-verify-record-stream.patch"
+RS_PATCHES = {  # release -> the patch file made for it
+    "v0.5.20": "0002-c128-gate-dspark-verify-record-stream.v0.5.20.patch",
+    "v0.5.21": "0002-c128-gate-dspark-verify-record-stream.v0.5.21.patch",
+    "v0.5.22": "0002-c128-gate-dspark-verify-record-stream.v0.5.22.patch",
+    "v0.5.23": "0002-c128-gate-dspark-verify-record-stream.patch",
+}
+RS_PATCH = REPO / "patches" / RS_PATCHES["v0.5.23"]
 RS_GATE = "SGLANG_DSPARK_RECORD_VERIFY_STREAMS"
 OVERLAY = REPO / "overlay"
 # The helper module imports record_stream_each / record_stream_for_v2_verify from here; the
@@ -218,24 +223,25 @@ def _patch_paths(patch_text: str) -> list[str]:
     return [pf.path for pf in PatchSet(patch_text)]
 
 
-def tiny_release_repo(tmp: Path, patch_text: str) -> Path:
+def tiny_release_repo(tmp: Path, patch_text: str, version: str = "v0.5.23") -> Path:
     """A git repo holding only the files the patch touches (+ EXTRA_UPSTREAM), copied from the
-    unpacked 0.5.23 wheel and laid out as `python/sglang/...`, committed and tagged v0.5.23.
+    unpacked release wheel and laid out as `python/sglang/...`, committed and tagged.
 
     TODO(lead fixture): switch to the release-history fixture `sglang_release_repo` once it lands.
     """
-    if not RELEASE_DIR.is_dir():
-        pytest.skip(f"{RELEASE_DIR} not present (unpacked sglang 0.5.23 wheel)")
+    release_dir = Path("/tmp/sgl") / version / "sglang"
+    if not release_dir.is_dir():
+        pytest.skip(f"{release_dir} not present (unpacked sglang {version} wheel)")
     repo = tmp / "sglang"
     rels = [p.removeprefix("python/sglang/") for p in _patch_paths(patch_text)] + EXTRA_UPSTREAM
     for rel in rels:
         dst = repo / "python" / "sglang" / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(RELEASE_DIR / rel, dst)
+        shutil.copy2(release_dir / rel, dst)
     _git(repo.parent, "init", "-q", str(repo))
     _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "upstream v0.5.23")
-    _git(repo, "tag", "v0.5.23")
+    _git(repo, "commit", "-qm", f"upstream {version}")
+    _git(repo, "tag", version)
     return repo
 
 
@@ -248,11 +254,19 @@ def apply_entry(repo: Path, patch_text: str) -> None:
         shutil.copy2(src, dst)
 
 
-def test_real_record_stream_patch_passes(tmp_path: Path):
-    patch_text = RS_PATCH.read_text()
-    repo = tiny_release_repo(tmp_path, patch_text)
+@pytest.mark.parametrize("version", sorted(RS_PATCHES))
+def test_real_record_stream_patch_passes(tmp_path: Path, version: str):
+    patch_text = (REPO / "patches" / RS_PATCHES[version]).read_text()
+    repo = tiny_release_repo(tmp_path, patch_text, version)
     apply_entry(repo, patch_text)
     assert audit_patch(patch_text, repo, RS_GATE) == []
+    # the gate is declared default-off in Envs, among the DSPARK flags
+    environ = (repo / "python/sglang/srt/environ.py").read_text().splitlines()
+    at = environ.index(f"    {RS_GATE} = EnvBool(False)")
+    assert "SGLANG_DSPARK_CONFIDENCE_RELAY_LAG_STEPS" in environ[at - 4]
+    # the only record_stream upstream had stays unconditional
+    worker = (repo / "python/sglang/srt/speculative/dspark_components/dspark_worker_v2.py").read_text()
+    assert "        batch.seq_lens.record_stream(\n" in worker
 
 
 def test_real_record_stream_patch_without_guard_fails(tmp_path: Path):

@@ -41,14 +41,13 @@ class OnlineC128Reference:
     def extend(self, req: object, prefix_len: int, kv: torch.Tensor, score: torch.Tensor) -> list[torch.Tensor]:
         """Fold ``kv``/``score`` ([e, head_dim], positions prefix_len ...) into ``req``; returns the
         compressed rows of the chunks this closes, in position order."""
-        head_dim = self.ape.shape[1]
-        empty = OpenChunk(kv.new_empty((0, head_dim)), kv.new_empty((0, head_dim)))
+        kv = kv.double()
+        empty = OpenChunk(kv.new_empty((0, kv.shape[1])), kv.new_empty((0, kv.shape[1])))
         chunk = self.open.get(req, empty)
         if chunk.score.shape[0] != prefix_len % 128:
             raise ValueError(f"request {req}: open chunk has {chunk.score.shape[0]} tokens, prefix {prefix_len}")
         pos = torch.arange(prefix_len, prefix_len + kv.shape[0], device=kv.device) % 128
         score = score.double() + self.ape[pos]
-        kv = kv.double()
         out: list[torch.Tensor] = []
         start = 0
         while start < kv.shape[0]:
