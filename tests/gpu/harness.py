@@ -31,6 +31,7 @@ UPSTREAM_TREE_ENV = "C128PATCH_UPSTREAM_TREE"
 SCALE_ENV = "C128PATCH_GPU_SCALE"
 RESULTS_ENV = "C128PATCH_GPU_RESULTS_DIR"
 JIT_CACHE_ENV = "SGLANG_JIT_CACHE_DIR"
+_JIT_CACHE_AUTO = "C128PATCH_JIT_CACHE_AUTO"
 
 # Packages whose __init__ runs for real (light, and the kernel modules import names from them).
 REAL_PACKAGES = frozenset({"sglang.kernels.jit.utils", "sglang.kernels.jit.utils.compile"})
@@ -206,7 +207,9 @@ def install_sglang(tree: Path) -> None:
     if any(m == "sglang" or m.startswith("sglang.") for m in sys.modules):
         raise RuntimeError("a sglang package is already imported in this process")
 
-    os.environ.setdefault(JIT_CACHE_ENV, str(default_jit_cache_dir(tree)))
+    if JIT_CACHE_ENV not in os.environ:
+        os.environ[JIT_CACHE_ENV] = str(default_jit_cache_dir(tree))
+        os.environ[_JIT_CACHE_AUTO] = "1"  # run_with_tree gives a child tree its own default
     _set_cuda_home()
     torch = _torch()
     if torch.cuda.is_available():
@@ -303,10 +306,14 @@ def run_with_tree(
         "import sys; sys.path.insert(0, {here!r}); import harness; "
         "harness.install_sglang(__import__('pathlib').Path({tree!r}))\n"
     ).format(here=str(Path(__file__).parent), tree=str(tree))
+    child_env = {**os.environ, **(env or {})}
+    if child_env.get(_JIT_CACHE_AUTO) == "1":  # our per-tree default, not the user's choice
+        child_env.pop(JIT_CACHE_ENV, None)
+        child_env.pop(_JIT_CACHE_AUTO, None)
     return subprocess.run(
         [sys.executable, "-c", prelude + code],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, **(env or {})},
+        env=child_env,
     )

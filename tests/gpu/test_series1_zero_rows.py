@@ -22,7 +22,6 @@ from c128_reference import OnlineC128Reference
 
 HEAD = 512
 NAN = float("nan")
-INVALID_U32 = 0xFFFFFFFF
 
 # c_plan contexts: identity req_to_token / full_to_swa; rid 0 is the padding slot.
 NUM_REQS = 80
@@ -200,9 +199,9 @@ def test_b_zero_row_plans_succeed_patched(C):
 # on a boundary, close chunks, span several chunks. Real rows use rids 1..; zero rows the
 # padding slot 0, as compact verify pads.
 DIFF_CASES = {
-    "mixed": [(0 + 5, 0), (300, 44), (130, 0), (129, 0), (10, 10), (1000, 700), (256, 128), (77, 0)],
-    "verify_uniform": [(s, 4) if s else (1, 0) for s in (131, 0, 255, 128, 0, 0, 700, 4)],
-    "verify_ragged": [(200, 1), (0 + 1, 0), (129, 3), (384, 8), (64, 2), (2, 0)],
+    "mixed": [(5, 0), (300, 44), (130, 0), (129, 0), (10, 10), (1000, 700), (256, 128), (77, 0)],
+    "verify_uniform": [(131, 4), (1, 0), (255, 4), (128, 4), (1, 0), (1, 0), (700, 4), (4, 4)],
+    "verify_ragged": [(200, 1), (1, 0), (129, 3), (384, 8), (64, 2), (2, 0)],
 }
 
 
