@@ -16,6 +16,8 @@ A call to a helper *defined elsewhere* counts as the side effects that helper ha
 follows ``from sglang... import name`` into the patched tree (our overlay modules and upstream
 alike) and treats a function that (transitively) makes a rule call as making it. Defining a
 function or lambda does not run it, so a guard outside a ``def`` does not cover its body.
+Overlay modules (installed whole) are not audited line by line: they are helper libraries, and
+their side effects are charged to the guarded-or-not call sites in the patched upstream files.
 
 Only ``<anything>.SGLANG_X.get()`` is recognised as the gate, so the gate has to be read through
 ``srt/environ.py``'s ``envs`` (as upstream does). Assigning the gate to a variable first and
