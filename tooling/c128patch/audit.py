@@ -27,7 +27,7 @@ testing the variable is not recognised (the audit reports the call as unguarded)
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -239,8 +239,19 @@ def audit_patched_file(
     ``module.helper``) to the rule their body triggers; :func:`audit_patch` fills it in.
     """
     tree = ast.parse(source)
-    calls = _scan(tree, gate)
-    effects = dict(external_effects or {})
+    return _audit_tree(tree, _scan(tree, gate), added_lines, gate, rules, file, external_effects or {})
+
+
+def _audit_tree(
+    tree: ast.Module,
+    calls: Sequence[_Call],
+    added_lines: set[int],
+    gate: str,
+    rules: Sequence[Rule],
+    file: str,
+    external_effects: Mapping[str, str],
+) -> list[Finding]:
+    effects = dict(external_effects)
     local_defs = {
         n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
     }
@@ -385,14 +396,7 @@ def audit_patch(
         path = tree_root / rel
         source = path.read_text()
         tree = ast.parse(source)
-        called = {c.name for c in _scan(tree, gate)}
-        external = index.imported_effects(tree, path, called, index.depth)
-        findings += audit_patched_file(
-            source, added, gate, rules, file=rel, external_effects=external
-        )
+        calls = _scan(tree, gate)
+        external = index.imported_effects(tree, path, {c.name for c in calls}, index.depth)
+        findings += _audit_tree(tree, calls, added, gate, rules, rel, external)
     return findings
-
-
-def iter_findings_text(findings: Iterable[Finding]) -> Iterator[str]:
-    for f in findings:
-        yield str(f)
