@@ -405,7 +405,8 @@ __global__ __launch_bounds__(kDsparkCommitThreads)  //
   const int64_t rid = params.req_pool_indices[row];
   if (rid < 0 || rid >= params.max_num_reqs) return;
   const int64_t seq_before = params.seq_lens[row];
-  if (seq_before < 0) return;
+  // Same seq len range as the verify kernels (rows outside it wrote no bank).
+  if (seq_before < 0 || seq_before > std::numeric_limits<int32_t>::max() - kMaxBanks) return;
   const int32_t verify_len = params.verify_lens[row];
   const int64_t cap = verify_len < 0 ? 0 : (verify_len > params.num_banks ? params.num_banks : verify_len);
   const int64_t delta = params.new_seq_lens[row] - seq_before;
