@@ -417,7 +417,9 @@ __global__ __launch_bounds__(kDsparkCommitThreads)  //
 
   PDLTriggerSecondary<kUsePDL>();
 
-  auto* const base = reinterpret_cast<uint4*>(static_cast<uintptr_t>(params.state_ptrs[layer]));
+  const auto base_addr = static_cast<uintptr_t>(params.state_ptrs[layer]);
+  if (base_addr == 0 || base_addr % 16 != 0) return;  // a bad table entry: never fault on it
+  auto* const base = reinterpret_cast<uint4*>(base_addr);
   const uint4* const src = base + (rid + accept * params.state_slot_stride) * params.row_vecs;
   uint4* const dst = base + rid * params.row_vecs;
   for (int64_t i0 = threadIdx.x; i0 < params.row_vecs; i0 += kDsparkCommitThreads * kDsparkCommitUnroll) {
@@ -467,6 +469,12 @@ struct DsparkC128Kernel {
         B.unwrap(),
         " exceeds the limit ",
         device::dspark_c128::kMaxBatch);
+  }
+
+  /// \brief The kernels use vector accesses; contiguous rows of these widths keep every row aligned.
+  static void check_aligned(const tvm::ffi::TensorView t, const char* name) {
+    host::RuntimeCheck(
+        reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "dspark c128: ", name, " must be 16-byte aligned");
   }
 
   static void check_banks(int64_t num_banks, int64_t state_slot_stride, int64_t state_rows) {
@@ -579,7 +587,13 @@ struct DsparkC128Kernel {
         .with_dtype<float>()
         .template with_device<kDLCUDA>(device_)
         .verify(kv_score_input);
-    TensorMatcher({128, kHeadDim}).with_dtype<float>().template with_device<kDLCUDA>(device_).verify(ape);
+    TensorMatcher({128, kHeadDim})
+        .with_dtype<float>()
+        .template with_device<kDLCUDA>(device_)
+        .verify(ape);
+    check_aligned(state, "state");
+    check_aligned(kv_score_input, "kv_score_input");
+    check_aligned(ape, "ape");
     RuntimeCheck(
         T.unwrap() <= std::numeric_limits<int32_t>::max(), "dspark c128: kv_score_input has too many rows: ", T.unwrap());
   }
@@ -614,6 +628,7 @@ struct DsparkC128Kernel {
         .template with_device<kDLCUDA>(device_)
         .verify(plan_c);
     TensorMatcher({N, kHeadDim}).with_dtype<float>().template with_device<kDLCUDA>(device_).verify(out);
+    check_aligned(out, "out");
     check_banks(num_banks, state_slot_stride, state.size(0));
     RuntimeCheck(
         T.unwrap() >= N.unwrap(),

@@ -221,10 +221,11 @@ class LayoutRunner:
 
         exp_out: dict[int, torch.Tensor] = {}
         writers: dict[int, list] = {}
+        closes = fold.closes.numpy()
         for b, w in enumerate(expect.windows):
             j = 0
             for k in range(w.len):
-                if bool(fold.closes[b, k]):
+                if closes[b, k]:
                     idx = int(expect.row_emit[b]) + j
                     j += 1
                     if idx < N:
@@ -537,6 +538,10 @@ def test_host_checks_reject_bad_arguments(patched_tree):
     raises(lambda: ops.dspark_write_prefix(state, kv, ape, seqs, lens, starts, rids, num_banks=W + 1, state_slot_stride=L), "banks")
     raises(lambda: ops.dspark_write_prefix(state, kv, ape, seqs, lens, starts, rids, num_banks=W, state_slot_stride=0), "state_slot_stride")
     raises(lambda: ops.dspark_write_prefix(state, kv.t().contiguous().t(), ape, seqs, lens, starts, rids, num_banks=W, state_slot_stride=L), "contiguous")
+    buf = torch.zeros(state.numel() + 4, device=dev)
+    misaligned = buf[2 : 2 + state.numel()].view(state.shape)  # contiguous, 8-byte offset
+    raises(lambda: ops.dspark_write_prefix(misaligned, kv, ape, seqs, lens, starts, rids, num_banks=W, state_slot_stride=L), "16-byte aligned")
+    raises(lambda: ops.make_state_ptr_table([misaligned]), "16-byte aligned")
     raises(lambda: ops.make_state_ptr_table([]), "at least one")
     raises(lambda: ops.make_state_ptr_table([state, state[:-1]]), "differs")
     raises(lambda: ops.make_state_ptr_table([state, state.bfloat16()]), "differs")
