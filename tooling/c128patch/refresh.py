@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,7 +101,10 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
             old = Entry(name=name, kind="patch", why=git.out("log", "-1", "--format=%s", sha), base=base_rev)
         entry = Entry(**{**old.__dict__, "variants": list(old.variants)})
         if entry.is_patch:
-            _export_patch(series, old, entry, format_patch(git, sha, name), f"{index:04d}-{name}", base_rev, primary, result)
+            data = format_patch(git, sha, name)
+            if not primary and old.file and _primary_gives_same_tree(series, old, git, sha):
+                data = None  # the primary file already makes this commit on this base: no variant
+            _export_patch(series, old, entry, data, f"{index:04d}-{name}", base_rev, primary, result)
         else:
             content = git.blob(sha, entry.target)
             if content is None:
@@ -122,9 +126,19 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     return result
 
 
-def _export_patch(series: Series, old: Entry, entry: Entry, data: bytes, stem: str, base_rev: str,
+def _primary_gives_same_tree(series: Series, old: Entry, git: Git, sha: str) -> bool:
+    with tempfile.TemporaryDirectory(prefix="c128refresh-") as tmp:
+        idx = git.with_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
+        idx.run("read-tree", f"{sha}^")
+        if not idx.ok("apply", "--cached", str(series.file_of(old))):
+            return False
+        return idx.out("write-tree") == git.out("rev-parse", f"{sha}^{{tree}}")
+
+
+def _export_patch(series: Series, old: Entry, entry: Entry, data: bytes | None, stem: str, base_rev: str,
                   primary: bool, result: Export) -> None:
-    """Place one exported patch as the primary file or as the variant for ``base_rev``."""
+    """Place one exported patch as the primary file or as the variant for ``base_rev``
+    (``data`` None: no variant is needed for ``base_rev``, drop any)."""
     variants = {v.base: series.patches_dir / v.file for v in old.variants}
     if primary or not old.file:
         if old.file and old.base and old.base != base_rev and old.base not in variants:
@@ -135,7 +149,9 @@ def _export_patch(series: Series, old: Entry, entry: Entry, data: bytes, stem: s
     else:
         result.files[series.patches_dir / f"{stem}.patch"] = series.file_of(old).read_bytes()
         entry.file = f"{stem}.patch"
-        variants[base_rev] = None  # filled below from ``data``
+        variants.pop(base_rev, None)
+        if data is not None:
+            variants[base_rev] = None  # filled below from ``data``
     entry.variants = []
     for base in sorted(variants):
         path = series.patches_dir / f"{stem}.{base}.patch"
