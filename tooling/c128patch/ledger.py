@@ -1,16 +1,19 @@
 """The resolution ledger: conflict resolutions made during rebases, kept in the series repo.
 
-git's rerere does the matching: a conflict is keyed by the hash of its conflicted hunks, and
-``rr-cache/<hash>/{preimage,postimage}`` holds the resolution. We keep those folders under
-``patches/resolutions/rr-cache/`` with an index (``ledger.toml``: entry, upstream range, conflict
-hash, files) and, before picking an entry, install only that entry's resolutions into the
-repository's rr-cache, so the same conflict is resolved the same way on any machine and in CI.
+A conflict is keyed by its entry and by a hash of its conflict blocks (marker labels normalized, so
+the key does not depend on commit ids). Its resolution is stored as a small unified diff from the
+conflicted file to the resolved one: only the conflict regions and their context lines, never a
+whole upstream file. On a later rebase, a conflict with the same key is resolved by applying that
+diff with ``git apply`` (strict: it only fits the very same conflicted text), and staged.
 """
 
 from __future__ import annotations
 
-import shutil
+import difflib
+import hashlib
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -22,9 +25,35 @@ import tomli_w
 
 from .git import Git
 from .manifest import Series
-from .treestate import git_path
 
-_SKIP = {"thisimage"}
+_MARKER = re.compile(r"^(<{7}|={7}|>{7}|\|{7})(?: .*)?$", re.M)
+
+
+def normalize_markers(text: str) -> str:
+    """Conflict markers without their labels (which name commits)."""
+    return _MARKER.sub(lambda m: m.group(1), text)
+
+
+def conflict_key(path: str, text: str) -> str:
+    """A hash of the conflict blocks of ``text`` (markers normalized), and the path."""
+    blocks, inside, current = [], False, []
+    for line in normalize_markers(text).splitlines():
+        if line == "<" * 7:
+            inside, current = True, [line]
+        elif inside:
+            current.append(line)
+            if line == ">" * 7:
+                blocks.append("\n".join(current))
+                inside = False
+    h = hashlib.sha256(path.encode() + b"\0" + "\0".join(blocks).encode())
+    return h.hexdigest()[:20]
+
+
+@dataclass
+class Conflict:
+    path: str
+    key: str
+    text: str  # the conflicted file, markers normalized
 
 
 class Ledger:
@@ -37,46 +66,45 @@ class Ledger:
             return []
         return list(tomllib.loads(self.index.read_text()).get("resolutions", []))
 
-    def refs(self, entry: str, ids: list[str]) -> list[str]:
-        known = {(r["entry"], r["conflict"]) for r in self.rows()}
-        return [f"{entry}:{i[:12]}" for i in ids if (entry, i) in known]
+    def _diff_path(self, entry: str, key: str) -> Path:
+        return self.root / entry / f"{key}.diff"
 
-    def install(self, git: Git, entry: str) -> int:
-        """Copy this entry's recorded resolutions into the repository's rr-cache."""
-        cache = git_path(git, "rr-cache")
-        count = 0
-        for row in self.rows():
-            if row["entry"] != entry:
-                continue
-            src = self.root / "rr-cache" / row["conflict"]
-            if src.is_dir():
-                dest = cache / row["conflict"]
-                dest.mkdir(parents=True, exist_ok=True)
-                for f in src.iterdir():
-                    shutil.copyfile(f, dest / f.name)
-                count += 1
-        return count
+    def conflicts(self, git: Git, paths: list[str]) -> list[Conflict]:
+        """The unmerged files as they stand, markers normalized in the work tree too."""
+        out = []
+        for path in paths:
+            file = git.worktree / path  # type: ignore[operator]
+            text = normalize_markers(file.read_text())
+            file.write_text(text)
+            out.append(Conflict(path, conflict_key(path, text), text))
+        return out
 
-    def record(self, git: Git, entry: str, from_rev: str, onto_rev: str, ids: list[str]) -> list[str]:
-        """Keep the resolutions rerere recorded for ``ids`` (after the commit that resolved them)."""
-        cache = git_path(git, "rr-cache")
-        rows = self.rows()
-        have = {(r["entry"], r["conflict"]) for r in rows}
+    def replay(self, git: Git, entry: str, conflicts: list[Conflict]) -> list[str]:
+        """Resolve every conflict this entry has a recorded resolution for; returns their refs."""
         refs = []
-        for cid in ids:
-            src = cache / cid
-            if not (src / "postimage").is_file():
-                continue  # rerere recorded no resolution (e.g. the file was deleted)
-            dest = self.root / "rr-cache" / cid
-            dest.mkdir(parents=True, exist_ok=True)
-            for f in src.iterdir():
-                if f.name not in _SKIP:
-                    shutil.copyfile(f, dest / f.name)
-            if (entry, cid) not in have:
-                rows.append({"entry": entry, "conflict": cid, "from": from_rev, "onto": onto_rev})
-            refs.append(f"{entry}:{cid[:12]}")
+        for c in conflicts:
+            diff = self._diff_path(entry, c.key)
+            if diff.is_file() and git.ok("apply", str(diff)):
+                git.run("add", "--", c.path)
+                refs.append(f"{entry}:{c.key}")
+        return refs
+
+    def record(self, git: Git, entry: str, from_rev: str, onto_rev: str, conflicts: list[Conflict]) -> list[str]:
+        """Keep how the user resolved ``conflicts`` (their staged content), as diffs."""
+        rows = [r for r in self.rows() if not (r["entry"] == entry and r["key"] in {c.key for c in conflicts})]
+        refs = []
+        for c in conflicts:
+            resolved = git.run("show", f":{c.path}", check=False).stdout
+            diff = "".join(difflib.unified_diff(c.text.splitlines(keepends=True), resolved.splitlines(keepends=True),
+                                                f"a/{c.path}", f"b/{c.path}", n=3))
+            if not diff:
+                continue
+            target = self._diff_path(entry, c.key)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(diff)
+            rows.append({"entry": entry, "key": c.key, "file": c.path, "from": from_rev, "onto": onto_rev})
+            refs.append(f"{entry}:{c.key}")
         if refs:
-            self.root.mkdir(parents=True, exist_ok=True)
-            rows.sort(key=lambda r: (r["entry"], r["conflict"]))
+            rows.sort(key=lambda r: (r["entry"], r["file"], r["key"]))
             self.index.write_text(tomli_w.dumps({"resolutions": rows}))
         return refs

@@ -3,8 +3,8 @@
 Each entry's commit is cherry-picked onto the new base (a real 3-way merge: its parent is the old
 base). The state lives in a journal (``.git/c128patch/rebase.json``), written before every step, so
 a conflict, a dirty tree or a killed process leaves something ``--continue``, ``--skip`` or
-``--abort`` can finish. Resolutions are recorded with git's rerere into the series' ledger
-(``patches/resolutions/``) and replayed for the same entry and conflict on any machine.
+``--abort`` can finish. Resolutions are recorded in the series' ledger (``patches/resolutions/``,
+ledger.py) and replayed for the same entry and conflict on any machine.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from . import provenance
 from .errors import C128Error, ConflictError
 from .git import Git
-from .ledger import Ledger
+from .ledger import Conflict, Ledger
 from .manifest import Series
 from .provenance import PROVENANCE_PATH
 from .refresh import _commits as entry_commits
@@ -30,7 +30,7 @@ from .replay import ENTRY_TRAILER
 from .status import read_provenance
 from .treestate import c128_state_dir, ensure_clean, ensure_idle, git_path, rebase_journal
 
-RERERE = ("-c", "rerere.enabled=true", "-c", "rerere.autoupdate=true", "-c", "core.editor=true")
+PICK = ("-c", "merge.conflictStyle=merge", "-c", "core.editor=true", "-c", "rerere.enabled=false")
 RECOVERY_PREFIX = "refs/c128patch/recovery"
 _PR = re.compile(r"#(\d+)")
 
@@ -121,9 +121,9 @@ class Rebase:
             if unstaged:
                 raise C128Error(f"cannot continue: unstaged changes in {', '.join(unstaged)}; `git add` the resolution "
                                 "(or stash what is not part of it)")
-            ids = self._conflict_ids()
+            conflicts = self._saved_conflicts()
+            recorded = Ledger(self.series).record(git, step.name, journal.old_rev, journal.onto_rev, conflicts)
             self._commit_pick(journal, step)
-            recorded = Ledger(self.series).record(git, step.name, journal.old_rev, journal.onto_rev, ids)
             step.status, step.ledger = "resolved", recorded
             step.detail = "resolved by hand; recorded in the ledger"
             self._advance(journal)
@@ -168,6 +168,7 @@ class Rebase:
         else:
             git.run("checkout", "--quiet", "--detach", journal.orig_head)
         self.path.unlink()
+        (c128_state_dir(git) / "conflicts.json").unlink(missing_ok=True)
         return {"ok": True, "aborted": True, "branch": journal.orig_branch, "head": journal.orig_head,
                 "recovery_ref": journal.recovery_ref, "stash": stash}
 
@@ -210,9 +211,8 @@ class Rebase:
                              "  undo:    c128patch rebase --abort",
                         report=self.report(journal))
             force_pick = False
-            Ledger(self.series).install(git, step.name)
             _fault_point(step.name)
-            proc = git.with_env(GIT_COMMITTER_DATE=date).run(*RERERE, "cherry-pick", "--allow-empty", step.sha,
+            proc = git.with_env(GIT_COMMITTER_DATE=date).run(*PICK, "cherry-pick", "--allow-empty", step.sha,
                                                              check=False)
             output = proc.stdout + proc.stderr
             if proc.returncode == 0:
@@ -226,14 +226,16 @@ class Rebase:
                 continue
             if not self._picking():
                 raise C128Error(f"cherry-pick of entry '{step.name}' failed: {output.strip().splitlines()[-1:]}")
+            ledger = Ledger(self.series)
+            conflicts = ledger.conflicts(git, git.out("diff", "--name-only", "--diff-filter=U").split())
+            replayed = ledger.replay(git, step.name, conflicts)
             unmerged = git.out("diff", "--name-only", "--diff-filter=U").split()
-            if not unmerged:  # rerere replayed a recorded resolution for every conflict
-                ids = self._conflict_ids()
+            if not unmerged:  # the ledger held a resolution for every conflict
                 self._commit_pick(journal, step)
-                step.status, step.ledger = "resolved", Ledger(self.series).refs(step.name, ids)
-                step.detail = "resolved from the ledger"
+                step.status, step.ledger, step.detail = "resolved", replayed, "resolved from the ledger"
                 self._advance(journal)
                 continue
+            self._save_conflicts([c for c in conflicts if c.path in unmerged])
             step.status = "failing"
             step.detail = f"conflicts in {', '.join(unmerged)}"
             step.upstream_commits = git.out("log", "--format=%h %s", f"{journal.old_commit}..{journal.onto_commit}",
@@ -251,14 +253,16 @@ class Rebase:
 
     def _commit_pick(self, journal: Journal, step: Step) -> None:
         date = self.git.out("show", "-s", "--format=%cI", journal.onto_commit)
-        self.git.with_env(GIT_COMMITTER_DATE=date).run(*RERERE, "cherry-pick", "--continue")
+        self.git.with_env(GIT_COMMITTER_DATE=date).run(*PICK, "cherry-pick", "--continue")
         step.new_sha = self.git.head() or ""
 
-    def _conflict_ids(self) -> list[str]:
-        merge_rr = git_path(self.git, "MERGE_RR")
-        if not merge_rr.is_file():
-            return []
-        return sorted({rec.split("\t", 1)[0] for rec in merge_rr.read_text().split("\0") if "\t" in rec})
+    def _save_conflicts(self, conflicts: list[Conflict]) -> None:
+        """Keep the conflicted files as git left them: --continue records the resolution against them."""
+        (c128_state_dir(self.git) / "conflicts.json").write_text(json.dumps([asdict(c) for c in conflicts]))
+
+    def _saved_conflicts(self) -> list[Conflict]:
+        path = c128_state_dir(self.git) / "conflicts.json"
+        return [Conflict(**c) for c in json.loads(path.read_text())] if path.is_file() else []
 
     def _classify(self, old_sha: str, new_sha: str) -> str:
         old_id, new_id = self._patch_id(old_sha), self._patch_id(new_sha)
@@ -334,6 +338,7 @@ class Rebase:
         (state / "rebase-report.json").write_text(json.dumps(report, indent=2) + "\n")
         (state / "rebase-report.md").write_text(render_markdown(report))
         self.path.unlink()
+        (state / "conflicts.json").unlink(missing_ok=True)
         return report
 
     # ------------------------------------------------------------------ report
