@@ -31,6 +31,13 @@ def command(tree: Path, series_dir: Path | None, as_json: bool) -> None:
         emit_json(info)
         return
     out = console(stderr=False)
+    if info.get("rebase"):
+        r = info["rebase"]
+        out.print(f"{info['tree']}: c128patch rebase {r['from']} -> {r['onto']} in progress, {r['done']}/{r['total']} "
+                  f"entries done" + (f", stopped at {r['current_entry']} ({r['paused']})" if r["paused"] else "")
+                  + f"; next: {r['next']}", markup=False)
+        if "series" not in info:
+            return
     s, u = info["series"], info["upstream"]
     out.print(f"{info['tree']} on {info['branch'] or 'detached HEAD'}", markup=False)
     out.print(f"  series {s.get('name')} {s.get('version')} ({len(info['entries'])} entries) on upstream "
@@ -38,8 +45,6 @@ def command(tree: Path, series_dir: Path | None, as_json: bool) -> None:
     cur = info.get("series_current")
     if cur and not cur["up_to_date"]:
         out.print(f"  the series has changed since (now {cur['version']}): re-apply or rebase", markup=False)
-    if info["rebase_in_progress"]:
-        out.print("  a c128patch rebase is in progress", markup=False)
     if info["commits_since"]:
         out.print(f"  {info['commits_since']} commit(s) on top of the applied series", markup=False)
     if not info["drift"]:

@@ -155,12 +155,15 @@ class Rebase:
     def abort(self) -> dict:
         journal = self._journal()
         git = self.git
+        stash = ""
+        if git.status_porcelain():  # never throw away what the user typed mid-rebase (resolutions too)
+            git.run("add", "--all")
+            stash = git.out("stash", "create", "c128patch rebase --abort: work in progress")
+            if stash:
+                git.run("stash", "store", "-m", "c128patch rebase --abort: work in progress", stash)
         if self._picking():
             git.run("cherry-pick", "--abort", check=False)
-        stash = ""
-        if git.status_porcelain():  # never throw away what the user typed mid-rebase
-            git.run("stash", "push", "--include-untracked", "-m", "c128patch rebase --abort: work in progress")
-            stash = git.out("rev-parse", "refs/stash")
+        git.run("reset", "--quiet", "--hard")
         if journal.orig_branch:
             git.run("checkout", "--quiet", journal.orig_branch)
             if git.head() != journal.orig_head:
@@ -226,6 +229,11 @@ class Rebase:
                 continue
             if not self._picking():
                 raise C128Error(f"cherry-pick of entry '{step.name}' failed: {output.strip().splitlines()[-1:]}")
+            if not git.out("ls-files", "--unmerged") and git.ok("diff", "--cached", "--quiet"):
+                git.run("cherry-pick", "--skip")  # the new base already has every change of it
+                step.status, step.detail = "dropped-as-merged", "became empty on the new base"
+                self._advance(journal)
+                continue
             ledger = Ledger(self.series)
             conflicts = ledger.conflicts(git, git.out("diff", "--name-only", "--diff-filter=U").split())
             replayed = ledger.replay(git, step.name, conflicts)
@@ -379,6 +387,10 @@ def render_markdown(report: dict) -> str:
 
 
 def _fault_point(name: str) -> None:
-    """Test hook: C128PATCH_FAULT=kill-before:<entry> kills this process right before a pick."""
-    if os.environ.get("C128PATCH_FAULT") == f"kill-before:{name}":
+    """Test hook: C128PATCH_FAULT=kill-before:<entry> (SIGKILL) or sigint-before:<entry> (SIGINT)
+    interrupts this process right before that entry's pick."""
+    fault = os.environ.get("C128PATCH_FAULT", "")
+    if fault == f"kill-before:{name}":
         os.kill(os.getpid(), signal.SIGKILL)
+    if fault == f"sigint-before:{name}":
+        os.kill(os.getpid(), signal.SIGINT)

@@ -23,9 +23,26 @@ def read_provenance(tree: Path) -> dict:
         raise C128Error(f"{path}: provenance file is not valid JSON ({exc.msg})") from exc
 
 
+def rebase_status(git: Git) -> dict | None:
+    """Where a c128patch rebase in progress stands (None when there is none)."""
+    path = rebase_journal(git)
+    if not path.is_file():
+        return None
+    j = json.loads(path.read_text())
+    steps = j["steps"]
+    current = steps[j["pos"]]["name"] if j["pos"] < len(steps) else None
+    return {"onto": j["onto_rev"], "from": j["old_rev"], "done": j["pos"], "total": len(steps),
+            "current_entry": current, "paused": j.get("paused", ""), "branch": j["orig_branch"],
+            "next": "c128patch rebase --continue | --skip | --abort"}
+
+
 def tree_status(git: Git, series: Series | None = None) -> dict:
     tree = git.worktree
     assert tree is not None
+    rebase = rebase_status(git)
+    if rebase is not None and not (tree / PROVENANCE_PATH).is_file():
+        return {"tree": str(tree), "branch": git.current_branch(), "rebase_in_progress": True, "rebase": rebase,
+                "entries": [], "drift": []}
     record = read_provenance(tree)
     prov_commit = git.out("log", "-1", "--format=%H", "--", PROVENANCE_PATH)
     entries = record.get("entries", [])
@@ -54,7 +71,8 @@ def tree_status(git: Git, series: Series | None = None) -> dict:
         "provenance_commit": prov_commit,
         "commits_since": git.count(f"{prov_commit}..HEAD") if prov_commit else 0,
         "drift": drift,
-        "rebase_in_progress": rebase_journal(git).is_file(),
+        "rebase_in_progress": rebase is not None,
+        "rebase": rebase,
     }
     if series is not None:
         applied = record.get("series", {}).get("digest")
