@@ -62,17 +62,17 @@ def sha256_path(path: Path) -> str:
     return h.hexdigest()
 
 
-def patched_version(base: Version, series: Series, digest: str | None = None) -> Version:
-    """``X.Y.Z+c128.<series version>.<digest[:8]>``: the base's public version plus our local label."""
-    digest = digest or series.digest()
-    label = f"{LOCAL_TAG}.{series.version}.{digest[:8]}"
+def patched_version(base: Version, series_version: str, digest: str) -> Version:
+    """``X.Y.Z+c128.<series version>.<digest[:8]>``: the base's public version plus our local label
+    (after the base's own local label, if it has one)."""
+    label = f"{LOCAL_TAG}.{series_version}.{digest[:8]}"
     if base.local:
         label = f"{base.local}.{label}"
     try:
         return Version(f"{base.public}+{label}")
     except InvalidVersion as exc:
         raise C128Error(
-            f"series version {series.version!r} cannot go into a PEP 440 local label "
+            f"series version {series_version!r} cannot go into a PEP 440 local label "
             "(use letters, digits and dots)"
         ) from exc
 
@@ -184,7 +184,11 @@ def sbom_entries(iw: InWheel, planned: list[Planned]) -> list[PatchEntry]:
         if item.patch is not None:
             diff = item.path.read_bytes()
         else:
-            diff = overlay_diff(iw.root, wheel_path(e.target))
+            target = wheel_path(e.target)
+            iw.extract([target])
+            if not (iw.root / target).is_file():
+                raise C128Error(f"overlay '{e.name}': {target} is not in the wheel (left out by the build?)")
+            diff = overlay_diff(iw.root, target)
         out.append(PatchEntry(e.name, e.kind, e.gate, e.upstream, e.upstream_status,
                               item.variant.file if item.variant else e.source,
                               hashlib.sha256(item.path.read_bytes()).hexdigest(), diff, e.why))
@@ -206,7 +210,7 @@ def finish(
 ) -> tuple[Path, Version]:
     """Write provenance and SBOM, give the wheel its patched version, save it into ``out_dir``."""
     digest = series.digest()
-    version = patched_version(base, series, digest)
+    version = patched_version(base, series.version, digest)
     record = provenance.build(series, planned, upstream, rows)
     prov = iw.root / WHEEL_PROVENANCE
     prov.parent.mkdir(parents=True, exist_ok=True)

@@ -273,7 +273,7 @@ class InWheel:
     def _source(self, name: str) -> tuple[bytes, bool]:
         """(bytes, executable) of a file of the saved wheel."""
         path = self.root / name
-        if name in self._extracted or not (name in self._members):
+        if name in self._extracted or name not in self._members or path.exists() or path.is_symlink():
             if path.is_symlink():
                 raise C128Error(f"refusing to pack a symlink: {name}")
             return path.read_bytes(), bool(path.stat().st_mode & 0o111)
@@ -299,6 +299,12 @@ class InWheel:
                     wf.writestr(info, data)
 
 
+class WheelMismatch(C128Error):
+    """A wheel that does not match what it says about itself (RECORD, provenance, SBOM)."""
+
+    exit_code = 1
+
+
 @dataclass
 class RecordCheck:
     files: int
@@ -320,24 +326,24 @@ def check_record(wheel: Path) -> RecordCheck:
         listed: dict[str, str] = {}
         for row in rows:
             if len(row) != 3:
-                raise C128Error(f"{wheel.name}: RECORD row {row!r} does not have 3 fields")
+                raise WheelMismatch(f"{wheel.name}: RECORD row {row!r} does not have 3 fields")
             listed[row[0]] = row[2]
         members = [i for i in wf.infolist() if not i.is_dir()]
         names = {i.filename for i in members}
         for missing in sorted(set(listed) - names):
-            raise C128Error(f"{wheel.name}: RECORD lists {missing}, which is not in the wheel")
+            raise WheelMismatch(f"{wheel.name}: RECORD lists {missing}, which is not in the wheel")
         for info in members:
             name = info.filename
             if name == record_name:
                 continue
             if name not in listed:
-                raise C128Error(f"{wheel.name}: {name} is not listed in RECORD")
+                raise WheelMismatch(f"{wheel.name}: {name} is not listed in RECORD")
             try:
                 data = wf.read(name)  # WheelFile checks the RECORD hash while reading
             except WheelError as exc:
-                raise C128Error(f"{wheel.name}: RECORD hash mismatch: {exc}") from exc
+                raise WheelMismatch(f"{wheel.name}: RECORD hash mismatch: {exc}") from exc
             if listed[name] != str(len(data)):
-                raise C128Error(f"{wheel.name}: RECORD size of {name} is {listed[name]}, the file has {len(data)} bytes")
+                raise WheelMismatch(f"{wheel.name}: RECORD size of {name} is {listed[name]}, the file has {len(data)} bytes")
         return RecordCheck(len(members), wf.dist_info_path)
 
 
