@@ -145,6 +145,8 @@ class InWheel:
     """
 
     def __init__(self, wheel: Path) -> None:
+        if not wheel.is_file():
+            raise C128Error(f"missing wheel: {wheel} does not exist" if not wheel.exists() else f"not a wheel: {wheel} is not a file")
         self.wheel = wheel
         self.name = WheelName.parse(wheel)
         self._tmp: Path | None = None
@@ -155,8 +157,6 @@ class InWheel:
 
     # -- reading ------------------------------------------------------------------
     def __enter__(self) -> "InWheel":
-        if not self.wheel.is_file():
-            raise C128Error(f"missing wheel: {self.wheel} does not exist")
         try:
             self._zip = zipfile.ZipFile(self.wheel)
         except (zipfile.BadZipFile, OSError) as exc:
