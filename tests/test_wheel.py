@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -54,7 +55,9 @@ def upstream_wheel(sglang_release_repo: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def patched(tmp_path_factory: pytest.TempPathFactory, wheel_series: Path, upstream_wheel: Path):
-    return patch_wheel(load_series(wheel_series), upstream_wheel, tmp_path_factory.mktemp("dist"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("SOURCE_DATE_EPOCH", raising=False)  # the release's own time, whatever CI sets
+        return patch_wheel(load_series(wheel_series), upstream_wheel, tmp_path_factory.mktemp("dist"))
 
 
 @functools.lru_cache(maxsize=4)
@@ -425,6 +428,12 @@ def test_installs_and_uninstalls_cleanly(patched, tmp_path: Path):
                             capture_output=True, text=True, check=True).stdout.split("\n")
     assert set(members(Path(patched.wheel))) <= set(listed)  # every file of the wheel is recorded as installed
     assert f"Version: {patched.version}" in pip("show", "sglang")
+    # pip check parses every installed METADATA: the only complaints may be the requirements that
+    # --no-deps left out (sglang's own Requires-Dist, intact), never invalid metadata or versions.
+    proc = subprocess.run([str(py), "-m", "pip", "check"], capture_output=True, text=True)
+    problems = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    assert problems and all(re.fullmatch(rf"sglang {re.escape(patched.version)} requires \S+, which is not installed\.", ln)
+                            for ln in problems), problems[:3]
     inspect = json.loads(pip("inspect", "--local"))
     (dist,) = [d for d in inspect["installed"] if d["metadata"]["name"] == "sglang"]
     assert dist["metadata"]["version"] == patched.version

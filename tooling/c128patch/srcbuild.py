@@ -187,11 +187,12 @@ def build_wheel(
     git = Git(worktree=worktree)
     record = None if fresh else _patched_state(git, worktree, series, commit)
     applied = record is None
-    info = {"rev": rev, "commit": commit, "source": upstream.kind, "version": str(base), "build": "source"}
+    tree_info = {"rev": rev, "commit": commit, "source": upstream.kind}
     if upstream.kind == "url":
-        info["url"] = upstream.location
+        tree_info["url"] = upstream.location
+    info = {**tree_info, "version": str(base), "build": "source"}  # the wheel's record adds how it was made
     if record is None:
-        result = apply_series(series, git, rev, commit, fresh_clone=fresh, upstream_info=info, reporter=reporter)
+        result = apply_series(series, git, rev, commit, fresh_clone=fresh, upstream_info=tree_info, reporter=reporter)
         rows = result.entries
     else:
         rows = record.get("entries", [])
