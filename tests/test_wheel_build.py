@@ -164,7 +164,9 @@ def test_real_source_build(tmp_path: Path, source_repo: Path, series: Path):
     assert record["upstream"]["build"] == "source" and record["upstream"]["commit"] == head
     assert any(n.endswith(".dist-info/sboms/c128patch.cdx.json") for n in names)
     # the built wheel passes verify-wheel; the source tree is left clean on the patched branch
-    assert CliRunner().invoke(main, ["verify-wheel", str(wheel), "--series", str(series)]).exit_code == 0
+    verified = CliRunner().invoke(main, ["verify-wheel", str(wheel), "--series", str(series), "--compile-all", "--json"])
+    assert verified.exit_code == 0, verified.output
+    assert json.loads(verified.stdout)["compiled"] == len([n for n in names if n.endswith(".py")])
     assert git(source_repo, "status", "--porcelain") == ""
     assert git(source_repo, "rev-parse", "--abbrev-ref", "HEAD") == "c128/main"
     # a second build reuses the patched tree (no second apply) and gives the same wheel name

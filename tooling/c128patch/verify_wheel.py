@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -200,11 +201,17 @@ def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[
             if hashlib.sha256(target.read_bytes()).hexdigest() != e.get("sha256"):
                 raise _mismatch(iw.wheel, f"overlay '{e['name']}': {wheel_path(e['target'])} differs from the recorded sha256")
     rows = []
-    git = loose_git(iw.root)
     with tempfile.TemporaryDirectory(prefix="c128patch-verify-") as tmp:
+        scratch = Path(tmp) / "tree"  # a copy: the reverse chain must not change the wheel's view
+        for path in touched:
+            if (iw.root / path).is_file():
+                (scratch / path).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(iw.root / path, scratch / path)
+        scratch.mkdir(exist_ok=True)
+        git = loose_git(scratch)
         for i in reversed(range(len(entries))):
             e = entries[i]
-            diff_file = Path(tmp) / f"{i:03d}.diff"
+            diff_file = Path(tmp) / f"{i:03d}.diff"  # outside the scratch tree
             diff_file.write_bytes(diffs[i])
             proc = git.run("apply", "-R", "-p2", str(diff_file), check=False)
             if proc.returncode != 0:
