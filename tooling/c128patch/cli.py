@@ -9,7 +9,8 @@ import click
 from . import __version__
 
 # One module per command (main_<verb>.py), each exposing `command`.
-COMMANDS = ("apply", "check", "status", "lint", "audit", "capacity", "refresh", "rebase")
+COMMANDS = ("apply", "check", "status", "lint", "audit", "refresh", "rebase", "capacity", "wheel", "build",
+            "verify-wheel")
 
 
 class LazyGroup(click.Group):

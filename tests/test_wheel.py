@@ -1,0 +1,443 @@
+"""c128patch wheel / verify-wheel on the real sglang 0.5.23 release wheel (a test series: a real patch
+made against upstream, adding a gate to srt/environ.py and editing a JIT .cuh, plus an overlay).
+
+The patched wheel is built once per session; the tests read it, tamper copies of it, install it."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from packaging.utils import parse_wheel_filename
+from packaging.version import Version
+
+from c128patch.cli import main
+from c128patch.manifest import load_series, sha256_file
+from c128patch.release_source import wheel_for, wheel_timestamp
+from c128patch.sbom import PatchEntry, diff_bytes, entry_properties, purl_pypi
+from c128patch.wheelpatch import patch_wheel
+from c128patch.wheelrules import refusal
+from c128patch.wheeltools import InWheel, check_record
+
+from conftest import make_test_series
+
+ENVIRON = "python/sglang/srt/environ.py"
+CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
+GATE_LINE = "    SGLANG_C128PATCH_TEST_GATE = EnvBool(False)\n"
+CUH_LINE = "    const uint32_t prefix_len = seq_len - extend_len;  // c128patch wheel test\n"
+EDITS = {
+    ENVIRON: ("    SGLANG_DSPARK_ENABLE_MULTI_STREAM = EnvBool(True)\n",
+              "    SGLANG_DSPARK_ENABLE_MULTI_STREAM = EnvBool(True)\n" + GATE_LINE),
+    CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n", CUH_LINE),
+}
+OVERLAY = "sglang/c128_test_overlay.py"
+
+
+@pytest.fixture(scope="session")
+def wheel_series(tmp_path_factory: pytest.TempPathFactory, sglang_release_repo: Path) -> Path:
+    return make_test_series(tmp_path_factory.mktemp("wheel-series"), sglang_release_repo, EDITS)
+
+
+@pytest.fixture(scope="session")
+def upstream_wheel(sglang_release_repo: Path) -> Path:
+    """The real sglang 0.5.23 release wheel (cache, wheelhouse, or downloaded)."""
+    return wheel_for("0.5.23")
+
+
+@pytest.fixture(scope="session")
+def patched(tmp_path_factory: pytest.TempPathFactory, wheel_series: Path, upstream_wheel: Path):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("SOURCE_DATE_EPOCH", raising=False)  # the release's own time, whatever CI sets
+        return patch_wheel(load_series(wheel_series), upstream_wheel, tmp_path_factory.mktemp("dist"))
+
+
+@functools.lru_cache(maxsize=4)
+def _members(wheel: str, size: int) -> dict[str, bytes]:
+    with zipfile.ZipFile(wheel) as zf:
+        return {i.filename: zf.read(i) for i in zf.infolist() if not i.is_dir()}
+
+
+def members(wheel: Path) -> dict[str, bytes]:
+    """name -> bytes of a wheel's files (cached: the 0.5.23 wheels are read by many tests)."""
+    return _members(str(wheel), wheel.stat().st_size)
+
+
+def run_cli(args: list[str]):
+    return CliRunner().invoke(main, args)
+
+
+# -- what the patched wheel holds --------------------------------------------------------------
+
+
+def test_version_name_and_tags(patched, upstream_wheel: Path, wheel_series: Path):
+    series = load_series(wheel_series)
+    out = Path(patched.wheel)
+    want = Version(f"0.5.23+c128.{series.version}.{series.digest()[:8]}")
+    name, version, build, tags = parse_wheel_filename(out.name)
+    assert (str(name), version, build) == ("sglang", want, ())
+    assert tags == parse_wheel_filename(upstream_wheel.name)[3]  # platform tags kept
+    assert out.name == upstream_wheel.name.replace("0.5.23", str(want), 1)
+    files = members(out)
+    dist = f"sglang-{want}.dist-info"
+    meta = files[f"{dist}/METADATA"].decode()
+    assert f"\nVersion: {want}\n" in meta
+    upstream_meta = members(upstream_wheel)["sglang-0.5.23.dist-info/METADATA"].decode()
+    assert meta == upstream_meta.replace("\nVersion: 0.5.23\n", f"\nVersion: {want}\n")  # nothing else changed
+    assert files[f"{dist}/WHEEL"] == members(upstream_wheel)["sglang-0.5.23.dist-info/WHEEL"]
+    assert not [n for n in files if n.startswith("sglang-0.5.23.dist-info/")]
+
+
+def test_files_patched_and_everything_else_identical(patched, upstream_wheel: Path):
+    new, old = members(Path(patched.wheel)), members(upstream_wheel)
+    assert GATE_LINE.encode() in new["sglang/srt/environ.py"] and GATE_LINE.encode() not in old["sglang/srt/environ.py"]
+    assert CUH_LINE.encode() in new[CUH.removeprefix("python/")]
+    assert new[OVERLAY] == b"VALUE = 1\n"
+    changed = {"sglang/srt/environ.py", CUH.removeprefix("python/")}
+    added = {OVERLAY, "sglang/c128patch_provenance.json"}
+    body_new = {n for n in new if ".dist-info/" not in n}
+    body_old = {n for n in old if ".dist-info/" not in n}
+    assert body_new == body_old | added
+    for name in body_old - changed:
+        assert new[name] == old[name], name
+
+
+def test_record_and_zip_layout(patched, upstream_wheel: Path):
+    out = Path(patched.wheel)
+    check = check_record(out)
+    assert check.files == len(members(out))
+    with zipfile.ZipFile(out) as zf:
+        infos = zf.infolist()
+    assert not [i for i in infos if i.is_dir()]
+    assert infos[-1].filename.endswith(".dist-info/RECORD")
+    names = [i.filename for i in infos]
+    body = [n for n in names if ".dist-info/" not in n]
+    assert names[: len(body)] == sorted(body)  # the package first, sorted; .dist-info last
+    stamp = __import__("time").gmtime(wheel_timestamp(upstream_wheel))[:6]
+    assert {i.date_time for i in infos} == {stamp}  # SOURCE_DATE_EPOCH = the upstream release's time
+    modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in infos}
+    assert set(modes.values()) <= {0o644, 0o755, 0o664}
+    assert all(modes[n] == 0o755 for n in names if n.endswith(".so"))
+
+
+def test_provenance_record(patched, upstream_wheel: Path, wheel_series: Path):
+    series = load_series(wheel_series)
+    record = json.loads(members(Path(patched.wheel))["sglang/c128patch_provenance.json"])
+    assert record["series"] == {"name": "test", "version": "1", "digest": series.digest()}
+    up = record["upstream"]
+    assert up["rev"] == "v0.5.23" and up["version"] == "0.5.23" and up["wheel"] == upstream_wheel.name
+    assert up["wheel_sha256"] == hashlib.sha256(upstream_wheel.read_bytes()).hexdigest()
+    rows = {e["name"]: e for e in record["entries"]}
+    assert [e["name"] for e in record["entries"]] == [e.name for e in series.entries]
+    assert rows["test-patch"]["sha256"] == sha256_file(wheel_series / "patches" / "0001-test.patch")
+    assert sorted(rows["test-patch"]["files"]) == sorted([ENVIRON, CUH])
+    assert rows["test-overlay"]["target"] == "python/" + OVERLAY
+
+
+def test_reproducible_bytes(patched, tmp_path: Path, wheel_series: Path, upstream_wheel: Path, monkeypatch):
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    (wheel_series / "overlay" / "sglang" / "c128_test_overlay.py").touch()  # mtimes must not matter
+    again = patch_wheel(load_series(wheel_series), upstream_wheel, tmp_path / "again")
+    assert again.sha256 == patched.sha256 == hashlib.sha256(Path(again.wheel).read_bytes()).hexdigest()
+    assert Path(again.wheel).name == Path(patched.wheel).name
+
+
+def test_fast_enough(patched):
+    assert patched.seconds <= 20, f"patching the 0.5.23 wheel took {patched.seconds} s (budget 20 s)"
+
+
+# -- SBOM ---------------------------------------------------------------------------------------
+
+
+def sbom_of(wheel: Path) -> dict:
+    files = members(wheel)
+    (name,) = [n for n in files if ".dist-info/sboms/" in n]
+    assert name.endswith(".dist-info/sboms/c128patch.cdx.json")
+    return json.loads(files[name])
+
+
+def test_sbom_is_valid_cyclonedx_16(patched):
+    validation = pytest.importorskip("cyclonedx.validation.json")
+    from cyclonedx.schema import SchemaVersion
+
+    text = json.dumps(sbom_of(Path(patched.wheel)))
+    assert validation.JsonStrictValidator(SchemaVersion.V1_6).validate_str(text) is None
+
+
+def test_sbom_pedigree(patched, upstream_wheel: Path, wheel_series: Path):
+    series = load_series(wheel_series)
+    doc = sbom_of(Path(patched.wheel))
+    comp = doc["metadata"]["component"]
+    assert comp["name"] == "sglang" and comp["version"] == patched.version
+    assert comp["purl"] == f"pkg:pypi/sglang@{patched.version.replace('+', '%2B')}"
+    (anc,) = comp["pedigree"]["ancestors"]
+    assert anc["purl"] == "pkg:pypi/sglang@0.5.23" == purl_pypi("sglang", "0.5.23")
+    assert anc["hashes"] == [{"alg": "SHA-256", "content": hashlib.sha256(upstream_wheel.read_bytes()).hexdigest()}]
+    patches = comp["pedigree"]["patches"]
+    assert [p["type"] for p in patches] == ["unofficial", "unofficial"]
+    assert patches[0]["diff"]["text"]["content"] == (wheel_series / "patches" / "0001-test.patch").read_text()
+    assert "+++ b/python/sglang/c128_test_overlay.py" in patches[1]["diff"]["text"]["content"]
+    rows = entry_properties(doc)
+    assert [r["name"] for r in rows] == [e.name for e in series.entries]  # series order kept
+    assert rows[0] == {"name": "test-patch", "kind": "patch", "gate": "none", "upstream": "", "upstream_status": "",
+                       "file": "0001-test.patch", "sha256": series.entries[0].sha256}
+    tools = doc["metadata"]["tools"]["components"]
+    assert [t["name"] for t in tools] == ["c128patch"]
+
+
+def test_sbom_patch_resolves_upstream_pr():
+    entry = PatchEntry("e", "patch", "SGLANG_X", "sgl-project/sglang#32035", "open", "0001.patch", "ab" * 32,
+                       b"diff --git a/x b/x\n", "why")
+    patch = entry.patch()
+    assert patch["type"] == "unofficial" and patch["diff"]["text"]["content"] == "diff --git a/x b/x\n"
+    (issue,) = patch["resolves"]
+    assert issue["id"] == "sgl-project/sglang#32035" and issue["description"] == "why"
+    assert issue["references"] == ["https://github.com/sgl-project/sglang/pull/32035"]
+    assert {p["name"].rsplit(":", 1)[1]: p["value"] for p in entry.properties(3)}["gate"] == "SGLANG_X"
+    assert all(p["name"].startswith("c128patch:entry:3:") for p in entry.properties(3))
+    binary = PatchEntry("e", "patch", "", "", "", "f", "0" * 64, b"\xff\xfe", "").patch()
+    assert binary["diff"]["text"]["encoding"] == "base64" and diff_bytes(binary) == b"\xff\xfe"
+    assert "resolves" not in binary
+
+
+# -- verify-wheel -------------------------------------------------------------------------------
+
+
+def test_verify_ok(patched, wheel_series: Path):
+    res = run_cli(["verify-wheel", patched.wheel, "--series", str(wheel_series), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["ok"] and data["version"] == patched.version
+    assert [e["status"] for e in data["entries"]] == ["present", "present"]
+    assert data["compiled"] == 2  # environ.py and the overlay
+
+
+def retouched(src: Path, dest_dir: Path, edit, names: list[str]) -> Path:
+    """A copy of ``src`` with ``edit(root, dist_info)`` applied to ``names`` and RECORD regenerated
+    (so RECORD stays valid and only the deeper checks can notice)."""
+    with InWheel(src) as iw:
+        iw.extract([n.replace("{dist}", iw.dist_info) for n in names])
+        edit(iw.root, iw.dist_info)
+        version = iw.name.version
+        return iw.save(dest_dir, version, 0)
+
+
+def verify_fails(wheel: Path, contains: str, *extra: str) -> str:
+    res = run_cli(["verify-wheel", str(wheel), *extra])
+    assert res.exit_code == 1, (res.exit_code, res.output)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("c128patch: error: "), res.stderr
+    assert contains in lines[0], lines[0]
+    return lines[0]
+
+
+def test_verify_catches_a_reverted_patch(patched, tmp_path: Path):
+    def undo(root: Path, _dist: str) -> None:
+        path = root / "sglang/srt/environ.py"
+        path.write_text(path.read_text().replace(GATE_LINE, ""))
+
+    verify_fails(retouched(Path(patched.wheel), tmp_path, undo, ["sglang/srt/environ.py"]), "entry 'test-patch' is not in the wheel as recorded: sglang/srt/environ.py")
+
+
+def test_verify_catches_a_changed_overlay(patched, tmp_path: Path):
+    def edit(root: Path, _dist: str) -> None:
+        (root / OVERLAY).write_text("VALUE = 2\n")
+
+    verify_fails(retouched(Path(patched.wheel), tmp_path, edit, [OVERLAY]), "overlay 'test-overlay'")
+
+
+def test_verify_catches_sbom_drift(patched, tmp_path: Path):
+    def edit(root: Path, dist: str) -> None:
+        path = root / dist / "sboms" / "c128patch.cdx.json"
+        path.write_text(path.read_text().replace('"value": "test-patch"', '"value": "renamed"'))
+
+    verify_fails(retouched(Path(patched.wheel), tmp_path, edit, []), "SBOM entry 1 (renamed): name")
+
+
+def test_verify_catches_a_record_mismatch(patched, tmp_path: Path):
+    bad = tmp_path / Path(patched.wheel).name
+    with zipfile.ZipFile(patched.wheel) as src, zipfile.ZipFile(bad, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename == "sglang/srt/environ.py":
+                data = data.replace(b"EnvBool(False)", b"EnvBool(True) ", 1)  # same size, other bytes
+            dst.writestr(info, data)
+    verify_fails(bad, "RECORD hash mismatch")
+
+
+def test_verify_catches_a_syntax_error(patched, tmp_path: Path):
+    def edit(root: Path, _dist: str) -> None:
+        path = root / "sglang/srt/environ.py"
+        path.write_text(path.read_text() + "\ndef broken(:\n")
+
+    verify_fails(retouched(Path(patched.wheel), tmp_path, edit, ["sglang/srt/environ.py"]), "sglang/srt/environ.py does not compile")
+
+
+def test_verify_against_another_series(patched, tmp_path: Path, sglang_release_repo: Path):
+    other = make_test_series(tmp_path / "other", sglang_release_repo, {CUH: EDITS[CUH]}, overlay=False)
+    verify_fails(Path(patched.wheel), "not from", "--series", str(other))
+
+
+def test_verify_refuses_upstream_wheel(upstream_wheel: Path):
+    verify_fails(upstream_wheel, "no c128patch provenance")
+
+
+# -- variants chosen by the wheel's version (the real series) ------------------------------------
+
+
+def test_real_series_variants_follow_the_wheel_version(real_series, tmp_path: Path, sglang_release_repo: Path):
+    multi = [e for e in real_series.entries if len(e.patch_files()) > 1]
+    if not multi:
+        pytest.skip("the product series has no entry with per-release variants yet")
+    res = patch_wheel(real_series, wheel_for("0.5.20"), tmp_path)
+    used = {row["name"]: row["file"].removeprefix("patches/") for row in res.entries}
+    for entry in multi:
+        # the variant whose base is the newest release not after 0.5.20
+        bases = [(Version(v.base.lstrip("v")), v.file) for v in entry.patch_files() if Version(v.base.lstrip("v")) <= Version("0.5.20")]
+        assert used[entry.name] == max(bases)[1], entry.name
+    res2 = run_cli(["verify-wheel", res.wheel, "--series", str(real_series.root)])
+    assert res2.exit_code == 0, res2.output
+
+
+# -- bad input: one line, exit 2, the output folder untouched ------------------------------------
+
+
+def refused(args: list[str], out: Path, contains: str) -> str:
+    before = sorted(p.name for p in out.iterdir()) if out.exists() else None
+    res = run_cli([*args, "-o", str(out)])
+    assert res.exit_code == 2, (res.exit_code, res.stderr, res.stdout)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("c128patch: error: "), res.stderr
+    assert contains in lines[0], lines[0]
+    after = sorted(p.name for p in out.iterdir()) if out.exists() else None
+    assert after == before, "the output folder changed"
+    return lines[0]
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    d = tmp_path / "out"
+    d.mkdir()
+    (d / "keep.txt").write_text("mine\n")
+    return d
+
+
+def test_missing_wheel(tmp_path: Path, out: Path, wheel_series: Path):
+    refused(["wheel", "--from-wheel", str(tmp_path / "nope.whl"), "--series", str(wheel_series)], out, "missing wheel")
+
+
+def test_not_a_wheel(tmp_path: Path, out: Path, wheel_series: Path):
+    text = tmp_path / "sglang-0.5.23-py3-none-any.whl"
+    text.write_text("not a zip\n")
+    refused(["wheel", "--from-wheel", str(text), "--series", str(wheel_series)], out, "not a wheel")
+    other = tmp_path / "notes.txt"
+    other.write_text("hello\n")
+    refused(["wheel", "--from-wheel", str(other), "--series", str(wheel_series)], out, "not a wheel")
+
+
+def test_not_an_sglang_wheel(tmp_path: Path, out: Path, wheel_series: Path):
+    whl = tmp_path / "other-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr("other/__init__.py", "")
+        zf.writestr("other-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: other\nVersion: 1.0\n")
+        zf.writestr("other-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr("other-1.0.dist-info/RECORD", "")
+    refused(["wheel", "--from-wheel", str(whl), "--series", str(wheel_series)], out, "not an sglang wheel")
+
+
+def test_unknown_release(out: Path, wheel_series: Path):
+    refused(["wheel", "--from-release", "banana", "--series", str(wheel_series)], out, "not a release version")
+    refused(["wheel", "--from-release", "9.9.9", "--series", str(wheel_series)], out, "unknown release 'v9.9.9'")
+
+
+def test_both_or_neither_source(out: Path, wheel_series: Path, upstream_wheel: Path):
+    refused(["wheel", "--series", str(wheel_series)], out, "exactly one of")
+    refused(["wheel", "--from-wheel", str(upstream_wheel), "--from-release", "0.5.23", "--series", str(wheel_series)],
+            out, "exactly one of")
+
+
+def test_already_patched(patched, out: Path, wheel_series: Path):
+    refused(["wheel", "--from-wheel", patched.wheel, "--series", str(wheel_series)], out, "already patched by c128patch")
+
+
+def test_binary_touching_entry(tmp_path: Path, out: Path, sglang_release_repo: Path, upstream_wheel: Path):
+    loader = "python/sglang/srt/rust_extensions/loader.py"
+    series = make_test_series(tmp_path / "s", sglang_release_repo,
+                              {loader: ('"""', '"""c128patch test: ', )}, overlay=False)
+    line = refused(["wheel", "--from-wheel", str(upstream_wheel), "--series", str(series)], out,
+                   "entry 'test-patch' cannot be applied to a built wheel")
+    assert "sglang/srt/rust_extensions/ holds a compiled extension" in line and "c128patch build" in line
+
+
+def test_conflicting_patch(tmp_path: Path, sglang_release_repo: Path, wheel_series: Path):
+    """The test series was made against 0.5.23; environ.py's context differs in 0.5.20."""
+    out = tmp_path / "new-out"  # not created before: must not exist after
+    line = refused(["wheel", "--from-release", "0.5.20", "--series", str(wheel_series)], out,
+                   "entry 'test-patch' (patches/0001-test.patch) does not apply to sglang-0.5.20")
+    assert "sglang/srt/environ.py hunk #1 @@" in line and "no wheel was written" in line
+    assert not out.exists()
+
+
+def test_refusal_rule_cases():
+    dirs = {"sglang/srt/rust_extensions", "sglang/srt/mem_cache/rust_tree_core"}
+    assert refusal("python/sglang/srt/environ.py", dirs) is None
+    assert refusal("python/sglang/kernels/jit/csrc/deepseek_v4/x.cuh", dirs) is None
+    assert refusal("python/sglang/srt/mem_cache/radix_cache.py", dirs) is None  # a sibling of the binary's folder
+    assert "build input" in refusal("python/pyproject.toml", dirs)
+    assert "build input" in refusal("rust/sglang-radix-tree/src/lib.rs", dirs)
+    assert "'.so' files" in refusal("python/sglang/srt/x.so", dirs)
+    assert "'.rs' files" in refusal("python/sglang/srt/x.rs", dirs)
+    assert "rust_tree_core/ holds a compiled extension" in refusal("python/sglang/srt/mem_cache/rust_tree_core/sub/a.py", dirs)
+
+
+# -- install check --------------------------------------------------------------------------------
+
+
+def test_installs_and_uninstalls_cleanly(patched, tmp_path: Path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+
+    def pip(*args: str) -> str:
+        proc = subprocess.run([str(py), "-m", "pip", "--disable-pip-version-check", "--no-input", *args],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    before = {p.relative_to(site) for p in site.rglob("*")}
+    pip("install", "--no-deps", "--no-compile", "--no-index", patched.wheel)
+    assert (site / "sglang/srt/environ.py").read_text().count(GATE_LINE) == 1  # the new gate is declared
+    assert CUH_LINE in (site / CUH.removeprefix("python/")).read_text()
+    assert (site / OVERLAY).read_text() == "VALUE = 1\n"
+    assert (site / "sglang/c128patch_provenance.json").is_file()
+    meta = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('sglang')); print(m.distribution('sglang').name)"],
+                          capture_output=True, text=True, check=True)
+    version, _ = meta.stdout.split()
+    assert version == patched.version
+    listed = subprocess.run([str(py), "-c", "import importlib.metadata as m; print('\\n'.join(str(f) for f in m.files('sglang')))"],
+                            capture_output=True, text=True, check=True).stdout.split("\n")
+    assert set(members(Path(patched.wheel))) <= set(listed)  # every file of the wheel is recorded as installed
+    assert f"Version: {patched.version}" in pip("show", "sglang")
+    # pip check parses every installed METADATA: the only complaints may be the requirements that
+    # --no-deps left out (sglang's own Requires-Dist, intact), never invalid metadata or versions.
+    proc = subprocess.run([str(py), "-m", "pip", "check"], capture_output=True, text=True)
+    problems = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    assert problems and all(re.fullmatch(rf"sglang {re.escape(patched.version)} requires \S+, which is not installed\.", ln)
+                            for ln in problems), problems[:3]
+    inspect = json.loads(pip("inspect", "--local"))
+    (dist,) = [d for d in inspect["installed"] if d["metadata"]["name"] == "sglang"]
+    assert dist["metadata"]["version"] == patched.version
+    pip("uninstall", "-y", "sglang")
+    after = {p.relative_to(site) for p in site.rglob("*")}
+    assert after == before, sorted(map(str, after - before))[:5]
+    shutil.rmtree(venv)

@@ -1,0 +1,176 @@
+"""c128patch build: a real PEP 517 source build of a small upstream-shaped checkout (a git repo made here
+from real upstream files plus a setuptools-scm pyproject like upstream's), the version it gets, the
+refusals. sglang itself cannot be source-built here (no upstream checkout, no Rust sources)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from packaging.version import Version
+
+from c128patch.cli import main
+from c128patch.git import Git
+from c128patch.manifest import load_series
+from c128patch.srcbuild import PRETEND_ENV, base_version, build_command, build_env, build_wheel
+from c128patch.upstream import open_upstream
+
+from conftest import make_test_series
+
+CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
+ENVIRON = "python/sglang/srt/environ.py"
+EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",
+              "    const uint32_t prefix_len = seq_len - extend_len;  // c128patch build test\n")}
+# Shaped like upstream's python/pyproject.toml: setuptools-scm versions it from the repo root
+# (root = ".."), writes sglang/_version.py and would fall back to 0.0.0.dev0.
+PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=64", "setuptools-scm>=8"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "sglang"
+dynamic = ["version"]
+requires-python = ">=3.10"
+
+[tool.setuptools.packages.find]
+include = ["sglang*"]
+
+[tool.setuptools.package-data]
+"sglang" = ["**/*.cuh", "**/*.json"]
+
+[tool.setuptools_scm]
+root = ".."
+version_file = "sglang/_version.py"
+fallback_version = "0.0.0.dev0"
+"""
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t.invalid", *args],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def source_repo(tmp_path: Path, sglang_release_repo: Path) -> Path:
+    """A source checkout: real upstream files of v0.5.23, a pyproject, tag v0.5.23, one commit after."""
+    repo = tmp_path / "sglang-src"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    releases = Git(git_dir=sglang_release_repo)
+    for path in (ENVIRON, CUH):
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_bytes(releases.blob("v0.5.23", path))
+    (repo / "python/sglang/__init__.py").write_text("")
+    (repo / "python/pyproject.toml").write_text(PYPROJECT)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "upstream at 0.5.23")
+    git(repo, "tag", "v0.5.23")
+    (repo / "python/sglang/__init__.py").write_text("# an unreleased change\n")
+    git(repo, "commit", "-qam", "after the release")
+    return repo
+
+
+@pytest.fixture
+def series(tmp_path: Path, sglang_release_repo: Path) -> Path:
+    return make_test_series(tmp_path / "series", sglang_release_repo, EDIT)
+
+
+def test_base_version(source_repo: Path):
+    g = Git(worktree=source_repo)
+    head, tagged = g.rev_parse("HEAD"), g.rev_parse("v0.5.23")
+    assert base_version(g, "v0.5.23", tagged) == Version("0.5.23")
+    assert base_version(g, "main", tagged) == Version("0.5.23")  # exactly on the tag
+    v = base_version(g, "main", head)
+    assert v == Version(f"0.5.24.dev1+g{head[:9]}")  # setuptools-scm's guess-next-dev form
+    assert base_version(g, "main", head, "0.6.0rc1") == Version("0.6.0rc1")
+    git(source_repo, "tag", "-d", "v0.5.23")
+    with pytest.raises(Exception, match="--base-version"):
+        base_version(g, "main", head)
+
+
+def test_command_and_env(tmp_path: Path):
+    cmd = build_command(tmp_path / "python", tmp_path / "out")
+    assert cmd[:4] == [sys.executable, "-m", "build", "--wheel"] and cmd[-1] == str(tmp_path / "python")
+    assert "--no-isolation" not in cmd and "--no-isolation" in build_command(tmp_path, tmp_path, True)
+    assert build_env(Version("0.5.23"), 1700000000) == {PRETEND_ENV: "0.5.23", "SOURCE_DATE_EPOCH": "1700000000"}
+    assert PRETEND_ENV == "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG"
+
+
+def test_refused_without_pyproject(tmp_path: Path, series: Path):
+    """The release history (upstream from wheels) has no build files: refused before anything is made."""
+    tree, out = tmp_path / "tree", tmp_path / "dist"
+    res = CliRunner().invoke(main, ["build", "--sglang-rev", "v0.5.23", "--series", str(series),
+                                    "--tree", str(tree), "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith("c128patch: error: python/pyproject.toml is missing at v0.5.23")
+    assert "c128patch wheel --from-release 0.5.23" in line
+    assert not tree.exists() and not out.exists()
+
+
+def test_failed_build_is_reported(tmp_path: Path, source_repo: Path, series: Path):
+    def failing(cmd, env, cwd, log):
+        log.write_text("compiling...\nerror: linker `cc` not found\n")
+        return 101
+
+    out = tmp_path / "dist"
+    with pytest.raises(Exception, match=r"the source build failed \(exit 101\): error: linker `cc` not found") as info:
+        build_wheel(load_series(series), open_upstream(str(source_repo), ["main"]), "main", None, out, runner=failing)
+    assert "full log:" in info.value.hint and not out.exists()
+
+
+def test_ignored_version_is_refused(tmp_path: Path, source_repo: Path, series: Path):
+    """A build that falls back to setuptools-scm's 0.0.0.dev0 (the pretend variable ignored) is refused."""
+    def fallback(cmd, env, cwd, log):
+        outdir = Path(cmd[cmd.index("--outdir") + 1])
+        outdir.mkdir(parents=True)
+        with zipfile.ZipFile(outdir / "sglang-0.0.0.dev0-py3-none-any.whl", "w") as zf:
+            zf.writestr("sglang/__init__.py", "")
+        return 0
+
+    with pytest.raises(Exception, match=f"not sglang 0.5.24.dev1.*{PRETEND_ENV} was not honoured"):
+        build_wheel(load_series(series), open_upstream(str(source_repo), ["main"]), "main", None, tmp_path / "d",
+                    runner=fallback)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("setuptools_scm") is None, reason="setuptools-scm not installed (test extra)")
+def test_real_source_build(tmp_path: Path, source_repo: Path, series: Path):
+    out = tmp_path / "dist"
+    args = ["build", "--sglang-rev", "main", "--repo", str(source_repo), "--series", str(series),
+            "-o", str(out), "--no-isolation", "--json"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, (res.stderr, res.stdout)
+    data = json.loads(res.stdout)
+    head = git(source_repo, "rev-parse", "main")
+    s = load_series(series)
+    assert data["base_version"] == f"0.5.24.dev1+g{head[:9]}"
+    assert data["version"] == f"0.5.24.dev1+g{head[:9]}.c128.{s.version}.{s.digest()[:8]}"
+    assert data["env"][PRETEND_ENV] == data["base_version"] and data["applied"] is True
+    wheel = Path(data["wheel"])
+    assert wheel.parent == out and sorted(p.name for p in out.iterdir()) == [wheel.name]
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        version_py = zf.read("sglang/_version.py").decode()
+        cuh = zf.read(CUH.removeprefix("python/")).decode()
+        record = json.loads(zf.read("sglang/c128patch_provenance.json"))
+    assert "c128patch build test" in cuh and "sglang/c128_test_overlay.py" in names
+    assert data["base_version"] in version_py  # setuptools-scm wrote the version we set
+    assert record["upstream"]["build"] == "source" and record["upstream"]["commit"] == head
+    assert any(n.endswith(".dist-info/sboms/c128patch.cdx.json") for n in names)
+    # the built wheel passes verify-wheel; the source tree is left clean on the patched branch
+    verified = CliRunner().invoke(main, ["verify-wheel", str(wheel), "--series", str(series), "--compile-all", "--json"])
+    assert verified.exit_code == 0, verified.output
+    assert json.loads(verified.stdout)["compiled"] == len([n for n in names if n.endswith(".py")])
+    assert git(source_repo, "status", "--porcelain") == ""
+    assert git(source_repo, "rev-parse", "--abbrev-ref", "HEAD") == "c128/main"
+    # a second build reuses the patched tree (no second apply) and gives the same wheel name
+    again = CliRunner().invoke(main, [*args[:-4], "-o", str(tmp_path / "again"), "--no-isolation", "--json"])
+    assert again.exit_code == 0, again.stderr
+    assert json.loads(again.stdout)["applied"] is False
+    assert Path(json.loads(again.stdout)["wheel"]).name == wheel.name
