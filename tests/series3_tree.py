@@ -1,0 +1,191 @@
+"""Patched sglang trees for the series III tests, built from the unpacked release wheels.
+
+A tree holds only the files the series touches (plus `srt/environ.py`), patched with the
+series' files for that release, and the series' overlay modules.
+
+TODO(lead): switch `release_sources` to the release-history fixture `sglang_release_repo`
+(a cached git repo with tags v0.5.20..v0.5.23, `python/sglang/...` layout) once it lands;
+until then the sources are the unpacked wheels under $C128PATCH_RELEASES_DIR (default
+/tmp/sgl), i.e. `<dir>/v0.5.X/sglang`.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+PATCHES = REPO / "patches"
+MANIFEST = PATCHES / "proposed-integration.toml"
+RELEASES = ("v0.5.20", "v0.5.21", "v0.5.22", "v0.5.23")
+ENV = "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK"
+ENVIRON = "python/sglang/srt/environ.py"
+
+
+@dataclass
+class Entry:
+    name: str
+    kind: str
+    file: Optional[str] = None
+    source: Optional[str] = None
+    target: Optional[str] = None
+    variants: Dict[str, str] = field(default_factory=dict)  # base -> file
+    applies: Dict[str, List[str]] = field(default_factory=dict)  # file -> releases
+
+    def patch_for(self, release: str) -> Path:
+        """Exact-base variant, else the entry's own file."""
+        return PATCHES / self.variants.get(release, self.file)
+
+    def patch_files(self) -> List[str]:
+        return [self.file, *self.variants.values()]
+
+
+def load_series() -> List[Entry]:
+    text = MANIFEST.read_text()
+    applies = {
+        m.group(1): m.group(2).split()
+        for m in re.finditer(r'^file = "([^"]+)"\s*#\s*applies:\s*(.*)$', text, re.M)
+    }
+    entries = []
+    for raw in tomllib.loads(text)["entries"]:
+        entry = Entry(
+            name=raw["name"],
+            kind=raw["kind"],
+            file=raw.get("file"),
+            source=raw.get("source"),
+            target=raw.get("target"),
+            variants={v["base"]: v["file"] for v in raw.get("variants", [])},
+        )
+        if entry.kind == "patch":
+            entry.applies = {f: applies.get(f, []) for f in entry.patch_files()}
+        entries.append(entry)
+    return entries
+
+
+def release_sources(release: str) -> Path:
+    """The release's `sglang/` package folder; skips the test when it is absent."""
+    root = Path(os.environ.get("C128PATCH_RELEASES_DIR", "/tmp/sgl"))
+    path = root / release / "sglang"
+    if not path.is_dir():
+        pytest.skip(f"upstream sources for {release} not found at {path}")
+    return path
+
+
+def touched_files(patch: Path) -> List[str]:
+    return re.findall(r"^diff --git a/(\S+) b/", patch.read_text(), re.M)
+
+
+def series_files(entries: List[Entry]) -> List[str]:
+    files = {ENVIRON}
+    for entry in entries:
+        if entry.kind == "patch":
+            for name in entry.patch_files():
+                files.update(touched_files(PATCHES / name))
+    return sorted(files)
+
+
+def git_apply(tree: Path, patch: Path, *, check: bool = False) -> subprocess.CompletedProcess:
+    cmd = ["git", "apply", *(["--check"] if check else []), str(patch)]
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tree.parent))
+    return subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+
+
+def copy_upstream(release: str, dest: Path, files: List[str]) -> None:
+    src_root = release_sources(release).parent
+    for rel in files:
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src_root / rel.removeprefix("python/"), target)
+
+
+def build_tree(
+    release: str, dest: Path, *, upto: Optional[str] = None, overlays: bool = True
+) -> Path:
+    """Patched tree at `dest` (a `python/sglang/...` layout); returns `dest / "python"`.
+
+    Applies every patch entry in manifest order, stopping before the entry named `upto`.
+    """
+    entries = load_series()
+    copy_upstream(release, dest, series_files(entries))
+    for entry in entries:
+        if entry.name == upto:
+            break
+        if entry.kind == "patch":
+            result = git_apply(dest, entry.patch_for(release))
+            assert result.returncode == 0, (entry.name, release, result.stderr)
+        elif overlays:
+            target = dest / entry.target
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(REPO / entry.source, target)
+    return dest / "python"
+
+
+# -- importing from a tree without sglang's package __init__s -------------------------
+
+_PACKAGES = (
+    "sglang",
+    "sglang.srt",
+    "sglang.srt.layers",
+    "sglang.srt.layers.attention",
+    "sglang.srt.layers.attention.dsv4",
+)
+
+
+@contextlib.contextmanager
+def sglang_imports(tree_python: Path) -> Iterator[None]:
+    """Make `import sglang.srt.environ` and the dsv4 overlay modules load from
+    `tree_python` (the packages are empty stand-ins, so no `__init__` runs)."""
+    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
+    for name in saved:
+        del sys.modules[name]
+    for name in _PACKAGES:
+        module = types.ModuleType(name)
+        module.__path__ = [str(tree_python / name.replace(".", "/"))]
+        sys.modules[name] = module
+    try:
+        yield
+    finally:
+        for name in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+# -- running one upstream function out of its module ----------------------------------
+
+
+def function_node(path: Path, qualname: str) -> ast.FunctionDef:
+    """`Class.method` or `function` in the module at `path`."""
+    tree = ast.parse(path.read_text())
+    scope: List[ast.stmt] = tree.body
+    *outer, name = qualname.split(".")
+    for cls in outer:
+        scope = next(n for n in scope if isinstance(n, ast.ClassDef) and n.name == cls).body
+    return next(
+        n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
+    )
+
+
+def load_function(path: Path, qualname: str, namespace: dict) -> types.FunctionType:
+    """Compile one function of an upstream module against `namespace` (its globals)."""
+    node = function_node(path, qualname)
+    lines = path.read_text().splitlines()[node.lineno - 1 : node.end_lineno]
+    source = "from __future__ import annotations\n" + textwrap.dedent("\n".join(lines))
+    exec(compile(source, f"{path}:{qualname}", "exec"), namespace)
+    return namespace[node.name]
