@@ -130,6 +130,8 @@ class OnlineC128DsparkController:
         if not self._enabled:
             return
         lens = self._verify_lens_buffer()[:bs]
+        if lens.shape[0] != bs:
+            raise RuntimeError(f"online c128 DSPARK: {bs} verify rows exceed the request rows")
         if ragged_layout is None:
             real = min(max(int(verify_bs), 0), bs)
             lens[:real].fill_(self._verify_width())
