@@ -325,6 +325,7 @@ class SimConfig:
     seed: int = 0
     atol: float = 1e-4
     rtol: float = 1e-4
+    cuda_graphs: bool = False  # run plan + compress through captured CUDA graphs
 
 
 @dataclass
@@ -351,6 +352,9 @@ class Simulation:
             for _ in range(cfg.num_layers)
         ]
         self.apes = [self._randn(CHUNK, HEAD_DIM) for _ in range(cfg.num_layers)]
+        self.device_apes = [a.to(device=d, dtype=torch.float32) for a in self.apes]
+        self.graphs: Dict[tuple, tuple] = {}
+        self.replays = 0
         c4_state = torch.zeros((4, 4), device=d)  # a ratio-4 pool the controller must skip
         self.pool = FakeKVPool(self.states, cfg.num_slots, w, extra=[FakeStatePool(c4_state, ratio=4, online=False)])
         self.backend = fake_backend(self.pool, width=w, device=d)
@@ -436,7 +440,7 @@ class Simulation:
             verify_lens=None if ragged is None else ragged.verify_lens,
             extend_start_loc=None if ragged is None else ragged.extend_start_loc,
         )
-        plan = self.controller.build_verify_plan(raw, num_q_tokens=tokens)
+        plan, outs = self._plan_and_compress(kind, raw, inputs, tokens)
         entries = decode_plans(plan.plan_c)
         assert len(entries) == tokens and all(e is None for e in decode_plans(plan.plan_w))
 
@@ -451,18 +455,7 @@ class Simulation:
 
         banks_checked = 0
         for layer in range(cfg.num_layers):
-            fn = self.controller.compress_fn(plan, _not_expected)
-            out = fn(
-                kv_score_buffer=self.states[layer].view(-1, 1, STATE_DIM),
-                kv_score_input=inputs[layer],
-                ape=self.apes[layer].to(device=d, dtype=torch.float32),
-                plan=plan,
-                compress_ratio=128,
-                head_dim=HEAD_DIM,
-                out=None,
-                is_online=True,
-            )
-            ape = self.apes[layer]
+            out, ape = outs[layer], self.apes[layer]
             for index, entry in enumerate(entries):
                 if entry is None:
                     continue
@@ -511,6 +504,55 @@ class Simulation:
         report = StepReport(kind, len(slots), len(expected) * cfg.num_layers, banks_checked, committed)
         self.reports.append(report)
         return report
+
+    def _compress(self, layer: int, plan, kv_score_input: torch.Tensor) -> torch.Tensor:
+        """What `_forward_compress_all_in_one` does for a c128 layer (its compress step)."""
+        fn = self.controller.compress_fn(plan, _not_expected)
+        return fn(
+            kv_score_buffer=self.states[layer].view(-1, 1, STATE_DIM),
+            kv_score_input=kv_score_input,
+            ape=self.device_apes[layer],
+            plan=plan,
+            compress_ratio=128,
+            head_dim=HEAD_DIM,
+            out=None,
+            is_online=True,
+        )
+
+    def _plan_and_compress(self, kind: str, raw, inputs: List[torch.Tensor], tokens: int):
+        """The verify graph's part: plan + every layer's compress. With `cuda_graphs`, one
+        graph per bucket, captured at its first step and replayed after (inputs copied into
+        the captured buffers, as the graph runner does)."""
+        if not self.cfg.cuda_graphs:
+            plan = self.controller.build_verify_plan(raw, num_q_tokens=tokens)
+            return plan, [self._compress(l, plan, inputs[l]) for l in range(self.cfg.num_layers)]
+        key = (kind, raw.seq_lens.shape[0], tokens)
+        entry = self.graphs.get(key)
+        if entry is None:
+            bufs = SimpleNamespace(
+                raw=SimpleNamespace(**{k: None if v is None else v.clone() for k, v in vars(raw).items()}),
+                inputs=[x.clone() for x in inputs],
+            )
+            # Warm up eagerly first (kernel modules load outside the capture); it writes
+            # the same banks the replay below rewrites from the same inputs.
+            warm = self.controller.build_verify_plan(bufs.raw, num_q_tokens=tokens)
+            for l in range(self.cfg.num_layers):
+                self._compress(l, warm, bufs.inputs[l])
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                plan = self.controller.build_verify_plan(bufs.raw, num_q_tokens=tokens)
+                outs = [self._compress(l, plan, bufs.inputs[l]) for l in range(self.cfg.num_layers)]
+            entry = self.graphs[key] = (graph, bufs, plan, outs)
+        graph, bufs, plan, outs = entry
+        for name, value in vars(raw).items():
+            if value is not None:
+                getattr(bufs.raw, name).copy_(value)
+        for buf, x in zip(bufs.inputs, inputs):
+            buf.copy_(x)
+        graph.replay()
+        self.replays += 1
+        return plan, outs
 
     # -- checks ------------------------------------------------------------------------
 
@@ -573,4 +615,26 @@ def run_decode(sim: Simulation, steps: int) -> List[StepReport]:
             slot = pick[0]
             sim.admit(slot, CHUNK * sim._randint(1, 3) - sim._randint(0, cfg.width))
             sim.step_compact(pick, padded_bs=len(pick) + 2, extra_tokens=1)
+    return sim.reports
+
+
+def run_graph_decode(sim: Simulation, steps: int, bucket: int = 4) -> List[StepReport]:
+    """Two fixed buckets, so their graphs replay: compact (`bucket` slots, bucket * W
+    tokens: padding rows when fewer requests, last-row inflation when full) and static
+    (`bucket` rows), the static one also replayed with no real row."""
+    cfg = sim.cfg
+    seqs = [126, 127, 128, 250, 255, 381]
+    for slot in range(1, cfg.num_slots):
+        sim.admit(slot, seqs[(slot - 1) % len(seqs)])
+    active = list(range(1, cfg.num_slots))
+    for i in range(steps):
+        order = torch.randperm(len(active), generator=sim.gen).tolist()
+        pick = [active[j] for j in order][: sim._randint(1, min(bucket, len(active)))]
+        kind = i % 3
+        if kind == 0:
+            sim.step_compact(pick, padded_bs=bucket, extra_tokens=bucket * cfg.width)
+        elif kind == 1:
+            sim.step_static(pick, padded_bs=bucket)
+        else:
+            sim.step_static([], padded_bs=bucket)
     return sim.reports

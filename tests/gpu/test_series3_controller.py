@@ -1,0 +1,115 @@
+"""GPU: OnlineC128DsparkController driving the series II kernels through a simulated
+multi-step DSPARK decode, checked against float64.
+
+Each step: compact ragged verify padded to a token bucket (padding rows with zero
+length, or the last real row inflated), static uniform verify padded to a batch bucket, or
+an empty bucket (verify_bs == 0); then accept and the one-launch commit over all c128
+layers. Checked every step: the plan's closing chunks, the emitted pooled rows, every
+written bank, bank 0 after commit, and that no other state row changed (bit-exact, with the
+state and the padding tokens poisoned with NaN). The CUDA-graph variant captures plan +
+compress once per bucket and replays it, the empty bucket included.
+
+Needs a CUDA GPU with nvcc (tests/gpu/harness.py) and $C128PATCH_TREE: a patched tree with
+series II (kernels) and III (this controller) installed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # harness
+sys.path.insert(0, str(HERE.parent))  # series3_sim
+
+try:
+    import harness
+except ImportError:
+    pytest.skip("tests/gpu/harness.py (series I) is not in this checkout", allow_module_level=True)
+
+import torch  # noqa: E402
+
+from series3_sim import SimConfig, Simulation, gpu_scale, run_decode, run_graph_decode  # noqa: E402
+
+ENVS = ("SGLANG_OPT_USE_ONLINE_COMPRESS", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK")
+CONTROLLER = "sglang.srt.layers.attention.dsv4.online_c128_dspark"
+# fp32 state: fast-math folds vs float64 (upstream's MTP test uses 2e-4). bf16 state: each
+# committed step rounds (max, sum, kv) to 8 mantissa bits.
+TOLERANCE = {torch.float32: 5e-4, torch.bfloat16: 3e-2}
+
+
+def _ensure_packages(tree: Path) -> None:
+    """The dsv4 layer package without running sglang's heavier package __init__s (the
+    harness registers the kernel-side ones)."""
+    parts = CONTROLLER.split(".")[:-1]
+    for i in range(1, len(parts) + 1):
+        name = ".".join(parts[:i])
+        if name not in sys.modules:
+            module = types.ModuleType(name)
+            module.__path__ = [str(tree / Path(*parts[:i]))]
+            sys.modules[name] = module
+
+
+@pytest.fixture(scope="module")
+def mod():
+    reason = harness.gpu_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    tree = os.environ.get(harness.TREE_ENV)
+    if not tree:
+        pytest.skip(f"${harness.TREE_ENV} is not set (a patched tree with series II + III)")
+    harness.install_sglang(Path(tree))
+    _ensure_packages(Path(tree))
+    import importlib
+
+    return importlib.import_module(CONTROLLER)
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ENVS:
+        monkeypatch.setenv(name, "1")
+    monkeypatch.delenv("SGLANG_EXPERIMENTAL_ONLINE_C128_MTP", raising=False)
+
+
+def _sim(mod, **kwargs) -> Simulation:
+    dtype = kwargs.pop("state_dtype", torch.float32)
+    tol = TOLERANCE[dtype]
+    cfg = SimConfig(device="cuda", state_dtype=dtype, atol=tol, rtol=tol, **kwargs)
+    return Simulation(cfg, mod.OnlineC128DsparkController, mod.commit_after_verify, mod._ops())
+
+
+def _steps(n: int) -> int:
+    return max(5, int(n * gpu_scale()))  # 5 steps cover every step kind
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("width", [4, 8, 16])
+def test_decode_fp32(mod, width: int) -> None:
+    sim = _sim(mod, width=width, num_slots=12, num_layers=3, seed=width)
+    reports = run_decode(sim, steps=_steps(30))
+    assert any(r.real_rows == 0 for r in reports)
+    assert sum(r.emitted for r in reports) > 0 and sum(r.committed for r in reports) > 0
+    assert mod._ops().__name__.endswith("online_c128_dspark")  # the real kernels ran
+
+
+@pytest.mark.gpu
+def test_decode_bf16_state(mod) -> None:
+    sim = _sim(mod, width=8, num_slots=8, num_layers=2, seed=7, state_dtype=torch.bfloat16)
+    reports = run_decode(sim, steps=_steps(15))
+    assert sum(r.banks_checked for r in reports) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("width", [8, 16])
+def test_decode_cuda_graphs(mod, width: int) -> None:
+    sim = _sim(mod, width=width, num_slots=8, num_layers=3, seed=100 + width, cuda_graphs=True)
+    reports = run_graph_decode(sim, steps=_steps(24))
+    assert len(sim.graphs) == 2  # one compact and one static bucket ...
+    assert sim.replays == len(reports)  # ... replayed for every step, empty bucket included
+    assert any(r.real_rows == 0 for r in reports)
+    assert sum(r.emitted for r in reports) > 0
