@@ -1,0 +1,77 @@
+"""Fixtures for the GPU kernel tier (see harness.py). One `python -m pytest tests/gpu` on an H200
+runs it all; without a GPU (or without C128PATCH_TREE) every test skips with the reason."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # `import harness` from the tests here
+
+import harness  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU, nvcc and tvm_ffi (tests/gpu/harness.py)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.gpu)
+
+
+def _tree_from_env(env: str) -> Path:
+    reason = harness.gpu_skip_reason()
+    if reason is not None:
+        pytest.skip(f"GPU tier: {reason}")
+    value = os.environ.get(env)
+    if not value:
+        pytest.skip(f"GPU tier: {env} is not set (a folder holding sglang/)")
+    tree = Path(value).resolve()
+    if not (tree / "sglang").is_dir():
+        pytest.fail(f"{env}={value} does not hold sglang/")
+    return tree
+
+
+@pytest.fixture(scope="session")
+def patched_tree() -> Path:
+    """The patched tree, installed in this process (``import sglang...`` works after this)."""
+    tree = _tree_from_env(harness.TREE_ENV)
+    missing = harness.missing_standin_names(tree)
+    if missing:
+        pytest.fail(f"upstream imports names the harness stand-ins lack: {missing}")
+    harness.install_sglang(tree)
+    return tree
+
+
+@pytest.fixture(scope="session")
+def upstream_tree() -> Path:
+    """The unpatched tree; NOT installed here (one tree per process): run it through
+    ``harness.run_with_tree(upstream_tree, code)``."""
+    return _tree_from_env(harness.UPSTREAM_TREE_ENV)
+
+
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    """A per-test seed: C128PATCH_GPU_SEED (default 0) mixed with the test's name."""
+    base = int(os.environ.get("C128PATCH_GPU_SEED", "0"))
+    return (base * 1_000_003 + sum(map(ord, request.node.nodeid))) % (2**31)
+
+
+@pytest.fixture
+def rng(seed: int) -> random.Random:
+    return random.Random(seed)
+
+
+@pytest.fixture
+def torch_gen(seed: int):
+    """A seeded torch.Generator on the CPU (draw there, then move: same numbers on any GPU)."""
+    import torch
+
+    return torch.Generator().manual_seed(seed)

@@ -1,0 +1,140 @@
+"""apply / check / status on the real sglang release history (mechanics, with a small real patch)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from c128patch.cli import main
+from c128patch.git import Git
+from c128patch.provenance import PROVENANCE_PATH
+
+from conftest import RELEASES, make_test_series, snapshot
+
+CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
+VERIFY = "python/sglang/srt/speculative/dspark_components/dspark_verify.py"
+ONLY_IN_023 = "from sglang.kernels.ops.speculative.dspark.static_accept_tail import static_accept_tail\n"
+
+
+def run(*args: str) -> tuple[int, dict | str, str]:
+    res = CliRunner().invoke(main, list(args))
+    out = res.stdout
+    try:
+        out = json.loads(out)
+    except ValueError:
+        pass
+    return res.exit_code, out, res.stderr
+
+
+@pytest.fixture
+def portable_series(tmp_path: Path, sglang_release_repo: Path) -> Path:
+    """A real patch to a kernel file that is the same in all four releases, plus an overlay."""
+    return make_test_series(
+        tmp_path / "series", sglang_release_repo,
+        {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",
+               "    const uint32_t prefix_len = seq_len - extend_len;  // c128patch test\n")},
+    )
+
+
+@pytest.fixture
+def drifting_series(tmp_path: Path, sglang_release_repo: Path) -> Path:
+    """A real patch next to an import that only 0.5.23 has: it cannot apply to older releases."""
+    return make_test_series(
+        tmp_path / "series", sglang_release_repo,
+        {VERIFY: (ONLY_IN_023, ONLY_IN_023 + "# c128patch test\n")}, overlay=False,
+    )
+
+
+def test_apply_gives_clean_patched_branch_with_one_commit_per_entry(upstream_clone: Path, portable_series: Path):
+    code, out, err = run("apply", "--sglang-rev", "v0.5.22", "--repo", str(upstream_clone),
+                         "--series", str(portable_series), "--json")
+    assert code == 0, err
+    git = Git(worktree=upstream_clone)
+    assert git.current_branch() == "c128/v0.5.22"
+    assert git.status_porcelain() == []
+    subjects = git.out("log", "--format=%s", "v0.5.22..HEAD").splitlines()
+    assert subjects == ["c128patch: provenance (series test 1 on v0.5.22)",
+                        "c128: add c128_test_overlay.py (overlay)", "c128: test change"]
+    assert "C128patch-Entry: test-patch" in git.out("log", "-1", "--format=%B", "HEAD~2")
+    assert "// c128patch test" in (upstream_clone / CUH).read_text()
+    assert (upstream_clone / "python/sglang/c128_test_overlay.py").read_text() == "VALUE = 1\n"
+    record = json.loads((upstream_clone / PROVENANCE_PATH).read_text())
+    assert record["upstream"]["rev"] == "v0.5.22"
+    assert record["upstream"]["commit"] == git.rev_parse("v0.5.22")
+    assert [e["name"] for e in record["entries"]] == ["test-patch", "test-overlay"]
+    assert all(len(e["sha256"]) == 64 for e in record["entries"])
+    assert record["tool"]["name"] == "c128patch" and record["series"]["version"] == "1"
+    # the user's branch is untouched and a recovery ref points at it
+    assert git.rev_parse("main") == git.rev_parse("v0.5.23")
+    assert git.rev_parse(out["recovery_ref"]) == git.rev_parse("main")
+
+
+def test_apply_from_release_source_into_new_tree(tmp_path: Path, portable_series: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run("apply", "--sglang-rev", "v0.5.23", "--series", str(portable_series), "--json")
+    assert code == 0, err
+    tree = tmp_path / "sglang"
+    assert Git(worktree=tree).current_branch() == "c128/v0.5.23"
+    assert (tree / "python/sglang/srt/environ.py").is_file()
+    assert not list(tree.rglob("*.so"))
+
+
+def test_apply_conflict_leaves_branch_at_last_good_entry(upstream_clone: Path, drifting_series: Path):
+    git = Git(worktree=upstream_clone)
+    code, out, err = run("apply", "--sglang-rev", "v0.5.20", "--repo", str(upstream_clone),
+                         "--series", str(drifting_series))
+    assert code == 1
+    first = err.splitlines()[0]
+    assert "entry 'test-patch'" in first and VERIFY in first and "v0.5.20" in first
+    assert "inspect:" in err and "undo:" in err and "git -C" in err
+    assert git.current_branch() == "c128/v0.5.20"
+    assert git.rev_parse("HEAD") == git.rev_parse("v0.5.20")  # last good = upstream itself
+    assert git.status_porcelain() == []
+    assert git.rev_parse("main") == git.rev_parse("v0.5.23")
+    assert not (upstream_clone / ".git" / "rebase-apply").exists()
+
+
+def test_check_reports_per_rev_and_entry_without_checkout(upstream_clone: Path, drifting_series: Path):
+    before = snapshot(upstream_clone)
+    code, out, _ = run("check", *[a for r in RELEASES for a in ("--sglang-rev", r)],
+                       "--repo", str(upstream_clone), "--series", str(drifting_series), "--json")
+    assert code == 1
+    status = {r["rev"]: r["entries"][0]["status"] for r in out["revs"]}
+    assert status == {"v0.5.20": "conflict", "v0.5.21": "conflict", "v0.5.22": "conflict", "v0.5.23": "clean"}
+    assert "dspark_verify.py" in out["revs"][0]["entries"][0]["detail"]
+    assert snapshot(upstream_clone) == before
+
+
+def test_check_all_releases_from_release_source(portable_series: Path):
+    code, out, _ = run("check", *[a for r in RELEASES for a in ("--sglang-rev", r)],
+                       "--series", str(portable_series), "--json")
+    assert code == 0 and out["ok"]
+    assert [r["rev"] for r in out["revs"]] == list(RELEASES)
+    assert all(e["status"] == "clean" for r in out["revs"] for e in r["entries"])
+
+
+def test_status_reports_series_and_drift(upstream_clone: Path, portable_series: Path):
+    assert run("apply", "--sglang-rev", "v0.5.23", "--repo", str(upstream_clone), "--series", str(portable_series))[0] == 0
+    code, out, _ = run("status", "--tree", str(upstream_clone), "--series", str(portable_series), "--json")
+    assert code == 0
+    assert out["upstream"]["rev"] == "v0.5.23" and out["series"]["name"] == "test"
+    assert out["drift"] == [] and out["series_current"]["up_to_date"]
+    (upstream_clone / CUH).write_text((upstream_clone / CUH).read_text() + "// local edit\n")
+    (upstream_clone / "python/sglang/c128_test_overlay.py").unlink()
+    code, out, _ = run("status", "--tree", str(upstream_clone), "--series", str(portable_series), "--json")
+    drift = {d["entry"]: d["files"] for d in out["drift"]}
+    assert drift == {"test-patch": {CUH: "modified"}, "test-overlay": {"python/sglang/c128_test_overlay.py": "deleted"}}
+
+
+def test_apply_is_reproducible(tmp_path: Path, sglang_release_repo: Path, portable_series: Path):
+    heads = []
+    for name in ("a", "b"):
+        dest = tmp_path / name
+        subprocess.run(["git", "clone", "-q", str(sglang_release_repo), str(dest)], check=True)
+        assert run("apply", "--sglang-rev", "v0.5.21", "--repo", str(dest), "--series", str(portable_series))[0] == 0
+        heads.append(Git(worktree=dest).head())
+    assert heads[0] == heads[1]

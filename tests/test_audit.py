@@ -1,0 +1,300 @@
+"""`c128patch.audit`: synthetic snippets, then the real record_stream patch on a real 0.5.23 tree."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from c128patch.audit import RULES, Rule, audit_patch, audit_patched_file
+
+REPO = Path(__file__).resolve().parents[1]
+GATE = "SGLANG_TEST_GATE"
+
+
+def audit(src: str, added: set[int] | None = None, gate: str = GATE, rules=RULES):
+    src = textwrap.dedent(src)
+    lines = added if added is not None else set(range(1, src.count("\n") + 2))
+    return audit_patched_file(src, lines, gate, rules)
+
+
+def rules_hit(findings) -> list[tuple[int, str]]:
+    return [(f.line, f.rule) for f in findings]
+
+
+# ----------------------------------------------------------------------------- synthetic
+
+
+def test_unguarded_record_stream_is_found():
+    src = """
+    def f(batch, s):
+        batch.seq_lens.record_stream(s)
+    """
+    assert rules_hit(audit(src)) == [(3, "record_stream")]
+
+
+def test_guard_forms_accepted():
+    src = """
+    def f(batch, s, x):
+        if envs.SGLANG_TEST_GATE.get():
+            batch.a.record_stream(s)
+        if envs.SGLANG_TEST_GATE.get() and x is not None:
+            batch.b.record_stream(s)
+        if x and envs.SGLANG_TEST_GATE.get():
+            batch.c.record_stream(s)
+        if not envs.SGLANG_TEST_GATE.get():
+            pass
+        else:
+            batch.d.record_stream(s)
+        batch.e.record_stream(s) if envs.SGLANG_TEST_GATE.get() else None
+        envs.SGLANG_TEST_GATE.get() and batch.f.record_stream(s)
+    """
+    assert audit(src) == []
+
+
+def test_wrong_gate_or_or_is_not_a_guard():
+    src = """
+    def f(batch, s, x):
+        if envs.OTHER_GATE.get():
+            batch.a.record_stream(s)
+        if x or envs.SGLANG_TEST_GATE.get():
+            batch.b.record_stream(s)
+        if envs.SGLANG_TEST_GATE.get():
+            pass
+        else:
+            batch.c.record_stream(s)
+        if not envs.SGLANG_TEST_GATE.get():
+            batch.d.record_stream(s)
+    """
+    assert rules_hit(audit(src)) == [(4, "record_stream"), (6, "record_stream"), (10, "record_stream"), (12, "record_stream")]
+
+
+def test_early_exit_guards_rest_of_block_only():
+    src = """
+    def f(batch, s):
+        if not envs.SGLANG_TEST_GATE.get():
+            return
+        batch.a.record_stream(s)
+
+    def g(batch, s, items):
+        for t in items:
+            if not envs.SGLANG_TEST_GATE.get() or t is None:
+                continue
+            t.record_stream(s)
+        batch.b.record_stream(s)
+
+    def h(batch, s):
+        if not envs.SGLANG_TEST_GATE.get():
+            log("off")
+        batch.c.record_stream(s)
+    """
+    # g: the loop body is guarded, the statement after the loop is not; h: no exit, no guard
+    assert rules_hit(audit(src)) == [(12, "record_stream"), (17, "record_stream")]
+
+
+def test_only_added_lines_are_audited():
+    src = """
+    def f(batch, s):
+        batch.seq_lens.record_stream(s)
+        batch.a.record_stream(s)
+    """
+    assert rules_hit(audit(src, added={4})) == [(4, "record_stream")]
+    assert audit(src, added={3}, gate=GATE)[0].line == 3
+    # a call spanning lines counts when any of its lines is added
+    src2 = """
+    def f(batch):
+        batch.seq_lens.record_stream(
+            current_stream()
+        )
+    """
+    assert rules_hit(audit(src2, added={4})) == [(3, "record_stream")]
+
+
+def test_helper_with_every_call_site_guarded():
+    src = """
+    def _record(batch, s):
+        batch.a.record_stream(s)
+
+    def f(batch, s):
+        if envs.SGLANG_TEST_GATE.get():
+            _record(batch, s)
+
+    def g(batch, s):
+        if envs.SGLANG_TEST_GATE.get():
+            self._record(batch, s)
+    """
+    assert audit(src) == []
+
+
+def test_helper_with_one_unguarded_call_site():
+    src = """
+    def _record(batch, s):
+        batch.a.record_stream(s)
+
+    def f(batch, s):
+        if envs.SGLANG_TEST_GATE.get():
+            _record(batch, s)
+
+    def g(batch, s):
+        _record(batch, s)
+    """
+    # both the helper body (its guard does not hold everywhere) and the unguarded call are reported
+    assert rules_hit(audit(src)) == [(3, "record_stream"), (10, "record_stream")]
+
+
+def test_helper_never_called_is_reported():
+    src = """
+    def _record(batch, s):
+        batch.a.record_stream(s)
+    """
+    assert rules_hit(audit(src)) == [(3, "record_stream")]
+
+
+def test_guard_outside_def_or_lambda_does_not_cover_body():
+    src = """
+    def f(batch, s):
+        if envs.SGLANG_TEST_GATE.get():
+            cb = lambda: batch.a.record_stream(s)
+            def inner():
+                batch.b.record_stream(s)
+            register(cb, inner)
+    """
+    assert rules_hit(audit(src)) == [(4, "record_stream"), (6, "record_stream")]
+
+
+def test_other_rules_and_extension():
+    src = """
+    def f(a, b, stream):
+        a.copy_(b)
+        torch.cuda.synchronize()
+        stream.wait_stream(other)
+        torch.get_device_module(dev).current_stream().synchronize()
+        launch_kernel(a)
+    """
+    assert rules_hit(audit(src)) == [
+        (3, "tensor_copy_"),
+        (4, "synchronize"),
+        (5, "stream_wait"),
+        (6, "synchronize"),
+    ]
+    extended = (*RULES, Rule("kernel_launch", functions=frozenset({"launch_kernel"})))
+    assert (7, "kernel_launch") in rules_hit(audit(src, rules=extended))
+
+
+def test_plain_calls_are_not_findings():
+    src = """
+    def f(batch):
+        x = torch.empty(3)
+        batch.seq_lens.to("cpu")
+        record(batch)
+    """
+    assert audit(src) == []
+
+
+# ----------------------------------------------------------------------------- real patch
+
+RS_PATCHES = {  # release -> the patch file made for it
+    "v0.5.20": "0002-c128-gate-dspark-verify-record-stream.v0.5.20.patch",
+    "v0.5.21": "0002-c128-gate-dspark-verify-record-stream.v0.5.21.patch",
+    "v0.5.22": "0002-c128-gate-dspark-verify-record-stream.v0.5.22.patch",
+    "v0.5.23": "0002-c128-gate-dspark-verify-record-stream.patch",
+}
+RS_PATCH = REPO / "patches" / RS_PATCHES["v0.5.23"]
+RS_GATE = "SGLANG_DSPARK_RECORD_VERIFY_STREAMS"
+OVERLAY = REPO / "overlay"
+# The helper module imports record_stream_each / record_stream_for_v2_verify from here; the
+# audit follows that import to learn the helper's side effects.
+EXTRA_UPSTREAM = ["srt/speculative/spec_utils.py"]
+
+
+def _git(cwd: Path, *args: str, input: str | None = None) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=cwd, check=True, capture_output=True, text=True, input=input,
+    ).stdout
+
+
+def _patch_paths(patch_text: str) -> list[str]:
+    from unidiff import PatchSet
+
+    return [pf.path for pf in PatchSet(patch_text)]
+
+
+def tiny_release_repo(tmp: Path, patch_text: str, version: str = "v0.5.23") -> Path:
+    """A git repo holding only the files the patch touches (+ EXTRA_UPSTREAM), copied from the
+    unpacked release wheel and laid out as `python/sglang/...`, committed and tagged.
+
+    TODO(lead fixture): switch to the release-history fixture `sglang_release_repo` once it lands.
+    """
+    release_dir = Path("/tmp/sgl") / version / "sglang"
+    if not release_dir.is_dir():
+        pytest.skip(f"{release_dir} not present (unpacked sglang {version} wheel)")
+    repo = tmp / "sglang"
+    rels = [p.removeprefix("python/sglang/") for p in _patch_paths(patch_text)] + EXTRA_UPSTREAM
+    for rel in rels:
+        dst = repo / "python" / "sglang" / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(release_dir / rel, dst)
+    _git(repo.parent, "init", "-q", str(repo))
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", f"upstream {version}")
+    _git(repo, "tag", version)
+    return repo
+
+
+def apply_entry(repo: Path, patch_text: str) -> None:
+    """Apply the patch and install the overlay modules (overlay/X -> python/X)."""
+    _git(repo, "apply", "-", input=patch_text)
+    for src in OVERLAY.rglob("*.py"):
+        dst = repo / "python" / src.relative_to(OVERLAY)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+
+
+@pytest.mark.parametrize("version", sorted(RS_PATCHES))
+def test_real_record_stream_patch_passes(tmp_path: Path, version: str):
+    patch_text = (REPO / "patches" / RS_PATCHES[version]).read_text()
+    repo = tiny_release_repo(tmp_path, patch_text, version)
+    apply_entry(repo, patch_text)
+    assert audit_patch(patch_text, repo, RS_GATE) == []
+    # the gate is declared default-off in Envs, among the DSPARK flags
+    environ = (repo / "python/sglang/srt/environ.py").read_text().splitlines()
+    at = environ.index(f"    {RS_GATE} = EnvBool(False)")
+    assert "SGLANG_DSPARK_CONFIDENCE_RELAY_LAG_STEPS" in environ[at - 4]
+    # the only record_stream upstream had stays unconditional
+    worker = (repo / "python/sglang/srt/speculative/dspark_components/dspark_worker_v2.py").read_text()
+    assert "        batch.seq_lens.record_stream(\n" in worker
+
+
+def test_real_record_stream_patch_without_guard_fails(tmp_path: Path):
+    patch_text = RS_PATCH.read_text()
+    repo = tiny_release_repo(tmp_path, patch_text)
+    apply_entry(repo, patch_text)
+    # Drop the guard in dspark_verify.py: dedent its block so the helper call runs always.
+    rel = "python/sglang/srt/speculative/dspark_components/dspark_verify.py"
+    path = repo / rel
+    lines = path.read_text().splitlines(keepends=True)
+    guard = f"        if envs.{RS_GATE}.get():\n"
+    at = lines.index(guard)
+    body_end = at + 1
+    while lines[body_end].startswith("            ") or lines[body_end].strip() == "":
+        lines[body_end] = lines[body_end][4:] if lines[body_end].strip() else lines[body_end]
+        body_end += 1
+    del lines[at]
+    path.write_text("".join(lines))
+    _git(repo, "add", "-A")
+    # only the files the patch touches: the overlay module is installed whole, not patched
+    mutated = _git(repo, "diff", "--cached", "v0.5.23", "--", *_patch_paths(patch_text))
+    call_line = next(
+        i for i, ln in enumerate(lines, 1) if "c128_record_streams.record_verify_inputs(" in ln
+    )
+
+    findings = audit_patch(mutated, repo, RS_GATE)
+
+    assert [(f.file, f.line, f.rule) for f in findings] == [(rel, call_line, "record_stream")]
+    assert "record_verify_inputs" in findings[0].message
+    # the helper is followed through the overlay module into upstream's spec_utils
+    assert RS_GATE in findings[0].message

@@ -1,0 +1,170 @@
+"""Bad input: a one-line error, exit 2, and nothing changed (files, refs, HEAD)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from c128patch.cli import main
+
+from conftest import make_test_series, snapshot
+
+CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
+EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",
+              "    const uint32_t prefix_len = seq_len - extend_len;  // c128patch test\n")}
+
+
+@pytest.fixture
+def series(tmp_path: Path, sglang_release_repo: Path) -> Path:
+    return make_test_series(tmp_path / "series", sglang_release_repo, EDIT)
+
+
+def refused(args: list[str], tree: Path | None = None, contains: str = "") -> str:
+    before = snapshot(tree) if tree else None
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2, (res.exit_code, res.stderr, res.stdout)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("c128patch: error: "), res.stderr
+    assert contains in lines[0], lines[0]
+    if tree:
+        assert snapshot(tree) == before
+    return lines[0]
+
+
+def test_unknown_rev_is_named(sparse_clone: Path, series: Path):
+    refused(["apply", "--sglang-rev", "v9.9.9-nope", "--repo", str(sparse_clone), "--series", str(series)],
+            sparse_clone, "unknown rev 'v9.9.9-nope'")
+    refused(["check", "--sglang-rev", "deadbeef", "--repo", str(sparse_clone), "--series", str(series)],
+            sparse_clone, "unknown rev 'deadbeef'")
+
+
+def test_non_release_rev_without_repo(series: Path):
+    refused(["check", "--sglang-rev", "main", "--series", str(series)], None, "unknown rev 'main'")
+
+
+def test_missing_repo(tmp_path: Path, series: Path):
+    refused(["apply", "--sglang-rev", "v0.5.23", "--repo", str(tmp_path / "nope"), "--series", str(series)],
+            None, "missing repo")
+
+
+def test_not_a_git_repo(tmp_path: Path, series: Path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "file.txt").write_text("mine\n")
+    refused(["apply", "--sglang-rev", "v0.5.23", "--repo", str(plain), "--series", str(series)], None,
+            "not a git repository")
+    assert (plain / "file.txt").read_text() == "mine\n" and sorted(p.name for p in plain.iterdir()) == ["file.txt"]
+
+
+@pytest.mark.parametrize("kind", ["modified", "staged", "untracked"])
+def test_dirty_tree(sparse_clone: Path, series: Path, kind: str):
+    target = sparse_clone / "python/sglang/srt/environ.py"
+    if kind == "untracked":
+        (sparse_clone / "notes.txt").write_text("my notes\n")
+    else:
+        target.write_text(target.read_text() + "# my work\n")
+        if kind == "staged":
+            subprocess.run(["git", "-C", str(sparse_clone), "add", "-A"], check=True)
+    refused(["apply", "--sglang-rev", "v0.5.22", "--repo", str(sparse_clone), "--series", str(series)],
+            sparse_clone, "uncommitted changes")
+
+
+def test_corrupt_patch_file(sparse_clone: Path, series: Path):
+    patch = series / "patches" / "0001-test.patch"
+    text = patch.read_text()
+    patch.write_text(text[: text.index("@@") + 40])  # truncated mid-hunk
+    from c128patch.lint import update_hashes
+    from c128patch.manifest import load_series
+
+    update_hashes(load_series(series))  # the manifest agrees: only the patch itself is broken
+    refused(["apply", "--sglang-rev", "v0.5.23", "--repo", str(sparse_clone), "--series", str(series)],
+            sparse_clone, "corrupt patch 0001-test.patch")
+    refused(["check", "--sglang-rev", "v0.5.23", "--repo", str(sparse_clone), "--series", str(series)],
+            sparse_clone, "corrupt patch")
+
+
+def test_patch_hash_mismatch(sparse_clone: Path, series: Path):
+    patch = series / "patches" / "0001-test.patch"
+    patch.write_text(patch.read_text().replace("c128patch test", "c128patch TEST"))
+    refused(["apply", "--sglang-rev", "v0.5.23", "--repo", str(sparse_clone), "--series", str(series)],
+            sparse_clone, "sha256 does not match")
+
+
+@pytest.mark.parametrize("bad", ["../outside.txt", "/etc/passwd", "python/../../x"])
+def test_unsafe_path_in_patch(sparse_clone: Path, series: Path, bad: str):
+    patch = series / "patches" / "0001-test.patch"
+    text = patch.read_text().replace(f"a/{CUH}", f"a/{bad}").replace(f"b/{CUH}", f"b/{bad}")
+    patch.write_text(text)
+    from c128patch.lint import update_hashes
+    from c128patch.manifest import load_series
+
+    update_hashes(load_series(series))
+    refused(["apply", "--sglang-rev", "v0.5.23", "--repo", str(sparse_clone), "--series", str(series)],
+            sparse_clone, "unsafe path")
+
+
+@pytest.mark.parametrize("bad", ["../outside.py", "/tmp/abs.py"])
+def test_unsafe_overlay_target(sparse_clone: Path, series: Path, bad: str):
+    manifest = series / "patches" / "series.toml"
+    manifest.write_text(manifest.read_text().replace('target = "python/sglang/c128_test_overlay.py"', f'target = "{bad}"'))
+    refused(["apply", "--sglang-rev", "v0.5.23", "--repo", str(sparse_clone), "--series", str(series)],
+            sparse_clone, "unsafe path")
+
+
+def test_overlay_through_upstream_symlink(sparse_clone: Path, series: Path):
+    link = sparse_clone / "python" / "sglang" / "linked"
+    link.symlink_to("../../..")
+    subprocess.run(["git", "-C", str(sparse_clone), "add", "--sparse", "python/sglang/linked"], check=True)
+    subprocess.run(["git", "-C", str(sparse_clone), "commit", "-qm", "a symlink"], check=True)
+    manifest = series / "patches" / "series.toml"
+    manifest.write_text(manifest.read_text().replace('target = "python/sglang/c128_test_overlay.py"',
+                                                     'target = "python/sglang/linked/escaped.py"'))
+    refused(["apply", "--sglang-rev", "HEAD", "--repo", str(sparse_clone), "--series", str(series)],
+            sparse_clone, "symlink")
+
+
+def test_overlay_source_through_symlink(sparse_clone: Path, series: Path, tmp_path: Path):
+    real = tmp_path / "elsewhere"
+    shutil.move(str(series / "overlay" / "sglang"), real)
+    (series / "overlay" / "sglang").symlink_to(real)
+    refused(["apply", "--sglang-rev", "v0.5.23", "--repo", str(sparse_clone), "--series", str(series)],
+            sparse_clone, "symlink")
+
+
+def test_overlay_collides_with_upstream_file(sparse_clone: Path, series: Path):
+    manifest = series / "patches" / "series.toml"
+    manifest.write_text(manifest.read_text().replace('target = "python/sglang/c128_test_overlay.py"',
+                                                     'target = "python/sglang/srt/environ.py"'))
+    refused(["apply", "--sglang-rev", "v0.5.23", "--repo", str(sparse_clone), "--series", str(series)],
+            sparse_clone, "collides with upstream")
+
+
+def test_existing_branch_is_not_clobbered(sparse_clone: Path, series: Path):
+    subprocess.run(["git", "-C", str(sparse_clone), "branch", "c128/v0.5.22", "v0.5.20"], check=True)
+    refused(["apply", "--sglang-rev", "v0.5.22", "--repo", str(sparse_clone), "--series", str(series)],
+            sparse_clone, "already exists")
+
+
+def test_missing_git(tmp_path: Path, series: Path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": str(bindir)}
+    proc = subprocess.run([sys.executable, "-m", "c128patch", "check", "--sglang-rev", "v0.5.23",
+                           "--series", str(series)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["c128patch: error: git not found on PATH; install git (>= 2.30) and retry"]
+
+
+def test_bad_manifest(tmp_path: Path, series: Path):
+    manifest = series / "patches" / "series.toml"
+    manifest.write_text(manifest.read_text().replace('kind = "overlay"', 'kind = "sideload"'))
+    refused(["check", "--sglang-rev", "v0.5.23", "--series", str(series)], None, "kind must be one of")
+    manifest.write_text("[series\nname=")
+    refused(["check", "--sglang-rev", "v0.5.23", "--series", str(series)], None, "not valid TOML")

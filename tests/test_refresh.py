@@ -1,0 +1,117 @@
+"""refresh: patched branch -> patches/ + manifest, deterministic, with a --check fixed point."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from c128patch.cli import main
+from c128patch.git import Git
+from c128patch.manifest import load_series
+
+from conftest import make_test_series
+
+CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
+EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",
+              "    const uint32_t prefix_len = seq_len - extend_len;  // c128patch test\n")}
+
+
+def cli(*args: str) -> tuple[int, dict]:
+    res = CliRunner().invoke(main, [*args, "--json"])
+    return res.exit_code, json.loads(res.stdout)
+
+
+@pytest.fixture
+def applied(tmp_path: Path, sglang_release_repo: Path, upstream_clone: Path) -> tuple[Path, Path]:
+    series = make_test_series(tmp_path / "series", sglang_release_repo, EDIT)
+    assert cli("apply", "--sglang-rev", "v0.5.23", "--repo", str(upstream_clone), "--series", str(series))[0] == 0
+    code, out = cli("refresh", "--tree", str(upstream_clone), "--series", str(series))  # normalize once
+    assert code == 0, out
+    return series, upstream_clone
+
+
+def files(series: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(series)): p.read_bytes() for p in sorted(series.rglob("*")) if p.is_file()}
+
+
+def test_refresh_is_a_fixed_point(applied):
+    series, tree = applied
+    before = files(series)
+    code, out = cli("refresh", "--tree", str(tree), "--series", str(series), "--check")
+    assert code == 0 and out["changed"] == []
+    # re-apply the refreshed series to a fresh branch: refreshing that changes nothing either
+    Git(worktree=tree).run("checkout", "-q", "main")
+    assert cli("apply", "--sglang-rev", "v0.5.23", "--repo", str(tree), "--series", str(series),
+               "--branch", "again")[0] == 0
+    code, out = cli("refresh", "--tree", str(tree), "--series", str(series), "--check")
+    assert code == 0 and out["changed"] == []
+    assert files(series) == before
+
+
+def test_exported_patch_is_normalized(applied):
+    series, _ = applied
+    s = load_series(series)
+    text = (s.patches_dir / s.entries[0].file).read_text()
+    assert s.entries[0].file == "0001-test-patch.patch"
+    assert text.startswith("From 0000000000000000000000000000000000000000 ")
+    assert "Date: Thu, 1 Jan 1970 00:00:00 +0000" in text
+    assert "C128patch-Entry: test-patch" in text
+    assert re.search(r"^index [0-9a-f]{40}\.\.[0-9a-f]{40} 100644$", text, re.M)
+    assert "\n-- \n" not in text  # no signature
+    assert " 1 file changed" not in text  # no diffstat
+
+
+def test_check_detects_a_change_and_refresh_records_it(applied):
+    series, tree = applied
+    git = Git(worktree=tree)
+    target = tree / CUH
+    # amend the entry's commit (as a maintainer would with an interactive rebase)
+    git.run("checkout", "-q", "HEAD~2")
+    target.write_text(target.read_text().replace("// c128patch test", "// c128patch test, amended"))
+    git.run("commit", "-q", "-a", "--amend", "--no-edit")
+    amended = git.head()
+    git.run("cherry-pick", "c128/v0.5.23~1", "c128/v0.5.23")
+    git.run("branch", "-f", "c128/v0.5.23", "HEAD")
+    git.run("checkout", "-q", "c128/v0.5.23")
+    before = files(series)
+    code, out = cli("refresh", "--tree", str(tree), "--series", str(series), "--check")
+    assert code == 1 and out["changed"] == ["patches/0001-test-patch.patch", "patches/series.toml"]
+    assert files(series) == before  # --check changes nothing
+    code, out = cli("refresh", "--tree", str(tree), "--series", str(series))
+    assert code == 0
+    s = load_series(series)
+    assert s.version == "3"  # bumped from 2 (the first normalizing refresh) to 3
+    assert "amended" in (s.patches_dir / s.entries[0].file).read_text()
+    assert cli("lint", "--series", str(series), "--offline")[0] == 0
+    assert amended
+
+
+def test_refresh_on_older_base_writes_a_variant(applied, tmp_path: Path):
+    series, tree = applied
+    git = Git(worktree=tree)
+    git.run("checkout", "-q", "main")
+    assert cli("apply", "--sglang-rev", "v0.5.20", "--repo", str(tree), "--series", str(series))[0] == 0
+    code, out = cli("refresh", "--tree", str(tree), "--series", str(series))
+    assert code == 0, out
+    s = load_series(series)
+    entry = s.entries[0]
+    assert entry.base == "v0.5.23" and [v.base for v in entry.variants] == ["v0.5.20"]
+    assert entry.variants[0].file == "0001-test-patch.v0.5.20.patch"
+    assert s.base == "v0.5.23"
+    assert cli("lint", "--series", str(series), "--offline")[0] == 0
+    # the variant is chosen for v0.5.20, the primary for v0.5.22 (nearest ancestor base)
+    code, out = cli("check", "--sglang-rev", "v0.5.20", "--sglang-rev", "v0.5.22", "--repo", str(tree), "--series", str(series))
+    assert code == 0
+    assert [r["entries"][0]["file"] for r in out["revs"]] == ["patches/0001-test-patch.v0.5.20.patch",
+                                                               "patches/0001-test-patch.v0.5.20.patch"]
+
+
+def test_refresh_refuses_a_tree_without_provenance(upstream_clone: Path, tmp_path: Path, sglang_release_repo: Path):
+    series = make_test_series(tmp_path / "series", sglang_release_repo, EDIT)
+    res = CliRunner().invoke(main, ["refresh", "--tree", str(upstream_clone), "--series", str(series)])
+    assert res.exit_code == 2 and "no c128patch series is applied" in res.stderr

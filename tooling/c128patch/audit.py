@@ -1,0 +1,402 @@
+"""Audit gated patches: every side-effecting statement a patch adds must run only when its gate is on.
+
+For a manifest entry with a gate (say ``SGLANG_X``), each Python file the patch touches is parsed
+from the patched tree with :mod:`ast`. A call that matches a rule in :data:`RULES` (a
+``record_stream``, a ``.copy_``, a synchronize ...) and sits on a line the patch adds must be
+*guarded*:
+
+- inside the body of ``if envs.SGLANG_X.get():`` or ``if envs.SGLANG_X.get() and ...:``
+  (the gate anywhere in an ``and`` chain), or in the ``else`` of ``if not envs.SGLANG_X.get():``;
+- after an early exit in the same block: ``if not envs.SGLANG_X.get(): return`` (also ``raise``,
+  ``continue``, ``break``; the test may be ``not gate or ...``), or in the same forms as an
+  expression (``f() if envs.SGLANG_X.get() else None``, ``envs.SGLANG_X.get() and f()``);
+- or inside a function whose every call site in the file is guarded (a helper).
+
+A call to a helper *defined elsewhere* counts as the side effects that helper has: the audit
+follows ``from sglang... import name`` into the patched tree (our overlay modules and upstream
+alike) and treats a function that (transitively) makes a rule call as making it. Defining a
+function or lambda does not run it, so a guard outside a ``def`` does not cover its body.
+Overlay modules (installed whole) are not audited line by line: they are helper libraries, and
+their side effects are charged to the guarded-or-not call sites in the patched upstream files.
+
+Only ``<anything>.SGLANG_X.get()`` is recognised as the gate, so the gate has to be read through
+``srt/environ.py``'s ``envs`` (as upstream does). Assigning the gate to a variable first and
+testing the variable is not recognised (the audit reports the call as unguarded).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from unidiff import PatchSet
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A kind of side-effecting call. ``methods`` match the last attribute of a method call
+    (``x.y.record_stream(...)``); ``functions`` match a full dotted name (``torch.cuda.synchronize``)."""
+
+    name: str
+    methods: frozenset[str] = frozenset()
+    functions: frozenset[str] = frozenset()
+
+    def matches(self, dotted: str) -> bool:
+        last = dotted.rsplit(".", 1)[-1]
+        return ("." in dotted and last in self.methods) or dotted in self.functions
+
+
+def _rule(name: str, methods: Iterable[str] = (), functions: Iterable[str] = ()) -> Rule:
+    return Rule(name, frozenset(methods), frozenset(functions))
+
+
+# One line per kind of side effect; extend here.
+RULES: tuple[Rule, ...] = (
+    _rule("record_stream", methods=["record_stream"]),
+    _rule("tensor_copy_", methods=["copy_"]),
+    _rule("synchronize", methods=["synchronize"], functions=["torch.cuda.synchronize"]),
+    _rule("stream_wait", methods=["wait_stream", "wait_event"]),
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    file: str
+    line: int
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: [{self.rule}] {self.message}"
+
+
+def dotted_name(node: ast.expr) -> str:
+    """``a.b.c`` for Name/Attribute chains; a call in the chain reads ``?``: ``torch.f(x).g`` -> ``?.g``."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    parts.append(node.id if isinstance(node, ast.Name) else "?")
+    return ".".join(reversed(parts))
+
+
+def _is_gate_read(node: ast.expr, gate: str) -> bool:
+    """``<anything>.GATE.get()``."""
+    return (
+        isinstance(node, ast.Call)
+        and not node.args
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and isinstance(node.func.value, ast.Attribute)
+        and node.func.value.attr == gate
+    )
+
+
+def _is_gate_on(test: ast.expr, gate: str) -> bool:
+    """True when ``test`` can only be truthy with the gate on."""
+    if _is_gate_read(test, gate):
+        return True
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return any(_is_gate_on(v, gate) for v in test.values)
+    return False
+
+
+def _is_gate_off(test: ast.expr, gate: str) -> bool:
+    """True when ``test`` is truthy whenever the gate is off (``not gate``, ``not gate or ...``)."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _is_gate_on(test.operand, gate)
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        return any(_is_gate_off(v, gate) for v in test.values)
+    return False
+
+
+_EXITS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+
+
+def _exits(body: Sequence[ast.stmt]) -> bool:
+    return bool(body) and isinstance(body[-1], _EXITS)
+
+
+@dataclass
+class _Call:
+    node: ast.Call
+    name: str  # dotted
+    guarded: bool
+    function: str | None  # innermost enclosing def, None at module level / in a lambda
+
+
+class _Walker:
+    """Collects every call with whether a gate guard covers it (within its own function)."""
+
+    def __init__(self, gate: str) -> None:
+        self.gate = gate
+        self.calls: list[_Call] = []
+
+    def block(self, stmts: Sequence[ast.stmt], guarded: bool, fn: str | None) -> None:
+        for stmt in stmts:
+            self.stmt(stmt, guarded, fn)
+            if (
+                isinstance(stmt, ast.If)
+                and _is_gate_off(stmt.test, self.gate)
+                and _exits(stmt.body)
+            ):
+                guarded = True  # `if not gate: return` -> the rest of the block needs the gate
+
+    def stmt(self, stmt: ast.stmt, guarded: bool, fn: str | None) -> None:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for expr in [*stmt.decorator_list, *_defaults(stmt.args)]:
+                self.expr(expr, guarded, fn)
+            self.block(stmt.body, False, stmt.name)
+            return
+        if isinstance(stmt, ast.ClassDef):
+            for expr in [*stmt.decorator_list, *stmt.bases]:
+                self.expr(expr, guarded, fn)
+            self.block(stmt.body, guarded, fn)
+            return
+        if isinstance(stmt, ast.If):
+            self.expr(stmt.test, guarded, fn)
+            self.block(stmt.body, guarded or _is_gate_on(stmt.test, self.gate), fn)
+            self.block(stmt.orelse, guarded or _is_gate_off(stmt.test, self.gate), fn)
+            return
+        self.fields(stmt, guarded, fn)
+
+    def fields(self, node: ast.AST, guarded: bool, fn: str | None) -> None:
+        for _, value in ast.iter_fields(node):
+            if isinstance(value, list) and value and all(isinstance(v, ast.stmt) for v in value):
+                self.block(value, guarded, fn)
+            else:
+                for v in value if isinstance(value, list) else [value]:
+                    self.node(v, guarded, fn)
+
+    def node(self, node: object, guarded: bool, fn: str | None) -> None:
+        if isinstance(node, ast.expr):
+            self.expr(node, guarded, fn)
+        elif isinstance(node, ast.stmt):
+            self.stmt(node, guarded, fn)
+        elif isinstance(node, ast.AST):  # excepthandler, withitem, keyword, comprehension ...
+            self.fields(node, guarded, fn)
+
+    def expr(self, node: ast.expr, guarded: bool, fn: str | None) -> None:
+        if isinstance(node, ast.Lambda):
+            self.expr(node.body, False, None)
+            return
+        if isinstance(node, ast.IfExp):
+            self.expr(node.test, guarded, fn)
+            self.expr(node.body, guarded or _is_gate_on(node.test, self.gate), fn)
+            self.expr(node.orelse, guarded or _is_gate_off(node.test, self.gate), fn)
+            return
+        if isinstance(node, ast.BoolOp):
+            # `gate and f()`: f runs only with the gate on; `not gate or f()` likewise.
+            covered = guarded
+            for value in node.values:
+                self.expr(value, covered, fn)
+                if isinstance(node.op, ast.And) and _is_gate_on(value, self.gate):
+                    covered = True
+                if isinstance(node.op, ast.Or) and _is_gate_off(value, self.gate):
+                    covered = True
+            return
+        if isinstance(node, ast.Call):
+            self.calls.append(_Call(node, dotted_name(node.func), guarded, fn))
+        self.fields(node, guarded, fn)
+
+
+def _defaults(args: ast.arguments) -> list[ast.expr]:
+    return [d for d in [*args.defaults, *args.kw_defaults] if d is not None]
+
+
+def _scan(tree: ast.Module, gate: str) -> list[_Call]:
+    walker = _Walker(gate)
+    walker.block(tree.body, False, None)
+    return walker.calls
+
+
+def _rule_of(name: str, rules: Sequence[Rule], effects: Mapping[str, str]) -> str | None:
+    for rule in rules:
+        if rule.matches(name):
+            return rule.name
+    # helpers: a bare name (`helper(...)`) or module attribute (`mod.helper(...)`)
+    return effects.get(name) or effects.get(name.rsplit(".", 1)[-1] if "." in name else "")
+
+
+def _call_lines(call: ast.Call) -> range:
+    return range(call.lineno, (call.end_lineno or call.lineno) + 1)
+
+
+def audit_patched_file(
+    source: str,
+    added_lines: set[int],
+    gate: str,
+    rules: Sequence[Rule] = RULES,
+    *,
+    file: str = "<source>",
+    external_effects: Mapping[str, str] | None = None,
+) -> list[Finding]:
+    """Findings for rule calls on ``added_lines`` of ``source`` that can run with ``gate`` off.
+
+    ``external_effects`` maps names of helpers defined elsewhere (as called here: ``helper`` or
+    ``module.helper``) to the rule their body triggers; :func:`audit_patch` fills it in.
+    """
+    tree = ast.parse(source)
+    return _audit_tree(tree, _scan(tree, gate), added_lines, gate, rules, file, external_effects or {})
+
+
+def _audit_tree(
+    tree: ast.Module,
+    calls: Sequence[_Call],
+    added_lines: set[int],
+    gate: str,
+    rules: Sequence[Rule],
+    file: str,
+    external_effects: Mapping[str, str],
+) -> list[Finding]:
+    effects = dict(external_effects)
+    local_defs = {
+        n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    effects.update(_local_effects(calls, rules, effects, local_defs))
+
+    def helper_fully_guarded(fn: str, seen: frozenset[str] = frozenset()) -> bool:
+        sites = [c for c in calls if c.name.rsplit(".", 1)[-1] == fn and c.function != fn]
+        if not sites or fn in seen:
+            return False
+        return all(
+            c.guarded or (c.function is not None and helper_fully_guarded(c.function, seen | {fn}))
+            for c in sites
+        )
+
+    findings: list[Finding] = []
+    for call in calls:
+        if not added_lines.intersection(_call_lines(call.node)) or call.guarded:
+            continue
+        rule = _rule_of(call.name, rules, effects)
+        if rule is None:
+            continue
+        if call.function is not None and helper_fully_guarded(call.function):
+            continue
+        where = f"in {call.function}()" if call.function else "at module level"
+        findings.append(
+            Finding(
+                file=file,
+                line=call.node.lineno,
+                rule=rule,
+                message=f"added call {call.name}(...) {where} runs with {gate} off "
+                f"(not under `if envs.{gate}.get():`)",
+            )
+        )
+    return findings
+
+
+def _local_effects(
+    calls: Sequence[_Call],
+    rules: Sequence[Rule],
+    effects: Mapping[str, str],
+    local_defs: set[str],
+) -> dict[str, str]:
+    """Functions of this module whose body (transitively) makes a rule call -> that rule."""
+    found: dict[str, str] = {}
+    changed = True
+    while changed:
+        changed = False
+        for call in calls:
+            if call.function is None or call.function in found or call.function not in local_defs:
+                continue
+            rule = _rule_of(call.name, rules, {**effects, **found})
+            if rule is not None:
+                found[call.function] = rule
+                changed = True
+    return found
+
+
+# --------------------------------------------------------------------------- patch level
+
+
+def added_lines_by_file(patch_text: str) -> dict[str, set[int]]:
+    """Post-image path (``python/sglang/...``) -> line numbers the patch adds there."""
+    out: dict[str, set[int]] = {}
+    for pf in PatchSet(patch_text):
+        if pf.is_removed_file:
+            continue
+        lines = {ln.target_line_no for hunk in pf for ln in hunk if ln.is_added}
+        out[pf.path] = {n for n in lines if n is not None}
+    return out
+
+
+def _module_file(python_root: Path, module: str) -> Path | None:
+    base = python_root.joinpath(*module.split("."))
+    for cand in (base.with_suffix(".py"), base / "__init__.py"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+class _HelperIndex:
+    """Side effects of functions in other modules of the patched tree, followed through imports."""
+
+    def __init__(self, python_root: Path, gate: str, rules: Sequence[Rule], depth: int = 3):
+        self.root = python_root
+        self.gate = gate
+        self.rules = rules
+        self.depth = depth
+        self._cache: dict[Path, dict[str, str]] = {}
+
+    def effects_of_module(self, path: Path, depth: int) -> dict[str, str]:
+        if path in self._cache:
+            return self._cache[path]
+        self._cache[path] = {}  # cycle guard
+        tree = ast.parse(path.read_text())
+        calls = _scan(tree, self.gate)
+        imported = self.imported_effects(tree, path, {c.name for c in calls}, depth - 1) if depth > 0 else {}
+        defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        result = _local_effects(calls, self.rules, imported, defs)
+        self._cache[path] = result
+        return result
+
+    def imported_effects(
+        self, tree: ast.Module, path: Path, called: set[str], depth: int
+    ) -> dict[str, str]:
+        """Names as called in ``tree`` (``f`` / ``mod.f``) -> rule, for imported helpers."""
+        out: dict[str, str] = {}
+        called_heads = {c.split(".", 1)[0] for c in called} | {c.rsplit(".", 1)[-1] for c in called}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+                continue
+            for alias in node.names:
+                local = alias.asname or alias.name
+                if local not in called_heads:
+                    continue
+                sub = _module_file(self.root, f"{node.module}.{alias.name}")
+                if sub is not None:  # `from pkg import module`
+                    for fn, rule in self.effects_of_module(sub, depth).items():
+                        out[f"{local}.{fn}"] = rule
+                    continue
+                mod = _module_file(self.root, node.module)
+                if mod is not None:
+                    rule = self.effects_of_module(mod, depth).get(alias.name)
+                    if rule is not None:
+                        out[local] = rule
+        return out
+
+
+def audit_patch(
+    patch_text: str,
+    tree_root: Path,
+    gate: str,
+    rules: Sequence[Rule] = RULES,
+) -> list[Finding]:
+    """Audit every ``.py`` file a patch touches, reading its post-image from ``tree_root``
+    (a checkout with the patch and the entry's overlay modules applied: ``python/sglang/...``)."""
+    python_root = tree_root / "python"
+    index = _HelperIndex(python_root, gate, rules)
+    findings: list[Finding] = []
+    for rel, added in sorted(added_lines_by_file(patch_text).items()):
+        if not rel.endswith(".py") or not added:
+            continue
+        path = tree_root / rel
+        source = path.read_text()
+        tree = ast.parse(source)
+        calls = _scan(tree, gate)
+        external = index.imported_effects(tree, path, {c.name for c in calls}, index.depth)
+        findings += _audit_tree(tree, calls, added, gate, rules, rel, external)
+    return findings

@@ -1,0 +1,515 @@
+"""KV capacity of a DeepSeek-V4 target with online C128 off and on.
+
+Mirrors the arithmetic of upstream's ``DSV4PoolConfigurator`` (non-unified CUDA
+pool, ratio-mode SWA sizing, no encoder replay, no HiSparse, no PD decode).
+The only thing online C128 changes is the fixed c128 state subtracted from the
+budget before it is divided by bytes-per-full-token, so the gain is
+``(F_off - F_on) / b`` tokens, floored to whole pages.
+
+Citations ``file:line`` are sglang 0.5.23 (paths relative to the ``sglang/``
+package) unless a version is named. ``formula`` names the release whose arithmetic is
+mirrored; there are two families:
+
+* 0.5.21-0.5.23: layout-aware, page-padded KV bytes (0.5.21/0.5.22 differ from 0.5.23
+  only in not flooring R // attn_dp_size at 1 and not re-checking reserved pages);
+* 0.5.20 (also the July 2026 base of PR #32035): a flat 584-byte KV cell and c4
+  state priced per ``window_size`` rows.
+
+No torch, no click: plain integers and floats in the order upstream computes them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Literal, Optional
+
+Formula = Literal["0.5.23", "0.5.22", "0.5.21", "0.5.20"]
+StateDtype = Literal["fp32", "bf16"]
+KVLayoutName = Literal["v4", "v41"]
+
+FORMULAS: tuple[str, ...] = ("0.5.23", "0.5.22", "0.5.21", "0.5.20")
+
+# srt/configs/deepseek_v4.py:58,79,80,102 (dataclass defaults; V4-Flash and V4-Pro agree).
+QK_NOPE_HEAD_DIM = 448
+QK_ROPE_HEAD_DIM = 64
+INDEX_HEAD_DIM = 128
+WINDOW_SIZE = 128
+ATTN_HEAD_DIM = QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM  # pool_configurator.py:1082
+
+# arg_groups/model_overrides/deepseek_v4.py:51,61 (CUDA page size for DSV4).
+DSV4_PAGE_SIZE = 256
+# arg_groups/deepseek_v4_hook.py:138-146: a DSV4 target with no --max-running-requests
+# gets 256. It runs in handle_model_specific_adjustments (arg_groups/pipeline.py:225),
+# before handle_speculative_decoding (pipeline.py:306), so DSPARK's own default below
+# sees the field already set and never applies to a DSV4 target (same order in 0.5.20:
+# deepseek_v4_hook.py:178-186, pipeline.py:242 vs :325).
+DSV4_DEFAULT_MAX_RUNNING_REQUESTS = 256
+# arg_groups/speculative_hook.py:852-860 (_handle_dspark): 48 when still unset.
+DSPARK_DEFAULT_MAX_RUNNING_REQUESTS = 48
+# speculative/dspark_components/dspark_config.py:21 and speculative_hook.py:818,825:
+# W = gamma + 1, gamma = 7 unless the draft checkpoint sets dspark_block_size
+# (dspark_config.py:220,296).
+DSPARK_DEFAULT_GAMMA = 7
+DSPARK_DEFAULT_DRAFT_TOKENS = DSPARK_DEFAULT_GAMMA + 1
+# pool_configurator.py:1046 (ratio used when the operator gives none).
+DEFAULT_SWA_FULL_TOKENS_RATIO = 0.1
+
+_STATE_DTYPE_BYTES = {"fp32": 4, "bf16": 2}  # pool_configurator.py:136-145
+
+# kernels/ops/attention/dsv4/kv_layout.py:50-99: (data + scale bytes, page align).
+_KV_LAYOUTS = {"v4": (576 + 8, 576), "v41": (512 + 16, 512)}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Per-layer compress ratios of one model (0 = SWA only)."""
+
+    name: str
+    compress_ratios: tuple[int, ...]
+    context_len: int
+    source: str
+
+    def count(self, ratio: int) -> int:
+        return sum(1 for r in self.compress_ratios if r == ratio)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.compress_ratios)
+
+    @property
+    def num_c4(self) -> int:
+        return self.count(4)
+
+    @property
+    def num_c128(self) -> int:
+        return self.count(128)
+
+
+FLASH = Layout(
+    name="flash",
+    compress_ratios=(0, 0) + (4, 128) * 20 + (4,),
+    context_len=1_048_576,
+    source=(
+        "DeepSeek-V4-Flash, 43 layers (21 c4 + 20 c128 + 2 SWA-only): the public "
+        "config.json compress_ratios [0,0,4,128,4,128,...,4,0], whose last entry is "
+        "the MTP placeholder and not a layer"
+    ),
+)
+PRO = Layout(
+    name="pro",
+    compress_ratios=(128, 128) + (4, 128) * 29 + (4,),
+    context_len=1_048_576,
+    source=(
+        "DeepSeek-V4-Pro, 61 layers (31 c128 + 30 c4): from public model cards and "
+        "third-party copies of config.json, unverified against the checkpoint"
+    ),
+)
+PRESETS: dict[str, Layout] = {FLASH.name: FLASH, PRO.name: PRO}
+
+
+def custom_layout(compress_ratios: list[int], context_len: int = 1_048_576) -> Layout:
+    """A layout from an explicit per-layer ratio list."""
+    bad = sorted({r for r in compress_ratios if r not in (0, 4, 128)})
+    if bad:
+        raise ValueError(f"unsupported compress ratios {bad}; this tool models 0, 4 and 128")
+    if not compress_ratios:
+        raise ValueError("compress_ratios is empty")
+    return Layout("custom", tuple(compress_ratios), context_len, "user-given compress_ratios")
+
+
+@dataclass(frozen=True)
+class CapacityInputs:
+    """One configurator run. ``max_running_requests=None`` takes the configurator's
+    estimate path (pool_configurator.py:1565-1574), as if the field were unset."""
+
+    budget_bytes: int
+    layout: Layout
+    swa_full_tokens_ratio: float = DEFAULT_SWA_FULL_TOKENS_RATIO
+    max_running_requests: Optional[int] = DSV4_DEFAULT_MAX_RUNNING_REQUESTS
+    attn_dp_size: int = 1
+    tp_size: int = 8  # recorded only: the DSV4 latent is replicated per TP rank
+    speculative: bool = True
+    num_draft_tokens: int = DSPARK_DEFAULT_DRAFT_TOKENS
+    state_dtype: StateDtype = "fp32"
+    page_size: int = DSV4_PAGE_SIZE
+    formula: Formula = "0.5.23"
+    kv_layout: KVLayoutName = "v4"
+
+    def __post_init__(self) -> None:
+        if self.budget_bytes <= 0:
+            raise ValueError("budget_bytes must be positive")
+        if self.formula not in FORMULAS:
+            raise ValueError(f"formula must be one of {FORMULAS}, got {self.formula!r}")
+        if self.state_dtype not in _STATE_DTYPE_BYTES:
+            raise ValueError(f"state_dtype must be fp32 or bf16, got {self.state_dtype!r}")
+        if self.kv_layout not in _KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be v4 or v41, got {self.kv_layout!r}")
+        if self.kv_layout != "v4" and self.formula == "0.5.20":
+            raise ValueError("the 0.5.20 formula has no KV layout choice (flat 584 B cell)")
+        # pool_configurator.py:1641-1643
+        if self.page_size <= 0 or self.page_size % 128:
+            raise ValueError("page_size must be a multiple of 128 for compressed attention")
+        if not 0 < self.swa_full_tokens_ratio <= 1:
+            raise ValueError("swa_full_tokens_ratio must be in (0, 1]")
+        if self.max_running_requests is not None and self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        if self.attn_dp_size < 1 or self.tp_size < 1:
+            raise ValueError("attn_dp_size and tp_size must be >= 1")
+        if self.speculative and self.num_draft_tokens < 1:
+            raise ValueError("num_draft_tokens must be >= 1 with speculation")
+
+    @property
+    def draft_tokens(self) -> int:
+        """What max_speculative_num_draft_tokens() returns: 0 without speculation."""
+        return self.num_draft_tokens if self.speculative else 0
+
+
+# ---- per-token terms ----------------------------------------------------------------
+
+
+def _paged(inp: CapacityInputs) -> bool:
+    """The 0.5.21+ family (page-padded layouts, c4 state per page)."""
+    return inp.formula != "0.5.20"
+
+
+def state_dtype_bytes(dtype: StateDtype) -> int:
+    """pool_configurator.py:136-145 (SGLANG_DSV4_COMPRESS_STATE_DTYPE)."""
+    return _STATE_DTYPE_BYTES[dtype]
+
+
+def indexer_bytes_per_token(index_head_dim: int = INDEX_HEAD_DIM) -> int:
+    """FP8 indexer row on NVIDIA: mem_cache/deepseek_v4_memory_pool.py:53-57."""
+    return index_head_dim + index_head_dim // 128 * 4
+
+
+def kv_bytes_per_token(inp: CapacityInputs, compress_ratio: int = 0) -> float:
+    """One layer's KV bytes per (compressed) token slot.
+
+    0.5.23: the page-padded layout, pool_configurator.py:1353-1370 with
+    kv_layout.py:103-105 (page of ``page_size // ratio`` slots). 0.5.20: the flat
+    FlashMLA cell ``nope + 2*rope + 8`` (0.5.20 pool_configurator.py:1113).
+    """
+    if not _paged(inp):
+        return float(QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM * 2 + 8)
+    bytes_per_token, align = _KV_LAYOUTS[inp.kv_layout]
+    page = inp.page_size // compress_ratio if compress_ratio else inp.page_size
+    raw = page * bytes_per_token
+    return (-(-raw // align) * align) / page
+
+
+def ring_size(inp: CapacityInputs, compress_ratio: int, online: bool) -> int:
+    """deepseek_v4_memory_pool.py:60-79 (0.5.20: :42-55, same values)."""
+    if compress_ratio == 128 and online:
+        return 1
+    if inp.speculative and inp.draft_tokens > 0:
+        return 16 if compress_ratio == 4 else 256
+    return 8 if compress_ratio == 4 else 128
+
+
+def check_ring_serves_draft_tokens(inp: CapacityInputs, online: bool) -> None:
+    """pool_configurator.py:1291-1307 with deepseek_v4_memory_pool.py:118-123."""
+    if not inp.speculative:
+        return
+    for ratio in (4, 128):
+        if inp.layout.count(ratio) == 0 or (ratio == 128 and online):
+            continue
+        ring = ring_size(inp, ratio, online)
+        window = ratio * (2 if ratio == 4 else 1)
+        pad = ring - window + 2 if ring > window else 0
+        if inp.draft_tokens > pad:
+            raise ValueError(
+                f"{inp.draft_tokens} draft tokens exceed what the c{ratio} ring of "
+                f"{ring} rows serves ({pad}); upstream refuses to start"
+            )
+
+
+def bytes_per_swa_token(inp: CapacityInputs) -> float:
+    """0.5.23 pool_configurator.py:1372-1388: SWA KV of every layer plus the c4
+    compress state, which is addressed per SWA page (ring rows per page)."""
+    dt = state_dtype_bytes(inp.state_dtype)
+    c4_state_bytes = 2 * 2 * ATTN_HEAD_DIM * dt  # :1380
+    c4_indexer_state_bytes = 2 * 2 * INDEX_HEAD_DIM * dt  # :1381
+    c4_state_ratio = ring_size(inp, 4, False) / inp.page_size  # :1383
+    return kv_bytes_per_token(inp) * inp.layout.num_layers + (  # :1384-1388
+        c4_state_ratio * (c4_state_bytes + c4_indexer_state_bytes) * inp.layout.num_c4
+    )
+
+
+def spec_inflation(inp: CapacityInputs) -> float:
+    """(target + 1 draft layer) / target: pool_configurator.py:1250-1257
+    (0.5.20: :1046-1054)."""
+    if not inp.speculative:
+        return 1.0
+    return (inp.layout.num_layers + 1) / inp.layout.num_layers
+
+
+def _bytes_per_full_token_0523(inp: CapacityInputs) -> float:
+    """pool_configurator.py:1437-1446 with :1390-1404 per compressed layer."""
+    c4 = 0.25 * kv_bytes_per_token(inp, 4) + 1 / 4 * indexer_bytes_per_token()  # :1397-1402
+    c128 = 1 / 128 * kv_bytes_per_token(inp, 128)  # :1404
+    # collect_sources_by_ratio (deepseek_v4_memory_pool.py:94-115) orders 4 before 128.
+    per_ratio = {4: c4 * inp.layout.num_c4, 128: c128 * inp.layout.num_c128}
+    compressed = sum(v for r, v in per_ratio.items() if inp.layout.count(r))
+    return inp.swa_full_tokens_ratio * bytes_per_swa_token(inp) + compressed
+
+
+def _bytes_per_full_token_0520(inp: CapacityInputs) -> float:
+    """0.5.20 pool_configurator.py:1110-1163 (one sum, in upstream's order)."""
+    kv = kv_bytes_per_token(inp)
+    dt = state_dtype_bytes(inp.state_dtype)
+    c4_state_bytes = 2 * 2 * ATTN_HEAD_DIM * dt  # :1119
+    c4_indexer_state_bytes = 2 * 2 * INDEX_HEAD_DIM * dt  # :1127
+    c4_state_ratio = ring_size(inp, 4, False) / WINDOW_SIZE  # :1129 (swa_page_size = window)
+    c4_frac = 1 / 4  # :1135
+    r, L, L4, L128 = inp.swa_full_tokens_ratio, inp.layout.num_layers, inp.layout.num_c4, inp.layout.num_c128
+    return (  # :1137-1163
+        r * kv * L
+        + c4_frac * kv * L4
+        + 1 / 128 * kv * L128
+        + 1 / 4 * indexer_bytes_per_token() * L4
+        + r * c4_state_ratio * c4_state_bytes * L4
+        + 0 * L128  # c128 state is fixed bytes, not per token (:1133)
+        + r * c4_state_ratio * c4_indexer_state_bytes * L4
+    )
+
+
+def bytes_per_full_token(inp: CapacityInputs) -> float:
+    """b: the divisor of the budget, inflated for the draft worker when speculative."""
+    base = _bytes_per_full_token_0523(inp) if _paged(inp) else _bytes_per_full_token_0520(inp)
+    if inp.speculative:
+        base *= spec_inflation(inp)
+    return base
+
+
+# ---- fixed (request-scoped) bytes ---------------------------------------------------
+
+
+def num_req_slots(max_running_requests: int) -> int:
+    """pool_configurator.py:1504-1507 (non-PD): one spare slot."""
+    return max_running_requests + 1
+
+
+def c128_state_rows(inp: CapacityInputs, max_running_requests: int, online: bool) -> int:
+    """Rows of one c128 layer's state pool: pool_configurator.py:1516-1525 (0.5.20:
+    :1199-1206), the same count CompressStatePool allocates
+    (mem_cache/deepseek_v4_compress_state.py:159-179)."""
+    slots = num_req_slots(max_running_requests)
+    ring = ring_size(inp, 128, online)
+    if online:
+        rows = slots + ring + 1  # :1519, ring == 1
+        return rows * (1 + inp.draft_tokens)  # :1520, MTP banks 0..N
+    rows = slots * ring + ring + 1  # :1523-1524
+    return -(-rows // 128) * 128  # :1525 (ceil_div)
+
+
+def c128_state_fixed_bytes(inp: CapacityInputs, max_running_requests: int, online: bool) -> int:
+    """pool_configurator.py:1509-1528: rows x last dim x dtype x c128 layers; the last
+    dim is (max|sum|kv) = 3H online (:1521), raw (kv|score) = 2H offline (:1526)."""
+    if inp.layout.num_c128 == 0:
+        return 0
+    last_dim = (3 if online else 2) * ATTN_HEAD_DIM
+    rows = c128_state_rows(inp, max_running_requests, online)
+    return rows * last_dim * state_dtype_bytes(inp.state_dtype) * inp.layout.num_c128
+
+
+def resolve_max_running_requests(inp: CapacityInputs, b: float) -> tuple[int, str]:
+    """Per-DP-worker R the fixed bytes are sized for: pool_configurator.py:1141-1145
+    (requested // attn_dp_size, at least 1; 0.5.20-0.5.22 have no floor of 1, e.g.
+    0.5.20 :963-967) or the estimate :1565-1574."""
+    if inp.max_running_requests is not None:
+        per_worker = inp.max_running_requests // inp.attn_dp_size
+        if inp.formula == "0.5.23":
+            per_worker = max(1, per_worker)
+        return per_worker, "given"
+    full_token = int(inp.budget_bytes / b)
+    estimated = int(full_token / inp.layout.context_len * 512)
+    estimated = max(min(estimated, 4096), 2048)
+    return min(estimated, full_token // 2), "estimated (clamp(full/context*512, 2048, 4096), <= full/2)"
+
+
+def full_tokens(
+    budget_bytes: int, fixed_bytes: int, b: float, page_size: int, recheck: bool = True
+) -> int:
+    """max_total_num_tokens: pool_configurator.py:1667-1677, then the page floor of
+    _compute_dsv4_sizes (:1464). The 0.5.23 reserved-page loop (``recheck``) adds 0
+    bytes for ratios 4/128 (:1406-1435 only pads ratios 1/2) but is kept for its
+    float edge; 0.5.20-0.5.22 do not have it."""
+    avail = max(budget_bytes - fixed_bytes, 0)
+    tokens = int(avail / b)
+    tokens = tokens // page_size * page_size
+    while recheck and tokens > 0 and tokens * b > avail:
+        tokens -= page_size
+    return tokens
+
+
+# ---- results ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModeResult:
+    """One configurator run with online C128 off or on."""
+
+    online: bool
+    c128_ring_size: int
+    c128_state_rows_per_layer: int
+    c128_fixed_bytes: int
+    full_tokens: int
+    swa_tokens: int
+    c4_tokens: int
+    c128_tokens: int
+    refusal: Optional[str] = None  # why upstream would refuse to start, if it would
+
+
+def refusal_reason(full: int, swa_tokens: int, page_size: int) -> Optional[str]:
+    """Upstream raises instead of returning these sizes: validate_swa_pool_size
+    (pool_configurator.py:198-216, called from :1470) and MemoryPoolConfig's
+    "Not enough memory" (:94-100)."""
+    if WINDOW_SIZE + page_size >= swa_tokens:
+        return (
+            f"SWA pool of {swa_tokens} tokens cannot hold one request (needs more than "
+            f"window {WINDOW_SIZE} + page {page_size}); upstream refuses to start"
+        )
+    if full <= 0:
+        return "no full tokens left; upstream refuses to start (Not enough memory)"
+    return None
+
+
+@dataclass(frozen=True)
+class CapacityResult:
+    """Online C128 off vs on for one input set."""
+
+    inputs: CapacityInputs
+    bytes_per_full_token: float
+    bytes_per_swa_token: float
+    max_running_requests_per_worker: int
+    max_running_requests_source: str
+    draft_banks: int
+    off: ModeResult
+    on: ModeResult
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def delta_tokens(self) -> int:
+        return self.on.full_tokens - self.off.full_tokens
+
+    @property
+    def delta_fixed_bytes(self) -> int:
+        return self.off.c128_fixed_bytes - self.on.c128_fixed_bytes
+
+    def to_dict(self) -> dict:
+        inp = asdict(self.inputs)
+        inp["layout"] = {
+            "name": self.inputs.layout.name,
+            "num_layers": self.inputs.layout.num_layers,
+            "num_c4": self.inputs.layout.num_c4,
+            "num_c128": self.inputs.layout.num_c128,
+            "context_len": self.inputs.layout.context_len,
+            "source": self.inputs.layout.source,
+            "compress_ratios": list(self.inputs.layout.compress_ratios),
+        }
+        return {
+            "inputs": inp,
+            "bytes_per_full_token": self.bytes_per_full_token,
+            "bytes_per_swa_token": self.bytes_per_swa_token,
+            "max_running_requests_per_worker": self.max_running_requests_per_worker,
+            "max_running_requests_source": self.max_running_requests_source,
+            "dspark_default_max_running_requests": DSPARK_DEFAULT_MAX_RUNNING_REQUESTS,
+            "dsv4_default_max_running_requests": DSV4_DEFAULT_MAX_RUNNING_REQUESTS,
+            "draft_banks": self.draft_banks,
+            "off": asdict(self.off),
+            "on": asdict(self.on),
+            "delta_tokens": self.delta_tokens,
+            "delta_fixed_bytes": self.delta_fixed_bytes,
+            "notes": list(self.notes),
+        }
+
+
+def _mode(inp: CapacityInputs, b: float, r: int, online: bool) -> ModeResult:
+    check_ring_serves_draft_tokens(inp, online)
+    fixed = c128_state_fixed_bytes(inp, r, online)
+    # Other fixed terms (c2 state, unified SWA ring, unified c4 state, encoder-replay
+    # windows, cap-mode SWA; :1648-1666) are 0 for the modelled pool.
+    full = full_tokens(inp.budget_bytes, fixed, b, inp.page_size, recheck=inp.formula == "0.5.23")
+    swa = int(full * inp.swa_full_tokens_ratio) // inp.page_size * inp.page_size  # :1457-1461
+    return ModeResult(
+        online=online,
+        c128_ring_size=ring_size(inp, 128, online),
+        c128_state_rows_per_layer=c128_state_rows(inp, r, online) if inp.layout.num_c128 else 0,
+        c128_fixed_bytes=fixed,
+        full_tokens=full,
+        swa_tokens=swa,
+        c4_tokens=full // 4,  # :1492
+        c128_tokens=full // 128,  # :1493
+        refusal=refusal_reason(full, swa, inp.page_size),
+    )
+
+
+def compute(inp: CapacityInputs) -> CapacityResult:
+    """Full tokens with online C128 off and on for ``inp``."""
+    b = bytes_per_full_token(inp)
+    r, source = resolve_max_running_requests(inp, b)
+    notes = []
+    if inp.speculative:
+        notes.append(
+            "online + speculation sizes 1+W state banks per c128 layer, as upstream's "
+            "EAGLE MTP path does (SGLANG_EXPERIMENTAL_ONLINE_C128_MTP); upstream refuses "
+            "DSPARK + online at startup (pool_configurator.py:1259-1285) until the PR lands"
+        )
+    if inp.max_running_requests is None:
+        notes.append(
+            "R came from the configurator's estimate path, which upstream takes only "
+            "when nothing filled --max-running-requests; for a DSV4 target the DSV4 "
+            f"hook fills {DSV4_DEFAULT_MAX_RUNNING_REQUESTS}"
+        )
+    return CapacityResult(
+        inputs=inp,
+        bytes_per_full_token=b,
+        bytes_per_swa_token=(
+            bytes_per_swa_token(inp) if _paged(inp) else float("nan")
+        ),
+        max_running_requests_per_worker=r,
+        max_running_requests_source=source,
+        draft_banks=inp.draft_tokens,
+        off=_mode(inp, b, r, online=False),
+        on=_mode(inp, b, r, online=True),
+        notes=tuple(notes),
+    )
+
+
+def with_budget(inp: CapacityInputs, budget_bytes: int) -> CapacityInputs:
+    return replace(inp, budget_bytes=budget_bytes)
+
+
+def budget_interval(inp: CapacityInputs, target_full_tokens: int, online: bool) -> tuple[int, int]:
+    """Integer budgets [lo, hi) for which ``compute(inp)`` gives ``target_full_tokens``
+    in the chosen mode (R must be given, so the fixed bytes do not move with the budget)."""
+    if inp.max_running_requests is None:
+        raise ValueError("solving for the budget needs an explicit max_running_requests")
+    if target_full_tokens % inp.page_size:
+        raise ValueError("a full-token count is always a whole number of pages")
+    b = bytes_per_full_token(inp)
+    r, _ = resolve_max_running_requests(inp, b)
+    fixed = c128_state_fixed_bytes(inp, r, online)
+    lo = math.floor(fixed + target_full_tokens * b) - 2
+    hi = math.ceil(fixed + (target_full_tokens + inp.page_size) * b) + 2
+
+    def tokens(a: int) -> int:
+        return full_tokens(a, fixed, b, inp.page_size, recheck=inp.formula == "0.5.23")
+
+    # Nudge the float estimate to the exact integer edges (monotone in the budget).
+    while tokens(lo) >= target_full_tokens:
+        lo -= 1
+    while tokens(lo) < target_full_tokens:
+        lo += 1
+    while tokens(hi) > target_full_tokens:
+        hi -= 1
+    while tokens(hi) <= target_full_tokens:
+        hi += 1
+    if tokens(lo) != target_full_tokens:
+        return (lo, lo)
+    return (lo, hi)
+
+
+def gib(n: float) -> float:
+    return n / (1 << 30)

@@ -1,0 +1,92 @@
+"""``check``: does the series apply to a rev? Replayed in a temporary index; nothing is checked out."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import C128Error
+from .git import Git
+from .manifest import Series
+from .replay import Planned, check_paths_at, plan
+
+
+@dataclass
+class EntryCheck:
+    name: str
+    kind: str
+    file: str
+    status: str  # clean | 3way | conflict | collision | skipped
+    detail: str = ""
+
+
+@dataclass
+class RevCheck:
+    rev: str
+    commit: str
+    ok: bool = True
+    entries: list[EntryCheck] = field(default_factory=list)
+    error: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _first_error(text: str) -> str:
+    for line in text.splitlines():
+        if "patch failed:" in line or "does not exist" in line or "already exists" in line:
+            return line.removeprefix("error: ").strip()
+    lines = [l for l in text.splitlines() if l.strip()]
+    return lines[-1].removeprefix("error: ").strip() if lines else ""
+
+
+def _replay_patch(idx: Git, item: Planned, index_file: Path) -> EntryCheck:
+    row = EntryCheck(item.entry.name, item.entry.kind, item.label, "clean")
+    path = str(item.path)
+    strict = idx.run("apply", "--cached", "--check", path, check=False)
+    if strict.returncode == 0:
+        idx.run("apply", "--cached", path)
+        return row
+    saved = index_file.read_bytes()
+    three = idx.run("apply", "--cached", "--3way", path, check=False)
+    if three.returncode == 0:
+        row.status, row.detail = "3way", "applies only with a 3-way merge"
+        return row
+    row.status, row.detail = "conflict", _first_error(strict.stderr)
+    # Back to the index before this entry: later entries are checked on top of the rest.
+    index_file.write_bytes(saved)
+    return row
+
+
+def _replay_overlay(idx: Git, item: Planned) -> EntryCheck:
+    row = EntryCheck(item.entry.name, item.entry.kind, item.label, "clean")
+    if idx.out("ls-files", "--", item.entry.target):
+        row.status, row.detail = "collision", f"{item.entry.target} already exists"
+        return row
+    sha = idx.out("hash-object", "-w", "--", str(item.path))
+    idx.run("update-index", "--add", "--cacheinfo", f"100644,{sha},{item.entry.target}")
+    return row
+
+
+def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
+    result = RevCheck(rev, commit)
+    try:
+        planned = plan(series, git, commit)
+        check_paths_at(git, commit, [p for p in planned if p.patch is not None])
+    except C128Error as exc:
+        result.ok, result.error = False, exc.message
+        return result
+    with tempfile.TemporaryDirectory(prefix="c128check-") as tmp:
+        index_file = Path(tmp) / "index"
+        idx = git.with_env(GIT_INDEX_FILE=str(index_file))
+        if git.worktree is None:
+            idx = idx.with_env(GIT_WORK_TREE=tmp)
+        idx.run("read-tree", commit)
+        for item in planned:
+            row = _replay_patch(idx, item, index_file) if item.patch is not None else _replay_overlay(idx, item)
+            result.entries.append(row)
+            if row.status in ("conflict", "collision"):
+                result.ok = False
+    return result

@@ -1,0 +1,24 @@
+"""Errors the CLI turns into one-line messages and exit codes."""
+
+from __future__ import annotations
+
+
+class C128Error(Exception):
+    """A user-facing failure: bad input, a refused operation, a conflict."""
+
+    exit_code: int = 2
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class ConflictError(C128Error):
+    """An entry of the series does not apply; the tree is left as described."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None, report: dict | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.report = report or {}

@@ -1,0 +1,45 @@
+"""c128patch lint [--update-hashes] [--offline] [--json]"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .cli_common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from .lint import lint_series, update_hashes as record_hashes
+from .progress import console, reporter
+from .upstream import open_upstream
+
+
+@click.command("lint")
+@click.option("--update-hashes", is_flag=True, help="Record the current sha256 of every series file in the manifest first.")
+@click.option("--offline", is_flag=True, help="Skip the checks that need upstream (collisions with upstream files, gate audit).")
+@repo_option
+@series_option
+@json_option
+@handles_errors
+def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Path | None, as_json: bool) -> None:
+    """Validate the series manifest and its files."""
+    series = get_series(series_dir)
+    if update_hashes:
+        record_hashes(series)
+        series = get_series(series_dir)
+    upstream = None
+    if not offline:
+        with reporter(not as_json, title="lint") as rep:
+            upstream = open_upstream(repo, [series.base] if repo is None else [], rep).git
+    findings = lint_series(series, upstream)
+    errors = [f for f in findings if f.level == "error"]
+    if as_json:
+        emit_json({"ok": not errors, "series": {"name": series.name, "version": series.version},
+                   "entries": len(series.entries), "findings": [f.to_json() for f in findings]})
+    else:
+        out = console(stderr=False)
+        for f in findings:
+            out.print(f"{f.level}: {f.entry}: {f.message}", markup=False)
+        out.print(f"{series.name} {series.version}: {len(series.entries)} entries, "
+                  f"{len(errors)} error(s), {len(findings) - len(errors)} warning(s)", markup=False)
+    if errors:
+        sys.exit(1)

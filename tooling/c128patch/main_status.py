@@ -1,0 +1,49 @@
+"""c128patch status [--tree DIR] [--json]"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .cli_common import emit_json, get_series, handles_errors, json_option, series_option
+from .errors import C128Error
+from .git import Git, toplevel
+from .progress import console
+from .status import tree_status
+
+
+@click.command("status")
+@click.option("--tree", type=click.Path(exists=True, file_okay=False, path_type=Path), default=Path("."),
+              help="The patched sglang tree (default: the current directory).")
+@series_option
+@json_option
+@handles_errors
+def command(tree: Path, series_dir: Path | None, as_json: bool) -> None:
+    """Which series is applied on which upstream rev, and what changed since."""
+    root = toplevel(tree)
+    try:
+        series = get_series(series_dir)
+    except C128Error:
+        series = None
+    info = tree_status(Git(worktree=root), series)
+    if as_json:
+        emit_json(info)
+        return
+    out = console(stderr=False)
+    s, u = info["series"], info["upstream"]
+    out.print(f"{info['tree']} on {info['branch'] or 'detached HEAD'}", markup=False)
+    out.print(f"  series {s.get('name')} {s.get('version')} ({len(info['entries'])} entries) on upstream "
+              f"{u.get('rev')} ({str(u.get('commit', ''))[:12]})", markup=False)
+    cur = info.get("series_current")
+    if cur and not cur["up_to_date"]:
+        out.print(f"  the series has changed since (now {cur['version']}): re-apply or rebase", markup=False)
+    if info["rebase_in_progress"]:
+        out.print("  a c128patch rebase is in progress", markup=False)
+    if info["commits_since"]:
+        out.print(f"  {info['commits_since']} commit(s) on top of the applied series", markup=False)
+    if not info["drift"]:
+        out.print("  no drift: patched and overlaid files are as applied", markup=False)
+    for d in info["drift"]:
+        files = ", ".join(f"{p} ({how})" for p, how in d["files"].items())
+        out.print(f"  drift in {d['entry']}: {files}", markup=False)
