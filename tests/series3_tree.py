@@ -1,12 +1,10 @@
-"""Patched sglang trees for the series III tests, built from the unpacked release wheels.
+"""Patched sglang trees for the series III tests, from the release history.
 
-A tree holds only the files the series touches (plus `srt/environ.py`), patched with the
-series' files for that release, and the series' overlay modules.
-
-TODO(lead): switch `release_sources` to the release-history fixture `sglang_release_repo`
-(a cached git repo with tags v0.5.20..v0.5.23, `python/sglang/...` layout) once it lands;
-until then the sources are the unpacked wheels under $C128PATCH_RELEASES_DIR (default
-/tmp/sgl), i.e. `<dir>/v0.5.X/sglang`.
+A tree holds only the files the series touches (plus `srt/environ.py`), exported from the
+`sglang_release_repo` fixture (tests/conftest.py: a bare git repo, one tag per release,
+`python/sglang/...` layout), patched with the series' files for that release per
+patches/proposed-integration.toml, and the series' overlay modules. Once the entries are in
+series.toml, `c128patch apply` can build these trees instead.
 """
 
 from __future__ import annotations
@@ -23,8 +21,6 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
-
-import pytest
 
 try:
     import tomllib
@@ -79,15 +75,6 @@ def load_series() -> List[Entry]:
     return entries
 
 
-def release_sources(release: str) -> Path:
-    """The release's `sglang/` package folder; skips the test when it is absent."""
-    root = Path(os.environ.get("C128PATCH_RELEASES_DIR", "/tmp/sgl"))
-    path = root / release / "sglang"
-    if not path.is_dir():
-        pytest.skip(f"upstream sources for {release} not found at {path}")
-    return path
-
-
 def touched_files(patch: Path) -> List[str]:
     return re.findall(r"^diff --git a/(\S+) b/", patch.read_text(), re.M)
 
@@ -107,23 +94,32 @@ def git_apply(tree: Path, patch: Path, *, check: bool = False) -> subprocess.Com
     return subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
 
 
-def copy_upstream(release: str, dest: Path, files: List[str]) -> None:
-    src_root = release_sources(release).parent
-    for rel in files:
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src_root / rel.removeprefix("python/"), target)
+def export_upstream(repo: Path, release: str, dest: Path, files: List[str]) -> None:
+    """`files` (python/sglang/... paths) of the release tag, into `dest`."""
+    archive = subprocess.run(
+        ["git", "--git-dir", str(repo), "archive", "--format=tar", release, *files],
+        check=True,
+        capture_output=True,
+    ).stdout
+    dest.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
 
 
 def build_tree(
-    release: str, dest: Path, *, upto: Optional[str] = None, overlays: bool = True
+    repo: Path,
+    release: str,
+    dest: Path,
+    *,
+    upto: Optional[str] = None,
+    overlays: bool = True,
 ) -> Path:
     """Patched tree at `dest` (a `python/sglang/...` layout); returns `dest / "python"`.
 
-    Applies every patch entry in manifest order, stopping before the entry named `upto`.
+    `repo` is the release history (`sglang_release_repo`). Applies every patch entry in
+    manifest order, stopping before the entry named `upto`.
     """
     entries = load_series()
-    copy_upstream(release, dest, series_files(entries))
+    export_upstream(repo, release, dest, series_files(entries))
     for entry in entries:
         if entry.name == upto:
             break

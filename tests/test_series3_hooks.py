@@ -46,12 +46,13 @@ class Recorder:
 
 
 @pytest.fixture(params=RELEASES)
-def trees(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def trees(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sglang_release_repo: Path):
     for name in (ENV, ONLINE_ENV, "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP"):
         monkeypatch.delenv(name, raising=False)
     release = request.param
-    patched = build_tree(release, tmp_path / "patched")
-    upstream = build_tree(release, tmp_path / "upstream", upto=load_series()[0].name, overlays=False)
+    repo = sglang_release_repo
+    patched = build_tree(repo, release, tmp_path / "patched")
+    upstream = build_tree(repo, release, tmp_path / "upstream", upto=load_series()[0].name, overlays=False)
     return patched, upstream
 
 

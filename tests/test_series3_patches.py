@@ -43,12 +43,12 @@ def test_manifest_lists_every_series_file() -> None:
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_each_file_applies_exactly_where_declared(release: str, tmp_path: Path) -> None:
+def test_each_file_applies_exactly_where_declared(release: str, tmp_path: Path, sglang_release_repo: Path) -> None:
     """Each entry's files, checked on top of the earlier entries: `git apply --check`
     succeeds on the releases its comment names and fails on the others."""
     for index, entry in enumerate(PATCH_ENTRIES):
         tree = tmp_path / entry.name
-        build_tree(release, tree, upto=entry.name, overlays=False)
+        build_tree(sglang_release_repo, release, tree, upto=entry.name, overlays=False)
         for name in entry.patch_files():
             result = git_apply(tree, PATCHES / name, check=True)
             declared = release in entry.applies[name]
@@ -56,8 +56,8 @@ def test_each_file_applies_exactly_where_declared(release: str, tmp_path: Path) 
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_series_applies_and_compiles(release: str, tmp_path: Path) -> None:
-    tree = build_tree(release, tmp_path)
+def test_series_applies_and_compiles(release: str, tmp_path: Path, sglang_release_repo: Path) -> None:
+    tree = build_tree(sglang_release_repo, release, tmp_path)
     patched = [tmp_path / f for f in series_files(ENTRIES)]
     overlays = [tmp_path / e.target for e in ENTRIES if e.kind == "overlay"]
     for path in patched + overlays:
@@ -149,12 +149,12 @@ def _module_names(tree: ast.Module) -> Set[str]:
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_hooks_are_gated_and_bound(release: str, tmp_path: Path) -> None:
+def test_hooks_are_gated_and_bound(release: str, tmp_path: Path, sglang_release_repo: Path) -> None:
     """In every patched upstream function, each call into the series' code is either on
     the controller (whose entries return when disabled) or under an `if` on the env;
     and every name it reads is bound in that function (or module), so paths the CPU
     tests cannot run still cannot NameError."""
-    build_tree(release, tmp_path)
+    build_tree(sglang_release_repo, release, tmp_path)
     seen = 0
     for rel in series_files(ENTRIES):
         path = tmp_path / rel

@@ -30,12 +30,12 @@ KERNEL = REPO / "csrc/deepseek_v4/online_c128_dspark.cuh"
 
 
 @pytest.fixture(params=RELEASES)
-def trees(request, tmp_path: Path):
+def trees(request, tmp_path: Path, sglang_release_repo: Path):
     """(patched, upstream) trees of one release."""
     release = request.param
-    patched = build_tree(release, tmp_path / "patched")
+    patched = build_tree(sglang_release_repo, release, tmp_path / "patched")
     first = load_series()[0].name
-    upstream = build_tree(release, tmp_path / "upstream", upto=first, overlays=False)
+    upstream = build_tree(sglang_release_repo, release, tmp_path / "upstream", upto=first, overlays=False)
     return release, patched, upstream
 
 

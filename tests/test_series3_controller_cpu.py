@@ -30,11 +30,11 @@ W, SLOTS = 8, 6
 
 
 @pytest.fixture(params=["v0.5.22", "v0.5.23"])
-def mod(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def mod(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sglang_release_repo: Path):
     """The controller module, imported from a patched tree of the release."""
     for name in (ENV, ONLINE_ENV, MTP_ENV):
         monkeypatch.delenv(name, raising=False)
-    tree = build_tree(request.param, tmp_path)
+    tree = build_tree(sglang_release_repo, request.param, tmp_path)
     with sglang_imports(tree):
         from sglang.srt.layers.attention.dsv4 import online_c128_dspark
 
