@@ -13,7 +13,7 @@ from c128patch.cli import main
 from c128patch.git import Git
 from c128patch.provenance import PROVENANCE_PATH
 
-from conftest import RELEASES, make_test_series, snapshot
+from support import RELEASES, make_test_series, snapshot
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 VERIFY = "python/sglang/srt/speculative/dspark_components/dspark_verify.py"

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 from c128patch.audit import RULES, Rule, audit_patch, audit_patched_file
+from c128patch.manifest import load_series
+
+from support import unpack_release
 
 REPO = Path(__file__).resolve().parents[1]
 GATE = "SGLANG_TEST_GATE"
@@ -196,14 +199,10 @@ def test_plain_calls_are_not_findings():
 
 # ----------------------------------------------------------------------------- real patch
 
-RS_PATCHES = {  # release -> the patch file made for it
-    "v0.5.20": "0002-c128-gate-dspark-verify-record-stream.v0.5.20.patch",
-    "v0.5.21": "0002-c128-gate-dspark-verify-record-stream.v0.5.21.patch",
-    "v0.5.22": "0002-c128-gate-dspark-verify-record-stream.v0.5.22.patch",
-    "v0.5.23": "0002-c128-gate-dspark-verify-record-stream.patch",
-}
+RS_ENTRY = load_series(REPO).entry("c128-dspark-record-streams")
+RS_PATCHES = {v.base: v.file for v in RS_ENTRY.patch_files()}  # release -> the patch file made for it
 RS_PATCH = REPO / "patches" / RS_PATCHES["v0.5.23"]
-RS_GATE = "SGLANG_DSPARK_RECORD_VERIFY_STREAMS"
+RS_GATE = RS_ENTRY.gate
 OVERLAY = REPO / "overlay"
 # The helper module imports record_stream_each / record_stream_for_v2_verify from here; the
 # audit follows that import to learn the helper's side effects.
@@ -223,21 +222,12 @@ def _patch_paths(patch_text: str) -> list[str]:
     return [pf.path for pf in PatchSet(patch_text)]
 
 
-def tiny_release_repo(tmp: Path, patch_text: str, version: str = "v0.5.23") -> Path:
-    """A git repo holding only the files the patch touches (+ EXTRA_UPSTREAM), copied from the
-    unpacked release wheel and laid out as `python/sglang/...`, committed and tagged.
-
-    TODO(lead fixture): switch to the release-history fixture `sglang_release_repo` once it lands.
-    """
-    release_dir = Path("/tmp/sgl") / version / "sglang"
-    if not release_dir.is_dir():
-        pytest.skip(f"{release_dir} not present (unpacked sglang {version} wheel)")
+def tiny_release_repo(tmp: Path, patch_text: str, releases: Path, version: str = "v0.5.23") -> Path:
+    """A git repo holding only the files the patch touches (+ EXTRA_UPSTREAM), taken from the
+    real release history and laid out as `python/sglang/...`, committed and tagged."""
     repo = tmp / "sglang"
     rels = [p.removeprefix("python/sglang/") for p in _patch_paths(patch_text)] + EXTRA_UPSTREAM
-    for rel in rels:
-        dst = repo / "python" / "sglang" / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(release_dir / rel, dst)
+    unpack_release(releases, version, repo / "python", [f"python/sglang/{rel}" for rel in rels])
     _git(repo.parent, "init", "-q", str(repo))
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", f"upstream {version}")
@@ -255,9 +245,9 @@ def apply_entry(repo: Path, patch_text: str) -> None:
 
 
 @pytest.mark.parametrize("version", sorted(RS_PATCHES))
-def test_real_record_stream_patch_passes(tmp_path: Path, version: str):
+def test_real_record_stream_patch_passes(tmp_path: Path, version: str, sglang_release_repo: Path):
     patch_text = (REPO / "patches" / RS_PATCHES[version]).read_text()
-    repo = tiny_release_repo(tmp_path, patch_text, version)
+    repo = tiny_release_repo(tmp_path, patch_text, sglang_release_repo, version)
     apply_entry(repo, patch_text)
     assert audit_patch(patch_text, repo, RS_GATE) == []
     # the gate is declared default-off in Envs, among the DSPARK flags
@@ -269,9 +259,9 @@ def test_real_record_stream_patch_passes(tmp_path: Path, version: str):
     assert "        batch.seq_lens.record_stream(\n" in worker
 
 
-def test_real_record_stream_patch_without_guard_fails(tmp_path: Path):
+def test_real_record_stream_patch_without_guard_fails(tmp_path: Path, sglang_release_repo: Path):
     patch_text = RS_PATCH.read_text()
-    repo = tiny_release_repo(tmp_path, patch_text)
+    repo = tiny_release_repo(tmp_path, patch_text, sglang_release_repo)
     apply_entry(repo, patch_text)
     # Drop the guard in dspark_verify.py: dedent its block so the helper call runs always.
     rel = "python/sglang/srt/speculative/dspark_components/dspark_verify.py"
@@ -298,3 +288,41 @@ def test_real_record_stream_patch_without_guard_fails(tmp_path: Path):
     assert "record_verify_inputs" in findings[0].message
     # the helper is followed through the overlay module into upstream's spec_utils
     assert RS_GATE in findings[0].message
+
+
+# ----------------------------------------------------------------------------- series level
+
+def test_series_audit_clean_on_every_release(sglang_release_repo: Path):
+    from c128patch.git import Git
+    from c128patch.series_audit import audit_series
+
+    git = Git(git_dir=sglang_release_repo)
+    series = load_series(REPO)
+    for rev in ("v0.5.20", "v0.5.21", "v0.5.22", "v0.5.23"):
+        assert audit_series(series, git, rev, git.rev_parse(rev)) == []
+
+
+def test_lint_fails_when_a_gated_patch_loses_its_guard(tmp_path: Path, sglang_release_repo: Path):
+    """The real series with the 0.5.23 record_stream patch's guard removed: lint names the line."""
+    from click.testing import CliRunner
+
+    from c128patch.cli import main
+
+    series_dir = tmp_path / "series"
+    shutil.copytree(REPO / "patches", series_dir / "patches")
+    shutil.copytree(REPO / "overlay", series_dir / "overlay")
+    shutil.copytree(REPO / "csrc", series_dir / "csrc")
+    patch = series_dir / "patches" / RS_PATCHES["v0.5.23"]
+    text = patch.read_text()
+    guard = f"+        if envs.{RS_GATE}.get():\n"
+    assert guard in text
+    # the first guarded block (dspark_verify.py) now runs whatever the env says
+    mutated = text.replace(guard, "+        if True:  # guard removed\n", 1)
+    patch.write_text(mutated)
+    res = CliRunner().invoke(main, ["lint", "--update-hashes", "--series", str(series_dir), "--json"])
+    assert res.exit_code == 1, res.output
+    import json
+
+    findings = json.loads(res.stdout)["findings"]
+    assert findings and all("[record_stream]" in f["message"] for f in findings)
+    assert any("dspark_verify.py" in f["message"] for f in findings)

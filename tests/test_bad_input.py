@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from c128patch.cli import main
 
-from conftest import make_test_series, snapshot
+from support import make_test_series, snapshot
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",

@@ -19,7 +19,7 @@ from c128patch import capacity as cap  # noqa: E402
 from c128patch import capacity_pr  # noqa: E402
 
 import upstream_dsv4_probe as probe  # noqa: E402
-from conftest import unpack_release  # noqa: E402
+from support import unpack_release  # noqa: E402
 
 FORMULA_OF = {v: v[1:] for v in probe.VERSIONS}
 

@@ -14,7 +14,7 @@ from c128patch.cli import main
 from c128patch.git import Git
 from c128patch.manifest import load_series
 
-from conftest import make_test_series
+from support import make_test_series
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",

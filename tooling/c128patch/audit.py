@@ -27,7 +27,7 @@ testing the variable is not recognised (the audit reports the call as unguarded)
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -323,10 +323,21 @@ def added_lines_by_file(patch_text: str) -> dict[str, set[int]]:
     return out
 
 
-def _module_file(python_root: Path, module: str) -> Path | None:
-    base = python_root.joinpath(*module.split("."))
-    for cand in (base.with_suffix(".py"), base / "__init__.py"):
-        if cand.is_file():
+Reader = Callable[[str], "str | None"]  # tree-relative path -> text, None if absent
+
+
+def path_reader(tree_root: Path) -> Reader:
+    def read(rel: str) -> str | None:
+        path = tree_root / rel
+        return path.read_text() if path.is_file() else None
+
+    return read
+
+
+def _module_file(read: Reader, module: str) -> str | None:
+    base = "python/" + module.replace(".", "/")
+    for cand in (f"{base}.py", f"{base}/__init__.py"):
+        if read(cand) is not None:
             return cand
     return None
 
@@ -334,18 +345,18 @@ def _module_file(python_root: Path, module: str) -> Path | None:
 class _HelperIndex:
     """Side effects of functions in other modules of the patched tree, followed through imports."""
 
-    def __init__(self, python_root: Path, gate: str, rules: Sequence[Rule], depth: int = 3):
-        self.root = python_root
+    def __init__(self, read: Reader, gate: str, rules: Sequence[Rule], depth: int = 3):
+        self.read = read
         self.gate = gate
         self.rules = rules
         self.depth = depth
-        self._cache: dict[Path, dict[str, str]] = {}
+        self._cache: dict[str, dict[str, str]] = {}
 
-    def effects_of_module(self, path: Path, depth: int) -> dict[str, str]:
+    def effects_of_module(self, path: str, depth: int) -> dict[str, str]:
         if path in self._cache:
             return self._cache[path]
         self._cache[path] = {}  # cycle guard
-        tree = ast.parse(path.read_text())
+        tree = ast.parse(self.read(path) or "")
         calls = _scan(tree, self.gate)
         imported = self.imported_effects(tree, path, {c.name for c in calls}, depth - 1) if depth > 0 else {}
         defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
@@ -354,7 +365,7 @@ class _HelperIndex:
         return result
 
     def imported_effects(
-        self, tree: ast.Module, path: Path, called: set[str], depth: int
+        self, tree: ast.Module, path: str, called: set[str], depth: int
     ) -> dict[str, str]:
         """Names as called in ``tree`` (``f`` / ``mod.f``) -> rule, for imported helpers."""
         out: dict[str, str] = {}
@@ -366,12 +377,12 @@ class _HelperIndex:
                 local = alias.asname or alias.name
                 if local not in called_heads:
                     continue
-                sub = _module_file(self.root, f"{node.module}.{alias.name}")
+                sub = _module_file(self.read, f"{node.module}.{alias.name}")
                 if sub is not None:  # `from pkg import module`
                     for fn, rule in self.effects_of_module(sub, depth).items():
                         out[f"{local}.{fn}"] = rule
                     continue
-                mod = _module_file(self.root, node.module)
+                mod = _module_file(self.read, node.module)
                 if mod is not None:
                     rule = self.effects_of_module(mod, depth).get(alias.name)
                     if rule is not None:
@@ -381,22 +392,22 @@ class _HelperIndex:
 
 def audit_patch(
     patch_text: str,
-    tree_root: Path,
+    tree_root: Path | Reader,
     gate: str,
     rules: Sequence[Rule] = RULES,
 ) -> list[Finding]:
     """Audit every ``.py`` file a patch touches, reading its post-image from ``tree_root``
     (a checkout with the patch and the entry's overlay modules applied: ``python/sglang/...``)."""
-    python_root = tree_root / "python"
-    index = _HelperIndex(python_root, gate, rules)
+    read = path_reader(tree_root) if isinstance(tree_root, Path) else tree_root
+    index = _HelperIndex(read, gate, rules)
     findings: list[Finding] = []
     for rel, added in sorted(added_lines_by_file(patch_text).items()):
         if not rel.endswith(".py") or not added:
             continue
-        path = tree_root / rel
-        source = path.read_text()
-        tree = ast.parse(source)
+        tree = ast.parse(read(rel) or "")
         calls = _scan(tree, gate)
-        external = index.imported_effects(tree, path, {c.name for c in calls}, index.depth)
+        # only helpers called from added lines can make a finding: follow just those imports
+        called = {c.name for c in calls if added.intersection(_call_lines(c.node))}
+        external = index.imported_effects(tree, rel, called, index.depth)
         findings += _audit_tree(tree, calls, added, gate, rules, rel, external)
     return findings

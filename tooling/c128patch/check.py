@@ -70,23 +70,30 @@ def _replay_overlay(idx: Git, item: Planned) -> EntryCheck:
     return row
 
 
-def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
+def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file: Path) -> tuple[RevCheck, list[Planned]]:
+    """Replay the series on ``commit`` into the index file ``index_file`` (nothing is checked out)."""
     result = RevCheck(rev, commit)
     try:
         planned = plan(series, git, commit)
         check_paths_at(git, commit, [p for p in planned if p.patch is not None])
     except C128Error as exc:
         result.ok, result.error = False, exc.message
-        return result
+        return result, []
+    idx = index_git(git, index_file)
+    idx.run("read-tree", commit)
+    for item in planned:
+        row = _replay_patch(idx, item, index_file) if item.patch is not None else _replay_overlay(idx, item)
+        result.entries.append(row)
+        if row.status in ("conflict", "collision"):
+            result.ok = False
+    return result, planned
+
+
+def index_git(git: Git, index_file: Path) -> Git:
+    idx = git.with_env(GIT_INDEX_FILE=str(index_file))
+    return idx.with_env(GIT_WORK_TREE=str(index_file.parent)) if git.worktree is None else idx
+
+
+def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
     with tempfile.TemporaryDirectory(prefix="c128check-") as tmp:
-        index_file = Path(tmp) / "index"
-        idx = git.with_env(GIT_INDEX_FILE=str(index_file))
-        if git.worktree is None:
-            idx = idx.with_env(GIT_WORK_TREE=tmp)
-        idx.run("read-tree", commit)
-        for item in planned:
-            row = _replay_patch(idx, item, index_file) if item.patch is not None else _replay_overlay(idx, item)
-            result.entries.append(row)
-            if row.status in ("conflict", "collision"):
-                result.ok = False
-    return result
+        return replay_in_index(series, git, rev, commit, Path(tmp) / "index")[0]

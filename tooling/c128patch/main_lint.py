@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from .cli_common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
-from .lint import lint_series, update_hashes as record_hashes
+from .lint import Finding, lint_series, update_hashes as record_hashes
+from .series_audit import audit_series
 from .progress import console, reporter
 from .upstream import open_upstream
 
@@ -29,8 +30,12 @@ def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Pa
     upstream = None
     if not offline:
         with reporter(not as_json, title="lint") as rep:
-            upstream = open_upstream(repo, [series.base] if repo is None else [], rep).git
-    findings = lint_series(series, upstream)
+            upstream = open_upstream(repo, [series.base] if repo is None else [], rep)
+    findings = lint_series(series, upstream.git if upstream else None)
+    if upstream is not None and not any(f.level == "error" for f in findings) and upstream.git.rev_parse(series.base):
+        # the gate audit, on the series applied to its base
+        for f in audit_series(series, upstream.git, series.base, upstream.resolve(series.base)):
+            findings.append(Finding(f.file, f"{f.file}:{f.line}: [{f.rule}] {f.message}"))
     errors = [f for f in findings if f.level == "error"]
     if as_json:
         emit_json({"ok": not errors, "series": {"name": series.name, "version": series.version},
