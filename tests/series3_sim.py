@@ -10,8 +10,6 @@ checks emitted rows, banks and committed state against a float64 reference.
 
 from __future__ import annotations
 
-import math
-import os
 from collections import namedtuple
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -25,10 +23,6 @@ STATE_DIM = 3 * HEAD_DIM
 
 # Same fields as upstream's CompressorPrefillPlan (the controller only passes it through).
 PrefillPlan = namedtuple("PrefillPlan", "compress_ratio plan_c plan_w pin_buffer")
-
-
-def gpu_scale() -> float:
-    return float(os.environ.get("C128PATCH_GPU_SCALE", "1.0"))
 
 
 # -- CompressPlan bytes (sgl_kernel/deepseek_v4/compress_v2.cuh) ------------------------
@@ -65,7 +59,7 @@ def decode_plans(plan_c: torch.Tensor) -> List[Optional[Tuple[int, int, int, int
 
 @dataclass
 class RefVerifyPlan:
-    plan: PrefillPlan
+    prefill_plan: PrefillPlan
     row_emit: torch.Tensor
     row_len: torch.Tensor
     seq_lens: torch.Tensor
@@ -103,7 +97,7 @@ class ReferenceOps:
 
     def dspark_verify_plan(
         self, seq_lens, verify_lens, extend_start_loc, req_pool_indices, *,
-        num_q_tokens, num_banks, state_slot_offset,
+        num_q_tokens, num_banks, state_slot_offset, state_dtype=torch.float32,
     ) -> RefVerifyPlan:
         self.calls.append(("plan", dict(
             seq_lens=seq_lens.clone(), verify_lens=verify_lens.clone(),
@@ -142,7 +136,7 @@ class ReferenceOps:
         self.calls.append(("verify", dict(state=state, kv_score_input=kv_score_input, ape=ape, plan=plan)))
         assert state.dim() == 2 and state.shape[1] == STATE_DIM
         assert ape.shape == (CHUNK, HEAD_DIM) and kv_score_input.shape[1] == 2 * HEAD_DIM
-        n = plan.plan.plan_c.shape[0]
+        n = plan.prefill_plan.plan_c.shape[0]
         if out is None:
             out = kv_score_input.new_empty((n, HEAD_DIM))
         stride = plan.state_slot_offset
@@ -355,6 +349,7 @@ class Simulation:
         self.device_apes = [a.to(device=d, dtype=torch.float32) for a in self.apes]
         self.graphs: Dict[tuple, tuple] = {}
         self.replays = 0
+        self.max_abs_err = 0.0
         c4_state = torch.zeros((4, 4), device=d)  # a ratio-4 pool the controller must skip
         self.pool = FakeKVPool(self.states, cfg.num_slots, w, extra=[FakeStatePool(c4_state, ratio=4, online=False)])
         self.backend = fake_backend(self.pool, width=w, device=d)
@@ -559,6 +554,7 @@ class Simulation:
     def _close(self, got: torch.Tensor, want: torch.Tensor, what: str) -> None:
         got = got.double().cpu()
         assert torch.isfinite(got).all(), what
+        self.max_abs_err = max(self.max_abs_err, float((got - want).abs().max()))
         torch.testing.assert_close(got, want, atol=self.cfg.atol, rtol=self.cfg.rtol, msg=what)
 
     def _close_state(self, row: torch.Tensor, want, what: str) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")
 
 from series3_sim import (
     HEAD_DIM,
@@ -261,7 +262,7 @@ def test_compress_fn_routes_only_its_own_plans(mod, ops, monkeypatch) -> None:
     assert name == "verify"
     assert args["state"].shape == states[1].shape and args["state"].data_ptr() == states[1].data_ptr()
     assert args["kv_score_input"] is kv_score_input and args["ape"].shape == (128, HEAD_DIM)
-    assert args["plan"] is controller.owned_plan(newer) and args["plan"].plan is newer
+    assert args["plan"] is controller.owned_plan(newer) and args["plan"].prefill_plan is newer
 
 
 # -- after accept -------------------------------------------------------------------------

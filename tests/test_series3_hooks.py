@@ -5,13 +5,14 @@ to the controller."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, List, Tuple
 
-import functools
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")
 
 from series3_sim import STATE_DIM, FakeKVPool, ReferenceOps, fake_backend
 from series3_tree import ENV, RELEASES, build_tree, load_function, load_series, sglang_imports
@@ -142,7 +143,7 @@ def test_compressor_routes_dspark_verify_plans(trees, monkeypatch) -> None:
         # The fused verify compress ran instead of compress_forward ...
         assert [name for name, _ in calls] == ["compress_norm_rope_store"]
         name, args = ops.calls[-1]
-        assert name == "verify" and args["plan"].plan is plan
+        assert name == "verify" and args["plan"].prefill_plan is plan
         assert args["state"].data_ptr() == states[0].data_ptr()
         # ... and the store consumed its rows with the very same plan.
         store = calls[0][1]

@@ -207,3 +207,47 @@ def test_patches_only_add_to_upstream(release: str) -> None:
             "kv_compressed = compress_forward(",
         ]
     )
+
+
+KERNEL_OPS = REPO / "overlay/sglang/kernels/ops/attention/dsv4/online_c128_dspark.py"
+
+
+def test_controller_calls_match_the_kernel_api() -> None:
+    """Every `_ops().<fn>(...)` call of the controller fits the series II ops module's
+    signature, and the plan attribute it reads is a field of DsparkVerifyPlan."""
+    if not KERNEL_OPS.is_file():
+        pytest.skip(f"{KERNEL_OPS.relative_to(REPO)} not in this checkout (series II)")
+    api = {
+        n.name: n for n in ast.parse(KERNEL_OPS.read_text()).body if isinstance(n, ast.FunctionDef)
+    }
+    calls = [
+        n
+        for n in ast.walk(ast.parse(CONTROLLER.read_text()))
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and ast.unparse(n.func.value) == "_ops()"
+    ]
+    assert {c.func.attr for c in calls} == {
+        "dspark_verify_plan",
+        "dspark_verify_compress",
+        "dspark_commit",
+        "make_state_ptr_table",
+    }
+    for call in calls:
+        fn = api[call.func.attr]
+        positional = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+        keywords = set(positional[len(call.args) :]) | {a.arg for a in fn.args.kwonlyargs}
+        assert len(call.args) <= len(positional), ast.unparse(call)
+        for kw in call.keywords:
+            assert kw.arg in keywords, f"{fn.name} takes no {kw.arg!r}"
+        required_kwonly = {
+            a.arg for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults) if d is None
+        }
+        assert required_kwonly <= {kw.arg for kw in call.keywords}, ast.unparse(call)
+    plan_cls = next(
+        n for n in ast.parse(KERNEL_OPS.read_text()).body
+        if isinstance(n, ast.ClassDef) and n.name == "DsparkVerifyPlan"
+    )
+    fields = {n.target.id for n in plan_cls.body if isinstance(n, ast.AnnAssign)}
+    assert "prefill_plan" in fields
+    assert "verify_plan.prefill_plan" in CONTROLLER.read_text()

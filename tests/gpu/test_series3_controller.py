@@ -9,31 +9,25 @@ written bank, bank 0 after commit, and that no other state row changed (bit-exac
 state and the padding tokens poisoned with NaN). The CUDA-graph variant captures plan +
 compress once per bucket and replays it, the empty bucket included.
 
-Needs a CUDA GPU with nvcc (tests/gpu/harness.py) and $C128PATCH_TREE: a patched tree with
-series II (kernels) and III (this controller) installed.
+Needs a CUDA GPU with nvcc (tests/gpu/harness.py) and $C128PATCH_TREE: the tree subset
+(tests/gpu/tree_subset.py) of a tree patched with series II (kernels) and III (the env in
+srt/environ.py and this controller).
 """
 
 from __future__ import annotations
 
-import os
+import importlib
 import sys
-import types
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # harness
-sys.path.insert(0, str(HERE.parent))  # series3_sim
+torch = pytest.importorskip("torch")
 
-try:
-    import harness
-except ImportError:
-    pytest.skip("tests/gpu/harness.py (series I) is not in this checkout", allow_module_level=True)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # series3_sim
 
-import torch  # noqa: E402
-
-from series3_sim import SimConfig, Simulation, gpu_scale, run_decode, run_graph_decode  # noqa: E402
+import harness  # noqa: E402  (tests/gpu/conftest.py puts it on the path)
+from series3_sim import SimConfig, Simulation, run_decode, run_graph_decode  # noqa: E402
 
 ENVS = ("SGLANG_OPT_USE_ONLINE_COMPRESS", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK")
 CONTROLLER = "sglang.srt.layers.attention.dsv4.online_c128_dspark"
@@ -42,30 +36,9 @@ CONTROLLER = "sglang.srt.layers.attention.dsv4.online_c128_dspark"
 TOLERANCE = {torch.float32: 5e-4, torch.bfloat16: 3e-2}
 
 
-def _ensure_packages(tree: Path) -> None:
-    """The dsv4 layer package without running sglang's heavier package __init__s (the
-    harness registers the kernel-side ones)."""
-    parts = CONTROLLER.split(".")[:-1]
-    for i in range(1, len(parts) + 1):
-        name = ".".join(parts[:i])
-        if name not in sys.modules:
-            module = types.ModuleType(name)
-            module.__path__ = [str(tree / Path(*parts[:i]))]
-            sys.modules[name] = module
-
-
 @pytest.fixture(scope="module")
-def mod():
-    reason = harness.gpu_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    tree = os.environ.get(harness.TREE_ENV)
-    if not tree:
-        pytest.skip(f"${harness.TREE_ENV} is not set (a patched tree with series II + III)")
-    harness.install_sglang(Path(tree))
-    _ensure_packages(Path(tree))
-    import importlib
-
+def mod(patched_tree: Path):
+    """The controller module of the patched tree (its tree subset: tests/gpu/tree_subset.py)."""
     return importlib.import_module(CONTROLLER)
 
 
@@ -83,33 +56,50 @@ def _sim(mod, **kwargs) -> Simulation:
     return Simulation(cfg, mod.OnlineC128DsparkController, mod.commit_after_verify, mod._ops())
 
 
-def _steps(n: int) -> int:
-    return max(5, int(n * gpu_scale()))  # 5 steps cover every step kind
+def _record(name: str, sim: Simulation) -> None:
+    harness.write_result(
+        f"series3_controller_{name}",
+        {
+            "width": sim.cfg.width,
+            "layers": sim.cfg.num_layers,
+            "state_dtype": str(sim.cfg.state_dtype),
+            "steps": len(sim.reports),
+            "emitted_rows": sum(r.emitted for r in sim.reports),
+            "banks_checked": sum(r.banks_checked for r in sim.reports),
+            "commits_checked": sum(r.committed for r in sim.reports),
+            "graph_replays": sim.replays,
+            "max_abs_err": sim.max_abs_err,
+            "tolerance": sim.cfg.atol,
+        },
+    )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("width", [4, 8, 16])
 def test_decode_fp32(mod, width: int) -> None:
     sim = _sim(mod, width=width, num_slots=12, num_layers=3, seed=width)
-    reports = run_decode(sim, steps=_steps(30))
+    reports = run_decode(sim, steps=harness.scaled(30, minimum=5))
     assert any(r.real_rows == 0 for r in reports)
     assert sum(r.emitted for r in reports) > 0 and sum(r.committed for r in reports) > 0
     assert mod._ops().__name__.endswith("online_c128_dspark")  # the real kernels ran
+    _record(f"decode_fp32_w{width}", sim)
 
 
 @pytest.mark.gpu
 def test_decode_bf16_state(mod) -> None:
     sim = _sim(mod, width=8, num_slots=8, num_layers=2, seed=7, state_dtype=torch.bfloat16)
-    reports = run_decode(sim, steps=_steps(15))
+    reports = run_decode(sim, steps=harness.scaled(15, minimum=5))
     assert sum(r.banks_checked for r in reports) > 0
+    _record("decode_bf16", sim)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("width", [8, 16])
 def test_decode_cuda_graphs(mod, width: int) -> None:
     sim = _sim(mod, width=width, num_slots=8, num_layers=3, seed=100 + width, cuda_graphs=True)
-    reports = run_graph_decode(sim, steps=_steps(24))
+    reports = run_graph_decode(sim, steps=harness.scaled(24, minimum=3))
     assert len(sim.graphs) == 2  # one compact and one static bucket ...
     assert sim.replays == len(reports)  # ... replayed for every step, empty bucket included
     assert any(r.real_rows == 0 for r in reports)
     assert sum(r.emitted for r in reports) > 0
+    _record(f"cuda_graphs_w{width}", sim)

@@ -176,23 +176,25 @@ class OnlineC128DsparkController:
             num_q_tokens=int(num_q_tokens),
             num_banks=int(pool.get_online_c128_mtp_max_draft_tokens()),
             state_slot_offset=int(pool.get_online_c128_mtp_state_slot_offset()),
+            state_dtype=self._layer_states()[0].dtype,  # the JIT module the layers use
         )
-        key = id(verify_plan.plan)
+        key = id(verify_plan.prefill_plan)
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             self._captured_plans[key] = verify_plan
         else:
             self._eager_plan = verify_plan
-        return verify_plan.plan
+        return verify_plan.prefill_plan
 
     def owned_plan(self, plan: Any) -> Optional[Any]:
-        """The DSPARK verify plan whose upstream plan is `plan`, if this controller built it."""
+        """The DSPARK verify plan whose upstream plan (`prefill_plan`) is `plan`, if this
+        controller built it."""
         if not self._enabled:
             return None
         eager = self._eager_plan
-        if eager is not None and eager.plan is plan:
+        if eager is not None and eager.prefill_plan is plan:
             return eager
         captured = self._captured_plans.get(id(plan))
-        if captured is not None and captured.plan is plan:
+        if captured is not None and captured.prefill_plan is plan:
             return captured
         return None
 
@@ -326,7 +328,7 @@ def _verify_compress(
     is_online: bool = True,
 ) -> torch.Tensor:
     """`compress_forward`'s signature, running the fused DSPARK verify compress."""
-    assert plan is verify_plan.plan and is_online and compress_ratio == 128
+    assert plan is verify_plan.prefill_plan and is_online and compress_ratio == 128
     state = kv_score_buffer.view(-1, 3 * head_dim)
     return _ops().dspark_verify_compress(
         state, kv_score_input, ape.view(-1, head_dim), verify_plan, out=out
