@@ -32,8 +32,9 @@ from series3_sim import SimConfig, Simulation, run_decode, run_graph_decode  # n
 ENVS = ("SGLANG_OPT_USE_ONLINE_COMPRESS", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK")
 CONTROLLER = "sglang.srt.layers.attention.dsv4.online_c128_dspark"
 # fp32 state: fast-math folds vs float64 (upstream's MTP test uses 2e-4). bf16 state: each
-# committed step rounds (max, sum, kv) to 8 mantissa bits.
-TOLERANCE = {torch.float32: 5e-4, torch.bfloat16: 3e-2}
+# committed step rounds (max, sum, kv) to 8 mantissa bits, and a rounded max skews the next
+# fold's old/new weights by up to ~2%: a wiring check (a wrong bank or row is off by O(1)).
+TOLERANCE = {torch.float32: 5e-4, torch.bfloat16: 1e-1}
 
 
 @pytest.fixture(scope="module")
