@@ -42,12 +42,16 @@ class Entry:
     file: Optional[str] = None
     source: Optional[str] = None
     target: Optional[str] = None
+    base: str = ""
     variants: Dict[str, str] = field(default_factory=dict)  # base -> file
     applies: Dict[str, List[str]] = field(default_factory=dict)  # file -> releases
 
     def patch_for(self, release: str) -> Path:
-        """Exact-base variant, else the entry's own file."""
-        return PATCHES / self.variants.get(release, self.file)
+        """The file made on the nearest release at or before `release`, else the entry's own
+        (c128patch's select_variant on the linear release history)."""
+        files = {**self.variants, self.base: self.file}
+        older = [b for b in files if RELEASES.index(b) <= RELEASES.index(release)]
+        return PATCHES / (files[max(older, key=RELEASES.index)] if older else self.file)
 
     def patch_files(self) -> List[str]:
         return [self.file, *self.variants.values()]
@@ -67,6 +71,7 @@ def load_series() -> List[Entry]:
             file=raw.get("file"),
             source=raw.get("source"),
             target=raw.get("target"),
+            base=raw["base"],
             variants={v["base"]: v["file"] for v in raw.get("variants", [])},
         )
         if entry.kind == "patch":
