@@ -25,6 +25,7 @@ The kernel ops are imported lazily: this module imports with torch alone.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 from typing import Any, Callable, Dict, List, Optional
 
@@ -42,8 +43,6 @@ _KERNEL_OPS = "sglang.kernels.ops.attention.dsv4.online_c128_dspark"
 
 
 def _ops() -> Any:
-    import importlib
-
     return importlib.import_module(_KERNEL_OPS)
 
 
@@ -135,7 +134,7 @@ class OnlineC128DsparkController:
         if ragged_layout is None:
             real = min(max(int(verify_bs), 0), bs)
             lens[:real].fill_(self._verify_width())
-            self._uniform_start_loc_buffer()
+            self._uniform_start_loc_buffer()  # allocated here, outside any graph
         else:
             live = _live_ragged_layout(forward_batch)
             if live is None:
