@@ -42,6 +42,14 @@ PLAN_WRAPPERS = (
     ("plan_decode_legacy", "plan_compress_decode_legacy"),
 )
 
+_DSPARK = "DsparkC128Kernel<{args}>"
+DSPARK_WRAPPERS = (
+    ("plan", f"{_DSPARK}::run_plan"),
+    ("verify_compress", f"{_DSPARK}::run_verify"),
+    ("write_prefix", f"{_DSPARK}::run_write_prefix"),
+    ("commit", f"{_DSPARK}::run_commit"),
+)
+
 
 @dataclass(frozen=True)
 class Kernel:
@@ -61,6 +69,8 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("compress_128_online_v2_fp32", "deepseek_v4/c128_online_v2.cuh", ONLINE_WRAPPERS, ("512", "fp32_t", "true")),
     Kernel("compress_128_online_v2_bf16", "deepseek_v4/c128_online_v2.cuh", ONLINE_WRAPPERS, ("512", "bf16_t", "true")),
     Kernel("compress_plan", "deepseek_v4/c_plan.cuh", PLAN_WRAPPERS, (), ()),
+    Kernel("online_c128_dspark_fp32", "deepseek_v4/online_c128_dspark.cuh", DSPARK_WRAPPERS, ("512", "fp32_t", "true")),
+    Kernel("online_c128_dspark_bf16", "deepseek_v4/online_c128_dspark.cuh", DSPARK_WRAPPERS, ("512", "bf16_t", "true")),
 )
 
 _FFI_INCLUDES = (

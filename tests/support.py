@@ -16,7 +16,9 @@ RELEASES = ("v0.5.20", "v0.5.21", "v0.5.22", "v0.5.23")
 def unpack_release(repo: Path, tag: str, dest: Path, paths: list[str]) -> Path:
     """Extract ``paths`` of release ``tag`` as an unpacked wheel would hold them (``dest/sglang/...``)."""
     dest.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "--git-dir", str(repo), "archive", "--format=tar", tag, *paths],
+    present = subprocess.run(["git", "--git-dir", str(repo), "ls-tree", "--name-only", tag, "--", *paths],
+                             check=True, capture_output=True, text=True).stdout.split()
+    archive = subprocess.run(["git", "--git-dir", str(repo), "archive", "--format=tar", tag, *present],
                              check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "--strip-components=1", "-C", str(dest)], input=archive, check=True)
     return dest
@@ -71,4 +73,33 @@ def make_test_series(dest: Path, upstream: Path, edits: dict[str, tuple[str, str
     update_hashes(load_series(dest))
     shutil.rmtree(work)
     (dest / "index").unlink()
+    return dest
+
+
+# What the kernel tier needs of a tree (tests/gpu/tree_subset.py picks its files from these).
+KERNEL_TIER_PATHS = ["python/sglang/__init__.py", "python/sglang/kernels", "python/sglang/srt/__init__.py",
+                     "python/sglang/srt/environ.py"]
+
+
+def release_tree(repo: Path, tag: str, dest: Path) -> Path:
+    """The kernel-tier part of upstream release ``tag``; ``dest`` holds ``sglang/``."""
+    return unpack_release(repo, tag, dest, KERNEL_TIER_PATHS)
+
+
+def patched_tree(series_root: Path, repo: Path, tag: str, dest: Path) -> Path:
+    """The kernel-tier part of release ``tag`` with the series applied; ``dest`` holds ``sglang/``."""
+    from c128patch.check import index_git, replay_in_index
+
+    git = Git(git_dir=repo)
+    dest.mkdir(parents=True, exist_ok=True)
+    index_file = dest / ".index"
+    result, _ = replay_in_index(load_series(series_root), git, tag, git.rev_parse(tag), index_file)
+    assert result.ok, result.to_json()
+    idx = index_git(git, index_file)
+    files = idx.out("ls-files", "--", *KERNEL_TIER_PATHS)
+    out = dest / ".out"
+    idx.run("checkout-index", f"--prefix={out}/", "--stdin", input=files + "\n")
+    shutil.move(str(out / "python" / "sglang"), str(dest / "sglang"))
+    shutil.rmtree(out)
+    index_file.unlink()
     return dest

@@ -20,7 +20,6 @@ import compile_kernels as ck  # noqa: E402
 import harness  # noqa: E402
 import tree_subset  # noqa: E402
 
-RELEASE = Path("/tmp/sgl/v0.5.23")
 
 
 def test_every_series_header_has_a_row():
@@ -29,13 +28,11 @@ def test_every_series_header_has_a_row():
     assert headers <= {k.cuh for k in ck.KERNELS}
 
 
-def test_wrapper_matches_sglang_loader(tmp_path: Path):
+def test_wrapper_matches_sglang_loader(tmp_path: Path, patched_tree_023: Path):
     for mod in ("torch", "tvm_ffi", "msgspec"):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"{mod} not installed")
-    if not RELEASE.is_dir():
-        pytest.skip(f"{RELEASE} not present")
-    tree_subset.copy_subset(RELEASE, tmp_path)
+    tree_subset.copy_subset(patched_tree_023, tmp_path)
     rows = [
         (str((tmp_path / ck.CSRC_UNDER / k.cuh).resolve()),
          [(e, s.format(args=", ".join(k.args))) for e, s in k.wrappers],
@@ -52,12 +49,10 @@ def test_wrapper_matches_sglang_loader(tmp_path: Path):
     assert "SAME" in proc.stdout, proc.stdout + proc.stderr[-3000:]
 
 
-def test_compile_failure_names_the_kernel(tmp_path: Path):
+def test_compile_failure_names_the_kernel(tmp_path: Path, release_trees):
     if not shutil.which("nvcc") or importlib.util.find_spec("tvm_ffi") is None:
         pytest.skip("nvcc / tvm_ffi not available")
-    if not RELEASE.is_dir():
-        pytest.skip(f"{RELEASE} not present")
-    tree_subset.copy_subset(RELEASE, tmp_path)
+    tree_subset.copy_subset(release_trees["v0.5.23"], tmp_path)
     c_plan = tmp_path / ck.CSRC_UNDER / "deepseek_v4/c_plan.cuh"
     c_plan.write_text(c_plan.read_text().replace("RuntimeCheck(counter == num_q_tokens);", "RuntimeCheck(counter == num_q_tokens)", 1))
     proc = subprocess.run(
@@ -69,3 +64,15 @@ def test_compile_failure_names_the_kernel(tmp_path: Path):
     assert [k["name"] for k in report["kernels"] if not k["ok"]] == ["compress_plan"]
     assert "FAILED: compress_plan (deepseek_v4/c_plan.cuh)" in proc.stderr
     assert "c_plan.cuh" in report["kernels"][0]["log"]
+
+
+def test_patched_series_kernels_compile_for_sm90a(patched_tree_023: Path):
+    """CI has nvcc but no GPU: every patched and added kernel must build for sm_90a."""
+    if not shutil.which("nvcc") or importlib.util.find_spec("tvm_ffi") is None:
+        pytest.skip("nvcc / tvm_ffi not available")
+    proc = subprocess.run([sys.executable, str(REPO / "ci/compile_kernels.py"), str(patched_tree_023), "--json"],
+                          capture_output=True, text=True)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    built = {k["name"] for k in report["kernels"] if k["ok"]}
+    assert built == {k.name for k in ck.KERNELS}

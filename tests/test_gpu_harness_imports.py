@@ -21,11 +21,9 @@ import tree_subset  # noqa: E402
 RELEASES = ["v0.5.20", "v0.5.21", "v0.5.22", "v0.5.23"]
 
 
-def release_root(version: str) -> Path:
-    root = Path("/tmp/sgl") / version
-    if not (root / "sglang").is_dir():
-        pytest.skip(f"{root} not present (unpacked sglang wheel)")
-    return root
+@pytest.fixture
+def release_root(release_trees):
+    return release_trees.__getitem__
 
 
 def need_runtime_deps() -> None:
@@ -48,7 +46,7 @@ print("IMPORT-OK")
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_subset_small_and_complete(version: str, tmp_path: Path):
+def test_subset_small_and_complete(release_root, version: str, tmp_path: Path):
     files = tree_subset.copy_subset(release_root(version), tmp_path)
     names = {str(f) for f in files}
     for must in (
@@ -68,20 +66,20 @@ def test_subset_small_and_complete(version: str, tmp_path: Path):
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_standins_cover_release_imports(version: str):
+def test_standins_cover_release_imports(release_root, version: str):
     root = release_root(version)
     assert harness.missing_standin_names(root) == {}
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_install_sglang_imports_kernel_modules(version: str, tmp_path: Path):
+def test_install_sglang_imports_kernel_modules(release_root, version: str, tmp_path: Path):
     need_runtime_deps()
     tree_subset.copy_subset(release_root(version), tmp_path)
     proc = harness.run_with_tree(tmp_path, IMPORT_CHECK.format(tree=str(tmp_path.resolve())))
     assert "IMPORT-OK" in proc.stdout, proc.stderr[-3000:]
 
 
-def test_new_upstream_import_fails_loudly(tmp_path: Path):
+def test_new_upstream_import_fails_loudly(release_root, tmp_path: Path):
     need_runtime_deps()
     tree_subset.copy_subset(release_root("v0.5.23"), tmp_path)
     compress = tmp_path / "sglang/kernels/ops/attention/dsv4/compress.py"
@@ -94,7 +92,7 @@ def test_new_upstream_import_fails_loudly(tmp_path: Path):
     assert "brand_new_helper" in proc.stderr and "STANDINS" in proc.stderr, proc.stderr[-2000:]
 
 
-def test_install_twice_same_tree_ok_other_tree_raises(tmp_path: Path):
+def test_install_twice_same_tree_ok_other_tree_raises(release_root, tmp_path: Path):
     need_runtime_deps()
     a, b = tmp_path / "a", tmp_path / "b"
     tree_subset.copy_subset(release_root("v0.5.23"), a)
@@ -112,7 +110,7 @@ except RuntimeError as e:
     assert "RAISED" in proc.stdout, proc.stderr[-2000:]
 
 
-def test_tree_subset_cli(tmp_path: Path):
+def test_tree_subset_cli(release_root, tmp_path: Path):
     root = release_root("v0.5.23")
     proc = subprocess.run(
         [sys.executable, "-m", "tests.gpu.tree_subset", str(root), str(tmp_path / "out")],

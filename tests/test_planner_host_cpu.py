@@ -30,8 +30,6 @@ sys.path.insert(0, str(HERE / "gpu"))
 import harness  # noqa: E402
 import tree_subset  # noqa: E402
 
-RELEASE = Path("/tmp/sgl/v0.5.23")
-PATCH = HERE.parent / "patches" / "0001-c128-plans-accept-zero-length-rows.patch"
 INVALID = 0xFFFFFFFF
 UNWRITTEN = 0xABABABAB  # the probe fills the pinned buffers with 0xAB
 
@@ -55,8 +53,6 @@ def _need_toolchain() -> None:
             pytest.skip(f"{mod} not installed")
     if not shutil.which("nvcc") or not shutil.which("ninja"):
         pytest.skip("nvcc / ninja not on PATH")
-    if not RELEASE.is_dir():
-        pytest.skip(f"{RELEASE} not present (unpacked sglang 0.5.23 wheel)")
 
 
 def _probe(tree: Path, cases: dict) -> dict:
@@ -95,13 +91,12 @@ def _cases() -> dict:
 
 
 @pytest.fixture(scope="module")
-def probes(tmp_path_factory) -> dict[str, dict]:
+def probes(tmp_path_factory, release_trees, patched_tree_023) -> dict[str, dict]:
     _need_toolchain()
     root = tmp_path_factory.mktemp("planner_host")
     upstream, patched = root / "upstream", root / "patched"
-    tree_subset.copy_subset(RELEASE, upstream)
-    tree_subset.copy_subset(RELEASE, patched)
-    subprocess.run(["git", "apply", "-p2", str(PATCH)], cwd=patched, check=True)
+    tree_subset.copy_subset(release_trees["v0.5.23"], upstream)
+    tree_subset.copy_subset(patched_tree_023, patched)
     cases = _cases()
     return {"upstream": _probe(upstream, cases), "patched": _probe(patched, cases)}
 

@@ -129,6 +129,14 @@ class DsparkVerifyPlan(NamedTuple):
         self.row_len.copy_(other.row_len)
 
 
+def _one_empty_row(*rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """An empty batch as one zero-length row (no plans, no writes): tvm-ffi rejects the
+    zero-size tensors DLPack hands it as non-contiguous."""
+    if rows[0].shape[0]:
+        return rows
+    return tuple(torch.zeros((1,), dtype=r.dtype, device=r.device) for r in rows)
+
+
 def dspark_verify_plan(
     seq_lens: torch.Tensor,
     verify_lens: torch.Tensor,
@@ -147,6 +155,9 @@ def dspark_verify_plan(
     is each row's start in the packed input of `num_q_tokens` rows. `state_dtype` only
     picks which compiled module runs the plan (the plan itself is dtype-free).
     """
+    seq_lens, verify_lens, extend_start_loc, req_pool_indices = _one_empty_row(
+        seq_lens, verify_lens, extend_start_loc, req_pool_indices
+    )
     device = req_pool_indices.device
     batch_size = int(req_pool_indices.shape[0])
     plan_c = torch.empty((num_q_tokens, _PLAN_BYTES), dtype=torch.uint8, device=device)
@@ -226,6 +237,8 @@ def dspark_write_prefix(
     state_slot_stride: int,
 ) -> None:
     """Ragged write-prefix: banks 1..min(verify_len, num_banks) of each row, no emit."""
+    if not req_pool_indices.shape[0]:
+        return
     state = _state_2d(state)
     _module(state.dtype).write_prefix(
         state,
@@ -342,6 +355,8 @@ def dspark_commit(
         raise ValueError(
             "dspark_commit: pass num_state_rows for a table not built by make_state_ptr_table"
         )
+    if not req_pool_indices.shape[0]:
+        return
     _module(state_dtype).commit(
         state_ptrs,
         seq_lens,
