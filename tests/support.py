@@ -78,7 +78,8 @@ def make_test_series(dest: Path, upstream: Path, edits: dict[str, tuple[str, str
 
 # What the kernel tier needs of a tree (tests/gpu/tree_subset.py picks its files from these).
 KERNEL_TIER_PATHS = ["python/sglang/__init__.py", "python/sglang/kernels", "python/sglang/srt/__init__.py",
-                     "python/sglang/srt/environ.py"]
+                     "python/sglang/srt/environ.py",
+                     "python/sglang/srt/layers/attention/dsv4"]  # the series III controller's folder
 
 
 def release_tree(repo: Path, tag: str, dest: Path) -> Path:

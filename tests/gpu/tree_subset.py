@@ -28,6 +28,7 @@ SUBSET: tuple[tuple[str, tuple[str, ...], bool], ...] = (
         False,
     ),
     ("srt", ("environ.py",), False),
+    ("srt/layers/attention/dsv4", ("online_c128_dspark.py",), False),  # series III controller
 )
 
 

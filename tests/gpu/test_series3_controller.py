@@ -1,0 +1,106 @@
+"""GPU: OnlineC128DsparkController driving the series II kernels through a simulated
+multi-step DSPARK decode, checked against float64.
+
+Each step: compact ragged verify padded to a token bucket (padding rows with zero
+length, or the last real row inflated), static uniform verify padded to a batch bucket, or
+an empty bucket (verify_bs == 0); then accept and the one-launch commit over all c128
+layers. Checked every step: the plan's closing chunks, the emitted pooled rows, every
+written bank, bank 0 after commit, and that no other state row changed (bit-exact, with the
+state and the padding tokens poisoned with NaN). The CUDA-graph variant captures plan +
+compress once per bucket and replays it, the empty bucket included.
+
+Needs a CUDA GPU with nvcc (tests/gpu/harness.py) and $C128PATCH_TREE: the tree subset
+(tests/gpu/tree_subset.py) of a tree patched with series II (kernels) and III (the env in
+srt/environ.py and this controller).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # series3_sim
+
+import harness  # noqa: E402  (tests/gpu/conftest.py puts it on the path)
+from series3_sim import SimConfig, Simulation, run_decode, run_graph_decode  # noqa: E402
+
+ENVS = ("SGLANG_OPT_USE_ONLINE_COMPRESS", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK")
+CONTROLLER = "sglang.srt.layers.attention.dsv4.online_c128_dspark"
+# fp32 state: fast-math folds vs float64 (upstream's MTP test uses 2e-4). bf16 state: each
+# committed step rounds (max, sum, kv) to 8 mantissa bits, and a rounded max skews the next
+# fold's old/new weights by up to ~2%: a wiring check (a wrong bank or row is off by O(1)).
+TOLERANCE = {torch.float32: 5e-4, torch.bfloat16: 1e-1}
+
+
+@pytest.fixture(scope="module")
+def mod(patched_tree: Path):
+    """The controller module of the patched tree (its tree subset: tests/gpu/tree_subset.py)."""
+    return importlib.import_module(CONTROLLER)
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ENVS:
+        monkeypatch.setenv(name, "1")
+    monkeypatch.delenv("SGLANG_EXPERIMENTAL_ONLINE_C128_MTP", raising=False)
+
+
+def _sim(mod, **kwargs) -> Simulation:
+    dtype = kwargs.pop("state_dtype", torch.float32)
+    tol = TOLERANCE[dtype]
+    cfg = SimConfig(device="cuda", state_dtype=dtype, atol=tol, rtol=tol, **kwargs)
+    return Simulation(cfg, mod.OnlineC128DsparkController, mod.commit_after_verify, mod._ops())
+
+
+def _record(name: str, sim: Simulation) -> None:
+    harness.write_result(
+        f"series3_controller_{name}",
+        {
+            "width": sim.cfg.width,
+            "layers": sim.cfg.num_layers,
+            "state_dtype": str(sim.cfg.state_dtype),
+            "steps": len(sim.reports),
+            "emitted_rows": sum(r.emitted for r in sim.reports),
+            "banks_checked": sum(r.banks_checked for r in sim.reports),
+            "commits_checked": sum(r.committed for r in sim.reports),
+            "graph_replays": sim.replays,
+            "max_abs_err": sim.max_abs_err,
+            "tolerance": sim.cfg.atol,
+        },
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("width", [4, 8, 16])
+def test_decode_fp32(mod, width: int) -> None:
+    sim = _sim(mod, width=width, num_slots=12, num_layers=3, seed=width)
+    reports = run_decode(sim, steps=harness.scaled(30, minimum=5))
+    assert any(r.real_rows == 0 for r in reports)
+    assert sum(r.emitted for r in reports) > 0 and sum(r.committed for r in reports) > 0
+    assert mod._ops().__name__.endswith("online_c128_dspark")  # the real kernels ran
+    _record(f"decode_fp32_w{width}", sim)
+
+
+@pytest.mark.gpu
+def test_decode_bf16_state(mod) -> None:
+    sim = _sim(mod, width=8, num_slots=8, num_layers=2, seed=7, state_dtype=torch.bfloat16)
+    reports = run_decode(sim, steps=harness.scaled(15, minimum=5))
+    assert sum(r.banks_checked for r in reports) > 0
+    _record("decode_bf16", sim)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("width", [8, 16])
+def test_decode_cuda_graphs(mod, width: int) -> None:
+    sim = _sim(mod, width=width, num_slots=8, num_layers=3, seed=100 + width, cuda_graphs=True)
+    reports = run_graph_decode(sim, steps=harness.scaled(24, minimum=3))
+    assert len(sim.graphs) == 2  # one compact and one static bucket ...
+    assert sim.replays == len(reports)  # ... replayed for every step, empty bucket included
+    assert any(r.real_rows == 0 for r in reports)
+    assert sum(r.emitted for r in reports) > 0
+    _record(f"cuda_graphs_w{width}", sim)

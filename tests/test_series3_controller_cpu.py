@@ -1,0 +1,305 @@
+"""OnlineC128DsparkController on the CPU: gating, the arguments it hands the series II
+kernel API (recorded by a torch model of that API), and a simulated multi-step DSPARK
+decode checked against a float64 reference."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from series3_sim import (
+    HEAD_DIM,
+    STATE_DIM,
+    FakeKVPool,
+    ReferenceOps,
+    SimConfig,
+    Simulation,
+    fake_backend,
+    run_decode,
+)
+from series3_tree import ENV, build_tree, sglang_imports
+
+ONLINE_ENV = "SGLANG_OPT_USE_ONLINE_COMPRESS"
+MTP_ENV = "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP"
+KERNEL_OPS = "sglang.kernels.ops.attention.dsv4.online_c128_dspark"
+W, SLOTS = 8, 6
+
+
+@pytest.fixture(params=["v0.5.22", "v0.5.23"])
+def mod(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sglang_release_repo: Path):
+    """The controller module, imported from a patched tree of the release."""
+    for name in (ENV, ONLINE_ENV, MTP_ENV):
+        monkeypatch.delenv(name, raising=False)
+    tree = build_tree(sglang_release_repo, request.param, tmp_path)
+    with sglang_imports(tree):
+        from sglang.srt.layers.attention.dsv4 import online_c128_dspark
+
+        assert KERNEL_OPS not in sys.modules  # the kernel ops load lazily
+        yield online_c128_dspark
+
+
+@pytest.fixture
+def ops(mod, monkeypatch: pytest.MonkeyPatch) -> ReferenceOps:
+    ops = ReferenceOps()
+    monkeypatch.setattr(mod, "_ops", lambda: ops)
+    return ops
+
+
+def _enable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ONLINE_ENV, "1")
+    monkeypatch.setenv(ENV, "1")
+
+
+def _backend(layers: int = 2, **kwargs):
+    states = [torch.zeros(((1 + W) * (SLOTS + 2), STATE_DIM)) for _ in range(layers)]
+    return fake_backend(FakeKVPool(states, SLOTS, W), width=W, device="cpu", **kwargs), states
+
+
+def _raw(seq, rids, verify_lens=None, extend_start_loc=None):
+    return SimpleNamespace(
+        seq_lens=torch.tensor(seq, dtype=torch.int32),
+        req_pool_indices=torch.tensor(rids, dtype=torch.int64),
+        verify_lens=verify_lens,
+        extend_start_loc=extend_start_loc,
+    )
+
+
+def _fb(live=None):
+    return SimpleNamespace(spec_info=SimpleNamespace(ragged_verify_layout=live))
+
+
+def _i32(*values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+# -- gating ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("envs_set", [(), (ONLINE_ENV,), (ENV,)])
+def test_disabled_does_nothing(mod, monkeypatch, envs_set) -> None:
+    for name in envs_set:
+        monkeypatch.setenv(name, "1")
+    monkeypatch.setattr(mod, "_ops", lambda: pytest.fail("kernel ops touched while disabled"))
+    backend, _ = _backend()
+    controller = mod.OnlineC128DsparkController(backend)
+    assert controller.enabled() is False
+    controller.prepare_verify(_fb(), bs=4, verify_bs=4, ragged_layout=None)
+    assert controller._verify_lens is None and controller._uniform_start_loc is None
+    assert controller.build_verify_plan(_raw([5] * 4, [1, 2, 3, 4]), num_q_tokens=4 * W) is None
+    sentinel = object()
+    assert controller.compress_fn(object(), sentinel) is sentinel
+    assert controller.owned_plan(object()) is None
+    controller.commit(
+        seq_lens=torch.ones(2, dtype=torch.int64),
+        new_seq_lens=torch.full((2,), 3, dtype=torch.int64),
+        req_pool_indices=torch.tensor([1, 2]),
+    )
+    assert controller._states is None  # not even the pool was read
+    backend.online_c128_dspark = controller
+    mod.commit_after_verify(
+        backend.model_runner,
+        seq_lens=torch.ones(1, dtype=torch.int64),
+        new_seq_lens=torch.ones(1, dtype=torch.int64),
+        req_pool_indices=torch.ones(1, dtype=torch.int64),
+        layout=None,
+    )
+
+
+@pytest.mark.parametrize("kwargs", [{"draft": True}, {"dspark": False}])
+def test_disabled_off_the_dspark_target(mod, monkeypatch, kwargs) -> None:
+    _enable(monkeypatch)
+    backend, _ = _backend(**kwargs)
+    assert mod.OnlineC128DsparkController(backend).enabled() is False
+    backend, _ = _backend()
+    assert mod.OnlineC128DsparkController(backend).enabled() is True
+
+
+def test_refuses_upstream_mtp_controller_alongside(mod, monkeypatch) -> None:
+    _enable(monkeypatch)
+    backend, _ = _backend(mtp_enabled=True)
+    with pytest.raises(RuntimeError, match="only the DSPARK one"):
+        mod.OnlineC128DsparkController(backend)
+
+
+def test_commit_after_verify_without_controller(mod) -> None:
+    runner = SimpleNamespace(attn_backend=SimpleNamespace())
+    mod.commit_after_verify(
+        runner,
+        seq_lens=torch.ones(1, dtype=torch.int64),
+        new_seq_lens=torch.ones(1, dtype=torch.int64),
+        req_pool_indices=torch.ones(1, dtype=torch.int64),
+        layout=None,
+    )
+
+
+# -- the plan's arguments --------------------------------------------------------------
+
+
+def _plan_call(ops: ReferenceOps) -> dict:
+    name, args = ops.calls[-1]
+    assert name == "plan"
+    return args
+
+
+def test_static_plan_from_device_lens(mod, ops, monkeypatch) -> None:
+    _enable(monkeypatch)
+    backend, _ = _backend()
+    controller = mod.OnlineC128DsparkController(backend)
+    controller.prepare_verify(_fb(), bs=4, verify_bs=3, ragged_layout=None)
+    raw = _raw([5, 127, 300, 1], [3, 1, 2, 0])
+    plan = controller.build_verify_plan(raw, num_q_tokens=4 * W)
+    args = _plan_call(ops)
+    assert args["seq_lens"].dtype == torch.int64
+    assert args["seq_lens"].tolist() == [5, 127, 300, 1]
+    assert args["req_pool_indices"].tolist() == [3, 1, 2, 0]
+    assert args["verify_lens"].tolist() == [W, W, W, 0]  # the padding row is empty
+    assert args["extend_start_loc"].tolist() == [0, W, 2 * W, 3 * W]
+    assert (args["num_q_tokens"], args["num_banks"], args["state_slot_offset"]) == (4 * W, W, SLOTS + 2)
+    assert plan.compress_ratio == 128
+    assert controller.owned_plan(plan) is not None
+
+
+def test_compact_plan_real_rows_and_zero_rows(mod, ops, monkeypatch) -> None:
+    _enable(monkeypatch)
+    backend, _ = _backend()
+    controller = mod.OnlineC128DsparkController(backend)
+    # 3 real rows [2, 5, 1] padded to 5 slots and 12 tokens: padding rows share 4 tokens.
+    live = SimpleNamespace(bs=3, verify_lens=_i32(2, 5, 1))
+    padded = SimpleNamespace(verify_lens=_i32(2, 5, 1, 2, 2), extend_start_loc=_i32(0, 2, 7, 8, 10))
+    controller.prepare_verify(_fb(live), bs=5, verify_bs=0, ragged_layout=padded)
+    raw = _raw([10, 20, 30, 1, 1], [1, 2, 3, 0, 0], padded.verify_lens, padded.extend_start_loc)
+    controller.build_verify_plan(raw, num_q_tokens=12)
+    args = _plan_call(ops)
+    assert args["verify_lens"].tolist() == [2, 5, 1, 0, 0]
+    assert args["extend_start_loc"].tolist() == [0, 2, 7, 8, 10]
+    assert args["num_q_tokens"] == 12
+    # No padding rows: the last real row carries the bucket's leftover; the plan does not.
+    live = SimpleNamespace(bs=2, verify_lens=_i32(3, 1))
+    padded = SimpleNamespace(verify_lens=_i32(3, 6), extend_start_loc=_i32(0, 3))
+    controller.prepare_verify(_fb(live), bs=2, verify_bs=1, ragged_layout=padded)
+    controller.build_verify_plan(_raw([4, 4], [4, 5], padded.verify_lens, padded.extend_start_loc), num_q_tokens=9)
+    assert _plan_call(ops)["verify_lens"].tolist() == [3, 1]
+
+
+def test_empty_bucket_builds_a_fresh_empty_plan(mod, ops, monkeypatch) -> None:
+    _enable(monkeypatch)
+    backend, _ = _backend()
+    controller = mod.OnlineC128DsparkController(backend)
+    controller.prepare_verify(_fb(), bs=4, verify_bs=4, ragged_layout=None)
+    controller.build_verify_plan(_raw([9] * 4, [1, 2, 3, 4]), num_q_tokens=4 * W)
+    assert _plan_call(ops)["verify_lens"].tolist() == [W] * 4
+    # The same bucket with no real row (DP idle / verify_bs == 0): nothing of the last
+    # step survives.
+    controller.prepare_verify(_fb(), bs=4, verify_bs=0, ragged_layout=None)
+    controller.build_verify_plan(_raw([1] * 4, [0] * 4), num_q_tokens=4 * W)
+    args = _plan_call(ops)
+    assert args["verify_lens"].tolist() == [0] * 4
+    assert args["req_pool_indices"].tolist() == [0] * 4
+
+
+def test_plan_needs_its_prepare(mod, ops, monkeypatch) -> None:
+    _enable(monkeypatch)
+    controller = mod.OnlineC128DsparkController(_backend()[0])
+    with pytest.raises(RuntimeError, match="skipped prepare_verify"):
+        controller.build_verify_plan(_raw([9] * 2, [1, 2]), num_q_tokens=2 * W)
+    controller.prepare_verify(_fb(), bs=3, verify_bs=3, ragged_layout=None)
+    with pytest.raises(RuntimeError, match="skipped prepare_verify"):
+        controller.build_verify_plan(_raw([9] * 2, [1, 2]), num_q_tokens=2 * W)
+    with pytest.raises(RuntimeError, match="exceed the request rows"):
+        controller.prepare_verify(_fb(), bs=SLOTS + 9, verify_bs=1, ragged_layout=None)
+
+
+def test_no_plan_without_c128_layers(mod, ops, monkeypatch) -> None:
+    _enable(monkeypatch)
+    controller = mod.OnlineC128DsparkController(_backend(layers=0)[0])
+    controller.prepare_verify(_fb(), bs=2, verify_bs=2, ragged_layout=None)
+    assert controller.build_verify_plan(_raw([9] * 2, [1, 2]), num_q_tokens=2 * W) is None
+    assert ops.calls == []
+
+
+# -- per layer ----------------------------------------------------------------------------
+
+
+def test_compress_fn_routes_only_its_own_plans(mod, ops, monkeypatch) -> None:
+    _enable(monkeypatch)
+    backend, states = _backend()
+    controller = mod.OnlineC128DsparkController(backend)
+
+    def build(capturing: bool):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: capturing)
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
+        controller.prepare_verify(_fb(), bs=2, verify_bs=2, ragged_layout=None)
+        return controller.build_verify_plan(_raw([9, 9], [1, 2]), num_q_tokens=2 * W)
+
+    captured, eager = build(True), build(False)
+    newer = build(False)
+    assert controller.owned_plan(captured) is not None  # a graph's plan stays owned
+    assert controller.owned_plan(eager) is None  # only the latest eager one
+    sentinel = object()
+    assert controller.compress_fn(eager, sentinel) is sentinel
+    assert controller.compress_fn(object(), sentinel) is sentinel
+
+    fn = controller.compress_fn(newer, sentinel)
+    assert fn is not sentinel
+    kv_score_input = torch.randn(2 * W, 2 * HEAD_DIM)
+    ape = torch.randn(128, HEAD_DIM)
+    fn(
+        kv_score_buffer=states[1].view(-1, 1, STATE_DIM),
+        kv_score_input=kv_score_input,
+        ape=ape,
+        plan=newer,
+        compress_ratio=128,
+        head_dim=HEAD_DIM,
+        out=None,
+        is_online=True,
+    )
+    name, args = ops.calls[-1]
+    assert name == "verify"
+    assert args["state"].shape == states[1].shape and args["state"].data_ptr() == states[1].data_ptr()
+    assert args["kv_score_input"] is kv_score_input and args["ape"].shape == (128, HEAD_DIM)
+    assert args["plan"] is controller.owned_plan(newer) and args["plan"].prefill_plan is newer
+
+
+# -- after accept -------------------------------------------------------------------------
+
+
+def test_commit_once_per_step_all_layers(mod, ops, monkeypatch) -> None:
+    _enable(monkeypatch)
+    sim = Simulation(SimConfig(num_slots=SLOTS, width=W, num_layers=3), mod.OnlineC128DsparkController, mod.commit_after_verify, ops)
+    for slot in range(1, SLOTS):
+        sim.admit(slot, 100 + slot)
+    sim.step_compact([2, 4, 1], padded_bs=5, extra_tokens=3)
+    sim.step_static([3, 5], padded_bs=3)
+    commits = [args for name, args in ops.calls if name == "commit"]
+    ptrs = [args for name, args in ops.calls if name == "ptrs"]
+    assert len(commits) == 2 and len(ptrs) == 1  # one launch per step, table built once
+    assert len(ptrs[0]["states"]) == 3
+    assert all(a is b for a, b in zip(ptrs[0]["states"], sim.states))
+    compact, static = commits
+    assert compact["req_pool_indices"].tolist() == [2, 4, 1]
+    assert static["verify_lens"].tolist() == [W, W]
+    assert (compact["num_banks"], compact["state_slot_stride"], compact["max_num_reqs"]) == (W, SLOTS + 2, SLOTS)
+    assert compact["state_dtype"] == torch.float32
+    assert all(1 <= n <= W for n in compact["verify_lens"].tolist())
+    delta = (compact["new_seq_lens"] - compact["seq_lens"]).tolist()
+    assert all(1 <= d <= n for d, n in zip(delta, compact["verify_lens"].tolist()))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_simulated_decode(mod, ops, monkeypatch, seed: int) -> None:
+    """Compact (zero rows, last-row inflation), static (padded), empty buckets and slot
+    reuse over many steps: emitted rows, banks and committed state match float64."""
+    _enable(monkeypatch)
+    sim = Simulation(SimConfig(seed=seed, num_slots=7), mod.OnlineC128DsparkController, mod.commit_after_verify, ops)
+    reports = run_decode(sim, steps=10)
+    kinds = {r.kind for r in reports}
+    assert kinds == {"compact", "static"}
+    assert any(r.real_rows == 0 for r in reports)
+    assert sum(r.emitted for r in reports) > 0
+    assert sum(r.banks_checked for r in reports) > 0
+    assert sum(r.committed for r in reports) > 0

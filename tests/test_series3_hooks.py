@@ -1,0 +1,245 @@
+"""The series III hooks, run out of the patched release files against stand-ins: the
+compressor's per-layer compress step and the backend's raw->full verify upgrade. With the
+env unset they must make exactly upstream's calls; with it set, a DSPARK verify plan goes
+to the controller."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, List, Tuple
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from series3_sim import STATE_DIM, FakeKVPool, ReferenceOps, fake_backend
+from series3_tree import ENV, RELEASES, build_tree, load_function, load_series, sglang_imports
+
+COMPRESSOR = "python/sglang/srt/layers/attention/dsv4/compressor_v2.py"
+BACKEND = "python/sglang/srt/layers/attention/deepseek_v4_backend.py"
+ONLINE_ENV = "SGLANG_OPT_USE_ONLINE_COMPRESS"
+W, SLOTS, HEAD_DIM = 4, 5, 512
+
+
+def _describe(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.data_ptr(), tuple(value.shape), value.dtype)
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return value
+    return ("object", id(value))
+
+
+class Recorder:
+    def __init__(self, result=None):
+        self.calls: List[Tuple[str, dict]] = []
+        self.result = result
+
+    def named(self, name: str):
+        def call(*args, **kwargs):
+            record = {f"arg{i}": _describe(a) for i, a in enumerate(args)}
+            record.update({k: _describe(v) for k, v in kwargs.items()})
+            self.calls.append((name, record))
+            return self.result(name, *args, **kwargs) if callable(self.result) else self.result
+
+        return call
+
+
+@pytest.fixture(params=RELEASES)
+def trees(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sglang_release_repo: Path):
+    for name in (ENV, ONLINE_ENV, "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP"):
+        monkeypatch.delenv(name, raising=False)
+    release = request.param
+    repo = sglang_release_repo
+    patched = build_tree(repo, release, tmp_path / "patched")
+    upstream = build_tree(repo, release, tmp_path / "upstream", upto=load_series()[0].name, overlays=False)
+    return patched, upstream
+
+
+def _controller(tree: Path, ops: ReferenceOps, monkeypatch, *, enabled: bool):
+    if enabled:
+        monkeypatch.setenv(ONLINE_ENV, "1")
+        monkeypatch.setenv(ENV, "1")
+    from sglang.srt.layers.attention.dsv4 import online_c128_dspark as mod
+
+    monkeypatch.setattr(mod, "_ops", lambda: ops)
+    states = [torch.zeros(((1 + W) * (SLOTS + 2), STATE_DIM)) for _ in range(2)]
+    backend = fake_backend(FakeKVPool(states, SLOTS, W), width=W, device="cpu")
+    controller = mod.OnlineC128DsparkController(backend)
+    assert controller.enabled() is enabled
+    return controller, states
+
+
+# -- the compressor ------------------------------------------------------------------------
+
+
+def _compress_inputs(ratio: int, state: torch.Tensor) -> dict:
+    head_dim = 512 if ratio == 128 else 128
+    return dict(
+        kv_score_buffer=state if ratio == 128 else torch.zeros(16, 2 * 2 * head_dim),
+        kv_score_input=torch.zeros(4, 2 * head_dim),
+        ape=torch.zeros(ratio * head_dim * (2 if ratio == 4 else 1)),
+        head_dim=head_dim,
+        norm=SimpleNamespace(weight=torch.ones(head_dim), variance_epsilon=1e-6),
+        freqs_cis_cache=torch.zeros(8),
+        kv_cache=torch.zeros(8, dtype=torch.uint8),
+        is_indexer=ratio == 4,
+        rotate=ratio == 4,
+        compress_ratio=ratio,
+        page_size=64,
+        out_loc=torch.zeros(4, dtype=torch.int32),
+    )
+
+
+_COMPRESSED = torch.zeros(4, HEAD_DIM)  # what the compress_forward stand-in returns
+
+
+def _run_compress(tree: Path, self_obj, plan, inputs: dict):
+    rec = Recorder(result=lambda name, *a, **k: _COMPRESSED if name == "compress_forward" else None)
+    namespace = {
+        "compress_forward": rec.named("compress_forward"),
+        "compress_norm_rope_store": rec.named("compress_norm_rope_store"),
+        "_use_online_compress": lambda r: r == 128,
+        "is_overlap_compress": lambda r: r == 4,
+        "_is_hip": False,
+        "torch": torch,
+        "KVLayout": SimpleNamespace(V4="V4"),
+    }
+    fn = load_function(tree.parent / COMPRESSOR, "CompressorBackendMixin._forward_compress_all_in_one", namespace)
+    self_obj._get_paged_compress_metadata = lambda r: plan
+    fn(self_obj, **inputs)
+    return rec.calls
+
+
+def test_compressor_env_unset_is_upstream(trees, monkeypatch) -> None:
+    patched, upstream = trees
+    plan = SimpleNamespace(compress_ratio=128)
+    inputs = _compress_inputs(128, torch.zeros(40, STATE_DIM))
+    with sglang_imports(upstream):
+        want = _run_compress(upstream, SimpleNamespace(), plan, inputs)
+    with sglang_imports(patched):
+        ops = ReferenceOps()
+        controller, _ = _controller(patched, ops, monkeypatch, enabled=False)
+        assert _run_compress(patched, SimpleNamespace(), plan, inputs) == want
+        got = _run_compress(patched, SimpleNamespace(online_c128_dspark=controller), plan, inputs)
+        assert got == want and ops.calls == []
+    assert [name for name, _ in want] == ["compress_forward", "compress_norm_rope_store"]
+
+
+def test_compressor_routes_dspark_verify_plans(trees, monkeypatch) -> None:
+    patched, _ = trees
+    with sglang_imports(patched):
+        ops = ReferenceOps()
+        controller, states = _controller(patched, ops, monkeypatch, enabled=True)
+        controller.prepare_verify(SimpleNamespace(spec_info=None), bs=1, verify_bs=1, ragged_layout=None)
+        raw = SimpleNamespace(
+            seq_lens=torch.tensor([3]), req_pool_indices=torch.tensor([1]),
+            verify_lens=None, extend_start_loc=None,
+        )
+        plan = controller.build_verify_plan(raw, num_q_tokens=W)
+        self_obj = SimpleNamespace(online_c128_dspark=controller)
+        calls = _run_compress(patched, self_obj, plan, _compress_inputs(128, states[0]))
+        # The fused verify compress ran instead of compress_forward ...
+        assert [name for name, _ in calls] == ["compress_norm_rope_store"]
+        name, args = ops.calls[-1]
+        assert name == "verify" and args["plan"].prefill_plan is plan
+        assert args["state"].data_ptr() == states[0].data_ptr()
+        # ... and the store consumed its rows with the very same plan.
+        store = calls[0][1]
+        assert store["arg1"] == ("object", id(plan))
+        assert store["arg0"][0] == "tensor" and store["arg0"][2] == (W, HEAD_DIM)
+
+        # Any other c128 plan (prefill, decode) and the c4 layers stay upstream's.
+        other = SimpleNamespace(compress_ratio=128)
+        assert [n for n, _ in _run_compress(patched, self_obj, other, _compress_inputs(128, states[0]))] == [
+            "compress_forward", "compress_norm_rope_store",
+        ]
+        spy = SimpleNamespace(compress_fn=lambda *a: pytest.fail("consulted for c4"))
+        c4 = _run_compress(patched, SimpleNamespace(online_c128_dspark=spy), other, _compress_inputs(4, states[0]))
+        assert [n for n, _ in c4] == ["compress_forward", "compress_norm_rope_store"]
+
+
+# -- the backend's raw -> full verify upgrade ---------------------------------------------
+
+
+class Metadata:
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+
+
+def _run_upgrade(tree: Path, controller, raw):
+    rec = Recorder(result=lambda name, *a, **k: ("plan", k.get("compress_ratio")))
+    namespace = {
+        "functools": functools,
+        "torch": torch,
+        "create_paged_compressor_data": rec.named("create"),
+        "DSV4Metadata": Metadata,
+    }
+    fn = load_function(tree.parent / BACKEND, "DeepseekV4AttnBackend.make_forward_metadata_from_raw_verify", namespace)
+    pair = lambda **kw: (torch.zeros(4), torch.zeros(4))  # noqa: E731
+    self_obj = SimpleNamespace(
+        speculative_num_draft_tokens=W,
+        _expand_prefill_casually_vectorized=pair,
+        expand_extend_with_same_length=pair,
+        make_core_attn_metadata=lambda **kw: SimpleNamespace(low_ratios=()),
+        init_forward_metadata_indexer=lambda *a, **k: "indexer",
+        has_c4=False,
+        has_c128=True,
+        MAX_SEQ_LEN_FOR_CAPTURE=1024,
+        req_to_token=torch.zeros(8, 4, dtype=torch.int32),
+        token_to_kv_pool=SimpleNamespace(),
+    )
+    if controller is not None:
+        self_obj.online_c128_dspark = controller
+    result = fn(self_obj, raw, 0)
+    return result.kwargs["c128_compress_metadata"], [k["compress_ratio"] for _, k in rec.calls]
+
+
+def _raw(ragged: bool, c128=None):
+    seq = torch.tensor([130, 7], dtype=torch.int64)
+    return SimpleNamespace(
+        req_pool_indices=torch.tensor([1, 2]),
+        seq_lens=seq,
+        out_cache_loc=torch.zeros(2 * W, dtype=torch.int64),
+        extend_seq_lens=torch.tensor([3, 2] if ragged else [W, W], dtype=torch.int32),
+        c128_compress_metadata=c128,
+        extend_start_loc=torch.tensor([0, 3], dtype=torch.int32) if ragged else None,
+        verify_lens=torch.tensor([3, 2], dtype=torch.int32) if ragged else None,
+        total_verify_tokens=2 * W if ragged else 0,
+    )
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_verify_upgrade_env_unset_is_upstream(trees, monkeypatch, ragged: bool) -> None:
+    patched, upstream = trees
+    with sglang_imports(upstream):
+        want = _run_upgrade(upstream, None, _raw(ragged))
+    assert want[0] == ("plan", 128) and 128 in want[1]  # upstream's online planner
+    with sglang_imports(patched):
+        controller, _ = _controller(patched, ReferenceOps(), monkeypatch, enabled=False)
+        assert _run_upgrade(patched, controller, _raw(ragged)) == want
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_verify_upgrade_takes_the_device_plan(trees, monkeypatch, ragged: bool) -> None:
+    patched, _ = trees
+    with sglang_imports(patched):
+        ops = ReferenceOps()
+        controller, _ = _controller(patched, ops, monkeypatch, enabled=True)
+        raw = _raw(ragged)
+        live = SimpleNamespace(bs=2, verify_lens=raw.verify_lens) if ragged else None
+        controller.prepare_verify(
+            SimpleNamespace(spec_info=SimpleNamespace(ragged_verify_layout=live)),
+            bs=2, verify_bs=2, ragged_layout=raw if ragged else None,
+        )
+        c128, created = _run_upgrade(patched, controller, raw)
+        assert 128 not in created  # no host-lens online planner
+        assert controller.owned_plan(c128) is not None
+        name, args = ops.calls[-1]
+        assert name == "plan" and args["num_q_tokens"] == 2 * W
+        assert args["seq_lens"].tolist() == [130, 7]  # lengths before verify
+        assert args["verify_lens"].tolist() == ([3, 2] if ragged else [W, W])
+        # A prebuilt c128 plan on the raw metadata is left alone.
+        prebuilt = object()
+        assert _run_upgrade(patched, controller, _raw(ragged, c128=prebuilt))[0] is prebuilt
