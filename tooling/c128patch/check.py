@@ -45,9 +45,8 @@ def _first_error(text: str) -> str:
 def _replay_patch(idx: Git, item: Planned, index_file: Path) -> EntryCheck:
     row = EntryCheck(item.entry.name, item.entry.kind, item.label, "clean")
     path = str(item.path)
-    strict = idx.run("apply", "--cached", "--check", path, check=False)
+    strict = idx.run("apply", "--cached", path, check=False)  # all or nothing: a failure changes no entry
     if strict.returncode == 0:
-        idx.run("apply", "--cached", path)
         return row
     saved = index_file.read_bytes()
     three = idx.run("apply", "--cached", "--3way", path, check=False)

@@ -14,18 +14,22 @@ ENTRY_TRAILER = "C128patch-Entry"
 SERIES_TRAILER = "C128patch-Series"
 
 
-def select_variant(git: Git, entry: Entry, target: str) -> Variant:
-    """The patch file made against the nearest ancestor of ``target`` (else the primary one)."""
+def select_variant(git: Git, entry: Entry, target: str, distances: dict[str, int | None] | None = None) -> Variant:
+    """The patch file made against the nearest ancestor of ``target`` (else the primary one).
+    ``distances`` caches base -> commits from it to ``target`` (None: not an ancestor)."""
     files = entry.patch_files()
     if len(files) == 1:
         return files[0]
+    cache = {} if distances is None else distances
     best: tuple[int, Variant] | None = None
     for variant in files:
-        base = git.rev_parse(variant.base)
-        if base and git.is_ancestor(base, target):
-            distance = git.count(f"{base}..{target}")
-            if best is None or distance < best[0]:
-                best = (distance, variant)
+        if variant.base not in cache:
+            base = git.rev_parse(variant.base)
+            ok = base is not None and git.is_ancestor(base, target)
+            cache[variant.base] = git.count(f"{base}..{target}") if ok else None
+        distance = cache[variant.base]
+        if distance is not None and (best is None or distance < best[0]):
+            best = (distance, variant)
     return best[1] if best else files[0]
 
 
@@ -75,9 +79,10 @@ def validate_files(series: Series) -> None:
 def plan(series: Series, git: Git, target: str) -> list[Planned]:
     """Choose each entry's file for ``target`` and validate it; touches nothing."""
     out = []
+    distances: dict[str, int | None] = {}
     for entry in series.entries:
         if entry.is_patch:
-            variant = select_variant(git, entry, target)
+            variant = select_variant(git, entry, target, distances)
             path = verify_file(series, entry, variant)
             out.append(Planned(entry, variant, path, read_patch(path)))
         else:
