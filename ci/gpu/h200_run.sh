@@ -26,11 +26,11 @@ run() {  # name timeout cmd...
 }
 for phase in $phases; do
   case $phase in
-    tests) run tests 300 "${PYTEST[@]}" --junitxml="$RES/junit.xml" ;;
-    bench) run bench 170 python3 ci/bench/bench_online_c128_dspark.py --out "$RES/bench_dspark.json" ;;
+    tests) run tests ${TESTS_LIMIT:-300} "${PYTEST[@]}" --junitxml="$RES/junit.xml" ;;
+    bench) run bench ${BENCH_LIMIT:-170} python3 ci/bench/bench_online_c128_dspark.py --out "$RES/bench_dspark.json" ;;
     memcheck|racecheck)
       PYTORCH_NO_CUDA_MEMORY_CACHING=1 C128PATCH_GPU_SCALE=${SANITIZER_SCALE:-0.02} \
-        run "$phase" 240 compute-sanitizer --tool "$phase" --error-exitcode 99 "${PYTEST[@]}" \
+        run "$phase" "${SANITIZER_LIMIT:-240}" compute-sanitizer --tool "$phase" --error-exitcode 99 "${PYTEST[@]}" \
         --junitxml="$RES/junit_$phase.xml"
       grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$RES/$phase.log" | tail -3 ;;
   esac
