@@ -438,6 +438,7 @@ def test_edge_layouts(patched_tree):
     assert stats["layouts"] == 16
 
 
+@pytest.mark.cuda_graph
 def test_plan_and_kernels_capture_in_cuda_graph(patched_tree):
     """plan -> fused verify -> write prefix -> commit captured once, replayed with new
     device inputs: same results as eager calls."""

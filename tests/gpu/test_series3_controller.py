@@ -95,6 +95,7 @@ def test_decode_bf16_state(mod) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.cuda_graph
 @pytest.mark.parametrize("width", [8, 16])
 def test_decode_cuda_graphs(mod, width: int) -> None:
     sim = _sim(mod, width=width, num_slots=8, num_layers=3, seed=100 + width, cuda_graphs=True)
