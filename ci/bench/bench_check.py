@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""`check` speed without checkouts: the 4 supported releases, and N upstream commits (target <= 5 s).
+
+The N commits are real upstream: the latest N sglang releases, one commit each, in a release
+history built like the default one (separate cache, built once). Older releases predate DSV4, so
+the series does not apply there; the timing is what matters here: each rev is replayed in a
+temporary index, entry by entry.
+  python ci/bench/bench_check.py [--commits 50] [--out ci/bench/results/check.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from packaging.version import Version
+
+from c128patch.cache import cache_dir
+from c128patch.check import check_rev
+from c128patch.git import Git
+from c128patch.manifest import default_series_root, load_series
+from c128patch.release_source import ReleaseHistory
+
+
+def latest_releases(n: int) -> list[str]:
+    out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "sglang"], capture_output=True, text=True).stdout
+    line = next(l for l in out.splitlines() if l.startswith("Available versions:"))
+    versions = [v.strip() for v in line.split(":", 1)[1].split(",")]
+    final = [v for v in versions if not Version(v).is_prerelease]
+    return sorted(final, key=Version)[-n:]
+
+
+def timed_checks(series, git: Git, revs: list[str]) -> tuple[float, int]:
+    commits = [(r, git.rev_parse(r)) for r in revs]
+    start = time.perf_counter()
+    results = [check_rev(series, git, r, c) for r, c in commits]
+    return time.perf_counter() - start, sum(r.ok for r in results)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commits", type=int, default=50)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    series = load_series(default_series_root())
+    four = ["v0.5.20", "v0.5.21", "v0.5.22", "v0.5.23"]
+    t4, ok4 = timed_checks(series, Git(git_dir=ReleaseHistory().ensure()), four)
+    versions = latest_releases(args.commits)
+    big = ReleaseHistory(cache_dir() / f"sglang-releases-{args.commits}.git")
+    build_start = time.perf_counter()
+    big.ensure(versions)
+    build_s = time.perf_counter() - build_start
+    revs = [f"v{v}" for v in versions]
+    tn, okn = timed_checks(series, Git(git_dir=big.root), revs)
+    row = {"series_entries": len(series.entries), "four_releases_s": t4, "four_releases_ok": ok4,
+           "commits": len(revs), "commits_s": tn, "commits_ok": okn, "range": f"{revs[0]}..{revs[-1]}",
+           "history_build_s_once": build_s,
+           "machine": f"{platform.machine()} {platform.python_version()}, {subprocess.getoutput('nproc')} cores"}
+    print(f"{'what':40} {'seconds':>8}  ok")
+    print(f"{'check, 4 releases 0.5.20-0.5.23':40} {t4:8.3f}  {ok4}/4")
+    print(f"{'check, ' + str(len(revs)) + ' commits ' + row['range']:40} {tn:8.3f}  {okn}/{len(revs)}  (target <= 5 s)")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(row, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
