@@ -21,7 +21,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from c128patch.cache import cache_dir
-from c128patch.check import check_rev
+from c128patch.check import check_revs
 from c128patch.git import Git
 from c128patch.manifest import default_series_root, load_series
 from c128patch.release_source import ReleaseHistory
@@ -38,7 +38,7 @@ def latest_releases(n: int) -> list[str]:
 def timed_checks(series, git: Git, revs: list[str]) -> tuple[float, int]:
     commits = [(r, git.rev_parse(r)) for r in revs]
     start = time.perf_counter()
-    results = [check_rev(series, git, r, c) for r, c in commits]
+    results = check_revs(series, git, commits)
     return time.perf_counter() - start, sum(r.ok for r in results)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -74,14 +75,21 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
     result = RevCheck(rev, commit)
     try:
         planned = plan(series, git, commit)
-        check_paths_at(git, commit, [p for p in planned if p.patch is not None])
+        present = check_paths_at(git, commit, [p for p in planned if p.patch is not None])
     except C128Error as exc:
         result.ok, result.error = False, exc.message
         return result, []
     idx = index_git(git, index_file)
     idx.run("read-tree", commit)
     for item in planned:
-        row = _replay_patch(idx, item, index_file) if item.patch is not None else _replay_overlay(idx, item)
+        missing = [f for f in item.patch.needs if f not in present] if item.patch is not None else []
+        if missing:  # not even a 3-way merge can patch a file that is not there
+            row = EntryCheck(item.entry.name, item.entry.kind, item.label, "conflict", f"{missing[0]}: does not exist")
+        elif item.patch is not None:
+            row = _replay_patch(idx, item, index_file)
+        else:
+            row = _replay_overlay(idx, item)
+        present.update(item.touched)
         result.entries.append(row)
         if row.status in ("conflict", "collision"):
             result.ok = False
@@ -96,3 +104,10 @@ def index_git(git: Git, index_file: Path) -> Git:
 def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
     with tempfile.TemporaryDirectory(prefix="c128check-") as tmp:
         return replay_in_index(series, git, rev, commit, Path(tmp) / "index")[0]
+
+
+def check_revs(series: Series, git: Git, revs: list[tuple[str, str]], jobs: int | None = None) -> list[RevCheck]:
+    """``check_rev`` for many (rev, commit) pairs, in parallel (git does the work; each has its own index)."""
+    jobs = jobs or min(8, os.cpu_count() or 1)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(lambda rc: check_rev(series, git, *rc), revs))

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .check import check_rev
+from .check import check_revs
 from .cli_common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
 from .progress import console, reporter
 from .replay import validate_files
@@ -29,11 +29,9 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, as
     with reporter(not as_json, total=len(revs), title="check") as rep:
         upstream = open_upstream(repo, list(revs), rep)
         commits = [(rev, upstream.resolve(rev)) for rev in revs]
+        rep.step(f"checking {len(commits)} rev(s)")
         start = time.perf_counter()
-        results = []
-        for rev, commit in commits:
-            rep.step(f"checking {rev}")
-            results.append(check_rev(series, upstream.git, rev, commit))
+        results = check_revs(series, upstream.git, commits)
         elapsed = time.perf_counter() - start
     ok = all(r.ok for r in results)
     if as_json:

@@ -27,6 +27,11 @@ class PatchInfo:
     files: list[str]  # post-image paths (pre-image for deletions)
     patchset: PatchSet = field(repr=False)
 
+    @property
+    def needs(self) -> list[str]:
+        """Paths that must exist before the patch (it does not create them)."""
+        return [_strip(pf.path) for pf in self.patchset if not pf.is_added_file]
+
     def hunk_at(self, path: str, line: int) -> tuple[int, str] | None:
         """(1-based hunk number, header) of the hunk of ``path`` whose pre-image starts at ``line``."""
         for pf in self.patchset:

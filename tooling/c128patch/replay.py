@@ -99,8 +99,9 @@ def prefixes(paths: list[str]) -> list[str]:
     return list(seen)
 
 
-def check_paths_at(git: Git, treeish: str, planned: list[Planned]) -> None:
-    """Refuse paths that go through a symlink in the upstream tree, and overlays that hit upstream files."""
+def check_paths_at(git: Git, treeish: str, planned: list[Planned]) -> set[str]:
+    """Refuse paths that go through a symlink in the upstream tree, and overlays that hit upstream
+    files. Returns which of the touched paths (and their folders) exist at ``treeish``."""
     paths = [p for item in planned for p in item.touched]
     listing = git.out("ls-tree", treeish, "--", *prefixes(paths)) if paths else ""
     kinds = {}
@@ -118,6 +119,7 @@ def check_paths_at(git: Git, treeish: str, planned: list[Planned]) -> None:
             raise C128Error(
                 f"overlay '{item.entry.name}' collides with upstream: {item.entry.target} already exists at {treeish[:12]}"
             )
+    return set(kinds)
 
 
 def overlay_message(entry: Entry, series: Series) -> str:
