@@ -20,7 +20,9 @@ from c128patch.manifest import load_series
 from support import REPO_ROOT, snapshot
 
 RS = "c128-dspark-record-streams"
+BACKEND = "c128-dspark-online-backend"
 CONFLICTED = ["python/sglang/srt/environ.py", "python/sglang/srt/speculative/dspark_components/dspark_verify.py"]
+LEDGERED = {RS, BACKEND}  # entries whose 0.5.22 -> 0.5.23 conflicts the product ledger resolves
 
 
 def cli(*args: str) -> tuple[int, dict, str]:
@@ -41,6 +43,14 @@ def series(tmp_path: Path) -> Path:
     return dest
 
 
+def forget_resolutions(series: Path, entry: str) -> None:
+    """Drop the ledger's resolutions of one entry: its conflict then needs a human again."""
+    ledger = series / "patches/resolutions/ledger.toml"
+    rows = ledger.read_text().split("[[resolutions]]")
+    ledger.write_text("[[resolutions]]".join(r for r in rows if f'entry = "{entry}"' not in r))
+    shutil.rmtree(series / "patches/resolutions" / entry)
+
+
 def clone_applied(repo: Path, dest: Path, series: Path, rev: str) -> Git:
     code, out, err = cli("apply", "--sglang-rev", rev, "--repo", str(repo), "--tree", str(dest), "--series", str(series))
     assert code == 0, err
@@ -51,9 +61,10 @@ def test_rebase_022_to_023_yields_the_023_series(sglang_release_repo: Path, tmp_
     git = clone_applied(sglang_release_repo, tmp_path / "t", series, "v0.5.22")
     code, report, err = cli("rebase", "--onto", "v0.5.23", "--tree", str(git.worktree), "--series", str(series))
     assert code == 0, err
-    status = {e["name"]: e["status"] for e in report["entries"]}
-    assert status[RS] == "resolved" and report["entries"][2]["detail"] == "resolved from the ledger"
-    assert all(s == "unchanged" for n, s in status.items() if n != RS)
+    status = {e["name"]: (e["status"], e["detail"]) for e in report["entries"]}
+    assert all(status[n] == ("resolved", "resolved from the ledger") for n in LEDGERED)
+    assert all(st in ("unchanged", "context-only") for n, (st, _) in status.items() if n not in LEDGERED)
+    assert status["c128-plan-zero-rows"][0] == "unchanged"  # the kernel files did not move
     assert report["new_base"]["rev"] == "v0.5.23" and report["upstream_commits_between"] == 1
     assert any("!" in line for line in report["range_diff"])  # the record_stream entry changed
     assert git.current_branch() == "c128/v0.5.22" and git.status_porcelain() == []
@@ -70,14 +81,21 @@ def test_rebase_022_to_023_yields_the_023_series(sglang_release_repo: Path, tmp_
 
 
 def _resolve_like_023(sglang_release_repo: Path, tmp_path: Path, series: Path, tree: Path) -> None:
-    ref = clone_applied(sglang_release_repo, tmp_path / "ref023", series, "v0.5.23")
-    for f in CONFLICTED:
-        shutil.copyfile(ref.worktree / f, tree / f)
-        Git(worktree=tree).run("add", "--", f)
+    """Resolve the stopped entry's conflicts as the 0.5.23 series has them (that entry's commit)."""
+    ref = tmp_path / "ref023"
+    if not ref.exists():
+        clone_applied(sglang_release_repo, ref, series, "v0.5.23")
+    git, refgit = Git(worktree=tree), Git(worktree=ref)
+    entry = json.loads((tree / ".git/c128patch/rebase.json").read_text())
+    name = entry["steps"][entry["pos"]]["name"]
+    commit = refgit.out("log", "-1", "--format=%H", f"--grep=^C128patch-Entry: {name}$")
+    for f in git.out("diff", "--name-only", "--diff-filter=U").split():
+        (tree / f).write_text(refgit.out("show", f"{commit}:{f}") + "\n")
+        git.run("add", "--", f)
 
 
 def test_conflict_is_resolved_once_then_replayed_from_the_ledger(sglang_release_repo, tmp_path, series):
-    shutil.rmtree(series / "patches" / "resolutions")
+    forget_resolutions(series, RS)
     git = clone_applied(sglang_release_repo, tmp_path / "a", series, "v0.5.22")
     code, out, err = cli("rebase", "--onto", "v0.5.23", "--tree", str(git.worktree), "--series", str(series))
     assert code == 1 and f"entry '{RS}' conflicts on v0.5.23" in err and "rebase --continue" in err
@@ -91,7 +109,7 @@ def test_conflict_is_resolved_once_then_replayed_from_the_ledger(sglang_release_
     assert code == 0, err
     assert report["entries"][2]["status"] == "resolved" and len(report["entries"][2]["ledger"]) == 2
     ledger = (series / "patches/resolutions/ledger.toml").read_text()
-    assert ledger.count("[[resolutions]]") == 2 and 'from = "v0.5.22"' in ledger
+    assert ledger.count(f'entry = "{RS}"') == 2 and 'from = "v0.5.22"' in ledger
     for diff in (series / "patches/resolutions" / RS).glob("*.diff"):
         assert len(diff.read_text().splitlines()) < 60  # a resolution, not a copy of an upstream file
     # another machine: a fresh clone replays the recorded resolution, and says so
@@ -109,7 +127,7 @@ def _file_of(diff: Path) -> str:
 
 
 def test_abort_restores_the_branch_exactly_and_keeps_uncommitted_work(sglang_release_repo, tmp_path, series):
-    shutil.rmtree(series / "patches" / "resolutions")
+    forget_resolutions(series, RS)
     git = clone_applied(sglang_release_repo, tmp_path / "t", series, "v0.5.22")
     before = snapshot(git.worktree)
     assert cli("rebase", "--onto", "v0.5.23", "--tree", str(git.worktree), "--series", str(series))[0] == 1
@@ -125,7 +143,7 @@ def test_abort_restores_the_branch_exactly_and_keeps_uncommitted_work(sglang_rel
 
 
 def test_skip_drops_the_entry_and_other_commands_wait(sglang_release_repo, tmp_path, series):
-    shutil.rmtree(series / "patches" / "resolutions")
+    forget_resolutions(series, RS)
     git = clone_applied(sglang_release_repo, tmp_path / "t", series, "v0.5.22")
     assert cli("rebase", "--onto", "v0.5.23", "--tree", str(git.worktree), "--series", str(series))[0] == 1
     for args in (["apply", "--sglang-rev", "v0.5.21", "--repo", str(git.worktree)],
@@ -157,11 +175,14 @@ def test_interrupted_rebase_resumes(sglang_release_repo, tmp_path, series, how):
         assert proc.returncode == 2 and "interrupted: the rebase journal is intact" in proc.stderr
     journal = json.loads((git.worktree / ".git/c128patch/rebase.json").read_text())
     assert journal["pos"] == 3 and [s["status"] for s in journal["steps"]][:3] == ["unchanged", "unchanged", "resolved"]
+    assert [s["status"] for s in journal["steps"]][3:] == ["pending"] * 7
     code, out, err = cli("status", "--tree", str(git.worktree), "--series", str(series))
     assert code == 0 and out["rebase_in_progress"]
     code, report, err = cli("rebase", "--continue", "--tree", str(git.worktree), "--series", str(series))
     assert code == 0, err
-    assert [e["status"] for e in report["entries"]] == ["unchanged", "unchanged", "resolved", "unchanged", "unchanged"]
+    statuses = {e["name"]: e["status"] for e in report["entries"]}
+    assert {n for n, st in statuses.items() if st == "resolved"} == LEDGERED
+    assert set(statuses.values()) <= {"unchanged", "context-only", "resolved"}
     assert cli("refresh", "--tree", str(git.worktree), "--series", str(series), "--check")[0] == 0
 
 
@@ -187,7 +208,7 @@ def test_merged_upstream_is_proposed_never_silent(sglang_release_repo, tmp_path,
     assert code == 0, err
     first = report["entries"][0]
     assert first["status"] == "dropped-as-merged" and reason in first["detail"]
-    assert [e["status"] for e in report["entries"][1:]] == ["unchanged"] * 4
+    assert [e["status"] for e in report["entries"][1:]] == ["unchanged"] * 9
 
 
 def test_drop_merged_flag_and_keep_via_continue(sglang_release_repo, tmp_path, series):

@@ -91,24 +91,47 @@ def test_check_detects_a_change_and_refresh_records_it(applied):
     assert amended
 
 
-def test_refresh_on_older_base_writes_a_variant(applied, tmp_path: Path):
+def test_refresh_on_older_base_drops_a_redundant_variant(applied):
+    """The test patch applies as is to 0.5.20: refreshing there writes no variant."""
     series, tree = applied
-    git = Git(worktree=tree)
-    git.run("checkout", "-q", "main")
+    Git(worktree=tree).run("checkout", "-q", "main")
     assert cli("apply", "--sglang-rev", "v0.5.20", "--repo", str(tree), "--series", str(series))[0] == 0
     code, out = cli("refresh", "--tree", str(tree), "--series", str(series))
     assert code == 0, out
+    entry = load_series(series).entries[0]
+    assert entry.base == "v0.5.23" and entry.variants == []
+
+
+VERIFY = "python/sglang/srt/speculative/dspark_components/dspark_verify.py"
+SIGNATURE = "\n    def run_idle_participation(\n"
+
+
+def test_rebase_then_refresh_writes_the_variant_an_older_base_needs(tmp_path: Path, sglang_release_repo: Path):
+    """Three lines above this edit differ in 0.5.20, so the 0.5.23 file cannot apply there strictly;
+    a rebase merges it cleanly and refresh keeps the result as the v0.5.20 variant."""
+    series = make_test_series(tmp_path / "series", sglang_release_repo,
+                              {VERIFY: (SIGNATURE, "\n    # c128patch test" + SIGNATURE)}, overlay=False)
+    tree = tmp_path / "t"
+    assert cli("apply", "--sglang-rev", "v0.5.23", "--repo", str(sglang_release_repo), "--tree", str(tree),
+               "--series", str(series))[0] == 0
+    assert cli("refresh", "--tree", str(tree), "--series", str(series))[0] == 0
+    code, out = cli("check", "--sglang-rev", "v0.5.20", "--series", str(series))
+    assert code == 0 and out["revs"][0]["entries"][0]["status"] == "3way"  # only with a 3-way merge: needs a variant
+    code, report = cli("rebase", "--onto", "v0.5.20", "--tree", str(tree), "--series", str(series))
+    assert code == 0 and report["entries"][0]["status"] == "context-only", report
+    code, out = cli("refresh", "--tree", str(tree), "--series", str(series), "--variant")
+    assert code == 0, out
     s = load_series(series)
     entry = s.entries[0]
-    assert entry.base == "v0.5.23" and [v.base for v in entry.variants] == ["v0.5.20"]
+    assert entry.base == "v0.5.23" and [v.base for v in entry.variants] == ["v0.5.20"] and s.base == "v0.5.23"
     assert entry.variants[0].file == "0001-test-patch.v0.5.20.patch"
-    assert s.base == "v0.5.23"
     assert cli("lint", "--series", str(series), "--offline")[0] == 0
-    # the variant is chosen for v0.5.20, the primary for v0.5.22 (nearest ancestor base)
-    code, out = cli("check", "--sglang-rev", "v0.5.20", "--sglang-rev", "v0.5.22", "--repo", str(tree), "--series", str(series))
-    assert code == 0
+    code, out = cli("check", *[a for r in ("v0.5.20", "v0.5.21", "v0.5.23") for a in ("--sglang-rev", r)],
+                    "--series", str(series))
+    assert code == 0, out
     assert [r["entries"][0]["file"] for r in out["revs"]] == ["patches/0001-test-patch.v0.5.20.patch",
-                                                               "patches/0001-test-patch.v0.5.20.patch"]
+                                                               "patches/0001-test-patch.v0.5.20.patch",
+                                                               "patches/0001-test-patch.patch"]
 
 
 def test_refresh_refuses_a_tree_without_provenance(upstream_clone: Path, tmp_path: Path, sglang_release_repo: Path):

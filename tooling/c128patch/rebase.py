@@ -273,18 +273,16 @@ class Rebase:
         return [Conflict(**c) for c in json.loads(path.read_text())] if path.is_file() else []
 
     def _classify(self, old_sha: str, new_sha: str) -> str:
-        old_id, new_id = self._patch_id(old_sha), self._patch_id(new_sha)
-        if old_id != new_id:
+        """unchanged (same diff), context-only (same added/removed lines), content-changed."""
+        if self._change_id(old_sha) != self._change_id(new_sha):
             return "content-changed"
-        strip = lambda d: re.sub(r"^(index .*|@@ .*)$", "", d, flags=re.M)  # noqa: E731
-        same = strip(self.git.run("show", "--format=", new_sha).stdout) == strip(self.git.run("show", "--format=", old_sha).stdout)
-        return "unchanged" if same and self._hunk_heads(old_sha) == self._hunk_heads(new_sha) else "context-only"
+        drop_index = lambda d: re.sub(r"^index .*$", "", d, flags=re.M)  # noqa: E731
+        old, new = (drop_index(self.git.run("show", "--format=", sha).stdout) for sha in (old_sha, new_sha))
+        return "unchanged" if old == new else "context-only"
 
-    def _hunk_heads(self, sha: str) -> list[str]:
-        return re.findall(r"^@@ .*$", self.git.run("show", "--format=", sha).stdout, re.M)
-
-    def _patch_id(self, sha: str) -> str:
-        diff = self.git.run("show", "--format=", sha).stdout
+    def _change_id(self, sha: str) -> str:
+        """git's patch-id of the diff without context lines: what the commit adds and removes."""
+        diff = self.git.run("show", "--format=", "--unified=0", sha).stdout
         out = self.git.run("patch-id", "--stable", input=diff).stdout.split()
         return out[0] if out else ""
 
@@ -306,10 +304,10 @@ class Rebase:
             (c128_state_dir(git) / "merged-check.index").unlink(missing_ok=True)
             if reverse.returncode == 0:
                 return "its diff reverse-applies on the new base"
-            pid = self._patch_id(step.sha)
+            pid = self._change_id(step.sha)
             files = [l for l in git.out("show", "--format=", "--name-only", step.sha).splitlines() if l]
             for sha in git.out("log", "--format=%H", rng, "--", *files).splitlines():
-                if self._patch_id(sha) == pid:
+                if self._change_id(sha) == pid:
                     return f"upstream commit {sha[:12]} has the same patch-id"
         return ""
 
