@@ -9,7 +9,7 @@ import click
 from . import __version__
 
 # One module per command (main_<verb>.py), each exposing `command`.
-COMMANDS = ("apply", "check", "status", "lint", "audit", "capacity", "refresh", "rebase")
+COMMANDS = ("apply", "check", "status", "lint", "audit", "capacity", "refresh", "rebase", "smoke")
 
 
 class LazyGroup(click.Group):

@@ -117,10 +117,13 @@ def series_info(record: dict | None) -> dict | None:
     }
 
 
-def _extract_archive(git_args: list[str], dest: Path) -> Path:
-    """``git archive`` of python/sglang into ``dest/sglang``."""
+ARCHIVE_PATHS = ("python/sglang",)
+
+
+def _extract_archive(git_args: list[str], dest: Path, paths: tuple[str, ...] = ARCHIVE_PATHS) -> Path:
+    """``git archive`` of ``paths`` (under python/) into ``dest`` (``dest/sglang/...``)."""
     dest.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(["git", *git_args, "python/sglang"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(["git", *git_args, *paths], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None
     try:
         with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
@@ -143,7 +146,8 @@ def _git_has(git_dir_args: list[str], commit: str) -> bool:
                           capture_output=True).returncode == 0
 
 
-def derive_upstream(patched_root: Path, record: dict | None, wheel: Path | None, workdir: Path) -> tuple[Path, str]:
+def derive_upstream(patched_root: Path, record: dict | None, wheel: Path | None, workdir: Path,
+                    paths: tuple[str, ...] = ARCHIVE_PATHS) -> tuple[Path, str]:
     """The unpatched sources matching a patched tree or wheel, extracted under ``workdir``:
     the recorded upstream commit from the tree's own repository or the release history, or
     for a wheel the release wheel of the same X.Y.Z."""
@@ -171,7 +175,7 @@ def derive_upstream(patched_root: Path, record: dict | None, wheel: Path | None,
     top = subprocess.run(["git", "-C", str(patched_root), "rev-parse", "--show-toplevel"],
                          capture_output=True, text=True)
     if top.returncode == 0 and _git_has(["-C", top.stdout.strip()], want):
-        dest = _extract_archive(["-C", top.stdout.strip(), "archive", "--format=tar", want], workdir / "upstream")
+        dest = _extract_archive(["-C", top.stdout.strip(), "archive", "--format=tar", want], workdir / "upstream", paths)
         return dest, f"git archive {want[:12]} of {top.stdout.strip()}"
     version = release_version(rev) if rev else None
     if version is None:
@@ -179,7 +183,7 @@ def derive_upstream(patched_root: Path, record: dict | None, wheel: Path | None,
                         "release; pass --upstream-tree")
     repo = ReleaseHistory().ensure([version])
     ref = commit if commit and _git_has(["--git-dir", str(repo)], commit) else f"v{version}"
-    dest = _extract_archive(["--git-dir", str(repo), "archive", "--format=tar", ref], workdir / "upstream")
+    dest = _extract_archive(["--git-dir", str(repo), "archive", "--format=tar", ref], workdir / "upstream", paths)
     return dest, f"release history {ref[:12]} (sglang {version})"
 
 
@@ -337,6 +341,7 @@ def _read_results(folder: Path) -> dict[str, Any]:
 
 def run_pass(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> dict[str, Any]:
     """Run the suite once; the pass's rows, counts, exit and (under a sanitizer) its findings."""
+    out_dir = out_dir.resolve()  # the child runs in the suite's folder
     out_dir.mkdir(parents=True, exist_ok=True)
     rows_path = out_dir / f"rows-{spec.label}.jsonl"
     log = out_dir / f"pytest-{spec.label}.log"
@@ -473,6 +478,28 @@ class Prepared:
     def cleanup(self) -> None:
         for path in self.temp:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def validate(opts: KernelOptions) -> Path:
+    """Cheap checks of the inputs, before the machine is probed; returns the suite."""
+    if (opts.tree is None) == (opts.wheel is None):
+        raise C128Error("give the patched sources one way: --tree PATH or --wheel FILE")
+    suite = check_suite(opts.suite or default_suite_root())
+    if opts.tree is not None:
+        root = resolve_tree(opts.tree)
+        upstream = (read_provenance(root) or {}).get("upstream", {})
+        if opts.differential and opts.upstream_tree is None and not opts.collect_only and not (
+                upstream.get("commit") or upstream.get("rev")):
+            raise C128Error("--differential: the tree has no provenance record naming its upstream; "
+                            "pass --upstream-tree")
+    if opts.wheel is not None:
+        if not opts.wheel.is_file():
+            raise C128Error(f"--wheel: {opts.wheel} does not exist")
+        if not zipfile.is_zipfile(opts.wheel):
+            raise C128Error(f"--wheel: {opts.wheel} is not a wheel (not a zip file)")
+    if opts.upstream_tree is not None:
+        resolve_tree(opts.upstream_tree, "--upstream-tree")
+    return suite
 
 
 def prepare(opts: KernelOptions, progress: Progress = lambda _m: None) -> Prepared:
