@@ -4,6 +4,7 @@ suites (rows, skips, crashes, timeouts, differential, sanitizer plumbing), trees
 from __future__ import annotations
 
 import json
+import time
 import os
 import stat
 import subprocess
@@ -482,3 +483,41 @@ def test_smoke_imports_no_extra_wheels(tmp_path):
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["mode"] == "collect-only"
+
+
+@pytest.mark.parametrize("sig, code", [(2, 130), (15, 143)])
+def test_signal_stops_the_suite(tmp_path, sig, code):
+    """Ctrl-C or SIGTERM to `c128patch smoke`: the pytest child and what it started are gone."""
+    pidfile = tmp_path / "pids"
+    suite = make_suite(tmp_path / "suite", {"test_hang.py": f'''
+        import os, subprocess, time
+        def test_hangs(patched_tree):
+            child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+            open({str(pidfile)!r}, "w").write(f"{{os.getpid()}} {{child.pid}}")
+            time.sleep(300)
+    '''})
+    code_ = ("import json, sys\n"
+             "from c128patch import smoke_device\n"
+             f"smoke_device.probe_device = lambda python: {H200!r}\n"
+             "from c128patch.cli import main\n"
+             "main()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code_, "smoke", "--tier", "kernel", "--tree",
+                             str(make_tree(tmp_path / "t")), "--suite", str(suite), "--out", str(tmp_path / "out")],
+                            env={**os.environ, "PYTHONPATH": str(TOOLING)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not pidfile.exists() or len(pidfile.read_text().split()) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, err
+    pids = [int(p) for p in pidfile.read_text().split()]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(smoke_procs.alive(p) for p in pids):
+        time.sleep(0.05)
+    assert not any(smoke_procs.alive(p) for p in pids), pids

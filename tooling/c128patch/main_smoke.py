@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import click
 from rich.table import Table
@@ -195,9 +196,8 @@ def print_server(report: dict[str, Any], path: Path) -> None:
 def run_server(opts: smoke_server.ServerOptions, command: str, as_json: bool) -> None:
     err = console()
     say = (lambda m: None) if as_json else (lambda m: err.print(m, markup=False))
-    with signals_raise():
-        report = smoke_server.run_server_tier(opts, command, say)
-    path = smoke_server.write_report(report, opts.out)
+    report = smoke_server.run_server_tier(opts, command, say)
+    path = opts.out / "smoke-server.json"
     if as_json:
         emit_json(report)
     else:
@@ -207,6 +207,17 @@ def run_server(opts: smoke_server.ServerOptions, command: str, as_json: bool) ->
 
 
 # --------------------------------------------------------------------------- command
+
+
+@contextlib.contextmanager
+def _stops_on_signals() -> Iterator[None]:
+    """SIGTERM/SIGHUP unwind like Ctrl-C (children stopped on the way out), then exit 128+N."""
+    try:
+        with signals_raise():
+            yield
+    except Interrupted as exc:
+        console().print(f"c128patch: {exc}; stopped what smoke started", markup=False)
+        sys.exit(128 + exc.signum)
 
 
 def _kv(values: tuple[str, ...]) -> dict[str, str]:
@@ -297,7 +308,8 @@ def command(ctx: click.Context, tier: str, tree: Path | None, wheel: Path | None
             tree=tree, wheel=wheel, upstream_tree=upstream_tree, sanitizers=tuple(dict.fromkeys(sanitizers)),
             differential=differential, scale=scale, sanitizer_scale=sanitizer_scale, collect_only=collect_only,
             suite=suite, timeout=timeout, keyword=keyword, python=python, out=out)
-        run_kernel(opts, command_line, stage_dir, as_json)
+        with _stops_on_signals():
+            run_kernel(opts, command_line, stage_dir, as_json)
         return
     if tree or wheel or upstream_tree or sanitizers or differential or collect_only or stage_dir:
         raise C128Error("--tree/--wheel/--upstream-tree/--sanitizer/--differential/--list/--stage belong to --tier kernel")
@@ -310,8 +322,5 @@ def command(ctx: click.Context, tier: str, tree: Path | None, wheel: Path | None
         modes=tuple(m.strip() for m in modes.split(",") if m.strip()), health_timeout=health_timeout,
         launcher=shlex.split(launcher) if launcher else None, load_cmd=shlex.split(load_cmd) if load_cmd else None,
         python=python, out=_out_dir(out, "server"), allow_unpatched=allow_unpatched)
-    try:
+    with _stops_on_signals():
         run_server(sopts, command_line, as_json)
-    except Interrupted as exc:
-        console().print(f"c128patch: {exc}; stopped what smoke started", markup=False)
-        sys.exit(128 + exc.signum)

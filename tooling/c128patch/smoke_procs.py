@@ -48,6 +48,26 @@ def signals_raise() -> Iterator[None]:
             signal.signal(sig, old)  # type: ignore[arg-type]
 
 
+@contextlib.contextmanager
+def _shielded() -> Iterator[None]:
+    """SIGINT/SIGTERM/SIGHUP held off while we clean up (a second Ctrl-C must not leave
+    children behind); delivered as usual afterwards. Main thread only; elsewhere a no-op."""
+    got: list[int] = []
+    previous: dict[int, object] = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, lambda signum, _f: got.append(signum))
+    except ValueError:
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)  # type: ignore[arg-type]
+        for signum in got[:1]:
+            os.kill(os.getpid(), signum)
+
+
 def _stat(pid: int) -> tuple[int, int, str] | None:
     """(ppid, pgid, state) of ``pid`` from /proc, or None when it is gone."""
     try:
@@ -165,6 +185,11 @@ class Managed:
         seconds; reap. Returns the exit code (None if it never started). Idempotent."""
         if self.proc is None:
             return None
+        with _shielded():
+            return self._stop(grace)
+
+    def _stop(self, grace: float) -> int | None:
+        assert self.proc is not None
         pgid = self.proc.pid  # session leader: pgid == pid
         self.seen.update(descendants(self.proc.pid))
         if self.proc.poll() is None or group_members(pgid) or any(alive(p) for p in self.seen):

@@ -344,22 +344,30 @@ def compare_modes(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
     cap_on = on["log_summary"]["capacity"]["tokens"]
     cap_off = off["log_summary"]["capacity"]["tokens"]
 
-    def throughput(rec: dict[str, Any]) -> float | None:
-        load = (rec.get("load") or {}).get("summary") or {}
-        return load.get("output_throughput") or rec["log_summary"]["decode"]["gen_throughput_mean"]
+    def load_value(rec: dict[str, Any], key: str) -> float | None:
+        return ((rec.get("load") or {}).get("summary") or {}).get(key)
 
-    def accept(rec: dict[str, Any]) -> float | None:
-        load = (rec.get("load") or {}).get("summary") or {}
-        return rec["log_summary"]["decode"]["accept_len_mean"] or load.get("accept_length")
+    # One source for both columns: the load tool's numbers where both runs have them, else
+    # the server's own decode log (gen throughput, accept len).
+    if load_value(on, "output_throughput") is not None and load_value(off, "output_throughput") is not None:
+        tput = {"on": load_value(on, "output_throughput"), "off": load_value(off, "output_throughput"),
+                "source": "load tool"}
+    else:
+        tput = {"on": on["log_summary"]["decode"]["gen_throughput_mean"],
+                "off": off["log_summary"]["decode"]["gen_throughput_mean"], "source": "server decode log"}
+    acc_on, acc_off = on["log_summary"]["decode"]["accept_len_mean"], off["log_summary"]["decode"]["accept_len_mean"]
+    accept = {"on": acc_on, "off": acc_off, "source": "server decode log"}
+    if acc_on is None or acc_off is None:
+        accept = {"on": load_value(on, "accept_length"), "off": load_value(off, "accept_length"), "source": "load tool"}
 
     gain = cap_on - cap_off if cap_on is not None and cap_off is not None else None
     return {
         "capacity_tokens": {"on": cap_on, "off": cap_off},
         "capacity_gain_tokens": gain,
         "capacity_gain_pct": round(100.0 * gain / cap_off, 2) if gain is not None and cap_off else None,
-        "output_throughput": {"on": throughput(on), "off": throughput(off)},
-        "throughput_ratio": _ratio(throughput(on), throughput(off)),
-        "accept_len": {"on": accept(on), "off": accept(off)},
+        "output_throughput": tput,
+        "throughput_ratio": _ratio(tput["on"], tput["off"]),
+        "accept_len": accept,
         "token_usage_max": {"on": on["log_summary"]["decode"]["token_usage_max"],
                             "off": off["log_summary"]["decode"]["token_usage_max"]},
     }
@@ -400,13 +408,15 @@ def run_server_tier(opts: ServerOptions, command: str, progress: Progress = lamb
     try:
         for mode in opts.modes:
             report["modes"][mode] = run_mode(opts, mode, progress)
-            write_report(report, opts.out)
+            write_report(finish(report), opts.out)
     except BaseException as exc:
-        report["interrupted"] = f"{type(exc).__name__}: {exc}"
+        report["interrupted"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         finish(report)
         write_report(report, opts.out)
         raise
-    return finish(report)
+    finish(report)
+    write_report(report, opts.out)
+    return report
 
 
 def finish(report: dict[str, Any]) -> dict[str, Any]:
