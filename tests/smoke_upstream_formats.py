@@ -10,6 +10,7 @@ read back, and the test says so.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 from pathlib import Path
@@ -18,9 +19,15 @@ from typing import Any
 LOG_PREFIX = "[2026-11-29 10:00:00 TP0] "  # sglang's configure_logger: "[%(asctime)s{prefix}] %(message)s"
 
 
+@functools.lru_cache(maxsize=None)
 def source(repo: Path, tag: str, path: str) -> str:
     return subprocess.run(["git", "--git-dir", str(repo), "show", f"{tag}:python/sglang/{path}"],
                           check=True, capture_output=True, text=True).stdout
+
+
+@functools.lru_cache(maxsize=None)
+def parsed(repo: Path, tag: str, path: str) -> ast.Module:
+    return ast.parse(source(repo, tag, path))
 
 
 def _ordered(nodes: list[ast.AST]) -> list[ast.AST]:
@@ -65,7 +72,7 @@ def render(node: ast.JoinedStr, values: dict[str, Any], default: Any = 0) -> str
 
 def capacity_line(repo: Path, tag: str, max_total_num_tokens: int) -> str:
     """srt/managers/scheduler.py: the startup line with max_total_num_tokens=..."""
-    tree = ast.parse(source(repo, tag, "srt/managers/scheduler.py"))
+    tree = parsed(repo, tag, "srt/managers/scheduler.py")
     (node,) = [n for n in joinedstrs(tree, "max_total_num_tokens=") if "chunked_prefill_size=" in _text(n)]
     return LOG_PREFIX + render(node, {"self.max_total_num_tokens": max_total_num_tokens,
                                       "get_schedule().chunked_prefill_size": 8192,
@@ -74,7 +81,7 @@ def capacity_line(repo: Path, tag: str, max_total_num_tokens: int) -> str:
 
 def dsv4_line(repo: Path, tag: str, full_token: int, bytes_per_full_token: float = 1234.5) -> str:
     """srt/model_executor/pool_configurator.py: the DSV4 memory calculation line."""
-    tree = ast.parse(source(repo, tag, "srt/model_executor/pool_configurator.py"))
+    tree = parsed(repo, tag, "srt/model_executor/pool_configurator.py")
     (node,) = joinedstrs(tree, "DSV4 memory calculation: ")
     return LOG_PREFIX + render(node, {"sizes.full_max_total_num_tokens": full_token, "self._unified": False,
                                       "self._unified_fp8": False, "self._dspark_draft_on_bf16": True,
@@ -86,7 +93,7 @@ def decode_line(repo: Path, tag: str, *, running: int, accept_len: float, accept
                 full_usage: float, hybrid_swa: bool = True, queue: int = 0) -> str:
     """srt/managers/scheduler_components/metrics_reporter.py's decode log line, with the token usage
     parts of pool_stats_observer.get_decode_usage_msg_parts, assembled as upstream assembles it."""
-    pool = ast.parse(source(repo, tag, "srt/managers/scheduler_components/pool_stats_observer.py"))
+    pool = parsed(repo, tag, "srt/managers/scheduler_components/pool_stats_observer.py")
     parts_fn = function(pool, "get_decode_usage_msg_parts")
     usage_vals = {"self.full_num_used": 123456, "self.full_token_usage": full_usage, "self.swa_num_used": 4567,
                   "self.swa_token_usage": 0.05}
@@ -96,7 +103,7 @@ def decode_line(repo: Path, tag: str, *, running: int, accept_len: float, accept
     else:
         parts = [render(joinedstrs(parts_fn, "token usage: ")[-1], usage_vals)]
     token_usage_msg = ", ".join(parts) + ", "
-    reporter = ast.parse(source(repo, tag, "srt/managers/scheduler_components/metrics_reporter.py"))
+    reporter = parsed(repo, tag, "srt/managers/scheduler_components/metrics_reporter.py")
     head = joinedstrs(reporter, "Decode batch")[0]
     accept = [n for n in joinedstrs(reporter, "accept len: ") if _text(n).startswith("accept len: ")][0]
     tail = joinedstrs(reporter, "gen throughput (token/s): ")[-1]
@@ -115,7 +122,7 @@ def ready_line(repo: Path, tag: str) -> str:
 
 
 def scheduler_exception_line(repo: Path, tag: str, traceback: str) -> str:
-    tree = ast.parse(source(repo, tag, "srt/managers/scheduler.py"))
+    tree = parsed(repo, tag, "srt/managers/scheduler.py")
     (node,) = joinedstrs(tree, "Scheduler hit an exception: ")
     return LOG_PREFIX + render(node, {"traceback": traceback})
 
@@ -131,8 +138,9 @@ def runtime_check_message(repo: Path, tag: str, file: str, line: int, detail: st
 # --------------------------------------------------------------------------- bench_serving
 
 
+@functools.lru_cache(maxsize=None)
 def _serving_tree(repo: Path, tag: str) -> ast.Module:
-    return ast.parse(source(repo, tag, "benchmark/serving.py"))
+    return parsed(repo, tag, "benchmark/serving.py")
 
 
 def bench_serving_summary(repo: Path, tag: str, values: dict[str, Any]) -> str:
@@ -187,11 +195,11 @@ def server_flags(repo: Path, tag: str) -> set[str]:
     srt/arg_groups/fields/*.py, their aliases, and server_args.py's explicit add_argument calls."""
     listing = subprocess.run(["git", "--git-dir", str(repo), "ls-tree", "--name-only", tag,
                               "python/sglang/srt/arg_groups/fields/"], check=True, capture_output=True, text=True)
-    flags = _flags_in(ast.parse(source(repo, tag, "srt/server_args.py")))
+    flags = _flags_in(parsed(repo, tag, "srt/server_args.py"))
     for path in listing.stdout.split():
         if not path.endswith(".py"):
             continue
-        tree = ast.parse(source(repo, tag, path.removeprefix("python/sglang/")))
+        tree = parsed(repo, tag, path.removeprefix("python/sglang/"))
         for node in ast.walk(tree):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 flags.add("--" + node.target.id.replace("_", "-"))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from c128patch import smoke_device, smoke_kernel, smoke_procs, smoke_sanitizer
+from c128patch import smoke_device, smoke_pass, smoke_procs, smoke_sanitizer, smoke_trees
 from c128patch.cli import main
 
 from smoke_helpers import H200, make_suite, make_tree, provenance_record
@@ -210,11 +210,11 @@ def test_crash_names_the_test_that_took_the_process_down(tmp_path):
             pass
     '''})
     tree = make_tree(tmp_path / "tree") / "python"
-    res = smoke_kernel.run_pass(smoke_kernel.PassSpec("patched", tree), suite, sys.executable, tmp_path / "out")
+    res = smoke_pass.run_pass(smoke_pass.PassSpec("patched", tree), suite, sys.executable, tmp_path / "out")
     outcomes = {t["nodeid"].split("::")[1]: t["outcome"] for t in res["tests"]}
     assert outcomes == {"test_a_before": "passed", "test_b_illegal_access": "crashed", "test_c_after": "not run"}
     assert res["exit_code"] == -11 and res["exit"] == "killed by SIGSEGV" and not res["finished"]
-    problems = smoke_kernel.pass_problems(res)
+    problems = smoke_pass.pass_problems(res)
     assert "patched: 1 crashed" in problems and any("did not finish" in p for p in problems)
 
 
@@ -228,8 +228,8 @@ def test_timeout_kills_the_pass_and_leaves_nothing(tmp_path):
             time.sleep(300)
     '''})
     tree = make_tree(tmp_path / "tree") / "python"
-    spec = smoke_kernel.PassSpec("patched", tree, timeout=2)
-    res = smoke_kernel.run_pass(spec, suite, sys.executable, tmp_path / "out")
+    spec = smoke_pass.PassSpec("patched", tree, timeout=2)
+    res = smoke_pass.run_pass(spec, suite, sys.executable, tmp_path / "out")
     assert res["timed_out"] and res["exit"] == "timed out after 2s"
     assert res["tests"][0]["outcome"] == "crashed" and res["tests"][0]["message"] == "killed at the pass timeout"
     pids = [int(p) for p in pidfile.read_text().split()]
@@ -255,8 +255,8 @@ SUITE_DIFF = {
 
 
 def test_differential_columns_and_verdicts(tmp_path, monkeypatch):
-    suite = make_suite(tmp_path / "suite", SUITE_DIFF)
-    patched = make_tree(tmp_path / "patched", provenance_record(), marker="FIXED")
+    make_suite(tmp_path / "suite", SUITE_DIFF)
+    make_tree(tmp_path / "patched", provenance_record(), marker="FIXED")
     upstream = make_tree(tmp_path / "upstream")
     monkeypatch.chdir(tmp_path)  # relative paths: the suite runs in its own folder
     res = invoke(["--tree", "patched", "--upstream-tree", "upstream", "--differential", "--suite", "suite",
@@ -429,8 +429,8 @@ def test_upstream_derived_from_the_trees_own_history(tmp_path):
     base = _git(repo, "rev-parse", "HEAD")
     (repo / "python/sglang/kernels/jit/c128.cuh").write_text("patched\n")
     make_tree(repo, provenance_record(commit=base, rev="main"))
-    root = smoke_kernel.resolve_tree(repo)
-    up, how = smoke_kernel.derive_upstream(root, smoke_kernel.read_provenance(root), None, tmp_path / "work")
+    root = smoke_trees.resolve_tree(repo)
+    up, how = smoke_trees.derive_upstream(root, smoke_trees.read_provenance(root), None, tmp_path / "work")
     assert (up / "sglang/kernels/jit/c128.cuh").read_text() == "upstream\n"
     assert not (up / "sglang/c128patch_provenance.json").exists()
     assert how.startswith(f"git archive {base[:12]}")
@@ -440,13 +440,13 @@ def test_upstream_derived_from_the_release_history(tmp_path, sglang_release_repo
     """A python/ folder outside git, patched from release v0.5.23: the cached release history."""
     tree = make_tree(tmp_path / "tree", provenance_record(commit="f" * 40, rev="v0.5.23")) / "python"
     paths = ("python/sglang/srt/environ.py", "python/sglang/kernels/jit/utils")  # the product takes python/sglang
-    up, how = smoke_kernel.derive_upstream(tree, smoke_kernel.read_provenance(tree), None, tmp_path / "work", paths)
+    up, how = smoke_trees.derive_upstream(tree, smoke_trees.read_provenance(tree), None, tmp_path / "work", paths)
     assert how.startswith("release history v0.5.23")
     environ = subprocess.run(["git", "--git-dir", str(sglang_release_repo), "show", "v0.5.23:python/sglang/srt/environ.py"],
                              check=True, capture_output=True).stdout
     assert (up / "sglang/srt/environ.py").read_bytes() == environ
     assert "SGLANG_OPT_USE_ONLINE_COMPRESS" in environ.decode()
-    assert smoke_kernel.resolve_tree(up, "upstream") == up.resolve()
+    assert smoke_trees.resolve_tree(up, "upstream") == up.resolve()
 
 
 def test_stage_uses_the_suites_subset_and_carries_provenance(tmp_path):

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import click
 from rich.table import Table
 
-from . import smoke_device, smoke_kernel, smoke_server
+from . import smoke_device, smoke_kernel, smoke_pass, smoke_server, smoke_trees
 from .cli_common import emit_json, handles_errors, json_option
 from .errors import C128Error
 from .progress import console
@@ -122,7 +122,7 @@ def run_kernel(opts: smoke_kernel.KernelOptions, command: str, stage_dir: Path |
     try:
         if stage_dir is not None:
             trees = {"patched": prep.patched, **({"upstream": prep.upstream} if prep.upstream else {})}
-            staged = smoke_kernel.stage(suite, trees, stage_dir)
+            staged = smoke_trees.stage(suite, trees, stage_dir)
             if as_json:
                 emit_json({"ok": True, "staged": {k: {**v, "path": str(stage_dir / k)} for k, v in staged.items()}})
                 return
@@ -140,7 +140,7 @@ def run_kernel(opts: smoke_kernel.KernelOptions, command: str, stage_dir: Path |
         for spec in smoke_kernel.plan_passes(opts, prep, sanitizer_exe):
             what = f" under compute-sanitizer {spec.sanitizer}" if spec.sanitizer else ""
             say(f"running the GPU suite on {spec.label} ({spec.tree}){what}, scale {spec.scale}")
-            result = smoke_kernel.run_pass(spec, suite, opts.python, out)
+            result = smoke_pass.run_pass(spec, suite, opts.python, out)
             result["tests_brief"] = [{"nodeid": t["nodeid"], "outcome": t["outcome"]} for t in result["tests"]]
             passes[spec.label] = result
             report = smoke_kernel.build_report(command, opts, prep, device, passes)

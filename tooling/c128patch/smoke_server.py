@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import C128Error
-from .smoke_kernel import read_provenance, series_info
+from .smoke_trees import read_provenance, series_info
 from .smoke_logs import ServerLog, Tail, load_summary
 from .smoke_procs import Managed, exit_description
 
