@@ -384,6 +384,23 @@ def test_sanitizer_pass_runs_the_suite_under_the_tool(tmp_path, monkeypatch, err
         assert res.exit_code == 0 and report["ok"], report["problems"]
 
 
+def test_sanitizer_only_skips_the_plain_pass(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "compute-sanitizer"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_SANITIZER.format(python=sys.executable))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("EXPECT_TOOL", "racecheck")
+    suite = make_suite(tmp_path / "suite", SUITE_BASIC)
+    res = invoke(["--tree", str(make_tree(tmp_path / "tree")), "--suite", str(suite), "--sanitizer", "racecheck",
+                  "--sanitizer-only", "-k", "harness_env", "--json"], {**H200, "compute_sanitizer": str(fake)}, monkeypatch)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    report = json.loads(res.stdout)
+    assert list(report["passes"]) == ["patched-racecheck"] and report["passed"] == 1
+    assert report["sanitizer"]["tool"] == "racecheck" and report["sanitizer"]["errors"] == 0
+    one_line_error(invoke(["--tree", str(make_tree(tmp_path / "t2")), "--suite", str(suite), "--sanitizer-only"],
+                          H200, monkeypatch), "--sanitizer-only needs --sanitizer")
+
+
 # --------------------------------------------------------------------------- trees, wheels, listing
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import click
+from rich.console import Console
 from rich.table import Table
 
 from . import smoke_device, smoke_kernel, smoke_pass, smoke_server, smoke_trees
@@ -29,6 +30,11 @@ class _RecordingCommand(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.meta["c128patch.args"] = list(args)
         return super().parse_args(ctx, args)
+
+
+def _stdout() -> Console:
+    """The report console: a pipe or a file gets whole rows rather than 80 folded columns."""
+    return console(stderr=False) if sys.stdout.isatty() else Console(width=200, highlight=False, soft_wrap=True)
 
 
 def _styled(text: str) -> str:
@@ -70,7 +76,7 @@ def kernel_table(report: dict[str, Any]) -> Table:
 
 
 def print_kernel(report: dict[str, Any], path: Path) -> None:
-    out = console(stderr=False)
+    out = _stdout()
     if report["mode"] == "collect-only":
         for t in report.get("tests", []):
             out.print(t["nodeid"], markup=False)
@@ -159,7 +165,7 @@ def run_kernel(opts: smoke_kernel.KernelOptions, command: str, stage_dir: Path |
 
 
 def print_server(report: dict[str, Any], path: Path) -> None:
-    out = console(stderr=False)
+    out = _stdout()
     table = Table(title=f"server smoke: {report['model_path']} TP{report['tp']}"
                         f"{' compact' if report['compact'] else ''}, {report['load_tool']} load")
     for col in ("mode", "healthy", "capacity (tokens)", "from", "out tok/s", "accept len", "max usage",
@@ -240,6 +246,8 @@ def _kv(values: tuple[str, ...]) -> dict[str, str]:
               help="[kernel] Unpatched sources (for the suite's upstream checks and --differential).")
 @click.option("--sanitizer", "sanitizers", type=click.Choice(["memcheck", "racecheck"]), multiple=True,
               help="[kernel] Also run the suite under compute-sanitizer with this tool (repeatable).")
+@click.option("--sanitizer-only", is_flag=True,
+              help="[kernel] Only the --sanitizer passes (the plain pass ran in an earlier call).")
 @click.option("--differential", is_flag=True,
               help="[kernel] Also run the suite on the unpatched upstream sources and compare.")
 @click.option("--scale", type=float, default=1.0, show_default=True, help="[kernel] C128PATCH_GPU_SCALE.")
@@ -281,7 +289,7 @@ def _kv(values: tuple[str, ...]) -> dict[str, str]:
 @click.pass_context
 @handles_errors
 def command(ctx: click.Context, tier: str, tree: Path | None, wheel: Path | None, upstream_tree: Path | None,
-            sanitizers: tuple[str, ...], differential: bool, scale: float, sanitizer_scale: float,
+            sanitizers: tuple[str, ...], sanitizer_only: bool, differential: bool, scale: float, sanitizer_scale: float,
             collect_only: bool, keyword: str | None, suite: Path | None, timeout: float, stage_dir: Path | None,
             model_path: str | None, tp: int, port: int, duration: float, max_requests: int | None, compact: bool,
             load: str, multiturn_script: Path | None, preset: str, mem_fraction_static: float | None,
@@ -304,14 +312,17 @@ def command(ctx: click.Context, tier: str, tree: Path | None, wheel: Path | None
             raise C128Error("--model-path belongs to --tier server")
         if scale <= 0 or sanitizer_scale <= 0:
             raise C128Error("--scale and --sanitizer-scale must be positive")
+        if sanitizer_only and not sanitizers:
+            raise C128Error("--sanitizer-only needs --sanitizer memcheck|racecheck")
         opts = smoke_kernel.KernelOptions(
             tree=tree, wheel=wheel, upstream_tree=upstream_tree, sanitizers=tuple(dict.fromkeys(sanitizers)),
-            differential=differential, scale=scale, sanitizer_scale=sanitizer_scale, collect_only=collect_only,
+            differential=differential and not sanitizer_only, scale=scale, sanitizer_scale=sanitizer_scale,
+            sanitizer_only=sanitizer_only, collect_only=collect_only,
             suite=suite, timeout=timeout, keyword=keyword, python=python, out=out)
         with _stops_on_signals():
             run_kernel(opts, command_line, stage_dir, as_json)
         return
-    if tree or wheel or upstream_tree or sanitizers or differential or collect_only or stage_dir:
+    if tree or wheel or upstream_tree or sanitizers or sanitizer_only or differential or collect_only or stage_dir:
         raise C128Error("--tree/--wheel/--upstream-tree/--sanitizer/--differential/--list/--stage belong to --tier kernel")
     if not model_path:
         raise C128Error("--tier server needs --model-path")

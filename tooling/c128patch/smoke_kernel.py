@@ -65,6 +65,7 @@ class KernelOptions:
     differential: bool = False
     scale: float = 1.0
     sanitizer_scale: float = 0.05
+    sanitizer_only: bool = False
     collect_only: bool = False
     suite: Path | None = None
     timeout: float = 1800.0
@@ -149,12 +150,14 @@ def prepare(opts: KernelOptions, progress: Progress = lambda _m: None) -> Prepar
 
 def plan_passes(opts: KernelOptions, prep: Prepared, sanitizer_exe: str | None) -> list[PassSpec]:
     common = dict(timeout=opts.timeout, keyword=opts.keyword, collect_only=opts.collect_only)
-    passes = [PassSpec("patched", prep.patched, prep.upstream, opts.scale, **common)]
     if opts.collect_only:
-        return passes
-    if opts.differential:
-        assert prep.upstream is not None
-        passes.append(PassSpec("upstream", prep.upstream, prep.upstream, opts.scale, **common))
+        return [PassSpec("patched", prep.patched, prep.upstream, opts.scale, **common)]
+    passes = []
+    if not opts.sanitizer_only:
+        passes.append(PassSpec("patched", prep.patched, prep.upstream, opts.scale, **common))
+        if opts.differential:
+            assert prep.upstream is not None
+            passes.append(PassSpec("upstream", prep.upstream, prep.upstream, opts.scale, **common))
     for tool in opts.sanitizers:
         passes.append(PassSpec(f"patched-{tool}", prep.patched, prep.upstream, opts.sanitizer_scale,
                                sanitizer=tool, sanitizer_exe=sanitizer_exe, **common))
@@ -164,7 +167,7 @@ def plan_passes(opts: KernelOptions, prep: Prepared, sanitizer_exe: str | None) 
 def build_report(command: str, opts: KernelOptions, prep: Prepared, device: dict[str, Any],
                  passes: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The JSON report: the patched pass on top, the other passes beside it."""
-    main = passes.get("patched")
+    main = passes.get("patched") or next(iter(passes.values()), None)  # --sanitizer-only: the first tool's
     problems = [p for res in passes.values() for p in pass_problems(res, opts.collect_only)]
     report: dict[str, Any] = {
         "command": command,
