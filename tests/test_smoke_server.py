@@ -372,3 +372,18 @@ def test_server_options_refused(tmp_path):
     refused(["--model-path", "/m", "--modes", "on,sideways", "--launcher", "x"], "--modes takes on and/or off")
     refused(["--model-path", "/m", "--load", "multiturn", "--launcher", "x"], "--load multiturn needs --multiturn-script")
     refused(["--model-path", "/m", "--max-requests", "0", "--launcher", "x"], "--max-requests must be >= 1")
+
+
+def test_a_reused_pid_is_never_signalled(tmp_path):
+    """A pid seen under us that now belongs to another process (reuse) is left alone."""
+    managed = smoke_procs.Managed("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"],
+                                  tmp_path / "log").start()
+    bystander = subprocess.Popen(["sleep", "60"])  # not ours
+    try:
+        managed.seen[bystander.pid] = 1  # as if a process of ours had held this pid, started at tick 1
+        managed.stop(grace=2)
+        assert not smoke_procs.alive(managed.pid) and managed.proc.returncode == -signal.SIGTERM
+        assert bystander.poll() is None and managed.leftover == []
+    finally:
+        bystander.kill()
+        bystander.wait()

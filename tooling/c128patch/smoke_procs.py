@@ -16,7 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator, Mapping
 
 
 class Interrupted(Exception):
@@ -68,14 +68,36 @@ def _shielded() -> Iterator[None]:
             os.kill(os.getpid(), signum)
 
 
-def _stat(pid: int) -> tuple[int, int, str] | None:
-    """(ppid, pgid, state) of ``pid`` from /proc, or None when it is gone."""
+@dataclass(frozen=True)
+class ProcStat:
+    ppid: int
+    pgid: int
+    state: str
+    start: int  # start time since boot, in clock ticks: tells a pid from a later reuse of it
+
+
+def _stat(pid: int) -> ProcStat | None:
+    """``pid``'s entry in /proc, or None when it is gone (or there is no /proc)."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
         return None
     fields = raw[raw.rindex(")") + 2 :].split()  # the name may hold spaces and parentheses
-    return int(fields[1]), int(fields[2]), fields[0]
+    return ProcStat(int(fields[1]), int(fields[2]), fields[0], int(fields[19]))
+
+
+def _all_stats() -> dict[int, ProcStat]:
+    try:
+        entries = os.listdir("/proc")
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for name in entries:
+        if name.isdigit():
+            st = _stat(int(name))
+            if st is not None:
+                out[int(name)] = st
+    return out
 
 
 def alive(pid: int) -> bool:
@@ -86,52 +108,28 @@ def alive(pid: int) -> bool:
             os.kill(pid, 0)
         except (ProcessLookupError, PermissionError):
             return False
-        return True  # no /proc (not Linux): trust kill(0)
-    return st[2] != "Z"
+        return not Path("/proc").is_dir()  # no /proc (not Linux): trust kill(0)
+    return st.state != "Z"
 
 
-def descendants(pid: int) -> list[int]:
-    """All live descendants of ``pid`` (Linux /proc; empty elsewhere)."""
+def descendants(pid: int) -> dict[int, int]:
+    """Live descendants of ``pid`` with their start times (Linux /proc; empty elsewhere)."""
+    stats = _all_stats()
     children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except FileNotFoundError:
-        return []
-    for name in entries:
-        if name.isdigit():
-            st = _stat(int(name))
-            if st is not None:
-                children.setdefault(st[0], []).append(int(name))
-    out: list[int] = []
+    for child, st in stats.items():
+        children.setdefault(st.ppid, []).append(child)
+    out: dict[int, int] = {}
     todo = [pid]
     while todo:
         for child in children.get(todo.pop(), []):
-            out.append(child)
+            if stats[child].state != "Z":
+                out[child] = stats[child].start
             todo.append(child)
     return out
 
 
 def group_members(pgid: int) -> list[int]:
-    members = []
-    try:
-        entries = os.listdir("/proc")
-    except FileNotFoundError:
-        return []
-    for name in entries:
-        if name.isdigit():
-            st = _stat(int(name))
-            if st is not None and st[1] == pgid and st[2] != "Z":
-                members.append(int(name))
-    return members
-
-
-def _signal(pids: Sequence[int], pgid: int | None, sig: int) -> None:
-    if pgid is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+    return [pid for pid, st in _all_stats().items() if st.pgid == pgid and st.state != "Z"]
 
 
 @dataclass
@@ -145,7 +143,7 @@ class Managed:
     cwd: Path | None = None
     proc: subprocess.Popen | None = None
     started: float = 0.0
-    seen: set[int] = field(default_factory=set)  # every pid ever seen under us
+    seen: dict[int, int] = field(default_factory=dict)  # every pid seen under us -> its start time
     leftover: list[int] = field(default_factory=list)
 
     def start(self) -> "Managed":
@@ -157,7 +155,8 @@ class Managed:
                 start_new_session=True,
             )
         self.started = time.monotonic()
-        self.seen.add(self.proc.pid)
+        st = _stat(self.proc.pid)
+        self.seen[self.proc.pid] = st.start if st else -1
         return self
 
     @property
@@ -165,9 +164,18 @@ class Managed:
         assert self.proc is not None
         return self.proc.pid
 
+    def _watch(self) -> None:
+        for pid, start in descendants(self.pid).items():
+            self.seen.setdefault(pid, start)
+
+    def _ours(self, pid: int) -> bool:
+        """Still the very process we saw (not a later process that got its pid), and alive."""
+        st = _stat(pid)
+        return st is not None and st.state != "Z" and (self.seen.get(pid, -1) in (-1, st.start))
+
     def poll(self) -> int | None:
         assert self.proc is not None
-        self.seen.update(descendants(self.proc.pid))
+        self._watch()
         return self.proc.poll()
 
     def wait(self, timeout: float) -> int | None:
@@ -181,35 +189,48 @@ class Managed:
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
     def stop(self, grace: float = 15.0) -> int | None:
-        """SIGTERM the group and every descendant, SIGKILL what is left after ``grace``
+        """SIGTERM the group and every descendant seen, SIGKILL what is left after ``grace``
         seconds; reap. Returns the exit code (None if it never started). Idempotent."""
         if self.proc is None:
             return None
         with _shielded():
             return self._stop(grace)
 
+    def _signal(self, sig: int) -> None:
+        # The group while it has members (a pgid is never reused while its group lives), and
+        # each process seen under us that is provably still the same process.
+        if group_members(self.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)
+        for pid in sorted(self.seen):
+            if pid != self.pid or self.proc.returncode is None:
+                if self._ours(pid):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, sig)
+
+    def _remaining(self) -> list[int]:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self._watch()
+        return sorted({*group_members(self.pid), *(p for p in self.seen if self._ours(p))}
+                      - ({self.pid} if self.proc.returncode is not None else set()))
+
     def _stop(self, grace: float) -> int | None:
         assert self.proc is not None
-        pgid = self.proc.pid  # session leader: pgid == pid
-        self.seen.update(descendants(self.proc.pid))
-        if self.proc.poll() is None or group_members(pgid) or any(alive(p) for p in self.seen):
-            _signal(sorted(self.seen), pgid, signal.SIGTERM)
+        self._watch()
+        if self.proc.poll() is None or self._remaining():
+            self._signal(signal.SIGTERM)
             deadline = time.monotonic() + grace
-            while time.monotonic() < deadline:
-                self.proc.poll()
-                self.seen.update(descendants(self.proc.pid))
-                if self.proc.returncode is not None and not group_members(pgid) and not any(
-                    alive(p) for p in self.seen
-                ):
-                    break
+            while time.monotonic() < deadline and (self.proc.poll() is None or self._remaining()):
                 time.sleep(0.1)
-            _signal([p for p in self.seen if alive(p)], pgid if group_members(pgid) else None, signal.SIGKILL)
+            if self.proc.poll() is None or self._remaining():
+                self._signal(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
         end = time.monotonic() + 5
-        while time.monotonic() < end and any(alive(p) for p in self.seen):
+        while time.monotonic() < end and self._remaining():
             time.sleep(0.05)
-        self.leftover = sorted(p for p in self.seen if alive(p))
+        self.leftover = self._remaining()
         return self.proc.returncode
 
     def __enter__(self) -> "Managed":
