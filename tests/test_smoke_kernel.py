@@ -154,7 +154,7 @@ def test_report_from_a_real_run(tmp_path, monkeypatch):
     assert report == json.loads((out / "smoke-kernel.json").read_text())
     assert report["command"].startswith("c128patch smoke --tier kernel --tree ")
     assert report["device"]["gpu"] == "NVIDIA H200" and report["tree"] == str((tree / "python").resolve())
-    assert report["provenance"]["series"]["name"] == "c128"
+    assert report["provenance"]["series"]["name"] == "c128" and report["series"]["version"] == "1"
     assert [e["gate"] for e in report["provenance"]["entries"]] == ["", "SGLANG_DSPARK_RECORD_VERIFY_STREAMS"]
     by = {t["nodeid"]: t for t in report["tests"]}
     assert {k: v["outcome"] for k, v in by.items()} == {
@@ -485,21 +485,27 @@ def test_stage_uses_the_suites_subset_and_carries_provenance(tmp_path):
 
 
 def test_smoke_imports_no_extra_wheels(tmp_path):
-    """On the GPU box only click, rich and packaging are there: smoke must not import unidiff,
-    tomli_w or wheel on its way (a real `python -m c128patch smoke --list` with them blocked)."""
+    """On the GPU box only click, rich, packaging and pytest are there: smoke must not import
+    unidiff, tomli_w or wheel on its way (real `c128patch smoke` runs with them blocked)."""
     suite = make_suite(tmp_path / "suite", SUITE_DIFF)
+    tree = make_tree(tmp_path / "t", provenance_record(), marker="FIXED")
     code = ("import sys\n"
             "for m in ('unidiff', 'tomli_w', 'wheel', 'tomli'):\n"
             "    sys.modules[m] = None\n"
+            "from c128patch import smoke_device\n"
+            f"smoke_device.probe_device = lambda python: {H200!r}\n"
             "from c128patch.cli import main\n"
             "import c128patch.smoke_server, c128patch.smoke_kernel, c128patch.main_smoke\n"
             "main()\n")
     env = {**os.environ, "PYTHONPATH": str(TOOLING)}
-    proc = subprocess.run([sys.executable, "-c", code, "smoke", "--tier", "kernel", "--list", "--tree",
-                           str(make_tree(tmp_path / "t", provenance_record())), "--suite", str(suite), "--json"],
-                          capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["mode"] == "collect-only"
+    for extra in (["--list"], ["-k", "zero_row", "--out", str(tmp_path / "out")]):
+        proc = subprocess.run([sys.executable, "-c", code, "smoke", "--tier", "kernel", "--tree", str(tree),
+                               "--suite", str(suite), "--json", *extra], capture_output=True, text=True, env=env,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        report = json.loads(proc.stdout)
+        assert report["mode"] == ("collect-only" if extra == ["--list"] else "run")
+    assert report["passed"] == 1 and report["ok"]
 
 
 @pytest.mark.parametrize("sig, code", [(2, 130), (15, 143)])

@@ -337,6 +337,19 @@ def test_signal_stops_everything(fake, tmp_path, sig, code):
     assert partial["interrupted"] and not partial["ok"]
 
 
+def test_an_exception_mid_run_stops_everything(fake, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("load tool blew up")
+
+    monkeypatch.setattr(smoke_server, "_drive_load", broken)
+    opts = fake.opts(modes=("on",))
+    with pytest.raises(RuntimeError, match="load tool blew up"):
+        smoke_server.run_server_tier(opts, "x")
+    assert_all_gone(fake)
+    partial = json.loads((opts.out / "smoke-server.json").read_text())
+    assert partial["interrupted"] == "RuntimeError: load tool blew up" and not partial["ok"]
+
+
 def test_port_in_use_is_refused_before_starting(fake, tmp_path):
     opts = fake.opts()
     with socket.socket() as busy:

@@ -178,6 +178,7 @@ def build_report(command: str, opts: KernelOptions, prep: Prepared, device: dict
         "wheel": str(opts.wheel) if opts.wheel else None,
         "suite": str(prep.suite),
         "provenance": series_info(prep.record),
+        "series": (prep.record or {}).get("series"),  # name, version, digest of the applied series
         "scale": opts.scale,
         "upstream_tree": str(prep.upstream) if prep.upstream else None,
         "upstream_how": prep.upstream_how or None,
