@@ -10,7 +10,7 @@ from . import __version__
 
 # One module per command (main_<verb>.py), each exposing `command`.
 COMMANDS = ("apply", "check", "status", "lint", "audit", "refresh", "rebase", "capacity", "wheel", "build",
-            "verify-wheel")
+            "verify-wheel", "smoke")
 
 
 class LazyGroup(click.Group):

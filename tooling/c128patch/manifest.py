@@ -14,8 +14,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-import tomli_w
-
 from .errors import C128Error
 
 MANIFEST = "patches/series.toml"
@@ -135,6 +133,8 @@ class Series:
         return h.hexdigest()
 
     def to_toml(self) -> str:
+        import tomli_w  # lazy: reading a series (and `smoke`) must not need it
+
         doc = {
             "series": {"name": self.name, "version": self.version, "base": self.base},
             "entries": [e.to_toml() for e in self.entries],

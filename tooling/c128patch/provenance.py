@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .manifest import Series, sha256_file
-from .replay import Planned
+
+if TYPE_CHECKING:  # replay pulls unidiff; reading a provenance record must not need it
+    from .replay import Planned
 
 PROVENANCE_PATH = "python/sglang/c128patch_provenance.json"
 SCHEMA = 1

@@ -1,0 +1,149 @@
+"""What the GPU machine has (GPU, driver, torch, nvcc, tvm_ffi, compute-sanitizer) and whether
+the kernel tier can run there. Probed in subprocesses: the tool itself never imports torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+# Run by the suite's Python; prints one JSON object. Initialises CUDA only through torch.
+_PROBE = r"""
+import json, platform
+info = {"python": platform.python_version()}
+try:
+    import torch
+    info["torch"] = torch.__version__
+    info["torch_cuda"] = torch.version.cuda
+    info["cuda_available"] = bool(torch.cuda.is_available())
+    if info["cuda_available"]:
+        info["gpu_count"] = torch.cuda.device_count()
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["capability"] = "%d.%d" % torch.cuda.get_device_capability(0)
+except Exception as e:
+    info["torch_error"] = "%s: %s" % (type(e).__name__, e)
+try:
+    import tvm_ffi
+    info["tvm_ffi"] = getattr(tvm_ffi, "__version__", "unknown")
+except Exception as e:
+    info["tvm_ffi_error"] = "%s: %s" % (type(e).__name__, e)
+print(json.dumps(info))
+"""
+
+
+def _cuda_homes() -> list[Path]:
+    homes = [Path(p) for p in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if p]
+    return [*homes, Path("/usr/local/cuda")]
+
+
+def find_cuda_tool(name: str) -> str | None:
+    """``name`` on PATH, next to nvcc, or under $CUDA_HOME/bin, /usr/local/cuda/bin."""
+    found = shutil.which(name)
+    if found:
+        return found
+    nvcc = shutil.which("nvcc")
+    dirs = [Path(nvcc).resolve().parent] if nvcc else []
+    dirs += [h / "bin" for h in _cuda_homes()]
+    for d in dirs:
+        if (d / name).is_file() and os.access(d / name, os.X_OK):
+            return str(d / name)
+    return None
+
+
+def _run(argv: list[str], timeout: float = 60) -> str | None:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def probe_python(python: str) -> dict[str, Any]:
+    """torch, CUDA and tvm_ffi as the suite's Python sees them."""
+    try:
+        proc = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"python_error": f"{python}: {exc}"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        return {"python_error": f"{python}: {tail[0]}"}
+    return json.loads(lines[-1])
+
+
+def probe_nvcc() -> dict[str, Any]:
+    nvcc = find_cuda_tool("nvcc")
+    if nvcc is None:
+        return {}
+    out = _run([nvcc, "--version"]) or ""
+    match = re.search(r"release (\d+\.\d+)", out)
+    return {"nvcc": nvcc, "nvcc_version": match.group(1) if match else "unknown"}
+
+
+def probe_driver() -> dict[str, Any]:
+    smi = shutil.which("nvidia-smi")
+    out = _run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"]) if smi else None
+    if not out:
+        return {}
+    name, _, driver = out.strip().splitlines()[0].rpartition(",")
+    return {"driver": driver.strip(), "smi_gpu": name.strip()}
+
+
+def probe_sanitizer() -> dict[str, Any]:
+    exe = find_cuda_tool("compute-sanitizer")
+    if exe is None:
+        return {}
+    out = _run([exe, "--version"]) or ""
+    match = re.search(r"Version (\S+)", out)
+    return {"compute_sanitizer": exe, "compute_sanitizer_version": match.group(1) if match else "unknown"}
+
+
+def probe_device(python: str) -> dict[str, Any]:
+    """Everything the report's ``device`` records."""
+    return {"python_executable": python, **probe_python(python), **probe_nvcc(), **probe_driver(),
+            **probe_sanitizer()}
+
+
+def _major(version: str | None) -> str | None:
+    return version.split(".")[0] if version else None
+
+
+def prerequisite_problem(device: dict[str, Any], sanitizers: tuple[str, ...] = ()) -> str | None:
+    """None when the kernel tier can run here; else one line saying what is missing."""
+    if "python_error" in device:
+        return f"cannot run the suite's Python: {device['python_error']}"
+    if "torch_error" in device:
+        return f"torch does not import ({device['torch_error']}); the kernel tier needs a CUDA build of torch"
+    if not device.get("torch_cuda"):
+        return f"torch {device.get('torch')} is a CPU build (torch.version.cuda is None); install a CUDA build"
+    if not device.get("cuda_available"):
+        return f"torch {device.get('torch')} sees no CUDA GPU (driver not loaded, or CUDA_VISIBLE_DEVICES hides it)"
+    if not device.get("nvcc"):
+        return "nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin): sglang's JIT kernels are built with it"
+    nvcc_major, torch_major = _major(device.get("nvcc_version")), _major(device.get("torch_cuda"))
+    if nvcc_major and nvcc_major != "unknown" and torch_major and nvcc_major != torch_major:
+        return (f"torch is built for CUDA {device['torch_cuda']} but nvcc is {device['nvcc_version']}: the JIT "
+                "kernels would link a CUDA runtime torch did not load; use a matching toolkit (CUDA_HOME)")
+    if "tvm_ffi_error" in device or not device.get("tvm_ffi"):
+        return (f"tvm_ffi does not import ({device.get('tvm_ffi_error', 'missing')}); "
+                "install apache-tvm-ffi (sglang 0.5.23 pins 0.1.11) for the suite's Python")
+    if sanitizers and not device.get("compute_sanitizer"):
+        return "compute-sanitizer not found (PATH, next to nvcc, $CUDA_HOME/bin), needed by --sanitizer"
+    return None
+
+
+def describe(device: dict[str, Any]) -> str:
+    parts = [device.get("gpu") or device.get("smi_gpu") or "no GPU"]
+    if device.get("driver"):
+        parts.append(f"driver {device['driver']}")
+    if device.get("torch"):
+        parts.append(f"torch {device['torch']}")
+    if device.get("nvcc_version"):
+        parts.append(f"nvcc {device['nvcc_version']}")
+    if device.get("tvm_ffi"):
+        parts.append(f"tvm_ffi {device['tvm_ffi']}")
+    return ", ".join(parts)

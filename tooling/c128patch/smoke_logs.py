@@ -1,0 +1,271 @@
+"""Reading what an sglang server and sglang's benchmark tools print.
+
+The server lines are upstream's own log formats (0.5.23 sources; same text in 0.5.20-0.5.22):
+- ``srt/managers/scheduler.py:1269``  ``f"max_total_num_tokens={self.max_total_num_tokens}, "``
+  (then chunked_prefill_size, max_prefill_tokens, max_running_requests, context_len, available_gpu_mem)
+- ``srt/model_executor/pool_configurator.py:1689``  ``f"DSV4 memory calculation: unified={self._unified}, "``
+  … ``f"full_token={sizes.full_max_total_num_tokens}"`` (:1699): the "full token size" of PR #32035
+- ``srt/managers/scheduler_components/metrics_reporter.py:963``
+  ``f"Decode batch{iter_msg}, #running-req: {num_running_reqs}, {token_usage_msg}"``, then
+  ``:1005`` ``f"accept len: {spec_accept_length:.2f}, accept rate: {spec_accept_rate:.2f}, "`` and
+  ``:1041`` ``f"gen throughput (token/s): {self.last_gen_throughput:.2f}, "`` ``f"#queue-req: …"``;
+  token_usage_msg from ``pool_stats_observer.py:123`` ``f"#full token: {self.full_num_used}"``,
+  ``f"full token usage: {self.full_token_usage:.2f}"`` (hybrid SWA, DSV4) or ``:147`` ``f"#token: …,
+  token usage: …"``
+- ``srt/entrypoints/http_server.py:2600`` ``"The server is fired up and ready to roll!"``
+- ``srt/managers/scheduler.py:6372`` ``f"Scheduler hit an exception: {traceback}"`` (and the
+  tokenizer/detokenizer/DP-controller twins), ``srt/entrypoints/engine.py:1978`` ``"Received sigquit
+  from a child process. It usually means the child failed."``
+- ``kernels/jit/include/sgl_kernel/utils.h:79`` ``"Failed at " << file << ":" << line``: a failed
+  ``RuntimeCheck`` in a JIT kernel's host code (PR #32035's zero-row crash).
+tests/test_smoke_server.py renders these from the release sources and parses them back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+READY = "The server is fired up and ready to roll!"
+_MAX_TOTAL = re.compile(r"\bmax_total_num_tokens=(\d+)")
+_DSV4 = re.compile(r"DSV4 memory calculation: (.*)$")
+_KEY_VALUE = re.compile(r"(\w+)=([^,]+)")
+_DECODE_FIELDS = {
+    "running_req": re.compile(r"#running-req: (\d+)"),
+    "full_token_usage": re.compile(r"full token usage: ([\d.]+)"),
+    "token_usage": re.compile(r"(?<!full )(?<!swa )token usage: ([\d.]+)"),
+    "accept_len": re.compile(r"(?<!block )accept len: ([\d.]+)"),
+    "accept_rate": re.compile(r"accept rate: ([\d.]+)"),
+    "gen_throughput": re.compile(r"gen throughput \(token/s\): ([\d.]+)"),
+    "queue_req": re.compile(r"#queue-req: (\d+)"),
+}
+
+# (kind, pattern, fatal). Fatal ones fail the run; tracebacks are reported and fail it too,
+# but do not by themselves mean the server died.
+SIGNATURES: tuple[tuple[str, re.Pattern[str], bool], ...] = (
+    ("illegal_memory_access", re.compile(r"an illegal memory access was encountered"), True),
+    ("cuda_error", re.compile(r"CUDA error: |\bcudaError\w+|CUDA_ERROR_\w+|CUBLAS_STATUS_(?!SUCCESS)\w+|device-side assert triggered"), True),
+    ("nccl", re.compile(r"NCCL error|NCCL: Cuda failure|\bnccl(?:UnhandledCudaError|SystemError|InternalError|InvalidUsage|RemoteError)\b|NCCL WARN .*(?:Cuda failure|failed)"), True),
+    ("out_of_memory", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError"), True),
+    ("runtime_check", re.compile(r"Failed at \S+\.(?:cuh|cu|h|hpp|cpp|cc):\d+"), True),
+    ("sglang_fatal", re.compile(r"(?:Scheduler|TokenizerManager|DetokenizerManager|DataParallelController|MultiTokenizerRouter|MultiDetokenizerRouter) hit an exception|Received sigquit from a child process|SIGQUIT received"), True),
+    ("traceback", re.compile(r"^\s*Traceback \(most recent call last\):"), False),
+)
+MAX_KEPT = 20
+
+
+def _num(text: str) -> int | float | str:
+    text = text.strip()
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+@dataclass
+class ServerLog:
+    """Incremental reader of a server log: feed it lines as they arrive."""
+
+    lines: int = 0
+    ready: bool = False
+    max_total_num_tokens: list[int] = field(default_factory=list)
+    dsv4: list[dict[str, Any]] = field(default_factory=list)
+    decode: list[dict[str, float]] = field(default_factory=list)
+    signatures: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def feed(self, line: str) -> None:
+        self.lines += 1
+        if READY in line:
+            self.ready = True
+        m = _MAX_TOTAL.search(line)
+        if m and "max_total_num_tokens=" in line and "chunked_prefill_size=" in line:
+            self.max_total_num_tokens.append(int(m.group(1)))
+        m = _DSV4.search(line)
+        if m:
+            self.dsv4.append({k: _num(v) for k, v in _KEY_VALUE.findall(m.group(1))})
+        if "Decode batch" in line:
+            row: dict[str, float] = {}
+            for key, pattern in _DECODE_FIELDS.items():
+                found = pattern.search(line)
+                if found:
+                    row[key] = float(found.group(1))
+            self.decode.append(row)
+        for kind, pattern, _fatal in SIGNATURES:
+            if pattern.search(line):
+                self.counts[kind] = self.counts.get(kind, 0) + 1
+                kept = self.signatures.setdefault(kind, [])
+                if len(kept) < MAX_KEPT:
+                    kept.append({"line": self.lines, "text": line.strip()[:400]})
+
+    def feed_text(self, text: str) -> None:
+        for line in text.splitlines():
+            self.feed(line)
+
+    @property
+    def fatal(self) -> list[str]:
+        return [kind for kind, _p, fatal in SIGNATURES if fatal and self.counts.get(kind)]
+
+    def capacity(self) -> dict[str, Any]:
+        """Token capacity as the server logged it: the DSV4 full-token pool where that line is
+        there (what PR #32035 compares), else max_total_num_tokens."""
+        out: dict[str, Any] = {
+            "max_total_num_tokens": self.max_total_num_tokens[0] if self.max_total_num_tokens else None,
+            "dsv4_full_token": self.dsv4[0].get("full_token") if self.dsv4 else None,
+        }
+        if self.dsv4:
+            out["dsv4"] = self.dsv4[0]
+        out["tokens"] = out["dsv4_full_token"] if out["dsv4_full_token"] is not None else out["max_total_num_tokens"]
+        out["source"] = "DSV4 memory calculation full_token" if out["dsv4_full_token"] is not None else (
+            "max_total_num_tokens" if out["tokens"] is not None else None)
+        return out
+
+    def decode_stats(self) -> dict[str, Any]:
+        """Means over the decode log lines that had running requests; max token usage."""
+        busy = [r for r in self.decode if r.get("running_req", 0) > 0]
+
+        def mean(key: str) -> float | None:
+            vals = [r[key] for r in busy if key in r]
+            return round(statistics.fmean(vals), 3) if vals else None
+
+        usage = [r.get("full_token_usage", r.get("token_usage")) for r in self.decode]
+        usage = [u for u in usage if u is not None]
+        return {
+            "decode_lines": len(self.decode),
+            "busy_lines": len(busy),
+            "gen_throughput_mean": mean("gen_throughput"),
+            "gen_throughput_max": max((r["gen_throughput"] for r in busy if "gen_throughput" in r), default=None),
+            "accept_len_mean": mean("accept_len"),
+            "accept_rate_mean": mean("accept_rate"),
+            "running_req_max": max((r["running_req"] for r in busy), default=None),
+            "token_usage_max": max(usage, default=None),
+        }
+
+    def summary(self) -> dict[str, Any]:
+        return {"lines": self.lines, "ready": self.ready, "capacity": self.capacity(),
+                "decode": self.decode_stats(), "signature_counts": dict(self.counts),
+                "signatures": self.signatures, "fatal": self.fatal}
+
+
+class Tail:
+    """Reads what was appended to a file since the last call, whole lines only."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def read_lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        data = self.partial + data
+        *lines, self.partial = data.split(b"\n")
+        return [ln.decode(errors="replace") for ln in lines]
+
+    def flush(self) -> list[str]:
+        rest = self.read_lines()
+        if self.partial:
+            rest.append(self.partial.decode(errors="replace"))
+            self.partial = b""
+        return rest
+
+
+# --------------------------------------------------------------------------- load tools
+
+
+_SERVING_HEADER = " Serving Benchmark Result "
+_SERVING_ROW = re.compile(r"^(?P<key>\S.*?:)\s+(?P<value>\S.*?)\s*$")
+
+
+def parse_bench_serving(stdout: str) -> dict[str, Any]:
+    """The summary block of ``python -m sglang.bench_serving`` (sglang/benchmark/serving.py:
+    ``"{:<40} {:<10}".format(label, value)`` rows between the ``Serving Benchmark Result``
+    banner and a line of ``=``)."""
+    out: dict[str, Any] = {}
+    inside = False
+    for line in stdout.splitlines():
+        if _SERVING_HEADER in line and line.strip().startswith("="):
+            inside, out = True, {}
+            continue
+        if not inside:
+            continue
+        if line.strip() and set(line.strip()) == {"="}:
+            inside = False
+            continue
+        m = _SERVING_ROW.match(line)
+        if m:
+            value = m.group("value")
+            out[m.group("key").rstrip(":").strip()] = _num(value.rstrip("%")) if value.endswith("%") else _num(value)
+    return out
+
+
+_MULTITURN = {
+    "total_requests": re.compile(r"^\s*Total requests: (\d+) at "),
+    "output_token_throughput": re.compile(r"^\s*Output token throughput: ([\d.]+) tokens per second"),
+    "throughput": re.compile(r"^\s*(?:Request )?Throughput: ([\d.]+) requests per second", re.IGNORECASE),
+}
+
+
+def parse_bench_multiturn(stdout: str) -> dict[str, Any]:
+    """The ``Performance metrics summary:`` block benchmark/hicache/bench_multiturn.py prints
+    (``f"  Total requests: {n} at {rate} requests per second"``, ``"  Output token throughput:
+    … tokens per second"``, ``"  Request Throughput: … requests per second"``); last block wins."""
+    out: dict[str, Any] = {}
+    for line in stdout.splitlines():
+        for key, pattern in _MULTITURN.items():
+            m = pattern.match(line)
+            if m:
+                out[key] = _num(m.group(1))
+    return out
+
+
+def read_jsonl_last(path: Path) -> dict[str, Any] | None:
+    """The last JSON object of a JSONL file (bench_serving --output-file, bench_multiturn --log-file)."""
+    if not path.is_file():
+        return None
+    for line in reversed(path.read_text(errors="replace").splitlines()):
+        line = line.strip()
+        if line:
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            return value if isinstance(value, dict) else None
+    return None
+
+
+def load_summary(tool: str, stdout: str, result_file: Path) -> dict[str, Any]:
+    """Requests, throughput and acceptance from the load tool's result file (preferred) or its
+    printed summary. ``tool``: "serving" or "multiturn"."""
+    record = read_jsonl_last(result_file)
+    if tool == "serving":
+        printed = parse_bench_serving(stdout)
+        rec = record or {}
+        return {
+            "completed": rec.get("completed", printed.get("Successful requests")),
+            "duration_s": rec.get("duration", printed.get("Benchmark duration (s)")),
+            "output_throughput": rec.get("output_throughput", printed.get("Output token throughput (tok/s)")),
+            "request_throughput": rec.get("request_throughput", printed.get("Request throughput (req/s)")),
+            "accept_length": rec.get("accept_length", printed.get("Accept length")),
+            "source": "result file" if record else ("printed summary" if printed else None),
+        }
+    summary = (record or {}).get("summary") or parse_bench_multiturn(stdout)
+    return {
+        "completed": summary.get("total_requests"),
+        "duration_s": None,
+        "output_throughput": summary.get("output_token_throughput"),
+        "request_throughput": summary.get("throughput"),
+        "accept_length": None,
+        "source": ("log file" if record and record.get("summary") else "printed summary") if summary else None,
+    }

@@ -1,0 +1,250 @@
+"""Processes that smoke starts: own process group, output to a log file, always stopped.
+
+Every child runs in a new session (its own process group), so a Ctrl-C at the terminal reaches
+only us and we decide how the child ends. :meth:`Managed.stop` sends SIGTERM to the group and to
+every descendant found under ``/proc`` (children that left the group with ``setsid`` included),
+then SIGKILL after a grace period, and reports any pid still alive. :func:`signals_raise` turns
+SIGTERM/SIGHUP into an exception, so ``with`` blocks unwind and clean up on those too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping
+
+
+class Interrupted(Exception):
+    """SIGTERM or SIGHUP arrived while a managed process ran."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"received {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """Within the block, SIGTERM/SIGHUP raise :class:`Interrupted` (SIGINT already raises
+    KeyboardInterrupt). Only in the main thread; elsewhere a no-op."""
+
+    def handler(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    previous: dict[int, object] = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _shielded() -> Iterator[None]:
+    """SIGINT/SIGTERM/SIGHUP held off while we clean up (a second Ctrl-C must not leave
+    children behind); delivered as usual afterwards. Main thread only; elsewhere a no-op."""
+    got: list[int] = []
+    previous: dict[int, object] = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, lambda signum, _f: got.append(signum))
+    except ValueError:
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)  # type: ignore[arg-type]
+        for signum in got[:1]:
+            os.kill(os.getpid(), signum)
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    ppid: int
+    pgid: int
+    state: str
+    start: int  # start time since boot, in clock ticks: tells a pid from a later reuse of it
+
+
+def _stat(pid: int) -> ProcStat | None:
+    """``pid``'s entry in /proc, or None when it is gone (or there is no /proc)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()  # the name may hold spaces and parentheses
+    return ProcStat(int(fields[1]), int(fields[2]), fields[0], int(fields[19]))
+
+
+def _all_stats() -> dict[int, ProcStat]:
+    try:
+        entries = os.listdir("/proc")
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for name in entries:
+        if name.isdigit():
+            st = _stat(int(name))
+            if st is not None:
+                out[int(name)] = st
+    return out
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    st = _stat(pid)
+    if st is None:
+        try:
+            os.kill(pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return not Path("/proc").is_dir()  # no /proc (not Linux): trust kill(0)
+    return st.state != "Z"
+
+
+def descendants(pid: int) -> dict[int, int]:
+    """Live descendants of ``pid`` with their start times (Linux /proc; empty elsewhere)."""
+    stats = _all_stats()
+    children: dict[int, list[int]] = {}
+    for child, st in stats.items():
+        children.setdefault(st.ppid, []).append(child)
+    out: dict[int, int] = {}
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if stats[child].state != "Z":
+                out[child] = stats[child].start
+            todo.append(child)
+    return out
+
+
+def group_members(pgid: int) -> list[int]:
+    return [pid for pid, st in _all_stats().items() if st.pgid == pgid and st.state != "Z"]
+
+
+@dataclass
+class Managed:
+    """A child process in its own process group, its output going to ``log``."""
+
+    name: str
+    argv: list[str]
+    log: Path
+    env: Mapping[str, str] | None = None
+    cwd: Path | None = None
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    seen: dict[int, int] = field(default_factory=dict)  # every pid seen under us -> its start time
+    leftover: list[int] = field(default_factory=list)
+
+    def start(self) -> "Managed":
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=dict(self.env) if self.env is not None else None, cwd=self.cwd,
+                start_new_session=True,
+            )
+        self.started = time.monotonic()
+        st = _stat(self.proc.pid)
+        self.seen[self.proc.pid] = st.start if st else -1
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def _watch(self) -> None:
+        for pid, start in descendants(self.pid).items():
+            self.seen.setdefault(pid, start)
+
+    def _ours(self, pid: int) -> bool:
+        """Still the very process we saw (not a later process that got its pid), and alive."""
+        st = _stat(pid)
+        return st is not None and st.state != "Z" and (self.seen.get(pid, -1) in (-1, st.start))
+
+    def poll(self) -> int | None:
+        assert self.proc is not None
+        self._watch()
+        return self.proc.poll()
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code, or None if it is still running after ``timeout`` seconds."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            code = self.poll()
+            if code is not None or time.monotonic() >= deadline:
+                return code
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+    def stop(self, grace: float = 15.0) -> int | None:
+        """SIGTERM the group and every descendant seen, SIGKILL what is left after ``grace``
+        seconds; reap. Returns the exit code (None if it never started). Idempotent."""
+        if self.proc is None:
+            return None
+        with _shielded():
+            return self._stop(grace)
+
+    def _signal(self, sig: int) -> None:
+        # The group while it has members (a pgid is never reused while its group lives), and
+        # each process seen under us that is provably still the same process.
+        if group_members(self.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)
+        for pid in sorted(self.seen):
+            if pid != self.pid or self.proc.returncode is None:
+                if self._ours(pid):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, sig)
+
+    def _remaining(self) -> list[int]:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self._watch()
+        return sorted({*group_members(self.pid), *(p for p in self.seen if self._ours(p))}
+                      - ({self.pid} if self.proc.returncode is not None else set()))
+
+    def _stop(self, grace: float) -> int | None:
+        assert self.proc is not None
+        self._watch()
+        if self.proc.poll() is None or self._remaining():
+            self._signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and (self.proc.poll() is None or self._remaining()):
+                time.sleep(0.1)
+            if self.proc.poll() is None or self._remaining():
+                self._signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        end = time.monotonic() + 5
+        while time.monotonic() < end and self._remaining():
+            time.sleep(0.05)
+        self.leftover = self._remaining()
+        return self.proc.returncode
+
+    def __enter__(self) -> "Managed":
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def exit_description(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    if code > 128 and code - 128 in {s.value for s in signal.Signals}:
+        return f"exit {code} ({signal.Signals(code - 128).name})"
+    return f"exit {code}"
