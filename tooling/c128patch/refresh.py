@@ -20,7 +20,7 @@ from .git import Git
 from .manifest import Entry, Series, Variant
 from .provenance import PROVENANCE_PATH
 from .patchfile import split_message
-from .replay import ENTRY_TRAILER
+from .replay import ENTRY_TRAILER, select_variant
 from .status import read_provenance
 
 FIXED_DATE = "Thu, 1 Jan 1970 00:00:00 +0000"
@@ -102,8 +102,8 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
         entry = Entry(**{**old.__dict__, "variants": list(old.variants)})
         if entry.is_patch:
             data = format_patch(git, sha, name)
-            if not primary and old.file and _primary_gives_same_tree(series, old, git, sha):
-                data = None  # the primary file already makes this commit on this base: no variant
+            if not primary and old.file and _fallback_gives_same_tree(series, old, git, sha, base_rev):
+                data = None  # the file chosen without a variant for this base already makes this commit
             _export_patch(series, old, entry, data, f"{index:04d}-{name}", base_rev, primary, result)
         else:
             content = git.blob(sha, entry.target)
@@ -126,11 +126,15 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     return result
 
 
-def _primary_gives_same_tree(series: Series, old: Entry, git: Git, sha: str) -> bool:
+def _fallback_gives_same_tree(series: Series, old: Entry, git: Git, sha: str, base_rev: str) -> bool:
+    """Would the file ``apply`` chooses for ``base_rev`` without a variant of its own (the nearest
+    older variant, else the primary) make this very commit, strictly (no 3-way merge)?"""
+    others = Entry(**{**old.__dict__, "variants": [v for v in old.variants if v.base != base_rev]})
+    fallback = select_variant(git, others, git.out("rev-parse", f"{sha}^"))
     with tempfile.TemporaryDirectory(prefix="c128refresh-") as tmp:
         idx = git.with_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
         idx.run("read-tree", f"{sha}^")
-        if not idx.ok("apply", "--cached", str(series.file_of(old))):
+        if not idx.ok("apply", "--cached", str(series.file_of(old, fallback))):
             return False
         return idx.out("write-tree") == git.out("rev-parse", f"{sha}^{{tree}}")
 
