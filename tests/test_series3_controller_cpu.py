@@ -302,3 +302,28 @@ def test_simulated_decode(mod, ops, monkeypatch, seed: int) -> None:
     assert sum(r.emitted for r in reports) > 0
     assert sum(r.banks_checked for r in reports) > 0
     assert sum(r.committed for r in reports) > 0
+
+
+class _CommitOneShort(ReferenceOps):
+    """A wrong commit: copies the bank one token before the accepted length."""
+
+    def dspark_commit(self, state_ptrs, seq_lens, new_seq_lens, *args, **kwargs) -> None:
+        super().dspark_commit(state_ptrs, seq_lens, new_seq_lens - 1, *args, **kwargs)
+
+
+class _VerifyWithoutApe(ReferenceOps):
+    """A wrong verify compress: drops the positional bias (ape) from the scores."""
+
+    def dspark_verify_compress(self, state, kv_score_input, ape, plan, out=None):
+        return super().dspark_verify_compress(state, kv_score_input, torch.zeros_like(ape), plan, out)
+
+
+@pytest.mark.parametrize("mutant,what", [(_CommitOneShort, "commit"), (_VerifyWithoutApe, "bank|emit")])
+def test_simulated_decode_catches_a_wrong_kernel(mod, monkeypatch, mutant, what: str) -> None:
+    """The float64 checks of the simulated decode fail when the kernel model is wrong."""
+    _enable(monkeypatch)
+    ops = mutant()
+    monkeypatch.setattr(mod, "_ops", lambda: ops)
+    sim = Simulation(SimConfig(seed=0, num_slots=7), mod.OnlineC128DsparkController, mod.commit_after_verify, ops)
+    with pytest.raises(AssertionError, match=what):
+        run_decode(sim, steps=10)
