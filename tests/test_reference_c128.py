@@ -1,4 +1,4 @@
-"""CPU checks of tests/gpu/c128_reference.py (the float64 reference the GPU tier compares to)."""
+"""CPU checks of tests/gpu/reference_c128.py (the float64 reference the GPU tier compares to)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 
-from c128_reference import OnlineC128Reference, state_row, OpenChunk  # noqa: E402
+from reference_c128 import OnlineC128Reference, OpenChunk, state_row  # noqa: E402
 
 D = 8
 
