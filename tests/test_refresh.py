@@ -69,15 +69,8 @@ def test_exported_patch_is_normalized(applied):
 def test_check_detects_a_change_and_refresh_records_it(applied):
     series, tree = applied
     git = Git(worktree=tree)
-    target = tree / CUH
     # amend the entry's commit (as a maintainer would with an interactive rebase)
-    git.run("checkout", "-q", "HEAD~2")
-    target.write_text(target.read_text().replace("// c128patch test", "// c128patch test, amended"))
-    git.run("commit", "-q", "-a", "--amend", "--no-edit")
-    amended = git.head()
-    git.run("cherry-pick", "c128/v0.5.23~1", "c128/v0.5.23")
-    git.run("branch", "-f", "c128/v0.5.23", "HEAD")
-    git.run("checkout", "-q", "c128/v0.5.23")
+    _amend_entry_commit(git, "c128/v0.5.23", "// c128patch test", "// c128patch test, amended")
     before = files(series)
     code, out = cli("refresh", "--tree", str(tree), "--series", str(series), "--check")
     assert code == 1 and out["changed"] == ["patches/0001-test-patch.patch", "patches/series.toml"]
@@ -88,27 +81,48 @@ def test_check_detects_a_change_and_refresh_records_it(applied):
     assert s.version == "3"  # bumped from 2 (the first normalizing refresh) to 3
     assert "amended" in (s.patches_dir / s.entries[0].file).read_text()
     assert cli("lint", "--series", str(series), "--offline")[0] == 0
-    assert amended
 
 
-def test_refresh_on_older_base_writes_a_variant(applied, tmp_path: Path):
+def _amend_entry_commit(git: Git, branch: str, old: str, new: str) -> None:
+    """Change the test patch's commit (under the overlay and provenance commits) on ``branch``."""
+    git.run("checkout", "-q", f"{branch}~2")
+    target = git.worktree / CUH
+    target.write_text(target.read_text().replace(old, new))
+    git.run("commit", "-q", "-a", "--amend", "--no-edit")
+    git.run("cherry-pick", f"{branch}~1", branch)
+    git.run("branch", "-f", branch, "HEAD")
+    git.run("checkout", "-q", branch)
+
+
+def test_refresh_on_older_base_writes_a_variant_only_where_needed(applied, tmp_path: Path):
     series, tree = applied
     git = Git(worktree=tree)
     git.run("checkout", "-q", "main")
     assert cli("apply", "--sglang-rev", "v0.5.20", "--repo", str(tree), "--series", str(series))[0] == 0
+    # the primary file makes this very commit on v0.5.20 (the kernel file is the same there): no variant
+    code, out = cli("refresh", "--tree", str(tree), "--series", str(series))
+    assert code == 0, out
+    s = load_series(series)
+    assert s.entries[0].variants == [] and not (s.patches_dir / "0001-test-patch.v0.5.20.patch").exists()
+    # the change made differently on v0.5.20: exported as that base's variant
+    _amend_entry_commit(git, "c128/v0.5.20", "// c128patch test", "// c128patch test (0.5.20)")
     code, out = cli("refresh", "--tree", str(tree), "--series", str(series))
     assert code == 0, out
     s = load_series(series)
     entry = s.entries[0]
     assert entry.base == "v0.5.23" and [v.base for v in entry.variants] == ["v0.5.20"]
     assert entry.variants[0].file == "0001-test-patch.v0.5.20.patch"
+    assert "(0.5.20)" in (s.patches_dir / entry.variants[0].file).read_text()
+    assert "(0.5.20)" not in (s.patches_dir / entry.file).read_text()
     assert s.base == "v0.5.23"
     assert cli("lint", "--series", str(series), "--offline")[0] == 0
-    # the variant is chosen for v0.5.20, the primary for v0.5.22 (nearest ancestor base)
-    code, out = cli("check", "--sglang-rev", "v0.5.20", "--sglang-rev", "v0.5.22", "--repo", str(tree), "--series", str(series))
+    # the variant is chosen for v0.5.20 and v0.5.22 (nearest ancestor base), the primary for v0.5.23
+    code, out = cli("check", *[a for r in ("v0.5.20", "v0.5.22", "v0.5.23") for a in ("--sglang-rev", r)],
+                    "--repo", str(tree), "--series", str(series))
     assert code == 0
     assert [r["entries"][0]["file"] for r in out["revs"]] == ["patches/0001-test-patch.v0.5.20.patch",
-                                                               "patches/0001-test-patch.v0.5.20.patch"]
+                                                               "patches/0001-test-patch.v0.5.20.patch",
+                                                               "patches/0001-test-patch.patch"]
 
 
 def test_refresh_refuses_a_tree_without_provenance(upstream_clone: Path, tmp_path: Path, sglang_release_repo: Path):
