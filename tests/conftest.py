@@ -10,7 +10,7 @@ import pytest
 from c128patch.manifest import load_series
 from c128patch.release_source import ReleaseHistory
 
-from support import REPO_ROOT, release_tree, patched_tree
+from support import RELEASES, REPO_ROOT, patched_tree, release_tree, series_paths
 
 
 @pytest.fixture(scope="session")
@@ -50,11 +50,21 @@ def real_series():
 def release_trees(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """tag -> folder holding the kernel-tier part of that release's ``sglang/`` (unpatched)."""
     root = tmp_path_factory.mktemp("releases")
-    return {tag: release_tree(sglang_release_repo, tag, root / tag)
-            for tag in ("v0.5.20", "v0.5.21", "v0.5.22", "v0.5.23")}
+    return {tag: release_tree(sglang_release_repo, tag, root / tag) for tag in RELEASES}
 
 
 @pytest.fixture(scope="session")
 def patched_tree_023(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The kernel-tier part of v0.5.23 with the product series applied (holds ``sglang/``)."""
     return patched_tree(REPO_ROOT, sglang_release_repo, "v0.5.23", tmp_path_factory.mktemp("patched") / "v0.5.23")
+
+
+@pytest.fixture(scope="session")
+def series_trees(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """tag -> (patched, upstream): the files the product series writes (``support.series_paths``), with
+    the whole series applied and as released; each folder holds ``sglang/``. Shared: do not write into them."""
+    root = tmp_path_factory.mktemp("series")
+    paths = series_paths(load_series(REPO_ROOT))
+    return {tag: (patched_tree(REPO_ROOT, sglang_release_repo, tag, root / "patched" / tag, paths),
+                  release_tree(sglang_release_repo, tag, root / "upstream" / tag, paths))
+            for tag in RELEASES}

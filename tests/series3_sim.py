@@ -11,7 +11,7 @@ checks emitted rows, banks and committed state against a float64 reference.
 from __future__ import annotations
 
 from collections import namedtuple
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -410,7 +410,7 @@ class Simulation:
         return torch.tensor(values, dtype=dtype, device=self.cfg.device)
 
     def _run(self, kind, slots, real, lens, tokens, ragged, live, *, verify_bs) -> StepReport:
-        cfg, w, d = self.cfg, self.cfg.width, self.cfg.device
+        cfg, d = self.cfg, self.cfg.device
         padded_bs = len(lens)
         starts = exclusive_cumsum(lens)
         seq_before = [self.seq[s] for s in slots] + [1] * (padded_bs - len(slots))

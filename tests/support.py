@@ -7,7 +7,8 @@ import subprocess
 from pathlib import Path
 
 from c128patch.git import Git
-from c128patch.manifest import load_series
+from c128patch.manifest import Series, load_series
+from c128patch.patchfile import read_patch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RELEASES = ("v0.5.20", "v0.5.21", "v0.5.22", "v0.5.23")
@@ -82,13 +83,26 @@ KERNEL_TIER_PATHS = ["python/sglang/__init__.py", "python/sglang/kernels", "pyth
                      "python/sglang/srt/layers/attention/dsv4"]  # the series III controller's folder
 
 
-def release_tree(repo: Path, tag: str, dest: Path) -> Path:
-    """The kernel-tier part of upstream release ``tag``; ``dest`` holds ``sglang/``."""
-    return unpack_release(repo, tag, dest, KERNEL_TIER_PATHS)
+def series_paths(series: Series) -> list[str]:
+    """Every upstream path the series writes: the files of each patch (all variants) and the overlay targets."""
+    paths: set[str] = set()
+    for entry in series.entries:
+        if entry.is_patch:
+            for variant in entry.patch_files():
+                paths.update(read_patch(series.file_of(entry, variant)).files)
+        else:
+            paths.add(entry.target)
+    return sorted(paths)
 
 
-def patched_tree(series_root: Path, repo: Path, tag: str, dest: Path) -> Path:
-    """The kernel-tier part of release ``tag`` with the series applied; ``dest`` holds ``sglang/``."""
+def release_tree(repo: Path, tag: str, dest: Path, paths: list[str] = KERNEL_TIER_PATHS) -> Path:
+    """``paths`` (default: the kernel tier) of upstream release ``tag``; ``dest`` holds ``sglang/``."""
+    return unpack_release(repo, tag, dest, paths)
+
+
+def patched_tree(series_root: Path, repo: Path, tag: str, dest: Path, paths: list[str] = KERNEL_TIER_PATHS) -> Path:
+    """``paths`` (default: the kernel tier) of release ``tag`` with the whole series applied, as
+    ``c128patch check`` replays it (each entry's selected file, in manifest order); ``dest`` holds ``sglang/``."""
     from c128patch.check import index_git, replay_in_index
 
     git = Git(git_dir=repo)
@@ -97,7 +111,7 @@ def patched_tree(series_root: Path, repo: Path, tag: str, dest: Path) -> Path:
     result, _ = replay_in_index(load_series(series_root), git, tag, git.rev_parse(tag), index_file)
     assert result.ok, result.to_json()
     idx = index_git(git, index_file)
-    files = idx.out("ls-files", "--", *KERNEL_TIER_PATHS)
+    files = idx.out("ls-files", "--", *paths)
     out = dest / ".out"
     idx.run("checkout-index", f"--prefix={out}/", "--stdin", input=files + "\n")
     shutil.move(str(out / "python" / "sglang"), str(dest / "sglang"))

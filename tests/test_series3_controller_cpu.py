@@ -5,7 +5,6 @@ decode checked against a float64 reference."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,7 +21,7 @@ from series3_sim import (
     fake_backend,
     run_decode,
 )
-from series3_tree import ENV, build_tree, sglang_imports
+from series3_tree import ENV, sglang_imports
 
 ONLINE_ENV = "SGLANG_OPT_USE_ONLINE_COMPRESS"
 MTP_ENV = "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP"
@@ -31,12 +30,12 @@ W, SLOTS = 8, 6
 
 
 @pytest.fixture(params=["v0.5.22", "v0.5.23"])
-def mod(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sglang_release_repo: Path):
-    """The controller module, imported from a patched tree of the release."""
+def mod(request, series_trees, monkeypatch: pytest.MonkeyPatch):
+    """The controller module, imported from the patched tree of the release."""
     for name in (ENV, ONLINE_ENV, MTP_ENV):
         monkeypatch.delenv(name, raising=False)
-    tree = build_tree(sglang_release_repo, request.param, tmp_path)
-    with sglang_imports(tree):
+    patched, _ = series_trees[request.param]
+    with sglang_imports(patched):
         from sglang.srt.layers.attention.dsv4 import online_c128_dspark
 
         assert KERNEL_OPS not in sys.modules  # the kernel ops load lazily
@@ -303,3 +302,28 @@ def test_simulated_decode(mod, ops, monkeypatch, seed: int) -> None:
     assert sum(r.emitted for r in reports) > 0
     assert sum(r.banks_checked for r in reports) > 0
     assert sum(r.committed for r in reports) > 0
+
+
+class _CommitOneShort(ReferenceOps):
+    """A wrong commit: copies the bank one token before the accepted length."""
+
+    def dspark_commit(self, state_ptrs, seq_lens, new_seq_lens, *args, **kwargs) -> None:
+        super().dspark_commit(state_ptrs, seq_lens, new_seq_lens - 1, *args, **kwargs)
+
+
+class _VerifyWithoutApe(ReferenceOps):
+    """A wrong verify compress: drops the positional bias (ape) from the scores."""
+
+    def dspark_verify_compress(self, state, kv_score_input, ape, plan, out=None):
+        return super().dspark_verify_compress(state, kv_score_input, torch.zeros_like(ape), plan, out)
+
+
+@pytest.mark.parametrize("mutant,what", [(_CommitOneShort, "commit"), (_VerifyWithoutApe, "bank|emit")])
+def test_simulated_decode_catches_a_wrong_kernel(mod, monkeypatch, mutant, what: str) -> None:
+    """The float64 checks of the simulated decode fail when the kernel model is wrong."""
+    _enable(monkeypatch)
+    ops = mutant()
+    monkeypatch.setattr(mod, "_ops", lambda: ops)
+    sim = Simulation(SimConfig(seed=0, num_slots=7), mod.OnlineC128DsparkController, mod.commit_after_verify, ops)
+    with pytest.raises(AssertionError, match=what):
+        run_decode(sim, steps=10)

@@ -15,10 +15,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from series3_sim import STATE_DIM, FakeKVPool, ReferenceOps, fake_backend
-from series3_tree import ENV, RELEASES, build_tree, load_function, load_series, sglang_imports
+from series3_tree import ENV, load_function, sglang_imports
+from support import RELEASES
 
-COMPRESSOR = "python/sglang/srt/layers/attention/dsv4/compressor_v2.py"
-BACKEND = "python/sglang/srt/layers/attention/deepseek_v4_backend.py"
+COMPRESSOR = "sglang/srt/layers/attention/dsv4/compressor_v2.py"
+BACKEND = "sglang/srt/layers/attention/deepseek_v4_backend.py"
 ONLINE_ENV = "SGLANG_OPT_USE_ONLINE_COMPRESS"
 W, SLOTS, HEAD_DIM = 4, 5, 512
 
@@ -47,14 +48,11 @@ class Recorder:
 
 
 @pytest.fixture(params=RELEASES)
-def trees(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sglang_release_repo: Path):
+def trees(request, series_trees, monkeypatch: pytest.MonkeyPatch):
+    """(patched, upstream) of one release (the session's shared trees)."""
     for name in (ENV, ONLINE_ENV, "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP"):
         monkeypatch.delenv(name, raising=False)
-    release = request.param
-    repo = sglang_release_repo
-    patched = build_tree(repo, release, tmp_path / "patched")
-    upstream = build_tree(repo, release, tmp_path / "upstream", upto=load_series()[0].name, overlays=False)
-    return patched, upstream
+    return series_trees[request.param]
 
 
 def _controller(tree: Path, ops: ReferenceOps, monkeypatch, *, enabled: bool):
@@ -106,7 +104,7 @@ def _run_compress(tree: Path, self_obj, plan, inputs: dict):
         "torch": torch,
         "KVLayout": SimpleNamespace(V4="V4"),
     }
-    fn = load_function(tree.parent / COMPRESSOR, "CompressorBackendMixin._forward_compress_all_in_one", namespace)
+    fn = load_function(tree / COMPRESSOR, "CompressorBackendMixin._forward_compress_all_in_one", namespace)
     self_obj._get_paged_compress_metadata = lambda r: plan
     fn(self_obj, **inputs)
     return rec.calls
@@ -176,7 +174,7 @@ def _run_upgrade(tree: Path, controller, raw):
         "create_paged_compressor_data": rec.named("create"),
         "DSV4Metadata": Metadata,
     }
-    fn = load_function(tree.parent / BACKEND, "DeepseekV4AttnBackend.make_forward_metadata_from_raw_verify", namespace)
+    fn = load_function(tree / BACKEND, "DeepseekV4AttnBackend.make_forward_metadata_from_raw_verify", namespace)
     pair = lambda **kw: (torch.zeros(4), torch.zeros(4))  # noqa: E731
     self_obj = SimpleNamespace(
         speculative_num_draft_tokens=W,

@@ -1,79 +1,141 @@
-"""Series III patch files: they apply where the manifest says, carry the headers, compile,
-and every hook they add into upstream code is gated."""
+"""Series III patch files, as the product's manifest carries them: each release's selected files
+apply strictly on top of the earlier entries, no variant is redundant, the patched files
+compile, the headers are ours, and every hook they add into upstream code is gated."""
 
 from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import py_compile
 import re
+import subprocess
 from pathlib import Path
-from typing import List, Set
+from typing import Dict, List, Set
 
 import pytest
 
-from series3_tree import (
-    ENV,
-    PATCHES,
-    RELEASES,
-    REPO,
-    build_tree,
-    function_node,
-    git_apply,
-    load_series,
-    series_files,
-)
+from c128patch.check import RevCheck, index_git, replay_in_index
+from c128patch.git import Git
+from c128patch.manifest import load_series
+from c128patch.refresh import _primary_gives_same_tree
+from c128patch.replay import validate_files
 
-ENTRIES = load_series()
-PATCH_ENTRIES = [e for e in ENTRIES if e.kind == "patch"]
-CONTROLLER = REPO / "overlay/sglang/srt/layers/attention/dsv4/online_c128_dspark.py"
+from series3_tree import CONTROLLER, ENV, function_node, selected_patches, series3_entries
+from support import RELEASES, REPO_ROOT
+
+SERIES = load_series(REPO_ROOT)
+ENTRIES = series3_entries(SERIES)
+PATCH_ENTRIES = [e for e in ENTRIES if e.is_patch]
+SERIES3 = ["c128-dspark-online-env", "c128-dspark-online-controller", "c128-dspark-online-startup",
+           "c128-dspark-online-backend", "c128-dspark-online-commit"]
+# Known: the manifest selects the v0.5.20 startup file on 0.5.21/0.5.22, where only a 3-way
+# merge applies it (it gives the primary's tree there). refresh dropped the 0.5.21/0.5.22
+# variants because the *primary* gives the same tree on their bases, but select_variant takes
+# the nearest older variant, never a newer primary. Fixed by restoring those variants (or by
+# aligning refresh's rule with select_variant); then this set empties and the test says so.
+KNOWN_3WAY = {("v0.5.21", "c128-dspark-online-startup"), ("v0.5.22", "c128-dspark-online-startup")}
 
 
-def test_manifest_lists_every_series_file() -> None:
-    listed = {f for e in PATCH_ENTRIES for f in e.patch_files()}
-    on_disk = {p.name for p in PATCHES.glob("03*.patch")}
-    assert listed == on_disk
-    for entry in PATCH_ENTRIES:
-        for name in entry.patch_files():
-            assert entry.applies[name], f"{name}: no '# applies:' comment"
+def test_manifest_carries_series3() -> None:
+    validate_files(SERIES)  # every file of every entry exists, matches its sha256 and parses
+    listed = {v.file for e in SERIES.entries for v in e.patch_files()}
+    assert {p.name for p in SERIES.patches_dir.glob("*.patch")} == listed
+    assert [e.name for e in ENTRIES] == SERIES3
     for entry in ENTRIES:
-        if entry.kind == "overlay":
-            assert (REPO / entry.source).is_file()
+        if not entry.is_patch:
             assert entry.target == "python/" + entry.source.removeprefix("overlay/")
 
 
-@pytest.mark.parametrize("release", RELEASES)
-def test_each_file_applies_exactly_where_declared(release: str, tmp_path: Path, sglang_release_repo: Path) -> None:
-    """Each entry's files, checked on top of the earlier entries: `git apply --check`
-    succeeds on the releases its comment names and fails on the others."""
-    for index, entry in enumerate(PATCH_ENTRIES):
-        tree = tmp_path / entry.name
-        build_tree(sglang_release_repo, release, tree, upto=entry.name, overlays=False)
-        for name in entry.patch_files():
-            result = git_apply(tree, PATCHES / name, check=True)
-            declared = release in entry.applies[name]
-            assert (result.returncode == 0) == declared, (name, release, result.stderr)
+# -- each release: the selected files apply strictly; no variant is redundant -----------
 
 
-@pytest.mark.parametrize("release", RELEASES)
-def test_series_applies_and_compiles(release: str, tmp_path: Path, sglang_release_repo: Path) -> None:
-    tree = build_tree(sglang_release_repo, release, tmp_path)
-    patched = [tmp_path / f for f in series_files(ENTRIES)]
-    overlays = [tmp_path / e.target for e in ENTRIES if e.kind == "overlay"]
-    for path in patched + overlays:
-        py_compile.compile(str(path), doraise=True)
-    assert (tree / "sglang/srt/layers/attention/dsv4/online_c128_dspark.py").is_file()
+@pytest.fixture(scope="module")
+def scratch_git(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Git:
+    """A shared clone of the release history, nothing checked out: the objects the replays write
+    go here, and `git apply --cached` has the work tree it wants."""
+    dest = tmp_path_factory.mktemp("scratch") / "releases"
+    subprocess.run(["git", "clone", "--quiet", "--no-checkout", "--shared", str(sglang_release_repo), str(dest)],
+                   check=True)
+    return Git(worktree=dest)
 
 
-@pytest.mark.parametrize("name", sorted({f for e in PATCH_ENTRIES for f in e.patch_files()}))
+@pytest.fixture(scope="module")
+def replays(scratch_git: Git, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, RevCheck]:
+    """tag -> the product's replay of the whole series on that release (c128patch check)."""
+    root = tmp_path_factory.mktemp("replays")
+    return {tag: replay_in_index(SERIES, scratch_git, tag, scratch_git.rev_parse(tag), root / f"{tag}.index")[0]
+            for tag in RELEASES}
+
+
+def _nearest_older(entry, tag: str):
+    older = [v for v in entry.patch_files() if RELEASES.index(v.base) <= RELEASES.index(tag)]
+    return max(older, key=lambda v: RELEASES.index(v.base)) if older else entry.patch_files()[0]
+
+
+@pytest.mark.parametrize("tag", RELEASES)
+@pytest.mark.parametrize("name", [e.name for e in SERIES.entries])
+def test_selected_file_applies_strictly(tag: str, name: str, replays: Dict[str, RevCheck]) -> None:
+    """On each release, each entry's selected file (the nearest older base's, as `apply` picks
+    it) applies with a plain `git apply` on top of the earlier entries: no 3-way merge."""
+    entry = SERIES.entry(name)
+    row = next(r for r in replays[tag].entries if r.name == name)
+    if entry.is_patch:
+        assert row.file == f"patches/{_nearest_older(entry, tag).file}"
+    if (tag, name) in KNOWN_3WAY:
+        assert row.status == "3way", row
+        pytest.xfail(f"{row.file} needs a 3-way merge on {tag} (a dropped variant: see KNOWN_3WAY)")
+    assert row.status == "clean", row
+
+
+def _commit_after_variant(git: Git, entry_index: int, base: str, variant_file: Path, index_file: Path) -> str:
+    """A commit whose parent holds the earlier entries replayed on ``base`` and whose tree adds
+    ``variant_file`` (applied strictly): the shape refresh exports a variant from."""
+    before = dataclasses.replace(SERIES, entries=SERIES.entries[:entry_index])
+    result, _ = replay_in_index(before, git, base, git.rev_parse(base), index_file)
+    assert result.ok, result.to_json()
+    idx = index_git(git, index_file)
+    parent = git.out("commit-tree", idx.out("write-tree"), "-p", base, "-m", "earlier entries")
+    idx.run("apply", "--cached", str(variant_file))
+    return git.out("commit-tree", idx.out("write-tree"), "-p", parent, "-m", "variant")
+
+
+@pytest.mark.parametrize(
+    "name,base",
+    [(e.name, v.base) for e in SERIES.entries for v in e.variants],
+)
+def test_no_variant_is_redundant(name: str, base: str, scratch_git: Git, tmp_path: Path) -> None:
+    """A variant is kept only where the primary file does not give its tree on its base (on top
+    of the earlier entries): refresh's own test for dropping one."""
+    index = [e.name for e in SERIES.entries].index(name)
+    entry = SERIES.entries[index]
+    variant = next(v for v in entry.variants if v.base == base)
+    sha = _commit_after_variant(scratch_git, index, base, SERIES.file_of(entry, variant), tmp_path / "index")
+    assert not _primary_gives_same_tree(SERIES, entry, scratch_git, sha), f"{variant.file} is redundant"
+
+
+@pytest.mark.parametrize("tag", RELEASES)
+def test_patched_files_compile(tag: str, series_trees, tmp_path: Path) -> None:
+    patched, _ = series_trees[tag]
+    modules = sorted((patched / "sglang").rglob("*.py"))
+    assert len(modules) >= 8
+    for i, path in enumerate(modules):
+        py_compile.compile(str(path), cfile=str(tmp_path / f"{i}.pyc"), doraise=True)
+    controller = patched / "sglang/srt/layers/attention/dsv4/online_c128_dspark.py"
+    assert controller.read_bytes() == CONTROLLER.read_bytes()
+
+
+@pytest.mark.parametrize("name", sorted({v.file for e in PATCH_ENTRIES for v in e.patch_files()}))
 def test_patch_header(name: str) -> None:
-    text = (PATCHES / name).read_text()
+    entry = next(e for e in PATCH_ENTRIES if name in {v.file for v in e.patch_files()})
+    text = (SERIES.patches_dir / name).read_text()
     assert text.startswith("From 0000000000000000000000000000000000000000 ")
     assert "\nFrom: c128patch <c128patch@noreply.invalid>\n" in text
     assert re.search(r"^Subject: \[PATCH\] c128: ", text, re.M)
     assert f"\nC128patch-Gate: {ENV} (default off)\n" in text
     assert "\nC128patch-Upstream: sgl-project/sglang#32035\n" in text
     assert "\nC128patch-Upstream-Status: open\n" in text
+    assert f"\nC128patch-Entry: {entry.name}\n" in text
 
 
 # -- every hook is gated --------------------------------------------------------------
@@ -149,15 +211,15 @@ def _module_names(tree: ast.Module) -> Set[str]:
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_hooks_are_gated_and_bound(release: str, tmp_path: Path, sglang_release_repo: Path) -> None:
+def test_hooks_are_gated_and_bound(release: str, series_trees, sglang_release_repo: Path) -> None:
     """In every patched upstream function, each call into the series' code is either on
     the controller (whose entries return when disabled) or under an `if` on the env;
     and every name it reads is bound in that function (or module), so paths the CPU
     tests cannot run still cannot NameError."""
-    build_tree(sglang_release_repo, release, tmp_path)
+    patched, _ = series_trees[release]
     seen = 0
-    for rel in series_files(ENTRIES):
-        path = tmp_path / rel
+    for rel in sorted({f for p in selected_patches(SERIES, sglang_release_repo, release) for f in p.patch.files}):
+        path = patched / rel.removeprefix("python/")
         module = ast.parse(path.read_text())
         module_names = _module_names(module) | set(dir(builtins))
         parents = {c: p for p in ast.walk(module) for c in ast.iter_child_nodes(p)}
@@ -192,12 +254,12 @@ def test_hooks_are_gated_and_bound(release: str, tmp_path: Path, sglang_release_
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_patches_only_add_to_upstream(release: str) -> None:
+def test_patches_only_add_to_upstream(release: str, sglang_release_repo: Path) -> None:
     """The series removes no upstream line but the two it rewrites in place (the memory
     pool's MTP-only condition and the compressor's compress_forward call)."""
     removed = []
-    for entry in PATCH_ENTRIES:
-        text = entry.patch_for(release).read_text()
+    for planned in selected_patches(SERIES, sglang_release_repo, release):
+        text = planned.path.read_text()
         for line in text[text.index("\ndiff --git") :].splitlines():
             if line.startswith("-") and not line.startswith("---"):
                 removed.append(line[1:].strip())
@@ -209,14 +271,14 @@ def test_patches_only_add_to_upstream(release: str) -> None:
     )
 
 
-KERNEL_OPS = REPO / "overlay/sglang/kernels/ops/attention/dsv4/online_c128_dspark.py"
+KERNEL_OPS = REPO_ROOT / "overlay/sglang/kernels/ops/attention/dsv4/online_c128_dspark.py"
 
 
 def test_controller_calls_match_the_kernel_api() -> None:
     """Every `_ops().<fn>(...)` call of the controller fits the series II ops module's
     signature, and the plan attribute it reads is a field of DsparkVerifyPlan."""
     if not KERNEL_OPS.is_file():
-        pytest.skip(f"{KERNEL_OPS.relative_to(REPO)} not in this checkout (series II)")
+        pytest.skip(f"{KERNEL_OPS.relative_to(REPO_ROOT)} not in this checkout (series II)")
     api = {
         n.name: n for n in ast.parse(KERNEL_OPS.read_text()).body if isinstance(n, ast.FunctionDef)
     }

@@ -12,31 +12,20 @@ from typing import Callable, Optional
 
 import pytest
 
-from series3_tree import (
-    ENV,
-    RELEASES,
-    REPO,
-    build_tree,
-    load_function,
-    load_series,
-    sglang_imports,
-)
+from series3_tree import CONTROLLER, ENV, load_function, sglang_imports
+from support import RELEASES, REPO_ROOT
 
-CONFIGURATOR = "python/sglang/srt/model_executor/pool_configurator.py"
-MEMORY_POOL = "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
+CONFIGURATOR = "sglang/srt/model_executor/pool_configurator.py"
+MEMORY_POOL = "sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
 MTP_ENV = "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP"
 ONLINE_ENV = "SGLANG_OPT_USE_ONLINE_COMPRESS"
-KERNEL = REPO / "csrc/deepseek_v4/online_c128_dspark.cuh"
+KERNEL = REPO_ROOT / "csrc/deepseek_v4/online_c128_dspark.cuh"
 
 
 @pytest.fixture(params=RELEASES)
-def trees(request, tmp_path: Path, sglang_release_repo: Path):
-    """(patched, upstream) trees of one release."""
-    release = request.param
-    patched = build_tree(sglang_release_repo, release, tmp_path / "patched")
-    first = load_series()[0].name
-    upstream = build_tree(sglang_release_repo, release, tmp_path / "upstream", upto=first, overlays=False)
-    return release, patched, upstream
+def trees(request, series_trees):
+    """(release, patched, upstream) of one release (the session's shared trees)."""
+    return (request.param, *series_trees[request.param])
 
 
 @pytest.fixture(autouse=True)
@@ -92,7 +81,7 @@ def test_env_declared_default_off(trees, monkeypatch: pytest.MonkeyPatch) -> Non
 def _online_gate(tree: Path) -> Callable:
     """The configurator's `if envs.SGLANG_OPT_USE_ONLINE_COMPRESS.get(): ...` block, as a
     function of (self, kvc) with the tree's real envs."""
-    path = tree.parent / CONFIGURATOR
+    path = tree / CONFIGURATOR
     text = path.read_text()
     block = next(
         n
@@ -184,7 +173,7 @@ def _ring_size(tree: Path, online: bool) -> Callable:
         from sglang.srt.environ import envs
 
         namespace = {"envs": envs, "ONLINE_C128": online}
-        return load_function(tree.parent / MEMORY_POOL, "get_compress_state_ring_size", namespace)
+        return load_function(tree / MEMORY_POOL, "get_compress_state_ring_size", namespace)
 
 
 def _ring(fn: Callable, release: str, ratio: int, drafts: int):
@@ -215,8 +204,8 @@ def test_ring_size(trees, monkeypatch, online: bool, envs_set) -> None:
 
 def test_bank_limit_matches_kernel() -> None:
     if not KERNEL.is_file():
-        pytest.skip(f"{KERNEL.relative_to(REPO)} not in this checkout (series II kernels)")
+        pytest.skip(f"{KERNEL.relative_to(REPO_ROOT)} not in this checkout (series II kernels)")
     m = re.search(r"kMaxBanks\s*=\s*(\d+)", KERNEL.read_text())
     assert m, "kMaxBanks not found in the kernel"
-    source = (REPO / "overlay/sglang/srt/layers/attention/dsv4/online_c128_dspark.py").read_text()
+    source = CONTROLLER.read_text()
     assert f"DSPARK_MAX_BANKS = {m.group(1)}\n" in source

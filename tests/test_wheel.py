@@ -28,7 +28,7 @@ from c128patch.wheelpatch import patch_wheel
 from c128patch.wheelrules import refusal
 from c128patch.wheeltools import InWheel, check_record
 
-from conftest import make_test_series
+from support import make_test_series
 
 ENVIRON = "python/sglang/srt/environ.py"
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"

@@ -21,7 +21,7 @@ from c128patch.manifest import load_series
 from c128patch.srcbuild import PRETEND_ENV, base_version, build_command, build_env, build_wheel
 from c128patch.upstream import open_upstream
 
-from conftest import make_test_series
+from support import make_test_series
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 ENVIRON = "python/sglang/srt/environ.py"

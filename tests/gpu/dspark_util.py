@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -13,8 +12,6 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-SCALE_ENV = "C128PATCH_GPU_SCALE"
-RESULTS_ENV = "C128PATCH_GPU_RESULTS_DIR"
 SEED_ENV = "C128PATCH_GPU_SEED"
 
 
@@ -33,12 +30,12 @@ def harness() -> ModuleType:
 
 
 def scale() -> float:
-    return float(os.environ.get(SCALE_ENV, "1.0"))
+    return harness().gpu_scale()
 
 
 def scaled(count: int, minimum: int) -> int:
     """`count` scaled by C128PATCH_GPU_SCALE, never below `minimum` (keeps every path)."""
-    return max(minimum, int(round(count * scale())))
+    return harness().scaled(count, minimum)
 
 
 def base_seed() -> int:
@@ -46,14 +43,8 @@ def base_seed() -> int:
 
 
 def write_results(name: str, payload: dict[str, Any]) -> Path | None:
-    """Write `<results dir>/<name>.json` when C128PATCH_GPU_RESULTS_DIR is set."""
-    out_dir = os.environ.get(RESULTS_ENV)
-    if not out_dir:
-        return None
-    path = Path(out_dir) / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_jsonable(payload), indent=2, sort_keys=True) + "\n")
-    return path
+    """The harness's results file (C128PATCH_GPU_RESULTS_DIR), numpy scalars as JSON numbers."""
+    return harness().write_result(name, _jsonable(payload))
 
 
 def _jsonable(value: Any) -> Any:

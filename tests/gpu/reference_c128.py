@@ -1,9 +1,15 @@
-"""Float64 CPU reference for C128 compression (no GPU, no sglang).
+"""Float64 CPU reference for C128 compression (no GPU, no sglang), for the GPU tests.
+
+For each 128-token chunk and channel d: `out[d] = sum_p softmax_p(score[p, d] + ape[p mod 128, d]) * kv[p, d]`.
+An open chunk's online state is `[max | sum of exp(x - max) | normalized weighted mean]`
+(3 x head_dim), the row layout of the online state pool.
 
 * `offline_pool`: exact softmax pooling of one 128-token chunk (what the offline ring
-  path computes): `c[d] = sum_t softmax_t(score[t, d] + ape[t, d]) * kv[t, d]`.
+  path computes).
 * `exact_state`: the online state `[max | sum | kv]` of a partial chunk, computed in
-  one shot (max, sum of exp(x - max), normalized weighted mean).
+  one shot.
+* `OnlineC128Reference`: per-request open chunks across extend rounds (prefill + running
+  state): the rows the chunks close and the state rows left open.
 * `fold_rows`: the sequential online fold over a verify window, vectorized over rows,
   with upstream's bank semantics (bank k = state after k tokens, no bank at a closing
   position, the pooled kv emitted there, restart at chunk position 0).
@@ -13,7 +19,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -37,12 +43,24 @@ assert PLAN_DTYPE.itemsize == 16
 INVALID_PLAN = (0xFFFFFFFF, 0, 0, -1, -1)
 
 
+def pooled(x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """Softmax pooling over positions of biased scores `x` (score + ape) and values `kv`, `[t, D]`."""
+    return (torch.softmax(x, dim=0) * kv).sum(dim=0)
+
+
 def offline_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
     """Pool one full chunk: kv/score `[128, D]` (chunk positions 0..127), ape `[128, D]`."""
     assert kv.shape[0] == CHUNK and score.shape[0] == CHUNK
-    x = score.double() + ape.double()
-    w = torch.softmax(x, dim=0)
-    return (w * kv.double()).sum(dim=0)
+    return pooled(score.double() + ape.double(), kv.double())
+
+
+def online_state(x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """`[3, D]` float64 (max, sum, kv) of biased scores `x` and values `kv`, `[t, D]`."""
+    x, kv = x.double(), kv.double()
+    m = x.max(dim=0).values
+    e = torch.exp(x - m)
+    s = e.sum(dim=0)
+    return torch.stack([m, s, (e * kv).sum(dim=0) / s])
 
 
 def exact_state(
@@ -52,12 +70,58 @@ def exact_state(
 
     `ape_rows` are the ape rows of the tokens' chunk positions.
     """
-    x = score.double() + ape_rows.double()
-    m = x.max(dim=0).values
-    e = torch.exp(x - m)
-    s = e.sum(dim=0)
-    k = (e * kv.double()).sum(dim=0) / s
-    return torch.stack([m, s, k])
+    return online_state(score.double() + ape_rows.double(), kv)
+
+
+@dataclass
+class OpenChunk:
+    """The tokens of a request's open (not yet closed) chunk: biased scores and kv, float64."""
+
+    score: torch.Tensor  # [t, head_dim], score + ape
+    kv: torch.Tensor  # [t, head_dim]
+
+
+def state_row(chunk: OpenChunk) -> torch.Tensor:
+    """`[max | sum | kv]` of an open chunk as one row (3 * head_dim), float64."""
+    return online_state(chunk.score, chunk.kv).reshape(-1)
+
+
+@dataclass
+class OnlineC128Reference:
+    """Per-request open chunks across extend rounds (requests keyed by any hashable id)."""
+
+    ape: torch.Tensor  # [128, head_dim], float64
+    open: dict[object, OpenChunk] = field(default_factory=dict)
+
+    def extend(self, req: object, prefix_len: int, kv: torch.Tensor, score: torch.Tensor) -> list[torch.Tensor]:
+        """Fold `kv`/`score` ([e, head_dim], positions prefix_len ...) into `req`; returns the
+        compressed rows of the chunks this closes, in position order."""
+        kv = kv.double()
+        empty = OpenChunk(kv.new_empty((0, kv.shape[1])), kv.new_empty((0, kv.shape[1])))
+        chunk = self.open.get(req, empty)
+        if chunk.score.shape[0] != prefix_len % CHUNK:
+            raise ValueError(f"request {req}: open chunk has {chunk.score.shape[0]} tokens, prefix {prefix_len}")
+        pos = torch.arange(prefix_len, prefix_len + kv.shape[0], device=kv.device) % CHUNK
+        score = score.double() + self.ape[pos]
+        out: list[torch.Tensor] = []
+        start = 0
+        while start < kv.shape[0]:
+            take = min(CHUNK - chunk.score.shape[0], kv.shape[0] - start)
+            chunk = OpenChunk(
+                torch.cat([chunk.score, score[start : start + take]]),
+                torch.cat([chunk.kv, kv[start : start + take]]),
+            )
+            start += take
+            if chunk.score.shape[0] == CHUNK:
+                out.append(pooled(chunk.score, chunk.kv))
+                chunk = empty
+        self.open[req] = chunk
+        return out
+
+    def state(self, req: object) -> torch.Tensor | None:
+        """The expected state row of `req`, or None when no chunk is open."""
+        chunk = self.open.get(req)
+        return None if chunk is None or chunk.score.shape[0] == 0 else state_row(chunk)
 
 
 def merge_token(

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import harness
-from c128_reference import OnlineC128Reference
+from reference_c128 import OnlineC128Reference
 
 HEAD = 512
 NAN = float("nan")

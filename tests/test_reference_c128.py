@@ -1,4 +1,4 @@
-"""CPU checks of tests/gpu/c128_reference.py (the float64 reference the GPU tier compares to)."""
+"""CPU checks of tests/gpu/reference_c128.py (the float64 reference the GPU tier compares to)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 
-from c128_reference import OnlineC128Reference, state_row, OpenChunk  # noqa: E402
+from reference_c128 import OnlineC128Reference, OpenChunk, exact_state, offline_pool, state_row  # noqa: E402
 
 D = 8
 
@@ -24,11 +24,14 @@ def merge(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.cat([m, s1 + s2, (k1 * s1 + k2 * s2) / (s1 + s2)])
 
 
+def _inputs(seed: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ape [128, D], kv and score [tokens, D], float64."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn((rows, D), generator=g, dtype=torch.float64) for rows in (128, tokens, tokens))
+
+
 def test_chunks_and_state_match_direct_softmax():
-    g = torch.Generator().manual_seed(0)
-    ape = torch.randn((128, D), generator=g, dtype=torch.float64)
-    kv = torch.randn((300, D), generator=g, dtype=torch.float64)
-    score = torch.randn((300, D), generator=g, dtype=torch.float64)
+    ape, kv, score = _inputs(0, 300)
     ref = OnlineC128Reference(ape)
     out = ref.extend("r", 128, kv, score)  # positions 128..427: closes [128,256) and [256,384)
     assert len(out) == 2
@@ -36,17 +39,18 @@ def test_chunks_and_state_match_direct_softmax():
     for j, row in enumerate(out):
         sl = slice(128 * j, 128 * (j + 1))
         assert torch.allclose(row, (torch.softmax(s[sl], 0) * kv[sl]).sum(0))
+        assert torch.allclose(row, offline_pool(kv[sl], score[sl], ape))  # chunk positions 0..127
     st = ref.state("r")
     tail = slice(256, 300)
     assert torch.allclose(st[:D], s[tail].max(0).values)
     assert torch.allclose(st[D : 2 * D], torch.exp(s[tail] - s[tail].max(0).values).sum(0))
+    assert torch.allclose(st[2 * D :], (torch.softmax(s[tail], 0) * kv[tail]).sum(0))
+    pos = torch.arange(384, 428) % 128
+    assert torch.allclose(st, exact_state(kv[tail], score[tail], ape[pos]).reshape(-1))
 
 
 def test_rounds_fold_like_the_kernel_merge():
-    g = torch.Generator().manual_seed(1)
-    ape = torch.randn((128, D), generator=g, dtype=torch.float64)
-    kv = torch.randn((100, D), generator=g, dtype=torch.float64)
-    score = torch.randn((100, D), generator=g, dtype=torch.float64)
+    ape, kv, score = _inputs(1, 100)
     ref = OnlineC128Reference(ape)
     ref.extend("r", 0, kv[:30], score[:30])
     first = ref.state("r")
