@@ -18,7 +18,7 @@ import pytest
 from c128patch.check import RevCheck, index_git, replay_in_index
 from c128patch.git import Git
 from c128patch.manifest import load_series
-from c128patch.refresh import _primary_gives_same_tree
+from c128patch.refresh import _fallback_gives_same_tree
 from c128patch.replay import validate_files
 
 from series3_tree import CONTROLLER, ENV, function_node, selected_patches, series3_entries
@@ -29,12 +29,6 @@ ENTRIES = series3_entries(SERIES)
 PATCH_ENTRIES = [e for e in ENTRIES if e.is_patch]
 SERIES3 = ["c128-dspark-online-env", "c128-dspark-online-controller", "c128-dspark-online-startup",
            "c128-dspark-online-backend", "c128-dspark-online-commit"]
-# Known: the manifest selects the v0.5.20 startup file on 0.5.21/0.5.22, where only a 3-way
-# merge applies it (it gives the primary's tree there). refresh dropped the 0.5.21/0.5.22
-# variants because the *primary* gives the same tree on their bases, but select_variant takes
-# the nearest older variant, never a newer primary. Fixed by restoring those variants (or by
-# aligning refresh's rule with select_variant); then this set empties and the test says so.
-KNOWN_3WAY = {("v0.5.21", "c128-dspark-online-startup"), ("v0.5.22", "c128-dspark-online-startup")}
 
 
 def test_manifest_carries_series3() -> None:
@@ -82,9 +76,6 @@ def test_selected_file_applies_strictly(tag: str, name: str, replays: Dict[str, 
     row = next(r for r in replays[tag].entries if r.name == name)
     if entry.is_patch:
         assert row.file == f"patches/{_nearest_older(entry, tag).file}"
-    if (tag, name) in KNOWN_3WAY:
-        assert row.status == "3way", row
-        pytest.xfail(f"{row.file} needs a 3-way merge on {tag} (a dropped variant: see KNOWN_3WAY)")
     assert row.status == "clean", row
 
 
@@ -105,13 +96,14 @@ def _commit_after_variant(git: Git, entry_index: int, base: str, variant_file: P
     [(e.name, v.base) for e in SERIES.entries for v in e.variants],
 )
 def test_no_variant_is_redundant(name: str, base: str, scratch_git: Git, tmp_path: Path) -> None:
-    """A variant is kept only where the primary file does not give its tree on its base (on top
-    of the earlier entries): refresh's own test for dropping one."""
+    """A variant is kept only where the file `apply` would choose without it (the nearest older
+    variant, else the primary) does not give its tree strictly on its base (on top of the earlier
+    entries): refresh's own test for dropping one."""
     index = [e.name for e in SERIES.entries].index(name)
     entry = SERIES.entries[index]
     variant = next(v for v in entry.variants if v.base == base)
     sha = _commit_after_variant(scratch_git, index, base, SERIES.file_of(entry, variant), tmp_path / "index")
-    assert not _primary_gives_same_tree(SERIES, entry, scratch_git, sha), f"{variant.file} is redundant"
+    assert not _fallback_gives_same_tree(SERIES, entry, scratch_git, sha, base), f"{variant.file} is redundant"
 
 
 @pytest.mark.parametrize("tag", RELEASES)
