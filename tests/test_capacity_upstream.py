@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 import re
-import sys
 from dataclasses import replace
 from pathlib import Path
 

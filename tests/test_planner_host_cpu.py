@@ -18,7 +18,6 @@ import json
 import random
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 

@@ -8,8 +8,6 @@ One run, side by side, median of --reps. Prints a table and writes JSON (--out).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import shutil
 import statistics
 import subprocess
@@ -17,6 +15,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchlib import machine, write_json
 
 from c128patch.check import check_rev
 from c128patch.git import Git
@@ -92,7 +92,7 @@ def main() -> int:
         "ratio": statistics.median(mine) / statistics.median(raw),
         "check_4_releases_s": statistics.median(checks),
         "check_4_releases_cli_s": cli_check,
-        "machine": f"{platform.machine()} {platform.python_version()}, {subprocess.getoutput('nproc')} cores",
+        "machine": machine(),
     }
     print(f"{'what':44} {'seconds':>8}")
     print(f"{'raw: git worktree add + git am -3 (' + str(row['entries']) + ' entries)':44} {row['raw_git_s']:8.3f}")
@@ -100,9 +100,7 @@ def main() -> int:
     print(f"{'ratio apply / raw (target <= 1.5)':44} {row['ratio']:8.2f}")
     print(f"{'check, 4 releases (in process)':44} {row['check_4_releases_s']:8.3f}")
     print(f"{'c128patch check, 4 releases (whole CLI)':44} {row['check_4_releases_cli_s']:8.3f}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(row, indent=2) + "\n")
+    write_json(args.out, row)
     return 0
 
 

@@ -11,14 +11,14 @@ temporary index, entry by entry.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from packaging.version import Version
+
+from benchlib import machine, write_json
 
 from c128patch.cache import cache_dir
 from c128patch.check import check_revs
@@ -60,13 +60,11 @@ def main() -> int:
     row = {"series_entries": len(series.entries), "four_releases_s": t4, "four_releases_ok": ok4,
            "commits": len(revs), "commits_s": tn, "commits_ok": okn, "range": f"{revs[0]}..{revs[-1]}",
            "history_build_s_once": build_s,
-           "machine": f"{platform.machine()} {platform.python_version()}, {subprocess.getoutput('nproc')} cores"}
+           "machine": machine()}
     print(f"{'what':40} {'seconds':>8}  ok")
     print(f"{'check, 4 releases 0.5.20-0.5.23':40} {t4:8.3f}  {ok4}/4")
     print(f"{'check, ' + str(len(revs)) + ' commits ' + row['range']:40} {tn:8.3f}  {okn}/{len(revs)}  (target <= 5 s)")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(row, indent=2) + "\n")
+    write_json(args.out, row)
     return 0
 
 

@@ -17,7 +17,6 @@ import argparse
 import hashlib
 import importlib.metadata
 import json
-import platform
 import shutil
 import statistics
 import subprocess
@@ -26,6 +25,8 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+
+from benchlib import machine, write_json
 
 from c128patch.manifest import default_series_root, load_series
 from c128patch.release_source import BINARY_SUFFIXES, ReleaseHistory, wheel_for
@@ -139,7 +140,7 @@ def main() -> int:
         "identical_bytes_across_runs": len(hashes) == 1,
         "patched_version": result.get("version"),
         "source_build_prerequisites": prereq,
-        "machine": f"{platform.machine()} {platform.python_version()}, {subprocess.getoutput('nproc')} cores",
+        "machine": machine(),
     }
     print(f"{'what':52} {'value':>10}")
     print(f"{'c128patch wheel --from-release ' + args.version + ' (median, s)':52} {row['wheel_cli_s']:10.2f}")
@@ -154,9 +155,7 @@ def main() -> int:
     print(f"  {'compiled extensions in the wheel (MB)':50} {prereq['compiled_extensions_mb']}")
     for note in prereq["not_measured"]:
         print(f"  not measured: {note}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(row, indent=2) + "\n")
+    write_json(args.out, row)
     return 0
 
 

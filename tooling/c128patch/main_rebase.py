@@ -14,7 +14,7 @@ from .git import Git, toplevel
 from .progress import console, reporter
 from .rebase import Rebase
 from .release_source import release_version
-from .upstream import open_upstream, prepare_tree
+from .upstream import open_upstream
 
 
 def _onto_commit(git: Git, rev: str, repo: str | None) -> str:
