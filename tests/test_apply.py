@@ -138,3 +138,21 @@ def test_apply_is_reproducible(tmp_path: Path, sglang_release_repo: Path, portab
         assert run("apply", "--sglang-rev", "v0.5.21", "--repo", str(dest), "--series", str(portable_series))[0] == 0
         heads.append(Git(worktree=dest).head())
     assert heads[0] == heads[1]
+
+
+def test_apply_and_check_from_a_url_mirror_once(tmp_path: Path, sglang_release_repo: Path, portable_series: Path,
+                                                monkeypatch):
+    """--repo URL: cloned once (as a mirror) into the cache, then reused; the tree is a clone of it."""
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    url = sglang_release_repo.as_uri()  # file:///...: a URL, as far as git and the tool are concerned
+    code, out, err = run("apply", "--sglang-rev", "v0.5.21", "--repo", url, "--tree", str(tmp_path / "t"),
+                         "--series", str(portable_series), "--json")
+    assert code == 0, err
+    mirrors = list((tmp_path / "cache" / "remotes").glob("*.git"))
+    assert len(mirrors) == 1 and Git(git_dir=mirrors[0]).rev_parse("v0.5.21") == out["upstream_commit"]
+    assert Git(worktree=tmp_path / "t").current_branch() == "c128/v0.5.21"
+    record = json.loads((tmp_path / "t" / PROVENANCE_PATH).read_text())
+    assert record["upstream"] == {"rev": "v0.5.21", "commit": out["upstream_commit"], "source": "url", "url": url}
+    stamp = mirrors[0].stat().st_mtime_ns
+    code, out, _ = run("check", "--sglang-rev", "v0.5.22", "--repo", url, "--series", str(portable_series), "--json")
+    assert code == 0 and out["ok"] and mirrors[0].stat().st_mtime_ns == stamp  # no second clone
