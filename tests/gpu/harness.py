@@ -10,12 +10,10 @@ stand-ins (:data:`STANDINS`) and imports ``sglang.srt.environ`` for real. Then s
 A name that upstream starts importing from a stand-in fails loudly (ImportError naming the
 module, the name and this file); :func:`standin_imports` finds such names statically.
 
-Running the tier (the GPU machine carries ≤ 64 MiB, so carry tree subsets, not whole trees):
+Running the tier (the GPU machine carries <= 64 MiB, so carry tree subsets, not whole trees):
+``c128patch smoke --tier kernel`` does it all (docs/smoke.md); by hand, after
+``ci/gpu/prepare.py`` staged ``.gpu/{patched,upstream}`` and the wheels:
 
-    python -m tests.gpu.tree_subset /tmp/sgl/v0.5.23 .gpu/upstream
-    python -m tests.gpu.tree_subset /tmp/sgl/v0.5.23 .gpu/patched
-    git apply -p2 --directory=.gpu/patched patches/0001-c128-plans-accept-zero-length-rows.patch
-    # on the GPU machine, with apache-tvm-ffi + msgspec on PYTHONPATH:
     C128PATCH_TREE=.gpu/patched C128PATCH_UPSTREAM_TREE=.gpu/upstream python -m pytest tests/gpu
 """
 
