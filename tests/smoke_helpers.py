@@ -78,3 +78,24 @@ def provenance_record(commit: str = "0" * 40, rev: str = "v0.5.23") -> dict:
                     {"name": "dspark-record-streams", "kind": "patch", "gate": "SGLANG_DSPARK_RECORD_VERIFY_STREAMS",
                      "files": []}],
     }
+
+
+def signal_when_ready(cmd: list[str], env: dict, ready, sig: int, code: int, poll: float = 0.05) -> str:
+    """Start ``cmd``, wait (<= 30 s) until ``ready()``, send ``sig``; assert the exit ``code``.
+    Returns stderr."""
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(poll)
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, err
+    return err

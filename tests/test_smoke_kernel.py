@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from c128patch import smoke_device, smoke_pass, smoke_procs, smoke_sanitizer, smoke_trees
 from c128patch.cli import main
 
-from smoke_helpers import H200, make_suite, make_tree, provenance_record
+from smoke_helpers import H200, make_suite, make_tree, provenance_record, signal_when_ready
 
 TOOLING = Path(__file__).resolve().parents[1] / "tooling"
 
@@ -524,21 +524,10 @@ def test_signal_stops_the_suite(tmp_path, sig, code):
              f"smoke_device.probe_device = lambda python: {H200!r}\n"
              "from c128patch.cli import main\n"
              "main()\n")
-    proc = subprocess.Popen([sys.executable, "-c", code_, "smoke", "--tier", "kernel", "--tree",
-                             str(make_tree(tmp_path / "t")), "--suite", str(suite), "--out", str(tmp_path / "out")],
-                            env={**os.environ, "PYTHONPATH": str(TOOLING)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not pidfile.exists() or len(pidfile.read_text().split()) < 2:
-            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-            time.sleep(0.05)
-        proc.send_signal(sig)
-        _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == code, err
+    signal_when_ready([sys.executable, "-c", code_, "smoke", "--tier", "kernel", "--tree",
+                       str(make_tree(tmp_path / "t")), "--suite", str(suite), "--out", str(tmp_path / "out")],
+                      {**os.environ, "PYTHONPATH": str(TOOLING)},
+                      lambda: pidfile.exists() and len(pidfile.read_text().split()) >= 2, sig, code)
     pids = [int(p) for p in pidfile.read_text().split()]
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(smoke_procs.alive(p) for p in pids):

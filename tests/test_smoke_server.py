@@ -20,6 +20,7 @@ from c128patch import smoke_logs, smoke_procs, smoke_server
 from c128patch.cli import main
 
 import smoke_upstream_formats as up
+from smoke_helpers import signal_when_ready
 
 STANDINS = Path(__file__).parent / "smoke_standins"
 TOOLING = Path(__file__).resolve().parents[1] / "tooling"
@@ -319,19 +320,8 @@ def test_signal_stops_everything(fake, tmp_path, sig, code):
     cmd = [sys.executable, "-m", "c128patch", "smoke", "--tier", "server", "--model-path", "/models/dsv4",
            "--port", str(opts.port), "--launcher", " ".join(opts.launcher), "--load-cmd", " ".join(opts.load_cmd),
            "--out", str(opts.out), "--duration", "60"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(TOOLING)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while "load" not in [w for w, _p in fake.pids()]:
-            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-            time.sleep(0.1)
-        proc.send_signal(sig)
-        _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == code, err
+    signal_when_ready(cmd, {**os.environ, "PYTHONPATH": str(TOOLING)},
+                      lambda: "load" in [w for w, _p in fake.pids()], sig, code, poll=0.1)
     assert_all_gone(fake)
     partial = json.loads((opts.out / "smoke-server.json").read_text())
     assert partial["interrupted"] and not partial["ok"]

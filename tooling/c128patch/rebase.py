@@ -21,6 +21,7 @@ from pathlib import Path
 from . import provenance
 from .errors import C128Error, ConflictError
 from .git import Git
+from .jsonio import write_json_atomic
 from .ledger import Conflict, Ledger
 from .manifest import Series
 from .provenance import PROVENANCE_PATH
@@ -70,9 +71,7 @@ class Journal:
         return cls(**data)
 
     def save(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        os.replace(tmp, path)  # atomic: a kill leaves the old or the new journal, never half of one
+        write_json_atomic(path, asdict(self))
 
 
 class Rebase:

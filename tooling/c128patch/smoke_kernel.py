@@ -6,7 +6,6 @@ Inputs (smoke_trees), one pytest pass each (smoke_pass), here: which passes, and
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import tempfile
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .jsonio import write_json_atomic
 from .errors import C128Error
 from .smoke_pass import BAD, PassSpec, pass_problems
 from .smoke_trees import (check_suite, default_suite_root, derive_upstream, read_provenance, resolve_tree,
@@ -226,9 +226,4 @@ def build_report(command: str, opts: KernelOptions, prep: Prepared, device: dict
 
 
 def write_report(report: dict[str, Any], out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "smoke-kernel.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
-    return path
+    return write_json_atomic(out / "smoke-kernel.json", report)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .jsonio import write_json_atomic
 from .errors import C128Error
 from .smoke_trees import read_provenance, series_info
 from .smoke_logs import ServerLog, Tail, load_summary
@@ -432,9 +433,4 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_report(report: dict[str, Any], out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "smoke-server.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
-    return path
+    return write_json_atomic(out / "smoke-server.json", report)
