@@ -168,3 +168,18 @@ def test_bad_manifest(tmp_path: Path, series: Path):
     refused(["check", "--sglang-rev", "v0.5.23", "--series", str(series)], None, "kind must be one of")
     manifest.write_text("[series\nname=")
     refused(["check", "--sglang-rev", "v0.5.23", "--series", str(series)], None, "not valid TOML")
+
+
+@pytest.mark.parametrize("existed", [False, True], ids=["new-folder", "empty-folder"])
+def test_refused_apply_into_a_fresh_clone_leaves_nothing(tmp_path: Path, sglang_release_repo: Path, series: Path,
+                                                        existed: bool):
+    """A series check that fails after the clone removes the clone: no half-made tree is left."""
+    patch = series / "patches" / "0001-test.patch"
+    patch.write_text(patch.read_text().replace("c128patch test", "c128patch TEST"))
+    tree = tmp_path / "fresh"
+    if existed:
+        tree.mkdir()
+    line = refused(["apply", "--sglang-rev", "v0.5.23", "--repo", str(sglang_release_repo), "--tree", str(tree),
+                    "--series", str(series)], contains="sha256 does not match")
+    assert f"the new clone {tree} was removed" in line
+    assert tree.is_dir() == existed and (not existed or not any(tree.iterdir()))

@@ -10,7 +10,8 @@ from .apply import apply_series
 from .cli_common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
 from .git import Git
 from .progress import console, reporter
-from .upstream import open_upstream, prepare_tree
+from .errors import C128Error, ConflictError
+from .upstream import discard_fresh_tree, open_upstream, prepare_tree
 
 
 @click.command("apply")
@@ -28,12 +29,21 @@ def command(rev: str, repo: str | None, branch: str | None, tree: Path | None, s
     with reporter(not as_json, title="apply") as rep:
         upstream = open_upstream(repo, [rev], rep)
         commit = upstream.resolve(rev)
+        existed = (tree or Path("sglang")).exists()
         worktree, fresh = prepare_tree(upstream, tree, commit, rep)
         info = {"rev": rev, "commit": commit, "source": upstream.kind}
         if upstream.kind == "url":
             info["url"] = upstream.location
-        result = apply_series(series, Git(worktree=worktree), rev, commit, branch=branch, fresh_clone=fresh,
-                              upstream_info=info, reporter=rep)
+        try:
+            result = apply_series(series, Git(worktree=worktree), rev, commit, branch=branch, fresh_clone=fresh,
+                                  upstream_info=info, reporter=rep)
+        except C128Error as exc:
+            # A conflict leaves the branch for inspection (its hint says how to undo); any
+            # other failure in a clone made just now leaves nothing behind.
+            if fresh and not isinstance(exc, ConflictError):
+                discard_fresh_tree(worktree, existed)
+                exc.message += f" (the new clone {worktree} was removed)"
+            raise
     if as_json:
         emit_json({"ok": True, **result.to_json()})
         return

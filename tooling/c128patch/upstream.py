@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +82,19 @@ def _open_url(url: str, reporter: Reporter) -> Upstream:
             except GitError as exc:
                 raise C128Error(f"cannot clone {url}: {exc.message}") from exc
     return Upstream("url", Git(git_dir=mirror), url)
+
+
+def discard_fresh_tree(tree: Path, existed: bool) -> None:
+    """Undo a fresh clone made by :func:`prepare_tree`: remove what it put in ``tree`` (the
+    folder itself too, unless it was there, empty, before)."""
+    if not existed:
+        shutil.rmtree(tree, ignore_errors=True)
+        return
+    for child in tree.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def prepare_tree(
