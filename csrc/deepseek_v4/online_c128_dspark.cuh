@@ -24,6 +24,12 @@
 // Every device-side index that could leave its tensor (a bad extend_start_loc,
 // verify_len, req_pool_index or seq_len) is clamped or skipped on the device,
 // consistently between the plan and the verify kernels.
+//
+// PDL: the verify kernels read the per-row metadata (seq_lens, verify_lens,
+// extend_start_loc, req_pool_indices) and ape before griddepcontrol.wait, as
+// upstream's c4/c128 prefill kernels read their plans: these must not be written
+// by the kernel launched right before. kv_score_input, the state and the plan's
+// row_emit are read after the wait.
 
 #pragma once
 
@@ -226,8 +232,9 @@ __global__ __launch_bounds__(kDsparkPlanBlockSize, 1)  //
 }
 
 // ---------------------------------------------------------------------------
-// Verify kernel: one block per (row, channel slice); each thread folds kVec
-// channels over the row's verify tokens, kTokenTile tokens loaded at a time.
+// Verify kernel: grid (row, channel slice), blockDim.x threads per slice (the
+// host picks it); each thread folds kVec channels over the row's verify tokens,
+// kTokenTile tokens loaded at a time.
 // ---------------------------------------------------------------------------
 
 struct DsparkC128VerifyParams {
@@ -236,7 +243,7 @@ struct DsparkC128VerifyParams {
   void* __restrict__ state;                  // [rows, head_dim * 3] (max | sum | kv)
   float* __restrict__ out;                   // [num_out, head_dim], emit only
   const int64_t* __restrict__ seq_lens;
-  const int32_t* __restrict__ lens;  // verify_lens (write prefix) or the plan's row_len (fused)
+  const int32_t* __restrict__ lens;  // verify_lens, clamped as the plan clamps them
   const int32_t* __restrict__ extend_start_loc;
   const int64_t* __restrict__ req_pool_indices;
   const int32_t* __restrict__ row_emit;  // emit only
@@ -247,28 +254,26 @@ struct DsparkC128VerifyParams {
   int64_t state_slot_stride;
 };
 
-inline constexpr uint32_t kDsparkVerifyThreads = 32;
+inline constexpr uint32_t kDsparkVerifyMaxThreads = 256;
 inline constexpr uint32_t kDsparkVerifyVec = 2;
 inline constexpr int32_t kDsparkTokenTile = 8;
 
 template <int64_t kHeadDim, typename BufferFloat, bool kUsePDL, bool kEmit>
-__global__ __launch_bounds__(kDsparkVerifyThreads)  //
+__global__ __launch_bounds__(kDsparkVerifyMaxThreads)  //
     void dspark_c128_verify_kernel(const __grid_constant__ DsparkC128VerifyParams params) {
   using namespace device;
   using namespace device::dspark_c128;
   constexpr uint32_t kVec = kDsparkVerifyVec;
-  constexpr uint32_t kSliceDim = kDsparkVerifyThreads * kVec;
-  constexpr uint32_t kNumSlices = kHeadDim / kSliceDim;
-  static_assert(kHeadDim % kSliceDim == 0);
+  constexpr int32_t kTile = kDsparkTokenTile;
+  static_assert(kHeadDim % (kDsparkVerifyMaxThreads * kVec) == 0);
   using InVec = AlignedVector<float, kVec>;
   using StateVec = AlignedVector<BufferFloat, kVec>;
 
-  const uint32_t row = blockIdx.x / kNumSlices;
-  const uint32_t slice = blockIdx.x % kNumSlices;
+  const uint32_t row = blockIdx.x;
   if (row >= params.batch_size) return;
 
-  PDLWaitPrimary<kUsePDL>();
-
+  // Row metadata and ape are ready before the forward (upstream's c4/c128 kernels read
+  // their plans the same way): read them while the previous kernel drains.
   const auto w = load_row_window(
       params.seq_lens,
       params.lens,
@@ -280,12 +285,37 @@ __global__ __launch_bounds__(kDsparkVerifyThreads)  //
       params.state_slot_stride);
   if (w.len == 0) return;
 
-  const int64_t channel = static_cast<int64_t>(slice) * kSliceDim + threadIdx.x * kVec;
+  const int64_t channel = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * kVec;
   auto* const state = static_cast<BufferFloat*>(params.state);
+  InVec kv[kTile];
+  InVec score[kTile];
+  InVec bias[kTile];
+  const auto load_bias = [&](const int32_t base) {
+#pragma unroll
+    for (int32_t t = 0; t < kTile; ++t) {
+      if (base + t < w.len) bias[t].load(params.ape + ((w.seq_before + base + t) % kChunk) * kHeadDim + channel);
+    }
+  };
+  const auto load_tokens = [&](const int32_t base) {
+#pragma unroll
+    for (int32_t t = 0; t < kTile; ++t) {
+      if (base + t < w.len) {
+        const float* const src = params.kv_score_input + (static_cast<int64_t>(w.start) + base + t) * (kHeadDim * 2);
+        kv[t].load(src + channel);
+        score[t].load(src + kHeadDim + channel);
+      }
+    }
+  };
+  load_bias(0);
+
+  PDLWaitPrimary<kUsePDL>();  // kv_score_input, bank 0 and row_emit may come from the kernels just before
+
+  int32_t emit_idx = 0;
+  if constexpr (kEmit) emit_idx = params.row_emit[row];
+  load_tokens(0);  // every load of the first tile is in flight before the first use
 
   OnlineState run[kVec];
-  const int64_t start_pos = w.seq_before % kChunk;
-  if (start_pos != 0) {
+  if (w.seq_before % kChunk != 0) {
     // Continue the committed partial chunk (bank 0, read only).
     const BufferFloat* const bank0 = state + w.rid * (kHeadDim * 3) + channel;
     StateVec m, s, k;
@@ -302,42 +332,21 @@ __global__ __launch_bounds__(kDsparkVerifyThreads)  //
       run[i] = OnlineState{0.0f, 0.0f, 0.0f};  // never read: the first token restarts the chunk
     }
   }
+  PDLTriggerSecondary<kUsePDL>();
 
-  int32_t emit_idx = 0;
-  if constexpr (kEmit) emit_idx = params.row_emit[row];
-
-  for (int32_t base = 0; base < w.len; base += kDsparkTokenTile) {
-    // Issue every load of the tile first; the fold below is a short dependent chain.
-    InVec kv[kDsparkTokenTile];
-    InVec score[kDsparkTokenTile];
+  for (int32_t base = 0;;) {
 #pragma unroll
-    for (int32_t t = 0; t < kDsparkTokenTile; ++t) {
-      if (base + t < w.len) {
-        const int64_t pos = (w.seq_before + base + t) % kChunk;
-        const float* const src = params.kv_score_input + (static_cast<int64_t>(w.start) + base + t) * (kHeadDim * 2);
-        InVec bias;
-        kv[t].load(src + channel);
-        score[t].load(src + kHeadDim + channel);
-        bias.load(params.ape + pos * kHeadDim + channel);
-#pragma unroll
-        for (uint32_t i = 0; i < kVec; ++i) {
-          score[t][i] += bias[i];
-        }
-      }
-    }
-    if (base == 0) PDLTriggerSecondary<kUsePDL>();
-
-#pragma unroll
-    for (int32_t t = 0; t < kDsparkTokenTile; ++t) {
+    for (int32_t t = 0; t < kTile; ++t) {
       if (base + t < w.len) {
         const int64_t step = base + t;
         const int64_t pos = (w.seq_before + step) % kChunk;
 #pragma unroll
         for (uint32_t i = 0; i < kVec; ++i) {
+          const float sc = score[t][i] + bias[t][i];
           if (pos == 0) {
-            run[i].reset(score[t][i], kv[t][i]);
+            run[i].reset(sc, kv[t][i]);
           } else {
-            run[i].fold(score[t][i], kv[t][i]);
+            run[i].fold(sc, kv[t][i]);
           }
         }
         if (pos != kChunk - 1) {
@@ -367,12 +376,17 @@ __global__ __launch_bounds__(kDsparkVerifyThreads)  //
         }
       }
     }
+    base += kTile;
+    if (base >= w.len) break;
+    load_bias(base);
+    load_tokens(base);
   }
 }
 
 // ---------------------------------------------------------------------------
-// Commit kernel: grid (row, layer); copies bank[accept] -> bank 0 with 16-byte
-// vectors. Layers are addressed through a device table of state base pointers.
+// Commit kernel: grid (row, layer group), block (kDsparkCommitThreads, layers per
+// group); copies bank[accept] -> bank 0 with 16-byte vectors. Layers are
+// addressed through a device table of state base pointers.
 // ---------------------------------------------------------------------------
 
 struct DsparkC128CommitParams {
@@ -382,6 +396,7 @@ struct DsparkC128CommitParams {
   const int32_t* __restrict__ verify_lens;
   const int64_t* __restrict__ req_pool_indices;
   uint32_t batch_size;
+  uint32_t num_layers;
   int32_t num_banks;
   int64_t state_slot_stride;
   int64_t max_num_reqs;
@@ -389,36 +404,39 @@ struct DsparkC128CommitParams {
 };
 
 inline constexpr uint32_t kDsparkCommitThreads = 128;
+inline constexpr uint32_t kDsparkCommitMaxLayersPerBlock = 8;
 inline constexpr uint32_t kDsparkCommitUnroll = 4;
 
 template <bool kUsePDL>
-__global__ __launch_bounds__(kDsparkCommitThreads)  //
+__global__ __launch_bounds__(kDsparkCommitThreads * kDsparkCommitMaxLayersPerBlock)  //
     void dspark_c128_commit_kernel(const __grid_constant__ DsparkC128CommitParams params) {
   using namespace device;
   using namespace device::dspark_c128;
   const uint32_t row = blockIdx.x;
-  const uint32_t layer = blockIdx.y;
-  if (row >= params.batch_size) return;
+  const uint32_t layer = blockIdx.y * blockDim.y + threadIdx.y;
+  if (row >= params.batch_size || layer >= params.num_layers) return;
 
   PDLWaitPrimary<kUsePDL>();
 
+  // Every row and layer input at once: one round trip before the copy.
   const int64_t rid = params.req_pool_indices[row];
-  if (rid < 0 || rid >= params.max_num_reqs) return;
   const int64_t seq_before = params.seq_lens[row];
+  const int64_t seq_after = params.new_seq_lens[row];
+  const int32_t verify_len = params.verify_lens[row];
+  const auto base_addr = static_cast<uintptr_t>(params.state_ptrs[layer]);
+  if (rid < 0 || rid >= params.max_num_reqs) return;
   // Same seq len range as the verify kernels (rows outside it wrote no bank).
   if (seq_before < 0 || seq_before > std::numeric_limits<int32_t>::max() - kMaxBanks) return;
-  const int32_t verify_len = params.verify_lens[row];
   const int64_t cap = verify_len < 0 ? 0 : (verify_len > params.num_banks ? params.num_banks : verify_len);
-  const int64_t delta = params.new_seq_lens[row] - seq_before;
+  const int64_t delta = seq_after - seq_before;
   const int64_t accept = delta < 0 ? 0 : (delta > cap ? cap : delta);
   // Nothing accepted, or the accepted prefix closes a chunk: bank 0 is stale but
   // the next token restarts the chunk (upstream's MTP commit rule).
   if (accept == 0 || (seq_before + accept) % kChunk == 0) return;
+  if (base_addr == 0 || base_addr % 16 != 0) return;  // a bad table entry: never fault on it
 
   PDLTriggerSecondary<kUsePDL>();
 
-  const auto base_addr = static_cast<uintptr_t>(params.state_ptrs[layer]);
-  if (base_addr == 0 || base_addr % 16 != 0) return;  // a bad table entry: never fault on it
   auto* const base = reinterpret_cast<uint4*>(base_addr);
   const uint4* const src = base + (rid + accept * params.state_slot_stride) * params.row_vecs;
   uint4* const dst = base + rid * params.row_vecs;
@@ -446,7 +464,6 @@ struct DsparkC128Kernel {
   static_assert(kHeadDim == 512, "online c128 DSPARK kernels only support head_dim=512");
   static_assert(std::is_same_v<BufferFloat, fp32_t> || std::is_same_v<BufferFloat, bf16_t>);
   static constexpr int64_t kStateDim = kHeadDim * 3;
-  static constexpr uint32_t kNumSlices = kHeadDim / (kDsparkVerifyThreads * kDsparkVerifyVec);
   template <bool kEmit>
   static constexpr auto verify_kernel = dspark_c128_verify_kernel<kHeadDim, BufferFloat, kUsePDL, kEmit>;
 
@@ -565,10 +582,20 @@ struct DsparkC128Kernel {
         .enable_pdl(kUsePDL)(dspark_c128_plan_kernel<kUsePDL>, params);
   }
 
+  /// \brief The widest verify block whose grid still gives every SM a block: fewer,
+  /// wider blocks launch faster, too few leave SMs idle at small batches.
+  static uint32_t verify_threads(uint32_t batch_size, DLDevice device) {
+    const uint32_t num_sms = host::runtime::get_sm_count(device.device_id);
+    uint32_t threads = kDsparkVerifyMaxThreads;
+    while (threads > 32 && batch_size * (kHeadDim / kDsparkVerifyVec / threads) < num_sms) threads /= 2;
+    return threads;
+  }
+
   template <bool kEmit>
   static void launch_verify(const DsparkC128VerifyParams& params, DLDevice device) {
     if (params.batch_size == 0) return;
-    host::LaunchKernel(params.batch_size * kNumSlices, kDsparkVerifyThreads, device)  //
+    const uint32_t threads = verify_threads(params.batch_size, device);
+    host::LaunchKernel(dim3{params.batch_size, static_cast<uint32_t>(kHeadDim / kDsparkVerifyVec / threads)}, threads, device)
         .enable_pdl(kUsePDL)(verify_kernel<kEmit>, params);
   }
 
@@ -599,7 +626,8 @@ struct DsparkC128Kernel {
   }
 
   /// \brief Fused verify: banks 1..len plus the pooled kv of every closing chunk,
-  /// written to `out[row_emit[b] + j]` (the plan_c rows).
+  /// written to `out[row_emit[b] + j]` (the plan_c rows). Takes the plan's inputs
+  /// (verify_lens as given: the kernel clamps them as the plan did).
   static void run_verify(
       const tvm::ffi::TensorView state,
       const tvm::ffi::TensorView kv_score_input,
@@ -609,7 +637,7 @@ struct DsparkC128Kernel {
       const tvm::ffi::TensorView seq_lens,
       const tvm::ffi::TensorView extend_start_loc,
       const tvm::ffi::TensorView req_pool_indices,
-      const tvm::ffi::TensorView row_len,
+      const tvm::ffi::TensorView verify_lens,
       const tvm::ffi::TensorView row_emit,
       const int64_t num_banks,
       const int64_t state_slot_stride) {
@@ -621,7 +649,7 @@ struct DsparkC128Kernel {
     device_.set_options<kDLCUDA>();
 
     verify_io_tensors(state, kv_score_input, ape, T, device_);
-    verify_row_tensors(seq_lens, row_len, extend_start_loc, req_pool_indices, B, device_);
+    verify_row_tensors(seq_lens, verify_lens, extend_start_loc, req_pool_indices, B, device_);
     TensorMatcher({B}).with_dtype<int32_t>().template with_device<kDLCUDA>(device_).verify(row_emit);
     TensorMatcher({N, sizeof(device::compress::CompressPlan)})
         .with_dtype<uint8_t>()
@@ -644,7 +672,7 @@ struct DsparkC128Kernel {
             .state = state.data_ptr(),
             .out = static_cast<float*>(out.data_ptr()),
             .seq_lens = static_cast<const int64_t*>(seq_lens.data_ptr()),
-            .lens = static_cast<const int32_t*>(row_len.data_ptr()),
+            .lens = static_cast<const int32_t*>(verify_lens.data_ptr()),
             .extend_start_loc = static_cast<const int32_t*>(extend_start_loc.data_ptr()),
             .req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr()),
             .row_emit = static_cast<const int32_t*>(row_emit.data_ptr()),
@@ -696,6 +724,14 @@ struct DsparkC128Kernel {
             .state_slot_stride = state_slot_stride,
         },
         device_.unwrap());
+  }
+
+  /// \brief Layers per commit block: as many as still give every SM a block.
+  static uint32_t commit_layers_per_block(uint32_t batch_size, uint32_t num_layers, DLDevice device) {
+    const uint32_t num_sms = host::runtime::get_sm_count(device.device_id);
+    uint32_t per_block = kDsparkCommitMaxLayersPerBlock;
+    while (per_block > 1 && batch_size * ((num_layers + per_block - 1) / per_block) < num_sms) per_block /= 2;
+    return per_block;
   }
 
   /// \brief Commit after accept, every layer in one launch. `state_ptrs` holds the
@@ -750,12 +786,15 @@ struct DsparkC128Kernel {
         .verify_lens = static_cast<const int32_t*>(verify_lens.data_ptr()),
         .req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr()),
         .batch_size = batch_size,
+        .num_layers = num_layers,
         .num_banks = static_cast<int32_t>(num_banks),
         .state_slot_stride = state_slot_stride,
         .max_num_reqs = max_num_reqs,
         .row_vecs = row_elems * static_cast<int64_t>(sizeof(BufferFloat)) / 16,
     };
-    LaunchKernel(dim3{batch_size, num_layers}, kDsparkCommitThreads, device_.unwrap())  //
+    const uint32_t per_block = commit_layers_per_block(batch_size, num_layers, device_.unwrap());
+    LaunchKernel(
+        dim3{batch_size, (num_layers + per_block - 1) / per_block}, dim3{kDsparkCommitThreads, per_block}, device_.unwrap())
         .enable_pdl(kUsePDL)(dspark_c128_commit_kernel<kUsePDL>, params);
   }
 };

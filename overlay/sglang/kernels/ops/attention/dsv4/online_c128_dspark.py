@@ -216,7 +216,7 @@ def dspark_verify_compress(
         plan.seq_lens,
         plan.extend_start_loc,
         plan.req_pool_indices,
-        plan.row_len,
+        plan.verify_lens,
         plan.row_emit,
         plan.num_banks,
         plan.state_slot_offset,
