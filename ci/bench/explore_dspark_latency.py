@@ -7,9 +7,9 @@ loads as its own module next to the tree's ops module:
   <tag>=FILE another header (e.g. the previous commit's), same host entries;
   postwait   the tree header with the PDL wait moved ahead of every load;
   nobanks    the tree header with the bank stores cut out: the verify compress alone, which
-             any verify step needs, so fused - nobanks is what the bank writes add;
-  gTxL       the tree header with T verify threads per block and L commit layers per block
-             fixed instead of chosen from the batch and the SM count.
+             any verify step needs, so fused - nobanks is what the bank writes add.
+(Run 2, ci/bench/results/explore-2-geometry.json, also built fixed block geometries of the
+header as of commit 4a10d85: no gain, so the shipped header keeps one geometry.)
 Commit is timed alone (one graph node: graph launch included) and as a chain of 8 launches
 over 8 distinct state sets (per launch; every launch reads cold memory).
 Also the launch floor: 1 and 31 chained graph nodes of a kernel doing nothing / one round trip.
@@ -25,7 +25,6 @@ import concurrent.futures
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,58 +37,7 @@ import torch  # noqa: E402
 from bench_online_c128_dspark import (  # noqa: E402
     LAYERS, Timer, commit_bytes, copy_ceiling_gbps, util, verify_bytes,
 )
-
-CUH = "sglang/kernels/jit/csrc/deepseek_v4/online_c128_dspark.cuh"
-WAIT = "  PDLWaitPrimary<kUsePDL>();  // kv_score_input, bank 0 and row_emit may come from the kernels just before\n"
-VERIFY_TOP = "  if (row >= params.batch_size) return;\n\n  // Row metadata and ape"
-THREADS = "    uint32_t threads = kDsparkVerifyMaxThreads;\n    while (threads > 32 && batch_size * (kHeadDim / kDsparkVerifyVec / threads) < num_sms) threads /= 2;\n"
-PER_BLOCK = "    uint32_t per_block = kDsparkCommitMaxLayersPerBlock;\n    while (per_block > 1 && batch_size * ((num_layers + per_block - 1) / per_block) < num_sms) per_block /= 2;\n"
-GEOMETRIES = ((32, 1), (64, 2), (128, 4), (256, 8))
-BANK_STORES = "          m.store(dst);\n          s.store(dst + kHeadDim);\n          k.store(dst + kHeadDim * 2);\n"
-
-
-def _must_replace(text: str, old: str, new: str, what: str) -> str:
-    if text.count(old) != 1:
-        raise SystemExit(f"variant {what}: expected one match of {old[:60]!r} in the header, found {text.count(old)}")
-    return text.replace(old, new)
-
-
-def derived_variants(tree_cuh: str) -> dict[str, str]:
-    post = _must_replace(tree_cuh, WAIT, "", "postwait")
-    post = _must_replace(post, VERIFY_TOP, VERIFY_TOP.replace("\n\n", "\n  PDLWaitPrimary<kUsePDL>();\n\n", 1), "postwait")
-    nobanks = _must_replace(tree_cuh, BANK_STORES, "          (void)dst;\n", "nobanks")
-    out = {"postwait": post, "nobanks": nobanks}
-    for threads, per_block in GEOMETRIES:
-        text = _must_replace(tree_cuh, THREADS, f"    uint32_t threads = {threads};\n    (void)num_sms;\n", "g")
-        text = _must_replace(text, PER_BLOCK, f"    uint32_t per_block = {per_block};\n    (void)num_sms;\n", "g")
-        out[f"g{threads}x{per_block}"] = text
-    return out
-
-
-def renamed(text: str, tag: str) -> str:
-    text = re.sub(r"Dspark", f"Dspark{tag.capitalize()}", text)
-    return re.sub(r"dspark_c128", f"dspark_c128_{tag}", text)
-
-
-def load_variant(tag: str, text: str, work: Path):
-    from sglang.kernels.jit.utils import is_arch_support_pdl, load_jit, make_cpp_args
-
-    path = work / f"online_c128_dspark_{tag}.cuh"
-    path.write_text(renamed(text, tag))
-    args = make_cpp_args(512, torch.float32, is_arch_support_pdl())
-    cls = f"Dspark{tag.capitalize()}C128Kernel<{args}>"
-    return load_jit(f"dspark_exp_{tag}", *args, cuda_files=[str(path)], extra_cuda_cflags=["-use_fast_math"],
-                    cuda_wrappers=[("plan", f"{cls}::run_plan"), ("verify_compress", f"{cls}::run_verify"),
-                                   ("write_prefix", f"{cls}::run_write_prefix"), ("commit", f"{cls}::run_commit")])
-
-
-def load_floor(pdl: bool):
-    from sglang.kernels.jit.utils import load_jit
-
-    arg = "true" if pdl else "false"
-    return load_jit(f"dspark_launch_floor_{arg}", arg, cuda_files=[str(HERE / "kernels" / "launch_floor.cuh")],
-                    cuda_wrappers=[("run", f"LaunchFloorKernel<{arg}>::run")])
-
+from kernel_variants import CUH, derived_variants, load_floor, load_variant  # noqa: E402
 
 def dump_sass(mods: dict, sass_dir: Path) -> None:
     sass_dir.mkdir(parents=True, exist_ok=True)

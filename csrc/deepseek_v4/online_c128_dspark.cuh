@@ -232,9 +232,8 @@ __global__ __launch_bounds__(kDsparkPlanBlockSize, 1)  //
 }
 
 // ---------------------------------------------------------------------------
-// Verify kernel: grid (row, channel slice), blockDim.x threads per slice (the
-// host picks it); each thread folds kVec channels over the row's verify tokens,
-// kTokenTile tokens loaded at a time.
+// Verify kernel: one block per (row, channel slice); each thread folds kVec
+// channels over the row's verify tokens, kTokenTile tokens loaded at a time.
 // ---------------------------------------------------------------------------
 
 struct DsparkC128VerifyParams {
@@ -254,22 +253,25 @@ struct DsparkC128VerifyParams {
   int64_t state_slot_stride;
 };
 
-inline constexpr uint32_t kDsparkVerifyMaxThreads = 256;
+inline constexpr uint32_t kDsparkVerifyThreads = 32;
 inline constexpr uint32_t kDsparkVerifyVec = 2;
 inline constexpr int32_t kDsparkTokenTile = 8;
 
 template <int64_t kHeadDim, typename BufferFloat, bool kUsePDL, bool kEmit>
-__global__ __launch_bounds__(kDsparkVerifyMaxThreads)  //
+__global__ __launch_bounds__(kDsparkVerifyThreads)  //
     void dspark_c128_verify_kernel(const __grid_constant__ DsparkC128VerifyParams params) {
   using namespace device;
   using namespace device::dspark_c128;
   constexpr uint32_t kVec = kDsparkVerifyVec;
+  constexpr uint32_t kSliceDim = kDsparkVerifyThreads * kVec;
+  constexpr uint32_t kNumSlices = kHeadDim / kSliceDim;
   constexpr int32_t kTile = kDsparkTokenTile;
-  static_assert(kHeadDim % (kDsparkVerifyMaxThreads * kVec) == 0);
+  static_assert(kHeadDim % kSliceDim == 0);
   using InVec = AlignedVector<float, kVec>;
   using StateVec = AlignedVector<BufferFloat, kVec>;
 
-  const uint32_t row = blockIdx.x;
+  const uint32_t row = blockIdx.x / kNumSlices;
+  const uint32_t slice = blockIdx.x % kNumSlices;
   if (row >= params.batch_size) return;
 
   // Row metadata and ape are ready before the forward (upstream's c4/c128 kernels read
@@ -285,7 +287,7 @@ __global__ __launch_bounds__(kDsparkVerifyMaxThreads)  //
       params.state_slot_stride);
   if (w.len == 0) return;
 
-  const int64_t channel = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * kVec;
+  const int64_t channel = static_cast<int64_t>(slice) * kSliceDim + threadIdx.x * kVec;
   auto* const state = static_cast<BufferFloat*>(params.state);
   InVec kv[kTile];
   InVec score[kTile];
@@ -384,9 +386,8 @@ __global__ __launch_bounds__(kDsparkVerifyMaxThreads)  //
 }
 
 // ---------------------------------------------------------------------------
-// Commit kernel: grid (row, layer group), block (kDsparkCommitThreads, layers per
-// group); copies bank[accept] -> bank 0 with 16-byte vectors. Layers are
-// addressed through a device table of state base pointers.
+// Commit kernel: grid (row, layer); copies bank[accept] -> bank 0 with 16-byte
+// vectors. Layers are addressed through a device table of state base pointers.
 // ---------------------------------------------------------------------------
 
 struct DsparkC128CommitParams {
@@ -396,7 +397,6 @@ struct DsparkC128CommitParams {
   const int32_t* __restrict__ verify_lens;
   const int64_t* __restrict__ req_pool_indices;
   uint32_t batch_size;
-  uint32_t num_layers;
   int32_t num_banks;
   int64_t state_slot_stride;
   int64_t max_num_reqs;
@@ -404,17 +404,16 @@ struct DsparkC128CommitParams {
 };
 
 inline constexpr uint32_t kDsparkCommitThreads = 128;
-inline constexpr uint32_t kDsparkCommitMaxLayersPerBlock = 8;
 inline constexpr uint32_t kDsparkCommitUnroll = 4;
 
 template <bool kUsePDL>
-__global__ __launch_bounds__(kDsparkCommitThreads * kDsparkCommitMaxLayersPerBlock)  //
+__global__ __launch_bounds__(kDsparkCommitThreads)  //
     void dspark_c128_commit_kernel(const __grid_constant__ DsparkC128CommitParams params) {
   using namespace device;
   using namespace device::dspark_c128;
   const uint32_t row = blockIdx.x;
-  const uint32_t layer = blockIdx.y * blockDim.y + threadIdx.y;
-  if (row >= params.batch_size || layer >= params.num_layers) return;
+  const uint32_t layer = blockIdx.y;
+  if (row >= params.batch_size) return;
 
   PDLWaitPrimary<kUsePDL>();
 
@@ -464,6 +463,7 @@ struct DsparkC128Kernel {
   static_assert(kHeadDim == 512, "online c128 DSPARK kernels only support head_dim=512");
   static_assert(std::is_same_v<BufferFloat, fp32_t> || std::is_same_v<BufferFloat, bf16_t>);
   static constexpr int64_t kStateDim = kHeadDim * 3;
+  static constexpr uint32_t kNumSlices = kHeadDim / (kDsparkVerifyThreads * kDsparkVerifyVec);
   template <bool kEmit>
   static constexpr auto verify_kernel = dspark_c128_verify_kernel<kHeadDim, BufferFloat, kUsePDL, kEmit>;
 
@@ -582,20 +582,10 @@ struct DsparkC128Kernel {
         .enable_pdl(kUsePDL)(dspark_c128_plan_kernel<kUsePDL>, params);
   }
 
-  /// \brief The widest verify block whose grid still gives every SM a block: fewer,
-  /// wider blocks launch faster, too few leave SMs idle at small batches.
-  static uint32_t verify_threads(uint32_t batch_size, DLDevice device) {
-    const uint32_t num_sms = host::runtime::get_sm_count(device.device_id);
-    uint32_t threads = kDsparkVerifyMaxThreads;
-    while (threads > 32 && batch_size * (kHeadDim / kDsparkVerifyVec / threads) < num_sms) threads /= 2;
-    return threads;
-  }
-
   template <bool kEmit>
   static void launch_verify(const DsparkC128VerifyParams& params, DLDevice device) {
     if (params.batch_size == 0) return;
-    const uint32_t threads = verify_threads(params.batch_size, device);
-    host::LaunchKernel(dim3{params.batch_size, static_cast<uint32_t>(kHeadDim / kDsparkVerifyVec / threads)}, threads, device)
+    host::LaunchKernel(params.batch_size * kNumSlices, kDsparkVerifyThreads, device)  //
         .enable_pdl(kUsePDL)(verify_kernel<kEmit>, params);
   }
 
@@ -726,14 +716,6 @@ struct DsparkC128Kernel {
         device_.unwrap());
   }
 
-  /// \brief Layers per commit block: as many as still give every SM a block.
-  static uint32_t commit_layers_per_block(uint32_t batch_size, uint32_t num_layers, DLDevice device) {
-    const uint32_t num_sms = host::runtime::get_sm_count(device.device_id);
-    uint32_t per_block = kDsparkCommitMaxLayersPerBlock;
-    while (per_block > 1 && batch_size * ((num_layers + per_block - 1) / per_block) < num_sms) per_block /= 2;
-    return per_block;
-  }
-
   /// \brief Commit after accept, every layer in one launch. `state_ptrs` holds the
   /// base address of each layer's `[num_state_rows, row_elems]` BufferFloat state.
   static void run_commit(
@@ -786,15 +768,12 @@ struct DsparkC128Kernel {
         .verify_lens = static_cast<const int32_t*>(verify_lens.data_ptr()),
         .req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr()),
         .batch_size = batch_size,
-        .num_layers = num_layers,
         .num_banks = static_cast<int32_t>(num_banks),
         .state_slot_stride = state_slot_stride,
         .max_num_reqs = max_num_reqs,
         .row_vecs = row_elems * static_cast<int64_t>(sizeof(BufferFloat)) / 16,
     };
-    const uint32_t per_block = commit_layers_per_block(batch_size, num_layers, device_.unwrap());
-    LaunchKernel(
-        dim3{batch_size, (num_layers + per_block - 1) / per_block}, dim3{kDsparkCommitThreads, per_block}, device_.unwrap())
+    LaunchKernel(dim3{batch_size, num_layers}, kDsparkCommitThreads, device_.unwrap())  //
         .enable_pdl(kUsePDL)(dspark_c128_commit_kernel<kUsePDL>, params);
   }
 };

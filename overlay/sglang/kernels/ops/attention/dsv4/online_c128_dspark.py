@@ -12,6 +12,11 @@ accept. This module wraps `csrc/deepseek_v4/online_c128_dspark.cuh`:
 
 State rows follow upstream's online layout `[max | sum | kv]` (3 * 512 elements); row
 `rid + k * state_slot_stride` is bank k of request slot `rid`, bank 0 the committed state.
+
+With PDL on, the verify kernels read the per-row metadata (seq lens, verify lens, start
+offsets, request slots) and `ape` before waiting on the previous kernel, as upstream's
+c4/c128 kernels read their plans: produce those tensors before the kernel launched right
+before the verify (the plan's own outputs are read after the wait).
 """
 
 from __future__ import annotations
