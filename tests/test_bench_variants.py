@@ -56,3 +56,10 @@ def test_variants_compile_for_sm90a(tmp_path: Path, release_trees):
     for kernel in rows:
         result = ck.build_one(tc, tree, kernel, tmp_path / "build")
         assert result.ok, result.log[-3000:]
+
+
+def test_candidates_edit_what_they_say():
+    cands = kv.derived_variants(HEADER) | kv.candidate_variants(HEADER)
+    assert "kDsparkVerifyVec = 4;" in cands["vec4"] and "__ldcs(src + i)" not in cands["vec4"]
+    assert "__ldcs(src + i)" in cands["cs"] and "__stcs(dst + i, tmp[u])" in cands["cs"]
+    assert "kDsparkVerifyVec = 4;" in cands["vec4cs"] and "__stcs(dst + i, tmp[u])" in cands["vec4cs"]

@@ -7,7 +7,8 @@ loads as its own module next to the tree's ops module:
   <tag>=FILE another header (e.g. the previous commit's), same host entries;
   postwait   the tree header with the PDL wait moved ahead of every load;
   nobanks    the tree header with the bank stores cut out: the verify compress alone, which
-             any verify step needs, so fused - nobanks is what the bank writes add.
+             any verify step needs, so fused - nobanks is what the bank writes add;
+  --candidates adds the changes under trial (kernel_variants.candidate_variants).
 (Run 2, ci/bench/results/explore-2-geometry.json, also built fixed block geometries of the
 header as of commit 4a10d85: no gain, so the shipped header keeps one geometry.)
 Commit is timed alone (one graph node: graph launch included) and as a chain of 8 launches
@@ -37,7 +38,7 @@ import torch  # noqa: E402
 from bench_online_c128_dspark import (  # noqa: E402
     LAYERS, Timer, commit_bytes, copy_ceiling_gbps, util, verify_bytes,
 )
-from kernel_variants import CUH, derived_variants, load_floor, load_variant  # noqa: E402
+from kernel_variants import CUH, candidate_variants, derived_variants, load_floor, load_variant  # noqa: E402
 
 def dump_sass(mods: dict, sass_dir: Path) -> None:
     sass_dir.mkdir(parents=True, exist_ok=True)
@@ -135,11 +136,14 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--sass", type=Path, default=None)
     ap.add_argument("--skip", action="append", default=[], help="a derived variant not to build")
+    ap.add_argument("--candidates", action="store_true", help="also build kernel_variants.candidate_variants")
     args = ap.parse_args()
     util.install(args.tree)
     torch.cuda.init()
     tree_cuh = (args.tree / CUH).read_text()
     texts = {"tree": tree_cuh, **derived_variants(tree_cuh)}
+    if args.candidates:
+        texts.update(candidate_variants(tree_cuh))
     for tag in args.skip:
         texts.pop(tag)
     for item in args.variant:

@@ -29,6 +29,22 @@ def derived_variants(tree_cuh: str) -> dict[str, str]:
     return {"postwait": post, "nobanks": nobanks}
 
 
+VEC2 = "inline constexpr uint32_t kDsparkVerifyVec = 2;\n"
+COMMIT_COPY = ("if (i < params.row_vecs) tmp[u] = src[i];", "if (i < params.row_vecs) dst[i] = tmp[u];")
+
+
+def candidate_variants(tree_cuh: str) -> dict[str, str]:
+    """Changes under trial: 4 channels (16-byte accesses) per verify thread; streaming
+    (evict-first) loads and stores in the commit copy; both."""
+    vec4 = _must_replace(tree_cuh, VEC2, VEC2.replace("= 2", "= 4"), "vec4")
+
+    def streaming(text: str) -> str:
+        text = _must_replace(text, COMMIT_COPY[0], "if (i < params.row_vecs) tmp[u] = __ldcs(src + i);", "cs")
+        return _must_replace(text, COMMIT_COPY[1], "if (i < params.row_vecs) __stcs(dst + i, tmp[u]);", "cs")
+
+    return {"vec4": vec4, "cs": streaming(tree_cuh), "vec4cs": streaming(vec4)}
+
+
 def renamed(text: str, tag: str) -> str:
     text = re.sub(r"Dspark", f"Dspark{tag.capitalize()}", text)
     return re.sub(r"dspark_c128", f"dspark_c128_{tag}", text)
