@@ -8,10 +8,10 @@ import click
 
 from .apply import apply_series
 from .cli_common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from .errors import C128Error, ConflictError
 from .git import Git
 from .progress import console, reporter
-from .errors import C128Error, ConflictError
-from .upstream import discard_fresh_tree, open_upstream, prepare_tree
+from .upstream import DEFAULT_TREE, discard_fresh_tree, open_upstream, prepare_tree
 
 
 @click.command("apply")
@@ -29,7 +29,7 @@ def command(rev: str, repo: str | None, branch: str | None, tree: Path | None, s
     with reporter(not as_json, title="apply") as rep:
         upstream = open_upstream(repo, [rev], rep)
         commit = upstream.resolve(rev)
-        existed = (tree or Path("sglang")).exists()
+        existed = (tree or DEFAULT_TREE).exists()
         worktree, fresh = prepare_tree(upstream, tree, commit, rep)
         info = {"rev": rev, "commit": commit, "source": upstream.kind}
         if upstream.kind == "url":

@@ -84,6 +84,9 @@ def _open_url(url: str, reporter: Reporter) -> Upstream:
     return Upstream("url", Git(git_dir=mirror), url)
 
 
+DEFAULT_TREE = Path("sglang")  # where `apply` clones upstream when no --tree is given
+
+
 def discard_fresh_tree(tree: Path, existed: bool) -> None:
     """Undo a fresh clone made by :func:`prepare_tree`: remove what it put in ``tree`` (the
     folder itself too, unless it was there, empty, before)."""
@@ -105,7 +108,7 @@ def prepare_tree(
         if tree is not None and tree.resolve() != upstream.git.worktree.resolve():
             raise C128Error("--tree cannot be used with a local clone as --repo: the clone is the tree")
         return upstream.git.worktree, False
-    tree = tree or Path("sglang")
+    tree = tree or DEFAULT_TREE
     source = str(upstream.git.git_dir)  # a bare repo: the release cache, a URL's mirror, or the user's
     if not tree.exists() or (tree.is_dir() and not any(tree.iterdir())):
         reporter.step(f"cloning upstream into {tree}")
