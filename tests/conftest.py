@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from c128patch.manifest import load_series
-from c128patch.release_source import ReleaseHistory
-
+from c128patch.series.manifest import load_series
+from c128patch.upstream.releases import ReleaseHistory
 from support import RELEASES, REPO_ROOT, patched_tree, release_tree, series_paths
 
 

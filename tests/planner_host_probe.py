@@ -16,7 +16,6 @@ for lib in sorted(glob.glob(os.path.join(os.environ.get("CUDA_HOME", "/usr/local
     break
 
 import torch  # noqa: E402
-
 from sglang.kernels.jit.utils import arch  # noqa: E402
 
 with arch.override_jit_cuda_arch(9, 0):

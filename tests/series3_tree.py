@@ -2,8 +2,8 @@
 the files the product selects for a release, importing from a patched tree without sglang's
 package ``__init__``s, and running one upstream function out of its module.
 
-The manifest, variant choice and patched trees are the product's own (``c128patch.manifest``,
-``c128patch.replay.plan``, ``support.patched_tree`` / the ``series_trees`` fixture).
+The manifest, variant choice and patched trees are the product's own (``c128patch.series.manifest``,
+``c128patch.series.plan.plan``, ``support.patched_tree`` / the ``series_trees`` fixture).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Iterator, List
 
 from c128patch.git import Git
-from c128patch.manifest import Entry, Series
-from c128patch.replay import Planned, plan
-
+from c128patch.series.manifest import Entry, Series
+from c128patch.series.plan import Planned, plan
 from support import REPO_ROOT
 
 ENV = "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK"

@@ -11,7 +11,7 @@ import json
 import textwrap
 from pathlib import Path
 
-from c128patch.provenance import PROVENANCE_PATH
+from c128patch.series.provenance import PROVENANCE_PATH
 
 # What the GPU machine reports (docs/gpu-kernel-harness.md): used where a test must get past the
 # prerequisite check on this CPU machine.

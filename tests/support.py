@@ -7,8 +7,8 @@ import subprocess
 from pathlib import Path
 
 from c128patch.git import Git
-from c128patch.manifest import Series, load_series
-from c128patch.patchfile import read_patch
+from c128patch.series.manifest import Series, load_series
+from c128patch.series.patchfile import read_patch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RELEASES = ("v0.5.20", "v0.5.21", "v0.5.22", "v0.5.23")
@@ -69,7 +69,7 @@ def make_test_series(dest: Path, upstream: Path, edits: dict[str, tuple[str, str
     (dest / "patches" / "series.toml").write_text(
         '[series]\nname = "test"\nversion = "1"\nbase = "v0.5.23"\n\n' + "\n".join(entries)
     )
-    from c128patch.lint import update_hashes
+    from c128patch.ops.lint import update_hashes
 
     update_hashes(load_series(dest))
     shutil.rmtree(work)
@@ -103,7 +103,7 @@ def release_tree(repo: Path, tag: str, dest: Path, paths: list[str] = KERNEL_TIE
 def patched_tree(series_root: Path, repo: Path, tag: str, dest: Path, paths: list[str] = KERNEL_TIER_PATHS) -> Path:
     """``paths`` (default: the kernel tier) of release ``tag`` with the whole series applied, as
     ``c128patch check`` replays it (each entry's selected file, in manifest order); ``dest`` holds ``sglang/``."""
-    from c128patch.check import index_git, replay_in_index
+    from c128patch.ops.check import index_git, replay_in_index
 
     git = Git(git_dir=repo)
     dest.mkdir(parents=True, exist_ok=True)

@@ -11,8 +11,7 @@ from click.testing import CliRunner
 
 from c128patch.cli import main
 from c128patch.git import Git
-from c128patch.provenance import PROVENANCE_PATH
-
+from c128patch.series.provenance import PROVENANCE_PATH
 from support import RELEASES, make_test_series, snapshot
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"

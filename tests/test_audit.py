@@ -1,4 +1,4 @@
-"""`c128patch.audit`: synthetic snippets, then the real record_stream patch on a real 0.5.23 tree."""
+"""`c128patch.ops.audit`: synthetic snippets, then the real record_stream patch on a real 0.5.23 tree."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from c128patch.audit import RULES, Rule, audit_patch, audit_patched_file
-from c128patch.manifest import load_series
-
+from c128patch.ops.audit import RULES, Rule, audit_patch, audit_patched_file
+from c128patch.series.manifest import load_series
 from support import unpack_release
 
 REPO = Path(__file__).resolve().parents[1]
@@ -294,7 +293,7 @@ def test_real_record_stream_patch_without_guard_fails(tmp_path: Path, sglang_rel
 
 def test_series_audit_clean_on_every_release(sglang_release_repo: Path):
     from c128patch.git import Git
-    from c128patch.series_audit import audit_series
+    from c128patch.ops.series_audit import audit_series
 
     git = Git(git_dir=sglang_release_repo)
     series = load_series(REPO)

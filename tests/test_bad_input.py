@@ -12,7 +12,6 @@ import pytest
 from click.testing import CliRunner
 
 from c128patch.cli import main
-
 from support import make_test_series, snapshot
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
@@ -79,8 +78,8 @@ def test_corrupt_patch_file(sparse_clone: Path, series: Path):
     patch = series / "patches" / "0001-test.patch"
     text = patch.read_text()
     patch.write_text(text[: text.index("@@") + 40])  # truncated mid-hunk
-    from c128patch.lint import update_hashes
-    from c128patch.manifest import load_series
+    from c128patch.ops.lint import update_hashes
+    from c128patch.series.manifest import load_series
 
     update_hashes(load_series(series))  # the manifest agrees: only the patch itself is broken
     refused(["apply", "--sglang-rev", "v0.5.23", "--repo", str(sparse_clone), "--series", str(series)],
@@ -101,8 +100,8 @@ def test_unsafe_path_in_patch(sparse_clone: Path, series: Path, bad: str):
     patch = series / "patches" / "0001-test.patch"
     text = patch.read_text().replace(f"a/{CUH}", f"a/{bad}").replace(f"b/{CUH}", f"b/{bad}")
     patch.write_text(text)
-    from c128patch.lint import update_hashes
-    from c128patch.manifest import load_series
+    from c128patch.ops.lint import update_hashes
+    from c128patch.series.manifest import load_series
 
     update_hashes(load_series(series))
     refused(["apply", "--sglang-rev", "v0.5.23", "--repo", str(sparse_clone), "--series", str(series)],

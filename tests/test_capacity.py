@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from c128patch import capacity as cap  # noqa: E402
-from c128patch import capacity_pr  # noqa: E402
-from c128patch.main_capacity import command  # noqa: E402
+from c128patch.capacity import model as cap  # noqa: E402
+from c128patch.capacity import pr as capacity_pr  # noqa: E402
+from c128patch.cli.capacity import command  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from c128patch import capacity as cap  # noqa: E402
-from c128patch import capacity_pr  # noqa: E402
-
 import upstream_dsv4_probe as probe  # noqa: E402
+from c128patch.capacity import model as cap  # noqa: E402
+from c128patch.capacity import pr as capacity_pr  # noqa: E402
 from support import unpack_release  # noqa: E402
 
 FORMULA_OF = {v: v[1:] for v in probe.VERSIONS}

@@ -17,9 +17,9 @@ sys.path.insert(0, str(REPO / "ci"))
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
 
 import compile_kernels as ck  # noqa: E402
+
 import harness  # noqa: E402
 import tree_subset  # noqa: E402
-
 
 
 def test_every_series_header_has_a_row():

@@ -15,8 +15,7 @@ from click.testing import CliRunner
 
 from c128patch.cli import main
 from c128patch.git import Git
-from c128patch.manifest import load_series
-
+from c128patch.series.manifest import load_series
 from support import REPO_ROOT, snapshot
 
 RS = "c128-dspark-record-streams"

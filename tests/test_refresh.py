@@ -11,8 +11,7 @@ from click.testing import CliRunner
 
 from c128patch.cli import main
 from c128patch.git import Git
-from c128patch.manifest import load_series
-
+from c128patch.series.manifest import load_series
 from support import make_test_series
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"

@@ -15,12 +15,11 @@ from typing import Dict, List, Set
 
 import pytest
 
-from c128patch.check import RevCheck, index_git, replay_in_index
 from c128patch.git import Git
-from c128patch.manifest import load_series
-from c128patch.refresh import _fallback_gives_same_tree
-from c128patch.replay import validate_files
-
+from c128patch.ops.check import RevCheck, index_git, replay_in_index
+from c128patch.ops.refresh import _fallback_gives_same_tree
+from c128patch.series.manifest import load_series
+from c128patch.series.plan import validate_files
 from series3_tree import CONTROLLER, ENV, function_node, selected_patches, series3_entries
 from support import RELEASES, REPO_ROOT
 

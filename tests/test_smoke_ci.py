@@ -11,7 +11,7 @@ import click
 import pytest
 
 from c128patch.cli import main
-from c128patch.release_source import DEFAULT_RELEASES
+from c128patch.upstream.releases import DEFAULT_RELEASES
 
 yaml = pytest.importorskip("yaml")
 

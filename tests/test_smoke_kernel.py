@@ -4,20 +4,23 @@ suites (rows, skips, crashes, timeouts, differential, sanitizer plumbing), trees
 from __future__ import annotations
 
 import json
-import time
 import os
 import stat
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from c128patch import smoke_device, smoke_pass, smoke_procs, smoke_sanitizer, smoke_trees
 from c128patch.cli import main
-
+from c128patch.smoke import device as smoke_device
+from c128patch.smoke import passes as smoke_pass
+from c128patch.smoke import procs as smoke_procs
+from c128patch.smoke import sanitizer as smoke_sanitizer
+from c128patch.smoke import trees as smoke_trees
 from smoke_helpers import H200, make_suite, make_tree, provenance_record, signal_when_ready
 
 TOOLING = Path(__file__).resolve().parents[1] / "tooling"
@@ -492,10 +495,10 @@ def test_smoke_imports_no_extra_wheels(tmp_path):
     code = ("import sys\n"
             "for m in ('unidiff', 'tomli_w', 'wheel', 'tomli'):\n"
             "    sys.modules[m] = None\n"
-            "from c128patch import smoke_device\n"
+            "from c128patch.smoke import device as smoke_device\n"
             f"smoke_device.probe_device = lambda python: {H200!r}\n"
             "from c128patch.cli import main\n"
-            "import c128patch.smoke_server, c128patch.smoke_kernel, c128patch.main_smoke\n"
+            "import c128patch.smoke.server, c128patch.smoke.kernel, c128patch.cli.smoke\n"
             "main()\n")
     env = {**os.environ, "PYTHONPATH": str(TOOLING)}
     for extra in (["--list"], ["-k", "zero_row", "--out", str(tmp_path / "out")]):
@@ -520,7 +523,7 @@ def test_signal_stops_the_suite(tmp_path, sig, code):
             time.sleep(300)
     '''})
     code_ = ("import json, sys\n"
-             "from c128patch import smoke_device\n"
+             "from c128patch.smoke import device as smoke_device\n"
              f"smoke_device.probe_device = lambda python: {H200!r}\n"
              "from c128patch.cli import main\n"
              "main()\n")

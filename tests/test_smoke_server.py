@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from c128patch import smoke_logs, smoke_procs, smoke_server
-from c128patch.cli import main
-
 import smoke_upstream_formats as up
+from c128patch.cli import main
+from c128patch.smoke import logs as smoke_logs
+from c128patch.smoke import procs as smoke_procs
+from c128patch.smoke import server as smoke_server
 from smoke_helpers import signal_when_ready
 
 STANDINS = Path(__file__).parent / "smoke_standins"

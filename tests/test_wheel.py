@@ -21,13 +21,12 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from c128patch.cli import main
-from c128patch.manifest import load_series, sha256_file
-from c128patch.release_source import wheel_for, wheel_timestamp
-from c128patch.sbom import PatchEntry, diff_bytes, entry_properties, purl_pypi
-from c128patch.wheelpatch import patch_wheel
-from c128patch.wheelrules import refusal
-from c128patch.wheeltools import InWheel, check_record
-
+from c128patch.series.manifest import load_series, sha256_file
+from c128patch.upstream.releases import wheel_for, wheel_timestamp
+from c128patch.wheel.patch import patch_wheel
+from c128patch.wheel.rules import refusal
+from c128patch.wheel.sbom import PatchEntry, diff_bytes, entry_properties, purl_pypi
+from c128patch.wheel.tools import InWheel, check_record
 from support import make_test_series
 
 ENVIRON = "python/sglang/srt/environ.py"

@@ -17,10 +17,9 @@ from packaging.version import Version
 
 from c128patch.cli import main
 from c128patch.git import Git
-from c128patch.manifest import load_series
-from c128patch.srcbuild import PRETEND_ENV, base_version, build_command, build_env, build_wheel
-from c128patch.upstream import open_upstream
-
+from c128patch.series.manifest import load_series
+from c128patch.upstream.source import open_upstream
+from c128patch.wheel.srcbuild import PRETEND_ENV, base_version, build_command, build_env, build_wheel
 from support import make_test_series
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"

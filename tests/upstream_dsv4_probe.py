@@ -24,8 +24,8 @@ DSPARK there, which for sizing is the same thing.
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import builtins
 import functools

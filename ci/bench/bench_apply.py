@@ -18,11 +18,11 @@ from pathlib import Path
 
 from benchlib import machine, write_json
 
-from c128patch.check import check_rev
 from c128patch.git import Git
-from c128patch.manifest import default_series_root, load_series
-from c128patch.release_source import ReleaseHistory
-from c128patch.replay import plan
+from c128patch.ops.check import check_rev
+from c128patch.series.manifest import default_series_root, load_series
+from c128patch.series.plan import plan
+from c128patch.upstream.releases import ReleaseHistory
 
 RELEASES = ("v0.5.20", "v0.5.21", "v0.5.22", "v0.5.23")
 

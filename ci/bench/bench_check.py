@@ -16,15 +16,14 @@ import sys
 import time
 from pathlib import Path
 
+from benchlib import machine, write_json
 from packaging.version import Version
 
-from benchlib import machine, write_json
-
-from c128patch.cache import cache_dir
-from c128patch.check import check_revs
 from c128patch.git import Git
-from c128patch.manifest import default_series_root, load_series
-from c128patch.release_source import ReleaseHistory
+from c128patch.ops.check import check_revs
+from c128patch.series.manifest import default_series_root, load_series
+from c128patch.upstream.cache import cache_dir
+from c128patch.upstream.releases import ReleaseHistory
 
 
 def latest_releases(n: int) -> list[str]:

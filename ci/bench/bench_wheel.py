@@ -28,8 +28,8 @@ from pathlib import Path
 
 from benchlib import machine, write_json
 
-from c128patch.manifest import default_series_root, load_series
-from c128patch.release_source import BINARY_SUFFIXES, ReleaseHistory, wheel_for
+from c128patch.series.manifest import default_series_root, load_series
+from c128patch.upstream.releases import BINARY_SUFFIXES, ReleaseHistory, wheel_for
 
 SMOKE_RS = """
 #[no_mangle]

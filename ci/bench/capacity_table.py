@@ -20,9 +20,9 @@ sys.path.insert(0, str(ROOT / "tooling"))
 import click  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from c128patch import capacity as cap  # noqa: E402
-from c128patch import capacity_pr  # noqa: E402
-from c128patch.main_capacity import render_pr, render_table  # noqa: E402
+from c128patch.capacity import model as cap  # noqa: E402
+from c128patch.capacity import pr as capacity_pr  # noqa: E402
+from c128patch.capacity.tables import render_pr, render_table  # noqa: E402
 
 R_VALUES = (
     (cap.DSPARK_DEFAULT_MAX_RUNNING_REQUESTS, "DSPARK default (non-DSV4 targets)"),

@@ -34,11 +34,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
-
 from bench_online_c128_dspark import (  # noqa: E402
-    LAYERS, Timer, commit_bytes, copy_ceiling_gbps, util, verify_bytes,
+    LAYERS,
+    Timer,
+    commit_bytes,
+    copy_ceiling_gbps,
+    util,
+    verify_bytes,
 )
 from kernel_variants import CUH, candidate_variants, derived_variants, load_floor, load_variant  # noqa: E402
+
 
 def dump_sass(mods: dict, sass_dir: Path) -> None:
     sass_dir.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,6 @@ def renamed(text: str, tag: str) -> str:
 
 def load_variant(tag: str, text: str, work: Path) -> Any:
     import torch
-
     from sglang.kernels.jit.utils import is_arch_support_pdl, load_jit, make_cpp_args
 
     path = work / f"online_c128_dspark_{tag}.cuh"

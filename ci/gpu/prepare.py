@@ -21,9 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "gpu")]
 
 import tree_subset  # noqa: E402
+from c128patch.upstream.releases import ReleaseHistory  # noqa: E402
 from support import patched_tree, release_tree  # noqa: E402
-
-from c128patch.release_source import ReleaseHistory  # noqa: E402
 
 WHEELS = ("apache-tvm-ffi==0.1.11", "msgspec==0.23.0")
 PLATFORM_ARGS = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",

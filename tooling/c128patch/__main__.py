@@ -1,3 +1,3 @@
-from .cli import main
+from c128patch.cli import main
 
 main()

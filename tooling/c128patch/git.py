@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .errors import C128Error
+from c128patch.errors import C128Error
 
 # Fixed identity and environment so that commits we make are reproducible.
 BOT_NAME = "c128patch"

@@ -1,0 +1,48 @@
+"""c128patch audit [--sglang-rev X ...] [--repo R] [--json]"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.ops.audit import RULES
+from c128patch.ops.series_audit import audit_series
+from c128patch.progress import console, reporter
+from c128patch.series.plan import validate_files
+from c128patch.upstream.source import open_upstream
+
+
+@click.command("audit")
+@click.option("--sglang-rev", "revs", multiple=True, help="Upstream revision(s) to audit on (default: the series base).")
+@repo_option
+@series_option
+@json_option
+@handles_errors
+def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, as_json: bool) -> None:
+    """Gate audit: statements a gated entry adds with side effects must run only under its env gate."""
+    series = get_series(series_dir)
+    validate_files(series)
+    revs = revs or (series.base,)
+    rows = []
+    with reporter(not as_json, total=len(revs), title="audit") as rep:
+        upstream = open_upstream(repo, list(revs), rep)
+        for rev in revs:
+            rep.step(f"auditing on {rev}")
+            rows.append((rev, audit_series(series, upstream.git, rev, upstream.resolve(rev))))
+    ok = not any(f for _, f in rows)
+    if as_json:
+        emit_json({"ok": ok, "rules": [r.name for r in RULES],
+                   "revs": [{"rev": rev, "findings": [f.__dict__ for f in fs]} for rev, fs in rows]})
+    else:
+        out = console(stderr=False)
+        for rev, fs in rows:
+            for f in fs:
+                out.print(f"{rev}: {f.file}:{f.line}: [{f.rule}] {f.message}", markup=False)
+        gated = [e.name for e in series.entries if e.gate]
+        out.print(f"gate audit ({', '.join(r.name for r in RULES)}) of {len(gated)} gated entries on "
+                  f"{', '.join(revs)}: {'clean' if ok else 'FINDINGS'}", markup=False)
+    if not ok:
+        sys.exit(1)

@@ -1,0 +1,44 @@
+"""c128patch build --sglang-rev X [--repo R] [--tree DIR] [-o DIR] [--base-version V] [--no-isolation] [--json]"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.progress import console, reporter
+from c128patch.upstream.source import open_upstream
+from c128patch.wheel.srcbuild import build_wheel
+
+
+@click.command("build")
+@click.option("--sglang-rev", "rev", required=True, help="Upstream revision: a tag or, with --repo, any commit-ish.")
+@repo_option
+@click.option("--tree", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Working tree to patch and build (as for apply; default ./sglang, or the --repo clone itself).")
+@click.option("-o", "--out-dir", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("dist"),
+              show_default=True, help="Folder for the built wheel.")
+@click.option("--base-version", default=None, help="Upstream version to build as (default: from the rev's vX.Y.Z tag).")
+@click.option("--no-isolation", is_flag=True, help="Pass --no-isolation to python -m build (build dependencies must be installed).")
+@series_option
+@json_option
+@handles_errors
+def command(rev: str, repo: str | None, tree: Path | None, out_dir: Path, base_version: str | None,
+            no_isolation: bool, series_dir: Path | None, as_json: bool) -> None:
+    """Source-build a patched sglang wheel (PEP 517), for commits that have no release wheel.
+
+    Applies the series first unless the tree already is REV + this series; the wheel gets the same
+    version label, provenance and SBOM as `c128patch wheel`."""
+    series = get_series(series_dir)
+    with reporter(not as_json, title="build") as rep:
+        upstream = open_upstream(repo, [rev], rep)
+        result = build_wheel(series, upstream, rev, tree, out_dir, base_override=base_version,
+                             no_isolation=no_isolation, reporter=rep)
+    if as_json:
+        emit_json({"ok": True, **result.to_json()})
+        return
+    out = console(stderr=False)
+    out.print(result.wheel, markup=False)
+    out.print(f"  sglang {result.version} built from {result.tree} ({rev} = {result.upstream_commit[:12]}) "
+              f"in {result.seconds:.0f} s", markup=False)

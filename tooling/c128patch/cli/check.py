@@ -1,0 +1,61 @@
+"""c128patch check --sglang-rev X [--sglang-rev Y ...] [--repo R] [--json]"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.ops.check import check_revs
+from c128patch.progress import console, reporter
+from c128patch.series.plan import validate_files
+from c128patch.upstream.source import open_upstream
+
+
+@click.command("check")
+@click.option("--sglang-rev", "revs", multiple=True, required=True, help="Upstream revision(s) to check; repeat for several.")
+@repo_option
+@series_option
+@json_option
+@handles_errors
+def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, as_json: bool) -> None:
+    """Does the series apply to each REV? Nothing is checked out."""
+    series = get_series(series_dir)
+    validate_files(series)
+    with reporter(not as_json, total=len(revs), title="check") as rep:
+        upstream = open_upstream(repo, list(revs), rep)
+        commits = [(rev, upstream.resolve(rev)) for rev in revs]
+        rep.step(f"checking {len(commits)} rev(s)")
+        start = time.perf_counter()
+        results = check_revs(series, upstream.git, commits)
+        elapsed = time.perf_counter() - start
+    ok = all(r.ok for r in results)
+    if as_json:
+        emit_json({"ok": ok, "seconds": round(elapsed, 4), "series": {"name": series.name, "version": series.version},
+                   "revs": [r.to_json() for r in results]})
+    else:
+        table = Table(title=f"series {series.name} {series.version}")
+        table.add_column("entry")
+        for r in results:
+            table.add_column(r.rev)
+        for i, entry in enumerate(series.entries):
+            cells = []
+            for r in results:
+                if r.error:
+                    cells.append("error")
+                else:
+                    e = r.entries[i]
+                    cells.append({"clean": "ok", "3way": "ok (3-way)"}.get(e.status, f"{e.status}: {e.detail}"))
+            table.add_row(entry.name, *cells)
+        out = console(stderr=False)
+        out.print(table)
+        for r in results:
+            if r.error:
+                out.print(f"{r.rev}: {r.error}", markup=False)
+        out.print(f"{'all apply' if ok else 'NOT all apply'} ({elapsed:.2f} s for {len(results)} rev(s))", markup=False)
+    if not ok:
+        sys.exit(1)

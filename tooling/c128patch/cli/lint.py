@@ -1,0 +1,51 @@
+"""c128patch lint [--update-hashes] [--offline] [--json]"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.ops.lint import Finding, lint_series
+from c128patch.ops.lint import update_hashes as record_hashes
+from c128patch.ops.series_audit import audit_series
+from c128patch.progress import console, reporter
+from c128patch.upstream.source import open_upstream
+
+
+@click.command("lint")
+@click.option("--update-hashes", is_flag=True, help="Record the current sha256 of every series file in the manifest first.")
+@click.option("--offline", is_flag=True, help="Skip the checks that need upstream (collisions with upstream files, gate audit).")
+@repo_option
+@series_option
+@json_option
+@handles_errors
+def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Path | None, as_json: bool) -> None:
+    """Validate the series manifest and its files."""
+    series = get_series(series_dir)
+    if update_hashes:
+        record_hashes(series)
+        series = get_series(series_dir)
+    upstream = None
+    if not offline:
+        with reporter(not as_json, title="lint") as rep:
+            upstream = open_upstream(repo, [series.base] if repo is None else [], rep)
+    findings = lint_series(series, upstream.git if upstream else None)
+    if upstream is not None and not any(f.level == "error" for f in findings) and upstream.git.rev_parse(series.base):
+        # the gate audit, on the series applied to its base
+        for f in audit_series(series, upstream.git, series.base, upstream.resolve(series.base)):
+            findings.append(Finding(f.file, f"{f.file}:{f.line}: [{f.rule}] {f.message}"))
+    errors = [f for f in findings if f.level == "error"]
+    if as_json:
+        emit_json({"ok": not errors, "series": {"name": series.name, "version": series.version},
+                   "entries": len(series.entries), "findings": [f.to_json() for f in findings]})
+    else:
+        out = console(stderr=False)
+        for f in findings:
+            out.print(f"{f.level}: {f.entry}: {f.message}", markup=False)
+        out.print(f"{series.name} {series.version}: {len(series.entries)} entries, "
+                  f"{len(errors)} error(s), {len(findings) - len(errors)} warning(s)", markup=False)
+    if errors:
+        sys.exit(1)

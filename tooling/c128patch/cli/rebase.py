@@ -1,0 +1,89 @@
+"""c128patch rebase --onto REV | --continue | --skip | --abort  [--tree DIR] [--json]"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.errors import C128Error
+from c128patch.git import Git, toplevel
+from c128patch.ops.rebase import Rebase
+from c128patch.progress import console, reporter
+from c128patch.upstream.releases import release_version
+from c128patch.upstream.source import open_upstream
+
+
+def _onto_commit(git: Git, rev: str, repo: str | None) -> str:
+    if repo is None:
+        commit = git.rev_parse(rev)
+        if commit:
+            return commit
+        if release_version(rev) is None:
+            raise C128Error(f"unknown rev '{rev}' in {git.worktree} (pass --repo to fetch it)")
+    with reporter(False) as rep:
+        upstream = open_upstream(repo, [rev] if repo is None else [], rep)
+        commit = upstream.resolve(rev)
+        if git.rev_parse(commit) is None:
+            git.run("fetch", "--quiet", str(upstream.git.git_dir or upstream.git.worktree), commit)
+    return commit
+
+
+@click.command("rebase")
+@click.option("--onto", "onto", default=None, help="Upstream revision to move the patched branch onto.")
+@click.option("--continue", "cont", is_flag=True, help="Go on after resolving (and staging) a conflict.")
+@click.option("--skip", is_flag=True, help="Drop the entry that stopped the rebase.")
+@click.option("--abort", is_flag=True, help="Restore the branch as it was before the rebase.")
+@click.option("--drop-merged", is_flag=True, help="Drop entries found merged upstream (they are listed, never dropped silently).")
+@click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Also write rebase-report.md/.json here.")
+@click.option("--tree", type=click.Path(exists=True, file_okay=False, path_type=Path), default=Path("."),
+              help="The patched sglang tree (default: the current directory).")
+@repo_option
+@series_option
+@json_option
+@handles_errors
+def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: bool, report_dir: Path | None,
+            tree: Path, repo: str | None, series_dir: Path | None, as_json: bool) -> None:
+    """Replay the applied series onto another upstream rev, stopping at conflicts."""
+    chosen = [n for n, on in (("--onto", onto), ("--continue", cont), ("--skip", skip), ("--abort", abort)) if on]
+    if len(chosen) != 1:
+        raise C128Error("give exactly one of --onto REV, --continue, --skip, --abort")
+    series = get_series(series_dir)
+    git = Git(worktree=toplevel(tree))
+    rb = Rebase(git, series)
+    try:
+        if onto:
+            report = rb.start(onto, _onto_commit(git, onto, repo), drop_merged=drop_merged)
+        elif cont:
+            report = rb.resume()
+        elif skip:
+            report = rb.skip()
+        else:
+            report = rb.abort()
+    except KeyboardInterrupt:
+        raise C128Error("interrupted: the rebase journal is intact; resume with `c128patch rebase --continue` "
+                        "or undo with `c128patch rebase --abort`") from None
+    if report_dir and not report.get("aborted"):
+        report_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("rebase-report.md", "rebase-report.json"):
+            shutil.copyfile(rb.path.parent / name, report_dir / name)
+    if as_json:
+        emit_json(report)
+        return
+    out = console(stderr=False)
+    if report.get("aborted"):
+        out.print(f"rebase aborted: {report['branch'] or 'HEAD'} is back at {report['head'][:12]}"
+                  + (f"; your uncommitted work is in stash {report['stash'][:12]}" if report["stash"] else ""), markup=False)
+        return
+    table = Table(title=f"rebase {report['old_base']['rev']} -> {report['new_base']['rev']} "
+                        f"({report['upstream_commits_between']} upstream commits)")
+    for col in ("entry", "status", "detail"):
+        table.add_column(col)
+    for e in report["entries"]:
+        table.add_row(e["name"], e["status"], e["detail"] + (f" [{', '.join(e['ledger'])}]" if e["ledger"] else ""))
+    out.print(table)
+    out.print(f"report: {rb.path.parent / 'rebase-report.md'}; next: c128patch refresh --primary", markup=False)

@@ -1,0 +1,52 @@
+"""c128patch refresh [--tree DIR] [--check] [--primary|--variant] [--version V] [--json]"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, series_option
+from c128patch.git import Git, toplevel
+from c128patch.ops import refresh as core
+from c128patch.ops.treestate import ensure_idle
+from c128patch.progress import console
+
+
+@click.command("refresh")
+@click.option("--tree", type=click.Path(exists=True, file_okay=False, path_type=Path), default=Path("."),
+              help="The patched sglang tree to export from (default: the current directory).")
+@click.option("--check", "check_only", is_flag=True, help="Change nothing; exit 1 if refreshing would change any file.")
+@click.option("--primary/--variant", default=None,
+              help="Make the branch's patches the primary files (series base moves to the tree's base), or the "
+                   "variants for the tree's base. Default: primary when the tree's base is the series base.")
+@click.option("--version", "version", default=None, help="Series version to record (default: bumped when anything changed).")
+@series_option
+@json_option
+@handles_errors
+def command(tree: Path, check_only: bool, primary: bool | None, version: str | None, series_dir: Path | None,
+            as_json: bool) -> None:
+    """Export the patched branch back into patches/ and the manifest."""
+    series = get_series(series_dir)
+    git = Git(worktree=toplevel(tree))
+    ensure_idle(git, "refresh")
+    result = core.export(series, git, primary=primary, version=version)
+    changes = result.changes(series.root)
+    if not check_only:
+        changes = core.write(series, result)
+    payload = {"ok": not (check_only and changes), "check": check_only, "changed": changes, "notes": result.notes,
+               "series": {"name": result.series.name, "version": result.series.version, "base": result.series.base}}
+    if as_json:
+        emit_json(payload)
+    else:
+        out = console(stderr=False)
+        for note in result.notes:
+            out.print(f"note: {note}", markup=False)
+        verb = "would change" if check_only else "changed"
+        for path in changes:
+            out.print(f"  {verb} {path}", markup=False)
+        out.print(f"series {result.series.name} {result.series.version} on {result.series.base}: "
+                  f"{len(changes)} file(s) {verb}" if changes else "series is up to date with the branch", markup=False)
+    if check_only and changes:
+        sys.exit(1)

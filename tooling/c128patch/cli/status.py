@@ -1,0 +1,54 @@
+"""c128patch status [--tree DIR] [--json]"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, series_option
+from c128patch.errors import C128Error
+from c128patch.git import Git, toplevel
+from c128patch.ops.status import tree_status
+from c128patch.progress import console
+
+
+@click.command("status")
+@click.option("--tree", type=click.Path(exists=True, file_okay=False, path_type=Path), default=Path("."),
+              help="The patched sglang tree (default: the current directory).")
+@series_option
+@json_option
+@handles_errors
+def command(tree: Path, series_dir: Path | None, as_json: bool) -> None:
+    """Which series is applied on which upstream rev, and what changed since."""
+    root = toplevel(tree)
+    try:
+        series = get_series(series_dir)
+    except C128Error:
+        series = None
+    info = tree_status(Git(worktree=root), series)
+    if as_json:
+        emit_json(info)
+        return
+    out = console(stderr=False)
+    if info.get("rebase"):
+        r = info["rebase"]
+        out.print(f"{info['tree']}: c128patch rebase {r['from']} -> {r['onto']} in progress, {r['done']}/{r['total']} "
+                  f"entries done" + (f", stopped at {r['current_entry']} ({r['paused']})" if r["paused"] else "")
+                  + f"; next: {r['next']}", markup=False)
+        if "series" not in info:
+            return
+    s, u = info["series"], info["upstream"]
+    out.print(f"{info['tree']} on {info['branch'] or 'detached HEAD'}", markup=False)
+    out.print(f"  series {s.get('name')} {s.get('version')} ({len(info['entries'])} entries) on upstream "
+              f"{u.get('rev')} ({str(u.get('commit', ''))[:12]})", markup=False)
+    cur = info.get("series_current")
+    if cur and not cur["up_to_date"]:
+        out.print(f"  the series has changed since (now {cur['version']}): re-apply or rebase", markup=False)
+    if info["commits_since"]:
+        out.print(f"  {info['commits_since']} commit(s) on top of the applied series", markup=False)
+    if not info["drift"]:
+        out.print("  no drift: patched and overlaid files are as applied", markup=False)
+    for d in info["drift"]:
+        files = ", ".join(f"{p} ({how})" for p, how in d["files"].items())
+        out.print(f"  drift in {d['entry']}: {files}", markup=False)

@@ -1,0 +1,41 @@
+"""c128patch wheel (--from-wheel PATH | --from-release X.Y.Z) [-o DIR] [--series DIR] [--json]"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, series_option
+from c128patch.errors import C128Error
+from c128patch.progress import console, reporter
+from c128patch.wheel.patch import patch_wheel, release_wheel
+
+
+@click.command("wheel")
+@click.option("--from-wheel", "from_wheel", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="An upstream sglang release wheel (.whl).")
+@click.option("--from-release", "from_release", default=None, metavar="X.Y.Z",
+              help="An sglang release: its wheel is taken from the wheelhouse/cache or downloaded.")
+@click.option("-o", "--out-dir", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("dist"),
+              show_default=True, help="Folder for the patched wheel.")
+@series_option
+@json_option
+@handles_errors
+def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, series_dir: Path | None, as_json: bool) -> None:
+    """Patch a released sglang wheel with the series (no rebuild): new local version, provenance, SBOM."""
+    if (from_wheel is None) == (from_release is None):
+        raise C128Error("give exactly one of --from-wheel PATH and --from-release X.Y.Z")
+    series = get_series(series_dir)
+    with reporter(not as_json, title="wheel") as rep:
+        wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release))
+        result = patch_wheel(series, wheel, out_dir, rep)
+    if as_json:
+        emit_json({"ok": True, **result.to_json()})
+        return
+    out = console(stderr=False)
+    for row in result.entries:
+        out.print(f"  applied {row['name']} ({row['file']})", markup=False)
+    out.print(f"{result.wheel}", markup=False)
+    out.print(f"  sglang {result.version} = {result.upstream_version} + series {series.name} {series.version} "
+              f"({len(result.entries)} entries), sha256 {result.sha256[:16]}…, {result.seconds:.1f} s", markup=False)

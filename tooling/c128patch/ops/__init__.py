@@ -1,0 +1,1 @@
+"""What is done to a tree: apply, check, rebase, refresh, status, lint and the gate audit."""

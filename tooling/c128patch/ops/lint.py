@@ -1,0 +1,124 @@
+"""``lint``: is the manifest sound? Files, hashes, patch syntax, paths, collisions."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import PurePosixPath
+
+from c128patch.errors import C128Error
+from c128patch.git import Git
+from c128patch.series.manifest import Series, sha256_file, symlink_on_path
+from c128patch.series.patchfile import read_patch
+from c128patch.series.plan import prefixes
+
+OVERLAY_ROOTS = ("csrc", "overlay")
+TREE_ROOT = "python"
+
+
+@dataclass
+class Finding:
+    entry: str
+    message: str
+    level: str = "error"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _gate_trailer_ok(entry_gate: str, trailer: str | None) -> bool:
+    if trailer is None:
+        return False
+    word = trailer.split()[0] if trailer.split() else ""
+    return word == entry_gate if entry_gate else word == "none"
+
+
+def lint_series(series: Series, upstream: Git | None = None) -> list[Finding]:
+    """Every finding about the series; an empty list means it is sound."""
+    found: list[Finding] = []
+    targets: dict[str, str] = {}
+    patched: dict[str, str] = {}
+    for e in series.entries:
+        files = e.patch_files() if e.is_patch else [None]
+        for variant in files:
+            path = series.file_of(e, variant)
+            rel = path.relative_to(series.root)
+            if not path.is_file():
+                found.append(Finding(e.name, f"{rel} is missing"))
+                continue
+            if symlink_on_path(series.root, path) is not None:
+                found.append(Finding(e.name, f"{rel} is (or goes through) a symlink"))
+            want = variant.sha256 if variant else e.sha256
+            if not want:
+                found.append(Finding(e.name, f"{rel} has no sha256 in the manifest"))
+            elif sha256_file(path) != want:
+                found.append(Finding(e.name, f"{rel}: sha256 does not match the manifest"))
+            if not e.is_patch:
+                continue
+            try:
+                info = read_patch(path)
+            except C128Error as exc:
+                found.append(Finding(e.name, exc.message))
+                continue
+            if not _gate_trailer_ok(e.gate, info.trailers.get("C128patch-Gate")):
+                want_gate = e.gate or "none (<why>)"
+                found.append(Finding(e.name, f"{rel}: header must say 'C128patch-Gate: {want_gate}'"))
+            for f in info.files:
+                if not f.startswith(f"{TREE_ROOT}/"):
+                    found.append(Finding(e.name, f"{rel} touches {f}, outside {TREE_ROOT}/"))
+                patched.setdefault(f, e.name)
+        if not e.is_patch:
+            if PurePosixPath(e.source).parts[0] not in OVERLAY_ROOTS:
+                found.append(Finding(e.name, f"overlay source {e.source} must live under csrc/ or overlay/"))
+            if not e.target.startswith(f"{TREE_ROOT}/"):
+                found.append(Finding(e.name, f"overlay target {e.target} is outside {TREE_ROOT}/"))
+            if e.target in targets:
+                found.append(Finding(e.name, f"overlay target {e.target} collides with entry '{targets[e.target]}'"))
+            targets[e.target] = e.name
+        if e.is_patch:
+            bases = [v.base for v in e.patch_files()]
+            if len(set(bases)) != len(bases):
+                found.append(Finding(e.name, "two patch files of this entry share a base"))
+    for target, name in targets.items():
+        if target in patched:
+            found.append(Finding(name, f"overlay target {target} is also patched by entry '{patched[target]}'"))
+    if upstream is not None:
+        found += _upstream_collisions(series, upstream)
+    return found
+
+
+def _upstream_collisions(series: Series, git: Git) -> list[Finding]:
+    found = []
+    base = series.base
+    if not base or git.rev_parse(base) is None:
+        return [Finding("series", f"series base {base!r} is not in the upstream repository", "warning")]
+    overlays = [e for e in series.entries if not e.is_patch]
+    listing = git.out("ls-tree", base, "--", *prefixes([e.target for e in overlays])) if overlays else ""
+    present = {}
+    for line in listing.splitlines():
+        meta, name = line.split("\t", 1)
+        present[name] = meta.split()[0]
+    for e in overlays:
+        if e.target in present:
+            found.append(Finding(e.name, f"overlay target {e.target} already exists upstream at {base}"))
+        for prefix in prefixes([e.target]):
+            if present.get(prefix) == "120000":
+                found.append(Finding(e.name, f"overlay target {e.target} goes through the symlink {prefix} upstream"))
+    return found
+
+
+def update_hashes(series: Series) -> int:
+    """Write the current sha256 of every file into the manifest; returns how many changed."""
+    changed = 0
+    for e in series.entries:
+        if e.is_patch:
+            new = []
+            for v in e.variants:
+                h = sha256_file(series.file_of(e, v))
+                changed += h != v.sha256
+                new.append(type(v)(v.file, v.base, h))
+            e.variants = new
+        h = sha256_file(series.file_of(e))
+        changed += h != e.sha256
+        e.sha256 = h
+    series.save()
+    return changed

@@ -1,0 +1,47 @@
+"""Run the gate audit (audit.py) on the series as replayed on an upstream rev."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from c128patch.errors import C128Error
+from c128patch.git import Git
+from c128patch.ops.audit import Finding, Reader, audit_patch
+from c128patch.ops.check import index_git, replay_in_index
+from c128patch.series.manifest import Series
+
+
+def audit_series(series: Series, git: Git, rev: str, commit: str) -> list[Finding]:
+    """Findings for every gated patch entry, on the whole series applied to ``commit``."""
+    with tempfile.TemporaryDirectory(prefix="c128audit-") as tmp:
+        index_file = Path(tmp) / "index"
+        result, planned = replay_in_index(series, git, rev, commit, index_file)
+        if not result.ok:
+            failed = result.error or next(f"{e.name}: {e.detail}" for e in result.entries if e.status in ("conflict", "collision"))
+            raise C128Error(f"cannot audit on {rev}: the series does not apply ({failed})")
+        gated = [p for p in planned if p.patch is not None and p.entry.gate]
+        if not gated:
+            return []
+        read = index_reader(index_git(git, index_file))
+        findings: list[Finding] = []
+        for item in gated:
+            findings += audit_patch(item.path.read_text(), read, item.entry.gate)
+        return findings
+
+
+def index_reader(idx: Git) -> Reader:
+    """Read files of an index (blob by blob, on demand): the audit touches only a few modules."""
+    blobs = {}
+    for line in idx.out("ls-files", "-s", "--", "python/*.py").splitlines():
+        meta, path = line.split("\t", 1)
+        blobs[path] = meta.split()[1]
+    cache: dict[str, str | None] = {}
+
+    def read(rel: str) -> str | None:
+        if rel not in cache:
+            sha = blobs.get(rel)
+            cache[rel] = idx.run("cat-file", "blob", sha).stdout if sha else None
+        return cache[rel]
+
+    return read

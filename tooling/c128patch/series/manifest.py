@@ -1,0 +1,229 @@
+"""The series manifest (patches/series.toml): what we carry, in order, and why."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from c128patch import PACKAGE_DIR
+from c128patch.errors import C128Error
+
+MANIFEST = "patches/series.toml"
+KINDS = ("patch", "overlay")
+_ENTRY_TEXT_FIELDS = ("why", "gate", "upstream", "upstream_status", "drop_when", "base")
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def check_relpath(path: str, what: str) -> str:
+    """Reject paths that could leave the tree: absolute, '..', empty parts, backslashes."""
+    if not path or path.startswith(("/", "~")) or "\\" in path or "\0" in path:
+        raise C128Error(f"unsafe path in {what}: {path!r} (must be relative, inside the tree)")
+    parts = PurePosixPath(path).parts
+    if any(p in ("..", ".", "") for p in parts) or path.endswith("/"):
+        raise C128Error(f"unsafe path in {what}: {path!r} (must be relative, inside the tree)")
+    return path
+
+
+def symlink_on_path(root: Path, path: Path) -> Path | None:
+    """The first symlink among ``path`` and its folders below ``root``, if any."""
+    rel = path.relative_to(root)
+    for part in [*reversed(rel.parents[:-1]), rel]:
+        if (root / part).is_symlink():
+            return root / part
+    return None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One patch file of an entry, made against upstream ``base``."""
+
+    file: str
+    base: str
+    sha256: str = ""
+
+
+@dataclass
+class Entry:
+    name: str
+    kind: str
+    why: str
+    gate: str = ""
+    upstream: str = ""
+    upstream_status: str = ""
+    drop_when: str = ""
+    base: str = ""
+    sha256: str = ""
+    file: str = ""  # patch
+    source: str = ""  # overlay: file in this repo
+    target: str = ""  # overlay: path in the upstream tree
+    variants: list[Variant] = field(default_factory=list)
+
+    @property
+    def is_patch(self) -> bool:
+        return self.kind == "patch"
+
+    def patch_files(self) -> list[Variant]:
+        """The primary patch first, then the older-base variants."""
+        if not self.is_patch:
+            return []
+        return [Variant(self.file, self.base, self.sha256), *self.variants]
+
+    def to_toml(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "kind": self.kind}
+        if self.is_patch:
+            out["file"] = self.file
+        else:
+            out["source"] = self.source
+            out["target"] = self.target
+        for key in _ENTRY_TEXT_FIELDS:
+            out[key] = getattr(self, key)
+        out["sha256"] = self.sha256
+        if self.variants:
+            out["variants"] = [{"file": v.file, "base": v.base, "sha256": v.sha256} for v in self.variants]
+        return out
+
+
+@dataclass
+class Series:
+    root: Path  # the folder holding patches/, csrc/, overlay/
+    name: str
+    version: str
+    base: str
+    entries: list[Entry]
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / MANIFEST
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.root / "patches"
+
+    def entry(self, name: str) -> Entry:
+        for e in self.entries:
+            if e.name == name:
+                return e
+        raise C128Error(f"no entry named {name!r} in {self.manifest_path}")
+
+    def file_of(self, entry: Entry, variant: Variant | None = None) -> Path:
+        """The file in this repository that an entry (or one of its variants) carries."""
+        if entry.is_patch:
+            return self.patches_dir / (variant.file if variant else entry.file)
+        return self.root / entry.source
+
+    def digest(self) -> str:
+        """A hash of everything the series carries, for version labels and caches."""
+        h = hashlib.sha256()
+        h.update(f"{self.name}\0{self.version}\0".encode())
+        for e in self.entries:
+            h.update(f"{e.name}\0{e.kind}\0{e.target}\0{e.gate}\0".encode())
+            for v in e.patch_files() or [Variant(e.source, e.base)]:
+                h.update(self.file_of(e, v if e.is_patch else None).read_bytes())
+        return h.hexdigest()
+
+    def to_toml(self) -> str:
+        import tomli_w  # lazy: reading a series (and `smoke`) must not need it
+
+        doc = {
+            "series": {"name": self.name, "version": self.version, "base": self.base},
+            "entries": [e.to_toml() for e in self.entries],
+        }
+        return tomli_w.dumps(doc)
+
+    def save(self) -> None:
+        self.manifest_path.write_text(self.to_toml())
+
+
+def _str(table: dict, key: str, where: str, required: bool = False) -> str:
+    value = table.get(key, "")
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise C128Error(f"{where}: '{key}' must be a string")
+    value = str(value)
+    if required and not value:
+        raise C128Error(f"{where}: '{key}' is required")
+    return value
+
+
+def _entry(raw: Any, index: int, path: Path) -> Entry:
+    where = f"{path}: entry #{index + 1}"
+    if not isinstance(raw, dict):
+        raise C128Error(f"{where}: must be a table")
+    name = _str(raw, "name", where, required=True)
+    where = f"{path}: entry '{name}'"
+    kind = _str(raw, "kind", where, required=True)
+    if kind not in KINDS:
+        raise C128Error(f"{where}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    entry = Entry(name=name, kind=kind, why=_str(raw, "why", where, required=True))
+    for key in _ENTRY_TEXT_FIELDS[1:]:
+        setattr(entry, key, _str(raw, key, where))
+    entry.sha256 = _str(raw, "sha256", where)
+    if kind == "patch":
+        entry.file = check_relpath(_str(raw, "file", where, required=True), where)
+        for j, v in enumerate(raw.get("variants", []) or []):
+            if not isinstance(v, dict):
+                raise C128Error(f"{where}: variant #{j + 1} must be a table")
+            entry.variants.append(
+                Variant(
+                    check_relpath(_str(v, "file", f"{where} variant #{j + 1}", required=True), where),
+                    _str(v, "base", f"{where} variant #{j + 1}", required=True),
+                    _str(v, "sha256", where),
+                )
+            )
+    else:
+        if raw.get("variants"):
+            raise C128Error(f"{where}: overlay entries have no variants")
+        entry.source = check_relpath(_str(raw, "source", where, required=True), where)
+        entry.target = check_relpath(_str(raw, "target", where, required=True), where)
+    unknown = set(raw) - {"name", "kind", "file", "source", "target", "sha256", "variants", *_ENTRY_TEXT_FIELDS}
+    if unknown:
+        raise C128Error(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    return entry
+
+
+def load_series(root: Path) -> Series:
+    root = root.resolve()
+    path = root / MANIFEST
+    if not path.is_file():
+        raise C128Error(f"no series manifest at {path}")
+    try:
+        doc = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise C128Error(f"{path}: not valid TOML ({exc})") from exc
+    head = doc.get("series")
+    if not isinstance(head, dict):
+        raise C128Error(f"{path}: missing [series] table")
+    entries = [_entry(raw, i, path) for i, raw in enumerate(doc.get("entries", []) or [])]
+    names = [e.name for e in entries]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise C128Error(f"{path}: duplicate entry name(s) {', '.join(dupes)}")
+    return Series(
+        root=root,
+        name=_str(head, "name", f"{path} [series]", required=True),
+        version=_str(head, "version", f"{path} [series]", required=True),
+        base=_str(head, "base", f"{path} [series]"),
+        entries=entries,
+    )
+
+
+def default_series_root() -> Path:
+    """The series this tool carries: $C128PATCH_SERIES, the packaged copy, or the source checkout."""
+    explicit = os.environ.get("C128PATCH_SERIES")
+    if explicit:
+        return Path(explicit)
+    for candidate in (PACKAGE_DIR / "_series", PACKAGE_DIR.parents[1]):
+        if (candidate / MANIFEST).is_file():
+            return candidate
+    raise C128Error("cannot find the patch series; pass --series DIR or set C128PATCH_SERIES")

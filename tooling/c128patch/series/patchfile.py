@@ -1,0 +1,98 @@
+"""What a format-patch file says: its header trailers, the paths and hunks it touches."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
+
+from c128patch.errors import C128Error
+from c128patch.git import Git
+from c128patch.series.manifest import check_relpath
+
+_TRAILER = re.compile(r"^(C128patch-[A-Za-z-]+):\s*(.*)$", re.MULTILINE)
+
+
+@dataclass
+class PatchInfo:
+    path: Path
+    subject: str
+    body: str
+    trailers: dict[str, str]
+    files: list[str]  # post-image paths (pre-image for deletions)
+    patchset: PatchSet = field(repr=False)
+
+    @property
+    def needs(self) -> list[str]:
+        """Paths that must exist before the patch (it does not create them)."""
+        return [_strip(pf.path) for pf in self.patchset if not pf.is_added_file]
+
+    def hunk_at(self, path: str, line: int) -> tuple[int, str] | None:
+        """(1-based hunk number, header) of the hunk of ``path`` whose pre-image starts at ``line``."""
+        for pf in self.patchset:
+            if _strip(pf.path) != path:
+                continue
+            best = None
+            for i, hunk in enumerate(pf, 1):
+                header = f"@@ -{hunk.source_start},{hunk.source_length} +{hunk.target_start},{hunk.target_length} @@"
+                if hunk.section_header:
+                    header += f" {hunk.section_header}"
+                if hunk.source_start == line:
+                    return i, header
+                if hunk.source_start <= line:
+                    best = (i, header)
+            return best
+        return None
+
+
+def _strip(path: str) -> str:
+    return path[2:] if path.startswith(("a/", "b/")) else path
+
+
+def split_message(text: str) -> tuple[str, str]:
+    """(mail header + message, rest) of a format-patch text; rest starts at '---' or the diff."""
+    cut = [i for i in (text.find("\n---\n"), text.find("\ndiff --git ")) if i >= 0]
+    if not cut:
+        return text, ""
+    return text[: min(cut)], text[min(cut) :]
+
+
+def read_patch(path: Path) -> PatchInfo:
+    """Parse a git format-patch file; a corrupt one is a C128Error naming the file."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise C128Error(f"cannot read patch {path}: {exc.strerror}") from exc
+    text = raw.decode("utf-8", errors="replace")
+    head, sep = split_message(text)
+    if not sep or not text.startswith("From "):
+        raise C128Error(f"corrupt patch {path.name}: not a git format-patch file (no mail header)")
+    msg = email.message_from_string(head.split("\n", 1)[1], policy=email.policy.default)
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", str(msg.get("Subject", "")).strip())
+    body = msg.get_payload() if not msg.is_multipart() else ""
+    body = body if isinstance(body, str) else ""
+    try:
+        patchset = PatchSet(text)
+    except UnidiffParseError as exc:
+        raise C128Error(f"corrupt patch {path.name}: {exc}") from exc
+    if len(patchset) == 0:
+        raise C128Error(f"corrupt patch {path.name}: no diff in it")
+    # git's own parser is stricter than unidiff about stray lines between hunks.
+    proc = Git(worktree=path.parent).run("apply", "--numstat", str(path.resolve()), check=False)
+    if proc.returncode != 0:
+        detail = (proc.stderr.strip().splitlines() or ["git apply cannot parse it"])[-1]
+        raise C128Error(f"corrupt patch {path.name}: {detail.removeprefix('error: ')}")
+    files = []
+    for pf in patchset:
+        if pf.is_binary_file:
+            raise C128Error(f"corrupt patch {path.name}: binary hunks are not supported ({pf.path})")
+        for side in (pf.source_file, pf.target_file):
+            if side != "/dev/null":
+                check_relpath(_strip(side), f"patch {path.name}")
+        files.append(_strip(pf.path))
+    return PatchInfo(path, subject, body.strip(), dict(_TRAILER.findall(body)), files, patchset)

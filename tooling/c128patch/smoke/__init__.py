@@ -1,0 +1,2 @@
+"""GPU smoke tests: the kernel tier (trees, passes, sanitizer, pytest plugin) and the server tier
+(processes, logs)."""

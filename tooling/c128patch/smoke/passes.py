@@ -1,0 +1,223 @@
+"""One pytest pass of the GPU suite in a subprocess, with the harness API's environment
+(tests/gpu/harness.py: C128PATCH_TREE, C128PATCH_UPSTREAM_TREE, C128PATCH_GPU_SCALE,
+C128PATCH_GPU_RESULTS_DIR), optionally under compute-sanitizer; its per-test rows come from
+:mod:`c128patch.smoke.plugin`, so a pass that dies mid-test still says which test it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from c128patch import PACKAGE_DIR
+from c128patch.smoke import sanitizer as smoke_sanitizer
+from c128patch.smoke.plugin import ROWS_ENV
+from c128patch.smoke.procs import Managed, exit_description
+
+# The harness API (tests/gpu/harness.py); mirrored here because the suite is not importable.
+TREE_ENV = "C128PATCH_TREE"
+UPSTREAM_TREE_ENV = "C128PATCH_UPSTREAM_TREE"
+SCALE_ENV = "C128PATCH_GPU_SCALE"
+RESULTS_ENV = "C128PATCH_GPU_RESULTS_DIR"
+BAD = ("failed", "error", "crashed")  # outcomes that fail a pass
+
+
+@dataclass
+class PassSpec:
+    label: str
+    tree: Path
+    upstream: Path | None = None
+    scale: float = 1.0
+    sanitizer: str | None = None  # tool name
+    sanitizer_exe: str | None = None
+    timeout: float = 1800.0
+    keyword: str | None = None
+    collect_only: bool = False
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def _package_parent() -> str:
+    return str(PACKAGE_DIR.parent)
+
+
+def pytest_argv(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> list[str]:
+    ini = out_dir / "pytest.ini"
+    ini.write_text("[pytest]\n")  # not the repo's ini: its addopts and timeout are for the CPU suite
+    argv = [python, "-m", "pytest", str(suite), "-c", str(ini), "--rootdir", str(suite), "--confcutdir", str(suite),
+            "-p", "no:cacheprovider", "-p", "c128patch.smoke.plugin", "-q", "-rfEs",
+            "--junitxml", str(out_dir / f"junit-{spec.label}.xml")]
+    if spec.collect_only:
+        argv.append("--collect-only")
+    if spec.keyword:
+        argv += ["-k", spec.keyword]
+    if spec.sanitizer:
+        assert spec.sanitizer_exe
+        argv = smoke_sanitizer.command(spec.sanitizer, spec.sanitizer_exe) + argv
+    return argv
+
+
+def pytest_env(spec: PassSpec, rows: Path, results: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_parent(), env.get("PYTHONPATH", "")) if p)
+    env.update({ROWS_ENV: str(rows), TREE_ENV: str(spec.tree), SCALE_ENV: repr(spec.scale),
+                RESULTS_ENV: str(results), "PYTHONUNBUFFERED": "1"})
+    if spec.upstream is not None:
+        env[UPSTREAM_TREE_ENV] = str(spec.upstream)
+    else:
+        env.pop(UPSTREAM_TREE_ENV, None)
+    if spec.sanitizer:
+        env.update(smoke_sanitizer.SANITIZER_ENV)
+    env.update(spec.extra_env)
+    return env
+
+
+def tests_from_rows(rows: list[dict], end_time: float, timed_out: bool = False) -> list[dict]:
+    """Per-test rows from the plugin's events. Outcomes: passed, failed, error (setup, teardown
+    or collection failed), skipped, xfailed, xpassed, crashed (started and never finished: the
+    process died or was killed during it), not run (collected, never started)."""
+    tests: dict[str, dict] = {}
+    state: dict[str, dict] = {}  # nodeid -> {"started": t, "finished": bool}
+
+    def row(nodeid: str) -> dict:
+        return tests.setdefault(nodeid, {"nodeid": nodeid, "outcome": "not run", "seconds": 0.0, "message": ""})
+
+    for ev in rows:
+        kind, nodeid = ev.get("event"), ev.get("nodeid", "")
+        if kind == "collected":
+            row(nodeid)["markers"] = ev.get("markers", [])
+        elif kind == "start":
+            row(nodeid)
+            state[nodeid] = {"started": ev.get("t", end_time), "finished": False}
+        elif kind == "report":
+            r = row(nodeid)
+            r["seconds"] += ev.get("duration", 0.0)
+            when, outcome, msg = ev.get("when"), ev.get("outcome"), ev.get("message", "")
+            if when == "collect" or (when == "setup" and outcome == "failed"):
+                r.update(outcome="error", message=msg)
+            elif when == "setup" and outcome == "skipped":
+                r.update(outcome="skipped", message=msg)
+            elif when == "call":
+                if "xfail" in ev:
+                    outcome = "xfailed" if outcome == "skipped" else "xpassed"
+                    msg = msg or ev["xfail"]
+                r.update(outcome=outcome, message=msg)
+            elif when == "teardown":
+                if outcome == "failed":
+                    r.update(outcome="error", message=msg or r["message"])
+                state.setdefault(nodeid, {"started": end_time})["finished"] = True
+    for nodeid, st in state.items():
+        if not st["finished"]:
+            r = tests[nodeid]
+            r["outcome"] = "crashed"
+            r["seconds"] = max(r["seconds"], end_time - st["started"])
+            r["message"] = "killed at the pass timeout" if timed_out else "the process died during this test"
+    for r in tests.values():
+        r["seconds"] = round(r["seconds"], 3)
+    return list(tests.values())
+
+
+def count(tests: list[dict]) -> dict[str, int]:
+    keys = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "crashed", "not run")
+    return {k: sum(1 for t in tests if t["outcome"] == k) for k in keys}
+
+
+def _read_rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill
+    return rows
+
+
+def _read_results(folder: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            out[path.stem] = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            out[path.stem] = {"unreadable": str(path)}
+    return out
+
+
+def run_pass(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> dict[str, Any]:
+    """Run the suite once; the pass's rows, counts, exit and (under a sanitizer) its findings."""
+    out_dir = out_dir.resolve()  # the child runs in the suite's folder
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows_path = out_dir / f"rows-{spec.label}.jsonl"
+    log = out_dir / f"pytest-{spec.label}.log"
+    results = out_dir / "results" / spec.label
+    for stale in (rows_path, log):
+        stale.unlink(missing_ok=True)
+    results.mkdir(parents=True, exist_ok=True)
+    argv = pytest_argv(spec, suite, python, out_dir)
+    start = time.time()
+    proc = Managed(f"pytest {spec.label}", argv, log, env=pytest_env(spec, rows_path, results), cwd=suite)
+    with proc:
+        code = proc.wait(spec.timeout)
+        timed_out = code is None
+    code = proc.proc.returncode if proc.proc else None
+    end = time.time()
+    rows = _read_rows(rows_path)
+    finished = any(r.get("event") == "finish" for r in rows)
+    tests = tests_from_rows(rows, end, timed_out)
+    text = log.read_text(errors="replace")
+    result: dict[str, Any] = {
+        "label": spec.label,
+        "tree": str(spec.tree),
+        "upstream_tree": str(spec.upstream) if spec.upstream else None,
+        "scale": spec.scale,
+        "exit_code": code,
+        "exit": "timed out after %ds" % spec.timeout if timed_out else exit_description(code),
+        "timed_out": timed_out,
+        "finished": finished,
+        "seconds": round(end - start, 1),
+        "log": str(log),
+        "counts": count(tests),
+        "tests": tests,
+        "results": _read_results(results),
+        "argv": argv,
+    }
+    if proc.leftover:
+        result["leftover_pids"] = proc.leftover
+    if not finished and not spec.collect_only:
+        result["log_tail"] = text.strip().splitlines()[-20:]
+    if spec.sanitizer:
+        found = smoke_sanitizer.parse(text, spec.sanitizer)
+        result["sanitizer"] = {**found, "exit_code": code}
+    return result
+
+
+def pass_problems(p: dict[str, Any], collect_only: bool = False) -> list[str]:
+    """Why a pass does not count as clean (empty list: clean)."""
+    label, c = p["label"], p["counts"]
+    problems = []
+    if p["timed_out"]:
+        problems.append(f"{label}: {p['exit']}")
+    bad = {k: c[k] for k in ("failed", "error", "crashed") if c[k]}
+    if bad:
+        problems.append(f"{label}: " + ", ".join(f"{n} {k}" for k, n in bad.items()))
+    if not collect_only and not p["timed_out"]:
+        if c["passed"] == 0:
+            problems.append(f"{label}: no test passed ({', '.join(f'{n} {k}' for k, n in c.items() if n) or 'none collected'})")
+        if not p["finished"]:
+            problems.append(f"{label}: pytest did not finish ({p['exit']})")
+        elif p["exit_code"] not in (0, 1, smoke_sanitizer.ERROR_EXIT_CODE) and not bad:
+            problems.append(f"{label}: pytest {p['exit']}")
+    san = p.get("sanitizer")
+    if san:
+        if san["errors"] is None:
+            problems.append(f"{label}: compute-sanitizer printed no summary ({p['exit']})")
+        elif san["errors"]:
+            problems.append(f"{label}: compute-sanitizer {san['tool']} found {san['errors']} error(s)")
+    if p.get("leftover_pids"):
+        problems.append(f"{label}: processes left behind {p['leftover_pids']}")
+    return problems
+
+

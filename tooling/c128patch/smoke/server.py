@@ -1,0 +1,436 @@
+"""``smoke --tier server``: start the patched sglang server on a model with PR #32035's settings,
+drive sustained concurrent multi-turn load with sglang's own benchmark tools, watch the log for
+crashes, read the capacity the server logs; then the same with the online-C128 envs off.
+
+Bounded (health wait, load duration, request count), loopback only (127.0.0.1), and everything
+it starts is stopped: each process runs in its own group and is killed with its descendants on
+success, error, timeout, Ctrl-C, SIGTERM and SIGHUP (see smoke.procs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from c128patch.errors import C128Error
+from c128patch.jsonio import write_json_atomic
+from c128patch.smoke.logs import ServerLog, Tail, load_summary
+from c128patch.smoke.procs import Managed, exit_description
+from c128patch.smoke.trees import read_provenance, series_info
+
+HOST = "127.0.0.1"
+# PR #32035: the online compressor under DSPARK is on with both.
+ONLINE_ENVS = {"SGLANG_OPT_USE_ONLINE_COMPRESS": "1", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK": "1"}
+COMPACT_ENV = {"SGLANG_RAGGED_VERIFY_MODE": "compact"}  # bug 1's setting (srt/environ.py: EnvStr("static"))
+MODES = ("on", "off")
+
+# Server flags from docs/pr-32035.md (model, TP, host and port are added separately).
+PRESETS: dict[str, list[str]] = {
+    # The author's soak test (no crash in ~70 min on B200).
+    "soak": ["--trust-remote-code", "--tool-call-parser", "deepseekv4", "--reasoning-parser", "deepseek-v4",
+             "--enable-cache-report", "--speculative-algorithm", "DSPARK", "--disable-flashinfer-autotune",
+             "--mem-fraction-static", "0.55", "--enable-metrics"],
+    # The author's precision-test server (the PR's capacity numbers).
+    "precision": ["--trust-remote-code", "--chunked-prefill-size", "8192", "--swa-full-tokens-ratio", "0.1",
+                  "--mem-fraction-static", "0.85", "--tool-call-parser", "deepseekv4", "--reasoning-parser",
+                  "deepseek-v4", "--enable-cache-report", "--speculative-algorithm", "DSPARK",
+                  "--disable-flashinfer-autotune", "--enable-metrics"],
+}
+# The soak load of docs/pr-32035.md (benchmark/hicache/bench_multiturn.py flags).
+SOAK = {"request_length": 8192, "sub_question_input_length": 4096, "output_length": 2048, "num_clients": 64,
+        "num_rounds": 30, "max_parallel": 32, "request_rate": 16, "seed": 422}
+LOAD_TOOLS = ("serving", "multiturn")
+Progress = Callable[[str], None]
+
+
+@dataclass
+class ServerOptions:
+    model_path: str
+    tp: int = 1
+    port: int = 30001
+    duration: float = 900.0  # load seconds per mode
+    max_requests: int | None = None
+    compact: bool = False
+    load: str = "serving"
+    multiturn_script: Path | None = None
+    preset: str = "soak"
+    mem_fraction_static: float | None = None
+    moe_runner_backend: str | None = "flashinfer_mxfp4"
+    server_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    modes: tuple[str, ...] = MODES
+    health_timeout: float = 1800.0
+    launcher: list[str] | None = None  # default: [python, -m, sglang.launch_server]
+    load_cmd: list[str] | None = None  # default: the tool's own command
+    python: str = sys.executable
+    out: Path = Path("smoke-server")
+    grace: float = 30.0
+    settle: float = 3.0
+    allow_unpatched: bool = False
+
+    def launcher_argv(self) -> list[str]:
+        return self.launcher or [self.python, "-m", "sglang.launch_server"]
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _set_flag(args: list[str], flag: str, value: str | None) -> list[str]:
+    """``args`` with ``flag``'s value replaced (removed when ``value`` is None)."""
+    out, i = [], 0
+    while i < len(args):
+        if args[i] == flag:
+            i += 2
+            continue
+        if args[i].startswith(flag + "="):
+            i += 1
+            continue
+        out.append(args[i])
+        i += 1
+    return out + ([flag, value] if value is not None else [])
+
+
+def server_argv(opts: ServerOptions) -> list[str]:
+    if opts.preset not in PRESETS:
+        raise C128Error(f"unknown preset {opts.preset!r} (known: {', '.join(PRESETS)})")
+    args = list(PRESETS[opts.preset])
+    if opts.mem_fraction_static is not None:
+        args = _set_flag(args, "--mem-fraction-static", str(opts.mem_fraction_static))
+    if opts.moe_runner_backend:
+        args = _set_flag(args, "--moe-runner-backend", opts.moe_runner_backend)
+    for extra in opts.server_args:  # later flags win in argparse; listed last
+        args.append(extra)
+    return [*opts.launcher_argv(), "--model-path", opts.model_path, "--tp-size", str(opts.tp), *args,
+            "--host", HOST, "--port", str(opts.port)]
+
+
+def server_env(opts: ServerOptions, mode: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment for ``mode`` "on" (online C128 envs set) or "off" (unset)."""
+    env = dict(os.environ if base is None else base)
+    for key in (*ONLINE_ENVS, *COMPACT_ENV):
+        env.pop(key, None)
+    env.update(opts.env)
+    if mode == "on":
+        env.update(ONLINE_ENVS)
+    elif mode != "off":
+        raise ValueError(mode)
+    if opts.compact:
+        env.update(COMPACT_ENV)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def load_shape(max_requests: int | None) -> tuple[int, int]:
+    """(conversations, turns) of the soak load, cut so that their product stays within
+    ``max_requests``."""
+    clients, rounds = SOAK["num_clients"], SOAK["num_rounds"]
+    if max_requests is None:
+        return clients, rounds
+    if max_requests < 1:
+        raise C128Error("--max-requests must be >= 1")
+    clients = min(clients, max_requests)
+    return clients, max(1, min(rounds, max_requests // clients))
+
+
+def load_argv(opts: ServerOptions, mode: str, result_file: Path) -> list[str]:
+    """sglang's own load tool with the PR's soak settings against our server."""
+    clients, rounds = load_shape(opts.max_requests)
+    parallel = min(SOAK["max_parallel"], clients)
+    if opts.load == "serving":
+        # bench_serving's multi-turn generated-shared-prefix dataset: one conversation per group,
+        # an 8k shared prefix, 4k questions per turn, 2k outputs (no dataset download needed).
+        prefix = opts.load_cmd or [opts.python, "-m", "sglang.bench_serving"]
+        return [*prefix, "--backend", "sglang", "--host", HOST, "--port", str(opts.port), "--model", opts.model_path,
+                "--dataset-name", "generated-shared-prefix", "--gsp-num-groups", str(clients),
+                "--gsp-prompts-per-group", "1", "--gsp-system-prompt-len", str(SOAK["request_length"]),
+                "--gsp-question-len", str(SOAK["sub_question_input_length"]),
+                "--gsp-output-len", str(SOAK["output_length"]), "--gsp-num-turns", str(rounds),
+                "--request-rate", str(SOAK["request_rate"]), "--max-concurrency", str(parallel),
+                "--seed", str(SOAK["seed"]), "--output-file", str(result_file), "--disable-tqdm",
+                "--tag", f"c128patch-smoke-{mode}"]
+    if opts.load == "multiturn":
+        if opts.load_cmd:
+            prefix = opts.load_cmd
+        elif opts.multiturn_script is not None:
+            prefix = [opts.python, str(opts.multiturn_script)]
+        else:
+            raise C128Error("--load multiturn needs --multiturn-script PATH (benchmark/hicache/bench_multiturn.py "
+                            "of an sglang checkout; the wheel does not ship it)")
+        return [*prefix, "--host", HOST, "--port", str(opts.port), "--model-path", opts.model_path,
+                "--disable-random-sample", "--request-length", str(SOAK["request_length"]),
+                "--sub-question-input-length", str(SOAK["sub_question_input_length"]),
+                "--output-length", str(SOAK["output_length"]), "--num-clients", str(clients),
+                "--num-rounds", str(rounds), "--max-parallel", str(parallel),
+                "--request-rate", str(SOAK["request_rate"]), "--ready-queue-policy", "random",
+                "--disable-auto-run", "--enable-round-barrier", "--seed", str(SOAK["seed"]),
+                "--log-file", str(result_file), "--tag", f"c128patch-smoke-{mode}"]
+    raise C128Error(f"unknown load tool {opts.load!r} (known: {', '.join(LOAD_TOOLS)})")
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def port_free(port: int) -> bool:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def installed_sglang(python: str) -> dict[str, Any]:
+    """Where ``python`` imports sglang from (without running its __init__) and the series
+    provenance recorded there."""
+    code = ("import importlib.util, json; s = importlib.util.find_spec('sglang'); "
+            "print(json.dumps(list(s.submodule_search_locations or []) if s else None))")
+    try:
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise C128Error(f"cannot run {python}: {exc}") from exc
+    found = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 and proc.stdout.strip() else None
+    if not found:
+        raise C128Error(f"sglang is not installed for {python}: install the patched build (c128patch wheel) first")
+    root = Path(found[0]).parent
+    record = read_provenance(root)
+    return {"package": found[0], "provenance": series_info(record), "patched": record is not None}
+
+
+def health(port: int, timeout: float = 5.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+# --------------------------------------------------------------------------- one mode
+
+
+def _pump(tail: Tail, log: ServerLog) -> None:
+    for line in tail.read_lines():
+        log.feed(line)
+
+
+def wait_healthy(server: Managed, tail: Tail, log: ServerLog, port: int, timeout: float) -> tuple[bool, str, float]:
+    """Poll /health until it answers 200; give up when the server exits, logs a fatal error,
+    or ``timeout`` passes. (ok, why not, seconds)."""
+    start = time.monotonic()
+    while True:
+        _pump(tail, log)
+        code = server.poll()
+        if code is not None:
+            return False, f"the server exited ({exit_description(code)}) before /health answered", time.monotonic() - start
+        if log.fatal:
+            return False, f"the server logged {', '.join(log.fatal)} while starting", time.monotonic() - start
+        if health(port, timeout=2.0):
+            return True, "", time.monotonic() - start
+        if time.monotonic() - start >= timeout:
+            return False, f"/health did not answer within {timeout:.0f}s", time.monotonic() - start
+        time.sleep(0.5)
+
+
+def run_mode(opts: ServerOptions, mode: str, progress: Progress = lambda _m: None) -> dict[str, Any]:
+    """Start the server for ``mode``, wait for health, load it, stop it; what happened."""
+    out = opts.out
+    out.mkdir(parents=True, exist_ok=True)
+    server_log, load_log = out / f"server-{mode}.log", out / f"load-{mode}.log"
+    result_file = out / f"load-{mode}.jsonl"
+    for stale in (server_log, load_log, result_file):
+        stale.unlink(missing_ok=True)
+    deadline = time.monotonic() + 60
+    while not port_free(opts.port):
+        if time.monotonic() > deadline:
+            raise C128Error(f"port {opts.port} on {HOST} is in use (another server?): pass --port")
+        time.sleep(1)
+    argv, env = server_argv(opts), server_env(opts, mode)
+    record: dict[str, Any] = {"mode": mode, "argv": argv, "log": str(server_log),
+                              "env": {k: env[k] for k in (*ONLINE_ENVS, *COMPACT_ENV, *opts.env) if k in env},
+                              "problems": []}
+    log, tail = ServerLog(), Tail(server_log)
+    server = Managed(f"server {mode}", argv, server_log, env=env)
+    died: str | None = None
+    try:
+        with server:
+            record["pid"] = server.pid
+            progress(f"[{mode}] starting the server (pid {server.pid}), waiting for /health")
+            ok, why, secs = wait_healthy(server, tail, log, opts.port, opts.health_timeout)
+            record["health"] = {"ok": ok, "seconds": round(secs, 1), "reason": why}
+            if not ok:
+                record["problems"].append(why)
+                if server.poll() is not None:
+                    died = "startup"
+            else:
+                progress(f"[{mode}] healthy after {secs:.0f}s; load for at most {opts.duration:.0f}s")
+                record["load"], died = _drive_load(opts, mode, server, tail, log, result_file, load_log)
+                time.sleep(opts.settle)
+                _pump(tail, log)
+                if died is None and server.poll() is not None:
+                    died = "after load"
+                if died is None:
+                    record["health_after_load"] = health(opts.port)
+                    if not record["health_after_load"]:
+                        record["problems"].append("/health failed after the load")
+            record["server_exit_before_stop"] = server.poll()
+    finally:
+        for line in tail.flush():
+            log.feed(line)
+        record["server_exit"] = server.proc.returncode if server.proc else None
+        record["leftover_pids"] = server.leftover
+        record["seen_pids"] = sorted(server.seen)
+        record["log_summary"] = log.summary()
+    if died:
+        record["problems"].append(f"the server died during {died} ({exit_description(record['server_exit_before_stop'])})")
+    if log.fatal:
+        record["problems"].append(f"fatal errors in the server log: {', '.join(log.fatal)}")
+    if log.counts.get("traceback"):
+        record["problems"].append(f"{log.counts['traceback']} Python traceback(s) in the server log")
+    if server.leftover:
+        record["problems"].append(f"processes left behind: {server.leftover}")
+    record["crashed"] = bool(died or log.fatal)
+    record["ok"] = not record["problems"]
+    return record
+
+
+def _drive_load(opts: ServerOptions, mode: str, server: Managed, tail: Tail, log: ServerLog,
+                result_file: Path, load_log: Path) -> tuple[dict[str, Any], str | None]:
+    argv = load_argv(opts, mode, result_file)
+    load = Managed(f"load {mode}", argv, load_log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    start = time.monotonic()
+    died, stopped = None, None
+    with load:
+        while True:
+            _pump(tail, log)
+            if server.poll() is not None:
+                died, stopped = "load", "the server exited"
+                break
+            if log.fatal:
+                died, stopped = ("load" if server.poll() is not None else None), f"fatal error in the server log ({', '.join(log.fatal)})"
+                break
+            if load.poll() is not None:
+                break
+            if time.monotonic() - start >= opts.duration:
+                stopped = f"duration reached ({opts.duration:.0f}s)"
+                break
+            time.sleep(0.5)
+    code = load.proc.returncode if load.proc else None
+    stdout = load_log.read_text(errors="replace") if load_log.is_file() else ""
+    info = {"tool": opts.load, "argv": argv, "log": str(load_log), "result_file": str(result_file),
+            "seconds": round(time.monotonic() - start, 1), "exit_code": code,
+            "exit": exit_description(code), "stopped": stopped, "completed_run": stopped is None and code == 0,
+            "summary": load_summary(opts.load, stdout, result_file), "leftover_pids": load.leftover}
+    return info, died
+
+
+# --------------------------------------------------------------------------- the tier
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a is not None and b else None
+
+
+def compare_modes(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
+    """Capacity gain, throughput and acceptance, envs on vs off."""
+    cap_on = on["log_summary"]["capacity"]["tokens"]
+    cap_off = off["log_summary"]["capacity"]["tokens"]
+
+    def load_value(rec: dict[str, Any], key: str) -> float | None:
+        return ((rec.get("load") or {}).get("summary") or {}).get(key)
+
+    # One source for both columns: the load tool's numbers where both runs have them, else
+    # the server's own decode log (gen throughput, accept len).
+    if load_value(on, "output_throughput") is not None and load_value(off, "output_throughput") is not None:
+        tput = {"on": load_value(on, "output_throughput"), "off": load_value(off, "output_throughput"),
+                "source": "load tool"}
+    else:
+        tput = {"on": on["log_summary"]["decode"]["gen_throughput_mean"],
+                "off": off["log_summary"]["decode"]["gen_throughput_mean"], "source": "server decode log"}
+    acc_on, acc_off = on["log_summary"]["decode"]["accept_len_mean"], off["log_summary"]["decode"]["accept_len_mean"]
+    accept = {"on": acc_on, "off": acc_off, "source": "server decode log"}
+    if acc_on is None or acc_off is None:
+        accept = {"on": load_value(on, "accept_length"), "off": load_value(off, "accept_length"), "source": "load tool"}
+
+    gain = cap_on - cap_off if cap_on is not None and cap_off is not None else None
+    return {
+        "capacity_tokens": {"on": cap_on, "off": cap_off},
+        "capacity_gain_tokens": gain,
+        "capacity_gain_pct": round(100.0 * gain / cap_off, 2) if gain is not None and cap_off else None,
+        "output_throughput": tput,
+        "throughput_ratio": _ratio(tput["on"], tput["off"]),
+        "accept_len": accept,
+        "token_usage_max": {"on": on["log_summary"]["decode"]["token_usage_max"],
+                            "off": off["log_summary"]["decode"]["token_usage_max"]},
+    }
+
+
+def validate(opts: ServerOptions) -> None:
+    """Refuse bad settings before starting anything."""
+    if opts.tp < 1:
+        raise C128Error("--tp must be >= 1")
+    if not 1 <= opts.port <= 65535:
+        raise C128Error(f"--port {opts.port} is not a TCP port")
+    if opts.duration <= 0 or opts.health_timeout <= 0:
+        raise C128Error("--duration and --health-timeout must be positive")
+    bad = [m for m in opts.modes if m not in MODES]
+    if bad or not opts.modes:
+        raise C128Error(f"--modes takes on and/or off, not {', '.join(bad) or 'nothing'}")
+    load_shape(opts.max_requests)
+    server_argv(opts)
+    load_argv(opts, opts.modes[0], opts.out / "probe.jsonl")
+    if opts.multiturn_script is not None and not opts.multiturn_script.is_file():
+        raise C128Error(f"--multiturn-script: {opts.multiturn_script} does not exist")
+    if not port_free(opts.port):
+        raise C128Error(f"port {opts.port} on {HOST} is in use (another server?): pass --port")
+
+
+def run_server_tier(opts: ServerOptions, command: str, progress: Progress = lambda _m: None) -> dict[str, Any]:
+    validate(opts)
+    report: dict[str, Any] = {"command": command, "tier": "server", "model_path": opts.model_path, "tp": opts.tp,
+                              "port": opts.port, "compact": opts.compact, "preset": opts.preset,
+                              "load_tool": opts.load, "duration_s": opts.duration, "max_requests": opts.max_requests,
+                              "load_shape": dict(zip(("conversations", "turns"), load_shape(opts.max_requests))),
+                              "modes": {}, "interrupted": None}
+    if opts.launcher is None:
+        report["install"] = installed_sglang(opts.python)
+        if not report["install"]["patched"] and not opts.allow_unpatched:
+            raise C128Error(f"{report['install']['package']} is not a c128patch build (no provenance record); "
+                            "pass --allow-unpatched to smoke an upstream install")
+    try:
+        for mode in opts.modes:
+            report["modes"][mode] = run_mode(opts, mode, progress)
+            write_report(finish(report), opts.out)
+    except BaseException as exc:
+        report["interrupted"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        finish(report)
+        write_report(report, opts.out)
+        raise
+    finish(report)
+    write_report(report, opts.out)
+    return report
+
+
+def finish(report: dict[str, Any]) -> dict[str, Any]:
+    modes = report["modes"]
+    if "on" in modes and "off" in modes:
+        report["comparison"] = compare_modes(modes["on"], modes["off"])
+    report["crashed"] = any(m.get("crashed") for m in modes.values())
+    report["problems"] = [f"{k}: {p}" for k, m in modes.items() for p in m.get("problems", [])]
+    if report.get("interrupted"):
+        report["problems"].append(f"interrupted ({report['interrupted']})")
+    report["ok"] = not report["problems"] and bool(modes)
+    return report
+
+
+def write_report(report: dict[str, Any], out: Path) -> Path:
+    return write_json_atomic(out / "smoke-server.json", report)

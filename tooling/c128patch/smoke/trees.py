@@ -1,0 +1,191 @@
+"""Where the kernel tier's inputs are: the GPU suite, the patched and unpatched source trees
+(a checkout's python/, a folder holding sglang/, an unpacked wheel), their provenance record,
+and a carry-sized copy of them for a GPU machine."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import zipfile
+from pathlib import Path, PurePosixPath
+
+from c128patch import PACKAGE_DIR
+from c128patch.errors import C128Error
+from c128patch.series.provenance import PROVENANCE_PATH
+
+SUITE_ENV = "C128PATCH_GPU_SUITE"
+SUITE = "tests/gpu"
+PROVENANCE_IN_ROOT = str(PurePosixPath(PROVENANCE_PATH).relative_to("python"))  # sglang/c128patch_provenance.json
+ARCHIVE_PATHS = ("python/sglang",)
+
+
+def default_suite_root() -> Path:
+    """The GPU suite this tool carries: $C128PATCH_GPU_SUITE, the packaged copy, or the source
+    checkout's tests/gpu (as manifest.default_series_root finds patches/)."""
+    explicit = os.environ.get(SUITE_ENV)
+    if explicit:
+        return Path(explicit)
+    for candidate in (PACKAGE_DIR / "_series" / SUITE, PACKAGE_DIR.parents[1] / SUITE):
+        if candidate.is_dir():
+            return candidate
+    raise C128Error(f"cannot find the GPU suite ({SUITE}); pass --suite DIR or set {SUITE_ENV}")
+
+
+def check_suite(suite: Path) -> Path:
+    suite = suite.resolve()
+    if not suite.is_dir() or not any(suite.glob("test_*.py")):
+        raise C128Error(f"no GPU suite at {suite} (expected test_*.py files there)")
+    return suite
+
+
+def resolve_tree(path: Path, what: str = "--tree") -> Path:
+    """The folder holding ``sglang/``: ``<checkout>/python``, or the folder itself."""
+    path = path.expanduser()
+    if not path.exists():
+        raise C128Error(f"{what}: {path} does not exist")
+    for root in (path / "python", path):
+        if (root / "sglang").is_dir():
+            if not (root / "sglang" / "kernels" / "jit").is_dir():
+                raise C128Error(f"{what}: {root / 'sglang'} has no kernels/jit (not an sglang source tree)")
+            return root.resolve()
+    raise C128Error(f"{what}: {path} holds neither python/sglang/ nor sglang/")
+
+
+def unpack_wheel(wheel: Path, dest: Path) -> Path:
+    """The ``sglang/`` package of a wheel, unpacked under ``dest``; returns ``dest``."""
+    if not zipfile.is_zipfile(wheel):
+        raise C128Error(f"--wheel: {wheel} is not a wheel (not a zip file)")
+    dest.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as zf:
+        members = [m for m in zf.namelist() if m.startswith("sglang/") and not m.endswith("/")]
+        if not members:
+            raise C128Error(f"--wheel: {wheel.name} has no sglang/ package")
+        for name in members:
+            parts = PurePosixPath(name).parts
+            if ".." in parts or name.startswith("/"):
+                raise C128Error(f"--wheel: unsafe path in {wheel.name}: {name!r}")
+            zf.extract(name, dest)
+    return dest
+
+
+def read_provenance(root: Path) -> dict | None:
+    path = root / PROVENANCE_IN_ROOT
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise C128Error(f"{path}: provenance file is not valid JSON ({exc.msg})") from exc
+
+
+def series_info(record: dict | None) -> dict | None:
+    """What the report says about the applied series (from the provenance record)."""
+    if record is None:
+        return None
+    return {
+        "series": record.get("series", {}),
+        "upstream": record.get("upstream", {}),
+        "tool": record.get("tool", {}),
+        "entries": [{k: e.get(k) for k in ("name", "kind", "gate")} for e in record.get("entries", [])],
+    }
+
+
+def _extract_archive(git_args: list[str], dest: Path, paths: tuple[str, ...] = ARCHIVE_PATHS) -> Path:
+    """``git archive`` of ``paths`` (under python/) into ``dest`` (``dest/sglang/...``)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(["git", *git_args, *paths], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    try:
+        with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+            for member in tar:
+                path = PurePosixPath(member.name)
+                if path.parts[:1] != ("python",) or ".." in path.parts or not (member.isfile() or member.isdir()):
+                    continue
+                member.name = str(path.relative_to("python"))
+                tar.extract(member, dest)
+    except tarfile.TarError as exc:
+        raise C128Error(f"git archive failed: {exc}") from exc
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if proc.wait() != 0:
+        raise C128Error(f"git archive failed: {err.strip().splitlines()[-1:] or ''}")
+    return dest
+
+
+def _git_has(git_dir_args: list[str], commit: str) -> bool:
+    return subprocess.run(["git", *git_dir_args, "cat-file", "-e", f"{commit}^{{commit}}"],
+                          capture_output=True).returncode == 0
+
+
+def derive_upstream(patched_root: Path, record: dict | None, wheel: Path | None, workdir: Path,
+                    paths: tuple[str, ...] = ARCHIVE_PATHS) -> tuple[Path, str]:
+    """The unpatched sources matching a patched tree or wheel, extracted under ``workdir``:
+    the recorded upstream commit from the tree's own repository or the release history, or
+    for a wheel the release wheel of the same X.Y.Z."""
+    from c128patch.upstream.releases import ReleaseHistory, release_version  # packaging only, no network yet
+
+    upstream = (record or {}).get("upstream", {})
+    rev, commit = str(upstream.get("rev", "")), str(upstream.get("commit", ""))
+    if wheel is not None:
+        from packaging.utils import parse_wheel_filename
+        from packaging.version import Version
+
+        from c128patch.upstream.releases import wheel_for
+
+        version = release_version(rev) if rev else None
+        if version is None:
+            try:
+                version = Version(str(parse_wheel_filename(wheel.name)[1])).base_version
+            except Exception as exc:  # noqa: BLE001  (any unparsable name)
+                raise C128Error(f"cannot tell the sglang release of {wheel.name}; pass --upstream-tree") from exc
+        release = wheel_for(version)
+        return unpack_wheel(release, workdir / "upstream"), f"release wheel {release.name}"
+    if not commit and not rev:
+        raise C128Error("--differential: the tree has no provenance record naming its upstream; pass --upstream-tree")
+    want = commit or rev
+    top = subprocess.run(["git", "-C", str(patched_root), "rev-parse", "--show-toplevel"],
+                         capture_output=True, text=True)
+    if top.returncode == 0 and _git_has(["-C", top.stdout.strip()], want):
+        dest = _extract_archive(["-C", top.stdout.strip(), "archive", "--format=tar", want], workdir / "upstream", paths)
+        return dest, f"git archive {want[:12]} of {top.stdout.strip()}"
+    version = release_version(rev) if rev else None
+    if version is None:
+        raise C128Error(f"--differential: upstream {rev or want[:12]} is not in the tree's repository and not a "
+                        "release; pass --upstream-tree")
+    repo = ReleaseHistory().ensure([version])
+    ref = commit if commit and _git_has(["--git-dir", str(repo)], commit) else f"v{version}"
+    dest = _extract_archive(["--git-dir", str(repo), "archive", "--format=tar", ref], workdir / "upstream", paths)
+    return dest, f"release history {ref[:12]} (sglang {version})"
+
+
+def stage(suite: Path, trees: dict[str, Path], dest: Path) -> dict[str, dict[str, int]]:
+    """Copy what the kernel tier reads from each tree into ``dest/<label>`` (to carry to a GPU
+    machine): the suite's own subset list (tests/gpu/tree_subset.py) when it has one, else the
+    whole ``sglang/``; the provenance record goes along."""
+    subset = None
+    helper = suite / "tree_subset.py"
+    if helper.is_file():
+        spec = importlib.util.spec_from_file_location("c128patch_suite_tree_subset", helper)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        subset = module.subset_files
+    out = {}
+    for label, root in trees.items():
+        target = dest / label
+        if target.exists():
+            shutil.rmtree(target)
+        files = [Path(p) for p in subset(root)] if subset else [
+            p.relative_to(root) for p in (root / "sglang").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+        if (root / PROVENANCE_IN_ROOT).is_file():
+            files.append(Path(PROVENANCE_IN_ROOT))
+        for rel in sorted(set(files)):
+            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / rel, target / rel)
+        out[label] = {"files": len(set(files)), "bytes": sum((target / f).stat().st_size for f in set(files))}
+    return out
+
+

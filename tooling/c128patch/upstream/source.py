@@ -1,0 +1,123 @@
+"""Where upstream SGLang comes from for ``--sglang-rev``: a local clone, a URL, or the releases."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from c128patch.errors import C128Error
+from c128patch.git import Git, GitError, is_work_tree
+from c128patch.progress import NullReporter, Reporter
+from c128patch.upstream.cache import cache_dir, locked
+from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version
+
+_URL = re.compile(r"^([a-z][a-z0-9+.-]*://|[\w.-]+@[\w.-]+:)", re.IGNORECASE)
+
+
+def is_url(repo: str) -> bool:
+    return bool(_URL.match(repo))
+
+
+@dataclass
+class Upstream:
+    """A repository that holds upstream revisions (objects only; never checked out here)."""
+
+    kind: str  # "release" | "path" | "url"
+    git: Git
+    location: str
+
+    def resolve(self, rev: str) -> str:
+        commit = self.git.rev_parse(rev)
+        if commit is None and self.kind == "url":
+            with locked(Path(str(self.git.git_dir) + ".lock")):
+                self.git.run("fetch", "--quiet", "--prune", "--tags", "origin", check=False)
+            commit = self.git.rev_parse(rev)
+        if commit is None:
+            known = ""
+            if self.kind == "release":
+                known = f" (the release source knows {', '.join('v' + v for v in ReleaseHistory().versions())})"
+            raise C128Error(f"unknown rev '{rev}' in {self.describe()}{known}")
+        return commit
+
+    def describe(self) -> str:
+        return {"release": "the sglang release wheels", "path": self.location, "url": self.location}[self.kind]
+
+
+def open_upstream(repo: str | None, revs: list[str], reporter: Reporter = NullReporter()) -> Upstream:
+    """Open the upstream named by ``--repo`` (path or URL), or the release history by default."""
+    if repo is None:
+        versions = []
+        for rev in revs:
+            version = release_version(rev)
+            if version is None:
+                raise C128Error(
+                    f"unknown rev '{rev}': without --repo only release tags (e.g. v{DEFAULT_RELEASES[-1]}) "
+                    "can be used; pass --repo PATH|URL for other revisions"
+                )
+            versions.append(version)
+        root = ReleaseHistory().ensure(versions, reporter)
+        return Upstream("release", Git(git_dir=root), str(root))
+    if is_url(repo):
+        return _open_url(repo, reporter)
+    path = Path(repo).expanduser()
+    if not path.exists():
+        raise C128Error(f"missing repo: {path} does not exist")
+    git = Git(worktree=path) if is_work_tree(path) else Git(git_dir=path)
+    if not git.ok("rev-parse", "--git-dir"):
+        raise C128Error(f"not a git repository: {path}")
+    return Upstream("path", git, str(path.resolve()))
+
+
+def _open_url(url: str, reporter: Reporter) -> Upstream:
+    mirror = cache_dir() / "remotes" / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
+    with locked(Path(str(mirror) + ".lock")):
+        if not (mirror / "HEAD").exists():
+            reporter.step(f"cloning {url} (once, into {mirror})")
+            mirror.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                Git().run("clone", "--quiet", "--mirror", url, str(mirror))
+            except GitError as exc:
+                raise C128Error(f"cannot clone {url}: {exc.message}") from exc
+    return Upstream("url", Git(git_dir=mirror), url)
+
+
+DEFAULT_TREE = Path("sglang")  # where `apply` clones upstream when no --tree is given
+
+
+def discard_fresh_tree(tree: Path, existed: bool) -> None:
+    """Undo a fresh clone made by :func:`prepare_tree`: remove what it put in ``tree`` (the
+    folder itself too, unless it was there, empty, before)."""
+    if not existed:
+        shutil.rmtree(tree, ignore_errors=True)
+        return
+    for child in tree.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
+def prepare_tree(
+    upstream: Upstream, tree: Path | None, commit: str, reporter: Reporter = NullReporter()
+) -> tuple[Path, bool]:
+    """The working tree that ``apply`` patches, and whether it is a fresh clone (nothing to lose)."""
+    if upstream.kind == "path" and upstream.git.worktree is not None:
+        if tree is not None and tree.resolve() != upstream.git.worktree.resolve():
+            raise C128Error("--tree cannot be used with a local clone as --repo: the clone is the tree")
+        return upstream.git.worktree, False
+    tree = tree or DEFAULT_TREE
+    source = str(upstream.git.git_dir)  # a bare repo: the release cache, a URL's mirror, or the user's
+    if not tree.exists() or (tree.is_dir() and not any(tree.iterdir())):
+        reporter.step(f"cloning upstream into {tree}")
+        Git().run("clone", "--quiet", "--no-checkout", source, str(tree))
+        return tree, True
+    if not is_work_tree(tree):
+        raise C128Error(f"not a git repository: {tree} (remove it, or pass --tree to a new folder)")
+    git = Git(worktree=tree)
+    if git.rev_parse(commit) is None:
+        reporter.step(f"fetching {commit[:12]} into {tree}")
+        git.run("fetch", "--quiet", source, commit, "+refs/tags/*:refs/tags/*")
+    return tree, False

@@ -1,0 +1,260 @@
+"""``wheel``: patch a released sglang wheel with the series, without rebuilding it.
+
+The series touches Python and JIT CUDA sources only (``wheel.rules`` enforces it), so the release
+wheel's files are patched where they lie: ``git apply -p2`` (strict: exact context, no fuzz) on
+the unpacked files (the wheel has no ``python/`` prefix), overlays copied to their target minus
+``python/``. Each entry's patch file is chosen for the wheel's version: its release tag is
+resolved in the release history and ``select_variant`` picks the variant made against the nearest
+ancestor, exactly as ``apply`` does for a tree. The result is versioned
+``X.Y.Z+c128.<series version>.<series digest[:8]>`` (a PEP 440 local label) in METADATA, the
+``.dist-info`` name and the file name, platform tags unchanged, and carries the provenance record
+``apply`` writes (``sglang/c128patch_provenance.json``) and a CycloneDX SBOM
+(``.dist-info/sboms/``). Written reproducibly: the same wheel and series give the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from c128patch import __version__
+from c128patch.errors import C128Error
+from c128patch.git import Git
+from c128patch.progress import NullReporter, Reporter
+from c128patch.series import provenance
+from c128patch.series.manifest import Series
+from c128patch.series.plan import Planned, plan, validate_files
+from c128patch.upstream.releases import ReleaseHistory, release_version, tag_for, wheel_for, wheel_timestamp
+from c128patch.wheel.rules import check_wheel_patchable, wheel_path
+from c128patch.wheel.sbom import SBOM_NAME, Ancestor, PatchEntry, WheelSbom
+from c128patch.wheel.tools import InWheel, binary_dirs, source_date_epoch
+
+PACKAGE = "sglang"
+WHEEL_PROVENANCE = wheel_path(provenance.PROVENANCE_PATH)  # sglang/c128patch_provenance.json
+LOCAL_TAG = "c128"
+
+
+@dataclass
+class WheelResult:
+    wheel: str
+    version: str
+    sha256: str
+    upstream_version: str
+    upstream_wheel: str
+    upstream_sha256: str
+    epoch: int
+    series: dict
+    entries: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def sha256_path(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def patched_version(base: Version, series_version: str, digest: str) -> Version:
+    """``X.Y.Z+c128.<series version>.<digest[:8]>``: the base's public version plus our local label
+    (after the base's own local label, if it has one)."""
+    label = f"{LOCAL_TAG}.{series_version}.{digest[:8]}"
+    if base.local:
+        label = f"{base.local}.{label}"
+    try:
+        return Version(f"{base.public}+{label}")
+    except InvalidVersion as exc:
+        raise C128Error(
+            f"series version {series_version!r} cannot go into a PEP 440 local label "
+            "(use letters, digits and dots)"
+        ) from exc
+
+
+def check_upstream_wheel(iw: InWheel) -> Version:
+    """The wheel is an upstream sglang wheel (not one of ours); returns its version."""
+    meta = iw.metadata()
+    if iw.name.name != PACKAGE or str(meta.name).lower() != PACKAGE:
+        raise C128Error(f"not an sglang wheel: {iw.wheel.name} is {meta.name} {meta.version}")
+    if Version(str(meta.version)) != iw.name.version:
+        raise C128Error(f"{iw.wheel.name}: METADATA says version {meta.version}, the file name {iw.name.version}")
+    if WHEEL_PROVENANCE in iw.members():
+        raise C128Error(
+            f"{iw.wheel.name} is already patched by c128patch (it has {WHEEL_PROVENANCE}); "
+            "start from the upstream wheel"
+        )
+    return iw.name.version
+
+
+def plan_for_release(series: Series, version: Version, reporter: Reporter = NullReporter()) -> tuple[list[Planned], str, str]:
+    """(planned entries, tag, history commit) for release ``version``: variants chosen by ancestry."""
+    rel = release_version(str(version))
+    if rel is None:
+        raise C128Error(f"unknown release 'v{version}': only sglang release versions (X.Y.Z) can be patched as wheels")
+    history = ReleaseHistory()
+    git = Git(git_dir=history.ensure([rel], reporter))
+    tag = tag_for(rel)
+    commit = git.rev_parse(tag)
+    if commit is None:
+        raise C128Error(f"unknown release '{tag}' (the release source knows {', '.join('v' + v for v in history.versions())})")
+    return plan(series, git, commit), tag, commit
+
+
+def _fail_detail(item: Planned, stderr: str) -> str:
+    """'<file> hunk #N @@ ... @@' (or what git says) for a patch that does not apply."""
+    lines = stderr.splitlines()
+    for line in lines:
+        if "patch failed:" in line:
+            loc = line.split("patch failed:", 1)[1].strip()
+            path, _, num = loc.rpartition(":")
+            hunk = item.patch.hunk_at("python/" + path, int(num)) if item.patch and num.isdigit() else None
+            return f"{path} hunk #{hunk[0]} {hunk[1]}" if hunk else f"{path} at line {num}"
+    for line in lines:
+        if "No such file" in line or "does not exist" in line:
+            return f"{line.removeprefix('error: ').split(':')[0]} (file missing in the wheel)"
+        if "already exists" in line:
+            return f"{line.removeprefix('error: ').split(':')[0]} (file already exists in the wheel)"
+    return (lines[-1].removeprefix("error: ") if lines else "git apply failed")
+
+
+def loose_git(root: Path) -> Git:
+    """git run in ``root`` as a plain folder (never a repository found above it)."""
+    return Git(worktree=root).with_env(GIT_CEILING_DIRECTORIES=str(root.parent))
+
+
+def patch_paths(item: Planned) -> list[str]:
+    """Every wheel path a patch reads or writes (both sides of renames)."""
+    assert item.patch is not None
+    out = []
+    for pf in item.patch.patchset:
+        for side in (pf.source_file, pf.target_file):
+            if side != "/dev/null":
+                out.append(wheel_path(side[2:] if side.startswith(("a/", "b/")) else side))
+    return out
+
+
+def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Reporter = NullReporter()) -> list[dict]:
+    """Apply every entry to the wheel's files; the first failure names entry, file and hunk."""
+    git = loose_git(iw.root)
+    members = set(iw.members())
+    rows = []
+    for item in planned:
+        reporter.step(f"applying {item.entry.name}")
+        if item.patch is not None:
+            iw.extract(patch_paths(item))
+            proc = git.run("apply", "-p2", "--verbose", str(item.path.resolve()), check=False)
+            if proc.returncode != 0:
+                raise C128Error(
+                    f"entry '{item.entry.name}' ({item.label}) does not apply to {label}: "
+                    f"{_fail_detail(item, proc.stderr)}; no wheel was written"
+                )
+        else:
+            target = wheel_path(item.entry.target)
+            if target in members or (iw.root / target).exists():
+                raise C128Error(f"overlay '{item.entry.name}' collides with {label}: {target} already exists in the wheel")
+            dest = iw.root / target
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(item.path.read_bytes())
+        rows.append({"name": item.entry.name, "kind": item.entry.kind, "file": item.label, "applied": "clean"})
+    return rows
+
+
+def overlay_diff(root: Path, target: str) -> bytes:
+    """A git new-file diff that adds ``target`` (a wheel path) as it is in ``root``."""
+    proc = loose_git(root).run(
+        "diff", "--no-index", "--binary", "--full-index", "--no-color",
+        "--src-prefix=a/python/", "--dst-prefix=b/python/", "/dev/null", target,
+        check=False, binary=True,
+    )
+    if proc.returncode not in (0, 1) or not proc.stdout:
+        raise C128Error(f"cannot describe overlay {target}: {proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout
+
+
+def sbom_entries(iw: InWheel, planned: list[Planned]) -> list[PatchEntry]:
+    out = []
+    for item in planned:
+        e = item.entry
+        if item.patch is not None:
+            diff = item.path.read_bytes()
+        else:
+            target = wheel_path(e.target)
+            iw.extract([target])
+            if not (iw.root / target).is_file():
+                raise C128Error(f"overlay '{e.name}': {target} is not in the wheel (left out by the build?)")
+            diff = overlay_diff(iw.root, target)
+        out.append(PatchEntry(e.name, e.kind, e.gate, e.upstream, e.upstream_status,
+                              item.variant.file if item.variant else e.source,
+                              hashlib.sha256(item.path.read_bytes()).hexdigest(), diff, e.why))
+    return out
+
+
+def finish(
+    iw: InWheel,
+    series: Series,
+    planned: list[Planned],
+    rows: list[dict],
+    *,
+    upstream: dict,
+    ancestor: Ancestor,
+    base: Version,
+    epoch: int,
+    out_dir: Path,
+    build: str,
+) -> tuple[Path, Version]:
+    """Write provenance and SBOM, give the wheel its patched version, save it into ``out_dir``."""
+    digest = series.digest()
+    version = patched_version(base, series.version, digest)
+    record = provenance.build(series, planned, upstream, rows)
+    prov = iw.root / WHEEL_PROVENANCE
+    prov.parent.mkdir(parents=True, exist_ok=True)
+    prov.write_text(provenance.dumps(record))
+    entries = sbom_entries(iw, planned)
+    dist_info = iw.rename_dist_info(version)
+    doc = WheelSbom(PACKAGE, str(version), ancestor, entries, __version__,
+                    {"name": series.name, "version": series.version, "digest": digest}, epoch, build)
+    sbom_path = iw.root / dist_info / "sboms" / SBOM_NAME
+    sbom_path.parent.mkdir(parents=True, exist_ok=True)
+    sbom_path.write_text(doc.dumps())
+    return iw.save(out_dir, version, epoch), version
+
+
+def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter = NullReporter()) -> WheelResult:
+    """Patch the upstream sglang wheel ``wheel`` with ``series``; the new wheel goes to ``out_dir``."""
+    start = time.perf_counter()
+    validate_files(series)
+    with InWheel(wheel) as iw:
+        upstream_version = check_upstream_wheel(iw)
+        planned, tag, commit = plan_for_release(series, upstream_version, reporter)
+        check_wheel_patchable(planned, binary_dirs(iw.members()))
+        label = f"{wheel.name}"
+        rows = apply_entries(iw, planned, label, reporter)
+        upstream_sha = sha256_path(wheel)
+        epoch = source_date_epoch(wheel_timestamp(wheel))
+        upstream = {"rev": tag, "commit": commit, "source": "release-wheel", "version": str(upstream_version),
+                    "wheel": wheel.name, "wheel_sha256": upstream_sha}
+        ancestor = Ancestor(PACKAGE, str(upstream_version), upstream_sha, wheel.name)
+        reporter.step("writing the wheel")
+        out, version = finish(iw, series, planned, rows, upstream=upstream, ancestor=ancestor,
+                              base=upstream_version, epoch=epoch, out_dir=out_dir, build="wheel")
+    return WheelResult(
+        wheel=str(out), version=str(version), sha256=sha256_path(out), upstream_version=str(upstream_version),
+        upstream_wheel=str(wheel), upstream_sha256=upstream_sha, epoch=epoch,
+        series={"name": series.name, "version": series.version, "digest": series.digest()},
+        entries=rows, seconds=round(time.perf_counter() - start, 3),
+    )
+
+
+def release_wheel(version: str) -> Path:
+    """The upstream wheel of release ``version`` (from the wheelhouse/cache, else downloaded)."""
+    rel = release_version(version)
+    if rel is None:
+        raise C128Error(f"not a release version: {version!r} (expected X.Y.Z, e.g. 0.5.23)")
+    return wheel_for(rel)

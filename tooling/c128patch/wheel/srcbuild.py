@@ -1,0 +1,247 @@
+"""``build``: a real source build (PEP 517) of a patched sglang checkout, for unreleased commits.
+
+Choice: ``build`` takes the same ``--sglang-rev/--repo/--tree`` as ``apply`` and runs ``apply``
+first when the tree is not patched yet; a tree already patched for the same upstream commit and
+the same series (its provenance says so, it is committed at HEAD, nothing is modified) is built as
+it is; any other patched tree is refused. Before anything is touched, the upstream commit must
+hold ``python/pyproject.toml`` (the release-wheel history does not: use ``wheel`` there).
+
+The version is set explicitly. Upstream's ``python/pyproject.toml`` takes its version from
+setuptools-scm (``[tool.setuptools_scm] root = ".."``, ``version_file = "sglang/_version.py"``,
+``git_describe_command`` = ``python/tools/get_version_tag.py``, ``fallback_version = "0.0.0.dev0"``),
+which in a c128 branch would describe our commits or fall back to 0.0.0.dev0. We set
+``SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG`` (dist-specific, so build dependencies built from
+source are not relabelled) to the upstream version: ``X.Y.Z`` at a release tag, else
+``X.Y.(Z+1).devN+g<sha>`` after the nearest ``vX.Y.Z`` tag (setuptools-scm's guess-next-dev
+form), or ``--base-version``. ``python -m build --wheel`` runs in ``python/`` of the committed tree exported
+with ``git archive`` (no untracked files, the user's tree stays clean), with SOURCE_DATE_EPOCH = the upstream commit's time; the built wheel must carry exactly that version
+(else the pretend variable was ignored and we stop). Then the same finishing step as ``wheel``
+gives it the ``+c128.<series version>.<digest>`` label, the provenance record and the SBOM, and
+``verify-wheel``'s checks run on it before it is moved into the output folder (so a file that
+upstream's package-data globs leave out is caught, not shipped).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from packaging.version import InvalidVersion, Version
+
+from c128patch.errors import C128Error
+from c128patch.git import Git
+from c128patch.ops.apply import apply_series
+from c128patch.progress import NullReporter, Reporter
+from c128patch.series import provenance
+from c128patch.series.manifest import Series
+from c128patch.series.plan import plan
+from c128patch.upstream.releases import release_version
+from c128patch.upstream.source import Upstream, prepare_tree
+from c128patch.wheel.patch import PACKAGE, finish, sha256_path
+from c128patch.wheel.sbom import Ancestor
+from c128patch.wheel.tools import InWheel, WheelName
+from c128patch.wheel.verify import verify_wheel
+
+PYPROJECT = "python/pyproject.toml"
+PRETEND_ENV = "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG"
+_DESCRIBE = re.compile(r"^v(?P<tag>\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?)-(?P<n>\d+)-g(?P<sha>[0-9a-f]+)$")
+
+Runner = Callable[[list[str], dict[str, str], Path, Path], int]
+
+
+@dataclass
+class BuildResult:
+    wheel: str
+    version: str
+    base_version: str
+    sha256: str
+    tree: str
+    rev: str
+    upstream_commit: str
+    applied: bool  # whether this run applied the series (else the tree was already patched)
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def base_version(git: Git, rev: str, commit: str, override: str | None = None) -> Version:
+    """The upstream version a source build of ``commit`` gets (see the module docstring)."""
+    if override:
+        try:
+            return Version(override)
+        except InvalidVersion as exc:
+            raise C128Error(f"--base-version {override!r} is not a PEP 440 version") from exc
+    rel = release_version(rev)
+    if rel is not None:
+        return Version(rel)
+    proc = git.run("describe", "--tags", "--long", "--abbrev=9", "--match", "v[0-9]*", commit, check=False)
+    match = _DESCRIBE.match(proc.stdout.strip()) if proc.returncode == 0 else None
+    if match is None:
+        raise C128Error(
+            f"cannot tell the upstream version of {rev}: no vX.Y.Z tag before it in {git.git_dir or git.worktree}; "
+            "fetch upstream's tags or pass --base-version X.Y.Z"
+        )
+    tag, n = Version(match["tag"]), int(match["n"])
+    if n == 0:
+        return tag
+    nxt = f"{tag.major}.{tag.minor}.{tag.micro + 1}"
+    return Version(f"{nxt}.dev{n}+g{match['sha']}")
+
+
+def require_pyproject(git: Git, commit: str, rev: str, where: str) -> None:
+    if git.run("cat-file", "-e", f"{commit}:{PYPROJECT}", check=False).returncode != 0:
+        hint = ""
+        if release_version(rev):
+            hint = f"; to patch that release, use c128patch wheel --from-release {release_version(rev)}"
+        raise C128Error(
+            f"{PYPROJECT} is missing at {rev} in {where}: a source build needs an upstream source checkout "
+            f"(the release-wheel history has no build files){hint}"
+        )
+
+
+def export_head(git: Git, dest: Path) -> Path:
+    """The committed tree at HEAD, exported to ``dest`` (``git archive``): the build sees exactly
+    what the provenance describes, never untracked files, and leaves the user's tree clean."""
+    dest.mkdir(parents=True)
+    archive = git.run("archive", "--format=tar", "HEAD", binary=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
+def build_command(python_dir: Path, outdir: Path, no_isolation: bool = False) -> list[str]:
+    cmd = [sys.executable, "-m", "build", "--wheel", "--outdir", str(outdir)]
+    if no_isolation:
+        cmd.append("--no-isolation")
+    return [*cmd, str(python_dir)]
+
+
+def build_env(version: Version, epoch: int) -> dict[str, str]:
+    return {PRETEND_ENV: str(version), "SOURCE_DATE_EPOCH": str(epoch)}
+
+
+def run_build(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> int:
+    with open(log, "wb") as out:
+        return subprocess.run(cmd, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT).returncode
+
+
+def _patched_state(git: Git, tree: Path, series: Series, commit: str) -> dict | None:
+    """The tree's provenance when it is this series on this commit, committed at HEAD and clean;
+    None when the tree is not patched; refuses any other patched state."""
+    path = tree / provenance.PROVENANCE_PATH
+    if not path.is_file():
+        return None
+    from c128patch.series.provenance import read_provenance
+
+    record = read_provenance(tree)
+    digest = series.digest()
+    have = record.get("series", {})
+    if have.get("digest") != digest or record.get("upstream", {}).get("commit") != commit:
+        raise C128Error(
+            f"{tree} is patched with series {have.get('name')} {have.get('version')} on "
+            f"{str(record.get('upstream', {}).get('commit', '?'))[:12]}, not series {series.name} {series.version} on "
+            f"{commit[:12]}; check out an unpatched branch or pass --tree to a new folder"
+        )
+    last = git.out("log", "-1", "--format=%H", "--", provenance.PROVENANCE_PATH)
+    if last != git.head():
+        raise C128Error(f"{tree} has commits on top of the patched series; a built wheel would not match its provenance")
+    if git.status_porcelain():
+        raise C128Error(f"{tree} has uncommitted changes; a built wheel would not match its provenance")
+    return record
+
+
+def build_wheel(
+    series: Series,
+    upstream: Upstream,
+    rev: str,
+    tree: Path | None,
+    out_dir: Path,
+    *,
+    base_override: str | None = None,
+    no_isolation: bool = False,
+    runner: Runner = run_build,
+    reporter: Reporter = NullReporter(),
+) -> BuildResult:
+    start = time.perf_counter()
+    commit = upstream.resolve(rev)
+    require_pyproject(upstream.git, commit, rev, upstream.describe())
+    if importlib.util.find_spec("build") is None and runner is run_build:
+        raise C128Error("the PEP 517 front end 'build' is not installed (pip install build)")
+    base = base_version(upstream.git, rev, commit, base_override)
+    planned = plan(series, upstream.git, commit)
+    worktree, fresh = prepare_tree(upstream, tree, commit, reporter)
+    git = Git(worktree=worktree)
+    record = None if fresh else _patched_state(git, worktree, series, commit)
+    applied = record is None
+    tree_info = {"rev": rev, "commit": commit, "source": upstream.kind}
+    if upstream.kind == "url":
+        tree_info["url"] = upstream.location
+    info = {**tree_info, "version": str(base), "build": "source"}  # the wheel's record adds how it was made
+    if record is None:
+        result = apply_series(series, git, rev, commit, fresh_clone=fresh, upstream_info=tree_info, reporter=reporter)
+        rows = result.entries
+    else:
+        rows = record.get("entries", [])
+    epoch = int(git.out("show", "-s", "--format=%ct", commit))
+    work = Path(tempfile.mkdtemp(prefix="c128patch-build-"))
+    keep_log = False
+    created = not out_dir.exists()
+    stage: Path | None = None
+    try:
+        reporter.step("exporting the patched tree (HEAD)")
+        python_dir = export_head(git, work / "src") / "python"
+        outdir = work / "dist"
+        cmd = build_command(python_dir, outdir, no_isolation)
+        env = build_env(base, epoch)
+        reporter.step(f"building sglang {base} from {python_dir} (python -m build --wheel)")
+        log = work / "build.log"
+        code = runner(cmd, env, python_dir, log)
+        if code != 0:
+            keep_log = True
+            tail = (log.read_text(errors="replace").strip().splitlines() or ["(no output)"])[-1] if log.exists() else ""
+            raise C128Error(f"the source build failed (exit {code}): {tail}", hint=f"full log: {log}")
+        built = sorted(outdir.glob("*.whl"))
+        if len(built) != 1:
+            raise C128Error(f"the source build produced {len(built)} wheels, expected one")
+        name = WheelName.parse(built[0])
+        if name.name != PACKAGE or name.version != base:
+            raise C128Error(
+                f"the source build produced {built[0].name}, not sglang {base}: {PRETEND_ENV} was not honoured "
+                "(does python/pyproject.toml still take its version from setuptools-scm?)"
+            )
+        reporter.step("adding provenance and SBOM")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".c128patch-stage-", dir=out_dir))
+        with InWheel(built[0]) as iw:
+            ancestor = Ancestor(PACKAGE, str(base), commit=commit)
+            staged, version = finish(iw, series, planned, rows, upstream=info, ancestor=ancestor, base=base,
+                                     epoch=epoch, out_dir=stage, build="source")
+        reporter.step("verifying the built wheel")
+        verify_wheel(staged, series)
+        final = out_dir / staged.name
+        os.replace(staged, final)
+    except BaseException:
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+        if not keep_log:
+            shutil.rmtree(work, ignore_errors=True)
+    return BuildResult(str(final), str(version), str(base), sha256_path(final), str(worktree), rev, commit,
+                       applied, cmd, env, round(time.perf_counter() - start, 3))

@@ -1,0 +1,254 @@
+"""``verify-wheel``: does a patched wheel hold exactly what its provenance and SBOM say?
+
+Checks, in order, stopping at the first mismatch (named in one line, exit 1; bad input exits 2):
+1. RECORD: every file listed with the right sha256 and size, nothing unlisted, nothing missing;
+   WHEEL's tags are the file name's;
+2. identity: an sglang wheel whose METADATA version, ``.dist-info`` name and file name agree, and
+   equal ``<upstream>+c128.<series version>.<digest[:8]>`` from its provenance record;
+3. SBOM (``.dist-info/sboms/c128patch.cdx.json``): CycloneDX 1.6, the component is this version,
+   its ancestor is the upstream release of the provenance (purl, wheel sha256), and its patches
+   are the provenance's entries, in order, with the same name, kind, gate, upstream status,
+   file and sha256 (a patch's diff text hashes to its recorded sha256);
+4. every entry's effect is present: overlay files hash to their recorded sha256; the diffs,
+   reverse-applied last to first (``git apply -R -p2``, strict) on the wheel's files, all apply,
+   so every patched file holds each patch's added lines in place; every touched ``.py`` compiles
+   (``--compile-all``: every ``.py`` of the wheel);
+5. with ``--series DIR``: the wheel was made from exactly that series (digest), and each entry's
+   file has the manifest's sha256.
+The wheel is enough on its own for 1-4 (the SBOM carries every diff). This is an integrity
+check, not an authenticity one: nothing here is signed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from packaging.tags import parse_tag
+from packaging.utils import parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
+
+from c128patch.errors import C128Error
+from c128patch.series.manifest import Series
+from c128patch.wheel.patch import PACKAGE, WHEEL_PROVENANCE, loose_git, patched_version
+from c128patch.wheel.rules import wheel_path
+from c128patch.wheel.sbom import PROPERTY_PREFIX, SBOM_NAME, SPEC_VERSION, diff_bytes, entry_properties, purl_pypi
+from c128patch.wheel.tools import InWheel, WheelMismatch, check_record, dist_info_dir
+
+
+@dataclass
+class VerifyResult:
+    wheel: str
+    version: str
+    upstream: dict
+    series: dict
+    files: int
+    entries: list[dict] = field(default_factory=list)
+    compiled: int = 0
+    ok: bool = True
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _mismatch(wheel: Path, what: str) -> WheelMismatch:
+    return WheelMismatch(f"{wheel.name}: {what}")
+
+
+def _json(iw: InWheel, name: str, what: str) -> dict:
+    if name not in iw.members():
+        raise _mismatch(iw.wheel, f"no {what} ({name}); not a wheel made by c128patch")
+    try:
+        doc = json.loads(iw.read(name))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _mismatch(iw.wheel, f"{name} is not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise _mismatch(iw.wheel, f"{name} is not a JSON object")
+    return doc
+
+
+def _check_tags(iw: InWheel) -> None:
+    text = iw.read(f"{iw.dist_info}/WHEEL").decode("utf-8", errors="replace")
+    tags = set()
+    for line in text.splitlines():
+        if line.startswith("Tag:"):
+            tags |= set(parse_tag(line.split(":", 1)[1].strip()))
+    if tags != set(parse_wheel_filename(iw.wheel.name)[3]):
+        raise _mismatch(iw.wheel, "the WHEEL file's tags differ from the file name's")
+
+
+def _check_identity(iw: InWheel, record: dict) -> Version:
+    meta = iw.metadata()
+    if str(meta.name).lower() != PACKAGE:
+        raise C128Error(f"not an sglang wheel: {iw.wheel.name} is {meta.name}")
+    version = Version(str(meta.version))
+    if version != iw.name.version:
+        raise _mismatch(iw.wheel, f"METADATA version {version} differs from the file name's {iw.name.version}")
+    if iw.dist_info != dist_info_dir(PACKAGE, version):
+        raise _mismatch(iw.wheel, f".dist-info folder {iw.dist_info} does not match version {version}")
+    series = record.get("series", {})
+    upstream = str(record.get("upstream", {}).get("version", ""))
+    try:
+        want = patched_version(Version(upstream), str(series.get("version")), str(series.get("digest", "")))
+    except (InvalidVersion, C128Error) as exc:
+        raise _mismatch(iw.wheel, f"provenance names no valid upstream version / series ({exc})") from exc
+    if version != want:
+        raise _mismatch(iw.wheel, f"version {version} is not the one its provenance implies ({want})")
+    return version
+
+
+def _check_sbom(iw: InWheel, doc: dict, record: dict, version: Version) -> list[bytes]:
+    """SBOM vs provenance; returns each entry's diff, in series order."""
+    comp = doc.get("metadata", {}).get("component", {})
+    if doc.get("bomFormat") != "CycloneDX" or doc.get("specVersion") != SPEC_VERSION:
+        raise _mismatch(iw.wheel, f"SBOM is not CycloneDX {SPEC_VERSION}")
+    if comp.get("name") != PACKAGE or comp.get("version") != str(version) or comp.get("purl") != purl_pypi(PACKAGE, str(version)):
+        raise _mismatch(iw.wheel, f"SBOM component is {comp.get('name')} {comp.get('version')}, not {PACKAGE} {version}")
+    up = record.get("upstream", {})
+    ancestors = comp.get("pedigree", {}).get("ancestors", [])
+    if len(ancestors) != 1 or ancestors[0].get("purl") != purl_pypi(PACKAGE, str(up.get("version", ""))):
+        raise _mismatch(iw.wheel, f"SBOM ancestor is not {purl_pypi(PACKAGE, str(up.get('version', '')))}")
+    if up.get("wheel_sha256"):
+        hashes = {h.get("alg"): h.get("content") for h in ancestors[0].get("hashes", [])}
+        if hashes.get("SHA-256") != up["wheel_sha256"]:
+            raise _mismatch(iw.wheel, "SBOM ancestor's sha256 differs from the provenance's upstream wheel_sha256")
+    props = {p.get("name"): p.get("value") for p in comp.get("properties", [])}
+    series = record.get("series", {})
+    for key in ("name", "version", "digest"):
+        if props.get(f"c128patch:series:{key}") != series.get(key):
+            raise _mismatch(iw.wheel, f"SBOM series {key} {props.get(f'c128patch:series:{key}')!r} differs from the provenance's {series.get(key)!r}")
+    patches = comp.get("pedigree", {}).get("patches", [])
+    rows = entry_properties(doc)
+    entries = record.get("entries", [])
+    if not (len(patches) == len(rows) == len(entries)):
+        raise _mismatch(iw.wheel, f"SBOM lists {len(patches)} patches / {len(rows)} entries, the provenance {len(entries)}")
+    diffs = []
+    for i, (patch, row, entry) in enumerate(zip(patches, rows, entries), 1):
+        want = {
+            "name": entry.get("name"), "kind": entry.get("kind"), "gate": entry.get("gate") or "none",
+            "upstream": entry.get("upstream"), "upstream_status": entry.get("upstream_status"),
+            "file": entry.get("file") or entry.get("source"), "sha256": entry.get("sha256"),
+        }
+        for key, value in want.items():
+            if row.get(key) != value:
+                raise _mismatch(iw.wheel, f"SBOM entry {i} ({row.get('name')}): {key} {row.get(key)!r} differs from the provenance's {value!r}")
+        if patch.get("type") != "unofficial":
+            raise _mismatch(iw.wheel, f"SBOM patch {i} ({entry.get('name')}) is not of type 'unofficial'")
+        diff = diff_bytes(patch)
+        if entry.get("kind") == "patch" and hashlib.sha256(diff).hexdigest() != entry.get("sha256"):
+            raise _mismatch(iw.wheel, f"SBOM diff of entry '{entry.get('name')}' does not hash to its recorded sha256")
+        diffs.append(diff)
+    return diffs
+
+
+def _check_series(iw: InWheel, record: dict, series: Series) -> None:
+    digest = series.digest()
+    have = record.get("series", {})
+    if have.get("digest") != digest:
+        raise _mismatch(iw.wheel, f"made from series {have.get('name')} {have.get('version')} ({str(have.get('digest'))[:8]}), "
+                                  f"not from {series.root} ({series.name} {series.version}, {digest[:8]})")
+    for entry in record.get("entries", []):
+        e = series.entry(entry["name"])
+        want = e.sha256
+        if entry.get("file"):
+            want = next((v.sha256 for v in e.patch_files() if v.file == entry["file"]), "")
+        if want and entry.get("sha256") != want:
+            raise _mismatch(iw.wheel, f"entry '{e.name}': its file's sha256 differs from the manifest's")
+
+
+def _reverse_failure(diff: bytes, stderr: str) -> str:
+    for line in stderr.splitlines():
+        if "patch failed:" in line:
+            path, _, num = line.split("patch failed:", 1)[1].strip().rpartition(":")
+            try:
+                for pf in PatchSet(diff.decode("utf-8", errors="replace")):
+                    if wheel_path(pf.path) != path:
+                        continue
+                    for n, hunk in enumerate(pf, 1):
+                        if num.isdigit() and hunk.target_start <= int(num) < hunk.target_start + max(hunk.target_length, 1):
+                            return f"{path} hunk #{n} @@ -{hunk.source_start},{hunk.source_length} +{hunk.target_start},{hunk.target_length} @@"
+            except UnidiffParseError:
+                pass
+            return f"{path} at line {num}"
+    lines = [ln.removeprefix("error: ") for ln in stderr.splitlines() if ln.strip()]
+    return lines[-1] if lines else "git apply -R failed"
+
+
+def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[dict], int]:
+    entries = record.get("entries", [])
+    touched = sorted({wheel_path(p) for e in entries for p in e.get("files", [])})
+    for e in entries:
+        if e.get("kind") == "overlay" and wheel_path(e["target"]) not in iw.members():
+            raise _mismatch(iw.wheel, f"overlay '{e['name']}': {wheel_path(e['target'])} is missing from the wheel")
+    iw.extract(touched)
+    compiled = 0
+    for path in touched:
+        if path.endswith(".py") and (iw.root / path).is_file():
+            try:
+                compile((iw.root / path).read_bytes(), path, "exec", dont_inherit=True)
+            except (SyntaxError, ValueError) as exc:
+                raise _mismatch(iw.wheel, f"{path} does not compile: {exc}") from exc
+            compiled += 1
+    for e in entries:
+        if e.get("kind") == "overlay":
+            target = iw.root / wheel_path(e["target"])
+            if hashlib.sha256(target.read_bytes()).hexdigest() != e.get("sha256"):
+                raise _mismatch(iw.wheel, f"overlay '{e['name']}': {wheel_path(e['target'])} differs from the recorded sha256")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="c128patch-verify-") as tmp:
+        scratch = Path(tmp) / "tree"  # a copy: the reverse chain must not change the wheel's view
+        for path in touched:
+            if (iw.root / path).is_file():
+                (scratch / path).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(iw.root / path, scratch / path)
+        scratch.mkdir(exist_ok=True)
+        git = loose_git(scratch)
+        for i in reversed(range(len(entries))):
+            e = entries[i]
+            diff_file = Path(tmp) / f"{i:03d}.diff"  # outside the scratch tree
+            diff_file.write_bytes(diffs[i])
+            proc = git.run("apply", "-R", "-p2", str(diff_file), check=False)
+            if proc.returncode != 0:
+                raise _mismatch(iw.wheel, f"entry '{e['name']}' is not in the wheel as recorded: {_reverse_failure(diffs[i], proc.stderr)}")
+            rows.append({"name": e["name"], "kind": e.get("kind"), "status": "present"})
+    return list(reversed(rows)), compiled
+
+
+def _compile_all(iw: InWheel) -> int:
+    count = 0
+    for name in iw.members():
+        if name.endswith(".py"):
+            try:
+                compile(iw.read(name), name, "exec", dont_inherit=True)
+            except (SyntaxError, ValueError) as exc:
+                raise _mismatch(iw.wheel, f"{name} does not compile: {exc}") from exc
+            count += 1
+    return count
+
+
+def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = False) -> VerifyResult:
+    if not wheel.is_file():
+        raise C128Error(f"missing wheel: {wheel} does not exist")
+    rec = check_record(wheel)
+    with InWheel(wheel) as iw:
+        _check_tags(iw)
+        record = _json(iw, WHEEL_PROVENANCE, "c128patch provenance")
+        version = _check_identity(iw, record)
+        doc = _json(iw, f"{iw.dist_info}/sboms/{SBOM_NAME}", "c128patch SBOM")
+        diffs = _check_sbom(iw, doc, record, version)
+        if series is not None:
+            _check_series(iw, record, series)
+        rows, compiled = _check_effects(iw, record, diffs)
+        if compile_all:
+            compiled = _compile_all(iw)
+    return VerifyResult(str(wheel), str(version), record.get("upstream", {}), record.get("series", {}),
+                        rec.files, rows, compiled)
+
+
+__all__ = ["verify_wheel", "VerifyResult", "PROPERTY_PREFIX"]
