@@ -1,0 +1,121 @@
+"""The package's layers point down only: cli -> ops/wheel/smoke/capacity -> series/upstream -> git -> base.
+
+Each module's imports of ``c128patch.*`` are read with ``ast`` (lazy and TYPE_CHECKING imports
+included) and checked against ``LAYERS``; a new subpackage must be placed here to pass.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tooling" / "c128patch"
+
+# group -> rank. A module may import its own group or any group of a lower rank.
+LAYERS: dict[str, int] = {
+    "c128patch": 0, "errors": 0, "progress": 0, "jsonio": 0,   # base: the package face and plain helpers
+    "git": 1,                                                   # our git wrapper
+    "series": 2, "upstream": 2,                                 # the data model; where upstream comes from
+    "ops": 3, "wheel": 3, "smoke": 3, "capacity": 3,            # what is done with them
+    "cli": 4,                                                   # one module per verb; nothing imports it
+    "__main__": 5,
+}
+# Same-rank imports the layering allows, each with its reason.
+ACROSS: dict[tuple[str, str], str] = {
+    ("wheel", "ops"): "`build` applies the series to a checkout (ops.apply) before its PEP 517 build",
+}
+
+
+def group_of(module: str) -> str:
+    """``c128patch.series.plan`` -> ``series``; ``c128patch`` -> ``c128patch``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """(line, imported c128patch module) for every import statement in the file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "c128patch"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                found.append((node.lineno, f"<relative import: level {node.level}>"))
+            elif node.module and node.module.split(".")[0] == "c128patch":
+                found.append((node.lineno, node.module))
+    return found
+
+
+def violations(edges: list[tuple[str, int, str]]) -> list[str]:
+    """Each (importer, line, imported) edge that points up or across without a reason in ACROSS."""
+    bad = []
+    for importer, line, imported in edges:
+        if imported.startswith("<relative"):
+            bad.append(f"{importer}:{line}: {imported} (write imports absolute: from c128patch.<group>...)")
+            continue
+        src, dst = group_of(importer), group_of(imported)
+        if src not in LAYERS or dst not in LAYERS:
+            bad.append(f"{importer}:{line}: {src if src not in LAYERS else dst!r} has no layer in LAYERS")
+        elif src == dst or LAYERS[dst] < LAYERS[src] or (src, dst) in ACROSS:
+            continue
+        else:
+            how = "across" if LAYERS[dst] == LAYERS[src] else "up"
+            bad.append(f"{importer}:{line}: imports {imported} ({how}: {src} -> {dst})")
+    return bad
+
+
+def package_edges() -> list[tuple[str, int, str]]:
+    return [(module_name(p), line, mod) for p in sorted(PACKAGE.rglob("*.py")) for line, mod in imports_of(p)]
+
+
+def test_every_import_in_the_package_points_down_the_layers():
+    assert violations(package_edges()) == []
+
+
+def test_every_module_belongs_to_a_layer():
+    groups = {group_of(module_name(p)) for p in PACKAGE.rglob("*.py")}
+    assert groups <= set(LAYERS), f"place these in LAYERS: {sorted(groups - set(LAYERS))}"
+
+
+def test_package_top_level_holds_only_the_base_modules():
+    top = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert top == ["__init__", "__main__", "errors", "git", "jsonio", "progress"]
+
+
+@pytest.mark.parametrize("edge, message", [
+    (("c128patch.series.plan", 3, "c128patch.ops.apply"), "up: series -> ops"),
+    (("c128patch.smoke.kernel", 3, "c128patch.wheel.patch"), "across: smoke -> wheel"),
+    (("c128patch.ops.apply", 3, "c128patch.cli.common"), "up: ops -> cli"),
+    (("c128patch.git", 3, "c128patch.series.manifest"), "up: git -> series"),
+    (("c128patch.ops.apply", 3, "<relative import: level 1>"), "write imports absolute"),
+    (("c128patch.newthing.x", 3, "c128patch.git"), "has no layer"),
+], ids=["up", "across", "into-cli", "git-up", "relative", "unplaced"])
+def test_the_check_refuses_a_forbidden_edge(edge, message):
+    (bad,) = violations([edge])
+    assert message in bad
+
+
+@pytest.mark.parametrize("edge", [
+    ("c128patch.cli.apply", 1, "c128patch.ops.apply"),
+    ("c128patch.wheel.srcbuild", 1, "c128patch.ops.apply"),
+    ("c128patch.ops.rebase", 1, "c128patch.ops.refresh"),
+    ("c128patch.series.provenance", 1, "c128patch"),
+], ids=["down", "declared-across", "same-group", "package-face"])
+def test_the_check_allows_a_downward_edge(edge):
+    assert violations([edge]) == []
+
+
+def test_nothing_outside_cli_imports_cli():
+    users = sorted(f"{src}:{line}" for src, line, dst in package_edges()
+                   if group_of(dst) == "cli" and group_of(src) not in ("cli", "__main__"))
+    assert users == []
