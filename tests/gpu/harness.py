@@ -110,10 +110,10 @@ STANDINS: dict[str, dict[str, Any]] = {
 }
 
 
-def _standin(name: str, names: dict[str, Any]) -> types.ModuleType:
+def _standin(name: str, names: dict[str, Any], table: dict[str, dict[str, Any]] = STANDINS) -> types.ModuleType:
     mod = types.ModuleType(name, f"c128patch stand-in for {name} (tests/gpu/harness.py)")
     mod.__dict__.update(names)
-    if any(other.startswith(name + ".") for other in STANDINS):
+    if any(other.startswith(name + ".") for other in table):
         mod.__path__ = []  # a package only so that its stand-in submodules resolve
 
     def __getattr__(attr: str) -> Any:
@@ -143,21 +143,24 @@ class _Loader(importlib.abc.Loader):
 
 
 class _SglangFinder(importlib.abc.MetaPathFinder):
-    """sglang packages -> empty modules over the real folders; STANDINS -> stand-ins."""
+    """sglang packages -> empty modules over the real folders; stand-ins (STANDINS by default)."""
 
-    def __init__(self, tree: Path) -> None:
+    def __init__(self, tree: Path, standins: dict[str, dict[str, Any]] | None = None,
+                 real_packages: frozenset[str] | None = None) -> None:
         self.tree = tree
         self.c128patch_tree = tree  # marks our finder, whichever copy of this module made it
+        self.standins = STANDINS if standins is None else standins
+        self.real_packages = REAL_PACKAGES if real_packages is None else real_packages
 
     def find_spec(self, fullname: str, path: Any, target: Any = None):
         if fullname != "sglang" and not fullname.startswith("sglang."):
             return None
-        if fullname in STANDINS:
-            names = STANDINS[fullname]
-            return importlib.machinery.ModuleSpec(fullname, _Loader(lambda n: _standin(n, names)))
+        if fullname in self.standins:
+            names, table = self.standins[fullname], self.standins
+            return importlib.machinery.ModuleSpec(fullname, _Loader(lambda n: _standin(n, names, table)))
         folder = self.tree.joinpath(*fullname.split("."))
-        above_standin = any(s.startswith(fullname + ".") for s in STANDINS)
-        if fullname in REAL_PACKAGES or not (folder.is_dir() or above_standin):
+        above_standin = any(s.startswith(fullname + ".") for s in self.standins)
+        if fullname in self.real_packages or not (folder.is_dir() or above_standin):
             return None  # real module / real package: the normal path finder loads it
         spec = importlib.machinery.ModuleSpec(
             fullname, _Loader(types.ModuleType), origin=str(folder / "__init__.py"), is_package=True
@@ -198,10 +201,12 @@ def default_jit_cache_dir(tree: Path) -> Path:
     return Path("/tmp") / "c128patch-jit" / digest
 
 
-def install_sglang(tree: Path) -> None:
+def install_sglang(tree: Path, standins: dict[str, dict[str, Any]] | None = None,
+                   real_packages: frozenset[str] | None = None) -> None:
     """Make ``import sglang.kernels.ops.attention.dsv4.compress`` (and overlay ops modules) work
     from ``tree`` (a folder holding ``sglang/``) without the rest of sglang. Idempotent; raises
-    if another tree, or a real sglang, is already imported in this process."""
+    if another tree, or a real sglang, is already imported in this process. ``standins`` and
+    ``real_packages`` replace STANDINS and REAL_PACKAGES (smoke --upstream-suite passes its own)."""
     tree = Path(tree).resolve()
     current = installed_tree()
     if current is not None:
@@ -221,7 +226,7 @@ def install_sglang(tree: Path) -> None:
     if torch.cuda.is_available():
         torch.cuda.init()  # the built .so has no rpath: libcudart must be loaded first
 
-    sys.meta_path.insert(0, _SglangFinder(tree))
+    sys.meta_path.insert(0, _SglangFinder(tree, standins, real_packages))
     import sglang.srt.environ  # noqa: F401  (real, stdlib only)
 
 

@@ -37,6 +37,8 @@ class PassSpec:
     keyword: str | None = None
     collect_only: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
+    paths: tuple[str, ...] = ()  # test files (relative to the suite folder); default: the whole suite
+    pytest_args: tuple[str, ...] = ()  # more pytest arguments (smoke --upstream-suite: its -p plugin ...)
 
 
 def _package_parent() -> str:
@@ -46,8 +48,9 @@ def _package_parent() -> str:
 def pytest_argv(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> list[str]:
     ini = out_dir / "pytest.ini"
     ini.write_text("[pytest]\n")  # not the repo's ini: its addopts and timeout are for the CPU suite
-    argv = [python, "-m", "pytest", str(suite), "-c", str(ini), "--rootdir", str(suite), "--confcutdir", str(suite),
-            "-p", "no:cacheprovider", "-p", "c128patch.smoke.plugin", "-q", "-rfEs",
+    argv = [python, "-m", "pytest", *(spec.paths or [str(suite)]), "-c", str(ini), "--rootdir", str(suite),
+            "--confcutdir", str(suite), "-p", "no:cacheprovider", "-p", "c128patch.smoke.plugin",
+            *spec.pytest_args, "-q", "-rfEs",
             "--junitxml", str(out_dir / f"junit-{spec.label}.xml")]
     if spec.collect_only:
         argv.append("--collect-only")

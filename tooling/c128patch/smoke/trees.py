@@ -12,6 +12,7 @@ import subprocess
 import tarfile
 import zipfile
 from pathlib import Path, PurePosixPath
+from typing import Callable, Iterable
 
 from c128patch import PACKAGE_DIR
 from c128patch.errors import C128Error
@@ -161,10 +162,12 @@ def derive_upstream(patched_root: Path, record: dict | None, wheel: Path | None,
     return dest, f"release history {ref[:12]} (sglang {version})"
 
 
-def stage(suite: Path, trees: dict[str, Path], dest: Path) -> dict[str, dict[str, int]]:
+def stage(suite: Path, trees: dict[str, Path], dest: Path,
+          extra: Callable[[str, Path], Iterable[Path]] | None = None) -> dict[str, dict[str, int]]:
     """Copy what the kernel tier reads from each tree into ``dest/<label>`` (to carry to a GPU
     machine): the suite's own subset list (tests/gpu/tree_subset.py) when it has one, else the
-    whole ``sglang/``; the provenance record goes along."""
+    whole ``sglang/``; the provenance record goes along, and ``extra(label, root)``'s paths
+    (relative to the root: what smoke --upstream-suite's tests import)."""
     subset = None
     helper = suite / "tree_subset.py"
     if helper.is_file():
@@ -182,6 +185,8 @@ def stage(suite: Path, trees: dict[str, Path], dest: Path) -> dict[str, dict[str
             p.relative_to(root) for p in (root / "sglang").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
         if (root / PROVENANCE_IN_ROOT).is_file():
             files.append(Path(PROVENANCE_IN_ROOT))
+        if extra is not None:
+            files.extend(extra(label, root))
         for rel in sorted(set(files)):
             (target / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(root / rel, target / rel)
