@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shlex
 import sys
 import tempfile
@@ -21,11 +22,14 @@ from c128patch.smoke import kernel as smoke_kernel
 from c128patch.smoke import passes as smoke_pass
 from c128patch.smoke import server as smoke_server
 from c128patch.smoke import trees as smoke_trees
+from c128patch.smoke import upstream_select as smoke_upstream_select
+from c128patch.smoke import upstream_suite as smoke_upstream
 from c128patch.smoke.procs import Interrupted, signals_raise
 
 STYLE = {"passed": "green", "failed": "red", "error": "red", "crashed": "bold red", "skipped": "yellow",
          "xfailed": "yellow", "xpassed": "red", "not run": "dim", "absent": "dim",
-         "fixed": "green", "regressed": "bold red", "same": "", "differs": "yellow"}
+         "fixed": "green", "regressed": "bold red", "same": "", "differs": "yellow",
+         "both fail": "yellow", "both skipped": "dim", "not applicable": "dim"}
 
 
 class _RecordingCommand(click.Command):
@@ -165,6 +169,84 @@ def run_kernel(opts: smoke_kernel.KernelOptions, command: str, stage_dir: Path |
         sys.exit(1)
 
 
+# --------------------------------------------------------------------------- upstream's own tests
+
+
+def print_upstream(report: dict[str, Any], path: Path) -> None:
+    out = _stdout()
+    table = Table(title=f"upstream's own tests: {report['tree']} vs {report['upstream_tree']}")
+    for col in ("test", "patched", "unpatched", "verdict", "why"):
+        table.add_column(col, overflow="fold")
+    for r in report["tests"]:
+        why = r.get("reason") or ("" if r["verdict"] == "same" else r.get("patched_message") or r.get("upstream_message", ""))
+        table.add_row(r["id"], _styled(r["patched"]), _styled(r["upstream"]), _styled(r["verdict"] or ""), why[:160])
+    out.print(table)
+    s = report["selection"]
+    out.print(f"selected {len(s['selected'])} of {s['scanned']} test files under {s['scope']}", markup=False)
+    for label, t in report["trees"].items():
+        used = [f"{r['module']}: {', '.join(r['used'])}" for r in t["standins"] if r["used"]]
+        out.print(f"{label}: stand-ins (c128patch) {'; '.join(used) or 'none'}; real packages "
+                  f"{', '.join(t['real_packages'])}", markup=False)
+    out.print(f"device: {smoke_device.describe(report['device'])}", markup=False)
+    out.print("verdicts: " + ", ".join(f"{n} {k}" for k, n in report["counts"].items() if n), markup=False)
+    for note in report["notes"]:
+        out.print(f"note: {note}", markup=False)
+    for problem in report["problems"]:
+        out.print(f"[red]problem:[/red] {problem}")
+    verdict = "[green]OK[/green]" if report["ok"] else "[red]NOT OK[/red]"
+    out.print(f"{verdict}  report: {path} (result: {path.parent / smoke_upstream.RESULT})")
+
+
+def run_upstream(opts: smoke_kernel.KernelOptions, tests: Path | None, command: str, stage_dir: Path | None,
+                 as_json: bool) -> None:
+    err = console()
+    say = (lambda m: None) if as_json else (lambda m: err.print(m, markup=False))
+    opts.differential = True  # always side by side
+    opts.suite = smoke_kernel.validate(opts)
+    if opts.tree is None and tests is None:
+        raise C128Error("--upstream-suite with --wheel: pass --upstream-suite PATH (the test/ folder of an sglang checkout)")
+    root = smoke_upstream_select.test_root(tests, smoke_trees.resolve_tree(opts.tree) if opts.tree else Path.cwd())
+    device: dict[str, Any] = {}
+    if stage_dir is None and not opts.collect_only:
+        device = smoke_device.probe_device(opts.python)
+        problem = smoke_device.prerequisite_problem(device, ())
+        if problem:
+            raise C128Error(problem)
+    prep = smoke_kernel.prepare(dataclasses.replace(opts, collect_only=False), say)  # both trees, even for --list
+    try:
+        plan = smoke_upstream.make_plan(prep, root, opts.keyword)
+        say(f"{len(plan.selection.files)} of {plan.selection.scanned} upstream test files selected under {plan.root}")
+        if stage_dir is not None:
+            staged = smoke_upstream.stage_all(plan, prep, stage_dir)
+            if as_json:
+                emit_json({"ok": True, "staged": {k: {**v, "path": str(stage_dir / k)} for k, v in staged.items()},
+                           "selection": plan.selection.to_json()})
+                return
+            for label, info in staged.items():
+                say(f"{label}: {info['files']} files, {info['bytes'] / 1e6:.2f} MB -> {stage_dir / label}")
+            say(f"on the GPU machine: python -m c128patch smoke --tier kernel --tree {stage_dir / 'patched'} "
+                f"--upstream-tree {stage_dir / 'upstream'} --upstream-suite {stage_dir / smoke_upstream.STAGED_TESTS}")
+            return
+        out = _out_dir(opts.out, "upstream-suite")
+        passes: dict[str, dict] = {}
+        report: dict[str, Any] = {}
+        path = out / smoke_upstream.REPORT
+        for label in ("patched", "upstream"):
+            spec = smoke_upstream.pass_spec(plan, label, opts.timeout, opts.keyword, opts.collect_only)
+            say(f"{'collecting' if opts.collect_only else 'running'} upstream's tests on {label} ({spec.tree})")
+            passes[label] = smoke_pass.run_pass(spec, plan.root, opts.python, out)
+            report = smoke_upstream.build_report(command, plan, prep, device, passes, opts.collect_only, opts.keyword)
+            path = smoke_upstream.write(report, out)
+    finally:
+        prep.cleanup()
+    if as_json:
+        emit_json(report)
+    else:
+        print_upstream(report, path)
+    if not report["ok"]:
+        sys.exit(1)
+
+
 # --------------------------------------------------------------------------- server tier
 
 
@@ -264,6 +346,9 @@ def _kv(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--timeout", type=float, default=1800.0, show_default=True, help="[kernel] Seconds per pytest pass.")
 @click.option("--stage", "stage_dir", type=click.Path(file_okay=False, path_type=Path),
               help="[kernel] Copy what the suite reads from the trees into DIR (to carry to a GPU machine) and stop.")
+@click.option("--upstream-suite", "upstream_suite", is_flag=False, flag_value="", default=None, metavar="[PATH]",
+              help="[kernel] Upstream's own kernel tests instead of ours, patched vs unpatched: PATH is the test/ "
+                   "folder of an sglang checkout, or the checkout (default: the tree's own repository).")
 @click.option("--model-path", help="[server] The model (DeepSeek-V4 with a DSPARK draft).")
 @click.option("--tp", type=int, default=1, show_default=True, help="[server] Tensor parallel size.")
 @click.option("--port", type=int, default=30001, show_default=True, help="[server] Port on 127.0.0.1.")
@@ -295,7 +380,7 @@ def _kv(values: tuple[str, ...]) -> dict[str, str]:
 def command(ctx: click.Context, tier: str, tree: Path | None, wheel: Path | None, upstream_tree: Path | None,
             sanitizers: tuple[str, ...], sanitizer_only: bool, differential: bool, scale: float, sanitizer_scale: float,
             collect_only: bool, keyword: str | None, suite: Path | None, timeout: float, stage_dir: Path | None,
-            model_path: str | None, tp: int, port: int, duration: float, max_requests: int | None, compact: bool,
+            upstream_suite: str | None, model_path: str | None, tp: int, port: int, duration: float, max_requests: int | None, compact: bool,
             load: str, multiturn_script: Path | None, preset: str, mem_fraction_static: float | None,
             moe_runner_backend: str, server_args: tuple[str, ...], envs: tuple[str, ...], modes: str,
             health_timeout: float, launcher: str | None, load_cmd: str | None, allow_unpatched: bool,
@@ -324,10 +409,17 @@ def command(ctx: click.Context, tier: str, tree: Path | None, wheel: Path | None
             sanitizer_only=sanitizer_only, collect_only=collect_only,
             suite=suite, timeout=timeout, keyword=keyword, python=python, out=out)
         with _stops_on_signals():
-            run_kernel(opts, command_line, stage_dir, as_json)
+            if upstream_suite is not None:
+                if sanitizers:
+                    raise C128Error("--upstream-suite runs upstream's tests without compute-sanitizer; drop --sanitizer")
+                run_upstream(opts, Path(upstream_suite) if upstream_suite else None, command_line, stage_dir, as_json)
+            else:
+                run_kernel(opts, command_line, stage_dir, as_json)
         return
-    if tree or wheel or upstream_tree or sanitizers or sanitizer_only or differential or collect_only or stage_dir:
-        raise C128Error("--tree/--wheel/--upstream-tree/--sanitizer/--differential/--list/--stage belong to --tier kernel")
+    if (tree or wheel or upstream_tree or sanitizers or sanitizer_only or differential or collect_only or stage_dir
+            or upstream_suite is not None):
+        raise C128Error("--tree/--wheel/--upstream-tree/--sanitizer/--differential/--list/--stage/--upstream-suite "
+                        "belong to --tier kernel")
     if not model_path:
         raise C128Error("--tier server needs --model-path")
     sopts = smoke_server.ServerOptions(

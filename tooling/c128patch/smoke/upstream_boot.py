@@ -1,0 +1,53 @@
+"""A pytest plugin (``-p c128patch.smoke.upstream_boot``) that puts one sglang tree in place
+before upstream's own test files are collected: the kernel tier's harness (tests/gpu/harness.py,
+loaded from $C128PATCH_HARNESS) registers sglang's packages over the tree in $C128PATCH_TREE,
+with the stand-ins and real packages that $C128PATCH_UPSTREAM_PLAN names (JSON, written by
+smoke.upstream_suite: ``{"standins": {module: [names]}, "real_packages": [...]}``). A stand-in
+name comes from smoke.upstream_standins.EXTRA, else from the harness's STANDINS.
+Stdlib only at import: it runs inside the test process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+HARNESS_ENV = "C128PATCH_HARNESS"
+PLAN_ENV = "C128PATCH_UPSTREAM_PLAN"
+TREE_ENV = "C128PATCH_TREE"
+
+
+def _load_harness(path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location("c128patch_upstream_harness", path)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"c128patch: cannot load the kernel tier's harness from {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def standin_table(harness: Any, wanted: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """module -> {name: object} for the wanted names; a wanted name no stand-in has is an error."""
+    from c128patch.smoke.upstream_standins import EXTRA
+
+    table: dict[str, dict[str, Any]] = {}
+    for module, names in wanted.items():
+        pool = {**harness.STANDINS.get(module, {}), **EXTRA.get(module, {})}
+        missing = [n for n in names if n not in pool]
+        if missing:
+            raise RuntimeError(f"c128patch: no stand-in for {module}.{', '.join(missing)}")
+        table[module] = {n: pool[n] for n in names}
+    return table
+
+
+def pytest_configure(config: Any) -> None:
+    tree, harness_path, plan = (os.environ.get(k) for k in (TREE_ENV, HARNESS_ENV, PLAN_ENV))
+    if not (tree and harness_path and plan):
+        raise RuntimeError(f"c128patch.smoke.upstream_boot needs ${TREE_ENV}, ${HARNESS_ENV} and ${PLAN_ENV}")
+    harness = _load_harness(Path(harness_path))
+    spec = json.loads(plan)
+    real = frozenset(harness.REAL_PACKAGES) | frozenset(spec.get("real_packages", []))
+    harness.install_sglang(Path(tree), standin_table(harness, spec.get("standins", {})), real)

@@ -1,0 +1,586 @@
+"""Which of upstream's own kernel tests ``smoke --upstream-suite`` runs, what they need of a tree,
+and what they need of us.
+
+Where the tests are: PATH is the ``test/`` folder of an upstream checkout or the checkout itself
+(its ``test/``); the tests searched are ``test_*.py`` under ``registered/kernels/`` there (or
+under PATH itself when it has no such folder). Without PATH, the patched tree's own repository:
+``<top>/test`` of ``git rev-parse --show-toplevel``.
+
+What the series touches (:func:`series_targets`), from the tree's provenance record (each
+entry's files), else from the manifest: a Python module it patches or adds; a kernel it patches
+or adds, through the modules of ``sglang/kernels`` that name the ``.cuh`` file (its JIT
+wrappers); and, where it adds a file, everything next to it (the package's other modules, the
+wrappers of the folder's other kernels).
+
+What a test exercises (:func:`exercised`): the modules its imports reach, read with ``ast``
+(imports inside functions included, ``if TYPE_CHECKING:`` blocks not), seen through test
+helpers (``sglang.test.*``) and through packages whose ``__init__`` must run because a test takes
+a name from it (``from sglang.kernels.ops.attention.dsv4 import compress_forward``). A test is
+selected when that set meets the targets; ``-k EXPR`` adds every file in scope whose name or
+test names contain one of EXPR's words, and pytest's own ``-k`` then picks the tests.
+
+What a tree must provide (:func:`closure`): every module those imports execute, followed
+through the tree (library modules too), the packages whose ``__init__`` runs for real, the
+``csrc`` folders the executed modules name, and the names taken from stand-in modules
+(:func:`standin_plan`: a stand-in module only where the tree has the real one, a name only
+where the real one defines it, so a stand-in never invents what a tree lacks).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import subprocess
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable
+
+from c128patch.errors import C128Error
+
+KERNEL_TESTS = "registered/kernels"
+CSRC = "sglang/kernels/jit/csrc"
+KERNEL_SUFFIXES = (".cuh", ".cu", ".h")
+_CSRC_LITERAL = re.compile(r"^[\w./-]+\.(cuh|cu|h)$")
+
+
+# --------------------------------------------------------------------------- where the tests are
+
+
+def test_root(path: Path | None, tree: Path) -> Path:
+    """The folder upstream's tests are read from (see the module docstring)."""
+    if path is None:
+        top = subprocess.run(["git", "-C", str(tree), "rev-parse", "--show-toplevel"],
+                             capture_output=True, text=True)
+        if top.returncode != 0:
+            raise C128Error(f"--upstream-suite: {tree} is not in a git checkout, so it has no upstream tests; "
+                            "pass --upstream-suite PATH (the test/ folder of an sglang checkout)")
+        path = Path(top.stdout.strip())
+        if not (path / "test").is_dir():
+            raise C128Error(f"--upstream-suite: the tree's repository {path} has no test/ folder (a release "
+                            "history has none); pass --upstream-suite PATH (the test/ folder of an sglang checkout)")
+    path = path.expanduser().resolve()
+    if not path.is_dir():
+        raise C128Error(f"--upstream-suite: {path} is not a folder")
+    if not (path / KERNEL_TESTS).is_dir() and (path / "test").is_dir():
+        path = path / "test"
+    if not test_files(path):
+        raise C128Error(f"--upstream-suite: no test_*.py under {path / KERNEL_TESTS} or {path}")
+    return path
+
+
+def scope(root: Path) -> Path:
+    return root / KERNEL_TESTS if (root / KERNEL_TESTS).is_dir() else root
+
+
+def test_files(root: Path) -> list[Path]:
+    base = scope(root)
+    return sorted(p for p in base.rglob("test_*.py") if p.is_file() and "__pycache__" not in p.parts)
+
+
+# --------------------------------------------------------------------------- imports
+
+
+@dataclass(frozen=True)
+class Imp:
+    """One import statement, made absolute: ``import module`` (names None) or ``from module import
+    names``; ``lazy``: inside a function."""
+
+    module: str
+    names: tuple[str, ...] | None
+    line: int
+    lazy: bool
+
+
+def _type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def parse_imports(source: str, filename: str, package: str | None) -> list[Imp]:
+    """Every import in ``source`` (``package``: where relative imports resolve from)."""
+    out: list[Imp] = []
+
+    def visit(node: ast.AST, lazy: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if _type_checking(child):
+                for sub in child.orelse:  # type: ignore[attr-defined]
+                    visit(sub, lazy)
+                continue
+            inner = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                out.extend(Imp(a.name, None, child.lineno, lazy) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    if not package:
+                        continue  # a relative import in a test file: a sibling, not sglang
+                    parts = package.split(".")
+                    parts = parts[: len(parts) - child.level + 1]
+                    base = ".".join(parts + ([child.module] if child.module else []))
+                out.append(Imp(base, tuple(a.name for a in child.names), child.lineno, lazy))
+            visit(child, inner)
+
+    visit(ast.parse(source, filename), False)
+    return out
+
+
+def defined_names(tree: Path, module: str, depth: int = 0) -> set[str]:
+    """Top-level names a module of ``tree`` defines (defs, classes, assignments, annotations,
+    imports, and what its ``from sglang... import *`` brings)."""
+    path = ModuleIndex(tree).file(module)
+    if path is None:
+        return set()
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(errors="replace")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Import):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                if a.name == "*":
+                    if node.module and node.module.startswith("sglang") and depth < 3:
+                        names |= defined_names(tree, node.module, depth + 1)
+                else:
+                    names.add(a.asname or a.name)
+    return names
+
+
+class ModuleIndex:
+    """The sglang modules of one tree (a folder holding ``sglang/``), parsed on demand."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._imports: dict[str, list[Imp]] = {}
+
+    def file(self, module: str) -> Path | None:
+        base = self.root.joinpath(*module.split("."))
+        if base.with_suffix(".py").is_file():
+            return base.with_suffix(".py")
+        if (base / "__init__.py").is_file():
+            return base / "__init__.py"
+        return None
+
+    def is_package(self, module: str) -> bool:
+        return (self.root.joinpath(*module.split(".")) / "__init__.py").is_file()
+
+    def imports(self, module: str) -> list[Imp]:
+        if module not in self._imports:
+            path = self.file(module)
+            package = module if self.is_package(module) else module.rpartition(".")[0]
+            self._imports[module] = [] if path is None else parse_imports(
+                path.read_text(errors="replace"), str(path), package)
+        return self._imports[module]
+
+
+@dataclass(frozen=True)
+class Edge:
+    """What one import does: ``module`` runs a module file, ``package`` runs a package's
+    ``__init__`` for real, ``standin`` takes ``names`` from a stand-in, ``missing`` fails."""
+
+    kind: str
+    module: str
+    names: tuple[str, ...] = ()
+    reason: str = ""
+
+
+def resolve(index: ModuleIndex, imp: Imp, standins: set[str]) -> list[Edge]:
+    if not (imp.module == "sglang" or imp.module.startswith("sglang.")):
+        return []
+    if imp.module in standins:
+        return [Edge("standin", imp.module, imp.names or ())]
+    parts = imp.module.split(".")
+    for i in range(1, len(parts)):  # a stand-in above the module: nothing below it loads
+        above = ".".join(parts[:i])
+        if above in standins:
+            return [Edge("missing", imp.module, reason=f"{above} is a stand-in (c128patch), which has no submodules")]
+    if index.file(imp.module) is None:
+        return [Edge("missing", imp.module, reason=f"this tree has no module {imp.module}")]
+    if imp.names is None:
+        return [Edge("package" if index.is_package(imp.module) else "module", imp.module)]
+    if not index.is_package(imp.module):
+        return [Edge("module", imp.module)]
+    edges, attrs = [], []
+    for name in imp.names:
+        sub = f"{imp.module}.{name}"
+        if sub in standins:
+            edges.append(Edge("standin", sub))
+        elif index.file(sub) is not None:
+            edges.append(Edge("package" if index.is_package(sub) else "module", sub))
+        else:
+            attrs.append(name)
+    if attrs:
+        edges.append(Edge("package", imp.module, tuple(attrs)))
+    return edges
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def touched_files(record: dict | None) -> list[str]:
+    """``python/sglang/...`` paths the series writes: the provenance record's entries, else the
+    manifest's patches (all variants) and overlay targets."""
+    if record and record.get("entries"):
+        return sorted({f for e in record["entries"] for f in e.get("files", [])})
+    from c128patch.series.manifest import default_series_root, load_series
+    from c128patch.series.patchfile import read_patch  # unidiff: only where there is no record
+
+    series = load_series(default_series_root())
+    files: set[str] = set()
+    for entry in series.entries:
+        if entry.is_patch:
+            for variant in entry.patch_files():
+                files.update(read_patch(series.file_of(entry, variant)).files)
+        else:
+            files.add(entry.target)
+    return sorted(files)
+
+
+def _module_of(path: str) -> str | None:
+    rel = path.removeprefix("python/")
+    if not rel.startswith("sglang/") or not rel.endswith(".py"):
+        return None
+    mod = rel[:-3].replace("/", ".")
+    return mod.removesuffix(".__init__")
+
+
+def _wrappers(root: Path, kernel_names: set[str]) -> dict[str, set[str]]:
+    """module -> the kernels (paths under csrc/) it names, over the Python files of sglang/kernels."""
+    out: dict[str, set[str]] = {}
+    for py in sorted((root / "sglang" / "kernels").rglob("*.py")):
+        if "__pycache__" in py.parts:
+            continue
+        text = py.read_text(errors="replace")
+        hits = {k for k in kernel_names if k in text}
+        if hits:
+            mod = ".".join(py.relative_to(root).with_suffix("").parts)
+            out[mod.removesuffix(".__init__")] = hits
+    return out
+
+
+def series_targets(patched: Path, upstream: Path, files: Iterable[str]) -> dict[str, str]:
+    """module -> why it is a target (see the module docstring); several reasons joined by "; ",
+    what the series does to the module itself first."""
+    direct: dict[str, list[str]] = {}
+    beside: dict[str, list[str]] = {}
+    kernels: dict[str, str] = {}  # kernel, as the wrappers name it (deepseek_v4/c_plan.cuh) -> why
+    for path in files:
+        rel = path.removeprefix("python/")
+        added = not (upstream / rel).exists()
+        verb = "adds" if added else "patches"
+        mod = _module_of(path)
+        if mod:
+            direct.setdefault(mod, []).append(f"the series {verb} it")
+            if added:
+                pkg = mod.rpartition(".")[0]
+                for sib in sorted((patched / pkg.replace(".", "/")).glob("*.py")):
+                    name = f"{pkg}.{sib.stem}" if sib.stem != "__init__" else pkg
+                    beside.setdefault(name, []).append(f"next to {rel}, which the series adds")
+        elif rel.endswith(KERNEL_SUFFIXES) and rel.startswith(CSRC + "/"):
+            name = rel.removeprefix(CSRC + "/")
+            kernels.setdefault(name, f"the series {verb} {rel}")
+            if added:
+                for sib in sorted((patched / rel).parent.iterdir()):
+                    if sib.suffix in KERNEL_SUFFIXES and sib.name != Path(rel).name:
+                        kernels.setdefault(str(Path(name).parent / sib.name), f"next to {rel}, which the series adds")
+    for mod, hits in _wrappers(patched, set(kernels)).items():
+        own = sorted(h for h in hits if not kernels[h].startswith("next to"))
+        near = sorted(h for h in hits if kernels[h].startswith("next to"))
+        if own:
+            why = "; ".join(sorted({kernels[h] for h in own}))
+            direct.setdefault(mod, []).append(f"loads {', '.join(own)} ({why})")
+        if near:
+            beside.setdefault(mod, []).append(f"loads {', '.join(near)}, next to a kernel the series adds")
+    out = {}
+    for mod in sorted(set(direct) | set(beside)):
+        out[mod] = "; ".join(dict.fromkeys(direct.get(mod, []) + beside.get(mod, [])))
+    return out
+
+
+# --------------------------------------------------------------------------- what a test needs
+
+
+@dataclass
+class TestFile:
+    path: Path
+    rel: str  # relative to the test root, posix
+    imports: list[Imp]
+    names: list[str]  # the module's stem and its test function/class names (for -k)
+
+    @classmethod
+    def read(cls, path: Path, root: Path) -> "TestFile":
+        source = path.read_text(errors="replace")
+        tree = ast.parse(source, str(path))
+        names = [path.stem] + [n.name for n in ast.walk(tree)
+                               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                               and n.name.lower().startswith("test")]
+        return cls(path, path.relative_to(root).as_posix(), parse_imports(source, str(path), None), names)
+
+    @cached_property
+    def siblings(self) -> list[Path]:
+        """Non-sglang modules it imports that sit next to it (test helpers of the checkout)."""
+        out = []
+        for imp in self.imports:
+            top = imp.module.split(".")[0]
+            for cand in (self.path.parent / f"{top}.py", self.path.parent / top / "__init__.py"):
+                if top and not top.startswith("sglang") and cand.is_file():
+                    out.append(cand)
+        return sorted(set(out))
+
+
+def exercised(index: ModuleIndex, test: TestFile, standins: set[str]) -> dict[str, str]:
+    """module -> how the test reaches it: its own imports, seen through test helpers
+    (sglang.test.*) and packages whose __init__ must run."""
+    seen: dict[str, str] = {}
+    queue: list[tuple[list[Imp], str]] = [(test.imports, "")]
+    while queue:
+        imports, via = queue.pop()
+        for imp in imports:
+            for edge in resolve(index, imp, standins):
+                if edge.kind not in ("module", "package") or edge.module in seen:
+                    continue
+                seen[edge.module] = via
+                through = edge.module.startswith("sglang.test.") or edge.kind == "package"
+                if through:
+                    queue.append((index.imports(edge.module), via or edge.module))
+    return seen
+
+
+@dataclass
+class Closure:
+    """What a set of tests needs of one tree."""
+
+    modules: set[str] = field(default_factory=set)  # module files that run
+    real_packages: set[str] = field(default_factory=set)  # packages whose __init__ runs
+    standin_uses: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # module -> name -> [where]
+    standin_uses_lazy: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # only inside functions
+    missing: dict[str, list[str]] = field(default_factory=dict)  # module -> ["where: reason"]
+    csrc_dirs: set[str] = field(default_factory=set)  # under sglang/kernels/jit/csrc
+    lazy: list[str] = field(default_factory=list)  # imported inside library functions only: not staged
+
+    def files(self, index: ModuleIndex) -> list[Path]:
+        """Paths relative to the tree root: the modules, every package ``__init__`` on the way,
+        and the kernel sources of the named csrc folders."""
+        out: set[Path] = set()
+        for mod in self.modules | self.real_packages:
+            path = index.file(mod)
+            if path is not None:
+                out.add(path.relative_to(index.root))
+            parts = mod.split(".")
+            for i in range(1, len(parts)):
+                init = index.root.joinpath(*parts[:i]) / "__init__.py"
+                if init.is_file():
+                    out.add(init.relative_to(index.root))
+        for folder in self.csrc_dirs:
+            base = index.root / CSRC / folder
+            out.update(p.relative_to(index.root) for p in base.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        return sorted(out)
+
+
+def _csrc_literals(path: Path) -> set[str]:
+    """csrc folders named by string literals like "deepseek_v4/c128_v2.cuh"."""
+    folders = set()
+    for node in ast.walk(ast.parse(path.read_text(errors="replace"))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CSRC_LITERAL.match(node.value):
+            head = node.value.split("/")[0]
+            if "/" in node.value and head:
+                folders.add(head)
+    return folders
+
+
+def closure(index: ModuleIndex, tests: list[TestFile], standins: set[str],
+            entry: tuple[str, ...] = ("sglang.srt.environ",)) -> Closure:
+    """Follow every import the tests make through the tree (``entry``: what the harness itself
+    imports for real)."""
+    out = Closure()
+    # (imports, where, from a test file, reached without a function-level import on the way)
+    queue: list[tuple[list[Imp], str, bool, bool]] = [([Imp(m, None, 0, False) for m in entry], "harness", False, True)]
+    queue += [(t.imports, t.rel, True, True) for t in tests]
+    done: dict[str, bool] = {}
+    lazy: set[str] = set()
+    while queue:
+        imports, where, is_test, eager_here = queue.pop()
+        for imp in imports:
+            eager = eager_here and not imp.lazy
+            if imp.lazy and not is_test and not imp.module.startswith("sglang.kernels."):
+                lazy.add(imp.module)  # a library function's import outside the kernels: not followed
+                continue
+            for edge in resolve(index, imp, standins):
+                here = f"{where}:{imp.line}"
+                if edge.kind == "standin":
+                    uses = (out.standin_uses if eager else out.standin_uses_lazy).setdefault(edge.module, {})
+                    for name in edge.names:
+                        uses.setdefault(name, []).append(here)
+                elif edge.kind == "missing":
+                    if eager:
+                        out.missing.setdefault(edge.module, []).append(f"{here}: {edge.reason}")
+                else:
+                    (out.modules if edge.kind == "module" else out.real_packages).add(edge.module)
+                    if edge.module not in done or (eager and not done[edge.module]):
+                        done[edge.module] = eager
+                        path = index.file(edge.module)
+                        if path is not None:
+                            out.csrc_dirs |= _csrc_literals(path)
+                        queue.append((index.imports(edge.module), edge.module, False, eager))
+    out.lazy = sorted(lazy - out.modules - out.real_packages)
+    return out
+
+
+# --------------------------------------------------------------------------- stand-ins
+
+
+def load_harness(suite: Path) -> Any:
+    """The kernel tier's harness module (its STANDINS and REAL_PACKAGES), read from the suite."""
+    path = suite / "harness.py"
+    if not path.is_file():
+        raise C128Error(f"--upstream-suite needs the kernel tier's harness: {path} does not exist (pass --suite DIR)")
+    spec = importlib.util.spec_from_file_location("c128patch_suite_harness", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def standin_pool(harness: Any) -> dict[str, set[str]]:
+    """module -> every name a stand-in exists for (the harness's and ours)."""
+    from c128patch.smoke.upstream_standins import EXTRA
+
+    pool: dict[str, set[str]] = {m: set(n) for m, n in harness.STANDINS.items()}
+    for mod, names in EXTRA.items():
+        pool.setdefault(mod, set()).update(names)
+    return pool
+
+
+def standin_files(tree: Path, pool: dict[str, set[str]]) -> list[Path]:
+    """The real files behind the stand-in modules (and what they star-import), relative to the
+    tree: staged so that a staged tree answers :func:`standin_plan` as the whole tree does."""
+    index = ModuleIndex(tree)
+    out: set[Path] = set()
+    todo = [m for m in pool]
+    while todo:
+        mod = todo.pop()
+        path = index.file(mod)
+        if path is None or path.relative_to(tree) in out:
+            continue
+        out.add(path.relative_to(tree))
+        for node in ast.parse(path.read_text(errors="replace")).body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sglang") and any(
+                    a.name == "*" for a in node.names):
+                todo.append(node.module)
+    return sorted(out)
+
+
+def standin_plan(tree: Path, pool: dict[str, set[str]], uses: dict[str, dict[str, list[str]]],
+                 lazy_uses: dict[str, dict[str, list[str]]] | None = None
+                 ) -> tuple[dict[str, list[str]], list[dict[str, Any]]]:
+    """What to stand in for on ``tree``: ``{module: [names]}`` (only modules the tree has, only
+    names its real module defines) and one report row per stand-in module. ``uses``: names taken
+    on the way the tests import (a name no stand-in has is a gap); ``lazy_uses``: names taken only
+    inside library functions (listed, not required)."""
+    index = ModuleIndex(tree)
+    wanted: dict[str, list[str]] = {}
+    rows = []
+    for mod in sorted(pool):
+        real = index.file(mod)
+        used = uses.get(mod, {})
+        row: dict[str, Any] = {"module": mod, "real": str(real.relative_to(tree)) if real else None,
+                               "used": sorted(used)}
+        lazy = sorted(set((lazy_uses or {}).get(mod, {})) - set(used) - pool[mod])
+        if lazy:
+            row["no_standin_if_called"] = lazy
+        if real is None:
+            row.update(offered=[], withheld=sorted(used), reason="this tree has no such module")
+        else:
+            defined = defined_names(tree, mod)
+            offered = sorted(n for n in pool[mod] if n in defined)
+            wanted[mod] = offered
+            withheld = sorted(n for n in used if n in pool[mod] and n not in defined)
+            row.update(offered=offered, withheld=withheld)
+            gaps = sorted(n for n in used if n not in pool[mod] and n in defined)
+            if gaps:
+                row["no_standin"] = {n: used[n] for n in gaps}
+            if withheld:
+                row["reason"] = f"this tree's {mod} does not define {', '.join(withheld)}"
+        rows.append(row)
+    return wanted, rows
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def keyword_words(expr: str) -> list[str]:
+    """The words of a pytest -k expression that are not negated (a superset pre-filter)."""
+    tokens = re.findall(r"[\w\[\]\-.]+|\(|\)", expr)
+    words, negate = [], False
+    for tok in tokens:
+        low = tok.lower()
+        if low == "not":
+            negate = True
+            continue
+        if low in ("and", "or") or tok in "()":
+            negate = False if tok != "(" else negate
+            continue
+        if not negate:
+            words.append(low)
+        negate = False
+    return words
+
+
+def matches_keyword(test: TestFile, words: list[str]) -> bool:
+    names = [n.lower() for n in test.names] + [test.rel.lower()]
+    return any(w in n for w in words for n in names)
+
+
+@dataclass
+class Selection:
+    root: Path
+    files: list[TestFile]  # selected
+    why: dict[str, list[str]]  # rel -> reasons
+    scanned: int
+    targets: dict[str, str]
+    keyword: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"root": str(self.root), "scope": str(scope(self.root)), "scanned": self.scanned,
+                "selected": [{"file": f.rel, "why": self.why[f.rel]} for f in self.files],
+                "targets": self.targets, "keyword": self.keyword}
+
+
+def select(root: Path, patched: Path, targets: dict[str, str], standins: set[str],
+           keyword: str | None = None) -> Selection:
+    index = ModuleIndex(patched)
+    words = keyword_words(keyword) if keyword else []
+    chosen, why = [], {}
+    paths = test_files(root)
+    for path in paths:
+        test = TestFile.read(path, root)
+        reasons = []
+        for mod, via in sorted(exercised(index, test, standins).items()):
+            if mod in targets:
+                reasons.append(f"{mod}: {targets[mod]}" + (f" (through {via})" if via and via != mod else ""))
+        if words and matches_keyword(test, words):
+            reasons.append(f"-k {keyword}")
+        if reasons:
+            chosen.append(test)
+            why[test.rel] = reasons
+    return Selection(root, chosen, why, len(paths), targets, keyword)
+
+
+def conftests(test: TestFile, root: Path) -> list[Path]:
+    """conftest.py files pytest would load for this test, from the root down."""
+    out, folder = [], test.path.parent
+    while True:
+        if (folder / "conftest.py").is_file():
+            out.append(folder / "conftest.py")
+        if folder == root or root not in folder.parents:
+            break
+        folder = folder.parent
+    return out

@@ -1,0 +1,84 @@
+"""Stand-ins that upstream's own kernel tests need beyond the kernel tier's (tests/gpu/harness.py
+STANDINS), for ``smoke --upstream-suite``. Ours, not upstream's: each is listed in the report.
+
+The real modules cannot load without the rest of sglang (``sglang.test.test_utils`` imports
+aiohttp, requests, PIL, the benchmark client ...; ``sglang.srt.platforms`` scans plugin entry
+points). Each name mirrors what upstream does on a CUDA build outside CI (0.5.23 file:line in its
+docstring). The tool offers a name only where the tree's real module defines it, and a module
+only where the tree has it (smoke.upstream_suite.standin_plan), so a stand-in never invents what
+a tree lacks. Stdlib only at import; torch is imported when a stand-in is called.
+"""
+
+from __future__ import annotations
+
+import os
+import unittest
+from typing import Any
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def get_device(device_id: int | None = None) -> str:
+    """srt/utils/common.py:1073: "cuda" (or "cuda:N") when torch sees a CUDA GPU; upstream's
+    CPU engine (SGLANG_USE_CPU_ENGINE=1) and other accelerators are not served here."""
+    torch = _torch()
+    if torch.cuda.is_available():
+        return "cuda" if device_id is None else f"cuda:{device_id}"
+    raise RuntimeError("c128patch stand-in get_device: torch sees no CUDA GPU (upstream would try "
+                       "XPU/NPU/HPU/MUSA/MPS and platform plugins, which the kernel tier does not carry)")
+
+
+def get_bool_env_var(name: str, default: str = "false") -> bool:
+    """srt/utils/common.py:1424 (0.5.20: :1262): the env var, lower-cased, is "true" or "1" (upstream
+    also logs a warning for a value that is neither true/1 nor false/0)."""
+    return os.getenv(name, default).lower() in ("true", "1")
+
+
+class CustomTestCase(unittest.TestCase):
+    """test/test_utils.py:2400: outside CI upstream's class retries nothing (SGLANG_TEST_MAX_RETRY
+    unset -> 0) and only wraps setUpClass so tearDownClass runs when it raises; same here."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        setup = cls.__dict__.get("setUpClass")
+        if setup is None:
+            return
+        func = setup.__func__
+
+        def safe_setup(klass: type) -> None:
+            try:
+                func(klass)
+            except Exception:
+                try:
+                    klass.tearDownClass()
+                except Exception:  # noqa: BLE001  (upstream suppresses teardown errors too)
+                    pass
+                raise
+
+        cls.setUpClass = classmethod(safe_setup)  # type: ignore[method-assign,assignment]
+
+
+class _CudaPlatform:
+    """srt/platforms/cuda.py:54 (CudaSRTPlatform), the one upstream resolves on a CUDA build;
+    only what the tests call. Any other attribute fails loudly."""
+
+    def synchronize(self) -> None:
+        _torch().cuda.synchronize()
+
+    def __getattr__(self, attr: str) -> Any:
+        raise AttributeError(f"c128patch stand-in current_platform has no {attr!r}: upstream's tests now "
+                             f"use it; add it in {__file__}")
+
+
+# module -> name -> object; merged over the harness's STANDINS (these names win where both have one).
+EXTRA: dict[str, dict[str, Any]] = {
+    "sglang.srt.utils": {"get_device": get_device, "get_bool_env_var": get_bool_env_var},
+    "sglang.srt.utils.common": {"get_device": get_device, "get_bool_env_var": get_bool_env_var},
+    "sglang.test.test_utils": {"CustomTestCase": CustomTestCase},
+    "sglang.srt.platforms": {"current_platform": _CudaPlatform()},
+}
+

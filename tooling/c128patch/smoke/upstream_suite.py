@@ -1,0 +1,370 @@
+"""``smoke --tier kernel --upstream-suite [PATH]``: upstream SGLang's own kernel tests, from the
+user's checkout, on the patched and on the unpatched tree, side by side.
+
+Which tests, and what they need (smoke.upstream_select): upstream's ``registered/kernels`` tests
+that reach what the series touches or adds next to. Each tree runs them in its own
+``python -m pytest`` (smoke.passes; the per-test rows come from smoke.plugin) with sglang's own
+JIT loader, set up by the kernel tier's harness (tests/gpu/harness.py) through
+smoke.upstream_boot: sglang's packages registered over the tree, the packages whose
+``__init__`` the tests need run for real, and the stand-ins (the harness's, plus
+smoke.upstream_standins), all listed in the report per tree.
+
+Per test: the patched and the unpatched outcome and a verdict:
+
+- ``same``: the same outcome on both (passed, xfailed);
+- ``regressed``: passes (collects, with --list) unpatched and not patched: a problem;
+- ``fixed``: fails unpatched, passes patched;
+- ``both fail``: fails (or errors, or crashes) on both, e.g. a test written for a newer upstream
+  API than the tree: a note, with both messages;
+- ``both skipped``: skipped on both, with the reason: a note (no evidence either way);
+- ``not applicable``: the file cannot be collected on either tree: a note with the import error
+  when the tree lacks what the test imports; a problem when a stand-in of ours lacks a name (add
+  it) or, in a run, when the environment lacks a package (e.g. triton);
+- ``differs``: any other pair (a note); ``not run``: neither pass reached it (a pass was cut).
+
+Exit status: 1 when a test regressed, a pass timed out or did not finish, nothing passed on the
+patched tree, or a stand-in is missing; 0 otherwise. The report (``smoke-upstream-suite.json``)
+and the per-release result (``upstream-suite.json``, the evidence matrix's "upstream's own tests"
+column: ci/gpu/results/<rev>/upstream-suite.json) are rewritten after each pass.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from c128patch.jsonio import write_json_atomic
+from c128patch.smoke import upstream_select as sel
+from c128patch.smoke.device import describe
+from c128patch.smoke.kernel import Prepared
+from c128patch.smoke.passes import BAD, PassSpec
+from c128patch.smoke.trees import series_info, stage
+from c128patch.smoke.upstream_boot import HARNESS_ENV, PLAN_ENV
+
+BOOT_PLUGIN = "c128patch.smoke.upstream_boot"
+REPORT = "smoke-upstream-suite.json"
+RESULT = "upstream-suite.json"
+RESULT_SCHEMA = 1
+STAGED_TESTS = "upstream-tests"
+SOURCES = "SOURCES.json"  # at the test root: where the files come from (copied into the report)
+VERDICTS = ("same", "regressed", "fixed", "both fail", "both skipped", "not applicable", "differs", "not run")
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class TreePlan:
+    label: str
+    root: Path
+    closure: sel.Closure
+    standins: dict[str, list[str]]  # what upstream_boot installs
+    standin_rows: list[dict[str, Any]]
+
+    @property
+    def real_packages(self) -> list[str]:
+        return sorted(self.closure.real_packages)
+
+    def env(self, harness: Path) -> dict[str, str]:
+        plan = {"standins": self.standins, "real_packages": self.real_packages}
+        return {HARNESS_ENV: str(harness), PLAN_ENV: json.dumps(plan, sort_keys=True)}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tree": str(self.root), "real_packages": self.real_packages, "standins": self.standin_rows,
+                "predicted_import_errors": self.closure.missing,
+                "not_followed": self.closure.lazy}
+
+
+@dataclass
+class Plan:
+    root: Path  # the test root
+    selection: sel.Selection
+    harness: Path
+    trees: dict[str, TreePlan] = field(default_factory=dict)
+    sources: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(f.rel for f in self.selection.files)
+
+
+def _sources(root: Path) -> dict[str, Any]:
+    """Where the tests come from: the checkout's commit, and a SOURCES.json at the root."""
+    out: dict[str, Any] = {"root": str(root)}
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:
+        out["git_commit"] = head.stdout.strip()
+    if (root / SOURCES).is_file():
+        try:
+            out["sources"] = json.loads((root / SOURCES).read_text())
+        except json.JSONDecodeError as exc:
+            out["sources"] = {"unreadable": f"{root / SOURCES}: {exc.msg}"}
+    return out
+
+
+def make_plan(prep: Prepared, root: Path, keyword: str | None) -> Plan:
+    """Select the tests under ``root`` (upstream_select.test_root) and work out what each tree
+    needs (no process is started)."""
+    assert prep.upstream is not None
+    harness = sel.load_harness(prep.suite)
+    pool = sel.standin_pool(harness)
+    targets = sel.series_targets(prep.patched, prep.upstream, sel.touched_files(prep.record))
+    selection = sel.select(root, prep.patched, targets, set(pool), keyword)
+    plan = Plan(root, selection, prep.suite / "harness.py", sources=_sources(root))
+    for label, tree in (("patched", prep.patched), ("upstream", prep.upstream)):
+        closure = sel.closure(sel.ModuleIndex(tree), selection.files, set(pool))
+        standins, rows = sel.standin_plan(tree, pool, closure.standin_uses, closure.standin_uses_lazy)
+        plan.trees[label] = TreePlan(label, tree, closure, standins, rows)
+    return plan
+
+
+def pass_spec(plan: Plan, label: str, timeout: float, keyword: str | None, collect_only: bool) -> PassSpec:
+    tree = plan.trees[label]
+    return PassSpec(label, tree.root, None, 1.0, timeout=timeout, keyword=keyword, collect_only=collect_only,
+                    extra_env=tree.env(plan.harness), paths=plan.paths,
+                    # a file one tree cannot import is a verdict, not the end of the pass
+                    pytest_args=("-p", BOOT_PLUGIN, "--continue-on-collection-errors"))
+
+
+# --------------------------------------------------------------------------- staging
+
+
+def stage_all(plan: Plan, prep: Prepared, dest: Path) -> dict[str, Any]:
+    """The two trees (the kernel tier's subset plus what the tests import) and the selected
+    test files (with their conftest.py files and sibling helpers) under ``dest``."""
+    trees = {label: tp.root for label, tp in plan.trees.items()}
+    pool = sel.standin_pool(sel.load_harness(prep.suite))
+    extra = {label: tp.closure.files(sel.ModuleIndex(tp.root)) + sel.standin_files(tp.root, pool)
+             for label, tp in plan.trees.items()}
+    staged: dict[str, Any] = stage(prep.suite, trees, dest, lambda label, _root: extra[label])
+    target = dest / STAGED_TESTS
+    if target.exists():
+        shutil.rmtree(target)
+    files: set[Path] = set()
+    for test in plan.selection.files:
+        files.update([test.path, *sel.conftests(test, plan.root), *test.siblings])
+    for path in sorted(files):
+        out = target / path.relative_to(plan.root)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, out)
+    sources = {k: v for k, v in plan.sources.items() if k != "root"}
+    sources = sources.get("sources", {}) | ({"git_commit": sources["git_commit"]} if "git_commit" in sources else {})
+    if sources:
+        (target / SOURCES).write_text(json.dumps(sources, indent=1, sort_keys=True) + "\n")
+    staged[STAGED_TESTS] = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+    return staged
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+_NO_MODULE = re.compile(r"No module named '([^']+)'")
+_NO_NAME = re.compile(r"cannot import name '([^']+)' from '([^']+)'")
+_STANDIN = re.compile(r"the stand-in for (\S+) has no '([^']+)'")
+
+
+def classify(message: str, standin_rows: list[dict[str, Any]]) -> tuple[str, str]:
+    """Why a file could not be collected: ``tree`` (the tree lacks what it imports),
+    ``environment`` (a package outside sglang is missing), ``stand-in`` (ours lacks a name),
+    ``other``; with a short reason."""
+    withheld = {(r["module"], n) for r in standin_rows for n in r.get("withheld", [])}
+    m = _STANDIN.search(message)
+    if m:
+        if (m.group(1), m.group(2)) in withheld:
+            return "tree", f"this tree's {m.group(1)} does not define {m.group(2)}"
+        return "stand-in", f"the c128patch stand-in for {m.group(1)} lacks {m.group(2)!r}"
+    m = _NO_NAME.search(message)
+    if m:
+        kind = "tree" if m.group(2).split(".")[0] == "sglang" else "environment"
+        return kind, f"{m.group(2)} has no {m.group(1)}"
+    m = _NO_MODULE.search(message)
+    if m:
+        if m.group(1).split(".")[0] == "sglang":
+            return "tree", f"this tree has no module {m.group(1)}"
+        return "environment", f"the environment lacks {m.group(1).split('.')[0]}"
+    return "other", message
+
+
+def _is_file_row(nodeid: str) -> bool:
+    return "::" not in nodeid
+
+
+def verdict(patched: str, upstream: str, nodeid: str, collect_only: bool) -> str:
+    good = "not run" if collect_only else "passed"  # --list: collected is the good outcome
+    if patched == upstream:
+        if patched == "not run" and not collect_only:
+            return "not run"  # a pass cut short: no evidence (the pass itself is a problem)
+        if patched in BAD:
+            return "not applicable" if _is_file_row(nodeid) and patched == "error" else "both fail"
+        return "both skipped" if patched == "skipped" else "same"
+    if upstream == good or (_is_file_row(nodeid) and patched in BAD and upstream == "absent"):
+        return "regressed"
+    if patched == good and (upstream in BAD or (_is_file_row(nodeid) and upstream == "absent")):
+        return "fixed"
+    if patched in BAD and upstream in BAD:
+        return "both fail"
+    return "differs"
+
+
+def compare(patched: dict[str, Any], upstream: dict[str, Any] | None, plan: Plan,
+            collect_only: bool) -> list[dict[str, Any]]:
+    """One row per test id seen in either pass (the upstream pass may not have run yet)."""
+    pt = {t["nodeid"]: t for t in patched["tests"]}
+    ut = {t["nodeid"]: t for t in upstream["tests"]} if upstream else {}
+    rows = []
+    for nodeid in list(pt) + [n for n in ut if n not in pt]:
+        a = pt.get(nodeid, {"outcome": "absent", "message": "", "seconds": 0.0})
+        b = ut.get(nodeid, {"outcome": "absent", "message": "", "seconds": 0.0}) if upstream else None
+        row: dict[str, Any] = {"id": nodeid, "patched": a["outcome"], "patched_seconds": a["seconds"]}
+        if b is None:
+            row.update(upstream="not run yet", verdict=None)
+        else:
+            row.update(upstream=b["outcome"], upstream_seconds=b["seconds"],
+                       verdict=verdict(a["outcome"], b["outcome"], nodeid, collect_only))
+        if a.get("message"):
+            row["patched_message"] = a["message"]
+        if b is not None and b.get("message"):
+            row["upstream_message"] = b["message"]
+        if row["verdict"] == "not applicable":
+            kinds = {classify(m, plan.trees[label].standin_rows)
+                     for label, m in (("patched", a["message"]), ("upstream", b["message"] if b else ""))}
+            order = {"stand-in": 0, "environment": 1, "tree": 2, "other": 3}
+            row["why"], row["reason"] = sorted(kinds, key=lambda k: order[k[0]])[0]
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _pass_problems(p: dict[str, Any]) -> list[str]:
+    """A pass that did not run to its end (failing tests are the verdicts' business)."""
+    out = []
+    if p["timed_out"]:
+        out.append(f"{p['label']}: {p['exit']}")
+    elif not p["finished"]:
+        out.append(f"{p['label']}: pytest did not finish ({p['exit']})")
+    if p.get("leftover_pids"):
+        out.append(f"{p['label']}: processes left behind {p['leftover_pids']}")
+    return out
+
+
+def _group(rows: list[dict[str, Any]], key: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        out.setdefault(r.get(key) or r.get("upstream_message") or "", []).append(r["id"])
+    return out
+
+
+def build_report(command: str, plan: Plan, prep: Prepared, device: dict[str, Any], passes: dict[str, dict[str, Any]],
+                 collect_only: bool, keyword: str | None) -> dict[str, Any]:
+    patched, upstream = passes.get("patched"), passes.get("upstream")
+    rows = compare(patched, upstream, plan, collect_only) if patched else []
+    counts = {v: sum(1 for r in rows if r["verdict"] == v) for v in VERDICTS}
+    problems: list[str] = [x for p in passes.values() for x in _pass_problems(p)]
+    notes: list[str] = []
+    regressed = [r["id"] for r in rows if r["verdict"] == "regressed"]
+    if regressed:
+        problems.append(f"{len(regressed)} upstream test(s) {'collect' if collect_only else 'pass'} on the unpatched "
+                        f"tree and not on the patched one: {', '.join(regressed[:10])}")
+    na = [r for r in rows if r["verdict"] == "not applicable"]
+    for r in na:
+        if r["why"] == "stand-in":
+            problems.append(f"{r['id']}: not collected on either tree: {r['reason']} (add it in "
+                            "c128patch/smoke/upstream_standins.py)")
+        elif r["why"] == "environment":
+            line = f"{r['id']}: not applicable to this environment: {r['reason']}"
+            (notes if collect_only else problems).append(line + ("" if collect_only else " (install it where the tests run)"))
+        else:
+            notes.append(f"{r['id']}: not applicable to this tree: {r['reason']}")
+    for message, ids in _group([r for r in rows if r["verdict"] == "both fail"], "patched_message").items():
+        notes.append(f"both fail ({len(ids)}): {message} [{', '.join(ids[:4])}{' ...' if len(ids) > 4 else ''}]")
+    for message, ids in _group([r for r in rows if r["verdict"] == "both skipped"], "patched_message").items():
+        notes.append(f"both skipped ({len(ids)}): {message}")
+    for v in ("fixed", "differs"):
+        ids = [r["id"] for r in rows if r["verdict"] == v]
+        if ids:
+            notes.append(f"{v} ({len(ids)}): {', '.join(ids[:10])}")
+    for label, tp in plan.trees.items():
+        for row in tp.standin_rows:
+            if row.get("no_standin"):
+                problems.append(f"{label}: upstream's tests import {', '.join(row['no_standin'])} from {row['module']}, "
+                                "which no c128patch stand-in provides (add it in c128patch/smoke/upstream_standins.py)")
+            if row.get("withheld") and row.get("reason"):
+                notes.append(f"{label}: stand-in {row['module']} withholds {', '.join(row['withheld'])}: {row['reason']}")
+    if not plan.selection.files:
+        problems.append("no upstream test selected (nothing under the tests' scope reaches what the series touches)")
+    if patched and not patched["timed_out"]:
+        if collect_only and not any(r["patched"] == "not run" for r in rows):
+            problems.append("no upstream test could be collected on the patched tree")
+        elif not collect_only and patched["counts"]["passed"] == 0:
+            problems.append("no upstream test passed on the patched tree")
+    if prep.record is None:
+        notes.append("the tree has no provenance record (sglang/c128patch_provenance.json): is it a c128patch-patched tree?")
+    return {
+        "command": command,
+        "tier": "kernel",
+        "mode": "upstream-suite collect-only" if collect_only else "upstream-suite",
+        "device": device,
+        "tree": str(prep.patched),
+        "upstream_tree": str(prep.upstream),
+        "upstream_how": prep.upstream_how or None,
+        "provenance": series_info(prep.record),
+        "series": (prep.record or {}).get("series"),
+        "tests_from": plan.sources,
+        "selection": plan.selection.to_json() | {"keyword": keyword},
+        "files": [{"file": f.rel, "sha256": hashlib.sha256(f.path.read_bytes()).hexdigest()} for f in plan.selection.files],
+        "trees": {label: tp.to_json() for label, tp in plan.trees.items()},
+        "passes": {k: {x: v for x, v in p.items() if x != "tests"} for k, p in passes.items()},
+        "counts": counts,
+        "patched": patched["counts"] if patched else None,
+        "upstream": upstream["counts"] if upstream else None,
+        "tests": rows,
+        "problems": problems,
+        "notes": notes,
+        "ok": not problems and upstream is not None,
+    }
+
+
+def result_file(report: dict[str, Any], date: str | None = None) -> dict[str, Any]:
+    """The per-release result the evidence matrix reads (ci/gpu/results/<rev>/upstream-suite.json)."""
+    prov = report.get("provenance") or {}
+    upstream = prov.get("upstream", {})
+    device = report["device"]
+    return {
+        "schema": RESULT_SCHEMA,
+        "kind": "upstream-suite",
+        "column": "upstream's own tests",
+        "rev": upstream.get("rev"),
+        "upstream_commit": upstream.get("commit"),
+        "series": report.get("series"),
+        "mode": report["mode"],
+        "command": report["command"],
+        "device": describe(device) + (f" (sm_{device['capability'].replace('.', '')})" if device.get("capability") else ""),
+        "date": date or datetime.date.today().isoformat(),
+        "tests_from": {k: v for k, v in report["tests_from"].items() if k != "root"},
+        "files": report["files"],
+        "standins": {label: [{k: r[k] for k in ("module", "offered", "withheld", "used")} for r in t["standins"] if r["used"]]
+                     for label, t in report["trees"].items()},
+        "counts": report["counts"],
+        "patched": report["patched"],
+        "upstream": report["upstream"],
+        "tests": [{k: r[k] for k in ("id", "patched", "upstream", "verdict", "reason", "patched_message", "upstream_message")
+                   if k in r and (k not in ("patched_message", "upstream_message") or r["verdict"] != "same")}
+                  for r in report["tests"]],
+        "problems": report["problems"],
+        "notes": report["notes"],
+        "ok": report["ok"],
+    }
+
+
+def write(report: dict[str, Any], out: Path) -> Path:
+    write_json_atomic(out / RESULT, result_file(report))
+    return write_json_atomic(out / REPORT, report)
