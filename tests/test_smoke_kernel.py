@@ -21,7 +21,7 @@ from c128patch.smoke import passes as smoke_pass
 from c128patch.smoke import procs as smoke_procs
 from c128patch.smoke import sanitizer as smoke_sanitizer
 from c128patch.smoke import trees as smoke_trees
-from smoke_helpers import H200, make_suite, make_tree, provenance_record, signal_when_ready
+from smoke_helpers import H200, make_suite, make_tree, one_line_error, provenance_record, signal_when_ready
 
 TOOLING = Path(__file__).resolve().parents[1] / "tooling"
 
@@ -37,13 +37,6 @@ def invoke(args: list[str], device: dict | None = None, monkeypatch: pytest.Monk
         assert monkeypatch is not None
         monkeypatch.setattr(smoke_device, "probe_device", lambda python: dict(device))
     return CliRunner().invoke(main, ["smoke", "--tier", "kernel", *args])
-
-
-def one_line_error(res, contains: str) -> None:
-    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("c128patch: error: "), res.stderr
-    assert contains in lines[0], lines[0]
 
 
 # --------------------------------------------------------------------------- prerequisites

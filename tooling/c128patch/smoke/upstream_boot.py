@@ -3,7 +3,8 @@ before upstream's own test files are collected: the kernel tier's harness (tests
 loaded from $C128PATCH_HARNESS) registers sglang's packages over the tree in $C128PATCH_TREE,
 with the stand-ins and real packages that $C128PATCH_UPSTREAM_PLAN names (JSON, written by
 smoke.upstream_suite: ``{"standins": {module: [names]}, "real_packages": [...]}``). A stand-in
-name comes from smoke.upstream_standins.EXTRA, else from the harness's STANDINS.
+name comes from smoke.upstream_standins.EXTRA, else from the harness's STANDINS; a stand-in for a
+package leaves the tree's other submodules of that package reachable.
 Stdlib only at import: it runs inside the test process.
 """
 
@@ -50,4 +51,17 @@ def pytest_configure(config: Any) -> None:
     harness = _load_harness(Path(harness_path))
     spec = json.loads(plan)
     real = frozenset(harness.REAL_PACKAGES) | frozenset(spec.get("real_packages", []))
-    harness.install_sglang(Path(tree), standin_table(harness, spec.get("standins", {})), real)
+    table = standin_table(harness, spec.get("standins", {}))
+    harness.install_sglang(Path(tree), table, real)
+    open_standin_packages(Path(tree), table)
+
+
+def open_standin_packages(tree: Path, table: dict[str, dict[str, Any]]) -> None:
+    """A stand-in for a package (sglang.srt.utils) keeps the tree's other submodules reachable
+    (0.5.20's dsv4 imports sglang.srt.utils.custom_op, which is light): its ``__path__`` is the
+    real folder, as for every other package the harness registers. Its stand-in submodules
+    (sglang.srt.utils.common) still come first: the harness's finder is asked before the path."""
+    for module in table:
+        folder = tree.joinpath(*module.split("."))
+        if (folder / "__init__.py").is_file():
+            importlib.import_module(module).__path__ = [str(folder)]

@@ -197,11 +197,7 @@ def resolve(index: ModuleIndex, imp: Imp, standins: set[str]) -> list[Edge]:
         return []
     if imp.module in standins:
         return [Edge("standin", imp.module, imp.names or ())]
-    parts = imp.module.split(".")
-    for i in range(1, len(parts)):  # a stand-in above the module: nothing below it loads
-        above = ".".join(parts[:i])
-        if above in standins:
-            return [Edge("missing", imp.module, reason=f"{above} is a stand-in (c128patch), which has no submodules")]
+    # a module under a stand-in package loads from the tree (upstream_boot keeps its __path__)
     if index.file(imp.module) is None:
         return [Edge("missing", imp.module, reason=f"this tree has no module {imp.module}")]
     if imp.names is None:
