@@ -169,21 +169,22 @@ class ReferenceOps:
 
     def dspark_commit(
         self, state_ptrs, seq_lens, new_seq_lens, verify_lens, req_pool_indices, *,
-        num_banks, state_slot_stride, max_num_reqs, state_dtype,
+        extend_start_loc, num_q_tokens, num_banks, state_slot_stride, max_num_reqs, state_dtype,
     ) -> None:
         self.calls.append(("commit", dict(
             state_ptrs=state_ptrs, seq_lens=seq_lens.clone(), new_seq_lens=new_seq_lens.clone(),
             verify_lens=verify_lens.clone(), req_pool_indices=req_pool_indices.clone(),
+            extend_start_loc=extend_start_loc.clone(), num_q_tokens=num_q_tokens,
             num_banks=num_banks, state_slot_stride=state_slot_stride,
             max_num_reqs=max_num_reqs, state_dtype=state_dtype,
         )))
         assert seq_lens.dtype == new_seq_lens.dtype == req_pool_indices.dtype == torch.int64
-        assert verify_lens.dtype == torch.int32
+        assert verify_lens.dtype == extend_start_loc.dtype == torch.int32
+        seq_l, lens_l = seq_lens.tolist(), verify_lens.tolist()
+        start_l, rid_l = extend_start_loc.tolist(), req_pool_indices.tolist()
         for b in range(seq_lens.shape[0]):
-            rid, seq = int(req_pool_indices[b]), int(seq_lens[b])
-            if not 0 <= rid < max_num_reqs or seq < 0:
-                continue
-            cap = max(0, min(int(verify_lens[b]), num_banks))
+            # the verify's own window of the row: it accepts at most the banks it wrote
+            seq, rid, _, cap = self._window(seq_l, lens_l, start_l, rid_l, b, num_banks, num_q_tokens, max_num_reqs)
             accept = max(0, min(int(new_seq_lens[b]) - seq, cap))
             if accept == 0 or (seq + accept) % CHUNK == 0:
                 continue
@@ -397,7 +398,12 @@ class Simulation:
             extend_start_loc=self._dev(exclusive_cumsum(lens), torch.int32),
             graph_num_tokens=tokens,
         )
-        live = SimpleNamespace(bs=len(slots), verify_lens=self._dev(real, torch.int32))
+        live = SimpleNamespace(  # the worker's layout: the real rows, the same token bucket
+            bs=len(slots),
+            verify_lens=self._dev(real, torch.int32),
+            extend_start_loc=self._dev(exclusive_cumsum(real), torch.int32),
+            graph_num_tokens=tokens,
+        )
         return self._run("compact", slots, real, lens, tokens, ragged, live, verify_bs=7 * padded_bs)
 
     def step_static(self, slots: List[int], padded_bs: int) -> StepReport:

@@ -250,11 +250,12 @@ def bench_config(B: int, W: int, ragged: bool, timer: Timer, ceiling: float, rng
 
     def our_write_prefix():
         for st, a, k in zip(states, ape, kv):
-            ops.dspark_write_prefix(st, k[:N], a, seq_d, len_d, esl_d, rid_d, num_banks=W, state_slot_stride=slots)
+            ops.dspark_write_prefix(st, k[:N], a, seq_d, len_d, esl_d, rid_d, num_banks=W, state_slot_stride=slots,
+                                    num_q_tokens=N)
 
     def our_commit():
-        ops.dspark_commit(table, seq_d, new_d, len_d, rid_d, num_banks=W, state_slot_stride=slots,
-                          max_num_reqs=slots, state_dtype=torch.float32)
+        ops.dspark_commit(table, seq_d, new_d, len_d, rid_d, extend_start_loc=esl_d, num_q_tokens=N, num_banks=W,
+                          state_slot_stride=slots, max_num_reqs=slots, state_dtype=torch.float32)
 
     def our_compress_alone():
         plan = plan_holder["plan"]
@@ -263,8 +264,8 @@ def bench_config(B: int, W: int, ragged: bool, timer: Timer, ceiling: float, rng
 
     def our_commit_chain():
         for t in chain_tables:
-            ops.dspark_commit(t, seq_d, new_d, len_d, rid_d, num_banks=W, state_slot_stride=slots,
-                              max_num_reqs=slots, state_dtype=torch.float32)
+            ops.dspark_commit(t, seq_d, new_d, len_d, rid_d, extend_start_loc=esl_d, num_q_tokens=N, num_banks=W,
+                              state_slot_stride=slots, max_num_reqs=slots, state_dtype=torch.float32)
 
     def floor_chain(nodes: int) -> Callable[[], None]:
         def run() -> None:

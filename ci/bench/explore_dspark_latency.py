@@ -97,14 +97,14 @@ def bench(B: int, W: int, mods: dict, floors: dict, timer: Timer, ceiling: float
 
         def write_prefix(mod=mod):
             for st, a, k in zip(states, ape, kv):
-                mod.write_prefix(st, k, a, seq_d, len_d, esl_d, rid_d, W, slots)
+                mod.write_prefix(st, k, a, seq_d, len_d, esl_d, rid_d, W, slots, N)
 
         def commit(mod=mod):
-            mod.commit(table, seq_d, new_d, len_d, rid_d, W, slots, slots, (W + 1) * slots, 3 * D)
+            mod.commit(table, seq_d, new_d, len_d, esl_d, rid_d, N, W, slots, slots, (W + 1) * slots, 3 * D)
 
         def commit_chain(mod=mod):
             for t in chain_tables:
-                mod.commit(t, seq_d, new_d, len_d, rid_d, W, slots, slots, (W + 1) * slots, 3 * D)
+                mod.commit(t, seq_d, new_d, len_d, esl_d, rid_d, N, W, slots, slots, (W + 1) * slots, 3 * D)
 
         def step(mod=mod):
             mod.plan(seq_d, len_d, esl_d, rid_d, plan.plan_c, plan.plan_w, plan.row_emit, plan.row_len, W, slots)

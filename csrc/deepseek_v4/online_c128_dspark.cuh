@@ -22,8 +22,22 @@
 // committed state and is only written by `run_commit`.
 //
 // Every device-side index that could leave its tensor (a bad extend_start_loc,
-// verify_len, req_pool_index or seq_len) is clamped or skipped on the device,
-// consistently between the plan and the verify kernels.
+// verify_len, req_pool_index or seq_len) is clamped or skipped on the device by one
+// function, `load_row_window`, which all four kernels use with the same packed-input
+// size `num_q_tokens`: the plan, the verify, the write prefix and the commit agree on
+// every row's window (the commit accepts at most the tokens the verify folded, so it
+// never copies a bank this verify did not write).
+//
+// Request slots must be distinct among rows with a non-empty window. Rows that share
+// a slot (e.g. padding rows on slot 0 given a length) are memory safe but race: each
+// emitted row is still exact (it folds from bank 0, which only the commit writes), a
+// bank row both write holds one writer's value per vector access, and the commit of
+// that slot copies each 16-byte vector from one of the candidate banks
+// (tests/gpu/test_dspark_kernels.py: test_duplicate_slots_race_within_their_own_rows).
+//
+// Upstream helpers: only those whose signatures are the same on every supported
+// release (ci/kernel_probe/upstream_signatures.cu pins each one); the warp scan is
+// our own (`warp::inclusive_sum` takes (lane_id, val) on 0.5.20, (val, lane_id) later).
 //
 // PDL: the verify kernels read the per-row metadata (seq_lens, verify_lens,
 // extend_start_loc, req_pool_indices) and ape before griddepcontrol.wait, as
@@ -36,11 +50,9 @@
 #include <sgl_kernel/tensor.h>
 #include <sgl_kernel/utils.h>
 
-#include <sgl_kernel/runtime.cuh>
 #include <sgl_kernel/type.cuh>
 #include <sgl_kernel/utils.cuh>
 #include <sgl_kernel/vec.cuh>
-#include <sgl_kernel/warp.cuh>
 
 #include <sgl_kernel/deepseek_v4/compress_v2.cuh>
 
@@ -97,6 +109,17 @@ SGL_DEVICE RowWindow load_row_window(
     len = num_tokens - start;
   }
   return RowWindow{seq_before, rid, start, len};
+}
+
+/// \brief Inclusive prefix sum over the lanes of a full warp, in lane order.
+SGL_DEVICE int32_t warp_inclusive_sum(int32_t value, const uint32_t lane_id) {
+  static_assert(device::kWarpThreads == 32);
+#pragma unroll
+  for (uint32_t offset = 1; offset < device::kWarpThreads; offset *= 2) {
+    const int32_t up = __shfl_up_sync(0xffffffffu, value, offset);
+    if (lane_id >= offset) value += up;
+  }
+  return value;
 }
 
 /// \brief Number of 128-chunks that close inside `[seq_before, seq_before + len)`.
@@ -169,9 +192,12 @@ __global__ __launch_bounds__(kDsparkPlanBlockSize, 1)  //
   // the previous step's consumers: wait before touching either.
   PDLWaitPrimary<kUsePDL>();
 
+  // Every entry starts invalid; the rows then overwrite their own plan_c entries.
   for (int32_t k = static_cast<int32_t>(tx); k < num_q; k += kDsparkPlanBlockSize) {
     params.plan_w[k] = CompressPlan::invalid();
+    params.plan_c[k] = CompressPlan::invalid();
   }
+  __syncthreads();
 
   int32_t carry = 0;  // plan_c entries of the previous tiles (same value in every thread)
   for (uint32_t tile = 0; tile < params.batch_size; tile += kDsparkPlanBlockSize) {
@@ -192,12 +218,12 @@ __global__ __launch_bounds__(kDsparkPlanBlockSize, 1)  //
     }
 
     // Block-wide exclusive scan of num_emit.
-    const int32_t incl = warp::inclusive_sum(num_emit, lane_id);
+    const int32_t incl = warp_inclusive_sum(num_emit, lane_id);
     if (lane_id == kWarpThreads - 1) s_warp_prefix[warp_id] = incl;
     __syncthreads();
     if (warp_id == 0) {
       const int32_t warp_total = s_warp_prefix[lane_id];
-      const int32_t warp_incl = warp::inclusive_sum(warp_total, lane_id);
+      const int32_t warp_incl = warp_inclusive_sum(warp_total, lane_id);
       s_warp_prefix[lane_id] = warp_incl - warp_total;
       if (lane_id == kWarpThreads - 1) s_tile_total = warp_incl;
     }
@@ -210,7 +236,9 @@ __global__ __launch_bounds__(kDsparkPlanBlockSize, 1)  //
       const int64_t first_close = (w.seq_before / kChunk + 1) * kChunk - 1;
       for (int32_t j = 0; j < num_emit; ++j) {
         const int32_t idx = first + j;
-        if (idx >= num_q) break;  // only reachable with overlapping (invalid) windows
+        // Only reachable with overlapping (invalid) windows or a broken scan: never write outside plan_c.
+        if (idx < 0) continue;
+        if (idx >= num_q) break;
         const int64_t last_pos = first_close + j * kChunk;
         const int64_t seg_begin = last_pos - (kChunk - 1) > w.seq_before ? last_pos - (kChunk - 1) : w.seq_before;
         params.plan_c[idx] = CompressPlan{
@@ -224,10 +252,6 @@ __global__ __launch_bounds__(kDsparkPlanBlockSize, 1)  //
     }
     carry += s_tile_total;
     __syncthreads();  // s_warp_prefix / s_tile_total are reused by the next tile
-  }
-
-  for (int32_t k = (carry < num_q ? carry : num_q) + static_cast<int32_t>(tx); k < num_q; k += kDsparkPlanBlockSize) {
-    params.plan_c[k] = CompressPlan::invalid();
   }
 }
 
@@ -395,8 +419,10 @@ struct DsparkC128CommitParams {
   const int64_t* __restrict__ seq_lens;    // before verify
   const int64_t* __restrict__ new_seq_lens;
   const int32_t* __restrict__ verify_lens;
+  const int32_t* __restrict__ extend_start_loc;
   const int64_t* __restrict__ req_pool_indices;
   uint32_t batch_size;
+  int32_t num_tokens;  // the verify's num_q_tokens: windows are clamped as the verify clamped them
   int32_t num_banks;
   int64_t state_slot_stride;
   int64_t max_num_reqs;
@@ -418,17 +444,23 @@ __global__ __launch_bounds__(kDsparkCommitThreads)  //
   PDLWaitPrimary<kUsePDL>();
 
   // Every row and layer input at once: one round trip before the copy.
-  const int64_t rid = params.req_pool_indices[row];
-  const int64_t seq_before = params.seq_lens[row];
   const int64_t seq_after = params.new_seq_lens[row];
-  const int32_t verify_len = params.verify_lens[row];
   const auto base_addr = static_cast<uintptr_t>(params.state_ptrs[layer]);
-  if (rid < 0 || rid >= params.max_num_reqs) return;
-  // Same seq len range as the verify kernels (rows outside it wrote no bank).
-  if (seq_before < 0 || seq_before > std::numeric_limits<int32_t>::max() - kMaxBanks) return;
-  const int64_t cap = verify_len < 0 ? 0 : (verify_len > params.num_banks ? params.num_banks : verify_len);
+  // The verify's own window of this row (slots past max_num_reqs are not committed):
+  // banks 1..w.len are the ones this verify wrote.
+  const auto w = load_row_window(
+      params.seq_lens,
+      params.verify_lens,
+      params.extend_start_loc,
+      params.req_pool_indices,
+      row,
+      params.num_banks,
+      params.num_tokens,
+      params.max_num_reqs);
+  const int64_t rid = w.rid;
+  const int64_t seq_before = w.seq_before;
   const int64_t delta = seq_after - seq_before;
-  const int64_t accept = delta < 0 ? 0 : (delta > cap ? cap : delta);
+  const int64_t accept = delta < 0 ? 0 : (delta > w.len ? w.len : delta);
   // Nothing accepted, or the accepted prefix closes a chunk: bank 0 is stale but
   // the next token restarts the chunk (upstream's MTP commit rule).
   if (accept == 0 || (seq_before + accept) % kChunk == 0) return;
@@ -494,11 +526,15 @@ struct DsparkC128Kernel {
         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "dspark c128: ", name, " must be 16-byte aligned");
   }
 
+  static void check_num_banks(const int64_t num_banks) {
+    using device::dspark_c128::kMaxBanks;
+    host::RuntimeCheck(
+        num_banks >= 1 && num_banks <= kMaxBanks, "dspark c128: num_banks must be in [1, ", kMaxBanks, "], got ", num_banks);
+  }
+
   static void check_banks(int64_t num_banks, int64_t state_slot_stride, int64_t state_rows) {
     using namespace host;
-    using device::dspark_c128::kMaxBanks;
-    RuntimeCheck(
-        num_banks >= 1 && num_banks <= kMaxBanks, "dspark c128: num_banks must be in [1, ", kMaxBanks, "], got ", num_banks);
+    check_num_banks(num_banks);
     RuntimeCheck(state_slot_stride >= 1, "dspark c128: state_slot_stride must be positive, got ", state_slot_stride);
     RuntimeCheck(
         state_slot_stride <= std::numeric_limits<int32_t>::max() / (num_banks + 1),
@@ -533,7 +569,6 @@ struct DsparkC128Kernel {
       const int64_t num_banks,
       const int64_t state_slot_offset) {
     using namespace host;
-    using device::dspark_c128::kMaxBanks;
     using device::dspark_c128::kMaxQTokens;
     auto B = SymbolicSize{"batch_size"};
     auto N = SymbolicSize{"num_q_tokens"};
@@ -554,8 +589,7 @@ struct DsparkC128Kernel {
         " exceeds ",
         kMaxQTokens,
         " (CompressPlan.ragged_id is uint16)");
-    RuntimeCheck(
-        num_banks >= 1 && num_banks <= kMaxBanks, "dspark c128: num_banks must be in [1, ", kMaxBanks, "], got ", num_banks);
+    check_num_banks(num_banks);
     RuntimeCheck(
         state_slot_offset >= 1 && state_slot_offset <= std::numeric_limits<int32_t>::max() / 2,
         "dspark c128 plan: state_slot_offset must be in [1, INT32_MAX / 2], got ",
@@ -675,7 +709,20 @@ struct DsparkC128Kernel {
         device_.unwrap());
   }
 
-  /// \brief Standalone ragged write-prefix: banks 1..len only.
+  /// \brief The packed-input size every kernel clamps the windows to (the verify's plan rows).
+  static void check_num_q_tokens(const int64_t num_q_tokens, const char* what) {
+    host::RuntimeCheck(
+        num_q_tokens >= 0 && num_q_tokens <= device::dspark_c128::kMaxQTokens,
+        "dspark c128 ",
+        what,
+        ": num_q_tokens must be in [0, ",
+        device::dspark_c128::kMaxQTokens,
+        "], got ",
+        num_q_tokens);
+  }
+
+  /// \brief Standalone ragged write-prefix: banks 1..len only, windows clamped to
+  /// `num_q_tokens` packed rows as the plan and the fused verify clamp them.
   static void run_write_prefix(
       const tvm::ffi::TensorView state,
       const tvm::ffi::TensorView kv_score_input,
@@ -685,7 +732,8 @@ struct DsparkC128Kernel {
       const tvm::ffi::TensorView extend_start_loc,
       const tvm::ffi::TensorView req_pool_indices,
       const int64_t num_banks,
-      const int64_t state_slot_stride) {
+      const int64_t state_slot_stride,
+      const int64_t num_q_tokens) {
     using namespace host;
     auto B = SymbolicSize{"batch_size"};
     auto T = SymbolicSize{"num_input_rows"};
@@ -695,6 +743,13 @@ struct DsparkC128Kernel {
     verify_io_tensors(state, kv_score_input, ape, T, device_);
     verify_row_tensors(seq_lens, verify_lens, extend_start_loc, req_pool_indices, B, device_);
     check_banks(num_banks, state_slot_stride, state.size(0));
+    check_num_q_tokens(num_q_tokens, "write prefix");
+    RuntimeCheck(
+        T.unwrap() >= num_q_tokens,
+        "dspark c128 write prefix: kv_score_input has ",
+        T.unwrap(),
+        " rows, fewer than num_q_tokens ",
+        num_q_tokens);
 
     launch_verify<false>(
         DsparkC128VerifyParams{
@@ -708,7 +763,7 @@ struct DsparkC128Kernel {
             .req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr()),
             .row_emit = nullptr,
             .batch_size = static_cast<uint32_t>(B.unwrap()),
-            .num_tokens = static_cast<int32_t>(T.unwrap()),
+            .num_tokens = static_cast<int32_t>(num_q_tokens),
             .num_out = 0,
             .num_banks = static_cast<int32_t>(num_banks),
             .state_slot_stride = state_slot_stride,
@@ -718,12 +773,16 @@ struct DsparkC128Kernel {
 
   /// \brief Commit after accept, every layer in one launch. `state_ptrs` holds the
   /// base address of each layer's `[num_state_rows, row_elems]` BufferFloat state.
+  /// Takes the verify's row inputs and `num_q_tokens`: a row accepts at most the
+  /// tokens of its verified window.
   static void run_commit(
       const tvm::ffi::TensorView state_ptrs,
       const tvm::ffi::TensorView seq_lens,
       const tvm::ffi::TensorView new_seq_lens,
       const tvm::ffi::TensorView verify_lens,
+      const tvm::ffi::TensorView extend_start_loc,
       const tvm::ffi::TensorView req_pool_indices,
+      const int64_t num_q_tokens,
       const int64_t num_banks,
       const int64_t state_slot_stride,
       const int64_t max_num_reqs,
@@ -736,11 +795,10 @@ struct DsparkC128Kernel {
     device_.set_options<kDLCUDA>();
 
     TensorMatcher({L}).with_dtype<int64_t>().template with_device<kDLCUDA>(device_).verify(state_ptrs);
-    TensorMatcher({B}).with_dtype<int64_t>().template with_device<kDLCUDA>(device_).verify(seq_lens).verify(
-        new_seq_lens);
-    TensorMatcher({B}).with_dtype<int32_t>().template with_device<kDLCUDA>(device_).verify(verify_lens);
-    TensorMatcher({B}).with_dtype<int64_t>().template with_device<kDLCUDA>(device_).verify(req_pool_indices);
+    verify_row_tensors(seq_lens, verify_lens, extend_start_loc, req_pool_indices, B, device_);
+    TensorMatcher({B}).with_dtype<int64_t>().template with_device<kDLCUDA>(device_).verify(new_seq_lens);
     check_banks(num_banks, state_slot_stride, num_state_rows);
+    check_num_q_tokens(num_q_tokens, "commit");
     RuntimeCheck(
         max_num_reqs >= 0 && max_num_reqs <= state_slot_stride,
         "dspark c128 commit: max_num_reqs ",
@@ -755,8 +813,6 @@ struct DsparkC128Kernel {
         " elements is not a whole number of 16-byte vectors");
     RuntimeCheck(
         L.unwrap() <= 65535, "dspark c128 commit: at most 65535 layers per launch, got ", L.unwrap());
-    RuntimeCheck(
-        B.unwrap() <= std::numeric_limits<int32_t>::max(), "dspark c128 commit: batch too large: ", B.unwrap());
 
     const auto batch_size = static_cast<uint32_t>(B.unwrap());
     const auto num_layers = static_cast<uint32_t>(L.unwrap());
@@ -766,8 +822,10 @@ struct DsparkC128Kernel {
         .seq_lens = static_cast<const int64_t*>(seq_lens.data_ptr()),
         .new_seq_lens = static_cast<const int64_t*>(new_seq_lens.data_ptr()),
         .verify_lens = static_cast<const int32_t*>(verify_lens.data_ptr()),
+        .extend_start_loc = static_cast<const int32_t*>(extend_start_loc.data_ptr()),
         .req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr()),
         .batch_size = batch_size,
+        .num_tokens = static_cast<int32_t>(num_q_tokens),
         .num_banks = static_cast<int32_t>(num_banks),
         .state_slot_stride = state_slot_stride,
         .max_num_reqs = max_num_reqs,

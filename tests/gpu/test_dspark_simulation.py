@@ -76,10 +76,10 @@ class GpuBackend:
     def make_table(self, states):
         return self.ops.make_state_ptr_table(states)
 
-    def dspark_commit(self, table, seq, new_seq, lens, rids):
+    def dspark_commit(self, table, seq, new_seq, lens, esl, rids, num_q_tokens):
         self.ops.dspark_commit(
-            table, seq, new_seq, lens, rids, num_banks=W, state_slot_stride=SLOTS,
-            max_num_reqs=SLOTS, state_dtype=torch.float32,
+            table, seq, new_seq, lens, rids, extend_start_loc=esl, num_q_tokens=num_q_tokens,
+            num_banks=W, state_slot_stride=SLOTS, max_num_reqs=SLOTS, state_dtype=torch.float32,
         )
 
     # ---- upstream online c128 (compress.py)
@@ -337,7 +337,7 @@ class Simulation:
         for layer in range(NUM_LAYERS):
             out = self.b.dspark_verify(self.ours.states[layer], toks[layer].to(self.dev), self.ape_d[layer], plan)
             self.counts["emits_ours"] += self._store_plan_rows(self.ours, plan.plan_c, out, layer, owner)
-        self.b.dspark_commit(self.table, seq_d, new_d, len_d, rid_d)
+        self.b.dspark_commit(self.table, seq_d, new_d, len_d, esl_d, rid_d, bucket)
 
         # ---- upstream: uniform W per request, lazy protocol
         up_seq = seq_d[:B]

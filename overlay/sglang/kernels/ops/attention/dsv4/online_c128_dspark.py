@@ -13,6 +13,15 @@ accept. This module wraps `csrc/deepseek_v4/online_c128_dspark.cuh`:
 State rows follow upstream's online layout `[max | sum | kv]` (3 * 512 elements); row
 `rid + k * state_slot_stride` is bank k of request slot `rid`, bank 0 the committed state.
 
+Every kernel clamps each row to the same window: `len = min(clamp(verify_len, 0, num_banks),
+num_q_tokens - start)`, 0 when the slot, the start or the seq len is out of range. The write
+prefix and the commit therefore take the verify's `num_q_tokens` (and the commit its start
+offsets): a row cut at the end of the packed input commits only banks its verify wrote.
+
+Request slots must be distinct among rows with a non-empty window. Rows that share a slot are
+memory safe but race: their emitted rows stay exact, a bank row both write holds one writer's
+value per vector, and the slot's commit copies each 16-byte vector from one of its candidates.
+
 With PDL on, the verify kernels read the per-row metadata (seq lens, verify lens, start
 offsets, request slots) and `ape` before waiting on the previous kernel, as upstream's
 c4/c128 kernels read their plans: produce those tensors before the kernel launched right
@@ -240,8 +249,13 @@ def dspark_write_prefix(
     *,
     num_banks: int,
     state_slot_stride: int,
+    num_q_tokens: int,
 ) -> None:
-    """Ragged write-prefix: banks 1..min(verify_len, num_banks) of each row, no emit."""
+    """Ragged write-prefix: banks 1..len of each row's window, no emit.
+
+    `num_q_tokens` is the packed input the windows are clamped to, as the plan and the
+    fused verify clamp them (`kv_score_input` may have more rows).
+    """
     if not req_pool_indices.shape[0]:
         return
     state = _state_2d(state)
@@ -255,6 +269,7 @@ def dspark_write_prefix(
         req_pool_indices,
         int(num_banks),
         int(state_slot_stride),
+        int(num_q_tokens),
     )
 
 
@@ -329,6 +344,8 @@ def dspark_commit(
     verify_lens: torch.Tensor,
     req_pool_indices: torch.Tensor,
     *,
+    extend_start_loc: torch.Tensor,
+    num_q_tokens: int,
     num_banks: int,
     state_slot_stride: int,
     max_num_reqs: int,
@@ -338,7 +355,9 @@ def dspark_commit(
 ) -> None:
     """Commit after accept for every layer of `state_ptrs` in one launch (no host sync).
 
-    Per row: `accept = clamp(new_seq - seq_before, 0, min(verify_len, num_banks))`;
+    Takes the verify's row inputs (`seq_lens` before verify, `verify_lens`,
+    `extend_start_loc`, `req_pool_indices`, `num_q_tokens`), so each row's window is the
+    one its verify folded. Per row: `accept = clamp(new_seq - seq_before, 0, window len)`;
     skipped when 0, when `(seq_before + accept) % 128 == 0`, or when the request slot is
     outside `[0, max_num_reqs)`; else bank[accept] -> bank 0 in every layer.
     `num_state_rows` defaults to what `make_state_ptr_table` recorded.
@@ -367,7 +386,9 @@ def dspark_commit(
         seq_lens,
         new_seq_lens,
         verify_lens,
+        extend_start_loc,
         req_pool_indices,
+        int(num_q_tokens),
         int(num_banks),
         int(state_slot_stride),
         int(max_num_reqs),

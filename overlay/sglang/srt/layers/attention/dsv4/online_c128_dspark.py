@@ -216,10 +216,13 @@ class OnlineC128DsparkController:
         new_seq_lens: torch.Tensor,
         req_pool_indices: torch.Tensor,
         verify_lens: Optional[torch.Tensor] = None,
+        extend_start_loc: Optional[torch.Tensor] = None,
+        num_q_tokens: Optional[int] = None,
     ) -> None:
         """bank[accept] -> bank 0 for every row of the verified batch, all c128 layers in
-        one launch. `seq_lens` are the lengths before verify, `new_seq_lens` after accept,
-        `verify_lens` the rows' verify lengths (None: uniform width)."""
+        one launch. `seq_lens` are the lengths before verify, `new_seq_lens` after accept;
+        `verify_lens`, `extend_start_loc` and `num_q_tokens` the verify's ragged layout
+        (all None: uniform width), so each row accepts at most its verified window."""
         if not self._enabled:
             return
         rows = int(req_pool_indices.shape[0])
@@ -228,6 +231,8 @@ class OnlineC128DsparkController:
             return
         if verify_lens is None:
             verify_lens = self._uniform_lens_buffer()[:rows]
+            extend_start_loc = self._uniform_start_loc_buffer()[:rows]
+            num_q_tokens = rows * self._verify_width()
         pool = self.backend.token_to_kv_pool
         _ops().dspark_commit(
             self._state_ptr_table(),
@@ -235,6 +240,8 @@ class OnlineC128DsparkController:
             new_seq_lens[:rows].to(torch.int64),
             verify_lens[:rows].to(torch.int32),
             req_pool_indices.to(torch.int64),
+            extend_start_loc=extend_start_loc[:rows].to(torch.int32),
+            num_q_tokens=int(num_q_tokens),
             num_banks=int(pool.get_online_c128_mtp_max_draft_tokens()),
             state_slot_stride=int(pool.get_online_c128_mtp_state_slot_offset()),
             max_num_reqs=int(pool.get_online_c128_state_num_req_slots()),
@@ -311,6 +318,8 @@ def commit_after_verify(
         new_seq_lens=new_seq_lens,
         req_pool_indices=req_pool_indices,
         verify_lens=None if layout is None else layout.verify_lens,
+        extend_start_loc=None if layout is None else layout.extend_start_loc,
+        num_q_tokens=None if layout is None else layout.graph_num_tokens,
     )
 
 
