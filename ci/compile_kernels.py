@@ -1,13 +1,21 @@
 """Compile every CUDA header of the patch series the way sglang's JIT loader would, without a GPU.
 
-    python ci/compile_kernels.py TREE [--arch sm_90a] [--json] [-j N]
+    python ci/compile_kernels.py TREE [--arch sm_90a] [--json] [-j N] [--only NAME]
+    python ci/compile_kernels.py --all-releases | --release vX.Y.Z ... [--record ci/gpu/results] [--json] [-j N]
 
 TREE holds a *patched* ``sglang/`` (a checkout's ``python/`` or an unpacked wheel root, with our
 ``csrc/`` files installed). For each row of :data:`KERNELS` this writes the translation unit that
 ``kernels/jit/utils/compile/spec.py`` generates (the tvm-ffi includes, ``#include`` the ``.cuh``,
 ``TVM_FFI_DLL_EXPORT_TYPED_FUNC(export, (symbol))`` inside ``namespace sglang``), compiles it with
-sglang's flags and links the module, all rows in parallel. Exit 1 names every kernel that failed,
-and every series ``.cuh`` (touched by ``patches/*.patch`` or shipped in ``csrc/``) that has no row.
+sglang's flags and links the module, all rows in parallel. The :data:`PROBE` row compiles
+``ci/kernel_probe/upstream_signatures.cu`` against the tree's headers: it pins the signature of
+every upstream helper our kernels use, and a failure names the helper. Exit 1 names every kernel
+that failed, and every series ``.cuh`` (touched by ``patches/*.patch`` or shipped in ``csrc/``)
+that has no row.
+
+With ``--release``/``--all-releases`` each supported release is replayed with the series from the
+release history (evidence.staging, nothing checked out) and every (release, row) pair is built in
+one pool; ``--record DIR`` writes ``DIR/<rev>/compile.json`` (the evidence `c128patch matrix` reads).
 """
 
 from __future__ import annotations
@@ -54,13 +62,15 @@ DSPARK_WRAPPERS = (
 @dataclass(frozen=True)
 class Kernel:
     """One module as compress.py (or our ops module) asks ``load_jit`` for it. ``{args}`` in a
-    symbol is replaced by the template args joined with ", " (as ``make_cpp_args`` renders them)."""
+    symbol is replaced by the template args joined with ", " (as ``make_cpp_args`` renders them).
+    A row with ``source`` compiles that file itself (compile only, no module)."""
 
     name: str
     cuh: str  # relative to kernels/jit/csrc
     wrappers: tuple[tuple[str, str], ...]
     args: tuple[str, ...] = ()
     cflags: tuple[str, ...] = ("-use_fast_math",)
+    source: Path | None = None
 
 
 # One row per (header, instantiation). head_dim 512, fp32/bf16 state buffers, PDL on, as
@@ -72,6 +82,10 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("online_c128_dspark_fp32", "deepseek_v4/online_c128_dspark.cuh", DSPARK_WRAPPERS, ("512", "fp32_t", "true")),
     Kernel("online_c128_dspark_bf16", "deepseek_v4/online_c128_dspark.cuh", DSPARK_WRAPPERS, ("512", "bf16_t", "true")),
 )
+
+PROBE_SOURCE = REPO / "ci" / "kernel_probe" / "upstream_signatures.cu"
+PROBE = Kernel("upstream_signatures", "(signature probe)", (), source=PROBE_SOURCE)
+ROWS: tuple[Kernel, ...] = (*KERNELS, PROBE)
 
 _FFI_INCLUDES = (
     "#include <tvm/ffi/container/tensor.h>",
@@ -145,15 +159,40 @@ class Result:
     ok: bool
     seconds: float
     log: str = field(default="", repr=False)
+    failed_helpers: list[str] = field(default_factory=list)  # the probe row: which pins broke
+
+
+_CHANGED = re.compile(r'upstream signature changed: (.*?)"')
+_PIN_LINE = re.compile(r'^C128_(?:PIN|FACT)\(\w+,\s*"(.*?)"', re.M)
+
+
+def probe_failures(log: str, source: Path = PROBE_SOURCE) -> list[str]:
+    """The helpers a failed probe build names: static_assert / #error messages, and for any
+    other error in the probe file the C128_PIN / C128_FACT it falls in."""
+    found = [m.group(1) for m in _CHANGED.finditer(log) if m.group(1)]  # not the echoed source line
+    text = source.read_text()
+    starts = [(text.count("\n", 0, m.start()) + 1, m.group(1)) for m in _PIN_LINE.finditer(text)]
+    for m in re.finditer(re.escape(source.name) + r"\((\d+)\): error", log):
+        line = int(m.group(1))
+        owner = [helper for start, helper in starts if start <= line]
+        if owner and owner[-1] not in found:
+            found.append(owner[-1])
+    return list(dict.fromkeys(found))
 
 
 def build_one(tc: Toolchain, tree: Path, kernel: Kernel, work: Path) -> Result:
     start = time.monotonic()
+    d = work / kernel.name
+    d.mkdir(parents=True)
+    if kernel.source is not None:  # the probe: compile only, against this tree's headers
+        cmd = tc.compile_cmd(kernel.source, d / "probe.o", kernel)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        log = f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
+        ok = proc.returncode == 0
+        return Result(kernel.name, kernel.cuh, ok, time.monotonic() - start, log, [] if ok else probe_failures(log))
     cuh = (tree / CSRC_UNDER / kernel.cuh).resolve()
     if not cuh.is_file():
         return Result(kernel.name, kernel.cuh, False, 0.0, f"missing {cuh}")
-    d = work / kernel.name
-    d.mkdir(parents=True)
     cu = d / "cuda.cu"
     cu.write_text(wrapper_source(cuh, kernel))
     log = ""
@@ -179,45 +218,135 @@ def series_headers(repo: Path = REPO) -> set[str]:
     return out
 
 
+def _row_json(r: Result) -> dict:
+    out = {**asdict(r), "seconds": round(r.seconds, 2), "log": r.log[-4000:] if not r.ok else ""}
+    if not r.failed_helpers:
+        out.pop("failed_helpers")
+    return out
+
+
+def _report_failures(results: list[Result], where: str = "") -> None:
+    for r in results:
+        if r.ok:
+            continue
+        if r.name == PROBE.name:
+            named = "; ".join(r.failed_helpers) or "see the log"
+            print(f"FAILED: upstream signature probe{where}: {named}\n{r.log[-4000:]}", file=sys.stderr)
+        else:
+            print(f"FAILED: {r.name} ({r.cuh}){where}\n{r.log[-4000:]}", file=sys.stderr)
+
+
+def stage_release_trees(revs: list[str], dest: Path) -> dict[str, dict]:
+    """Each rev's kernel sources with the series applied (from the release history) under dest/<rev>."""
+    from c128patch.evidence.keys import key_for
+    from c128patch.evidence.staging import patched_sources
+    from c128patch.series.manifest import load_series
+    from c128patch.upstream.releases import ReleaseHistory, release_version
+
+    versions = [release_version(r) for r in revs]
+    if None in versions:
+        raise SystemExit(f"not release tags: {[r for r, v in zip(revs, versions) if v is None]}")
+    history = ReleaseHistory()
+    history.ensure([v for v in versions if v])
+    series, git = load_series(REPO), history.git
+    out = {}
+    for rev in revs:
+        tree = patched_sources(series, git, rev, dest / rev, paths=("python/sglang/kernels/jit",))
+        commit = git.rev_parse(rev)
+        out[rev] = {"tree": tree, "commit": commit, "key": key_for(series, git, commit)}
+    return out
+
+
+def record(dest: Path, rev: str, info: dict, results: list[Result], arch: str, command: str) -> Path:
+    """``dest/<rev>/compile.json`` (evidence.results)."""
+    import datetime
+
+    from c128patch.evidence.results import SCHEMA, write_result
+
+    nvcc = subprocess.run([find_toolchain(info["tree"], arch).nvcc, "--version"], capture_output=True, text=True)
+    release = re.search(r"release (\S+),", nvcc.stdout)
+    import tvm_ffi
+
+    probe = next(r for r in results if r.name == PROBE.name)
+    kernels = [r for r in results if r.name != PROBE.name]
+    data = {
+        "schema": SCHEMA, "kind": "compile", "rev": rev, "label": "patched", "key": info["key"].to_json(),
+        "command": command, "date": datetime.date.today().isoformat(),
+        "device": f"no GPU: nvcc {release.group(1) if release else '?'}, tvm_ffi {getattr(tvm_ffi, '__version__', '?')}, "
+                  f"sm_{arch}",
+        "kernels": [{"name": r.name, "cuh": r.cuh, "ok": r.ok, "seconds": round(r.seconds, 1)} for r in kernels],
+        "probe_ok": probe.ok, "probe_failed_helpers": probe.failed_helpers,
+        "ok": probe.ok and all(r.ok for r in kernels),
+    }
+    return write_result(dest, rev, "compile", data)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("tree", type=Path, help="folder holding the patched sglang/")
+    parser.add_argument("tree", type=Path, nargs="?", help="folder holding the patched sglang/")
+    parser.add_argument("--release", action="append", default=[], help="build this release + the series (repeatable)")
+    parser.add_argument("--all-releases", action="store_true", help="every supported release (0.5.20-0.5.23)")
+    parser.add_argument("--record", type=Path, help="with --release: write DIR/<rev>/compile.json")
     parser.add_argument("--arch", default="sm_90a", help="sm_XX[a] (default sm_90a)")
     parser.add_argument("--json", action="store_true", help="print a JSON report")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--keep", type=Path, help="build here and keep it (default: a temp dir)")
     parser.add_argument("--only", action="append", default=[], help="build only this row (repeatable)")
     args = parser.parse_args(argv)
+    if args.all_releases:
+        from c128patch.upstream.releases import DEFAULT_RELEASES, tag_for
 
-    tree = args.tree.resolve()
+        args.release = [tag_for(v) for v in DEFAULT_RELEASES]
+    if (args.tree is None) == (not args.release):
+        parser.error("give TREE, or --release/--all-releases")
+    if args.record and not args.release:
+        parser.error("--record needs --release/--all-releases")
+
     arch = args.arch.removeprefix("sm_")
-    tc = find_toolchain(tree, arch)
     uncovered = sorted(series_headers() - {k.cuh for k in KERNELS})
-    kernels = [k for k in KERNELS if not args.only or k.name in args.only]
+    kernels = [k for k in ROWS if not args.only or k.name in args.only]
     if args.only and len(kernels) != len(set(args.only)):
-        raise SystemExit(f"unknown --only names; rows: {[k.name for k in KERNELS]}")
+        raise SystemExit(f"unknown --only names; rows: {[k.name for k in ROWS]}")
     work = args.keep or Path(tempfile.mkdtemp(prefix="c128patch-kernels-"))
     start = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(lambda k: build_one(tc, tree, k, work), kernels))
-    wall = time.monotonic() - start
-    if not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
+    try:
+        if args.release:
+            trees = stage_release_trees(args.release, work / "trees")
+        else:
+            trees = {"": {"tree": args.tree.resolve()}}
+        jobs = [(rev, k) for rev in trees for k in kernels]
+        tcs = {rev: find_toolchain(info["tree"], arch) for rev, info in trees.items()}
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            built = list(pool.map(lambda rk: build_one(tcs[rk[0]], trees[rk[0]]["tree"], rk[1],
+                                                        work / "build" / (rk[0] or "tree")), jobs))
+        wall = time.monotonic() - start
+        by_rev = {rev: [r for (rv, _), r in zip(jobs, built) if rv == rev] for rev in trees}
+        if args.record:
+            command = "python ci/compile_kernels.py " + " ".join(a for a in (argv or sys.argv[1:]))
+            for rev, results in by_rev.items():
+                record(args.record, rev, trees[rev], results, arch, command)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
 
-    failed = [r for r in results if not r.ok]
+    failed = [r for r in built if not r.ok]
     if args.json:
-        print(json.dumps({
-            "tree": str(tree), "arch": f"sm_{arch}", "jobs": args.jobs, "wall_s": round(wall, 2),
-            "kernels": [{**asdict(r), "seconds": round(r.seconds, 2), "log": r.log[-4000:] if not r.ok else ""} for r in results],
-            "uncovered_series_headers": uncovered,
-            "ok": not failed and not uncovered,
-        }, indent=2))  # fmt: skip
+        if args.release:
+            body = {"releases": {rev: {"commit": trees[rev]["commit"], "key": trees[rev]["key"].to_json(),
+                                       "kernels": [_row_json(r) for r in by_rev[rev]],
+                                       "ok": all(r.ok for r in by_rev[rev])} for rev in trees}}
+        else:
+            body = {"tree": str(trees[""]["tree"]), "kernels": [_row_json(r) for r in built]}
+        print(json.dumps({**body, "arch": f"sm_{arch}", "jobs": args.jobs, "wall_s": round(wall, 2),
+                          "uncovered_series_headers": uncovered, "ok": not failed and not uncovered}, indent=2))
     else:
-        for r in results:
-            print(f"{'ok  ' if r.ok else 'FAIL'} {r.name:32s} {r.cuh:40s} {r.seconds:6.1f} s")
-        print(f"{len(results)} kernels, sm_{arch}, {args.jobs} jobs, {wall:.1f} s wall")
-    for r in failed:
-        print(f"FAILED: {r.name} ({r.cuh})\n{r.log[-4000:]}", file=sys.stderr)
+        for rev, results in by_rev.items():
+            for r in results:
+                print(f"{'ok  ' if r.ok else 'FAIL'} {rev or '-':8s} {r.name:32s} {r.cuh:40s} {r.seconds:6.1f} s")
+        print(f"{len(built)} builds ({len(trees)} tree(s) x {len(kernels)} rows), sm_{arch}, {args.jobs} jobs, "
+              f"{wall:.1f} s wall")
+    for rev, results in by_rev.items():
+        _report_failures(results, f" on {rev}" if rev else "")
     for h in uncovered:
         print(f"FAILED: series header {h} has no row in KERNELS ({__file__})", file=sys.stderr)
     return 1 if failed or uncovered else 0

@@ -59,6 +59,14 @@ def patched_tree_023(sglang_release_repo: Path, tmp_path_factory: pytest.TempPat
 
 
 @pytest.fixture(scope="session")
+def patched_trees(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """tag -> the kernel-tier part of that release with the product series applied (holds ``sglang/``).
+    Shared: do not write into them."""
+    root = tmp_path_factory.mktemp("patched-all")
+    return {tag: patched_tree(REPO_ROOT, sglang_release_repo, tag, root / tag) for tag in RELEASES}
+
+
+@pytest.fixture(scope="session")
 def series_trees(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     """tag -> (patched, upstream): the files the product series writes (``support.series_paths``), with
     the whole series applied and as released; each folder holds ``sglang/``. Shared: do not write into them."""

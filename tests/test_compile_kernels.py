@@ -1,5 +1,6 @@
 """ci/compile_kernels.py: same translation unit as sglang's loader, every series header covered,
-and a header that does not compile fails the run, naming the kernel."""
+every patched and added kernel plus the upstream signature probe built for sm_90a on every
+supported release, and a build that fails names the kernel (or the upstream helper)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from support import RELEASES
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "ci"))
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
@@ -21,6 +24,13 @@ import compile_kernels as ck  # noqa: E402
 import harness  # noqa: E402
 import tree_subset  # noqa: E402
 
+needs_nvcc = pytest.mark.skipif(not shutil.which("nvcc") or importlib.util.find_spec("tvm_ffi") is None,
+                                reason="nvcc / tvm_ffi not available")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "ci/compile_kernels.py"), *args], capture_output=True, text=True)
+
 
 def test_every_series_header_has_a_row():
     headers = ck.series_headers()
@@ -28,11 +38,12 @@ def test_every_series_header_has_a_row():
     assert headers <= {k.cuh for k in ck.KERNELS}
 
 
-def test_wrapper_matches_sglang_loader(tmp_path: Path, patched_tree_023: Path):
+@pytest.mark.parametrize("tag", RELEASES)
+def test_wrapper_matches_sglang_loader(tmp_path: Path, patched_trees, tag: str):
     for mod in ("torch", "tvm_ffi", "msgspec"):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"{mod} not installed")
-    tree_subset.copy_subset(patched_tree_023, tmp_path)
+    tree_subset.copy_subset(patched_trees[tag], tmp_path)
     rows = [
         (str((tmp_path / ck.CSRC_UNDER / k.cuh).resolve()),
          [(e, s.format(args=", ".join(k.args))) for e, s in k.wrappers],
@@ -49,16 +60,12 @@ def test_wrapper_matches_sglang_loader(tmp_path: Path, patched_tree_023: Path):
     assert "SAME" in proc.stdout, proc.stdout + proc.stderr[-3000:]
 
 
+@needs_nvcc
 def test_compile_failure_names_the_kernel(tmp_path: Path, release_trees):
-    if not shutil.which("nvcc") or importlib.util.find_spec("tvm_ffi") is None:
-        pytest.skip("nvcc / tvm_ffi not available")
     tree_subset.copy_subset(release_trees["v0.5.23"], tmp_path)
     c_plan = tmp_path / ck.CSRC_UNDER / "deepseek_v4/c_plan.cuh"
     c_plan.write_text(c_plan.read_text().replace("RuntimeCheck(counter == num_q_tokens);", "RuntimeCheck(counter == num_q_tokens)", 1))
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "ci/compile_kernels.py"), str(tmp_path), "--only", "compress_plan", "--json"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    proc = _run(str(tmp_path), "--only", "compress_plan", "--json")
     assert proc.returncode == 1
     report = json.loads(proc.stdout)
     assert [k["name"] for k in report["kernels"] if not k["ok"]] == ["compress_plan"]
@@ -66,13 +73,40 @@ def test_compile_failure_names_the_kernel(tmp_path: Path, release_trees):
     assert "c_plan.cuh" in report["kernels"][0]["log"]
 
 
-def test_patched_series_kernels_compile_for_sm90a(patched_tree_023: Path):
-    """CI has nvcc but no GPU: every patched and added kernel must build for sm_90a."""
-    if not shutil.which("nvcc") or importlib.util.find_spec("tvm_ffi") is None:
-        pytest.skip("nvcc / tvm_ffi not available")
-    proc = subprocess.run([sys.executable, str(REPO / "ci/compile_kernels.py"), str(patched_tree_023), "--json"],
-                          capture_output=True, text=True)
+@needs_nvcc
+def test_signature_probe_names_the_upstream_helper_that_changed(tmp_path: Path, release_trees):
+    """An upstream release that changes AlignedVector::load's offset type (the kernels would still
+    compile) fails the probe, naming the helper."""
+    tree_subset.copy_subset(release_trees["v0.5.23"], tmp_path)
+    vec = tmp_path / "sglang/kernels/jit/include/sgl_kernel/vec.cuh"
+    old = "SGL_DEVICE void load(const void* ptr, int64_t offset = 0)"
+    assert old in vec.read_text()
+    vec.write_text(vec.read_text().replace(old, "SGL_DEVICE void load(const void* ptr, int32_t offset = 0)"))
+    proc = _run(str(tmp_path), "--only", ck.PROBE.name, "--json")
+    assert proc.returncode == 1
+    (row,) = json.loads(proc.stdout)["kernels"]
+    assert row["failed_helpers"] == ["device::AlignedVector<T, N>::load(const void*, int64_t offset = 0) -> void"]
+    assert "FAILED: upstream signature probe: device::AlignedVector<T, N>::load" in proc.stderr
+
+
+def test_probe_failures_map_a_hard_error_to_its_pin():
+    """An error that is not a static_assert (a helper gone) is named by the pin it falls in."""
+    text = ck.PROBE_SOURCE.read_text().splitlines()
+    line = next(i for i, t in enumerate(text, 1) if t.startswith("C128_FACT(pdl_wait,")) + 1
+    log = f"{ck.PROBE_SOURCE.name}({line}): error: namespace has no member \"PDLWaitPrimary\""
+    assert ck.probe_failures(log) == ["device::PDLWaitPrimary<bool>() -> void"]
+
+
+@needs_nvcc
+def test_patched_kernels_and_probe_compile_for_sm90a_on_every_release():
+    """CI has nvcc but no GPU: every patched and added kernel, and the signature probe, must build
+    for sm_90a on each supported release with the series applied."""
+    proc = _run("--all-releases", "--json")
     report = json.loads(proc.stdout)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    built = {k["name"] for k in report["kernels"] if k["ok"]}
-    assert built == {k.name for k in ck.KERNELS}
+    assert sorted(report["releases"]) == sorted(RELEASES)
+    for tag, rel in report["releases"].items():
+        assert {k["name"] for k in rel["kernels"] if k["ok"]} == {k.name for k in ck.ROWS}, tag
+    # the CI log says what was built, per release
+    print("\n".join(f"{tag}: {len(rel['kernels'])} builds ok (incl. signature probe), key {rel['key']}"
+                    for tag, rel in report["releases"].items()))
