@@ -6,6 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from c128patch.evidence import staging
 from c128patch.git import Git
 from c128patch.series.manifest import Series, load_series
 from c128patch.series.patchfile import read_patch
@@ -78,9 +79,7 @@ def make_test_series(dest: Path, upstream: Path, edits: dict[str, tuple[str, str
 
 
 # What the kernel tier needs of a tree (tests/gpu/tree_subset.py picks its files from these).
-KERNEL_TIER_PATHS = ["python/sglang/__init__.py", "python/sglang/kernels", "python/sglang/srt/__init__.py",
-                     "python/sglang/srt/environ.py",
-                     "python/sglang/srt/layers/attention/dsv4"]  # the series III controller's folder
+KERNEL_TIER_PATHS = list(staging.KERNEL_TIER_PATHS)
 
 
 def series_paths(series: Series) -> list[str]:

@@ -1,4 +1,4 @@
-"""The package's layers point down only: cli -> ops/wheel/smoke/capacity -> series/upstream -> git -> base.
+"""The package's layers point down only: cli -> evidence -> ops/wheel/smoke/capacity -> series/upstream -> git -> base.
 
 Each module's imports of ``c128patch.*`` are read with ``ast`` (lazy and TYPE_CHECKING imports
 included) and checked against ``LAYERS``; a new subpackage must be placed here to pass.
@@ -19,8 +19,9 @@ LAYERS: dict[str, int] = {
     "git": 1,                                                   # our git wrapper
     "series": 2, "upstream": 2,                                 # the data model; where upstream comes from
     "ops": 3, "wheel": 3, "smoke": 3, "capacity": 3,            # what is done with them
-    "cli": 4,                                                   # one module per verb; nothing imports it
-    "__main__": 5,
+    "evidence": 4,  # what was proven of them: stages trees (ops.check, smoke.trees), reads the results
+    "cli": 5,                                                   # one module per verb; nothing imports it
+    "__main__": 6,
 }
 # Same-rank imports the layering allows, each with its reason.
 ACROSS: dict[tuple[str, str], str] = {

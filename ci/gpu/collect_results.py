@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Split a `c128patch smoke --tier kernel` report into the committed per-series GPU results.
+"""Turn what a GPU evidence call brought back into the committed per-release results.
 
-  python ci/gpu/collect_results.py SMOKE_OUT_DIR [--date YYYY-MM-DD] [--dest ci/gpu/results]
+  python ci/gpu/collect_results.py FETCHED_DIR [FETCHED_DIR ...] [--dest ci/gpu/results] [--date YYYY-MM-DD]
 
-SMOKE_OUT_DIR is smoke's --out folder (smoke-kernel.json, results/<pass>/*.json). Writes
-smoke-<date>.json (the whole report) and one file per series with the fields every result carries:
-command, device, passed, failed, sanitizer {tool, errors}, the tests' rows and the JSON the tests
-wrote themselves (results/patched/<name>.json).
+FETCHED_DIR holds <phase>.tgz and <phase>-run.json from ci/gpu/h200_run.py (the device tool's
+files_at folder). Writes ci/gpu/results/<rev>/{suite,differential,memcheck,racecheck}.json and
+<rev>/before/suite.json (c128patch.evidence.results), each keyed by (upstream tree id, series hash)
+as staged, with paths relative to the repository. Then `c128patch matrix` shows them.
 """
 
 from __future__ import annotations
@@ -15,55 +15,41 @@ import argparse
 import datetime
 import json
 import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
-SERIES = {
-    "series1-zero-rows": ("test_series1_zero_rows.py", ("series1_",)),
-    "series2-dspark-kernels": (("test_dspark_kernels.py", "test_dspark_simulation.py"), ("dspark_",)),
-    "series3-controller": ("test_series3_controller.py", ("series3_",)),
-}
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tooling"))
+
+from c128patch.errors import C128Error  # noqa: E402
+from c128patch.evidence.results import collect_run, summarize  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out", type=Path)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("fetched", type=Path, nargs="+")
+    ap.add_argument("--dest", type=Path, default=REPO / "ci" / "gpu" / "results")
     ap.add_argument("--date", default=datetime.date.today().isoformat())
-    ap.add_argument("--dest", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--allow-dry-run", action="store_true", help="collect a --dry-run bundle (plumbing checks only)")
     args = ap.parse_args()
-    report = json.loads((args.out / "smoke-kernel.json").read_text())
-    args.dest.mkdir(parents=True, exist_ok=True)
-    (args.dest / f"smoke-{args.date}.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
-    device = report["device"]
-    for name, (files, prefixes) in SERIES.items():
-        files = (files,) if isinstance(files, str) else files
-        rows = [t for t in report["tests"] if t["nodeid"].split("::")[0] in files]
-        sanitizer_runs = []
-        for run in report["sanitizer"]["runs"]:
-            rows_run = [json.loads(l) for l in (args.out / f"rows-{run['pass']}.jsonl").read_text().splitlines() if l.strip()]
-            mine = [r for r in rows_run if r.get("nodeid", "").split("::")[0] in files]
-            sanitizer_runs.append({"tool": run["tool"], "errors": run["errors"], "scale": run["scale"],
-                                   "passed": sum(r.get("outcome") == "passed" for r in mine),
-                                   "skipped": sum(r.get("outcome") == "skipped" for r in mine)})
-        own = {}
-        for path in sorted((args.out / "results" / "patched").glob("*.json")):
-            if path.stem.startswith(prefixes):
-                own[path.stem] = json.loads(path.read_text())
-        result = {
-            "command": report["command"],
-            "device": f"{device['gpu']} (sm_{device['capability'].replace('.', '')}), driver {device['driver']}, "
-                      f"torch {device['torch']}, nvcc {device['nvcc_version']}",
-            "date": args.date,
-            "series": report.get("series"),
-            "passed": sum(t["outcome"] == "passed" for t in rows),
-            "failed": sum(t["outcome"] in ("failed", "error", "crashed") for t in rows),
-            "sanitizer": {"tool": "+".join(r["tool"] for r in sanitizer_runs),
-                          "errors": sum(r["errors"] for r in sanitizer_runs), "runs": sanitizer_runs},
-            "upstream_differential": {t["nodeid"]: t.get("verdict") for t in rows},
-            "tests": rows,
-            "results": own,
-        }
-        (args.dest / f"{name}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-        print(f"{name}: {result['passed']} passed, {result['failed']} failed, sanitizer errors {result['sanitizer']['errors']}")
+    runs = [p for folder in args.fetched for p in sorted(folder.glob("*-run.json"))]
+    if not runs:
+        print(f"c128patch: error: no <phase>-run.json in {', '.join(map(str, args.fetched))}", file=sys.stderr)
+        return 2
+    try:
+        for run_path in runs:
+            run = json.loads(run_path.read_text())
+            tgz = run_path.with_name(f"{run['phase']}.tgz")
+            with tempfile.TemporaryDirectory(prefix="c128-collect-") as tmp, tarfile.open(tgz) as tar:
+                tar.extractall(tmp, filter="data")
+                for path, data in collect_run(run, Path(tmp) / run["phase"], args.dest, args.date,
+                                              allow_dry_run=args.allow_dry_run):
+                    print(f"{path.relative_to(args.dest)}: {'ok' if data['ok'] else 'NOT ok'}, "
+                          f"{summarize(data['kind'], data)}")
+    except C128Error as exc:
+        print(f"c128patch: error: {exc.message}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -10,9 +10,15 @@ bank >= 1 are NaN before each run. Checked against `reference_c128` (float64, CP
   row_len; and, on clean layouts, byte-equal to upstream's own online prefill planner;
 * the fused verify: every emitted row, every written bank, and every other state row
   and `out` row bitwise unchanged (bank 0 is never written);
-* the standalone write prefix: the same banks, nothing else touched;
-* the one-launch commit over 3 layers: bank[accept] -> bank 0 bitwise, all else
-  unchanged.
+* the standalone write prefix: the same banks, nothing else touched (its kv input
+  has spare rows past num_q_tokens: it clamps the windows as the verify does);
+* the one-launch commit over 3 layers: bank[accept] -> bank 0 bitwise, accept capped
+  by the row's verified window, all else unchanged.
+
+Then targeted rules: the plan's scan across warps and tiles, every plan entry written,
+nothing written outside plan_c, the commit never copying a bank its verify did not
+write, write prefix and verify clamping to the same count, duplicate request slots
+(documented races, confined to their rows), and the host checks.
 
 Tolerances: fp32 state 2e-4 (atol = rtol, as upstream's MTP test), for the fast-math
 fold vs float64. bf16 state: banks are fp32 results rounded once to bf16 (8-bit
@@ -161,7 +167,8 @@ class LayoutRunner:
         tag = f"layout W={lay.W} dtype={lay.dtype} B={B} N={N} corrupted={lay.corrupted}"
 
         # ---- inputs (fresh each layout)
-        kv_score = torch.randn((N, 2 * ref.HEAD_DIM), generator=gen)
+        kv_rows = N + (rng.randint(1, 6) if rng.random() < 0.3 else 0)  # spare rows past num_q_tokens
+        kv_score = torch.randn((kv_rows, 2 * ref.HEAD_DIM), generator=gen)
         kv_score[:, ref.HEAD_DIM :] *= SCORE_SCALE
         ape = torch.randn((128, ref.HEAD_DIM), generator=gen)
         state0 = torch.full((lay.state_rows, ref.STATE_DIM), float("nan"), dtype=lay.dtype)
@@ -243,15 +250,15 @@ class LayoutRunner:
         self._check_out(out.cpu(), exp_out, N, tag)
         self._check_state(state_a.cpu(), state0, writers, lay, tag + " [fused verify]")
 
-        # ---- standalone write prefix (kv rows == N, so the clamps agree with the plan)
+        # ---- standalone write prefix, clamped to the verify's num_q_tokens
         state_b = state0.to(dev)
         ops.dspark_write_prefix(
-            state_b, kv_d, ape_d, seq_d, len_d, esl_d, rid_d, num_banks=nb, state_slot_stride=L
+            state_b, kv_d, ape_d, seq_d, len_d, esl_d, rid_d, num_banks=nb, state_slot_stride=L, num_q_tokens=N
         )
         self._check_state(state_b.cpu(), state0, writers, lay, tag + " [write prefix]")
 
         # ---- one-launch commit over 3 layers
-        self._check_commit(lay, rng, [state_a, state_b, state_a.clone()], seq_d, len_d, rid_d, tag)
+        self._check_commit(lay, rng, [state_a, state_b, state_a.clone()], seq_d, len_d, esl_d, rid_d, tag)
         self.stats["layouts"] += 1
 
     def _check_against_upstream_planner(self, lay, seq_d, len_d, rid_d, got_c, expect, tag):
@@ -314,7 +321,7 @@ class LayoutRunner:
             f"(bank 0 / unplanned rows must stay bitwise unchanged)"
         )
 
-    def _check_commit(self, lay, rng, layers, seq_d, len_d, rid_d, tag) -> None:
+    def _check_commit(self, lay, rng, layers, seq_d, len_d, esl_d, rid_d, tag) -> None:
         ops = self.ops
         B, nb, L = lay.batch_size, lay.num_banks, lay.stride
         max_num_reqs = max(1, L - rng.randint(0, 2))
@@ -332,16 +339,18 @@ class LayoutRunner:
         table = ops.make_state_ptr_table(layers)
         ops.dspark_commit(
             table, seq_d, torch.from_numpy(new_seq).to(seq_d.device), len_d, rid_d,
+            extend_start_loc=esl_d, num_q_tokens=lay.num_q_tokens,
             num_banks=nb, state_slot_stride=L, max_num_reqs=max_num_reqs, state_dtype=lay.dtype,
         )
-        # reference: which bank each slot's bank 0 copies from
+        # reference: which bank each slot's bank 0 copies from (at most the verified window)
         src: dict[int, set] = {}
         for b in range(B):
-            rid, sb = int(lay.req_pool_indices[b]), int(lay.seq_lens[b])
-            if not (0 <= rid < max_num_reqs) or not (0 <= sb <= ref.INT32_MAX - ref.MAX_BANKS):
-                continue
-            cap = min(max(int(lay.verify_lens[b]), 0), nb)
-            accept = min(max(int(new_seq[b]) - sb, 0), cap)
+            w = ref.clamp_row(
+                int(lay.seq_lens[b]), int(lay.verify_lens[b]), int(lay.extend_start_loc[b]),
+                int(lay.req_pool_indices[b]), num_banks=nb, num_tokens=lay.num_q_tokens, num_slots=max_num_reqs,
+            )
+            rid, sb = w.rid, w.seq_before
+            accept = min(max(int(new_seq[b]) - sb, 0), w.len)
             if accept == 0 or (sb + accept) % ref.CHUNK == 0:
                 continue
             src.setdefault(rid, set()).add(rid + accept * L)
@@ -368,6 +377,216 @@ class LayoutRunner:
                 f"{tag}: commit layer {li} rows {torch.nonzero(keep).flatten()[~same][:8].tolist()} wrong"
             )
         self.stats["commits"] += sum(1 for rows in src.values() if len(rows) == 1)
+
+
+# --------------------------------------------------------------------------- targeted rules
+# These run first: on a tree whose plan kernel is broken (0.5.20 before the fix) they fail
+# with a message naming the rule before any later test can hit an illegal memory access.
+
+POISON_BYTE = 0x5A
+
+
+def _dev_rows(dev, seqs, lens, starts, rids):
+    return (
+        torch.tensor(seqs, dtype=torch.int64, device=dev),
+        torch.tensor(lens, dtype=torch.int32, device=dev),
+        torch.tensor(starts, dtype=torch.int32, device=dev),
+        torch.tensor(rids, dtype=torch.int64, device=dev),
+    )
+
+
+def _many_row_layout(rng: random.Random, rows: int, num_banks: int):
+    """`rows` distinct slots, windows of 1..num_banks/2 tokens of which about half close a
+    chunk: the plan's scan spans every warp of several 1024-row tiles."""
+    lens = [rng.randint(1, num_banks // 2) for _ in range(rows)]
+    seqs = [128 * rng.randint(0, 40) + rng.choice([rng.randint(0, 127), 128 - rng.randint(1, n)]) for n in lens]
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64).tolist()
+    rids = list(range(1, rows + 1))
+    return seqs, lens, starts, rids, int(sum(lens))
+
+
+def _raw_plan(ops, rows_d, plan_c, plan_w, row_emit, row_len, num_banks, offset):
+    """The JIT module's plan entry on caller-made (poisoned) buffers."""
+    ops._module(torch.float32).plan(*rows_d, plan_c, plan_w, row_emit, row_len, num_banks, offset)
+    torch.cuda.synchronize()
+
+
+def test_plan_row_emit_is_the_exclusive_scan_across_warps_and_tiles(patched_tree):
+    util.install(patched_tree)
+    ops = util.dspark_ops()
+    dev = torch.device("cuda")
+    rng = random.Random(util.base_seed() + 10)
+    nb, rows = 32, 2500  # 3 tiles of 1024 rows
+    seqs, lens, starts, rids, N = _many_row_layout(rng, rows, nb)
+    L = rows + 3
+    expect = ref.plan_rows(np.array(seqs), np.array(lens), np.array(starts), np.array(rids),
+                           num_q_tokens=N, num_banks=nb, state_slot_offset=L)
+    assert expect.total > 3 * 1024 // 2  # most warps hold closing rows
+    plan = ops.dspark_verify_plan(*_dev_rows(dev, seqs, lens, starts, rids), num_q_tokens=N, num_banks=nb,
+                                  state_slot_offset=L)
+    got_emit = plan.row_emit.cpu().numpy()
+    bad = np.nonzero(got_emit != expect.row_emit)[0]
+    assert bad.size == 0, (f"row_emit is not the exclusive scan of closing chunks: first wrong rows {bad[:5].tolist()}, "
+                           f"got {got_emit[bad[:5]].tolist()}, expected {expect.row_emit[bad[:5]].tolist()}")
+    np.testing.assert_array_equal(plan.row_len.cpu().numpy(), expect.row_len)
+    assert (ref.decode_plan(plan.plan_c.cpu().numpy()) == expect.plan_c).all()
+
+
+def test_plan_writes_every_entry_of_plan_c_plan_w_row_emit_row_len(patched_tree):
+    util.install(patched_tree)
+    ops = util.dspark_ops()
+    dev = torch.device("cuda")
+    rng = random.Random(util.base_seed() + 11)
+    nb, rows = 16, 1300
+    seqs, lens, starts, rids, total = _many_row_layout(rng, rows, nb)
+    N, L = total + 77, rows + 2  # padding entries past the last closing chunk
+    rows_d = _dev_rows(dev, seqs, lens, starts, rids)
+    plan_c = torch.full((N, 16), POISON_BYTE, dtype=torch.uint8, device=dev)
+    plan_w = torch.full((N, 16), POISON_BYTE, dtype=torch.uint8, device=dev)
+    row_emit = torch.full((rows,), -7, dtype=torch.int32, device=dev)
+    row_len = torch.full((rows,), -7, dtype=torch.int32, device=dev)
+    _raw_plan(ops, rows_d, plan_c, plan_w, row_emit, row_len, nb, L)
+    expect = ref.plan_rows(np.array(seqs), np.array(lens), np.array(starts), np.array(rids),
+                           num_q_tokens=N, num_banks=nb, state_slot_offset=L)
+    got_c = ref.decode_plan(plan_c.cpu().numpy())
+    bad = np.nonzero(got_c != expect.plan_c)[0]
+    assert bad.size == 0, f"plan_c entries {bad[:8].tolist()} (of {N}) hold {got_c[bad[:2]]}, expected {expect.plan_c[bad[:2]]}"
+    invalid = np.empty(N, dtype=ref.PLAN_DTYPE)
+    invalid[:] = ref.INVALID_PLAN
+    assert (ref.decode_plan(plan_w.cpu().numpy()) == invalid).all(), "plan_w has entries that are not invalid"
+    np.testing.assert_array_equal(row_emit.cpu().numpy(), expect.row_emit)
+    np.testing.assert_array_equal(row_len.cpu().numpy(), expect.row_len)
+
+
+def test_plan_never_writes_outside_plan_c_and_plan_w(patched_tree):
+    util.install(patched_tree)
+    ops = util.dspark_ops()
+    dev = torch.device("cuda")
+    rng = random.Random(util.base_seed() + 12)
+    nb, rows = 32, 2500
+    seqs, lens, starts, rids, N = _many_row_layout(rng, rows, nb)
+    pad = 4096  # canary plan rows on both sides (64 KiB)
+    canvas = torch.full((2, N + 2 * pad, 16), POISON_BYTE, dtype=torch.uint8, device=dev)
+    plan_c, plan_w = canvas[0, pad : pad + N], canvas[1, pad : pad + N]  # contiguous, 16-byte aligned views
+    row_emit = torch.empty((rows,), dtype=torch.int32, device=dev)
+    row_len = torch.empty((rows,), dtype=torch.int32, device=dev)
+    _raw_plan(ops, _dev_rows(dev, seqs, lens, starts, rids), plan_c, plan_w, row_emit, row_len, nb, rows + 3)
+    host = canvas.cpu()
+    for name, side in (("before", host[:, :pad]), ("after", host[:, pad + N :])):
+        changed = torch.nonzero((side != POISON_BYTE).any(dim=2))
+        assert changed.numel() == 0, f"the plan wrote {changed.shape[0]} plan rows {name} its buffers"
+
+
+def test_commit_never_copies_a_bank_the_verify_did_not_write(patched_tree):
+    """Row 1 starts 2 tokens before the end of the packed input with verify_len 6: its verify
+    folds 2 tokens (banks 1, 2). An accept of 5 commits bank 2, never the unwritten bank 5."""
+    util.install(patched_tree)
+    ops = util.dspark_ops()
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(util.base_seed() + 13)
+    nb, L, N = 8, 4, 6
+    seqs, lens, starts, rids = [10, 300], [4, 6], [0, 4], [1, 2]
+    rows_d = _dev_rows(dev, seqs, lens, starts, rids)
+    state = torch.full(((nb + 1) * L, ref.STATE_DIM), float("nan"))
+    state[:L] = ref.random_state(L, gen).reshape(L, ref.STATE_DIM).float()
+    kv = torch.randn((N, 2 * ref.HEAD_DIM), generator=gen).to(dev)
+    ape = torch.randn((128, ref.HEAD_DIM), generator=gen).to(dev)
+    new_seq = torch.tensor([10 + 3, 300 + 5], dtype=torch.int64, device=dev)
+    for how in ("fused verify", "write prefix"):
+        st = state.to(dev)
+        if how == "fused verify":
+            plan = ops.dspark_verify_plan(*rows_d, num_q_tokens=N, num_banks=nb, state_slot_offset=L)
+            assert plan.row_len.tolist() == [4, 2]
+            ops.dspark_verify_compress(st, kv, ape, plan)
+        else:
+            ops.dspark_write_prefix(st, kv, ape, *rows_d, num_banks=nb, state_slot_stride=L, num_q_tokens=N)
+        written = st.clone()
+        ops.dspark_commit(ops.make_state_ptr_table([st]), rows_d[0], new_seq, rows_d[1], rows_d[3],
+                          extend_start_loc=rows_d[2], num_q_tokens=N, num_banks=nb, state_slot_stride=L,
+                          max_num_reqs=L, state_dtype=torch.float32)
+        torch.cuda.synchronize()
+        assert torch.isnan(written[2 + 5 * L]).all(), f"{how}: bank 5 of slot 2 was written"
+        assert torch.equal(_bits(st[1]), _bits(written[1 + 3 * L])), f"{how}: slot 1 did not commit bank 3"
+        assert torch.equal(_bits(st[2]), _bits(written[2 + 2 * L])), (
+            f"{how}: slot 2 must commit bank 2 (its verified window), got NaN: "
+            f"{bool(torch.isnan(st[2]).any())}")
+
+
+def test_write_prefix_and_verify_clamp_windows_to_the_same_count(patched_tree):
+    """kv input longer than num_q_tokens: a row running past num_q_tokens is cut there by
+    the verify and by the write prefix alike (same banks, bitwise)."""
+    util.install(patched_tree)
+    ops = util.dspark_ops()
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(util.base_seed() + 14)
+    nb, L, N, T = 8, 5, 12, 20
+    seqs, lens, starts, rids = [5, 126, 1000], [4, 5, 8], [0, 4, 9], [1, 2, 3]  # row 2: 9 + 8 > 12
+    rows_d = _dev_rows(dev, seqs, lens, starts, rids)
+    state = torch.full(((nb + 1) * L, ref.STATE_DIM), float("nan"))
+    state[:L] = ref.random_state(L, gen).reshape(L, ref.STATE_DIM).float()
+    kv = torch.randn((T, 2 * ref.HEAD_DIM), generator=gen).to(dev)
+    ape = torch.randn((128, ref.HEAD_DIM), generator=gen).to(dev)
+    a, b = state.to(dev), state.to(dev)
+    plan = ops.dspark_verify_plan(*rows_d, num_q_tokens=N, num_banks=nb, state_slot_offset=L)
+    ops.dspark_verify_compress(a, kv, ape, plan)
+    ops.dspark_write_prefix(b, kv, ape, *rows_d, num_banks=nb, state_slot_stride=L, num_q_tokens=N)
+    torch.cuda.synchronize()
+    assert plan.row_len.tolist() == [4, 5, 3]
+    assert torch.isnan(a[3 + 4 * L]).all() and torch.isnan(b[3 + 4 * L]).all(), "bank 4 of the cut row was written"
+    same = (_bits(a) == _bits(b)) | (torch.isnan(a) & torch.isnan(b))
+    rows_differ = torch.nonzero(~same.all(dim=1)).flatten().tolist()
+    assert not rows_differ, f"write prefix and verify wrote different state rows {rows_differ[:8]}"
+
+
+def test_duplicate_slots_race_within_their_own_rows(patched_tree):
+    """Two rows on one slot (the documented misuse): each row's emitted chunk is exact, each
+    bank vector of the slot holds one of the two writers' values, other slots are untouched,
+    and the slot's commit copies each 16-byte vector from one of the candidate banks."""
+    util.install(patched_tree)
+    ops = util.dspark_ops()
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(util.base_seed() + 15)
+    nb, L = 8, 4
+    seqs, lens, starts, rids = [126, 126, 40], [5, 5, 3], [0, 5, 10], [2, 2, 3]  # rows 0, 1 share slot 2
+    N = 13
+    state = ref.random_state((nb + 1) * L, gen).reshape(-1, ref.STATE_DIM).float()
+    kv = torch.randn((N, 2 * ref.HEAD_DIM), generator=gen).to(dev)
+    ape = torch.randn((128, ref.HEAD_DIM), generator=gen).to(dev)
+
+    def verify(rows: list[int]):
+        pick = lambda xs: [xs[r] for r in rows]  # noqa: E731
+        rows_d = _dev_rows(dev, pick(seqs), pick(lens), pick(starts), pick(rids))
+        st = state.to(dev)
+        plan = ops.dspark_verify_plan(*rows_d, num_q_tokens=N, num_banks=nb, state_slot_offset=L)
+        out = torch.full((N, ref.HEAD_DIM), float("nan"), device=dev)
+        ops.dspark_verify_compress(st, kv, ape, plan, out=out)
+        torch.cuda.synchronize()
+        return st.cpu(), out.cpu(), plan.row_emit.cpu().tolist(), rows_d
+
+    solo = [verify([r]) for r in range(3)]
+    both, out, emit, rows_d = verify([0, 1, 2])
+    for r in range(2):  # seq 126 + 5 tokens closes one chunk per row, at step 1
+        assert torch.equal(_bits(out[emit[r]]), _bits(solo[r][1][0])), f"row {r}: emitted chunk differs from its solo run"
+    vec = 2  # floats per verify store (AlignedVector<float, 2>)
+    slot_rows = [2 + k * L for k in range(1, nb + 1)]
+    for row in slot_rows:
+        got = _bits(both[row]).view(-1, vec)
+        cands = torch.stack([_bits(solo[r][0][row]).view(-1, vec) for r in range(2)])
+        assert bool((cands == got).all(dim=2).any(dim=0).all()), f"state row {row}: a vector matches neither writer"
+    others = [i for i in range(both.shape[0]) if i not in slot_rows]
+    assert torch.equal(_bits(both[others]), _bits(solo[2][0][others])), "rows outside slot 2 differ from row 2's solo run"
+
+    # the commit: rows 0 and 1 accept 3 and 4 tokens into slot 2
+    st = both.to(dev)
+    new_seq = torch.tensor([129, 130, 42], dtype=torch.int64, device=dev)
+    ops.dspark_commit(ops.make_state_ptr_table([st]), rows_d[0], new_seq, rows_d[1], rows_d[3],
+                      extend_start_loc=rows_d[2], num_q_tokens=N, num_banks=nb, state_slot_stride=L,
+                      max_num_reqs=L, state_dtype=torch.float32)
+    after = st.cpu()
+    cands = torch.stack([_bits(both[2 + a * L]).view(-1, 4) for a in (3, 4)])
+    assert bool((cands == _bits(after[2]).view(-1, 4)).all(dim=2).any(dim=0).all()), \
+        "slot 2's bank 0 has a 16-byte vector from neither candidate bank"
+    assert torch.equal(_bits(after[3]), _bits(both[3 + 2 * L])), "slot 3 did not commit its own bank 2"
 
 
 def _new_stats() -> dict:
@@ -470,9 +689,10 @@ def test_plan_and_kernels_capture_in_cuda_graph(patched_tree):
     def step(seqs, lens, starts, rids, new, kv):
         plan = ops.dspark_verify_plan(seqs, lens, starts, rids, num_q_tokens=N, num_banks=W, state_slot_offset=L)
         ops.dspark_verify_compress(states[0], kv, ape, plan, out=out)
-        ops.dspark_write_prefix(states[1], kv, ape, seqs, lens, starts, rids, num_banks=W, state_slot_stride=L)
-        ops.dspark_commit(table, seqs, new, lens, rids, num_banks=W, state_slot_stride=L,
-                          max_num_reqs=L, state_dtype=torch.float32)
+        ops.dspark_write_prefix(states[1], kv, ape, seqs, lens, starts, rids, num_banks=W, state_slot_stride=L,
+                                num_q_tokens=N)
+        ops.dspark_commit(table, seqs, new, lens, rids, extend_start_loc=starts, num_q_tokens=N, num_banks=W,
+                          state_slot_stride=L, max_num_reqs=L, state_dtype=torch.float32)
         return plan
 
     s = torch.cuda.Stream()
@@ -508,7 +728,45 @@ def test_plan_and_kernels_capture_in_cuda_graph(patched_tree):
             assert torch.equal(_bits(a), _bits(b))
 
 
-def test_host_checks_reject_bad_arguments(patched_tree):
+@dataclass
+class HostArgs:
+    """Well-formed arguments of every entry; each refusal case breaks one of them."""
+
+    ops: object
+    seqs: torch.Tensor
+    lens: torch.Tensor
+    starts: torch.Tensor
+    rids: torch.Tensor
+    state: torch.Tensor
+    kv: torch.Tensor
+    ape: torch.Tensor
+    plan: object
+    table: torch.Tensor
+    W: int = 8
+    L: int = 6
+    N: int = 32
+
+    @property
+    def rows(self) -> tuple:
+        return self.seqs, self.lens, self.starts, self.rids
+
+    def plan_kw(self, **kw) -> dict:
+        return {"num_q_tokens": self.N, "num_banks": self.W, "state_slot_offset": self.L, **kw}
+
+    def prefix_kw(self, **kw) -> dict:
+        return {"num_banks": self.W, "state_slot_stride": self.L, "num_q_tokens": self.N, **kw}
+
+    def commit_kw(self, **kw) -> dict:
+        return {"extend_start_loc": self.starts, "num_q_tokens": self.N, "num_banks": self.W,
+                "state_slot_stride": self.L, "max_num_reqs": self.L, "state_dtype": torch.float32, **kw}
+
+    def misaligned(self) -> torch.Tensor:
+        buf = torch.zeros(self.state.numel() + 4, device=self.state.device)
+        return buf[2 : 2 + self.state.numel()].view(self.state.shape)  # contiguous, 8-byte offset
+
+
+@pytest.fixture(scope="module")
+def host_args(patched_tree) -> HostArgs:
     util.install(patched_tree)
     ops = util.dspark_ops()
     dev = torch.device("cuda")
@@ -518,48 +776,88 @@ def test_host_checks_reject_bad_arguments(patched_tree):
     starts = torch.arange(0, 2 * B, 2, dtype=torch.int32, device=dev)
     rids = torch.arange(1, B + 1, dtype=torch.int64, device=dev)
     state = torch.zeros(((W + 1) * L, 1536), device=dev)
-    kv = torch.zeros((N, 1024), device=dev)
-    ape = torch.zeros((128, 512), device=dev)
+    plan = ops.dspark_verify_plan(seqs, lens, starts, rids, num_q_tokens=N, num_banks=W, state_slot_offset=L)
+    return HostArgs(ops, seqs, lens, starts, rids, state, torch.zeros((N, 1024), device=dev),
+                    torch.zeros((128, 512), device=dev), plan, ops.make_state_ptr_table([state, state.clone()]))
 
-    def raises(fn, *needles):
-        with pytest.raises(Exception) as info:
-            fn()
-        msg = str(info.value)
-        for needle in needles:
-            assert needle in msg, f"expected {needle!r} in error: {msg}"
 
-    plan_kw = dict(num_q_tokens=N, num_banks=W, state_slot_offset=L)
-    raises(lambda: ops.dspark_verify_plan(seqs, lens, starts, rids, num_q_tokens=N, num_banks=0, state_slot_offset=L), "num_banks")
-    raises(lambda: ops.dspark_verify_plan(seqs, lens, starts, rids, num_q_tokens=65537, num_banks=W, state_slot_offset=L), "uint16")
-    raises(lambda: ops.dspark_verify_plan(seqs.int(), lens, starts, rids, **plan_kw), "not in the allowed options")
-    raises(lambda: ops.dspark_verify_plan(seqs, lens.long(), starts, rids, **plan_kw), "not in the allowed options")
-    raises(lambda: ops.dspark_verify_plan(seqs.cpu(), lens, starts, rids, **plan_kw), "cuda")
-    raises(lambda: ops.dspark_verify_plan(seqs[:2], lens, starts, rids, **plan_kw), "Size mismatch")
-    plan = ops.dspark_verify_plan(seqs, lens, starts, rids, **plan_kw)
-    raises(lambda: ops.dspark_verify_compress(state[: W * L], kv, ape, plan), "banks")
-    raises(lambda: ops.dspark_verify_compress(state, kv[: N - 1], ape, plan), "fewer than")
-    raises(lambda: ops.dspark_verify_compress(state.bfloat16().float()[:, :1024], kv, ape, plan), "1536")
-    raises(lambda: ops.dspark_verify_compress(state.half(), kv, ape, plan), "float32 or bfloat16")
-    raises(lambda: ops.dspark_verify_compress(state, kv, ape.double(), plan), "float32")
-    raises(lambda: ops.dspark_write_prefix(state, kv, ape, seqs, lens, starts, rids, num_banks=W + 1, state_slot_stride=L), "banks")
-    raises(lambda: ops.dspark_write_prefix(state, kv, ape, seqs, lens, starts, rids, num_banks=W, state_slot_stride=0), "state_slot_stride")
-    raises(lambda: ops.dspark_write_prefix(state, kv.t().contiguous().t(), ape, seqs, lens, starts, rids, num_banks=W, state_slot_stride=L), "contiguous")
-    buf = torch.zeros(state.numel() + 4, device=dev)
-    misaligned = buf[2 : 2 + state.numel()].view(state.shape)  # contiguous, 8-byte offset
-    raises(lambda: ops.dspark_write_prefix(misaligned, kv, ape, seqs, lens, starts, rids, num_banks=W, state_slot_stride=L), "16-byte aligned")
-    raises(lambda: ops.make_state_ptr_table([misaligned]), "16-byte aligned")
-    raises(lambda: ops.make_state_ptr_table([]), "at least one")
-    raises(lambda: ops.make_state_ptr_table([state, state[:-1]]), "differs")
-    raises(lambda: ops.make_state_ptr_table([state, state.bfloat16()]), "differs")
-    table = ops.make_state_ptr_table([state, state.clone()])
-    commit_kw = dict(num_banks=W, state_slot_stride=L, max_num_reqs=L, state_dtype=torch.float32)
-    raises(lambda: ops.dspark_commit(table, seqs, seqs, lens, rids, **{**commit_kw, "state_dtype": torch.bfloat16}), "state table")
-    raises(lambda: ops.dspark_commit(table, seqs, seqs, lens, rids, **{**commit_kw, "num_banks": W + 1}), "banks")
-    raises(lambda: ops.dspark_commit(table, seqs, seqs, lens, rids, **{**commit_kw, "max_num_reqs": L + 1}), "max_num_reqs")
-    raises(lambda: ops.dspark_commit(table.clone(), seqs, seqs, lens, rids, **commit_kw), "num_state_rows")
-    raises(lambda: ops.dspark_commit(table, seqs, seqs[:2], lens, rids, **commit_kw), "Size mismatch")
-    # and the happy paths of the same objects still run
-    ops.dspark_verify_compress(state, kv, ape, plan)
-    ops.dspark_commit(table, seqs, seqs + 1, lens, rids, **commit_kw)
-    ops.dspark_commit(table.clone(), seqs, seqs + 1, lens, rids, **commit_kw, num_state_rows=state.shape[0])
+def _plan(h: HostArgs, *rows, **kw):
+    return h.ops.dspark_verify_plan(*(rows or h.rows), **h.plan_kw(**kw))
+
+
+def _prefix(h: HostArgs, state=None, kv=None, **kw):
+    return h.ops.dspark_write_prefix(h.state if state is None else state, h.kv if kv is None else kv, h.ape,
+                                     *h.rows, **h.prefix_kw(**kw))
+
+
+def _commit(h: HostArgs, table=None, new=None, **kw):
+    return h.ops.dspark_commit(h.table if table is None else table, h.seqs, h.seqs if new is None else new,
+                               h.lens, h.rids, **h.commit_kw(**kw))
+
+
+REFUSALS = [
+    pytest.param(lambda h: _plan(h, num_banks=0), RuntimeError, "num_banks", id="plan-zero-banks"),
+    pytest.param(lambda h: _plan(h, num_q_tokens=65537), RuntimeError, "uint16", id="plan-too-many-tokens"),
+    pytest.param(lambda h: _plan(h, h.seqs.int(), h.lens, h.starts, h.rids), RuntimeError,
+                 "not in the allowed options", id="plan-int32-seq-lens"),
+    pytest.param(lambda h: _plan(h, h.seqs, h.lens.long(), h.starts, h.rids), RuntimeError,
+                 "not in the allowed options", id="plan-int64-verify-lens"),
+    pytest.param(lambda h: _plan(h, h.seqs.cpu(), h.lens, h.starts, h.rids), RuntimeError, "cuda",
+                 id="plan-cpu-tensor"),
+    pytest.param(lambda h: _plan(h, h.seqs[:2], h.lens, h.starts, h.rids), RuntimeError, "Size mismatch",
+                 id="plan-row-count-mismatch"),
+    pytest.param(lambda h: h.ops.dspark_verify_compress(h.state[: h.W * h.L], h.kv, h.ape, h.plan), RuntimeError,
+                 "banks", id="verify-state-short-of-banks"),
+    pytest.param(lambda h: h.ops.dspark_verify_compress(h.state, h.kv[: h.N - 1], h.ape, h.plan), RuntimeError,
+                 "fewer than", id="verify-kv-short-of-num-q-tokens"),
+    pytest.param(lambda h: h.ops.dspark_verify_compress(h.state[:, :1024].contiguous(), h.kv, h.ape, h.plan),
+                 RuntimeError, "1536", id="verify-state-row-width"),
+    pytest.param(lambda h: h.ops.dspark_verify_compress(h.state.half(), h.kv, h.ape, h.plan), TypeError,
+                 "float32 or bfloat16", id="verify-fp16-state"),
+    pytest.param(lambda h: h.ops.dspark_verify_compress(h.state, h.kv, h.ape.double(), h.plan), TypeError,
+                 "float32", id="verify-fp64-ape"),
+    pytest.param(lambda h: _prefix(h, num_banks=h.W + 1), RuntimeError, "banks", id="prefix-more-banks-than-state"),
+    pytest.param(lambda h: _prefix(h, state_slot_stride=0), RuntimeError, "state_slot_stride", id="prefix-zero-stride"),
+    pytest.param(lambda h: _prefix(h, kv=h.kv.t().contiguous().t()), RuntimeError, "contiguous",
+                 id="prefix-strided-kv"),
+    pytest.param(lambda h: _prefix(h, state=h.misaligned()), RuntimeError, "16-byte aligned", id="prefix-misaligned-state"),
+    pytest.param(lambda h: _prefix(h, num_q_tokens=h.N + 1), RuntimeError, "fewer than num_q_tokens",
+                 id="prefix-kv-short-of-num-q-tokens"),
+    pytest.param(lambda h: _prefix(h, num_q_tokens=-1), RuntimeError, "num_q_tokens must be in",
+                 id="prefix-negative-num-q-tokens"),
+    pytest.param(lambda h: h.ops.make_state_ptr_table([h.misaligned()]), ValueError, "16-byte aligned",
+                 id="table-misaligned"),
+    pytest.param(lambda h: h.ops.make_state_ptr_table([]), ValueError, "at least one", id="table-empty"),
+    pytest.param(lambda h: h.ops.make_state_ptr_table([h.state, h.state[:-1]]), ValueError, "differs",
+                 id="table-shapes-differ"),
+    pytest.param(lambda h: h.ops.make_state_ptr_table([h.state, h.state.bfloat16()]), ValueError, "differs",
+                 id="table-dtypes-differ"),
+    pytest.param(lambda h: _commit(h, state_dtype=torch.bfloat16), ValueError, "state table",
+                 id="commit-dtype-not-the-tables"),
+    pytest.param(lambda h: _commit(h, num_banks=h.W + 1), RuntimeError, "banks", id="commit-more-banks-than-state"),
+    pytest.param(lambda h: _commit(h, max_num_reqs=h.L + 1), RuntimeError, "max_num_reqs",
+                 id="commit-max-num-reqs-over-stride"),
+    pytest.param(lambda h: _commit(h, table=h.table.clone()), ValueError, "num_state_rows",
+                 id="commit-unknown-table-without-rows"),
+    pytest.param(lambda h: _commit(h, new=h.seqs[:2]), RuntimeError, "Size mismatch", id="commit-row-count-mismatch"),
+    pytest.param(lambda h: _commit(h, extend_start_loc=h.starts.long()), RuntimeError, "not in the allowed options",
+                 id="commit-int64-start-loc"),
+    pytest.param(lambda h: _commit(h, num_q_tokens=65537), RuntimeError, "num_q_tokens must be in",
+                 id="commit-too-many-tokens"),
+]
+
+
+@pytest.mark.parametrize("call,exc,needle", REFUSALS)
+def test_host_checks_refuse_bad_arguments(host_args, call, exc, needle):
+    with pytest.raises(exc) as info:
+        call(host_args)
+    assert needle in str(info.value)
+
+
+def test_host_checks_pass_well_formed_arguments(host_args):
+    h = host_args
+    h.ops.dspark_verify_compress(h.state, h.kv, h.ape, h.plan)
+    _prefix(h)
+    _commit(h, new=h.seqs + 1)
+    _commit(h, table=h.table.clone(), new=h.seqs + 1, num_state_rows=h.state.shape[0])
     torch.cuda.synchronize()

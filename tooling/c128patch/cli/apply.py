@@ -8,6 +8,7 @@ import click
 
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
 from c128patch.errors import C128Error, ConflictError
+from c128patch.evidence.matrix import verification_note
 from c128patch.git import Git
 from c128patch.ops.apply import apply_series
 from c128patch.progress import console, reporter
@@ -44,8 +45,9 @@ def command(rev: str, repo: str | None, branch: str | None, tree: Path | None, s
                 discard_fresh_tree(worktree, existed)
                 exc.message += f" (the new clone {worktree} was removed)"
             raise
+    note = verification_note(series, Git(worktree=worktree), commit, rev)
     if as_json:
-        emit_json({"ok": True, **result.to_json()})
+        emit_json({"ok": True, **result.to_json(), "evidence_note": note})
         return
     out = console(stderr=False)
     for row in result.entries:
@@ -53,3 +55,5 @@ def command(rev: str, repo: str | None, branch: str | None, tree: Path | None, s
         out.print(f"  applied {row['name']}{how}", markup=False)
     out.print(f"{result.tree}: {result.branch} = {rev} + series {series.name} {series.version} "
               f"({len(result.entries)} entries), HEAD {result.head[:12]}", markup=False)
+    if note:
+        out.print(note, markup=False)

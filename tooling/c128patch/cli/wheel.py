@@ -8,6 +8,7 @@ import click
 
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, series_option
 from c128patch.errors import C128Error
+from c128patch.evidence.matrix import release_note
 from c128patch.progress import console, reporter
 from c128patch.wheel.patch import patch_wheel, release_wheel
 
@@ -30,8 +31,9 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, se
     with reporter(not as_json, title="wheel") as rep:
         wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release))
         result = patch_wheel(series, wheel, out_dir, rep)
+    note = release_note(series, result.upstream_version)
     if as_json:
-        emit_json({"ok": True, **result.to_json()})
+        emit_json({"ok": True, **result.to_json(), "evidence_note": note})
         return
     out = console(stderr=False)
     for row in result.entries:
@@ -39,3 +41,5 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, se
     out.print(f"{result.wheel}", markup=False)
     out.print(f"  sglang {result.version} = {result.upstream_version} + series {series.name} {series.version} "
               f"({len(result.entries)} entries), sha256 {result.sha256[:16]}…, {result.seconds:.1f} s", markup=False)
+    if note:
+        out.print(note, markup=False)

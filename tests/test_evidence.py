@@ -1,0 +1,318 @@
+"""Evidence per release: keys, staging every release for one GPU call, the committed results made
+from real smoke reports, the matrix (verified / failed / stale / unverified), and the one-line
+notes of apply and wheel. On the real release history and the product series."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from c128patch.cli import main
+from c128patch.errors import C128Error
+from c128patch.evidence import gpu_run, staging
+from c128patch.evidence.keys import EvidenceKey, key_for, key_from_provenance
+from c128patch.evidence.matrix import build_matrix, release_note, verification_note
+from c128patch.evidence.results import collect_run, from_smoke_report, load_results, write_result
+from c128patch.git import Git
+from c128patch.series.manifest import load_series
+from support import RELEASES, REPO_ROOT, make_test_series
+
+OLD_REPORT = REPO_ROOT / "ci" / "gpu" / "results" / "smoke-2026-11-29.json"
+SUITE = REPO_ROOT / "tests" / "gpu"
+CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
+
+
+def run(*args: str):
+    res = CliRunner().invoke(main, list(args))
+    return res.exit_code, res.stdout, res.stderr
+
+
+@pytest.fixture(scope="module")
+def history(sglang_release_repo: Path) -> Git:
+    return Git(git_dir=sglang_release_repo)
+
+
+@pytest.fixture(scope="module")
+def staged(history: Git, real_series, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """v0.5.20 and v0.5.23 staged, v0.5.20 also with the series of this repository's main."""
+    dest = tmp_path_factory.mktemp("stage")
+    before = staging.export_series(Git(worktree=REPO_ROOT), "main", tmp_path_factory.mktemp("before-series"))
+    staging.stage(real_series, history, ["v0.5.20", "v0.5.23"], dest, SUITE, before=before,
+                  before_revs=("v0.5.20",), before_from="main")
+    return dest
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def test_key_is_the_upstream_tree_and_the_hash_of_the_files_the_rev_plans(history: Git, real_series):
+    commit = history.rev_parse("v0.5.20")
+    key = key_for(real_series, history, commit)
+    assert key.upstream_tree == history.out("rev-parse", "v0.5.20^{tree}")
+    assert key != key_for(real_series, history, history.rev_parse("v0.5.23"))
+
+
+def test_key_changes_with_a_file_that_rev_plans_and_not_with_another_revs_variant(history: Git, tmp_path: Path):
+    root = tmp_path / "series"
+    for folder in ("patches", "csrc", "overlay"):
+        shutil.copytree(REPO_ROOT / folder, root / folder)
+    series = load_series(root)
+    before = {rev: key_for(series, history, history.rev_parse(rev)) for rev in ("v0.5.20", "v0.5.23")}
+    variant = root / "patches" / "0003-c128-dspark-record-streams.v0.5.20.patch"  # chosen for 0.5.20 only
+    variant.write_text(variant.read_text() + "\n")
+    from c128patch.ops.lint import update_hashes
+
+    update_hashes(load_series(root))
+    series = load_series(root)
+    after = {rev: key_for(series, history, history.rev_parse(rev)) for rev in ("v0.5.20", "v0.5.23")}
+    assert after["v0.5.20"].series_hash != before["v0.5.20"].series_hash
+    assert after["v0.5.23"] == before["v0.5.23"]
+
+
+# --------------------------------------------------------------------------- staging
+
+
+def test_staged_tree_carries_a_provenance_record_with_its_key(staged: Path, history: Git, real_series):
+    manifest = staging.read_manifest(staged)
+    rel = {r["rev"]: r for r in manifest["releases"]}["v0.5.20"]
+    record = json.loads((staged / "v0.5.20/patched/sglang/c128patch_provenance.json").read_text())
+    key = key_for(real_series, history, history.rev_parse("v0.5.20"))
+    assert key_from_provenance(record) == key
+    assert EvidenceKey.from_json(rel["trees"]["patched"]["key"]) == key
+    assert record["upstream"]["rev"] == "v0.5.20"
+
+
+def test_stage_holds_patched_upstream_and_before_trees_of_the_suites_subset(staged: Path):
+    ours = "sglang/kernels/jit/csrc/deepseek_v4/online_c128_dspark.cuh"
+    assert (staged / "v0.5.20/patched" / ours).read_text() == (REPO_ROOT / "csrc/deepseek_v4/online_c128_dspark.cuh").read_text()
+    assert not (staged / "v0.5.20/upstream" / ours).exists()
+    main_cuh = Git(worktree=REPO_ROOT).blob("main", "csrc/deepseek_v4/online_c128_dspark.cuh")
+    assert (staged / "v0.5.20/before" / ours).read_bytes() == main_cuh
+    assert not (staged / "v0.5.23/before").exists()
+    size = sum(p.stat().st_size for p in staged.rglob("*") if p.is_file())
+    assert size < 16 * 1024 * 1024  # all four releases stay far under a device call's 64 MiB
+
+
+def test_stage_refuses_a_release_the_series_does_not_apply_to(history: Git, sglang_release_repo: Path, tmp_path: Path):
+    only_023 = "from sglang.kernels.ops.speculative.dspark.static_accept_tail import static_accept_tail\n"
+    series = load_series(make_test_series(tmp_path / "s", sglang_release_repo, {
+        "python/sglang/srt/speculative/dspark_components/dspark_verify.py": (only_023, only_023 + "# x\n")},
+        overlay=False))
+    with pytest.raises(C128Error, match="the series does not apply to v0.5.20: test-patch: conflict"):
+        staging.patched_sources(series, history, "v0.5.20", tmp_path / "out")
+
+
+# --------------------------------------------------------------------------- results from smoke reports
+
+
+def test_results_from_a_real_smoke_report_carry_counts_device_and_relative_paths():
+    report = json.loads(OLD_REPORT.read_text())
+    key = EvidenceKey("t" * 40, "s" * 64)
+    files = from_smoke_report(report, rev="v0.5.23", label="patched", key=key, date="2026-11-29",
+                              roots={"/tmp/smoke": "$OUT/smoke"})
+    assert sorted(files) == ["differential", "memcheck", "racecheck", "suite"]
+    suite = files["suite"]
+    assert (suite["passed"], suite["failed"], suite["ok"]) == (52, 0, True)
+    assert suite["key"] == key.to_json() and suite["device"].startswith("NVIDIA H200 (sm_90)")
+    assert files["memcheck"]["sanitizer"]["errors"] == 0 and files["racecheck"]["ok"]
+    assert files["differential"]["summary"]["regressed"] == 0
+    assert "/tmp/smoke" not in json.dumps(files)
+
+
+def test_a_failed_test_makes_the_suite_result_not_ok():
+    report = json.loads(OLD_REPORT.read_text())
+    report["passes"]["patched"]["counts"] = {**report["passes"]["patched"]["counts"], "passed": 51, "failed": 1}
+    files = from_smoke_report(report, rev="v0.5.23", label="patched", key=None, date="d", roots={})
+    assert (files["suite"]["failed"], files["suite"]["ok"]) == (1, False)
+
+
+def _run_record(manifest: dict, report_dir: Path, dry: bool = False) -> dict:
+    return {"phase": "plain", "repo_root": "/machine/repo", "results_root": str(report_dir), "dry_run": dry,
+            "manifest": manifest, "jobs": [{"name": "v0.5.20-patched-plain", "rev": "v0.5.20", "label": "patched",
+                                            "kinds": ["suite", "differential"], "rc": 0, "seconds": 1.0}]}
+
+
+def test_collect_writes_the_kinds_a_job_proves_under_the_staged_key(staged: Path, tmp_path: Path):
+    job_dir = tmp_path / "res" / "v0.5.20-patched-plain"
+    job_dir.mkdir(parents=True)
+    (job_dir / "smoke-kernel.json").write_text(OLD_REPORT.read_text())
+    manifest = staging.read_manifest(staged)
+    written = collect_run(_run_record(manifest, tmp_path / "res"), tmp_path / "res", tmp_path / "out", "2026-12-01")
+    assert sorted(str(p.relative_to(tmp_path / "out")) for p, _ in written) == [
+        "v0.5.20/differential.json", "v0.5.20/suite.json"]
+    suite = json.loads((tmp_path / "out/v0.5.20/suite.json").read_text())
+    assert suite["key"] == manifest["releases"][0]["trees"]["patched"]["key"]
+    assert suite["job"] == {"name": "v0.5.20-patched-plain", "exit": 0, "seconds": 1.0}
+
+
+def test_collect_refuses_a_dry_run_bundle(staged: Path, tmp_path: Path):
+    with pytest.raises(C128Error, match="--dry-run .* proves nothing"):
+        collect_run(_run_record(staging.read_manifest(staged), tmp_path, dry=True), tmp_path, tmp_path / "o", "d")
+
+
+# --------------------------------------------------------------------------- the matrix
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    return tmp_path / "results"
+
+
+def _result(key: EvidenceKey | None, ok: bool) -> dict:
+    return {"schema": 1, "kind": "suite", "key": key.to_json() if key else None, "ok": ok, "passed": 3, "failed": 0}
+
+
+def _row(real_series, history: Git, results: Path, rev: str = "v0.5.21"):
+    (row,) = build_matrix(real_series, history, [rev], results)
+    return row
+
+
+def test_matrix_cell_is_unverified_without_a_result(real_series, history: Git, results: Path):
+    row = _row(real_series, history, results)
+    assert {c.state for c in row.cells.values()} == {"unverified"}
+    assert row.applies_summary == "strict"
+
+
+def test_matrix_cell_is_verified_by_a_passing_result_under_todays_key(real_series, history: Git, results: Path):
+    key = key_for(real_series, history, history.rev_parse("v0.5.21"))
+    write_result(results, "v0.5.21", "suite", _result(key, True))
+    assert _row(real_series, history, results).cells["suite"].state == "verified"
+
+
+def test_matrix_cell_is_failed_by_a_failing_result_under_todays_key(real_series, history: Git, results: Path):
+    key = key_for(real_series, history, history.rev_parse("v0.5.21"))
+    write_result(results, "v0.5.21", "suite", _result(key, False))
+    assert _row(real_series, history, results).cells["suite"].state == "failed"
+
+
+def test_matrix_cell_is_stale_when_the_series_files_changed(real_series, history: Git, results: Path):
+    key = key_for(real_series, history, history.rev_parse("v0.5.21"))
+    write_result(results, "v0.5.21", "suite", _result(replace(key, series_hash="0" * 64), True))
+    cell = _row(real_series, history, results).cells["suite"]
+    assert cell.state == "stale" and "key" in cell.detail
+
+
+def test_matrix_json_lists_what_is_missing(real_series):
+    code, out, err = run("matrix", "--sglang-rev", "v0.5.22", "--json")
+    assert code == 0, err
+    (row,) = json.loads(out)["releases"]
+    assert row["rev"] == "v0.5.22" and row["applies"] == "strict"
+    assert set(row["cells"]) == {"compile", "suite", "differential", "memcheck", "racecheck"}
+    assert row["fully_verified"] is (not row["missing"])
+
+
+def test_matrix_refuses_a_rev_that_is_not_a_release():
+    code, _, err = run("matrix", "--sglang-rev", "main")
+    assert code != 0
+    assert "c128patch: error: --sglang-rev main: not a release tag (vX.Y.Z)" in err
+
+
+def test_readme_shows_the_current_matrix():
+    """README's matrix block is `c128patch matrix --markdown` as of now: a result that went stale
+    (or new evidence) must be reflected there in the same change."""
+    code, out, err = run("matrix", "--markdown")
+    assert code == 0, err
+    readme = (REPO_ROOT / "README.md").read_text()
+    start = readme.index("<!-- matrix:begin -->\n") + len("<!-- matrix:begin -->\n")
+    assert readme[start:readme.index("<!-- matrix:end -->")] == out
+
+
+# --------------------------------------------------------------------------- apply / wheel notes
+
+
+def test_note_names_what_is_not_verified(real_series, history: Git, results: Path):
+    note = verification_note(real_series, history, history.rev_parse("v0.5.21"), "v0.5.21", results)
+    assert note == ("note: v0.5.21 + this series is not fully verified (compile unverified, suite unverified, "
+                    "differential unverified, memcheck unverified, racecheck unverified); see `c128patch matrix`")
+
+
+def test_no_note_when_every_kind_is_verified(real_series, history: Git, results: Path):
+    key = key_for(real_series, history, history.rev_parse("v0.5.21"))
+    for kind in ("compile", "suite", "differential", "memcheck", "racecheck"):
+        write_result(results, "v0.5.21", kind, {**_result(key, True), "kind": kind})
+    assert verification_note(real_series, history, history.rev_parse("v0.5.21"), "v0.5.21", results) is None
+    assert len(load_results(results)) == 5
+
+
+def test_apply_prints_one_line_when_the_rev_is_not_fully_verified(upstream_clone: Path, sglang_release_repo: Path,
+                                                                 tmp_path: Path):
+    series = make_test_series(tmp_path / "s", sglang_release_repo, {CUH: (
+        "    const uint32_t prefix_len = seq_len - extend_len;\n",
+        "    const uint32_t prefix_len = seq_len - extend_len;  // t\n")})
+    code, out, err = run("apply", "--sglang-rev", "v0.5.22", "--repo", str(upstream_clone), "--series", str(series))
+    assert code == 0, err
+    notes = [line for line in out.splitlines() if line.startswith("note:")]
+    assert notes == ["note: v0.5.22 + this series is not fully verified (compile unverified, suite unverified, "
+                     "differential unverified, memcheck unverified, racecheck unverified); see `c128patch matrix`"]
+
+
+def test_wheel_note_is_looked_up_on_the_release_history(real_series):
+    note = release_note(real_series, "0.5.21")
+    assert note is not None and note.startswith("note: sglang 0.5.21 + this series is not fully verified (")
+
+
+# --------------------------------------------------------------------------- the GPU run's plumbing
+
+
+def test_plain_phase_runs_each_release_with_its_differential_and_the_before_tree(staged: Path):
+    jobs = gpu_run.plan_jobs(staging.read_manifest(staged), ".gpu", "plain", "/o")
+    assert [(j.name, j.kinds) for j in jobs] == [
+        ("v0.5.20-patched-plain", ("suite", "differential")), ("v0.5.20-before-plain", ("suite",)),
+        ("v0.5.23-patched-plain", ("suite", "differential"))]
+    assert jobs[0].args[:5] == ["--tree", ".gpu/v0.5.20/patched", "--upstream-tree", ".gpu/v0.5.20/upstream",
+                                "--differential"]
+
+
+def test_sanitizer_phase_runs_memcheck_and_racecheck_apart_at_small_scale(staged: Path):
+    jobs = gpu_run.plan_jobs(staging.read_manifest(staged), ".gpu", "sanitizers", "/o")
+    assert [j.name for j in jobs] == ["v0.5.20-patched-memcheck", "v0.5.20-patched-racecheck",
+                                      "v0.5.23-patched-memcheck", "v0.5.23-patched-racecheck"]
+    assert "--sanitizer-only" in jobs[0].args and jobs[0].args[jobs[0].args.index("--sanitizer-scale") + 1] == "0.02"
+
+
+def test_a_big_log_is_cut_to_head_and_tail_before_bundling(tmp_path: Path):
+    (tmp_path / "big.log").write_bytes(b"a" * 100 + b"b" * 100)
+    assert gpu_run.cap_logs(tmp_path, cap=50) == ["big.log"]
+    data = (tmp_path / "big.log").read_bytes()
+    assert data.startswith(b"a" * 25) and data.endswith(b"b" * 25) and b"150 bytes cut" in data
+
+
+def test_dry_run_goes_from_stage_to_bundle_to_collected_files(tmp_path: Path):
+    """The device call's plumbing on this CPU machine: prepare one release, run the plain phase
+    collect-only, collect the bundle (allowed for a dry run only)."""
+    env = dict(os.environ)
+    stage = tmp_path / "gpu"
+    prep = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/prepare.py"), "--rev", "v0.5.21", "--dest", str(stage),
+                           "--no-wheels"], capture_output=True, text=True, env=env)
+    assert prep.returncode == 0, prep.stderr
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/h200_run.py"), "plain", "--stage", str(stage),
+                           "--dry-run", "--out", str(out), "--work", str(tmp_path / "work")],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["plain-run.json", "plain-summary.txt", "plain.tgz"]
+    assert "v0.5.21-patched-plain: exit 0" in (out / "plain-summary.txt").read_text()
+    refused = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/collect_results.py"), str(out),
+                              "--dest", str(tmp_path / "r")], capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and "proves nothing" in refused.stderr
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/collect_results.py"), str(out),
+                           "--dest", str(tmp_path / "r"), "--allow-dry-run"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    suite = json.loads((tmp_path / "r/v0.5.21/suite.json").read_text())
+    assert suite["command"].startswith("c128patch smoke --tier kernel --tree ") and suite["not_run"] > 50
+    assert str(REPO_ROOT) not in json.dumps(suite) and suite["key"]["upstream_tree"]
+
+
+@pytest.mark.parametrize("rev", RELEASES)
+def test_every_release_stages(history: Git, real_series, rev: str, tmp_path: Path):
+    staged = staging.stage_release(real_series, history, rev, tmp_path, SUITE)
+    assert set(staged.trees) == {"patched", "upstream"} and staged.trees["patched"].key is not None
+    assert history.rev_parse(rev) == staged.commit

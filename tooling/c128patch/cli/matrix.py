@@ -1,0 +1,90 @@
+"""c128patch matrix [--sglang-rev X ...] [--results DIR] [--json]: what is proven per release."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, series_option
+from c128patch.errors import C128Error
+from c128patch.evidence.matrix import ReleaseRow, build_matrix, markdown
+from c128patch.evidence.results import KINDS, results_root
+from c128patch.progress import reporter
+from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version, tag_for
+
+STYLE = {"verified": "green", "failed": "red", "stale": "yellow", "unverified": "dim"}
+HEADINGS = {"compile": "compiles sm_90a", "suite": "GPU suite", "memcheck": "memcheck", "racecheck": "racecheck",
+            "differential": "differential"}
+APPLY_STYLE = {"clean": "strict", "3way": "3-way", "conflict": "CONFLICT", "collision": "COLLISION"}
+
+
+def _cell(state: str, detail: str) -> str:
+    text = f"{state}: {detail}" if detail else state
+    return f"[{STYLE[state]}]{text}[/{STYLE[state]}]"
+
+
+def release_table(rows: list[ReleaseRow]) -> Table:
+    table = Table(title="evidence per release (committed results, keyed by upstream tree / series hash)")
+    table.add_column("release")
+    table.add_column("key (tree/series)")
+    table.add_column("applies")
+    for kind in KINDS:
+        table.add_column(HEADINGS[kind], overflow="fold")
+    for row in rows:
+        table.add_row(row.rev, row.key.short() if row.key else "-", row.applies_summary,
+                      *[_cell(row.cells[k].state, row.cells[k].detail) for k in KINDS])
+    return table
+
+
+def entry_table(rows: list[ReleaseRow]) -> Table:
+    table = Table(title="entries x releases: applies (replayed now)")
+    table.add_column("entry")
+    for row in rows:
+        table.add_column(row.rev)
+    names = list(dict.fromkeys(n for row in rows for n in row.applies))
+    for name in names:
+        table.add_row(name, *[APPLY_STYLE.get(row.applies.get(name, ""), row.applies.get(name, "-")) for row in rows])
+    return table
+
+
+@click.command("matrix")
+@click.option("--sglang-rev", "revs", multiple=True, help="Release(s) to show (default: every supported release).")
+@click.option("--results", "results_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Results folder (default: the series' ci/gpu/results).")
+@click.option("--markdown", "as_markdown", is_flag=True, help="Print the release table as Markdown (README.md).")
+@series_option
+@json_option
+@handles_errors
+def command(revs: tuple[str, ...], results_dir: Path | None, as_markdown: bool, series_dir: Path | None,
+            as_json: bool) -> None:
+    """Releases x {applies strict / 3-way, compiles for sm_90a, GPU suite, memcheck, racecheck,
+    differential}, read from the committed results; stale or missing evidence says so."""
+    series = get_series(series_dir)
+    root = results_dir or results_root(series)
+    wanted = list(revs) or [tag_for(v) for v in DEFAULT_RELEASES]
+    versions = [release_version(rev) for rev in wanted]
+    bad = [rev for rev, v in zip(wanted, versions) if v is None]
+    if bad:
+        raise C128Error(f"--sglang-rev {bad[0]}: not a release tag (vX.Y.Z); evidence is kept per release")
+    history = ReleaseHistory()
+    with reporter(not (as_json or as_markdown), title="matrix") as rep:
+        history.ensure([v for v in versions if v], reporter=rep)
+        rep.step("replaying the series on each release")
+        rows = build_matrix(series, history.git, [tag_for(v) for v in versions if v], root)
+    if as_json:
+        emit_json({"ok": True, "series": {"name": series.name, "version": series.version},
+                   "results": str(root), "releases": [r.to_json() for r in rows]})
+        return
+    if as_markdown:
+        click.echo(markdown(rows), nl=False)
+        return
+    out = Console(width=220, highlight=False, soft_wrap=False)
+    out.print(release_table(rows))
+    out.print(entry_table(rows))
+    for row in rows:
+        missing = row.missing()
+        out.print(f"{row.rev}: " + ("fully verified" if not missing else "not fully verified: " + ", ".join(missing)),
+                  markup=False)

@@ -1,0 +1,185 @@
+"""The GPU evidence run over a stage (evidence.staging): which ``c128patch smoke --tier kernel``
+jobs a phase runs, running them in parallel on one GPU under one deadline, and the bundle that
+comes back (at most three files per phase, well inside a device call's limits).
+
+Phases:
+
+* ``plain``: per release, the suite on the patched tree with ``--differential`` against the
+  unpatched one (-> ``suite`` and ``differential``); per "before" tree, the suite on it
+  (-> ``before/suite``).
+* ``sanitizers``: per release, the suite under compute-sanitizer memcheck, and apart under
+  racecheck (``--sanitizer-only``, small scale; -> ``memcheck``, ``racecheck``).
+
+Bundle, under the output folder: ``<phase>.tgz`` (every job's smoke folder: report, logs,
+JUnit, rows), ``<phase>-run.json`` (the jobs, their exit codes and seconds, the stage manifest,
+the machine's repository root, so the collector can make paths relative) and
+``<phase>-summary.txt``. Stdlib only beyond the package: it runs on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import tarfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from c128patch.errors import C128Error
+
+PHASES = ("plain", "sanitizers")
+LOG_CAP = 4 * 1024 * 1024  # a log larger than this is cut to its head and tail before bundling
+
+
+@dataclass
+class Job:
+    name: str  # <rev>-<label>-<what>, also the folder of its smoke output
+    rev: str
+    label: str  # patched | before
+    kinds: tuple[str, ...]  # the result files its report proves
+    args: list[str]  # after `c128patch smoke --tier kernel`, paths relative to the repository
+    rc: int | None = None
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-pass pytest timeouts (smoke --timeout) and the sanitizer scale."""
+
+    plain_timeout: float = 420.0
+    sanitizer_timeout: float = 480.0
+    sanitizer_scale: float = 0.02
+
+
+def plan_jobs(manifest: dict[str, Any], stage: str, phase: str, out: str, limits: Limits = Limits()) -> list[Job]:
+    """The jobs of ``phase`` over a stage manifest; ``stage`` and ``out`` as the command line
+    names them (relative to the repository root, or absolute)."""
+    if phase not in PHASES:
+        raise C128Error(f"unknown phase {phase!r} (one of {', '.join(PHASES)})")
+    jobs: list[Job] = []
+    for rel in manifest["releases"]:
+        rev, trees = rel["rev"], rel["trees"]
+        tree = lambda label: f"{stage}/{trees[label]['path']}"  # noqa: E731
+        if phase == "plain":
+            name = f"{rev}-patched-plain"
+            jobs.append(Job(name, rev, "patched", ("suite", "differential"),
+                            ["--tree", tree("patched"), "--upstream-tree", tree("upstream"), "--differential",
+                             "--timeout", f"{limits.plain_timeout:g}", "--out", f"{out}/{name}"]))
+            for label in trees:
+                if label not in ("patched", "upstream"):
+                    name = f"{rev}-{label}-plain"
+                    jobs.append(Job(name, rev, label, ("suite",),
+                                    ["--tree", tree(label), "--upstream-tree", tree("upstream"),
+                                     "--timeout", f"{limits.plain_timeout:g}", "--out", f"{out}/{name}"]))
+        else:
+            for tool in ("memcheck", "racecheck"):
+                name = f"{rev}-patched-{tool}"
+                jobs.append(Job(name, rev, "patched", (tool,),
+                                ["--tree", tree("patched"), "--upstream-tree", tree("upstream"),
+                                 "--sanitizer", tool, "--sanitizer-only",
+                                 "--sanitizer-scale", f"{limits.sanitizer_scale:g}",
+                                 "--timeout", f"{limits.sanitizer_timeout:g}", "--out", f"{out}/{name}"]))
+    return jobs
+
+
+def smoke_argv(python: str, job: Job) -> list[str]:
+    return [python, "-m", "c128patch", "smoke", "--tier", "kernel", *job.args]
+
+
+def job_env(base: dict[str, str], package_parent: str, site: str | None, threads: int) -> dict[str, str]:
+    """The jobs' environment: the tool and the carried wheels importable, few CPU threads each
+    (several suites share the machine's cores), unbuffered output."""
+    env = dict(base)
+    paths = [package_parent, *([site] if site else []), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env.setdefault("CUDA_HOME", "/usr/local/cuda")
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(threads)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_jobs(jobs: list[Job], python: str, env: dict[str, str], logs: Path, deadline: float,
+             cwd: Path, say=print) -> list[Job]:
+    """Start every job at once, wait until all end or the deadline (monotonic seconds); at the
+    deadline each left is sent SIGTERM (smoke then stops its pytest and keeps what finished),
+    and SIGKILL 20 s later."""
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for job in jobs:
+        argv = smoke_argv(python, job)
+        say(f"start {job.name}: {shlex.join(argv[1:])}")
+        log = open(logs / f"{job.name}.log", "w")  # noqa: SIM115  (closed below)
+        procs.append((job, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                            start_new_session=True), log, time.monotonic()))
+    pending = list(procs)
+    termed = False
+    while pending:
+        for item in list(pending):
+            job, proc, log, started = item
+            if proc.poll() is not None:
+                job.rc, job.seconds = proc.returncode, round(time.monotonic() - started, 1)
+                log.close()
+                pending.remove(item)
+                say(f"done  {job.name}: exit {job.rc}, {job.seconds:.0f} s")
+        now = time.monotonic()
+        if pending and now >= deadline and not termed:
+            for job, proc, _, _ in pending:
+                say(f"deadline: stopping {job.name}")
+                os.killpg(proc.pid, signal.SIGTERM)
+            termed = True
+        if pending and termed and now >= deadline + 20:
+            for _, proc, _, _ in pending:
+                os.killpg(proc.pid, signal.SIGKILL)
+        time.sleep(0.5)
+    return jobs
+
+
+def cap_logs(folder: Path, cap: int = LOG_CAP) -> list[str]:
+    """Cut every file over ``cap`` bytes to its first and last cap/2 bytes; returns their names."""
+    cut = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.stat().st_size > cap:
+            data = path.read_bytes()
+            half = cap // 2
+            path.write_bytes(data[:half] + f"\n[... {len(data) - cap} bytes cut by c128patch ...]\n".encode()
+                             + data[-half:])
+            cut.append(str(path.relative_to(folder)))
+    return cut
+
+
+def bundle(phase: str, results: Path, dest: Path, run: dict[str, Any], summary: str) -> list[Path]:
+    """``<phase>.tgz`` of ``results``, ``<phase>-run.json``, ``<phase>-summary.txt`` in ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    run["logs_cut"] = cap_logs(results)
+    tgz = dest / f"{phase}.tgz"
+    with tarfile.open(tgz, "w:gz") as tar:
+        tar.add(results, arcname=phase)
+    run_path = dest / f"{phase}-run.json"
+    run_path.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+    text = dest / f"{phase}-summary.txt"
+    text.write_text(summary)
+    return [tgz, run_path, text]
+
+
+def job_summary(job: Job, results: Path) -> str:
+    """One line per job from its report (or why there is none)."""
+    path = results / job.name / "smoke-kernel.json"
+    if not path.is_file():
+        return f"{job.name}: exit {job.rc}, {job.seconds:.0f} s, NO REPORT (see logs/{job.name}.log)"
+    report = json.loads(path.read_text())
+    counts = ", ".join(f"{k} {report.get(k, 0)}" for k in ("passed", "failed", "errors", "crashed", "skipped"))
+    extra = ""
+    if report.get("sanitizer"):
+        extra = f", sanitizer errors {report['sanitizer'].get('errors')}"
+    if report.get("differential"):
+        extra += ", differential " + ", ".join(f"{v} {k}" for k, v in report["differential"]["summary"].items())
+    problems = "; ".join(report.get("problems", [])) or "none"
+    return f"{job.name}: exit {job.rc}, {job.seconds:.0f} s, {counts}{extra}; problems: {problems}"

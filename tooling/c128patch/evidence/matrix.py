@@ -1,0 +1,135 @@
+"""The evidence matrix: for each release, does the series apply (strict / 3-way, per entry,
+replayed now), and what do the committed results prove (compile for sm_90a, the GPU suite,
+memcheck, racecheck, the differential against upstream)?
+
+A cell is ``verified`` (a result under today's key that passed), ``failed`` (under today's
+key, did not pass), ``stale`` (a result exists, under another key: other series files or
+other upstream sources) or ``unverified`` (no result). Keys: evidence.keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from c128patch.errors import C128Error
+from c128patch.evidence.keys import EvidenceKey, key_for
+from c128patch.evidence.results import KINDS, Result, load_results, results_root
+from c128patch.git import Git
+from c128patch.ops.check import check_rev
+from c128patch.series.manifest import Series
+
+State = Literal["verified", "failed", "stale", "unverified"]
+
+
+@dataclass(frozen=True)
+class Cell:
+    state: State
+    detail: str = ""
+    path: str | None = None  # the result file, relative to the results folder
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "detail": self.detail, "path": self.path}
+
+
+@dataclass
+class ReleaseRow:
+    rev: str
+    commit: str
+    key: EvidenceKey | None
+    applies: dict[str, str] = field(default_factory=dict)  # entry -> clean | 3way | conflict | collision
+    apply_error: str = ""
+    cells: dict[str, Cell] = field(default_factory=dict)  # kind -> cell
+
+    @property
+    def applies_summary(self) -> str:
+        if self.apply_error:
+            return f"refused: {self.apply_error}"
+        bad = [n for n, s in self.applies.items() if s in ("conflict", "collision")]
+        if bad:
+            return f"conflict ({', '.join(bad)})"
+        three = [n for n, s in self.applies.items() if s == "3way"]
+        return f"3-way ({len(three)} entries)" if three else "strict"
+
+    def missing(self) -> list[str]:
+        """Why this release is not fully verified (empty: it is)."""
+        out = [f"applies {self.applies_summary}"] if self.applies_summary != "strict" else []
+        return out + [f"{kind} {cell.state}" for kind, cell in self.cells.items() if cell.state != "verified"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rev": self.rev, "commit": self.commit, "key": self.key.to_json() if self.key else None,
+                "applies": self.applies_summary, "entries": self.applies,
+                "cells": {k: c.to_json() for k, c in self.cells.items()},
+                "fully_verified": not self.missing(), "missing": self.missing()}
+
+
+def cell_for(results: list[Result], rev: str, kind: str, key: EvidenceKey | None, root: Path) -> Cell:
+    """The cell of ``kind``: the result under ``key`` (any rev folder), else the rev's own file."""
+    mine = [r for r in results if r.kind == kind and r.label == "patched"]
+    match = next((r for r in mine if key is not None and r.key == key and r.rev == rev), None)
+    match = match or next((r for r in mine if key is not None and r.key == key), None)
+    rel = (lambda r: str(r.path.relative_to(root)))  # noqa: E731
+    if match is not None:
+        return Cell("verified" if match.ok else "failed", match.summary, rel(match))
+    old = next((r for r in mine if r.rev == rev), None)
+    if old is not None:
+        why = "no key" if old.key is None else f"key {old.key.short()}"
+        return Cell("stale", f"{old.summary}; {why}", rel(old))
+    return Cell("unverified")
+
+
+def release_row(series: Series, git: Git, rev: str, results: list[Result], root: Path) -> ReleaseRow:
+    commit = git.rev_parse(rev)
+    if commit is None:
+        raise C128Error(f"unknown upstream revision {rev!r}")
+    check = check_rev(series, git, rev, commit)
+    row = ReleaseRow(rev, commit, None, {e.name: e.status for e in check.entries}, check.error)
+    try:
+        row.key = key_for(series, git, commit)
+    except C128Error as exc:
+        row.apply_error = row.apply_error or exc.message
+    row.cells = {kind: cell_for(results, rev, kind, row.key, root) for kind in KINDS}
+    return row
+
+
+def build_matrix(series: Series, git: Git, revs: list[str], root: Path) -> list[ReleaseRow]:
+    results = load_results(root)
+    return [release_row(series, git, rev, results, root) for rev in revs]
+
+
+def verification_note(series: Series, git: Git, commit: str, label: str, root: Path | None = None) -> str | None:
+    """One line when ``commit`` + the series is not fully verified by the committed results
+    (looked up by key, so a user's commit with a release's sources counts); else None."""
+    root = results_root(series) if root is None else root
+    try:
+        key = key_for(series, git, commit)
+    except C128Error:
+        return f"note: {label} + this series is unverified (the series does not plan on it); see `c128patch matrix`"
+    results = load_results(root)
+    cells = {kind: cell_for(results, "", kind, key, root) for kind in KINDS}
+    missing = [f"{kind} {cell.state}" for kind, cell in cells.items() if cell.state != "verified"]
+    if not missing:
+        return None
+    return f"note: {label} + this series is not fully verified ({', '.join(missing)}); see `c128patch matrix`"
+
+
+def release_note(series: Series, version: str) -> str | None:
+    """``verification_note`` for an sglang release (what `wheel` patches), via the release history."""
+    from c128patch.upstream.releases import ReleaseHistory, tag_for
+
+    git = ReleaseHistory().git
+    commit = git.rev_parse(tag_for(version))
+    if commit is None:
+        return f"note: sglang {version} + this series is unverified (not in the release history); see `c128patch matrix`"
+    return verification_note(series, git, commit, f"sglang {version}")
+
+
+def markdown(rows: list[ReleaseRow]) -> str:
+    """The release table as Markdown (what README.md shows)."""
+    head = ["release", "applies", *KINDS]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for row in rows:
+        cells = [f"{c.state}" + (f" ({c.detail})" if c.detail else "") for c in (row.cells[k] for k in KINDS)]
+        lines.append("| " + " | ".join([row.rev, row.applies_summary, *cells]) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,202 @@
+"""The committed evidence: one JSON file per (release, kind), under ``ci/gpu/results``.
+
+    ci/gpu/results/<rev>/compile.json        ci/compile_kernels.py --record (every kernel + the signature probe)
+    ci/gpu/results/<rev>/suite.json          the GPU suite on the patched tree (`smoke --tier kernel`)
+    ci/gpu/results/<rev>/differential.json   the same suite on the unpatched tree, compared test by test
+    ci/gpu/results/<rev>/memcheck.json       the suite under compute-sanitizer memcheck
+    ci/gpu/results/<rev>/racecheck.json      ... and racecheck
+    ci/gpu/results/<rev>/before/suite.json   a "before" record (the suite on an older series), kept beside
+
+Every file carries ``key`` (evidence.keys: upstream tree id, series hash), ``command``,
+``device``, ``date``, ``passed``/``failed``/``skipped``, ``ok`` and, for the sanitizers, the
+error count; paths in it are relative to the repository. ``from_smoke_report`` turns a
+``c128patch smoke --tier kernel`` report into these files; nothing else writes them by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from c128patch.errors import C128Error
+from c128patch.evidence.keys import EvidenceKey
+from c128patch.jsonio import write_json_atomic
+from c128patch.series.manifest import Series
+
+Kind = Literal["compile", "suite", "differential", "memcheck", "racecheck"]
+KINDS: tuple[Kind, ...] = ("compile", "suite", "differential", "memcheck", "racecheck")
+GPU_KINDS: tuple[Kind, ...] = ("suite", "differential", "memcheck", "racecheck")
+RESULTS_UNDER = Path("ci") / "gpu" / "results"
+SCHEMA = 1
+BAD = ("failed", "error", "crashed")
+
+
+def results_root(series: Series) -> Path:
+    """Where the series' committed evidence lives (beside patches/, in the repo and the wheel)."""
+    return series.root / RESULTS_UNDER
+
+
+def result_path(root: Path, rev: str, kind: str, label: str = "patched") -> Path:
+    folder = root / rev if label == "patched" else root / rev / label
+    return folder / f"{kind}.json"
+
+
+@dataclass(frozen=True)
+class Result:
+    """One committed result file, as the matrix reads it."""
+
+    rev: str
+    kind: str
+    label: str
+    key: EvidenceKey | None
+    ok: bool
+    summary: str
+    path: Path
+    data: dict[str, Any]
+
+
+def summarize(kind: str, data: dict[str, Any]) -> str:
+    """A few words for a matrix cell."""
+    if kind == "compile":
+        kernels = data.get("kernels", [])
+        built = sum(1 for k in kernels if k.get("ok"))
+        return f"{built}/{len(kernels)} + probe {'ok' if data.get('probe_ok') else 'FAILED'}"
+    counts = f"{data.get('passed', 0)} pass, {data.get('failed', 0)} fail, {data.get('skipped', 0)} skip"
+    if kind in ("memcheck", "racecheck"):
+        errors = (data.get("sanitizer") or {}).get("errors")
+        return f"{'no summary' if errors is None else f'{errors} err'}; {counts}"
+    if kind == "differential":
+        s = data.get("summary") or {}
+        return f"{s.get('regressed', 0)} regressed, {s.get('fixed', 0)} fixed, {s.get('same', 0)} same"
+    return counts
+
+
+def read_result(path: Path, rev: str, kind: str, label: str) -> Result:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise C128Error(f"{path}: not valid JSON ({exc.msg})") from exc
+    return Result(rev, kind, label, EvidenceKey.from_json(data.get("key")), bool(data.get("ok")),
+                  summarize(kind, data), path, data)
+
+
+def load_results(root: Path) -> list[Result]:
+    """Every result file under ``root`` (``<rev>/<kind>.json`` and ``<rev>/<label>/<kind>.json``)."""
+    out: list[Result] = []
+    if not root.is_dir():
+        return out
+    for rev_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        for path in sorted(rev_dir.glob("*.json")):
+            if path.stem in KINDS:
+                out.append(read_result(path, rev_dir.name, path.stem, "patched"))
+        for label_dir in sorted(p for p in rev_dir.iterdir() if p.is_dir()):
+            for path in sorted(label_dir.glob("*.json")):
+                if path.stem in KINDS:
+                    out.append(read_result(path, rev_dir.name, path.stem, label_dir.name))
+    return out
+
+
+def write_result(root: Path, rev: str, kind: Kind, data: dict[str, Any], label: str = "patched") -> Path:
+    path = result_path(root, rev, kind, label)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_json_atomic(path, data)
+
+
+# --------------------------------------------------------------------------- from smoke reports
+
+
+def relativize(value: Any, roots: dict[str, str]) -> Any:
+    """Every string with a machine path in it, rewritten: ``roots`` maps an absolute prefix to
+    what replaces it (the repository root -> ``.``)."""
+    if isinstance(value, str):
+        for prefix, repl in sorted(roots.items(), key=lambda kv: -len(kv[0])):
+            value = value.replace(prefix.rstrip("/") + "/", repl + "/").replace(prefix.rstrip("/"), repl)
+        return value
+    if isinstance(value, list):
+        return [relativize(v, roots) for v in value]
+    if isinstance(value, dict):
+        return {k: relativize(v, roots) for k, v in value.items()}
+    return value
+
+
+def _device_line(device: dict[str, Any]) -> str:
+    cap = str(device.get("capability", "?")).replace(".", "")
+    return (f"{device.get('gpu') or device.get('smi_gpu') or 'no GPU'} (sm_{cap}), driver {device.get('driver', '?')}, "
+            f"torch {device.get('torch', '?')}, nvcc {device.get('nvcc_version', '?')}, "
+            f"tvm_ffi {device.get('tvm_ffi', '?')}")
+
+
+def _tests(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"nodeid": t["nodeid"], "outcome": t["outcome"], "seconds": t.get("seconds", 0.0),
+             **({"message": t["message"][:300]} if t.get("message") else {})} for t in rows]
+
+
+def _counts(counts: dict[str, int]) -> dict[str, int]:
+    return {"passed": counts.get("passed", 0), "failed": sum(counts.get(k, 0) for k in BAD),
+            "skipped": counts.get("skipped", 0), "not_run": counts.get("not run", 0)}
+
+
+def from_smoke_report(report: dict[str, Any], *, rev: str, label: str, key: EvidenceKey | None,
+                      date: str, roots: dict[str, str]) -> dict[Kind, dict[str, Any]]:
+    """The result files one ``smoke --tier kernel`` report proves: ``suite`` (its patched pass),
+    ``differential`` (when it ran the upstream pass), one per sanitizer run."""
+    base = {"schema": SCHEMA, "rev": rev, "label": label, "key": key.to_json() if key else None,
+            "command": report["command"], "device": _device_line(report.get("device") or {}), "date": date}
+    passes = report.get("passes") or {}
+    out: dict[Kind, dict[str, Any]] = {}
+    if "patched" in passes:
+        counts = _counts(passes["patched"]["counts"])
+        problems = [p for p in report.get("problems", []) if p.startswith("patched:")]
+        out["suite"] = {**base, "kind": "suite", **counts, "seconds": passes["patched"]["seconds"],
+                        "scale": passes["patched"]["scale"], "problems": problems,
+                        "ok": counts["failed"] == 0 and counts["passed"] > 0 and not problems,
+                        "tests": _tests(report.get("tests", []))}
+    if "differential" in report and "upstream" in passes:
+        diff = report["differential"]
+        regressed = [t["nodeid"] for t in report.get("tests", []) if t.get("verdict") == "regressed"]
+        out["differential"] = {**base, "kind": "differential", "summary": diff["summary"],
+                               "regressed": regressed, "upstream_counts": _counts(diff["upstream_counts"]),
+                               "ok": not regressed and diff["summary"].get("regressed", 0) == 0,
+                               "tests": [{"nodeid": t["nodeid"], "patched": t["outcome"],
+                                          "upstream": t.get("upstream", "absent"), "verdict": t.get("verdict", "")}
+                                         for t in report.get("tests", [])]}
+    for run in (report.get("sanitizer") or {}).get("runs", []):
+        tool = run["tool"]
+        if tool not in ("memcheck", "racecheck"):
+            continue
+        counts = _counts(run["counts"])
+        errors = run.get("errors")
+        out[tool] = {**base, "kind": tool, **counts, "scale": run.get("scale"),
+                     "sanitizer": {"tool": tool, "errors": errors, "processes": run.get("processes"),
+                                   "reports": run.get("reports", [])[:20]},
+                     "failing": run.get("failing", []),
+                     "ok": errors == 0 and counts["failed"] == 0 and counts["passed"] > 0}
+    return {k: relativize(v, roots) for k, v in out.items()}
+
+
+def collect_run(run: dict[str, Any], results: Path, dest: Path, date: str, *,
+                allow_dry_run: bool = False) -> list[tuple[Path, dict[str, Any]]]:
+    """Write the result files of one device run (``<phase>-run.json`` as ``run``, its job
+    folders extracted under ``results``) into ``dest``; returns (path, data) per file.
+    A job without a report writes nothing (its absence stays visible as 'unverified')."""
+    if run.get("dry_run") and not allow_dry_run:
+        raise C128Error("this bundle is from a --dry-run (collect only): it proves nothing; not collected")
+    trees = {rel["rev"]: rel["trees"] for rel in run["manifest"]["releases"]}
+    roots = {run["repo_root"]: ".", run["results_root"]: f"$OUT/{run['phase']}"}
+    written = []
+    for job in run["jobs"]:
+        path = results / job["name"] / "smoke-kernel.json"
+        if not path.is_file():
+            continue
+        report = json.loads(path.read_text())
+        if report.get("mode") == "collect-only" and not allow_dry_run:
+            raise C128Error(f"{path}: a collect-only report proves nothing; not collected")
+        key = EvidenceKey.from_json(trees[job["rev"]][job["label"]].get("key"))
+        files = from_smoke_report(report, rev=job["rev"], label=job["label"], key=key, date=date, roots=roots)
+        for kind in job["kinds"]:
+            if kind in files:
+                data = {**files[kind], "job": {"name": job["name"], "exit": job["rc"], "seconds": job["seconds"]}}
+                written.append((write_result(dest, job["rev"], kind, data, job["label"]), data))
+    return written

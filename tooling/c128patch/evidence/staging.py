@@ -1,0 +1,170 @@
+"""Stage the series' GPU evidence run: every release's patched and unpatched kernel-tier
+sources, side by side, small enough to carry to a GPU machine in one call.
+
+    dest/stage.json                 what was staged (revs, commits, evidence keys), paths relative to dest
+    dest/<rev>/patched/sglang/...   the suite's subset (tests/gpu/tree_subset.py) of <rev> + the series,
+                                    with a provenance record naming the upstream tree (evidence.keys)
+    dest/<rev>/upstream/sglang/...  the same subset of <rev> as released (the differential pass)
+    dest/<rev>/before/sglang/...    optional: <rev> + the series of another commit of this repository
+                                    (the "before" record of a fix)
+
+Trees are replayed in a temporary index (``ops.check.replay_in_index``, nothing checked out);
+a release the series does not apply to is refused with the entry that failed. Used by
+ci/gpu/prepare.py and ci/compile_kernels.py; reusable by anything that runs the suite on
+several releases.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+from c128patch.errors import C128Error
+from c128patch.evidence.keys import EvidenceKey, key_from_provenance, upstream_tree
+from c128patch.git import Git
+from c128patch.ops.check import index_git, replay_in_index
+from c128patch.series import provenance
+from c128patch.series.manifest import Series, load_series
+from c128patch.smoke.trees import stage as stage_subsets
+
+# What the kernel tier reads of a tree; the suite's tree_subset.py picks its files from these.
+KERNEL_TIER_PATHS = ("python/sglang/__init__.py", "python/sglang/kernels", "python/sglang/srt/__init__.py",
+                     "python/sglang/srt/environ.py",
+                     "python/sglang/srt/layers/attention/dsv4")  # the series III controller's folder
+SERIES_PATHS = ("patches", "csrc", "overlay")
+MANIFEST = "stage.json"
+SCHEMA = 1
+
+
+def patched_sources(series: Series, git: Git, rev: str, dest: Path, paths: tuple[str, ...] = KERNEL_TIER_PATHS) -> Path:
+    """``paths`` of ``rev`` with the whole series applied (as ``check`` replays it), under
+    ``dest/sglang``, plus the provenance record (its upstream names the tree id). Returns dest."""
+    commit = git.rev_parse(rev)
+    if commit is None:
+        raise C128Error(f"unknown upstream revision {rev!r}")
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="c128stage-") as tmp:
+        index_file = Path(tmp) / "index"
+        result, planned = replay_in_index(series, git, rev, commit, index_file)
+        if not result.ok:
+            bad = next((e for e in result.entries if e.status in ("conflict", "collision")), None)
+            why = f"{bad.name}: {bad.status} ({bad.detail})" if bad else result.error
+            raise C128Error(f"the series does not apply to {rev}: {why}")
+        idx = index_git(git, index_file)
+        files = idx.out("ls-files", "--", *paths)
+        out = Path(tmp) / "out"
+        idx.run("checkout-index", f"--prefix={out}/", "--stdin", input=files + "\n")
+        shutil.copytree(out / "python" / "sglang", dest / "sglang", dirs_exist_ok=True)
+    upstream = {"rev": rev, "commit": commit, "tree": upstream_tree(git, commit), "source": "release history"}
+    applied = [{"name": e.name, "applied": e.status} for e in result.entries]
+    record = provenance.build(series, planned, upstream, applied)
+    (dest / Path(provenance.PROVENANCE_PATH).relative_to("python")).write_text(provenance.dumps(record))
+    return dest
+
+
+def _extract(git: Git, rev: str, paths: list[str], dest: Path, strip: str = "") -> Path:
+    """``git archive`` of ``paths`` at ``rev`` into ``dest``, ``strip`` removed from each name
+    (plain files and folders only)."""
+    data = git.run("archive", "--format=tar", rev, "--", *paths, binary=True).stdout
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=BytesIO(data)) as tar:
+        for member in tar.getmembers():
+            if not member.name.startswith(strip) or ".." in Path(member.name).parts:
+                continue
+            if member.isfile() or member.isdir():
+                member.name = member.name.removeprefix(strip)
+                tar.extract(member, dest)
+    return dest
+
+
+def upstream_sources(git: Git, rev: str, dest: Path, paths: tuple[str, ...] = KERNEL_TIER_PATHS) -> Path:
+    """``paths`` of ``rev`` as released, under ``dest/sglang``. Returns dest."""
+    present = git.out("ls-tree", "--name-only", rev, "--", *paths).split()
+    return _extract(git, rev, present, dest, strip="python/")
+
+
+def export_series(repo: Git, rev: str, dest: Path) -> Series:
+    """The series as committed at ``rev`` of this repository (patches/, csrc/, overlay/)."""
+    if repo.rev_parse(rev) is None:
+        raise C128Error(f"--before: {rev!r} is not a commit of {repo.worktree}")
+    return load_series(_extract(repo, rev, list(SERIES_PATHS), dest))
+
+
+@dataclass
+class StagedTree:
+    label: str  # patched | upstream | before
+    path: str  # relative to the stage folder
+    files: int
+    bytes: int
+    key: EvidenceKey | None = None  # patched and before trees
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "files": self.files, "bytes": self.bytes}
+        if self.key is not None:
+            out["key"] = self.key.to_json()
+        return out
+
+
+@dataclass
+class StagedRelease:
+    rev: str
+    commit: str
+    trees: dict[str, StagedTree] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rev": self.rev, "commit": self.commit, "trees": {k: t.to_json() for k, t in self.trees.items()}}
+
+
+def stage_release(series: Series, git: Git, rev: str, dest: Path, suite: Path, *,
+                  before: Series | None = None, before_label: str = "before") -> StagedRelease:
+    """Stage one release under ``dest/<rev>`` (see the module docstring)."""
+    commit = git.rev_parse(rev)
+    if commit is None:
+        raise C128Error(f"unknown upstream revision {rev!r}")
+    with tempfile.TemporaryDirectory(prefix="c128stage-") as tmp:
+        work = Path(tmp)
+        trees = {"patched": patched_sources(series, git, rev, work / "patched"),
+                 "upstream": upstream_sources(git, commit, work / "upstream")}
+        if before is not None:
+            trees[before_label] = patched_sources(before, git, rev, work / before_label)
+        sizes = stage_subsets(suite, trees, dest / rev)
+    staged = StagedRelease(rev, commit)
+    for label, info in sizes.items():
+        record_path = dest / rev / label / Path(provenance.PROVENANCE_PATH).relative_to("python")
+        record = json.loads(record_path.read_text()) if record_path.is_file() else None
+        staged.trees[label] = StagedTree(label, f"{rev}/{label}", info["files"], info["bytes"],
+                                         key_from_provenance(record))
+    return staged
+
+
+def stage(series: Series, git: Git, revs: list[str], dest: Path, suite: Path, *,
+          before: Series | None = None, before_revs: tuple[str, ...] = (), before_from: str = "") -> dict[str, Any]:
+    """Stage every rev of ``revs`` (and the before trees) under ``dest``; writes and returns
+    the manifest. Folders of revs staged earlier are replaced."""
+    dest.mkdir(parents=True, exist_ok=True)
+    releases = []
+    for rev in revs:
+        shutil.rmtree(dest / rev, ignore_errors=True)
+        releases.append(stage_release(series, git, rev, dest, suite,
+                                      before=before if rev in before_revs else None))
+    manifest = {
+        "schema": SCHEMA,
+        "series": {"name": series.name, "version": series.version, "digest": series.digest()},
+        "before_from": before_from or None,
+        "releases": [r.to_json() for r in releases],
+    }
+    (dest / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def read_manifest(dest: Path) -> dict[str, Any]:
+    path = dest / MANIFEST
+    if not path.is_file():
+        raise C128Error(f"no {MANIFEST} in {dest}: stage it first (python ci/gpu/prepare.py)")
+    return json.loads(path.read_text())
