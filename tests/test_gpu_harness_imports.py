@@ -118,3 +118,27 @@ def test_tree_subset_cli(release_root, tmp_path: Path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "files" in proc.stdout and (tmp_path / "out/sglang/srt/environ.py").is_file()
+
+
+MTP = "sglang.kernels.ops.attention.dsv4.online_c128_mtp"
+
+
+@pytest.mark.parametrize("version,has", [("v0.5.20", False), ("v0.5.21", False), ("v0.5.22", False), ("v0.5.23", True)])
+def test_upstream_defines_reads_each_releases_module(release_root, version: str, has: bool):
+    assert harness.upstream_defines(release_root(version), MTP, "online_c128_mtp_mark_pending") is has
+    assert harness.upstream_defines(release_root(version), MTP, "_jit_online_c128_mtp_module")
+
+
+def test_an_arm_needing_a_missing_upstream_api_skips_naming_the_release_and_the_name(
+        real_series, sglang_release_repo: Path, tmp_path: Path):
+    from c128patch.evidence.staging import patched_sources
+    from c128patch.git import Git
+
+    git = Git(git_dir=sglang_release_repo)
+    tree = patched_sources(real_series, git, "v0.5.21", tmp_path / "v0.5.21")  # with its provenance record
+    with pytest.raises(pytest.skip.Exception) as info:
+        harness.skip_unless_upstream_defines(tree, MTP, "online_c128_mtp_mark_pending", "upstream MTP arm")
+    assert str(info.value) == (f"upstream MTP arm: upstream v0.5.21 has no {MTP}.online_c128_mtp_mark_pending "
+                               "(a later release added it)")
+    harness.skip_unless_upstream_defines(patched_sources(real_series, git, "v0.5.23", tmp_path / "v0.5.23"), MTP,
+                                         "online_c128_mtp_mark_pending", "arm")

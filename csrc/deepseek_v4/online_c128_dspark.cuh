@@ -499,7 +499,10 @@ struct DsparkC128Kernel {
   template <bool kEmit>
   static constexpr auto verify_kernel = dspark_c128_verify_kernel<kHeadDim, BufferFloat, kUsePDL, kEmit>;
 
-  /// \brief Checks shared by the plan and the verify entries on the per-row tensors.
+  /// \brief Checks shared by the entries on the per-row tensors. `.template with_device<kDLCUDA>(sym)`,
+  /// not upstream's `.with_device(sym)`: that form resets the symbol's options to any device, so a
+  /// CPU tensor would pass where CUDA is required. (`ensure_alignment` exists on 0.5.23 only:
+  /// check_aligned below instead.)
   static void verify_row_tensors(
       const tvm::ffi::TensorView seq_lens,
       const tvm::ffi::TensorView lens,

@@ -12,9 +12,12 @@ module, the name and this file); :func:`standin_imports` finds such names static
 
 Running the tier (the GPU machine carries <= 64 MiB, so carry tree subsets, not whole trees):
 ``c128patch smoke --tier kernel`` does it all (docs/smoke.md); by hand, after
-``ci/gpu/prepare.py`` staged ``.gpu/{patched,upstream}`` and the wheels:
+``ci/gpu/prepare.py`` staged ``.gpu/<rev>/{patched,upstream}`` and the wheels:
 
-    C128PATCH_TREE=.gpu/patched C128PATCH_UPSTREAM_TREE=.gpu/upstream python -m pytest tests/gpu
+    C128PATCH_TREE=.gpu/v0.5.23/patched C128PATCH_UPSTREAM_TREE=.gpu/v0.5.23/upstream python -m pytest tests/gpu
+
+An arm that compares against an upstream API some release lacks calls
+:func:`skip_unless_upstream_defines`: it skips there with the release and the name in the reason.
 """
 
 from __future__ import annotations
@@ -283,6 +286,45 @@ def missing_standin_names(tree: Path, modules: Iterable[str] = KERNEL_MODULES) -
         if missing:
             out[mod] = missing
     return out
+
+
+# --------------------------------------------------------------------------- upstream APIs per release
+
+
+def tree_release(tree: Path) -> str:
+    """The upstream release a tree is (from its c128patch provenance record), or its folder."""
+    record = Path(tree) / "sglang" / "c128patch_provenance.json"
+    if record.is_file():
+        rev = json.loads(record.read_text()).get("upstream", {}).get("rev")
+        if rev:
+            return str(rev)
+    return str(tree)
+
+
+def upstream_defines(tree: Path, module: str, name: str) -> bool:
+    """Whether ``module`` (dotted, under ``tree``) defines ``name`` at top level (def, class or
+    assignment), read with ``ast``: nothing is imported."""
+    import ast
+
+    files = _module_files(Path(tree), [module])
+    if not files[0].exists():
+        return False
+    for node in ast.parse(files[0].read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return True
+    return False
+
+
+def skip_unless_upstream_defines(tree: Path, module: str, name: str, arm: str) -> None:
+    """Skip, with the release and the missing name in the reason, an arm that compares against
+    an upstream API the tree's release does not have (it is not a failure of the series, and
+    the skip says so rather than passing silently)."""
+    if not upstream_defines(tree, module, name):
+        import pytest
+
+        pytest.skip(f"{arm}: upstream {tree_release(tree)} has no {module}.{name} (a later release added it)")
 
 
 # --------------------------------------------------------------------------- knobs & results

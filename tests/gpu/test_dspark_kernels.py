@@ -421,7 +421,7 @@ def test_plan_row_emit_is_the_exclusive_scan_across_warps_and_tiles(patched_tree
     L = rows + 3
     expect = ref.plan_rows(np.array(seqs), np.array(lens), np.array(starts), np.array(rids),
                            num_q_tokens=N, num_banks=nb, state_slot_offset=L)
-    assert expect.total > 3 * 1024 // 2  # most warps hold closing rows
+    assert expect.total > rows // 3  # about half the rows close a chunk: every warp of every tile holds some
     plan = ops.dspark_verify_plan(*_dev_rows(dev, seqs, lens, starts, rids), num_q_tokens=N, num_banks=nb,
                                   state_slot_offset=L)
     got_emit = plan.row_emit.cpu().numpy()
