@@ -217,12 +217,14 @@ def test_matrix_refuses_a_rev_that_is_not_a_release():
 
 def test_readme_shows_the_current_matrix():
     """README's matrix block is `c128patch matrix --markdown` as of now: a result that went stale
-    (or new evidence) must be reflected there in the same change."""
+    (or new evidence) must be reflected there in the same change (python ci/refresh_matrix.py)."""
     code, out, err = run("matrix", "--markdown")
     assert code == 0, err
+    sys.path.insert(0, str(REPO_ROOT / "ci"))
+    import refresh_matrix
+
     readme = (REPO_ROOT / "README.md").read_text()
-    start = readme.index("<!-- matrix:begin -->\n") + len("<!-- matrix:begin -->\n")
-    assert readme[start:readme.index("<!-- matrix:end -->")] == out
+    assert refresh_matrix.with_matrix(readme, out) == readme, "README.md's matrix is stale: python ci/refresh_matrix.py"
 
 
 # --------------------------------------------------------------------------- apply / wheel notes
@@ -316,3 +318,9 @@ def test_every_release_stages(history: Git, real_series, rev: str, tmp_path: Pat
     staged = staging.stage_release(real_series, history, rev, tmp_path, SUITE)
     assert set(staged.trees) == {"patched", "upstream"} and staged.trees["patched"].key is not None
     assert history.rev_parse(rev) == staged.commit
+
+
+def test_jobs_share_no_jit_cache_and_split_the_cores():
+    env = gpu_run.job_env({"SGLANG_JIT_CACHE_DIR": "/tmp/shared", "PYTHONPATH": "/x"}, "/repo/tooling", "/site", 3)
+    assert "SGLANG_JIT_CACHE_DIR" not in env  # harness.default_jit_cache_dir: one cache per tree
+    assert env["PYTHONPATH"] == os.pathsep.join(["/repo/tooling", "/site", "/x"]) and env["OMP_NUM_THREADS"] == "3"

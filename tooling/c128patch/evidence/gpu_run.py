@@ -95,7 +95,8 @@ def smoke_argv(python: str, job: Job) -> list[str]:
 
 def job_env(base: dict[str, str], package_parent: str, site: str | None, threads: int) -> dict[str, str]:
     """The jobs' environment: the tool and the carried wheels importable, few CPU threads each
-    (several suites share the machine's cores), unbuffered output."""
+    (several suites share the machine's cores), unbuffered output, no shared JIT cache (a
+    patched and an unpatched tree must never share a build)."""
     env = dict(base)
     paths = [package_parent, *([site] if site else []), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
@@ -103,6 +104,7 @@ def job_env(base: dict[str, str], package_parent: str, site: str | None, threads
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(threads)
     env["PYTHONUNBUFFERED"] = "1"
+    env.pop("SGLANG_JIT_CACHE_DIR", None)  # the harness then builds each tree in its own cache
     return env
 
 
