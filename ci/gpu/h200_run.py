@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One device call of the GPU evidence run (see c128patch.evidence.gpu_run for the phases).
 
-    python3 ci/gpu/h200_run.py plain|sanitizers [--stage .gpu] [--deadline 540] [--dry-run]
+    python3 ci/gpu/h200_run.py plain|sanitizers [--stage .gpu] [--deadline 540] [--rev vX.Y.Z ...] [--dry-run]
 
 Installs the wheels staged in .gpu/whl (no network there), runs the phase's
 `c128patch smoke --tier kernel` jobs in parallel on the one GPU, stops what is left at the
@@ -54,6 +54,7 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/c128-evidence"), help="job outputs before bundling")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads per job (default: cores / jobs)")
     ap.add_argument("--dry-run", action="store_true", help="collect only (no GPU needed)")
+    ap.add_argument("--rev", action="append", default=[], help="only these staged releases (repeatable; a retry)")
     args = ap.parse_args()
 
     start = time.monotonic()
@@ -61,7 +62,10 @@ def main() -> int:
     manifest = read_manifest(REPO / args.stage)
     results = args.work / args.phase
     shutil.rmtree(results, ignore_errors=True)  # a warm machine keeps the last call's files
-    jobs = gpu_run.plan_jobs(manifest, args.stage, args.phase, str(results))
+    jobs = [job for job in gpu_run.plan_jobs(manifest, args.stage, args.phase, str(results))
+            if not args.rev or job.rev in args.rev]
+    if not jobs:
+        raise SystemExit(f"no jobs: --rev {args.rev} names no staged release")
     if args.dry_run:
         for job in jobs:
             job.args.append("--collect-only")
