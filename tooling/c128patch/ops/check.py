@@ -11,7 +11,7 @@ from pathlib import Path
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.manifest import Series
-from c128patch.series.plan import Planned, check_paths_at, plan
+from c128patch.series.plan import Planned, check_paths_at, index_git, plan
 
 
 @dataclass
@@ -94,11 +94,6 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
         if row.status in ("conflict", "collision"):
             result.ok = False
     return result, planned
-
-
-def index_git(git: Git, index_file: Path) -> Git:
-    idx = git.with_env(GIT_INDEX_FILE=str(index_file))
-    return idx.with_env(GIT_WORK_TREE=str(index_file.parent)) if git.worktree is None else idx
 
 
 def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:

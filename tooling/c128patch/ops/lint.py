@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import PurePosixPath
 
 from c128patch.errors import C128Error
@@ -115,7 +115,7 @@ def update_hashes(series: Series) -> int:
             for v in e.variants:
                 h = sha256_file(series.file_of(e, v))
                 changed += h != v.sha256
-                new.append(type(v)(v.file, v.base, h))
+                new.append(replace(v, sha256=h))
             e.variants = new
         h = sha256_file(series.file_of(e))
         changed += h != e.sha256

@@ -19,7 +19,7 @@ from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.manifest import Entry, Series, Variant
 from c128patch.series.patchfile import split_message
-from c128patch.series.plan import ENTRY_TRAILER, select_variant
+from c128patch.series.plan import ENTRY_TRAILER, choose
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 
 FIXED_DATE = "Thu, 1 Jan 1970 00:00:00 +0000"
@@ -129,7 +129,7 @@ def _fallback_gives_same_tree(series: Series, old: Entry, git: Git, sha: str, ba
     """Would the file ``apply`` chooses for ``base_rev`` without a variant of its own (the nearest
     older variant, else the primary) make this very commit, strictly (no 3-way merge)?"""
     others = Entry(**{**old.__dict__, "variants": [v for v in old.variants if v.base != base_rev]})
-    fallback = select_variant(git, others, git.out("rev-parse", f"{sha}^"))
+    fallback = choose(series, git, others, git.out("rev-parse", f"{sha}^")).variant
     with tempfile.TemporaryDirectory(prefix="c128refresh-") as tmp:
         idx = git.with_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
         idx.run("read-tree", f"{sha}^")

@@ -20,6 +20,8 @@ from c128patch.errors import C128Error
 MANIFEST = "patches/series.toml"
 KINDS = ("patch", "overlay")
 _ENTRY_TEXT_FIELDS = ("why", "gate", "upstream", "upstream_status", "drop_when", "base")
+# Written only when set, so that series without them keep their manifest byte for byte.
+_ENTRY_OPTIONAL_FIELDS = ("base_commit", "merged_in")
 
 
 def sha256_file(path: Path) -> str:
@@ -47,11 +49,13 @@ def symlink_on_path(root: Path, path: Path) -> Path | None:
 
 @dataclass(frozen=True)
 class Variant:
-    """One patch file of an entry, made against upstream ``base``."""
+    """One patch file of an entry, made against upstream ``base``: the commit ``commit`` (immutable),
+    ``base`` its tag name when one points at it (else the short commit id)."""
 
     file: str
     base: str
     sha256: str = ""
+    commit: str = ""
 
 
 @dataclass
@@ -64,6 +68,8 @@ class Entry:
     upstream_status: str = ""
     drop_when: str = ""
     base: str = ""
+    base_commit: str = ""  # the commit ``base`` names (variants keep theirs in Variant.commit)
+    merged_in: str = ""  # upstream commit that holds this entry: skipped where it is an ancestor
     sha256: str = ""
     file: str = ""  # patch
     source: str = ""  # overlay: file in this repo
@@ -78,7 +84,7 @@ class Entry:
         """The primary patch first, then the older-base variants."""
         if not self.is_patch:
             return []
-        return [Variant(self.file, self.base, self.sha256), *self.variants]
+        return [Variant(self.file, self.base, self.sha256, self.base_commit), *self.variants]
 
     def to_toml(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "kind": self.kind}
@@ -89,9 +95,11 @@ class Entry:
             out["target"] = self.target
         for key in _ENTRY_TEXT_FIELDS:
             out[key] = getattr(self, key)
+        out.update({key: getattr(self, key) for key in _ENTRY_OPTIONAL_FIELDS if getattr(self, key)})
         out["sha256"] = self.sha256
         if self.variants:
-            out["variants"] = [{"file": v.file, "base": v.base, "sha256": v.sha256} for v in self.variants]
+            out["variants"] = [{"file": v.file, "base": v.base, **({"commit": v.commit} if v.commit else {}),
+                                "sha256": v.sha256} for v in self.variants]
         return out
 
 
@@ -166,7 +174,7 @@ def _entry(raw: Any, index: int, path: Path) -> Entry:
     if kind not in KINDS:
         raise C128Error(f"{where}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
     entry = Entry(name=name, kind=kind, why=_str(raw, "why", where, required=True))
-    for key in _ENTRY_TEXT_FIELDS[1:]:
+    for key in (*_ENTRY_TEXT_FIELDS[1:], *_ENTRY_OPTIONAL_FIELDS):
         setattr(entry, key, _str(raw, key, where))
     entry.sha256 = _str(raw, "sha256", where)
     if kind == "patch":
@@ -179,6 +187,7 @@ def _entry(raw: Any, index: int, path: Path) -> Entry:
                     check_relpath(_str(v, "file", f"{where} variant #{j + 1}", required=True), where),
                     _str(v, "base", f"{where} variant #{j + 1}", required=True),
                     _str(v, "sha256", where),
+                    _str(v, "commit", where),
                 )
             )
     else:
@@ -186,7 +195,8 @@ def _entry(raw: Any, index: int, path: Path) -> Entry:
             raise C128Error(f"{where}: overlay entries have no variants")
         entry.source = check_relpath(_str(raw, "source", where, required=True), where)
         entry.target = check_relpath(_str(raw, "target", where, required=True), where)
-    unknown = set(raw) - {"name", "kind", "file", "source", "target", "sha256", "variants", *_ENTRY_TEXT_FIELDS}
+    unknown = set(raw) - {"name", "kind", "file", "source", "target", "sha256", "variants", *_ENTRY_TEXT_FIELDS,
+                          *_ENTRY_OPTIONAL_FIELDS}
     if unknown:
         raise C128Error(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
     return entry

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import email
 import email.policy
+import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,8 @@ from c128patch.git import Git
 from c128patch.series.manifest import check_relpath
 
 _TRAILER = re.compile(r"^(C128patch-[A-Za-z-]+):\s*(.*)$", re.MULTILINE)
+_INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: \d+)?$")
+NULL_BLOB = "0" * 40
 
 
 @dataclass
@@ -26,6 +29,18 @@ class PatchInfo:
     trailers: dict[str, str]
     files: list[str]  # post-image paths (pre-image for deletions)
     patchset: PatchSet = field(repr=False)
+
+    @property
+    def blobs(self) -> dict[str, tuple[str, str]]:
+        """path -> (preimage, postimage) blob ids, from the ``index`` lines of a ``--full-index``
+        patch (``NULL_BLOB`` for a created or deleted file). Paths without a full id are left out."""
+        out = {}
+        for pf in self.patchset:
+            for line in pf.patch_info:
+                m = _INDEX.match(str(line).rstrip("\n"))
+                if m and len(m.group(1)) == len(m.group(2)) == 40:
+                    out[_strip(pf.path)] = (m.group(1), m.group(2))
+        return out
 
     @property
     def needs(self) -> list[str]:
@@ -62,12 +77,22 @@ def split_message(text: str) -> tuple[str, str]:
     return text[: min(cut)], text[min(cut) :]
 
 
+_PARSED: dict[tuple[Path, bytes], PatchInfo] = {}  # (path, content) -> parsed: a replay reads each file often
+
+
 def read_patch(path: Path) -> PatchInfo:
     """Parse a git format-patch file; a corrupt one is a C128Error naming the file."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise C128Error(f"cannot read patch {path}: {exc.strerror}") from exc
+    key = (path.resolve(), hashlib.sha256(raw).digest())
+    if key not in _PARSED:
+        _PARSED[key] = _parse(path, raw)
+    return _PARSED[key]
+
+
+def _parse(path: Path, raw: bytes) -> PatchInfo:
     text = raw.decode("utf-8", errors="replace")
     head, sep = split_message(text)
     if not sep or not text.startswith("From "):

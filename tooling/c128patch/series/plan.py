@@ -1,36 +1,173 @@
-"""Pieces shared by everything that replays the series on an upstream rev."""
+"""Which file each entry takes on an upstream commit, and the pieces shared by everything that
+replays the series there (``apply``, ``check``, ``wheel``, ``build``, ``rebase``: all call ``plan``).
+
+Variant choice needs no tag names. Each file of an entry is a ``--full-index`` patch: its
+``index <pre>..<post>`` lines name the blobs it was made on. Compared with the tree as replayed so
+far (the target's files, plus the postimages of the earlier entries), the first rule that singles
+out one file decides; a tie goes on to the next rule among the tied files:
+
+1. ``exact``: every preimage blob matches;
+2. ``most``: the most files match (at least one);
+3. ``ancestor``: the file whose base is the nearest ancestor of the target (the base's recorded
+   commit, else its tag name);
+4. ``strict``: the first file (primary, then variants in manifest order) that applies with a plain
+   ``git apply`` on the replayed tree;
+5. ``primary``: none does: the primary (the replay then tries a 3-way merge).
+
+An entry whose ``merged_in`` commit is an ancestor of the target is not planned (upstream holds it
+there; ``merged_entries`` lists it). Planning writes nothing but objects into the repository.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Literal
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.manifest import Entry, Series, Variant, sha256_file, symlink_on_path
-from c128patch.series.patchfile import PatchInfo, read_patch
+from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch
 
 ENTRY_TRAILER = "C128patch-Entry"
 SERIES_TRAILER = "C128patch-Series"
 
+Rule = Literal["only", "exact", "most", "ancestor", "strict", "primary"]
 
-def select_variant(git: Git, entry: Entry, target: str, distances: dict[str, int | None] | None = None) -> Variant:
-    """The patch file made against the nearest ancestor of ``target`` (else the primary one).
-    ``distances`` caches base -> commits from it to ``target`` (None: not an ancestor)."""
+
+@dataclass(frozen=True)
+class Choice:
+    """Which file an entry takes on a target, and the rule that chose it."""
+
+    variant: Variant
+    rule: Rule
+    detail: str  # for people: "preimage blobs match (3/3 files)"
+
+
+def index_git(git: Git, index_file: Path) -> Git:
+    """``git`` reading and writing the index ``index_file`` (its folder stands in for the work tree
+    of a bare repository)."""
+    idx = git.with_env(GIT_INDEX_FILE=str(index_file))
+    return idx.with_env(GIT_WORK_TREE=str(index_file.parent)) if git.worktree is None else idx
+
+
+def blob_id(data: bytes) -> str:
+    """git's blob id of ``data`` (what ``git hash-object`` prints), without writing it."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 (git's id, not security)
+
+
+class ReplayedTree:
+    """The blobs of ``target`` as the entries planned so far leave them. Known exactly while each
+    patch's preimage matched (its postimage is then the result); otherwise read from a probe index
+    that replays the planned files (strict, else 3-way), made only when a rule needs it."""
+
+    def __init__(self, git: Git, target: str, paths: list[str], scratch: Path) -> None:
+        self.git, self.target, self.scratch = git, target, scratch
+        self.blobs: dict[str, str | None] = {p: NULL_BLOB for p in paths}  # None: not known
+        for line in git.out("ls-tree", "-r", target, "--", *paths).splitlines() if paths else []:
+            meta, name = line.split("\t", 1)
+            self.blobs[name] = meta.split()[2]
+        self.done: list[Planned] = []
+        self._probe: Git | None = None
+
+    def blob(self, path: str) -> str:
+        if self.blobs.get(path, NULL_BLOB) is None:
+            out = self._index().out("ls-files", "-s", "--", path).split()
+            self.blobs[path] = out[1] if out else NULL_BLOB
+        return self.blobs.get(path) or NULL_BLOB
+
+    def matches(self, patch: PatchInfo) -> int:
+        return sum(self.blob(path) == pre for path, (pre, _post) in patch.blobs.items())
+
+    def applies_strictly(self, path: Path) -> bool:
+        return self._index().ok("apply", "--cached", "--check", str(path))
+
+    def advance(self, item: Planned) -> None:
+        """Record ``item`` as replayed on top of the tree."""
+        if item.patch is not None:
+            for path, (pre, post) in item.patch.blobs.items():
+                self.blobs[path] = post if self.blobs.get(path, NULL_BLOB) == pre else None
+            for path in set(item.patch.files) - set(item.patch.blobs):
+                self.blobs[path] = None
+        else:
+            self.blobs[item.entry.target] = blob_id(item.path.read_bytes())
+        self.done.append(item)
+        if self._probe is not None:
+            _probe_apply(self._probe, item)
+
+    def _index(self) -> Git:
+        if self._probe is None:
+            self._probe = index_git(self.git, self.scratch / "probe.index")
+            self._probe.run("read-tree", self.target)
+            for item in self.done:
+                _probe_apply(self._probe, item)
+        return self._probe
+
+
+def _probe_apply(idx: Git, item: Planned) -> None:
+    if item.patch is None:
+        sha = idx.out("hash-object", "-w", "--", str(item.path))
+        idx.run("update-index", "--add", "--cacheinfo", f"100644,{sha},{item.entry.target}")
+    elif not idx.ok("apply", "--cached", str(item.path)):
+        idx.run("apply", "--cached", "--3way", str(item.path), check=False)  # a conflict stays unknown
+
+
+def _ancestor_distances(git: Git, files: list[Variant], target: str, cache: dict[str, int | None]) -> dict[Variant, int]:
+    """Variant -> commits from its base to ``target``, for the bases that are ancestors of it."""
+    out = {}
+    for variant in files:
+        key = variant.commit or variant.base
+        if key not in cache:
+            base = git.rev_parse(variant.commit) if variant.commit else None
+            base = base or git.rev_parse(variant.base)
+            ok = base is not None and git.is_ancestor(base, target)
+            cache[key] = git.count(f"{base}..{target}") if ok else None
+        if cache[key] is not None:
+            out[variant] = cache[key]
+    return out
+
+
+def select_variant(git: Git, entry: Entry, target: str, tree: ReplayedTree, patches: dict[Variant, PatchInfo],
+                   distances: dict[str, int | None] | None = None) -> Choice:
+    """The file ``entry`` takes on ``target`` (module docstring: the rules). ``tree``: the target as
+    the earlier entries leave it; ``patches``: each of the entry's files, parsed; ``distances``
+    caches base -> commits to ``target``."""
     files = entry.patch_files()
     if len(files) == 1:
-        return files[0]
-    cache = {} if distances is None else distances
-    best: tuple[int, Variant] | None = None
-    for variant in files:
-        if variant.base not in cache:
-            base = git.rev_parse(variant.base)
-            ok = base is not None and git.is_ancestor(base, target)
-            cache[variant.base] = git.count(f"{base}..{target}") if ok else None
-        distance = cache[variant.base]
-        if distance is not None and (best is None or distance < best[0]):
-            best = (distance, variant)
-    return best[1] if best else files[0]
+        return Choice(files[0], "only", "the entry's only file")
+    score = {v: tree.matches(patches[v]) for v in files}
+    exact = [v for v in files if score[v] == len(patches[v].blobs) > 0]
+    if len(exact) == 1:
+        n = score[exact[0]]
+        return Choice(exact[0], "exact", f"preimage blobs match ({n}/{n} files)")
+    tied = exact or [v for v in files if score[v] == max(score.values()) > 0]
+    if len(tied) == 1:
+        v = tied[0]
+        return Choice(v, "most", f"most preimage blobs match ({score[v]}/{len(patches[v].blobs)} files)")
+    tied = tied or files
+    near = _ancestor_distances(git, tied, target, {} if distances is None else distances)
+    if near:
+        best = min(near.values())
+        closest = [v for v in tied if near.get(v) == best]
+        if len(closest) == 1:
+            v = closest[0]
+            return Choice(v, "ancestor", f"nearest ancestor base {v.base} ({best} commit(s) back)")
+        tied = closest
+    for v in tied:
+        if tree.applies_strictly(patches[v].path):
+            return Choice(v, "strict", "the first file that applies strictly")
+    return Choice(files[0], "primary", "no file matches or applies strictly: the primary (3-way)")
+
+
+def choose(series: Series, git: Git, entry: Entry, target: str) -> Choice:
+    """``select_variant`` for one entry on the tree of commit ``target`` as it is (the earlier
+    entries already in it: a patched branch's commit before this entry's)."""
+    patches = {v: read_patch(verify_file(series, entry, v)) for v in entry.patch_files()}
+    paths = sorted({p for info in patches.values() for p in info.files})
+    with tempfile.TemporaryDirectory(prefix="c128plan-") as tmp:
+        return select_variant(git, entry, target, ReplayedTree(git, target, paths, Path(tmp)), patches)
 
 
 @dataclass
@@ -41,6 +178,7 @@ class Planned:
     variant: Variant | None
     path: Path  # the patch file, or the overlay source
     patch: PatchInfo | None
+    choice: Choice | None = None  # None for overlays
 
     @property
     def touched(self) -> list[str]:
@@ -49,6 +187,11 @@ class Planned:
     @property
     def label(self) -> str:
         return f"patches/{self.variant.file}" if self.variant else self.entry.source
+
+    @property
+    def chosen_by(self) -> str:
+        """Why this file: the rule and its detail (overlays: their one source)."""
+        return f"{self.choice.rule}: {self.choice.detail}" if self.choice else "overlay"
 
 
 def verify_file(series: Series, entry: Entry, variant: Variant | None) -> Path:
@@ -76,17 +219,38 @@ def validate_files(series: Series) -> None:
                 read_patch(path)
 
 
+def merged_entries(series: Series, git: Git, target: str) -> list[Entry]:
+    """Entries upstream holds at ``target``: their ``merged_in`` commit is an ancestor of it."""
+    out = []
+    for entry in series.entries:
+        if entry.merged_in:
+            commit = git.rev_parse(entry.merged_in)
+            if commit is not None and git.is_ancestor(commit, target):
+                out.append(entry)
+    return out
+
+
 def plan(series: Series, git: Git, target: str) -> list[Planned]:
-    """Choose each entry's file for ``target`` and validate it; touches nothing."""
+    """Choose each entry's file for ``target`` and validate it; touches nothing but the object store.
+    Entries merged upstream at ``target`` are left out (``merged_entries``)."""
+    skip = {e.name for e in merged_entries(series, git, target)}
+    entries = [e for e in series.entries if e.name not in skip]
+    patches = {e.name: {v: read_patch(verify_file(series, e, v)) for v in e.patch_files()} for e in entries}
+    paths = sorted({p for files in patches.values() for info in files.values() for p in info.files}
+                   | {e.target for e in entries if not e.is_patch})
     out = []
     distances: dict[str, int | None] = {}
-    for entry in series.entries:
-        if entry.is_patch:
-            variant = select_variant(git, entry, target, distances)
-            path = verify_file(series, entry, variant)
-            out.append(Planned(entry, variant, path, read_patch(path)))
-        else:
-            out.append(Planned(entry, None, verify_file(series, entry, None), None))
+    with tempfile.TemporaryDirectory(prefix="c128plan-") as tmp:
+        tree = ReplayedTree(git, target, paths, Path(tmp))
+        for entry in entries:
+            if entry.is_patch:
+                choice = select_variant(git, entry, target, tree, patches[entry.name], distances)
+                info = patches[entry.name][choice.variant]
+                item = Planned(entry, choice.variant, info.path, info, choice)
+            else:
+                item = Planned(entry, None, verify_file(series, entry, None), None)
+            tree.advance(item)
+            out.append(item)
     return out
 
 

@@ -34,6 +34,8 @@ def build(series: Series, planned: list[Planned], upstream: dict[str, Any], resu
         if item.variant:
             row["file"] = item.variant.file
             row["variant_base"] = item.variant.base
+            row["variant_commit"] = item.variant.commit
+            row["chosen_by"] = item.chosen_by
         else:
             row["source"] = e.source
             row["target"] = e.target
