@@ -10,10 +10,21 @@ import click
 from rich.table import Table
 
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
-from c128patch.ops.check import check_revs
+from c128patch.ops.check import EntryCheck, check_revs
 from c128patch.progress import console, reporter
+from c128patch.series.manifest import Entry
 from c128patch.series.plan import validate_files
 from c128patch.upstream.source import open_upstream
+
+
+def _cell(entry: Entry, e: EntryCheck) -> str:
+    """What happened, then which file (the primary, or the variant of a base) and by which rule."""
+    what = {"clean": "ok", "3way": "ok (3-way)", "ledger": "ok (ledger)"}.get(e.status, f"{e.status}: {e.detail}")
+    if not entry.is_patch or not e.file:
+        return what
+    variant = next(v for v in entry.patch_files() if f"patches/{v.file}" == e.file)
+    which = "primary" if variant.file == entry.file else f"{variant.base} variant"
+    return f"{what}\n{which} ({e.chosen_by.split(':', 1)[0]})"
 
 
 @click.command("check")
@@ -23,7 +34,8 @@ from c128patch.upstream.source import open_upstream
 @json_option
 @handles_errors
 def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, as_json: bool) -> None:
-    """Does the series apply to each REV? Nothing is checked out."""
+    """Does the series apply to each REV? Nothing is checked out. Per entry: which file was chosen
+    and by which rule (exact/most preimage blobs, ancestor, strict, primary, only)."""
     series = get_series(series_dir)
     validate_files(series)
     with reporter(not as_json, total=len(revs), title="check") as rep:
@@ -42,14 +54,11 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, as
         table.add_column("entry")
         for r in results:
             table.add_column(r.rev)
-        for i, entry in enumerate(series.entries):
+        for entry in series.entries:
             cells = []
             for r in results:
-                if r.error:
-                    cells.append("error")
-                else:
-                    e = r.entries[i]
-                    cells.append({"clean": "ok", "3way": "ok (3-way)"}.get(e.status, f"{e.status}: {e.detail}"))
+                e = next((row for row in r.entries if row.name == entry.name), None)
+                cells.append("error" if e is None else _cell(entry, e))
             table.add_row(entry.name, *cells)
         out = console(stderr=False)
         out.print(table)

@@ -3,8 +3,13 @@
 A conflict is keyed by its entry and by a hash of its conflict blocks (marker labels normalized, so
 the key does not depend on commit ids). Its resolution is stored as a small unified diff from the
 conflicted file to the resolved one: only the conflict regions and their context lines, never a
-whole upstream file. On a later rebase, a conflict with the same key is resolved by applying that
-diff with ``git apply`` (strict: it only fits the very same conflicted text), and staged.
+whole upstream file. Each row says the range it was recorded on (``from``, ``onto``) and a second
+key, ``match``, over the blocks with whitespace normalized.
+
+On a later replay, a conflict is resolved by the row with the same key (``git apply``, strict: it
+only fits the very same conflicted text), else by a row for the same entry and file with the same
+``match`` key (``git apply --ignore-whitespace``). Either way the use names its row; one recorded
+on another range, or matched only after whitespace normalization, is "reused from <range>".
 """
 
 from __future__ import annotations
@@ -34,10 +39,16 @@ def normalize_markers(text: str) -> str:
     return _MARKER.sub(lambda m: m.group(1), text)
 
 
-def conflict_key(path: str, text: str) -> str:
-    """A hash of the conflict blocks of ``text`` (markers normalized), and the path."""
+def _squash(line: str) -> str:
+    return " ".join(line.split())
+
+
+def conflict_key(path: str, text: str, *, whitespace: bool = True) -> str:
+    """A hash of the conflict blocks of ``text`` (markers normalized), and the path; with
+    ``whitespace=False`` each line's runs of whitespace count as one space."""
     blocks, inside, current = [], False, []
     for line in normalize_markers(text).splitlines():
+        line = line if whitespace else _squash(line)
         if line == "<" * 7:
             inside, current = True, [line]
         elif inside:
@@ -54,6 +65,30 @@ class Conflict:
     path: str
     key: str
     text: str  # the conflicted file, markers normalized
+    match: str = ""  # the key with whitespace normalized
+
+    @classmethod
+    def of(cls, path: str, text: str) -> "Conflict":
+        text = normalize_markers(text)
+        return cls(path, conflict_key(path, text), text, conflict_key(path, text, whitespace=False))
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """One ledger row used on a conflict."""
+
+    entry: str
+    key: str  # the row's key
+    path: str
+    recorded: str  # the range it was recorded on: "v0.5.22..v0.5.23"
+    reused: bool  # recorded on another range, or matched after whitespace normalization
+
+    @property
+    def ref(self) -> str:
+        return f"{self.entry}:{self.key}"
+
+    def describe(self) -> str:
+        return f"{self.ref} ({self.path})" + (f", reused from {self.recorded}" if self.reused else "")
 
 
 class Ledger:
@@ -69,25 +104,33 @@ class Ledger:
     def _diff_path(self, entry: str, key: str) -> Path:
         return self.root / entry / f"{key}.diff"
 
-    def conflicts(self, git: Git, paths: list[str]) -> list[Conflict]:
+    @staticmethod
+    def conflicts(git: Git, paths: list[str]) -> list[Conflict]:
         """The unmerged files as they stand, markers normalized in the work tree too."""
         out = []
         for path in paths:
             file = git.worktree / path  # type: ignore[operator]
-            text = normalize_markers(file.read_text())
-            file.write_text(text)
-            out.append(Conflict(path, conflict_key(path, text), text))
+            conflict = Conflict.of(path, file.read_text())
+            file.write_text(conflict.text)
+            out.append(conflict)
         return out
 
-    def replay(self, git: Git, entry: str, conflicts: list[Conflict]) -> list[str]:
-        """Resolve every conflict this entry has a recorded resolution for; returns their refs."""
-        refs = []
+    def replay(self, git: Git, entry: str, conflicts: list[Conflict], span: str = "") -> list[Resolution]:
+        """Resolve (and ``git add``) every conflict this entry has a recorded resolution for, in
+        ``git``'s work tree; ``span`` is the range being replayed ("v0.5.22..v0.5.23")."""
+        rows = [r for r in self.rows() if r["entry"] == entry]
+        used = []
         for c in conflicts:
-            diff = self._diff_path(entry, c.key)
-            if diff.is_file() and git.ok("apply", str(diff)):
-                git.run("add", "--", c.path)
-                refs.append(f"{entry}:{c.key}")
-        return refs
+            exact = [r for r in rows if r["key"] == c.key]
+            near = [r for r in rows if r.get("match") == c.match and r["file"] == c.path and r not in exact]
+            for row, flags in [*((r, ()) for r in exact), *((r, ("--ignore-whitespace",)) for r in near)]:
+                diff = self._diff_path(entry, row["key"])
+                if diff.is_file() and git.ok("apply", *flags, str(diff)):
+                    git.run("add", "--", c.path)
+                    recorded = f"{row['from']}..{row['onto']}"
+                    used.append(Resolution(entry, row["key"], c.path, recorded, bool(flags) or bool(span) and recorded != span))
+                    break
+        return used
 
     def record(self, git: Git, entry: str, from_rev: str, onto_rev: str, conflicts: list[Conflict]) -> list[str]:
         """Keep how the user resolved ``conflicts`` (their staged content), as diffs."""
@@ -102,7 +145,8 @@ class Ledger:
             target = self._diff_path(entry, c.key)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(diff)
-            rows.append({"entry": entry, "key": c.key, "file": c.path, "from": from_rev, "onto": onto_rev})
+            rows.append({"entry": entry, "key": c.key, "match": c.match or conflict_key(c.path, c.text, whitespace=False),
+                         "file": c.path, "from": from_rev, "onto": onto_rev})
             refs.append(f"{entry}:{c.key}")
         if refs:
             rows.sort(key=lambda r: (r["entry"], r["file"], r["key"]))

@@ -1,0 +1,202 @@
+"""Replay entries of the series on an index: no checkout, nothing of the user's touched.
+
+A patch is tried strictly (``git apply --cached``, all or nothing), then with a 3-way merge
+(``--3way``, on the preimage blobs its ``index`` lines name). Where the 3-way merge leaves
+conflicts and a ledger is given, the conflicted files are made as git makes them in a work tree
+(``git apply --3way`` in a scratch folder holding only the patch's files, so their keys are the
+ones a rebase stop records) and the ledger's resolutions are tried on them. An overlay is added
+whole; it collides with a file upstream already has.
+
+``replay_in_index`` replays the whole series on one upstream commit: what ``check`` reports, what
+``equivalence`` compares a tree with, and what ``rebase`` replays entry by entry.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from c128patch.errors import C128Error
+from c128patch.git import Git
+from c128patch.series.ledger import Conflict, Ledger, Resolution
+from c128patch.series.manifest import Series
+from c128patch.series.plan import ENTRY_TRAILER, Planned, check_paths_at, index_git, merged_entries, plan
+
+Outcome = Literal["clean", "3way", "ledger", "conflict", "collision", "skipped"]
+FAILED: tuple[Outcome, ...] = ("conflict", "collision")
+
+
+@dataclass
+class EntryCheck:
+    name: str
+    kind: str
+    file: str
+    status: Outcome
+    detail: str = ""
+    chosen_by: str = ""  # the rule that chose the file (series.plan)
+    conflicts: list[str] = field(default_factory=list)  # files the 3-way merge leaves conflicted
+    resolutions: list[Resolution] = field(default_factory=list)  # ledger rows that resolved them
+
+
+@dataclass
+class RevCheck:
+    rev: str
+    commit: str
+    ok: bool = True
+    entries: list[EntryCheck] = field(default_factory=list)
+    error: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def first_error(text: str) -> str:
+    for line in text.splitlines():
+        if "patch failed:" in line or "does not exist" in line or "already exists" in line:
+            return line.removeprefix("error: ").strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1].removeprefix("error: ").strip() if lines else ""
+
+
+def unmerged_paths(git: Git) -> list[str]:
+    return sorted({line.split("\t", 1)[1] for line in git.out("ls-files", "-u").splitlines()})
+
+
+def scratch_git(git: Git, index_file: Path, folder: Path) -> Git:
+    """``git`` on the index ``index_file`` with ``folder`` as its work tree (emptied first)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    git_dir = git.git_dir or Path(git.out("rev-parse", "--absolute-git-dir"))
+    return Git(worktree=folder, git_dir=git_dir,
+               env={**git.env, "GIT_INDEX_FILE": str(index_file), "GIT_WORK_TREE": str(folder)})
+
+
+def conflicted_in_scratch(git: Git, index_file: Path, item: Planned) -> tuple[Git, list[Conflict]]:
+    """Redo ``item``'s 3-way merge on the index with a scratch work tree holding only its files;
+    the index is left with the merge (conflicted paths at their stages)."""
+    assert item.patch is not None
+    sgit = scratch_git(git, index_file, index_file.parent / "scratch")
+    present = sgit.out("ls-files", "--", *item.patch.needs).splitlines() if item.patch.needs else []
+    if present:
+        sgit.run("checkout-index", "-u", "--", *present)
+    sgit.run("apply", "--3way", str(item.path), check=False)
+    return sgit, Ledger.conflicts(sgit, unmerged_paths(sgit))
+
+
+def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | None = None,
+                 span: str = "") -> EntryCheck:
+    """Apply ``item`` to the index ``index_file``: strict, then 3-way, then (given ``ledger``) its
+    recorded resolutions. A failure leaves the index as it was before the entry."""
+    idx = index_git(git, index_file)
+    row = EntryCheck(item.entry.name, item.entry.kind, item.label, "clean", chosen_by=item.chosen_by)
+    path = str(item.path)
+    strict = idx.run("apply", "--cached", path, check=False)  # all or nothing: a failure changes no entry
+    if strict.returncode == 0:
+        return row
+    saved = index_file.read_bytes()
+    three = idx.run("apply", "--cached", "--3way", path, check=False)
+    if three.returncode == 0:
+        row.status, row.detail = "3way", "applies only with a 3-way merge"
+        return row
+    row.conflicts = unmerged_paths(idx)
+    if row.conflicts and ledger is not None:
+        index_file.write_bytes(saved)
+        sgit, conflicts = conflicted_in_scratch(git, index_file, item)
+        row.resolutions = ledger.replay(sgit, item.entry.name, conflicts, span)
+        left = unmerged_paths(sgit)
+        if not left:
+            row.status, row.conflicts = "ledger", []
+            row.detail = "3-way conflicts resolved by the ledger: " + "; ".join(r.describe() for r in row.resolutions)
+            return row
+        row.conflicts = left
+    row.status = "conflict"
+    if row.conflicts:
+        row.detail = f"3-way merge conflicts in {', '.join(row.conflicts)}"
+        if row.resolutions:
+            row.detail += " (the ledger resolved only " + ", ".join(r.path for r in row.resolutions) + ")"
+    else:
+        row.detail = first_error(three.stderr) or first_error(strict.stderr)
+    index_file.write_bytes(saved)  # later entries are replayed on top of the rest
+    return row
+
+
+def replay_overlay(git: Git, item: Planned, index_file: Path) -> EntryCheck:
+    idx = index_git(git, index_file)
+    row = EntryCheck(item.entry.name, item.entry.kind, item.label, "clean", chosen_by=item.chosen_by)
+    if idx.out("ls-files", "--", item.entry.target):
+        row.status, row.detail = "collision", f"{item.entry.target} already exists"
+        return row
+    sha = idx.out("hash-object", "-w", "--", str(item.path))
+    idx.run("update-index", "--add", "--cacheinfo", f"100644,{sha},{item.entry.target}")
+    return row
+
+
+def replay_entry(git: Git, item: Planned, index_file: Path, present: set[str], *, ledger: Ledger | None = None,
+                 span: str = "") -> EntryCheck:
+    """One entry on the index; ``present``: the paths (and folders) the index holds, kept up to date."""
+    missing = [f for f in item.patch.needs if f not in present] if item.patch is not None else []
+    if missing:  # not even a 3-way merge can patch a file that is not there
+        row = EntryCheck(item.entry.name, item.entry.kind, item.label, "conflict", f"{missing[0]}: does not exist",
+                         chosen_by=item.chosen_by, conflicts=missing[:1])
+    elif item.patch is not None:
+        row = replay_patch(git, item, index_file, ledger=ledger, span=span)
+    else:
+        row = replay_overlay(git, item, index_file)
+    present.update(item.touched)
+    return row
+
+
+def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file: Path, *,
+                    ledger: Ledger | None = None, span: str = "",
+                    trees: dict[str, tuple[str, str]] | None = None) -> tuple[RevCheck, list[Planned]]:
+    """Replay the series on ``commit`` into the index file ``index_file`` (nothing is checked out).
+    Entries merged upstream at ``commit`` are rows with status ``skipped``. ``trees``, when given,
+    is filled with entry -> (tree before it, tree after it) for the entries that replay."""
+    result = RevCheck(rev, commit)
+    try:
+        planned = plan(series, git, commit)
+        present = check_paths_at(git, commit, [p for p in planned if p.patch is not None])
+        merged = {e.name: e for e in merged_entries(series, git, commit)}
+    except C128Error as exc:
+        result.ok, result.error = False, exc.message
+        return result, []
+    idx = index_git(git, index_file)
+    idx.run("read-tree", commit)
+    tree = idx.out("write-tree") if trees is not None else ""
+    by_name = {p.entry.name: p for p in planned}
+    for entry in series.entries:
+        if entry.name in merged:
+            result.entries.append(EntryCheck(entry.name, entry.kind, "", "skipped",
+                                             f"merged upstream in {entry.merged_in[:12]}"))
+            continue
+        row = replay_entry(git, by_name[entry.name], index_file, present, ledger=ledger, span=span)
+        result.entries.append(row)
+        if row.status in FAILED:
+            result.ok = False
+        elif trees is not None:
+            after = idx.out("write-tree")
+            trees[entry.name], tree = (tree, after), after
+    return result, planned
+
+
+@dataclass(frozen=True)
+class BranchCommit:
+    """One commit of a patched branch on top of its upstream base."""
+
+    sha: str
+    entry: str  # its C128patch-Entry trailer ("" without one; "provenance" for the provenance commit)
+    subject: str
+    tree: str = ""
+    parent: str = ""  # its first parent
+
+
+def branch_commits(git: Git, base: str, head: str = "HEAD") -> list[BranchCommit]:
+    """The commits of ``base..head``, oldest first (provenance commits included, as ``entry`` says)."""
+    fmt = f"%H%x00%T%x00%P%x00%(trailers:key={ENTRY_TRAILER},valueonly,separator=%x20)%x00%s"
+    out = []
+    for line in git.out("log", "--reverse", f"--format={fmt}", f"{base}..{head}").splitlines():
+        sha, tree, parents, name, subject = line.split("\0")
+        out.append(BranchCommit(sha, name.strip(), subject, tree, parents.split(" ")[0]))
+    return out
