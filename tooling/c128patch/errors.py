@@ -22,3 +22,8 @@ class ConflictError(C128Error):
     def __init__(self, message: str, *, hint: str | None = None, report: dict | None = None) -> None:
         super().__init__(message, hint=hint)
         self.report = report or {}
+
+
+class DifferenceError(ConflictError):
+    """A command finished but its tree is not what the series says: an unattributed difference.
+    The tree is kept as described; the hint says how to undo."""

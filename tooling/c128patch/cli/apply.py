@@ -51,9 +51,13 @@ def command(rev: str, repo: str | None, branch: str | None, tree: Path | None, s
         return
     out = console(stderr=False)
     for row in result.entries:
+        if row.get("status") == "skipped":
+            out.print(f"  skipped {row['name']} ({row['detail']})", markup=False)
+            continue
         how = " (needed a 3-way merge)" if row.get("applied") == "3way" else ""
         out.print(f"  applied {row['name']}{how}", markup=False)
     out.print(f"{result.tree}: {result.branch} = {rev} + series {series.name} {series.version} "
               f"({len(result.entries)} entries), HEAD {result.head[:12]}", markup=False)
+    out.print(f"  {result.equivalence['summary']}", markup=False)
     if note:
         out.print(note, markup=False)

@@ -47,6 +47,10 @@ def command(tree: Path, series_dir: Path | None, as_json: bool) -> None:
         out.print(f"  the series has changed since (now {cur['version']}): re-apply or rebase", markup=False)
     if info["commits_since"]:
         out.print(f"  {info['commits_since']} commit(s) on top of the applied series", markup=False)
+    proof = info.get("equivalence")
+    if proof:
+        verdict = "equals the series" if proof["identical"] else "differs"
+        out.print(f"  {verdict}: {proof['summary']}", markup=False)
     if not info["drift"]:
         out.print("  no drift: patched and overlaid files are as applied", markup=False)
     for d in info["drift"]:

@@ -1,4 +1,6 @@
-"""``status``: which series is applied to a tree, on which upstream, and what drifted since."""
+"""``status``: which series is applied to a tree, on which upstream, what drifted since, and whether
+the tree equals a fresh apply of the series (``ops.equivalence``; every difference attributed to an
+edit on the branch, or listed as unattributed)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import hashlib
 import json
 
 from c128patch.git import Git
+from c128patch.ops.equivalence import prove
 from c128patch.ops.treestate import rebase_journal
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
@@ -65,4 +68,9 @@ def tree_status(git: Git, series: Series | None = None) -> dict:
     if series is not None:
         applied = record.get("series", {}).get("digest")
         out["series_current"] = {"version": series.version, "digest": series.digest(), "up_to_date": applied == series.digest()}
+        upstream = record.get("upstream", {})
+        if upstream.get("commit") and git.rev_parse(upstream["commit"]):
+            proof = prove(series, git, upstream.get("rev") or upstream["commit"][:12], upstream["commit"])
+            out["equivalence"] = proof.to_json()
+            out["equals_series"] = proof.identical
     return out

@@ -1,0 +1,257 @@
+"""Is a patched tree what the series says? The proof ``apply``, ``rebase``, ``status`` and ``refresh`` give.
+
+The tree at ``head`` (its provenance file aside) is compared with a fresh replay of the series on
+the same upstream commit, in a temporary index (``ops.replay``: each entry's file as ``plan``
+chooses it, strict then 3-way, and the ledger's recorded resolution where the series' own 3-way
+merge conflicts). Every difference must be explained by an ``Edit``:
+
+* ``user-edit``: an entry commit of the branch differs from what the series' file gives on that
+  commit's parent (the user changed the entry);
+* ``user-commit``: a commit that carries no entry of the series (the user's own).
+
+The edits are replayed, in branch order, on the fresh tree; the hunks each one adds are attributed
+to it. What is left between that tree and ``head`` is *unattributed*: listed hunk by hunk, and the
+tree is not proven. A caller may accept only some edits (``rebase`` accepts those the branch had
+before it started); an edit it refuses stays in the unattributed rest, named.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Literal
+
+from unidiff import PatchSet
+
+from c128patch.git import Git
+from c128patch.ops.replay import FAILED, BranchCommit, RevCheck, branch_commits, replay_entry, replay_in_index
+from c128patch.series.ledger import Ledger, Resolution
+from c128patch.series.manifest import Series
+from c128patch.series.patchfile import read_patch
+from c128patch.series.plan import Planned, choose, index_git, merged_entries, verify_file
+from c128patch.series.provenance import PROVENANCE_PATH
+
+EditKind = Literal["user-edit", "user-commit"]
+DifferenceKind = Literal["user-edit", "user-commit", "unattributed"]
+
+
+@dataclass(frozen=True)
+class Edit:
+    """A change on the branch that the series does not make: ``before`` -> ``after`` (tree ids)."""
+
+    kind: EditKind
+    entry: str  # the entry it changes (user-edit), or the commit's subject (user-commit)
+    commit: str
+    before: str
+    after: str
+
+    @property
+    def label(self) -> str:
+        if self.kind == "user-edit":
+            return f"user edit on entry {self.entry} (commit {self.commit[:12]})"
+        return f"user commit {self.commit[:12]} {self.entry!r}"
+
+
+@dataclass(frozen=True)
+class Hunk:
+    path: str
+    header: str  # "@@ -a,b +c,d @@ context"
+    text: str  # the hunk as git diff prints it
+
+
+@dataclass
+class Difference:
+    kind: DifferenceKind
+    label: str  # what it is attributed to ("" when unattributed)
+    hunks: list[Hunk]
+    note: str = ""
+
+    @property
+    def files(self) -> list[str]:
+        return sorted({h.path for h in self.hunks})
+
+
+@dataclass
+class Equivalence:
+    """The verdict on one tree; ``summary()`` is the line every command prints."""
+
+    series: str  # "c128patch 2"
+    rev: str
+    commit: str
+    head: str
+    fresh_tree: str
+    tree: str  # head's tree, provenance file aside
+    replay: RevCheck
+    differences: list[Difference] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return self.replay.ok and self.fresh_tree == self.tree
+
+    @property
+    def unattributed(self) -> list[Difference]:
+        return [d for d in self.differences if d.kind == "unattributed"]
+
+    @property
+    def ok(self) -> bool:
+        return self.replay.ok and not self.unattributed
+
+    @property
+    def ledger(self) -> list[Resolution]:
+        return [r for e in self.replay.entries for r in e.resolutions]
+
+    def summary(self) -> str:
+        fresh = f"a fresh apply of series {self.series} on {self.rev}"
+        if self.ledger:
+            fresh += " with ledger resolutions " + ", ".join(r.ref for r in self.ledger)
+        if not self.replay.ok:
+            failed = [e for e in self.replay.entries if e.status in FAILED]
+            why = f"entry {failed[0].name}: {failed[0].detail}" if failed else self.replay.error
+            return f"cannot prove: the series does not replay on {self.rev} ({why})"
+        if self.identical:
+            return f"identical to {fresh}"
+        if not self.unattributed:
+            return f"equals {fresh} but for " + "; ".join(f"{d.label} ({_some(d.files)})" for d in self.differences)
+        first = self.unattributed[0].hunks[0]
+        return (f"differs from {fresh}: unattributed change in {_some(self.unattributed[0].files)} "
+                f"(first: {first.path} {first.header})")
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out.update(summary=self.summary(), identical=self.identical, ok=self.ok)
+        return out
+
+
+def _some(items: list[str], n: int = 3) -> str:
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def hunks_between(git: Git, before: str, after: str) -> list[Hunk]:
+    text = git.run("diff", "--no-color", "--no-renames", "--no-ext-diff", before, after).stdout
+    out = []
+    for pf in PatchSet(text):
+        path = pf.path[2:] if pf.path.startswith(("a/", "b/")) else pf.path
+        if pf.is_binary_file or not len(pf):
+            out.append(Hunk(path, "(binary or mode change)", ""))
+        for h in pf:
+            header = f"@@ -{h.source_start},{h.source_length} +{h.target_start},{h.target_length} @@"
+            out.append(Hunk(path, header + (f" {h.section_header}" if h.section_header else ""), str(h)))
+    return out
+
+
+def tree_without_provenance(git: Git, head: str, index_file: Path) -> str:
+    idx = index_git(git, index_file)
+    idx.run("read-tree", head)
+    idx.run("update-index", "--force-remove", "--", PROVENANCE_PATH)
+    return idx.out("write-tree")
+
+
+VerdictKind = Literal["series", "user-edit", "user-commit", "uncompared"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One commit of a branch compared with the series: ``series`` (exactly what the series' file
+    gives on its parent), ``user-edit``, ``user-commit``, or ``uncompared`` (the series' file does
+    not replay on its parent: ``detail`` says why)."""
+
+    commit: BranchCommit
+    kind: VerdictKind
+    before: str  # the tree the series gives (user-edit), or the parent's tree (user-commit)
+    after: str  # the commit's tree
+    detail: str = ""
+
+    def edit(self) -> Edit | None:
+        if self.kind == "user-edit":
+            return Edit("user-edit", self.commit.entry, self.commit.sha, self.before, self.after)
+        if self.kind == "user-commit":
+            return Edit("user-commit", self.commit.entry or self.commit.subject, self.commit.sha, self.before, self.after)
+        return None
+
+
+def compare_commits(series: Series, git: Git, base: str, head: str, scratch: Path,
+                    fresh: dict[str, tuple[str, str]] | None = None) -> list[Verdict]:
+    """Each commit of ``base..head`` but the provenance one, compared with the series. ``fresh``:
+    entry -> (tree before, tree after) of a fresh replay on ``base``; a commit that sits exactly
+    there is the series' without replaying it again."""
+    fresh = fresh or {}
+    entries = {e.name: e for e in series.entries}
+    merged = {e.name for e in merged_entries(series, git, base)}
+    ledger = Ledger(series)
+    index_file = scratch / "branch.index"
+    commits = branch_commits(git, base, head)
+    trees = {c.sha: c.tree for c in commits}
+    out = []
+    for c in commits:
+        if c.entry == "provenance":
+            continue
+        parent, after = c.parent, c.tree
+        before = trees.get(parent) or git.out("rev-parse", f"{parent}^{{tree}}")
+        entry = entries.get(c.entry)
+        if entry is None or entry.name in merged:
+            out.append(Verdict(c, "user-commit", before, after))
+            continue
+        if fresh.get(c.entry) == (before, after):
+            out.append(Verdict(c, "series", after, after))
+            continue
+        variant = choose(series, git, entry, parent).variant if entry.is_patch else None
+        path = verify_file(series, entry, variant)
+        item = Planned(entry, variant, path, read_patch(path) if entry.is_patch else None)
+        index_git(git, index_file).run("read-tree", parent)
+        present = set(git.out("ls-tree", "-r", "--name-only", parent, "--", *item.touched).splitlines())
+        row = replay_entry(git, item, index_file, present, ledger=ledger)
+        if row.status in FAILED:
+            out.append(Verdict(c, "uncompared", "", after, f"{item.label} does not replay on the commit's "
+                                                          f"parent: {row.detail}"))
+            continue
+        expected = index_git(git, index_file).out("write-tree")
+        out.append(Verdict(c, "series" if expected == after else "user-edit", expected, after))
+    return out
+
+
+def branch_edits(series: Series, git: Git, base: str, head: str, scratch: Path,
+                 fresh: dict[str, tuple[str, str]] | None = None) -> tuple[list[Edit], list[str]]:
+    """The edits of ``base..head`` (module docstring), and notes on commits that could not be compared."""
+    verdicts = compare_commits(series, git, base, head, scratch, fresh)
+    notes = [f"entry {v.commit.entry} (commit {v.commit.sha[:12]}) could not be compared with the series: {v.detail}"
+             for v in verdicts if v.kind == "uncompared"]
+    return [e for v in verdicts if (e := v.edit()) is not None], notes
+
+
+def prove(series: Series, git: Git, rev: str, commit: str, head: str = "HEAD", *,
+          accept: Callable[[Edit], bool] | None = None, span: str = "") -> Equivalence:
+    """Compare ``head`` with a fresh replay of ``series`` on ``commit`` (module docstring).
+    ``accept``: which edits may explain a difference (default: all); ``span``: the rebase range."""
+    head = git.out("rev-parse", head)
+    with tempfile.TemporaryDirectory(prefix="c128prove-") as tmp:
+        scratch = Path(tmp)
+        trees: dict[str, tuple[str, str]] = {}
+        replay, _ = replay_in_index(series, git, rev, commit, scratch / "fresh.index", ledger=Ledger(series), span=span,
+                                    trees=trees)
+        fresh = index_git(git, scratch / "fresh.index").out("write-tree")
+        tree = tree_without_provenance(git, head, scratch / "head.index")
+        result = Equivalence(f"{series.name} {series.version}", rev, commit, head, fresh, tree, replay)
+        if fresh == tree:
+            return result
+        edits, result.notes = branch_edits(series, git, commit, head, scratch, trees)
+        idx = index_git(git, scratch / "edits.index")
+        idx.run("read-tree", fresh)
+        current = fresh
+        for edit in edits:
+            if accept is not None and not accept(edit):
+                result.notes.append(f"{edit.label}: not an edit the branch had; its changes count as unattributed")
+                continue
+            patch = git.run("diff", "--full-index", "--binary", "--no-renames", edit.before, edit.after).stdout
+            if not (idx.ok("apply", "--cached", input=patch) or idx.ok("apply", "--cached", "--3way", input=patch)):
+                idx.run("read-tree", current)
+                result.notes.append(f"{edit.label}: does not replay on the fresh tree; its changes count as unattributed")
+                continue
+            new = idx.out("write-tree")
+            result.differences.append(Difference(edit.kind, edit.label, hunks_between(git, current, new)))
+            current = new
+        rest = hunks_between(git, current, tree)
+        if rest:
+            result.differences.append(Difference("unattributed", "", rest, "; ".join(result.notes)))
+        return result
