@@ -55,6 +55,7 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     series = get_series(series_dir)
     git = Git(worktree=toplevel(tree))
     rb = Rebase(git, series)
+    report: dict = {}
     try:
         if onto:
             report = rb.start(onto, _onto_commit(git, onto, repo), drop_merged=drop_merged)
@@ -67,10 +68,9 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     except KeyboardInterrupt:
         raise C128Error("interrupted: the rebase journal is intact; resume with `c128patch rebase --continue` "
                         "or undo with `c128patch rebase --abort`") from None
-    if report_dir and not report.get("aborted"):
-        report_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("rebase-report.md", "rebase-report.json"):
-            shutil.copyfile(rb.path.parent / name, report_dir / name)
+    finally:  # at a stop too: the reports are written at every stop
+        if report_dir and not abort:
+            _copy_reports(rb.path.parent, report_dir)
     if as_json:
         emit_json(report)
         return
@@ -79,11 +79,24 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
         out.print(f"rebase aborted: {report['branch'] or 'HEAD'} is back at {report['head'][:12]}"
                   + (f"; your uncommitted work is in stash {report['stash'][:12]}" if report["stash"] else ""), markup=False)
         return
-    table = Table(title=f"rebase {report['old_base']['rev']} -> {report['new_base']['rev']} "
-                        f"({report['upstream_commits_between']} upstream commits)")
-    for col in ("entry", "status", "detail"):
+    table = Table(title=f"rebase {report['old_base']['rev']} -> {report['new_base']['rev']} ({report['direction']}, "
+                        f"{report['upstream_commits_between']} upstream commits added, "
+                        f"{len(report['upstream_commits_removed'])} left behind)")
+    for col in ("entry", "status", "file (chosen by)", "detail"):
         table.add_column(col)
     for e in report["entries"]:
-        table.add_row(e["name"], e["status"], e["detail"] + (f" [{', '.join(e['ledger'])}]" if e["ledger"] else ""))
+        detail = e["detail"] + (f" [{', '.join(e['ledger'])}]" if e["ledger"] else "")
+        detail += " [your edit carried]" if e.get("edit_from") else ""
+        file = f"{e['file']} ({e['chosen_by'].split(':', 1)[0]})" if e.get("file") else e["kind"]
+        table.add_row(e["name"], e["status"], file, detail)
     out.print(table)
-    out.print(f"report: {rb.path.parent / 'rebase-report.md'}; next: c128patch refresh --primary", markup=False)
+    out.print(report["equivalence"]["summary"], markup=False)
+    nxt = "c128patch refresh" + (" --primary" if report["direction"] == "forward" else "")
+    out.print(f"report: {rb.path.parent / 'rebase-report.md'}; next: {nxt}", markup=False)
+
+
+def _copy_reports(state: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("rebase-report.md", "rebase-report.json"):
+        if (state / name).is_file():
+            shutil.copyfile(state / name, dest / name)

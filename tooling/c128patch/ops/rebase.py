@@ -1,50 +1,91 @@
-"""``rebase``: move a patched branch onto another upstream rev, entry by entry, resumably.
+"""``rebase``: move a patched branch onto another upstream rev; the series decides what is replayed.
 
-Each entry's commit is cherry-picked onto the new base (a real 3-way merge: its parent is the old
-base). The state lives in a journal (``.git/c128patch/rebase.json``), written before every step, so
-a conflict, a dirty tree or a killed process leaves something ``--continue``, ``--skip`` or
-``--abort`` can finish. Resolutions are recorded in the series' ledger (``patches/resolutions/``,
-ledger.py) and replayed for the same entry and conflict on any machine.
+For each entry of the series, in order, the rebase replays what ``apply`` would replay on the new
+base: the file ``plan`` chooses there, strict then 3-way (``ops.replay``; the ledger's recorded
+resolution where the 3-way merge conflicts), never the branch's old commit. The branch's own
+commits count only for what the user changed on them: before anything moves, each entry commit is
+compared with what the series' file gives on its parent (``equivalence.compare_commits``). Such a
+*user edit* is carried onto the replayed entry (a 3-way merge of the difference) and listed; a
+commit that carries no entry of the series (the user's own), or one that cannot be compared, is
+carried as it is, in its place. Forward, backward and skip-release rebases follow the same rule.
+An entry the series has but the branch had removed is not replayed; one new in the series is.
+
+Before an entry is replayed, content evidence that upstream has it already is collected
+(``ops.merged``): a drop is proposed only on content evidence; ``--drop-merged`` drops only those.
+
+The state lives in a journal (``.git/c128patch/rebase.json``), written before every step, so a
+conflict, a dirty tree or a killed process leaves something ``--continue``, ``--skip`` or
+``--abort`` can finish. A stop is ``git apply --3way`` in the work tree (stages in the index,
+markers in the files); every stop writes the Markdown + JSON report (``ops.conflicts``: file,
+hunk, line range on the new base, upstream commits, moved code, partial ledger replay).
+Resolutions of the series' own conflicts are recorded in the ledger at ``--continue``.
+
+A finished rebase is proven (``ops.equivalence``): the tree must equal a fresh apply of the series
+on the new base but for the user edits and commits carried from the branch. Anything else fails
+the command (exit 1): the branch is kept, the difference shown and the undo printed.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import signal
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from c128patch.errors import C128Error, ConflictError
-from c128patch.git import Git
+from c128patch.errors import C128Error, ConflictError, DifferenceError
+from c128patch.git import BOT_EMAIL, BOT_NAME, Git
 from c128patch.jsonio import write_json_atomic
-from c128patch.ops.refresh import _commits as entry_commits
-from c128patch.ops.refresh import format_patch
-from c128patch.ops.treestate import c128_state_dir, ensure_clean, ensure_idle, git_path, rebase_journal
+from c128patch.ops.conflicts import StopReport, analyze
+from c128patch.ops.equivalence import Edit, Equivalence, compare_commits, prove
+from c128patch.ops.merged import MergedCheck, Signal, UpstreamIds, proposes_drop
+from c128patch.ops.replay import FAILED, replay_entry, unmerged_paths
+from c128patch.ops.treestate import c128_state_dir, ensure_clean, ensure_idle, rebase_journal
 from c128patch.series import provenance
 from c128patch.series.ledger import Conflict, Ledger
 from c128patch.series.manifest import Series
-from c128patch.series.plan import ENTRY_TRAILER
+from c128patch.series.plan import ENTRY_TRAILER, Planned, index_git, merged_entries, overlay_message, plan
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 
-PICK = ("-c", "merge.conflictStyle=merge", "-c", "core.editor=true", "-c", "rerere.enabled=false")
 RECOVERY_PREFIX = "refs/c128patch/recovery"
-_PR = re.compile(r"#(\d+)")
+
+StepKind = Literal["entry", "commit"]
+Status = Literal["pending", "unchanged", "context-only", "content-changed", "new", "resolved", "dropped-as-merged",
+                 "skipped", "removed", "failing"]
+Phase = Literal["", "series", "user-edit", "carried"]
+Paused = Literal["", "conflict", "merged"]
+DONE: tuple[Status, ...] = ("unchanged", "context-only", "content-changed", "new", "resolved", "dropped-as-merged",
+                            "skipped", "removed")
 
 
 @dataclass
 class Step:
-    sha: str  # the entry's commit on the old branch
     name: str
-    subject: str
-    status: str = "pending"  # pending | unchanged | context-only | content-changed | resolved | dropped-as-merged | skipped | failing
+    kind: StepKind = "entry"
+    sha: str = ""  # its commit on the old branch ("" when the branch had none)
+    subject: str = ""
+    status: Status = "pending"
     detail: str = ""
     new_sha: str = ""
+    file: str = ""  # the series' file replayed (entries)
+    chosen_by: str = ""
+    applied: str = ""  # clean | 3way | ledger | resolved (by hand) | carried
+    edit_from: str = ""  # a user edit: the tree the series gives on the old commit's parent ...
+    edit_to: str = ""  # ... and the old commit's tree
+    series_tree: str = ""  # the tree after the series' part on the new branch
+    phase: Phase = ""  # where a stop is
     ledger: list[str] = field(default_factory=list)
+    signals: list[dict] = field(default_factory=list)
     upstream_commits: list[str] = field(default_factory=list)
+    stop: dict = field(default_factory=dict)  # the StopReport of a stop
+
+    @property
+    def user_edit(self) -> bool:
+        return bool(self.edit_from)
 
 
 @dataclass
@@ -60,8 +101,13 @@ class Journal:
     drop_merged: bool
     steps: list[Step]
     pos: int = 0
-    head_before: str = ""
-    paused: str = ""  # "" | "conflict" | "merged"
+    head_before: str = ""  # the new branch's tip before the current step (HEAD goes there only at a stop and at the end)
+    paused: Paused = ""
+    stop_state: dict[str, str] = field(default_factory=dict)  # path -> blob the stop left in the work tree
+
+    @property
+    def span(self) -> str:
+        return f"{self.old_rev}..{self.onto_rev}"
 
     @classmethod
     def load(cls, path: Path) -> "Journal":
@@ -78,6 +124,8 @@ class Rebase:
         self.git = git
         self.series = series
         self.path = rebase_journal(git)
+        self.ledger = Ledger(series)
+        self._onto_date = ""
 
     # ------------------------------------------------------------------ entry points
     def start(self, onto_rev: str, onto_commit: str, *, drop_merged: bool = False) -> dict:
@@ -89,17 +137,15 @@ class Rebase:
         if not old.get("commit") or git.rev_parse(old["commit"]) is None:
             raise C128Error(f"cannot rebase: the upstream base recorded in {PROVENANCE_PATH} is not in this repository")
         head = git.head() or ""
-        steps = [Step(sha, name, git.out("log", "-1", "--format=%s", sha)) for sha, name in entry_commits(git, old["commit"])]
-        if not steps:
+        steps = self._steps(old["commit"], head, record)
+        if not any(s.sha for s in steps):
             raise C128Error("cannot rebase: no c128patch entries on this branch")
         recovery = f"{RECOVERY_PREFIX}/{time.strftime('%Y%m%dT%H%M%S')}-{head[:8]}"
         git.run("update-ref", "-m", "c128patch rebase: recovery point", recovery, head)
         journal = Journal(onto_rev, onto_commit, old.get("rev", old["commit"][:12]), old["commit"], git.current_branch(),
                           head, recovery, str(self.series.root), drop_merged, steps)
         c128_state_dir(git).mkdir(parents=True, exist_ok=True)
-        journal.save(self.path)
-        git.run("checkout", "--quiet", "--detach", onto_commit)
-        journal.head_before = onto_commit
+        journal.head_before = onto_commit  # the branch and the work tree stay as they are until a stop or the end
         journal.save(self.path)
         return self._run(journal)
 
@@ -107,46 +153,52 @@ class Rebase:
         journal = self._journal()
         git = self.git
         step = journal.steps[journal.pos]
-        if journal.paused == "merged":  # the user keeps an entry that looked merged: pick it
+        if journal.paused == "merged":  # the user keeps an entry that looked merged
             journal.paused = ""
             journal.save(self.path)
-            return self._run(journal, force_pick=True)
-        if self._picking():
-            unmerged = git.out("diff", "--name-only", "--diff-filter=U").split()
+            return self._run(journal, keep=True)
+        if journal.paused == "conflict" and (git.head() or "") == journal.head_before:
+            unmerged = unmerged_paths(git)
             if unmerged:
                 raise C128Error(f"cannot continue: conflicts remain in {', '.join(unmerged)}; resolve them and `git add` them")
             unstaged = git.out("diff", "--name-only").split()
             if unstaged:
                 raise C128Error(f"cannot continue: unstaged changes in {', '.join(unstaged)}; `git add` the resolution "
                                 "(or stash what is not part of it)")
-            conflicts = self._saved_conflicts()
-            recorded = Ledger(self.series).record(git, step.name, journal.old_rev, journal.onto_rev, conflicts)
-            self._commit_pick(journal, step)
-            step.status, step.ledger = "resolved", recorded
-            step.detail = "resolved by hand; recorded in the ledger"
-            self._advance(journal)
-        elif (git.head() or "") != journal.head_before:  # committed already (by the user, or before a kill)
-            step.new_sha = git.head() or ""
-            if not step.status or step.status in ("pending", "failing"):
-                step.status = self._classify(step.sha, step.new_sha)
-            self._advance(journal)
+            tree = git.out("write-tree")
+            phase, journal.paused, step.phase = step.phase, "", ""
+            if phase == "series":
+                recorded = self.ledger.record(git, step.name, journal.old_rev, journal.onto_rev, self._saved_conflicts())
+                step.ledger += recorded
+                step.applied, step.series_tree = "resolved", tree
+                step.detail = "resolved by hand" + ("; recorded in the ledger" if recorded else "")
+                git.run("reset", "--quiet", "--hard", "HEAD")  # the resolution is kept as ``tree``
+                return self._after_series(journal, step)
+            git.run("reset", "--quiet", "--hard", "HEAD")
+            step.detail = "your edit re-resolved by hand" if step.kind == "entry" else "carried; resolved by hand"
+            self._commit(journal, step, tree)
+            return self._run(journal)
+        if journal.paused == "conflict":  # the user committed the resolution: that commit is the entry's
+            journal.paused, step.phase = "", ""
+            step.new_sha, step.detail = git.head() or "", "committed by hand"
+            step.status = self._classify(step.sha, step.new_sha) if step.sha else "new"
+            self._advance(journal, step.new_sha)
         elif git.status_porcelain():
-            raise C128Error("cannot continue: the tree has changes but no pick is in progress; "
+            raise C128Error("cannot continue: the tree has changes but no entry is stopped; "
                             "stash them (git stash -u) or undo with `c128patch rebase --abort`")
         return self._run(journal)
 
     def skip(self) -> dict:
         journal = self._journal()
+        git = self.git
         step = journal.steps[journal.pos]
-        if self._picking():
-            self.git.run("cherry-pick", "--skip")
-        elif (self.git.head() or "") != journal.head_before:
-            raise C128Error("cannot skip: the entry is already committed; use --continue, or --abort")
-        elif self.git.status_porcelain():
+        if journal.paused == "conflict":
+            git.run("reset", "--quiet", "--hard", "HEAD")
+        elif git.status_porcelain():
             raise C128Error("cannot skip: the tree has changes; stash them (git stash -u) first")
         step.status = "dropped-as-merged" if journal.paused == "merged" else "skipped"
-        step.detail = step.detail or "skipped by the user"
-        journal.paused = ""
+        step.detail = step.detail if journal.paused == "merged" else "skipped by the user"
+        step.phase = ""
         self._advance(journal)
         return self._run(journal)
 
@@ -154,13 +206,21 @@ class Rebase:
         journal = self._journal()
         git = self.git
         stash = ""
-        if git.status_porcelain():  # never throw away what the user typed mid-rebase (resolutions too)
-            git.run("add", "--all")
+        state = self._tree_state()
+        mine = self._user_paths(journal, state)
+        theirs = sorted(set(state) - set(mine))  # the tool's own changes: conflict markers, files it added
+        git.run("reset", "--quiet")  # unmerged entries out of the way; the work tree stays
+        tracked = [p for p in theirs if git.tree_entry("HEAD", p) is not None]
+        if tracked:
+            git.run("checkout", "--quiet", "HEAD", "--", *tracked)
+        for path in set(theirs) - set(tracked):
+            (git.worktree / path).unlink(missing_ok=True)  # type: ignore[operator]
+        stash = ""
+        if mine:  # never throw away what the user typed mid-rebase
+            git.run("add", "--all", "--", *mine)
             stash = git.out("stash", "create", "c128patch rebase --abort: work in progress")
             if stash:
                 git.run("stash", "store", "-m", "c128patch rebase --abort: work in progress", stash)
-        if self._picking():
-            git.run("cherry-pick", "--abort", check=False)
         git.run("reset", "--quiet", "--hard")
         if journal.orig_branch:
             git.run("checkout", "--quiet", journal.orig_branch)
@@ -171,7 +231,50 @@ class Rebase:
         self.path.unlink()
         (c128_state_dir(git) / "conflicts.json").unlink(missing_ok=True)
         return {"ok": True, "aborted": True, "branch": journal.orig_branch, "head": journal.orig_head,
-                "recovery_ref": journal.recovery_ref, "stash": stash}
+                "recovery_ref": journal.recovery_ref, "stash": stash, "stashed": mine}
+
+    # ------------------------------------------------------------------ what to replay
+    def _steps(self, old_commit: str, head: str, record: dict) -> list[Step]:
+        """The series' entries in order, each with the branch's commit and user edit, and the
+        branch's own commits after the entry they followed."""
+        git = self.git
+        with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:
+            verdicts = compare_commits(self.series, git, old_commit, head, Path(tmp))
+        names = [v.commit.entry for v in verdicts if v.commit.entry]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise C128Error(f"cannot rebase: two commits carry '{ENTRY_TRAILER}: {twice[0]}'; squash them first")
+        applied = {e.get("name") for e in record.get("entries", [])}
+        in_series = {e.name for e in self.series.entries}
+        by_entry, after = {}, {"": []}
+        last = ""
+        for v in verdicts:
+            c = v.commit
+            if v.kind in ("series", "user-edit") and c.entry in in_series:
+                by_entry[c.entry] = v
+                last = c.entry
+                after.setdefault(last, [])
+                continue
+            step = Step(c.entry or c.subject, "commit", c.sha, c.subject, applied="carried")
+            step.detail = "your commit, carried" if v.kind == "user-commit" else f"carried as it is: {v.detail}"
+            after.setdefault(last, []).append(step)
+        steps = list(after[""])
+        for entry in self.series.entries:
+            v = by_entry.get(entry.name)
+            if v is not None:
+                step = Step(entry.name, "entry", v.commit.sha, v.commit.subject)
+                if v.kind == "user-edit":
+                    step.edit_from, step.edit_to = v.before, v.after
+                steps.append(step)
+            elif entry.name in applied and any(c.commit.entry == entry.name for c in verdicts):
+                pass  # an uncompared entry commit: carried as a commit step below
+            elif entry.name in applied:
+                steps.append(Step(entry.name, status="removed", detail="not on the branch (its commit was removed): "
+                                                                      "not replayed"))
+            else:
+                steps.append(Step(entry.name, detail="new in the series since the branch was made"))
+            steps += after.get(entry.name, [])
+        return steps
 
     # ------------------------------------------------------------------ the loop
     def _journal(self) -> Journal:
@@ -179,88 +282,206 @@ class Rebase:
             raise C128Error("no c128patch rebase is in progress here")
         return Journal.load(self.path)
 
-    def _picking(self) -> bool:
-        return git_path(self.git, "CHERRY_PICK_HEAD").exists()
-
-    def _advance(self, journal: Journal) -> None:
+    def _advance(self, journal: Journal, tip: str = "") -> None:
         journal.pos += 1
-        journal.head_before = self.git.head() or ""
+        journal.head_before = tip or journal.head_before
         journal.paused = ""
+        journal.stop_state = {}
         journal.save(self.path)
 
-    def _run(self, journal: Journal, force_pick: bool = False) -> dict:
+    def _run(self, journal: Journal, keep: bool = False) -> dict:
         git = self.git
-        date = git.out("show", "-s", "--format=%cI", journal.onto_commit)
+        planned = {p.entry.name: p for p in plan(self.series, git, journal.onto_commit)}
+        merged_here = {e.name: e for e in merged_entries(self.series, git, journal.onto_commit)}
+        check = MergedCheck(git, journal.old_commit, journal.onto_commit,
+                            UpstreamIds(git, c128_state_dir(git) / "patch-ids.json"))
         while journal.pos < len(journal.steps):
             step = journal.steps[journal.pos]
-            journal.head_before = git.head() or ""
+            if step.status in DONE:
+                self._advance(journal)
+                continue
             journal.save(self.path)
-            if not force_pick:
-                merged = self._merged_reason(journal, step)
-                if merged:
-                    step.detail = merged
-                    if journal.drop_merged:
-                        step.status = "dropped-as-merged"
-                        self._advance(journal)
-                        continue
-                    journal.paused = "merged"
-                    step.status = "pending"
-                    journal.save(self.path)
-                    raise ConflictError(
-                        f"entry '{step.name}' looks merged upstream ({merged}); nothing was dropped",
-                        hint="  drop it: c128patch rebase --skip\n  keep it: c128patch rebase --continue\n"
-                             "  undo:    c128patch rebase --abort",
-                        report=self.report(journal))
-            force_pick = False
             _fault_point(step.name)
-            proc = git.with_env(GIT_COMMITTER_DATE=date).run(*PICK, "cherry-pick", "--allow-empty", step.sha,
-                                                             check=False)
-            output = proc.stdout + proc.stderr
-            if proc.returncode == 0:
-                step.new_sha = git.head() or ""
-                if git.out("rev-parse", f"{step.new_sha}^{{tree}}") == git.out("rev-parse", f"{journal.head_before}^{{tree}}"):
-                    git.run("reset", "--quiet", "--hard", journal.head_before)  # became empty
-                    step.status, step.detail, step.new_sha = "dropped-as-merged", "became empty on the new base", ""
-                else:
-                    step.status = self._classify(step.sha, step.new_sha)
+            if step.kind == "commit":
+                self._carry(journal, step)
+            elif step.name in merged_here:
+                step.status = "dropped-as-merged"
+                step.detail = f"the series records it merged upstream in {merged_here[step.name].merged_in[:12]}"
                 self._advance(journal)
-                continue
-            if not self._picking():
-                raise C128Error(f"cherry-pick of entry '{step.name}' failed: {output.strip().splitlines()[-1:]}")
-            if not git.out("ls-files", "--unmerged") and git.ok("diff", "--cached", "--quiet"):
-                git.run("cherry-pick", "--skip")  # the new base already has every change of it
-                step.status, step.detail = "dropped-as-merged", "became empty on the new base"
-                self._advance(journal)
-                continue
-            ledger = Ledger(self.series)
-            conflicts = ledger.conflicts(git, git.out("diff", "--name-only", "--diff-filter=U").split())
-            replayed = ledger.replay(git, step.name, conflicts)
-            unmerged = git.out("diff", "--name-only", "--diff-filter=U").split()
-            if not unmerged:  # the ledger held a resolution for every conflict
-                self._commit_pick(journal, step)
-                step.status, step.ledger, step.detail = "resolved", replayed, "resolved from the ledger"
-                self._advance(journal)
-                continue
-            self._save_conflicts([c for c in conflicts if c.path in unmerged])
-            step.status = "failing"
-            step.detail = f"conflicts in {', '.join(unmerged)}"
-            step.upstream_commits = git.out("log", "--format=%h %s", f"{journal.old_commit}..{journal.onto_commit}",
-                                            "--", *unmerged).splitlines()
-            journal.paused = "conflict"
-            journal.save(self.path)
-            tree = git.worktree
-            raise ConflictError(
-                f"entry '{step.name}' conflicts on {journal.onto_rev} in {', '.join(unmerged)}",
-                hint=(f"  resolve: edit the files, `git -C {tree} add` them, then c128patch rebase --continue\n"
-                      "  drop it: c128patch rebase --skip\n"
-                      f"  undo:    c128patch rebase --abort (back to {journal.orig_branch or journal.orig_head[:12]})"),
-                report=self.report(journal))
+            else:
+                self._replay(journal, step, planned[step.name], check, keep)
+            keep = False
         return self._finish(journal)
 
-    def _commit_pick(self, journal: Journal, step: Step) -> None:
-        date = self.git.out("show", "-s", "--format=%cI", journal.onto_commit)
-        self.git.with_env(GIT_COMMITTER_DATE=date).run(*PICK, "cherry-pick", "--continue")
-        step.new_sha = self.git.head() or ""
+    def _replay(self, journal: Journal, step: Step, item: Planned, check: MergedCheck, keep: bool) -> None:
+        """The series' part of one entry on HEAD, in an index; a stop when it conflicts."""
+        git = self.git
+        head = journal.head_before
+        step.file, step.chosen_by = item.label, item.chosen_by
+        with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:
+            index_file = Path(tmp) / "index"
+            signals = [] if keep else check.signals(item, head, step.sha, index_file)
+            index_git(git, index_file).run("read-tree", head)
+            present = set(git.out("ls-tree", "-r", "--name-only", head, "--", *item.touched).splitlines())
+            row = replay_entry(git, item, index_file, present, ledger=self.ledger, span=journal.span)
+            tree = index_git(git, index_file).out("write-tree") if row.status not in FAILED else ""
+        if tree and tree == git.out("rev-parse", f"{head}^{{tree}}"):
+            signals.append(Signal("became-empty", "replaying it on the new base changes nothing"))
+        step.signals = [asdict(s) for s in signals]
+        if keep and tree and "became-empty" in {s.kind for s in signals}:
+            step.status, step.detail = "dropped-as-merged", "became empty on the new base"
+            self._advance(journal)
+            return
+        if not keep and proposes_drop(signals):
+            why = "; ".join(s.describe() for s in signals)
+            step.detail = why
+            if journal.drop_merged:
+                step.status = "dropped-as-merged"
+                self._advance(journal)
+                return
+            journal.paused, step.status = "merged", "pending"
+            journal.save(self.path)
+            self._write_reports(journal)
+            raise ConflictError(f"entry '{step.name}' looks merged upstream ({why}); nothing was dropped",
+                                hint="  drop it: c128patch rebase --skip\n  keep it: c128patch rebase --continue\n"
+                                     "  undo:    c128patch rebase --abort", report=self.report(journal))
+        step.ledger = [r.ref for r in row.resolutions]
+        if tree:
+            step.applied, step.series_tree = row.status, tree
+            step.detail = row.detail
+            self._after_series(journal, step, resume=False)
+            return
+        self._stop(journal, step, "series", item.path.read_text() if item.patch is not None else "", item.label,
+                   row.detail)
+
+    def _after_series(self, journal: Journal, step: Step, resume: bool = True) -> dict:
+        """Carry the user's edit (if any) onto the series' part, then commit the entry."""
+        tree = step.series_tree
+        if step.user_edit:
+            delta = self._diff(step.edit_from, step.edit_to)
+            merged = self._apply_on(tree, delta)
+            if merged is None:
+                self._stop(journal, step, "user-edit", delta, f"your edit of {step.name} ({step.sha[:12]})",
+                           "your edit conflicts with the series' file on the new base")
+            tree = merged
+            step.detail = "; ".join(filter(None, [step.detail, "your edit carried"]))
+        self._commit(journal, step, tree)
+        return self._run(journal) if resume else {}
+
+    def _carry(self, journal: Journal, step: Step) -> None:
+        """A commit of the user's own (or one that cannot be compared with the series), as it is."""
+        delta = self._diff(f"{step.sha}^", step.sha)
+        tree = self._apply_on(self.git.out("rev-parse", f"{journal.head_before}^{{tree}}"), delta)
+        if tree is None:
+            self._stop(journal, step, "carried", delta, f"commit {step.sha[:12]} {step.subject!r}",
+                       "the commit does not apply on the new base")
+        self._commit(journal, step, tree)
+
+    def _diff(self, before: str, after: str) -> str:
+        return self.git.run("diff", "--full-index", "--binary", "--no-renames", before, after).stdout
+
+    def _apply_on(self, tree: str, diff: str) -> str | None:
+        """``diff`` applied to ``tree`` (strict, else 3-way) in an index; None when it conflicts."""
+        if not diff:
+            return tree
+        with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:
+            idx = index_git(self.git, Path(tmp) / "index")
+            idx.run("read-tree", tree)
+            if idx.ok("apply", "--cached", input=diff) or idx.ok("apply", "--cached", "--3way", input=diff):
+                return idx.out("write-tree")
+        return None
+
+    def _commit(self, journal: Journal, step: Step, tree: str) -> None:
+        """Commit ``tree`` on HEAD as the step's commit and check it out; the step is done."""
+        git = self.git
+        date = self._date(journal)
+        if step.kind == "entry" and not step.user_edit:
+            message, author = self._patch_message(step, date)
+        else:
+            message = git.run("log", "-1", "--format=%B", step.sha).stdout
+            author = tuple(git.out("log", "-1", f"--format={f}", step.sha) for f in ("%an", "%ae", "%aI"))
+        env = {"GIT_AUTHOR_NAME": author[0], "GIT_AUTHOR_EMAIL": author[1], "GIT_AUTHOR_DATE": author[2],
+               "GIT_COMMITTER_DATE": date}
+        sha = git.with_env(**env).out("commit-tree", tree, "-p", journal.head_before, input=message)
+        step.new_sha = sha
+        if step.status in ("pending", "failing"):
+            step.status = "resolved" if step.applied in ("resolved", "ledger") else (
+                self._classify(step.sha, sha) if step.sha else "new")
+        self._advance(journal, sha)
+
+    def _patch_message(self, step: Step, date: str) -> tuple[str, tuple[str, str, str]]:
+        """The message and author ``git am`` would give the step's file (plus the entry trailer)."""
+        git = self.git
+        if not step.file.startswith("patches/"):  # an overlay: as ``apply`` commits it
+            return overlay_message(self.series.entry(step.name), self.series), (BOT_NAME, BOT_EMAIL, date)
+        path = self.series.root / step.file
+        with tempfile.TemporaryDirectory(prefix="c128mail-") as tmp:
+            info = git.run("mailinfo", f"{tmp}/msg", f"{tmp}/patch", input=path.read_text()).stdout
+            body = Path(tmp, "msg").read_text()
+        fields = dict(line.split(": ", 1) for line in info.splitlines() if ": " in line)
+        message = git.run("stripspace", input=f"{fields.get('Subject', step.name)}\n\n{body}").stdout
+        if f"\n{ENTRY_TRAILER}: " not in message:
+            message += f"\n{ENTRY_TRAILER}: {step.name}\n"
+        return message, (fields.get("Author", "c128patch"), fields.get("Email", ""), fields.get("Date", ""))
+
+    # ------------------------------------------------------------------ stops
+    def _stop(self, journal: Journal, step: Step, phase: Phase, diff: str, label: str, why: str) -> None:
+        """Leave the conflict in the work tree (``git apply --3way``), write the reports, raise."""
+        git = self.git
+        if (git.head() or "") != journal.head_before or git.current_branch():
+            git.run("checkout", "--quiet", "--detach", journal.head_before)  # the work tree is clean here
+        if phase == "user-edit":
+            git.run("read-tree", "--reset", "-u", step.series_tree)  # the series' part, then the edit on it
+        proc = git.run("apply", "--3way", input=diff, check=False) if diff else None
+        conflicted = unmerged_paths(git)
+        conflicts = Ledger.conflicts(git, conflicted)
+        resolved = self.ledger.replay(git, step.name, conflicts, journal.span) if phase == "series" else []
+        left = unmerged_paths(git)
+        self._save_conflicts([c for c in conflicts if c.path in left])
+        report = StopReport(step.name, phase, label, resolved=resolved, unresolved=left)
+        for c in conflicts:
+            if c.path in left:
+                report.blocks += analyze(git, c.path, c.text, diff, head=journal.head_before, old=journal.old_commit,
+                                         onto=journal.onto_commit)
+        step.stop, step.phase, step.status = asdict(report), phase, "failing"
+        step.ledger = [r.ref for r in resolved]
+        step.upstream_commits = sorted({u for b in report.blocks for u in b.upstream})
+        if left:
+            step.detail = f"conflicts in {', '.join(left)}"
+        else:
+            reason = (proc.stderr.strip().splitlines() or [why])[-1] if proc is not None else why
+            step.detail = f"{why}: {reason.removeprefix('error: ')}" if reason != why else why
+        journal.paused = "conflict"
+        journal.stop_state = self._tree_state()
+        journal.save(self.path)
+        self._write_reports(journal)
+        tree = git.worktree
+        where = "\n".join(f"  {line}" for line in report.lines())
+        raise ConflictError(
+            f"entry '{step.name}' conflicts on {journal.onto_rev}"
+            + (f" in {', '.join(left)}" if left else f": {step.detail}")
+            + (f" ({'your edit' if phase == 'user-edit' else 'your commit'})" if phase != "series" else ""),
+            hint=((where + "\n") if where else "")
+            + f"  resolve: edit the files, `git -C {tree} add` them, then c128patch rebase --continue\n"
+              "  drop it: c128patch rebase --skip\n"
+              f"  undo:    c128patch rebase --abort (back to {journal.orig_branch or journal.orig_head[:12]})\n"
+              f"  report:  {c128_state_dir(git) / 'rebase-report.md'}",
+            report=self.report(journal))
+
+    def _tree_state(self) -> dict[str, str]:
+        """path -> blob id of each changed or untracked path of the work tree ("" when deleted)."""
+        git = self.git
+        paths = [line[3:] for line in git.out("status", "--porcelain=v1", "--untracked-files=all",
+                                              "--no-renames").splitlines()]
+        present = [p for p in paths if (git.worktree / p).is_file()]  # type: ignore[operator]
+        ids = git.out("hash-object", "--", *present).splitlines() if present else []
+        return {**{p: "" for p in paths}, **dict(zip(present, ids))}
+
+    def _user_paths(self, journal: Journal, now: dict[str, str]) -> list[str]:
+        """Paths the user changed since the stop (all changed paths when not stopped)."""
+        if journal.paused != "conflict":
+            return sorted(now)
+        return sorted(p for p in set(now) | set(journal.stop_state) if now.get(p) != journal.stop_state.get(p))
 
     def _save_conflicts(self, conflicts: list[Conflict]) -> None:
         """Keep the conflicted files as git left them: --continue records the resolution against them."""
@@ -270,7 +491,7 @@ class Rebase:
         path = c128_state_dir(self.git) / "conflicts.json"
         return [Conflict(**c) for c in json.loads(path.read_text())] if path.is_file() else []
 
-    def _classify(self, old_sha: str, new_sha: str) -> str:
+    def _classify(self, old_sha: str, new_sha: str) -> Status:
         """unchanged (same diff), context-only (same added/removed lines), content-changed."""
         if self._change_id(old_sha) != self._change_id(new_sha):
             return "content-changed"
@@ -284,99 +505,150 @@ class Rebase:
         out = self.git.run("patch-id", "--stable", input=diff).stdout.split()
         return out[0] if out else ""
 
-    def _merged_reason(self, journal: Journal, step: Step) -> str:
-        """Why the new base seems to hold the entry already ("" when it does not)."""
-        git = self.git
-        entry = next((e for e in self.series.entries if e.name == step.name), None)
-        rng = f"{journal.old_commit}..{journal.onto_commit}"
-        if entry and entry.upstream:
-            for number in _PR.findall(entry.upstream):
-                hit = git.out("log", "--format=%h %s", "-E", f"--grep=\\(#{number}\\)", rng)
-                if hit:
-                    return f"upstream commit {hit.splitlines()[0]} names PR #{number}"
-        diff = git.run("show", "--format=", step.sha).stdout
-        if diff.strip():
-            with_index = git.with_env(GIT_INDEX_FILE=str(c128_state_dir(git) / "merged-check.index"))
-            with_index.run("read-tree", journal.head_before)
-            reverse = with_index.run("apply", "--cached", "--check", "-R", input=diff, check=False)
-            (c128_state_dir(git) / "merged-check.index").unlink(missing_ok=True)
-            if reverse.returncode == 0:
-                return "its diff reverse-applies on the new base"
-            pid = self._change_id(step.sha)
-            files = [l for l in git.out("show", "--format=", "--name-only", step.sha).splitlines() if l]
-            for sha in git.out("log", "--format=%H", rng, "--", *files).splitlines():
-                if self._change_id(sha) == pid:
-                    return f"upstream commit {sha[:12]} has the same patch-id"
-        return ""
-
+    # ------------------------------------------------------------------ the end
     def _finish(self, journal: Journal) -> dict:
         git = self.git
         kept = [s for s in journal.steps if s.new_sha]
-        old_prov = json.loads(git.blob(journal.orig_head, PROVENANCE_PATH) or b"{}")
-        by_name = {e["name"]: e for e in old_prov.get("entries", [])}
-        entries = []
-        for s in kept:
-            row = dict(by_name.get(s.name, {"name": s.name, "kind": "patch"}))
-            row.update(commit=s.new_sha, applied=s.status)
-            if row.get("kind") == "patch":
-                row["sha256"] = hashlib.sha256(format_patch(git, s.new_sha, s.name)).hexdigest()
-                row["variant_base"] = journal.onto_rev
-            entries.append(row)
-        new_record = dict(old_prov)
-        new_record["upstream"] = {**new_record.get("upstream", {}), "rev": journal.onto_rev, "commit": journal.onto_commit}
-        new_record["entries"] = entries
-        new_record["rebased_from"] = {"rev": journal.old_rev, "commit": journal.old_commit}
-        (git.worktree / PROVENANCE_PATH).write_text(provenance.dumps(new_record))  # type: ignore[operator]
-        git.run("add", "--", PROVENANCE_PATH)
-        date = git.out("show", "-s", "--format=%cI", journal.onto_commit)
-        git.with_env(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date).run(
-            "commit", "--quiet", "--no-verify", "-m",
-            f"c128patch: provenance (series {self.series.name} rebased onto {journal.onto_rev})\n\n{ENTRY_TRAILER}: provenance\n")
-        new_head = git.head() or ""
+        planned = {p.entry.name: p for p in plan(self.series, git, journal.onto_commit)}
+        items = [planned[s.name] for s in kept if s.kind == "entry" and s.name in planned]
+        results = [{"name": s.name, "applied": s.status, "commit": s.new_sha} for s in kept]
+        record = provenance.build(self.series, items, {"rev": journal.onto_rev, "commit": journal.onto_commit}, results)
+        record["rebased_from"] = {"rev": journal.old_rev, "commit": journal.old_commit}
+        record["carried"] = [{"name": s.name, "commit": s.new_sha, "user_edit": s.user_edit} for s in kept
+                             if s.kind == "commit" or s.user_edit]
+        record["dropped"] = [{"name": s.name, "status": s.status, "detail": s.detail,
+                              "merged_in": _merged_in(s, journal.onto_commit)}
+                             for s in journal.steps if s.status in ("dropped-as-merged", "skipped") and s.kind == "entry"]
+        new_head = self._provenance_commit(journal, provenance.dumps(record))
+        git.run("checkout", "--quiet", "--detach", new_head)  # the work tree is clean here
         if journal.orig_branch:
             git.run("update-ref", "-m", f"c128patch rebase onto {journal.onto_rev}", f"refs/heads/{journal.orig_branch}",
                     new_head, journal.orig_head)
             git.run("checkout", "--quiet", journal.orig_branch)
-        report = self.report(journal, new_head)
-        state = c128_state_dir(git)
-        (state / "rebase-report.json").write_text(json.dumps(report, indent=2) + "\n")
-        (state / "rebase-report.md").write_text(render_markdown(report))
+        carried = {s.new_sha for s in kept if s.kind == "commit"} | {s.new_sha for s in kept if s.user_edit}
+        proof = prove(self.series, git, journal.onto_rev, journal.onto_commit, new_head,
+                      accept=lambda e: _accepted(e, carried), span=journal.span)
+        report = self.report(journal, new_head, proof)
+        self._write_reports(journal, report)
         self.path.unlink()
-        (state / "conflicts.json").unlink(missing_ok=True)
+        (c128_state_dir(git) / "conflicts.json").unlink(missing_ok=True)
+        if not proof.ok:
+            where = journal.orig_branch or "HEAD"
+            shown = "\n".join(f"  {h.path} {h.header}" for d in proof.unattributed for h in d.hunks[:20])
+            raise DifferenceError(
+                f"rebase onto {journal.onto_rev} finished, but the tree is not proven: {proof.summary()}",
+                hint=f"{shown}\n  {where} is kept as it is (report: {c128_state_dir(git) / 'rebase-report.md'})\n"
+                     f"  undo: git -C {git.worktree} reset --hard {journal.recovery_ref}",
+                report=report)
         return report
 
-    # ------------------------------------------------------------------ report
-    def report(self, journal: Journal, new_head: str | None = None) -> dict:
+    def _date(self, journal: Journal) -> str:
+        """The new base's commit date: every commit the rebase makes carries it (reproducible ids).
+        (``git log -1``: ``git show -s`` costs half a second on a release-sized commit.)"""
+        if not self._onto_date:
+            self._onto_date = self.git.out("log", "-1", "--format=%cI", journal.onto_commit)
+        return self._onto_date
+
+    def _provenance_commit(self, journal: Journal, text: str) -> str:
+        """The provenance commit on the new tip, made without touching the work tree."""
         git = self.git
-        between = git.out("log", "--format=%h %s", f"{journal.old_commit}..{journal.onto_commit}").splitlines()
+        blob = git.out("hash-object", "-w", "--stdin", input=text)
+        with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:
+            idx = index_git(git, Path(tmp) / "index")
+            idx.run("read-tree", journal.head_before)
+            idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{PROVENANCE_PATH}")
+            tree = idx.out("write-tree")
+        date = self._date(journal)
+        message = (f"c128patch: provenance (series {self.series.name} rebased onto {journal.onto_rev})\n\n"
+                   f"{ENTRY_TRAILER}: provenance\n")
+        return git.with_env(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date).out(
+            "commit-tree", tree, "-p", journal.head_before, input=message)
+
+    def _write_reports(self, journal: Journal, report: dict | None = None) -> None:
+        report = report or self.report(journal)
+        state = c128_state_dir(self.git)
+        write_json_atomic(state / "rebase-report.json", report)
+        (state / "rebase-report.md").write_text(render_markdown(report))
+
+    # ------------------------------------------------------------------ report
+    def report(self, journal: Journal, new_head: str | None = None, proof: Equivalence | None = None) -> dict:
+        git = self.git
+        added = git.out("log", "--format=%h %s", f"{journal.old_commit}..{journal.onto_commit}").splitlines()
+        removed = git.out("log", "--format=%h %s", f"{journal.onto_commit}..{journal.old_commit}").splitlines()
+        direction = "forward" if not removed else "backward" if not added else "sideways"
         out = {
-            "ok": new_head is not None,
+            "ok": new_head is not None and (proof is None or proof.ok),
             "old_base": {"rev": journal.old_rev, "commit": journal.old_commit},
             "new_base": {"rev": journal.onto_rev, "commit": journal.onto_commit},
-            "upstream_commits_between": len(between),
-            "upstream_commits": between[:200],
+            "direction": direction,
+            "upstream_commits_between": len(added),
+            "upstream_commits": added[:200],
+            "upstream_commits_removed": removed[:200],
             "entries": [asdict(s) for s in journal.steps],
+            "paused": journal.paused,
             "recovery_ref": journal.recovery_ref,
             "branch": journal.orig_branch,
             "head": new_head or git.head(),
         }
+        if proof is not None:
+            out["equivalence"] = proof.to_json()
         if new_head:
             proc = git.run("range-diff", "--no-color", f"{journal.old_commit}..{journal.orig_head}",
                            f"{journal.onto_commit}..{new_head}", check=False)
-            out["range_diff"] = [l for l in proc.stdout.splitlines() if re.match(r"^\s*(\d+|-):", l)]
+            out["range_diff"] = [line for line in proc.stdout.splitlines() if re.match(r"^\s*(\d+|-):", line)]
         return out
+
+
+def _merged_in(step: Step, onto: str) -> str:
+    """The upstream commit a merged entry went in with: the one a signal names, else the new base."""
+    if step.status != "dropped-as-merged":
+        return ""
+    named = [s["commit"] for s in step.signals if s.get("commit") and s["kind"] == "patch-id"]
+    return named[0] if named else onto
+
+
+def _accepted(edit: Edit, carried: set[str]) -> bool:
+    """An edit the rebase carried on purpose (from the old branch), on its new commit."""
+    return edit.commit in carried
 
 
 def render_markdown(report: dict) -> str:
     old, new = report["old_base"], report["new_base"]
-    lines = [f"# c128patch rebase: {old['rev']} → {new['rev']}", "",
-             f"{report['upstream_commits_between']} upstream commit(s) between `{old['commit'][:12]}` and "
-             f"`{new['commit'][:12]}`.", "", "| entry | status | detail |", "| --- | --- | --- |"]
+    lines = [f"# c128patch rebase: {old['rev']} → {new['rev']} ({report['direction']})", ""]
+    added, removed = report["upstream_commits"], report["upstream_commits_removed"]
+    lines.append(f"{report['upstream_commits_between']} upstream commit(s) added between `{old['commit'][:12]}` and "
+                 f"`{new['commit'][:12]}`" + (f", {len(removed)} left behind (backward)" if removed else "") + ".")
+    lines += [""] + [f"- added: {c}" for c in added[:20]] + [f"- left behind: {c}" for c in removed[:20]]
+    lines += ["", "| entry | status | file (chosen by) | detail |", "| --- | --- | --- | --- |"]
     for e in report["entries"]:
         detail = e["detail"] + (f" (ledger {', '.join(e['ledger'])})" if e["ledger"] else "")
-        if e["upstream_commits"]:
-            detail += "; upstream commits on its files: " + "; ".join(e["upstream_commits"][:5])
-        lines.append(f"| {e['name']} | {e['status']} | {detail} |")
+        if e.get("edit_from"):
+            detail += "; **user edit carried**"
+        if e["signals"]:
+            detail += "; signals: " + "; ".join(f"{s['kind']}: {s['detail']}" for s in e["signals"])
+        file = f"{e['file']} ({e['chosen_by']})" if e.get("file") else e.get("kind", "")
+        lines.append(f"| {e['name']} | {e['status']} | {file} | {detail} |")
+    stopped = [e for e in report["entries"] if e.get("stop") and e["status"] == "failing"]
+    for e in stopped:
+        stop = e["stop"]
+        lines += ["", f"## stopped at {e['name']} ({stop['phase']})", "", f"from {stop['file']}", ""]
+        for b in stop["blocks"]:
+            first, last = b["lines"]
+            where = f"lines {first}-{last}" if last >= first else f"after line {last}"
+            lines.append(f"- `{b['path']}` {where} on the new base: hunk `{b['hunk'] or '?'}`"
+                         + ("; **the upstream side is empty**" if b["empty"] else "")
+                         + (f"; the code this hunk edits now lives at line {b['moved_to']}" if b["moved_to"] else "")
+                         + (f"; upstream: {'; '.join(b['upstream'][:5])}" if b["upstream"] else ""))
+        if stop["resolved"]:
+            lines.append("- partly resolved by the ledger: " + ", ".join(f"{r['entry']}:{r['key']} ({r['path']})"
+                                                                           for r in stop["resolved"]))
+    proof = report.get("equivalence")
+    if proof:
+        lines += ["", "## proof", "", proof["summary"]]
+        for d in proof["differences"]:
+            lines += ["", f"### {d['label'] or 'unattributed'}", "", "```diff"]
+            lines += [f"{h['path']} {h['header']}" + ("\n" + h["text"].rstrip() if h["text"] else "") for h in d["hunks"][:20]]
+            lines.append("```")
     if report.get("range_diff"):
         lines += ["", "## range-diff", "", "```", *report["range_diff"], "```"]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,165 @@
+"""What a conflict stop tells the user, block by block.
+
+For each conflict block of a file ``git apply --3way`` left conflicted (markers normalized):
+
+* ``lines``: where the upstream side of the block sits in the file as it stands on the new base
+  (HEAD: the new base with the earlier entries), 1-based, inclusive;
+* ``hunk``: the hunk of the entry's diff whose lines the block holds;
+* ``upstream``: the upstream commits of the rebase range that last touched those lines (``git
+  blame`` of HEAD); for an empty upstream side, or a backward rebase (the range's commits are
+  undone), the range's commits that touched the file;
+* ``moved_to``: where the code the hunk edits now lives, when its context is found elsewhere in
+  the file (upstream moved it): taking the empty side there would silently lose the change;
+* ``empty``: the upstream side is empty (upstream removed or moved the code the hunk edits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
+
+from c128patch.git import Git
+from c128patch.series.ledger import Resolution
+
+_OURS, _SEP, _THEIRS = "<" * 7, "=" * 7, ">" * 7
+
+
+@dataclass(frozen=True)
+class Block:
+    path: str
+    lines: tuple[int, int]  # (first, last) on HEAD; last == first - 1 when the upstream side is empty
+    hunk: str
+    upstream: tuple[str, ...]  # "abc123456789 subject"
+    moved_to: int | None
+    empty: bool
+
+    def describe(self) -> str:
+        first, last = self.lines
+        where = f"{self.path}:{first}-{last}" if last >= first else f"{self.path}: after line {last}"
+        text = f"{where}: hunk {self.hunk or '(not matched)'}"
+        if self.empty:
+            text += "; the upstream side is empty (upstream removed the code this hunk edits)"
+        if self.moved_to:
+            text += f"; the code this hunk edits now lives at line {self.moved_to}"
+        if self.upstream:
+            text += "; upstream: " + "; ".join(self.upstream[:3]) + (" ..." if len(self.upstream) > 3 else "")
+        return text
+
+
+@dataclass
+class StopReport:
+    """Everything about one stop of a rebase (also written to the Markdown and JSON reports)."""
+
+    entry: str
+    phase: str  # "series" (the series' file), "user-edit" (the branch's edit), "carried" (a user commit)
+    file: str  # the patch file, or what the diff came from
+    blocks: list[Block] = field(default_factory=list)
+    resolved: list[Resolution] = field(default_factory=list)  # by the ledger, at this stop
+    unresolved: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [b.describe() for b in self.blocks]
+        if self.resolved:
+            out.append("partly resolved by the ledger: " + "; ".join(r.describe() for r in self.resolved)
+                       + f"; still conflicted: {', '.join(self.unresolved)}")
+        return out
+
+
+def parse_blocks(text: str) -> list[tuple[int, list[str], list[str]]]:
+    """(line index of the block's first marker, upstream side, entry side) of each block."""
+    out, state, start, ours, theirs = [], "", 0, [], []
+    for i, line in enumerate(text.splitlines()):
+        if line == _OURS and not state:
+            state, start, ours, theirs = "ours", i, [], []
+        elif line == _SEP and state == "ours":
+            state = "theirs"
+        elif line == _THEIRS and state == "theirs":
+            out.append((start, ours, theirs))
+            state = ""
+        elif state == "ours":
+            ours.append(line)
+        elif state == "theirs":
+            theirs.append(line)
+    return out
+
+
+def _find(haystack: list[str], needle: list[str], near: int) -> int | None:
+    """Index of the occurrence of ``needle`` in ``haystack`` nearest ``near``."""
+    if not needle:
+        return None
+    hits = [i for i in range(len(haystack) - len(needle) + 1) if haystack[i: i + len(needle)] == needle]
+    return min(hits, key=lambda i: abs(i - near)) if hits else None
+
+
+def _hunks(diff: str, path: str) -> list:
+    try:
+        files = PatchSet(diff)
+    except UnidiffParseError:
+        return []
+    return [h for pf in files if pf.path.removeprefix("a/").removeprefix("b/") == path for h in pf]
+
+
+def _header(h) -> str:
+    head = f"@@ -{h.source_start},{h.source_length} +{h.target_start},{h.target_length} @@"
+    return head + (f" {h.section_header}" if h.section_header else "")
+
+
+def _match_hunk(hunks: list, lines: list[str]):
+    """The hunk sharing the most lines with the block (both sides and the lines around it)."""
+    block = {line.strip() for line in lines if line.strip() and line not in (_OURS, _SEP, _THEIRS)}
+    scored = [(len(block & {line.value.strip() for line in h if line.value.strip()}), i) for i, h in enumerate(hunks)]
+    best = max(scored, default=(0, -1))
+    return hunks[best[1]] if best[0] else None
+
+
+def _moved(head: list[str], hunk, at: int, span: int) -> int | None:
+    """Where the hunk's pre-image (context and removed lines) is found in ``head``, when that is
+    away from the block at line index ``at`` (None when not found or not moved)."""
+    pre = [(k, line.value.strip()) for k, line in enumerate(line for line in hunk if not line.is_added)]
+    pre = [(k, v) for k, v in pre if len(v) >= 8]
+    if len(pre) < 2:
+        return None
+    stripped = [line.strip() for line in head]
+    starts: dict[int, int] = {}
+    for k, value in pre:
+        for i, line in enumerate(stripped):
+            if line == value:
+                starts[i - k] = starts.get(i - k, 0) + 1
+    if not starts:
+        return None
+    best = max(starts, key=lambda s: (starts[s], -abs(s - at)))
+    if starts[best] < max(2, (len(pre) * 3 + 4) // 5) or abs(best - at) <= span:
+        return None
+    return best + 1
+
+
+def analyze(git: Git, path: str, text: str, diff: str, *, head: str, old: str, onto: str) -> list[Block]:
+    """The blocks of ``path``'s conflicted ``text``, ``diff`` being what was merged into HEAD."""
+    head_lines = (git.blob(head, path) or b"").decode(errors="replace").splitlines()
+    forward = git.is_ancestor(old, onto)
+    span = f"{old}..{onto}" if forward else f"{onto}..{old}"
+    in_range = set(git.out("rev-list", span, "--", path).splitlines())
+    touched = tuple(git.out("log", "--format=%h %s", span, "--", path).splitlines())
+    hunks = _hunks(diff, path)
+    merged_lines = text.splitlines()
+    out = []
+    for start, ours, theirs in parse_blocks(text):
+        before = [line for line in merged_lines[max(0, start - 3): start] if line not in (_OURS, _SEP, _THEIRS)]
+        pos = _find(head_lines, ours, start) if ours else None
+        if pos is None:  # empty upstream side: place the block after the lines before it
+            anchor = _find(head_lines, before, start) if before else None
+            pos = (anchor + len(before)) if anchor is not None else start
+        first, last = pos + 1, pos + len(ours)
+        upstream = touched
+        if ours and forward:
+            blame = git.out("blame", "--porcelain", "-L", f"{first},{last}", head, "--", path, check=False)
+            shas = {line.split()[0] for line in blame.splitlines() if len(line.split()[0]) == 40 and " " in line}
+            hits = [c for c in shas if c in in_range]
+            upstream = tuple(git.out("log", "--no-walk", "--format=%h %s", *hits).splitlines()) if hits else ()
+        end = start + len(ours) + len(theirs) + 3
+        hunk = _match_hunk(hunks, merged_lines[max(0, start - 3): end + 3])
+        moved = _moved(head_lines, hunk, pos, len(ours) + len(theirs) + 6) if hunk is not None else None
+        out.append(Block(path, (first, last), _header(hunk) if hunk is not None else "", upstream, moved, not ours))
+    return out
