@@ -55,7 +55,7 @@ def test_exported_patch_is_normalized(applied):
     series, _ = applied
     s = load_series(series)
     text = (s.patches_dir / s.entries[0].file).read_text()
-    assert s.entries[0].file == "0001-test-patch.patch"
+    assert s.entries[0].file == "0001-test.patch"  # the name it was given: refresh never renames a file
     assert text.startswith("From 0000000000000000000000000000000000000000 ")
     assert "Date: Thu, 1 Jan 1970 00:00:00 +0000" in text
     assert "C128patch-Entry: test-patch" in text
@@ -78,7 +78,7 @@ def test_check_detects_a_change_and_refresh_records_it(applied):
     git.run("checkout", "-q", "c128/v0.5.23")
     before = files(series)
     code, out = cli("refresh", "--tree", str(tree), "--series", str(series), "--check")
-    assert code == 1 and out["changed"] == ["patches/0001-test-patch.patch", "patches/series.toml"]
+    assert code == 1 and out["changed"] == ["patches/0001-test.patch", "patches/series.toml"]
     assert files(series) == before  # --check changes nothing
     code, out = cli("refresh", "--tree", str(tree), "--series", str(series))
     assert code == 0
@@ -122,14 +122,14 @@ def test_rebase_then_refresh_writes_the_variant_an_older_base_needs(tmp_path: Pa
     s = load_series(series)
     entry = s.entries[0]
     assert entry.base == "v0.5.23" and [v.base for v in entry.variants] == ["v0.5.20"] and s.base == "v0.5.23"
-    assert entry.variants[0].file == "0001-test-patch.v0.5.20.patch"
+    assert entry.variants[0].file == "0001-test.v0.5.20.patch"
     assert cli("lint", "--series", str(series), "--offline")[0] == 0
     code, out = cli("check", *[a for r in ("v0.5.20", "v0.5.21", "v0.5.23") for a in ("--sglang-rev", r)],
                     "--series", str(series))
     assert code == 0, out
-    assert [r["entries"][0]["file"] for r in out["revs"]] == ["patches/0001-test-patch.v0.5.20.patch",
-                                                               "patches/0001-test-patch.v0.5.20.patch",
-                                                               "patches/0001-test-patch.patch"]
+    assert [r["entries"][0]["file"] for r in out["revs"]] == ["patches/0001-test.v0.5.20.patch",
+                                                               "patches/0001-test.v0.5.20.patch",
+                                                               "patches/0001-test.patch"]
 
 
 def test_refresh_refuses_a_tree_without_provenance(upstream_clone: Path, tmp_path: Path, sglang_release_repo: Path):

@@ -22,25 +22,31 @@ from c128patch.progress import console
               help="Make the branch's patches the primary files (series base moves to the tree's base), or the "
                    "variants for the tree's base. Default: primary when the tree's base is the series base.")
 @click.option("--version", "version", default=None, help="Series version to record (default: bumped when anything changed).")
+@click.option("--accept-differences", is_flag=True,
+              help="Export even when the tree differs from the series in ways no edit on the branch explains.")
 @series_option
 @json_option
 @handles_errors
-def command(tree: Path, check_only: bool, primary: bool | None, version: str | None, series_dir: Path | None,
-            as_json: bool) -> None:
+def command(tree: Path, check_only: bool, primary: bool | None, version: str | None, accept_differences: bool,
+            series_dir: Path | None, as_json: bool) -> None:
     """Export the patched branch back into patches/ and the manifest."""
     series = get_series(series_dir)
     git = Git(worktree=toplevel(tree))
     ensure_idle(git, "refresh")
     result = core.export(series, git, primary=primary, version=version)
     changes = result.changes(series.root)
+    proof = result.equivalence
     if not check_only:
-        changes = core.write(series, result)
-    payload = {"ok": not (check_only and changes), "check": check_only, "changed": changes, "notes": result.notes,
+        changes = core.write(series, result, accept_differences=accept_differences)
+    unproven = check_only and not proof.ok
+    payload = {"ok": not (check_only and changes) and not unproven, "check": check_only, "changed": changes,
+               "notes": result.notes, "equivalence": proof.to_json(), "tree": proof.summary(),
                "series": {"name": result.series.name, "version": result.series.version, "base": result.series.base}}
     if as_json:
         emit_json(payload)
     else:
         out = console(stderr=False)
+        out.print(f"tree: {proof.summary()}", markup=False)
         for note in result.notes:
             out.print(f"note: {note}", markup=False)
         verb = "would change" if check_only else "changed"
@@ -48,5 +54,5 @@ def command(tree: Path, check_only: bool, primary: bool | None, version: str | N
             out.print(f"  {verb} {path}", markup=False)
         out.print(f"series {result.series.name} {result.series.version} on {result.series.base}: "
                   f"{len(changes)} file(s) {verb}" if changes else "series is up to date with the branch", markup=False)
-    if check_only and changes:
+    if check_only and (changes or unproven):
         sys.exit(1)

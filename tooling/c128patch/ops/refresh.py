@@ -3,8 +3,18 @@
 Each commit between the upstream base and HEAD carries a ``C128patch-Entry`` trailer naming its
 entry (commits without one become new patch entries). Patch files are written with
 ``git format-patch --full-index --zero-commit --no-signature --no-stat`` and a fixed date, named
-``NNNN-<entry>.patch`` (``NNNN-<entry>.<base>.patch`` for a variant made on an older base), so
+``NNNN-<entry>.patch`` (``NNNN-<entry>.<base>.patch`` for a variant made on another base), so
 refreshing an unchanged branch changes nothing: ``refresh --check`` tests that fixed point.
+File names never change once given: a new entry takes the next free number.
+
+A variant is keyed by the commit it was made on (``commit``) and named by a tag pointing at that
+commit, else the short commit id: never by a branch name. An entry a rebase dropped as merged
+upstream stays in the series with ``merged_in = <commit>``: ``plan`` skips it only where that
+commit is an ancestor of the target.
+
+Before anything is written the tree is proven (``ops.equivalence``): every difference from a fresh
+apply of the series must be an edit on the branch (what refresh exports); anything else is refused
+unless ``accept_differences``.
 """
 
 from __future__ import annotations
@@ -12,14 +22,16 @@ from __future__ import annotations
 import hashlib
 import re
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from c128patch.errors import C128Error
+from c128patch.errors import C128Error, DifferenceError
 from c128patch.git import Git
+from c128patch.ops.equivalence import Equivalence, prove
+from c128patch.ops.replay import branch_commits
 from c128patch.series.manifest import Entry, Series, Variant
 from c128patch.series.patchfile import split_message
-from c128patch.series.plan import ENTRY_TRAILER, choose
+from c128patch.series.plan import ENTRY_TRAILER, choose, merged_entries
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 
 FIXED_DATE = "Thu, 1 Jan 1970 00:00:00 +0000"
@@ -32,6 +44,7 @@ class Export:
     series: Series | None = None
     manifest: str = ""
     notes: list[str] = field(default_factory=list)
+    equivalence: Equivalence | None = None  # the tree against a fresh apply of the series (before the export)
 
     def changes(self, root: Path) -> list[str]:
         changed = [str(p.relative_to(root)) for p, data in self.files.items() if not p.is_file() or p.read_bytes() != data]
@@ -62,15 +75,16 @@ def format_patch(git: Git, commit: str, entry_name: str) -> bytes:
 
 def _commits(git: Git, base: str) -> list[tuple[str, str]]:
     """(sha, entry name) of each commit on top of ``base``, oldest first, provenance left out."""
-    out = []
-    fmt = f"%H%x00%(trailers:key={ENTRY_TRAILER},valueonly,separator=%x20)%x00%s"
-    for line in git.out("log", "--reverse", f"--format={fmt}", f"{base}..HEAD").splitlines():
-        sha, name, subject = line.split("\0")
-        name = name.strip()
-        if name == "provenance":
-            continue
-        out.append((sha, name or slug(subject)))
-    return out
+    return [(c.sha, c.entry or slug(c.subject)) for c in branch_commits(git, base) if c.entry != "provenance"]
+
+
+def base_label(git: Git, commit: str, rev: str) -> str:
+    """The name a variant made on ``commit`` is keyed by: a tag pointing at it (``rev`` when it is
+    one), else the short commit id; never a branch name, which moves."""
+    tags = git.out("tag", "--points-at", commit).split()
+    if rev in tags:
+        return rev
+    return sorted(tags)[0] if tags else commit[:12]
 
 
 def export(series: Series, git: Git, *, primary: bool | None = None, version: str | None = None) -> Export:
@@ -78,32 +92,43 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
 
     ``primary``: the branch's files become the entries' primary files and the series base moves to
     the branch's base (the default when that base is the series base already). Otherwise they
-    become the per-release variants for the branch's base.
+    become the per-release variants for the branch's base. File names stay as they are; a new
+    entry takes the next free number. An entry without a commit on the branch is kept when the
+    branch's provenance records it dropped as merged upstream (it gains ``merged_in``), skipped in
+    a rebase, or when the series already has it merged at the branch's base; otherwise it is
+    dropped from the series (and said so).
     """
     tree = git.worktree
     assert tree is not None
-    upstream = read_provenance(tree).get("upstream", {})
+    record = read_provenance(tree)
+    upstream = record.get("upstream", {})
     base_commit, base_rev = upstream.get("commit"), upstream.get("rev")
     if not base_commit or not git.rev_parse(base_commit):
         raise C128Error(f"cannot refresh: the upstream base {base_commit!r} recorded in {PROVENANCE_PATH} is not in {tree}")
+    label = base_label(git, base_commit, base_rev or "")
     if primary is None:
-        primary = base_rev == series.base
-    result = Export()
+        primary = label == series.base
+    result = Export(equivalence=prove(series, git, base_rev or label, base_commit))
     by_name = {e.name: e for e in series.entries}
-    entries: list[Entry] = []
-    for index, (sha, name) in enumerate(_commits(git, base_commit), 1):
-        if any(e.name == name for e in entries):
+    numbers = [int(m.group(1)) for e in series.entries if (m := re.match(r"^(\d+)-", e.file or ""))]
+    exported: dict[str, Entry] = {}
+    for sha, name in _commits(git, base_commit):
+        if name in exported:
             raise C128Error(f"cannot refresh: two commits carry '{ENTRY_TRAILER}: {name}'; squash them first")
         old = by_name.get(name)
         if old is None:
             result.notes.append(f"new entry '{name}' from commit {sha[:12]}")
-            old = Entry(name=name, kind="patch", why=git.out("log", "-1", "--format=%s", sha), base=base_rev)
-        entry = Entry(**{**old.__dict__, "variants": list(old.variants)})
+            old = Entry(name=name, kind="patch", why=git.out("log", "-1", "--format=%s", sha), base=label)
+            numbers.append(max(numbers, default=0) + 1)
+            stem = f"{numbers[-1]:04d}-{name}"
+        else:
+            stem = old.file.removesuffix(".patch")
+        entry = replace(old, variants=list(old.variants))
         if entry.is_patch:
             data = format_patch(git, sha, name)
-            if not primary and old.file and _fallback_gives_same_tree(series, old, git, sha, base_rev):
+            if not primary and old.file and _fallback_gives_same_tree(series, old, git, sha, label):
                 data = None  # the file chosen without a variant for this base already makes this commit
-            _export_patch(series, old, entry, data, f"{index:04d}-{name}", base_rev, primary, result)
+            _export_patch(series, old, entry, data, stem, (label, base_commit), primary, result)
         else:
             content = git.blob(sha, entry.target)
             if content is None:
@@ -111,12 +136,11 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
             result.files[series.root / entry.source] = content
             entry.sha256 = hashlib.sha256(content).hexdigest()
             if primary:
-                entry.base = base_rev
-        entries.append(entry)
-    for e in series.entries:
-        if e.name not in by_name or all(x.name != e.name for x in entries):
-            result.notes.append(f"entry '{e.name}' has no commit on the branch: dropped from the series")
-    new = Series(series.root, series.name, series.version, base_rev if primary else series.base, entries)
+                entry.base = label
+        exported[name] = entry
+    kept = _kept_without_commit(series, git, record, base_commit, exported, result)
+    entries = _in_order(series, list(exported.values()), kept)
+    new = Series(series.root, series.name, series.version, label if primary else series.base, entries)
     payload_changed = new.to_toml() != series.to_toml() or any(
         not p.is_file() or p.read_bytes() != d for p, d in result.files.items()
     )
@@ -125,10 +149,50 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     return result
 
 
+def _kept_without_commit(series: Series, git: Git, record: dict, base_commit: str, exported: dict[str, Entry],
+                         result: Export) -> dict[str, Entry]:
+    """The series' entries the branch has no commit for that stay in the series (``export``)."""
+    dropped = {d["name"]: d for d in record.get("dropped", [])}
+    merged_here = {e.name for e in merged_entries(series, git, base_commit)}
+    kept = {}
+    for e in series.entries:
+        if e.name in exported:
+            continue
+        why = dropped.get(e.name, {})
+        if why.get("status") == "dropped-as-merged" and why.get("merged_in"):
+            kept[e.name] = replace(e, merged_in=why["merged_in"])
+            result.notes.append(f"entry '{e.name}' is merged upstream in {why['merged_in'][:12]} ({why.get('detail', '')}): "
+                                "kept for the revisions without that commit (merged_in)")
+        elif e.name in merged_here:
+            kept[e.name] = e
+        elif why.get("status") == "skipped":
+            kept[e.name] = e
+            result.notes.append(f"entry '{e.name}' was skipped in the rebase: kept as it is for the other bases "
+                                "(remove it from series.toml to drop it for good)")
+        else:
+            result.notes.append(f"entry '{e.name}' has no commit on the branch: dropped from the series")
+            continue
+        for variant in kept[e.name].patch_files() or [None]:
+            path = series.file_of(e, variant)
+            result.files[path] = path.read_bytes()
+    return kept
+
+
+def _in_order(series: Series, exported: list[Entry], kept: dict[str, Entry]) -> list[Entry]:
+    """The branch's entries in branch order, each kept entry right after its predecessor in the series."""
+    out = list(exported)
+    names = [e.name for e in series.entries]
+    for name, entry in kept.items():
+        before = [n for n in names[: names.index(name)] if any(x.name == n for x in out)]
+        at = next(i for i, x in enumerate(out) if x.name == before[-1]) + 1 if before else 0
+        out.insert(at, entry)
+    return out
+
+
 def _fallback_gives_same_tree(series: Series, old: Entry, git: Git, sha: str, base_rev: str) -> bool:
     """Would the file ``apply`` chooses for ``base_rev`` without a variant of its own (the nearest
     older variant, else the primary) make this very commit, strictly (no 3-way merge)?"""
-    others = Entry(**{**old.__dict__, "variants": [v for v in old.variants if v.base != base_rev]})
+    others = replace(old, variants=[v for v in old.variants if v.base != base_rev])
     fallback = choose(series, git, others, git.out("rev-parse", f"{sha}^")).variant
     with tempfile.TemporaryDirectory(prefix="c128refresh-") as tmp:
         idx = git.with_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
@@ -138,29 +202,31 @@ def _fallback_gives_same_tree(series: Series, old: Entry, git: Git, sha: str, ba
         return idx.out("write-tree") == git.out("rev-parse", f"{sha}^{{tree}}")
 
 
-def _export_patch(series: Series, old: Entry, entry: Entry, data: bytes | None, stem: str, base_rev: str,
+def _export_patch(series: Series, old: Entry, entry: Entry, data: bytes | None, stem: str, base: tuple[str, str],
                   primary: bool, result: Export) -> None:
-    """Place one exported patch as the primary file or as the variant for ``base_rev``
-    (``data`` None: no variant is needed for ``base_rev``, drop any)."""
-    variants = {v.base: series.patches_dir / v.file for v in old.variants}
+    """Place one exported patch as the primary file or as the variant for ``base`` (label, commit)
+    (``data`` None: no variant is needed for that base, drop any)."""
+    label, commit = base
+    variants = {v.base: (series.patches_dir / v.file, v.commit) for v in old.variants}
     if primary or not old.file:
-        if old.file and old.base and old.base != base_rev and old.base not in variants:
-            variants[old.base] = series.file_of(old)  # the old primary stays, as its base's variant
-        variants.pop(base_rev, None)
-        entry.file, entry.base = f"{stem}.patch", base_rev
+        if old.file and old.base and old.base != label and old.base not in variants:
+            variants[old.base] = (series.file_of(old), old.base_commit)  # the old primary stays, as its base's variant
+        variants.pop(label, None)
+        entry.file, entry.base, entry.base_commit = f"{stem}.patch", label, commit
         result.files[series.patches_dir / entry.file] = data
     else:
         result.files[series.patches_dir / f"{stem}.patch"] = series.file_of(old).read_bytes()
         entry.file = f"{stem}.patch"
-        variants.pop(base_rev, None)
+        variants.pop(label, None)
         if data is not None:
-            variants[base_rev] = None  # filled below from ``data``
+            variants[label] = (None, commit)  # filled below from ``data``
     entry.variants = []
-    for base in sorted(variants):
-        path = series.patches_dir / f"{stem}.{base}.patch"
-        content = data if variants[base] is None else variants[base].read_bytes()
+    for name in sorted(variants):
+        source, source_commit = variants[name]
+        path = series.patches_dir / f"{stem}.{name}.patch"
+        content = data if source is None else source.read_bytes()
         result.files[path] = content
-        entry.variants.append(Variant(path.name, base, hashlib.sha256(content).hexdigest()))
+        entry.variants.append(Variant(path.name, name, hashlib.sha256(content).hexdigest(), source_commit))
     entry.sha256 = hashlib.sha256(result.files[series.patches_dir / entry.file]).hexdigest()
 
 
@@ -169,8 +235,16 @@ def _bump(version: str) -> str:
     return f"{m.group(1)}{int(m.group(2)) + 1}" if m else f"{version}.1"
 
 
-def write(series: Series, result: Export) -> list[str]:
-    """Write the export; remove patch files no entry refers to any more. Returns what changed."""
+def write(series: Series, result: Export, *, accept_differences: bool = False) -> list[str]:
+    """Write the export; remove patch files no entry refers to any more. Returns what changed.
+    A tree with differences from the series that no edit on the branch explains is refused
+    (``accept_differences``: export it anyway)."""
+    proof = result.equivalence
+    if proof is not None and not proof.ok and not accept_differences:
+        raise DifferenceError(f"refusing to export: {proof.summary()}; nothing was written",
+                              hint="  look:   c128patch status (or the hunks with --json)\n"
+                                   "  export: c128patch refresh --accept-differences (writes them into the series)",
+                              report={"equivalence": proof.to_json()})
     changed = result.changes(series.root)
     for path, data in result.files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
