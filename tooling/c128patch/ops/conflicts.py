@@ -37,7 +37,8 @@ class Block:
 
     def describe(self) -> str:
         first, last = self.lines
-        where = f"{self.path}:{first}-{last}" if last >= first else f"{self.path}: after line {last}"
+        where = (f"{self.path}:{first}" if last == first else f"{self.path}:{first}-{last}" if last > first
+                 else f"{self.path}: after line {last}")
         text = f"{where}: hunk {self.hunk or '(not matched)'}"
         if self.empty:
             text += "; the upstream side is empty (upstream removed the code this hunk edits)"

@@ -18,9 +18,9 @@ before it started); an edit it refuses stays in the unattributed rest, named.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable, Literal, Sequence
 
 from unidiff import PatchSet
 
@@ -85,6 +85,7 @@ class Equivalence:
     replay: RevCheck
     differences: list[Difference] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    without: list[str] = field(default_factory=list)  # entries left out of the fresh replay (skipped, dropped)
 
     @property
     def identical(self) -> bool:
@@ -103,7 +104,8 @@ class Equivalence:
         return [r for e in self.replay.entries for r in e.resolutions]
 
     def summary(self) -> str:
-        fresh = f"a fresh apply of series {self.series} on {self.rev}"
+        series = self.series + (f" without {', '.join(self.without)}" if self.without else "")
+        fresh = f"a fresh apply of series {series} on {self.rev}"
         if self.ledger:
             fresh += " with ledger resolutions " + ", ".join(r.ref for r in self.ledger)
         if not self.replay.ok:
@@ -221,20 +223,24 @@ def branch_edits(series: Series, git: Git, base: str, head: str, scratch: Path,
 
 
 def prove(series: Series, git: Git, rev: str, commit: str, head: str = "HEAD", *,
-          accept: Callable[[Edit], bool] | None = None, span: str = "") -> Equivalence:
+          accept: Callable[[Edit], bool] | None = None, span: str = "", without: Sequence[str] = ()) -> Equivalence:
     """Compare ``head`` with a fresh replay of ``series`` on ``commit`` (module docstring).
-    ``accept``: which edits may explain a difference (default: all); ``span``: the rebase range."""
+    ``accept``: which edits may explain a difference (default: all); ``span``: the rebase range;
+    ``without``: entries the tree leaves out on purpose (skipped or dropped in a rebase)."""
     head = git.out("rev-parse", head)
+    if without:
+        series = replace(series, entries=[e for e in series.entries if e.name not in without])
     with tempfile.TemporaryDirectory(prefix="c128prove-") as tmp:
         scratch = Path(tmp)
-        trees: dict[str, tuple[str, str]] = {}
-        replay, _ = replay_in_index(series, git, rev, commit, scratch / "fresh.index", ledger=Ledger(series), span=span,
-                                    trees=trees)
+        replay, _ = replay_in_index(series, git, rev, commit, scratch / "fresh.index", ledger=Ledger(series), span=span)
         fresh = index_git(git, scratch / "fresh.index").out("write-tree")
         tree = tree_without_provenance(git, head, scratch / "head.index")
-        result = Equivalence(f"{series.name} {series.version}", rev, commit, head, fresh, tree, replay)
+        result = Equivalence(f"{series.name} {series.version}", rev, commit, head, fresh, tree, replay,
+                             without=list(without))
         if fresh == tree:
             return result
+        trees: dict[str, tuple[str, str]] = {}  # again, keeping each entry's trees: the branch is compared with them
+        replay_in_index(series, git, rev, commit, scratch / "fresh.index", ledger=Ledger(series), span=span, trees=trees)
         edits, result.notes = branch_edits(series, git, commit, head, scratch, trees)
         idx = index_git(git, scratch / "edits.index")
         idx.run("read-tree", fresh)

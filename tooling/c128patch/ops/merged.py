@@ -3,12 +3,13 @@
 Signals for one entry on a new base (with the earlier entries replayed on it), each named in the
 rebase report:
 
-* ``reverse-apply``: the entry's change (the file the series chooses there, or its commit on the
-  old branch) reverse-applies on it: the new base already has the entry's result;
-* ``patch-id``: one upstream commit of the range makes the very same change to every file of the
-  entry (per-file ``git patch-id --stable`` of ``--unified=0`` diffs, so neither context nor line
-  numbers matter). Each (upstream commit, file) is diffed once; the ids are cached by commit id
-  (``.git/c128patch/patch-ids.json``), so entries and later rebases reuse them;
+* ``reverse-apply``: the file the series chooses there reverse-applies on it: the new base already
+  has the entry's result;
+* ``patch-id``: one upstream commit of the range makes the very same change to every file the
+  entry's commit on the old branch changes (per-file ``git patch-id --stable`` of ``--unified=0``
+  diffs, so neither context nor line numbers matter). Each upstream commit is diffed once, for the
+  files of every entry together; the ids are cached by commit id (``.git/c128patch/patch-ids.json``),
+  so later entries and later rebases reuse them;
 * ``became-empty``: replaying the entry changes nothing (the replay reports it);
 * ``overlay-identical``: an overlay's target exists upstream with our content;
 * ``pr-hint``: an upstream commit's subject names a PR of the entry's ``upstream`` field. A hint,
@@ -25,7 +26,8 @@ from typing import Literal
 
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
-from c128patch.series.plan import Planned, blob_id, index_git
+from c128patch.series.patchfile import NULL_BLOB
+from c128patch.series.plan import Planned, blob_id
 
 SignalKind = Literal["reverse-apply", "patch-id", "became-empty", "overlay-identical", "pr-hint"]
 CONTENT: tuple[SignalKind, ...] = ("reverse-apply", "patch-id", "became-empty", "overlay-identical")
@@ -53,18 +55,45 @@ def proposes_drop(signals: list[Signal]) -> bool:
 
 def per_file_ids(git: Git, diff: str) -> dict[str, str]:
     """path -> ``git patch-id --stable`` of that file's part of ``diff`` (one git call)."""
-    starts = [m.start() for m in _DIFF.finditer(diff)]
-    chunks, paths = [], []
-    for i, start in enumerate(starts):
-        part = diff[start: starts[i + 1] if i + 1 < len(starts) else len(diff)]
-        paths.append(_DIFF.match(part).group(2))  # type: ignore[union-attr]
-        chunks.append(f"commit {i:040x}\n{part}")
-    if not chunks:
+    return per_commit_file_ids(git, {"": diff})[""]
+
+
+def per_commit_file_ids(git: Git, diffs: dict[str, str]) -> dict[str, dict[str, str]]:
+    """``per_file_ids`` for several diffs (keyed by commit) in one ``git patch-id`` call."""
+    chunks, where = [], []
+    for commit, diff in diffs.items():
+        starts = [m.start() for m in _DIFF.finditer(diff)]
+        for i, start in enumerate(starts):
+            part = diff[start: starts[i + 1] if i + 1 < len(starts) else len(diff)]
+            where.append((commit, _DIFF.match(part).group(2)))  # type: ignore[union-attr]
+            chunks.append(f"commit {len(chunks):040x}\n{part}")
+    out: dict[str, dict[str, str]] = {commit: {} for commit in diffs}
+    if chunks:
+        for line in git.run("patch-id", "--stable", input="".join(chunks)).stdout.splitlines():
+            pid, fake = line.split()
+            commit, path = where[int(fake, 16)]
+            out[commit][path] = pid
+    return out
+
+
+def _on_its_preimage(idx: Git, item: Planned) -> bool:
+    """Does the index hold exactly the blobs the item's patch was made on (every file of it)?"""
+    pre = item.patch.blobs if item.patch is not None else {}
+    if not pre or len(pre) != len(item.patch.files):  # type: ignore[union-attr]
+        return False
+    listed = {line.split("\t", 1)[1]: line.split()[1] for line in idx.out("ls-files", "-s", "--", *pre).splitlines()}
+    return all(listed.get(path, NULL_BLOB) == blob for path, (blob, _post) in pre.items())
+
+
+def commit_diffs(git: Git, commits: list[str], *args: str) -> dict[str, str]:
+    """commit -> its diff (``git log -p ARGS``), for many commits in one git call."""
+    if not commits:
         return {}
-    out = {}
-    for line in git.run("patch-id", "--stable", input="".join(chunks)).stdout.splitlines():
-        pid, fake = line.split()
-        out[paths[int(fake, 16)]] = pid
+    text = git.run("log", "--no-walk=unsorted", "-p", "--format=%x00%H", *args, *commits).stdout
+    out = {c: "" for c in commits}
+    for part in text.split("\0")[1:]:
+        sha, _, diff = part.partition("\n")
+        out[sha] = diff
     return out
 
 
@@ -87,57 +116,63 @@ class UpstreamIds:
         return {p: known[p] for p in paths}
 
 
-@dataclass
 class MergedCheck:
-    """The signals for the entries of one rebase range ``old..onto``."""
+    """The signals for the entries of one rebase range ``old..onto``; the old branch's commits
+    and the range's commits are each diffed once, for every entry at a time."""
 
-    git: Git
-    old: str
-    onto: str
-    ids: UpstreamIds
+    def __init__(self, git: Git, old: str, onto: str, ids: UpstreamIds, old_commits: list[str]) -> None:
+        self.git, self.old, self.onto, self.ids = git, old, onto, ids
+        self._old_commits = [c for c in old_commits if c]
+        self._ours: dict[str, dict[str, str]] | None = None
+        self._touching: dict[str, set[str]] = {}  # range commit -> the entries' files it changes
+        self._hints: dict[str, list[Signal]] = {}
 
-    def _range_commits(self, paths: list[str]) -> list[str]:
-        return self.git.out("log", "--format=%H", f"{self.old}..{self.onto}", "--", *paths).splitlines()
-
-    def signals(self, item: Planned, head: str, old_commit: str, index_file: Path) -> list[Signal]:
-        """Signals for ``item`` on ``head`` (the new base with the earlier entries); ``old_commit``:
-        the entry's commit on the old branch ("" when it had none)."""
-        out = self._pr_hints(item)
+    def signals(self, item: Planned, head: str, old_commit: str, idx: Git) -> list[Signal]:
+        """Signals for ``item`` on ``head`` (the new base with the earlier entries), ``idx`` an
+        index holding ``head``'s tree; ``old_commit``: the entry's commit on the old branch ("" when
+        it had none). Where the index holds every preimage blob of the item's file, upstream cannot
+        hold its change: only the hints are looked for."""
+        out = [s for number in _PR.findall(item.entry.upstream) for s in self._pr_hint(number)]
         if item.patch is None:
-            blob = self.git.tree_entry(head, item.entry.target)
-            if blob is not None and blob[2] == blob_id(item.path.read_bytes()):
+            listed = idx.out("ls-files", "-s", "--", item.entry.target).split()
+            if listed and listed[1] == blob_id(item.path.read_bytes()):
                 out.append(Signal("overlay-identical", f"{item.entry.target} exists upstream with our content"))
             return out
-        idx = index_git(self.git, index_file)
-        idx.run("read-tree", head)
-        diffs = {"the series' file": item.path.read_text()}
-        if old_commit:
-            diffs["its commit on the old branch"] = self.git.run("show", "--format=", "--full-index", old_commit).stdout
-        for what, diff in diffs.items():
-            if diff.strip() and idx.ok("apply", "--cached", "--check", "-R", input=diff):
-                out.append(Signal("reverse-apply", f"{what} reverse-applies on the new base"))
-                break
+        if _on_its_preimage(idx, item):
+            return out
+        if idx.ok("apply", "--cached", "--check", "-R", str(item.path)):
+            out.append(Signal("reverse-apply", f"{item.label} reverse-applies on the new base"))
         if old_commit:
             out += self._patch_id(old_commit)
         return out
 
-    def _pr_hints(self, item: Planned) -> list[Signal]:
-        out = []
-        for number in _PR.findall(item.entry.upstream):
+    def _pr_hint(self, number: str) -> list[Signal]:
+        if number not in self._hints:
             hit = self.git.out("log", "--format=%H %s", "-E", f"--grep=\\(#{number}\\)", f"{self.old}..{self.onto}")
-            if hit:
-                sha, _, subject = hit.splitlines()[0].partition(" ")
-                out.append(Signal("pr-hint", f"upstream commit {sha[:12]} {subject!r} names PR #{number}", sha))
-        return out
+            sha, _, subject = (hit.splitlines() or [""])[0].partition(" ")
+            self._hints[number] = [Signal("pr-hint", f"upstream commit {sha[:12]} {subject!r} names PR #{number}",
+                                          sha)] if sha else []
+        return self._hints[number]
 
     def _patch_id(self, old_commit: str) -> list[Signal]:
-        diff = self.git.run("show", "--format=", "--unified=0", "--no-renames", "--full-index", old_commit).stdout
-        ours = per_file_ids(self.git, diff)
+        if self._ours is None:
+            diffs = commit_diffs(self.git, self._old_commits, "--unified=0", "--no-renames", "--full-index")
+            self._ours = per_commit_file_ids(self.git, diffs)
+            every = sorted({path for ids in self._ours.values() for path in ids})
+            if every:  # each range commit diffed once, for the files of every entry
+                log = self.git.out("log", "--format=%x00%H", "--name-only", f"{self.old}..{self.onto}", "--", *every)
+                for part in log.split("\0")[1:]:
+                    sha, *files = part.split()
+                    self._touching[sha] = set(files)
+                    self.ids.of(sha, every)
+        ours = self._ours.get(old_commit) or per_file_ids(self.git, self.git.run(
+            "show", "--format=", "--unified=0", "--no-renames", "--full-index", old_commit).stdout)
         if not ours:
             return []
-        for sha in self._range_commits(sorted(ours)):
-            theirs = self.ids.of(sha, sorted(ours))
+        paths = sorted(ours)
+        for sha in [c for c, files in self._touching.items() if set(paths) <= files]:
+            theirs = self.ids.of(sha, paths)
             if all(theirs.get(path) == pid for path, pid in ours.items()):
-                return [Signal("patch-id", f"upstream commit {sha[:12]} makes the same change to "
-                                           f"{', '.join(sorted(ours))}", sha)]
+                return [Signal("patch-id", f"upstream commit {sha[:12]} makes the same change to {', '.join(paths)}",
+                               sha)]
         return []

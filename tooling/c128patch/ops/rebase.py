@@ -42,8 +42,8 @@ from c128patch.git import BOT_EMAIL, BOT_NAME, Git
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops.conflicts import StopReport, analyze
 from c128patch.ops.equivalence import Edit, Equivalence, compare_commits, prove
-from c128patch.ops.merged import MergedCheck, Signal, UpstreamIds, proposes_drop
-from c128patch.ops.replay import FAILED, replay_entry, unmerged_paths
+from c128patch.ops.merged import MergedCheck, Signal, UpstreamIds, commit_diffs, proposes_drop
+from c128patch.ops.replay import FAILED, replay_entry, replay_in_index, unmerged_paths
 from c128patch.ops.treestate import c128_state_dir, ensure_clean, ensure_idle, rebase_journal
 from c128patch.series import provenance
 from c128patch.series.ledger import Conflict, Ledger
@@ -54,12 +54,12 @@ from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 RECOVERY_PREFIX = "refs/c128patch/recovery"
 
 StepKind = Literal["entry", "commit"]
-Status = Literal["pending", "unchanged", "context-only", "content-changed", "new", "resolved", "dropped-as-merged",
-                 "skipped", "removed", "failing"]
+Status = Literal["pending", "replayed", "unchanged", "context-only", "content-changed", "new", "resolved",
+                 "dropped-as-merged", "skipped", "removed", "failing"]
 Phase = Literal["", "series", "user-edit", "carried"]
 Paused = Literal["", "conflict", "merged"]
-DONE: tuple[Status, ...] = ("unchanged", "context-only", "content-changed", "new", "resolved", "dropped-as-merged",
-                            "skipped", "removed")
+DONE: tuple[Status, ...] = ("replayed", "unchanged", "context-only", "content-changed", "new", "resolved",
+                            "dropped-as-merged", "skipped", "removed")
 
 
 @dataclass
@@ -126,6 +126,11 @@ class Rebase:
         self.path = rebase_journal(git)
         self.ledger = Ledger(series)
         self._onto_date = ""
+        self._planned: dict[str, Planned] | None = None
+        self._idx: Git | None = None  # the loop's index (``_reset_index``)
+        self._tip_tree = ""
+        self._present: set[str] = set()
+        self._touched: list[str] = []
 
     # ------------------------------------------------------------------ entry points
     def start(self, onto_rev: str, onto_commit: str, *, drop_merged: bool = False) -> dict:
@@ -181,7 +186,7 @@ class Rebase:
         if journal.paused == "conflict":  # the user committed the resolution: that commit is the entry's
             journal.paused, step.phase = "", ""
             step.new_sha, step.detail = git.head() or "", "committed by hand"
-            step.status = self._classify(step.sha, step.new_sha) if step.sha else "new"
+            step.status = "replayed" if step.sha else "new"
             self._advance(journal, step.new_sha)
         elif git.status_porcelain():
             raise C128Error("cannot continue: the tree has changes but no entry is stopped; "
@@ -239,7 +244,10 @@ class Rebase:
         branch's own commits after the entry they followed."""
         git = self.git
         with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:
-            verdicts = compare_commits(self.series, git, old_commit, head, Path(tmp))
+            fresh: dict[str, tuple[str, str]] = {}
+            replay_in_index(self.series, git, record.get("upstream", {}).get("rev", old_commit), old_commit,
+                            Path(tmp) / "fresh.index", ledger=self.ledger, trees=fresh)
+            verdicts = compare_commits(self.series, git, old_commit, head, Path(tmp), fresh)
         names = [v.commit.entry for v in verdicts if v.commit.entry]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
@@ -291,10 +299,11 @@ class Rebase:
 
     def _run(self, journal: Journal, keep: bool = False) -> dict:
         git = self.git
-        planned = {p.entry.name: p for p in plan(self.series, git, journal.onto_commit)}
+        planned = self._plan(journal)
         merged_here = {e.name: e for e in merged_entries(self.series, git, journal.onto_commit)}
         check = MergedCheck(git, journal.old_commit, journal.onto_commit,
-                            UpstreamIds(git, c128_state_dir(git) / "patch-ids.json"))
+                            UpstreamIds(git, c128_state_dir(git) / "patch-ids.json"), [s.sha for s in journal.steps])
+        self._reset_index(journal)
         while journal.pos < len(journal.steps):
             step = journal.steps[journal.pos]
             if step.status in DONE:
@@ -313,19 +322,30 @@ class Rebase:
             keep = False
         return self._finish(journal)
 
-    def _replay(self, journal: Journal, step: Step, item: Planned, check: MergedCheck, keep: bool) -> None:
-        """The series' part of one entry on HEAD, in an index; a stop when it conflicts."""
+    def _plan(self, journal: Journal) -> dict[str, Planned]:
+        if self._planned is None:
+            self._planned = {p.entry.name: p for p in plan(self.series, self.git, journal.onto_commit)}
+        return self._planned
+
+    def _reset_index(self, journal: Journal) -> None:
+        """The loop's index back at the tip's tree (it follows the tip while entries replay)."""
         git = self.git
-        head = journal.head_before
+        idx = index_git(git, c128_state_dir(git) / "rebase.index")
+        idx.run("read-tree", journal.head_before)
+        self._idx, self._tip_tree = idx, idx.out("write-tree")
+        self._touched = sorted({path for item in self._plan(journal).values() for path in item.touched})
+        self._present = set(idx.out("ls-files", "--", *self._touched).splitlines()) if self._touched else set()
+
+    def _replay(self, journal: Journal, step: Step, item: Planned, check: MergedCheck, keep: bool) -> None:
+        """The series' part of one entry on the tip, in the loop's index; a stop when it conflicts."""
+        idx = self._idx
+        assert idx is not None
         step.file, step.chosen_by = item.label, item.chosen_by
-        with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:
-            index_file = Path(tmp) / "index"
-            signals = [] if keep else check.signals(item, head, step.sha, index_file)
-            index_git(git, index_file).run("read-tree", head)
-            present = set(git.out("ls-tree", "-r", "--name-only", head, "--", *item.touched).splitlines())
-            row = replay_entry(git, item, index_file, present, ledger=self.ledger, span=journal.span)
-            tree = index_git(git, index_file).out("write-tree") if row.status not in FAILED else ""
-        if tree and tree == git.out("rev-parse", f"{head}^{{tree}}"):
+        signals = [] if keep else check.signals(item, journal.head_before, step.sha, idx)
+        index_file = Path(idx.env["GIT_INDEX_FILE"])
+        row = replay_entry(self.git, item, index_file, self._present, ledger=self.ledger, span=journal.span)
+        tree = idx.out("write-tree") if row.status not in FAILED else ""
+        if tree and tree == self._tip_tree:
             signals.append(Signal("became-empty", "replaying it on the new base changes nothing"))
         step.signals = [asdict(s) for s in signals]
         if keep and tree and "became-empty" in {s.kind for s in signals}:
@@ -335,6 +355,7 @@ class Rebase:
         if not keep and proposes_drop(signals):
             why = "; ".join(s.describe() for s in signals)
             step.detail = why
+            self._reset_index(journal)
             if journal.drop_merged:
                 step.status = "dropped-as-merged"
                 self._advance(journal)
@@ -405,8 +426,11 @@ class Rebase:
         sha = git.with_env(**env).out("commit-tree", tree, "-p", journal.head_before, input=message)
         step.new_sha = sha
         if step.status in ("pending", "failing"):
-            step.status = "resolved" if step.applied in ("resolved", "ledger") else (
-                self._classify(step.sha, sha) if step.sha else "new")
+            step.status = "resolved" if step.applied in ("resolved", "ledger") else "replayed" if step.sha else "new"
+        if self._idx is not None and tree != step.series_tree:  # the loop's index follows the tip
+            self._idx.run("read-tree", tree)
+            self._present = set(self._idx.out("ls-files", "--", *self._present | set(self._touched)).splitlines())
+        self._tip_tree = tree
         self._advance(journal, sha)
 
     def _patch_message(self, step: Step, date: str) -> tuple[str, tuple[str, str, str]]:
@@ -491,25 +515,28 @@ class Rebase:
         path = c128_state_dir(self.git) / "conflicts.json"
         return [Conflict(**c) for c in json.loads(path.read_text())] if path.is_file() else []
 
-    def _classify(self, old_sha: str, new_sha: str) -> Status:
-        """unchanged (same diff), context-only (same added/removed lines), content-changed."""
-        if self._change_id(old_sha) != self._change_id(new_sha):
-            return "content-changed"
+    def _classify(self, steps: list[Step]) -> None:
+        """Each replayed step against its old commit: unchanged (the same diff), context-only (the
+        same added and removed lines), content-changed. A few git calls for all of them."""
+        todo = [s for s in steps if s.status == "replayed"]
+        shas = [sha for s in todo for sha in (s.sha, s.new_sha)]
+        full = commit_diffs(self.git, shas, "--full-index")
+        zero = commit_diffs(self.git, shas, "--unified=0")
+        text = "".join(f"commit {sha}\n{zero[sha]}" for sha in shas if zero[sha].strip())
+        ids = dict(line.split()[::-1] for line in self.git.run("patch-id", "--stable", input=text).stdout.splitlines())
         drop_index = lambda d: re.sub(r"^index .*$", "", d, flags=re.M)  # noqa: E731
-        old, new = (drop_index(self.git.run("show", "--format=", sha).stdout) for sha in (old_sha, new_sha))
-        return "unchanged" if old == new else "context-only"
-
-    def _change_id(self, sha: str) -> str:
-        """git's patch-id of the diff without context lines: what the commit adds and removes."""
-        diff = self.git.run("show", "--format=", "--unified=0", sha).stdout
-        out = self.git.run("patch-id", "--stable", input=diff).stdout.split()
-        return out[0] if out else ""
+        for s in todo:
+            if ids.get(s.sha, "") != ids.get(s.new_sha, ""):
+                s.status = "content-changed"
+            else:
+                s.status = "unchanged" if drop_index(full[s.sha]) == drop_index(full[s.new_sha]) else "context-only"
 
     # ------------------------------------------------------------------ the end
     def _finish(self, journal: Journal) -> dict:
         git = self.git
+        self._classify(journal.steps)
         kept = [s for s in journal.steps if s.new_sha]
-        planned = {p.entry.name: p for p in plan(self.series, git, journal.onto_commit)}
+        planned = self._plan(journal)
         items = [planned[s.name] for s in kept if s.kind == "entry" and s.name in planned]
         results = [{"name": s.name, "applied": s.status, "commit": s.new_sha} for s in kept]
         record = provenance.build(self.series, items, {"rev": journal.onto_rev, "commit": journal.onto_commit}, results)
@@ -526,8 +553,10 @@ class Rebase:
                     new_head, journal.orig_head)
             git.run("checkout", "--quiet", journal.orig_branch)
         carried = {s.new_sha for s in kept if s.kind == "commit"} | {s.new_sha for s in kept if s.user_edit}
+        left_out = [s.name for s in journal.steps if s.kind == "entry" and s.status in ("dropped-as-merged", "skipped",
+                                                                                         "removed")]
         proof = prove(self.series, git, journal.onto_rev, journal.onto_commit, new_head,
-                      accept=lambda e: _accepted(e, carried), span=journal.span)
+                      accept=lambda e: _accepted(e, carried), span=journal.span, without=left_out)
         report = self.report(journal, new_head, proof)
         self._write_reports(journal, report)
         self.path.unlink()
