@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from c128patch.evidence import staging
@@ -117,3 +120,82 @@ def patched_tree(series_root: Path, repo: Path, tag: str, dest: Path, paths: lis
     shutil.rmtree(out)
     index_file.unlink()
     return dest
+
+
+# -- the CLI and the series as a user runs them ---------------------------------------
+
+
+@dataclass
+class Run:
+    """One CLI run: its exit code, its --json payload ({} when it printed none), its stderr."""
+
+    code: int
+    out: dict
+    err: str
+
+
+def invoke(*args: str) -> Run:
+    """``c128patch ARGS --json`` in process."""
+    from click.testing import CliRunner
+
+    from c128patch.cli import main
+
+    res = CliRunner().invoke(main, [*args, "--json"])
+    try:
+        out = json.loads(res.stdout)
+    except ValueError:
+        out = {}
+    return Run(res.exit_code, out, res.stderr)
+
+
+def copy_series(dest: Path) -> Path:
+    """A private copy of the product series (commands may write its ledger and manifest)."""
+    for sub in ("patches", "csrc", "overlay"):
+        shutil.copytree(REPO_ROOT / sub, dest / sub)
+    return dest
+
+
+def series_made_before(dest: Path, entry: str, base: str) -> Path:
+    """A copy of the product series as it stood before ``base`` was supported for ``entry``: its
+    file for ``base`` gone, its newest older variant its primary. A rebase onto ``base`` then meets
+    the real conflicts that file was made to resolve."""
+    series = load_series(copy_series(dest))
+    e = series.entry(entry)
+    assert e.base == base, f"{entry}'s primary is for {e.base}"
+    newest = max(e.variants, key=lambda v: RELEASES.index(v.base))
+    (series.patches_dir / e.file).unlink()
+    e.file, e.base, e.base_commit, e.sha256 = newest.file, newest.base, newest.commit, newest.sha256
+    e.variants = [v for v in e.variants if v != newest]
+    series.save()
+    return dest
+
+
+def forget_resolutions(series: Path, entry: str, path: str | None = None) -> None:
+    """Drop the ledger's resolutions of ``entry`` (of its file ``path`` only, when given): that
+    conflict then needs a human again."""
+    ledger = series / "patches/resolutions/ledger.toml"
+    rows = ledger.read_text().split("[[resolutions]]")
+    gone = [r for r in rows if f'entry = "{entry}"' in r and (path is None or f'file = "{path}"' in r)]
+    ledger.write_text("[[resolutions]]".join(r for r in rows if r not in gone))
+    for row in gone:
+        key = re.search(r'^key = "(\w+)"', row, re.M).group(1)
+        (series / "patches/resolutions" / entry / f"{key}.diff").unlink()
+
+
+def tree_of(git: Git, rev: str = "HEAD") -> str:
+    """The tree id of ``rev`` with the provenance file left out (what "equal to a fresh apply" compares)."""
+    from c128patch.series.provenance import PROVENANCE_PATH
+
+    idx = git.with_env(GIT_INDEX_FILE=str(Path(git.out("rev-parse", "--absolute-git-dir")) / "tree-of.index"))
+    idx.run("read-tree", rev)
+    idx.run("update-index", "--force-remove", "--", PROVENANCE_PATH)
+    return idx.out("write-tree")
+
+
+def upstream_commit(git: Git, parent: str, subject: str, edit) -> str:
+    """A commit on top of upstream ``parent`` (as upstream would land one), made with plumbing:
+    ``edit(index_git)`` changes a scratch index holding ``parent``'s tree."""
+    idx = git.with_env(GIT_INDEX_FILE=str(Path(git.out("rev-parse", "--absolute-git-dir")) / "upstream.index"))
+    idx.run("read-tree", parent)
+    edit(idx)
+    return git.out("commit-tree", idx.out("write-tree"), "-p", parent, "-m", subject)
