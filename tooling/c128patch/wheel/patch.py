@@ -4,8 +4,8 @@ The series touches Python and JIT CUDA sources only (``wheel.rules`` enforces it
 wheel's files are patched where they lie: ``git apply -p2`` (strict: exact context, no fuzz) on
 the unpacked files (the wheel has no ``python/`` prefix), overlays copied to their target minus
 ``python/``. Each entry's patch file is chosen for the wheel's version: its release tag is
-resolved in the release history and ``select_variant`` picks the variant made against the nearest
-ancestor, exactly as ``apply`` does for a tree. The result is versioned
+resolved in the release history and ``plan`` chooses (``series.plan``: preimage blobs, nearest
+ancestor, strict), exactly as ``apply`` does for a tree. The result is versioned
 ``X.Y.Z+c128.<series version>.<series digest[:8]>`` (a PEP 440 local label) in METADATA, the
 ``.dist-info`` name and the file name, platform tags unchanged, and carries the provenance record
 ``apply`` writes (``sglang/c128patch_provenance.json``) and a CycloneDX SBOM
