@@ -72,6 +72,14 @@ def test_apply_gives_clean_patched_branch_with_one_commit_per_entry(upstream_clo
     assert git.rev_parse(out["recovery_ref"]) == git.rev_parse("main")
 
 
+def test_apply_proves_its_tree_against_a_fresh_replay(upstream_clone: Path, portable_series: Path):
+    code, out, err = run("apply", "--sglang-rev", "v0.5.22", "--repo", str(upstream_clone),
+                         "--series", str(portable_series), "--json")
+    assert code == 0, err
+    assert out["equivalence"]["summary"] == "identical to a fresh apply of series test 1 on v0.5.22"
+    assert out["equivalence"]["tree"] == out["equivalence"]["fresh_tree"]
+
+
 def test_apply_from_release_source_into_new_tree(tmp_path: Path, portable_series: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, err = run("apply", "--sglang-rev", "v0.5.23", "--series", str(portable_series), "--json")

@@ -538,6 +538,15 @@ def test_the_entry_upstream_holds_is_proposed_on_content_evidence(merged_stop):
     assert {"reverse-apply", "patch-id", "pr-hint"} <= signals
 
 
+def test_continue_keeps_an_entry_proposed_as_merged_only_if_something_is_left_to_keep(sglang_release_repo,
+                                                                                       tmp_path):
+    m = merged_rebase(sglang_release_repo, tmp_path)
+    run = rebase(m.git, m.series, "--continue")
+    assert run.code == 0, run.err
+    step = next(e for e in run.out["entries"] if e["name"] == RS)
+    assert step["status"] == "dropped-as-merged" and step["detail"] == "became empty on the new base"
+
+
 def test_drop_merged_drops_exactly_the_entry_upstream_holds(merged_dropped):
     assert merged_dropped.run.code == 0, merged_dropped.run.err
     assert [e["name"] for e in merged_dropped.run.out["entries"] if e["status"] == "dropped-as-merged"] == [RS]
@@ -583,30 +592,6 @@ def test_apply_skips_the_entry_where_its_merge_is_an_ancestor(refreshed, merged_
     row = next(e for e in run.out["entries"] if e["name"] == RS)
     assert row == {"name": RS, "kind": "patch", "status": "skipped", "detail": f"merged upstream in {merged_dropped.onto[:12]}"}
     assert tree_of(Git(worktree=clone)) == tree_of(merged_dropped.git)
-
-
-# -- variant choice without tags --------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def tagless(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A clone of the release history with every tag deleted (a fork cloned without tags)."""
-    dest = tmp_path_factory.mktemp("tagless") / "sglang.git"
-    subprocess.run(["git", "clone", "--quiet", "--bare", str(sglang_release_repo), str(dest)], check=True)
-    git = Git(git_dir=dest)
-    git.run("tag", "--delete", *git.out("tag", "--list").split())
-    assert git.out("tag", "--list") == ""
-    return dest
-
-
-@pytest.mark.parametrize("tag", RELEASES)
-def test_a_clone_without_tags_chooses_the_files_a_clone_with_tags_does(tag, tagless, sglang_release_repo, series_dir):
-    commit = Git(git_dir=sglang_release_repo).rev_parse(tag)
-    files = lambda run: [(e["name"], e["file"]) for e in run.out["revs"][0]["entries"]]  # noqa: E731
-    without = invoke("check", "--sglang-rev", commit, "--repo", str(tagless), "--series", str(series_dir))
-    with_tags = invoke("check", "--sglang-rev", tag, "--repo", str(sglang_release_repo), "--series", str(series_dir))
-    assert without.code == 0 and with_tags.code == 0, (without.out, with_tags.out)
-    assert files(without) == files(with_tags)
 
 
 # -- interrupted ----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from c128patch.cli import main
 from c128patch.git import Git
 from c128patch.series.manifest import load_series
-from support import make_test_series
+from support import make_test_series, upstream_commit
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",
@@ -136,3 +136,27 @@ def test_refresh_refuses_a_tree_without_provenance(upstream_clone: Path, tmp_pat
     series = make_test_series(tmp_path / "series", sglang_release_repo, EDIT)
     res = CliRunner().invoke(main, ["refresh", "--tree", str(upstream_clone), "--series", str(series)])
     assert res.exit_code == 2 and "no c128patch series is applied" in res.stderr
+
+
+def test_a_variant_made_on_a_branch_is_keyed_by_its_commit_not_the_branch_name(tmp_path: Path,
+                                                                              sglang_release_repo: Path):
+    """Rebased --onto a branch (an untagged commit on top of 0.5.20), the variant refresh writes is
+    named by the commit, which does not move, and records it."""
+    series = make_test_series(tmp_path / "series", sglang_release_repo,
+                              {VERIFY: (SIGNATURE, "\n    # c128patch test" + SIGNATURE)}, overlay=False)
+    tree = tmp_path / "t"
+    assert cli("apply", "--sglang-rev", "v0.5.23", "--repo", str(sglang_release_repo), "--tree", str(tree),
+               "--series", str(series))[0] == 0
+    git = Git(worktree=tree)
+
+    def add_file(idx: Git) -> None:
+        blob = idx.out("hash-object", "-w", "--stdin", input="moving\n")
+        idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},python/MOVING.txt")
+
+    commit = upstream_commit(git, "v0.5.20", "upstream work in progress", add_file)
+    git.run("branch", "moving", commit)
+    code, report = cli("rebase", "--onto", "moving", "--tree", str(tree), "--series", str(series))
+    assert code == 0, report
+    assert cli("refresh", "--tree", str(tree), "--series", str(series), "--variant")[0] == 0
+    [variant] = load_series(series).entries[0].variants
+    assert (variant.base, variant.commit, variant.file) == (commit[:12], commit, f"0001-test.{commit[:12]}.patch")

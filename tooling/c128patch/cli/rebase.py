@@ -48,7 +48,8 @@ def _onto_commit(git: Git, rev: str, repo: str | None) -> str:
 @handles_errors
 def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: bool, report_dir: Path | None,
             tree: Path, repo: str | None, series_dir: Path | None, as_json: bool) -> None:
-    """Replay the applied series onto another upstream rev, stopping at conflicts."""
+    """Move the patched branch onto another upstream rev: each entry replays the file the series
+    chooses there, your edits are carried, the result is proven equal to a fresh apply."""
     chosen = [n for n, on in (("--onto", onto), ("--continue", cont), ("--skip", skip), ("--abort", abort)) if on]
     if len(chosen) != 1:
         raise C128Error("give exactly one of --onto REV, --continue, --skip, --abort")

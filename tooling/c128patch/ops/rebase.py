@@ -674,6 +674,10 @@ def render_markdown(report: dict) -> str:
     proof = report.get("equivalence")
     if proof:
         lines += ["", "## proof", "", proof["summary"]]
+        used = [r for e in proof["replay"]["entries"] for r in e["resolutions"]]
+        lines += [f"- ledger resolution `{r['entry']}:{r['key']}` ({r['path']}), recorded on {r['recorded']}"
+                  + (" (reused)" if r["reused"] else "") for r in used]
+        lines += [f"- note: {n}" for n in proof["notes"]]
         for d in proof["differences"]:
             lines += ["", f"### {d['label'] or 'unattributed'}", "", "```diff"]
             lines += [f"{h['path']} {h['header']}" + ("\n" + h["text"].rstrip() if h["text"] else "") for h in d["hunks"][:20]]
