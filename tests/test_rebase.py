@@ -227,6 +227,25 @@ def test_refresh_exports_the_user_edit_into_the_entry_s_file(edited, tmp_path):
     assert "+    # c128patch test: the user's own line" in (series / "patches/0006-c128-dspark-online-env.patch").read_text()
 
 
+IMPORT = "from sglang.srt.environ import envs\n"
+
+
+def test_a_user_edit_that_conflicts_on_the_new_base_stops_and_is_carried_once_resolved(sglang_release_repo,
+                                                                                        tmp_path, fresh):
+    series = copy_series(tmp_path / "series")
+    git = apply_into(sglang_release_repo, tmp_path / "tree", series, "v0.5.22")
+    amend_entry(git, RS, VERIFY, IMPORT, IMPORT.replace("envs", "envs  # the user's"))
+    run = rebase(git, series, "--onto", "v0.5.23")
+    assert run.code == 1
+    assert run.err.startswith(f"c128patch: error: entry '{RS}' conflicts on v0.5.23 in {VERIFY} (your edit)\n")
+    ours = fresh["v0.5.23"].blob(entry_commit(fresh["v0.5.23"], RS), VERIFY).decode()
+    (git.worktree / VERIFY).write_text(ours.replace(IMPORT, IMPORT.replace("envs", "envs  # the user's")))
+    git.run("add", VERIFY)
+    run = rebase(git, series, "--continue")
+    assert run.code == 0, run.err
+    assert f"but for user edit on entry {RS}" in run.out["equivalence"]["summary"]
+
+
 # -- stops: a series made before 0.5.23 meets the real conflicts its 0.5.23 file resolves ----
 
 

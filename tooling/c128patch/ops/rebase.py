@@ -35,7 +35,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NoReturn
 
 from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git
@@ -178,7 +178,8 @@ class Rebase:
                 step.applied, step.series_tree = "resolved", tree
                 step.detail = "resolved by hand" + ("; recorded in the ledger" if recorded else "")
                 git.run("reset", "--quiet", "--hard", "HEAD")  # the resolution is kept as ``tree``
-                return self._after_series(journal, step)
+                self._after_series(journal, step)
+                return self._run(journal)
             git.run("reset", "--quiet", "--hard", "HEAD")
             step.detail = "your edit re-resolved by hand" if step.kind == "entry" else "carried; resolved by hand"
             self._commit(journal, step, tree)
@@ -210,7 +211,6 @@ class Rebase:
     def abort(self) -> dict:
         journal = self._journal()
         git = self.git
-        stash = ""
         state = self._tree_state()
         mine = self._user_paths(journal, state)
         theirs = sorted(set(state) - set(mine))  # the tool's own changes: conflict markers, files it added
@@ -370,12 +370,12 @@ class Rebase:
         if tree:
             step.applied, step.series_tree = row.status, tree
             step.detail = row.detail
-            self._after_series(journal, step, resume=False)
+            self._after_series(journal, step)
             return
         self._stop(journal, step, "series", item.path.read_text() if item.patch is not None else "", item.label,
                    row.detail)
 
-    def _after_series(self, journal: Journal, step: Step, resume: bool = True) -> dict:
+    def _after_series(self, journal: Journal, step: Step) -> None:
         """Carry the user's edit (if any) onto the series' part, then commit the entry."""
         tree = step.series_tree
         if step.user_edit:
@@ -387,7 +387,6 @@ class Rebase:
             tree = merged
             step.detail = "; ".join(filter(None, [step.detail, "your edit carried"]))
         self._commit(journal, step, tree)
-        return self._run(journal) if resume else {}
 
     def _carry(self, journal: Journal, step: Step) -> None:
         """A commit of the user's own (or one that cannot be compared with the series), as it is."""
@@ -449,7 +448,7 @@ class Rebase:
         return message, (fields.get("Author", "c128patch"), fields.get("Email", ""), fields.get("Date", ""))
 
     # ------------------------------------------------------------------ stops
-    def _stop(self, journal: Journal, step: Step, phase: Phase, diff: str, label: str, why: str) -> None:
+    def _stop(self, journal: Journal, step: Step, phase: Phase, diff: str, label: str, why: str) -> NoReturn:
         """Leave the conflict in the work tree (``git apply --3way``), write the reports, raise."""
         git = self.git
         if (git.head() or "") != journal.head_before or git.current_branch():
