@@ -12,7 +12,12 @@ merge conflicts). Every difference must be explained by an ``Edit``:
 The edits are replayed, in branch order, on the fresh tree; the hunks each one adds are attributed
 to it. What is left between that tree and ``head`` is *unattributed*: listed hunk by hunk, and the
 tree is not proven. A caller may accept only some edits (``rebase`` accepts those the branch had
-before it started); an edit it refuses stays in the unattributed rest, named.
+before it started); an edit it refuses stays in the unattributed rest, named. A ledger resolution
+the fresh replay needed is part of the reference: the verdict names it by key.
+
+API: ``prove(...) -> Equivalence`` (``ok``, ``identical``, ``differences``, ``ledger``,
+``summary()``, ``to_json()``); ``compare_commits(...) -> list[Verdict]`` (each commit of a branch
+against the series; ``rebase`` uses it to find the user's edits before it moves anything).
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | 
         row.status, row.detail = "3way", "applies only with a 3-way merge"
         return row
     row.conflicts = unmerged_paths(idx)
-    if row.conflicts and ledger is not None:
+    if row.conflicts and ledger is not None and ledger.has(item.entry.name):
         index_file.write_bytes(saved)
         sgit, conflicts = conflicted_in_scratch(git, index_file, item)
         row.resolutions = ledger.replay(sgit, item.entry.name, conflicts, span)

@@ -101,6 +101,10 @@ class Ledger:
             return []
         return list(tomllib.loads(self.index.read_text()).get("resolutions", []))
 
+    def has(self, entry: str) -> bool:
+        """Does the ledger hold any resolution for ``entry``?"""
+        return any(r["entry"] == entry for r in self.rows())
+
     def _diff_path(self, entry: str, key: str) -> Path:
         return self.root / entry / f"{key}.diff"
 
