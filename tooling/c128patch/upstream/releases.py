@@ -4,6 +4,15 @@ SGLang wheels ship the whole Python tree and the JIT CUDA sources. We lay them o
 repository does (``python/sglang/...``), sources only (no compiled extensions), and build the
 history with ``git fast-import`` under a fixed identity and the wheel's own timestamps, so the same
 releases give the same commit ids on every machine.
+
+A release's commit id depends on that release alone, never on which other releases the cache
+holds: its parent is the nearest older release of ``DEFAULT_RELEASES`` (the ones the tool
+supports; that list only grows at the top), and an extra release (``check --sglang-rev v0.5.19``)
+is imported beside them, never between them. The history is built from the canonical wheel of
+each release (``HISTORY_TAGS``; the sources are the same in every interpreter's wheel, their
+timestamps are not). Releases are added incrementally; a tag that ever has to move (a cache
+written by an older layout) keeps its old commit under ``refs/c128patch/superseded/``, so trees
+made from it still find it.
 """
 
 from __future__ import annotations
@@ -12,10 +21,8 @@ import calendar
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +40,14 @@ DEFAULT_RELEASES: tuple[str, ...] = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 PACKAGE = "sglang"
 TREE_PREFIX = "python/"
 BINARY_SUFFIXES = (".so", ".pyd", ".dylib", ".dll")
-_PIN_ARGS = ("--python-version", "3.11", "--implementation", "cp", "--platform", "manylinux_2_34_x86_64")
+# The wheel each release's history commit is made from (every release 0.5.x ships it).
+HISTORY_TAGS = ("cp311", "manylinux_2_34_x86_64")
+_PIN_ARGS = ("--python-version", "3.11", "--implementation", "cp", "--platform", HISTORY_TAGS[1])
 _RELEASE_TAG = re.compile(r"^v?(\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?)$")
 RELEASE_AUTHOR = "sglang release wheel <release@sglang.invalid>"
+HISTORY_LAYOUT = "2"  # 2: parent = nearest older DEFAULT_RELEASES entry (1: the previous release in the cache)
+SUPERSEDED_PREFIX = "refs/c128patch/superseded"
+_IMPORT_REF = "refs/c128patch/import"
 
 
 def release_version(rev: str) -> str | None:
@@ -53,8 +65,21 @@ def wheelhouses() -> list[Path]:
     return [*dirs, cache_dir() / "wheels"]
 
 
-def find_wheel(version: str) -> Path | None:
+def wheel_tags(wheel: Path) -> tuple[str, str] | None:
+    """(python tag, platform tag) of a wheel file name, e.g. ('cp311', 'manylinux_2_34_x86_64');
+    None for a name that is not a wheel's."""
+    try:
+        _name, _ver, _build, tags = parse_wheel_filename(wheel.name)
+    except InvalidWheelFilename:
+        return None
+    tag = sorted(tags, key=str)[0]
+    return tag.interpreter, tag.platform
+
+
+def local_wheels(version: str) -> list[Path]:
+    """Every sglang ``version`` wheel in the wheelhouses ($C128PATCH_WHEELHOUSE, then the cache)."""
     want = Version(version)
+    found = []
     for folder in wheelhouses():
         if not folder.is_dir():
             continue
@@ -64,28 +89,41 @@ def find_wheel(version: str) -> Path | None:
             except InvalidWheelFilename:
                 continue
             if name == PACKAGE and ver == want:
-                return candidate
-    return None
+                found.append(candidate)
+    return found
 
 
-def download_wheel(version: str) -> Path:
+def find_wheel(version: str) -> Path | None:
+    """The release's canonical wheel (``HISTORY_TAGS``) if a wheelhouse has it, else any of its wheels."""
+    wheels = local_wheels(version)
+    canonical = [w for w in wheels if wheel_tags(w) == HISTORY_TAGS]
+    return (canonical or wheels or [None])[0]
+
+
+def pip_download(version: str, extra: tuple[str, ...] = ()) -> tuple[bool, str]:
+    """``pip download`` one sglang wheel into the cache; (ok, pip's last line)."""
     dest = cache_dir() / "wheels"
     dest.mkdir(parents=True, exist_ok=True)
     base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest)]
-    last = ""
-    for extra in (_PIN_ARGS, ()):
-        proc = subprocess.run([*base, *extra, f"{PACKAGE}=={version}"], capture_output=True, text=True)
-        if proc.returncode == 0:
-            found = find_wheel(version)
-            if found:
-                return found
-        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
-        last = last[0]
-    raise C128Error(f"unknown release 'v{version}': no sglang {version} wheel on the package index ({last})")
+    proc = subprocess.run([*base, *extra, f"{PACKAGE}=={version}"], capture_output=True, text=True)
+    last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+    return proc.returncode == 0, last[0]
 
 
 def wheel_for(version: str) -> Path:
-    return find_wheel(version) or download_wheel(version)
+    """The wheel the release history is made from: the canonical one (``HISTORY_TAGS``) from a
+    wheelhouse or the index; else any wheel of the release (a release without that wheel)."""
+    found = find_wheel(version)
+    if found is not None and wheel_tags(found) == HISTORY_TAGS:
+        return found
+    last = ""
+    for extra in (_PIN_ARGS, ()):
+        ok, last = pip_download(version, extra)
+        if ok or found is not None:
+            found = find_wheel(version)
+            if found is not None:
+                return found
+    raise C128Error(f"unknown release 'v{version}': no sglang {version} wheel on the package index ({last})")
 
 
 @dataclass(frozen=True)
@@ -115,10 +153,22 @@ def wheel_timestamp(wheel: Path) -> int:
     raise C128Error(f"{wheel.name} is not a wheel (no .dist-info/WHEEL)")
 
 
-def _fast_import_stream(versions: list[str], wheels: dict[str, Path], reporter: Reporter) -> Iterator[bytes]:
+def history_parent(version: str) -> str | None:
+    """The release whose commit is ``version``'s parent in the history: the nearest older one of
+    ``DEFAULT_RELEASES`` (None below the oldest). Never an extra release, so adding one to the
+    cache changes no other release's commit id."""
+    v = Version(version)
+    older = [d for d in DEFAULT_RELEASES if Version(d) < v]
+    return max(older, key=Version) if older else None
+
+
+def _fast_import_stream(versions: list[str], wheels: dict[str, Path], present: dict[str, str],
+                        reporter: Reporter) -> Iterator[bytes]:
+    """Commits for ``versions`` (oldest first); parents already in the repository are named by
+    commit id (``present``: version -> commit)."""
     marks: dict[str, int] = {}
+    commit_marks: dict[str, int] = {}
     next_mark = 1
-    parent: int | None = None
     for version in versions:
         wheel = wheels[version]
         reporter.step(f"importing sglang {version}")
@@ -132,46 +182,38 @@ def _fast_import_stream(versions: list[str], wheels: dict[str, Path], reporter: 
             files.append((src.mode, src.path, marks[key]))
         when = wheel_timestamp(wheel)
         message = f"sglang {version}\n\nSources of the release wheel {wheel.name}.\n".encode()
-        commit_mark = next_mark
+        commit_marks[version] = next_mark
         next_mark += 1
         head = [
-            b"commit refs/heads/releases",
-            b"mark :%d" % commit_mark,
+            f"reset {_IMPORT_REF}".encode(),  # a fresh line of history: no parent unless named below
+            f"commit {_IMPORT_REF}".encode(),
+            b"mark :%d" % commit_marks[version],
             f"author {RELEASE_AUTHOR} {when} +0000".encode(),
             f"committer {RELEASE_AUTHOR} {when} +0000".encode(),
             b"data %d" % len(message),
         ]
         yield b"\n".join(head) + b"\n" + message
+        parent = history_parent(version)
         if parent is not None:
-            yield b"from :%d\n" % parent
+            yield (b"from :%d\n" % commit_marks[parent]) if parent in commit_marks else f"from {present[parent]}\n".encode()
         yield b"deleteall\n"
         for mode, path, mark in files:
             yield f"M {mode} :{mark} {path}\n".encode()
         yield b"\n"
-        yield f"reset refs/tags/{tag_for(version)}\nfrom :{commit_mark}\n\n".encode()
-        parent = commit_mark
+        yield f"reset refs/tags/{tag_for(version)}\nfrom :{commit_marks[version]}\n\n".encode()
 
 
-def build_history(dest: Path, versions: Iterable[str], reporter: Reporter = NullReporter()) -> None:
-    """Create a bare repository at ``dest`` holding one commit per release, oldest first."""
-    ordered = sorted(set(versions), key=Version)
-    wheels = {}
-    for v in ordered:
-        reporter.step(f"fetching sglang {v} wheel")
-        wheels[v] = wheel_for(v)
-    git = Git(git_dir=dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    git.run("init", "--quiet", "--bare", "--initial-branch=releases", str(dest))
-    git.run("config", "gc.auto", "0")
+def _fast_import(git_dir: Path, stream: Iterable[bytes]) -> None:
     proc = subprocess.Popen(
-        ["git", "fast-import", "--quiet", "--done"],
+        # --force: a tag written by an older layout moves (its old commit is kept, see import_releases)
+        ["git", "fast-import", "--quiet", "--done", "--force"],
         stdin=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env={**os.environ, "GIT_DIR": str(dest)},
+        env={**os.environ, "GIT_DIR": str(git_dir)},
     )
     assert proc.stdin is not None
     try:
-        for chunk in _fast_import_stream(ordered, wheels, reporter):
+        for chunk in stream:
             proc.stdin.write(chunk)
         proc.stdin.write(b"done\n")
         proc.stdin.close()
@@ -180,7 +222,31 @@ def build_history(dest: Path, versions: Iterable[str], reporter: Reporter = Null
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     if proc.wait() != 0:
         raise C128Error(f"building the release history failed: {err.strip().splitlines()[-1:] or ''}")
-    (dest / "c128patch-versions").write_text("\n".join(ordered) + "\n")
+
+
+def import_releases(dest: Path, versions: Iterable[str], reporter: Reporter = NullReporter()) -> None:
+    """Add the commits of ``versions`` to the bare repository ``dest`` (created if missing). Each
+    parent (``history_parent``) must be among ``versions`` or already tagged in ``dest``."""
+    ordered = sorted(set(versions), key=Version)
+    wheels = {}
+    for v in ordered:
+        reporter.step(f"fetching sglang {v} wheel")
+        wheels[v] = wheel_for(v)
+    git = Git(git_dir=dest)
+    if not (dest / "HEAD").is_file():
+        dest.mkdir(parents=True, exist_ok=True)
+        git.run("init", "--quiet", "--bare", "--initial-branch=releases", str(dest))
+        git.run("config", "gc.auto", "0")
+    tags = {v: git.rev_parse(f"refs/tags/{tag_for(v)}") for v in {*ordered, *DEFAULT_RELEASES}}
+    present = {v: c for v, c in tags.items() if c and v not in ordered}
+    _fast_import(dest, _fast_import_stream(ordered, wheels, present, reporter))
+    for v in ordered:  # keep what an older layout tagged: trees made from it still name it
+        old, new = tags.get(v), git.rev_parse(f"refs/tags/{tag_for(v)}")
+        if old and old != new:
+            git.run("update-ref", f"{SUPERSEDED_PREFIX}/{tag_for(v)}-{old[:12]}", old)
+    newest = max([*ordered, *present], key=Version)
+    git.run("update-ref", "refs/heads/releases", f"refs/tags/{tag_for(newest)}")
+    git.run("update-ref", "-d", _IMPORT_REF, check=False)
 
 
 class ReleaseHistory:
@@ -193,14 +259,25 @@ class ReleaseHistory:
     def git(self) -> Git:
         return Git(git_dir=self.root)
 
+    @property
+    def _versions_file(self) -> Path:
+        return self.root / "c128patch-versions"
+
+    @property
+    def _layout_file(self) -> Path:
+        return self.root / "c128patch-layout"
+
     def versions(self) -> list[str]:
-        marker = self.root / "c128patch-versions"
-        if not marker.is_file():
+        if not self._versions_file.is_file():
             return []
-        return [v for v in marker.read_text().split() if v]
+        return [v for v in self._versions_file.read_text().split() if v]
+
+    def layout(self) -> str:
+        return self._layout_file.read_text().strip() if self._layout_file.is_file() else "1"
 
     def ensure(self, extra: Iterable[str] = (), reporter: Reporter = NullReporter()) -> Path:
-        """Make sure the history holds the default releases plus ``extra``; returns its path."""
+        """Make sure the history holds the default releases plus ``extra``; returns its path.
+        Only missing releases are imported; the commits of those already there never change."""
         for v in extra:
             try:
                 Version(v)
@@ -208,15 +285,14 @@ class ReleaseHistory:
                 raise C128Error(f"not a release version: {v!r}") from exc
         with locked(self.root.with_suffix(".lock")):
             have = set(self.versions())
-            want = have | set(DEFAULT_RELEASES) | set(extra)
-            if want == have:
+            if self.layout() != HISTORY_LAYOUT and have != set(DEFAULT_RELEASES):
+                have = set()  # layout 1 chained extras in: re-import all (moved tags are kept)
+            want = set(self.versions()) | set(DEFAULT_RELEASES) | set(extra)
+            missing = want - have
+            if not missing:
                 return self.root
-            tmp = Path(tempfile.mkdtemp(prefix="releases-", dir=self.root.parent))
-            try:
-                build_history(tmp / "repo.git", want, reporter)
-                if self.root.exists():
-                    shutil.rmtree(self.root)
-                (tmp / "repo.git").rename(self.root)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+            # Parents come first: a default release missing from a partial cache is imported too.
+            import_releases(self.root, missing, reporter)
+            self._versions_file.write_text("\n".join(sorted(want, key=Version)) + "\n")
+            self._layout_file.write_text(HISTORY_LAYOUT + "\n")
         return self.root

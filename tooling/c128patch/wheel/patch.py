@@ -94,7 +94,9 @@ def check_upstream_wheel(iw: InWheel) -> Version:
 
 
 def plan_for_release(series: Series, version: Version, reporter: Reporter = NullReporter()) -> tuple[list[Planned], str, str]:
-    """(planned entries, tag, history commit) for release ``version``: variants chosen by ancestry."""
+    """(planned entries, tag, source tree id) for release ``version``: variants chosen by ancestry in
+    the release history. The tree id (of ``python/`` as the history lays the release out) names
+    upstream by content alone: unlike the history's commit it does not depend on the cache."""
     rel = release_version(str(version))
     if rel is None:
         raise C128Error(f"unknown release 'v{version}': only sglang release versions (X.Y.Z) can be patched as wheels")
@@ -104,7 +106,7 @@ def plan_for_release(series: Series, version: Version, reporter: Reporter = Null
     commit = git.rev_parse(tag)
     if commit is None:
         raise C128Error(f"unknown release '{tag}' (the release source knows {', '.join('v' + v for v in history.versions())})")
-    return plan(series, git, commit), tag, commit
+    return plan(series, git, commit), tag, git.out("rev-parse", f"{commit}^{{tree}}")
 
 
 def _fail_detail(item: Planned, stderr: str) -> str:
@@ -232,15 +234,16 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
     validate_files(series)
     with InWheel(wheel) as iw:
         upstream_version = check_upstream_wheel(iw)
-        planned, tag, commit = plan_for_release(series, upstream_version, reporter)
+        planned, tag, tree = plan_for_release(series, upstream_version, reporter)
         check_wheel_patchable(planned, binary_dirs(iw.members()))
         label = f"{wheel.name}"
         rows = apply_entries(iw, planned, label, reporter)
         upstream_sha = sha256_path(wheel)
         epoch = source_date_epoch(wheel_timestamp(wheel))
-        upstream = {"rev": tag, "commit": commit, "source": "release-wheel", "version": str(upstream_version),
+        # By content only (release, source tree, wheel hash): the same wheel gives the same bytes on any cache.
+        upstream = {"rev": tag, "tree": tree, "source": "release-wheel", "version": str(upstream_version),
                     "wheel": wheel.name, "wheel_sha256": upstream_sha}
-        ancestor = Ancestor(PACKAGE, str(upstream_version), upstream_sha, wheel.name)
+        ancestor = Ancestor(PACKAGE, str(upstream_version), upstream_sha, wheel.name, tree=tree)
         reporter.step("writing the wheel")
         out, version = finish(iw, series, planned, rows, upstream=upstream, ancestor=ancestor,
                               base=upstream_version, epoch=epoch, out_dir=out_dir, build="wheel")

@@ -96,6 +96,7 @@ class Ancestor:
     sha256: str = ""  # of the upstream wheel
     wheel: str = ""  # its file name
     commit: str = ""  # upstream commit (source builds)
+    tree: str = ""  # git tree id of upstream's python/ (release wheels: the source by content)
 
     def component(self) -> dict[str, Any]:
         purl = purl_pypi(self.name, self.version)
@@ -108,6 +109,8 @@ class Ancestor:
             props.append({"name": "c128patch:upstream:wheel", "value": self.wheel})
         if self.commit:
             props.append({"name": "c128patch:upstream:commit", "value": self.commit})
+        if self.tree:
+            props.append({"name": "c128patch:upstream:tree", "value": self.tree})
         if props:
             out["properties"] = props
         return out
