@@ -1,4 +1,4 @@
-"""c128patch wheel (--from-wheel PATH | --from-release X.Y.Z) [-o DIR] [--series DIR] [--json]"""
+"""c128patch wheel (--from-wheel PATH | --from-release X.Y.Z [--python-tag TAG] [--platform P]) [-o DIR] [--json]"""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from c128patch.cli.common import emit_json, get_series, handles_errors, json_opt
 from c128patch.errors import C128Error
 from c128patch.evidence.matrix import release_note
 from c128patch.progress import console, reporter
+from c128patch.upstream.release_wheels import WheelTarget
 from c128patch.wheel.patch import patch_wheel, release_wheel
 
 
@@ -20,16 +21,24 @@ from c128patch.wheel.patch import patch_wheel, release_wheel
               help="An sglang release: its wheel is taken from the wheelhouse/cache or downloaded.")
 @click.option("-o", "--out-dir", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("dist"),
               show_default=True, help="Folder for the patched wheel.")
+@click.option("--python-tag", "python_tag", default=None, metavar="TAG",
+              help="[--from-release] The serving interpreter, e.g. cp312 (default: the running one's).")
+@click.option("--platform", "platform", default=None, metavar="PLATFORM",
+              help="[--from-release] The serving platform, e.g. manylinux_2_34_aarch64 (default: this machine's).")
 @series_option
 @json_option
 @handles_errors
-def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, series_dir: Path | None, as_json: bool) -> None:
+def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, python_tag: str | None,
+            platform: str | None, series_dir: Path | None, as_json: bool) -> None:
     """Patch a released sglang wheel with the series (no rebuild): new local version, provenance, SBOM."""
     if (from_wheel is None) == (from_release is None):
         raise C128Error("give exactly one of --from-wheel PATH and --from-release X.Y.Z")
+    if from_wheel is not None and (python_tag or platform):
+        raise C128Error("--python-tag/--platform choose the wheel of --from-release; --from-wheel names it already")
+    target = WheelTarget(python_tag, platform)
     series = get_series(series_dir)
     with reporter(not as_json, title="wheel") as rep:
-        wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release))
+        wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release), target)
         result = patch_wheel(series, wheel, out_dir, rep)
     note = release_note(series, result.upstream_version)
     if as_json:

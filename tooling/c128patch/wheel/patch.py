@@ -28,7 +28,8 @@ from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
 from c128patch.series.manifest import Series
 from c128patch.series.plan import Planned, plan, validate_files
-from c128patch.upstream.releases import ReleaseHistory, release_version, tag_for, wheel_for, wheel_timestamp
+from c128patch.upstream.release_wheels import WheelTarget, release_wheel_for
+from c128patch.upstream.releases import ReleaseHistory, release_version, tag_for, wheel_timestamp
 from c128patch.wheel.rules import check_wheel_patchable, wheel_path
 from c128patch.wheel.sbom import SBOM_NAME, Ancestor, PatchEntry, WheelSbom
 from c128patch.wheel.tools import InWheel, binary_dirs, source_date_epoch
@@ -255,9 +256,10 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
     )
 
 
-def release_wheel(version: str) -> Path:
-    """The upstream wheel of release ``version`` (from the wheelhouse/cache, else downloaded)."""
+def release_wheel(version: str, target: WheelTarget = WheelTarget()) -> Path:
+    """The upstream wheel of release ``version`` that fits ``target`` (default: this interpreter),
+    from the wheelhouse/cache, else downloaded; none fitting lists the release's wheels."""
     rel = release_version(version)
     if rel is None:
         raise C128Error(f"not a release version: {version!r} (expected X.Y.Z, e.g. 0.5.23)")
-    return wheel_for(rel)
+    return release_wheel_for(rel, target)

@@ -1,0 +1,81 @@
+"""``wheel --from-release`` takes the release wheel of the serving interpreter and platform.
+
+Real sglang 0.5.23 wheels (cp311 from the cache; cp312 downloaded once into it), real series."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from packaging.tags import parse_tag, sys_tags
+from packaging.utils import parse_wheel_filename
+
+from c128patch.errors import C128Error
+from c128patch.upstream.release_wheels import WheelTarget, fit
+from c128patch.wheel.patch import release_wheel
+from support import cli_text
+
+
+def test_without_flags_the_release_wheel_fits_this_interpreter(sglang_release_repo: Path):
+    wheel = release_wheel("0.5.23")
+    assert set(parse_wheel_filename(wheel.name)[3]) & set(sys_tags())
+
+
+def test_python_tag_patches_that_interpreters_wheel(sglang_release_repo: Path, tmp_path: Path):
+    res = cli_text("wheel", "--from-release", "0.5.23", "--python-tag", "cp312", "-o", str(tmp_path), "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert Path(out["upstream_wheel"]).name.startswith("sglang-0.5.23-cp312-cp312-")
+    assert Path(out["wheel"]).name.startswith(f"sglang-{out['version']}-cp312-cp312-")
+
+
+def test_a_python_tag_no_wheel_fits_lists_the_releases_wheels(sglang_release_repo: Path, tmp_path: Path):
+    res = cli_text("wheel", "--from-release", "0.5.23", "--python-tag", "cp39", "-o", str(tmp_path / "dist"))
+    assert res.exit_code == 2
+    lines = res.stderr.splitlines()
+    assert lines[0].startswith("c128patch: error: sglang 0.5.23 has no wheel for cp39 / this platform: ")
+    assert "  sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl" in lines
+    assert lines[-1].startswith("pick one with --python-tag TAG [--platform PLATFORM]")
+    assert not (tmp_path / "dist").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--python-tag", "3.12"], "--python-tag '3.12': expected an interpreter tag such as cp312"),
+    (["--platform", "Linux x86"], "--platform 'Linux x86': expected a platform tag"),
+], ids=["python-version", "platform-words"])
+def test_a_malformed_tag_is_refused(args, message, tmp_path: Path):
+    res = cli_text("wheel", "--from-release", "0.5.23", *args, "-o", str(tmp_path))
+    assert res.exit_code == 2 and res.stderr.startswith(f"c128patch: error: {message}")
+
+
+def test_tags_with_from_wheel_are_refused(tmp_path: Path):
+    res = cli_text("wheel", "--from-wheel", str(tmp_path / "x.whl"), "--python-tag", "cp312")
+    assert res.exit_code == 2
+    assert res.stderr.startswith("c128patch: error: --python-tag/--platform choose the wheel of --from-release")
+
+
+@pytest.mark.parametrize("target, name, fits", [
+    (WheelTarget("cp312", "manylinux_2_34_aarch64"), "sglang-0.5.23-cp312-cp312-manylinux_2_34_aarch64.whl", True),
+    (WheelTarget("cp312", "manylinux_2_34_aarch64"), "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl", False),
+    (WheelTarget("cp312", "manylinux_2_34_aarch64"), "sglang-0.5.23-cp311-cp311-manylinux_2_34_aarch64.whl", False),
+    (WheelTarget("cp313", None), "sglang-0.5.2-py3-none-any.whl", True),
+], ids=["exact", "other-platform", "other-python", "pure-python"])
+def test_a_wheel_fits_a_target_by_its_tags(target, name, fits):
+    assert (fit(Path(name), target) is not None) is fits
+
+
+def test_pip_is_asked_for_the_targets_interpreter_and_platform():
+    args = WheelTarget("cp312", "manylinux_2_34_aarch64").pip_args()
+    assert args == ("--implementation", "cp", "--python-version", "3.12", "--platform", "manylinux_2_34_aarch64")
+
+
+def test_this_interpreter_is_a_target_pip_needs_no_options_for():
+    here = WheelTarget()
+    assert here.pip_args() == () and here.rank(next(iter(sys_tags()))) == 0
+    assert here.rank(next(iter(parse_tag("cp27-cp27m-win32")))) is None
+
+
+def test_a_target_refuses_a_tag_in_the_constructor():
+    with pytest.raises(C128Error, match="expected an interpreter tag"):
+        WheelTarget("python3")
