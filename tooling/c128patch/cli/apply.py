@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -50,6 +51,12 @@ def command(rev: str, repo: str | None, branch: str | None, tree: Path | None, s
         emit_json({"ok": True, **result.to_json(), "evidence_note": note})
         return
     out = console(stderr=False)
+    if result.already_applied:
+        on_top = f", {result.commits_on_top} commit(s) of yours on top" if result.commits_on_top else ""
+        where = "" if result.checked_out else f"; not checked out: git -C {shlex.quote(result.tree)} checkout {result.branch}"
+        out.print(f"{result.tree}: {result.branch} already holds {rev} + series {series.name} {series.version} "
+                  f"(HEAD {result.head[:12]}{on_top}): nothing to do{where}", markup=False)
+        return
     for row in result.entries:
         if row.get("status") == "skipped":
             out.print(f"  skipped {row['name']} ({row['detail']})", markup=False)

@@ -11,8 +11,12 @@ from typing import Any, Callable
 import click
 
 from c128patch.errors import C128Error, ConflictError
+from c128patch.git import Git, is_work_tree, toplevel
+from c128patch.ops.treestate import c128_state_dir
 from c128patch.progress import console
 from c128patch.series.manifest import Series, default_series_root, load_series
+from c128patch.series.provenance import PROVENANCE_PATH
+from c128patch.upstream.source import DEFAULT_TREE
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON report on stdout.")
 series_option = click.option(
@@ -23,6 +27,45 @@ series_option = click.option(
     help="Folder holding patches/series.toml (default: the series this tool carries).",
 )
 repo_option = click.option("--repo", default=None, help="Upstream: a local clone (PATH) or a git URL (cloned once into the cache). Default: the sglang release wheels.")
+
+
+tree_option = click.option(
+    "--tree", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+    help=f"The patched sglang tree (default: the repository you are in when it is one, else ./{DEFAULT_TREE}, "
+         "where apply makes it).")
+
+
+def _own_toplevel(path: Path) -> Path | None:
+    """``path`` when it is the top of its own git work tree (not a folder inside another one)."""
+    if not is_work_tree(path):
+        return None
+    top = toplevel(path)
+    return top if top.resolve() == path.resolve() else None
+
+
+def _is_c128_tree(top: Path) -> bool:
+    return (top / PROVENANCE_PATH).is_file() or c128_state_dir(Git(worktree=top)).is_dir()
+
+
+def locate_tree(tree: Path | None) -> Path:
+    """The tree ``status``/``rebase``/``refresh``/``smoke`` work on: ``--tree``; else the repository
+    the current folder is in when c128patch applied (or is rebasing) there; else ``./sglang``, the
+    tree ``apply`` makes when run here; else the current repository (its status then says what it lacks)."""
+    if tree is not None:
+        return toplevel(tree)
+    here = Path.cwd()
+    top = toplevel(here) if is_work_tree(here) else None
+    if top is not None and _is_c128_tree(top):
+        return top
+    default = _own_toplevel(here / DEFAULT_TREE)
+    if default is not None:
+        return default
+    if top is not None:
+        return top
+    raise C128Error(
+        f"no sglang tree here: {here} is not in a git repository and ./{DEFAULT_TREE} (where `c128patch apply` "
+        "makes its tree) is not one; run from the tree, or pass --tree DIR"
+    )
 
 
 def get_series(series_dir: Path | None) -> Series:

@@ -8,9 +8,18 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import (
+    emit_json,
+    get_series,
+    handles_errors,
+    json_option,
+    locate_tree,
+    repo_option,
+    series_option,
+    tree_option,
+)
 from c128patch.errors import C128Error
-from c128patch.git import Git, toplevel
+from c128patch.git import Git
 from c128patch.ops.rebase import Rebase
 from c128patch.progress import console, reporter
 from c128patch.upstream.releases import release_version
@@ -40,21 +49,20 @@ def _onto_commit(git: Git, rev: str, repo: str | None) -> str:
 @click.option("--drop-merged", is_flag=True, help="Drop entries found merged upstream (they are listed, never dropped silently).")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write rebase-report.md/.json here.")
-@click.option("--tree", type=click.Path(exists=True, file_okay=False, path_type=Path), default=Path("."),
-              help="The patched sglang tree (default: the current directory).")
+@tree_option
 @repo_option
 @series_option
 @json_option
 @handles_errors
 def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: bool, report_dir: Path | None,
-            tree: Path, repo: str | None, series_dir: Path | None, as_json: bool) -> None:
+            tree: Path | None, repo: str | None, series_dir: Path | None, as_json: bool) -> None:
     """Move the patched branch onto another upstream rev: each entry replays the file the series
     chooses there, your edits are carried, the result is proven equal to a fresh apply."""
     chosen = [n for n, on in (("--onto", onto), ("--continue", cont), ("--skip", skip), ("--abort", abort)) if on]
     if len(chosen) != 1:
         raise C128Error("give exactly one of --onto REV, --continue, --skip, --abort")
     series = get_series(series_dir)
-    git = Git(worktree=toplevel(tree))
+    git = Git(worktree=locate_tree(tree))
     rb = Rebase(git, series)
     report: dict = {}
     try:

@@ -7,16 +7,23 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, series_option
-from c128patch.git import Git, toplevel
+from c128patch.cli.common import (
+    emit_json,
+    get_series,
+    handles_errors,
+    json_option,
+    locate_tree,
+    series_option,
+    tree_option,
+)
+from c128patch.git import Git
 from c128patch.ops import refresh as core
 from c128patch.ops.treestate import ensure_idle
 from c128patch.progress import console
 
 
 @click.command("refresh")
-@click.option("--tree", type=click.Path(exists=True, file_okay=False, path_type=Path), default=Path("."),
-              help="The patched sglang tree to export from (default: the current directory).")
+@tree_option
 @click.option("--check", "check_only", is_flag=True, help="Change nothing; exit 1 if refreshing would change any file.")
 @click.option("--primary/--variant", default=None,
               help="Make the branch's patches the primary files (series base moves to the tree's base), or the "
@@ -27,11 +34,11 @@ from c128patch.progress import console
 @series_option
 @json_option
 @handles_errors
-def command(tree: Path, check_only: bool, primary: bool | None, version: str | None, accept_differences: bool,
+def command(tree: Path | None, check_only: bool, primary: bool | None, version: str | None, accept_differences: bool,
             series_dir: Path | None, as_json: bool) -> None:
     """Export the patched branch back into patches/ and the manifest."""
     series = get_series(series_dir)
-    git = Git(worktree=toplevel(tree))
+    git = Git(worktree=locate_tree(tree))
     ensure_idle(git, "refresh")
     result = core.export(series, git, primary=primary, version=version)
     changes = result.changes(series.root)

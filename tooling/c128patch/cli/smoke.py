@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from c128patch.cli.common import emit_json, handles_errors, json_option
+from c128patch.cli.common import emit_json, handles_errors, json_option, locate_tree
 from c128patch.errors import C128Error
 from c128patch.progress import console
 from c128patch.smoke import device as smoke_device
@@ -322,11 +322,22 @@ def _kv(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _default_tree() -> Path | None:
+    """The tree `status` finds (the one `apply` made when run from here), when it holds sglang
+    sources; None leaves the choice to --tree/--wheel."""
+    try:
+        found = locate_tree(None)
+    except C128Error:
+        return None
+    return found if (found / "python" / "sglang").is_dir() else None
+
+
 @click.command("smoke", cls=_RecordingCommand)
 @click.option("--tier", type=click.Choice(["kernel", "server"]), required=True,
               help="kernel: the GPU suite on one GPU; server: a real server on a model under load.")
 @click.option("--tree", type=click.Path(file_okay=False, path_type=Path),
-              help="[kernel] Patched sources: a checkout (uses python/) or a folder holding sglang/.")
+              help="[kernel] Patched sources: a checkout (uses python/) or a folder holding sglang/ "
+                   "(default, without --wheel: the tree `status` finds).")
 @click.option("--wheel", type=click.Path(dir_okay=False, path_type=Path), help="[kernel] A patched sglang wheel.")
 @click.option("--upstream-tree", type=click.Path(file_okay=False, path_type=Path),
               help="[kernel] Unpatched sources (for the suite's upstream checks and --differential).")
@@ -403,6 +414,8 @@ def command(ctx: click.Context, tier: str, tree: Path | None, wheel: Path | None
             raise C128Error("--scale and --sanitizer-scale must be positive")
         if sanitizer_only and not sanitizers:
             raise C128Error("--sanitizer-only needs --sanitizer memcheck|racecheck")
+        if tree is None and wheel is None:
+            tree = _default_tree()
         opts = smoke_kernel.KernelOptions(
             tree=tree, wheel=wheel, upstream_tree=upstream_tree, sanitizers=tuple(dict.fromkeys(sanitizers)),
             differential=differential and not sanitizer_only, scale=scale, sanitizer_scale=sanitizer_scale,

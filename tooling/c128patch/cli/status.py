@@ -6,27 +6,41 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, series_option
+from c128patch.cli.common import (
+    emit_json,
+    get_series,
+    handles_errors,
+    json_option,
+    locate_tree,
+    series_option,
+    tree_option,
+)
 from c128patch.errors import C128Error
-from c128patch.git import Git, toplevel
+from c128patch.git import Git
 from c128patch.ops.status import tree_status
 from c128patch.progress import console
+from c128patch.upstream.source import DEFAULT_TREE
 
 
 @click.command("status")
-@click.option("--tree", type=click.Path(exists=True, file_okay=False, path_type=Path), default=Path("."),
-              help="The patched sglang tree (default: the current directory).")
+@tree_option
 @series_option
 @json_option
 @handles_errors
-def command(tree: Path, series_dir: Path | None, as_json: bool) -> None:
+def command(tree: Path | None, series_dir: Path | None, as_json: bool) -> None:
     """Which series is applied on which upstream rev, and what changed since."""
-    root = toplevel(tree)
+    root = locate_tree(tree)
     try:
         series = get_series(series_dir)
     except C128Error:
         series = None
-    info = tree_status(Git(worktree=root), series)
+    try:
+        info = tree_status(Git(worktree=root), series)
+    except C128Error as exc:
+        if tree is None and exc.hint is None:
+            exc.hint = (f"`c128patch apply` makes its tree in ./{DEFAULT_TREE} (or --tree DIR): run status there, "
+                        "or pass --tree DIR")
+        raise
     if as_json:
         emit_json(info)
         return

@@ -38,6 +38,9 @@ class ApplyResult:
     entries: list[dict] = field(default_factory=list)
     provenance: str = provenance.PROVENANCE_PATH
     equivalence: dict = field(default_factory=dict)  # the proof: the tree against a fresh replay of the series
+    already_applied: bool = False  # the branch held this series on this rev already: nothing was done
+    commits_on_top: int = 0
+    checked_out: bool = True
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -68,6 +71,29 @@ def _failure_detail(git: Git, item: Planned, output: str) -> tuple[str, str]:
     return (patch.files[0] if patch.files else "?"), "does not apply"
 
 
+def already_applied(series: Series, git: Git, branch: str, upstream_commit: str, rev: str) -> ApplyResult | None:
+    """The result of an earlier apply when ``branch`` already holds this series on this upstream
+    commit (its provenance at the tip, or below the user's own commits); None otherwise."""
+    tip = git.rev_parse(f"refs/heads/{branch}")
+    if tip is None:
+        return None
+    prov_commit = git.out("log", "-1", "--format=%H", tip, "--", provenance.PROVENANCE_PATH)
+    blob = git.blob(tip, provenance.PROVENANCE_PATH) if prov_commit else None
+    try:
+        record = json.loads(blob) if blob else {}
+    except json.JSONDecodeError:
+        return None
+    if record.get("series", {}).get("digest") != series.digest() or \
+            record.get("upstream", {}).get("commit") != upstream_commit:
+        return None
+    result = ApplyResult(str(git.worktree), rev, upstream_commit, branch, head=tip, already_applied=True,
+                         commits_on_top=git.count(f"{prov_commit}..{tip}"), checked_out=git.current_branch() == branch)
+    result.entries = [{"name": e["name"], "kind": e["kind"], "file": e.get("file", e.get("source", "")),
+                       "status": "applied", "applied": e.get("applied", ""), "commit": e.get("commit", "")}
+                      for e in record.get("entries", [])]
+    return result
+
+
 def apply_series(
     series: Series,
     git: Git,
@@ -86,11 +112,16 @@ def apply_series(
         raise C128Error(f"invalid branch name: {branch!r}")
     if not fresh_clone:
         ensure_idle(git, "apply")
+        done = already_applied(series, git, branch, upstream_commit, rev)
+        if done is not None:
+            return done
         ensure_clean(git, "apply")
     if git.rev_parse(f"refs/heads/{branch}"):
+        # A checked-out branch cannot be deleted: the fix detaches first.
+        detach = f"git -C {_q(tree)} checkout --quiet --detach && " if git.current_branch() == branch else ""
         raise C128Error(
-            f"branch {branch} already exists in {tree}; pass --branch NAME or delete it "
-            f"(git -C {_q(tree)} branch -D {branch}); nothing was changed"
+            f"branch {branch} already exists in {tree} (not this series on {rev}); pass --branch NAME or delete it "
+            f"({detach}git -C {_q(tree)} branch -D {branch}); nothing was changed"
         )
     # Everything that can be checked without touching the tree is checked first.
     planned = plan(series, git, upstream_commit)

@@ -1,0 +1,122 @@
+"""One notion of "the tree": the commands that work on a patched tree find the one `apply` made when
+run from where `apply` ran (the README's quick start: a c128patch clone, `apply` makes ./sglang), and
+re-running `apply` on it is a no-op. Real release history, real product series, real CLI; every
+fix a message prints is run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from c128patch.git import Git
+from support import cli_text, make_test_series, snapshot
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory, sglang_release_repo: Path) -> Path:
+    """A git repository (as the c128patch clone of the quick start is) where `apply --sglang-rev
+    v0.5.23` ran: the patched tree is ./sglang."""
+    root = tmp_path_factory.mktemp("quickstart")
+    subprocess.run(["git", "init", "--quiet", str(root)], check=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        res = cli_text("apply", "--sglang-rev", "v0.5.23")
+    assert res.exit_code == 0, res.output
+    return root
+
+
+def in_dir(folder: Path, *args: str):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(folder)
+        return cli_text(*args)
+
+
+def test_status_finds_the_tree_apply_made_where_it_ran(workdir: Path):
+    res = in_dir(workdir, "status", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert Path(out["tree"]).resolve() == (workdir / "sglang").resolve()
+    assert out["branch"] == "c128/v0.5.23" and out["upstream"]["rev"] == "v0.5.23"
+
+
+def test_status_inside_the_tree_uses_that_tree(workdir: Path):
+    res = in_dir(workdir / "sglang" / "python" / "sglang", "status", "--json")
+    assert res.exit_code == 0, res.output
+    assert Path(json.loads(res.stdout)["tree"]).resolve() == (workdir / "sglang").resolve()
+
+
+def test_refresh_check_finds_the_tree_apply_made_where_it_ran(workdir: Path):
+    res = in_dir(workdir, "refresh", "--check", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["changed"] == []  # the branch is exactly the series
+
+
+def test_rebase_finds_the_tree_apply_made_where_it_ran(workdir: Path):
+    """An unknown --onto is refused in the tree it found (the error names it); nothing changed."""
+    tree = Git(worktree=workdir / "sglang").out("rev-parse", "--show-toplevel")
+    before = snapshot(Path(tree))
+    res = in_dir(workdir, "rebase", "--onto", "no-such-rev")
+    assert res.exit_code == 2
+    assert res.stderr.startswith(f"c128patch: error: unknown rev 'no-such-rev' in {tree} ")
+    assert snapshot(Path(tree)) == before
+
+
+def test_smoke_finds_the_tree_apply_made_where_it_ran(workdir: Path):
+    res = in_dir(workdir, "smoke", "--tier", "kernel", "--list", "--json")
+    assert res.exit_code == 0, res.output
+    assert Path(json.loads(res.stdout)["tree"]).resolve() == (workdir / "sglang" / "python").resolve()
+
+
+def test_outside_any_repository_the_error_says_which_folder_to_use(tmp_path: Path):
+    res = in_dir(tmp_path, "status")
+    assert res.exit_code == 2
+    assert res.stderr.strip() == (
+        f"c128patch: error: no sglang tree here: {tmp_path} is not in a git repository and ./sglang (where "
+        "`c128patch apply` makes its tree) is not one; run from the tree, or pass --tree DIR")
+
+
+def test_status_in_a_repository_without_a_series_points_at_apply_s_tree(tmp_path: Path):
+    subprocess.run(["git", "init", "--quiet", str(tmp_path)], check=True)
+    res = in_dir(tmp_path, "status")
+    assert res.exit_code == 2
+    first, hint = res.stderr.strip().splitlines()
+    assert first.startswith(f"c128patch: error: no c128patch series is applied in {tmp_path}")
+    assert hint == "`c128patch apply` makes its tree in ./sglang (or --tree DIR): run status there, or pass --tree DIR"
+
+
+def test_reapplying_the_same_series_and_rev_is_a_no_op_that_says_so(workdir: Path):
+    tree = workdir / "sglang"
+    before = snapshot(tree)
+    res = in_dir(workdir, "apply", "--sglang-rev", "v0.5.23")
+    assert res.exit_code == 0, res.output
+    assert "sglang: c128/v0.5.23 already holds v0.5.23 + series c128patch" in res.stdout
+    assert res.stdout.rstrip().endswith("nothing to do")
+    assert snapshot(tree) == before
+
+
+def test_reapplying_reports_the_earlier_result_as_json(workdir: Path):
+    res = in_dir(workdir, "apply", "--sglang-rev", "v0.5.23", "--json")
+    out = json.loads(res.stdout)
+    assert (out["ok"], out["already_applied"], out["branch"]) == (True, True, "c128/v0.5.23")
+    assert out["head"] == Git(worktree=workdir / "sglang").head()
+
+
+def test_another_series_on_an_applied_branch_prints_a_fix_that_works(tmp_path: Path, sglang_release_repo: Path):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        assert cli_text("apply", "--sglang-rev", "v0.5.23").exit_code == 0
+    series = make_test_series(tmp_path / "series", sglang_release_repo,
+                              {"python/sglang/srt/environ.py": ("import os\n", "import os  # c128patch test\n")})
+    res = in_dir(tmp_path, "apply", "--sglang-rev", "v0.5.23", "--series", str(series))
+    assert res.exit_code == 2
+    message = res.stderr.strip()
+    assert "branch c128/v0.5.23 already exists in sglang (not this series on v0.5.23)" in message
+    fix = message.split("or delete it (", 1)[1].rsplit("); nothing was changed", 1)[0]
+    assert fix == "git -C sglang checkout --quiet --detach && git -C sglang branch -D c128/v0.5.23"
+    subprocess.run(fix, shell=True, cwd=tmp_path, check=True)
+    again = in_dir(tmp_path, "apply", "--sglang-rev", "v0.5.23", "--series", str(series))
+    assert again.exit_code == 0, again.output
+    assert Git(worktree=tmp_path / "sglang").current_branch() == "c128/v0.5.23"
