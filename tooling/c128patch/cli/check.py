@@ -1,4 +1,4 @@
-"""c128patch check --sglang-rev X [--sglang-rev Y ...] [--repo R] [--json]"""
+"""c128patch check --sglang-rev X [--sglang-rev Y ...] [--strict] [--repo R] [--json]"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import click
 from rich.table import Table
 
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
-from c128patch.ops.check import EntryCheck, check_revs
+from c128patch.ops.check import EntryCheck, Verdict, check_revs
 from c128patch.progress import console, reporter
 from c128patch.series.manifest import Entry
 from c128patch.series.plan import validate_files
@@ -19,7 +19,7 @@ from c128patch.upstream.source import open_upstream
 
 def _cell(entry: Entry, e: EntryCheck) -> str:
     """What happened, then which file (the primary, or the variant of a base) and by which rule."""
-    what = {"clean": "ok", "3way": "ok (3-way)", "ledger": "ok (ledger)"}.get(e.status, f"{e.status}: {e.detail}")
+    what = {"clean": "ok", "3way": "ok (3-way: tree only)", "ledger": "ok (ledger)"}.get(e.status, f"{e.status}: {e.detail}")
     if not entry.is_patch or not e.file:
         return what
     variant = next(v for v in entry.patch_files() if f"patches/{v.file}" == e.file)
@@ -27,15 +27,28 @@ def _cell(entry: Entry, e: EntryCheck) -> str:
     return f"{what}\n{which} ({e.chosen_by.split(':', 1)[0]})"
 
 
+def _verdict(verb: str, v: Verdict | None) -> str:
+    if v is None:
+        return f"{verb}: no release wheel"
+    if v.exit == 0:
+        return f"{verb}: applies"
+    what = "refused before anything is done" if v.exit == 2 else f"stops at {v.entry}"
+    detail = f" ({v.detail})" if v.detail and v.exit == 1 else (f" ({v.entry}: {v.detail})" if v.entry else "")
+    return f"{verb}: {what}{detail}, exit {v.exit}"
+
+
 @click.command("check")
 @click.option("--sglang-rev", "revs", multiple=True, required=True, help="Upstream revision(s) to check; repeat for several.")
+@click.option("--strict", is_flag=True,
+              help="Exit 1 unless every entry applies with exact context, as `wheel` needs (3-way merges count as failures).")
 @repo_option
 @series_option
 @json_option
 @handles_errors
-def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, as_json: bool) -> None:
-    """Does the series apply to each REV? Nothing is checked out. Per entry: which file was chosen
-    and by which rule (exact/most preimage blobs, ancestor, strict, primary, only)."""
+def command(revs: tuple[str, ...], strict: bool, repo: str | None, series_dir: Path | None, as_json: bool) -> None:
+    """Does the series apply to each REV, and what would apply and wheel do? Nothing is checked out.
+    Per entry: which file was chosen and by which rule (exact/most preimage blobs, ancestor,
+    strict, primary, only)."""
     series = get_series(series_dir)
     validate_files(series)
     with reporter(not as_json, total=len(revs), title="check") as rep:
@@ -45,9 +58,10 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, as
         start = time.perf_counter()
         results = check_revs(series, upstream.git, commits)
         elapsed = time.perf_counter() - start
-    ok = all(r.ok for r in results)
+    ok = all(r.ok and (not strict or all(e.status in ("clean", "skipped") for e in r.entries)) for r in results)
     if as_json:
-        emit_json({"ok": ok, "seconds": round(elapsed, 4), "series": {"name": series.name, "version": series.version},
+        emit_json({"ok": ok, "strict": strict, "seconds": round(elapsed, 4),
+                   "series": {"name": series.name, "version": series.version},
                    "revs": [r.to_json() for r in results]})
     else:
         table = Table(title=f"series {series.name} {series.version}")
@@ -65,6 +79,11 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, as
         for r in results:
             if r.error:
                 out.print(f"{r.rev}: {r.error}", markup=False)
-        out.print(f"{'all apply' if ok else 'NOT all apply'} ({elapsed:.2f} s for {len(results)} rev(s))", markup=False)
+            out.print(f"{r.rev}: {_verdict('apply', r.apply)}; {_verdict('wheel', r.wheel)}", markup=False)
+            if r.note:
+                out.print(f"{r.rev}: note: {r.note}", markup=False)
+        verdict = "all apply" + (" with exact context" if strict else "") if ok else "NOT all apply" + (
+            " with exact context" if strict and all(r.ok for r in results) else "")
+        out.print(f"{verdict} ({elapsed:.2f} s for {len(results)} rev(s))", markup=False)
     if not ok:
         sys.exit(1)

@@ -2,6 +2,17 @@
 
 Per entry it says which file was chosen and why (``series.plan``), and for a conflict the files
 the 3-way merge really leaves conflicted (``ops.replay``).
+
+It predicts the other verbs because it runs what they run: the same file choice (``series.plan``),
+the same checks before anything is touched (``check_paths_at``), and per entry the same two
+strictnesses: exact context (``git apply``, what ``wheel`` does to a release wheel) and a 3-way
+merge (what ``apply``'s ``git am --3way`` falls back to). Each rev gets the exit code each verb
+would give (``Verdict``): 0 applies; 1 an entry does not apply (``apply`` stops at it, ``wheel``
+writes nothing: the first entry that needs more than exact context); 2 refused before anything
+is done (an overlay that collides with an upstream file, an unsafe path). ``wheel`` is predicted
+for release revs only (its file-type rules need the wheel itself and are checked by ``wheel``).
+A rev that descends from none of the releases the series' files were made on gets a note
+naming the oldest one.
 """
 
 from __future__ import annotations
@@ -11,17 +22,72 @@ import os
 import tempfile
 from pathlib import Path
 
+from packaging.version import Version
+
 from c128patch.git import Git
-from c128patch.ops.replay import EntryCheck, RevCheck, replay_in_index
+from c128patch.ops.replay import EntryCheck, RevCheck, Verdict, replay_in_index
 from c128patch.series.manifest import Series
 from c128patch.series.plan import index_git
+from c128patch.upstream.releases import release_version
 
-__all__ = ["EntryCheck", "RevCheck", "check_rev", "check_revs", "index_git", "replay_in_index"]
+__all__ = ["EntryCheck", "RevCheck", "Verdict", "check_rev", "check_revs", "index_git", "replay_in_index"]
+
+
+def predict(result: RevCheck) -> None:
+    """Fill in ``apply``/``wheel`` (and ``ok``) from the per-entry results."""
+    if result.error:
+        refused = Verdict(2, detail=result.error)
+        result.apply = refused
+        result.wheel = refused if release_version(result.rev) else None
+        result.ok = False
+        return
+    collision = next((e for e in result.entries if e.status == "collision"), None)
+    conflict = next((e for e in result.entries if e.status == "conflict"), None)
+    inexact = next((e for e in result.entries if e.status not in ("clean", "skipped")), None)
+    if collision is not None:  # refused before anything is applied, by apply and by wheel
+        result.apply = Verdict(2, collision.name, collision.detail)
+    elif conflict is not None:
+        result.apply = Verdict(1, conflict.name, conflict.detail)
+    if release_version(result.rev):
+        if collision is not None:
+            result.wheel = result.apply
+        elif inexact is not None:
+            why = "needs a 3-way merge; a wheel is patched with exact context" if inexact.status == "3way" else inexact.detail
+            result.wheel = Verdict(1, inexact.name, why)
+        else:
+            result.wheel = Verdict()
+    result.ok = result.apply.exit == 0
+
+
+def support_note(series: Series, git: Git, rev: str, commit: str) -> str:
+    """A note when ``commit`` descends from none of the revs the series' files were made on
+    (each named by its recorded commit, else its tag)."""
+    bases: dict[str, str] = {}
+    for e in series.entries:
+        for v in e.patch_files():
+            bases.setdefault(v.base, v.commit)
+    if series.base:
+        bases.setdefault(series.base, "")
+    if not bases:
+        return ""
+    for base, recorded in bases.items():
+        found = (git.rev_parse(recorded) if recorded else None) or git.rev_parse(base)
+        if found is not None and (found == commit or git.is_ancestor(found, commit)):
+            return ""
+    oldest = min(bases, key=lambda b: (Version(release_version(b)) if release_version(b) else Version("0"), b))
+    return (f"{rev} is older than (or not descended from) every release the series was made on; the oldest is "
+            f"{oldest}: use {oldest} or newer, or carry the series back with new variants "
+            f"(apply --sglang-rev {oldest}, rebase --onto {rev}, refresh --variant)")
 
 
 def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
+    """The replay of the series on ``commit``, with what ``apply`` and ``wheel`` would do there."""
     with tempfile.TemporaryDirectory(prefix="c128check-") as tmp:
-        return replay_in_index(series, git, rev, commit, Path(tmp) / "index")[0]
+        result = replay_in_index(series, git, rev, commit, Path(tmp) / "index")[0]
+    predict(result)
+    if not result.error:
+        result.note = support_note(series, git, rev, commit)
+    return result
 
 
 def check_revs(series: Series, git: Git, revs: list[tuple[str, str]], jobs: int | None = None) -> list[RevCheck]:

@@ -41,12 +41,24 @@ class EntryCheck:
 
 
 @dataclass
+class Verdict:
+    """What one verb would do on a rev (``ops.check.predict``): its exit code and the entry that stops it."""
+
+    exit: int = 0
+    entry: str = ""
+    detail: str = ""
+
+
+@dataclass
 class RevCheck:
     rev: str
     commit: str
     ok: bool = True
     entries: list[EntryCheck] = field(default_factory=list)
     error: str = ""
+    apply: Verdict = field(default_factory=Verdict)  # `check` fills these in (ops.check.predict)
+    wheel: Verdict | None = None  # None: not a release, no wheel to patch
+    note: str = ""
 
     def to_json(self) -> dict:
         return asdict(self)

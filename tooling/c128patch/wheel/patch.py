@@ -22,7 +22,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from c128patch import __version__
-from c128patch.errors import C128Error
+from c128patch.errors import C128Error, ConflictError
 from c128patch.git import Git
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
@@ -144,9 +144,15 @@ def patch_paths(item: Planned) -> list[str]:
 
 
 def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Reporter = NullReporter()) -> list[dict]:
-    """Apply every entry to the wheel's files; the first failure names entry, file and hunk."""
+    """Apply every entry to the wheel's files; the first failure names entry, file and hunk.
+    As ``apply`` does: overlay collisions are refused (exit 2) before anything is applied; an
+    entry that does not apply stops everything (exit 1, ``ConflictError``)."""
     git = loose_git(iw.root)
     members = set(iw.members())
+    for item in planned:
+        target = wheel_path(item.entry.target) if item.patch is None else ""
+        if target and (target in members or (iw.root / target).exists()):
+            raise C128Error(f"overlay '{item.entry.name}' collides with {label}: {target} already exists in the wheel")
     rows = []
     for item in planned:
         reporter.step(f"applying {item.entry.name}")
@@ -154,14 +160,12 @@ def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Rep
             iw.extract(patch_paths(item))
             proc = git.run("apply", "-p2", "--verbose", str(item.path.resolve()), check=False)
             if proc.returncode != 0:
-                raise C128Error(
+                raise ConflictError(
                     f"entry '{item.entry.name}' ({item.label}) does not apply to {label}: "
                     f"{_fail_detail(item, proc.stderr)}; no wheel was written"
                 )
         else:
             target = wheel_path(item.entry.target)
-            if target in members or (iw.root / target).exists():
-                raise C128Error(f"overlay '{item.entry.name}' collides with {label}: {target} already exists in the wheel")
             dest = iw.root / target
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(item.path.read_bytes())

@@ -1,0 +1,134 @@
+"""`check` predicts `apply` and `wheel`: the same file per entry, the same strictness, the same exit
+code and the same entry stopping it. Real product series on every supported release and on v0.5.19
+(older than any the series was made on), real CLI, real release wheels."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from c128patch.series.manifest import load_series
+from c128patch.upstream.releases import ReleaseHistory
+from support import RELEASES, REPO_ROOT, cli_text
+
+REVS = ("v0.5.19", *RELEASES)
+
+
+def check(*revs: str, extra: tuple[str, ...] = ()) -> tuple[int, dict[str, dict]]:
+    res = cli_text("check", *[a for r in revs for a in ("--sglang-rev", r)], *extra, "--json")
+    return res.exit_code, {r["rev"]: r for r in json.loads(res.stdout)["revs"]}
+
+
+@pytest.fixture(scope="module")
+def checked(sglang_release_repo: Path) -> dict[str, dict]:
+    ReleaseHistory().ensure(["0.5.19"])  # adding a release changes nothing already there
+    code, revs = check(*REVS)
+    assert code == 1  # v0.5.19 does not apply
+    return revs
+
+
+@pytest.fixture(scope="module")
+def applied(tmp_path_factory: pytest.TempPathFactory, checked) -> dict[str, tuple[int, dict]]:
+    root = tmp_path_factory.mktemp("apply")
+    out = {}
+    for rev in REVS:
+        res = cli_text("apply", "--sglang-rev", rev, "--tree", str(root / rev), "--json")
+        doc = json.loads(res.stdout)
+        out[rev] = (res.exit_code, doc.get("report", doc))
+    return out
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory, checked) -> dict[str, tuple[int, dict]]:
+    root = tmp_path_factory.mktemp("wheels")
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("SOURCE_DATE_EPOCH", raising=False)
+        for rev in REVS:
+            res = cli_text("wheel", "--from-release", rev.removeprefix("v"), "-o", str(root), "--json")
+            out[rev] = (res.exit_code, json.loads(res.stdout))
+    return out
+
+
+def stopped_at(doc: dict) -> str:
+    """The entry a failed apply/wheel names."""
+    match = re.match(r"entry '([^']+)'", doc.get("error", ""))
+    return match.group(1) if match else ""
+
+
+@pytest.mark.parametrize("rev", REVS)
+def test_apply_exits_and_stops_where_check_says(rev, checked, applied):
+    code, report = applied[rev]
+    want = checked[rev]["apply"]
+    assert code == want["exit"]
+    if code:
+        (failed,) = [e["name"] for e in report["entries"] if e.get("status") == "conflict"]
+        assert failed == want["entry"]
+
+
+@pytest.mark.parametrize("rev", REVS)
+def test_apply_takes_the_files_check_took(rev, checked, applied):
+    _code, report = applied[rev]
+    taken = {e["name"]: e["file"] for e in report["entries"] if e.get("file")}
+    assert taken == {e["name"]: e["file"] for e in checked[rev]["entries"] if e["name"] in taken}
+    assert taken  # apply got as far as one entry at least
+
+
+@pytest.mark.parametrize("rev", REVS)
+def test_wheel_exits_and_stops_where_check_says(rev, checked, wheels):
+    code, doc = wheels[rev]
+    want = checked[rev]["wheel"]
+    assert code == want["exit"]
+    assert stopped_at(doc) == want["entry"]
+
+
+@pytest.mark.parametrize("rev", RELEASES)
+def test_wheel_takes_the_files_check_took(rev, checked, wheels):
+    _code, doc = wheels[rev]
+    assert {e["name"]: e["file"] for e in doc["entries"]} == {e["name"]: e["file"] for e in checked[rev]["entries"]}
+
+
+def test_a_rev_older_than_the_series_releases_gets_a_note_naming_the_oldest(checked):
+    note = checked["v0.5.19"]["note"]
+    assert note.startswith("v0.5.19 is older than (or not descended from) every release the series was made on; "
+                           "the oldest is v0.5.20: use v0.5.20 or newer")
+
+
+@pytest.mark.parametrize("rev", RELEASES)
+def test_the_series_releases_get_no_note(rev, checked):
+    assert checked[rev]["note"] == ""
+
+
+def test_the_release_the_note_names_applies(checked):
+    assert checked["v0.5.20"]["apply"]["exit"] == 0 and checked["v0.5.20"]["wheel"]["exit"] == 0
+
+
+@pytest.fixture(scope="module")
+def three_way_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The product series' first entry alone: on v0.5.19 it applies only with a 3-way merge."""
+    root = tmp_path_factory.mktemp("one-entry")
+    shutil.copytree(REPO_ROOT / "patches", root / "patches")
+    series = load_series(root)
+    series.entries = series.entries[:1]
+    series.save()
+    return root
+
+
+def test_an_entry_only_a_3_way_merge_takes_is_ok_for_apply_and_not_for_wheel(three_way_only: Path, checked,
+                                                                            tmp_path: Path):
+    code, revs = check("v0.5.19", extra=("--series", str(three_way_only)))
+    (entry,) = revs["v0.5.19"]["entries"]
+    assert (code, entry["status"], revs["v0.5.19"]["apply"]["exit"], revs["v0.5.19"]["wheel"]["exit"]) == (0, "3way", 0, 1)
+    tree = cli_text("apply", "--sglang-rev", "v0.5.19", "--tree", str(tmp_path / "t"), "--series", str(three_way_only))
+    assert tree.exit_code == 0 and "(needed a 3-way merge)" in tree.stdout
+    wheel = cli_text("wheel", "--from-release", "0.5.19", "-o", str(tmp_path / "d"), "--series", str(three_way_only))
+    assert wheel.exit_code == 1 and "does not apply to sglang-0.5.19" in wheel.stderr
+
+
+def test_check_strict_fails_where_wheel_would(three_way_only: Path, checked):
+    code, revs = check("v0.5.19", extra=("--series", str(three_way_only), "--strict"))
+    assert code == 1 and revs["v0.5.19"]["ok"] is True  # apply would; a wheel would not
