@@ -76,8 +76,8 @@ def support_note(series: Series, git: Git, rev: str, commit: str) -> str:
             return ""
     oldest = min(bases, key=lambda b: (Version(release_version(b)) if release_version(b) else Version("0"), b))
     return (f"{rev} is older than (or not descended from) every release the series was made on; the oldest is "
-            f"{oldest}: use {oldest} or newer, or carry the series back with new variants "
-            f"(apply --sglang-rev {oldest}, rebase --onto {rev}, refresh --variant)")
+            f"{oldest}: use {oldest} or newer (c128patch apply --sglang-rev {oldest}), or carry the series back "
+            f"with new variants: in that tree c128patch rebase --onto {rev}, then c128patch refresh --variant")
 
 
 def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
