@@ -7,6 +7,7 @@ from pathlib import PurePosixPath
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
+from c128patch.series.gates import ENVIRON_PATH, SeriesText, declaration_problems, declarations, gate_problems
 from c128patch.series.manifest import Series, sha256_file, symlink_on_path
 from c128patch.series.patchfile import read_patch
 from c128patch.series.plan import prefixes
@@ -81,9 +82,37 @@ def lint_series(series: Series, upstream: Git | None = None) -> list[Finding]:
     for target, name in targets.items():
         if target in patched:
             found.append(Finding(name, f"overlay target {target} is also patched by entry '{patched[target]}'"))
+    if not any(f.level == "error" for f in found):  # the files are sound: read what they write
+        found += [Finding(where, message) for where, message in
+                  gate_problems(series.gates, {e.name: e.gate for e in series.entries}, series_text(series))]
     if upstream is not None:
         found += _upstream_collisions(series, upstream)
+        found += _upstream_gates(series, upstream)
     return found
+
+
+def series_text(series: Series) -> SeriesText:
+    """The lines every patch file adds (all variants) and every overlay source, per entry."""
+    text = SeriesText()
+    for e in series.entries:
+        if e.is_patch:
+            text.added[e.name] = [line.value for v in e.patch_files()
+                                  for pf in read_patch(series.file_of(e, v)).patchset for hunk in pf
+                                  for line in hunk if line.is_added]
+        else:
+            text.overlays[e.name] = series.file_of(e).read_text(errors="replace")
+    return text
+
+
+def _upstream_gates(series: Series, git: Git) -> list[Finding]:
+    """Each upstream gate of the env reference as upstream's environ.py declares it at the series base."""
+    blob = git.blob(series.base, ENVIRON_PATH) if series.base and git.rev_parse(series.base) else None
+    if blob is None:
+        return []
+    declared = declarations(blob.decode(errors="replace"))
+    where = f"{ENVIRON_PATH} at {series.base}"
+    return [Finding(g.name, p) for g in series.gates if g.declared_by == "upstream"
+            for p in declaration_problems(g, declared, where)]
 
 
 def _upstream_collisions(series: Series, git: Git) -> list[Finding]:

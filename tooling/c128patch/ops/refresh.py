@@ -140,7 +140,8 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
         exported[name] = entry
     kept = _kept_without_commit(series, git, record, base_commit, exported, result)
     entries = _in_order(series, list(exported.values()), kept)
-    new = Series(series.root, series.name, series.version, label if primary else series.base, entries)
+    new = Series(series.root, series.name, series.version, label if primary else series.base, entries,
+                 gates=series.gates)
     payload_changed = new.to_toml() != series.to_toml() or any(
         not p.is_file() or p.read_bytes() != d for p, d in result.files.items()
     )

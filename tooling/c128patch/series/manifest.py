@@ -16,6 +16,7 @@ else:  # pragma: no cover
 
 from c128patch import PACKAGE_DIR
 from c128patch.errors import C128Error
+from c128patch.series.gates import Gate, parse_gates
 
 MANIFEST = "patches/series.toml"
 KINDS = ("patch", "overlay")
@@ -110,6 +111,7 @@ class Series:
     version: str
     base: str
     entries: list[Entry]
+    gates: list[Gate] = field(default_factory=list)  # the env reference (series.gates); not in the digest
 
     @property
     def manifest_path(self) -> Path:
@@ -148,6 +150,8 @@ class Series:
             "series": {"name": self.name, "version": self.version, "base": self.base},
             "entries": [e.to_toml() for e in self.entries],
         }
+        if self.gates:
+            doc["gates"] = [g.to_toml() for g in self.gates]
         return tomli_w.dumps(doc)
 
     def save(self) -> None:
@@ -225,6 +229,7 @@ def load_series(root: Path) -> Series:
         version=_str(head, "version", f"{path} [series]", required=True),
         base=_str(head, "base", f"{path} [series]"),
         entries=entries,
+        gates=parse_gates(doc.get("gates"), path),
     )
 
 

@@ -1,0 +1,43 @@
+"""c128patch gates [--markdown] [--series DIR] [--json]"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, series_option
+from c128patch.progress import console
+from c128patch.series.gates import render_markdown
+
+
+@click.command("gates")
+@click.option("--markdown", is_flag=True, help="Print the Markdown table docs/gates.md carries.")
+@series_option
+@json_option
+@handles_errors
+def command(markdown: bool, series_dir: Path | None, as_json: bool) -> None:
+    """The env reference: every variable the series adds or reads, its default, what it does, what it conflicts with."""
+    series = get_series(series_dir)
+    entry_gates = {e.name: e.gate for e in series.entries}
+    if as_json:
+        emit_json({"ok": True, "series": {"name": series.name, "version": series.version},
+                   "gates": [{**g.to_toml(), "requires": list(g.requires), "conflicts": list(g.conflicts),
+                              "entries": [e for e, gate in entry_gates.items() if gate == g.name]}
+                             for g in series.gates]})
+        return
+    out = console(stderr=False)
+    if markdown:
+        out.print(render_markdown(series.gates, entry_gates), markup=False, end="", soft_wrap=True)
+        return
+    table = Table(title=f"env reference of series {series.name} {series.version}")
+    for col in ("variable", "default", "what setting it does", "needs / conflicts with"):
+        table.add_column(col)
+    for g in series.gates:
+        rel = [*(f"needs {n}" for n in g.requires), *(f"not with {n}" for n in g.conflicts)]
+        cells = (f"{g.name}\n({g.declared_by})", f"{g.default} ({g.type})", g.enables + (f"\n{g.notes}" if g.notes else ""),
+                 "\n".join(rel) or "-")
+        table.add_row(*(Text(c) for c in cells))  # plain text: [accept] is not markup
+    out.print(table)

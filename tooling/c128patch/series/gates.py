@@ -1,0 +1,186 @@
+"""The env reference: every environment variable the series adds or reads.
+
+Kept in the manifest as ``[[gates]]`` tables (patches/series.toml), one per variable:
+
+| field | meaning |
+| --- | --- |
+| name | the variable (``SGLANG_...``) |
+| declared_by | ``series`` (an entry declares it in ``srt/environ.py``) or ``upstream`` (sglang's own: the series reads it, or acts only with it) |
+| type | ``bool``, ``str``, ``int`` or ``float`` (sglang's ``EnvBool``/``EnvStr``/``EnvInt``/``EnvFloat``) |
+| default | the declared default as ``environ.py`` writes it (``False``, ``"static"``) |
+| enables | what setting it does |
+| requires | gates that must be set for it to do anything |
+| conflicts | gates that must not be set with it |
+| notes | the launch flags it acts with, limits, what else it does not go with |
+
+The reference is documentation: it is not part of the series digest (changing a sentence does not
+change a wheel). ``gate_problems`` is what ``lint`` checks against the series' own files: every
+entry's gate is a gate here; every ``SGLANG_*`` name on a line a patch adds, or in an overlay
+source, is a gate here; a ``series`` gate is declared by a line a patch adds (``NAME = EnvBool(False)``)
+with the type and default the table says; ``requires``/``conflicts`` name gates of the table.
+``declaration_problems`` checks an ``upstream`` gate against upstream's ``environ.py`` the same
+way. ``render_markdown`` is the table docs/gates.md carries (a test keeps the two equal).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from c128patch.errors import C128Error
+
+DECLARERS = ("series", "upstream")
+TYPES = {"bool": "EnvBool", "str": "EnvStr", "int": "EnvInt", "float": "EnvFloat"}
+_NAME = re.compile(r"^SGLANG_[A-Z0-9_]+$")
+_MENTION = re.compile(r"\bSGLANG_[A-Z0-9_]+\b")
+_DECLARATION = re.compile(r"^\s*(SGLANG_[A-Z0-9_]+)\s*=\s*(Env[A-Za-z]+)\((.*)\)\s*(#.*)?$")
+ENVIRON_PATH = "python/sglang/srt/environ.py"
+
+
+@dataclass(frozen=True)
+class Gate:
+    name: str
+    declared_by: str
+    type: str
+    default: str
+    enables: str
+    requires: tuple[str, ...] = ()
+    conflicts: tuple[str, ...] = ()
+    notes: str = ""
+
+    def to_toml(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "declared_by": self.declared_by, "type": self.type,
+                               "default": self.default, "enables": self.enables}
+        if self.requires:
+            out["requires"] = list(self.requires)
+        if self.conflicts:
+            out["conflicts"] = list(self.conflicts)
+        if self.notes:
+            out["notes"] = self.notes
+        return out
+
+
+def _text(raw: dict, key: str, where: str, required: bool = True) -> str:
+    value = raw.get(key, "")
+    if not isinstance(value, str) or (required and not value):
+        raise C128Error(f"{where}: '{key}' must be a non-empty string")
+    return value
+
+
+def _names(raw: dict, key: str, where: str) -> tuple[str, ...]:
+    value = raw.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and _NAME.match(v) for v in value):
+        raise C128Error(f"{where}: '{key}' must be a list of SGLANG_* names")
+    return tuple(value)
+
+
+def parse_gates(raw: Any, path: Path) -> list[Gate]:
+    """The ``[[gates]]`` tables of a manifest, validated (one line naming the gate and the field)."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise C128Error(f"{path}: 'gates' must be an array of tables ([[gates]])")
+    gates = []
+    for i, item in enumerate(raw):
+        where = f"{path}: gate #{i + 1}"
+        if not isinstance(item, dict):
+            raise C128Error(f"{where}: must be a table")
+        name = _text(item, "name", where)
+        where = f"{path}: gate {name}"
+        if not _NAME.match(name):
+            raise C128Error(f"{where}: the name must be SGLANG_ followed by capitals, digits and _")
+        unknown = set(item) - {"name", "declared_by", "type", "default", "enables", "requires", "conflicts", "notes"}
+        if unknown:
+            raise C128Error(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+        declared_by, kind = _text(item, "declared_by", where), _text(item, "type", where)
+        if declared_by not in DECLARERS:
+            raise C128Error(f"{where}: declared_by must be one of {', '.join(DECLARERS)}, not {declared_by!r}")
+        if kind not in TYPES:
+            raise C128Error(f"{where}: type must be one of {', '.join(TYPES)}, not {kind!r}")
+        gates.append(Gate(name, declared_by, kind, _text(item, "default", where), _text(item, "enables", where),
+                          _names(item, "requires", where), _names(item, "conflicts", where),
+                          _text(item, "notes", where, required=False)))
+    names = [g.name for g in gates]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise C128Error(f"{path}: duplicate gate(s) {', '.join(dupes)}")
+    return gates
+
+
+def declarations(text: str) -> dict[str, tuple[str, str]]:
+    """name -> (EnvField class, default as written) for each ``NAME = EnvX(default)`` line."""
+    out = {}
+    for line in text.splitlines():
+        match = _DECLARATION.match(line)
+        if match:
+            out[match.group(1)] = (match.group(2), match.group(3).strip())
+    return out
+
+
+def declaration_problems(gate: Gate, declared: dict[str, tuple[str, str]], where: str) -> list[str]:
+    """What is wrong with ``gate`` against the declarations found in ``where`` (empty: it agrees)."""
+    if gate.name not in declared:
+        return [f"gate {gate.name} ({gate.declared_by}) is not declared in {where}"]
+    cls, default = declared[gate.name]
+    problems = []
+    if cls != TYPES[gate.type]:
+        problems.append(f"gate {gate.name}: {where} declares it as {cls}, the reference says {gate.type}")
+    if default != gate.default:
+        problems.append(f"gate {gate.name}: {where} declares the default {default}, the reference says {gate.default}")
+    return problems
+
+
+@dataclass
+class SeriesText:
+    """What the series itself writes: the lines its patches add and its overlay sources."""
+
+    added: dict[str, list[str]] = field(default_factory=dict)  # entry -> added lines (every patch file)
+    overlays: dict[str, str] = field(default_factory=dict)  # entry -> source text
+
+
+def gate_problems(gates: list[Gate], entry_gates: dict[str, str], text: SeriesText) -> list[tuple[str, str]]:
+    """(entry or gate, message) for each way the reference and the series disagree."""
+    known = {g.name: g for g in gates}
+    found: list[tuple[str, str]] = []
+    for entry, gate in entry_gates.items():
+        if gate and gate not in known:
+            found.append((entry, f"gate {gate} is not in the env reference ([[gates]] in the manifest)"))
+    mentioned: dict[str, str] = {}
+    for entry, lines in text.added.items():
+        for name in _MENTION.findall("\n".join(lines)):
+            mentioned.setdefault(name, entry)
+    for entry, source in text.overlays.items():
+        for name in _MENTION.findall(source):
+            mentioned.setdefault(name, entry)
+    for name, entry in sorted(mentioned.items()):
+        if name not in known:
+            found.append((entry, f"{name} is read or written by the series but is not in the env reference"))
+    added = declarations("\n".join(line for lines in text.added.values() for line in lines))
+    for gate in gates:
+        for other in (*gate.requires, *gate.conflicts):
+            if other not in known:
+                found.append((gate.name, f"gate {gate.name} names {other}, which is not in the env reference"))
+        if gate.declared_by == "series":
+            found += [(gate.name, p) for p in declaration_problems(gate, added, "a patch of the series")]
+        elif gate.name in added:
+            found.append((gate.name, f"gate {gate.name} is declared_by upstream but a patch of the series declares it"))
+    return found
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(gates: list[Gate], entry_gates: dict[str, str]) -> str:
+    """The env reference as a Markdown table (docs/gates.md carries it; `c128patch gates --markdown`)."""
+    lines = ["| variable | declared by | default | what setting it does | needs | conflicts with | entries | notes |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for g in gates:
+        entries = ", ".join(f"`{e}`" for e, gate in entry_gates.items() if gate == g.name) or "-"
+        lines.append("| " + " | ".join([
+            f"`{g.name}`", g.declared_by, f"`{g.default}` ({g.type})", _cell(g.enables),
+            ", ".join(f"`{n}`" for n in g.requires) or "-", ", ".join(f"`{n}`" for n in g.conflicts) or "-",
+            entries, _cell(g.notes) or "-"]) + " |")
+    return "\n".join(lines) + "\n"
