@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     "series": 2, "upstream": 2,                                 # the data model; where upstream comes from
     "ops": 3, "wheel": 3, "smoke": 3, "capacity": 3,            # what is done with them
     "evidence": 4,  # what was proven of them: stages trees (ops.check, smoke.trees), reads the results
+    "serve": 4,  # the serving host (doctor): reads an install with smoke.device's probes and wheel's label/SBOM
     "cli": 5,                                                   # one module per verb; nothing imports it
     "__main__": 6,
 }

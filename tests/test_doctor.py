@@ -1,0 +1,280 @@
+"""`c128patch doctor` on real installs: the patched 0.5.23 wheel (real product series) and the plain
+upstream 0.5.23 wheel, each `pip install --no-deps` into its own fresh venv, asked through
+`--python`. The envs doctor reads are set for the doctor process (it reads them as the serving
+process would)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from c128patch.series.manifest import load_series
+from c128patch.serve.startup import ONLINE_C128_DSPARK_RULES
+from c128patch.upstream.releases import wheel_for
+from c128patch.wheel.patch import patch_wheel
+from support import REPO_ROOT, cli_text, make_test_series
+
+SERIES_ENVS = ("SGLANG_OPT_USE_ONLINE_COMPRESS", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK",
+               "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP", "SGLANG_DSPARK_RECORD_VERIFY_STREAMS", "SGLANG_RAGGED_VERIFY_MODE")
+RULES_IN_SERIES = (REPO_ROOT / "overlay" / ONLINE_C128_DSPARK_RULES).is_file()
+ON = {"SGLANG_OPT_USE_ONLINE_COMPRESS": "1", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK": "1"}
+
+
+def venv_with(root: Path, wheel: Path | None) -> Path:
+    """A fresh venv (no pip of its own) with ``wheel`` installed, no dependencies; its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = root / "bin" / "python"
+    if wheel is not None:
+        subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                        "--no-compile", str(wheel)], check=True)
+    return python
+
+
+@pytest.fixture(scope="module")
+def patched_python(tmp_path_factory: pytest.TempPathFactory, real_series, sglang_release_repo: Path) -> Path:
+    root = tmp_path_factory.mktemp("patched")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("SOURCE_DATE_EPOCH", raising=False)
+        wheel = patch_wheel(real_series, wheel_for("0.5.23"), root / "dist").wheel
+    return venv_with(root / "venv", Path(wheel))
+
+
+@pytest.fixture(scope="module")
+def upstream_python(tmp_path_factory: pytest.TempPathFactory, sglang_release_repo: Path) -> Path:
+    return venv_with(tmp_path_factory.mktemp("upstream") / "venv", wheel_for("0.5.23"))
+
+
+def doctor(python: Path, *args: str, env: dict[str, str] | None = None, pythonpath: Path | None = None):
+    """(exit code, report JSON, {topic: [(level, message)]}) of `doctor --python python --json`."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name in SERIES_ENVS:
+            mp.delenv(name, raising=False)
+        for name, value in (env or {}).items():
+            mp.setenv(name, value)
+        if pythonpath is not None:
+            mp.setenv("PYTHONPATH", str(pythonpath))
+        res = cli_text("doctor", "--python", str(python), "--json", *(["--", *args] if args else []))
+    report = json.loads(res.stdout)
+    topics: dict[str, list[tuple[str, str]]] = {}
+    for f in report["findings"]:
+        topics.setdefault(f["topic"], []).append((f["level"], f["message"]))
+    return res.exit_code, report, topics
+
+
+def test_a_patched_build_with_its_gates_unset_passes(patched_python: Path):
+    code, report, _ = doctor(patched_python)
+    assert code == 0 and report["ok"] is True
+    assert not [f for f in report["findings"] if f["level"] == "error"]
+
+
+def test_the_installed_sglang_is_named_with_where_it_came_from(patched_python: Path, real_series):
+    _, report, topics = doctor(patched_python)
+    version = f"0.5.23+c128.{real_series.version}.{real_series.digest()[:8]}"
+    site = Path(report["sglang"]["path"])
+    assert site.parent.parent.parent.parent == patched_python.parent.parent
+    ((level, message),) = topics["sglang"]
+    assert level == "ok" and message.startswith(f"sglang {version} at {site} (pip, from file://")
+
+
+def test_a_patched_build_is_recognised_with_its_series_label_and_sbom(patched_python: Path, real_series):
+    _, _, topics = doctor(patched_python)
+    ((level, message),) = topics["build"]
+    assert level == "ok"
+    assert message == (f"c128patch build: series c128patch {real_series.version} (digest {real_series.digest()[:8]}) "
+                       "on sglang 0.5.23 (sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl); the version label and "
+                       "the SBOM agree with the provenance")
+    assert topics["series"] == [("ok", f"the build carries this tool's series c128patch {real_series.version}")]
+
+
+def test_every_entry_the_build_carries_is_listed_with_its_gate(patched_python: Path, real_series):
+    _, _, topics = doctor(patched_python)
+    lines = [m for _, m in topics["entry"]]
+    assert [m.split(" ", 1)[0] for m in lines] == [e.name for e in real_series.entries]
+    for line, entry in zip(lines, real_series.entries):
+        assert line.endswith(f": gate {entry.gate or 'none'}")
+
+
+def test_the_installed_files_are_checked_against_record(patched_python: Path):
+    _, _, topics = doctor(patched_python)
+    ((level, message),) = topics["record"]
+    assert level == "ok" and message.endswith(" installed files match RECORD")
+
+
+def test_a_modified_installed_file_is_an_error_naming_it(patched_python: Path):
+    target = next(patched_python.parent.parent.glob("lib/python*/site-packages/sglang/srt/environ.py"))
+    original = target.read_bytes()
+    try:
+        target.write_bytes(original + b"\n# edited after install\n")
+        code, _, topics = doctor(patched_python)
+    finally:
+        target.write_bytes(original)
+    assert code == 1
+    ((level, message),) = topics["record"]
+    assert level == "error" and "installed files differ from RECORD: sglang/srt/environ.py (modified)" in message
+
+
+def test_unset_envs_are_read_with_the_installed_defaults(patched_python: Path):
+    _, _, topics = doctor(patched_python)
+    env = [m for _, m in topics["env"]]
+    assert "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK unset (default False)" in env
+    assert "SGLANG_RAGGED_VERIFY_MODE unset (default static)" in env
+
+
+def test_set_envs_say_what_they_enable(patched_python: Path, real_series):
+    _, _, topics = doctor(patched_python, env=ON)
+    gate = next(g for g in real_series.gates if g.name == "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK")
+    assert ("ok", f"SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK=1: {gate.enables}") in topics["env"]
+
+
+def test_a_value_sglang_cannot_parse_is_an_error_with_sglangs_warning(patched_python: Path):
+    code, _, topics = doctor(patched_python, env={"SGLANG_DSPARK_RECORD_VERIFY_STREAMS": "maybe"})
+    assert code == 1
+    assert ("error", 'SGLANG_DSPARK_RECORD_VERIFY_STREAMS=maybe: Invalid value for SGLANG_DSPARK_RECORD_VERIFY_STREAMS: '
+                     '"maybe" is not a valid boolean value, using default "False"') in topics["env"]
+
+
+@pytest.mark.skipif(RULES_IN_SERIES, reason="the series carries its startup rules: they report this (see below)")
+def test_without_startup_rules_a_gate_without_what_it_needs_is_an_error(patched_python: Path):
+    code, _, topics = doctor(patched_python, env={"SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK": "1"})
+    assert code == 1
+    assert ("error", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK needs SGLANG_OPT_USE_ONLINE_COMPRESS, which is not set: "
+                     "without it SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK does nothing") in topics["env"]
+    assert topics["startup"] == [("warn", f"this build carries no startup rules ({ONLINE_C128_DSPARK_RULES}): what "
+                                          "startup would refuse is not checked")]
+
+
+@pytest.mark.skipif(RULES_IN_SERIES, reason="the series carries its startup rules: they report this (see below)")
+def test_without_startup_rules_two_conflicting_gates_are_an_error(patched_python: Path):
+    code, _, topics = doctor(patched_python, env={**ON, "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP": "1"})
+    assert code == 1
+    assert ("error", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK and SGLANG_EXPERIMENTAL_ONLINE_C128_MTP are both set: "
+                     "they do not go together") in topics["env"]
+
+
+def test_plain_upstream_is_named_and_the_series_gates_do_nothing_there(upstream_python: Path):
+    code, report, topics = doctor(upstream_python, env={"SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK": "1"})
+    assert code == 1 and report["build"] is None
+    assert topics["build"] == [("warn", "plain sglang 0.5.23: not a c128patch build (no sglang/c128patch_provenance.json)"
+                                        "; the series' gates do nothing here")]
+    assert ("error", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK=1 is set, but this sglang does not declare it (not a "
+                     "c128patch build): it does nothing here") in topics["env"]
+    assert topics["record"][0][0] == "ok"
+
+
+def test_plain_upstream_with_no_series_env_set_is_not_an_error(upstream_python: Path):
+    code, _, topics = doctor(upstream_python, env={"SGLANG_OPT_USE_ONLINE_COMPRESS": "1"})
+    assert code == 0
+    assert topics["env"][0][0] == "ok"  # upstream's own variable, read by upstream's environ.py
+
+
+def test_an_sglang_that_shadows_the_installed_one_is_an_error(patched_python: Path, release_trees):
+    shadow = release_trees["v0.5.23"]
+    code, _, topics = doctor(patched_python, pythonpath=shadow)
+    assert code == 1
+    (level, message), = topics["sglang"]
+    assert level == "error" and message.startswith(f"`import sglang` resolves to {shadow / 'sglang'}, not the installed")
+
+
+def test_a_python_without_sglang_is_an_error(tmp_path: Path):
+    code, _, topics = doctor(venv_with(tmp_path / "venv", None))
+    assert code == 1
+    assert topics["sglang"][0][0] == "error" and topics["sglang"][0][1].startswith("no sglang is installed for ")
+
+
+def test_a_python_that_does_not_run_is_one_line(tmp_path: Path):
+    res = cli_text("doctor", "--python", str(tmp_path / "nope"))
+    assert res.exit_code == 2
+    assert res.stderr.strip().startswith(f"c128patch: error: cannot run {tmp_path / 'nope'}: ")
+
+
+def test_the_text_report_is_one_line_per_finding(patched_python: Path):
+    res = cli_text("doctor", "--python", str(patched_python))
+    lines = res.stdout.strip().splitlines()
+    assert lines[-1].startswith("doctor: 0 error(s), ")
+    assert all(line.split()[0] in ("ok", "info", "warn", "error") for line in lines[:-1])
+
+
+# -- startup rules: the build's own module, run from the install -----------------------------------
+
+RULES_STANDIN = '''"""A module with the startup rules' interface (config_from_args, startup_refusals), for
+doctor's plumbing: it is loaded from the install by path and its lines are reported as they are."""
+
+
+def config_from_args(argv, environ):
+    if "--config" in argv:
+        raise ValueError("--config FILE: options in a config file are not read here")
+    return {"tbo": "--enable-two-batch-overlap" in argv, "gate": environ.get("SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK")}
+
+
+def startup_refusals(config):
+    return ["--enable-two-batch-overlap: refused by this build"] if config["tbo"] and config["gate"] == "1" else []
+'''
+
+
+@pytest.fixture(scope="module")
+def rules_python(tmp_path_factory: pytest.TempPathFactory, sglang_release_repo: Path) -> Path:
+    """A c128patch build of 0.5.23 (a test series declaring the DSPARK gate) whose overlay installs a
+    rules module at the path the series' startup rules take."""
+    root = tmp_path_factory.mktemp("rules")
+    declare = "    SGLANG_OPT_USE_ONLINE_COMPRESS = EnvBool(False)\n"  # and the gate beside it, as the series does
+    series_root = make_test_series(root / "series", sglang_release_repo, {"python/sglang/srt/environ.py": (
+        declare, declare + "    SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK = EnvBool(False)\n")}, overlay=False)
+    source = series_root / "overlay" / "rules.py"
+    source.parent.mkdir(parents=True)
+    source.write_text(RULES_STANDIN)
+    manifest = series_root / "patches" / "series.toml"
+    manifest.write_text(manifest.read_text() + '\n[[entries]]\nname = "rules"\nkind = "overlay"\n'
+                        'source = "overlay/rules.py"\n'
+                        f'target = "python/{ONLINE_C128_DSPARK_RULES}"\nwhy = "test"\nbase = "v0.5.23"\n')
+    from c128patch.ops.lint import update_hashes
+
+    update_hashes(load_series(series_root))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("SOURCE_DATE_EPOCH", raising=False)
+        wheel = patch_wheel(load_series(series_root), wheel_for("0.5.23"), root / "dist").wheel
+    return venv_with(root / "venv", Path(wheel))
+
+
+def test_doctor_reports_what_the_builds_startup_rules_refuse(rules_python: Path):
+    code, report, topics = doctor(rules_python, "--enable-two-batch-overlap", env=ON)
+    assert code == 1 and report["startup"]["available"] is True
+    assert topics["startup"] == [("error", "startup would refuse for `--enable-two-batch-overlap`: "
+                                           "--enable-two-batch-overlap: refused by this build")]
+
+
+def test_with_startup_rules_the_references_needs_are_information(rules_python: Path):
+    _, _, topics = doctor(rules_python, env={"SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK": "1"})
+    needs = [(lvl, m) for lvl, m in topics["env"] if " needs " in m]
+    assert [lvl for lvl, _ in needs] == ["info"]
+
+
+def test_launch_arguments_the_rules_cannot_read_are_an_error(rules_python: Path):
+    code, _, topics = doctor(rules_python, "--config", "x.yaml", env=ON)
+    assert code == 1
+    assert topics["startup"] == [("error", "cannot check the launch arguments: ValueError: --config FILE: options in a "
+                                           "config file are not read here")]
+
+
+def test_nothing_refused_says_so_with_the_arguments(rules_python: Path):
+    _, _, topics = doctor(rules_python, "--tp", "8", env=ON)
+    assert topics["startup"] == [("ok", "startup would refuse nothing for `--tp 8`")]
+
+
+@pytest.mark.skipif(not RULES_IN_SERIES, reason=f"the series' startup rules (overlay/{ONLINE_C128_DSPARK_RULES}) "
+                                                "are not in this series yet")
+def test_doctor_reports_the_series_startup_rules_line_for_line(patched_python: Path):
+    from c128patch.serve.install import load_by_path
+
+    rules = load_by_path(REPO_ROOT / "overlay" / ONLINE_C128_DSPARK_RULES, "test_doctor_rules")
+    args = ["--speculative-algorithm", "EAGLE", "--enable-two-batch-overlap"]
+    env = {**ON, "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP": "1"}
+    want = rules.startup_refusals(rules.config_from_args(args, {**os.environ, **env}))
+    assert want  # the rules refuse this configuration
+    code, _, topics = doctor(patched_python, *args, env=env)
+    assert code == 1
+    assert topics["startup"] == [("error", f"startup would refuse for `{' '.join(args)}`: {line}") for line in want]

@@ -1,0 +1,53 @@
+"""c128patch doctor [--python PATH] [--json] [-- <launch args>]"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, series_option
+from c128patch.errors import C128Error
+from c128patch.progress import console
+from c128patch.serve.doctor import diagnose
+
+_STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "error": "red"}
+
+
+@click.command("doctor", context_settings={"ignore_unknown_options": True})
+@click.option("--python", "python", default=sys.executable, show_default="this Python",
+              help="The Python that will serve (a venv's bin/python).")
+@series_option
+@json_option
+@click.argument("launch_args", nargs=-1, type=click.UNPROCESSED)
+@handles_errors
+def command(python: str, series_dir: Path | None, as_json: bool, launch_args: tuple[str, ...]) -> None:
+    """Will the installed sglang do what the envs ask? Run it where the server will run.
+
+    \b
+    Which sglang is installed and from where; whether it is a c128patch build and intact
+    (version label, provenance, SBOM, RECORD); the entries it carries and their gates; the
+    series' env vars as this sglang reads them; what its startup would refuse for the launch
+    arguments after `--` (e.g. c128patch doctor -- --speculative-algorithm DSPARK --tp 8);
+    nvcc, apache-tvm-ffi and the GPU. Exit 1 when something would not do what the envs ask.
+    """
+    try:
+        series = get_series(series_dir)
+    except C128Error:
+        if series_dir is not None:
+            raise
+        series = None  # doctor still reads the install; the env reference is missing (said below)
+    report = diagnose(python, list(launch_args), series)
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        out = console(stderr=False)
+        for f in report.findings:
+            out.print(f"[{_STYLE[f.level]}]{f.level:<5}[/] {f.topic:<8} ", end="")
+            out.print(f.message, markup=False)
+        errors = sum(f.level == "error" for f in report.findings)
+        warnings = sum(f.level == "warn" for f in report.findings)
+        out.print(f"doctor: {errors} error(s), {warnings} warning(s)", markup=False)
+    if not report.ok:
+        sys.exit(1)

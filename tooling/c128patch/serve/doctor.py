@@ -1,0 +1,276 @@
+"""``doctor``: will the sglang this Python serves with do what the envs ask?
+
+One finding per line, ``ok``/``info``/``warn``/``error``, in this order:
+
+1. python: the interpreter asked (``--python``, default this one);
+2. sglang: the installed distribution, where from (INSTALLER, direct_url.json), and that
+   ``import sglang`` resolves to it (a PYTHONPATH entry or the current folder can shadow it);
+3. build: a c128patch build or plain upstream; for a build, its version label is the one its
+   provenance gives (``X.Y.Z+c128.<series>.<digest[:8]>``) and its SBOM names the same version and
+   upstream; the series it carries against this tool's; one line per entry with its gate;
+4. record: every installed file RECORD lists still hashes as recorded;
+5. env: each variable of the env reference as the installed sglang reads it (its own
+   ``environ.py``): unset, set and what it enables, set but not declared by this sglang (it does
+   nothing), a value sglang cannot parse. What a gate needs or must not go with (the reference's
+   ``requires``/``conflicts``) is an error only when the build has no startup rules to say it;
+6. startup: what the build's own startup rules refuse for ``doctor -- <launch args>`` and this
+   environment (``serve.startup``: the installed rules module, run from its file);
+7. jit: nvcc and CUDA_HOME, apache-tvm-ffi as sglang pins it, the GPUs and their architecture
+   against the one the series' GPU evidence was recorded on. Missing, they are errors when a
+   series gate is on (its kernels are built at startup), warnings otherwise.
+
+``Report.ok`` (exit 0) when there is no error.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Sequence
+
+from packaging.version import InvalidVersion, Version
+
+from c128patch.errors import C128Error
+from c128patch.series.manifest import Series
+from c128patch.serve.envs import EnvReading, load_environ, read_gates
+from c128patch.serve.install import Dist, Interpreter, check_record, installer, probe, read_json
+from c128patch.serve.startup import ONLINE_C128_DSPARK_RULES, Startup, startup_refusals
+from c128patch.serve.toolchain import EVIDENCE_ARCHS, cuda_home, gpus, nvcc, tvm_ffi_problem
+from c128patch.wheel.patch import LOCAL_TAG, patched_version
+from c128patch.wheel.sbom import SBOM_NAME, purl_pypi
+
+Level = Literal["ok", "info", "warn", "error"]
+PROVENANCE = "sglang/c128patch_provenance.json"
+
+
+@dataclass
+class Finding:
+    level: Level
+    topic: str
+    message: str
+
+
+@dataclass
+class Report:
+    findings: list[Finding] = field(default_factory=list)
+    python: dict[str, Any] = field(default_factory=dict)
+    sglang: dict[str, Any] | None = None
+    build: dict[str, Any] | None = None
+    env: list[dict[str, Any]] = field(default_factory=list)
+    startup: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.level == "error" for f in self.findings)
+
+    def add(self, level: Level, topic: str, message: str) -> None:
+        self.findings.append(Finding(level, topic, message))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, **asdict(self)}
+
+
+def diagnose(python: str, launch_args: Sequence[str], series: Series | None) -> Report:
+    report = Report()
+    interp = probe(python)
+    report.python = {"executable": interp.executable, "version": interp.version, "tag": interp.tag,
+                     "platform": interp.platform}
+    report.add("ok", "python", f"{interp.executable}: Python {interp.version} ({interp.tag}, {interp.platform})")
+    sg = interp.sglang
+    readings: list[EnvReading] = []
+    if sg is None:
+        report.add("error", "sglang", f"no sglang is installed for {interp.executable} (docs/deploy.md: install the "
+                                      "patched wheel into the serving venv)")
+    else:
+        _installed(report, interp, sg)
+        record = _build(report, sg, series)
+        _record(report, sg)
+        readings = _env(report, sg, series, record is not None)
+        _startup(report, sg, launch_args, readings, record is not None)
+    _toolchain(report, interp, any(r.on and r.gate.declared_by == "series" for r in readings))
+    return report
+
+
+def _installed(report: Report, interp: Interpreter, sg: Dist) -> None:
+    package = sg.site / "sglang"
+    report.sglang = {"version": sg.version, "path": str(package), "installer": installer(sg),
+                     "import_path": str(interp.import_path) if interp.import_path else None}
+    if interp.import_path is None:
+        report.add("error", "sglang", f"sglang {sg.version} is installed but `import sglang` finds nothing")
+    elif interp.import_path.resolve() != package.resolve():
+        report.add("error", "sglang", f"`import sglang` resolves to {interp.import_path}, not the installed sglang "
+                                      f"{sg.version} at {package} (a PYTHONPATH entry or the current folder shadows it)")
+    else:
+        report.add("ok", "sglang", f"sglang {sg.version} at {package} ({installer(sg)})")
+
+
+def _build(report: Report, sg: Dist, series: Series | None) -> dict | None:
+    """The provenance record of a c128patch build (None: plain upstream)."""
+    try:
+        record = read_json(sg.site / PROVENANCE)
+    except C128Error as exc:
+        report.add("error", "build", exc.message)
+        return None
+    try:
+        version = Version(sg.version)
+    except InvalidVersion:
+        report.add("error", "build", f"sglang's version {sg.version!r} is not a PEP 440 version")
+        return None
+    labelled = LOCAL_TAG in (version.local or "").split(".")
+    if record is None:
+        if labelled:
+            report.add("error", "build", f"sglang {sg.version} carries a c128patch version label but no {PROVENANCE}")
+        else:
+            report.add("warn", "build", f"plain sglang {sg.version}: not a c128patch build (no {PROVENANCE}); the "
+                                        "series' gates do nothing here")
+        return None
+    s, up = record.get("series", {}), record.get("upstream", {})
+    report.build = {"series": s, "upstream": up, "entries": record.get("entries", [])}
+    problems = _identity_problems(sg, version, s, up)
+    for problem in problems:
+        report.add("error", "build", problem)
+    if not problems:
+        origin = up.get("wheel") or str(up.get("commit", ""))[:12] or up.get("rev", "?")
+        report.add("ok", "build", f"c128patch build: series {s.get('name')} {s.get('version')} (digest "
+                                  f"{str(s.get('digest', ''))[:8]}) on sglang {up.get('version')} ({origin}); the "
+                                  "version label and the SBOM agree with the provenance")
+    if series is not None:
+        if s.get("digest") == series.digest():
+            report.add("ok", "series", f"the build carries this tool's series {series.name} {series.version}")
+        else:
+            report.add("warn", "series", f"the build carries series {s.get('name')} {s.get('version')} (digest "
+                                         f"{str(s.get('digest', ''))[:8]}), this tool {series.name} {series.version} "
+                                         f"({series.digest()[:8]}): the env reference below is this tool's")
+    for e in record.get("entries", []):
+        report.add("info", "entry", f"{e.get('name')} ({e.get('kind')}, {e.get('file') or e.get('source')}): "
+                                    f"gate {e.get('gate') or 'none'}")
+    return record
+
+
+def _identity_problems(sg: Dist, version: Version, s: dict, up: dict) -> list[str]:
+    problems = []
+    try:
+        want = patched_version(Version(str(up.get("version"))), str(s.get("version")), str(s.get("digest", "")))
+    except (C128Error, InvalidVersion):
+        return [f"{PROVENANCE} names no valid upstream version and series ({up.get('version')!r}, {s.get('version')!r})"]
+    if version != want:
+        problems.append(f"the installed version {version} is not {want}, the one its provenance gives")
+    sbom = read_json(sg.dist_info / "sboms" / SBOM_NAME) if sg.dist_info else None
+    if sbom is None:
+        problems.append(f"no SBOM ({sg.dist_info.name if sg.dist_info else '.dist-info'}/sboms/{SBOM_NAME})")
+        return problems
+    comp = sbom.get("metadata", {}).get("component", {})
+    if comp.get("version") != sg.version:
+        problems.append(f"the SBOM describes sglang {comp.get('version')}, not the installed {sg.version}")
+    ancestors = comp.get("pedigree", {}).get("ancestors", [])
+    if [a.get("purl") for a in ancestors] != [purl_pypi("sglang", str(up.get("version")))]:
+        problems.append(f"the SBOM's ancestor is not sglang {up.get('version')}, the provenance's upstream")
+    return problems
+
+
+def _record(report: Report, sg: Dist) -> None:
+    check = check_record(sg)
+    if check is None:
+        report.add("warn", "record", f"{sg.dist_info} has no RECORD: the installed files cannot be checked")
+    elif check.ok:
+        report.add("ok", "record", f"{check.files} installed files match RECORD")
+    else:
+        bad = [*(f"{p} (modified)" for p in check.modified), *(f"{p} (missing)" for p in check.missing)]
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        report.add("error", "record", f"{len(bad)} of {check.files} installed files differ from RECORD: "
+                                      f"{', '.join(bad[:3])}{more}; reinstall the wheel")
+
+
+def _env(report: Report, sg: Dist, series: Series | None, is_build: bool) -> list[EnvReading]:
+    if series is None or not series.gates:
+        report.add("warn", "env", "this tool carries no env reference ([[gates]]): the envs are not read")
+        return []
+    try:
+        module = load_environ(sg.site)
+    except C128Error as exc:
+        report.add("error", "env", f"cannot read sglang's environ.py: {exc.message}")
+        return []
+    readings = read_gates(module, series.gates)
+    for r in readings:
+        report.env.append({"name": r.gate.name, "set": r.raw, "declared": r.declared, "value": repr(r.value),
+                           "default": repr(r.default), "on": r.on})
+        _env_line(report, r, is_build)
+    return readings
+
+
+def _env_line(report: Report, r: EnvReading, is_build: bool) -> None:
+    name, g = r.gate.name, r.gate
+    if r.raw is None:
+        what = f"default {r.default}" if r.declared else "this sglang does not declare it"
+        report.add("info", "env", f"{name} unset ({what})")
+    elif not r.declared:
+        why = "" if is_build else " (not a c128patch build)"
+        report.add("error", "env", f"{name}={r.raw} is set, but this sglang does not declare it{why}: it does nothing here")
+    elif r.problem:
+        report.add("error", "env", f"{name}={r.raw}: {r.problem}")
+    elif r.on:
+        report.add("ok", "env", f"{name}={r.raw}: {g.enables}")
+    else:
+        report.add("info", "env", f"{name}={r.raw} (off: the default {r.default})")
+
+
+def _startup(report: Report, sg: Dist, launch_args: Sequence[str], readings: list[EnvReading], is_build: bool) -> None:
+    st: Startup = startup_refusals(sg.site, launch_args, os.environ)
+    report.startup = asdict(st)
+    on = {r.gate.name for r in readings if r.on}
+    # What the env reference says a set gate needs or must not go with: the build's own rules say it
+    # (below) when it has them; without them this is all doctor can tell.
+    level: Level = "info" if st.available else "error"
+    for r in readings:
+        if not r.on:
+            continue
+        for need in r.gate.requires:
+            if need not in on:
+                report.add(level, "env", f"{r.gate.name} needs {need}, which is not set: without it {r.gate.name} "
+                                         "does nothing")
+        for other in r.gate.conflicts:
+            if other in on:
+                report.add(level, "env", f"{r.gate.name} and {other} are both set: they do not go together")
+    args = f" for `{shlex.join(launch_args)}`" if launch_args else ""
+    if not st.available:
+        if is_build:
+            report.add("warn", "startup", f"this build carries no startup rules ({ONLINE_C128_DSPARK_RULES}): what "
+                                          f"startup would refuse{args} is not checked")
+        return
+    if st.error:
+        report.add("error", "startup", f"cannot check the launch arguments: {st.error}")
+    for line in st.refusals:
+        report.add("error", "startup", f"startup would refuse{args}: {line}")
+    if not st.error and not st.refusals:
+        hint = "" if launch_args else " (no launch arguments given: c128patch doctor -- <launch args>)"
+        report.add("ok", "startup", f"startup would refuse nothing{args}{hint}")
+
+
+def _toolchain(report: Report, interp: Interpreter, series_gate_on: bool) -> None:
+    level: Level = "error" if series_gate_on else "warn"
+    found = nvcc()
+    home = cuda_home()
+    if found:
+        report.add("ok", "jit", f"nvcc {found.get('nvcc_version')} at {found['nvcc']}"
+                                + (f" (CUDA_HOME={home})" if home else ""))
+    else:
+        report.add(level, "jit", f"nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin; CUDA_HOME="
+                                 f"{home or 'unset'}): sglang builds its JIT kernels, and the series', with it at startup")
+    problem = tvm_ffi_problem(interp) if interp.sglang else None
+    if problem:
+        report.add(level, "jit", problem)
+    elif interp.dists.get("apache-tvm-ffi"):
+        report.add("ok", "jit", f"apache-tvm-ffi {interp.dists['apache-tvm-ffi'].version}")
+    devices, why = gpus()
+    if not devices:
+        report.add("warn", "gpu", f"no NVIDIA GPU here ({why})")
+    for gpu in {(d.name, d.capability): d for d in devices}.values():
+        where = EVIDENCE_ARCHS.get(gpu.capability)
+        if where:
+            report.add("ok", "gpu", f"{gpu.name} ({gpu.sm}): the series' GPU evidence was recorded on {where} "
+                                    "(ci/gpu/results/)")
+        else:
+            report.add("warn", "gpu", f"{gpu.name} ({gpu.sm}): the series' GPU evidence was recorded on "
+                                      + ", ".join(f"{n} (sm_{c.replace('.', '')})" for c, n in EVIDENCE_ARCHS.items())
+                                      + " only")

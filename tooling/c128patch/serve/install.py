@@ -1,0 +1,162 @@
+"""Where sglang is installed for a Python, and whether its files are still what its RECORD says.
+
+The interpreter is asked in a subprocess (``PROBE``: stdlib only, imports nothing of sglang:
+``importlib.metadata`` for the distribution, ``importlib.util.find_spec`` for where ``import sglang``
+resolves, which runs no package code for a top-level name), so doctor inspects any venv without
+running in it. Everything else is read from the files the probe names.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import importlib.util
+import json
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from c128patch.errors import C128Error
+
+PROBE = r"""
+import importlib.util, json, platform, sys, sysconfig
+from importlib import metadata
+def dist(name):
+    try:
+        d = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return None
+    path = getattr(d, "_path", None)
+    return {"version": d.version, "dist_info": str(path) if path else None, "site": str(d.locate_file("")),
+            "requires": list(d.requires or [])}
+spec = importlib.util.find_spec("sglang")
+print(json.dumps({
+    "executable": sys.executable, "version": platform.python_version(),
+    "tag": "%s%d%d" % ({"cpython": "cp", "pypy": "pp"}.get(sys.implementation.name, "py"), *sys.version_info[:2]),
+    "platform": sysconfig.get_platform(),
+    "import_path": (list(spec.submodule_search_locations or [None])[0] if spec else None),
+    "dists": {n: dist(n) for n in ("sglang", "torch", "apache-tvm-ffi", "c128patch")},
+}))
+"""
+
+
+@dataclass
+class Dist:
+    version: str
+    dist_info: Path | None
+    site: Path
+    requires: list[str] = field(default_factory=list)
+
+    def read(self, name: str) -> str | None:
+        """A file of the ``.dist-info`` folder (None when missing)."""
+        path = self.dist_info / name if self.dist_info else None
+        return path.read_text(errors="replace") if path and path.is_file() else None
+
+
+@dataclass
+class Interpreter:
+    executable: str
+    version: str
+    tag: str
+    platform: str
+    import_path: Path | None  # where `import sglang` resolves (None: it does not)
+    dists: dict[str, Dist | None]
+
+    @property
+    def sglang(self) -> Dist | None:
+        return self.dists.get("sglang")
+
+
+def probe(python: str) -> Interpreter:
+    """Ask ``python`` what it has installed (one subprocess, stdlib only)."""
+    try:
+        proc = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise C128Error(f"cannot run {python}: {exc}") from exc
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        raise C128Error(f"cannot ask {python} what it has installed: {tail[0]}")
+    raw = json.loads(lines[-1])
+    dists = {name: Dist(d["version"], Path(d["dist_info"]) if d["dist_info"] else None, Path(d["site"]),
+                        d["requires"]) if d else None
+             for name, d in raw["dists"].items()}
+    return Interpreter(raw["executable"], raw["version"], raw["tag"], raw["platform"],
+                       Path(raw["import_path"]) if raw["import_path"] else None, dists)
+
+
+def installer(dist: Dist) -> str:
+    """'pip, from file:///…/x.whl' (INSTALLER and PEP 610 direct_url.json), as far as they say."""
+    who = (dist.read("INSTALLER") or "").strip() or "an unknown installer"
+    raw = dist.read("direct_url.json")
+    if not raw:
+        return f"{who}, from an index"
+    try:
+        url = json.loads(raw)
+    except json.JSONDecodeError:
+        return f"{who}, from an unreadable direct_url.json"
+    editable = " (editable)" if url.get("dir_info", {}).get("editable") else ""
+    return f"{who}, from {url.get('url', '?')}{editable}"
+
+
+@dataclass
+class RecordCheck:
+    files: int = 0  # files with a hash in RECORD that were checked
+    modified: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.modified and not self.missing
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+
+
+def check_record(dist: Dist) -> RecordCheck | None:
+    """Every installed file RECORD lists with a hash, hashed again (None: no RECORD)."""
+    text = dist.read("RECORD")
+    if text is None:
+        return None
+    result = RecordCheck()
+    for row in csv.reader(text.splitlines()):
+        if len(row) < 2 or not row[1].startswith("sha256="):
+            continue
+        result.files += 1
+        path = dist.site / row[0]
+        if not path.is_file():
+            result.missing.append(row[0])
+        elif _digest(path) != row[1].removeprefix("sha256="):
+            result.modified.append(row[0])
+    return result
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise C128Error(f"{path}: not valid JSON ({exc.msg})") from exc
+
+
+def load_by_path(path: Path, name: str) -> ModuleType:
+    """Run a stdlib-only module of the installed sglang from its file, outside the sglang package
+    (its own imports are all that runs). Any exception it raises is this module's failure."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise C128Error(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001  (foreign code: whatever it raises is reported, one line)
+        raise C128Error(f"{path} does not load here: {type(exc).__name__}: {exc}") from exc
+    return module
