@@ -12,7 +12,7 @@ from rich.console import Console
 
 from c128patch.capacity import model as cap
 from c128patch.capacity import pr as capacity_pr
-from c128patch.capacity.tables import render_pr, render_table
+from c128patch.capacity.tables import markdown_table, render_pr, render_table
 
 _R_KEYWORDS = {
     "auto": cap.DSV4_DEFAULT_MAX_RUNNING_REQUESTS,
@@ -107,6 +107,7 @@ def _layouts(presets: tuple[str, ...], compress_ratios: Optional[str], context_l
 @click.option("--kv-layout", type=click.Choice(["v4", "v41"]), default="v4", show_default=True)
 @click.option("--explain-pr", is_flag=True, help="Also show how PR #32035's numbers come out.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.option("--markdown", is_flag=True, help="Print the rows as a Markdown table (what docs/capacity.md carries).")
 def command(
     presets: tuple[str, ...],
     compress_ratios: Optional[str],
@@ -128,6 +129,7 @@ def command(
     kv_layout: str,
     explain_pr: bool,
     as_json: bool,
+    markdown: bool,
 ) -> None:
     """KV capacity (full tokens) with DeepSeek-V4 online C128 off and on."""
     r, r_mode = parse_max_running_requests(max_rr)
@@ -157,6 +159,10 @@ def command(
         if explained:
             out["pr_32035"] = explained
         click.echo(json.dumps(out, indent=2))
+        return
+
+    if markdown:
+        click.echo(markdown_table(results), nl=False)
         return
 
     # A pipe or a file gets the whole table rather than 80 wrapped columns.
