@@ -120,3 +120,16 @@ def test_another_series_on_an_applied_branch_prints_a_fix_that_works(tmp_path: P
     again = in_dir(tmp_path, "apply", "--sglang-rev", "v0.5.23", "--series", str(series))
     assert again.exit_code == 0, again.output
     assert Git(worktree=tmp_path / "sglang").current_branch() == "c128/v0.5.23"
+
+
+def test_reapplying_with_the_branch_not_checked_out_prints_a_checkout_that_works(tmp_path: Path):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        assert cli_text("apply", "--sglang-rev", "v0.5.23").exit_code == 0
+    subprocess.run(["git", "-C", str(tmp_path / "sglang"), "checkout", "--quiet", "--detach"], check=True)
+    res = in_dir(tmp_path, "apply", "--sglang-rev", "v0.5.23")
+    assert res.exit_code == 0, res.output
+    fix = res.stdout.strip().rsplit("; not checked out: ", 1)[1]
+    assert fix == "git -C sglang checkout c128/v0.5.23"
+    subprocess.run(fix, shell=True, cwd=tmp_path, check=True)
+    assert Git(worktree=tmp_path / "sglang").current_branch() == "c128/v0.5.23"

@@ -55,7 +55,7 @@ def command(rev: str, repo: str | None, branch: str | None, tree: Path | None, s
         on_top = f", {result.commits_on_top} commit(s) of yours on top" if result.commits_on_top else ""
         where = "" if result.checked_out else f"; not checked out: git -C {shlex.quote(result.tree)} checkout {result.branch}"
         out.print(f"{result.tree}: {result.branch} already holds {rev} + series {series.name} {series.version} "
-                  f"(HEAD {result.head[:12]}{on_top}): nothing to do{where}", markup=False)
+                  f"(at {result.head[:12]}{on_top}): nothing to do{where}", markup=False)
         return
     for row in result.entries:
         if row.get("status") == "skipped":
