@@ -95,8 +95,8 @@ def check_upstream_wheel(iw: InWheel) -> Version:
 
 
 def plan_for_release(series: Series, version: Version, reporter: Reporter = NullReporter()) -> tuple[list[Planned], str, str]:
-    """(planned entries, tag, source tree id) for release ``version``: variants chosen by ancestry in
-    the release history. The tree id (of ``python/`` as the history lays the release out) names
+    """(planned entries, tag, source tree id) for release ``version``: each entry's file chosen by
+    ``series.plan`` on the release history's commit, as for a tree. The tree id (of ``python/`` as the history lays the release out) names
     upstream by content alone: unlike the history's commit it does not depend on the cache."""
     rel = release_version(str(version))
     if rel is None:
