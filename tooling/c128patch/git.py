@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -23,10 +25,22 @@ def git_executable() -> str:
     return exe
 
 
+_LOCKED = re.compile(r"Unable to create '([^']+\.lock)': File exists")
+
+
+def stale_lock_message(path: str) -> str:
+    """What to say about a git lock file that is in the way (git itself only says "remove the file")."""
+    return (f"{path} exists: another git process is running in this repository, or one was killed; "
+            f"if none is running, remove it (rm -f {shlex.quote(path)}) and retry")
+
+
 class GitError(C128Error):
     def __init__(self, args: Sequence[str], returncode: int, stderr: str, stdout: str = "") -> None:
         first = (stderr or stdout).strip().splitlines()
         detail = first[-1] if first else f"exit {returncode}"
+        locked = _LOCKED.search(stderr or "")
+        if locked:
+            detail = stale_lock_message(locked.group(1))
         super().__init__(f"git {' '.join(args[:3])} failed: {detail}")
         self.args_ = list(args)
         self.returncode = returncode
@@ -111,7 +125,8 @@ class Git:
         return self.rev_parse("HEAD")
 
     def status_porcelain(self) -> list[str]:
-        text = self.out("status", "--porcelain=v1", "--untracked-files=normal")
+        """``XY path`` lines (not stripped: X may be a space)."""
+        text = self.run("status", "--porcelain=v1", "--untracked-files=normal").stdout
         return [line for line in text.splitlines() if line]
 
     def is_ancestor(self, a: str, b: str) -> bool:
