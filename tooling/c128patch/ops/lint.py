@@ -10,7 +10,7 @@ from c128patch.git import Git
 from c128patch.series.gates import ENVIRON_PATH, SeriesText, declaration_problems, declarations, gate_problems
 from c128patch.series.manifest import Series, sha256_file, symlink_on_path
 from c128patch.series.patchfile import read_patch
-from c128patch.series.plan import prefixes
+from c128patch.series.plan import prefixes, symlink_refusal
 
 OVERLAY_ROOTS = ("csrc", "overlay")
 TREE_ROOT = "python"
@@ -60,6 +60,9 @@ def lint_series(series: Series, upstream: Git | None = None) -> list[Finding]:
             except C128Error as exc:
                 found.append(Finding(e.name, exc.message))
                 continue
+            refusal = symlink_refusal(e, str(rel), info)
+            if refusal:
+                found.append(Finding(e.name, refusal.split(": ", 1)[1]))
             if not _gate_trailer_ok(e.gate, info.trailers.get("C128patch-Gate")):
                 want_gate = e.gate or "none (<why>)"
                 found.append(Finding(e.name, f"{rel}: header must say 'C128patch-Gate: {want_gate}'"))

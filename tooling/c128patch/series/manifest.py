@@ -48,6 +48,20 @@ def symlink_on_path(root: Path, path: Path) -> Path | None:
     return None
 
 
+def safe_destination(root: Path, rel: str, what: str) -> Path:
+    """``root/rel``, about to be written: refused when it or a folder on the way is a symlink in
+    ``root`` as it is now, or when it would resolve outside ``root``."""
+    dest = root / check_relpath(rel, what)
+    link = symlink_on_path(root, dest)
+    if link is not None:
+        raise C128Error(f"unsafe path in {what}: {rel} goes through the symlink {link.relative_to(root)} "
+                        f"(-> {os.readlink(link)}) in {root}; nothing was written")
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([real_root, os.path.realpath(dest)]) != real_root:
+        raise C128Error(f"unsafe path in {what}: {rel} resolves outside {root}; nothing was written")
+    return dest
+
+
 @dataclass(frozen=True)
 class Variant:
     """One patch file of an entry, made against upstream ``base``: the commit ``commit`` (immutable),
@@ -158,10 +172,15 @@ class Series:
         self.manifest_path.write_text(self.to_toml())
 
 
+def _toml_type(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array",
+            dict: "a table"}.get(type(value), f"a {type(value).__name__}")
+
+
 def _str(table: dict, key: str, where: str, required: bool = False) -> str:
     value = table.get(key, "")
     if not isinstance(value, (str, int)) or isinstance(value, bool):
-        raise C128Error(f"{where}: '{key}' must be a string")
+        raise C128Error(f"{where}: '{key}' must be a string, not {_toml_type(value)}")
     value = str(value)
     if required and not value:
         raise C128Error(f"{where}: '{key}' is required")
@@ -183,7 +202,10 @@ def _entry(raw: Any, index: int, path: Path) -> Entry:
     entry.sha256 = _str(raw, "sha256", where)
     if kind == "patch":
         entry.file = check_relpath(_str(raw, "file", where, required=True), where)
-        for j, v in enumerate(raw.get("variants", []) or []):
+        variants = raw.get("variants", [])
+        if not isinstance(variants, list):
+            raise C128Error(f"{where}: 'variants' must be an array of tables, not {_toml_type(variants)}")
+        for j, v in enumerate(variants):
             if not isinstance(v, dict):
                 raise C128Error(f"{where}: variant #{j + 1} must be a table")
             entry.variants.append(
@@ -212,13 +234,21 @@ def load_series(root: Path) -> Series:
     if not path.is_file():
         raise C128Error(f"no series manifest at {path}")
     try:
-        doc = tomllib.loads(path.read_text())
+        doc = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise C128Error(f"{path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                        "save it as UTF-8") from None
+    except OSError as exc:
+        raise C128Error(f"cannot read {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise C128Error(f"{path}: not valid TOML ({exc})") from exc
     head = doc.get("series")
     if not isinstance(head, dict):
         raise C128Error(f"{path}: missing [series] table")
-    entries = [_entry(raw, i, path) for i, raw in enumerate(doc.get("entries", []) or [])]
+    raw_entries = doc.get("entries", [])
+    if not isinstance(raw_entries, list):
+        raise C128Error(f"{path}: 'entries' must be an array of tables ([[entries]]), not {_toml_type(raw_entries)}")
+    entries = [_entry(raw, i, path) for i, raw in enumerate(raw_entries)]
     names = [e.name for e in entries]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -43,6 +43,21 @@ class PatchInfo:
         return out
 
     @property
+    def paths(self) -> list[str]:
+        """Every path the patch reads or writes (both sides of a rename)."""
+        out: dict[str, None] = {}
+        for pf in self.patchset:
+            for side in (pf.source_file, pf.target_file):
+                if side != "/dev/null":
+                    out[_strip(side)] = None
+        return list(out)
+
+    @property
+    def symlinks(self) -> list[str]:
+        """Paths the patch makes into symlinks (new or by a mode change)."""
+        return [_strip(pf.target_file) for pf in self.patchset if pf.target_mode == "120000"]
+
+    @property
     def needs(self) -> list[str]:
         """Paths that must exist before the patch (it does not create them)."""
         return [_strip(pf.path) for pf in self.patchset if not pf.is_added_file]

@@ -230,6 +230,15 @@ def merged_entries(series: Series, git: Git, target: str) -> list[Entry]:
     return out
 
 
+def symlink_refusal(entry: Entry, label: str, info: PatchInfo) -> str | None:
+    """Why a patch may not be carried because it makes a symlink (None: it makes none). A symlink
+    made by the series could point anywhere, and a later entry's write would go through it."""
+    if not info.symlinks:
+        return None
+    return (f"entry '{entry.name}': {label} creates the symlink {info.symlinks[0]}; a series may not create "
+            "symlinks (a later write through it could leave the tree)")
+
+
 def plan(series: Series, git: Git, target: str) -> list[Planned]:
     """Choose each entry's file for ``target`` and validate it; touches nothing but the object store.
     Entries merged upstream at ``target`` are left out (``merged_entries``)."""
@@ -246,6 +255,9 @@ def plan(series: Series, git: Git, target: str) -> list[Planned]:
             if entry.is_patch:
                 choice = select_variant(git, entry, target, tree, patches[entry.name], distances)
                 info = patches[entry.name][choice.variant]
+                refusal = symlink_refusal(entry, f"patches/{choice.variant.file}", info)
+                if refusal:
+                    raise C128Error(f"unsafe {refusal}")
                 item = Planned(entry, choice.variant, info.path, info, choice)
             else:
                 item = Planned(entry, None, verify_file(series, entry, None), None)
@@ -266,14 +278,14 @@ def prefixes(paths: list[str]) -> list[str]:
 def check_paths_at(git: Git, treeish: str, planned: list[Planned]) -> set[str]:
     """Refuse paths that go through a symlink in the upstream tree, and overlays that hit upstream
     files. Returns which of the touched paths (and their folders) exist at ``treeish``."""
-    paths = [p for item in planned for p in item.touched]
+    paths = [p for item in planned for p in (item.patch.paths if item.patch else item.touched)]
     listing = git.out("ls-tree", treeish, "--", *prefixes(paths)) if paths else ""
     kinds = {}
     for line in listing.splitlines():
         meta, name = line.split("\t", 1)
         kinds[name] = meta.split()[0]
     for item in planned:
-        for path in item.touched:
+        for path in item.patch.paths if item.patch else item.touched:
             for prefix in prefixes([path]):
                 if kinds.get(prefix) == "120000":
                     raise C128Error(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from c128patch import __version__
 from c128patch.errors import C128Error
-from c128patch.series.manifest import Series, sha256_file
+from c128patch.git import Git
+from c128patch.series.manifest import Series, check_relpath, sha256_file
 
 if TYPE_CHECKING:  # series.plan pulls unidiff; reading a provenance record must not need it
     from c128patch.series.plan import Planned
@@ -55,10 +57,49 @@ def dumps(record: dict) -> str:
 
 
 def read_provenance(tree: Path) -> dict:
+    """The record in ``tree``; one that is not a c128patch record is a one-line error saying how to restore it."""
     path = tree / PROVENANCE_PATH
     if not path.is_file():
         raise C128Error(f"no c128patch series is applied in {tree} (no {PROVENANCE_PATH})")
+    data = path.read_bytes()
+    problem = _problem(data)
+    if problem:
+        committed = Git(worktree=tree).blob("HEAD", PROVENANCE_PATH)
+        if committed is not None and committed != data and _problem(committed) is None:
+            fix = "restore it (" + shlex.join(["git", "-C", str(tree), "checkout", "HEAD", "--", PROVENANCE_PATH]) + ")"
+        else:
+            fix = "HEAD holds the same; apply the series again (c128patch apply) on a new branch"
+        raise C128Error(f"{path}: {problem}; {fix}")
+    return json.loads(data)
+
+
+def _problem(data: bytes) -> str | None:
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise C128Error(f"{path}: provenance file is not valid JSON ({exc.msg})") from exc
+        record = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        return f"provenance file is not valid JSON ({getattr(exc, 'msg', None) or 'not UTF-8'})"
+    problem = record_problem(record)
+    return f"not a c128patch provenance record ({problem})" if problem else None
+
+
+def record_problem(record: Any) -> str | None:
+    """What makes ``record`` unusable as a provenance record (None: nothing)."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    for key in ("series", "upstream", "tool"):
+        if not isinstance(record.get(key, {}), dict):
+            return f"'{key}' is not an object"
+    entries = record.get("entries", [])
+    if not isinstance(entries, list):
+        return "'entries' is not a list"
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or not isinstance(e.get("name"), str) or not isinstance(e.get("kind"), str):
+            return f"entry #{i + 1} has no name and kind"
+        if not isinstance(e.get("files", []), list) or not all(isinstance(f, str) for f in e.get("files", [])):
+            return f"entry '{e['name']}': 'files' is not a list of paths"
+        if e["kind"] == "overlay":
+            try:
+                check_relpath(e.get("target") if isinstance(e.get("target"), str) else "", "provenance")
+            except C128Error:
+                return f"overlay entry '{e['name']}' has no target inside the tree"
+    return None

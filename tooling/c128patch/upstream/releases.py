@@ -34,7 +34,7 @@ from packaging.version import InvalidVersion, Version
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.progress import NullReporter, Reporter
-from c128patch.upstream.cache import cache_dir, locked
+from c128patch.upstream.cache import cache_dir, ensure_folder, locked
 
 DEFAULT_RELEASES: tuple[str, ...] = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 PACKAGE = "sglang"
@@ -43,7 +43,8 @@ BINARY_SUFFIXES = (".so", ".pyd", ".dylib", ".dll")
 # The wheel each release's history commit is made from (every release 0.5.x ships it).
 HISTORY_TAGS = ("cp311", "manylinux_2_34_x86_64")
 _PIN_ARGS = ("--python-version", "3.11", "--implementation", "cp", "--platform", HISTORY_TAGS[1])
-_RELEASE_TAG = re.compile(r"^v?(\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?)$")
+_N = r"\d{1,6}"  # a release number; longer runs of digits are no release (and overflow int())
+_RELEASE_TAG = re.compile(rf"^v?({_N}\.{_N}\.{_N}(?:\.post{_N}|rc{_N})?)$")
 RELEASE_AUTHOR = "sglang release wheel <release@sglang.invalid>"
 HISTORY_LAYOUT = "2"  # 2: parent = nearest older DEFAULT_RELEASES entry (1: the previous release in the cache)
 SUPERSEDED_PREFIX = "refs/c128patch/superseded"
@@ -102,8 +103,7 @@ def find_wheel(version: str) -> Path | None:
 
 def pip_download(version: str, extra: tuple[str, ...] = ()) -> tuple[bool, str]:
     """``pip download`` one sglang wheel into the cache; (ok, pip's last line)."""
-    dest = cache_dir() / "wheels"
-    dest.mkdir(parents=True, exist_ok=True)
+    dest = ensure_folder(cache_dir() / "wheels")
     base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest)]
     proc = subprocess.run([*base, *extra, f"{PACKAGE}=={version}"], capture_output=True, text=True)
     last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
@@ -281,7 +281,7 @@ class ReleaseHistory:
         for v in extra:
             try:
                 Version(v)
-            except InvalidVersion as exc:
+            except (InvalidVersion, ValueError) as exc:
                 raise C128Error(f"not a release version: {v!r}") from exc
         with locked(self.root.with_suffix(".lock")):
             have = set(self.versions())

@@ -21,6 +21,11 @@ def is_url(repo: str) -> bool:
     return bool(_URL.match(repo))
 
 
+def shown(rev: str) -> str:
+    """``rev`` for a message: an absurdly long one is cut."""
+    return rev if len(rev) <= 80 else f"{rev[:40]}... ({len(rev)} characters)"
+
+
 @dataclass
 class Upstream:
     """A repository that holds upstream revisions (objects only; never checked out here)."""
@@ -39,7 +44,7 @@ class Upstream:
             known = ""
             if self.kind == "release":
                 known = f" (the release source knows {', '.join('v' + v for v in ReleaseHistory().versions())})"
-            raise C128Error(f"unknown rev '{rev}' in {self.describe()}{known}")
+            raise C128Error(f"unknown rev '{shown(rev)}' in {self.describe()}{known}")
         return commit
 
     def describe(self) -> str:
@@ -54,7 +59,7 @@ def open_upstream(repo: str | None, revs: list[str], reporter: Reporter = NullRe
             version = release_version(rev)
             if version is None:
                 raise C128Error(
-                    f"unknown rev '{rev}': without --repo only release tags (e.g. v{DEFAULT_RELEASES[-1]}) "
+                    f"unknown rev '{shown(rev)}': without --repo only release tags (e.g. v{DEFAULT_RELEASES[-1]}) "
                     "can be used; pass --repo PATH|URL for other revisions"
                 )
             versions.append(version)
@@ -101,9 +106,11 @@ def discard_fresh_tree(tree: Path, existed: bool) -> None:
 
 
 def prepare_tree(
-    upstream: Upstream, tree: Path | None, commit: str, reporter: Reporter = NullReporter()
+    upstream: Upstream, tree: Path | None, commit: str, reporter: Reporter = NullReporter(),
+    template: Path | None = None,
 ) -> tuple[Path, bool]:
-    """The working tree that ``apply`` patches, and whether it is a fresh clone (nothing to lose)."""
+    """The working tree that ``apply`` patches, and whether it is a fresh clone (nothing to lose).
+    A fresh clone gets its git dir from ``template`` (``git clone --template``), when given."""
     if upstream.kind == "path" and upstream.git.worktree is not None:
         if tree is not None and tree.resolve() != upstream.git.worktree.resolve():
             raise C128Error("--tree cannot be used with a local clone as --repo: the clone is the tree")
@@ -112,7 +119,8 @@ def prepare_tree(
     source = str(upstream.git.git_dir)  # a bare repo: the release cache, a URL's mirror, or the user's
     if not tree.exists() or (tree.is_dir() and not any(tree.iterdir())):
         reporter.step(f"cloning upstream into {tree}")
-        Git().run("clone", "--quiet", "--no-checkout", source, str(tree))
+        extra = [f"--template={template}"] if template is not None else []
+        Git().run("clone", "--quiet", "--no-checkout", *extra, source, str(tree))
         return tree, True
     if not is_work_tree(tree):
         raise C128Error(f"not a git repository: {tree} (remove it, or pass --tree to a new folder)")
