@@ -27,3 +27,9 @@ class ConflictError(C128Error):
 class DifferenceError(ConflictError):
     """A command finished but its tree is not what the series says: an unattributed difference.
     The tree is kept as described; the hint says how to undo."""
+
+
+class Interrupted(C128Error):
+    """A Ctrl-C stopped an operation; the message says how to resume or undo it."""
+
+    exit_code = 130

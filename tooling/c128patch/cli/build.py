@@ -6,7 +6,15 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import (
+    check_output_dir,
+    emit_json,
+    get_series,
+    handles_errors,
+    json_option,
+    repo_option,
+    series_option,
+)
 from c128patch.progress import console, reporter
 from c128patch.upstream.source import open_upstream
 from c128patch.wheel.srcbuild import build_wheel
@@ -30,6 +38,7 @@ def command(rev: str, repo: str | None, tree: Path | None, out_dir: Path, base_v
 
     Applies the series first unless the tree already is REV + this series; the wheel gets the same
     version label, provenance and SBOM as `c128patch wheel`."""
+    check_output_dir(out_dir, "-o")
     series = get_series(series_dir)
     with reporter(not as_json, title="build") as rep:
         upstream = open_upstream(repo, [rev], rep)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -70,6 +71,19 @@ def locate_tree(tree: Path | None) -> Path:
 
 def get_series(series_dir: Path | None) -> Series:
     return load_series(series_dir or default_series_root())
+
+
+def check_output_dir(path: Path, option: str) -> Path:
+    """Refuse, before any work is done, an output folder that cannot be made or written: a file on
+    its way, or a folder without write permission."""
+    probe = path
+    while not os.path.lexists(probe) and probe.parent != probe:
+        probe = probe.parent
+    if os.path.lexists(probe) and not probe.is_dir():
+        raise C128Error(f"{option} {path}: {probe} is a file, not a folder; pass a folder that is (or can be) made")
+    if probe.is_dir() and not os.access(probe, os.W_OK | os.X_OK):
+        raise C128Error(f"{option} {path}: {probe} is not writable; pass a folder you can write")
+    return path
 
 
 def emit_json(data: Any) -> None:

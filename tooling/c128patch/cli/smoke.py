@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from c128patch.cli.common import emit_json, handles_errors, json_option, locate_tree
+from c128patch.cli.common import check_output_dir, emit_json, handles_errors, json_option, locate_tree
 from c128patch.errors import C128Error
 from c128patch.progress import console
 from c128patch.smoke import device as smoke_device
@@ -142,8 +142,9 @@ def run_kernel(opts: smoke_kernel.KernelOptions, command: str, stage_dir: Path |
                 return
             for label, info in staged.items():
                 say(f"{label}: {info['files']} files, {info['bytes'] / 1e6:.2f} MB -> {stage_dir / label}")
-            up = f" --upstream-tree {stage_dir / 'upstream'} --differential" if "upstream" in staged else ""
-            say(f"on the GPU machine: python -m c128patch smoke --tier kernel --tree {stage_dir / 'patched'}{up}")
+            up = ["--upstream-tree", str(stage_dir / "upstream"), "--differential"] if "upstream" in staged else []
+            say("on the GPU machine: " + shlex.join(["python", "-m", "c128patch", "smoke", "--tier", "kernel", "--tree",
+                                                     str(stage_dir / "patched"), *up]))
             return
         sanitizer_exe = device.get("compute_sanitizer")
         out = _out_dir(opts.out, "kernel")
@@ -224,8 +225,10 @@ def run_upstream(opts: smoke_kernel.KernelOptions, tests: Path | None, command: 
                 return
             for label, info in staged.items():
                 say(f"{label}: {info['files']} files, {info['bytes'] / 1e6:.2f} MB -> {stage_dir / label}")
-            say(f"on the GPU machine: python -m c128patch smoke --tier kernel --tree {stage_dir / 'patched'} "
-                f"--upstream-tree {stage_dir / 'upstream'} --upstream-suite {stage_dir / smoke_upstream.STAGED_TESTS}")
+            say("on the GPU machine: " + shlex.join(["python", "-m", "c128patch", "smoke", "--tier", "kernel", "--tree",
+                                                     str(stage_dir / "patched"), "--upstream-tree",
+                                                     str(stage_dir / "upstream"), "--upstream-suite",
+                                                     str(stage_dir / smoke_upstream.STAGED_TESTS)]))
             return
         out = _out_dir(opts.out, "upstream-suite")
         passes: dict[str, dict] = {}
@@ -407,6 +410,9 @@ def command(ctx: click.Context, tier: str, tree: Path | None, wheel: Path | None
             then the same with the online-C128 envs off.
     """
     command_line = "c128patch smoke " + shlex.join(ctx.meta.get("c128patch.args", []))
+    for option, folder in (("--out", out), ("--stage", stage_dir)):
+        if folder is not None:
+            check_output_dir(folder, option)
     if tier == "kernel":
         if model_path:
             raise C128Error("--model-path belongs to --tier server")

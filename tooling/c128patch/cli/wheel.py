@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, series_option
+from c128patch.cli.common import check_output_dir, emit_json, get_series, handles_errors, json_option, series_option
 from c128patch.errors import C128Error
 from c128patch.evidence.matrix import release_note
 from c128patch.progress import console, reporter
@@ -36,6 +36,7 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
     if from_wheel is not None and (python_tag or platform):
         raise C128Error("--python-tag/--platform choose the wheel of --from-release; --from-wheel names it already")
     target = WheelTarget(python_tag, platform)
+    check_output_dir(out_dir, "-o")
     series = get_series(series_dir)
     with reporter(not as_json, title="wheel") as rep:
         wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release), target)

@@ -1,11 +1,28 @@
-"""Is a working tree safe to change? Dirty files, half-done git operations, our own journals."""
+"""Is a working tree safe to change? Dirty files, half-done git operations, our own journals, and the
+per-repository lock that keeps two c128patch operations from racing on one repository.
+
+The lock is ``flock`` on ``<git common dir>/c128patch.lock``: the kernel drops it when its holder
+exits, however it exits, so a lock left by a killed process is taken over (the file still names
+the dead holder, which is how the takeover is noticed and reported). While held, the file says
+which operation and pid hold it; a second operation refuses at once and names them.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import shlex
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
 from c128patch.errors import C128Error
-from c128patch.git import Git
+from c128patch.git import Git, stale_lock_message
+from c128patch.progress import console
 
 _GIT_BUSY = {
     "rebase-merge": "a git rebase",
@@ -14,6 +31,7 @@ _GIT_BUSY = {
     "CHERRY_PICK_HEAD": "a git cherry-pick",
     "REVERT_HEAD": "a git revert",
 }
+LOCK_NAME = "c128patch.lock"
 
 
 def git_path(git: Git, name: str) -> Path:
@@ -31,16 +49,70 @@ def rebase_journal(git: Git) -> Path:
     return c128_state_dir(git) / "rebase.json"
 
 
+def apply_journal(git: Git) -> Path:
+    return c128_state_dir(git) / "apply.json"
+
+
+def apply_commands(tree: Path) -> tuple[str, str]:
+    """(resume, undo): the commands that finish or undo an apply stopped in ``tree``."""
+    where = str(Path(tree).resolve())
+    return (shlex.join(["c128patch", "apply", "--continue", "--tree", where]),
+            shlex.join(["c128patch", "apply", "--abort", "--tree", where]))
+
+
+def rebase_command(tree: Path, verb: str) -> str:
+    """``c128patch rebase --<verb>`` for ``tree`` (the journal names the series)."""
+    return shlex.join(["c128patch", "rebase", f"--{verb}", "--tree", str(Path(tree).resolve())])
+
+
 def ensure_idle(git: Git, action: str) -> None:
-    """Refuse to ``action`` while a c128patch rebase or a git operation is half done."""
-    if rebase_journal(git).is_file():
+    """Refuse to ``action`` while a c128patch apply/rebase or a git operation is half done."""
+    tree = git.worktree
+    if apply_journal(git).is_file():
+        resume, undo = apply_commands(tree or Path.cwd())
         raise C128Error(
-            f"cannot {action}: a c128patch rebase is in progress in {git.worktree}; "
-            "finish it (c128patch rebase --continue / --skip) or undo it (c128patch rebase --abort)"
+            f"cannot {action}: a c128patch apply was interrupted in {tree}; finish it ({resume}) or undo it ({undo})"
+        )
+    if rebase_journal(git).is_file():
+        where = tree or Path.cwd()
+        raise C128Error(
+            f"cannot {action}: a c128patch rebase is in progress in {tree}; finish it "
+            f"({rebase_command(where, 'continue')} / --skip) or undo it ({rebase_command(where, 'abort')})"
         )
     for name, what in _GIT_BUSY.items():
         if git_path(git, name).exists():
-            raise C128Error(f"cannot {action}: {what} is in progress in {git.worktree}; finish or abort it first")
+            raise C128Error(f"cannot {action}: {what} is in progress in {tree}; finish or abort it first")
+    index_lock = git_path(git, "index.lock")
+    if index_lock.exists():
+        raise C128Error(f"cannot {action}: {stale_lock_message(str(index_lock))}")
+
+
+def changed_paths(git: Git) -> list[str]:
+    """Every path ``git status`` lists (both sides of a rename), exactly as named (``-z``)."""
+    out = git.run("status", "--porcelain=v1", "-z", "--untracked-files=all").stdout.split("\0")
+    paths, i = [], 0
+    while i < len(out):
+        entry = out[i]
+        i += 1
+        if not entry:
+            continue
+        paths.append(entry[3:])
+        if entry[0] in "RC":  # a rename's source follows
+            paths.append(out[i])
+            i += 1
+    return paths
+
+
+def refuse_conflict_markers(git: Git, base: str, target: str | None, action: str,
+                            fix: str = "resolve it, `git add` the file, and retry") -> None:
+    """Refuse when the change from ``base`` to ``target`` (None: to the index) adds conflict markers in
+    the shape git writes them; names the file and line (git's own check, ``git diff --check``)."""
+    proc = git.run("diff", "--check", base, *([target] if target else ["--cached"]), check=False)
+    found = [line.rsplit(":", 1)[0] for line in proc.stdout.splitlines() if line.endswith(": leftover conflict marker")]
+    if found:
+        path, _, line = found[0].rpartition(":")
+        more = f" (and {len(found) - 1} more marker line(s))" if len(found) > 1 else ""
+        raise C128Error(f"cannot {action}: {path} still holds a conflict marker at line {line}{more}; {fix}")
 
 
 def ensure_clean(git: Git, action: str) -> None:
@@ -49,7 +121,138 @@ def ensure_clean(git: Git, action: str) -> None:
     if changes:
         sample = ", ".join(line[3:] for line in changes[:3])
         more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
+        stash = shlex.join(["git", "-C", str(git.worktree), "stash", "-u"])
         raise C128Error(
             f"cannot {action}: {git.worktree} has uncommitted changes ({sample}{more}); "
-            "commit or stash them (git stash -u) and retry; nothing was changed"
+            f"commit or stash them ({stash}) and retry; nothing was changed"
         )
+
+
+# ---------------------------------------------------------------------------- journals
+def read_journal(git: Git, path: Path, what: str) -> dict:
+    """The JSON object in a journal; an unreadable one is a one-line error that says how to forget it."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise corrupt_journal(git, path, what, str(getattr(exc, "msg", None) or exc)) from None
+    if not isinstance(data, dict):
+        raise corrupt_journal(git, path, what, f"a JSON {type(data).__name__}, not an object")
+    return data
+
+
+_TYPES: dict[str, type] = {"str": str, "int": int, "bool": bool, "dict": dict, "list": list, "None": type(None)}
+
+
+def checked_fields(cls: type, data: dict, git: Git, path: Path, what: str) -> dict[str, Any]:
+    """``data`` as keyword arguments of the journal dataclass ``cls``, every field of its declared type."""
+    out: dict[str, Any] = {}
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise corrupt_journal(git, path, what, f"unknown field {unknown[0]!r}")
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise corrupt_journal(git, path, what, f"no {f.name!r}")
+            continue
+        value = data[f.name]
+        allowed = tuple(_TYPES[part.strip().split("[")[0]] for part in str(f.type).split("|"))
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise corrupt_journal(git, path, what, f"{f.name!r} is a {type(value).__name__}")
+        out[f.name] = value
+    return out
+
+
+def corrupt_journal(git: Git, path: Path, what: str, reason: str) -> C128Error:
+    back = ""
+    proc = git.run("rev-parse", "--symbolic-full-name", "@{-1}", check=False)
+    previous = proc.stdout.strip() if proc.returncode == 0 else ""
+    if previous.startswith("refs/heads/"):
+        back = ("; the branch you started from is untouched: "
+                + shlex.join(["git", "-C", str(git.worktree), "checkout", previous.removeprefix("refs/heads/")]))
+    return C128Error(
+        f"cannot read the c128patch {what} journal {path} ({reason}); nothing was changed; to forget the {what} "
+        f"(HEAD, index and files stay as they are): {shlex.join(['rm', '-f', str(path)])}{back}"
+    )
+
+
+# ---------------------------------------------------------------------------- the lock
+@dataclass(frozen=True)
+class Holder:
+    action: str
+    pid: int
+    since: str = ""
+
+
+_HELD: dict[str, int] = {}  # lock path -> nesting depth in this process
+
+
+def lock_path(git: Git) -> Path:
+    common = Path(git.out("rev-parse", "--git-common-dir"))
+    return (common if common.is_absolute() else (git.worktree or Path.cwd()) / common) / LOCK_NAME
+
+
+def _holder(fd: int) -> Holder | None:
+    try:
+        data = json.loads(os.pread(fd, 4096, 0) or b"null")
+        return Holder(str(data["action"]), int(data["pid"]), str(data.get("since", "")))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+@contextlib.contextmanager
+def repo_lock(git: Git, action: str) -> Iterator[Holder | None]:
+    """Hold the repository's c128patch lock for ``action``; yields the dead holder it took over, if any."""
+    path = lock_path(git)
+    key = str(path)
+    if key in _HELD:  # already ours (an operation calling another)
+        _HELD[key] += 1
+        try:
+            yield None
+        finally:
+            _HELD[key] -= 1
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise C128Error(f"cannot {action}: cannot create the lock {path} ({exc.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(fd)
+        os.close(fd)
+        who = f"c128patch {holder.action}" if holder else "c128patch operation"
+        pid = f" (pid {holder.pid})" if holder else ""
+        raise C128Error(f"another {who} is running in {git.worktree}{pid}; wait for it to finish and retry; "
+                        "nothing was changed") from None
+    stale = _holder(fd)  # still written: its holder died without releasing
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({"action": action, "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode(), 0)
+    _HELD[key] = 1
+    try:
+        yield stale
+        if stale is not None:  # said once the operation went through (a refusal says what matters)
+            console().print(f"c128patch: note: took over the lock {path} of c128patch {stale.action} (pid "
+                            f"{stale.pid}, since {stale.since}), which is no longer running", markup=False)
+    finally:
+        del _HELD[key]
+        os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def running(git: Git) -> Holder | None:
+    """Which c128patch operation holds this repository's lock right now (None: none)."""
+    path = lock_path(git)
+    if not path.is_file() or str(path) in _HELD:
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(fd) or Holder("operation", 0)
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
