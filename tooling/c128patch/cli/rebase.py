@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import click
 from rich.table import Table
 
 from c128patch.cli.common import (
+    check_output_dir,
     emit_json,
     get_series,
     handles_errors,
@@ -18,9 +20,10 @@ from c128patch.cli.common import (
     series_option,
     tree_option,
 )
-from c128patch.errors import C128Error
+from c128patch.errors import C128Error, Interrupted
 from c128patch.git import Git
-from c128patch.ops.rebase import Rebase
+from c128patch.ops.rebase import Journal, Rebase
+from c128patch.ops.treestate import rebase_command, rebase_journal, repo_lock
 from c128patch.progress import console, reporter
 from c128patch.upstream.releases import release_version
 from c128patch.upstream.source import open_upstream
@@ -61,22 +64,29 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     chosen = [n for n, on in (("--onto", onto), ("--continue", cont), ("--skip", skip), ("--abort", abort)) if on]
     if len(chosen) != 1:
         raise C128Error("give exactly one of --onto REV, --continue, --skip, --abort")
-    series = get_series(series_dir)
     git = Git(worktree=locate_tree(tree))
+    if report_dir is not None:
+        check_output_dir(report_dir, "--report")
+    journal = rebase_journal(git)
+    if series_dir is None and not onto and journal.is_file():  # go on with the series the rebase started with
+        series_dir = Path(Journal.load(journal, git).series_root)
+    series = get_series(series_dir)
     rb = Rebase(git, series)
     report: dict = {}
     try:
-        if onto:
-            report = rb.start(onto, _onto_commit(git, onto, repo), drop_merged=drop_merged)
-        elif cont:
-            report = rb.resume()
-        elif skip:
-            report = rb.skip()
-        else:
-            report = rb.abort()
+        with repo_lock(git, "rebase"):
+            if onto:
+                report = rb.start(onto, _onto_commit(git, onto, repo), drop_merged=drop_merged)
+            elif cont:
+                report = rb.resume()
+            elif skip:
+                report = rb.skip()
+            else:
+                report = rb.abort()
     except KeyboardInterrupt:
-        raise C128Error("interrupted: the rebase journal is intact; resume with `c128patch rebase --continue` "
-                        "or undo with `c128patch rebase --abort`") from None
+        raise Interrupted(f"interrupted: the rebase journal is intact; resume with "
+                          f"`{rebase_command(git.worktree, 'continue')}` or undo with "
+                          f"`{rebase_command(git.worktree, 'abort')}`") from None
     finally:  # at a stop too: the reports are written at every stop
         if report_dir and not abort:
             _copy_reports(rb.path.parent, report_dir)
@@ -100,7 +110,8 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
         table.add_row(e["name"], e["status"], file, detail)
     out.print(table)
     out.print(report["equivalence"]["summary"], markup=False)
-    nxt = "c128patch refresh" + (" --primary" if report["direction"] == "forward" else "")
+    nxt = shlex.join(["c128patch", "refresh", *(["--primary"] if report["direction"] == "forward" else []),
+                      "--tree", str(git.worktree), "--series", str(series.root)])
     out.print(f"report: {rb.path.parent / 'rebase-report.md'}; next: {nxt}", markup=False)
 
 

@@ -18,7 +18,7 @@ from c128patch.cli.common import (
 )
 from c128patch.git import Git
 from c128patch.ops import refresh as core
-from c128patch.ops.treestate import ensure_idle
+from c128patch.ops.treestate import ensure_idle, repo_lock
 from c128patch.progress import console
 
 
@@ -39,12 +39,13 @@ def command(tree: Path | None, check_only: bool, primary: bool | None, version: 
     """Export the patched branch back into patches/ and the manifest."""
     series = get_series(series_dir)
     git = Git(worktree=locate_tree(tree))
-    ensure_idle(git, "refresh")
-    result = core.export(series, git, primary=primary, version=version)
-    changes = result.changes(series.root)
-    proof = result.equivalence
-    if not check_only:
-        changes = core.write(series, result, accept_differences=accept_differences)
+    with repo_lock(git, "refresh"):
+        ensure_idle(git, "refresh")
+        result = core.export(series, git, primary=primary, version=version)
+        changes = result.changes(series.root)
+        proof = result.equivalence
+        if not check_only:
+            changes = core.write(series, result, accept_differences=accept_differences)
     unproven = check_only and not proof.ok
     payload = {"ok": not (check_only and changes) and not unproven, "check": check_only, "changed": changes,
                "notes": result.notes, "equivalence": proof.to_json(), "tree": proof.summary(),

@@ -28,9 +28,8 @@ the command (exit 1): the branch is kept, the difference shown and the undo prin
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
+import shlex
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -42,9 +41,21 @@ from c128patch.git import BOT_EMAIL, BOT_NAME, Git
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops.conflicts import StopReport, analyze
 from c128patch.ops.equivalence import Edit, Equivalence, compare_commits, prove
+from c128patch.ops.faults import fault_point
 from c128patch.ops.merged import MergedCheck, Signal, UpstreamIds, commit_diffs, proposes_drop
 from c128patch.ops.replay import FAILED, replay_entry, replay_in_index, unmerged_paths
-from c128patch.ops.treestate import c128_state_dir, ensure_clean, ensure_idle, rebase_journal
+from c128patch.ops.treestate import (
+    c128_state_dir,
+    changed_paths,
+    checked_fields,
+    corrupt_journal,
+    ensure_clean,
+    ensure_idle,
+    read_journal,
+    rebase_command,
+    rebase_journal,
+    refuse_conflict_markers,
+)
 from c128patch.series import provenance
 from c128patch.series.ledger import Conflict, Ledger
 from c128patch.series.manifest import Series
@@ -110,10 +121,16 @@ class Journal:
         return f"{self.old_rev}..{self.onto_rev}"
 
     @classmethod
-    def load(cls, path: Path) -> "Journal":
-        data = json.loads(path.read_text())
-        data["steps"] = [Step(**s) for s in data["steps"]]
-        return cls(**data)
+    def load(cls, path: Path, git: Git) -> "Journal":
+        """The journal at ``path``; a damaged one is a one-line error that says how to forget it."""
+        data = checked_fields(cls, read_journal(git, path, "rebase"), git, path, "rebase")
+        if not all(isinstance(s, dict) for s in data["steps"]):
+            raise corrupt_journal(git, path, "rebase", "a step is not an object")
+        data["steps"] = [Step(**checked_fields(Step, s, git, path, "rebase")) for s in data["steps"]]
+        journal = cls(**data)
+        if not 0 <= journal.pos <= len(journal.steps):
+            raise corrupt_journal(git, path, "rebase", f"'pos' {journal.pos} is outside its {len(journal.steps)} steps")
+        return journal
 
     def save(self, path: Path) -> None:
         write_json_atomic(path, asdict(self))
@@ -157,6 +174,10 @@ class Rebase:
     def resume(self) -> dict:
         journal = self._journal()
         git = self.git
+        if journal.pos >= len(journal.steps):  # cut short while finishing: what is in the tree is its checkout
+            if git.status_porcelain():
+                git.run("reset", "--quiet", "--hard")
+            return self._run(journal)
         step = journal.steps[journal.pos]
         if journal.paused == "merged":  # the user keeps an entry that looked merged
             journal.paused = ""
@@ -170,6 +191,7 @@ class Rebase:
             if unstaged:
                 raise C128Error(f"cannot continue: unstaged changes in {', '.join(unstaged)}; `git add` the resolution "
                                 "(or stash what is not part of it)")
+            refuse_conflict_markers(git, "HEAD", None, "continue")  # before the ledger can record them
             tree = git.out("write-tree")
             phase, journal.paused, step.phase = step.phase, "", ""
             if phase == "series":
@@ -185,14 +207,34 @@ class Rebase:
             self._commit(journal, step, tree)
             return self._run(journal)
         if journal.paused == "conflict":  # the user committed the resolution: that commit is the entry's
+            refuse_conflict_markers(git, journal.head_before, "HEAD", "continue",
+                                    "fix it and amend the commit (git commit --amend)")
             journal.paused, step.phase = "", ""
             step.new_sha, step.detail = git.head() or "", "committed by hand"
             step.status = "replayed" if step.sha else "new"
             self._advance(journal, step.new_sha)
+        elif self._stop_cut_short(journal):  # its conflict state is ours: the stop is made again
+            git.run("reset", "--quiet", "--hard")
         elif git.status_porcelain():
+            stash = shlex.join(["git", "-C", str(git.worktree), "stash", "-u"])
             raise C128Error("cannot continue: the tree has changes but no entry is stopped; "
-                            "stash them (git stash -u) or undo with `c128patch rebase --abort`")
+                            f"stash them ({stash}) or undo with `{rebase_command(git.worktree, 'abort')}`")
         return self._run(journal)
+
+    def _stop_cut_short(self, journal: Journal) -> bool:
+        """Killed inside ``_stop``: HEAD detached where the stop checks out, changes only in the files
+        the stopped entry's replay writes, and the journal not yet paused."""
+        git = self.git
+        if journal.paused or git.current_branch() or (git.head() or "") != journal.head_before:
+            return False
+        if journal.head_before == journal.orig_head or not git.status_porcelain():
+            return False
+        step = journal.steps[journal.pos]
+        item = self._plan(journal).get(step.name)
+        ours = set(item.patch.paths if item and item.patch else item.touched if item else [])
+        if step.kind == "commit" or step.user_edit:
+            ours |= set(self.git.out("diff", "--name-only", "--no-renames", f"{step.sha}^", step.sha).splitlines())
+        return set(changed_paths(git)) <= ours
 
     def skip(self) -> dict:
         journal = self._journal()
@@ -211,6 +253,8 @@ class Rebase:
     def abort(self) -> dict:
         journal = self._journal()
         git = self.git
+        if journal.pos < len(journal.steps) and self._stop_cut_short(journal):
+            git.run("reset", "--quiet", "--hard")  # the cut-short stop's conflict state: the tool's own
         state = self._tree_state()
         mine = self._user_paths(journal, state)
         theirs = sorted(set(state) - set(mine))  # the tool's own changes: conflict markers, files it added
@@ -288,7 +332,7 @@ class Rebase:
     def _journal(self) -> Journal:
         if not self.path.is_file():
             raise C128Error("no c128patch rebase is in progress here")
-        return Journal.load(self.path)
+        return Journal.load(self.path, self.git)
 
     def _advance(self, journal: Journal, tip: str = "") -> None:
         journal.pos += 1
@@ -364,8 +408,10 @@ class Rebase:
             journal.save(self.path)
             self._write_reports(journal)
             raise ConflictError(f"entry '{step.name}' looks merged upstream ({why}); nothing was dropped",
-                                hint="  drop it: c128patch rebase --skip\n  keep it: c128patch rebase --continue\n"
-                                     "  undo:    c128patch rebase --abort", report=self.report(journal))
+                                hint=f"  drop it: {rebase_command(self.git.worktree, 'skip')}\n"
+                                     f"  keep it: {rebase_command(self.git.worktree, 'continue')}\n"
+                                     f"  undo:    {rebase_command(self.git.worktree, 'abort')}",
+                                report=self.report(journal))
         step.ledger = [r.ref for r in row.resolutions]
         if tree:
             step.applied, step.series_tree = row.status, tree
@@ -456,6 +502,7 @@ class Rebase:
         if phase == "user-edit":
             git.run("read-tree", "--reset", "-u", step.series_tree)  # the series' part, then the edit on it
         proc = git.run("apply", "--3way", input=diff, check=False) if diff else None
+        fault_point("at", "rebase-stop")
         conflicted = unmerged_paths(git)
         conflicts = Ledger.conflicts(git, conflicted)
         resolved = self.ledger.replay(git, step.name, conflicts, journal.span) if phase == "series" else []
@@ -485,9 +532,10 @@ class Rebase:
             + (f" in {', '.join(left)}" if left else f": {step.detail}")
             + (f" ({'your edit' if phase == 'user-edit' else 'your commit'})" if phase != "series" else ""),
             hint=((where + "\n") if where else "")
-            + f"  resolve: edit the files, `git -C {tree} add` them, then c128patch rebase --continue\n"
-              "  drop it: c128patch rebase --skip\n"
-              f"  undo:    c128patch rebase --abort (back to {journal.orig_branch or journal.orig_head[:12]})\n"
+            + f"  resolve: edit the files, `{shlex.join(['git', '-C', str(tree), 'add'])}` them, then "
+              f"{rebase_command(tree, 'continue')}\n"
+              f"  drop it: {rebase_command(tree, 'skip')}\n"
+              f"  undo:    {rebase_command(tree, 'abort')} (back to {journal.orig_branch or journal.orig_head[:12]})\n"
               f"  report:  {c128_state_dir(git) / 'rebase-report.md'}",
             report=self.report(journal))
 
@@ -548,8 +596,10 @@ class Rebase:
         new_head = self._provenance_commit(journal, provenance.dumps(record))
         git.run("checkout", "--quiet", "--detach", new_head)  # the work tree is clean here
         if journal.orig_branch:
-            git.run("update-ref", "-m", f"c128patch rebase onto {journal.onto_rev}", f"refs/heads/{journal.orig_branch}",
-                    new_head, journal.orig_head)
+            if git.rev_parse(f"refs/heads/{journal.orig_branch}") != new_head:  # (moved already before a kill)
+                git.run("update-ref", "-m", f"c128patch rebase onto {journal.onto_rev}",
+                        f"refs/heads/{journal.orig_branch}", new_head, journal.orig_head)
+            fault_point("after", "rebase-branch")
             git.run("checkout", "--quiet", journal.orig_branch)
         carried = {s.new_sha for s in kept if s.kind == "commit"} | {s.new_sha for s in kept if s.user_edit}
         left_out = [s.name for s in journal.steps if s.kind == "entry" and s.status in ("dropped-as-merged", "skipped",
@@ -566,7 +616,7 @@ class Rebase:
             raise DifferenceError(
                 f"rebase onto {journal.onto_rev} finished, but the tree is not proven: {proof.summary()}",
                 hint=f"{shown}\n  {where} is kept as it is (report: {c128_state_dir(git) / 'rebase-report.md'})\n"
-                     f"  undo: git -C {git.worktree} reset --hard {journal.recovery_ref}",
+                     f"  undo: {shlex.join(['git', '-C', str(git.worktree), 'reset', '--hard', journal.recovery_ref])}",
                 report=report)
         return report
 
@@ -687,10 +737,6 @@ def render_markdown(report: dict) -> str:
 
 
 def _fault_point(name: str) -> None:
-    """Test hook: C128PATCH_FAULT=kill-before:<entry> (SIGKILL) or sigint-before:<entry> (SIGINT)
-    interrupts this process right before that entry's pick."""
-    fault = os.environ.get("C128PATCH_FAULT", "")
-    if fault == f"kill-before:{name}":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if fault == f"sigint-before:{name}":
-        os.kill(os.getpid(), signal.SIGINT)
+    """Test hook (ops.faults): C128PATCH_FAULT=kill-before:<entry> / sigint-before:<entry> interrupts
+    this process right before that entry is replayed."""
+    fault_point("before", name)
