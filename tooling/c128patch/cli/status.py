@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from rich.console import Console
 
 from c128patch.cli.common import (
     emit_json,
@@ -45,13 +46,27 @@ def command(tree: Path | None, series_dir: Path | None, as_json: bool) -> None:
         emit_json(info)
         return
     out = console(stderr=False)
+    if info.get("running"):
+        r = info["running"]
+        out.print(f"{info['tree']}: a c128patch {r['action']} is running (pid {r['pid']}, since {r['since']})", markup=False)
+    elif info.get("apply"):
+        a = info["apply"]
+        out.print(f"{info['tree']}: {a['summary']}", markup=False)
+        out.print(f"  resume: {a['resume']}", markup=False)
+        out.print(f"  undo:   {a['undo']}", markup=False)
     if info.get("rebase"):
         r = info["rebase"]
         out.print(f"{info['tree']}: c128patch rebase {r['from']} -> {r['onto']} in progress, {r['done']}/{r['total']} "
-                  f"entries done" + (f", stopped at {r['current_entry']} ({r['paused']})" if r["paused"] else "")
-                  + f"; next: {r['next']}", markup=False)
-        if "series" not in info:
-            return
+                  f"entries done" + (f", stopped at {r['current_entry']} ({r['paused']})" if r["paused"] else ""),
+                  markup=False)
+        for label in ("resume", "skip", "undo"):
+            out.print(f"  {label + ':':7} {r[label]}", markup=False)
+    if "series" in info:
+        _applied(out, info)
+    _recovery(out, info)
+
+
+def _applied(out: Console, info: dict) -> None:
     s, u = info["series"], info["upstream"]
     out.print(f"{info['tree']} on {info['branch'] or 'detached HEAD'}", markup=False)
     out.print(f"  series {s.get('name')} {s.get('version')} ({len(info['entries'])} entries) on upstream "
@@ -70,3 +85,11 @@ def command(tree: Path | None, series_dir: Path | None, as_json: bool) -> None:
     for d in info["drift"]:
         files = ", ".join(f"{p} ({how})" for p, how in d["files"].items())
         out.print(f"  drift in {d['entry']}: {files}", markup=False)
+
+
+def _recovery(out: Console, info: dict) -> None:
+    refs = info.get("recovery_refs") or []
+    if refs:
+        out.print(f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):", markup=False)
+        for r in refs[:10]:
+            out.print(f"    {r['ref']} {r['commit'][:12]} {r['subject']}", markup=False)

@@ -1,15 +1,19 @@
 """``status``: which series is applied to a tree, on which upstream, what drifted since, and whether
 the tree equals a fresh apply of the series (``ops.equivalence``; every difference attributed to an
-edit on the branch, or listed as unattributed)."""
+edit on the branch, or listed as unattributed); an apply or rebase that is running or was
+interrupted (with the commands that resume or undo it); and the recovery refs that hold where HEAD
+was before each apply and rebase."""
 
 from __future__ import annotations
 
 import hashlib
-import json
+from dataclasses import asdict
 
 from c128patch.git import Git
+from c128patch.ops.apply import RECOVERY_PREFIX, ApplyJournal
 from c128patch.ops.equivalence import prove
-from c128patch.ops.treestate import rebase_journal
+from c128patch.ops.rebase import Journal
+from c128patch.ops.treestate import apply_commands, apply_journal, rebase_command, rebase_journal, running
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 
@@ -19,21 +23,65 @@ def rebase_status(git: Git) -> dict | None:
     path = rebase_journal(git)
     if not path.is_file():
         return None
-    j = json.loads(path.read_text())
-    steps = j["steps"]
-    current = steps[j["pos"]]["name"] if j["pos"] < len(steps) else None
-    return {"onto": j["onto_rev"], "from": j["old_rev"], "done": j["pos"], "total": len(steps),
-            "current_entry": current, "paused": j.get("paused", ""), "branch": j["orig_branch"],
-            "next": "c128patch rebase --continue | --skip | --abort"}
+    j = Journal.load(path, git)
+    steps = j.steps
+    current = steps[j.pos].name if j.pos < len(steps) else None
+    tree = git.worktree
+    assert tree is not None
+    return {"onto": j.onto_rev, "from": j.old_rev, "done": j.pos, "total": len(steps),
+            "current_entry": current, "paused": j.paused, "branch": j.orig_branch,
+            "resume": rebase_command(tree, "continue"), "skip": rebase_command(tree, "skip"),
+            "undo": rebase_command(tree, "abort")}
+
+
+def apply_status(git: Git) -> dict | None:
+    """Where a c128patch apply that stopped (or is running) stands (None when there is none)."""
+    path = apply_journal(git)
+    if not path.is_file():
+        return None
+    j = ApplyJournal.load(git, path)
+    tree = git.worktree
+    assert tree is not None
+    resume, undo = apply_commands(tree)
+    nxt = j.names[j.done] if j.done < j.total else None
+    how = "stopped at a conflict" if j.paused == "conflict" else "was interrupted"
+    where = {"clone": " (cloning)", "checkout": " (checking out)", "provenance": " (writing provenance)"}.get(j.phase, "")
+    return {"rev": j.rev, "branch": j.branch, "done": j.done, "total": j.total, "phase": j.phase, "paused": j.paused,
+            "next_entry": nxt, "fresh_clone": j.fresh_clone, "orig_branch": j.orig_branch, "orig_head": j.orig_head,
+            "recovery_ref": j.recovery_ref,
+            "summary": f"an apply {how} after entry {j.done} of {j.total}{where}"
+                       + (f"; next: {nxt}" if nxt and j.phase == "entries" else ""),
+            "resume": resume, "undo": undo}
+
+
+def recovery_refs(git: Git) -> list[dict]:
+    """Every recovery ref (HEAD before an apply or rebase), newest first."""
+    fmt = "%(refname)%00%(objectname)%00%(contents:subject)"
+    out = []
+    for line in git.out("for-each-ref", "--sort=-refname", f"--format={fmt}", RECOVERY_PREFIX).splitlines():
+        ref, sha, subject = line.split("\0")
+        out.append({"ref": ref, "commit": sha, "subject": subject})
+    return out
 
 
 def tree_status(git: Git, series: Series | None = None) -> dict:
     tree = git.worktree
     assert tree is not None
     rebase = rebase_status(git)
-    if rebase is not None and not (tree / PROVENANCE_PATH).is_file():
-        return {"tree": str(tree), "branch": git.current_branch(), "rebase_in_progress": True, "rebase": rebase,
-                "entries": [], "drift": []}
+    apply = apply_status(git)
+    holder = running(git)
+    common = {
+        "tree": str(tree),
+        "branch": git.current_branch(),
+        "running": asdict(holder) if holder else None,
+        "apply_in_progress": apply is not None,
+        "apply": apply,
+        "rebase_in_progress": rebase is not None,
+        "rebase": rebase,
+        "recovery_refs": recovery_refs(git),
+    }
+    if (rebase is not None or apply is not None or holder is not None) and not (tree / PROVENANCE_PATH).is_file():
+        return {**common, "entries": [], "drift": []}
     record = read_provenance(tree)
     prov_commit = git.out("log", "-1", "--format=%H", "--", PROVENANCE_PATH)
     entries = record.get("entries", [])
@@ -53,8 +101,7 @@ def tree_status(git: Git, series: Series | None = None) -> dict:
         if files:
             drift.append({"entry": e["name"], "files": files})
     out = {
-        "tree": str(tree),
-        "branch": git.current_branch(),
+        **common,
         "series": record.get("series", {}),
         "upstream": record.get("upstream", {}),
         "tool": record.get("tool", {}),
@@ -62,8 +109,6 @@ def tree_status(git: Git, series: Series | None = None) -> dict:
         "provenance_commit": prov_commit,
         "commits_since": git.count(f"{prov_commit}..HEAD") if prov_commit else 0,
         "drift": drift,
-        "rebase_in_progress": rebase is not None,
-        "rebase": rebase,
     }
     if series is not None:
         applied = record.get("series", {}).get("digest")
