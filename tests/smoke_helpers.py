@@ -86,7 +86,10 @@ def signal_when_ready(cmd: list[str], env: dict, ready, sig: int, code: int, pol
     import subprocess
     import time
 
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    from support import default_signals
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_signals)
     try:
         deadline = time.monotonic() + 30
         while not ready():

@@ -1,14 +1,21 @@
-"""Helpers for tests: real-upstream test series, tree snapshots, unpacked release sources."""
+"""Helpers for tests: the CLI runner, real-upstream test series, tree snapshots, unpacked release sources."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from click.testing import CliRunner
+
+from c128patch.cli import main
 from c128patch.evidence import staging
 from c128patch.git import Git
 from c128patch.series.manifest import Series, load_series
@@ -16,6 +23,66 @@ from c128patch.series.patchfile import read_patch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RELEASES = ("v0.5.20", "v0.5.21", "v0.5.22", "v0.5.23")
+
+
+# ---------------------------------------------------------------------------- the command line
+def refused(args: list[str | Path], tree: Path | None = None, contains: str = "", code: int = 2) -> str:
+    """The refusal contract: one line ``c128patch: error: ...`` (holding ``contains``), exit ``code``,
+    and ``tree`` (files, refs, HEAD) exactly as before. Returns that line."""
+    before = snapshot(tree) if tree else None
+    res = invoke(*args, as_json=False)
+    assert res.code == code, (res.code, res.err, res.text)
+    lines = res.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("c128patch: error: "), res.err
+    assert contains in lines[0], lines[0]
+    if tree:
+        assert snapshot(tree) == before
+    return lines[0]
+
+
+def default_signals() -> None:
+    """``preexec_fn`` for a child a test signals: SIGINT back to its default disposition, so a Ctrl-C
+    reaches it even when the test run was started in the background (``nohup ... &`` ignores SIGINT,
+    and children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def cli_process(args: list[str | Path], env: dict[str, str] | None = None, timeout: float = 300
+                ) -> subprocess.CompletedProcess:
+    """``python -m c128patch ARGS`` as a process of its own (its own process group, SIGINT at its
+    default), for tests that kill or interrupt it."""
+    return subprocess.run([sys.executable, "-m", "c128patch", *map(str, args)], env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout, preexec_fn=default_signals,
+                          start_new_session=True)
+
+
+_SHIM: list[Path] = []
+
+
+def run_printed(command: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Paste a command the tool printed into a shell (``bash -c``), with ``c128patch`` on PATH
+    (this checkout's), as a user would run it."""
+    if not _SHIM:
+        folder = Path(tempfile.mkdtemp(prefix="c128patch-shim-"))
+        (folder / "c128patch").write_text(f'#!/bin/sh\nexec {sys.executable} -m c128patch "$@"\n')
+        (folder / "c128patch").chmod(0o755)
+        _SHIM.append(folder)
+    env = {**os.environ, "PATH": f"{_SHIM[0]}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(["bash", "-c", command], cwd=cwd or _SHIM[0], env=env, capture_output=True, text=True)
+
+
+def printed_command(text: str, start: str) -> str:
+    """The shell command in ``text`` that begins with ``start``: up to the first ``)``, ``,``, ``;``,
+    backtick or line end outside single quotes (how the tool embeds commands in its messages)."""
+    i = text.index(start)
+    quoted, out = False, []
+    for ch in text[i:]:
+        if ch == "'":
+            quoted = not quoted
+        elif not quoted and ch in ")`,;\n":
+            break
+        out.append(ch)
+    return "".join(out).strip()
 
 
 def unpack_release(repo: Path, tag: str, dest: Path, paths: list[str]) -> Path:
@@ -29,6 +96,16 @@ def unpack_release(repo: Path, tag: str, dest: Path, paths: list[str]) -> Path:
     return dest
 
 
+def small_clone(repo: Path, dest: Path, folder: str = "python/sglang/kernels/jit/csrc/deepseek_v4") -> Git:
+    """A clone of ``repo`` at v0.5.23 on branch 'main', checked out sparsely (cone: ``folder`` and the
+    files of the folders above it, python/sglang's own files among them): cheap, and enough to apply a
+    series that writes there (``make_test_series``)."""
+    subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(repo), str(dest)], check=True)
+    subprocess.run(["git", "-C", str(dest), "sparse-checkout", "set", "--cone", folder], check=True)
+    subprocess.run(["git", "-C", str(dest), "checkout", "--quiet", "-b", "main", "v0.5.23"], check=True)
+    return Git(worktree=dest)
+
+
 def snapshot(tree: Path) -> dict:
     """Everything a refused command must leave untouched: refs, HEAD, index and worktree state."""
     git = Git(worktree=tree)
@@ -40,10 +117,12 @@ def snapshot(tree: Path) -> dict:
     }
 
 
-def make_test_series(dest: Path, upstream: Path, edits: dict[str, tuple[str, str]], overlay: bool = True) -> Path:
-    """A series with one real patch made against real upstream v0.5.23 (``edits``: path -> (old, new))
-    and, optionally, one overlay file. For mechanics tests; the product series lives in patches/.
-    Made with git plumbing in a shared bare clone: nothing is checked out."""
+def make_test_series(dest: Path, upstream: Path, edits: dict[str, tuple[str, str]], overlay: bool = True,
+                     links: dict[str, str] | None = None) -> Path:
+    """A series with one real patch made against real upstream v0.5.23 (``edits``: path -> (old, new);
+    ``links``: path -> target of a symlink the patch creates) and, optionally, one overlay file. For
+    mechanics tests; the product series lives in patches/. Made with git plumbing in a shared bare
+    clone: nothing is checked out."""
     work = dest / "work.git"
     subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(upstream), str(work)], check=True)
     git = Git(git_dir=work).with_env(GIT_INDEX_FILE=str(dest / "index"))
@@ -53,6 +132,9 @@ def make_test_series(dest: Path, upstream: Path, edits: dict[str, tuple[str, str
         assert old in text, f"{old!r} not in {path}"
         sha = git.out("hash-object", "-w", "--stdin", input=text.replace(old, new, 1))
         git.run("update-index", "--cacheinfo", f"100644,{sha},{path}")
+    for path, target in (links or {}).items():
+        sha = git.out("hash-object", "-w", "--stdin", input=target)
+        git.run("update-index", "--add", "--cacheinfo", f"120000,{sha},{path}")
     tree = git.out("write-tree")
     commit = git.out("commit-tree", tree, "-p", "v0.5.23", "-m",
                      "c128: test change\n\nWhy: mechanics test.\n\nC128patch-Gate: none (test)")
@@ -127,25 +209,25 @@ def patched_tree(series_root: Path, repo: Path, tag: str, dest: Path, paths: lis
 
 @dataclass
 class Run:
-    """One CLI run: its exit code, its --json payload ({} when it printed none), its stderr."""
+    """One CLI run: its exit code, stdout as JSON ({} when it is not JSON), stderr, and stdout as text."""
 
     code: int
     out: dict
     err: str
+    text: str = ""
 
 
-def invoke(*args: str) -> Run:
-    """``c128patch ARGS --json`` in process."""
-    from click.testing import CliRunner
-
-    from c128patch.cli import main
-
-    res = CliRunner().invoke(main, [*args, "--json"])
+def invoke(*args: str | Path, as_json: bool = True, env: dict[str, str | None] | None = None) -> Run:
+    """``c128patch ARGS`` (with ``--json`` unless ``as_json=False``), in process (click's runner); the
+    one CLI runner of the tests. An exception that escapes the CLI's error handling (a traceback a
+    user would see) is raised here, so the test fails on it."""
+    argv = [str(a) for a in args] + (["--json"] if as_json and "--json" not in args else [])
+    res = CliRunner().invoke(main, argv, env=env, catch_exceptions=False)
     try:
         out = json.loads(res.stdout)
     except ValueError:
         out = {}
-    return Run(res.exit_code, out, res.stderr)
+    return Run(res.exit_code, out if isinstance(out, dict) else {}, res.stderr, res.stdout)
 
 
 def copy_series(dest: Path) -> Path:

@@ -7,12 +7,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from c128patch.cli import main
 from c128patch.git import Git
 from c128patch.series.provenance import PROVENANCE_PATH
-from support import RELEASES, make_test_series, snapshot
+from support import RELEASES, invoke, make_test_series, snapshot
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 VERIFY = "python/sglang/srt/speculative/dspark_components/dspark_verify.py"
@@ -20,13 +18,8 @@ ONLY_IN_023 = "from sglang.kernels.ops.speculative.dspark.static_accept_tail imp
 
 
 def run(*args: str) -> tuple[int, dict | str, str]:
-    res = CliRunner().invoke(main, list(args))
-    out = res.stdout
-    try:
-        out = json.loads(out)
-    except ValueError:
-        pass
-    return res.exit_code, out, res.stderr
+    res = invoke(*args, as_json=False)
+    return res.code, res.out or res.text, res.err
 
 
 @pytest.fixture

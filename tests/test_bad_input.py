@@ -9,10 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from c128patch.cli import main
-from support import make_test_series, snapshot
+from support import make_test_series, refused
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",
@@ -22,18 +20,6 @@ EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",
 @pytest.fixture
 def series(tmp_path: Path, sglang_release_repo: Path) -> Path:
     return make_test_series(tmp_path / "series", sglang_release_repo, EDIT)
-
-
-def refused(args: list[str], tree: Path | None = None, contains: str = "") -> str:
-    before = snapshot(tree) if tree else None
-    res = CliRunner().invoke(main, args)
-    assert res.exit_code == 2, (res.exit_code, res.stderr, res.stdout)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("c128patch: error: "), res.stderr
-    assert contains in lines[0], lines[0]
-    if tree:
-        assert snapshot(tree) == before
-    return lines[0]
 
 
 def test_unknown_rev_is_named(sparse_clone: Path, series: Path):
@@ -170,15 +156,14 @@ def test_bad_manifest(tmp_path: Path, series: Path):
 
 
 @pytest.mark.parametrize("existed", [False, True], ids=["new-folder", "empty-folder"])
-def test_refused_apply_into_a_fresh_clone_leaves_nothing(tmp_path: Path, sglang_release_repo: Path, series: Path,
-                                                        existed: bool):
-    """A series check that fails after the clone removes the clone: no half-made tree is left."""
+def test_refused_apply_into_a_new_tree_clones_nothing(tmp_path: Path, sglang_release_repo: Path, series: Path,
+                                                      existed: bool):
+    """The series is checked against upstream before any clone is made: a refusal leaves no half-made tree."""
     patch = series / "patches" / "0001-test.patch"
     patch.write_text(patch.read_text().replace("c128patch test", "c128patch TEST"))
     tree = tmp_path / "fresh"
     if existed:
         tree.mkdir()
-    line = refused(["apply", "--sglang-rev", "v0.5.23", "--repo", str(sglang_release_repo), "--tree", str(tree),
-                    "--series", str(series)], contains="sha256 does not match")
-    assert f"the new clone {tree} was removed" in line
+    refused(["apply", "--sglang-rev", "v0.5.23", "--repo", str(sglang_release_repo), "--tree", str(tree),
+             "--series", str(series)], contains="sha256 does not match")
     assert tree.is_dir() == existed and (not existed or not any(tree.iterdir()))

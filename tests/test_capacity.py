@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from c128patch.capacity import model as cap  # noqa: E402
 from c128patch.capacity import pr as capacity_pr  # noqa: E402
 from c128patch.cli.capacity import command  # noqa: E402
+from support import invoke  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
@@ -265,13 +266,13 @@ def test_neighbouring_hypotheses_miss_the_pr_numbers() -> None:
 
 
 def _run(*args: str):
-    return CliRunner().invoke(command, list(args), catch_exceptions=False)
+    return invoke("capacity", *args, as_json=False)
 
 
 def test_cli_json_output() -> None:
     result = _run("--budget-gib", "40", "--json")
-    assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    assert result.code == 0, result.text
+    data = json.loads(result.text)
     assert data["budget_bytes"] == 40 * GIB
     assert data["dspark_default_max_running_requests"] == 48
     assert data["max_running_requests_mode"] == "auto"
@@ -288,7 +289,7 @@ def test_cli_json_output() -> None:
 def test_cli_dspark_keyword_and_derived_budget() -> None:
     result = _run("--preset", "pro", "--gpu-gib", "100", "--mem-fraction-static", "0.5",
                   "--non-kv-gib", "10", "--max-running-requests", "dspark", "--json")
-    data = json.loads(result.output)
+    data = json.loads(result.text)
     (p,) = data["results"]
     assert data["budget_bytes"] == 40 * GIB
     assert p["max_running_requests_per_worker"] == 48
@@ -297,7 +298,7 @@ def test_cli_dspark_keyword_and_derived_budget() -> None:
 
 
 def test_cli_explain_pr_json() -> None:
-    data = json.loads(_run("--preset", "pro", "--budget-gib", "39", "--explain-pr", "--json").output)
+    data = json.loads(_run("--preset", "pro", "--budget-gib", "39", "--explain-pr", "--json").text)
     pr = data["pr_32035"]
     assert pr["reported"] == {"off": 2_553_344, "on": 3_167_232, "delta": 613_888}
     assert pr["explanation"]["exact"] is True
@@ -305,11 +306,11 @@ def test_cli_explain_pr_json() -> None:
 
 def test_cli_table_and_errors() -> None:
     result = _run("--preset", "flash", "--budget-gib", "40", "--max-running-requests", "128")
-    assert result.exit_code == 0
+    assert result.code == 0
     expect = cap.compute(cap.CapacityInputs(budget_bytes=40 * GIB, layout=cap.FLASH, max_running_requests=128))
-    assert f"{expect.off.full_tokens:,}" in result.output
-    assert f"{expect.on.full_tokens:,}" in result.output
-    assert f"{expect.delta_tokens:+,}" in result.output
+    assert f"{expect.off.full_tokens:,}" in result.text
+    assert f"{expect.on.full_tokens:,}" in result.text
+    assert f"{expect.delta_tokens:+,}" in result.text
     assert CliRunner().invoke(command, ["--json"]).exit_code != 0  # no budget
     assert CliRunner().invoke(command, ["--budget-gib", "1", "--budget-bytes", "5"]).exit_code != 0
     assert CliRunner().invoke(command, ["--budget-gib", "40", "--max-running-requests", "lots"]).exit_code != 0

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import shlex
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from c128patch.series.manifest import load_series
 from support import (
     RELEASES,
     Run,
+    cli_process,
     copy_series,
     forget_resolutions,
     invoke,
@@ -619,13 +618,12 @@ def test_apply_skips_the_entry_where_its_merge_is_an_ancestor(refreshed, merged_
 @pytest.mark.parametrize("how", ["kill", "sigint"])
 def test_an_interrupted_rebase_resumes_to_the_proven_tree(sglang_release_repo, tmp_path, series_dir, fresh, how):
     git = apply_into(sglang_release_repo, tmp_path / "tree", series_dir, "v0.5.22")
-    env = {**os.environ, "C128PATCH_FAULT": f"{how}-before:c128-dspark-kernels-csrc"}
-    proc = subprocess.run([sys.executable, "-m", "c128patch", "rebase", "--onto", "v0.5.23", "--tree", str(git.worktree),
-                           "--series", str(series_dir)], env=env, capture_output=True, text=True)
+    proc = cli_process(["rebase", "--onto", "v0.5.23", "--tree", git.worktree, "--series", series_dir],
+                       {"C128PATCH_FAULT": f"{how}-before:c128-dspark-kernels-csrc"})  # SIGINT at its default
     if how == "kill":
         assert proc.returncode == -9
     else:
-        assert proc.returncode == 2 and "interrupted: the rebase journal is intact" in proc.stderr
+        assert proc.returncode == 130 and "interrupted: the rebase journal is intact" in proc.stderr
     journal = json.loads(rebase_journal(git).read_text())
     assert journal["pos"] == 3 and [s["status"] for s in journal["steps"]][3:] == ["pending"] * 7
     assert invoke("status", "--tree", str(git.worktree), "--series", str(series_dir)).out["rebase_in_progress"]

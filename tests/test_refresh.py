@@ -7,12 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from c128patch.cli import main
 from c128patch.git import Git
 from c128patch.series.manifest import load_series
-from support import make_test_series, upstream_commit
+from support import invoke, make_test_series, upstream_commit
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",
@@ -20,8 +18,8 @@ EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",
 
 
 def cli(*args: str) -> tuple[int, dict]:
-    res = CliRunner().invoke(main, [*args, "--json"])
-    return res.exit_code, json.loads(res.stdout)
+    res = invoke(*args)
+    return res.code, json.loads(res.text)
 
 
 @pytest.fixture
@@ -134,8 +132,8 @@ def test_rebase_then_refresh_writes_the_variant_an_older_base_needs(tmp_path: Pa
 
 def test_refresh_refuses_a_tree_without_provenance(upstream_clone: Path, tmp_path: Path, sglang_release_repo: Path):
     series = make_test_series(tmp_path / "series", sglang_release_repo, EDIT)
-    res = CliRunner().invoke(main, ["refresh", "--tree", str(upstream_clone), "--series", str(series)])
-    assert res.exit_code == 2 and "no c128patch series is applied" in res.stderr
+    res = invoke("refresh", "--tree", upstream_clone, "--series", series, as_json=False)
+    assert res.code == 2 and "no c128patch series is applied" in res.err
 
 
 def test_a_variant_made_on_a_branch_is_keyed_by_its_commit_not_the_branch_name(tmp_path: Path,

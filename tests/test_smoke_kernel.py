@@ -13,15 +13,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from c128patch.cli import main
 from c128patch.smoke import device as smoke_device
 from c128patch.smoke import passes as smoke_pass
 from c128patch.smoke import procs as smoke_procs
 from c128patch.smoke import sanitizer as smoke_sanitizer
 from c128patch.smoke import trees as smoke_trees
 from smoke_helpers import H200, make_suite, make_tree, one_line_error, provenance_record, signal_when_ready
+from support import invoke as run_cli
 
 TOOLING = Path(__file__).resolve().parents[1] / "tooling"
 
@@ -36,7 +35,7 @@ def invoke(args: list[str], device: dict | None = None, monkeypatch: pytest.Monk
     if device is not None:
         assert monkeypatch is not None
         monkeypatch.setattr(smoke_device, "probe_device", lambda python: dict(device))
-    return CliRunner().invoke(main, ["smoke", "--tier", "kernel", *args])
+    return run_cli("smoke", "--tier", "kernel", *args, as_json=False)
 
 
 # --------------------------------------------------------------------------- prerequisites
@@ -145,8 +144,8 @@ def test_report_from_a_real_run(tmp_path, monkeypatch):
     out = tmp_path / "out"
     res = invoke(["--tree", str(tree), "--suite", str(suite), "--out", str(out), "--scale", "0.5", "--json"],
                  H200, monkeypatch)
-    assert res.exit_code == 1, res.stderr  # a failing test fails the command
-    report = json.loads(res.stdout)
+    assert res.code == 1, res.err  # a failing test fails the command
+    report = json.loads(res.text)
     assert report == json.loads((out / "smoke-kernel.json").read_text())
     assert report["command"].startswith("c128patch smoke --tier kernel --tree ")
     assert report["device"]["gpu"] == "NVIDIA H200" and report["tree"] == str((tree / "python").resolve())
@@ -177,8 +176,8 @@ def test_a_suite_that_only_skips_is_not_ok(tmp_path, monkeypatch):
     suite = make_suite(tmp_path / "suite", {"test_s.py": "def test_a(patched_tree):\n    pass\n"})
     monkeypatch.setenv("FAKE_NO_GPU", "1")
     res = invoke(["--tree", str(make_tree(tmp_path / "tree")), "--suite", str(suite), "--json"], H200, monkeypatch)
-    assert res.exit_code == 1
-    report = json.loads(res.stdout)
+    assert res.code == 1
+    report = json.loads(res.text)
     assert report["tests"][0]["outcome"] == "skipped"
     assert report["tests"][0]["message"] == "GPU tier: torch sees no CUDA GPU"
     assert report["problems"] == ["patched: no test passed (1 skipped)"]
@@ -189,10 +188,10 @@ def test_all_passing_run_prints_a_table(tmp_path, monkeypatch):
     suite = make_suite(tmp_path / "suite", {"test_ok.py": "def test_one(patched_tree):\n    pass\n"})
     res = invoke(["--tree", str(make_tree(tmp_path / "tree", provenance_record())), "--suite", str(suite),
                   "--out", str(tmp_path / "out")], H200, monkeypatch)
-    assert res.exit_code == 0, res.stdout + res.stderr
-    assert "test_ok.py::test_one" in res.stdout and "passed" in res.stdout
-    assert "series c128 1 (2 entries) on upstream v0.5.23" in res.stdout
-    assert "OK  report:" in res.stdout
+    assert res.code == 0, res.text + res.err
+    assert "test_ok.py::test_one" in res.text and "passed" in res.text
+    assert "series c128 1 (2 entries) on upstream v0.5.23" in res.text
+    assert "OK  report:" in res.text
 
 
 def test_crash_names_the_test_that_took_the_process_down(tmp_path):
@@ -257,8 +256,8 @@ def test_differential_columns_and_verdicts(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative paths: the suite runs in its own folder
     res = invoke(["--tree", "patched", "--upstream-tree", "upstream", "--differential", "--suite", "suite",
                   "--json", "--out", "out"], H200, monkeypatch)
-    assert res.exit_code == 0, res.stdout + res.stderr
-    report = json.loads(res.stdout)
+    assert res.code == 0, res.text + res.err
+    report = json.loads(res.text)
     cols = {t["nodeid"].split("::")[1]: (t["outcome"], t["upstream"], t["verdict"]) for t in report["tests"]}
     assert cols == {
         "test_zero_row_plan": ("passed", "failed", "fixed"),
@@ -279,8 +278,8 @@ def test_differential_regression_fails(tmp_path, monkeypatch):
     '''})
     res = invoke(["--tree", str(make_tree(tmp_path / "p", marker="FIXED")), "--upstream-tree",
                   str(make_tree(tmp_path / "u")), "--differential", "--suite", str(suite), "--json"], H200, monkeypatch)
-    assert res.exit_code == 1
-    report = json.loads(res.stdout)
+    assert res.code == 1
+    report = json.loads(res.text)
     assert report["differential"]["summary"]["regressed"] == 1
     assert "differential: 1 test(s) pass upstream and fail patched" in report["problems"]
 
@@ -365,7 +364,7 @@ def test_sanitizer_pass_runs_the_suite_under_the_tool(tmp_path, monkeypatch, err
     res = invoke(["--tree", str(make_tree(tmp_path / "tree")), "--suite", str(suite), "--sanitizer", "memcheck",
                   "-k", "harness_env", "--json", "--out", str(tmp_path / "out")],
                  {**H200, "compute_sanitizer": str(fake)}, monkeypatch)
-    report = json.loads(res.stdout)
+    report = json.loads(res.text)
     san = report["sanitizer"]
     assert san["tool"] == "memcheck" and san["errors"] == errors
     run = san["runs"][0]
@@ -374,10 +373,10 @@ def test_sanitizer_pass_runs_the_suite_under_the_tool(tmp_path, monkeypatch, err
     assert env["scale"] == "0.05" and env["caching"] == "1"  # PYTORCH_NO_CUDA_MEMORY_CACHING=1 under the tool
     assert report["passes"]["patched"]["results"]["env"]["caching"] is None  # not in the plain pass
     if errors:
-        assert res.exit_code == 1 and "patched-memcheck: compute-sanitizer memcheck found 3 error(s)" in report["problems"]
+        assert res.code == 1 and "patched-memcheck: compute-sanitizer memcheck found 3 error(s)" in report["problems"]
         assert run["reports"] == ["Invalid __global__ read of size 16 bytes"]
     else:
-        assert res.exit_code == 0 and report["ok"], report["problems"]
+        assert res.code == 0 and report["ok"], report["problems"]
 
 
 def test_sanitizer_only_skips_the_plain_pass(tmp_path, monkeypatch):
@@ -389,8 +388,8 @@ def test_sanitizer_only_skips_the_plain_pass(tmp_path, monkeypatch):
     suite = make_suite(tmp_path / "suite", SUITE_BASIC)
     res = invoke(["--tree", str(make_tree(tmp_path / "tree")), "--suite", str(suite), "--sanitizer", "racecheck",
                   "--sanitizer-only", "-k", "harness_env", "--json"], {**H200, "compute_sanitizer": str(fake)}, monkeypatch)
-    assert res.exit_code == 0, res.stdout + res.stderr
-    report = json.loads(res.stdout)
+    assert res.code == 0, res.text + res.err
+    report = json.loads(res.text)
     assert list(report["passes"]) == ["patched-racecheck"] and report["passed"] == 1
     assert report["sanitizer"]["tool"] == "racecheck" and report["sanitizer"]["errors"] == 0
     one_line_error(invoke(["--tree", str(make_tree(tmp_path / "t2")), "--suite", str(suite), "--sanitizer-only"],
@@ -402,12 +401,12 @@ def test_sanitizer_only_skips_the_plain_pass(tmp_path, monkeypatch):
 
 def test_list_needs_no_gpu(tmp_path):
     suite = make_suite(tmp_path / "suite", SUITE_DIFF)
-    res = CliRunner().invoke(main, ["smoke", "--tier", "kernel", "--list", "--tree", str(make_tree(tmp_path / "t")),
-                                    "--suite", str(suite), "--out", str(tmp_path / "out")])
-    assert res.exit_code == 0, res.stderr
-    assert res.stdout.splitlines()[:3] == ["test_diff.py::test_zero_row_plan", "test_diff.py::test_shared_path",
+    res = run_cli("smoke", "--tier", "kernel", "--list", "--tree", make_tree(tmp_path / "t"), "--suite", suite,
+                  "--out", tmp_path / "out", as_json=False)
+    assert res.code == 0, res.err
+    assert res.text.splitlines()[:3] == ["test_diff.py::test_zero_row_plan", "test_diff.py::test_shared_path",
                                            "test_diff.py::test_needs_upstream"]
-    assert "3 test(s) in" in res.stdout
+    assert "3 test(s) in" in res.text
 
 
 def test_wheel_is_unpacked_and_removed(tmp_path, monkeypatch):
@@ -420,8 +419,8 @@ def test_wheel_is_unpacked_and_removed(tmp_path, monkeypatch):
         zf.writestr("sglang-0.5.23+c128.1.dist-info/WHEEL", "Wheel-Version: 1.0\n")
     suite = make_suite(tmp_path / "suite", SUITE_DIFF)
     res = invoke(["--wheel", str(wheel), "--suite", str(suite), "-k", "zero_row", "--json"], H200, monkeypatch)
-    assert res.exit_code == 0, res.stdout + res.stderr
-    report = json.loads(res.stdout)
+    assert res.code == 0, res.text + res.err
+    report = json.loads(res.text)
     assert report["wheel"] == str(wheel) and report["provenance"]["upstream"]["rev"] == "v0.5.23"
     assert report["tests"][0]["outcome"] == "passed"  # it read the wheel's sglang/ (FIXED is there)
     assert not Path(report["tree"]).exists()  # the temp unpack is gone
@@ -471,13 +470,12 @@ def test_stage_uses_the_suites_subset_and_carries_provenance(tmp_path):
     tree = make_tree(tmp_path / "tree", provenance_record()) / "python"
     (tree / "sglang/kernels/jit/keep.cuh").write_text("k")
     (tree / "sglang/kernels/jit/drop.cuh").write_text("d")
-    res = CliRunner().invoke(main, ["smoke", "--tier", "kernel", "--tree", str(tree), "--suite", str(suite),
-                                    "--stage", str(tmp_path / "stage"), "--json"])
-    assert res.exit_code == 0, res.stderr
+    res = run_cli("smoke", "--tier", "kernel", "--tree", tree, "--suite", suite, "--stage", tmp_path / "stage")
+    assert res.code == 0, res.err
     staged = tmp_path / "stage" / "patched"
     assert sorted(str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()) == [
         "sglang/__init__.py", "sglang/c128patch_provenance.json", "sglang/kernels/jit/keep.cuh"]
-    assert json.loads(res.stdout)["staged"]["patched"]["files"] == 3
+    assert json.loads(res.text)["staged"]["patched"]["files"] == 3
 
 
 def test_smoke_imports_no_extra_wheels(tmp_path):

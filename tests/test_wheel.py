@@ -16,18 +16,16 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from c128patch.cli import main
 from c128patch.series.manifest import load_series, sha256_file
 from c128patch.upstream.releases import wheel_for, wheel_timestamp
 from c128patch.wheel.patch import patch_wheel
 from c128patch.wheel.rules import refusal
 from c128patch.wheel.sbom import PatchEntry, diff_bytes, entry_properties, purl_pypi
 from c128patch.wheel.tools import InWheel, check_record
-from support import make_test_series
+from support import invoke, make_test_series
 
 ENVIRON = "python/sglang/srt/environ.py"
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
@@ -71,7 +69,7 @@ def members(wheel: Path) -> dict[str, bytes]:
 
 
 def run_cli(args: list[str]):
-    return CliRunner().invoke(main, args)
+    return invoke(*args, as_json=False)
 
 
 # -- what the patched wheel holds --------------------------------------------------------------
@@ -212,8 +210,8 @@ def test_sbom_patch_resolves_upstream_pr():
 
 def test_verify_ok(patched, wheel_series: Path):
     res = run_cli(["verify-wheel", patched.wheel, "--series", str(wheel_series), "--json"])
-    assert res.exit_code == 0, res.output
-    data = json.loads(res.stdout)
+    assert res.code == 0, res.err
+    data = json.loads(res.text)
     assert data["ok"] and data["version"] == patched.version
     assert [e["status"] for e in data["entries"]] == ["present", "present"]
     assert data["compiled"] == 2  # environ.py and the overlay
@@ -231,9 +229,9 @@ def retouched(src: Path, dest_dir: Path, edit, names: list[str]) -> Path:
 
 def verify_fails(wheel: Path, contains: str, *extra: str) -> str:
     res = run_cli(["verify-wheel", str(wheel), *extra])
-    assert res.exit_code == 1, (res.exit_code, res.output)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("c128patch: error: "), res.stderr
+    assert res.code == 1, (res.code, res.err)
+    lines = res.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("c128patch: error: "), res.err
     assert contains in lines[0], lines[0]
     return lines[0]
 
@@ -303,7 +301,7 @@ def test_real_series_variants_follow_the_wheel_version(real_series, tmp_path: Pa
         bases = [(Version(v.base.lstrip("v")), v.file) for v in entry.patch_files() if Version(v.base.lstrip("v")) <= Version("0.5.20")]
         assert used[entry.name] == max(bases)[1], entry.name
     res2 = run_cli(["verify-wheel", res.wheel, "--series", str(real_series.root)])
-    assert res2.exit_code == 0, res2.output
+    assert res2.code == 0, res2.err
 
 
 # -- bad input: one line, exit 2, the output folder untouched ------------------------------------
@@ -312,9 +310,9 @@ def test_real_series_variants_follow_the_wheel_version(real_series, tmp_path: Pa
 def refused(args: list[str], out: Path, contains: str) -> str:
     before = sorted(p.name for p in out.iterdir()) if out.exists() else None
     res = run_cli([*args, "-o", str(out)])
-    assert res.exit_code == 2, (res.exit_code, res.stderr, res.stdout)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("c128patch: error: "), res.stderr
+    assert res.code == 2, (res.code, res.err, res.text)
+    lines = res.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("c128patch: error: "), res.err
     assert contains in lines[0], lines[0]
     after = sorted(p.name for p in out.iterdir()) if out.exists() else None
     assert after == before, "the output folder changed"
