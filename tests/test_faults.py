@@ -1,0 +1,226 @@
+"""Fault injection: ``apply`` and ``rebase`` killed (SIGKILL) or interrupted (SIGINT, as Ctrl-C to the
+terminal's process group) at each phase, on the real release history. After every interruption the
+commands the tool prints (or ``status`` prints, after a SIGKILL) are pasted into a shell, and both
+ways out end in the right state: ``--continue`` gives exactly the commits an uninterrupted run gives;
+``--abort`` gives back the tree, refs and HEAD exactly as they were.
+
+The interruptions come from two places: ``C128PATCH_FAULT`` points in the tool (ops.faults: between
+steps, after a commit the journal does not list yet, with the provenance file written but not
+committed, right after a fresh clone) and git hooks that signal the whole process group from inside
+git itself (during ``git am``, during the rebase's ``git cherry-pick``, and after its commit but
+before git has cleaned its own sequencer state).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from c128patch.git import Git
+from c128patch.ops.treestate import apply_journal, rebase_journal
+from support import cli_process, invoke, make_test_series, printed_command, run_printed, small_clone, snapshot
+
+CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
+EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",
+              "    const uint32_t prefix_len = seq_len - extend_len;  // c128patch test\n")}
+SIGNALS = {"kill": ("KILL", -9), "sigint": ("INT", 130)}
+
+# where: (how the fault is made, its spec). A "hook:NAME" fault is a git hook signalling the group.
+APPLY_PHASES = {
+    "before-first-entry": "before:test-patch",
+    "during-git-am": "hook:pre-applypatch",
+    "after-entry-commit": "after:test-patch",
+    "between-entries": "before:test-overlay",
+    "after-overlay-commit": "after:test-overlay",
+    "provenance-written": "at:provenance",
+    "provenance-committed": "after:provenance",
+}
+FRESH_PHASES = {"after-clone": "at:clone", "first-entry-in-fresh-tree": "before:test-patch"}
+REBASE_PHASES = {
+    "between-picks": "before:test-overlay",
+    "inside-cherry-pick": "hook:prepare-commit-msg",
+    "after-pick-commit": "hook:post-commit",
+    "provenance-written": "at:rebase-provenance",
+    "branch-moved": "after:rebase-branch",
+}
+
+
+@pytest.fixture(scope="module")
+def series(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One series for the module, so that every run (and the reference runs) applies the same bytes."""
+    return make_test_series(tmp_path_factory.mktemp("faults") / "series", sglang_release_repo, EDIT)
+
+
+@pytest.fixture(scope="module")
+def reference(sglang_release_repo: Path, series: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """HEAD after uninterrupted runs: apply v0.5.22; apply into a fresh tree; that apply rebased onto v0.5.23."""
+    root = tmp_path_factory.mktemp("reference")
+    git = small_clone(sglang_release_repo, root / "local")
+    assert invoke("apply", "--sglang-rev", "v0.5.22", "--repo", git.worktree, "--series", series).exit_code == 0
+    fresh = root / "fresh"
+    assert invoke("apply", "--sglang-rev", "v0.5.22", "--repo", sglang_release_repo, "--tree", fresh,
+                  "--series", series).exit_code == 0
+    applied = git.head()
+    res = invoke("rebase", "--onto", "v0.5.23", "--tree", git.worktree, "--series", series)
+    assert res.exit_code == 0, res.stderr
+    return {"apply": applied, "fresh": Git(worktree=fresh).head(), "rebase": git.head()}
+
+
+def hook(tree: Path, name: str, sig: str) -> Path:
+    """A git hook that sends ``sig`` to its whole process group: git and the c128patch that runs it."""
+    path = tree / ".git" / "hooks" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\nkill -{sig} -$(ps -o pgid= $$ | tr -d ' ')\nsleep 5\n")
+    path.chmod(0o755)
+    return path
+
+
+def interrupt(args: list, tree: Path, fault: str, how: str) -> subprocess.CompletedProcess:
+    """Run the CLI with the fault; assert it died of it (SIGKILL) or stopped at it (SIGINT, exit 130)."""
+    sig, code = SIGNALS[how]
+    env = {}
+    made = None
+    if fault.startswith("hook:"):
+        made = hook(tree, fault.removeprefix("hook:"), sig)
+    else:
+        env["C128PATCH_FAULT"] = f"{how}-{fault}"
+    proc = cli_process(args, env)
+    if made:
+        made.unlink()
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    if how == "sigint":
+        assert "interrupted: the" in proc.stderr and "journal is intact" in proc.stderr, proc.stderr
+    return proc
+
+
+def way_out(proc: subprocess.CompletedProcess, tree: Path, verb: str, kind: str) -> str:
+    """The command that resumes (``continue``) or undoes (``abort``): from the tool's own message after a
+    Ctrl-C; from ``status`` after a SIGKILL (which prints nothing)."""
+    if proc.returncode == 130:
+        return printed_command(proc.stderr, f"c128patch {kind} --{verb}")
+    res = invoke("status", "--tree", tree)
+    assert res.exit_code == 0, res.stderr
+    if kind == "apply":
+        assert re.search(r"an apply (was interrupted|stopped at a conflict) after entry \d of 2", res.stdout), res.stdout
+    else:
+        assert re.search(r"c128patch rebase v0.5.22 -> v0.5.23 in progress, \d/2 entries done", res.stdout), res.stdout
+    label = "resume:" if verb == "continue" else "undo:"
+    return res.stdout.split(label, 1)[1].splitlines()[0].strip()
+
+
+def assert_nothing_in_progress(git: Git) -> None:
+    for name in ("rebase-apply", "CHERRY_PICK_HEAD", "sequencer", "index.lock"):
+        assert not (git.worktree / ".git" / name).exists(), name
+    assert not apply_journal(git).exists() and not rebase_journal(git).exists()
+    assert git.status_porcelain() == []
+
+
+# ---------------------------------------------------------------------------- apply
+@pytest.mark.parametrize("how", SIGNALS)
+@pytest.mark.parametrize("phase", APPLY_PHASES)
+def test_interrupted_apply_resumes_to_the_uninterrupted_result(sglang_release_repo, series, reference, tmp_path,
+                                                               phase, how):
+    git = small_clone(sglang_release_repo, tmp_path / "t")
+    proc = interrupt(["apply", "--sglang-rev", "v0.5.22", "--repo", git.worktree, "--series", series],
+                     git.worktree, APPLY_PHASES[phase], how)
+    done = run_printed(way_out(proc, git.worktree, "continue", "apply"))
+    assert done.returncode == 0, done.stderr
+    assert git.head() == reference["apply"] and git.current_branch() == "c128/v0.5.22"
+    assert git.rev_parse("main") == git.rev_parse("v0.5.23")
+    assert_nothing_in_progress(git)
+
+
+@pytest.mark.parametrize("how", SIGNALS)
+@pytest.mark.parametrize("phase", APPLY_PHASES)
+def test_interrupted_apply_aborts_to_the_tree_as_it_was(sglang_release_repo, series, tmp_path, phase, how):
+    git = small_clone(sglang_release_repo, tmp_path / "t")
+    before = snapshot(git.worktree)
+    proc = interrupt(["apply", "--sglang-rev", "v0.5.22", "--repo", git.worktree, "--series", series],
+                     git.worktree, APPLY_PHASES[phase], how)
+    done = run_printed(way_out(proc, git.worktree, "abort", "apply"))
+    assert done.returncode == 0, done.stderr
+    assert "apply aborted" in done.stdout and "is back on main" in done.stdout
+    assert snapshot(git.worktree) == before  # refs (no new branch, no recovery ref), HEAD, index, files
+    assert_nothing_in_progress(git)
+
+
+@pytest.mark.parametrize("how", SIGNALS)
+@pytest.mark.parametrize("phase", FRESH_PHASES)
+def test_interrupted_apply_into_a_fresh_tree_resumes(sglang_release_repo, series, reference, tmp_path, phase, how):
+    tree = tmp_path / "fresh"
+    proc = interrupt(["apply", "--sglang-rev", "v0.5.22", "--repo", sglang_release_repo, "--tree", tree,
+                      "--series", series], tree, FRESH_PHASES[phase], how)
+    done = run_printed(way_out(proc, tree, "continue", "apply"))
+    assert done.returncode == 0, done.stderr
+    git = Git(worktree=tree)
+    assert git.head() == reference["fresh"] and git.current_branch() == "c128/v0.5.22"
+    assert_nothing_in_progress(git)
+
+
+@pytest.mark.parametrize("how", SIGNALS)
+@pytest.mark.parametrize("phase, existed", [(p, False) for p in FRESH_PHASES] + [("after-clone", True)],
+                         ids=[*FRESH_PHASES, "after-clone-into-an-empty-folder"])
+def test_interrupted_apply_into_a_fresh_tree_aborts_to_no_clone(sglang_release_repo, series, tmp_path, phase, how,
+                                                                 existed):
+    tree = tmp_path / "fresh"
+    if existed:
+        tree.mkdir()
+    proc = interrupt(["apply", "--sglang-rev", "v0.5.22", "--repo", sglang_release_repo, "--tree", tree,
+                      "--series", series], tree, FRESH_PHASES[phase], how)
+    done = run_printed(way_out(proc, tree, "abort", "apply"))
+    assert done.returncode == 0, done.stderr
+    assert f"the clone {tree} it made was removed" in done.stdout
+    assert tree.is_dir() == existed and (not existed or not any(tree.iterdir()))
+
+
+# ---------------------------------------------------------------------------- rebase
+@pytest.fixture
+def applied(sglang_release_repo: Path, series: Path, tmp_path: Path) -> Git:
+    git = small_clone(sglang_release_repo, tmp_path / "t")
+    res = invoke("apply", "--sglang-rev", "v0.5.22", "--repo", git.worktree, "--series", series)
+    assert res.exit_code == 0, res.stderr
+    return git
+
+
+@pytest.mark.parametrize("how", SIGNALS)
+@pytest.mark.parametrize("phase", REBASE_PHASES)
+def test_interrupted_rebase_resumes_to_the_uninterrupted_result(applied, series, reference, phase, how):
+    git = applied
+    proc = interrupt(["rebase", "--onto", "v0.5.23", "--tree", git.worktree, "--series", series], git.worktree,
+                     REBASE_PHASES[phase], how)
+    done = run_printed(way_out(proc, git.worktree, "continue", "rebase") + " --json")
+    assert done.returncode == 0, done.stderr
+    assert git.head() == reference["rebase"] and git.current_branch() == "c128/v0.5.22"
+    assert "resolved by hand" not in done.stdout  # an interrupted pick is picked again, not "resolved"
+    assert_nothing_in_progress(git)
+
+
+@pytest.mark.parametrize("how", SIGNALS)
+@pytest.mark.parametrize("phase", [p for p in REBASE_PHASES if p != "branch-moved"])
+def test_interrupted_rebase_aborts_to_the_branch_as_it_was(applied, series, phase, how):
+    git = applied
+    before = snapshot(git.worktree)
+    proc = interrupt(["rebase", "--onto", "v0.5.23", "--tree", git.worktree, "--series", series], git.worktree,
+                     REBASE_PHASES[phase], how)
+    done = run_printed(way_out(proc, git.worktree, "abort", "rebase"))
+    assert done.returncode == 0, done.stderr
+    after = snapshot(git.worktree)
+    mine = lambda s: [r for r in s["refs"].splitlines() if "refs/c128patch/recovery" not in r]  # noqa: E731
+    assert mine(after) == mine(before) and after["head"] == before["head"] and after["status"] == before["status"]
+    assert_nothing_in_progress(git)
+
+
+def test_a_kill_after_the_branch_moved_only_finishes_the_report(applied, series, reference):
+    """Killed once the branch points at the rebased commits: --continue writes the report, changes nothing."""
+    git = applied
+    interrupt(["rebase", "--onto", "v0.5.23", "--tree", git.worktree, "--series", series], git.worktree,
+              REBASE_PHASES["branch-moved"], "kill")
+    assert git.rev_parse("c128/v0.5.22") == reference["rebase"]
+    res = invoke("rebase", "--continue", "--tree", git.worktree, "--json")
+    assert res.exit_code == 0, res.stderr
+    assert git.head() == reference["rebase"] and git.current_branch() == "c128/v0.5.22"
+    assert_nothing_in_progress(git)
+
