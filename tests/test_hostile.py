@@ -1,0 +1,480 @@
+"""Hostile input, on the real release history: a series that tries to write outside the tree, conflict
+markers staged as a "resolution", two runs at once, commands printed with shell characters in them,
+a detached HEAD with work on it, and damaged journals, records and manifests. Each refusal is one
+line (exit 2) that names the problem and its fix, with nothing changed; each printed fix is pasted
+into a shell and shown to work."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from c128patch.errors import C128Error
+from c128patch.git import Git
+from c128patch.ops.lint import update_hashes
+from c128patch.ops.treestate import apply_journal, rebase_journal
+from c128patch.series.manifest import load_series, safe_destination
+from c128patch.series.provenance import PROVENANCE_PATH
+from support import (
+    cli_process,
+    default_signals,
+    invoke,
+    json_of,
+    make_test_series,
+    printed_command,
+    refused,
+    run_printed,
+    small_clone,
+    snapshot,
+)
+
+CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
+LINE = "    const uint32_t prefix_len = seq_len - extend_len;\n"
+EDIT = {CUH: (LINE, LINE.rstrip("\n") + "  // c128patch test\n")}
+OVERLAY = "python/sglang/c128_test_overlay.py"
+VERIFY = "python/sglang/srt/speculative/dspark_components/dspark_verify.py"
+ONLY_IN_023 = "from sglang.kernels.ops.speculative.dspark.static_accept_tail import static_accept_tail\n"
+
+
+@pytest.fixture
+def series(tmp_path: Path, sglang_release_repo: Path) -> Path:
+    return make_test_series(tmp_path / "series", sglang_release_repo, EDIT)
+
+
+@pytest.fixture
+def tree(sglang_release_repo: Path, tmp_path: Path) -> Path:
+    return small_clone(sglang_release_repo, tmp_path / "t").worktree  # type: ignore[return-value]
+
+
+def retarget(series: Path, target: str) -> None:
+    manifest = series / "patches" / "series.toml"
+    manifest.write_text(manifest.read_text().replace(f'target = "{OVERLAY}"', f'target = "{target}"'))
+
+
+def apply_args(tree: Path, series: Path, *extra: str) -> list:
+    return ["apply", "--sglang-rev", "v0.5.22", "--repo", tree, "--series", series, *extra]
+
+
+# ---------------------------------------------------------------------------- 1. no write leaves the tree
+@pytest.mark.parametrize("points_to", ["absolute", "dotdot"])
+def test_a_patch_that_creates_a_symlink_is_refused_before_anything_is_written(sglang_release_repo, tree, tmp_path,
+                                                                              points_to):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = str(outside) if points_to == "absolute" else "../../../outside"  # python/sglang/evil -> tmp/outside
+    s = make_test_series(tmp_path / "s", sglang_release_repo, EDIT, links={"python/sglang/evil": target})
+    retarget(s, "python/sglang/evil/pwned.py")
+    update_hashes(load_series(s))
+    refused(apply_args(tree, s), tree, "patches/0001-test.patch creates the symlink python/sglang/evil; "
+                                       "a series may not create symlinks")
+    assert list(outside.iterdir()) == []
+
+
+def test_lint_reports_a_patch_that_creates_a_symlink(sglang_release_repo, tmp_path):
+    s = make_test_series(tmp_path / "s", sglang_release_repo, EDIT, links={"python/sglang/evil": "/tmp"})
+    res = invoke("lint", "--offline", "--series", s, "--json")
+    assert res.exit_code == 1
+    assert [f["message"] for f in json_of(res)["findings"]] == [
+        "patches/0001-test.patch creates the symlink python/sglang/evil; a series may not create symlinks "
+        "(a later write through it could leave the tree)"]
+
+
+@pytest.mark.parametrize("points_to", ["absolute", "dotdot"])
+def test_an_overlay_source_that_is_a_symlink_is_refused(tree, series, tmp_path, points_to):
+    secret = tmp_path / "secret.py"
+    secret.write_text("TOKEN = 'not for the tree'\n")
+    source = series / "overlay" / "sglang" / "c128_test_overlay.py"
+    source.unlink()
+    source.symlink_to(secret if points_to == "absolute" else "../../../secret.py")
+    refused(apply_args(tree, series), tree, "overlay/sglang/c128_test_overlay.py goes through the symlink")
+    res = invoke("lint", "--offline", "--series", series, "--json")
+    assert res.exit_code == 1 and any("is (or goes through) a symlink" in f["message"] for f in json_of(res)["findings"])
+
+
+def test_a_symlink_git_does_not_track_is_seen_before_any_write(tree, series, tmp_path):
+    """An ignored symlink in the work tree is in no upstream tree and survives the checkout: apply
+    looks at the work tree itself."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tree / "python/sglang/evil").symlink_to(outside)
+    with open(tree / ".git/info/exclude", "a") as fh:
+        fh.write("python/sglang/evil\n")
+    retarget(series, "python/sglang/evil/pwned.py")
+    refused(apply_args(tree, series), tree, "python/sglang/evil/pwned.py goes through the symlink python/sglang/evil")
+    assert list(outside.iterdir()) == []
+
+
+def test_the_destination_is_resolved_in_the_tree_as_it_is_when_written(tree, tmp_path):
+    """The last guard, at the write itself: a symlink that appeared after planning (a folder on the way
+    or the file itself) is refused, and so is a path that resolves outside."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tree / "python/sglang/late").symlink_to(outside)
+    (tree / "python/sglang/late_file.py").symlink_to(outside / "f.py")
+    for rel, why in (("python/sglang/late/x.py", "goes through the symlink python/sglang/late"),
+                     ("python/sglang/late_file.py", "goes through the symlink python/sglang/late_file.py")):
+        with pytest.raises(C128Error, match=why):
+            safe_destination(tree, rel, "overlay 'x'")
+    assert safe_destination(tree, "python/sglang/ok.py", "overlay 'x'") == tree / "python/sglang/ok.py"
+
+
+# ---------------------------------------------------------------------------- 2. no conflict markers committed
+@pytest.fixture
+def rebase_stopped(tree: Path, series: Path) -> Git:
+    """The test series applied on v0.5.23, rebased onto an upstream commit that changed the very line
+    the patch edits: stopped at the conflict in the .cuh file."""
+    git = Git(worktree=tree)
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", tree, "--series", series).exit_code == 0
+    idx = git.with_env(GIT_INDEX_FILE=str(tree / ".git" / "other.index"))
+    idx.run("read-tree", "v0.5.23")
+    text = git.blob("v0.5.23", CUH).decode().replace(LINE, LINE.rstrip("\n") + "  // upstream's change\n")
+    sha = git.out("hash-object", "-w", "--stdin", input=text)
+    idx.run("update-index", "--cacheinfo", f"100644,{sha},{CUH}")
+    onto = git.out("commit-tree", idx.out("write-tree"), "-p", "v0.5.23", "-m", "upstream edits the same line")
+    res = invoke("rebase", "--onto", onto, "--tree", tree, "--series", series)
+    assert res.exit_code == 1 and f"conflicts on {onto} in {CUH}" in res.stderr, res.stderr
+    return git
+
+
+def test_rebase_continue_refuses_staged_conflict_markers(rebase_stopped, series):
+    git = rebase_stopped
+    git.run("add", CUH)  # the markers are still in
+    line = (git.worktree / CUH).read_text().splitlines().index("<<<<<<<") + 1
+    journal = rebase_journal(git).read_text()
+    head = git.head()
+    refused(["rebase", "--continue", "--tree", git.worktree],
+            contains=f"cannot continue: {CUH} still holds a conflict marker at line {line} (and 2 more marker line(s))")
+    assert rebase_journal(git).read_text() == journal and git.head() == head
+    assert not (series / "patches" / "resolutions").exists()  # the ledger recorded nothing
+
+
+def test_rebase_continue_refuses_a_committed_resolution_with_markers(rebase_stopped, series):
+    git = rebase_stopped
+    git.run("add", CUH)
+    git.run("-c", "core.editor=true", "cherry-pick", "--continue")  # committed by hand, markers and all
+    refused(["rebase", "--continue", "--tree", git.worktree],
+            contains=f"{CUH} still holds a conflict marker at line")
+    assert not (series / "patches" / "resolutions").exists()
+
+
+def test_rebase_continue_records_a_real_resolution(rebase_stopped, series):
+    git = rebase_stopped
+    text = (git.worktree / CUH).read_text()
+    ours = LINE.rstrip("\n") + "  // upstream's change; c128patch test\n"
+    start, end = text.index("<<<<<<<"), text.index(">>>>>>>")
+    (git.worktree / CUH).write_text(text[:start] + ours + text[text.index("\n", end) + 1:])
+    git.run("add", CUH)
+    res = invoke("rebase", "--continue", "--tree", git.worktree, "--json")
+    assert res.exit_code == 0, res.stderr
+    assert json_of(res)["entries"][0]["status"] == "resolved"
+    (recorded,) = (series / "patches" / "resolutions" / "test-patch").glob("*.diff")
+    added = [l for l in recorded.read_text().splitlines() if l.startswith("+") and not l.startswith("+++")]
+    assert added == ["+" + ours.rstrip("\n")]
+
+
+@pytest.fixture
+def drifting_series(tmp_path: Path, sglang_release_repo: Path) -> Path:
+    """A real patch next to an import only 0.5.23 has: it does not apply to v0.5.20."""
+    return make_test_series(tmp_path / "drift", sglang_release_repo,
+                            {VERIFY: (ONLY_IN_023, ONLY_IN_023 + "# c128patch test\n")}, overlay=False)
+
+
+@pytest.fixture
+def apply_stopped(sglang_release_repo: Path, tmp_path: Path, drifting_series: Path) -> tuple[Git, str]:
+    """An apply of the drifting series onto v0.5.20, stopped at its conflict; returns (tree, stderr)."""
+    git = small_clone(sglang_release_repo, tmp_path / "t", str(Path(VERIFY).parent))
+    res = invoke("apply", "--sglang-rev", "v0.5.20", "--repo", git.worktree, "--series", drifting_series)
+    assert res.exit_code == 1, res.stderr
+    return git, res.stderr
+
+
+def _hand_resolution(git: Git, stderr: str, keep_markers: bool) -> None:
+    """Follow the printed `resolve:` line: git am -3 the patch, edit, git add, git am --continue."""
+    am = printed_command(stderr.split("resolve:", 1)[1], "git -C")
+    assert run_printed(am).returncode != 0  # git am stops at the conflict, as the hint says it will
+    text = (git.worktree / VERIFY).read_text()
+    if not keep_markers:
+        text = "".join(l for l in text.splitlines(keepends=True) if not l.startswith(("<<<<<<<", "=======", ">>>>>>>")))
+    (git.worktree / VERIFY).write_text(text)
+    git.run("add", VERIFY)
+    git.run("am", "--continue")
+
+
+def test_apply_continue_refuses_a_hand_resolution_with_conflict_markers(apply_stopped):
+    git, stderr = apply_stopped
+    _hand_resolution(git, stderr, keep_markers=True)
+    refused(["apply", "--continue", "--tree", git.worktree], git.worktree,
+            f"cannot continue: {VERIFY} still holds a conflict marker at line")
+
+
+def test_apply_continue_takes_a_hand_resolution_as_the_entry(apply_stopped):
+    git, stderr = apply_stopped
+    _hand_resolution(git, stderr, keep_markers=False)
+    done = run_printed(printed_command(stderr.split("resolve:", 1)[1], "c128patch apply --continue"))
+    assert done.returncode == 0, done.stderr
+    assert "applied test-patch (resolved by hand)" in done.stdout
+    assert "C128patch-Entry: test-patch" in git.out("log", "-1", "--format=%B", "HEAD~1")
+    record = json.loads((git.worktree / PROVENANCE_PATH).read_text())
+    assert [(e["name"], e["applied"]) for e in record["entries"]] == [("test-patch", "resolved")]
+    assert not apply_journal(git).exists() and git.status_porcelain() == []
+
+
+def test_a_conflict_stop_is_reported_by_status_and_undone_by_abort(sglang_release_repo, tmp_path, drifting_series):
+    git = small_clone(sglang_release_repo, tmp_path / "t", str(Path(VERIFY).parent))
+    before = snapshot(git.worktree)
+    assert invoke("apply", "--sglang-rev", "v0.5.20", "--repo", git.worktree, "--series", drifting_series).exit_code == 1
+    res = invoke("status", "--tree", git.worktree)
+    assert "an apply stopped at a conflict after entry 0 of 1; next: test-patch" in res.stdout
+    done = run_printed(res.stdout.split("undo:", 1)[1].splitlines()[0])
+    assert done.returncode == 0, done.stderr
+    assert snapshot(git.worktree) == before
+
+
+# ---------------------------------------------------------------------------- 3. one operation per repository
+def test_a_second_apply_refuses_while_one_runs(tree, series, tmp_path):
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    hook = tree / ".git" / "hooks" / "pre-applypatch"  # holds the first apply inside its git am
+    hook.parent.mkdir(exist_ok=True)
+    hook.write_text(f"#!/bin/sh\ntouch {ready}\nwhile [ ! -e {go} ]; do sleep 0.05; done\n")
+    hook.chmod(0o755)
+    first = subprocess.Popen([sys.executable, "-m", "c128patch", *map(str, apply_args(tree, series))],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert time.monotonic() < deadline and first.poll() is None, first.communicate()
+            time.sleep(0.05)
+        refused(apply_args(tree, series, "--branch", "other"),
+                contains=f"another c128patch apply is running in {tree} (pid {first.pid}); wait for it to finish")
+        status = invoke("status", "--tree", tree)
+        assert f"a c128patch apply is running (pid {first.pid}" in status.stdout
+        go.touch()
+        assert first.wait(timeout=120) == 0, first.communicate()
+    finally:
+        go.touch()
+        if first.poll() is None:
+            first.kill()
+    git = Git(worktree=tree)
+    assert git.rev_parse("refs/heads/other") is None and git.current_branch() == "c128/v0.5.22"
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over(tree, series):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tree / ".git" / "c128patch.lock").write_text(json.dumps({"action": "rebase", "pid": dead.pid, "since": "then"}))
+    res = invoke(*apply_args(tree, series))
+    assert res.exit_code == 0, res.stderr
+    assert f"took over the lock {tree}/.git/c128patch.lock of c128patch rebase (pid {dead.pid}, since then), " \
+           "which is no longer running" in res.stderr
+    assert (tree / ".git" / "c128patch.lock").read_text() == ""  # released
+
+
+def test_a_rerun_after_an_interrupted_apply_names_both_ways_out(tree, series):
+    assert cli_process(apply_args(tree, series), {"C128PATCH_FAULT": "kill-before:test-overlay"}).returncode == -9
+    line = refused(apply_args(tree, series), tree, "a c128patch apply was interrupted in")
+    assert f"c128patch apply --continue --tree {tree}" in line and f"c128patch apply --abort --tree {tree}" in line
+
+
+# ---------------------------------------------------------------------------- 5. printed commands are safe to paste
+def test_a_printed_branch_delete_is_safe_to_paste(tree, series, tmp_path):
+    branch = "x;touch${IFS}PWNED"  # a valid ref name
+    git = Git(worktree=tree)
+    git.run("branch", branch, "v0.5.20")
+    line = refused(apply_args(tree, series, "--branch", branch), tree, "already exists")
+    assert "branch -D 'x;touch${IFS}PWNED'" in line
+    done = run_printed(printed_command(line, "git -C"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "PWNED").exists() and git.rev_parse(f"refs/heads/{branch}") is None
+    assert invoke(*apply_args(tree, series, "--branch", branch)).exit_code == 0
+
+
+def test_an_existing_checked_out_branch_gets_a_fix_that_works(tree, series):
+    git = Git(worktree=tree)
+    git.run("checkout", "--quiet", "-b", "c128/v0.5.22")
+    line = refused(apply_args(tree, series), tree, "already exists")
+    assert "is checked out" in line
+    done = run_printed(printed_command(line, "git -C"))
+    assert done.returncode == 0, done.stderr
+    assert invoke(*apply_args(tree, series)).exit_code == 0
+
+
+def test_paths_with_shell_characters_are_quoted(sglang_release_repo, tmp_path, series):
+    git = small_clone(sglang_release_repo, tmp_path / "my tree $(touch PWNED)")
+    tree = git.worktree
+    (tree / "notes.txt").write_text("mine\n")
+    line = refused(apply_args(tree, series), tree, "uncommitted changes (notes.txt)")
+    done = run_printed(printed_command(line, "git -C"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "PWNED").exists() and "notes.txt" in git.out("stash", "show", "--include-untracked",
+                                                                           "--name-only")
+    assert invoke(*apply_args(tree, series)).exit_code == 0
+
+
+def test_a_dirty_tree_refusal_names_whole_paths(tree, series):
+    target = tree / CUH
+    target.write_text(target.read_text() + "// mine\n")
+    refused(apply_args(tree, series), tree, f"has uncommitted changes ({CUH})")
+
+
+# ---------------------------------------------------------------------------- 6. where the user's work went
+def test_apply_from_a_detached_head_with_a_local_commit_says_where_it_went(tree, series):
+    git = Git(worktree=tree)
+    git.run("checkout", "--quiet", "--detach")
+    (tree / CUH).write_text((tree / CUH).read_text() + "// my local work\n")
+    git.run("commit", "--quiet", "-am", "my local work")
+    mine = git.head()
+    res = invoke(*apply_args(tree, series))
+    assert res.exit_code == 0, res.stderr
+    note = res.stdout.split("note: ", 1)[1]
+    assert note.startswith(f"HEAD was detached at {mine[:12]} with 1 commit(s) that no branch holds; "
+                           "they are kept at refs/c128patch/recovery/")
+    done = run_printed(printed_command(note, "git -C"))
+    assert done.returncode == 0, done.stderr
+    assert git.rev_parse(f"c128patch-saved-{mine[:8]}") == mine
+    status = json_of(invoke("status", "--tree", tree, "--json"))
+    assert [r["commit"] for r in status["recovery_refs"]] == [mine]
+    assert "recovery refs (where HEAD was before an apply or rebase" in invoke("status", "--tree", tree).stdout
+
+
+# ---------------------------------------------------------------------------- 7. no tracebacks for bad input
+@pytest.fixture
+def rebase_journal_left(tree: Path, series: Path) -> Git:
+    """A rebase 0.5.22 -> 0.5.23 of the test series, killed between its two entries."""
+    git = Git(worktree=tree)
+    assert invoke(*apply_args(tree, series)).exit_code == 0
+    proc = cli_process(["rebase", "--onto", "v0.5.23", "--tree", tree, "--series", series],
+                       {"C128PATCH_FAULT": "kill-before:test-overlay"})
+    assert proc.returncode == -9
+    return git
+
+
+@pytest.mark.parametrize("damage", ["truncated", "wrong-type", "list"])
+def test_a_damaged_rebase_journal_is_one_line_with_the_way_out(rebase_journal_left, damage):
+    git = rebase_journal_left
+    path = rebase_journal(git)
+    text = path.read_text()
+    path.write_text({"truncated": text[: len(text) // 2], "wrong-type": text.replace('"pos": 1', '"pos": "one"'),
+                     "list": "[]"}[damage])
+    for args in (["status"], ["rebase", "--continue"], ["rebase", "--abort"]):
+        line = refused([*args, "--tree", git.worktree], git.worktree, f"cannot read the c128patch rebase journal {path}")
+    assert f"rm -f {path}" in line and "git -C" in line
+    assert run_printed(printed_command(line, "rm -f")).returncode == 0
+    done = run_printed(printed_command(line, "git -C"))  # back to the branch the rebase started from
+    assert done.returncode == 0, done.stderr
+    assert git.current_branch() == "c128/v0.5.22" and invoke("status", "--tree", git.worktree).exit_code == 0
+
+
+def test_a_truncated_apply_journal_is_one_line_with_the_way_out(tree, series):
+    git = Git(worktree=tree)
+    assert cli_process(apply_args(tree, series), {"C128PATCH_FAULT": "kill-before:test-overlay"}).returncode == -9
+    path = apply_journal(git)
+    path.write_text(path.read_text()[:100])
+    for args in (["status"], ["apply", "--continue"], ["apply", "--abort"]):
+        line = refused([*args, "--tree", tree], tree, f"cannot read the c128patch apply journal {path}")
+    assert run_printed(printed_command(line, "rm -f")).returncode == 0
+    assert run_printed(printed_command(line, "git -C")).returncode == 0
+    assert git.current_branch() == "main"
+
+
+@pytest.mark.parametrize("record, why", [("[]", "a JSON list, not an object"),
+                                         ('{"entries": 5}', "'entries' is not a list"),
+                                         ('{"entries": [{"name": "x", "kind": "overlay", "target": "../../etc"}]}',
+                                          "has no target inside the tree"),
+                                         ("{not json", "not valid JSON")],
+                         ids=["list", "entries-5", "target-outside", "not-json"])
+def test_a_damaged_provenance_record_is_one_line_with_the_way_back(tree, series, record, why):
+    assert invoke(*apply_args(tree, series)).exit_code == 0
+    (tree / PROVENANCE_PATH).write_text(record)
+    for args in (["status", "--tree", tree], ["refresh", "--tree", tree, "--series", series, "--check"]):
+        line = refused(args, tree, why)
+    done = run_printed(printed_command(line, "git -C"))  # restore it
+    assert done.returncode == 0, done.stderr
+    assert invoke("status", "--tree", tree).exit_code == 0
+
+
+def test_a_committed_damaged_provenance_record_is_one_line(tree, series):
+    """Nothing to restore it from: the message says so (re-apply), and rebase refuses before it starts."""
+    assert invoke(*apply_args(tree, series)).exit_code == 0
+    (tree / PROVENANCE_PATH).write_text("[]")
+    Git(worktree=tree).run("commit", "-qam", "damage")
+    line = refused(["rebase", "--onto", "v0.5.23", "--tree", tree, "--series", series], tree,
+                   "not a c128patch provenance record (a JSON list, not an object)")
+    assert "HEAD holds the same; apply the series again" in line
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda t: t.replace('version = "1"', 'version = "1"\n# caf\xe9'), None),
+    (lambda t: 'entries = 5\n[series]\nname = "test"\nversion = "1"\n',
+     "'entries' must be an array of tables ([[entries]]), not an integer"),
+    (lambda t: t.replace('name = "test-patch"', "name = true"), "'name' must be a string, not a boolean"),
+    (lambda t: t.replace('file = "0001-test.patch"', 'file = "0001-test.patch"\nvariants = 5'),
+     "'variants' must be an array of tables, not an integer"),
+], ids=["latin-1", "entries-5", "name-true", "variants-5"])
+def test_a_manifest_of_the_wrong_shape_is_one_line(series, edit, why):
+    manifest = series / "patches" / "series.toml"
+    text = edit(manifest.read_text())
+    if why is None:  # not UTF-8
+        manifest.write_bytes(text.encode("latin-1"))
+        why = "not UTF-8 (byte 0xe9 at offset"
+    else:
+        manifest.write_text(text)
+    refused(["check", "--sglang-rev", "v0.5.23", "--series", series], contains=why)
+    refused(["lint", "--offline", "--series", series], contains=why)
+
+
+def test_an_unwritable_cache_folder_says_how_to_move_it(series, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for env, folder in (({"C128PATCH_CACHE": str(afile / "cache")}, afile / "cache"),
+                        ({"C128PATCH_CACHE": None, "XDG_CACHE_HOME": None, "HOME": str(afile)},
+                         afile / ".cache" / "c128patch")):
+        res = invoke("check", "--sglang-rev", "v0.5.23", "--series", series, env=env)
+        assert res.exit_code == 2 and res.stderr.strip() == (
+            f"c128patch: error: cannot write the cache folder {folder} (Not a directory); set C128PATCH_CACHE to a "
+            "writable folder (export C128PATCH_CACHE=/path/to/cache)")
+
+
+@pytest.mark.parametrize("args", [
+    ["wheel", "--from-release", "0.5.23", "-o", "afile/sub"],
+    ["build", "--sglang-rev", "v0.5.23", "-o", "afile/sub"],
+    ["rebase", "--continue", "--report", "afile/sub", "--tree", "."],
+    ["smoke", "--tier", "kernel", "--out", "afile/sub"],
+], ids=["wheel", "build", "rebase", "smoke"])
+def test_an_output_folder_under_a_file_is_refused_before_any_work(tree, tmp_path, monkeypatch, args):
+    monkeypatch.chdir(tree)
+    (tree / "afile").write_text("a file\n")
+    started = time.monotonic()
+    refused(args, tree, "-o afile/sub: afile is a file, not a folder" if "-o" in args else "afile/sub: afile is a file")
+    assert time.monotonic() - started < 5  # refused up front: no wheel read, no clone, no build
+
+
+def test_an_absurd_rev_is_one_line(series, tree):
+    rev = "v0.5." + "9" * 5000
+    line = refused(["check", "--sglang-rev", rev, "--series", series], contains="unknown rev 'v0.5.999")
+    assert "(5005 characters)" in line and len(line) < 300
+    refused(["apply", "--sglang-rev", rev, "--repo", tree, "--series", series], tree, "unknown rev")
+
+
+def test_a_stale_index_lock_is_named_with_its_fix(tree, series):
+    lock = tree / ".git" / "index.lock"
+    lock.write_text("")
+    line = refused(apply_args(tree, series), tree, f"{lock} exists: another git process is running in this "
+                                                   "repository, or one was killed")
+    done = run_printed(printed_command(line, "rm -f"))
+    assert done.returncode == 0 and not lock.exists()
+    assert invoke(*apply_args(tree, series)).exit_code == 0
+
+
+def test_git_names_a_lock_file_it_cannot_take(tree):
+    """Where git itself hits a lock (here a ref's), the message names the file, not "remove the file manually"."""
+    lock = tree / ".git" / "refs" / "heads" / "main.lock"
+    lock.write_text("")
+    with pytest.raises(C128Error, match=f"{lock} exists: .* remove it \\(rm -f {lock}\\)"):
+        Git(worktree=tree).run("update-ref", "refs/heads/main", "v0.5.22")
+    assert os.path.exists(lock)
