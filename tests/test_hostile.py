@@ -236,6 +236,18 @@ def test_a_conflict_stop_is_reported_by_status_and_undone_by_abort(sglang_releas
     assert snapshot(git.worktree) == before
 
 
+def test_apply_abort_keeps_uncommitted_work_in_a_stash(apply_stopped):
+    git, _stderr = apply_stopped
+    (git.worktree / "notes.txt").write_text("my notes\n")
+    res = invoke("apply", "--abort", "--tree", git.worktree)
+    assert res.exit_code == 0, res.stderr
+    assert "is back on main; uncommitted changes are in stash" in res.stdout
+    listing = run_printed(printed_command(res.stdout, "git -C"))
+    assert listing.returncode == 0 and "c128patch apply --abort: work in progress" in listing.stdout
+    assert git.out("show", "refs/stash^3:notes.txt") == "my notes"  # the untracked file, kept
+    assert git.current_branch() == "main" and git.status_porcelain() == []
+
+
 # ---------------------------------------------------------------------------- 3. one operation per repository
 def test_a_second_apply_refuses_while_one_runs(tree, series, tmp_path):
     ready, go = tmp_path / "ready", tmp_path / "go"
@@ -314,6 +326,16 @@ def test_paths_with_shell_characters_are_quoted(sglang_release_repo, tmp_path, s
     assert not (tmp_path / "PWNED").exists() and "notes.txt" in git.out("stash", "show", "--include-untracked",
                                                                            "--name-only")
     assert invoke(*apply_args(tree, series)).exit_code == 0
+
+
+def test_the_next_step_a_rebase_prints_works(tree, series):
+    assert invoke(*apply_args(tree, series)).exit_code == 0
+    res = invoke("rebase", "--onto", "v0.5.23", "--tree", tree, "--series", series)
+    assert res.exit_code == 0, res.stderr
+    done = run_printed(printed_command(res.stdout, "c128patch refresh"))
+    assert done.returncode == 0, done.stderr
+    assert "series test 2 on v0.5.23" in done.stdout  # the series the rebase used, not the one this tool carries
+    assert (series / "patches" / "0001-test-patch.patch").is_file()
 
 
 def test_a_dirty_tree_refusal_names_whole_paths(tree, series):

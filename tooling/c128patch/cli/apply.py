@@ -112,7 +112,8 @@ def _finish(where: Path, cont: bool, series_dir: Path | None, as_json: bool) -> 
         where_to = aborted["branch"] or f"detached HEAD at {str(aborted['head'])[:12]}"
         say = f"apply aborted: {aborted['tree']} is back on {where_to}"
         if aborted["stash"]:
-            say += f"; uncommitted changes are in stash {aborted['stash'][:12]} (git stash list)"
+            listing = shlex.join(["git", "-C", aborted["tree"], "stash", "list"])
+            say += f"; uncommitted changes are in stash {aborted['stash'][:12]} ({listing})"
     console(stderr=False).print(say, markup=False)
 
 
