@@ -460,7 +460,8 @@ class Apply:
                 raise C128Error(f"cannot continue: {self.tree} has changes the interrupted step did not make "
                                 f"({', '.join(theirs[:3])}); stash them ({stash}) and retry")
             git.run("reset", "--quiet", "--hard", journal.head_before)
-            git.run("clean", "-fq", "--", *ours)
+            if ours:  # (no paths would mean every untracked file)
+                git.run("clean", "-fq", "--", *ours)
         journal.in_step = False
         journal.save(self.path)
 

@@ -156,7 +156,11 @@ def checked_fields(cls: type, data: dict, git: Git, path: Path, what: str) -> di
                 raise corrupt_journal(git, path, what, f"no {f.name!r}")
             continue
         value = data[f.name]
-        allowed = tuple(_TYPES[part.strip().split("[")[0]] for part in str(f.type).split("|"))
+        names = [part.strip().split("[")[0] for part in str(f.type).split("|")]
+        allowed = tuple(_TYPES[n] for n in names if n in _TYPES)
+        if len(allowed) != len(names):  # a type this check does not know (an alias): the dataclass's own business
+            out[f.name] = value
+            continue
         if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
             raise corrupt_journal(git, path, what, f"{f.name!r} is a {type(value).__name__}")
         out[f.name] = value
