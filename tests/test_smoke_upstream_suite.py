@@ -16,15 +16,13 @@ import unittest
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from c128patch.cli import main
 from c128patch.smoke import device as smoke_device
 from c128patch.smoke import upstream_select as sel
 from c128patch.smoke import upstream_standins
 from c128patch.smoke import upstream_suite as us
 from smoke_helpers import H200, one_line_error
-from support import RELEASES, REPO_ROOT
+from support import RELEASES, REPO_ROOT, invoke
 
 KERNELS = "test/registered/kernels/ops/attention"
 
@@ -105,7 +103,7 @@ def _quick_child_pytest(monkeypatch):
 def apply_checkout(dest: Path, tag: str) -> Path:
     """A real checkout of release ``tag`` with the series applied (as a user makes one), plus our
     test files under its test/ folder."""
-    res = CliRunner().invoke(main, ["apply", "--sglang-rev", tag, "--tree", str(dest)])
+    res = invoke("apply", "--sglang-rev", tag, "--tree", dest)
     assert res.exit_code == 0, res.output
     for name, text in TEST_FILES.items():
         path = dest / KERNELS / name
@@ -119,7 +117,7 @@ def apply_checkout(dest: Path, tag: str) -> Path:
 def smoke(args: list[str], monkeypatch: pytest.MonkeyPatch | None = None):
     if monkeypatch is not None:
         monkeypatch.setattr(smoke_device, "probe_device", lambda python: dict(H200))
-    return CliRunner().invoke(main, ["smoke", "--tier", "kernel", *args])
+    return invoke("smoke", "--tier", "kernel", *args)
 
 
 @pytest.fixture(scope="module")
@@ -404,7 +402,7 @@ def test_every_release_collects_upstreams_tests_on_both_trees(tag, tmp_path):
 
 def test_a_release_history_checkout_has_no_tests_to_default_to(checkout, tmp_path):
     plain = tmp_path / "plain"
-    res = CliRunner().invoke(main, ["apply", "--sglang-rev", "v0.5.23", "--tree", str(plain)])
+    res = invoke("apply", "--sglang-rev", "v0.5.23", "--tree", plain)
     assert res.exit_code == 0, res.output
     one_line_error(smoke(["--tree", str(plain), "--upstream-suite", "--list"]),
                    f"--upstream-suite: the tree's repository {plain.resolve()} has no test/ folder")
