@@ -53,7 +53,8 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
         upstream = open_upstream(repo, [rev], rep)
         commit = upstream.resolve(rev)
         # refuse a broken series before anything is cloned or checked out
-        check_paths_at(upstream.git, commit, plan(series, upstream.git, commit))
+        planned = plan(series, upstream.git, commit)
+        check_paths_at(upstream.git, commit, planned)
         info = {"rev": rev, "commit": commit, "source": upstream.kind}
         if upstream.kind == "url":
             info["url"] = upstream.location
@@ -66,7 +67,7 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
             shutil.rmtree(template, ignore_errors=True)
         try:
             result = Apply(Git(worktree=worktree), series, rep).start(rev, commit, branch=branch, fresh_clone=fresh,
-                                                                     upstream_info=info)
+                                                                     upstream_info=info, planned=planned)
         except KeyboardInterrupt:
             raise _interrupted(worktree.resolve()) from None
         except C128Error as exc:

@@ -200,7 +200,8 @@ class Apply:
 
     # ------------------------------------------------------------------ entry points
     def start(self, rev: str, commit: str, *, branch: str | None = None, fresh_clone: bool = False,
-              upstream_info: dict | None = None) -> ApplyResult:
+              upstream_info: dict | None = None, planned: list[Planned] | None = None) -> ApplyResult:
+        """``planned``: the series planned and checked for ``commit`` already (else done here)."""
         git, series = self.git, self.series
         assert series is not None
         branch = branch or f"c128/{rev}"
@@ -217,8 +218,9 @@ class Apply:
             if git.rev_parse(f"refs/heads/{branch}"):
                 raise C128Error(self._branch_exists(branch, rev))
             # Everything that can be checked without touching the tree is checked first.
-            planned = plan(series, git, commit)
-            check_paths_at(git, commit, planned)
+            if planned is None:
+                planned = plan(series, git, commit)
+                check_paths_at(git, commit, planned)
             self._check_worktree_paths(planned)
             info = upstream_info or {"rev": rev, "commit": commit}
             if seeded:
