@@ -353,8 +353,8 @@ def test_apply_from_a_detached_head_with_a_local_commit_says_where_it_went(tree,
     mine = git.head()
     res = invoke(*apply_args(tree, series))
     assert res.exit_code == 0, res.stderr
-    note = res.stdout.split("note: ", 1)[1]
-    assert note.startswith(f"HEAD was detached at {mine[:12]} with 1 commit(s) that no branch holds; "
+    note = res.stdout.split("note: HEAD was detached", 1)[1]
+    assert note.startswith(f" at {mine[:12]} with 1 commit(s) that no branch holds; "
                            "they are kept at refs/c128patch/recovery/")
     done = run_printed(printed_command(note, "git -C"))
     assert done.returncode == 0, done.stderr
