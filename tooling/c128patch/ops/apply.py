@@ -437,6 +437,7 @@ class Apply:
                 f"{journal.branch} is left at the last good entry ({last}); your branch {back} is untouched.\n"
                 f"  inspect: {g} am -3 {_q(item.path)}   (then {g} status; {g} am --abort)\n"
                 f"  resolve: {g} am -3 {_q(item.path)}, edit the files, {g} add them, {g} am --continue; then {resume}\n"
+                f"           (a hand resolution is not the series: the apply ends, reported unproven)\n"
                 f"  undo:    {undo}"
                 + (f"\n  recovery ref: {journal.recovery_ref}" if journal.recovery_ref else "")
             ),

@@ -168,10 +168,14 @@ def checked_fields(cls: type, data: dict, git: Git, path: Path, what: str) -> di
 
 
 def corrupt_journal(git: Git, path: Path, what: str, reason: str) -> C128Error:
+    """The error for a journal that cannot be read: how to forget it, and (git's own record of the
+    branch checked out before, ``@{-1}``) how to get back where it started: an apply leaves HEAD on its
+    new branch, a rebase detaches HEAD only at a stop."""
     back = ""
     proc = git.run("rev-parse", "--symbolic-full-name", "@{-1}", check=False)
     previous = proc.stdout.strip() if proc.returncode == 0 else ""
-    if previous.startswith("refs/heads/"):
+    moved = what == "apply" or git.current_branch() is None
+    if moved and previous.startswith("refs/heads/"):
         back = ("; the branch you started from is untouched: "
                 + shlex.join(["git", "-C", str(git.worktree), "checkout", previous.removeprefix("refs/heads/")]))
     return C128Error(
