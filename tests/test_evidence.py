@@ -13,9 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from c128patch.cli import main
 from c128patch.errors import C128Error
 from c128patch.evidence import gpu_run, staging
 from c128patch.evidence.keys import EvidenceKey, key_for, key_from_provenance
@@ -23,7 +21,7 @@ from c128patch.evidence.matrix import build_matrix, release_note, verification_n
 from c128patch.evidence.results import collect_run, from_smoke_report, load_results, write_result
 from c128patch.git import Git
 from c128patch.series.manifest import load_series
-from support import RELEASES, REPO_ROOT, make_test_series
+from support import RELEASES, REPO_ROOT, invoke, make_test_series
 
 OLD_REPORT = REPO_ROOT / "ci" / "gpu" / "results" / "smoke-2026-11-29.json"
 SUITE = REPO_ROOT / "tests" / "gpu"
@@ -31,8 +29,8 @@ CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 
 
 def run(*args: str):
-    res = CliRunner().invoke(main, list(args))
-    return res.exit_code, res.stdout, res.stderr
+    res = invoke(*args, as_json=False)
+    return res.code, res.text, res.err
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ ways out end in the right state: ``--continue`` gives exactly the commits an uni
 
 The interruptions come from two places: ``C128PATCH_FAULT`` points in the tool (ops.faults: between
 steps, after a commit the journal does not list yet, with the provenance file written but not
-committed, right after a fresh clone) and git hooks that signal the whole process group from inside
-git itself (during ``git am``, during the rebase's ``git cherry-pick``, and after its commit but
-before git has cleaned its own sequencer state).
+committed, right after a fresh clone, inside a rebase's stop, after the rebased branch moved) and
+git hooks that signal the whole process group from inside git itself (during ``git am``; during the
+checkout that finishes a rebase).
 """
 
 from __future__ import annotations
@@ -40,10 +40,8 @@ APPLY_PHASES = {
 }
 FRESH_PHASES = {"after-clone": "at:clone", "first-entry-in-fresh-tree": "before:test-patch"}
 REBASE_PHASES = {
-    "between-picks": "before:test-overlay",
-    "inside-cherry-pick": "hook:prepare-commit-msg",
-    "after-pick-commit": "hook:post-commit",
-    "provenance-written": "at:rebase-provenance",
+    "between-entries": "before:test-overlay",
+    "finishing-checkout": "hook:post-checkout",  # the new tip checked out, the branch not moved yet
     "branch-moved": "after:rebase-branch",
 }
 
@@ -59,13 +57,13 @@ def reference(sglang_release_repo: Path, series: Path, tmp_path_factory: pytest.
     """HEAD after uninterrupted runs: apply v0.5.22; apply into a fresh tree; that apply rebased onto v0.5.23."""
     root = tmp_path_factory.mktemp("reference")
     git = small_clone(sglang_release_repo, root / "local")
-    assert invoke("apply", "--sglang-rev", "v0.5.22", "--repo", git.worktree, "--series", series).exit_code == 0
+    assert invoke("apply", "--sglang-rev", "v0.5.22", "--repo", git.worktree, "--series", series, as_json=False).code == 0
     fresh = root / "fresh"
     assert invoke("apply", "--sglang-rev", "v0.5.22", "--repo", sglang_release_repo, "--tree", fresh,
-                  "--series", series).exit_code == 0
+                  "--series", series, as_json=False).code == 0
     applied = git.head()
-    res = invoke("rebase", "--onto", "v0.5.23", "--tree", git.worktree, "--series", series)
-    assert res.exit_code == 0, res.stderr
+    res = invoke("rebase", "--onto", "v0.5.23", "--tree", git.worktree, "--series", series, as_json=False)
+    assert res.code == 0, res.err
     return {"apply": applied, "fresh": Git(worktree=fresh).head(), "rebase": git.head()}
 
 
@@ -101,14 +99,14 @@ def way_out(proc: subprocess.CompletedProcess, tree: Path, verb: str, kind: str)
     Ctrl-C; from ``status`` after a SIGKILL (which prints nothing)."""
     if proc.returncode == 130:
         return printed_command(proc.stderr, f"c128patch {kind} --{verb}")
-    res = invoke("status", "--tree", tree)
-    assert res.exit_code == 0, res.stderr
+    res = invoke("status", "--tree", tree, as_json=False)
+    assert res.code == 0, res.err
     if kind == "apply":
-        assert re.search(r"an apply (was interrupted|stopped at a conflict) after entry \d of 2", res.stdout), res.stdout
+        assert re.search(r"an apply (was interrupted|stopped at a conflict) after entry \d of 2", res.text), res.text
     else:
-        assert re.search(r"c128patch rebase v0.5.22 -> v0.5.23 in progress, \d/2 entries done", res.stdout), res.stdout
+        assert re.search(r"c128patch rebase v0.5.22 -> \S+ in progress, \d/2 entries done", res.text), res.text
     label = "resume:" if verb == "continue" else "undo:"
-    return res.stdout.split(label, 1)[1].splitlines()[0].strip()
+    return res.text.split(label, 1)[1].splitlines()[0].strip()
 
 
 def assert_nothing_in_progress(git: Git) -> None:
@@ -180,8 +178,8 @@ def test_interrupted_apply_into_a_fresh_tree_aborts_to_no_clone(sglang_release_r
 @pytest.fixture
 def applied(sglang_release_repo: Path, series: Path, tmp_path: Path) -> Git:
     git = small_clone(sglang_release_repo, tmp_path / "t")
-    res = invoke("apply", "--sglang-rev", "v0.5.22", "--repo", git.worktree, "--series", series)
-    assert res.exit_code == 0, res.stderr
+    res = invoke("apply", "--sglang-rev", "v0.5.22", "--repo", git.worktree, "--series", series, as_json=False)
+    assert res.code == 0, res.err
     return git
 
 
@@ -220,7 +218,44 @@ def test_a_kill_after_the_branch_moved_only_finishes_the_report(applied, series,
               REBASE_PHASES["branch-moved"], "kill")
     assert git.rev_parse("c128/v0.5.22") == reference["rebase"]
     res = invoke("rebase", "--continue", "--tree", git.worktree, "--json")
-    assert res.exit_code == 0, res.stderr
+    assert res.code == 0, res.err
     assert git.head() == reference["rebase"] and git.current_branch() == "c128/v0.5.22"
     assert_nothing_in_progress(git)
 
+
+
+@pytest.fixture
+def conflicting_onto(applied: Git) -> str:
+    """An upstream commit on v0.5.23 that changes the very line the test patch edits."""
+    git = applied
+    idx = git.with_env(GIT_INDEX_FILE=str(git.worktree / ".git" / "other.index"))
+    idx.run("read-tree", "v0.5.23")
+    line = EDIT[CUH][0]
+    text = git.blob("v0.5.23", CUH).decode().replace(line, line.rstrip("\n") + "  // upstream's change\n")
+    idx.run("update-index", "--cacheinfo", f"100644,{git.out('hash-object', '-w', '--stdin', input=text)},{CUH}")
+    return git.out("commit-tree", idx.out("write-tree"), "-p", "v0.5.23", "-m", "upstream edits the same line")
+
+
+@pytest.mark.parametrize("how", SIGNALS)
+def test_a_rebase_interrupted_inside_its_stop_stops_again_on_continue(applied, series, conflicting_onto, how):
+    """Cut short while leaving a conflict in the work tree: --continue makes the very stop again."""
+    git = applied
+    proc = interrupt(["rebase", "--onto", conflicting_onto, "--tree", git.worktree, "--series", series], git.worktree,
+                     "at:rebase-stop", how)
+    done = run_printed(way_out(proc, git.worktree, "continue", "rebase"))
+    assert done.returncode == 1 and f"entry 'test-patch' conflicts on {conflicting_onto} in {CUH}" in done.stderr
+    assert "<<<<<<<" in (git.worktree / CUH).read_text()
+
+
+@pytest.mark.parametrize("how", SIGNALS)
+def test_a_rebase_interrupted_inside_its_stop_aborts_to_the_branch_as_it_was(applied, series, conflicting_onto, how):
+    git = applied
+    before = snapshot(git.worktree)
+    proc = interrupt(["rebase", "--onto", conflicting_onto, "--tree", git.worktree, "--series", series], git.worktree,
+                     "at:rebase-stop", how)
+    done = run_printed(way_out(proc, git.worktree, "abort", "rebase"))
+    assert done.returncode == 0, done.stderr
+    after = snapshot(git.worktree)
+    mine = lambda s: [r for r in s["refs"].splitlines() if "refs/c128patch/recovery" not in r]  # noqa: E731
+    assert mine(after) == mine(before) and after["head"] == before["head"] and after["status"] == before["status"]
+    assert_nothing_in_progress(git)

@@ -103,8 +103,8 @@ def _quick_child_pytest(monkeypatch):
 def apply_checkout(dest: Path, tag: str) -> Path:
     """A real checkout of release ``tag`` with the series applied (as a user makes one), plus our
     test files under its test/ folder."""
-    res = invoke("apply", "--sglang-rev", tag, "--tree", dest)
-    assert res.exit_code == 0, res.output
+    res = invoke("apply", "--sglang-rev", tag, "--tree", dest, as_json=False)
+    assert res.code == 0, res.err
     for name, text in TEST_FILES.items():
         path = dest / KERNELS / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +117,7 @@ def apply_checkout(dest: Path, tag: str) -> Path:
 def smoke(args: list[str], monkeypatch: pytest.MonkeyPatch | None = None):
     if monkeypatch is not None:
         monkeypatch.setattr(smoke_device, "probe_device", lambda python: dict(H200))
-    return invoke("smoke", "--tier", "kernel", *args)
+    return invoke("smoke", "--tier", "kernel", *args, as_json=False)
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +135,8 @@ def run_report(checkout: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
         res = smoke(["--tree", str(checkout), "--upstream-suite", "--out", str(out), "--json"], mp)
     finally:
         mp.undo()
-    report = json.loads(res.stdout)
-    report["_exit"] = res.exit_code
+    report = json.loads(res.text)
+    report["_exit"] = res.code
     report["_out"] = str(out)
     return report
 
@@ -166,7 +166,7 @@ def test_selection_reads_only_upstreams_kernel_tests(run_report):
 def test_keyword_adds_files_whose_names_match(checkout, tmp_path):
     res = smoke(["--tree", str(checkout), "--upstream-suite", "--list", "-k", "unrelated_helper", "--json",
                  "--out", str(tmp_path)])
-    report = json.loads(res.stdout)
+    report = json.loads(res.text)
     files = [s["file"].rsplit("/", 1)[1] for s in report["selection"]["selected"]]
     assert "test_c128patch_unrelated.py" in files
     collected = [r["id"] for r in report["tests"] if r["patched"] == "not run"]
@@ -353,8 +353,8 @@ def test_verdicts(patched, upstream, nodeid, collect_only, want):
 
 def test_staging_carries_what_the_tests_import_and_selects_the_same(checkout, run_report, tmp_path):
     res = smoke(["--tree", str(checkout), "--upstream-suite", "--stage", str(tmp_path / "st"), "--json"])
-    assert res.exit_code == 0, res.output
-    staged = json.loads(res.stdout)["staged"]
+    assert res.code == 0, res.err
+    staged = json.loads(res.text)["staged"]
     assert staged["patched"]["bytes"] < 8e6 and staged[us.STAGED_TESTS]["files"] == len(TEST_FILES) - 1
     for label in ("patched", "upstream"):
         root = tmp_path / "st" / label / "sglang"
@@ -368,7 +368,7 @@ def test_staging_carries_what_the_tests_import_and_selects_the_same(checkout, ru
     res = smoke(["--tree", str(tmp_path / "st/patched"), "--upstream-tree", str(tmp_path / "st/upstream"),
                  "--upstream-suite", str(tmp_path / "st" / us.STAGED_TESTS), "--list", "--json",
                  "--out", str(tmp_path / "list")])
-    listed = json.loads(res.stdout)
+    listed = json.loads(res.text)
     assert [s["file"] for s in listed["selection"]["selected"]] == [s["file"] for s in run_report["selection"]["selected"]]
     counts = listed["counts"]
     assert (counts["regressed"], counts["same"], counts["not applicable"]) == (0, 8, 1), counts
@@ -381,10 +381,10 @@ def test_staging_carries_what_the_tests_import_and_selects_the_same(checkout, ru
 def test_every_release_collects_upstreams_tests_on_both_trees(tag, tmp_path):
     tree = apply_checkout(tmp_path / "sglang", tag)
     res = smoke(["--tree", str(tree), "--upstream-suite", "--list", "--json", "--out", str(tmp_path / "out")])
-    report = json.loads(res.stdout)
+    report = json.loads(res.text)
     r = rows(report)
     assert report["provenance"]["upstream"]["rev"] == tag
-    assert res.exit_code == 0 and report["ok"], report["problems"]  # the stand-ins cover every release
+    assert res.code == 0 and report["ok"], report["problems"]  # the stand-ins cover every release
     assert r["test_c128patch_overlay.py::test_overlay_module_present"]["verdict"] == "same"
     package = r.get("test_c128patch_package.py::test_package_exports_the_compress_entry_points")
     if package is None:
@@ -402,8 +402,8 @@ def test_every_release_collects_upstreams_tests_on_both_trees(tag, tmp_path):
 
 def test_a_release_history_checkout_has_no_tests_to_default_to(checkout, tmp_path):
     plain = tmp_path / "plain"
-    res = invoke("apply", "--sglang-rev", "v0.5.23", "--tree", plain)
-    assert res.exit_code == 0, res.output
+    res = invoke("apply", "--sglang-rev", "v0.5.23", "--tree", plain, as_json=False)
+    assert res.code == 0, res.err
     one_line_error(smoke(["--tree", str(plain), "--upstream-suite", "--list"]),
                    f"--upstream-suite: the tree's repository {plain.resolve()} has no test/ folder")
 
