@@ -8,10 +8,18 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import (
+    emit_json,
+    get_series,
+    handles_errors,
+    json_option,
+    locate_tree,
+    repo_option,
+    series_option,
+)
 from c128patch.errors import C128Error, ConflictError, Interrupted
 from c128patch.evidence.matrix import verification_note
-from c128patch.git import Git, toplevel
+from c128patch.git import Git
 from c128patch.ops.apply import Apply, ApplyResult, clone_template
 from c128patch.ops.treestate import apply_commands
 from c128patch.progress import console, reporter
@@ -46,7 +54,7 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     if rev is None:
         if branch:
             raise C128Error("--branch goes with --sglang-rev")
-        _finish(tree or (Path(repo) if repo and not is_url(repo) else Path(".")), cont, series_dir, as_json)
+        _finish(tree or (Path(repo) if repo and not is_url(repo) else None), cont, series_dir, as_json)
         return
     series = get_series(series_dir)
     with reporter(not as_json, title="apply") as rep:
@@ -86,11 +94,11 @@ def _interrupted(tree: Path) -> Interrupted:
     return Interrupted(f"interrupted: the apply journal is intact; resume with `{resume}` or undo with `{undo}`")
 
 
-def _finish(where: Path, cont: bool, series_dir: Path | None, as_json: bool) -> None:
-    """--continue / --abort."""
-    if not where.is_dir():
+def _finish(where: Path | None, cont: bool, series_dir: Path | None, as_json: bool) -> None:
+    """--continue / --abort, in ``where`` (None: the tree ``locate_tree`` finds, as status does)."""
+    if where is not None and not where.is_dir():
         raise C128Error(f"no such folder: {where}")
-    git = Git(worktree=toplevel(where))
+    git = Git(worktree=locate_tree(where))
     with reporter(not as_json and cont, title="apply") as rep:
         op = Apply(git, get_series(series_dir) if series_dir else None, rep)
         try:
