@@ -184,7 +184,8 @@ def print_upstream(report: dict[str, Any], path: Path) -> None:
     s = report["selection"]
     out.print(f"selected {len(s['selected'])} of {s['scanned']} test files under {s['scope']}", markup=False)
     for label, t in report["trees"].items():
-        used = [f"{r['module']}: {', '.join(r['used'])}" for r in t["standins"] if r["used"]]
+        used = [f"{r['module']}: {', '.join(r['used'] + [f'{n} (in functions)' for n in r.get('used_in_functions', [])])}"
+                for r in t["standins"] if r["used"] or r.get("used_in_functions")]
         out.print(f"{label}: stand-ins (c128patch) {'; '.join(used) or 'none'}; real packages "
                   f"{', '.join(t['real_packages'])}", markup=False)
     out.print(f"device: {smoke_device.describe(report['device'])}", markup=False)

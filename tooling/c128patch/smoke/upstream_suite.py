@@ -351,7 +351,8 @@ def result_file(report: dict[str, Any], date: str | None = None) -> dict[str, An
         "date": date or datetime.date.today().isoformat(),
         "tests_from": {k: v for k, v in report["tests_from"].items() if k != "root"},
         "files": report["files"],
-        "standins": {label: [{k: r[k] for k in ("module", "offered", "withheld", "used")} for r in t["standins"] if r["used"]]
+        "standins": {label: [{k: r[k] for k in ("module", "offered", "withheld", "used", "used_in_functions") if k in r}
+                             for r in t["standins"] if r["used"] or r.get("used_in_functions")]
                      for label, t in report["trees"].items()},
         "counts": report["counts"],
         "patched": report["patched"],
