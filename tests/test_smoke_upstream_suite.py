@@ -236,6 +236,24 @@ def test_result_file_carries_ids_verdicts_counts_command_and_device(run_report):
     assert {f["file"] for f in result["files"]} == {s["file"] for s in run_report["selection"]["selected"]}
 
 
+def test_the_tests_commit_is_recorded_only_where_they_are_that_checkouts_tracked_files(tmp_path):
+    import subprocess
+
+    tests = tmp_path / "repo" / "test"
+    (tests / "registered/kernels").mkdir(parents=True)
+    (tests / "registered/kernels/test_x.py").write_text("def test_x():\n    pass\n")
+    git = ["git", "-C", str(tmp_path / "repo"), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "repo/README").write_text("x\n")
+    subprocess.run([*git, "add", "README"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    assert "git_commit" not in us.sources_of(tests)  # untracked (as copied next to a repository)
+    subprocess.run([*git, "add", "test"], check=True)
+    subprocess.run([*git, "commit", "-qm", "tests"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert us.sources_of(tests)["git_commit"] == head
+
+
 # --------------------------------------------------------------------------- stand-ins
 
 
