@@ -519,6 +519,42 @@ def test_every_release_collects_upstreams_tests_on_both_trees(tag, tmp_path):
         assert r["test_c128patch_newer_layout.py"]["reason"] == "this tree has no module sglang.jit_kernel"
 
 
+MEETING_TEST = {"test_c128patch_meeting.py": """
+    import hashlib
+    import os
+    import time
+    from pathlib import Path
+
+    from sglang.kernels.ops.attention.dsv4 import compress  # noqa: F401  (reaches what the series patches)
+
+    def test_both_trees_run_at_the_same_time():
+        meeting = Path(os.environ["C128PATCH_TEST_MEETING"])
+        (meeting / hashlib.sha256(os.environ["C128PATCH_TREE"].encode()).hexdigest()).touch()
+        deadline = time.monotonic() + 60
+        while len(list(meeting.iterdir())) < 2:
+            assert time.monotonic() < deadline, "the other tree's pass did not run meanwhile"
+            time.sleep(0.1)
+"""}
+
+
+def test_parallel_trees_runs_the_patched_and_the_unpatched_pass_at_the_same_time(tmp_path, monkeypatch):
+    tree = apply_checkout(tmp_path / "sglang", "v0.5.23", MEETING_TEST)
+    (tmp_path / "meeting").mkdir()
+    monkeypatch.setenv("C128PATCH_TEST_MEETING", str(tmp_path / "meeting"))
+    res = smoke(["--tree", str(tree), "--upstream-suite", "--parallel-trees", "--out", str(tmp_path / "out"), "--json"],
+                monkeypatch)
+    report = json.loads(res.stdout)
+    r = rows(report)["test_c128patch_meeting.py::test_both_trees_run_at_the_same_time"]
+    assert (r["patched"], r["upstream"], r["verdict"]) == ("passed", "passed", "same"), r
+    assert len(list((tmp_path / "meeting").iterdir())) == 2
+    assert res.exit_code == 0 and report["ok"], report["problems"]
+
+
+def test_parallel_trees_belongs_to_the_upstream_suite(checkout):
+    one_line_error(smoke(["--tree", str(checkout), "--parallel-trees", "--list"]),
+                   "--parallel-trees belongs to --upstream-suite")
+
+
 def test_a_release_history_checkout_has_no_tests_to_default_to(checkout, tmp_path):
     plain = tmp_path / "plain"
     res = CliRunner().invoke(main, ["apply", "--sglang-rev", "v0.5.23", "--tree", str(plain)])
