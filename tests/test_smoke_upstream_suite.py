@@ -100,12 +100,12 @@ def _quick_child_pytest(monkeypatch):
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
 
 
-def apply_checkout(dest: Path, tag: str) -> Path:
+def apply_checkout(dest: Path, tag: str, files: dict[str, str] = TEST_FILES) -> Path:
     """A real checkout of release ``tag`` with the series applied (as a user makes one), plus our
-    test files under its test/ folder."""
+    test files (``files``) under its test/ folder."""
     res = invoke("apply", "--sglang-rev", tag, "--tree", dest, as_json=False)
     assert res.code == 0, res.err
-    for name, text in TEST_FILES.items():
+    for name, text in files.items():
         path = dest / KERNELS / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
@@ -232,6 +232,24 @@ def test_result_file_carries_ids_verdicts_counts_command_and_device(run_report):
     ids = {t["id"]: t["verdict"] for t in result["tests"]}
     assert ids["registered/kernels/ops/attention/test_c128patch_overlay.py::test_overlay_module_present"] == "fixed"
     assert {f["file"] for f in result["files"]} == {s["file"] for s in run_report["selection"]["selected"]}
+
+
+def test_the_tests_commit_is_recorded_only_where_they_are_that_checkouts_tracked_files(tmp_path):
+    import subprocess
+
+    tests = tmp_path / "repo" / "test"
+    (tests / "registered/kernels").mkdir(parents=True)
+    (tests / "registered/kernels/test_x.py").write_text("def test_x():\n    pass\n")
+    git = ["git", "-C", str(tmp_path / "repo"), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "repo/README").write_text("x\n")
+    subprocess.run([*git, "add", "README"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    assert "git_commit" not in us.sources_of(tests)  # untracked (as copied next to a repository)
+    subprocess.run([*git, "add", "test"], check=True)
+    subprocess.run([*git, "commit", "-qm", "tests"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert us.sources_of(tests)["git_commit"] == head
 
 
 # --------------------------------------------------------------------------- stand-ins
@@ -374,6 +392,105 @@ def test_staging_carries_what_the_tests_import_and_selects_the_same(checkout, ru
     assert (counts["regressed"], counts["same"], counts["not applicable"]) == (0, 8, 1), counts
 
 
+# --------------------------------------------------------------------------- torch custom ops (0.5.20-0.5.22)
+
+# These releases' dsv4 package imports fp8_wo_a, whose @register_custom_op (upstream's
+# srt/utils/custom_op.py) registers a torch op at import through
+# sglang.srt.utils.common.direct_register_custom_op: a stand-in of ours.
+CUSTOM_OP_RELEASES = ("v0.5.20", "v0.5.21", "v0.5.22")
+CUSTOM_OP_TEST = {"test_c128patch_custom_op.py": """
+    import pytest
+    import torch
+    from sglang.kernels.ops.attention.dsv4.fp8_wo_a import fp8_wo_a_group_major_quant_ue8m0
+
+    OP = torch.ops.sglang.fp8_wo_a_group_major_quant_ue8m0
+
+    def test_the_op_has_the_schema_torch_infers_from_upstreams_function():
+        assert str(OP.default._schema) == ("sglang::fp8_wo_a_group_major_quant_ue8m0(Tensor input, "
+                                           "Tensor(a1!) output_q, Tensor(a2!) output_s) -> ()")
+
+    def test_the_fake_kernel_answers_meta_tensors():
+        x = torch.empty(2, 4, 512, dtype=torch.bfloat16, device="meta")
+        q = torch.empty(2, 4, 512, dtype=torch.float8_e4m3fn, device="meta")
+        assert fp8_wo_a_group_major_quant_ue8m0(x, q, torch.empty(2, 4, 1, dtype=torch.int32, device="meta")) is None
+
+    def test_a_cpu_tensor_has_no_kernel():
+        x = torch.zeros(2, 4, 512, dtype=torch.bfloat16)
+        q = torch.empty(2, 4, 512, dtype=torch.float8_e4m3fn)
+        with pytest.raises(NotImplementedError, match="'CPU' backend"):
+            OP(x, q, torch.empty(2, 4, 1, dtype=torch.int32))
+"""}
+OP_IDS = [f"test_c128patch_custom_op.py::{t}" for t in (
+    "test_the_op_has_the_schema_torch_infers_from_upstreams_function",
+    "test_the_fake_kernel_answers_meta_tensors", "test_a_cpu_tensor_has_no_kernel")]
+
+
+@pytest.fixture(scope="module", params=CUSTOM_OP_RELEASES)
+def custom_op_report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One real run per release (both trees; the probe says H200) of the test file above."""
+    tree = apply_checkout(tmp_path_factory.mktemp("op") / "sglang", request.param, CUSTOM_OP_TEST)
+    out = tmp_path_factory.mktemp("op-run")
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+        res = smoke(["--tree", str(tree), "--upstream-suite", "--out", str(out), "--json"], mp)
+    finally:
+        mp.undo()
+    report = json.loads(res.stdout)
+    report["_exit"], report["_out"], report["_tag"] = res.exit_code, str(out), request.param
+    return report
+
+
+def test_fp8_wo_a_registers_its_op_at_import_through_our_direct_register_custom_op(custom_op_report):
+    r = rows(custom_op_report)
+    assert custom_op_report["provenance"]["upstream"]["rev"] == custom_op_report["_tag"]
+    assert [(r[i]["patched"], r[i]["upstream"], r[i]["verdict"]) for i in OP_IDS] == [("passed", "passed", "same")] * 3
+    assert custom_op_report["_exit"] == 0 and custom_op_report["ok"], custom_op_report["problems"]
+
+
+def test_direct_register_custom_op_is_listed_as_a_standin_taken_inside_a_function(custom_op_report):
+    result = json.loads((Path(custom_op_report["_out"]) / us.RESULT).read_text())
+    for label in ("patched", "upstream"):
+        row = {r["module"]: r for r in custom_op_report["trees"][label]["standins"]}["sglang.srt.utils.common"]
+        assert "direct_register_custom_op" in row["offered"] and "direct_register_custom_op" in row["used_in_functions"]
+        listed = {r["module"]: r for r in result["standins"][label]}["sglang.srt.utils.common"]
+        assert "direct_register_custom_op" in listed["used_in_functions"]
+
+
+@pytest.mark.parametrize("tag", CUSTOM_OP_RELEASES)
+def test_a_test_file_importing_the_dsv4_package_collects_on_both_trees(tag, tmp_path):
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed: this release's dsv4 package imports it (attn.py)")
+    files = {"test_c128patch_package.py": TEST_FILES["test_c128patch_package.py"]}
+    tree = apply_checkout(tmp_path / "sglang", tag, files)
+    res = smoke(["--tree", str(tree), "--upstream-suite", "--list", "--json", "--out", str(tmp_path / "out")])
+    report = json.loads(res.stdout)
+    r = rows(report)["test_c128patch_package.py::test_package_exports_the_compress_entry_points"]
+    assert (r["patched"], r["upstream"], r["verdict"]) == ("not run", "not run", "same")  # collected on both
+    assert "sglang.kernels.ops.attention.dsv4" in report["trees"]["patched"]["real_packages"]
+    assert res.exit_code == 0 and report["ok"], report["problems"]
+
+
+def test_direct_register_custom_op_is_idempotent_for_one_function_and_refuses_another():
+    import torch
+
+    def op_a(x, out):
+        out.copy_(x)
+
+    def op_b(x, out):
+        out.copy_(x)
+
+    for op in (op_a, op_b):  # real annotations (this module's are strings, and torch is imported here)
+        op.__annotations__ = {"x": torch.Tensor, "out": torch.Tensor, "return": None}
+    register = upstream_standins.direct_register_custom_op
+    register(op_name="c128patch_test_copy", op_func=op_a, mutates_args=["out"])
+    register(op_name="c128patch_test_copy", op_func=op_a, mutates_args=["out"])
+    assert str(torch.ops.sglang.c128patch_test_copy.default._schema) == (
+        "sglang::c128patch_test_copy(Tensor x, Tensor(a1!) out) -> ()")
+    with pytest.raises(RuntimeError, match="sglang::c128patch_test_copy is already registered for .*op_a, not .*op_b"):
+        register(op_name="c128patch_test_copy", op_func=op_b, mutates_args=["out"])
+
+
 # --------------------------------------------------------------------------- every release, bad input
 
 
@@ -398,6 +515,42 @@ def test_every_release_collects_upstreams_tests_on_both_trees(tag, tmp_path):
     else:
         assert package["verdict"] == "same"
         assert r["test_c128patch_newer_layout.py"]["reason"] == "this tree has no module sglang.jit_kernel"
+
+
+MEETING_TEST = {"test_c128patch_meeting.py": """
+    import hashlib
+    import os
+    import time
+    from pathlib import Path
+
+    from sglang.kernels.ops.attention.dsv4 import compress  # noqa: F401  (reaches what the series patches)
+
+    def test_both_trees_run_at_the_same_time():
+        meeting = Path(os.environ["C128PATCH_TEST_MEETING"])
+        (meeting / hashlib.sha256(os.environ["C128PATCH_TREE"].encode()).hexdigest()).touch()
+        deadline = time.monotonic() + 60
+        while len(list(meeting.iterdir())) < 2:
+            assert time.monotonic() < deadline, "the other tree's pass did not run meanwhile"
+            time.sleep(0.1)
+"""}
+
+
+def test_parallel_trees_runs_the_patched_and_the_unpatched_pass_at_the_same_time(tmp_path, monkeypatch):
+    tree = apply_checkout(tmp_path / "sglang", "v0.5.23", MEETING_TEST)
+    (tmp_path / "meeting").mkdir()
+    monkeypatch.setenv("C128PATCH_TEST_MEETING", str(tmp_path / "meeting"))
+    res = smoke(["--tree", str(tree), "--upstream-suite", "--parallel-trees", "--out", str(tmp_path / "out"), "--json"],
+                monkeypatch)
+    report = json.loads(res.stdout)
+    r = rows(report)["test_c128patch_meeting.py::test_both_trees_run_at_the_same_time"]
+    assert (r["patched"], r["upstream"], r["verdict"]) == ("passed", "passed", "same"), r
+    assert len(list((tmp_path / "meeting").iterdir())) == 2
+    assert res.exit_code == 0 and report["ok"], report["problems"]
+
+
+def test_parallel_trees_belongs_to_the_upstream_suite(checkout):
+    one_line_error(smoke(["--tree", str(checkout), "--parallel-trees", "--list"]),
+                   "--parallel-trees belongs to --upstream-suite")
 
 
 def test_a_release_history_checkout_has_no_tests_to_default_to(checkout, tmp_path):

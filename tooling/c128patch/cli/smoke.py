@@ -185,7 +185,8 @@ def print_upstream(report: dict[str, Any], path: Path) -> None:
     s = report["selection"]
     out.print(f"selected {len(s['selected'])} of {s['scanned']} test files under {s['scope']}", markup=False)
     for label, t in report["trees"].items():
-        used = [f"{r['module']}: {', '.join(r['used'])}" for r in t["standins"] if r["used"]]
+        used = [f"{r['module']}: {', '.join(r['used'] + [f'{n} (in functions)' for n in r.get('used_in_functions', [])])}"
+                for r in t["standins"] if r["used"] or r.get("used_in_functions")]
         out.print(f"{label}: stand-ins (c128patch) {'; '.join(used) or 'none'}; real packages "
                   f"{', '.join(t['real_packages'])}", markup=False)
     out.print(f"device: {smoke_device.describe(report['device'])}", markup=False)
@@ -199,7 +200,7 @@ def print_upstream(report: dict[str, Any], path: Path) -> None:
 
 
 def run_upstream(opts: smoke_kernel.KernelOptions, tests: Path | None, command: str, stage_dir: Path | None,
-                 as_json: bool) -> None:
+                 as_json: bool, parallel_trees: bool = False) -> None:
     err = console()
     say = (lambda m: None) if as_json else (lambda m: err.print(m, markup=False))
     opts.differential = True  # always side by side
@@ -234,10 +235,12 @@ def run_upstream(opts: smoke_kernel.KernelOptions, tests: Path | None, command: 
         passes: dict[str, dict] = {}
         report: dict[str, Any] = {}
         path = out / smoke_upstream.REPORT
-        for label in ("patched", "upstream"):
-            spec = smoke_upstream.pass_spec(plan, label, opts.timeout, opts.keyword, opts.collect_only)
-            say(f"{'collecting' if opts.collect_only else 'running'} upstream's tests on {label} ({spec.tree})")
-            passes[label] = smoke_pass.run_pass(spec, plan.root, opts.python, out)
+        specs = [smoke_upstream.pass_spec(plan, label, opts.timeout, opts.keyword, opts.collect_only)
+                 for label in ("patched", "upstream")]
+        verb = "collecting" if opts.collect_only else "running"
+        for group in ([specs] if parallel_trees else [[spec] for spec in specs]):
+            say(f"{verb} upstream's tests on " + " and, at the same time, ".join(f"{s.label} ({s.tree})" for s in group))
+            passes.update(smoke_pass.run_passes(group, plan.root, opts.python, out))
             report = smoke_upstream.build_report(command, plan, prep, device, passes, opts.collect_only, opts.keyword)
             path = smoke_upstream.write(report, out)
     finally:
@@ -363,6 +366,9 @@ def _default_tree() -> Path | None:
 @click.option("--upstream-suite", "upstream_suite", is_flag=False, flag_value="", default=None, metavar="[PATH]",
               help="[kernel] Upstream's own kernel tests instead of ours, patched vs unpatched: PATH is the test/ "
                    "folder of an sglang checkout, or the checkout (default: the tree's own repository).")
+@click.option("--parallel-trees", is_flag=True,
+              help="[kernel --upstream-suite] Run the patched and the unpatched pass at the same time (two pytest "
+                   "processes, sharing the GPU; each builds its own JIT modules).")
 @click.option("--model-path", help="[server] The model (DeepSeek-V4 with a DSPARK draft).")
 @click.option("--tp", type=int, default=1, show_default=True, help="[server] Tensor parallel size.")
 @click.option("--port", type=int, default=30001, show_default=True, help="[server] Port on 127.0.0.1.")
@@ -394,7 +400,7 @@ def _default_tree() -> Path | None:
 def command(ctx: click.Context, tier: str, tree: Path | None, wheel: Path | None, upstream_tree: Path | None,
             sanitizers: tuple[str, ...], sanitizer_only: bool, differential: bool, scale: float, sanitizer_scale: float,
             collect_only: bool, keyword: str | None, suite: Path | None, timeout: float, stage_dir: Path | None,
-            upstream_suite: str | None, model_path: str | None, tp: int, port: int, duration: float, max_requests: int | None, compact: bool,
+            upstream_suite: str | None, parallel_trees: bool, model_path: str | None, tp: int, port: int, duration: float, max_requests: int | None, compact: bool,
             load: str, multiturn_script: Path | None, preset: str, mem_fraction_static: float | None,
             moe_runner_backend: str, server_args: tuple[str, ...], envs: tuple[str, ...], modes: str,
             health_timeout: float, launcher: str | None, load_cmd: str | None, allow_unpatched: bool,
@@ -431,14 +437,17 @@ def command(ctx: click.Context, tier: str, tree: Path | None, wheel: Path | None
             if upstream_suite is not None:
                 if sanitizers:
                     raise C128Error("--upstream-suite runs upstream's tests without compute-sanitizer; drop --sanitizer")
-                run_upstream(opts, Path(upstream_suite) if upstream_suite else None, command_line, stage_dir, as_json)
+                run_upstream(opts, Path(upstream_suite) if upstream_suite else None, command_line, stage_dir, as_json,
+                             parallel_trees)
             else:
+                if parallel_trees:
+                    raise C128Error("--parallel-trees belongs to --upstream-suite")
                 run_kernel(opts, command_line, stage_dir, as_json)
         return
     if (tree or wheel or upstream_tree or sanitizers or sanitizer_only or differential or collect_only or stage_dir
-            or upstream_suite is not None):
-        raise C128Error("--tree/--wheel/--upstream-tree/--sanitizer/--differential/--list/--stage/--upstream-suite "
-                        "belong to --tier kernel")
+            or upstream_suite is not None or parallel_trees):
+        raise C128Error("--tree/--wheel/--upstream-tree/--sanitizer/--differential/--list/--stage/--upstream-suite/"
+                        "--parallel-trees belong to --tier kernel")
     if not model_path:
         raise C128Error("--tier server needs --model-path")
     sopts = smoke_server.ServerOptions(

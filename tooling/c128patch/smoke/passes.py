@@ -5,6 +5,7 @@ C128PATCH_GPU_RESULTS_DIR), optionally under compute-sanitizer; its per-test row
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -149,8 +150,22 @@ def _read_results(folder: Path) -> dict[str, Any]:
     return out
 
 
-def run_pass(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> dict[str, Any]:
-    """Run the suite once; the pass's rows, counts, exit and (under a sanitizer) its findings."""
+@dataclass
+class _Running:
+    """One pass between its start and its result."""
+
+    spec: PassSpec
+    argv: list[str]
+    rows_path: Path
+    log: Path
+    results: Path
+    proc: Managed
+    start: float = 0.0
+    end: float = 0.0
+    timed_out: bool = False
+
+
+def _prepare(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> _Running:
     out_dir = out_dir.resolve()  # the child runs in the suite's folder
     out_dir.mkdir(parents=True, exist_ok=True)
     rows_path = out_dir / f"rows-{spec.label}.jsonl"
@@ -160,32 +175,32 @@ def run_pass(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> dict[st
         stale.unlink(missing_ok=True)
     results.mkdir(parents=True, exist_ok=True)
     argv = pytest_argv(spec, suite, python, out_dir)
-    start = time.time()
     proc = Managed(f"pytest {spec.label}", argv, log, env=pytest_env(spec, rows_path, results), cwd=suite)
-    with proc:
-        code = proc.wait(spec.timeout)
-        timed_out = code is None
+    return _Running(spec, argv, rows_path, log, results, proc)
+
+
+def _result(run: _Running) -> dict[str, Any]:
+    spec, proc = run.spec, run.proc
     code = proc.proc.returncode if proc.proc else None
-    end = time.time()
-    rows = _read_rows(rows_path)
+    rows = _read_rows(run.rows_path)
     finished = any(r.get("event") == "finish" for r in rows)
-    tests = tests_from_rows(rows, end, timed_out)
-    text = log.read_text(errors="replace")
+    tests = tests_from_rows(rows, run.end, run.timed_out)
+    text = run.log.read_text(errors="replace")
     result: dict[str, Any] = {
         "label": spec.label,
         "tree": str(spec.tree),
         "upstream_tree": str(spec.upstream) if spec.upstream else None,
         "scale": spec.scale,
         "exit_code": code,
-        "exit": "timed out after %ds" % spec.timeout if timed_out else exit_description(code),
-        "timed_out": timed_out,
+        "exit": "timed out after %ds" % spec.timeout if run.timed_out else exit_description(code),
+        "timed_out": run.timed_out,
         "finished": finished,
-        "seconds": round(end - start, 1),
-        "log": str(log),
+        "seconds": round(run.end - run.start, 1),
+        "log": str(run.log),
         "counts": count(tests),
         "tests": tests,
-        "results": _read_results(results),
-        "argv": argv,
+        "results": _read_results(run.results),
+        "argv": run.argv,
     }
     if proc.leftover:
         result["leftover_pids"] = proc.leftover
@@ -195,6 +210,34 @@ def run_pass(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> dict[st
         found = smoke_sanitizer.parse(text, spec.sanitizer)
         result["sanitizer"] = {**found, "exit_code": code}
     return result
+
+
+def run_passes(specs: list[PassSpec], suite: Path, python: str, out_dir: Path) -> dict[str, dict[str, Any]]:
+    """Run several passes at the same time (distinct labels), each in its own process group with
+    its own timeout from its start; label -> the pass's rows, counts, exit and (under a
+    sanitizer) its findings. An exception (a signal) stops every pass still running."""
+    runs = [_prepare(spec, suite, python, out_dir) for spec in specs]
+    assert len({r.spec.label for r in runs}) == len(runs), "pass labels must differ"
+    with contextlib.ExitStack() as stack:
+        for run in runs:
+            stack.enter_context(run.proc)
+            run.start = time.time()
+        pending = list(runs)
+        while pending:
+            for run in list(pending):
+                if run.proc.poll() is None and time.time() - run.start < run.spec.timeout:
+                    continue
+                run.timed_out = run.proc.proc is not None and run.proc.proc.poll() is None
+                run.proc.stop()
+                run.end = time.time()
+                pending.remove(run)
+            time.sleep(0.2 if pending else 0)
+    return {run.spec.label: _result(run) for run in runs}
+
+
+def run_pass(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> dict[str, Any]:
+    """Run the suite once; the pass's rows, counts, exit and (under a sanitizer) its findings."""
+    return run_passes([spec], suite, python, out_dir)[spec.label]
 
 
 def pass_problems(p: dict[str, Any], collect_only: bool = False) -> list[str]:

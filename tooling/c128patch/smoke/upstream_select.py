@@ -406,7 +406,7 @@ def closure(index: ModuleIndex, tests: list[TestFile], standins: set[str],
         imports, where, is_test, eager_here = queue.pop()
         for imp in imports:
             eager = eager_here and not imp.lazy
-            if imp.lazy and not is_test and not imp.module.startswith("sglang.kernels."):
+            if imp.lazy and not is_test and not imp.module.startswith("sglang.kernels.") and imp.module not in standins:
                 lazy.add(imp.module)  # a library function's import outside the kernels: not followed
                 continue
             for edge in resolve(index, imp, standins):
@@ -480,7 +480,8 @@ def standin_plan(tree: Path, pool: dict[str, set[str]], uses: dict[str, dict[str
     """What to stand in for on ``tree``: ``{module: [names]}`` (only modules the tree has, only
     names its real module defines) and one report row per stand-in module. ``uses``: names taken
     on the way the tests import (a name no stand-in has is a gap); ``lazy_uses``: names taken only
-    inside library functions (listed, not required)."""
+    inside library functions (listed: ``used_in_functions`` where offered, ``no_standin_if_called``
+    where no stand-in has them; not required)."""
     index = ModuleIndex(tree)
     wanted: dict[str, list[str]] = {}
     rows = []
@@ -489,7 +490,8 @@ def standin_plan(tree: Path, pool: dict[str, set[str]], uses: dict[str, dict[str
         used = uses.get(mod, {})
         row: dict[str, Any] = {"module": mod, "real": str(real.relative_to(tree)) if real else None,
                                "used": sorted(used)}
-        lazy = sorted(set((lazy_uses or {}).get(mod, {})) - set(used) - pool[mod])
+        in_functions = set((lazy_uses or {}).get(mod, {})) - set(used)
+        lazy = sorted(in_functions - pool[mod])
         if lazy:
             row["no_standin_if_called"] = lazy
         if real is None:
@@ -500,6 +502,9 @@ def standin_plan(tree: Path, pool: dict[str, set[str]], uses: dict[str, dict[str
             wanted[mod] = offered
             withheld = sorted(n for n in used if n in pool[mod] and n not in defined)
             row.update(offered=offered, withheld=withheld)
+            # taken inside library functions, some of which run at import (custom_op.py's register_custom_op)
+            if in_functions & set(offered):
+                row["used_in_functions"] = sorted(in_functions & set(offered))
             gaps = sorted(n for n in used if n not in pool[mod] and n in defined)
             if gaps:
                 row["no_standin"] = {n: used[n] for n in gaps}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import unittest
+from collections.abc import Callable
 from typing import Any
 
 
@@ -36,6 +37,45 @@ def get_bool_env_var(name: str, default: str = "false") -> bool:
     """srt/utils/common.py:1424 (0.5.20: :1262): the env var, lower-cased, is "true" or "1" (upstream
     also logs a warning for a value that is neither true/1 nor false/0)."""
     return os.getenv(name, default).lower() in ("true", "1")
+
+
+# namespace -> our FRAGMENT library: its ops live as long as it does.
+_LIBRARIES: dict[str, Any] = {}
+# "namespace::op" -> the function registered under it by direct_register_custom_op.
+_REGISTERED: dict[str, Callable[..., Any]] = {}
+OP_NAMESPACE = "sglang"  # kernels/kernel_api_logging.py:483: debug_torch_op returns torch.ops.sglang.<op_name>
+
+
+def _library(namespace: str) -> Any:
+    if namespace not in _LIBRARIES:
+        _LIBRARIES[namespace] = _torch().library.Library(namespace, "FRAGMENT")
+    return _LIBRARIES[namespace]
+
+
+def direct_register_custom_op(op_name: str, op_func: Callable[..., Any], mutates_args: list[str],
+                              fake_impl: Callable[..., Any] | None = None, target_lib: Any = None) -> None:
+    """srt/utils/common.py:2944 (0.5.20: :2840; the same signature in 0.5.20-0.5.23), called with
+    keywords by srt/utils/custom_op.py:199 (register_custom_op, which runs at import: eager=True)
+    and :378: defines ``torch.ops.sglang.<op_name>`` (or in ``target_lib``) with the schema torch
+    infers from op_func's annotations and mutates_args, op_func as its CUDA kernel and fake_impl,
+    if any, as its fake kernel. The namespace is upstream's: the callers then take the op from
+    torch.ops.sglang. CUDA only, as upstream on a CUDA build (no CPU kernel: a CPU tensor is
+    refused by torch). The same function again is a no-op; another function under a registered
+    name is an error (upstream skips any registered name, for several engines in one process)."""
+    torch = _torch()
+    lib = target_lib if target_lib is not None else _library(OP_NAMESPACE)
+    qualname = f"{lib.ns}::{op_name}"
+    known = _REGISTERED.get(qualname)
+    if known is op_func:
+        return
+    if known is not None:
+        raise RuntimeError(f"c128patch stand-in direct_register_custom_op: {qualname} is already registered "
+                           f"for {known.__module__}.{known.__qualname__}, not {op_func.__module__}.{op_func.__qualname__}")
+    lib.define(op_name + torch.library.infer_schema(op_func, mutates_args=mutates_args))
+    lib.impl(op_name, op_func, "CUDA")
+    if fake_impl is not None:
+        torch.library.register_fake(qualname, fake_impl, lib=lib)
+    _REGISTERED[qualname] = op_func
 
 
 class CustomTestCase(unittest.TestCase):
@@ -77,7 +117,8 @@ class _CudaPlatform:
 # module -> name -> object; merged over the harness's STANDINS (these names win where both have one).
 EXTRA: dict[str, dict[str, Any]] = {
     "sglang.srt.utils": {"get_device": get_device, "get_bool_env_var": get_bool_env_var},
-    "sglang.srt.utils.common": {"get_device": get_device, "get_bool_env_var": get_bool_env_var},
+    "sglang.srt.utils.common": {"get_device": get_device, "get_bool_env_var": get_bool_env_var,
+                                "direct_register_custom_op": direct_register_custom_op},
     "sglang.test.test_utils": {"CustomTestCase": CustomTestCase},
     "sglang.srt.platforms": {"current_platform": _CudaPlatform()},
 }

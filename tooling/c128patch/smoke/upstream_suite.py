@@ -95,11 +95,13 @@ class Plan:
         return tuple(f.rel for f in self.selection.files)
 
 
-def _sources(root: Path) -> dict[str, Any]:
-    """Where the tests come from: the checkout's commit, and a SOURCES.json at the root."""
+def sources_of(root: Path) -> dict[str, Any]:
+    """Where the tests come from: the commit of the checkout whose tracked files they are (not
+    of a repository they merely sit in, untracked or ignored), and a SOURCES.json at the root."""
     out: dict[str, Any] = {"root": str(root)}
+    tracked = subprocess.run(["git", "-C", str(root), "ls-files", "--", "."], capture_output=True, text=True)
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
-    if head.returncode == 0:
+    if tracked.returncode == 0 and tracked.stdout.strip() and head.returncode == 0:
         out["git_commit"] = head.stdout.strip()
     if (root / SOURCES).is_file():
         try:
@@ -117,7 +119,7 @@ def make_plan(prep: Prepared, root: Path, keyword: str | None) -> Plan:
     pool = sel.standin_pool(harness)
     targets = sel.series_targets(prep.patched, prep.upstream, sel.touched_files(prep.record))
     selection = sel.select(root, prep.patched, targets, set(pool), keyword)
-    plan = Plan(root, selection, prep.suite / "harness.py", sources=_sources(root))
+    plan = Plan(root, selection, prep.suite / "harness.py", sources=sources_of(root))
     for label, tree in (("patched", prep.patched), ("upstream", prep.upstream)):
         closure = sel.closure(sel.ModuleIndex(tree), selection.files, set(pool))
         standins, rows = sel.standin_plan(tree, pool, closure.standin_uses, closure.standin_uses_lazy)
@@ -351,7 +353,8 @@ def result_file(report: dict[str, Any], date: str | None = None) -> dict[str, An
         "date": date or datetime.date.today().isoformat(),
         "tests_from": {k: v for k, v in report["tests_from"].items() if k != "root"},
         "files": report["files"],
-        "standins": {label: [{k: r[k] for k in ("module", "offered", "withheld", "used")} for r in t["standins"] if r["used"]]
+        "standins": {label: [{k: r[k] for k in ("module", "offered", "withheld", "used", "used_in_functions") if k in r}
+                             for r in t["standins"] if r["used"] or r.get("used_in_functions")]
                      for label, t in report["trees"].items()},
         "counts": report["counts"],
         "patched": report["patched"],
