@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import shlex
 import subprocess
 import tempfile
@@ -15,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import watch_upstream as wu
+from c128patch.cli import main
 from c128patch.git import Git
 from c128patch.ops.treechecks import check_tree
 from c128patch.ops.watch import EXIT
@@ -387,3 +390,14 @@ def test_tree_checks_find_a_gate_environ_py_does_not_declare(stand_in):
     gates = {c.name: c for c in check_tree(stand_in, "v0.5.23", head, ["SGLANG_DSPARK_FUSED_ACCEPT_TAIL",
                                                                          "SGLANG_NOT_A_GATE"])}["gates-declared"]
     assert gates.findings == [f"SGLANG_NOT_A_GATE is not declared in {ENVIRON}"]
+
+
+def test_docs_and_help_give_every_outcome_its_exit_code():
+    doc = (REPO_ROOT / "docs" / "watch.md").read_text()
+    readme = (REPO_ROOT / "README.md").read_text()
+    help_text = CliRunner().invoke(main, ["watch", "--help"]).stdout
+    for outcome, code in EXIT.items():
+        assert f"| `{outcome}` | {code} |" in doc
+        assert f"{outcome} {code}" in help_text
+        in_readme = rf"timed out \({code}\)" if outcome == "timeout" else rf"`{outcome}` \((exit )?{code}\b"
+        assert re.search(in_readme, readme), outcome
