@@ -21,10 +21,11 @@ from click.testing import CliRunner
 import watch_upstream as wu
 from c128patch.cli import main
 from c128patch.git import Git
+from c128patch.ops.lint import update_hashes
 from c128patch.ops.treechecks import check_tree
 from c128patch.ops.watch import EXIT
 from c128patch.series.manifest import load_series
-from support import REPO_ROOT, Run, forget_resolutions, invoke, snapshot, tree_of, upstream_commit
+from support import REPO_ROOT, Run, copy_series, forget_resolutions, invoke, snapshot, tree_of, upstream_commit
 
 RS, HELPER = wu.RS, wu.RS_HELPER
 BACKEND = "c128-dspark-online-backend"
@@ -327,6 +328,36 @@ def test_every_check_runs_and_passes_on_a_clean_run(unrelated):
     checks = {c["name"]: c for c in unrelated.report["checks"]}
     assert list(checks) == ["lint", "audit", "no-conflict-markers", "python-compiles", "gates-declared"]
     assert all(c["ok"] and not c.get("skipped") for c in checks.values())
+
+
+def test_a_series_that_carries_but_fails_a_check_is_failed_and_offers_nothing(stand_in, tmp_path):
+    """The env entry's header names the wrong gate: everything applies, lint finds it."""
+    series = copy_series(tmp_path / "series")
+    patch = series / "patches" / "0006-c128-dspark-online-env.patch"
+    patch.write_text(patch.read_text().replace("C128patch-Gate: SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK (default off)",
+                                               "C128patch-Gate: none (wrong)"))
+    update_hashes(load_series(series))
+    w = watch(tmp_path / "out", series, "rename", "--repo", remote(stand_in))
+    assert w.run.code == EXIT["failed"] == 6, w.run.err
+    [problem] = w.report["problems"]
+    assert problem == ("lint: c128-dspark-online-env: patches/0006-c128-dspark-online-env.patch: header must say "
+                       "'C128patch-Gate: SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK'")
+    assert w.report["headline"].endswith(problem) and "| lint | **FAILED** |" in w.md
+    assert w.report["next"] == [] and not w.report["ok"]
+
+
+def test_refresh_exports_a_branch_whose_entry_upstream_landed_with_other_formatting(stand_in, tmp_path):
+    """The rebase drops it on content evidence; refresh proves the tree without it, as the rebase did."""
+    series = copy_series(tmp_path / "series")
+    tree = tmp_path / "tree"
+    assert apply_into(remote(stand_in), tree, series, "v0.5.23").code == 0
+    rebased = invoke("rebase", "--onto", "landed", "--repo", remote(stand_in), "--drop-merged", "--tree", str(tree),
+                     "--series", str(series))
+    assert rebased.code == 0, rebased.err
+    run = invoke("refresh", "--tree", str(tree), "--series", str(series))
+    assert run.code == 0, run.err
+    assert run.out["tree"].startswith(f"identical to a fresh apply of series c128patch 2 without {HELPER}, {RS} on ")
+    assert load_series(series).entry(RS).merged_in == stand_in.rev_parse("landed")
 
 
 # -- bounded, and bad input ----------------------------------------------------------------------
