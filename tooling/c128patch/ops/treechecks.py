@@ -3,8 +3,8 @@
 Run on ``head`` (a patched branch) against its upstream ``base``, over the files the branch changes;
 nothing is checked out, nothing installed, no GPU:
 
-* ``no-conflict-markers``: no line of a changed file is a conflict marker (``<<<<<<<``, ``=======``
-  between them, ``>>>>>>>``);
+* ``no-conflict-markers``: no line of a changed file opens or closes a conflict (``<<<<<<<``,
+  ``>>>>>>>``, alone or followed by a space; a bare ``=======`` is left alone: reST underlines it);
 * ``python-compiles``: every changed ``.py`` file compiles (``compile()``, no bytecode written),
   unless it did not compile on ``base`` either (that is upstream's, reported as a note);
 * ``gates-declared``: every env gate the given entries name is declared in ``srt/environ.py``
