@@ -292,3 +292,20 @@ def cli_text(*args: str | Path, env: dict[str, str] | None = None):
     from c128patch.cli import main
 
     return CliRunner().invoke(main, [str(a) for a in args], env=env, catch_exceptions=False)
+
+
+def workflow_commands(script: str, sample: dict[str, str] | None = None) -> list[list[str]]:
+    """The ``-m c128patch ...`` invocations in a CI run script, continuation lines joined, ``${{ }}``
+    replaced by X and ``$VARS`` by ``sample`` values (else ``/sample/VAR``)."""
+    import shlex
+
+    sample = sample or {}
+    joined = re.sub(r"\\\n\s*", " ", script)
+    out = []
+    for line in joined.splitlines():
+        line = re.sub(r"\$\{\{[^}]*\}\}", "X", line.strip())
+        line = re.sub(r"\$\{?(\w+)\}?", lambda m: sample.get(m.group(1), f"/sample/{m.group(1)}"), line)
+        m = re.search(r"-m c128patch (.*?)(\s*\|\|.*)?$", line)
+        if m:
+            out.append(shlex.split(m.group(1)))
+    return out

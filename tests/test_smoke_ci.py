@@ -3,8 +3,6 @@ and every c128patch command line in it accepted by the real CLI."""
 
 from __future__ import annotations
 
-import re
-import shlex
 from pathlib import Path
 
 import click
@@ -12,6 +10,7 @@ import pytest
 
 from c128patch.cli import main
 from c128patch.upstream.releases import DEFAULT_RELEASES
+from support import workflow_commands
 
 yaml = pytest.importorskip("yaml")
 
@@ -27,17 +26,7 @@ SAMPLE = {"TP": "8", "DURATION": "900"}  # numeric shell variables; the rest bec
 
 
 def commands(script: str) -> list[list[str]]:
-    """`c128patch ...` invocations in a run script, continuation lines joined, ${{ }} and $VARS
-    replaced by sample values."""
-    joined = re.sub(r"\\\n\s*", " ", script)
-    out = []
-    for line in joined.splitlines():
-        line = re.sub(r"\$\{\{[^}]*\}\}", "X", line.strip())
-        line = re.sub(r"\$(\w+)", lambda m: SAMPLE.get(m.group(1), f"/sample/{m.group(1)}"), line)
-        m = re.search(r"-m c128patch (.*)$", line)
-        if m:
-            out.append(shlex.split(m.group(1)))
-    return out
+    return workflow_commands(script, SAMPLE)
 
 
 def test_parses_with_matrix_and_triggers(workflow):

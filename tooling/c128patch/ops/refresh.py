@@ -13,8 +13,9 @@ upstream stays in the series with ``merged_in = <commit>``: ``plan`` skips it on
 commit is an ancestor of the target.
 
 Before anything is written the tree is proven (``ops.equivalence``): every difference from a fresh
-apply of the series must be an edit on the branch (what refresh exports); anything else is refused
-unless ``accept_differences``.
+apply of the series (without the entries the provenance records dropped or skipped by a rebase, as
+the rebase's own proof) must be an edit on the branch (what refresh exports); anything else is
+refused unless ``accept_differences``.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     label = base_label(git, base_commit, base_rev or "")
     if primary is None:
         primary = label == series.base
-    result = Export(equivalence=prove(series, git, base_rev or label, base_commit))
+    left_out = [d["name"] for d in record.get("dropped", []) if d.get("status") in ("dropped-as-merged", "skipped")]
+    result = Export(equivalence=prove(series, git, base_rev or label, base_commit, without=left_out))
     by_name = {e.name: e for e in series.entries}
     numbers = [int(m.group(1)) for e in series.entries if (m := re.match(r"^(\d+)-", e.file or ""))]
     exported: dict[str, Entry] = {}

@@ -47,6 +47,16 @@ class Upstream:
             raise C128Error(f"unknown rev '{shown(rev)}' in {self.describe()}{known}")
         return commit
 
+    def update(self) -> None:
+        """A URL's mirror fetched now, for a branch such as ``main`` that moves (``resolve``
+        fetches only a rev it does not know). Other kinds are read as they are."""
+        if self.kind == "url":
+            with locked(Path(str(self.git.git_dir) + ".lock")):
+                try:
+                    self.git.run("fetch", "--quiet", "--prune", "--tags", "origin")
+                except GitError as exc:
+                    raise C128Error(f"cannot fetch {self.location}: {exc.message}") from exc
+
     def describe(self) -> str:
         return {"release": "the sglang release wheels", "path": self.location, "url": self.location}[self.kind]
 
@@ -67,7 +77,7 @@ def open_upstream(repo: str | None, revs: list[str], reporter: Reporter = NullRe
         return Upstream("release", Git(git_dir=root), str(root))
     if is_url(repo):
         return _open_url(repo, reporter)
-    path = Path(repo).expanduser()
+    path = Path(repo).expanduser().absolute()  # git runs in the repo: a relative bare path would not resolve there
     if not path.exists():
         raise C128Error(f"missing repo: {path} does not exist")
     git = Git(worktree=path) if is_work_tree(path) else Git(git_dir=path)

@@ -1,0 +1,238 @@
+"""The scheduled watch recipe (ci/github/c128patch-watch.yml): valid YAML, nightly, one run at a time,
+no secret in it, only c128patch verbs that exist; and its shell steps, run as Actions runs them, in a
+clone of a fork (a local bare repo) against a stand-in upstream (tests/watch_upstream.py), with a
+stub `gh` (tests/gh_stub.py) recording its calls: a refreshed target pushes its branch and opens,
+then updates, one pull request; a conflict opens, then updates, one issue and closes the pull
+request; a clean target opens nothing and closes what is left open."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+import pytest
+
+import watch_upstream as wu
+from c128patch.cli import main
+from c128patch.git import Git
+from support import REPO_ROOT, workflow_commands
+
+yaml = pytest.importorskip("yaml")
+
+WORKFLOW = REPO_ROOT / "ci" / "github" / "c128patch-watch.yml"
+SKIPPED = {"Install c128patch": "needs the network; the test's environment has c128patch installed already"}
+
+
+@pytest.fixture(scope="module")
+def workflow() -> dict:
+    return yaml.safe_load(WORKFLOW.read_text())
+
+
+def job_env(workspace: Path, upstream: str, targets: str) -> dict[str, str]:
+    """What GitHub gives the job's env for this repository (one key per key of the workflow's)."""
+    return {"PYTHON": sys.executable, "UPSTREAM": upstream, "TARGETS": targets, "WATCH_TIMEOUT": "900",
+            "WATCH_DIR": ".c128patch-watch", "BASE_BRANCH": "main", "C128PATCH_CACHE": f"{workspace}/.c128patch-cache",
+            "GH_TOKEN": "test-token", "GH_REPO": "maintainer/c128patch"}
+
+
+def test_it_runs_nightly_and_by_hand(workflow):
+    triggers = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` key as true
+    assert set(triggers) == {"schedule", "workflow_dispatch"} and triggers["schedule"][0]["cron"] == "41 4 * * *"
+
+
+def test_two_runs_never_race(workflow):
+    assert workflow["concurrency"] == {"group": "c128patch-watch", "cancel-in-progress": False}
+
+
+def test_no_secret_lives_in_the_workflow(workflow):
+    text = WORKFLOW.read_text()
+    assert set(re.findall(r"secrets\.\w+[^}]*", text)) == {"secrets.C128PATCH_WATCH_TOKEN || github.token "}
+    assert not re.search(r"gh[pousr]_[A-Za-z0-9]{20,}|github_pat_", text)
+    assert workflow["permissions"] == {"contents": "write", "pull-requests": "write", "issues": "write"}
+
+
+def test_the_test_gives_the_job_every_variable_it_names(workflow, tmp_path):
+    env = workflow["jobs"]["watch"]["env"]
+    assert set(env) == set(job_env(tmp_path, "", ""))
+    assert env["WATCH_DIR"] == ".c128patch-watch" and "'main release'" in env["TARGETS"]
+
+
+def test_every_c128patch_command_line_is_accepted_by_the_cli(workflow):
+    seen = []
+    for step in workflow["jobs"]["watch"]["steps"]:
+        for args in workflow_commands(step.get("run", ""), {"WATCH_TIMEOUT": "2400"}):
+            cmd = main.get_command(click.Context(main), args[0])
+            assert cmd is not None, args
+            cmd.make_context(args[0], args[1:])  # raises on an unknown or malformed option
+            seen.append(args[0])
+    assert seen == ["watch"]
+
+
+# -- the shell steps, run against a local fork and a stand-in upstream -----------------------------
+
+
+@dataclass
+class Run:
+    steps: dict[str, subprocess.CompletedProcess]
+    outputs: dict[str, dict[str, str]]
+    calls: list[dict]  # the gh calls of this run
+    state: dict  # the stub's pull requests, issues and labels after it
+    branch: str | None  # the fork's c128patch-watch/main after it
+    reports: Path  # a copy of what the watch runs wrote (the workspace's is replaced every night)
+
+
+@dataclass
+class Actions:
+    """A fork's workspace and its remote; ``run`` runs the workflow's shell steps as Actions would."""
+
+    workflow: dict
+    root: Path
+    upstream: Git
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def workspace(self) -> Path:
+        return self.root / "workspace"
+
+    @property
+    def fork(self) -> Git:
+        return Git(git_dir=self.root / "fork.git")
+
+    def setup(self) -> None:
+        seed = self.root / "seed"
+        for sub in ("patches", "csrc", "overlay"):
+            shutil.copytree(REPO_ROOT / sub, seed / sub)
+        (seed / "README.md").write_text("a fork of c128patch\n")
+        git = Git(worktree=seed)
+        git.run("init", "--quiet", "--initial-branch=main")
+        git.run("add", "-A")
+        git.run("commit", "--quiet", "-m", "the fork")
+        subprocess.run(["git", "clone", "--quiet", "--bare", str(seed), str(self.root / "fork.git")], check=True)
+        subprocess.run(["git", "clone", "--quiet", str(self.root / "fork.git"), str(self.workspace)], check=True)
+        bin_dir = self.root / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "gh").write_text(f"#!/bin/sh\nexec {sys.executable} {REPO_ROOT / 'tests' / 'gh_stub.py'} \"$@\"\n")
+        (bin_dir / "gh").chmod(0o755)
+        (self.root / "gh").mkdir()
+
+    def run(self, targets: str) -> Run:
+        job = self.workflow["jobs"]["watch"]
+        env = {**os.environ, **job_env(self.workspace, str(self.upstream.git_dir), targets),
+               "PATH": f"{self.root / 'bin'}{os.pathsep}{os.environ['PATH']}", "GH_STUB_DIR": str(self.root / "gh"),
+               "GITHUB_SHA": Git(worktree=self.workspace).out("rev-parse", "HEAD"),
+               "GITHUB_WORKSPACE": str(self.workspace)}
+        calls_file = self.root / "gh" / "calls.jsonl"
+        before = len(calls_file.read_text().splitlines()) if calls_file.is_file() else 0
+        steps, outputs = {}, {}
+        for step in job["steps"]:
+            if "run" not in step or step.get("name") in SKIPPED:
+                continue
+            output = self.root / "github-output"
+            output.write_text("")
+            step_env = {k: re.sub(r"\$\{\{ steps\.(\w+)\.outputs\.(\w+) \}\}",
+                                  lambda m: outputs[m.group(1)][m.group(2)], str(v))
+                        for k, v in step.get("env", {}).items()}
+            assert not any("${{" in v for v in step_env.values()), step_env
+            proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+                                  cwd=self.workspace, env={**env, **step_env, "GITHUB_OUTPUT": str(output)},
+                                  capture_output=True, text=True)
+            steps[step["name"]] = proc
+            assert proc.returncode == 0, f"{step['name']}:\n{proc.stdout}\n{proc.stderr}"
+            outputs[step.get("id", "")] = dict(line.split("=", 1) for line in output.read_text().splitlines())
+        calls = [json.loads(line) for line in calls_file.read_text().splitlines()[before:]]
+        state = json.loads((self.root / "gh" / "state.json").read_text())
+        reports = self.root / f"night-{len(self.runs) + 1}"
+        shutil.copytree(self.workspace / job["env"]["WATCH_DIR"], reports)
+        run = Run(steps, outputs, calls, state, self.fork.rev_parse("refs/heads/c128patch-watch/main"), reports)
+        self.runs.append(run)
+        return run
+
+
+def verbs(run: Run) -> list[str]:
+    return [" ".join(c["argv"][:2]) for c in run.calls]
+
+
+@pytest.fixture(scope="module")
+def actions(workflow, sglang_release_repo, tmp_path_factory) -> Actions:
+    """Five nights in a row: main gets a rename in a hunk's context (refreshed; twice), then a moved
+    method (conflict; twice), then only an unrelated commit (clean). The first night also watches
+    the newest release."""
+    root = tmp_path_factory.mktemp("actions")
+    upstream = wu.stand_in(sglang_release_repo, root / "upstream.git")
+    act = Actions(workflow, root, upstream)
+    act.setup()
+    rename, moved = wu.rename_in_context(upstream), wu.method_moved(upstream)
+    for commit, targets in ((rename, "main release"), (rename, "main"), (moved, "main"), (moved, "main"),
+                            (wu.unrelated(upstream), "main")):
+        wu.set_branch(upstream, "main", commit)
+        act.run(targets)
+    return act
+
+
+def test_release_stands_for_the_newest_release_tag(actions):
+    assert actions.runs[0].outputs["targets"]["list"] == "main=main release=v0.5.23"
+
+
+def test_a_refreshed_target_pushes_the_refreshed_series_to_its_branch(actions):
+    first = actions.runs[0]
+    fork, out = actions.fork, first.reports / "main"
+    assert first.branch and fork.out("rev-parse", f"{first.branch}^") == fork.out("rev-parse", "refs/heads/main")
+    assert fork.out("log", "-1", "--format=%s", first.branch).startswith("patches: refresh the series for upstream main@")
+    changed = fork.out("diff", "--name-only", "refs/heads/main", first.branch).splitlines()
+    assert changed == sorted(json.loads((out / "watch-report.json").read_text())["refreshed"]["changed"])
+    for path in changed:
+        assert fork.blob(first.branch, path) == (out / "series" / path).read_bytes()
+
+
+def test_a_refreshed_target_opens_one_pull_request_with_the_report_as_its_body(actions):
+    first = actions.runs[0]
+    [create] = [c for c in first.calls if c["argv"][:2] == ["pr", "create"]]
+    argv = create["argv"]
+    assert argv[argv.index("--head") + 1] == "c128patch-watch/main" and argv[argv.index("--base") + 1] == "main"
+    assert argv[argv.index("--title") + 1].startswith("c128patch watch (main): refreshed on main@")
+    report = (first.reports / "main" / "watch-report.md").read_text()
+    assert create["body"] == report and report.startswith("# c128patch watch: `refreshed` on main@")
+
+
+def test_a_clean_target_opens_nothing(actions):
+    first = actions.runs[0]
+    assert "release: clean on v0.5.23@" in first.steps["Watch and report"].stdout
+    assert verbs(first) == ["pr list", "issue list", "pr create", "pr list", "issue list"]
+
+
+def test_the_next_night_updates_the_pull_request_and_pushes_nothing_new(actions):
+    first, second = actions.runs[:2]
+    assert verbs(second) == ["pr list", "issue list", "pr edit"]
+    assert second.calls[-1]["argv"][2] == "1" and second.branch == first.branch
+    assert "c128patch-watch/main already holds this refresh" in second.steps["Watch and report"].stdout
+    assert [p["state"] for p in second.state["prs"]] == ["open"]
+
+
+def test_a_conflict_opens_one_issue_and_closes_the_refresh_pull_request(actions):
+    third = actions.runs[2]
+    assert verbs(third) == ["pr list", "issue list", "label create", "issue create", "pr close"]
+    issue = third.state["issues"][0]
+    assert issue["labels"] == ["c128patch-watch-main"] and issue["title"].startswith("c128patch watch (main): conflict on")
+    assert f"## Conflict: {wu.RS}\n" in issue["body"]
+    assert third.state["prs"][0]["state"] == "closed" and "see https://github.com/maintainer/c128patch/issues/2" in \
+        third.state["prs"][0]["comment"]
+
+
+def test_the_next_conflict_night_updates_the_issue(actions):
+    fourth = actions.runs[3]
+    assert verbs(fourth) == ["pr list", "issue list", "label create", "issue edit"]
+    assert len(fourth.state["issues"]) == 1
+
+
+def test_a_clean_night_closes_the_open_issue(actions):
+    fifth = actions.runs[4]
+    assert verbs(fifth) == ["pr list", "issue list", "issue close"]
+    assert fifth.state["issues"][0]["state"] == "closed"
+    assert fifth.state["issues"][0]["comment"].startswith("The series applies strictly on main@")

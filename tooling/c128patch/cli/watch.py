@@ -1,0 +1,62 @@
+"""c128patch watch --onto REV [--repo PATH|URL] [--out DIR] [--timeout S] [--primary|--variant] [--json]"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.ops import watch as core
+from c128patch.progress import console, reporter
+from c128patch.series.plan import validate_files
+
+EXIT_HELP = ", ".join(f"{name} {code}" for name, code in core.EXIT.items())
+
+
+@click.command("watch", epilog=f"Exit codes: {EXIT_HELP}; bad input 2.")
+@click.option("--onto", required=True, help="Upstream revision to carry the series onto (a branch such as main, a tag, a commit).")
+@repo_option
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("c128patch-watch"),
+              help="Where the report (and a refreshed series) go: a new or empty folder, or an earlier watch's "
+                   "(default: ./c128patch-watch).")
+@click.option("--timeout", type=click.FloatRange(min=1), default=1800.0, show_default=True,
+              help="Give up after this many seconds (exit 124, the report says where it was).")
+@click.option("--primary/--variant", default=None,
+              help="A refreshed series takes REV's files as its primary files (base moves to REV) or as variants "
+                   "for REV. Default: primary when REV is a release tag ahead of the series base.")
+@series_option
+@json_option
+@handles_errors
+def command(onto: str, repo: str | None, out: Path, timeout: float, primary: bool | None, series_dir: Path | None,
+            as_json: bool) -> None:
+    """Carry the series onto REV in a scratch clone (never your tree), prove and check the result, and
+    say which of clean / refreshed / merged / conflict it is, with a report under --out."""
+    series = get_series(series_dir)
+    validate_files(series)
+    with reporter(not as_json, title="watch") as rep:
+        report = core.watch(series, repo, onto, out, timeout=timeout, primary=primary, reporter=rep)
+    if as_json:
+        emit_json(report)
+        sys.exit(report["exit_code"])
+    text = console(stderr=False)
+    if report["entries"]:
+        table = Table(title=f"series {series.name} {series.version}: {series.base} -> {onto}")
+        for col in ("entry", "on the new base", "file (chosen by)", "detail"):
+            table.add_column(col)
+        for e in report["entries"]:
+            chosen = e["chosen_by"].split(":", 1)[0]
+            table.add_row(e["name"], e["on_rev"], f"{e['file']} ({chosen})" if chosen else e["file"], e["detail"])
+        text.print(table)
+    for c in report["checks"]:
+        state = "not run" if c.get("skipped") else "ok" if c["ok"] else "FAILED"
+        text.print(f"  check {c['name']}: {state}" + "".join(f"\n    {f}" for f in c["findings"][:5]), markup=False)
+    for p in report["problems"]:
+        text.print(f"  problem: {p}", markup=False)
+    text.print(f"{report['outcome']}: {report['headline']}", markup=False)
+    for line in report["next"]:
+        text.print(f"  {line}", markup=False)
+    text.print(f"report: {Path(report['out']) / 'watch-report.md'} (exit {report['exit_code']})", markup=False)
+    sys.exit(report["exit_code"])

@@ -1,0 +1,85 @@
+"""CPU checks of a patched tree: what a clean 3-way merge or a replayed resolution can still break.
+
+Run on ``head`` (a patched branch) against its upstream ``base``, over the files the branch changes;
+nothing is checked out, nothing installed, no GPU:
+
+* ``no-conflict-markers``: no line of a changed file opens or closes a conflict (``<<<<<<<``,
+  ``>>>>>>>``, alone or followed by a space; a bare ``=======`` is left alone: reST underlines it);
+* ``python-compiles``: every changed ``.py`` file compiles (``compile()``, no bytecode written),
+  unless it did not compile on ``base`` either (that is upstream's, reported as a note);
+* ``gates-declared``: every env gate the given entries name is declared in ``srt/environ.py``
+  (``NAME = Env...(``): the gate audit requires gates to be read through its ``envs``.
+
+Each check is a ``TreeCheck`` (``ok``, ``findings``, ``notes``); ``watch`` runs them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+from c128patch.git import Git
+
+ENVIRON = "python/sglang/srt/environ.py"
+_MARKER = re.compile(r"^(<{7}|>{7})( |$)")
+
+
+@dataclass
+class TreeCheck:
+    name: str
+    ok: bool = True
+    findings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def fail(self, finding: str) -> None:
+        self.ok = False
+        self.findings.append(finding)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def changed_files(git: Git, base: str, head: str) -> list[str]:
+    """Files ``base..head`` adds or modifies (deleted ones have nothing to check)."""
+    return git.out("diff", "--name-only", "--no-renames", "--diff-filter=AM", base, head).splitlines()
+
+
+def _text(git: Git, rev: str, path: str) -> str | None:
+    data = git.blob(rev, path)
+    return None if data is None or b"\0" in data else data.decode(errors="replace")
+
+
+def _compile_error(text: str, path: str) -> str:
+    try:
+        compile(text, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return f"{path}:{exc.lineno}: {exc.msg}"
+    except ValueError as exc:  # e.g. a null byte
+        return f"{path}: {exc}"
+    return ""
+
+
+def check_tree(git: Git, base: str, head: str, gates: list[str]) -> list[TreeCheck]:
+    """The checks of the module docstring on ``head``; ``gates``: the env gates to look for."""
+    files = changed_files(git, base, head)
+    texts = {p: t for p in files if (t := _text(git, head, p)) is not None}
+    markers, compiles, declared = TreeCheck("no-conflict-markers"), TreeCheck("python-compiles"), TreeCheck("gates-declared")
+    for path, text in texts.items():
+        for number, line in enumerate(text.splitlines(), 1):
+            if _MARKER.match(line):
+                markers.fail(f"{path}:{number}: conflict marker {line[:7]!r}")
+                break
+        if path.endswith(".py"):
+            error = _compile_error(text, path)
+            if error:
+                before = _text(git, base, path)
+                if before is not None and _compile_error(before, path):
+                    compiles.notes.append(f"{error} (does not compile upstream either)")
+                else:
+                    compiles.fail(error)
+    compiles.notes.append(f"{sum(p.endswith('.py') for p in texts)} changed Python file(s) compiled")
+    environ = _text(git, head, ENVIRON) or ""
+    for gate in sorted(set(gates)):
+        if not re.search(rf"^\s+{re.escape(gate)}\s*(:[^=\n]*)?=\s*Env\w*\(", environ, re.M):
+            declared.fail(f"{gate} is not declared in {ENVIRON}")
+    return [markers, compiles, declared]

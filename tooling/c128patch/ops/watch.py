@@ -1,0 +1,454 @@
+"""``watch``: does the series still carry onto an upstream rev? Classify, prove, report; never touch the user's tree.
+
+On a scratch clone of upstream (objects shared with it, nothing of the user's touched) and a private
+copy of the series, ``watch`` applies the series at its base (``ops.apply``), rebases it onto REV
+(``ops.rebase``: the file the series chooses there, strict then 3-way, the ledger replaying recorded
+resolutions, entries with content evidence of being upstream dropped as proposals), which proves the
+result (``ops.equivalence``), then checks what it would hand over: ``lint`` and the gate ``audit``
+of the series carried to REV, and the CPU tree checks (``ops.treechecks``). The outcome:
+
+* ``clean`` (exit 0): every entry's file applies strictly on REV; nothing to do;
+* ``refreshed`` (exit 3): entries needed a 3-way merge or a ledger resolution, all proven. The
+  refreshed series (``ops.refresh``: primary files when REV is a release tag ahead of the series base,
+  else variants for REV; ``primary`` overrides) is written to ``OUT/series/`` (a whole series folder:
+  ``patches/`` with the manifest, ``csrc/``, ``overlay/``) and verified before it is offered: applied
+  fresh at REV every entry applies strictly, the tree equals the proven rebase's, and ``refresh
+  --check`` there changes nothing;
+* ``merged`` (exit 4): entries upstream holds on content evidence (``ops.merged``), each with its
+  signals; the proposed series (those entries kept with ``merged_in``, verified as above) is written
+  to ``OUT/series/`` for a human to adopt or not;
+* ``conflict`` (exit 5): entries that stop the rebase, each with its file, hunk, lines on REV, the
+  upstream commits that touched them and where moved code went (``ops.conflicts``). The rebase goes
+  on past each stop (skipping that entry), so one report lists every entry that conflicts; one reached
+  only after such a skip says so. The commands to reproduce the stop in a tree of one's own are listed;
+* ``failed`` (exit 6): the series carried, but the result is not proven, the refreshed series does
+  not verify, or a check has findings (listed). Nothing is offered as ready.
+
+Conflict outranks failed, failed outranks merged, merged outranks refreshed. Every outcome writes
+``OUT/watch-report.md`` (what a maintainer reads; CI posts it), ``OUT/watch-report.json`` and the
+rebase's own report (``rebase-report.md``/``.json``); ``refreshed`` and ``merged`` also
+``OUT/commit-message.txt``. ``OUT`` must be new, empty, or hold an earlier watch report (replaced).
+
+Bounded in time: past ``timeout`` seconds the work stops wherever it is (SIGALRM; git children are
+killed with it), the report says where, and ``WatchTimeout`` (exit 124) is raised. Bad input
+(unknown rev, unusable ``OUT``) raises before anything is written (exit 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Callable, Iterator
+
+from c128patch.errors import C128Error, ConflictError, DifferenceError
+from c128patch.git import Git
+from c128patch.jsonio import write_json_atomic
+from c128patch.ops import refresh as refresh_ops
+from c128patch.ops.apply import apply_series
+from c128patch.ops.equivalence import tree_without_provenance
+from c128patch.ops.lint import lint_series
+from c128patch.ops.merged import CONTENT
+from c128patch.ops.rebase import Rebase, render_markdown
+from c128patch.ops.series_audit import audit_series
+from c128patch.ops.treechecks import check_tree
+from c128patch.ops.watch_report import commit_message, headline, render
+from c128patch.progress import NullReporter, Reporter
+from c128patch.series.manifest import Series, load_series
+from c128patch.upstream.source import Upstream, open_upstream
+
+EXIT: dict[str, int] = {"clean": 0, "refreshed": 3, "merged": 4, "conflict": 5, "failed": 6, "timeout": 124}
+REPORT = "watch-report.json"
+WRITTEN = ("watch-report.md", REPORT, "rebase-report.md", "rebase-report.json", "commit-message.txt", "series")
+WORK_TREE = "sglang-watch"  # where the printed reproduce commands put their tree
+BRANCH, VERIFY_BRANCH = "c128patch-watch", "c128patch-watch-verify"
+
+
+class WatchTimeout(C128Error):
+    """The time bound passed; the report says where the work was."""
+
+    exit_code = 124
+
+
+@contextlib.contextmanager
+def deadline(seconds: float | None, where: Callable[[], str]) -> Iterator[None]:
+    """Raise ``WatchTimeout`` in this (main) thread after ``seconds``; an alarm set before (a test
+    runner's) is put back with the time it had left."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def fire(signum, frame) -> None:  # noqa: ANN001
+        raise WatchTimeout(f"watch timed out after {seconds:g} s while {where()}")
+
+    start = time.monotonic()
+    old_handler = signal.signal(signal.SIGALRM, fire)
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        if old_delay:
+            signal.setitimer(signal.ITIMER_REAL, max(old_delay - (time.monotonic() - start), 0.001), old_interval)
+
+
+def check_out_dir(out: Path) -> Path:
+    """``out`` resolved; refused (nothing written) unless new, empty or an earlier watch's output."""
+    out = out.resolve()
+    if out.exists() and not out.is_dir():
+        raise C128Error(f"--out {out} is not a folder; pass a new or empty folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / REPORT).is_file():
+        raise C128Error(f"--out {out} holds files that are not a c128patch watch report; pass a new or empty "
+                        "folder (nothing was written)")
+    return out
+
+
+def copy_series_root(series: Series, dest: Path) -> Series:
+    """The series folder (``patches/`` and the folders its overlays come from) copied to ``dest``."""
+    tops = {"patches"} | {PurePosixPath(e.source).parts[0] for e in series.entries if not e.is_patch}
+    for top in sorted(tops):
+        if (series.root / top).is_dir():
+            shutil.copytree(series.root / top, dest / top, symlinks=True)
+    return load_series(dest)
+
+
+def _q(value: object) -> str:
+    return shlex.quote(str(value))
+
+
+@dataclass
+class Stop:
+    """One entry that stopped the rebase: its step as the stop left it."""
+
+    entry: str
+    message: str
+    step: dict
+    after_skipping: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        stop = self.step.get("stop") or {}
+        return {"entry": self.entry, "message": self.message, "detail": self.step.get("detail", ""),
+                "file": stop.get("file", self.step.get("file", "")), "chosen_by": self.step.get("chosen_by", ""),
+                "blocks": stop.get("blocks", []), "resolved_by_ledger": stop.get("resolved", []),
+                "unresolved": stop.get("unresolved", []), "upstream_commits": self.step.get("upstream_commits", []),
+                "after_skipping": self.after_skipping}
+
+
+def _stop_of(exc: ConflictError, before: list[str]) -> Stop:
+    failing = [e for e in (exc.report or {}).get("entries", []) if e.get("status") == "failing"]
+    step = failing[0] if failing else {}
+    return Stop(step.get("name", "?"), exc.message, step, list(before))
+
+
+class _Tracked:
+    """A reporter that also remembers the last step (inside apply, say), for the timeout message."""
+
+    def __init__(self, inner: Reporter) -> None:
+        self.inner, self.last = inner, ""
+
+    def step(self, message: str) -> None:
+        self.last = message
+        self.inner.step(message)
+
+
+class Watch:
+    def __init__(self, series: Series, repo: str | None, onto: str, out: Path, *, primary: bool | None = None,
+                 reporter: Reporter = NullReporter()) -> None:
+        self.series, self.repo, self.onto, self.out = series, repo, onto, out
+        self.primary, self.reporter = primary, _Tracked(reporter)
+        self.phase = "starting"
+        self.started = time.monotonic()
+        self.info: dict = {"onto": {"rev": onto, "commit": ""}, "base": {"rev": series.base, "commit": ""}}
+        self.upstream: Upstream | None = None
+        self._rebase_md = ""
+
+    def _step(self, phase: str) -> None:
+        self.phase = phase
+        self.reporter.step(phase)
+
+    def where(self) -> str:
+        last = self.reporter.last
+        return self.phase + (f" ({last})" if last and last != self.phase else "")
+
+    # ------------------------------------------------------------------ the work
+    def work(self, tmp: Path) -> dict:
+        series = self.series
+        if not series.base:
+            raise C128Error(f"{series.manifest_path} names no base: watch applies the series there first")
+        self._step(f"opening upstream ({self.repo or 'the sglang release wheels'})")
+        upstream = open_upstream(self.repo, [series.base, self.onto] if self.repo is None else [], self.reporter)
+        upstream.update()
+        self.upstream = upstream
+        base_commit, onto_commit = upstream.resolve(series.base), upstream.resolve(self.onto)
+        self.info.update(onto={"rev": self.onto, "commit": onto_commit}, base={"rev": series.base, "commit": base_commit},
+                         upstream={"source": upstream.kind, "location": upstream.location})
+
+        self._step("cloning upstream into a scratch folder")
+        source = upstream.git.git_dir or Path(upstream.git.out("rev-parse", "--absolute-git-dir"))
+        Git().run("clone", "--quiet", "--no-checkout", "--shared", str(source), str(tmp / "tree"))
+        git = Git(worktree=tmp / "tree")
+        mine = copy_series_root(series, tmp / "series")
+
+        self._step(f"applying series {series.name} {series.version} at its base {series.base}")
+        try:
+            apply_series(mine, git, series.base, base_commit, branch=BRANCH, fresh_clone=True,
+                         upstream_info={"rev": series.base, "commit": base_commit, "source": upstream.kind},
+                         reporter=self.reporter)
+        except WatchTimeout:
+            raise
+        except C128Error as exc:
+            return self._failed_at_base(exc)
+
+        self._step(f"rebasing onto {self.onto}")
+        final, stops, unproven = self._rebase(Rebase(git, mine), onto_commit)
+        self._rebase_md = render_markdown(final)
+        steps = list(final["entries"])
+        merged = [s for s in steps if s["status"] == "dropped-as-merged" and any(sig["kind"] in CONTENT
+                                                                                  for sig in s["signals"])]
+        needed = [s for s in steps if s["kind"] == "entry" and s["new_sha"] and s["applied"] in ("3way", "ledger")]
+        head = final["head"]
+        proof = final.get("equivalence") or {}
+
+        refreshed: dict | None = None
+        checked = mine
+        if not stops and not unproven and (needed or merged):
+            refreshed, checked = self._refresh(git, tmp, final, onto_commit, head)
+        checks = self._checks(git, checked, onto_commit, head, steps, bool(stops))
+
+        problems = ([unproven] if unproven else []) + (refreshed or {}).get("problems", [])
+        problems += [f"{c['name']}: {f}" for c in checks if not c["ok"] for f in c["findings"][:5]]
+        outcome = ("conflict" if stops else "failed" if problems else "merged" if merged
+                   else "refreshed" if needed else "clean")
+        report = self._report(outcome, final, steps, stops, merged, needed, proof, checks, refreshed, problems)
+        report["json"] = final
+        return report
+
+    def _rebase(self, rb: Rebase, onto_commit: str) -> tuple[dict, list[Stop], str]:
+        """Rebase with every entry upstream holds dropped; past each stop, skip and go on."""
+        stops: list[Stop] = []
+        try:
+            return rb.start(self.onto, onto_commit, drop_merged=True), stops, ""
+        except DifferenceError as exc:
+            return exc.report, stops, exc.message
+        except ConflictError as exc:
+            stop = exc
+        while True:
+            stops.append(_stop_of(stop, [s.entry for s in stops]))
+            self._step(f"rebasing onto {self.onto}: past the conflict in {stops[-1].entry}")
+            try:
+                return rb.skip(), stops, ""
+            except DifferenceError as exc:
+                return exc.report, stops, exc.message
+            except ConflictError as exc:
+                stop = exc
+
+    def _refresh(self, git: Git, tmp: Path, final: dict, onto_commit: str, head: str) -> tuple[dict, Series]:
+        """The series refreshed from the rebased branch, then verified on a fresh apply at REV."""
+        self._step("refreshing the series from the rebased branch")
+        target = copy_series_root(self.series, tmp / "refreshed")
+        label = refresh_ops.base_label(git, onto_commit, self.onto)
+        tagged = label in git.out("tag", "--points-at", onto_commit).split()
+        primary = self.primary if self.primary is not None else (final["direction"] == "forward" and tagged)
+        info = {"mode": "primary" if primary else "variant", "label": label, "changed": [], "notes": [],
+                "version": target.version, "base": target.base, "problems": [], "path": "series",
+                "applies_strictly": False, "same_tree": False, "fixed_point": False}
+        try:
+            export = refresh_ops.export(target, git, primary=primary)
+            info["changed"], info["notes"] = refresh_ops.write(target, export), export.notes
+        except WatchTimeout:
+            raise
+        except C128Error as exc:
+            info["problems"].append(f"refresh of the rebased branch refused: {exc.message}")
+            return info, target
+        new = load_series(target.root)
+        info.update(version=new.version, base=new.base)
+
+        self._step(f"verifying the refreshed series on {self.onto}")
+        problems = info["problems"]
+        try:
+            applied = apply_series(new, git, self.onto, onto_commit, branch=VERIFY_BRANCH,
+                                   upstream_info={"rev": self.onto, "commit": onto_commit})
+        except WatchTimeout:
+            raise
+        except C128Error as exc:
+            problems.append(f"the refreshed series does not apply on {self.onto}: {exc.message}")
+            return info, new
+        loose = [r["name"] for r in applied.entries if r["status"] != "skipped" and r.get("applied") != "clean"]
+        if loose:
+            problems.append(f"the refreshed series does not apply strictly on {self.onto}: {', '.join(loose)}")
+        info["applies_strictly"] = not loose
+        info["verify_proof"] = applied.equivalence.get("summary", "")
+        with tempfile.TemporaryDirectory(prefix="c128watch-") as scratch:
+            ours = tree_without_provenance(git, applied.head, Path(scratch) / "a.index")
+            rebased = tree_without_provenance(git, head, Path(scratch) / "b.index")
+        info["same_tree"] = ours == rebased
+        if not info["same_tree"]:
+            problems.append(f"the refreshed series applied on {self.onto} gives tree {ours[:12]}, the proven rebase "
+                            f"gave {rebased[:12]}")
+        again = refresh_ops.export(new, git).changes(new.root)
+        info["fixed_point"] = not again
+        if again:
+            problems.append(f"refresh --check on the refreshed series would change {', '.join(again)}")
+        return info, new
+
+    def _checks(self, git: Git, series: Series, onto_commit: str, head: str, steps: list[dict],
+                stopped: bool) -> list[dict]:
+        """lint and the gate audit of the series carried to REV; the tree checks of the rebased tree."""
+        self._step("lint")
+        findings = lint_series(series, git)
+        errors = [f"{f.entry}: {f.message}" for f in findings if f.level == "error"]
+        out = [{"name": "lint", "ok": not errors, "findings": errors,
+                "notes": [f"{f.entry}: {f.message}" for f in findings if f.level != "error"]}]
+        not_run = f"not run: the series does not carry onto {self.onto}"
+        if stopped:
+            out += [{"name": name, "ok": True, "findings": [], "notes": [not_run], "skipped": True}
+                    for name in ("audit", "no-conflict-markers", "python-compiles", "gates-declared")]
+            return out
+        self._step(f"gate audit on {self.onto}")
+        try:
+            audit = [str(f) for f in audit_series(series, git, self.onto, onto_commit)]
+            out.append({"name": "audit", "ok": not audit, "findings": audit, "notes": []})
+        except WatchTimeout:
+            raise
+        except C128Error as exc:
+            out.append({"name": "audit", "ok": False, "findings": [exc.message], "notes": []})
+        self._step("tree checks")
+        carried = {s["name"] for s in steps if s["kind"] == "entry" and s["new_sha"]}
+        gates = [e.gate for e in series.entries if e.name in carried and e.gate]
+        out += [c.to_json() for c in check_tree(git, onto_commit, head, gates)]
+        return out
+
+    def _failed_at_base(self, exc: C128Error) -> dict:
+        problem = f"the series does not apply at its own base {self.series.base}: {exc.message}"
+        report = self._report("failed", None, [], [], [], [], {}, [], None, [problem])
+        report["json"] = {}
+        return report
+
+    # ------------------------------------------------------------------ the report
+    def reproduce(self) -> list[str]:
+        """Commands that replay this rebase in a tree of one's own (printed for a conflict; a test runs them)."""
+        upstream = self.upstream
+        repo = ""
+        if upstream is not None and upstream.kind != "release":
+            where = upstream.location if upstream.kind == "url" else (
+                upstream.git.git_dir or upstream.git.out("rev-parse", "--absolute-git-dir"))
+            repo = f" --repo {_q(where)}"
+        onto = self.info["onto"]
+        tagged = upstream is not None and onto["commit"] and onto["rev"] in upstream.git.out(
+            "tag", "--points-at", onto["commit"]).split()
+        target = onto["rev"] if tagged else onto["commit"]
+        series = f" --series {_q(self.series.root)}"
+        return [f"c128patch apply --sglang-rev {_q(self.series.base)}{repo} --tree {WORK_TREE}{series}",
+                f"c128patch rebase --onto {_q(target)}{repo} --tree {WORK_TREE}{series}"]
+
+    def _report(self, outcome: str, final: dict | None, steps: list[dict], stops: list[Stop], merged: list[dict],
+                needed: list[dict], proof: dict, checks: list[dict], refreshed: dict | None,
+                problems: list[str]) -> dict:
+        series = self.series
+        stopped = {s.entry: s.step.get("detail", "") for s in stops}
+        rows = []
+        for s in steps:
+            if s["kind"] != "entry":
+                continue
+            how = ("conflict" if s["name"] in stopped else
+                   "merged upstream (proposed)" if s in merged else
+                   "recorded merged" if s["status"] == "dropped-as-merged" else
+                   {"clean": "strict", "3way": "3-way", "ledger": "ledger"}.get(s["applied"], s["status"]))
+            rows.append({"name": s["name"], "on_rev": how, "status": s["status"], "file": s["file"],
+                         "chosen_by": s["chosen_by"], "detail": stopped.get(s["name"], s["detail"]), "ledger": s["ledger"],
+                         "signals": s["signals"]})
+        report = {
+            "ok": outcome in ("clean", "refreshed"),
+            "outcome": outcome,
+            "exit_code": EXIT[outcome],
+            "series": {"name": series.name, "version": series.version, "base": series.base,
+                       "root": str(series.root)},
+            **self.info,
+            "direction": (final or {}).get("direction", ""),
+            "upstream_commits_between": (final or {}).get("upstream_commits_between", 0),
+            "upstream_commits": (final or {}).get("upstream_commits", [])[:50],
+            "entries": rows,
+            "needed_merge": [s["name"] for s in needed],
+            "conflicts": [s.to_json() for s in stops],
+            "merged": [{"entry": s["name"], "signals": s["signals"], "detail": s["detail"]} for s in merged],
+            "equivalence": {k: proof[k] for k in ("summary", "ok", "identical") if k in proof},
+            "checks": checks,
+            "refreshed": refreshed,
+            "problems": problems,
+            "reproduce": self.reproduce() if stops else [],
+            "rebase_report": "rebase-report.md" if final else "",
+            "out": str(self.out),
+            "seconds": round(time.monotonic() - self.started, 1),
+        }
+        report["headline"] = headline(report)
+        report["next"] = self._next(report)
+        return report
+
+    def _next(self, report: dict) -> list[str]:
+        """What to run for this outcome (shell commands, from the series checkout)."""
+        root, out = self.series.root, self.out
+        adopt = [f"rm -rf {_q(root / 'patches')} && cp -R {_q(out / 'series' / 'patches')} {_q(root / 'patches')}",
+                 f"c128patch lint --series {_q(root)}",
+                 f"git -C {_q(root)} add -A patches && git -C {_q(root)} commit -F {_q(out / 'commit-message.txt')}"]
+        outcome = report["outcome"]
+        if outcome in ("refreshed", "merged") and report["refreshed"]:
+            return adopt
+        if outcome == "conflict":
+            return [*report["reproduce"],
+                    f"# resolve the files it names, `git -C {WORK_TREE} add` them, then:",
+                    f"c128patch rebase --continue --tree {WORK_TREE} --series {_q(root)}",
+                    f"c128patch refresh --tree {WORK_TREE} --series {_q(root)}"]
+        return []
+
+    def timeout_report(self, exc: WatchTimeout) -> dict:
+        report = self._report("timeout", None, [], [], [], [], {}, [], None, [exc.message])
+        report["phase"] = self.where()
+        report["json"] = {}
+        return report
+
+    def write(self, report: dict, tmp: Path | None) -> None:
+        """Replace what an earlier watch wrote under ``out`` with this run's files."""
+        out = self.out
+        out.mkdir(parents=True, exist_ok=True)
+        for name in WRITTEN:
+            path = out / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        rebase_json = report.pop("json")
+        if report["refreshed"] is not None and tmp is not None:
+            shutil.copytree(tmp / "refreshed", out / "series", symlinks=True)
+            (out / "commit-message.txt").write_text(commit_message(report))
+        if rebase_json:
+            write_json_atomic(out / "rebase-report.json", rebase_json)
+            (out / "rebase-report.md").write_text(self._rebase_md)
+        (out / "watch-report.md").write_text(render(report))
+        write_json_atomic(out / REPORT, report)
+
+
+def watch(series: Series, repo: str | None, onto: str, out: Path, *, timeout: float | None = None,
+          primary: bool | None = None, reporter: Reporter = NullReporter()) -> dict:
+    """Run ``watch`` (module docstring) and write its report under ``out``; returns the report."""
+    out = check_out_dir(out)
+    run = Watch(series, repo, onto, out, primary=primary, reporter=reporter)
+    with tempfile.TemporaryDirectory(prefix="c128watch-") as tmp:
+        try:
+            with deadline(timeout, run.where):
+                report = run.work(Path(tmp))
+        except WatchTimeout as exc:
+            report = run.timeout_report(exc)
+            run.write(report, None)
+            exc.hint = (f"  report: {out / 'watch-report.md'}\n"
+                        f"  nothing else was written; give it more time with --timeout SECONDS")
+            raise
+        run.write(report, Path(tmp))
+    return report
+

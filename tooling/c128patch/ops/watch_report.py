@@ -1,0 +1,164 @@
+"""What ``watch`` tells a maintainer: the one-line headline, the Markdown report (the body CI posts
+as a pull request or an issue), and the commit message of a refreshed series. Reads the report
+dict ``ops.watch`` builds; decides nothing."""
+
+from __future__ import annotations
+
+WHAT = {
+    "clean": "Nothing to do: every entry applies strictly.",
+    "refreshed": "Review the refreshed series and adopt it: in CI the pull request carries it; by hand, the commands "
+                 "below.",
+    "merged": "Upstream holds entries of the series. Check the evidence; if it is right, adopt the proposed series "
+              "(the entries stay with `merged_in`, skipped where that commit is an ancestor). If not, nothing changes.",
+    "conflict": "A human has to resolve: reproduce the stop with the commands below, resolve once (the resolution is "
+                "recorded in the ledger and replays from then on), refresh, commit.",
+    "failed": "The series moved but the result is not proven or a check failed: nothing is offered as ready. "
+              "Read the problems below.",
+    "timeout": "The run did not finish in time: nothing is offered. Run it again with a larger --timeout.",
+}
+
+
+def where(report: dict) -> str:
+    onto = report["onto"]
+    return f"{onto['rev']}@{onto['commit'][:12]}" if onto["commit"] else onto["rev"]
+
+
+def _names(items: list[str], n: int = 4) -> str:
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def _evidence(signals: list[dict]) -> str:
+    content = [s for s in signals if s["kind"] != "pr-hint"]
+    return f"{content[0]['kind']}: {content[0]['detail']}" if content else ""
+
+
+def _conflict_line(c: dict) -> str:
+    files = sorted({b["path"] for b in c["blocks"]}) or c["unresolved"] or [c["file"]]
+    text = f"entry {c['entry']} conflicts in {_names(files, 2)}"
+    upstream = next((u for b in c["blocks"] for u in b["upstream"]), "")
+    if upstream:
+        text += f" since upstream commit {upstream}"
+    moved = next((b for b in c["blocks"] if b["moved_to"]), None)
+    if moved:
+        text += f"; the code its hunk edits now lives at {moved['path']}:{moved['moved_to']}"
+    return text
+
+
+def headline(report: dict) -> str:
+    s = report["series"]
+    series, at = f"series {s['name']} {s['version']}", where(report)
+    outcome = report["outcome"]
+    entries = report["entries"]
+    if outcome == "clean":
+        return f"{series} applies strictly on {at} ({len(entries)} entries, proven); nothing to do"
+    if outcome == "refreshed":
+        how = [f"{e['name']} ({e['on_rev']})" for e in entries if e["on_rev"] in ("3-way", "ledger")]
+        new = report["refreshed"]
+        return (f"{series} still applies on {at}: {len(how)} of {len(entries)} entries needed a 3-way merge or a "
+                f"recorded resolution ({_names(how)}); the refreshed series {s['name']} {new['version']} applies "
+                f"strictly there")
+    if outcome == "merged":
+        first = report["merged"][0]
+        return (f"upstream {at} holds {len(report['merged'])} entries of {series} on content evidence "
+                f"({_names([m['entry'] for m in report['merged']])}; {first['entry']}: {_evidence(first['signals'])}); "
+                "review before dropping")
+    if outcome == "conflict":
+        first, rest = report["conflicts"][0], report["conflicts"][1:]
+        text = _conflict_line(first).replace(" conflicts in ", f" conflicts on {at} in ", 1)
+        return text + (f"; {len(rest)} more: {_names([c['entry'] for c in rest])}" if rest else "")
+    if outcome == "failed":
+        return f"{series} on {at}: {report['problems'][0]}"
+    return report["problems"][0] if report["problems"] else f"{series} on {at}: {outcome}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render(report: dict) -> str:
+    s, outcome = report["series"], report["outcome"]
+    lines = [f"# c128patch watch: `{outcome}` on {where(report)}", "", f"**{report['headline']}**", ""]
+    base = report["base"]
+    lines += [f"- series: {s['name']} {s['version']}, base {base['rev']} (`{base['commit'][:12]}`)",
+              f"- upstream: {report['onto']['rev']} = `{report['onto']['commit']}` "
+              f"({report.get('upstream', {}).get('source', '?')}), {report['upstream_commits_between']} upstream "
+              f"commit(s) since the base" + (f", {report['direction']}" if report["direction"] else ""),
+              f"- outcome: `{outcome}` (exit {report['exit_code']}), {report['seconds']} s", "",
+              "## What to do", "", WHAT[outcome], ""]
+    if report["next"]:
+        lines += ["```sh", *report["next"], "```", ""]
+    if report["problems"]:
+        lines += ["## Problems", ""] + [f"- {p}" for p in report["problems"]] + [""]
+    if report["entries"]:
+        lines += ["## Entries", "", "| entry | on the new base | file (chosen by) | detail |", "| --- | --- | --- | --- |"]
+        for e in report["entries"]:
+            chosen = e["chosen_by"].split(":", 1)[0]
+            file = f"{e['file']} ({chosen})" if e["file"] and chosen else e["file"]
+            detail = e["detail"] + (f" (ledger {', '.join(e['ledger'])})" if e["ledger"] else "")
+            lines.append(f"| {e['name']} | {e['on_rev']} | {_cell(file)} | {_cell(detail)} |")
+        lines.append("")
+    for c in report["conflicts"]:
+        lines += [f"## Conflict: {c['entry']}", "", _conflict_line(c) + ".", "", f"from `{c['file']}`"
+                  + (f" ({c['chosen_by']})" if c["chosen_by"] else ""), ""]
+        if c["after_skipping"]:
+            lines += [f"Reached after skipping {', '.join(c['after_skipping'])}: it may conflict only because of that.", ""]
+        for b in c["blocks"]:
+            first, last = b["lines"]
+            at = f"lines {first}-{last}" if last >= first else f"after line {last}"
+            lines.append(f"- `{b['path']}` {at} on the new base: hunk `{b['hunk'] or '?'}`"
+                         + ("; **the upstream side is empty** (upstream removed or moved this code)" if b["empty"] else "")
+                         + (f"; the code this hunk edits now lives at line {b['moved_to']}" if b["moved_to"] else "")
+                         + (f"; upstream: {'; '.join(b['upstream'][:5])}" if b["upstream"] else ""))
+        if c["resolved_by_ledger"]:
+            lines.append("- partly resolved by the ledger: " + ", ".join(
+                f"{r['entry']}:{r['key']} ({r['path']})" for r in c["resolved_by_ledger"])
+                + f"; still conflicted: {', '.join(c['unresolved'])}")
+        if not c["blocks"]:
+            lines.append(f"- {c['detail']}")
+        lines.append("")
+    for m in report["merged"]:
+        lines += [f"## Merged upstream (proposed): {m['entry']}", ""]
+        lines += [f"- {sig['kind']}: {sig['detail']}" + ("" if sig["kind"] != "pr-hint" else " (a hint, not evidence)")
+                  for sig in m["signals"]]
+        lines.append("")
+    proof = report["equivalence"]
+    if proof:
+        carried = " (of the entries that carry; the conflicting ones left out)" if report["conflicts"] else ""
+        lines += [f"## Proof{carried}", "", proof["summary"], ""]
+    if report["checks"]:
+        lines += ["## Checks", "", "| check | result | findings / notes |", "| --- | --- | --- |"]
+        for c in report["checks"]:
+            result = "not run" if c.get("skipped") else "ok" if c["ok"] else "**FAILED**"
+            said = c["findings"][:5] + c["notes"][:3]
+            lines.append(f"| {c['name']} | {result} | {_cell('; '.join(said))} |")
+        lines.append("")
+    new = report["refreshed"]
+    if new:
+        lines += [f"## The {'refreshed' if outcome != 'merged' else 'proposed'} series", "",
+                  f"- {s['name']} {new['version']} in `{report['out']}/series/` ({new['mode']} files for "
+                  f"{new['label']}; base {new['base']})",
+                  f"- applied fresh on {where(report)}: "
+                  + ("every entry strictly" if new["applies_strictly"] else "**not strictly**")
+                  + (", the same tree as the proven rebase" if new["same_tree"] else ", **a different tree**")
+                  + ("; `refresh --check` there changes nothing" if new["fixed_point"] else "; **refresh --check fails**")]
+        lines += [f"- changed: `{p}`" for p in new["changed"]]
+        lines += [f"- note: {n}" for n in new["notes"]]
+        lines.append("")
+    if report["upstream_commits"]:
+        lines += ["## Upstream commits since the base", ""]
+        lines += [f"- {c}" for c in report["upstream_commits"][:20]]
+        more = report["upstream_commits_between"] - min(20, len(report["upstream_commits"]))
+        lines += ([f"- ... and {more} more"] if more > 0 else []) + [""]
+    if report["rebase_report"]:
+        lines.append(f"The rebase's own report: `{report['rebase_report']}` next to this file.")
+    return "\n".join(lines) + "\n"
+
+
+def commit_message(report: dict) -> str:
+    s, new = report["series"], report["refreshed"]
+    verb = "refresh" if report["outcome"] == "refreshed" else "propose entries merged upstream in"
+    lines = [f"patches: {verb} the series for upstream {where(report)}", "", report["headline"] + ".", ""]
+    lines += [f"{e['name']}: {e['on_rev']}" for e in report["entries"] if e["on_rev"] != "strict"]
+    lines += ["", f"Series {s['name']} {s['version']} -> {new['version']} ({new['mode']} files for {new['label']}).",
+              f"Proof: {report['equivalence'].get('summary', '')}.", "", "Made by c128patch watch."]
+    return "\n".join(lines) + "\n"
