@@ -68,10 +68,13 @@ def patched_trees(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFa
 
 @pytest.fixture(scope="session")
 def series_trees(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    """tag -> (patched, upstream): the files the product series writes (``support.series_paths``), with
-    the whole series applied and as released; each folder holds ``sglang/``. Shared: do not write into them."""
+    """tag -> (patched, upstream): the files the product series writes (``support.series_paths``) and the
+    upstream ones the series III tests run beside them (``series3_tree.SERIES3_READS``), with the whole
+    series applied and as released; each folder holds ``sglang/``. Shared: do not write into them."""
+    from series3_tree import SERIES3_READS
+
     root = tmp_path_factory.mktemp("series")
-    paths = series_paths(load_series(REPO_ROOT))
+    paths = series_paths(load_series(REPO_ROOT)) + SERIES3_READS
     return {tag: (patched_tree(REPO_ROOT, sglang_release_repo, tag, root / "patched" / tag, paths),
                   release_tree(sglang_release_repo, tag, root / "upstream" / tag, paths))
             for tag in RELEASES}

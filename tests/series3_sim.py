@@ -10,6 +10,9 @@ checks emitted rows, banks and committed state against a float64 reference.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+import types
 from collections import namedtuple
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -234,6 +237,50 @@ class History:
                            self.score[first - self.base : end - self.base], ape, first)
 
 
+# -- the live config the controller reads (sglang.srt.runtime_context) -------------------
+
+RUNTIME_CONTEXT = "sglang.srt.runtime_context"
+
+
+def launch_namespaces(**overrides: Any) -> Dict[str, Any]:
+    """Resolved config namespaces of a default single-GPU DSPARK launch (upstream's field
+    defaults; `device` resolved to cuda), as `get_exec()` / `get_disagg()` / `get_device()`
+    / `get_parallel()` serve them. `overrides`: field name -> value."""
+    fields = dict(
+        enable_two_batch_overlap=False, enable_pdmux=False, disaggregation_mode="null",
+        device="cuda", attn_dp_size=1, attn_cp_size=1, dcp_size=1, pp_size=1,
+    )
+    unknown = set(overrides) - set(fields)
+    assert not unknown, unknown
+    fields.update(overrides)
+    return dict(
+        exec_=SimpleNamespace(overlap=SimpleNamespace(enable_two_batch_overlap=fields["enable_two_batch_overlap"])),
+        disagg=SimpleNamespace(enable_pdmux=fields["enable_pdmux"], disaggregation_mode=fields["disaggregation_mode"]),
+        device=SimpleNamespace(device=fields["device"]),
+        parallel=SimpleNamespace(**{k: fields[k] for k in ("attn_dp_size", "attn_cp_size", "dcp_size", "pp_size")}),
+    )
+
+
+def runtime_context_standin(namespaces: Dict[str, Any]) -> types.ModuleType:
+    """A stand-in for `sglang.srt.runtime_context` (its heavy imports cannot load here)
+    serving `namespaces` through the getters the controller calls."""
+    mod = types.ModuleType(RUNTIME_CONTEXT, "c128patch stand-in (tests/series3_sim.py)")
+    mod.get_exec = lambda: namespaces["exec_"]
+    mod.get_disagg = lambda: namespaces["disagg"]
+    mod.get_device = lambda: namespaces["device"]
+    mod.get_parallel = lambda: namespaces["parallel"]
+    return mod
+
+
+def install_runtime_context(**overrides: Any) -> types.ModuleType:
+    """Put a `runtime_context_standin` in sys.modules (replacing an earlier stand-in)."""
+    current = sys.modules.get(RUNTIME_CONTEXT)
+    assert current is None or "stand-in" in (current.__doc__ or ""), "a real runtime_context is loaded"
+    mod = runtime_context_standin(launch_namespaces(**overrides))
+    sys.modules[RUNTIME_CONTEXT] = mod
+    return mod
+
+
 # -- the backend the controller sees ---------------------------------------------------
 
 
@@ -261,8 +308,11 @@ class FakeKVPool:
 
 
 class Spec:
+    """upstream's SpeculativeAlgorithm as the controller reads it (`name`, `is_dspark()`)."""
+
     def __init__(self, dspark: bool = True):
         self.dspark = dspark
+        self.name = "DSPARK" if dspark else "EAGLE"
 
     def is_dspark(self) -> bool:
         return self.dspark
@@ -284,27 +334,57 @@ def fake_backend(pool: FakeKVPool, *, width: int, device, draft: bool = False,
     return backend
 
 
-# -- layouts (mirror ragged_verify.py / PaddedToBucket) ----------------------------------
+# -- layouts: upstream's own (speculative/ragged_verify.py) ------------------------------
+
+TRITON_DOC = "c128patch stand-in for triton (tests/series3_sim.py)"
 
 
-def padded_lens(real: List[int], padded_bs: int, graph_num_tokens: int) -> List[int]:
-    """Full-coverage padding: padding rows share the leftover (base / base+1, zeros when
-    short); with no padding rows the last real row takes it all."""
-    leftover = graph_num_tokens - sum(real)
-    assert leftover >= 0
-    pads = padded_bs - len(real)
-    if pads == 0:
-        return real[:-1] + [real[-1] + leftover] if real else []
-    base, rem = divmod(leftover, pads)
-    return real + [base + 1] * rem + [base] * (pads - rem)
+def install_triton_standin() -> bool:
+    """Where triton is not installed (CPU machines), a stand-in with what
+    `kernels/ops/speculative/ragged_verify_kernels.py` needs at import (`triton.jit`,
+    `triton.language`), so its torch paths (CPU tensors) run; a jitted kernel called
+    anyway fails loudly. Returns whether the stand-in was installed."""
+    if "triton" in sys.modules or importlib.util.find_spec("triton") is not None:
+        return False
+
+    def _not_here(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("triton is not installed: the stand-in cannot run a triton kernel")
+
+    triton = types.ModuleType("triton", TRITON_DOC)
+    triton.jit = lambda fn=None, **kw: (lambda f: _StandinKernel(f)) if fn is None else _StandinKernel(fn)
+    triton.next_power_of_2 = _not_here
+    language = types.ModuleType("triton.language", TRITON_DOC)
+    triton.language = language
+    sys.modules["triton"], sys.modules["triton.language"] = triton, language
+    return True
 
 
-def exclusive_cumsum(lens: List[int]) -> List[int]:
-    out, acc = [], 0
-    for n in lens:
-        out.append(acc)
-        acc += n
-    return out
+class _StandinKernel:
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __getitem__(self, grid: Any) -> Any:
+        raise RuntimeError(f"triton is not installed: cannot launch {self.fn.__name__}")
+
+
+def padded_layout(ragged: Any, real: List[int], padded_bs: int, graph_num_tokens: int, device):
+    """(live, padded): the batch's compact layout of `real` verify lengths in a
+    `graph_num_tokens` bucket, and what the DSV4 backend's `_resolve_verify_layout` hands
+    on, `padded_to_bucket(padded_bs=...)`; both upstream's `RaggedVerifyLayout` of the
+    release (`ragged`), built with its torch paths, then moved to `device`."""
+    cls = ragged.RaggedVerifyLayout
+    live = cls.from_verify_lens_device(
+        verify_lens=torch.tensor(real, dtype=torch.int32), graph_num_tokens=graph_num_tokens
+    )
+    padded = live.padded_to_bucket(padded_bs=padded_bs)
+    return _moved(live, device), _moved(padded, device)
+
+
+def _moved(layout: Any, device) -> Any:
+    import msgspec
+
+    device_fields = ("verify_lens", "extend_start_loc", "qo_indptr_device")
+    return msgspec.structs.replace(layout, **{f: getattr(layout, f).to(device) for f in device_fields})
 
 
 # -- the simulation ---------------------------------------------------------------------
@@ -335,8 +415,9 @@ class StepReport:
 class Simulation:
     """Requests with committed histories; `step_*` run one verify through the controller."""
 
-    def __init__(self, cfg: SimConfig, controller_cls, commit_after_verify, ops) -> None:
-        self.cfg, self.ops = cfg, ops
+    def __init__(self, cfg: SimConfig, controller_cls, commit_after_verify, ops, ragged) -> None:
+        """`ragged`: the release's `sglang.srt.speculative.ragged_verify` (its layouts)."""
+        self.cfg, self.ops, self.ragged = cfg, ops, ragged
         self.commit_after_verify = commit_after_verify
         self.gen = torch.Generator().manual_seed(cfg.seed)
         w, d = cfg.width, cfg.device
@@ -391,34 +472,25 @@ class Simulation:
         w = self.cfg.width
         real = [self._randint(1, w) for _ in slots]
         tokens = min(sum(real) + extra_tokens, padded_bs * w)
-        assert len(slots) <= padded_bs and tokens <= padded_bs * w
-        lens = padded_lens(real, padded_bs, tokens)
-        ragged = SimpleNamespace(
-            verify_lens=self._dev(lens, torch.int32),
-            extend_start_loc=self._dev(exclusive_cumsum(lens), torch.int32),
-            graph_num_tokens=tokens,
-        )
-        live = SimpleNamespace(  # the worker's layout: the real rows, the same token bucket
-            bs=len(slots),
-            verify_lens=self._dev(real, torch.int32),
-            extend_start_loc=self._dev(exclusive_cumsum(real), torch.int32),
-            graph_num_tokens=tokens,
-        )
-        return self._run("compact", slots, real, lens, tokens, ragged, live, verify_bs=7 * padded_bs)
+        assert slots and len(slots) <= padded_bs and tokens <= padded_bs * w
+        live, ragged = padded_layout(self.ragged, real, padded_bs, tokens, self.cfg.device)
+        lens = ragged.verify_lens.tolist()
+        starts = ragged.extend_start_loc.tolist()
+        return self._run("compact", slots, real, lens, starts, tokens, ragged, live, verify_bs=7 * padded_bs)
 
     def step_static(self, slots: List[int], padded_bs: int) -> StepReport:
         w = self.cfg.width
         real = [w] * len(slots)
         lens = [w] * padded_bs
-        return self._run("static", slots, real, lens, padded_bs * w, None, None, verify_bs=len(slots))
+        starts = [b * w for b in range(padded_bs)]  # the controller's uniform layout
+        return self._run("static", slots, real, lens, starts, padded_bs * w, None, None, verify_bs=len(slots))
 
     def _dev(self, values: List[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.cfg.device)
 
-    def _run(self, kind, slots, real, lens, tokens, ragged, live, *, verify_bs) -> StepReport:
+    def _run(self, kind, slots, real, lens, starts, tokens, ragged, live, *, verify_bs) -> StepReport:
         cfg, d = self.cfg, self.cfg.device
         padded_bs = len(lens)
-        starts = exclusive_cumsum(lens)
         seq_before = [self.seq[s] for s in slots] + [1] * (padded_bs - len(slots))
         rids = list(slots) + [0] * (padded_bs - len(slots))
         # Draft guesses of this step, per layer; every other token is NaN (must not be read).

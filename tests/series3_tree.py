@@ -9,7 +9,10 @@ The manifest, variant choice and patched trees are the product's own (``c128patc
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
+import importlib.abc
+import importlib.machinery
 import sys
 import textwrap
 import types
@@ -39,34 +42,71 @@ def selected_patches(series: Series, repo: Path, tag: str) -> List[Planned]:
 
 # -- importing from a tree without sglang's package __init__s -------------------------
 
-_PACKAGES = (
-    "sglang",
-    "sglang.srt",
-    "sglang.srt.layers",
-    "sglang.srt.layers.attention",
-    "sglang.srt.layers.attention.dsv4",
-)
+# Upstream files the series III tests run or read besides those the series writes
+# (absent ones are skipped per release: the MTP controller moved in 0.5.23).
+SERIES3_READS = [
+    "python/sglang/srt/speculative/ragged_verify.py",
+    "python/sglang/kernels/ops/speculative/ragged_verify_kernels.py",
+    "python/sglang/kernels/ops/attention/dsv4/online_c128_mtp.py",
+    "python/sglang/srt/layers/attention/dsv4/online_c128_mtp.py",
+    "python/sglang/srt/layers/attention/dsv4/metadata.py",
+    "python/sglang/kernels/ops/attention/dsv4/compress.py",
+]
+
+
+class _PackageFinder(importlib.abc.MetaPathFinder):
+    """`sglang` and its sub-packages of `tree` -> empty modules over the real folders (no
+    `__init__` runs); modules load from the files themselves."""
+
+    def __init__(self, tree: Path) -> None:
+        self.tree = tree
+
+    def find_spec(self, fullname: str, path, target=None):
+        if fullname != "sglang" and not fullname.startswith("sglang."):
+            return None
+        folder = self.tree.joinpath(*fullname.split("."))
+        if not folder.is_dir():
+            return None
+        spec = importlib.machinery.ModuleSpec(fullname, _EmptyLoader(), is_package=True)
+        spec.submodule_search_locations = [str(folder)]
+        return spec
+
+
+class _EmptyLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        return types.ModuleType(spec.name)
+
+    def exec_module(self, module) -> None:
+        pass
 
 
 @contextlib.contextmanager
-def sglang_imports(tree: Path) -> Iterator[None]:
-    """Make `import sglang.srt.environ` and the dsv4 overlay modules load from `tree` (which
-    holds `sglang/`; the packages are empty stand-ins, so no `__init__` runs). Writes no
-    bytecode: the trees are shared by the session."""
+def sglang_imports(tree: Path, **launch) -> Iterator[None]:
+    """Make `import sglang.<module>` load from `tree` (which holds `sglang/`; the packages
+    are empty stand-ins, so no `__init__` runs), with `series3_sim`'s stand-ins for
+    `sglang.srt.runtime_context` (serving a default launch, `launch` overriding its
+    fields) and, where it is not installed, triton. Writes no bytecode: the trees are
+    shared by the session."""
+    from series3_sim import TRITON_DOC, install_runtime_context, install_triton_standin
+
     saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
     for name in saved:
         del sys.modules[name]
-    for name in _PACKAGES:
-        module = types.ModuleType(name)
-        module.__path__ = [str(tree / name.replace(".", "/"))]
-        sys.modules[name] = module
+    finder = _PackageFinder(tree)
+    sys.meta_path.insert(0, finder)
+    triton = install_triton_standin()
+    install_runtime_context(**launch)
     bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         yield
     finally:
         sys.dont_write_bytecode = bytecode
+        sys.meta_path.remove(finder)
         for name in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
             del sys.modules[name]
+        if triton:
+            for name in ("triton", "triton.language"):
+                assert sys.modules.pop(name).__doc__ == TRITON_DOC
         sys.modules.update(saved)
 
 
@@ -92,3 +132,61 @@ def load_function(path: Path, qualname: str, namespace: dict) -> types.FunctionT
     source = "from __future__ import annotations\n" + textwrap.dedent("\n".join(lines))
     exec(compile(source, f"{path}:{qualname}", "exec"), namespace)
     return namespace[node.name]
+
+
+def load_class(path: Path, name: str, namespace: dict) -> type:
+    """Compile one top-level class of an upstream module against `namespace`."""
+    tree = ast.parse(path.read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    lines = path.read_text().splitlines()[start - 1 : node.end_lineno]
+    source = "from __future__ import annotations\n" + "\n".join(lines)
+    namespace.setdefault("__name__", _namespace_module(namespace))
+    exec(compile(source, f"{path}:{name}", "exec"), namespace)
+    return namespace[name]
+
+
+def _namespace_module(namespace: dict) -> str:
+    """A sys.modules entry for `namespace` (dataclasses look string annotations up there)."""
+    name = f"c128patch_upstream_{id(namespace)}"
+    module = types.ModuleType(name)
+    module.__dict__.update(namespace)
+    sys.modules[name] = module
+    return name
+
+
+def required_globals(path: Path, qualname: str) -> set:
+    """Names the function reads that it does not bind itself nor gets from builtins: what
+    its module must provide (a namespace lacking one fails before the function runs)."""
+    node = function_node(path, qualname)
+    loads, bound = set(), set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            (loads if isinstance(n.ctx, ast.Load) else bound).add(n.id)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n is not node:
+            bound.add(n.name)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+    return loads - bound - set(dir(builtins))
+
+
+def load_with_globals(path: Path, qualname: str, namespace: dict) -> types.FunctionType:
+    """`load_function`, refusing a namespace that lacks a global the function reads (so an
+    upstream change to what it uses fails loudly, naming the names)."""
+    missing = required_globals(path, qualname) - set(namespace)
+    if missing:
+        raise AssertionError(f"{path}:{qualname} reads globals the test does not provide: {sorted(missing)}")
+    return load_function(path, qualname, namespace)
+
+
+def pretend_cuda_build(monkeypatch) -> None:
+    """This CPU machine's torch as a CUDA build, for the platform rule (the kernels never run
+    on these tests' CPU tensors; ops are torch models there)."""
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", torch.version.cuda or "12.8")
+    monkeypatch.setattr(torch.version, "hip", None)

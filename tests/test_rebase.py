@@ -625,7 +625,7 @@ def test_an_interrupted_rebase_resumes_to_the_proven_tree(sglang_release_repo, t
     else:
         assert proc.returncode == 130 and "interrupted: the rebase journal is intact" in proc.stderr
     journal = json.loads(rebase_journal(git).read_text())
-    assert journal["pos"] == 3 and [s["status"] for s in journal["steps"]][3:] == ["pending"] * 7
+    assert journal["pos"] == 3 and [s["status"] for s in journal["steps"]][3:] == ["pending"] * (len(load_series(series_dir).entries) - 3)
     assert invoke("status", "--tree", str(git.worktree), "--series", str(series_dir)).out["rebase_in_progress"]
     run = rebase(git, series_dir, "--continue")
     assert run.code == 0, run.err

@@ -21,7 +21,8 @@ from series3_sim import (
     fake_backend,
     run_decode,
 )
-from series3_tree import ENV, sglang_imports
+from series3_tree import ENV, pretend_cuda_build, sglang_imports
+from support import RELEASES
 
 ONLINE_ENV = "SGLANG_OPT_USE_ONLINE_COMPRESS"
 MTP_ENV = "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP"
@@ -29,17 +30,27 @@ KERNEL_OPS = "sglang.kernels.ops.attention.dsv4.online_c128_dspark"
 W, SLOTS = 8, 6
 
 
-@pytest.fixture(params=["v0.5.22", "v0.5.23"])
+@pytest.fixture(params=RELEASES)
 def mod(request, series_trees, monkeypatch: pytest.MonkeyPatch):
-    """The controller module, imported from the patched tree of the release."""
-    for name in (ENV, ONLINE_ENV, MTP_ENV):
+    """The controller module, imported from the patched tree of the release (a default
+    single-GPU launch in the stand-in runtime context)."""
+    for name in (ENV, ONLINE_ENV, MTP_ENV, "SGLANG_RAGGED_VERIFY_MODE"):
         monkeypatch.delenv(name, raising=False)
+    pretend_cuda_build(monkeypatch)
     patched, _ = series_trees[request.param]
     with sglang_imports(patched):
         from sglang.srt.layers.attention.dsv4 import online_c128_dspark
 
         assert KERNEL_OPS not in sys.modules  # the kernel ops load lazily
         yield online_c128_dspark
+
+
+@pytest.fixture
+def ragged(mod):
+    """The release's own ragged verify layouts (speculative/ragged_verify.py)."""
+    from sglang.srt.speculative import ragged_verify
+
+    return ragged_verify
 
 
 @pytest.fixture
@@ -79,7 +90,7 @@ def _i32(*values):
 # -- gating ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("envs_set", [(), (ONLINE_ENV,), (ENV,)])
+@pytest.mark.parametrize("envs_set", [(), (ONLINE_ENV,)])
 def test_disabled_does_nothing(mod, monkeypatch, envs_set) -> None:
     for name in envs_set:
         monkeypatch.setenv(name, "1")
@@ -99,23 +110,40 @@ def test_disabled_does_nothing(mod, monkeypatch, envs_set) -> None:
         req_pool_indices=torch.tensor([1, 2]),
     )
     assert controller._states is None  # not even the pool was read
-    backend.online_c128_dspark = controller
-    mod.commit_after_verify(
-        backend.model_runner,
-        seq_lens=torch.ones(1, dtype=torch.int64),
-        new_seq_lens=torch.ones(1, dtype=torch.int64),
-        req_pool_indices=torch.ones(1, dtype=torch.int64),
-        layout=None,
-    )
 
 
-@pytest.mark.parametrize("kwargs", [{"draft": True}, {"dspark": False}])
-def test_disabled_off_the_dspark_target(mod, monkeypatch, kwargs) -> None:
+def test_gate_without_online_compress_is_refused_at_construction(mod, monkeypatch) -> None:
+    monkeypatch.setenv(ENV, "1")
+    with pytest.raises(ValueError, match=f"{ENV}=1 refuses this configuration:\n  - SGLANG_OPT_USE_ONLINE_COMPRESS is not set"):
+        mod.OnlineC128DsparkController(_backend()[0])
+
+
+def test_disabled_on_the_draft_runner(mod, monkeypatch) -> None:
     _enable(monkeypatch)
-    backend, _ = _backend(**kwargs)
-    assert mod.OnlineC128DsparkController(backend).enabled() is False
-    backend, _ = _backend()
-    assert mod.OnlineC128DsparkController(backend).enabled() is True
+    assert mod.OnlineC128DsparkController(_backend(draft=True)[0]).enabled() is False
+    assert mod.OnlineC128DsparkController(_backend()[0]).enabled() is True
+
+
+def test_another_algorithm_is_refused_at_construction(mod, monkeypatch) -> None:
+    _enable(monkeypatch)
+    with pytest.raises(ValueError, match="--speculative-algorithm is EAGLE"):
+        mod.OnlineC128DsparkController(_backend(dspark=False)[0])
+
+
+@pytest.mark.parametrize(
+    "launch,words",
+    [({"enable_two_batch_overlap": True}, "--enable-two-batch-overlap"), ({"enable_pdmux": True}, "--enable-pdmux"),
+     ({"attn_dp_size": 2}, "DP attention")],
+)
+def test_refused_launch_is_refused_at_construction(mod, monkeypatch, launch, words: str) -> None:
+    """Each of TBO's micro-batch backends (and any other) constructs a controller: the
+    controller itself refuses what the rules refuse, from the live config."""
+    from series3_sim import install_runtime_context
+
+    _enable(monkeypatch)
+    install_runtime_context(**launch)
+    with pytest.raises(ValueError, match=f"refuses this configuration:\n  - {words}"):
+        mod.OnlineC128DsparkController(_backend()[0])
 
 
 def test_refuses_upstream_mtp_controller_alongside(mod, monkeypatch) -> None:
@@ -125,8 +153,12 @@ def test_refuses_upstream_mtp_controller_alongside(mod, monkeypatch) -> None:
         mod.OnlineC128DsparkController(backend)
 
 
-def test_commit_after_verify_without_controller(mod) -> None:
-    runner = SimpleNamespace(attn_backend=SimpleNamespace())
+class TboAttnBackend:
+    """What the target runner's backend is under --enable-two-batch-overlap: a wrapper
+    without the controller attribute."""
+
+
+def _commit_after_verify(mod, runner) -> None:
     mod.commit_after_verify(
         runner,
         seq_lens=torch.ones(1, dtype=torch.int64),
@@ -134,6 +166,19 @@ def test_commit_after_verify_without_controller(mod) -> None:
         req_pool_indices=torch.ones(1, dtype=torch.int64),
         layout=None,
     )
+
+
+def test_commit_after_verify_without_controller_raises(mod) -> None:
+    runner = SimpleNamespace(attn_backend=TboAttnBackend())
+    with pytest.raises(RuntimeError, match=r"backend \(TboAttnBackend\) has no online c128 DSPARK controller"):
+        _commit_after_verify(mod, runner)
+
+
+def test_commit_after_verify_with_a_disabled_controller_raises(mod) -> None:
+    backend, _ = _backend()
+    backend.online_c128_dspark = mod.OnlineC128DsparkController(backend)  # gate unset: disabled
+    with pytest.raises(RuntimeError, match="has a disabled online c128 DSPARK controller"):
+        _commit_after_verify(mod, backend.model_runner)
 
 
 # -- the plan's arguments --------------------------------------------------------------
@@ -213,12 +258,28 @@ def test_plan_needs_its_prepare(mod, ops, monkeypatch) -> None:
         controller.prepare_verify(_fb(), bs=SLOTS + 9, verify_bs=1, ragged_layout=None)
 
 
-def test_no_plan_without_c128_layers(mod, ops, monkeypatch) -> None:
+def test_no_online_c128_state_pools_is_refused_at_construction(mod, ops, monkeypatch) -> None:
     _enable(monkeypatch)
-    controller = mod.OnlineC128DsparkController(_backend(layers=0)[0])
-    controller.prepare_verify(_fb(), bs=2, verify_bs=2, ragged_layout=None)
-    assert controller.build_verify_plan(_raw([9] * 2, [1, 2]), num_q_tokens=2 * W) is None
+    with pytest.raises(RuntimeError, match="has no online c128 state pool, so there is nothing to bank"):
+        mod.OnlineC128DsparkController(_backend(layers=0)[0])
+    backend, _ = _backend()
+    backend.token_to_kv_pool = SimpleNamespace(get_online_c128_mtp_max_draft_tokens=lambda: W)
+    with pytest.raises(RuntimeError, match="has no compress_state_pools: not a DeepSeek-V4 pool"):
+        mod.OnlineC128DsparkController(backend)
     assert ops.calls == []
+
+
+def test_a_plan_that_cannot_be_built_is_an_error(mod, ops, monkeypatch) -> None:
+    """Never None (which would hand the verify to upstream's host planner) while enabled."""
+    _enable(monkeypatch)
+    controller = mod.OnlineC128DsparkController(_backend()[0])
+    controller.prepare_verify(_fb(), bs=2, verify_bs=2, ragged_layout=None)
+    controller._states = []  # the pools vanished after construction
+    with pytest.raises(RuntimeError, match="verify plan without online c128 state pools"):
+        controller.build_verify_plan(_raw([9] * 2, [1, 2]), num_q_tokens=2 * W)
+    with pytest.raises(RuntimeError, match="commit without online c128 state pools"):
+        controller.commit(seq_lens=torch.ones(1, dtype=torch.int64), new_seq_lens=torch.ones(1, dtype=torch.int64),
+                          req_pool_indices=torch.ones(1, dtype=torch.int64))
 
 
 # -- per layer ----------------------------------------------------------------------------
@@ -240,8 +301,9 @@ def test_compress_fn_routes_only_its_own_plans(mod, ops, monkeypatch) -> None:
     assert controller.owned_plan(captured) is not None  # a graph's plan stays owned
     assert controller.owned_plan(eager) is None  # only the latest eager one
     sentinel = object()
-    assert controller.compress_fn(eager, sentinel) is sentinel
-    assert controller.compress_fn(object(), sentinel) is sentinel
+    assert controller.compress_fn(object(), sentinel) is sentinel  # not a DSPARK plan
+    with pytest.raises(RuntimeError, match="a DSPARK verify plan this backend's controller does not hold"):
+        controller.compress_fn(eager, sentinel)
 
     fn = controller.compress_fn(newer, sentinel)
     assert fn is not sentinel
@@ -261,15 +323,29 @@ def test_compress_fn_routes_only_its_own_plans(mod, ops, monkeypatch) -> None:
     assert name == "verify"
     assert args["state"].shape == states[1].shape and args["state"].data_ptr() == states[1].data_ptr()
     assert args["kv_score_input"] is kv_score_input and args["ape"].shape == (128, HEAD_DIM)
-    assert args["plan"] is controller.owned_plan(newer) and args["plan"].prefill_plan is newer
+    assert args["plan"] is controller.owned_plan(newer)
+    assert args["plan"].prefill_plan.plan_c is newer.plan_c  # the same tensors upstream reads
+
+
+def test_dspark_plan_is_upstreams_type_with_copy_refused(mod, ops, monkeypatch) -> None:
+    _enable(monkeypatch)
+    controller = mod.OnlineC128DsparkController(_backend()[0])
+    controller.prepare_verify(_fb(), bs=2, verify_bs=2, ragged_layout=None)
+    plan = controller.build_verify_plan(_raw([9, 9], [1, 2]), num_q_tokens=2 * W)
+    base = controller.owned_plan(plan).prefill_plan
+    assert isinstance(plan, type(base)) and tuple(plan) == tuple(base) and mod.is_dspark_plan(plan)
+    assert not mod.is_dspark_plan(base)
+    with pytest.raises(RuntimeError, match="an in-place copy of a DSPARK verify plan"):
+        plan.copy_(plan)
 
 
 # -- after accept -------------------------------------------------------------------------
 
 
-def test_commit_once_per_step_all_layers(mod, ops, monkeypatch) -> None:
+def test_commit_once_per_step_all_layers(mod, ops, ragged, monkeypatch) -> None:
     _enable(monkeypatch)
-    sim = Simulation(SimConfig(num_slots=SLOTS, width=W, num_layers=3), mod.OnlineC128DsparkController, mod.commit_after_verify, ops)
+    sim = Simulation(SimConfig(num_slots=SLOTS, width=W, num_layers=3), mod.OnlineC128DsparkController,
+                     mod.commit_after_verify, ops, ragged)
     for slot in range(1, SLOTS):
         sim.admit(slot, 100 + slot)
     sim.step_compact([2, 4, 1], padded_bs=5, extra_tokens=3)
@@ -290,11 +366,12 @@ def test_commit_once_per_step_all_layers(mod, ops, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_simulated_decode(mod, ops, monkeypatch, seed: int) -> None:
+def test_simulated_decode(mod, ops, ragged, monkeypatch, seed: int) -> None:
     """Compact (zero rows, last-row inflation), static (padded), empty buckets and slot
     reuse over many steps: emitted rows, banks and committed state match float64."""
     _enable(monkeypatch)
-    sim = Simulation(SimConfig(seed=seed, num_slots=7), mod.OnlineC128DsparkController, mod.commit_after_verify, ops)
+    sim = Simulation(SimConfig(seed=seed, num_slots=7), mod.OnlineC128DsparkController, mod.commit_after_verify,
+                     ops, ragged)
     reports = run_decode(sim, steps=10)
     kinds = {r.kind for r in reports}
     assert kinds == {"compact", "static"}
@@ -319,11 +396,12 @@ class _VerifyWithoutApe(ReferenceOps):
 
 
 @pytest.mark.parametrize("mutant,what", [(_CommitOneShort, "commit"), (_VerifyWithoutApe, "bank|emit")])
-def test_simulated_decode_catches_a_wrong_kernel(mod, monkeypatch, mutant, what: str) -> None:
+def test_simulated_decode_catches_a_wrong_kernel(mod, ragged, monkeypatch, mutant, what: str) -> None:
     """The float64 checks of the simulated decode fail when the kernel model is wrong."""
     _enable(monkeypatch)
     ops = mutant()
     monkeypatch.setattr(mod, "_ops", lambda: ops)
-    sim = Simulation(SimConfig(seed=0, num_slots=7), mod.OnlineC128DsparkController, mod.commit_after_verify, ops)
+    sim = Simulation(SimConfig(seed=0, num_slots=7), mod.OnlineC128DsparkController, mod.commit_after_verify,
+                     ops, ragged)
     with pytest.raises(AssertionError, match=what):
         run_decode(sim, steps=10)

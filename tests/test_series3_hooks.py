@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from series3_sim import STATE_DIM, FakeKVPool, ReferenceOps, fake_backend
-from series3_tree import ENV, load_function, sglang_imports
+from series3_tree import ENV, load_function, pretend_cuda_build, sglang_imports
 from support import RELEASES
 
 COMPRESSOR = "sglang/srt/layers/attention/dsv4/compressor_v2.py"
@@ -50,8 +50,9 @@ class Recorder:
 @pytest.fixture(params=RELEASES)
 def trees(request, series_trees, monkeypatch: pytest.MonkeyPatch):
     """(patched, upstream) of one release (the session's shared trees)."""
-    for name in (ENV, ONLINE_ENV, "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP"):
+    for name in (ENV, ONLINE_ENV, "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP", "SGLANG_RAGGED_VERIFY_MODE"):
         monkeypatch.delenv(name, raising=False)
+    pretend_cuda_build(monkeypatch)
     return series_trees[request.param]
 
 
@@ -141,7 +142,7 @@ def test_compressor_routes_dspark_verify_plans(trees, monkeypatch) -> None:
         # The fused verify compress ran instead of compress_forward ...
         assert [name for name, _ in calls] == ["compress_norm_rope_store"]
         name, args = ops.calls[-1]
-        assert name == "verify" and args["plan"].prefill_plan is plan
+        assert name == "verify" and args["plan"] is controller.owned_plan(plan)
         assert args["state"].data_ptr() == states[0].data_ptr()
         # ... and the store consumed its rows with the very same plan.
         store = calls[0][1]

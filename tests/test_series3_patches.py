@@ -26,8 +26,8 @@ from support import RELEASES, REPO_ROOT
 SERIES = load_series(REPO_ROOT)
 ENTRIES = series3_entries(SERIES)
 PATCH_ENTRIES = [e for e in ENTRIES if e.is_patch]
-SERIES3 = ["c128-dspark-online-env", "c128-dspark-online-controller", "c128-dspark-online-startup",
-           "c128-dspark-online-backend", "c128-dspark-online-commit"]
+SERIES3 = ["c128-dspark-online-env", "c128-dspark-online-rules", "c128-dspark-online-controller",
+           "c128-dspark-online-startup", "c128-dspark-online-backend", "c128-dspark-online-commit"]
 
 
 def test_manifest_carries_series3() -> None:

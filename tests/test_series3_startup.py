@@ -4,7 +4,7 @@ the memory pool's ring-size check, run from the patched and the unpatched releas
 from __future__ import annotations
 
 import ast
-import re
+import importlib.util
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,14 +12,13 @@ from typing import Callable, Optional
 
 import pytest
 
-from series3_tree import CONTROLLER, ENV, load_function, sglang_imports
-from support import RELEASES, REPO_ROOT
+from series3_tree import ENV, load_function, pretend_cuda_build, sglang_imports
+from support import RELEASES
 
 CONFIGURATOR = "sglang/srt/model_executor/pool_configurator.py"
 MEMORY_POOL = "sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
 MTP_ENV = "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP"
 ONLINE_ENV = "SGLANG_OPT_USE_ONLINE_COMPRESS"
-KERNEL = REPO_ROOT / "csrc/deepseek_v4/online_c128_dspark.cuh"
 
 
 @pytest.fixture(params=RELEASES)
@@ -30,8 +29,10 @@ def trees(request, series_trees):
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (ENV, MTP_ENV, ONLINE_ENV):
+    for name in (ENV, MTP_ENV, ONLINE_ENV, "SGLANG_RAGGED_VERIFY_MODE"):
         monkeypatch.delenv(name, raising=False)
+    if importlib.util.find_spec("torch") is not None:
+        pretend_cuda_build(monkeypatch)
 
 
 class Spec:
@@ -79,18 +80,22 @@ def test_env_declared_default_off(trees, monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def _online_gate(tree: Path) -> Callable:
-    """The configurator's `if envs.SGLANG_OPT_USE_ONLINE_COMPRESS.get(): ...` block, as a
-    function of (self, kvc) with the tree's real envs."""
+    """The configurator's online-c128 gate as a function of (self, kvc) with the tree's real
+    envs: the `if envs.SGLANG_OPT_USE_ONLINE_COMPRESS.get(): ...` block and, when patched,
+    the DSPARK check the series puts right before it."""
     path = tree / CONFIGURATOR
     text = path.read_text()
+    parents = {c: p for p in ast.walk(ast.parse(text)) for c in ast.iter_child_nodes(p)}
     block = next(
         n
-        for n in ast.walk(ast.parse(text))
+        for n in parents
         if isinstance(n, ast.If)
         and ast.unparse(n.test) == "envs.SGLANG_OPT_USE_ONLINE_COMPRESS.get()"
         and "allow_experimental_online_c128_mtp" in ast.unparse(n)
     )
-    lines = text.splitlines()[block.lineno - 1 : block.end_lineno]
+    body = parents[block].body
+    first = next(i for i, n in enumerate(body) if n is block or "online_c128_dspark" in ast.unparse(n))
+    lines = text.splitlines()[body[first].lineno - 1 : block.end_lineno]
     source = "def _gate(self, kvc):\n" + textwrap.indent(textwrap.dedent("\n".join(lines)), "    ")
     from sglang.srt.environ import envs
 
@@ -99,15 +104,32 @@ def _online_gate(tree: Path) -> Callable:
     return namespace["_gate"], namespace["logger"]
 
 
-def _run_gate(tree: Path, spec: str, banks: int) -> Optional[str]:
-    """None when the gate accepts, else 'Type: message'."""
-    with sglang_imports(tree):
+def _run_gate(tree: Path, spec: str, banks: int, **launch) -> Optional[str]:
+    """None when the gate accepts, else 'Type: message'. `launch`: the resolved config
+    namespaces' fields (series3_sim.launch_namespaces)."""
+    with sglang_imports(tree, **launch):
         gate, _ = _online_gate(tree)
         try:
             gate(SimpleNamespace(online_c128_mtp_max_draft_tokens=banks), SimpleNamespace(spec_algorithm=Spec(spec)))
         except (AssertionError, ValueError) as e:
             return f"{type(e).__name__}: {e}"
     return None
+
+
+def _refusal(*lines: str) -> str:
+    return f"ValueError: {ENV}=1 refuses this configuration:\n" + "\n".join(f"  - {x}" for x in lines)
+
+
+def _rules(tree: Path, spec: str, banks: int, environ: dict, **launch) -> list:
+    """What the rules module of `tree` refuses for this launch (the gate must say exactly that)."""
+    from series3_sim import launch_namespaces
+
+    with sglang_imports(tree):
+        from sglang.srt.layers.attention.dsv4 import online_c128_dspark_rules as rules
+
+        config = rules.config_from_context(**launch_namespaces(**launch), spec_algorithm=spec,
+                                           num_draft_tokens=banks, environ=environ, platform="cuda")
+        return rules.startup_refusals(config)
 
 
 @pytest.mark.parametrize(
@@ -124,26 +146,100 @@ def test_gate_env_unset_is_upstream(trees, monkeypatch, spec: str, mtp_env: bool
         assert theirs is not None and theirs.startswith("AssertionError")
 
 
-def test_gate_env_set(trees, monkeypatch) -> None:
+def test_gate_env_set_admits_dspark(trees, monkeypatch) -> None:
     pytest.importorskip("torch")  # the overlay module the gate imports
     _, patched, upstream = trees
     monkeypatch.setenv(ONLINE_ENV, "1")
     monkeypatch.setenv(ENV, "1")
     with sglang_imports(patched):
-        from sglang.srt.layers.attention.dsv4.online_c128_dspark import DSPARK_MAX_BANKS
+        from sglang.srt.layers.attention.dsv4.online_c128_dspark_rules import MAX_BANKS
     assert _run_gate(patched, "DSPARK", 8) is None
-    assert _run_gate(patched, "DSPARK", DSPARK_MAX_BANKS) is None
+    assert _run_gate(patched, "DSPARK", MAX_BANKS) is None
     assert _run_gate(upstream, "DSPARK", 8).startswith("AssertionError")
-    for banks in (0, DSPARK_MAX_BANKS + 1):
-        err = _run_gate(patched, "DSPARK", banks)
-        assert err.startswith("ValueError") and f"verify width is {banks}" in err
-    # The other algorithms keep upstream's answer with the DSPARK env set.
-    for spec in ("NONE", "EAGLE"):
-        assert _run_gate(patched, spec, 8) == _run_gate(upstream, spec, 8)
+
+
+@pytest.mark.parametrize("banks", [0, 1025])
+def test_gate_refuses_a_bank_count_the_kernels_cannot_hold(trees, monkeypatch, banks: int) -> None:
+    pytest.importorskip("torch")
+    _, patched, _ = trees
+    monkeypatch.setenv(ONLINE_ENV, "1")
+    monkeypatch.setenv(ENV, "1")
+    err = _run_gate(patched, "DSPARK", banks)
+    assert err == _refusal(*_rules(patched, "DSPARK", banks, {ONLINE_ENV: "1", ENV: "1"}))
+    assert f"verify width is {banks}" in err
+
+
+@pytest.mark.parametrize("spec", ["NONE", "EAGLE"])
+def test_gate_refuses_another_algorithm(trees, monkeypatch, spec: str) -> None:
+    pytest.importorskip("torch")
+    _, patched, _ = trees
+    monkeypatch.setenv(ONLINE_ENV, "1")
+    monkeypatch.setenv(ENV, "1")
+    got = "not set" if spec == "NONE" else spec
+    assert _run_gate(patched, spec, 8) == _refusal(
+        f"--speculative-algorithm is {got}: {ENV}=1 runs online c128 through DSPARK target verify only; "
+        f"use --speculative-algorithm DSPARK, or unset {ENV}"
+    )
+
+
+def test_gate_refuses_the_mtp_env_alongside(trees, monkeypatch) -> None:
+    pytest.importorskip("torch")
+    _, patched, _ = trees
+    monkeypatch.setenv(ONLINE_ENV, "1")
+    monkeypatch.setenv(ENV, "1")
     monkeypatch.setenv(MTP_ENV, "1")
     err = _run_gate(patched, "DSPARK", 8)
-    assert err.startswith("ValueError") and MTP_ENV in err
-    assert _run_gate(patched, "EAGLE", 8) is None
+    assert err.startswith(_refusal()) and err.count("\n  - ") == 1 and f"  - {MTP_ENV}=1 is the EAGLE" in err
+
+
+def test_gate_refuses_without_online_compress(trees, monkeypatch) -> None:
+    """The DSPARK env alone: upstream's online block does not even run; the check before it
+    refuses (there would be no online c128 state pool to bank)."""
+    pytest.importorskip("torch")
+    _, patched, upstream = trees
+    monkeypatch.setenv(ENV, "1")
+    assert _run_gate(upstream, "DSPARK", 8) is None
+    err = _run_gate(patched, "DSPARK", 8)
+    assert err == _refusal(*_rules(patched, "DSPARK", 8, {ENV: "1"}))
+    assert "SGLANG_OPT_USE_ONLINE_COMPRESS is not set" in err
+
+
+@pytest.mark.parametrize(
+    "launch,words",
+    [
+        ({"enable_two_batch_overlap": True}, "--enable-two-batch-overlap: the target's attention backend"),
+        ({"enable_pdmux": True}, "--enable-pdmux: PD-multiplexing"),
+        ({"device": "npu"}, "--device npu: the online c128 DSPARK kernels are CUDA-only"),
+        ({"attn_dp_size": 4}, "DP attention (attention DP size 4)"),
+        ({"attn_cp_size": 2}, "--attn-cp-size 2: "),
+        ({"pp_size": 2}, "--pp-size 2: "),
+        ({"disaggregation_mode": "decode"}, "--disaggregation-mode decode: "),
+        ({"enable_two_batch_overlap": True, "enable_pdmux": True}, "--enable-pdmux: "),
+    ],
+    ids=["tbo", "pdmux", "device", "dp-attention", "cp", "pp", "disaggregation", "two-at-once"],
+)
+def test_gate_refuses_what_the_rules_refuse(trees, monkeypatch, launch: dict, words: str) -> None:
+    """The live config (resolved namespaces, env, torch build) goes through the rules: the
+    gate raises one ValueError with every line they give, in their order."""
+    pytest.importorskip("torch")
+    _, patched, _ = trees
+    monkeypatch.setenv(ONLINE_ENV, "1")
+    monkeypatch.setenv(ENV, "1")
+    err = _run_gate(patched, "DSPARK", 8, **launch)
+    lines = _rules(patched, "DSPARK", 8, {ONLINE_ENV: "1", ENV: "1"}, **launch)
+    assert len(lines) == len(launch) and err == _refusal(*lines)
+    assert words in err
+
+
+def test_gate_refuses_a_rocm_build(trees, monkeypatch) -> None:
+    torch = pytest.importorskip("torch")
+    _, patched, _ = trees
+    monkeypatch.setenv(ONLINE_ENV, "1")
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    err = _run_gate(patched, "DSPARK", 8)
+    assert err == _refusal("this is a rocm build: the online c128 DSPARK kernels are CUDA-only "
+                           "(upstream's online c128 path is too)")
 
 
 def test_gate_logs_dspark(trees, monkeypatch) -> None:
@@ -200,12 +296,3 @@ def test_ring_size(trees, monkeypatch, online: bool, envs_set) -> None:
                 assert got == 1
             else:
                 assert got == want
-
-
-def test_bank_limit_matches_kernel() -> None:
-    if not KERNEL.is_file():
-        pytest.skip(f"{KERNEL.relative_to(REPO_ROOT)} not in this checkout (series II kernels)")
-    m = re.search(r"kMaxBanks\s*=\s*(\d+)", KERNEL.read_text())
-    assert m, "kMaxBanks not found in the kernel"
-    source = CONTROLLER.read_text()
-    assert f"DSPARK_MAX_BANKS = {m.group(1)}\n" in source

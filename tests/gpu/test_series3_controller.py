@@ -11,7 +11,9 @@ compress once per bucket and replays it, the empty bucket included.
 
 Needs a CUDA GPU with nvcc (tests/gpu/harness.py) and $C128PATCH_TREE: the tree subset
 (tests/gpu/tree_subset.py) of a tree patched with series II (kernels) and III (the env in
-srt/environ.py and this controller).
+srt/environ.py, this controller and its rules). Layouts are upstream's own
+(`RaggedVerifyLayout.padded_to_bucket` of the tree); the live config the controller checks
+at construction is a default single-GPU launch (series3_sim's runtime_context stand-in).
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # series3_sim
 
 import harness  # noqa: E402  (tests/gpu/conftest.py puts it on the path)
-from series3_sim import SimConfig, Simulation, run_decode, run_graph_decode  # noqa: E402
+from series3_sim import (  # noqa: E402
+    SimConfig,
+    Simulation,
+    install_runtime_context,
+    install_triton_standin,
+    run_decode,
+    run_graph_decode,
+)
 
 ENVS = ("SGLANG_OPT_USE_ONLINE_COMPRESS", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK")
 CONTROLLER = "sglang.srt.layers.attention.dsv4.online_c128_dspark"
@@ -40,7 +49,15 @@ TOLERANCE = {torch.float32: 5e-4, torch.bfloat16: 1e-1}
 @pytest.fixture(scope="module")
 def mod(patched_tree: Path):
     """The controller module of the patched tree (its tree subset: tests/gpu/tree_subset.py)."""
+    install_runtime_context()
     return importlib.import_module(CONTROLLER)
+
+
+@pytest.fixture(scope="module")
+def ragged(patched_tree: Path):
+    """The tree's own ragged verify layouts (srt/speculative/ragged_verify.py)."""
+    install_triton_standin()  # only where triton is missing; the layouts run on CPU tensors
+    return importlib.import_module("sglang.srt.speculative.ragged_verify")
 
 
 @pytest.fixture(autouse=True)
@@ -50,11 +67,11 @@ def _env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SGLANG_EXPERIMENTAL_ONLINE_C128_MTP", raising=False)
 
 
-def _sim(mod, **kwargs) -> Simulation:
+def _sim(mod, ragged, **kwargs) -> Simulation:
     dtype = kwargs.pop("state_dtype", torch.float32)
     tol = TOLERANCE[dtype]
     cfg = SimConfig(device="cuda", state_dtype=dtype, atol=tol, rtol=tol, **kwargs)
-    return Simulation(cfg, mod.OnlineC128DsparkController, mod.commit_after_verify, mod._ops())
+    return Simulation(cfg, mod.OnlineC128DsparkController, mod.commit_after_verify, mod._ops(), ragged)
 
 
 def _record(name: str, sim: Simulation) -> None:
@@ -77,8 +94,8 @@ def _record(name: str, sim: Simulation) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("width", [4, 8, 16])
-def test_decode_fp32(mod, width: int) -> None:
-    sim = _sim(mod, width=width, num_slots=12, num_layers=3, seed=width)
+def test_decode_fp32(mod, ragged, width: int) -> None:
+    sim = _sim(mod, ragged, width=width, num_slots=12, num_layers=3, seed=width)
     reports = run_decode(sim, steps=harness.scaled(30, minimum=5))
     assert any(r.real_rows == 0 for r in reports)
     assert sum(r.emitted for r in reports) > 0 and sum(r.committed for r in reports) > 0
@@ -87,8 +104,8 @@ def test_decode_fp32(mod, width: int) -> None:
 
 
 @pytest.mark.gpu
-def test_decode_bf16_state(mod) -> None:
-    sim = _sim(mod, width=8, num_slots=8, num_layers=2, seed=7, state_dtype=torch.bfloat16)
+def test_decode_bf16_state(mod, ragged) -> None:
+    sim = _sim(mod, ragged, width=8, num_slots=8, num_layers=2, seed=7, state_dtype=torch.bfloat16)
     reports = run_decode(sim, steps=harness.scaled(15, minimum=5))
     assert sum(r.banks_checked for r in reports) > 0
     _record("decode_bf16", sim)
@@ -97,8 +114,8 @@ def test_decode_bf16_state(mod) -> None:
 @pytest.mark.gpu
 @pytest.mark.cuda_graph
 @pytest.mark.parametrize("width", [8, 16])
-def test_decode_cuda_graphs(mod, width: int) -> None:
-    sim = _sim(mod, width=width, num_slots=8, num_layers=3, seed=100 + width, cuda_graphs=True)
+def test_decode_cuda_graphs(mod, ragged, width: int) -> None:
+    sim = _sim(mod, ragged, width=width, num_slots=8, num_layers=3, seed=100 + width, cuda_graphs=True)
     reports = run_graph_decode(sim, steps=harness.scaled(24, minimum=3))
     assert len(sim.graphs) == 2  # one compact and one static bucket ...
     assert sim.replays == len(reports)  # ... replayed for every step, empty bucket included

@@ -19,6 +19,16 @@ tokens. Per verify step:
 * `commit` (DSPARK worker, right after accept): bank[accept] -> bank 0 for every c128 layer
   in one launch, from device lengths. Nothing is left pending across forwards.
 
+Loud, never silent, once the gate is on: startup (`check_online_c128_dspark_startup`, from
+the pool configurator) and the target's controller refuse, one line per reason, every
+configuration `online_c128_dspark_rules.startup_refusals` names; an enabled controller
+without online c128 state pools, a plan it cannot build, a DSPARK plan it no longer holds
+and a commit with no enabled controller to run it are errors. The plan handed to upstream
+code is upstream's `CompressorPrefillPlan` type with `copy_` refused: an in-place metadata
+copy (`DSV4Metadata.copy_`) would refresh its `plan_c`/`plan_w` but not the rows the fused
+verify reads (`row_emit`/`row_len`, the request rows), so a captured DSPARK plan is never
+copied into.
+
 The kernel ops are imported lazily: this module imports with torch alone.
 """
 
@@ -27,17 +37,23 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-from typing import Any, Callable, Dict, List, Optional
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from sglang.srt.environ import envs
+from sglang.srt.layers.attention.dsv4.online_c128_dspark_rules import (
+    GATE_ENV,
+    MAX_BANKS,
+    config_from_context,
+    startup_refusals,
+)
 
 logger = logging.getLogger(__name__)
 
-# Largest bank count the series II kernels accept (`kMaxBanks` in
-# csrc/deepseek_v4/online_c128_dspark.cuh); a test keeps the two equal.
-DSPARK_MAX_BANKS = 1024
+# Largest bank count the series II kernels accept (the rules module keeps it).
+DSPARK_MAX_BANKS = MAX_BANKS
 
 _KERNEL_OPS = "sglang.kernels.ops.attention.dsv4.online_c128_dspark"
 
@@ -54,28 +70,57 @@ def online_c128_dspark_env() -> bool:
     )
 
 
+def _runtime_namespaces() -> Dict[str, Any]:
+    """The live process's resolved config namespaces (what `config_from_context` reads)."""
+    from sglang.srt.runtime_context import (
+        get_device,
+        get_disagg,
+        get_exec,
+        get_parallel,
+    )
+
+    return dict(
+        exec_=get_exec(), disagg=get_disagg(), device=get_device(), parallel=get_parallel()
+    )
+
+
+def _platform() -> str:
+    if torch.version.hip is not None:
+        return "rocm"
+    return "cuda" if torch.version.cuda is not None else "cpu"
+
+
+def live_config(*, spec_algorithm: Any, num_draft_tokens: Optional[int]) -> Dict[str, Any]:
+    """The rules' config of this process: resolved ServerArgs, environment, torch build."""
+    return config_from_context(
+        **_runtime_namespaces(),
+        spec_algorithm=spec_algorithm,
+        num_draft_tokens=num_draft_tokens,
+        environ=os.environ,
+        platform=_platform(),
+    )
+
+
+def refuse_unsupported(*, spec_algorithm: Any, num_draft_tokens: Optional[int]) -> None:
+    """Raise ValueError, one line per reason, if the gate is on and this configuration is
+    one the controller has not been shown to handle (`startup_refusals`)."""
+    refusals = startup_refusals(
+        live_config(spec_algorithm=spec_algorithm, num_draft_tokens=num_draft_tokens)
+    )
+    if refusals:
+        raise ValueError(
+            f"{GATE_ENV}=1 refuses this configuration:\n"
+            + "\n".join(f"  - {line}" for line in refusals)
+        )
+
+
 def check_online_c128_dspark_startup(spec_algorithm: Any, num_banks: int) -> bool:
     """Startup gate for the pool configurator (called only with the DSPARK env set).
 
-    True when this run takes the online C128 DSPARK path; False for any other speculative
-    algorithm (upstream's own checks then apply unchanged). Raises on a configuration the
-    path cannot run.
+    Raises (ValueError, one line per reason) on every configuration the online C128
+    DSPARK path refuses; otherwise this run takes that path: returns True.
     """
-    if not spec_algorithm.is_dspark():
-        return False
-    if envs.SGLANG_EXPERIMENTAL_ONLINE_C128_MTP.get():
-        raise ValueError(
-            "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP is the EAGLE/MTP online-c128 path; with "
-            "--speculative-algorithm DSPARK set SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK=1 "
-            "alone (the two would both write the c128 state banks)."
-        )
-    if not 0 < num_banks <= DSPARK_MAX_BANKS:
-        raise ValueError(
-            "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK keeps one c128 state bank per verify "
-            f"token; the DSPARK verify width is {num_banks} (gamma + 1 = "
-            f"speculative_num_draft_tokens) but the online c128 DSPARK kernels hold "
-            f"1..{DSPARK_MAX_BANKS} banks. Change --speculative-dspark-block-size (gamma)."
-        )
+    refuse_unsupported(spec_algorithm=spec_algorithm, num_draft_tokens=num_banks)
     logger.warning(
         "DSV4 compressed attention: experimental online c128 + DSPARK verify enabled "
         "(state banks=%d). Validate correctness carefully.",
@@ -84,16 +129,61 @@ def check_online_c128_dspark_startup(spec_algorithm: Any, num_banks: int) -> boo
     return True
 
 
+def _refuse_copy(self: Any, other: Any) -> None:
+    raise RuntimeError(
+        "online c128 DSPARK: an in-place copy of a DSPARK verify plan (DSV4Metadata.copy_) "
+        "would refresh plan_c/plan_w but not the rows the fused verify reads (row_emit, "
+        "row_len, request rows), so a captured DSPARK plan is never copied into; the verify "
+        "metadata paths that copy (metadata glue, early verify metadata) are refused with "
+        f"{GATE_ENV}=1"
+    )
+
+
+# The plan types handed to upstream code: upstream's plan type, with copy_ refused.
+_PLAN_TYPES: Dict[type, type] = {}
+
+
+def _dspark_plan_type(base: type) -> type:
+    plan_type = _PLAN_TYPES.get(base)
+    if plan_type is None:
+        plan_type = type(
+            "DsparkVerifyPrefillPlan",
+            (base,),
+            {
+                "__slots__": (),
+                "__doc__": f"{base.__name__} of a DSPARK verify plan (copy_ refused).",
+                "copy_": _refuse_copy,
+            },
+        )
+        _PLAN_TYPES[base] = plan_type
+    return plan_type
+
+
+def is_dspark_plan(plan: Any) -> bool:
+    """Whether `plan` is the upstream-typed plan of a DSPARK verify plan."""
+    return type(plan) in _PLAN_TYPES.values()
+
+
 class OnlineC128DsparkController:
     """The backend's online C128 DSPARK verify state (see the module docstring)."""
 
     def __init__(self, backend: Any):
         self.backend = backend
-        self._enabled = online_c128_dspark_env() and _is_dspark_target(backend)
-        # Plans this controller built, by id of their CompressorPrefillPlan: the ones
-        # recorded in CUDA graphs (kept while the graphs live) and the latest eager one.
-        self._captured_plans: Dict[int, Any] = {}
-        self._eager_plan: Optional[Any] = None
+        target = _is_dspark_target(backend)
+        if envs.SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK.get() and not _is_draft(backend):
+            # Raises for every configuration the rules refuse (TBO, pdmux, DP, ...).
+            refuse_unsupported(
+                spec_algorithm=backend.model_runner.spec_algorithm,
+                num_draft_tokens=int(
+                    backend.token_to_kv_pool.get_online_c128_mtp_max_draft_tokens()
+                ),
+            )
+        self._enabled = online_c128_dspark_env() and target
+        # Plans this controller built, keyed by id of the plan upstream code holds (the
+        # refusing-copy type): (that plan, the DSPARK verify plan). The ones recorded in
+        # CUDA graphs (kept while the graphs live) and the latest eager one.
+        self._captured_plans: Dict[int, Tuple[Any, Any]] = {}
+        self._eager_plan: Optional[Tuple[Any, Any]] = None
         self._verify_lens: Optional[torch.Tensor] = None
         self._uniform_start_loc: Optional[torch.Tensor] = None
         self._uniform_lens: Optional[torch.Tensor] = None
@@ -105,6 +195,13 @@ class OnlineC128DsparkController:
                 "online c128: SGLANG_EXPERIMENTAL_ONLINE_C128_MTP and "
                 "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK are both set for a DSPARK target; "
                 "set only the DSPARK one."
+            )
+        if self._enabled and not self._layer_states():
+            raise RuntimeError(
+                "online c128 DSPARK: this DSPARK target's KV pool "
+                f"({type(backend.token_to_kv_pool).__name__}) has no online c128 state "
+                f"pool, so there is nothing to bank; {GATE_ENV}=1 needs a DeepSeek-V4 "
+                "model with c128 layers and SGLANG_OPT_USE_ONLINE_COMPRESS=1"
             )
 
     def enabled(self) -> bool:
@@ -154,8 +251,11 @@ class OnlineC128DsparkController:
         Reads only tensors whose storage outlives a captured graph: the raw metadata's
         seq lens / request slots / start offsets and this controller's buffers.
         """
-        if not self._enabled or not self._layer_states():
+        if not self._enabled:
             return None
+        states = self._layer_states()
+        if not states:  # __init__ refuses this; a plan cannot be built without them
+            raise RuntimeError("online c128 DSPARK: verify plan without online c128 state pools")
         bs = int(raw_metadata.seq_lens.shape[0])
         if self._prepared_bs != bs:
             raise RuntimeError(
@@ -175,37 +275,44 @@ class OnlineC128DsparkController:
             num_q_tokens=int(num_q_tokens),
             num_banks=int(pool.get_online_c128_mtp_max_draft_tokens()),
             state_slot_offset=int(pool.get_online_c128_mtp_state_slot_offset()),
-            state_dtype=self._layer_states()[0].dtype,  # the JIT module the layers use
+            state_dtype=states[0].dtype,  # the JIT module the layers use
         )
-        key = id(verify_plan.prefill_plan)
+        base = verify_plan.prefill_plan
+        plan = _dspark_plan_type(type(base))(*base)  # same tensors, copy_ refused
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            self._captured_plans[key] = verify_plan
+            self._captured_plans[id(plan)] = (plan, verify_plan)
         else:
-            self._eager_plan = verify_plan
-        return verify_plan.prefill_plan
+            self._eager_plan = (plan, verify_plan)
+        return plan
 
     def owned_plan(self, plan: Any) -> Optional[Any]:
-        """The DSPARK verify plan whose upstream plan (`prefill_plan`) is `plan`, if this
-        controller built it."""
+        """The DSPARK verify plan whose upstream-typed plan is `plan`, if this controller
+        built it (a graph's, or the latest eager one)."""
         if not self._enabled:
             return None
-        eager = self._eager_plan
-        if eager is not None and eager.prefill_plan is plan:
-            return eager
-        captured = self._captured_plans.get(id(plan))
-        if captured is not None and captured.prefill_plan is plan:
-            return captured
+        for held in (self._eager_plan, self._captured_plans.get(id(plan))):
+            if held is not None and held[0] is plan:
+                return held[1]
         return None
 
     # -- per c128 layer ----------------------------------------------------------------
 
     def compress_fn(self, plan: Any, default: Callable[..., torch.Tensor]) -> Callable:
         """The compress step for a c128 layer: `default` (upstream's `compress_forward`)
-        unless `plan` is this controller's verify plan."""
-        verify_plan = self.owned_plan(plan)
-        if verify_plan is None:
+        unless `plan` is this controller's verify plan. A DSPARK plan it does not hold (a
+        stale eager one, another backend's) is an error: upstream's compress would misread
+        its bank slots."""
+        if not self._enabled:
             return default
-        return functools.partial(_verify_compress, verify_plan)
+        verify_plan = self.owned_plan(plan)
+        if verify_plan is not None:
+            return functools.partial(_verify_compress, verify_plan, plan)
+        if is_dspark_plan(plan):
+            raise RuntimeError(
+                "online c128 DSPARK: a c128 layer got a DSPARK verify plan this backend's "
+                "controller does not hold (not its latest eager plan nor a captured one)"
+            )
+        return default
 
     # -- after accept ------------------------------------------------------------------
 
@@ -226,9 +333,11 @@ class OnlineC128DsparkController:
         if not self._enabled:
             return
         rows = int(req_pool_indices.shape[0])
-        states = self._layer_states()
-        if rows == 0 or not states:
+        if rows == 0:
             return
+        states = self._layer_states()
+        if not states:  # __init__ refuses this
+            raise RuntimeError("online c128 DSPARK: commit without online c128 state pools")
         if verify_lens is None:
             verify_lens = self._uniform_lens_buffer()[:rows]
             extend_start_loc = self._uniform_start_loc_buffer()[:rows]
@@ -284,7 +393,13 @@ class OnlineC128DsparkController:
     def _layer_states(self) -> List[torch.Tensor]:
         """Every online c128 layer's state tensor of this runner's pool (this PP stage)."""
         if self._states is None:
-            pools = getattr(self.backend.token_to_kv_pool, "compress_state_pools", [])
+            kv_pool = self.backend.token_to_kv_pool
+            pools = getattr(kv_pool, "compress_state_pools", None)
+            if pools is None:
+                raise RuntimeError(
+                    f"online c128 DSPARK: the KV pool ({type(kv_pool).__name__}) has no "
+                    "compress_state_pools: not a DeepSeek-V4 pool"
+                )
             self._states = [
                 p.kv_score_buffer.kv_score
                 for p in pools
@@ -306,13 +421,22 @@ def commit_after_verify(
     req_pool_indices: torch.Tensor,
     layout: Optional[Any],
 ) -> None:
-    """DSPARK worker hook, right after accept: commit the target's c128 banks.
+    """DSPARK worker hook, right after accept (called with the gate on): commit the target's
+    c128 banks. Raises when the target's attention backend has no enabled controller: the
+    verify then wrote banks 1..n that nothing would ever commit to bank 0.
 
     `layout` is the step's ragged verify layout (its real rows' verify lengths), or None for
     uniform verify."""
-    controller = getattr(model_runner.attn_backend, "online_c128_dspark", None)
-    if controller is None:
-        return
+    backend = model_runner.attn_backend
+    controller = getattr(backend, "online_c128_dspark", None)
+    if controller is None or not controller.enabled():
+        what = "no" if controller is None else "a disabled"
+        raise RuntimeError(
+            f"online c128 DSPARK: {GATE_ENV}=1 but the target's attention backend "
+            f"({type(backend).__name__}) has {what} online c128 DSPARK controller, so the "
+            "accepted tokens would never be committed to bank 0; see the startup refusals "
+            "(online_c128_dspark_rules.py)"
+        )
     controller.commit(
         seq_lens=seq_lens,
         new_seq_lens=new_seq_lens,
@@ -325,6 +449,7 @@ def commit_after_verify(
 
 def _verify_compress(
     verify_plan: Any,
+    owned: Any,
     *,
     kv_score_buffer: torch.Tensor,
     kv_score_input: torch.Tensor,
@@ -336,20 +461,23 @@ def _verify_compress(
     is_online: bool = True,
 ) -> torch.Tensor:
     """`compress_forward`'s signature, running the fused DSPARK verify compress."""
-    assert plan is verify_plan.prefill_plan and is_online and compress_ratio == 128
+    assert plan is owned and is_online and compress_ratio == 128
     state = kv_score_buffer.view(-1, 3 * head_dim)
     return _ops().dspark_verify_compress(
         state, kv_score_input, ape.view(-1, head_dim), verify_plan, out=out
     )
 
 
+def _is_draft(backend: Any) -> bool:
+    return bool(getattr(backend.model_runner, "is_draft_worker", False))
+
+
 def _is_dspark_target(backend: Any) -> bool:
-    model_runner = backend.model_runner
-    if getattr(model_runner, "is_draft_worker", False):
+    """The DSPARK target runner (the draft's pool has no c128 state: its controller is
+    inert). ROCm and the other refused configurations never get here with the gate on."""
+    if _is_draft(backend):
         return False
-    if torch.version.hip is not None:
-        return False  # upstream's online c128 is CUDA-only
-    return bool(model_runner.spec_algorithm.is_dspark())
+    return bool(backend.model_runner.spec_algorithm.is_dspark())
 
 
 def _live_ragged_layout(forward_batch: Any) -> Optional[Any]:
