@@ -413,9 +413,16 @@ class StepReport:
 
 
 class Simulation:
-    """Requests with committed histories; `step_*` run one verify through the controller."""
+    """Requests with committed histories; `step_*` run one verify through the controller.
 
-    def __init__(self, cfg: SimConfig, controller_cls, commit_after_verify, ops, ragged) -> None:
+    With `backend` (a factory of `series3_backend.VerifyBackend`: the release's own backend
+    verify-metadata methods) each step goes through the backend as the verify does: the
+    graph replay prep (`init_forward_metadata_out_graph`; its capture variant the first time
+    a bucket is seen) or, without CUDA graphs, the eager prep (`_build_forward_metadata`),
+    then the raw -> full upgrade, whose c128 plan each layer compresses with. Without it
+    the controller is driven directly (prepare_verify / build_verify_plan)."""
+
+    def __init__(self, cfg: SimConfig, controller_cls, commit_after_verify, ops, ragged, backend=None) -> None:
         """`ragged`: the release's `sglang.srt.speculative.ragged_verify` (its layouts)."""
         self.cfg, self.ops, self.ragged = cfg, ops, ragged
         self.commit_after_verify = commit_after_verify
@@ -434,9 +441,17 @@ class Simulation:
         self.max_abs_err = 0.0
         c4_state = torch.zeros((4, 4), device=d)  # a ratio-4 pool the controller must skip
         self.pool = FakeKVPool(self.states, cfg.num_slots, w, extra=[FakeStatePool(c4_state, ratio=4, online=False)])
-        self.backend = fake_backend(self.pool, width=w, device=d)
-        self.controller = controller_cls(self.backend)
-        self.backend.online_c128_dspark = self.controller
+        self.uses_backend = backend is not None
+        if backend is None:
+            self.backend = fake_backend(self.pool, width=w, device=d)
+            self.controller = controller_cls(self.backend)
+            self.backend.online_c128_dspark = self.controller
+        else:
+            req_to_token = torch.zeros((cfg.num_slots + 8, 4096), dtype=torch.int32, device=d)
+            self.backend = backend(controller_cls=controller_cls, pool=self.pool, width=w,
+                                   max_bs=cfg.num_slots + 8, device=d, req_to_token=req_to_token,
+                                   spec_algorithm=Spec())
+            self.controller = self.backend.online_c128_dspark
         self.seq: Dict[int, int] = {}
         self.hist: Dict[Tuple[int, int], History] = {}
         self.reports: List[StepReport] = []
@@ -505,15 +520,25 @@ class Simulation:
             inputs.append(x.to(device=d, dtype=torch.float32))
         before = [s.clone() for s in self.states]
 
-        fb = SimpleNamespace(spec_info=SimpleNamespace(ragged_verify_layout=live))
-        self.controller.prepare_verify(fb, bs=padded_bs, verify_bs=verify_bs, ragged_layout=ragged)
-        raw = SimpleNamespace(
-            seq_lens=self._dev(seq_before, torch.int64),
-            req_pool_indices=self._dev(rids, torch.int64),
-            verify_lens=None if ragged is None else ragged.verify_lens,
-            extend_start_loc=None if ragged is None else ragged.extend_start_loc,
-        )
-        plan, outs = self._plan_and_compress(kind, raw, inputs, tokens)
+        if self.uses_backend:
+            fb = self.backend.forward_batch(
+                seq_lens=self._dev(seq_before, torch.int64),
+                req_pool_indices=self._dev(rids, torch.int64),
+                out_cache_loc=torch.zeros(tokens, dtype=torch.int64, device=d),
+                draft_tokens=sum(real),
+                live_layout=live,
+            )
+            plan, outs = self._backend_plan_and_compress(kind, fb, inputs, tokens)
+        else:
+            fb = SimpleNamespace(spec_info=SimpleNamespace(ragged_verify_layout=live))
+            self.controller.prepare_verify(fb, bs=padded_bs, verify_bs=verify_bs, ragged_layout=ragged)
+            raw = SimpleNamespace(
+                seq_lens=self._dev(seq_before, torch.int64),
+                req_pool_indices=self._dev(rids, torch.int64),
+                verify_lens=None if ragged is None else ragged.verify_lens,
+                extend_start_loc=None if ragged is None else ragged.extend_start_loc,
+            )
+            plan, outs = self._plan_and_compress(kind, raw, inputs, tokens)
         entries = decode_plans(plan.plan_c)
         assert len(entries) == tokens and all(e is None for e in decode_plans(plan.plan_w))
 
@@ -622,6 +647,41 @@ class Simulation:
             if value is not None:
                 getattr(bufs.raw, name).copy_(value)
         for buf, x in zip(bufs.inputs, inputs):
+            buf.copy_(x)
+        graph.replay()
+        self.replays += 1
+        return plan, outs
+
+    def _backend_plan_and_compress(self, kind: str, fb, inputs: List[torch.Tensor], tokens: int):
+        """The same through the release's backend methods. With `cuda_graphs`, as the decode
+        graph runner does: the first step of a bucket runs the capture prep (which keeps its
+        raw metadata as the bucket's), a warm-up, then captures the upgrade + every layer's
+        compress; every step then runs the replay prep (which refreshes that raw metadata in
+        place) and replays."""
+        backend = self.backend
+        if not self.cfg.cuda_graphs:
+            raw = backend.eager_prep(fb)
+            plan = backend.upgrade(raw).c128_compress_metadata
+            return plan, [self._compress(l, plan, inputs[l]) for l in range(self.cfg.num_layers)]
+        key = (kind, fb.batch_size, tokens)
+        entry = self.graphs.get(key)
+        if entry is None:
+            capture_fb = SimpleNamespace(**{**vars(fb), "seq_lens": fb.seq_lens.clone(),
+                                            "req_pool_indices": fb.req_pool_indices.clone()})
+            raw = backend.replay_prep(capture_fb, in_capture=True)
+            bufs = [x.clone() for x in inputs]
+            warm = backend.upgrade(raw).c128_compress_metadata  # kernel modules load outside the capture
+            for l in range(self.cfg.num_layers):
+                self._compress(l, warm, bufs[l])
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                plan = backend.upgrade(raw).c128_compress_metadata
+                outs = [self._compress(l, plan, bufs[l]) for l in range(self.cfg.num_layers)]
+            entry = self.graphs[key] = (graph, raw, bufs, plan, outs, capture_fb)
+        graph, raw, bufs, plan, outs, _ = entry
+        assert backend.replay_prep(fb) is raw  # the bucket's captured raw metadata, refreshed
+        for buf, x in zip(bufs, inputs):
             buf.copy_(x)
         graph.replay()
         self.replays += 1

@@ -11,13 +11,14 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import functools
 import importlib.abc
 import importlib.machinery
 import sys
 import textwrap
 import types
 from pathlib import Path
-from typing import Iterator, List
+from typing import Iterator, List, Tuple
 
 from c128patch.git import Git
 from c128patch.series.manifest import Entry, Series
@@ -51,6 +52,7 @@ SERIES3_READS = [
     "python/sglang/srt/layers/attention/dsv4/online_c128_mtp.py",
     "python/sglang/srt/layers/attention/dsv4/metadata.py",
     "python/sglang/kernels/ops/attention/dsv4/compress.py",
+    "python/sglang/srt/model_executor/forward_batch_info.py",
 ]
 
 
@@ -113,9 +115,20 @@ def sglang_imports(tree: Path, **launch) -> Iterator[None]:
 # -- running one upstream function out of its module ----------------------------------
 
 
+@functools.lru_cache(maxsize=64)
+def _source(path: Path, mtime_ns: int) -> Tuple[str, ast.Module]:
+    text = path.read_text()
+    return text, ast.parse(text)
+
+
+def parsed(path: Path) -> Tuple[str, ast.Module]:
+    """(text, AST) of a source file, parsed once per version of it (the trees are read-only)."""
+    return _source(Path(path), Path(path).stat().st_mtime_ns)
+
+
 def function_node(path: Path, qualname: str) -> ast.FunctionDef:
     """`Class.method` or `function` in the module at `path`."""
-    tree = ast.parse(path.read_text())
+    _, tree = parsed(path)
     scope: List[ast.stmt] = tree.body
     *outer, name = qualname.split(".")
     for cls in outer:
@@ -128,7 +141,7 @@ def function_node(path: Path, qualname: str) -> ast.FunctionDef:
 def load_function(path: Path, qualname: str, namespace: dict) -> types.FunctionType:
     """Compile one function of an upstream module against `namespace` (its globals)."""
     node = function_node(path, qualname)
-    lines = path.read_text().splitlines()[node.lineno - 1 : node.end_lineno]
+    lines = parsed(path)[0].splitlines()[node.lineno - 1 : node.end_lineno]
     source = "from __future__ import annotations\n" + textwrap.dedent("\n".join(lines))
     exec(compile(source, f"{path}:{qualname}", "exec"), namespace)
     return namespace[node.name]
@@ -136,10 +149,10 @@ def load_function(path: Path, qualname: str, namespace: dict) -> types.FunctionT
 
 def load_class(path: Path, name: str, namespace: dict) -> type:
     """Compile one top-level class of an upstream module against `namespace`."""
-    tree = ast.parse(path.read_text())
+    text, tree = parsed(path)
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
     start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-    lines = path.read_text().splitlines()[start - 1 : node.end_lineno]
+    lines = text.splitlines()[start - 1 : node.end_lineno]
     source = "from __future__ import annotations\n" + "\n".join(lines)
     namespace.setdefault("__name__", _namespace_module(namespace))
     exec(compile(source, f"{path}:{name}", "exec"), namespace)
@@ -159,8 +172,17 @@ def required_globals(path: Path, qualname: str) -> set:
     """Names the function reads that it does not bind itself nor gets from builtins: what
     its module must provide (a namespace lacking one fails before the function runs)."""
     node = function_node(path, qualname)
+    annotations = {  # not evaluated (the functions compile under `from __future__ import annotations`)
+        id(sub)
+        for n in ast.walk(node)
+        for ann in (getattr(n, "annotation", None), getattr(n, "returns", None))
+        if isinstance(ann, ast.AST)
+        for sub in ast.walk(ann)
+    }
     loads, bound = set(), set()
     for n in ast.walk(node):
+        if id(n) in annotations:
+            continue
         if isinstance(n, ast.Name):
             (loads if isinstance(n.ctx, ast.Load) else bound).add(n.id)
         elif isinstance(n, ast.arg):

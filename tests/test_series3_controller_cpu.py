@@ -4,7 +4,9 @@ decode checked against a float64 reference."""
 
 from __future__ import annotations
 
+import functools
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -31,13 +33,17 @@ W, SLOTS = 8, 6
 
 
 @pytest.fixture(params=RELEASES)
-def mod(request, series_trees, monkeypatch: pytest.MonkeyPatch):
+def patched(request, series_trees) -> Path:
+    return series_trees[request.param][0]
+
+
+@pytest.fixture
+def mod(patched: Path, monkeypatch: pytest.MonkeyPatch):
     """The controller module, imported from the patched tree of the release (a default
     single-GPU launch in the stand-in runtime context)."""
     for name in (ENV, ONLINE_ENV, MTP_ENV, "SGLANG_RAGGED_VERIFY_MODE"):
         monkeypatch.delenv(name, raising=False)
     pretend_cuda_build(monkeypatch)
-    patched, _ = series_trees[request.param]
     with sglang_imports(patched):
         from sglang.srt.layers.attention.dsv4 import online_c128_dspark
 
@@ -379,6 +385,26 @@ def test_simulated_decode(mod, ops, ragged, monkeypatch, seed: int) -> None:
     assert sum(r.emitted for r in reports) > 0
     assert sum(r.banks_checked for r in reports) > 0
     assert sum(r.committed for r in reports) > 0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_simulated_decode_through_the_backend(mod, ops, ragged, patched, monkeypatch, seed: int) -> None:
+    """The same decode with each step through the release's own backend verify path (the
+    eager prep `_build_forward_metadata`, then `make_forward_metadata_from_raw_verify`):
+    compact steps padded by the backend's `_resolve_verify_layout`, the controller seeing
+    what upstream hands it (verify_bs from `_get_target_verify_bs`)."""
+    from series3_backend import VerifyBackend
+
+    _enable(monkeypatch)
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", "compact")
+    sim = Simulation(SimConfig(seed=seed, num_slots=7), mod.OnlineC128DsparkController, mod.commit_after_verify,
+                     ops, ragged, backend=functools.partial(VerifyBackend, patched))
+    reports = run_decode(sim, steps=10)
+    assert {r.kind for r in reports} == {"compact", "static"} and any(r.real_rows == 0 for r in reports)
+    assert sum(r.emitted for r in reports) > 0 and sum(r.committed for r in reports) > 0
+    plans = [args for name, args in ops.calls if name == "plan"]
+    assert len(plans) == len(reports)
+    assert 128 not in sim.backend.created  # no host-lens c128 planner on the verify path
 
 
 class _CommitOneShort(ReferenceOps):

@@ -242,3 +242,177 @@ def test_verify_upgrade_takes_the_device_plan(trees, monkeypatch, ragged: bool) 
         # A prebuilt c128 plan on the raw metadata is left alone.
         prebuilt = object()
         assert _run_upgrade(patched, controller, _raw(ragged, c128=prebuilt))[0] is prebuilt
+
+
+# -- DSV4Metadata.copy_ (the in-place metadata copy) -------------------------------------
+
+METADATA = "sglang/srt/layers/attention/dsv4/metadata.py"
+COMPRESS = "sglang/kernels/ops/attention/dsv4/compress.py"
+
+
+class _RealPlanOps(ReferenceOps):
+    """ReferenceOps whose verify plan carries upstream's own CompressorPrefillPlan type."""
+
+    def __init__(self, plan_type: type) -> None:
+        super().__init__()
+        self.plan_type = plan_type
+
+    def dspark_verify_plan(self, *args, **kwargs):
+        import dataclasses
+
+        plan = super().dspark_verify_plan(*args, **kwargs)
+        return dataclasses.replace(plan, prefill_plan=self.plan_type(*plan.prefill_plan))
+
+
+def _metadata_copy(tree: Path):
+    """The release's DSV4Metadata.copy_ with its real maybe_copy_inplace, and a metadata
+    factory holding every field copy_ touches (None but the core and the c128 plan)."""
+    import ast
+
+    from series3_tree import function_node, load_with_globals
+
+    ns: dict = {}
+    load_function(tree / METADATA, "maybe_copy_inplace", ns)
+    copy_ = load_with_globals(tree / BACKEND, "DSV4Metadata.copy_", ns)
+    fields = {n.attr for n in ast.walk(function_node(tree / BACKEND, "DSV4Metadata.copy_"))
+              if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in ("self", "other")}
+
+    def metadata(c128):
+        md = SimpleNamespace(**dict.fromkeys(fields))
+        md.core_attn_metadata = SimpleNamespace(copy_=lambda other: None)
+        md.c128_compress_metadata = c128
+        return md
+
+    return copy_, metadata
+
+
+def _plans(tree: Path, monkeypatch):
+    """(upstream CompressorPrefillPlan type, a DSPARK verify plan as the controller hands it
+    to upstream code)."""
+    from series3_tree import load_class
+
+    plan_type = load_class(tree / COMPRESS, "CompressorPrefillPlan",
+                           {"NamedTuple": __import__("typing").NamedTuple, "Optional": __import__("typing").Optional,
+                            "torch": torch})
+    controller, _ = _controller(tree, _RealPlanOps(plan_type), monkeypatch, enabled=True)
+    controller.prepare_verify(SimpleNamespace(spec_info=None), bs=1, verify_bs=1, ragged_layout=None)
+    raw = SimpleNamespace(seq_lens=torch.tensor([3]), req_pool_indices=torch.tensor([1]),
+                          verify_lens=None, extend_start_loc=None)
+    return plan_type, controller.build_verify_plan(raw, num_q_tokens=W)
+
+
+def _upstream_plan(plan_type: type):
+    return plan_type(128, torch.zeros((W, 16), dtype=torch.uint8), torch.zeros((W, 16), dtype=torch.uint8), None)
+
+
+def test_metadata_copy_refuses_a_captured_dspark_plan(trees, monkeypatch) -> None:
+    patched, _ = trees
+    with sglang_imports(patched):
+        copy_, metadata = _metadata_copy(patched)
+        plan_type, dspark = _plans(patched, monkeypatch)
+        assert isinstance(dspark, plan_type)  # upstream's type, so upstream code takes it
+        with pytest.raises(RuntimeError, match="an in-place copy of a DSPARK verify plan"):
+            copy_(metadata(dspark), metadata(dspark))
+
+
+def test_metadata_copy_between_a_dspark_and_an_upstream_plan_fails(trees, monkeypatch) -> None:
+    """Either way round, upstream's own type check (maybe_copy_inplace) stops the copy."""
+    patched, _ = trees
+    with sglang_imports(patched):
+        copy_, metadata = _metadata_copy(patched)
+        plan_type, dspark = _plans(patched, monkeypatch)
+        for dst, src in ((dspark, _upstream_plan(plan_type)), (_upstream_plan(plan_type), dspark)):
+            before = bytes(dst.plan_c.flatten().tolist())
+            with pytest.raises(AssertionError):
+                copy_(metadata(dst), metadata(src))
+            assert bytes(dst.plan_c.flatten().tolist()) == before
+
+
+def test_metadata_copy_of_upstream_plans_is_upstream(trees, monkeypatch) -> None:
+    patched, _ = trees
+    monkeypatch.setenv(ONLINE_ENV, "1")
+    monkeypatch.setenv(ENV, "1")
+    with sglang_imports(patched):
+        copy_, metadata = _metadata_copy(patched)
+        plan_type, _ = _plans(patched, monkeypatch)
+        dst, src = _upstream_plan(plan_type), _upstream_plan(plan_type)
+        src.plan_c.fill_(7)
+        copy_(metadata(dst), metadata(src))
+        assert torch.equal(dst.plan_c, src.plan_c)
+
+
+# -- the verify metadata preps (graph replay and eager) -----------------------------------
+
+
+def _verify_backend(tree: Path, ops: ReferenceOps, monkeypatch, *, max_bs: int = 6):
+    from series3_backend import VerifyBackend
+    from series3_sim import Spec
+
+    monkeypatch.setenv(ONLINE_ENV, "1")
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", "compact")
+    from sglang.srt.layers.attention.dsv4 import online_c128_dspark as mod
+
+    monkeypatch.setattr(mod, "_ops", lambda: ops)
+    states = [torch.zeros(((1 + W) * (SLOTS + 2), STATE_DIM)) for _ in range(2)]
+    return VerifyBackend(tree, controller_cls=mod.OnlineC128DsparkController, pool=FakeKVPool(states, SLOTS, W),
+                         width=W, max_bs=max_bs, device="cpu", spec_algorithm=Spec(),
+                         req_to_token=torch.zeros((SLOTS + 8, 1024), dtype=torch.int32))
+
+
+def _plan_args(ops: ReferenceOps) -> dict:
+    name, args = ops.calls[-1]
+    assert name == "plan"
+    return args
+
+
+@pytest.mark.parametrize("prep", ["replay", "eager"])
+def test_compact_prep_hands_the_controller_real_rows_and_zero_padding(trees, monkeypatch, prep: str) -> None:
+    """The release's own prep pads the live layout to the bucket (`_resolve_verify_layout`)
+    and the controller plans only the real rows; padding rows get 0, the upgrade takes the
+    device plan (no host-lens planner)."""
+    patched, _ = trees
+    with sglang_imports(patched):
+        from sglang.srt.speculative import ragged_verify
+
+        from series3_sim import padded_layout
+
+        ops = ReferenceOps()
+        backend = _verify_backend(patched, ops, monkeypatch)
+        live, _ = padded_layout(ragged_verify, [2, 3], 4, 12, "cpu")
+        fb = backend.forward_batch(seq_lens=torch.tensor([130, 7, 1, 1]), req_pool_indices=torch.tensor([1, 2, 0, 0]),
+                                   out_cache_loc=torch.zeros(12, dtype=torch.int64), draft_tokens=5, live_layout=live)
+        raw = backend.replay_prep(fb, in_capture=True) if prep == "replay" else backend.eager_prep(fb)
+        assert raw.verify_lens.tolist() == [2, 3, 4, 3]  # upstream's padded layout (full coverage)
+        plan = backend.upgrade(raw).c128_compress_metadata
+        args = _plan_args(ops)
+        assert args["verify_lens"].tolist() == [2, 3, 0, 0]
+        assert args["extend_start_loc"].tolist() == [0, 2, 5, 9] and args["num_q_tokens"] == 12
+        assert args["seq_lens"].tolist() == [130, 7, 1, 1]
+        assert backend.online_c128_dspark.owned_plan(plan) is not None and 128 not in backend.created
+
+
+def test_static_replay_of_an_empty_bucket_builds_a_fresh_empty_plan(trees, monkeypatch) -> None:
+    """The static bucket captured with 3 real rows, replayed with none (verify_bs == 0):
+    the captured raw metadata is refreshed in place and every row plans 0 tokens; nothing
+    of the last step is reused (upstream's MTP path would reuse it: study 3.8(2))."""
+    patched, _ = trees
+    with sglang_imports(patched):
+        ops = ReferenceOps()
+        backend = _verify_backend(patched, ops, monkeypatch)
+
+        def fb(slots, seqs):
+            pad = 4 - len(slots)
+            return backend.forward_batch(seq_lens=torch.tensor(seqs + [1] * pad),
+                                         req_pool_indices=torch.tensor(slots + [0] * pad),
+                                         out_cache_loc=torch.zeros(4 * W, dtype=torch.int64),
+                                         draft_tokens=len(slots) * W)
+
+        captured = backend.replay_prep(fb([1, 2, 3], [9, 10, 11]), in_capture=True)
+        backend.upgrade(captured)
+        assert _plan_args(ops)["verify_lens"].tolist() == [W, W, W, 0]
+        assert backend.replay_prep(fb([], [])) is captured  # the bucket's metadata, refreshed
+        assert captured.seq_lens.tolist() == [1, 1, 1, 1] and captured.req_pool_indices.tolist() == [0] * 4
+        backend.upgrade(captured)
+        args = _plan_args(ops)
+        assert args["verify_lens"].tolist() == [0] * 4 and args["req_pool_indices"].tolist() == [0] * 4
