@@ -3,7 +3,9 @@
 The GPU machine takes at most 64 MiB per call and the whole ``sglang/`` tree is ≈ 130 MB, so the
 kernel tier runs on this subset: the JIT loader (``kernels/jit/utils``), its headers
 (``kernels/jit/include``), the C128/plan ``.cuh`` sources, the DSV4 op modules that wrap them
-(our overlay ops modules included), ``srt/environ.py`` and the package ``__init__`` files.
+(our overlay ops modules included), ``srt/environ.py``, the series III controller and the
+upstream sources its GPU tests run (the DSV4 backend, ForwardMode, the ragged verify layouts)
+and the package ``__init__`` files.
 
     python -m tests.gpu.tree_subset SRC DST      # SRC holds sglang/ (a checkout's python/ or a wheel root)
 """
@@ -28,7 +30,13 @@ SUBSET: tuple[tuple[str, tuple[str, ...], bool], ...] = (
         False,
     ),
     ("srt", ("environ.py",), False),
-    ("srt/layers/attention/dsv4", ("online_c128_dspark.py",), False),  # series III controller
+    # series III: the controller and its rules; 0.5.23's MTP controller (the simulation's
+    # upstream arm); the backend, ForwardMode and ragged layouts the GPU tests run from source
+    ("srt/layers/attention/dsv4", ("online_c128_dspark*.py", "online_c128_mtp.py"), False),
+    ("srt/layers/attention", ("deepseek_v4_backend.py",), False),
+    ("srt/model_executor", ("forward_batch_info.py",), False),
+    ("srt/speculative", ("ragged_verify.py",), False),
+    ("kernels/ops/speculative", ("ragged_verify_kernels.py",), False),
 )
 
 

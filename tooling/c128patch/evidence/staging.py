@@ -36,7 +36,11 @@ from c128patch.smoke.trees import stage as stage_subsets
 # What the kernel tier reads of a tree; the suite's tree_subset.py picks its files from these.
 KERNEL_TIER_PATHS = ("python/sglang/__init__.py", "python/sglang/kernels", "python/sglang/srt/__init__.py",
                      "python/sglang/srt/environ.py",
-                     "python/sglang/srt/layers/attention/dsv4")  # the series III controller's folder
+                     "python/sglang/srt/layers/attention/dsv4",  # the series III controller's folder
+                     # upstream sources the series III GPU tests run from source
+                     "python/sglang/srt/layers/attention/deepseek_v4_backend.py",
+                     "python/sglang/srt/model_executor/forward_batch_info.py",
+                     "python/sglang/srt/speculative/ragged_verify.py")
 SERIES_PATHS = ("patches", "csrc", "overlay")
 MANIFEST = "stage.json"
 SCHEMA = 1
