@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from series3_tree import load_class, load_function, load_with_globals, parsed
+from upstream_source import load_class, load_function, load_with_globals, parsed
 
 BACKEND = "sglang/srt/layers/attention/deepseek_v4_backend.py"
 FORWARD_BATCH_INFO = "sglang/srt/model_executor/forward_batch_info.py"

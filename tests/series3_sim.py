@@ -359,6 +359,14 @@ def install_triton_standin() -> bool:
     return True
 
 
+def real_triton() -> bool:
+    """Whether the real triton is importable (not the stand-in)."""
+    mod = sys.modules.get("triton")
+    if mod is not None:
+        return mod.__doc__ != TRITON_DOC
+    return importlib.util.find_spec("triton") is not None
+
+
 class _StandinKernel:
     def __init__(self, fn: Any) -> None:
         self.fn = fn
@@ -412,6 +420,38 @@ class StepReport:
     committed: int
 
 
+class CudaGraphs:
+    """Capture a body once (after an eager warm-up, so kernel modules load outside the
+    capture), replay it."""
+
+    def capture(self, body):
+        body()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = body()
+        return graph, out
+
+    def replay(self, graph, out, body) -> None:
+        graph.replay()
+
+
+class EagerReplays:
+    """CUDA graphs' contract without a GPU: "replay" re-runs the captured body (which reads
+    only what it closed over at capture, as a graph reads only captured addresses) and writes
+    its results into the captured outputs."""
+
+    def capture(self, body):
+        return None, body()
+
+    def replay(self, graph, out, body) -> None:
+        (plan, outs), (new_plan, new_outs) = out, body()
+        plan.plan_c.copy_(new_plan.plan_c)
+        plan.plan_w.copy_(new_plan.plan_w)
+        for old, new in zip(outs, new_outs):
+            old.copy_(new)
+
+
 class Simulation:
     """Requests with committed histories; `step_*` run one verify through the controller.
 
@@ -437,6 +477,7 @@ class Simulation:
         self.apes = [self._randn(CHUNK, HEAD_DIM) for _ in range(cfg.num_layers)]
         self.device_apes = [a.to(device=d, dtype=torch.float32) for a in self.apes]
         self.graphs: Dict[tuple, tuple] = {}
+        self.graph_runner = CudaGraphs()
         self.replays = 0
         self.max_abs_err = 0.0
         c4_state = torch.zeros((4, 4), device=d)  # a ratio-4 pool the controller must skip
@@ -655,9 +696,9 @@ class Simulation:
     def _backend_plan_and_compress(self, kind: str, fb, inputs: List[torch.Tensor], tokens: int):
         """The same through the release's backend methods. With `cuda_graphs`, as the decode
         graph runner does: the first step of a bucket runs the capture prep (which keeps its
-        raw metadata as the bucket's), a warm-up, then captures the upgrade + every layer's
-        compress; every step then runs the replay prep (which refreshes that raw metadata in
-        place) and replays."""
+        raw metadata as the bucket's), then captures the upgrade + every layer's compress
+        (`graph_runner`); every step then runs the replay prep (which must refresh that raw
+        metadata in place: the graph reads it) and replays."""
         backend = self.backend
         if not self.cfg.cuda_graphs:
             raw = backend.eager_prep(fb)
@@ -670,20 +711,18 @@ class Simulation:
                                             "req_pool_indices": fb.req_pool_indices.clone()})
             raw = backend.replay_prep(capture_fb, in_capture=True)
             bufs = [x.clone() for x in inputs]
-            warm = backend.upgrade(raw).c128_compress_metadata  # kernel modules load outside the capture
-            for l in range(self.cfg.num_layers):
-                self._compress(l, warm, bufs[l])
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+
+            def body(raw=raw, bufs=bufs):
                 plan = backend.upgrade(raw).c128_compress_metadata
-                outs = [self._compress(l, plan, bufs[l]) for l in range(self.cfg.num_layers)]
-            entry = self.graphs[key] = (graph, raw, bufs, plan, outs, capture_fb)
-        graph, raw, bufs, plan, outs, _ = entry
+                return plan, [self._compress(l, plan, bufs[l]) for l in range(self.cfg.num_layers)]
+
+            graph, (plan, outs) = self.graph_runner.capture(body)
+            entry = self.graphs[key] = (graph, raw, bufs, plan, outs, body, capture_fb)
+        graph, raw, bufs, plan, outs, body, _ = entry
         assert backend.replay_prep(fb) is raw  # the bucket's captured raw metadata, refreshed
         for buf, x in zip(bufs, inputs):
             buf.copy_(x)
-        graph.replay()
+        self.graph_runner.replay(graph, (plan, outs), body)
         self.replays += 1
         return plan, outs
 

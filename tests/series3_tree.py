@@ -1,6 +1,7 @@
 """Series III (online C128 under DSPARK) helpers for the tests: which entries are series III,
-the files the product selects for a release, importing from a patched tree without sglang's
-package ``__init__``s, and running one upstream function out of its module.
+the files the product selects for a release, and importing from a patched tree without
+sglang's package ``__init__``s (running one upstream function out of its module:
+``upstream_source``, re-exported here).
 
 The manifest, variant choice and patched trees are the product's own (``c128patch.series.manifest``,
 ``c128patch.series.plan.plan``, ``support.patched_tree`` / the ``series_trees`` fixture).
@@ -8,22 +9,26 @@ The manifest, variant choice and patched trees are the product's own (``c128patc
 
 from __future__ import annotations
 
-import ast
-import builtins
 import contextlib
-import functools
 import importlib.abc
 import importlib.machinery
 import sys
-import textwrap
 import types
 from pathlib import Path
-from typing import Iterator, List, Tuple
+from typing import Iterator, List
 
 from c128patch.git import Git
 from c128patch.series.manifest import Entry, Series
 from c128patch.series.plan import Planned, plan
 from support import REPO_ROOT
+from upstream_source import (  # noqa: F401  (re-exported for the series III tests)
+    function_node,
+    load_class,
+    load_function,
+    load_with_globals,
+    parsed,
+    required_globals,
+)
 
 ENV = "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK"
 CONTROLLER = REPO_ROOT / "overlay/sglang/srt/layers/attention/dsv4/online_c128_dspark.py"
@@ -110,99 +115,6 @@ def sglang_imports(tree: Path, **launch) -> Iterator[None]:
             for name in ("triton", "triton.language"):
                 assert sys.modules.pop(name).__doc__ == TRITON_DOC
         sys.modules.update(saved)
-
-
-# -- running one upstream function out of its module ----------------------------------
-
-
-@functools.lru_cache(maxsize=64)
-def _source(path: Path, mtime_ns: int) -> Tuple[str, ast.Module]:
-    text = path.read_text()
-    return text, ast.parse(text)
-
-
-def parsed(path: Path) -> Tuple[str, ast.Module]:
-    """(text, AST) of a source file, parsed once per version of it (the trees are read-only)."""
-    return _source(Path(path), Path(path).stat().st_mtime_ns)
-
-
-def function_node(path: Path, qualname: str) -> ast.FunctionDef:
-    """`Class.method` or `function` in the module at `path`."""
-    _, tree = parsed(path)
-    scope: List[ast.stmt] = tree.body
-    *outer, name = qualname.split(".")
-    for cls in outer:
-        scope = next(n for n in scope if isinstance(n, ast.ClassDef) and n.name == cls).body
-    return next(
-        n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
-    )
-
-
-def load_function(path: Path, qualname: str, namespace: dict) -> types.FunctionType:
-    """Compile one function of an upstream module against `namespace` (its globals)."""
-    node = function_node(path, qualname)
-    lines = parsed(path)[0].splitlines()[node.lineno - 1 : node.end_lineno]
-    source = "from __future__ import annotations\n" + textwrap.dedent("\n".join(lines))
-    exec(compile(source, f"{path}:{qualname}", "exec"), namespace)
-    return namespace[node.name]
-
-
-def load_class(path: Path, name: str, namespace: dict) -> type:
-    """Compile one top-level class of an upstream module against `namespace`."""
-    text, tree = parsed(path)
-    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
-    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-    lines = text.splitlines()[start - 1 : node.end_lineno]
-    source = "from __future__ import annotations\n" + "\n".join(lines)
-    namespace.setdefault("__name__", _namespace_module(namespace))
-    exec(compile(source, f"{path}:{name}", "exec"), namespace)
-    return namespace[name]
-
-
-def _namespace_module(namespace: dict) -> str:
-    """A sys.modules entry for `namespace` (dataclasses look string annotations up there)."""
-    name = f"c128patch_upstream_{id(namespace)}"
-    module = types.ModuleType(name)
-    module.__dict__.update(namespace)
-    sys.modules[name] = module
-    return name
-
-
-def required_globals(path: Path, qualname: str) -> set:
-    """Names the function reads that it does not bind itself nor gets from builtins: what
-    its module must provide (a namespace lacking one fails before the function runs)."""
-    node = function_node(path, qualname)
-    annotations = {  # not evaluated (the functions compile under `from __future__ import annotations`)
-        id(sub)
-        for n in ast.walk(node)
-        for ann in (getattr(n, "annotation", None), getattr(n, "returns", None))
-        if isinstance(ann, ast.AST)
-        for sub in ast.walk(ann)
-    }
-    loads, bound = set(), set()
-    for n in ast.walk(node):
-        if id(n) in annotations:
-            continue
-        if isinstance(n, ast.Name):
-            (loads if isinstance(n.ctx, ast.Load) else bound).add(n.id)
-        elif isinstance(n, ast.arg):
-            bound.add(n.arg)
-        elif isinstance(n, (ast.Import, ast.ImportFrom)):
-            bound.update((a.asname or a.name).split(".")[0] for a in n.names)
-        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n is not node:
-            bound.add(n.name)
-        elif isinstance(n, ast.ExceptHandler) and n.name:
-            bound.add(n.name)
-    return loads - bound - set(dir(builtins))
-
-
-def load_with_globals(path: Path, qualname: str, namespace: dict) -> types.FunctionType:
-    """`load_function`, refusing a namespace that lacks a global the function reads (so an
-    upstream change to what it uses fails loudly, naming the names)."""
-    missing = required_globals(path, qualname) - set(namespace)
-    if missing:
-        raise AssertionError(f"{path}:{qualname} reads globals the test does not provide: {sorted(missing)}")
-    return load_function(path, qualname, namespace)
 
 
 def pretend_cuda_build(monkeypatch) -> None:

@@ -407,6 +407,26 @@ def test_simulated_decode_through_the_backend(mod, ops, ragged, patched, monkeyp
     assert 128 not in sim.backend.created  # no host-lens c128 planner on the verify path
 
 
+def test_graph_buckets_through_the_backend(mod, ops, ragged, patched, monkeypatch) -> None:
+    """The GPU tier's CUDA-graph flow through the release's preps, with graphs replaced by
+    `EagerReplays`: each bucket's capture prep once, then per step the replay prep must
+    refresh the captured raw metadata in place (the replayed body reads only that) — a
+    compact token bucket, a static batch bucket, and that static bucket with no real row."""
+    from series3_backend import VerifyBackend
+    from series3_sim import EagerReplays, run_graph_decode
+
+    _enable(monkeypatch)
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", "compact")
+    sim = Simulation(SimConfig(seed=3, num_slots=8, width=W, cuda_graphs=True), mod.OnlineC128DsparkController,
+                     mod.commit_after_verify, ops, ragged, backend=functools.partial(VerifyBackend, patched))
+    sim.graph_runner = EagerReplays()
+    reports = run_graph_decode(sim, steps=9)
+    assert len(sim.graphs) == 2 and sim.replays == len(reports) == 9
+    assert any(r.real_rows == 0 for r in reports) and sum(r.emitted for r in reports) > 0
+    bucket_raws = sim.backend.cuda_graph_metadata_of_bucket_and_bs[sim.backend.GraphBucket.TARGET_VERIFY]
+    assert len(bucket_raws) == 2  # one captured raw metadata per bucket, reused
+
+
 class _CommitOneShort(ReferenceOps):
     """A wrong commit: copies the bank one token before the accepted length."""
 

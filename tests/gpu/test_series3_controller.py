@@ -1,5 +1,8 @@
 """GPU: OnlineC128DsparkController driving the series II kernels through a simulated
-multi-step DSPARK decode, checked against float64.
+multi-step DSPARK decode, checked against float64; the `_through_the_backend` tests run every
+step through the tree's own DSV4 backend verify path (series3_backend.VerifyBackend: the eager
+prep, or the capture/replay preps around real CUDA graphs, then the raw -> full upgrade), with
+upstream's triton padding of the compact layout.
 
 Each step: compact ragged verify padded to a token bucket (padding rows with zero
 length, or the last real row inflated), static uniform verify padded to a batch bucket, or
@@ -18,6 +21,7 @@ at construction is a default single-GPU launch (series3_sim's runtime_context st
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from pathlib import Path
@@ -29,11 +33,13 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # series3_sim
 
 import harness  # noqa: E402  (tests/gpu/conftest.py puts it on the path)
+from series3_backend import VerifyBackend  # noqa: E402
 from series3_sim import (  # noqa: E402
     SimConfig,
     Simulation,
     install_runtime_context,
     install_triton_standin,
+    real_triton,
     run_decode,
     run_graph_decode,
 )
@@ -67,11 +73,20 @@ def _env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SGLANG_EXPERIMENTAL_ONLINE_C128_MTP", raising=False)
 
 
-def _sim(mod, ragged, **kwargs) -> Simulation:
+def _sim(mod, ragged, backend=None, **kwargs) -> Simulation:
     dtype = kwargs.pop("state_dtype", torch.float32)
     tol = TOLERANCE[dtype]
     cfg = SimConfig(device="cuda", state_dtype=dtype, atol=tol, rtol=tol, **kwargs)
-    return Simulation(cfg, mod.OnlineC128DsparkController, mod.commit_after_verify, mod._ops(), ragged)
+    return Simulation(cfg, mod.OnlineC128DsparkController, mod.commit_after_verify, mod._ops(), ragged, backend)
+
+
+@pytest.fixture
+def backend(patched_tree: Path, monkeypatch: pytest.MonkeyPatch):
+    """A factory of the tree's own backend verify path, in compact ragged mode."""
+    if not real_triton():
+        pytest.skip("triton is not installed: the backend pads compact layouts with upstream's triton kernel")
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", "compact")
+    return functools.partial(VerifyBackend, patched_tree)
 
 
 def _record(name: str, sim: Simulation) -> None:
@@ -122,3 +137,30 @@ def test_decode_cuda_graphs(mod, ragged, width: int) -> None:
     assert any(r.real_rows == 0 for r in reports)
     assert sum(r.emitted for r in reports) > 0
     _record(f"cuda_graphs_w{width}", sim)
+
+
+@pytest.mark.gpu
+def test_decode_through_the_backend(mod, ragged, backend) -> None:
+    """Eager: each step's metadata from the tree's `_build_forward_metadata` and
+    `make_forward_metadata_from_raw_verify` (compact padding by `_resolve_verify_layout`)."""
+    sim = _sim(mod, ragged, backend, width=8, num_slots=12, num_layers=3, seed=300)
+    reports = run_decode(sim, steps=harness.scaled(30, minimum=5))
+    assert {r.kind for r in reports} == {"compact", "static"} and any(r.real_rows == 0 for r in reports)
+    assert sum(r.emitted for r in reports) > 0 and sum(r.committed for r in reports) > 0
+    assert 128 not in sim.backend.created  # no host-lens c128 planner
+    _record("backend_decode_w8", sim)
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda_graph
+@pytest.mark.parametrize("width", [8, 16])
+def test_cuda_graph_buckets_through_the_backend(mod, ragged, backend, width: int) -> None:
+    """As the decode graph runner does: per bucket, the tree's capture prep, a captured
+    upgrade + per-layer fused compress, then every step its replay prep (refreshing the
+    captured raw metadata in place) and a replay: a compact token bucket, a static batch
+    bucket, and that static bucket replayed with no real row."""
+    sim = _sim(mod, ragged, backend, width=width, num_slots=8, num_layers=3, seed=400 + width, cuda_graphs=True)
+    reports = run_graph_decode(sim, steps=harness.scaled(24, minimum=3))
+    assert len(sim.graphs) == 2 and sim.replays == len(reports)
+    assert any(r.real_rows == 0 for r in reports) and sum(r.emitted for r in reports) > 0
+    _record(f"backend_cuda_graphs_w{width}", sim)
