@@ -17,20 +17,28 @@ closed in the ACCEPTED token stream equals exact offline pooling of those tokens
 open chunk, checked when it leaves and at the end.
 
 Upstream, same scenario (same tokens and accepts; uniform W tokens per request since
-its kernels need `bid * W + step`): its controller's protocol, i.e. at every forward
-`commit_pending(rows of THIS batch)` then clear, `mark_pending` at verify, verify =
-online prefill with the bank offset + `write_prefix_states`. The counts of wrong rows
-and states, and the commits the protocol drops (study section 3.8), are recorded in
-`dspark_simulation.json` (C128PATCH_GPU_RESULTS_DIR) and not asserted.
+its kernels need `bid * W + step`): upstream's own `OnlineC128MTPController`, the class of
+the tree (`srt/layers/attention/dsv4/online_c128_mtp.py` in 0.5.23,
+`kernels/ops/attention/dsv4/online_c128_mtp.py` before), on a stand-in backend that hands it
+the state pools, the pending buffer and the c128 compressors: at every forward the DSV4
+backend's call, `prepare_forward(mode, rows of THIS batch, seq_lens)` (which commits the
+pending rows of that batch, clears, and at verify marks), then per c128 layer upstream's
+online prefill with the bank offset it returns and `write_prefix_states`. The counts of
+wrong rows and states, and the verify commits a forward drops (its pending rows that are
+not in the forward's batch, read off the controller's own context: study section 3.8), go to
+`dspark_simulation.json` (C128PATCH_GPU_RESULTS_DIR). Where a tree has no such controller the
+upstream test skips, naming what is missing; ours runs regardless.
 """
 
 from __future__ import annotations
 
+import importlib
 import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from types import SimpleNamespace
+from typing import Any, Optional
 
 import numpy as np
 import pytest
@@ -38,13 +46,20 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (.ci/run installs torch==2.13.0)")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # series3_backend (ForwardMode)
 import dspark_util as util  # noqa: E402
 import reference_c128 as ref  # noqa: E402
+from series3_backend import forward_mode_class  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 W = 8
 NUM_LAYERS = 2
+MTP_CONTROLLER_MODULES = (  # where each release keeps upstream's controller
+    "sglang.srt.layers.attention.dsv4.online_c128_mtp",  # 0.5.23
+    "sglang.kernels.ops.attention.dsv4.online_c128_mtp",  # 0.5.20 - 0.5.22
+)
+MTP_ENVS = ("SGLANG_OPT_USE_ONLINE_COMPRESS", "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP")
 MAX_ACTIVE = 64
 SLOTS = MAX_ACTIVE + 8  # request slots per bank (slot 0 = padding slot)
 RTOL = ATOL = 2e-4
@@ -53,15 +68,14 @@ D = ref.HEAD_DIM
 
 
 class GpuBackend:
-    """The real kernels: ours from the overlay, upstream's online prefill/decode and MTP."""
+    """The real kernels: ours from the overlay, upstream's online prefill/decode (upstream's
+    MTP kernels run inside its controller)."""
 
     def __init__(self, dev: torch.device):
         import sglang.kernels.ops.attention.dsv4.compress as compress
-        import sglang.kernels.ops.attention.dsv4.online_c128_mtp as mtp
 
         self.ops = util.dspark_ops()
         self.compress = compress
-        self.mtp = mtp
         self.dev = dev
         self.r2t = torch.zeros((SLOTS, 1), dtype=torch.int32, device=dev)  # unused by online c128
 
@@ -99,21 +113,61 @@ class GpuBackend:
             state.view(-1, 1, 3 * D), kv, ape, plan, head_dim=D, compress_ratio=128, is_online=True
         )
 
-    # ---- upstream MTP (online_c128_mtp.py)
-    def mtp_write_prefix(self, state, kv, ape, seq_before, rids):
-        self.mtp.online_c128_mtp_write_prefix_states(
-            kv, seq_before, rids, self.r2t, ape, state, int(rids.shape[0]), W, SLOTS, head_dim=D
-        )
 
-    def mtp_mark(self, seq_before, rids, pending):
-        self.mtp.online_c128_mtp_mark_pending(
-            seq_before, rids, pending, int(rids.shape[0]), SLOTS, head_dim=D, state_dtype=torch.float32
-        )
 
-    def mtp_commit(self, state, cur_seq, rids, pending):
-        self.mtp.online_c128_mtp_commit_pending(
-            cur_seq, rids, self.r2t, pending, state, int(rids.shape[0]), W, SLOTS, SLOTS, head_dim=D
-        )
+def upstream_mtp_controller() -> tuple[Optional[type], str]:
+    """(upstream's OnlineC128MTPController of the installed tree, where) or (None, why not)."""
+    tried = []
+    for name in MTP_CONTROLLER_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            tried.append(f"{name}: {exc}")
+            continue
+        cls = getattr(module, "OnlineC128MTPController", None)
+        if cls is not None:
+            return cls, name
+        tried.append(f"{name}: no OnlineC128MTPController")
+    return None, "; ".join(tried)
+
+
+class MtpPool:
+    """What OnlineC128MTPController reads of DeepSeekV4TokenToKVPool (getters of 0.5.20-0.5.23)."""
+
+    def __init__(self, states: list, pending: torch.Tensor):
+        self.pools = [SimpleNamespace(kv_score_buffer=SimpleNamespace(kv_score=s), online_mtp_state_slot_offset=SLOTS)
+                      for s in states]
+        self.pending = pending
+
+    def get_attention_compress_states(self, layer_id: int):
+        return self.pools[layer_id]
+
+    def get_online_c128_mtp_state_slot_offset(self) -> int:
+        return SLOTS
+
+    def get_online_c128_mtp_pending_seq_lens(self) -> torch.Tensor:
+        return self.pending
+
+    def get_online_c128_state_num_req_slots(self) -> int:
+        return SLOTS
+
+    def get_online_c128_mtp_max_draft_tokens(self) -> int:
+        return W
+
+
+def mtp_backend(states: list, pending: torch.Tensor, apes: list, r2t: torch.Tensor) -> SimpleNamespace:
+    """The DSV4 backend as upstream's controller sees it (EAGLE topk=1: mtp_enabled), with
+    one c128 compressor per layer."""
+    layers = [
+        SimpleNamespace(self_attn=SimpleNamespace(compressor=SimpleNamespace(
+            ratio=128, layer_id=i, head_dim=D, is_in_indexer=False, ape=apes[i])))
+        for i in range(len(states))
+    ]
+    return SimpleNamespace(
+        mtp_enabled=True, speculative_num_draft_tokens=W, req_to_token=r2t,
+        token_to_kv_pool=MtpPool(states, pending),
+        model_runner=SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(layers=layers))),
+    )
 
 
 @dataclass
@@ -157,7 +211,10 @@ class ProtocolPath:
 
 
 class Simulation:
-    def __init__(self, backend, dev: torch.device, seed: int, steps: int):
+    def __init__(self, backend, dev: torch.device, seed: int, steps: int, mtp_cls: Optional[type] = None,
+                 forward_mode: Any = None):
+        """`mtp_cls`: upstream's controller class for the upstream arm (None: ours only);
+        `forward_mode`: the tree's ForwardMode."""
         self.b = backend
         self.dev = dev
         self.rng = random.Random(seed)
@@ -169,11 +226,12 @@ class Simulation:
         self.up = ProtocolPath("upstream", dev)
         self.table = backend.make_table(self.ours.states)
         self.pending = torch.full((SLOTS,), -1, dtype=torch.int64, device=dev)
+        self.mode = forward_mode
+        self.mtp = None if mtp_cls is None else mtp_cls(mtp_backend(self.up.states, self.pending, self.ape_d, backend.r2t))
+        self.up_accepts: dict = {}  # uid -> (seq_before, accept) of upstream's last verify
         self.active: list[Request] = []
         self.free_slots = list(range(1, SLOTS))
         self.next_uid = 0
-        # upstream controller: rows of the last verify (uid -> (seq_before, accept))
-        self.up_ctx: Optional[dict] = None
         self.counts = {
             "verify_steps": 0, "prefill_steps": 0, "decode_steps": 0, "requests": 0,
             "tokens_accepted": 0, "padding_rows": 0, "zero_len_rows": 0, "inflated_rows": 0,
@@ -208,25 +266,32 @@ class Simulation:
         self.counts["tokens_accepted"] += count
 
     # ------------------------------------------------------------------ upstream controller
-    def _up_prepare(self, batch: list[Request], cur_seq: torch.Tensor, is_verify: bool, kind: str) -> None:
-        """OnlineC128MTPController.prepare_forward: commit the pending rows of THIS batch, clear."""
-        if self.up_ctx is not None:
+    def _up_pending(self) -> bool:
+        """Whether upstream's controller holds a verify context (accepts not yet committed)."""
+        return self.mtp is not None and self.mtp._verify_ctx is not None
+
+    def _up_prepare(self, batch: list[Request], cur_seq: torch.Tensor, mode, kind: str) -> int:
+        """The DSV4 backend's call at every forward: upstream's own
+        `prepare_forward(mode, rows of THIS batch, seq_lens)`. Before it, count the verify
+        commits it will drop: pending rows (its own context) not in this batch."""
+        if self.mtp is None:
+            return 0
+        if self._up_pending():
+            pending_rids = set(self.mtp._verify_ctx.req_pool_indices.tolist())
             in_batch = {r.uid for r in batch}
-            alive = {r.uid for r in self.active}
-            for uid, (seq_before, accept) in self.up_ctx.items():
-                needed = accept > 0 and (seq_before + accept) % ref.CHUNK != 0
-                if not needed or uid not in alive:
+            for r in self.active:
+                seq_before, accept = self.up_accepts.get(r.uid, (0, 0))
+                if r.rid not in pending_rids or accept <= 0 or (seq_before + accept) % ref.CHUNK == 0:
                     continue
                 self.counts["up_commits_needed"] += 1
-                if uid not in in_batch:
+                if r.uid not in in_batch:
                     self.counts[f"up_commits_dropped_by_{kind}"] += 1
                 elif kind == "decode" and accept < W:
                     # a decode forward's seq_lens include the new token: accept + 1
                     self.counts["up_decode_commits_misaligned"] += 1
-            rids = torch.tensor([r.rid for r in batch], dtype=torch.int64, device=self.dev)
-            for state in self.up.states:
-                self.b.mtp_commit(state, cur_seq, rids, self.pending)
-            self.up_ctx = None
+        rids = torch.tensor([r.rid for r in batch], dtype=torch.int64, device=self.dev)
+        verify_bs = len(batch) if mode == self.mode.TARGET_VERIFY else None
+        return self.mtp.prepare_forward(mode, rids, cur_seq, verify_bs=verify_bs)
 
     # ------------------------------------------------------------------ steps
     def _store_plan_rows(self, path: ProtocolPath, plan_c: torch.Tensor, out: torch.Tensor, layer: int, owner) -> int:
@@ -265,8 +330,8 @@ class Simulation:
             b = int(np.searchsorted(starts, ragged, side="right") - 1)
             return joins[b][0]
 
-        self._up_prepare([r for r, _ in joins], seq_after, False, "prefill")
-        for path in (self.ours, self.up):
+        self._up_prepare([r for r, _ in joins], seq_after, self.mode.EXTEND if self.mode else None, "prefill")
+        for path in self.paths():
             for layer in range(NUM_LAYERS):
                 plan_c, out = self.b.up_prefill(
                     path.states[layer], toks[layer].to(self.dev), self.ape_d[layer], seq_after, seq_after, rids, 0
@@ -282,8 +347,8 @@ class Simulation:
         toks = self._tokens(len(batch))
         seq_after = torch.tensor([r.seq + 1 for r in batch], dtype=torch.int64, device=self.dev)
         rids = torch.tensor([r.rid for r in batch], dtype=torch.int64, device=self.dev)
-        self._up_prepare(batch, seq_after, False, "decode")
-        for path in (self.ours, self.up):
+        self._up_prepare(batch, seq_after, self.mode.DECODE if self.mode else None, "decode")
+        for path in self.paths():
             for layer in range(NUM_LAYERS):
                 out = self.b.up_decode(path.states[layer], toks[layer].to(self.dev), self.ape_d[layer], seq_after, rids)
                 rows = out.cpu().numpy()
@@ -340,13 +405,21 @@ class Simulation:
             self.counts["emits_ours"] += self._store_plan_rows(self.ours, plan.plan_c, out, layer, owner)
         self.b.dspark_commit(self.table, seq_d, new_d, len_d, esl_d, rid_d, bucket)
 
-        # ---- upstream: uniform W per request, lazy protocol
-        up_seq = seq_d[:B]
-        up_rid = rid_d[:B]
-        self._up_prepare(batch, up_seq, True, "verify")
-        self.b.mtp_mark(up_seq, up_rid, self.pending)
-        ext = torch.full((B,), W, dtype=torch.int64, device=self.dev)
+        # ---- upstream: uniform W per request, its own lazy protocol (drawn either way:
+        # both tests see the same random stream)
         garbage = self._tokens(B * W)
+        if self.mtp is not None:
+            self._up_verify(batch, real, starts, toks, garbage, seq_d[:B], rid_d[:B])
+            self.up_accepts = {r.uid: (r.seq, a) for r, a in zip(batch, accepts)}
+
+        for b, (req, a) in enumerate(zip(batch, accepts)):
+            self._accept(req, [t[starts[b] : starts[b] + a] for t in toks], a)
+
+    def _up_verify(self, batch, real, starts, toks, garbage, up_seq, up_rid) -> None:
+        B = len(batch)
+        offset = self._up_prepare(batch, up_seq, self.mode.TARGET_VERIFY, "verify")
+        assert offset == SLOTS, offset  # bank 1 is the verify's write slot
+        ext = torch.full((B,), W, dtype=torch.int64, device=self.dev)
 
         def up_owner(ragged: int, seq_len: int):
             return batch[ragged // W]
@@ -357,25 +430,25 @@ class Simulation:
                 kv_u[b * W : b * W + real[b]] = toks[layer][starts[b] : starts[b] + real[b]]
             kv_u = kv_u.to(self.dev)
             plan_c, out = self.b.up_prefill(
-                self.up.states[layer], kv_u, self.ape_d[layer], up_seq + W, ext, up_rid, SLOTS
+                self.up.states[layer], kv_u, self.ape_d[layer], up_seq + W, ext, up_rid, offset
             )
             self._store_plan_rows(self.up, plan_c, out, layer, up_owner)
-            self.b.mtp_write_prefix(self.up.states[layer], kv_u, self.ape_d[layer], up_seq, up_rid)
-        self.up_ctx = {r.uid: (r.seq, a) for r, a in zip(batch, accepts)}
-
-        for b, (req, a) in enumerate(zip(batch, accepts)):
-            self._accept(req, [t[starts[b] : starts[b] + a] for t in toks], a)
+            compressor = self.mtp.backend.model_runner.model.model.layers[layer].self_attn.compressor
+            self.mtp.write_prefix_states(layer, compressor, kv_u, self.mode.TARGET_VERIFY)
 
     # ------------------------------------------------------------------ checks
+    def paths(self) -> tuple:
+        return (self.ours,) if self.mtp is None else (self.ours, self.up)
+
     def check(self, reqs: list[Request]) -> None:
         if not reqs:
             return
-        for path in (self.ours, self.up):
+        for path in self.paths():
             rows = [r.rid for r in reqs]
-            if path is self.up and self.up_ctx is not None:
+            if path is self.up and self._up_pending():
                 # upstream commits lazily: a pending accept is bank[accept] until the next forward
                 for i, r in enumerate(reqs):
-                    seq_before, accept = self.up_ctx.get(r.uid, (0, 0))
+                    seq_before, accept = self.up_accepts.get(r.uid, (0, 0))
                     if accept > 0 and (seq_before + accept) % ref.CHUNK != 0:
                         rows[i] = r.rid + accept * SLOTS
             rid_idx = torch.tensor(rows, device=self.dev)
@@ -425,7 +498,7 @@ class Simulation:
         for req in leaving:
             self.active.remove(req)
             self.free_slots.append(req.rid)
-            for path in (self.ours, self.up):
+            for path in self.paths():
                 for key in [k for k in path.store if k[0] == req.uid]:
                     del path.store[key]
 
@@ -444,14 +517,24 @@ class Simulation:
         self.check(self.active)
 
 
-def test_dspark_simulation_matches_offline_pooling(patched_tree):
+@pytest.fixture(scope="module")
+def simulation(patched_tree):
+    """One simulated decode, both arms where the tree has upstream's controller (same tokens
+    and accepts), with upstream's MTP env on for its controller (ours reads no env)."""
     util.install(patched_tree)
-    dev = torch.device("cuda")
-    steps = util.scaled(1000, minimum=40)
-    sim = Simulation(GpuBackend(dev), dev, util.base_seed() + 7, steps)
-    sim.run()
-    torch.cuda.synchronize()
-
+    mp = pytest.MonkeyPatch()
+    for name in MTP_ENVS:
+        mp.setenv(name, "1")
+    try:
+        dev = torch.device("cuda")
+        mtp_cls, where = upstream_mtp_controller()
+        steps = util.scaled(1000, minimum=40)
+        sim = Simulation(GpuBackend(dev), dev, util.base_seed() + 7, steps, mtp_cls=mtp_cls,
+                         forward_mode=forward_mode_class(patched_tree))
+        sim.run()
+        torch.cuda.synchronize()
+    finally:
+        mp.undo()
     ours, up = sim.ours.result, sim.up.result
     loss = up.chunk_mismatches + up.state_mismatches
     dropped = sim.counts["up_commits_dropped_by_prefill"] + sim.counts["up_commits_dropped_by_decode"]
@@ -464,14 +547,22 @@ def test_dspark_simulation_matches_offline_pooling(patched_tree):
             "layers": NUM_LAYERS,
             "counts": sim.counts,
             "ours": vars(ours),
-            "upstream_mtp_lazy": vars(up),
-            "upstream_section_3_8_loss_reproduced": bool(loss > 0 and dropped > 0),
+            "upstream_mtp_controller": where if mtp_cls else None,
+            "upstream_mtp_skipped": None if mtp_cls else where,
+            "upstream_mtp_lazy": vars(up) if mtp_cls else None,
+            "upstream_section_3_8_loss_reproduced": bool(loss > 0 and dropped > 0) if mtp_cls else None,
         },
     )
     print(
-        f"\n[dspark simulation] steps={steps} counts={sim.counts}\n"
-        f"  ours: {vars(ours)}\n  upstream MTP lazy protocol: {vars(up)}"
+        f"\n[dspark simulation] steps={steps} counts={sim.counts}\n  ours: {vars(ours)}\n"
+        + (f"  upstream OnlineC128MTPController ({where}): {vars(up)}" if mtp_cls else f"  upstream arm skipped: {where}")
     )
+    return SimpleNamespace(sim=sim, mtp_cls=mtp_cls, where=where, loss=loss, dropped=dropped)
+
+
+def test_dspark_simulation_matches_offline_pooling(simulation):
+    sim = simulation.sim
+    ours = sim.ours.result
     assert sim.counts["verify_steps"] > 0 and sim.counts["prefill_steps"] > 0
     assert sim.counts["requests"] >= MAX_ACTIVE
     assert ours.chunks_checked > 0 and ours.states_checked > 0 and sim.counts["emits_ours"] > 0
@@ -479,3 +570,17 @@ def test_dspark_simulation_matches_offline_pooling(patched_tree):
         f"ours: {ours.chunk_mismatches} c128 rows and {ours.state_mismatches} states differ from "
         f"the reference; first: {ours.first_failures}"
     )
+
+
+def test_upstream_mtp_controller_on_the_same_decode(simulation):
+    """Study section 3.8 measured on upstream's own controller: the verify commits it drops
+    (pending rows missing from the next forward's batch) and the c128 rows / states that end
+    up wrong. Recorded, and consistent: dropped commits must show up as wrong rows or states."""
+    if simulation.mtp_cls is None:
+        pytest.skip(f"upstream arm: this tree has no OnlineC128MTPController ({simulation.where})")
+    sim = simulation.sim
+    up = sim.up.result
+    assert up.chunks_checked == sim.ours.result.chunks_checked > 0
+    assert sim.counts["up_commits_needed"] > 0
+    if simulation.dropped:
+        assert simulation.loss > 0, "upstream dropped verify commits but no row or state came out wrong"
