@@ -58,6 +58,7 @@ SERIES3_READS = [
     "python/sglang/srt/layers/attention/dsv4/metadata.py",
     "python/sglang/kernels/ops/attention/dsv4/compress.py",
     "python/sglang/srt/model_executor/forward_batch_info.py",
+    "python/sglang/srt/mem_cache/deepseek_v4_compress_state.py",
 ]
 
 

@@ -416,3 +416,26 @@ def test_static_replay_of_an_empty_bucket_builds_a_fresh_empty_plan(trees, monke
         backend.upgrade(captured)
         args = _plan_args(ops)
         assert args["verify_lens"].tolist() == [0] * 4 and args["req_pool_indices"].tolist() == [0] * 4
+
+
+def test_stand_in_pools_answer_only_what_the_release_pools_have(trees) -> None:
+    """What the controller reads of the KV pool and its state pools (series3_sim.FakeKVPool /
+    FakeStatePool stand in for them) exists in the release's DeepSeekV4TokenToKVPool and
+    CompressStatePool."""
+    import ast
+
+    patched, _ = trees
+
+    def class_members(rel: str, name: str) -> set:
+        tree = ast.parse((patched / rel).read_text())
+        cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
+        members = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+        members |= {t.attr for n in ast.walk(cls) for t in getattr(n, "targets", [getattr(n, "target", None)])
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+        return members
+
+    pool = class_members("sglang/srt/mem_cache/deepseek_v4_memory_pool.py", "DeepSeekV4TokenToKVPool")
+    assert {"compress_state_pools", "get_online_c128_mtp_max_draft_tokens", "get_online_c128_mtp_state_slot_offset",
+            "get_online_c128_state_num_req_slots"} <= pool
+    state = class_members("sglang/srt/mem_cache/deepseek_v4_compress_state.py", "CompressStatePool")
+    assert {"ratio", "online", "kv_score_buffer"} <= state
