@@ -557,7 +557,8 @@ def simulation(patched_tree):
         f"\n[dspark simulation] steps={steps} counts={sim.counts}\n  ours: {vars(ours)}\n"
         + (f"  upstream OnlineC128MTPController ({where}): {vars(up)}" if mtp_cls else f"  upstream arm skipped: {where}")
     )
-    return SimpleNamespace(sim=sim, mtp_cls=mtp_cls, where=where, loss=loss, dropped=dropped)
+    return SimpleNamespace(sim=sim, mtp_cls=mtp_cls, where=where, loss=loss, dropped=dropped,
+                           release=util.harness().tree_release(patched_tree))
 
 
 def test_dspark_simulation_matches_offline_pooling(simulation):
@@ -577,7 +578,8 @@ def test_upstream_mtp_controller_on_the_same_decode(simulation):
     (pending rows missing from the next forward's batch) and the c128 rows / states that end
     up wrong. Recorded, and consistent: dropped commits must show up as wrong rows or states."""
     if simulation.mtp_cls is None:
-        pytest.skip(f"upstream arm: this tree has no OnlineC128MTPController ({simulation.where})")
+        pytest.skip(f"upstream MTP arm: upstream {simulation.release} has no OnlineC128MTPController "
+                    f"({simulation.where})")
     sim = simulation.sim
     up = sim.up.result
     assert up.chunks_checked == sim.ours.result.chunks_checked > 0
