@@ -54,8 +54,12 @@ class Step:
         self.prefix_lens = torch.tensor([130, 7, 255], dtype=torch.int64).as_subclass(_Lens)
         self.req_pool_indices = torch.tensor([3, 1, 5], dtype=torch.int64)
         self.new_seq_lens = torch.tensor([132, 8, 257], dtype=torch.int64)
-        self.layout = (SimpleNamespace(bs=3, verify_lens=torch.tensor([3, 1, 4], dtype=torch.int32))
-                       if compact else None)
+        self.layout = None
+        if compact:  # the planner's compact layout (the release's own type): real rows, a token bucket
+            from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
+
+            self.layout = RaggedVerifyLayout.from_verify_lens_device(
+                verify_lens=torch.tensor([3, 1, 4], dtype=torch.int32), graph_num_tokens=12)
         self.accept = SimpleNamespace(new_seq_lens=self.new_seq_lens, commit_lens=torch.tensor([2, 1, 2]),
                                       out_tokens=torch.zeros(3, W, dtype=torch.int64), correct_len=None,
                                       cap_trim_lens=torch.zeros(3, dtype=torch.int64), bonus=torch.zeros(3, dtype=torch.int64))
@@ -137,6 +141,8 @@ def test_commit_runs_right_after_accept_from_device_lengths(trees, monkeypatch, 
         assert args["new_seq_lens"].tolist() == [132, 8, 257]  # accept.new_seq_lens
         assert args["req_pool_indices"].tolist() == [3, 1, 5]
         assert args["verify_lens"].tolist() == ([3, 1, 4] if compact else [W] * 3)
+        assert args["extend_start_loc"].tolist() == ([0, 3, 4] if compact else [0, W, 2 * W])
+        assert args["num_q_tokens"] == (12 if compact else 3 * W)
         assert step.events.index("accept") < step.events.index("commit")
         assert "commit_hidden" not in step.events or step.events.index("commit") < step.events.index("commit_hidden")
         assert result["new_seq_lens"] is step.new_seq_lens
