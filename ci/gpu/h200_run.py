@@ -23,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tooling"))
 
-from c128patch.evidence import gpu_run  # noqa: E402
-from c128patch.evidence.staging import read_manifest  # noqa: E402
+# c128patch is imported in main(), after the staged wheels are installed: the GPU machine has no
+# network and lacks some of the tool's dependencies (unidiff)
 
 
 def install_wheels(whl: Path, site: Path) -> str | None:
@@ -47,7 +47,7 @@ def device_line() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("phase", choices=gpu_run.PHASES)
+    ap.add_argument("phase", choices=("plain", "sanitizers"))
     ap.add_argument("--stage", default=".gpu", help="the staged folder, relative to the repository (default .gpu)")
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds from start before jobs are stopped")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/c128-out")))
@@ -59,6 +59,13 @@ def main() -> int:
 
     start = time.monotonic()
     os.chdir(REPO)
+    # the wheels are for the GPU machine's Python 3.12; a dry run uses this machine's packages
+    site = None if args.dry_run else install_wheels(REPO / args.stage / "whl", args.work / "site")
+    if site:
+        sys.path.insert(0, site)
+    from c128patch.evidence import gpu_run
+    from c128patch.evidence.staging import read_manifest
+
     manifest = read_manifest(REPO / args.stage)
     results = args.work / args.phase
     shutil.rmtree(results, ignore_errors=True)  # a warm machine keeps the last call's files
@@ -69,8 +76,6 @@ def main() -> int:
     if args.dry_run:
         for job in jobs:
             job.args.append("--collect-only")
-    # the wheels are for the GPU machine's Python 3.12; a dry run uses this machine's packages
-    site = None if args.dry_run else install_wheels(REPO / args.stage / "whl", args.work / "site")
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, len(jobs)))
     env = gpu_run.job_env(dict(os.environ), str(REPO / "tooling"), site, threads)
     gpu_run.run_jobs(jobs, sys.executable, env, results / "logs", start + args.deadline, REPO)

@@ -29,7 +29,9 @@ from c128patch.git import Git  # noqa: E402
 from c128patch.series.manifest import load_series  # noqa: E402
 from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version, tag_for  # noqa: E402
 
-WHEELS = ("apache-tvm-ffi==0.1.11", "msgspec==0.23.0")
+# the kernels' JIT (tvm-ffi), upstream's imports (msgspec), and the tool's own pure-Python needs
+# the GPU machine lacks (series.plan reads patch files with unidiff; the ledger writes TOML)
+WHEELS = ("apache-tvm-ffi==0.1.11", "msgspec==0.23.0", "unidiff==0.7.5", "tomli-w==1.2.0")
 PLATFORM_ARGS = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
                  *[a for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
                    for a in ("--platform", p)]]
