@@ -106,7 +106,7 @@ def signal_when_ready(cmd: list[str], env: dict, ready, sig: int, code: int, pol
 
 def one_line_error(res, contains: str) -> None:
     """A refused smoke command: exit 2, one ``c128patch: error:`` line on stderr naming ``contains``."""
-    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("c128patch: error: "), res.stderr
+    assert res.code == 2, (res.code, res.text, res.err)
+    lines = res.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("c128patch: error: "), res.err
     assert contains in lines[0], lines[0]

@@ -19,6 +19,7 @@ from c128patch.ops.treestate import c128_state_dir, rebase_journal
 from c128patch.series.manifest import load_series
 from support import (
     RELEASES,
+    REPO_ROOT,
     Run,
     cli_process,
     copy_series,
@@ -34,6 +35,7 @@ RS = "c128-dspark-record-streams"
 ENV_ENTRY = "c128-dspark-online-env"
 ENVIRON = "python/sglang/srt/environ.py"
 VERIFY = "python/sglang/srt/speculative/dspark_components/dspark_verify.py"
+V = load_series(REPO_ROOT).version  # the product series' version, as the proofs name it
 WORKER = "python/sglang/srt/speculative/dspark_components/dspark_worker_v2.py"
 BACKEND_PY = "python/sglang/srt/layers/attention/deepseek_v4_backend.py"
 CONFLICTED = [ENVIRON, VERIFY]  # what RS's 0.5.22 file leaves conflicted on 0.5.23
@@ -390,7 +392,7 @@ def test_skip_drops_the_stopped_entry_and_proves_the_rest(stopped):
     assert next(e for e in run.out["entries"] if e["name"] == RS)["status"] == "skipped"
     assert f"C128patch-Entry: {RS}\n" not in stopped.git.out("log", "--format=%B", "v0.5.23..HEAD") + "\n"
     assert "SGLANG_DSPARK_RECORD_VERIFY_STREAMS" not in (stopped.git.worktree / ENVIRON).read_text()
-    assert run.out["equivalence"]["summary"].startswith(f"identical to a fresh apply of series c128patch 2 without {RS}")
+    assert run.out["equivalence"]["summary"].startswith(f"identical to a fresh apply of series c128patch {V} without {RS}")
 
 
 @pytest.mark.parametrize("args", [["apply", "--sglang-rev", "v0.5.21"], ["refresh"], ["rebase", "--onto", "v0.5.21"]],
@@ -488,7 +490,7 @@ def test_status_names_an_unattributed_change_in_a_later_commit(later_edit):
     run = invoke("status", "--tree", str(git.worktree), "--series", str(series))
     proof = run.out["equivalence"]
     assert run.code == 0 and not proof["ok"]
-    assert proof["summary"].startswith(f"differs from a fresh apply of series c128patch 2 on v0.5.23: unattributed "
+    assert proof["summary"].startswith(f"differs from a fresh apply of series c128patch {V} on v0.5.23: unattributed "
                                        f"change in {ENVIRON} (first: {ENVIRON} @@ ")
 
 
@@ -578,7 +580,7 @@ def test_a_pr_number_alone_is_a_hint_that_drops_nothing(merged_dropped):
 
 def test_the_tree_after_a_drop_is_proven(merged_dropped):
     assert merged_dropped.run.out["equivalence"]["summary"].startswith(
-        f"identical to a fresh apply of series c128patch 2 without {RS} on {merged_dropped.onto}")
+        f"identical to a fresh apply of series c128patch {V} without {RS} on {merged_dropped.onto}")
 
 
 def test_refresh_after_a_drop_keeps_the_entry_with_merged_in(refreshed, merged_dropped):

@@ -436,8 +436,8 @@ def custom_op_report(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
         res = smoke(["--tree", str(tree), "--upstream-suite", "--out", str(out), "--json"], mp)
     finally:
         mp.undo()
-    report = json.loads(res.stdout)
-    report["_exit"], report["_out"], report["_tag"] = res.exit_code, str(out), request.param
+    report = json.loads(res.text)
+    report["_exit"], report["_out"], report["_tag"] = res.code, str(out), request.param
     return report
 
 
@@ -464,11 +464,11 @@ def test_a_test_file_importing_the_dsv4_package_collects_on_both_trees(tag, tmp_
     files = {"test_c128patch_package.py": TEST_FILES["test_c128patch_package.py"]}
     tree = apply_checkout(tmp_path / "sglang", tag, files)
     res = smoke(["--tree", str(tree), "--upstream-suite", "--list", "--json", "--out", str(tmp_path / "out")])
-    report = json.loads(res.stdout)
+    report = json.loads(res.text)
     r = rows(report)["test_c128patch_package.py::test_package_exports_the_compress_entry_points"]
     assert (r["patched"], r["upstream"], r["verdict"]) == ("not run", "not run", "same")  # collected on both
     assert "sglang.kernels.ops.attention.dsv4" in report["trees"]["patched"]["real_packages"]
-    assert res.exit_code == 0 and report["ok"], report["problems"]
+    assert res.code == 0 and report["ok"], report["problems"]
 
 
 def test_direct_register_custom_op_is_idempotent_for_one_function_and_refuses_another():
@@ -541,11 +541,11 @@ def test_parallel_trees_runs_the_patched_and_the_unpatched_pass_at_the_same_time
     monkeypatch.setenv("C128PATCH_TEST_MEETING", str(tmp_path / "meeting"))
     res = smoke(["--tree", str(tree), "--upstream-suite", "--parallel-trees", "--out", str(tmp_path / "out"), "--json"],
                 monkeypatch)
-    report = json.loads(res.stdout)
+    report = json.loads(res.text)
     r = rows(report)["test_c128patch_meeting.py::test_both_trees_run_at_the_same_time"]
     assert (r["patched"], r["upstream"], r["verdict"]) == ("passed", "passed", "same"), r
     assert len(list((tmp_path / "meeting").iterdir())) == 2
-    assert res.exit_code == 0 and report["ok"], report["problems"]
+    assert res.code == 0 and report["ok"], report["problems"]
 
 
 def test_parallel_trees_belongs_to_the_upstream_suite(checkout):

@@ -113,9 +113,10 @@ def test_another_series_on_an_applied_branch_prints_a_fix_that_works(tmp_path: P
     res = in_dir(tmp_path, "apply", "--sglang-rev", "v0.5.23", "--series", str(series))
     assert res.exit_code == 2
     message = res.stderr.strip()
-    assert "branch c128/v0.5.23 already exists in sglang (not this series on v0.5.23)" in message
+    tree = tmp_path / "sglang"
+    assert f"branch c128/v0.5.23 already exists in {tree} (not this series on v0.5.23; it is checked out)" in message
     fix = message.split("or delete it (", 1)[1].rsplit("); nothing was changed", 1)[0]
-    assert fix == "git -C sglang checkout --quiet --detach && git -C sglang branch -D c128/v0.5.23"
+    assert fix == f"git -C {tree} checkout --quiet --detach && git -C {tree} branch -D c128/v0.5.23"
     subprocess.run(fix, shell=True, cwd=tmp_path, check=True)
     again = in_dir(tmp_path, "apply", "--sglang-rev", "v0.5.23", "--series", str(series))
     assert again.exit_code == 0, again.output

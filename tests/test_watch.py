@@ -32,6 +32,8 @@ BACKEND = "c128-dspark-online-backend"
 COMMIT = "c128-dspark-online-commit"
 ENVIRON = "python/sglang/srt/environ.py"
 VERIFY = wu.VERIFY
+PRODUCT = load_series(REPO_ROOT)
+V, N = int(PRODUCT.version), len(PRODUCT.entries)  # the product series' version and entries
 
 
 @dataclass
@@ -97,17 +99,17 @@ def test_a_series_made_at_v0_5_22_is_refreshed_onto_v0_5_23(onto_023):
 def test_the_refreshed_report_says_what_needed_a_merge_and_that_it_is_proven(onto_023):
     md = onto_023.md
     assert md.startswith("# c128patch watch: `refreshed` on v0.5.23@")
-    assert (f"3 of 10 entries needed a 3-way merge or a recorded resolution ({RS} (ledger), {BACKEND} (ledger), "
-            f"{COMMIT} (3-way)); the refreshed series c128patch 4 applies strictly there") in onto_023.report["headline"]
+    assert (f"3 of {N} entries needed a 3-way merge or a recorded resolution ({RS} (ledger), {BACKEND} (ledger), "
+            f"{COMMIT} (3-way)); the refreshed series c128patch {V + 2} applies strictly there") in onto_023.report["headline"]
     assert f"| {COMMIT} | 3-way | patches/0010-c128-dspark-online-commit.patch (ancestor) |" in md
-    assert "## Proof\n\nidentical to a fresh apply of series c128patch 3 on v0.5.23 with ledger resolutions" in md
+    assert f"## Proof\n\nidentical to a fresh apply of series c128patch {V + 1} on v0.5.23 with ledger resolutions" in md
     assert "- applied fresh on v0.5.23@" in md and "every entry strictly, the same tree as the proven rebase; " \
                                                  "`refresh --check` there changes nothing" in md
 
 
 def test_the_refreshed_series_moves_its_base_to_the_release_tag(onto_023):
     refreshed = load_series(onto_023.out / "series")
-    assert (refreshed.base, refreshed.version, onto_023.report["refreshed"]["mode"]) == ("v0.5.23", "4", "primary")
+    assert (refreshed.base, refreshed.version, onto_023.report["refreshed"]["mode"]) == ("v0.5.23", str(V + 2), "primary")
     assert all({v.base for v in e.variants} >= {"v0.5.22"} for e in refreshed.entries if e.is_patch)
 
 
@@ -140,7 +142,7 @@ def test_the_refreshed_series_passes_refresh_check_on_v0_5_23(applied_refreshed,
 def test_the_refresh_change_comes_with_its_commit_message(onto_023):
     message = (onto_023.out / "commit-message.txt").read_text()
     assert message.startswith("patches: refresh the series for upstream v0.5.23@")
-    assert f"\n{COMMIT}: 3-way\n" in message and "Series c128patch 3 -> 4 (primary files for v0.5.23)." in message
+    assert f"\n{COMMIT}: 3-way\n" in message and f"Series c128patch {V + 1} -> {V + 2} (primary files for v0.5.23)." in message
 
 
 # -- conflict, on the real releases: the same series without its ledger ---------------------
@@ -194,7 +196,7 @@ def test_a_series_whose_files_apply_strictly_is_clean(clean_022):
     watched = clean_022[0]
     assert watched.run.code == EXIT["clean"] == 0, watched.run.err
     assert set(watched.how().values()) == {"strict"}
-    assert watched.report["headline"].startswith("series c128patch 2 applies strictly on v0.5.22@")
+    assert watched.report["headline"].startswith(f"series c128patch {V} applies strictly on v0.5.22@")
     assert watched.report["headline"].endswith("(10 entries, proven); nothing to do")
 
 
@@ -263,7 +265,7 @@ def test_a_moved_method_is_a_conflict_that_says_where_the_code_went(moved, stand
 
 
 def test_the_other_entries_of_a_conflict_are_proven_without_it(moved):
-    assert moved.report["equivalence"]["summary"].startswith(f"identical to a fresh apply of series c128patch 2 "
+    assert moved.report["equivalence"]["summary"].startswith(f"identical to a fresh apply of series c128patch {V} "
                                                               f"without {RS} on moved")
     assert {h for n, h in moved.how().items() if n != RS} == {"strict"}
 
@@ -356,7 +358,7 @@ def test_refresh_exports_a_branch_whose_entry_upstream_landed_with_other_formatt
     assert rebased.code == 0, rebased.err
     run = invoke("refresh", "--tree", str(tree), "--series", str(series))
     assert run.code == 0, run.err
-    assert run.out["tree"].startswith(f"identical to a fresh apply of series c128patch 2 without {HELPER}, {RS} on ")
+    assert run.out["tree"].startswith(f"identical to a fresh apply of series c128patch {V} without {HELPER}, {RS} on ")
     assert load_series(series).entry(RS).merged_in == stand_in.rev_parse("landed")
 
 

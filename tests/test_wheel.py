@@ -379,8 +379,8 @@ def test_conflicting_patch(tmp_path: Path, sglang_release_repo: Path, wheel_seri
     `apply` exits on an entry that does not apply (and as `check` predicts)."""
     out = tmp_path / "new-out"  # not created before: must not exist after
     res = run_cli(["wheel", "--from-release", "0.5.20", "--series", str(wheel_series), "-o", str(out)])
-    assert res.exit_code == 1, (res.exit_code, res.stderr)
-    (line,) = res.stderr.strip().splitlines()
+    assert res.code == 1, (res.code, res.err)
+    (line,) = res.err.strip().splitlines()
     assert line.startswith("c128patch: error: entry 'test-patch' (patches/0001-test.patch) does not apply to sglang-0.5.20")
     assert "sglang/srt/environ.py hunk #1 @@" in line and "no wheel was written" in line
     assert not out.exists()

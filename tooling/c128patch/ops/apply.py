@@ -505,10 +505,11 @@ class Apply:
     def _branch_exists(self, branch: str, rev: str) -> str:
         git, tree = self.git, self.tree
         delete = shlex.join(["git", "-C", str(tree), "branch", "-D", branch])
-        if git.current_branch() == branch:  # a checked-out branch cannot be deleted: the fix detaches first
+        checked_out = git.current_branch() == branch
+        if checked_out:  # a checked-out branch cannot be deleted: the fix detaches first
             delete = shlex.join(["git", "-C", str(tree), "checkout", "--quiet", "--detach"]) + " && " + delete
-        return (f"branch {branch} already exists in {tree} (not this series on {rev}); pass --branch NAME or delete it "
-                f"({delete}); nothing was changed")
+        return (f"branch {branch} already exists in {tree} (not this series on {rev}{'; it is checked out' if checked_out else ''})"
+                f"; pass --branch NAME or delete it ({delete}); nothing was changed")
 
 
 def apply_series(
