@@ -207,6 +207,13 @@ def test_matrix_json_lists_what_is_missing(real_series):
     assert row["fully_verified"] is (not row["missing"])
 
 
+def test_matrix_table_has_a_heading_for_every_kind():
+    res = invoke("matrix", "--sglang-rev", "v0.5.22", as_json=False, env={"COLUMNS": "400"})
+    assert res.code == 0, res.err
+    for heading in ("compiles sm_90a", "GPU suite", "differential", "memcheck", "racecheck", "upstream's own tests"):
+        assert heading in res.text
+
+
 def test_matrix_refuses_a_rev_that_is_not_a_release():
     code, _, err = run("matrix", "--sglang-rev", "main")
     assert code != 0
@@ -264,9 +271,19 @@ def test_apply_prints_one_line_when_the_rev_is_not_fully_verified(upstream_clone
                      "`c128patch matrix`"]
 
 
-def test_wheel_note_is_looked_up_on_the_release_history(real_series):
-    note = release_note(real_series, "0.5.21")
-    assert note is not None and note.startswith("note: sglang 0.5.21 + this series is not fully verified (")
+def test_wheel_note_is_looked_up_on_the_release_history(real_series, tmp_path: Path):
+    from c128patch.upstream.releases import ReleaseHistory
+
+    git = ReleaseHistory().git
+    commit = git.rev_parse("v0.5.21")
+    assert release_note(real_series, "0.5.21") == verification_note(real_series, git, commit, "sglang 0.5.21")
+    assert verification_note(real_series, git, commit, "sglang 0.5.21", tmp_path / "none").startswith(
+        "note: sglang 0.5.21 + this series is not fully verified (")
+
+
+def test_wheel_note_for_a_release_outside_the_history_says_unverified(real_series):
+    assert release_note(real_series, "9.9.9") == ("note: sglang 9.9.9 + this series is unverified (not in the release "
+                                                  "history); see `c128patch matrix`")
 
 
 # --------------------------------------------------------------------------- the GPU run's plumbing
