@@ -56,9 +56,9 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"tmp": tmp, "stage": stage, "run": run}
 
 
-def collect(bundle: dict, dest: Path) -> subprocess.CompletedProcess:
+def collect(bundle: dict, dest: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/collect_upstream_suite.py"), str(bundle["tmp"] / "out"),
-                           "--dest", str(dest)], capture_output=True, text=True)
+                           "--dest", str(dest), *extra], capture_output=True, text=True)
 
 
 def test_staging_writes_each_release_its_trees_tests_and_a_manifest(bundle):
@@ -133,3 +133,29 @@ def test_staging_refuses_a_folder_of_the_repository_that_git_does_not_ignore(tmp
     assert "ci/gpu/not-ignored-stage is not git-ignored: it would hold upstream's files" in res.stderr
     assert "echo /ci/gpu/not-ignored-stage/ >>" in res.stderr
     assert not (REPO_ROOT / "ci/gpu/not-ignored-stage").exists()
+
+
+def test_the_collected_result_is_keyed_by_the_staged_tree_as_the_matrix_keys_the_release(bundle, tmp_path, real_series):
+    from c128patch.evidence.keys import key_for
+    from c128patch.upstream.releases import ReleaseHistory
+
+    res = collect(bundle, tmp_path / "results")
+    assert res.returncode == 0, res.stderr
+    result = json.loads((tmp_path / "results/v0.5.23/upstream-suite.json").read_text())
+    git = ReleaseHistory().git
+    assert result["key"] == key_for(real_series, git, git.rev_parse("v0.5.23")).to_json()
+    assert (result["passed"], result["failed"]) == (1, 1)
+
+
+def test_the_collector_refuses_a_stage_that_holds_another_series_than_the_run(bundle, tmp_path):
+    other = tmp_path / "stage"
+    src = bundle["tmp"] / "stage/v0.5.23/patched/sglang/c128patch_provenance.json"
+    record = json.loads(src.read_text())
+    record["series"]["digest"] = "0" * 64
+    dest = other / "v0.5.23/patched/sglang/c128patch_provenance.json"
+    dest.parent.mkdir(parents=True)
+    dest.write_text(json.dumps(record))
+    res = collect(bundle, tmp_path / "results", "--stage", str(other))
+    assert res.returncode == 1
+    assert "v0.5.23: the stage holds series 000000000000, the result ran series " in res.stderr
+    assert not (tmp_path / "results").exists()

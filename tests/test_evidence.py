@@ -203,8 +203,15 @@ def test_matrix_json_lists_what_is_missing(real_series):
     assert code == 0, err
     (row,) = json.loads(out)["releases"]
     assert row["rev"] == "v0.5.22" and row["applies"] == "strict"
-    assert set(row["cells"]) == {"compile", "suite", "differential", "memcheck", "racecheck"}
+    assert set(row["cells"]) == {"compile", "suite", "differential", "memcheck", "racecheck", "upstream-suite"}
     assert row["fully_verified"] is (not row["missing"])
+
+
+def test_matrix_table_has_a_heading_for_every_kind():
+    res = invoke("matrix", "--sglang-rev", "v0.5.22", as_json=False, env={"COLUMNS": "400"})
+    assert res.code == 0, res.err
+    for heading in ("compiles sm_90a", "GPU suite", "differential", "memcheck", "racecheck", "upstream's own tests"):
+        assert heading in res.text
 
 
 def test_matrix_refuses_a_rev_that_is_not_a_release():
@@ -231,15 +238,24 @@ def test_readme_shows_the_current_matrix():
 def test_note_names_what_is_not_verified(real_series, history: Git, results: Path):
     note = verification_note(real_series, history, history.rev_parse("v0.5.21"), "v0.5.21", results)
     assert note == ("note: v0.5.21 + this series is not fully verified (compile unverified, suite unverified, "
-                    "differential unverified, memcheck unverified, racecheck unverified); see `c128patch matrix`")
+                    "differential unverified, memcheck unverified, racecheck unverified, upstream-suite unverified); "
+                    "see `c128patch matrix`")
 
 
 def test_no_note_when_every_kind_is_verified(real_series, history: Git, results: Path):
     key = key_for(real_series, history, history.rev_parse("v0.5.21"))
-    for kind in ("compile", "suite", "differential", "memcheck", "racecheck"):
+    for kind in ("compile", "suite", "differential", "memcheck", "racecheck", "upstream-suite"):
         write_result(results, "v0.5.21", kind, {**_result(key, True), "kind": kind})
     assert verification_note(real_series, history, history.rev_parse("v0.5.21"), "v0.5.21", results) is None
-    assert len(load_results(results)) == 5
+    assert len(load_results(results)) == 6
+
+
+def test_upstream_suite_cell_says_regressions_and_what_both_trees_share(real_series, history: Git, results: Path):
+    key = key_for(real_series, history, history.rev_parse("v0.5.21"))
+    counts = {"regressed": 0, "same": 153, "fixed": 0, "both fail": 3, "not applicable": 0}
+    write_result(results, "v0.5.21", "upstream-suite", {**_result(key, True), "kind": "upstream-suite", "counts": counts})
+    cell = _row(real_series, history, results).cells["upstream-suite"]
+    assert (cell.state, cell.detail) == ("verified", "0 regressed, 153 same, 3 both fail")
 
 
 def test_apply_prints_one_line_when_the_rev_is_not_fully_verified(upstream_clone: Path, sglang_release_repo: Path,
@@ -251,12 +267,23 @@ def test_apply_prints_one_line_when_the_rev_is_not_fully_verified(upstream_clone
     assert code == 0, err
     notes = [line for line in out.splitlines() if line.startswith("note:")]
     assert notes == ["note: v0.5.22 + this series is not fully verified (compile unverified, suite unverified, "
-                     "differential unverified, memcheck unverified, racecheck unverified); see `c128patch matrix`"]
+                     "differential unverified, memcheck unverified, racecheck unverified, upstream-suite unverified); see "
+                     "`c128patch matrix`"]
 
 
-def test_wheel_note_is_looked_up_on_the_release_history(real_series):
-    note = release_note(real_series, "0.5.21")
-    assert note is not None and note.startswith("note: sglang 0.5.21 + this series is not fully verified (")
+def test_wheel_note_is_looked_up_on_the_release_history(real_series, tmp_path: Path):
+    from c128patch.upstream.releases import ReleaseHistory
+
+    git = ReleaseHistory().git
+    commit = git.rev_parse("v0.5.21")
+    assert release_note(real_series, "0.5.21") == verification_note(real_series, git, commit, "sglang 0.5.21")
+    assert verification_note(real_series, git, commit, "sglang 0.5.21", tmp_path / "none").startswith(
+        "note: sglang 0.5.21 + this series is not fully verified (")
+
+
+def test_wheel_note_for_a_release_outside_the_history_says_unverified(real_series):
+    assert release_note(real_series, "9.9.9") == ("note: sglang 9.9.9 + this series is unverified (not in the release "
+                                                  "history); see `c128patch matrix`")
 
 
 # --------------------------------------------------------------------------- the GPU run's plumbing

@@ -9,9 +9,12 @@ matrix's "upstream's own tests" column), with every path of the GPU machine made
 repository root is dropped (".gpu-upstream/v0.5.23/patched/sglang/..."), the JIT caches become
 "$SGLANG_JIT_CACHE_DIR", the machine's Python folders "<python>", the carried wheels "<site>", a
 stage outside the repository "<stage>".
+Each result gets the evidence key (upstream tree id, series hash) of the patched tree it ran on,
+read from that tree's provenance record in the stage (--stage; default: the run's stage where it
+exists here, else .gpu-upstream/), and the patched pass's passed/failed/skipped.
 A result that still names a machine path, a collect-only result (unless --allow-list), a
-release without a result, or a result of another release than its folder is refused: nothing
-is written then.
+release without a result, a result of another release than its folder, or one whose staged tree
+is missing or carries another series than the result names is refused: nothing is written then.
 """
 
 from __future__ import annotations
@@ -25,7 +28,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tooling"))
+
+from c128patch.errors import C128Error  # noqa: E402
+from c128patch.evidence.keys import key_from_provenance, upstream_tree  # noqa: E402
+from c128patch.upstream.releases import ReleaseHistory  # noqa: E402
+
 RESULT = "upstream-suite.json"
+PROVENANCE = Path("patched") / "sglang" / "c128patch_provenance.json"
+BAD = ("failed", "error", "crashed")
 JIT_CACHE = re.compile(r"/tmp/c128patch-jit/[0-9a-f]{12}")
 MACHINE_PATH = re.compile(r"(?<![\w.<>$-])/(?:root|home|tmp|opt|work|mnt|srv|var|scratch)/[^\s'\"():,]*")
 
@@ -63,8 +75,35 @@ def roots_of(run: dict[str, Any]) -> list[tuple[str, str]]:
     return sorted(roots, key=lambda r: -len(r[0]))
 
 
-def collect(folder: Path, dest: Path, allow_list: bool) -> list[Path]:
+def keyed(result: dict[str, Any], stage: Path, rev: str) -> tuple[dict[str, Any], str]:
+    """``result`` with the staged patched tree's key and the patched pass's counts; or an error."""
+    path = stage / rev / PROVENANCE
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return result, f"{rev}: cannot read the staged tree's provenance {path} ({exc})"
+    upstream = record.get("upstream") or {}
+    if not upstream.get("tree") and upstream.get("commit"):  # an `apply` record names the commit only
+        try:
+            upstream["tree"] = upstream_tree(ReleaseHistory().git, upstream["commit"])
+        except C128Error as exc:
+            return result, f"{rev}: {exc.message}"
+        record = {**record, "upstream": upstream}
+    key = key_from_provenance(record)
+    if key is None:
+        return result, f"{rev}: {path} names no upstream tree or entry digests"
+    staged, ran = (record.get("series") or {}).get("digest"), (result.get("series") or {}).get("digest")
+    if staged != ran:
+        return result, f"{rev}: the stage holds series {str(staged)[:12]}, the result ran series {str(ran)[:12]} (staged again since?)"
+    counts = result.get("patched") or {}
+    return {**result, "key": key.to_json(), "passed": counts.get("passed", 0),
+            "failed": sum(counts.get(k, 0) for k in BAD), "skipped": counts.get("skipped", 0)}, ""
+
+
+def collect(folder: Path, dest: Path, allow_list: bool, stage: Path | None = None) -> list[Path]:
     run = json.loads((folder / "upstream-suite-run.json").read_text())
+    if stage is None:
+        stage = Path(run["stage"]) if Path(run["stage"]).is_dir() else REPO / ".gpu-upstream"
     roots = roots_of(run)
     out: dict[Path, dict[str, Any]] = {}
     errors: list[str] = []
@@ -82,6 +121,9 @@ def collect(folder: Path, dest: Path, allow_list: bool) -> list[Path]:
                 errors.append(f"{rev}: the result is of {result.get('rev')!r}")
             if "collect-only" in result.get("mode", "") and not allow_list:
                 errors.append(f"{rev}: a collect-only result (--list run); pass --allow-list to keep it")
+            result, error = keyed(result, stage, rev)
+            if error:
+                errors.append(error)
             left = machine_paths(result)
             if left:
                 errors.append(f"{rev}: machine paths left after rewriting: {', '.join(sorted(left)[:5])}")
@@ -99,8 +141,9 @@ def main() -> int:
     ap.add_argument("folder", type=Path)
     ap.add_argument("--dest", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--allow-list", action="store_true", help="keep collect-only results (a dry run)")
+    ap.add_argument("--stage", type=Path, help="the stage the run used (default: the run's, else .gpu-upstream)")
     args = ap.parse_args()
-    for path in collect(args.folder, args.dest, args.allow_list):
+    for path in collect(args.folder, args.dest, args.allow_list, args.stage):
         r = json.loads(path.read_text())
         counts = ", ".join(f"{v} {k}" for k, v in r["counts"].items() if v)
         print(f"{path}: {r['rev']} ok={r['ok']} {counts}")

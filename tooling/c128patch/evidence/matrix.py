@@ -1,6 +1,6 @@
 """The evidence matrix: for each release, does the series apply (strict / 3-way, per entry,
 replayed now), and what do the committed results prove (compile for sm_90a, the GPU suite,
-memcheck, racecheck, the differential against upstream)?
+memcheck, racecheck, the differential against upstream, upstream's own kernel tests)?
 
 A cell is ``verified`` (a result under today's key that passed), ``failed`` (under today's
 key, did not pass), ``stale`` (a result exists, under another key: other series files or

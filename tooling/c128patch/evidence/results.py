@@ -5,6 +5,8 @@
     ci/gpu/results/<rev>/differential.json   the same suite on the unpatched tree, compared test by test
     ci/gpu/results/<rev>/memcheck.json       the suite under compute-sanitizer memcheck
     ci/gpu/results/<rev>/racecheck.json      ... and racecheck
+    ci/gpu/results/<rev>/upstream-suite.json upstream's own kernel tests, patched vs unpatched
+                                             (`smoke --upstream-suite`; ci/gpu/collect_upstream_suite.py)
     ci/gpu/results/<rev>/before/suite.json   a "before" record (the suite on an older series), kept beside
 
 Every file carries ``key`` (evidence.keys: upstream tree id, series hash), ``command``,
@@ -25,8 +27,8 @@ from c128patch.evidence.keys import EvidenceKey
 from c128patch.jsonio import write_json_atomic
 from c128patch.series.manifest import Series
 
-Kind = Literal["compile", "suite", "differential", "memcheck", "racecheck"]
-KINDS: tuple[Kind, ...] = ("compile", "suite", "differential", "memcheck", "racecheck")
+Kind = Literal["compile", "suite", "differential", "memcheck", "racecheck", "upstream-suite"]
+KINDS: tuple[Kind, ...] = ("compile", "suite", "differential", "memcheck", "racecheck", "upstream-suite")
 GPU_KINDS: tuple[Kind, ...] = ("suite", "differential", "memcheck", "racecheck")
 RESULTS_UNDER = Path("ci") / "gpu" / "results"
 SCHEMA = 1
@@ -70,6 +72,10 @@ def summarize(kind: str, data: dict[str, Any]) -> str:
     if kind == "differential":
         s = data.get("summary") or {}
         return f"{s.get('regressed', 0)} regressed, {s.get('fixed', 0)} fixed, {s.get('same', 0)} same"
+    if kind == "upstream-suite":
+        c = data.get("counts") or {}
+        shown = ("regressed", "same", "fixed", "both fail", "not applicable")
+        return ", ".join(f"{c.get(k, 0)} {k}" for k in shown if c.get(k) or k in ("regressed", "same"))
     return counts
 
 
