@@ -91,6 +91,7 @@ def lint_series(series: Series, upstream: Git | None = None) -> list[Finding]:
     if upstream is not None:
         found += _upstream_collisions(series, upstream)
         found += _upstream_gates(series, upstream)
+        found += _variant_bases(series, upstream)
     return found
 
 
@@ -116,6 +117,26 @@ def _upstream_gates(series: Series, git: Git) -> list[Finding]:
     where = f"{ENVIRON_PATH} at {series.base}"
     return [Finding(g.name, p) for g in series.gates if g.declared_by == "upstream"
             for p in declaration_problems(g, declared, where)]
+
+
+def _variant_bases(series: Series, git: Git) -> list[Finding]:
+    """Each patch file's base tag names the commit the manifest records for it (variant choice
+    keys on the commit; a tag moved or a commit typed wrong would choose on other evidence)."""
+    found = []
+    for e in series.entries:
+        if not e.is_patch:
+            continue
+        for v in e.patch_files():
+            if not v.commit:
+                continue
+            at_tag = git.rev_parse(f"refs/tags/{v.base}") if v.base else None
+            if at_tag is not None and at_tag != v.commit:
+                found.append(Finding(e.name, f"{v.file}: base {v.base} is commit {at_tag[:12]} upstream, but the "
+                                             f"manifest records {v.commit[:12]}"))
+            elif at_tag is None and git.rev_parse(v.commit) is None:
+                found.append(Finding(e.name, f"{v.file}: base {v.base} ({v.commit[:12]}) is not in the upstream "
+                                             "repository: not checked", "warning"))
+    return found
 
 
 def _upstream_collisions(series: Series, git: Git) -> list[Finding]:
