@@ -283,17 +283,6 @@ def upstream_commit(git: Git, parent: str, subject: str, edit) -> str:
     return git.out("commit-tree", idx.out("write-tree"), "-p", parent, "-m", subject)
 
 
-def cli_text(*args: str | Path, env: dict[str, str] | None = None):
-    """``c128patch ARGS`` in process with its text kept (``.exit_code``, ``.stdout``, ``.stderr``
-    apart), for tests that read messages, tables and Markdown. An exception that escapes the CLI's
-    error handling (a traceback a user would see) is raised, so the test fails on it."""
-    from click.testing import CliRunner
-
-    from c128patch.cli import main
-
-    return CliRunner().invoke(main, [str(a) for a in args], env=env, catch_exceptions=False)
-
-
 def workflow_commands(script: str, sample: dict[str, str] | None = None) -> list[list[str]]:
     """The ``-m c128patch ...`` invocations in a CI run script, continuation lines joined, ``${{ }}``
     replaced by X and ``$VARS`` by ``sample`` values (else ``/sample/VAR``)."""

@@ -11,7 +11,7 @@ import pytest
 
 from c128patch.ops.audit import RULES, Rule, audit_patch, audit_patched_file
 from c128patch.series.manifest import load_series
-from support import unpack_release
+from support import invoke, unpack_release
 
 REPO = Path(__file__).resolve().parents[1]
 GATE = "SGLANG_TEST_GATE"
@@ -303,10 +303,6 @@ def test_series_audit_clean_on_every_release(sglang_release_repo: Path):
 
 def test_lint_fails_when_a_gated_patch_loses_its_guard(tmp_path: Path, sglang_release_repo: Path):
     """The real series with the 0.5.23 record_stream patch's guard removed: lint names the line."""
-    from click.testing import CliRunner
-
-    from c128patch.cli import main
-
     series_dir = tmp_path / "series"
     shutil.copytree(REPO / "patches", series_dir / "patches")
     shutil.copytree(REPO / "overlay", series_dir / "overlay")
@@ -318,10 +314,8 @@ def test_lint_fails_when_a_gated_patch_loses_its_guard(tmp_path: Path, sglang_re
     # the first guarded block (dspark_verify.py) now runs whatever the env says
     mutated = text.replace(guard, "+        if True:  # guard removed\n", 1)
     patch.write_text(mutated)
-    res = CliRunner().invoke(main, ["lint", "--update-hashes", "--series", str(series_dir), "--json"])
-    assert res.exit_code == 1, res.output
-    import json
-
-    findings = json.loads(res.stdout)["findings"]
+    res = invoke("lint", "--update-hashes", "--series", str(series_dir))
+    assert res.code == 1, res.err
+    findings = res.out["findings"]
     assert findings and all("[record_stream]" in f["message"] for f in findings)
     assert any("dspark_verify.py" in f["message"] for f in findings)

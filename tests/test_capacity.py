@@ -14,11 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from c128patch.capacity import model as cap  # noqa: E402
 from c128patch.capacity import pr as capacity_pr  # noqa: E402
-from c128patch.cli.capacity import command  # noqa: E402
 from support import invoke  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -311,10 +309,10 @@ def test_cli_table_and_errors() -> None:
     assert f"{expect.off.full_tokens:,}" in result.text
     assert f"{expect.on.full_tokens:,}" in result.text
     assert f"{expect.delta_tokens:+,}" in result.text
-    assert CliRunner().invoke(command, ["--json"]).exit_code != 0  # no budget
-    assert CliRunner().invoke(command, ["--budget-gib", "1", "--budget-bytes", "5"]).exit_code != 0
-    assert CliRunner().invoke(command, ["--budget-gib", "40", "--max-running-requests", "lots"]).exit_code != 0
-    assert CliRunner().invoke(command, ["--budget-gib", "40", "--compress-ratios", "0,2,4"]).exit_code != 0
+    assert _run("--json").code != 0  # no budget
+    assert _run("--budget-gib", "1", "--budget-bytes", "5").code != 0
+    assert _run("--budget-gib", "40", "--max-running-requests", "lots").code != 0
+    assert _run("--budget-gib", "40", "--compress-ratios", "0,2,4").code != 0
 
 
 def test_ci_capacity_table_writes_json(tmp_path: Path) -> None:

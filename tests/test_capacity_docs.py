@@ -3,13 +3,12 @@ docs (and the README) give for PR #32035's numbers reproduces them."""
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 
 import pytest
 
-from support import REPO_ROOT, cli_text
+from support import REPO_ROOT, invoke
 
 DOC = REPO_ROOT / "docs" / "capacity.md"
 BLOCK = re.compile(r"<!-- capacity:begin (c128patch capacity [^>]*?) -->\n(.*?)<!-- capacity:end -->", re.S)
@@ -26,14 +25,14 @@ def test_the_docs_have_the_generated_tables():
 
 @pytest.mark.parametrize("command, table", blocks(), ids=[c.removeprefix("c128patch capacity ") for c, _ in blocks()])
 def test_each_docs_table_is_its_commands_output(command: str, table: str):
-    res = cli_text(*shlex.split(command)[1:])
-    assert res.exit_code == 0, res.output
-    assert res.stdout == table
+    res = invoke(*shlex.split(command)[1:], as_json=False)
+    assert res.code == 0, res.err
+    assert res.text == table
 
 
 def test_the_pr_command_reproduces_the_prs_full_token_sizes():
-    res = cli_text(*shlex.split(PR_COMMAND)[1:], "--json")
-    (row,) = json.loads(res.stdout)["results"]
+    res = invoke(*shlex.split(PR_COMMAND)[1:])
+    (row,) = res.out["results"]
     assert (row["off"]["full_tokens"], row["on"]["full_tokens"]) == (2_553_344, 3_167_232)
 
 

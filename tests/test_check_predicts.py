@@ -4,7 +4,6 @@ code and the same entry stopping it. Real product series on every supported rele
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -13,14 +12,14 @@ import pytest
 
 from c128patch.series.manifest import load_series
 from c128patch.upstream.releases import ReleaseHistory
-from support import RELEASES, REPO_ROOT, cli_text
+from support import RELEASES, REPO_ROOT, invoke
 
 REVS = ("v0.5.19", *RELEASES)
 
 
 def check(*revs: str, extra: tuple[str, ...] = ()) -> tuple[int, dict[str, dict]]:
-    res = cli_text("check", *[a for r in revs for a in ("--sglang-rev", r)], *extra, "--json")
-    return res.exit_code, {r["rev"]: r for r in json.loads(res.stdout)["revs"]}
+    res = invoke("check", *[a for r in revs for a in ("--sglang-rev", r)], *extra)
+    return res.code, {r["rev"]: r for r in res.out["revs"]}
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +35,9 @@ def applied(tmp_path_factory: pytest.TempPathFactory, checked) -> dict[str, tupl
     root = tmp_path_factory.mktemp("apply")
     out = {}
     for rev in REVS:
-        res = cli_text("apply", "--sglang-rev", rev, "--tree", str(root / rev), "--json")
-        doc = json.loads(res.stdout)
-        out[rev] = (res.exit_code, doc.get("report", doc))
+        res = invoke("apply", "--sglang-rev", rev, "--tree", str(root / rev))
+        assert res.out, (rev, res.err)
+        out[rev] = (res.code, res.out.get("report", res.out))
     return out
 
 
@@ -49,8 +48,9 @@ def wheels(tmp_path_factory: pytest.TempPathFactory, checked) -> dict[str, tuple
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("SOURCE_DATE_EPOCH", raising=False)
         for rev in REVS:
-            res = cli_text("wheel", "--from-release", rev.removeprefix("v"), "-o", str(root), "--json")
-            out[rev] = (res.exit_code, json.loads(res.stdout))
+            res = invoke("wheel", "--from-release", rev.removeprefix("v"), "-o", str(root))
+            assert res.out, (rev, res.err)
+            out[rev] = (res.code, res.out)
     return out
 
 
@@ -123,10 +123,12 @@ def test_an_entry_only_a_3_way_merge_takes_is_ok_for_apply_and_not_for_wheel(thr
     code, revs = check("v0.5.19", extra=("--series", str(three_way_only)))
     (entry,) = revs["v0.5.19"]["entries"]
     assert (code, entry["status"], revs["v0.5.19"]["apply"]["exit"], revs["v0.5.19"]["wheel"]["exit"]) == (0, "3way", 0, 1)
-    tree = cli_text("apply", "--sglang-rev", "v0.5.19", "--tree", str(tmp_path / "t"), "--series", str(three_way_only))
-    assert tree.exit_code == 0 and "(needed a 3-way merge)" in tree.stdout
-    wheel = cli_text("wheel", "--from-release", "0.5.19", "-o", str(tmp_path / "d"), "--series", str(three_way_only))
-    assert wheel.exit_code == 1 and "does not apply to sglang-0.5.19" in wheel.stderr
+    tree = invoke("apply", "--sglang-rev", "v0.5.19", "--tree", str(tmp_path / "t"), "--series", str(three_way_only),
+                  as_json=False)
+    assert tree.code == 0 and "(needed a 3-way merge)" in tree.text
+    wheel = invoke("wheel", "--from-release", "0.5.19", "-o", str(tmp_path / "d"), "--series", str(three_way_only),
+                   as_json=False)
+    assert wheel.code == 1 and "does not apply to sglang-0.5.19" in wheel.err
 
 
 def test_check_strict_fails_where_wheel_would(three_way_only: Path, checked):

@@ -5,7 +5,6 @@ index). The startup line the doc quotes is the one the series' overlay logs."""
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 
 from c128patch.upstream.releases import wheel_for
 from c128patch.wheel.patch import patch_wheel
-from support import REPO_ROOT, cli_text
+from support import REPO_ROOT, invoke
 
 DOC = (REPO_ROOT / "docs" / "deploy.md").read_text()
 
@@ -50,8 +49,8 @@ def pip(venv: dict, argv: list[str]) -> subprocess.CompletedProcess:
 
 
 def build_line(venv: dict) -> tuple[str, str]:
-    res = cli_text("doctor", "--python", str(venv["python"]), "--json")
-    (finding,) = [f for f in json.loads(res.stdout)["findings"] if f["topic"] == "build"]
+    res = invoke("doctor", "--python", str(venv["python"]))
+    (finding,) = [f for f in res.out["findings"] if f["topic"] == "build"]
     return finding["level"], finding["message"]
 
 

@@ -5,7 +5,6 @@ process would)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from c128patch.series.manifest import load_series
 from c128patch.serve.startup import ONLINE_C128_DSPARK_RULES
 from c128patch.upstream.releases import wheel_for
 from c128patch.wheel.patch import patch_wheel
-from support import REPO_ROOT, cli_text, make_test_series
+from support import REPO_ROOT, invoke, make_test_series
 
 SERIES_ENVS = ("SGLANG_OPT_USE_ONLINE_COMPRESS", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK",
                "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP", "SGLANG_DSPARK_RECORD_VERIFY_STREAMS", "SGLANG_RAGGED_VERIFY_MODE")
@@ -58,12 +57,13 @@ def doctor(python: Path, *args: str, env: dict[str, str] | None = None, pythonpa
             mp.setenv(name, value)
         if pythonpath is not None:
             mp.setenv("PYTHONPATH", str(pythonpath))
-        res = cli_text("doctor", "--python", str(python), "--json", *(["--", *args] if args else []))
-    report = json.loads(res.stdout)
+        # --json before the `--`: what follows it is the serving command line
+        res = invoke("doctor", "--python", str(python), "--json", *(["--", *args] if args else []))
+    report = res.out
     topics: dict[str, list[tuple[str, str]]] = {}
     for f in report["findings"]:
         topics.setdefault(f["topic"], []).append((f["level"], f["message"]))
-    return res.exit_code, report, topics
+    return res.code, report, topics
 
 
 def test_a_patched_build_with_its_gates_unset_passes(patched_python: Path):
@@ -187,14 +187,14 @@ def test_a_python_without_sglang_is_an_error(tmp_path: Path):
 
 
 def test_a_python_that_does_not_run_is_one_line(tmp_path: Path):
-    res = cli_text("doctor", "--python", str(tmp_path / "nope"))
-    assert res.exit_code == 2
-    assert res.stderr.strip().startswith(f"c128patch: error: cannot run {tmp_path / 'nope'}: ")
+    res = invoke("doctor", "--python", str(tmp_path / "nope"), as_json=False)
+    assert res.code == 2
+    assert res.err.strip().startswith(f"c128patch: error: cannot run {tmp_path / 'nope'}: ")
 
 
 def test_the_text_report_is_one_line_per_finding(patched_python: Path):
-    res = cli_text("doctor", "--python", str(patched_python))
-    lines = res.stdout.strip().splitlines()
+    res = invoke("doctor", "--python", str(patched_python), as_json=False)
+    lines = res.text.strip().splitlines()
     assert lines[-1].startswith("doctor: 0 error(s), ")
     assert all(line.split()[0] in ("ok", "info", "warn", "error") for line in lines[:-1])
 

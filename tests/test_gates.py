@@ -3,7 +3,6 @@ upstream's environ.py, `c128patch gates` prints it, docs/gates.md carries it."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from c128patch.errors import C128Error
 from c128patch.ops.lint import lint_series
 from c128patch.series.gates import render_markdown
 from c128patch.series.manifest import load_series
-from support import REPO_ROOT, cli_text
+from support import REPO_ROOT, invoke
 
 BEGIN, END = "<!-- gates:begin (generated: c128patch gates --markdown) -->\n", "<!-- gates:end -->"
 
@@ -102,13 +101,13 @@ def test_docs_gates_md_carries_the_rendered_reference(real_series):
 
 
 def test_gates_markdown_is_the_rendered_reference(real_series):
-    res = cli_text("gates", "--markdown")
-    assert res.exit_code == 0
-    assert res.stdout == render_markdown(real_series.gates, {e.name: e.gate for e in real_series.entries})
+    res = invoke("gates", "--markdown", as_json=False)
+    assert res.code == 0
+    assert res.text == render_markdown(real_series.gates, {e.name: e.gate for e in real_series.entries})
 
 
 def test_gates_json_lists_every_variable_with_the_entries_it_gates(real_series):
-    out = json.loads(cli_text("gates", "--json").stdout)
+    out = invoke("gates").out
     rows = {g["name"]: g for g in out["gates"]}
     assert list(rows) == [g.name for g in real_series.gates]
     assert rows["SGLANG_DSPARK_RECORD_VERIFY_STREAMS"]["entries"] == ["c128-dspark-record-streams-helper",

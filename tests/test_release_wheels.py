@@ -4,7 +4,6 @@ Real sglang 0.5.23 wheels (cp311 from the cache; cp312 downloaded once into it),
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from packaging.utils import parse_wheel_filename
 from c128patch.errors import C128Error
 from c128patch.upstream.release_wheels import WheelTarget, fit
 from c128patch.wheel.patch import release_wheel
-from support import cli_text
+from support import invoke
 
 
 def test_without_flags_the_release_wheel_fits_this_interpreter(sglang_release_repo: Path):
@@ -23,17 +22,17 @@ def test_without_flags_the_release_wheel_fits_this_interpreter(sglang_release_re
 
 
 def test_python_tag_patches_that_interpreters_wheel(sglang_release_repo: Path, tmp_path: Path):
-    res = cli_text("wheel", "--from-release", "0.5.23", "--python-tag", "cp312", "-o", str(tmp_path), "--json")
-    assert res.exit_code == 0, res.output
-    out = json.loads(res.stdout)
+    res = invoke("wheel", "--from-release", "0.5.23", "--python-tag", "cp312", "-o", str(tmp_path))
+    assert res.code == 0, res.err
+    out = res.out
     assert Path(out["upstream_wheel"]).name.startswith("sglang-0.5.23-cp312-cp312-")
     assert Path(out["wheel"]).name.startswith(f"sglang-{out['version']}-cp312-cp312-")
 
 
 def test_a_python_tag_no_wheel_fits_lists_the_releases_wheels(sglang_release_repo: Path, tmp_path: Path):
-    res = cli_text("wheel", "--from-release", "0.5.23", "--python-tag", "cp39", "-o", str(tmp_path / "dist"))
-    assert res.exit_code == 2
-    lines = res.stderr.splitlines()
+    res = invoke("wheel", "--from-release", "0.5.23", "--python-tag", "cp39", "-o", str(tmp_path / "dist"), as_json=False)
+    assert res.code == 2
+    lines = res.err.splitlines()
     assert lines[0].startswith("c128patch: error: sglang 0.5.23 has no wheel for cp39 / this platform: ")
     assert "  sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl" in lines
     assert lines[-1].startswith("pick one with --python-tag TAG [--platform PLATFORM]")
@@ -45,14 +44,14 @@ def test_a_python_tag_no_wheel_fits_lists_the_releases_wheels(sglang_release_rep
     (["--platform", "Linux x86"], "--platform 'Linux x86': expected a platform tag"),
 ], ids=["python-version", "platform-words"])
 def test_a_malformed_tag_is_refused(args, message, tmp_path: Path):
-    res = cli_text("wheel", "--from-release", "0.5.23", *args, "-o", str(tmp_path))
-    assert res.exit_code == 2 and res.stderr.startswith(f"c128patch: error: {message}")
+    res = invoke("wheel", "--from-release", "0.5.23", *args, "-o", str(tmp_path), as_json=False)
+    assert res.code == 2 and res.err.startswith(f"c128patch: error: {message}")
 
 
 def test_tags_with_from_wheel_are_refused(tmp_path: Path):
-    res = cli_text("wheel", "--from-wheel", str(tmp_path / "x.whl"), "--python-tag", "cp312")
-    assert res.exit_code == 2
-    assert res.stderr.startswith("c128patch: error: --python-tag/--platform choose the wheel of --from-release")
+    res = invoke("wheel", "--from-wheel", str(tmp_path / "x.whl"), "--python-tag", "cp312", as_json=False)
+    assert res.code == 2
+    assert res.err.startswith("c128patch: error: --python-tag/--platform choose the wheel of --from-release")
 
 
 @pytest.mark.parametrize("target, name, fits", [

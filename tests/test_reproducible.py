@@ -17,7 +17,7 @@ import pytest
 
 from c128patch.git import Git
 from c128patch.upstream.releases import DEFAULT_RELEASES, SUPERSEDED_PREFIX, ReleaseHistory, history_parent, wheel_for
-from support import cli_text
+from support import Run, invoke
 
 EXTRA = "0.5.19"  # older than every supported release: never in the default cache
 
@@ -29,13 +29,10 @@ def wheelhouse(sglang_release_repo: Path) -> Path:
     return sglang_release_repo.parent / "wheels"
 
 
-def in_cache(cache: Path, wheelhouse: Path, *args: str):
+def in_cache(cache: Path, wheelhouse: Path, *args: str) -> Run:
     """Run the CLI against cache ``cache`` (release wheels taken from ``wheelhouse``)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("C128PATCH_CACHE", str(cache))
-        mp.setenv("C128PATCH_WHEELHOUSE", str(wheelhouse))
-        mp.delenv("SOURCE_DATE_EPOCH", raising=False)
-        return cli_text(*args)
+    env = {"C128PATCH_CACHE": str(cache), "C128PATCH_WHEELHOUSE": str(wheelhouse), "SOURCE_DATE_EPOCH": None}
+    return invoke(*args, as_json=False, env=env)
 
 
 def tags(cache: Path) -> dict[str, str]:
@@ -45,8 +42,8 @@ def tags(cache: Path) -> dict[str, str]:
 
 def build(cache: Path, wheelhouse: Path, out: Path) -> dict:
     res = in_cache(cache, wheelhouse, "wheel", "--from-release", "0.5.23", "-o", str(out), "--json")
-    assert res.exit_code == 0, res.output
-    return json.loads(res.stdout)
+    assert res.code == 0, res.err
+    return res.out
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +63,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) -> dict:
 
 
 def test_a_wheel_keeps_its_bytes_after_an_older_release_joins_the_cache(runs):
-    assert f"v{EXTRA}" in runs["check"].stdout  # the check did run on 0.5.19 (its verdict is check's business)
+    assert f"v{EXTRA}" in runs["check"].text  # the check did run on 0.5.19 (its verdict is check's business)
     assert runs["second"]["sha256"] == runs["first"]["sha256"]
 
 

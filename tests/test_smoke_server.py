@@ -14,14 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 import smoke_upstream_formats as up
-from c128patch.cli import main
 from c128patch.smoke import logs as smoke_logs
 from c128patch.smoke import procs as smoke_procs
 from c128patch.smoke import server as smoke_server
 from smoke_helpers import signal_when_ready
+from support import invoke
 
 STANDINS = Path(__file__).parent / "smoke_standins"
 TOOLING = Path(__file__).resolve().parents[1] / "tooling"
@@ -346,9 +345,9 @@ def test_port_in_use_is_refused_before_starting(fake, tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", opts.port))
         busy.listen()
-        res = CliRunner().invoke(main, ["smoke", "--tier", "server", "--model-path", "/m", "--port", str(opts.port),
-                                        "--launcher", " ".join(opts.launcher), "--out", str(tmp_path / "o")])
-    assert res.exit_code == 2 and res.stderr.strip() == (
+        res = invoke("smoke", "--tier", "server", "--model-path", "/m", "--port", str(opts.port),
+                     "--launcher", " ".join(opts.launcher), "--out", str(tmp_path / "o"), as_json=False)
+    assert res.code == 2 and res.err.strip() == (
         f"c128patch: error: port {opts.port} on 127.0.0.1 is in use (another server?): pass --port")
     assert fake.pids() == []
 
@@ -360,17 +359,17 @@ def test_refuses_an_unpatched_install(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
     info = smoke_server.installed_sglang(sys.executable)
     assert info["package"] == str(pkg) and not info["patched"]
-    res = CliRunner().invoke(main, ["smoke", "--tier", "server", "--model-path", "/m", "--port", str(free_port()),
-                                    "--out", str(tmp_path / "o")])
-    assert res.exit_code == 2 and "is not a c128patch build" in res.stderr
+    res = invoke("smoke", "--tier", "server", "--model-path", "/m", "--port", str(free_port()),
+                 "--out", str(tmp_path / "o"), as_json=False)
+    assert res.code == 2 and "is not a c128patch build" in res.err
     (pkg / "c128patch_provenance.json").write_text(json.dumps({"series": {"name": "c128"}, "upstream": {}, "entries": []}))
     assert smoke_server.installed_sglang(sys.executable)["patched"]
 
 
 def test_server_options_refused(tmp_path):
     def refused(args, text):
-        res = CliRunner().invoke(main, ["smoke", "--tier", "server", *args])
-        assert res.exit_code == 2 and text in res.stderr, res.stderr
+        res = invoke("smoke", "--tier", "server", *args, as_json=False)
+        assert res.code == 2 and text in res.err, res.err
     refused([], "--tier server needs --model-path")
     refused(["--model-path", "/m", "--tree", "x"], "belong to --tier kernel")
     refused(["--model-path", "/m", "--modes", "on,sideways", "--launcher", "x"], "--modes takes on and/or off")

@@ -5,14 +5,13 @@ fix a message prints is run."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from c128patch.git import Git
-from support import cli_text, make_test_series, snapshot
+from support import Run, invoke, make_test_series, snapshot
 
 
 @pytest.fixture(scope="module")
@@ -23,35 +22,35 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, sglang_release_repo: Path)
     subprocess.run(["git", "init", "--quiet", str(root)], check=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
-        res = cli_text("apply", "--sglang-rev", "v0.5.23")
-    assert res.exit_code == 0, res.output
+        res = invoke("apply", "--sglang-rev", "v0.5.23", as_json=False)
+    assert res.code == 0, res.err
     return root
 
 
-def in_dir(folder: Path, *args: str):
+def in_dir(folder: Path, *args: str) -> Run:
+    """``c128patch ARGS`` run from ``folder`` (``--json`` only where ``args`` hold it)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(folder)
-        return cli_text(*args)
+        return invoke(*args, as_json=False)
 
 
 def test_status_finds_the_tree_apply_made_where_it_ran(workdir: Path):
     res = in_dir(workdir, "status", "--json")
-    assert res.exit_code == 0, res.output
-    out = json.loads(res.stdout)
-    assert Path(out["tree"]).resolve() == (workdir / "sglang").resolve()
-    assert out["branch"] == "c128/v0.5.23" and out["upstream"]["rev"] == "v0.5.23"
+    assert res.code == 0, res.err
+    assert Path(res.out["tree"]).resolve() == (workdir / "sglang").resolve()
+    assert res.out["branch"] == "c128/v0.5.23" and res.out["upstream"]["rev"] == "v0.5.23"
 
 
 def test_status_inside_the_tree_uses_that_tree(workdir: Path):
     res = in_dir(workdir / "sglang" / "python" / "sglang", "status", "--json")
-    assert res.exit_code == 0, res.output
-    assert Path(json.loads(res.stdout)["tree"]).resolve() == (workdir / "sglang").resolve()
+    assert res.code == 0, res.err
+    assert Path(res.out["tree"]).resolve() == (workdir / "sglang").resolve()
 
 
 def test_refresh_check_finds_the_tree_apply_made_where_it_ran(workdir: Path):
     res = in_dir(workdir, "refresh", "--check", "--json")
-    assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout)["changed"] == []  # the branch is exactly the series
+    assert res.code == 0, res.err
+    assert res.out["changed"] == []  # the branch is exactly the series
 
 
 def test_rebase_finds_the_tree_apply_made_where_it_ran(workdir: Path):
@@ -59,21 +58,21 @@ def test_rebase_finds_the_tree_apply_made_where_it_ran(workdir: Path):
     tree = Git(worktree=workdir / "sglang").out("rev-parse", "--show-toplevel")
     before = snapshot(Path(tree))
     res = in_dir(workdir, "rebase", "--onto", "no-such-rev")
-    assert res.exit_code == 2
-    assert res.stderr.startswith(f"c128patch: error: unknown rev 'no-such-rev' in {tree} ")
+    assert res.code == 2
+    assert res.err.startswith(f"c128patch: error: unknown rev 'no-such-rev' in {tree} ")
     assert snapshot(Path(tree)) == before
 
 
 def test_smoke_finds_the_tree_apply_made_where_it_ran(workdir: Path):
     res = in_dir(workdir, "smoke", "--tier", "kernel", "--list", "--json")
-    assert res.exit_code == 0, res.output
-    assert Path(json.loads(res.stdout)["tree"]).resolve() == (workdir / "sglang" / "python").resolve()
+    assert res.code == 0, res.err
+    assert Path(res.out["tree"]).resolve() == (workdir / "sglang" / "python").resolve()
 
 
 def test_outside_any_repository_the_error_says_which_folder_to_use(tmp_path: Path):
     res = in_dir(tmp_path, "status")
-    assert res.exit_code == 2
-    assert res.stderr.strip() == (
+    assert res.code == 2
+    assert res.err.strip() == (
         f"c128patch: error: no sglang tree here: {tmp_path} is not in a git repository and ./sglang (where "
         "`c128patch apply` makes its tree) is not one; run from the tree, or pass --tree DIR")
 
@@ -81,8 +80,8 @@ def test_outside_any_repository_the_error_says_which_folder_to_use(tmp_path: Pat
 def test_status_in_a_repository_without_a_series_points_at_apply_s_tree(tmp_path: Path):
     subprocess.run(["git", "init", "--quiet", str(tmp_path)], check=True)
     res = in_dir(tmp_path, "status")
-    assert res.exit_code == 2
-    first, hint = res.stderr.strip().splitlines()
+    assert res.code == 2
+    first, hint = res.err.strip().splitlines()
     assert first.startswith(f"c128patch: error: no c128patch series is applied in {tmp_path}")
     assert hint == "`c128patch apply` makes its tree in ./sglang (or --tree DIR): run status there, or pass --tree DIR"
 
@@ -91,46 +90,45 @@ def test_reapplying_the_same_series_and_rev_is_a_no_op_that_says_so(workdir: Pat
     tree = workdir / "sglang"
     before = snapshot(tree)
     res = in_dir(workdir, "apply", "--sglang-rev", "v0.5.23")
-    assert res.exit_code == 0, res.output
-    assert "sglang: c128/v0.5.23 already holds v0.5.23 + series c128patch" in res.stdout
-    assert res.stdout.rstrip().endswith("nothing to do")
+    assert res.code == 0, res.err
+    assert "sglang: c128/v0.5.23 already holds v0.5.23 + series c128patch" in res.text
+    assert res.text.rstrip().endswith("nothing to do")
     assert snapshot(tree) == before
 
 
 def test_reapplying_reports_the_earlier_result_as_json(workdir: Path):
     res = in_dir(workdir, "apply", "--sglang-rev", "v0.5.23", "--json")
-    out = json.loads(res.stdout)
-    assert (out["ok"], out["already_applied"], out["branch"]) == (True, True, "c128/v0.5.23")
-    assert out["head"] == Git(worktree=workdir / "sglang").head()
+    assert (res.out["ok"], res.out["already_applied"], res.out["branch"]) == (True, True, "c128/v0.5.23")
+    assert res.out["head"] == Git(worktree=workdir / "sglang").head()
 
 
 def test_another_series_on_an_applied_branch_prints_a_fix_that_works(tmp_path: Path, sglang_release_repo: Path):
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(tmp_path)
-        assert cli_text("apply", "--sglang-rev", "v0.5.23").exit_code == 0
+        assert invoke("apply", "--sglang-rev", "v0.5.23", as_json=False).code == 0
     series = make_test_series(tmp_path / "series", sglang_release_repo,
                               {"python/sglang/srt/environ.py": ("import os\n", "import os  # c128patch test\n")})
     res = in_dir(tmp_path, "apply", "--sglang-rev", "v0.5.23", "--series", str(series))
-    assert res.exit_code == 2
-    message = res.stderr.strip()
+    assert res.code == 2
+    message = res.err.strip()
     tree = tmp_path / "sglang"
     assert f"branch c128/v0.5.23 already exists in {tree} (not this series on v0.5.23; it is checked out)" in message
     fix = message.split("or delete it (", 1)[1].rsplit("); nothing was changed", 1)[0]
     assert fix == f"git -C {tree} checkout --quiet --detach && git -C {tree} branch -D c128/v0.5.23"
     subprocess.run(fix, shell=True, cwd=tmp_path, check=True)
     again = in_dir(tmp_path, "apply", "--sglang-rev", "v0.5.23", "--series", str(series))
-    assert again.exit_code == 0, again.output
+    assert again.code == 0, again.err
     assert Git(worktree=tmp_path / "sglang").current_branch() == "c128/v0.5.23"
 
 
 def test_reapplying_with_the_branch_not_checked_out_prints_a_checkout_that_works(tmp_path: Path):
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(tmp_path)
-        assert cli_text("apply", "--sglang-rev", "v0.5.23").exit_code == 0
+        assert invoke("apply", "--sglang-rev", "v0.5.23", as_json=False).code == 0
     subprocess.run(["git", "-C", str(tmp_path / "sglang"), "checkout", "--quiet", "--detach"], check=True)
     res = in_dir(tmp_path, "apply", "--sglang-rev", "v0.5.23")
-    assert res.exit_code == 0, res.output
-    fix = res.stdout.strip().rsplit("; not checked out: ", 1)[1]
+    assert res.code == 0, res.err
+    fix = res.text.strip().rsplit("; not checked out: ", 1)[1]
     assert fix == "git -C sglang checkout c128/v0.5.23"
     subprocess.run(fix, shell=True, cwd=tmp_path, check=True)
     assert Git(worktree=tmp_path / "sglang").current_branch() == "c128/v0.5.23"

@@ -83,13 +83,12 @@ def test_without_tags_or_base_commits_the_first_file_that_applies_strictly_decid
 
 
 def test_check_shows_the_file_and_rule_in_its_table(sglang_release_repo, series_dir):
-    from click.testing import CliRunner
-
-    from c128patch.cli import main
-
-    res = CliRunner().invoke(main, ["check", "--sglang-rev", "v0.5.21", "--repo", str(sglang_release_repo),
-                                    "--series", str(series_dir)], terminal_width=200)
-    assert res.exit_code == 0
-    row = next(line for line in res.stdout.splitlines() if COMMIT in line)
-    below = res.stdout.splitlines()[res.stdout.splitlines().index(row) + 1]
+    # a wide console: rich reads COLUMNS (click's terminal_width never reached it), and a narrow
+    # terminal would cut the entry names
+    res = invoke("check", "--sglang-rev", "v0.5.21", "--repo", str(sglang_release_repo), "--series", str(series_dir),
+                 as_json=False, env={"COLUMNS": "200"})
+    assert res.code == 0, res.err
+    lines = res.text.splitlines()
+    row = next(line for line in lines if COMMIT in line)
+    below = lines[lines.index(row) + 1]
     assert "ok" in row and "v0.5.20 variant (ancestor)" in below

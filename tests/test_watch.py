@@ -16,10 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 import watch_upstream as wu
-from c128patch.cli import main
 from c128patch.git import Git
 from c128patch.ops.lint import update_hashes
 from c128patch.ops.treechecks import check_tree
@@ -428,7 +426,7 @@ def test_tree_checks_find_a_gate_environ_py_does_not_declare(stand_in):
 def test_docs_and_help_give_every_outcome_its_exit_code():
     doc = (REPO_ROOT / "docs" / "watch.md").read_text()
     readme = (REPO_ROOT / "README.md").read_text()
-    help_text = CliRunner().invoke(main, ["watch", "--help"]).stdout
+    help_text = invoke("watch", "--help", as_json=False).text
     for outcome, code in EXIT.items():
         assert f"| `{outcome}` | {code} |" in doc
         assert f"{outcome} {code}" in help_text

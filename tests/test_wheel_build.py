@@ -12,15 +12,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from packaging.version import Version
 
-from c128patch.cli import main
 from c128patch.git import Git
 from c128patch.series.manifest import load_series
 from c128patch.upstream.source import open_upstream
 from c128patch.wheel.srcbuild import PRETEND_ENV, base_version, build_command, build_env, build_wheel
-from support import make_test_series
+from support import invoke, make_test_series
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 ENVIRON = "python/sglang/srt/environ.py"
@@ -104,10 +102,10 @@ def test_command_and_env(tmp_path: Path):
 def test_refused_without_pyproject(tmp_path: Path, series: Path):
     """The release history (upstream from wheels) has no build files: refused before anything is made."""
     tree, out = tmp_path / "tree", tmp_path / "dist"
-    res = CliRunner().invoke(main, ["build", "--sglang-rev", "v0.5.23", "--series", str(series),
-                                    "--tree", str(tree), "-o", str(out)])
-    assert res.exit_code == 2, res.output
-    (line,) = res.stderr.strip().splitlines()
+    res = invoke("build", "--sglang-rev", "v0.5.23", "--series", str(series), "--tree", str(tree), "-o", str(out),
+                 as_json=False)
+    assert res.code == 2, res.err
+    (line,) = res.err.strip().splitlines()
     assert line.startswith("c128patch: error: python/pyproject.toml is missing at v0.5.23")
     assert "c128patch wheel --from-release 0.5.23" in line
     assert not tree.exists() and not out.exists()
@@ -143,9 +141,9 @@ def test_real_source_build(tmp_path: Path, source_repo: Path, series: Path):
     out = tmp_path / "dist"
     args = ["build", "--sglang-rev", "main", "--repo", str(source_repo), "--series", str(series),
             "-o", str(out), "--no-isolation", "--json"]
-    res = CliRunner().invoke(main, args)
-    assert res.exit_code == 0, (res.stderr, res.stdout)
-    data = json.loads(res.stdout)
+    res = invoke(*args)
+    assert res.code == 0, (res.err, res.text)
+    data = res.out
     head = git(source_repo, "rev-parse", "main")
     s = load_series(series)
     assert data["base_version"] == f"0.5.24.dev1+g{head[:9]}"
@@ -163,13 +161,13 @@ def test_real_source_build(tmp_path: Path, source_repo: Path, series: Path):
     assert record["upstream"]["build"] == "source" and record["upstream"]["commit"] == head
     assert any(n.endswith(".dist-info/sboms/c128patch.cdx.json") for n in names)
     # the built wheel passes verify-wheel; the source tree is left clean on the patched branch
-    verified = CliRunner().invoke(main, ["verify-wheel", str(wheel), "--series", str(series), "--compile-all", "--json"])
-    assert verified.exit_code == 0, verified.output
-    assert json.loads(verified.stdout)["compiled"] == len([n for n in names if n.endswith(".py")])
+    verified = invoke("verify-wheel", str(wheel), "--series", str(series), "--compile-all")
+    assert verified.code == 0, verified.err
+    assert verified.out["compiled"] == len([n for n in names if n.endswith(".py")])
     assert git(source_repo, "status", "--porcelain") == ""
     assert git(source_repo, "rev-parse", "--abbrev-ref", "HEAD") == "c128/main"
     # a second build reuses the patched tree (no second apply) and gives the same wheel name
-    again = CliRunner().invoke(main, [*args[:-4], "-o", str(tmp_path / "again"), "--no-isolation", "--json"])
-    assert again.exit_code == 0, again.stderr
-    assert json.loads(again.stdout)["applied"] is False
-    assert Path(json.loads(again.stdout)["wheel"]).name == wheel.name
+    again = invoke(*args[:-4], "-o", str(tmp_path / "again"), "--no-isolation")
+    assert again.code == 0, again.err
+    assert again.out["applied"] is False
+    assert Path(again.out["wheel"]).name == wheel.name
