@@ -39,7 +39,8 @@ V = load_series(REPO_ROOT).version  # the product series' version, as the proofs
 WORKER = "python/sglang/srt/speculative/dspark_components/dspark_worker_v2.py"
 BACKEND_PY = "python/sglang/srt/layers/attention/deepseek_v4_backend.py"
 CONFLICTED = [ENVIRON, VERIFY]  # what RS's 0.5.22 file leaves conflicted on 0.5.23
-REBASES = [("v0.5.20", "v0.5.23"), ("v0.5.23", "v0.5.21"), ("v0.5.21", "v0.5.22"), ("v0.5.22", "v0.5.23")]
+REBASES = [("v0.5.20", "v0.5.23"), ("v0.5.23", "v0.5.21"), ("v0.5.21", "v0.5.22"), ("v0.5.22", "v0.5.23"),
+           ("v0.5.21", "v0.5.20")]  # every release a target, from a neighbour or across the range
 SPANS = [f"{a}->{b}" for a, b in REBASES]
 REPLAYED = {"unchanged", "context-only", "content-changed"}
 
