@@ -164,3 +164,13 @@ def analyze(git: Git, path: str, text: str, diff: str, *, head: str, old: str, o
         moved = _moved(head_lines, hunk, pos, len(ours) + len(theirs) + 6) if hunk is not None else None
         out.append(Block(path, (first, last), _header(hunk) if hunk is not None else "", upstream, moved, not ours))
     return out
+
+
+def block_markdown(b: dict, empty_why: str = "") -> str:
+    """One conflict block of a stop report (``Block.to_json``) as a Markdown list item."""
+    first, last = b["lines"]
+    where = f"lines {first}-{last}" if last >= first else f"after line {last}"
+    return (f"- `{b['path']}` {where} on the new base: hunk `{b['hunk'] or '?'}`"
+            + (f"; **the upstream side is empty**{empty_why}" if b["empty"] else "")
+            + (f"; the code this hunk edits now lives at line {b['moved_to']}" if b["moved_to"] else "")
+            + (f"; upstream: {'; '.join(b['upstream'][:5])}" if b["upstream"] else ""))

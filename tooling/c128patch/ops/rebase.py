@@ -39,7 +39,7 @@ from typing import Literal, NoReturn
 from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git
 from c128patch.jsonio import write_json_atomic
-from c128patch.ops.conflicts import StopReport, analyze
+from c128patch.ops.conflicts import StopReport, analyze, block_markdown
 from c128patch.ops.equivalence import Edit, Equivalence, compare_commits, prove
 from c128patch.ops.faults import fault_point
 from c128patch.ops.merged import MergedCheck, Signal, UpstreamIds, commit_diffs, proposes_drop
@@ -710,13 +710,7 @@ def render_markdown(report: dict) -> str:
     for e in stopped:
         stop = e["stop"]
         lines += ["", f"## stopped at {e['name']} ({stop['phase']})", "", f"from {stop['file']}", ""]
-        for b in stop["blocks"]:
-            first, last = b["lines"]
-            where = f"lines {first}-{last}" if last >= first else f"after line {last}"
-            lines.append(f"- `{b['path']}` {where} on the new base: hunk `{b['hunk'] or '?'}`"
-                         + ("; **the upstream side is empty**" if b["empty"] else "")
-                         + (f"; the code this hunk edits now lives at line {b['moved_to']}" if b["moved_to"] else "")
-                         + (f"; upstream: {'; '.join(b['upstream'][:5])}" if b["upstream"] else ""))
+        lines += [block_markdown(b) for b in stop["blocks"]]
         if stop["resolved"]:
             lines.append("- partly resolved by the ledger: " + ", ".join(f"{r['entry']}:{r['key']} ({r['path']})"
                                                                            for r in stop["resolved"]))

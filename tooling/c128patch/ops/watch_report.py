@@ -4,6 +4,8 @@ dict ``ops.watch`` builds; decides nothing."""
 
 from __future__ import annotations
 
+from c128patch.ops.conflicts import block_markdown
+
 WHAT = {
     "clean": "Nothing to do: every entry applies strictly.",
     "refreshed": "Review the refreshed series and adopt it: in CI the pull request carries it; by hand, the commands "
@@ -102,13 +104,7 @@ def render(report: dict) -> str:
                   + (f" ({c['chosen_by']})" if c["chosen_by"] else ""), ""]
         if c["after_skipping"]:
             lines += [f"Reached after skipping {', '.join(c['after_skipping'])}: it may conflict only because of that.", ""]
-        for b in c["blocks"]:
-            first, last = b["lines"]
-            at = f"lines {first}-{last}" if last >= first else f"after line {last}"
-            lines.append(f"- `{b['path']}` {at} on the new base: hunk `{b['hunk'] or '?'}`"
-                         + ("; **the upstream side is empty** (upstream removed or moved this code)" if b["empty"] else "")
-                         + (f"; the code this hunk edits now lives at line {b['moved_to']}" if b["moved_to"] else "")
-                         + (f"; upstream: {'; '.join(b['upstream'][:5])}" if b["upstream"] else ""))
+        lines += [block_markdown(b, " (upstream removed or moved this code)") for b in c["blocks"]]
         if c["resolved_by_ledger"]:
             lines.append("- partly resolved by the ledger: " + ", ".join(
                 f"{r['entry']}:{r['key']} ({r['path']})" for r in c["resolved_by_ledger"])
