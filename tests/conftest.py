@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -10,6 +12,49 @@ import pytest
 from c128patch.series.manifest import load_series
 from c128patch.upstream.releases import ReleaseHistory
 from support import RELEASES, REPO_ROOT, patched_tree, release_tree, series_paths
+
+# CI runs the suite twice, every test once (.ci/run): first without torch, writing the tests skipped for
+# lack of it to $C128PATCH_TORCH_SKIPS; then, torch installed, only those ($C128PATCH_RUN_ONLY).
+_TORCH = re.compile(r"\btorch\b")
+_torch_skips: set[str] = set()
+_controller: list[bool] = []  # whether this process is the one that reports (not an xdist worker)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _controller.append(not hasattr(config, "workerinput"))
+
+
+def _record_skip(report: pytest.CollectReport | pytest.TestReport) -> None:
+    if report.skipped and os.environ.get("C128PATCH_TORCH_SKIPS") and _controller and _controller[-1]:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if _TORCH.search(reason):
+            _torch_skips.add(report.nodeid)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    _record_skip(report)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _record_skip(report)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = os.environ.get("C128PATCH_TORCH_SKIPS")
+    if path and _controller and _controller[-1]:
+        Path(path).write_text("".join(f"{nodeid}\n" for nodeid in sorted(_torch_skips)))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    path = os.environ.get("C128PATCH_RUN_ONLY")
+    if not path:
+        return
+    wanted = set(Path(path).read_text().splitlines())
+    keep = [i for i in items if i.nodeid in wanted or i.nodeid.split("::", 1)[0] in wanted]
+    dropped = [i for i in items if i.nodeid not in wanted and i.nodeid.split("::", 1)[0] not in wanted]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = keep
 
 
 @pytest.fixture(scope="session")

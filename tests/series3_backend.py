@@ -130,7 +130,7 @@ class VerifyBackend:
                  req_to_token: torch.Tensor, spec_algorithm: Any, launch: Optional[dict] = None) -> None:
         from sglang.srt.speculative import ragged_verify
 
-        from series3_sim import launch_namespaces
+        from series3_standins import launch_namespaces
 
         path = tree / BACKEND
         forward_mode = forward_mode_class(tree)

@@ -95,7 +95,7 @@ def sglang_imports(tree: Path, **launch) -> Iterator[None]:
     `sglang.srt.runtime_context` (serving a default launch, `launch` overriding its
     fields) and, where it is not installed, triton. Writes no bytecode: the trees are
     shared by the session."""
-    from series3_sim import TRITON_DOC, install_runtime_context, install_triton_standin
+    from series3_standins import TRITON_DOC, install_runtime_context, install_triton_standin
 
     saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
     for name in saved:

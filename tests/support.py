@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from c128patch.cli import main
@@ -23,6 +25,11 @@ from c128patch.series.patchfile import read_patch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RELEASES = ("v0.5.20", "v0.5.21", "v0.5.22", "v0.5.23")
+
+# For tests whose upstream modules (or child test runs) import torch: skipped without it, with the
+# reason (CI's torch tier runs exactly the tests skipped for lack of torch: tests/conftest.py).
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="needs torch (not installed): the upstream modules it runs import it")
 
 
 # ---------------------------------------------------------------------------- the command line

@@ -106,7 +106,8 @@ def test_overlay_through_upstream_symlink(sparse_clone: Path, series: Path):
     link = sparse_clone / "python" / "sglang" / "linked"
     link.symlink_to("../../..")
     subprocess.run(["git", "-C", str(sparse_clone), "add", "--sparse", "python/sglang/linked"], check=True)
-    subprocess.run(["git", "-C", str(sparse_clone), "commit", "-qm", "a symlink"], check=True)
+    subprocess.run(["git", "-C", str(sparse_clone), "-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-qm",
+                    "a symlink"], check=True)
     manifest = series / "patches" / "series.toml"
     manifest.write_text(manifest.read_text().replace('target = "python/sglang/c128_test_overlay.py"',
                                                      'target = "python/sglang/linked/escaped.py"'))

@@ -37,7 +37,7 @@ def applied(tmp_path_factory: pytest.TempPathFactory, checked) -> dict[str, tupl
     for rev in REVS:
         res = invoke("apply", "--sglang-rev", rev, "--tree", str(root / rev))
         assert res.out, (rev, res.err)
-        out[rev] = (res.code, res.out.get("report", res.out))
+        out[rev] = (res.code, {**res.out.get("report", res.out), "_hint": res.out.get("hint", "")})
     return out
 
 
@@ -101,6 +101,15 @@ def test_a_rev_older_than_the_series_releases_gets_a_note_naming_the_oldest(chec
 @pytest.mark.parametrize("rev", RELEASES)
 def test_the_series_releases_get_no_note(rev, checked):
     assert checked[rev]["note"] == ""
+
+
+def test_apply_and_wheel_say_the_note_check_gives_and_still_try(checked, applied, wheels):
+    note = checked["v0.5.19"]["note"]
+    assert applied["v0.5.19"][1]["_hint"].startswith(f"note: {note}\n")  # then the conflict's hint: it tried
+    assert wheels["v0.5.19"][1]["hint"].startswith(f"note: {note}")
+    assert wheels["v0.5.19"][1]["error"].startswith("entry ")  # it tried, and stopped where check says
+    for rev in RELEASES:
+        assert "note: " not in applied[rev][1]["_hint"] and not wheels[rev][1]["support_note"]
 
 
 def test_the_release_the_note_names_applies(checked):

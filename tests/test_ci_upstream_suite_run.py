@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from support import REPO_ROOT
+from support import REPO_ROOT, needs_torch
 
 TESTS = {
     "test_c128patch_package.py": """
@@ -71,6 +71,7 @@ def test_staging_writes_each_release_its_trees_tests_and_a_manifest(bundle):
     assert "git_commit" not in json.loads((stage / "v0.5.23/upstream-tests/SOURCES.json").read_text())
 
 
+@needs_torch
 def test_the_run_brings_back_three_files_within_the_device_limits(bundle):
     run = bundle["run"]
     assert run.returncode == 0, run.stdout + run.stderr  # a test failing on both trees is a note, not a problem
@@ -84,6 +85,7 @@ def test_the_run_brings_back_three_files_within_the_device_limits(bundle):
             "./v0.5.23/pytest-upstream.log", "./v0.5.23.log", "./v0.5.23.rc"} <= set(names)
 
 
+@needs_torch
 def test_the_run_manifest_says_each_release_exit_and_counts(bundle):
     run = json.loads((bundle["tmp"] / "out/upstream-suite-run.json").read_text())
     (rel,) = run["releases"]
@@ -100,6 +102,7 @@ def test_both_trees_ran_at_the_same_time(bundle):
     assert {p["label"] for p in report["passes"].values()} == {"patched", "upstream"}
 
 
+@needs_torch
 def test_the_collector_writes_each_release_result_with_no_machine_path(bundle, tmp_path):
     res = collect(bundle, tmp_path / "results")
     assert res.returncode == 0, res.stderr
@@ -113,6 +116,7 @@ def test_the_collector_writes_each_release_result_with_no_machine_path(bundle, t
     assert failing["patched_message"] == "AssertionError: written to fail at $SGLANG_JIT_CACHE_DIR/x.so"
 
 
+@needs_torch
 def test_the_collector_refuses_a_collect_only_run_and_writes_nothing(bundle, tmp_path):
     listed = bundle["tmp"] / "listed"
     run = subprocess.run(["bash", str(REPO_ROOT / "ci/gpu/upstream_suite_run.sh"), "--list"], capture_output=True,
@@ -135,6 +139,7 @@ def test_staging_refuses_a_folder_of_the_repository_that_git_does_not_ignore(tmp
     assert not (REPO_ROOT / "ci/gpu/not-ignored-stage").exists()
 
 
+@needs_torch
 def test_the_collected_result_is_keyed_by_the_staged_tree_as_the_matrix_keys_the_release(bundle, tmp_path, real_series):
     from c128patch.evidence.keys import key_for
     from c128patch.upstream.releases import ReleaseHistory

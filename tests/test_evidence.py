@@ -21,7 +21,7 @@ from c128patch.evidence.matrix import build_matrix, release_note, verification_n
 from c128patch.evidence.results import collect_run, from_smoke_report, load_results, write_result
 from c128patch.git import Git
 from c128patch.series.manifest import load_series
-from support import RELEASES, REPO_ROOT, invoke, make_test_series
+from support import RELEASES, REPO_ROOT, invoke, make_test_series, needs_torch
 
 OLD_REPORT = REPO_ROOT / "ci" / "gpu" / "results" / "smoke-2026-11-29.json"
 SUITE = REPO_ROOT / "tests" / "gpu"
@@ -312,6 +312,7 @@ def test_a_big_log_is_cut_to_head_and_tail_before_bundling(tmp_path: Path):
     assert data.startswith(b"a" * 25) and data.endswith(b"b" * 25) and b"150 bytes cut" in data
 
 
+@needs_torch
 def test_dry_run_goes_from_stage_to_bundle_to_collected_files(tmp_path: Path):
     """The device call's plumbing on this CPU machine: prepare one release, run the plain phase
     collect-only, collect the bundle (allowed for a dry run only)."""

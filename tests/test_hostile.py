@@ -227,6 +227,41 @@ def test_apply_continue_takes_a_hand_resolution_as_the_entry_and_says_it_is_not_
     assert git.current_branch() == "main" and git.rev_parse("refs/heads/c128/v0.5.20") is None
 
 
+@pytest.mark.parametrize("identity", [None, "Ada Lovelace"], ids=["no-git-identity", "user-identity"])
+def test_the_printed_resolve_commands_work_with_or_without_a_git_identity(
+        identity, sglang_release_repo, drifting_series, tmp_path, monkeypatch):
+    """A fresh machine has no git identity: the printed `git am -3` / `git am --continue` still work
+    (they carry c128patch's); where the user has one, they are plain git and commit under it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    config = home / "gitconfig"
+    if identity:
+        config.write_text(f"[user]\n\tname = {identity}\n\temail = ada@example.invalid\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for name in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "EMAIL"):
+        monkeypatch.delenv(name, raising=False)
+    git = small_clone(sglang_release_repo, tmp_path / "t", str(Path(VERIFY).parent))
+    res = invoke("apply", "--sglang-rev", "v0.5.20", "--repo", git.worktree, "--series", drifting_series, as_json=False)
+    assert res.code == 1, res.err
+    resolve = res.err.split("resolve:", 1)[1]
+    am = printed_command(resolve, "git -C")
+    assert ("-c user.name=c128patch" in am) == (identity is None), am
+    stopped = run_printed(am)
+    assert stopped.returncode != 0 and "identity unknown" not in stopped.stderr.lower(), stopped.stderr
+    assert "CONFLICT" in stopped.stdout + stopped.stderr  # it got to the conflict the hint announces
+    text = (git.worktree / VERIFY).read_text()
+    (git.worktree / VERIFY).write_text("".join(
+        line for line in text.splitlines(keepends=True) if not line.startswith(("<<<<<<<", "=======", ">>>>>>>"))))
+    add = printed_command(resolve.split("edit the files", 1)[1], "git -C")
+    assert run_printed(f"{add} {VERIFY}".replace(" add them", " add")).returncode == 0
+    cont = printed_command(resolve.split("add them", 1)[1], "git -C")
+    done = run_printed(cont)
+    assert done.returncode == 0, done.stderr
+    assert git.out("log", "-1", "--format=%cn") == (identity or "c128patch")
+
+
 def test_a_conflict_stop_is_reported_by_status_and_undone_by_abort(sglang_release_repo, tmp_path, drifting_series):
     git = small_clone(sglang_release_repo, tmp_path / "t", str(Path(VERIFY).parent))
     before = snapshot(git.worktree)

@@ -336,7 +336,7 @@ def test_env_booleans_parse_as_the_release_parses_them(release: str, series_tree
 def test_algorithm_enum_names_are_read() -> None:
     import enum
 
-    from series3_sim import launch_namespaces
+    from series3_standins import launch_namespaces
 
     Spec = enum.Enum("SpeculativeAlgorithm", "NONE EAGLE DSPARK")
     for member, want in ((Spec.DSPARK, "DSPARK"), (Spec.NONE, None), (None, None), ("eagle", "EAGLE")):

@@ -106,7 +106,7 @@ def _online_gate(tree: Path) -> Callable:
 
 def _run_gate(tree: Path, spec: str, banks: int, **launch) -> Optional[str]:
     """None when the gate accepts, else 'Type: message'. `launch`: the resolved config
-    namespaces' fields (series3_sim.launch_namespaces)."""
+    namespaces' fields (series3_standins.launch_namespaces)."""
     with sglang_imports(tree, **launch):
         gate, _ = _online_gate(tree)
         try:
@@ -122,7 +122,7 @@ def _refusal(*lines: str) -> str:
 
 def _rules(tree: Path, spec: str, banks: int, environ: dict, **launch) -> list:
     """What the rules module of `tree` refuses for this launch (the gate must say exactly that)."""
-    from series3_sim import launch_namespaces
+    from series3_standins import launch_namespaces
 
     with sglang_imports(tree):
         from sglang.srt.layers.attention.dsv4 import online_c128_dspark_rules as rules

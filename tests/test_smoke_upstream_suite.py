@@ -22,7 +22,7 @@ from c128patch.smoke import upstream_select as sel
 from c128patch.smoke import upstream_standins
 from c128patch.smoke import upstream_suite as us
 from smoke_helpers import H200, one_line_error
-from support import RELEASES, REPO_ROOT, invoke
+from support import RELEASES, REPO_ROOT, invoke, needs_torch
 
 KERNELS = "test/registered/kernels/ops/attention"
 
@@ -163,6 +163,7 @@ def test_selection_reads_only_upstreams_kernel_tests(run_report):
     assert run_report["selection"]["scanned"] == len(TEST_FILES)  # test/srt/... is not scanned
 
 
+@needs_torch
 def test_keyword_adds_files_whose_names_match(checkout, tmp_path):
     res = smoke(["--tree", str(checkout), "--upstream-suite", "--list", "-k", "unrelated_helper", "--json",
                  "--out", str(tmp_path)])
@@ -180,11 +181,13 @@ def test_keyword_words_leave_out_negated_ones():
 # --------------------------------------------------------------------------- verdicts (real passes)
 
 
+@needs_torch
 def test_a_test_passing_on_both_trees_is_same(run_report):
     r = rows(run_report)["test_c128patch_package.py::test_package_exports_the_compress_entry_points"]
     assert (r["patched"], r["upstream"], r["verdict"]) == ("passed", "passed", "same")
 
 
+@needs_torch
 def test_a_test_passing_only_upstream_is_a_regression_and_fails_the_run(run_report):
     r = rows(run_report)["test_c128patch_overlay.py::test_overlay_module_absent"]
     assert (r["patched"], r["upstream"], r["verdict"]) == ("failed", "passed", "regressed")
@@ -194,12 +197,14 @@ def test_a_test_passing_only_upstream_is_a_regression_and_fails_the_run(run_repo
                for p in run_report["problems"]), run_report["problems"]
 
 
+@needs_torch
 def test_a_test_passing_only_patched_is_fixed(run_report):
     r = rows(run_report)["test_c128patch_overlay.py::test_overlay_module_present"]
     assert (r["patched"], r["upstream"], r["verdict"]) == ("passed", "failed", "fixed")
     assert "No module named 'sglang.kernels.ops.attention.dsv4.online_c128_dspark'" in r["upstream_message"]
 
 
+@needs_torch
 def test_a_newer_api_fails_on_both_trees_as_a_note_with_the_message(run_report):
     r = rows(run_report)["test_c128patch_overlay.py::test_newer_api"]
     assert r["verdict"] == "both fail"
@@ -208,12 +213,14 @@ def test_a_newer_api_fails_on_both_trees_as_a_note_with_the_message(run_report):
     assert not any("generate_online_mtp" in p for p in run_report["problems"])
 
 
+@needs_torch
 def test_a_skip_on_both_trees_is_both_skipped_with_the_reason(run_report):
     r = rows(run_report)["test_c128patch_overlay.py::test_needs_cuda"]
     assert r["verdict"] == "both skipped"
     assert "both skipped (1): needs CUDA" in run_report["notes"]
 
 
+@needs_torch
 def test_a_file_neither_tree_can_import_is_not_applicable_with_the_import_error(run_report):
     r = rows(run_report)["test_c128patch_newer_layout.py"]
     assert (r["patched"], r["upstream"], r["verdict"]) == ("error", "error", "not applicable")
@@ -222,6 +229,7 @@ def test_a_file_neither_tree_can_import_is_not_applicable_with_the_import_error(
             "this tree has no module sglang.jit_kernel") in run_report["notes"]
 
 
+@needs_torch
 def test_result_file_carries_ids_verdicts_counts_command_and_device(run_report):
     result = json.loads((Path(run_report["_out"]) / us.RESULT).read_text())
     assert (result["schema"], result["kind"], result["column"]) == (1, "upstream-suite", "upstream's own tests")
@@ -255,6 +263,7 @@ def test_the_tests_commit_is_recorded_only_where_they_are_that_checkouts_tracked
 # --------------------------------------------------------------------------- stand-ins
 
 
+@needs_torch
 def test_standins_are_ours_and_listed_per_tree(run_report):
     for label in ("patched", "upstream"):
         used = {r["module"]: r["used"] for r in run_report["trees"][label]["standins"] if r["used"]}
@@ -269,6 +278,7 @@ def test_the_packages_whose_init_the_tests_need_run_for_real(run_report):
     assert "sglang.kernels.ops.attention.dsv4" in run_report["trees"]["upstream"]["real_packages"]
 
 
+@needs_torch
 def test_get_device_standin_refuses_without_a_gpu(run_report):
     r = rows(run_report)["test_c128patch_standins.py::test_get_device_needs_cuda"]
     assert r["verdict"] == "both fail"
@@ -369,6 +379,7 @@ def test_verdicts(patched, upstream, nodeid, collect_only, want):
 # --------------------------------------------------------------------------- staging
 
 
+@needs_torch
 def test_staging_carries_what_the_tests_import_and_selects_the_same(checkout, run_report, tmp_path):
     res = smoke(["--tree", str(checkout), "--upstream-suite", "--stage", str(tmp_path / "st"), "--json"])
     assert res.code == 0, res.err
@@ -441,6 +452,7 @@ def custom_op_report(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
     return report
 
 
+@needs_torch
 def test_fp8_wo_a_registers_its_op_at_import_through_our_direct_register_custom_op(custom_op_report):
     r = rows(custom_op_report)
     assert custom_op_report["provenance"]["upstream"]["rev"] == custom_op_report["_tag"]
@@ -471,6 +483,7 @@ def test_a_test_file_importing_the_dsv4_package_collects_on_both_trees(tag, tmp_
     assert res.code == 0 and report["ok"], report["problems"]
 
 
+@needs_torch
 def test_direct_register_custom_op_is_idempotent_for_one_function_and_refuses_another():
     import torch
 
@@ -494,6 +507,7 @@ def test_direct_register_custom_op_is_idempotent_for_one_function_and_refuses_an
 # --------------------------------------------------------------------------- every release, bad input
 
 
+@needs_torch
 @pytest.mark.parametrize("tag", RELEASES)
 def test_every_release_collects_upstreams_tests_on_both_trees(tag, tmp_path):
     tree = apply_checkout(tmp_path / "sglang", tag)
@@ -535,6 +549,7 @@ MEETING_TEST = {"test_c128patch_meeting.py": """
 """}
 
 
+@needs_torch
 def test_parallel_trees_runs_the_patched_and_the_unpatched_pass_at_the_same_time(tmp_path, monkeypatch):
     tree = apply_checkout(tmp_path / "sglang", "v0.5.23", MEETING_TEST)
     (tmp_path / "meeting").mkdir()
@@ -584,6 +599,7 @@ def test_the_boot_plugin_and_standins_import_without_the_tool_deps():
     assert proc.returncode == 0, proc.stderr
 
 
+@needs_torch
 def test_a_standin_package_keeps_the_trees_other_submodules(checkout, tmp_path):
     """0.5.20's dsv4 imports sglang.srt.utils.custom_op: it loads from the tree, while
     sglang.srt.utils.common stays our stand-in."""

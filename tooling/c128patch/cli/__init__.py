@@ -7,13 +7,14 @@ import importlib
 import click
 
 from c128patch import __version__
+from c128patch.cli.usage import OneLineUsageErrors
 
 # One module per command (cli/<verb>.py), each exposing `command`.
 COMMANDS = ("apply", "check", "status", "lint", "audit", "refresh", "rebase", "capacity", "wheel", "build",
             "verify-wheel", "smoke", "matrix", "gates", "doctor", "watch")
 
 
-class LazyGroup(click.Group):
+class LazyGroup(OneLineUsageErrors):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 

@@ -21,6 +21,7 @@ from c128patch.errors import C128Error, ConflictError, Interrupted
 from c128patch.evidence.matrix import verification_note
 from c128patch.git import Git
 from c128patch.ops.apply import Apply, ApplyResult, clone_template
+from c128patch.ops.check import support_note
 from c128patch.ops.treestate import apply_commands
 from c128patch.progress import console, reporter
 from c128patch.series.manifest import Series
@@ -60,6 +61,9 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     with reporter(not as_json, title="apply") as rep:
         upstream = open_upstream(repo, [rev], rep)
         commit = upstream.resolve(rev)
+        older = support_note(series, upstream.git, rev, commit)  # said first; still tried, as check does
+        if older and not as_json:
+            console().print(f"c128patch: note: {older}; trying anyway", markup=False)
         # refuse a broken series before anything is cloned or checked out
         planned = plan(series, upstream.git, commit)
         check_paths_at(upstream.git, commit, planned)
@@ -85,8 +89,10 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
                 discard_fresh_tree(worktree, existed)
                 exc.message += f" (the new clone {worktree} was removed)"
                 exc.hint = None  # nothing is left to resume or undo
+            if older and as_json:
+                exc.hint = "\n".join([f"note: {older}", *([exc.hint] if exc.hint else [])])
             raise
-    _report(result, series, Git(worktree=worktree), as_json)
+    _report(result, series, Git(worktree=worktree), as_json, older)
 
 
 def _interrupted(tree: Path) -> Interrupted:
@@ -126,10 +132,10 @@ def _finish(where: Path | None, cont: bool, series_dir: Path | None, as_json: bo
     console(stderr=False).print(say, markup=False)
 
 
-def _report(result: ApplyResult, series: Series, git: Git, as_json: bool) -> None:
+def _report(result: ApplyResult, series: Series, git: Git, as_json: bool, older: str = "") -> None:
     note = verification_note(series, git, result.upstream_commit, result.rev)
     if as_json:
-        emit_json({"ok": True, **result.to_json(), "evidence_note": note})
+        emit_json({"ok": True, **result.to_json(), "evidence_note": note, "support_note": older})
         return
     out = console(stderr=False)
     if result.already_applied:

@@ -154,12 +154,18 @@ def run_kernel(opts: smoke_kernel.KernelOptions, command: str, stage_dir: Path |
         path = out / "smoke-kernel.json"
         for spec in smoke_kernel.plan_passes(opts, prep, sanitizer_exe):
             what = f" under compute-sanitizer {spec.sanitizer}" if spec.sanitizer else ""
-            say(f"running the GPU suite on {spec.label} ({spec.tree}){what}, scale {spec.scale}")
+            if not opts.collect_only:
+                say(f"running the GPU suite on {spec.label} ({spec.tree}){what}, scale {spec.scale}")
             result = smoke_pass.run_pass(spec, suite, opts.python, out)
             result["tests_brief"] = [{"nodeid": t["nodeid"], "outcome": t["outcome"]} for t in result["tests"]]
             passes[spec.label] = result
             report = smoke_kernel.build_report(command, opts, prep, device, passes)
             path = smoke_kernel.write_report(report, out)
+        if opts.collect_only and not report.get("tests"):
+            probe = smoke_device.probe_python(opts.python)
+            why = (f": torch does not import in {opts.python} ({probe['torch_error']}) and the suite's files skip "
+                   "without it" if "torch_error" in probe else "")
+            raise C128Error(f"--list collected no test of {suite} on {prep.patched}{why}")
     finally:
         prep.cleanup()
     if as_json:

@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from c128patch.cli.common import check_output_dir, emit_json, get_series, handles_errors, json_option, series_option
 from c128patch.errors import C128Error
 from c128patch.evidence.matrix import release_note
+from c128patch.ops.check import release_support_note
 from c128patch.progress import console, reporter
+from c128patch.series.manifest import Series
 from c128patch.upstream.release_wheels import WheelTarget
 from c128patch.wheel.patch import patch_wheel, release_wheel
 
@@ -38,12 +41,24 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
     target = WheelTarget(python_tag, platform)
     check_output_dir(out_dir, "-o")
     series = get_series(series_dir)
-    with reporter(not as_json, title="wheel") as rep:
-        wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release), target)
-        result = patch_wheel(series, wheel, out_dir, rep)
+    older = release_support_note(series, str(from_release)) if from_release else ""
+    if older and not as_json:  # said first; still tried, as check does
+        console().print(f"c128patch: note: {older}; trying anyway", markup=False)
+    try:
+        with reporter(not as_json, title="wheel") as rep:
+            wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release), target)
+            if from_wheel is not None:
+                older = _wheel_support_note(series, wheel)
+                if older and not as_json:
+                    console().print(f"c128patch: note: {older}; trying anyway", markup=False)
+            result = patch_wheel(series, wheel, out_dir, rep)
+    except C128Error as exc:
+        if older and as_json:
+            exc.hint = "\n".join([f"note: {older}", *([exc.hint] if exc.hint else [])])
+        raise
     note = release_note(series, result.upstream_version)
     if as_json:
-        emit_json({"ok": True, **result.to_json(), "evidence_note": note})
+        emit_json({"ok": True, **result.to_json(), "evidence_note": note, "support_note": older})
         return
     out = console(stderr=False)
     for row in result.entries:
@@ -53,3 +68,10 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
               f"({len(result.entries)} entries), sha256 {result.sha256[:16]}…, {result.seconds:.1f} s", markup=False)
     if note:
         out.print(note, markup=False)
+
+
+def _wheel_support_note(series: Series, wheel: Path) -> str:
+    try:
+        return release_support_note(series, parse_wheel_filename(wheel.name)[1].public)
+    except InvalidWheelFilename:
+        return ""  # patch_wheel says what is wrong with it

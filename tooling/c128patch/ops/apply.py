@@ -36,6 +36,7 @@ from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops.equivalence import prove
 from c128patch.ops.faults import fault_point
+from c128patch.ops.identity import git_command
 from c128patch.ops.treestate import (
     apply_commands,
     apply_journal,
@@ -430,7 +431,7 @@ class Apply:
         result.entries += [{"name": p.entry.name, "kind": p.entry.kind, "status": "not-reached"} for p in planned[i + 1:]]
         resume, undo = apply_commands(tree)
         back = journal.orig_branch or (journal.orig_head or "")[:12] or "(none)"
-        g = f"git -C {_q(tree)}"
+        g = git_command(tree)
         return ConflictError(
             f"entry '{item.entry.name}' ({item.label}) does not apply to {journal.rev}: {path} {hunk}",
             hint=(
@@ -471,7 +472,7 @@ class Apply:
     def _take_resolution(self, journal: ApplyJournal, planned: list[Planned]) -> None:
         """After a stop: HEAD is where the journal left it, or one commit on it (the user's resolution)."""
         git, tree = self.git, self.tree
-        g = f"git -C {_q(tree)}"
+        g = git_command(tree)
         resume, undo = apply_commands(tree)
         if self._am_in_progress():
             raise C128Error(f"cannot continue: a git am is in progress in {tree}; finish it ({g} am --continue) "

@@ -59,22 +59,47 @@ def predict(result: RevCheck) -> None:
     result.ok = result.apply.exit == 0
 
 
-def support_note(series: Series, git: Git, rev: str, commit: str) -> str:
-    """A note when ``commit`` descends from none of the revs the series' files were made on
-    (each named by its recorded commit, else its tag)."""
+def _bases(series: Series) -> dict[str, str]:
+    """The revs the series' files were made on -> their recorded commit ("" where none is)."""
     bases: dict[str, str] = {}
     for e in series.entries:
         for v in e.patch_files():
             bases.setdefault(v.base, v.commit)
     if series.base:
         bases.setdefault(series.base, "")
+    return bases
+
+
+def _oldest(bases: dict[str, str]) -> str:
+    return min(bases, key=lambda b: (Version(release_version(b)) if release_version(b) else Version("0"), b))
+
+
+def support_note(series: Series, git: Git, rev: str, commit: str) -> str:
+    """A note when ``commit`` descends from none of the revs the series' files were made on
+    (each named by its recorded commit, else its tag)."""
+    bases = _bases(series)
     if not bases:
         return ""
     for base, recorded in bases.items():
         found = (git.rev_parse(recorded) if recorded else None) or git.rev_parse(base)
         if found is not None and (found == commit or git.is_ancestor(found, commit)):
             return ""
-    oldest = min(bases, key=lambda b: (Version(release_version(b)) if release_version(b) else Version("0"), b))
+    return _older_note(rev, _oldest(bases))
+
+
+def release_support_note(series: Series, version: str) -> str:
+    """``support_note`` for a release wheel of ``version`` (no git history needed): a note when it is
+    older than every release the series' files were made on."""
+    bases = _bases(series)
+    versions = [release_version(b) for b in bases]
+    if not bases or None in versions or release_version(version) is None:
+        return ""
+    if Version(release_version(version)) >= min(Version(v) for v in versions if v):
+        return ""
+    return _older_note(f"v{release_version(version)}", _oldest(bases))
+
+
+def _older_note(rev: str, oldest: str) -> str:
     return (f"{rev} is older than (or not descended from) every release the series was made on; the oldest is "
             f"{oldest}: use {oldest} or newer (c128patch apply --sglang-rev {oldest}), or carry the series back "
             f"with new variants: in that tree c128patch rebase --onto {rev}, then c128patch refresh --variant")

@@ -53,6 +53,7 @@ from c128patch.jsonio import write_json_atomic
 from c128patch.ops import refresh as refresh_ops
 from c128patch.ops.apply import apply_series
 from c128patch.ops.equivalence import tree_without_provenance
+from c128patch.ops.identity import git_command
 from c128patch.ops.lint import lint_series
 from c128patch.ops.merged import CONTENT
 from c128patch.ops.rebase import Rebase, render_markdown
@@ -396,7 +397,7 @@ class Watch:
         root, out = self.series.root, self.out
         adopt = [f"rm -rf {_q(root / 'patches')} && cp -R {_q(out / 'series' / 'patches')} {_q(root / 'patches')}",
                  f"c128patch lint --series {_q(root)}",
-                 f"git -C {_q(root)} add -A patches && git -C {_q(root)} commit -F {_q(out / 'commit-message.txt')}"]
+                 f"git -C {_q(root)} add -A patches && {git_command(root)} commit -F {_q(out / 'commit-message.txt')}"]
         outcome = report["outcome"]
         if outcome in ("refreshed", "merged") and report["refreshed"]:
             return adopt
