@@ -217,7 +217,7 @@ def test_only_the_edited_entry_is_carried_from_the_branch(edited):
 
 def test_status_says_the_rebased_tree_differs_by_the_user_edit(edited):
     run = invoke("status", "--tree", str(edited.git.worktree), "--series", str(edited.series))
-    assert run.code == 0 and run.out["equals_series"] is False and run.out["equivalence"]["ok"]
+    assert run.code == 1 and run.out["equals_series"] is False and run.out["equivalence"]["ok"]
     assert f"but for user edit on entry {ENV_ENTRY}" in run.out["equivalence"]["summary"]
 
 
@@ -490,7 +490,7 @@ def test_status_names_an_unattributed_change_in_a_later_commit(later_edit):
     git, series = later_edit
     run = invoke("status", "--tree", str(git.worktree), "--series", str(series))
     proof = run.out["equivalence"]
-    assert run.code == 0 and not proof["ok"]
+    assert run.code == 1 and not proof["ok"]
     assert proof["summary"].startswith(f"differs from a fresh apply of series c128patch {V} on v0.5.23: unattributed "
                                        f"change in {ENVIRON} (first: {ENVIRON} @@ ")
 

@@ -10,7 +10,7 @@ import pytest
 
 from c128patch.git import Git
 from c128patch.series.manifest import load_series
-from support import invoke, make_test_series, upstream_commit
+from support import invoke, make_test_series, refused, upstream_commit
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",
@@ -85,6 +85,36 @@ def test_check_detects_a_change_and_refresh_records_it(applied):
     assert "amended" in (s.patches_dir / s.entries[0].file).read_text()
     assert cli("lint", "--series", str(series), "--offline")[0] == 0
     assert amended
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["check", "refresh"])
+def test_uncommitted_edits_are_refused_in_one_line_naming_them(applied, check):
+    """An edit not committed on the branch is not in what refresh exports: refused, never "up to date"."""
+    series, tree = applied
+    (tree / CUH).write_text((tree / CUH).read_text() + "// not committed\n")
+    (tree / "notes.txt").write_text("untracked\n")
+    before = files(series)
+    line = refused(["refresh", "--tree", tree, "--series", series, *(["--check"] if check else [])], tree,
+                   f"{tree} has uncommitted changes ({CUH}, notes.txt)")
+    assert line.startswith(f"c128patch: error: cannot refresh{' --check' if check else ''}: ")
+    assert files(series) == before
+    status = invoke("status", "--tree", tree, "--series", series)
+    assert status.code == 1 and status.out["uncommitted"] == [CUH, "notes.txt"] and not status.out["equals_series"]
+    text = invoke("status", "--tree", tree, "--series", series, as_json=False)
+    assert text.code == 1
+    assert "HEAD equals the series, the working tree does not (uncommitted changes): identical to" in text.text
+    assert f"uncommitted: {CUH}, notes.txt" in text.text
+
+
+def test_status_exits_0_only_where_the_tree_equals_the_series(applied):
+    series, tree = applied
+    res = invoke("status", "--tree", tree, "--series", series, as_json=False)
+    assert res.code == 0 and "equals the series: identical to a fresh apply" in res.text
+    git = Git(worktree=tree)
+    (tree / CUH).write_text((tree / CUH).read_text() + "// committed\n")
+    git.run("commit", "-q", "-a", "-m", "a user commit")
+    res = invoke("status", "--tree", tree, "--series", series)
+    assert res.code == 1 and res.out["equals_series"] is False and res.out["uncommitted"] == []
 
 
 def test_refresh_on_older_base_drops_a_redundant_variant(applied):

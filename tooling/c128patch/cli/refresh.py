@@ -18,7 +18,7 @@ from c128patch.cli.common import (
 )
 from c128patch.git import Git
 from c128patch.ops import refresh as core
-from c128patch.ops.treestate import ensure_idle, repo_lock
+from c128patch.ops.treestate import ensure_clean, ensure_idle, repo_lock
 from c128patch.progress import console
 
 
@@ -41,6 +41,7 @@ def command(tree: Path | None, check_only: bool, primary: bool | None, version: 
     git = Git(worktree=locate_tree(tree))
     with repo_lock(git, "refresh"):
         ensure_idle(git, "refresh")
+        ensure_clean(git, "refresh --check" if check_only else "refresh")  # uncommitted edits are not the branch
         result = core.export(series, git, primary=primary, version=version)
         changes = result.changes(series.root)
         proof = result.equivalence

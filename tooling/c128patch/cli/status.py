@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -29,7 +30,12 @@ from c128patch.upstream.source import DEFAULT_TREE
 @json_option
 @handles_errors
 def command(tree: Path | None, series_dir: Path | None, as_json: bool) -> None:
-    """Which series is applied on which upstream rev, and what changed since."""
+    """Which series is applied on which upstream rev, and what changed since.
+
+    Exit 0 when the tree equals a fresh apply of the series (HEAD proven identical, nothing uncommitted);
+    1 when it does not (edits on the branch, uncommitted changes, an apply or rebase stopped or running,
+    or nothing to prove against); 2 on an error.
+    """
     root = locate_tree(tree)
     try:
         series = get_series(series_dir)
@@ -42,9 +48,10 @@ def command(tree: Path | None, series_dir: Path | None, as_json: bool) -> None:
             exc.hint = (f"`c128patch apply` makes its tree in ./{DEFAULT_TREE} (or --tree DIR): run status there, "
                         "or pass --tree DIR")
         raise
+    code = 0 if info.get("equals_series") else 1
     if as_json:
         emit_json(info)
-        return
+        sys.exit(code)
     out = console(stderr=False)
     if info.get("running"):
         r = info["running"]
@@ -64,6 +71,7 @@ def command(tree: Path | None, series_dir: Path | None, as_json: bool) -> None:
     if "series" in info:
         _applied(out, info)
     _recovery(out, info)
+    sys.exit(code)
 
 
 def _applied(out: Console, info: dict) -> None:
@@ -76,10 +84,16 @@ def _applied(out: Console, info: dict) -> None:
         out.print(f"  the series has changed since (now {cur['version']}): re-apply or rebase", markup=False)
     if info["commits_since"]:
         out.print(f"  {info['commits_since']} commit(s) on top of the applied series", markup=False)
-    proof = info.get("equivalence")
+    proof, uncommitted = info.get("equivalence"), info.get("uncommitted") or []
     if proof:
-        verdict = "equals the series" if proof["identical"] else "differs"
+        if proof["identical"] and (uncommitted or info["drift"]):
+            verdict = "HEAD equals the series, the working tree does not (uncommitted changes)"
+        else:
+            verdict = "equals the series" if proof["identical"] else "differs"
         out.print(f"  {verdict}: {proof['summary']}", markup=False)
+    if uncommitted:
+        more = f" and {len(uncommitted) - 5} more" if len(uncommitted) > 5 else ""
+        out.print(f"  uncommitted: {', '.join(uncommitted[:5])}{more}", markup=False)
     if not info["drift"]:
         out.print("  no drift: patched and overlaid files are as applied", markup=False)
     for d in info["drift"]:

@@ -1,6 +1,6 @@
 """``status``: which series is applied to a tree, on which upstream, what drifted since, and whether
-the tree equals a fresh apply of the series (``ops.equivalence``; every difference attributed to an
-edit on the branch, or listed as unattributed); an apply or rebase that is running or was
+the tree equals a fresh apply of the series (``ops.equivalence`` proves HEAD: every difference attributed
+to an edit on the branch, or listed as unattributed; ``equals_series`` also needs nothing uncommitted); an apply or rebase that is running or was
 interrupted (with the commands that resume or undo it); and the recovery refs that hold where HEAD
 was before each apply and rebase."""
 
@@ -13,7 +13,14 @@ from c128patch.git import Git
 from c128patch.ops.apply import RECOVERY_PREFIX, ApplyJournal
 from c128patch.ops.equivalence import prove
 from c128patch.ops.rebase import Journal
-from c128patch.ops.treestate import apply_commands, apply_journal, rebase_command, rebase_journal, running
+from c128patch.ops.treestate import (
+    apply_commands,
+    apply_journal,
+    changed_paths,
+    rebase_command,
+    rebase_journal,
+    running,
+)
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 
@@ -79,6 +86,8 @@ def tree_status(git: Git, series: Series | None = None) -> dict:
         "rebase_in_progress": rebase is not None,
         "rebase": rebase,
         "recovery_refs": recovery_refs(git),
+        "uncommitted": changed_paths(git),  # not on the branch: the proof below covers HEAD
+        "equals_series": False,
     }
     if (rebase is not None or apply is not None or holder is not None) and not (tree / PROVENANCE_PATH).is_file():
         return {**common, "entries": [], "drift": []}
@@ -117,5 +126,5 @@ def tree_status(git: Git, series: Series | None = None) -> dict:
         if upstream.get("commit") and git.rev_parse(upstream["commit"]):
             proof = prove(series, git, upstream.get("rev") or upstream["commit"][:12], upstream["commit"])
             out["equivalence"] = proof.to_json()
-            out["equals_series"] = proof.identical
+            out["equals_series"] = proof.identical and not out["uncommitted"] and not drift
     return out
