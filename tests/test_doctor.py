@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from c128patch.series.manifest import load_series
+from c128patch.serve import doctor as doctor_module
+from c128patch.serve import serving
 from c128patch.serve.startup import ONLINE_C128_DSPARK_RULES
 from c128patch.upstream.releases import wheel_for
 from c128patch.wheel.patch import patch_wheel
@@ -48,8 +50,14 @@ def upstream_python(tmp_path_factory: pytest.TempPathFactory, sglang_release_rep
     return venv_with(tmp_path_factory.mktemp("upstream") / "venv", wheel_for("0.5.23"))
 
 
-def doctor(python: Path, *args: str, env: dict[str, str] | None = None, pythonpath: Path | None = None):
-    """(exit code, report JSON, {topic: [(level, message)]}) of `doctor --python python --json`."""
+STANDINS = Path(__file__).parent / "doctor_standins"
+
+
+def doctor(python: Path, *args: str, env: dict[str, str] | None = None, pythonpath: Path | None = None,
+           standin: str | None = None, timeout: float | None = None):
+    """(exit code, report JSON, {topic: [(level, message)]}) of `doctor --python python --json`.
+    ``standin``: the package doctor's serving probe imports instead of sglang (tests/doctor_standins/:
+    a real install cannot import here, without torch or a GPU stack)."""
     with pytest.MonkeyPatch.context() as mp:
         for name in SERIES_ENVS:
             mp.delenv(name, raising=False)
@@ -57,6 +65,13 @@ def doctor(python: Path, *args: str, env: dict[str, str] | None = None, pythonpa
             mp.setenv(name, value)
         if pythonpath is not None:
             mp.setenv("PYTHONPATH", str(pythonpath))
+        if standin is not None:
+            assert pythonpath is None
+            mp.setenv("PYTHONPATH", str(STANDINS))
+            mp.setattr(serving, "MODULES", {"package": standin, "server_args": f"{standin}.server_args",
+                                            "config": f"{standin}.config"})
+        if timeout is not None:
+            mp.setattr(serving, "TIMEOUT", timeout)
         # --json before the `--`: what follows it is the serving command line
         res = invoke("doctor", "--python", str(python), "--json", *(["--", *args] if args else []))
     report = res.out
@@ -66,10 +81,62 @@ def doctor(python: Path, *args: str, env: dict[str, str] | None = None, pythonpa
     return res.code, report, topics
 
 
-def test_a_patched_build_with_its_gates_unset_passes(patched_python: Path):
-    code, report, _ = doctor(patched_python)
+SGLANG_STANDIN = "c128patch_standin_sglang"
+
+
+def test_a_patched_build_with_its_gates_unset_passes_where_sglang_imports(patched_python: Path):
+    code, report, topics = doctor(patched_python, standin=SGLANG_STANDIN)
     assert code == 0 and report["ok"] is True
     assert not [f for f in report["findings"] if f["level"] == "error"]
+    assert topics["import"][0][0] == "ok" and topics["import"][0][1].startswith(f"`import sglang` works in ")
+    assert topics["args"] == [("ok", "sglang's own server-arguments parser accepts no launch arguments; not given: "
+                                     "--model-path (needed at launch)")]
+
+
+def test_a_real_install_where_sglang_does_not_import_is_an_error(patched_python: Path):
+    """The real patched wheel without its dependencies (no numpy, no torch): it cannot serve."""
+    code, report, topics = doctor(patched_python)
+    assert code == 1 and report["ok"] is False
+    ((level, message),) = topics["import"]
+    assert level == "error" and message.startswith(f"`import sglang` fails in {patched_python}: ModuleNotFoundError: "
+                                                   "No module named ")
+    assert "args" not in topics  # no launch arguments given: the import error says it all
+
+
+def test_the_readmes_doctor_command_on_a_python_that_cannot_import_sglang_exits_1(patched_python: Path):
+    code, _, topics = doctor(patched_python, "--speculative-algorithm", "DSPARK", env=ON)
+    assert code == 1
+    assert topics["import"][0][0] == "error"
+    assert topics["args"] == [("error", "cannot check `--speculative-algorithm DSPARK` with sglang's own server-arguments "
+                                        "parser: it needs `import sglang`, which fails")]
+
+
+def test_an_unknown_launch_flag_is_an_error_from_sglangs_own_parser(patched_python: Path):
+    code, _, topics = doctor(patched_python, "--speculative-algorithm", "DSPARK", "--no-such-flag",
+                             standin=SGLANG_STANDIN)
+    assert code == 1
+    assert topics["args"] == [("error", "sglang's own server-arguments parser refuses `--speculative-algorithm DSPARK "
+                                        "--no-such-flag`: unrecognized arguments: --no-such-flag")]
+    code, _, topics = doctor(patched_python, "--model-path", "m", "--speculative-algorithm", "NOPE", standin=SGLANG_STANDIN)
+    assert code == 1 and "argument --speculative-algorithm: invalid choice: 'NOPE'" in topics["args"][0][1]
+    code, _, topics = doctor(patched_python, "--model-path", "m", "--tp", "8", standin=SGLANG_STANDIN)
+    assert code == 0 and topics["args"] == [("ok", "sglang's own server-arguments parser accepts `--model-path m --tp 8`")]
+
+
+def test_an_import_that_does_not_finish_is_an_error(patched_python: Path):
+    code, _, topics = doctor(patched_python, standin="c128patch_standin_slow", timeout=3)
+    assert code == 1 and topics["import"] == [
+        ("error", f"`import sglang` fails in {patched_python}: it did not finish in 3 s; the server cannot start there "
+                  "(install sglang with its dependencies, then the patched wheel over it: docs/deploy.md)")]
+
+
+def test_the_dspark_gate_without_a_gpu_is_an_error(patched_python: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(doctor_module, "gpus", lambda: ([], "nvidia-smi not found"))  # as on a host without one
+    _, _, topics = doctor(patched_python, standin=SGLANG_STANDIN)
+    assert topics["gpu"] == [("warn", "no NVIDIA GPU here (nvidia-smi not found)")]  # gates off: upstream's business
+    code, _, topics = doctor(patched_python, standin=SGLANG_STANDIN, env=ON)
+    assert code == 1 and topics["gpu"] == [
+        ("error", "no NVIDIA GPU here (nvidia-smi not found): the series' gates set run its kernels on the GPU")]
 
 
 def test_the_installed_sglang_is_named_with_where_it_came_from(patched_python: Path, real_series):
@@ -167,7 +234,7 @@ def test_plain_upstream_is_named_and_the_series_gates_do_nothing_there(upstream_
 
 
 def test_plain_upstream_with_no_series_env_set_is_not_an_error(upstream_python: Path):
-    code, _, topics = doctor(upstream_python, env={"SGLANG_OPT_USE_ONLINE_COMPRESS": "1"})
+    code, _, topics = doctor(upstream_python, env={"SGLANG_OPT_USE_ONLINE_COMPRESS": "1"}, standin=SGLANG_STANDIN)
     assert code == 0
     assert topics["env"][0][0] == "ok"  # upstream's own variable, read by upstream's environ.py
 
@@ -195,7 +262,8 @@ def test_a_python_that_does_not_run_is_one_line(tmp_path: Path):
 def test_the_text_report_is_one_line_per_finding(patched_python: Path):
     res = invoke("doctor", "--python", str(patched_python), as_json=False)
     lines = res.text.strip().splitlines()
-    assert lines[-1].startswith("doctor: 0 error(s), ")
+    assert res.code == 1 and lines[-1].startswith("doctor: 1 error(s), ")  # `import sglang` fails (no deps)
+    assert [line.split()[:2] for line in lines if line.startswith("error")] == [["error", "import"]]
     assert all(line.split()[0] in ("ok", "info", "warn", "error") for line in lines[:-1])
 
 

@@ -5,6 +5,9 @@ One finding per line, ``ok``/``info``/``warn``/``error``, in this order:
 1. python: the interpreter asked (``--python``, default this one);
 2. sglang: the installed distribution, where from (INSTALLER, direct_url.json), and that
    ``import sglang`` resolves to it (a PYTHONPATH entry or the current folder can shadow it);
+   import / args: ``import sglang`` runs in that Python (``serve.serving``: a subprocess,
+   time-bounded), and the launch arguments parse with that sglang's own server-arguments parser
+   (an unknown flag is an error);
 3. build: a c128patch build or plain upstream; for a build, its version label is the one its
    provenance gives (``X.Y.Z+c128.<series>.<digest[:8]>``) and its SBOM names the same version and
    upstream; the series it carries against this tool's; one line per entry with its gate;
@@ -17,7 +20,7 @@ One finding per line, ``ok``/``info``/``warn``/``error``, in this order:
    environment (``serve.startup``: the installed rules module, run from its file);
 7. jit: nvcc and CUDA_HOME, apache-tvm-ffi as sglang pins it, the GPUs and their architecture
    against the one the series' GPU evidence was recorded on. Missing, they are errors when a
-   series gate is on (its kernels are built at startup), warnings otherwise.
+   series gate is on (its kernels are built at startup and run on the GPU), warnings otherwise.
 
 ``Report.ok`` (exit 0) when there is no error.
 """
@@ -35,6 +38,7 @@ from c128patch.errors import C128Error
 from c128patch.series.manifest import Series
 from c128patch.serve.envs import EnvReading, load_environ, read_gates
 from c128patch.serve.install import Dist, Interpreter, check_record, installer, probe, read_json
+from c128patch.serve.serving import probe_serving
 from c128patch.serve.startup import ONLINE_C128_DSPARK_RULES, Startup, startup_refusals
 from c128patch.serve.toolchain import EVIDENCE_ARCHS, cuda_home, gpus, nvcc, tvm_ffi_problem
 from c128patch.wheel.patch import LOCAL_TAG, patched_version
@@ -59,6 +63,7 @@ class Report:
     build: dict[str, Any] | None = None
     env: list[dict[str, Any]] = field(default_factory=list)
     startup: dict[str, Any] | None = None
+    serving: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -84,6 +89,7 @@ def diagnose(python: str, launch_args: Sequence[str], series: Series | None) -> 
                                       "patched wheel into the serving venv)")
     else:
         _installed(report, interp, sg)
+        _serving(report, interp, launch_args)
         record = _build(report, sg, series)
         _record(report, sg)
         readings = _env(report, sg, series, record is not None)
@@ -103,6 +109,26 @@ def _installed(report: Report, interp: Interpreter, sg: Dist) -> None:
                                       f"{sg.version} at {package} (a PYTHONPATH entry or the current folder shadows it)")
     else:
         report.add("ok", "sglang", f"sglang {sg.version} at {package} ({installer(sg)})")
+
+
+def _serving(report: Report, interp: Interpreter, launch_args: Sequence[str]) -> None:
+    """``import sglang`` in the serving Python, and the launch arguments through its own parser."""
+    sv = probe_serving(interp.executable, list(launch_args))
+    report.serving = asdict(sv)
+    if sv.import_error:
+        report.add("error", "import", f"`import sglang` fails in {interp.executable}: {sv.import_error}; the server "
+                                      "cannot start there (install sglang with its dependencies, then the patched "
+                                      "wheel over it: docs/deploy.md)")
+    else:
+        report.add("ok", "import", f"`import sglang` works in {interp.executable} ({sv.seconds:.1f} s)")
+    given = f"`{shlex.join(launch_args)}`" if launch_args else "no launch arguments"
+    missing = f"; not given: {', '.join(sv.required_missing)} (needed at launch)" if sv.required_missing else ""
+    if sv.args_checked:
+        report.add("ok", "args", f"sglang's own server-arguments parser accepts {given}{missing}")
+    elif sv.parser_built:
+        report.add("error", "args", f"sglang's own server-arguments parser refuses {given}: {sv.args_error}")
+    elif launch_args or not sv.import_error:
+        report.add("error", "args", f"cannot check {given} with sglang's own server-arguments parser: {sv.args_error}")
 
 
 def _build(report: Report, sg: Dist, series: Series | None) -> dict | None:
@@ -264,7 +290,8 @@ def _toolchain(report: Report, interp: Interpreter, series_gate_on: bool) -> Non
         report.add("ok", "jit", f"apache-tvm-ffi {interp.dists['apache-tvm-ffi'].version}")
     devices, why = gpus()
     if not devices:
-        report.add("warn", "gpu", f"no NVIDIA GPU here ({why})")
+        needs = ": the series' gates set run its kernels on the GPU" if series_gate_on else ""
+        report.add(level, "gpu", f"no NVIDIA GPU here ({why}){needs}")
     for gpu in {(d.name, d.capability): d for d in devices}.values():
         where = EVIDENCE_ARCHS.get(gpu.capability)
         if where:
