@@ -8,11 +8,8 @@ from dataclasses import replace
 from typing import Optional
 
 import click
-from rich.console import Console
 
 from c128patch.capacity import model as cap
-from c128patch.capacity import pr as capacity_pr
-from c128patch.capacity.tables import markdown_table, render_pr, render_table
 
 _R_KEYWORDS = {
     "auto": cap.DSV4_DEFAULT_MAX_RUNNING_REQUESTS,
@@ -132,6 +129,11 @@ def command(
     markdown: bool,
 ) -> None:
     """KV capacity (full tokens) with DeepSeek-V4 online C128 off and on."""
+    from rich.console import Console
+
+    from c128patch.capacity import pr as capacity_pr
+    from c128patch.capacity.tables import markdown_table, render_pr, render_table
+
     r, r_mode = parse_max_running_requests(max_rr)
     budget = resolve_budget(budget_gib, budget_bytes, gpu_gib, mem_fraction_static, non_kv_gib)
     results = []
