@@ -30,10 +30,10 @@ def _cell(entry: Entry, e: EntryCheck) -> str:
 def _verdict(verb: str, v: Verdict | None) -> str:
     if v is None:
         return f"{verb}: no release wheel"
-    if v.exit == 0:
+    if v.exit == exitcodes.OK:
         return f"{verb}: applies"
-    what = "refused before anything is done" if v.exit == 2 else f"stops at {v.entry}"
-    detail = f" ({v.detail})" if v.detail and v.exit == 1 else (f" ({v.entry}: {v.detail})" if v.entry else "")
+    what = "refused before anything is done" if v.exit == exitcodes.USAGE else f"stops at {v.entry}"
+    detail = f" ({v.detail})" if v.detail and v.exit == exitcodes.FAILED else (f" ({v.entry}: {v.detail})" if v.entry else "")
     return f"{verb}: {what}{detail}, exit {v.exit}"
 
 

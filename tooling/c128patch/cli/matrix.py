@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,7 +73,7 @@ def command(revs: tuple[str, ...], results_dir: Path | None, as_markdown: bool, 
 
     from c128patch.evidence.matrix import build_matrix, markdown
     from c128patch.evidence.results import results_root
-    from c128patch.progress import reporter
+    from c128patch.progress import console, reporter
     from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version, tag_for
 
     series = get_series(series_dir)
@@ -94,7 +95,7 @@ def command(revs: tuple[str, ...], results_dir: Path | None, as_markdown: bool, 
     if as_markdown:
         click.echo(markdown(rows), nl=False)
         return
-    out = Console(width=220, highlight=False, soft_wrap=False)
+    out = Console(width=220, highlight=False, soft_wrap=False) if sys.stdout.isatty() else console(stderr=False)
     out.print(release_table(rows))
     out.print(entry_table(rows))
     for row in rows:

@@ -40,11 +40,9 @@ class _RecordingCommand(click.Command):
 
 def _stdout() -> Console:
     """The report console: a pipe or a file gets whole rows rather than 80 folded columns."""
-    from rich.console import Console
-
     from c128patch.progress import console
 
-    return console(stderr=False) if sys.stdout.isatty() else Console(width=200, highlight=False, soft_wrap=True)
+    return console(stderr=False)
 
 
 def _styled(text: str) -> str:

@@ -40,7 +40,7 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
     check_output_dir(out_dir, "-o")
     series = get_series(series_dir)
     with reporter(not as_json, title="wheel") as rep:
-        wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release), target)
+        wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release), target, rep)
         result = patch_wheel(series, wheel, out_dir, rep)
     note = release_note(series, result.upstream_version)
     if as_json:
