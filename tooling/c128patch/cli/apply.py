@@ -71,6 +71,8 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
         info = {"rev": rev, "commit": commit, "source": upstream.kind}
         if upstream.kind == "url":
             info["url"] = upstream.location
+        if tree is None and upstream.kind != "path":
+            _refuse_switching(DEFAULT_TREE, rev, commit, branch or f"c128/{rev}")
         existed = (tree or DEFAULT_TREE).exists()
         template = clone_template(series, rev, commit, branch, str(upstream.git.git_dir or upstream.git.worktree),
                                   existed, info)
@@ -92,6 +94,34 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
                 exc.hint = None  # nothing is left to resume or undo
             raise
     _report(result, series, Git(worktree=worktree), as_json)
+
+
+def _refuse_switching(tree: Path, rev: str, commit: str, branch: str) -> None:
+    """The default tree holds another upstream commit: switching it to a new branch is asked for
+    with --tree, never done unasked."""
+    import json
+
+    from c128patch.git import Git, is_work_tree
+    from c128patch.series.provenance import PROVENANCE_PATH
+
+    if not tree.is_dir() or not is_work_tree(tree):
+        return
+    git = Git(worktree=tree)
+    head = git.rev_parse("HEAD")
+    record = git.blob("HEAD", PROVENANCE_PATH) if head else None
+    try:
+        upstream = json.loads(record)["upstream"] if record else {"commit": head, "rev": (head or "")[:12]}
+    except (ValueError, KeyError, TypeError):
+        upstream = {"commit": head, "rev": (head or "")[:12]}
+    if head is None or upstream.get("commit") == commit:
+        return
+    on = git.run("symbolic-ref", "--short", "-q", "HEAD", check=False).stdout.strip()
+    held = f"{upstream.get('rev')}" + (f" + series (branch {on})" if record and on else f" (branch {on})" if on else "")
+    switch = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--tree", str(tree)])
+    beside = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--tree", f"{tree}-{rev}"])
+    raise C128Error(f"./{tree} holds {held}: applying {rev} there would switch it to a new branch {branch}; "
+                    "say which you want",
+                    hint=f"  switch ./{tree} (its branch stays): {switch}\n  a second tree beside it: {beside}")
 
 
 def _interrupted(tree: Path) -> Interrupted:
