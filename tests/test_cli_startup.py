@@ -72,3 +72,19 @@ def test_a_verbs_help_imports_that_verb_only(verb):
     assert ours - LIGHT == {f"c128patch.cli.{verb.replace('-', '_')}"} | EXTRA.get(verb, set()), ours
     assert not [m for m in modules if m.split(".")[0] in HEAVY]
     assert out.startswith(f"Usage: c128patch {verb} ")
+
+
+def test_the_readme_gives_the_benchmarks_figures():
+    result = json.loads((REPO_ROOT / "ci" / "bench" / "results" / "startup.json").read_text())
+    cases = result["cases"]
+    median = {name: c["median_cpu_s"] for name, c in cases.items()}
+    verbs = [v for k, v in median.items() if k.startswith("c128patch ") and k != "c128patch --help"]
+    before = [v for k, v in median.items() if k.startswith("before: c128patch ") and k != "before: c128patch --help"]
+    click_alone = median["python -c 'import click'"]
+    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
+    assert (f"`c128patch --help` {median['c128patch --help']:.3f} s CPU (median, "
+            f"{cases['c128patch --help']['x_python']}× `python -c pass`; `import click` alone "
+            f"{click_alone:.3f} s; {median['before: c128patch --help']:.3f} s "
+            f"before commands were imported on use), a verb's `--help` {min(verbs):.3f}–{max(verbs):.3f} s "
+            f"({min(before):.3f}–{max(before):.3f} s before), at load {round(result['load_average'][0])} on the "
+            f"2 cores;") in readme

@@ -71,8 +71,10 @@ def main() -> int:
         mark = "" if not name.startswith("c128patch") else (
             "  ok" if r["within_target"] else f"  over {TARGET_S} s")
         print(f"{name:36} {r['median_cpu_s']:12.3f} {r['min_cpu_s']:7.3f} {r['max_cpu_s']:7.3f} {r['x_python']:17.2f}{mark}")
-    write_json(args.out, {"runs": args.runs, "target_cpu_s": TARGET_S, "how": " ".join(CLI), "cases": rows,
-                          "machine": machine()})
+    write_json(args.out, {"runs": args.runs, "target_cpu_s": TARGET_S, "cases": rows,
+                          "how": "the console script" if SCRIPT.is_file() else "python -m c128patch",
+                          "before": args.before.resolve().parent.name if args.before else None,
+                          "load_average": [round(x, 1) for x in os.getloadavg()], "machine": machine()})
     ok = all(r["within_target"] for name, r in rows.items() if name.startswith("c128patch"))
     return 0 if ok else 1
 
