@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
 
+from c128patch import exitcodes
 from c128patch.cli.common import (
     emit_json,
     get_series,
@@ -18,10 +19,9 @@ from c128patch.cli.common import (
     tree_option,
 )
 from c128patch.errors import C128Error
-from c128patch.git import Git
-from c128patch.ops.status import tree_status
-from c128patch.progress import console
-from c128patch.upstream.source import DEFAULT_TREE
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @click.command("status")
@@ -36,6 +36,11 @@ def command(tree: Path | None, series_dir: Path | None, as_json: bool) -> None:
     1 when it does not (edits on the branch, uncommitted changes, an apply or rebase stopped or running,
     or nothing to prove against); 2 on an error.
     """
+    from c128patch.git import Git
+    from c128patch.ops.status import tree_status
+    from c128patch.progress import console
+    from c128patch.upstream.source import DEFAULT_TREE
+
     root = locate_tree(tree)
     try:
         series = get_series(series_dir)
@@ -48,7 +53,7 @@ def command(tree: Path | None, series_dir: Path | None, as_json: bool) -> None:
             exc.hint = (f"`c128patch apply` makes its tree in ./{DEFAULT_TREE} (or --tree DIR): run status there, "
                         "or pass --tree DIR")
         raise
-    code = 0 if info.get("equals_series") else 1
+    code = exitcodes.OK if info.get("equals_series") else exitcodes.FAILED
     if as_json:
         emit_json(info)
         sys.exit(code)

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from c128patch.cli.common import check_output_dir, emit_json, get_series, handles_errors, json_option, series_option
 from c128patch.errors import C128Error
-from c128patch.evidence.matrix import release_note
-from c128patch.ops.check import release_support_note
-from c128patch.progress import console, reporter
-from c128patch.series.manifest import Series
-from c128patch.upstream.release_wheels import WheelTarget
-from c128patch.wheel.patch import patch_wheel, release_wheel
+
+if TYPE_CHECKING:
+    from c128patch.series.manifest import Series
 
 
 @click.command("wheel")
@@ -34,6 +31,12 @@ from c128patch.wheel.patch import patch_wheel, release_wheel
 def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, python_tag: str | None,
             platform: str | None, series_dir: Path | None, as_json: bool) -> None:
     """Patch a released sglang wheel with the series (no rebuild): new local version, provenance, SBOM."""
+    from c128patch.evidence.matrix import release_note
+    from c128patch.ops.check import release_support_note
+    from c128patch.progress import console, reporter
+    from c128patch.upstream.release_wheels import WheelTarget
+    from c128patch.wheel.patch import patch_wheel, release_wheel
+
     if (from_wheel is None) == (from_release is None):
         raise C128Error("give exactly one of --from-wheel PATH and --from-release X.Y.Z")
     if from_wheel is not None and (python_tag or platform):
@@ -46,7 +49,7 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
         console().print(f"c128patch: note: {older}; trying anyway", markup=False)
     try:
         with reporter(not as_json, title="wheel") as rep:
-            wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release), target)
+            wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release), target, rep)
             if from_wheel is not None:
                 older = _wheel_support_note(series, wheel)
                 if older and not as_json:
@@ -71,6 +74,10 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
 
 
 def _wheel_support_note(series: Series, wheel: Path) -> str:
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    from c128patch.ops.check import release_support_note
+
     try:
         return release_support_note(series, parse_wheel_filename(wheel.name)[1].public)
     except InvalidWheelFilename:
