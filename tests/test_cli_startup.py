@@ -17,8 +17,8 @@ from c128patch.cli import COMMANDS, main
 from support import REPO_ROOT
 
 CLI_DIR = REPO_ROOT / "tooling" / "c128patch" / "cli"
-LIGHT = {"c128patch", "c128patch.cli", "c128patch.cli.common", "c128patch.cli.usage", "c128patch.errors",
-         "c128patch.exitcodes", "c128patch.upstream"}
+LIGHT = {"c128patch", "c128patch.cli", "c128patch.cli.common", "c128patch.errors", "c128patch.exitcodes",
+         "c128patch.upstream"}
 # what a verb's own options need to be listed (their choices and defaults)
 EXTRA = {"capacity": {"c128patch.capacity", "c128patch.capacity.model"},
          "smoke": {"c128patch.smoke", "c128patch.smoke.presets"}}
