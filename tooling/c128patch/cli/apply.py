@@ -66,9 +66,7 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     with reporter(not as_json, title="apply") as rep:
         upstream = open_upstream(repo, [rev], rep)
         commit = upstream.resolve(rev)
-        older = support_note(series, upstream.git, rev, commit)  # said first; still tried, as check does
-        if older and not as_json:
-            console().print(f"c128patch: note: {older}; trying anyway", markup=False)
+        older = support_note(series, upstream.git, rev, commit)  # still tried, as check does
         # refuse a broken series before anything is cloned or checked out
         planned = plan(series, upstream.git, commit)
         check_paths_at(upstream.git, commit, planned)
@@ -96,7 +94,7 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
                 discard_fresh_tree(worktree, existed)
                 exc.message += f" (the new clone {worktree} was removed)"
                 exc.hint = None  # nothing is left to resume or undo
-            if older and as_json:
+            if older and isinstance(exc, ConflictError):  # why it stops, before how to resolve it
                 exc.hint = "\n".join([f"note: {older}", *([exc.hint] if exc.hint else [])])
             raise
     _report(result, series, Git(worktree=worktree), as_json, older)
@@ -200,6 +198,8 @@ def _report(result: ApplyResult, series: Series, git: Git, as_json: bool, older:
     out.print(f"  {result.equivalence['summary']}", markup=False)
     if note:
         out.print(note, markup=False)
+    if older:
+        out.print(f"note: {older}", markup=False)
     if not result.orig_head:
         return
     if result.orig_branch:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from c128patch import exitcodes
 from c128patch.cli.common import check_output_dir, emit_json, get_series, handles_errors, json_option, series_option
 from c128patch.errors import C128Error
 
@@ -32,7 +33,6 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
             platform: str | None, series_dir: Path | None, as_json: bool) -> None:
     """Patch a released sglang wheel with the series (no rebuild): new local version, provenance, SBOM."""
     from c128patch.evidence.matrix import release_note
-    from c128patch.ops.check import release_support_note
     from c128patch.progress import console, reporter
     from c128patch.upstream.release_wheels import WheelTarget
     from c128patch.wheel.patch import patch_wheel, release_wheel
@@ -44,21 +44,15 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
     target = WheelTarget(python_tag, platform)
     check_output_dir(out_dir, "-o")
     series = get_series(series_dir)
-    older = release_support_note(series, str(from_release)) if from_release else ""
-    if older and not as_json:  # said first; still tried, as check does
-        console().print(f"c128patch: note: {older}; trying anyway", markup=False)
-    try:
-        with reporter(not as_json, title="wheel") as rep:
-            wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release), target, rep)
-            if from_wheel is not None:
-                older = _wheel_support_note(series, wheel)
-                if older and not as_json:
-                    console().print(f"c128patch: note: {older}; trying anyway", markup=False)
+    with reporter(not as_json, title="wheel") as rep:
+        wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release), target, rep)
+        older = _wheel_support_note(series, wheel)  # still tried, as check does
+        try:
             result = patch_wheel(series, wheel, out_dir, rep)
-    except C128Error as exc:
-        if older and as_json:
-            exc.hint = "\n".join([f"note: {older}", *([exc.hint] if exc.hint else [])])
-        raise
+        except C128Error as exc:
+            if older and exc.exit_code == exitcodes.FAILED:  # an entry does not apply: why, first in the hint
+                exc.hint = "\n".join([f"note: {older}", *([exc.hint] if exc.hint else [])])
+            raise
     note = release_note(series, result.upstream_version)
     if as_json:
         emit_json({"ok": True, **result.to_json(), "evidence_note": note, "support_note": older})
@@ -71,6 +65,8 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
               f"({len(result.entries)} entries), sha256 {result.sha256[:16]}…, {result.seconds:.1f} s", markup=False)
     if note:
         out.print(note, markup=False)
+    if older:
+        out.print(f"note: {older}", markup=False)
 
 
 def _wheel_support_note(series: Series, wheel: Path) -> str:
