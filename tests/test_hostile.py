@@ -413,7 +413,7 @@ def rebase_journal_left(tree: Path, series: Path) -> Git:
 
 
 @pytest.mark.parametrize("damage", ["truncated", "wrong-type", "list"])
-def test_a_damaged_rebase_journal_is_one_line_with_the_way_out(rebase_journal_left, damage):
+def test_a_damaged_rebase_journal_is_one_line_with_the_way_out(rebase_journal_left, series, damage):
     git = rebase_journal_left
     path = rebase_journal(git)
     text = path.read_text()
@@ -423,7 +423,8 @@ def test_a_damaged_rebase_journal_is_one_line_with_the_way_out(rebase_journal_le
         line = refused([*args, "--tree", git.worktree], git.worktree, f"cannot read the c128patch rebase journal {path}")
     assert f"rm -f {path}" in line and "git -C" not in line  # HEAD never left the branch: nothing to check out
     assert run_printed(printed_command(line, "rm -f")).returncode == 0
-    assert git.current_branch() == "c128/v0.5.22" and invoke("status", "--tree", git.worktree, as_json=False).code == 0
+    status = invoke("status", "--tree", git.worktree, "--series", series, as_json=False)
+    assert git.current_branch() == "c128/v0.5.22" and status.code == 0, status.text  # the branch equals the series
 
 
 def test_a_truncated_apply_journal_is_one_line_with_the_way_out(tree, series):
@@ -451,7 +452,7 @@ def test_a_damaged_provenance_record_is_one_line_with_the_way_back(tree, series,
         line = refused(args, tree, why)
     done = run_printed(printed_command(line, "git -C"))  # restore it
     assert done.returncode == 0, done.stderr
-    assert invoke("status", "--tree", tree, as_json=False).code == 0
+    assert invoke("status", "--tree", tree, "--series", series, as_json=False).code == 0  # the tree equals the series
 
 
 def test_a_committed_damaged_provenance_record_is_one_line(tree, series):

@@ -38,11 +38,13 @@ def command(tree: Path | None, check_only: bool, primary: bool | None, version: 
     from c128patch.ops import refresh as core
     from c128patch.ops.treestate import ensure_clean, ensure_idle, repo_lock
     from c128patch.progress import console
+    from c128patch.series.provenance import read_provenance
 
     series = get_series(series_dir)
     git = Git(worktree=locate_tree(tree))
     with repo_lock(git, "refresh"):
         ensure_idle(git, "refresh")
+        read_provenance(git.worktree)  # a damaged record is said as such (with the way back) before anything else
         ensure_clean(git, "refresh --check" if check_only else "refresh")  # uncommitted edits are not the branch
         result = core.export(series, git, primary=primary, version=version)
         changes = result.changes(series.root)
