@@ -20,6 +20,7 @@ from c128patch.evidence.keys import EvidenceKey, key_for, key_from_provenance
 from c128patch.evidence.matrix import build_matrix, release_note, verification_note
 from c128patch.evidence.results import collect_run, from_smoke_report, load_results, write_result
 from c128patch.git import Git
+from c128patch.ops.check import support_note
 from c128patch.series.manifest import load_series
 from support import RELEASES, REPO_ROOT, invoke, make_test_series, needs_torch
 
@@ -266,9 +267,13 @@ def test_apply_prints_one_line_when_the_rev_is_not_fully_verified(upstream_clone
     code, out, err = run("apply", "--sglang-rev", "v0.5.22", "--repo", str(upstream_clone), "--series", str(series))
     assert code == 0, err
     notes = [line for line in out.splitlines() if line.startswith("note:")]
-    assert notes == ["note: v0.5.22 + this series is not fully verified (compile unverified, suite unverified, "
-                     "differential unverified, memcheck unverified, racecheck unverified, upstream-suite unverified); see "
-                     "`c128patch matrix`"]
+    assert notes[0] == ("note: v0.5.22 + this series is not fully verified (compile unverified, suite unverified, "
+                        "differential unverified, memcheck unverified, racecheck unverified, upstream-suite unverified); "
+                        "see `c128patch matrix`")
+    # the test series was made on v0.5.23: the rev is older, as check says too
+    git = Git(worktree=upstream_clone)
+    older = support_note(load_series(series), git, "v0.5.22", git.rev_parse("v0.5.22"))
+    assert older.startswith("v0.5.22 is older than") and notes[1:] == [f"note: {older}"]
 
 
 def test_wheel_note_is_looked_up_on_the_release_history(real_series, tmp_path: Path):
