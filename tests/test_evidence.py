@@ -16,7 +16,7 @@ import pytest
 
 from c128patch.errors import C128Error
 from c128patch.evidence import gpu_run, staging
-from c128patch.evidence.keys import EvidenceKey, key_for, key_from_provenance
+from c128patch.evidence.keys import EvidenceKey, key_for, key_from_provenance, sources_id
 from c128patch.evidence.matrix import build_matrix, release_note, verification_note
 from c128patch.evidence.results import collect_run, from_smoke_report, load_results, write_result
 from c128patch.git import Git
@@ -51,11 +51,50 @@ def staged(history: Git, real_series, tmp_path_factory: pytest.TempPathFactory) 
 # --------------------------------------------------------------------------- keys
 
 
-def test_key_is_the_upstream_tree_and_the_hash_of_the_files_the_rev_plans(history: Git, real_series):
+def test_key_is_the_keyed_sources_and_the_hash_of_the_files_the_rev_plans(history: Git, real_series):
     commit = history.rev_parse("v0.5.20")
     key = key_for(real_series, history, commit)
-    assert key.upstream_tree == history.out("rev-parse", "v0.5.20^{tree}")
-    assert key != key_for(real_series, history, history.rev_parse("v0.5.23"))
+    files = dict(key.files)
+    assert files["python/sglang/kernels"] == "tree " + history.out("rev-parse", "v0.5.20:python/sglang/kernels")
+    assert files["python/sglang/srt/environ.py"] == "blob " + history.out("rev-parse", "v0.5.20:python/sglang/srt/environ.py")
+    touched = {p for e in real_series.entries for p in ([e.target] if not e.is_patch else [])}
+    assert touched <= set(files) and all(files[t] == "absent" for t in touched)  # overlay targets: absent upstream
+    assert key.sources == sources_id(key.files) and key != key_for(real_series, history, history.rev_parse("v0.5.23"))
+
+
+def test_committed_results_are_keyed_by_content_and_equal_the_staged_trees_keys(staged: Path):
+    """The migration (ci/rekey_results.py) proven: the content key of the staged trees (the tool's own
+    history, computed now) is the key every committed result of that release carries."""
+    results = REPO_ROOT / "ci" / "gpu" / "results"
+    for rel in staging.read_manifest(staged)["releases"]:
+        key = EvidenceKey.from_json(rel["trees"]["patched"]["key"])
+        for kind in ("compile", "suite", "differential", "memcheck", "racecheck", "upstream-suite"):
+            data = json.loads((results / rel["rev"] / f"{kind}.json").read_text())
+            assert EvidenceKey.from_json(data["key"]) == key, (rel["rev"], kind)
+            assert dict(key.files) == data["key"]["files"]
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "ci" / "rekey_results.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "would re-key 0 result(s)" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_rekey_converts_an_old_style_key_and_is_idempotent(history: Git, real_series, tmp_path: Path):
+    sys.path.insert(0, str(REPO_ROOT / "ci"))
+    import rekey_results
+
+    key = key_for(real_series, history, history.rev_parse("v0.5.22"))
+    old = {"upstream_tree": history.out("rev-parse", "v0.5.22^{tree}"), "series_hash": key.series_hash}
+    path = tmp_path / "v0.5.22" / "racecheck.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"kind": "racecheck", "key": old, "ok": True}, indent=1) + "\n")
+    (tmp_path / "v0.5.22" / "notes.json").write_text('{"key": null}\n')  # no key: left alone
+    changed, problems = rekey_results.rekey(tmp_path, real_series, history)
+    data = json.loads(path.read_text())
+    assert changed == [path] and not problems and EvidenceKey.from_json(data["key"]) == key
+    assert data["rekeyed_from"]["upstream_tree"] == old["upstream_tree"] and path.read_text().startswith('{\n "')
+    assert rekey_results.rekey(tmp_path, real_series, history) == ([], [])
+    path.write_text(json.dumps({"key": {**old, "upstream_tree": "0" * 40}}))
+    changed, problems = rekey_results.rekey(tmp_path, real_series, history)
+    assert not changed and "is no release commit of the history" in problems[0]
 
 
 def test_key_changes_with_a_file_that_rev_plans_and_not_with_another_revs_variant(history: Git, tmp_path: Path):
@@ -335,7 +374,7 @@ def test_dry_run_goes_from_stage_to_bundle_to_collected_files(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     suite = json.loads((tmp_path / "r/v0.5.21/suite.json").read_text())
     assert suite["command"].startswith("c128patch smoke --tier kernel --tree ") and suite["not_run"] > 50
-    assert str(REPO_ROOT) not in json.dumps(suite) and suite["key"]["upstream_tree"]
+    assert str(REPO_ROOT) not in json.dumps(suite) and suite["key"]["sources"]
 
 
 @pytest.mark.parametrize("rev", RELEASES)

@@ -9,7 +9,7 @@
                                              (`smoke --upstream-suite`; ci/gpu/collect_upstream_suite.py)
     ci/gpu/results/<rev>/before/suite.json   a "before" record (the suite on an older series), kept beside
 
-Every file carries ``key`` (evidence.keys: upstream tree id, series hash), ``command``,
+Every file carries ``key`` (evidence.keys: upstream sources, series hash), ``command``,
 ``device``, ``date``, ``passed``/``failed``/``skipped``, ``ok`` and, for the sanitizers, the
 error count; paths in it are relative to the repository. ``from_smoke_report`` turns a
 ``c128patch smoke --tier kernel`` report into these files; nothing else writes them by hand.
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from c128patch.errors import C128Error
-from c128patch.evidence.keys import EvidenceKey
+from c128patch.evidence.keys import EvidenceKey, is_old_style
 from c128patch.jsonio import write_json_atomic
 from c128patch.series.manifest import Series
 
@@ -57,6 +57,11 @@ class Result:
     summary: str
     path: Path
     data: dict[str, Any]
+
+    @property
+    def old_key(self) -> bool:
+        """Keyed by the whole upstream tree id (``ci/rekey_results.py`` converts it)."""
+        return is_old_style(self.data.get("key"))
 
 
 def summarize(kind: str, data: dict[str, Any]) -> str:
