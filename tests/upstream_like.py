@@ -5,9 +5,9 @@ commit id differs from the tool's history), with real upstream's top-level folde
 v0.5.20..v0.5.23, and ``main`` one commit past v0.5.23 that touches files outside
 ``python/sglang`` only. No commit of the tool's history is in it (only trees and blobs are copied).
 
-    build(history, dest)                                    -> the bare repository
-    build(history, dest, edit={"v0.5.22": (path, text)})    -> one release's python/sglang differs in one
-                                                               file (``text`` appended to ``path``)
+    build(history, dest)                        -> the bare repository (about 10 s)
+    edited(git, "v0.5.22", path, text, ref)     -> a commit beside it: that release with ``text`` appended
+                                                   to one file of python/sglang
 """
 
 from __future__ import annotations
@@ -49,7 +49,18 @@ def _with_files(git: Git, index: Path, tree: str, files: dict[str, str], append:
     return idx.out("write-tree")
 
 
-def build(history: Path, dest: Path, edit: dict[str, tuple[str, str]] | None = None) -> Path:
+def edited(git: Git, tag: str, path: str, text: str, ref: str) -> str:
+    """A commit whose tree is ``tag``'s with ``text`` appended to ``path``, at ``ref``; returns it."""
+    index = Path(str(git.git_dir)) / "c128-edit.index"
+    tree = _with_files(git, index, git.out("rev-parse", f"{tag}^{{tree}}"), {}, {path: text})
+    index.unlink(missing_ok=True)
+    env = {**AUTHOR, "GIT_AUTHOR_DATE": "1780000000 +0000", "GIT_COMMITTER_DATE": "1780000000 +0000"}
+    commit = git.with_env(**env).out("commit-tree", tree, "-p", git.rev_parse(tag) or "", "-m", f"local change to {path}")
+    git.run("update-ref", ref, commit)
+    return commit
+
+
+def build(history: Path, dest: Path) -> Path:
     """The upstream-like bare repository at ``dest`` (see the module docstring)."""
     src = Git(git_dir=history)
     subprocess.run(["git", "init", "--quiet", "--bare", str(dest)], check=True)
@@ -58,8 +69,7 @@ def build(history: Path, dest: Path, edit: dict[str, tuple[str, str]] | None = N
     parent: list[str] = []
     index = dest / "c128-build.index"
     for n, tag in enumerate(RELEASES):
-        path, text = (edit or {}).get(tag, ("", ""))
-        tree = _with_files(git, index, src.out("rev-parse", f"{tag}^{{tree}}"), BESIDE, {path: text} if path else None)
+        tree = _with_files(git, index, src.out("rev-parse", f"{tag}^{{tree}}"), BESIDE)
         date = f"{1767225600 + 86400 * 30 * n} +0800"  # 2026-01-01 and a month apart: none of the history's dates
         env = {**AUTHOR, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
         commit = git.with_env(**env).out("commit-tree", tree, *parent, "-m", f"Release {tag}")
