@@ -190,6 +190,28 @@ def test_collect_writes_the_kinds_a_job_proves_under_the_staged_key(staged: Path
     assert suite["job"] == {"name": "v0.5.20-patched-plain", "exit": 0, "seconds": 1.0}
 
 
+def test_collect_keeps_an_old_style_stage_key_for_the_rekey_script(staged: Path, history: Git, real_series,
+                                                                   tmp_path: Path):
+    """A stage made before keys were by content (its key names the whole tree): the collected result
+    keeps that key (never None), so ci/rekey_results.py converts it; the matrix says so meanwhile."""
+    job_dir = tmp_path / "res" / "v0.5.20-patched-plain"
+    job_dir.mkdir(parents=True)
+    (job_dir / "smoke-kernel.json").write_text(OLD_REPORT.read_text())
+    manifest = staging.read_manifest(staged)
+    new = EvidenceKey.from_json(manifest["releases"][0]["trees"]["patched"]["key"])
+    old = {"upstream_tree": history.out("rev-parse", "v0.5.20^{tree}"), "series_hash": new.series_hash}
+    manifest["releases"][0]["trees"]["patched"]["key"] = old
+    collect_run(_run_record(manifest, tmp_path / "res"), tmp_path / "res", tmp_path / "out", "2026-12-01")
+    assert json.loads((tmp_path / "out/v0.5.20/suite.json").read_text())["key"] == old
+    cell = _row(real_series, history, tmp_path / "out", "v0.5.20").cells["suite"]
+    assert cell.state == "stale" and "python ci/rekey_results.py" in cell.detail
+    sys.path.insert(0, str(REPO_ROOT / "ci"))
+    import rekey_results
+
+    rekey_results.rekey(tmp_path / "out", real_series, history)
+    assert _row(real_series, history, tmp_path / "out", "v0.5.20").cells["suite"].state == "verified"
+
+
 def test_collect_refuses_a_dry_run_bundle(staged: Path, tmp_path: Path):
     with pytest.raises(C128Error, match="--dry-run .* proves nothing"):
         collect_run(_run_record(staging.read_manifest(staged), tmp_path, dry=True), tmp_path, tmp_path / "o", "d")
@@ -235,6 +257,22 @@ def test_matrix_cell_is_stale_when_the_series_files_changed(real_series, history
     write_result(results, "v0.5.21", "suite", _result(replace(key, series_hash="0" * 64), True))
     cell = _row(real_series, history, results).cells["suite"]
     assert cell.state == "stale" and "key" in cell.detail
+
+
+def test_matrix_names_the_files_that_differ_from_the_nearest_evidenced_release(real_series, history: Git,
+                                                                              results: Path):
+    key = key_for(real_series, history, history.rev_parse("v0.5.21"))
+    files = dict(key.files)
+    files["python/sglang/srt/environ.py"] = "blob " + "1" * 40
+    files["python/sglang/kernels"] = "tree " + history.out("rev-parse", "v0.5.20:python/sglang/kernels")
+    other = replace(key, sources=sources_id(tuple(files.items())), files=tuple(sorted(files.items())))
+    write_result(results, "v0.5.21", "suite", _result(other, True))
+    row = _row(real_series, history, results)
+    changed = history.out("diff-tree", "-r", "--name-only", "v0.5.20:python/sglang/kernels",
+                          "v0.5.21:python/sglang/kernels").split()
+    assert changed and row.differs.rev == "v0.5.21"
+    assert row.differs.files == [f"python/sglang/kernels/{p}" for p in changed] + ["python/sglang/srt/environ.py"]
+    assert row.missing()[0].startswith(f"{len(row.differs.files)} files differ from v0.5.21's evidenced sources: ")
 
 
 def test_matrix_json_lists_what_is_missing(real_series):
