@@ -17,7 +17,7 @@ from c128patch.ops.treestate import c128_state_dir
 from c128patch.progress import console
 from c128patch.series.manifest import Series, default_series_root, load_series
 from c128patch.series.provenance import PROVENANCE_PATH
-from c128patch.upstream.source import DEFAULT_TREE
+from c128patch.upstream.source import DEFAULT_TREE, refuse_git_dir
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON report on stdout.")
 series_option = click.option(
@@ -53,6 +53,7 @@ def locate_tree(tree: Path | None) -> Path:
     the current folder is in when c128patch applied (or is rebasing) there; else ``./sglang``, the
     tree ``apply`` makes when run here; else the current repository (its status then says what it lacks)."""
     if tree is not None:
+        refuse_git_dir(tree)
         return toplevel(tree)
     here = Path.cwd()
     top = toplevel(here) if is_work_tree(here) else None
