@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from c128patch.errors import C128Error
-from c128patch.git import Git
+from c128patch.git import FAULT_HOOKS_ENV, Git
 from c128patch.ops.lint import update_hashes
 from c128patch.ops.treestate import apply_journal, rebase_journal
 from c128patch.series.manifest import load_series, safe_destination
@@ -252,27 +251,28 @@ def test_apply_abort_keeps_uncommitted_work_in_a_stash(apply_stopped):
 
 
 # ---------------------------------------------------------------------------- 3. one operation per repository
-def _stopped(pid: int) -> bool:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-
-
 def test_a_second_apply_refuses_while_one_runs(tree, series, tmp_path):
-    # the first apply stops itself (SIGSTOP) as its first entry starts (its hooks never run: no git hook can hold it)
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    hook = tmp_path / "fault-hooks" / "pre-applypatch"  # holds the first apply inside its git am
+    hook.parent.mkdir()
+    hook.write_text(f"#!/bin/sh\ntouch {ready}\nwhile [ ! -e {go} ]; do sleep 0.05; done\n")
+    hook.chmod(0o755)
     first = subprocess.Popen([sys.executable, "-m", "c128patch", *map(str, apply_args(tree, series))],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals,
-                             env={**os.environ, "C128PATCH_FAULT": "stop-before:test-patch"})
+                             env={**os.environ, FAULT_HOOKS_ENV: str(hook.parent)})  # the tool's git runs no other hook
     try:
         deadline = time.monotonic() + 60
-        while not _stopped(first.pid):
+        while not ready.exists():
             assert time.monotonic() < deadline and first.poll() is None, first.communicate()
             time.sleep(0.05)
         refused(apply_args(tree, series, "--branch", "other"),
                 contains=f"another c128patch apply is running in {tree} (pid {first.pid}); wait for it to finish")
         status = invoke("status", "--tree", tree, as_json=False)
         assert f"a c128patch apply is running (pid {first.pid}" in status.text
-        os.kill(first.pid, signal.SIGCONT)
+        go.touch()
         assert first.wait(timeout=120) == 0, first.communicate()
     finally:
+        go.touch()
         if first.poll() is None:
             first.kill()
     git = Git(worktree=tree)

@@ -101,6 +101,15 @@ def test_a_patch_that_creates_a_git_hook_is_refused_as_unsafe_not_as_a_conflict(
     assert not (tree / ".git" / "hooks" / "post-checkout").exists() and not mark.exists()
 
 
+@pytest.mark.parametrize("hooks", [".githooks", "python/sglang"])
+def test_an_overlay_into_the_folder_the_trees_hooks_run_from_is_refused(series, tree, hooks):
+    """The user's own git runs hooks from core.hooksPath: a series may not write there either."""
+    subprocess.run(["git", "-C", str(tree), "config", "core.hooksPath", hooks], check=True)
+    set_entry(series, f'target = "{OVERLAY}"', f'target = "{hooks}/post-checkout"')
+    refused(apply_args(tree, series), tree, f"it is under {hooks}, the folder git runs hooks from")
+    assert not (tree / hooks / "post-checkout").exists()
+
+
 @pytest.mark.parametrize("name", ["../../../ESCAPE", "ok\\nC128patch-Entry: forged", "nul\\u0000name", "Upper",
                                   "-dash", "x" * 81])
 def test_an_unsafe_entry_name_is_refused_before_anything_is_written(series, tree, tmp_path, name):

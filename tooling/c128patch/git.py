@@ -28,6 +28,9 @@ FORCED_CONFIG = (
     ("rerere.enabled", "false"),
     ("am.messageId", "false"),
 )
+# Test hook (as ops.faults' C128PATCH_FAULT): a folder of hooks the tool's git runs instead of none,
+# so that a test can interrupt inside git itself. Unset (always, outside tests), no hook runs.
+FAULT_HOOKS_ENV = "C128PATCH_FAULT_HOOKS"
 # Of the operator's GIT_* variables only these reach git (transport, tracing, git's own test knobs).
 # The rest are scrubbed on purpose: the tool names its repository, index and identity itself, and
 # git sets GIT_DIR/GIT_INDEX_FILE for hooks, where c128patch may run.
@@ -38,6 +41,7 @@ _KEPT_ENV = ("GIT_TRACE", "GIT_SSH", "GIT_ASKPASS", "GIT_SSL_", "GIT_HTTP_", "GI
 _TRANSPORT = ("clone", "fetch", "ls-remote")
 _DIFFS = ("diff", "log", "show", "range-diff")  # these get --no-ext-diff --no-textconv
 _DRIVERS = re.compile(r"^(filter|merge)\.(.+)\.(clean|smudge|process|driver)$")
+_FILTERS: dict[tuple[str, str], tuple[tuple | None, list[str], str]] = {}  # (cwd, git dir) -> (stamp, -c, refusal)
 _DUBIOUS = re.compile(r"detected dubious ownership in repository at '([^']+)'")
 
 
@@ -109,7 +113,9 @@ class Git:
     git_dir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
 
-    _drivers: list[str] | None = field(default=None, repr=False, compare=False)
+    # -c settings turning off the filters of the repository's config: None, asked on first use; [] for a
+    # call that reads no file of a repository (parsing a patch)
+    filters_off: list[str] | None = field(default=None, repr=False, compare=False)
     _trusted: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     def _base_env(self, transport: bool = False) -> dict[str, str]:
@@ -134,7 +140,7 @@ class Git:
         return env
 
     def with_env(self, **extra: str) -> "Git":
-        return Git(self.worktree, self.git_dir, {**self.env, **extra}, self._drivers, self._trusted)
+        return Git(self.worktree, self.git_dir, {**self.env, **extra}, self.filters_off, self._trusted)
 
     @property
     def cwd(self) -> Path:
@@ -143,24 +149,45 @@ class Git:
     def _settings(self) -> list[str]:
         """``-c`` options: FORCED_CONFIG, the filters the repository's config names turned off, and
         the folders the operator trusts (safe.directory) that the isolated config would not."""
-        if self._drivers is None:
-            self._drivers = []
-            if self.worktree is not None or self.git_dir is not None:
-                proc = self._raw(["config", "--get-regexp", r"^(filter|merge)\..*\.(clean|smudge|process|driver)$"],
-                                 self._base_env(), [f"{k}={v}" for k, v in FORCED_CONFIG])
-                for line in proc.stdout.splitlines():
-                    key, _, value = line.partition(" ")
-                    m = _DRIVERS.match(key)
-                    if m and m.group(1) == "merge" and value.strip():
-                        raise C128Error(f"{self.cwd}: its git config names a merge program ({key} = {value}); "
-                                        "c128patch runs no program from a repository's config: remove that "
-                                        "setting, or use a clone without it")
-                    if m and m.group(1) == "filter":
-                        name = m.group(2)
-                        self._drivers += [f"filter.{name}.clean=", f"filter.{name}.smudge=",
-                                          f"filter.{name}.process=", f"filter.{name}.required=false"]
-        return [*(f"{k}={v}" for k, v in FORCED_CONFIG), *self._drivers,
+        if self.filters_off is None:
+            self.filters_off = self._filters_off() if self.worktree is not None or self.git_dir is not None else []
+        forced = [f"{k}={v}" for k, v in FORCED_CONFIG]
+        if os.environ.get(FAULT_HOOKS_ENV):
+            forced.append(f"core.hooksPath={os.environ[FAULT_HOOKS_ENV]}")
+        return [*forced, *self.filters_off,
                 *(f"safe.directory={p}" for p in self._trusted)]
+
+    def _filters_off(self) -> list[str]:
+        """``-c`` settings that turn off each filter the repository's config names (a merge driver
+        program is refused). Asked of git once per state of the config file."""
+        git_dir = self.env.get("GIT_DIR") or self.git_dir
+        config = Path(git_dir) / "config" if git_dir else self.cwd / ".git" / "config"
+        try:
+            stat = config.stat()
+            stamp: tuple | None = (str(config), stat.st_mtime_ns, stat.st_size, (config.parent / "config.worktree").exists())
+        except OSError:
+            stamp = None  # not a plain repository top: ask every time
+        key = (str(self.cwd), str(git_dir))
+        cached = _FILTERS.get(key)
+        if stamp is None or cached is None or cached[0] != stamp:
+            proc = self._raw(["config", "--get-regexp", r"^(filter|merge)\..*\.(clean|smudge|process|driver)$"],
+                             self._base_env(), [f"{k}={v}" for k, v in FORCED_CONFIG])
+            off, refusal = [], ""
+            for line in proc.stdout.splitlines():
+                name, _, value = line.partition(" ")
+                m = _DRIVERS.match(name)
+                if m and m.group(1) == "merge" and value.strip() and not refusal:
+                    refusal = (f"{self.cwd}: its git config names a merge program ({name} = {value}); c128patch "
+                               "runs no program from a repository's config: remove that setting, or use a clone "
+                               "without it")
+                elif m and m.group(1) == "filter":
+                    off += [f"filter.{m.group(2)}.{k}" for k in ("clean=", "smudge=", "process=", "required=false")]
+            cached = (stamp, off, refusal)
+            if stamp is not None:
+                _FILTERS[key] = cached
+        if cached[2]:
+            raise C128Error(cached[2])
+        return list(cached[1])
 
     def _raw(self, args: list[str], env: dict[str, str], settings: list[str], input=None, binary: bool = False,
              ) -> subprocess.CompletedProcess:

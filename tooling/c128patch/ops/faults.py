@@ -1,7 +1,7 @@
 """Test hook: interrupt this process at a named point, as a crash or a Ctrl-C would.
 
 ``C128PATCH_FAULT=<how>-<where>:<name>`` (several, comma-separated): ``how`` is ``kill`` (SIGKILL)
-or ``sigint`` (SIGINT) or ``stop`` (SIGSTOP: paused until SIGCONT); ``where:name`` is a point the operations declare, e.g. ``before:<entry>``
+or ``sigint`` (SIGINT); ``where:name`` is a point the operations declare, e.g. ``before:<entry>``
 (an entry is about to start), ``after:<entry>`` (its commit is made, the journal does not say so
 yet), ``at:clone``, ``at:provenance``. Unset (always, outside tests), it does nothing.
 """
@@ -12,7 +12,7 @@ import os
 import signal
 
 ENV = "C128PATCH_FAULT"
-_SIGNALS = {"kill": signal.SIGKILL, "sigint": signal.SIGINT, "stop": signal.SIGSTOP}
+_SIGNALS = {"kill": signal.SIGKILL, "sigint": signal.SIGINT}
 
 
 def fault_point(where: str, name: str) -> None:

@@ -127,7 +127,7 @@ def _parse(path: Path, raw: bytes) -> PatchInfo:
             if side != "/dev/null":
                 check_relpath(_strip(side), f"patch {path.name}")
     # git's own parser is stricter than unidiff about stray lines between hunks.
-    proc = Git(worktree=path.parent).run("apply", "--numstat", str(path.resolve()), check=False)
+    proc = Git(worktree=path.parent, filters_off=[]).run("apply", "--numstat", str(path.resolve()), check=False)
     if proc.returncode != 0:
         detail = (proc.stderr.strip().splitlines() or ["git apply cannot parse it"])[-1]
         raise C128Error(f"corrupt patch {path.name}: {detail.removeprefix('error: ')}")

@@ -152,7 +152,7 @@ def prepare_tree(
         Git().run("clone", "--quiet", "--no-checkout", *extra, "--", source, str(tree))
         return tree, True
     if not is_work_tree(tree):
-        raise C128Error(f"not a git repository: {tree} (remove it, or pass --tree to a new folder)")
+        raise C128Error(f"not a git repository: {tree} (pass --tree to a git work tree, or to a new or empty folder)")
     git = Git(worktree=tree)
     if git.rev_parse(commit) is None:
         reporter.step(f"fetching {commit[:12]} into {tree}")
