@@ -199,6 +199,7 @@ class Apply:
         self.reporter = reporter
         self.path = apply_journal(git)
         self._redo_checkout = False
+        self._hooks: str | None = None  # the tree's hooks folder (core.hooksPath) relative to it, "" when outside
 
     # ------------------------------------------------------------------ entry points
     def start(self, rev: str, commit: str, *, branch: str | None = None, fresh_clone: bool = False,
@@ -401,13 +402,13 @@ class Apply:
         """Refuse a path that goes through a symlink in the work tree as it is now (one git does not
         track, e.g. an ignored one, is in no upstream tree and would survive the checkout), and one under
         the folder the operator's git runs hooks from (``core.hooksPath`` in the tree)."""
-        hooks = self.git.operator_hooks_dir()
-        inside = hooks is not None and os.path.commonpath([os.path.realpath(self.tree), os.path.realpath(hooks)]) == \
-            os.path.realpath(self.tree)
-        hooks_rel = os.path.relpath(os.path.realpath(hooks), os.path.realpath(self.tree)) if inside else ""
+        if self._hooks is None:
+            hooks, tree = self.git.operator_hooks_dir(), os.path.realpath(self.tree)
+            inside = hooks is not None and os.path.commonpath([tree, os.path.realpath(hooks)]) == tree
+            self._hooks = os.path.relpath(os.path.realpath(hooks), tree) if hooks is not None and inside else ""
         for item in planned:
             for path in item.patch.paths if item.patch else [item.entry.target]:
-                check_under(path, hooks_rel, f"entry '{item.entry.name}'")
+                check_under(path, self._hooks, f"entry '{item.entry.name}'")
                 link = symlink_on_path(self.tree, self.tree / path)
                 if link is not None:
                     raise C128Error(f"unsafe path in entry '{item.entry.name}': {path} goes through the symlink "
