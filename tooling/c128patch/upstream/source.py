@@ -11,6 +11,7 @@ from pathlib import Path
 from c128patch.errors import C128Error
 from c128patch.git import Git, GitError, is_git_dir_name, is_work_tree
 from c128patch.progress import NullReporter, Reporter
+from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.cache import cache_dir, locked
 from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version
 
@@ -114,9 +115,6 @@ def refuse_git_dir(tree: Path, option: str = "--tree") -> None:
     if inside:
         raise C128Error(f"{option} {tree} is inside a git dir (git's own files, not a work tree); pass the work "
                         "tree itself or a new folder outside any .git")
-
-
-DEFAULT_TREE = Path("sglang")  # where `apply` clones upstream when no --tree is given
 
 
 def discard_fresh_tree(tree: Path, existed: bool) -> None:
