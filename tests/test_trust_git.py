@@ -279,8 +279,9 @@ def read_only(folder: Path) -> Iterator[None]:
         subprocess.run(undo, check=True)
 
 
-def test_a_read_only_tree_is_a_permission_error_not_a_conflict(series, tree):
-    with read_only(tree / Path(CUH).parent):
+@pytest.mark.parametrize("folder", [str(Path(CUH).parent), "python/sglang"], ids=["patch", "overlay"])
+def test_a_read_only_tree_is_a_permission_error_not_a_conflict(series, tree, folder):
+    with read_only(tree / folder):
         res = invoke(*apply_args(tree, series), as_json=False)
     first = res.err.strip().splitlines()[0]
     assert res.code == 2 and first.startswith("c128patch: error: "), res.err

@@ -377,8 +377,12 @@ class Apply:
         row = {"name": item.entry.name, "kind": item.entry.kind, "file": item.label}
         if item.patch is None:
             dest = safe_destination(self.tree, item.entry.target, f"overlay '{item.entry.name}'")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(item.path.read_bytes())
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(item.path.read_bytes())
+            except OSError as exc:  # the machine, not the series: no conflict to resolve
+                raise C128Error(f"cannot apply entry '{item.entry.name}' in {self.tree}: cannot write "
+                                f"{item.entry.target}: {exc.strerror} (fix that, then resume)") from None
             git.run("add", "--", item.entry.target)
             dated.run("commit", "--quiet", "--no-verify", "-m", overlay_message(item.entry, series))
             return {**row, "applied": "clean", "status": "applied", "commit": git.head() or ""}
@@ -423,7 +427,11 @@ class Apply:
         assert self.series is not None
         record = provenance.build(self.series, planned, journal.upstream_info, journal.entries)
         dest = safe_destination(self.tree, provenance.PROVENANCE_PATH, "the provenance record")
-        dest.write_text(provenance.dumps(record))
+        try:
+            dest.write_text(provenance.dumps(record))
+        except OSError as exc:
+            raise C128Error(f"cannot write {provenance.PROVENANCE_PATH} in {self.tree}: {exc.strerror} "
+                            "(fix that, then resume)") from None
         fault_point("at", "provenance")
         self.git.run("add", "--", provenance.PROVENANCE_PATH)
         dated.run("commit", "--quiet", "--no-verify", "-m",
