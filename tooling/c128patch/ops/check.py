@@ -43,7 +43,7 @@ def predict(result: RevCheck) -> None:
         return
     collision = next((e for e in result.entries if e.status == "collision"), None)
     conflict = next((e for e in result.entries if e.status == "conflict"), None)
-    inexact = next((e for e in result.entries if e.status not in ("clean", "skipped")), None)
+    inexact = next((e for e in result.entries if e.status not in ("clean", "skipped") or e.renamed), None)
     if collision is not None:  # refused before anything is applied, by apply and by wheel
         result.apply = Verdict(2, collision.name, collision.detail)
     elif conflict is not None:
@@ -51,8 +51,12 @@ def predict(result: RevCheck) -> None:
     if release_version(result.rev):
         if collision is not None:
             result.wheel = result.apply
+        elif inexact is not None and inexact.status == "clean":  # a renamed file: the wheel has no such path
+            result.wheel = Verdict(1, inexact.name, inexact.detail)
         elif inexact is not None:
-            why = "needs a 3-way merge; a wheel is patched with exact context" if inexact.status == "3way" else inexact.detail
+            why = {"3way": "needs a 3-way merge; a wheel is patched with exact context",
+                   "whitespace": "needs a whitespace-insensitive merge; a wheel is patched with exact context",
+                   }.get(inexact.status, inexact.detail)
             result.wheel = Verdict(1, inexact.name, why)
         else:
             result.wheel = Verdict()

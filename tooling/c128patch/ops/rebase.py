@@ -43,7 +43,7 @@ from c128patch.ops.conflicts import StopReport, analyze, block_markdown
 from c128patch.ops.equivalence import Edit, Equivalence, compare_commits, prove
 from c128patch.ops.faults import fault_point
 from c128patch.ops.merged import MergedCheck, Signal, UpstreamIds, commit_diffs, proposes_drop
-from c128patch.ops.replay import FAILED, replay_entry, replay_in_index, unmerged_paths
+from c128patch.ops.replay import FAILED, renamed_patch_text, replay_entry, replay_in_index, unmerged_paths
 from c128patch.ops.treestate import (
     c128_state_dir,
     changed_paths,
@@ -93,6 +93,7 @@ class Step:
     signals: list[dict] = field(default_factory=list)
     upstream_commits: list[str] = field(default_factory=list)
     stop: dict = field(default_factory=dict)  # the StopReport of a stop
+    renamed: dict = field(default_factory=dict)  # path in the file -> where upstream moved it (ops.replay)
 
     @property
     def user_edit(self) -> bool:
@@ -413,13 +414,15 @@ class Rebase:
                                      f"  undo:    {rebase_command(self.git.worktree, 'abort')}",
                                 report=self.report(journal))
         step.ledger = [r.ref for r in row.resolutions]
+        step.renamed = dict(row.renamed)
         if tree:
             step.applied, step.series_tree = row.status, tree
             step.detail = row.detail
             self._after_series(journal, step)
             return
-        self._stop(journal, step, "series", item.path.read_text() if item.patch is not None else "", item.label,
-                   row.detail)
+        text = item.path.read_text() if item.patch is not None else ""
+        self._stop(journal, step, "series", renamed_patch_text(text, row.renamed) if row.renamed else text,
+                   item.label, row.detail)
 
     def _after_series(self, journal: Journal, step: Step) -> None:
         """Carry the user's edit (if any) onto the series' part, then commit the entry."""

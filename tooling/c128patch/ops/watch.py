@@ -212,7 +212,8 @@ class Watch:
         steps = list(final["entries"])
         merged = [s for s in steps if s["status"] == "dropped-as-merged" and any(sig["kind"] in CONTENT
                                                                                   for sig in s["signals"])]
-        needed = [s for s in steps if s["kind"] == "entry" and s["new_sha"] and s["applied"] in ("3way", "ledger")]
+        needed = [s for s in steps if s["kind"] == "entry" and s["new_sha"]
+                  and (s["applied"] in ("3way", "ledger", "whitespace") or s.get("renamed"))]
         head = final["head"]
         proof = final.get("equivalence") or {}
 
@@ -360,7 +361,10 @@ class Watch:
             how = ("conflict" if s["name"] in stopped else
                    "merged upstream (proposed)" if s in merged else
                    "recorded merged" if s["status"] == "dropped-as-merged" else
-                   {"clean": "strict", "3way": "3-way", "ledger": "ledger"}.get(s["applied"], s["status"]))
+                   {"clean": "strict", "3way": "3-way", "ledger": "ledger", "whitespace": "whitespace-merged"
+                    }.get(s["applied"], s["status"]))
+            if s.get("renamed") and s["name"] not in stopped:
+                how += " (renamed: " + ", ".join(f"{a} -> {b}" for a, b in s["renamed"].items()) + ")"
             rows.append({"name": s["name"], "on_rev": how, "status": s["status"], "file": s["file"],
                          "chosen_by": s["chosen_by"], "detail": stopped.get(s["name"], s["detail"]), "ledger": s["ledger"],
                          "signals": s["signals"]})

@@ -54,7 +54,8 @@ def headline(report: dict) -> str:
     if outcome == "clean":
         return f"{series} applies strictly on {at} ({len(entries)} entries, proven); nothing to do"
     if outcome == "refreshed":
-        how = [f"{e['name']} ({e['on_rev']})" for e in entries if e["on_rev"] in ("3-way", "ledger")]
+        how = [f"{e['name']} ({e['on_rev']})" for e in entries
+               if e["on_rev"].split(" (")[0] in ("3-way", "ledger", "whitespace-merged") or "(renamed: " in e["on_rev"]]
         new = report["refreshed"]
         return (f"{series} still applies on {at}: {len(how)} of {len(entries)} entries needed a 3-way merge or a "
                 f"recorded resolution ({_names(how)}); the refreshed series {s['name']} {new['version']} applies "
