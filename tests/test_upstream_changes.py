@@ -73,13 +73,51 @@ def plan_moved(git: Git) -> str:
     return commit_on(git, "deepseek_v4: rename c_plan.cuh to compress_plan.cuh", edit)
 
 
+GUARD_OLD = "    RuntimeCheck(0 < extend_len && extend_len <= seq_len);\n"
+GUARD_NEW = "    RuntimeCheck(extend_len <= seq_len);\n    if (extend_len == 0) continue;  // a padded row\n"
+FIXED_SUBJECT = "deepseek_v4: accept zero-length rows in the C128 planners (#35848)"
+HELPER = "c128-dspark-record-streams-helper"
+
+
+def fixed_upstream(git: Git) -> str:
+    """Upstream fixes zero-length rows its own way in both files, naming the entry's follow-up PR."""
+    def edit(idx: Git) -> None:
+        for path in (CUH, PLAN):
+            text = git.blob("v0.5.23", path).decode()
+            assert GUARD_OLD in text
+            put(idx, path, text.replace(GUARD_OLD, GUARD_NEW))
+
+    return commit_on(git, FIXED_SUBJECT, edit)
+
+
+def half_fixed(git: Git) -> str:
+    """Upstream guards zero-length rows in c_plan.cuh's plan_compress_prefill only, in a commit
+    naming another PR: a semantic merge nothing in the text ties to the entry."""
+    text = git.blob("v0.5.23", PLAN).decode()
+    assert text.count(GUARD_OLD) == 2
+    return commit_on(git, "deepseek_v4: skip empty rows when planning prefill compression (#36001)",
+                     lambda idx: put(idx, PLAN, text.replace(GUARD_OLD, GUARD_NEW, 1)))
+
+
+def overlay_landed(git: Git) -> str:
+    """Upstream adds the record-streams helper module, byte for byte ours."""
+    from c128patch.series.manifest import load_series
+    from support import REPO_ROOT
+
+    series = load_series(REPO_ROOT)
+    helper = series.entry(HELPER)
+    return commit_on(git, "[DSPARK] record_stream helper for the verify inputs",
+                     lambda idx: put(idx, helper.target, (series.root / helper.source).read_text()))
+
+
 @pytest.fixture(scope="session")
 def remote(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Git:
     """A bare clone of the release history with one branch per upstream change."""
     dest = tmp_path_factory.mktemp("remote") / "sglang.git"
     subprocess.run(["git", "clone", "--quiet", "--bare", str(sglang_release_repo), str(dest)], check=True)
     git = Git(git_dir=dest)
-    for branch, make in (("reformatted", reformatted), ("plan-moved", plan_moved)):
+    for branch, make in (("reformatted", reformatted), ("plan-moved", plan_moved), ("fixed", fixed_upstream),
+                         ("half-fixed", half_fixed), ("overlay-landed", overlay_landed)):
         git.run("update-ref", f"refs/heads/{branch}", make(git))
     return git
 
@@ -183,3 +221,113 @@ def test_apply_there_gives_the_rebased_tree_as_check_predicts(remote, reformat_r
     assert run.out["revs"][0]["apply"]["exit"] == 0 and run.out["revs"][0]["wheel"] is None
     git, _ = applied(remote, tmp_path, rev)
     assert tree_of(git) == tree_of(rebased)
+
+
+# -- a conflict resolved to upstream's side: the entry is merged, never an empty patch ------------
+
+
+@pytest.fixture(scope="session")
+def fixed_stop(remote: Git, tmp_path_factory: pytest.TempPathFactory) -> tuple[Git, Path, Run]:
+    git, series = applied(remote, tmp_path_factory.mktemp("fixed"))
+    return git, series, rebase(git, series, "--onto", remote.rev_parse("fixed"))
+
+
+def test_the_stop_names_the_upstream_commit_that_names_the_entry_s_pr(remote, fixed_stop):
+    _, _, run = fixed_stop
+    assert run.code == 1 and run.err.startswith(f"c128patch: error: entry '{ZERO}' conflicts on ")
+    sha = remote.rev_parse("fixed")
+    assert f"  upstream may now handle this: {sha[:12]} {FIXED_SUBJECT!r} (names PR #35848)\n" in run.err
+
+
+@pytest.fixture(scope="session")
+def resolved_to_upstream(remote: Git, fixed_stop) -> tuple[Git, Path, Run, Run]:
+    git, series, _ = fixed_stop
+    git.run("checkout", "HEAD", "--", CUH, PLAN)  # upstream's side of every conflict
+    done = rebase(git, series, "--continue")
+    return git, series, done, invoke("refresh", "--tree", str(git.worktree), "--series", str(series))
+
+
+def test_an_entry_resolved_to_upstream_s_side_is_merged_not_resolved_by_hand(remote, resolved_to_upstream):
+    _, _, done, _ = resolved_to_upstream
+    assert done.code == 0, done.err
+    row = entry(done, ZERO)
+    assert row["status"] == "dropped-as-merged" and row["detail"].startswith("empty: ")
+    assert "resolved by hand" not in row["detail"] and not row["new_sha"]
+    assert done.out["equivalence"]["ok"]
+
+
+def test_refresh_keeps_it_with_merged_in_and_writes_no_empty_patch(remote, resolved_to_upstream):
+    from c128patch.series.manifest import load_series
+
+    git, series, _, refreshed = resolved_to_upstream
+    assert refreshed.code == 0, refreshed.err
+    s = load_series(series)
+    assert s.entry(ZERO).merged_in == remote.rev_parse("fixed")
+    assert all(p.read_text().startswith("From ") for p in (series / "patches").glob("*.patch"))
+    assert invoke("lint", "--series", str(series)).code == 0
+    again = invoke("refresh", "--check", "--tree", str(git.worktree), "--series", str(series))
+    assert again.code == 0 and again.out["changed"] == [], again.out
+
+
+def test_lint_rejects_a_patch_file_without_a_mail_header_in_one_line(tmp_path):
+    from c128patch.ops.lint import update_hashes
+    from c128patch.series.manifest import load_series
+
+    series = copy_series(tmp_path / "series")
+    s = load_series(series)
+    (s.patches_dir / s.entry(ZERO).file).write_text(f"C128patch-Entry: {ZERO}\n")
+    update_hashes(s)
+    run = invoke("lint", "--series", str(series), as_json=False)
+    assert run.code != 0
+    [line] = [l for l in run.err.splitlines() + run.text.splitlines() if "no mail header" in l]
+    assert ZERO in line
+
+
+# -- a semantic merge upstream: the hint in check, the stop and watch ---------------------------
+
+
+def test_check_shows_the_hint_of_an_upstream_fix_in_the_same_function(remote, tmp_path):
+    series = copy_series(tmp_path / "series")
+    row = check_row(remote, series, "half-fixed", ZERO)
+    sha = remote.rev_parse("half-fixed")
+    [hint] = row["hints"]
+    assert hint.startswith(f"upstream may now handle this: {sha[:12]} ")
+    assert "changes plan_compress_prefill() as this entry does (extend_len" in hint
+
+
+@pytest.fixture(scope="session")
+def half_fixed_watch(remote: Git, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    from support import REPO_ROOT
+
+    out = tmp_path_factory.mktemp("w-half") / "out"
+    return invoke("watch", "--onto", "half-fixed", "--repo", str(remote.git_dir), "--out", str(out),
+                  "--series", str(REPO_ROOT))
+
+
+def test_the_stop_and_watch_show_the_hint_of_an_upstream_fix(remote, half_fixed_watch, tmp_path):
+    sha = remote.rev_parse("half-fixed")
+    git, series = applied(remote, tmp_path)
+    stop = rebase(git, series, "--onto", sha)
+    assert stop.code == 1 and f"  upstream may now handle this: {sha[:12]} " in stop.err
+    report = half_fixed_watch.out
+    assert half_fixed_watch.code == 5, half_fixed_watch.err
+    [conflict] = report["conflicts"]
+    assert conflict["entry"] == ZERO and conflict["hints"][0]["commit"] == sha
+    [block] = conflict["blocks"]  # the hunk that conflicted, not its twin in the legacy planner
+    assert block["path"] == PLAN and block["hunk"].startswith("@@ -569,12 +569,16 @@ inline PrefillPlan plan_compress_prefill(")
+    md = (Path(report["out"]) / "watch-report.md").read_text()
+    assert f"upstream may now handle this: {sha[:12]} " in md
+
+
+# -- an overlay upstream adds byte for byte: merged beats lint -----------------------------------
+
+
+def test_an_overlay_upstream_holds_byte_for_byte_is_merged_not_failed(remote, tmp_path):
+    from support import REPO_ROOT
+
+    out = tmp_path / "out"
+    run = invoke("watch", "--onto", "overlay-landed", "--primary", "--repo", str(remote.git_dir), "--out", str(out),
+                 "--series", str(REPO_ROOT))
+    assert run.code == 4, run.out.get("problems")
+    assert [m["entry"] for m in run.out["merged"]] == [HELPER]
+    assert next(c for c in run.out["checks"] if c["name"] == "lint")["ok"]

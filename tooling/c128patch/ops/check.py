@@ -25,6 +25,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from c128patch.git import Git
+from c128patch.ops.hints import upstream_hints
 from c128patch.ops.replay import EntryCheck, RevCheck, Verdict, replay_in_index
 from c128patch.series.manifest import Series
 from c128patch.series.plan import index_git
@@ -87,7 +88,14 @@ def support_note(series: Series, git: Git, rev: str, commit: str) -> str:
 def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
     """The replay of the series on ``commit``, with what ``apply`` and ``wheel`` would do there."""
     with tempfile.TemporaryDirectory(prefix="c128check-") as tmp:
-        result = replay_in_index(series, git, rev, commit, Path(tmp) / "index")[0]
+        result, planned = replay_in_index(series, git, rev, commit, Path(tmp) / "index")
+    by_name, cache = {p.entry.name: p for p in planned}, {}
+    for row in result.entries:
+        item = by_name.get(row.name)
+        if item is not None and item.patch is not None and item.variant is not None:
+            old = (git.rev_parse(item.variant.commit) if item.variant.commit else None) or git.rev_parse(item.variant.base)
+            row.hints = [h.line() for h in upstream_hints(git, item.entry, item.patch, old or "", commit, row.renamed,
+                                                          cache)]
     predict(result)
     if not result.error:
         result.note = support_note(series, git, rev, commit)

@@ -42,6 +42,7 @@ from c128patch.jsonio import write_json_atomic
 from c128patch.ops.conflicts import StopReport, analyze, block_markdown
 from c128patch.ops.equivalence import Edit, Equivalence, compare_commits, prove
 from c128patch.ops.faults import fault_point
+from c128patch.ops.hints import upstream_hints
 from c128patch.ops.merged import MergedCheck, Signal, UpstreamIds, commit_diffs, proposes_drop
 from c128patch.ops.replay import FAILED, renamed_patch_text, replay_entry, replay_in_index, unmerged_paths
 from c128patch.ops.treestate import (
@@ -94,6 +95,7 @@ class Step:
     upstream_commits: list[str] = field(default_factory=list)
     stop: dict = field(default_factory=dict)  # the StopReport of a stop
     renamed: dict = field(default_factory=dict)  # path in the file -> where upstream moved it (ops.replay)
+    hints: list = field(default_factory=list)  # ops.hints: upstream commits that may now do what it does
 
     @property
     def user_edit(self) -> bool:
@@ -149,6 +151,7 @@ class Rebase:
         self._tip_tree = ""
         self._present: set[str] = set()
         self._touched: list[str] = []
+        self._hint_cache: dict[str, str] = {}
 
     # ------------------------------------------------------------------ entry points
     def start(self, onto_rev: str, onto_commit: str, *, drop_merged: bool = False) -> dict:
@@ -195,6 +198,13 @@ class Rebase:
             refuse_conflict_markers(git, "HEAD", None, "continue")  # before the ledger can record them
             tree = git.out("write-tree")
             phase, journal.paused, step.phase = step.phase, "", ""
+            if phase == "series" and not step.user_edit and tree == git.out("rev-parse", f"{journal.head_before}^{{tree}}"):
+                git.run("reset", "--quiet", "--hard", "HEAD")  # resolved to upstream's side: nothing of ours is left
+                step.status, step.applied = "dropped-as-merged", ""
+                step.detail = "empty: its conflict was resolved to upstream's side, so upstream holds it (merged)"
+                step.signals.append(asdict(Signal("became-empty", "resolved to upstream's side, it changes nothing")))
+                self._advance(journal)
+                return self._run(journal)
             if phase == "series":
                 recorded = self.ledger.record(git, step.name, journal.old_rev, journal.onto_rev, self._saved_conflicts())
                 step.ledger += recorded
@@ -415,6 +425,9 @@ class Rebase:
                                 report=self.report(journal))
         step.ledger = [r.ref for r in row.resolutions]
         step.renamed = dict(row.renamed)
+        step.hints = [h.to_json() for h in upstream_hints(self.git, item.entry, item.patch, journal.old_commit,
+                                                          journal.onto_commit, row.renamed, self._hint_cache)]
+        step.signals = [s for s in step.signals if s["kind"] != "pr-hint"]  # kept: a hint, not a drop signal
         if tree:
             step.applied, step.series_tree = row.status, tree
             step.detail = row.detail
@@ -422,7 +435,7 @@ class Rebase:
             return
         text = item.path.read_text() if item.patch is not None else ""
         self._stop(journal, step, "series", renamed_patch_text(text, row.renamed) if row.renamed else text,
-                   item.label, row.detail)
+                   item.label, row.detail, row.conflicts or ([item.entry.target] if item.patch is None else []))
 
     def _after_series(self, journal: Journal, step: Step) -> None:
         """Carry the user's edit (if any) onto the series' part, then commit the entry."""
@@ -497,7 +510,8 @@ class Rebase:
         return message, (fields.get("Author", "c128patch"), fields.get("Email", ""), fields.get("Date", ""))
 
     # ------------------------------------------------------------------ stops
-    def _stop(self, journal: Journal, step: Step, phase: Phase, diff: str, label: str, why: str) -> NoReturn:
+    def _stop(self, journal: Journal, step: Step, phase: Phase, diff: str, label: str, why: str,
+              paths: list[str] | None = None) -> NoReturn:
         """Leave the conflict in the work tree (``git apply --3way``), write the reports, raise."""
         git = self.git
         if (git.head() or "") != journal.head_before or git.current_branch():
@@ -511,7 +525,7 @@ class Rebase:
         resolved = self.ledger.replay(git, step.name, conflicts, journal.span) if phase == "series" else []
         left = unmerged_paths(git)
         self._save_conflicts([c for c in conflicts if c.path in left])
-        report = StopReport(step.name, phase, label, resolved=resolved, unresolved=left)
+        report = StopReport(step.name, phase, label, resolved=resolved, unresolved=left, paths=left or list(paths or []))
         for c in conflicts:
             if c.path in left:
                 report.blocks += analyze(git, c.path, c.text, diff, head=journal.head_before, old=journal.old_commit,
@@ -529,7 +543,7 @@ class Rebase:
         journal.save(self.path)
         self._write_reports(journal)
         tree = git.worktree
-        where = "\n".join(f"  {line}" for line in report.lines())
+        where = "\n".join([f"  {line}" for line in report.lines()] + [f"  {h['line']}" for h in step.hints])
         raise ConflictError(
             f"entry '{step.name}' conflicts on {journal.onto_rev}"
             + (f" in {', '.join(left)}" if left else f": {step.detail}")
@@ -681,7 +695,11 @@ class Rebase:
 
 
 def _merged_in(step: Step, onto: str) -> str:
-    """The upstream commit a merged entry went in with: the one a signal names, else the new base."""
+    """The upstream commit a merged entry went in with: the one a signal names, else the new base.
+    An entry skipped at a stop: the upstream commit a hint names, else the new base (a later rebase
+    onto that upstream does not stop at it again)."""
+    if (step.status == "skipped" and step.stop) or (step.status == "dropped-as-merged" and step.detail.startswith("empty:")):
+        return step.hints[0]["commit"] if step.hints else onto
     if step.status != "dropped-as-merged":
         return ""
     named = [s["commit"] for s in step.signals if s.get("commit") and s["kind"] == "patch-id"]

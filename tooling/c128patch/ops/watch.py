@@ -137,7 +137,8 @@ class Stop:
         return {"entry": self.entry, "message": self.message, "detail": self.step.get("detail", ""),
                 "file": stop.get("file", self.step.get("file", "")), "chosen_by": self.step.get("chosen_by", ""),
                 "blocks": stop.get("blocks", []), "resolved_by_ledger": stop.get("resolved", []),
-                "unresolved": stop.get("unresolved", []), "upstream_commits": self.step.get("upstream_commits", []),
+                "unresolved": stop.get("unresolved", []), "paths": stop.get("paths", []),
+                "upstream_commits": self.step.get("upstream_commits", []), "hints": self.step.get("hints", []),
                 "after_skipping": self.after_skipping}
 
 
@@ -367,7 +368,7 @@ class Watch:
                 how += " (renamed: " + ", ".join(f"{a} -> {b}" for a, b in s["renamed"].items()) + ")"
             rows.append({"name": s["name"], "on_rev": how, "status": s["status"], "file": s["file"],
                          "chosen_by": s["chosen_by"], "detail": stopped.get(s["name"], s["detail"]), "ledger": s["ledger"],
-                         "signals": s["signals"]})
+                         "signals": s["signals"], "renamed": s.get("renamed", {}), "hints": s.get("hints", [])})
         report = {
             "ok": outcome in ("clean", "refreshed"),
             "outcome": outcome,

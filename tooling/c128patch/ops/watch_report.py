@@ -35,7 +35,7 @@ def _evidence(signals: list[dict]) -> str:
 
 
 def _conflict_line(c: dict) -> str:
-    files = sorted({b["path"] for b in c["blocks"]}) or c["unresolved"] or [c["file"]]
+    files = sorted({b["path"] for b in c["blocks"]}) or c["unresolved"] or c.get("paths") or [c["file"]]
     text = f"entry {c['entry']} conflicts in {_names(files, 2)}"
     upstream = next((u for b in c["blocks"] for u in b["upstream"]), "")
     if upstream:
@@ -100,6 +100,10 @@ def render(report: dict) -> str:
             detail = e["detail"] + (f" (ledger {', '.join(e['ledger'])})" if e["ledger"] else "")
             lines.append(f"| {e['name']} | {e['on_rev']} | {_cell(file)} | {_cell(detail)} |")
         lines.append("")
+        hinted = [(e["name"], h) for e in report["entries"] if e["name"] not in {c["entry"] for c in report["conflicts"]}
+                  for h in e.get("hints", [])]
+        if hinted:
+            lines += ["## Hints", ""] + [f"- {name}: {h['line']}" for name, h in hinted] + [""]
     for c in report["conflicts"]:
         lines += [f"## Conflict: {c['entry']}", "", _conflict_line(c) + ".", "", f"from `{c['file']}`"
                   + (f" ({c['chosen_by']})" if c["chosen_by"] else ""), ""]
@@ -112,6 +116,7 @@ def render(report: dict) -> str:
                 + f"; still conflicted: {', '.join(c['unresolved'])}")
         if not c["blocks"]:
             lines.append(f"- {c['detail']}")
+        lines += [f"- {h['line']}" for h in c.get("hints", [])]
         lines.append("")
     for m in report["merged"]:
         lines += [f"## Merged upstream (proposed): {m['entry']}", ""]
