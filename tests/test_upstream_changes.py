@@ -110,6 +110,20 @@ def overlay_landed(git: Git) -> str:
                      lambda idx: put(idx, helper.target, (series.root / helper.source).read_text()))
 
 
+RULES = "c128-dspark-online-rules"
+RULES_TARGET = "python/sglang/srt/layers/attention/dsv4/online_c128_dspark_rules.py"
+RULES_USER = "python/sglang/srt/layers/attention/dsv4/upstream_rules_user.py"
+
+
+def rules_taken(git: Git) -> str:
+    """Upstream creates its own module at the rules overlay's path, and a module that imports it."""
+    def edit(idx: Git) -> None:
+        put(idx, RULES_TARGET, "UPSTREAM_RULES = ()\n")
+        put(idx, RULES_USER, "from sglang.srt.layers.attention.dsv4.online_c128_dspark_rules import UPSTREAM_RULES\n")
+
+    return commit_on(git, "dsv4: upstream's own online c128 rules", edit)
+
+
 @pytest.fixture(scope="session")
 def remote(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Git:
     """A bare clone of the release history with one branch per upstream change."""
@@ -117,7 +131,7 @@ def remote(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) 
     subprocess.run(["git", "clone", "--quiet", "--bare", str(sglang_release_repo), str(dest)], check=True)
     git = Git(git_dir=dest)
     for branch, make in (("reformatted", reformatted), ("plan-moved", plan_moved), ("fixed", fixed_upstream),
-                         ("half-fixed", half_fixed), ("overlay-landed", overlay_landed)):
+                         ("half-fixed", half_fixed), ("overlay-landed", overlay_landed), ("rules-taken", rules_taken)):
         git.run("update-ref", f"refs/heads/{branch}", make(git))
     return git
 
@@ -331,3 +345,57 @@ def test_an_overlay_upstream_holds_byte_for_byte_is_merged_not_failed(remote, tm
     assert run.code == 4, run.out.get("problems")
     assert [m["entry"] for m in run.out["merged"]] == [HELPER]
     assert next(c for c in run.out["checks"] if c["name"] == "lint")["ok"]
+
+
+# -- upstream creates its own file at an overlay's path: a stop that says who, and two ways through --
+
+
+def taken_stop(remote: Git, root: Path) -> tuple[Git, Path, Run]:
+    git, series = applied(remote, root)
+    return git, series, rebase(git, series, "--onto", remote.rev_parse("rules-taken"))
+
+
+def test_the_stop_names_the_upstream_commit_and_its_importers(remote, tmp_path):
+    _, _, run = taken_stop(remote, tmp_path)
+    assert run.code == 1 and run.err.startswith(f"c128patch: error: entry '{RULES}' conflicts on ")
+    made = remote.out("log", "-1", "--format=%h %s", "rules-taken")
+    assert f"  upstream created {RULES_TARGET} in {made}; imported upstream by {RULES_USER}\n" in run.err
+    assert "  way through: rename our target (entries c128-dspark-online-controller import ours)" in run.err
+
+
+def test_dropping_ours_as_superseded_is_proven(remote, tmp_path):
+    git, series, _ = taken_stop(remote, tmp_path)
+    run = rebase(git, series, "--skip")
+    assert run.code == 0, run.err
+    assert run.out["equivalence"]["ok"] and f"without {RULES}" in run.out["equivalence"]["summary"]
+    assert (git.worktree / RULES_TARGET).read_text() == "UPSTREAM_RULES = ()\n"
+    refreshed = invoke("refresh", "--tree", str(git.worktree), "--series", str(series))
+    assert refreshed.code == 0, refreshed.err
+    from c128patch.series.manifest import load_series
+
+    assert load_series(series).entry(RULES).merged_in == remote.rev_parse("rules-taken")
+
+
+def test_renaming_our_target_is_proven(remote, tmp_path):
+    git, series, _ = taken_stop(remote, tmp_path)
+    manifest = series / "patches/series.toml"
+    manifest.write_text(manifest.read_text().replace(f'target = "{RULES_TARGET}"',
+                                                     f'target = "{RULES_TARGET[:-3]}_c128patch.py"'))
+    run = rebase(git, series, "--continue")
+    assert run.code == 0, run.err
+    assert run.out["equivalence"]["identical"], run.out["equivalence"]["summary"]
+    assert (git.worktree / RULES_TARGET).read_text() == "UPSTREAM_RULES = ()\n"
+    assert (git.worktree / f"{RULES_TARGET[:-3]}_c128patch.py").is_file()
+
+
+def test_watch_says_which_way_through(remote, tmp_path):
+    from support import REPO_ROOT
+
+    run = invoke("watch", "--onto", "rules-taken", "--repo", str(remote.git_dir), "--out", str(tmp_path / "out"),
+                 "--series", str(REPO_ROOT))
+    assert run.code == 5, run.err
+    [conflict] = [c for c in run.out["conflicts"] if c["entry"] == RULES]
+    assert conflict["taken"]["way"] == "rename" and conflict["taken"]["importers"] == [RULES_USER]
+    assert run.out["headline"].startswith(f"entry {RULES} conflicts on rules-taken@")
+    assert f" in {RULES_TARGET}" in run.out["headline"]
+    assert "way through: **rename our target**" in (tmp_path / "out/watch-report.md").read_text()

@@ -43,6 +43,7 @@ from c128patch.ops.conflicts import StopReport, analyze, block_markdown
 from c128patch.ops.equivalence import Edit, Equivalence, compare_commits, prove
 from c128patch.ops.faults import fault_point
 from c128patch.ops.hints import upstream_hints
+from c128patch.ops.taken import taken
 from c128patch.ops.merged import MergedCheck, Signal, UpstreamIds, commit_diffs, proposes_drop
 from c128patch.ops.replay import FAILED, renamed_patch_text, replay_entry, replay_in_index, unmerged_paths
 from c128patch.ops.treestate import (
@@ -198,10 +199,19 @@ class Rebase:
             refuse_conflict_markers(git, "HEAD", None, "continue")  # before the ledger can record them
             tree = git.out("write-tree")
             phase, journal.paused, step.phase = step.phase, "", ""
+            found = step.stop.get("taken") or {}
+            item = self._plan(journal).get(step.name)
+            if phase == "series" and found and item is not None and item.touched != [found["target"]]:
+                git.run("reset", "--quiet", "--hard", "HEAD")  # the series gave the overlay another target: replay it
+                step.status, step.stop, step.detail = "pending", {}, ""
+                journal.save(self.path)
+                return self._run(journal)
             if phase == "series" and not step.user_edit and tree == git.out("rev-parse", f"{journal.head_before}^{{tree}}"):
                 git.run("reset", "--quiet", "--hard", "HEAD")  # resolved to upstream's side: nothing of ours is left
                 step.status, step.applied = "dropped-as-merged", ""
-                step.detail = "empty: its conflict was resolved to upstream's side, so upstream holds it (merged)"
+                step.detail = ("empty: its conflict was resolved to upstream's side, so upstream holds it (merged)"
+                               if not found else f"superseded: upstream's own {found['target']} is kept"
+                               + (f" (created in {found['created']})" if found["created"] else ""))
                 step.signals.append(asdict(Signal("became-empty", "resolved to upstream's side, it changes nothing")))
                 self._advance(journal)
                 return self._run(journal)
@@ -531,6 +541,13 @@ class Rebase:
                 report.blocks += analyze(git, c.path, c.text, diff, head=journal.head_before, old=journal.old_commit,
                                          onto=journal.onto_commit)
         step.stop, step.phase, step.status = asdict(report), phase, "failing"
+        item = self._plan(journal).get(step.name) if phase == "series" else None
+        extra = [f"  {h['line']}" for h in step.hints]
+        if item is not None and item.patch is None and report.paths == [item.entry.target]:  # upstream's file there
+            found = taken(git, self.series, item.entry, journal.old_commit, journal.onto_commit)
+            step.stop["taken"] = found.to_json()
+            extra = [f"  {line}" for line in found.lines(rebase_command(git.worktree, "continue"),
+                                                         rebase_command(git.worktree, "skip"))]
         step.ledger = [r.ref for r in resolved]
         step.upstream_commits = sorted({u for b in report.blocks for u in b.upstream})
         if left:
@@ -543,7 +560,7 @@ class Rebase:
         journal.save(self.path)
         self._write_reports(journal)
         tree = git.worktree
-        where = "\n".join([f"  {line}" for line in report.lines()] + [f"  {h['line']}" for h in step.hints])
+        where = "\n".join([f"  {line}" for line in report.lines()] + extra)
         raise ConflictError(
             f"entry '{step.name}' conflicts on {journal.onto_rev}"
             + (f" in {', '.join(left)}" if left else f": {step.detail}")
@@ -698,8 +715,10 @@ def _merged_in(step: Step, onto: str) -> str:
     """The upstream commit a merged entry went in with: the one a signal names, else the new base.
     An entry skipped at a stop: the upstream commit a hint names, else the new base (a later rebase
     onto that upstream does not stop at it again)."""
-    if (step.status == "skipped" and step.stop) or (step.status == "dropped-as-merged" and step.detail.startswith("empty:")):
-        return step.hints[0]["commit"] if step.hints else onto
+    made = (step.stop.get("taken") or {}).get("commit", "")
+    if (step.status == "skipped" and step.stop) or (step.status == "dropped-as-merged"
+                                                    and step.detail.startswith(("empty:", "superseded:"))):
+        return made or (step.hints[0]["commit"] if step.hints else onto)
     if step.status != "dropped-as-merged":
         return ""
     named = [s["commit"] for s in step.signals if s.get("commit") and s["kind"] == "patch-id"]

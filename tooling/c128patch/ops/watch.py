@@ -139,6 +139,7 @@ class Stop:
                 "blocks": stop.get("blocks", []), "resolved_by_ledger": stop.get("resolved", []),
                 "unresolved": stop.get("unresolved", []), "paths": stop.get("paths", []),
                 "upstream_commits": self.step.get("upstream_commits", []), "hints": self.step.get("hints", []),
+                "taken": stop.get("taken") or {},
                 "after_skipping": self.after_skipping}
 
 

@@ -46,6 +46,20 @@ def _conflict_line(c: dict) -> str:
     return text
 
 
+def _taken_lines(t: dict) -> list[str]:
+    """An overlay's path taken upstream (``ops.taken``): who made and imports the file, which way through."""
+    if not t:
+        return []
+    out = [f"upstream created `{t['target']}`" + (f" in {t['created']}" if t["created"] else "")
+           + (f"; imported upstream by {', '.join(f'`{i}`' for i in t['importers'][:5])}" if t["importers"] else "")]
+    if t["way"] == "rename":
+        out.append(f"way through: **rename our target** (entries {', '.join(t['ours'])} import ours): another `target` "
+                   "in series.toml, those entries pointed at it, then `c128patch rebase --continue`")
+    else:
+        out.append("way through: **drop ours as superseded** (nothing of ours imports it): `c128patch rebase --skip`")
+    return out
+
+
 def headline(report: dict) -> str:
     s = report["series"]
     series, at = f"series {s['name']} {s['version']}", where(report)
@@ -117,6 +131,7 @@ def render(report: dict) -> str:
         if not c["blocks"]:
             lines.append(f"- {c['detail']}")
         lines += [f"- {h['line']}" for h in c.get("hints", [])]
+        lines += [f"- {line}" for line in _taken_lines(c.get("taken") or {})]
         lines.append("")
     for m in report["merged"]:
         lines += [f"## Merged upstream (proposed): {m['entry']}", ""]
