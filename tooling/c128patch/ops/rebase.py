@@ -119,6 +119,7 @@ class Journal:
     head_before: str = ""  # the new branch's tip before the current step (HEAD goes there only at a stop and at the end)
     paused: Paused = ""
     stop_state: dict[str, str] = field(default_factory=dict)  # path -> blob the stop left in the work tree
+    upstream: dict = field(default_factory=dict)  # the old provenance's upstream record (its fields are kept)
 
     @property
     def span(self) -> str:
@@ -172,6 +173,7 @@ class Rebase:
         journal = Journal(onto_rev, onto_commit, old.get("rev", old["commit"][:12]), old["commit"], git.current_branch(),
                           head, recovery, str(self.series.root), drop_merged, steps)
         c128_state_dir(git).mkdir(parents=True, exist_ok=True)
+        journal.upstream = dict(old)
         journal.head_before = onto_commit  # the branch and the work tree stay as they are until a stop or the end
         journal.save(self.path)
         return self._run(journal)
@@ -620,8 +622,9 @@ class Rebase:
         planned = self._plan(journal)
         items = [planned[s.name] for s in kept if s.kind == "entry" and s.name in planned]
         results = [{"name": s.name, "applied": s.status, "commit": s.new_sha} for s in kept]
-        record = provenance.build(self.series, items, {"rev": journal.onto_rev, "commit": journal.onto_commit}, results)
-        record["rebased_from"] = {"rev": journal.old_rev, "commit": journal.old_commit}
+        upstream = {**journal.upstream, "rev": journal.onto_rev, "commit": journal.onto_commit}
+        record = provenance.build(self.series, items, upstream, results)
+        record["rebased_from"] = {**journal.upstream, "rev": journal.old_rev, "commit": journal.old_commit}
         record["carried"] = [{"name": s.name, "commit": s.new_sha, "user_edit": s.user_edit} for s in kept
                              if s.kind == "commit" or s.user_edit]
         record["dropped"] = [{"name": s.name, "status": s.status, "detail": s.detail,
@@ -629,7 +632,10 @@ class Rebase:
                              for s in journal.steps if s.status in ("dropped-as-merged", "skipped") and s.kind == "entry"]
         new_head = self._provenance_commit(journal, provenance.dumps(record))
         git.run("checkout", "--quiet", "--detach", new_head)  # the work tree is clean here
-        if journal.orig_branch:
+        renamed = self._new_branch_name(journal)
+        if renamed and git.rev_parse(f"refs/heads/{renamed}") == new_head:  # renamed already before a kill
+            git.run("checkout", "--quiet", renamed)
+        elif journal.orig_branch:
             if git.rev_parse(f"refs/heads/{journal.orig_branch}") != new_head:  # (moved already before a kill)
                 git.run("update-ref", "-m", f"c128patch rebase onto {journal.onto_rev}",
                         f"refs/heads/{journal.orig_branch}", new_head, journal.orig_head)
@@ -640,7 +646,14 @@ class Rebase:
                                                                                          "removed")]
         proof = prove(self.series, git, journal.onto_rev, journal.onto_commit, new_head,
                       accept=lambda e: _accepted(e, carried), span=journal.span, without=left_out)
+        if proof.ok and renamed and git.current_branch() != renamed:  # named after its new base; the old tip stays
+            git.run("update-ref", "-m", f"c128patch rebase onto {journal.onto_rev}", f"refs/heads/{renamed}", new_head,
+                    "0" * 40)  # at the recovery ref
+            git.run("checkout", "--quiet", renamed)
+            git.run("update-ref", "-d", f"refs/heads/{journal.orig_branch}", new_head)
         report = self.report(journal, new_head, proof)
+        if renamed and git.current_branch() == renamed:
+            report["branch"], report["renamed_branch"] = renamed, {"from": journal.orig_branch, "to": renamed}
         self._write_reports(journal, report)
         self.path.unlink()
         (c128_state_dir(git) / "conflicts.json").unlink(missing_ok=True)
@@ -653,6 +666,18 @@ class Rebase:
                      f"  undo: {shlex.join(['git', '-C', str(git.worktree), 'reset', '--hard', journal.recovery_ref])}",
                 report=report)
         return report
+
+    def _new_branch_name(self, journal: Journal) -> str:
+        """``c128/<new base>`` for a branch named after its old base as ``apply`` names it (``c128/<old
+        base>``), when the new base has a name and no such branch is there already; else ""."""
+        old, onto = journal.orig_branch, journal.onto_rev
+        if not old or old != f"c128/{journal.old_rev}" or re.fullmatch(r"[0-9a-f]{7,40}", onto):
+            return ""
+        new = f"c128/{onto}"
+        if new == old or not self.git.ok("check-ref-format", "--branch", new):
+            return ""
+        there = self.git.rev_parse(f"refs/heads/{new}")
+        return new if there in (None, self.git.head()) else ""  # (HEAD: the new tip, detached)
 
     def _date(self, journal: Journal) -> str:
         """The new base's commit date: every commit the rebase makes carries it (reproducible ids).
