@@ -6,14 +6,15 @@ carried (or stopped) as a maintainer would want, and the result is proven."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from c128patch.git import Git
-from support import Run, copy_series, invoke, tree_of, upstream_commit
+from c128patch.ops.lint import update_hashes
+from c128patch.series.manifest import load_series
+from support import REPO_ROOT, Run, copy_series, invoke, tree_of, upstream_commit
 
 ZERO = "c128-plan-zero-rows"
 ENV = "c128-dspark-online-env"
@@ -101,8 +102,6 @@ def half_fixed(git: Git) -> str:
 
 def overlay_landed(git: Git) -> str:
     """Upstream adds the record-streams helper module, byte for byte ours."""
-    from c128patch.series.manifest import load_series
-    from support import REPO_ROOT
 
     series = load_series(REPO_ROOT)
     helper = series.entry(HELPER)
@@ -271,8 +270,6 @@ def test_an_entry_resolved_to_upstream_s_side_is_merged_not_resolved_by_hand(rem
 
 
 def test_refresh_keeps_it_with_merged_in_and_writes_no_empty_patch(remote, resolved_to_upstream):
-    from c128patch.series.manifest import load_series
-
     git, series, _, refreshed = resolved_to_upstream
     assert refreshed.code == 0, refreshed.err
     s = load_series(series)
@@ -284,9 +281,6 @@ def test_refresh_keeps_it_with_merged_in_and_writes_no_empty_patch(remote, resol
 
 
 def test_lint_rejects_a_patch_file_without_a_mail_header_in_one_line(tmp_path):
-    from c128patch.ops.lint import update_hashes
-    from c128patch.series.manifest import load_series
-
     series = copy_series(tmp_path / "series")
     s = load_series(series)
     (s.patches_dir / s.entry(ZERO).file).write_text(f"C128patch-Entry: {ZERO}\n")
@@ -311,8 +305,6 @@ def test_check_shows_the_hint_of_an_upstream_fix_in_the_same_function(remote, tm
 
 @pytest.fixture(scope="session")
 def half_fixed_watch(remote: Git, tmp_path_factory: pytest.TempPathFactory) -> Run:
-    from support import REPO_ROOT
-
     out = tmp_path_factory.mktemp("w-half") / "out"
     return invoke("watch", "--onto", "half-fixed", "--repo", str(remote.git_dir), "--out", str(out),
                   "--series", str(REPO_ROOT))
@@ -337,8 +329,6 @@ def test_the_stop_and_watch_show_the_hint_of_an_upstream_fix(remote, half_fixed_
 
 
 def test_an_overlay_upstream_holds_byte_for_byte_is_merged_not_failed(remote, tmp_path):
-    from support import REPO_ROOT
-
     out = tmp_path / "out"
     run = invoke("watch", "--onto", "overlay-landed", "--primary", "--repo", str(remote.git_dir), "--out", str(out),
                  "--series", str(REPO_ROOT))
@@ -371,7 +361,6 @@ def test_dropping_ours_as_superseded_is_proven(remote, tmp_path):
     assert (git.worktree / RULES_TARGET).read_text() == "UPSTREAM_RULES = ()\n"
     refreshed = invoke("refresh", "--tree", str(git.worktree), "--series", str(series))
     assert refreshed.code == 0, refreshed.err
-    from c128patch.series.manifest import load_series
 
     assert load_series(series).entry(RULES).merged_in == remote.rev_parse("rules-taken")
 
@@ -389,8 +378,6 @@ def test_renaming_our_target_is_proven(remote, tmp_path):
 
 
 def test_watch_says_which_way_through(remote, tmp_path):
-    from support import REPO_ROOT
-
     run = invoke("watch", "--onto", "rules-taken", "--repo", str(remote.git_dir), "--out", str(tmp_path / "out"),
                  "--series", str(REPO_ROOT))
     assert run.code == 5, run.err

@@ -43,9 +43,9 @@ from c128patch.ops.conflicts import StopReport, analyze, block_markdown
 from c128patch.ops.equivalence import Edit, Equivalence, compare_commits, prove
 from c128patch.ops.faults import fault_point
 from c128patch.ops.hints import upstream_hints
-from c128patch.ops.taken import taken
 from c128patch.ops.merged import MergedCheck, Signal, UpstreamIds, commit_diffs, proposes_drop
 from c128patch.ops.replay import FAILED, renamed_patch_text, replay_entry, replay_in_index, unmerged_paths
+from c128patch.ops.taken import taken
 from c128patch.ops.treestate import (
     c128_state_dir,
     changed_paths,
