@@ -410,7 +410,8 @@ class Rebase:
         step.file, step.chosen_by = item.label, item.chosen_by
         signals = [] if keep else check.signals(item, journal.head_before, step.sha, idx)
         index_file = Path(idx.env["GIT_INDEX_FILE"])
-        row = replay_entry(self.git, item, index_file, self._present, ledger=self.ledger, span=journal.span)
+        row = replay_entry(self.git, item, index_file, self._present, ledger=self.ledger, span=journal.span,
+                           at=journal.onto_commit)
         tree = idx.out("write-tree") if row.status not in FAILED else ""
         if tree and tree == self._tip_tree:
             signals.append(Signal("became-empty", "replaying it on the new base changes nothing"))

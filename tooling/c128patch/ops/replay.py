@@ -7,8 +7,9 @@ conflicts and a ledger is given, the conflicted files are made as git makes them
 ones a rebase stop records) and the ledger's resolutions are tried on them. Still conflicted, the
 patch is retried ignoring whitespace changes (``git apply --ignore-whitespace``): an upstream
 reformat of the lines it touches is carried, marked ``whitespace`` (whitespace-merged). A file the
-patch needs that upstream renamed (git's copy detection of its preimage blob against the target
-tree) is patched at its new path, and the row says so. An overlay is added whole; it collides with
+patch needs that upstream renamed (deleted in the target's history, found again by git's copy
+detection of its preimage blob against the target tree) is patched at its new path, and the row
+says so. An overlay is added whole; it collides with
 a file upstream already has.
 
 ``replay_in_index`` replays the whole series on one upstream commit: what ``check`` reports, what
@@ -171,14 +172,18 @@ def renamed_patch_text(text: str, renamed: dict[str, str]) -> str:
     return "".join(out)
 
 
-def follow_renames(git: Git, item: Planned, index_file: Path, missing: list[str]) -> dict[str, str]:
+def follow_renames(git: Git, item: Planned, index_file: Path, missing: list[str], at: str) -> dict[str, str]:
     """Where upstream moved each of ``missing`` (paths the patch needs that the index lacks): git's
     copy detection of the file as the patch found it (its preimage blob) against every file of the
-    index's tree. {} unless every one is found (the patch then replays on the new paths)."""
+    index's tree, for a path the history of upstream commit ``at`` deleted (a path that was never
+    there, in an older release, is not looked for). {} unless every one is found (the patch then
+    replays on the new paths)."""
     assert item.patch is not None
     blobs = item.patch.blobs
     pre = {p: blobs[p][0] for p in missing if p in blobs}
-    if len(pre) != len(missing) or not all(git.ok("cat-file", "-e", f"{b}^{{blob}}") for b in pre.values()):
+    if not at or len(pre) != len(missing) or not all(git.ok("cat-file", "-e", f"{b}^{{blob}}") for b in pre.values()):
+        return {}
+    if not all(git.out("log", "-1", "--format=%H", "--diff-filter=D", at, "--", p) for p in pre):
         return {}
     idx = index_git(git, index_file)
     tree = idx.out("write-tree")
@@ -209,10 +214,11 @@ def replay_overlay(git: Git, item: Planned, index_file: Path) -> EntryCheck:
 
 
 def replay_entry(git: Git, item: Planned, index_file: Path, present: set[str], *, ledger: Ledger | None = None,
-                 span: str = "") -> EntryCheck:
-    """One entry on the index; ``present``: the paths (and folders) the index holds, kept up to date."""
+                 span: str = "", at: str = "") -> EntryCheck:
+    """One entry on the index; ``present``: the paths (and folders) the index holds, kept up to date;
+    ``at``: the upstream commit under the index (renames are followed in its history)."""
     missing = [f for f in item.patch.needs if f not in present] if item.patch is not None else []
-    renamed = follow_renames(git, item, index_file, missing) if missing else {}
+    renamed = follow_renames(git, item, index_file, missing, at) if missing else {}
     if missing and not renamed:  # not even a 3-way merge can patch a file that is not there
         row = EntryCheck(item.entry.name, item.entry.kind, item.label, "conflict", f"{missing[0]}: does not exist",
                          chosen_by=item.chosen_by, conflicts=missing[:1])
@@ -251,7 +257,7 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
             result.entries.append(EntryCheck(entry.name, entry.kind, "", "skipped",
                                              f"merged upstream in {entry.merged_in[:12]}"))
             continue
-        row = replay_entry(git, by_name[entry.name], index_file, present, ledger=ledger, span=span)
+        row = replay_entry(git, by_name[entry.name], index_file, present, ledger=ledger, span=span, at=commit)
         result.entries.append(row)
         if row.status in FAILED:
             result.ok = False
