@@ -195,7 +195,7 @@ class Watch:
 
         self._step("cloning upstream into a scratch folder")
         source = upstream.git.git_dir or Path(upstream.git.out("rev-parse", "--absolute-git-dir"))
-        Git().run("clone", "--quiet", "--no-checkout", "--shared", str(source), str(tmp / "tree"))
+        Git().run("clone", "--quiet", "--no-checkout", "--shared", "--", str(source), str(tmp / "tree"))
         git = Git(worktree=tmp / "tree")
         mine = copy_series_root(series, tmp / "series")
 
