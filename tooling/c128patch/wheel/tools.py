@@ -21,7 +21,7 @@ import stat
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
@@ -72,6 +72,9 @@ def dist_info_dir(name: str, version: Version) -> str:
     return f"{dist_name(name)}-{version}.dist-info"
 
 
+MAX_EPOCH = 4354819199  # 2107-12-31 23:59:59 UTC: the zip format's last date
+
+
 def zip_datetime(epoch: int) -> tuple[int, int, int, int, int, int]:
     return time.gmtime(max(epoch, MINIMUM_TIMESTAMP))[:6]  # type: ignore[return-value]
 
@@ -84,9 +87,38 @@ def check_member(name: str, wheel: Path) -> str:
     return name
 
 
+MAX_UNPACKED = 2 << 30  # bytes: sglang 0.5.23 unpacks to 123 MB
+MAX_RATIO = 100  # unpacked / archive size: sglang wheels are ~3.3:1
+
+
+class DuplicateMember(C128Error):
+    """An archive holding two members of one name (one of them shadows the other)."""
+
+
+def check_archive(infos: list[zipfile.ZipInfo], wheel: Path, error: type[C128Error] = C128Error) -> None:
+    """Refuse duplicate member names and archives that unpack to more than ``MAX_UNPACKED`` bytes
+    or ``MAX_RATIO`` times their own size (the sizes zipfile holds each member to)."""
+    seen: set[str] = set()
+    for info in infos:
+        if info.filename in seen:
+            raise error(f"{wheel.name}: duplicate archive member {info.filename!r} (one copy shadows the other); "
+                        "refusing the wheel")
+        seen.add(info.filename)
+    total = sum(i.file_size for i in infos)
+    size = max(wheel.stat().st_size, 1)
+    if total > MAX_UNPACKED or total > MAX_RATIO * size:
+        raise C128Error(
+            f"{wheel.name}: unpacks to {total / 2**20:.0f} MiB from {size / 2**20:.1f} MiB ({total / size:.0f}:1); "
+            f"the limits are {MAX_UNPACKED >> 30} GiB in total and {MAX_RATIO}:1 (a zip bomb?)"
+        )
+
+
 def read_metadata(data: bytes, where: str) -> Metadata:
+    """METADATA parsed, with a Name and a valid Version (read here, so a bad one is a one-line error)."""
     try:
-        return Metadata.from_email(data, validate=False)
+        meta = Metadata.from_email(data, validate=False)
+        meta.name, meta.version  # noqa: B018 (packaging validates fields lazily, on access)
+        return meta
     except (InvalidMetadata, ValueError) as exc:
         raise C128Error(f"{where}: METADATA cannot be parsed ({exc})") from exc
 
@@ -116,8 +148,10 @@ def source_date_epoch(default: int) -> int:
     raw = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
     if not raw:
         return default
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):
         raise C128Error(f"SOURCE_DATE_EPOCH must be a whole number of seconds, not {raw!r}")
+    if int(raw) > MAX_EPOCH:
+        raise C128Error(f"SOURCE_DATE_EPOCH={raw} is after 2107-12-31, the last time a zip archive can store")
     return int(raw)
 
 
@@ -183,6 +217,7 @@ class InWheel:
 
     def _open(self) -> None:
         assert self._zip is not None
+        check_archive(self._zip.infolist(), self.wheel)
         for info in self._zip.infolist():
             if not info.is_dir():
                 self._members[check_member(info.filename, self.wheel)] = info
@@ -308,6 +343,7 @@ class WheelMismatch(C128Error):
 class RecordCheck:
     files: int
     dist_info: str
+    hashes: dict[str, str] = field(default_factory=dict)  # name -> RECORD hash, every member checked
 
 
 def check_record(wheel: Path) -> RecordCheck:
@@ -320,13 +356,18 @@ def check_record(wheel: Path) -> RecordCheck:
     except (zipfile.BadZipFile, OSError) as exc:
         raise C128Error(f"not a wheel: {wheel} ({exc})") from exc
     with wf:
+        check_archive(wf.infolist(), wheel, WheelMismatch)
         record_name = wf.record_path
         rows = list(csv.reader(io.TextIOWrapper(wf.open(record_name), encoding="utf-8", newline="")))
         listed: dict[str, str] = {}
+        hashes: dict[str, str] = {}
         for row in rows:
             if len(row) != 3:
                 raise WheelMismatch(f"{wheel.name}: RECORD row {row!r} does not have 3 fields")
+            if row[0] in listed:
+                raise WheelMismatch(f"{wheel.name}: RECORD lists {row[0]} twice")
             listed[row[0]] = row[2]
+            hashes[row[0]] = row[1]
         members = [i for i in wf.infolist() if not i.is_dir()]
         names = {i.filename for i in members}
         for missing in sorted(set(listed) - names):
@@ -343,7 +384,7 @@ def check_record(wheel: Path) -> RecordCheck:
                 raise WheelMismatch(f"{wheel.name}: RECORD hash mismatch: {exc}") from exc
             if listed[name] != str(len(data)):
                 raise WheelMismatch(f"{wheel.name}: RECORD size of {name} is {listed[name]}, the file has {len(data)} bytes")
-        return RecordCheck(len(members), wf.dist_info_path)
+        return RecordCheck(len(members), wf.dist_info_path, hashes)
 
 
 def binary_dirs(names: list[str]) -> set[str]:
