@@ -46,7 +46,7 @@ from c128patch.wheel.authentic import check_authentic, locate
 from c128patch.wheel.patch import PACKAGE, WHEEL_PROVENANCE, loose_git, patched_version
 from c128patch.wheel.rules import wheel_path
 from c128patch.wheel.sbom import PROPERTY_PREFIX, SBOM_NAME, SPEC_VERSION, diff_bytes, entry_properties, purl_pypi
-from c128patch.wheel.tools import InWheel, WheelMismatch, check_record, dist_info_dir
+from c128patch.wheel.tools import InWheel, WheelMismatch, check_record, disk_errors, dist_info_dir
 
 
 @dataclass
@@ -248,6 +248,12 @@ def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = 
     wheelhouse's, or downloaded unless ``download`` is False)."""
     if not wheel.is_file():
         raise C128Error(f"missing wheel: {wheel} does not exist")
+    with disk_errors(f"verifying {wheel.name}"):
+        return _verify(wheel, series, compile_all, authenticity, upstream_wheel, download)
+
+
+def _verify(wheel: Path, series: Series | None, compile_all: bool, authenticity: bool,
+            upstream_wheel: Path | None, download: bool) -> VerifyResult:
     rec = check_record(wheel)
     with InWheel(wheel) as iw:
         _check_tags(iw)
