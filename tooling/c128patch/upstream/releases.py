@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
+from c128patch.jsonio import write_atomic
 from c128patch.progress import NullReporter, Reporter
 from c128patch.upstream.cache import cache_dir, ensure_folder, locked
 
@@ -104,8 +106,14 @@ def find_wheel(version: str) -> Path | None:
 def pip_download(version: str, extra: tuple[str, ...] = ()) -> tuple[bool, str]:
     """``pip download`` one sglang wheel into the cache; (ok, pip's last line)."""
     dest = ensure_folder(cache_dir() / "wheels")
-    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest)]
-    proc = subprocess.run([*base, *extra, f"{PACKAGE}=={version}"], capture_output=True, text=True)
+    # Into a folder of its own, each finished wheel renamed into the cache: a killed download never
+    # leaves a partial wheel under a wheel's name.
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=dest) as tmp:
+        base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp]
+        proc = subprocess.run([*base, *extra, f"{PACKAGE}=={version}"], capture_output=True, text=True)
+        if proc.returncode == 0:
+            for wheel in Path(tmp).glob("*.whl"):
+                os.replace(wheel, dest / wheel.name)
     last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
     return proc.returncode == 0, last[0]
 
@@ -293,6 +301,6 @@ class ReleaseHistory:
                 return self.root
             # Parents come first: a default release missing from a partial cache is imported too.
             import_releases(self.root, missing, reporter)
-            self._versions_file.write_text("\n".join(sorted(want, key=Version)) + "\n")
-            self._layout_file.write_text(HISTORY_LAYOUT + "\n")
+            write_atomic(self._versions_file, ("\n".join(sorted(want, key=Version)) + "\n").encode())
+            write_atomic(self._layout_file, (HISTORY_LAYOUT + "\n").encode())
         return self.root
