@@ -703,3 +703,16 @@ def test_killed_wheel_leaves_no_partial_file(tmp_path: Path, wheel_series: Path,
     (wheel,) = out.glob("*.whl")
     assert sorted(p.name for p in out.iterdir()) == sorted([wheel.name, live.name])
     assert not list(tmp.glob("c128patch-wheel-*"))
+
+
+def test_verify_a_wheel_not_made_from_an_upstream_wheel_cannot_be_authenticated(patched, tmp_path: Path):
+    """A provenance naming no upstream wheel (a source build's) gets "cannot check authenticity", exit 2."""
+    src = Path(patched.wheel)
+    record = json.loads(members(src)["sglang/c128patch_provenance.json"])
+    record["upstream"]["source"] = "tree"
+    bad = tampered(src, tmp_path, {"sglang/c128patch_provenance.json": json.dumps(record).encode()})
+    res = run_cli(["verify-wheel", str(bad)])
+    assert res.code == 2, (res.code, res.err)
+    (line,) = res.err.strip().splitlines()
+    assert line.startswith("c128patch: error: cannot check authenticity: ") and "built from source" in line
+    assert run_cli(["verify-wheel", str(bad), "--no-authenticity"]).code == 0

@@ -30,7 +30,10 @@ def _no_fault(_name: str) -> None:
 
 
 def _rel(root: Path, path: Path) -> str:
-    rel = path.resolve().relative_to(root.resolve()).as_posix() if path.is_absolute() else path.as_posix()
+    try:  # by name (a symlink in the series is not followed here)
+        rel = path.relative_to(root).as_posix() if path.is_absolute() else path.as_posix()
+    except ValueError:
+        rel = ""
     parts = PurePosixPath(rel).parts
     if not parts or any(p in ("", ".", "..") for p in parts) or parts[0] in (TXN, STAGING):
         raise C128Error(f"internal: refusing to write {path} outside the series folder {root}")
