@@ -7,10 +7,6 @@ from pathlib import Path
 import click
 
 from c128patch.cli.common import emit_json, handles_errors, json_option
-from c128patch.errors import C128Error
-from c128patch.progress import console
-from c128patch.series.manifest import load_series
-from c128patch.wheel.verify import verify_wheel
 
 
 @click.command("verify-wheel")
@@ -32,6 +28,11 @@ def command(wheel: Path, series_dir: Path | None, upstream_wheel: Path | None, n
 
     Exit 0 when everything matches, 1 at the first mismatch (named), 2 for bad input or when
     authenticity cannot be checked (no upstream wheel at hand)."""
+    from c128patch.errors import C128Error
+    from c128patch.progress import console
+    from c128patch.series.manifest import load_series
+    from c128patch.wheel.verify import verify_wheel
+
     if no_authenticity and upstream_wheel is not None:
         raise C128Error("--upstream-wheel is for the authenticity check, which --no-authenticity skips")
     series = load_series(series_dir) if series_dir is not None else None
