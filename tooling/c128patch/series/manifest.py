@@ -6,7 +6,7 @@ import hashlib
 import os
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 if sys.version_info >= (3, 11):
@@ -19,26 +19,18 @@ from c128patch.errors import C128Error
 from c128patch.jsonio import write_atomic
 from c128patch.series import txn
 from c128patch.series.gates import Gate, parse_gates
+from c128patch.series.paths import check_entry_name, check_relpath
 
 MANIFEST = "patches/series.toml"
 KINDS = ("patch", "overlay")
 _ENTRY_TEXT_FIELDS = ("why", "gate", "upstream", "upstream_status", "drop_when", "base")
 # Written only when set, so that series without them keep their manifest byte for byte.
 _ENTRY_OPTIONAL_FIELDS = ("base_commit", "merged_in")
+ABSENT = "absent"  # a file a patch creates: not in its base's sources
 
 
 def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def check_relpath(path: str, what: str) -> str:
-    """Reject paths that could leave the tree: absolute, '..', empty parts, backslashes."""
-    if not path or path.startswith(("/", "~")) or "\\" in path or "\0" in path:
-        raise C128Error(f"unsafe path in {what}: {path!r} (must be relative, inside the tree)")
-    parts = PurePosixPath(path).parts
-    if any(p in ("..", ".", "") for p in parts) or path.endswith("/"):
-        raise C128Error(f"unsafe path in {what}: {path!r} (must be relative, inside the tree)")
-    return path
 
 
 def symlink_on_path(root: Path, path: Path) -> Path | None:
@@ -66,13 +58,16 @@ def safe_destination(root: Path, rel: str, what: str) -> Path:
 
 @dataclass(frozen=True)
 class Variant:
-    """One patch file of an entry, made against upstream ``base``: the commit ``commit`` (immutable),
-    ``base`` its tag name when one points at it (else the short commit id)."""
+    """One patch file of an entry, made against upstream ``base``: by content, ``sources`` (the
+    blob id of each file it touches as upstream has it at that base, ``absent`` for a file it
+    creates), with ``base`` the tag name beside it. ``commit``: only for a base no tag names
+    (``base`` is then its short commit id; a clone of other ids cannot resolve it)."""
 
     file: str
     base: str
     sha256: str = ""
     commit: str = ""
+    sources: tuple[tuple[str, str], ...] = ()  # (path, blob id | absent), sorted
 
 
 @dataclass
@@ -85,7 +80,8 @@ class Entry:
     upstream_status: str = ""
     drop_when: str = ""
     base: str = ""
-    base_commit: str = ""  # the commit ``base`` names (variants keep theirs in Variant.commit)
+    base_commit: str = ""  # only for a base no tag names (Variant.commit)
+    base_sources: tuple[tuple[str, str], ...] = ()  # the primary patch's base, by content (Variant.sources)
     merged_in: str = ""  # upstream commit that holds this entry: skipped where it is an ancestor
     sha256: str = ""
     file: str = ""  # patch
@@ -101,7 +97,7 @@ class Entry:
         """The primary patch first, then the older-base variants."""
         if not self.is_patch:
             return []
-        return [Variant(self.file, self.base, self.sha256, self.base_commit), *self.variants]
+        return [Variant(self.file, self.base, self.sha256, self.base_commit, self.base_sources), *self.variants]
 
     def to_toml(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "kind": self.kind}
@@ -114,9 +110,12 @@ class Entry:
             out[key] = getattr(self, key)
         out.update({key: getattr(self, key) for key in _ENTRY_OPTIONAL_FIELDS if getattr(self, key)})
         out["sha256"] = self.sha256
+        if self.base_sources:
+            out["base_sources"] = dict(self.base_sources)
         if self.variants:
             out["variants"] = [{"file": v.file, "base": v.base, **({"commit": v.commit} if v.commit else {}),
-                                "sha256": v.sha256} for v in self.variants]
+                                "sha256": v.sha256, **({"sources": dict(v.sources)} if v.sources else {})}
+                               for v in self.variants]
         return out
 
 
@@ -189,11 +188,24 @@ def _str(table: dict, key: str, where: str, required: bool = False) -> str:
     return value
 
 
+def _sources(raw: Any, where: str) -> tuple[tuple[str, str], ...]:
+    """A base's sources: a table of path = blob id (or "absent")."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise C128Error(f"{where}: sources must be a table of path = blob id, not {_toml_type(raw)}")
+    for name, blob in raw.items():
+        check_relpath(name, where)
+        if blob != ABSENT and (len(blob) not in (40, 64) or any(c not in "0123456789abcdef" for c in blob)):
+            raise C128Error(f"{where}: sources: {blob!r} for {name} is not a blob id")
+    return tuple(sorted(raw.items()))
+
+
 def _entry(raw: Any, index: int, path: Path) -> Entry:
     where = f"{path}: entry #{index + 1}"
     if not isinstance(raw, dict):
         raise C128Error(f"{where}: must be a table")
-    name = _str(raw, "name", where, required=True)
+    name = check_entry_name(_str(raw, "name", where, required=True), where)
     where = f"{path}: entry '{name}'"
     kind = _str(raw, "kind", where, required=True)
     if kind not in KINDS:
@@ -202,6 +214,7 @@ def _entry(raw: Any, index: int, path: Path) -> Entry:
     for key in (*_ENTRY_TEXT_FIELDS[1:], *_ENTRY_OPTIONAL_FIELDS):
         setattr(entry, key, _str(raw, key, where))
     entry.sha256 = _str(raw, "sha256", where)
+    entry.base_sources = _sources(raw.get("base_sources"), f"{where} base_sources")
     if kind == "patch":
         entry.file = check_relpath(_str(raw, "file", where, required=True), where)
         variants = raw.get("variants", [])
@@ -216,6 +229,7 @@ def _entry(raw: Any, index: int, path: Path) -> Entry:
                     _str(v, "base", f"{where} variant #{j + 1}", required=True),
                     _str(v, "sha256", where),
                     _str(v, "commit", where),
+                    _sources(v.get("sources"), f"{where} variant #{j + 1}"),
                 )
             )
     else:
@@ -223,11 +237,19 @@ def _entry(raw: Any, index: int, path: Path) -> Entry:
             raise C128Error(f"{where}: overlay entries have no variants")
         entry.source = check_relpath(_str(raw, "source", where, required=True), where)
         entry.target = check_relpath(_str(raw, "target", where, required=True), where)
-    unknown = set(raw) - {"name", "kind", "file", "source", "target", "sha256", "variants", *_ENTRY_TEXT_FIELDS,
+    unknown = set(raw) - {"name", "kind", "file", "source", "target", "sha256", "variants", "base_sources",
+                          *_ENTRY_TEXT_FIELDS,
                           *_ENTRY_OPTIONAL_FIELDS}
     if unknown:
         raise C128Error(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
     return entry
+
+
+def _version(value: str, path: Path) -> str:
+    """The series version goes into commit trailers and wheel labels: one line, no spaces."""
+    if not value.isprintable() or " " in value:
+        raise C128Error(f"{path} [series]: unsafe version {value!r} (one word, no spaces or control characters)")
+    return value
 
 
 def load_series(root: Path) -> Series:
@@ -260,8 +282,8 @@ def load_series(root: Path) -> Series:
         raise C128Error(f"{path}: duplicate entry name(s) {', '.join(dupes)}")
     return Series(
         root=root,
-        name=_str(head, "name", f"{path} [series]", required=True),
-        version=_str(head, "version", f"{path} [series]", required=True),
+        name=check_entry_name(_str(head, "name", f"{path} [series]", required=True), f"{path} [series]"),
+        version=_version(_str(head, "version", f"{path} [series]", required=True), path),
         base=_str(head, "base", f"{path} [series]"),
         entries=entries,
         gates=parse_gates(doc.get("gates"), path),
