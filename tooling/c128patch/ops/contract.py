@@ -799,6 +799,30 @@ def accept(lock: Lock, result: ContractResult) -> int:
 
 
 def probe_cxx(series: Series, git: Git, head: str) -> tuple[bool | None, str]:
-    """The nvcc signature probe on ``head``'s headers (``ops.contract_cxx.probe``)."""
-    cmd = ["git", f"--git-dir={git.git_dir}"] if git.git_dir else ["git", "-C", str(git.worktree)]
-    return cxx.probe(series.root, cmd, head)
+    """The nvcc signature probe on ``head``'s headers (``ops.contract_cxx.probe``), cached by the headers'
+    tree id, the probe's text and the compiler (the headers of an unchanged upstream compile once)."""
+    import hashlib
+    import json
+
+    from c128patch.upstream.cache import cache_dir
+
+    source = series.root / cxx.PROBE
+    compiler = cxx.nvcc()
+    headers = git.run("rev-parse", "--verify", "--quiet", f"{head}:{cxx.INCLUDE_ROOT}", check=False).stdout.strip()
+    if not source.is_file() or compiler is None or not headers:
+        return cxx.probe(series.root, _git_cmd(git), head)
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join([headers, source.read_text(), compiler, version]).encode()).hexdigest()[:24]
+    path = cache_dir() / "contract-probe" / f"{key}.json"
+    if path.is_file():
+        ok, line = json.loads(path.read_text())
+        return ok, line + " (cached)"
+    ok, line = cxx.probe(series.root, _git_cmd(git), head)
+    if ok is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps([ok, line]))
+    return ok, line
+
+
+def _git_cmd(git: Git) -> list[str]:
+    return ["git", f"--git-dir={git.git_dir}"] if git.git_dir else ["git", "-C", str(git.worktree)]
