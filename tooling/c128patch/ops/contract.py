@@ -256,6 +256,8 @@ class Upstream:
             return sub
         if tree is not None and self._find_top(tree, "__getattr__") is not None:
             return Def("unknown", name, mod.path, 1, why=f"{mod.name} resolves names in __getattr__")
+        if mod.path.endswith(("__init__.py", "/")):
+            return Def("missing", name, mod.path, 1, why=f"no module {name} on this tree ({mod.path} defines no {attr})")
         return Def("missing", name, mod.path, 1, why=f"{mod.path} defines no {attr}")
 
     @staticmethod
@@ -663,7 +665,7 @@ def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], li
         if nxt.kind in ("ours", "external"):
             break
         if nxt.kind == "missing":
-            findings.append(Finding("error", f"{site}: {nxt.name}: {nxt.why}", site, nxt.where, nxt.name))
+            findings.append(Finding("error", f"{site}: {'.'.join(chain)}: {nxt.why}", site, nxt.where, nxt.name))
             return items, findings
         if nxt.kind == "unknown":
             findings.append(Finding("note", f"{site}: {nxt.name}: not resolved statically ({nxt.why})", site, nxt.where,
