@@ -39,16 +39,16 @@ def _put(idx: Git, path: str, text: str | None) -> None:
     idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{path}")
 
 
-def _edit(git: Git, subject: str, changes) -> str:
-    """An upstream commit on v0.5.23: ``changes(text_of) -> {path: new text or None}``."""
+def _edit(git: Git, subject: str, changes, parent: str = "v0.5.23") -> str:
+    """An upstream commit on ``parent``: ``changes(text_of) -> {path: new text or None}``."""
     def text_of(path: str) -> str:
-        return git.blob("v0.5.23", path).decode()
+        return git.blob(parent, path).decode()
 
     def edit(idx: Git) -> None:
         for path, text in changes(text_of).items():
             _put(idx, path, text)
 
-    return upstream_commit(git, "v0.5.23", subject, edit)
+    return upstream_commit(git, parent, subject, edit)
 
 
 def _callers(git: Git, name: str) -> list[str]:
@@ -56,7 +56,7 @@ def _callers(git: Git, name: str) -> list[str]:
     return [line.split(":", 1)[1] for line in out.splitlines()]
 
 
-def signature_changed(git: Git) -> str:
+def signature_changed(git: Git, parent: str = "v0.5.23") -> str:
     """record_stream_for_v2_verify(batch, verify_input, fwd_stream) -> (batch, fwd_stream, *, verify_input=None),
     upstream's own callers updated."""
     def changes(text_of):
@@ -69,7 +69,15 @@ def signature_changed(git: Git) -> str:
             out[path] = text
         assert "fwd_stream, *, verify_input=None" in out[SPEC_UTILS]
         return out
-    return _edit(git, "spec_utils: verify_input becomes keyword-only", changes)
+    return _edit(git, "spec_utils: verify_input becomes keyword-only", changes, parent)
+
+
+def chain(git: Git) -> tuple[str, str]:
+    """Three upstream commits on v0.5.23: a comment, the signature change, another comment; (the change, the tip)."""
+    first = wu.unrelated(git)
+    change = signature_changed(git, first)
+    tip = wu.unrelated(git, change)
+    return change, tip
 
 
 def module_renamed(git: Git) -> str:
@@ -132,6 +140,9 @@ def drift(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -
     for branch, make in DRIFT.items():
         wu.set_branch(git, branch, make(git))
     wu.set_branch(git, "moved", wu.method_moved(git))
+    change, tip = chain(git)
+    wu.set_branch(git, "chain-change", change)
+    wu.set_branch(git, "chain", tip)
     return git
 
 
@@ -325,5 +336,33 @@ def test_watch_says_broken_naming_our_line_and_the_upstream_definition(drift, tm
     assert any(f.startswith(says) for f in report["contract"]["failing"]), report["contract"]["failing"]
     assert report["headline"].startswith(f"series c128patch {load_series(REPO_ROOT).version} applies on {branch}@")
     assert report["next"][0].startswith(f"c128patch contract --sglang-rev {branch} --repo ")
+    assert report["bisect"]["found"] and report["bisect"]["commit"] == drift.rev_parse(branch)
     md = (tmp_path / "out" / "watch-report.md").read_text()
     assert "## API contract" in md and says in md
+
+
+# -- bisect -------------------------------------------------------------------------------------
+
+
+def test_bisect_names_the_upstream_commit_that_broke_the_contract(drift):
+    run = invoke("bisect", "--onto", "chain", "--repo", str(drift.git_dir), "--series", str(REPO_ROOT))
+    assert run.code == 0, run.err
+    report = run.out
+    assert report["found"] and report["commits_between"] == 3
+    assert report["commit"] == drift.rev_parse("chain-change")
+    assert report["subject"] == "spec_utils: verify_input becomes keyword-only"
+    assert report["failing"][0].startswith(f"{RECORD_STREAMS}:39: call sglang.srt.speculative.spec_utils."
+                                           "record_stream_for_v2_verify(arg1, arg2, arg3) does not bind")
+
+
+def test_bisect_names_the_commit_where_the_series_stops_applying(drift):
+    run = invoke("bisect", "--onto", "moved", "--repo", str(drift.git_dir), "--series", str(REPO_ROOT))
+    assert run.code == 0, run.err
+    assert run.out["commit"] == drift.rev_parse("moved")
+    assert run.out["failing"][0].startswith("the series does not apply on ")
+
+
+def test_bisect_on_an_upstream_the_series_fits_says_so(drift):
+    run = invoke("bisect", "--onto", "v0.5.23", "--repo", str(drift.git_dir), "--series", str(REPO_ROOT),
+                 as_json=False)
+    assert run.code == 0 and "the series applies and fits v0.5.23: nothing to bisect" in run.text

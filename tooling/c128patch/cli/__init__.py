@@ -10,7 +10,7 @@ from c128patch import __version__
 
 # One module per command (cli/<verb>.py), each exposing `command`.
 COMMANDS = ("apply", "check", "status", "lint", "audit", "refresh", "rebase", "capacity", "wheel", "build",
-            "verify-wheel", "smoke", "matrix", "gates", "doctor", "watch", "contract", "treecheck")
+            "verify-wheel", "smoke", "matrix", "gates", "doctor", "watch", "contract", "treecheck", "bisect")
 
 
 class LazyGroup(click.Group):

@@ -22,6 +22,8 @@ from c128patch.cli.common import (
 )
 from c128patch.errors import C128Error, Interrupted
 from c128patch.git import Git
+from c128patch.ops import contract as contract_ops
+from c128patch.series.manifest import Series
 from c128patch.ops.rebase import Journal, Rebase
 from c128patch.ops.treestate import rebase_command, rebase_journal, repo_lock
 from c128patch.progress import console, reporter
@@ -90,6 +92,8 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     finally:  # at a stop too: the reports are written at every stop
         if report_dir and not abort:
             _copy_reports(rb.path.parent, report_dir)
+    if not report.get("aborted") and report.get("head"):
+        report["contract"] = _contract(series, git, report)
     if as_json:
         emit_json(report)
         return
@@ -110,9 +114,22 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
         table.add_row(e["name"], e["status"], file, detail)
     out.print(table)
     out.print(report["equivalence"]["summary"], markup=False)
+    contract = report["contract"]
+    out.print(f"contract on {report['new_base']['rev']}: {contract['verdict']}"
+              + "".join(f"\n  {f}" for f in contract["failing"]), markup=False)
     nxt = shlex.join(["c128patch", "refresh", *(["--primary"] if report["direction"] == "forward" else []),
                       "--tree", str(git.worktree), "--series", str(series.root)])
     out.print(f"report: {rb.path.parent / 'rebase-report.md'}; next: {nxt}", markup=False)
+
+
+def _contract(series: Series, git: Git, report: dict) -> dict:
+    """The series' API contract on the rebased tree (``ops.contract``), next to the equivalence proof."""
+    try:
+        result = contract_ops.check(series, git, report["new_base"]["commit"], report["head"])
+    except C128Error as exc:
+        return {"ok": False, "verdict": f"not checked: {exc.message}", "failing": []}
+    return {"ok": result.ok, "verdict": result.verdict(),
+            "failing": [f.message for f in result.errors + result.warnings]}
 
 
 def _copy_reports(state: Path, dest: Path) -> None:

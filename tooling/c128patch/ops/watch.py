@@ -28,6 +28,9 @@ of the series carried to REV, and the CPU tree checks (``ops.treechecks``). The 
   attribute or header gone, a call that does not bind, or a signature changed since the lock. Each
   item is listed with our file:line, upstream's file:line and both signatures.
 
+For ``conflict`` and ``broken``, ``bisect`` (``ops.bisect``, at most ``BISECT_TIMEOUT`` s) names the
+first upstream commit between the base and REV where the series stops applying or fitting.
+
 Conflict outranks broken, broken outranks failed, failed outranks merged, merged outranks refreshed. Every outcome writes
 ``OUT/watch-report.md`` (what a maintainer reads; CI posts it), ``OUT/watch-report.json`` and the
 rebase's own report (``rebase-report.md``/``.json``); ``refreshed`` and ``merged`` also
@@ -54,6 +57,7 @@ from typing import Callable, Iterator
 from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
+from c128patch.ops import bisect as bisect_ops
 from c128patch.ops import contract as contract_ops
 from c128patch.ops import refresh as refresh_ops
 from c128patch.ops.apply import apply_series
@@ -73,6 +77,7 @@ EXIT: dict[str, int] = {"clean": 0, "refreshed": 3, "merged": 4, "conflict": 5, 
                         "timeout": 124}
 REPORT = "watch-report.json"
 WRITTEN = ("watch-report.md", REPORT, "rebase-report.md", "rebase-report.json", "commit-message.txt", "series")
+BISECT_TIMEOUT = 300.0  # seconds `watch` gives `bisect` for a conflict or broken outcome
 WORK_TREE = "sglang-watch"  # where the printed reproduce commands put their tree
 BRANCH, VERIFY_BRANCH = "c128patch-watch", "c128patch-watch-verify"
 
@@ -237,8 +242,21 @@ class Watch:
         outcome = ("conflict" if stops else "broken" if broken else "failed" if problems
                    else "merged" if merged else "refreshed" if needed else "clean")
         report = self._report(outcome, final, steps, stops, merged, needed, proof, checks, refreshed, problems)
+        if outcome in ("conflict", "broken"):
+            report["bisect"] = self._bisect()
         report["json"] = final
         return report
+
+    def _bisect(self) -> dict:
+        """``ops.bisect``: the upstream commit that broke it, bounded by ``BISECT_TIMEOUT`` (said in the report)."""
+        self._step(f"bisecting {self.series.base}..{self.onto} (at most {BISECT_TIMEOUT:g} s)")
+        try:
+            found = bisect_ops.bisect(self.series, self.repo, self.onto, timeout=BISECT_TIMEOUT)
+        except WatchTimeout:
+            raise
+        except C128Error as exc:
+            return {"found": False, "summary": f"bisect: {exc.message}", "bound_s": BISECT_TIMEOUT}
+        return {**found, "bound_s": BISECT_TIMEOUT}
 
     # -- broken: the series carries, but does not fit (ops.contract, ops.treecheck)
     def _contract(self, git: Git, onto_commit: str, head: str) -> dict:

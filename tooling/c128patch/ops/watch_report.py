@@ -107,6 +107,12 @@ def render(report: dict) -> str:
     if contract:
         lines += ["## API contract", "", contract["verdict"], "", f"C++: {contract.get('cxx_probe', 'not run')}", ""]
         lines += [f"- {f}" for f in contract["failing"]] + ([""] if contract["failing"] else [])
+    found = report.get("bisect")
+    if found:
+        lines += [f"## Bisect (bounded at {found['bound_s']:g} s)", "", found["summary"], ""]
+        if found.get("found"):
+            lines += [f"- first bad upstream commit: `{found['commit']}` {found['subject']}"]
+            lines += [f"- {f}" for f in found["failing"][:10]] + [""]
     if report["entries"]:
         lines += ["## Entries", "", "| entry | on the new base | file (chosen by) | detail |", "| --- | --- | --- | --- |"]
         for e in report["entries"]:
