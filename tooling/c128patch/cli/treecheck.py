@@ -63,7 +63,7 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
     else:
         out = console(stderr=False)
         for t in result.tiers:
-            for name, m in sorted(t.modules.items()):
+            for name, m in sorted([*t.modules.items(), *t.probes.items()]):
                 if m["status"] != "ok":
                     out.print(f"  gates {t.gates}: {name}: {m['status']} ({m.get('detail', '')})", markup=False)
         out.print(f"treecheck: {result.verdict()}", markup=False)

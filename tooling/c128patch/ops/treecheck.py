@@ -18,6 +18,8 @@ from c128patch.errors import C128Error
 from c128patch.series.manifest import Series
 
 RUNNER = Path(__file__).with_name("treecheck_runner.py")
+# (module, zero-argument function, truthy with the gates on, with them off): behaviour the gates switch
+PROBES = (("sglang.srt.layers.attention.dsv4.online_c128_dspark", "online_c128_dspark_env", True, False),)
 PY_ROOT = "python"
 
 
@@ -26,9 +28,10 @@ class TierResult:
     gates: str  # "off" | "on"
     torch: bool = True
     modules: dict[str, dict] = field(default_factory=dict)
+    probes: dict[str, dict] = field(default_factory=dict)
 
     def count(self, status: str) -> int:
-        return sum(m["status"] == status for m in self.modules.values())
+        return sum(m["status"] == status for m in [*self.modules.values(), *self.probes.values()])
 
 
 @dataclass
@@ -37,8 +40,8 @@ class TreecheckResult:
 
     @property
     def failed(self) -> list[str]:
-        return [f"gates {t.gates}: {name}: {m['detail']}" for t in self.tiers for name, m in t.modules.items()
-                if m["status"] == "failed"]
+        return [f"gates {t.gates}: {name}: {m['detail']}" for t in self.tiers
+                for name, m in [*t.modules.items(), *t.probes.items()] if m["status"] == "failed"]
 
     @property
     def checked(self) -> bool:
@@ -47,6 +50,10 @@ class TreecheckResult:
     def verdict(self) -> str:
         if not all(t.torch for t in self.tiers):
             return "torch is not installed for this interpreter: behavioural tier not checked"
+        if not self.failed and not any(t.count("ok") for t in self.tiers):
+            needs = sorted({m.get("detail", "").removeprefix("needs ") for t in self.tiers for m in t.modules.values()
+                            if m["status"] == "not checked"} - {""})
+            return f"nothing could be checked here: every module needs a package this interpreter lacks ({', '.join(needs)})"
         parts = [f"gates {t.gates}: {t.count('ok')} ok, {t.count('failed')} failed, {t.count('not checked')} not checked"
                  for t in self.tiers]
         head = "failed" if self.failed else "passed" if all(t.count("not checked") == 0 for t in self.tiers) else \
@@ -84,8 +91,11 @@ def run(series: Series, tree: Path, paths: list[str], *, python: str | None = No
         if state == "on":
             env.update({g: "1" for g in gates})
         env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.pop("PYTHONPATH", None)  # the tree alone (the runner puts it first on sys.path)
         try:
-            proc = subprocess.run([python or sys.executable, str(RUNNER), str(tree / PY_ROOT), *modules], env=env,
+            probes = json.dumps([p for p in PROBES if p[0] in modules])
+            proc = subprocess.run([python or sys.executable, "-c", RUNNER.read_text(), str(tree / PY_ROOT), state, probes, *modules],
+                                  env=env,
                                   capture_output=True, text=True, timeout=timeout, cwd=str(tree))
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise C128Error(f"the behavioural tier did not run: {exc}") from None
@@ -94,5 +104,5 @@ def run(series: Series, tree: Path, paths: list[str], *, python: str | None = No
             data = json.loads(lines[-1])
         except (IndexError, ValueError):
             raise C128Error(f"the behavioural tier's interpreter failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}") from None
-        result.tiers.append(TierResult(state, data["torch"], data["modules"]))
+        result.tiers.append(TierResult(state, data["torch"], data["modules"], data.get("probes", {})))
     return result

@@ -1,7 +1,9 @@
 """Run in a subprocess by ``ops.treecheck`` (no c128patch imports): import each module of a tree and
 say, per module, ok / not checked (a third-party package this interpreter lacks) / failed.
 
-argv: TREE_PYTHON_DIR MODULE...; prints one JSON object. A package ``__init__`` that stops on a
+argv: TREE_PYTHON_DIR GATES(on|off) PROBES_JSON MODULE...; prints one JSON object. Each probe
+(module, zero-argument function, what it must return with the gates on / off) is called after the
+imports, where its module imported. A package ``__init__`` that stops on a
 missing third-party package is kept as far as it ran (the modules below it are still tried).
 """
 
@@ -12,7 +14,7 @@ import json
 import sys
 import traceback
 
-TREE = sys.argv[1]
+TREE = sys.argv[1]  # run as `python -c SOURCE TREE ...`: no folder of ours on sys.path
 partial: dict = {}
 
 
@@ -58,11 +60,16 @@ def main() -> None:
         out["torch"] = False
         print(json.dumps(out))
         return
-    for name in sys.argv[2:]:
+    gates, probes = sys.argv[2], json.loads(sys.argv[3])
+    for name in sys.argv[4:]:
+        before = set(sys.modules)
         try:
             importlib.import_module(name)
             out["modules"][name] = {"status": "ok"}
         except BaseException as exc:  # noqa: BLE001
+            for stale in set(sys.modules) - before:  # the next import starts clean, not from half-run modules
+                if stale == "sglang" or stale.startswith("sglang."):
+                    del sys.modules[stale]
             missing = _third_party(exc)
             if not missing and isinstance(exc, ImportError) and getattr(exc, "name", None) in partial:
                 missing = partial[exc.name]  # a package whose __init__ stopped on a missing package
@@ -73,6 +80,23 @@ def main() -> None:
             where = f"{frames[-1].filename[len(TREE) + 1:]}:{frames[-1].lineno}: " if frames else ""
             out["modules"][name] = {"status": "failed", "detail": f"{where}{type(exc).__name__}: {exc}"}
     out["partial"] = partial
+    out["probes"] = {}
+    for module, function, on, off in probes:
+        key = f"{module}.{function}()"
+        if out["modules"].get(module, {}).get("status") != "ok":
+            out["probes"][key] = {"status": "not checked", "detail": f"{module} did not import"}
+            continue
+        want = on if gates == "on" else off
+        try:
+            got = getattr(sys.modules[module], function)()
+        except Exception as exc:  # noqa: BLE001
+            frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(TREE)]
+            where = f"{frames[-1].filename[len(TREE) + 1:]}:{frames[-1].lineno}: " if frames else ""
+            out["probes"][key] = {"status": "failed", "detail": f"{where}{type(exc).__name__}: {exc}"}
+            continue
+        ok = bool(got) == want
+        out["probes"][key] = {"status": "ok" if ok else "failed",
+                              "detail": "" if ok else f"returned {got!r} with the gates {gates}, expected {want}"}
     print(json.dumps(out))
 
 
