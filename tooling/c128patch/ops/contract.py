@@ -28,6 +28,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
+from typing import Iterator
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
@@ -173,6 +174,7 @@ class Upstream:
 
     def __init__(self, reader: TreeReader, ours: dict[str, set[int] | None]) -> None:
         self.reader, self.ours = reader, ours
+        self._folders = {f.rsplit("/", i)[0] + "/" for f in reader.files for i in range(1, f.count("/") + 1)}
         self._parsed: dict[str, ast.Module | None] = {}
         self.errors: dict[str, str] = {}  # path -> why it did not parse
 
@@ -184,9 +186,8 @@ class Upstream:
             return f"{base}.py", False
         if f"{base}/__init__.py" in self.reader.files:
             return f"{base}/__init__.py", True
-        prefix = base + "/"
-        if any(f.startswith(prefix) for f in self.reader.files):
-            return prefix, True
+        if base + "/" in self._folders:
+            return base + "/", True
         return None
 
     def parse(self, path: str) -> ast.Module | None:
@@ -445,6 +446,32 @@ def _module_of(path: str) -> str:
     return ".".join(parts)
 
 
+_BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def _statements(body: list) -> Iterator[ast.AST]:
+    """Every statement under ``body`` (compound ones and what they hold), not the expressions."""
+    for stmt in body:
+        yield stmt
+        for part in _BODIES:
+            yield from _statements(getattr(stmt, part, None) or [])
+
+
+def _nodes_on(tree: ast.Module, lines: set[int]) -> Iterator[ast.AST]:
+    """The nodes of the statements that touch ``lines`` (a compound statement: its own expressions only)."""
+    for stmt in _statements(tree.body):
+        if not any(n in lines for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)):
+            continue
+        if any(getattr(stmt, part, None) for part in _BODIES):
+            for name, value in ast.iter_fields(stmt):
+                if name not in _BODIES:
+                    for child in value if isinstance(value, list) else [value]:
+                        if isinstance(child, ast.AST):
+                            yield from ast.walk(child)
+        else:
+            yield from ast.walk(stmt)
+
+
 def _constants(tree: ast.Module) -> dict[str, str]:
     out = {}
     for stmt in tree.body:
@@ -462,7 +489,7 @@ def uses_in(path: str, tree: ast.Module, lines: set[int] | None) -> list[Use]:
     bindings: dict[str, list[str]] = {}
     uses: list[Use] = []
     mine = (lambda n: True) if lines is None else (lambda n: getattr(n, "lineno", 0) in lines)
-    for node in ast.walk(tree):
+    for node in _statements(tree.body):
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.asname:
@@ -481,7 +508,7 @@ def uses_in(path: str, tree: ast.Module, lines: set[int] | None) -> list[Use]:
                     uses.append(Use(path, node.lineno, [*source.split("."), a.name]))
     constants = _constants(tree)
     seen_funcs: set[int] = set()
-    for node in ast.walk(tree):
+    for node in (ast.walk(tree) if lines is None else _nodes_on(tree, lines)):
         if not mine(node):
             continue
         if isinstance(node, ast.Call):
@@ -492,8 +519,6 @@ def uses_in(path: str, tree: ast.Module, lines: set[int] | None) -> list[Use]:
                 shape = (len(node.args), tuple(k.arg for k in node.keywords if k.arg))
                 uses.append(Use(path, node.lineno, bindings[chain[0]] + chain[1:], shape, star))
                 seen_funcs.add(id(func))
-                if chain[-2:] == ["importlib", "import_module"] or bindings[chain[0]] + chain[1:] == ["importlib", "import_module"]:
-                    pass
             if chain and (bindings.get(chain[0], [chain[0]]) + chain[1:])[-2:] == ["importlib", "import_module"] and node.args:
                 arg = node.args[0]
                 target = arg.value if isinstance(arg, ast.Constant) else constants.get(getattr(arg, "id", ""))
