@@ -7,9 +7,6 @@ from pathlib import Path
 import click
 
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
-from c128patch.ops.bisect import bisect
-from c128patch.progress import console, reporter
-from c128patch.series.plan import validate_files
 
 
 @click.command("bisect")
@@ -24,6 +21,10 @@ def command(onto: str, repo: str | None, timeout: float, series_dir: Path | None
     """Find the first upstream commit between the series' base and REV at which the series stops
     applying or its API contract breaks (git bisect run, in a scratch clone); print it, its subject
     and what fails there."""
+    from c128patch.ops.bisect import bisect
+    from c128patch.progress import console, reporter
+    from c128patch.series.plan import validate_files
+
     series = get_series(series_dir)
     validate_files(series)
     with reporter(not as_json, title="bisect") as rep:

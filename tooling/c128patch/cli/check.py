@@ -5,18 +5,17 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.table import Table
 
+from c128patch import exitcodes
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
-from c128patch.git import Git
-from c128patch.ops import contract
-from c128patch.ops.check import EntryCheck, RevCheck, Verdict, check_revs
-from c128patch.progress import console, reporter
-from c128patch.series.manifest import Entry, Series
-from c128patch.series.plan import validate_files
-from c128patch.upstream.source import open_upstream
+
+if TYPE_CHECKING:
+    from c128patch.git import Git
+    from c128patch.ops.check import EntryCheck, RevCheck, Verdict
+    from c128patch.series.manifest import Entry, Series
 
 
 def _cell(entry: Entry, e: EntryCheck) -> str:
@@ -31,6 +30,8 @@ def _cell(entry: Entry, e: EntryCheck) -> str:
 
 def _contract(series: Series, git: Git, r: RevCheck) -> dict:
     """``ops.contract`` on the series replayed at ``r`` (a rev it does not apply to is not checked)."""
+    from c128patch.ops import contract
+
     if not r.ok:
         return {"ok": False, "verdict": "not checked: the series does not apply here", "failing": []}
     result = contract.check_rev(series, git, r.rev, r.commit)
@@ -41,10 +42,10 @@ def _contract(series: Series, git: Git, r: RevCheck) -> dict:
 def _verdict(verb: str, v: Verdict | None) -> str:
     if v is None:
         return f"{verb}: no release wheel"
-    if v.exit == 0:
+    if v.exit == exitcodes.OK:
         return f"{verb}: applies"
-    what = "refused before anything is done" if v.exit == 2 else f"stops at {v.entry}"
-    detail = f" ({v.detail})" if v.detail and v.exit == 1 else (f" ({v.entry}: {v.detail})" if v.entry else "")
+    what = "refused before anything is done" if v.exit == exitcodes.USAGE else f"stops at {v.entry}"
+    detail = f" ({v.detail})" if v.detail and v.exit == exitcodes.FAILED else (f" ({v.entry}: {v.detail})" if v.entry else "")
     return f"{verb}: {what}{detail}, exit {v.exit}"
 
 
@@ -64,6 +65,13 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
     """Does the series apply to each REV, and what would apply and wheel do? Nothing is checked out.
     Per entry: which file was chosen and by which rule (exact/most preimage blobs, ancestor,
     strict, primary, only)."""
+    from rich.table import Table
+
+    from c128patch.ops.check import check_revs
+    from c128patch.progress import console, reporter
+    from c128patch.series.plan import validate_files
+    from c128patch.upstream.source import open_upstream
+
     series = get_series(series_dir)
     validate_files(series)
     with reporter(not as_json, total=len(revs), title="check") as rep:
@@ -109,4 +117,4 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
             " with exact context" if strict and all(r.ok for r in results) else "")
         out.print(f"{verdict} ({elapsed:.2f} s for {len(results)} rev(s))", markup=False)
     if not ok:
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)

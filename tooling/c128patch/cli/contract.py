@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+from c128patch import exitcodes
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
 from c128patch.errors import C128Error
-from c128patch.git import Git, toplevel
-from c128patch.ops import contract as core
-from c128patch.progress import console, reporter
-from c128patch.series.contract import read_lock
-from c128patch.series.plan import validate_files
-from c128patch.upstream.source import open_upstream
+
+if TYPE_CHECKING:
+    from c128patch.ops.contract import ContractResult
 
 
-def _print(label: str, result: core.ContractResult, probe: tuple[bool | None, str] | None, verbose: bool) -> None:
+def _print(label: str, result: ContractResult, probe: tuple[bool | None, str] | None, verbose: bool) -> None:
+    from c128patch.progress import console
+
     out = console(stderr=False)
     for f in result.findings:
         if f.level != "note" or verbose:
@@ -49,12 +50,19 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     """Does the series still fit each upstream? Resolve every upstream module, name, attribute and call
     our code uses (overlays and the lines patches add), bind each call to the definition's signature,
     and compare each signature with patches/contract.lock. Exit 1 on an error or a changed signature."""
+    from c128patch.git import Git, toplevel
+    from c128patch.ops import contract as core
+    from c128patch.progress import console, reporter
+    from c128patch.series.contract import read_lock
+    from c128patch.series.plan import validate_files
+    from c128patch.upstream.source import open_upstream
+
     series = get_series(series_dir)
     validate_files(series)
     if bool(revs) == (tree is not None):
         raise C128Error("pass --sglang-rev X (one or more) or --tree DIR, not both and not neither")
     lock = read_lock(series.patches_dir)
-    runs: list[tuple[str, Git, str, str]] = []
+    runs: list[tuple[str, object, str, str]] = []
     if tree is not None:
         git = Git(worktree=toplevel(tree))
         runs.append((str(tree), git, core.tree_base(git), "HEAD"))
@@ -92,4 +100,4 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
         if accept:
             console(stderr=False).print(f"accepted {accepted} changed signature(s) in {lock.path}", markup=False)
     if not ok and not accept:
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)

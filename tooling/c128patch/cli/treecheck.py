@@ -7,16 +7,16 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+from c128patch import exitcodes
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
 from c128patch.errors import C128Error
-from c128patch.git import Git, toplevel
-from c128patch.ops import contract, treecheck
-from c128patch.progress import console
-from c128patch.series.plan import validate_files
-from c128patch.upstream.source import open_upstream
+
+if TYPE_CHECKING:
+    from c128patch.git import Git
 
 
 def _changed(git: Git, base: str, head: str) -> list[str]:
@@ -38,6 +38,12 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
     """Import every module the series adds or changes on a patched tree, with the gates off and on, in a
     subprocess: each ok, failed, or not checked (a package the interpreter lacks; no torch: nothing).
     Exit 1 when a module fails, or when nothing could be checked."""
+    from c128patch.git import Git, toplevel
+    from c128patch.ops import contract, treecheck
+    from c128patch.progress import console
+    from c128patch.series.plan import validate_files
+    from c128patch.upstream.source import open_upstream
+
     series = get_series(series_dir)
     validate_files(series)
     if (rev is None) == (tree is None):
@@ -68,4 +74,4 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
                     out.print(f"  gates {t.gates}: {name}: {m['status']} ({m.get('detail', '')})", markup=False)
         out.print(f"treecheck: {result.verdict()}", markup=False)
     if not payload["ok"]:
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
+from c128patch import exitcodes
 from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
@@ -73,8 +74,7 @@ from c128patch.series.contract import read_lock
 from c128patch.series.manifest import Series, load_series
 from c128patch.upstream.source import Upstream, open_upstream
 
-EXIT: dict[str, int] = {"clean": 0, "refreshed": 3, "merged": 4, "conflict": 5, "failed": 6, "broken": 7,
-                        "timeout": 124}
+EXIT: dict[str, int] = exitcodes.WATCH
 REPORT = "watch-report.json"
 WRITTEN = ("watch-report.md", REPORT, "rebase-report.md", "rebase-report.json", "commit-message.txt", "series")
 BISECT_TIMEOUT = 300.0  # seconds `watch` gives `bisect` for a conflict or broken outcome
@@ -85,7 +85,7 @@ BRANCH, VERIFY_BRANCH = "c128patch-watch", "c128patch-watch-verify"
 class WatchTimeout(C128Error):
     """The time bound passed; the report says where the work was."""
 
-    exit_code = 124
+    exit_code = exitcodes.TIMEOUT
 
 
 @contextlib.contextmanager

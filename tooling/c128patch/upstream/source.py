@@ -11,6 +11,7 @@ from pathlib import Path
 from c128patch.errors import C128Error
 from c128patch.git import Git, GitError, is_work_tree
 from c128patch.progress import NullReporter, Reporter
+from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.cache import cache_dir, locked
 from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version
 
@@ -99,7 +100,6 @@ def _open_url(url: str, reporter: Reporter) -> Upstream:
     return Upstream("url", Git(git_dir=mirror), url)
 
 
-DEFAULT_TREE = Path("sglang")  # where `apply` clones upstream when no --tree is given
 
 
 def discard_fresh_tree(tree: Path, existed: bool) -> None:
