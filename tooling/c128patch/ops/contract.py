@@ -81,8 +81,10 @@ class TreeReader:
             self._proc = None
 
 
-def our_lines(git: Git, upstream: str, head: str, paths: list[str]) -> dict[str, set[int]]:
-    """path -> the line numbers on ``head`` that ``upstream..head`` adds (``git diff -U0``)."""
+def our_lines(git: Git, upstream: str, head: str, paths: list[str],
+              hunks: dict[str, list[tuple[int, int, int, int]]] | None = None) -> dict[str, set[int]]:
+    """path -> the line numbers on ``head`` that ``upstream..head`` adds (``git diff -U0``); ``hunks``, when
+    given, gets each file's (old start, old count, new start, new count)."""
     out: dict[str, set[int]] = {}
     if not paths:
         return out
@@ -91,11 +93,22 @@ def our_lines(git: Git, upstream: str, head: str, paths: list[str]) -> dict[str,
         if line.startswith("+++ "):
             current = line[6:] if line.startswith("+++ b/") else ""
         elif line.startswith("@@") and current:
-            m = re.match(r"@@ -\S+ \+(\d+)(?:,(\d+))? @@", line)
+            m = re.match(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", line)
             if m:
-                start, count = int(m.group(1)), int(m.group(2) or 1)
+                old, old_n, start, count = int(m.group(1)), int(m.group(2) or 1), int(m.group(3)), int(m.group(4) or 1)
                 out.setdefault(current, set()).update(range(start, start + count))
+                if hunks is not None:
+                    hunks.setdefault(current, []).append((old, old_n, start, count))
     return out
+
+
+def upstream_line(hunks: list[tuple[int, int, int, int]], line: int) -> int:
+    """A line of the patched file (not one the patch adds) as it numbers in upstream's file."""
+    delta = 0
+    for _old, old_n, start, count in hunks:
+        if (count and start + count - 1 < line) or (not count and start < line):
+            delta += count - old_n
+    return line - delta
 
 
 # ---------------------------------------------------------------------------- upstream objects
@@ -634,7 +647,8 @@ def derive(series: Series | None, git: Git, upstream: str, head: str) -> tuple[l
         overlay_targets = {e.target for e in (series.entries if series else []) if not e.is_patch}
         patched = [p for p in changed if p not in overlay_targets]
         ours: dict[str, set[int] | None] = {p: None for p in changed if p in overlay_targets}
-        ours.update(our_lines(git, upstream, head, patched))
+        hunks: dict[str, list[tuple[int, int, int, int]]] = {}
+        ours.update(our_lines(git, upstream, head, patched, hunks))
         up = Upstream(reader, ours)
         items: list[Item] = []
         findings: list[Finding] = []
@@ -657,6 +671,10 @@ def derive(series: Series | None, git: Git, upstream: str, head: str) -> tuple[l
         findings += [Finding(**f) for f in c_findings]
     finally:
         reader.close()
+    for item in items:  # upstream's definitions as upstream numbers them: our patches shift no lock line
+        path, _, line = item.where.rpartition(":")
+        if path in hunks and line.isdigit():
+            item.where = f"{path}:{upstream_line(hunks[path], int(line))}"
     unique = {(i.kind, i.target, i.site): i for i in items}
     return sorted(unique.values(), key=lambda i: (i.kind, i.target, i.site)), findings
 
