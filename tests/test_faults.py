@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from c128patch.git import Git
+from c128patch.git import FAULT_HOOKS_ENV, Git
 from c128patch.ops.treestate import apply_journal, rebase_journal
 from support import cli_process, invoke, make_test_series, printed_command, run_printed, small_clone, snapshot
 
@@ -68,8 +68,9 @@ def reference(sglang_release_repo: Path, series: Path, tmp_path_factory: pytest.
 
 
 def hook(tree: Path, name: str, sig: str) -> Path:
-    """A git hook that sends ``sig`` to its whole process group: git and the c128patch that runs it."""
-    path = tree / ".git" / "hooks" / name
+    """A git hook that sends ``sig`` to its whole process group: git and the c128patch that runs it
+    (in a folder of its own, which C128PATCH_FAULT_HOOKS names: the tool's git runs no other hook)."""
+    path = tree.parent / f"{tree.name}-fault-hooks" / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"#!/bin/sh\nkill -{sig} -$(ps -o pgid= $$ | tr -d ' ')\nsleep 5\n")
     path.chmod(0o755)
@@ -83,6 +84,7 @@ def interrupt(args: list, tree: Path, fault: str, how: str) -> subprocess.Comple
     made = None
     if fault.startswith("hook:"):
         made = hook(tree, fault.removeprefix("hook:"), sig)
+        env[FAULT_HOOKS_ENV] = str(made.parent)
     else:
         env["C128PATCH_FAULT"] = f"{how}-{fault}"
     proc = cli_process(args, env)
@@ -191,7 +193,7 @@ def test_interrupted_rebase_resumes_to_the_uninterrupted_result(applied, series,
                      REBASE_PHASES[phase], how)
     done = run_printed(way_out(proc, git.worktree, "continue", "rebase") + " --json")
     assert done.returncode == 0, done.stderr
-    assert git.head() == reference["rebase"] and git.current_branch() == "c128/v0.5.22"
+    assert git.head() == reference["rebase"] and git.current_branch() == "c128/v0.5.23"  # named after its new base
     assert "resolved by hand" not in done.stdout  # an interrupted pick is picked again, not "resolved"
     assert_nothing_in_progress(git)
 
@@ -219,7 +221,7 @@ def test_a_kill_after_the_branch_moved_only_finishes_the_report(applied, series,
     assert git.rev_parse("c128/v0.5.22") == reference["rebase"]
     res = invoke("rebase", "--continue", "--tree", git.worktree, "--json")
     assert res.code == 0, res.err
-    assert git.head() == reference["rebase"] and git.current_branch() == "c128/v0.5.22"
+    assert git.head() == reference["rebase"] and git.current_branch() == "c128/v0.5.23"
     assert_nothing_in_progress(git)
 
 

@@ -51,7 +51,7 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     from c128patch.ops.apply import Apply, clone_template
     from c128patch.progress import reporter
     from c128patch.series.plan import check_paths_at, plan
-    from c128patch.upstream.source import discard_fresh_tree, is_url, open_upstream, prepare_tree
+    from c128patch.upstream.source import discard_fresh_tree, is_url, open_upstream, prepare_tree, refuse_git_dir
 
     chosen = [n for n, on in (("--sglang-rev", rev), ("--continue", cont), ("--abort", abort)) if on]
     if len(chosen) != 1:
@@ -62,6 +62,8 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
         _finish(tree or (Path(repo) if repo and not is_url(repo) else None), cont, series_dir, as_json)
         return
     series = get_series(series_dir)
+    if tree is not None:
+        refuse_git_dir(tree)
     with reporter(not as_json, title="apply") as rep:
         upstream = open_upstream(repo, [rev], rep)
         commit = upstream.resolve(rev)

@@ -61,8 +61,10 @@ def locate_tree(tree: Path | None) -> Path:
     the current folder is in when c128patch applied (or is rebasing) there; else ``./sglang``, the
     tree ``apply`` makes when run here; else the current repository (its status then says what it lacks)."""
     from c128patch.git import is_work_tree, toplevel
+    from c128patch.upstream.source import refuse_git_dir
 
     if tree is not None:
+        refuse_git_dir(tree)
         return toplevel(tree)
     here = Path.cwd()
     top = toplevel(here) if is_work_tree(here) else None

@@ -34,6 +34,7 @@ from c128patch.ops.replay import branch_commits
 from c128patch.series.contract import LOCK_NAME, Lock, lock_path, merged, read_lock
 from c128patch.series.manifest import Entry, Series, Variant
 from c128patch.series.patchfile import split_message
+from c128patch.series.paths import check_relpath
 from c128patch.series.plan import ENTRY_TRAILER, choose, merged_entries
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 
@@ -112,11 +113,19 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     if primary is None:
         primary = label == series.base
     left_out = [d["name"] for d in record.get("dropped", []) if d.get("status") in ("dropped-as-merged", "skipped")]
-    result = Export(equivalence=prove(series, git, base_rev or label, base_commit, without=left_out))
+    commits = _commits(git, base_commit)
+    empty = {name: sha for sha, name in commits if name in {e.name for e in series.entries if e.is_patch}
+             and git.out("rev-parse", f"{sha}^{{tree}}") == git.out("rev-parse", f"{sha}~1^{{tree}}")}
+    result = Export(equivalence=prove(series, git, base_rev or label, base_commit, without=left_out + list(empty)))
     by_name = {e.name: e for e in series.entries}
     numbers = [int(m.group(1)) for e in series.entries if (m := re.match(r"^(\d+)-", e.file or ""))]
     exported: dict[str, Entry] = {}
-    for sha, name in _commits(git, base_commit):
+    for sha, name in commits:
+        if name in empty:  # an empty patch is no patch: upstream holds the entry here (kept with merged_in)
+            record = {**record, "dropped": [*record.get("dropped", []), {
+                "name": name, "status": "dropped-as-merged", "merged_in": base_commit,
+                "detail": f"its commit {sha[:12]} changes nothing on {label}"}]}
+            continue
         if name in exported:
             raise C128Error(f"cannot refresh: two commits carry '{ENTRY_TRAILER}: {name}'; squash them first")
         old = by_name.get(name)
@@ -185,6 +194,11 @@ def _kept_without_commit(series: Series, git: Git, record: dict, base_commit: st
                                 "kept for the revisions without that commit (merged_in)")
         elif e.name in merged_here:
             kept[e.name] = e
+        elif why.get("status") == "skipped" and why.get("merged_in"):
+            kept[e.name] = replace(e, merged_in=why["merged_in"])
+            result.notes.append(f"entry '{e.name}' was skipped at a stop of the rebase: merged_in = "
+                                f"{why['merged_in'][:12]}, so revisions with that commit skip it too; kept for the "
+                                "others (remove it from series.toml to drop it for good)")
         elif why.get("status") == "skipped":
             kept[e.name] = e
             result.notes.append(f"entry '{e.name}' was skipped in the rebase: kept as it is for the other bases "
@@ -243,7 +257,7 @@ def _export_patch(series: Series, old: Entry, entry: Entry, data: bytes | None, 
     entry.variants = []
     for name in sorted(variants):
         source, source_commit = variants[name]
-        path = series.patches_dir / f"{stem}.{name}.patch"
+        path = series.patches_dir / check_relpath(f"{stem}.{name.replace('/', '-')}.patch", f"entry '{entry.name}'")
         content = data if source is None else source.read_bytes()
         result.files[path] = content
         entry.variants.append(Variant(path.name, name, hashlib.sha256(content).hexdigest(), source_commit))

@@ -230,13 +230,9 @@ def _fast_import_stream(versions: list[str], wheels: dict[str, Path], present: d
 
 
 def _fast_import(git_dir: Path, stream: Iterable[bytes]) -> None:
-    proc = subprocess.Popen(
-        # --force: a tag written by an older layout moves (its old commit is kept, see import_releases)
-        ["git", "fast-import", "--quiet", "--done", "--force"],
-        stdin=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "GIT_DIR": str(git_dir)},
-    )
+    # --force: a tag written by an older layout moves (its old commit is kept, see import_releases)
+    argv, env = Git(git_dir=git_dir).command("fast-import", "--quiet", "--done", "--force")
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=git_dir)
     assert proc.stdin is not None
     try:
         for chunk in stream:
