@@ -9,7 +9,7 @@
                                              (`smoke --upstream-suite`; ci/gpu/collect_upstream_suite.py)
     ci/gpu/results/<rev>/before/suite.json   a "before" record (the suite on an older series), kept beside
 
-Every file carries ``key`` (evidence.keys: upstream tree id, series hash), ``command``,
+Every file carries ``key`` (evidence.keys: upstream sources, series hash), ``command``,
 ``device``, ``date``, ``passed``/``failed``/``skipped``, ``ok`` and, for the sanitizers, the
 error count; paths in it are relative to the repository. ``from_smoke_report`` turns a
 ``c128patch smoke --tier kernel`` report into these files; nothing else writes them by hand.
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from c128patch.errors import C128Error
-from c128patch.evidence.keys import EvidenceKey
+from c128patch.evidence.keys import EvidenceKey, is_old_style
 from c128patch.jsonio import write_json_atomic
 from c128patch.series.manifest import Series
 
@@ -57,6 +57,11 @@ class Result:
     summary: str
     path: Path
     data: dict[str, Any]
+
+    @property
+    def old_key(self) -> bool:
+        """Keyed by the whole upstream tree id (``ci/rekey_results.py`` converts it)."""
+        return is_old_style(self.data.get("key"))
 
 
 def summarize(kind: str, data: dict[str, Any]) -> str:
@@ -144,11 +149,14 @@ def _counts(counts: dict[str, int]) -> dict[str, int]:
             "skipped": counts.get("skipped", 0), "not_run": counts.get("not run", 0)}
 
 
-def from_smoke_report(report: dict[str, Any], *, rev: str, label: str, key: EvidenceKey | None,
+def from_smoke_report(report: dict[str, Any], *, rev: str, label: str, key: EvidenceKey | dict[str, Any] | None,
                       date: str, roots: dict[str, str]) -> dict[Kind, dict[str, Any]]:
     """The result files one ``smoke --tier kernel`` report proves: ``suite`` (its patched pass),
-    ``differential`` (when it ran the upstream pass), one per sanitizer run."""
-    base = {"schema": SCHEMA, "rev": rev, "label": label, "key": key.to_json() if key else None,
+    ``differential`` (when it ran the upstream pass), one per sanitizer run. ``key``: the staged
+    tree's (an old-style key of a stage made before keys were by content is kept as it is, for
+    ``ci/rekey_results.py``)."""
+    key_json = key.to_json() if isinstance(key, EvidenceKey) else key if is_old_style(key) else None
+    base = {"schema": SCHEMA, "rev": rev, "label": label, "key": key_json,
             "command": report["command"], "device": _device_line(report.get("device") or {}), "date": date}
     passes = report.get("passes") or {}
     out: dict[Kind, dict[str, Any]] = {}
@@ -199,7 +207,8 @@ def collect_run(run: dict[str, Any], results: Path, dest: Path, date: str, *,
         report = json.loads(path.read_text())
         if report.get("mode") == "collect-only" and not allow_dry_run:
             raise C128Error(f"{path}: a collect-only report proves nothing; not collected")
-        key = EvidenceKey.from_json(trees[job["rev"]][job["label"]].get("key"))
+        raw = trees[job["rev"]][job["label"]].get("key")
+        key = EvidenceKey.from_json(raw) or (raw if is_old_style(raw) else None)
         files = from_smoke_report(report, rev=job["rev"], label=job["label"], key=key, date=date, roots=roots)
         for kind in job["kinds"]:
             if kind in files:
