@@ -170,7 +170,7 @@ def test_a_repository_whose_config_names_programs_runs_none_of_them(series, tree
     assert not mark.exists(), "apply ran a program the repository's config names"
     assert invoke(*apply_args(clean, series)).code == 0
     assert Git(worktree=tree).head() == Git(worktree=clean).head()  # the same commits as in a plain clone
-    assert invoke("status", "--tree", tree).code == 0 and not mark.exists()
+    assert invoke("status", "--tree", tree, "--series", series).code == 0 and not mark.exists()
 
 
 def test_a_repository_whose_config_names_a_merge_program_is_refused(series, tree, marker):
@@ -211,7 +211,7 @@ def test_the_operators_global_settings_and_git_variables_change_nothing(series, 
     assert invoke(*apply_args(clean, series, "v0.5.22")).code == 0
     ours, theirs = Git(worktree=tree), Git(worktree=clean)
     assert ours.out("log", "--format=%H", "v0.5.22..HEAD") == theirs.out("log", "--format=%H", "v0.5.22..HEAD")
-    assert invoke("status", "--tree", tree, env=env).code == 0
+    assert invoke("status", "--tree", tree, "--series", series, env=env).code == 0  # the tree equals the series
     assert not mark.exists() and not (tmp_path / "stray.index").exists()
     assert snapshot(decoy) == decoy_state
 

@@ -7,6 +7,7 @@ was before each apply and rebase."""
 from __future__ import annotations
 
 import hashlib
+import shlex
 from dataclasses import asdict
 
 from c128patch.git import Git
@@ -17,6 +18,7 @@ from c128patch.ops.treestate import (
     apply_commands,
     apply_journal,
     changed_paths,
+    git_path,
     rebase_command,
     rebase_journal,
     running,
@@ -71,6 +73,16 @@ def recovery_refs(git: Git) -> list[dict]:
     return out
 
 
+def index_lock_status(git: Git, holder: object) -> dict | None:
+    """A ``.git/index.lock`` in the way (a killed git or c128patch run leaves one; every git
+    command that writes the index refuses while it is there), with the command that clears it."""
+    path = git_path(git, "index.lock")
+    if not path.exists():
+        return None
+    return {"path": str(path), "c128patch_running": holder is not None,
+            "clear": shlex.join(["rm", "-f", str(path)])}
+
+
 def tree_status(git: Git, series: Series | None = None) -> dict:
     tree = git.worktree
     assert tree is not None
@@ -78,6 +90,7 @@ def tree_status(git: Git, series: Series | None = None) -> dict:
     apply = apply_status(git)
     holder = running(git)
     common = {
+        "index_lock": index_lock_status(git, holder),
         "tree": str(tree),
         "branch": git.current_branch(),
         "running": asdict(holder) if holder else None,
