@@ -70,6 +70,7 @@ class RefVerifyPlan:
     req_pool_indices: torch.Tensor
     num_banks: int
     state_slot_offset: int
+    max_num_reqs: int
 
 
 def _fold(run: Optional[Tuple], score: torch.Tensor, value: torch.Tensor):
@@ -100,13 +101,15 @@ class ReferenceOps:
 
     def dspark_verify_plan(
         self, seq_lens, verify_lens, extend_start_loc, req_pool_indices, *,
-        num_q_tokens, num_banks, state_slot_offset, state_dtype=torch.float32,
+        num_q_tokens, num_banks, state_slot_offset, max_num_reqs, state_dtype=torch.float32,
     ) -> RefVerifyPlan:
         self.calls.append(("plan", dict(
             seq_lens=seq_lens.clone(), verify_lens=verify_lens.clone(),
             extend_start_loc=extend_start_loc.clone(), req_pool_indices=req_pool_indices.clone(),
             num_q_tokens=num_q_tokens, num_banks=num_banks, state_slot_offset=state_slot_offset,
+            max_num_reqs=max_num_reqs,
         )))
+        assert 0 <= max_num_reqs <= state_slot_offset
         assert seq_lens.dtype == torch.int64 and req_pool_indices.dtype == torch.int64
         assert verify_lens.dtype == torch.int32 and extend_start_loc.dtype == torch.int32
         bs = seq_lens.shape[0]
@@ -115,7 +118,7 @@ class ReferenceOps:
         start, rid = extend_start_loc.tolist(), req_pool_indices.tolist()
         rows, row_emit, row_len = [], [], []
         for b in range(bs):
-            s, r, st, n = self._window(seq, lens, start, rid, b, num_banks, num_q_tokens, state_slot_offset)
+            s, r, st, n = self._window(seq, lens, start, rid, b, num_banks, num_q_tokens, max_num_reqs)
             row_emit.append(len(rows))
             row_len.append(n)
             for j in range((s + n) // CHUNK - s // CHUNK):
@@ -132,7 +135,7 @@ class ReferenceOps:
         as_i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
         return RefVerifyPlan(
             plan, as_i32(row_emit), as_i32(row_len), seq_lens, extend_start_loc,
-            req_pool_indices, num_banks, state_slot_offset,
+            req_pool_indices, num_banks, state_slot_offset, max_num_reqs,
         )
 
     def dspark_verify_compress(self, state, kv_score_input, ape, plan: RefVerifyPlan, out=None):
@@ -249,12 +252,17 @@ def launch_namespaces(**overrides: Any) -> Dict[str, Any]:
     fields = dict(
         enable_two_batch_overlap=False, enable_pdmux=False, disaggregation_mode="null",
         device="cuda", attn_dp_size=1, attn_cp_size=1, dcp_size=1, pp_size=1,
+        attention_backend="dsv4", prefill_attention_backend=None, decode_attention_backend=None,
     )
     unknown = set(overrides) - set(fields)
     assert not unknown, unknown
     fields.update(overrides)
     return dict(
-        exec_=SimpleNamespace(overlap=SimpleNamespace(enable_two_batch_overlap=fields["enable_two_batch_overlap"])),
+        exec_=SimpleNamespace(
+            overlap=SimpleNamespace(enable_two_batch_overlap=fields["enable_two_batch_overlap"]),
+            kernel=SimpleNamespace(**{k: fields[k] for k in (
+                "attention_backend", "prefill_attention_backend", "decode_attention_backend")}),
+        ),
         disagg=SimpleNamespace(enable_pdmux=fields["enable_pdmux"], disaggregation_mode=fields["disaggregation_mode"]),
         device=SimpleNamespace(device=fields["device"]),
         parallel=SimpleNamespace(**{k: fields[k] for k in ("attn_dp_size", "attn_cp_size", "dcp_size", "pp_size")}),
