@@ -20,6 +20,7 @@ from c128patch.progress import console
 from c128patch.smoke import device as smoke_device
 from c128patch.smoke import kernel as smoke_kernel
 from c128patch.smoke import passes as smoke_pass
+from c128patch.smoke import sanitizer as smoke_sanitizer
 from c128patch.smoke import server as smoke_server
 from c128patch.smoke import trees as smoke_trees
 from c128patch.smoke import upstream_select as smoke_upstream_select
@@ -347,7 +348,7 @@ def _default_tree() -> Path | None:
 @click.option("--wheel", type=click.Path(dir_okay=False, path_type=Path), help="[kernel] A patched sglang wheel.")
 @click.option("--upstream-tree", type=click.Path(file_okay=False, path_type=Path),
               help="[kernel] Unpatched sources (for the suite's upstream checks and --differential).")
-@click.option("--sanitizer", "sanitizers", type=click.Choice(["memcheck", "racecheck"]), multiple=True,
+@click.option("--sanitizer", "sanitizers", type=click.Choice(list(smoke_sanitizer.TOOLS)), multiple=True,
               help="[kernel] Also run the suite under compute-sanitizer with this tool (repeatable).")
 @click.option("--sanitizer-only", is_flag=True,
               help="[kernel] Only the --sanitizer passes (the plain pass ran in an earlier call).")
@@ -425,7 +426,7 @@ def command(ctx: click.Context, tier: str, tree: Path | None, wheel: Path | None
         if scale <= 0 or sanitizer_scale <= 0:
             raise C128Error("--scale and --sanitizer-scale must be positive")
         if sanitizer_only and not sanitizers:
-            raise C128Error("--sanitizer-only needs --sanitizer memcheck|racecheck")
+            raise C128Error(f"--sanitizer-only needs --sanitizer {'|'.join(smoke_sanitizer.TOOLS)}")
         if tree is None and wheel is None:
             tree = _default_tree()
         opts = smoke_kernel.KernelOptions(
