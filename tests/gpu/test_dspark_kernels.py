@@ -908,6 +908,8 @@ def test_bad_state_ptr_table_entry_traps(patched_tree, bad: str, accept: int):
     """A zero or misaligned layer pointer stops the commit launch with a CUDA error (the
     kernel traps), even for rows that accept nothing: never a silently skipped layer.
     Run in a child process (a trap poisons the CUDA context)."""
+    util.install(patched_tree)
+    util.dspark_ops()  # a tree without the ops module fails here, as what it is (smoke: n/a)
     proc = harness.run_with_tree(patched_tree, TRAP_CODE.format(bad=bad, accept=accept), timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "COMMIT-RETURNED" not in out, out[-2000:]

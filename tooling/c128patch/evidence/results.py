@@ -194,7 +194,10 @@ def from_smoke_report(report: dict[str, Any], *, rev: str, label: str, key: Evid
                                "regressed": regressed, "upstream_counts": _counts(diff["upstream_counts"]),
                                "ok": not regressed and diff["summary"].get("regressed", 0) == 0,
                                "tests": [{"nodeid": t["nodeid"], "patched": t["outcome"],
-                                          "upstream": t.get("upstream", "absent"), "verdict": t.get("verdict", "")}
+                                          "upstream": t.get("upstream", "absent"), "verdict": t.get("verdict", ""),
+                                          **({"needs": t["needs"]} if t.get("needs") else {}),
+                                          **({"upstream_message": t["upstream_message"][:200]}
+                                             if t.get("upstream_message") and t.get("verdict") != "same" else {})}
                                          for t in report.get("tests", [])]}
     sim = (passes.get("patched") or {}).get("results", {}).get(SIMULATION_RESULT)
     if isinstance(sim, dict):
