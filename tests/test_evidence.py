@@ -125,7 +125,7 @@ def test_results_from_a_real_smoke_report_carry_counts_device_and_relative_paths
     key = EvidenceKey("t" * 40, "s" * 64)
     files = from_smoke_report(report, rev="v0.5.23", label="patched", key=key, date="2026-11-29",
                               roots={"/tmp/smoke": "$OUT/smoke"})
-    assert sorted(files) == ["differential", "memcheck", "racecheck", "suite"]
+    assert sorted(files) == ["differential", "memcheck", "racecheck", "simulation", "suite"]  # it ran the simulation
     suite = files["suite"]
     assert (suite["passed"], suite["failed"], suite["ok"]) == (52, 0, True)
     assert suite["key"] == key.to_json() and suite["device"].startswith("NVIDIA H200 (sm_90)")
@@ -154,7 +154,7 @@ def test_collect_writes_the_kinds_a_job_proves_under_the_staged_key(staged: Path
     manifest = staging.read_manifest(staged)
     written = collect_run(_run_record(manifest, tmp_path / "res"), tmp_path / "res", tmp_path / "out", "2026-12-01")
     assert sorted(str(p.relative_to(tmp_path / "out")) for p, _ in written) == [
-        "v0.5.20/differential.json", "v0.5.20/suite.json"]
+        "v0.5.20/differential.json", "v0.5.20/simulation.json", "v0.5.20/suite.json"]
     suite = json.loads((tmp_path / "out/v0.5.20/suite.json").read_text())
     assert suite["key"] == manifest["releases"][0]["trees"]["patched"]["key"]
     assert suite["job"] == {"name": "v0.5.20-patched-plain", "exit": 0, "seconds": 1.0}
@@ -316,7 +316,8 @@ def test_apply_prints_one_line_when_the_rev_is_not_fully_verified(upstream_clone
     assert code == 0, err
     notes = [line for line in out.splitlines() if line.startswith("note:")]
     assert notes == ["note: v0.5.22 + this series is not fully verified (compile unverified, suite unverified, "
-                     "differential unverified, memcheck unverified, racecheck unverified, upstream-suite unverified); see "
+                     "differential unverified, memcheck unverified, racecheck unverified, initcheck unverified, synccheck "
+                     "unverified, upstream-suite unverified, simulation unverified, kernel-bench unverified); see "
                      "`c128patch matrix`"]
 
 
@@ -447,7 +448,6 @@ def test_simulation_and_new_sanitizers_come_from_the_smoke_report():
     sim = {"W": 8, "ours": {"chunk_mismatches": 0, "chunks_checked": 2137, "state_mismatches": 0},
            "upstream_mtp_lazy": {"chunk_mismatches": 571, "chunks_checked": 2137}}
     report["passes"]["patched"].setdefault("results", {})["dspark_simulation"] = sim
-    report["tests"].append({"nodeid": "test_dspark_simulation.py::test_simulated_decode", "outcome": "passed"})
     run = dict(report["sanitizer"]["runs"][0], tool="initcheck", errors=0)
     report["sanitizer"]["runs"].append(run)
     key = EvidenceKey("t" * 40, "s" * 64)
@@ -455,7 +455,8 @@ def test_simulation_and_new_sanitizers_come_from_the_smoke_report():
     simulation = files["simulation"]
     assert simulation["ok"] and simulation["key"] == key.to_json() and simulation["date"] == "2026-12-01"
     assert simulation["command"] == report["command"] and simulation["device"].startswith("NVIDIA H200")
-    assert simulation["test"] == "test_dspark_simulation.py::test_simulated_decode"
+    assert simulation["test"] == "test_dspark_simulation.py::test_dspark_simulation_matches_offline_pooling"
+    assert simulation["outcome"] == "passed"
     assert summarize("simulation", simulation) == "ours 0/2137 chunks wrong; upstream's controller 571/2137"
     assert files["initcheck"]["sanitizer"]["errors"] == 0 and files["initcheck"]["kind"] == "initcheck"
     sim["ours"]["chunk_mismatches"] = 1
