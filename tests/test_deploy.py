@@ -77,3 +77,74 @@ def test_the_startup_line_the_doc_quotes_is_the_one_the_overlay_logs():
     match = re.search(r'logger\.warning\(\s*"([^"]*)"\s*"([^"]*)",', source)
     assert match, "the overlay's startup warning"
     assert quoted == (match.group(1) + match.group(2)).replace("%d", "N")
+
+
+# -- step 1 and the README's install line, as written (real release wheels, downloaded once) ----
+
+
+def block_after(text: str, heading: str) -> list[str]:
+    """The lines of the first ```bash block after ``heading``."""
+    return text.split(heading, 1)[1].split("```bash\n", 1)[1].split("\n```", 1)[0].splitlines()
+
+
+def shell_words(line: str, cwd: Path) -> list[str]:
+    """``line`` as bash reads it in ``cwd`` (globs and $(...) expanded); a glob matching nothing stays."""
+    out = subprocess.run(["bash", "-c", f'printf "%s\\n" {line}'], cwd=cwd, capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
+def run_doc_line(line: str, cwd: Path):
+    argv = shell_words(line.split("#", 1)[0], cwd)
+    assert argv[0] == "c128patch", line
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(cwd)
+        res = invoke(*argv[1:], as_json=False)
+    if res.code == 2 and "no wheel for" not in res.err and "pip" in res.err.lower():
+        pytest.skip(f"the package index is out of reach: {res.err.strip()}")
+    assert res.code == 0, f"{line}\n{res.err}"
+    return res
+
+
+def test_step_1_and_the_readme_install_line_each_match_one_wheel(tmp_path: Path, sglang_release_repo: Path):
+    step1 = [line for line in block_after(DOC, "## 1. Build the wheel") if line.startswith("c128patch ")]
+    assert [line.split()[1] for line in step1] == ["wheel", "wheel", "verify-wheel"]
+    for line in step1:
+        if line.startswith("c128patch verify-wheel "):
+            assert len(shell_words(line, tmp_path)) == 3 and "*" not in line.split("*", 1)[0]  # one wheel named
+        run_doc_line(line, tmp_path)
+    platforms = {p.name: [w.name for w in p.glob("*.whl")] for p in (tmp_path / "dist").iterdir()}
+    assert {k: len(v) for k, v in platforms.items()} == {"x86_64": 1, "aarch64": 1}
+    assert platforms["aarch64"][0].endswith("-cp312-cp312-manylinux_2_34_aarch64.whl")
+    step2 = next(line for line in block_after(DOC, "## 2. Install it") if line.startswith("WHEEL=$(ls "))
+    found = subprocess.run(["bash", "-c", step2 + ' && printf "%s\\n" "$WHEEL"'], cwd=tmp_path, capture_output=True,
+                           text=True, check=True).stdout.split()
+    assert found == [f"dist/x86_64/{platforms['x86_64'][0]}"]
+
+    # the README's lines, in the same folder: its wheel beside step 1's, its glob still matches one
+    readme = (REPO_ROOT / "README.md").read_text()
+    lines = block_after(readme, "To serve, build the patched **wheel**")
+    run_doc_line(next(line for line in lines if line.startswith("c128patch wheel ")), tmp_path)
+    install = next(line for line in lines if line.startswith("/opt/sglang/bin/pip install --no-deps "))
+    words = shell_words(install.split("#", 1)[0], tmp_path)
+    assert words[:3] == ["/opt/sglang/bin/pip", "install", "--no-deps"] and len(words) == 4, words
+    assert Path(tmp_path / words[3]).is_file() and Path(words[3]).parent == Path("dist")
+
+
+def test_the_wheels_doc_example_shows_the_real_label(tmp_path: Path, sglang_release_repo: Path):
+    doc = (REPO_ROOT / "docs" / "wheels.md").read_text()
+    block = doc.split("```console\n", 1)[1].split("\n```", 1)[0].splitlines()
+    assert block[0] == "$ c128patch wheel --from-release 0.5.23 -o dist"
+    res = run_doc_line(block[0].removeprefix("$ "), tmp_path)
+    printed = next(line for line in res.text.splitlines() if not line.startswith(" "))  # after the entries
+    assert block[1] == printed and (tmp_path / printed).is_file()
+    version = printed.split("/")[1].split("-")[1]
+    assert set(re.findall(r"0\.5\.23(?:\+|%2B)c128\.[0-9a-z.]+?(?=-|`)", doc)) == {version,
+                                                                                  version.replace("+", "%2B")}
+
+
+def test_the_readme_gives_the_size_of_the_release_wheels_it_downloads(sglang_release_repo: Path):
+    from c128patch.upstream.releases import DEFAULT_RELEASES
+
+    total = sum(wheel_for(v).stat().st_size for v in DEFAULT_RELEASES)
+    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
+    assert f"release wheels, ~{round(total / 1e7) * 10} MB from the package index" in readme, total

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from c128patch.git import Git
+from c128patch.git import FAULT_HOOKS_ENV, Git
 from c128patch.ops.treestate import apply_journal, rebase_journal
 from support import cli_process, invoke, make_test_series, printed_command, run_printed, small_clone, snapshot
 
@@ -68,8 +68,9 @@ def reference(sglang_release_repo: Path, series: Path, tmp_path_factory: pytest.
 
 
 def hook(tree: Path, name: str, sig: str) -> Path:
-    """A git hook that sends ``sig`` to its whole process group: git and the c128patch that runs it."""
-    path = tree / ".git" / "hooks" / name
+    """A git hook that sends ``sig`` to its whole process group: git and the c128patch that runs it
+    (in a folder of its own, which C128PATCH_FAULT_HOOKS names: the tool's git runs no other hook)."""
+    path = tree.parent / f"{tree.name}-fault-hooks" / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"#!/bin/sh\nkill -{sig} -$(ps -o pgid= $$ | tr -d ' ')\nsleep 5\n")
     path.chmod(0o755)
@@ -83,6 +84,7 @@ def interrupt(args: list, tree: Path, fault: str, how: str) -> subprocess.Comple
     made = None
     if fault.startswith("hook:"):
         made = hook(tree, fault.removeprefix("hook:"), sig)
+        env[FAULT_HOOKS_ENV] = str(made.parent)
     else:
         env["C128PATCH_FAULT"] = f"{how}-{fault}"
     proc = cli_process(args, env)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from c128patch.errors import C128Error
-from c128patch.git import Git
+from c128patch.git import FAULT_HOOKS_ENV, Git
 from c128patch.ops.lint import update_hashes
 from c128patch.ops.treestate import apply_journal, rebase_journal
 from c128patch.series.manifest import load_series, safe_destination
@@ -253,12 +253,13 @@ def test_apply_abort_keeps_uncommitted_work_in_a_stash(apply_stopped):
 # ---------------------------------------------------------------------------- 3. one operation per repository
 def test_a_second_apply_refuses_while_one_runs(tree, series, tmp_path):
     ready, go = tmp_path / "ready", tmp_path / "go"
-    hook = tree / ".git" / "hooks" / "pre-applypatch"  # holds the first apply inside its git am
-    hook.parent.mkdir(exist_ok=True)
+    hook = tmp_path / "fault-hooks" / "pre-applypatch"  # holds the first apply inside its git am
+    hook.parent.mkdir()
     hook.write_text(f"#!/bin/sh\ntouch {ready}\nwhile [ ! -e {go} ]; do sleep 0.05; done\n")
     hook.chmod(0o755)
     first = subprocess.Popen([sys.executable, "-m", "c128patch", *map(str, apply_args(tree, series))],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals,
+                             env={**os.environ, FAULT_HOOKS_ENV: str(hook.parent)})  # the tool's git runs no other hook
     try:
         deadline = time.monotonic() + 60
         while not ready.exists():

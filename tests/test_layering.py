@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tooling" / "c128patch"
 
 # group -> rank. A module may import its own group or any group of a lower rank.
 LAYERS: dict[str, int] = {
-    "c128patch": 0, "errors": 0, "progress": 0, "jsonio": 0,   # base: the package face and plain helpers
+    "c128patch": 0, "errors": 0, "exitcodes": 0, "progress": 0, "jsonio": 0,  # base: the package face, plain helpers
     "git": 1,                                                   # our git wrapper
     "series": 2, "upstream": 2,                                 # the data model; where upstream comes from
     "ops": 3, "wheel": 3, "smoke": 3, "capacity": 3,            # what is done with them
@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
 # Same-rank imports the layering allows, each with its reason.
 ACROSS: dict[tuple[str, str], str] = {
     ("wheel", "ops"): "`build` applies the series to a checkout (ops.apply) before its PEP 517 build",
+    ("errors", "exitcodes"): "an error's exit code comes from the one table of exit codes",
 }
 
 
@@ -91,7 +92,7 @@ def test_every_module_belongs_to_a_layer():
 
 def test_package_top_level_holds_only_the_base_modules():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "__main__", "errors", "git", "jsonio", "progress"]
+    assert top == ["__init__", "__main__", "errors", "exitcodes", "git", "jsonio", "progress"]
 
 
 @pytest.mark.parametrize("edge, message", [

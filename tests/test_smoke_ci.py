@@ -22,7 +22,7 @@ def workflow() -> dict:
     return yaml.safe_load(WORKFLOW.read_text())
 
 
-SAMPLE = {"TP": "8", "DURATION": "900"}  # numeric shell variables; the rest become paths
+SAMPLE = {"TP": "8", "DURATION": "900", "UPSTREAM_REV": "v0.5.23"}  # the rest become paths
 
 
 def commands(script: str) -> list[list[str]]:
@@ -37,6 +37,20 @@ def test_parses_with_matrix_and_triggers(workflow):
     matrix = job["strategy"]["matrix"]
     assert matrix["tier"] == ["kernel", "server"]
     assert matrix["upstream"] == [f"v{v}" for v in DEFAULT_RELEASES]
+    assert job["env"]["UPSTREAM_REV"] == "${{ matrix.upstream }}"
+
+
+def test_no_pull_request_reaches_the_self_hosted_runner(workflow):
+    triggers = workflow.get("on", workflow.get(True))
+    assert not {"pull_request", "pull_request_target", "workflow_run", "issue_comment"} & set(triggers)
+    job = workflow["jobs"]["smoke"]
+    assert "github.event.pull_request.head.repo.full_name == github.repository" in job["if"]
+
+
+def test_the_token_reads_and_is_not_kept(workflow):
+    assert workflow["permissions"] == {} and workflow["jobs"]["smoke"]["permissions"] == {"contents": "read"}
+    [checkout] = [s for s in workflow["jobs"]["smoke"]["steps"] if s.get("uses", "").startswith("actions/checkout@")]
+    assert checkout["with"] == {"persist-credentials": False}
 
 
 def test_results_cached_by_rev_and_series_hash(workflow):
@@ -60,4 +74,4 @@ def test_every_command_line_is_accepted_by_the_cli(workflow):
             assert cmd is not None, args
             cmd.make_context(args[0], args[1:])  # raises on an unknown or malformed option
             seen.append(" ".join(args[:3]))
-    assert "smoke --tier kernel" in seen and seen.count("smoke --tier server") == 2 and "apply --sglang-rev X" in seen
+    assert "smoke --tier kernel" in seen and seen.count("smoke --tier server") == 2 and "apply --sglang-rev v0.5.23" in seen

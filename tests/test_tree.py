@@ -132,3 +132,26 @@ def test_reapplying_with_the_branch_not_checked_out_prints_a_checkout_that_works
     assert fix == "git -C sglang checkout c128/v0.5.23"
     subprocess.run(fix, shell=True, cwd=tmp_path, check=True)
     assert Git(worktree=tmp_path / "sglang").current_branch() == "c128/v0.5.23"
+
+
+def test_another_rev_in_the_default_tree_is_refused_and_both_fixes_work(workdir: Path, tmp_path: Path):
+    tree = workdir / "sglang"
+    before = snapshot(tree)
+    res = in_dir(workdir, "apply", "--sglang-rev", "v0.5.22")
+    assert res.code == 2 and snapshot(tree) == before
+    first, *fixes = res.err.strip().splitlines()
+    assert first == ("c128patch: error: ./sglang holds v0.5.23 + series (branch c128/v0.5.23): applying v0.5.22 "
+                     "there would switch it to a new branch c128/v0.5.22; say which you want")
+    switch, beside = (line.split(": ", 1)[1] for line in fixes)
+    assert beside == "c128patch apply --sglang-rev v0.5.22 --tree sglang-v0.5.22"
+    ran = in_dir(workdir, *beside.split()[1:])
+    assert ran.code == 0, ran.err
+    assert Git(worktree=workdir / "sglang-v0.5.22").current_branch() == "c128/v0.5.22" and snapshot(tree) == before
+    # the switch, on a clone of the tree (the fixture's stays on v0.5.23)
+    subprocess.run(["git", "clone", "--quiet", "--branch", "c128/v0.5.23", str(tree), str(tmp_path / "sglang")],
+                   check=True)
+    assert switch == "c128patch apply --sglang-rev v0.5.22 --tree sglang"
+    ran = in_dir(tmp_path, *switch.split()[1:])
+    assert ran.code == 0, ran.err
+    clone = Git(worktree=tmp_path / "sglang")
+    assert clone.current_branch() == "c128/v0.5.22" and clone.rev_parse("refs/heads/c128/v0.5.23")

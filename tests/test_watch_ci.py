@@ -1,5 +1,6 @@
 """The scheduled watch recipe (ci/github/c128patch-watch.yml): valid YAML, nightly, one run at a time,
-no secret in it, only c128patch verbs that exist; and its shell steps, run as Actions runs them, in a
+no secret in it, the write token only in the Report step, the tool's git without system or global
+settings, only c128patch verbs that exist; and its shell steps, run as Actions runs them, in a
 clone of a fork (a local bare repo) against a stand-in upstream (tests/watch_upstream.py), with a
 stub `gh` (tests/gh_stub.py) recording its calls: a refreshed target pushes its branch and opens,
 then updates, one pull request; a conflict opens, then updates, one issue and closes the pull
@@ -39,7 +40,7 @@ def job_env(workspace: Path, upstream: str, targets: str) -> dict[str, str]:
     """What GitHub gives the job's env for this repository (one key per key of the workflow's)."""
     return {"PYTHON": sys.executable, "UPSTREAM": upstream, "TARGETS": targets, "WATCH_TIMEOUT": "900",
             "WATCH_DIR": ".c128patch-watch", "BASE_BRANCH": "main", "C128PATCH_CACHE": f"{workspace}/.c128patch-cache",
-            "GH_TOKEN": "test-token", "GH_REPO": "maintainer/c128patch"}
+            "GH_REPO": "maintainer/c128patch"}
 
 
 def test_it_runs_nightly_and_by_hand(workflow):
@@ -55,7 +56,25 @@ def test_no_secret_lives_in_the_workflow(workflow):
     text = WORKFLOW.read_text()
     assert set(re.findall(r"secrets\.\w+[^}]*", text)) == {"secrets.C128PATCH_WATCH_TOKEN || github.token "}
     assert not re.search(r"gh[pousr]_[A-Za-z0-9]{20,}|github_pat_", text)
-    assert workflow["permissions"] == {"contents": "write", "pull-requests": "write", "issues": "write"}
+
+
+def test_the_write_token_reaches_only_the_step_that_pushes_and_opens(workflow):
+    assert workflow["permissions"] == {}
+    job = workflow["jobs"]["watch"]
+    assert job["permissions"] == {"contents": "write", "pull-requests": "write", "issues": "write"}
+    with_token = [s["name"] for s in job["steps"] if "secrets." in str(s) or "github.token" in str(s)]
+    assert with_token == ["Report"] and "secrets." not in str(job["env"])
+    [checkout] = [s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@")]
+    assert checkout["with"] == {"persist-credentials": False}
+    report = next(s for s in job["steps"] if s.get("name") == "Report")["run"]
+    assert "gh " in report and "push" in report and "gh " not in next(
+        s for s in job["steps"] if s.get("name") == "Watch")["run"]
+
+
+def test_the_tool_runs_git_without_system_or_global_settings(workflow):
+    for step in workflow["jobs"]["watch"]["steps"]:
+        if "-m c128patch watch" in step.get("run", "") or "ls-remote" in step.get("run", ""):
+            assert step["env"]["GIT_CONFIG_NOSYSTEM"] == "1" and step["env"]["GIT_CONFIG_GLOBAL"] == "/dev/null"
 
 
 def test_the_test_gives_the_job_every_variable_it_names(workflow, tmp_path):
@@ -139,6 +158,8 @@ class Actions:
             step_env = {k: re.sub(r"\$\{\{ steps\.(\w+)\.outputs\.(\w+) \}\}",
                                   lambda m: outputs[m.group(1)][m.group(2)], str(v))
                         for k, v in step.get("env", {}).items()}
+            if "GH_TOKEN" in step_env:  # GitHub puts the secret (or the job's own token) there
+                step_env["GH_TOKEN"] = "test-token"
             assert not any("${{" in v for v in step_env.values()), step_env
             proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
                                   cwd=self.workspace, env={**env, **step_env, "GITHUB_OUTPUT": str(output)},
@@ -203,7 +224,7 @@ def test_a_refreshed_target_opens_one_pull_request_with_the_report_as_its_body(a
 
 def test_a_clean_target_opens_nothing(actions):
     first = actions.runs[0]
-    assert "release: clean on v0.5.23@" in first.steps["Watch and report"].stdout
+    assert "release: clean on v0.5.23@" in first.steps["Report"].stdout
     assert verbs(first) == ["pr list", "issue list", "pr create", "pr list", "issue list"]
 
 
@@ -211,7 +232,7 @@ def test_the_next_night_updates_the_pull_request_and_pushes_nothing_new(actions)
     first, second = actions.runs[:2]
     assert verbs(second) == ["pr list", "issue list", "pr edit"]
     assert second.calls[-1]["argv"][2] == "1" and second.branch == first.branch
-    assert "c128patch-watch/main already holds this refresh" in second.steps["Watch and report"].stdout
+    assert "c128patch-watch/main already holds this refresh" in second.steps["Report"].stdout
     assert [p["state"] for p in second.state["prs"]] == ["open"]
 
 

@@ -1,9 +1,18 @@
 """c128patch: carry DeepSeek-V4 online C128 under DSPARK onto a pinned SGLang."""
 
-from pathlib import Path
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
 
-# The installed package folder: the packaged series lives in PACKAGE_DIR / "_series"; in a source
-# checkout the series is two folders up (tooling/c128patch -> the repository root).
-PACKAGE_DIR = Path(__file__).resolve().parent
+
+def __getattr__(name: str) -> Any:
+    # PACKAGE_DIR: the installed package folder. The packaged series lives in PACKAGE_DIR / "_series"; in a
+    # source checkout the series is two folders up (tooling/c128patch -> the repository root). Computed on
+    # first use, so that `c128patch --help` does not import pathlib.
+    if name == "PACKAGE_DIR":
+        from pathlib import Path
+
+        return Path(__file__).resolve().parent
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

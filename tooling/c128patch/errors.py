@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from c128patch.exitcodes import FAILED, INTERRUPTED, USAGE
+
 
 class C128Error(Exception):
     """A user-facing failure: bad input, a refused operation, a conflict."""
 
-    exit_code: int = 2
+    exit_code: int = USAGE
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
@@ -17,7 +19,7 @@ class C128Error(Exception):
 class ConflictError(C128Error):
     """An entry of the series does not apply; the tree is left as described."""
 
-    exit_code = 1
+    exit_code = FAILED
 
     def __init__(self, message: str, *, hint: str | None = None, report: dict | None = None) -> None:
         super().__init__(message, hint=hint)
@@ -32,4 +34,4 @@ class DifferenceError(ConflictError):
 class Interrupted(C128Error):
     """A Ctrl-C stopped an operation; the message says how to resume or undo it."""
 
-    exit_code = 130
+    exit_code = INTERRUPTED

@@ -7,6 +7,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -16,6 +17,48 @@ from c128patch.errors import C128Error
 # Fixed identity and environment so that commits we make are reproducible.
 BOT_NAME = "c128patch"
 BOT_EMAIL = "c128patch@noreply.invalid"
+
+# docs/security.md: the tool's own git calls run no program that a config names and sign nothing,
+# whoever set it (a repository's config, the operator's, or a series that tried to write one).
+FORCED_CONFIG = (
+    ("core.fsmonitor", "false"),
+    ("core.hooksPath", os.devnull),
+    ("commit.gpgSign", "false"),
+    ("tag.gpgSign", "false"),
+    ("rerere.enabled", "false"),
+    ("am.messageId", "false"),
+)
+# Test hook (as ops.faults' C128PATCH_FAULT): a folder of hooks the tool's git runs instead of none,
+# so that a test can interrupt inside git itself. Unset (always, outside tests), no hook runs.
+FAULT_HOOKS_ENV = "C128PATCH_FAULT_HOOKS"
+# Of the operator's GIT_* variables only these reach git (transport, tracing, git's own test knobs).
+# The rest are scrubbed on purpose: the tool names its repository, index and identity itself, and
+# git sets GIT_DIR/GIT_INDEX_FILE for hooks, where c128patch may run.
+_KEPT_ENV = ("GIT_TRACE", "GIT_SSH", "GIT_ASKPASS", "GIT_SSL_", "GIT_HTTP_", "GIT_PROXY_", "GIT_CURL_",
+             "GIT_EXEC_PATH", "GIT_TEST_", "GIT_CEILING_DIRECTORIES", "GIT_DISCOVERY_ACROSS_FILESYSTEM",
+             "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM")
+# git subcommands that keep the operator's global and system config (proxies, credentials, insteadOf)
+_TRANSPORT = ("clone", "fetch", "ls-remote")
+_DIFFS = ("diff", "log", "show", "range-diff")  # these get --no-ext-diff --no-textconv
+_DRIVERS = re.compile(r"^(filter|merge)\.(.+)\.(clean|smudge|process|driver)$")
+_FILTERS: dict[tuple[str, str], tuple[tuple | None, list[str], str]] = {}  # (cwd, git dir) -> (stamp, -c, refusal)
+_DUBIOUS = re.compile(r"detected dubious ownership in repository at '([^']+)'")
+
+
+# git's own folder under any spelling a file system may fold to it: case, trailing dots and spaces,
+# the 8.3 short name, the code points HFS+ ignores.
+_GIT_DIRS = (".git", "git~1")
+_HFS_IGNORED = dict.fromkeys([*range(0x200C, 0x2010), *range(0x202A, 0x202F), *range(0x206A, 0x2070), 0xFEFF])
+
+
+def folded_name(part: str) -> str:
+    """A file name as case-folding, dot-trimming file systems may see it."""
+    return unicodedata.normalize("NFC", part.translate(_HFS_IGNORED)).lower().rstrip(" .")
+
+
+def is_git_dir_name(part: str) -> bool:
+    """Is ``part`` a name under which a file system may open git's own folder?"""
+    return folded_name(part) in _GIT_DIRS
 
 
 def git_executable() -> str:
@@ -34,10 +77,24 @@ def stale_lock_message(path: str) -> str:
             f"if none is running, remove it (rm -f {shlex.quote(path)}) and retry")
 
 
+def _dubious_message(path: str) -> str:
+    return (f"git refuses {path}: it is owned by another user (git's safe.directory check: \"detected dubious "
+            f"ownership\"); if you trust it, run: {shlex.join(['git', 'config', '--global', '--add', 'safe.directory', path])}")
+
+
+_ENVIRONMENT = re.compile(r"Permission denied|Operation not permitted|Read-only file system|No space left on device|"
+                          r"Disk quota exceeded|File too large")
+
+
+def environment_problem(text: str) -> str | None:
+    """The line of git's output that says the machine failed (permission, space), not the input."""
+    return next((line.strip() for line in text.splitlines() if _ENVIRONMENT.search(line)), None)
+
+
 class GitError(C128Error):
     def __init__(self, args: Sequence[str], returncode: int, stderr: str, stdout: str = "") -> None:
         first = (stderr or stdout).strip().splitlines()
-        detail = first[-1] if first else f"exit {returncode}"
+        detail = environment_problem(stderr or "") or (first[-1] if first else f"exit {returncode}")
         locked = _LOCKED.search(stderr or "")
         if locked:
             detail = stale_lock_message(locked.group(1))
@@ -56,17 +113,24 @@ class Git:
     git_dir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
 
-    def _base_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        for key in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY"):
-            env.pop(key, None)
+    # -c settings turning off the filters of the repository's config: None, asked on first use; [] for a
+    # call that reads no file of a repository (parsing a patch)
+    filters_off: list[str] | None = field(default=None, repr=False, compare=False)
+    _trusted: tuple[str, ...] = field(default=(), repr=False, compare=False)
+
+    def _base_env(self, transport: bool = False) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k.startswith(_KEPT_ENV)}
+        if not transport:  # the operator's global and system config change nothing the tool does
+            env.update({"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"})
+            env.pop("GIT_CONFIG_SYSTEM", None)
         env.update(
             {
-                "GIT_AUTHOR_NAME": env.get("GIT_AUTHOR_NAME", BOT_NAME),
-                "GIT_AUTHOR_EMAIL": env.get("GIT_AUTHOR_EMAIL", BOT_EMAIL),
-                "GIT_COMMITTER_NAME": env.get("GIT_COMMITTER_NAME", BOT_NAME),
-                "GIT_COMMITTER_EMAIL": env.get("GIT_COMMITTER_EMAIL", BOT_EMAIL),
+                "GIT_AUTHOR_NAME": BOT_NAME,
+                "GIT_AUTHOR_EMAIL": BOT_EMAIL,
+                "GIT_COMMITTER_NAME": BOT_NAME,
+                "GIT_COMMITTER_EMAIL": BOT_EMAIL,
                 "GIT_TERMINAL_PROMPT": "0",
+                "GIT_NO_REPLACE_OBJECTS": "1",
                 "LC_ALL": "C",
             }
         )
@@ -76,7 +140,76 @@ class Git:
         return env
 
     def with_env(self, **extra: str) -> "Git":
-        return Git(self.worktree, self.git_dir, {**self.env, **extra})
+        return Git(self.worktree, self.git_dir, {**self.env, **extra}, self.filters_off, self._trusted)
+
+    @property
+    def cwd(self) -> Path:
+        return self.worktree if self.worktree is not None else (self.git_dir or Path.cwd())
+
+    def _settings(self) -> list[str]:
+        """``-c`` options: FORCED_CONFIG, the filters the repository's config names turned off, and
+        the folders the operator trusts (safe.directory) that the isolated config would not."""
+        if self.filters_off is None:
+            self.filters_off = self._filters_off() if self.worktree is not None or self.git_dir is not None else []
+        forced = [f"{k}={v}" for k, v in FORCED_CONFIG]
+        if os.environ.get(FAULT_HOOKS_ENV):
+            forced.append(f"core.hooksPath={os.environ[FAULT_HOOKS_ENV]}")
+        return [*forced, *self.filters_off,
+                *(f"safe.directory={p}" for p in self._trusted)]
+
+    def _filters_off(self) -> list[str]:
+        """``-c`` settings that turn off each filter the repository's config names (a merge driver
+        program is refused). Asked of git once per state of the config file."""
+        git_dir = self.env.get("GIT_DIR") or self.git_dir
+        config = Path(git_dir) / "config" if git_dir else self.cwd / ".git" / "config"
+        try:
+            stat = config.stat()
+            stamp: tuple | None = (str(config), stat.st_mtime_ns, stat.st_size, (config.parent / "config.worktree").exists())
+        except OSError:
+            stamp = None  # not a plain repository top: ask every time
+        key = (str(self.cwd), str(git_dir))
+        cached = _FILTERS.get(key)
+        if stamp is None or cached is None or cached[0] != stamp:
+            proc = self._raw(["config", "--get-regexp", r"^(filter|merge)\..*\.(clean|smudge|process|driver)$"],
+                             self._base_env(), [f"{k}={v}" for k, v in FORCED_CONFIG])
+            off, refusal = [], ""
+            for line in proc.stdout.splitlines():
+                name, _, value = line.partition(" ")
+                m = _DRIVERS.match(name)
+                if m and m.group(1) == "merge" and value.strip() and not refusal:
+                    refusal = (f"{self.cwd}: its git config names a merge program ({name} = {value}); c128patch "
+                               "runs no program from a repository's config: remove that setting, or use a clone "
+                               "without it")
+                elif m and m.group(1) == "filter":
+                    off += [f"filter.{m.group(2)}.{k}" for k in ("clean=", "smudge=", "process=", "required=false")]
+            cached = (stamp, off, refusal)
+            if stamp is not None:
+                _FILTERS[key] = cached
+        if cached[2]:
+            raise C128Error(cached[2])
+        return list(cached[1])
+
+    def _raw(self, args: list[str], env: dict[str, str], settings: list[str], input=None, binary: bool = False,
+             ) -> subprocess.CompletedProcess:
+        cmd = [git_executable(), *(x for s in settings for x in ("-c", s)), *args]
+        proc = subprocess.run(cmd, cwd=self.cwd, env=env, input=input, capture_output=True, text=not binary)
+        err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
+        dubious = _DUBIOUS.search(err) if proc.returncode != 0 else None
+        if dubious and dubious.group(1) not in self._trusted:
+            path = dubious.group(1)
+            # the operator's own config may trust it (safe.directory in their global config)
+            probe = subprocess.run([git_executable(), "rev-parse", "--git-dir"], cwd=self.cwd, capture_output=True,
+                                   env=self._base_env(transport=True))
+            if probe.returncode != 0:
+                raise C128Error(_dubious_message(path))
+            self._trusted = (*self._trusted, path)
+            return self._raw(args, env, [*settings, f"safe.directory={path}"], input, binary)
+        return proc
+
+    def command(self, *args: str) -> tuple[list[str], dict[str, str]]:
+        """The argv and environment of a hardened git call, for callers that stream (Popen)."""
+        return ([git_executable(), *(x for s in self._settings() for x in ("-c", s)), *args],
+                self._base_env(transport=bool(args) and args[0] in _TRANSPORT))
 
     def run(
         self,
@@ -85,21 +218,20 @@ class Git:
         input: str | bytes | None = None,
         env: Mapping[str, str] | None = None,
         binary: bool = False,
+        transport: bool = False,
     ) -> subprocess.CompletedProcess:
-        full_env = self._base_env()
+        """Run git; ``transport``: a clone or fetch from a URL, which keeps the operator's global
+        config (proxies, credentials); every other call runs without it."""
+        full_env = self._base_env(transport=transport and bool(args) and args[0] in _TRANSPORT)
         if env:
             full_env.update(env)
-        cwd = self.worktree if self.worktree is not None else (self.git_dir or Path.cwd())
-        cmd = [git_executable(), *args]
+        argv = list(args)
+        if argv and argv[0] in _DIFFS:
+            argv[1:1] = ["--no-ext-diff", "--no-textconv"]
+        elif argv and argv[0] == "blame":
+            argv[1:1] = ["--no-textconv"]
         data = input.encode() if isinstance(input, str) and binary else input
-        proc = subprocess.run(
-            cmd,
-            cwd=cwd,
-            env=full_env,
-            input=data,
-            capture_output=True,
-            text=not binary,
-        )
+        proc = self._raw(argv, full_env, self._settings(), data, binary)
         if check and proc.returncode != 0:
             err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
             out = proc.stdout if isinstance(proc.stdout, str) else proc.stdout.decode(errors="replace")
@@ -112,8 +244,17 @@ class Git:
     def ok(self, *args: str, **kw) -> bool:
         return self.run(*args, check=False, **kw).returncode == 0
 
+    def operator_hooks_dir(self) -> Path | None:
+        """The folder the operator's own git runs this repository's hooks from (their config, not
+        the tool's: its own calls run none)."""
+        proc = subprocess.run([git_executable(), "rev-parse", "--git-path", "hooks"], cwd=self.cwd, capture_output=True,
+                              text=True, env=self._base_env(transport=True))
+        return self.cwd / proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
+
     # --- queries -------------------------------------------------------------
     def rev_parse(self, rev: str) -> str | None:
+        if rev.startswith("-"):  # never an option to git
+            return None
         proc = self.run("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
         return proc.stdout.strip() or None if proc.returncode == 0 else None
 
@@ -152,20 +293,12 @@ class Git:
 def is_work_tree(path: Path) -> bool:
     if not path.is_dir():
         return False
-    proc = subprocess.run(
-        [git_executable(), "rev-parse", "--is-inside-work-tree"],
-        cwd=path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "LC_ALL": "C"},
-    )
+    proc = Git(worktree=path).run("rev-parse", "--is-inside-work-tree", check=False)
     return proc.returncode == 0 and proc.stdout.strip() == "true"
 
 
 def toplevel(path: Path) -> Path:
-    proc = subprocess.run(
-        [git_executable(), "rev-parse", "--show-toplevel"], cwd=path, capture_output=True, text=True
-    )
+    proc = Git(worktree=path).run("rev-parse", "--show-toplevel", check=False)
     if proc.returncode != 0:
         raise C128Error(f"not a git repository: {path}")
     return Path(proc.stdout.strip())

@@ -8,9 +8,26 @@ import click
 
 from c128patch import __version__
 
-# One module per command (cli/<verb>.py), each exposing `command`.
-COMMANDS = ("apply", "check", "status", "lint", "audit", "refresh", "rebase", "capacity", "wheel", "build",
-            "verify-wheel", "smoke", "matrix", "gates", "doctor", "watch")
+# One module per command (cli/<verb>.py), each exposing `command`, with the one line `--help` lists:
+# listing the commands imports none of them; a verb's module is imported when that verb runs.
+COMMANDS: dict[str, str] = {
+    "apply": "Check out REV on a new branch and apply the series.",
+    "check": "Would the series apply to each REV? Nothing is checked out.",
+    "status": "Which series is applied on which rev, and what changed since.",
+    "lint": "Validate the series manifest and its files.",
+    "audit": "Gate audit: gated side effects run only under their gate.",
+    "refresh": "Export the patched branch back into the series.",
+    "rebase": "Move the patched branch onto another upstream rev.",
+    "capacity": "KV capacity (full tokens) with online C128 off and on.",
+    "wheel": "Patch a released sglang wheel with the series (no rebuild).",
+    "build": "Source-build a patched sglang wheel (PEP 517).",
+    "verify-wheel": "Check a patched wheel: RECORD, version, SBOM, effects.",
+    "smoke": "GPU smoke tests of a patched build.",
+    "matrix": "Releases x evidence, read from the committed results.",
+    "gates": "The env reference: every variable the series adds or reads.",
+    "doctor": "Will the installed sglang do what the envs ask?",
+    "watch": "Carry the series onto REV in a scratch clone and report it.",
+}
 
 
 class LazyGroup(click.Group):
@@ -20,8 +37,14 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in COMMANDS:
             return None
-        module = importlib.import_module(f"c128patch.cli.{name.replace('-', '_')}")
-        return module.command
+        command = importlib.import_module(f"c128patch.cli.{name.replace('-', '_')}").command
+        command.short_help = COMMANDS[name]
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands and their one line, from the table (no module imported)."""
+        with formatter.section("Commands"):
+            formatter.write_dl(sorted(COMMANDS.items()))
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,14 +19,12 @@ from c128patch.cli.common import (
     series_option,
 )
 from c128patch.errors import C128Error, ConflictError, Interrupted
-from c128patch.evidence.matrix import verification_note
-from c128patch.git import Git
-from c128patch.ops.apply import Apply, ApplyResult, clone_template
-from c128patch.ops.treestate import apply_commands
-from c128patch.progress import console, reporter
-from c128patch.series.manifest import Series
-from c128patch.series.plan import check_paths_at, plan
-from c128patch.upstream.source import DEFAULT_TREE, discard_fresh_tree, is_url, open_upstream, prepare_tree
+from c128patch.upstream import DEFAULT_TREE
+
+if TYPE_CHECKING:
+    from c128patch.git import Git
+    from c128patch.ops.apply import ApplyResult
+    from c128patch.series.manifest import Series
 
 
 @click.command("apply")
@@ -48,6 +47,12 @@ from c128patch.upstream.source import DEFAULT_TREE, discard_fresh_tree, is_url, 
 def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | None, cont: bool, abort: bool,
             series_dir: Path | None, as_json: bool) -> None:
     """Check out REV on a new branch and apply the series, one commit per entry."""
+    from c128patch.git import Git
+    from c128patch.ops.apply import Apply, clone_template
+    from c128patch.progress import reporter
+    from c128patch.series.plan import check_paths_at, plan
+    from c128patch.upstream.source import discard_fresh_tree, is_url, open_upstream, prepare_tree, refuse_git_dir
+
     chosen = [n for n, on in (("--sglang-rev", rev), ("--continue", cont), ("--abort", abort)) if on]
     if len(chosen) != 1:
         raise C128Error("give exactly one of --sglang-rev REV, --continue, --abort")
@@ -57,6 +62,8 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
         _finish(tree or (Path(repo) if repo and not is_url(repo) else None), cont, series_dir, as_json)
         return
     series = get_series(series_dir)
+    if tree is not None:
+        refuse_git_dir(tree)
     with reporter(not as_json, title="apply") as rep:
         upstream = open_upstream(repo, [rev], rep)
         commit = upstream.resolve(rev)
@@ -66,6 +73,8 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
         info = {"rev": rev, "commit": commit, "source": upstream.kind}
         if upstream.kind == "url":
             info["url"] = upstream.location
+        if tree is None and upstream.kind != "path":
+            _refuse_switching(DEFAULT_TREE, rev, commit, branch or f"c128/{rev}")
         existed = (tree or DEFAULT_TREE).exists()
         template = clone_template(series, rev, commit, branch, str(upstream.git.git_dir or upstream.git.worktree),
                                   existed, info)
@@ -89,13 +98,47 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     _report(result, series, Git(worktree=worktree), as_json)
 
 
+def _refuse_switching(tree: Path, rev: str, commit: str, branch: str) -> None:
+    """The default tree holds another upstream commit: switching it to a new branch is asked for
+    with --tree, never done unasked."""
+    import json
+
+    from c128patch.git import Git, is_work_tree
+    from c128patch.series.provenance import PROVENANCE_PATH
+
+    if not tree.is_dir() or not is_work_tree(tree):
+        return
+    git = Git(worktree=tree)
+    head = git.rev_parse("HEAD")
+    record = git.blob("HEAD", PROVENANCE_PATH) if head else None
+    try:
+        upstream = json.loads(record)["upstream"] if record else {"commit": head, "rev": (head or "")[:12]}
+    except (ValueError, KeyError, TypeError):
+        upstream = {"commit": head, "rev": (head or "")[:12]}
+    if head is None or upstream.get("commit") == commit:
+        return
+    on = git.run("symbolic-ref", "--short", "-q", "HEAD", check=False).stdout.strip()
+    held = f"{upstream.get('rev')}" + (f" + series (branch {on})" if record and on else f" (branch {on})" if on else "")
+    switch = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--tree", str(tree)])
+    beside = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--tree", f"{tree}-{rev}"])
+    raise C128Error(f"./{tree} holds {held}: applying {rev} there would switch it to a new branch {branch}; "
+                    "say which you want",
+                    hint=f"  switch ./{tree} (its branch stays): {switch}\n  a second tree beside it: {beside}")
+
+
 def _interrupted(tree: Path) -> Interrupted:
+    from c128patch.ops.treestate import apply_commands
+
     resume, undo = apply_commands(tree)
     return Interrupted(f"interrupted: the apply journal is intact; resume with `{resume}` or undo with `{undo}`")
 
 
 def _finish(where: Path | None, cont: bool, series_dir: Path | None, as_json: bool) -> None:
     """--continue / --abort, in ``where`` (None: the tree ``locate_tree`` finds, as status does)."""
+    from c128patch.git import Git
+    from c128patch.ops.apply import Apply
+    from c128patch.progress import console, reporter
+
     if where is not None and not where.is_dir():
         raise C128Error(f"no such folder: {where}")
     git = Git(worktree=locate_tree(where))
@@ -127,6 +170,9 @@ def _finish(where: Path | None, cont: bool, series_dir: Path | None, as_json: bo
 
 
 def _report(result: ApplyResult, series: Series, git: Git, as_json: bool) -> None:
+    from c128patch.evidence.matrix import verification_note
+    from c128patch.progress import console
+
     note = verification_note(series, git, result.upstream_commit, result.rev)
     if as_json:
         emit_json({"ok": True, **result.to_json(), "evidence_note": note})

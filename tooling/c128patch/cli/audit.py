@@ -7,12 +7,8 @@ from pathlib import Path
 
 import click
 
+from c128patch import exitcodes
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
-from c128patch.ops.audit import RULES
-from c128patch.ops.series_audit import audit_series
-from c128patch.progress import console, reporter
-from c128patch.series.plan import validate_files
-from c128patch.upstream.source import open_upstream
 
 
 @click.command("audit")
@@ -23,6 +19,12 @@ from c128patch.upstream.source import open_upstream
 @handles_errors
 def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, as_json: bool) -> None:
     """Gate audit: statements a gated entry adds with side effects must run only under its env gate."""
+    from c128patch.ops.audit import RULES
+    from c128patch.ops.series_audit import audit_series
+    from c128patch.progress import console, reporter
+    from c128patch.series.plan import validate_files
+    from c128patch.upstream.source import open_upstream
+
     series = get_series(series_dir)
     validate_files(series)
     revs = revs or (series.base,)
@@ -45,4 +47,4 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, as
         out.print(f"gate audit ({', '.join(r.name for r in RULES)}) of {len(gated)} gated entries on "
                   f"{', '.join(revs)}: {'clean' if ok else 'FINDINGS'}", markup=False)
     if not ok:
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)

@@ -15,9 +15,6 @@ from c128patch.cli.common import (
     repo_option,
     series_option,
 )
-from c128patch.progress import console, reporter
-from c128patch.upstream.source import open_upstream
-from c128patch.wheel.srcbuild import build_wheel
 
 
 @click.command("build")
@@ -38,6 +35,10 @@ def command(rev: str, repo: str | None, tree: Path | None, out_dir: Path, base_v
 
     Applies the series first unless the tree already is REV + this series; the wheel gets the same
     version label, provenance and SBOM as `c128patch wheel`."""
+    from c128patch.progress import console, reporter
+    from c128patch.upstream.source import open_upstream
+    from c128patch.wheel.srcbuild import build_wheel
+
     check_output_dir(out_dir, "-o")
     series = get_series(series_dir)
     with reporter(not as_json, title="build") as rep:

@@ -8,11 +8,8 @@ from dataclasses import replace
 from typing import Optional
 
 import click
-from rich.console import Console
 
 from c128patch.capacity import model as cap
-from c128patch.capacity import pr as capacity_pr
-from c128patch.capacity.tables import markdown_table, render_pr, render_table
 
 _R_KEYWORDS = {
     "auto": cap.DSV4_DEFAULT_MAX_RUNNING_REQUESTS,
@@ -132,6 +129,12 @@ def command(
     markdown: bool,
 ) -> None:
     """KV capacity (full tokens) with DeepSeek-V4 online C128 off and on."""
+    from rich.console import Console
+
+    from c128patch.capacity import pr as capacity_pr
+    from c128patch.capacity.tables import markdown_table, render_pr, render_table
+    from c128patch.progress import console as plain_console
+
     r, r_mode = parse_max_running_requests(max_rr)
     budget = resolve_budget(budget_gib, budget_bytes, gpu_gib, mem_fraction_static, non_kv_gib)
     results = []
@@ -166,7 +169,7 @@ def command(
         return
 
     # A pipe or a file gets the whole table rather than 80 wrapped columns.
-    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console = Console() if sys.stdout.isatty() else plain_console(stderr=False)
     title = (f"KV budget {cap.gib(budget):.2f} GiB/GPU, TP{tp}, formula {formula}, "
              f"swa ratio {swa_full_tokens_ratio}, {state_dtype} state, "
              f"{'DSPARK' if speculative else 'no speculation'}")

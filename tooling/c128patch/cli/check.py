@@ -5,16 +5,16 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.table import Table
 
+from c128patch import exitcodes
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
-from c128patch.ops.check import EntryCheck, Verdict, check_revs
-from c128patch.progress import console, reporter
-from c128patch.series.manifest import Entry
-from c128patch.series.plan import validate_files
-from c128patch.upstream.source import open_upstream
+
+if TYPE_CHECKING:
+    from c128patch.ops.check import EntryCheck, Verdict
+    from c128patch.series.manifest import Entry
 
 
 def _cell(entry: Entry, e: EntryCheck) -> str:
@@ -30,10 +30,10 @@ def _cell(entry: Entry, e: EntryCheck) -> str:
 def _verdict(verb: str, v: Verdict | None) -> str:
     if v is None:
         return f"{verb}: no release wheel"
-    if v.exit == 0:
+    if v.exit == exitcodes.OK:
         return f"{verb}: applies"
-    what = "refused before anything is done" if v.exit == 2 else f"stops at {v.entry}"
-    detail = f" ({v.detail})" if v.detail and v.exit == 1 else (f" ({v.entry}: {v.detail})" if v.entry else "")
+    what = "refused before anything is done" if v.exit == exitcodes.USAGE else f"stops at {v.entry}"
+    detail = f" ({v.detail})" if v.detail and v.exit == exitcodes.FAILED else (f" ({v.entry}: {v.detail})" if v.entry else "")
     return f"{verb}: {what}{detail}, exit {v.exit}"
 
 
@@ -49,6 +49,13 @@ def command(revs: tuple[str, ...], strict: bool, repo: str | None, series_dir: P
     """Does the series apply to each REV, and what would apply and wheel do? Nothing is checked out.
     Per entry: which file was chosen and by which rule (exact/most preimage blobs, ancestor,
     strict, primary, only)."""
+    from rich.table import Table
+
+    from c128patch.ops.check import check_revs
+    from c128patch.progress import console, reporter
+    from c128patch.series.plan import validate_files
+    from c128patch.upstream.source import open_upstream
+
     series = get_series(series_dir)
     validate_files(series)
     with reporter(not as_json, total=len(revs), title="check") as rep:
@@ -86,4 +93,4 @@ def command(revs: tuple[str, ...], strict: bool, repo: str | None, series_dir: P
             " with exact context" if strict and all(r.ok for r in results) else "")
         out.print(f"{verdict} ({elapsed:.2f} s for {len(results)} rev(s))", markup=False)
     if not ok:
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)

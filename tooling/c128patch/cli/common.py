@@ -7,17 +7,19 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
+from c128patch import exitcodes
 from c128patch.errors import C128Error, ConflictError
-from c128patch.git import Git, is_work_tree, toplevel
-from c128patch.ops.treestate import c128_state_dir
-from c128patch.progress import console
-from c128patch.series.manifest import Series, default_series_root, load_series
-from c128patch.series.provenance import PROVENANCE_PATH
-from c128patch.upstream.source import DEFAULT_TREE
+from c128patch.upstream import DEFAULT_TREE
+
+if TYPE_CHECKING:
+    from c128patch.series.manifest import Series
+
+# A verb's module imports only click and this module at its top, so that its --help starts fast; the
+# core modules are imported in the bodies that use them.
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON report on stdout.")
 series_option = click.option(
@@ -38,6 +40,8 @@ tree_option = click.option(
 
 def _own_toplevel(path: Path) -> Path | None:
     """``path`` when it is the top of its own git work tree (not a folder inside another one)."""
+    from c128patch.git import is_work_tree, toplevel
+
     if not is_work_tree(path):
         return None
     top = toplevel(path)
@@ -45,6 +49,10 @@ def _own_toplevel(path: Path) -> Path | None:
 
 
 def _is_c128_tree(top: Path) -> bool:
+    from c128patch.git import Git
+    from c128patch.ops.treestate import c128_state_dir
+    from c128patch.series.provenance import PROVENANCE_PATH
+
     return (top / PROVENANCE_PATH).is_file() or c128_state_dir(Git(worktree=top)).is_dir()
 
 
@@ -52,7 +60,11 @@ def locate_tree(tree: Path | None) -> Path:
     """The tree ``status``/``rebase``/``refresh``/``smoke`` work on: ``--tree``; else the repository
     the current folder is in when c128patch applied (or is rebasing) there; else ``./sglang``, the
     tree ``apply`` makes when run here; else the current repository (its status then says what it lacks)."""
+    from c128patch.git import is_work_tree, toplevel
+    from c128patch.upstream.source import refuse_git_dir
+
     if tree is not None:
+        refuse_git_dir(tree)
         return toplevel(tree)
     here = Path.cwd()
     top = toplevel(here) if is_work_tree(here) else None
@@ -70,6 +82,8 @@ def locate_tree(tree: Path | None) -> Path:
 
 
 def get_series(series_dir: Path | None) -> Series:
+    from c128patch.series.manifest import default_series_root, load_series
+
     return load_series(series_dir or default_series_root())
 
 
@@ -95,6 +109,8 @@ def handles_errors(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from c128patch.progress import console
+
         as_json = kwargs.get("as_json", False)
         try:
             return fn(*args, **kwargs)
@@ -113,6 +129,6 @@ def handles_errors(fn: Callable) -> Callable:
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             console().print("c128patch: interrupted", markup=False)
-            sys.exit(130)
+            sys.exit(exitcodes.INTERRUPTED)
 
     return wrapper

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import click
 
+from c128patch import exitcodes
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, series_option
 from c128patch.errors import C128Error
-from c128patch.progress import console
-from c128patch.serve.doctor import diagnose
 
 _STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "error": "red"}
 
@@ -32,6 +31,9 @@ def command(python: str, series_dir: Path | None, as_json: bool, launch_args: tu
     arguments after `--` (e.g. c128patch doctor -- --speculative-algorithm DSPARK --tp 8);
     nvcc, apache-tvm-ffi and the GPU. Exit 1 when something would not do what the envs ask.
     """
+    from c128patch.progress import console
+    from c128patch.serve.doctor import diagnose
+
     try:
         series = get_series(series_dir)
     except C128Error:
@@ -50,4 +52,4 @@ def command(python: str, series_dir: Path | None, as_json: bool, launch_args: tu
         warnings = sum(f.level == "warn" for f in report.findings)
         out.print(f"doctor: {errors} error(s), {warnings} warning(s)", markup=False)
     if not report.ok:
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)

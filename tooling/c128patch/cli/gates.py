@@ -5,12 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.table import Table
-from rich.text import Text
 
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, series_option
-from c128patch.progress import console
-from c128patch.series.gates import render_markdown
 
 
 @click.command("gates")
@@ -20,6 +16,12 @@ from c128patch.series.gates import render_markdown
 @handles_errors
 def command(markdown: bool, series_dir: Path | None, as_json: bool) -> None:
     """The env reference: every variable the series adds or reads, its default, what it does, what it conflicts with."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from c128patch.progress import console
+    from c128patch.series.gates import render_markdown
+
     series = get_series(series_dir)
     entry_gates = {e.name: e.gate for e in series.entries}
     if as_json:

@@ -7,12 +7,8 @@ from pathlib import Path
 
 import click
 
+from c128patch import exitcodes
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
-from c128patch.ops.lint import Finding, lint_series
-from c128patch.ops.lint import update_hashes as record_hashes
-from c128patch.ops.series_audit import audit_series
-from c128patch.progress import console, reporter
-from c128patch.upstream.source import open_upstream
 
 
 @click.command("lint")
@@ -24,6 +20,12 @@ from c128patch.upstream.source import open_upstream
 @handles_errors
 def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Path | None, as_json: bool) -> None:
     """Validate the series manifest and its files."""
+    from c128patch.ops.lint import Finding, lint_series
+    from c128patch.ops.lint import update_hashes as record_hashes
+    from c128patch.ops.series_audit import audit_series
+    from c128patch.progress import console, reporter
+    from c128patch.upstream.source import open_upstream
+
     series = get_series(series_dir)
     if update_hashes:
         record_hashes(series)
@@ -48,4 +50,4 @@ def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Pa
         out.print(f"{series.name} {series.version}: {len(series.entries)} entries, "
                   f"{len(errors)} error(s), {len(findings) - len(errors)} warning(s)", markup=False)
     if errors:
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)

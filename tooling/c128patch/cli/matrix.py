@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, series_option
 from c128patch.errors import C128Error
-from c128patch.evidence.matrix import ReleaseRow, build_matrix, markdown
-from c128patch.evidence.results import KINDS, results_root
-from c128patch.progress import reporter
-from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version, tag_for
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from c128patch.evidence.matrix import ReleaseRow
 
 STYLE = {"verified": "green", "failed": "red", "stale": "yellow", "unverified": "dim"}
 HEADINGS = {"compile": "compiles sm_90a", "suite": "GPU suite", "memcheck": "memcheck", "racecheck": "racecheck",
@@ -29,6 +30,10 @@ def _cell(state: str, detail: str) -> str:
 
 
 def release_table(rows: list[ReleaseRow]) -> Table:
+    from rich.table import Table
+
+    from c128patch.evidence.results import KINDS
+
     table = Table(title="evidence per release (committed results, keyed by upstream tree / series hash)")
     table.add_column("release")
     table.add_column("key (tree/series)")
@@ -42,6 +47,8 @@ def release_table(rows: list[ReleaseRow]) -> Table:
 
 
 def entry_table(rows: list[ReleaseRow]) -> Table:
+    from rich.table import Table
+
     table = Table(title="entries x releases: applies (replayed now)")
     table.add_column("entry")
     for row in rows:
@@ -64,6 +71,13 @@ def command(revs: tuple[str, ...], results_dir: Path | None, as_markdown: bool, 
             as_json: bool) -> None:
     """Releases x {applies strict / 3-way, compiles for sm_90a, GPU suite, memcheck, racecheck,
     differential}, read from the committed results; stale or missing evidence says so."""
+    from rich.console import Console
+
+    from c128patch.evidence.matrix import build_matrix, markdown
+    from c128patch.evidence.results import results_root
+    from c128patch.progress import console, reporter
+    from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version, tag_for
+
     series = get_series(series_dir)
     root = results_dir or results_root(series)
     wanted = list(revs) or [tag_for(v) for v in DEFAULT_RELEASES]
@@ -83,7 +97,7 @@ def command(revs: tuple[str, ...], results_dir: Path | None, as_markdown: bool, 
     if as_markdown:
         click.echo(markdown(rows), nl=False)
         return
-    out = Console(width=220, highlight=False, soft_wrap=False)
+    out = Console(width=220, highlight=False, soft_wrap=False) if sys.stdout.isatty() else console(stderr=False)
     out.print(release_table(rows))
     out.print(entry_table(rows))
     for row in rows:

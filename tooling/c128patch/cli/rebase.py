@@ -5,9 +5,9 @@ from __future__ import annotations
 import shlex
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.table import Table
 
 from c128patch.cli.common import (
     check_output_dir,
@@ -21,15 +21,16 @@ from c128patch.cli.common import (
     tree_option,
 )
 from c128patch.errors import C128Error, Interrupted
-from c128patch.git import Git
-from c128patch.ops.rebase import Journal, Rebase
-from c128patch.ops.treestate import rebase_command, rebase_journal, repo_lock
-from c128patch.progress import console, reporter
-from c128patch.upstream.releases import release_version
-from c128patch.upstream.source import open_upstream
+
+if TYPE_CHECKING:
+    from c128patch.git import Git
 
 
 def _onto_commit(git: Git, rev: str, repo: str | None) -> str:
+    from c128patch.progress import reporter
+    from c128patch.upstream.releases import release_version
+    from c128patch.upstream.source import open_upstream
+
     if repo is None:
         commit = git.rev_parse(rev)
         if commit:
@@ -61,6 +62,13 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
             tree: Path | None, repo: str | None, series_dir: Path | None, as_json: bool) -> None:
     """Move the patched branch onto another upstream rev: each entry replays the file the series
     chooses there, your edits are carried, the result is proven equal to a fresh apply."""
+    from rich.table import Table
+
+    from c128patch.git import Git
+    from c128patch.ops.rebase import Journal, Rebase
+    from c128patch.ops.treestate import rebase_command, rebase_journal, repo_lock
+    from c128patch.progress import console
+
     chosen = [n for n, on in (("--onto", onto), ("--continue", cont), ("--skip", skip), ("--abort", abort)) if on]
     if len(chosen) != 1:
         raise C128Error("give exactly one of --onto REV, --continue, --skip, --abort")

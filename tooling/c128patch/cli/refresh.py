@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from c128patch import exitcodes
 from c128patch.cli.common import (
     emit_json,
     get_series,
@@ -16,10 +17,6 @@ from c128patch.cli.common import (
     series_option,
     tree_option,
 )
-from c128patch.git import Git
-from c128patch.ops import refresh as core
-from c128patch.ops.treestate import ensure_idle, repo_lock
-from c128patch.progress import console
 
 
 @click.command("refresh")
@@ -37,6 +34,11 @@ from c128patch.progress import console
 def command(tree: Path | None, check_only: bool, primary: bool | None, version: str | None, accept_differences: bool,
             series_dir: Path | None, as_json: bool) -> None:
     """Export the patched branch back into patches/ and the manifest."""
+    from c128patch.git import Git
+    from c128patch.ops import refresh as core
+    from c128patch.ops.treestate import ensure_idle, repo_lock
+    from c128patch.progress import console
+
     series = get_series(series_dir)
     git = Git(worktree=locate_tree(tree))
     with repo_lock(git, "refresh"):
@@ -63,4 +65,4 @@ def command(tree: Path | None, check_only: bool, primary: bool | None, version: 
         out.print(f"series {result.series.name} {result.series.version} on {result.series.base}: "
                   f"{len(changes)} file(s) {verb}" if changes else "series is up to date with the branch", markup=False)
     if check_only and (changes or unproven):
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)

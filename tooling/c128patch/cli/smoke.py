@@ -8,24 +8,21 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import click
-from rich.console import Console
-from rich.table import Table
 
+from c128patch import exitcodes
 from c128patch.cli.common import check_output_dir, emit_json, handles_errors, json_option, locate_tree
 from c128patch.errors import C128Error
-from c128patch.progress import console
-from c128patch.smoke import device as smoke_device
-from c128patch.smoke import kernel as smoke_kernel
-from c128patch.smoke import passes as smoke_pass
-from c128patch.smoke import sanitizer as smoke_sanitizer
-from c128patch.smoke import server as smoke_server
-from c128patch.smoke import trees as smoke_trees
-from c128patch.smoke import upstream_select as smoke_upstream_select
-from c128patch.smoke import upstream_suite as smoke_upstream
-from c128patch.smoke.procs import Interrupted, signals_raise
+from c128patch.smoke.presets import LOAD_TOOLS, PRESETS, SANITIZER_TOOLS
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from c128patch.smoke import kernel as smoke_kernel
+    from c128patch.smoke import server as smoke_server
 
 STYLE = {"passed": "green", "failed": "red", "error": "red", "crashed": "bold red", "skipped": "yellow",
          "xfailed": "yellow", "xpassed": "red", "not run": "dim", "absent": "dim",
@@ -43,7 +40,9 @@ class _RecordingCommand(click.Command):
 
 def _stdout() -> Console:
     """The report console: a pipe or a file gets whole rows rather than 80 folded columns."""
-    return console(stderr=False) if sys.stdout.isatty() else Console(width=200, highlight=False, soft_wrap=True)
+    from c128patch.progress import console
+
+    return console(stderr=False)
 
 
 def _styled(text: str) -> str:
@@ -59,6 +58,8 @@ def _out_dir(out: Path | None, tier: str) -> Path:
 
 
 def kernel_table(report: dict[str, Any]) -> Table:
+    from rich.table import Table
+
     passes = report["passes"]
     san_labels = [k for k in passes if k.startswith("patched-")]
     table = Table(title=f"GPU suite: {report['tree']}")
@@ -85,6 +86,8 @@ def kernel_table(report: dict[str, Any]) -> Table:
 
 
 def print_kernel(report: dict[str, Any], path: Path) -> None:
+    from c128patch.smoke import device as smoke_device
+
     out = _stdout()
     if report["mode"] == "collect-only":
         for t in report.get("tests", []):
@@ -122,6 +125,12 @@ def print_kernel(report: dict[str, Any], path: Path) -> None:
 
 
 def run_kernel(opts: smoke_kernel.KernelOptions, command: str, stage_dir: Path | None, as_json: bool) -> None:
+    from c128patch.progress import console
+    from c128patch.smoke import device as smoke_device
+    from c128patch.smoke import kernel as smoke_kernel
+    from c128patch.smoke import passes as smoke_pass
+    from c128patch.smoke import trees as smoke_trees
+
     err = console()
     say = (lambda m: None) if as_json else (lambda m: err.print(m, markup=False))
     # Cheap checks of the inputs first, then the machine, then the slow preparation.
@@ -168,13 +177,18 @@ def run_kernel(opts: smoke_kernel.KernelOptions, command: str, stage_dir: Path |
     else:
         print_kernel(report, path)
     if not report["ok"]:
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)
 
 
 # --------------------------------------------------------------------------- upstream's own tests
 
 
 def print_upstream(report: dict[str, Any], path: Path) -> None:
+    from rich.table import Table
+
+    from c128patch.smoke import device as smoke_device
+    from c128patch.smoke import upstream_suite as smoke_upstream
+
     out = _stdout()
     table = Table(title=f"upstream's own tests: {report['tree']} vs {report['upstream_tree']}")
     for col in ("test", "patched", "unpatched", "verdict", "why"):
@@ -202,6 +216,14 @@ def print_upstream(report: dict[str, Any], path: Path) -> None:
 
 def run_upstream(opts: smoke_kernel.KernelOptions, tests: Path | None, command: str, stage_dir: Path | None,
                  as_json: bool, parallel_trees: bool = False) -> None:
+    from c128patch.progress import console
+    from c128patch.smoke import device as smoke_device
+    from c128patch.smoke import kernel as smoke_kernel
+    from c128patch.smoke import passes as smoke_pass
+    from c128patch.smoke import trees as smoke_trees
+    from c128patch.smoke import upstream_select as smoke_upstream_select
+    from c128patch.smoke import upstream_suite as smoke_upstream
+
     err = console()
     say = (lambda m: None) if as_json else (lambda m: err.print(m, markup=False))
     opts.differential = True  # always side by side
@@ -251,13 +273,15 @@ def run_upstream(opts: smoke_kernel.KernelOptions, tests: Path | None, command: 
     else:
         print_upstream(report, path)
     if not report["ok"]:
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)
 
 
 # --------------------------------------------------------------------------- server tier
 
 
 def print_server(report: dict[str, Any], path: Path) -> None:
+    from rich.table import Table
+
     out = _stdout()
     table = Table(title=f"server smoke: {report['model_path']} TP{report['tp']}"
                         f"{' compact' if report['compact'] else ''}, {report['load_tool']} load")
@@ -293,6 +317,9 @@ def print_server(report: dict[str, Any], path: Path) -> None:
 
 
 def run_server(opts: smoke_server.ServerOptions, command: str, as_json: bool) -> None:
+    from c128patch.progress import console
+    from c128patch.smoke import server as smoke_server
+
     err = console()
     say = (lambda m: None) if as_json else (lambda m: err.print(m, markup=False))
     report = smoke_server.run_server_tier(opts, command, say)
@@ -302,7 +329,7 @@ def run_server(opts: smoke_server.ServerOptions, command: str, as_json: bool) ->
     else:
         print_server(report, path)
     if not report["ok"]:
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)
 
 
 # --------------------------------------------------------------------------- command
@@ -311,12 +338,15 @@ def run_server(opts: smoke_server.ServerOptions, command: str, as_json: bool) ->
 @contextlib.contextmanager
 def _stops_on_signals() -> Iterator[None]:
     """SIGTERM/SIGHUP unwind like Ctrl-C (children stopped on the way out), then exit 128+N."""
+    from c128patch.progress import console
+    from c128patch.smoke.procs import Interrupted, signals_raise
+
     try:
         with signals_raise():
             yield
     except Interrupted as exc:
         console().print(f"c128patch: {exc}; stopped what smoke started", markup=False)
-        sys.exit(128 + exc.signum)
+        sys.exit(exitcodes.SIGNAL + exc.signum)
 
 
 def _kv(values: tuple[str, ...]) -> dict[str, str]:
@@ -348,7 +378,7 @@ def _default_tree() -> Path | None:
 @click.option("--wheel", type=click.Path(dir_okay=False, path_type=Path), help="[kernel] A patched sglang wheel.")
 @click.option("--upstream-tree", type=click.Path(file_okay=False, path_type=Path),
               help="[kernel] Unpatched sources (for the suite's upstream checks and --differential).")
-@click.option("--sanitizer", "sanitizers", type=click.Choice(list(smoke_sanitizer.TOOLS)), multiple=True,
+@click.option("--sanitizer", "sanitizers", type=click.Choice(list(SANITIZER_TOOLS)), multiple=True,
               help="[kernel] Also run the suite under compute-sanitizer with this tool (repeatable).")
 @click.option("--sanitizer-only", is_flag=True,
               help="[kernel] Only the --sanitizer passes (the plain pass ran in an earlier call).")
@@ -376,12 +406,12 @@ def _default_tree() -> Path | None:
 @click.option("--duration", type=float, default=900.0, show_default=True, help="[server] Load seconds per mode.")
 @click.option("--max-requests", type=int, help="[server] At most this many requests per mode (default: the soak's 64 x 30).")
 @click.option("--compact", is_flag=True, help="[server] SGLANG_RAGGED_VERIFY_MODE=compact (PR bug 1).")
-@click.option("--load", type=click.Choice(list(smoke_server.LOAD_TOOLS)), default="serving", show_default=True,
+@click.option("--load", type=click.Choice(list(LOAD_TOOLS)), default="serving", show_default=True,
               help="[server] serving: python -m sglang.bench_serving (multi-turn shared prefix); "
                    "multiturn: benchmark/hicache/bench_multiturn.py (--multiturn-script).")
 @click.option("--multiturn-script", type=click.Path(dir_okay=False, path_type=Path),
               help="[server] Path of benchmark/hicache/bench_multiturn.py in an sglang checkout.")
-@click.option("--preset", type=click.Choice(list(smoke_server.PRESETS)), default="soak", show_default=True,
+@click.option("--preset", type=click.Choice(list(PRESETS)), default="soak", show_default=True,
               help="[server] The PR's soak-test or precision-test server flags.")
 @click.option("--mem-fraction-static", type=float, help="[server] Override the preset's value.")
 @click.option("--moe-runner-backend", default="flashinfer_mxfp4", show_default=True,
@@ -416,6 +446,9 @@ def command(ctx: click.Context, tier: str, tree: Path | None, wheel: Path | None
             multi-turn load with sglang's benchmark tools, crash watch, capacity from the log;
             then the same with the online-C128 envs off.
     """
+    from c128patch.smoke import kernel as smoke_kernel
+    from c128patch.smoke import server as smoke_server
+
     command_line = "c128patch smoke " + shlex.join(ctx.meta.get("c128patch.args", []))
     for option, folder in (("--out", out), ("--stage", stage_dir)):
         if folder is not None:
@@ -426,7 +459,7 @@ def command(ctx: click.Context, tier: str, tree: Path | None, wheel: Path | None
         if scale <= 0 or sanitizer_scale <= 0:
             raise C128Error("--scale and --sanitizer-scale must be positive")
         if sanitizer_only and not sanitizers:
-            raise C128Error(f"--sanitizer-only needs --sanitizer {'|'.join(smoke_sanitizer.TOOLS)}")
+            raise C128Error(f"--sanitizer-only needs --sanitizer {'|'.join(SANITIZER_TOOLS)}")
         if tree is None and wheel is None:
             tree = _default_tree()
         opts = smoke_kernel.KernelOptions(

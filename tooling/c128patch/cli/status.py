@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
 
 from c128patch.cli.common import (
     emit_json,
@@ -17,10 +17,9 @@ from c128patch.cli.common import (
     tree_option,
 )
 from c128patch.errors import C128Error
-from c128patch.git import Git
-from c128patch.ops.status import tree_status
-from c128patch.progress import console
-from c128patch.upstream.source import DEFAULT_TREE
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @click.command("status")
@@ -30,6 +29,11 @@ from c128patch.upstream.source import DEFAULT_TREE
 @handles_errors
 def command(tree: Path | None, series_dir: Path | None, as_json: bool) -> None:
     """Which series is applied on which upstream rev, and what changed since."""
+    from c128patch.git import Git
+    from c128patch.ops.status import tree_status
+    from c128patch.progress import console
+    from c128patch.upstream.source import DEFAULT_TREE
+
     root = locate_tree(tree)
     try:
         series = get_series(series_dir)

@@ -7,9 +7,6 @@ from pathlib import Path
 import click
 
 from c128patch.cli.common import emit_json, handles_errors, json_option
-from c128patch.progress import console
-from c128patch.series.manifest import load_series
-from c128patch.wheel.verify import verify_wheel
 
 
 @click.command("verify-wheel")
@@ -23,6 +20,10 @@ def command(wheel: Path, series_dir: Path | None, compile_all: bool, as_json: bo
     """Check a patched wheel: RECORD, version, SBOM vs provenance, every entry's effect present.
 
     Exit 0 when everything matches, 1 at the first mismatch (named), 2 for bad input."""
+    from c128patch.progress import console
+    from c128patch.series.manifest import load_series
+    from c128patch.wheel.verify import verify_wheel
+
     series = load_series(series_dir) if series_dir is not None else None
     result = verify_wheel(wheel, series, compile_all)
     if as_json:

@@ -6,17 +6,14 @@ import sys
 from pathlib import Path
 
 import click
-from rich.table import Table
 
+from c128patch import exitcodes
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
-from c128patch.ops import watch as core
-from c128patch.progress import console, reporter
-from c128patch.series.plan import validate_files
 
-EXIT_HELP = ", ".join(f"{name} {code}" for name, code in core.EXIT.items())
+EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items())
 
 
-@click.command("watch", epilog=f"Exit codes: {EXIT_HELP}; bad input 2.")
+@click.command("watch", epilog=f"Exit codes: {EXIT_HELP}; bad input {exitcodes.USAGE}.")
 @click.option("--onto", required=True, help="Upstream revision to carry the series onto (a branch such as main, a tag, a commit).")
 @repo_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("c128patch-watch"),
@@ -34,6 +31,12 @@ def command(onto: str, repo: str | None, out: Path, timeout: float, primary: boo
             as_json: bool) -> None:
     """Carry the series onto REV in a scratch clone (never your tree), prove and check the result, and
     say which of clean / refreshed / merged / conflict it is, with a report under --out."""
+    from rich.table import Table
+
+    from c128patch.ops import watch as core
+    from c128patch.progress import console, reporter
+    from c128patch.series.plan import validate_files
+
     series = get_series(series_dir)
     validate_files(series)
     with reporter(not as_json, title="watch") as rep:

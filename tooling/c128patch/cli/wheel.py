@@ -8,10 +8,6 @@ import click
 
 from c128patch.cli.common import check_output_dir, emit_json, get_series, handles_errors, json_option, series_option
 from c128patch.errors import C128Error
-from c128patch.evidence.matrix import release_note
-from c128patch.progress import console, reporter
-from c128patch.upstream.release_wheels import WheelTarget
-from c128patch.wheel.patch import patch_wheel, release_wheel
 
 
 @click.command("wheel")
@@ -31,6 +27,11 @@ from c128patch.wheel.patch import patch_wheel, release_wheel
 def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, python_tag: str | None,
             platform: str | None, series_dir: Path | None, as_json: bool) -> None:
     """Patch a released sglang wheel with the series (no rebuild): new local version, provenance, SBOM."""
+    from c128patch.evidence.matrix import release_note
+    from c128patch.progress import console, reporter
+    from c128patch.upstream.release_wheels import WheelTarget
+    from c128patch.wheel.patch import patch_wheel, release_wheel
+
     if (from_wheel is None) == (from_release is None):
         raise C128Error("give exactly one of --from-wheel PATH and --from-release X.Y.Z")
     if from_wheel is not None and (python_tag or platform):
@@ -39,7 +40,7 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
     check_output_dir(out_dir, "-o")
     series = get_series(series_dir)
     with reporter(not as_json, title="wheel") as rep:
-        wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release), target)
+        wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release), target, rep)
         result = patch_wheel(series, wheel, out_dir, rep)
     note = release_note(series, result.upstream_version)
     if as_json:

@@ -60,7 +60,9 @@ def _per_release(rows: list[ReleaseRow], root: Path, kind: str, say: Callable[[d
 
 def _failing(d: dict[str, Any]) -> str:
     names = d.get("failing") or [t["nodeid"] for t in d.get("tests", []) if t.get("outcome") in ("failed", "error", "crashed")]
-    return f": {', '.join(f'`{n}`' for n in names)}" if names else ""
+    if not names or len(names) > 3:
+        return ""
+    return f": {', '.join(f'`{n}`' for n in names)}"
 
 
 def _suite(d: dict[str, Any]) -> str:
@@ -192,7 +194,7 @@ def kernel_figures(rows: list[ReleaseRow], root: Path, rev: str = BENCH_REFERENC
     )
 
 
-TOOL_BENCHES = ("apply", "check", "rebase", "wheel")
+TOOL_BENCHES = ("apply", "check", "rebase", "wheel", "startup")
 
 
 def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool]) -> str:
@@ -224,6 +226,20 @@ def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool])
         c = got["check"]
         parts.append(f"`check` over the 4 releases {c['four_releases_s']:.2f} s, over {c['commits']} real upstream "
                      f"release commits {c['commits_s']:.1f} s{mark('check')}")
+    if "startup" in got:  # CLI start-up (ci/bench/bench_startup.py): the series plays no part in it
+        t = got["startup"]
+        cases = t["cases"]
+        med = {name: c["median_cpu_s"] for name, c in cases.items()}
+        verbs = [v for k, v in med.items() if k.startswith("c128patch ") and k != "c128patch --help"]
+        before = [v for k, v in med.items() if k.startswith("before: c128patch ") and k != "before: c128patch --help"]
+        cores = str(t.get("machine", "")).split(", ")[-1] or "?"
+        click_alone = med["python -c 'import click'"]
+        parts.append(f"`c128patch --help` {med['c128patch --help']:.3f} s CPU (median, "
+                     f"{cases['c128patch --help']['x_python']}× `python -c pass`; `import click` alone "
+                     f"{click_alone:.3f} s; {med['before: c128patch --help']:.3f} s before "
+                     f"commands were imported on use), a verb's `--help` {min(verbs):.3f}–{max(verbs):.3f} s "
+                     f"({min(before):.3f}–{max(before):.3f} s before), at load {round(t['load_average'][0])} on the "
+                     f"{cores}")
     if "wheel" in got:
         w = got["wheel"]
         parts.append(f"patching the {w['upstream_wheel_mb']:.0f} MB 0.5.23 wheel {w['wheel_cli_s']:.1f} s{mark('wheel')}")

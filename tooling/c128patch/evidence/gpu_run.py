@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from c128patch.errors import C128Error
+from c128patch.smoke.presets import SANITIZER_TOOLS  # in run order
 
 PHASES = ("plain", "sanitizers", "bench")
-SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")  # smoke.sanitizer.TOOLS, in run order
 BENCH_SCRIPT = "ci/bench/bench_online_c128_dspark.py"
 BENCH_FILE = "online_c128_dspark.json"
 SEQUENTIAL = ("sanitizers", "bench")  # phases whose jobs run one at a time

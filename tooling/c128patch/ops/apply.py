@@ -25,6 +25,7 @@ as it is then: nothing is written through a symlink, and patches may not create 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import tempfile
 import time
@@ -32,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from c128patch.errors import C128Error, ConflictError, DifferenceError
-from c128patch.git import Git
+from c128patch.git import Git, environment_problem
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops.equivalence import prove
 from c128patch.ops.faults import fault_point
@@ -52,6 +53,7 @@ from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
 from c128patch.series.manifest import Series, load_series, safe_destination, symlink_on_path
 from c128patch.series.patchfile import PatchInfo
+from c128patch.series.paths import check_under
 from c128patch.series.plan import ENTRY_TRAILER, Planned, check_paths_at, merged_entries, overlay_message, plan
 from c128patch.upstream.source import discard_fresh_tree
 
@@ -197,6 +199,7 @@ class Apply:
         self.reporter = reporter
         self.path = apply_journal(git)
         self._redo_checkout = False
+        self._hooks: str | None = None  # the tree's hooks folder (core.hooksPath) relative to it, "" when outside
 
     # ------------------------------------------------------------------ entry points
     def start(self, rev: str, commit: str, *, branch: str | None = None, fresh_clone: bool = False,
@@ -374,8 +377,12 @@ class Apply:
         row = {"name": item.entry.name, "kind": item.entry.kind, "file": item.label}
         if item.patch is None:
             dest = safe_destination(self.tree, item.entry.target, f"overlay '{item.entry.name}'")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(item.path.read_bytes())
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(item.path.read_bytes())
+            except OSError as exc:  # the machine, not the series: no conflict to resolve
+                raise C128Error(f"cannot apply entry '{item.entry.name}' in {self.tree}: cannot write "
+                                f"{item.entry.target}: {exc.strerror} (fix that, then resume)") from None
             git.run("add", "--", item.entry.target)
             dated.run("commit", "--quiet", "--no-verify", "-m", overlay_message(item.entry, series))
             return {**row, "applied": "clean", "status": "applied", "commit": git.head() or ""}
@@ -384,6 +391,10 @@ class Apply:
         output = proc.stdout + proc.stderr
         if proc.returncode != 0:
             git.run("am", "--abort", check=False)
+            problem = environment_problem(output)
+            if problem:  # the machine, not the series: no conflict to resolve
+                raise C128Error(f"cannot apply entry '{item.entry.name}' in {self.tree}: {problem.removeprefix('error: ')} "
+                                "(fix that, then resume)")
             raise self._conflict(journal, item, planned, output)
         if not item.patch.trailers.get(ENTRY_TRAILER):
             dated.run("commit", "--quiet", "--amend", "--no-edit", "--no-verify",
@@ -393,9 +404,15 @@ class Apply:
 
     def _check_worktree_paths(self, planned: list[Planned]) -> None:
         """Refuse a path that goes through a symlink in the work tree as it is now (one git does not
-        track, e.g. an ignored one, is in no upstream tree and would survive the checkout)."""
+        track, e.g. an ignored one, is in no upstream tree and would survive the checkout), and one under
+        the folder the operator's git runs hooks from (``core.hooksPath`` in the tree)."""
+        if self._hooks is None:
+            hooks, tree = self.git.operator_hooks_dir(), os.path.realpath(self.tree)
+            inside = hooks is not None and os.path.commonpath([tree, os.path.realpath(hooks)]) == tree
+            self._hooks = os.path.relpath(os.path.realpath(hooks), tree) if hooks is not None and inside else ""
         for item in planned:
             for path in item.patch.paths if item.patch else [item.entry.target]:
+                check_under(path, self._hooks, f"entry '{item.entry.name}'")
                 link = symlink_on_path(self.tree, self.tree / path)
                 if link is not None:
                     raise C128Error(f"unsafe path in entry '{item.entry.name}': {path} goes through the symlink "
@@ -410,7 +427,11 @@ class Apply:
         assert self.series is not None
         record = provenance.build(self.series, planned, journal.upstream_info, journal.entries)
         dest = safe_destination(self.tree, provenance.PROVENANCE_PATH, "the provenance record")
-        dest.write_text(provenance.dumps(record))
+        try:
+            dest.write_text(provenance.dumps(record))
+        except OSError as exc:
+            raise C128Error(f"cannot write {provenance.PROVENANCE_PATH} in {self.tree}: {exc.strerror} "
+                            "(fix that, then resume)") from None
         fault_point("at", "provenance")
         self.git.run("add", "--", provenance.PROVENANCE_PATH)
         dated.run("commit", "--quiet", "--no-verify", "-m",

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from c128patch import exitcodes
 from c128patch.git import Git
 from c128patch.ops.replay import EntryCheck, RevCheck, Verdict, replay_in_index
 from c128patch.series.manifest import Series
@@ -36,7 +37,7 @@ __all__ = ["EntryCheck", "RevCheck", "Verdict", "check_rev", "check_revs", "inde
 def predict(result: RevCheck) -> None:
     """Fill in ``apply``/``wheel`` (and ``ok``) from the per-entry results."""
     if result.error:
-        refused = Verdict(2, detail=result.error)
+        refused = Verdict(exitcodes.USAGE, detail=result.error)
         result.apply = refused
         result.wheel = refused if release_version(result.rev) else None
         result.ok = False
@@ -45,18 +46,18 @@ def predict(result: RevCheck) -> None:
     conflict = next((e for e in result.entries if e.status == "conflict"), None)
     inexact = next((e for e in result.entries if e.status not in ("clean", "skipped")), None)
     if collision is not None:  # refused before anything is applied, by apply and by wheel
-        result.apply = Verdict(2, collision.name, collision.detail)
+        result.apply = Verdict(exitcodes.USAGE, collision.name, collision.detail)
     elif conflict is not None:
-        result.apply = Verdict(1, conflict.name, conflict.detail)
+        result.apply = Verdict(exitcodes.FAILED, conflict.name, conflict.detail)
     if release_version(result.rev):
         if collision is not None:
             result.wheel = result.apply
         elif inexact is not None:
             why = "needs a 3-way merge; a wheel is patched with exact context" if inexact.status == "3way" else inexact.detail
-            result.wheel = Verdict(1, inexact.name, why)
+            result.wheel = Verdict(exitcodes.FAILED, inexact.name, why)
         else:
             result.wheel = Verdict()
-    result.ok = result.apply.exit == 0
+    result.ok = result.apply.exit == exitcodes.OK
 
 
 def support_note(series: Series, git: Git, rev: str, commit: str) -> str:

@@ -32,6 +32,7 @@ from c128patch.ops.equivalence import Equivalence, prove
 from c128patch.ops.replay import branch_commits
 from c128patch.series.manifest import Entry, Series, Variant
 from c128patch.series.patchfile import split_message
+from c128patch.series.paths import check_relpath
 from c128patch.series.plan import ENTRY_TRAILER, choose, merged_entries
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 
@@ -226,7 +227,7 @@ def _export_patch(series: Series, old: Entry, entry: Entry, data: bytes | None, 
     entry.variants = []
     for name in sorted(variants):
         source, source_commit = variants[name]
-        path = series.patches_dir / f"{stem}.{name}.patch"
+        path = series.patches_dir / check_relpath(f"{stem}.{name.replace('/', '-')}.patch", f"entry '{entry.name}'")
         content = data if source is None else source.read_bytes()
         result.files[path] = content
         entry.variants.append(Variant(path.name, name, hashlib.sha256(content).hexdigest(), source_commit))

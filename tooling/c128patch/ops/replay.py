@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from c128patch import exitcodes
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.ledger import Conflict, Ledger, Resolution
@@ -44,7 +45,7 @@ class EntryCheck:
 class Verdict:
     """What one verb would do on a rev (``ops.check.predict``): its exit code and the entry that stops it."""
 
-    exit: int = 0
+    exit: int = exitcodes.OK
     entry: str = ""
     detail: str = ""
 

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
+from c128patch import exitcodes
 from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
@@ -63,7 +64,7 @@ from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series, load_series
 from c128patch.upstream.source import Upstream, open_upstream
 
-EXIT: dict[str, int] = {"clean": 0, "refreshed": 3, "merged": 4, "conflict": 5, "failed": 6, "timeout": 124}
+EXIT: dict[str, int] = exitcodes.WATCH
 REPORT = "watch-report.json"
 WRITTEN = ("watch-report.md", REPORT, "rebase-report.md", "rebase-report.json", "commit-message.txt", "series")
 WORK_TREE = "sglang-watch"  # where the printed reproduce commands put their tree
@@ -73,7 +74,7 @@ BRANCH, VERIFY_BRANCH = "c128patch-watch", "c128patch-watch-verify"
 class WatchTimeout(C128Error):
     """The time bound passed; the report says where the work was."""
 
-    exit_code = 124
+    exit_code = exitcodes.TIMEOUT
 
 
 @contextlib.contextmanager
@@ -192,7 +193,7 @@ class Watch:
 
         self._step("cloning upstream into a scratch folder")
         source = upstream.git.git_dir or Path(upstream.git.out("rev-parse", "--absolute-git-dir"))
-        Git().run("clone", "--quiet", "--no-checkout", "--shared", str(source), str(tmp / "tree"))
+        Git().run("clone", "--quiet", "--no-checkout", "--shared", "--", str(source), str(tmp / "tree"))
         git = Git(worktree=tmp / "tree")
         mine = copy_series_root(series, tmp / "series")
 

@@ -28,9 +28,12 @@ else:  # pragma: no cover
 
 import tomli_w
 
+from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.manifest import Series
+from c128patch.series.paths import check_entry_name
 
+_KEY = re.compile(r"[0-9a-f]{1,64}")
 _MARKER = re.compile(r"^(<{7}|={7}|>{7}|\|{7})(?: .*)?$", re.M)
 
 
@@ -106,6 +109,10 @@ class Ledger:
         return any(r["entry"] == entry for r in self.rows())
 
     def _diff_path(self, entry: str, key: str) -> Path:
+        """Built from a checked name and key only: both come from files a pull request can change."""
+        check_entry_name(entry, f"the ledger {self.index}")
+        if not _KEY.fullmatch(str(key)):
+            raise C128Error(f"unsafe ledger key in {self.index}: {key!r} (a key is 1-64 hex digits)")
         return self.root / entry / f"{key}.diff"
 
     @staticmethod

@@ -6,7 +6,7 @@ import hashlib
 import os
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 if sys.version_info >= (3, 11):
@@ -17,6 +17,7 @@ else:  # pragma: no cover
 from c128patch import PACKAGE_DIR
 from c128patch.errors import C128Error
 from c128patch.series.gates import Gate, parse_gates
+from c128patch.series.paths import check_entry_name, check_relpath
 
 MANIFEST = "patches/series.toml"
 KINDS = ("patch", "overlay")
@@ -27,16 +28,6 @@ _ENTRY_OPTIONAL_FIELDS = ("base_commit", "merged_in")
 
 def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def check_relpath(path: str, what: str) -> str:
-    """Reject paths that could leave the tree: absolute, '..', empty parts, backslashes."""
-    if not path or path.startswith(("/", "~")) or "\\" in path or "\0" in path:
-        raise C128Error(f"unsafe path in {what}: {path!r} (must be relative, inside the tree)")
-    parts = PurePosixPath(path).parts
-    if any(p in ("..", ".", "") for p in parts) or path.endswith("/"):
-        raise C128Error(f"unsafe path in {what}: {path!r} (must be relative, inside the tree)")
-    return path
 
 
 def symlink_on_path(root: Path, path: Path) -> Path | None:
@@ -191,7 +182,7 @@ def _entry(raw: Any, index: int, path: Path) -> Entry:
     where = f"{path}: entry #{index + 1}"
     if not isinstance(raw, dict):
         raise C128Error(f"{where}: must be a table")
-    name = _str(raw, "name", where, required=True)
+    name = check_entry_name(_str(raw, "name", where, required=True), where)
     where = f"{path}: entry '{name}'"
     kind = _str(raw, "kind", where, required=True)
     if kind not in KINDS:
@@ -228,6 +219,13 @@ def _entry(raw: Any, index: int, path: Path) -> Entry:
     return entry
 
 
+def _version(value: str, path: Path) -> str:
+    """The series version goes into commit trailers and wheel labels: one line, no spaces."""
+    if not value.isprintable() or " " in value:
+        raise C128Error(f"{path} [series]: unsafe version {value!r} (one word, no spaces or control characters)")
+    return value
+
+
 def load_series(root: Path) -> Series:
     root = root.resolve()
     path = root / MANIFEST
@@ -255,8 +253,8 @@ def load_series(root: Path) -> Series:
         raise C128Error(f"{path}: duplicate entry name(s) {', '.join(dupes)}")
     return Series(
         root=root,
-        name=_str(head, "name", f"{path} [series]", required=True),
-        version=_str(head, "version", f"{path} [series]", required=True),
+        name=check_entry_name(_str(head, "name", f"{path} [series]", required=True), f"{path} [series]"),
+        version=_version(_str(head, "version", f"{path} [series]", required=True), path),
         base=_str(head, "base", f"{path} [series]"),
         entries=entries,
         gates=parse_gates(doc.get("gates"), path),

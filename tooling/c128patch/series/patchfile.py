@@ -14,7 +14,7 @@ from unidiff.errors import UnidiffParseError
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
-from c128patch.series.manifest import check_relpath
+from c128patch.series.paths import check_relpath
 
 _TRAILER = re.compile(r"^(C128patch-[A-Za-z-]+):\s*(.*)$", re.MULTILINE)
 _INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: \d+)?$")
@@ -122,8 +122,12 @@ def _parse(path: Path, raw: bytes) -> PatchInfo:
         raise C128Error(f"corrupt patch {path.name}: {exc}") from exc
     if len(patchset) == 0:
         raise C128Error(f"corrupt patch {path.name}: no diff in it")
+    for pf in patchset:  # the path rules first: an unsafe patch is refused as such, whatever else it is
+        for side in (pf.source_file, pf.target_file):
+            if side != "/dev/null":
+                check_relpath(_strip(side), f"patch {path.name}")
     # git's own parser is stricter than unidiff about stray lines between hunks.
-    proc = Git(worktree=path.parent).run("apply", "--numstat", str(path.resolve()), check=False)
+    proc = Git(worktree=path.parent, filters_off=[]).run("apply", "--numstat", str(path.resolve()), check=False)
     if proc.returncode != 0:
         detail = (proc.stderr.strip().splitlines() or ["git apply cannot parse it"])[-1]
         raise C128Error(f"corrupt patch {path.name}: {detail.removeprefix('error: ')}")
@@ -131,8 +135,5 @@ def _parse(path: Path, raw: bytes) -> PatchInfo:
     for pf in patchset:
         if pf.is_binary_file:
             raise C128Error(f"corrupt patch {path.name}: binary hunks are not supported ({pf.path})")
-        for side in (pf.source_file, pf.target_file):
-            if side != "/dev/null":
-                check_relpath(_strip(side), f"patch {path.name}")
         files.append(_strip(pf.path))
     return PatchInfo(path, subject, body.strip(), dict(_TRAILER.findall(body)), files, patchset)

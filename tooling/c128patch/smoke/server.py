@@ -25,6 +25,7 @@ from typing import Any, Callable
 from c128patch.errors import C128Error
 from c128patch.jsonio import write_json_atomic
 from c128patch.smoke.logs import ServerLog, Tail, load_summary
+from c128patch.smoke.presets import LOAD_TOOLS, PRESETS
 from c128patch.smoke.procs import Managed, exit_description
 from c128patch.smoke.trees import read_provenance, series_info
 
@@ -34,22 +35,9 @@ ONLINE_ENVS = {"SGLANG_OPT_USE_ONLINE_COMPRESS": "1", "SGLANG_EXPERIMENTAL_ONLIN
 COMPACT_ENV = {"SGLANG_RAGGED_VERIFY_MODE": "compact"}  # bug 1's setting (srt/environ.py: EnvStr("static"))
 MODES = ("on", "off")
 
-# Server flags from docs/pr-32035.md (model, TP, host and port are added separately).
-PRESETS: dict[str, list[str]] = {
-    # The author's soak test (no crash in ~70 min on B200).
-    "soak": ["--trust-remote-code", "--tool-call-parser", "deepseekv4", "--reasoning-parser", "deepseek-v4",
-             "--enable-cache-report", "--speculative-algorithm", "DSPARK", "--disable-flashinfer-autotune",
-             "--mem-fraction-static", "0.55", "--enable-metrics"],
-    # The author's precision-test server (the PR's capacity numbers).
-    "precision": ["--trust-remote-code", "--chunked-prefill-size", "8192", "--swa-full-tokens-ratio", "0.1",
-                  "--mem-fraction-static", "0.85", "--tool-call-parser", "deepseekv4", "--reasoning-parser",
-                  "deepseek-v4", "--enable-cache-report", "--speculative-algorithm", "DSPARK",
-                  "--disable-flashinfer-autotune", "--enable-metrics"],
-}
 # The soak load of docs/pr-32035.md (benchmark/hicache/bench_multiturn.py flags).
 SOAK = {"request_length": 8192, "sub_question_input_length": 4096, "output_length": 2048, "num_clients": 64,
         "num_rounds": 30, "max_parallel": 32, "request_rate": 16, "seed": 422}
-LOAD_TOOLS = ("serving", "multiturn")
 Progress = Callable[[str], None]
 
 

@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 
 from c128patch import PACKAGE_DIR
 from c128patch.errors import C128Error
+from c128patch.git import Git
 from c128patch.series.provenance import PROVENANCE_PATH
 
 SUITE_ENV = "C128PATCH_GPU_SUITE"
@@ -95,10 +96,11 @@ def series_info(record: dict | None) -> dict | None:
     }
 
 
-def _extract_archive(git_args: list[str], dest: Path, paths: tuple[str, ...] = ARCHIVE_PATHS) -> Path:
-    """``git archive`` of ``paths`` (under python/) into ``dest`` (``dest/sglang/...``)."""
+def _extract_archive(git: Git, ref: str, dest: Path, paths: tuple[str, ...] = ARCHIVE_PATHS) -> Path:
+    """``git archive`` of ``paths`` (under python/) of ``ref`` into ``dest`` (``dest/sglang/...``)."""
     dest.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(["git", *git_args, *paths], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    argv, env = git.command("archive", "--format=tar", ref, "--", *paths)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=git.cwd)
     assert proc.stdout is not None
     try:
         with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
@@ -116,9 +118,8 @@ def _extract_archive(git_args: list[str], dest: Path, paths: tuple[str, ...] = A
     return dest
 
 
-def _git_has(git_dir_args: list[str], commit: str) -> bool:
-    return subprocess.run(["git", *git_dir_args, "cat-file", "-e", f"{commit}^{{commit}}"],
-                          capture_output=True).returncode == 0
+def _git_has(git: Git, commit: str) -> bool:
+    return git.ok("cat-file", "-e", f"{commit}^{{commit}}")
 
 
 def derive_upstream(patched_root: Path, record: dict | None, wheel: Path | None, workdir: Path,
@@ -147,18 +148,17 @@ def derive_upstream(patched_root: Path, record: dict | None, wheel: Path | None,
     if not commit and not rev:
         raise C128Error("--differential: the tree has no provenance record naming its upstream; pass --upstream-tree")
     want = commit or rev
-    top = subprocess.run(["git", "-C", str(patched_root), "rev-parse", "--show-toplevel"],
-                         capture_output=True, text=True)
-    if top.returncode == 0 and _git_has(["-C", top.stdout.strip()], want):
-        dest = _extract_archive(["-C", top.stdout.strip(), "archive", "--format=tar", want], workdir / "upstream", paths)
+    top = Git(worktree=patched_root).run("rev-parse", "--show-toplevel", check=False)
+    if top.returncode == 0 and _git_has(Git(worktree=Path(top.stdout.strip())), want):
+        dest = _extract_archive(Git(worktree=Path(top.stdout.strip())), want, workdir / "upstream", paths)
         return dest, f"git archive {want[:12]} of {top.stdout.strip()}"
     version = release_version(rev) if rev else None
     if version is None:
         raise C128Error(f"--differential: upstream {rev or want[:12]} is not in the tree's repository and not a "
                         "release; pass --upstream-tree")
     repo = ReleaseHistory().ensure([version])
-    ref = commit if commit and _git_has(["--git-dir", str(repo)], commit) else f"v{version}"
-    dest = _extract_archive(["--git-dir", str(repo), "archive", "--format=tar", ref], workdir / "upstream", paths)
+    ref = commit if commit and _git_has(Git(git_dir=repo), commit) else f"v{version}"
+    dest = _extract_archive(Git(git_dir=repo), ref, workdir / "upstream", paths)
     return dest, f"release history {ref[:12]} (sglang {version})"
 
 

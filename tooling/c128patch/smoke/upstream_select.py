@@ -31,13 +31,13 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
-import subprocess
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable
 
 from c128patch.errors import C128Error
+from c128patch.git import Git
 
 KERNEL_TESTS = "registered/kernels"
 CSRC = "sglang/kernels/jit/csrc"
@@ -51,8 +51,7 @@ _CSRC_LITERAL = re.compile(r"^[\w./-]+\.(cuh|cu|h)$")
 def test_root(path: Path | None, tree: Path) -> Path:
     """The folder upstream's tests are read from (see the module docstring)."""
     if path is None:
-        top = subprocess.run(["git", "-C", str(tree), "rev-parse", "--show-toplevel"],
-                             capture_output=True, text=True)
+        top = Git(worktree=tree).run("rev-parse", "--show-toplevel", check=False)
         if top.returncode != 0:
             raise C128Error(f"--upstream-suite: {tree} is not in a git checkout, so it has no upstream tests; "
                             "pass --upstream-suite PATH (the test/ folder of an sglang checkout)")

@@ -35,11 +35,11 @@ import hashlib
 import json
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
 from c128patch.smoke import upstream_select as sel
 from c128patch.smoke.device import describe
@@ -99,8 +99,8 @@ def sources_of(root: Path) -> dict[str, Any]:
     """Where the tests come from: the commit of the checkout whose tracked files they are (not
     of a repository they merely sit in, untracked or ignored), and a SOURCES.json at the root."""
     out: dict[str, Any] = {"root": str(root)}
-    tracked = subprocess.run(["git", "-C", str(root), "ls-files", "--", "."], capture_output=True, text=True)
-    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    tracked = Git(worktree=root).run("ls-files", "--", ".", check=False)
+    head = Git(worktree=root).run("rev-parse", "HEAD", check=False)
     if tracked.returncode == 0 and tracked.stdout.strip() and head.returncode == 0:
         out["git_commit"] = head.stdout.strip()
     if (root / SOURCES).is_file():

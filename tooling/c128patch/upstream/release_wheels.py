@@ -25,6 +25,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
 from c128patch.errors import C128Error
+from c128patch.progress import NullReporter, Reporter, transfer
 from c128patch.upstream.releases import PACKAGE, local_wheels, pip_download
 
 _PYTHON_TAG = re.compile(r"^(cp|pp)(\d)(\d*)$")
@@ -135,12 +136,13 @@ def available(version: str) -> tuple[list[str], str]:
     return sorted(names), note
 
 
-def release_wheel_for(version: str, target: WheelTarget) -> Path:
+def release_wheel_for(version: str, target: WheelTarget, reporter: Reporter = NullReporter()) -> Path:
     """The release's wheel that fits ``target``: from a wheelhouse, else downloaded into the cache."""
     found = best_local(version, target)
     if found is not None:
         return found
-    ok, last = pip_download(version, target.pip_args())
+    what = f"downloading sglang {version} wheel"
+    ok, last = pip_download(version, target.pip_args(), lambda done, total: transfer(reporter, what, done, total))
     found = best_local(version, target) if ok else None
     if found is not None:
         return found

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import calendar
 import hashlib
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -26,14 +27,14 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Optional
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
-from c128patch.progress import NullReporter, Reporter
+from c128patch.progress import NullReporter, Reporter, transfer
 from c128patch.upstream.cache import cache_dir, ensure_folder, locked
 
 DEFAULT_RELEASES: tuple[str, ...] = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
@@ -101,16 +102,41 @@ def find_wheel(version: str) -> Path | None:
     return (canonical or wheels or [None])[0]
 
 
-def pip_download(version: str, extra: tuple[str, ...] = ()) -> tuple[bool, str]:
-    """``pip download`` one sglang wheel into the cache; (ok, pip's last line)."""
+Progress = Callable[[int, Optional[int]], None]  # (bytes so far, bytes in all)
+_RAW_PROGRESS = re.compile(r"Progress (\d+) of (\d+)")
+
+
+def _pip_reports_bytes() -> bool:
+    """pip 24.1 and later print ``Progress N of M`` lines with ``--progress-bar raw``."""
+    try:
+        return Version(importlib.metadata.version("pip")) >= Version("24.1")
+    except (importlib.metadata.PackageNotFoundError, InvalidVersion):
+        return False
+
+
+def pip_download(version: str, extra: tuple[str, ...] = (), progress: Progress | None = None) -> tuple[bool, str]:
+    """``pip download`` one sglang wheel into the cache; (ok, pip's last line). ``progress`` hears the
+    bytes as they come (where pip reports them)."""
     dest = ensure_folder(cache_dir() / "wheels")
-    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest)]
-    proc = subprocess.run([*base, *extra, f"{PACKAGE}=={version}"], capture_output=True, text=True)
-    last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
-    return proc.returncode == 0, last[0]
+    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest)]
+    if progress is None or not _pip_reports_bytes():
+        proc = subprocess.run([*base, "-q", *extra, f"{PACKAGE}=={version}"], capture_output=True, text=True)
+        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+        return proc.returncode == 0, last[0]
+    last = ""
+    with subprocess.Popen([*base, "--progress-bar", "raw", *extra, f"{PACKAGE}=={version}"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as pip:
+        assert pip.stdout is not None
+        for line in pip.stdout:
+            match = _RAW_PROGRESS.fullmatch(line.strip())
+            if match:
+                progress(int(match.group(1)), int(match.group(2)) or None)
+            elif line.strip():
+                last = line.strip()
+    return pip.returncode == 0, last
 
 
-def wheel_for(version: str) -> Path:
+def wheel_for(version: str, progress: Progress | None = None) -> Path:
     """The wheel the release history is made from: the canonical one (``HISTORY_TAGS``) from a
     wheelhouse or the index; else any wheel of the release (a release without that wheel)."""
     found = find_wheel(version)
@@ -118,7 +144,7 @@ def wheel_for(version: str) -> Path:
         return found
     last = ""
     for extra in (_PIN_ARGS, ()):
-        ok, last = pip_download(version, extra)
+        ok, last = pip_download(version, extra, progress)
         if ok or found is not None:
             found = find_wheel(version)
             if found is not None:
@@ -204,13 +230,9 @@ def _fast_import_stream(versions: list[str], wheels: dict[str, Path], present: d
 
 
 def _fast_import(git_dir: Path, stream: Iterable[bytes]) -> None:
-    proc = subprocess.Popen(
-        # --force: a tag written by an older layout moves (its old commit is kept, see import_releases)
-        ["git", "fast-import", "--quiet", "--done", "--force"],
-        stdin=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "GIT_DIR": str(git_dir)},
-    )
+    # --force: a tag written by an older layout moves (its old commit is kept, see import_releases)
+    argv, env = Git(git_dir=git_dir).command("fast-import", "--quiet", "--done", "--force")
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=git_dir)
     assert proc.stdin is not None
     try:
         for chunk in stream:
@@ -229,9 +251,10 @@ def import_releases(dest: Path, versions: Iterable[str], reporter: Reporter = Nu
     parent (``history_parent``) must be among ``versions`` or already tagged in ``dest``."""
     ordered = sorted(set(versions), key=Version)
     wheels = {}
-    for v in ordered:
+    for i, v in enumerate(ordered, 1):
         reporter.step(f"fetching sglang {v} wheel")
-        wheels[v] = wheel_for(v)
+        what = f"downloading sglang {v} wheel (file {i} of {len(ordered)})"
+        wheels[v] = wheel_for(v, lambda done, total, what=what: transfer(reporter, what, done, total))
     git = Git(git_dir=dest)
     if not (dest / "HEAD").is_file():
         dest.mkdir(parents=True, exist_ok=True)

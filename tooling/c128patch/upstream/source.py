@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from c128patch.errors import C128Error
-from c128patch.git import Git, GitError, is_work_tree
+from c128patch.git import Git, GitError, is_git_dir_name, is_work_tree
 from c128patch.progress import NullReporter, Reporter
+from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.cache import cache_dir, locked
 from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version
 
@@ -38,7 +39,7 @@ class Upstream:
         commit = self.git.rev_parse(rev)
         if commit is None and self.kind == "url":
             with locked(Path(str(self.git.git_dir) + ".lock")):
-                self.git.run("fetch", "--quiet", "--prune", "--tags", "origin", check=False)
+                self.git.run("fetch", "--quiet", "--prune", "--tags", "origin", check=False, transport=True)
             commit = self.git.rev_parse(rev)
         if commit is None:
             known = ""
@@ -53,7 +54,7 @@ class Upstream:
         if self.kind == "url":
             with locked(Path(str(self.git.git_dir) + ".lock")):
                 try:
-                    self.git.run("fetch", "--quiet", "--prune", "--tags", "origin")
+                    self.git.run("fetch", "--quiet", "--prune", "--tags", "origin", transport=True)
                 except GitError as exc:
                     raise C128Error(f"cannot fetch {self.location}: {exc.message}") from exc
 
@@ -93,13 +94,27 @@ def _open_url(url: str, reporter: Reporter) -> Upstream:
             reporter.step(f"cloning {url} (once, into {mirror})")
             mirror.parent.mkdir(parents=True, exist_ok=True)
             try:
-                Git().run("clone", "--quiet", "--mirror", url, str(mirror))
+                Git().run("clone", "--quiet", "--mirror", "--", url, str(mirror), transport=True)
             except GitError as exc:
                 raise C128Error(f"cannot clone {url}: {exc.message}") from exc
     return Upstream("url", Git(git_dir=mirror), url)
 
 
-DEFAULT_TREE = Path("sglang")  # where `apply` clones upstream when no --tree is given
+def refuse_git_dir(tree: Path, option: str = "--tree") -> None:
+    """A tree inside a git dir (``R/.git``, ``R/.git/new``, a bare repository) is git's own files,
+    never a work tree: refused before anything is written, with nothing to delete. So is a value
+    that looks like an option (``--tree=--bare``): it would read as one to git."""
+    if str(tree).startswith("-"):
+        raise C128Error(f"{option} {tree} looks like an option, not a folder; for a folder of that name pass ./{tree}")
+    absolute = tree.absolute()
+    probe = absolute
+    while not probe.is_dir() and probe.parent != probe:
+        probe = probe.parent
+    inside = any(is_git_dir_name(p) for p in absolute.parts) or \
+        Git(worktree=probe).out("rev-parse", "--is-inside-git-dir", check=False) == "true"
+    if inside:
+        raise C128Error(f"{option} {tree} is inside a git dir (git's own files, not a work tree); pass the work "
+                        "tree itself or a new folder outside any .git")
 
 
 def discard_fresh_tree(tree: Path, existed: bool) -> None:
@@ -121,6 +136,8 @@ def prepare_tree(
 ) -> tuple[Path, bool]:
     """The working tree that ``apply`` patches, and whether it is a fresh clone (nothing to lose).
     A fresh clone gets its git dir from ``template`` (``git clone --template``), when given."""
+    if tree is not None:
+        refuse_git_dir(tree)
     if upstream.kind == "path" and upstream.git.worktree is not None:
         if tree is not None and tree.resolve() != upstream.git.worktree.resolve():
             raise C128Error("--tree cannot be used with a local clone as --repo: the clone is the tree")
@@ -130,10 +147,10 @@ def prepare_tree(
     if not tree.exists() or (tree.is_dir() and not any(tree.iterdir())):
         reporter.step(f"cloning upstream into {tree}")
         extra = [f"--template={template}"] if template is not None else []
-        Git().run("clone", "--quiet", "--no-checkout", *extra, source, str(tree))
+        Git().run("clone", "--quiet", "--no-checkout", *extra, "--", source, str(tree))
         return tree, True
     if not is_work_tree(tree):
-        raise C128Error(f"not a git repository: {tree} (remove it, or pass --tree to a new folder)")
+        raise C128Error(f"not a git repository: {tree} (pass --tree to a git work tree, or to a new or empty folder)")
     git = Git(worktree=tree)
     if git.rev_parse(commit) is None:
         reporter.step(f"fetching {commit[:12]} into {tree}")

@@ -260,10 +260,10 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
     )
 
 
-def release_wheel(version: str, target: WheelTarget = WheelTarget()) -> Path:
+def release_wheel(version: str, target: WheelTarget = WheelTarget(), reporter: Reporter = NullReporter()) -> Path:
     """The upstream wheel of release ``version`` that fits ``target`` (default: this interpreter),
     from the wheelhouse/cache, else downloaded; none fitting lists the release's wheels."""
     rel = release_version(version)
     if rel is None:
         raise C128Error(f"not a release version: {version!r} (expected X.Y.Z, e.g. 0.5.23)")
-    return release_wheel_for(rel, target)
+    return release_wheel_for(rel, target, reporter)

@@ -30,6 +30,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 from wheel.wheelfile import MINIMUM_TIMESTAMP, WHEEL_INFO_RE, WheelError, WheelFile
 
+from c128patch import exitcodes
 from c128patch.errors import C128Error
 from c128patch.upstream.releases import BINARY_SUFFIXES
 
@@ -301,7 +302,7 @@ class InWheel:
 class WheelMismatch(C128Error):
     """A wheel that does not match what it says about itself (RECORD, provenance, SBOM)."""
 
-    exit_code = 1
+    exit_code = exitcodes.FAILED
 
 
 @dataclass

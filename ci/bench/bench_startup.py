@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""CLI start-up: CPU time (user + sys of the child) of `c128patch --help` and of verbs' `--help`,
+beside `python -c pass` in the same run (target <= 0.06 s each; median of --runs runs, interleaved).
+With --before DIR (a `tooling/` folder of an older commit: `git archive REV tooling | tar -x -C DIR`)
+the same commands run from there too, side by side.
+
+  python ci/bench/bench_startup.py [--runs 15] [--before DIR] [--out ci/bench/results/startup.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from benchlib import machine, write_json
+
+TARGET_S = 0.06
+# the console script pip installs beside this Python (else `-m c128patch`, which adds runpy's cost)
+SCRIPT = Path(sys.executable).with_name("c128patch")
+CLI = [str(SCRIPT)] if SCRIPT.is_file() else ["-m", "c128patch"]
+CASES = {
+    "python -c pass": ["-c", "pass"],
+    "python -c 'import click'": ["-c", "import click"],  # the floor: click itself
+    "c128patch --help": [*CLI, "--help"],
+    "c128patch apply --help": [*CLI, "apply", "--help"],
+    "c128patch check --help": [*CLI, "check", "--help"],
+    "c128patch smoke --help": [*CLI, "smoke", "--help"],
+    "c128patch watch --help": [*CLI, "watch", "--help"],
+}
+
+
+def cpu_seconds(args: list[str], pythonpath: str | None = None) -> float:
+    """User + system CPU time of one child run (what `time` calls user + sys)."""
+    env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--before", type=Path, default=None, help="a tooling/ folder to compare with")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if args.runs < 10:
+        ap.error("--runs: at least 10")
+    runs = {name: (case, None) for name, case in CASES.items()}
+    if args.before:
+        runs.update({f"before: {name}": (case, str(args.before.resolve()))
+                     for name, case in CASES.items() if name.startswith("c128patch")})
+    for case, path in runs.values():  # warm the bytecode and file caches
+        cpu_seconds(case, path)
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(args.runs):  # interleaved, so load on the machine falls on every case alike
+        for name, (case, path) in runs.items():
+            samples[name].append(cpu_seconds(case, path))
+    base = statistics.median(samples["python -c pass"])
+    rows = {name: {"median_cpu_s": round(statistics.median(s), 4), "min_cpu_s": round(min(s), 4),
+                   "max_cpu_s": round(max(s), 4), "x_python": round(statistics.median(s) / base, 2) if base else None,
+                   "within_target": statistics.median(s) <= TARGET_S}
+            for name, s in samples.items()}
+    print(f"{'command':36} {'median CPU s':>12} {'min':>7} {'max':>7} {'x python -c pass':>17}")
+    for name, r in rows.items():
+        mark = "" if not name.startswith("c128patch") else (
+            "  ok" if r["within_target"] else f"  over {TARGET_S} s")
+        print(f"{name:36} {r['median_cpu_s']:12.3f} {r['min_cpu_s']:7.3f} {r['max_cpu_s']:7.3f} {r['x_python']:17.2f}{mark}")
+    write_json(args.out, {"runs": args.runs, "target_cpu_s": TARGET_S, "cases": rows,
+                          "how": "the console script" if SCRIPT.is_file() else "python -m c128patch",
+                          "before": args.before.resolve().parent.name if args.before else None,
+                          "load_average": [round(x, 1) for x in os.getloadavg()], "machine": machine()})
+    ok = all(r["within_target"] for name, r in rows.items() if name.startswith("c128patch"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Output that survives a pipe: off a terminal a table is as wide as its content (no cell cut or
+folded, whatever $COLUMNS says), and a download prints plain progress lines on stderr (bytes, file,
+seconds) where a terminal would show a bar. Real commands, the real series and a real release wheel
+served from a local package index."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import io
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from c128patch.progress import PlainReporter, transfer
+from c128patch.upstream.releases import wheel_for
+from support import invoke
+
+
+def test_gates_off_a_terminal_cuts_no_cell(real_series):
+    res = invoke("gates", as_json=False, env={"COLUMNS": "80"})
+    assert res.code == 0, res.err
+    lines = res.text.splitlines()
+    for g in real_series.gates:
+        for cell in (g.name, f"({g.declared_by})", f"{g.default} ({g.type})", *g.enables.splitlines(),
+                     *(g.notes or "").splitlines()):
+            assert any(cell in line for line in lines), cell
+    assert "…" not in res.text
+
+
+def test_check_off_a_terminal_cuts_no_entry_name(real_series, sglang_release_repo):
+    res = invoke("check", "--sglang-rev", "v0.5.22", "--sglang-rev", "v0.5.23", as_json=False, env={"COLUMNS": "60"})
+    assert res.code == 0, res.err
+    rows = [line for line in res.text.splitlines() if line.startswith("│")]
+    assert [row.split("│")[1].strip() for row in rows if row.split("│")[1].strip()] == [e.name for e in real_series.entries]
+    assert "…" not in res.text
+
+
+def test_a_long_transfer_prints_a_line_every_few_seconds_and_at_its_end():
+    out, now = io.StringIO(), [100.0]
+    rep = PlainReporter(stream=out, every=5.0, clock=lambda: now[0])
+    total = 40_000_000
+    for t, done in ((0, 0), (1, 1_000_000), (4.9, 9_000_000), (5.0, 10_000_000), (7, 20_000_000), (10.5, 30_000_000),
+                    (12, total), (12, total)):
+        now[0] = 100.0 + t
+        transfer(rep, "downloading sglang 0.5.23 wheel (file 4 of 4)", done, total)
+    rep.step("a step says nothing off a terminal")
+    assert out.getvalue().splitlines() == [
+        "downloading sglang 0.5.23 wheel (file 4 of 4): 0.0 of 40.0 MB, 0 s",
+        "downloading sglang 0.5.23 wheel (file 4 of 4): 10.0 of 40.0 MB, 5 s",
+        "downloading sglang 0.5.23 wheel (file 4 of 4): 30.0 of 40.0 MB, 10 s",
+        "downloading sglang 0.5.23 wheel (file 4 of 4): 40.0 of 40.0 MB, 12 s",
+    ]
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        return None
+
+
+@pytest.fixture
+def local_index(tmp_path, sglang_release_repo):
+    """A PEP 503 index on 127.0.0.1 holding the real sglang 0.5.20 wheel, and an empty cache: pip
+    downloads it over HTTP, as from PyPI."""
+    wheel = wheel_for("0.5.20")
+    root = tmp_path / "index"
+    (root / "simple" / "sglang").mkdir(parents=True)
+    shutil.copy(wheel, root / wheel.name)
+    (root / "simple" / "sglang" / "index.html").write_text(f'<a href="../../{wheel.name}">{wheel.name}</a>\n')
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    (tmp_path / "cache").mkdir()  # the release history as built already (a copy); only the wheel is missing
+    shutil.copytree(sglang_release_repo, tmp_path / "cache" / sglang_release_repo.name)
+    try:
+        yield {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": f"http://127.0.0.1:{server.server_port}/simple",
+               "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "C128PATCH_WHEELHOUSE": "",
+               "C128PATCH_CACHE": str(tmp_path / "cache")}
+    finally:
+        server.shutdown()
+
+
+def test_a_download_off_a_terminal_prints_plain_progress_lines(local_index, tmp_path):
+    res = invoke("wheel", "--from-release", "0.5.20", "-o", str(tmp_path / "dist"), as_json=False, env=local_index)
+    assert res.code == 0, res.err
+    size = (Path(local_index["C128PATCH_CACHE"]) / "wheels").glob("sglang-0.5.20-*.whl")
+    mb = f"{next(size).stat().st_size / 1e6:.1f}"
+    lines = [line for line in res.err.splitlines() if line.startswith("downloading sglang 0.5.20 wheel: ")]
+    assert lines[0].startswith(f"downloading sglang 0.5.20 wheel: 0.0 of {mb} MB, ")
+    assert lines[-1].startswith(f"downloading sglang 0.5.20 wheel: {mb} of {mb} MB, ") and lines[-1].endswith(" s")
+    assert "progress" not in res.text.lower() and "downloading" not in res.text  # stdout: the result only
+    assert list((tmp_path / "dist").glob("sglang-0.5.20+c128.*.whl"))

@@ -1,0 +1,292 @@
+"""Trust boundaries on the git side (docs/security.md), on the real release history: a hostile
+series folder, a repository whose config names programs, the operator's own global settings and
+exported GIT_* variables, option-like and git-dir `--tree` values, another user's repository and a
+read-only tree. In each, the marker program never runs (it would touch a marker file), nothing is
+written outside the tree or the series folder, and a refusal is one clear line with a non-zero exit."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from c128patch.errors import C128Error
+from c128patch.git import Git
+from c128patch.ops.lint import update_hashes
+from c128patch.series.ledger import Ledger
+from c128patch.series.manifest import load_series
+from c128patch.upstream.cache import cache_dir
+from support import invoke, make_test_series, printed_command, refused, run_printed, small_clone, snapshot
+
+CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
+LINE = "    const uint32_t prefix_len = seq_len - extend_len;\n"
+EDIT = {CUH: (LINE, LINE.rstrip("\n") + "  // c128patch test\n")}
+OVERLAY = "python/sglang/c128_test_overlay.py"
+HOOKS = ("pre-commit", "prepare-commit-msg", "commit-msg", "post-commit", "applypatch-msg", "pre-applypatch",
+         "post-applypatch", "post-checkout", "post-rewrite", "post-index-change", "reference-transaction", "pre-auto-gc")
+
+
+@pytest.fixture
+def series(tmp_path: Path, sglang_release_repo: Path) -> Path:
+    return make_test_series(tmp_path / "series", sglang_release_repo, EDIT)
+
+
+@pytest.fixture
+def tree(sglang_release_repo: Path, tmp_path: Path) -> Path:
+    return small_clone(sglang_release_repo, tmp_path / "t").worktree  # type: ignore[return-value]
+
+
+@pytest.fixture
+def marker(tmp_path: Path) -> tuple[Path, Path]:
+    """(program, marker): the program touches the marker, then passes its input through (a filter)
+    and fails when asked to (a signer, a hook that should never be consulted)."""
+    mark = tmp_path / "MARKER-RAN"
+    prog = tmp_path / "marker-program"
+    prog.write_text(f"#!/bin/sh\ntouch {mark}\ncat\n")
+    prog.chmod(0o755)
+    return prog, mark
+
+
+def apply_args(tree: Path, series: Path, rev: str = "v0.5.23", *extra: str) -> list:
+    return ["apply", "--sglang-rev", rev, "--repo", tree, "--series", series, *extra]
+
+
+def set_entry(series: Path, old: str, new: str) -> None:
+    manifest = series / "patches" / "series.toml"
+    text = manifest.read_text()
+    assert old in text
+    manifest.write_text(text.replace(old, new))
+
+
+def files_under(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+# ---------------------------------------------------------------------------- 1. a hostile series folder
+@pytest.mark.parametrize("target", [".git/config", ".git/hooks/post-checkout", ".GIT/hooks/x", ".git./config",
+                                    "python/.git /config", "GIT~1/config", "python/sglang/.gitattributes",
+                                    ".gitmodules", "python/sglang/a\nb.py"])
+def test_an_overlay_into_gits_own_files_is_refused_by_lint_and_apply(series, tree, marker, target):
+    prog, mark = marker
+    (series / "overlay" / "sglang" / "c128_test_overlay.py").write_text(f"[core]\n\tfsmonitor = {prog}\n")
+    set_entry(series, f'target = "{OVERLAY}"', f"target = {target!r}".replace("'", '"').replace("\n", "\\n"))
+    config = (tree / ".git" / "config").read_bytes()
+    line = refused(["lint", "--offline", "--series", series], contains="unsafe path in")
+    assert repr(target) in line, line
+    refused(apply_args(tree, series), tree, "unsafe path in")
+    refused(["check", "--sglang-rev", "v0.5.23", "--repo", tree, "--series", series], tree, "unsafe path in")
+    assert (tree / ".git" / "config").read_bytes() == config and not (tree / ".git" / "hooks" / "post-checkout").exists()
+    subprocess.run(["git", "-C", str(tree), "status"], check=True, capture_output=True)  # the user's own git, after
+    assert not mark.exists()
+
+
+def test_a_patch_that_creates_a_git_hook_is_refused_as_unsafe_not_as_a_conflict(series, tree, marker):
+    prog, mark = marker
+    patch = series / "patches" / "0001-test.patch"
+    text = patch.read_text()
+    hook = (f"diff --git a/.git/hooks/post-checkout b/.git/hooks/post-checkout\nnew file mode 100755\n"
+            f"index {'0' * 40}..{'1' * 40}\n--- /dev/null\n+++ b/.git/hooks/post-checkout\n@@ -0,0 +1,2 @@\n"
+            f"+#!/bin/sh\n+{prog}\n")
+    cut = text.index("diff --git ")
+    patch.write_text(text[:cut] + hook + text[cut:])
+    update_hashes(load_series(series))
+    line = refused(apply_args(tree, series), tree, "unsafe path in patch 0001-test.patch: '.git/hooks/post-checkout'")
+    assert "does not apply" not in line
+    res = invoke("lint", "--offline", "--series", series, "--json")
+    assert res.code == 1 and [f["message"] for f in res.out["findings"]] == [line.removeprefix("c128patch: error: ")]
+    assert not (tree / ".git" / "hooks" / "post-checkout").exists() and not mark.exists()
+
+
+@pytest.mark.parametrize("hooks", [".githooks", "python/sglang"])
+def test_an_overlay_into_the_folder_the_trees_hooks_run_from_is_refused(series, tree, hooks):
+    """The user's own git runs hooks from core.hooksPath: a series may not write there either."""
+    subprocess.run(["git", "-C", str(tree), "config", "core.hooksPath", hooks], check=True)
+    set_entry(series, f'target = "{OVERLAY}"', f'target = "{hooks}/post-checkout"')
+    refused(apply_args(tree, series), tree, f"it is under {hooks}, the folder git runs hooks from")
+    assert not (tree / hooks / "post-checkout").exists()
+
+
+@pytest.mark.parametrize("name", ["../../../ESCAPE", "ok\\nC128patch-Entry: forged", "nul\\u0000name", "Upper",
+                                  "-dash", "x" * 81])
+def test_an_unsafe_entry_name_is_refused_before_anything_is_written(series, tree, tmp_path, name):
+    set_entry(series, 'name = "test-patch"', f'name = "{name}"')
+    before = files_under(tmp_path)
+    refused(["lint", "--offline", "--series", series], contains="unsafe entry name in")
+    refused(apply_args(tree, series), tree, "unsafe entry name in")
+    refused(["check", "--sglang-rev", "v0.5.23", "--repo", tree, "--series", series], tree, "unsafe entry name in")
+    assert files_under(tmp_path) == before
+
+
+def test_every_entry_name_of_the_product_series_fits_the_rule():
+    names = [e.name for e in load_series(Path(__file__).parents[1]).entries]
+    assert names and all(n == n.lower() and not n.startswith(("-", ".")) for n in names)
+
+
+def test_the_ledger_builds_no_path_from_an_unchecked_row(series, tree):
+    """A ledger row (a pull request can write one) naming ../ or a non-hex key is refused, not read."""
+    res = series / "patches" / "resolutions"
+    res.mkdir()
+    (res / "ledger.toml").write_text('[[resolutions]]\nentry = "../../../ESCAPE"\nkey = "abc"\nmatch = "m"\n'
+                                     f'file = "{CUH}"\nfrom = "a"\nonto = "b"\n')
+    ledger = Ledger(load_series(series))
+    with pytest.raises(C128Error, match="unsafe entry name in the ledger"):
+        ledger._diff_path("../../../ESCAPE", "abc")
+    with pytest.raises(C128Error, match="unsafe ledger key"):
+        ledger._diff_path("test-patch", "../../x")
+    assert ledger._diff_path("test-patch", "0123abcd") == res / "test-patch" / "0123abcd.diff"
+
+
+# ---------------------------------------------------------------------------- 2. a repository whose config names programs
+def hostile_config(repo: Path, prog: Path) -> None:
+    """fsmonitor, a clean/smudge filter on every file (info/attributes), diff drivers and every hook."""
+    git = ["git", "-C", str(repo), "config"]
+    for key, value in (("core.fsmonitor", str(prog)), ("filter.evil.clean", str(prog)), ("filter.evil.smudge", str(prog)),
+                       ("filter.evil.required", "true"), ("diff.evil.textconv", str(prog)),
+                       ("diff.evil.command", str(prog))):
+        subprocess.run([*git, key, value], check=True)
+    (repo / ".git" / "info").mkdir(exist_ok=True)
+    (repo / ".git" / "info" / "attributes").write_text("* filter=evil diff=evil\n")
+    hooks = repo / ".git" / "hooks"
+    hooks.mkdir(exist_ok=True)
+    for hook in HOOKS:
+        (hooks / hook).write_text(f"#!/bin/sh\n{prog} </dev/null\nexit 1\n")
+        (hooks / hook).chmod(0o755)
+
+
+def test_a_repository_whose_config_names_programs_runs_none_of_them(series, tree, marker, sglang_release_repo,
+                                                                    tmp_path):
+    prog, mark = marker
+    clean = small_clone(sglang_release_repo, tmp_path / "clean").worktree
+    hostile_config(tree, prog)
+    res = invoke("check", "--sglang-rev", "v0.5.23", "--repo", tree, "--series", series)
+    assert res.code == 0, res.err
+    assert not mark.exists(), "check ran a program the repository's config names"
+    res = invoke(*apply_args(tree, series))
+    assert res.code == 0, res.err
+    assert not mark.exists(), "apply ran a program the repository's config names"
+    assert invoke(*apply_args(clean, series)).code == 0
+    assert Git(worktree=tree).head() == Git(worktree=clean).head()  # the same commits as in a plain clone
+    assert invoke("status", "--tree", tree).code == 0 and not mark.exists()
+
+
+def test_a_repository_whose_config_names_a_merge_program_is_refused(series, tree, marker):
+    prog, mark = marker
+    subprocess.run(["git", "-C", str(tree), "config", "merge.evil.driver", f"{prog} %A"], check=True)
+    refused(["check", "--sglang-rev", "v0.5.23", "--repo", tree, "--series", series],
+            contains="its git config names a merge program (merge.evil.driver")
+    assert not mark.exists()
+
+
+# ---------------------------------------------------------------------------- 3. the operator's own settings
+def test_the_operators_global_settings_and_git_variables_change_nothing(series, tree, marker, sglang_release_repo,
+                                                                        tmp_path):
+    """A global prepare-commit-msg hook that edits messages, a failing post-checkout hook, signing with
+    a failing signer (global and system config), and exported GIT_DIR/GIT_WORK_TREE/GIT_INDEX_FILE and
+    identity pointing elsewhere: the same commit ids as with a clean HOME, nothing run, the decoy untouched."""
+    prog, mark = marker
+    clean = small_clone(sglang_release_repo, tmp_path / "clean").worktree
+    decoy = small_clone(sglang_release_repo, tmp_path / "decoy").worktree
+    home, hooks = tmp_path / "home", tmp_path / "global-hooks"
+    hooks.mkdir()
+    (hooks / "prepare-commit-msg").write_text(f'#!/bin/sh\n{prog} </dev/null\necho "edited by a hook" >> "$1"\n')
+    (hooks / "post-checkout").write_text(f"#!/bin/sh\n{prog} </dev/null\nexit 1\n")
+    for hook in hooks.iterdir():
+        hook.chmod(0o755)
+    home.mkdir()
+    (home / ".gitconfig").write_text(f"[core]\n\thooksPath = {hooks}\n\tfsmonitor = {prog}\n[commit]\n\tgpgSign = true\n"
+                                     f"[gpg]\n\tprogram = {prog}\n[am]\n\tmessageId = true\n[format]\n\tsignOff = true\n"
+                                     "[color]\n\tui = always\n[user]\n\tname = Someone Else\n\temail = else@example.invalid\n")
+    system = tmp_path / "system-gitconfig"
+    system.write_text(f"[tag]\n\tgpgSign = true\n[gpg]\n\tprogram = {prog}\n")
+    decoy_state = snapshot(decoy)
+    env = {"HOME": str(home), "C128PATCH_CACHE": str(cache_dir()), "GIT_CONFIG_SYSTEM": str(system), "GIT_CONFIG_GLOBAL": None,
+           "GIT_DIR": str(decoy / ".git"), "GIT_WORK_TREE": str(decoy), "GIT_INDEX_FILE": str(tmp_path / "stray.index"),
+           "GIT_AUTHOR_NAME": "Exported Name", "GIT_COMMITTER_EMAIL": "exported@example.invalid"}
+    res = invoke(*apply_args(tree, series, "v0.5.22"), env=env)
+    assert res.code == 0, res.err
+    assert invoke(*apply_args(clean, series, "v0.5.22")).code == 0
+    ours, theirs = Git(worktree=tree), Git(worktree=clean)
+    assert ours.out("log", "--format=%H", "v0.5.22..HEAD") == theirs.out("log", "--format=%H", "v0.5.22..HEAD")
+    assert invoke("status", "--tree", tree, env=env).code == 0
+    assert not mark.exists() and not (tmp_path / "stray.index").exists()
+    assert snapshot(decoy) == decoy_state
+
+
+# ---------------------------------------------------------------------------- 4. --tree values
+@pytest.mark.parametrize("value", ["--bare", "--template={tmp}/tpl", "--upload-pack=touch {tmp}/MARKER-RAN"])
+def test_an_option_like_tree_never_reaches_git(series, tmp_path, monkeypatch, value):
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    value = value.format(tmp=tmp_path)
+    line = refused(["apply", "--sglang-rev", "v0.5.23", "--series", series, f"--tree={value}"],
+                   contains="looks like an option, not a folder")
+    assert f"./{value}" in line
+    assert list(work.iterdir()) == [] and not (tmp_path / "MARKER-RAN").exists() and not (tmp_path / "tpl").exists()
+
+
+@pytest.mark.parametrize("inside", [".git", ".git/new", ".git/refs"])
+def test_a_tree_inside_a_git_dir_is_refused_with_nothing_to_delete(series, tree, inside):
+    before = files_under(tree / ".git")
+    line = refused(["apply", "--sglang-rev", "v0.5.23", "--series", series, "--tree", tree / inside], tree,
+                   "is inside a git dir")
+    assert "remove" not in line and "rm " not in line
+    assert files_under(tree / ".git") == before
+    if (tree / inside).is_dir():
+        refused(["status", "--tree", tree / inside], tree, "is inside a git dir")
+
+
+def test_a_bare_repository_is_no_tree(series, sglang_release_repo, tmp_path):
+    bare = tmp_path / "bare.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(sglang_release_repo), str(bare)], check=True)
+    refused(["apply", "--sglang-rev", "v0.5.23", "--series", series, "--tree", bare / "new"], contains="is inside a git dir")
+    assert not (bare / "new").exists()
+
+
+# ---------------------------------------------------------------------------- 5. environment failures say what they are
+def test_a_repository_owned_by_another_user_is_named_as_such_and_the_printed_fix_works(tree, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("C128PATCH_CACHE", str(cache_dir()))  # before HOME moves
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+    monkeypatch.setenv("GIT_TEST_ASSUME_DIFFERENT_OWNER", "1")  # git's own knob: as if another user owned it
+    line = refused(["status", "--tree", tree], contains="it is owned by another user")
+    assert "not a git repository" not in line and "dubious ownership" in line
+    fix = printed_command(line, "git config --global")
+    assert run_printed(fix).returncode == 0
+    res = invoke("status", "--tree", tree, as_json=False)
+    assert "owned by another user" not in res.err and "no c128patch series is applied in" in res.err, res.err
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """``folder`` not writable, for root too (the immutable flag; skipped where it cannot be set)."""
+    if os.geteuid() == 0:
+        if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+            pytest.skip("root, and chattr +i is not available here")
+        undo = ["chattr", "-i", str(folder)]
+    else:
+        folder.chmod(0o555)
+        undo = ["chmod", "755", str(folder)]
+    try:
+        yield
+    finally:
+        subprocess.run(undo, check=True)
+
+
+@pytest.mark.parametrize("folder", [str(Path(CUH).parent), "python/sglang"], ids=["patch", "overlay"])
+def test_a_read_only_tree_is_a_permission_error_not_a_conflict(series, tree, folder):
+    with read_only(tree / folder):
+        res = invoke(*apply_args(tree, series), as_json=False)
+    first = res.err.strip().splitlines()[0]
+    assert res.code == 2 and first.startswith("c128patch: error: "), res.err
+    assert "Permission denied" in first or "Operation not permitted" in first, res.err
+    assert "does not apply" not in res.err and "conflict" not in first
+    assert Git(worktree=tree).rev_parse("refs/heads/main") is not None  # the user's branch is there
+    resume = printed_command(res.err, "c128patch apply --continue")
+    assert run_printed(resume).returncode == 0  # writable again: the printed resume finishes the apply
