@@ -193,7 +193,7 @@ def test_interrupted_rebase_resumes_to_the_uninterrupted_result(applied, series,
                      REBASE_PHASES[phase], how)
     done = run_printed(way_out(proc, git.worktree, "continue", "rebase") + " --json")
     assert done.returncode == 0, done.stderr
-    assert git.head() == reference["rebase"] and git.current_branch() == "c128/v0.5.22"
+    assert git.head() == reference["rebase"] and git.current_branch() == "c128/v0.5.23"  # named after its new base
     assert "resolved by hand" not in done.stdout  # an interrupted pick is picked again, not "resolved"
     assert_nothing_in_progress(git)
 
@@ -221,7 +221,7 @@ def test_a_kill_after_the_branch_moved_only_finishes_the_report(applied, series,
     assert git.rev_parse("c128/v0.5.22") == reference["rebase"]
     res = invoke("rebase", "--continue", "--tree", git.worktree, "--json")
     assert res.code == 0, res.err
-    assert git.head() == reference["rebase"] and git.current_branch() == "c128/v0.5.22"
+    assert git.head() == reference["rebase"] and git.current_branch() == "c128/v0.5.23"
     assert_nothing_in_progress(git)
 
 

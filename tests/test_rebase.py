@@ -170,10 +170,35 @@ def test_refresh_after_a_rebase_changes_nothing(span, rebased):
     assert run.out["tree"].startswith("identical to a fresh apply")
 
 
-def test_a_rebased_branch_keeps_its_name(rebased):
+def test_a_rebased_branch_is_named_after_its_new_base(rebased):
     r = rebased[("v0.5.22", "v0.5.23")]
-    assert r.git.current_branch() == "c128/v0.5.22" and r.git.status_porcelain() == []
-    assert r.git.rev_parse("c128/v0.5.22") == r.git.rev_parse(r.run.out["head"])
+    assert r.git.current_branch() == "c128/v0.5.23" and r.git.status_porcelain() == []
+    assert r.git.rev_parse("c128/v0.5.23") == r.git.rev_parse(r.run.out["head"])
+    assert r.git.rev_parse("refs/heads/c128/v0.5.22") is None
+    assert r.run.out["renamed_branch"] == {"from": "c128/v0.5.22", "to": "c128/v0.5.23"}
+    old = r.before["refs"].split("refs/heads/c128/v0.5.22 ")[1].split()[0]
+    assert r.git.rev_parse(r.run.out["recovery_ref"]) == r.git.rev_parse(old)  # the old tip, kept
+
+
+def test_the_rebased_provenance_keeps_every_field_of_the_upstream_record(rebased):
+    from c128patch.series.provenance import PROVENANCE_PATH
+
+    r = rebased[("v0.5.22", "v0.5.23")]
+    before = json.loads(r.git.blob(r.run.out["recovery_ref"], PROVENANCE_PATH))["upstream"]
+    after = json.loads((r.git.worktree / PROVENANCE_PATH).read_text())["upstream"]
+    assert set(after) == set(before) and after["rev"] == "v0.5.23"
+    assert {k: v for k, v in after.items() if k not in ("rev", "commit")} == \
+        {k: v for k, v in before.items() if k not in ("rev", "commit")}
+
+
+def test_next_refresh_is_printed_only_when_it_would_change_something(sglang_release_repo, series_dir, tmp_path):
+    git = apply_into(sglang_release_repo, tmp_path / "tree", series_dir, "v0.5.21")
+    run = invoke("rebase", "--onto", "v0.5.22", "--tree", str(git.worktree), "--series", str(series_dir),
+                 as_json=False)
+    assert run.code == 0, run.err
+    text = " ".join(run.text.split())
+    assert "next: " not in text and "--primary" not in text  # the series base v0.5.23 stays
+    assert "the series is up to date (refresh --check changes nothing)" in text
 
 
 # -- a user edit on an entry commit ---------------------------------------------------
@@ -574,9 +599,11 @@ def test_drop_merged_drops_exactly_the_entry_upstream_holds(merged_dropped):
 
 
 def test_a_pr_number_alone_is_a_hint_that_drops_nothing(merged_dropped):
+    """A kept entry shows no drop signal; the upstream commit naming its PR is a hint beside it."""
     for e in merged_dropped.run.out["entries"]:
         if e["name"] != RS and "#32035" in load_series(merged_dropped.series).entry(e["name"]).upstream:
-            assert [s["kind"] for s in e["signals"]] == ["pr-hint"] and e["status"] in REPLAYED, e
+            assert e["signals"] == [] and e["status"] in REPLAYED, e
+            assert [h["why"] for h in e["hints"]] == ["names PR #32035"] and e["hints"][0]["commit"] == merged_dropped.onto
 
 
 def test_the_tree_after_a_drop_is_proven(merged_dropped):

@@ -24,6 +24,7 @@ from c128patch.errors import C128Error, Interrupted
 
 if TYPE_CHECKING:
     from c128patch.git import Git
+    from c128patch.series.manifest import Series
 
 
 def _onto_commit(git: Git, rev: str, repo: str | None) -> str:
@@ -118,9 +119,30 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
         table.add_row(e["name"], e["status"], file, detail)
     out.print(table)
     out.print(report["equivalence"]["summary"], markup=False)
-    nxt = shlex.join(["c128patch", "refresh", *(["--primary"] if report["direction"] == "forward" else []),
-                      "--tree", str(git.worktree), "--series", str(series.root)])
-    out.print(f"report: {rb.path.parent / 'rebase-report.md'}; next: {nxt}", markup=False)
+    if report.get("renamed_branch"):
+        out.print(f"branch {report['renamed_branch']['from']} is now {report['renamed_branch']['to']} "
+                  f"(the old tip: {report['recovery_ref']})", markup=False)
+    nxt = next_refresh(git, series, report)
+    out.print(f"report: {rb.path.parent / 'rebase-report.md'}" + (f"; next: {nxt}" if nxt else
+              "; the series is up to date (refresh --check changes nothing)"), markup=False)
+
+
+def next_refresh(git: Git, series: Series, report: dict) -> str:
+    """The refresh to run after a rebase, or "" when ``refresh --check`` would change nothing. Primary
+    files only when the rebase went forward past the series base: never moves that base backwards."""
+    from c128patch.ops import refresh as refresh_ops
+
+    base = git.rev_parse(series.base) if series.base else None
+    onto = report["new_base"]["commit"]
+    primary = report["direction"] == "forward" and (base is None or git.is_ancestor(base, onto))
+    try:
+        changes = refresh_ops.export(series, git, primary=primary).changes(series.root)
+    except C128Error:
+        changes = ["?"]  # refresh itself will say why
+    if not changes:
+        return ""
+    return shlex.join(["c128patch", "refresh", "--primary" if primary else "--variant", "--tree", str(git.worktree),
+                       "--series", str(series.root)])
 
 
 def _copy_reports(state: Path, dest: Path) -> None:

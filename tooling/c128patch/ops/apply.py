@@ -389,17 +389,23 @@ class Apply:
         self._check_worktree_paths([item])
         proc = dated.run("am", "--3way", "--committer-date-is-author-date", str(item.path), check=False)
         output = proc.stdout + proc.stderr
-        if proc.returncode != 0:
+        loose = False
+        if proc.returncode != 0:  # as ``check`` replays it: again, ignoring whitespace changes upstream made
             git.run("am", "--abort", check=False)
             problem = environment_problem(output)
             if problem:  # the machine, not the series: no conflict to resolve
                 raise C128Error(f"cannot apply entry '{item.entry.name}' in {self.tree}: {problem.removeprefix('error: ')} "
                                 "(fix that, then resume)")
-            raise self._conflict(journal, item, planned, output)
+            retry = dated.run("am", "--ignore-whitespace", "--committer-date-is-author-date", str(item.path),
+                              check=False)
+            if retry.returncode != 0:
+                git.run("am", "--abort", check=False)
+                raise self._conflict(journal, item, planned, output)
+            loose = True
         if not item.patch.trailers.get(ENTRY_TRAILER):
             dated.run("commit", "--quiet", "--amend", "--no-edit", "--no-verify",
                       "--trailer", f"{ENTRY_TRAILER}: {item.entry.name}")
-        applied = "3way" if "Falling back to patching base and 3-way merge" in output else "clean"
+        applied = "whitespace" if loose else "3way" if "Falling back to patching base and 3-way merge" in output else "clean"
         return {**row, "applied": applied, "status": "applied", "commit": git.head() or ""}
 
     def _check_worktree_paths(self, planned: list[Planned]) -> None:

@@ -26,6 +26,7 @@ from packaging.version import Version
 
 from c128patch import exitcodes
 from c128patch.git import Git
+from c128patch.ops.hints import upstream_hints
 from c128patch.ops.replay import EntryCheck, RevCheck, Verdict, replay_in_index
 from c128patch.series.manifest import Series
 from c128patch.series.plan import index_git
@@ -44,7 +45,7 @@ def predict(result: RevCheck) -> None:
         return
     collision = next((e for e in result.entries if e.status == "collision"), None)
     conflict = next((e for e in result.entries if e.status == "conflict"), None)
-    inexact = next((e for e in result.entries if e.status not in ("clean", "skipped")), None)
+    inexact = next((e for e in result.entries if e.status not in ("clean", "skipped") or e.renamed), None)
     if collision is not None:  # refused before anything is applied, by apply and by wheel
         result.apply = Verdict(exitcodes.USAGE, collision.name, collision.detail)
     elif conflict is not None:
@@ -52,8 +53,12 @@ def predict(result: RevCheck) -> None:
     if release_version(result.rev):
         if collision is not None:
             result.wheel = result.apply
+        elif inexact is not None and inexact.status == "clean":  # a renamed file: the wheel has no such path
+            result.wheel = Verdict(exitcodes.FAILED, inexact.name, inexact.detail)
         elif inexact is not None:
-            why = "needs a 3-way merge; a wheel is patched with exact context" if inexact.status == "3way" else inexact.detail
+            why = {"3way": "needs a 3-way merge; a wheel is patched with exact context",
+                   "whitespace": "needs a whitespace-insensitive merge; a wheel is patched with exact context",
+                   }.get(inexact.status, inexact.detail)
             result.wheel = Verdict(exitcodes.FAILED, inexact.name, why)
         else:
             result.wheel = Verdict()
@@ -84,7 +89,14 @@ def support_note(series: Series, git: Git, rev: str, commit: str) -> str:
 def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
     """The replay of the series on ``commit``, with what ``apply`` and ``wheel`` would do there."""
     with tempfile.TemporaryDirectory(prefix="c128check-") as tmp:
-        result = replay_in_index(series, git, rev, commit, Path(tmp) / "index")[0]
+        result, planned = replay_in_index(series, git, rev, commit, Path(tmp) / "index")
+    by_name, cache = {p.entry.name: p for p in planned}, {}
+    for row in result.entries:
+        item = by_name.get(row.name)
+        if item is not None and item.patch is not None and item.variant is not None:
+            old = (git.rev_parse(item.variant.commit) if item.variant.commit else None) or git.rev_parse(item.variant.base)
+            row.hints = [h.line() for h in upstream_hints(git, item.entry, item.patch, old or "", commit, row.renamed,
+                                                          cache)]
     predict(result)
     if not result.error:
         result.note = support_note(series, git, rev, commit)

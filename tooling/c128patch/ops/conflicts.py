@@ -59,6 +59,7 @@ class StopReport:
     blocks: list[Block] = field(default_factory=list)
     resolved: list[Resolution] = field(default_factory=list)  # by the ledger, at this stop
     unresolved: list[str] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # the tree files it stopped at (also without blocks)
 
     def lines(self) -> list[str]:
         out = [b.describe() for b in self.blocks]
@@ -107,12 +108,14 @@ def _header(h) -> str:
     return head + (f" {h.section_header}" if h.section_header else "")
 
 
-def _match_hunk(hunks: list, lines: list[str]):
-    """The hunk sharing the most lines with the block (both sides and the lines around it)."""
+def _match_hunk(hunks: list, lines: list[str], near: int):
+    """The hunk sharing the most lines with the block (both sides and the lines around it); of
+    hunks that share as many (two hunks making the same edit), the one nearest line ``near``."""
     block = {line.strip() for line in lines if line.strip() and line not in (_OURS, _SEP, _THEIRS)}
-    scored = [(len(block & {line.value.strip() for line in h if line.value.strip()}), i) for i, h in enumerate(hunks)]
-    best = max(scored, default=(0, -1))
-    return hunks[best[1]] if best[0] else None
+    scored = [(len(block & {line.value.strip() for line in h if line.value.strip()}), -abs(h.source_start - near), i)
+              for i, h in enumerate(hunks)]
+    best = max(scored, default=(0, 0, -1))
+    return hunks[best[2]] if best[0] else None
 
 
 def _moved(head: list[str], hunk, at: int, span: int) -> int | None:
@@ -160,7 +163,7 @@ def analyze(git: Git, path: str, text: str, diff: str, *, head: str, old: str, o
             hits = [c for c in shas if c in in_range]
             upstream = tuple(git.out("log", "--no-walk", "--format=%h %s", *hits).splitlines()) if hits else ()
         end = start + len(ours) + len(theirs) + 3
-        hunk = _match_hunk(hunks, merged_lines[max(0, start - 3): end + 3])
+        hunk = _match_hunk(hunks, merged_lines[max(0, start - 3): end + 3], first)
         moved = _moved(head_lines, hunk, pos, len(ours) + len(theirs) + 6) if hunk is not None else None
         out.append(Block(path, (first, last), _header(hunk) if hunk is not None else "", upstream, moved, not ours))
     return out

@@ -208,7 +208,7 @@ def compare_commits(series: Series, git: Git, base: str, head: str, scratch: Pat
         item = Planned(entry, variant, path, read_patch(path) if entry.is_patch else None)
         index_git(git, index_file).run("read-tree", parent)
         present = set(git.out("ls-tree", "-r", "--name-only", parent, "--", *item.touched).splitlines())
-        row = replay_entry(git, item, index_file, present, ledger=ledger)
+        row = replay_entry(git, item, index_file, present, ledger=ledger, at=parent)
         if row.status in FAILED:
             out.append(Verdict(c, "uncompared", "", after, f"{item.label} does not replay on the commit's "
                                                           f"parent: {row.detail}"))

@@ -10,7 +10,7 @@ from c128patch.git import Git
 from c128patch.series.gates import ENVIRON_PATH, SeriesText, declaration_problems, declarations, gate_problems
 from c128patch.series.manifest import Series, sha256_file, symlink_on_path
 from c128patch.series.patchfile import read_patch
-from c128patch.series.plan import prefixes, symlink_refusal
+from c128patch.series.plan import merged_entries, prefixes, symlink_refusal
 
 OVERLAY_ROOTS = ("csrc", "overlay")
 TREE_ROOT = "python"
@@ -144,7 +144,8 @@ def _upstream_collisions(series: Series, git: Git) -> list[Finding]:
     base = series.base
     if not base or git.rev_parse(base) is None:
         return [Finding("series", f"series base {base!r} is not in the upstream repository", "warning")]
-    overlays = [e for e in series.entries if not e.is_patch]
+    merged = {e.name for e in merged_entries(series, git, git.rev_parse(base) or base)}
+    overlays = [e for e in series.entries if not e.is_patch and e.name not in merged]  # upstream's own now
     listing = git.out("ls-tree", base, "--", *prefixes([e.target for e in overlays])) if overlays else ""
     present = {}
     for line in listing.splitlines():

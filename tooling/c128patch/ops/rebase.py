@@ -42,8 +42,10 @@ from c128patch.jsonio import write_json_atomic
 from c128patch.ops.conflicts import StopReport, analyze, block_markdown
 from c128patch.ops.equivalence import Edit, Equivalence, compare_commits, prove
 from c128patch.ops.faults import fault_point
+from c128patch.ops.hints import upstream_hints
 from c128patch.ops.merged import MergedCheck, Signal, UpstreamIds, commit_diffs, proposes_drop
-from c128patch.ops.replay import FAILED, replay_entry, replay_in_index, unmerged_paths
+from c128patch.ops.replay import FAILED, renamed_patch_text, replay_entry, replay_in_index, unmerged_paths
+from c128patch.ops.taken import taken
 from c128patch.ops.treestate import (
     c128_state_dir,
     changed_paths,
@@ -93,6 +95,8 @@ class Step:
     signals: list[dict] = field(default_factory=list)
     upstream_commits: list[str] = field(default_factory=list)
     stop: dict = field(default_factory=dict)  # the StopReport of a stop
+    renamed: dict = field(default_factory=dict)  # path in the file -> where upstream moved it (ops.replay)
+    hints: list = field(default_factory=list)  # ops.hints: upstream commits that may now do what it does
 
     @property
     def user_edit(self) -> bool:
@@ -115,6 +119,7 @@ class Journal:
     head_before: str = ""  # the new branch's tip before the current step (HEAD goes there only at a stop and at the end)
     paused: Paused = ""
     stop_state: dict[str, str] = field(default_factory=dict)  # path -> blob the stop left in the work tree
+    upstream: dict = field(default_factory=dict)  # the old provenance's upstream record (its fields are kept)
 
     @property
     def span(self) -> str:
@@ -148,6 +153,7 @@ class Rebase:
         self._tip_tree = ""
         self._present: set[str] = set()
         self._touched: list[str] = []
+        self._hint_cache: dict[str, str] = {}
 
     # ------------------------------------------------------------------ entry points
     def start(self, onto_rev: str, onto_commit: str, *, drop_merged: bool = False) -> dict:
@@ -167,6 +173,7 @@ class Rebase:
         journal = Journal(onto_rev, onto_commit, old.get("rev", old["commit"][:12]), old["commit"], git.current_branch(),
                           head, recovery, str(self.series.root), drop_merged, steps)
         c128_state_dir(git).mkdir(parents=True, exist_ok=True)
+        journal.upstream = dict(old)
         journal.head_before = onto_commit  # the branch and the work tree stay as they are until a stop or the end
         journal.save(self.path)
         return self._run(journal)
@@ -194,6 +201,22 @@ class Rebase:
             refuse_conflict_markers(git, "HEAD", None, "continue")  # before the ledger can record them
             tree = git.out("write-tree")
             phase, journal.paused, step.phase = step.phase, "", ""
+            found = step.stop.get("taken") or {}
+            item = self._plan(journal).get(step.name)
+            if phase == "series" and found and item is not None and item.touched != [found["target"]]:
+                git.run("reset", "--quiet", "--hard", "HEAD")  # the series gave the overlay another target: replay it
+                step.status, step.stop, step.detail = "pending", {}, ""
+                journal.save(self.path)
+                return self._run(journal)
+            if phase == "series" and not step.user_edit and tree == git.out("rev-parse", f"{journal.head_before}^{{tree}}"):
+                git.run("reset", "--quiet", "--hard", "HEAD")  # resolved to upstream's side: nothing of ours is left
+                step.status, step.applied = "dropped-as-merged", ""
+                step.detail = ("empty: its conflict was resolved to upstream's side, so upstream holds it (merged)"
+                               if not found else f"superseded: upstream's own {found['target']} is kept"
+                               + (f" (created in {found['created']})" if found["created"] else ""))
+                step.signals.append(asdict(Signal("became-empty", "resolved to upstream's side, it changes nothing")))
+                self._advance(journal)
+                return self._run(journal)
             if phase == "series":
                 recorded = self.ledger.record(git, step.name, journal.old_rev, journal.onto_rev, self._saved_conflicts())
                 step.ledger += recorded
@@ -387,7 +410,8 @@ class Rebase:
         step.file, step.chosen_by = item.label, item.chosen_by
         signals = [] if keep else check.signals(item, journal.head_before, step.sha, idx)
         index_file = Path(idx.env["GIT_INDEX_FILE"])
-        row = replay_entry(self.git, item, index_file, self._present, ledger=self.ledger, span=journal.span)
+        row = replay_entry(self.git, item, index_file, self._present, ledger=self.ledger, span=journal.span,
+                           at=journal.onto_commit)
         tree = idx.out("write-tree") if row.status not in FAILED else ""
         if tree and tree == self._tip_tree:
             signals.append(Signal("became-empty", "replaying it on the new base changes nothing"))
@@ -413,13 +437,18 @@ class Rebase:
                                      f"  undo:    {rebase_command(self.git.worktree, 'abort')}",
                                 report=self.report(journal))
         step.ledger = [r.ref for r in row.resolutions]
+        step.renamed = dict(row.renamed)
+        step.hints = [h.to_json() for h in upstream_hints(self.git, item.entry, item.patch, journal.old_commit,
+                                                          journal.onto_commit, row.renamed, self._hint_cache)]
+        step.signals = [s for s in step.signals if s["kind"] != "pr-hint"]  # kept: a hint, not a drop signal
         if tree:
             step.applied, step.series_tree = row.status, tree
             step.detail = row.detail
             self._after_series(journal, step)
             return
-        self._stop(journal, step, "series", item.path.read_text() if item.patch is not None else "", item.label,
-                   row.detail)
+        text = item.path.read_text() if item.patch is not None else ""
+        self._stop(journal, step, "series", renamed_patch_text(text, row.renamed) if row.renamed else text,
+                   item.label, row.detail, row.conflicts or ([item.entry.target] if item.patch is None else []))
 
     def _after_series(self, journal: Journal, step: Step) -> None:
         """Carry the user's edit (if any) onto the series' part, then commit the entry."""
@@ -494,7 +523,8 @@ class Rebase:
         return message, (fields.get("Author", "c128patch"), fields.get("Email", ""), fields.get("Date", ""))
 
     # ------------------------------------------------------------------ stops
-    def _stop(self, journal: Journal, step: Step, phase: Phase, diff: str, label: str, why: str) -> NoReturn:
+    def _stop(self, journal: Journal, step: Step, phase: Phase, diff: str, label: str, why: str,
+              paths: list[str] | None = None) -> NoReturn:
         """Leave the conflict in the work tree (``git apply --3way``), write the reports, raise."""
         git = self.git
         if (git.head() or "") != journal.head_before or git.current_branch():
@@ -508,12 +538,19 @@ class Rebase:
         resolved = self.ledger.replay(git, step.name, conflicts, journal.span) if phase == "series" else []
         left = unmerged_paths(git)
         self._save_conflicts([c for c in conflicts if c.path in left])
-        report = StopReport(step.name, phase, label, resolved=resolved, unresolved=left)
+        report = StopReport(step.name, phase, label, resolved=resolved, unresolved=left, paths=left or list(paths or []))
         for c in conflicts:
             if c.path in left:
                 report.blocks += analyze(git, c.path, c.text, diff, head=journal.head_before, old=journal.old_commit,
                                          onto=journal.onto_commit)
         step.stop, step.phase, step.status = asdict(report), phase, "failing"
+        item = self._plan(journal).get(step.name) if phase == "series" else None
+        extra = [f"  {h['line']}" for h in step.hints]
+        if item is not None and item.patch is None and report.paths == [item.entry.target]:  # upstream's file there
+            found = taken(git, self.series, item.entry, journal.old_commit, journal.onto_commit)
+            step.stop["taken"] = found.to_json()
+            extra = [f"  {line}" for line in found.lines(rebase_command(git.worktree, "continue"),
+                                                         rebase_command(git.worktree, "skip"))]
         step.ledger = [r.ref for r in resolved]
         step.upstream_commits = sorted({u for b in report.blocks for u in b.upstream})
         if left:
@@ -526,7 +563,7 @@ class Rebase:
         journal.save(self.path)
         self._write_reports(journal)
         tree = git.worktree
-        where = "\n".join(f"  {line}" for line in report.lines())
+        where = "\n".join([f"  {line}" for line in report.lines()] + extra)
         raise ConflictError(
             f"entry '{step.name}' conflicts on {journal.onto_rev}"
             + (f" in {', '.join(left)}" if left else f": {step.detail}")
@@ -586,8 +623,9 @@ class Rebase:
         planned = self._plan(journal)
         items = [planned[s.name] for s in kept if s.kind == "entry" and s.name in planned]
         results = [{"name": s.name, "applied": s.status, "commit": s.new_sha} for s in kept]
-        record = provenance.build(self.series, items, {"rev": journal.onto_rev, "commit": journal.onto_commit}, results)
-        record["rebased_from"] = {"rev": journal.old_rev, "commit": journal.old_commit}
+        upstream = {**journal.upstream, "rev": journal.onto_rev, "commit": journal.onto_commit}
+        record = provenance.build(self.series, items, upstream, results)
+        record["rebased_from"] = {**journal.upstream, "rev": journal.old_rev, "commit": journal.old_commit}
         record["carried"] = [{"name": s.name, "commit": s.new_sha, "user_edit": s.user_edit} for s in kept
                              if s.kind == "commit" or s.user_edit]
         record["dropped"] = [{"name": s.name, "status": s.status, "detail": s.detail,
@@ -595,7 +633,10 @@ class Rebase:
                              for s in journal.steps if s.status in ("dropped-as-merged", "skipped") and s.kind == "entry"]
         new_head = self._provenance_commit(journal, provenance.dumps(record))
         git.run("checkout", "--quiet", "--detach", new_head)  # the work tree is clean here
-        if journal.orig_branch:
+        renamed = self._new_branch_name(journal)
+        if renamed and git.rev_parse(f"refs/heads/{renamed}") == new_head:  # renamed already before a kill
+            git.run("checkout", "--quiet", renamed)
+        elif journal.orig_branch:
             if git.rev_parse(f"refs/heads/{journal.orig_branch}") != new_head:  # (moved already before a kill)
                 git.run("update-ref", "-m", f"c128patch rebase onto {journal.onto_rev}",
                         f"refs/heads/{journal.orig_branch}", new_head, journal.orig_head)
@@ -606,7 +647,14 @@ class Rebase:
                                                                                          "removed")]
         proof = prove(self.series, git, journal.onto_rev, journal.onto_commit, new_head,
                       accept=lambda e: _accepted(e, carried), span=journal.span, without=left_out)
+        if proof.ok and renamed and git.current_branch() != renamed:  # named after its new base; the old tip stays
+            git.run("update-ref", "-m", f"c128patch rebase onto {journal.onto_rev}", f"refs/heads/{renamed}", new_head,
+                    "0" * 40)  # at the recovery ref
+            git.run("checkout", "--quiet", renamed)
+            git.run("update-ref", "-d", f"refs/heads/{journal.orig_branch}", new_head)
         report = self.report(journal, new_head, proof)
+        if renamed and git.current_branch() == renamed:
+            report["branch"], report["renamed_branch"] = renamed, {"from": journal.orig_branch, "to": renamed}
         self._write_reports(journal, report)
         self.path.unlink()
         (c128_state_dir(git) / "conflicts.json").unlink(missing_ok=True)
@@ -619,6 +667,18 @@ class Rebase:
                      f"  undo: {shlex.join(['git', '-C', str(git.worktree), 'reset', '--hard', journal.recovery_ref])}",
                 report=report)
         return report
+
+    def _new_branch_name(self, journal: Journal) -> str:
+        """``c128/<new base>`` for a branch named after its old base as ``apply`` names it (``c128/<old
+        base>``), when the new base has a name and no such branch is there already; else ""."""
+        old, onto = journal.orig_branch, journal.onto_rev
+        if not old or old != f"c128/{journal.old_rev}" or re.fullmatch(r"[0-9a-f]{7,40}", onto):
+            return ""
+        new = f"c128/{onto}"
+        if new == old or not self.git.ok("check-ref-format", "--branch", new):
+            return ""
+        there = self.git.rev_parse(f"refs/heads/{new}")
+        return new if there in (None, self.git.head()) else ""  # (HEAD: the new tip, detached)
 
     def _date(self, journal: Journal) -> str:
         """The new base's commit date: every commit the rebase makes carries it (reproducible ids).
@@ -678,7 +738,13 @@ class Rebase:
 
 
 def _merged_in(step: Step, onto: str) -> str:
-    """The upstream commit a merged entry went in with: the one a signal names, else the new base."""
+    """The upstream commit a merged entry went in with: the one a signal names, else the new base.
+    An entry skipped at a stop: the upstream commit a hint names, else the new base (a later rebase
+    onto that upstream does not stop at it again)."""
+    made = (step.stop.get("taken") or {}).get("commit", "")
+    if (step.status == "skipped" and step.stop) or (step.status == "dropped-as-merged"
+                                                    and step.detail.startswith(("empty:", "superseded:"))):
+        return made or (step.hints[0]["commit"] if step.hints else onto)
     if step.status != "dropped-as-merged":
         return ""
     named = [s["commit"] for s in step.signals if s.get("commit") and s["kind"] == "patch-id"]

@@ -111,11 +111,19 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     if primary is None:
         primary = label == series.base
     left_out = [d["name"] for d in record.get("dropped", []) if d.get("status") in ("dropped-as-merged", "skipped")]
-    result = Export(equivalence=prove(series, git, base_rev or label, base_commit, without=left_out))
+    commits = _commits(git, base_commit)
+    empty = {name: sha for sha, name in commits if name in {e.name for e in series.entries if e.is_patch}
+             and git.out("rev-parse", f"{sha}^{{tree}}") == git.out("rev-parse", f"{sha}~1^{{tree}}")}
+    result = Export(equivalence=prove(series, git, base_rev or label, base_commit, without=left_out + list(empty)))
     by_name = {e.name: e for e in series.entries}
     numbers = [int(m.group(1)) for e in series.entries if (m := re.match(r"^(\d+)-", e.file or ""))]
     exported: dict[str, Entry] = {}
-    for sha, name in _commits(git, base_commit):
+    for sha, name in commits:
+        if name in empty:  # an empty patch is no patch: upstream holds the entry here (kept with merged_in)
+            record = {**record, "dropped": [*record.get("dropped", []), {
+                "name": name, "status": "dropped-as-merged", "merged_in": base_commit,
+                "detail": f"its commit {sha[:12]} changes nothing on {label}"}]}
+            continue
         if name in exported:
             raise C128Error(f"cannot refresh: two commits carry '{ENTRY_TRAILER}: {name}'; squash them first")
         old = by_name.get(name)
@@ -169,6 +177,11 @@ def _kept_without_commit(series: Series, git: Git, record: dict, base_commit: st
                                 "kept for the revisions without that commit (merged_in)")
         elif e.name in merged_here:
             kept[e.name] = e
+        elif why.get("status") == "skipped" and why.get("merged_in"):
+            kept[e.name] = replace(e, merged_in=why["merged_in"])
+            result.notes.append(f"entry '{e.name}' was skipped at a stop of the rebase: merged_in = "
+                                f"{why['merged_in'][:12]}, so revisions with that commit skip it too; kept for the "
+                                "others (remove it from series.toml to drop it for good)")
         elif why.get("status") == "skipped":
             kept[e.name] = e
             result.notes.append(f"entry '{e.name}' was skipped in the rebase: kept as it is for the other bases "

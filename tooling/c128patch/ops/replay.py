@@ -4,8 +4,13 @@ A patch is tried strictly (``git apply --cached``, all or nothing), then with a 
 (``--3way``, on the preimage blobs its ``index`` lines name). Where the 3-way merge leaves
 conflicts and a ledger is given, the conflicted files are made as git makes them in a work tree
 (``git apply --3way`` in a scratch folder holding only the patch's files, so their keys are the
-ones a rebase stop records) and the ledger's resolutions are tried on them. An overlay is added
-whole; it collides with a file upstream already has.
+ones a rebase stop records) and the ledger's resolutions are tried on them. Still conflicted, the
+patch is retried ignoring whitespace changes (``git apply --ignore-whitespace``): an upstream
+reformat of the lines it touches is carried, marked ``whitespace`` (whitespace-merged). A file the
+patch needs that upstream renamed (deleted in the target's history, found again by git's copy
+detection of its preimage blob against the target tree) is patched at its new path, and the row
+says so. An overlay is added whole; it collides with
+a file upstream already has.
 
 ``replay_in_index`` replays the whole series on one upstream commit: what ``check`` reports, what
 ``equivalence`` compares a tree with, and what ``rebase`` replays entry by entry.
@@ -25,7 +30,7 @@ from c128patch.series.ledger import Conflict, Ledger, Resolution
 from c128patch.series.manifest import Series
 from c128patch.series.plan import ENTRY_TRAILER, Planned, check_paths_at, index_git, merged_entries, plan
 
-Outcome = Literal["clean", "3way", "ledger", "conflict", "collision", "skipped"]
+Outcome = Literal["clean", "3way", "ledger", "whitespace", "conflict", "collision", "skipped"]
 FAILED: tuple[Outcome, ...] = ("conflict", "collision")
 
 
@@ -39,6 +44,8 @@ class EntryCheck:
     chosen_by: str = ""  # the rule that chose the file (series.plan)
     conflicts: list[str] = field(default_factory=list)  # files the 3-way merge leaves conflicted
     resolutions: list[Resolution] = field(default_factory=list)  # ledger rows that resolved them
+    renamed: dict[str, str] = field(default_factory=dict)  # path in the patch -> where upstream moved it
+    hints: list[str] = field(default_factory=list)  # "upstream may now handle this: <commit>" (ops.hints)
 
 
 @dataclass
@@ -86,25 +93,37 @@ def scratch_git(git: Git, index_file: Path, folder: Path) -> Git:
                env={**git.env, "GIT_INDEX_FILE": str(index_file), "GIT_WORK_TREE": str(folder)})
 
 
-def conflicted_in_scratch(git: Git, index_file: Path, item: Planned) -> tuple[Git, list[Conflict]]:
+def conflicted_in_scratch(git: Git, index_file: Path, item: Planned, patch: Path | None = None,
+                          needs: list[str] | None = None) -> tuple[Git, list[Conflict]]:
     """Redo ``item``'s 3-way merge on the index with a scratch work tree holding only its files;
-    the index is left with the merge (conflicted paths at their stages)."""
+    the index is left with the merge (conflicted paths at their stages). ``patch``/``needs``: the
+    patch with renamed paths followed (``follow_renames``)."""
     assert item.patch is not None
+    needs = item.patch.needs if needs is None else needs
     sgit = scratch_git(git, index_file, index_file.parent / "scratch")
-    present = sgit.out("ls-files", "--", *item.patch.needs).splitlines() if item.patch.needs else []
+    present = sgit.out("ls-files", "--", *needs).splitlines() if needs else []
     if present:
         sgit.run("checkout-index", "-u", "--", *present)
-    sgit.run("apply", "--3way", str(item.path), check=False)
+    sgit.run("apply", "--3way", str(patch or item.path), check=False)
     return sgit, Ledger.conflicts(sgit, unmerged_paths(sgit))
 
 
 def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | None = None,
-                 span: str = "") -> EntryCheck:
+                 span: str = "", renamed: dict[str, str] | None = None) -> EntryCheck:
     """Apply ``item`` to the index ``index_file``: strict, then 3-way, then (given ``ledger``) its
-    recorded resolutions. A failure leaves the index as it was before the entry."""
+    recorded resolutions, then ignoring whitespace changes. ``renamed``: paths of the patch upstream
+    moved (``follow_renames``), patched at their new place. A failure leaves the index as it was
+    before the entry."""
     idx = index_git(git, index_file)
-    row = EntryCheck(item.entry.name, item.entry.kind, item.label, "clean", chosen_by=item.chosen_by)
-    path = str(item.path)
+    row = EntryCheck(item.entry.name, item.entry.kind, item.label, "clean", chosen_by=item.chosen_by,
+                     renamed=dict(renamed or {}))
+    assert item.patch is not None
+    patch, needs = item.path, item.patch.needs
+    if renamed:
+        patch = index_file.parent / f"renamed-{item.entry.name}.patch"
+        patch.write_text(renamed_patch_text(item.path.read_text(), renamed))
+        needs = [renamed.get(p, p) for p in needs]
+    path = str(patch)
     strict = idx.run("apply", "--cached", path, check=False)  # all or nothing: a failure changes no entry
     if strict.returncode == 0:
         return row
@@ -116,7 +135,7 @@ def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | 
     row.conflicts = unmerged_paths(idx)
     if row.conflicts and ledger is not None and ledger.has(item.entry.name):
         index_file.write_bytes(saved)
-        sgit, conflicts = conflicted_in_scratch(git, index_file, item)
+        sgit, conflicts = conflicted_in_scratch(git, index_file, item, patch, needs)
         row.resolutions = ledger.replay(sgit, item.entry.name, conflicts, span)
         left = unmerged_paths(sgit)
         if not left:
@@ -124,6 +143,11 @@ def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | 
             row.detail = "3-way conflicts resolved by the ledger: " + "; ".join(r.describe() for r in row.resolutions)
             return row
         row.conflicts = left
+    index_file.write_bytes(saved)
+    if idx.ok("apply", "--cached", "--ignore-whitespace", path):
+        row.status, row.conflicts, row.resolutions = "whitespace", [], []
+        row.detail = "whitespace-merged: applies only ignoring whitespace changes upstream made"
+        return row
     row.status = "conflict"
     if row.conflicts:
         row.detail = f"3-way merge conflicts in {', '.join(row.conflicts)}"
@@ -133,6 +157,50 @@ def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | 
         row.detail = first_error(three.stderr) or first_error(strict.stderr)
     index_file.write_bytes(saved)  # later entries are replayed on top of the rest
     return row
+
+
+def renamed_patch_text(text: str, renamed: dict[str, str]) -> str:
+    """``text`` (a git patch) with the paths of ``renamed`` changed in its file headers only."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\n")
+        for old, new in renamed.items():
+            if body == f"diff --git a/{old} b/{old}":
+                line = f"diff --git a/{new} b/{new}\n"
+            elif body in (f"--- a/{old}", f"+++ b/{old}"):
+                line = f"{body[:6]}{new}\n"
+        out.append(line)
+    return "".join(out)
+
+
+def follow_renames(git: Git, item: Planned, index_file: Path, missing: list[str], at: str) -> dict[str, str]:
+    """Where upstream moved each of ``missing`` (paths the patch needs that the index lacks): git's
+    copy detection of the file as the patch found it (its preimage blob) against every file of the
+    index's tree, for a path the history of upstream commit ``at`` deleted (a path that was never
+    there, in an older release, is not looked for). {} unless every one is found (the patch then
+    replays on the new paths)."""
+    assert item.patch is not None
+    blobs = item.patch.blobs
+    pre = {p: blobs[p][0] for p in missing if p in blobs}
+    if not at or len(pre) != len(missing) or not all(git.ok("cat-file", "-e", f"{b}^{{blob}}") for b in pre.values()):
+        return {}
+    if not all(git.out("log", "-1", "--format=%H", "--diff-filter=D", at, "--", p) for p in pre):
+        return {}
+    idx = index_git(git, index_file)
+    tree = idx.out("write-tree")
+    probe = index_git(git, index_file.parent / "renames.index")
+    probe.run("read-tree", tree)
+    probe.run("update-index", "--add", *[a for p, b in pre.items() for a in ("--cacheinfo", f"100644,{b},{p}")])
+    found: dict[str, str] = {}
+    out = git.out("diff-tree", "-r", "-z", "--find-copies-harder", "-C70%", "--diff-filter=C", tree,
+                  probe.out("write-tree"))
+    fields = out.split("\0")
+    for i, meta in enumerate(fields):
+        if meta.startswith(":") and meta.split()[-1].startswith("C") and i + 2 < len(fields):
+            source, dest = fields[i + 1], fields[i + 2]
+            if dest in pre and source not in pre:
+                found[dest] = source
+    return found if len(found) == len(missing) else {}
 
 
 def replay_overlay(git: Git, item: Planned, index_file: Path) -> EntryCheck:
@@ -147,14 +215,20 @@ def replay_overlay(git: Git, item: Planned, index_file: Path) -> EntryCheck:
 
 
 def replay_entry(git: Git, item: Planned, index_file: Path, present: set[str], *, ledger: Ledger | None = None,
-                 span: str = "") -> EntryCheck:
-    """One entry on the index; ``present``: the paths (and folders) the index holds, kept up to date."""
+                 span: str = "", at: str = "") -> EntryCheck:
+    """One entry on the index; ``present``: the paths (and folders) the index holds, kept up to date;
+    ``at``: the upstream commit under the index (renames are followed in its history)."""
     missing = [f for f in item.patch.needs if f not in present] if item.patch is not None else []
-    if missing:  # not even a 3-way merge can patch a file that is not there
+    renamed = follow_renames(git, item, index_file, missing, at) if missing else {}
+    if missing and not renamed:  # not even a 3-way merge can patch a file that is not there
         row = EntryCheck(item.entry.name, item.entry.kind, item.label, "conflict", f"{missing[0]}: does not exist",
                          chosen_by=item.chosen_by, conflicts=missing[:1])
     elif item.patch is not None:
-        row = replay_patch(git, item, index_file, ledger=ledger, span=span)
+        row = replay_patch(git, item, index_file, ledger=ledger, span=span, renamed=renamed)
+        if renamed:
+            moved = "; ".join(f"{a} -> {b}" for a, b in renamed.items())
+            row.detail = "; ".join(filter(None, [f"followed upstream's rename {moved}", row.detail]))
+            present.update(renamed.values())
     else:
         row = replay_overlay(git, item, index_file)
     present.update(item.touched)
@@ -184,7 +258,7 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
             result.entries.append(EntryCheck(entry.name, entry.kind, "", "skipped",
                                              f"merged upstream in {entry.merged_in[:12]}"))
             continue
-        row = replay_entry(git, by_name[entry.name], index_file, present, ledger=ledger, span=span)
+        row = replay_entry(git, by_name[entry.name], index_file, present, ledger=ledger, span=span, at=commit)
         result.entries.append(row)
         if row.status in FAILED:
             result.ok = False

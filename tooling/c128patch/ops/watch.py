@@ -138,7 +138,9 @@ class Stop:
         return {"entry": self.entry, "message": self.message, "detail": self.step.get("detail", ""),
                 "file": stop.get("file", self.step.get("file", "")), "chosen_by": self.step.get("chosen_by", ""),
                 "blocks": stop.get("blocks", []), "resolved_by_ledger": stop.get("resolved", []),
-                "unresolved": stop.get("unresolved", []), "upstream_commits": self.step.get("upstream_commits", []),
+                "unresolved": stop.get("unresolved", []), "paths": stop.get("paths", []),
+                "upstream_commits": self.step.get("upstream_commits", []), "hints": self.step.get("hints", []),
+                "taken": stop.get("taken") or {},
                 "after_skipping": self.after_skipping}
 
 
@@ -213,7 +215,8 @@ class Watch:
         steps = list(final["entries"])
         merged = [s for s in steps if s["status"] == "dropped-as-merged" and any(sig["kind"] in CONTENT
                                                                                   for sig in s["signals"])]
-        needed = [s for s in steps if s["kind"] == "entry" and s["new_sha"] and s["applied"] in ("3way", "ledger")]
+        needed = [s for s in steps if s["kind"] == "entry" and s["new_sha"]
+                  and (s["applied"] in ("3way", "ledger", "whitespace") or s.get("renamed"))]
         head = final["head"]
         proof = final.get("equivalence") or {}
 
@@ -361,10 +364,13 @@ class Watch:
             how = ("conflict" if s["name"] in stopped else
                    "merged upstream (proposed)" if s in merged else
                    "recorded merged" if s["status"] == "dropped-as-merged" else
-                   {"clean": "strict", "3way": "3-way", "ledger": "ledger"}.get(s["applied"], s["status"]))
+                   {"clean": "strict", "3way": "3-way", "ledger": "ledger", "whitespace": "whitespace-merged"
+                    }.get(s["applied"], s["status"]))
+            if s.get("renamed") and s["name"] not in stopped:
+                how += " (renamed: " + ", ".join(f"{a} -> {b}" for a, b in s["renamed"].items()) + ")"
             rows.append({"name": s["name"], "on_rev": how, "status": s["status"], "file": s["file"],
                          "chosen_by": s["chosen_by"], "detail": stopped.get(s["name"], s["detail"]), "ledger": s["ledger"],
-                         "signals": s["signals"]})
+                         "signals": s["signals"], "renamed": s.get("renamed", {}), "hints": s.get("hints", [])})
         report = {
             "ok": outcome in ("clean", "refreshed"),
             "outcome": outcome,

@@ -35,7 +35,7 @@ def _evidence(signals: list[dict]) -> str:
 
 
 def _conflict_line(c: dict) -> str:
-    files = sorted({b["path"] for b in c["blocks"]}) or c["unresolved"] or [c["file"]]
+    files = sorted({b["path"] for b in c["blocks"]}) or c["unresolved"] or c.get("paths") or [c["file"]]
     text = f"entry {c['entry']} conflicts in {_names(files, 2)}"
     upstream = next((u for b in c["blocks"] for u in b["upstream"]), "")
     if upstream:
@@ -46,6 +46,20 @@ def _conflict_line(c: dict) -> str:
     return text
 
 
+def _taken_lines(t: dict) -> list[str]:
+    """An overlay's path taken upstream (``ops.taken``): who made and imports the file, which way through."""
+    if not t:
+        return []
+    out = [f"upstream created `{t['target']}`" + (f" in {t['created']}" if t["created"] else "")
+           + (f"; imported upstream by {', '.join(f'`{i}`' for i in t['importers'][:5])}" if t["importers"] else "")]
+    if t["way"] == "rename":
+        out.append(f"way through: **rename our target** (entries {', '.join(t['ours'])} import ours): another `target` "
+                   "in series.toml, those entries pointed at it, then `c128patch rebase --continue`")
+    else:
+        out.append("way through: **drop ours as superseded** (nothing of ours imports it): `c128patch rebase --skip`")
+    return out
+
+
 def headline(report: dict) -> str:
     s = report["series"]
     series, at = f"series {s['name']} {s['version']}", where(report)
@@ -54,7 +68,8 @@ def headline(report: dict) -> str:
     if outcome == "clean":
         return f"{series} applies strictly on {at} ({len(entries)} entries, proven); nothing to do"
     if outcome == "refreshed":
-        how = [f"{e['name']} ({e['on_rev']})" for e in entries if e["on_rev"] in ("3-way", "ledger")]
+        how = [f"{e['name']} ({e['on_rev']})" for e in entries
+               if e["on_rev"].split(" (")[0] in ("3-way", "ledger", "whitespace-merged") or "(renamed: " in e["on_rev"]]
         new = report["refreshed"]
         return (f"{series} still applies on {at}: {len(how)} of {len(entries)} entries needed a 3-way merge or a "
                 f"recorded resolution ({_names(how)}); the refreshed series {s['name']} {new['version']} applies "
@@ -99,6 +114,10 @@ def render(report: dict) -> str:
             detail = e["detail"] + (f" (ledger {', '.join(e['ledger'])})" if e["ledger"] else "")
             lines.append(f"| {e['name']} | {e['on_rev']} | {_cell(file)} | {_cell(detail)} |")
         lines.append("")
+        hinted = [(e["name"], h) for e in report["entries"] if e["name"] not in {c["entry"] for c in report["conflicts"]}
+                  for h in e.get("hints", [])]
+        if hinted:
+            lines += ["## Hints", ""] + [f"- {name}: {h['line']}" for name, h in hinted] + [""]
     for c in report["conflicts"]:
         lines += [f"## Conflict: {c['entry']}", "", _conflict_line(c) + ".", "", f"from `{c['file']}`"
                   + (f" ({c['chosen_by']})" if c["chosen_by"] else ""), ""]
@@ -111,6 +130,8 @@ def render(report: dict) -> str:
                 + f"; still conflicted: {', '.join(c['unresolved'])}")
         if not c["blocks"]:
             lines.append(f"- {c['detail']}")
+        lines += [f"- {h['line']}" for h in c.get("hints", [])]
+        lines += [f"- {line}" for line in _taken_lines(c.get("taken") or {})]
         lines.append("")
     for m in report["merged"]:
         lines += [f"## Merged upstream (proposed): {m['entry']}", ""]

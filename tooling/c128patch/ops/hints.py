@@ -1,0 +1,129 @@
+"""Semantic-merge hints: upstream commits of a range that may now do what an entry does.
+
+Never evidence (``ops.merged`` decides drops on content); a line for the human who reads the stop,
+``check`` or ``watch``: "upstream may now handle this: <commit> <subject> (<why>)". An upstream
+commit of ``old..onto`` is named when
+
+* its message names a PR of the entry's ``upstream`` field or of its ``drop_when``; or
+* it changes, in a file the entry patches, a function one of the entry's hunks edits (git's hunk
+  header names the function) and its changed lines use a name the lines the entry removes or
+  replaces use (``extend_len`` for an ``extend_len == 0`` guard).
+
+One ``git log`` per PR number and one ``git log -p --unified=0`` over the entry's files.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from c128patch.git import Git
+from c128patch.series.manifest import Entry
+from c128patch.series.patchfile import PatchInfo
+
+_PR = re.compile(r"#(\d+)")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{3,}")
+_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@ ?(.*)$")
+_COMMON = {"const", "auto", "return", "static_cast", "uint32_t", "int32_t", "int64_t", "size_t", "self", "None",
+           "True", "False", "else", "elif", "import", "from", "static", "inline", "void", "bool", "float", "double",
+           "RuntimeCheck", "assert", "print", "range", "irange", "std", "this", "pass", "with", "lambda"}
+
+
+@dataclass(frozen=True)
+class Hint:
+    commit: str
+    subject: str
+    why: str
+
+    def line(self) -> str:
+        return f"upstream may now handle this: {self.commit[:12]} {self.subject!r} ({self.why})"
+
+    def to_json(self) -> dict:
+        return {"commit": self.commit, "subject": self.subject, "why": self.why, "line": self.line()}
+
+
+def _prs(entry: Entry) -> list[str]:
+    return list(dict.fromkeys(_PR.findall(entry.upstream or "") + _PR.findall(entry.drop_when or "")))
+
+
+def _names(lines: list[str]) -> set[str]:
+    return {n for line in lines for n in _NAME.findall(line) if n not in _COMMON}
+
+
+def _functions(patch: PatchInfo) -> dict[str, dict[str, set[str]]]:
+    """path -> hunk function header -> the names the hunk's removed lines use."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for pf in patch.patchset:
+        path = pf.path[2:] if pf.path.startswith(("a/", "b/")) else pf.path
+        for hunk in pf:
+            header = (hunk.section_header or "").strip()
+            removed = [line.value for line in hunk if line.is_removed]
+            if header and removed:
+                out.setdefault(path, {}).setdefault(header, set()).update(_names(removed))
+    return out
+
+
+def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, onto: str,
+                   renamed: dict[str, str] | None = None, cache: dict[str, str] | None = None) -> list[Hint]:
+    """The hints for ``entry`` (module docstring) in the upstream range ``old..onto``, oldest first.
+    ``cache``: the PR searches of earlier calls on the same range (entries share PRs)."""
+    if not old or not onto or old == onto:
+        return []
+    span = f"{old}..{onto}"
+    cache = {} if cache is None else cache
+    found: dict[str, Hint] = {}
+    for number in _prs(entry):
+        key = f"{span}#{number}"
+        if key not in cache:
+            cache[key] = git.run("log", "--reverse", "--format=%H%x00%s", "-E", f"--grep=#{number}([^0-9]|$)", span,
+                                 check=False).stdout
+        log = cache[key]
+        for line in log.splitlines():
+            sha, _, subject = line.partition("\0")
+            found.setdefault(sha, Hint(sha, subject, f"names PR #{number}"))
+    if patch is not None:
+        ours = _functions(patch)
+        renamed = renamed or {}
+        where = {renamed.get(path, path): fns for path, fns in ours.items()}
+        if where:
+            text = git.run("log", "--reverse", "-p", "--unified=0", "--no-renames", "--format=%x00%H%x00%s",
+                           span, "--", *where, check=False).stdout
+            for sha, subject, diff in _commits(text):
+                why = _same_function(diff, where)
+                if why and sha not in found:
+                    found[sha] = Hint(sha, subject, why)
+    return list(found.values())
+
+
+def _commits(text: str) -> list[tuple[str, str, str]]:
+    """(sha, subject, diff) of each commit of ``git log -p --format=%x00%H%x00%s``."""
+    parts = text.split("\0")
+    return [(parts[i], parts[i + 1].split("\n", 1)[0], parts[i + 1].partition("\n")[2])
+            for i in range(1, len(parts) - 1, 2)]
+
+
+def _same_function(diff: str, where: dict[str, dict[str, set[str]]]) -> str:
+    path, header, changed = "", "", []
+
+    def verdict() -> str:
+        names = where.get(path, {}).get(header)
+        shared = sorted(names & _names(changed)) if names else []
+        return f"changes {header.split('(')[0].split()[-1]}() as this entry does ({', '.join(shared[:3])})" \
+            if shared else ""
+
+    for line in diff.splitlines():
+        if line.startswith("diff --git "):
+            why = verdict() if header else ""
+            if why:
+                return why
+            path, header, changed = (line.split(" b/", 1)[1] if " b/" in line else ""), "", []
+            continue
+        m = _HUNK.match(line)
+        if m:
+            why = verdict() if header else ""
+            if why:
+                return why
+            header, changed = m.group(1).strip(), []
+        elif line[:1] in "+-" and not line.startswith(("+++", "---")):
+            changed.append(line[1:])
+    return verdict() if header else ""

@@ -1,0 +1,95 @@
+"""An overlay's target path taken upstream: who made the file, who imports it, and the way through.
+
+When upstream creates its own file at an overlay's target, keeping ours would replace upstream's
+module under every upstream importer (with the gates off too). ``taken`` says which upstream
+commit created the file, which upstream files import it (``git grep`` of the new base for the
+module's dotted name, or a header's file name), which entries of the series import ours, and so
+which way through fits:
+
+* ``rename``: entries of ours import our module: give the overlay another ``target`` in
+  series.toml (and point those entries at it), then ``rebase --continue`` replays it there;
+* ``drop``: nothing of ours imports it: ``rebase --skip`` drops it as superseded by upstream's file
+  (the skip records ``merged_in``).
+
+Both end in the usual proof of the rebased tree.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import PurePosixPath
+
+from c128patch.git import Git
+from c128patch.series.manifest import Entry, Series
+from c128patch.series.patchfile import read_patch
+
+TREE_ROOT = "python"
+
+
+@dataclass
+class Taken:
+    target: str
+    created: str  # "abc123456789 subject" of the upstream commit that added the file ("" when not found)
+    importers: list[str] = field(default_factory=list)  # upstream files importing it, on the new base
+    ours: list[str] = field(default_factory=list)  # entries of the series importing our module
+    way: str = "drop"  # "rename" or "drop"
+    commit: str = ""  # the full id of ``created``
+
+    def lines(self, rename: str, skip: str) -> list[str]:
+        out = [f"upstream created {self.target}" + (f" in {self.created}" if self.created else "")
+               + (f"; imported upstream by {', '.join(self.importers[:5])}" if self.importers else
+                  "; nothing upstream imports it")]
+        if self.way == "rename":
+            out.append(f"way through: rename our target (entries {', '.join(self.ours)} import ours): set another "
+                       f"target in series.toml, point them at it, then {rename}")
+        else:
+            out.append(f"way through: drop ours as superseded by upstream's file (nothing of ours imports it): {skip}")
+        return out
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def module_of(target: str) -> str:
+    """The dotted module a Python target is imported as (``python/`` left out), else ""."""
+    path = PurePosixPath(target)
+    if path.suffix != ".py" or not path.parts or path.parts[0] != TREE_ROOT:
+        return ""
+    parts = list(path.with_suffix("").parts[1:])
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _patterns(target: str) -> list[str]:
+    """Extended regexes that find an import of ``target`` (a header: its file name in an include)."""
+    module = module_of(target)
+    if not module:
+        return [re.escape(PurePosixPath(target).name)]
+    parent, _, name = module.rpartition(".")
+    return [rf"(from|import)[[:space:]]+{re.escape(module)}([^A-Za-z0-9_]|$)",
+            rf"from[[:space:]]+{re.escape(parent)}[[:space:]]+import.*[^A-Za-z0-9_]{re.escape(name)}([^A-Za-z0-9_]|$)"]
+
+
+def taken(git: Git, series: Series, entry: Entry, old: str, onto: str) -> Taken:
+    target = entry.target
+    made = git.out("log", "-1", "--diff-filter=A", "--format=%H %h %s", f"{old}..{onto}", "--", target) or \
+        git.out("log", "-1", "--diff-filter=A", "--format=%H %h %s", onto, "--", target)
+    commit, _, created = made.partition(" ")
+    args = [a for p in _patterns(target) for a in ("-e", p)]
+    hits = git.run("grep", "-l", "-E", *args, onto, "--", TREE_ROOT, check=False).stdout.splitlines()
+    importers = sorted({h.split(":", 1)[1] for h in hits if ":" in h} - {target})
+    found = re.compile("|".join(p.replace("[[:space:]]", r"\s") for p in _patterns(target)))
+    ours = []
+    for other in series.entries:
+        if other.name == entry.name:
+            continue
+        files = [series.file_of(other, v) for v in other.patch_files()] if other.is_patch else [series.file_of(other)]
+        for path in files:
+            if not path.is_file():
+                continue
+            text = "\n".join(line.value for pf in read_patch(path).patchset for h in pf for line in h
+                             if line.is_added) if other.is_patch else path.read_text(errors="replace")
+            if found.search(text):
+                ours.append(other.name)
+                break
+    return Taken(target, created, importers, ours, "rename" if ours else "drop", commit)
