@@ -247,6 +247,7 @@ def series_made_before(dest: Path, entry: str, base: str) -> Path:
     newest = max(e.variants, key=lambda v: RELEASES.index(v.base))
     (series.patches_dir / e.file).unlink()
     e.file, e.base, e.base_commit, e.sha256 = newest.file, newest.base, newest.commit, newest.sha256
+    e.base_sources = newest.sources
     e.variants = [v for v in e.variants if v != newest]
     series.save()
     return dest

@@ -17,7 +17,7 @@ import pytest
 
 from c128patch.errors import C128Error
 from c128patch.evidence import gpu_run, staging
-from c128patch.evidence.keys import EvidenceKey, key_for, key_from_provenance
+from c128patch.evidence.keys import EvidenceKey, key_for, key_from_provenance, sources_id
 from c128patch.evidence.matrix import build_matrix, release_note, verification_note
 from c128patch.evidence.results import (
     KINDS,
@@ -60,11 +60,50 @@ def staged(history: Git, real_series, tmp_path_factory: pytest.TempPathFactory) 
 # --------------------------------------------------------------------------- keys
 
 
-def test_key_is_the_upstream_tree_and_the_hash_of_the_files_the_rev_plans(history: Git, real_series):
+def test_key_is_the_keyed_sources_and_the_hash_of_the_files_the_rev_plans(history: Git, real_series):
     commit = history.rev_parse("v0.5.20")
     key = key_for(real_series, history, commit)
-    assert key.upstream_tree == history.out("rev-parse", "v0.5.20^{tree}")
-    assert key != key_for(real_series, history, history.rev_parse("v0.5.23"))
+    files = dict(key.files)
+    assert files["python/sglang/kernels"] == "tree " + history.out("rev-parse", "v0.5.20:python/sglang/kernels")
+    assert files["python/sglang/srt/environ.py"] == "blob " + history.out("rev-parse", "v0.5.20:python/sglang/srt/environ.py")
+    touched = {p for e in real_series.entries for p in ([e.target] if not e.is_patch else [])}
+    assert touched <= set(files) and all(files[t] == "absent" for t in touched)  # overlay targets: absent upstream
+    assert key.sources == sources_id(key.files) and key != key_for(real_series, history, history.rev_parse("v0.5.23"))
+
+
+def test_committed_results_are_keyed_by_content_and_equal_the_staged_trees_keys(staged: Path):
+    """The migration (ci/rekey_results.py) proven: the content key of the staged trees (the tool's own
+    history, computed now) is the key every committed result of that release carries."""
+    results = REPO_ROOT / "ci" / "gpu" / "results"
+    for rel in staging.read_manifest(staged)["releases"]:
+        key = EvidenceKey.from_json(rel["trees"]["patched"]["key"])
+        for kind in ("compile", "suite", "differential", "memcheck", "racecheck", "upstream-suite"):
+            data = json.loads((results / rel["rev"] / f"{kind}.json").read_text())
+            assert EvidenceKey.from_json(data["key"]) == key, (rel["rev"], kind)
+            assert dict(key.files) == data["key"]["files"]
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "ci" / "rekey_results.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "would re-key 0 result(s)" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_rekey_converts_an_old_style_key_and_is_idempotent(history: Git, real_series, tmp_path: Path):
+    sys.path.insert(0, str(REPO_ROOT / "ci"))
+    import rekey_results
+
+    key = key_for(real_series, history, history.rev_parse("v0.5.22"))
+    old = {"upstream_tree": history.out("rev-parse", "v0.5.22^{tree}"), "series_hash": key.series_hash}
+    path = tmp_path / "v0.5.22" / "racecheck.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"kind": "racecheck", "key": old, "ok": True}, indent=1) + "\n")
+    (tmp_path / "v0.5.22" / "notes.json").write_text('{"key": null}\n')  # no key: left alone
+    changed, problems = rekey_results.rekey(tmp_path, real_series, history)
+    data = json.loads(path.read_text())
+    assert changed == [path] and not problems and EvidenceKey.from_json(data["key"]) == key
+    assert data["rekeyed_from"]["upstream_tree"] == old["upstream_tree"] and path.read_text().startswith('{\n "')
+    assert rekey_results.rekey(tmp_path, real_series, history) == ([], [])
+    path.write_text(json.dumps({"key": {**old, "upstream_tree": "0" * 40}}))
+    changed, problems = rekey_results.rekey(tmp_path, real_series, history)
+    assert not changed and "is no release commit of the history" in problems[0]
 
 
 def test_key_changes_with_a_file_that_rev_plans_and_not_with_another_revs_variant(history: Git, tmp_path: Path):
@@ -160,6 +199,28 @@ def test_collect_writes_the_kinds_a_job_proves_under_the_staged_key(staged: Path
     assert suite["job"] == {"name": "v0.5.20-patched-plain", "exit": 0, "seconds": 1.0}
 
 
+def test_collect_keeps_an_old_style_stage_key_for_the_rekey_script(staged: Path, history: Git, real_series,
+                                                                   tmp_path: Path):
+    """A stage made before keys were by content (its key names the whole tree): the collected result
+    keeps that key (never None), so ci/rekey_results.py converts it; the matrix says so meanwhile."""
+    job_dir = tmp_path / "res" / "v0.5.20-patched-plain"
+    job_dir.mkdir(parents=True)
+    (job_dir / "smoke-kernel.json").write_text(OLD_REPORT.read_text())
+    manifest = staging.read_manifest(staged)
+    new = EvidenceKey.from_json(manifest["releases"][0]["trees"]["patched"]["key"])
+    old = {"upstream_tree": history.out("rev-parse", "v0.5.20^{tree}"), "series_hash": new.series_hash}
+    manifest["releases"][0]["trees"]["patched"]["key"] = old
+    collect_run(_run_record(manifest, tmp_path / "res"), tmp_path / "res", tmp_path / "out", "2026-12-01")
+    assert json.loads((tmp_path / "out/v0.5.20/suite.json").read_text())["key"] == old
+    cell = _row(real_series, history, tmp_path / "out", "v0.5.20").cells["suite"]
+    assert cell.state == "stale" and "python ci/rekey_results.py" in cell.detail
+    sys.path.insert(0, str(REPO_ROOT / "ci"))
+    import rekey_results
+
+    rekey_results.rekey(tmp_path / "out", real_series, history)
+    assert _row(real_series, history, tmp_path / "out", "v0.5.20").cells["suite"].state == "verified"
+
+
 def test_collect_refuses_a_dry_run_bundle(staged: Path, tmp_path: Path):
     with pytest.raises(C128Error, match="--dry-run .* proves nothing"):
         collect_run(_run_record(staging.read_manifest(staged), tmp_path, dry=True), tmp_path, tmp_path / "o", "d")
@@ -205,6 +266,22 @@ def test_matrix_cell_is_stale_when_the_series_files_changed(real_series, history
     write_result(results, "v0.5.21", "suite", _result(replace(key, series_hash="0" * 64), True))
     cell = _row(real_series, history, results).cells["suite"]
     assert cell.state == "stale" and "key" in cell.detail
+
+
+def test_matrix_names_the_files_that_differ_from_the_nearest_evidenced_release(real_series, history: Git,
+                                                                              results: Path):
+    key = key_for(real_series, history, history.rev_parse("v0.5.21"))
+    files = dict(key.files)
+    files["python/sglang/srt/environ.py"] = "blob " + "1" * 40
+    files["python/sglang/kernels"] = "tree " + history.out("rev-parse", "v0.5.20:python/sglang/kernels")
+    other = replace(key, sources=sources_id(tuple(files.items())), files=tuple(sorted(files.items())))
+    write_result(results, "v0.5.21", "suite", _result(other, True))
+    row = _row(real_series, history, results)
+    changed = history.out("diff-tree", "-r", "--name-only", "v0.5.20:python/sglang/kernels",
+                          "v0.5.21:python/sglang/kernels").split()
+    assert changed and row.differs.rev == "v0.5.21"
+    assert row.differs.files == [f"python/sglang/kernels/{p}" for p in changed] + ["python/sglang/srt/environ.py"]
+    assert row.missing()[0].startswith(f"{len(row.differs.files)} files differ from v0.5.21's evidenced sources: ")
 
 
 def test_matrix_json_lists_what_is_missing(real_series):
@@ -419,7 +496,7 @@ def test_dry_run_goes_from_stage_to_bundle_to_collected_files(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     suite = json.loads((tmp_path / "r/v0.5.21/suite.json").read_text())
     assert suite["command"].startswith("c128patch smoke --tier kernel --tree ") and suite["not_run"] > 50
-    assert str(REPO_ROOT) not in json.dumps(suite) and suite["key"]["upstream_tree"]
+    assert str(REPO_ROOT) not in json.dumps(suite) and suite["key"]["sources"]
 
 
 @pytest.mark.parametrize("rev", RELEASES)

@@ -1,43 +1,61 @@
-"""lint against upstream: a patch file's base tag and the commit the manifest records agree."""
+"""lint against upstream: a patch file's base tag holds the sources the manifest records for it
+(bases by content: commit ids are never compared)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from c128patch.series.manifest import load_series
 from c128patch.upstream.releases import ReleaseHistory
 from support import copy_series, invoke
 
+FILE = "0003-c128-dspark-record-streams.v0.5.20.patch"
 
-def _series_with_commit_of(tmp_path: Path, base: str, other: str) -> tuple[Path, str, str]:
-    """A copy of the product series whose first variant made on ``base`` records ``other``'s commit."""
+
+def _series_made_on_other_sources(tmp_path: Path, base: str, other: str) -> tuple[Path, list[str]]:
+    """A copy of the product series whose variant made on ``base`` records ``other``'s sources (as if
+    it had been made on another repository's ``base``); returns it and the files that then differ."""
+    series = load_series(copy_series(tmp_path / "series"))
+    entry = series.entry("c128-dspark-record-streams")
     git = ReleaseHistory().git
-    right, wrong = git.rev_parse(base), git.rev_parse(other)
-    series = copy_series(tmp_path / "series")
-    toml = series / "patches" / "series.toml"
-    text, n = re.subn(rf'(base = "{re.escape(base)}"\ncommit = ")({right})(")', rf"\g<1>{wrong}\g<3>",
-                      toml.read_text(), count=1)
-    assert n == 1, f"no variant made on {base} in the product series"
-    toml.write_text(text)
-    return series, right, wrong
+    [variant] = [v for v in entry.variants if v.base == base]
+    moved = tuple((p, git.out("rev-parse", f"{other}:{p}")) for p, _ in variant.sources)
+    entry.variants = [v if v is not variant else type(v)(v.file, v.base, v.sha256, v.commit, moved)
+                      for v in entry.variants]
+    series.save()
+    return series.root, [p for (p, a), (_, b) in zip(variant.sources, moved) if a != b]
 
 
-def test_a_variant_whose_commit_is_not_its_base_tag_is_an_error(tmp_path: Path):
-    series, right, wrong = _series_with_commit_of(tmp_path, "v0.5.20", "v0.5.21")
+def test_a_base_tag_with_other_sources_than_the_variant_was_made_on_is_an_error_naming_the_files(tmp_path: Path):
+    series, differ = _series_made_on_other_sources(tmp_path, "v0.5.20", "v0.5.21")
+    assert differ
     res = invoke("lint", "--series", series)
     assert res.code == 1
-    (finding,) = [f for f in res.out["findings"] if "upstream, but the manifest records" in f["message"]]
+    (finding,) = [f for f in res.out["findings"] if "other sources" in f["message"]]
     assert finding["level"] == "error"
-    assert finding["message"].endswith(f": base v0.5.20 is commit {right[:12]} upstream, but the manifest "
-                                       f"records {wrong[:12]}")
+    assert finding["message"] == (f"{FILE}: v0.5.20 in this repository has other sources than the variant was made "
+                                  f"on: {', '.join(differ)}")
 
 
-def test_offline_lint_cannot_check_the_base_commits(tmp_path: Path):
-    series, _, _ = _series_with_commit_of(tmp_path, "v0.5.20", "v0.5.21")
+def test_offline_lint_cannot_check_the_bases(tmp_path: Path):
+    series, _ = _series_made_on_other_sources(tmp_path, "v0.5.20", "v0.5.21")
     res = invoke("lint", "--series", series, "--offline")
     assert res.code == 0, res.out["findings"]
+
+
+def test_a_manifest_without_recorded_sources_is_not_checked_and_says_so(tmp_path: Path):
+    series = load_series(copy_series(tmp_path / "series"))
+    entry = series.entry("c128-dspark-record-streams")
+    entry.variants = [type(v)(v.file, v.base, v.sha256, "0" * 40) for v in entry.variants]  # an old manifest's
+    series.save()
+    res = invoke("lint", "--series", series.root)
+    assert res.code == 0
+    assert {f["level"] for f in res.out["findings"]} == {"warning"} and len(res.out["findings"]) == 3
+    assert all("has no recorded sources" in f["message"] for f in res.out["findings"])
 
 
 def test_the_product_series_bases_agree_with_the_release_tags():
     res = invoke("lint")
     assert res.code == 0 and res.out["findings"] == [], res.out["findings"]
+    series = load_series(Path(__file__).resolve().parents[1])
+    assert all(v.sources and not v.commit for e in series.entries for v in e.patch_files())

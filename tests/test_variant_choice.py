@@ -53,7 +53,8 @@ def test_an_entry_takes_the_file_whose_preimage_blobs_are_the_release_s(tag, sgl
 def test_with_no_blob_matching_the_nearest_ancestor_base_decides(sglang_release_repo, series_dir):
     file, why = chosen(sglang_release_repo, series_dir, "v0.5.21")[COMMIT]
     assert file == "patches/0010-c128-dspark-online-commit.v0.5.20.patch"
-    assert why == "ancestor: nearest ancestor base v0.5.20 (1 commit(s) back)"
+    # by content: v0.5.21 itself holds the file as v0.5.20 had it (the earlier entry's edit is what differs)
+    assert why == "ancestor: nearest ancestor base v0.5.20 (0 commit(s) back)"
 
 
 def test_the_file_with_most_preimage_blobs_matching_wins(sglang_release_repo, series_dir):
@@ -71,10 +72,10 @@ def test_a_clone_without_tags_chooses_the_files_a_clone_with_tags_does(tag, tagl
 
 def test_without_tags_or_base_commits_the_first_file_that_applies_strictly_decides(tagless, sglang_release_repo,
                                                                                    tmp_path):
-    """A series that records no base commits, in a clone without tags: nothing names an ancestor."""
+    """A series that records no bases (no sources, no commits), in a clone without tags: nothing names an ancestor."""
     series = load_series(copy_series(tmp_path / "series"))
     for e in series.entries:
-        e.base_commit = ""
+        e.base_commit, e.base_sources = "", ()
         e.variants = [type(v)(v.file, v.base, v.sha256) for v in e.variants]
     series.save()
     commit = Git(git_dir=sglang_release_repo).rev_parse("v0.5.22")

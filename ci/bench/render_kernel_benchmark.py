@@ -45,6 +45,12 @@ def table(header: list[str], body: list[list[str]]) -> str:
 
 
 REFERENCE = "v0.5.23"
+
+
+def _short_key(key: dict | None) -> str:
+    key = key or {}
+    return f"{str(key.get('sources') or key.get('upstream_tree') or '?')[:10]}/{str(key.get('series_hash', '?'))[:10]}"
+
 TOLERANCE = 0.05
 
 
@@ -55,7 +61,7 @@ def render(data: dict, others: dict[str, dict] | None = None, missing: list[str]
         "# Online C128 DSPARK kernels: H200 benchmark",
         "",
         f"{data.get('rev', '?')}, measured {data.get('date', '?')} on {data['device']} (key "
-        f"{(data.get('key') or {}).get('upstream_tree', '?')[:10]}/{(data.get('key') or {}).get('series_hash', '?')[:10]}): "
+        f"{_short_key(data.get('key'))}): "
         f"`{data.get('command', '?')}`. {data['layers']} c128 layers, fp32 state, "
         f"uniform W tokens per row, CUDA graphs replayed with L2 flushed; median of {data['reps']} replays. "
         f"Copy ceiling measured in the same run: {data['copy_ceiling_gbps']:.0f} GB/s (1 GiB device-to-device, "

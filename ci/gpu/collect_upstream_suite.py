@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tooling"))
 
 from c128patch.errors import C128Error  # noqa: E402
-from c128patch.evidence.keys import key_from_provenance, upstream_tree  # noqa: E402
+from c128patch.evidence.keys import key_from_provenance  # noqa: E402
 from c128patch.upstream.releases import ReleaseHistory  # noqa: E402
 
 RESULT = "upstream-suite.json"
@@ -82,16 +82,12 @@ def keyed(result: dict[str, Any], stage: Path, rev: str) -> tuple[dict[str, Any]
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         return result, f"{rev}: cannot read the staged tree's provenance {path} ({exc})"
-    upstream = record.get("upstream") or {}
-    if not upstream.get("tree") and upstream.get("commit"):  # an `apply` record names the commit only
-        try:
-            upstream["tree"] = upstream_tree(ReleaseHistory().git, upstream["commit"])
-        except C128Error as exc:
-            return result, f"{rev}: {exc.message}"
-        record = {**record, "upstream": upstream}
-    key = key_from_provenance(record)
+    try:  # an `apply` record names the commit only: its sources are read in the release history
+        key = key_from_provenance(record, ReleaseHistory().git)
+    except C128Error as exc:
+        return result, f"{rev}: {exc.message}"
     if key is None:
-        return result, f"{rev}: {path} names no upstream tree or entry digests"
+        return result, f"{rev}: {path} names no upstream commit or entry digests"
     staged, ran = (record.get("series") or {}).get("digest"), (result.get("series") or {}).get("digest")
     if staged != ran:
         return result, f"{rev}: the stage holds series {str(staged)[:12]}, the result ran series {str(ran)[:12]} (staged again since?)"

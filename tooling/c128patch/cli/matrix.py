@@ -1,4 +1,5 @@
-"""c128patch matrix [--sglang-rev X ...] [--results DIR] [--json]: what is proven per release."""
+"""c128patch matrix [--repo PATH|URL] [--sglang-rev X ...] [--results DIR] [--json]: what is proven per release
+(or per commit of the user's own repository: the evidence is keyed by content)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,9 @@ def release_table(rows: list[ReleaseRow]) -> Table:
 
     from c128patch.evidence.results import KINDS
 
-    table = Table(title="evidence per release (committed results, keyed by upstream tree / series hash)")
+    table = Table(title="evidence per release (committed results, keyed by upstream sources / series hash)")
     table.add_column("release")
-    table.add_column("key (tree/series)")
+    table.add_column("key (sources/series)")
     table.add_column("applies")
     for kind in KINDS:
         table.add_column(HEADINGS[kind], overflow="fold")
@@ -60,15 +61,18 @@ def entry_table(rows: list[ReleaseRow]) -> Table:
 
 
 @click.command("matrix")
-@click.option("--sglang-rev", "revs", multiple=True, help="Release(s) to show (default: every supported release).")
+@click.option("--sglang-rev", "revs", multiple=True,
+              help="Release(s) to show (default: every supported release); with --repo any revision of it.")
+@click.option("--repo", default=None, metavar="PATH|URL",
+              help="Evaluate these revisions of your own SGLang repository (verified where its sources are the evidenced ones).")
 @click.option("--results", "results_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Results folder (default: the series' ci/gpu/results).")
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print the release table as Markdown (README.md).")
 @series_option
 @json_option
 @handles_errors
-def command(revs: tuple[str, ...], results_dir: Path | None, as_markdown: bool, series_dir: Path | None,
-            as_json: bool) -> None:
+def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, as_markdown: bool,
+            series_dir: Path | None, as_json: bool) -> None:
     """Releases x {applies strict / 3-way, compiles for sm_90a, GPU suite, memcheck, racecheck,
     differential}, read from the committed results; stale or missing evidence says so."""
     from rich.console import Console
@@ -76,22 +80,26 @@ def command(revs: tuple[str, ...], results_dir: Path | None, as_markdown: bool, 
     from c128patch.evidence.matrix import build_matrix, markdown
     from c128patch.evidence.results import results_root
     from c128patch.progress import console, reporter
-    from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version, tag_for
+    from c128patch.upstream.releases import DEFAULT_RELEASES, release_version, tag_for
+    from c128patch.upstream.source import open_upstream
 
     series = get_series(series_dir)
     root = results_dir or results_root(series)
     wanted = list(revs) or [tag_for(v) for v in DEFAULT_RELEASES]
-    versions = [release_version(rev) for rev in wanted]
-    bad = [rev for rev, v in zip(wanted, versions) if v is None]
-    if bad:
-        raise C128Error(f"--sglang-rev {bad[0]}: not a release tag (vX.Y.Z); evidence is kept per release")
-    history = ReleaseHistory()
+    if repo is None:
+        bad = [rev for rev in wanted if release_version(rev) is None]
+        if bad:
+            raise C128Error(f"--sglang-rev {bad[0]}: not a release tag (vX.Y.Z); evidence is kept per release "
+                            "(pass --repo PATH|URL to evaluate other revisions of your repository)")
+        wanted = [tag_for(release_version(rev) or rev) for rev in wanted]
     with reporter(not (as_json or as_markdown), title="matrix") as rep:
-        history.ensure([v for v in versions if v], reporter=rep)
+        upstream = open_upstream(repo, wanted, rep)
+        for rev in wanted:
+            upstream.resolve(rev)
         rep.step("replaying the series on each release")
-        rows = build_matrix(series, history.git, [tag_for(v) for v in versions if v], root)
+        rows = build_matrix(series, upstream.git, wanted, root)
     if as_json:
-        emit_json({"ok": True, "series": {"name": series.name, "version": series.version},
+        emit_json({"ok": True, "series": {"name": series.name, "version": series.version}, "repo": repo,
                    "results": str(root), "releases": [r.to_json() for r in rows]})
         return
     if as_markdown:

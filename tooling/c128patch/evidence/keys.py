@@ -1,22 +1,25 @@
-"""The key every piece of evidence is stored under: (upstream tree id, series hash).
+"""The key every piece of evidence is stored under: (upstream sources, series hash).
 
-* ``upstream_tree``: the git tree object of the upstream commit the series was replayed on
-  (``git rev-parse <commit>^{tree}``). The release history is built reproducibly, so a
-  release has the same tree id on every machine, and a user's commit with the same sources
-  has it too.
+* ``sources``: a content id of the upstream files the evidence depends on: the kernel tier's
+  paths (what the GPU suite, the sanitizers, the differential and the kernel compile stage and
+  run) and every file the series touches there (its patched files and overlay targets, absent
+  ones as absent). Each path's git object id (a folder's tree id, a file's blob id) is listed in
+  ``files``; ``sources`` is sha256 over those lines. Object ids are content ids, so any clone with
+  the same sources gets the same key whatever its commit ids, dates or folders beside
+  ``python/``; a change to any keyed file is another key, a change anywhere else is not.
 * ``series_hash``: sha256 over the files that release's plan uses, in plan order: for each
   entry its name and the sha256 of the file chosen for that rev (the patch variant, or the
-  overlay source). A change to any of them, or another variant chosen, is another key;
-  a change to a variant another release uses is not.
+  overlay source). Manifest metadata (bases, versions) is not in it.
 
 A result whose key differs from the key computed now is stale: it proves something about
-other files or other sources.
+other files or other sources. A result keyed the old way (``upstream_tree``, the whole tree
+id) is re-keyed by ``ci/rekey_results.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from c128patch.errors import C128Error
@@ -24,23 +27,44 @@ from c128patch.git import Git
 from c128patch.series.manifest import Series, sha256_file
 from c128patch.series.plan import Planned, plan
 
+# What the kernel tier reads of a tree; the suite's tree_subset.py picks its files from these.
+KERNEL_TIER_PATHS = ("python/sglang/__init__.py", "python/sglang/kernels", "python/sglang/srt/__init__.py",
+                     "python/sglang/srt/environ.py",
+                     "python/sglang/srt/layers/attention/dsv4",  # the series III controller's folder
+                     # upstream sources the series III GPU tests run from source
+                     "python/sglang/srt/layers/attention/deepseek_v4_backend.py",
+                     "python/sglang/srt/model_executor/forward_batch_info.py",
+                     "python/sglang/srt/speculative/ragged_verify.py")
+ABSENT = "absent"
+
 
 @dataclass(frozen=True)
 class EvidenceKey:
-    upstream_tree: str
+    sources: str
     series_hash: str
+    files: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # (path, "type oid" | absent)
 
-    def to_json(self) -> dict[str, str]:
-        return asdict(self)
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"sources": self.sources, "series_hash": self.series_hash}
+        if self.files:
+            out["files"] = dict(self.files)
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> EvidenceKey | None:
-        if not isinstance(data, dict) or not data.get("upstream_tree") or not data.get("series_hash"):
+        """The key of a result; None when it has none or an old-style one (``is_old_style``)."""
+        if not isinstance(data, dict) or not data.get("sources") or not data.get("series_hash"):
             return None
-        return cls(str(data["upstream_tree"]), str(data["series_hash"]))
+        files = data.get("files") if isinstance(data.get("files"), dict) else {}
+        return cls(str(data["sources"]), str(data["series_hash"]), tuple(sorted((str(k), str(v)) for k, v in files.items())))
 
     def short(self) -> str:
-        return f"{self.upstream_tree[:10]}/{self.series_hash[:10]}"
+        return f"{self.sources[:10]}/{self.series_hash[:10]}"
+
+
+def is_old_style(data: Any) -> bool:
+    """A key naming the whole upstream tree (before keys were by content)."""
+    return isinstance(data, dict) and bool(data.get("upstream_tree")) and not data.get("sources")
 
 
 def series_hash(entries: Iterable[tuple[str, str]]) -> str:
@@ -55,24 +79,83 @@ def planned_hash(planned: list[Planned]) -> str:
     return series_hash((item.entry.name, sha256_file(item.path)) for item in planned)
 
 
-def upstream_tree(git: Git, commit: str) -> str:
-    proc = git.run("rev-parse", "--verify", "--quiet", f"{commit}^{{tree}}", check=False)
-    if proc.returncode != 0 or not proc.stdout.strip():
+def source_paths(touched: Iterable[str]) -> list[str]:
+    """The keyed paths: the kernel tier's and the files the series touches."""
+    return sorted(set(KERNEL_TIER_PATHS) | set(touched))
+
+
+def source_files(git: Git, commit: str, paths: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """(path, "<type> <oid>") for each of ``paths`` at ``commit`` (``absent`` where it has none): one
+    ``git cat-file --batch-check``."""
+    paths = list(paths)
+    if not git.ok("rev-parse", "--verify", "--quiet", f"{commit}^{{tree}}"):
         raise C128Error(f"cannot read the tree of upstream commit {commit[:12]}")
-    return proc.stdout.strip()
+    query = "".join(f"{commit}:{p}\n" for p in paths)
+    lines = git.out("cat-file", "--batch-check=%(objecttype) %(objectname)", input=query).splitlines()
+    if len(lines) != len(paths):
+        raise C128Error(f"cannot read the keyed sources of upstream commit {commit[:12]}")
+    return tuple(sorted((p, ABSENT if line.endswith(" missing") else line) for p, line in zip(paths, lines)))
+
+
+def sources_id(files: Iterable[tuple[str, str]]) -> str:
+    h = hashlib.sha256()
+    for path, oid in sorted(files):
+        h.update(f"{path}\0{oid}\n".encode())
+    return h.hexdigest()
+
+
+def key_of(files: tuple[tuple[str, str], ...], series: str) -> EvidenceKey:
+    return EvidenceKey(sources_id(files), series, files)
+
+
+def planned_key(git: Git, commit: str, planned: list[Planned]) -> EvidenceKey:
+    """The key of ``planned`` (a plan for ``commit``) replayed on ``commit``."""
+    paths = source_paths(p for item in planned for p in item.touched)
+    return key_of(source_files(git, commit, paths), planned_hash(planned))
 
 
 def key_for(series: Series, git: Git, commit: str) -> EvidenceKey:
     """The key of ``series`` replayed on ``commit`` (a commit id in ``git``)."""
-    return EvidenceKey(upstream_tree(git, commit), planned_hash(plan(series, git, commit)))
+    return planned_key(git, commit, plan(series, git, commit))
 
 
-def key_from_provenance(record: dict | None) -> EvidenceKey | None:
-    """The key a provenance record proves, when it names the upstream tree (staged trees do)."""
+def key_from_provenance(record: dict | None, git: Git | None = None) -> EvidenceKey | None:
+    """The key a provenance record proves: its upstream ``sources`` (staged trees record them),
+    else read from ``git`` at its upstream commit (the paths: the kernel tier's and its entries' files)."""
     if not record:
         return None
-    tree = (record.get("upstream") or {}).get("tree")
     entries = record.get("entries") or []
-    if not tree or not entries or any("sha256" not in e for e in entries):
+    if not entries or any("sha256" not in e for e in entries):
         return None
-    return EvidenceKey(str(tree), series_hash((str(e["name"]), str(e["sha256"])) for e in entries))
+    digest = series_hash((str(e["name"]), str(e["sha256"])) for e in entries)
+    upstream = record.get("upstream") or {}
+    recorded = upstream.get("sources")
+    if isinstance(recorded, dict) and isinstance(recorded.get("files"), dict):
+        files = tuple(sorted((str(k), str(v)) for k, v in recorded["files"].items()))
+        return key_of(files, digest)
+    if git is None or not upstream.get("commit"):
+        return None
+    paths = source_paths(p for e in entries for p in e.get("files") or [])
+    return key_of(source_files(git, str(upstream["commit"]), paths), digest)
+
+
+def differing(evidenced: Iterable[tuple[str, str]], ours: Iterable[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(path, evidenced oid, our oid) for every keyed path whose content differs."""
+    a, b = dict(evidenced), dict(ours)
+    return [(p, a.get(p, ABSENT), b.get(p, ABSENT)) for p in sorted(set(a) | set(b)) if a.get(p, ABSENT) != b.get(p, ABSENT)]
+
+
+def differing_files(git: Git, diffs: list[tuple[str, str, str]], alternates: str | None = None) -> list[str]:
+    """The files behind ``differing``: a folder on both sides is expanded (``git diff-tree`` of its
+    two trees; ``alternates``: an objects folder that may hold the evidenced one), else named with a '/'."""
+    out: list[str] = []
+    reader = git.with_env(GIT_ALTERNATE_OBJECT_DIRECTORIES=alternates) if alternates else git
+    for path, old, new in diffs:
+        trees = [oid.split()[-1] for oid in (old, new) if oid.startswith("tree ")]
+        if len(trees) == 2:
+            proc = reader.run("diff-tree", "-r", "--name-only", *trees, check=False)
+            if proc.returncode == 0 and proc.stdout.strip():
+                out += [f"{path}/{name}" for name in proc.stdout.split()]
+                continue
+        out.append(f"{path}/" if trees else path)
+    return out

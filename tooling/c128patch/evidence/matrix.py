@@ -4,7 +4,9 @@ memcheck, racecheck, the differential against upstream, upstream's own kernel te
 
 A cell is ``verified`` (a result under today's key that passed), ``failed`` (under today's
 key, did not pass), ``stale`` (a result exists, under another key: other series files or
-other upstream sources) or ``unverified`` (no result). Keys: evidence.keys.
+other upstream sources) or ``unverified`` (no result). Keys: evidence.keys (by content, so a
+user's clone, ``matrix --repo``, is verified where its sources are the evidenced ones; where they
+are not, the files that differ from the nearest evidenced release are named).
 """
 
 from __future__ import annotations
@@ -14,13 +16,31 @@ from pathlib import Path
 from typing import Any, Literal
 
 from c128patch.errors import C128Error
-from c128patch.evidence.keys import EvidenceKey, key_for
+from c128patch.evidence.keys import EvidenceKey, differing, differing_files, key_for
 from c128patch.evidence.results import KINDS, Result, load_results, results_root
 from c128patch.git import Git
 from c128patch.ops.check import check_rev
 from c128patch.series.manifest import Series
 
 State = Literal["verified", "failed", "stale", "unverified"]
+SHOWN_FILES = 8
+
+
+@dataclass(frozen=True)
+class SourcesDiff:
+    """How a commit's keyed sources differ from the nearest evidenced release's."""
+
+    rev: str  # the evidenced release
+    files: list[str]
+
+    def text(self) -> str:
+        names = ", ".join(self.files[:SHOWN_FILES]) + (f" and {len(self.files) - SHOWN_FILES} more"
+                                                       if len(self.files) > SHOWN_FILES else "")
+        n = len(self.files)
+        return f"{n} file{'s' if n != 1 else ''} differ{'s' if n == 1 else ''} from {self.rev}'s evidenced sources: {names}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rev": self.rev, "files": self.files}
 
 
 @dataclass(frozen=True)
@@ -41,6 +61,7 @@ class ReleaseRow:
     applies: dict[str, str] = field(default_factory=dict)  # entry -> clean | 3way | conflict | collision
     apply_error: str = ""
     cells: dict[str, Cell] = field(default_factory=dict)  # kind -> cell
+    differs: SourcesDiff | None = None  # no evidence under these sources: how they differ from the nearest
 
     @property
     def applies_summary(self) -> str:
@@ -55,12 +76,14 @@ class ReleaseRow:
     def missing(self) -> list[str]:
         """Why this release is not fully verified (empty: it is)."""
         out = [f"applies {self.applies_summary}"] if self.applies_summary != "strict" else []
+        out += [self.differs.text()] if self.differs else []
         return out + [f"{kind} {cell.state}" for kind, cell in self.cells.items() if cell.state != "verified"]
 
     def to_json(self) -> dict[str, Any]:
         return {"rev": self.rev, "commit": self.commit, "key": self.key.to_json() if self.key else None,
                 "applies": self.applies_summary, "entries": self.applies,
                 "cells": {k: c.to_json() for k, c in self.cells.items()},
+                "differs": self.differs.to_json() if self.differs else None,
                 "fully_verified": not self.missing(), "missing": self.missing()}
 
 
@@ -74,9 +97,28 @@ def cell_for(results: list[Result], rev: str, kind: str, key: EvidenceKey | None
         return Cell("verified" if match.ok else "failed", match.summary, rel(match))
     old = next((r for r in mine if r.rev == rev), None)
     if old is not None:
-        why = "no key" if old.key is None else f"key {old.key.short()}"
+        why = ("old-style key (whole tree id): python ci/rekey_results.py" if old.old_key
+               else "no key" if old.key is None else f"key {old.key.short()}")
         return Cell("stale", f"{old.summary}; {why}", rel(old))
     return Cell("unverified")
+
+
+def history_objects() -> str | None:
+    """The release history's objects folder (it holds the evidenced trees), when it is cached."""
+    from c128patch.upstream.releases import ReleaseHistory
+
+    objects = ReleaseHistory().root / "objects"
+    return str(objects) if objects.is_dir() else None
+
+
+def sources_diff(git: Git, results: list[Result], key: EvidenceKey | None, rev: str = "") -> SourcesDiff | None:
+    """None when some result is keyed by ``key``'s sources (or nothing can be compared); else the
+    files that differ from the evidenced release nearest to them (``rev``'s own on a tie)."""
+    keyed = [r for r in results if r.label == "patched" and r.key is not None and r.key.files]
+    if key is None or not key.files or not keyed or any(r.key.sources == key.sources for r in keyed):
+        return None
+    best = min(keyed, key=lambda r: (len(differing(r.key.files, key.files)), r.rev != rev, r.rev))
+    return SourcesDiff(best.rev, differing_files(git, differing(best.key.files, key.files), history_objects()))
 
 
 def release_row(series: Series, git: Git, rev: str, results: list[Result], root: Path) -> ReleaseRow:
@@ -90,6 +132,7 @@ def release_row(series: Series, git: Git, rev: str, results: list[Result], root:
     except C128Error as exc:
         row.apply_error = row.apply_error or exc.message
     row.cells = {kind: cell_for(results, rev, kind, row.key, root) for kind in KINDS}
+    row.differs = sources_diff(git, results, row.key, rev)
     return row
 
 
@@ -111,6 +154,9 @@ def verification_note(series: Series, git: Git, commit: str, label: str, root: P
     missing = [f"{kind} {cell.state}" for kind, cell in cells.items() if cell.state != "verified"]
     if not missing:
         return None
+    diff = sources_diff(git, results, key)
+    if diff is not None:
+        return f"note: {label} + this series is not fully verified: {diff.text()}; see `c128patch matrix`"
     return f"note: {label} + this series is not fully verified ({', '.join(missing)}); see `c128patch matrix`"
 
 

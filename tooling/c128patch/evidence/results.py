@@ -14,7 +14,7 @@
     ci/gpu/results/<rev>/kernel-bench.json   ci/bench/bench_online_c128_dspark.py on the patched tree
     ci/gpu/results/<rev>/before/suite.json   a "before" record (the suite on an older series), kept beside
 
-Every file carries ``key`` (evidence.keys: upstream tree id, series hash), ``command``,
+Every file carries ``key`` (evidence.keys: upstream sources, series hash), ``command``,
 ``device``, ``date``, ``passed``/``failed``/``skipped``, ``ok`` and, for the sanitizers, the
 error count; paths in it are relative to the repository. ``from_smoke_report`` turns a
 ``c128patch smoke --tier kernel`` report into these files; nothing else writes them by hand.
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from c128patch.errors import C128Error
-from c128patch.evidence.keys import EvidenceKey
+from c128patch.evidence.keys import EvidenceKey, is_old_style
 from c128patch.jsonio import write_json_atomic
 from c128patch.series.manifest import Series
 
@@ -69,6 +69,11 @@ class Result:
     summary: str
     path: Path
     data: dict[str, Any]
+
+    @property
+    def old_key(self) -> bool:
+        """Keyed by the whole upstream tree id (``ci/rekey_results.py`` converts it)."""
+        return is_old_style(self.data.get("key"))
 
 
 def summarize(kind: str, data: dict[str, Any]) -> str:
@@ -172,11 +177,14 @@ def _counts(counts: dict[str, int]) -> dict[str, int]:
             "skipped": counts.get("skipped", 0), "not_run": counts.get("not run", 0)}
 
 
-def from_smoke_report(report: dict[str, Any], *, rev: str, label: str, key: EvidenceKey | None,
+def from_smoke_report(report: dict[str, Any], *, rev: str, label: str, key: EvidenceKey | dict[str, Any] | None,
                       date: str, roots: dict[str, str]) -> dict[Kind, dict[str, Any]]:
     """The result files one ``smoke --tier kernel`` report proves: ``suite`` (its patched pass),
-    ``differential`` (when it ran the upstream pass), one per sanitizer run."""
-    base = {"schema": SCHEMA, "rev": rev, "label": label, "key": key.to_json() if key else None,
+    ``differential`` (when it ran the upstream pass), one per sanitizer run. ``key``: the staged
+    tree's (an old-style key of a stage made before keys were by content is kept as it is, for
+    ``ci/rekey_results.py``)."""
+    key_json = key.to_json() if isinstance(key, EvidenceKey) else key if is_old_style(key) else None
+    base = {"schema": SCHEMA, "rev": rev, "label": label, "key": key_json,
             "command": report["command"], "device": _device_line(report.get("device") or {}), "date": date}
     passes = report.get("passes") or {}
     out: dict[Kind, dict[str, Any]] = {}
@@ -234,7 +242,8 @@ def collect_run(run: dict[str, Any], results: Path, dest: Path, date: str, *,
     roots = {run["repo_root"]: ".", run["results_root"]: f"$OUT/{run['phase']}"}
     written = []
     for job in run["jobs"]:
-        key = EvidenceKey.from_json(trees[job["rev"]][job["label"]].get("key"))
+        raw = trees[job["rev"]][job["label"]].get("key")
+        key = EvidenceKey.from_json(raw) or (raw if is_old_style(raw) else None)
         if job.get("script"):
             data = bench_result(run, job, results, key, date, roots)
             if data is not None:
@@ -257,7 +266,8 @@ def collect_run(run: dict[str, Any], results: Path, dest: Path, date: str, *,
 # --------------------------------------------------------------------------- the kernel benchmark
 
 
-def bench_result(run: dict[str, Any], job: dict[str, Any], results: Path, key: EvidenceKey | None, date: str,
+def bench_result(run: dict[str, Any], job: dict[str, Any], results: Path, key: EvidenceKey | dict[str, Any] | None,
+                 date: str,
                  roots: dict[str, str]) -> dict[str, Any] | None:
     """``kernel-bench`` of one bench job (ci/bench/bench_online_c128_dspark.py's JSON), or None
     when the job wrote none."""
@@ -265,7 +275,8 @@ def bench_result(run: dict[str, Any], job: dict[str, Any], results: Path, key: E
     if job.get("rc") is None or not path.is_file():
         return None
     bench = json.loads(path.read_text())
-    data = {"schema": SCHEMA, "rev": job["rev"], "label": job["label"], "key": key.to_json() if key else None,
+    key_json = key.to_json() if isinstance(key, EvidenceKey) else key if is_old_style(key) else None
+    data = {"schema": SCHEMA, "rev": job["rev"], "label": job["label"], "key": key_json,
             "kind": "kernel-bench", "command": bench.get("command", ""), "device": run.get("device", ""),
             "series_digest": ((run.get("manifest") or {}).get("series") or {}).get("digest"),
             "date": date, "copy_ceiling_gbps": bench.get("copy_ceiling_gbps"), "layers": bench.get("layers"),

@@ -3,7 +3,7 @@ sources, side by side, small enough to carry to a GPU machine in one call.
 
     dest/stage.json                 what was staged (revs, commits, evidence keys), paths relative to dest
     dest/<rev>/patched/sglang/...   the suite's subset (tests/gpu/tree_subset.py) of <rev> + the series,
-                                    with a provenance record naming the upstream tree (evidence.keys)
+                                    with a provenance record naming the upstream sources (evidence.keys)
     dest/<rev>/upstream/sglang/...  the same subset of <rev> as released (the differential pass)
     dest/<rev>/before/sglang/...    optional: <rev> + the series of another commit of this repository
                                     (the "before" record of a fix)
@@ -26,21 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from c128patch.errors import C128Error
-from c128patch.evidence.keys import EvidenceKey, key_from_provenance, upstream_tree
+from c128patch.evidence.keys import KERNEL_TIER_PATHS, EvidenceKey, key_from_provenance, planned_key
 from c128patch.git import Git
 from c128patch.ops.check import index_git, replay_in_index
 from c128patch.series import provenance
 from c128patch.series.manifest import Series, load_series
 from c128patch.smoke.trees import stage as stage_subsets
 
-# What the kernel tier reads of a tree; the suite's tree_subset.py picks its files from these.
-KERNEL_TIER_PATHS = ("python/sglang/__init__.py", "python/sglang/kernels", "python/sglang/srt/__init__.py",
-                     "python/sglang/srt/environ.py",
-                     "python/sglang/srt/layers/attention/dsv4",  # the series III controller's folder
-                     # upstream sources the series III GPU tests run from source
-                     "python/sglang/srt/layers/attention/deepseek_v4_backend.py",
-                     "python/sglang/srt/model_executor/forward_batch_info.py",
-                     "python/sglang/srt/speculative/ragged_verify.py")
 SERIES_PATHS = ("patches", "csrc", "overlay")
 MANIFEST = "stage.json"
 SCHEMA = 1
@@ -48,7 +40,7 @@ SCHEMA = 1
 
 def patched_sources(series: Series, git: Git, rev: str, dest: Path, paths: tuple[str, ...] = KERNEL_TIER_PATHS) -> Path:
     """``paths`` of ``rev`` with the whole series applied (as ``check`` replays it), under
-    ``dest/sglang``, plus the provenance record (its upstream names the tree id). Returns dest."""
+    ``dest/sglang``, plus the provenance record (its upstream names the keyed sources). Returns dest."""
     commit = git.rev_parse(rev)
     if commit is None:
         raise C128Error(f"unknown upstream revision {rev!r}")
@@ -65,7 +57,9 @@ def patched_sources(series: Series, git: Git, rev: str, dest: Path, paths: tuple
         out = Path(tmp) / "out"
         idx.run("checkout-index", f"--prefix={out}/", "--stdin", input=files + "\n")
         shutil.copytree(out / "python" / "sglang", dest / "sglang", dirs_exist_ok=True)
-    upstream = {"rev": rev, "commit": commit, "tree": upstream_tree(git, commit), "source": "release history"}
+    key = planned_key(git, commit, planned)
+    upstream = {"rev": rev, "commit": commit, "sources": {"id": key.sources, "files": dict(key.files)},
+                "source": "release history"}
     applied = [{"name": e.name, "applied": e.status} for e in result.entries]
     record = provenance.build(series, planned, upstream, applied)
     (dest / Path(provenance.PROVENANCE_PATH).relative_to("python")).write_text(provenance.dumps(record))

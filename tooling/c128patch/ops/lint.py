@@ -10,7 +10,7 @@ from c128patch.git import Git
 from c128patch.series.gates import ENVIRON_PATH, SeriesText, declaration_problems, declarations, gate_problems
 from c128patch.series.manifest import Series, sha256_file, symlink_on_path
 from c128patch.series.patchfile import read_patch
-from c128patch.series.plan import merged_entries, prefixes, symlink_refusal
+from c128patch.series.plan import merged_entries, prefixes, sources_at, symlink_refusal
 
 OVERLAY_ROOTS = ("csrc", "overlay")
 TREE_ROOT = "python"
@@ -120,22 +120,29 @@ def _upstream_gates(series: Series, git: Git) -> list[Finding]:
 
 
 def _variant_bases(series: Series, git: Git) -> list[Finding]:
-    """Each patch file's base tag names the commit the manifest records for it (variant choice
-    keys on the commit; a tag moved or a commit typed wrong would choose on other evidence)."""
+    """Each patch file's base tag holds, in this repository, the sources the manifest records for it
+    (by content: variant choice and rebases read that base; a tag moved, or another repository's
+    tag with other sources, would choose on other evidence). Commit ids are never compared."""
     found = []
     for e in series.entries:
         if not e.is_patch:
             continue
         for v in e.patch_files():
-            if not v.commit:
+            at = (git.rev_parse(f"refs/tags/{v.base}") if v.base else None) or (
+                git.rev_parse(v.commit) if v.commit else None)
+            if at is None:
+                found.append(Finding(e.name, f"{v.file}: base {v.base} is not in the upstream repository: not checked",
+                                     "warning"))
                 continue
-            at_tag = git.rev_parse(f"refs/tags/{v.base}") if v.base else None
-            if at_tag is not None and at_tag != v.commit:
-                found.append(Finding(e.name, f"{v.file}: base {v.base} is commit {at_tag[:12]} upstream, but the "
-                                             f"manifest records {v.commit[:12]}"))
-            elif at_tag is None and git.rev_parse(v.commit) is None:
-                found.append(Finding(e.name, f"{v.file}: base {v.base} ({v.commit[:12]}) is not in the upstream "
-                                             "repository: not checked", "warning"))
+            if not v.sources:
+                found.append(Finding(e.name, f"{v.file}: base {v.base} has no recorded sources (a manifest from before "
+                                             "bases by content; `c128patch refresh` records them): not checked", "warning"))
+                continue
+            here = dict(sources_at(git, at, [p for p, _ in v.sources]))
+            other = [p for p, blob in v.sources if here.get(p) != blob]
+            if other:
+                found.append(Finding(e.name, f"{v.file}: {v.base} in this repository has other sources than the variant "
+                                             f"was made on: {', '.join(other)}"))
     return found
 
 

@@ -7,10 +7,12 @@ entry (commits without one become new patch entries). Patch files are written wi
 refreshing an unchanged branch changes nothing: ``refresh --check`` tests that fixed point.
 File names never change once given: a new entry takes the next free number.
 
-A variant is keyed by the commit it was made on (``commit``) and named by a tag pointing at that
-commit, else the short commit id: never by a branch name. An entry a rebase dropped as merged
-upstream stays in the series with ``merged_in = <commit>``: ``plan`` skips it only where that
-commit is an ancestor of the target.
+A patch file's base is recorded by content (``sources``/``base_sources``: the blob id of each file
+it touches as upstream has it at that base) with the name of a tag pointing at the base commit
+beside it, else the short commit id (and then ``commit``): never by a branch name, and never by the
+commit id of a tagged base, so refreshing in any clone with the same sources is the same fixed
+point. An entry a rebase dropped as merged upstream stays in the series with
+``merged_in = <commit>``: ``plan`` skips it only where that commit is an ancestor of the target.
 
 Before anything is written the tree is proven (``ops.equivalence``): every difference from a fresh
 apply of the series (without the entries the provenance records dropped or skipped by a rebase, as
@@ -33,7 +35,7 @@ from c128patch.ops.replay import branch_commits
 from c128patch.series.manifest import Entry, Series, Variant
 from c128patch.series.patchfile import split_message
 from c128patch.series.paths import check_relpath
-from c128patch.series.plan import ENTRY_TRAILER, choose, merged_entries
+from c128patch.series.plan import ENTRY_TRAILER, choose, merged_entries, sources_at
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 
 FIXED_DATE = "Thu, 1 Jan 1970 00:00:00 +0000"
@@ -139,7 +141,9 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
             data = format_patch(git, sha, name)
             if not primary and old.file and _fallback_gives_same_tree(series, old, git, sha, label):
                 data = None  # the file chosen without a variant for this base already makes this commit
-            _export_patch(series, old, entry, data, stem, (label, base_commit), primary, result)
+            touched = [p for p in git.out("diff-tree", "-r", "-z", "--name-only", "--no-commit-id", sha).split("\0") if p]
+            base = (label, base_commit if label == base_commit[:12] else "", sources_at(git, base_commit, touched))
+            _export_patch(series, old, entry, data, stem, base, primary, result)
         else:
             content = git.blob(sha, entry.target)
             if content is None:
@@ -219,31 +223,33 @@ def _fallback_gives_same_tree(series: Series, old: Entry, git: Git, sha: str, ba
         return idx.out("write-tree") == git.out("rev-parse", f"{sha}^{{tree}}")
 
 
-def _export_patch(series: Series, old: Entry, entry: Entry, data: bytes | None, stem: str, base: tuple[str, str],
-                  primary: bool, result: Export) -> None:
-    """Place one exported patch as the primary file or as the variant for ``base`` (label, commit)
-    (``data`` None: no variant is needed for that base, drop any)."""
-    label, commit = base
-    variants = {v.base: (series.patches_dir / v.file, v.commit) for v in old.variants}
+def _export_patch(series: Series, old: Entry, entry: Entry, data: bytes | None, stem: str,
+                  base: tuple[str, str, tuple[tuple[str, str], ...]], primary: bool, result: Export) -> None:
+    """Place one exported patch as the primary file or as the variant for ``base`` (label, commit
+    when no tag names it, sources) (``data`` None: no variant is needed for that base, drop any)."""
+    label, commit, sources = base
+    variants = {v.base: (series.patches_dir / v.file, v.commit, v.sources) for v in old.variants}
     if primary or not old.file:
         if old.file and old.base and old.base != label and old.base not in variants:
-            variants[old.base] = (series.file_of(old), old.base_commit)  # the old primary stays, as its base's variant
+            # the old primary stays, as its base's variant
+            variants[old.base] = (series.file_of(old), old.base_commit, old.base_sources)
         variants.pop(label, None)
-        entry.file, entry.base, entry.base_commit = f"{stem}.patch", label, commit
+        entry.file, entry.base, entry.base_commit, entry.base_sources = f"{stem}.patch", label, commit, sources
         result.files[series.patches_dir / entry.file] = data
     else:
         result.files[series.patches_dir / f"{stem}.patch"] = series.file_of(old).read_bytes()
         entry.file = f"{stem}.patch"
         variants.pop(label, None)
         if data is not None:
-            variants[label] = (None, commit)  # filled below from ``data``
+            variants[label] = (None, commit, sources)  # filled below from ``data``
     entry.variants = []
     for name in sorted(variants):
-        source, source_commit = variants[name]
+        source, source_commit, source_sources = variants[name]
         path = series.patches_dir / check_relpath(f"{stem}.{name.replace('/', '-')}.patch", f"entry '{entry.name}'")
         content = data if source is None else source.read_bytes()
         result.files[path] = content
-        entry.variants.append(Variant(path.name, name, hashlib.sha256(content).hexdigest(), source_commit))
+        entry.variants.append(Variant(path.name, name, hashlib.sha256(content).hexdigest(), source_commit,
+                                      source_sources))
     entry.sha256 = hashlib.sha256(result.files[series.patches_dir / entry.file]).hexdigest()
 
 

@@ -24,6 +24,7 @@ KINDS = ("patch", "overlay")
 _ENTRY_TEXT_FIELDS = ("why", "gate", "upstream", "upstream_status", "drop_when", "base")
 # Written only when set, so that series without them keep their manifest byte for byte.
 _ENTRY_OPTIONAL_FIELDS = ("base_commit", "merged_in")
+ABSENT = "absent"  # a file a patch creates: not in its base's sources
 
 
 def sha256_file(path: Path) -> str:
@@ -55,13 +56,16 @@ def safe_destination(root: Path, rel: str, what: str) -> Path:
 
 @dataclass(frozen=True)
 class Variant:
-    """One patch file of an entry, made against upstream ``base``: the commit ``commit`` (immutable),
-    ``base`` its tag name when one points at it (else the short commit id)."""
+    """One patch file of an entry, made against upstream ``base``: by content, ``sources`` (the
+    blob id of each file it touches as upstream has it at that base, ``absent`` for a file it
+    creates), with ``base`` the tag name beside it. ``commit``: only for a base no tag names
+    (``base`` is then its short commit id; a clone of other ids cannot resolve it)."""
 
     file: str
     base: str
     sha256: str = ""
     commit: str = ""
+    sources: tuple[tuple[str, str], ...] = ()  # (path, blob id | absent), sorted
 
 
 @dataclass
@@ -74,7 +78,8 @@ class Entry:
     upstream_status: str = ""
     drop_when: str = ""
     base: str = ""
-    base_commit: str = ""  # the commit ``base`` names (variants keep theirs in Variant.commit)
+    base_commit: str = ""  # only for a base no tag names (Variant.commit)
+    base_sources: tuple[tuple[str, str], ...] = ()  # the primary patch's base, by content (Variant.sources)
     merged_in: str = ""  # upstream commit that holds this entry: skipped where it is an ancestor
     sha256: str = ""
     file: str = ""  # patch
@@ -90,7 +95,7 @@ class Entry:
         """The primary patch first, then the older-base variants."""
         if not self.is_patch:
             return []
-        return [Variant(self.file, self.base, self.sha256, self.base_commit), *self.variants]
+        return [Variant(self.file, self.base, self.sha256, self.base_commit, self.base_sources), *self.variants]
 
     def to_toml(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "kind": self.kind}
@@ -103,9 +108,12 @@ class Entry:
             out[key] = getattr(self, key)
         out.update({key: getattr(self, key) for key in _ENTRY_OPTIONAL_FIELDS if getattr(self, key)})
         out["sha256"] = self.sha256
+        if self.base_sources:
+            out["base_sources"] = dict(self.base_sources)
         if self.variants:
             out["variants"] = [{"file": v.file, "base": v.base, **({"commit": v.commit} if v.commit else {}),
-                                "sha256": v.sha256} for v in self.variants]
+                                "sha256": v.sha256, **({"sources": dict(v.sources)} if v.sources else {})}
+                               for v in self.variants]
         return out
 
 
@@ -178,6 +186,19 @@ def _str(table: dict, key: str, where: str, required: bool = False) -> str:
     return value
 
 
+def _sources(raw: Any, where: str) -> tuple[tuple[str, str], ...]:
+    """A base's sources: a table of path = blob id (or "absent")."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise C128Error(f"{where}: sources must be a table of path = blob id, not {_toml_type(raw)}")
+    for name, blob in raw.items():
+        check_relpath(name, where)
+        if blob != ABSENT and (len(blob) not in (40, 64) or any(c not in "0123456789abcdef" for c in blob)):
+            raise C128Error(f"{where}: sources: {blob!r} for {name} is not a blob id")
+    return tuple(sorted(raw.items()))
+
+
 def _entry(raw: Any, index: int, path: Path) -> Entry:
     where = f"{path}: entry #{index + 1}"
     if not isinstance(raw, dict):
@@ -191,6 +212,7 @@ def _entry(raw: Any, index: int, path: Path) -> Entry:
     for key in (*_ENTRY_TEXT_FIELDS[1:], *_ENTRY_OPTIONAL_FIELDS):
         setattr(entry, key, _str(raw, key, where))
     entry.sha256 = _str(raw, "sha256", where)
+    entry.base_sources = _sources(raw.get("base_sources"), f"{where} base_sources")
     if kind == "patch":
         entry.file = check_relpath(_str(raw, "file", where, required=True), where)
         variants = raw.get("variants", [])
@@ -205,6 +227,7 @@ def _entry(raw: Any, index: int, path: Path) -> Entry:
                     _str(v, "base", f"{where} variant #{j + 1}", required=True),
                     _str(v, "sha256", where),
                     _str(v, "commit", where),
+                    _sources(v.get("sources"), f"{where} variant #{j + 1}"),
                 )
             )
     else:
@@ -212,7 +235,8 @@ def _entry(raw: Any, index: int, path: Path) -> Entry:
             raise C128Error(f"{where}: overlay entries have no variants")
         entry.source = check_relpath(_str(raw, "source", where, required=True), where)
         entry.target = check_relpath(_str(raw, "target", where, required=True), where)
-    unknown = set(raw) - {"name", "kind", "file", "source", "target", "sha256", "variants", *_ENTRY_TEXT_FIELDS,
+    unknown = set(raw) - {"name", "kind", "file", "source", "target", "sha256", "variants", "base_sources",
+                          *_ENTRY_TEXT_FIELDS,
                           *_ENTRY_OPTIONAL_FIELDS}
     if unknown:
         raise C128Error(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")

@@ -8,8 +8,8 @@ out one file decides; a tie goes on to the next rule among the tied files:
 
 1. ``exact``: every preimage blob matches;
 2. ``most``: the most files match (at least one);
-3. ``ancestor``: the file whose base is the nearest ancestor of the target (the base's recorded
-   commit, else its tag name);
+3. ``ancestor``: the file whose base is the nearest ancestor of the target (found by the base's
+   recorded sources: the nearest ancestor holding them; else its recorded commit, else its tag name);
 4. ``strict``: the first file (primary, then variants in manifest order) that applies with a plain
    ``git apply`` on the replayed tree;
 5. ``primary``: none does: the primary (the replay then tries a 3-way merge).
@@ -28,7 +28,7 @@ from typing import Literal
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
-from c128patch.series.manifest import Entry, Series, Variant, sha256_file, symlink_on_path
+from c128patch.series.manifest import ABSENT, Entry, Series, Variant, sha256_file, symlink_on_path
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch
 
 ENTRY_TRAILER = "C128patch-Entry"
@@ -51,6 +51,17 @@ def index_git(git: Git, index_file: Path) -> Git:
     of a bare repository)."""
     idx = git.with_env(GIT_INDEX_FILE=str(index_file))
     return idx.with_env(GIT_WORK_TREE=str(index_file.parent)) if git.worktree is None else idx
+
+
+def sources_at(git: Git, commit: str, paths: list[str]) -> tuple[tuple[str, str], ...]:
+    """(path, blob id) of ``paths`` at ``commit`` (``absent`` where it has none), sorted: a base by
+    content (``Variant.sources``), the same in every clone with the same sources."""
+    found = {p: ABSENT for p in paths}
+    for line in git.out("ls-tree", "-r", "--full-tree", commit, "--", *paths).splitlines() if paths else []:
+        meta, name = line.split("\t", 1)
+        if name in found and meta.split()[1] == "blob":
+            found[name] = meta.split()[2]
+    return tuple(sorted(found.items()))
 
 
 def blob_id(data: bytes) -> str:
@@ -114,16 +125,39 @@ def _probe_apply(idx: Git, item: Planned) -> None:
         idx.run("apply", "--cached", "--3way", str(item.path), check=False)  # a conflict stays unknown
 
 
+ANCESTOR_SEARCH = 200  # commits touching a variant's files searched back for its base's sources
+
+
+def _content_distance(git: Git, variant: Variant, target: str) -> int | None:
+    """Commits from the nearest ancestor of ``target`` holding ``variant``'s recorded sources to
+    ``target`` (None: none within the search): the base found by content, in any clone."""
+    paths = [p for p, _ in variant.sources]
+    want = dict(variant.sources)
+    newer: str | None = None  # the newest touching commit after the candidate
+    touching = git.out("rev-list", f"--max-count={ANCESTOR_SEARCH}", target, "--", *paths).split()
+    for commit in [target, *touching]:
+        if commit == target and touching and touching[0] == target:
+            continue
+        if dict(sources_at(git, commit, paths)) == want:
+            return 0 if newer is None else git.count(f"{newer}..{target}") + 1
+        newer = commit if commit != target else newer
+    return None
+
+
 def _ancestor_distances(git: Git, files: list[Variant], target: str, cache: dict[str, int | None]) -> dict[Variant, int]:
-    """Variant -> commits from its base to ``target``, for the bases that are ancestors of it."""
+    """Variant -> commits from its base to ``target``, for the bases that are ancestors of it: found
+    by the base's recorded sources, else its recorded commit, else its tag name."""
     out = {}
     for variant in files:
-        key = variant.commit or variant.base
+        key = f"{variant.file}\0{variant.base}"
         if key not in cache:
-            base = git.rev_parse(variant.commit) if variant.commit else None
-            base = base or git.rev_parse(variant.base)
-            ok = base is not None and git.is_ancestor(base, target)
-            cache[key] = git.count(f"{base}..{target}") if ok else None
+            if variant.sources:
+                cache[key] = _content_distance(git, variant, target)
+            else:
+                base = git.rev_parse(variant.commit) if variant.commit else None
+                base = base or git.rev_parse(variant.base)
+                ok = base is not None and git.is_ancestor(base, target)
+                cache[key] = git.count(f"{base}..{target}") if ok else None
         if cache[key] is not None:
             out[variant] = cache[key]
     return out

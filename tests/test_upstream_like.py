@@ -1,0 +1,164 @@
+"""Content, not ids: on a clone that looks like upstream's own repository (tests/upstream_like.py:
+the release trees re-committed with other ids, dates and author, sgl-kernel/, test/, docs/ beside
+python/, main one commit past v0.5.23 outside python/sglang), apply, check, lint, refresh --check,
+rebase, watch, matrix and the apply/wheel notes all agree with the tool's own history; a commit
+whose python/sglang differs in one keyed file is unverified and that file is named."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import upstream_like
+from c128patch.evidence.keys import key_for
+from c128patch.evidence.matrix import release_note, verification_note
+from c128patch.git import Git
+from c128patch.series.manifest import load_series
+from support import RELEASES, REPO_ROOT, copy_series, invoke
+
+PROVENANCE = "python/sglang/c128patch_provenance.json"
+EDITED = "python/sglang/kernels/registry.py"  # in a keyed folder of the kernel tier, patched by no entry
+
+
+@pytest.fixture(scope="session")
+def like(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Git:
+    repo = upstream_like.build(sglang_release_repo, tmp_path_factory.mktemp("upstream-like") / "sglang.git")
+    git = Git(git_dir=repo)
+    upstream_like.edited(git, "v0.5.22", EDITED, "# a local change\n", "refs/heads/edited")
+    return git
+
+
+@pytest.fixture(scope="session")
+def history(sglang_release_repo: Path) -> Git:
+    return Git(git_dir=sglang_release_repo)
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the product series with its committed evidence (ci/gpu/results)."""
+    root = copy_series(tmp_path_factory.mktemp("series"))
+    shutil.copytree(REPO_ROOT / "ci" / "gpu" / "results", root / "ci" / "gpu" / "results")
+    return root
+
+
+def repo(git: Git) -> str:
+    return str(git.git_dir)
+
+
+def python_tree(git: Git, rev: str) -> dict[str, str]:
+    """path -> blob of python/ at ``rev``, the provenance record left out (it names commit ids)."""
+    out = git.out("ls-tree", "-r", rev, "--", "python").splitlines()
+    return {line.split("\t", 1)[1]: line.split()[2] for line in out if not line.endswith(PROVENANCE)}
+
+
+def test_the_clone_has_other_ids_and_folders_and_the_same_python_sources(like: Git, history: Git):
+    for tag in RELEASES:
+        assert like.rev_parse(tag) != history.rev_parse(tag)
+        assert like.out("rev-parse", f"{tag}:python") == history.out("rev-parse", f"{tag}:python")
+        assert like.out("rev-parse", f"{tag}^{{tree}}") != history.out("rev-parse", f"{tag}^{{tree}}")
+        assert like.out("cat-file", "-t", tag) == "tag"  # annotated, as upstream's
+    assert like.run("cat-file", "-e", history.rev_parse("v0.5.23") or "", check=False).returncode != 0
+    top = like.out("ls-tree", "--name-only", "main").split()
+    assert {"python", "sgl-kernel", "test", "docs", "README.md"} <= set(top)
+    changed = like.out("diff", "--name-only", "v0.5.23", "main").split()
+    assert changed and not any(p.startswith("python/") for p in changed)
+
+
+@pytest.mark.parametrize("rev", [*RELEASES, "main"])
+def test_evidence_keys_match_the_tool_s_history(like: Git, history: Git, rev: str):
+    series = load_series(REPO_ROOT)
+    ours = key_for(series, history, history.rev_parse("v0.5.23" if rev == "main" else rev) or "")
+    assert key_for(series, like, like.rev_parse(rev) or "") == ours
+
+
+def test_check_chooses_the_files_the_tool_s_history_does(like: Git, history: Git, series: Path):
+    def files(git: Git) -> dict:
+        run = invoke("check", *[a for t in RELEASES for a in ("--sglang-rev", t)], "--repo", repo(git),
+                     "--series", str(series))
+        assert run.code == 0, run.err
+        return {r["rev"]: {e["name"]: (e["file"], e["status"]) for e in r["entries"]} for r in run.out["revs"]}
+
+    assert files(like) == files(history)
+
+
+def test_lint_against_the_clone_has_no_finding(like: Git, series: Path):
+    res = invoke("lint", "--repo", repo(like), "--series", str(series))
+    assert res.code == 0 and res.out["findings"] == [], res.out["findings"]
+
+
+@pytest.fixture(scope="module")
+def applied_023(like: Git, series: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    tree = tmp_path_factory.mktemp("apply-023") / "sglang"
+    run = invoke("apply", "--sglang-rev", "v0.5.23", "--repo", repo(like), "--tree", str(tree), "--series",
+                 str(series), as_json=False)
+    return tree, run
+
+
+def test_apply_proves_the_tree_and_prints_no_unverified_note(applied_023, history: Git, like: Git):
+    tree, run = applied_023
+    assert run.code == 0, run.err
+    assert "identical to a fresh apply" in run.text and "note:" not in run.text and "unverified" not in run.text
+    record = json.loads((tree / PROVENANCE).read_text())
+    assert record["upstream"]["commit"] == like.rev_parse("v0.5.23") != history.rev_parse("v0.5.23")
+
+
+def test_refresh_check_is_a_fixed_point_after_a_fresh_apply(applied_023, series: Path):
+    tree, _ = applied_023
+    res = invoke("refresh", "--check", "--tree", str(tree), "--series", str(series))
+    assert res.code == 0, res.err or res.out
+
+
+def test_rebase_from_v0_5_22_gives_the_tree_a_fresh_apply_gives_in_the_tool_s_history(
+        like: Git, history: Git, series: Path, tmp_path: Path):
+    tree = tmp_path / "sglang"
+    run = invoke("apply", "--sglang-rev", "v0.5.22", "--repo", repo(like), "--tree", str(tree), "--series", str(series))
+    assert run.code == 0, run.err
+    check = invoke("refresh", "--check", "--tree", str(tree), "--series", str(series))
+    assert check.code == 0, check.err or check.out  # a variant base's fixed point too
+    rebased = invoke("rebase", "--onto", "v0.5.23", "--repo", repo(like), "--tree", str(tree), "--series", str(series))
+    assert rebased.code == 0, rebased.err
+    ours = tmp_path / "ours"
+    fresh = invoke("apply", "--sglang-rev", "v0.5.23", "--repo", repo(history), "--tree", str(ours), "--series",
+                   str(series))
+    assert fresh.code == 0, fresh.err
+    assert python_tree(Git(worktree=tree), "HEAD") == python_tree(Git(worktree=ours), "HEAD")
+
+
+def test_watch_onto_its_v0_5_23_is_clean(like: Git, series: Path, tmp_path: Path):
+    res = invoke("watch", "--onto", "v0.5.23", "--repo", repo(like), "--out", str(tmp_path / "out"),
+                 "--series", str(series))
+    assert res.code == 0, res.err
+    assert res.out["outcome"] == "clean", res.out.get("headline")
+
+
+def test_matrix_of_the_clone_shows_every_release_verified(like: Git, series: Path):
+    res = invoke("matrix", "--repo", repo(like), "--series", str(series))
+    assert res.code == 0, res.err
+    rows = {r["rev"]: r for r in res.out["releases"]}
+    assert list(rows) == list(RELEASES)
+    assert all(r["fully_verified"] and r["differs"] is None for r in rows.values()), {k: r["missing"] for k, r in rows.items()}
+
+
+@pytest.mark.parametrize("rev", [*RELEASES, "main"])
+def test_the_apply_and_wheel_notes_agree_with_the_tool_s_history(like: Git, rev: str):
+    series = load_series(REPO_ROOT)
+    assert verification_note(series, like, like.rev_parse(rev) or "", rev) is None
+    assert release_note(series, ("v0.5.23" if rev == "main" else rev).removeprefix("v")) is None
+
+
+def test_a_commit_whose_sources_differ_in_one_file_is_unverified_and_names_it(like: Git, series: Path):
+    res = invoke("matrix", "--repo", repo(like), "--sglang-rev", "edited", "--sglang-rev", "v0.5.22",
+                 "--series", str(series))
+    assert res.code == 0, res.err
+    edited, release = res.out["releases"]
+    assert release["fully_verified"]
+    assert not edited["fully_verified"] and edited["differs"] == {"rev": "v0.5.22", "files": [EDITED]}
+    assert f"1 file differs from v0.5.22's evidenced sources: {EDITED}" in edited["missing"]
+    note = verification_note(load_series(series), like, like.rev_parse("edited") or "", "edited")
+    assert note == (f"note: edited + this series is not fully verified: 1 file differs from v0.5.22's evidenced "
+                    f"sources: {EDITED}; see `c128patch matrix`")
+    text = invoke("matrix", "--repo", repo(like), "--sglang-rev", "edited", "--series", str(series), as_json=False)
+    assert f"edited: not fully verified: 1 file differs from v0.5.22's evidenced sources: {EDITED}" in text.text
