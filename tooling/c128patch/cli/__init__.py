@@ -27,6 +27,9 @@ COMMANDS: dict[str, str] = {
     "gates": "The env reference: every variable the series adds or reads.",
     "doctor": "Will the installed sglang do what the envs ask?",
     "watch": "Carry the series onto REV in a scratch clone and report it.",
+    "contract": "Does the series still fit REV? Its upstream API, checked.",
+    "treecheck": "Import the series' modules on a patched tree, gates off/on.",
+    "bisect": "The first upstream commit where the series stops fitting.",
 }
 
 

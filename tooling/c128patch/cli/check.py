@@ -13,8 +13,9 @@ from c128patch import exitcodes
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
 
 if TYPE_CHECKING:
-    from c128patch.ops.check import EntryCheck, Verdict
-    from c128patch.series.manifest import Entry
+    from c128patch.git import Git
+    from c128patch.ops.check import EntryCheck, RevCheck, Verdict
+    from c128patch.series.manifest import Entry, Series
 
 
 def _cell(entry: Entry, e: EntryCheck) -> str:
@@ -28,6 +29,17 @@ def _cell(entry: Entry, e: EntryCheck) -> str:
     variant = next(v for v in entry.patch_files() if f"patches/{v.file}" == e.file)
     which = "primary" if variant.file == entry.file else f"{variant.base} variant"
     return f"{what}\n{which} ({e.chosen_by.split(':', 1)[0]})"
+
+
+def _contract(series: Series, git: Git, r: RevCheck) -> dict:
+    """``ops.contract`` on the series replayed at ``r`` (a rev it does not apply to is not checked)."""
+    from c128patch.ops import contract
+
+    if not r.ok:
+        return {"ok": False, "verdict": "not checked: the series does not apply here", "failing": []}
+    result = contract.check_rev(series, git, r.rev, r.commit)
+    return {"ok": result.ok, "verdict": result.verdict(),
+            "failing": [f.message for f in result.errors + result.warnings]}
 
 
 def _verdict(verb: str, v: Verdict | None) -> str:
@@ -44,11 +56,15 @@ def _verdict(verb: str, v: Verdict | None) -> str:
 @click.option("--sglang-rev", "revs", multiple=True, required=True, help="Upstream revision(s) to check; repeat for several.")
 @click.option("--strict", is_flag=True,
               help="Exit 1 unless every entry applies with exact context, as `wheel` needs (3-way merges count as failures).")
+@click.option("--deep", is_flag=True,
+              help="Also check the series' API contract on each rev it applies to (c128patch contract; no checkout); "
+                   "exit 1 unless it holds.")
 @repo_option
 @series_option
 @json_option
 @handles_errors
-def command(revs: tuple[str, ...], strict: bool, repo: str | None, series_dir: Path | None, as_json: bool) -> None:
+def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, series_dir: Path | None,
+            as_json: bool) -> None:
     """Does the series apply to each REV, and what would apply and wheel do? Nothing is checked out.
     Per entry: which file was chosen and by which rule (exact/most preimage blobs, ancestor,
     strict, primary, only)."""
@@ -68,11 +84,16 @@ def command(revs: tuple[str, ...], strict: bool, repo: str | None, series_dir: P
         start = time.perf_counter()
         results = check_revs(series, upstream.git, commits)
         elapsed = time.perf_counter() - start
+        contracts: dict[str, dict] = {}
+        if deep:
+            rep.step("the API contract on each rev")
+            contracts = {r.rev: _contract(series, upstream.git, r) for r in results}
     ok = all(r.ok and (not strict or all(e.status in ("clean", "skipped") for e in r.entries)) for r in results)
+    ok = ok and all(c["ok"] for c in contracts.values())
     if as_json:
         emit_json({"ok": ok, "strict": strict, "seconds": round(elapsed, 4),
                    "series": {"name": series.name, "version": series.version},
-                   "revs": [r.to_json() for r in results]})
+                   "revs": [{**r.to_json(), **({"contract": contracts[r.rev]} if deep else {})} for r in results]})
     else:
         table = Table(title=f"series {series.name} {series.version}")
         table.add_column("entry")
@@ -92,6 +113,9 @@ def command(revs: tuple[str, ...], strict: bool, repo: str | None, series_dir: P
             out.print(f"{r.rev}: {_verdict('apply', r.apply)}; {_verdict('wheel', r.wheel)}", markup=False)
             if r.note:
                 out.print(f"{r.rev}: note: {r.note}", markup=False)
+            if deep:
+                c = contracts[r.rev]
+                out.print(f"{r.rev}: contract {c['verdict']}" + "".join(f"\n  {f}" for f in c["failing"]), markup=False)
         verdict = "all apply" + (" with exact context" if strict else "") if ok else "NOT all apply" + (
             " with exact context" if strict and all(r.ok for r in results) else "")
         out.print(f"{verdict} ({elapsed:.2f} s for {len(results)} rev(s))", markup=False)

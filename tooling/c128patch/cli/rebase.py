@@ -99,6 +99,8 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     finally:  # at a stop too: the reports are written at every stop
         if report_dir and not abort:
             _copy_reports(rb.path.parent, report_dir)
+    if not report.get("aborted") and report.get("head"):
+        report["contract"] = _contract(series, git, report)
     if as_json:
         emit_json(report)
         return
@@ -119,6 +121,9 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
         table.add_row(e["name"], e["status"], file, detail)
     out.print(table)
     out.print(report["equivalence"]["summary"], markup=False)
+    contract = report["contract"]
+    out.print(f"contract on {report['new_base']['rev']}: {contract['verdict']}"
+              + "".join(f"\n  {f}" for f in contract["failing"]), markup=False)
     if report.get("renamed_branch"):
         out.print(f"branch {report['renamed_branch']['from']} is now {report['renamed_branch']['to']} "
                   f"(the old tip: {report['recovery_ref']})", markup=False)
@@ -143,6 +148,18 @@ def next_refresh(git: Git, series: Series, report: dict) -> str:
         return ""
     return shlex.join(["c128patch", "refresh", "--primary" if primary else "--variant", "--tree", str(git.worktree),
                        "--series", str(series.root)])
+
+
+def _contract(series: Series, git: Git, report: dict) -> dict:
+    """The series' API contract on the rebased tree (``ops.contract``), next to the equivalence proof."""
+    from c128patch.ops import contract as contract_ops
+
+    try:
+        result = contract_ops.check(series, git, report["new_base"]["commit"], report["head"])
+    except C128Error as exc:
+        return {"ok": False, "verdict": f"not checked: {exc.message}", "failing": []}
+    return {"ok": result.ok, "verdict": result.verdict(),
+            "failing": [f.message for f in result.errors + result.warnings]}
 
 
 def _copy_reports(state: Path, dest: Path) -> None:

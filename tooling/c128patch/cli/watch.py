@@ -30,7 +30,7 @@ EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items()
 def command(onto: str, repo: str | None, out: Path, timeout: float, primary: bool | None, series_dir: Path | None,
             as_json: bool) -> None:
     """Carry the series onto REV in a scratch clone (never your tree), prove and check the result, and
-    say which of clean / refreshed / merged / conflict it is, with a report under --out."""
+    say which of clean / refreshed / merged / conflict / failed / broken it is, with a report under --out."""
     from rich.table import Table
 
     from c128patch.ops import watch as core
@@ -56,6 +56,9 @@ def command(onto: str, repo: str | None, out: Path, timeout: float, primary: boo
     for c in report["checks"]:
         state = "not run" if c.get("skipped") else "ok" if c["ok"] else "FAILED"
         text.print(f"  check {c['name']}: {state}" + "".join(f"\n    {f}" for f in c["findings"][:5]), markup=False)
+    if report.get("contract"):
+        text.print(f"  contract: {report['contract']['verdict']}; C++: {report['contract'].get('cxx_probe', '')}" + "".join(
+            f"\n    {f}" for f in report["contract"]["failing"]), markup=False)
     for p in report["problems"]:
         text.print(f"  problem: {p}", markup=False)
     text.print(f"{report['outcome']}: {report['headline']}", markup=False)

@@ -30,8 +30,10 @@ from pathlib import Path
 
 from c128patch.errors import C128Error, DifferenceError
 from c128patch.git import Git
+from c128patch.ops import contract
 from c128patch.ops.equivalence import Equivalence, prove
 from c128patch.ops.replay import branch_commits
+from c128patch.series.contract import LOCK_NAME, Lock, lock_path, merged, read_lock
 from c128patch.series.manifest import Entry, Series, Variant
 from c128patch.series.patchfile import split_message
 from c128patch.series.paths import check_relpath
@@ -162,7 +164,22 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     )
     new.version = version or (_bump(series.version) if payload_changed else series.version)
     result.series, result.manifest = new, new.to_toml()
+    if primary:
+        _record_contract(new, git, base_commit, label, result)
     return result
+
+
+def _record_contract(series: Series, git: Git, base_commit: str, label: str, result: Export) -> None:
+    """The API contract of the branch (``ops.contract``) into ``patches/contract.lock``, keeping the
+    signatures the old lock accepted; a branch whose contract does not resolve leaves the lock as it is."""
+    try:
+        items = contract.lock_items(series, git, base_commit, "HEAD")
+    except C128Error as exc:
+        result.notes.append(f"{LOCK_NAME} not rewritten: {exc.message}")
+        return
+    old = read_lock(series.patches_dir)
+    lock = Lock(lock_path(series.patches_dir), merged(items, old), label)
+    result.files[lock.path] = lock.text().encode()
 
 
 def _kept_without_commit(series: Series, git: Git, record: dict, base_commit: str, exported: dict[str, Entry],

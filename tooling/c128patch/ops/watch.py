@@ -22,9 +22,16 @@ of the series carried to REV, and the CPU tree checks (``ops.treechecks``). The 
   on past each stop (skipping that entry), so one report lists every entry that conflicts; one reached
   only after such a skip says so. The commands to reproduce the stop in a tree of one's own are listed;
 * ``failed`` (exit 6): the series carried, but the result is not proven, the refreshed series does
-  not verify, or a check has findings (listed). Nothing is offered as ready.
+  not verify, or a check has findings (listed). Nothing is offered as ready;
+* ``broken`` (exit 7): the series carried, but it does not fit REV: its API contract
+  (``ops.contract``, against the committed ``patches/contract.lock``) has an upstream module, name,
+  attribute or header gone, a call that does not bind, or a signature changed since the lock. Each
+  item is listed with our file:line, upstream's file:line and both signatures.
 
-Conflict outranks failed, failed outranks merged, merged outranks refreshed. Every outcome writes
+For ``conflict`` and ``broken``, ``bisect`` (``ops.bisect``, at most ``BISECT_TIMEOUT`` s) names the
+first upstream commit between the base and REV where the series stops applying or fitting.
+
+Conflict outranks broken, broken outranks failed, failed outranks merged, merged outranks refreshed. Every outcome writes
 ``OUT/watch-report.md`` (what a maintainer reads; CI posts it), ``OUT/watch-report.json`` and the
 rebase's own report (``rebase-report.md``/``.json``); ``refreshed`` and ``merged`` also
 ``OUT/commit-message.txt``. ``OUT`` must be new, empty, or hold an earlier watch report (replaced).
@@ -51,6 +58,8 @@ from c128patch import exitcodes
 from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
+from c128patch.ops import bisect as bisect_ops
+from c128patch.ops import contract as contract_ops
 from c128patch.ops import refresh as refresh_ops
 from c128patch.ops.apply import apply_series
 from c128patch.ops.equivalence import tree_without_provenance
@@ -59,14 +68,16 @@ from c128patch.ops.merged import CONTENT
 from c128patch.ops.rebase import Rebase, render_markdown
 from c128patch.ops.series_audit import audit_series
 from c128patch.ops.treechecks import check_tree
-from c128patch.ops.watch_report import commit_message, headline, render
+from c128patch.ops.watch_report import broken_next, commit_message, headline, render
 from c128patch.progress import NullReporter, Reporter
+from c128patch.series.contract import read_lock
 from c128patch.series.manifest import Series, load_series
 from c128patch.upstream.source import Upstream, open_upstream
 
 EXIT: dict[str, int] = exitcodes.WATCH
 REPORT = "watch-report.json"
 WRITTEN = ("watch-report.md", REPORT, "rebase-report.md", "rebase-report.json", "commit-message.txt", "series")
+BISECT_TIMEOUT = 300.0  # seconds `watch` gives `bisect` for a conflict or broken outcome
 WORK_TREE = "sglang-watch"  # where the printed reproduce commands put their tree
 BRANCH, VERIFY_BRANCH = "c128patch-watch", "c128patch-watch-verify"
 
@@ -171,6 +182,7 @@ class Watch:
         self.info: dict = {"onto": {"rev": onto, "commit": ""}, "base": {"rev": series.base, "commit": ""}}
         self.upstream: Upstream | None = None
         self._rebase_md = ""
+        self.contract: dict | None = None  # ops.contract on the carried tree (``_contract``)
 
     def _step(self, phase: str) -> None:
         self.phase = phase
@@ -228,11 +240,46 @@ class Watch:
 
         problems = ([unproven] if unproven else []) + (refreshed or {}).get("problems", [])
         problems += [f"{c['name']}: {f}" for c in checks if not c["ok"] for f in c["findings"][:5]]
-        outcome = ("conflict" if stops else "failed" if problems else "merged" if merged
-                   else "refreshed" if needed else "clean")
+        self.contract = None if stops else self._contract(git, onto_commit, head)
+        broken = bool(self.contract and self.contract["broken"])
+        outcome = ("conflict" if stops else "broken" if broken else "failed" if problems
+                   else "merged" if merged else "refreshed" if needed else "clean")
         report = self._report(outcome, final, steps, stops, merged, needed, proof, checks, refreshed, problems)
+        if outcome in ("conflict", "broken"):
+            report["bisect"] = self._bisect()
         report["json"] = final
         return report
+
+    def _bisect(self) -> dict:
+        """``ops.bisect``: the upstream commit that broke it, bounded by ``BISECT_TIMEOUT`` (said in the report)."""
+        self._step(f"bisecting {self.series.base}..{self.onto} (at most {BISECT_TIMEOUT:g} s)")
+        try:
+            found = bisect_ops.bisect(self.series, self.repo, self.onto, timeout=BISECT_TIMEOUT)
+        except WatchTimeout:
+            raise
+        except C128Error as exc:
+            return {"found": False, "summary": f"bisect: {exc.message}", "bound_s": BISECT_TIMEOUT}
+        return {**found, "bound_s": BISECT_TIMEOUT}
+
+    # -- broken: the series carries, but does not fit (ops.contract, ops.treecheck)
+    def _contract(self, git: Git, onto_commit: str, head: str) -> dict:
+        """The series' API contract on the carried tree, against the lock the series committed."""
+        self._step(f"API contract on {self.onto}")
+        try:
+            result = contract_ops.check(self.series, git, onto_commit, head, lock=read_lock(self.series.patches_dir))
+        except WatchTimeout:
+            raise
+        except C128Error as exc:
+            return {"broken": True, "verdict": exc.message, "failing": [exc.message], "next": [], "json": {}}
+        failing = [f.message for f in result.errors + result.warnings]
+        self._step(f"nvcc signature probe on {self.onto}")
+        probe_ok, probe = contract_ops.probe_cxx(self.series, git, head)
+        if probe_ok is False:
+            failing.append(f"C++: {probe}")
+        return {"broken": bool(failing), "verdict": result.verdict(), "failing": failing, "cxx_probe": probe,
+                "cxx_probe_ok": probe_ok,
+                "next": broken_next(self.onto, self.series.root, self.repo) if failing else [],
+                "json": result.to_json()}
 
     def _rebase(self, rb: Rebase, onto_commit: str) -> tuple[dict, list[Stop], str]:
         """Rebase with every entry upstream holds dropped; past each stop, skip and go on."""
@@ -389,6 +436,7 @@ class Watch:
             "checks": checks,
             "refreshed": refreshed,
             "problems": problems,
+            "contract": self.contract,
             "reproduce": self.reproduce() if stops else [],
             "rebase_report": "rebase-report.md" if final else "",
             "out": str(self.out),
@@ -407,6 +455,8 @@ class Watch:
         outcome = report["outcome"]
         if outcome in ("refreshed", "merged") and report["refreshed"]:
             return adopt
+        if outcome == "broken":
+            return self.contract["next"]
         if outcome == "conflict":
             return [*report["reproduce"],
                     f"# resolve the files it names, `git -C {WORK_TREE} add` them, then:",

@@ -4,6 +4,8 @@ dict ``ops.watch`` builds; decides nothing."""
 
 from __future__ import annotations
 
+import shlex
+
 from c128patch.ops.conflicts import block_markdown
 
 WHAT = {
@@ -16,6 +18,10 @@ WHAT = {
                 "recorded in the ledger and replays from then on), refresh, commit.",
     "failed": "The series moved but the result is not proven or a check failed: nothing is offered as ready. "
               "Read the problems below.",
+    "broken": "The series applies but does not fit this upstream: code of ours uses an upstream definition that is "
+              "gone, or whose signature no longer binds or changed since patches/contract.lock. Fix each item below "
+              "(our file:line, upstream's file:line, both signatures) in the series, or, for a changed signature "
+              "that still fits, record it as accepted with the commands below.",
     "timeout": "The run did not finish in time: nothing is offered. Run it again with a larger --timeout.",
 }
 
@@ -66,7 +72,9 @@ def headline(report: dict) -> str:
     outcome = report["outcome"]
     entries = report["entries"]
     if outcome == "clean":
-        return f"{series} applies strictly on {at} ({len(entries)} entries, proven); nothing to do"
+        unchecked = (report.get("contract") or {}).get("cxx_probe_ok") is None and report.get("contract")
+        return (f"{series} applies strictly on {at} ({len(entries)} entries, proven); nothing to do"
+                + (f" (not checked here: {report['contract']['cxx_probe']})" if unchecked else ""))
     if outcome == "refreshed":
         how = [f"{e['name']} ({e['on_rev']})" for e in entries
                if e["on_rev"].split(" (")[0] in ("3-way", "ledger", "whitespace-merged") or "(renamed: " in e["on_rev"]]
@@ -85,6 +93,10 @@ def headline(report: dict) -> str:
         return text + (f"; {len(rest)} more: {_names([c['entry'] for c in rest])}" if rest else "")
     if outcome == "failed":
         return f"{series} on {at}: {report['problems'][0]}"
+    if outcome == "broken":
+        failing = report["contract"]["failing"]
+        return f"{series} applies on {at} but does not fit it: {failing[0]}" + (
+            f"; {len(failing) - 1} more" if len(failing) > 1 else "")
     return report["problems"][0] if report["problems"] else f"{series} on {at}: {outcome}"
 
 
@@ -106,6 +118,16 @@ def render(report: dict) -> str:
         lines += ["```sh", *report["next"], "```", ""]
     if report["problems"]:
         lines += ["## Problems", ""] + [f"- {p}" for p in report["problems"]] + [""]
+    contract = report.get("contract")
+    if contract:
+        lines += ["## API contract", "", contract["verdict"], "", f"C++: {contract.get('cxx_probe', 'not run')}", ""]
+        lines += [f"- {f}" for f in contract["failing"]] + ([""] if contract["failing"] else [])
+    found = report.get("bisect")
+    if found:
+        lines += [f"## Bisect (bounded at {found['bound_s']:g} s)", "", found["summary"], ""]
+        if found.get("found"):
+            lines += [f"- first bad upstream commit: `{found['commit']}` {found['subject']}"]
+            lines += [f"- {f}" for f in found["failing"][:10]] + [""]
     if report["entries"]:
         lines += ["## Entries", "", "| entry | on the new base | file (chosen by) | detail |", "| --- | --- | --- | --- |"]
         for e in report["entries"]:
@@ -169,6 +191,15 @@ def render(report: dict) -> str:
     if report["rebase_report"]:
         lines.append(f"The rebase's own report: `{report['rebase_report']}` next to this file.")
     return "\n".join(lines) + "\n"
+
+
+def broken_next(onto: str, root: object, repo: str | None) -> list[str]:
+    """What to run for ``broken``: see every item on REV, then (reviewed) accept a changed signature."""
+    where = f"--sglang-rev {shlex.quote(onto)}" + (f" --repo {shlex.quote(repo)}" if repo else "")
+    series = f"--series {shlex.quote(str(root))}"
+    return [f"c128patch contract {where} {series} --verbose",
+            "# fix the overlay / patch lines it names; for a changed signature that still fits, after review:",
+            f"c128patch contract {where} {series} --accept"]
 
 
 def commit_message(report: dict) -> str:

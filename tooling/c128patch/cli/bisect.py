@@ -1,0 +1,40 @@
+"""c128patch bisect --onto REV [--repo PATH|URL] [--timeout S] [--json]"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+
+
+@click.command("bisect")
+@click.option("--onto", required=True, help="The upstream revision the series does not fit.")
+@repo_option
+@click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
+              help="Give up after this many seconds.")
+@series_option
+@json_option
+@handles_errors
+def command(onto: str, repo: str | None, timeout: float, series_dir: Path | None, as_json: bool) -> None:
+    """Find the first upstream commit between the series' base and REV at which the series stops
+    applying or its API contract breaks (git bisect run, in a scratch clone); print it, its subject
+    and what fails there."""
+    from c128patch.ops.bisect import bisect
+    from c128patch.progress import console, reporter
+    from c128patch.series.plan import validate_files
+
+    series = get_series(series_dir)
+    validate_files(series)
+    with reporter(not as_json, title="bisect") as rep:
+        report = bisect(series, repo, onto, timeout=timeout, reporter=rep)
+    if as_json:
+        emit_json(report)
+        return
+    out = console(stderr=False)
+    if report["found"]:
+        out.print(f"first bad commit: {report['commit']} {report['subject']}", markup=False)
+        for f in report["failing"]:
+            out.print(f"  {f}", markup=False)
+    out.print(report["summary"], markup=False)

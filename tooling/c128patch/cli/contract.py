@@ -1,0 +1,103 @@
+"""c128patch contract [--sglang-rev X ... | --tree DIR] [--repo R] [--accept] [--nvcc/--no-nvcc] [--json]"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from c128patch import exitcodes
+from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.errors import C128Error
+
+if TYPE_CHECKING:
+    from c128patch.ops.contract import ContractResult
+
+
+def _print(label: str, result: ContractResult, probe: tuple[bool | None, str] | None, verbose: bool) -> None:
+    from c128patch.progress import console
+
+    out = console(stderr=False)
+    for f in result.findings:
+        if f.level != "note" or verbose:
+            out.print(f"  {f.level}: {f.message}", markup=False)
+    notes = sum(f.level == "note" for f in result.findings)
+    if notes and not verbose:
+        out.print(f"  {notes} note(s) (--verbose lists them)", markup=False)
+    if probe is not None:
+        out.print(f"  C++: {probe[1]}", markup=False)
+    out.print(f"{label}: contract {result.verdict()} ({result.seconds:.2f} s)", markup=False)
+
+
+@click.command("contract")
+@click.option("--sglang-rev", "revs", multiple=True,
+              help="Upstream revision(s): the series is replayed there in a temporary index (nothing checked out).")
+@click.option("--tree", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="A tree c128patch applied the series in (its HEAD against the upstream commit it records).")
+@repo_option
+@click.option("--accept", is_flag=True,
+              help="Record the changed signatures found as accepted in patches/contract.lock (after review).")
+@click.option("--nvcc/--no-nvcc", "use_nvcc", default=None,
+              help="Compile the nvcc signature probe against the tree's headers (default: where nvcc is on PATH).")
+@click.option("--verbose", is_flag=True, help="List the notes too (uses not resolved statically, uses not in the lock).")
+@series_option
+@json_option
+@handles_errors
+def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: bool, use_nvcc: bool | None,
+            verbose: bool, series_dir: Path | None, as_json: bool) -> None:
+    """Does the series still fit each upstream? Resolve every upstream module, name, attribute and call
+    our code uses (overlays and the lines patches add), bind each call to the definition's signature,
+    and compare each signature with patches/contract.lock. Exit 1 on an error or a changed signature."""
+    from c128patch.git import Git, toplevel
+    from c128patch.ops import contract as core
+    from c128patch.progress import console, reporter
+    from c128patch.series.contract import read_lock
+    from c128patch.series.plan import validate_files
+    from c128patch.upstream.source import open_upstream
+
+    series = get_series(series_dir)
+    validate_files(series)
+    if bool(revs) == (tree is not None):
+        raise C128Error("pass --sglang-rev X (one or more) or --tree DIR, not both and not neither")
+    lock = read_lock(series.patches_dir)
+    runs: list[tuple[str, object, str, str]] = []
+    if tree is not None:
+        git = Git(worktree=toplevel(tree))
+        runs.append((str(tree), git, core.tree_base(git), "HEAD"))
+    else:
+        with reporter(not as_json, total=len(revs), title="contract") as rep:
+            upstream = open_upstream(repo, list(revs), rep)
+            for rev in revs:
+                commit = upstream.resolve(rev)
+                rep.step(f"replaying the series on {rev}")
+                runs.append((rev, upstream.git, commit, core.patched_tree(series, upstream.git, rev, commit)))
+    results = []
+    for label, git, base, head in runs:
+        result = core.check(series, git, base, head, lock=lock)
+        probe = None
+        if use_nvcc is not False:
+            probe = core.probe_cxx(series, git, head)
+            if probe[0] is None and use_nvcc:
+                raise C128Error(probe[1])
+        results.append((label, result, probe))
+    accepted = 0
+    if accept:
+        if lock is None:
+            raise C128Error(f"{series.patches_dir}/contract.lock does not exist: write it with `c128patch refresh` "
+                            "on a tree at the series base first")
+        for _, result, _ in results:
+            accepted += core.accept(lock, result)
+    ok = all(r.ok for _, r, _ in results) and all(p is None or p[0] is not False for _, _, p in results)
+    if as_json:
+        emit_json({"ok": ok or bool(accept), "accepted": accepted, "series": {"name": series.name, "version": series.version},
+                   "revs": [{"rev": label, **r.to_json(), "cxx_probe": p[1] if p else "not run",
+                             "cxx_probe_ok": p[0] if p else None} for label, r, p in results]})
+    else:
+        for label, result, probe in results:
+            _print(label, result, probe, verbose)
+        if accept:
+            console(stderr=False).print(f"accepted {accepted} changed signature(s) in {lock.path}", markup=False)
+    if not ok and not accept:
+        sys.exit(exitcodes.FAILED)

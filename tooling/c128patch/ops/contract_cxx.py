@@ -1,0 +1,234 @@
+"""The CUDA side of the series' contract: upstream headers our ``.cuh`` code includes, and each
+upstream name it uses with its declarations there (parameter lists included, so a parameter swap
+of the same arity changes the hash), read from the headers as text. ``probe`` compiles the
+series' nvcc signature probe (``ci/kernel_probe/upstream_signatures.cu``) against the tree's
+headers where nvcc exists, and says so where it does not.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Callable, Protocol
+
+INCLUDE_ROOT = "python/sglang/kernels/jit/include"
+UPSTREAM_PREFIX = "sgl_kernel/"
+PROBE = "ci/kernel_probe/upstream_signatures.cu"
+SOURCES = (".cuh", ".cu", ".h", ".hpp", ".cpp")
+_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+_IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
+_NOT_DECL = {"if", "for", "while", "switch", "return", "sizeof", "alignof", "decltype", "static_assert", "catch",
+             "new", "delete", "throw", "case", "else", "do", "noexcept", "requires", "defined", "alignas",
+             "static_cast", "reinterpret_cast", "const_cast", "dynamic_cast", "operator"}
+_KEYWORDS = _NOT_DECL | {"const", "constexpr", "inline", "static", "template", "typename", "struct", "class",
+                         "using", "namespace", "void", "auto", "int", "bool", "float", "double", "char", "unsigned",
+                         "signed", "long", "short", "true", "false", "nullptr", "this", "public", "private",
+                         "protected", "virtual", "override", "final", "explicit", "friend", "enum", "union",
+                         "volatile", "extern", "typedef", "default", "break", "continue", "goto", "std", "size_t",
+                         "int32_t", "int64_t", "uint32_t", "uint64_t", "uint16_t", "uint8_t", "int8_t", "int16_t",
+                         "pragma", "once", "include", "define", "ifdef", "ifndef", "endif", "error", "concept"}
+
+
+class Reader(Protocol):
+    files: set[str]
+
+    def text(self, path: str) -> str | None: ...
+
+
+def strip(text: str) -> str:
+    """Comments and string literals blanked, line numbers kept."""
+    def blank(m: re.Match) -> str:
+        s = m.group(0)
+        if s.startswith(("/", )):
+            return re.sub(r"[^\n]", " ", s)
+        return s[0] + re.sub(r"[^\n]", " ", s[1:-1]) + s[-1]
+    return re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])\'', blank, text, flags=re.S)
+
+
+def _line(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _close(text: str, open_at: int) -> int:
+    depth = 0
+    for i in range(open_at, len(text)):
+        c = text[i]
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+_TYPE_DECL = re.compile(r"\b(?:struct|class|union|enum\s+class|enum)\s+(?:alignas\([^)]*\)\s*)?([A-Za-z_]\w*)\b[^;{()]*[;{]")
+_USING = re.compile(r"\busing\s+([A-Za-z_]\w*)\s*=[^;]+;")
+_CONST = re.compile(r"(?:\b(?:inline|static)\s+constexpr|^[ ]{0,4}constexpr)\b[^;=(){}]*?\b([A-Za-z_]\w*)\s*(?:=[^;]+|\{[^;{}]*\});", re.M)
+_DEFINE = re.compile(r"^\s*#\s*define\s+([A-Za-z_]\w*)(\([^)]*\))?[^\n]*", re.M)
+_CALLISH = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
+_RETURN_TYPE = re.compile(r"(?:[\w>]\s+|[*&]\s*)$")  # a return type (or `explicit`) right before the name
+_STD = re.compile(r"\bstd::(?:[\w<>, ]*::)?$")
+_AFTER = re.compile(r"\s*(?:const\b\s*)?(?:&&|&)?\s*(?:noexcept\b(?:\([^)]*\))?\s*)?(?:override\b\s*)?(?:->\s*[^{;]+?)?\s*([{;:])")
+
+
+def declarations(text: str) -> dict[str, list[tuple[int, str]]]:
+    return {name: [(line, decl) for line, decl, _ in decls] for name, decls in _declarations(text).items()}
+
+
+def _declarations(text: str) -> dict[str, list[tuple[int, str, str]]]:
+    """name -> [(line, declaration text)] of the types, aliases, constants, macros and functions
+    ``text`` (a header) declares, as regular expressions see them."""
+    raw = text
+    text = strip(text)
+    out: dict[str, list[tuple[int, str, str]]] = {}
+
+    def add(name: str, pos: int, decl: str, what: str = "name") -> None:
+        if name not in _KEYWORDS:
+            out.setdefault(name, []).append((_line(text, pos), _norm(decl), what))
+
+    for m in _DEFINE.finditer(raw):
+        add(m.group(1), m.start(1), m.group(0))
+    for m in _TYPE_DECL.finditer(text):
+        add(m.group(1), m.start(1), m.group(0).rstrip("{;"))
+    for m in _USING.finditer(text):
+        add(m.group(1), m.start(1), m.group(0))
+    for m in _CONST.finditer(text):
+        add(m.group(1), m.start(1), m.group(0), "name" if re.match(r"k[A-Z]", m.group(1)) else "member")
+    for m in _CALLISH.finditer(text):
+        name = m.group(1)
+        if name in _NOT_DECL:
+            continue
+        before = text[max(0, m.start() - 80): m.start()]
+        if not _RETURN_TYPE.search(before) or re.search(r"\b(return|new|throw|case|else|do|co_return)\s*$", before):
+            continue
+        end = _close(text, m.end() - 1)
+        if end < 0:
+            continue
+        after = _AFTER.match(text, end + 1)
+        if after is None:
+            continue
+        decl = text[m.start(): after.start(1)]
+        add(name, m.start(), decl, "function")
+    return out
+
+
+def _include_positions(text: str) -> list[tuple[str, int]]:
+    return [(m.group(1), m.start(1)) for m in _INCLUDE.finditer(text)]
+
+
+def _headers_of(text: str, path: str, files: set[str]) -> list[tuple[str, str]]:
+    """(include as written, tree path) of each upstream header ``text`` includes."""
+    out = []
+    for m in _INCLUDE.finditer(text):
+        name = m.group(1)
+        if name.startswith(UPSTREAM_PREFIX):
+            out.append((name, f"{INCLUDE_ROOT}/{name}"))
+        else:
+            local = str(Path(path).parent / name)
+            if local in files:
+                out.append((name, local))
+    return out
+
+
+def derive(reader: Reader, ours: dict[str, set[int] | None], site_name: Callable[[str], str]) -> tuple[list[dict], list[dict]]:
+    """Items and findings (as ``ops.contract.Item`` / ``Finding`` fields) for our C++ code."""
+    items: list[dict] = []
+    findings: list[dict] = []
+    for path in sorted(ours):
+        if not path.endswith(SOURCES):
+            continue
+        text = reader.text(path)
+        if text is None:
+            continue
+        lines = ours[path]
+        mine = (lambda n: True) if lines is None else (lambda n: n in lines)
+        clean = strip(text)
+        site_file = site_name(path)
+        closure: dict[str, str] = {}
+        direct = {h: _line(text, m) for h, m in _include_positions(text)}
+        queue = _headers_of(text, path, reader.files)
+        for name, header in queue:
+            if header in closure:
+                continue
+            number = direct.get(name, 0)
+            body = reader.text(header)
+            if body is None:
+                if number and mine(number):
+                    findings.append({"level": "error", "message": f"{site_file}:{number}: #include <{name}>: no "
+                                     f"{header} on this tree", "site": f"{site_file}:{number}", "target": name})
+                continue
+            closure[header] = body
+            if number and mine(number):
+                items.append({"kind": "header", "target": name, "site": f"{site_file}:{number}", "where": f"{header}:1"})
+            queue += [h for h in _headers_of(body, header, reader.files) if h[1] not in closure]
+        upstream: dict[str, list[tuple[str, int, str]]] = {}
+        named: set[str] = set()  # types, aliases, macros, k-constants: a use is any mention
+        for header, body in closure.items():
+            for name, decls in _declarations(body).items():
+                upstream.setdefault(name, []).extend((header, line, decl) for line, decl, _ in decls)
+                named.update(name for _, _, what in decls if what == "name")
+        own = set(declarations(text)) if lines is None else set()
+        first: dict[str, int] = {}
+        for number, line in enumerate(clean.splitlines(), 1):
+            if not mine(number) or line.lstrip().startswith("#include"):
+                continue
+            for m in _IDENT.finditer(line):
+                name = m.group(0)
+                if _STD.search(line[: m.start()]) or line[: m.start()].endswith("#"):
+                    continue
+                called = re.match(r"\s*[(<]", line[m.end():]) is not None
+                if name in upstream and name not in own and name not in _KEYWORDS and (name in named or called):
+                    first.setdefault(name, number)
+        for name, number in sorted(first.items()):
+            decls = upstream[name]
+            header, line, _ = decls[0]
+            signature = " | ".join(sorted({d for _, _, d in decls}))
+            items.append({"kind": "cxx", "target": name, "site": f"{site_file}:{number}", "where": f"{header}:{line}",
+                          "signature": signature})
+    return items, findings
+
+
+def nvcc() -> str | None:
+    return shutil.which("nvcc")
+
+
+def probe(series_root: Path, git_cmd: list[str], head: str, *, arch: str = "90a") -> tuple[bool | None, str]:
+    """Compile the series' signature probe against ``head``'s headers: (ok, one line). ``ok`` None:
+    not checked (no nvcc, no tvm-ffi, no probe in the series)."""
+    source = series_root / PROBE
+    if not source.is_file():
+        return None, f"no {PROBE} in the series: C++ contract not compiled"
+    compiler = nvcc()
+    if compiler is None:
+        return None, "nvcc not found: C++ contract not checked (only the header text was compared)"
+    try:
+        import tvm_ffi.libinfo as info  # apache-tvm-ffi, as sglang pins it
+    except ImportError:
+        return None, "tvm-ffi not installed: C++ contract not compiled (pip install apache-tvm-ffi)"
+    with tempfile.TemporaryDirectory(prefix="c128contract-") as tmp:
+        archive = subprocess.run([*git_cmd, "archive", "--format=tar", head, INCLUDE_ROOT], capture_output=True)
+        if archive.returncode != 0:
+            return False, f"the tree has no {INCLUDE_ROOT}: C++ contract broken"
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(tmp, filter="data")
+        includes = [f"{tmp}/{INCLUDE_ROOT}", info.find_include_path(), info.find_dlpack_include_path()]
+        sm = re.match(r"\d+", arch).group(0)
+        cmd = [compiler, "-c", str(source), "-o", f"{tmp}/probe.o", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+               f"-DSGL_CUDA_ARCH={int(sm) * 10}", "-std=c++20", "--expt-relaxed-constexpr",
+               *(f"-I{d}" for d in dict.fromkeys(includes))]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode == 0:
+        return True, f"nvcc signature probe compiles against the tree's headers (sm_{arch})"
+    named = list(dict.fromkeys(re.findall(r'upstream signature changed: (.*?)"', proc.stdout + proc.stderr)))
+    errors = [l for l in (proc.stdout + proc.stderr).splitlines() if "error" in l][:3]
+    return False, "nvcc signature probe fails: " + ("; ".join(named) if named else " | ".join(errors) or "nvcc failed")

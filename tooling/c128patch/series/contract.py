@@ -1,0 +1,106 @@
+"""The series' API contract lock (``patches/contract.lock``): the upstream surface the series uses.
+
+One line per use: what kind of definition, its dotted (Python) or qualified (C++) name, our use site,
+upstream's definition at the series base, the hash of its signature there (and of any signature
+accepted since, comma-separated), the call's shape, and the signature text after ``#`` for the
+reviewer. ``refresh`` writes it (``ops.contract``); a change of the surface shows in its diff.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from c128patch.errors import C128Error
+
+LOCK_NAME = "contract.lock"
+HEADER = ("# c128patch API contract: the upstream surface this series uses, one line per use site.\n"
+          "# Written by `c128patch refresh` from the patched tree at the series base; checked by `c128patch contract`.\n"
+          "# kind  upstream-name  our-site  upstream-definition  sig=HASH[,ACCEPTED...]  [call=SHAPE]  # signature\n")
+
+
+def sig_hash(text: str) -> str:
+    """12 hex digits of the signature text's sha256 (``-`` for a definition without a signature)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12] if text else "-"
+
+
+@dataclass(frozen=True)
+class LockItem:
+    kind: str  # module function class method attr value env header cxx
+    target: str
+    site: str  # our file:line
+    where: str  # upstream path:line at the base
+    sigs: tuple[str, ...]  # the base's hash first, then accepted ones
+    shape: str = ""
+    signature: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.kind, self.target
+
+    def line(self) -> str:
+        parts = [self.kind, self.target, self.site, self.where, "sig=" + ",".join(self.sigs)]
+        if self.shape:
+            parts.append("call=" + self.shape)
+        text = "  ".join(parts)
+        return f"{text}  # {self.signature}" if self.signature else text
+
+
+@dataclass
+class Lock:
+    path: Path
+    items: list[LockItem] = field(default_factory=list)
+    base: str = ""
+
+    def accepted(self) -> dict[tuple[str, str], set[str]]:
+        out: dict[tuple[str, str], set[str]] = {}
+        for item in self.items:
+            out.setdefault(item.key, set()).update(item.sigs)
+        return out
+
+    def recorded(self) -> dict[tuple[str, str], LockItem]:
+        return {item.key: item for item in self.items}
+
+    def text(self) -> str:
+        lines = [HEADER + f"# base {self.base}\n"]
+        lines += [item.line() + "\n" for item in sorted(set(self.items), key=lambda i: (i.kind, i.target, i.site))]
+        return "".join(lines)
+
+
+def lock_path(patches_dir: Path) -> Path:
+    return patches_dir / LOCK_NAME
+
+
+def read_lock(patches_dir: Path) -> Lock | None:
+    """The committed lock, or None when the series has none; a malformed line is refused."""
+    path = lock_path(patches_dir)
+    if not path.is_file():
+        return None
+    lock = Lock(path)
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        body, _, signature = raw.partition("  # ")
+        if raw.startswith("# base "):
+            lock.base = raw.removeprefix("# base ").strip()
+        if not body.strip() or body.lstrip().startswith("#"):
+            continue
+        parts = body.split()
+        if len(parts) < 5 or not parts[4].startswith("sig="):
+            raise C128Error(f"{path}:{number}: not a contract line (kind name site definition sig=HASH ...); "
+                            "rewrite it with `c128patch refresh`")
+        shape = next((p.removeprefix("call=") for p in parts[5:] if p.startswith("call=")), "")
+        lock.items.append(LockItem(parts[0], parts[1], parts[2], parts[3], tuple(parts[4][4:].split(",")), shape,
+                                   signature.strip()))
+    return lock
+
+
+def merged(new: list[LockItem], old: Lock | None) -> list[LockItem]:
+    """``new`` with the signatures ``old`` accepted for the same (kind, name) kept after the base's."""
+    if old is None:
+        return new
+    accepted = old.accepted()
+    out = []
+    for item in new:
+        extra = sorted(accepted.get(item.key, set()) - set(item.sigs))
+        out.append(replace(item, sigs=item.sigs + tuple(extra)) if extra else item)
+    return out
