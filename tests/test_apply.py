@@ -156,3 +156,44 @@ def test_apply_and_check_from_a_url_mirror_once(tmp_path: Path, sglang_release_r
     stamp = mirrors[0].stat().st_mtime_ns
     code, out, _ = run("check", "--sglang-rev", "v0.5.22", "--repo", url, "--series", str(portable_series), "--json")
     assert code == 0 and out["ok"] and mirrors[0].stat().st_mtime_ns == stamp  # no second clone
+
+
+def test_a_killed_first_mirror_is_detected_and_rebuilt(tmp_path: Path, sglang_release_repo: Path,
+                                                       portable_series: Path, monkeypatch):
+    """kill -9 during the first clone of a --repo URL: the half-made mirror is never taken for one;
+    the next run names it, removes it and clones again. A half-made mirror at the final name (as
+    the old layout left one) is rebuilt the same way."""
+    import os
+    import shutil
+    import signal
+    import sys
+    import time
+
+    from support import default_signals
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("C128PATCH_CACHE", str(cache))
+    url = sglang_release_repo.as_uri()
+    args = [sys.executable, "-m", "c128patch", "check", "--sglang-rev", "v0.5.22", "--repo", url,
+            "--series", str(portable_series)]
+    proc = subprocess.Popen(args, env={**os.environ}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, preexec_fn=default_signals)
+    deadline = time.monotonic() + 120
+    while not list((cache / "remotes").glob("*.git.part-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)  # the tool and its git clone
+    proc.wait()
+    assert proc.returncode == -9
+    (part,) = (cache / "remotes").glob("*.git.part-*")
+    assert not list((cache / "remotes").glob("*.git"))  # nothing at the final name
+    res = invoke("check", "--sglang-rev", "v0.5.22", "--repo", url, "--series", str(portable_series), as_json=False)
+    assert res.code == 0, res.err
+    assert f"removing {part}, a half-made mirror of {url}" in res.err
+    (mirror,) = (cache / "remotes").glob("*.git")
+    assert not part.exists() and Git(git_dir=mirror).rev_parse("v0.5.22")
+    # the old layout's half-made mirror: HEAD there, the clone's objects not
+    shutil.rmtree(mirror)
+    Git().run("init", "--quiet", "--bare", str(mirror))
+    res = invoke("check", "--sglang-rev", "v0.5.22", "--repo", url, "--series", str(portable_series), as_json=False)
+    assert res.code == 0, res.err
+    assert f"removing {mirror}, a half-made mirror of {url}" in res.err

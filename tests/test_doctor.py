@@ -278,3 +278,49 @@ def test_doctor_reports_the_series_startup_rules_line_for_line(patched_python: P
     code, _, topics = doctor(patched_python, *args, env=env)
     assert code == 1
     assert topics["startup"] == [("error", f"startup would refuse for `{' '.join(args)}`: {line}") for line in want]
+
+
+@pytest.mark.parametrize("prints", ["[]", "{}", "garbage", '{"executable": 1}', "[" * 100_000])
+def test_a_program_that_is_not_a_python_is_one_line(tmp_path: Path, prints: str):
+    fake = tmp_path / "python"
+    (tmp_path / "answer").write_text(prints + "\n")
+    fake.write_text(f"#!/bin/sh\ncat {tmp_path / 'answer'}\n")
+    fake.chmod(0o755)
+    res = invoke("doctor", "--python", str(fake), as_json=False)
+    assert res.code == 2, (res.code, res.err)
+    (line,) = res.err.strip().splitlines()
+    assert line.startswith(f"c128patch: error: {fake} did not answer as a Python does ("), line
+
+
+def _installed(python: Path, name: str) -> Path:
+    return next(python.parent.parent.glob(f"lib/python*/site-packages/{name}"))
+
+
+@pytest.mark.parametrize("content", [b"[1, 2]", b'"text"', b'{"url": ["x"], "dir_info": []}', b"[" * 100_000])
+def test_a_direct_url_json_of_the_wrong_shape_is_said(patched_python: Path, content: bytes):
+    target = _installed(patched_python, "sglang-*.dist-info") / "direct_url.json"
+    original = target.read_bytes()
+    try:
+        target.write_bytes(content)
+        _, _, topics = doctor(patched_python)
+    finally:
+        target.write_bytes(original)
+    ((level, message),) = topics["sglang"]
+    assert level == "ok" and message.endswith(", from an unreadable direct_url.json)"), message
+
+
+@pytest.mark.parametrize("content, said", [(b'{"series": "\xff\xfe"}', "not UTF-8 (byte 0xff"),
+                                           (b"[]", "a JSON list, not an object"),
+                                           (b'{"entries": {"a": 1}}', "not a c128patch provenance record"),
+                                           (b"[" * 100_000, "nested too deeply")])
+def test_a_provenance_that_is_not_one_is_an_error_not_a_traceback(patched_python: Path, content: bytes, said: str):
+    target = _installed(patched_python, "sglang") / "c128patch_provenance.json"
+    original = target.read_bytes()
+    try:
+        target.write_bytes(content)
+        code, _, topics = doctor(patched_python)
+    finally:
+        target.write_bytes(original)
+    assert code == 1
+    ((level, message),) = topics["build"]
+    assert level == "error" and said in message, message

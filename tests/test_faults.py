@@ -261,3 +261,26 @@ def test_a_rebase_interrupted_inside_its_stop_aborts_to_the_branch_as_it_was(app
     mine = lambda s: [r for r in s["refs"].splitlines() if "refs/c128patch/recovery" not in r]  # noqa: E731
     assert mine(after) == mine(before) and after["head"] == before["head"] and after["status"] == before["status"]
     assert_nothing_in_progress(git)
+
+
+def test_status_names_a_stale_index_lock_and_its_commands_then_work(sglang_release_repo, series, reference, tmp_path):
+    """A kill -9 that also leaves ``.git/index.lock`` (git killed mid-write): `status` names the lock and
+    prints the one command that clears it; after it, the resume command status prints works."""
+    git = small_clone(sglang_release_repo, tmp_path / "t")
+    proc = interrupt(["apply", "--sglang-rev", "v0.5.22", "--repo", git.worktree, "--series", series],
+                     git.worktree, APPLY_PHASES["after-entry-commit"], "kill")
+    lock = git.worktree / ".git" / "index.lock"
+    lock.write_bytes(b"")  # what a git killed while writing the index leaves
+    res = invoke("status", "--tree", git.worktree, as_json=False)
+    assert res.code == 0, res.err
+    assert f"{lock} is left over from a killed git or c128patch run" in res.text
+    clear = res.text.split("clear:", 1)[1].splitlines()[0].strip()
+    assert clear == f"rm -f {lock}"
+    blocked = run_printed(way_out(proc, git.worktree, "continue", "apply"))
+    assert blocked.returncode != 0 and "index.lock" in blocked.stderr  # the lock is what is in the way
+    assert run_printed(clear).returncode == 0 and not lock.exists()
+    done = run_printed(way_out(proc, git.worktree, "continue", "apply"))
+    assert done.returncode == 0, done.stderr
+    assert git.head() == reference["apply"] and git.current_branch() == "c128/v0.5.22"
+    assert_nothing_in_progress(git)
+    assert "left over" not in invoke("status", "--tree", git.worktree, as_json=False).text

@@ -158,3 +158,63 @@ def test_a_variant_made_on_a_branch_is_keyed_by_its_commit_not_the_branch_name(t
     assert cli("refresh", "--tree", str(tree), "--series", str(series), "--variant")[0] == 0
     [variant] = load_series(series).entries[0].variants
     assert (variant.base, variant.commit, variant.file) == (commit[:12], commit, f"0001-test.{commit[:12]}.patch")
+
+
+def amend_entry(tree: Path) -> None:
+    """Amend the entry's commit on the branch (as a maintainer would with an interactive rebase)."""
+    git = Git(worktree=tree)
+    target = tree / CUH
+    git.run("checkout", "-q", "HEAD~2")
+    target.write_text(target.read_text().replace("// c128patch test", "// c128patch test, amended"))
+    git.run("commit", "-q", "-a", "--amend", "--no-edit")
+    git.run("cherry-pick", "c128/v0.5.23~1", "c128/v0.5.23")
+    git.run("branch", "-f", "c128/v0.5.23", "HEAD")
+    git.run("checkout", "-q", "c128/v0.5.23")
+
+
+KILL_POINTS = ["refresh-staged:0", "refresh-before-commit", "refresh-committed", "refresh-moved:0"]
+
+
+def test_refresh_killed_anywhere_leaves_the_old_or_the_new_series(applied, tmp_path: Path):
+    """kill -9 at each point of the write: every reader (load_series) then sees the old series or
+    the new one, never a mix; no staging folder is left once read; a re-run gives the new series."""
+    import shutil
+
+    from support import cli_process
+
+    series, tree = applied
+    amend_entry(tree)
+    old = files(series)
+    saved = tmp_path / "saved"
+    shutil.copytree(series, saved)
+    code, _ = cli("refresh", "--tree", str(tree), "--series", str(series))
+    assert code == 0
+    new = files(series)
+    assert new != old and {k for k in new if new[k] != old.get(k)} >= {"patches/series.toml", "patches/0001-test.patch"}
+    for point in KILL_POINTS:
+        shutil.rmtree(series)
+        shutil.copytree(saved, series)
+        proc = cli_process(["refresh", "--tree", tree, "--series", series], env={"C128PATCH_FAULT": f"kill-at:{point}"})
+        assert proc.returncode == -9, (point, proc.returncode, proc.stderr)
+        load_series(series)  # what every command does first: finish (or drop) the interrupted write
+        after = files(series)
+        assert after == (new if point in ("refresh-committed", "refresh-moved:0") else old), point
+        assert not list(series.glob(".c128patch-txn*")), point
+        code, out = cli("refresh", "--tree", str(tree), "--series", str(series))
+        assert code == 0, (point, out)
+        assert files(series) == new, point
+
+
+def test_a_committed_refresh_is_finished_by_any_reader(applied, tmp_path: Path):
+    """Killed after the commit point, before the manifest moved in: `lint` (any verb) finishes it."""
+    from support import cli_process
+
+    series, tree = applied
+    amend_entry(tree)
+    proc = cli_process(["refresh", "--tree", tree, "--series", series], env={"C128PATCH_FAULT": "kill-at:refresh-moved:0"})
+    assert proc.returncode == -9
+    assert (series / ".c128patch-txn").is_dir()  # the patch moved in, the manifest not yet
+    assert cli("lint", "--series", str(series), "--offline")[0] == 0
+    assert not (series / ".c128patch-txn").exists()
+    assert "amended" in (series / "patches" / "0001-test.patch").read_text()
+    assert cli("refresh", "--tree", str(tree), "--series", str(series), "--check")[0] == 0

@@ -390,3 +390,17 @@ def test_a_reused_pid_is_never_signalled(tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+@pytest.mark.parametrize("extra", [[], ["--port", "0"]])
+def test_refused_server_calls_leave_no_temp_folder(tmp_path, monkeypatch, extra):
+    """Without --out the report folder is a temporary one; a call refused before any report (no
+    patched sglang for --python, a bad option) removes it."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    res = invoke("smoke", "--tier", "server", "--model-path", "/models/dsv4", "--python", sys.executable, *extra,
+                 as_json=False)
+    assert res.code == 2, (res.code, res.err)
+    assert res.err.startswith("c128patch: error: ")
+    assert not list(tmp_path.glob("c128patch-smoke-server-*"))

@@ -58,6 +58,16 @@ def reformatted(git: Git) -> str:
     return commit_on(git, "style: clang-format deepseek_v4 planners, align env flags", edit)
 
 
+def reformatted_and_more(git: Git) -> str:
+    """The realignment of ``reformatted`` plus a new line in the same hunk's context: no longer
+    a whitespace-only difference at the hunk, so only a 3-way merge ignoring whitespace takes it."""
+    cuh = git.blob("reformatted", CUH).decode()
+    line = "  uint32_t write_count = 0;\n"
+    assert cuh.count(line) == 1
+    return commit_on(git, "c128 planner: count extra segments", lambda idx: put(idx, CUH, cuh.replace(
+        line, line + "  uint32_t extra_count = 0;\n")), parent="reformatted")
+
+
 def plan_moved(git: Git) -> str:
     """c_plan.cuh moved to compress_plan.cuh with a line added at its top; every importer updated."""
     importers = [line.split(":", 2)[1] for line in git.out("grep", "-l", "c_plan.cuh", "v0.5.23", "--",
@@ -129,8 +139,9 @@ def remote(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) 
     dest = tmp_path_factory.mktemp("remote") / "sglang.git"
     subprocess.run(["git", "clone", "--quiet", "--bare", str(sglang_release_repo), str(dest)], check=True)
     git = Git(git_dir=dest)
-    for branch, make in (("reformatted", reformatted), ("plan-moved", plan_moved), ("fixed", fixed_upstream),
-                         ("half-fixed", half_fixed), ("overlay-landed", overlay_landed), ("rules-taken", rules_taken)):
+    for branch, make in (("reformatted", reformatted), ("reformatted-more", reformatted_and_more),
+                         ("plan-moved", plan_moved), ("fixed", fixed_upstream), ("half-fixed", half_fixed),
+                         ("overlay-landed", overlay_landed), ("rules-taken", rules_taken)):
         git.run("update-ref", f"refs/heads/{branch}", make(git))
     return git
 
@@ -186,6 +197,21 @@ def test_check_marks_the_whitespace_merge(remote, reformat_rebased):
     _, series, _ = reformat_rebased
     row = check_row(remote, series, "reformatted", ZERO)
     assert row["status"] == "whitespace" and "whitespace-merged" in row["detail"]
+
+
+def test_a_reformat_next_to_other_upstream_lines_is_carried_by_a_whitespace_insensitive_3way_merge(
+        remote, tmp_path):
+    git, series = applied(remote, tmp_path)
+    run = rebase(git, series, "--onto", remote.rev_parse("reformatted-more"))
+    assert run.code == 0, run.err
+    row = entry(run, ZERO)
+    assert row["applied"] == "whitespace" and "a 3-way merge ignoring whitespace changes" in row["detail"]
+    assert run.out["equivalence"]["identical"], run.out["equivalence"]["summary"]
+    cuh = (git.worktree / CUH).read_text()
+    assert "  uint32_t extra_count = 0;\n" in cuh and "seq_len_i64" in cuh and "p.seq_lens[i]);" not in cuh
+    check = invoke("check", "--sglang-rev", "reformatted-more", "--repo", str(remote.git_dir), "--series", str(series))
+    verdict = check.out["revs"][0]["apply"]  # git am has no whitespace-insensitive 3-way merge: said, not hidden
+    assert verdict["exit"] == 1 and verdict["entry"] == ZERO
 
 
 # -- a patched file moved upstream: the hunk follows it ----------------------------------------

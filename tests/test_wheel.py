@@ -5,9 +5,12 @@ The patched wheel is built once per session; the tests read it, tamper copies of
 
 from __future__ import annotations
 
+import csv
 import functools
 import hashlib
+import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -441,3 +444,275 @@ def test_installs_and_uninstalls_cleanly(patched, tmp_path: Path):
     after = {p.relative_to(site) for p in site.rglob("*")}
     assert after == before, sorted(map(str, after - before))[:5]
     shutil.rmtree(venv)
+
+
+# -- authenticity: the wheel is its pinned upstream wheel plus exactly the declared diffs ----------
+
+
+def tampered(src: Path, dest_dir: Path, changes: dict[str, bytes | None]) -> Path:
+    """A copy of ``src`` with members replaced/added (bytes) or removed (None) and RECORD rewritten
+    to match (stored, not deflated: fast), so only the deeper checks can notice."""
+    from c128patch.wheel.authentic import record_hash
+
+    files = {n: d for n, d in {**members(src), **changes}.items() if d is not None}
+    (record,) = [n for n in files if n.endswith(".dist-info/RECORD")]
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows(
+        [[n, record_hash(d), len(d)] for n, d in files.items() if n != record] + [[record, "", ""]])
+    files[record] = text.getvalue().encode()
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    out = dest_dir / src.name
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zf:
+        for name in sorted(files, key=lambda n: n == record):
+            zf.writestr(name, files[name])
+    return out
+
+
+def test_verify_proves_authenticity(patched, wheel_series: Path, upstream_wheel: Path):
+    res = invoke("verify-wheel", patched.wheel, "--series", str(wheel_series), "--upstream-wheel", str(upstream_wheel))
+    assert res.code == 0, res.err
+    auth = res.out["authenticity"]
+    assert auth["upstream_wheel"] == upstream_wheel.name and auth["found"] == "given"
+    assert auth["upstream_sha256"] == hashlib.sha256(upstream_wheel.read_bytes()).hexdigest()
+    body = [n for n in members(upstream_wheel) if not n.endswith(".dist-info/RECORD")]
+    assert auth["derived"] == 3  # environ.py, the .cuh, the overlay
+    assert auth["identical"] == len(body) - 2  # every other upstream file (METADATA: only its Version line)
+    text = run_cli(["verify-wheel", patched.wheel])  # found in the wheelhouse/cache
+    assert text.code == 0 and "authentic: " in text.text and "(wheelhouse)" in text.text, text.err
+
+
+def test_verify_catches_a_backdoored_untouched_file(patched, tmp_path: Path, wheel_series: Path):
+    victim = "sglang/srt/utils/common.py"
+    assert victim in members(Path(patched.wheel))
+
+    src = Path(patched.wheel)
+    bad = tampered(src, tmp_path, {victim: members(src)[victim] + b"\nimport os; os.system('true')\n"})
+    assert invoke("verify-wheel", str(bad), "--no-authenticity").code == 0
+    want = f"{victim} differs from upstream's {Path(patched.upstream_wheel).name} and no entry changes it"
+    verify_fails(bad, want)
+    verify_fails(bad, want, "--series", str(wheel_series))
+
+
+def test_verify_catches_an_extra_edit_in_a_touched_file(patched, tmp_path: Path):
+    src = Path(patched.wheel)  # the series' lines stay (reverse-apply passes), one more is added
+    environ = b"import os  # c128patch tamper\n" + members(src)["sglang/srt/environ.py"]
+    verify_fails(tampered(src, tmp_path, {"sglang/srt/environ.py": environ}),
+                 "sglang/srt/environ.py is not what the series' diffs make of upstream's")
+
+
+def test_verify_catches_added_and_removed_files(patched, tmp_path: Path):
+    src = Path(patched.wheel)
+    verify_fails(tampered(src, tmp_path / "a", {"sglang/c128_evil.py": b"X = 1\n"}), "sglang/c128_evil.py is not in upstream's")
+    verify_fails(tampered(src, tmp_path / "r", {"sglang/version.py": None}), "sglang/version.py of upstream's")
+
+
+def test_verify_catches_a_repinned_upstream(patched, tmp_path: Path, upstream_wheel: Path):
+    """A wheel claiming another upstream wheel (provenance and SBOM both re-pinned) is not this one's."""
+    fake = "ab" * 32
+    src = Path(patched.wheel)
+    prov = "sglang/c128patch_provenance.json"
+    (sbom,) = [n for n in members(src) if n.endswith("sboms/c128patch.cdx.json")]
+    bad = tampered(src, tmp_path, {n: members(src)[n].replace(patched.upstream_sha256.encode(), fake.encode())
+                                   for n in (prov, sbom)})
+    line = verify_fails(bad, "not made from the upstream wheel at hand")
+    assert upstream_wheel.name in line and fake[:16] in line
+    other = wheel_for("0.5.22")  # the wrong upstream wheel given by hand
+    verify_fails(src, "not made from the upstream wheel at hand", "--upstream-wheel", str(other))
+
+
+def test_verify_offline_without_upstream_wheel(patched, tmp_path: Path, monkeypatch):
+    """No upstream wheel here and no index: "cannot check authenticity", exit 2, never a pass."""
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.delenv("C128PATCH_WHEELHOUSE", raising=False)
+    res = run_cli(["verify-wheel", patched.wheel])
+    assert res.code == 2, (res.code, res.err)
+    (line,) = res.err.strip().splitlines()
+    assert line.startswith("c128patch: error: cannot check authenticity: no upstream wheel "
+                           f"{Path(patched.upstream_wheel).name} here (give --upstream-wheel PATH or go online")
+    opt_out = run_cli(["verify-wheel", patched.wheel, "--no-authenticity"])
+    assert opt_out.code == 0 and "authenticity NOT checked" in opt_out.text, opt_out.err
+
+
+def test_verify_refuses_duplicate_members(patched, tmp_path: Path):
+    """A backdoored copy of a file appended under the same name: refused, whichever copy a reader takes."""
+    bad = tmp_path / Path(patched.wheel).name
+    shutil.copy(patched.wheel, bad)
+    with pytest.warns(UserWarning, match="Duplicate name"), zipfile.ZipFile(bad, "a") as zf:
+        zf.writestr("sglang/srt/environ.py", "import os; os.system('true')\n")
+    verify_fails(bad, "duplicate archive member 'sglang/srt/environ.py'")
+
+
+def with_provenance(patched, dest: Path, text: bytes) -> Path:
+    return tampered(Path(patched.wheel), dest, {"sglang/c128patch_provenance.json": text})
+
+
+@pytest.mark.parametrize("files", [["/etc/passwd"], ["python/sglang/../../../../etc/passwd"], "x"])
+def test_verify_refuses_provenance_paths_and_shapes(patched, tmp_path: Path, files):
+    record = json.loads(members(Path(patched.wheel))["sglang/c128patch_provenance.json"])
+    record["entries"][0]["files"] = files
+    verify_fails(with_provenance(patched, tmp_path, json.dumps(record).encode()), "is not a c128patch provenance record")
+
+
+def test_verify_refuses_deeply_nested_provenance(patched, tmp_path: Path):
+    verify_fails(with_provenance(patched, tmp_path, b"[" * 100_000 + b"]" * 100_000), "nested too deeply")
+
+
+def test_verify_refuses_a_wrong_shaped_sbom(patched, tmp_path: Path):
+    src = Path(patched.wheel)
+    (name,) = [n for n in members(src) if n.endswith("sboms/c128patch.cdx.json")]
+    doc = json.loads(members(src)[name])
+    doc["metadata"]["component"]["pedigree"] = ["not", "an", "object"]
+    verify_fails(tampered(src, tmp_path, {name: json.dumps(doc).encode()}), "SBOM has the wrong shape")
+
+
+# -- --from-wheel input: duplicates, zip bombs, bad METADATA, bad SOURCE_DATE_EPOCH, full disk ----
+
+
+def synthetic_wheel(path: Path, extra: dict[str, bytes]) -> Path:
+    """A minimal sglang-named wheel (tests about zip structure only, not sglang content)."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("sglang/__init__.py", "")
+        for name, data in extra.items():
+            zf.writestr(name, data)
+        zf.writestr("sglang-0.5.23.dist-info/METADATA", "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
+        zf.writestr("sglang-0.5.23.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr("sglang-0.5.23.dist-info/RECORD", "")
+    return path
+
+
+def test_from_wheel_refuses_duplicates(tmp_path: Path, out: Path, wheel_series: Path, upstream_wheel: Path):
+    dup = tmp_path / upstream_wheel.name
+    shutil.copy(upstream_wheel, dup)
+    with pytest.warns(UserWarning), zipfile.ZipFile(dup, "a") as zf:
+        zf.writestr("sglang/srt/environ.py", "import os; os.system('true')\n")
+    refused(["wheel", "--from-wheel", str(dup), "--series", str(wheel_series)], out,
+            "duplicate archive member 'sglang/srt/environ.py'")
+
+
+def test_from_wheel_caps_the_unpacked_size(tmp_path: Path, out: Path, wheel_series: Path, monkeypatch):
+    from c128patch.wheel import tools
+
+    bomb = synthetic_wheel(tmp_path / "sglang-0.5.23-py3-none-any.whl", {"sglang/zeros.json": bytes(64 << 20)})
+    line = refused(["wheel", "--from-wheel", str(bomb), "--series", str(wheel_series)], out, "unpacks to 64 MiB")
+    assert "the limits are 2 GiB in total and 100:1" in line
+    monkeypatch.setattr(tools, "MAX_RATIO", 10**6)
+    monkeypatch.setattr(tools, "MAX_UNPACKED", 32 << 20)
+    refused(["wheel", "--from-wheel", str(bomb), "--series", str(wheel_series)], out, "the limits are 0 GiB in total")
+
+
+def test_real_wheels_pass_the_caps():
+    from c128patch.wheel.tools import check_archive
+
+    for version in ("0.5.20", "0.5.21", "0.5.22", "0.5.23"):
+        wheel = wheel_for(version)
+        with zipfile.ZipFile(wheel) as zf:
+            infos = zf.infolist()
+            check_archive(infos, wheel)
+        from c128patch.wheel import tools
+        assert sum(i.file_size for i in infos) * 10 < tools.MAX_UNPACKED
+        assert sum(i.file_size for i in infos) < tools.MAX_RATIO * wheel.stat().st_size / 10  # 10x margin
+
+
+@pytest.fixture(scope="module")
+def stored_copy(tmp_path_factory: pytest.TempPathFactory, upstream_wheel: Path):
+    """The real 0.5.23 wheel's members (read once) and a writer of edited copies (stored: fast)."""
+    files = members(upstream_wheel)
+
+    def write(dest_dir: Path, metadata: bytes) -> Path:
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        path = dest_dir / upstream_wheel.name
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+            for name, data in files.items():
+                zf.writestr(name, metadata if name.endswith(".dist-info/METADATA") else data)
+        return path
+
+    return files["sglang-0.5.23.dist-info/METADATA"], write
+
+
+@pytest.mark.parametrize("edit,contains", [
+    (lambda m: m.replace(b"\nName: sglang\n", b"\n"), "'name' is a required field"),
+    (lambda m: m.replace(b"\nVersion: 0.5.23\n", b"\n"), "'version' is a required field"),
+    (lambda m: m.replace(b"\nVersion: 0.5.23\n", b"\nVersion: banana\n"), "'banana' is invalid for 'version'"),
+])
+def test_from_wheel_bad_metadata(stored_copy, tmp_path: Path, out: Path, wheel_series: Path, edit, contains):
+    meta, write = stored_copy
+    bad = write(tmp_path / "w", edit(meta))
+    line = refused(["wheel", "--from-wheel", str(bad), "--series", str(wheel_series)], out, "METADATA cannot be parsed")
+    assert contains in line
+
+
+@pytest.mark.parametrize("epoch,contains", [("4354819200", "after 2107-12-31"), ("1e9", "whole number"),
+                                            ("١٢٣", "whole number")])
+def test_source_date_epoch_out_of_range(epoch, contains, out: Path, wheel_series: Path, upstream_wheel: Path, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", epoch)
+    refused(["wheel", "--from-wheel", str(upstream_wheel), "--series", str(wheel_series)], out, contains)
+
+
+def test_full_disk_is_one_line(out: Path, wheel_series: Path, upstream_wheel: Path, monkeypatch):
+    import errno
+
+    from c128patch.wheel import tools
+
+    def full(self, path: Path, epoch: int) -> None:
+        path.write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(tools.InWheel, "_write", full)
+    refused(["wheel", "--from-wheel", str(upstream_wheel), "--series", str(wheel_series)], out, "disk full while patching")
+
+
+def test_file_size_limit_is_one_line(tmp_path: Path, wheel_series: Path, upstream_wheel: Path):
+    """Under ``ulimit -f`` (10 MB, the patched wheel is 39 MB): one line, exit 2, no partial file in -o."""
+    import resource
+
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (10 << 20, 10 << 20))
+
+    proc = subprocess.run([sys.executable, "-m", "c128patch", "wheel", "--from-wheel", str(upstream_wheel),
+                           "--series", str(wheel_series), "-o", str(out)],
+                          capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("c128patch: error: file size limit reached while patching"), line
+    assert list(out.iterdir()) == []
+
+
+def test_killed_wheel_leaves_no_partial_file(tmp_path: Path, wheel_series: Path, upstream_wheel: Path):
+    """kill -9 just before the finished wheel is renamed into -o: no wheel appears there, and the
+    next run removes the killed run's hidden folders (in -o and in TMPDIR); a live run's stay."""
+    from support import cli_process
+
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    out.mkdir()
+    tmp.mkdir()
+    args = ["wheel", "--from-wheel", upstream_wheel, "--series", wheel_series, "-o", out]
+    killed = cli_process(args, env={"C128PATCH_FAULT": "kill-at:wheel-write", "TMPDIR": str(tmp)})
+    assert killed.returncode == -9, killed.stderr
+    assert not list(out.glob("*.whl"))
+    (hidden,) = out.iterdir()
+    assert hidden.name.startswith(".c128patch-") and list(hidden.glob("*.whl"))  # the partial wheel, hidden
+    assert list(tmp.glob("c128patch-wheel-*"))
+    live = out / f".c128patch-{os.getpid()}-live"  # a running process's: kept
+    live.mkdir()
+    again = cli_process(args, env={"TMPDIR": str(tmp)})
+    assert again.returncode == 0, again.stderr
+    (wheel,) = out.glob("*.whl")
+    assert sorted(p.name for p in out.iterdir()) == sorted([wheel.name, live.name])
+    assert not list(tmp.glob("c128patch-wheel-*"))
+
+
+def test_verify_a_wheel_not_made_from_an_upstream_wheel_cannot_be_authenticated(patched, tmp_path: Path):
+    """A provenance naming no upstream wheel (a source build's) gets "cannot check authenticity", exit 2."""
+    src = Path(patched.wheel)
+    record = json.loads(members(src)["sglang/c128patch_provenance.json"])
+    record["upstream"]["source"] = "tree"
+    bad = tampered(src, tmp_path, {"sglang/c128patch_provenance.json": json.dumps(record).encode()})
+    res = run_cli(["verify-wheel", str(bad)])
+    assert res.code == 2, (res.code, res.err)
+    (line,) = res.err.strip().splitlines()
+    assert line.startswith("c128patch: error: cannot check authenticity: ") and "built from source" in line
+    assert run_cli(["verify-wheel", str(bad), "--no-authenticity"]).code == 0

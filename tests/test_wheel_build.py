@@ -161,8 +161,12 @@ def test_real_source_build(tmp_path: Path, source_repo: Path, series: Path):
     assert record["upstream"]["build"] == "source" and record["upstream"]["commit"] == head
     assert any(n.endswith(".dist-info/sboms/c128patch.cdx.json") for n in names)
     # the built wheel passes verify-wheel; the source tree is left clean on the patched branch
-    verified = invoke("verify-wheel", str(wheel), "--series", str(series), "--compile-all")
+    # (a source build has no upstream wheel to compare with: authenticity is refused, never passed silently)
+    unknown = invoke("verify-wheel", str(wheel), "--series", str(series))
+    assert unknown.code == 2 and "cannot check authenticity" in unknown.err, unknown.err
+    verified = invoke("verify-wheel", str(wheel), "--series", str(series), "--compile-all", "--no-authenticity")
     assert verified.code == 0, verified.err
+    assert verified.out["authenticity"] is None
     assert verified.out["compiled"] == len([n for n in names if n.endswith(".py")])
     assert git(source_repo, "status", "--porcelain") == ""
     assert git(source_repo, "rev-parse", "--abbrev-ref", "HEAD") == "c128/main"

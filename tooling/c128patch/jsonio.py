@@ -1,4 +1,4 @@
-"""JSON written atomically: a kill leaves the old file or the new one, never half of one."""
+"""Files (JSON or bytes) written atomically: a kill leaves the old file or the new one, never half of one."""
 
 from __future__ import annotations
 
@@ -8,9 +8,21 @@ from pathlib import Path
 from typing import Any
 
 
-def write_json_atomic(path: Path, data: Any) -> Path:
+def write_atomic(path: Path, data: bytes) -> Path:
+    """``data`` into ``path`` through a temporary file beside it (this process's own), then renamed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
+
+
+def write_json_atomic(path: Path, data: Any) -> Path:
+    return write_atomic(path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import shlex
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -491,5 +492,10 @@ def command(ctx: click.Context, tier: str, tree: Path | None, wheel: Path | None
         modes=tuple(m.strip() for m in modes.split(",") if m.strip()), health_timeout=health_timeout,
         launcher=shlex.split(launcher) if launcher else None, load_cmd=shlex.split(load_cmd) if load_cmd else None,
         python=python, out=_out_dir(out, "server"), allow_unpatched=allow_unpatched)
-    with _stops_on_signals():
-        run_server(sopts, command_line, as_json)
+    try:
+        with _stops_on_signals():
+            run_server(sopts, command_line, as_json)
+    except BaseException:
+        if out is None and not (sopts.out / "smoke-server.json").exists():
+            shutil.rmtree(sopts.out, ignore_errors=True)  # refused before any report: no temp folder left
+        raise

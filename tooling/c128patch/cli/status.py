@@ -50,6 +50,12 @@ def command(tree: Path | None, series_dir: Path | None, as_json: bool) -> None:
         emit_json(info)
         return
     out = console(stderr=False)
+    lock = info.get("index_lock")
+    if lock and not info.get("running"):
+        out.print(f"{info['tree']}: {lock['path']} is left over from a killed git or c128patch run; git refuses "
+                  "to write the index while it is there. If no git command is running in this tree, clear it first:",
+                  markup=False)
+        out.print(f"  clear:  {lock['clear']}", markup=False)
     if info.get("running"):
         r = info["running"]
         out.print(f"{info['tree']}: a c128patch {r['action']} is running (pid {r['pid']}, since {r['since']})", markup=False)

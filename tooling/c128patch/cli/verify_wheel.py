@@ -1,4 +1,4 @@
-"""c128patch verify-wheel WHEEL [--series DIR] [--compile-all] [--json]"""
+"""c128patch verify-wheel WHEEL [--series DIR] [--upstream-wheel PATH | --no-authenticity] [--compile-all] [--json]"""
 
 from __future__ import annotations
 
@@ -13,19 +13,30 @@ from c128patch.cli.common import emit_json, handles_errors, json_option
 @click.argument("wheel", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--series", "series_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also require the wheel to be made from exactly this series (patches/series.toml in DIR).")
+@click.option("--upstream-wheel", "upstream_wheel", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The upstream wheel the provenance pins (default: the wheelhouses/cache, else downloaded).")
+@click.option("--no-authenticity", "no_authenticity", is_flag=True,
+              help="Skip the comparison with the upstream wheel (integrity checks only; nothing proves the "
+                   "untouched files are upstream's).")
 @click.option("--compile-all", is_flag=True, help="Compile every .py of the wheel, not only the ones the series touches.")
 @json_option
 @handles_errors
-def command(wheel: Path, series_dir: Path | None, compile_all: bool, as_json: bool) -> None:
-    """Check a patched wheel: RECORD, version, SBOM vs provenance, every entry's effect present.
+def command(wheel: Path, series_dir: Path | None, upstream_wheel: Path | None, no_authenticity: bool,
+            compile_all: bool, as_json: bool) -> None:
+    """Check a patched wheel: RECORD, version, SBOM vs provenance, every entry's effect present, and
+    (unless --no-authenticity) that it is exactly its upstream wheel plus the declared diffs.
 
-    Exit 0 when everything matches, 1 at the first mismatch (named), 2 for bad input."""
+    Exit 0 when everything matches, 1 at the first mismatch (named), 2 for bad input or when
+    authenticity cannot be checked (no upstream wheel at hand)."""
+    from c128patch.errors import C128Error
     from c128patch.progress import console
     from c128patch.series.manifest import load_series
     from c128patch.wheel.verify import verify_wheel
 
+    if no_authenticity and upstream_wheel is not None:
+        raise C128Error("--upstream-wheel is for the authenticity check, which --no-authenticity skips")
     series = load_series(series_dir) if series_dir is not None else None
-    result = verify_wheel(wheel, series, compile_all)
+    result = verify_wheel(wheel, series, compile_all, authenticity=not no_authenticity, upstream_wheel=upstream_wheel)
     if as_json:
         emit_json(result.to_json())
         return
@@ -37,3 +48,9 @@ def command(wheel: Path, series_dir: Path | None, compile_all: bool, as_json: bo
               markup=False)
     for row in result.entries:
         out.print(f"  {row['name']} ({row['kind']}): present", markup=False)
+    a = result.authenticity
+    if a is None:
+        out.print("  authenticity NOT checked (--no-authenticity)", markup=False)
+    else:
+        out.print(f"  authentic: {a['identical']} files byte-identical to upstream's {a['upstream_wheel']} "
+                  f"({a['found']}), {a['derived']} made by the declared diffs", markup=False)

@@ -162,9 +162,10 @@ def already_applied(series: Series, git: Git, branch: str, upstream_commit: str,
     blob = git.blob(tip, provenance.PROVENANCE_PATH) if prov_commit else None
     try:
         record = json.loads(blob) if blob else {}
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return None
-    if not isinstance(record, dict) or record.get("series", {}).get("digest") != series.digest() or \
+    if not isinstance(record, dict) or provenance.record_problem(record) or \
+            record.get("series", {}).get("digest") != series.digest() or \
             record.get("upstream", {}).get("commit") != upstream_commit:
         return None
     result = ApplyResult(str(git.worktree), rev, upstream_commit, branch, head=tip, already_applied=True,

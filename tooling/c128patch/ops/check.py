@@ -27,7 +27,7 @@ from packaging.version import Version
 from c128patch import exitcodes
 from c128patch.git import Git
 from c128patch.ops.hints import upstream_hints
-from c128patch.ops.replay import EntryCheck, RevCheck, Verdict, replay_in_index
+from c128patch.ops.replay import WS_MERGE, EntryCheck, RevCheck, Verdict, replay_in_index
 from c128patch.series.manifest import Series
 from c128patch.series.plan import index_git
 from c128patch.upstream.releases import release_version
@@ -44,7 +44,8 @@ def predict(result: RevCheck) -> None:
         result.ok = False
         return
     collision = next((e for e in result.entries if e.status == "collision"), None)
-    conflict = next((e for e in result.entries if e.status == "conflict"), None)
+    conflict = next((e for e in result.entries if e.status == "conflict"
+                     or (e.status == "whitespace" and WS_MERGE in e.detail)), None)  # git am has no such merge
     inexact = next((e for e in result.entries if e.status not in ("clean", "skipped") or e.renamed), None)
     if collision is not None:  # refused before anything is applied, by apply and by wheel
         result.apply = Verdict(exitcodes.USAGE, collision.name, collision.detail)

@@ -32,7 +32,9 @@ from c128patch.errors import C128Error, DifferenceError
 from c128patch.git import Git
 from c128patch.ops import contract
 from c128patch.ops.equivalence import Equivalence, prove
+from c128patch.ops.faults import fault_point
 from c128patch.ops.replay import branch_commits
+from c128patch.series import txn
 from c128patch.series.contract import LOCK_NAME, Lock, lock_path, merged, read_lock
 from c128patch.series.manifest import Entry, Series, Variant
 from c128patch.series.patchfile import split_message
@@ -286,14 +288,12 @@ def write(series: Series, result: Export, *, accept_differences: bool = False) -
                                    "  export: c128patch refresh --accept-differences (writes them into the series)",
                               report={"equivalence": proof.to_json()})
     changed = result.changes(series.root)
-    for path, data in result.files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.is_file() or path.read_bytes() != data:
-            path.write_bytes(data)
+    writes = {path: data for path, data in result.files.items() if not path.is_file() or path.read_bytes() != data}
+    if series.manifest_path.read_text() != result.manifest:
+        writes[series.manifest_path] = result.manifest.encode()
     keep = {p.name for p in result.files if p.parent == series.patches_dir}
-    for stale in series.patches_dir.glob("*.patch"):
-        if stale.name not in keep:
-            stale.unlink()
-            changed.append(str(stale.relative_to(series.root)))
-    series.manifest_path.write_text(result.manifest)
+    stale = [p for p in sorted(series.patches_dir.glob("*.patch")) if p.name not in keep]
+    changed += [str(p.relative_to(series.root)) for p in stale]
+    if writes or stale:  # all or nothing: staged, committed by one rename, the manifest moved in last
+        txn.commit(series.root, writes, stale, last=series.manifest_path, fault=lambda point: fault_point("at", point))
     return sorted(set(changed))

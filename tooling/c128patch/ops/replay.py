@@ -28,6 +28,7 @@ from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.ledger import Conflict, Ledger, Resolution
 from c128patch.series.manifest import Series
+from c128patch.series.patchfile import NULL_BLOB, read_patch
 from c128patch.series.plan import ENTRY_TRAILER, Planned, check_paths_at, index_git, merged_entries, plan
 
 Outcome = Literal["clean", "3way", "ledger", "whitespace", "conflict", "collision", "skipped"]
@@ -148,6 +149,11 @@ def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | 
         row.status, row.conflicts, row.resolutions = "whitespace", [], []
         row.detail = "whitespace-merged: applies only ignoring whitespace changes upstream made"
         return row
+    if whitespace_merge(git, item, index_file, patch):
+        row.status, row.conflicts, row.resolutions = "whitespace", [], []
+        row.detail = f"whitespace-merged: {WS_MERGE} merges it"
+        return row
+    index_file.write_bytes(saved)
     row.status = "conflict"
     if row.conflicts:
         row.detail = f"3-way merge conflicts in {', '.join(row.conflicts)}"
@@ -157,6 +163,52 @@ def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | 
         row.detail = first_error(three.stderr) or first_error(strict.stderr)
     index_file.write_bytes(saved)  # later entries are replayed on top of the rest
     return row
+
+
+WS_MERGE = "a 3-way merge ignoring whitespace changes"
+
+
+def whitespace_merge(git: Git, item: Planned, index_file: Path, patch: Path) -> bool:
+    """``patch`` merged into the index ignoring whitespace changes (``git merge-recursive
+    --ignore-space-change`` of the patch's preimage, its result and the index's files, in a scratch
+    index and work tree holding only those files). True when clean (the index then holds it)."""
+    assert item.patch is not None
+    info = read_patch(patch) if patch != item.path else item.patch
+    pre = info.blobs
+    if len(pre) != len(info.files) or not all(git.ok("cat-file", "-e", f"{b}^{{blob}}")
+                                               for b, _ in pre.values() if b != NULL_BLOB):
+        return False
+    folder = index_file.parent / "ws-merge"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    base = index_git(git, folder / "base.index")
+    base.run("read-tree", "--empty")
+    listed = [a for path, (blob, _) in pre.items() if blob != NULL_BLOB for a in ("--cacheinfo", f"100644,{blob},{path}")]
+    if listed:
+        base.run("update-index", "--add", *listed)
+    before = base.out("write-tree")
+    if not base.ok("apply", "--cached", str(patch)):
+        return False
+    ours = base.out("write-tree")
+    idx = index_git(git, index_file)
+    rows = idx.out("ls-files", "-s", "--", *info.files).splitlines()
+    sgit = scratch_git(git, folder / "theirs.index", folder / "tree")
+    sgit.run("read-tree", "--empty")
+    entries = [a for r in rows for a in ("--cacheinfo", f"{r.split()[0]},{r.split()[1]},{r.split(chr(9), 1)[1]}")]
+    if entries:
+        sgit.run("update-index", "--add", *entries)
+    theirs = sgit.out("write-tree")
+    sgit.run("read-tree", theirs)
+    sgit.run("checkout-index", "--all", "--force", "-u")
+    if not sgit.ok("merge-recursive", "--ignore-space-change", "--no-renames", before, "--", theirs, ours):
+        return False
+    merged = {r.split("\t", 1)[1]: r.split()[:2] for r in sgit.out("ls-files", "-s").splitlines()}
+    gone = [p for p in info.files if p not in merged]
+    if gone:
+        idx.run("update-index", "--force-remove", "--", *gone)
+    if merged:
+        idx.run("update-index", "--add", *[a for p, (mode, blob) in merged.items() for a in ("--cacheinfo", f"{mode},{blob},{p}")])
+    return True
 
 
 def renamed_patch_text(text: str, renamed: dict[str, str]) -> str:

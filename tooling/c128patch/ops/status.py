@@ -7,13 +7,14 @@ was before each apply and rebase."""
 from __future__ import annotations
 
 import hashlib
+import shlex
 from dataclasses import asdict
 
 from c128patch.git import Git
 from c128patch.ops.apply import RECOVERY_PREFIX, ApplyJournal
 from c128patch.ops.equivalence import prove
 from c128patch.ops.rebase import Journal
-from c128patch.ops.treestate import apply_commands, apply_journal, rebase_command, rebase_journal, running
+from c128patch.ops.treestate import apply_commands, apply_journal, git_path, rebase_command, rebase_journal, running
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 
@@ -64,6 +65,16 @@ def recovery_refs(git: Git) -> list[dict]:
     return out
 
 
+def index_lock_status(git: Git, holder: object) -> dict | None:
+    """A ``.git/index.lock`` in the way (a killed git or c128patch run leaves one; every git
+    command that writes the index refuses while it is there), with the command that clears it."""
+    path = git_path(git, "index.lock")
+    if not path.exists():
+        return None
+    return {"path": str(path), "c128patch_running": holder is not None,
+            "clear": shlex.join(["rm", "-f", str(path)])}
+
+
 def tree_status(git: Git, series: Series | None = None) -> dict:
     tree = git.worktree
     assert tree is not None
@@ -71,6 +82,7 @@ def tree_status(git: Git, series: Series | None = None) -> dict:
     apply = apply_status(git)
     holder = running(git)
     common = {
+        "index_lock": index_lock_status(git, holder),
         "tree": str(tree),
         "branch": git.current_branch(),
         "running": asdict(holder) if holder else None,

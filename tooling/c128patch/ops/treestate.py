@@ -135,6 +135,8 @@ def read_journal(git: Git, path: Path, what: str) -> dict:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise corrupt_journal(git, path, what, str(getattr(exc, "msg", None) or exc)) from None
+    except RecursionError:
+        raise corrupt_journal(git, path, what, "nested too deeply to read") from None
     if not isinstance(data, dict):
         raise corrupt_journal(git, path, what, f"a JSON {type(data).__name__}, not an object")
     return data

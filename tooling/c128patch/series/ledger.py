@@ -30,6 +30,7 @@ import tomli_w
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
+from c128patch.jsonio import write_atomic
 from c128patch.series.manifest import Series
 from c128patch.series.paths import check_entry_name
 
@@ -100,9 +101,26 @@ class Ledger:
         self.index = self.root / "ledger.toml"
 
     def rows(self) -> list[dict]:
+        """The ledger's rows; a ledger that is not one (bad TOML, wrong shape) is a one-line error."""
         if not self.index.is_file():
             return []
-        return list(tomllib.loads(self.index.read_text()).get("resolutions", []))
+        bad = f"{self.index}: not a resolution ledger"
+        try:
+            doc = tomllib.loads(self.index.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError:
+            raise C128Error(f"{bad} (not UTF-8)") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise C128Error(f"{bad} (not valid TOML: {exc})") from None
+        except RecursionError:
+            raise C128Error(f"{bad} (nested too deeply to read)") from None
+        rows = doc.get("resolutions", [])
+        if not isinstance(rows, list):
+            raise C128Error(f"{bad} ('resolutions' must be an array of tables)")
+        for i, row in enumerate(rows, 1):
+            if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("entry", "key", "file")) \
+                    or not all(isinstance(row.get(k, ""), str) for k in ("match", "from", "onto")):
+                raise C128Error(f"{bad} (resolution #{i} needs string fields entry, key and file)")
+        return list(rows)
 
     def has(self, entry: str) -> bool:
         """Does the ledger hold any resolution for ``entry``?"""
@@ -155,11 +173,11 @@ class Ledger:
                 continue
             target = self._diff_path(entry, c.key)
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(diff)
+            write_atomic(target, diff.encode())
             rows.append({"entry": entry, "key": c.key, "match": c.match or conflict_key(c.path, c.text, whitespace=False),
                          "file": c.path, "from": from_rev, "onto": onto_rev})
             refs.append(f"{entry}:{c.key}")
         if refs:
             rows.sort(key=lambda r: (r["entry"], r["file"], r["key"]))
-            self.index.write_text(tomli_w.dumps({"resolutions": rows}))
+            write_atomic(self.index, tomli_w.dumps({"resolutions": rows}).encode())
         return refs

@@ -16,6 +16,8 @@ else:  # pragma: no cover
 
 from c128patch import PACKAGE_DIR
 from c128patch.errors import C128Error
+from c128patch.jsonio import write_atomic
+from c128patch.series import txn
 from c128patch.series.gates import Gate, parse_gates
 from c128patch.series.paths import check_entry_name, check_relpath
 
@@ -168,7 +170,7 @@ class Series:
         return tomli_w.dumps(doc)
 
     def save(self) -> None:
-        self.manifest_path.write_text(self.to_toml())
+        write_atomic(self.manifest_path, self.to_toml().encode())
 
 
 def _toml_type(value: Any) -> str:
@@ -253,6 +255,7 @@ def _version(value: str, path: Path) -> str:
 def load_series(root: Path) -> Series:
     root = root.resolve()
     path = root / MANIFEST
+    txn.recover(root)  # a refresh killed after its commit point is finished, one killed before it dropped
     if not path.is_file():
         raise C128Error(f"no series manifest at {path}")
     try:
@@ -264,6 +267,8 @@ def load_series(root: Path) -> Series:
         raise C128Error(f"cannot read {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise C128Error(f"{path}: not valid TOML ({exc})") from exc
+    except RecursionError:
+        raise C128Error(f"{path}: nested too deeply to read (not a series manifest)") from None
     head = doc.get("series")
     if not isinstance(head, dict):
         raise C128Error(f"{path}: missing [series] table")

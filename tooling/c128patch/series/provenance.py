@@ -78,6 +78,8 @@ def _problem(data: bytes) -> str | None:
         record = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         return f"provenance file is not valid JSON ({getattr(exc, 'msg', None) or 'not UTF-8'})"
+    except RecursionError:
+        return "provenance file is nested too deeply to read"
     problem = record_problem(record)
     return f"not a c128patch provenance record ({problem})" if problem else None
 
@@ -97,6 +99,11 @@ def record_problem(record: Any) -> str | None:
             return f"entry #{i + 1} has no name and kind"
         if not isinstance(e.get("files", []), list) or not all(isinstance(f, str) for f in e.get("files", [])):
             return f"entry '{e['name']}': 'files' is not a list of paths"
+        for f in e.get("files", []):
+            try:
+                check_relpath(f, "provenance")
+            except C128Error:
+                return f"entry '{e['name']}': file {f!r} is not a path inside the tree"
         if e["kind"] == "overlay":
             try:
                 check_relpath(e.get("target") if isinstance(e.get("target"), str) else "", "provenance")

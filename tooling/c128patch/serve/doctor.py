@@ -33,6 +33,7 @@ from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
 from c128patch.series.manifest import Series
+from c128patch.series.provenance import record_problem
 from c128patch.serve.envs import EnvReading, load_environ, read_gates
 from c128patch.serve.install import Dist, Interpreter, check_record, installer, probe, read_json
 from c128patch.serve.startup import ONLINE_C128_DSPARK_RULES, Startup, startup_refusals
@@ -112,6 +113,10 @@ def _build(report: Report, sg: Dist, series: Series | None) -> dict | None:
     except C128Error as exc:
         report.add("error", "build", exc.message)
         return None
+    problem = record_problem(record) if record is not None else None
+    if problem:
+        report.add("error", "build", f"{sg.site / PROVENANCE}: not a c128patch provenance record ({problem})")
+        return None
     try:
         version = Version(sg.version)
     except InvalidVersion:
@@ -148,6 +153,12 @@ def _build(report: Report, sg: Dist, series: Series | None) -> dict | None:
     return record
 
 
+def _obj(doc: dict, key: str) -> dict:
+    """``doc[key]`` when it is an object, else {} (a wrong-shaped SBOM is a mismatch, not a crash)."""
+    value = doc.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _identity_problems(sg: Dist, version: Version, s: dict, up: dict) -> list[str]:
     problems = []
     try:
@@ -156,15 +167,19 @@ def _identity_problems(sg: Dist, version: Version, s: dict, up: dict) -> list[st
         return [f"{PROVENANCE} names no valid upstream version and series ({up.get('version')!r}, {s.get('version')!r})"]
     if version != want:
         problems.append(f"the installed version {version} is not {want}, the one its provenance gives")
-    sbom = read_json(sg.dist_info / "sboms" / SBOM_NAME) if sg.dist_info else None
+    try:
+        sbom = read_json(sg.dist_info / "sboms" / SBOM_NAME) if sg.dist_info else None
+    except C128Error as exc:
+        return [*problems, exc.message]
     if sbom is None:
         problems.append(f"no SBOM ({sg.dist_info.name if sg.dist_info else '.dist-info'}/sboms/{SBOM_NAME})")
         return problems
-    comp = sbom.get("metadata", {}).get("component", {})
+    comp = _obj(_obj(sbom, "metadata"), "component")
     if comp.get("version") != sg.version:
         problems.append(f"the SBOM describes sglang {comp.get('version')}, not the installed {sg.version}")
-    ancestors = comp.get("pedigree", {}).get("ancestors", [])
-    if [a.get("purl") for a in ancestors] != [purl_pypi("sglang", str(up.get("version")))]:
+    ancestors = _obj(comp, "pedigree").get("ancestors", [])
+    purls = [a.get("purl") for a in ancestors if isinstance(a, dict)] if isinstance(ancestors, list) else None
+    if purls != [purl_pypi("sglang", str(up.get("version")))]:
         problems.append(f"the SBOM's ancestor is not sglang {up.get('version')}, the provenance's upstream")
     return problems
 

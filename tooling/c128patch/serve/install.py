@@ -80,12 +80,37 @@ def probe(python: str) -> Interpreter:
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
         raise C128Error(f"cannot ask {python} what it has installed: {tail[0]}")
-    raw = json.loads(lines[-1])
+    try:
+        raw = json.loads(lines[-1])
+    except (ValueError, RecursionError):
+        raw = None
+    problem = _probe_problem(raw)
+    if problem:
+        raise C128Error(f"{python} did not answer as a Python does ({problem}; it printed {lines[-1][:80]!r}): "
+                        "pass --python the serving interpreter, e.g. /path/to/venv/bin/python")
     dists = {name: Dist(d["version"], Path(d["dist_info"]) if d["dist_info"] else None, Path(d["site"]),
                         d["requires"]) if d else None
              for name, d in raw["dists"].items()}
     return Interpreter(raw["executable"], raw["version"], raw["tag"], raw["platform"],
                        Path(raw["import_path"]) if raw["import_path"] else None, dists)
+
+
+def _probe_problem(raw: Any) -> str | None:
+    """What makes ``raw`` not the probe's answer (None: it is)."""
+    if not isinstance(raw, dict):
+        return "not a JSON object"
+    for key in ("executable", "version", "tag", "platform"):
+        if not isinstance(raw.get(key), str):
+            return f"no {key}"
+    if not isinstance(raw.get("import_path"), (str, type(None))) or not isinstance(raw.get("dists"), dict):
+        return "no import path / distributions"
+    for d in raw["dists"].values():
+        if d is None:
+            continue
+        if not (isinstance(d, dict) and isinstance(d.get("version"), str) and isinstance(d.get("site"), str)
+                and isinstance(d.get("dist_info"), (str, type(None))) and isinstance(d.get("requires"), list)):
+            return "a distribution without version and site"
+    return None
 
 
 def installer(dist: Dist) -> str:
@@ -96,9 +121,12 @@ def installer(dist: Dist) -> str:
         return f"{who}, from an index"
     try:
         url = json.loads(raw)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
+        url = None
+    if not isinstance(url, dict) or not isinstance(url.get("url", ""), str):
         return f"{who}, from an unreadable direct_url.json"
-    editable = " (editable)" if url.get("dir_info", {}).get("editable") else ""
+    dir_info = url.get("dir_info")
+    editable = " (editable)" if isinstance(dir_info, dict) and dir_info.get("editable") is True else ""
     return f"{who}, from {url.get('url', '?')}{editable}"
 
 
@@ -143,9 +171,18 @@ def read_json(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise C128Error(f"{path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise C128Error(f"{path}: not valid JSON ({exc.msg})") from exc
+    except RecursionError:
+        raise C128Error(f"{path}: nested too deeply to read") from None
+    except OSError as exc:
+        raise C128Error(f"cannot read {path}: {exc.strerror}") from None
+    if not isinstance(doc, dict):
+        raise C128Error(f"{path}: a JSON {type(doc).__name__}, not an object")
+    return doc
 
 
 def load_by_path(path: Path, name: str) -> ModuleType:

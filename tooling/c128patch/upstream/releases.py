@@ -24,6 +24,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
+from c128patch.jsonio import write_atomic
 from c128patch.progress import NullReporter, Reporter, transfer
 from c128patch.upstream.cache import cache_dir, ensure_folder, locked
 
@@ -118,6 +120,17 @@ def pip_download(version: str, extra: tuple[str, ...] = (), progress: Progress |
     """``pip download`` one sglang wheel into the cache; (ok, pip's last line). ``progress`` hears the
     bytes as they come (where pip reports them)."""
     dest = ensure_folder(cache_dir() / "wheels")
+    # Into a folder of its own, each finished wheel renamed into the cache: a killed download never
+    # leaves a partial wheel under a wheel's name.
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=dest) as tmp:
+        ok, last = _pip_download_into(Path(tmp), version, extra, progress)
+        if ok:
+            for wheel in Path(tmp).glob("*.whl"):
+                os.replace(wheel, dest / wheel.name)
+    return ok, last
+
+
+def _pip_download_into(dest: Path, version: str, extra: tuple[str, ...], progress: Progress | None) -> tuple[bool, str]:
     base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest)]
     if progress is None or not _pip_reports_bytes():
         proc = subprocess.run([*base, "-q", *extra, f"{PACKAGE}=={version}"], capture_output=True, text=True)
@@ -316,6 +329,6 @@ class ReleaseHistory:
                 return self.root
             # Parents come first: a default release missing from a partial cache is imported too.
             import_releases(self.root, missing, reporter)
-            self._versions_file.write_text("\n".join(sorted(want, key=Version)) + "\n")
-            self._layout_file.write_text(HISTORY_LAYOUT + "\n")
+            write_atomic(self._versions_file, ("\n".join(sorted(want, key=Version)) + "\n").encode())
+            write_atomic(self._layout_file, (HISTORY_LAYOUT + "\n").encode())
         return self.root

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from c128patch.errors import C128Error
 from c128patch.git import Git, GitError, is_git_dir_name, is_work_tree
-from c128patch.progress import NullReporter, Reporter
+from c128patch.progress import NullReporter, Reporter, console
 from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.cache import cache_dir, locked
 from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version
@@ -87,16 +88,37 @@ def open_upstream(repo: str | None, revs: list[str], reporter: Reporter = NullRe
     return Upstream("path", git, str(path.resolve()))
 
 
+def _note(message: str) -> None:
+    console().print(f"c128patch: note: {message}", markup=False)
+
+
+MIRROR_DONE = "c128patch-mirror-complete"  # written into a mirror once its clone finished
+
+
 def _open_url(url: str, reporter: Reporter) -> Upstream:
+    """The URL's mirror in the cache, cloned once. The clone is made under a temporary name and
+    renamed when complete (with a marker inside), so a killed clone never passes for a mirror: a
+    half-made one (an old layout's, or a temporary one) is removed, said, and cloned again."""
     mirror = cache_dir() / "remotes" / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
     with locked(Path(str(mirror) + ".lock")):
-        if not (mirror / "HEAD").exists():
+        for stale in mirror.parent.glob(mirror.name + ".part-*"):  # we hold the lock: no clone is running
+            _note(f"removing {stale}, a half-made mirror of {url} (an interrupted clone)")
+            shutil.rmtree(stale, ignore_errors=True)
+        if mirror.exists() and not (mirror / MIRROR_DONE).is_file():
+            _note(f"removing {mirror}, a half-made mirror of {url} (an interrupted clone): cloning it again")
+            shutil.rmtree(mirror)
+        if not mirror.exists():
             reporter.step(f"cloning {url} (once, into {mirror})")
             mirror.parent.mkdir(parents=True, exist_ok=True)
+            part = mirror.with_name(f"{mirror.name}.part-{os.getpid()}")
             try:
-                Git().run("clone", "--quiet", "--mirror", "--", url, str(mirror), transport=True)
+                Git().run("clone", "--quiet", "--mirror", "--", url, str(part), transport=True)
+                (part / MIRROR_DONE).write_text(url + "\n")
+                os.replace(part, mirror)
             except GitError as exc:
                 raise C128Error(f"cannot clone {url}: {exc.message}") from exc
+            finally:
+                shutil.rmtree(part, ignore_errors=True)
     return Upstream("url", Git(git_dir=mirror), url)
 
 

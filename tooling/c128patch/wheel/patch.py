@@ -32,7 +32,7 @@ from c128patch.upstream.release_wheels import WheelTarget, release_wheel_for
 from c128patch.upstream.releases import ReleaseHistory, release_version, tag_for, wheel_timestamp
 from c128patch.wheel.rules import check_wheel_patchable, wheel_path
 from c128patch.wheel.sbom import SBOM_NAME, Ancestor, PatchEntry, WheelSbom
-from c128patch.wheel.tools import InWheel, binary_dirs, source_date_epoch
+from c128patch.wheel.tools import InWheel, binary_dirs, disk_errors, source_date_epoch
 
 PACKAGE = "sglang"
 WHEEL_PROVENANCE = wheel_path(provenance.PROVENANCE_PATH)  # sglang/c128patch_provenance.json
@@ -237,7 +237,7 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
     """Patch the upstream sglang wheel ``wheel`` with ``series``; the new wheel goes to ``out_dir``."""
     start = time.perf_counter()
     validate_files(series)
-    with InWheel(wheel) as iw:
+    with disk_errors(f"patching {wheel.name}"), InWheel(wheel) as iw:
         upstream_version = check_upstream_wheel(iw)
         planned, tag, tree = plan_for_release(series, upstream_version, reporter)
         check_wheel_patchable(planned, binary_dirs(iw.members()))

@@ -14,9 +14,14 @@ Checks, in order, stopping at the first mismatch (named in one line, exit 1; bad
    so every patched file holds each patch's added lines in place; every touched ``.py`` compiles
    (``--compile-all``: every ``.py`` of the wheel);
 5. with ``--series DIR``: the wheel was made from exactly that series (digest), and each entry's
-   file has the manifest's sha256.
-The wheel is enough on its own for 1-4 (the SBOM carries every diff). This is an integrity
-check, not an authenticity one: nothing here is signed.
+   file has the manifest's sha256;
+6. authenticity (``wheel.authentic``; the CLI's default, ``--no-authenticity`` skips it): the
+   upstream wheel the provenance pins (name, sha256) is at hand and the wheel is exactly that
+   wheel plus the declared diffs. Without that wheel it is "cannot check authenticity" (exit 2),
+   never a pass.
+The wheel is enough on its own for 1-4 (the SBOM carries every diff). Before any of it: no
+duplicate archive member, a bounded unpacked size, a provenance record of the right shape (no
+path in it leaves the wheel).
 """
 
 from __future__ import annotations
@@ -36,10 +41,12 @@ from unidiff.errors import UnidiffParseError
 
 from c128patch.errors import C128Error
 from c128patch.series.manifest import Series
+from c128patch.series.provenance import record_problem
+from c128patch.wheel.authentic import check_authentic, locate
 from c128patch.wheel.patch import PACKAGE, WHEEL_PROVENANCE, loose_git, patched_version
 from c128patch.wheel.rules import wheel_path
 from c128patch.wheel.sbom import PROPERTY_PREFIX, SBOM_NAME, SPEC_VERSION, diff_bytes, entry_properties, purl_pypi
-from c128patch.wheel.tools import InWheel, WheelMismatch, check_record, dist_info_dir
+from c128patch.wheel.tools import InWheel, WheelMismatch, check_record, disk_errors, dist_info_dir
 
 
 @dataclass
@@ -51,6 +58,7 @@ class VerifyResult:
     files: int
     entries: list[dict] = field(default_factory=list)
     compiled: int = 0
+    authenticity: dict | None = None  # None: not checked (--no-authenticity)
     ok: bool = True
 
     def to_json(self) -> dict:
@@ -68,6 +76,8 @@ def _json(iw: InWheel, name: str, what: str) -> dict:
         doc = json.loads(iw.read(name))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise _mismatch(iw.wheel, f"{name} is not valid JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise _mismatch(iw.wheel, f"{name} is nested too deeply to read") from exc
     if not isinstance(doc, dict):
         raise _mismatch(iw.wheel, f"{name} is not a JSON object")
     return doc
@@ -232,23 +242,44 @@ def _compile_all(iw: InWheel) -> int:
     return count
 
 
-def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = False) -> VerifyResult:
+def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = False, *,
+                 authenticity: bool = False, upstream_wheel: Path | None = None, download: bool = True) -> VerifyResult:
+    """Checks 1-5, and 6 when ``authenticity`` (the upstream wheel: ``upstream_wheel``, a
+    wheelhouse's, or downloaded unless ``download`` is False)."""
     if not wheel.is_file():
         raise C128Error(f"missing wheel: {wheel} does not exist")
+    with disk_errors(f"verifying {wheel.name}"):
+        return _verify(wheel, series, compile_all, authenticity, upstream_wheel, download)
+
+
+def _verify(wheel: Path, series: Series | None, compile_all: bool, authenticity: bool,
+            upstream_wheel: Path | None, download: bool) -> VerifyResult:
     rec = check_record(wheel)
     with InWheel(wheel) as iw:
         _check_tags(iw)
         record = _json(iw, WHEEL_PROVENANCE, "c128patch provenance")
+        problem = record_problem(record)
+        if problem:
+            raise _mismatch(iw.wheel, f"{WHEEL_PROVENANCE} is not a c128patch provenance record ({problem})")
         version = _check_identity(iw, record)
         doc = _json(iw, f"{iw.dist_info}/sboms/{SBOM_NAME}", "c128patch SBOM")
-        diffs = _check_sbom(iw, doc, record, version)
+        try:
+            diffs = _check_sbom(iw, doc, record, version)
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:
+            if isinstance(exc, C128Error):
+                raise
+            raise _mismatch(iw.wheel, f"SBOM has the wrong shape ({type(exc).__name__}: {exc})") from exc
         if series is not None:
             _check_series(iw, record, series)
         rows, compiled = _check_effects(iw, record, diffs)
         if compile_all:
             compiled = _compile_all(iw)
+        auth = None
+        if authenticity:
+            path, found = locate(record, wheel, upstream_wheel, download)
+            auth = asdict(check_authentic(wheel, rec.hashes, iw.dist_info, version, record, diffs, path, found))
     return VerifyResult(str(wheel), str(version), record.get("upstream", {}), record.get("series", {}),
-                        rec.files, rows, compiled)
+                        rec.files, rows, compiled, auth)
 
 
 __all__ = ["verify_wheel", "VerifyResult", "PROPERTY_PREFIX"]
