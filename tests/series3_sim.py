@@ -77,6 +77,7 @@ class RefVerifyPlan:
     req_pool_indices: torch.Tensor
     num_banks: int
     state_slot_offset: int
+    max_num_reqs: int
 
 
 def _fold(run: Optional[Tuple], score: torch.Tensor, value: torch.Tensor):
@@ -107,13 +108,15 @@ class ReferenceOps:
 
     def dspark_verify_plan(
         self, seq_lens, verify_lens, extend_start_loc, req_pool_indices, *,
-        num_q_tokens, num_banks, state_slot_offset, state_dtype=torch.float32,
+        num_q_tokens, num_banks, state_slot_offset, max_num_reqs, state_dtype=torch.float32,
     ) -> RefVerifyPlan:
         self.calls.append(("plan", dict(
             seq_lens=seq_lens.clone(), verify_lens=verify_lens.clone(),
             extend_start_loc=extend_start_loc.clone(), req_pool_indices=req_pool_indices.clone(),
             num_q_tokens=num_q_tokens, num_banks=num_banks, state_slot_offset=state_slot_offset,
+            max_num_reqs=max_num_reqs,
         )))
+        assert 0 <= max_num_reqs <= state_slot_offset
         assert seq_lens.dtype == torch.int64 and req_pool_indices.dtype == torch.int64
         assert verify_lens.dtype == torch.int32 and extend_start_loc.dtype == torch.int32
         bs = seq_lens.shape[0]
@@ -122,7 +125,7 @@ class ReferenceOps:
         start, rid = extend_start_loc.tolist(), req_pool_indices.tolist()
         rows, row_emit, row_len = [], [], []
         for b in range(bs):
-            s, r, st, n = self._window(seq, lens, start, rid, b, num_banks, num_q_tokens, state_slot_offset)
+            s, r, st, n = self._window(seq, lens, start, rid, b, num_banks, num_q_tokens, max_num_reqs)
             row_emit.append(len(rows))
             row_len.append(n)
             for j in range((s + n) // CHUNK - s // CHUNK):
@@ -139,7 +142,7 @@ class ReferenceOps:
         as_i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
         return RefVerifyPlan(
             plan, as_i32(row_emit), as_i32(row_len), seq_lens, extend_start_loc,
-            req_pool_indices, num_banks, state_slot_offset,
+            req_pool_indices, num_banks, state_slot_offset, max_num_reqs,
         )
 
     def dspark_verify_compress(self, state, kv_score_input, ape, plan: RefVerifyPlan, out=None):

@@ -22,12 +22,17 @@ def launch_namespaces(**overrides: Any) -> Dict[str, Any]:
     fields = dict(
         enable_two_batch_overlap=False, enable_pdmux=False, disaggregation_mode="null",
         device="cuda", attn_dp_size=1, attn_cp_size=1, dcp_size=1, pp_size=1,
+        attention_backend="dsv4", prefill_attention_backend=None, decode_attention_backend=None,
     )
     unknown = set(overrides) - set(fields)
     assert not unknown, unknown
     fields.update(overrides)
     return dict(
-        exec_=SimpleNamespace(overlap=SimpleNamespace(enable_two_batch_overlap=fields["enable_two_batch_overlap"])),
+        exec_=SimpleNamespace(
+            overlap=SimpleNamespace(enable_two_batch_overlap=fields["enable_two_batch_overlap"]),
+            kernel=SimpleNamespace(**{k: fields[k] for k in (
+                "attention_backend", "prefill_attention_backend", "decode_attention_backend")}),
+        ),
         disagg=SimpleNamespace(enable_pdmux=fields["enable_pdmux"], disaggregation_mode=fields["disaggregation_mode"]),
         device=SimpleNamespace(device=fields["device"]),
         parallel=SimpleNamespace(**{k: fields[k] for k in ("attn_dp_size", "attn_cp_size", "dcp_size", "pp_size")}),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,15 @@ from c128patch.errors import C128Error
 from c128patch.evidence import gpu_run, staging
 from c128patch.evidence.keys import EvidenceKey, key_for, key_from_provenance, sources_id
 from c128patch.evidence.matrix import build_matrix, release_note, verification_note
-from c128patch.evidence.results import collect_run, from_smoke_report, load_results, write_result
+from c128patch.evidence.results import (
+    KINDS,
+    collect_run,
+    compare_bench,
+    from_smoke_report,
+    load_results,
+    summarize,
+    write_result,
+)
 from c128patch.git import Git
 from c128patch.ops.check import support_note
 from c128patch.series.manifest import load_series
@@ -69,10 +78,12 @@ def test_committed_results_are_keyed_by_content_and_equal_the_staged_trees_keys(
     results = REPO_ROOT / "ci" / "gpu" / "results"
     for rel in staging.read_manifest(staged)["releases"]:
         key = EvidenceKey.from_json(rel["trees"]["patched"]["key"])
-        for kind in ("compile", "suite", "differential", "memcheck", "racecheck", "upstream-suite"):
+        for kind in ("compile", "suite", "differential", "memcheck", "racecheck", "upstream-suite", "simulation"):
             data = json.loads((results / rel["rev"] / f"{kind}.json").read_text())
-            assert EvidenceKey.from_json(data["key"]) == key, (rel["rev"], kind)
-            assert dict(key.files) == data["key"]["files"]
+            assert data["key"]["sources"] == key.sources, (rel["rev"], kind)  # the upstream part, always
+            if kind in ("compile", "suite", "differential", "simulation"):  # re-run on today's series
+                assert EvidenceKey.from_json(data["key"]) == key, (rel["rev"], kind)
+                assert dict(key.files) == data["key"]["files"]
     proc = subprocess.run([sys.executable, str(REPO_ROOT / "ci" / "rekey_results.py"), "--check"],
                           capture_output=True, text=True)
     assert proc.returncode == 0 and "would re-key 0 result(s)" in proc.stdout, proc.stdout + proc.stderr
@@ -156,7 +167,7 @@ def test_results_from_a_real_smoke_report_carry_counts_device_and_relative_paths
     key = EvidenceKey("t" * 40, "s" * 64)
     files = from_smoke_report(report, rev="v0.5.23", label="patched", key=key, date="2026-11-29",
                               roots={"/tmp/smoke": "$OUT/smoke"})
-    assert sorted(files) == ["differential", "memcheck", "racecheck", "suite"]
+    assert sorted(files) == ["differential", "memcheck", "racecheck", "simulation", "suite"]  # it ran the simulation
     suite = files["suite"]
     assert (suite["passed"], suite["failed"], suite["ok"]) == (52, 0, True)
     assert suite["key"] == key.to_json() and suite["device"].startswith("NVIDIA H200 (sm_90)")
@@ -185,7 +196,7 @@ def test_collect_writes_the_kinds_a_job_proves_under_the_staged_key(staged: Path
     manifest = staging.read_manifest(staged)
     written = collect_run(_run_record(manifest, tmp_path / "res"), tmp_path / "res", tmp_path / "out", "2026-12-01")
     assert sorted(str(p.relative_to(tmp_path / "out")) for p, _ in written) == [
-        "v0.5.20/differential.json", "v0.5.20/suite.json"]
+        "v0.5.20/differential.json", "v0.5.20/simulation.json", "v0.5.20/suite.json"]
     suite = json.loads((tmp_path / "out/v0.5.20/suite.json").read_text())
     assert suite["key"] == manifest["releases"][0]["trees"]["patched"]["key"]
     assert suite["job"] == {"name": "v0.5.20-patched-plain", "exit": 0, "seconds": 1.0}
@@ -281,14 +292,16 @@ def test_matrix_json_lists_what_is_missing(real_series):
     assert code == 0, err
     (row,) = json.loads(out)["releases"]
     assert row["rev"] == "v0.5.22" and row["applies"] == "strict"
-    assert set(row["cells"]) == {"compile", "suite", "differential", "memcheck", "racecheck", "upstream-suite"}
+    assert set(row["cells"]) == {"compile", "suite", "differential", "memcheck", "racecheck", "initcheck", "synccheck",
+                                 "upstream-suite", "simulation", "kernel-bench"}
     assert row["fully_verified"] is (not row["missing"])
 
 
 def test_matrix_table_has_a_heading_for_every_kind():
     res = invoke("matrix", "--sglang-rev", "v0.5.22", as_json=False, env={"COLUMNS": "400"})
     assert res.code == 0, res.err
-    for heading in ("compiles sm_90a", "GPU suite", "differential", "memcheck", "racecheck", "upstream's own tests"):
+    for heading in ("compiles sm_90a", "GPU suite", "differential", "memcheck", "racecheck", "initcheck", "synccheck",
+                    "upstream's own tests", "DSPARK simulation", "kernel benchmark"):
         assert heading in res.text
 
 
@@ -298,16 +311,53 @@ def test_matrix_refuses_a_rev_that_is_not_a_release():
     assert "c128patch: error: --sglang-rev main: not a release tag (vX.Y.Z)" in err
 
 
-def test_readme_shows_the_current_matrix():
-    """README's matrix block is `c128patch matrix --markdown` as of now: a result that went stale
-    (or new evidence) must be reflected there in the same change (python ci/refresh_matrix.py)."""
-    code, out, err = run("matrix", "--markdown")
-    assert code == 0, err
+def test_readme_shows_the_current_matrix_and_figures():
+    """README's matrix block is `c128patch matrix --markdown` as of now and every figures block is
+    rendered from the committed results: a result that went stale (or new evidence) must be
+    reflected there in the same change (python ci/refresh_matrix.py)."""
     sys.path.insert(0, str(REPO_ROOT / "ci"))
     import refresh_matrix
 
     readme = (REPO_ROOT / "README.md").read_text()
-    assert refresh_matrix.with_matrix(readme, out) == readme, "README.md's matrix is stale: python ci/refresh_matrix.py"
+    assert refresh_matrix.render(readme) == readme, "README.md is stale: python ci/refresh_matrix.py"
+
+
+# a measured figure: a number with a unit of time, size, rate or share, or a count of outcomes
+# (a tolerance, "within 5 %", is not one)
+MEASURED = re.compile(r"(?<![\w.#§~-])(?<!≈ )(?<!within )\d[\d,]*(?:\.\d+)?\s?(?:µs|ms|s\b|%|×|GB/s|MB\b|GiB\b|"
+                      r"errors?\b|passed\b|failed\b|fixed\b|same\b|regressed\b|skipped\b|chunks\b|n/a\b)")
+
+
+def measured_outside_blocks(text: str) -> list[str]:
+    """Measured figures of ``text`` outside code and outside the rendered blocks (matrix, figures).
+    An approximate size (``~150 MB``, ``≈ 12 MB``) is not a measurement."""
+    from c128patch.evidence import figures
+
+    for name in ("matrix", *figures.BLOCKS):
+        text = re.sub(rf"<!-- {name}:begin -->.*?<!-- {name}:end -->", "", text, flags=re.S)
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return [m.group(0) for m in MEASURED.finditer(text)]
+
+
+def test_readme_carries_no_measured_number_outside_the_rendered_blocks():
+    assert measured_outside_blocks((REPO_ROOT / "README.md").read_text()) == []
+
+
+def test_the_number_check_catches_a_typed_figure():
+    typed = "Kernel timings: commit **105.1 µs** per step; 90/90 passed, 77 fixed, memcheck 0 errors, 61.2 % ceiling."
+    assert measured_outside_blocks(typed) == ["105.1 µs", "90 passed", "77 fixed", "0 errors", "61.2 %"]
+    assert measured_outside_blocks("each row within 5 % of 0.5.23; ~150 MB once; ≈ 12 MB") == []
+    assert measured_outside_blocks("<!-- gpu-evidence:begin -->\n90 passed\n<!-- gpu-evidence:end -->") == []
+
+
+def test_kernel_benchmark_doc_is_rendered_from_the_committed_results():
+    """docs/kernel-benchmark.md is ci/bench/render_kernel_benchmark.py over ci/gpu/results."""
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "ci/bench/render_kernel_benchmark.py"),
+                           str(REPO_ROOT / "ci/gpu/results")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (REPO_ROOT / "docs/kernel-benchmark.md").read_text(), \
+        "docs/kernel-benchmark.md is stale: python ci/bench/render_kernel_benchmark.py ci/gpu/results"
 
 
 # --------------------------------------------------------------------------- apply / wheel notes
@@ -316,16 +366,17 @@ def test_readme_shows_the_current_matrix():
 def test_note_names_what_is_not_verified(real_series, history: Git, results: Path):
     note = verification_note(real_series, history, history.rev_parse("v0.5.21"), "v0.5.21", results)
     assert note == ("note: v0.5.21 + this series is not fully verified (compile unverified, suite unverified, "
-                    "differential unverified, memcheck unverified, racecheck unverified, upstream-suite unverified); "
-                    "see `c128patch matrix`")
+                    "differential unverified, memcheck unverified, racecheck unverified, initcheck unverified, "
+                    "synccheck unverified, upstream-suite unverified, simulation unverified, kernel-bench "
+                    "unverified); see `c128patch matrix`")
 
 
 def test_no_note_when_every_kind_is_verified(real_series, history: Git, results: Path):
     key = key_for(real_series, history, history.rev_parse("v0.5.21"))
-    for kind in ("compile", "suite", "differential", "memcheck", "racecheck", "upstream-suite"):
+    for kind in KINDS:
         write_result(results, "v0.5.21", kind, {**_result(key, True), "kind": kind})
     assert verification_note(real_series, history, history.rev_parse("v0.5.21"), "v0.5.21", results) is None
-    assert len(load_results(results)) == 6
+    assert len(load_results(results)) == len(KINDS) == 10
 
 
 def test_upstream_suite_cell_says_regressions_and_what_both_trees_share(real_series, history: Git, results: Path):
@@ -345,8 +396,9 @@ def test_apply_prints_one_line_when_the_rev_is_not_fully_verified(upstream_clone
     assert code == 0, err
     notes = [line for line in out.splitlines() if line.startswith("note:")]
     assert notes[0] == ("note: v0.5.22 + this series is not fully verified (compile unverified, suite unverified, "
-                        "differential unverified, memcheck unverified, racecheck unverified, upstream-suite unverified); "
-                        "see `c128patch matrix`")
+                        "differential unverified, memcheck unverified, racecheck unverified, initcheck unverified, "
+                        "synccheck unverified, upstream-suite unverified, simulation unverified, kernel-bench "
+                        "unverified); see `c128patch matrix`")
     # the test series was made on v0.5.23: the rev is older, as check says too
     git = Git(worktree=upstream_clone)
     older = support_note(load_series(series), git, "v0.5.22", git.rev_parse("v0.5.22"))
@@ -380,11 +432,45 @@ def test_plain_phase_runs_each_release_with_its_differential_and_the_before_tree
                                 "--differential"]
 
 
-def test_sanitizer_phase_runs_memcheck_and_racecheck_apart_at_small_scale(staged: Path):
+def test_sanitizer_phase_runs_each_tool_on_each_release_tool_by_tool_at_small_scale(staged: Path):
     jobs = gpu_run.plan_jobs(staging.read_manifest(staged), ".gpu", "sanitizers", "/o")
-    assert [j.name for j in jobs] == ["v0.5.20-patched-memcheck", "v0.5.20-patched-racecheck",
-                                      "v0.5.23-patched-memcheck", "v0.5.23-patched-racecheck"]
+    assert [j.name for j in jobs] == [f"{rev}-patched-{tool}" for tool in ("memcheck", "racecheck", "initcheck", "synccheck")
+                                      for rev in ("v0.5.20", "v0.5.23")]
     assert "--sanitizer-only" in jobs[0].args and jobs[0].args[jobs[0].args.index("--sanitizer-scale") + 1] == "0.02"
+    assert [j.kinds for j in jobs[::2]] == [("memcheck",), ("racecheck",), ("initcheck",), ("synccheck",)]
+    assert "sanitizers" in gpu_run.SEQUENTIAL  # one at a time: several at once on one GPU ran ~14x slower
+    two = gpu_run.plan_jobs(staging.read_manifest(staged), ".gpu", "sanitizers", "/o", tools=("synccheck", "initcheck"))
+    assert [j.name for j in two] == ["v0.5.20-patched-synccheck", "v0.5.23-patched-synccheck",
+                                     "v0.5.20-patched-initcheck", "v0.5.23-patched-initcheck"]
+    with pytest.raises(C128Error, match="unknown sanitizer tool"):
+        gpu_run.plan_jobs(staging.read_manifest(staged), ".gpu", "sanitizers", "/o", tools=("leakcheck",))
+
+
+def test_bench_phase_runs_the_kernel_benchmark_per_release(staged: Path):
+    jobs = gpu_run.plan_jobs(staging.read_manifest(staged), ".gpu", "bench", "/o")
+    assert [(j.name, j.kinds, j.script) for j in jobs] == [
+        (f"{rev}-patched-bench", ("kernel-bench",), "ci/bench/bench_online_c128_dspark.py") for rev in ("v0.5.20", "v0.5.23")]
+    assert jobs[0].args == ["--tree", ".gpu/v0.5.20/patched", "--out", "/o/v0.5.20-patched-bench/online_c128_dspark.json"]
+    assert gpu_run.smoke_argv("py", jobs[0])[:2] == ["py", "ci/bench/bench_online_c128_dspark.py"]
+
+
+def test_sequential_jobs_never_overlap_and_the_deadline_leaves_the_rest_unstarted(tmp_path: Path):
+    import time
+
+    script = tmp_path / "job.py"
+    script.write_text("import sys, time\nopen(sys.argv[1], 'a').write(f'{time.time()} start\\n')\ntime.sleep(0.6)\n"
+                      "open(sys.argv[1], 'a').write(f'{time.time()} end\\n')\n")
+    jobs = [gpu_run.Job(f"j{i}", "v", "patched", ("kernel-bench",), [str(tmp_path / f"j{i}.txt")], script=str(script))
+            for i in range(4)]
+    said: list = []
+    gpu_run.run_jobs(jobs, sys.executable, dict(os.environ), tmp_path / "logs", time.monotonic() + 1.5, tmp_path,
+                     say=said.append, parallel=1)
+    ran = [j for j in jobs if j.rc is not None]
+    assert [j.rc for j in ran] == [0] * len(ran) and 1 <= len(ran) <= 3 and jobs[-1].rc is None
+    spans = [tuple(float(line.split()[0]) for line in (tmp_path / f"{j.name}.txt").read_text().splitlines()) for j in ran]
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans  # one at a time
+    assert f"deadline: {jobs[-1].name} not started" in said
+    assert gpu_run.job_summary(jobs[-1], tmp_path) == "j3: NOT STARTED (the deadline came first)"
 
 
 def test_a_big_log_is_cut_to_head_and_tail_before_bundling(tmp_path: Path):
@@ -432,3 +518,45 @@ def test_jobs_share_no_jit_cache_and_split_the_cores():
     env = gpu_run.job_env({"SGLANG_JIT_CACHE_DIR": "/tmp/shared", "PYTHONPATH": "/x"}, "/repo/tooling", "/site", 3)
     assert "SGLANG_JIT_CACHE_DIR" not in env  # harness.default_jit_cache_dir: one cache per tree
     assert env["PYTHONPATH"] == os.pathsep.join(["/repo/tooling", "/site", "/x"]) and env["OMP_NUM_THREADS"] == "3"
+
+
+# --------------------------------------------------------------------------- n/a, simulation, kernel benchmark
+
+
+def test_differential_summary_counts_n_a_apart_from_fixed():
+    data = {"summary": {"same": 13, "fixed": 28, "n/a": 49, "regressed": 0, "differs": 0}}
+    assert summarize("differential", data) == "0 regressed, 28 fixed, 49 n/a, 13 same"
+
+
+def test_simulation_and_new_sanitizers_come_from_the_smoke_report():
+    report = json.loads(OLD_REPORT.read_text())
+    sim = {"W": 8, "ours": {"chunk_mismatches": 0, "chunks_checked": 2137, "state_mismatches": 0},
+           "upstream_mtp_lazy": {"chunk_mismatches": 571, "chunks_checked": 2137}}
+    report["passes"]["patched"].setdefault("results", {})["dspark_simulation"] = sim
+    run = dict(report["sanitizer"]["runs"][0], tool="initcheck", errors=0)
+    report["sanitizer"]["runs"].append(run)
+    key = EvidenceKey("t" * 40, "s" * 64)
+    files = from_smoke_report(report, rev="v0.5.23", label="patched", key=key, date="2026-12-01", roots={})
+    simulation = files["simulation"]
+    assert simulation["ok"] and simulation["key"] == key.to_json() and simulation["date"] == "2026-12-01"
+    assert simulation["command"] == report["command"] and simulation["device"].startswith("NVIDIA H200")
+    assert simulation["test"] == "test_dspark_simulation.py::test_dspark_simulation_matches_offline_pooling"
+    assert simulation["outcome"] == "passed"
+    assert summarize("simulation", simulation) == "ours 0/2137 chunks wrong; upstream's controller 571/2137"
+    assert files["initcheck"]["sanitizer"]["errors"] == 0 and files["initcheck"]["kind"] == "initcheck"
+    sim["ours"]["chunk_mismatches"] = 1
+    assert not from_smoke_report(report, rev="v0.5.23", label="patched", key=key, date="d",
+                                 roots={})["simulation"]["ok"]
+
+
+def test_bench_rows_are_compared_with_the_reference_within_5_percent():
+    ref = {"rev": "v0.5.23", "series_digest": "d", "rows": [
+        {"B": 8, "W": 4, "path": "ours", "what": "fused step", "us": 100.0},
+        {"B": 8, "W": 4, "path": "ours", "what": "commit", "us": 10.0}]}
+    data = {"rows": [{"B": 8, "W": 4, "path": "ours", "what": "fused step", "us": 104.9},
+                     {"B": 8, "W": 4, "path": "ours", "what": "commit", "us": 10.6}]}
+    vs = compare_bench(data, ref)
+    assert (vs["rows"], vs["within"], vs["reference"]) == (2, 1, "v0.5.23")
+    assert vs["outside"] == [{"B": 8, "W": 4, "path": "ours", "what": "commit", "us": 10.6, "reference_us": 10.0,
+                              "ratio": 1.06}]
+    assert summarize("kernel-bench", {"rows": data["rows"], "vs_reference": vs}) == "2 rows, 1/2 within 5% of v0.5.23"

@@ -139,7 +139,10 @@ def test_another_algorithm_is_refused_at_construction(mod, monkeypatch) -> None:
 @pytest.mark.parametrize(
     "launch,words",
     [({"enable_two_batch_overlap": True}, "--enable-two-batch-overlap"), ({"enable_pdmux": True}, "--enable-pdmux"),
-     ({"attn_dp_size": 2}, "DP attention")],
+     ({"attn_dp_size": 2}, "DP attention"), ({"dcp_size": 2}, "--dcp-size 2: decode context parallelism"),
+     ({"prefill_attention_backend": "fa3"},
+      "prefill attention backend fa3 and decode attention backend dsv4 differ: the target's backend becomes a "
+      "HybridAttnBackend")],
 )
 def test_refused_launch_is_refused_at_construction(mod, monkeypatch, launch, words: str) -> None:
     """Each of TBO's micro-batch backends (and any other) constructs a controller: the
@@ -150,6 +153,17 @@ def test_refused_launch_is_refused_at_construction(mod, monkeypatch, launch, wor
     install_runtime_context(**launch)
     with pytest.raises(ValueError, match=f"refuses this configuration:\n  - {words}"):
         mod.OnlineC128DsparkController(_backend()[0])
+
+
+@pytest.mark.parametrize("mode", ["cap-accept", "dynamic"])
+def test_ragged_verify_mode_not_shown_is_refused_at_construction(mod, monkeypatch, mode: str) -> None:
+    """The controller reads SGLANG_RAGGED_VERIFY_MODE from the live environment."""
+    _enable(monkeypatch)
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", mode)
+    with pytest.raises(ValueError, match=f"refuses this configuration:\n  - SGLANG_RAGGED_VERIFY_MODE={mode}: "):
+        mod.OnlineC128DsparkController(_backend()[0])
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", "compact")
+    assert mod.OnlineC128DsparkController(_backend()[0]).enabled()
 
 
 def test_refuses_upstream_mtp_controller_alongside(mod, monkeypatch) -> None:
@@ -210,6 +224,7 @@ def test_static_plan_from_device_lens(mod, ops, monkeypatch) -> None:
     assert args["verify_lens"].tolist() == [W, W, W, 0]  # the padding row is empty
     assert args["extend_start_loc"].tolist() == [0, W, 2 * W, 3 * W]
     assert (args["num_q_tokens"], args["num_banks"], args["state_slot_offset"]) == (4 * W, W, SLOTS + 2)
+    assert args["max_num_reqs"] == SLOTS  # the commit's bound too (the pool's request slots), not the stride
     assert plan.compress_ratio == 128
     assert controller.owned_plan(plan) is not None
 
@@ -234,6 +249,67 @@ def test_compact_plan_real_rows_and_zero_rows(mod, ops, monkeypatch) -> None:
     controller.prepare_verify(_fb(live), bs=2, verify_bs=1, ragged_layout=padded)
     controller.build_verify_plan(_raw([4, 4], [4, 5], padded.verify_lens, padded.extend_start_loc), num_q_tokens=9)
     assert _plan_call(ops)["verify_lens"].tolist() == [3, 1]
+
+
+def test_prepare_verify_raises_with_the_values(mod, ops, monkeypatch) -> None:
+    """A row count past the metadata's rows is an error naming both, never clamped."""
+    _enable(monkeypatch)
+    controller = mod.OnlineC128DsparkController(_backend()[0])
+    with pytest.raises(RuntimeError, match="uniform verify of 5 rows, but the verify metadata has 4 rows"):
+        controller.prepare_verify(_fb(), bs=4, verify_bs=5, ragged_layout=None)
+    with pytest.raises(RuntimeError, match="uniform verify of -1 rows, but the verify metadata has 4 rows"):
+        controller.prepare_verify(_fb(), bs=4, verify_bs=-1, ragged_layout=None)
+    live = SimpleNamespace(bs=4, verify_lens=_i32(1, 2, 3, 4))
+    padded = SimpleNamespace(verify_lens=_i32(1, 2, 3), extend_start_loc=_i32(0, 1, 3))
+    with pytest.raises(RuntimeError, match="ragged layout has 4 real rows, but the verify metadata has 3 rows"):
+        controller.prepare_verify(_fb(live), bs=3, verify_bs=0, ragged_layout=padded)
+    assert controller._prepared_bs is None  # nothing prepared: the plan refuses as well
+    with pytest.raises(RuntimeError, match="skipped prepare_verify"):
+        controller.build_verify_plan(_raw([9] * 3, [1, 2, 3]), num_q_tokens=3 * W)
+
+
+@pytest.mark.parametrize("forward_batch", [_fb(None), SimpleNamespace(spec_info=None), SimpleNamespace()],
+                         ids=["layout-none", "no-spec-info", "no-spec-info-attr"])
+def test_compact_verify_without_the_batchs_ragged_layout_raises(mod, ops, monkeypatch, forward_batch) -> None:
+    _enable(monkeypatch)
+    controller = mod.OnlineC128DsparkController(_backend()[0])
+    padded = SimpleNamespace(verify_lens=_i32(2, 2), extend_start_loc=_i32(0, 2))
+    with pytest.raises(RuntimeError, match="compact verify without the batch's ragged layout"):
+        controller.prepare_verify(forward_batch, bs=2, verify_bs=0, ragged_layout=padded)
+    assert ops.calls == []
+
+
+def test_captured_plans_keep_one_per_graph_shape(mod, ops, monkeypatch) -> None:
+    """A recapture of a graph shape replaces its plan (the dict stays bounded by the live
+    buckets); the replaced plan is no longer held, so a layer handed it raises."""
+    _enable(monkeypatch)
+    controller = mod.OnlineC128DsparkController(_backend()[0])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+
+    def capture(bs: int):
+        controller.prepare_verify(_fb(), bs=bs, verify_bs=bs, ragged_layout=None)
+        return controller.build_verify_plan(_raw([9] * bs, list(range(1, bs + 1))), num_q_tokens=bs * W)
+
+    first, other = capture(2), capture(3)
+    for _ in range(5):
+        again = capture(2)
+    assert len(controller._captured_plans) == len(controller._captured_by_shape) == 2
+    assert controller.owned_plan(first) is None
+    assert controller.owned_plan(again) is not None and controller.owned_plan(other) is not None
+    with pytest.raises(RuntimeError, match="does not hold"):
+        controller.compress_fn(first, lambda **kw: None)
+
+
+def test_verify_compress_contract_is_a_runtime_error(mod, ops, monkeypatch) -> None:
+    """Not an assert: the check holds under python -O too."""
+    with pytest.raises(RuntimeError, match="another plan than the one it was routed for"):
+        mod._verify_compress(object(), object(), kv_score_buffer=None, kv_score_input=None, ape=None,
+                             plan=object(), compress_ratio=128, head_dim=512)
+    owned = object()
+    with pytest.raises(RuntimeError, match="ratio=4"):
+        mod._verify_compress(object(), owned, kv_score_buffer=None, kv_score_input=None, ape=None,
+                             plan=owned, compress_ratio=4, head_dim=512)
 
 
 def test_empty_bucket_builds_a_fresh_empty_plan(mod, ops, monkeypatch) -> None:

@@ -95,8 +95,11 @@ _COMPRESSED = torch.zeros(4, HEAD_DIM)  # what the compress_forward stand-in ret
 
 
 def _run_compress(tree: Path, self_obj, plan, inputs: dict):
+    from sglang.srt.environ import envs  # the tree's own (inside sglang_imports)
+
     rec = Recorder(result=lambda name, *a, **k: _COMPRESSED if name == "compress_forward" else None)
     namespace = {
+        "envs": envs,
         "compress_forward": rec.named("compress_forward"),
         "compress_norm_rope_store": rec.named("compress_norm_rope_store"),
         "_use_online_compress": lambda r: r == 128,
@@ -157,6 +160,17 @@ def test_compressor_routes_dspark_verify_plans(trees, monkeypatch) -> None:
         spy = SimpleNamespace(compress_fn=lambda *a: pytest.fail("consulted for c4"))
         c4 = _run_compress(patched, SimpleNamespace(online_c128_dspark=spy), other, _compress_inputs(4, states[0]))
         assert [n for n, _ in c4] == ["compress_forward", "compress_norm_rope_store"]
+
+
+def test_compressor_without_a_controller_fails_loudly_with_the_gate_on(trees, monkeypatch) -> None:
+    """Plain attribute access: with the gate on, a backend that lacks the controller is an
+    AttributeError at the first online c128 compress, never upstream's compress silently."""
+    patched, _ = trees
+    with sglang_imports(patched):
+        _controller(patched, ReferenceOps(), monkeypatch, enabled=True)
+        with pytest.raises(AttributeError, match="online_c128_dspark"):
+            _run_compress(patched, SimpleNamespace(), SimpleNamespace(compress_ratio=128),
+                          _compress_inputs(128, torch.zeros(40, STATE_DIM)))
 
 
 # -- the backend's raw -> full verify upgrade ---------------------------------------------

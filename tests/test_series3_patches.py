@@ -153,15 +153,58 @@ def test_controller_entries_return_when_disabled() -> None:
     assert "online_c128_dspark_env() and" in enabled
 
 
-def test_controller_has_no_host_sync() -> None:
-    """No device->host reads in the controller (DSPARK runs host-free verify preps)."""
-    tree = ast.parse(CONTROLLER.read_text())
-    calls = {
-        n.func.attr
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-    }
-    assert not calls & {"item", "tolist", "cpu", "numpy", "synchronize"}
+KERNEL_OPS_MODULE = REPO_ROOT / "overlay/sglang/kernels/ops/attention/dsv4/online_c128_dspark.py"
+
+# Every int()/float()/bool() conversion in the controller and the kernel ops module, as
+# source text: each is of a host value (a shape, a host parameter, a pool or runner getter).
+# A new conversion fails the test until it is reviewed here: int(tensor) would be a host sync.
+HOST_CONVERSIONS = {
+    "bool(getattr(backend.model_runner, 'is_draft_worker', False))",
+    "bool(backend.model_runner.spec_algorithm.is_dspark())",
+    "int(backend.token_to_kv_pool.get_online_c128_mtp_max_draft_tokens())",
+    "int(pool.get_online_c128_mtp_max_draft_tokens())",
+    "int(pool.get_online_c128_mtp_state_slot_offset())",
+    "int(pool.get_online_c128_state_num_req_slots())",
+    "int(self.backend.speculative_num_draft_tokens)",
+    "int(verify_bs)",  # the batch's host row count
+    "int(live.bs)",  # RaggedVerifyLayout.bs: a host int
+    "int(num_q_tokens)",  # the verify's host token bucket
+    "int(num_banks)", "int(state_slot_offset)", "int(state_slot_stride)", "int(max_num_reqs)",
+    "int(num_state_rows)", "int(row_elems)",  # typed int parameters of the wrappers
+}
+_SHAPE = re.compile(r"^int\([\w.]+\.shape\[\d\]\)$")
+
+
+@pytest.mark.parametrize("path", [CONTROLLER, KERNEL_OPS_MODULE], ids=["controller", "kernel-ops"])
+def test_controller_and_ops_have_no_host_sync(path: Path) -> None:
+    """No device->host read in the controller or the kernel ops module (DSPARK runs host-free
+    verify preps): no .item/.tolist/.cpu/.numpy/.synchronize, no .to("cpu"), and every
+    int/float/bool conversion is of a reviewed host value or a shape."""
+    tree = ast.parse(path.read_text())
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    attrs = {n.func.attr for n in calls if isinstance(n.func, ast.Attribute)}
+    assert not attrs & {"item", "tolist", "cpu", "numpy", "synchronize"}
+    to_cpu = [ast.unparse(n) for n in calls if isinstance(n.func, ast.Attribute) and n.func.attr == "to"
+              and any(isinstance(a, ast.Constant) and str(a.value).startswith("cpu") for a in n.args)]
+    assert not to_cpu
+    conversions = {ast.unparse(n) for n in calls
+                   if isinstance(n.func, ast.Name) and n.func.id in ("int", "float", "bool")}
+    unreviewed = {c for c in conversions if not _SHAPE.match(c)} - HOST_CONVERSIONS
+    assert not unreviewed, f"conversions of possibly device values (a host sync): {sorted(unreviewed)}"
+
+
+def test_host_sync_check_catches_int_of_a_tensor() -> None:
+    """The check above fails on what it exists for (int(tensor), .item())."""
+    bad = ast.parse("n = int(self._verify_lens[0])\nm = lens.sum().item()")
+    conv = {ast.unparse(c) for c in ast.walk(bad) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+    assert conv - HOST_CONVERSIONS == {"int(self._verify_lens[0])"} and not _SHAPE.match("int(self._verify_lens[0])")
+
+
+@pytest.mark.parametrize("path", [CONTROLLER, KERNEL_OPS_MODULE], ids=["controller", "kernel-ops"])
+def test_contract_checks_are_not_asserts(path: Path) -> None:
+    """python -O drops asserts: contract checks raise (RuntimeError, ValueError, TypeError)."""
+    asserts = [n.lineno for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Assert)]
+    assert not asserts, f"{path.name}: assert at lines {asserts}"
 
 
 def _hook_calls(tree: ast.AST) -> List[ast.Call]:
@@ -246,8 +289,9 @@ def test_hooks_are_gated_and_bound(release: str, series_trees, sglang_release_re
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_patches_only_add_to_upstream(release: str, sglang_release_repo: Path) -> None:
-    """The series removes no upstream line but the two it rewrites in place (the memory
-    pool's MTP-only condition and the compressor's compress_forward call)."""
+    """The series removes no upstream line but the four it rewrites in place (the memory
+    pool's MTP-only condition, the compressor's compress_forward call, and the pool
+    configurator's MTP log branch, which the DSPARK path skips: its `if` and `else`)."""
     removed = []
     for planned in selected_patches(SERIES, sglang_release_repo, release):
         text = planned.path.read_text()
@@ -258,6 +302,8 @@ def test_patches_only_add_to_upstream(release: str, sglang_release_repo: Path) -
         [
             "if is_speculative and not envs.SGLANG_EXPERIMENTAL_ONLINE_C128_MTP.get():",
             "kv_compressed = compress_forward(",
+            "if allow_experimental_online_c128_mtp:",
+            "else:",
         ]
     )
 

@@ -49,7 +49,7 @@ CASES = {
     "online-compress": ({"online_compress": False}, "SGLANG_OPT_USE_ONLINE_COMPRESS is not set"),
     "speculative-algorithm": ({"speculative_algorithm": "EAGLE"}, "--speculative-algorithm is EAGLE"),
     "online-c128-mtp": ({"online_c128_mtp": True}, "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=1"),
-    "state-banks": ({"num_draft_tokens": rules.MAX_BANKS + 1}, f"verify width is {rules.MAX_BANKS + 1}"),
+    "state-banks": ({"num_draft_tokens": rules.MAX_VERIFY_WIDTH + 1}, f"verify width is {rules.MAX_VERIFY_WIDTH + 1}"),
     "ragged-verify-mode": ({"ragged_verify_mode": "cap-accept"}, "SGLANG_RAGGED_VERIFY_MODE=cap-accept"),
     "two-batch-overlap": ({"enable_two_batch_overlap": True}, "--enable-two-batch-overlap: "),
     "pdmux": ({"enable_pdmux": True}, "--enable-pdmux: "),
@@ -60,6 +60,8 @@ CASES = {
     "decode-context-parallel": ({"dcp_size": 2}, "--dcp-size 2: "),
     "pipeline-parallel": ({"pp_size": 2}, "--pp-size 2: "),
     "disaggregation": ({"disaggregation_mode": "decode"}, "--disaggregation-mode decode: "),
+    "hybrid-attention-backend": ({"prefill_attention_backend": "fa3", "decode_attention_backend": "flashinfer"},
+                                 "prefill attention backend fa3 and decode attention backend flashinfer differ"),
 }
 
 
@@ -108,8 +110,30 @@ def test_bank_limit_matches_kernel() -> None:
 
 def test_runnable_launch_is_not_refused() -> None:
     assert rules.startup_refusals(RUNNABLE) == []
-    assert rules.startup_refusals({**RUNNABLE, "num_draft_tokens": rules.MAX_BANKS, "platform": "cuda",
-                                   "device": "cuda:1", "ragged_verify_mode": "compact"}) == []
+    assert rules.startup_refusals({**RUNNABLE, "num_draft_tokens": rules.MAX_VERIFY_WIDTH, "platform": "cuda",
+                                   "device": "cuda:1", "ragged_verify_mode": "compact",
+                                   "prefill_attention_backend": "dsv4", "decode_attention_backend": "dsv4"}) == []
+
+
+def test_bank_message_names_the_lower_c4_ring_cap() -> None:
+    """The c4 ring (upstream's cap, 10 draft tokens) binds long before the kernels' 1024 banks;
+    the refusal says so, and a width between the two is refused at startup, not by upstream's
+    ring assert later."""
+    assert rules.MAX_VERIFY_WIDTH == rules.C4_RING_DRAFT_CAP == 10 < rules.MAX_BANKS
+    (line,) = rules.startup_refusals({**RUNNABLE, "num_draft_tokens": 64})
+    assert "must be 1..10" in line and "c4 compress state ring" in line and "1024 state banks" in line
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_c4_ring_cap_is_the_releases(release: str, sglang_release_repo) -> None:
+    """C4_RING_DRAFT_CAP is get_compress_state_write_pad(4, speculative c4 ring size) of the release."""
+    from c128patch.git import Git
+
+    src = Git(git_dir=sglang_release_repo).blob(release, "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py").decode()
+    assert "return 16 if compress_ratio == 4 else 256" in src
+    assert "window_size = compress_ratio * (2 if compress_ratio == 4 else 1)" in src
+    assert "return ring_size - window_size + 2 if ring_size > window_size else 0" in src
+    assert rules.C4_RING_DRAFT_CAP == 16 - 4 * 2 + 2
 
 
 def test_gate_off_refuses_nothing() -> None:
@@ -186,6 +210,10 @@ GATED_ENV = {ENV: "1", "SGLANG_OPT_USE_ONLINE_COMPRESS": "1"}
         (["--dcp-size", "2"], "dcp_size", 2),
         (["--pipeline-parallel-size", "2"], "pp_size", 2),
         (["--disaggregation-mode", "prefill"], "disaggregation_mode", "prefill"),
+        (["--attention-backend", "dsv4"], "decode_attention_backend", "dsv4"),
+        (["--attention-backend", "dsv4", "--prefill-attention-backend", "fa3"], "prefill_attention_backend", "fa3"),
+        (["--attention-backend", "dsv4", "--prefill-attention-backend", "fa3"], "decode_attention_backend", "dsv4"),
+        (["--decode-attention-backend", "flashinfer"], "decode_attention_backend", "flashinfer"),
     ],
 )
 def test_config_from_args_reads_the_flag(argv, key: str, value) -> None:
@@ -245,6 +273,9 @@ ARG_FIELDS = {
     "dcp_size": "dcp_size",
     "pp_size": "pp_size",
     "disaggregation_mode": "disaggregation_mode",
+    "attention_backend": "prefill_attention_backend",
+    "prefill_attention_backend": "prefill_attention_backend",
+    "decode_attention_backend": "decode_attention_backend",
     "config": None,
 }
 
@@ -294,7 +325,9 @@ def test_config_from_context_reads_what_the_release_publishes(release: str, rele
     reads: set = set()
     values = {"exec.overlap.enable_two_batch_overlap": False, "disagg.enable_pdmux": False,
               "disagg.disaggregation_mode": "null", "device.device": "cuda", "parallel.attn_dp_size": 1,
-              "parallel.attn_cp_size": 1, "parallel.dcp_size": 1, "parallel.pp_size": 1}
+              "parallel.attn_cp_size": 1, "parallel.dcp_size": 1, "parallel.pp_size": 1,
+              "exec.kernel.attention_backend": "dsv4", "exec.kernel.prefill_attention_backend": "dsv4",
+              "exec.kernel.decode_attention_backend": "dsv4"}
     ns = {name: Recorder(path, reads, values.get) for name, path in
           (("exec_", "exec"), ("disagg", "disagg"), ("device", "device"), ("parallel", "parallel"))}
     config = rules.config_from_context(**ns, spec_algorithm="DSPARK", num_draft_tokens=8, environ={}, platform="cuda")

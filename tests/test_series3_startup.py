@@ -152,13 +152,13 @@ def test_gate_env_set_admits_dspark(trees, monkeypatch) -> None:
     monkeypatch.setenv(ONLINE_ENV, "1")
     monkeypatch.setenv(ENV, "1")
     with sglang_imports(patched):
-        from sglang.srt.layers.attention.dsv4.online_c128_dspark_rules import MAX_BANKS
+        from sglang.srt.layers.attention.dsv4.online_c128_dspark_rules import MAX_VERIFY_WIDTH
     assert _run_gate(patched, "DSPARK", 8) is None
-    assert _run_gate(patched, "DSPARK", MAX_BANKS) is None
+    assert _run_gate(patched, "DSPARK", MAX_VERIFY_WIDTH) is None
     assert _run_gate(upstream, "DSPARK", 8).startswith("AssertionError")
 
 
-@pytest.mark.parametrize("banks", [0, 1025])
+@pytest.mark.parametrize("banks", [0, 11, 1025])
 def test_gate_refuses_a_bank_count_the_kernels_cannot_hold(trees, monkeypatch, banks: int) -> None:
     pytest.importorskip("torch")
     _, patched, _ = trees
@@ -214,9 +214,13 @@ def test_gate_refuses_without_online_compress(trees, monkeypatch) -> None:
         ({"attn_cp_size": 2}, "--attn-cp-size 2: "),
         ({"pp_size": 2}, "--pp-size 2: "),
         ({"disaggregation_mode": "decode"}, "--disaggregation-mode decode: "),
+        ({"dcp_size": 2}, "--dcp-size 2: decode context parallelism"),
+        ({"prefill_attention_backend": "fa3"}, "prefill attention backend fa3 and decode attention backend dsv4 "
+                                               "differ: the target's backend becomes a HybridAttnBackend"),
         ({"enable_two_batch_overlap": True, "enable_pdmux": True}, "--enable-pdmux: "),
     ],
-    ids=["tbo", "pdmux", "device", "dp-attention", "cp", "pp", "disaggregation", "two-at-once"],
+    ids=["tbo", "pdmux", "device", "dp-attention", "cp", "pp", "disaggregation", "dcp", "hybrid-backend",
+         "two-at-once"],
 )
 def test_gate_refuses_what_the_rules_refuse(trees, monkeypatch, launch: dict, words: str) -> None:
     """The live config (resolved namespaces, env, torch build) goes through the rules: the
@@ -229,6 +233,21 @@ def test_gate_refuses_what_the_rules_refuse(trees, monkeypatch, launch: dict, wo
     lines = _rules(patched, "DSPARK", 8, {ONLINE_ENV: "1", ENV: "1"}, **launch)
     assert len(lines) == len(launch) and err == _refusal(*lines)
     assert words in err
+
+
+@pytest.mark.parametrize("mode", ["cap-accept", "dynamic"])
+def test_gate_refuses_a_ragged_verify_mode_not_shown(trees, monkeypatch, mode: str) -> None:
+    """SGLANG_RAGGED_VERIFY_MODE is read from the live environment by the startup gate."""
+    pytest.importorskip("torch")
+    _, patched, _ = trees
+    monkeypatch.setenv(ONLINE_ENV, "1")
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", mode)
+    err = _run_gate(patched, "DSPARK", 8)
+    assert err == _refusal(*_rules(patched, "DSPARK", 8, {ONLINE_ENV: "1", ENV: "1", "SGLANG_RAGGED_VERIFY_MODE": mode}))
+    assert f"SGLANG_RAGGED_VERIFY_MODE={mode}: the controller is shown on static and compact" in err
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", "compact")
+    assert _run_gate(patched, "DSPARK", 8) is None
 
 
 def test_gate_refuses_a_rocm_build(trees, monkeypatch) -> None:
@@ -256,9 +275,11 @@ def test_gate_logs_dspark(trees, monkeypatch) -> None:
         handler = logging.Handler()
         handler.emit = seen.append
         online_c128_dspark.logger.addHandler(handler)
-        gate, _ = _online_gate(patched)
+        gate, log = _online_gate(patched)
         gate(SimpleNamespace(online_c128_mtp_max_draft_tokens=8), SimpleNamespace(spec_algorithm=Spec("DSPARK")))
     assert any("DSPARK verify enabled" in r.getMessage() and "banks=8" in r.getMessage() for r in seen)
+    # upstream's MTP line ("EAGLE topk=1 only") is not logged for the DSPARK path
+    assert not [r for r in log.records if "EAGLE topk=1" in " ".join(map(str, r[1]))], log.records
 
 
 # -- the memory pool's ring size -------------------------------------------------------

@@ -245,14 +245,38 @@ SUITE_DIFF = {
             import os
             if not os.environ.get("C128PATCH_UPSTREAM_TREE"):
                 pytest.skip("GPU tier: C128PATCH_UPSTREAM_TREE is not set")
+        def test_series_module(patched_tree):
+            # code only the series has: upstream lacks the module
+            import importlib, sys
+            sys.path.insert(0, str(patched_tree))
+            for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
+                del sys.modules[name]
+            importlib.import_module("sglang.c128_series_only")
+        def test_series_name(patched_tree):
+            # a name only the series' version of a module has
+            text = (patched_tree / "sglang" / "shared_mod.py").read_text()
+            if "series_symbol" not in text:
+                raise ImportError("cannot import name 'series_symbol' from 'sglang.shared_mod' (x)")
+        def test_missing_third_party(patched_tree):
+            # a module neither tree has is not the series' code: a failure like any other
+            if not (patched_tree / "sglang" / "FIXED").exists():
+                raise ModuleNotFoundError("No module named 'flashinfer'")
     ''',
 }
 
 
+def _series_and_upstream_trees(tmp_path: Path) -> tuple[Path, Path]:
+    patched = make_tree(tmp_path / "patched", provenance_record(), marker="FIXED")
+    (patched / "python" / "sglang" / "c128_series_only.py").write_text("X = 1\n")
+    (patched / "python" / "sglang" / "shared_mod.py").write_text("def series_symbol():\n    pass\n")
+    upstream = make_tree(tmp_path / "upstream")
+    (upstream / "python" / "sglang" / "shared_mod.py").write_text("def other():\n    pass\n")
+    return patched, upstream
+
+
 def test_differential_columns_and_verdicts(tmp_path, monkeypatch):
     make_suite(tmp_path / "suite", SUITE_DIFF)
-    make_tree(tmp_path / "patched", provenance_record(), marker="FIXED")
-    upstream = make_tree(tmp_path / "upstream")
+    _, upstream = _series_and_upstream_trees(tmp_path)
     monkeypatch.chdir(tmp_path)  # relative paths: the suite runs in its own folder
     res = invoke(["--tree", "patched", "--upstream-tree", "upstream", "--differential", "--suite", "suite",
                   "--json", "--out", "out"], H200, monkeypatch)
@@ -263,8 +287,15 @@ def test_differential_columns_and_verdicts(tmp_path, monkeypatch):
         "test_zero_row_plan": ("passed", "failed", "fixed"),
         "test_shared_path": ("passed", "passed", "same"),
         "test_needs_upstream": ("passed", "passed", "same"),
+        "test_series_module": ("passed", "failed", "n/a"),
+        "test_series_name": ("passed", "failed", "n/a"),
+        "test_missing_third_party": ("passed", "failed", "fixed"),
     }
-    assert report["differential"]["summary"] == {"same": 2, "fixed": 1, "regressed": 0, "differs": 0}
+    assert report["differential"]["summary"] == {"same": 2, "fixed": 2, "n/a": 2, "regressed": 0, "differs": 0}
+    needs = {t["nodeid"].split("::")[1]: t.get("needs") for t in report["tests"]}
+    assert needs["test_series_module"] == "module sglang.c128_series_only"
+    assert needs["test_series_name"] == "sglang.shared_mod.series_symbol"
+    assert needs["test_zero_row_plan"] is None
     assert report["upstream_how"] == "--upstream-tree" and report["ok"]
     assert report["passes"]["upstream"]["tree"] == str((upstream / "python").resolve())
 
@@ -406,7 +437,7 @@ def test_list_needs_no_gpu(tmp_path):
     assert res.code == 0, res.err
     assert res.text.splitlines()[:3] == ["test_diff.py::test_zero_row_plan", "test_diff.py::test_shared_path",
                                            "test_diff.py::test_needs_upstream"]
-    assert "3 test(s) in" in res.text
+    assert "6 test(s) in" in res.text
 
 
 def test_wheel_is_unpacked_and_removed(tmp_path, monkeypatch):

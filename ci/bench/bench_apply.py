@@ -100,7 +100,7 @@ def main() -> int:
     print(f"{'ratio apply / raw (target <= 1.5)':44} {row['ratio']:8.2f}")
     print(f"{'check, 4 releases (in process)':44} {row['check_4_releases_s']:8.3f}")
     print(f"{'c128patch check, 4 releases (whole CLI)':44} {row['check_4_releases_cli_s']:8.3f}")
-    write_json(args.out, row)
+    write_json(args.out, row, revs=RELEASES)
     return 0
 
 

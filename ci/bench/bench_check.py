@@ -63,7 +63,7 @@ def main() -> int:
     print(f"{'what':40} {'seconds':>8}  ok")
     print(f"{'check, 4 releases 0.5.20-0.5.23':40} {t4:8.3f}  {ok4}/4")
     print(f"{'check, ' + str(len(revs)) + ' commits ' + row['range']:40} {tn:8.3f}  {okn}/{len(revs)}  (target <= 5 s)")
-    write_json(args.out, row)
+    write_json(args.out, row, revs=four)
     return 0
 
 

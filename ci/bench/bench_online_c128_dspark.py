@@ -237,7 +237,7 @@ def bench_config(B: int, W: int, ragged: bool, timer: Timer, ceiling: float, rng
 
     def our_plan():
         plan_holder["plan"] = ops.dspark_verify_plan(
-            seq_d, len_d, esl_d, rid_d, num_q_tokens=N, num_banks=W, state_slot_offset=slots
+            seq_d, len_d, esl_d, rid_d, num_q_tokens=N, num_banks=W, state_slot_offset=slots, max_num_reqs=slots
         )
 
     our_plan()
@@ -251,7 +251,7 @@ def bench_config(B: int, W: int, ragged: bool, timer: Timer, ceiling: float, rng
     def our_write_prefix():
         for st, a, k in zip(states, ape, kv):
             ops.dspark_write_prefix(st, k[:N], a, seq_d, len_d, esl_d, rid_d, num_banks=W, state_slot_stride=slots,
-                                    num_q_tokens=N)
+                                    num_q_tokens=N, max_num_reqs=slots)
 
     def our_commit():
         ops.dspark_commit(table, seq_d, new_d, len_d, rid_d, extend_start_loc=esl_d, num_q_tokens=N, num_banks=W,
@@ -260,7 +260,8 @@ def bench_config(B: int, W: int, ragged: bool, timer: Timer, ceiling: float, rng
     def our_compress_alone():
         plan = plan_holder["plan"]
         for st, a, k in zip(states, ape, kv):
-            nobanks.verify_compress(st, k[:N], a, out, plan.plan_c, seq_d, esl_d, rid_d, len_d, plan.row_emit, W, slots)
+            nobanks.verify_compress(st, k[:N], a, out, plan.plan_c, seq_d, esl_d, rid_d, len_d, plan.row_emit, W, slots,
+                                    slots)
 
     def our_commit_chain():
         for t in chain_tables:

@@ -122,7 +122,7 @@ def main() -> int:
           f"{row['raw_git_rebase_rerere_s']:8.3f}")
     print(f"{'c128patch rebase --onto v0.5.23 (replay, checks, proof)':58} {row['rebase_s']:8.3f}")
     print(f"{'ratio rebase / raw (target <= 2)':58} {row['ratio']:8.2f}")
-    write_json(args.out, row)
+    write_json(args.out, row, revs=("v0.5.22", "v0.5.23"))
     return 0
 
 

@@ -155,7 +155,7 @@ def main() -> int:
     print(f"  {'compiled extensions in the wheel (MB)':50} {prereq['compiled_extensions_mb']}")
     for note in prereq["not_measured"]:
         print(f"  not measured: {note}")
-    write_json(args.out, row)
+    write_json(args.out, row, revs=(f"v{args.version}",), series_root=args.series)
     return 0
 
 

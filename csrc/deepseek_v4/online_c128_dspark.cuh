@@ -24,9 +24,11 @@
 // Every device-side index that could leave its tensor (a bad extend_start_loc,
 // verify_len, req_pool_index or seq_len) is clamped or skipped on the device by one
 // function, `load_row_window`, which all four kernels use with the same packed-input
-// size `num_q_tokens`: the plan, the verify, the write prefix and the commit agree on
-// every row's window (the commit accepts at most the tokens the verify folded, so it
-// never copies a bank this verify did not write).
+// size `num_q_tokens` and the same request-slot bound `max_num_reqs` (upstream's one
+// max_num_reqs per entry point): the plan, the verify, the write prefix and the commit
+// agree on every row's window (the commit accepts at most the tokens the verify folded,
+// so it never copies a bank this verify did not write, and a slot the verify wrote is
+// one the commit commits). A bad entry of the commit's layer pointer table traps.
 //
 // Request slots must be distinct among rows with a non-empty window. Rows that share
 // a slot (e.g. padding rows on slot 0 given a length) are memory safe but race: each
@@ -170,6 +172,7 @@ struct DsparkC128PlanParams {
   int32_t num_q_tokens;
   int32_t num_banks;
   int32_t state_slot_offset;
+  int64_t max_num_reqs;  // request slots [0, max_num_reqs) are planned; the commit takes the same bound
 };
 
 inline constexpr uint32_t kDsparkPlanBlockSize = 1024;
@@ -213,7 +216,7 @@ __global__ __launch_bounds__(kDsparkPlanBlockSize, 1)  //
           row,
           params.num_banks,
           num_q,
-          params.state_slot_offset);
+          params.max_num_reqs);
       num_emit = num_closing_chunks(w);
     }
 
@@ -275,6 +278,7 @@ struct DsparkC128VerifyParams {
   int32_t num_out;
   int32_t num_banks;
   int64_t state_slot_stride;
+  int64_t max_num_reqs;  // the plan's and the commit's slot bound
 };
 
 inline constexpr uint32_t kDsparkVerifyThreads = 32;
@@ -308,7 +312,7 @@ __global__ __launch_bounds__(kDsparkVerifyThreads)  //
       row,
       params.num_banks,
       params.num_tokens,
-      params.state_slot_stride);
+      params.max_num_reqs);
   if (w.len == 0) return;
 
   const int64_t channel = static_cast<int64_t>(slice) * kSliceDim + threadIdx.x * kVec;
@@ -463,8 +467,10 @@ __global__ __launch_bounds__(kDsparkCommitThreads)  //
   const int64_t accept = delta < 0 ? 0 : (delta > w.len ? w.len : delta);
   // Nothing accepted, or the accepted prefix closes a chunk: bank 0 is stale but
   // the next token restarts the chunk (upstream's MTP commit rule).
+  // A bad table entry is a broken caller (make_state_ptr_table checks what it builds):
+  // stop the launch loudly rather than skip the layer's commit.
+  if (base_addr == 0 || base_addr % 16 != 0) __trap();
   if (accept == 0 || (seq_before + accept) % kChunk == 0) return;
-  if (base_addr == 0 || base_addr % 16 != 0) return;  // a bad table entry: never fault on it
 
   PDLTriggerSecondary<kUsePDL>();
 
@@ -558,6 +564,19 @@ struct DsparkC128Kernel {
         (num_banks + 1) * state_slot_stride);
   }
 
+  /// \brief The one request-slot bound of plan, verify, write prefix and commit.
+  static void check_max_num_reqs(const int64_t max_num_reqs, const int64_t state_slot_stride, const char* what) {
+    host::RuntimeCheck(
+        max_num_reqs >= 0 && max_num_reqs <= state_slot_stride,
+        "dspark c128 ",
+        what,
+        ": max_num_reqs ",
+        max_num_reqs,
+        " must be in [0, state_slot_stride=",
+        state_slot_stride,
+        "]");
+  }
+
   /// \brief Device-only verify plan (see the file comment). plan_c / plan_w are
   /// `[num_q_tokens, 16]` uint8, row_emit / row_len `[batch_size]` int32.
   static void run_plan(
@@ -570,7 +589,8 @@ struct DsparkC128Kernel {
       const tvm::ffi::TensorView row_emit,
       const tvm::ffi::TensorView row_len,
       const int64_t num_banks,
-      const int64_t state_slot_offset) {
+      const int64_t state_slot_offset,
+      const int64_t max_num_reqs) {
     using namespace host;
     using device::dspark_c128::kMaxQTokens;
     auto B = SymbolicSize{"batch_size"};
@@ -597,6 +617,7 @@ struct DsparkC128Kernel {
         state_slot_offset >= 1 && state_slot_offset <= std::numeric_limits<int32_t>::max() / 2,
         "dspark c128 plan: state_slot_offset must be in [1, INT32_MAX / 2], got ",
         state_slot_offset);
+    check_max_num_reqs(max_num_reqs, state_slot_offset, "plan");
 
     const auto batch_size = static_cast<uint32_t>(B.unwrap());
     const auto num_q_tokens = static_cast<int32_t>(N.unwrap());
@@ -614,6 +635,7 @@ struct DsparkC128Kernel {
         .num_q_tokens = num_q_tokens,
         .num_banks = static_cast<int32_t>(num_banks),
         .state_slot_offset = static_cast<int32_t>(state_slot_offset),
+        .max_num_reqs = max_num_reqs,
     };
     LaunchKernel(1, kDsparkPlanBlockSize, device_.unwrap())  //
         .enable_pdl(kUsePDL)(dspark_c128_plan_kernel<kUsePDL>, params);
@@ -667,7 +689,8 @@ struct DsparkC128Kernel {
       const tvm::ffi::TensorView verify_lens,
       const tvm::ffi::TensorView row_emit,
       const int64_t num_banks,
-      const int64_t state_slot_stride) {
+      const int64_t state_slot_stride,
+      const int64_t max_num_reqs) {
     using namespace host;
     auto B = SymbolicSize{"batch_size"};
     auto N = SymbolicSize{"num_q_tokens"};
@@ -685,6 +708,7 @@ struct DsparkC128Kernel {
     TensorMatcher({N, kHeadDim}).with_dtype<float>().template with_device<kDLCUDA>(device_).verify(out);
     check_aligned(out, "out");
     check_banks(num_banks, state_slot_stride, state.size(0));
+    check_max_num_reqs(max_num_reqs, state_slot_stride, "verify");
     RuntimeCheck(
         T.unwrap() >= N.unwrap(),
         "dspark c128 verify: kv_score_input has ",
@@ -708,6 +732,7 @@ struct DsparkC128Kernel {
             .num_out = static_cast<int32_t>(N.unwrap()),
             .num_banks = static_cast<int32_t>(num_banks),
             .state_slot_stride = state_slot_stride,
+            .max_num_reqs = max_num_reqs,
         },
         device_.unwrap());
   }
@@ -736,7 +761,8 @@ struct DsparkC128Kernel {
       const tvm::ffi::TensorView req_pool_indices,
       const int64_t num_banks,
       const int64_t state_slot_stride,
-      const int64_t num_q_tokens) {
+      const int64_t num_q_tokens,
+      const int64_t max_num_reqs) {
     using namespace host;
     auto B = SymbolicSize{"batch_size"};
     auto T = SymbolicSize{"num_input_rows"};
@@ -747,6 +773,7 @@ struct DsparkC128Kernel {
     verify_row_tensors(seq_lens, verify_lens, extend_start_loc, req_pool_indices, B, device_);
     check_banks(num_banks, state_slot_stride, state.size(0));
     check_num_q_tokens(num_q_tokens, "write prefix");
+    check_max_num_reqs(max_num_reqs, state_slot_stride, "write prefix");
     RuntimeCheck(
         T.unwrap() >= num_q_tokens,
         "dspark c128 write prefix: kv_score_input has ",
@@ -770,6 +797,7 @@ struct DsparkC128Kernel {
             .num_out = 0,
             .num_banks = static_cast<int32_t>(num_banks),
             .state_slot_stride = state_slot_stride,
+            .max_num_reqs = max_num_reqs,
         },
         device_.unwrap());
   }
@@ -802,13 +830,7 @@ struct DsparkC128Kernel {
     TensorMatcher({B}).with_dtype<int64_t>().template with_device<kDLCUDA>(device_).verify(new_seq_lens);
     check_banks(num_banks, state_slot_stride, num_state_rows);
     check_num_q_tokens(num_q_tokens, "commit");
-    RuntimeCheck(
-        max_num_reqs >= 0 && max_num_reqs <= state_slot_stride,
-        "dspark c128 commit: max_num_reqs ",
-        max_num_reqs,
-        " must be in [0, state_slot_stride=",
-        state_slot_stride,
-        "]");
+    check_max_num_reqs(max_num_reqs, state_slot_stride, "commit");
     RuntimeCheck(
         row_elems > 0 && (row_elems * static_cast<int64_t>(sizeof(BufferFloat))) % 16 == 0,
         "dspark c128 commit: a state row of ",

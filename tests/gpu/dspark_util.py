@@ -64,14 +64,10 @@ def install(tree: Any) -> None:
 
 
 def dspark_ops() -> ModuleType:
-    """Our overlay ops module from the installed (patched) tree."""
-    try:
-        return importlib.import_module("sglang.kernels.ops.attention.dsv4.online_c128_dspark")
-    except ImportError as e:  # the tree lacks our overlay: a setup error, say so
-        raise AssertionError(
-            "the patched tree has no sglang.kernels.ops.attention.dsv4.online_c128_dspark "
-            "(install overlay/ and csrc/ into it)"
-        ) from e
+    """Our overlay ops module from the installed (patched) tree. On a tree without it (upstream
+    in the differential) the ModuleNotFoundError goes through as is: `smoke` reads it as a test
+    of code only the series has (verdict n/a), not as a fix."""
+    return importlib.import_module("sglang.kernels.ops.attention.dsv4.online_c128_dspark")
 
 
 def close_report(actual, expected, rtol: float, atol: float):

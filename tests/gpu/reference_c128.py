@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from typing import Optional
+
 import numpy as np
 import torch
 
@@ -230,9 +232,11 @@ def plan_rows(
     num_q_tokens: int,
     num_banks: int,
     state_slot_offset: int,
+    max_num_reqs: Optional[int] = None,
 ) -> PlanRef:
     """Independent planner: walk each clamped window's chunk segments like upstream's
-    online prefill stage 0, keep the closing ones, then apply stage 1's slot ids."""
+    online prefill stage 0, keep the closing ones, then apply stage 1's slot ids. Slots
+    outside [0, max_num_reqs) (default: the offset) are skipped."""
     plan_c = np.empty(num_q_tokens, dtype=PLAN_DTYPE)
     plan_c[:] = INVALID_PLAN
     B = len(seq_lens)
@@ -248,7 +252,7 @@ def plan_rows(
             int(req_pool_indices[b]),
             num_banks=num_banks,
             num_tokens=num_q_tokens,
-            num_slots=state_slot_offset,
+            num_slots=state_slot_offset if max_num_reqs is None else max_num_reqs,
         )
         windows.append(w)
         row_emit[b] = count

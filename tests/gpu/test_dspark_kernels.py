@@ -42,6 +42,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (.ci/run ins
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dspark_util as util  # noqa: E402
+import harness  # noqa: E402
 import reference_c128 as ref  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -165,7 +166,10 @@ class LayoutRunner:
     def run(self, lay: Layout, gen: torch.Generator, rng: random.Random) -> None:
         ops, dev = self.ops, self.dev
         B, N, nb, L = lay.batch_size, lay.num_q_tokens, lay.num_banks, lay.stride
-        tag = f"layout W={lay.W} dtype={lay.dtype} B={B} N={N} corrupted={lay.corrupted}"
+        # One request-slot bound for plan, verify, write prefix and commit; slots in
+        # [M, L) (the gap up to the stride) are neither verified nor committed.
+        M = max(1, L - rng.randint(0, 2))
+        tag = f"layout W={lay.W} dtype={lay.dtype} B={B} N={N} M={M} corrupted={lay.corrupted}"
 
         # ---- inputs (fresh each layout)
         kv_rows = N + (rng.randint(1, 6) if rng.random() < 0.3 else 0)  # spare rows past num_q_tokens
@@ -185,11 +189,11 @@ class LayoutRunner:
         # ---- plan
         expect = ref.plan_rows(
             lay.seq_lens, lay.verify_lens, lay.extend_start_loc, lay.req_pool_indices,
-            num_q_tokens=N, num_banks=nb, state_slot_offset=L,
+            num_q_tokens=N, num_banks=nb, state_slot_offset=L, max_num_reqs=M,
         )
         plan = ops.dspark_verify_plan(
             seq_d, len_d, esl_d, rid_d,
-            num_q_tokens=N, num_banks=nb, state_slot_offset=L, state_dtype=lay.dtype,
+            num_q_tokens=N, num_banks=nb, state_slot_offset=L, max_num_reqs=M, state_dtype=lay.dtype,
         )
         got_c = ref.decode_plan(plan.plan_c.cpu().numpy())
         got_w = ref.decode_plan(plan.plan_w.cpu().numpy())
@@ -208,7 +212,7 @@ class LayoutRunner:
         assert plan.prefill_plan.compress_ratio == 128
         self.stats["plan_entries"] += min(expect.total, N)
 
-        if lay.clean and B <= N:
+        if lay.clean and B <= N and int(lay.req_pool_indices.max(initial=-1)) < M:  # upstream knows no bound
             self._check_against_upstream_planner(lay, seq_d, len_d, rid_d, got_c, expect, tag)
 
         # ---- float64 reference of the fold
@@ -254,12 +258,13 @@ class LayoutRunner:
         # ---- standalone write prefix, clamped to the verify's num_q_tokens
         state_b = state0.to(dev)
         ops.dspark_write_prefix(
-            state_b, kv_d, ape_d, seq_d, len_d, esl_d, rid_d, num_banks=nb, state_slot_stride=L, num_q_tokens=N
+            state_b, kv_d, ape_d, seq_d, len_d, esl_d, rid_d, num_banks=nb, state_slot_stride=L, num_q_tokens=N,
+            max_num_reqs=M,
         )
         self._check_state(state_b.cpu(), state0, writers, lay, tag + " [write prefix]")
 
         # ---- one-launch commit over 3 layers
-        self._check_commit(lay, rng, [state_a, state_b, state_a.clone()], seq_d, len_d, esl_d, rid_d, tag)
+        self._check_commit(lay, M, [state_a, state_b, state_a.clone()], seq_d, len_d, esl_d, rid_d, tag)
         self.stats["layouts"] += 1
 
     def _check_against_upstream_planner(self, lay, seq_d, len_d, rid_d, got_c, expect, tag):
@@ -322,10 +327,10 @@ class LayoutRunner:
             f"(bank 0 / unplanned rows must stay bitwise unchanged)"
         )
 
-    def _check_commit(self, lay, rng, layers, seq_d, len_d, esl_d, rid_d, tag) -> None:
+    def _check_commit(self, lay, max_num_reqs, layers, seq_d, len_d, esl_d, rid_d, tag) -> None:
         ops = self.ops
+        rng = random.Random(lay.batch_size * 7919 + lay.num_q_tokens)
         B, nb, L = lay.batch_size, lay.num_banks, lay.stride
-        max_num_reqs = max(1, L - rng.randint(0, 2))
         deltas = []
         for b in range(B):
             r = rng.random()
@@ -407,8 +412,8 @@ def _many_row_layout(rng: random.Random, rows: int, num_banks: int):
 
 
 def _raw_plan(ops, rows_d, plan_c, plan_w, row_emit, row_len, num_banks, offset):
-    """The JIT module's plan entry on caller-made (poisoned) buffers."""
-    ops._module(torch.float32).plan(*rows_d, plan_c, plan_w, row_emit, row_len, num_banks, offset)
+    """The JIT module's plan entry on caller-made (poisoned) buffers (slot bound: the offset)."""
+    ops._module(torch.float32).plan(*rows_d, plan_c, plan_w, row_emit, row_len, num_banks, offset, offset)
     torch.cuda.synchronize()
 
 
@@ -424,7 +429,7 @@ def test_plan_row_emit_is_the_exclusive_scan_across_warps_and_tiles(patched_tree
                            num_q_tokens=N, num_banks=nb, state_slot_offset=L)
     assert expect.total > rows // 3  # about half the rows close a chunk: every warp of every tile holds some
     plan = ops.dspark_verify_plan(*_dev_rows(dev, seqs, lens, starts, rids), num_q_tokens=N, num_banks=nb,
-                                  state_slot_offset=L)
+                                  state_slot_offset=L, max_num_reqs=L)
     got_emit = plan.row_emit.cpu().numpy()
     bad = np.nonzero(got_emit != expect.row_emit)[0]
     assert bad.size == 0, (f"row_emit is not the exclusive scan of closing chunks: first wrong rows {bad[:5].tolist()}, "
@@ -496,11 +501,12 @@ def test_commit_never_copies_a_bank_the_verify_did_not_write(patched_tree):
     for how in ("fused verify", "write prefix"):
         st = state.to(dev)
         if how == "fused verify":
-            plan = ops.dspark_verify_plan(*rows_d, num_q_tokens=N, num_banks=nb, state_slot_offset=L)
+            plan = ops.dspark_verify_plan(*rows_d, num_q_tokens=N, num_banks=nb, state_slot_offset=L, max_num_reqs=L)
             assert plan.row_len.tolist() == [4, 2]
             ops.dspark_verify_compress(st, kv, ape, plan)
         else:
-            ops.dspark_write_prefix(st, kv, ape, *rows_d, num_banks=nb, state_slot_stride=L, num_q_tokens=N)
+            ops.dspark_write_prefix(st, kv, ape, *rows_d, num_banks=nb, state_slot_stride=L, num_q_tokens=N,
+                                    max_num_reqs=L)
         written = st.clone()
         ops.dspark_commit(ops.make_state_ptr_table([st]), rows_d[0], new_seq, rows_d[1], rows_d[3],
                           extend_start_loc=rows_d[2], num_q_tokens=N, num_banks=nb, state_slot_stride=L,
@@ -528,9 +534,9 @@ def test_write_prefix_and_verify_clamp_windows_to_the_same_count(patched_tree):
     kv = torch.randn((T, 2 * ref.HEAD_DIM), generator=gen).to(dev)
     ape = torch.randn((128, ref.HEAD_DIM), generator=gen).to(dev)
     a, b = state.to(dev), state.to(dev)
-    plan = ops.dspark_verify_plan(*rows_d, num_q_tokens=N, num_banks=nb, state_slot_offset=L)
+    plan = ops.dspark_verify_plan(*rows_d, num_q_tokens=N, num_banks=nb, state_slot_offset=L, max_num_reqs=L)
     ops.dspark_verify_compress(a, kv, ape, plan)
-    ops.dspark_write_prefix(b, kv, ape, *rows_d, num_banks=nb, state_slot_stride=L, num_q_tokens=N)
+    ops.dspark_write_prefix(b, kv, ape, *rows_d, num_banks=nb, state_slot_stride=L, num_q_tokens=N, max_num_reqs=L)
     torch.cuda.synchronize()
     assert plan.row_len.tolist() == [4, 5, 3]
     assert torch.isnan(a[3 + 4 * L]).all() and torch.isnan(b[3 + 4 * L]).all(), "bank 4 of the cut row was written"
@@ -558,7 +564,7 @@ def test_duplicate_slots_race_within_their_own_rows(patched_tree):
         pick = lambda xs: [xs[r] for r in rows]  # noqa: E731
         rows_d = _dev_rows(dev, pick(seqs), pick(lens), pick(starts), pick(rids))
         st = state.to(dev)
-        plan = ops.dspark_verify_plan(*rows_d, num_q_tokens=N, num_banks=nb, state_slot_offset=L)
+        plan = ops.dspark_verify_plan(*rows_d, num_q_tokens=N, num_banks=nb, state_slot_offset=L, max_num_reqs=L)
         out = torch.full((N, ref.HEAD_DIM), float("nan"), device=dev)
         ops.dspark_verify_compress(st, kv, ape, plan, out=out)
         torch.cuda.synchronize()
@@ -688,10 +694,11 @@ def test_plan_and_kernels_capture_in_cuda_graph(patched_tree):
     out = torch.zeros((N, 512), device=dev)
 
     def step(seqs, lens, starts, rids, new, kv):
-        plan = ops.dspark_verify_plan(seqs, lens, starts, rids, num_q_tokens=N, num_banks=W, state_slot_offset=L)
+        plan = ops.dspark_verify_plan(seqs, lens, starts, rids, num_q_tokens=N, num_banks=W, state_slot_offset=L,
+                                      max_num_reqs=L)
         ops.dspark_verify_compress(states[0], kv, ape, plan, out=out)
         ops.dspark_write_prefix(states[1], kv, ape, seqs, lens, starts, rids, num_banks=W, state_slot_stride=L,
-                                num_q_tokens=N)
+                                num_q_tokens=N, max_num_reqs=L)
         ops.dspark_commit(table, seqs, new, lens, rids, extend_start_loc=starts, num_q_tokens=N, num_banks=W,
                           state_slot_stride=L, max_num_reqs=L, state_dtype=torch.float32)
         return plan
@@ -752,10 +759,12 @@ class HostArgs:
         return self.seqs, self.lens, self.starts, self.rids
 
     def plan_kw(self, **kw) -> dict:
-        return {"num_q_tokens": self.N, "num_banks": self.W, "state_slot_offset": self.L, **kw}
+        return {"num_q_tokens": self.N, "num_banks": self.W, "state_slot_offset": self.L, "max_num_reqs": self.L,
+                **kw}
 
     def prefix_kw(self, **kw) -> dict:
-        return {"num_banks": self.W, "state_slot_stride": self.L, "num_q_tokens": self.N, **kw}
+        return {"num_banks": self.W, "state_slot_stride": self.L, "num_q_tokens": self.N, "max_num_reqs": self.L,
+                **kw}
 
     def commit_kw(self, **kw) -> dict:
         return {"extend_start_loc": self.starts, "num_q_tokens": self.N, "num_banks": self.W,
@@ -777,7 +786,8 @@ def host_args(patched_tree) -> HostArgs:
     starts = torch.arange(0, 2 * B, 2, dtype=torch.int32, device=dev)
     rids = torch.arange(1, B + 1, dtype=torch.int64, device=dev)
     state = torch.zeros(((W + 1) * L, 1536), device=dev)
-    plan = ops.dspark_verify_plan(seqs, lens, starts, rids, num_q_tokens=N, num_banks=W, state_slot_offset=L)
+    plan = ops.dspark_verify_plan(seqs, lens, starts, rids, num_q_tokens=N, num_banks=W, state_slot_offset=L,
+                                  max_num_reqs=L)
     return HostArgs(ops, seqs, lens, starts, rids, state, torch.zeros((N, 1024), device=dev),
                     torch.zeros((128, 512), device=dev), plan, ops.make_state_ptr_table([state, state.clone()]))
 
@@ -838,6 +848,14 @@ REFUSALS = [
     pytest.param(lambda h: _commit(h, num_banks=h.W + 1), RuntimeError, "banks", id="commit-more-banks-than-state"),
     pytest.param(lambda h: _commit(h, max_num_reqs=h.L + 1), RuntimeError, "max_num_reqs",
                  id="commit-max-num-reqs-over-stride"),
+    pytest.param(lambda h: _plan(h, max_num_reqs=h.L + 1), RuntimeError, "dspark c128 plan: max_num_reqs",
+                 id="plan-max-num-reqs-over-offset"),
+    pytest.param(lambda h: _plan(h, max_num_reqs=-1), RuntimeError, "dspark c128 plan: max_num_reqs",
+                 id="plan-negative-max-num-reqs"),
+    pytest.param(lambda h: _prefix(h, max_num_reqs=h.L + 1), RuntimeError, "dspark c128 write prefix: max_num_reqs",
+                 id="prefix-max-num-reqs-over-stride"),
+    pytest.param(lambda h: h.ops.dspark_verify_compress(h.state, h.kv, h.ape, h.plan._replace(max_num_reqs=h.L + 1)),
+                 RuntimeError, "dspark c128 verify: max_num_reqs", id="verify-max-num-reqs-over-stride"),
     pytest.param(lambda h: _commit(h, table=h.table.clone()), ValueError, "num_state_rows",
                  id="commit-unknown-table-without-rows"),
     pytest.param(lambda h: _commit(h, new=h.seqs[:2]), RuntimeError, "Size mismatch", id="commit-row-count-mismatch"),
@@ -862,3 +880,38 @@ def test_host_checks_pass_well_formed_arguments(host_args):
     _commit(h, new=h.seqs + 1)
     _commit(h, table=h.table.clone(), new=h.seqs + 1, num_state_rows=h.state.shape[0])
     torch.cuda.synchronize()
+
+
+TRAP_CODE = """
+import torch
+from sglang.kernels.ops.attention.dsv4 import online_c128_dspark as ops
+dev = torch.device("cuda")
+W, L, B = 4, 6, 2
+states = [torch.zeros(((W + 1) * L, 1536), device=dev) for _ in range(2)]
+table = ops.make_state_ptr_table(states)
+table[1] = {bad}  # a corrupted entry of the layer pointer table
+seqs = torch.full((B,), 5, dtype=torch.int64, device=dev)
+lens = torch.full((B,), 2, dtype=torch.int32, device=dev)
+starts = torch.arange(0, 2 * B, 2, dtype=torch.int32, device=dev)
+rids = torch.arange(1, B + 1, dtype=torch.int64, device=dev)
+ops.dspark_commit(table, seqs, seqs + {accept}, lens, rids, extend_start_loc=starts, num_q_tokens=2 * B,
+                  num_banks=W, state_slot_stride=L, max_num_reqs=L, state_dtype=torch.float32)
+torch.cuda.synchronize()
+print("COMMIT-RETURNED")
+"""
+
+
+@pytest.mark.device_fault
+@pytest.mark.parametrize("bad,accept", [("table[0] + 4", 1), ("0", 0)],
+                         ids=["misaligned-entry", "null-entry-nothing-accepted"])
+def test_bad_state_ptr_table_entry_traps(patched_tree, bad: str, accept: int):
+    """A zero or misaligned layer pointer stops the commit launch with a CUDA error (the
+    kernel traps), even for rows that accept nothing: never a silently skipped layer.
+    Run in a child process (a trap poisons the CUDA context)."""
+    util.install(patched_tree)
+    util.dspark_ops()  # a tree without the ops module fails here, as what it is (smoke: n/a)
+    proc = harness.run_with_tree(patched_tree, TRAP_CODE.format(bad=bad, accept=accept), timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "COMMIT-RETURNED" not in out, out[-2000:]
+    assert any(w in out for w in ("unspecified launch failure", "illegal instruction", "CUDA error",
+                                  "AcceleratorError")), out[-2000:]

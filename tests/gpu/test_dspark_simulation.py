@@ -82,7 +82,8 @@ class GpuBackend:
     # ---- ours
     def dspark_plan(self, seq, lens, esl, rids, num_q_tokens):
         return self.ops.dspark_verify_plan(
-            seq, lens, esl, rids, num_q_tokens=num_q_tokens, num_banks=W, state_slot_offset=SLOTS
+            seq, lens, esl, rids, num_q_tokens=num_q_tokens, num_banks=W, state_slot_offset=SLOTS,
+            max_num_reqs=SLOTS,
         )
 
     def dspark_verify(self, state, kv, ape, plan):

@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 
 STYLE = {"verified": "green", "failed": "red", "stale": "yellow", "unverified": "dim"}
 HEADINGS = {"compile": "compiles sm_90a", "suite": "GPU suite", "memcheck": "memcheck", "racecheck": "racecheck",
-            "differential": "differential", "upstream-suite": "upstream's own tests"}
+            "initcheck": "initcheck", "synccheck": "synccheck", "differential": "differential",
+            "upstream-suite": "upstream's own tests", "simulation": "DSPARK simulation",
+            "kernel-bench": "kernel benchmark"}
 APPLY_STYLE = {"clean": "strict", "3way": "3-way", "conflict": "CONFLICT", "collision": "COLLISION"}
 
 

@@ -16,7 +16,7 @@ import click
 from c128patch import exitcodes
 from c128patch.cli.common import check_output_dir, emit_json, handles_errors, json_option, locate_tree
 from c128patch.errors import C128Error
-from c128patch.smoke.presets import LOAD_TOOLS, PRESETS
+from c128patch.smoke.presets import LOAD_TOOLS, PRESETS, SANITIZER_TOOLS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -385,7 +385,7 @@ def _default_tree() -> Path | None:
 @click.option("--wheel", type=click.Path(dir_okay=False, path_type=Path), help="[kernel] A patched sglang wheel.")
 @click.option("--upstream-tree", type=click.Path(file_okay=False, path_type=Path),
               help="[kernel] Unpatched sources (for the suite's upstream checks and --differential).")
-@click.option("--sanitizer", "sanitizers", type=click.Choice(["memcheck", "racecheck"]), multiple=True,
+@click.option("--sanitizer", "sanitizers", type=click.Choice(list(SANITIZER_TOOLS)), multiple=True,
               help="[kernel] Also run the suite under compute-sanitizer with this tool (repeatable).")
 @click.option("--sanitizer-only", is_flag=True,
               help="[kernel] Only the --sanitizer passes (the plain pass ran in an earlier call).")
@@ -466,7 +466,7 @@ def command(ctx: click.Context, tier: str, tree: Path | None, wheel: Path | None
         if scale <= 0 or sanitizer_scale <= 0:
             raise C128Error("--scale and --sanitizer-scale must be positive")
         if sanitizer_only and not sanitizers:
-            raise C128Error("--sanitizer-only needs --sanitizer memcheck|racecheck")
+            raise C128Error(f"--sanitizer-only needs --sanitizer {'|'.join(SANITIZER_TOOLS)}")
         if tree is None and wheel is None:
             tree = _default_tree()
         opts = smoke_kernel.KernelOptions(

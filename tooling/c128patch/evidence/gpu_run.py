@@ -7,8 +7,12 @@ Phases:
 * ``plain``: per release, the suite on the patched tree with ``--differential`` against the
   unpatched one (-> ``suite`` and ``differential``); per "before" tree, the suite on it
   (-> ``before/suite``).
-* ``sanitizers``: per release, the suite under compute-sanitizer memcheck, and apart under
-  racecheck (``--sanitizer-only``, small scale; -> ``memcheck``, ``racecheck``).
+* ``sanitizers``: the suite under compute-sanitizer, one tool and one release at a time
+  (several at once on one GPU ran about 14x slower), tool by tool: memcheck on every release,
+  then racecheck, initcheck, synccheck (``--sanitizer-only``, small scale; -> one result per
+  tool). Jobs the deadline leaves unstarted are reported as not run.
+* ``bench``: per release, one at a time, ``ci/bench/bench_online_c128_dspark.py`` on the
+  patched tree (-> ``kernel-bench``).
 
 Bundle, under the output folder: ``<phase>.tgz`` (every job's smoke folder: report, logs,
 JUnit, rows), ``<phase>-run.json`` (the jobs, their exit codes and seconds, the stage manifest,
@@ -30,8 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from c128patch.errors import C128Error
+from c128patch.smoke.presets import SANITIZER_TOOLS  # in run order
 
-PHASES = ("plain", "sanitizers")
+PHASES = ("plain", "sanitizers", "bench")
+BENCH_SCRIPT = "ci/bench/bench_online_c128_dspark.py"
+BENCH_FILE = "online_c128_dspark.json"
+SEQUENTIAL = ("sanitizers", "bench")  # phases whose jobs run one at a time
 LOG_CAP = 4 * 1024 * 1024  # a log larger than this is cut to its head and tail before bundling
 
 
@@ -41,9 +49,10 @@ class Job:
     rev: str
     label: str  # patched | before
     kinds: tuple[str, ...]  # the result files its report proves
-    args: list[str]  # after `c128patch smoke --tier kernel`, paths relative to the repository
-    rc: int | None = None
+    args: list[str]  # after `c128patch smoke --tier kernel` (or `script`), paths relative to the repository
+    rc: int | None = None  # None: not started (the deadline came first)
     seconds: float = 0.0
+    script: str = ""  # a script run instead of `c128patch smoke --tier kernel`
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,12 +67,28 @@ class Limits:
     sanitizer_scale: float = 0.02
 
 
-def plan_jobs(manifest: dict[str, Any], stage: str, phase: str, out: str, limits: Limits = Limits()) -> list[Job]:
-    """The jobs of ``phase`` over a stage manifest; ``stage`` and ``out`` as the command line
-    names them (relative to the repository root, or absolute)."""
+def plan_jobs(manifest: dict[str, Any], stage: str, phase: str, out: str, limits: Limits = Limits(),
+              tools: tuple[str, ...] = SANITIZER_TOOLS) -> list[Job]:
+    """The jobs of ``phase`` over a stage manifest, in run order; ``stage`` and ``out`` as the
+    command line names them (relative to the repository root, or absolute)."""
     if phase not in PHASES:
         raise C128Error(f"unknown phase {phase!r} (one of {', '.join(PHASES)})")
+    unknown = [t for t in tools if t not in SANITIZER_TOOLS]
+    if unknown:
+        raise C128Error(f"unknown sanitizer tool(s) {', '.join(unknown)} (known: {', '.join(SANITIZER_TOOLS)})")
     jobs: list[Job] = []
+    if phase == "sanitizers":
+        for tool in tools:
+            for rel in manifest["releases"]:
+                rev, trees = rel["rev"], rel["trees"]
+                name = f"{rev}-patched-{tool}"
+                jobs.append(Job(name, rev, "patched", (tool,),
+                                ["--tree", f"{stage}/{trees['patched']['path']}",
+                                 "--upstream-tree", f"{stage}/{trees['upstream']['path']}",
+                                 "--sanitizer", tool, "--sanitizer-only",
+                                 "--sanitizer-scale", f"{limits.sanitizer_scale:g}",
+                                 "--timeout", f"{limits.sanitizer_timeout:g}", "--out", f"{out}/{name}"]))
+        return jobs
     for rel in manifest["releases"]:
         rev, trees = rel["rev"], rel["trees"]
         tree = lambda label: f"{stage}/{trees[label]['path']}"  # noqa: E731
@@ -78,18 +103,16 @@ def plan_jobs(manifest: dict[str, Any], stage: str, phase: str, out: str, limits
                     jobs.append(Job(name, rev, label, ("suite",),
                                     ["--tree", tree(label), "--upstream-tree", tree("upstream"),
                                      "--timeout", f"{limits.plain_timeout:g}", "--out", f"{out}/{name}"]))
-        else:
-            for tool in ("memcheck", "racecheck"):
-                name = f"{rev}-patched-{tool}"
-                jobs.append(Job(name, rev, "patched", (tool,),
-                                ["--tree", tree("patched"), "--upstream-tree", tree("upstream"),
-                                 "--sanitizer", tool, "--sanitizer-only",
-                                 "--sanitizer-scale", f"{limits.sanitizer_scale:g}",
-                                 "--timeout", f"{limits.sanitizer_timeout:g}", "--out", f"{out}/{name}"]))
+        else:  # bench
+            name = f"{rev}-patched-bench"
+            jobs.append(Job(name, rev, "patched", ("kernel-bench",),
+                            ["--tree", tree("patched"), "--out", f"{out}/{name}/{BENCH_FILE}"], script=BENCH_SCRIPT))
     return jobs
 
 
 def smoke_argv(python: str, job: Job) -> list[str]:
+    if job.script:
+        return [python, job.script, *job.args]
     return [python, "-m", "c128patch", "smoke", "--tier", "kernel", *job.args]
 
 
@@ -109,21 +132,30 @@ def job_env(base: dict[str, str], package_parent: str, site: str | None, threads
 
 
 def run_jobs(jobs: list[Job], python: str, env: dict[str, str], logs: Path, deadline: float,
-             cwd: Path, say=print) -> list[Job]:
-    """Start every job at once, wait until all end or the deadline (monotonic seconds); at the
-    deadline each left is sent SIGTERM (smoke then stops its pytest and keeps what finished),
-    and SIGKILL 20 s later."""
+             cwd: Path, say=print, parallel: int = 0) -> list[Job]:
+    """Run the jobs, at most ``parallel`` at a time (0: all at once), in order, until all end
+    or the deadline (monotonic seconds): after it no job starts (those keep rc None), each
+    running one is sent SIGTERM (smoke then stops its pytest and keeps what finished), and
+    SIGKILL 20 s later."""
     logs.mkdir(parents=True, exist_ok=True)
-    procs = []
-    for job in jobs:
+    queue = list(jobs)
+    pending: list = []
+    termed = False
+
+    def start(job: Job) -> None:
         argv = smoke_argv(python, job)
         say(f"start {job.name}: {shlex.join(argv[1:])}")
         log = open(logs / f"{job.name}.log", "w")  # noqa: SIM115  (closed below)
-        procs.append((job, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                            start_new_session=True), log, time.monotonic()))
-    pending = list(procs)
-    termed = False
-    while pending:
+        pending.append((job, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                              start_new_session=True), log, time.monotonic()))
+
+    while queue or pending:
+        while queue and (parallel <= 0 or len(pending) < parallel) and time.monotonic() < deadline:
+            start(queue.pop(0))
+        if not pending:
+            for job in queue:
+                say(f"deadline: {job.name} not started")
+            break
         for item in list(pending):
             job, proc, log, started = item
             if proc.poll() is not None:
@@ -173,6 +205,11 @@ def bundle(phase: str, results: Path, dest: Path, run: dict[str, Any], summary: 
 
 def job_summary(job: Job, results: Path) -> str:
     """One line per job from its report (or why there is none)."""
+    if job.rc is None:
+        return f"{job.name}: NOT STARTED (the deadline came first)"
+    if job.script:
+        out = results / job.name / BENCH_FILE
+        return f"{job.name}: exit {job.rc}, {job.seconds:.0f} s, {'wrote ' + BENCH_FILE if out.is_file() else 'NO RESULT'}"
     path = results / job.name / "smoke-kernel.json"
     if not path.is_file():
         return f"{job.name}: exit {job.rc}, {job.seconds:.0f} s, NO REPORT (see logs/{job.name}.log)"

@@ -4,9 +4,14 @@
     ci/gpu/results/<rev>/suite.json          the GPU suite on the patched tree (`smoke --tier kernel`)
     ci/gpu/results/<rev>/differential.json   the same suite on the unpatched tree, compared test by test
     ci/gpu/results/<rev>/memcheck.json       the suite under compute-sanitizer memcheck
-    ci/gpu/results/<rev>/racecheck.json      ... and racecheck
+    ci/gpu/results/<rev>/racecheck.json      ... racecheck, initcheck, synccheck (one tool per run)
+    ci/gpu/results/<rev>/initcheck.json
+    ci/gpu/results/<rev>/synccheck.json
     ci/gpu/results/<rev>/upstream-suite.json upstream's own kernel tests, patched vs unpatched
                                              (`smoke --upstream-suite`; ci/gpu/collect_upstream_suite.py)
+    ci/gpu/results/<rev>/simulation.json     the simulated DSPARK decode the suite's
+                                             test_dspark_simulation.py writes (dspark_simulation.json)
+    ci/gpu/results/<rev>/kernel-bench.json   ci/bench/bench_online_c128_dspark.py on the patched tree
     ci/gpu/results/<rev>/before/suite.json   a "before" record (the suite on an older series), kept beside
 
 Every file carries ``key`` (evidence.keys: upstream sources, series hash), ``command``,
@@ -27,9 +32,16 @@ from c128patch.evidence.keys import EvidenceKey, is_old_style
 from c128patch.jsonio import write_json_atomic
 from c128patch.series.manifest import Series
 
-Kind = Literal["compile", "suite", "differential", "memcheck", "racecheck", "upstream-suite"]
-KINDS: tuple[Kind, ...] = ("compile", "suite", "differential", "memcheck", "racecheck", "upstream-suite")
-GPU_KINDS: tuple[Kind, ...] = ("suite", "differential", "memcheck", "racecheck")
+Kind = Literal["compile", "suite", "differential", "memcheck", "racecheck", "initcheck", "synccheck",
+               "upstream-suite", "simulation", "kernel-bench"]
+SANITIZER_KINDS: tuple[Kind, ...] = ("memcheck", "racecheck", "initcheck", "synccheck")
+KINDS: tuple[Kind, ...] = ("compile", "suite", "differential", *SANITIZER_KINDS, "upstream-suite", "simulation",
+                           "kernel-bench")
+GPU_KINDS: tuple[Kind, ...] = ("suite", "differential", *SANITIZER_KINDS, "simulation", "kernel-bench")
+SIMULATION_RESULT = "dspark_simulation"  # what tests/gpu/test_dspark_simulation.py writes
+SIMULATION_TEST = "test_dspark_simulation.py::"
+BENCH_REFERENCE = "v0.5.23"  # the release every kernel-bench row is compared with
+BENCH_TOLERANCE = 0.05
 RESULTS_UNDER = Path("ci") / "gpu" / "results"
 SCHEMA = 1
 BAD = ("failed", "error", "crashed")
@@ -71,12 +83,28 @@ def summarize(kind: str, data: dict[str, Any]) -> str:
         built = sum(1 for k in kernels if k.get("ok"))
         return f"{built}/{len(kernels)} + probe {'ok' if data.get('probe_ok') else 'FAILED'}"
     counts = f"{data.get('passed', 0)} pass, {data.get('failed', 0)} fail, {data.get('skipped', 0)} skip"
-    if kind in ("memcheck", "racecheck"):
+    if kind in SANITIZER_KINDS:
         errors = (data.get("sanitizer") or {}).get("errors")
         return f"{'no summary' if errors is None else f'{errors} err'}; {counts}"
     if kind == "differential":
         s = data.get("summary") or {}
-        return f"{s.get('regressed', 0)} regressed, {s.get('fixed', 0)} fixed, {s.get('same', 0)} same"
+        return (f"{s.get('regressed', 0)} regressed, {s.get('fixed', 0)} fixed, {s.get('n/a', 0)} n/a, "
+                f"{s.get('same', 0)} same")
+    if kind == "simulation":
+        ours, up = data.get("ours") or {}, data.get("upstream_mtp_lazy") or {}
+        line = f"ours {ours.get('chunk_mismatches', '?')}/{ours.get('chunks_checked', '?')} chunks wrong"
+        if up:
+            line += f"; upstream's controller {up.get('chunk_mismatches', '?')}/{up.get('chunks_checked', '?')}"
+        return line
+    if kind == "kernel-bench":
+        vs = data.get("vs_reference") or {}
+        line = f"{len(data.get('rows', []))} rows"
+        if vs.get("is_reference"):
+            line += ", the reference run"
+        elif vs:
+            line += (f", {vs.get('within', 0)}/{vs.get('rows', 0)} within {BENCH_TOLERANCE:.0%} of "
+                     f"{vs.get('reference', BENCH_REFERENCE)}")
+        return line
     if kind == "upstream-suite":
         c = data.get("counts") or {}
         shown = ("regressed", "same", "fixed", "both fail", "not applicable")
@@ -174,11 +202,24 @@ def from_smoke_report(report: dict[str, Any], *, rev: str, label: str, key: Evid
                                "regressed": regressed, "upstream_counts": _counts(diff["upstream_counts"]),
                                "ok": not regressed and diff["summary"].get("regressed", 0) == 0,
                                "tests": [{"nodeid": t["nodeid"], "patched": t["outcome"],
-                                          "upstream": t.get("upstream", "absent"), "verdict": t.get("verdict", "")}
+                                          "upstream": t.get("upstream", "absent"), "verdict": t.get("verdict", ""),
+                                          **({"needs": t["needs"]} if t.get("needs") else {}),
+                                          **({"upstream_message": t["upstream_message"][:200]}
+                                             if t.get("upstream_message") and t.get("verdict") != "same" else {})}
                                          for t in report.get("tests", [])]}
+    sim = (passes.get("patched") or {}).get("results", {}).get(SIMULATION_RESULT)
+    if isinstance(sim, dict):
+        test = [t for t in report.get("tests", []) if t["nodeid"].startswith(SIMULATION_TEST)]
+        outcome = test[0]["outcome"] if test else "absent"
+        ours = sim.get("ours") or {}
+        out["simulation"] = {**base, "kind": "simulation", "test": test[0]["nodeid"] if test else None,
+                             "outcome": outcome, "written_by": "tests/gpu/test_dspark_simulation.py",
+                             **{k: v for k, v in sim.items() if k not in base},
+                             "ok": outcome == "passed" and ours.get("chunk_mismatches") == 0
+                             and ours.get("state_mismatches") == 0}
     for run in (report.get("sanitizer") or {}).get("runs", []):
         tool = run["tool"]
-        if tool not in ("memcheck", "racecheck"):
+        if tool not in SANITIZER_KINDS:
             continue
         counts = _counts(run["counts"])
         errors = run.get("errors")
@@ -201,17 +242,63 @@ def collect_run(run: dict[str, Any], results: Path, dest: Path, date: str, *,
     roots = {run["repo_root"]: ".", run["results_root"]: f"$OUT/{run['phase']}"}
     written = []
     for job in run["jobs"]:
+        raw = trees[job["rev"]][job["label"]].get("key")
+        key = EvidenceKey.from_json(raw) or (raw if is_old_style(raw) else None)
+        if job.get("script"):
+            data = bench_result(run, job, results, key, date, roots)
+            if data is not None:
+                written.append((write_result(dest, job["rev"], "kernel-bench", data, job["label"]), data))
+            continue
         path = results / job["name"] / "smoke-kernel.json"
         if not path.is_file():
             continue
         report = json.loads(path.read_text())
         if report.get("mode") == "collect-only" and not allow_dry_run:
             raise C128Error(f"{path}: a collect-only report proves nothing; not collected")
-        raw = trees[job["rev"]][job["label"]].get("key")
-        key = EvidenceKey.from_json(raw) or (raw if is_old_style(raw) else None)
         files = from_smoke_report(report, rev=job["rev"], label=job["label"], key=key, date=date, roots=roots)
-        for kind in job["kinds"]:
+        for kind in (*job["kinds"], *(("simulation",) if "suite" in job["kinds"] else ())):
             if kind in files:
                 data = {**files[kind], "job": {"name": job["name"], "exit": job["rc"], "seconds": job["seconds"]}}
                 written.append((write_result(dest, job["rev"], kind, data, job["label"]), data))
     return written
+
+
+# --------------------------------------------------------------------------- the kernel benchmark
+
+
+def bench_result(run: dict[str, Any], job: dict[str, Any], results: Path, key: EvidenceKey | dict[str, Any] | None,
+                 date: str,
+                 roots: dict[str, str]) -> dict[str, Any] | None:
+    """``kernel-bench`` of one bench job (ci/bench/bench_online_c128_dspark.py's JSON), or None
+    when the job wrote none."""
+    path = results / job["name"] / "online_c128_dspark.json"
+    if job.get("rc") is None or not path.is_file():
+        return None
+    bench = json.loads(path.read_text())
+    key_json = key.to_json() if isinstance(key, EvidenceKey) else key if is_old_style(key) else None
+    data = {"schema": SCHEMA, "rev": job["rev"], "label": job["label"], "key": key_json,
+            "kind": "kernel-bench", "command": bench.get("command", ""), "device": run.get("device", ""),
+            "series_digest": ((run.get("manifest") or {}).get("series") or {}).get("digest"),
+            "date": date, "copy_ceiling_gbps": bench.get("copy_ceiling_gbps"), "layers": bench.get("layers"),
+            "reps": bench.get("reps"), "ragged": bench.get("ragged"), "rows": bench.get("rows", []),
+            "targets": bench.get("targets", {}),
+            "job": {"name": job["name"], "exit": job["rc"], "seconds": job["seconds"]},
+            "ok": job["rc"] == 0 and bool(bench.get("rows"))}
+    return relativize(data, roots)
+
+
+def bench_row_key(row: dict[str, Any]) -> tuple:
+    return (row["B"], row["W"], row["path"], row["what"])
+
+
+def compare_bench(data: dict[str, Any], reference: dict[str, Any], tolerance: float = BENCH_TOLERANCE) -> dict[str, Any]:
+    """Each row of ``data`` against the same row of ``reference`` (the 0.5.23 run): ``within``
+    counts rows whose time is within ``tolerance`` of the reference's; ``outside`` lists the others."""
+    ref = {bench_row_key(r): r["us"] for r in reference.get("rows", [])}
+    rows = [r for r in data.get("rows", []) if bench_row_key(r) in ref and ref[bench_row_key(r)] > 0]
+    outside = [{"B": r["B"], "W": r["W"], "path": r["path"], "what": r["what"], "us": r["us"],
+                "reference_us": ref[bench_row_key(r)], "ratio": round(r["us"] / ref[bench_row_key(r)], 4)}
+               for r in rows if abs(r["us"] / ref[bench_row_key(r)] - 1) > tolerance]
+    return {"reference": reference.get("rev", BENCH_REFERENCE), "reference_key": reference.get("key"),
+            "series_digest": reference.get("series_digest"),
+            "tolerance": tolerance, "rows": len(rows), "within": len(rows) - len(outside), "outside": outside}

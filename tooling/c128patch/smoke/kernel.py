@@ -6,6 +6,7 @@ Inputs (smoke.trees), one pytest pass each (smoke.passes), here: which passes, a
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import tempfile
@@ -33,9 +34,51 @@ Progress = Callable[[str], None]
 # --------------------------------------------------------------------------- differential
 
 
-def compare(patched: dict[str, Any], upstream: dict[str, Any]) -> dict[str, Any]:
-    """Both columns per test and a verdict: same, fixed (passes patched, fails upstream: the
-    zero-row crash, patched-only code), regressed (fails patched, passes upstream), differs."""
+VERDICTS = ("same", "fixed", "n/a", "regressed", "differs")
+
+# The first line of a failure that says the code a test needs is not in the tree.
+_MISSING = re.compile(
+    r"(?:ModuleNotFoundError: No module named '(?P<module>[\w.]+)'"
+    r"|ImportError: cannot import name '(?P<name>\w+)' from '(?P<source>[\w.]+)'"
+    r"|AttributeError: module '(?P<owner>[\w.]+)' has no attribute '(?P<attr>\w+)')"
+)
+
+
+def _module_file(root: Path, module: str) -> Path | None:
+    base = root.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _mentions(path: Path | None, name: str) -> bool:
+    return path is not None and re.search(rf"\b{re.escape(name)}\b", path.read_text(errors="replace")) is not None
+
+
+def series_code_missing(message: str, patched: Path | None, upstream: Path | None) -> str | None:
+    """What code the series adds that an upstream run lacked, read from the failure message and
+    checked on both trees: a module the patched tree has and upstream's has not, or a name a
+    module defines on the patched tree only. None when the failure is anything else."""
+    m = _MISSING.search(message or "")
+    if m is None or patched is None or upstream is None:
+        return None
+    if m["module"]:
+        mod = m["module"]
+        if _module_file(patched, mod) and not _module_file(upstream, mod):
+            return f"module {mod}"
+        return None
+    module, name = (m["source"], m["name"]) if m["name"] else (m["owner"], m["attr"])
+    if _mentions(_module_file(patched, module), name) and not _mentions(_module_file(upstream, module), name):
+        return f"{module}.{name}"
+    return None
+
+
+def compare(patched: dict[str, Any], upstream: dict[str, Any], trees: tuple[Path, Path] | None = None) -> dict[str, Any]:
+    """Both columns per test and a verdict: same; fixed (ran on both, fails upstream, passes
+    patched: a fix); n/a (passes patched, fails upstream because it needs code only the series
+    has: a module or a name missing there, checked on ``trees`` = (patched root, upstream root));
+    regressed (fails patched, passes upstream); differs."""
     up = {t["nodeid"]: t for t in upstream["tests"]}
     rows = []
     order = [t["nodeid"] for t in patched["tests"]] + [n for n in up if n not in {t["nodeid"] for t in patched["tests"]}]
@@ -43,18 +86,20 @@ def compare(patched: dict[str, Any], upstream: dict[str, Any]) -> dict[str, Any]
     for nodeid in order:
         a = pt.get(nodeid, {"outcome": "absent", "seconds": 0.0, "message": ""})
         b = up.get(nodeid, {"outcome": "absent", "seconds": 0.0, "message": ""})
+        needs = None
         if a["outcome"] == b["outcome"]:
             verdict = "same"
         elif a["outcome"] == "passed" and b["outcome"] in BAD:
-            verdict = "fixed"
+            needs = series_code_missing(b.get("message", ""), *(trees or (None, None)))
+            verdict = "n/a" if needs else "fixed"
         elif a["outcome"] in BAD and b["outcome"] == "passed":
             verdict = "regressed"
         else:
             verdict = "differs"
         rows.append({"nodeid": nodeid, "patched": a["outcome"], "upstream": b["outcome"], "verdict": verdict,
                      "patched_seconds": a["seconds"], "upstream_seconds": b["seconds"],
-                     "upstream_message": b.get("message", "")})
-    summary = {v: sum(1 for r in rows if r["verdict"] == v) for v in ("same", "fixed", "regressed", "differs")}
+                     "upstream_message": b.get("message", ""), **({"needs": needs} if needs else {})})
+    summary = {v: sum(1 for r in rows if r["verdict"] == v) for v in VERDICTS}
     shared = sorted(set(patched["results"]) & set(upstream["results"]))
     results = {name: patched["results"][name] == upstream["results"][name] for name in shared}
     return {"rows": rows, "summary": summary, "results_identical": results}
@@ -199,14 +244,15 @@ def build_report(command: str, opts: KernelOptions, prep: Prepared, device: dict
         report.update(errors=main["counts"]["error"], crashed=main["counts"]["crashed"])
         report["tests"] = [dict(t) for t in main["tests"]]
     if "upstream" in passes and main:
-        diff = compare(main, passes["upstream"])
+        diff = compare(main, passes["upstream"], (prep.patched, prep.upstream) if prep.upstream else None)
         report["differential"] = {k: v for k, v in diff.items() if k != "rows"}
         report["differential"]["upstream_counts"] = passes["upstream"]["counts"]
         by_id = {r["nodeid"]: r for r in diff["rows"]}
         for t in report["tests"]:
             r = by_id.get(t["nodeid"])
             if r:
-                t.update(upstream=r["upstream"], upstream_seconds=r["upstream_seconds"], verdict=r["verdict"])
+                t.update(upstream=r["upstream"], upstream_seconds=r["upstream_seconds"], verdict=r["verdict"],
+                         upstream_message=r["upstream_message"][:300], **({"needs": r["needs"]} if "needs" in r else {}))
         report["differential"]["rows"] = [r for r in diff["rows"] if r["nodeid"] not in {t["nodeid"] for t in main["tests"]}]
         regressed = diff["summary"]["regressed"]
         if regressed:

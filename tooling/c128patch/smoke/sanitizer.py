@@ -12,7 +12,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-TOOLS = ("memcheck", "racecheck")
+from c128patch.smoke.presets import SANITIZER_TOOLS
+
+TOOLS = SANITIZER_TOOLS
 ERROR_EXIT_CODE = 99
 # The caching allocator hides out-of-bounds accesses inside its big blocks; off, each tensor is
 # its own cudaMalloc and memcheck sees its real bounds.

@@ -14,9 +14,13 @@ State rows follow upstream's online layout `[max | sum | kv]` (3 * 512 elements)
 `rid + k * state_slot_stride` is bank k of request slot `rid`, bank 0 the committed state.
 
 Every kernel clamps each row to the same window: `len = min(clamp(verify_len, 0, num_banks),
-num_q_tokens - start)`, 0 when the slot, the start or the seq len is out of range. The write
-prefix and the commit therefore take the verify's `num_q_tokens` (and the commit its start
-offsets): a row cut at the end of the packed input commits only banks its verify wrote.
+num_q_tokens - start)`, 0 when the request slot is outside `[0, max_num_reqs)` or the start
+or the seq len is out of range. All four take the same `max_num_reqs` (the pool's request
+slots, as upstream passes one max_num_reqs per entry point), the write prefix and the commit
+the verify's `num_q_tokens` (and the commit its start offsets): a row cut at the end of the
+packed input commits only banks its verify wrote, and a slot the verify wrote is committed.
+A bad entry of the commit's layer pointer table traps on the device (a CUDA error at the
+next synchronization), never a silently skipped layer.
 
 Request slots must be distinct among rows with a non-empty window. Rows that share a slot are
 memory safe but race: their emitted rows stay exact, a bank row both write holds one writer's
@@ -58,7 +62,8 @@ _STATE_DTYPES = (torch.float32, torch.bfloat16)
 def _jit_online_c128_dspark_module(
     head_dim: int, dtype_buffer: torch.dtype = torch.float32
 ) -> Module:
-    assert head_dim == HEAD_DIM, "online c128 DSPARK kernels only support head_dim=512"
+    if head_dim != HEAD_DIM:
+        raise ValueError(f"online c128 DSPARK kernels only support head_dim={HEAD_DIM}, got {head_dim}")
     args = make_cpp_args(head_dim, dtype_buffer, is_arch_support_pdl())
     kernel_class = f"DsparkC128Kernel<{args}>"
     return load_jit(
@@ -114,6 +119,7 @@ class DsparkVerifyPlan(NamedTuple):
     req_pool_indices: torch.Tensor  # int64 [B]
     num_banks: int
     state_slot_offset: int
+    max_num_reqs: int
 
     @property
     def plan_c(self) -> torch.Tensor:
@@ -133,11 +139,15 @@ class DsparkVerifyPlan(NamedTuple):
 
     def copy_(self, other: DsparkVerifyPlan) -> None:
         """Refresh a captured plan's outputs in place (shapes must match)."""
-        assert isinstance(other, DsparkVerifyPlan)
-        assert (self.num_banks, self.state_slot_offset) == (
-            other.num_banks,
-            other.state_slot_offset,
-        )
+        if not isinstance(other, DsparkVerifyPlan):
+            raise TypeError(f"DsparkVerifyPlan.copy_ needs a DsparkVerifyPlan, got {type(other).__name__}")
+        mine = (self.num_banks, self.state_slot_offset, self.max_num_reqs)
+        theirs = (other.num_banks, other.state_slot_offset, other.max_num_reqs)
+        if mine != theirs:
+            raise ValueError(
+                f"DsparkVerifyPlan.copy_: (num_banks, state_slot_offset, max_num_reqs) {theirs} "
+                f"differ from the captured plan's {mine}"
+            )
         self.prefill_plan.copy_(other.prefill_plan)
         self.row_emit.copy_(other.row_emit)
         self.row_len.copy_(other.row_len)
@@ -160,14 +170,16 @@ def dspark_verify_plan(
     num_q_tokens: int,
     num_banks: int,
     state_slot_offset: int,
+    max_num_reqs: int,
     state_dtype: torch.dtype = torch.float32,
 ) -> DsparkVerifyPlan:
     """Build the verify plan on the device (no host sync; CUDA-graph capturable).
 
     `seq_lens` int64 [B] are lengths before verify; `verify_lens` int32 [B] (0 for
     padding rows, longer rows are clamped to `num_banks`); `extend_start_loc` int32 [B]
-    is each row's start in the packed input of `num_q_tokens` rows. `state_dtype` only
-    picks which compiled module runs the plan (the plan itself is dtype-free).
+    is each row's start in the packed input of `num_q_tokens` rows; request slots outside
+    `[0, max_num_reqs)` are skipped (the bound the verify and the commit take too).
+    `state_dtype` only picks which compiled module runs the plan (the plan is dtype-free).
     """
     seq_lens, verify_lens, extend_start_loc, req_pool_indices = _one_empty_row(
         seq_lens, verify_lens, extend_start_loc, req_pool_indices
@@ -189,6 +201,7 @@ def dspark_verify_plan(
         row_len,
         int(num_banks),
         int(state_slot_offset),
+        int(max_num_reqs),
     )
     return DsparkVerifyPlan(
         prefill_plan=CompressorPrefillPlan(128, plan_c, plan_w, None),
@@ -200,6 +213,7 @@ def dspark_verify_plan(
         req_pool_indices=req_pool_indices,
         num_banks=int(num_banks),
         state_slot_offset=int(state_slot_offset),
+        max_num_reqs=int(max_num_reqs),
     )
 
 
@@ -234,6 +248,7 @@ def dspark_verify_compress(
         plan.row_emit,
         plan.num_banks,
         plan.state_slot_offset,
+        plan.max_num_reqs,
     )
     return out
 
@@ -250,6 +265,7 @@ def dspark_write_prefix(
     num_banks: int,
     state_slot_stride: int,
     num_q_tokens: int,
+    max_num_reqs: int,
 ) -> None:
     """Ragged write-prefix: banks 1..len of each row's window, no emit.
 
@@ -270,6 +286,7 @@ def dspark_write_prefix(
         int(num_banks),
         int(state_slot_stride),
         int(num_q_tokens),
+        int(max_num_reqs),
     )
 
 
@@ -359,7 +376,8 @@ def dspark_commit(
     `extend_start_loc`, `req_pool_indices`, `num_q_tokens`), so each row's window is the
     one its verify folded. Per row: `accept = clamp(new_seq - seq_before, 0, window len)`;
     skipped when 0, when `(seq_before + accept) % 128 == 0`, or when the request slot is
-    outside `[0, max_num_reqs)`; else bank[accept] -> bank 0 in every layer.
+    outside `[0, max_num_reqs)` (the plan's bound); else bank[accept] -> bank 0 in every
+    layer. A zero or misaligned entry of `state_ptrs` traps the launch.
     `num_state_rows` defaults to what `make_state_ptr_table` recorded.
     """
     info = _table_info(state_ptrs)

@@ -181,8 +181,11 @@ class OnlineC128DsparkController:
         self._enabled = online_c128_dspark_env() and target
         # Plans this controller built, keyed by id of the plan upstream code holds (the
         # refusing-copy type): (that plan, the DSPARK verify plan). The ones recorded in
-        # CUDA graphs (kept while the graphs live) and the latest eager one.
+        # CUDA graphs, one per graph shape (rows, packed tokens): a recapture of a shape
+        # replaces its plan, so the dict holds at most one per live graph bucket; and the
+        # latest eager one.
         self._captured_plans: Dict[int, Tuple[Any, Any]] = {}
+        self._captured_by_shape: Dict[Tuple[int, int], int] = {}
         self._eager_plan: Optional[Tuple[Any, Any]] = None
         self._verify_lens: Optional[torch.Tensor] = None
         self._uniform_start_loc: Optional[torch.Tensor] = None
@@ -229,7 +232,12 @@ class OnlineC128DsparkController:
         if lens.shape[0] != bs:
             raise RuntimeError(f"online c128 DSPARK: {bs} verify rows exceed the request rows")
         if ragged_layout is None:
-            real = min(max(int(verify_bs), 0), bs)
+            real = int(verify_bs)
+            if not 0 <= real <= bs:
+                raise RuntimeError(
+                    f"online c128 DSPARK: uniform verify of {real} rows, but the verify "
+                    f"metadata has {bs} rows"
+                )
             lens[:real].fill_(self._verify_width())
             self._uniform_start_loc_buffer()  # allocated here, outside any graph
         else:
@@ -238,7 +246,12 @@ class OnlineC128DsparkController:
                 raise RuntimeError(
                     "online c128 DSPARK: compact verify without the batch's ragged layout"
                 )
-            real = min(live.bs, bs)
+            real = int(live.bs)
+            if not 0 <= real <= bs:
+                raise RuntimeError(
+                    f"online c128 DSPARK: the batch's ragged layout has {real} real rows, "
+                    f"but the verify metadata has {bs} rows"
+                )
             lens[:real].copy_(live.verify_lens[:real])
         lens[real:].zero_()
         self._prepared_bs = bs
@@ -275,11 +288,17 @@ class OnlineC128DsparkController:
             num_q_tokens=int(num_q_tokens),
             num_banks=int(pool.get_online_c128_mtp_max_draft_tokens()),
             state_slot_offset=int(pool.get_online_c128_mtp_state_slot_offset()),
+            max_num_reqs=int(pool.get_online_c128_state_num_req_slots()),
             state_dtype=states[0].dtype,  # the JIT module the layers use
         )
         base = verify_plan.prefill_plan
         plan = _dspark_plan_type(type(base))(*base)  # same tensors, copy_ refused
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            shape = (bs, int(num_q_tokens))
+            replaced = self._captured_by_shape.pop(shape, None)
+            if replaced is not None:
+                self._captured_plans.pop(replaced, None)
+            self._captured_by_shape[shape] = id(plan)
             self._captured_plans[id(plan)] = (plan, verify_plan)
         else:
             self._eager_plan = (plan, verify_plan)
@@ -461,7 +480,12 @@ def _verify_compress(
     is_online: bool = True,
 ) -> torch.Tensor:
     """`compress_forward`'s signature, running the fused DSPARK verify compress."""
-    assert plan is owned and is_online and compress_ratio == 128
+    if plan is not owned or not is_online or compress_ratio != 128:
+        raise RuntimeError(
+            "online c128 DSPARK: the fused verify compress got another plan than the one "
+            f"it was routed for, or a layer that is not online c128 (online={is_online}, "
+            f"ratio={compress_ratio})"
+        )
     state = kv_score_buffer.view(-1, 3 * head_dim)
     return _ops().dspark_verify_compress(
         state, kv_score_input, ape.view(-1, head_dim), verify_plan, out=out

@@ -28,7 +28,7 @@ that flag/env has; an unknown key or a wrong type is a ValueError):
 | online_compress | bool | env SGLANG_OPT_USE_ONLINE_COMPRESS | False: no online c128 state pools |
 | online_c128_mtp | bool | env SGLANG_EXPERIMENTAL_ONLINE_C128_MTP | True |
 | speculative_algorithm | str or None | --speculative-algorithm | not DSPARK |
-| num_draft_tokens | int or None | --speculative-num-draft-tokens (or --speculative-dspark-block-size + 1); None: resolved later | outside 1..MAX_BANKS |
+| num_draft_tokens | int or None | --speculative-num-draft-tokens (or --speculative-dspark-block-size + 1); None: resolved later | outside 1..MAX_VERIFY_WIDTH |
 | ragged_verify_mode | str | env SGLANG_RAGGED_VERIFY_MODE | not static / compact |
 | enable_two_batch_overlap | bool | --enable-two-batch-overlap | True |
 | enable_pdmux | bool | --enable-pdmux | True |
@@ -39,6 +39,8 @@ that flag/env has; an unknown key or a wrong type is a ValueError):
 | dcp_size | int | --dcp-size | > 1 |
 | pp_size | int | --pp-size | > 1 |
 | disaggregation_mode | str | --disaggregation-mode | not "null" |
+| prefill_attention_backend | str or None | --prefill-attention-backend, else --attention-backend; None: auto | differs from decode_attention_backend |
+| decode_attention_backend | str or None | --decode-attention-backend, else --attention-backend; None: auto | differs from prefill_attention_backend |
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ RAGGED_ENV = "SGLANG_RAGGED_VERIFY_MODE"
 # Largest bank count the online c128 DSPARK kernels hold (`kMaxBanks` in
 # csrc/deepseek_v4/online_c128_dspark.cuh); a test keeps the two equal.
 MAX_BANKS = 1024
+# DeepSeek-V4's c4 compress state ring under speculative decoding (ring_size 16, window 8)
+# keeps at most 16 - 8 + 2 draft tokens resident (upstream's get_compress_state_write_pad;
+# its pool check refuses more): the verify width a DSV4 launch can run is the lower cap.
+C4_RING_DRAFT_CAP = 10
+MAX_VERIFY_WIDTH = min(MAX_BANKS, C4_RING_DRAFT_CAP)
 
 # key -> (accepted types, value of an upstream launch without the flag / env)
 KEYS: Dict[str, tuple] = {
@@ -72,6 +79,8 @@ KEYS: Dict[str, tuple] = {
     "dcp_size": ((int,), 1),
     "pp_size": ((int,), 1),
     "disaggregation_mode": ((str,), "null"),
+    "prefill_attention_backend": ((str, type(None)), None),
+    "decode_attention_backend": ((str, type(None)), None),
 }
 
 _SHOWN_RAGGED_MODES = ("static", "compact")
@@ -90,12 +99,14 @@ def _when(name: str, refused: Callable[[Mapping[str, Any]], bool], line: str) ->
 
 def _banks(c: Mapping[str, Any]) -> Optional[str]:
     n = c["num_draft_tokens"]
-    if n is None or 0 < n <= MAX_BANKS:
+    if n is None or 0 < n <= MAX_VERIFY_WIDTH:
         return None
     return (
-        f"the DSPARK verify width is {n} (speculative_num_draft_tokens = gamma + 1) but the "
-        f"online c128 DSPARK kernels hold 1..{MAX_BANKS} state banks, one per verify token; "
-        "change --speculative-dspark-block-size"
+        f"the DSPARK verify width is {n} (speculative_num_draft_tokens = gamma + 1) but it "
+        f"must be 1..{MAX_VERIFY_WIDTH}: DeepSeek-V4's c4 compress state ring keeps at most "
+        f"{C4_RING_DRAFT_CAP} draft tokens resident (the online c128 DSPARK kernels alone "
+        f"hold up to {MAX_BANKS} state banks, one per verify token); change "
+        "--speculative-dspark-block-size"
     )
 
 
@@ -188,6 +199,14 @@ RULES: tuple = (
         "--disaggregation-mode {disaggregation_mode}: moving the online c128 state banks "
         "between prefill and decode servers is not shown with the controller",
     ),
+    _when(
+        "hybrid-attention-backend",
+        lambda c: c["prefill_attention_backend"] != c["decode_attention_backend"],
+        "prefill attention backend {prefill_attention_backend} and decode attention backend "
+        "{decode_attention_backend} differ: the target's backend becomes a HybridAttnBackend "
+        "whose two backends would each keep their own verify state, and the commit after "
+        "accept finds no controller on the wrapper; use one --attention-backend",
+    ),
 )
 
 
@@ -278,6 +297,20 @@ def config_from_context(
         "dcp_size": int(parallel.dcp_size),
         "pp_size": int(parallel.pp_size),
         "disaggregation_mode": str(disagg.disaggregation_mode),
+        **_backend_pair(
+            exec_.kernel.attention_backend,
+            exec_.kernel.prefill_attention_backend,
+            exec_.kernel.decode_attention_backend,
+        ),
+    }
+
+
+def _backend_pair(base: Optional[str], prefill: Optional[str], decode: Optional[str]) -> Dict[str, Any]:
+    """The (prefill, decode) attention backends, split flags falling back to the base one
+    (upstream's `attention_backends_of`)."""
+    return {
+        "prefill_attention_backend": prefill or base,
+        "decode_attention_backend": decode or base,
     }
 
 
@@ -297,6 +330,9 @@ LAUNCH_FLAGS: tuple = (
     (("--dcp-size", "--decode-context-parallel-size"), "dcp_size", int),
     (("--pp-size", "--pipeline-parallel-size"), "pp_size", int),
     (("--disaggregation-mode",), "disaggregation_mode", str),
+    (("--attention-backend",), "attention_backend", str),
+    (("--prefill-attention-backend",), "prefill_attention_backend", str),
+    (("--decode-attention-backend",), "decode_attention_backend", str),
     (("--config",), "config", str),
 )
 
@@ -348,4 +384,5 @@ def config_from_args(argv: Sequence[str], environ: Mapping[str, str]) -> Dict[st
         "dcp_size": 1 if args.dcp_size is None else args.dcp_size,
         "pp_size": 1 if args.pp_size is None else args.pp_size,
         "disaggregation_mode": args.disaggregation_mode or "null",
+        **_backend_pair(args.attention_backend, args.prefill_attention_backend, args.decode_attention_backend),
     }
