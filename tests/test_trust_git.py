@@ -290,3 +290,19 @@ def test_a_read_only_tree_is_a_permission_error_not_a_conflict(series, tree, fol
     assert Git(worktree=tree).rev_parse("refs/heads/main") is not None  # the user's branch is there
     resume = printed_command(res.err, "c128patch apply --continue")
     assert run_printed(resume).returncode == 0  # writable again: the printed resume finishes the apply
+
+
+
+@pytest.mark.parametrize("verb", ["apply", "check"])
+def test_a_patch_with_a_bad_rename_header_is_refused_as_corrupt_not_as_a_conflict(series, tree, verb):
+    patch = series / "patches" / "0001-test.patch"
+    text = patch.read_text()
+    header = f"diff --git a/{CUH} b/{CUH}\n"
+    assert header in text
+    patch.write_text(text.replace(header, header + f"similarity index 90%\nrename from python/sglang/elsewhere.cuh\n"
+                                  f"rename to {CUH}\n", 1))
+    update_hashes(load_series(series))
+    args = apply_args(tree, series) if verb == "apply" else ["check", "--sglang-rev", "v0.5.23", "--repo", tree,
+                                                            "--series", series]
+    line = refused(args, tree, "corrupt patch 0001-test.patch: git apply: bad git-diff - inconsistent old filename")
+    assert "does not apply" not in line and "conflict" not in line
