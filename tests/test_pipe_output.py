@@ -9,6 +9,7 @@ import functools
 import http.server
 import io
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -86,12 +87,28 @@ def local_index(tmp_path, sglang_release_repo):
 @pytest.mark.skipif(not _pip_reports_bytes(), reason="this pip is older than 24.1: it prints no byte progress "
                                                     "(--progress-bar raw); a fresh venv's bundled pip can be")
 def test_a_download_off_a_terminal_prints_plain_progress_lines(local_index, tmp_path):
-    res = invoke("wheel", "--from-release", "0.5.20", "-o", str(tmp_path / "dist"), as_json=False, env=local_index)
-    assert res.code == 0, res.err
-    size = (Path(local_index["C128PATCH_CACHE"]) / "wheels").glob("sglang-0.5.20-*.whl")
-    mb = f"{next(size).stat().st_size / 1e6:.1f}"
-    lines = [line for line in res.err.splitlines() if line.startswith("downloading sglang 0.5.20 wheel: ")]
+    lines, mb = _download_lines(local_index, tmp_path)
     assert lines[0].startswith(f"downloading sglang 0.5.20 wheel: 0.0 of {mb} MB, ")
     assert lines[-1].startswith(f"downloading sglang 0.5.20 wheel: {mb} of {mb} MB, ") and lines[-1].endswith(" s")
+
+
+def test_with_a_pip_that_reports_no_bytes_the_lines_say_the_time_then_the_size(local_index, tmp_path, monkeypatch):
+    import c128patch.upstream.releases as releases
+
+    monkeypatch.setattr(releases, "_pip_reports_bytes", lambda: False)
+    local_index = {**local_index, "PIP_PROGRESS_BAR": "off"}
+    lines, mb = _download_lines(local_index, tmp_path)
+    assert all(re.fullmatch(r"downloading sglang 0\.5\.20 wheel: \d+ s", line) for line in lines[:-1]), lines
+    assert re.fullmatch(rf"downloading sglang 0\.5\.20 wheel: {mb} of {mb} MB, \d+ s", lines[-1]), lines
+
+
+def _download_lines(env: dict, tmp_path: Path) -> tuple[list[str], str]:
+    res = invoke("wheel", "--from-release", "0.5.20", "-o", str(tmp_path / "dist"), as_json=False, env=env)
+    assert res.code == 0, res.err
+    size = (Path(env["C128PATCH_CACHE"]) / "wheels").glob("sglang-0.5.20-*.whl")
+    mb = f"{next(size).stat().st_size / 1e6:.1f}"
+    lines = [line for line in res.err.splitlines() if line.startswith("downloading sglang 0.5.20 wheel: ")]
+    assert lines, res.err
     assert "progress" not in res.text.lower() and "downloading" not in res.text  # stdout: the result only
     assert list((tmp_path / "dist").glob("sglang-0.5.20+c128.*.whl"))
+    return lines, mb

@@ -24,7 +24,10 @@ class NullReporter:
 
 
 def transfer_line(what: str, done: int, total: int | None, seconds: float) -> str:
-    """``downloading sglang 0.5.22 wheel (file 3 of 4): 12.6 of 34.5 MB, 14 s``."""
+    """``downloading sglang 0.5.22 wheel (file 3 of 4): 12.6 of 34.5 MB, 14 s`` (``...: 14 s`` when
+    ``done`` is -1: bytes unknown)."""
+    if done < 0:  # bytes unknown (an older pip): the time alone
+        return f"{what}: {seconds:.0f} s"
     size = f"{done / 1e6:.1f} of {total / 1e6:.1f} MB" if total else f"{done / 1e6:.1f} MB"
     return f"{what}: {size}, {seconds:.0f} s"
 

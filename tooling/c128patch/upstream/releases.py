@@ -132,10 +132,12 @@ def pip_download(version: str, extra: tuple[str, ...] = (), progress: Progress |
 
 def _pip_download_into(dest: Path, version: str, extra: tuple[str, ...], progress: Progress | None) -> tuple[bool, str]:
     base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest)]
-    if progress is None or not _pip_reports_bytes():
+    if progress is None:
         proc = subprocess.run([*base, "-q", *extra, f"{PACKAGE}=={version}"], capture_output=True, text=True)
         last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
         return proc.returncode == 0, last[0]
+    if not _pip_reports_bytes():  # an older pip says no bytes: the time it takes, then the size it got
+        return _pip_download_timed(base, dest, version, extra, progress)
     last = ""
     with subprocess.Popen([*base, "--progress-bar", "raw", *extra, f"{PACKAGE}=={version}"], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as pip:
@@ -147,6 +149,24 @@ def _pip_download_into(dest: Path, version: str, extra: tuple[str, ...], progres
             elif line.strip():
                 last = line.strip()
     return pip.returncode == 0, last
+
+
+def _pip_download_timed(base: list[str], dest: Path, version: str, extra: tuple[str, ...],
+                       progress: Progress) -> tuple[bool, str]:
+    with tempfile.TemporaryFile("w+") as out, subprocess.Popen(
+            [*base, "-q", *extra, f"{PACKAGE}=={version}"], stdout=out, stderr=subprocess.STDOUT, text=True) as pip:
+        while True:
+            try:
+                pip.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                progress(-1, None)  # bytes unknown: the reporter says how long it has taken
+        out.seek(0)
+        last = out.read().strip().splitlines()[-1:] or [""]
+    size = sum(w.stat().st_size for w in dest.glob("*.whl"))
+    if pip.returncode == 0 and size:
+        progress(size, size)
+    return pip.returncode == 0, last[0]
 
 
 def wheel_for(version: str, progress: Progress | None = None) -> Path:
