@@ -370,7 +370,7 @@ def test_the_next_step_a_rebase_prints_works(tree, series):
     assert invoke(*apply_args(tree, series), as_json=False).code == 0
     res = invoke("rebase", "--onto", "v0.5.23", "--tree", tree, "--series", series, as_json=False)
     assert res.code == 0, res.err
-    done = run_printed(printed_command(res.text, "c128patch refresh"))
+    done = run_printed(printed_command(res.text.split("; next: ", 1)[1], "c128patch refresh"))
     assert done.returncode == 0, done.stderr
     assert "series test" in done.stdout  # the series the rebase used, not the one this tool carries
 

@@ -97,10 +97,13 @@ def applied_023(like: Git, series: Path, tmp_path_factory: pytest.TempPathFactor
     return tree, run
 
 
-def test_apply_proves_the_tree_and_prints_no_unverified_note(applied_023, history: Git, like: Git):
+def test_apply_proves_the_tree_and_prints_the_note_the_tool_s_history_gets(applied_023, history: Git, like: Git,
+                                                                         series: Path):
     tree, run = applied_023
     assert run.code == 0, run.err
-    assert "identical to a fresh apply" in run.text and "note:" not in run.text and "unverified" not in run.text
+    assert "identical to a fresh apply" in run.text and "differ" not in run.text
+    expected = verification_note(load_series(series), history, history.rev_parse("v0.5.23") or "", "v0.5.23")
+    assert (expected in run.text) if expected else ("note:" not in run.text)  # the note the tool's history gets
     record = json.loads((tree / PROVENANCE).read_text())
     assert record["upstream"]["commit"] == like.rev_parse("v0.5.23") != history.rev_parse("v0.5.23")
 
@@ -134,19 +137,27 @@ def test_watch_onto_its_v0_5_23_is_clean(like: Git, series: Path, tmp_path: Path
     assert res.out["outcome"] == "clean", res.out.get("headline")
 
 
-def test_matrix_of_the_clone_shows_every_release_verified(like: Git, series: Path):
+def test_matrix_of_the_clone_shows_what_the_tool_s_history_shows(like: Git, series: Path):
     res = invoke("matrix", "--repo", repo(like), "--series", str(series))
-    assert res.code == 0, res.err
+    ours = invoke("matrix", "--series", str(series))
+    assert res.code == 0 and ours.code == 0, res.err or ours.err
     rows = {r["rev"]: r for r in res.out["releases"]}
-    assert list(rows) == list(RELEASES)
-    assert all(r["fully_verified"] and r["differs"] is None for r in rows.values()), {k: r["missing"] for k, r in rows.items()}
+    expected = {r["rev"]: r for r in ours.out["releases"]}
+    assert list(rows) == list(RELEASES) == list(expected)
+    assert all(r["differs"] is None for r in rows.values())
+    assert {k: (r["fully_verified"], r["missing"]) for k, r in rows.items()} == \
+        {k: (r["fully_verified"], r["missing"]) for k, r in expected.items()}
 
 
 @pytest.mark.parametrize("rev", [*RELEASES, "main"])
-def test_the_apply_and_wheel_notes_agree_with_the_tool_s_history(like: Git, rev: str):
+def test_the_apply_and_wheel_notes_agree_with_the_tool_s_history(like: Git, history: Git, rev: str):
     series = load_series(REPO_ROOT)
-    assert verification_note(series, like, like.rev_parse(rev) or "", rev) is None
-    assert release_note(series, ("v0.5.23" if rev == "main" else rev).removeprefix("v")) is None
+    tag = "v0.5.23" if rev == "main" else rev
+    ours = verification_note(series, history, history.rev_parse(tag) or "", tag)
+    note = verification_note(series, like, like.rev_parse(rev) or "", rev)
+    assert note == (ours.replace(f"note: {tag} ", f"note: {rev} ", 1) if ours else None)
+    assert release_note(series, tag.removeprefix("v")) == (ours.replace(f"note: {tag} ", f"note: sglang {tag[1:]} ", 1)
+                                                           if ours else None)
 
 
 def test_a_commit_whose_sources_differ_in_one_file_is_unverified_and_names_it(like: Git, series: Path):
@@ -154,7 +165,7 @@ def test_a_commit_whose_sources_differ_in_one_file_is_unverified_and_names_it(li
                  "--series", str(series))
     assert res.code == 0, res.err
     edited, release = res.out["releases"]
-    assert release["fully_verified"]
+    assert release["differs"] is None and not any("differ" in m for m in release["missing"])
     assert not edited["fully_verified"] and edited["differs"] == {"rev": "v0.5.22", "files": [EDITED]}
     assert f"1 file differs from v0.5.22's evidenced sources: {EDITED}" in edited["missing"]
     note = verification_note(load_series(series), like, like.rev_parse("edited") or "", "edited")

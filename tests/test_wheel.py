@@ -383,7 +383,8 @@ def test_conflicting_patch(tmp_path: Path, sglang_release_repo: Path, wheel_seri
     out = tmp_path / "new-out"  # not created before: must not exist after
     res = run_cli(["wheel", "--from-release", "0.5.20", "--series", str(wheel_series), "-o", str(out)])
     assert res.code == 1, (res.code, res.err)
-    (line,) = res.err.strip().splitlines()
+    line, note = res.err.strip().splitlines()  # the error, then check's note: 0.5.20 is older than the series' base
+    assert note.startswith("note: v0.5.20 is older than (or not descended from) every release the series was made on")
     assert line.startswith("c128patch: error: entry 'test-patch' (patches/0001-test.patch) does not apply to sglang-0.5.20")
     assert "sglang/srt/environ.py hunk #1 @@" in line and "no wheel was written" in line
     assert not out.exists()
