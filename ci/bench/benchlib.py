@@ -32,7 +32,7 @@ def stamp(row: dict, revs: Sequence[str], series_root: Path | None = None) -> di
             "series": {"name": series.name, "version": series.version, "digest": series.digest()}, "keys": keys}
 
 
-def write_json(path: Path | None, row: dict, *, revs: Sequence[str], series_root: Path | None = None) -> None:
+def write_json(path: Path | None, row: dict, *, revs: Sequence[str] = (), series_root: Path | None = None) -> None:
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(stamp(row, revs, series_root), indent=2) + "\n")
