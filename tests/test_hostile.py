@@ -21,6 +21,7 @@ from c128patch.ops.lint import update_hashes
 from c128patch.ops.treestate import apply_journal, rebase_journal
 from c128patch.series.manifest import load_series, safe_destination
 from c128patch.series.provenance import PROVENANCE_PATH
+from small_series import CUH, EDIT, LINE, series, tree  # noqa: F401 (fixtures)
 from support import (
     cli_process,
     default_signals,
@@ -33,22 +34,9 @@ from support import (
     snapshot,
 )
 
-CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
-LINE = "    const uint32_t prefix_len = seq_len - extend_len;\n"
-EDIT = {CUH: (LINE, LINE.rstrip("\n") + "  // c128patch test\n")}
 OVERLAY = "python/sglang/c128_test_overlay.py"
 VERIFY = "python/sglang/srt/speculative/dspark_components/dspark_verify.py"
 ONLY_IN_023 = "from sglang.kernels.ops.speculative.dspark.static_accept_tail import static_accept_tail\n"
-
-
-@pytest.fixture
-def series(tmp_path: Path, sglang_release_repo: Path) -> Path:
-    return make_test_series(tmp_path / "series", sglang_release_repo, EDIT)
-
-
-@pytest.fixture
-def tree(sglang_release_repo: Path, tmp_path: Path) -> Path:
-    return small_clone(sglang_release_repo, tmp_path / "t").worktree  # type: ignore[return-value]
 
 
 def retarget(series: Path, target: str) -> None:

@@ -20,24 +20,12 @@ from c128patch.ops.lint import update_hashes
 from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import load_series
 from c128patch.upstream.cache import cache_dir
-from support import invoke, make_test_series, printed_command, refused, run_printed, small_clone, snapshot
+from small_series import CUH, EDIT, LINE, series, tree  # noqa: F401 (fixtures)
+from support import invoke, printed_command, refused, run_printed, small_clone, snapshot
 
-CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
-LINE = "    const uint32_t prefix_len = seq_len - extend_len;\n"
-EDIT = {CUH: (LINE, LINE.rstrip("\n") + "  // c128patch test\n")}
 OVERLAY = "python/sglang/c128_test_overlay.py"
 HOOKS = ("pre-commit", "prepare-commit-msg", "commit-msg", "post-commit", "applypatch-msg", "pre-applypatch",
          "post-applypatch", "post-checkout", "post-rewrite", "post-index-change", "reference-transaction", "pre-auto-gc")
-
-
-@pytest.fixture
-def series(tmp_path: Path, sglang_release_repo: Path) -> Path:
-    return make_test_series(tmp_path / "series", sglang_release_repo, EDIT)
-
-
-@pytest.fixture
-def tree(sglang_release_repo: Path, tmp_path: Path) -> Path:
-    return small_clone(sglang_release_repo, tmp_path / "t").worktree  # type: ignore[return-value]
 
 
 @pytest.fixture
