@@ -57,6 +57,20 @@ def test_a_long_transfer_prints_a_line_every_few_seconds_and_at_its_end():
     ]
 
 
+def test_a_transfer_of_unknown_bytes_is_silent_for_its_first_seconds():
+    """A download that fails at once (an unknown release) prints its error alone, no ': 0 s' line."""
+    out, now = io.StringIO(), [50.0]
+    rep = PlainReporter(stream=out, every=5.0, clock=lambda: now[0])
+    for t in (0, 1, 4.9, 5.0, 6, 10.2):
+        now[0] = 50.0 + t
+        transfer(rep, "downloading sglang 9.9.9 wheel", -1, None)
+    assert out.getvalue().splitlines() == ["downloading sglang 9.9.9 wheel: 5 s", "downloading sglang 9.9.9 wheel: 10 s"]
+    quick = io.StringIO()
+    rep = PlainReporter(stream=quick, every=5.0, clock=lambda: now[0])
+    transfer(rep, "downloading sglang 9.9.9 wheel", -1, None)
+    assert quick.getvalue() == ""
+
+
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         return None

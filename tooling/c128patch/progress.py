@@ -48,7 +48,9 @@ class RichReporter:
 
 class PlainReporter:
     """Off a terminal: steps are silent (the command's output says what it did); a long transfer
-    prints a plain line on stderr when it starts, every ``every`` seconds and when it ends."""
+    prints a plain line on stderr when it starts, every ``every`` seconds and when it ends. A
+    transfer of unknown bytes (``done`` -1) says nothing for its first ``every`` seconds: one that
+    ends (or fails) sooner prints no line of its own."""
 
     def __init__(self, stream: TextIO | None = None, every: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -63,6 +65,8 @@ class PlainReporter:
     def transfer(self, what: str, done: int, total: int | None) -> None:
         now = self._clock()
         start = self._started.setdefault(what, now)
+        if done < 0 and now - start < self._every:
+            return
         if total is not None and done >= total:
             if what in self._ended:
                 return
