@@ -68,6 +68,41 @@ def reformatted_and_more(git: Git) -> str:
         line, line + "  uint32_t extra_count = 0;\n")), parent="reformatted")
 
 
+WORKER = "python/sglang/srt/speculative/dspark_components/dspark_worker_v2.py"
+BACKEND = "python/sglang/srt/layers/attention/deepseek_v4_backend.py"
+STREAMS = "c128-dspark-record-streams"
+BACKEND_ENTRY = "c128-dspark-online-backend"
+JOINED = "        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())\n"
+SPLIT = ("            ragged_layout = self._resolve_verify_layout(\n"
+         "                forward_batch,\n"
+         "                bs=len(seq_lens),\n"
+         "            )\n")
+
+
+def rewrapped(git: Git) -> str:
+    """black re-wraps the lines next to two insertions: it joins the 3-line record_stream call the
+    record-streams entry inserts after onto one line, and splits the _resolve_verify_layout call the
+    backend entry inserts after over four (with its magic trailing comma)."""
+    edits = {WORKER: ("        batch.seq_lens.record_stream(\n"
+                      "            torch.get_device_module(self.device).current_stream()\n"
+                      "        )\n", JOINED),
+             BACKEND: ("            ragged_layout = self._resolve_verify_layout(forward_batch, bs=len(seq_lens))\n",
+                       SPLIT)}
+    texts = {}
+    for path, (old, new) in edits.items():
+        text = git.blob("v0.5.23", path).decode()
+        assert text.count(old) == 1
+        texts[path] = text.replace(old, new)
+    return commit_on(git, "style: black", lambda idx: [put(idx, path, text) for path, text in texts.items()])
+
+
+def reindented(git: Git) -> str:
+    """The join of ``rewrapped``, indented one level deeper: no re-wrap, a change of the code's block."""
+    text = git.blob("rewrapped", WORKER).decode()
+    return commit_on(git, "dspark: record the seq_lens stream in a block", lambda idx: put(
+        idx, WORKER, text.replace(JOINED, "    " + JOINED)), parent="rewrapped")
+
+
 def plan_moved(git: Git) -> str:
     """c_plan.cuh moved to compress_plan.cuh with a line added at its top; every importer updated."""
     importers = [line.split(":", 2)[1] for line in git.out("grep", "-l", "c_plan.cuh", "v0.5.23", "--",
@@ -139,7 +174,8 @@ def remote(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) 
     dest = tmp_path_factory.mktemp("remote") / "sglang.git"
     subprocess.run(["git", "clone", "--quiet", "--bare", str(sglang_release_repo), str(dest)], check=True)
     git = Git(git_dir=dest)
-    for branch, make in (("reformatted", reformatted), ("reformatted-more", reformatted_and_more),
+    for branch, make in (("reformatted", reformatted), ("reformatted-more", reformatted_and_more), ("rewrapped", rewrapped),
+                         ("reindented", reindented),
                          ("plan-moved", plan_moved), ("fixed", fixed_upstream), ("half-fixed", half_fixed),
                          ("overlay-landed", overlay_landed), ("rules-taken", rules_taken)):
         git.run("update-ref", f"refs/heads/{branch}", make(git))
@@ -212,6 +248,28 @@ def test_a_reformat_next_to_other_upstream_lines_is_carried_by_a_whitespace_inse
     check = invoke("check", "--sglang-rev", "reformatted-more", "--repo", str(remote.git_dir), "--series", str(series))
     verdict = check.out["revs"][0]["apply"]  # git am has no whitespace-insensitive 3-way merge: said, not hidden
     assert verdict["exit"] == 1 and verdict["entry"] == ZERO
+
+
+def test_context_lines_a_formatter_joined_or_split_are_carried_with_no_stop(remote, tmp_path):
+    git, series = applied(remote, tmp_path)
+    run = rebase(git, series, "--onto", remote.rev_parse("rewrapped"))
+    assert run.code == 0, run.err
+    for name in (STREAMS, BACKEND_ENTRY):  # strict, 3-way and whitespace-insensitive merges all fail them
+        row = entry(run, name)
+        assert row["applied"] == "whitespace" and "re-wrapped (joined or split)" in row["detail"], row
+    assert run.out["equivalence"]["identical"], run.out["equivalence"]["summary"]
+    worker = (git.worktree / WORKER).read_text()  # upstream's wrapping kept, our lines right after it
+    assert JOINED + "        if envs.SGLANG_DSPARK_RECORD_VERIFY_STREAMS.get():\n" in worker
+    backend = (git.worktree / BACKEND).read_text()
+    assert SPLIT + "            self.online_c128_dspark.prepare_verify(\n" in backend
+    assert backend.count("self.online_c128_dspark.prepare_verify(") == 2
+    row = check_row(remote, series, "rewrapped", BACKEND_ENTRY)
+    assert row["status"] == "whitespace" and "re-wrapped" in row["detail"]
+
+
+def test_context_upstream_indented_otherwise_is_no_rewrap(remote, tmp_path):
+    row = check_row(remote, copy_series(tmp_path / "series"), "reindented", STREAMS)
+    assert row["status"] == "conflict", row
 
 
 # -- a patched file moved upstream: the hunk follows it ----------------------------------------

@@ -5,12 +5,13 @@ A patch is tried strictly (``git apply --cached``, all or nothing), then with a 
 conflicts and a ledger is given, the conflicted files are made as git makes them in a work tree
 (``git apply --3way`` in a scratch folder holding only the patch's files, so their keys are the
 ones a rebase stop records) and the ledger's resolutions are tried on them. Still conflicted, the
-patch is retried ignoring whitespace changes (``git apply --ignore-whitespace``): an upstream
-reformat of the lines it touches is carried, marked ``whitespace`` (whitespace-merged). A file the
-patch needs that upstream renamed (deleted in the target's history, found again by git's copy
-detection of its preimage blob against the target tree) is patched at its new path, and the row
-says so. An overlay is added whole; it collides with
-a file upstream already has.
+patch is retried ignoring whitespace changes (``git apply --ignore-whitespace``, then a 3-way merge
+ignoring them), then ignoring line breaks too (``ops.rewrap``: context lines a formatter joined or
+split): an upstream reformat of the lines it touches is carried, marked ``whitespace``
+(whitespace-merged). A file the patch needs that upstream renamed (deleted in the target's history,
+found again by git's copy detection of its preimage blob against the target tree) is patched at its
+new path, and the row says so. An overlay is added whole; it collides with a file upstream already
+has.
 
 ``replay_in_index`` replays the whole series on one upstream commit: what ``check`` reports, what
 ``equivalence`` compares a tree with, and what ``rebase`` replays entry by entry.
@@ -26,6 +27,7 @@ from typing import Literal
 from c128patch import exitcodes
 from c128patch.errors import C128Error
 from c128patch.git import Git
+from c128patch.ops.rewrap import rewrap_merge
 from c128patch.series.ledger import Conflict, Ledger, Resolution
 from c128patch.series.manifest import Series
 from c128patch.series.patchfile import NULL_BLOB, read_patch
@@ -154,6 +156,11 @@ def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | 
         row.detail = f"whitespace-merged: {WS_MERGE} merges it"
         return row
     index_file.write_bytes(saved)
+    if rewrap_merge(git, read_patch(patch) if patch != item.path else item.patch, index_file):
+        row.status, row.conflicts, row.resolutions = "whitespace", [], []
+        row.detail = f"whitespace-merged: {REWRAP}"
+        return row
+    index_file.write_bytes(saved)
     row.status = "conflict"
     if row.conflicts:
         row.detail = f"3-way merge conflicts in {', '.join(row.conflicts)}"
@@ -166,6 +173,7 @@ def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | 
 
 
 WS_MERGE = "a 3-way merge ignoring whitespace changes"
+REWRAP = "its context lines upstream re-wrapped (joined or split) were matched ignoring line breaks"
 
 
 def whitespace_merge(git: Git, item: Planned, index_file: Path, patch: Path) -> bool:

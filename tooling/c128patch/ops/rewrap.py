@@ -1,0 +1,122 @@
+"""Re-wrapped context: a patch whose hunks sit on lines upstream joined or split (black joining a
+call onto one line, or splitting one over several), placed ignoring line breaks.
+
+Tried where strict, 3-way and whitespace-insensitive merges all fail (``ops.replay``). Each hunk is
+found in upstream's file by its preimage with every whitespace character left out, line breaks
+too, and a comma before a closing bracket (the trailing comma black adds when it splits a call and
+drops when it joins one). The hunk's context may start or end inside a line upstream joined, but
+its change must begin and end at line boundaries of upstream's file, and each line that starts at
+the same place in both must be indented the same (a re-indented block is no re-wrap). The lines
+the hunk removes, as upstream wrapped them, are replaced by the lines it adds, as the patch has
+them; upstream's wrapping of everything around them is kept. Where the text occurs more than
+once, the place nearest the hunk's own line is taken. One hunk that does not fit fails the patch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from c128patch.git import Git
+from c128patch.series.patchfile import PatchInfo
+from c128patch.series.plan import index_git
+
+_CLOSERS = ")]}"
+
+
+def _stream(lines: list[str]) -> tuple[str, list[int]]:
+    """The lines' text without whitespace (a blank line counts as one mark) and the offset in it
+    where each line starts (one more entry: the end)."""
+    chars: list[tuple[str, int]] = []
+    for i, line in enumerate(lines):
+        chars += [(c, i) for c in ("".join(line.split()) or "\n")]
+    kept = [(c, i) for k, (c, i) in enumerate(chars)
+            if not (c == "," and k + 1 < len(chars) and chars[k + 1][0] in _CLOSERS)]
+    starts, at = [], 0
+    for i in range(len(lines) + 1):
+        while at < len(kept) and kept[at][1] < i:
+            at += 1
+        starts.append(at)
+    return "".join(c for c, _ in kept), starts
+
+
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
+def _place(lines: list[str], pre: list[str], cut: tuple[int, int], near: int) -> tuple[int, int] | None:
+    """Where the hunk whose preimage is ``pre`` sits in ``lines``: the lines (first, end) that its
+    change ``pre[cut[0]:cut[1]]`` covers there (module docstring), the nearest to line ``near``."""
+    text, starts = _stream(lines)
+    ptext, pstarts = _stream(pre)
+    line_at: dict[int, list[int]] = {}
+    for i, offset in enumerate(starts):
+        line_at.setdefault(offset, []).append(i)
+    tries = [(ptext, pstarts)]
+    if ptext.endswith(","):  # its last line's comma, which a closing bracket after the hunk drops upstream
+        tries.append((ptext[:-1], [min(o, len(ptext) - 1) for o in pstarts]))
+    found = []
+    for ptext, pstarts in tries:
+        q = text.find(ptext) if ptext else -1
+        while q >= 0:
+            first, end = line_at.get(q + pstarts[cut[0]], []), line_at.get(q + pstarts[cut[1]], [])
+            aligned = all(_indent(lines[line_at[q + pstarts[k]][0]]) == _indent(pre[k]) for k in range(len(pre))
+                          if pre[k].strip() and line_at.get(q + pstarts[k], [len(lines)])[0] < len(lines))
+            if len(first) == 1 and len(end) == 1 and aligned:
+                found.append((first[0], end[0]))
+            q = text.find(ptext, q + 1)
+    return min(found, key=lambda f: abs(f[0] - near)) if found else None
+
+
+def _rewrapped(text: str, pf) -> str | None:
+    """``text`` with the hunks of ``pf`` (a unidiff PatchedFile) placed as the module says; None
+    when one does not fit."""
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        return None
+    shift = 0
+    for hunk in pf:
+        kinds = [line.line_type for line in hunk]
+        if "\\" in kinds or not any(k in "+-" for k in kinds):
+            return None
+        first = next(i for i, k in enumerate(kinds) if k in "+-")
+        last = max(i for i, k in enumerate(kinds) if k in "+-")
+        pre = [line.value for line in hunk if not line.is_added]
+        lead = sum(1 for k in kinds[:first] if k == " ")
+        middle = [line for line in list(hunk)[first: last + 1]]
+        removed = sum(1 for line in middle if not line.is_added)
+        place = _place(lines, pre, (lead, lead + removed), hunk.source_start - 1 + lead + shift)
+        if place is None:
+            return None
+        start, end = place
+        added = [line.value for line in middle if not line.is_removed]
+        lines[start:end] = added
+        shift = start + len(added) - (hunk.source_start - 1 + lead + removed)
+    return "".join(lines)
+
+
+def rewrap_merge(git: Git, info: PatchInfo, index_file: Path) -> bool:
+    """The patch ``info`` applied to the index ``index_file`` as the module says. True when every
+    hunk fits (the index then holds the result); False leaves the index as it was."""
+    files = list(info.patchset)
+    if not files or any(pf.is_added_file or pf.is_removed_file or pf.is_binary_file or pf.is_rename
+                        or pf.source_file[2:] != pf.target_file[2:] for pf in files):
+        return False
+    idx = index_git(git, index_file)
+    out = []
+    for pf in files:
+        path = pf.path[2:] if pf.path.startswith(("a/", "b/")) else pf.path
+        listed = idx.out("ls-files", "-s", "--", path).split()
+        if len(listed) < 2:
+            return False
+        try:
+            text = git.run("cat-file", "blob", listed[1], binary=True).stdout.decode()
+        except UnicodeDecodeError:
+            return False
+        new = _rewrapped(text, pf)
+        if new is None:
+            return False
+        out.append((listed[0], path, new))
+    for mode, path, new in out:
+        blob = git.run("hash-object", "-w", "--stdin", input=new.encode(), binary=True).stdout.decode().strip()
+        idx.run("update-index", "--cacheinfo", f"{mode},{blob},{path}")
+    return True
