@@ -6,6 +6,8 @@ carried (or stopped) as a maintainer would want, and the result is proven."""
 
 from __future__ import annotations
 
+import json
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 from c128patch.git import Git
 from c128patch.ops.lint import update_hashes
 from c128patch.series.manifest import load_series
+from c128patch.series.provenance import PROVENANCE_PATH
 from support import REPO_ROOT, Run, copy_series, invoke, tree_of, upstream_commit
 
 ZERO = "c128-plan-zero-rows"
@@ -412,6 +415,49 @@ def test_the_stop_and_watch_show_the_hint_of_an_upstream_fix(remote, half_fixed_
 # -- an overlay upstream adds byte for byte: merged beats lint -----------------------------------
 
 
+def test_the_printed_drop_of_an_entry_upstream_merged_works_and_records_merged_in(remote, tmp_path):
+    git, series = applied(remote, tmp_path)
+    stop = rebase(git, series, "--onto", remote.rev_parse("overlay-landed"))
+    assert stop.code == 1 and f"entry '{HELPER}' looks merged upstream" in stop.err, stop.err
+    [line] = [line for line in stop.err.splitlines() if line.startswith("  drop it: ")]
+    argv = shlex.split(line.removeprefix("  drop it: "))
+    assert argv[:4] == ["c128patch", "rebase", "--drop", HELPER]
+    other = rebase(git, series, "--drop", ENV)
+    assert other.code != 0 and f"cannot drop '{ENV}': the rebase is stopped at entry '{HELPER}'" in other.err
+    run = invoke(*argv[1:])
+    assert run.code == 0, run.err
+    assert entry(run, HELPER)["status"] == "dropped-as-merged"
+    assert run.out["equivalence"]["ok"] and f"without {HELPER}" in run.out["equivalence"]["summary"]
+    refreshed = invoke("refresh", "--tree", str(git.worktree), "--series", str(series))
+    assert refreshed.code == 0, refreshed.err
+    assert load_series(series).entry(HELPER).merged_in == remote.rev_parse("overlay-landed")
+
+
+def test_drop_from_the_start_carries_no_stop_and_records_the_upstream_fix(remote, tmp_path):
+    git, series = applied(remote, tmp_path)
+    run = rebase(git, series, "--onto", remote.rev_parse("fixed"), "--drop", ZERO)  # a conflict otherwise
+    assert run.code == 0, run.err
+    row = entry(run, ZERO)
+    assert row["status"] == "dropped-as-merged" and row["detail"].startswith("dropped: ") and not row["new_sha"]
+    assert run.out["equivalence"]["ok"] and f"without {ZERO}" in run.out["equivalence"]["summary"]
+    record = json.loads((git.worktree / PROVENANCE_PATH).read_text())
+    [dropped] = record["dropped"]  # the upstream commit naming its PR, not merely the new base
+    assert dropped["name"] == ZERO and dropped["merged_in"] == remote.rev_parse("fixed")
+    assert GUARD_NEW in (git.worktree / PLAN).read_text()
+
+
+def test_drop_refuses_an_unknown_entry_in_one_line_and_starts_nothing(remote, tmp_path):
+    git, series = applied(remote, tmp_path)
+    head, branch = git.head(), git.current_branch()
+    run = rebase(git, series, "--onto", "v0.5.23", "--drop", "no-such-entry")
+    assert run.code != 0
+    assert run.err.strip().splitlines() == [
+        "c128patch: error: cannot rebase: --drop no-such-entry: the series has no such entry (its entries: "
+        + ", ".join(e.name for e in load_series(series).entries) + ")"]
+    assert (git.head(), git.current_branch()) == (head, branch)
+    assert not list((Path(git.out("rev-parse", "--absolute-git-dir")) / "c128patch").glob("rebase*.json"))
+
+
 def test_an_overlay_upstream_holds_byte_for_byte_is_merged_not_failed(remote, tmp_path):
     out = tmp_path / "out"
     run = invoke("watch", "--onto", "overlay-landed", "--primary", "--repo", str(remote.git_dir), "--out", str(out),
@@ -437,9 +483,10 @@ def test_the_stop_names_the_upstream_commit_and_its_importers(remote, tmp_path):
     assert "  way through: rename our target (entries c128-dspark-online-controller import ours)" in run.err
 
 
-def test_dropping_ours_as_superseded_is_proven(remote, tmp_path):
+@pytest.mark.parametrize("way", [("--skip",), ("--drop", RULES)])
+def test_dropping_ours_as_superseded_is_proven(remote, tmp_path, way):
     git, series, _ = taken_stop(remote, tmp_path)
-    run = rebase(git, series, "--skip")
+    run = rebase(git, series, *way)
     assert run.code == 0, run.err
     assert run.out["equivalence"]["ok"] and f"without {RULES}" in run.out["equivalence"]["summary"]
     assert (git.worktree / RULES_TARGET).read_text() == "UPSTREAM_RULES = ()\n"

@@ -1,4 +1,4 @@
-"""c128patch rebase --onto REV | --continue | --skip | --abort  [--tree DIR] [--json]"""
+"""c128patch rebase --onto REV [--drop ENTRY ...] | --continue | --skip | --drop ENTRY | --abort  [--tree DIR] [--json]"""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from c128patch.cli.common import (
 from c128patch.errors import C128Error, Interrupted
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from c128patch.git import Git
     from c128patch.series.manifest import Series
 
@@ -52,6 +54,9 @@ def _onto_commit(git: Git, rev: str, repo: str | None) -> str:
 @click.option("--skip", is_flag=True, help="Drop the entry that stopped the rebase.")
 @click.option("--abort", is_flag=True, help="Restore the branch as it was before the rebase.")
 @click.option("--drop-merged", is_flag=True, help="Drop entries found merged upstream (they are listed, never dropped silently).")
+@click.option("--drop", "drop", multiple=True, metavar="ENTRY",
+              help="Drop ENTRY as merged upstream (recorded with merged_in; refresh keeps it so): with --onto, "
+                   "from the start; alone, the entry the rebase stopped at.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write rebase-report.md/.json here.")
 @tree_option
@@ -59,10 +64,13 @@ def _onto_commit(git: Git, rev: str, repo: str | None) -> str:
 @series_option
 @json_option
 @handles_errors
-def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: bool, report_dir: Path | None,
-            tree: Path | None, repo: str | None, series_dir: Path | None, as_json: bool) -> None:
+def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: bool, drop: tuple[str, ...],
+            report_dir: Path | None, tree: Path | None, repo: str | None, series_dir: Path | None,
+            as_json: bool) -> None:
     """Move the patched branch onto another upstream rev: each entry replays the file the series
     chooses there, your edits are carried, the result is proven equal to a fresh apply."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from rich.table import Table
 
     from c128patch.git import Git
@@ -70,9 +78,12 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     from c128patch.ops.treestate import rebase_command, rebase_journal, repo_lock
     from c128patch.progress import console
 
-    chosen = [n for n, on in (("--onto", onto), ("--continue", cont), ("--skip", skip), ("--abort", abort)) if on]
+    chosen = [n for n, on in (("--onto", onto), ("--continue", cont), ("--skip", skip), ("--abort", abort),
+                              ("--drop", drop and not onto)) if on]
     if len(chosen) != 1:
-        raise C128Error("give exactly one of --onto REV, --continue, --skip, --abort")
+        raise C128Error("give exactly one of --onto REV, --continue, --skip, --drop ENTRY, --abort")
+    if drop and not onto and len(drop) != 1:
+        raise C128Error("at a stop, --drop names one entry: the one the rebase stopped at")
     git = Git(worktree=locate_tree(tree))
     if report_dir is not None:
         check_output_dir(report_dir, "--report")
@@ -82,14 +93,19 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     series = get_series(series_dir)
     rb = Rebase(git, series)
     report: dict = {}
+    pool = ThreadPoolExecutor(max_workers=1)  # the contract is checked on the new tip beside the checkout and proof
+    contracts: dict[str, Future] = {}
+    rb.on_tip = lambda base, head: contracts.setdefault(head, pool.submit(_contract, series, git, base, head))
     try:
         with repo_lock(git, "rebase"):
             if onto:
-                report = rb.start(onto, _onto_commit(git, onto, repo), drop_merged=drop_merged)
+                report = rb.start(onto, _onto_commit(git, onto, repo), drop_merged=drop_merged, drop=drop)
             elif cont:
                 report = rb.resume()
             elif skip:
                 report = rb.skip()
+            elif drop:
+                report = rb.drop(drop[0])
             else:
                 report = rb.abort()
     except KeyboardInterrupt:
@@ -97,10 +113,13 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
                           f"`{rebase_command(git.worktree, 'continue')}` or undo with "
                           f"`{rebase_command(git.worktree, 'abort')}`") from None
     finally:  # at a stop too: the reports are written at every stop
+        pool.shutdown(wait=True)
         if report_dir and not abort:
             _copy_reports(rb.path.parent, report_dir)
     if not report.get("aborted") and report.get("head"):
-        report["contract"] = _contract(series, git, report)
+        head = report["head"]
+        report["contract"] = (contracts[head].result() if head in contracts
+                              else _contract(series, git, report["new_base"]["commit"], head))
     if as_json:
         emit_json(report)
         return
@@ -150,12 +169,12 @@ def next_refresh(git: Git, series: Series, report: dict) -> str:
                        "--series", str(series.root)])
 
 
-def _contract(series: Series, git: Git, report: dict) -> dict:
+def _contract(series: Series, git: Git, base: str, head: str) -> dict:
     """The series' API contract on the rebased tree (``ops.contract``), next to the equivalence proof."""
     from c128patch.ops import contract as contract_ops
 
     try:
-        result = contract_ops.check(series, git, report["new_base"]["commit"], report["head"])
+        result = contract_ops.check(series, git, base, head)
     except C128Error as exc:
         return {"ok": False, "verdict": f"not checked: {exc.message}", "failing": []}
     return {"ok": result.ok, "verdict": result.verdict(),

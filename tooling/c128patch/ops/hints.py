@@ -9,7 +9,8 @@ commit of ``old..onto`` is named when
   header names the function) and its changed lines use a name the lines the entry removes or
   replaces use (``extend_len`` for an ``extend_len == 0`` guard).
 
-One ``git log`` per PR number and one ``git log -p --unified=0`` over the entry's files.
+One ``git log`` per PR number and one ``git log -p --unified=0`` over the entry's files (or, given
+``every`` files of the series, one over all of them for the range, shared by the entries).
 """
 
 from __future__ import annotations
@@ -64,9 +65,11 @@ def _functions(patch: PatchInfo) -> dict[str, dict[str, set[str]]]:
 
 
 def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, onto: str,
-                   renamed: dict[str, str] | None = None, cache: dict[str, str] | None = None) -> list[Hint]:
+                   renamed: dict[str, str] | None = None, cache: dict[str, str] | None = None,
+                   every: list[str] | None = None) -> list[Hint]:
     """The hints for ``entry`` (module docstring) in the upstream range ``old..onto``, oldest first.
-    ``cache``: the PR searches of earlier calls on the same range (entries share PRs)."""
+    ``cache``: the searches of earlier calls on the same range (entries share PRs); ``every``: files
+    of all the entries, searched once for the range when they hold this entry's files."""
     if not old or not onto or old == onto:
         return []
     span = f"{old}..{onto}"
@@ -86,9 +89,15 @@ def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, on
         renamed = renamed or {}
         where = {renamed.get(path, path): fns for path, fns in ours.items()}
         if where:
-            text = git.run("log", "--reverse", "-p", "--unified=0", "--no-renames", "--format=%x00%H%x00%s",
-                           span, "--", *where, check=False).stdout
-            for sha, subject, diff in _commits(text):
+            shared = sorted(every) if every is not None and set(where) <= set(every) else None
+            key = f"{span}:log:" + ",".join(shared or where)
+            if key not in cache:
+                cache[key] = git.run("log", "--reverse", "-p", "--unified=0", "--no-renames", "--format=%x00%H%x00%s",
+                                     span, "--", *(shared or where), check=False).stdout
+            commits = _commits(cache[key])
+            if shared:
+                commits = [(sha, subject, part) for sha, subject, diff in commits if (part := _only(diff, set(where)))]
+            for sha, subject, diff in commits:
                 why = _same_function(diff, where)
                 if why and sha not in found:
                     found[sha] = Hint(sha, subject, why)
@@ -100,6 +109,12 @@ def _commits(text: str) -> list[tuple[str, str, str]]:
     parts = text.split("\0")
     return [(parts[i], parts[i + 1].split("\n", 1)[0], parts[i + 1].partition("\n")[2])
             for i in range(1, len(parts) - 1, 2)]
+
+
+def _only(diff: str, paths: set[str]) -> str:
+    """The parts of a ``git log -p`` diff that change ``paths``."""
+    parts = re.split(r"(?m)^(?=diff --git )", diff)
+    return "".join(p for p in parts if p.startswith("diff --git ") and p.split("\n", 1)[0].split(" b/", 1)[-1] in paths)
 
 
 def _same_function(diff: str, where: dict[str, dict[str, set[str]]]) -> str:

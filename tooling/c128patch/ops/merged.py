@@ -127,14 +127,16 @@ class MergedCheck:
         self._touching: dict[str, set[str]] = {}  # range commit -> the entries' files it changes
         self._hints: dict[str, list[Signal]] = {}
 
-    def signals(self, item: Planned, head: str, old_commit: str, idx: Git) -> list[Signal]:
+    def signals(self, item: Planned, head: str, old_commit: str, idx: Git, present: set[str] | None = None) -> list[Signal]:
         """Signals for ``item`` on ``head`` (the new base with the earlier entries), ``idx`` an
         index holding ``head``'s tree; ``old_commit``: the entry's commit on the old branch ("" when
         it had none). Where the index holds every preimage blob of the item's file, upstream cannot
-        hold its change: only the hints are looked for."""
+        hold its change: only the hints are looked for. ``present``: a superset of the paths the
+        index holds (an overlay target outside it is not there to compare)."""
         out = [s for number in _PR.findall(item.entry.upstream) for s in self._pr_hint(number)]
         if item.patch is None:
-            listed = idx.out("ls-files", "-s", "--", item.entry.target).split()
+            there = present is None or item.entry.target in present
+            listed = idx.out("ls-files", "-s", "--", item.entry.target).split() if there else []
             if listed and listed[1] == blob_id(item.path.read_bytes()):
                 out.append(Signal("overlay-identical", f"{item.entry.target} exists upstream with our content"))
             return out

@@ -32,9 +32,10 @@ import re
 import shlex
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal, NoReturn
+from typing import Callable, Literal, NoReturn
 
 from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git
@@ -154,10 +155,16 @@ class Rebase:
         self._present: set[str] = set()
         self._touched: list[str] = []
         self._hint_cache: dict[str, str] = {}
+        self.on_tip: Callable[[str, str], object] | None = None  # called with (new base, new tip) once it is made
 
     # ------------------------------------------------------------------ entry points
-    def start(self, onto_rev: str, onto_commit: str, *, drop_merged: bool = False) -> dict:
+    def start(self, onto_rev: str, onto_commit: str, *, drop_merged: bool = False, drop: tuple[str, ...] = ()) -> dict:
+        """``drop``: entries upstream holds, dropped from the start (recorded with ``merged_in``)."""
         git = self.git
+        unknown = [name for name in drop if name not in {e.name for e in self.series.entries}]
+        if unknown:
+            raise C128Error(f"cannot rebase: --drop {unknown[0]}: the series has no such entry "
+                            f"(its entries: {', '.join(e.name for e in self.series.entries)})")
         ensure_idle(git, "rebase")
         ensure_clean(git, "rebase")
         record = read_provenance(git.worktree)  # type: ignore[arg-type]
@@ -175,6 +182,9 @@ class Rebase:
         c128_state_dir(git).mkdir(parents=True, exist_ok=True)
         journal.upstream = dict(old)
         journal.head_before = onto_commit  # the branch and the work tree stay as they are until a stop or the end
+        for step in steps:
+            if step.kind == "entry" and step.name in drop:
+                self._drop(journal, step, "")
         journal.save(self.path)
         return self._run(journal)
 
@@ -261,17 +271,52 @@ class Rebase:
 
     def skip(self) -> dict:
         journal = self._journal()
-        git = self.git
         step = journal.steps[journal.pos]
-        if journal.paused == "conflict":
-            git.run("reset", "--quiet", "--hard", "HEAD")
-        elif git.status_porcelain():
-            raise C128Error("cannot skip: the tree has changes; stash them (git stash -u) first")
+        self._leave_stop(journal, "skip")
         step.status = "dropped-as-merged" if journal.paused == "merged" else "skipped"
         step.detail = step.detail if journal.paused == "merged" else "skipped by the user"
         step.phase = ""
         self._advance(journal)
         return self._run(journal)
+
+    def drop(self, name: str) -> dict:
+        """``--drop NAME`` at a stop: the entry it stopped at is dropped as merged upstream."""
+        journal = self._journal()
+        step = journal.steps[journal.pos] if journal.pos < len(journal.steps) else None
+        if step is None or not journal.paused or step.kind != "entry" or step.name != name:
+            at = f"stopped at entry '{step.name}'" if step is not None and journal.paused else "not stopped at an entry"
+            raise C128Error(f"cannot drop '{name}': the rebase is {at}; alone, --drop names the entry the rebase "
+                            f"stopped at (with --onto, the entries to drop from the start)")
+        self._leave_stop(journal, "drop")
+        self._drop(journal, step, journal.paused)
+        self._advance(journal)
+        return self._run(journal)
+
+    def _leave_stop(self, journal: Journal, verb: str) -> None:
+        """The stop's conflict state undone (what the rebase wrote); other changes are refused."""
+        if journal.paused == "conflict":
+            self.git.run("reset", "--quiet", "--hard", "HEAD")
+        elif self.git.status_porcelain():
+            raise C128Error(f"cannot {verb}: the tree has changes; stash them (git stash -u) first")
+
+    def _drop(self, journal: Journal, step: Step, paused: Paused) -> None:
+        """``step`` dropped as merged upstream by the user (``--drop``); its ``merged_in`` is the
+        upstream commit the stop or a hint names, else the new base (``_merged_in``)."""
+        found = step.stop.get("taken") or {}
+        if paused == "merged":  # the content signals said so already
+            step.detail = step.detail or "dropped by the user (--drop)"
+        elif found:
+            step.detail = (f"superseded: upstream's own {found['target']} is kept (--drop)"
+                           + (f", created in {found['created']}" if found["created"] else ""))
+        else:
+            if not paused:  # from the start: the hints are what names the upstream commit
+                item = self._plan(journal).get(step.name)
+                if item is not None:
+                    step.hints = [h.to_json() for h in upstream_hints(
+                        self.git, item.entry, item.patch, journal.old_commit, journal.onto_commit,
+                        cache=self._hint_cache, every=self._touched or None)]
+            step.detail = "dropped: upstream holds it, the user said (--drop)"
+        step.status, step.phase = "dropped-as-merged", ""
 
     def abort(self) -> dict:
         journal = self._journal()
@@ -408,7 +453,7 @@ class Rebase:
         idx = self._idx
         assert idx is not None
         step.file, step.chosen_by = item.label, item.chosen_by
-        signals = [] if keep else check.signals(item, journal.head_before, step.sha, idx)
+        signals = [] if keep else check.signals(item, journal.head_before, step.sha, idx, self._present)
         index_file = Path(idx.env["GIT_INDEX_FILE"])
         row = replay_entry(self.git, item, index_file, self._present, ledger=self.ledger, span=journal.span,
                            at=journal.onto_commit)
@@ -432,14 +477,15 @@ class Rebase:
             journal.save(self.path)
             self._write_reports(journal)
             raise ConflictError(f"entry '{step.name}' looks merged upstream ({why}); nothing was dropped",
-                                hint=f"  drop it: {rebase_command(self.git.worktree, 'skip')}\n"
+                                hint=f"  drop it: {rebase_command(self.git.worktree, 'drop', step.name)}\n"
                                      f"  keep it: {rebase_command(self.git.worktree, 'continue')}\n"
                                      f"  undo:    {rebase_command(self.git.worktree, 'abort')}",
                                 report=self.report(journal))
         step.ledger = [r.ref for r in row.resolutions]
         step.renamed = dict(row.renamed)
         step.hints = [h.to_json() for h in upstream_hints(self.git, item.entry, item.patch, journal.old_commit,
-                                                          journal.onto_commit, row.renamed, self._hint_cache)]
+                                                          journal.onto_commit, row.renamed, self._hint_cache,
+                                                          self._touched)]
         step.signals = [s for s in step.signals if s["kind"] != "pr-hint"]  # kept: a hint, not a drop signal
         if tree:
             step.applied, step.series_tree = row.status, tree
@@ -550,7 +596,7 @@ class Rebase:
             found = taken(git, self.series, item.entry, journal.old_commit, journal.onto_commit)
             step.stop["taken"] = found.to_json()
             extra = [f"  {line}" for line in found.lines(rebase_command(git.worktree, "continue"),
-                                                         rebase_command(git.worktree, "skip"))]
+                                                         rebase_command(git.worktree, "drop", step.name))]
         step.ledger = [r.ref for r in resolved]
         step.upstream_commits = sorted({u for b in report.blocks for u in b.upstream})
         if left:
@@ -572,7 +618,9 @@ class Rebase:
             + f"  resolve: edit the files, `{shlex.join(['git', '-C', str(tree), 'add'])}` them, then "
               f"{rebase_command(tree, 'continue')}\n"
               f"  drop it: {rebase_command(tree, 'skip')}\n"
-              f"  undo:    {rebase_command(tree, 'abort')} (back to {journal.orig_branch or journal.orig_head[:12]})\n"
+            + (f"  merged upstream: {rebase_command(tree, 'drop', step.name)} (drops it as merged, with merged_in)\n"
+               if step.hints and phase == "series" else "")
+            + f"  undo:    {rebase_command(tree, 'abort')} (back to {journal.orig_branch or journal.orig_head[:12]})\n"
               f"  report:  {c128_state_dir(git) / 'rebase-report.md'}",
             report=self.report(journal))
 
@@ -601,16 +649,13 @@ class Rebase:
 
     def _classify(self, steps: list[Step]) -> None:
         """Each replayed step against its old commit: unchanged (the same diff), context-only (the
-        same added and removed lines), content-changed. A few git calls for all of them."""
+        same added and removed lines, as ``git patch-id --stable`` counts them: whitespace and line
+        numbers aside), content-changed. One git call for all of them."""
         todo = [s for s in steps if s.status == "replayed"]
-        shas = [sha for s in todo for sha in (s.sha, s.new_sha)]
-        full = commit_diffs(self.git, shas, "--full-index")
-        zero = commit_diffs(self.git, shas, "--unified=0")
-        text = "".join(f"commit {sha}\n{zero[sha]}" for sha in shas if zero[sha].strip())
-        ids = dict(line.split()[::-1] for line in self.git.run("patch-id", "--stable", input=text).stdout.splitlines())
+        full = commit_diffs(self.git, [sha for s in todo for sha in (s.sha, s.new_sha)], "--full-index")
         drop_index = lambda d: re.sub(r"^index .*$", "", d, flags=re.M)  # noqa: E731
         for s in todo:
-            if ids.get(s.sha, "") != ids.get(s.new_sha, ""):
+            if _changed_lines(full[s.sha]) != _changed_lines(full[s.new_sha]):
                 s.status = "content-changed"
             else:
                 s.status = "unchanged" if drop_index(full[s.sha]) == drop_index(full[s.new_sha]) else "context-only"
@@ -632,27 +677,32 @@ class Rebase:
                               "merged_in": _merged_in(s, journal.onto_commit)}
                              for s in journal.steps if s.status in ("dropped-as-merged", "skipped") and s.kind == "entry"]
         new_head = self._provenance_commit(journal, provenance.dumps(record))
-        git.run("checkout", "--quiet", "--detach", new_head)  # the work tree is clean here
-        renamed = self._new_branch_name(journal)
-        if renamed and git.rev_parse(f"refs/heads/{renamed}") == new_head:  # renamed already before a kill
-            git.run("checkout", "--quiet", renamed)
-        elif journal.orig_branch:
-            if git.rev_parse(f"refs/heads/{journal.orig_branch}") != new_head:  # (moved already before a kill)
-                git.run("update-ref", "-m", f"c128patch rebase onto {journal.onto_rev}",
-                        f"refs/heads/{journal.orig_branch}", new_head, journal.orig_head)
-            fault_point("after", "rebase-branch")
-            git.run("checkout", "--quiet", journal.orig_branch)
+        if self.on_tip is not None:
+            self.on_tip(journal.onto_commit, new_head)
         carried = {s.new_sha for s in kept if s.kind == "commit"} | {s.new_sha for s in kept if s.user_edit}
         left_out = [s.name for s in journal.steps if s.kind == "entry" and s.status in ("dropped-as-merged", "skipped",
                                                                                          "removed")]
-        proof = prove(self.series, git, journal.onto_rev, journal.onto_commit, new_head,
-                      accept=lambda e: _accepted(e, carried), span=journal.span, without=left_out)
+        with ThreadPoolExecutor(max_workers=2) as pool:  # the proof reads objects only: it runs beside the checkout
+            proving = pool.submit(prove, self.series, git, journal.onto_rev, journal.onto_commit, new_head,
+                                  accept=lambda e: _accepted(e, carried), span=journal.span, without=left_out)
+            ranged = pool.submit(self._range_diff, journal, new_head)
+            git.run("checkout", "--quiet", "--detach", new_head)  # the work tree is clean here
+            renamed = self._new_branch_name(journal)
+            if renamed and git.rev_parse(f"refs/heads/{renamed}") == new_head:  # renamed already before a kill
+                self._attach(journal, renamed)
+            elif journal.orig_branch:
+                if git.rev_parse(f"refs/heads/{journal.orig_branch}") != new_head:  # (moved already before a kill)
+                    git.run("update-ref", "-m", f"c128patch rebase onto {journal.onto_rev}",
+                            f"refs/heads/{journal.orig_branch}", new_head, journal.orig_head)
+                fault_point("after", "rebase-branch")
+                self._attach(journal, journal.orig_branch)
+            proof, range_diff = proving.result(), ranged.result()
         if proof.ok and renamed and git.current_branch() != renamed:  # named after its new base; the old tip stays
             git.run("update-ref", "-m", f"c128patch rebase onto {journal.onto_rev}", f"refs/heads/{renamed}", new_head,
                     "0" * 40)  # at the recovery ref
-            git.run("checkout", "--quiet", renamed)
+            self._attach(journal, renamed)
             git.run("update-ref", "-d", f"refs/heads/{journal.orig_branch}", new_head)
-        report = self.report(journal, new_head, proof)
+        report = self.report(journal, new_head, proof, range_diff)
         if renamed and git.current_branch() == renamed:
             report["branch"], report["renamed_branch"] = renamed, {"from": journal.orig_branch, "to": renamed}
         self._write_reports(journal, report)
@@ -667,6 +717,12 @@ class Rebase:
                      f"  undo: {shlex.join(['git', '-C', str(git.worktree), 'reset', '--hard', journal.recovery_ref])}",
                 report=report)
         return report
+
+    def _attach(self, journal: Journal, branch: str) -> None:
+        """HEAD (detached at the new tip) onto ``branch``, which points there: ``git checkout`` of the
+        same commit without its pass over the work tree."""
+        self.git.run("symbolic-ref", "-m", f"c128patch rebase onto {journal.onto_rev}: {branch}", "HEAD",
+                     f"refs/heads/{branch}")
 
     def _new_branch_name(self, journal: Journal) -> str:
         """``c128/<new base>`` for a branch named after its old base as ``apply`` names it (``c128/<old
@@ -709,7 +765,8 @@ class Rebase:
         (state / "rebase-report.md").write_text(render_markdown(report))
 
     # ------------------------------------------------------------------ report
-    def report(self, journal: Journal, new_head: str | None = None, proof: Equivalence | None = None) -> dict:
+    def report(self, journal: Journal, new_head: str | None = None, proof: Equivalence | None = None,
+               range_diff: list[str] | None = None) -> dict:
         git = self.git
         added = git.out("log", "--format=%h %s", f"{journal.old_commit}..{journal.onto_commit}").splitlines()
         removed = git.out("log", "--format=%h %s", f"{journal.onto_commit}..{journal.old_commit}").splitlines()
@@ -731,10 +788,13 @@ class Rebase:
         if proof is not None:
             out["equivalence"] = proof.to_json()
         if new_head:
-            proc = git.run("range-diff", "--no-color", f"{journal.old_commit}..{journal.orig_head}",
-                           f"{journal.onto_commit}..{new_head}", check=False)
-            out["range_diff"] = [line for line in proc.stdout.splitlines() if re.match(r"^\s*(\d+|-):", line)]
+            out["range_diff"] = self._range_diff(journal, new_head) if range_diff is None else range_diff
         return out
+
+    def _range_diff(self, journal: Journal, new_head: str) -> list[str]:
+        proc = self.git.run("range-diff", "--no-color", f"{journal.old_commit}..{journal.orig_head}",
+                            f"{journal.onto_commit}..{new_head}", check=False)
+        return [line for line in proc.stdout.splitlines() if re.match(r"^\s*(\d+|-):", line)]
 
 
 def _merged_in(step: Step, onto: str) -> str:
@@ -743,12 +803,27 @@ def _merged_in(step: Step, onto: str) -> str:
     onto that upstream does not stop at it again)."""
     made = (step.stop.get("taken") or {}).get("commit", "")
     if (step.status == "skipped" and step.stop) or (step.status == "dropped-as-merged"
-                                                    and step.detail.startswith(("empty:", "superseded:"))):
+                                                    and step.detail.startswith(("empty:", "superseded:", "dropped:"))):
         return made or (step.hints[0]["commit"] if step.hints else onto)
     if step.status != "dropped-as-merged":
         return ""
     named = [s["commit"] for s in step.signals if s.get("commit") and s["kind"] == "patch-id"]
     return named[0] if named else onto
+
+
+def _changed_lines(diff: str) -> list[tuple[str, tuple[str, ...]]]:
+    """Each file of ``diff`` (sorted) with its added and removed lines, whitespace dropped."""
+    files: dict[str, list[str]] = {}
+    lines: list[str] = []
+    header = False
+    for line in diff.splitlines():
+        if line.startswith("diff --git "):
+            lines, header = files.setdefault(line, []), True
+        elif line.startswith("@@"):
+            header = False
+        elif line[:1] in ("+", "-") and not header:
+            lines.append(line[0] + "".join(line[1:].split()))
+    return sorted((name, tuple(changed)) for name, changed in files.items())
 
 
 def _accepted(edit: Edit, carried: set[str]) -> bool:

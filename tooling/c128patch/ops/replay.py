@@ -263,21 +263,40 @@ def follow_renames(git: Git, item: Planned, index_file: Path, missing: list[str]
     return found if len(found) == len(missing) else {}
 
 
-def replay_overlay(git: Git, item: Planned, index_file: Path) -> EntryCheck:
+def holds(present: set[str], path: str) -> bool:
+    """May the index hold ``path`` (a file, or a folder with files), as ``present`` (a superset) says?"""
+    return path in present or any(p.startswith(path + "/") for p in present)
+
+
+_WRITTEN: dict[tuple, str] = {}  # (object store, file, its stat) -> the blob ``hash-object -w`` wrote for it
+
+
+def written_blob(git: Git, path: Path) -> str:
+    """``git hash-object -w`` of ``path``, once per process for a file that did not change."""
+    st = path.stat()
+    key = (str(git.cwd), git.env.get("GIT_DIR", str(git.git_dir)), str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _WRITTEN:
+        _WRITTEN[key] = git.out("hash-object", "-w", "--", str(path))
+    return _WRITTEN[key]
+
+
+def replay_overlay(git: Git, item: Planned, index_file: Path, present: set[str] | None = None) -> EntryCheck:
+    """``item`` added whole; ``present``: a superset of the paths the index holds (asked only where it
+    may hold the target)."""
     idx = index_git(git, index_file)
     row = EntryCheck(item.entry.name, item.entry.kind, item.label, "clean", chosen_by=item.chosen_by)
-    if idx.out("ls-files", "--", item.entry.target):
+    if (present is None or holds(present, item.entry.target)) and idx.out("ls-files", "--", item.entry.target):
         row.status, row.detail = "collision", f"{item.entry.target} already exists"
         return row
-    sha = idx.out("hash-object", "-w", "--", str(item.path))
-    idx.run("update-index", "--add", "--cacheinfo", f"100644,{sha},{item.entry.target}")
+    idx.run("update-index", "--add", "--cacheinfo", f"100644,{written_blob(idx, item.path)},{item.entry.target}")
     return row
 
 
 def replay_entry(git: Git, item: Planned, index_file: Path, present: set[str], *, ledger: Ledger | None = None,
                  span: str = "", at: str = "") -> EntryCheck:
-    """One entry on the index; ``present``: the paths (and folders) the index holds, kept up to date;
-    ``at``: the upstream commit under the index (renames are followed in its history)."""
+    """One entry on the index; ``present``: the paths (and folders) the index holds, kept up to date
+    (for overlay targets: every one the index holds, maybe more); ``at``: the upstream commit under
+    the index (renames are followed in its history)."""
     missing = [f for f in item.patch.needs if f not in present] if item.patch is not None else []
     renamed = follow_renames(git, item, index_file, missing, at) if missing else {}
     if missing and not renamed:  # not even a 3-way merge can patch a file that is not there
@@ -290,7 +309,7 @@ def replay_entry(git: Git, item: Planned, index_file: Path, present: set[str], *
             row.detail = "; ".join(filter(None, [f"followed upstream's rename {moved}", row.detail]))
             present.update(renamed.values())
     else:
-        row = replay_overlay(git, item, index_file)
+        row = replay_overlay(git, item, index_file, present)
     present.update(item.touched)
     return row
 
@@ -305,6 +324,8 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
     try:
         planned = plan(series, git, commit)
         present = check_paths_at(git, commit, [p for p in planned if p.patch is not None])
+        targets = [p.entry.target for p in planned if p.patch is None]
+        present |= set(git.out("ls-tree", "-r", "--name-only", commit, "--", *targets).splitlines()) if targets else set()
         merged = {e.name: e for e in merged_entries(series, git, commit)}
     except C128Error as exc:
         result.ok, result.error = False, exc.message

@@ -60,9 +60,9 @@ def apply_commands(tree: Path) -> tuple[str, str]:
             shlex.join(["c128patch", "apply", "--abort", "--tree", where]))
 
 
-def rebase_command(tree: Path, verb: str) -> str:
-    """``c128patch rebase --<verb>`` for ``tree`` (the journal names the series)."""
-    return shlex.join(["c128patch", "rebase", f"--{verb}", "--tree", str(Path(tree).resolve())])
+def rebase_command(tree: Path, verb: str, *args: str) -> str:
+    """``c128patch rebase --<verb> [ARGS]`` for ``tree`` (the journal names the series)."""
+    return shlex.join(["c128patch", "rebase", f"--{verb}", *args, "--tree", str(Path(tree).resolve())])
 
 
 def ensure_idle(git: Git, action: str) -> None:

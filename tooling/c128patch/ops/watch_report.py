@@ -52,7 +52,7 @@ def _conflict_line(c: dict) -> str:
     return text
 
 
-def _taken_lines(t: dict) -> list[str]:
+def _taken_lines(t: dict, entry: str) -> list[str]:
     """An overlay's path taken upstream (``ops.taken``): who made and imports the file, which way through."""
     if not t:
         return []
@@ -62,7 +62,7 @@ def _taken_lines(t: dict) -> list[str]:
         out.append(f"way through: **rename our target** (entries {', '.join(t['ours'])} import ours): another `target` "
                    "in series.toml, those entries pointed at it, then `c128patch rebase --continue`")
     else:
-        out.append("way through: **drop ours as superseded** (nothing of ours imports it): `c128patch rebase --skip`")
+        out.append(f"way through: **drop ours as superseded** (nothing of ours imports it): `c128patch rebase --drop {entry}`")
     return out
 
 
@@ -153,7 +153,7 @@ def render(report: dict) -> str:
         if not c["blocks"]:
             lines.append(f"- {c['detail']}")
         lines += [f"- {h['line']}" for h in c.get("hints", [])]
-        lines += [f"- {line}" for line in _taken_lines(c.get("taken") or {})]
+        lines += [f"- {line}" for line in _taken_lines(c.get("taken") or {}, c["entry"])]
         lines.append("")
     for m in report["merged"]:
         lines += [f"## Merged upstream (proposed): {m['entry']}", ""]
