@@ -227,18 +227,32 @@ def branch_edits(series: Series, git: Git, base: str, head: str, scratch: Path,
     return [e for v in verdicts if (e := v.edit()) is not None], notes
 
 
+def fresh_replay(series: Series, git: Git, rev: str, commit: str, *, span: str = "",
+                 without: Sequence[str] = ()) -> tuple[RevCheck, str]:
+    """The fresh replay ``prove`` compares a tree with: its rows and its tree id. It reads no tree of
+    the branch, so a caller may make it before the tree it proves exists (``prove(fresh=...)``)."""
+    if without:
+        series = replace(series, entries=[e for e in series.entries if e.name not in without])
+    with tempfile.TemporaryDirectory(prefix="c128fresh-") as tmp:
+        index_file = Path(tmp) / "fresh.index"
+        replay, _ = replay_in_index(series, git, rev, commit, index_file, ledger=Ledger(series), span=span)
+        return replay, index_git(git, index_file).out("write-tree")
+
+
 def prove(series: Series, git: Git, rev: str, commit: str, head: str = "HEAD", *,
-          accept: Callable[[Edit], bool] | None = None, span: str = "", without: Sequence[str] = ()) -> Equivalence:
+          accept: Callable[[Edit], bool] | None = None, span: str = "", without: Sequence[str] = (),
+          fresh: tuple[RevCheck, str] | None = None) -> Equivalence:
     """Compare ``head`` with a fresh replay of ``series`` on ``commit`` (module docstring).
     ``accept``: which edits may explain a difference (default: all); ``span``: the rebase range;
-    ``without``: entries the tree leaves out on purpose (skipped or dropped in a rebase)."""
+    ``without``: entries the tree leaves out on purpose (skipped or dropped in a rebase); ``fresh``:
+    ``fresh_replay`` of the same arguments, made already."""
     head = git.out("rev-parse", head)
+    replay, fresh_tree = fresh or fresh_replay(series, git, rev, commit, span=span, without=without)
     if without:
         series = replace(series, entries=[e for e in series.entries if e.name not in without])
     with tempfile.TemporaryDirectory(prefix="c128prove-") as tmp:
         scratch = Path(tmp)
-        replay, _ = replay_in_index(series, git, rev, commit, scratch / "fresh.index", ledger=Ledger(series), span=span)
-        fresh = index_git(git, scratch / "fresh.index").out("write-tree")
+        fresh = fresh_tree
         tree = tree_without_provenance(git, head, scratch / "head.index")
         result = Equivalence(f"{series.name} {series.version}", rev, commit, head, fresh, tree, replay,
                              without=list(without))

@@ -32,7 +32,7 @@ import re
 import shlex
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Literal, NoReturn
@@ -41,14 +41,13 @@ from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops.conflicts import StopReport, analyze, block_markdown
-from c128patch.ops.equivalence import Edit, Equivalence, compare_commits, prove
+from c128patch.ops.equivalence import Edit, Equivalence, compare_commits, fresh_replay, prove
 from c128patch.ops.faults import fault_point
 from c128patch.ops.hints import upstream_hints
 from c128patch.ops.merged import MergedCheck, Signal, UpstreamIds, commit_diffs, proposes_drop
 from c128patch.ops.replay import FAILED, renamed_patch_text, replay_entry, replay_in_index, unmerged_paths
 from c128patch.ops.taken import taken
 from c128patch.ops.treestate import (
-    c128_state_dir,
     changed_paths,
     checked_fields,
     corrupt_journal,
@@ -155,6 +154,9 @@ class Rebase:
         self._present: set[str] = set()
         self._touched: list[str] = []
         self._hint_cache: dict[str, str] = {}
+        self._mails: dict[str, Future] = {}  # patch file label -> its (message, author), being read
+        self._pool = ThreadPoolExecutor(max_workers=1)  # the proof's fresh replay, beside the rebase
+        self._fresh: dict[tuple, Future] = {}
         self.on_tip: Callable[[str, str], object] | None = None  # called with (new base, new tip) once it is made
 
     # ------------------------------------------------------------------ entry points
@@ -172,6 +174,7 @@ class Rebase:
         if not old.get("commit") or git.rev_parse(old["commit"]) is None:
             raise C128Error(f"cannot rebase: the upstream base recorded in {PROVENANCE_PATH} is not in this repository")
         head = git.head() or ""
+        self._fresh_replay(onto_rev, onto_commit, f"{old.get('rev', old['commit'][:12])}..{onto_rev}", drop)
         steps = self._steps(old["commit"], head, record)
         if not any(s.sha for s in steps):
             raise C128Error("cannot rebase: no c128patch entries on this branch")
@@ -179,7 +182,7 @@ class Rebase:
         git.run("update-ref", "-m", "c128patch rebase: recovery point", recovery, head)
         journal = Journal(onto_rev, onto_commit, old.get("rev", old["commit"][:12]), old["commit"], git.current_branch(),
                           head, recovery, str(self.series.root), drop_merged, steps)
-        c128_state_dir(git).mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         journal.upstream = dict(old)
         journal.head_before = onto_commit  # the branch and the work tree stay as they are until a stop or the end
         for step in steps:
@@ -346,7 +349,7 @@ class Rebase:
         else:
             git.run("checkout", "--quiet", "--detach", journal.orig_head)
         self.path.unlink()
-        (c128_state_dir(git) / "conflicts.json").unlink(missing_ok=True)
+        (self.path.parent / "conflicts.json").unlink(missing_ok=True)
         return {"ok": True, "aborted": True, "branch": journal.orig_branch, "head": journal.orig_head,
                 "recovery_ref": journal.recovery_ref, "stash": stash, "stashed": mine}
 
@@ -412,26 +415,31 @@ class Rebase:
     def _run(self, journal: Journal, keep: bool = False) -> dict:
         git = self.git
         planned = self._plan(journal)
+        self._fresh_replay(journal.onto_rev, journal.onto_commit, journal.span, self._left_out(journal))
         merged_here = {e.name: e for e in merged_entries(self.series, git, journal.onto_commit)}
         check = MergedCheck(git, journal.old_commit, journal.onto_commit,
-                            UpstreamIds(git, c128_state_dir(git) / "patch-ids.json"), [s.sha for s in journal.steps])
+                            UpstreamIds(git, self.path.parent / "patch-ids.json"), [s.sha for s in journal.steps])
         self._reset_index(journal)
-        while journal.pos < len(journal.steps):
-            step = journal.steps[journal.pos]
-            if step.status in DONE:
-                self._advance(journal)
-                continue
-            journal.save(self.path)
-            _fault_point(step.name)
-            if step.kind == "commit":
-                self._carry(journal, step)
-            elif step.name in merged_here:
-                step.status = "dropped-as-merged"
-                step.detail = f"the series records it merged upstream in {merged_here[step.name].merged_in[:12]}"
-                self._advance(journal)
-            else:
-                self._replay(journal, step, planned[step.name], check, keep)
-            keep = False
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the entries' commit messages are read beside the loop
+            self._mails = {p.label: pool.submit(self._mail, p.path, p.entry.name) for s in journal.steps[journal.pos:]
+                           if s.kind == "entry" and s.status == "pending" and not s.user_edit
+                           and (p := planned.get(s.name)) is not None and p.patch is not None}
+            while journal.pos < len(journal.steps):
+                step = journal.steps[journal.pos]
+                if step.status in DONE:
+                    self._advance(journal)
+                    continue
+                journal.save(self.path)
+                _fault_point(step.name)
+                if step.kind == "commit":
+                    self._carry(journal, step)
+                elif step.name in merged_here:
+                    step.status = "dropped-as-merged"
+                    step.detail = f"the series records it merged upstream in {merged_here[step.name].merged_in[:12]}"
+                    self._advance(journal)
+                else:
+                    self._replay(journal, step, planned[step.name], check, keep)
+                keep = False
         return self._finish(journal)
 
     def _plan(self, journal: Journal) -> dict[str, Planned]:
@@ -442,7 +450,7 @@ class Rebase:
     def _reset_index(self, journal: Journal) -> None:
         """The loop's index back at the tip's tree (it follows the tip while entries replay)."""
         git = self.git
-        idx = index_git(git, c128_state_dir(git) / "rebase.index")
+        idx = index_git(git, self.path.parent / "rebase.index")
         idx.run("read-tree", journal.head_before)
         self._idx, self._tip_tree = idx, idx.out("write-tree")
         self._touched = sorted({path for item in self._plan(journal).values() for path in item.touched})
@@ -558,14 +566,18 @@ class Rebase:
         git = self.git
         if not step.file.startswith("patches/"):  # an overlay: as ``apply`` commits it
             return overlay_message(self.series.entry(step.name), self.series), (BOT_NAME, BOT_EMAIL, date)
-        path = self.series.root / step.file
+        made = self._mails.get(step.file)
+        return made.result() if made is not None else self._mail(self.series.root / step.file, step.name)
+
+    def _mail(self, path: Path, name: str) -> tuple[str, tuple[str, str, str]]:
+        git = self.git
         with tempfile.TemporaryDirectory(prefix="c128mail-") as tmp:
             info = git.run("mailinfo", f"{tmp}/msg", f"{tmp}/patch", input=path.read_text()).stdout
             body = Path(tmp, "msg").read_text()
         fields = dict(line.split(": ", 1) for line in info.splitlines() if ": " in line)
-        message = git.run("stripspace", input=f"{fields.get('Subject', step.name)}\n\n{body}").stdout
+        message = git.run("stripspace", input=f"{fields.get('Subject', name)}\n\n{body}").stdout
         if f"\n{ENTRY_TRAILER}: " not in message:
-            message += f"\n{ENTRY_TRAILER}: {step.name}\n"
+            message += f"\n{ENTRY_TRAILER}: {name}\n"
         return message, (fields.get("Author", "c128patch"), fields.get("Email", ""), fields.get("Date", ""))
 
     # ------------------------------------------------------------------ stops
@@ -621,7 +633,7 @@ class Rebase:
             + (f"  merged upstream: {rebase_command(tree, 'drop', step.name)} (drops it as merged, with merged_in)\n"
                if step.hints and phase == "series" else "")
             + f"  undo:    {rebase_command(tree, 'abort')} (back to {journal.orig_branch or journal.orig_head[:12]})\n"
-              f"  report:  {c128_state_dir(git) / 'rebase-report.md'}",
+              f"  report:  {self.path.parent / 'rebase-report.md'}",
             report=self.report(journal))
 
     def _tree_state(self) -> dict[str, str]:
@@ -641,10 +653,10 @@ class Rebase:
 
     def _save_conflicts(self, conflicts: list[Conflict]) -> None:
         """Keep the conflicted files as git left them: --continue records the resolution against them."""
-        (c128_state_dir(self.git) / "conflicts.json").write_text(json.dumps([asdict(c) for c in conflicts]))
+        (self.path.parent / "conflicts.json").write_text(json.dumps([asdict(c) for c in conflicts]))
 
     def _saved_conflicts(self) -> list[Conflict]:
-        path = c128_state_dir(self.git) / "conflicts.json"
+        path = self.path.parent / "conflicts.json"
         return [Conflict(**c) for c in json.loads(path.read_text())] if path.is_file() else []
 
     def _classify(self, steps: list[Step]) -> None:
@@ -680,11 +692,12 @@ class Rebase:
         if self.on_tip is not None:
             self.on_tip(journal.onto_commit, new_head)
         carried = {s.new_sha for s in kept if s.kind == "commit"} | {s.new_sha for s in kept if s.user_edit}
-        left_out = [s.name for s in journal.steps if s.kind == "entry" and s.status in ("dropped-as-merged", "skipped",
-                                                                                         "removed")]
+        left_out = self._left_out(journal)
+        fresh = self._fresh.get((journal.onto_commit, journal.span, tuple(sorted(left_out))))
         with ThreadPoolExecutor(max_workers=2) as pool:  # the proof reads objects only: it runs beside the checkout
-            proving = pool.submit(prove, self.series, git, journal.onto_rev, journal.onto_commit, new_head,
-                                  accept=lambda e: _accepted(e, carried), span=journal.span, without=left_out)
+            proving = pool.submit(lambda: prove(self.series, git, journal.onto_rev, journal.onto_commit, new_head,
+                                                accept=lambda e: _accepted(e, carried), span=journal.span,
+                                                without=left_out, fresh=fresh.result() if fresh else None))
             ranged = pool.submit(self._range_diff, journal, new_head)
             git.run("checkout", "--quiet", "--detach", new_head)  # the work tree is clean here
             renamed = self._new_branch_name(journal)
@@ -707,16 +720,30 @@ class Rebase:
             report["branch"], report["renamed_branch"] = renamed, {"from": journal.orig_branch, "to": renamed}
         self._write_reports(journal, report)
         self.path.unlink()
-        (c128_state_dir(git) / "conflicts.json").unlink(missing_ok=True)
+        (self.path.parent / "conflicts.json").unlink(missing_ok=True)
         if not proof.ok:
             where = journal.orig_branch or "HEAD"
             shown = "\n".join(f"  {h.path} {h.header}" for d in proof.unattributed for h in d.hunks[:20])
             raise DifferenceError(
                 f"rebase onto {journal.onto_rev} finished, but the tree is not proven: {proof.summary()}",
-                hint=f"{shown}\n  {where} is kept as it is (report: {c128_state_dir(git) / 'rebase-report.md'})\n"
+                hint=f"{shown}\n  {where} is kept as it is (report: {self.path.parent / 'rebase-report.md'})\n"
                      f"  undo: {shlex.join(['git', '-C', str(git.worktree), 'reset', '--hard', journal.recovery_ref])}",
                 report=report)
         return report
+
+    def _left_out(self, journal: Journal) -> list[str]:
+        """The entries the new tip leaves out on purpose (the proof's fresh replay does too)."""
+        return [s.name for s in journal.steps
+                if s.kind == "entry" and s.status in ("dropped-as-merged", "skipped", "removed")]
+
+    def _fresh_replay(self, rev: str, commit: str, span: str, without) -> None:
+        """Start the proof's fresh replay on the new base (``equivalence.fresh_replay``) beside the
+        rebase: it reads nothing of the branch. ``_finish`` takes it where nothing else was left out
+        since; a stop leaves it unused."""
+        key = (commit, span, tuple(sorted(without)))
+        if key not in self._fresh:
+            self._fresh[key] = self._pool.submit(fresh_replay, self.series, self.git, rev, commit, span=span,
+                                                 without=list(without))
 
     def _attach(self, journal: Journal, branch: str) -> None:
         """HEAD (detached at the new tip) onto ``branch``, which points there: ``git checkout`` of the
@@ -760,7 +787,7 @@ class Rebase:
 
     def _write_reports(self, journal: Journal, report: dict | None = None) -> None:
         report = report or self.report(journal)
-        state = c128_state_dir(self.git)
+        state = self.path.parent
         write_json_atomic(state / "rebase-report.json", report)
         (state / "rebase-report.md").write_text(render_markdown(report))
 

@@ -36,9 +36,13 @@ LOCK_NAME = "c128patch.lock"
 
 def git_path(git: Git, name: str) -> Path:
     """A path inside the repository's git dir (worktree-aware)."""
-    rel = git.out("rev-parse", "--git-path", name)
-    path = Path(rel)
-    return path if path.is_absolute() else (git.worktree or Path.cwd()) / path
+    return git_paths(git, [name])[0]
+
+
+def git_paths(git: Git, names: list[str]) -> list[Path]:
+    """``git_path`` of each of ``names``, in one git call."""
+    rels = git.run("rev-parse", *(a for name in names for a in ("--git-path", name))).stdout.splitlines()
+    return [Path(rel) if Path(rel).is_absolute() else (git.worktree or Path.cwd()) / rel for rel in rels]
 
 
 def c128_state_dir(git: Git) -> Path:
@@ -68,21 +72,21 @@ def rebase_command(tree: Path, verb: str, *args: str) -> str:
 def ensure_idle(git: Git, action: str) -> None:
     """Refuse to ``action`` while a c128patch apply/rebase or a git operation is half done."""
     tree = git.worktree
-    if apply_journal(git).is_file():
+    state, *busy, index_lock = git_paths(git, ["c128patch", *_GIT_BUSY, "index.lock"])
+    if (state / "apply.json").is_file():
         resume, undo = apply_commands(tree or Path.cwd())
         raise C128Error(
             f"cannot {action}: a c128patch apply was interrupted in {tree}; finish it ({resume}) or undo it ({undo})"
         )
-    if rebase_journal(git).is_file():
+    if (state / "rebase.json").is_file():
         where = tree or Path.cwd()
         raise C128Error(
             f"cannot {action}: a c128patch rebase is in progress in {tree}; finish it "
             f"({rebase_command(where, 'continue')} / --skip) or undo it ({rebase_command(where, 'abort')})"
         )
-    for name, what in _GIT_BUSY.items():
-        if git_path(git, name).exists():
+    for path, what in zip(busy, _GIT_BUSY.values()):
+        if path.exists():
             raise C128Error(f"cannot {action}: {what} is in progress in {tree}; finish or abort it first")
-    index_lock = git_path(git, "index.lock")
     if index_lock.exists():
         raise C128Error(f"cannot {action}: {stale_lock_message(str(index_lock))}")
 

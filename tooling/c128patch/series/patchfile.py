@@ -95,19 +95,37 @@ def split_message(text: str) -> tuple[str, str]:
 _PARSED: dict[tuple[Path, bytes], PatchInfo] = {}  # (path, content) -> parsed: a replay reads each file often
 
 
-def read_patch(path: Path) -> PatchInfo:
-    """Parse a git format-patch file; a corrupt one is a C128Error naming the file."""
+_GIT_PARSED: set[tuple[Path, bytes]] = set()  # files git's parser took in one call for several (read_patches)
+
+
+def _read(path: Path) -> tuple[tuple[Path, bytes], bytes]:
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise C128Error(f"cannot read patch {path}: {exc.strerror}") from exc
-    key = (path.resolve(), hashlib.sha256(raw).digest())
+    return (path.resolve(), hashlib.sha256(raw).digest()), raw
+
+
+def read_patch(path: Path) -> PatchInfo:
+    """Parse a git format-patch file; a corrupt one is a C128Error naming the file."""
+    key, raw = _read(path)
     if key not in _PARSED:
-        _PARSED[key] = _parse(path, raw)
+        _PARSED[key] = _parse(path, raw, key in _GIT_PARSED)
     return _PARSED[key]
 
 
-def _parse(path: Path, raw: bytes) -> PatchInfo:
+def read_patches(paths: list[Path]) -> list[PatchInfo]:
+    """``read_patch`` of each; git's parser reads the new ones in one call (one by one only to name
+    the file it refuses)."""
+    new = {key: path for path in paths if (key := _read(path)[0]) not in _PARSED}
+    if len(new) > 1:
+        git = Git(worktree=next(iter(new.values())).parent, filters_off=[])
+        if git.ok("apply", "--numstat", *(str(key[0]) for key in new)):
+            _GIT_PARSED.update(new)
+    return [read_patch(path) for path in paths]
+
+
+def _parse(path: Path, raw: bytes, git_parsed: bool = False) -> PatchInfo:
     text = raw.decode("utf-8", errors="replace")
     head, sep = split_message(text)
     if not sep or not text.startswith("From "):
@@ -127,8 +145,9 @@ def _parse(path: Path, raw: bytes) -> PatchInfo:
             if side != "/dev/null":
                 check_relpath(_strip(side), f"patch {path.name}")
     # git's own parser is stricter than unidiff about stray lines between hunks.
-    proc = Git(worktree=path.parent, filters_off=[]).run("apply", "--numstat", str(path.resolve()), check=False)
-    if proc.returncode != 0:
+    proc = None if git_parsed else Git(worktree=path.parent, filters_off=[]).run(
+        "apply", "--numstat", str(path.resolve()), check=False)
+    if proc is not None and proc.returncode != 0:
         detail = (proc.stderr.strip().splitlines() or ["git apply cannot parse it"])[-1]
         raise C128Error(f"corrupt patch {path.name}: {detail.removeprefix('error: ')}")
     files = []

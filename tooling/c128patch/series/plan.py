@@ -29,7 +29,7 @@ from typing import Literal
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.manifest import ABSENT, Entry, Series, Variant, sha256_file, symlink_on_path
-from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch
+from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch, read_patches
 
 ENTRY_TRAILER = "C128patch-Entry"
 SERIES_TRAILER = "C128patch-Series"
@@ -278,7 +278,9 @@ def plan(series: Series, git: Git, target: str) -> list[Planned]:
     Entries merged upstream at ``target`` are left out (``merged_entries``)."""
     skip = {e.name for e in merged_entries(series, git, target)}
     entries = [e for e in series.entries if e.name not in skip]
-    patches = {e.name: {v: read_patch(verify_file(series, e, v)) for v in e.patch_files()} for e in entries}
+    files = {e.name: {v: verify_file(series, e, v) for v in e.patch_files()} for e in entries}
+    read_patches([path for by_variant in files.values() for path in by_variant.values()])  # one git call
+    patches = {name: {v: read_patch(path) for v, path in by_variant.items()} for name, by_variant in files.items()}
     paths = sorted({p for files in patches.values() for info in files.values() for p in info.files}
                    | {e.target for e in entries if not e.is_patch})
     out = []
