@@ -31,7 +31,7 @@ from c128patch.ops.rewrap import rewrap_merge
 from c128patch.series.ledger import Conflict, Ledger, Resolution
 from c128patch.series.manifest import Series
 from c128patch.series.patchfile import NULL_BLOB, read_patch
-from c128patch.series.plan import ENTRY_TRAILER, Planned, check_paths_at, index_git, merged_entries, plan
+from c128patch.series.plan import ENTRY_TRAILER, Planned, blob_id, check_paths_at, index_git, merged_entries, plan
 
 Outcome = Literal["clean", "3way", "ledger", "whitespace", "conflict", "collision", "skipped"]
 FAILED: tuple[Outcome, ...] = ("conflict", "collision")
@@ -268,13 +268,12 @@ def holds(present: set[str], path: str) -> bool:
     return path in present or any(p.startswith(path + "/") for p in present)
 
 
-_WRITTEN: dict[tuple, str] = {}  # (object store, file, its stat) -> the blob ``hash-object -w`` wrote for it
+_WRITTEN: dict[tuple, str] = {}  # (repository, file, its content) -> the blob ``hash-object -w`` wrote for it
 
 
 def written_blob(git: Git, path: Path) -> str:
-    """``git hash-object -w`` of ``path``, once per process for a file that did not change."""
-    st = path.stat()
-    key = (str(git.cwd), git.env.get("GIT_DIR", str(git.git_dir)), str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    """``git hash-object -w`` of ``path``, once per process for the same content."""
+    key = (str(git.cwd), git.env.get("GIT_DIR", str(git.git_dir)), str(path), blob_id(path.read_bytes()))
     if key not in _WRITTEN:
         _WRITTEN[key] = git.out("hash-object", "-w", "--", str(path))
     return _WRITTEN[key]
