@@ -226,6 +226,13 @@ _NVCC_TEMP = re.compile(r"tmpxft_[0-9a-f]+_[0-9a-f]+")
 
 
 def source_key(tc: Toolchain, tree: Path, kernel: Kernel, cu: Path, d: Path) -> str | None:
+    try:
+        return _source_key(tc, tree, kernel, cu, d)
+    except (ValueError, OSError):  # a step line shlex cannot read, a step that cannot run: built
+        return None
+
+
+def _source_key(tc: Toolchain, tree: Path, kernel: Kernel, cu: Path, d: Path) -> str | None:
     """What nvcc would compile for this unit, as a hash: the output of the preprocessing steps of
     ``nvcc --dryrun`` (host and device, run as nvcc runs them) and every step's command line, with the
     tree's and the unit's folders and nvcc's temp names as placeholders (line markers dropped). Two
@@ -262,6 +269,10 @@ def source_key(tc: Toolchain, tree: Path, kernel: Kernel, cu: Path, d: Path) -> 
         preprocessed += 1
     if not preprocessed:  # nvcc named no preprocessing step: nothing to compare
         return None
+    # the host compile of cudafe++'s output includes crt/host_runtime.h anew: a tree header of that name would win
+    parts += [f"{p.relative_to(tree)}:{hashlib.sha256(p.read_bytes()).hexdigest()}" for inc in tc.includes
+              if Path(inc).resolve().is_relative_to(tree.resolve()) for p in sorted((Path(inc) / "crt").rglob("*"))
+              if p.is_file()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
