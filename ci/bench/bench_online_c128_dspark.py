@@ -150,9 +150,7 @@ def commit_bytes(seq: list[int], accept: list[int]) -> int:
 # --------------------------------------------------------------------------- one config
 def bench_config(B: int, W: int, ragged: bool, timer: Timer, ceiling: float, rng: random.Random,
                  nobanks, floor) -> list[dict]:
-    from sglang.kernels.ops.attention.dsv4 import compress
-    from sglang.kernels.ops.attention.dsv4 import online_c128_mtp
-
+    from sglang.kernels.ops.attention.dsv4 import compress, online_c128_mtp
     from upstream_mtp import resolve
 
     mtp = resolve(online_c128_mtp)  # 0.5.23's functions, or the same calls on older releases
@@ -316,7 +314,6 @@ def dry_run(args: argparse.Namespace) -> int:
     util.install(args.tree)
     from kernel_variants import CUH, derived_variants
     from sglang.kernels.ops.attention.dsv4 import compress, online_c128_mtp
-
     from upstream_mtp import resolve
 
     calls = resolve(online_c128_mtp).path
@@ -357,7 +354,6 @@ def main() -> int:
     torch.cuda.init()
     from kernel_variants import CUH, derived_variants, load_floor, load_variant
     from sglang.kernels.ops.attention.dsv4 import online_c128_mtp
-
     from upstream_mtp import resolve
 
     work = Path(os.environ.get("SGLANG_JIT_CACHE_DIR", "/tmp")) / "variants"
