@@ -226,7 +226,7 @@ def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool])
         parts.append(f"`rebase` {r['rebase']} {r['rebase_s']:.2f} s vs raw `git rebase` + trained rerere "
                      f"{r['raw_git_rebase_rerere_s']:.2f} s ({r['ratio']:.2f}×; raw replays the old release's "
                      f"commits and stops {r['raw_git_stops']} times, ours replays the new release's files, looks "
-                     f"for merged-upstream evidence and proves the result){mark('rebase')}")
+                     f"for merged-upstream evidence, proves the result and checks the API contract){mark('rebase')}")
     if "check" in got:
         c = got["check"]
         parts.append(f"`check` over the 4 releases {c['four_releases_s']:.2f} s, over {c['commits']} real upstream "
