@@ -20,7 +20,7 @@ from c128patch.cli.common import emit_json, get_series, handles_errors, json_opt
 @handles_errors
 def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Path | None, as_json: bool) -> None:
     """Validate the series manifest and its files."""
-    from c128patch.ops.lint import Finding, lint_series
+    from c128patch.ops.lint import Finding, lint_stack
     from c128patch.ops.lint import update_hashes as record_hashes
     from c128patch.ops.series_audit import audit_series
     from c128patch.progress import console, reporter
@@ -34,7 +34,7 @@ def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Pa
     if not offline:
         with reporter(not as_json, title="lint") as rep:
             upstream = open_upstream(repo, [series.base] if repo is None else [], rep)
-    findings = lint_series(series, upstream.git if upstream else None)
+    findings = lint_stack(series, upstream.git if upstream else None)
     if upstream is not None and not any(f.level == "error" for f in findings) and upstream.git.rev_parse(series.base):
         # the gate audit, on the series applied to its base
         for f in audit_series(series, upstream.git, series.base, upstream.resolve(series.base)):

@@ -512,7 +512,7 @@ class Rebase:
         git = self.git
         if not step.file.startswith("patches/"):  # an overlay: as ``apply`` commits it
             return overlay_message(self.series.entry(step.name), self.series), (BOT_NAME, BOT_EMAIL, date)
-        path = self.series.root / step.file
+        path = self.series.part(step.name)[0].root / step.file  # a layer entry's file is in its layer
         with tempfile.TemporaryDirectory(prefix="c128mail-") as tmp:
             info = git.run("mailinfo", f"{tmp}/msg", f"{tmp}/patch", input=path.read_text()).stdout
             body = Path(tmp, "msg").read_text()

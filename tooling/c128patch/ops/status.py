@@ -24,6 +24,7 @@ from c128patch.ops.treestate import (
     running,
 )
 from c128patch.series.manifest import Series
+from c128patch.series import provenance
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 
 
@@ -133,7 +134,7 @@ def tree_status(git: Git, series: Series | None = None) -> dict:
         "drift": drift,
     }
     if series is not None:
-        applied = record.get("series", {}).get("digest")
+        applied = provenance.applied_digest(record)
         out["series_current"] = {"version": series.version, "digest": series.digest(), "up_to_date": applied == series.digest()}
         upstream = record.get("upstream", {})
         if upstream.get("commit") and git.rev_parse(upstream["commit"]):
