@@ -59,6 +59,7 @@ from c128patch.ops.treestate import (
     refuse_conflict_markers,
 )
 from c128patch.series import provenance
+from c128patch.series.layers import layer_folders
 from c128patch.series.ledger import Conflict, Ledger
 from c128patch.series.manifest import Series
 from c128patch.series.plan import ENTRY_TRAILER, Planned, index_git, merged_entries, overlay_message, plan
@@ -120,6 +121,7 @@ class Journal:
     paused: Paused = ""
     stop_state: dict[str, str] = field(default_factory=dict)  # path -> blob the stop left in the work tree
     upstream: dict = field(default_factory=dict)  # the old provenance's upstream record (its fields are kept)
+    layers: list[str] = field(default_factory=list)  # the layer folders replayed after the series (series.layers)
 
     @property
     def span(self) -> str:
@@ -174,6 +176,7 @@ class Rebase:
                           head, recovery, str(self.series.root), drop_merged, steps)
         c128_state_dir(git).mkdir(parents=True, exist_ok=True)
         journal.upstream = dict(old)
+        journal.layers = layer_folders(self.series)
         journal.head_before = onto_commit  # the branch and the work tree stay as they are until a stop or the end
         journal.save(self.path)
         return self._run(journal)

@@ -173,8 +173,7 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     kept = _kept_without_commit(series, git, record, base_commit, exported, result)
     entries = _in_order(series, list(exported.values()), kept)
     if isinstance(series, Stack):
-        return _export_stack(series, git, series.rebuilt(entries, label if primary else ""), primary, version,
-                             base_commit, label, result)
+        return _export_stack(series, series.rebuilt(entries, label if primary else ""), primary, version, result)
     new = Series(series.root, series.name, series.version, label if primary else series.base, entries,
                  gates=series.gates)
     payload_changed = new.to_toml() != series.to_toml() or any(
@@ -187,8 +186,7 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     return result
 
 
-def _export_stack(series: Stack, git: Git, new: Stack, primary: bool, version: str | None, base_commit: str,
-                  label: str, result: Export) -> Export:
+def _export_stack(series: Stack, new: Stack, primary: bool, version: str | None, result: Export) -> Export:
     """A stack's export: each part's manifest (its version bumped when its own files or manifest
     change), our series' as ``manifest``, each layer's in ``layers``; ``version`` is our series'."""
     parts = []
@@ -199,8 +197,8 @@ def _export_stack(series: Stack, git: Git, new: Stack, primary: bool, version: s
         parts.append(replace(part, version=want or (_bump(old.version) if changed else old.version)))
     stacked = Stack(parts[0], parts[1:])
     result.series, result.manifest, result.layers = stacked, parts[0].to_toml(), parts[1:]
-    if primary:
-        _record_contract(parts[0], git, base_commit, label, result)
+    if primary:  # our lock is our series' own, made on a tree without layers: it is not rewritten here
+        result.notes.append(f"{LOCK_NAME} not rewritten: the tree carries layers (refresh without them records it)")
     return result
 
 

@@ -164,6 +164,11 @@ def layer_folders(series: Series) -> list[str]:
     return [str(layer.root) for layer in series.layers] if isinstance(series, Stack) else []
 
 
+def layer_args(series: Series) -> list[str]:
+    """``--layer DIR`` for each layer of a stack: what a printed command needs to name the same stack."""
+    return [arg for folder in layer_folders(series) for arg in ("--layer", folder)]
+
+
 def overlap_note(series: Series, earlier: list[tuple[str, list[str]]], name: str, paths: list[str]) -> str:
     """For a layer entry ``name`` that stopped on ``paths`` (the failing file first): the entry of
     another part replayed before it that changes the same file, as "; it conflicts with ..." ("" if none)."""
