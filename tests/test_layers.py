@@ -293,3 +293,31 @@ def test_verify_wheel_refuses_a_wheel_made_with_another_version_of_the_layer(exa
     assert res.code == 1 and "made with the layers" in res.err, res.err
     plain = invoke("verify-wheel", wheel, "--no-authenticity", "--series", example_path["series"], as_json=False)
     assert plain.code == 1 and "made with the layers [('acme', '3'" in plain.err, plain.err
+
+
+# ---------------------------------------------------------------------------- lint, audit and watch per layer
+def test_lint_names_a_layer_s_findings_by_layer_and_entry(clashing_layer):
+    res = invoke("lint", "--offline", "--layer", clashing_layer)  # its patch was made without layer add-entry
+    assert res.code == 1
+    assert res.out["findings"] == [{"entry": "site/site-env", "level": "error", "message":
+                                    "patches/0001-site-env.patch: header must say 'C128patch-Gate: SGLANG_SITE_OTHER'"}]
+
+
+def test_audit_runs_on_the_stack_and_counts_each_layer_s_gated_entries(sglang_release_repo):
+    res = invoke("audit", "--layer", EXAMPLE, as_json=False)
+    assert res.code == 0, res.err
+    assert "of 11 gated entries, 3 of layer acme on v0.5.23: clean" in res.text
+
+
+def test_watch_carries_the_stack_and_refreshes_the_layer_into_its_own_folder(tmp_path, sglang_release_repo):
+    layer = tmp_path / "acme"
+    shutil.copytree(EXAMPLE, layer)
+    res = invoke("watch", "--onto", "v0.5.21", "--out", tmp_path / "out", "--layer", layer)
+    assert res.code == 3 and res.out["outcome"] == "refreshed", res.err
+    assert res.out["needed_merge"] == ["acme/acme-sps-env"] and res.out["layers"][0]["name"] == "acme"
+    refreshed = tmp_path / "out" / "series"
+    assert (refreshed / "layers/acme/patches/0001-acme-sps-env.v0.5.21.patch").is_file()
+    assert sorted(p.name for p in (refreshed / "patches").glob("*.patch")) == \
+        sorted(p.name for p in (REPO_ROOT / "patches").glob("*.patch"))  # ours: as it is
+    adopt = f"cp -R {tmp_path / 'out' / 'series' / 'layers' / 'acme' / 'patches'} {layer.resolve() / 'patches'}"
+    assert any(adopt in step for step in res.out["next"]), res.out["next"]

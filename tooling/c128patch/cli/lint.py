@@ -24,6 +24,7 @@ def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Pa
     from c128patch.ops.lint import update_hashes as record_hashes
     from c128patch.ops.series_audit import audit_series
     from c128patch.progress import console, reporter
+    from c128patch.series.layers import describe
     from c128patch.upstream.source import open_upstream
 
     series = get_series(series_dir)
@@ -47,7 +48,7 @@ def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Pa
         out = console(stderr=False)
         for f in findings:
             out.print(f"{f.level}: {f.entry}: {f.message}", markup=False)
-        out.print(f"{series.name} {series.version}: {len(series.entries)} entries, "
+        out.print(f"{describe(series).removeprefix('series ')}: {len(series.entries)} entries, "
                   f"{len(errors)} error(s), {len(findings) - len(errors)} warning(s)", markup=False)
     if errors:
         sys.exit(exitcodes.FAILED)

@@ -177,11 +177,11 @@ def lint_stack(series: Series, upstream: Git | None = None) -> list[Finding]:
     for layer in series.layers:
         found += [replace(f, entry=f"{layer.name}/{f.entry}") for f in lint_series(layer, upstream)]
     targets: dict[str, str] = {}
-    for e in series.entries:
+    for e in series.entries:  # (within one part, lint_series said so already)
         if not e.is_patch:
-            if e.target in targets:
-                found.append(Finding(e.name, f"overlay target {e.target} collides with entry '{targets[e.target]}'"))
-            targets.setdefault(e.target, e.name)
+            other = targets.setdefault(e.target, e.name)
+            if series.part(other)[0] is not series.part(e.name)[0]:
+                found.append(Finding(e.name, f"overlay target {e.target} collides with entry '{other}'"))
     return found
 
 

@@ -62,7 +62,7 @@ class Export:
         manifest = root / "patches" / "series.toml"
         if manifest.read_text() != self.manifest:
             changed.append("patches/series.toml")
-        changed += [str(layer.manifest_path) for layer in self.layers
+        changed += [_shown(layer.manifest_path, root) for layer in self.layers
                     if layer.manifest_path.read_text() != layer.to_toml()]
         return sorted(changed)
 

@@ -159,6 +159,11 @@ def layer_rows(stack: Series) -> list[dict]:
              "entries": [f"{layer.name}{SEP}{e.name}" for e in layer.entries]} for layer in stack.layers]
 
 
+def layers_of(series: Series) -> list[Series]:
+    """A stack's layers, in order ([] for a series alone)."""
+    return list(series.layers) if isinstance(series, Stack) else []
+
+
 def layer_folders(series: Series) -> list[str]:
     """The layer folders of a stack, in order (journals keep them to resume with the same stack)."""
     return [str(layer.root) for layer in series.layers] if isinstance(series, Stack) else []
