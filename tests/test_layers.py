@@ -13,6 +13,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -321,3 +322,48 @@ def test_watch_carries_the_stack_and_refreshes_the_layer_into_its_own_folder(tmp
         sorted(p.name for p in (REPO_ROOT / "patches").glob("*.patch"))  # ours: as it is
     adopt = f"cp -R {tmp_path / 'out' / 'series' / 'layers' / 'acme' / 'patches'} {layer.resolve() / 'patches'}"
     assert any(adopt in step for step in res.out["next"]), res.out["next"]
+
+
+def test_doctor_shows_the_layers_of_the_installed_build(example_path):
+    """The layered 0.5.23 wheel installed into a fresh venv (no dependencies): its label checks, and
+    the layer and its entries are listed."""
+    venv = example_path["root"] / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-deps", "--no-compile", example_path["wheel v0.5.23"].out["wheel"]], check=True)
+    res = invoke("doctor", "--python", venv / "bin" / "python", "--series", example_path["series"],
+                 "--layer", example_path["layer"])
+    topics: dict[str, list[tuple[str, str]]] = {}
+    for f in res.out["findings"]:
+        topics.setdefault(f["topic"], []).append((f["level"], f["message"]))
+    assert topics["build"][0][0] == "ok", topics["build"]  # the label with the layer agrees with the provenance
+    layer = load_series(example_path["layer"])
+    assert topics["layer"] == [("info", f"layer acme 3 (digest {layer.digest()[:8]}, base v0.5.23): 3 entries, "
+                                        "after the series")]
+    assert [m.split(" ", 1)[0] for _, m in topics["entry"]][-3:] == ["acme/acme-sps-env", "acme/acme-sps-floor-helper",
+                                                                     "acme/acme-sps-floor"]
+    assert topics["series"] == [("ok", "the build carries this tool's series c128patch 4")]
+
+
+def test_a_committed_config_names_the_layers_so_nobody_types_them(tmp_path, monkeypatch, sglang_release_repo):
+    shutil.copytree(EXAMPLE, tmp_path / "layers" / "acme")
+    (tmp_path / CONFIG).write_text('[layers]\npaths = ["layers/acme"]\n')
+    (tmp_path / "deep").mkdir()
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path / "deep")
+    res = invoke("check", "--sglang-rev", "v0.5.23")
+    assert res.code == 0, res.err
+    assert [r["name"] for r in res.out["layers"]] == ["acme"]
+    assert [e["name"] for e in res.out["revs"][0]["entries"]][-3:] == ["acme/acme-sps-env", "acme/acme-sps-floor-helper",
+                                                                     "acme/acme-sps-floor"]
+
+
+def test_the_docs_give_the_label_of_the_committed_example():
+    from packaging.version import Version
+
+    from c128patch.wheel.patch import patched_version
+
+    series = load_series(REPO_ROOT)
+    layer = stack(series, [EXAMPLE]).layers[0]
+    label = patched_version(Version("0.5.23"), series.version, series.digest(), [(layer.name, layer.digest())])
+    assert f"`{label}`" in (REPO_ROOT / "docs" / "layers.md").read_text()
