@@ -25,7 +25,7 @@ from c128patch.series.layers import CONFIG, ENV, find_layers, stack
 from c128patch.series.manifest import load_series
 from c128patch.wheel.sbom import layer_properties
 from c128patch.wheel.tools import InWheel
-from support import REPO_ROOT, RELEASES, copy_series, invoke, refused, run_printed, small_clone, snapshot
+from support import RELEASES, REPO_ROOT, copy_series, invoke, refused, run_printed, small_clone, snapshot
 
 EXAMPLE = REPO_ROOT / "docs" / "examples" / "acme-layer"
 ID = ["-c", "user.name=acme-dev", "-c", "user.email=dev@acme.invalid"]
@@ -367,3 +367,19 @@ def test_the_docs_give_the_label_of_the_committed_example():
     layer = stack(series, [EXAMPLE]).layers[0]
     label = patched_version(Version("0.5.23"), series.version, series.digest(), [(layer.name, layer.digest())])
     assert f"`{label}`" in (REPO_ROOT / "docs" / "layers.md").read_text()
+
+
+def test_a_layer_entry_s_resolutions_live_in_the_layer_s_own_ledger(tmp_path):
+    from c128patch.series.ledger import Ledger
+
+    data = (EXAMPLE / "patches" / "0001-acme-sps-env.patch").read_bytes()
+    layer = write_layer(tmp_path / "site", entries=patch_entry("x", "0001-x.patch", data), files={
+        "patches/0001-x.patch": data.replace(b"acme/acme-sps-env", b"site/x"),
+        "patches/resolutions/ledger.toml": b'[[resolutions]]\nentry = "x"\nkey = "ab"\nfile = "f"\n'})
+    stacked = stack(load_series(REPO_ROOT), [layer])
+    assert Ledger(stacked).has("site/x") and not Ledger(stacked).has("x")
+    ours = Ledger(load_series(REPO_ROOT))
+    assert [Ledger(stacked).has(e.name) for e in stacked.head.entries] == [ours.has(e.name) for e in stacked.head.entries]
+    less = stacked.without({"site/x", "c128-plan-zero-rows"})
+    assert [e.name for e in less.layers[0].entries] == [] and "c128-plan-zero-rows" not in [e.name for e in less.entries]
+    assert less.part("c128-dspark-online-env")[0].root == REPO_ROOT

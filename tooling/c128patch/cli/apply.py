@@ -50,7 +50,7 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     from c128patch.git import Git
     from c128patch.ops.apply import Apply, clone_template
     from c128patch.ops.check import support_note
-    from c128patch.progress import console, reporter
+    from c128patch.progress import reporter
     from c128patch.series.plan import check_paths_at, plan
     from c128patch.upstream.source import discard_fresh_tree, is_url, open_upstream, prepare_tree, refuse_git_dir
 

@@ -23,8 +23,8 @@ from c128patch.ops.treestate import (
     rebase_journal,
     running,
 )
-from c128patch.series.manifest import Series
 from c128patch.series import provenance
+from c128patch.series.manifest import Series
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 
 
@@ -126,6 +126,7 @@ def tree_status(git: Git, series: Series | None = None) -> dict:
     out = {
         **common,
         "series": record.get("series", {}),
+        "layers": record.get("layers", []),
         "upstream": record.get("upstream", {}),
         "tool": record.get("tool", {}),
         "entries": [{"name": e["name"], "kind": e["kind"], "applied": e.get("applied", "")} for e in entries],

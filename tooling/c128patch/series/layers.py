@@ -34,7 +34,7 @@ else:  # pragma: no cover
 
 from c128patch.errors import C128Error
 from c128patch.git import is_git_dir_name
-from c128patch.series.manifest import MANIFEST, Entry, Series, load_series
+from c128patch.series.manifest import MANIFEST, Entry, Series, Variant, load_series
 
 LAYER_NAME = re.compile(r"[a-z][a-z0-9]{0,31}")
 LAYER_NAME_RULE = "1-32 characters of a-z 0-9, starting with a letter (it goes into the wheel's PEP 440 label)"
@@ -116,7 +116,7 @@ class Stack(Series):
     def part(self, name: str) -> tuple[Series, str]:
         return self._parts.get(name, (self.head, name))
 
-    def file_of(self, entry: Entry, variant=None) -> Path:  # type: ignore[no-untyped-def]
+    def file_of(self, entry: Entry, variant: Variant | None = None) -> Path:
         return self.part(entry.name)[0].file_of(entry, variant)
 
     def digest(self) -> str:
@@ -127,6 +127,9 @@ class Stack(Series):
         for layer in self.layers:
             h.update(f"\0{layer.name}\0{layer.digest()}".encode())
         return h.hexdigest()
+
+    def without(self, names: set[str]) -> Stack:
+        return self.rebuilt([e for e in self.entries if e.name not in names], "")
 
     def rebuilt(self, entries: list[Entry], base: str) -> Stack:
         """The stack with ``entries`` (namespaced) sorted back into its parts, each part's base ``base``

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +141,10 @@ class Series:
             if e.name == name:
                 return e
         raise C128Error(f"no entry named {name!r} in {self.manifest_path}")
+
+    def without(self, names: set[str]) -> Series:
+        """The series less the entries ``names`` (``layers.Stack``: each part less its own)."""
+        return replace(self, entries=[e for e in self.entries if e.name not in names])
 
     def part(self, name: str) -> tuple[Series, str]:
         """The series an entry's files and ledger live in, and its name there (``layers.Stack``: a layer's)."""
