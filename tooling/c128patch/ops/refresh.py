@@ -18,6 +18,10 @@ Before anything is written the tree is proven (``ops.equivalence``): every diffe
 apply of the series (without the entries the provenance records dropped or skipped by a rebase, as
 the rebase's own proof) must be an edit on the branch (what refresh exports); anything else is
 refused unless ``accept_differences``.
+
+With layers (``series.layers.Stack``) each part is exported into its own folder only, each as one
+transaction, its version bumped when its own files change; a commit without an entry trailer is
+refused (``layer add-entry`` says whose it is), and our ``contract.lock`` is left as it is.
 """
 
 from __future__ import annotations
