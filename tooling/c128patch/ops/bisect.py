@@ -19,13 +19,14 @@ from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.ops import contract
 from c128patch.progress import NullReporter, Reporter
+from c128patch.series.layers import layer_args
 from c128patch.series.manifest import Series
 from c128patch.upstream.source import open_upstream
 
 
 def _step(series: Series, scratch: Path) -> list[str]:
     return [sys.executable, "-m", "c128patch", "contract", "--sglang-rev", "BISECT_HEAD", "--repo", str(scratch),
-            "--series", str(series.root), "--no-nvcc", "--json"]
+            "--series", str(series.root), *layer_args(series), "--no-nvcc", "--json"]
 
 
 def _what_fails(series: Series, git: Git, commit: str) -> list[str]:

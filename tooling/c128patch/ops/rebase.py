@@ -59,6 +59,7 @@ from c128patch.ops.treestate import (
     refuse_conflict_markers,
 )
 from c128patch.series import provenance
+from c128patch.series.layers import layer_folders
 from c128patch.series.ledger import Conflict, Ledger
 from c128patch.series.manifest import Series
 from c128patch.series.plan import ENTRY_TRAILER, Planned, index_git, merged_entries, overlay_message, plan
@@ -120,6 +121,7 @@ class Journal:
     paused: Paused = ""
     stop_state: dict[str, str] = field(default_factory=dict)  # path -> blob the stop left in the work tree
     upstream: dict = field(default_factory=dict)  # the old provenance's upstream record (its fields are kept)
+    layers: list[str] = field(default_factory=list)  # the layer folders replayed after the series (series.layers)
 
     @property
     def span(self) -> str:
@@ -154,7 +156,7 @@ class Rebase:
         self._present: set[str] = set()
         self._touched: list[str] = []
         self._hint_cache: dict[str, str] = {}
-        self._mails: dict[str, Future] = {}  # patch file label -> its (message, author), being read
+        self._mails: dict[str, Future] = {}  # entry -> its patch file's (message, author), being read
         self._pool = ThreadPoolExecutor(max_workers=1)  # the proof's fresh replay, beside the rebase
         self._fresh: dict[tuple, Future] = {}
         self.on_tip: Callable[[str, str], object] | None = None  # called with (new base, new tip) once it is made
@@ -184,6 +186,7 @@ class Rebase:
                           head, recovery, str(self.series.root), drop_merged, steps)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         journal.upstream = dict(old)
+        journal.layers = layer_folders(self.series)
         journal.head_before = onto_commit  # the branch and the work tree stay as they are until a stop or the end
         for step in steps:
             if step.kind == "entry" and step.name in drop:
@@ -421,7 +424,7 @@ class Rebase:
                             UpstreamIds(git, self.path.parent / "patch-ids.json"), [s.sha for s in journal.steps])
         self._reset_index(journal)
         with ThreadPoolExecutor(max_workers=1) as pool:  # the entries' commit messages are read beside the loop
-            self._mails = {p.label: pool.submit(self._mail, p.path, p.entry.name) for s in journal.steps[journal.pos:]
+            self._mails = {s.name: pool.submit(self._mail, p.path, p.entry.name) for s in journal.steps[journal.pos:]
                            if s.kind == "entry" and s.status == "pending" and not s.user_edit
                            and (p := planned.get(s.name)) is not None and p.patch is not None}
             while journal.pos < len(journal.steps):
@@ -566,8 +569,10 @@ class Rebase:
         git = self.git
         if not step.file.startswith("patches/"):  # an overlay: as ``apply`` commits it
             return overlay_message(self.series.entry(step.name), self.series), (BOT_NAME, BOT_EMAIL, date)
-        made = self._mails.get(step.file)
-        return made.result() if made is not None else self._mail(self.series.root / step.file, step.name)
+        made = self._mails.get(step.name)
+        if made is not None:
+            return made.result()
+        return self._mail(self.series.part(step.name)[0].root / step.file, step.name)  # a layer's file is in its layer
 
     def _mail(self, path: Path, name: str) -> tuple[str, tuple[str, str, str]]:
         git = self.git
