@@ -233,7 +233,7 @@ def fresh_replay(series: Series, git: Git, rev: str, commit: str, *, span: str =
     """The fresh replay ``prove`` compares a tree with: its rows and its tree id. It reads no tree of
     the branch, so a caller may make it before the tree it proves exists (``prove(fresh=...)``)."""
     if without:
-        series = replace(series, entries=[e for e in series.entries if e.name not in without])
+        series = series.without(set(without))
     with tempfile.TemporaryDirectory(prefix="c128fresh-") as tmp:
         index_file = Path(tmp) / "fresh.index"
         replay, _ = replay_in_index(series, git, rev, commit, index_file, ledger=Ledger(series), span=span)
