@@ -26,12 +26,17 @@ of the series carried to REV, and the CPU tree checks (``ops.treechecks``). The 
 * ``broken`` (exit 7): the series carried, but it does not fit REV: its API contract
   (``ops.contract``, against the committed ``patches/contract.lock``) has an upstream module, name,
   attribute or header gone, a call that does not bind, or a signature changed since the lock. Each
-  item is listed with our file:line, upstream's file:line and both signatures.
+  item is listed with our file:line, upstream's file:line and both signatures. Or the behavioural tier
+  (``ops.treecheck``, gates off and on, on the carried work tree, with ``python``) fails there: a module
+  that no longer imports, a gate probe that no longer switches, a missing module or name it imports;
+* ``unchecked`` (exit 8): it would be ``clean``, but the C++ side (no nvcc) or the behavioural tier (no
+  torch, or it did not run) could not be checked here: one line each, never ``clean``.
 
 For ``conflict`` and ``broken``, ``bisect`` (``ops.bisect``, at most ``BISECT_TIMEOUT`` s) names the
 first upstream commit between the base and REV where the series stops applying or fitting.
 
-Conflict outranks broken, broken outranks failed, failed outranks merged, merged outranks refreshed. Every outcome writes
+Conflict outranks broken, broken outranks failed, failed outranks merged, merged outranks refreshed,
+refreshed outranks unchecked. Every outcome writes
 ``OUT/watch-report.md`` (what a maintainer reads; CI posts it), ``OUT/watch-report.json`` and the
 rebase's own report (``rebase-report.md``/``.json``); ``refreshed`` and ``merged`` also
 ``OUT/commit-message.txt``. ``OUT`` must be new, empty, or hold an earlier watch report (replaced).
