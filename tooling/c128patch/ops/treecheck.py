@@ -7,8 +7,10 @@ Not checked is never counted as passed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -104,36 +106,39 @@ def _gates(series: Series) -> list[str]:
 
 @dataclass
 class Pending:
-    """The tier started (both gate states at once, each in its own subprocess); ``finish`` waits for it."""
+    """The tier started (one subprocess; both gate states run at once in it); ``finish`` waits for it."""
 
     tree: Path
     modules: list[str]
     timeout: float
-    procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
 
     def finish(self) -> TreecheckResult:
-        result = TreecheckResult()
-        for state, proc in self.procs:
-            try:
-                stdout, stderr = proc.communicate(timeout=self.timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                raise C128Error(f"the behavioural tier did not finish in {self.timeout:g} s (gates {state})") from None
-            try:
-                data = json.loads(stdout.strip().splitlines()[-1])
-            except (IndexError, ValueError):
-                self.kill()
-                raise C128Error("the behavioural tier's interpreter failed: "
-                                f"{(stderr.strip().splitlines() or ['?'])[-1]}") from None
-            result.tiers.append(TierResult(state, data["torch"], data["modules"], data.get("probes", {})))
-        imports.annotate(result, self.tree / PY_ROOT, self.modules)
+        assert self.proc is not None
+        try:
+            stdout, stderr = self.proc.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise C128Error(f"the behavioural tier did not finish in {self.timeout:g} s") from None
+        try:
+            data = json.loads(stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            raise C128Error("the behavioural tier's interpreter failed: "
+                            f"{(stderr.strip().splitlines() or ['?'])[-1]}") from None
+        result = TreecheckResult(imports=data.get("imports", {}))
+        for state in ("off", "on"):
+            tier = data["tiers"].get(state, {})
+            if "error" in tier:
+                raise C128Error(f"the behavioural tier (gates {state}) failed to run: {tier['error']}")
+            result.tiers.append(TierResult(state, data["torch"], tier.get("modules", {}), tier.get("probes", {})))
+        imports.annotate(result)
         return result
 
     def kill(self) -> None:
-        for _, proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the runner and its forked children
+            self.proc.wait()
 
 
 def start(series: Series, tree: Path, paths: list[str], *, python: str | None = None, timeout: float = 600) -> Pending:
@@ -146,23 +151,17 @@ def start(series: Series, tree: Path, paths: list[str], *, python: str | None = 
                         + ", which the series writes: apply the series there first")
     modules = sorted({m for p in paths if (m := module_name(p))})
     gates = _gates(series)
-    pending = Pending(tree, modules, timeout)
-    probes = json.dumps([p for p in PROBES if p[0] in modules])
-    for state in ("off", "on"):
-        env = {k: v for k, v in os.environ.items() if k not in gates}
-        if state == "on":
-            env.update({g: "1" for g in gates})
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-        env.pop("PYTHONPATH", None)  # the tree alone (the runner puts it first on sys.path)
-        try:
-            proc = subprocess.Popen([python or sys.executable, "-c", RUNNER.read_text(), str(tree / PY_ROOT), state,
-                                     probes, *modules], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, cwd=str(tree))
-        except OSError as exc:
-            pending.kill()
-            raise C128Error(f"the behavioural tier did not run: {exc}") from None
-        pending.procs.append((state, proc))
-    return pending
+    env = {k: v for k, v in os.environ.items() if k not in gates}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.pop("PYTHONPATH", None)  # the tree alone (the runner puts it first on sys.path)
+    argv = [python or sys.executable, "-c", RUNNER.read_text(), str(tree / PY_ROOT), json.dumps(gates),
+            json.dumps([p for p in PROBES if p[0] in modules]), str(Path(imports.__file__)), *modules]
+    try:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=str(tree), start_new_session=True)
+    except OSError as exc:
+        raise C128Error(f"the behavioural tier did not run: {exc}") from None
+    return Pending(tree, modules, timeout, proc)
 
 
 def run(series: Series, tree: Path, paths: list[str], *, python: str | None = None, timeout: float = 600) -> TreecheckResult:

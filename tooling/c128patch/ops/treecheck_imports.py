@@ -1,4 +1,5 @@
-"""The part of the behavioural tier that needs no interpreter with sglang's dependencies: every
+"""The part of the behavioural tier that needs no interpreter with sglang's dependencies (stdlib only:
+the tier's subprocess loads this file by path and runs ``check`` while its forked children import): every
 ``sglang`` import of each module the tier checks, resolved against the tree's files (``ast``). The
 imported module must exist there (a ``.py`` file, a package or a namespace folder) and each name a
 ``from`` import takes must be defined at its module level (def, class, assignment, import, or a
@@ -174,10 +175,9 @@ def check(root: Path, modules: list[str]) -> dict[str, dict]:
     return out
 
 
-def annotate(result: TreecheckResult, root: Path, modules: list[str]) -> None:
-    """Put the static check on ``result`` (``result.imports``); a module that did not import says that its
-    imports resolve (still not checked) or fails with what is missing."""
-    result.imports = check(root, modules)
+def annotate(result: TreecheckResult) -> None:
+    """A module that did not import says that its imports resolve (it stays not checked); ``result.imports``
+    (``check``, run by the tier's subprocess) says what is missing where they do not."""
     for tier in result.tiers:
         for name, m in tier.modules.items():
             found = result.imports.get(name)
