@@ -126,7 +126,7 @@ class Actions:
 
     def setup(self) -> None:
         seed = self.root / "seed"
-        for sub in ("patches", "csrc", "overlay"):
+        for sub in ("patches", "csrc", "overlay", "ci/kernel_probe"):  # the probe: else watch is unchecked
             shutil.copytree(REPO_ROOT / sub, seed / sub)
         (seed / "README.md").write_text("a fork of c128patch\n")
         git = Git(worktree=seed)
