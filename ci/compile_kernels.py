@@ -15,16 +15,20 @@ that has no row.
 
 With ``--release``/``--all-releases`` each supported release is replayed with the series from the
 release history (evidence.staging, nothing checked out) and every (release, row) pair is built in
-one pool; ``--record DIR`` writes ``DIR/<rev>/compile.json`` (the evidence `c128patch matrix` reads).
+one pool, once per distinct unit: a unit whose preprocessing (nvcc's own host and device ``-E``
+steps) and flags equal an earlier release's is not compiled again, its row says ``same_as`` that
+release and carries that build's result (``--build-every-unit`` compiles each); ``--record DIR`` writes ``DIR/<rev>/compile.json`` (the evidence `c128patch matrix` reads).
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -160,6 +164,7 @@ class Result:
     seconds: float
     log: str = field(default="", repr=False)
     failed_helpers: list[str] = field(default_factory=list)  # the probe row: which pins broke
+    same_as: str = ""  # not built: the same preprocessed source and flags as this release's build
 
 
 _CHANGED = re.compile(r'upstream signature changed: (.*?)"')
@@ -180,21 +185,28 @@ def probe_failures(log: str, source: Path = PROBE_SOURCE) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def build_one(tc: Toolchain, tree: Path, kernel: Kernel, work: Path) -> Result:
-    start = time.monotonic()
-    d = work / kernel.name
-    d.mkdir(parents=True)
-    if kernel.source is not None:  # the probe: compile only, against this tree's headers
-        cmd = tc.compile_cmd(kernel.source, d / "probe.o", kernel)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        log = f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
-        ok = proc.returncode == 0
-        return Result(kernel.name, kernel.cuh, ok, time.monotonic() - start, log, [] if ok else probe_failures(log))
+def unit_source(tree: Path, kernel: Kernel, d: Path) -> Path | Result:
+    """The .cu nvcc compiles for this row (written under ``d``), or the failed Result when its .cuh is missing."""
+    d.mkdir(parents=True, exist_ok=True)
+    if kernel.source is not None:  # the probe: compiled as it is, against this tree's headers
+        return kernel.source
     cuh = (tree / CSRC_UNDER / kernel.cuh).resolve()
     if not cuh.is_file():
         return Result(kernel.name, kernel.cuh, False, 0.0, f"missing {cuh}")
     cu = d / "cuda.cu"
     cu.write_text(wrapper_source(cuh, kernel))
+    return cu
+
+
+def build_unit(tc: Toolchain, kernel: Kernel, cu: Path, d: Path) -> Result:
+    """Compile (and, but for the probe, link) one unit written by ``unit_source``."""
+    start = time.monotonic()
+    if kernel.source is not None:  # the probe: compile only
+        cmd = tc.compile_cmd(cu, d / "probe.o", kernel)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        log = f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
+        ok = proc.returncode == 0
+        return Result(kernel.name, kernel.cuh, ok, time.monotonic() - start, log, [] if ok else probe_failures(log))
     log = ""
     for cmd in (tc.compile_cmd(cu, d / "cuda.o", kernel), tc.link_cmd(d / "cuda.o", d / f"{kernel.name}.so")):
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -202,6 +214,96 @@ def build_one(tc: Toolchain, tree: Path, kernel: Kernel, work: Path) -> Result:
         if proc.returncode != 0:
             return Result(kernel.name, kernel.cuh, False, time.monotonic() - start, log)
     return Result(kernel.name, kernel.cuh, True, time.monotonic() - start, log)
+
+
+def build_one(tc: Toolchain, tree: Path, kernel: Kernel, work: Path) -> Result:
+    cu = unit_source(tree, kernel, work / kernel.name)
+    return cu if isinstance(cu, Result) else build_unit(tc, kernel, cu, work / kernel.name)
+
+
+_LINE_MARKER = re.compile(r'^# \d+ ".*$\n?', re.M)
+_NVCC_TEMP = re.compile(r"tmpxft_[0-9a-f]+_[0-9a-f]+")
+
+
+def source_key(tc: Toolchain, tree: Path, kernel: Kernel, cu: Path, d: Path) -> str | None:
+    try:
+        return _source_key(tc, tree, kernel, cu, d)
+    except (ValueError, OSError):  # a step line shlex cannot read, a step that cannot run: built
+        return None
+
+
+def _source_key(tc: Toolchain, tree: Path, kernel: Kernel, cu: Path, d: Path) -> str | None:
+    """What nvcc would compile for this unit, as a hash: the output of the preprocessing steps of
+    ``nvcc --dryrun`` (host and device, run as nvcc runs them) and every step's command line, with the
+    tree's and the unit's folders and nvcc's temp names as placeholders (line markers dropped). Two
+    units with one key are the same text built with the same flags: one build answers for both.
+    None when it cannot be told (that unit is built)."""
+    cmds = [tc.compile_cmd(cu, d / "cuda.o", kernel), tc.link_cmd(d / "cuda.o", d / f"{kernel.name}.so")]
+    places = sorted({str(tree), str(tree.resolve()), str(d), str(d.resolve())}, key=len, reverse=True)
+
+    def placeholders(text: str) -> str:
+        for i, place in enumerate(places):
+            text = text.replace(place, f"<folder{i}>")
+        return _NVCC_TEMP.sub("tmpxft", text)
+
+    proc = subprocess.run([cmds[0][0], "--dryrun", *cmds[0][1:]], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None
+    env, parts, preprocessed = dict(os.environ), [kernel.name, *(placeholders(shlex.join(c)) for c in cmds)], 0
+    for n, line in enumerate(line[3:].strip() for line in proc.stderr.splitlines() if line.startswith("#$ ")):
+        parts.append(placeholders(line))
+        assign = re.match(r"([A-Za-z_]\w*)=(.*)$", line)
+        if assign:  # the environment nvcc runs its steps in
+            env[assign.group(1)] = " ".join(shlex.split(assign.group(2)))
+            continue
+        argv = shlex.split(line)
+        if "-E" not in argv:
+            continue
+        if "$" in line or "-o" not in argv:  # not a step we can run as nvcc would
+            return None
+        argv[argv.index("-o") + 1] = str(d / f"preprocessed-{n}.ii")
+        step = subprocess.run(argv, capture_output=True, text=True, env=env)
+        if step.returncode != 0:
+            return None
+        parts.append(placeholders(_LINE_MARKER.sub("", (d / f"preprocessed-{n}.ii").read_text(errors="replace"))))
+        preprocessed += 1
+    if not preprocessed:  # nvcc named no preprocessing step: nothing to compare
+        return None
+    # the host compile of cudafe++'s output includes crt/host_runtime.h anew: a tree header of that name would win
+    parts += [f"{p.relative_to(tree)}:{hashlib.sha256(p.read_bytes()).hexdigest()}" for inc in tc.includes
+              if Path(inc).resolve().is_relative_to(tree.resolve()) for p in sorted((Path(inc) / "crt").rglob("*"))
+              if p.is_file()]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+Unit = tuple[Toolchain, Path, Kernel, Path, str]  # toolchain, tree, row, build folder, its label (the rev)
+
+
+def build_all(units: list[Unit], jobs: int, dedupe: bool) -> tuple[list[Result], int]:
+    """Each unit's Result and the number of builds run, ``jobs`` at a time. With ``dedupe`` a unit whose
+    source_key equals an earlier unit's is not built: that build's result stands for it (``same_as``)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        cus = list(pool.map(lambda u: unit_source(u[1], u[2], u[3]), units))
+
+        def key(i: int) -> str | None:
+            tc, tree, kernel, d, _ = units[i]
+            return None if not dedupe or isinstance(cus[i], Result) else source_key(tc, tree, kernel, cus[i], d)
+
+        first: dict[str, int] = {}
+        owner = [first.setdefault(k, i) if k else i for i, k in enumerate(pool.map(key, range(len(units))))]
+        todo = [i for i in range(len(units)) if owner[i] == i and not isinstance(cus[i], Result)]
+        built = dict(zip(todo, pool.map(lambda i: build_unit(units[i][0], units[i][2], cus[i], units[i][3]), todo)))
+    results = []
+    for i, cu in enumerate(cus):
+        if isinstance(cu, Result):
+            results.append(cu)
+        elif owner[i] == i:
+            results.append(built[i])
+        else:
+            r, label = built[owner[i]], units[owner[i]][4]
+            results.append(Result(r.name, r.cuh, r.ok, 0.0, f"not built: the same preprocessed source and flags as "
+                                  f"{label}'s build, whose log follows\n{r.log}", list(r.failed_helpers), label))
+    return results, len(todo)
 
 
 def series_headers(repo: Path = REPO) -> set[str]:
@@ -220,8 +322,9 @@ def series_headers(repo: Path = REPO) -> set[str]:
 
 def _row_json(r: Result) -> dict:
     out = {**asdict(r), "seconds": round(r.seconds, 2), "log": r.log[-4000:] if not r.ok else ""}
-    if not r.failed_helpers:
-        out.pop("failed_helpers")
+    for key in ("failed_helpers", "same_as"):
+        if not out[key]:
+            out.pop(key)
     return out
 
 
@@ -274,7 +377,8 @@ def record(dest: Path, rev: str, info: dict, results: list[Result], arch: str, c
         "command": command, "date": datetime.date.today().isoformat(),
         "device": f"no GPU: nvcc {release.group(1) if release else '?'}, tvm_ffi {getattr(tvm_ffi, '__version__', '?')}, "
                   f"sm_{arch}",
-        "kernels": [{"name": r.name, "cuh": r.cuh, "ok": r.ok, "seconds": round(r.seconds, 1)} for r in kernels],
+        "kernels": [{"name": r.name, "cuh": r.cuh, "ok": r.ok, "seconds": round(r.seconds, 1),
+                     **({"same_as": r.same_as} if r.same_as else {})} for r in kernels],
         "probe_ok": probe.ok, "probe_failed_helpers": probe.failed_helpers,
         "ok": probe.ok and all(r.ok for r in kernels),
     }
@@ -292,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--keep", type=Path, help="build here and keep it (default: a temp dir)")
     parser.add_argument("--only", action="append", default=[], help="build only this row (repeatable)")
+    parser.add_argument("--build-every-unit", action="store_true",
+                        help="build a release's unit even when its preprocessed source and flags equal another's")
     args = parser.parse_args(argv)
     if args.all_releases:
         from c128patch.upstream.releases import DEFAULT_RELEASES, tag_for
@@ -316,9 +422,8 @@ def main(argv: list[str] | None = None) -> int:
             trees = {"": {"tree": args.tree.resolve()}}
         jobs = [(rev, k) for rev in trees for k in kernels]
         tcs = {rev: find_toolchain(info["tree"], arch) for rev, info in trees.items()}
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            built = list(pool.map(lambda rk: build_one(tcs[rk[0]], trees[rk[0]]["tree"], rk[1],
-                                                        work / "build" / (rk[0] or "tree")), jobs))
+        units = [(tcs[rev], trees[rev]["tree"], k, work / "build" / (rev or "tree") / k.name, rev) for rev, k in jobs]
+        built, builds = build_all(units, args.jobs, dedupe=len(trees) > 1 and not args.build_every_unit)
         wall = time.monotonic() - start
         by_rev = {rev: [r for (rv, _), r in zip(jobs, built) if rv == rev] for rev in trees}
         if args.record:
@@ -338,13 +443,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             body = {"tree": str(trees[""]["tree"]), "kernels": [_row_json(r) for r in built]}
         print(json.dumps({**body, "arch": f"sm_{arch}", "jobs": args.jobs, "wall_s": round(wall, 2),
+                          "units": len(built), "builds": builds,
                           "uncovered_series_headers": uncovered, "ok": not failed and not uncovered}, indent=2))
     else:
         for rev, results in by_rev.items():
             for r in results:
-                print(f"{'ok  ' if r.ok else 'FAIL'} {rev or '-':8s} {r.name:32s} {r.cuh:40s} {r.seconds:6.1f} s")
-        print(f"{len(built)} builds ({len(trees)} tree(s) x {len(kernels)} rows), sm_{arch}, {args.jobs} jobs, "
-              f"{wall:.1f} s wall")
+                took = f"same as {r.same_as}" if r.same_as else f"{r.seconds:6.1f} s"
+                print(f"{'ok  ' if r.ok else 'FAIL'} {rev or '-':8s} {r.name:32s} {r.cuh:40s} {took}")
+        print(f"{len(built)} units ({len(trees)} tree(s) x {len(kernels)} rows), {builds} built (the rest: the same "
+              f"preprocessed source and flags as a build), sm_{arch}, {args.jobs} jobs, {wall:.1f} s wall")
     for rev, results in by_rev.items():
         _report_failures(results, f" on {rev}" if rev else "")
     for h in uncovered:

@@ -45,16 +45,37 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         Path(path).write_text("".join(f"{nodeid}\n" for nodeid in sorted(_torch_skips)))
 
 
+# The files that take longest (CI's pass 1 durations) start first: with --dist loadfile a long file handed
+# out last is the run's tail, and xdist alone would order the files by their number of tests
+# (pyproject's addopts: --no-loadscope-reorder keeps the order given here).
+SLOW_FIRST = ("test_compile_kernels.py", "test_deploy.py", "test_watch_ci.py", "test_reproducible.py",
+              "test_bench_variants.py")
+
+
+def slow_files_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """``items`` with SLOW_FIRST's files first, then the other files by number of tests (most first);
+    each file's tests in their own order."""
+    per_file: dict[str, int] = {}
+    for item in items:
+        per_file[item.path.name] = per_file.get(item.path.name, 0) + 1
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        name = item.path.name
+        return (SLOW_FIRST.index(name), 0) if name in SLOW_FIRST else (len(SLOW_FIRST), -per_file[name])
+
+    return sorted(items, key=rank)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     path = os.environ.get("C128PATCH_RUN_ONLY")
-    if not path:
-        return
-    wanted = set(Path(path).read_text().splitlines())
-    keep = [i for i in items if i.nodeid in wanted or i.nodeid.split("::", 1)[0] in wanted]
-    dropped = [i for i in items if i.nodeid not in wanted and i.nodeid.split("::", 1)[0] not in wanted]
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-    items[:] = keep
+    if path:
+        wanted = set(Path(path).read_text().splitlines())
+        keep = [i for i in items if i.nodeid in wanted or i.nodeid.split("::", 1)[0] in wanted]
+        dropped = [i for i in items if i.nodeid not in wanted and i.nodeid.split("::", 1)[0] not in wanted]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+    items[:] = slow_files_first(items)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -97,6 +99,84 @@ def test_probe_failures_map_a_hard_error_to_its_pin():
     assert ck.probe_failures(log) == ["device::PDLWaitPrimary<bool>() -> void"]
 
 
+# ---------------------------------------------------------------------------- one build per distinct unit
+# ci/compile_kernels.py with tests/fake_nvcc.py as nvcc (any machine): on the four real release trees, a unit
+# is compiled once per distinct preprocessed source, a unit left out carries that build's result, and a
+# failing build fails every release whose unit it stands for.
+needs_tvm_ffi = pytest.mark.skipif(importlib.util.find_spec("tvm_ffi") is None, reason="tvm_ffi not installed")
+
+
+def _fake_run(tmp_path: Path, *args: str, fail: str = "") -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    """compile_kernels.py --all-releases --json --keep tmp_path/keep ARGS with the fake nvcc, and the calls
+    (compile and link) it saw."""
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "nvcc").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{REPO}/tests/fake_nvcc.py" "$@"\n')
+    (home / "bin" / "nvcc").chmod(0o755)
+    log = tmp_path / "calls.jsonl"
+    env = {**os.environ, "CUDA_HOME": str(home), "FAKE_NVCC_LOG": str(log), "FAKE_NVCC_FAIL": fail}
+    proc = subprocess.run([sys.executable, str(REPO / "ci/compile_kernels.py"), "--all-releases", "--json",
+                           "--keep", str(tmp_path / "keep"), *args], capture_output=True, text=True, env=env)
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return proc, calls
+
+
+def _unit_text(keep: Path, rev: str, name: str) -> str:
+    """What the fake preprocessed for a unit, host and device, without line markers and folders."""
+    d = keep / "build" / rev / name
+    texts = [re.sub(r'^# \d+ ".*\n', "", p.read_text(), flags=re.M) for p in sorted(d.glob("preprocessed-*.ii"))]
+    assert len(texts) == 2, d
+    return "\0".join(texts).replace(str(keep / "trees" / rev), "<tree>").replace(str(d), "<unit>")
+
+
+@needs_tvm_ffi
+def test_a_unit_is_compiled_once_per_distinct_preprocessed_source(tmp_path: Path, sglang_release_repo: Path):
+    proc, calls = _fake_run(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    compiled = [c for c in calls if "-c" in c]
+    assert report["units"] == len(RELEASES) * len(ck.ROWS) and report["builds"] == len(compiled)
+    assert 0 < report["builds"] < report["units"]  # the real releases share some units (0.5.21 and 0.5.22 do)
+    keep = tmp_path / "keep"
+    for row in ck.ROWS:
+        rows = {tag: next(k for k in rel["kernels"] if k["name"] == row.name) for tag, rel in report["releases"].items()}
+        assert all(k["ok"] for k in rows.values()), row.name
+        text = {tag: _unit_text(keep, tag, row.name) for tag in rows}
+        built = [tag for tag, k in rows.items() if "same_as" not in k]
+        assert len(set(text[t] for t in built)) == len(built), row.name  # no two builds of one source
+        for tag, k in rows.items():
+            if "same_as" in k:  # left out: the same source as a release that was built
+                assert k["same_as"] in built and text[tag] == text[k["same_as"]], (row.name, tag)
+    assert sum(f"/build/{tag}/" in " ".join(c) for c in compiled for tag in RELEASES) == len(compiled)
+
+
+@needs_tvm_ffi
+def test_a_failed_build_fails_every_release_it_stands_for(tmp_path: Path, sglang_release_repo: Path):
+    proc, calls = _fake_run(tmp_path, fail="/trees/v0.5.21/")
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    stood_for = 0
+    for tag, rel in report["releases"].items():
+        for k in rel["kernels"]:
+            built_on = k.get("same_as", tag)  # the release whose build answers for this unit
+            assert k["ok"] == (built_on != "v0.5.21"), (tag, k["name"])
+            if not k["ok"]:
+                named = "upstream signature probe" if k["name"] == ck.PROBE.name else f"{k['name']} ({k['cuh']})"
+                assert f"FAILED: {named} on {tag}" in proc.stderr
+            if tag != built_on == "v0.5.21":
+                stood_for += 1
+                assert "same preprocessed source and flags as v0.5.21's build" in k["log"]
+    assert stood_for and not report["ok"]
+
+
+@needs_tvm_ffi
+def test_build_every_unit_compiles_each(tmp_path: Path, sglang_release_repo: Path):
+    proc, calls = _fake_run(tmp_path, "--build-every-unit", "--only", "compress_plan", "--only", ck.PROBE.name)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["builds"] == report["units"] == 2 * len(RELEASES) == len([c for c in calls if "-c" in c])
+
+
 @needs_nvcc
 def test_patched_kernels_and_probe_compile_for_sm90a_on_every_release():
     """CI has nvcc but no GPU: every patched and added kernel, and the signature probe, must build
@@ -107,6 +187,8 @@ def test_patched_kernels_and_probe_compile_for_sm90a_on_every_release():
     assert sorted(report["releases"]) == sorted(RELEASES)
     for tag, rel in report["releases"].items():
         assert {k["name"] for k in rel["kernels"] if k["ok"]} == {k.name for k in ck.ROWS}, tag
-    # the CI log says what was built, per release
-    print("\n".join(f"{tag}: {len(rel['kernels'])} builds ok (incl. signature probe), key {rel['key']}"
+    # the CI log says what was built, per release (a unit left out had the same preprocessed source as a build)
+    print("\n".join(f"{tag}: {len(rel['kernels'])} units ok (incl. signature probe), "
+                    f"{sum('same_as' not in k for k in rel['kernels'])} compiled, key {rel['key']}"
                     for tag, rel in report["releases"].items()))
+    print(f"{report['builds']} builds for {report['units']} units, {report['wall_s']} s wall")

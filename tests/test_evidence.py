@@ -560,3 +560,27 @@ def test_bench_rows_are_compared_with_the_reference_within_5_percent():
     assert vs["outside"] == [{"B": 8, "W": 4, "path": "ours", "what": "commit", "us": 10.6, "reference_us": 10.0,
                               "ratio": 1.06}]
     assert summarize("kernel-bench", {"rows": data["rows"], "vs_reference": vs}) == "2 rows, 1/2 within 5% of v0.5.23"
+
+
+@needs_torch
+def test_bench_dry_run_resolves_each_release_and_collects_nothing(tmp_path: Path):
+    """The benchmark's --dry-run (what h200_run bench --dry-run passes) imports the staged tree and
+    picks upstream's MTP calls for it (0.5.21 has no module functions: the JIT module's); its
+    bundle is no measurement, so collecting it writes no kernel-bench."""
+    env = dict(os.environ)
+    stage = tmp_path / "gpu"
+    prep = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/prepare.py"), "--rev", "v0.5.21", "--dest", str(stage),
+                           "--no-wheels"], capture_output=True, text=True, env=env)
+    assert prep.returncode == 0, prep.stderr
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/h200_run.py"), "bench", "--stage", str(stage),
+                           "--dry-run", "--out", str(out), "--work", str(tmp_path / "work")],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "v0.5.21-patched-bench: exit 0" in (out / "bench-summary.txt").read_text()
+    log = (tmp_path / "work/bench/logs/v0.5.21-patched-bench.log").read_text()
+    assert "dry run: upstream MTP calls via jit module; ops ok" in log, log[-2000:]
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/collect_results.py"), str(out),
+                           "--dest", str(tmp_path / "r"), "--allow-dry-run"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "r/v0.5.21/kernel-bench.json").exists()

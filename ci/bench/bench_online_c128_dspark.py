@@ -150,9 +150,10 @@ def commit_bytes(seq: list[int], accept: list[int]) -> int:
 # --------------------------------------------------------------------------- one config
 def bench_config(B: int, W: int, ragged: bool, timer: Timer, ceiling: float, rng: random.Random,
                  nobanks, floor) -> list[dict]:
-    from sglang.kernels.ops.attention.dsv4 import compress
-    from sglang.kernels.ops.attention.dsv4 import online_c128_mtp as mtp
+    from sglang.kernels.ops.attention.dsv4 import compress, online_c128_mtp
+    from upstream_mtp import resolve
 
+    mtp = resolve(online_c128_mtp)  # 0.5.23's functions, or the same calls on older releases
     ops = util.dspark_ops()
     dev = torch.device("cuda")
     slots = B + 8
@@ -197,15 +198,15 @@ def bench_config(B: int, W: int, ragged: bool, timer: Timer, ceiling: float, rng
         )
 
     def up_mark():
-        mtp.online_c128_mtp_mark_pending(seq_d, rid_d, pending, B, slots, head_dim=D, state_dtype=torch.float32)
+        mtp.mark_pending(seq_d, rid_d, pending, B, slots, head_dim=D, state_dtype=torch.float32)
 
     def up_commit():
         for st in states:
-            mtp.online_c128_mtp_commit_pending(new_d, rid_d, r2t, pending, st, B, W, slots, slots, head_dim=D)
+            mtp.commit_pending(new_d, rid_d, r2t, pending, st, B, W, slots, slots, head_dim=D)
 
     def up_write_prefix():
         for st, a, k in zip(states, ape, kv):
-            mtp.online_c128_mtp_write_prefix_states(k[: B * W], seq_d, rid_d, r2t, a, st, B, W, slots, head_dim=D)
+            mtp.write_prefix_states(k[: B * W], seq_d, rid_d, r2t, a, st, B, W, slots, head_dim=D)
 
     def up_prefill():
         plan = up_plan_holder["plan"]
@@ -307,6 +308,28 @@ def bench_config(B: int, W: int, ragged: bool, timer: Timer, ceiling: float, rng
     return results
 
 
+def dry_run(args: argparse.Namespace) -> int:
+    """What a device run imports and derives before its first launch, on this machine (no
+    kernel built or run): catches a release the benchmark cannot call before device time is spent."""
+    util.install(args.tree)
+    from kernel_variants import CUH, derived_variants
+    from sglang.kernels.ops.attention.dsv4 import compress, online_c128_mtp
+    from upstream_mtp import resolve
+
+    calls = resolve(online_c128_mtp).path
+    ops = util.dspark_ops()
+    missing = [n for n in ("dspark_verify_plan", "dspark_verify_compress", "dspark_write_prefix", "dspark_commit",
+                           "make_state_ptr_table") if not hasattr(ops, n)]
+    if missing or not hasattr(compress.CompressorPrefillPlan, "generate_online"):
+        raise SystemExit(f"dry run: {args.tree} lacks {', '.join(missing) or 'CompressorPrefillPlan.generate_online'}")
+    variants = sorted(derived_variants((Path(args.tree) / CUH).read_text()))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"command": "python3 " + " ".join(sys.argv), "dry_run": True,
+                                    "upstream_mtp_calls": calls, "variants": variants, "rows": []}, indent=2) + "\n")
+    print(f"dry run: upstream MTP calls via {calls}; ops ok; variants {', '.join(variants)}; wrote {args.out}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -316,9 +339,13 @@ def main() -> int:
     ap.add_argument("--width", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--ragged", action="store_true", help="ours: verify lens random in 1..W")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dry-run", action="store_true",
+                    help="no GPU: import the tree's modules, resolve upstream's MTP calls, derive the variants")
     args = ap.parse_args()
     if not args.tree:
         ap.error("--tree or C128PATCH_TREE must name a patched tree (folder holding sglang/)")
+    if args.dry_run:
+        return dry_run(args)
     reason = util.harness().gpu_skip_reason()
     if reason:
         print(f"skipped: {reason}")
@@ -326,6 +353,8 @@ def main() -> int:
     util.install(args.tree)
     torch.cuda.init()
     from kernel_variants import CUH, derived_variants, load_floor, load_variant
+    from sglang.kernels.ops.attention.dsv4 import online_c128_mtp
+    from upstream_mtp import resolve
 
     work = Path(os.environ.get("SGLANG_JIT_CACHE_DIR", "/tmp")) / "variants"
     work.mkdir(parents=True, exist_ok=True)
@@ -380,7 +409,8 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "command": "python3 " + " ".join(sys.argv), "device": torch.cuda.get_device_name(), "copy_ceiling_gbps": ceiling, "layers": LAYERS,
-        "reps": args.reps, "ragged": args.ragged, "rows": rows, "targets": targets,
+        "reps": args.reps, "ragged": args.ragged, "upstream_mtp_calls": resolve(online_c128_mtp).path,
+        "rows": rows, "targets": targets,
     }, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0

@@ -19,13 +19,20 @@ from pathlib import Path
 
 from benchlib import machine, write_json
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 TARGET_S = 0.06
 # the console script pip installs beside this Python (else `-m c128patch`, which adds runpy's cost)
 SCRIPT = Path(sys.executable).with_name("c128patch")
 CLI = [str(SCRIPT)] if SCRIPT.is_file() else ["-m", "c128patch"]
+ENTRY = tuple(tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+              ["project"]["scripts"]["c128patch"].split(":"))
 CASES = {
     "python -c pass": ["-c", "pass"],
-    "python -c 'import click'": ["-c", "import click"],  # the floor: click itself
+    "python -c 'import click'": ["-c", "import click"],  # what the console entry's --help no longer pays
     "c128patch --help": [*CLI, "--help"],
     "c128patch apply --help": [*CLI, "apply", "--help"],
     "c128patch check --help": [*CLI, "check", "--help"],
@@ -51,6 +58,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.runs < 10:
         ap.error("--runs: at least 10")
+    if SCRIPT.is_file() and f"from {ENTRY[0]} import {ENTRY[1]}" not in SCRIPT.read_text():
+        ap.error(f"{SCRIPT} does not run {':'.join(ENTRY)} (pyproject.toml's entry point): pip install -e . again")
     runs = {name: (case, None) for name, case in CASES.items()}
     if args.before:
         runs.update({f"before: {name}": (case, str(args.before.resolve()))

@@ -10,7 +10,8 @@ release at a time, tool by tool; bench: the kernel benchmark, one release at a t
 what is left at the deadline (seconds from start; the reports keep what finished, jobs not
 started are listed as such), and writes $OUT/<phase>.tgz, $OUT/<phase>-run.json,
 $OUT/<phase>-summary.txt.
---dry-run adds --collect-only to every job (no GPU needed: checks the stage, the jobs and the bundle).
+--dry-run adds --collect-only to every smoke job and --dry-run to the benchmark (no GPU needed: checks the
+stage, the jobs, the imports and calls the benchmark resolves per release, and the bundle).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def main() -> int:
         raise SystemExit(f"no jobs: --rev {args.rev} names no staged release")
     if args.dry_run:
         for job in jobs:
-            job.args = ["--help"] if job.script else [*job.args, "--collect-only"]
+            job.args = [*job.args, "--dry-run" if job.script else "--collect-only"]
     sequential = args.phase in gpu_run.SEQUENTIAL
     threads = args.threads or max(1, (os.cpu_count() or 1) // (1 if sequential else max(1, len(jobs))))
     env = gpu_run.job_env(dict(os.environ), str(REPO / "tooling"), site, threads)

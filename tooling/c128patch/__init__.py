@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 __version__ = "0.1.0"
 
+TYPE_CHECKING = False  # not typing's: importing typing is a third of `c128patch --help`'s start-up
+if TYPE_CHECKING:
+    from pathlib import Path
 
-def __getattr__(name: str) -> Any:
+
+def __getattr__(name: str) -> Path:
     # PACKAGE_DIR: the installed package folder. The packaged series lives in PACKAGE_DIR / "_series"; in a
     # source checkout the series is two folders up (tooling/c128patch -> the repository root). Computed on
     # first use, so that `c128patch --help` does not import pathlib.

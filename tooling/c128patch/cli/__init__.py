@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "contract": "Does the series still fit REV? Its upstream API, checked.",
     "treecheck": "Import the series' modules on a patched tree, gates off/on.",
     "bisect": "The first upstream commit where the series stops fitting.",
+    "layer": "Start a layer of your own entries, or add a commit to one.",
 }
 
 

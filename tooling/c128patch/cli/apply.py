@@ -50,7 +50,7 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     from c128patch.git import Git
     from c128patch.ops.apply import Apply, clone_template
     from c128patch.ops.check import support_note
-    from c128patch.progress import console, reporter
+    from c128patch.progress import reporter
     from c128patch.series.plan import check_paths_at, plan
     from c128patch.upstream.source import discard_fresh_tree, is_url, open_upstream, prepare_tree, refuse_git_dir
 
@@ -176,17 +176,19 @@ def _finish(where: Path | None, cont: bool, series_dir: Path | None, as_json: bo
 def _report(result: ApplyResult, series: Series, git: Git, as_json: bool, older: str = "") -> None:
     from c128patch.evidence.matrix import verification_note
     from c128patch.progress import console
+    from c128patch.series.layers import describe, head_of, layer_rows
 
-    note = verification_note(series, git, result.upstream_commit, result.rev)
+    note = verification_note(head_of(series), git, result.upstream_commit, result.rev)
     if as_json:
-        emit_json({"ok": True, **result.to_json(), "evidence_note": note, "support_note": older})
+        emit_json({"ok": True, **result.to_json(), "evidence_note": note, "support_note": older,
+                   "layers": layer_rows(series)})
         return
     out = console(stderr=False)
     if result.already_applied:
         on_top = f", {result.commits_on_top} commit(s) of yours on top" if result.commits_on_top else ""
         checkout = shlex.join(["git", "-C", result.tree, "checkout", result.branch])
         where = "" if result.checked_out else f"; not checked out: {checkout}"
-        out.print(f"{result.tree}: {result.branch} already holds {result.rev} + series {series.name} {series.version} "
+        out.print(f"{result.tree}: {result.branch} already holds {result.rev} + {describe(series)} "
                   f"(at {result.head[:12]}{on_top}): nothing to do{where}", markup=False)
         return
     for row in result.entries:
@@ -195,7 +197,7 @@ def _report(result: ApplyResult, series: Series, git: Git, as_json: bool, older:
             continue
         how = {"3way": " (needed a 3-way merge)", "resolved": " (resolved by hand)"}.get(row.get("applied", ""), "")
         out.print(f"  applied {row['name']}{how}", markup=False)
-    out.print(f"{result.tree}: {result.branch} = {result.rev} + series {series.name} {series.version} "
+    out.print(f"{result.tree}: {result.branch} = {result.rev} + {describe(series)} "
               f"({len(result.entries)} entries), HEAD {result.head[:12]}", markup=False)
     out.print(f"  {result.equivalence['summary']}", markup=False)
     if note:

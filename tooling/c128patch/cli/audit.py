@@ -22,6 +22,7 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, as
     from c128patch.ops.audit import RULES
     from c128patch.ops.series_audit import audit_series
     from c128patch.progress import console, reporter
+    from c128patch.series.layers import layer_rows
     from c128patch.series.plan import validate_files
     from c128patch.upstream.source import open_upstream
 
@@ -42,9 +43,10 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, as
         out = console(stderr=False)
         for rev, fs in rows:
             for f in fs:
-                out.print(f"{rev}: {f.file}:{f.line}: [{f.rule}] {f.message}", markup=False)
+                out.print(f"{rev}: {f.file}:{f.line}: [{f.rule}] {f.message} (entry {f.entry})", markup=False)
         gated = [e.name for e in series.entries if e.gate]
-        out.print(f"gate audit ({', '.join(r.name for r in RULES)}) of {len(gated)} gated entries on "
+        per = "".join(f", {len(set(r['entries']) & set(gated))} of layer {r['name']}" for r in layer_rows(series))
+        out.print(f"gate audit ({', '.join(r.name for r in RULES)}) of {len(gated)} gated entries{per} on "
                   f"{', '.join(revs)}: {'clean' if ok else 'FINDINGS'}", markup=False)
     if not ok:
         sys.exit(exitcodes.FAILED)

@@ -72,6 +72,7 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
 
     from c128patch.ops.check import check_revs
     from c128patch.progress import console, reporter
+    from c128patch.series.layers import describe, layer_rows
     from c128patch.series.plan import validate_files
     from c128patch.upstream.source import open_upstream
 
@@ -92,10 +93,10 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
     ok = ok and all(c["ok"] for c in contracts.values())
     if as_json:
         emit_json({"ok": ok, "strict": strict, "seconds": round(elapsed, 4),
-                   "series": {"name": series.name, "version": series.version},
+                   "series": {"name": series.name, "version": series.version}, "layers": layer_rows(series),
                    "revs": [{**r.to_json(), **({"contract": contracts[r.rev]} if deep else {})} for r in results]})
     else:
-        table = Table(title=f"series {series.name} {series.version}")
+        table = Table(title=describe(series))
         table.add_column("entry")
         for r in results:
             table.add_column(r.rev)

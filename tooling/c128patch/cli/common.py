@@ -22,13 +22,30 @@ if TYPE_CHECKING:
 # core modules are imported in the bodies that use them.
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON report on stdout.")
-series_option = click.option(
+_series_dir_option = click.option(
     "--series",
     "series_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="Folder holding patches/series.toml (default: the series this tool carries).",
 )
+_LAYERS = "c128patch.layers"
+
+
+def _remember_layers(ctx: click.Context, _param: click.Parameter, value: tuple[Path, ...]) -> None:
+    ctx.meta[_LAYERS] = tuple(value)
+
+
+layer_option = click.option(
+    "--layer", "layer_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path), expose_value=False,
+    callback=_remember_layers,
+    help="A layer folder (the series format) replayed after the series, in the order given; repeatable "
+         "(default: $C128PATCH_LAYERS, else [layers] paths in c128patch.toml here or above; docs/layers.md).")
+
+
+def series_option(fn: Callable) -> Callable:
+    """--series DIR and --layer DIR (read by ``get_series``)."""
+    return _series_dir_option(layer_option(fn))
 repo_option = click.option("--repo", default=None, help="Upstream: a local clone (PATH) or a git URL (cloned once into the cache). Default: the sglang release wheels.")
 
 
@@ -81,10 +98,19 @@ def locate_tree(tree: Path | None) -> Path:
     )
 
 
+def given_layers() -> tuple[Path, ...]:
+    """The folders --layer named (none: the env or the config decides, ``series.layers.find_layers``)."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(_LAYERS, ()) if ctx is not None else ()
+
+
 def get_series(series_dir: Path | None) -> Series:
+    """The series, with its layers (``series.layers``) when any are named."""
+    from c128patch.series.layers import find_layers, stack
     from c128patch.series.manifest import default_series_root, load_series
 
-    return load_series(series_dir or default_series_root())
+    series = load_series(series_dir or default_series_root())
+    return stack(series, find_layers(given_layers()).folders)
 
 
 def check_output_dir(path: Path, option: str) -> Path:

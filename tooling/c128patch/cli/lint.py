@@ -20,10 +20,11 @@ from c128patch.cli.common import emit_json, get_series, handles_errors, json_opt
 @handles_errors
 def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Path | None, as_json: bool) -> None:
     """Validate the series manifest and its files."""
-    from c128patch.ops.lint import Finding, lint_series
+    from c128patch.ops.lint import Finding, lint_stack
     from c128patch.ops.lint import update_hashes as record_hashes
     from c128patch.ops.series_audit import audit_series
     from c128patch.progress import console, reporter
+    from c128patch.series.layers import describe
     from c128patch.upstream.source import open_upstream
 
     series = get_series(series_dir)
@@ -34,7 +35,7 @@ def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Pa
     if not offline:
         with reporter(not as_json, title="lint") as rep:
             upstream = open_upstream(repo, [series.base] if repo is None else [], rep)
-    findings = lint_series(series, upstream.git if upstream else None)
+    findings = lint_stack(series, upstream.git if upstream else None)
     if upstream is not None and not any(f.level == "error" for f in findings) and upstream.git.rev_parse(series.base):
         # the gate audit, on the series applied to its base
         for f in audit_series(series, upstream.git, series.base, upstream.resolve(series.base)):
@@ -47,7 +48,7 @@ def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Pa
         out = console(stderr=False)
         for f in findings:
             out.print(f"{f.level}: {f.entry}: {f.message}", markup=False)
-        out.print(f"{series.name} {series.version}: {len(series.entries)} entries, "
+        out.print(f"{describe(series).removeprefix('series ')}: {len(series.entries)} entries, "
                   f"{len(errors)} error(s), {len(findings) - len(errors)} warning(s)", markup=False)
     if errors:
         sys.exit(exitcodes.FAILED)

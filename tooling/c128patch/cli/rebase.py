@@ -13,6 +13,7 @@ from c128patch.cli.common import (
     check_output_dir,
     emit_json,
     get_series,
+    given_layers,
     handles_errors,
     json_option,
     locate_tree,
@@ -69,6 +70,8 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     from c128patch.ops.rebase import Journal, Rebase
     from c128patch.ops.treestate import rebase_command, rebase_journal, repo_lock
     from c128patch.progress import console
+    from c128patch.series.layers import stack
+    from c128patch.series.manifest import load_series
 
     chosen = [n for n, on in (("--onto", onto), ("--continue", cont), ("--skip", skip), ("--abort", abort)) if on]
     if len(chosen) != 1:
@@ -77,9 +80,12 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     if report_dir is not None:
         check_output_dir(report_dir, "--report")
     journal = rebase_journal(git)
-    if series_dir is None and not onto and journal.is_file():  # go on with the series the rebase started with
-        series_dir = Path(Journal.load(journal, git).series_root)
-    series = get_series(series_dir)
+    layers: list[str] | None = None
+    if not onto and journal.is_file():  # go on with the series (and layers) the rebase started with
+        started = Journal.load(journal, git)
+        series_dir = series_dir or Path(started.series_root)
+        layers = None if given_layers() else started.layers
+    series = get_series(series_dir) if layers is None else stack(load_series(series_dir), [Path(p) for p in layers])
     rb = Rebase(git, series)
     report: dict = {}
     try:
@@ -136,6 +142,7 @@ def next_refresh(git: Git, series: Series, report: dict) -> str:
     """The refresh to run after a rebase, or "" when ``refresh --check`` would change nothing. Primary
     files only when the rebase went forward past the series base: never moves that base backwards."""
     from c128patch.ops import refresh as refresh_ops
+    from c128patch.series.layers import layer_args
 
     base = git.rev_parse(series.base) if series.base else None
     onto = report["new_base"]["commit"]
@@ -147,7 +154,7 @@ def next_refresh(git: Git, series: Series, report: dict) -> str:
     if not changes:
         return ""
     return shlex.join(["c128patch", "refresh", "--primary" if primary else "--variant", "--tree", str(git.worktree),
-                       "--series", str(series.root)])
+                       "--series", str(series.root), *layer_args(series)])
 
 
 def _contract(series: Series, git: Git, report: dict) -> dict:

@@ -38,6 +38,7 @@ def command(tree: Path | None, check_only: bool, primary: bool | None, version: 
     from c128patch.ops import refresh as core
     from c128patch.ops.treestate import ensure_clean, ensure_idle, repo_lock
     from c128patch.progress import console
+    from c128patch.series.layers import describe, layer_rows
     from c128patch.series.provenance import read_provenance
 
     series = get_series(series_dir)
@@ -54,7 +55,8 @@ def command(tree: Path | None, check_only: bool, primary: bool | None, version: 
     unproven = check_only and not proof.ok
     payload = {"ok": not (check_only and changes) and not unproven, "check": check_only, "changed": changes,
                "notes": result.notes, "equivalence": proof.to_json(), "tree": proof.summary(),
-               "series": {"name": result.series.name, "version": result.series.version, "base": result.series.base}}
+               "series": {"name": result.series.name, "version": result.series.version, "base": result.series.base},
+               "layers": layer_rows(result.series)}
     if as_json:
         emit_json(payload)
     else:
@@ -65,7 +67,7 @@ def command(tree: Path | None, check_only: bool, primary: bool | None, version: 
         verb = "would change" if check_only else "changed"
         for path in changes:
             out.print(f"  {verb} {path}", markup=False)
-        out.print(f"series {result.series.name} {result.series.version} on {result.series.base}: "
+        out.print(f"{describe(result.series)} on {result.series.base}: "
                   f"{len(changes)} file(s) {verb}" if changes else "series is up to date with the branch", markup=False)
     if check_only and (changes or unproven):
         sys.exit(exitcodes.FAILED)

@@ -90,6 +90,9 @@ def _applied(out: Console, info: dict) -> None:
     out.print(f"{info['tree']} on {info['branch'] or 'detached HEAD'}", markup=False)
     out.print(f"  series {s.get('name')} {s.get('version')} ({len(info['entries'])} entries) on upstream "
               f"{u.get('rev')} ({str(u.get('commit', ''))[:12]})", markup=False)
+    for layer in info.get("layers", []):
+        out.print(f"  + layer {layer.get('name')} {layer.get('version')} ({len(layer.get('entries', []))} entries)",
+                  markup=False)
     cur = info.get("series_current")
     if cur and not cur["up_to_date"]:
         out.print(f"  the series has changed since (now {cur['version']}): re-apply or rebase", markup=False)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, handles_errors, json_option
+from c128patch.cli.common import emit_json, given_layers, handles_errors, json_option, layer_option
 
 
 @click.command("verify-wheel")
@@ -19,6 +19,7 @@ from c128patch.cli.common import emit_json, handles_errors, json_option
               help="Skip the comparison with the upstream wheel (integrity checks only; nothing proves the "
                    "untouched files are upstream's).")
 @click.option("--compile-all", is_flag=True, help="Compile every .py of the wheel, not only the ones the series touches.")
+@layer_option
 @json_option
 @handles_errors
 def command(wheel: Path, series_dir: Path | None, upstream_wheel: Path | None, no_authenticity: bool,
@@ -30,12 +31,15 @@ def command(wheel: Path, series_dir: Path | None, upstream_wheel: Path | None, n
     authenticity cannot be checked (no upstream wheel at hand)."""
     from c128patch.errors import C128Error
     from c128patch.progress import console
-    from c128patch.series.manifest import load_series
+    from c128patch.series.layers import stack
+    from c128patch.series.manifest import default_series_root, load_series
     from c128patch.wheel.verify import verify_wheel
 
     if no_authenticity and upstream_wheel is not None:
         raise C128Error("--upstream-wheel is for the authenticity check, which --no-authenticity skips")
-    series = load_series(series_dir) if series_dir is not None else None
+    layers = given_layers()  # with --layer: made from exactly the series (--series or this tool's) and these layers
+    series = stack(load_series(series_dir or default_series_root()), layers) \
+        if series_dir is not None or layers else None
     result = verify_wheel(wheel, series, compile_all, authenticity=not no_authenticity, upstream_wheel=upstream_wheel)
     if as_json:
         emit_json(result.to_json())
@@ -46,6 +50,8 @@ def command(wheel: Path, series_dir: Path | None, upstream_wheel: Path | None, n
     out.print(f"  sglang {result.version} = upstream {u.get('version')} + series {s.get('name')} {s.get('version')} "
               f"({str(s.get('digest', ''))[:12]}); {result.files} files match RECORD; {result.compiled} .py compiled",
               markup=False)
+    for layer in result.layers:
+        out.print(f"  + layer {layer['name']} {layer['version']} ({str(layer['digest'])[:12]})", markup=False)
     for row in result.entries:
         out.print(f"  {row['name']} ({row['kind']}): present", markup=False)
     a = result.authenticity

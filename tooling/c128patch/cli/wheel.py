@@ -34,6 +34,7 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
     """Patch a released sglang wheel with the series (no rebuild): new local version, provenance, SBOM."""
     from c128patch.evidence.matrix import release_note
     from c128patch.progress import console, reporter
+    from c128patch.series.layers import describe, head_of
     from c128patch.upstream.release_wheels import WheelTarget
     from c128patch.wheel.patch import patch_wheel, release_wheel
 
@@ -53,7 +54,7 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
             if older and exc.exit_code == exitcodes.FAILED:  # an entry does not apply: why, first in the hint
                 exc.hint = "\n".join([f"note: {older}", *([exc.hint] if exc.hint else [])])
             raise
-    note = release_note(series, result.upstream_version)
+    note = release_note(head_of(series), result.upstream_version)
     if as_json:
         emit_json({"ok": True, **result.to_json(), "evidence_note": note, "support_note": older})
         return
@@ -61,7 +62,7 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
     for row in result.entries:
         out.print(f"  applied {row['name']} ({row['file']})", markup=False)
     out.print(f"{result.wheel}", markup=False)
-    out.print(f"  sglang {result.version} = {result.upstream_version} + series {series.name} {series.version} "
+    out.print(f"  sglang {result.version} = {result.upstream_version} + {describe(series)} "
               f"({len(result.entries)} entries), sha256 {result.sha256[:16]}…, {result.seconds:.1f} s", markup=False)
     if note:
         out.print(note, markup=False)

@@ -194,6 +194,11 @@ def kernel_figures(rows: list[ReleaseRow], root: Path, rev: str = BENCH_REFERENC
     )
 
 
+def _span(values: list[float]) -> str:
+    low, high = f"{min(values):.3f}", f"{max(values):.3f}"
+    return low if low == high else f"{low}–{high}"
+
+
 TOOL_BENCHES = ("apply", "check", "rebase", "wheel", "startup")
 
 
@@ -235,9 +240,9 @@ def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool])
         cores = str(t.get("machine", "")).split(", ")[-1] or "?"
         click_alone = med["python -c 'import click'"]
         parts.append(f"`c128patch --help` {med['c128patch --help']:.3f} s CPU (median, "
-                     f"{cases['c128patch --help']['x_python']}× `python -c pass`; `import click` alone "
-                     f"{click_alone:.3f} s; {med['before: c128patch --help']:.3f} s before "
-                     f"commands were imported on use), a verb's `--help` {min(verbs):.3f}–{max(verbs):.3f} s "
+                     f"{cases['c128patch --help']['x_python']}× `python -c pass`; printed without importing click, "
+                     f"which alone costs {click_alone:.3f} s; {med['before: c128patch --help']:.3f} s before "
+                     f"commands were imported on use), a verb's `--help` {_span(verbs)} s "
                      f"({min(before):.3f}–{max(before):.3f} s before), at load {round(t['load_average'][0])} on the "
                      f"{cores}")
     if "wheel" in got:

@@ -275,12 +275,15 @@ def bench_result(run: dict[str, Any], job: dict[str, Any], results: Path, key: E
     if job.get("rc") is None or not path.is_file():
         return None
     bench = json.loads(path.read_text())
+    if bench.get("dry_run"):  # the benchmark's --dry-run measured nothing
+        return None
     key_json = key.to_json() if isinstance(key, EvidenceKey) else key if is_old_style(key) else None
     data = {"schema": SCHEMA, "rev": job["rev"], "label": job["label"], "key": key_json,
             "kind": "kernel-bench", "command": bench.get("command", ""), "device": run.get("device", ""),
             "series_digest": ((run.get("manifest") or {}).get("series") or {}).get("digest"),
             "date": date, "copy_ceiling_gbps": bench.get("copy_ceiling_gbps"), "layers": bench.get("layers"),
-            "reps": bench.get("reps"), "ragged": bench.get("ragged"), "rows": bench.get("rows", []),
+            "reps": bench.get("reps"), "ragged": bench.get("ragged"),
+            "upstream_mtp_calls": bench.get("upstream_mtp_calls"), "rows": bench.get("rows", []),
             "targets": bench.get("targets", {}),
             "job": {"name": job["name"], "exit": job["rc"], "seconds": job["seconds"]},
             "ok": job["rc"] == 0 and bool(bench.get("rows"))}

@@ -52,6 +52,7 @@ from c128patch.ops.treestate import (
 )
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
+from c128patch.series.layers import layer_folders, overlap_note, stack
 from c128patch.series.manifest import Series, load_series, safe_destination, symlink_on_path
 from c128patch.series.patchfile import PatchInfo
 from c128patch.series.paths import check_under
@@ -106,6 +107,7 @@ class ApplyJournal:
     step_paths: list[str] = field(default_factory=list)  # what that step writes
     paused: str = ""  # "" | "conflict"
     entries: list[dict] = field(default_factory=list)  # rows of the entries committed, in order
+    layers: list[str] = field(default_factory=list)  # the layer folders applied after the series, in order
 
     @classmethod
     def load(cls, git: Git, path: Path) -> "ApplyJournal":
@@ -166,7 +168,7 @@ def already_applied(series: Series, git: Git, branch: str, upstream_commit: str,
     except (ValueError, RecursionError):
         return None
     if not isinstance(record, dict) or provenance.record_problem(record) or \
-            record.get("series", {}).get("digest") != series.digest() or \
+            provenance.applied_digest(record) != series.digest() or \
             record.get("upstream", {}).get("commit") != upstream_commit:
         return None
     result = ApplyResult(str(git.worktree), rev, upstream_commit, branch, head=tip, already_applied=True,
@@ -183,7 +185,8 @@ def clone_template(series: Series, rev: str, commit: str, branch: str | None, so
     carries its journal from the moment its git dir exists. The caller removes it."""
     root = Path(tempfile.mkdtemp(prefix="c128patch-template-"))
     journal = ApplyJournal(rev, commit, branch or f"c128/{rev}", str(series.root), series.digest(), upstream_info,
-                           [e.name for e in series.entries], fresh_clone=True, tree_existed=tree_existed, source=source)
+                           [e.name for e in series.entries], fresh_clone=True, tree_existed=tree_existed, source=source,
+                           layers=layer_folders(series))
     journal.save(root / "c128patch" / "apply.json")
     return root
 
@@ -233,7 +236,8 @@ class Apply:
             else:
                 journal = ApplyJournal(rev, commit, branch, str(series.root), series.digest(), info,
                                        [p.entry.name for p in planned],
-                                       fresh_clone=fresh_clone, phase="clone" if fresh_clone else "checkout")
+                                       fresh_clone=fresh_clone, phase="clone" if fresh_clone else "checkout",
+                                       layers=layer_folders(series))
             if not fresh_clone:
                 journal.orig_branch, journal.orig_head = git.current_branch(), git.head()
                 if journal.orig_head:
@@ -250,7 +254,7 @@ class Apply:
         git = self.git
         with repo_lock(git, "apply"):
             journal = self.journal()
-            series = self.series or load_series(Path(journal.series_root))
+            series = self.series or stack(load_series(Path(journal.series_root)), [Path(p) for p in journal.layers])
             self.series = series
             if series.digest() != journal.series_digest:
                 _resume, undo = apply_commands(self.tree)
@@ -461,7 +465,9 @@ class Apply:
         back = journal.orig_branch or (journal.orig_head or "")[:12] or "(none)"
         g = git_command(tree)
         return ConflictError(
-            f"entry '{item.entry.name}' ({item.label}) does not apply to {journal.rev}: {path} {hunk}",
+            f"entry '{item.entry.name}' ({item.label}) does not apply to {journal.rev}: {path} {hunk}"
+            + overlap_note(self.series, [(p.entry.name, p.touched) for p in planned[:i]], item.entry.name,
+                           [path, *item.touched]),
             hint=(
                 f"{journal.branch} is left at the last good entry ({last}); your branch {back} is untouched.\n"
                 f"  inspect: {g} am -3 {_q(item.path)}   (then {g} status; {g} am --abort)\n"

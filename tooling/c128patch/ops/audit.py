@@ -67,6 +67,7 @@ class Finding:
     line: int
     rule: str
     message: str
+    entry: str = ""  # the gated entry that adds the statement (``<layer>/<entry>`` for a layer's)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}: [{self.rule}] {self.message}"

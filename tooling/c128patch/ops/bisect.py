@@ -22,12 +22,14 @@ from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.ops import contract, treecheck
 from c128patch.progress import NullReporter, Reporter
+from c128patch.series.layers import layer_args
 from c128patch.series.manifest import Series
 from c128patch.upstream.source import open_upstream
 
 
 def _step(series: Series, scratch: Path, behaviour: bool, python: str | None) -> list[str]:
-    where = ["--sglang-rev", "BISECT_HEAD", "--repo", str(scratch), "--series", str(series.root), "--json"]
+    where = ["--sglang-rev", "BISECT_HEAD", "--repo", str(scratch), "--series", str(series.root), *layer_args(series),
+             "--json"]
     fits = [sys.executable, "-m", "c128patch", "contract", *where, "--no-nvcc"]
     if not behaviour:
         return fits

@@ -27,7 +27,8 @@ from packaging.version import Version
 from c128patch import exitcodes
 from c128patch.git import Git
 from c128patch.ops.hints import upstream_hints
-from c128patch.ops.replay import WS_MERGE, EntryCheck, RevCheck, Verdict, replay_in_index
+from c128patch.ops.replay import FAILED, WS_MERGE, EntryCheck, RevCheck, Verdict, replay_in_index
+from c128patch.series.layers import overlap_note
 from c128patch.series.manifest import Series
 from c128patch.series.plan import index_git
 from c128patch.upstream.releases import release_version
@@ -117,8 +118,12 @@ def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
     with tempfile.TemporaryDirectory(prefix="c128check-") as tmp:
         result, planned = replay_in_index(series, git, rev, commit, Path(tmp) / "index")
     by_name, cache = {p.entry.name: p for p in planned}, {}
+    touched = [(p.entry.name, p.touched) for p in planned]
     for row in result.entries:
         item = by_name.get(row.name)
+        if item is not None and row.status in FAILED:  # a layer entry on a file one of ours changed: name both
+            before = touched[: planned.index(item)]
+            row.detail += overlap_note(series, before, row.name, [*row.conflicts, *item.touched])
         if item is not None and item.patch is not None and item.variant is not None:
             old = (git.rev_parse(item.variant.commit) if item.variant.commit else None) or git.rev_parse(item.variant.base)
             row.hints = [h.line() for h in upstream_hints(git, item.entry, item.patch, old or "", commit, row.renamed,

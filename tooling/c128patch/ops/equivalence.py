@@ -23,7 +23,7 @@ against the series; ``rebase`` uses it to find the user's edits before it moves 
 from __future__ import annotations
 
 import tempfile
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Literal, Sequence
 
@@ -31,6 +31,7 @@ from unidiff import PatchSet
 
 from c128patch.git import Git
 from c128patch.ops.replay import FAILED, BranchCommit, RevCheck, branch_commits, replay_entry, replay_in_index
+from c128patch.series.layers import describe
 from c128patch.series.ledger import Ledger, Resolution
 from c128patch.series.manifest import Series
 from c128patch.series.patchfile import read_patch
@@ -234,13 +235,13 @@ def prove(series: Series, git: Git, rev: str, commit: str, head: str = "HEAD", *
     ``without``: entries the tree leaves out on purpose (skipped or dropped in a rebase)."""
     head = git.out("rev-parse", head)
     if without:
-        series = replace(series, entries=[e for e in series.entries if e.name not in without])
+        series = series.without(set(without))
     with tempfile.TemporaryDirectory(prefix="c128prove-") as tmp:
         scratch = Path(tmp)
         replay, _ = replay_in_index(series, git, rev, commit, scratch / "fresh.index", ledger=Ledger(series), span=span)
         fresh = index_git(git, scratch / "fresh.index").out("write-tree")
         tree = tree_without_provenance(git, head, scratch / "head.index")
-        result = Equivalence(f"{series.name} {series.version}", rev, commit, head, fresh, tree, replay,
+        result = Equivalence(describe(series).removeprefix("series "), rev, commit, head, fresh, tree, replay,
                              without=list(without))
         if fresh == tree:
             return result

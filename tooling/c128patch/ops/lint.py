@@ -8,6 +8,7 @@ from pathlib import PurePosixPath
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.gates import ENVIRON_PATH, SeriesText, declaration_problems, declarations, gate_problems
+from c128patch.series.layers import Stack
 from c128patch.series.manifest import Series, sha256_file, symlink_on_path
 from c128patch.series.patchfile import read_patch
 from c128patch.series.plan import merged_entries, prefixes, sources_at, symlink_refusal
@@ -167,8 +168,28 @@ def _upstream_collisions(series: Series, git: Git) -> list[Finding]:
     return found
 
 
+def lint_stack(series: Series, upstream: Git | None = None) -> list[Finding]:
+    """``lint_series`` of our series and of each layer on its own (findings named ``<layer>/<entry>``),
+    plus what only the stack shows: two parts installing an overlay at one target."""
+    if not isinstance(series, Stack):
+        return lint_series(series, upstream)
+    found = lint_series(series.head, upstream)
+    for layer in series.layers:
+        found += [replace(f, entry=f"{layer.name}/{f.entry}") for f in lint_series(layer, upstream)]
+    targets: dict[str, str] = {}
+    for e in series.entries:  # (within one part, lint_series said so already)
+        if not e.is_patch:
+            other = targets.setdefault(e.target, e.name)
+            if series.part(other)[0] is not series.part(e.name)[0]:
+                found.append(Finding(e.name, f"overlay target {e.target} collides with entry '{other}'"))
+    return found
+
+
 def update_hashes(series: Series) -> int:
-    """Write the current sha256 of every file into the manifest; returns how many changed."""
+    """Write the current sha256 of every file into the manifest (each layer's into its own); returns
+    how many changed."""
+    if isinstance(series, Stack):
+        return sum(update_hashes(part) for part in (series.head, *series.layers))
     changed = 0
     for e in series.entries:
         if e.is_patch:

@@ -59,6 +59,7 @@ from c128patch.ops.treestate import (
     refuse_conflict_markers,
 )
 from c128patch.series import provenance
+from c128patch.series.layers import layer_folders
 from c128patch.series.ledger import Conflict, Ledger
 from c128patch.series.manifest import Series
 from c128patch.series.plan import ENTRY_TRAILER, Planned, index_git, merged_entries, overlay_message, plan
@@ -120,6 +121,7 @@ class Journal:
     paused: Paused = ""
     stop_state: dict[str, str] = field(default_factory=dict)  # path -> blob the stop left in the work tree
     upstream: dict = field(default_factory=dict)  # the old provenance's upstream record (its fields are kept)
+    layers: list[str] = field(default_factory=list)  # the layer folders replayed after the series (series.layers)
 
     @property
     def span(self) -> str:
@@ -174,6 +176,7 @@ class Rebase:
                           head, recovery, str(self.series.root), drop_merged, steps)
         c128_state_dir(git).mkdir(parents=True, exist_ok=True)
         journal.upstream = dict(old)
+        journal.layers = layer_folders(self.series)
         journal.head_before = onto_commit  # the branch and the work tree stay as they are until a stop or the end
         journal.save(self.path)
         return self._run(journal)
@@ -512,7 +515,7 @@ class Rebase:
         git = self.git
         if not step.file.startswith("patches/"):  # an overlay: as ``apply`` commits it
             return overlay_message(self.series.entry(step.name), self.series), (BOT_NAME, BOT_EMAIL, date)
-        path = self.series.root / step.file
+        path = self.series.part(step.name)[0].root / step.file  # a layer entry's file is in its layer
         with tempfile.TemporaryDirectory(prefix="c128mail-") as tmp:
             info = git.run("mailinfo", f"{tmp}/msg", f"{tmp}/patch", input=path.read_text()).stdout
             body = Path(tmp, "msg").read_text()

@@ -18,6 +18,10 @@ Before anything is written the tree is proven (``ops.equivalence``): every diffe
 apply of the series (without the entries the provenance records dropped or skipped by a rebase, as
 the rebase's own proof) must be an edit on the branch (what refresh exports); anything else is
 refused unless ``accept_differences``.
+
+With layers (``series.layers.Stack``) each part is exported into its own folder only, each as one
+transaction, its version bumped when its own files change; a commit without an entry trailer is
+refused (``layer add-entry`` says whose it is), and our ``contract.lock`` is left as it is.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from c128patch.ops.faults import fault_point
 from c128patch.ops.replay import branch_commits
 from c128patch.series import txn
 from c128patch.series.contract import LOCK_NAME, Lock, lock_path, merged, read_lock
+from c128patch.series.layers import Stack
 from c128patch.series.manifest import Entry, Series, Variant
 from c128patch.series.patchfile import split_message
 from c128patch.series.paths import check_relpath
@@ -53,13 +58,21 @@ class Export:
     manifest: str = ""
     notes: list[str] = field(default_factory=list)
     equivalence: Equivalence | None = None  # the tree against a fresh apply of the series (before the export)
+    layers: list[Series] = field(default_factory=list)  # a stack's layers as exported (each written to its folder)
 
     def changes(self, root: Path) -> list[str]:
-        changed = [str(p.relative_to(root)) for p, data in self.files.items() if not p.is_file() or p.read_bytes() != data]
+        """What the export changes: paths relative to ``root`` (our series), a layer's as its full path."""
+        changed = [_shown(p, root) for p, data in self.files.items() if not p.is_file() or p.read_bytes() != data]
         manifest = root / "patches" / "series.toml"
         if manifest.read_text() != self.manifest:
             changed.append("patches/series.toml")
+        changed += [_shown(layer.manifest_path, root) for layer in self.layers
+                    if layer.manifest_path.read_text() != layer.to_toml()]
         return sorted(changed)
+
+
+def _shown(path: Path, root: Path) -> str:
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
 def slug(text: str) -> str:
@@ -133,6 +146,10 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
         if name in exported:
             raise C128Error(f"cannot refresh: two commits carry '{ENTRY_TRAILER}: {name}'; squash them first")
         old = by_name.get(name)
+        if old is None and isinstance(series, Stack):  # whose entry would it be? the team says, with add-entry
+            raise C128Error(f"cannot refresh: commit {sha[:12]} carries no {ENTRY_TRAILER} trailer; make it an entry of "
+                            f"a layer (c128patch layer add-entry --layer DIR --from-commit {sha[:12]} --why TEXT) "
+                            "or of the series, then refresh")
         if old is None:
             result.notes.append(f"new entry '{name}' from commit {sha[:12]}")
             old = Entry(name=name, kind="patch", why=git.out("log", "-1", "--format=%s", sha), base=label)
@@ -147,18 +164,20 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
                 data = None  # the file chosen without a variant for this base already makes this commit
             touched = [p for p in git.out("diff-tree", "-r", "-z", "--name-only", "--no-commit-id", sha).split("\0") if p]
             base = (label, base_commit if label == base_commit[:12] else "", sources_at(git, base_commit, touched))
-            _export_patch(series, old, entry, data, stem, base, primary, result)
+            _export_patch(series.part(name)[0], old, entry, data, stem, base, primary, result)
         else:
             content = git.blob(sha, entry.target)
             if content is None:
                 raise C128Error(f"cannot refresh: overlay commit {sha[:12]} does not hold {entry.target}")
-            result.files[series.root / entry.source] = content
+            result.files[series.part(name)[0].root / entry.source] = content
             entry.sha256 = hashlib.sha256(content).hexdigest()
             if primary:
                 entry.base = label
         exported[name] = entry
     kept = _kept_without_commit(series, git, record, base_commit, exported, result)
     entries = _in_order(series, list(exported.values()), kept)
+    if isinstance(series, Stack):
+        return _export_stack(series, series.rebuilt(entries, label if primary else ""), primary, version, result)
     new = Series(series.root, series.name, series.version, label if primary else series.base, entries,
                  gates=series.gates)
     payload_changed = new.to_toml() != series.to_toml() or any(
@@ -168,6 +187,22 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     result.series, result.manifest = new, new.to_toml()
     if primary:
         _record_contract(new, git, base_commit, label, result)
+    return result
+
+
+def _export_stack(series: Stack, new: Stack, primary: bool, version: str | None, result: Export) -> Export:
+    """A stack's export: each part's manifest (its version bumped when its own files or manifest
+    change), our series' as ``manifest``, each layer's in ``layers``; ``version`` is our series'."""
+    parts = []
+    for old, part in zip((series.head, *series.layers), (new.head, *new.layers)):
+        changed = part.to_toml() != old.to_toml() or any(
+            (not p.is_file() or p.read_bytes() != d) for p, d in _files_of(old, series, result.files).items())
+        want = version if old is series.head else None
+        parts.append(replace(part, version=want or (_bump(old.version) if changed else old.version)))
+    stacked = Stack(parts[0], parts[1:])
+    result.series, result.manifest, result.layers = stacked, parts[0].to_toml(), parts[1:]
+    if primary:  # our lock is our series' own, made on a tree without layers: it is not rewritten here
+        result.notes.append(f"{LOCK_NAME} not rewritten: the tree carries layers (refresh without them records it)")
     return result
 
 
@@ -288,12 +323,29 @@ def write(series: Series, result: Export, *, accept_differences: bool = False) -
                                    "  export: c128patch refresh --accept-differences (writes them into the series)",
                               report={"equivalence": proof.to_json()})
     changed = result.changes(series.root)
-    writes = {path: data for path, data in result.files.items() if not path.is_file() or path.read_bytes() != data}
-    if series.manifest_path.read_text() != result.manifest:
-        writes[series.manifest_path] = result.manifest.encode()
-    keep = {p.name for p in result.files if p.parent == series.patches_dir}
-    stale = [p for p in sorted(series.patches_dir.glob("*.patch")) if p.name not in keep]
-    changed += [str(p.relative_to(series.root)) for p in stale]
-    if writes or stale:  # all or nothing: staged, committed by one rename, the manifest moved in last
-        txn.commit(series.root, writes, stale, last=series.manifest_path, fault=lambda point: fault_point("at", point))
+    head = series.head if isinstance(series, Stack) else series
+    parts = [(head, result.manifest), *((layer, layer.to_toml()) for layer in result.layers)]
+    for part, manifest in parts:  # each part all or nothing, in its own folder only
+        stale = _write_part(part, _files_of(part, series, result.files), manifest)
+        changed += [_shown(p, series.root) for p in stale]
     return sorted(set(changed))
+
+
+def _files_of(part: Series, series: Series, files: dict[Path, bytes]) -> dict[Path, bytes]:
+    """The files of ``files`` in ``part``'s folder and in no layer folder inside it (a layer may live in our repository)."""
+    roots = [series.head.root, *(layer.root for layer in series.layers)] if isinstance(series, Stack) else [series.root]
+    def owner(path: Path) -> Path:
+        return max((r for r in roots if path.is_relative_to(r)), key=lambda r: len(r.parts), default=Path("/"))
+    return {p: d for p, d in files.items() if owner(p) == part.root}
+
+
+def _write_part(part: Series, files: dict[Path, bytes], manifest: str) -> list[Path]:
+    """Write one part's files and manifest; remove (and return) its patch files no entry refers to any more."""
+    writes = {path: data for path, data in files.items() if not path.is_file() or path.read_bytes() != data}
+    if part.manifest_path.read_text() != manifest:
+        writes[part.manifest_path] = manifest.encode()
+    keep = {p.name for p in files if p.parent == part.patches_dir}
+    stale = [p for p in sorted(part.patches_dir.glob("*.patch")) if p.name not in keep]
+    if writes or stale:  # all or nothing: staged, committed by one rename, the manifest moved in last
+        txn.commit(part.root, writes, stale, last=part.manifest_path, fault=lambda point: fault_point("at", point))
+    return stale

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from c128patch.errors import C128Error
@@ -26,7 +27,7 @@ def audit_series(series: Series, git: Git, rev: str, commit: str) -> list[Findin
         read = index_reader(index_git(git, index_file))
         findings: list[Finding] = []
         for item in gated:
-            findings += audit_patch(item.path.read_text(), read, item.entry.gate)
+            findings += [replace(f, entry=item.entry.name) for f in audit_patch(item.path.read_text(), read, item.entry.gate)]
         return findings
 
 

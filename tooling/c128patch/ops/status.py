@@ -23,6 +23,7 @@ from c128patch.ops.treestate import (
     rebase_journal,
     running,
 )
+from c128patch.series import provenance
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 
@@ -125,6 +126,7 @@ def tree_status(git: Git, series: Series | None = None) -> dict:
     out = {
         **common,
         "series": record.get("series", {}),
+        "layers": record.get("layers", []),
         "upstream": record.get("upstream", {}),
         "tool": record.get("tool", {}),
         "entries": [{"name": e["name"], "kind": e["kind"], "applied": e.get("applied", "")} for e in entries],
@@ -133,7 +135,7 @@ def tree_status(git: Git, series: Series | None = None) -> dict:
         "drift": drift,
     }
     if series is not None:
-        applied = record.get("series", {}).get("digest")
+        applied = provenance.applied_digest(record)
         out["series_current"] = {"version": series.version, "digest": series.digest(), "up_to_date": applied == series.digest()}
         upstream = record.get("upstream", {})
         if upstream.get("commit") and git.rev_parse(upstream["commit"]):

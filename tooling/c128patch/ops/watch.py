@@ -70,7 +70,7 @@ from c128patch.ops import treecheck as tier_ops
 from c128patch.ops.apply import apply_series
 from c128patch.ops.equivalence import tree_without_provenance
 from c128patch.ops.identity import git_command
-from c128patch.ops.lint import lint_series
+from c128patch.ops.lint import lint_stack
 from c128patch.ops.merged import CONTENT
 from c128patch.ops.rebase import Rebase, render_markdown
 from c128patch.ops.series_audit import audit_series
@@ -78,6 +78,7 @@ from c128patch.ops.treechecks import check_tree
 from c128patch.ops.watch_report import broken_next, commit_message, headline, render
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.contract import read_lock
+from c128patch.series.layers import head_of, layer_folders, layer_rows, layers_of, stack
 from c128patch.series.manifest import Series, load_series
 from c128patch.upstream.source import Upstream, open_upstream
 
@@ -130,12 +131,15 @@ def check_out_dir(out: Path) -> Path:
 
 
 def copy_series_root(series: Series, dest: Path) -> Series:
-    """The series folder (``patches/`` and the folders its overlays come from) copied to ``dest``."""
-    tops = {"patches"} | {PurePosixPath(e.source).parts[0] for e in series.entries if not e.is_patch}
-    for top in sorted(tops):
-        if (series.root / top).is_dir():
-            shutil.copytree(series.root / top, dest / top, symlinks=True)
-    return load_series(dest)
+    """The series folder (``patches/`` and the folders its overlays come from) copied to ``dest``; a
+    stack's layers each to ``dest/layers/<name>`` (carried, refreshed and reported with it)."""
+    parts = [(head_of(series), dest), *((layer, dest / "layers" / layer.name) for layer in layers_of(series))]
+    for part, to in parts:
+        tops = {"patches"} | {PurePosixPath(e.source).parts[0] for e in part.entries if not e.is_patch}
+        for top in sorted(tops):
+            if (part.root / top).is_dir():
+                shutil.copytree(part.root / top, to / top, symlinks=True)
+    return stack(load_series(dest), [to for _, to in parts[1:]])
 
 
 def _q(value: object) -> str:
@@ -378,8 +382,8 @@ class Watch:
         except C128Error as exc:
             info["problems"].append(f"refresh of the rebased branch refused: {exc.message}")
             return info, target
-        new = load_series(target.root)
-        info.update(version=new.version, base=new.base)
+        new = stack(load_series(target.root), layer_folders(target))
+        info.update(version=new.version, base=new.base, layers=layer_rows(new))
 
         self._step(f"verifying the refreshed series on {self.onto}")
         problems = info["problems"]
@@ -413,7 +417,7 @@ class Watch:
                 stopped: bool) -> list[dict]:
         """lint and the gate audit of the series carried to REV; the tree checks of the rebased tree."""
         self._step("lint")
-        findings = lint_series(series, git)
+        findings = lint_stack(series, git)
         errors = [f"{f.entry}: {f.message}" for f in findings if f.level == "error"]
         out = [{"name": "lint", "ok": not errors, "findings": errors,
                 "notes": [f"{f.entry}: {f.message}" for f in findings if f.level != "error"]}]
@@ -455,7 +459,7 @@ class Watch:
         tagged = upstream is not None and onto["commit"] and onto["rev"] in upstream.git.out(
             "tag", "--points-at", onto["commit"]).split()
         target = onto["rev"] if tagged else onto["commit"]
-        series = f" --series {_q(self.series.root)}"
+        series = f" --series {_q(self.series.root)}" + "".join(f" --layer {_q(f)}" for f in layer_folders(self.series))
         return [f"c128patch apply --sglang-rev {_q(self.series.base)}{repo} --tree {WORK_TREE}{series}",
                 f"c128patch rebase --onto {_q(target)}{repo} --tree {WORK_TREE}{series}"]
 
@@ -484,6 +488,7 @@ class Watch:
             "exit_code": EXIT[outcome],
             "series": {"name": series.name, "version": series.version, "base": series.base,
                        "root": str(series.root)},
+            "layers": layer_rows(series),
             **self.info,
             "direction": (final or {}).get("direction", ""),
             "upstream_commits_between": (final or {}).get("upstream_commits_between", 0),
@@ -511,8 +516,11 @@ class Watch:
     def _next(self, report: dict) -> list[str]:
         """What to run for this outcome (shell commands, from the series checkout)."""
         root, out = self.series.root, self.out
+        layers = "".join(f" --layer {_q(f)}" for f in layer_folders(self.series))
         adopt = [f"rm -rf {_q(root / 'patches')} && cp -R {_q(out / 'series' / 'patches')} {_q(root / 'patches')}",
-                 f"c128patch lint --series {_q(root)}",
+                 *(f"rm -rf {_q(layer.patches_dir)} && cp -R {_q(out / 'series' / 'layers' / layer.name / 'patches')} "
+                   f"{_q(layer.patches_dir)}" for layer in layers_of(self.series)),
+                 f"c128patch lint --series {_q(root)}{layers}",
                  f"git -C {_q(root)} add -A patches && {git_command(root)} commit -F {_q(out / 'commit-message.txt')}"]
         outcome = report["outcome"]
         if outcome in ("refreshed", "merged") and report["refreshed"]:
@@ -522,14 +530,15 @@ class Watch:
         if outcome == "conflict":
             return [*report["reproduce"],
                     f"# resolve the files it names, `git -C {WORK_TREE} add` them, then:",
-                    f"c128patch rebase --continue --tree {WORK_TREE} --series {_q(root)}",
-                    f"c128patch refresh --tree {WORK_TREE} --series {_q(root)}"]
+                    f"c128patch rebase --continue --tree {WORK_TREE} --series {_q(root)}{layers}",
+                    f"c128patch refresh --tree {WORK_TREE} --series {_q(root)}{layers}"]
         return []
 
     def tier_next(self) -> list[str]:
         """What to run for a behavioural break the contract does not see: the tier on REV, in a tree of one's own."""
         where = f"--sglang-rev {_q(self.onto)}" + (f" --repo {_q(self.repo)}" if self.repo else "")
-        return [f"c128patch treecheck {where} --series {_q(self.series.root)}",
+        layers = "".join(f" --layer {_q(f)}" for f in layer_folders(self.series))
+        return [f"c128patch treecheck {where} --series {_q(self.series.root)}{layers}",
                 "# fix the overlay / patch code it names (or adapt to the upstream commit the bisect names)"]
 
     def timeout_report(self, exc: WatchTimeout) -> dict:

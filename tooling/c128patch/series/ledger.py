@@ -18,7 +18,7 @@ import difflib
 import hashlib
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -97,8 +97,14 @@ class Resolution:
 
 class Ledger:
     def __init__(self, series: Series) -> None:
+        self.series = series
         self.root = series.patches_dir / "resolutions"
         self.index = self.root / "ledger.toml"
+
+    def _of(self, entry: str) -> tuple[Ledger, str]:
+        """The ledger an entry's resolutions live in (a layer's own, ``layers.Stack``) and its name there."""
+        part, local = self.series.part(entry)
+        return (self, entry) if part.patches_dir == self.series.patches_dir and local == entry else (Ledger(part), local)
 
     def rows(self) -> list[dict]:
         """The ledger's rows; a ledger that is not one (bad TOML, wrong shape) is a one-line error."""
@@ -124,6 +130,9 @@ class Ledger:
 
     def has(self, entry: str) -> bool:
         """Does the ledger hold any resolution for ``entry``?"""
+        ledger, local = self._of(entry)
+        if ledger is not self:
+            return ledger.has(local)
         return any(r["entry"] == entry for r in self.rows())
 
     def _diff_path(self, entry: str, key: str) -> Path:
@@ -147,6 +156,9 @@ class Ledger:
     def replay(self, git: Git, entry: str, conflicts: list[Conflict], span: str = "") -> list[Resolution]:
         """Resolve (and ``git add``) every conflict this entry has a recorded resolution for, in
         ``git``'s work tree; ``span`` is the range being replayed ("v0.5.22..v0.5.23")."""
+        ledger, local = self._of(entry)
+        if ledger is not self:
+            return [replace(r, entry=entry) for r in ledger.replay(git, local, conflicts, span)]
         rows = [r for r in self.rows() if r["entry"] == entry]
         used = []
         for c in conflicts:
@@ -163,6 +175,9 @@ class Ledger:
 
     def record(self, git: Git, entry: str, from_rev: str, onto_rev: str, conflicts: list[Conflict]) -> list[str]:
         """Keep how the user resolved ``conflicts`` (their staged content), as diffs."""
+        ledger, local = self._of(entry)
+        if ledger is not self:
+            return [f"{entry}:{ref.split(':', 1)[1]}" for ref in ledger.record(git, local, from_rev, onto_rev, conflicts)]
         rows = [r for r in self.rows() if not (r["entry"] == entry and r["key"] in {c.key for c in conflicts})]
         refs = []
         for c in conflicts:

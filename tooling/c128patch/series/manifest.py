@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +142,14 @@ class Series:
                 return e
         raise C128Error(f"no entry named {name!r} in {self.manifest_path}")
 
+    def without(self, names: set[str]) -> Series:
+        """The series less the entries ``names`` (``layers.Stack``: each part less its own)."""
+        return replace(self, entries=[e for e in self.entries if e.name not in names])
+
+    def part(self, name: str) -> tuple[Series, str]:
+        """The series an entry's files and ledger live in, and its name there (``layers.Stack``: a layer's)."""
+        return self, name
+
     def file_of(self, entry: Entry, variant: Variant | None = None) -> Path:
         """The file in this repository that an entry (or one of its variants) carries."""
         if entry.is_patch:
@@ -161,10 +169,9 @@ class Series:
     def to_toml(self) -> str:
         import tomli_w  # lazy: reading a series (and `smoke`) must not need it
 
-        doc = {
-            "series": {"name": self.name, "version": self.version, "base": self.base},
-            "entries": [e.to_toml() for e in self.entries],
-        }
+        doc: dict[str, Any] = {"series": {"name": self.name, "version": self.version, "base": self.base}}
+        if self.entries:  # (a new layer has none)
+            doc["entries"] = [e.to_toml() for e in self.entries]
         if self.gates:
             doc["gates"] = [g.to_toml() for g in self.gates]
         return tomli_w.dumps(doc)

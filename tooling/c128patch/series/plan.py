@@ -232,13 +232,14 @@ def verify_file(series: Series, entry: Entry, variant: Variant | None) -> Path:
     path = series.file_of(entry, variant)
     if not path.is_file():
         raise C128Error(f"entry '{entry.name}': {path} is missing")
-    link = symlink_on_path(series.root, path)
+    root = series.part(entry.name)[0].root
+    link = symlink_on_path(root, path)
     if link is not None:
         raise C128Error(f"unsafe path in entry '{entry.name}': {path} goes through the symlink {link}")
     want = variant.sha256 if variant else entry.sha256
     if want and sha256_file(path) != want:
         raise C128Error(
-            f"corrupt series file {path.relative_to(series.root)}: sha256 does not match the manifest "
+            f"corrupt series file {path.relative_to(root)}: sha256 does not match the manifest "
             "(restore it, or record the change with `c128patch lint --update-hashes`)"
         )
     return path

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from c128patch import __version__
 from c128patch.errors import C128Error
 from c128patch.git import Git
+from c128patch.series.layers import head_of, layer_rows
 from c128patch.series.manifest import Series, check_relpath, sha256_file
 
 if TYPE_CHECKING:  # series.plan pulls unidiff; reading a provenance record must not need it
@@ -43,13 +44,27 @@ def build(series: Series, planned: list[Planned], upstream: dict[str, Any], resu
             row["target"] = e.target
         row.update({k: v for k, v in by_name.get(e.name, {}).items() if k in ("applied", "commit")})
         entries.append(row)
-    return {
+    head = head_of(series)
+    record = {
         "schema": SCHEMA,
         "tool": {"name": "c128patch", "version": __version__},
-        "series": {"name": series.name, "version": series.version, "digest": series.digest()},
+        "series": {"name": head.name, "version": head.version, "digest": head.digest()},
         "upstream": upstream,
         "entries": entries,
     }
+    layers = layer_rows(series)
+    if layers:  # each layer with its version and digest; the stack's digest names the whole
+        record["layers"] = layers
+        record["stack"] = {"digest": series.digest()}
+    return record
+
+
+def applied_digest(record: dict) -> str:
+    """The digest of what a record says was applied: the stack's when it has layers, else the series'."""
+    stack = record.get("stack")
+    if isinstance(stack, dict) and isinstance(stack.get("digest"), str):
+        return stack["digest"]
+    return str(record.get("series", {}).get("digest", ""))
 
 
 def dumps(record: dict) -> str:
@@ -91,6 +106,10 @@ def record_problem(record: Any) -> str | None:
     for key in ("series", "upstream", "tool"):
         if not isinstance(record.get(key, {}), dict):
             return f"'{key}' is not an object"
+    layers = record.get("layers", [])
+    if not isinstance(layers, list) or not all(isinstance(r, dict) and all(isinstance(r.get(k), str) for k in
+                                               ("name", "version", "digest")) for r in layers):
+        return "'layers' is not a list of layers (name, version, digest)"
     entries = record.get("entries", [])
     if not isinstance(entries, list):
         return "'entries' is not a list"

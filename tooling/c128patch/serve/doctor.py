@@ -35,6 +35,7 @@ from typing import Any, Literal, Sequence
 from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
+from c128patch.series.layers import head_of
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import record_problem
 from c128patch.serve.envs import EnvReading, load_environ, read_gates
@@ -42,7 +43,7 @@ from c128patch.serve.install import Dist, Interpreter, check_record, installer, 
 from c128patch.serve.serving import probe_serving
 from c128patch.serve.startup import ONLINE_C128_DSPARK_RULES, Startup, startup_refusals
 from c128patch.serve.toolchain import EVIDENCE_ARCHS, cuda_home, gpus, nvcc, tvm_ffi_problem
-from c128patch.wheel.patch import LOCAL_TAG, patched_version
+from c128patch.wheel.patch import LOCAL_TAG, record_version
 from c128patch.wheel.sbom import SBOM_NAME, purl_pypi
 
 Level = Literal["ok", "info", "warn", "error"]
@@ -157,8 +158,9 @@ def _build(report: Report, sg: Dist, series: Series | None) -> dict | None:
                                         "series' gates do nothing here")
         return None
     s, up = record.get("series", {}), record.get("upstream", {})
-    report.build = {"series": s, "upstream": up, "entries": record.get("entries", [])}
-    problems = _identity_problems(sg, version, s, up)
+    layers = record.get("layers", []) if isinstance(record.get("layers"), list) else []
+    report.build = {"series": s, "upstream": up, "layers": layers, "entries": record.get("entries", [])}
+    problems = _identity_problems(sg, version, record)
     for problem in problems:
         report.add("error", "build", problem)
     if not problems:
@@ -166,8 +168,12 @@ def _build(report: Report, sg: Dist, series: Series | None) -> dict | None:
         report.add("ok", "build", f"c128patch build: series {s.get('name')} {s.get('version')} (digest "
                                   f"{str(s.get('digest', ''))[:8]}) on sglang {up.get('version')} ({origin}); the "
                                   "version label and the SBOM agree with the provenance")
+    for layer in layers:
+        report.add("info", "layer", f"layer {layer.get('name')} {layer.get('version')} (digest "
+                                    f"{str(layer.get('digest', ''))[:8]}, base {layer.get('base')}): "
+                                    f"{len(layer.get('entries', []))} entries, after the series")
     if series is not None:
-        if s.get("digest") == series.digest():
+        if s.get("digest") == head_of(series).digest():
             report.add("ok", "series", f"the build carries this tool's series {series.name} {series.version}")
         else:
             report.add("warn", "series", f"the build carries series {s.get('name')} {s.get('version')} (digest "
@@ -185,10 +191,11 @@ def _obj(doc: dict, key: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _identity_problems(sg: Dist, version: Version, s: dict, up: dict) -> list[str]:
+def _identity_problems(sg: Dist, version: Version, record: dict) -> list[str]:
     problems = []
+    s, up = record.get("series", {}), record.get("upstream", {})
     try:
-        want = patched_version(Version(str(up.get("version"))), str(s.get("version")), str(s.get("digest", "")))
+        want = record_version(record)
     except (C128Error, InvalidVersion):
         return [f"{PROVENANCE} names no valid upstream version and series ({up.get('version')!r}, {s.get('version')!r})"]
     if version != want:

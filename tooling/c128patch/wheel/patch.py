@@ -6,7 +6,8 @@ the unpacked files (the wheel has no ``python/`` prefix), overlays copied to the
 ``python/``. Each entry's patch file is chosen for the wheel's version: its release tag is
 resolved in the release history and ``plan`` chooses (``series.plan``: preimage blobs, nearest
 ancestor, strict), exactly as ``apply`` does for a tree. The result is versioned
-``X.Y.Z+c128.<series version>.<series digest[:8]>`` (a PEP 440 local label) in METADATA, the
+``X.Y.Z+c128.<series version>.<series digest[:8]>`` (a PEP 440 local label; each layer adds
+``.<layer>.<its digest[:8]>``, docs/layers.md) in METADATA, the
 ``.dist-info`` name and the file name, platform tags unchanged, and carries the provenance record
 ``apply`` writes (``sglang/c128patch_provenance.json``) and a CycloneDX SBOM
 (``.dist-info/sboms/``). Written reproducibly: the same wheel and series give the same bytes.
@@ -18,6 +19,7 @@ import hashlib
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from packaging.version import InvalidVersion, Version
 
@@ -26,6 +28,7 @@ from c128patch.errors import C128Error, ConflictError
 from c128patch.git import Git
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
+from c128patch.series.layers import head_of, layer_rows
 from c128patch.series.manifest import Series, safe_destination
 from c128patch.series.plan import Planned, plan, validate_files
 from c128patch.upstream.release_wheels import WheelTarget, release_wheel_for
@@ -51,6 +54,7 @@ class WheelResult:
     series: dict
     entries: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    layers: list[dict] = field(default_factory=list)  # each layer: name, version, base, digest, entries
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -64,10 +68,12 @@ def sha256_path(path: Path) -> str:
     return h.hexdigest()
 
 
-def patched_version(base: Version, series_version: str, digest: str) -> Version:
-    """``X.Y.Z+c128.<series version>.<digest[:8]>``: the base's public version plus our local label
-    (after the base's own local label, if it has one)."""
-    label = f"{LOCAL_TAG}.{series_version}.{digest[:8]}"
+def patched_version(base: Version, series_version: str, digest: str,
+                    layers: Sequence[tuple[str, str]] = ()) -> Version:
+    """``X.Y.Z+c128.<series version>.<digest[:8]>``, then ``.<layer>.<digest[:8]>`` per layer (name,
+    digest) in order: the base's public version plus our local label (after the base's own local
+    label, if it has one)."""
+    label = f"{LOCAL_TAG}.{series_version}.{digest[:8]}" + "".join(f".{name}.{d[:8]}" for name, d in layers)
     if base.local:
         label = f"{base.local}.{label}"
     try:
@@ -77,6 +83,14 @@ def patched_version(base: Version, series_version: str, digest: str) -> Version:
             f"series version {series_version!r} cannot go into a PEP 440 local label "
             "(use letters, digits and dots)"
         ) from exc
+
+
+def record_version(record: dict) -> Version:
+    """The version a provenance record implies (its upstream release, series and layers)."""
+    s = record.get("series", {})
+    layers = [(str(r.get("name")), str(r.get("digest", ""))) for r in record.get("layers", [])]
+    return patched_version(Version(str(record.get("upstream", {}).get("version"))), str(s.get("version")),
+                           str(s.get("digest", "")), layers)
 
 
 def check_upstream_wheel(iw: InWheel) -> Version:
@@ -217,16 +231,17 @@ def finish(
     build: str,
 ) -> tuple[Path, Version]:
     """Write provenance and SBOM, give the wheel its patched version, save it into ``out_dir``."""
-    digest = series.digest()
-    version = patched_version(base, series.version, digest)
     record = provenance.build(series, planned, upstream, rows)
+    version = record_version({**record, "upstream": {"version": str(base)}})
+    digest = record["series"]["digest"]
     prov = iw.root / WHEEL_PROVENANCE
     prov.parent.mkdir(parents=True, exist_ok=True)
     prov.write_text(provenance.dumps(record))
     entries = sbom_entries(iw, planned)
     dist_info = iw.rename_dist_info(version)
     doc = WheelSbom(PACKAGE, str(version), ancestor, entries, __version__,
-                    {"name": series.name, "version": series.version, "digest": digest}, epoch, build)
+                    {"name": record["series"]["name"], "version": record["series"]["version"], "digest": digest}, epoch,
+                    build, layers=record.get("layers", []))
     sbom_path = iw.root / dist_info / "sboms" / SBOM_NAME
     sbom_path.parent.mkdir(parents=True, exist_ok=True)
     sbom_path.write_text(doc.dumps())
@@ -255,8 +270,8 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
     return WheelResult(
         wheel=str(out), version=str(version), sha256=sha256_path(out), upstream_version=str(upstream_version),
         upstream_wheel=str(wheel), upstream_sha256=upstream_sha, epoch=epoch,
-        series={"name": series.name, "version": series.version, "digest": series.digest()},
-        entries=rows, seconds=round(time.perf_counter() - start, 3),
+        series={"name": series.name, "version": series.version, "digest": head_of(series).digest()},
+        layers=layer_rows(series), entries=rows, seconds=round(time.perf_counter() - start, 3),
     )
 
 

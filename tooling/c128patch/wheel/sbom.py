@@ -27,6 +27,8 @@ from urllib.parse import quote
 SPEC_VERSION = "1.6"
 SBOM_NAME = "c128patch.cdx.json"
 PROPERTY_PREFIX = "c128patch:entry"
+LAYER_PREFIX = "c128patch:layer"  # c128patch:layer:<i>:<field>, one set per layer of the stack
+LAYER_FIELDS = ("name", "version", "base", "digest")
 _NAMESPACE = uuid.UUID("6a2c1f9e-3f0b-4c4e-9d3a-c128c128c128")
 
 
@@ -127,6 +129,7 @@ class WheelSbom:
     epoch: int
     build: str  # "wheel" (patched release wheel) or "source" (source build)
     extra_properties: dict[str, str] = field(default_factory=dict)
+    layers: list[dict] = field(default_factory=list)  # provenance's layers: name, version, digest (in order)
 
     def to_json(self) -> dict[str, Any]:
         purl = purl_pypi(self.name, self.version)
@@ -137,6 +140,8 @@ class WheelSbom:
             {"name": "c128patch:build", "value": self.build},
         ]
         props += [{"name": k, "value": v} for k, v in sorted(self.extra_properties.items())]
+        for i, layer in enumerate(self.layers, 1):
+            props += [{"name": f"{LAYER_PREFIX}:{i}:{k}", "value": str(layer[k])} for k in LAYER_FIELDS]
         for i, entry in enumerate(self.entries, 1):
             props += entry.properties(i)
         component = {
@@ -146,7 +151,8 @@ class WheelSbom:
             "version": self.version,
             "purl": purl,
             "description": f"{self.name} {self.ancestor.version} with the c128patch series "
-                           f"{self.series['name']} {self.series['version']} applied",
+                           f"{self.series['name']} {self.series['version']}"
+                           + "".join(f" + layer {r['name']} {r['version']}" for r in self.layers) + " applied",
             "pedigree": {
                 "ancestors": [self.ancestor.component()],
                 "patches": [e.patch() for e in self.entries],
@@ -174,6 +180,17 @@ class WheelSbom:
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
+
+
+def layer_properties(doc: dict[str, Any]) -> list[dict[str, str]]:
+    """Per-layer properties of an SBOM read back: [{field: value}], in stack order."""
+    props = doc.get("metadata", {}).get("component", {}).get("properties", [])
+    rows: dict[int, dict[str, str]] = {}
+    for p in props:
+        parts = str(p.get("name", "")).split(":")
+        if len(parts) == 4 and ":".join(parts[:2]) == LAYER_PREFIX and parts[2].isdigit():
+            rows.setdefault(int(parts[2]), {})[parts[3]] = str(p.get("value", ""))
+    return [rows[i] for i in sorted(rows)]
 
 
 def entry_properties(doc: dict[str, Any]) -> list[dict[str, str]]:

@@ -148,9 +148,9 @@ def _patched_state(git: Git, tree: Path, series: Series, commit: str) -> dict | 
     from c128patch.series.provenance import read_provenance
 
     record = read_provenance(tree)
-    digest = series.digest()
+    digest = series.digest()  # a stack's: the series and its layers
     have = record.get("series", {})
-    if have.get("digest") != digest or record.get("upstream", {}).get("commit") != commit:
+    if provenance.applied_digest(record) != digest or record.get("upstream", {}).get("commit") != commit:
         raise C128Error(
             f"{tree} is patched with series {have.get('name')} {have.get('version')} on "
             f"{str(record.get('upstream', {}).get('commit', '?'))[:12]}, not series {series.name} {series.version} on "

@@ -13,8 +13,9 @@ Checks, in order, stopping at the first mismatch (named in one line, exit 1; bad
    reverse-applied last to first (``git apply -R -p2``, strict) on the wheel's files, all apply,
    so every patched file holds each patch's added lines in place; every touched ``.py`` compiles
    (``--compile-all``: every ``.py`` of the wheel);
-5. with ``--series DIR``: the wheel was made from exactly that series (digest), and each entry's
-   file has the manifest's sha256;
+5. with ``--series DIR`` (and ``--layer DIR``): the wheel was made from exactly that series
+   (digest) and those layers (name, version, digest, in order), and each entry's file has the
+   manifest's sha256 (a layer entry's, its layer's manifest's);
 6. authenticity (``wheel.authentic``; the CLI's default, ``--no-authenticity`` skips it): the
    upstream wheel the provenance pins (name, sha256) is at hand and the wheel is exactly that
    wheel plus the declared diffs. Without that wheel it is "cannot check authenticity" (exit 2),
@@ -40,12 +41,22 @@ from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from c128patch.errors import C128Error
+from c128patch.series.layers import head_of, layer_rows
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import record_problem
 from c128patch.wheel.authentic import check_authentic, locate
-from c128patch.wheel.patch import PACKAGE, WHEEL_PROVENANCE, loose_git, patched_version
+from c128patch.wheel.patch import PACKAGE, WHEEL_PROVENANCE, loose_git, record_version
 from c128patch.wheel.rules import wheel_path
-from c128patch.wheel.sbom import PROPERTY_PREFIX, SBOM_NAME, SPEC_VERSION, diff_bytes, entry_properties, purl_pypi
+from c128patch.wheel.sbom import (
+    LAYER_FIELDS,
+    PROPERTY_PREFIX,
+    SBOM_NAME,
+    SPEC_VERSION,
+    diff_bytes,
+    entry_properties,
+    layer_properties,
+    purl_pypi,
+)
 from c128patch.wheel.tools import InWheel, WheelMismatch, check_record, disk_errors, dist_info_dir
 
 
@@ -60,6 +71,7 @@ class VerifyResult:
     compiled: int = 0
     authenticity: dict | None = None  # None: not checked (--no-authenticity)
     ok: bool = True
+    layers: list[dict] = field(default_factory=list)  # the provenance's layers (name, version, base, digest, entries)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -102,10 +114,8 @@ def _check_identity(iw: InWheel, record: dict) -> Version:
         raise _mismatch(iw.wheel, f"METADATA version {version} differs from the file name's {iw.name.version}")
     if iw.dist_info != dist_info_dir(PACKAGE, version):
         raise _mismatch(iw.wheel, f".dist-info folder {iw.dist_info} does not match version {version}")
-    series = record.get("series", {})
-    upstream = str(record.get("upstream", {}).get("version", ""))
     try:
-        want = patched_version(Version(upstream), str(series.get("version")), str(series.get("digest", "")))
+        want = record_version(record)
     except (InvalidVersion, C128Error) as exc:
         raise _mismatch(iw.wheel, f"provenance names no valid upstream version / series ({exc})") from exc
     if version != want:
@@ -133,6 +143,10 @@ def _check_sbom(iw: InWheel, doc: dict, record: dict, version: Version) -> list[
     for key in ("name", "version", "digest"):
         if props.get(f"c128patch:series:{key}") != series.get(key):
             raise _mismatch(iw.wheel, f"SBOM series {key} {props.get(f'c128patch:series:{key}')!r} differs from the provenance's {series.get(key)!r}")
+    want_layers = [{k: str(r.get(k, "")) for k in LAYER_FIELDS} for r in record.get("layers", [])]
+    if layer_properties(doc) != want_layers:
+        raise _mismatch(iw.wheel, f"SBOM layers {[r.get('name') for r in layer_properties(doc)]} differ from the "
+                                  f"provenance's {[r['name'] for r in want_layers]} (name, version, base, digest)")
     patches = comp.get("pedigree", {}).get("patches", [])
     rows = entry_properties(doc)
     entries = record.get("entries", [])
@@ -158,11 +172,15 @@ def _check_sbom(iw: InWheel, doc: dict, record: dict, version: Version) -> list[
 
 
 def _check_series(iw: InWheel, record: dict, series: Series) -> None:
-    digest = series.digest()
+    digest = head_of(series).digest()
     have = record.get("series", {})
     if have.get("digest") != digest:
         raise _mismatch(iw.wheel, f"made from series {have.get('name')} {have.get('version')} ({str(have.get('digest'))[:8]}), "
                                   f"not from {series.root} ({series.name} {series.version}, {digest[:8]})")
+    layers = [(r.get("name"), r.get("version"), str(r.get("digest", ""))[:8]) for r in record.get("layers", [])]
+    want = [(r["name"], r["version"], r["digest"][:8]) for r in layer_rows(series)]
+    if layers != want:
+        raise _mismatch(iw.wheel, f"made with the layers {layers or 'none'}, not {want or 'none'} (name, version, digest)")
     for entry in record.get("entries", []):
         e = series.entry(entry["name"])
         want = e.sha256
@@ -279,7 +297,7 @@ def _verify(wheel: Path, series: Series | None, compile_all: bool, authenticity:
             path, found = locate(record, wheel, upstream_wheel, download)
             auth = asdict(check_authentic(wheel, rec.hashes, iw.dist_info, version, record, diffs, path, found))
     return VerifyResult(str(wheel), str(version), record.get("upstream", {}), record.get("series", {}),
-                        rec.files, rows, compiled, auth)
+                        rec.files, rows, compiled, auth, layers=record.get("layers", []))
 
 
 __all__ = ["verify_wheel", "VerifyResult", "PROPERTY_PREFIX"]

@@ -1,0 +1,385 @@
+"""Local layers (docs/layers.md): a team's folder in the series format, replayed after the series.
+
+The example layer (docs/examples/acme-layer, 3 entries) goes the whole way on the real release
+history: apply at its base, rebase across every release, refresh (each layer into its own folder
+only), wheel and verify-wheel on all four releases. A layer entry that conflicts with one of ours
+stops naming both; a layer with an unsafe path or an unknown base is refused in one line before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from c128patch.cli.rebase import next_refresh
+from c128patch.git import Git
+from c128patch.ops.refresh import format_patch
+from c128patch.series.layers import CONFIG, ENV, find_layers, stack
+from c128patch.series.manifest import load_series
+from c128patch.wheel.sbom import layer_properties
+from c128patch.wheel.tools import InWheel
+from support import RELEASES, REPO_ROOT, copy_series, invoke, refused, run_printed, small_clone, snapshot
+
+EXAMPLE = REPO_ROOT / "docs" / "examples" / "acme-layer"
+ID = ["-c", "user.name=acme-dev", "-c", "user.email=dev@acme.invalid"]
+
+
+def write_layer(dest: Path, name: str = "site", base: str = "v0.5.23", entries: str = "", gates: str = "",
+                files: dict[str, bytes] | None = None) -> Path:
+    """A layer folder: its manifest (the [series] table, then ``entries`` and ``gates`` as TOML) and files."""
+    (dest / "patches").mkdir(parents=True)
+    (dest / "patches" / "series.toml").write_text(
+        f'[series]\nname = "{name}"\nversion = "1"\nbase = "{base}"\n{entries}{gates}')
+    for rel, data in (files or {}).items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_bytes(data)
+    return dest
+
+
+def patch_entry(name: str, file: str, data: bytes, gate: str = "") -> str:
+    return (f'\n[[entries]]\nname = "{name}"\nkind = "patch"\nfile = "{file}"\nwhy = "test"\ngate = "{gate}"\n'
+            f'base = "v0.5.23"\nsha256 = "{hashlib.sha256(data).hexdigest()}"\n')
+
+
+def commit_on(tree: Path, path: str, old: str, new: str, subject: str) -> str:
+    git = Git(worktree=tree)
+    file = tree / path
+    text = file.read_text()
+    assert text.count(old) == 1
+    file.write_text(text.replace(old, new))
+    git.run("add", "--", path)
+    subprocess.run(["git", *ID, "-C", str(tree), "commit", "-q", "-m", subject], check=True)
+    return git.head() or ""
+
+
+# ---------------------------------------------------------------------------- refused before anything is written
+ENV_PY = "python/sglang/srt/environ.py"
+SPOOF = b"Subject: [PATCH] x\n\nC128patch-Entry: c128-dspark-online-env\n---\n"
+
+
+@pytest.mark.parametrize("manifest, files, says", [
+    ('\n[[entries]]\nname = "x"\nkind = "patch"\nfile = "../x.patch"\nwhy = "w"\n', {}, "unsafe path"),
+    ('\n[[entries]]\nname = "x"\nkind = "overlay"\nsource = "overlay/x.py"\ntarget = "python/.git/hooks/post-checkout"'
+     '\nwhy = "w"\n', {"overlay/x.py": b"x\n"}, "git's own folder"),
+    ('\n[[entries]]\nname = "../x"\nkind = "patch"\nfile = "x.patch"\nwhy = "w"\n', {}, "unsafe entry name"),
+    ('\n[[entries]]\nname = "x"\nkind = "patch"\nfile = "0001-x.patch"\nwhy = "w"\n', {"patches/0001-x.patch": SPOOF},
+     "names its own entry only"),
+], ids=["dotdot", "dot-git", "entry-name", "trailer-of-ours"])
+def test_a_layer_with_an_unsafe_path_is_refused_in_one_line_before_anything_is_written(
+        tmp_path, sparse_clone, manifest, files, says):
+    layer = write_layer(tmp_path / "layer", entries=manifest, files=files)
+    refused(["apply", "--sglang-rev", "v0.5.23", "--repo", sparse_clone, "--layer", layer], tree=sparse_clone,
+            contains=says)
+
+
+@pytest.mark.parametrize("name, base, says", [
+    ("site", "v0.6.0", "base 'v0.6.0' is not one the series c128patch was made on"),
+    ("site", "", "the layer names no base"),
+    ("site-1", "v0.5.23", "unsafe layer name"),
+    ("c128patch", "v0.5.23", "are named c128patch"),
+], ids=["unknown-base", "no-base", "name-not-a-label-word", "name-of-the-series"])
+def test_a_layer_with_an_unknown_base_or_a_bad_name_is_refused(tmp_path, sparse_clone, name, base, says):
+    layer = write_layer(tmp_path / "layer", name=name, base=base)
+    refused(["apply", "--sglang-rev", "v0.5.23", "--repo", sparse_clone, "--layer", layer], tree=sparse_clone,
+            contains=says)
+
+
+def test_two_layers_of_one_name_are_refused(tmp_path, sparse_clone):
+    a, b = write_layer(tmp_path / "a"), write_layer(tmp_path / "b")
+    refused(["check", "--sglang-rev", "v0.5.23", "--repo", sparse_clone, "--layer", a, "--layer", b],
+            contains="named site")
+
+
+def test_layer_new_refuses_an_unknown_base_and_an_existing_layer(tmp_path):
+    refused(["layer", "new", tmp_path / "x", "--name", "site", "--base", "v0.4.0"], contains="nothing was written")
+    assert not (tmp_path / "x").exists()
+    assert invoke("layer", "new", tmp_path / "y", "--name", "site").code == 0
+    before = (tmp_path / "y" / "patches" / "series.toml").read_bytes()
+    refused(["layer", "new", tmp_path / "y", "--name", "other"], contains="exists already")
+    assert (tmp_path / "y" / "patches" / "series.toml").read_bytes() == before
+    assert load_series(tmp_path / "y").base == load_series(REPO_ROOT).base
+
+
+# ---------------------------------------------------------------------------- which layers
+def test_layer_flags_then_the_env_then_the_config_file_name_the_layers(tmp_path, monkeypatch):
+    (tmp_path / "repo" / "sub").mkdir(parents=True)
+    (tmp_path / "repo" / CONFIG).write_text('[layers]\npaths = ["layers/acme", "layers/lab"]\n')
+    monkeypatch.delenv(ENV, raising=False)
+    found = find_layers((), cwd=tmp_path / "repo" / "sub")  # the nearest config above
+    assert found.folders == ((tmp_path / "repo/layers/acme").resolve(), (tmp_path / "repo/layers/lab").resolve())
+    monkeypatch.setenv(ENV, "")  # the env, even empty, wins over the file
+    assert find_layers((), cwd=tmp_path / "repo").folders == ()
+    assert find_layers((Path("x"),), cwd=tmp_path / "repo").folders == (Path("x"),)
+
+
+def test_a_config_file_naming_a_folder_outside_it_is_refused(tmp_path, monkeypatch):
+    (tmp_path / CONFIG).write_text('[layers]\npaths = ["../elsewhere"]\n')
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    refused(["check", "--sglang-rev", "v0.5.23"], contains="unsafe path in")
+
+
+# ---------------------------------------------------------------------------- a conflict names both entries
+@pytest.fixture
+def clashing_layer(tmp_path: Path, sglang_release_repo: Path) -> Path:
+    """A layer whose entry was made on plain v0.5.23: it adds a line where our c128-dspark-online-env does."""
+    scratch = small_clone(sglang_release_repo, tmp_path / "scratch", "python/sglang/srt/speculative").worktree
+    anchor = "    SGLANG_OPT_USE_JIT_INDEXER_METADATA = EnvBool(True)\n"
+    sha = commit_on(scratch, ENV_PY, anchor, anchor + "    SGLANG_SITE_OTHER = EnvBool(False)\n", "site: env")
+    data = format_patch(Git(worktree=scratch), sha, "site/site-env")
+    gate = ('\n[[gates]]\nname = "SGLANG_SITE_OTHER"\ndeclared_by = "series"\ntype = "bool"\ndefault = "False"\n'
+            'enables = "x"\n')
+    return write_layer(tmp_path / "site", entries=patch_entry("site-env", "0001-site-env.patch", data,
+                                                              "SGLANG_SITE_OTHER"),
+                       gates=gate, files={"patches/0001-site-env.patch": data})
+
+
+BOTH = "it conflicts with entry 'c128-dspark-online-env' of series c128patch, which changes python/sglang/srt/environ.py"
+
+
+def test_check_names_both_entries_of_a_conflict(clashing_layer, sglang_release_repo):
+    res = invoke("check", "--sglang-rev", "v0.5.23", "--layer", clashing_layer)
+    assert res.code == 1
+    row = next(e for e in res.out["revs"][0]["entries"] if e["name"] == "site/site-env")
+    assert row["status"] == "conflict" and BOTH in row["detail"], row
+    assert res.out["revs"][0]["apply"]["entry"] == "site/site-env"
+
+
+def test_apply_stops_at_a_conflicting_layer_entry_naming_both(clashing_layer, upstream_clone):
+    res = invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone, "--layer", clashing_layer,
+                 as_json=False)
+    assert res.code == 1, res.err
+    first = res.err.splitlines()[0]
+    assert "entry 'site/site-env'" in first and BOTH in first, first
+    subjects = Git(worktree=upstream_clone).out("log", "--format=%s", "-1")
+    assert subjects.startswith("c128: commit DSPARK")  # stopped at our last entry, the layer's not applied
+
+
+# ---------------------------------------------------------------------------- layer add-entry
+def test_add_entry_makes_the_example_layers_first_entry_from_a_commit(tmp_path, upstream_clone):
+    """The example's first entry was made by `layer add-entry`; the same commit gives the same file."""
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
+    anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    sha = commit_on(upstream_clone, ENV_PY, anchor, anchor + "    # acme site layer: floor the DSPARK steps-per-second "
+                    "cost table (default off).\n    SGLANG_ACME_SPS_FLOOR = EnvBool(False)\n",
+                    "acme: declare SGLANG_ACME_SPS_FLOOR (default off)\n\nThe acme site's switch for the "
+                    "steps-per-second floor; this only declares it.")
+    layer = tmp_path / "acme"
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0
+    manifest = layer / "patches" / "series.toml"
+    gates = (EXAMPLE / "patches" / "series.toml").read_text().split("[[gates]]", 1)[1]
+    manifest.write_text(manifest.read_text() + "\n[[gates]]" + gates)
+    before = snapshot(upstream_clone)
+    res = invoke("layer", "add-entry", "--layer", layer, "--from-commit", sha[:10], "--tree", upstream_clone,
+                 "--gate", "SGLANG_ACME_SPS_FLOOR", "--name", "acme-sps-env",
+                 "--why", "declare the acme site's SGLANG_ACME_SPS_FLOOR beside the other speculative-decoding envs")
+    assert res.code == 0 and res.out["entry"] == "acme/acme-sps-env" and res.out["findings"] == [], res.out
+    assert snapshot(upstream_clone) == before  # the branch is not changed
+    made = (layer / "patches" / "0001-acme-sps-env.patch").read_bytes()
+    assert made == (EXAMPLE / "patches" / "0001-acme-sps-env.patch").read_bytes()
+    assert load_series(layer).entries[0].sha256 == hashlib.sha256(made).hexdigest()
+    again = invoke("layer", "add-entry", "--layer", layer, "--from-commit", sha, "--tree", upstream_clone,
+                   "--name", "acme-sps-env", "--why", "again", as_json=False)
+    assert again.code == 2 and "has an entry 'acme-sps-env' already" in again.err
+
+
+# ---------------------------------------------------------------------------- the example, the whole way
+@pytest.fixture(scope="module")
+def example_path(tmp_path_factory: pytest.TempPathFactory, sglang_release_repo: Path) -> dict:
+    """The example layer (a copy) with a copy of our series: apply at v0.5.23, then rebase onto each
+    release, backwards, skipping one, and forwards again (v0.5.21, v0.5.20, v0.5.22, v0.5.23), each
+    followed by the refresh the rebase prints (--variant; none after the last); then a wheel of
+    every release with the refreshed stack, and verify-wheel of each. Every step's run, by step."""
+    root = tmp_path_factory.mktemp("layers")
+    series, layer = copy_series(root / "series"), root / "acme"
+    shutil.copytree(EXAMPLE, layer)
+    tree = root / "sglang"
+    ours = ["--series", series, "--layer", layer]
+    steps: dict = {"root": root, "series": series, "layer": layer, "tree": tree}
+    steps["apply"] = invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, *ours)
+    for rev in ("v0.5.21", "v0.5.20", "v0.5.22", "v0.5.23"):
+        steps[f"rebase {rev}"] = res = invoke("rebase", "--onto", rev, "--tree", tree, *ours)
+        assert res.code == 0, res.err
+        nxt = next_refresh(Git(worktree=tree), stack(load_series(series), [layer]), res.out)  # what it prints
+        steps[f"next {rev}"] = nxt
+        if nxt:
+            steps[f"refresh {rev}"] = run_printed(nxt)
+    for rev in RELEASES:
+        version = rev.removeprefix("v")
+        steps[f"wheel {rev}"] = invoke("wheel", "--from-release", version, "-o", root / "dist", *ours)
+        steps[f"verify {rev}"] = invoke("verify-wheel", steps[f"wheel {rev}"].out.get("wheel", "?"), *ours)
+    return steps
+
+
+def test_the_example_applies_with_its_entries_namespaced_in_commits_and_provenance(example_path):
+    res = example_path["apply"]
+    assert res.code == 0, res.err
+    names = [e["name"] for e in res.out["entries"]]
+    assert names[-3:] == ["acme/acme-sps-env", "acme/acme-sps-floor-helper", "acme/acme-sps-floor"]
+    assert res.out["layers"][0]["name"] == "acme" and res.out["equivalence"]["identical"]
+
+
+@pytest.mark.parametrize("rev", ["v0.5.22", "v0.5.21", "v0.5.20"])
+def test_the_example_rebases_across_every_release_proven_equal_to_a_fresh_apply(example_path, rev):
+    res = example_path[f"rebase {rev}"]
+    assert res.code == 0, res.err
+    assert res.out["equivalence"]["identical"], res.out["equivalence"]
+    assert [e["name"] for e in res.out["entries"]][-3:] == ["acme/acme-sps-env", "acme/acme-sps-floor-helper",
+                                                            "acme/acme-sps-floor"]
+
+
+def test_refresh_writes_each_layer_into_its_own_folder_only(example_path):
+    series, layer = example_path["series"], example_path["layer"]
+    assert [rev for rev in RELEASES if example_path[f"next {rev}"]] == ["v0.5.21", "v0.5.22"]  # v0.5.20: v0.5.21's fits
+    for rev in ("v0.5.21", "v0.5.22"):
+        assert "--variant" in example_path[f"next {rev}"] and f"--layer {layer.resolve()}" in example_path[f"next {rev}"]
+        done = example_path[f"refresh {rev}"]
+        assert done.returncode == 0, done.stderr
+        assert f"changed {layer.resolve()}/patches/0001-acme-sps-env.{rev}.patch" in done.stdout
+        assert f"changed {layer.resolve()}/patches/series.toml" in done.stdout
+    for sub in ("patches", "csrc", "overlay"):  # our series is untouched
+        ours = {p.relative_to(series): p.read_bytes() for p in (series / sub).rglob("*") if p.is_file()}
+        assert ours == {p.relative_to(REPO_ROOT): p.read_bytes() for p in (REPO_ROOT / sub).rglob("*") if p.is_file()}
+    refreshed = load_series(layer)
+    assert refreshed.version == "3"  # bumped once per refresh that changed it
+    assert [v.base for v in refreshed.entry("acme-sps-env").variants] == ["v0.5.21", "v0.5.22"]
+    assert [e.variants for e in refreshed.entries[1:]] == [[], []]  # the other two fit every release as made
+
+
+def test_the_stack_is_a_fixed_point_after_the_whole_way(example_path):
+    ours = ["--series", example_path["series"], "--layer", example_path["layer"]]
+    res = invoke("refresh", "--check", "--tree", example_path["tree"], *ours)
+    assert res.code == 0 and res.out["changed"] == [], res.out
+    checked = invoke("check", *[a for rev in RELEASES for a in ("--sglang-rev", rev)], *ours)
+    assert checked.code == 0 and all(r["wheel"]["exit"] == 0 for r in checked.out["revs"]), checked.out
+
+
+@pytest.mark.parametrize("rev", RELEASES)
+def test_the_wheel_label_provenance_and_sbom_carry_the_layer(example_path, rev):
+    res = example_path[f"wheel {rev}"]
+    assert res.code == 0, res.err
+    layer = stack(load_series(example_path["series"]), [example_path["layer"]]).layers[0]
+    ours = load_series(example_path["series"]).digest()
+    assert res.out["version"] == f"{rev[1:]}+c128.4.{ours[:8]}.acme.{layer.digest()[:8]}"
+    with InWheel(Path(res.out["wheel"])) as iw:
+        record = json.loads(iw.read("sglang/c128patch_provenance.json"))
+        sbom = json.loads(iw.read(f"{iw.dist_info}/sboms/c128patch.cdx.json"))
+    assert record["layers"] == [{"name": "acme", "version": "3", "base": "v0.5.23", "digest": layer.digest(),
+                                 "entries": ["acme/acme-sps-env", "acme/acme-sps-floor-helper", "acme/acme-sps-floor"]}]
+    assert record["series"]["digest"] == ours
+    assert layer_properties(sbom) == [{"name": "acme", "version": "3", "base": "v0.5.23", "digest": layer.digest()}]
+    assert "+ layer acme 3" in sbom["metadata"]["component"]["description"]
+
+
+@pytest.mark.parametrize("rev", RELEASES)
+def test_verify_wheel_checks_every_layer_entry(example_path, rev):
+    res = example_path[f"verify {rev}"]
+    assert res.code == 0, res.err
+    present = {e["name"] for e in res.out["entries"] if e["status"] == "present"}
+    assert {"acme/acme-sps-env", "acme/acme-sps-floor-helper", "acme/acme-sps-floor"} <= present
+    assert res.out["authenticity"]["identical"] > 0
+
+
+def test_verify_wheel_refuses_a_wheel_made_with_another_version_of_the_layer(example_path):
+    wheel = example_path["wheel v0.5.23"].out["wheel"]
+    res = invoke("verify-wheel", wheel, "--no-authenticity", "--series", example_path["series"], "--layer", EXAMPLE,
+                 as_json=False)
+    assert res.code == 1 and "made with the layers" in res.err, res.err
+    plain = invoke("verify-wheel", wheel, "--no-authenticity", "--series", example_path["series"], as_json=False)
+    assert plain.code == 1 and "made with the layers [('acme', '3'" in plain.err, plain.err
+
+
+# ---------------------------------------------------------------------------- lint, audit and watch per layer
+def test_lint_names_a_layer_s_findings_by_layer_and_entry(clashing_layer):
+    res = invoke("lint", "--offline", "--layer", clashing_layer)  # its patch was made without layer add-entry
+    assert res.code == 1
+    assert res.out["findings"] == [{"entry": "site/site-env", "level": "error", "message":
+                                    "patches/0001-site-env.patch: header must say 'C128patch-Gate: SGLANG_SITE_OTHER'"}]
+
+
+def test_audit_runs_on_the_stack_and_counts_each_layer_s_gated_entries(sglang_release_repo):
+    res = invoke("audit", "--layer", EXAMPLE, as_json=False)
+    assert res.code == 0, res.err
+    assert "of 11 gated entries, 3 of layer acme on v0.5.23: clean" in res.text
+
+
+def test_watch_carries_the_stack_and_refreshes_the_layer_into_its_own_folder(tmp_path, sglang_release_repo):
+    layer = tmp_path / "acme"
+    shutil.copytree(EXAMPLE, layer)
+    res = invoke("watch", "--onto", "v0.5.21", "--out", tmp_path / "out", "--layer", layer)
+    assert res.code == 3 and res.out["outcome"] == "refreshed", res.err
+    assert res.out["needed_merge"] == ["acme/acme-sps-env"] and res.out["layers"][0]["name"] == "acme"
+    refreshed = tmp_path / "out" / "series"
+    assert (refreshed / "layers/acme/patches/0001-acme-sps-env.v0.5.21.patch").is_file()
+    assert sorted(p.name for p in (refreshed / "patches").glob("*.patch")) == \
+        sorted(p.name for p in (REPO_ROOT / "patches").glob("*.patch"))  # ours: as it is
+    adopt = f"cp -R {tmp_path / 'out' / 'series' / 'layers' / 'acme' / 'patches'} {layer.resolve() / 'patches'}"
+    assert any(adopt in step for step in res.out["next"]), res.out["next"]
+
+
+def test_doctor_shows_the_layers_of_the_installed_build(example_path):
+    """The layered 0.5.23 wheel installed into a fresh venv (no dependencies): its label checks, and
+    the layer and its entries are listed."""
+    venv = example_path["root"] / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-deps", "--no-compile", example_path["wheel v0.5.23"].out["wheel"]], check=True)
+    res = invoke("doctor", "--python", venv / "bin" / "python", "--series", example_path["series"],
+                 "--layer", example_path["layer"])
+    topics: dict[str, list[tuple[str, str]]] = {}
+    for f in res.out["findings"]:
+        topics.setdefault(f["topic"], []).append((f["level"], f["message"]))
+    assert topics["build"][0][0] == "ok", topics["build"]  # the label with the layer agrees with the provenance
+    layer = load_series(example_path["layer"])
+    assert topics["layer"] == [("info", f"layer acme 3 (digest {layer.digest()[:8]}, base v0.5.23): 3 entries, "
+                                        "after the series")]
+    assert [m.split(" ", 1)[0] for _, m in topics["entry"]][-3:] == ["acme/acme-sps-env", "acme/acme-sps-floor-helper",
+                                                                     "acme/acme-sps-floor"]
+    assert topics["series"] == [("ok", "the build carries this tool's series c128patch 4")]
+
+
+def test_a_committed_config_names_the_layers_so_nobody_types_them(tmp_path, monkeypatch, sglang_release_repo):
+    shutil.copytree(EXAMPLE, tmp_path / "layers" / "acme")
+    (tmp_path / CONFIG).write_text('[layers]\npaths = ["layers/acme"]\n')
+    (tmp_path / "deep").mkdir()
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path / "deep")
+    res = invoke("check", "--sglang-rev", "v0.5.23")
+    assert res.code == 0, res.err
+    assert [r["name"] for r in res.out["layers"]] == ["acme"]
+    assert [e["name"] for e in res.out["revs"][0]["entries"]][-3:] == ["acme/acme-sps-env", "acme/acme-sps-floor-helper",
+                                                                     "acme/acme-sps-floor"]
+
+
+def test_the_docs_give_the_label_of_the_committed_example():
+    from packaging.version import Version
+
+    from c128patch.wheel.patch import patched_version
+
+    series = load_series(REPO_ROOT)
+    layer = stack(series, [EXAMPLE]).layers[0]
+    label = patched_version(Version("0.5.23"), series.version, series.digest(), [(layer.name, layer.digest())])
+    assert f"`{label}`" in (REPO_ROOT / "docs" / "layers.md").read_text()
+
+
+def test_a_layer_entry_s_resolutions_live_in_the_layer_s_own_ledger(tmp_path):
+    from c128patch.series.ledger import Ledger
+
+    data = (EXAMPLE / "patches" / "0001-acme-sps-env.patch").read_bytes()
+    layer = write_layer(tmp_path / "site", entries=patch_entry("x", "0001-x.patch", data), files={
+        "patches/0001-x.patch": data.replace(b"acme/acme-sps-env", b"site/x"),
+        "patches/resolutions/ledger.toml": b'[[resolutions]]\nentry = "x"\nkey = "ab"\nfile = "f"\n'})
+    stacked = stack(load_series(REPO_ROOT), [layer])
+    assert Ledger(stacked).has("site/x") and not Ledger(stacked).has("x")
+    ours = Ledger(load_series(REPO_ROOT))
+    assert [Ledger(stacked).has(e.name) for e in stacked.head.entries] == [ours.has(e.name) for e in stacked.head.entries]
+    less = stacked.without({"site/x", "c128-plan-zero-rows"})
+    assert [e.name for e in less.layers[0].entries] == [] and "c128-plan-zero-rows" not in [e.name for e in less.entries]
+    assert less.part("c128-dspark-online-env")[0].root == REPO_ROOT

@@ -1,0 +1,35 @@
+"""The slowest test files start first (tests/conftest.py SLOW_FIRST): with --dist loadfile a long file
+handed out last is the run's tail, so the collection puts them first and xdist keeps that order."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import SLOW_FIRST
+from support import REPO_ROOT
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+
+def test_every_slow_file_exists():
+    assert all((REPO_ROOT / "tests" / name).is_file() for name in SLOW_FIRST)
+
+
+def test_xdist_keeps_the_collections_order():
+    addopts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    assert "--dist loadfile" in addopts and "--no-loadscope-reorder" in addopts
+
+
+def test_the_collection_puts_the_slow_files_first():
+    files = ["tests/test_layering.py", "tests/test_bench_variants.py", "tests/test_cli_startup.py",
+             "tests/test_compile_kernels.py"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", *files],
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    order = list(dict.fromkeys(line.split("::")[0] for line in proc.stdout.splitlines() if "::" in line))
+    # the slow ones in SLOW_FIRST's order, then the rest by number of tests (test_cli_startup has the most)
+    assert order == ["tests/test_compile_kernels.py", "tests/test_bench_variants.py", "tests/test_cli_startup.py",
+                     "tests/test_layering.py"], proc.stdout[-2000:]

@@ -1,0 +1,82 @@
+"""c128patch layer new DIR --name N [--base B] | layer add-entry --layer DIR --from-commit C [--gate ENV] --why TEXT"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, locate_tree, tree_option
+
+_series_dir = click.option("--series", "series_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                           help="Folder holding patches/series.toml (default: the series this tool carries).")
+
+
+@click.group("layer")
+def command() -> None:
+    """Your own entries on top of the series, in a folder of the series format (docs/layers.md)."""
+
+
+@command.command("new")
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--name", required=True, help="The layer's name (a-z 0-9, starting with a letter): in entry names "
+                                            "(<name>/<entry>) and the wheel's label.")
+@click.option("--base", default="", help="The release the layer is made on (default: the series base).")
+@_series_dir
+@json_option
+@handles_errors
+def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bool) -> None:
+    """Make an empty layer in FOLDER (FOLDER/patches/series.toml)."""
+    from c128patch.ops.layer import new_layer
+    from c128patch.progress import console
+    from c128patch.series.layers import head_of
+
+    layer = new_layer(folder, name, head_of(get_series(series_dir)), base)
+    payload = {"ok": True, "layer": {"name": layer.name, "version": layer.version, "base": layer.base,
+                                     "path": str(layer.root)}}
+    if as_json:
+        emit_json(payload)
+        return
+    add = shlex.join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit", "COMMIT", "--why",
+                      "WHY"])
+    console(stderr=False).print(f"layer {layer.name} {layer.version} on {layer.base} in {layer.root}\n"
+                                f"  next: commit your change on a patched branch, then {add}", markup=False)
+
+
+@command.command("add-entry")
+@click.option("--layer", "folder", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="The layer folder to add the entry to.")
+@click.option("--from-commit", "commit", required=True, help="A commit of the patched branch (in --tree).")
+@click.option("--why", required=True, help="Why the layer carries it (one line; the manifest's 'why').")
+@click.option("--gate", default="", help="The env variable that turns the change on (default: none, always on).")
+@click.option("--name", default="", help="The entry's name in the layer (default: from the commit's subject).")
+@tree_option
+@_series_dir
+@json_option
+@handles_errors
+def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: Path | None, series_dir: Path | None,
+              as_json: bool) -> None:
+    """Turn a commit of the patched branch into a layer entry: format-patch --full-index, manifest
+    row, hash, lint. The branch is not changed; exit 1 when the layer's lint finds an error."""
+    from c128patch import exitcodes
+    from c128patch.git import Git
+    from c128patch.ops.layer import add_entry as add
+    from c128patch.progress import console
+    from c128patch.series.layers import head_of
+
+    git = Git(worktree=locate_tree(tree))
+    done = add(folder, head_of(get_series(series_dir)), git, commit, why, gate, name)
+    errors = [f for f in done.findings if f.level == "error"]
+    if as_json:
+        emit_json({"ok": not errors, "layer": done.layer, "entry": done.entry, "file": done.file, "commit": done.commit,
+                   "gate": done.gate, "files": done.files, "findings": [f.to_json() for f in done.findings]})
+    else:
+        out = console(stderr=False)
+        out.print(f"entry {done.entry} ({done.file} in {folder}) from commit {done.commit[:12]}: "
+                  f"{', '.join(done.files)}; gate {done.gate or 'none'}", markup=False)
+        for f in done.findings:
+            out.print(f"  lint {f.level}: {f.entry}: {f.message}", markup=False)
+    if errors:
+        sys.exit(exitcodes.FAILED)

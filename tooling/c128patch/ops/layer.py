@@ -1,0 +1,119 @@
+"""``layer new`` and ``layer add-entry``: scaffolding a team's own layer (docs/layers.md).
+
+``new`` writes an empty layer (``patches/series.toml``: name, version 1, a base the series was made
+on). ``add_entry`` turns one commit of a patched branch into a layer entry: the commit as
+``git format-patch --full-index`` (refresh's normalisation: fixed date, zero commit id), with the
+``C128patch-Entry: <layer>/<entry>`` and ``C128patch-Gate`` trailers added to its message, the
+file numbered after the layer's last one, its manifest row (why, gate, base, the base's sources by
+content, sha256), written as one transaction (``series.txn``), then the layer is linted. Every
+refusal comes before anything is written; the branch itself is not changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from c128patch.errors import C128Error
+from c128patch.git import Git
+from c128patch.ops.lint import Finding, lint_series
+from c128patch.ops.refresh import base_label, format_patch, slug
+from c128patch.series import txn
+from c128patch.series.layers import SEP, check_layer_name, known_bases, load_layer
+from c128patch.series.manifest import MANIFEST, Entry, Series, load_series
+from c128patch.series.paths import check_entry_name, check_relpath
+from c128patch.series.plan import ENTRY_TRAILER, sources_at
+from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
+
+GATE_TRAILER = "C128patch-Gate"
+_ENV = re.compile(r"[A-Z][A-Z0-9_]{0,127}")
+
+
+@dataclass
+class NewEntry:
+    layer: str
+    entry: str  # namespaced: <layer>/<entry>
+    file: str
+    commit: str
+    gate: str
+    files: list[str]
+    findings: list[Finding] = field(default_factory=list)
+
+
+def new_layer(folder: Path, name: str, series: Series, base: str = "", version: str = "1") -> Series:
+    """An empty layer in ``folder`` on ``base`` (default: the series base)."""
+    check_layer_name(name, "layer new --name")
+    if (folder / MANIFEST).exists():
+        raise C128Error(f"{folder / MANIFEST} exists already: {folder} holds a layer or a series; nothing was written")
+    base = base or series.base
+    if base not in known_bases(series):
+        raise C128Error(f"base {base!r} is not one the series {series.name} was made on "
+                        f"({', '.join(known_bases(series))}); nothing was written")
+    layer = Series(folder.resolve(), name, version, base, [])
+    (folder / "patches").mkdir(parents=True, exist_ok=True)
+    layer.save()
+    return load_layer(folder, series)
+
+
+def _with_gate(text: str, gate: str) -> str:
+    """``text`` (a format-patch file) with a ``C128patch-Gate`` trailer before its entry trailer."""
+    head, sep, rest = text.partition("\n---\n")
+    if f"\n{GATE_TRAILER}:" in head:
+        return text
+    head = head.replace(f"\n{ENTRY_TRAILER}:", f"\n{GATE_TRAILER}: {gate}\n{ENTRY_TRAILER}:", 1)
+    return head + sep + rest
+
+
+def _next_number(layer: Series) -> int:
+    numbers = [int(m.group(1)) for e in layer.entries for v in e.patch_files() if (m := re.match(r"^(\d+)-", v.file))]
+    return max(numbers, default=0) + 1
+
+
+def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gate: str = "",
+              name: str = "") -> NewEntry:
+    """Commit ``commit`` of the patched tree in ``git`` as a new entry of the layer in ``folder``."""
+    layer = load_layer(folder, series)
+    tree = git.worktree
+    assert tree is not None
+    if not why.strip() or not why.isprintable():
+        raise C128Error("--why must say, on one line, why the layer carries this commit; nothing was written")
+    if gate and not _ENV.fullmatch(gate):
+        raise C128Error(f"--gate {gate!r} is not an environment variable name (A-Z 0-9 _); nothing was written")
+    record = read_provenance(tree)
+    base_commit, rev = record.get("upstream", {}).get("commit", ""), record.get("upstream", {}).get("rev", "")
+    sha = git.rev_parse(f"{commit}^{{commit}}")
+    if sha is None:
+        raise C128Error(f"no commit {commit!r} in {tree}; nothing was written")
+    if not base_commit or git.rev_parse(base_commit) is None:
+        raise C128Error(f"the upstream base recorded in {PROVENANCE_PATH} is not in {tree}; nothing was written")
+    parents = git.out("rev-list", "--parents", "-n", "1", sha).split()[1:]
+    if len(parents) != 1 or not git.is_ancestor(base_commit, parents[0]) or not git.is_ancestor(sha, "HEAD"):
+        raise C128Error(f"commit {sha[:12]} is not a commit of the patched branch in {tree} (one parent, above its "
+                        f"upstream base {rev or base_commit[:12]}, below HEAD); nothing was written")
+    label = base_label(git, base_commit, rev)
+    if label != layer.base:
+        raise C128Error(f"the tree is on {label}, the layer {layer.name} on {layer.base}: add entries on a tree at the "
+                        f"layer's base (c128patch apply --sglang-rev {layer.base} --layer {folder}); nothing was written")
+    trailer = git.out("log", "-1", f"--format=%(trailers:key={ENTRY_TRAILER},valueonly)", sha).strip()
+    if trailer:
+        raise C128Error(f"commit {sha[:12]} is entry '{trailer}' already ({ENTRY_TRAILER}); nothing was written")
+    name = check_entry_name(name or slug(git.out("log", "-1", "--format=%s", sha)), "layer add-entry --name")
+    if any(e.name == name for e in layer.entries):
+        raise C128Error(f"layer {layer.name} has an entry '{name}' already; pass --name; nothing was written")
+    full = f"{layer.name}{SEP}{name}"
+    touched = [p for p in git.out("diff-tree", "-r", "-z", "--name-only", "--no-commit-id", sha).split("\0") if p]
+    if not touched:
+        raise C128Error(f"commit {sha[:12]} changes nothing; nothing was written")
+    for path in touched:
+        check_relpath(path, f"commit {sha[:12]}")
+    data = _with_gate(format_patch(git, sha, full).decode(), gate or f"none ({why})").encode()
+    file = f"{_next_number(layer):04d}-{name}.patch"
+    entry = Entry(name=name, kind="patch", why=why, gate=gate, base=layer.base,
+                  base_commit=base_commit if label == base_commit[:12] else "",
+                  base_sources=sources_at(git, base_commit, touched), sha256=hashlib.sha256(data).hexdigest(), file=file)
+    updated = Series(layer.root, layer.name, layer.version, layer.base, [*layer.entries, entry], gates=layer.gates)
+    txn.commit(layer.root, {layer.patches_dir / file: data, layer.manifest_path: updated.to_toml().encode()}, [],
+               last=layer.manifest_path)
+    return NewEntry(layer.name, full, f"patches/{file}", sha, gate, touched, lint_series(load_series(layer.root)))

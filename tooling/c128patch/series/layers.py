@@ -1,0 +1,250 @@
+"""Local layers: a team's own entries on top of our series (docs/layers.md).
+
+A layer is a folder in the series format (``patches/series.toml`` with its name, version, base,
+entries, patch files, overlays and ``patches/resolutions/``), loaded by ``load_series`` with every
+rule a series has (strict names, no path leaving the tree, nothing of git's own). On top:
+
+* its name is a PEP 440 local-label word (``LAYER_NAME``): it goes into the wheel's label;
+* its base is one our series was made on (the series base or a variant's): a layer made on a
+  release we never carried is refused before anything is read from git;
+* every patch file's ``C128patch-Entry`` trailer, when it has one, is its own namespaced name:
+  a layer cannot make a commit that ``rebase`` or ``refresh`` would take for one of ours.
+
+``Stack`` is the series with its layers, in order: our entries, then each layer's as
+``<layer>/<entry>``. It is a ``Series``, so everything that replays one (plan, apply, check,
+rebase, equivalence, the wheel) replays the stack; ``part`` says which folder an entry's files
+and ledger live in. Which layers: ``--layer DIR`` (repeatable), else ``$C128PATCH_LAYERS``
+(``os.pathsep``-separated; empty: none), else ``c128patch.toml`` in the current folder or the
+nearest one above it (``[layers] paths = [...]``, relative to that file, inside its folder).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from c128patch.errors import C128Error
+from c128patch.git import is_git_dir_name
+from c128patch.series.manifest import MANIFEST, Entry, Series, Variant, load_series
+
+LAYER_NAME = re.compile(r"[a-z][a-z0-9]{0,31}")
+LAYER_NAME_RULE = "1-32 characters of a-z 0-9, starting with a letter (it goes into the wheel's PEP 440 label)"
+SEP = "/"  # <layer>/<entry>
+CONFIG = "c128patch.toml"
+ENV = "C128PATCH_LAYERS"
+ENTRY_TRAILER = "C128patch-Entry"  # (series.plan's; not imported: plan pulls unidiff)
+
+
+def check_layer_name(name: str, where: str) -> str:
+    if not LAYER_NAME.fullmatch(name):
+        raise C128Error(f"unsafe layer name in {where}: {name!r} (a layer name is {LAYER_NAME_RULE})")
+    return name
+
+
+def known_bases(series: Series) -> list[str]:
+    """The bases our series was made on: where a layer may start."""
+    seen: dict[str, None] = {}
+    if series.base:
+        seen[series.base] = None
+    for e in series.entries:
+        for v in e.patch_files():
+            seen[v.base] = None
+    return list(seen)
+
+
+def load_layer(folder: Path, series: Series) -> Series:
+    """The layer in ``folder``, checked against ``series`` (see the module doc); nothing is written."""
+    if any(is_git_dir_name(p) for p in folder.resolve().parts):
+        raise C128Error(f"unsafe layer folder {folder}: it is inside git's own folder")
+    if not (folder / MANIFEST).is_file():
+        raise C128Error(f"no layer at {folder}: no {MANIFEST} (make one with c128patch layer new {folder} --name NAME)")
+    layer = load_series(folder)
+    where = str(layer.manifest_path)
+    check_layer_name(layer.name, where)
+    if layer.root == series.root:
+        raise C128Error(f"layer {folder} is the series itself ({series.root})")
+    bases = known_bases(series)
+    if not layer.base:
+        raise C128Error(f"{where}: the layer names no base (one of {', '.join(bases)})")
+    if layer.base not in bases:
+        raise C128Error(f"{where}: base {layer.base!r} is not one the series {series.name} was made on "
+                        f"({', '.join(bases)}); make the layer on one of them")
+    for e in layer.entries:
+        for v in e.patch_files():
+            path = layer.file_of(e, v)
+            if path.is_file():
+                _check_trailer(path, f"{layer.name}{SEP}{e.name}", where)
+    return layer
+
+
+def _check_trailer(path: Path, name: str, where: str) -> None:
+    head = path.read_bytes().split(b"\n---\n", 1)[0].decode("utf-8", errors="replace")
+    for line in head.splitlines():
+        if line.startswith(f"{ENTRY_TRAILER}:") and line.split(":", 1)[1].strip() != name:
+            raise C128Error(f"{where}: {path.name} carries '{line.strip()}', not '{ENTRY_TRAILER}: {name}' "
+                            "(a layer's patch names its own entry only)")
+
+
+class Stack(Series):
+    """Our series, then its layers (``head`` and ``layers``), as one series of namespaced entries."""
+
+    def __init__(self, head: Series, layers: list[Series]) -> None:
+        names = [head.name, *(layer.name for layer in layers)]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise C128Error(f"two layers (or a layer and the series) are named {', '.join(dupes)}: each needs its own name")
+        entries = list(head.entries)
+        self._parts: dict[str, tuple[Series, str]] = {}
+        for layer in layers:
+            for e in layer.entries:
+                name = f"{layer.name}{SEP}{e.name}"
+                entries.append(replace(e, name=name, variants=list(e.variants)))
+                self._parts[name] = (layer, e.name)
+        super().__init__(head.root, head.name, head.version, head.base, entries, gates=head.gates)
+        self.head = head
+        self.layers = layers
+
+    def part(self, name: str) -> tuple[Series, str]:
+        return self._parts.get(name, (self.head, name))
+
+    def file_of(self, entry: Entry, variant: Variant | None = None) -> Path:
+        return self.part(entry.name)[0].file_of(entry, variant)
+
+    def digest(self) -> str:
+        """Our series' digest when no layer is given, else a hash of it and every layer's."""
+        if not self.layers:
+            return self.head.digest()
+        h = hashlib.sha256(self.head.digest().encode())
+        for layer in self.layers:
+            h.update(f"\0{layer.name}\0{layer.digest()}".encode())
+        return h.hexdigest()
+
+    def without(self, names: set[str]) -> Stack:
+        return self.rebuilt([e for e in self.entries if e.name not in names], "")
+
+    def rebuilt(self, entries: list[Entry], base: str) -> Stack:
+        """The stack with ``entries`` (namespaced) sorted back into its parts, each part's base ``base``
+        ("" keeps each one's)."""
+        mine: dict[int, list[Entry]] = {}
+        owners = [self.head, *self.layers]
+        for e in entries:
+            part, local = self.part(e.name)
+            mine.setdefault(id(part), []).append(replace(e, name=local))
+        parts = [Series(p.root, p.name, p.version, base or p.base, mine.get(id(p), []), gates=p.gates) for p in owners]
+        return Stack(parts[0], parts[1:])
+
+
+def head_of(series: Series) -> Series:
+    """Our series: a stack's first part, or ``series`` itself."""
+    return series.head if isinstance(series, Stack) else series
+
+
+def describe(series: Series) -> str:
+    """"series c128patch 4", then " + layer acme 2" per layer."""
+    return f"series {series.name} {series.version}" + "".join(
+        f" + layer {layer.name} {layer.version}" for layer in (series.layers if isinstance(series, Stack) else []))
+
+
+def layer_rows(stack: Series) -> list[dict]:
+    """Each layer's name, version, base, digest and entries (namespaced), for provenance and reports."""
+    if not isinstance(stack, Stack):
+        return []
+    return [{"name": layer.name, "version": layer.version, "base": layer.base, "digest": layer.digest(),
+             "entries": [f"{layer.name}{SEP}{e.name}" for e in layer.entries]} for layer in stack.layers]
+
+
+def layers_of(series: Series) -> list[Series]:
+    """A stack's layers, in order ([] for a series alone)."""
+    return list(series.layers) if isinstance(series, Stack) else []
+
+
+def layer_folders(series: Series) -> list[str]:
+    """The layer folders of a stack, in order (journals keep them to resume with the same stack)."""
+    return [str(layer.root) for layer in series.layers] if isinstance(series, Stack) else []
+
+
+def layer_args(series: Series) -> list[str]:
+    """``--layer DIR`` for each layer of a stack: what a printed command needs to name the same stack."""
+    return [arg for folder in layer_folders(series) for arg in ("--layer", folder)]
+
+
+def overlap_note(series: Series, earlier: list[tuple[str, list[str]]], name: str, paths: list[str]) -> str:
+    """For a layer entry ``name`` that stopped on ``paths`` (the failing file first): the entry of
+    another part replayed before it that changes the same file, as "; it conflicts with ..." ("" if none)."""
+    if not isinstance(series, Stack) or name not in series._parts:
+        return ""
+    mine = series.part(name)[0]
+    for path in paths:
+        for other, touched in reversed(earlier):
+            part = series.part(other)[0]
+            if part is not mine and path in touched:
+                owner = f"series {part.name}" if part is series.head else f"layer {part.name}"
+                return f"; it conflicts with entry '{other}' of {owner}, which changes {path} before it"
+    return ""
+
+
+@dataclass(frozen=True)
+class LayerSource:
+    """Where the layers came from: ``--layer``, the env, a config file, or nowhere."""
+
+    folders: tuple[Path, ...]
+    origin: str  # "--layer" | "$C128PATCH_LAYERS" | the config file's path | ""
+
+
+def _config(start: Path) -> Path | None:
+    for folder in [start, *start.parents]:
+        if (folder / CONFIG).is_file():
+            return folder / CONFIG
+    return None
+
+
+def read_config(path: Path) -> tuple[Path, ...]:
+    """The layer folders ``path`` (a c128patch.toml) names, each inside the file's folder."""
+    try:
+        doc = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise C128Error(f"{path}: not a valid c128patch config ({exc})") from None
+    unknown = set(doc) - {"layers"}
+    layers = doc.get("layers", {})
+    if unknown or not isinstance(layers, dict) or set(layers) - {"paths"}:
+        raise C128Error(f"{path}: a c128patch config holds only [layers] paths = [\"DIR\", ...]")
+    paths = layers.get("paths", [])
+    if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+        raise C128Error(f"{path}: [layers] paths must be an array of folder names")
+    root = path.parent.resolve()
+    out = []
+    for p in paths:
+        folder = (root / p).resolve()
+        if Path(p).is_absolute() or os.path.commonpath([root, folder]) != str(root):
+            raise C128Error(f"unsafe path in {path}: layer {p!r} (must be relative, inside {root})")
+        out.append(folder)
+    return tuple(out)
+
+
+def find_layers(given: tuple[Path, ...] = (), cwd: Path | None = None) -> LayerSource:
+    """The layers to use (see the module doc for the order)."""
+    if given:
+        return LayerSource(tuple(given), "--layer")
+    env = os.environ.get(ENV)
+    if env is not None:
+        return LayerSource(tuple(Path(p) for p in env.split(os.pathsep) if p), f"${ENV}")
+    config = _config((cwd or Path.cwd()).resolve())
+    if config is None:
+        return LayerSource((), "")
+    return LayerSource(read_config(config), str(config))
+
+
+def stack(series: Series, folders: tuple[Path, ...] | list[Path]) -> Series:
+    """``series`` with the layers in ``folders``; ``series`` itself when there are none."""
+    if not folders:
+        return series
+    return Stack(series, [load_layer(Path(f), series) for f in folders])
