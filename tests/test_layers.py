@@ -162,6 +162,12 @@ def test_apply_stops_at_a_conflicting_layer_entry_naming_both(clashing_layer, up
     assert subjects.startswith("c128: commit DSPARK")  # stopped at our last entry, the layer's not applied
 
 
+def test_wheel_refuses_a_conflicting_layer_entry_naming_both(clashing_layer, tmp_path):
+    res = invoke("wheel", "--from-release", "0.5.23", "-o", tmp_path / "dist", "--layer", clashing_layer, as_json=False)
+    assert res.code == 1 and "entry 'site/site-env'" in res.err and BOTH in res.err, res.err
+    assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
+
+
 # ---------------------------------------------------------------------------- layer add-entry
 def test_add_entry_makes_the_example_layers_first_entry_from_a_commit(tmp_path, upstream_clone):
     """The example's first entry was made by `layer add-entry`; the same commit gives the same file."""
