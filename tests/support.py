@@ -238,8 +238,9 @@ def invoke(*args: str | Path, as_json: bool = True, env: dict[str, str | None] |
 
 
 def copy_series(dest: Path) -> Path:
-    """A private copy of the product series (commands may write its ledger and manifest)."""
-    for sub in ("patches", "csrc", "overlay"):
+    """A private copy of the product series (commands may write its ledger and manifest), with its nvcc
+    signature probe (ci/kernel_probe: without it the C++ contract is not compiled and watch is unchecked)."""
+    for sub in ("patches", "csrc", "overlay", "ci/kernel_probe"):
         shutil.copytree(REPO_ROOT / sub, dest / sub)
     return dest
 

@@ -8,8 +8,6 @@ broken, naming our line and upstream's definition; `watch` says `broken` (exit 7
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -430,10 +428,24 @@ def test_the_behavioural_tier_catches_a_removed_method_with_the_gates_on_and_off
     assert any(f.startswith("gates off: sglang.srt.environ: sglang/srt/environ.py:") for f in failed)
 
 
-def test_without_torch_the_behavioural_tier_says_not_checked_in_one_line():
-    python = shutil.which("python3", path="/usr/bin")
-    if python is None or subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0:
-        pytest.skip("no interpreter without torch on this machine")
-    run = invoke("treecheck", "--sglang-rev", "v0.5.23", "--python", python, "--series", str(REPO_ROOT), as_json=False)
+def test_without_torch_the_behavioural_tier_says_not_checked_in_one_line(tmp_path):
+    from test_watch_behaviour import no_torch_python
+
+    run = invoke("treecheck", "--sglang-rev", "v0.5.23", "--python", no_torch_python(tmp_path), "--series",
+                 str(REPO_ROOT), as_json=False)
     assert run.code == 1
-    assert run.text == "treecheck: torch is not installed for this interpreter: behavioural tier not checked\n"
+    assert run.text == ("  behavioural tier: torch is not installed for this interpreter (nothing imported)\n"
+                        "treecheck: torch is not installed for this interpreter: behavioural tier not checked; "
+                        "imports: 11 of 11 modules' sglang imports resolve on the tree's files\n")
+
+
+def test_a_renamed_imported_module_is_caught_by_the_tier_without_importing(drift, tmp_path):
+    """The import check needs no torch and no sglang dependency: the module our kernel ops import is gone."""
+    from test_watch_behaviour import no_torch_python
+
+    run = invoke("treecheck", "--sglang-rev", "renamed", "--repo", str(drift.git_dir), "--python",
+                 no_torch_python(tmp_path), "--series", str(REPO_ROOT))
+    assert run.code == 1
+    assert (f"imports: sglang.kernels.ops.attention.dsv4.online_c128_dspark: python/sglang/kernels/ops/attention/dsv4/"
+            f"online_c128_dspark.py:{MAKE_NAME_LINE}: from sglang.kernels.ops.attention.dsv4.utils import make_name: "
+            "no module sglang.kernels.ops.attention.dsv4.utils on this tree") in run.out["failed"], run.out["failed"]

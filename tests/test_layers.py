@@ -162,6 +162,12 @@ def test_apply_stops_at_a_conflicting_layer_entry_naming_both(clashing_layer, up
     assert subjects.startswith("c128: commit DSPARK")  # stopped at our last entry, the layer's not applied
 
 
+def test_wheel_refuses_a_conflicting_layer_entry_naming_both(clashing_layer, tmp_path):
+    res = invoke("wheel", "--from-release", "0.5.23", "-o", tmp_path / "dist", "--layer", clashing_layer, as_json=False)
+    assert res.code == 1 and "entry 'site/site-env'" in res.err and BOTH in res.err, res.err
+    assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
+
+
 # ---------------------------------------------------------------------------- layer add-entry
 def test_add_entry_makes_the_example_layers_first_entry_from_a_commit(tmp_path, upstream_clone):
     """The example's first entry was made by `layer add-entry`; the same commit gives the same file."""
@@ -383,3 +389,41 @@ def test_a_layer_entry_s_resolutions_live_in_the_layer_s_own_ledger(tmp_path):
     less = stacked.without({"site/x", "c128-plan-zero-rows"})
     assert [e.name for e in less.layers[0].entries] == [] and "c128-plan-zero-rows" not in [e.name for e in less.entries]
     assert less.part("c128-dspark-online-env")[0].root == REPO_ROOT
+
+
+def test_a_conflict_resolved_in_a_rebase_goes_into_the_layer_s_own_ledger_and_replays(tmp_path, sglang_release_repo):
+    """A layer entry made on v0.5.23 that edits a line v0.5.20 has otherwise: the rebase onto v0.5.20
+    stops at it; resolved, `rebase --continue` (no --layer: its journal has them) records the
+    resolution in the layer's ledger, never in ours, and the next rebase replays it from there."""
+    tree, series = tmp_path / "sglang", copy_series(tmp_path / "series")
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", sglang_release_repo, "--tree", tree,
+                  "--series", series).code == 0
+    new, old = '"all,-dspark-plan,-dspark-draft".\n', '"all,-dspark-plan,-6".\n'
+    sha = commit_on(tree, ENV_PY, new, new.replace(".\n", " (site: keep all).\n"), "site: say what the site keeps")
+    layer = tmp_path / "site"
+    assert invoke("layer", "new", layer, "--name", "site", "--series", series).code == 0
+    added = invoke("layer", "add-entry", "--layer", layer, "--from-commit", sha, "--tree", tree, "--series", series,
+                   "--name", "tp-doc", "--why", "the site's note on TP sync")
+    assert added.code == 0, added.out
+    git = Git(worktree=tree)
+    git.run("reset", "--quiet", "--hard", "HEAD~1")
+    ours = ["--series", series, "--layer", layer]
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", tree, "--branch", "stack", *ours).code == 0
+    stop = invoke("rebase", "--onto", "v0.5.20", "--tree", tree, *ours, as_json=False)
+    assert stop.code == 1 and "site/tp-doc" in stop.err, stop.err
+    text = git.out("show", f"HEAD:{ENV_PY}") + "\n"
+    assert text.count(old) == 1
+    (tree / ENV_PY).write_text(text.replace(old, old.replace(".\n", " (site: keep all).\n")))
+    git.run("add", "--", ENV_PY)
+    done = invoke("rebase", "--continue", "--tree", tree, "--series", series)
+    assert done.code == 0 and done.out["equivalence"]["identical"], done.err
+    rows = (layer / "patches" / "resolutions" / "ledger.toml").read_text()
+    assert 'entry = "tp-doc"' in rows and 'from = "v0.5.23"' in rows and 'onto = "v0.5.20"' in rows
+    assert len(list((layer / "patches" / "resolutions" / "tp-doc").glob("*.diff"))) == 1
+    assert sorted((series / "patches" / "resolutions").rglob("*")) == sorted(  # ours: as it was
+        series / p.relative_to(REPO_ROOT) for p in (REPO_ROOT / "patches" / "resolutions").rglob("*"))
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", tree, "--branch", "again", *ours).code == 0
+    again = invoke("rebase", "--onto", "v0.5.20", "--tree", tree, *ours)  # no human this time
+    assert again.code == 0, again.err
+    row = next(e for e in again.out["entries"] if e["name"] == "site/tp-doc")
+    assert row["status"] == "resolved" and [r.split(":")[0] for r in row["ledger"]] == ["site/tp-doc"], row

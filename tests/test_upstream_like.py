@@ -131,9 +131,10 @@ def test_rebase_from_v0_5_22_gives_the_tree_a_fresh_apply_gives_in_the_tool_s_hi
 
 
 def test_watch_onto_its_v0_5_23_is_clean(like: Git, series: Path, tmp_path: Path):
+    pytest.importorskip("torch", reason="watch is clean only where its behavioural tier can import: needs torch")
     res = invoke("watch", "--onto", "v0.5.23", "--repo", repo(like), "--out", str(tmp_path / "out"),
                  "--series", str(series))
-    assert res.code == 0, res.err
+    assert res.code == 0, (res.err, res.out.get("unchecked"))
     assert res.out["outcome"] == "clean", res.out.get("headline")
 
 

@@ -1,4 +1,4 @@
-"""c128patch bisect --onto REV [--repo PATH|URL] [--timeout S] [--json]"""
+"""c128patch bisect --onto REV [--repo PATH|URL] [--timeout S] [--behaviour [--python PY]] [--json]"""
 
 from __future__ import annotations
 
@@ -14,12 +14,16 @@ from c128patch.cli.common import emit_json, get_series, handles_errors, json_opt
 @repo_option
 @click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
               help="Give up after this many seconds.")
+@click.option("--behaviour", is_flag=True, help="Each step also runs the behavioural tier (c128patch treecheck): "
+              "finds a commit that breaks a module's import or behaviour the contract does not see.")
+@click.option("--python", "python", default=None, help="The interpreter the behavioural tier imports with.")
 @series_option
 @json_option
 @handles_errors
-def command(onto: str, repo: str | None, timeout: float, series_dir: Path | None, as_json: bool) -> None:
+def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python: str | None, series_dir: Path | None,
+            as_json: bool) -> None:
     """Find the first upstream commit between the series' base and REV at which the series stops
-    applying or its API contract breaks (git bisect run, in a scratch clone); print it, its subject
+    applying or its API contract (with --behaviour, also its behavioural tier) breaks (git bisect run, in a scratch clone); print it, its subject
     and what fails there."""
     from c128patch.ops.bisect import bisect
     from c128patch.progress import console, reporter
@@ -28,7 +32,7 @@ def command(onto: str, repo: str | None, timeout: float, series_dir: Path | None
     series = get_series(series_dir)
     validate_files(series)
     with reporter(not as_json, title="bisect") as rep:
-        report = bisect(series, repo, onto, timeout=timeout, reporter=rep)
+        report = bisect(series, repo, onto, timeout=timeout, behaviour=behaviour, python=python, reporter=rep)
     if as_json:
         emit_json(report)
         return

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import io
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from c128patch import exitcodes
 from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
 from c128patch.errors import C128Error
-
-if TYPE_CHECKING:
-    from c128patch.git import Git
-
-
-def _changed(git: Git, base: str, head: str) -> list[str]:
-    return git.out("diff", "--name-only", "--no-renames", "--diff-filter=AM", base, head).splitlines()
 
 
 @click.command("treecheck")
@@ -36,7 +25,8 @@ def _changed(git: Git, base: str, head: str) -> list[str]:
 def command(tree: Path | None, rev: str | None, repo: str | None, python: str | None, series_dir: Path | None,
             as_json: bool) -> None:
     """Import every module the series adds or changes on a patched tree, with the gates off and on, in a
-    subprocess: each ok, failed, or not checked (a package the interpreter lacks; no torch: nothing).
+    subprocess: each ok, failed, or not checked (a package the interpreter lacks; no torch: nothing), and
+    resolve each one's sglang imports against the tree's files (a missing module or name fails).
     Exit 1 when a module fails, or when nothing could be checked."""
     from c128patch.git import Git, toplevel
     from c128patch.ops import contract, treecheck
@@ -48,30 +38,22 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
     validate_files(series)
     if (rev is None) == (tree is None):
         raise C128Error("pass --tree DIR or --sglang-rev X (one of them)")
-    with tempfile.TemporaryDirectory(prefix="c128treecheck-") as tmp:
-        if tree is not None:
-            git = Git(worktree=toplevel(tree))
-            paths = _changed(git, contract.tree_base(git), "HEAD")
-            folder = git.worktree
-        else:
-            upstream = open_upstream(repo, [rev], None)
-            commit = upstream.resolve(rev)
-            head = contract.patched_tree(series, upstream.git, rev, commit)
-            paths = _changed(upstream.git, commit, head)
-            data = upstream.git.run("archive", "--format=tar", head, "python/sglang", binary=True).stdout
-            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-                tar.extractall(tmp, filter="data")
-            folder = Path(tmp)
-        result = treecheck.run(series, folder, paths, python=python)
+    if tree is not None:
+        git = Git(worktree=toplevel(tree))
+        result = treecheck.run(series, git.worktree, treecheck.changed_paths(git, contract.tree_base(git), "HEAD"),
+                               python=python)
+    else:
+        upstream = open_upstream(repo, [rev], None)
+        result = treecheck.run_rev(series, upstream.git, rev, upstream.resolve(rev), python=python)
     payload = result.to_json()
     if as_json:
         emit_json(payload)
     else:
         out = console(stderr=False)
-        for t in result.tiers:
-            for name, m in sorted([*t.modules.items(), *t.probes.items()]):
-                if m["status"] != "ok":
-                    out.print(f"  gates {t.gates}: {name}: {m['status']} ({m.get('detail', '')})", markup=False)
+        for line in result.failed:
+            out.print(f"  failed: {line}", markup=False)
+        for line in result.not_checked():
+            out.print(f"  {line}", markup=False)
         out.print(f"treecheck: {result.verdict()}", markup=False)
     if not payload["ok"]:
         sys.exit(exitcodes.FAILED)

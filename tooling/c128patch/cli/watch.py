@@ -1,4 +1,4 @@
-"""c128patch watch --onto REV [--repo PATH|URL] [--out DIR] [--timeout S] [--primary|--variant] [--json]"""
+"""c128patch watch --onto REV [--repo PATH|URL] [--out DIR] [--timeout S] [--primary|--variant] [--python PY] [--json]"""
 
 from __future__ import annotations
 
@@ -24,13 +24,15 @@ EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items()
 @click.option("--primary/--variant", default=None,
               help="A refreshed series takes REV's files as its primary files (base moves to REV) or as variants "
                    "for REV. Default: primary when REV is a release tag ahead of the series base.")
+@click.option("--python", "python", default=None, help="The interpreter the behavioural tier imports the carried "
+              "tree with (one with torch and sglang's dependencies checks the most; default: this one).")
 @series_option
 @json_option
 @handles_errors
-def command(onto: str, repo: str | None, out: Path, timeout: float, primary: bool | None, series_dir: Path | None,
-            as_json: bool) -> None:
+def command(onto: str, repo: str | None, out: Path, timeout: float, primary: bool | None, python: str | None,
+            series_dir: Path | None, as_json: bool) -> None:
     """Carry the series onto REV in a scratch clone (never your tree), prove and check the result, and
-    say which of clean / refreshed / merged / conflict / failed / broken it is, with a report under --out."""
+    say which of clean / refreshed / merged / conflict / failed / broken / unchecked it is, with a report under --out."""
     from rich.table import Table
 
     from c128patch.ops import watch as core
@@ -40,7 +42,7 @@ def command(onto: str, repo: str | None, out: Path, timeout: float, primary: boo
     series = get_series(series_dir)
     validate_files(series)
     with reporter(not as_json, title="watch") as rep:
-        report = core.watch(series, repo, onto, out, timeout=timeout, primary=primary, reporter=rep)
+        report = core.watch(series, repo, onto, out, timeout=timeout, primary=primary, python=python, reporter=rep)
     if as_json:
         emit_json(report)
         sys.exit(report["exit_code"])
@@ -59,6 +61,12 @@ def command(onto: str, repo: str | None, out: Path, timeout: float, primary: boo
     if report.get("contract"):
         text.print(f"  contract: {report['contract']['verdict']}; C++: {report['contract'].get('cxx_probe', '')}" + "".join(
             f"\n    {f}" for f in report["contract"]["failing"]), markup=False)
+    if report.get("behaviour"):
+        tier = report["behaviour"]
+        text.print(f"  behavioural tier: {tier['verdict']}" + "".join(f"\n    failed: {f}" for f in tier["failed"])
+                   + "".join(f"\n    {n}" for n in tier["not_checked"]), markup=False)
+    for u in report.get("unchecked", []):
+        text.print(f"  not checked here: {u}", markup=False)
     for p in report["problems"]:
         text.print(f"  problem: {p}", markup=False)
     text.print(f"{report['outcome']}: {report['headline']}", markup=False)

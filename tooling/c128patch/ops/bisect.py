@@ -1,15 +1,18 @@
 """``bisect``: the first upstream commit between the series' base and REV at which the series stops
-applying or stops fitting (its API contract, ``ops.contract``: an error or a changed signature).
+applying or stops fitting (its API contract, ``ops.contract``: an error or a changed signature; with
+``behaviour``, also the behavioural tier, ``ops.treecheck``: a module that fails to import or run).
 
 In a scratch bare clone (objects shared with upstream; nothing of the user's touched), ``git bisect
 start --no-checkout REV BASE`` and ``git bisect run`` with ``c128patch contract --sglang-rev
-BISECT_HEAD`` as the step (exit 0: fits; 1: broken; 2: the series does not apply there). The first
+BISECT_HEAD`` (and ``c128patch treecheck`` after it) as the step (exit 0: fits; 1: broken; 2: the series
+does not apply there). The first
 bad commit is then checked once more to name what fails there. Bounded by ``timeout``.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -17,28 +20,37 @@ from pathlib import Path
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
-from c128patch.ops import contract
+from c128patch.ops import contract, treecheck
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import layer_args
 from c128patch.series.manifest import Series
 from c128patch.upstream.source import open_upstream
 
 
-def _step(series: Series, scratch: Path) -> list[str]:
-    return [sys.executable, "-m", "c128patch", "contract", "--sglang-rev", "BISECT_HEAD", "--repo", str(scratch),
-            "--series", str(series.root), *layer_args(series), "--no-nvcc", "--json"]
+def _step(series: Series, scratch: Path, behaviour: bool, python: str | None) -> list[str]:
+    where = ["--sglang-rev", "BISECT_HEAD", "--repo", str(scratch), "--series", str(series.root), *layer_args(series),
+             "--json"]
+    fits = [sys.executable, "-m", "c128patch", "contract", *where, "--no-nvcc"]
+    if not behaviour:
+        return fits
+    runs = [sys.executable, "-m", "c128patch", "treecheck", *where] + (["--python", python] if python else [])
+    return ["sh", "-c", f"{shlex.join(fits)} >/dev/null && {shlex.join(runs)}"]
 
 
-def _what_fails(series: Series, git: Git, commit: str) -> list[str]:
+def _what_fails(series: Series, git: Git, commit: str, behaviour: bool = False, python: str | None = None) -> list[str]:
     try:
         result = contract.check_rev(series, git, commit[:12], commit)
+        failing = [f.message for f in result.errors + result.warnings]
+        if behaviour and not failing:
+            failing = [f"behavioural tier: {f}" for f in
+                       treecheck.run_rev(series, git, commit[:12], commit, python=python).failed]
     except C128Error as exc:
         return [exc.message]
-    return [f.message for f in result.errors + result.warnings]
+    return failing
 
 
-def bisect(series: Series, repo: str | None, onto: str, *, timeout: float = 600,
-           reporter: Reporter = NullReporter()) -> dict:
+def bisect(series: Series, repo: str | None, onto: str, *, timeout: float = 600, behaviour: bool = False,
+           python: str | None = None, reporter: Reporter = NullReporter()) -> dict:
     """The first commit in ``base..onto`` where the series no longer applies or fits (module docstring)."""
     if not series.base:
         raise C128Error(f"{series.manifest_path} names no base: bisect starts there")
@@ -51,11 +63,11 @@ def bisect(series: Series, repo: str | None, onto: str, *, timeout: float = 600,
               "commits_between": git.count(f"{base}..{target}"), "found": False, "commit": "", "subject": "",
               "failing": []}
     reporter.step(f"checking {onto}")
-    failing = _what_fails(series, git, target)
+    failing = _what_fails(series, git, target, behaviour, python)
     if not failing:
         report["summary"] = f"the series applies and fits {onto}: nothing to bisect"
         return report
-    if _what_fails(series, git, base):
+    if _what_fails(series, git, base, behaviour, python):
         raise C128Error(f"the series does not fit its own base {series.base}: fix that first (c128patch contract "
                         f"--sglang-rev {series.base})")
     with tempfile.TemporaryDirectory(prefix="c128bisect-") as tmp:
@@ -66,7 +78,7 @@ def bisect(series: Series, repo: str | None, onto: str, *, timeout: float = 600,
         reporter.step(f"git bisect over {report['commits_between']} upstream commit(s)")
         sgit.run("bisect", "start", "--no-checkout", target, base)
         try:
-            proc = subprocess.run(["git", "bisect", "run", *_step(series, scratch)], cwd=scratch,
+            proc = subprocess.run(["git", "bisect", "run", *_step(series, scratch, behaviour, python)], cwd=scratch,
                                   env={**sgit._base_env()}, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise C128Error(f"bisect timed out after {timeout:g} s ({report['commits_between']} commits); "
@@ -76,7 +88,7 @@ def bisect(series: Series, repo: str | None, onto: str, *, timeout: float = 600,
             raise C128Error(f"git bisect did not name a commit: {(proc.stdout + proc.stderr).strip().splitlines()[-1:]}")
     commit = found.group(1)
     report.update(found=True, commit=commit, subject=git.out("log", "-1", "--format=%s", commit),
-                  failing=_what_fails(series, git, commit))
+                  failing=_what_fails(series, git, commit, behaviour, python))
     report["summary"] = (f"first upstream commit where the series stops fitting: {commit[:12]} {report['subject']!r}: "
                          f"{report['failing'][0] if report['failing'] else '?'}")
     return report

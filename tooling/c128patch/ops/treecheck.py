@@ -7,14 +7,18 @@ Not checked is never counted as passed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
 from c128patch.errors import C128Error
+from c128patch.git import Git
+from c128patch.ops import treecheck_imports as imports
 from c128patch.series.manifest import Series
 
 RUNNER = Path(__file__).with_name("treecheck_runner.py")
@@ -37,32 +41,53 @@ class TierResult:
 @dataclass
 class TreecheckResult:
     tiers: list[TierResult] = field(default_factory=list)
+    imports: dict[str, dict] = field(default_factory=dict)  # ops.treecheck_imports: module -> its static check
 
     @property
     def failed(self) -> list[str]:
         return [f"gates {t.gates}: {name}: {m['detail']}" for t in self.tiers
-                for name, m in [*t.modules.items(), *t.probes.items()] if m["status"] == "failed"]
+                for name, m in [*t.modules.items(), *t.probes.items()] if m["status"] == "failed"] + [
+            f"imports: {name}: {m['detail']}" for name, m in self.imports.items() if m["status"] == "failed"]
 
     @property
     def checked(self) -> bool:
         return all(t.torch for t in self.tiers) and any(t.count("ok") for t in self.tiers)
 
-    def verdict(self) -> str:
+    def not_checked(self) -> list[str]:
+        """One line per module (or probe) the tier could not run, with the reason; never a pass."""
         if not all(t.torch for t in self.tiers):
-            return "torch is not installed for this interpreter: behavioural tier not checked"
+            return ["behavioural tier: torch is not installed for this interpreter (nothing imported)"]
+        seen: dict[str, str] = {}
+        for t in self.tiers:
+            for name, m in [*t.modules.items(), *t.probes.items()]:
+                if m["status"] == "not checked":
+                    seen.setdefault(name, m.get("detail", ""))
+        return [f"{name}: not checked: {why}" for name, why in sorted(seen.items())]
+
+    def _imports_said(self) -> str:
+        if not self.imports:
+            return ""
+        ok = sum(m["status"] == "ok" for m in self.imports.values())
+        return f"; imports: {ok} of {len(self.imports)} modules' sglang imports resolve on the tree's files"
+
+    def verdict(self) -> str:
+        said = self._imports_said()
+        if not all(t.torch for t in self.tiers):
+            return ("failed: " if self.failed else "") + \
+                f"torch is not installed for this interpreter: behavioural tier not checked{said}"
         if not self.failed and not any(t.count("ok") for t in self.tiers):
-            needs = sorted({m.get("detail", "").removeprefix("needs ") for t in self.tiers for m in t.modules.values()
-                            if m["status"] == "not checked"} - {""})
-            return f"nothing could be checked here: every module needs a package this interpreter lacks ({', '.join(needs)})"
+            needs = sorted({m.get("detail", "").removeprefix("needs ").split(";")[0] for t in self.tiers
+                            for m in t.modules.values() if m["status"] == "not checked"} - {""})
+            return f"nothing could be checked here: every module needs a package this interpreter lacks ({', '.join(needs)}){said}"
         parts = [f"gates {t.gates}: {t.count('ok')} ok, {t.count('failed')} failed, {t.count('not checked')} not checked"
                  for t in self.tiers]
         head = "failed" if self.failed else "passed" if all(t.count("not checked") == 0 for t in self.tiers) else \
             "passed where checked"
-        return f"{head} ({'; '.join(parts)})"
+        return f"{head} ({'; '.join(parts)}){said}"
 
     def to_json(self) -> dict:
         return {"ok": not self.failed and self.checked, "verdict": self.verdict(), "failed": self.failed,
-                "tiers": [asdict(t) for t in self.tiers]}
+                "not_checked": self.not_checked(), "tiers": [asdict(t) for t in self.tiers], "imports": self.imports}
 
 
 def module_name(path: str) -> str | None:
@@ -75,8 +100,49 @@ def module_name(path: str) -> str | None:
     return ".".join(parts)
 
 
-def run(series: Series, tree: Path, paths: list[str], *, python: str | None = None, timeout: float = 600) -> TreecheckResult:
-    """The tier on ``tree`` (a folder holding ``python/sglang``) for the ``paths`` the series changes."""
+def _gates(series: Series) -> list[str]:
+    return sorted({e.gate for e in series.entries if e.gate} | {r for g in series.gates for r in g.requires})
+
+
+@dataclass
+class Pending:
+    """The tier started (one subprocess; both gate states run at once in it); ``finish`` waits for it."""
+
+    tree: Path
+    modules: list[str]
+    timeout: float
+    proc: subprocess.Popen | None = None
+
+    def finish(self) -> TreecheckResult:
+        assert self.proc is not None
+        try:
+            stdout, stderr = self.proc.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise C128Error(f"the behavioural tier did not finish in {self.timeout:g} s") from None
+        try:
+            data = json.loads(stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            raise C128Error("the behavioural tier's interpreter failed: "
+                            f"{(stderr.strip().splitlines() or ['?'])[-1]}") from None
+        result = TreecheckResult(imports=data.get("imports", {}))
+        for state in ("off", "on"):
+            tier = data["tiers"].get(state, {})
+            if "error" in tier:
+                raise C128Error(f"the behavioural tier (gates {state}) failed to run: {tier['error']}")
+            result.tiers.append(TierResult(state, data["torch"], tier.get("modules", {}), tier.get("probes", {})))
+        imports.annotate(result)
+        return result
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the runner and its forked children
+            self.proc.wait()
+
+
+def start(series: Series, tree: Path, paths: list[str], *, python: str | None = None, timeout: float = 600) -> Pending:
+    """The tier on ``tree`` (a folder holding ``python/sglang``) for the ``paths`` the series changes, started."""
     if not (tree / PY_ROOT / "sglang").is_dir():
         raise C128Error(f"{tree} holds no {PY_ROOT}/sglang: pass the top of a patched sglang tree")
     missing = [p for p in paths if not (tree / p).is_file()]
@@ -84,25 +150,42 @@ def run(series: Series, tree: Path, paths: list[str], *, python: str | None = No
         raise C128Error(f"{tree} lacks {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
                         + ", which the series writes: apply the series there first")
     modules = sorted({m for p in paths if (m := module_name(p))})
-    gates = sorted({e.gate for e in series.entries if e.gate} | {r for g in series.gates for r in g.requires})
-    result = TreecheckResult()
-    for state in ("off", "on"):
-        env = {k: v for k, v in os.environ.items() if k not in gates}
-        if state == "on":
-            env.update({g: "1" for g in gates})
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-        env.pop("PYTHONPATH", None)  # the tree alone (the runner puts it first on sys.path)
-        try:
-            probes = json.dumps([p for p in PROBES if p[0] in modules])
-            proc = subprocess.run([python or sys.executable, "-c", RUNNER.read_text(), str(tree / PY_ROOT), state, probes, *modules],
-                                  env=env,
-                                  capture_output=True, text=True, timeout=timeout, cwd=str(tree))
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise C128Error(f"the behavioural tier did not run: {exc}") from None
-        lines = proc.stdout.strip().splitlines()
-        try:
-            data = json.loads(lines[-1])
-        except (IndexError, ValueError):
-            raise C128Error(f"the behavioural tier's interpreter failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}") from None
-        result.tiers.append(TierResult(state, data["torch"], data["modules"], data.get("probes", {})))
-    return result
+    gates = _gates(series)
+    env = {k: v for k, v in os.environ.items() if k not in gates}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.pop("PYTHONPATH", None)  # the tree alone (the runner puts it first on sys.path)
+    argv = [python or sys.executable, "-c", RUNNER.read_text(), str(tree / PY_ROOT), json.dumps(gates),
+            json.dumps([p for p in PROBES if p[0] in modules]), str(Path(imports.__file__)), *modules]
+    try:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=str(tree), start_new_session=True)
+    except OSError as exc:
+        raise C128Error(f"the behavioural tier did not run: {exc}") from None
+    return Pending(tree, modules, timeout, proc)
+
+
+def run(series: Series, tree: Path, paths: list[str], *, python: str | None = None, timeout: float = 600) -> TreecheckResult:
+    """The tier on ``tree`` (a folder holding ``python/sglang``) for the ``paths`` the series changes."""
+    return start(series, tree, paths, python=python, timeout=timeout).finish()
+
+
+def changed_paths(git: Git, base: str, head: str) -> list[str]:
+    """The files ``base..head`` adds or changes (what the tier imports)."""
+    return git.out("diff", "--name-only", "--no-renames", "--diff-filter=AM", base, head).splitlines()
+
+
+def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | None = None) -> TreecheckResult:
+    """The tier on the series replayed at ``commit`` (``ops.contract.patched_tree``), unpacked into a temporary folder."""
+    import io
+    import tarfile
+    import tempfile
+
+    from c128patch.ops import contract
+
+    head = contract.patched_tree(series, git, rev, commit)
+    paths = changed_paths(git, commit, head)
+    data = git.run("archive", "--format=tar", head, f"{PY_ROOT}/sglang", binary=True).stdout
+    with tempfile.TemporaryDirectory(prefix="c128treecheck-") as tmp:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            tar.extractall(tmp, filter="data")
+        return run(series, Path(tmp), paths, python=python)

@@ -1,13 +1,17 @@
 """Run in a subprocess by ``ops.treecheck`` (no c128patch imports): import each module of a tree and
 say, per module, ok / not checked (a third-party package this interpreter lacks) / failed.
 
-argv: TREE_PYTHON_DIR GATES(on|off) PROBES_JSON MODULE...; prints one JSON object. Each probe
-(module, zero-argument function, what it must return with the gates on / off) is called after the
-imports, where its module imported. A package ``__init__`` that stops on a
-missing third-party package is kept as far as it ran (the modules below it are still tried).
+argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON IMPORTS_PY MODULE...; prints one JSON object. torch is
+imported once, then one forked child per gate state (off: the gates unset; on: each set to 1) imports
+the modules from a clean slate and calls each probe (module, zero-argument function, what it must
+return with the gates on / off) where its module imported, while this process runs the static import
+check (IMPORTS_PY, ``ops/treecheck_imports.py``, loaded by path). A package ``__init__`` that stops on
+a missing third-party package is kept as far as it ran (the modules below it are still tried).
 """
 
 import importlib
+import importlib.util
+import os
 import importlib.abc
 import importlib.machinery
 import json
@@ -50,18 +54,9 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-def main() -> None:
-    sys.path.insert(0, TREE)
-    sys.meta_path.insert(0, _Finder())
-    out = {"python": sys.executable, "torch": True, "modules": {}}
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        out["torch"] = False
-        print(json.dumps(out))
-        return
-    gates, probes = sys.argv[2], json.loads(sys.argv[3])
-    for name in sys.argv[4:]:
+def _tier(gates: str, probes: list, modules: list[str]) -> dict:
+    out: dict = {"modules": {}}
+    for name in modules:
         before = set(sys.modules)
         try:
             importlib.import_module(name)
@@ -76,9 +71,7 @@ def main() -> None:
             if missing:
                 out["modules"][name] = {"status": "not checked", "detail": f"needs {missing.split('.')[0]}"}
                 continue
-            frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(TREE)]
-            where = f"{frames[-1].filename[len(TREE) + 1:]}:{frames[-1].lineno}: " if frames else ""
-            out["modules"][name] = {"status": "failed", "detail": f"{where}{type(exc).__name__}: {exc}"}
+            out["modules"][name] = {"status": "failed", "detail": f"{_where(exc)}{type(exc).__name__}: {exc}"}
     out["partial"] = partial
     out["probes"] = {}
     for module, function, on, off in probes:
@@ -90,13 +83,68 @@ def main() -> None:
         try:
             got = getattr(sys.modules[module], function)()
         except Exception as exc:  # noqa: BLE001
-            frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(TREE)]
-            where = f"{frames[-1].filename[len(TREE) + 1:]}:{frames[-1].lineno}: " if frames else ""
-            out["probes"][key] = {"status": "failed", "detail": f"{where}{type(exc).__name__}: {exc}"}
+            out["probes"][key] = {"status": "failed", "detail": f"{_where(exc)}{type(exc).__name__}: {exc}"}
             continue
         ok = bool(got) == want
         out["probes"][key] = {"status": "ok" if ok else "failed",
                               "detail": "" if ok else f"returned {got!r} with the gates {gates}, expected {want}"}
+    return out
+
+
+def _where(exc: BaseException) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(TREE)]
+    return f"{frames[-1].filename[len(TREE) + 1:]}:{frames[-1].lineno}: " if frames else ""
+
+
+def _fork(state: str, gates: list[str], probes: list, modules: list[str]) -> tuple[int, int]:
+    """A child that runs the tier for ``state`` and writes its JSON to the returned pipe."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read)
+        code = 0
+        try:
+            for g in gates:
+                os.environ.pop(g, None)
+                if state == "on":
+                    os.environ[g] = "1"
+            data = json.dumps(_tier(state, probes, modules)).encode()
+        except BaseException as exc:  # noqa: BLE001
+            data, code = json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode(), 1
+        with os.fdopen(write, "wb") as f:
+            f.write(data)
+        os._exit(code)
+    os.close(write)
+    return pid, read
+
+
+def _imports(path: str, modules: list[str]) -> dict:
+    spec = importlib.util.spec_from_file_location("c128patch_treecheck_imports", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.check(__import__("pathlib").Path(TREE), modules)
+
+
+def main() -> None:
+    gates, probes, imports_py, modules = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4], sys.argv[5:]
+    sys.path.insert(0, TREE)
+    sys.meta_path.insert(0, _Finder())
+    out: dict = {"python": sys.executable, "torch": True, "tiers": {}}
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        out["torch"] = False
+    children = [(state, *_fork(state, gates, probes, modules)) for state in ("off", "on")] if out["torch"] else []
+    out["imports"] = _imports(imports_py, modules)
+    for state, pid, read in children:
+        with os.fdopen(read, "rb") as f:
+            data = f.read()
+        os.waitpid(pid, 0)
+        try:
+            out["tiers"][state] = json.loads(data)
+        except ValueError:
+            out["tiers"][state] = {"error": f"the gates-{state} child died without a result"}
     print(json.dumps(out))
 
 

@@ -26,12 +26,17 @@ of the series carried to REV, and the CPU tree checks (``ops.treechecks``). The 
 * ``broken`` (exit 7): the series carried, but it does not fit REV: its API contract
   (``ops.contract``, against the committed ``patches/contract.lock``) has an upstream module, name,
   attribute or header gone, a call that does not bind, or a signature changed since the lock. Each
-  item is listed with our file:line, upstream's file:line and both signatures.
+  item is listed with our file:line, upstream's file:line and both signatures. Or the behavioural tier
+  (``ops.treecheck``, gates off and on, on the carried work tree, with ``python``) fails there: a module
+  that no longer imports, a gate probe that no longer switches, a missing module or name it imports;
+* ``unchecked`` (exit 8): it would be ``clean``, but the C++ side (no nvcc) or the behavioural tier (no
+  torch, or it did not run) could not be checked here: one line each, never ``clean``.
 
 For ``conflict`` and ``broken``, ``bisect`` (``ops.bisect``, at most ``BISECT_TIMEOUT`` s) names the
 first upstream commit between the base and REV where the series stops applying or fitting.
 
-Conflict outranks broken, broken outranks failed, failed outranks merged, merged outranks refreshed. Every outcome writes
+Conflict outranks broken, broken outranks failed, failed outranks merged, merged outranks refreshed,
+refreshed outranks unchecked. Every outcome writes
 ``OUT/watch-report.md`` (what a maintainer reads; CI posts it), ``OUT/watch-report.json`` and the
 rebase's own report (``rebase-report.md``/``.json``); ``refreshed`` and ``merged`` also
 ``OUT/commit-message.txt``. ``OUT`` must be new, empty, or hold an earlier watch report (replaced).
@@ -61,6 +66,7 @@ from c128patch.jsonio import write_json_atomic
 from c128patch.ops import bisect as bisect_ops
 from c128patch.ops import contract as contract_ops
 from c128patch.ops import refresh as refresh_ops
+from c128patch.ops import treecheck as tier_ops
 from c128patch.ops.apply import apply_series
 from c128patch.ops.equivalence import tree_without_provenance
 from c128patch.ops.identity import git_command
@@ -179,8 +185,8 @@ class _Tracked:
 
 class Watch:
     def __init__(self, series: Series, repo: str | None, onto: str, out: Path, *, primary: bool | None = None,
-                 reporter: Reporter = NullReporter()) -> None:
-        self.series, self.repo, self.onto, self.out = series, repo, onto, out
+                 python: str | None = None, reporter: Reporter = NullReporter()) -> None:
+        self.series, self.repo, self.onto, self.out, self.python = series, repo, onto, out, python
         self.primary, self.reporter = primary, _Tracked(reporter)
         self.phase = "starting"
         self.started = time.monotonic()
@@ -188,6 +194,7 @@ class Watch:
         self.upstream: Upstream | None = None
         self._rebase_md = ""
         self.contract: dict | None = None  # ops.contract on the carried tree (``_contract``)
+        self.behaviour: dict | None = None  # ops.treecheck on the carried tree (``_start_tier``, ``_finish_tier``)
 
     def _step(self, phase: str) -> None:
         self.phase = phase
@@ -239,27 +246,39 @@ class Watch:
 
         refreshed: dict | None = None
         checked = mine
-        if not stops and not unproven and (needed or merged):
-            refreshed, checked = self._refresh(git, tmp, final, onto_commit, head)
-        checks = self._checks(git, checked, onto_commit, head, steps, bool(stops))
+        refresh_due = not stops and not unproven and bool(needed or merged)
+        # the behavioural tier imports from the work tree: started now (it runs while lint, the audit and the
+        # contract do), or after a refresh, whose verifying apply checks out another branch there
+        pending = None if stops or refresh_due else self._start_tier(git, mine, onto_commit, head)
+        try:
+            if refresh_due:
+                refreshed, checked = self._refresh(git, tmp, final, onto_commit, head)
+                pending = self._start_tier(git, mine, onto_commit, head)
+            checks = self._checks(git, checked, onto_commit, head, steps, bool(stops))
+            self.contract = None if stops else self._contract(git, onto_commit, head)
+            self.behaviour = None if stops else self._finish_tier(pending)
+        finally:
+            if isinstance(pending, tier_ops.Pending):
+                pending.kill()
 
         problems = ([unproven] if unproven else []) + (refreshed or {}).get("problems", [])
         problems += [f"{c['name']}: {f}" for c in checks if not c["ok"] for f in c["findings"][:5]]
-        self.contract = None if stops else self._contract(git, onto_commit, head)
-        broken = bool(self.contract and self.contract["broken"])
+        broken = bool(self.contract and self.contract["broken"]) or bool(self.behaviour and self.behaviour["failed"])
         outcome = ("conflict" if stops else "broken" if broken else "failed" if problems
-                   else "merged" if merged else "refreshed" if needed else "clean")
+                   else "merged" if merged else "refreshed" if needed else "unchecked" if self.unchecked() else "clean")
         report = self._report(outcome, final, steps, stops, merged, needed, proof, checks, refreshed, problems)
         if outcome in ("conflict", "broken"):
-            report["bisect"] = self._bisect()
+            report["bisect"] = self._bisect(behaviour=outcome == "broken" and not (self.contract or {}).get("broken"))
         report["json"] = final
         return report
 
-    def _bisect(self) -> dict:
-        """``ops.bisect``: the upstream commit that broke it, bounded by ``BISECT_TIMEOUT`` (said in the report)."""
+    def _bisect(self, behaviour: bool = False) -> dict:
+        """``ops.bisect``: the upstream commit that broke it, bounded by ``BISECT_TIMEOUT`` (said in the report);
+        ``behaviour``: the break is the behavioural tier's alone, so each step runs it too."""
         self._step(f"bisecting {self.series.base}..{self.onto} (at most {BISECT_TIMEOUT:g} s)")
         try:
-            found = bisect_ops.bisect(self.series, self.repo, self.onto, timeout=BISECT_TIMEOUT)
+            found = bisect_ops.bisect(self.series, self.repo, self.onto, timeout=BISECT_TIMEOUT, behaviour=behaviour,
+                                      python=self.python)
         except WatchTimeout:
             raise
         except C128Error as exc:
@@ -285,6 +304,46 @@ class Watch:
                 "cxx_probe_ok": probe_ok,
                 "next": broken_next(self.onto, self.series.root, self.repo) if failing else [],
                 "json": result.to_json()}
+
+    def _start_tier(self, git: Git, series: Series, onto_commit: str, head: str) -> tier_ops.Pending | str:
+        """``ops.treecheck`` (gates off and on) on the carried tree, started; a str says why it did not start."""
+        self._step(f"behavioural tier on {self.onto} (started)")
+        try:
+            git.run("checkout", "--quiet", "--force", "--detach", head)
+            paths = git.out("diff", "--name-only", "--no-renames", "--diff-filter=AM", onto_commit, head).splitlines()
+            return tier_ops.start(series, git.worktree, paths, python=self.python)
+        except WatchTimeout:
+            raise
+        except C128Error as exc:
+            return exc.message
+
+    def _finish_tier(self, pending: tier_ops.Pending | str | None) -> dict:
+        """The tier's result: failing modules make the outcome broken; what it could not run, unchecked."""
+        self._step(f"behavioural tier on {self.onto}")
+        if not isinstance(pending, tier_ops.Pending):
+            why = pending or "not started"
+            return {"ok": False, "ran": False, "verdict": f"not run: {why}", "failed": [], "not_checked": [],
+                    "unchecked": [f"behavioural tier: not run: {why}"], "json": {}}
+        try:
+            result = pending.finish()
+        except WatchTimeout:
+            raise
+        except C128Error as exc:
+            return {"ok": False, "ran": False, "verdict": f"not run: {exc.message}", "failed": [], "not_checked": [],
+                    "unchecked": [f"behavioural tier: not run: {exc.message}"], "json": {}}
+        data = result.to_json()
+        whole = [] if result.checked else [f"behavioural tier: {result.verdict()}"]
+        return {"ok": data["ok"], "ran": True, "verdict": data["verdict"], "failed": data["failed"],
+                "not_checked": data["not_checked"], "unchecked": whole, "json": data}
+
+    def unchecked(self) -> list[str]:
+        """What could not be checked here, one line each (no nvcc, no torch, the tier did not run): never clean."""
+        out = []
+        if self.contract and self.contract.get("cxx_probe_ok") is None:
+            out.append(f"C++: {self.contract.get('cxx_probe', 'not checked')}")
+        if self.behaviour:
+            out += self.behaviour["unchecked"]
+        return out
 
     def _rebase(self, rb: Rebase, onto_commit: str) -> tuple[dict, list[Stop], str]:
         """Rebase with every entry upstream holds dropped; past each stop, skip and go on."""
@@ -443,6 +502,8 @@ class Watch:
             "refreshed": refreshed,
             "problems": problems,
             "contract": self.contract,
+            "behaviour": self.behaviour,
+            "unchecked": self.unchecked(),
             "reproduce": self.reproduce() if stops else [],
             "rebase_report": "rebase-report.md" if final else "",
             "out": str(self.out),
@@ -465,13 +526,20 @@ class Watch:
         if outcome in ("refreshed", "merged") and report["refreshed"]:
             return adopt
         if outcome == "broken":
-            return self.contract["next"]
+            return (self.contract or {}).get("next") or self.tier_next()
         if outcome == "conflict":
             return [*report["reproduce"],
                     f"# resolve the files it names, `git -C {WORK_TREE} add` them, then:",
                     f"c128patch rebase --continue --tree {WORK_TREE} --series {_q(root)}{layers}",
                     f"c128patch refresh --tree {WORK_TREE} --series {_q(root)}{layers}"]
         return []
+
+    def tier_next(self) -> list[str]:
+        """What to run for a behavioural break the contract does not see: the tier on REV, in a tree of one's own."""
+        where = f"--sglang-rev {_q(self.onto)}" + (f" --repo {_q(self.repo)}" if self.repo else "")
+        layers = "".join(f" --layer {_q(f)}" for f in layer_folders(self.series))
+        return [f"c128patch treecheck {where} --series {_q(self.series.root)}{layers}",
+                "# fix the overlay / patch code it names (or adapt to the upstream commit the bisect names)"]
 
     def timeout_report(self, exc: WatchTimeout) -> dict:
         report = self._report("timeout", None, [], [], [], [], {}, [], None, [exc.message])
@@ -501,10 +569,10 @@ class Watch:
 
 
 def watch(series: Series, repo: str | None, onto: str, out: Path, *, timeout: float | None = None,
-          primary: bool | None = None, reporter: Reporter = NullReporter()) -> dict:
+          primary: bool | None = None, python: str | None = None, reporter: Reporter = NullReporter()) -> dict:
     """Run ``watch`` (module docstring) and write its report under ``out``; returns the report."""
     out = check_out_dir(out)
-    run = Watch(series, repo, onto, out, primary=primary, reporter=reporter)
+    run = Watch(series, repo, onto, out, primary=primary, python=python, reporter=reporter)
     with tempfile.TemporaryDirectory(prefix="c128watch-") as tmp:
         try:
             with deadline(timeout, run.where):

@@ -19,9 +19,13 @@ WHAT = {
     "failed": "The series moved but the result is not proven or a check failed: nothing is offered as ready. "
               "Read the problems below.",
     "broken": "The series applies but does not fit this upstream: code of ours uses an upstream definition that is "
-              "gone, or whose signature no longer binds or changed since patches/contract.lock. Fix each item below "
+              "gone, or whose signature no longer binds or changed since patches/contract.lock, or a module fails to "
+              "import or behave on it (the behavioural tier, gates off and on). Fix each item below "
               "(our file:line, upstream's file:line, both signatures) in the series, or, for a changed signature "
               "that still fits, record it as accepted with the commands below.",
+    "unchecked": "It applies strictly and every check that ran passed, but part of the series could not be checked "
+                 "on this machine (listed under \"Not checked here\"): not clean. Run watch where nvcc and torch "
+                 "(with sglang's dependencies, `--python`) are installed to have it checked.",
     "timeout": "The run did not finish in time: nothing is offered. Run it again with a larger --timeout.",
 }
 
@@ -72,9 +76,11 @@ def headline(report: dict) -> str:
     outcome = report["outcome"]
     entries = report["entries"]
     if outcome == "clean":
-        unchecked = (report.get("contract") or {}).get("cxx_probe_ok") is None and report.get("contract")
-        return (f"{series} applies strictly on {at} ({len(entries)} entries, proven); nothing to do"
-                + (f" (not checked here: {report['contract']['cxx_probe']})" if unchecked else ""))
+        return f"{series} applies strictly on {at} ({len(entries)} entries, proven); nothing to do" + _partial(report)
+    if outcome == "unchecked":
+        said = report["unchecked"]
+        return (f"{series} applies strictly on {at} ({len(entries)} entries, proven) but is not checked here: "
+                + "; ".join(said))
     if outcome == "refreshed":
         how = [f"{e['name']} ({e['on_rev']})" for e in entries
                if e["on_rev"].split(" (")[0] in ("3-way", "ledger", "whitespace-merged") or "(renamed: " in e["on_rev"]]
@@ -94,10 +100,22 @@ def headline(report: dict) -> str:
     if outcome == "failed":
         return f"{series} on {at}: {report['problems'][0]}"
     if outcome == "broken":
-        failing = report["contract"]["failing"]
+        failing = failing_items(report)
         return f"{series} applies on {at} but does not fit it: {failing[0]}" + (
             f"; {len(failing) - 1} more" if len(failing) > 1 else "")
     return report["problems"][0] if report["problems"] else f"{series} on {at}: {outcome}"
+
+
+def failing_items(report: dict) -> list[str]:
+    """What makes a run broken: the contract's items, then the behavioural tier's failures."""
+    return [*(report.get("contract") or {}).get("failing", []),
+            *(f"behavioural tier, {f}" for f in (report.get("behaviour") or {}).get("failed", []))]
+
+
+def _partial(report: dict) -> str:
+    """A clean run whose tier could not import some modules (a package this interpreter lacks) says so."""
+    missed = (report.get("behaviour") or {}).get("not_checked", [])
+    return f" (behavioural tier: {len(missed)} module(s) not checked here, their imports resolved)" if missed else ""
 
 
 def _cell(text: str) -> str:
@@ -122,6 +140,13 @@ def render(report: dict) -> str:
     if contract:
         lines += ["## API contract", "", contract["verdict"], "", f"C++: {contract.get('cxx_probe', 'not run')}", ""]
         lines += [f"- {f}" for f in contract["failing"]] + ([""] if contract["failing"] else [])
+    tier = report.get("behaviour")
+    if tier:
+        lines += ["## Behavioural tier (gates off and on)", "", tier["verdict"], ""]
+        lines += [f"- **failed**: {f}" for f in tier["failed"]] + [f"- {n}" for n in tier["not_checked"]]
+        lines += [""] if tier["failed"] or tier["not_checked"] else []
+    if report.get("unchecked"):
+        lines += ["## Not checked here", ""] + [f"- {u}" for u in report["unchecked"]] + [""]
     found = report.get("bisect")
     if found:
         lines += [f"## Bisect (bounded at {found['bound_s']:g} s)", "", found["summary"], ""]

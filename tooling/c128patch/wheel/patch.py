@@ -28,7 +28,7 @@ from c128patch.errors import C128Error, ConflictError
 from c128patch.git import Git
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
-from c128patch.series.layers import head_of, layer_rows
+from c128patch.series.layers import head_of, layer_rows, overlap_note
 from c128patch.series.manifest import Series, safe_destination
 from c128patch.series.plan import Planned, plan, validate_files
 from c128patch.upstream.release_wheels import WheelTarget, release_wheel_for
@@ -157,8 +157,10 @@ def patch_paths(item: Planned) -> list[str]:
     return out
 
 
-def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Reporter = NullReporter()) -> list[dict]:
-    """Apply every entry to the wheel's files; the first failure names entry, file and hunk.
+def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Reporter = NullReporter(),
+                  series: Series | None = None) -> list[dict]:
+    """Apply every entry to the wheel's files; the first failure names entry, file and hunk (and,
+    for a layer's entry, the entry of ours before it that changes the same file: ``series``).
     As ``apply`` does: overlay collisions are refused (exit 2) before anything is applied; an
     entry that does not apply stops everything (exit 1, ``ConflictError``)."""
     git = loose_git(iw.root)
@@ -168,7 +170,7 @@ def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Rep
         if target and (target in members or (iw.root / target).exists()):
             raise C128Error(f"overlay '{item.entry.name}' collides with {label}: {target} already exists in the wheel")
     rows = []
-    for item in planned:
+    for i, item in enumerate(planned):
         reporter.step(f"applying {item.entry.name}")
         if item.patch is not None:
             iw.extract(patch_paths(item))
@@ -176,7 +178,10 @@ def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Rep
             if proc.returncode != 0:
                 raise ConflictError(
                     f"entry '{item.entry.name}' ({item.label}) does not apply to {label}: "
-                    f"{_fail_detail(item, proc.stderr)}; no wheel was written"
+                    f"{_fail_detail(item, proc.stderr)}"
+                    + (overlap_note(series, [(p.entry.name, p.touched) for p in planned[:i]], item.entry.name,
+                                    item.touched) if series is not None else "")
+                    + "; no wheel was written"
                 )
         else:
             target = wheel_path(item.entry.target)
@@ -257,7 +262,7 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
         planned, tag, tree = plan_for_release(series, upstream_version, reporter)
         check_wheel_patchable(planned, binary_dirs(iw.members()))
         label = f"{wheel.name}"
-        rows = apply_entries(iw, planned, label, reporter)
+        rows = apply_entries(iw, planned, label, reporter, series)
         upstream_sha = sha256_path(wheel)
         epoch = source_date_epoch(wheel_timestamp(wheel))
         # By content only (release, source tree, wheel hash): the same wheel gives the same bytes on any cache.

@@ -1,0 +1,146 @@
+"""`watch` runs the behavioural tier (ops.treecheck) on the tree it carries: an upstream commit made in
+the test on the real v0.5.23 that changes what a callee does, not its signature (``EnvBool.parse`` no
+longer takes "1"), passes the API contract and still makes watch `broken`, naming our module and the
+upstream commit (bisect with the tier as its step). Where a tier cannot run here, watch is
+`unchecked` (exit 8), never `clean`: no nvcc on PATH, an interpreter without torch."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+import watch_upstream as wu
+from c128patch.git import Git
+from c128patch.ops.watch import EXIT
+from c128patch.series.manifest import load_series
+from support import REPO_ROOT, invoke, upstream_commit
+
+ENVIRON = "python/sglang/srt/environ.py"
+CONTROLLER = "sglang.srt.layers.attention.dsv4.online_c128_dspark"
+PROBE = f"{CONTROLLER}.online_c128_dspark_env()"
+SUBJECT = "environ: EnvBool takes true/false only"
+V = load_series(REPO_ROOT).version
+
+
+def envbool_strict(git: Git, parent: str) -> str:
+    """EnvBool.parse no longer accepts "1"/"0": the same signature (the contract holds); a gate set to 1 is
+    read as its default (off) with a warning, so our controller never switches on."""
+    text = git.blob(parent, ENVIRON).decode()
+    new = text.replace('if value in ["true", "1", "yes", "y"]:', 'if value in ["true", "yes", "y"]:', 1).replace(
+        'if value in ["false", "0", "no", "n"]:', 'if value in ["false", "no", "n"]:', 1)
+    assert new != text
+
+    def edit(idx: Git) -> None:
+        blob = idx.out("hash-object", "-w", "--stdin", input=new)
+        idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{ENVIRON}")
+
+    return upstream_commit(git, parent, SUBJECT, edit)
+
+
+@pytest.fixture(scope="module")
+def drift(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Git:
+    """Branch ``behaviour``: an unrelated commit on v0.5.23, then the EnvBool change (``behaviour-change``)."""
+    git = wu.stand_in(sglang_release_repo, tmp_path_factory.mktemp("behaviour") / "sglang.git")
+    change = envbool_strict(git, wu.unrelated(git))
+    wu.set_branch(git, "behaviour-change", change)
+    wu.set_branch(git, "behaviour", change)
+    wu.set_branch(git, "unrelated", wu.unrelated(git))
+    return git
+
+
+@pytest.fixture(scope="module")
+def broken(drift: Git, tmp_path_factory: pytest.TempPathFactory):
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("broken") / "out"
+    return invoke("watch", "--onto", "behaviour", "--repo", str(drift.git_dir), "--out", str(out),
+                  "--series", str(REPO_ROOT)), out
+
+
+def no_torch_python(tmp: Path) -> str:
+    """This interpreter, with a ``torch`` on its path that fails to import (the subprocess's environment)."""
+    hide = tmp / "hide-torch" / "torch"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text('raise ImportError("torch is hidden by the test")\n')
+    script = tmp / "python-without-torch"
+    script.write_text(f'#!/bin/sh\nPYTHONPATH={hide.parent} exec {sys.executable} "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_the_static_contract_does_not_see_the_change(drift):
+    run = invoke("contract", "--sglang-rev", "behaviour", "--repo", str(drift.git_dir), "--series", str(REPO_ROOT),
+                 "--no-nvcc")
+    assert run.code == 0, run.out
+    assert run.out["revs"][0]["verdict"].startswith("holds: ")
+
+
+def test_watch_says_broken_naming_our_module_and_the_upstream_commit(broken, drift):
+    run, out = broken
+    assert run.code == EXIT["broken"] == 7, (run.err, run.out.get("headline"))
+    report = run.out
+    assert report["outcome"] == "broken" and not report["ok"]
+    assert report["contract"]["broken"] is False  # the contract holds: only the tier sees it
+    failed = report["behaviour"]["failed"]
+    assert failed == [f"gates on: {PROBE}: returned False with the gates on, expected True"], failed
+    assert report["headline"] == (f"series c128patch {V} applies on behaviour@{report['onto']['commit'][:12]} but does "
+                                  f"not fit it: behavioural tier, {failed[0]}")
+    assert report["next"][0] == f"c128patch treecheck --sglang-rev behaviour --repo {drift.git_dir} --series {REPO_ROOT}"
+    found = report["bisect"]
+    assert found["found"] and found["commit"] == drift.rev_parse("behaviour-change") and found["subject"] == SUBJECT
+    assert found["failing"] == [f"behavioural tier: {failed[0]}"]
+    md = (out / "watch-report.md").read_text()
+    assert "## Behavioural tier (gates off and on)" in md and f"- **failed**: {failed[0]}" in md
+    assert f"first bad upstream commit: `{found['commit']}` {SUBJECT}" in md
+
+
+def test_the_printed_command_shows_the_same_failure(broken, drift):
+    run, _ = broken
+    cmd = run.out["next"][0].split()
+    assert cmd[:2] == ["c128patch", "treecheck"]
+    again = invoke(*cmd[1:])
+    assert again.code == 1 and again.out["failed"] == run.out["behaviour"]["failed"]
+
+
+def _path_without(program: str) -> str:
+    return os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep)
+                           if d and not (Path(d) / program).exists())
+
+
+def test_without_nvcc_watch_is_unchecked_not_clean(drift, tmp_path):
+    pytest.importorskip("torch")
+    path = _path_without("nvcc")
+    assert shutil.which("nvcc", path=path) is None and shutil.which("git", path=path)
+    run = invoke("watch", "--onto", "unrelated", "--repo", str(drift.git_dir), "--out", str(tmp_path / "out"),
+                 "--series", str(REPO_ROOT), env={"PATH": path})
+    assert run.code == EXIT["unchecked"] == 8, (run.err, run.out.get("headline"))
+    report = run.out
+    assert report["outcome"] == "unchecked" and not report["ok"]
+    assert report["unchecked"] == ["C++: nvcc not found: C++ contract not checked (only the header text was compared)"]
+    assert report["headline"].endswith(f"(11 entries, proven) but is not checked here: {report['unchecked'][0]}")
+    assert report["behaviour"]["failed"] == [] and report["behaviour"]["ran"]
+    md = (tmp_path / "out" / "watch-report.md").read_text()
+    assert "## Not checked here" in md and f"- {report['unchecked'][0]}" in md
+
+
+def test_without_torch_watch_is_unchecked_not_clean(drift, tmp_path):
+    python = no_torch_python(tmp_path)
+    run = invoke("watch", "--onto", "unrelated", "--repo", str(drift.git_dir), "--out", str(tmp_path / "out"),
+                 "--series", str(REPO_ROOT), "--python", python)
+    assert run.code == EXIT["unchecked"], (run.err, run.out.get("headline"))
+    report = run.out
+    lines = [u for u in report["unchecked"] if not u.startswith("C++: ")]
+    assert lines == ["behavioural tier: torch is not installed for this interpreter: behavioural tier not checked; "
+                     "imports: 11 of 11 modules' sglang imports resolve on the tree's files"], report["unchecked"]
+    assert report["behaviour"]["not_checked"] == [
+        "behavioural tier: torch is not installed for this interpreter (nothing imported)"]
+
+
+def test_without_torch_a_behavioural_break_is_not_called_clean_either(drift, tmp_path):
+    """The tier cannot see the EnvBool change without torch: unchecked, not clean (and not broken)."""
+    run = invoke("watch", "--onto", "behaviour", "--repo", str(drift.git_dir), "--out", str(tmp_path / "out"),
+                 "--series", str(REPO_ROOT), "--python", no_torch_python(tmp_path))
+    assert run.code == EXIT["unchecked"] and run.out["outcome"] == "unchecked", run.out.get("headline")
