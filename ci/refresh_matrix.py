@@ -36,7 +36,6 @@ def with_matrix(text: str, matrix: str) -> str:
 def current_figures() -> dict[str, str]:
     """Each figures block of README, rendered from the committed results as of now."""
     from c128patch.evidence import figures
-    from c128patch.evidence.keys import key_for
     from c128patch.evidence.matrix import build_matrix
     from c128patch.evidence.results import results_root
     from c128patch.series.manifest import load_series

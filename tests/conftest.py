@@ -11,7 +11,7 @@ import pytest
 
 from c128patch.series.manifest import load_series
 from c128patch.upstream.releases import ReleaseHistory
-from support import RELEASES, REPO_ROOT, patched_tree, release_tree, series_paths
+from support import RELEASES, REPO_ROOT, SLOW_FIRST, patched_tree, release_tree, series_paths
 
 # CI runs the suite twice, every test once (.ci/run): first without torch, writing the tests skipped for
 # lack of it to $C128PATCH_TORCH_SKIPS; then, torch installed, only those ($C128PATCH_RUN_ONLY).
@@ -43,13 +43,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     path = os.environ.get("C128PATCH_TORCH_SKIPS")
     if path and _controller and _controller[-1]:
         Path(path).write_text("".join(f"{nodeid}\n" for nodeid in sorted(_torch_skips)))
-
-
-# The files that take longest (CI's pass 1 durations) start first: with --dist loadfile a long file handed
-# out last is the run's tail, and xdist alone would order the files by their number of tests
-# (pyproject's addopts: --no-loadscope-reorder keeps the order given here).
-SLOW_FIRST = ("test_compile_kernels.py", "test_deploy.py", "test_watch_ci.py", "test_reproducible.py",
-              "test_bench_variants.py")
 
 
 def slow_files_first(items: list[pytest.Item]) -> list[pytest.Item]:

@@ -307,3 +307,10 @@ def workflow_commands(script: str, sample: dict[str, str] | None = None) -> list
         if m:
             out.append(shlex.split(m.group(1)))
     return out
+
+
+# The files that take longest (CI's pass 1 durations) start first: with --dist loadfile a long file handed
+# out last is the run's tail, and xdist alone would order the files by their number of tests
+# (pyproject's addopts: --no-loadscope-reorder keeps the order given here).
+SLOW_FIRST = ("test_compile_kernels.py", "test_deploy.py", "test_watch_ci.py", "test_reproducible.py",
+              "test_bench_variants.py")

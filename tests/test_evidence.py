@@ -480,20 +480,23 @@ def test_a_big_log_is_cut_to_head_and_tail_before_bundling(tmp_path: Path):
     assert data.startswith(b"a" * 25) and data.endswith(b"b" * 25) and b"150 bytes cut" in data
 
 
+def _dry_run(tmp_path: Path, phase: str) -> Path:
+    """Stage v0.5.21 (no wheels) and run ``h200_run.py PHASE --dry-run``: its $OUT folder."""
+    stage, out = tmp_path / "gpu", tmp_path / "out"
+    prep = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/prepare.py"), "--rev", "v0.5.21", "--dest", str(stage),
+                           "--no-wheels"], capture_output=True, text=True)
+    assert prep.returncode == 0, prep.stderr
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/h200_run.py"), phase, "--stage", str(stage),
+                           "--dry-run", "--out", str(out), "--work", str(tmp_path / "work")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
 @needs_torch
 def test_dry_run_goes_from_stage_to_bundle_to_collected_files(tmp_path: Path):
     """The device call's plumbing on this CPU machine: prepare one release, run the plain phase
     collect-only, collect the bundle (allowed for a dry run only)."""
-    env = dict(os.environ)
-    stage = tmp_path / "gpu"
-    prep = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/prepare.py"), "--rev", "v0.5.21", "--dest", str(stage),
-                           "--no-wheels"], capture_output=True, text=True, env=env)
-    assert prep.returncode == 0, prep.stderr
-    out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/h200_run.py"), "plain", "--stage", str(stage),
-                           "--dry-run", "--out", str(out), "--work", str(tmp_path / "work")],
-                          capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    env, out = dict(os.environ), _dry_run(tmp_path, "plain")
     assert sorted(p.name for p in out.iterdir()) == ["plain-run.json", "plain-summary.txt", "plain.tgz"]
     assert "v0.5.21-patched-plain: exit 0" in (out / "plain-summary.txt").read_text()
     refused = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/collect_results.py"), str(out),
@@ -567,16 +570,7 @@ def test_bench_dry_run_resolves_each_release_and_collects_nothing(tmp_path: Path
     """The benchmark's --dry-run (what h200_run bench --dry-run passes) imports the staged tree and
     picks upstream's MTP calls for it (0.5.21 has no module functions: the JIT module's); its
     bundle is no measurement, so collecting it writes no kernel-bench."""
-    env = dict(os.environ)
-    stage = tmp_path / "gpu"
-    prep = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/prepare.py"), "--rev", "v0.5.21", "--dest", str(stage),
-                           "--no-wheels"], capture_output=True, text=True, env=env)
-    assert prep.returncode == 0, prep.stderr
-    out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/h200_run.py"), "bench", "--stage", str(stage),
-                           "--dry-run", "--out", str(out), "--work", str(tmp_path / "work")],
-                          capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    env, out = dict(os.environ), _dry_run(tmp_path, "bench")
     assert "v0.5.21-patched-bench: exit 0" in (out / "bench-summary.txt").read_text()
     log = (tmp_path / "work/bench/logs/v0.5.21-patched-bench.log").read_text()
     assert "dry run: upstream MTP calls via jit module; ops ok" in log, log[-2000:]

@@ -1,4 +1,4 @@
-"""The slowest test files start first (tests/conftest.py SLOW_FIRST): with --dist loadfile a long file
+"""The slowest test files start first (tests/support.py SLOW_FIRST, ordered by tests/conftest.py): with --dist loadfile a long file
 handed out last is the run's tail, so the collection puts them first and xdist keeps that order."""
 
 from __future__ import annotations
@@ -6,8 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import SLOW_FIRST
-from support import REPO_ROOT
+from support import REPO_ROOT, SLOW_FIRST  # not from conftest: tests/gpu has its own
 
 try:
     import tomllib

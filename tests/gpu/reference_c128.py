@@ -20,7 +20,6 @@ An open chunk's online state is `[max | sum of exp(x - max) | normalized weighte
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
 from typing import Optional
 
 import numpy as np

@@ -10,11 +10,11 @@ a missing third-party package is kept as far as it ran (the modules below it are
 """
 
 import importlib
-import importlib.util
-import os
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import json
+import os
 import sys
 import traceback
 
