@@ -139,6 +139,16 @@ def test_the_help_file_is_the_click_trees_own_rendering():
     assert HELP_FILE.read_text() == refresh_help().render(), "help.txt is stale: python ci/refresh_help.py"
 
 
+def test_the_help_file_holds_nothing_of_this_machine():
+    """It ships in the wheel: a default shown as this machine's interpreter or folders would be wrong
+    everywhere else (and the test above fails on every other machine)."""
+    from c128patch.__main__ import HELP_FILE
+
+    text = HELP_FILE.read_text()
+    for here in {sys.executable, str(REPO_ROOT), os.path.expanduser("~"), os.getcwd()}:
+        assert here not in text, here
+
+
 def test_the_entry_point_is_the_fast_one():
     try:
         import tomllib

@@ -430,7 +430,7 @@ def _default_tree() -> Path | None:
 @click.option("--launcher", help="[server] Server command (default: PYTHON -m sglang.launch_server).")
 @click.option("--load-cmd", help="[server] Load tool command replacing the default prefix.")
 @click.option("--allow-unpatched", is_flag=True, help="[server] Run on an sglang without a c128patch provenance record.")
-@click.option("--python", default=sys.executable, show_default=True, help="The Python that runs the suite / server.")
+@click.option("--python", default=sys.executable, show_default="the Python running c128patch", help="The Python that runs the suite / server.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Folder for the report and logs.")
 @json_option
 @click.pass_context
