@@ -182,26 +182,25 @@ class WheelSbom:
         return json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
 
 
-def layer_properties(doc: dict[str, Any]) -> list[dict[str, str]]:
-    """Per-layer properties of an SBOM read back: [{field: value}], in stack order."""
+def _indexed_properties(doc: dict[str, Any], prefix: str) -> list[dict[str, str]]:
+    """Properties named ``<prefix>:<i>:<field>`` of an SBOM read back: [{field: value}], by ``i``."""
     props = doc.get("metadata", {}).get("component", {}).get("properties", [])
     rows: dict[int, dict[str, str]] = {}
     for p in props:
         parts = str(p.get("name", "")).split(":")
-        if len(parts) == 4 and ":".join(parts[:2]) == LAYER_PREFIX and parts[2].isdigit():
+        if len(parts) == 4 and ":".join(parts[:2]) == prefix and parts[2].isdigit():
             rows.setdefault(int(parts[2]), {})[parts[3]] = str(p.get("value", ""))
     return [rows[i] for i in sorted(rows)]
+
+
+def layer_properties(doc: dict[str, Any]) -> list[dict[str, str]]:
+    """Per-layer properties of an SBOM read back, in stack order."""
+    return _indexed_properties(doc, LAYER_PREFIX)
 
 
 def entry_properties(doc: dict[str, Any]) -> list[dict[str, str]]:
-    """Per-entry properties of an SBOM read back: [{field: value}], in series order."""
-    props = doc.get("metadata", {}).get("component", {}).get("properties", [])
-    rows: dict[int, dict[str, str]] = {}
-    for p in props:
-        parts = str(p.get("name", "")).split(":")
-        if len(parts) == 4 and ":".join(parts[:2]) == PROPERTY_PREFIX and parts[2].isdigit():
-            rows.setdefault(int(parts[2]), {})[parts[3]] = str(p.get("value", ""))
-    return [rows[i] for i in sorted(rows)]
+    """Per-entry properties of an SBOM read back, in series order."""
+    return _indexed_properties(doc, PROPERTY_PREFIX)
 
 
 def diff_bytes(patch: dict[str, Any]) -> bytes:
