@@ -322,6 +322,18 @@ def test_readme_shows_the_current_matrix_and_figures():
     assert refresh_matrix.render(readme) == readme, "README.md is stale: python ci/refresh_matrix.py"
 
 
+def test_every_rendered_tool_benchmark_says_what_it_was_measured_on():
+    """Each ci/bench/results file README renders carries benchlib's stamp (command, device, date,
+    series, keys), so README can date it and mark it stale; all but start-up are keyed by release."""
+    from c128patch.evidence import figures
+
+    for name in figures.TOOL_BENCHES:
+        data = json.loads((REPO_ROOT / "ci" / "bench" / "results" / f"{name}.json").read_text())
+        assert {"command", "device", "date", "series", "keys"} <= data.keys(), name
+        assert data["command"].startswith("python ") and f"bench_{name}.py" in data["command"], name
+        assert bool(data["keys"]) == (name != "startup"), name  # start-up reads no release
+
+
 # a measured figure: a number with a unit of time, size, rate or share, or a count of outcomes
 # (a tolerance, "within 5 %", is not one)
 MEASURED = re.compile(r"(?<![\w.#§~-])(?<!≈ )(?<!within )\d[\d,]*(?:\.\d+)?\s?(?:µs|ms|s\b|%|×|GB/s|MB\b|GiB\b|"

@@ -203,7 +203,7 @@ TOOL_BENCHES = ("apply", "check", "rebase", "wheel", "startup")
 
 
 def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool]) -> str:
-    """README's tool benchmark sentence from ci/bench/results/{apply,check,rebase,wheel}.json;
+    """README's tool benchmark sentence from ci/bench/results/<TOOL_BENCHES>.json;
     ``current(data)`` says whether a file was measured on today's series (else *stale*)."""
     got: dict[str, dict[str, Any]] = {}
     for name in TOOL_BENCHES:
@@ -229,8 +229,9 @@ def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool])
                      f"for merged-upstream evidence, proves the result and checks the API contract){mark('rebase')}")
     if "check" in got:
         c = got["check"]
+        target = f" (target ≤ {c['target_s']:g} s: {'met' if c['within_target'] else '*missed*'})" if "target_s" in c else ""
         parts.append(f"`check` over the 4 releases {c['four_releases_s']:.2f} s, over {c['commits']} real upstream "
-                     f"release commits {c['commits_s']:.1f} s{mark('check')}")
+                     f"release commits {c['commits_s']:.1f} s{target}{mark('check')}")
     if "startup" in got:  # CLI start-up (ci/bench/bench_startup.py): the series plays no part in it
         t = got["startup"]
         cases = t["cases"]
