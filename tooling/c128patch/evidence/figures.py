@@ -199,7 +199,7 @@ def _span(values: list[float]) -> str:
     return low if low == high else f"{low}–{high}"
 
 
-TOOL_BENCHES = ("apply", "check", "rebase", "wheel", "startup")
+TOOL_BENCHES = ("apply", "check", "layers", "rebase", "wheel", "startup")
 
 
 def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool]) -> str:
@@ -211,16 +211,22 @@ def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool])
         if path.is_file():
             got[name] = json.loads(path.read_text())
 
-    def mark(name: str) -> str:
+    def mark(name: str, other: str = "another series") -> str:
         data = got[name]
         when = f"{data.get('date', 'undated')}, {data.get('device') or data.get('machine', '?')}"
-        return f" [{when}{'' if current(data) else '; *stale*: another series'}]"
+        return f" [{when}{'' if current(data) else f'; *stale*: {other}'}]"
 
     parts = []
     if "apply" in got:
         a = got["apply"]
         parts.append(f"`apply`, its proof included, {a['apply_s']:.2f} s vs raw `git worktree add` + `git am -3` "
                      f"{a['raw_git_s']:.2f} s ({a['ratio']:.2f}×){mark('apply')}")
+    if "layers" in got:
+        y = got["layers"]
+        parts.append(f"`apply` with a layer of {y['layer']['entries']} entries ([docs/layers.md](docs/layers.md), "
+                     f"the example `{y['layer']['name']}`) {y['apply_with_layer_s']:.2f} s vs without "
+                     f"{y['apply_s']:.2f} s ({y['ratio']:.2f}×, target ≤ {y['target']:g}×: "
+                     f"{'met' if y['within_target'] else '*missed*'}){mark('layers', 'another series or layer')}")
     if "rebase" in got:
         r = got["rebase"]
         parts.append(f"`rebase` {r['rebase']} {r['rebase_s']:.2f} s vs raw `git rebase` + trained rerere "
