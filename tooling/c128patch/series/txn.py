@@ -8,6 +8,15 @@ A kill before the commit point leaves the old series (the half-staged folder is 
 next reader); a kill after it leaves a committed plan that ``recover`` (run by ``load_series``,
 so by every command that reads the series) finishes. Either way every reader sees the old series
 or the new one, never a mix.
+
+``commit_all`` writes several folders (a stack: our series and its layers) as one transaction:
+every part is staged first (a failure there removes every staging folder: nothing changed), then
+the first part's staging is renamed (the one commit point), then each other part is swapped in and
+the first part's committed plan, which names the others, is finished and removed last. A part
+staged for a group is finished by ``recover`` only once the group's first part is committed (its
+plan names the group), else dropped; so a kill during the swap is finished by the next command
+that reads any part. If that finishing step itself fails, the error names the folder and the way
+back (restore ``patches/`` of every part from git and remove their ``.c128patch-txn*`` folders).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import uuid
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
@@ -53,13 +63,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def commit(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path | None = None,
-           fault: Callable[[str], None] = _no_fault) -> None:
-    """Write ``files`` and remove ``deletes`` under ``root`` as one transaction (``last``: the file
-    moved into place last, the manifest). ``fault(point)`` is called at each named point (the
-    fault-injection hook of the tests: ``ops.faults``)."""
-    recover(root)
-    staging, final = root / STAGING, root / TXN
+def _stage(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path | None,
+           fault: Callable[[str], None], prefix: str = "", group: dict | None = None) -> None:
+    """Stage the new files and the plan in ``root``'s staging folder (nothing in place changes)."""
+    staging = root / STAGING
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "files").mkdir(parents=True)
     order = sorted(files, key=lambda p: (last is not None and p == last, str(p)))
@@ -72,18 +79,90 @@ def commit(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path
             fh.flush()
             os.fsync(fh.fileno())
         moves.append([f"{i:05d}", rel])
-        fault(f"refresh-staged:{i}")
-    plan = {"moves": moves, "deletes": [_rel(root, p) for p in deletes]}
+        fault(f"refresh-{prefix}staged:{i}")
+    plan = {"moves": moves, "deletes": [_rel(root, p) for p in deletes], **({"group": group} if group else {})}
     with open(staging / PLAN, "w") as fh:
         json.dump(plan, fh)
         fh.flush()
         os.fsync(fh.fileno())
     _fsync_dir(staging)
-    fault("refresh-before-commit")
-    os.replace(staging, final)  # the commit point
+
+
+def _swap(root: Path) -> None:
+    os.replace(root / STAGING, root / TXN)
     _fsync_dir(root)
+
+
+def commit(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path | None = None,
+           fault: Callable[[str], None] = _no_fault) -> None:
+    """Write ``files`` and remove ``deletes`` under ``root`` as one transaction (``last``: the file
+    moved into place last, the manifest). ``fault(point)`` is called at each named point (the
+    fault-injection hook of the tests: ``ops.faults``)."""
+    recover(root)
+    _stage(root, files, deletes, last, fault)
+    fault("refresh-before-commit")
+    _swap(root)  # the commit point
     fault("refresh-committed")
-    _roll_forward(root, final, fault)
+    _roll_forward(root, root / TXN, fault)
+
+
+Part = tuple[Path, dict[Path, bytes], list[Path], Path | None]  # root, files, deletes, last
+
+
+def commit_all(parts: list[Part], fault: Callable[[str], None] = _no_fault) -> None:
+    """``commit`` for several folders as one transaction (see the module doc). Fault points of part
+    ``k`` > 0 are named ``refresh-part<k>-...``; the swap's ``refresh-swapped:<k>``."""
+    if len(parts) <= 1:
+        for root, files, deletes, last in parts:
+            commit(root, files, deletes, last, fault)
+        return
+    roots = [root for root, *_ in parts]
+    group = {"id": uuid.uuid4().hex, "head": str(roots[0]), "parts": [str(r) for r in roots]}
+    try:
+        for k, (root, files, deletes, last) in enumerate(parts):
+            recover(root)
+            _stage(root, files, deletes, last, fault, "" if k == 0 else f"part{k}-", group)
+        fault("refresh-before-commit")
+    except BaseException as exc:
+        for root in roots:
+            shutil.rmtree(root / STAGING, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise C128Error(f"cannot stage the refresh ({exc}); nothing was changed in {', '.join(map(str, roots))}") \
+                from None
+        raise
+    _swap(roots[0])  # the commit point: the first part's plan names the group
+    fault("refresh-committed")
+    _finish_group(roots[0], group, fault)
+
+
+def _finish_group(head: Path, group: dict, fault: Callable[[str], None] = _no_fault) -> None:
+    """Swap in and finish every other part of a committed group, then the first part (its plan last)."""
+    for k, part in enumerate(group["parts"][1:], 1):
+        root = Path(part)
+        if _plan_group(root / STAGING) == group["id"]:
+            _swap(root)
+        if (root / TXN).is_dir():
+            _roll_forward(root, root / TXN)
+        fault(f"refresh-swapped:{k}")
+    _roll_forward(head, head / TXN, fault)
+
+
+def _plan_group(folder: Path) -> str | None:
+    try:
+        return (json.loads((folder / PLAN).read_text()).get("group") or {}).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _group_committed(staging: Path) -> tuple[Path, dict] | None:
+    """(head, group) when ``staging`` belongs to a group whose first part is committed."""
+    try:
+        group = json.loads((staging / PLAN).read_text()).get("group")
+        head = Path(group["head"])
+        committed = json.loads((head / TXN / PLAN).read_text()).get("group") or {}
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return None
+    return (head, group) if committed.get("id") == group.get("id") else None
 
 
 def _roll_forward(root: Path, txn: Path, fault: Callable[[str], None] = _no_fault) -> None:
@@ -104,14 +183,25 @@ def _roll_forward(root: Path, txn: Path, fault: Callable[[str], None] = _no_faul
 
 
 def recover(root: Path) -> str | None:
-    """Finish a committed transaction a kill interrupted, or drop an uncommitted one; says which."""
-    if (root / TXN).is_dir():
-        try:
+    """Finish a committed transaction a kill interrupted, or drop an uncommitted one; says which.
+    A part of a group (``commit_all``) is finished with the whole group once its first part is committed."""
+    committed = _group_committed(root / STAGING) if (root / STAGING).is_dir() else None
+    txn_group = _plan_group(root / TXN) if (root / TXN).is_dir() else None
+    try:
+        if txn_group is not None or committed is not None:
+            head, group = committed or (root, json.loads((root / TXN / PLAN).read_text())["group"])
+            if txn_group is not None and group.get("head") != str(root):  # a swapped-in part: finish it alone
+                _roll_forward(root, root / TXN)
+            else:
+                _finish_group(head, group)
+            return "finished an interrupted refresh"
+        if (root / TXN).is_dir():
             _roll_forward(root, root / TXN)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise C128Error(f"{root / TXN}: an interrupted refresh cannot be finished ({exc}); "
-                            f"restore patches/ from git (git -C {root} checkout -- patches) and remove {root / TXN}") from None
-        return "finished an interrupted refresh"
+            return "finished an interrupted refresh"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise C128Error(f"{root / TXN}: an interrupted refresh cannot be finished ({exc}); restore patches/ of "
+                        f"each folder it wrote from git (git -C {root} checkout -- patches) and remove their "
+                        f"{TXN} and {STAGING} folders") from None
     if (root / STAGING).is_dir():
         shutil.rmtree(root / STAGING, ignore_errors=True)
         return "dropped an interrupted refresh that had not written anything"
