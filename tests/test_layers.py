@@ -478,7 +478,7 @@ def test_a_stack_refresh_writes_every_part_or_none(tmp_path, sglang_release_repo
     # killed while the layer is staged: the old stack; after the commit point (our plan names the
     # layer), before or after the layer is swapped in: the new one, whichever part is read first
     for point, first, new in [("refresh-part1-staged:0", layer, False), ("refresh-committed", layer, True),
-                              ("refresh-swapped:1", series, True)]:
+                              ("refresh-committed", series, True), ("refresh-swapped:1", layer, True)]:
         for folder in (series, layer):
             shutil.rmtree(folder)
             shutil.copytree(saved / folder.name, folder)

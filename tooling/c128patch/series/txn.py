@@ -11,11 +11,11 @@ or the new one, never a mix.
 
 ``commit_all`` writes several folders (a stack: our series and its layers) as one transaction:
 every part is staged first (a failure there removes every staging folder: nothing changed), then
-the first part's staging is renamed (the one commit point), then each other part is swapped in and
-the first part's committed plan, which names the others, is finished and removed last. A part
-staged for a group is finished by ``recover`` only once the group's first part is committed (its
-plan names the group), else dropped; so a kill during the swap is finished by the next command
-that reads any part. If that finishing step itself fails, the error names the folder and the way
+the first part's staging is renamed (the one commit point), then each other part is swapped in
+(its plan kept), then the first part's plan, which names the others, is finished, then the others'
+plans are removed. A part's plan of a group is finished by ``recover`` with the whole group while
+the group's first part is committed, a staged one dropped when it is not; so a kill during the swap
+is finished by the next command that reads any part. If that finishing step itself fails, the error names the folder and the way
 back (restore ``patches/`` of every part from git and remove their ``.c128patch-txn*`` folders).
 """
 
@@ -136,36 +136,40 @@ def commit_all(parts: list[Part], fault: Callable[[str], None] = _no_fault) -> N
 
 
 def _finish_group(head: Path, group: dict, fault: Callable[[str], None] = _no_fault) -> None:
-    """Swap in and finish every other part of a committed group, then the first part (its plan last)."""
-    for k, part in enumerate(group["parts"][1:], 1):
-        root = Path(part)
+    """Swap in and finish every other part of a committed group, keeping each one's plan (so a reader
+    of that part finishes the group), then the first part, then the other plans."""
+    others = [Path(part) for part in group["parts"][1:]]
+    for k, root in enumerate(others, 1):
         if _plan_group(root / STAGING) == group["id"]:
             _swap(root)
         if (root / TXN).is_dir():
-            _roll_forward(root, root / TXN)
+            _roll_forward(root, root / TXN, remove=False)
         fault(f"refresh-swapped:{k}")
     _roll_forward(head, head / TXN, fault)
+    for root in others:
+        shutil.rmtree(root / TXN, ignore_errors=True)
+
+
+def _group(folder: Path) -> dict | None:
+    """The group a staged or committed plan in ``folder`` belongs to (``commit_all``), if any."""
+    try:
+        group = json.loads((folder / PLAN).read_text()).get("group")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return group if isinstance(group, dict) and isinstance(group.get("id"), str) else None
 
 
 def _plan_group(folder: Path) -> str | None:
-    try:
-        return (json.loads((folder / PLAN).read_text()).get("group") or {}).get("id")
-    except (OSError, ValueError, AttributeError):
-        return None
+    group = _group(folder)
+    return group["id"] if group else None
 
 
-def _group_committed(staging: Path) -> tuple[Path, dict] | None:
-    """(head, group) when ``staging`` belongs to a group whose first part is committed."""
-    try:
-        group = json.loads((staging / PLAN).read_text()).get("group")
-        head = Path(group["head"])
-        committed = json.loads((head / TXN / PLAN).read_text()).get("group") or {}
-    except (OSError, ValueError, AttributeError, KeyError, TypeError):
-        return None
-    return (head, group) if committed.get("id") == group.get("id") else None
+def _committed(group: dict) -> bool:
+    """Whether ``group``'s first part is committed (its plan, naming the group, under its TXN)."""
+    return isinstance(group.get("head"), str) and _plan_group(Path(group["head"]) / TXN) == group["id"]
 
 
-def _roll_forward(root: Path, txn: Path, fault: Callable[[str], None] = _no_fault) -> None:
+def _roll_forward(root: Path, txn: Path, fault: Callable[[str], None] = _no_fault, remove: bool = True) -> None:
     plan = json.loads((txn / PLAN).read_text())
     for n, (staged, rel) in enumerate(plan["moves"]):
         src = txn / "files" / staged
@@ -179,22 +183,19 @@ def _roll_forward(root: Path, txn: Path, fault: Callable[[str], None] = _no_faul
             (root / rel).unlink()
         except FileNotFoundError:
             pass
-    shutil.rmtree(txn)
+    if remove:
+        shutil.rmtree(txn)
 
 
 def recover(root: Path) -> str | None:
     """Finish a committed transaction a kill interrupted, or drop an uncommitted one; says which.
     A part of a group (``commit_all``) is finished with the whole group once its first part is committed."""
-    committed = _group_committed(root / STAGING) if (root / STAGING).is_dir() else None
-    txn_group = _plan_group(root / TXN) if (root / TXN).is_dir() else None
     try:
-        if txn_group is not None or committed is not None:
-            head, group = committed or (root, json.loads((root / TXN / PLAN).read_text())["group"])
-            if txn_group is not None and group.get("head") != str(root):  # a swapped-in part: finish it alone
-                _roll_forward(root, root / TXN)
-            else:
-                _finish_group(head, group)
-            return "finished an interrupted refresh"
+        for folder in (root / TXN, root / STAGING):
+            group = _group(folder) if folder.is_dir() else None
+            if group is not None and _committed(group):
+                _finish_group(Path(group["head"]), group)
+                return "finished an interrupted refresh"
         if (root / TXN).is_dir():
             _roll_forward(root, root / TXN)
             return "finished an interrupted refresh"
