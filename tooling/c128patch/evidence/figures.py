@@ -52,7 +52,7 @@ def _per_release(rows: list[ReleaseRow], root: Path, kind: str, say: Callable[[d
         said.append((row.rev, text if state in CURRENT else f"{text} (*stale*: another series or sources)"))
     texts = {t for _, t in said}
     if texts == {"not measured"}:
-        return "not run on any release"
+        return "no completed run recorded on any release"
     if len(texts) == 1:
         return f"{texts.pop()} on every release ({', '.join(r for r, _ in said)})"
     return "; ".join(f"{rev}: {t}" for rev, t in said)
