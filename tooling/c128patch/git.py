@@ -290,6 +290,38 @@ class Git:
         return mode, typ, sha
 
 
+
+_QUERIES = ("rev-parse", "cat-file", "merge-base", "rev-list", "log", "ls-tree")  # read objects and refs only
+
+
+class ReadMemo(Git):
+    """``git`` whose answers to queries of objects and refs (``_QUERIES``) are remembered, for one
+    call that reads many revs of a repository whose refs it does not move (``check`` over many revs).
+    A missing object is asked again (the call may write it); calls with another environment (an
+    index: ``with_env``) are not remembered."""
+
+    def __init__(self, git: Git) -> None:
+        super().__init__(git.worktree, git.git_dir, dict(git.env), git.filters_off, git._trusted)
+        self._memo: dict[tuple, subprocess.CompletedProcess] = {}
+
+    def run(self, *args: str, check: bool = True, input: str | bytes | None = None,
+            env: Mapping[str, str] | None = None, binary: bool = False, transport: bool = False,
+            ) -> subprocess.CompletedProcess:
+        if not args or args[0] not in _QUERIES or input is not None or env or transport:
+            return super().run(*args, check=check, input=input, env=env, binary=binary, transport=transport)
+        key = (args, binary)
+        proc = self._memo.get(key)
+        if proc is None:
+            proc = super().run(*args, check=False, binary=binary)
+            if proc.returncode == 0 or args[0] != "cat-file":
+                self._memo[key] = proc
+        if check and proc.returncode != 0:
+            err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
+            out = proc.stdout if isinstance(proc.stdout, str) else proc.stdout.decode(errors="replace")
+            raise GitError(args, proc.returncode, err, out)
+        return proc
+
+
 def is_work_tree(path: Path) -> bool:
     if not path.is_dir():
         return False

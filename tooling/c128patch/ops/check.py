@@ -25,7 +25,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from c128patch import exitcodes
-from c128patch.git import Git
+from c128patch.git import Git, ReadMemo
 from c128patch.ops.hints import upstream_hints
 from c128patch.ops.replay import FAILED, WS_MERGE, EntryCheck, RevCheck, Verdict, replay_in_index
 from c128patch.series.layers import overlap_note
@@ -115,6 +115,7 @@ def _older_note(rev: str, oldest: str) -> str:
 
 def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
     """The replay of the series on ``commit``, with what ``apply`` and ``wheel`` would do there."""
+    git = git if isinstance(git, ReadMemo) else ReadMemo(git)
     with tempfile.TemporaryDirectory(prefix="c128check-") as tmp:
         result, planned = replay_in_index(series, git, rev, commit, Path(tmp) / "index")
     by_name, cache = {p.entry.name: p for p in planned}, {}
@@ -137,5 +138,6 @@ def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
 def check_revs(series: Series, git: Git, revs: list[tuple[str, str]], jobs: int | None = None) -> list[RevCheck]:
     """``check_rev`` for many (rev, commit) pairs, in parallel (git does the work; each has its own index)."""
     jobs = jobs or min(8, os.cpu_count() or 1)
+    shared = ReadMemo(git)  # the revs share rev names, ancestry and objects
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(lambda rc: check_rev(series, git, *rc), revs))
+        return list(pool.map(lambda rc: check_rev(series, shared, *rc), revs))

@@ -82,8 +82,20 @@ class ReplayedTree:
             self.blobs[name] = meta.split()[2]
         self.done: list[Planned] = []
         self._probe: Git | None = None
+        # paths the probe surely lacks: absent at the target, and every patch since that touched them
+        # needed a file the probe lacked (git apply, strict or 3-way, then changes nothing)
+        self.lacks = {p for p, b in self.blobs.items() if b == NULL_BLOB}
+
+    def fails(self, patch: PatchInfo) -> bool:
+        """Does ``git apply`` (strict or 3-way) surely refuse ``patch`` on the probe: a file it
+        modifies or deletes is one the probe lacks?"""
+        plain = all(not pf.is_rename and (pf.is_added_file or pf.source_file[2:] == pf.target_file[2:])
+                    for pf in patch.patchset)
+        return plain and any(p in self.lacks for p in patch.needs)
 
     def blob(self, path: str) -> str:
+        if self.blobs.get(path, NULL_BLOB) is None and path in self.lacks:
+            return NULL_BLOB
         if self.blobs.get(path, NULL_BLOB) is None:
             out = self._index().out("ls-files", "-s", "--", path).split()
             self.blobs[path] = out[1] if out else NULL_BLOB
@@ -92,11 +104,13 @@ class ReplayedTree:
     def matches(self, patch: PatchInfo) -> int:
         return sum(self.blob(path) == pre for path, (pre, _post) in patch.blobs.items())
 
-    def applies_strictly(self, path: Path) -> bool:
-        return self._index().ok("apply", "--cached", "--check", str(path))
+    def applies_strictly(self, patch: PatchInfo) -> bool:
+        return not self.fails(patch) and self._index().ok("apply", "--cached", "--check", str(patch.path))
 
     def advance(self, item: Planned) -> None:
         """Record ``item`` as replayed on top of the tree."""
+        if item.patch is None or not self.fails(item.patch):
+            self.lacks -= set(item.touched)
         if item.patch is not None:
             for path, (pre, post) in item.patch.blobs.items():
                 self.blobs[path] = post if self.blobs.get(path, NULL_BLOB) == pre else None
@@ -190,7 +204,7 @@ def select_variant(git: Git, entry: Entry, target: str, tree: ReplayedTree, patc
             return Choice(v, "ancestor", f"nearest ancestor base {v.base} ({best} commit(s) back)")
         tied = closest
     for v in tied:
-        if tree.applies_strictly(patches[v].path):
+        if tree.applies_strictly(patches[v]):
             return Choice(v, "strict", "the first file that applies strictly")
     return Choice(files[0], "primary", "no file matches or applies strictly: the primary (3-way)")
 
