@@ -10,7 +10,7 @@ import subprocess
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence, TypeVar
 
 from c128patch.errors import C128Error
 
@@ -320,6 +320,20 @@ class ReadMemo(Git):
             out = proc.stdout if isinstance(proc.stdout, str) else proc.stdout.decode(errors="replace")
             raise GitError(args, proc.returncode, err, out)
         return proc
+
+
+
+T = TypeVar("T")
+
+
+def remembered(git: Git, key: tuple, compute: Callable[[], T]) -> T:
+    """``compute()`` once per ``key`` for a ``ReadMemo`` (for the whole call: ``key`` must name all it
+    depends on); every time for a plain ``Git``."""
+    if not isinstance(git, ReadMemo):
+        return compute()
+    if key not in git._memo:
+        git._memo[key] = compute()  # type: ignore[assignment]
+    return git._memo[key]  # type: ignore[return-value]
 
 
 def is_work_tree(path: Path) -> bool:

@@ -117,7 +117,7 @@ def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
     """The replay of the series on ``commit``, with what ``apply`` and ``wheel`` would do there."""
     git = git if isinstance(git, ReadMemo) else ReadMemo(git)
     with tempfile.TemporaryDirectory(prefix="c128check-") as tmp:
-        result, planned = replay_in_index(series, git, rev, commit, Path(tmp) / "index")
+        result, planned = replay_in_index(series, git, rev, commit, Path(tmp) / "index", keep_index=False)
     by_name, cache = {p.entry.name: p for p in planned}, {}
     touched = [(p.entry.name, p.touched) for p in planned]
     for row in result.entries:

@@ -26,12 +26,14 @@ from typing import Literal
 
 from c128patch import exitcodes
 from c128patch.errors import C128Error
-from c128patch.git import Git
+from c128patch.git import Git, ReadMemo, remembered
+from c128patch.ops.lazy_index import LazyIndex, plain_paths
 from c128patch.ops.rewrap import rewrap_merge
 from c128patch.series.ledger import Conflict, Ledger, Resolution
 from c128patch.series.manifest import Series
 from c128patch.series.patchfile import NULL_BLOB, read_patch
-from c128patch.series.plan import ENTRY_TRAILER, Planned, blob_id, check_paths_at, index_git, merged_entries, plan
+from c128patch.series.plan import (ENTRY_TRAILER, Planned, blob_id, check_paths_at, index_git, merged_entries,
+                                   path_kinds, plan)
 
 Outcome = Literal["clean", "3way", "ledger", "whitespace", "conflict", "collision", "skipped"]
 FAILED: tuple[Outcome, ...] = ("conflict", "collision")
@@ -189,15 +191,20 @@ def whitespace_merge(git: Git, item: Planned, index_file: Path, patch: Path) -> 
     folder = index_file.parent / "ws-merge"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    base = index_git(git, folder / "base.index")
-    base.run("read-tree", "--empty")
-    listed = [a for path, (blob, _) in pre.items() if blob != NULL_BLOB for a in ("--cacheinfo", f"100644,{blob},{path}")]
-    if listed:
-        base.run("update-index", "--add", *listed)
-    before = base.out("write-tree")
-    if not base.ok("apply", "--cached", str(patch)):
+
+    def trees() -> tuple[str, str] | None:  # the preimage, and the patch applied to it
+        base = index_git(git, folder / "base.index")
+        base.run("read-tree", "--empty")
+        listed = [a for path, (blob, _) in pre.items() if blob != NULL_BLOB for a in ("--cacheinfo", f"100644,{blob},{path}")]
+        if listed:
+            base.run("update-index", "--add", *listed)
+        before = base.out("write-tree")
+        return (before, base.out("write-tree")) if base.ok("apply", "--cached", str(patch)) else None
+
+    made = remembered(git, ("ws-merge trees", str(patch), blob_id(patch.read_bytes())), trees)
+    if made is None:
         return False
-    ours = base.out("write-tree")
+    before, ours = made
     idx = index_git(git, index_file)
     rows = idx.out("ls-files", "-s", "--", *info.files).splitlines()
     sgit = scratch_git(git, folder / "theirs.index", folder / "tree")
@@ -233,7 +240,8 @@ def renamed_patch_text(text: str, renamed: dict[str, str]) -> str:
     return "".join(out)
 
 
-def follow_renames(git: Git, item: Planned, index_file: Path, missing: list[str], at: str) -> dict[str, str]:
+def follow_renames(git: Git, item: Planned, index_file: Path, missing: list[str], at: str,
+                   lazy: LazyIndex | None = None) -> dict[str, str]:
     """Where upstream moved each of ``missing`` (paths the patch needs that the index lacks): git's
     copy detection of the file as the patch found it (its preimage blob) against every file of the
     index's tree, for a path the history of upstream commit ``at`` deleted (a path that was never
@@ -246,7 +254,7 @@ def follow_renames(git: Git, item: Planned, index_file: Path, missing: list[str]
         return {}
     if not all(git.out("log", "-1", "--format=%H", "--diff-filter=D", at, "--", p) for p in pre):
         return {}
-    idx = index_git(git, index_file)
+    idx = lazy.flush() if lazy is not None else index_git(git, index_file)
     tree = idx.out("write-tree")
     probe = index_git(git, index_file.parent / "renames.index")
     probe.run("read-tree", tree)
@@ -279,46 +287,95 @@ def written_blob(git: Git, path: Path) -> str:
     return _WRITTEN[key]
 
 
-def replay_overlay(git: Git, item: Planned, index_file: Path, present: set[str] | None = None) -> EntryCheck:
+def replay_overlay(git: Git, item: Planned, index_file: Path, present: set[str] | None = None,
+                   lazy: LazyIndex | None = None) -> EntryCheck:
     """``item`` added whole; ``present``: a superset of the paths the index holds (asked only where it
-    may hold the target)."""
+    may hold the target); ``lazy``: the index held in memory."""
     idx = index_git(git, index_file)
     row = EntryCheck(item.entry.name, item.entry.kind, item.label, "clean", chosen_by=item.chosen_by)
-    if (present is None or holds(present, item.entry.target)) and idx.out("ls-files", "--", item.entry.target):
-        row.status, row.detail = "collision", f"{item.entry.target} already exists"
+    target = item.entry.target
+    if (present is None or holds(present, target)) and (lazy.holds(target) if lazy is not None
+                                                       else idx.out("ls-files", "--", target)):
+        row.status, row.detail = "collision", f"{target} already exists"
         return row
-    idx.run("update-index", "--add", "--cacheinfo", f"100644,{written_blob(idx, item.path)},{item.entry.target}")
+    if lazy is not None:
+        lazy.set(target, (("100644", written_blob(idx, item.path), "0"),))
+    else:
+        idx.run("update-index", "--add", "--cacheinfo", f"100644,{written_blob(idx, item.path)},{target}")
     return row
 
 
+def _plain_patch(item: Planned) -> bool:
+    """Does ``item``'s patch name each file once (no rename, no copy)?"""
+    return item.patch is not None and all(
+        not pf.is_rename and (pf.is_added_file or pf.source_file[2:] == pf.target_file[2:]) for pf in item.patch.patchset)
+
+
+def replay_patch_shared(git: Git, item: Planned, index_file: Path, lazy: LazyIndex) -> EntryCheck:
+    """``replay_patch`` on the index held in memory: its outcome is shared by every rev whose index
+    holds the same at the patch's paths, with the same of its preimage blobs in the repository."""
+    assert item.patch is not None
+    paths = item.patch.paths
+    found = tuple(git.ok("cat-file", "-e", f"{b}^{{blob}}") for b, _ in item.patch.blobs.values() if b != NULL_BLOB)
+
+    def replay() -> tuple:
+        lazy.flush(paths)
+        row = replay_patch(git, item, index_file)
+        record: dict = {"after": None}
+        if row.status not in FAILED:  # a failure leaves the index as it was
+            lazy.changed(paths, record)
+        return row.status, row.detail, list(row.conflicts), record, row.status in FAILED
+
+    key = ("replay", str(item.path), blob_id(item.path.read_bytes()), lazy.key(paths), found)
+    outcome = remembered(git, key, replay)
+    if not outcome[4] and outcome[3]["after"] is None and lazy.stale.isdisjoint(paths):
+        outcome = replay()  # another rev replays it now and has not read the result back yet
+    status, detail, conflicts, record, failed = outcome
+    if not failed and record["after"] is not None:
+        for path, entries in record["after"].items():
+            lazy.set(path, entries)
+    return EntryCheck(item.entry.name, item.entry.kind, item.label, status, detail, chosen_by=item.chosen_by,
+                      conflicts=list(conflicts))
+
+
 def replay_entry(git: Git, item: Planned, index_file: Path, present: set[str], *, ledger: Ledger | None = None,
-                 span: str = "", at: str = "") -> EntryCheck:
+                 span: str = "", at: str = "", lazy: LazyIndex | None = None) -> EntryCheck:
     """One entry on the index; ``present``: the paths (and folders) the index holds, kept up to date
     (for overlay targets: every one the index holds, maybe more); ``at``: the upstream commit under
-    the index (renames are followed in its history)."""
+    the index (renames are followed in its history); ``lazy``: the index held in memory (no ledger)."""
     missing = [f for f in item.patch.needs if f not in present] if item.patch is not None else []
-    renamed = follow_renames(git, item, index_file, missing, at) if missing else {}
+    renamed = follow_renames(git, item, index_file, missing, at, lazy) if missing else {}
     if missing and not renamed:  # not even a 3-way merge can patch a file that is not there
         row = EntryCheck(item.entry.name, item.entry.kind, item.label, "conflict", f"{missing[0]}: does not exist",
                          chosen_by=item.chosen_by, conflicts=missing[:1])
     elif item.patch is not None:
-        row = replay_patch(git, item, index_file, ledger=ledger, span=span, renamed=renamed)
+        if lazy is not None and not renamed and _plain_patch(item):
+            row = replay_patch_shared(git, item, index_file, lazy)
+        else:
+            if lazy is not None:
+                lazy.flush()
+            row = replay_patch(git, item, index_file, ledger=ledger, span=span, renamed=renamed)
+            if lazy is not None:
+                lazy.changed([renamed.get(p, p) for p in item.patch.paths])
         if renamed:
             moved = "; ".join(f"{a} -> {b}" for a, b in renamed.items())
             row.detail = "; ".join(filter(None, [f"followed upstream's rename {moved}", row.detail]))
             present.update(renamed.values())
     else:
-        row = replay_overlay(git, item, index_file, present)
+        row = replay_overlay(git, item, index_file, present, lazy)
     present.update(item.touched)
     return row
 
 
 def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file: Path, *,
                     ledger: Ledger | None = None, span: str = "",
-                    trees: dict[str, tuple[str, str]] | None = None) -> tuple[RevCheck, list[Planned]]:
+                    trees: dict[str, tuple[str, str]] | None = None,
+                    keep_index: bool = True) -> tuple[RevCheck, list[Planned]]:
     """Replay the series on ``commit`` into the index file ``index_file`` (nothing is checked out).
     Entries merged upstream at ``commit`` are rows with status ``skipped``. ``trees``, when given,
-    is filled with entry -> (tree before it, tree after it) for the entries that replay."""
+    is filled with entry -> (tree before it, tree after it) for the entries that replay.
+    ``keep_index=False`` (the caller reads only the rows) with a ``ReadMemo``: the index is held in
+    memory and replays are shared across the revs of the call (``replay_patch_shared``)."""
     result = RevCheck(rev, commit)
     try:
         planned = plan(series, git, commit)
@@ -330,7 +387,12 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
         result.ok, result.error = False, exc.message
         return result, []
     idx = index_git(git, index_file)
-    idx.run("read-tree", commit)
+    touched = sorted({p for item in planned for p in (item.patch.paths if item.patch else item.touched)})
+    lazy = None
+    if isinstance(git, ReadMemo) and not keep_index and ledger is None and trees is None and plain_paths(touched):
+        lazy = LazyIndex(git, commit, index_file, touched, path_kinds(git, commit, [p for p in planned if p.patch]))
+    else:
+        idx.run("read-tree", commit)
     tree = idx.out("write-tree") if trees is not None else ""
     by_name = {p.entry.name: p for p in planned}
     for entry in series.entries:
@@ -338,13 +400,16 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
             result.entries.append(EntryCheck(entry.name, entry.kind, "", "skipped",
                                              f"merged upstream in {entry.merged_in[:12]}"))
             continue
-        row = replay_entry(git, by_name[entry.name], index_file, present, ledger=ledger, span=span, at=commit)
+        row = replay_entry(git, by_name[entry.name], index_file, present, ledger=ledger, span=span, at=commit,
+                           lazy=lazy)
         result.entries.append(row)
         if row.status in FAILED:
             result.ok = False
         elif trees is not None:
             after = idx.out("write-tree")
             trees[entry.name], tree = (tree, after), after
+    if lazy is not None and lazy.waiting:
+        lazy.reread()  # the replays' results, for the revs after this one
     return result, planned
 
 

@@ -326,15 +326,21 @@ def prefixes(paths: list[str]) -> list[str]:
     return list(seen)
 
 
-def check_paths_at(git: Git, treeish: str, planned: list[Planned]) -> set[str]:
-    """Refuse paths that go through a symlink in the upstream tree, and overlays that hit upstream
-    files. Returns which of the touched paths (and their folders) exist at ``treeish``."""
+def path_kinds(git: Git, treeish: str, planned: list[Planned]) -> dict[str, str]:
+    """The modes at ``treeish`` of the paths ``planned`` touches and of their folders."""
     paths = [p for item in planned for p in (item.patch.paths if item.patch else item.touched)]
     listing = git.out("ls-tree", treeish, "--", *prefixes(paths)) if paths else ""
     kinds = {}
     for line in listing.splitlines():
         meta, name = line.split("\t", 1)
         kinds[name] = meta.split()[0]
+    return kinds
+
+
+def check_paths_at(git: Git, treeish: str, planned: list[Planned]) -> set[str]:
+    """Refuse paths that go through a symlink in the upstream tree, and overlays that hit upstream
+    files. Returns which of the touched paths (and their folders) exist at ``treeish``."""
+    kinds = path_kinds(git, treeish, planned)
     for item in planned:
         for path in item.patch.paths if item.patch else item.touched:
             for prefix in prefixes([path]):
