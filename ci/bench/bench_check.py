@@ -2,7 +2,8 @@
 """`check` speed without checkouts: the 4 supported releases, and N upstream commits (target <= 5 s).
 
 The N commits are real upstream: the latest N sglang releases, one commit each, in a release
-history built like the default one (separate cache, built once). Older releases predate DSV4, so
+history built like the default one (separate cache, built once; a re-run reads its tags, no
+network). Older releases predate DSV4, so
 the series does not apply there; the timing is what matters here: each rev is replayed in a
 temporary index, entry by entry.
   python ci/bench/bench_check.py [--commits 50] [--out ci/bench/results/check.json]
@@ -23,9 +24,18 @@ from c128patch.git import Git
 from c128patch.ops.check import check_revs
 from c128patch.series.manifest import default_series_root, load_series
 from c128patch.upstream.cache import cache_dir
-from c128patch.upstream.releases import ReleaseHistory
+from c128patch.upstream.releases import ReleaseHistory, release_version
 
 TARGET_S = 5.0  # check over the N commits
+
+
+def built_releases(history: Path, n: int) -> list[str] | None:
+    """The releases of an already built history of ``n`` (its tags), so that a re-run needs no network."""
+    if not history.is_dir():
+        return None
+    tags = Git(git_dir=history).out("tag", "--list", "v*").split()
+    versions = [v for v in (release_version(t) for t in tags) if v and not Version(v).is_prerelease]
+    return sorted(versions, key=Version)[-n:] if len(versions) >= n else None
 
 
 def latest_releases(n: int) -> list[str]:
@@ -51,8 +61,8 @@ def main() -> int:
     series = load_series(default_series_root())
     four = ["v0.5.20", "v0.5.21", "v0.5.22", "v0.5.23"]
     t4, ok4 = timed_checks(series, Git(git_dir=ReleaseHistory().ensure()), four)
-    versions = latest_releases(args.commits)
     big = ReleaseHistory(cache_dir() / f"sglang-releases-{args.commits}.git")
+    versions = built_releases(big.root, args.commits) or latest_releases(args.commits)
     build_start = time.perf_counter()
     big.ensure(versions)
     build_s = time.perf_counter() - build_start

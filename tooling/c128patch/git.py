@@ -7,6 +7,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import threading
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,8 +62,14 @@ def is_git_dir_name(part: str) -> bool:
     return folded_name(part) in _GIT_DIRS
 
 
+_WHICH: dict[str | None, str | None] = {}  # PATH -> the git on it
+
+
 def git_executable() -> str:
-    exe = shutil.which("git")
+    path = os.environ.get("PATH")
+    if path not in _WHICH:
+        _WHICH[path] = shutil.which("git")
+    exe = _WHICH[path]
     if exe is None:
         raise C128Error("git not found on PATH; install git (>= 2.30) and retry")
     return exe
@@ -303,6 +310,28 @@ class ReadMemo(Git):
     def __init__(self, git: Git) -> None:
         super().__init__(git.worktree, git.git_dir, dict(git.env), git.filters_off, git._trusted)
         self._memo: dict[tuple, subprocess.CompletedProcess] = {}
+        self._parents: dict[str, list[str]] | None = None  # every commit the refs reach -> its parents
+        self._ancestors: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def is_ancestor(self, a: str, b: str) -> bool:
+        """``merge-base --is-ancestor``, answered from one ``rev-list --parents --all`` for commits the
+        refs reach (all their ancestors are in it), asked of git for others."""
+        with self._lock:
+            if self._parents is None:
+                out = super().run("rev-list", "--parents", "--all", check=False).stdout
+                self._parents = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
+        if a not in self._parents or b not in self._parents:
+            return super().is_ancestor(a, b)
+        if b not in self._ancestors:
+            seen, todo = {b}, [b]
+            while todo:
+                for parent in self._parents.get(todo.pop(), []):
+                    if parent not in seen:
+                        seen.add(parent)
+                        todo.append(parent)
+            self._ancestors[b] = seen
+        return a in self._ancestors[b]
 
     def run(self, *args: str, check: bool = True, input: str | bytes | None = None,
             env: Mapping[str, str] | None = None, binary: bool = False, transport: bool = False,
@@ -320,6 +349,20 @@ class ReadMemo(Git):
             out = proc.stdout if isinstance(proc.stdout, str) else proc.stdout.decode(errors="replace")
             raise GitError(args, proc.returncode, err, out)
         return proc
+
+    def find_blobs(self, ids: list[str]) -> None:
+        """Ask git once (``cat-file --batch-check``) which of ``ids`` are blobs in the repository; the
+        ones found answer later ``cat-file -e <id>^{blob}`` calls."""
+        key = lambda i: (("cat-file", "-e", f"{i}^{{blob}}"), False)  # noqa: E731
+        want = [i for i in dict.fromkeys(ids) if key(i) not in self._memo]
+        if not want:
+            return
+        out = super().run("cat-file", "--batch-check=%(objectname) %(objecttype)", input="".join(f"{i}\n" for i in want),
+                          check=False).stdout
+        for line in out.splitlines():
+            name, _, kind = line.partition(" ")
+            if kind == "blob" and name in want:
+                self._memo[key(name)] = subprocess.CompletedProcess(list(key(name)[0]), 0, "", "")
 
 
 

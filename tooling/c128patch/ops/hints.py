@@ -74,6 +74,10 @@ def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, on
         return []
     span = f"{old}..{onto}"
     cache = {} if cache is None else cache
+    if f"{span}:empty" not in cache:  # onto is old or one of its ancestors: nothing in the range
+        cache[f"{span}:empty"] = "1" if git.is_ancestor(onto, old) else ""
+    if cache[f"{span}:empty"]:
+        return []
     found: dict[str, Hint] = {}
     for number in _prs(entry):
         key = f"{span}#{number}"

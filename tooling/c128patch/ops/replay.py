@@ -27,13 +27,13 @@ from typing import Literal
 from c128patch import exitcodes
 from c128patch.errors import C128Error
 from c128patch.git import Git, ReadMemo, remembered
-from c128patch.ops.lazy_index import LazyIndex, plain_paths
 from c128patch.ops.rewrap import rewrap_merge
+from c128patch.series.lazy_index import LazyIndex, plain_paths
 from c128patch.series.ledger import Conflict, Ledger, Resolution
 from c128patch.series.manifest import Series
 from c128patch.series.patchfile import NULL_BLOB, read_patch
 from c128patch.series.plan import (ENTRY_TRAILER, Planned, blob_id, check_paths_at, index_git, merged_entries,
-                                   path_kinds, plan)
+                                   path_kinds, plain_patch, plan, written_blob)
 
 Outcome = Literal["clean", "3way", "ledger", "whitespace", "conflict", "collision", "skipped"]
 FAILED: tuple[Outcome, ...] = ("conflict", "collision")
@@ -207,13 +207,11 @@ def whitespace_merge(git: Git, item: Planned, index_file: Path, patch: Path) -> 
     before, ours = made
     idx = index_git(git, index_file)
     rows = idx.out("ls-files", "-s", "--", *info.files).splitlines()
-    sgit = scratch_git(git, folder / "theirs.index", folder / "tree")
-    sgit.run("read-tree", "--empty")
+    sgit = scratch_git(git, folder / "theirs.index", folder / "tree")  # a new index: empty
     entries = [a for r in rows for a in ("--cacheinfo", f"{r.split()[0]},{r.split()[1]},{r.split(chr(9), 1)[1]}")]
     if entries:
         sgit.run("update-index", "--add", *entries)
     theirs = sgit.out("write-tree")
-    sgit.run("read-tree", theirs)
     sgit.run("checkout-index", "--all", "--force", "-u")
     if not sgit.ok("merge-recursive", "--ignore-space-change", "--no-renames", before, "--", theirs, ours):
         return False
@@ -276,17 +274,6 @@ def holds(present: set[str], path: str) -> bool:
     return path in present or any(p.startswith(path + "/") for p in present)
 
 
-_WRITTEN: dict[tuple, str] = {}  # (repository, file, its content) -> the blob ``hash-object -w`` wrote for it
-
-
-def written_blob(git: Git, path: Path) -> str:
-    """``git hash-object -w`` of ``path``, once per process for the same content."""
-    key = (str(git.cwd), git.env.get("GIT_DIR", str(git.git_dir)), str(path), blob_id(path.read_bytes()))
-    if key not in _WRITTEN:
-        _WRITTEN[key] = git.out("hash-object", "-w", "--", str(path))
-    return _WRITTEN[key]
-
-
 def replay_overlay(git: Git, item: Planned, index_file: Path, present: set[str] | None = None,
                    lazy: LazyIndex | None = None) -> EntryCheck:
     """``item`` added whole; ``present``: a superset of the paths the index holds (asked only where it
@@ -303,12 +290,6 @@ def replay_overlay(git: Git, item: Planned, index_file: Path, present: set[str] 
     else:
         idx.run("update-index", "--add", "--cacheinfo", f"100644,{written_blob(idx, item.path)},{target}")
     return row
-
-
-def _plain_patch(item: Planned) -> bool:
-    """Does ``item``'s patch name each file once (no rename, no copy)?"""
-    return item.patch is not None and all(
-        not pf.is_rename and (pf.is_added_file or pf.source_file[2:] == pf.target_file[2:]) for pf in item.patch.patchset)
 
 
 def replay_patch_shared(git: Git, item: Planned, index_file: Path, lazy: LazyIndex) -> EntryCheck:
@@ -349,7 +330,7 @@ def replay_entry(git: Git, item: Planned, index_file: Path, present: set[str], *
         row = EntryCheck(item.entry.name, item.entry.kind, item.label, "conflict", f"{missing[0]}: does not exist",
                          chosen_by=item.chosen_by, conflicts=missing[:1])
     elif item.patch is not None:
-        if lazy is not None and not renamed and _plain_patch(item):
+        if lazy is not None and not renamed and plain_patch(item.patch):
             row = replay_patch_shared(git, item, index_file, lazy)
         else:
             if lazy is not None:
@@ -390,7 +371,7 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
     touched = sorted({p for item in planned for p in (item.patch.paths if item.patch else item.touched)})
     lazy = None
     if isinstance(git, ReadMemo) and not keep_index and ledger is None and trees is None and plain_paths(touched):
-        lazy = LazyIndex(git, commit, index_file, touched, path_kinds(git, commit, [p for p in planned if p.patch]))
+        lazy = LazyIndex(git, idx, commit, touched, path_kinds(git, commit, [p for p in planned if p.patch]))
     else:
         idx.run("read-tree", commit)
     tree = idx.out("write-tree") if trees is not None else ""

@@ -14,6 +14,7 @@ once, the place nearest the hunk's own line is taken. One hunk that does not fit
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from c128patch.git import Git
@@ -21,22 +22,22 @@ from c128patch.series.patchfile import PatchInfo
 from c128patch.series.plan import index_git
 
 _CLOSERS = ")]}"
+_DROPPED = re.compile(r",(?=[)\]}])")
 
 
 def _stream(lines: list[str]) -> tuple[str, list[int]]:
     """The lines' text without whitespace (a blank line counts as one mark) and the offset in it
     where each line starts (one more entry: the end)."""
-    chars: list[tuple[str, int]] = []
-    for i, line in enumerate(lines):
-        chars += [(c, i) for c in ("".join(line.split()) or "\n")]
-    kept = [(c, i) for k, (c, i) in enumerate(chars)
-            if not (c == "," and k + 1 < len(chars) and chars[k + 1][0] in _CLOSERS)]
-    starts, at = [], 0
-    for i in range(len(lines) + 1):
-        while at < len(kept) and kept[at][1] < i:
-            at += 1
-        starts.append(at)
-    return "".join(c for c, _ in kept), starts
+    parts = ["".join(line.split()) or "\n" for line in lines]
+    text = "".join(parts)
+    cut = [m.start() for m in _DROPPED.finditer(text)]  # a comma before a closing bracket
+    starts, at, k = [], 0, 0
+    for part in [*parts, ""]:
+        while k < len(cut) and cut[k] < at:
+            k += 1
+        starts.append(at - k)
+        at += len(part)
+    return _DROPPED.sub("", text), starts
 
 
 def _indent(line: str) -> str:

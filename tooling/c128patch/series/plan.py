@@ -27,7 +27,8 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from c128patch.errors import C128Error
-from c128patch.git import Git
+from c128patch.git import Git, ReadMemo, remembered
+from c128patch.series.lazy_index import LazyIndex, plain_paths
 from c128patch.series.manifest import ABSENT, Entry, Series, Variant, sha256_file, symlink_on_path
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch, read_patches
 
@@ -69,19 +70,33 @@ def blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 (git's id, not security)
 
 
+_WRITTEN: dict[tuple, str] = {}  # (repository, file, its content) -> the blob ``hash-object -w`` wrote for it
+
+
+def written_blob(git: Git, path: Path) -> str:
+    """``git hash-object -w`` of ``path``, once per process for the same content."""
+    key = (str(git.cwd), git.env.get("GIT_DIR", str(git.git_dir)), str(path), blob_id(path.read_bytes()))
+    if key not in _WRITTEN:
+        _WRITTEN[key] = git.out("hash-object", "-w", "--", str(path))
+    return _WRITTEN[key]
+
+
 class ReplayedTree:
     """The blobs of ``target`` as the entries planned so far leave them. Known exactly while each
     patch's preimage matched (its postimage is then the result); otherwise read from a probe index
-    that replays the planned files (strict, else 3-way), made only when a rule needs it."""
+    that replays the planned files (strict, else 3-way), made only when a rule needs it. With a
+    ``ReadMemo`` the probe is held in memory (``series.lazy_index``) and its git calls are shared by
+    the revs whose probe holds the same at the patch's paths."""
 
     def __init__(self, git: Git, target: str, paths: list[str], scratch: Path) -> None:
-        self.git, self.target, self.scratch = git, target, scratch
+        self.git, self.target, self.scratch, self.paths = git, target, scratch, paths
         self.blobs: dict[str, str | None] = {p: NULL_BLOB for p in paths}  # None: not known
         for line in git.out("ls-tree", "-r", target, "--", *paths).splitlines() if paths else []:
             meta, name = line.split("\t", 1)
             self.blobs[name] = meta.split()[2]
         self.done: list[Planned] = []
         self._probe: Git | None = None
+        self._lazy: LazyIndex | None = None
         # paths the probe surely lacks: absent at the target, and every patch since that touched them
         # needed a file the probe lacked (git apply, strict or 3-way, then changes nothing)
         self.lacks = {p for p, b in self.blobs.items() if b == NULL_BLOB}
@@ -89,15 +104,21 @@ class ReplayedTree:
     def fails(self, patch: PatchInfo) -> bool:
         """Does ``git apply`` (strict or 3-way) surely refuse ``patch`` on the probe: a file it
         modifies or deletes is one the probe lacks?"""
-        plain = all(not pf.is_rename and (pf.is_added_file or pf.source_file[2:] == pf.target_file[2:])
-                    for pf in patch.patchset)
-        return plain and any(p in self.lacks for p in patch.needs)
+        return plain_patch(patch) and any(p in self.lacks for p in patch.needs)
 
     def blob(self, path: str) -> str:
         if self.blobs.get(path, NULL_BLOB) is None and path in self.lacks:
             return NULL_BLOB
         if self.blobs.get(path, NULL_BLOB) is None:
-            out = self._index().out("ls-files", "-s", "--", path).split()
+            probe, lazy = self._index(), self._lazy
+            if lazy is not None:
+                held = lazy.holds(path)  # (reads back what git changed there)
+                entries = lazy.entries.get(path, ())
+                if entries or not held:  # else files under it: git's answer
+                    self.blobs[path] = entries[0][1] if entries else NULL_BLOB
+                    return self.blobs.get(path) or NULL_BLOB
+                probe = lazy.flush()
+            out = probe.out("ls-files", "-s", "--", path).split()
             self.blobs[path] = out[1] if out else NULL_BLOB
         return self.blobs.get(path) or NULL_BLOB
 
@@ -105,7 +126,18 @@ class ReplayedTree:
         return sum(self.blob(path) == pre for path, (pre, _post) in patch.blobs.items())
 
     def applies_strictly(self, patch: PatchInfo) -> bool:
-        return not self.fails(patch) and self._index().ok("apply", "--cached", "--check", str(patch.path))
+        if self.fails(patch):
+            return False
+        probe, lazy = self._index(), self._lazy
+        if lazy is None or not plain_patch(patch):
+            return (lazy.flush() if lazy is not None else probe).ok("apply", "--cached", "--check", str(patch.path))
+        paths = patch.paths
+
+        def check() -> bool:
+            return lazy.flush(paths).ok("apply", "--cached", "--check", str(patch.path))
+
+        return remembered(self.git, ("probe check", str(patch.path), blob_id(patch.path.read_bytes()), lazy.key(paths)),
+                          check)
 
     def advance(self, item: Planned) -> None:
         """Record ``item`` as replayed on top of the tree."""
@@ -120,15 +152,55 @@ class ReplayedTree:
             self.blobs[item.entry.target] = blob_id(item.path.read_bytes())
         self.done.append(item)
         if self._probe is not None:
-            _probe_apply(self._probe, item)
+            self._apply(item)
 
     def _index(self) -> Git:
         if self._probe is None:
             self._probe = index_git(self.git, self.scratch / "probe.index")
-            self._probe.run("read-tree", self.target)
+            if isinstance(self.git, ReadMemo) and plain_paths(self.paths):
+                kinds = {}
+                for line in self.git.out("ls-tree", self.target, "--", *prefixes(self.paths)).splitlines() if self.paths else []:
+                    meta, name = line.split("\t", 1)
+                    kinds[name] = meta.split()[0]
+                self._lazy = LazyIndex(self.git, self._probe, self.target, self.paths, kinds)
+            else:
+                self._probe.run("read-tree", self.target)
             for item in self.done:
-                _probe_apply(self._probe, item)
+                self._apply(item)
         return self._probe
+
+    def _apply(self, item: Planned) -> None:
+        lazy = self._lazy
+        if lazy is None:
+            _probe_apply(self._probe, item)
+        elif item.patch is None:
+            lazy.set(item.entry.target, (("100644", written_blob(lazy.idx, item.path), "0"),))
+        elif not plain_patch(item.patch):
+            _probe_apply(lazy.flush(), item)
+            lazy.changed(item.patch.paths)
+        else:
+            paths = item.patch.paths
+            found = tuple(self.git.ok("cat-file", "-e", f"{b}^{{blob}}") for b, _ in item.patch.blobs.values()
+                          if b != NULL_BLOB)
+
+            def apply() -> dict:
+                _probe_apply(lazy.flush(paths), item)
+                record: dict = {"after": None}
+                lazy.changed(paths, record)
+                return record
+
+            record = remembered(self.git, ("probe apply", str(item.path), blob_id(item.path.read_bytes()),
+                                           lazy.key(paths), found), apply)
+            if record["after"] is None and lazy.stale.isdisjoint(paths):
+                record = apply()  # another rev applies it now and has not read the result back yet
+            if record["after"] is not None:
+                for path, entries in record["after"].items():
+                    lazy.set(path, entries)
+
+
+def plain_patch(patch: PatchInfo) -> bool:
+    """Does ``patch`` name each file once (no rename, no copy)?"""
+    return all(not pf.is_rename and (pf.is_added_file or pf.source_file[2:] == pf.target_file[2:]) for pf in patch.patchset)
 
 
 def _probe_apply(idx: Git, item: Planned) -> None:
@@ -296,6 +368,9 @@ def plan(series: Series, git: Git, target: str) -> list[Planned]:
     files = {e.name: {v: verify_file(series, e, v) for v in e.patch_files()} for e in entries}
     read_patches([path for by_variant in files.values() for path in by_variant.values()])  # one git call
     patches = {name: {v: read_patch(path) for v, path in by_variant.items()} for name, by_variant in files.items()}
+    if isinstance(git, ReadMemo):  # which preimage blobs the repository has, in one call
+        git.find_blobs([b for by_variant in patches.values() for info in by_variant.values()
+                        for b, _ in info.blobs.values() if b != NULL_BLOB])
     paths = sorted({p for files in patches.values() for info in files.values() for p in info.files}
                    | {e.target for e in entries if not e.is_patch})
     out = []

@@ -1,5 +1,5 @@
 """A replay's index kept in memory for the series' paths, written to its file only when git must
-read it (``check`` over many revs: ``ops.replay`` in memo mode).
+read it (``check`` over many revs: ``ops.replay`` and the probe of ``series.plan`` with a ``ReadMemo``).
 
 It starts as the upstream commit's tree; what the entries change is held as index entries of the
 series' paths and written (``read-tree``, then one ``update-index``) before the first git call that
@@ -11,10 +11,9 @@ holds the same there (``git.remembered``).
 from __future__ import annotations
 
 import re
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 from c128patch.git import Git
-from c128patch.series.plan import index_git
 
 Entries = tuple[tuple[str, str, str], ...]  # (mode, blob, stage) of one path; () where the index has none
 _PLAIN = re.compile(r"[A-Za-z0-9_./+@-]+")  # a path git neither quotes nor reads as a pattern
@@ -25,11 +24,10 @@ def plain_paths(paths: list[str]) -> bool:
 
 
 class LazyIndex:
-    def __init__(self, git: Git, commit: str, index_file: Path, paths: list[str], kinds: dict[str, str]) -> None:
-        """``paths``: every path the replay may touch (plain: ``plain_paths``); ``kinds``: the modes at
-        ``commit`` of their folders (``series.plan.path_kinds``)."""
-        self.git, self.commit, self.index_file, self.kinds = git, commit, index_file, kinds
-        self.idx = index_git(git, index_file)
+    def __init__(self, git: Git, idx: Git, commit: str, paths: list[str], kinds: dict[str, str]) -> None:
+        """``idx``: ``git`` on the index file; ``paths``: every path the replay may touch (plain:
+        ``plain_paths``); ``kinds``: the modes at ``commit`` of their folders (``series.plan.path_kinds``)."""
+        self.git, self.idx, self.commit, self.kinds = git, idx, commit, kinds
         self.entries: dict[str, Entries] = {}
         for line in git.out("ls-tree", "-r", commit, "--", *paths).splitlines() if paths else []:
             meta, name = line.split("\t", 1)
