@@ -245,8 +245,10 @@ def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool])
     if "check" in got:
         c = got["check"]
         target = f" (target ≤ {c['target_s']:g} s: {'met' if c['within_target'] else '*missed*'})" if "target_s" in c else ""
+        calls = f", {c['git_calls_per_rev']:.0f} git calls per rev" if "git_calls_per_rev" in c else ""
+        load = f", at load {round(c['load_average'][0])}" if "load_average" in c else ""
         parts.append(f"`check` over the 4 releases {c['four_releases_s']:.2f} s, over {c['commits']} real upstream "
-                     f"release commits {c['commits_s']:.1f} s{target}{mark('check')}")
+                     f"release commits {c['commits_s']:.1f} s{calls}{target}{load}{mark('check')}")
     if "startup" in got:  # CLI start-up (ci/bench/bench_startup.py): the series plays no part in it
         t = got["startup"]
         cases = t["cases"]
