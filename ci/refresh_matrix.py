@@ -33,6 +33,12 @@ def with_matrix(text: str, matrix: str) -> str:
     return text[:start] + matrix + text[end:]
 
 
+def example_layer_digest(series) -> str:
+    from c128patch.series.layers import stack
+
+    return stack(series, [REPO / "docs" / "examples" / "acme-layer"]).layers[0].digest()
+
+
 def current_figures() -> dict[str, str]:
     """Each figures block of README, rendered from the committed results as of now."""
     from c128patch.evidence import figures
@@ -51,7 +57,9 @@ def current_figures() -> dict[str, str]:
 
     def current(data: dict) -> bool:
         keys = data.get("keys") or {}
-        return bool(keys) and all(today.get(rev) == key for rev, key in keys.items())
+        layer = data.get("layer")  # bench_layers: the example layer is part of what it measured
+        return (bool(keys) and all(today.get(rev) == key for rev, key in keys.items())
+                and (layer is None or layer["digest"] == example_layer_digest(series)))
 
     return {
         "gpu-evidence": figures.gpu_evidence(rows, root),

@@ -322,6 +322,33 @@ def test_readme_shows_the_current_matrix_and_figures():
     assert refresh_matrix.render(readme) == readme, "README.md is stale: python ci/refresh_matrix.py"
 
 
+def test_every_rendered_tool_benchmark_says_what_it_was_measured_on():
+    """Each ci/bench/results file README renders carries benchlib's stamp (command, device, date,
+    series, keys), so README can date it and mark it stale; all but start-up are keyed by release."""
+    from c128patch.evidence import figures
+
+    for name in figures.TOOL_BENCHES:
+        data = json.loads((REPO_ROOT / "ci" / "bench" / "results" / f"{name}.json").read_text())
+        assert {"command", "device", "date", "series", "keys"} <= data.keys(), name
+        assert data["command"].startswith("python ") and f"bench_{name}.py" in data["command"], name
+        assert bool(data["keys"]) == (name != "startup"), name  # start-up reads no release
+
+
+def test_the_layer_benchmark_is_rendered_from_its_result_and_marked_stale_under_another_layer(tmp_path: Path):
+    from c128patch.evidence import figures
+
+    data = json.loads((REPO_ROOT / "ci/bench/results/layers.json").read_text())
+    data.update(apply_s=2.0, apply_with_layer_s=3.0, ratio=1.5, within_target=False)
+    (tmp_path / "layers.json").write_text(json.dumps(data))
+    said = figures.tool_benchmarks(tmp_path, lambda d: d["layer"]["digest"] == "today")
+    assert "`apply` with a layer of 3 entries" in said and "3.00 s vs without 2.00 s (1.50×, target ≤ 1.2×: *missed*)" in said
+    assert "*stale*: another series or layer" in said
+    sys.path.insert(0, str(REPO_ROOT / "ci"))
+    import refresh_matrix
+
+    assert data["layer"]["digest"] == refresh_matrix.example_layer_digest(load_series(REPO_ROOT))
+
+
 # a measured figure: a number with a unit of time, size, rate or share, or a count of outcomes
 # (a tolerance, "within 5 %", is not one)
 MEASURED = re.compile(r"(?<![\w.#§~-])(?<!≈ )(?<!within )\d[\d,]*(?:\.\d+)?\s?(?:µs|ms|s\b|%|×|GB/s|MB\b|GiB\b|"

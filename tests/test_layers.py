@@ -427,3 +427,70 @@ def test_a_conflict_resolved_in_a_rebase_goes_into_the_layer_s_own_ledger_and_re
     assert again.code == 0, again.err
     row = next(e for e in again.out["entries"] if e["name"] == "site/tp-doc")
     assert row["status"] == "resolved" and [r.split(":")[0] for r in row["ledger"]] == ["site/tp-doc"], row
+
+
+# ---------------------------------------------------------------------------- a stack refresh is one transaction
+SPS = "python/sglang/srt/speculative/dspark_components/dspark_sps.py"
+
+
+def amend_commit_of(tree: Path, entry: str, path: str) -> None:
+    """Amend the branch's commit of ``entry`` (a line added to ``path``) and replay the commits after it."""
+    git = Git(worktree=tree)
+    branch = git.out("rev-parse", "--abbrev-ref", "HEAD")
+    sha = git.out("log", "--format=%H", f"--grep=^C128patch-Entry: {entry}$", "HEAD").split()[0]
+    after = git.out("rev-list", "--reverse", f"{sha}..HEAD").split()
+    git.run("checkout", "-q", sha)
+    (tree / path).write_text((tree / path).read_text() + "# acme: amended\n")
+    subprocess.run(["git", *ID, "-C", str(tree), "commit", "-q", "-a", "--amend", "--no-edit"], check=True)
+    subprocess.run(["git", *ID, "-C", str(tree), "cherry-pick", *after], check=True, capture_output=True)
+    git.run("branch", "-f", branch, "HEAD")
+    git.run("checkout", "-q", branch)
+
+
+def folder_files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_stack_refresh_writes_every_part_or_none(tmp_path, sglang_release_repo):
+    """A refresh that changes our series (its version) and the layer (an amended entry) is one
+    transaction: a write failure while the layer (the second part) is staged leaves our folder
+    and the layer's as they were, with no staging left; killed before the commit point, the old
+    stack; killed after it, reading either part finishes both."""
+    from support import cli_process
+
+    series, layer, tree = copy_series(tmp_path / "series"), tmp_path / "acme", tmp_path / "sglang"
+    shutil.copytree(EXAMPLE, layer)
+    ours = ["--series", series, "--layer", layer]
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", sglang_release_repo, "--tree", tree, *ours).code == 0
+    amend_commit_of(tree, "acme/acme-sps-floor", SPS)
+    before = {series: folder_files(series), layer: folder_files(layer)}
+    argv = ["refresh", "--tree", tree, "--version", "99", *ours]
+
+    failed = cli_process(argv, env={"C128PATCH_FAULT": "fail-at:refresh-part1-staged:0"})
+    assert failed.returncode == 2, failed.stderr
+    (line,) = failed.stderr.strip().splitlines()
+    assert line.startswith("c128patch: error: cannot stage the refresh (") and "nothing was changed in" in line
+    assert {series: folder_files(series), layer: folder_files(layer)} == before  # no part changed, nothing staged
+
+    saved = tmp_path / "saved"
+    for folder in (series, layer):
+        shutil.copytree(folder, saved / folder.name)
+    # killed while the layer is staged: the old stack; after the commit point (our plan names the
+    # layer), before or after the layer is swapped in: the new one, whichever part is read first
+    for point, first, new in [("refresh-part1-staged:0", layer, False), ("refresh-committed", layer, True),
+                              ("refresh-committed", series, True), ("refresh-swapped:1", layer, True)]:
+        for folder in (series, layer):
+            shutil.rmtree(folder)
+            shutil.copytree(saved / folder.name, folder)
+        killed = cli_process(argv, env={"C128PATCH_FAULT": f"kill-at:{point}"})
+        assert killed.returncode == -9, (point, killed.stderr)
+        load_series(first)  # what every command does first: finish (or drop) the interrupted write
+        if not new:  # each folder's own staging is dropped by its reader
+            load_series(series)
+            assert {series: folder_files(series), layer: folder_files(layer)} == before, point
+            continue
+        assert not [*series.glob(".c128patch-txn*"), *layer.glob(".c128patch-txn*")], point
+        assert (load_series(series).version, load_series(layer).version) == ("99", "2"), point
+        assert "# acme: amended" in (layer / "patches" / "0003-acme-sps-floor.patch").read_text(), point
+    check = invoke("refresh", "--check", "--tree", tree, *ours)
+    assert check.code == 0 and check.out["changed"] == [], check.out

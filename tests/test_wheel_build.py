@@ -15,10 +15,12 @@ import pytest
 from packaging.version import Version
 
 from c128patch.git import Git
+from c128patch.series.layers import stack
 from c128patch.series.manifest import load_series
 from c128patch.upstream.source import open_upstream
 from c128patch.wheel.srcbuild import PRETEND_ENV, base_version, build_command, build_env, build_wheel
-from support import invoke, make_test_series
+from c128patch.wheel.tools import InWheel
+from support import REPO_ROOT, invoke, make_test_series, series_paths
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 ENVIRON = "python/sglang/srt/environ.py"
@@ -175,3 +177,62 @@ def test_real_source_build(tmp_path: Path, source_repo: Path, series: Path):
     assert again.code == 0, again.err
     assert again.out["applied"] is False
     assert Path(again.out["wheel"]).name == wheel.name
+
+
+ACME = REPO_ROOT / "docs" / "examples" / "acme-layer"
+
+
+@pytest.fixture
+def stack_source_repo(tmp_path: Path, sglang_release_repo: Path) -> Path:
+    """A source checkout at tag v0.5.23 holding the real upstream files our series and the example
+    layer write (series_paths of the stack, as released), with a pyproject like upstream's."""
+    repo = tmp_path / "sglang-stack-src"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    releases = Git(git_dir=sglang_release_repo)
+    have = set(releases.out("ls-tree", "-r", "--name-only", "v0.5.23").splitlines())
+    paths = [p for p in series_paths(stack(load_series(REPO_ROOT), [ACME])) if p in have]
+    for path in [*paths, "python/sglang/__init__.py"]:
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_bytes(releases.blob("v0.5.23", path))
+    (repo / "python/pyproject.toml").write_text(PYPROJECT)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "upstream at 0.5.23")
+    git(repo, "tag", "v0.5.23")
+    return repo
+
+
+@pytest.mark.skipif(importlib.util.find_spec("setuptools_scm") is None, reason="setuptools-scm not installed (test extra)")
+def test_build_with_a_layer_labels_the_wheel_and_its_provenance_with_the_layer(tmp_path: Path, stack_source_repo: Path):
+    """`build --layer docs/examples/acme-layer` on 0.5.23: our series and the layer's three entries
+    applied, the wheel labelled with both, the provenance listing the layer, verify-wheel passing."""
+    out = tmp_path / "dist"
+    res = invoke("build", "--sglang-rev", "v0.5.23", "--repo", str(stack_source_repo), "--layer", str(ACME),
+                 "-o", str(out), "--no-isolation")
+    assert res.code == 0, (res.err, res.text)
+    ours, layer = load_series(REPO_ROOT), stack(load_series(REPO_ROOT), [ACME]).layers[0]
+    assert res.out["version"] == f"0.5.23+c128.{ours.version}.{ours.digest()[:8]}.acme.{layer.digest()[:8]}"
+    assert res.out["applied"] is True
+    with InWheel(Path(res.out["wheel"])) as iw:
+        record = json.loads(iw.read("sglang/c128patch_provenance.json"))
+        environ = iw.read("sglang/srt/environ.py").decode()
+        floor = iw.read("sglang/srt/speculative/dspark_components/acme_sps_floor.py").decode()
+    assert record["upstream"]["build"] == "source"
+    assert record["layers"] == [{"name": "acme", "version": layer.version, "base": "v0.5.23", "digest": layer.digest(),
+                                 "entries": ["acme/acme-sps-env", "acme/acme-sps-floor-helper", "acme/acme-sps-floor"]}]
+    assert [e["name"] for e in record["entries"]][-3:] == record["layers"][0]["entries"]
+    assert "SGLANG_ACME_SPS_FLOOR = EnvBool(False)" in environ and "def floored(" in floor  # the layer's files
+    verified = invoke("verify-wheel", res.out["wheel"], "--layer", str(ACME), "--no-authenticity")
+    assert verified.code == 0, verified.err
+    present = {e["name"] for e in verified.out["entries"] if e["status"] == "present"}
+    assert set(record["layers"][0]["entries"]) <= present
+    # the patched tree is this stack: a second build with the layer reuses it; without the layer it is refused
+    again = invoke("build", "--sglang-rev", "v0.5.23", "--repo", str(stack_source_repo), "--layer", str(ACME),
+                   "-o", str(tmp_path / "again"), "--no-isolation")
+    assert again.code == 0 and again.out["applied"] is False, again.err
+    assert Path(again.out["wheel"]).name == Path(res.out["wheel"]).name
+    alone = invoke("build", "--sglang-rev", "v0.5.23", "--repo", str(stack_source_repo), "-o", str(tmp_path / "alone"),
+                   "--no-isolation", as_json=False)
+    assert alone.code == 2, alone.err
+    assert f"is patched with series c128patch {ours.version} + layer acme {layer.version} on " in alone.err
+    assert f"not series c128patch {ours.version} on " in alone.err
+    assert not (tmp_path / "alone").exists()

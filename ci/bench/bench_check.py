@@ -25,6 +25,8 @@ from c128patch.series.manifest import default_series_root, load_series
 from c128patch.upstream.cache import cache_dir
 from c128patch.upstream.releases import ReleaseHistory
 
+TARGET_S = 5.0  # check over the N commits
+
 
 def latest_releases(n: int) -> list[str]:
     out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "sglang"], capture_output=True, text=True).stdout
@@ -58,11 +60,11 @@ def main() -> int:
     tn, okn = timed_checks(series, Git(git_dir=big.root), revs)
     row = {"series_entries": len(series.entries), "four_releases_s": t4, "four_releases_ok": ok4,
            "commits": len(revs), "commits_s": tn, "commits_ok": okn, "range": f"{revs[0]}..{revs[-1]}",
-           "history_build_s_once": build_s,
+           "history_build_s_once": build_s, "target_s": TARGET_S, "within_target": tn <= TARGET_S,
            "machine": machine()}
     print(f"{'what':40} {'seconds':>8}  ok")
     print(f"{'check, 4 releases 0.5.20-0.5.23':40} {t4:8.3f}  {ok4}/4")
-    print(f"{'check, ' + str(len(revs)) + ' commits ' + row['range']:40} {tn:8.3f}  {okn}/{len(revs)}  (target <= 5 s)")
+    print(f"{'check, ' + str(len(revs)) + ' commits ' + row['range']:40} {tn:8.3f}  {okn}/{len(revs)}  (target <= {TARGET_S:g} s)")
     write_json(args.out, row, revs=four)
     return 0
 

@@ -199,11 +199,11 @@ def _span(values: list[float]) -> str:
     return low if low == high else f"{low}–{high}"
 
 
-TOOL_BENCHES = ("apply", "check", "rebase", "wheel", "startup")
+TOOL_BENCHES = ("apply", "check", "layers", "rebase", "wheel", "startup")
 
 
 def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool]) -> str:
-    """README's tool benchmark sentence from ci/bench/results/{apply,check,rebase,wheel}.json;
+    """README's tool benchmark sentence from ci/bench/results/<TOOL_BENCHES>.json;
     ``current(data)`` says whether a file was measured on today's series (else *stale*)."""
     got: dict[str, dict[str, Any]] = {}
     for name in TOOL_BENCHES:
@@ -211,16 +211,22 @@ def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool])
         if path.is_file():
             got[name] = json.loads(path.read_text())
 
-    def mark(name: str) -> str:
+    def mark(name: str, other: str = "another series") -> str:
         data = got[name]
         when = f"{data.get('date', 'undated')}, {data.get('device') or data.get('machine', '?')}"
-        return f" [{when}{'' if current(data) else '; *stale*: another series'}]"
+        return f" [{when}{'' if current(data) else f'; *stale*: {other}'}]"
 
     parts = []
     if "apply" in got:
         a = got["apply"]
         parts.append(f"`apply`, its proof included, {a['apply_s']:.2f} s vs raw `git worktree add` + `git am -3` "
                      f"{a['raw_git_s']:.2f} s ({a['ratio']:.2f}×){mark('apply')}")
+    if "layers" in got:
+        y = got["layers"]
+        parts.append(f"`apply` with a layer of {y['layer']['entries']} entries ([docs/layers.md](docs/layers.md), "
+                     f"the example `{y['layer']['name']}`) {y['apply_with_layer_s']:.2f} s vs without "
+                     f"{y['apply_s']:.2f} s ({y['ratio']:.2f}×, target ≤ {y['target']:g}×: "
+                     f"{'met' if y['within_target'] else '*missed*'}){mark('layers', 'another series or layer')}")
     if "rebase" in got:
         r = got["rebase"]
         parts.append(f"`rebase` {r['rebase']} {r['rebase_s']:.2f} s vs raw `git rebase` + trained rerere "
@@ -229,8 +235,9 @@ def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool])
                      f"for merged-upstream evidence, proves the result and checks the API contract){mark('rebase')}")
     if "check" in got:
         c = got["check"]
+        target = f" (target ≤ {c['target_s']:g} s: {'met' if c['within_target'] else '*missed*'})" if "target_s" in c else ""
         parts.append(f"`check` over the 4 releases {c['four_releases_s']:.2f} s, over {c['commits']} real upstream "
-                     f"release commits {c['commits_s']:.1f} s{mark('check')}")
+                     f"release commits {c['commits_s']:.1f} s{target}{mark('check')}")
     if "startup" in got:  # CLI start-up (ci/bench/bench_startup.py): the series plays no part in it
         t = got["startup"]
         cases = t["cases"]

@@ -19,8 +19,9 @@ apply of the series (without the entries the provenance records dropped or skipp
 the rebase's own proof) must be an edit on the branch (what refresh exports); anything else is
 refused unless ``accept_differences``.
 
-With layers (``series.layers.Stack``) each part is exported into its own folder only, each as one
-transaction, its version bumped when its own files change; a commit without an entry trailer is
+With layers (``series.layers.Stack``) each part is exported into its own folder only, all parts as
+one transaction (``series.txn.commit_all``: every part staged before any is swapped in), its version
+bumped when its own files change; a commit without an entry trailer is
 refused (``layer add-entry`` says whose it is), and our ``contract.lock`` is left as it is.
 """
 
@@ -325,9 +326,13 @@ def write(series: Series, result: Export, *, accept_differences: bool = False) -
     changed = result.changes(series.root)
     head = series.head if isinstance(series, Stack) else series
     parts = [(head, result.manifest), *((layer, layer.to_toml()) for layer in result.layers)]
-    for part, manifest in parts:  # each part all or nothing, in its own folder only
-        stale = _write_part(part, _files_of(part, series, result.files), manifest)
-        changed += [_shown(p, series.root) for p in stale]
+    writes = []
+    for part, manifest in parts:  # each part in its own folder only; all parts one transaction
+        staged = _part_writes(part, _files_of(part, series, result.files), manifest)
+        if staged is not None:
+            writes.append(staged)
+            changed += [_shown(p, series.root) for p in staged[2]]
+    txn.commit_all(writes, fault=lambda point: fault_point("at", point))
     return sorted(set(changed))
 
 
@@ -339,13 +344,12 @@ def _files_of(part: Series, series: Series, files: dict[Path, bytes]) -> dict[Pa
     return {p: d for p, d in files.items() if owner(p) == part.root}
 
 
-def _write_part(part: Series, files: dict[Path, bytes], manifest: str) -> list[Path]:
-    """Write one part's files and manifest; remove (and return) its patch files no entry refers to any more."""
+def _part_writes(part: Series, files: dict[Path, bytes], manifest: str) -> txn.Part | None:
+    """One part's transaction (``txn.Part``): its changed files and manifest (moved in last), and its
+    patch files no entry refers to any more (removed); None when nothing of it changes."""
     writes = {path: data for path, data in files.items() if not path.is_file() or path.read_bytes() != data}
     if part.manifest_path.read_text() != manifest:
         writes[part.manifest_path] = manifest.encode()
     keep = {p.name for p in files if p.parent == part.patches_dir}
     stale = [p for p in sorted(part.patches_dir.glob("*.patch")) if p.name not in keep]
-    if writes or stale:  # all or nothing: staged, committed by one rename, the manifest moved in last
-        txn.commit(part.root, writes, stale, last=part.manifest_path, fault=lambda point: fault_point("at", point))
-    return stale
+    return (part.root, writes, stale, part.manifest_path) if writes or stale else None

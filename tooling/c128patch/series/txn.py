@@ -8,6 +8,15 @@ A kill before the commit point leaves the old series (the half-staged folder is 
 next reader); a kill after it leaves a committed plan that ``recover`` (run by ``load_series``,
 so by every command that reads the series) finishes. Either way every reader sees the old series
 or the new one, never a mix.
+
+``commit_all`` writes several folders (a stack: our series and its layers) as one transaction:
+every part is staged first (a failure there removes every staging folder: nothing changed), then
+the first part's staging is renamed (the one commit point), then each other part is swapped in
+(its plan kept), then the first part's plan, which names the others, is finished, then the others'
+plans are removed. A part's plan of a group is finished by ``recover`` with the whole group while
+the group's first part is committed, a staged one dropped when it is not; so a kill during the swap
+is finished by the next command that reads any part. If that finishing step itself fails, the error names the folder and the way
+back (restore ``patches/`` of every part from git and remove their ``.c128patch-txn*`` folders).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import uuid
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
@@ -53,13 +63,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def commit(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path | None = None,
-           fault: Callable[[str], None] = _no_fault) -> None:
-    """Write ``files`` and remove ``deletes`` under ``root`` as one transaction (``last``: the file
-    moved into place last, the manifest). ``fault(point)`` is called at each named point (the
-    fault-injection hook of the tests: ``ops.faults``)."""
-    recover(root)
-    staging, final = root / STAGING, root / TXN
+def _stage(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path | None,
+           fault: Callable[[str], None], prefix: str = "", group: dict | None = None) -> None:
+    """Stage the new files and the plan in ``root``'s staging folder (nothing in place changes)."""
+    staging = root / STAGING
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "files").mkdir(parents=True)
     order = sorted(files, key=lambda p: (last is not None and p == last, str(p)))
@@ -72,21 +79,97 @@ def commit(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path
             fh.flush()
             os.fsync(fh.fileno())
         moves.append([f"{i:05d}", rel])
-        fault(f"refresh-staged:{i}")
-    plan = {"moves": moves, "deletes": [_rel(root, p) for p in deletes]}
+        fault(f"refresh-{prefix}staged:{i}")
+    plan = {"moves": moves, "deletes": [_rel(root, p) for p in deletes], **({"group": group} if group else {})}
     with open(staging / PLAN, "w") as fh:
         json.dump(plan, fh)
         fh.flush()
         os.fsync(fh.fileno())
     _fsync_dir(staging)
-    fault("refresh-before-commit")
-    os.replace(staging, final)  # the commit point
+
+
+def _swap(root: Path) -> None:
+    os.replace(root / STAGING, root / TXN)
     _fsync_dir(root)
+
+
+def commit(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path | None = None,
+           fault: Callable[[str], None] = _no_fault) -> None:
+    """Write ``files`` and remove ``deletes`` under ``root`` as one transaction (``last``: the file
+    moved into place last, the manifest). ``fault(point)`` is called at each named point (the
+    fault-injection hook of the tests: ``ops.faults``)."""
+    recover(root)
+    _stage(root, files, deletes, last, fault)
+    fault("refresh-before-commit")
+    _swap(root)  # the commit point
     fault("refresh-committed")
-    _roll_forward(root, final, fault)
+    _roll_forward(root, root / TXN, fault)
 
 
-def _roll_forward(root: Path, txn: Path, fault: Callable[[str], None] = _no_fault) -> None:
+Part = tuple[Path, dict[Path, bytes], list[Path], Path | None]  # root, files, deletes, last
+
+
+def commit_all(parts: list[Part], fault: Callable[[str], None] = _no_fault) -> None:
+    """``commit`` for several folders as one transaction (see the module doc). Fault points of part
+    ``k`` > 0 are named ``refresh-part<k>-...``; the swap's ``refresh-swapped:<k>``."""
+    if len(parts) <= 1:
+        for root, files, deletes, last in parts:
+            commit(root, files, deletes, last, fault)
+        return
+    roots = [root for root, *_ in parts]
+    group = {"id": uuid.uuid4().hex, "head": str(roots[0]), "parts": [str(r) for r in roots]}
+    try:
+        for k, (root, files, deletes, last) in enumerate(parts):
+            recover(root)
+            _stage(root, files, deletes, last, fault, "" if k == 0 else f"part{k}-", group)
+        fault("refresh-before-commit")
+    except BaseException as exc:
+        for root in roots:
+            shutil.rmtree(root / STAGING, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise C128Error(f"cannot stage the refresh ({exc}); nothing was changed in {', '.join(map(str, roots))}") \
+                from None
+        raise
+    _swap(roots[0])  # the commit point: the first part's plan names the group
+    fault("refresh-committed")
+    _finish_group(roots[0], group, fault)
+
+
+def _finish_group(head: Path, group: dict, fault: Callable[[str], None] = _no_fault) -> None:
+    """Swap in and finish every other part of a committed group, keeping each one's plan (so a reader
+    of that part finishes the group), then the first part, then the other plans."""
+    others = [Path(part) for part in group["parts"][1:]]
+    for k, root in enumerate(others, 1):
+        if _plan_group(root / STAGING) == group["id"]:
+            _swap(root)
+        if (root / TXN).is_dir():
+            _roll_forward(root, root / TXN, remove=False)
+        fault(f"refresh-swapped:{k}")
+    _roll_forward(head, head / TXN, fault)
+    for root in others:
+        shutil.rmtree(root / TXN, ignore_errors=True)
+
+
+def _group(folder: Path) -> dict | None:
+    """The group a staged or committed plan in ``folder`` belongs to (``commit_all``), if any."""
+    try:
+        group = json.loads((folder / PLAN).read_text()).get("group")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return group if isinstance(group, dict) and isinstance(group.get("id"), str) else None
+
+
+def _plan_group(folder: Path) -> str | None:
+    group = _group(folder)
+    return group["id"] if group else None
+
+
+def _committed(group: dict) -> bool:
+    """Whether ``group``'s first part is committed (its plan, naming the group, under its TXN)."""
+    return isinstance(group.get("head"), str) and _plan_group(Path(group["head"]) / TXN) == group["id"]
+
+
+def _roll_forward(root: Path, txn: Path, fault: Callable[[str], None] = _no_fault, remove: bool = True) -> None:
     plan = json.loads((txn / PLAN).read_text())
     for n, (staged, rel) in enumerate(plan["moves"]):
         src = txn / "files" / staged
@@ -100,18 +183,26 @@ def _roll_forward(root: Path, txn: Path, fault: Callable[[str], None] = _no_faul
             (root / rel).unlink()
         except FileNotFoundError:
             pass
-    shutil.rmtree(txn)
+    if remove:
+        shutil.rmtree(txn)
 
 
 def recover(root: Path) -> str | None:
-    """Finish a committed transaction a kill interrupted, or drop an uncommitted one; says which."""
-    if (root / TXN).is_dir():
-        try:
+    """Finish a committed transaction a kill interrupted, or drop an uncommitted one; says which.
+    A part of a group (``commit_all``) is finished with the whole group once its first part is committed."""
+    try:
+        for folder in (root / TXN, root / STAGING):
+            group = _group(folder) if folder.is_dir() else None
+            if group is not None and _committed(group):
+                _finish_group(Path(group["head"]), group)
+                return "finished an interrupted refresh"
+        if (root / TXN).is_dir():
             _roll_forward(root, root / TXN)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise C128Error(f"{root / TXN}: an interrupted refresh cannot be finished ({exc}); "
-                            f"restore patches/ from git (git -C {root} checkout -- patches) and remove {root / TXN}") from None
-        return "finished an interrupted refresh"
+            return "finished an interrupted refresh"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise C128Error(f"{root / TXN}: an interrupted refresh cannot be finished ({exc}); restore patches/ of "
+                        f"each folder it wrote from git (git -C {root} checkout -- patches) and remove their "
+                        f"{TXN} and {STAGING} folders") from None
     if (root / STAGING).is_dir():
         shutil.rmtree(root / STAGING, ignore_errors=True)
         return "dropped an interrupted refresh that had not written anything"

@@ -44,6 +44,7 @@ from c128patch.git import Git
 from c128patch.ops.apply import apply_series
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
+from c128patch.series.layers import describe
 from c128patch.series.manifest import Series
 from c128patch.series.plan import plan
 from c128patch.upstream.releases import release_version
@@ -151,9 +152,10 @@ def _patched_state(git: Git, tree: Path, series: Series, commit: str) -> dict | 
     digest = series.digest()  # a stack's: the series and its layers
     have = record.get("series", {})
     if provenance.applied_digest(record) != digest or record.get("upstream", {}).get("commit") != commit:
+        layers = "".join(f" + layer {r.get('name')} {r.get('version')}" for r in record.get("layers", []))
         raise C128Error(
-            f"{tree} is patched with series {have.get('name')} {have.get('version')} on "
-            f"{str(record.get('upstream', {}).get('commit', '?'))[:12]}, not series {series.name} {series.version} on "
+            f"{tree} is patched with series {have.get('name')} {have.get('version')}{layers} on "
+            f"{str(record.get('upstream', {}).get('commit', '?'))[:12]}, not {describe(series)} on "
             f"{commit[:12]}; check out an unpatched branch or pass --tree to a new folder"
         )
     last = git.out("log", "-1", "--format=%H", "--", provenance.PROVENANCE_PATH)
