@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from c128patch.errors import C128Error
-from c128patch.evidence import gpu_run, staging
+from c128patch.evidence import figures, gpu_run, staging
 from c128patch.evidence.keys import EvidenceKey, key_for, key_from_provenance, sources_id
 from c128patch.evidence.matrix import build_matrix, release_note, verification_note
 from c128patch.evidence.results import (
@@ -325,7 +325,6 @@ def test_readme_shows_the_current_matrix_and_figures():
 def test_every_rendered_tool_benchmark_says_what_it_was_measured_on():
     """Each ci/bench/results file README renders carries benchlib's stamp (command, device, date,
     series, keys), so README can date it and mark it stale; all but start-up are keyed by release."""
-    from c128patch.evidence import figures
 
     for name in figures.TOOL_BENCHES:
         data = json.loads((REPO_ROOT / "ci" / "bench" / "results" / f"{name}.json").read_text())
@@ -335,7 +334,6 @@ def test_every_rendered_tool_benchmark_says_what_it_was_measured_on():
 
 
 def test_the_layer_benchmark_is_rendered_from_its_result_and_marked_stale_under_another_layer(tmp_path: Path):
-    from c128patch.evidence import figures
 
     data = json.loads((REPO_ROOT / "ci/bench/results/layers.json").read_text())
     data.update(apply_s=2.0, apply_with_layer_s=3.0, ratio=1.5, within_target=False)
@@ -358,7 +356,6 @@ MEASURED = re.compile(r"(?<![\w.#§~-])(?<!≈ )(?<!within )\d[\d,]*(?:\.\d+)?\s
 def measured_outside_blocks(text: str) -> list[str]:
     """Measured figures of ``text`` outside code and outside the rendered blocks (matrix, figures).
     An approximate size (``~150 MB``, ``≈ 12 MB``) is not a measurement."""
-    from c128patch.evidence import figures
 
     for name in ("matrix", *figures.BLOCKS):
         text = re.sub(rf"<!-- {name}:begin -->.*?<!-- {name}:end -->", "", text, flags=re.S)
@@ -582,14 +579,21 @@ def test_simulation_and_new_sanitizers_come_from_the_smoke_report():
 def test_bench_rows_are_compared_with_the_reference_within_5_percent():
     ref = {"rev": "v0.5.23", "series_digest": "d", "rows": [
         {"B": 8, "W": 4, "path": "ours", "what": "fused step", "us": 100.0},
-        {"B": 8, "W": 4, "path": "ours", "what": "commit", "us": 10.0}]}
+        {"B": 8, "W": 4, "path": "ours", "what": "commit", "us": 10.0},
+        {"B": 8, "W": 4, "path": "upstream", "what": "mark_pending", "us": 50.0}]}
     data = {"rows": [{"B": 8, "W": 4, "path": "ours", "what": "fused step", "us": 104.9},
-                     {"B": 8, "W": 4, "path": "ours", "what": "commit", "us": 10.6}]}
+                     {"B": 8, "W": 4, "path": "ours", "what": "commit", "us": 10.6},
+                     {"B": 8, "W": 4, "path": "upstream", "what": "mark_pending", "us": 80.0}]}
     vs = compare_bench(data, ref)
-    assert (vs["rows"], vs["within"], vs["reference"]) == (2, 1, "v0.5.23")
-    assert vs["outside"] == [{"B": 8, "W": 4, "path": "ours", "what": "commit", "us": 10.6, "reference_us": 10.0,
-                              "ratio": 1.06}]
-    assert summarize("kernel-bench", {"rows": data["rows"], "vs_reference": vs}) == "2 rows, 1/2 within 5% of v0.5.23"
+    assert (vs["rows"], vs["within"], vs["reference"]) == (3, 1, "v0.5.23")
+    assert vs["outside"][0] == {"B": 8, "W": 4, "path": "ours", "what": "commit", "us": 10.6, "reference_us": 10.0,
+                                "ratio": 1.06}
+    # ours apart from upstream's rows (upstream's code differs between releases)
+    assert vs["by_path"] == {"ours": {"rows": 2, "within": 1}, "upstream": {"rows": 1, "within": 0}}
+    assert summarize("kernel-bench", {"rows": data["rows"], "vs_reference": vs}) == (
+        "3 rows, 1/3 within 5% of v0.5.23 (ours 1/2)")
+    line = figures._bench_check({"rows": data["rows"], "vs_reference": vs})
+    assert "ours 1/2" in line and "ours furthest: commit B = 8, W = 4 at 1.06x" in line
 
 
 @needs_torch

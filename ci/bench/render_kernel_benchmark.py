@@ -109,6 +109,7 @@ def releases_table(ref: dict, others: dict[str, dict], missing: list[str]) -> li
     index = {rev: {(r["B"], r["W"], r["path"], r["what"]): r["us"] for r in d["rows"]} for rev, d in others.items()}
     comparable = [rev for rev in revs if others[rev].get("series_digest") == ref.get("series_digest")]
     body, within, total = [], 0, 0
+    ours_within, ours_total = 0, 0
     for r in ref["rows"]:
         k = (r["B"], r["W"], r["path"], r["what"])
         cells = [f"{index[rev][k]:.1f}" if k in index[rev] else "–" for rev in revs]
@@ -117,13 +118,17 @@ def releases_table(ref: dict, others: dict[str, dict], missing: list[str]) -> li
         checked = [rev for rev in comparable if rev != ref.get("rev") and k in index[rev]]
         total += len(checked)
         within += len(checked) - len(misses)
+        if r["path"] == "ours":
+            ours_total += len(checked)
+            ours_within += len(checked) - len(misses)
         verdict = "yes" if checked and not misses else ("**no**: " + ", ".join(
             f"{rev} {index[rev][k] / r['us'] - 1:+.1%}" for rev in misses) if misses else "not compared")
         body.append([str(r["B"]), str(r["W"]), r["path"], r["what"], *cells, verdict])
     skipped = [rev for rev in revs if rev not in comparable]
     return ["## Every release against " + str(ref.get("rev")), "",
             f"The same rows on every release (one run per release, in sequence on one GPU, same series): "
-            f"{within} of {total} (release, row) pairs within {TOLERANCE:.0%} of {ref.get('rev')}."
+            f"{within} of {total} (release, row) pairs within {TOLERANCE:.0%} of {ref.get('rev')}; of our kernels' "
+            f"rows {ours_within} of {ours_total} (the upstream rows run each release's own code, which differs)."
             + (f" Not compared (another series): {', '.join(skipped)}." if skipped else "")
             + (f" No run committed for {', '.join(missing)}." if missing else ""), "",
             table(head, body), ""]

@@ -298,15 +298,19 @@ class Simulation:
     def _store_plan_rows(self, path: ProtocolPath, plan_c: torch.Tensor, out: torch.Tensor, layer: int, owner) -> int:
         """Store each valid plan_c row where compress_norm_rope_store would (by ragged_id)."""
         plans = ref.decode_plan(plan_c.cpu().numpy())
-        rows = out.cpu().numpy()
+        valid = [i for i, p in enumerate(plans) if p["seq_len"] != 0xFFFFFFFF]
+        if not valid:
+            return 0
+        # only the plan's valid rows are written (as upstream's compress): copying the whole
+        # output would read unwritten memory (initcheck reports it)
+        rows = out[torch.tensor(valid, dtype=torch.long, device=out.device)].cpu().numpy()
         stored = 0
-        for i, p in enumerate(plans):
-            if p["seq_len"] == 0xFFFFFFFF:
-                continue
+        for row, i in zip(rows, valid):
+            p = plans[i]
             hit = owner(int(p["ragged_id"]), int(p["seq_len"]))
             if hit is None:
                 continue  # a padded token: its c128 loc is the dummy slot
-            path.put(hit.uid, int(p["seq_len"]) // ref.CHUNK - 1, layer, rows[i])
+            path.put(hit.uid, int(p["seq_len"]) // ref.CHUNK - 1, layer, row)
             stored += 1
         return stored
 
@@ -349,13 +353,16 @@ class Simulation:
         seq_after = torch.tensor([r.seq + 1 for r in batch], dtype=torch.int64, device=self.dev)
         rids = torch.tensor([r.rid for r in batch], dtype=torch.int64, device=self.dev)
         self._up_prepare(batch, seq_after, self.mode.DECODE if self.mode else None, "decode")
+        closing = [i for i, req in enumerate(batch) if (req.seq + 1) % ref.CHUNK == 0]
+        closing_d = torch.tensor(closing, dtype=torch.long, device=self.dev)
         for path in self.paths():
             for layer in range(NUM_LAYERS):
                 out = self.b.up_decode(path.states[layer], toks[layer].to(self.dev), self.ape_d[layer], seq_after, rids)
-                rows = out.cpu().numpy()
-                for i, req in enumerate(batch):
-                    if (req.seq + 1) % ref.CHUNK == 0:
-                        path.put(req.uid, (req.seq + 1) // ref.CHUNK - 1, layer, rows[i])
+                if closing:  # only closing rows are written
+                    rows = out[closing_d].cpu().numpy()
+                    for row, i in zip(rows, closing):
+                        req = batch[i]
+                        path.put(req.uid, (req.seq + 1) // ref.CHUNK - 1, layer, row)
         for i, req in enumerate(batch):
             self._accept(req, [t[i : i + 1] for t in toks], 1)
 

@@ -52,7 +52,7 @@ def _per_release(rows: list[ReleaseRow], root: Path, kind: str, say: Callable[[d
         said.append((row.rev, text if state in CURRENT else f"{text} (*stale*: another series or sources)"))
     texts = {t for _, t in said}
     if texts == {"not measured"}:
-        return "not run on any release"
+        return "no completed run recorded on any release"
     if len(texts) == 1:
         return f"{texts.pop()} on every release ({', '.join(r for r, _ in said)})"
     return "; ".join(f"{rev}: {t}" for rev, t in said)
@@ -110,7 +110,16 @@ def _bench_check(d: dict[str, Any]) -> str:
         return f"the reference run ({len(d.get('rows', []))} rows)"
     if not vs:
         return "no 0.5.23 run of the same series to compare with"
-    return f"{vs['within']} of {vs['rows']} rows within {BENCH_TOLERANCE:.0%} of {vs['reference']}"
+    line = f"{vs['within']} of {vs['rows']} rows within {BENCH_TOLERANCE:.0%} of {vs['reference']}"
+    paths = vs.get("by_path") or {}
+    if paths:
+        names = {"ours": "ours", "floor": "the one-node floor", "upstream": "upstream's (its code differs by release)"}
+        line += " (" + "; ".join(f"{names.get(p, p)} {c['within']}/{c['rows']}" for p, c in paths.items()) + ")"
+        worst = [o for o in vs.get("outside", []) if o["path"] == "ours"]
+        if worst:
+            o = max(worst, key=lambda o: abs(o["ratio"] - 1))
+            line += f"; ours furthest: {o['what']} B = {o['B']}, W = {o['W']} at {o['ratio']:.2f}x"
+    return line
 
 
 def gpu_evidence(rows: list[ReleaseRow], root: Path) -> str:

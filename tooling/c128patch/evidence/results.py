@@ -104,6 +104,9 @@ def summarize(kind: str, data: dict[str, Any]) -> str:
         elif vs:
             line += (f", {vs.get('within', 0)}/{vs.get('rows', 0)} within {BENCH_TOLERANCE:.0%} of "
                      f"{vs.get('reference', BENCH_REFERENCE)}")
+            ours = (vs.get("by_path") or {}).get("ours")
+            if ours:
+                line += f" (ours {ours['within']}/{ours['rows']})"
         return line
     if kind == "upstream-suite":
         c = data.get("counts") or {}
@@ -302,6 +305,12 @@ def compare_bench(data: dict[str, Any], reference: dict[str, Any], tolerance: fl
     outside = [{"B": r["B"], "W": r["W"], "path": r["path"], "what": r["what"], "us": r["us"],
                 "reference_us": ref[bench_row_key(r)], "ratio": round(r["us"] / ref[bench_row_key(r)], 4)}
                for r in rows if abs(r["us"] / ref[bench_row_key(r)] - 1) > tolerance]
+    by_path: dict[str, dict[str, int]] = {}
+    for r in rows:
+        counts = by_path.setdefault(r["path"], {"rows": 0, "within": 0})
+        counts["rows"] += 1
+        counts["within"] += abs(r["us"] / ref[bench_row_key(r)] - 1) <= tolerance
     return {"reference": reference.get("rev", BENCH_REFERENCE), "reference_key": reference.get("key"),
             "series_digest": reference.get("series_digest"),
-            "tolerance": tolerance, "rows": len(rows), "within": len(rows) - len(outside), "outside": outside}
+            "tolerance": tolerance, "rows": len(rows), "within": len(rows) - len(outside), "outside": outside,
+            "by_path": dict(sorted(by_path.items()))}
