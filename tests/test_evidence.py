@@ -50,11 +50,11 @@ def history(sglang_release_repo: Path) -> Git:
 
 @pytest.fixture(scope="module")
 def staged(history: Git, real_series, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """v0.5.20 and v0.5.23 staged, v0.5.20 also with the series of this repository's main."""
+    """v0.5.20 and v0.5.23 staged, v0.5.20 also with the series of this checkout's HEAD (a clone of any branch, or detached, has one)."""
     dest = tmp_path_factory.mktemp("stage")
-    before = staging.export_series(Git(worktree=REPO_ROOT), "main", tmp_path_factory.mktemp("before-series"))
+    before = staging.export_series(Git(worktree=REPO_ROOT), "HEAD", tmp_path_factory.mktemp("before-series"))
     staging.stage(real_series, history, ["v0.5.20", "v0.5.23"], dest, SUITE, before=before,
-                  before_revs=("v0.5.20",), before_from="main")
+                  before_revs=("v0.5.20",), before_from="HEAD")
     return dest
 
 
@@ -143,7 +143,7 @@ def test_stage_holds_patched_upstream_and_before_trees_of_the_suites_subset(stag
     ours = "sglang/kernels/jit/csrc/deepseek_v4/online_c128_dspark.cuh"
     assert (staged / "v0.5.20/patched" / ours).read_text() == (REPO_ROOT / "csrc/deepseek_v4/online_c128_dspark.cuh").read_text()
     assert not (staged / "v0.5.20/upstream" / ours).exists()
-    main_cuh = Git(worktree=REPO_ROOT).blob("main", "csrc/deepseek_v4/online_c128_dspark.cuh")
+    main_cuh = Git(worktree=REPO_ROOT).blob("HEAD", "csrc/deepseek_v4/online_c128_dspark.cuh")
     assert (staged / "v0.5.20/before" / ours).read_bytes() == main_cuh
     assert not (staged / "v0.5.23/before").exists()
     size = sum(p.stat().st_size for p in staged.rglob("*") if p.is_file())
