@@ -189,13 +189,13 @@ def test_too_small_an_swa_pool_is_reported_as_a_refusal() -> None:
 
 
 def test_inputs_are_validated() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="page_size must be a multiple of 128"):
         pro(page_size=200)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"swa_full_tokens_ratio must be in \(0, 1\]"):
         pro(swa_full_tokens_ratio=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="formula must be one of .*got '0.5.19'"):
         pro(formula="0.5.19")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="the 0.5.20 formula has no KV layout choice"):
         pro(formula="0.5.20", kv_layout="v41")
 
 
@@ -309,10 +309,19 @@ def test_cli_table_and_errors() -> None:
     assert f"{expect.off.full_tokens:,}" in result.text
     assert f"{expect.on.full_tokens:,}" in result.text
     assert f"{expect.delta_tokens:+,}" in result.text
-    assert _run("--json").code != 0  # no budget
-    assert _run("--budget-gib", "1", "--budget-bytes", "5").code != 0
-    assert _run("--budget-gib", "40", "--max-running-requests", "lots").code != 0
-    assert _run("--budget-gib", "40", "--compress-ratios", "0,2,4").code != 0
+    _refused(_run("--json"), "give the KV budget one way")  # no budget
+    _refused(_run("--budget-gib", "1", "--budget-bytes", "5"), "give the KV budget one way")
+    _refused(_run("--budget-gib", "40", "--max-running-requests", "lots"),
+             "expected an integer, auto, dspark or estimate; got 'lots'")
+    _refused(_run("--budget-gib", "40", "--compress-ratios", "0,2,4"), "unsupported compress ratios [2]")
+
+
+def _refused(result, message: str) -> None:
+    """A usage error: exit 2, one line on stderr naming the problem and pointing to --help."""
+    assert result.code == 2, result.text
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("c128patch: error: "), result.err
+    assert message in lines[0] and "c128patch capacity --help" in lines[0], lines[0]
 
 
 def test_ci_capacity_table_writes_json(tmp_path: Path) -> None:
