@@ -9,7 +9,7 @@ import re
 
 from c128patch import exitcodes
 from c128patch.errors import C128Error, ConflictError, Interrupted
-from c128patch.ops.watch import EXIT, WatchTimeout
+from c128patch.fit.watch import EXIT, WatchTimeout
 from support import REPO_ROOT, invoke
 
 PACKAGE = REPO_ROOT / "tooling" / "c128patch"

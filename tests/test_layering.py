@@ -1,4 +1,4 @@
-"""The package's layers point down only: cli -> evidence -> ops/wheel/smoke/capacity -> series/upstream -> git -> base.
+"""The package's layers point down only: cli -> fit/evidence -> ops/wheel/smoke/capacity -> series/upstream -> git -> base.
 
 Each module's imports of ``c128patch.*`` are read with ``ast`` (lazy and TYPE_CHECKING imports
 included) and checked against ``LAYERS``; a new subpackage must be placed here to pass.
@@ -19,6 +19,7 @@ LAYERS: dict[str, int] = {
     "git": 1,                                                   # our git wrapper
     "series": 2, "upstream": 2,                                 # the data model; where upstream comes from
     "ops": 3, "wheel": 3, "smoke": 3, "capacity": 3,            # what is done with them
+    "fit": 4,  # does the series still fit upstream (contract, tree checks, watch, bisect): carries trees with ops
     "evidence": 4,  # what was proven of them: stages trees (ops.check, smoke.trees), reads the results
     "serve": 4,  # the serving host (doctor): reads an install with smoke.device's probes and wheel's label/SBOM
     "cli": 5,                                                   # one module per verb; nothing imports it

@@ -20,7 +20,7 @@ from c128patch.cli.common import emit_json, get_series, handles_errors, json_opt
 def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, as_json: bool) -> None:
     """Gate audit: statements a gated entry adds with side effects must run only under its env gate."""
     from c128patch.ops.audit import RULES
-    from c128patch.ops.series_audit import audit_series
+    from c128patch.fit.series_audit import audit_series
     from c128patch.progress import console, reporter
     from c128patch.series.layers import layer_rows
     from c128patch.series.plan import validate_files

@@ -25,7 +25,7 @@ def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python
     """Find the first upstream commit between the series' base and REV at which the series stops
     applying or its API contract (with --behaviour, also its behavioural tier) breaks (git bisect run, in a scratch clone); print it, its subject
     and what fails there."""
-    from c128patch.ops.bisect import bisect
+    from c128patch.fit.bisect import bisect
     from c128patch.progress import console, reporter
     from c128patch.series.plan import validate_files
 

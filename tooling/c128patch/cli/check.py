@@ -33,7 +33,7 @@ def _cell(entry: Entry, e: EntryCheck) -> str:
 
 def _contract(series: Series, git: Git, r: RevCheck) -> dict:
     """``ops.contract`` on the series replayed at ``r`` (a rev it does not apply to is not checked)."""
-    from c128patch.ops import contract
+    from c128patch.fit import contract
 
     if not r.ok:
         return {"ok": False, "verdict": "not checked: the series does not apply here", "failing": []}

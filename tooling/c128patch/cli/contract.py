@@ -13,7 +13,7 @@ from c128patch.cli.common import emit_json, get_series, handles_errors, json_opt
 from c128patch.errors import C128Error
 
 if TYPE_CHECKING:
-    from c128patch.ops.contract import ContractResult
+    from c128patch.fit.contract import ContractResult
 
 
 def _print(label: str, result: ContractResult, probe: tuple[bool | None, str] | None, verbose: bool) -> None:
@@ -51,7 +51,7 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     our code uses (overlays and the lines patches add), bind each call to the definition's signature,
     and compare each signature with patches/contract.lock. Exit 1 on an error or a changed signature."""
     from c128patch.git import Git, toplevel
-    from c128patch.ops import contract as core
+    from c128patch.fit import contract as core
     from c128patch.progress import console, reporter
     from c128patch.series.contract import read_lock
     from c128patch.series.plan import validate_files

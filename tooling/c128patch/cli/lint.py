@@ -22,7 +22,7 @@ def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Pa
     """Validate the series manifest and its files."""
     from c128patch.ops.lint import Finding, lint_stack
     from c128patch.ops.lint import update_hashes as record_hashes
-    from c128patch.ops.series_audit import audit_series
+    from c128patch.fit.series_audit import audit_series
     from c128patch.progress import console, reporter
     from c128patch.series.layers import describe
     from c128patch.upstream.source import open_upstream

@@ -160,6 +160,7 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
 def next_refresh(git: Git, series: Series, report: dict) -> str:
     """The refresh to run after a rebase, or "" when ``refresh --check`` would change nothing. Primary
     files only when the rebase went forward past the series base: never moves that base backwards."""
+    from c128patch.fit.contract import lock_items
     from c128patch.ops import refresh as refresh_ops
     from c128patch.series.layers import layer_args
 
@@ -167,7 +168,7 @@ def next_refresh(git: Git, series: Series, report: dict) -> str:
     onto = report["new_base"]["commit"]
     primary = report["direction"] == "forward" and (base is None or git.is_ancestor(base, onto))
     try:
-        changes = refresh_ops.export(series, git, primary=primary).changes(series.root)
+        changes = refresh_ops.export(series, git, primary=primary, lock_items=lock_items).changes(series.root)
     except C128Error:
         changes = ["?"]  # refresh itself will say why
     if not changes:
@@ -178,7 +179,7 @@ def next_refresh(git: Git, series: Series, report: dict) -> str:
 
 def _contract(series: Series, git: Git, base: str, head: str) -> dict:
     """The series' API contract on the rebased tree (``ops.contract``), next to the equivalence proof."""
-    from c128patch.ops import contract as contract_ops
+    from c128patch.fit import contract as contract_ops
 
     try:
         result = contract_ops.check(series, git, base, head)

@@ -34,6 +34,7 @@ from c128patch.cli.common import (
 def command(tree: Path | None, check_only: bool, primary: bool | None, version: str | None, accept_differences: bool,
             series_dir: Path | None, as_json: bool) -> None:
     """Export the patched branch back into patches/ and the manifest."""
+    from c128patch.fit.contract import lock_items
     from c128patch.git import Git
     from c128patch.ops import refresh as core
     from c128patch.ops.treestate import ensure_clean, ensure_idle, repo_lock
@@ -47,7 +48,7 @@ def command(tree: Path | None, check_only: bool, primary: bool | None, version: 
         ensure_idle(git, "refresh")
         read_provenance(git.worktree)  # a damaged record is said as such (with the way back) before anything else
         ensure_clean(git, "refresh --check" if check_only else "refresh")  # uncommitted edits are not the branch
-        result = core.export(series, git, primary=primary, version=version)
+        result = core.export(series, git, primary=primary, version=version, lock_items=lock_items)
         changes = result.changes(series.root)
         proof = result.equivalence
         if not check_only:

@@ -29,7 +29,7 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
     resolve each one's sglang imports against the tree's files (a missing module or name fails).
     Exit 1 when a module fails, or when nothing could be checked."""
     from c128patch.git import Git, toplevel
-    from c128patch.ops import contract, treecheck
+    from c128patch.fit import contract, treecheck
     from c128patch.progress import console
     from c128patch.series.plan import validate_files
     from c128patch.upstream.source import open_upstream

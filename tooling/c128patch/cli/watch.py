@@ -35,7 +35,7 @@ def command(onto: str, repo: str | None, out: Path, timeout: float, primary: boo
     say which of clean / refreshed / merged / conflict / failed / broken / unchecked it is, with a report under --out."""
     from rich.table import Table
 
-    from c128patch.ops import watch as core
+    from c128patch.fit import watch as core
     from c128patch.progress import console, reporter
     from c128patch.series.plan import validate_files
 

@@ -32,15 +32,15 @@ import re
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from c128patch.errors import C128Error, DifferenceError
 from c128patch.git import Git
-from c128patch.ops import contract
 from c128patch.ops.equivalence import Equivalence, prove
 from c128patch.ops.faults import fault_point
 from c128patch.ops.replay import branch_commits
 from c128patch.series import txn
-from c128patch.series.contract import LOCK_NAME, Lock, lock_path, merged, read_lock
+from c128patch.series.contract import LOCK_NAME, Lock, LockItem, lock_path, merged, read_lock
 from c128patch.series.layers import Stack
 from c128patch.series.manifest import Entry, Series, Variant
 from c128patch.series.patchfile import split_message
@@ -50,6 +50,8 @@ from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 
 FIXED_DATE = "Thu, 1 Jan 1970 00:00:00 +0000"
 _DATE = re.compile(r"^Date: .*$", re.MULTILINE)
+
+LockItems = Callable[[Series, Git, str, str], list[LockItem]]  # fit.contract.lock_items
 
 
 @dataclass
@@ -109,8 +111,12 @@ def base_label(git: Git, commit: str, rev: str) -> str:
     return sorted(tags)[0] if tags else commit[:12]
 
 
-def export(series: Series, git: Git, *, primary: bool | None = None, version: str | None = None) -> Export:
+def export(series: Series, git: Git, *, primary: bool | None = None, version: str | None = None,
+           lock_items: LockItems | None = None) -> Export:
     """What patches/ and the manifest would hold if refreshed from the branch in ``git``.
+
+    ``lock_items`` (``fit.contract.lock_items``) records the branch's API contract into our lock when
+    the base moves; without it the lock is left as it is (and said so).
 
     ``primary``: the branch's files become the entries' primary files and the series base moves to
     the branch's base (the default when that base is the series base already). Otherwise they
@@ -187,7 +193,7 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     new.version = version or (_bump(series.version) if payload_changed else series.version)
     result.series, result.manifest = new, new.to_toml()
     if primary:
-        _record_contract(new, git, base_commit, label, result)
+        _record_contract(new, git, base_commit, label, result, lock_items)
     return result
 
 
@@ -207,11 +213,15 @@ def _export_stack(series: Stack, new: Stack, primary: bool, version: str | None,
     return result
 
 
-def _record_contract(series: Series, git: Git, base_commit: str, label: str, result: Export) -> None:
-    """The API contract of the branch (``ops.contract``) into ``patches/contract.lock``, keeping the
+def _record_contract(series: Series, git: Git, base_commit: str, label: str, result: Export,
+                     lock_items: LockItems | None) -> None:
+    """The API contract of the branch (``fit.contract``) into ``patches/contract.lock``, keeping the
     signatures the old lock accepted; a branch whose contract does not resolve leaves the lock as it is."""
+    if lock_items is None:
+        result.notes.append(f"{LOCK_NAME} not rewritten: no contract reader was given")
+        return
     try:
-        items = contract.lock_items(series, git, base_commit, "HEAD")
+        items = lock_items(series, git, base_commit, "HEAD")
     except C128Error as exc:
         result.notes.append(f"{LOCK_NAME} not rewritten: {exc.message}")
         return

@@ -3,7 +3,7 @@
 One line per use: what kind of definition, its dotted (Python) or qualified (C++) name, our use site,
 upstream's definition at the series base, the hash of its signature there (and of any signature
 accepted since, comma-separated), the call's shape, and the signature text after ``#`` for the
-reviewer. ``refresh`` writes it (``ops.contract``); a change of the surface shows in its diff.
+reviewer. ``refresh`` writes it (``fit.contract``); a change of the surface shows in its diff.
 """
 
 from __future__ import annotations

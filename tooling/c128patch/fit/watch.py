@@ -5,7 +5,7 @@ copy of the series, ``watch`` applies the series at its base (``ops.apply``), re
 (``ops.rebase``: the file the series chooses there, strict then 3-way, the ledger replaying recorded
 resolutions, entries with content evidence of being upstream dropped as proposals), which proves the
 result (``ops.equivalence``), then checks what it would hand over: ``lint`` and the gate ``audit``
-of the series carried to REV, and the CPU tree checks (``ops.treechecks``). The outcome:
+of the series carried to REV, and the CPU tree checks (``fit.treechecks``). The outcome:
 
 * ``clean`` (exit 0): every entry's file applies strictly on REV; nothing to do;
 * ``refreshed`` (exit 3): entries needed a 3-way merge or a ledger resolution, all proven. The
@@ -24,15 +24,15 @@ of the series carried to REV, and the CPU tree checks (``ops.treechecks``). The 
 * ``failed`` (exit 6): the series carried, but the result is not proven, the refreshed series does
   not verify, or a check has findings (listed). Nothing is offered as ready;
 * ``broken`` (exit 7): the series carried, but it does not fit REV: its API contract
-  (``ops.contract``, against the committed ``patches/contract.lock``) has an upstream module, name,
+  (``fit.contract``, against the committed ``patches/contract.lock``) has an upstream module, name,
   attribute or header gone, a call that does not bind, or a signature changed since the lock. Each
   item is listed with our file:line, upstream's file:line and both signatures. Or the behavioural tier
-  (``ops.treecheck``, gates off and on, on the carried work tree, with ``python``) fails there: a module
+  (``fit.treecheck``, gates off and on, on the carried work tree, with ``python``) fails there: a module
   that no longer imports, a gate probe that no longer switches, a missing module or name it imports;
 * ``unchecked`` (exit 8): it would be ``clean``, but the C++ side (no nvcc) or the behavioural tier (no
   torch, or it did not run) could not be checked here: one line each, never ``clean``.
 
-For ``conflict`` and ``broken``, ``bisect`` (``ops.bisect``, at most ``BISECT_TIMEOUT`` s) names the
+For ``conflict`` and ``broken``, ``bisect`` (``fit.bisect``, at most ``BISECT_TIMEOUT`` s) names the
 first upstream commit between the base and REV where the series stops applying or fitting.
 
 Conflict outranks broken, broken outranks failed, failed outranks merged, merged outranks refreshed,
@@ -63,19 +63,19 @@ from c128patch import exitcodes
 from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
-from c128patch.ops import bisect as bisect_ops
-from c128patch.ops import contract as contract_ops
+from c128patch.fit import bisect as bisect_ops
+from c128patch.fit import contract as contract_ops
 from c128patch.ops import refresh as refresh_ops
-from c128patch.ops import treecheck as tier_ops
+from c128patch.fit import treecheck as tier_ops
 from c128patch.ops.apply import apply_series
 from c128patch.ops.equivalence import tree_without_provenance
 from c128patch.ops.identity import git_command
 from c128patch.ops.lint import lint_stack
 from c128patch.ops.merged import CONTENT
 from c128patch.ops.rebase import Rebase, render_markdown
-from c128patch.ops.series_audit import audit_series
-from c128patch.ops.treechecks import check_tree
-from c128patch.ops.watch_report import broken_next, commit_message, headline, render
+from c128patch.fit.series_audit import audit_series
+from c128patch.fit.treechecks import check_tree
+from c128patch.fit.watch_report import broken_next, commit_message, headline, render
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.contract import read_lock
 from c128patch.series.layers import head_of, layer_folders, layer_rows, layers_of, stack
@@ -273,7 +273,7 @@ class Watch:
         return report
 
     def _bisect(self, behaviour: bool = False) -> dict:
-        """``ops.bisect``: the upstream commit that broke it, bounded by ``BISECT_TIMEOUT`` (said in the report);
+        """``fit.bisect``: the upstream commit that broke it, bounded by ``BISECT_TIMEOUT`` (said in the report);
         ``behaviour``: the break is the behavioural tier's alone, so each step runs it too."""
         self._step(f"bisecting {self.series.base}..{self.onto} (at most {BISECT_TIMEOUT:g} s)")
         try:
@@ -306,7 +306,7 @@ class Watch:
                 "json": result.to_json()}
 
     def _start_tier(self, git: Git, series: Series, onto_commit: str, head: str) -> tier_ops.Pending | str:
-        """``ops.treecheck`` (gates off and on) on the carried tree, started; a str says why it did not start."""
+        """``fit.treecheck`` (gates off and on) on the carried tree, started; a str says why it did not start."""
         self._step(f"behavioural tier on {self.onto} (started)")
         try:
             git.run("checkout", "--quiet", "--force", "--detach", head)
@@ -375,7 +375,7 @@ class Watch:
                 "version": target.version, "base": target.base, "problems": [], "path": "series",
                 "applies_strictly": False, "same_tree": False, "fixed_point": False}
         try:
-            export = refresh_ops.export(target, git, primary=primary)
+            export = refresh_ops.export(target, git, primary=primary, lock_items=contract_ops.lock_items)
             info["changed"], info["notes"] = refresh_ops.write(target, export), export.notes
         except WatchTimeout:
             raise
@@ -407,7 +407,7 @@ class Watch:
         if not info["same_tree"]:
             problems.append(f"the refreshed series applied on {self.onto} gives tree {ours[:12]}, the proven rebase "
                             f"gave {rebased[:12]}")
-        again = refresh_ops.export(new, git).changes(new.root)
+        again = refresh_ops.export(new, git, lock_items=contract_ops.lock_items).changes(new.root)
         info["fixed_point"] = not again
         if again:
             problems.append(f"refresh --check on the refreshed series would change {', '.join(again)}")

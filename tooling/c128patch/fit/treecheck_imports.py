@@ -15,10 +15,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
-
-if TYPE_CHECKING:
-    from c128patch.ops.treecheck import TreecheckResult
+from typing import Iterator
 
 PACKAGE = "sglang"
 _GUARDS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
@@ -174,12 +171,3 @@ def check(root: Path, modules: list[str]) -> dict[str, dict]:
                        {"status": "ok", "detail": "", "imports": len(uses)})
     return out
 
-
-def annotate(result: TreecheckResult) -> None:
-    """A module that did not import says that its imports resolve (it stays not checked); ``result.imports``
-    (``check``, run by the tier's subprocess) says what is missing where they do not."""
-    for tier in result.tiers:
-        for name, m in tier.modules.items():
-            found = result.imports.get(name)
-            if m["status"] == "not checked" and found and found["status"] == "ok":
-                m["detail"] += f"; its {found['imports']} sglang imports resolve on this tree's files"

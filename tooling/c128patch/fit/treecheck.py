@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
-from c128patch.ops import treecheck_imports as imports
+from c128patch.fit import treecheck_imports as imports
 from c128patch.series.manifest import Series
 
 RUNNER = Path(__file__).with_name("treecheck_runner.py")
@@ -131,7 +131,7 @@ class Pending:
             if "error" in tier:
                 raise C128Error(f"the behavioural tier (gates {state}) failed to run: {tier['error']}")
             result.tiers.append(TierResult(state, data["torch"], tier.get("modules", {}), tier.get("probes", {})))
-        imports.annotate(result)
+        _annotate(result)
         return result
 
     def kill(self) -> None:
@@ -175,12 +175,12 @@ def changed_paths(git: Git, base: str, head: str) -> list[str]:
 
 
 def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | None = None) -> TreecheckResult:
-    """The tier on the series replayed at ``commit`` (``ops.contract.patched_tree``), unpacked into a temporary folder."""
+    """The tier on the series replayed at ``commit`` (``fit.contract.patched_tree``), unpacked into a temporary folder."""
     import io
     import tarfile
     import tempfile
 
-    from c128patch.ops import contract
+    from c128patch.fit import contract
 
     head = contract.patched_tree(series, git, rev, commit)
     paths = changed_paths(git, commit, head)
@@ -189,3 +189,13 @@ def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | No
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             tar.extractall(tmp, filter="data")
         return run(series, Path(tmp), paths, python=python)
+
+
+def _annotate(result: TreecheckResult) -> None:
+    """A module that did not import says that its imports resolve (it stays not checked); ``result.imports``
+    (``check``, run by the tier's subprocess) says what is missing where they do not."""
+    for tier in result.tiers:
+        for name, m in tier.modules.items():
+            found = result.imports.get(name)
+            if m["status"] == "not checked" and found and found["status"] == "ok":
+                m["detail"] += f"; its {found['imports']} sglang imports resolve on this tree's files"

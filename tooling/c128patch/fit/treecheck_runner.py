@@ -1,11 +1,11 @@
-"""Run in a subprocess by ``ops.treecheck`` (no c128patch imports): import each module of a tree and
+"""Run in a subprocess by ``fit.treecheck`` (no c128patch imports): import each module of a tree and
 say, per module, ok / not checked (a third-party package this interpreter lacks) / failed.
 
 argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON IMPORTS_PY MODULE...; prints one JSON object. torch is
 imported once, then one forked child per gate state (off: the gates unset; on: each set to 1) imports
 the modules from a clean slate and calls each probe (module, zero-argument function, what it must
 return with the gates on / off) where its module imported, while this process runs the static import
-check (IMPORTS_PY, ``ops/treecheck_imports.py``, loaded by path). A package ``__init__`` that stops on
+check (IMPORTS_PY, ``fit/treecheck_imports.py``, loaded by path). A package ``__init__`` that stops on
 a missing third-party package is kept as far as it ran (the modules below it are still tried).
 """
 

@@ -1,6 +1,6 @@
 """What ``watch`` tells a maintainer: the one-line headline, the Markdown report (the body CI posts
 as a pull request or an issue), and the commit message of a refreshed series. Reads the report
-dict ``ops.watch`` builds; decides nothing."""
+dict ``fit.watch`` builds; decides nothing."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``bisect``: the first upstream commit between the series' base and REV at which the series stops
-applying or stops fitting (its API contract, ``ops.contract``: an error or a changed signature; with
-``behaviour``, also the behavioural tier, ``ops.treecheck``: a module that fails to import or run).
+applying or stops fitting (its API contract, ``fit.contract``: an error or a changed signature; with
+``behaviour``, also the behavioural tier, ``fit.treecheck``: a module that fails to import or run).
 
 In a scratch bare clone (objects shared with upstream; nothing of the user's touched), ``git bisect
 start --no-checkout REV BASE`` and ``git bisect run`` with ``c128patch contract --sglang-rev
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
-from c128patch.ops import contract, treecheck
+from c128patch.fit import contract, treecheck
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import layer_args
 from c128patch.series.manifest import Series

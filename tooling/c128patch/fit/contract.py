@@ -8,7 +8,7 @@ module constant, attribute chains through modules, classes, module-level instanc
 Envs()``) and their members, the calls among them with their shape (positional count, keyword
 names), and ``SGLANG_*`` names in string literals (declared on ``envs``). Each is resolved on the
 tree to upstream's definition; definitions that are ours (an overlay, a line a patch adds) and
-anything outside ``sglang`` are left out. For the CUDA side (``ops.contract_cxx``): the upstream
+anything outside ``sglang`` are left out. For the CUDA side (``fit.contract_cxx``): the upstream
 headers our ``.cuh`` code includes, and each upstream name it uses with its declarations.
 
 ``check`` resolves every use on a tree: a missing module, name, attribute or header is an error; a
@@ -32,7 +32,7 @@ from typing import Iterator
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
-from c128patch.ops import contract_cxx as cxx
+from c128patch.fit import contract_cxx as cxx
 from c128patch.series.contract import Lock, LockItem, sig_hash
 from c128patch.series.manifest import Series
 
@@ -844,7 +844,7 @@ def accept(lock: Lock, result: ContractResult) -> int:
 
 
 def probe_cxx(series: Series, git: Git, head: str) -> tuple[bool | None, str]:
-    """The nvcc signature probe on ``head``'s headers (``ops.contract_cxx.probe``), cached by the headers'
+    """The nvcc signature probe on ``head``'s headers (``fit.contract_cxx.probe``), cached by the headers'
     tree id, the probe's text and the compiler (the headers of an unchanged upstream compile once)."""
     import hashlib
     import json
