@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from unidiff import PatchSet
+from unidiff import Hunk, PatchSet
 from unidiff.errors import UnidiffParseError
 
 from c128patch.errors import C128Error
@@ -19,6 +19,12 @@ from c128patch.series.paths import check_relpath
 _TRAILER = re.compile(r"^(C128patch-[A-Za-z-]+):\s*(.*)$", re.MULTILINE)
 _INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: \d+)?$")
 NULL_BLOB = "0" * 40
+
+
+def hunk_header(hunk: Hunk, *, section: bool = False) -> str:
+    """``@@ -a,b +c,d @@`` of a unidiff hunk (with its section text when ``section``): the one spelling."""
+    head = f"@@ -{hunk.source_start},{hunk.source_length} +{hunk.target_start},{hunk.target_length} @@"
+    return f"{head} {hunk.section_header}" if section and hunk.section_header else head
 
 
 @dataclass
@@ -69,9 +75,7 @@ class PatchInfo:
                 continue
             best = None
             for i, hunk in enumerate(pf, 1):
-                header = f"@@ -{hunk.source_start},{hunk.source_length} +{hunk.target_start},{hunk.target_length} @@"
-                if hunk.section_header:
-                    header += f" {hunk.section_header}"
+                header = hunk_header(hunk, section=True)
                 if hunk.source_start == line:
                     return i, header
                 if hunk.source_start <= line:
