@@ -11,7 +11,6 @@ import click
 
 from c128patch.cli.common import (
     emit_json,
-    get_series,
     handles_errors,
     json_option,
     locate_tree,
@@ -45,12 +44,13 @@ if TYPE_CHECKING:
 @json_option
 @handles_errors
 def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | None, cont: bool, abort: bool,
-            series_dir: Path | None, as_json: bool) -> None:
+            series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Check out REV on a new branch and apply the series, one commit per entry."""
     from c128patch.git import Git
     from c128patch.ops.apply import Apply, clone_template
     from c128patch.ops.check import support_note
     from c128patch.progress import reporter
+    from c128patch.series.layers import get_series
     from c128patch.series.plan import check_paths_at, plan
     from c128patch.upstream.source import discard_fresh_tree, is_url, open_upstream, prepare_tree, refuse_git_dir
 
@@ -60,9 +60,9 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     if rev is None:
         if branch:
             raise C128Error("--branch goes with --sglang-rev")
-        _finish(tree or (Path(repo) if repo and not is_url(repo) else None), cont, series_dir, as_json)
+        _finish(tree or (Path(repo) if repo and not is_url(repo) else None), cont, series_dir, layer_dirs, as_json)
         return
-    series = get_series(series_dir)
+    series = get_series(series_dir, layer_dirs)
     if tree is not None:
         refuse_git_dir(tree)
     with reporter(not as_json, title="apply") as rep:
@@ -137,17 +137,18 @@ def _interrupted(tree: Path) -> Interrupted:
     return Interrupted(f"interrupted: the apply journal is intact; resume with `{resume}` or undo with `{undo}`")
 
 
-def _finish(where: Path | None, cont: bool, series_dir: Path | None, as_json: bool) -> None:
+def _finish(where: Path | None, cont: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """--continue / --abort, in ``where`` (None: the tree ``locate_tree`` finds, as status does)."""
     from c128patch.git import Git
     from c128patch.ops.apply import Apply
     from c128patch.progress import console, reporter
+    from c128patch.series.layers import get_series
 
     if where is not None and not where.is_dir():
         raise C128Error(f"no such folder: {where}")
     git = Git(worktree=locate_tree(where))
     with reporter(not as_json and cont, title="apply") as rep:
-        op = Apply(git, get_series(series_dir) if series_dir else None, rep)
+        op = Apply(git, get_series(series_dir, layer_dirs) if series_dir else None, rep)
         try:
             if cont:
                 result = op.resume()
@@ -176,9 +177,9 @@ def _finish(where: Path | None, cont: bool, series_dir: Path | None, as_json: bo
 def _report(result: ApplyResult, series: Series, git: Git, as_json: bool, older: str = "") -> None:
     from c128patch.evidence.matrix import verification_note
     from c128patch.progress import console
-    from c128patch.series.layers import describe, head_of, layer_rows
+    from c128patch.series.layers import describe, layer_rows
 
-    note = verification_note(head_of(series), git, result.upstream_commit, result.rev)
+    note = verification_note(series.ours, git, result.upstream_commit, result.rev)
     if as_json:
         emit_json({"ok": True, **result.to_json(), "evidence_note": note, "support_note": older,
                    "layers": layer_rows(series)})

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import emit_json, handles_errors, json_option, repo_option, series_option
 
 
 @click.command("audit")
@@ -17,16 +17,16 @@ from c128patch.cli.common import emit_json, get_series, handles_errors, json_opt
 @series_option
 @json_option
 @handles_errors
-def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, as_json: bool) -> None:
+def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Gate audit: statements a gated entry adds with side effects must run only under its env gate."""
-    from c128patch.ops.audit import RULES
     from c128patch.fit.series_audit import audit_series
+    from c128patch.ops.audit import RULES
     from c128patch.progress import console, reporter
-    from c128patch.series.layers import layer_rows
+    from c128patch.series.layers import get_series, layer_rows
     from c128patch.series.plan import validate_files
     from c128patch.upstream.source import open_upstream
 
-    series = get_series(series_dir)
+    series = get_series(series_dir, layer_dirs)
     validate_files(series)
     revs = revs or (series.base,)
     rows = []

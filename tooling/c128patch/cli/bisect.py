@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import emit_json, handles_errors, json_option, repo_option, series_option
 
 
 @click.command("bisect")
@@ -20,16 +20,17 @@ from c128patch.cli.common import emit_json, get_series, handles_errors, json_opt
 @series_option
 @json_option
 @handles_errors
-def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python: str | None, series_dir: Path | None,
+def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...],
             as_json: bool) -> None:
     """Find the first upstream commit between the series' base and REV at which the series stops
     applying or its API contract (with --behaviour, also its behavioural tier) breaks (git bisect run, in a scratch clone); print it, its subject
     and what fails there."""
     from c128patch.fit.bisect import bisect
     from c128patch.progress import console, reporter
+    from c128patch.series.layers import get_series
     from c128patch.series.plan import validate_files
 
-    series = get_series(series_dir)
+    series = get_series(series_dir, layer_dirs)
     validate_files(series)
     with reporter(not as_json, title="bisect") as rep:
         report = bisect(series, repo, onto, timeout=timeout, behaviour=behaviour, python=python, reporter=rep)

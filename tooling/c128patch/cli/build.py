@@ -9,7 +9,6 @@ import click
 from c128patch.cli.common import (
     check_output_dir,
     emit_json,
-    get_series,
     handles_errors,
     json_option,
     repo_option,
@@ -30,17 +29,18 @@ from c128patch.cli.common import (
 @json_option
 @handles_errors
 def command(rev: str, repo: str | None, tree: Path | None, out_dir: Path, base_version: str | None,
-            no_isolation: bool, series_dir: Path | None, as_json: bool) -> None:
+            no_isolation: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Source-build a patched sglang wheel (PEP 517), for commits that have no release wheel.
 
     Applies the series first unless the tree already is REV + this series; the wheel gets the same
     version label, provenance and SBOM as `c128patch wheel`."""
     from c128patch.progress import console, reporter
+    from c128patch.series.layers import get_series
     from c128patch.upstream.source import open_upstream
     from c128patch.wheel.srcbuild import build_wheel
 
     check_output_dir(out_dir, "-o")
-    series = get_series(series_dir)
+    series = get_series(series_dir, layer_dirs)
     with reporter(not as_json, title="build") as rep:
         upstream = open_upstream(repo, [rev], rep)
         result = build_wheel(series, upstream, rev, tree, out_dir, base_override=base_version,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import emit_json, handles_errors, json_option, repo_option, series_option
 
 if TYPE_CHECKING:
     from c128patch.git import Git
@@ -63,7 +63,7 @@ def _verdict(verb: str, v: Verdict | None) -> str:
 @series_option
 @json_option
 @handles_errors
-def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, series_dir: Path | None,
+def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...],
             as_json: bool) -> None:
     """Does the series apply to each REV, and what would apply and wheel do? Nothing is checked out.
     Per entry: which file was chosen and by which rule (exact/most preimage blobs, ancestor,
@@ -72,11 +72,11 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
 
     from c128patch.ops.check import check_revs
     from c128patch.progress import console, reporter
-    from c128patch.series.layers import describe, layer_rows
+    from c128patch.series.layers import describe, get_series, layer_rows
     from c128patch.series.plan import validate_files
     from c128patch.upstream.source import open_upstream
 
-    series = get_series(series_dir)
+    series = get_series(series_dir, layer_dirs)
     validate_files(series)
     with reporter(not as_json, total=len(revs), title="check") as rep:
         upstream = open_upstream(repo, list(revs), rep)

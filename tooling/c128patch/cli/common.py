@@ -7,16 +7,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import click
 
 from c128patch import exitcodes
 from c128patch.errors import C128Error, ConflictError
 from c128patch.upstream import DEFAULT_TREE
-
-if TYPE_CHECKING:
-    from c128patch.series.manifest import Series
 
 # A verb's module imports only click and this module at its top, so that its --help starts fast; the
 # core modules are imported in the bodies that use them.
@@ -29,22 +26,14 @@ _series_dir_option = click.option(
     default=None,
     help="Folder holding patches/series.toml (default: the series this tool carries).",
 )
-_LAYERS = "c128patch.layers"
-
-
-def _remember_layers(ctx: click.Context, _param: click.Parameter, value: tuple[Path, ...]) -> None:
-    ctx.meta[_LAYERS] = tuple(value)
-
-
 layer_option = click.option(
-    "--layer", "layer_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path), expose_value=False,
-    callback=_remember_layers,
+    "--layer", "layer_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
     help="A layer folder (the series format) replayed after the series, in the order given; repeatable "
          "(default: $C128PATCH_LAYERS, else [layers] paths in c128patch.toml here or above; docs/layers.md).")
 
 
 def series_option(fn: Callable) -> Callable:
-    """--series DIR and --layer DIR (read by ``get_series``)."""
+    """--series DIR and --layer DIR (``series_dir``, ``layer_dirs``: the arguments of ``get_series``)."""
     return _series_dir_option(layer_option(fn))
 repo_option = click.option("--repo", default=None, help="Upstream: a local clone (PATH) or a git URL (cloned once into the cache). Default: the sglang release wheels.")
 
@@ -96,21 +85,6 @@ def locate_tree(tree: Path | None) -> Path:
         f"no sglang tree here: {here} is not in a git repository and ./{DEFAULT_TREE} (where `c128patch apply` "
         "makes its tree) is not one; run from the tree, or pass --tree DIR"
     )
-
-
-def given_layers() -> tuple[Path, ...]:
-    """The folders --layer named (none: the env or the config decides, ``series.layers.find_layers``)."""
-    ctx = click.get_current_context(silent=True)
-    return ctx.meta.get(_LAYERS, ()) if ctx is not None else ()
-
-
-def get_series(series_dir: Path | None) -> Series:
-    """The series, with its layers (``series.layers``) when any are named."""
-    from c128patch.series.layers import find_layers, stack
-    from c128patch.series.manifest import default_series_root, load_series
-
-    series = load_series(series_dir or default_series_root())
-    return stack(series, find_layers(given_layers()).folders)
 
 
 def check_output_dir(path: Path, option: str) -> Path:

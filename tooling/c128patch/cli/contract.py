@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import emit_json, handles_errors, json_option, repo_option, series_option
 from c128patch.errors import C128Error
 
 if TYPE_CHECKING:
@@ -46,18 +46,19 @@ def _print(label: str, result: ContractResult, probe: tuple[bool | None, str] | 
 @json_option
 @handles_errors
 def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: bool, use_nvcc: bool | None,
-            verbose: bool, series_dir: Path | None, as_json: bool) -> None:
+            verbose: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Does the series still fit each upstream? Resolve every upstream module, name, attribute and call
     our code uses (overlays and the lines patches add), bind each call to the definition's signature,
     and compare each signature with patches/contract.lock. Exit 1 on an error or a changed signature."""
-    from c128patch.git import Git, toplevel
     from c128patch.fit import contract as core
+    from c128patch.git import Git, toplevel
     from c128patch.progress import console, reporter
     from c128patch.series.contract import read_lock
+    from c128patch.series.layers import get_series
     from c128patch.series.plan import validate_files
     from c128patch.upstream.source import open_upstream
 
-    series = get_series(series_dir)
+    series = get_series(series_dir, layer_dirs)
     validate_files(series)
     if bool(revs) == (tree is not None):
         raise C128Error("pass --sglang-rev X (one or more) or --tree DIR, not both and not neither")

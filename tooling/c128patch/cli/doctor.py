@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, series_option
+from c128patch.cli.common import emit_json, handles_errors, json_option, series_option
 from c128patch.errors import C128Error
 
 _STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "error": "red"}
@@ -21,7 +21,7 @@ _STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "error": "red"}
 @json_option
 @click.argument("launch_args", nargs=-1, type=click.UNPROCESSED)
 @handles_errors
-def command(python: str, series_dir: Path | None, as_json: bool, launch_args: tuple[str, ...]) -> None:
+def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool, launch_args: tuple[str, ...]) -> None:
     """Will the installed sglang do what the envs ask? Run it where the server will run.
 
     \b
@@ -32,10 +32,11 @@ def command(python: str, series_dir: Path | None, as_json: bool, launch_args: tu
     nvcc, apache-tvm-ffi and the GPU. Exit 1 when something would not do what the envs ask.
     """
     from c128patch.progress import console
+    from c128patch.series.layers import get_series
     from c128patch.serve.doctor import diagnose
 
     try:
-        series = get_series(series_dir)
+        series = get_series(series_dir, layer_dirs)
     except C128Error:
         if series_dir is not None:
             raise

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, series_option
+from c128patch.cli.common import emit_json, handles_errors, json_option, series_option
 
 
 @click.command("gates")
@@ -14,15 +14,16 @@ from c128patch.cli.common import emit_json, get_series, handles_errors, json_opt
 @series_option
 @json_option
 @handles_errors
-def command(markdown: bool, series_dir: Path | None, as_json: bool) -> None:
+def command(markdown: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """The env reference: every variable the series adds or reads, its default, what it does, what it conflicts with."""
     from rich.table import Table
     from rich.text import Text
 
     from c128patch.progress import console
     from c128patch.series.gates import render_markdown
+    from c128patch.series.layers import get_series
 
-    series = get_series(series_dir)
+    series = get_series(series_dir, layer_dirs)
     entry_gates = {e.name: e.gate for e in series.entries}
     if as_json:
         emit_json({"ok": True, "series": {"name": series.name, "version": series.version},

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, locate_tree, tree_option
+from c128patch.cli.common import emit_json, handles_errors, json_option, locate_tree, tree_option
 
 _series_dir = click.option("--series", "series_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                            help="Folder holding patches/series.toml (default: the series this tool carries).")
@@ -31,9 +31,9 @@ def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bo
     """Make an empty layer in FOLDER (FOLDER/patches/series.toml)."""
     from c128patch.ops.layer import new_layer
     from c128patch.progress import console
-    from c128patch.series.layers import head_of
+    from c128patch.series.manifest import default_series_root, load_series
 
-    layer = new_layer(folder, name, head_of(get_series(series_dir)), base)
+    layer = new_layer(folder, name, load_series(series_dir or default_series_root()), base)
     payload = {"ok": True, "layer": {"name": layer.name, "version": layer.version, "base": layer.base,
                                      "path": str(layer.root)}}
     if as_json:
@@ -64,10 +64,10 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
     from c128patch.git import Git
     from c128patch.ops.layer import add_entry as add
     from c128patch.progress import console
-    from c128patch.series.layers import head_of
+    from c128patch.series.manifest import default_series_root, load_series
 
     git = Git(worktree=locate_tree(tree))
-    done = add(folder, head_of(get_series(series_dir)), git, commit, why, gate, name)
+    done = add(folder, load_series(series_dir or default_series_root()), git, commit, why, gate, name)
     errors = [f for f in done.findings if f.level == "error"]
     if as_json:
         emit_json({"ok": not errors, "layer": done.layer, "entry": done.entry, "file": done.file, "commit": done.commit,

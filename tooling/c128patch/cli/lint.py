@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import emit_json, handles_errors, json_option, repo_option, series_option
 
 
 @click.command("lint")
@@ -18,19 +18,19 @@ from c128patch.cli.common import emit_json, get_series, handles_errors, json_opt
 @series_option
 @json_option
 @handles_errors
-def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Path | None, as_json: bool) -> None:
+def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Validate the series manifest and its files."""
+    from c128patch.fit.series_audit import audit_series
     from c128patch.ops.lint import Finding, lint_stack
     from c128patch.ops.lint import update_hashes as record_hashes
-    from c128patch.fit.series_audit import audit_series
     from c128patch.progress import console, reporter
-    from c128patch.series.layers import describe
+    from c128patch.series.layers import describe, get_series
     from c128patch.upstream.source import open_upstream
 
-    series = get_series(series_dir)
+    series = get_series(series_dir, layer_dirs)
     if update_hashes:
         record_hashes(series)
-        series = get_series(series_dir)
+        series = get_series(series_dir, layer_dirs)
     upstream = None
     if not offline:
         with reporter(not as_json, title="lint") as rep:

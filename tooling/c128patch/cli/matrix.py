@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, series_option
+from c128patch.cli.common import emit_json, handles_errors, json_option, series_option
 from c128patch.errors import C128Error
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def entry_table(rows: list[ReleaseRow]) -> Table:
 @json_option
 @handles_errors
 def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, as_markdown: bool,
-            series_dir: Path | None, as_json: bool) -> None:
+            series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Releases x {applies strict / 3-way, compiles for sm_90a, GPU suite, memcheck, racecheck,
     differential}, read from the committed results; stale or missing evidence says so."""
     from rich.console import Console
@@ -80,10 +80,11 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
     from c128patch.evidence.matrix import build_matrix, markdown
     from c128patch.evidence.results import results_root
     from c128patch.progress import console, reporter
+    from c128patch.series.layers import get_series
     from c128patch.upstream.releases import DEFAULT_RELEASES, release_version, tag_for
     from c128patch.upstream.source import open_upstream
 
-    series = get_series(series_dir)
+    series = get_series(series_dir, layer_dirs)
     root = results_dir or results_root(series)
     wanted = list(revs) or [tag_for(v) for v in DEFAULT_RELEASES]
     if repo is None:

@@ -12,8 +12,6 @@ import click
 from c128patch.cli.common import (
     check_output_dir,
     emit_json,
-    get_series,
-    given_layers,
     handles_errors,
     json_option,
     locate_tree,
@@ -66,7 +64,7 @@ def _onto_commit(git: Git, rev: str, repo: str | None) -> str:
 @json_option
 @handles_errors
 def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: bool, drop: tuple[str, ...],
-            report_dir: Path | None, tree: Path | None, repo: str | None, series_dir: Path | None,
+            report_dir: Path | None, tree: Path | None, repo: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...],
             as_json: bool) -> None:
     """Move the patched branch onto another upstream rev: each entry replays the file the series
     chooses there, your edits are carried, the result is proven equal to a fresh apply."""
@@ -78,7 +76,7 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     from c128patch.ops.rebase import Journal, Rebase
     from c128patch.ops.treestate import rebase_command, rebase_journal, repo_lock
     from c128patch.progress import console
-    from c128patch.series.layers import stack
+    from c128patch.series.layers import get_series, stack
     from c128patch.series.manifest import load_series
 
     chosen = [n for n, on in (("--onto", onto), ("--continue", cont), ("--skip", skip), ("--abort", abort),
@@ -95,8 +93,8 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     if not onto and journal.is_file():  # go on with the series (and layers) the rebase started with
         started = Journal.load(journal, git)
         series_dir = series_dir or Path(started.series_root)
-        layers = None if given_layers() else started.layers
-    series = get_series(series_dir) if layers is None else stack(load_series(series_dir), [Path(p) for p in layers])
+        layers = None if layer_dirs else started.layers
+    series = get_series(series_dir, layer_dirs) if layers is None else stack(load_series(series_dir), [Path(p) for p in layers])
     rb = Rebase(git, series)
     report: dict = {}
     pool = ThreadPoolExecutor(max_workers=1)  # the contract is checked on the new tip beside the checkout and proof

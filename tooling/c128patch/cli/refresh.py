@@ -10,7 +10,6 @@ import click
 from c128patch import exitcodes
 from c128patch.cli.common import (
     emit_json,
-    get_series,
     handles_errors,
     json_option,
     locate_tree,
@@ -32,17 +31,17 @@ from c128patch.cli.common import (
 @json_option
 @handles_errors
 def command(tree: Path | None, check_only: bool, primary: bool | None, version: str | None, accept_differences: bool,
-            series_dir: Path | None, as_json: bool) -> None:
+            series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Export the patched branch back into patches/ and the manifest."""
     from c128patch.fit.contract import lock_items
     from c128patch.git import Git
     from c128patch.ops import refresh as core
     from c128patch.ops.treestate import ensure_clean, ensure_idle, repo_lock
     from c128patch.progress import console
-    from c128patch.series.layers import describe, layer_rows
+    from c128patch.series.layers import describe, get_series, layer_rows
     from c128patch.series.provenance import read_provenance
 
-    series = get_series(series_dir)
+    series = get_series(series_dir, layer_dirs)
     git = Git(worktree=locate_tree(tree))
     with repo_lock(git, "refresh"):
         ensure_idle(git, "refresh")

@@ -11,7 +11,6 @@ import click
 from c128patch import exitcodes
 from c128patch.cli.common import (
     emit_json,
-    get_series,
     handles_errors,
     json_option,
     locate_tree,
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
 @series_option
 @json_option
 @handles_errors
-def command(tree: Path | None, series_dir: Path | None, as_json: bool) -> None:
+def command(tree: Path | None, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Which series is applied on which upstream rev, and what changed since.
 
     Exit 0 when the tree equals a fresh apply of the series (HEAD proven identical, nothing uncommitted);
@@ -39,11 +38,12 @@ def command(tree: Path | None, series_dir: Path | None, as_json: bool) -> None:
     from c128patch.git import Git
     from c128patch.ops.status import tree_status
     from c128patch.progress import console
+    from c128patch.series.layers import get_series
     from c128patch.upstream.source import DEFAULT_TREE
 
     root = locate_tree(tree)
     try:
-        series = get_series(series_dir)
+        series = get_series(series_dir, layer_dirs)
     except C128Error:
         series = None
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import emit_json, handles_errors, json_option, repo_option, series_option
 from c128patch.errors import C128Error
 
 
@@ -22,19 +22,20 @@ from c128patch.errors import C128Error
 @series_option
 @json_option
 @handles_errors
-def command(tree: Path | None, rev: str | None, repo: str | None, python: str | None, series_dir: Path | None,
+def command(tree: Path | None, rev: str | None, repo: str | None, python: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...],
             as_json: bool) -> None:
     """Import every module the series adds or changes on a patched tree, with the gates off and on, in a
     subprocess: each ok, failed, or not checked (a package the interpreter lacks; no torch: nothing), and
     resolve each one's sglang imports against the tree's files (a missing module or name fails).
     Exit 1 when a module fails, or when nothing could be checked."""
-    from c128patch.git import Git, toplevel
     from c128patch.fit import contract, treecheck
+    from c128patch.git import Git, toplevel
     from c128patch.progress import console
+    from c128patch.series.layers import get_series
     from c128patch.series.plan import validate_files
     from c128patch.upstream.source import open_upstream
 
-    series = get_series(series_dir)
+    series = get_series(series_dir, layer_dirs)
     validate_files(series)
     if (rev is None) == (tree is None):
         raise C128Error("pass --tree DIR or --sglang-rev X (one of them)")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, given_layers, handles_errors, json_option, layer_option
+from c128patch.cli.common import emit_json, handles_errors, json_option, layer_option
 
 
 @click.command("verify-wheel")
@@ -22,7 +22,7 @@ from c128patch.cli.common import emit_json, given_layers, handles_errors, json_o
 @layer_option
 @json_option
 @handles_errors
-def command(wheel: Path, series_dir: Path | None, upstream_wheel: Path | None, no_authenticity: bool,
+def command(wheel: Path, series_dir: Path | None, layer_dirs: tuple[Path, ...], upstream_wheel: Path | None, no_authenticity: bool,
             compile_all: bool, as_json: bool) -> None:
     """Check a patched wheel: RECORD, version, SBOM vs provenance, every entry's effect present, and
     (unless --no-authenticity) that it is exactly its upstream wheel plus the declared diffs.
@@ -37,7 +37,7 @@ def command(wheel: Path, series_dir: Path | None, upstream_wheel: Path | None, n
 
     if no_authenticity and upstream_wheel is not None:
         raise C128Error("--upstream-wheel is for the authenticity check, which --no-authenticity skips")
-    layers = given_layers()  # with --layer: made from exactly the series (--series or this tool's) and these layers
+    layers = layer_dirs  # with --layer: made from exactly the series (--series or this tool's) and these layers
     series = stack(load_series(series_dir or default_series_root()), layers) \
         if series_dir is not None or layers else None
     result = verify_wheel(wheel, series, compile_all, authenticity=not no_authenticity, upstream_wheel=upstream_wheel)

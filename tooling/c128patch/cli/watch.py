@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json, get_series, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import emit_json, handles_errors, json_option, repo_option, series_option
 
 EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items())
 
@@ -30,16 +30,17 @@ EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items()
 @json_option
 @handles_errors
 def command(onto: str, repo: str | None, out: Path, timeout: float, primary: bool | None, python: str | None,
-            series_dir: Path | None, as_json: bool) -> None:
+            series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Carry the series onto REV in a scratch clone (never your tree), prove and check the result, and
     say which of clean / refreshed / merged / conflict / failed / broken / unchecked it is, with a report under --out."""
     from rich.table import Table
 
     from c128patch.fit import watch as core
     from c128patch.progress import console, reporter
+    from c128patch.series.layers import get_series
     from c128patch.series.plan import validate_files
 
-    series = get_series(series_dir)
+    series = get_series(series_dir, layer_dirs)
     validate_files(series)
     with reporter(not as_json, title="watch") as rep:
         report = core.watch(series, repo, onto, out, timeout=timeout, primary=primary, python=python, reporter=rep)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import check_output_dir, emit_json, get_series, handles_errors, json_option, series_option
+from c128patch.cli.common import check_output_dir, emit_json, handles_errors, json_option, series_option
 from c128patch.errors import C128Error
 
 if TYPE_CHECKING:
@@ -30,11 +30,11 @@ if TYPE_CHECKING:
 @json_option
 @handles_errors
 def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, python_tag: str | None,
-            platform: str | None, series_dir: Path | None, as_json: bool) -> None:
+            platform: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Patch a released sglang wheel with the series (no rebuild): new local version, provenance, SBOM."""
     from c128patch.evidence.matrix import release_note
     from c128patch.progress import console, reporter
-    from c128patch.series.layers import describe, head_of
+    from c128patch.series.layers import describe, get_series
     from c128patch.upstream.release_wheels import WheelTarget
     from c128patch.wheel.patch import patch_wheel, release_wheel
 
@@ -44,7 +44,7 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
         raise C128Error("--python-tag/--platform choose the wheel of --from-release; --from-wheel names it already")
     target = WheelTarget(python_tag, platform)
     check_output_dir(out_dir, "-o")
-    series = get_series(series_dir)
+    series = get_series(series_dir, layer_dirs)
     with reporter(not as_json, title="wheel") as rep:
         wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release), target, rep)
         older = _wheel_support_note(series, wheel)  # still tried, as check does
@@ -54,7 +54,7 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
             if older and exc.exit_code == exitcodes.FAILED:  # an entry does not apply: why, first in the hint
                 exc.hint = "\n".join([f"note: {older}", *([exc.hint] if exc.hint else [])])
             raise
-    note = release_note(head_of(series), result.upstream_version)
+    note = release_note(series.ours, result.upstream_version)
     if as_json:
         emit_json({"ok": True, **result.to_json(), "evidence_note": note, "support_note": older})
         return

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 from c128patch.errors import C128Error
-from c128patch.git import Git
 from c128patch.fit import contract, treecheck
+from c128patch.git import Git
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import layer_args
 from c128patch.series.manifest import Series

@@ -31,8 +31,8 @@ from pathlib import PurePosixPath
 from typing import Iterator
 
 from c128patch.errors import C128Error
-from c128patch.git import Git
 from c128patch.fit import contract_cxx as cxx
+from c128patch.git import Git
 from c128patch.series.contract import Lock, LockItem, sig_hash
 from c128patch.series.manifest import Series
 

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
 from c128patch.errors import C128Error
-from c128patch.git import Git
 from c128patch.fit import treecheck_imports as imports
+from c128patch.git import Git
 from c128patch.series.manifest import Series
 
 RUNNER = Path(__file__).with_name("treecheck_runner.py")

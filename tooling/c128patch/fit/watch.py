@@ -61,24 +61,24 @@ from typing import Callable, Iterator
 
 from c128patch import exitcodes
 from c128patch.errors import C128Error, ConflictError, DifferenceError
-from c128patch.git import Git
-from c128patch.jsonio import write_json_atomic
 from c128patch.fit import bisect as bisect_ops
 from c128patch.fit import contract as contract_ops
-from c128patch.ops import refresh as refresh_ops
 from c128patch.fit import treecheck as tier_ops
+from c128patch.fit.series_audit import audit_series
+from c128patch.fit.treechecks import check_tree
+from c128patch.fit.watch_report import broken_next, commit_message, headline, render
+from c128patch.git import Git
+from c128patch.jsonio import write_json_atomic
+from c128patch.ops import refresh as refresh_ops
 from c128patch.ops.apply import apply_series
 from c128patch.ops.equivalence import tree_without_provenance
 from c128patch.ops.identity import git_command
 from c128patch.ops.lint import lint_stack
 from c128patch.ops.merged import CONTENT
 from c128patch.ops.rebase import Rebase, render_markdown
-from c128patch.fit.series_audit import audit_series
-from c128patch.fit.treechecks import check_tree
-from c128patch.fit.watch_report import broken_next, commit_message, headline, render
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.contract import read_lock
-from c128patch.series.layers import head_of, layer_folders, layer_rows, layers_of, stack
+from c128patch.series.layers import layer_folders, layer_rows, layers_of, stack
 from c128patch.series.manifest import Series, load_series
 from c128patch.upstream.source import Upstream, open_upstream
 
@@ -133,7 +133,7 @@ def check_out_dir(out: Path) -> Path:
 def copy_series_root(series: Series, dest: Path) -> Series:
     """The series folder (``patches/`` and the folders its overlays come from) copied to ``dest``; a
     stack's layers each to ``dest/layers/<name>`` (carried, refreshed and reported with it)."""
-    parts = [(head_of(series), dest), *((layer, dest / "layers" / layer.name) for layer in layers_of(series))]
+    parts = [(series.ours, dest), *((layer, dest / "layers" / layer.name) for layer in layers_of(series))]
     for part, to in parts:
         tops = {"patches"} | {PurePosixPath(e.source).parts[0] for e in part.entries if not e.is_patch}
         for top in sorted(tops):

@@ -32,8 +32,18 @@ from c128patch.series.lazy_index import LazyIndex, plain_paths
 from c128patch.series.ledger import Conflict, Ledger, Resolution
 from c128patch.series.manifest import Series
 from c128patch.series.patchfile import NULL_BLOB, read_patch
-from c128patch.series.plan import (ENTRY_TRAILER, Planned, blob_id, check_paths_at, index_git, merged_entries,
-                                   path_kinds, plain_patch, plan, written_blob)
+from c128patch.series.plan import (
+    ENTRY_TRAILER,
+    Planned,
+    blob_id,
+    check_paths_at,
+    index_git,
+    merged_entries,
+    path_kinds,
+    plain_patch,
+    plan,
+    written_blob,
+)
 
 Outcome = Literal["clean", "3way", "ledger", "whitespace", "conflict", "collision", "skipped"]
 FAILED: tuple[Outcome, ...] = ("conflict", "collision")

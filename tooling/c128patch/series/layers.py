@@ -26,6 +26,7 @@ import re
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Sequence
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,7 +35,7 @@ else:  # pragma: no cover
 
 from c128patch.errors import C128Error
 from c128patch.git import is_git_dir_name
-from c128patch.series.manifest import MANIFEST, Entry, Series, Variant, load_series
+from c128patch.series.manifest import MANIFEST, Entry, Series, Variant, default_series_root, load_series
 
 LAYER_NAME = re.compile(r"[a-z][a-z0-9]{0,31}")
 LAYER_NAME_RULE = "1-32 characters of a-z 0-9, starting with a letter (it goes into the wheel's PEP 440 label)"
@@ -113,6 +114,10 @@ class Stack(Series):
         self.head = head
         self.layers = layers
 
+    @property
+    def ours(self) -> Series:
+        return self.head
+
     def part(self, name: str) -> tuple[Series, str]:
         return self._parts.get(name, (self.head, name))
 
@@ -141,11 +146,6 @@ class Stack(Series):
             mine.setdefault(id(part), []).append(replace(e, name=local))
         parts = [Series(p.root, p.name, p.version, base or p.base, mine.get(id(p), []), gates=p.gates) for p in owners]
         return Stack(parts[0], parts[1:])
-
-
-def head_of(series: Series) -> Series:
-    """Our series: a stack's first part, or ``series`` itself."""
-    return series.head if isinstance(series, Stack) else series
 
 
 def describe(series: Series) -> str:
@@ -241,6 +241,14 @@ def find_layers(given: tuple[Path, ...] = (), cwd: Path | None = None) -> LayerS
     if config is None:
         return LayerSource((), "")
     return LayerSource(read_config(config), str(config))
+
+
+def get_series(series_dir: Path | None, layers: Sequence[Path] = ()) -> Series:
+    """The series in ``series_dir`` (default: the one this tool carries) with ``layers`` stacked on it;
+    none given: the layers ``$C128PATCH_LAYERS`` or a ``c128patch.toml`` names (``find_layers``), as every
+    verb takes them."""
+    series = load_series(series_dir or default_series_root())
+    return stack(series, find_layers(tuple(layers)).folders)
 
 
 def stack(series: Series, folders: tuple[Path, ...] | list[Path]) -> Series:

@@ -129,6 +129,11 @@ class Series:
     gates: list[Gate] = field(default_factory=list)  # the env reference (series.gates); not in the digest
 
     @property
+    def ours(self) -> Series:
+        """Our series: this one (``layers.Stack``: its first part, without the layers)."""
+        return self
+
+    @property
     def manifest_path(self) -> Path:
         return self.root / MANIFEST
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from c128patch import __version__
 from c128patch.errors import C128Error
 from c128patch.git import Git
-from c128patch.series.layers import head_of, layer_rows
+from c128patch.series.layers import layer_rows
 from c128patch.series.manifest import Series, check_relpath, sha256_file
 
 if TYPE_CHECKING:  # series.plan pulls unidiff; reading a provenance record must not need it
@@ -44,7 +44,7 @@ def build(series: Series, planned: list[Planned], upstream: dict[str, Any], resu
             row["target"] = e.target
         row.update({k: v for k, v in by_name.get(e.name, {}).items() if k in ("applied", "commit")})
         entries.append(row)
-    head = head_of(series)
+    head = series.ours
     record = {
         "schema": SCHEMA,
         "tool": {"name": "c128patch", "version": __version__},

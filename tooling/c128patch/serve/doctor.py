@@ -35,7 +35,6 @@ from typing import Any, Literal, Sequence
 from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
-from c128patch.series.layers import head_of
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import record_problem
 from c128patch.serve.envs import EnvReading, load_environ, read_gates
@@ -173,7 +172,7 @@ def _build(report: Report, sg: Dist, series: Series | None) -> dict | None:
                                     f"{str(layer.get('digest', ''))[:8]}, base {layer.get('base')}): "
                                     f"{len(layer.get('entries', []))} entries, after the series")
     if series is not None:
-        if s.get("digest") == head_of(series).digest():
+        if s.get("digest") == series.ours.digest():
             report.add("ok", "series", f"the build carries this tool's series {series.name} {series.version}")
         else:
             report.add("warn", "series", f"the build carries series {s.get('name')} {s.get('version')} (digest "

@@ -28,7 +28,7 @@ from c128patch.errors import C128Error, ConflictError
 from c128patch.git import Git
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
-from c128patch.series.layers import head_of, layer_rows, overlap_note
+from c128patch.series.layers import layer_rows, overlap_note
 from c128patch.series.manifest import Series, safe_destination
 from c128patch.series.plan import Planned, plan, validate_files
 from c128patch.upstream.release_wheels import WheelTarget, release_wheel_for
@@ -275,7 +275,7 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
     return WheelResult(
         wheel=str(out), version=str(version), sha256=sha256_path(out), upstream_version=str(upstream_version),
         upstream_wheel=str(wheel), upstream_sha256=upstream_sha, epoch=epoch,
-        series={"name": series.name, "version": series.version, "digest": head_of(series).digest()},
+        series={"name": series.name, "version": series.version, "digest": series.ours.digest()},
         layers=layer_rows(series), entries=rows, seconds=round(time.perf_counter() - start, 3),
     )
 

@@ -41,7 +41,7 @@ from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from c128patch.errors import C128Error
-from c128patch.series.layers import head_of, layer_rows
+from c128patch.series.layers import layer_rows
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import record_problem
 from c128patch.wheel.authentic import check_authentic, locate
@@ -172,7 +172,7 @@ def _check_sbom(iw: InWheel, doc: dict, record: dict, version: Version) -> list[
 
 
 def _check_series(iw: InWheel, record: dict, series: Series) -> None:
-    digest = head_of(series).digest()
+    digest = series.ours.digest()
     have = record.get("series", {})
     if have.get("digest") != digest:
         raise _mismatch(iw.wheel, f"made from series {have.get('name')} {have.get('version')} ({str(have.get('digest'))[:8]}), "
