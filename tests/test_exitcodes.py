@@ -1,6 +1,6 @@
 """One table of exit codes (c128patch/exitcodes.py): no command or core module exits with a literal,
 the error classes carry the table's codes, and docs/watch.md, the README and `watch --help` give
-watch's outcomes the codes the table does."""
+watch's outcomes the codes the table does; a mistyped verb is a usage error naming the verb meant."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 from c128patch import exitcodes
 from c128patch.errors import C128Error, ConflictError, Interrupted
 from c128patch.fit.watch import EXIT, WatchTimeout
-from support import REPO_ROOT, invoke
+from support import REPO_ROOT, invoke, refused
 
 PACKAGE = REPO_ROOT / "tooling" / "c128patch"
 
@@ -53,3 +53,13 @@ def test_watch_docs_readme_and_help_give_the_tables_codes():
                          readme), outcome
     help_text = " ".join(invoke("watch", "--help", as_json=False).text.split())
     assert ", ".join(f"{k} {v}" for k, v in exitcodes.WATCH.items()) + f"; bad input {exitcodes.USAGE}." in help_text
+
+
+def test_a_verb_mistyped_is_a_usage_error_naming_the_verb_meant():
+    line = refused(["aply"], code=exitcodes.USAGE)
+    assert line == "c128patch: error: No such command 'aply'; did you mean 'apply'? (see `c128patch --help`)"
+
+
+def test_a_verb_like_no_other_gets_no_suggestion():
+    line = refused(["zzzz"], code=exitcodes.USAGE)
+    assert line == "c128patch: error: No such command 'zzzz'. (see `c128patch --help`)"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 from typing import Any, NoReturn
 
@@ -47,6 +46,8 @@ def _json_requested(argv: list[str]) -> bool:
 
 
 def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
+    import json
+
     from c128patch import exitcodes
 
     message = " ".join(exc.format_message().split())
@@ -54,7 +55,8 @@ def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
     where = f"c128patch {verb}" if verb else "c128patch"
     line = f"{message} (see `{where} --help`)"
     if _json_requested(argv):
-        click.echo(json.dumps({"ok": False, "error": line, "usage_error": True}, indent=2, sort_keys=True))
+        error = {"ok": False, "error": line, "usage_error": True}
+        click.echo(json.dumps(error, indent=2, sort_keys=True))
     click.echo(f"c128patch: error: {line}", err=True)
     sys.exit(exitcodes.USAGE)
 
@@ -89,6 +91,20 @@ class LazyGroup(OneLineUsageErrors):
         command = importlib.import_module(f"c128patch.cli.{name.replace('-', '_')}").command
         command.short_help = COMMANDS[name]
         return command
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """click's, with "did you mean" for an unknown verb close to a known one (`aply` -> `apply`)."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            import difflib  # only for the error: it costs --help ~10 ms
+
+            close = difflib.get_close_matches(args[0], COMMANDS, n=1)
+            if close and args[0] not in COMMANDS:
+                exc.message = f"{exc.message.rstrip('.')}; did you mean {close[0]!r}?"
+            raise
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The commands and their one line, from the table (no module imported)."""

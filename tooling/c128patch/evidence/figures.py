@@ -254,15 +254,14 @@ def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool])
         cases = t["cases"]
         med = {name: c["median_cpu_s"] for name, c in cases.items()}
         verbs = [v for k, v in med.items() if k.startswith("c128patch ") and k != "c128patch --help"]
-        before = [v for k, v in med.items() if k.startswith("before: c128patch ") and k != "before: c128patch --help"]
+        before = [v for k, v in med.items() if k.startswith("before: ")]
+        was = f" ({_span(before)} s before)" if before else ""
         cores = str(t.get("machine", "")).split(", ")[-1] or "?"
-        click_alone = med["python -c 'import click'"]
-        parts.append(f"`c128patch --help` {med['c128patch --help']:.3f} s CPU (median, "
-                     f"{cases['c128patch --help']['x_python']}× `python -c pass`; printed without importing click, "
-                     f"which alone costs {click_alone:.3f} s; {med['before: c128patch --help']:.3f} s before "
-                     f"commands were imported on use), a verb's `--help` {_span(verbs)} s "
-                     f"({min(before):.3f}–{max(before):.3f} s before), at load {round(t['load_average'][0])} on the "
-                     f"{cores}")
+        click_alone, top = med["python -c 'import click'"], cases["c128patch --help"]
+        parts.append(f"`c128patch --help` {top['median_cpu_s']:.3f} s CPU (median of {t['runs']}, {top['x_python']}× "
+                     f"`python -c pass`; click's own help, importing click alone {click_alone:.3f} s; target "
+                     f"≤ {t['target_cpu_s']:g} s: {'met' if top['within_target'] else '*missed*'}), a verb's "
+                     f"`--help` {_span(verbs)} s{was}, at load {round(t['load_average'][0])} on the {cores}")
     if "wheel" in got:
         w = got["wheel"]
         parts.append(f"patching the {w['upstream_wheel_mb']:.0f} MB 0.5.23 wheel {w['wheel_cli_s']:.1f} s{mark('wheel')}")
