@@ -10,6 +10,9 @@ import click
 
 from c128patch import __version__
 
+# The version of every --json report's layout (its "schema" key; docs/schemas/README.md says when it changes).
+SCHEMA_VERSION = 1
+
 # One module per command (cli/<verb>.py), each exposing `command`, with the one line `--help` lists:
 # listing the commands imports none of them; a verb's module is imported when that verb runs.
 COMMANDS: dict[str, str] = {
@@ -55,7 +58,7 @@ def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
     where = f"c128patch {verb}" if verb else "c128patch"
     line = f"{message} (see `{where} --help`)"
     if _json_requested(argv):
-        error = {"ok": False, "error": line, "usage_error": True}
+        error = {"ok": False, "error": line, "usage_error": True, "schema": SCHEMA_VERSION}
         click.echo(json.dumps(error, indent=2, sort_keys=True))
     click.echo(f"c128patch: error: {line}", err=True)
     sys.exit(exitcodes.USAGE)

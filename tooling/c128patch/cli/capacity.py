@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import replace
 from typing import Optional
@@ -10,6 +9,7 @@ from typing import Optional
 import click
 
 from c128patch.capacity import model as cap
+from c128patch.cli.common import emit_json
 
 _R_KEYWORDS = {
     "auto": cap.DSV4_DEFAULT_MAX_RUNNING_REQUESTS,
@@ -161,7 +161,7 @@ def command(
         }
         if explained:
             out["pr_32035"] = explained
-        click.echo(json.dumps(out, indent=2))
+        emit_json(out)
         return
 
     if markdown:

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import click
 
 from c128patch import exitcodes
+from c128patch.cli import SCHEMA_VERSION
 from c128patch.errors import C128Error, ConflictError
 from c128patch.upstream import DEFAULT_TREE
 
@@ -100,8 +101,9 @@ def check_output_dir(path: Path, option: str) -> Path:
     return path
 
 
-def emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+def emit_json(data: dict[str, Any]) -> None:
+    """Print a --json report (an error object too) on stdout, carrying the layout's version as "schema"."""
+    click.echo(json.dumps({**data, "schema": SCHEMA_VERSION}, indent=2, sort_keys=True, default=str))
 
 
 def handles_errors(fn: Callable) -> Callable:
