@@ -23,7 +23,8 @@ def literal_exits(path) -> list[str]:
             arg = node.args[0]
             if isinstance(arg, ast.Constant) and isinstance(arg.value, int) and arg.value:
                 found.append(f"{path.name}:{node.lineno}: exit({arg.value})")
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
         for target in targets:
             value = getattr(node, "value", None)
             if getattr(target, "id", None) == "exit_code" and isinstance(value, ast.Constant):

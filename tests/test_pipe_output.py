@@ -36,7 +36,8 @@ def test_check_off_a_terminal_cuts_no_entry_name(real_series, sglang_release_rep
     res = invoke("check", "--sglang-rev", "v0.5.22", "--sglang-rev", "v0.5.23", as_json=False, env={"COLUMNS": "60"})
     assert res.code == 0, res.err
     rows = [line for line in res.text.splitlines() if line.startswith("│")]
-    assert [row.split("│")[1].strip() for row in rows if row.split("│")[1].strip()] == [e.name for e in real_series.entries]
+    names = [row.split("│")[1].strip() for row in rows if row.split("│")[1].strip()]
+    assert names == [e.name for e in real_series.entries]
     assert "…" not in res.text
 
 
@@ -64,7 +65,8 @@ def test_a_transfer_of_unknown_bytes_is_silent_for_its_first_seconds():
     for t in (0, 1, 4.9, 5.0, 6, 10.2):
         now[0] = 50.0 + t
         transfer(rep, "downloading sglang 9.9.9 wheel", -1, None)
-    assert out.getvalue().splitlines() == ["downloading sglang 9.9.9 wheel: 5 s", "downloading sglang 9.9.9 wheel: 10 s"]
+    assert out.getvalue().splitlines() == ["downloading sglang 9.9.9 wheel: 5 s",
+                                           "downloading sglang 9.9.9 wheel: 10 s"]
     quick = io.StringIO()
     rep = PlainReporter(stream=quick, every=5.0, clock=lambda: now[0])
     transfer(rep, "downloading sglang 9.9.9 wheel", -1, None)
