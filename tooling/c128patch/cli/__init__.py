@@ -85,6 +85,8 @@ class OneLineUsageErrors(click.Group):
 
 
 class LazyGroup(OneLineUsageErrors):
+    """The verbs of ``COMMANDS``: `--help` lists them from the table, a verb's module is imported when it runs."""
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 
