@@ -24,10 +24,10 @@ from c128patch.series import txn
 from c128patch.series.layers import SEP, check_layer_name, known_bases, load_layer
 from c128patch.series.manifest import MANIFEST, Entry, Series, load_series
 from c128patch.series.paths import check_entry_name, check_relpath
-from c128patch.series.plan import ENTRY_TRAILER, sources_at
+from c128patch.series.plan import sources_at
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
+from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER
 
-GATE_TRAILER = "C128patch-Gate"
 _ENV = re.compile(r"[A-Z][A-Z0-9_]{0,127}")
 
 

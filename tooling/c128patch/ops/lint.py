@@ -12,6 +12,7 @@ from c128patch.series.layers import Stack
 from c128patch.series.manifest import Series, sha256_file, symlink_on_path
 from c128patch.series.patchfile import read_patch
 from c128patch.series.plan import merged_entries, prefixes, sources_at, symlink_refusal
+from c128patch.series.trailers import GATE_TRAILER
 
 OVERLAY_ROOTS = ("csrc", "overlay")
 TREE_ROOT = "python"
@@ -64,9 +65,9 @@ def lint_series(series: Series, upstream: Git | None = None) -> list[Finding]:
             refusal = symlink_refusal(e, str(rel), info)
             if refusal:
                 found.append(Finding(e.name, refusal.split(": ", 1)[1]))
-            if not _gate_trailer_ok(e.gate, info.trailers.get("C128patch-Gate")):
+            if not _gate_trailer_ok(e.gate, info.trailers.get(GATE_TRAILER)):
                 want_gate = e.gate or "none (<why>)"
-                found.append(Finding(e.name, f"{rel}: header must say 'C128patch-Gate: {want_gate}'"))
+                found.append(Finding(e.name, f"{rel}: header must say '{GATE_TRAILER}: {want_gate}'"))
             for f in info.files:
                 if not f.startswith(f"{TREE_ROOT}/"):
                     found.append(Finding(e.name, f"{rel} touches {f}, outside {TREE_ROOT}/"))

@@ -36,13 +36,13 @@ else:  # pragma: no cover
 from c128patch.errors import C128Error
 from c128patch.git import is_git_dir_name
 from c128patch.series.manifest import MANIFEST, Entry, Series, Variant, default_series_root, load_series
+from c128patch.series.trailers import ENTRY_TRAILER, find_trailers
 
 LAYER_NAME = re.compile(r"[a-z][a-z0-9]{0,31}")
 LAYER_NAME_RULE = "1-32 characters of a-z 0-9, starting with a letter (it goes into the wheel's PEP 440 label)"
 SEP = "/"  # <layer>/<entry>
 CONFIG = "c128patch.toml"
 ENV = "C128PATCH_LAYERS"
-ENTRY_TRAILER = "C128patch-Entry"  # (series.plan's; not imported: plan pulls unidiff)
 
 
 def check_layer_name(name: str, where: str) -> str:
@@ -89,9 +89,9 @@ def load_layer(folder: Path, series: Series) -> Series:
 
 def _check_trailer(path: Path, name: str, where: str) -> None:
     head = path.read_bytes().split(b"\n---\n", 1)[0].decode("utf-8", errors="replace")
-    for line in head.splitlines():
-        if line.startswith(f"{ENTRY_TRAILER}:") and line.split(":", 1)[1].strip() != name:
-            raise C128Error(f"{where}: {path.name} carries '{line.strip()}', not '{ENTRY_TRAILER}: {name}' "
+    for key, value in find_trailers(head):
+        if key == ENTRY_TRAILER and value.strip() != name:
+            raise C128Error(f"{where}: {path.name} carries '{key}: {value.strip()}', not '{ENTRY_TRAILER}: {name}' "
                             "(a layer's patch names its own entry only)")
 
 

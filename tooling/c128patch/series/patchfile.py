@@ -15,8 +15,8 @@ from unidiff.errors import UnidiffParseError
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.paths import check_relpath
+from c128patch.series.trailers import find_trailers
 
-_TRAILER = re.compile(r"^(C128patch-[A-Za-z-]+):\s*(.*)$", re.MULTILINE)
 _INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: \d+)?$")
 NULL_BLOB = "0" * 40
 
@@ -159,4 +159,4 @@ def _parse(path: Path, raw: bytes, git_parsed: bool = False) -> PatchInfo:
         if pf.is_binary_file:
             raise C128Error(f"corrupt patch {path.name}: binary hunks are not supported ({pf.path})")
         files.append(_strip(pf.path))
-    return PatchInfo(path, subject, body.strip(), dict(_TRAILER.findall(body)), files, patchset)
+    return PatchInfo(path, subject, body.strip(), dict(find_trailers(body)), files, patchset)

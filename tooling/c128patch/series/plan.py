@@ -31,9 +31,7 @@ from c128patch.git import Git, ReadMemo, remembered
 from c128patch.series.lazy_index import LazyIndex, plain_paths
 from c128patch.series.manifest import ABSENT, Entry, Series, Variant, sha256_file, symlink_on_path
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch, read_patches
-
-ENTRY_TRAILER = "C128patch-Entry"
-SERIES_TRAILER = "C128patch-Series"
+from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER, SERIES_TRAILER
 
 Rule = Literal["only", "exact", "most", "ancestor", "strict", "primary"]
 
@@ -436,5 +434,5 @@ def overlay_message(entry: Entry, series: Series) -> str:
         f"c128: add {PurePosixPath(entry.target).name} (overlay)\n\n{entry.why}\n\n"
         f"Installs {entry.source} at {entry.target}.\n\n"
         f"{ENTRY_TRAILER}: {entry.name}\n{SERIES_TRAILER}: {series.name} {series.version}\n"
-        f"C128patch-Gate: {gate}\n"
+        f"{GATE_TRAILER}: {gate}\n"
     )
