@@ -23,14 +23,10 @@ def plain_paths(paths: list[str]) -> bool:
     return all(_PLAIN.fullmatch(p) for p in paths)
 
 
-def ls_tree(git: Git, treeish: str, paths: list[str], *flags: str) -> dict[str, tuple[str, str, str]]:
+def ls_tree(git: Git, treeish: str, paths: list[str], *flags: str) -> dict[str, tuple[str, ...]]:
     """path -> (mode, type, object id) of ``git ls-tree FLAGS TREEISH -- PATHS`` ({} for no paths)."""
-    out = {}
-    for line in git.out("ls-tree", *flags, treeish, "--", *paths).splitlines() if paths else []:
-        meta, name = line.split("\t", 1)
-        mode, kind, sha = meta.split()
-        out[name] = (mode, kind, sha)
-    return out
+    lines = git.out("ls-tree", *flags, treeish, "--", *paths).splitlines() if paths else []
+    return {name: tuple(meta.split()) for meta, name in (line.split("\t", 1) for line in lines)}
 
 
 class LazyIndex:

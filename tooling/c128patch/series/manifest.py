@@ -209,10 +209,9 @@ def _str(table: dict, key: str, where: str, required: bool = False) -> str:
     value = table.get(key, "")
     if not isinstance(value, (str, int)) or isinstance(value, bool):
         raise C128Error(f"{where}: '{key}' must be a string, not {_toml_type(value)}")
-    value = str(value)
-    if required and not value:
+    if required and not str(value):
         raise C128Error(f"{where}: '{key}' is required")
-    return value
+    return str(value)
 
 
 def _sources(raw: Any, where: str) -> tuple[tuple[str, str], ...]:
@@ -292,14 +291,10 @@ def load_series(root: Path) -> Series:
     dupes = duplicates(e.name for e in entries)
     if dupes:
         raise C128Error(f"{path}: duplicate entry name(s) {', '.join(dupes)}")
-    return Series(
-        root=root,
-        name=check_entry_name(_str(head, "name", f"{path} [series]", required=True), f"{path} [series]"),
-        version=_version(_str(head, "version", f"{path} [series]", required=True), path),
-        base=_str(head, "base", f"{path} [series]"),
-        entries=entries,
-        gates=parse_gates(doc.get("gates"), path),
-    )
+    where = f"{path} [series]"
+    return Series(root, check_entry_name(_str(head, "name", where, required=True), where),
+                  _version(_str(head, "version", where, required=True), path), _str(head, "base", where), entries,
+                  gates=parse_gates(doc.get("gates"), path))
 
 
 def default_series_root() -> Path:
