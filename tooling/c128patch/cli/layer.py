@@ -31,10 +31,9 @@ def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bo
     from c128patch.series.manifest import default_series_root, load_series
 
     layer = new_layer(folder, name, load_series(series_dir or default_series_root()), base)
-    payload = {"ok": True, "layer": {"name": layer.name, "version": layer.version, "base": layer.base,
-                                     "path": str(layer.root)}}
     if as_json:
-        emit_json(payload)
+        emit_json({"ok": True, "layer": {"name": layer.name, "version": layer.version, "base": layer.base,
+                                         "path": str(layer.root)}})
         return
     add = shlex.join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit", "COMMIT", "--why",
                       "WHY"])

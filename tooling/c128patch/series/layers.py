@@ -189,9 +189,8 @@ class LayerSource:
 def read_config(path: Path) -> tuple[Path, ...]:
     """The layer folders ``path`` (a c128patch.toml) names, each inside the file's folder."""
     doc = read_toml(path, f"{path}: not a valid c128patch config")
-    unknown = set(doc) - {"layers"}
     layers = doc.get("layers", {})
-    if unknown or not isinstance(layers, dict) or set(layers) - {"paths"}:
+    if set(doc) - {"layers"} or not isinstance(layers, dict) or set(layers) - {"paths"}:
         raise C128Error(f"{path}: a c128patch config holds only [layers] paths = [\"DIR\", ...]")
     paths = layers.get("paths", [])
     if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
