@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -124,6 +125,32 @@ def test_a_config_file_naming_a_folder_outside_it_is_refused(tmp_path, monkeypat
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.chdir(tmp_path)
     refused(["check", "--sglang-rev", "v0.5.23"], contains="unsafe path in")
+
+
+STACK_SCRIPT = """
+import json, sys
+from pathlib import Path
+from c128patch.series.layers import get_series, layer_rows
+stack = get_series(None, [Path(sys.argv[1])])
+print(json.dumps({"name": stack.name, "version": stack.version, "digest": stack.digest(), "layers": layer_rows(stack),
+                  "entries": [e.name for e in stack.entries], "click": "click" in sys.modules}))
+"""
+
+
+def test_a_script_gets_the_same_stack_from_get_series_as_the_cli_with_layer(tmp_path, sparse_clone):
+    env = {k: v for k, v in os.environ.items() if k not in (ENV, "C128PATCH_SERIES")}
+    proc = subprocess.run([sys.executable, "-c", STACK_SCRIPT, str(EXAMPLE)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, check=True)
+    script = json.loads(proc.stdout)
+    cli = invoke("check", "--sglang-rev", "v0.5.23", "--repo", sparse_clone, "--layer", EXAMPLE,
+                 env={ENV: None, "C128PATCH_SERIES": None})
+    assert cli.code == 0, cli.stderr
+    assert not script["click"]  # the script's stack came through no click option
+    assert [row["name"] for row in script["layers"]] == ["acme"]
+    assert script["layers"] == cli.out["layers"]  # each layer's name, version, base, digest and entries
+    assert {"name": script["name"], "version": script["version"]} == cli.out["series"]
+    assert script["entries"] == [e["name"] for e in cli.out["revs"][0]["entries"]]
+    assert script["digest"] == stack(load_series(REPO_ROOT), (EXAMPLE,)).digest() != load_series(REPO_ROOT).digest()
 
 
 # ---------------------------------------------------------------------------- a conflict names both entries

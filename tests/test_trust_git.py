@@ -17,7 +17,7 @@ import pytest
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.ops.lint import update_hashes
-from c128patch.series.ledger import Ledger
+from c128patch.series.ledger import Conflict, Ledger
 from c128patch.series.manifest import load_series
 from c128patch.upstream.cache import cache_dir
 from small_series import CUH, EDIT, LINE, series, tree  # noqa: F401 (fixtures)
@@ -115,16 +115,16 @@ def test_every_entry_name_of_the_product_series_fits_the_rule():
 
 
 def test_the_ledger_builds_no_path_from_an_unchecked_row(series, tree):
-    """A ledger row (a pull request can write one) naming ../ or a non-hex key is refused, not read."""
+    """A ledger row (a pull request can write one) naming ../ or a non-hex key is refused when a replay reads it."""
     res = series / "patches" / "resolutions"
     res.mkdir()
-    (res / "ledger.toml").write_text('[[resolutions]]\nentry = "../../../ESCAPE"\nkey = "abc"\nmatch = "m"\n'
-                                     f'file = "{CUH}"\nfrom = "a"\nonto = "b"\n')
+    rows = [("../../../ESCAPE", "abc", "unsafe entry name in the ledger"), ("test-patch", "../../x", "unsafe ledger key")]
+    (res / "ledger.toml").write_text("".join(f'[[resolutions]]\nentry = "{entry}"\nkey = "{key}"\nmatch = "m"\n'
+                                             f'file = "{CUH}"\nfrom = "a"\nonto = "b"\n' for entry, key, _ in rows))
     ledger = Ledger(load_series(series))
-    with pytest.raises(C128Error, match="unsafe entry name in the ledger"):
-        ledger._diff_path("../../../ESCAPE", "abc")
-    with pytest.raises(C128Error, match="unsafe ledger key"):
-        ledger._diff_path("test-patch", "../../x")
+    for entry, key, says in rows:
+        with pytest.raises(C128Error, match=says):
+            ledger.replay(Git(worktree=tree), entry, [Conflict(CUH, key, "", "m")])
     assert ledger._diff_path("test-patch", "0123abcd") == res / "test-patch" / "0123abcd.diff"
 
 

@@ -41,9 +41,8 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, la
                    "revs": [{"rev": rev, "findings": [f.__dict__ for f in fs]} for rev, fs in rows]})
     else:
         out = console(stderr=False)
-        for rev, fs in rows:
-            for f in fs:
-                out.print(f"{rev}: {f.file}:{f.line}: [{f.rule}] {f.message} (entry {f.entry})", markup=False)
+        for rev, f in ((rev, f) for rev, fs in rows for f in fs):
+            out.print(f"{rev}: {f.file}:{f.line}: [{f.rule}] {f.message} (entry {f.entry})", markup=False)
         gated = [e.name for e in series.entries if e.gate]
         per = "".join(f", {len(set(r['entries']) & set(gated))} of layer {r['name']}" for r in layer_rows(series))
         out.print(f"gate audit ({', '.join(r.name for r in RULES)}) of {len(gated)} gated entries{per} on "

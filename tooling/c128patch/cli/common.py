@@ -16,58 +16,37 @@ from c128patch.cli import SCHEMA_VERSION
 from c128patch.errors import C128Error, ConflictError
 from c128patch.upstream import DEFAULT_TREE
 
-# A verb's module imports only click and this module at its top, so that its --help starts fast; the
-# core modules are imported in the bodies that use them.
+# A verb's module imports only click and this module at its top (its --help starts fast); the core
+# modules are imported in the bodies that use them.
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON report on stdout.")
-_series_dir_option = click.option(
-    "--series",
-    "series_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Folder holding patches/series.toml (default: the series this tool carries).",
-)
+series_dir_option = click.option(
+    "--series", "series_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="Folder holding patches/series.toml (default: the series this tool carries).")
 layer_option = click.option(
     "--layer", "layer_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
     help="A layer folder (the series format) replayed after the series, in the order given; repeatable "
          "(default: $C128PATCH_LAYERS, else [layers] paths in c128patch.toml here or above; docs/layers.md).")
-
-
-def series_option(fn: Callable) -> Callable:
-    """--series DIR and --layer DIR (``series_dir``, ``layer_dirs``: the arguments of ``get_series``)."""
-    return _series_dir_option(layer_option(fn))
-repo_option = click.option("--repo", default=None, help="Upstream: a local clone (PATH) or a git URL (cloned once into the cache). Default: the sglang release wheels.")
-
-
+repo_option = click.option("--repo", default=None, help="Upstream: a local clone (PATH) or a git URL (cloned once "
+                                                        "into the cache). Default: the sglang release wheels.")
 tree_option = click.option(
     "--tree", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
     help=f"The patched sglang tree (default: the repository you are in when it is one, else ./{DEFAULT_TREE}, "
          "where apply makes it).")
 
 
-def _own_toplevel(path: Path) -> Path | None:
-    """``path`` when it is the top of its own git work tree (not a folder inside another one)."""
-    from c128patch.git import is_work_tree, toplevel
-
-    if not is_work_tree(path):
-        return None
-    top = toplevel(path)
-    return top if top.resolve() == path.resolve() else None
-
-
-def _is_c128_tree(top: Path) -> bool:
-    from c128patch.git import Git
-    from c128patch.ops.treestate import c128_state_dir
-    from c128patch.series.provenance import PROVENANCE_PATH
-
-    return (top / PROVENANCE_PATH).is_file() or c128_state_dir(Git(worktree=top)).is_dir()
+def series_option(fn: Callable) -> Callable:
+    """--series DIR and --layer DIR (``series_dir``, ``layer_dirs``: the arguments of ``get_series``)."""
+    return series_dir_option(layer_option(fn))
 
 
 def locate_tree(tree: Path | None) -> Path:
     """The tree ``status``/``rebase``/``refresh``/``smoke`` work on: ``--tree``; else the repository
     the current folder is in when c128patch applied (or is rebasing) there; else ``./sglang``, the
     tree ``apply`` makes when run here; else the current repository (its status then says what it lacks)."""
-    from c128patch.git import is_work_tree, toplevel
+    from c128patch.git import Git, is_work_tree, toplevel
+    from c128patch.ops.treestate import c128_state_dir
+    from c128patch.series.provenance import PROVENANCE_PATH
     from c128patch.upstream.source import refuse_git_dir
 
     if tree is not None:
@@ -75,17 +54,15 @@ def locate_tree(tree: Path | None) -> Path:
         return toplevel(tree)
     here = Path.cwd()
     top = toplevel(here) if is_work_tree(here) else None
-    if top is not None and _is_c128_tree(top):
-        return top
-    default = _own_toplevel(here / DEFAULT_TREE)
-    if default is not None:
-        return default
+    if top is not None and ((top / PROVENANCE_PATH).is_file() or c128_state_dir(Git(worktree=top)).is_dir()):
+        return top  # c128patch applied (or is rebasing) here
+    default = here / DEFAULT_TREE
+    if is_work_tree(default) and toplevel(default).resolve() == default.resolve():  # its own repository
+        return toplevel(default)
     if top is not None:
         return top
-    raise C128Error(
-        f"no sglang tree here: {here} is not in a git repository and ./{DEFAULT_TREE} (where `c128patch apply` "
-        "makes its tree) is not one; run from the tree, or pass --tree DIR"
-    )
+    raise C128Error(f"no sglang tree here: {here} is not in a git repository and ./{DEFAULT_TREE} (where "
+                    "`c128patch apply` makes its tree) is not one; run from the tree, or pass --tree DIR")
 
 
 def check_output_dir(path: Path, option: str) -> Path:
@@ -118,12 +95,9 @@ def handles_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except C128Error as exc:
             if as_json:
-                payload: dict[str, Any] = {"ok": False, "error": exc.message}
-                if exc.hint:
-                    payload["hint"] = exc.hint
-                if isinstance(exc, ConflictError) and exc.report:
-                    payload["report"] = exc.report
-                emit_json(payload)
+                report = exc.report if isinstance(exc, ConflictError) else None
+                emit_json({"ok": False, "error": exc.message, **({"hint": exc.hint} if exc.hint else {}),
+                           **({"report": report} if report else {})})
             err = console()
             err.print(f"c128patch: error: {exc.message}", markup=False)
             if exc.hint:

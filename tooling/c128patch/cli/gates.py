@@ -35,9 +35,8 @@ def command(markdown: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...
     if markdown:
         out.print(render_markdown(series.gates, entry_gates), markup=False, end="", soft_wrap=True)
         return
-    table = Table(title=f"env reference of series {series.name} {series.version}")
-    for col in ("variable", "default", "what setting it does", "needs / conflicts with"):
-        table.add_column(col)
+    table = Table("variable", "default", "what setting it does", "needs / conflicts with",
+                  title=f"env reference of series {series.name} {series.version}")
     for g in series.gates:
         rel = [*(f"needs {n}" for n in g.requires), *(f"not with {n}" for n in g.conflicts)]
         cells = (f"{g.name}\n({g.declared_by})", f"{g.default} ({g.type})", g.enables + (f"\n{g.notes}" if g.notes else ""),

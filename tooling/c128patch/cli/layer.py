@@ -8,10 +8,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, handles_errors, json_option, locate_tree, tree_option
-
-_series_dir = click.option("--series", "series_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-                           help="Folder holding patches/series.toml (default: the series this tool carries).")
+from c128patch.cli.common import emit_json, handles_errors, json_option, locate_tree, series_dir_option, tree_option
 
 
 @click.group("layer")
@@ -24,7 +21,7 @@ def command() -> None:
 @click.option("--name", required=True, help="The layer's name (a-z 0-9, starting with a letter): in entry names "
                                             "(<name>/<entry>) and the wheel's label.")
 @click.option("--base", default="", help="The release the layer is made on (default: the series base).")
-@_series_dir
+@series_dir_option
 @json_option
 @handles_errors
 def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bool) -> None:
@@ -34,10 +31,9 @@ def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bo
     from c128patch.series.manifest import default_series_root, load_series
 
     layer = new_layer(folder, name, load_series(series_dir or default_series_root()), base)
-    payload = {"ok": True, "layer": {"name": layer.name, "version": layer.version, "base": layer.base,
-                                     "path": str(layer.root)}}
     if as_json:
-        emit_json(payload)
+        emit_json({"ok": True, "layer": {"name": layer.name, "version": layer.version, "base": layer.base,
+                                         "path": str(layer.root)}})
         return
     add = shlex.join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit", "COMMIT", "--why",
                       "WHY"])
@@ -53,7 +49,7 @@ def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bo
 @click.option("--gate", default="", help="The env variable that turns the change on (default: none, always on).")
 @click.option("--name", default="", help="The entry's name in the layer (default: from the commit's subject).")
 @tree_option
-@_series_dir
+@series_dir_option
 @json_option
 @handles_errors
 def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: Path | None, series_dir: Path | None,

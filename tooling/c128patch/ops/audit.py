@@ -27,7 +27,7 @@ testing the variable is not recognised (the audit reports the call as unguarded)
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,20 +44,15 @@ class Rule:
     functions: frozenset[str] = frozenset()
 
     def matches(self, dotted: str) -> bool:
-        last = dotted.rsplit(".", 1)[-1]
-        return ("." in dotted and last in self.methods) or dotted in self.functions
-
-
-def _rule(name: str, methods: Iterable[str] = (), functions: Iterable[str] = ()) -> Rule:
-    return Rule(name, frozenset(methods), frozenset(functions))
+        return ("." in dotted and dotted.rsplit(".", 1)[-1] in self.methods) or dotted in self.functions
 
 
 # One line per kind of side effect; extend here.
 RULES: tuple[Rule, ...] = (
-    _rule("record_stream", methods=["record_stream"]),
-    _rule("tensor_copy_", methods=["copy_"]),
-    _rule("synchronize", methods=["synchronize"], functions=["torch.cuda.synchronize"]),
-    _rule("stream_wait", methods=["wait_stream", "wait_event"]),
+    Rule("record_stream", methods=frozenset({"record_stream"})),
+    Rule("tensor_copy_", methods=frozenset({"copy_"})),
+    Rule("synchronize", methods=frozenset({"synchronize"}), functions=frozenset({"torch.cuda.synchronize"})),
+    Rule("stream_wait", methods=frozenset({"wait_stream", "wait_event"})),
 )
 
 
@@ -85,23 +80,16 @@ def dotted_name(node: ast.expr) -> str:
 
 def _is_gate_read(node: ast.expr, gate: str) -> bool:
     """``<anything>.GATE.get()``."""
-    return (
-        isinstance(node, ast.Call)
-        and not node.args
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == "get"
-        and isinstance(node.func.value, ast.Attribute)
-        and node.func.value.attr == gate
-    )
+    func = node.func if isinstance(node, ast.Call) and not node.args else None
+    return isinstance(func, ast.Attribute) and func.attr == "get" and isinstance(func.value, ast.Attribute) \
+        and func.value.attr == gate
 
 
 def _is_gate_on(test: ast.expr, gate: str) -> bool:
     """True when ``test`` can only be truthy with the gate on."""
-    if _is_gate_read(test, gate):
-        return True
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
         return any(_is_gate_on(v, gate) for v in test.values)
-    return False
+    return _is_gate_read(test, gate)
 
 
 def _is_gate_off(test: ast.expr, gate: str) -> bool:
@@ -116,16 +104,16 @@ def _is_gate_off(test: ast.expr, gate: str) -> bool:
 _EXITS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
 
 
-def _exits(body: Sequence[ast.stmt]) -> bool:
-    return bool(body) and isinstance(body[-1], _EXITS)
-
-
 @dataclass
 class _Call:
     node: ast.Call
     name: str  # dotted
     guarded: bool
     function: str | None  # innermost enclosing def, None at module level / in a lambda
+
+    @property
+    def lines(self) -> range:
+        return range(self.node.lineno, (self.node.end_lineno or self.node.lineno) + 1)
 
 
 class _Walker:
@@ -138,73 +126,57 @@ class _Walker:
     def block(self, stmts: Sequence[ast.stmt], guarded: bool, fn: str | None) -> None:
         for stmt in stmts:
             self.stmt(stmt, guarded, fn)
-            if (
-                isinstance(stmt, ast.If)
-                and _is_gate_off(stmt.test, self.gate)
-                and _exits(stmt.body)
-            ):
+            if isinstance(stmt, ast.If) and _is_gate_off(stmt.test, self.gate) and stmt.body \
+                    and isinstance(stmt.body[-1], _EXITS):
                 guarded = True  # `if not gate: return` -> the rest of the block needs the gate
 
     def stmt(self, stmt: ast.stmt, guarded: bool, fn: str | None) -> None:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for expr in [*stmt.decorator_list, *_defaults(stmt.args)]:
+            defaults = [d for d in [*stmt.args.defaults, *stmt.args.kw_defaults] if d is not None]
+            for expr in [*stmt.decorator_list, *defaults]:
                 self.expr(expr, guarded, fn)
             self.block(stmt.body, False, stmt.name)
-            return
-        if isinstance(stmt, ast.ClassDef):
+        elif isinstance(stmt, ast.ClassDef):
             for expr in [*stmt.decorator_list, *stmt.bases]:
                 self.expr(expr, guarded, fn)
             self.block(stmt.body, guarded, fn)
-            return
-        if isinstance(stmt, ast.If):
+        elif isinstance(stmt, ast.If):
             self.expr(stmt.test, guarded, fn)
             self.block(stmt.body, guarded or _is_gate_on(stmt.test, self.gate), fn)
             self.block(stmt.orelse, guarded or _is_gate_off(stmt.test, self.gate), fn)
-            return
-        self.fields(stmt, guarded, fn)
+        else:
+            self.fields(stmt, guarded, fn)
 
     def fields(self, node: ast.AST, guarded: bool, fn: str | None) -> None:
         for _, value in ast.iter_fields(node):
             if isinstance(value, list) and value and all(isinstance(v, ast.stmt) for v in value):
                 self.block(value, guarded, fn)
-            else:
-                for v in value if isinstance(value, list) else [value]:
-                    self.node(v, guarded, fn)
-
-    def node(self, node: object, guarded: bool, fn: str | None) -> None:
-        if isinstance(node, ast.expr):
-            self.expr(node, guarded, fn)
-        elif isinstance(node, ast.stmt):
-            self.stmt(node, guarded, fn)
-        elif isinstance(node, ast.AST):  # excepthandler, withitem, keyword, comprehension ...
-            self.fields(node, guarded, fn)
+                continue
+            for v in value if isinstance(value, list) else [value]:
+                if isinstance(v, ast.expr):
+                    self.expr(v, guarded, fn)
+                elif isinstance(v, ast.stmt):
+                    self.stmt(v, guarded, fn)
+                elif isinstance(v, ast.AST):  # excepthandler, withitem, keyword, comprehension ...
+                    self.fields(v, guarded, fn)
 
     def expr(self, node: ast.expr, guarded: bool, fn: str | None) -> None:
         if isinstance(node, ast.Lambda):
             self.expr(node.body, False, None)
-            return
-        if isinstance(node, ast.IfExp):
+        elif isinstance(node, ast.IfExp):
             self.expr(node.test, guarded, fn)
             self.expr(node.body, guarded or _is_gate_on(node.test, self.gate), fn)
             self.expr(node.orelse, guarded or _is_gate_off(node.test, self.gate), fn)
-            return
-        if isinstance(node, ast.BoolOp):
+        elif isinstance(node, ast.BoolOp):
             # `gate and f()`: f runs only with the gate on; `not gate or f()` likewise.
-            covered = guarded
+            covers = _is_gate_on if isinstance(node.op, ast.And) else _is_gate_off
             for value in node.values:
-                self.expr(value, covered, fn)
-                if isinstance(node.op, ast.And) and _is_gate_on(value, self.gate):
-                    covered = True
-                if isinstance(node.op, ast.Or) and _is_gate_off(value, self.gate):
-                    covered = True
-            return
-        if isinstance(node, ast.Call):
-            self.calls.append(_Call(node, dotted_name(node.func), guarded, fn))
-        self.fields(node, guarded, fn)
-
-
-def _defaults(args: ast.arguments) -> list[ast.expr]:
-    return [d for d in [*args.defaults, *args.kw_defaults] if d is not None]
+                self.expr(value, guarded, fn)
+                guarded = guarded or covers(value, self.gate)
+        else:
+            if isinstance(node, ast.Call):
+                self.calls.append(_Call(node, dotted_name(node.func), guarded, fn))
+            self.fields(node, guarded, fn)
 
 
 def _scan(tree: ast.Module, gate: str) -> list[_Call]:
@@ -221,19 +193,8 @@ def _rule_of(name: str, rules: Sequence[Rule], effects: Mapping[str, str]) -> st
     return effects.get(name) or effects.get(name.rsplit(".", 1)[-1] if "." in name else "")
 
 
-def _call_lines(call: ast.Call) -> range:
-    return range(call.lineno, (call.end_lineno or call.lineno) + 1)
-
-
-def audit_patched_file(
-    source: str,
-    added_lines: set[int],
-    gate: str,
-    rules: Sequence[Rule] = RULES,
-    *,
-    file: str = "<source>",
-    external_effects: Mapping[str, str] | None = None,
-) -> list[Finding]:
+def audit_patched_file(source: str, added_lines: set[int], gate: str, rules: Sequence[Rule] = RULES, *,
+                       file: str = "<source>", external_effects: Mapping[str, str] | None = None) -> list[Finding]:
     """Findings for rule calls on ``added_lines`` of ``source`` that can run with ``gate`` off.
 
     ``external_effects`` maps names of helpers defined elsewhere (as called here: ``helper`` or
@@ -243,58 +204,33 @@ def audit_patched_file(
     return _audit_tree(tree, _scan(tree, gate), added_lines, gate, rules, file, external_effects or {})
 
 
-def _audit_tree(
-    tree: ast.Module,
-    calls: Sequence[_Call],
-    added_lines: set[int],
-    gate: str,
-    rules: Sequence[Rule],
-    file: str,
-    external_effects: Mapping[str, str],
-) -> list[Finding]:
-    effects = dict(external_effects)
-    local_defs = {
-        n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-    }
-    effects.update(_local_effects(calls, rules, effects, local_defs))
+def _audit_tree(tree: ast.Module, calls: Sequence[_Call], added_lines: set[int], gate: str, rules: Sequence[Rule],
+                file: str, external_effects: Mapping[str, str]) -> list[Finding]:
+    local_defs = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    effects = {**external_effects, **_local_effects(calls, rules, external_effects, local_defs)}
 
     def helper_fully_guarded(fn: str, seen: frozenset[str] = frozenset()) -> bool:
         sites = [c for c in calls if c.name.rsplit(".", 1)[-1] == fn and c.function != fn]
         if not sites or fn in seen:
             return False
-        return all(
-            c.guarded or (c.function is not None and helper_fully_guarded(c.function, seen | {fn}))
-            for c in sites
-        )
+        return all(c.guarded or (c.function is not None and helper_fully_guarded(c.function, seen | {fn}))
+                   for c in sites)
 
     findings: list[Finding] = []
     for call in calls:
-        if not added_lines.intersection(_call_lines(call.node)) or call.guarded:
+        if not added_lines.intersection(call.lines) or call.guarded:
             continue
         rule = _rule_of(call.name, rules, effects)
-        if rule is None:
-            continue
-        if call.function is not None and helper_fully_guarded(call.function):
+        if rule is None or (call.function is not None and helper_fully_guarded(call.function)):
             continue
         where = f"in {call.function}()" if call.function else "at module level"
-        findings.append(
-            Finding(
-                file=file,
-                line=call.node.lineno,
-                rule=rule,
-                message=f"added call {call.name}(...) {where} runs with {gate} off "
-                f"(not under `if envs.{gate}.get():`)",
-            )
-        )
+        findings.append(Finding(file, call.node.lineno, rule, f"added call {call.name}(...) {where} runs with "
+                                                              f"{gate} off (not under `if envs.{gate}.get():`)"))
     return findings
 
 
-def _local_effects(
-    calls: Sequence[_Call],
-    rules: Sequence[Rule],
-    effects: Mapping[str, str],
-    local_defs: set[str],
-) -> dict[str, str]:
+def _local_effects(calls: Sequence[_Call], rules: Sequence[Rule], effects: Mapping[str, str],
+                   local_defs: set[str]) -> dict[str, str]:
     """Functions of this module whose body (transitively) makes a rule call -> that rule."""
     found: dict[str, str] = {}
     changed = True
@@ -315,13 +251,8 @@ def _local_effects(
 
 def added_lines_by_file(patch_text: str) -> dict[str, set[int]]:
     """Post-image path (``python/sglang/...``) -> line numbers the patch adds there."""
-    out: dict[str, set[int]] = {}
-    for pf in PatchSet(patch_text):
-        if pf.is_removed_file:
-            continue
-        lines = {ln.target_line_no for hunk in pf for ln in hunk if ln.is_added}
-        out[pf.path] = {n for n in lines if n is not None}
-    return out
+    return {pf.path: {ln.target_line_no for hunk in pf for ln in hunk if ln.is_added and ln.target_line_no is not None}
+            for pf in PatchSet(patch_text) if not pf.is_removed_file}
 
 
 Reader = Callable[[str], "str | None"]  # tree-relative path -> text, None if absent
@@ -335,39 +266,28 @@ def path_reader(tree_root: Path) -> Reader:
     return read
 
 
-def _module_file(read: Reader, module: str) -> str | None:
-    base = "python/" + module.replace(".", "/")
-    for cand in (f"{base}.py", f"{base}/__init__.py"):
-        if read(cand) is not None:
-            return cand
-    return None
-
-
 class _HelperIndex:
     """Side effects of functions in other modules of the patched tree, followed through imports."""
 
     def __init__(self, read: Reader, gate: str, rules: Sequence[Rule], depth: int = 3):
-        self.read = read
-        self.gate = gate
-        self.rules = rules
-        self.depth = depth
+        self.read, self.gate, self.rules, self.depth = read, gate, rules, depth
         self._cache: dict[str, dict[str, str]] = {}
 
-    def effects_of_module(self, path: str, depth: int) -> dict[str, str]:
-        if path in self._cache:
-            return self._cache[path]
-        self._cache[path] = {}  # cycle guard
-        tree = ast.parse(self.read(path) or "")
-        calls = _scan(tree, self.gate)
-        imported = self.imported_effects(tree, path, {c.name for c in calls}, depth - 1) if depth > 0 else {}
-        defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        result = _local_effects(calls, self.rules, imported, defs)
-        self._cache[path] = result
-        return result
+    def module_file(self, module: str) -> str | None:
+        base = "python/" + module.replace(".", "/")
+        return next((cand for cand in (f"{base}.py", f"{base}/__init__.py") if self.read(cand) is not None), None)
 
-    def imported_effects(
-        self, tree: ast.Module, path: str, called: set[str], depth: int
-    ) -> dict[str, str]:
+    def effects_of_module(self, path: str, depth: int) -> dict[str, str]:
+        if path not in self._cache:
+            self._cache[path] = {}  # cycle guard
+            tree = ast.parse(self.read(path) or "")
+            calls = _scan(tree, self.gate)
+            imported = self.imported_effects(tree, {c.name for c in calls}, depth - 1) if depth > 0 else {}
+            defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            self._cache[path] = _local_effects(calls, self.rules, imported, defs)
+        return self._cache[path]
+
+    def imported_effects(self, tree: ast.Module, called: set[str], depth: int) -> dict[str, str]:
         """Names as called in ``tree`` (``f`` / ``mod.f``) -> rule, for imported helpers."""
         out: dict[str, str] = {}
         called_heads = {c.split(".", 1)[0] for c in called} | {c.rsplit(".", 1)[-1] for c in called}
@@ -378,25 +298,17 @@ class _HelperIndex:
                 local = alias.asname or alias.name
                 if local not in called_heads:
                     continue
-                sub = _module_file(self.read, f"{node.module}.{alias.name}")
+                sub = self.module_file(f"{node.module}.{alias.name}")
                 if sub is not None:  # `from pkg import module`
-                    for fn, rule in self.effects_of_module(sub, depth).items():
-                        out[f"{local}.{fn}"] = rule
-                    continue
-                mod = _module_file(self.read, node.module)
-                if mod is not None:
+                    out.update({f"{local}.{fn}": rule for fn, rule in self.effects_of_module(sub, depth).items()})
+                elif (mod := self.module_file(node.module)) is not None:
                     rule = self.effects_of_module(mod, depth).get(alias.name)
                     if rule is not None:
                         out[local] = rule
         return out
 
 
-def audit_patch(
-    patch_text: str,
-    tree_root: Path | Reader,
-    gate: str,
-    rules: Sequence[Rule] = RULES,
-) -> list[Finding]:
+def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Sequence[Rule] = RULES) -> list[Finding]:
     """Audit every ``.py`` file a patch touches, reading its post-image from ``tree_root``
     (a checkout with the patch and the entry's overlay modules applied: ``python/sglang/...``)."""
     read = path_reader(tree_root) if isinstance(tree_root, Path) else tree_root
@@ -408,7 +320,7 @@ def audit_patch(
         tree = ast.parse(read(rel) or "")
         calls = _scan(tree, gate)
         # only helpers called from added lines can make a finding: follow just those imports
-        called = {c.name for c in calls if added.intersection(_call_lines(c.node))}
-        external = index.imported_effects(tree, rel, called, index.depth)
+        called = {c.name for c in calls if added.intersection(c.lines)}
+        external = index.imported_effects(tree, called, index.depth)
         findings += _audit_tree(tree, calls, added, gate, rules, rel, external)
     return findings

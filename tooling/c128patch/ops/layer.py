@@ -24,10 +24,10 @@ from c128patch.series import txn
 from c128patch.series.layers import SEP, check_layer_name, known_bases, load_layer
 from c128patch.series.manifest import MANIFEST, Entry, Series, load_series
 from c128patch.series.paths import check_entry_name, check_relpath
-from c128patch.series.plan import ENTRY_TRAILER, sources_at
+from c128patch.series.plan import sources_at
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
+from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER
 
-GATE_TRAILER = "C128patch-Gate"
 _ENV = re.compile(r"[A-Z][A-Z0-9_]{0,127}")
 
 
@@ -67,22 +67,20 @@ def _with_gate(text: str, gate: str) -> str:
 
 
 def _next_number(layer: Series) -> int:
-    numbers = [int(m.group(1)) for e in layer.entries for v in e.patch_files() if (m := re.match(r"^(\d+)-", v.file))]
-    return max(numbers, default=0) + 1
+    return max((int(m.group(1)) for e in layer.entries for v in e.patch_files() if (m := re.match(r"^(\d+)-", v.file))),
+               default=0) + 1
 
 
 def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gate: str = "",
               name: str = "") -> NewEntry:
     """Commit ``commit`` of the patched tree in ``git`` as a new entry of the layer in ``folder``."""
-    layer = load_layer(folder, series)
-    tree = git.worktree
-    assert tree is not None
+    layer, tree = load_layer(folder, series), git.cwd
     if not why.strip() or not why.isprintable():
         raise C128Error("--why must say, on one line, why the layer carries this commit; nothing was written")
     if gate and not _ENV.fullmatch(gate):
         raise C128Error(f"--gate {gate!r} is not an environment variable name (A-Z 0-9 _); nothing was written")
-    record = read_provenance(tree)
-    base_commit, rev = record.get("upstream", {}).get("commit", ""), record.get("upstream", {}).get("rev", "")
+    upstream = read_provenance(tree).get("upstream", {})
+    base_commit, rev = upstream.get("commit", ""), upstream.get("rev", "")
     sha = git.rev_parse(f"{commit}^{{commit}}")
     if sha is None:
         raise C128Error(f"no commit {commit!r} in {tree}; nothing was written")

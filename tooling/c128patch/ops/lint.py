@@ -8,10 +8,10 @@ from pathlib import PurePosixPath
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.gates import ENVIRON_PATH, SeriesText, declaration_problems, declarations, gate_problems
-from c128patch.series.layers import Stack
-from c128patch.series.manifest import Series, sha256_file, symlink_on_path
+from c128patch.series.manifest import Entry, Series, Variant, sha256_file, symlink_on_path
 from c128patch.series.patchfile import read_patch
-from c128patch.series.plan import merged_entries, prefixes, sources_at, symlink_refusal
+from c128patch.series.plan import merged_entries, prefixes, sources_at, symlink_refusal, tree_modes
+from c128patch.series.trailers import GATE_TRAILER
 
 OVERLAY_ROOTS = ("csrc", "overlay")
 TREE_ROOT = "python"
@@ -28,10 +28,53 @@ class Finding:
 
 
 def _gate_trailer_ok(entry_gate: str, trailer: str | None) -> bool:
-    if trailer is None:
-        return False
-    word = trailer.split()[0] if trailer.split() else ""
-    return word == entry_gate if entry_gate else word == "none"
+    words = (trailer or "").split()
+    return trailer is not None and (words[0] if words else "") == (entry_gate or "none")
+
+
+def _file_findings(series: Series, e: Entry, variant: Variant | None, patched: dict[str, str]) -> list[Finding]:
+    """What is wrong with one file of entry ``e`` (a patch file's paths go into ``patched``)."""
+    path = series.file_of(e, variant)
+    rel = path.relative_to(series.root)
+    if not path.is_file():
+        return [Finding(e.name, f"{rel} is missing")]
+    found = []
+    if symlink_on_path(series.root, path) is not None:
+        found.append(Finding(e.name, f"{rel} is (or goes through) a symlink"))
+    want = variant.sha256 if variant else e.sha256
+    if not want:
+        found.append(Finding(e.name, f"{rel} has no sha256 in the manifest"))
+    elif sha256_file(path) != want:
+        found.append(Finding(e.name, f"{rel}: sha256 does not match the manifest"))
+    if variant is None:
+        return found
+    try:
+        info = read_patch(path)
+    except C128Error as exc:
+        return [*found, Finding(e.name, exc.message)]
+    refusal = symlink_refusal(e, str(rel), info)
+    if refusal:
+        found.append(Finding(e.name, refusal.split(": ", 1)[1]))
+    if not _gate_trailer_ok(e.gate, info.trailers.get(GATE_TRAILER)):
+        found.append(Finding(e.name, f"{rel}: header must say '{GATE_TRAILER}: {e.gate or 'none (<why>)'}'"))
+    for f in info.files:
+        if not f.startswith(f"{TREE_ROOT}/"):
+            found.append(Finding(e.name, f"{rel} touches {f}, outside {TREE_ROOT}/"))
+        patched.setdefault(f, e.name)
+    return found
+
+
+def _overlay_findings(e: Entry, targets: dict[str, str]) -> list[Finding]:
+    """Where overlay ``e`` installs from and to (``targets``: the overlays before it, by target)."""
+    found = []
+    if PurePosixPath(e.source).parts[0] not in OVERLAY_ROOTS:
+        found.append(Finding(e.name, f"overlay source {e.source} must live under csrc/ or overlay/"))
+    if not e.target.startswith(f"{TREE_ROOT}/"):
+        found.append(Finding(e.name, f"overlay target {e.target} is outside {TREE_ROOT}/"))
+    if e.target in targets:
+        found.append(Finding(e.name, f"overlay target {e.target} collides with entry '{targets[e.target]}'"))
+    targets[e.target] = e.name
+    return found
 
 
 def lint_series(series: Series, upstream: Git | None = None) -> list[Finding]:
@@ -40,58 +83,19 @@ def lint_series(series: Series, upstream: Git | None = None) -> list[Finding]:
     targets: dict[str, str] = {}
     patched: dict[str, str] = {}
     for e in series.entries:
-        files = e.patch_files() if e.is_patch else [None]
-        for variant in files:
-            path = series.file_of(e, variant)
-            rel = path.relative_to(series.root)
-            if not path.is_file():
-                found.append(Finding(e.name, f"{rel} is missing"))
-                continue
-            if symlink_on_path(series.root, path) is not None:
-                found.append(Finding(e.name, f"{rel} is (or goes through) a symlink"))
-            want = variant.sha256 if variant else e.sha256
-            if not want:
-                found.append(Finding(e.name, f"{rel} has no sha256 in the manifest"))
-            elif sha256_file(path) != want:
-                found.append(Finding(e.name, f"{rel}: sha256 does not match the manifest"))
-            if not e.is_patch:
-                continue
-            try:
-                info = read_patch(path)
-            except C128Error as exc:
-                found.append(Finding(e.name, exc.message))
-                continue
-            refusal = symlink_refusal(e, str(rel), info)
-            if refusal:
-                found.append(Finding(e.name, refusal.split(": ", 1)[1]))
-            if not _gate_trailer_ok(e.gate, info.trailers.get("C128patch-Gate")):
-                want_gate = e.gate or "none (<why>)"
-                found.append(Finding(e.name, f"{rel}: header must say 'C128patch-Gate: {want_gate}'"))
-            for f in info.files:
-                if not f.startswith(f"{TREE_ROOT}/"):
-                    found.append(Finding(e.name, f"{rel} touches {f}, outside {TREE_ROOT}/"))
-                patched.setdefault(f, e.name)
+        for variant in e.patch_files() if e.is_patch else [None]:
+            found += _file_findings(series, e, variant, patched)
         if not e.is_patch:
-            if PurePosixPath(e.source).parts[0] not in OVERLAY_ROOTS:
-                found.append(Finding(e.name, f"overlay source {e.source} must live under csrc/ or overlay/"))
-            if not e.target.startswith(f"{TREE_ROOT}/"):
-                found.append(Finding(e.name, f"overlay target {e.target} is outside {TREE_ROOT}/"))
-            if e.target in targets:
-                found.append(Finding(e.name, f"overlay target {e.target} collides with entry '{targets[e.target]}'"))
-            targets[e.target] = e.name
-        if e.is_patch:
-            bases = [v.base for v in e.patch_files()]
-            if len(set(bases)) != len(bases):
-                found.append(Finding(e.name, "two patch files of this entry share a base"))
-    for target, name in targets.items():
-        if target in patched:
-            found.append(Finding(name, f"overlay target {target} is also patched by entry '{patched[target]}'"))
+            found += _overlay_findings(e, targets)
+        elif len({v.base for v in e.patch_files()}) != len(e.patch_files()):
+            found.append(Finding(e.name, "two patch files of this entry share a base"))
+    found += [Finding(name, f"overlay target {target} is also patched by entry '{patched[target]}'")
+              for target, name in targets.items() if target in patched]
     if not any(f.level == "error" for f in found):  # the files are sound: read what they write
         found += [Finding(where, message) for where, message in
                   gate_problems(series.gates, {e.name: e.gate for e in series.entries}, series_text(series))]
     if upstream is not None:
-        found += _upstream_collisions(series, upstream)
-        found += _upstream_gates(series, upstream)
+        found += _upstream_collisions(series, upstream) + _upstream_gates(series, upstream)
         found += _variant_bases(series, upstream)
     return found
 
@@ -101,9 +105,7 @@ def series_text(series: Series) -> SeriesText:
     text = SeriesText()
     for e in series.entries:
         if e.is_patch:
-            text.added[e.name] = [line.value for v in e.patch_files()
-                                  for pf in read_patch(series.file_of(e, v)).patchset for hunk in pf
-                                  for line in hunk if line.is_added]
+            text.added[e.name] = [line for v in e.patch_files() for line in read_patch(series.file_of(e, v)).added]
         else:
             text.overlays[e.name] = series.file_of(e).read_text(errors="replace")
     return text
@@ -125,55 +127,45 @@ def _variant_bases(series: Series, git: Git) -> list[Finding]:
     (by content: variant choice and rebases read that base; a tag moved, or another repository's
     tag with other sources, would choose on other evidence). Commit ids are never compared."""
     found = []
-    for e in series.entries:
-        if not e.is_patch:
+    for e, v in ((e, v) for e in series.entries for v in e.patch_files()):
+        at = (git.rev_parse(f"refs/tags/{v.base}") if v.base else None) or (git.rev_parse(v.commit) if v.commit else None)
+        if at is None:
+            found.append(Finding(e.name, f"{v.file}: base {v.base} is not in the upstream repository: not checked",
+                                 "warning"))
             continue
-        for v in e.patch_files():
-            at = (git.rev_parse(f"refs/tags/{v.base}") if v.base else None) or (
-                git.rev_parse(v.commit) if v.commit else None)
-            if at is None:
-                found.append(Finding(e.name, f"{v.file}: base {v.base} is not in the upstream repository: not checked",
-                                     "warning"))
-                continue
-            if not v.sources:
-                found.append(Finding(e.name, f"{v.file}: base {v.base} has no recorded sources (a manifest from before "
-                                             "bases by content; `c128patch refresh` records them): not checked", "warning"))
-                continue
-            here = dict(sources_at(git, at, [p for p, _ in v.sources]))
-            other = [p for p, blob in v.sources if here.get(p) != blob]
-            if other:
-                found.append(Finding(e.name, f"{v.file}: {v.base} in this repository has other sources than the variant "
-                                             f"was made on: {', '.join(other)}"))
+        if not v.sources:
+            found.append(Finding(e.name, f"{v.file}: base {v.base} has no recorded sources (a manifest from before "
+                                         "bases by content; `c128patch refresh` records them): not checked", "warning"))
+            continue
+        here = dict(sources_at(git, at, [p for p, _ in v.sources]))
+        if other := [p for p, blob in v.sources if here.get(p) != blob]:
+            found.append(Finding(e.name, f"{v.file}: {v.base} in this repository has other sources than the variant "
+                                         f"was made on: {', '.join(other)}"))
     return found
 
 
 def _upstream_collisions(series: Series, git: Git) -> list[Finding]:
-    found = []
     base = series.base
     if not base or git.rev_parse(base) is None:
         return [Finding("series", f"series base {base!r} is not in the upstream repository", "warning")]
     merged = {e.name for e in merged_entries(series, git, git.rev_parse(base) or base)}
     overlays = [e for e in series.entries if not e.is_patch and e.name not in merged]  # upstream's own now
-    listing = git.out("ls-tree", base, "--", *prefixes([e.target for e in overlays])) if overlays else ""
-    present = {}
-    for line in listing.splitlines():
-        meta, name = line.split("\t", 1)
-        present[name] = meta.split()[0]
+    present = tree_modes(git, base, prefixes([e.target for e in overlays]))
+    found = []
     for e in overlays:
         if e.target in present:
             found.append(Finding(e.name, f"overlay target {e.target} already exists upstream at {base}"))
-        for prefix in prefixes([e.target]):
-            if present.get(prefix) == "120000":
-                found.append(Finding(e.name, f"overlay target {e.target} goes through the symlink {prefix} upstream"))
+        found += [Finding(e.name, f"overlay target {e.target} goes through the symlink {prefix} upstream")
+                  for prefix in prefixes([e.target]) if present.get(prefix) == "120000"]
     return found
 
 
 def lint_stack(series: Series, upstream: Git | None = None) -> list[Finding]:
     """``lint_series`` of our series and of each layer on its own (findings named ``<layer>/<entry>``),
     plus what only the stack shows: two parts installing an overlay at one target."""
-    if not isinstance(series, Stack):
+    if not series.layers:
         return lint_series(series, upstream)
-    found = lint_series(series.head, upstream)
+    found = lint_series(series.ours, upstream)
     for layer in series.layers:
         found += [replace(f, entry=f"{layer.name}/{f.entry}") for f in lint_series(layer, upstream)]
     targets: dict[str, str] = {}
@@ -188,19 +180,14 @@ def lint_stack(series: Series, upstream: Git | None = None) -> list[Finding]:
 def update_hashes(series: Series) -> int:
     """Write the current sha256 of every file into the manifest (each layer's into its own); returns
     how many changed."""
-    if isinstance(series, Stack):
-        return sum(update_hashes(part) for part in (series.head, *series.layers))
-    changed = 0
+    if series.layers:
+        return sum(update_hashes(part) for part in (series.ours, *series.layers))
+    def hashes() -> list[str]:
+        return [h for e in series.entries for h in (e.sha256, *(v.sha256 for v in e.variants))]
+
+    before = hashes()
     for e in series.entries:
-        if e.is_patch:
-            new = []
-            for v in e.variants:
-                h = sha256_file(series.file_of(e, v))
-                changed += h != v.sha256
-                new.append(replace(v, sha256=h))
-            e.variants = new
-        h = sha256_file(series.file_of(e))
-        changed += h != e.sha256
-        e.sha256 = h
+        e.variants = [replace(v, sha256=sha256_file(series.file_of(e, v))) for v in e.variants]
+        e.sha256 = sha256_file(series.file_of(e))
     series.save()
-    return changed
+    return sum(a != b for a, b in zip(before, hashes()))

@@ -53,18 +53,13 @@ def proposes_drop(signals: list[Signal]) -> bool:
     return any(s.content for s in signals)
 
 
-def per_file_ids(git: Git, diff: str) -> dict[str, str]:
-    """path -> ``git patch-id --stable`` of that file's part of ``diff`` (one git call)."""
-    return per_commit_file_ids(git, {"": diff})[""]
-
-
 def per_commit_file_ids(git: Git, diffs: dict[str, str]) -> dict[str, dict[str, str]]:
-    """``per_file_ids`` for several diffs (keyed by commit) in one ``git patch-id`` call."""
+    """commit -> path -> ``git patch-id --stable`` of that file's part of its diff, in one git call."""
     chunks, where = [], []
     for commit, diff in diffs.items():
         starts = [m.start() for m in _DIFF.finditer(diff)]
-        for i, start in enumerate(starts):
-            part = diff[start: starts[i + 1] if i + 1 < len(starts) else len(diff)]
+        for start, end in zip(starts, [*starts[1:], len(diff)]):
+            part = diff[start:end]
             where.append((commit, _DIFF.match(part).group(2)))  # type: ignore[union-attr]
             chunks.append(f"commit {len(chunks):040x}\n{part}")
     out: dict[str, dict[str, str]] = {commit: {} for commit in diffs}
@@ -87,14 +82,14 @@ def _on_its_preimage(idx: Git, item: Planned) -> bool:
 
 def commit_diffs(git: Git, commits: list[str], *args: str) -> dict[str, str]:
     """commit -> its diff (``git log -p ARGS``), for many commits in one git call."""
-    if not commits:
-        return {}
-    text = git.run("log", "--no-walk=unsorted", "-p", "--format=%x00%H", *args, *commits).stdout
-    out = {c: "" for c in commits}
-    for part in text.split("\0")[1:]:
-        sha, _, diff = part.partition("\n")
-        out[sha] = diff
-    return out
+    text = git.run("log", "--no-walk=unsorted", "-p", "--format=%x00%H", *args, *commits).stdout if commits else ""
+    return {c: "" for c in commits} | dict(part.partition("\n")[::2] for part in text.split("\0")[1:])
+
+
+def _show_ids(git: Git, commit: str, *paths: str) -> dict[str, str]:
+    """path -> per-file patch-id of ``commit``'s change (``--unified=0``: context and line numbers do not count)."""
+    diff = git.run("show", "--format=", "--unified=0", "--no-renames", "--full-index", commit, "--", *paths).stdout
+    return per_commit_file_ids(git, {"": diff})[""]
 
 
 class UpstreamIds:
@@ -109,9 +104,7 @@ class UpstreamIds:
         known = self._ids.setdefault(commit, {})
         missing = [p for p in paths if p not in known]
         if missing:
-            diff = self.git.run("show", "--format=", "--unified=0", "--no-renames", "--full-index", commit, "--",
-                                *missing).stdout
-            known.update({p: "" for p in missing} | per_file_ids(self.git, diff))
+            known.update({p: "" for p in missing} | _show_ids(self.git, commit, *missing))
             write_json_atomic(self.cache, self._ids)
         return {p: known[p] for p in paths}
 
@@ -167,8 +160,7 @@ class MergedCheck:
                     sha, *files = part.split()
                     self._touching[sha] = set(files)
                     self.ids.of(sha, every)
-        ours = self._ours.get(old_commit) or per_file_ids(self.git, self.git.run(
-            "show", "--format=", "--unified=0", "--no-renames", "--full-index", old_commit).stdout)
+        ours = self._ours.get(old_commit) or _show_ids(self.git, old_commit)
         if not ours:
             return []
         paths = sorted(ours)

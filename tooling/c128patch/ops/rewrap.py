@@ -21,7 +21,6 @@ from c128patch.git import Git
 from c128patch.series.patchfile import PatchInfo
 from c128patch.series.plan import index_git
 
-_CLOSERS = ")]}"
 _DROPPED = re.compile(r",(?=[)\]}])")
 
 
@@ -83,7 +82,7 @@ def _rewrapped(text: str, pf) -> str | None:
         last = max(i for i, k in enumerate(kinds) if k in "+-")
         pre = [line.value for line in hunk if not line.is_added]
         lead = sum(1 for k in kinds[:first] if k == " ")
-        middle = [line for line in list(hunk)[first: last + 1]]
+        middle = list(hunk)[first: last + 1]
         removed = sum(1 for line in middle if not line.is_added)
         place = _place(lines, pre, (lead, lead + removed), hunk.source_start - 1 + lead + shift)
         if place is None:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 
 from c128patch.git import Git
-from c128patch.series.manifest import Entry, Series
+from c128patch.series.manifest import Entry, Series, Variant
 from c128patch.series.patchfile import read_patch
 
 TREE_ROOT = "python"
@@ -70,7 +70,16 @@ def _patterns(target: str) -> list[str]:
             rf"from[[:space:]]+{re.escape(parent)}[[:space:]]+import.*[^A-Za-z0-9_]{re.escape(name)}([^A-Za-z0-9_]|$)"]
 
 
+def _added_text(series: Series, entry: Entry, variant: Variant | None) -> str:
+    """The lines a patch file adds, or an overlay's source ("" for a missing file)."""
+    path = series.file_of(entry, variant)
+    if not path.is_file():
+        return ""
+    return "\n".join(read_patch(path).added) if variant else path.read_text(errors="replace")
+
+
 def taken(git: Git, series: Series, entry: Entry, old: str, onto: str) -> Taken:
+    """Who made ``entry``'s overlay target upstream in ``old..onto``, who imports it there and here, the way through."""
     target = entry.target
     made = git.out("log", "-1", "--diff-filter=A", "--format=%H %h %s", f"{old}..{onto}", "--", target) or \
         git.out("log", "-1", "--diff-filter=A", "--format=%H %h %s", onto, "--", target)
@@ -79,17 +88,6 @@ def taken(git: Git, series: Series, entry: Entry, old: str, onto: str) -> Taken:
     hits = git.run("grep", "-l", "-E", *args, onto, "--", TREE_ROOT, check=False).stdout.splitlines()
     importers = sorted({h.split(":", 1)[1] for h in hits if ":" in h} - {target})
     found = re.compile("|".join(p.replace("[[:space:]]", r"\s") for p in _patterns(target)))
-    ours = []
-    for other in series.entries:
-        if other.name == entry.name:
-            continue
-        files = [series.file_of(other, v) for v in other.patch_files()] if other.is_patch else [series.file_of(other)]
-        for path in files:
-            if not path.is_file():
-                continue
-            text = "\n".join(line.value for pf in read_patch(path).patchset for h in pf for line in h
-                             if line.is_added) if other.is_patch else path.read_text(errors="replace")
-            if found.search(text):
-                ours.append(other.name)
-                break
+    ours = [other.name for other in series.entries if other.name != entry.name and any(
+        found.search(_added_text(series, other, v)) for v in other.patch_files() or [None])]
     return Taken(target, created, importers, ours, "rename" if ours else "drop", commit)

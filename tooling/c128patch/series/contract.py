@@ -96,11 +96,6 @@ def read_lock(patches_dir: Path) -> Lock | None:
 
 def merged(new: list[LockItem], old: Lock | None) -> list[LockItem]:
     """``new`` with the signatures ``old`` accepted for the same (kind, name) kept after the base's."""
-    if old is None:
-        return new
-    accepted = old.accepted()
-    out = []
-    for item in new:
-        extra = sorted(accepted.get(item.key, set()) - set(item.sigs))
-        out.append(replace(item, sigs=item.sigs + tuple(extra)) if extra else item)
-    return out
+    accepted = old.accepted() if old is not None else {}
+    return [replace(item, sigs=item.sigs + tuple(sorted(accepted.get(item.key, set()) - set(item.sigs))))
+            for item in new]

@@ -25,17 +25,19 @@ way. ``render_markdown`` is the table docs/gates.md carries (a test keeps the tw
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from c128patch.errors import C128Error
+from c128patch.series.paths import duplicates
 
 DECLARERS = ("series", "upstream")
 TYPES = {"bool": "EnvBool", "str": "EnvStr", "int": "EnvInt", "float": "EnvFloat"}
 _NAME = re.compile(r"^SGLANG_[A-Z0-9_]+$")
 _MENTION = re.compile(r"\bSGLANG_[A-Z0-9_]+\b")
 _DECLARATION = re.compile(r"^\s*(SGLANG_[A-Z0-9_]+)\s*=\s*(Env[A-Za-z]+)\((.*)\)\s*(#.*)?$")
+_REQUIRED = ("name", "declared_by", "type", "default", "enables")
 ENVIRON_PATH = "python/sglang/srt/environ.py"
 
 
@@ -51,15 +53,9 @@ class Gate:
     notes: str = ""
 
     def to_toml(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "declared_by": self.declared_by, "type": self.type,
-                               "default": self.default, "enables": self.enables}
-        if self.requires:
-            out["requires"] = list(self.requires)
-        if self.conflicts:
-            out["conflicts"] = list(self.conflicts)
-        if self.notes:
-            out["notes"] = self.notes
-        return out
+        """Its table: the optional fields only when set."""
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(self).items()
+                if value or key in _REQUIRED}
 
 
 def _text(raw: dict, key: str, where: str, required: bool = True) -> str:
@@ -91,19 +87,16 @@ def parse_gates(raw: Any, path: Path) -> list[Gate]:
         where = f"{path}: gate {name}"
         if not _NAME.match(name):
             raise C128Error(f"{where}: the name must be SGLANG_ followed by capitals, digits and _")
-        unknown = set(item) - {"name", "declared_by", "type", "default", "enables", "requires", "conflicts", "notes"}
+        unknown = set(item) - {f.name for f in fields(Gate)}
         if unknown:
             raise C128Error(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
-        declared_by, kind = _text(item, "declared_by", where), _text(item, "type", where)
-        if declared_by not in DECLARERS:
-            raise C128Error(f"{where}: declared_by must be one of {', '.join(DECLARERS)}, not {declared_by!r}")
-        if kind not in TYPES:
-            raise C128Error(f"{where}: type must be one of {', '.join(TYPES)}, not {kind!r}")
-        gates.append(Gate(name, declared_by, kind, _text(item, "default", where), _text(item, "enables", where),
-                          _names(item, "requires", where), _names(item, "conflicts", where),
-                          _text(item, "notes", where, required=False)))
-    names = [g.name for g in gates]
-    dupes = sorted({n for n in names if names.count(n) > 1})
+        gate = Gate(*(_text(item, key, where) for key in _REQUIRED), _names(item, "requires", where),
+                    _names(item, "conflicts", where), _text(item, "notes", where, required=False))
+        for key, allowed in (("declared_by", DECLARERS), ("type", TYPES)):
+            if getattr(gate, key) not in allowed:
+                raise C128Error(f"{where}: {key} must be one of {', '.join(allowed)}, not {getattr(gate, key)!r}")
+        gates.append(gate)
+    dupes = duplicates(g.name for g in gates)
     if dupes:
         raise C128Error(f"{path}: duplicate gate(s) {', '.join(dupes)}")
     return gates
@@ -111,12 +104,7 @@ def parse_gates(raw: Any, path: Path) -> list[Gate]:
 
 def declarations(text: str) -> dict[str, tuple[str, str]]:
     """name -> (EnvField class, default as written) for each ``NAME = EnvX(default)`` line."""
-    out = {}
-    for line in text.splitlines():
-        match = _DECLARATION.match(line)
-        if match:
-            out[match.group(1)] = (match.group(2), match.group(3).strip())
-    return out
+    return {m.group(1): (m.group(2), m.group(3).strip()) for m in map(_DECLARATION.match, text.splitlines()) if m}
 
 
 def declaration_problems(gate: Gate, declared: dict[str, tuple[str, str]], where: str) -> list[str]:
@@ -143,20 +131,14 @@ class SeriesText:
 def gate_problems(gates: list[Gate], entry_gates: dict[str, str], text: SeriesText) -> list[tuple[str, str]]:
     """(entry or gate, message) for each way the reference and the series disagree."""
     known = {g.name: g for g in gates}
-    found: list[tuple[str, str]] = []
-    for entry, gate in entry_gates.items():
-        if gate and gate not in known:
-            found.append((entry, f"gate {gate} is not in the env reference ([[gates]] in the manifest)"))
+    found = [(entry, f"gate {gate} is not in the env reference ([[gates]] in the manifest)")
+             for entry, gate in entry_gates.items() if gate and gate not in known]
     mentioned: dict[str, str] = {}
-    for entry, lines in text.added.items():
-        for name in _MENTION.findall("\n".join(lines)):
-            mentioned.setdefault(name, entry)
-    for entry, source in text.overlays.items():
+    for entry, source in [*((e, "\n".join(lines)) for e, lines in text.added.items()), *text.overlays.items()]:
         for name in _MENTION.findall(source):
             mentioned.setdefault(name, entry)
-    for name, entry in sorted(mentioned.items()):
-        if name not in known:
-            found.append((entry, f"{name} is read or written by the series but is not in the env reference"))
+    found += [(entry, f"{name} is read or written by the series but is not in the env reference")
+              for name, entry in sorted(mentioned.items()) if name not in known]
     added = declarations("\n".join(line for lines in text.added.values() for line in lines))
     for gate in gates:
         for other in (*gate.requires, *gate.conflicts):

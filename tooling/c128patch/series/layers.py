@@ -23,26 +23,21 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 from c128patch.errors import C128Error
 from c128patch.git import is_git_dir_name
-from c128patch.series.manifest import MANIFEST, Entry, Series, Variant, default_series_root, load_series
+from c128patch.series.manifest import (MANIFEST, Entry, Series, Variant, default_series_root, duplicates, load_series,
+                                       read_toml)
+from c128patch.series.trailers import ENTRY_TRAILER, find_trailers
 
 LAYER_NAME = re.compile(r"[a-z][a-z0-9]{0,31}")
 LAYER_NAME_RULE = "1-32 characters of a-z 0-9, starting with a letter (it goes into the wheel's PEP 440 label)"
 SEP = "/"  # <layer>/<entry>
 CONFIG = "c128patch.toml"
 ENV = "C128PATCH_LAYERS"
-ENTRY_TRAILER = "C128patch-Entry"  # (series.plan's; not imported: plan pulls unidiff)
 
 
 def check_layer_name(name: str, where: str) -> str:
@@ -79,28 +74,20 @@ def load_layer(folder: Path, series: Series) -> Series:
     if layer.base not in bases:
         raise C128Error(f"{where}: base {layer.base!r} is not one the series {series.name} was made on "
                         f"({', '.join(bases)}); make the layer on one of them")
-    for e in layer.entries:
-        for v in e.patch_files():
-            path = layer.file_of(e, v)
-            if path.is_file():
-                _check_trailer(path, f"{layer.name}{SEP}{e.name}", where)
-    return layer
-
-
-def _check_trailer(path: Path, name: str, where: str) -> None:
-    head = path.read_bytes().split(b"\n---\n", 1)[0].decode("utf-8", errors="replace")
-    for line in head.splitlines():
-        if line.startswith(f"{ENTRY_TRAILER}:") and line.split(":", 1)[1].strip() != name:
-            raise C128Error(f"{where}: {path.name} carries '{line.strip()}', not '{ENTRY_TRAILER}: {name}' "
+    for e, path in ((e, layer.file_of(e, v)) for e in layer.entries for v in e.patch_files()):
+        head = path.read_bytes().split(b"\n---\n", 1)[0].decode("utf-8", errors="replace") if path.is_file() else ""
+        name = f"{layer.name}{SEP}{e.name}"
+        for value in (v.strip() for k, v in find_trailers(head) if k == ENTRY_TRAILER and v.strip() != name):
+            raise C128Error(f"{where}: {path.name} carries '{ENTRY_TRAILER}: {value}', not '{ENTRY_TRAILER}: {name}' "
                             "(a layer's patch names its own entry only)")
+    return layer
 
 
 class Stack(Series):
     """Our series, then its layers (``head`` and ``layers``), as one series of namespaced entries."""
 
     def __init__(self, head: Series, layers: list[Series]) -> None:
-        names = [head.name, *(layer.name for layer in layers)]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = duplicates([head.name, *(layer.name for layer in layers)])
         if dupes:
             raise C128Error(f"two layers (or a layer and the series) are named {', '.join(dupes)}: each needs its own name")
         entries = list(head.entries)
@@ -111,12 +98,15 @@ class Stack(Series):
                 entries.append(replace(e, name=name, variants=list(e.variants)))
                 self._parts[name] = (layer, e.name)
         super().__init__(head.root, head.name, head.version, head.base, entries, gates=head.gates)
-        self.head = head
-        self.layers = layers
+        self.head, self._layers = head, layers
 
     @property
     def ours(self) -> Series:
         return self.head
+
+    @property
+    def layers(self) -> list[Series]:
+        return self._layers
 
     def part(self, name: str) -> tuple[Series, str]:
         return self._parts.get(name, (self.head, name))
@@ -150,26 +140,23 @@ class Stack(Series):
 
 def describe(series: Series) -> str:
     """"series c128patch 4", then " + layer acme 2" per layer."""
-    return f"series {series.name} {series.version}" + "".join(
-        f" + layer {layer.name} {layer.version}" for layer in (series.layers if isinstance(series, Stack) else []))
+    return f"series {series.name} {series.version}" + "".join(f" + layer {x.name} {x.version}" for x in series.layers)
 
 
 def layer_rows(stack: Series) -> list[dict]:
     """Each layer's name, version, base, digest and entries (namespaced), for provenance and reports."""
-    if not isinstance(stack, Stack):
-        return []
     return [{"name": layer.name, "version": layer.version, "base": layer.base, "digest": layer.digest(),
              "entries": [f"{layer.name}{SEP}{e.name}" for e in layer.entries]} for layer in stack.layers]
 
 
 def layers_of(series: Series) -> list[Series]:
     """A stack's layers, in order ([] for a series alone)."""
-    return list(series.layers) if isinstance(series, Stack) else []
+    return list(series.layers)
 
 
 def layer_folders(series: Series) -> list[str]:
     """The layer folders of a stack, in order (journals keep them to resume with the same stack)."""
-    return [str(layer.root) for layer in series.layers] if isinstance(series, Stack) else []
+    return [str(layer.root) for layer in series.layers]
 
 
 def layer_args(series: Series) -> list[str]:
@@ -180,42 +167,30 @@ def layer_args(series: Series) -> list[str]:
 def overlap_note(series: Series, earlier: list[tuple[str, list[str]]], name: str, paths: list[str]) -> str:
     """For a layer entry ``name`` that stopped on ``paths`` (the failing file first): the entry of
     another part replayed before it that changes the same file, as "; it conflicts with ..." ("" if none)."""
-    if not isinstance(series, Stack) or name not in series._parts:
-        return ""
     mine = series.part(name)[0]
+    if mine is series.ours:
+        return ""
     for path in paths:
         for other, touched in reversed(earlier):
             part = series.part(other)[0]
             if part is not mine and path in touched:
-                owner = f"series {part.name}" if part is series.head else f"layer {part.name}"
+                owner = f"series {part.name}" if part is series.ours else f"layer {part.name}"
                 return f"; it conflicts with entry '{other}' of {owner}, which changes {path} before it"
     return ""
 
 
 @dataclass(frozen=True)
 class LayerSource:
-    """Where the layers came from: ``--layer``, the env, a config file, or nowhere."""
+    """The layer folders ``--layer``, the env or a config file names (none: ``()``)."""
 
     folders: tuple[Path, ...]
-    origin: str  # "--layer" | "$C128PATCH_LAYERS" | the config file's path | ""
-
-
-def _config(start: Path) -> Path | None:
-    for folder in [start, *start.parents]:
-        if (folder / CONFIG).is_file():
-            return folder / CONFIG
-    return None
 
 
 def read_config(path: Path) -> tuple[Path, ...]:
     """The layer folders ``path`` (a c128patch.toml) names, each inside the file's folder."""
-    try:
-        doc = tomllib.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise C128Error(f"{path}: not a valid c128patch config ({exc})") from None
-    unknown = set(doc) - {"layers"}
+    doc = read_toml(path, f"{path}: not a valid c128patch config")
     layers = doc.get("layers", {})
-    if unknown or not isinstance(layers, dict) or set(layers) - {"paths"}:
+    if set(doc) - {"layers"} or not isinstance(layers, dict) or set(layers) - {"paths"}:
         raise C128Error(f"{path}: a c128patch config holds only [layers] paths = [\"DIR\", ...]")
     paths = layers.get("paths", [])
     if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
@@ -232,15 +207,12 @@ def read_config(path: Path) -> tuple[Path, ...]:
 
 def find_layers(given: tuple[Path, ...] = (), cwd: Path | None = None) -> LayerSource:
     """The layers to use (see the module doc for the order)."""
-    if given:
-        return LayerSource(tuple(given), "--layer")
     env = os.environ.get(ENV)
-    if env is not None:
-        return LayerSource(tuple(Path(p) for p in env.split(os.pathsep) if p), f"${ENV}")
-    config = _config((cwd or Path.cwd()).resolve())
-    if config is None:
-        return LayerSource((), "")
-    return LayerSource(read_config(config), str(config))
+    if given or env is not None:
+        return LayerSource(tuple(given) or tuple(Path(p) for p in (env or "").split(os.pathsep) if p))
+    start = (cwd or Path.cwd()).resolve()
+    config = next((folder / CONFIG for folder in [start, *start.parents] if (folder / CONFIG).is_file()), None)
+    return LayerSource(read_config(config) if config else ())
 
 
 def get_series(series_dir: Path | None, layers: Sequence[Path] = ()) -> Series:

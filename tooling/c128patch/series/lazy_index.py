@@ -23,16 +23,19 @@ def plain_paths(paths: list[str]) -> bool:
     return all(_PLAIN.fullmatch(p) for p in paths)
 
 
+def ls_tree(git: Git, treeish: str, paths: list[str], *flags: str) -> dict[str, tuple[str, ...]]:
+    """path -> (mode, type, object id) of ``git ls-tree FLAGS TREEISH -- PATHS`` ({} for no paths)."""
+    lines = git.out("ls-tree", *flags, treeish, "--", *paths).splitlines() if paths else []
+    return {name: tuple(meta.split()) for meta, name in (line.split("\t", 1) for line in lines)}
+
+
 class LazyIndex:
     def __init__(self, git: Git, idx: Git, commit: str, paths: list[str], kinds: dict[str, str]) -> None:
         """``idx``: ``git`` on the index file; ``paths``: every path the replay may touch (plain:
         ``plain_paths``); ``kinds``: the modes at ``commit`` of their folders (``series.plan.path_kinds``)."""
         self.git, self.idx, self.commit, self.kinds = git, idx, commit, kinds
-        self.entries: dict[str, Entries] = {}
-        for line in git.out("ls-tree", "-r", commit, "--", *paths).splitlines() if paths else []:
-            meta, name = line.split("\t", 1)
-            mode, _type, sha = meta.split()
-            self.entries[name] = ((mode, sha, "0"),)
+        self.entries: dict[str, Entries] = {
+            name: ((mode, sha, "0"),) for name, (mode, _type, sha) in ls_tree(git, commit, paths, "-r").items()}
         self.written = False
         self.dirty: set[str] = set()  # entries the file does not hold yet
         self.stale: set[str] = set()  # paths git changed in the file, not read back yet

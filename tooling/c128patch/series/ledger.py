@@ -17,21 +17,15 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
-import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 import tomli_w
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.jsonio import write_atomic
-from c128patch.series.manifest import Series
+from c128patch.series.manifest import Series, read_toml
 from c128patch.series.paths import check_entry_name
 
 _KEY = re.compile(r"[0-9a-f]{1,64}")
@@ -111,14 +105,7 @@ class Ledger:
         if not self.index.is_file():
             return []
         bad = f"{self.index}: not a resolution ledger"
-        try:
-            doc = tomllib.loads(self.index.read_bytes().decode("utf-8"))
-        except UnicodeDecodeError:
-            raise C128Error(f"{bad} (not UTF-8)") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise C128Error(f"{bad} (not valid TOML: {exc})") from None
-        except RecursionError:
-            raise C128Error(f"{bad} (nested too deeply to read)") from None
+        doc = read_toml(self.index, bad)
         rows = doc.get("resolutions", [])
         if not isinstance(rows, list):
             raise C128Error(f"{bad} ('resolutions' must be an array of tables)")
@@ -131,9 +118,7 @@ class Ledger:
     def has(self, entry: str) -> bool:
         """Does the ledger hold any resolution for ``entry``?"""
         ledger, local = self._of(entry)
-        if ledger is not self:
-            return ledger.has(local)
-        return any(r["entry"] == entry for r in self.rows())
+        return any(r["entry"] == local for r in ledger.rows())
 
     def _diff_path(self, entry: str, key: str) -> Path:
         """Built from a checked name and key only: both come from files a pull request can change."""
@@ -157,15 +142,13 @@ class Ledger:
         """Resolve (and ``git add``) every conflict this entry has a recorded resolution for, in
         ``git``'s work tree; ``span`` is the range being replayed ("v0.5.22..v0.5.23")."""
         ledger, local = self._of(entry)
-        if ledger is not self:
-            return [replace(r, entry=entry) for r in ledger.replay(git, local, conflicts, span)]
-        rows = [r for r in self.rows() if r["entry"] == entry]
+        rows = [r for r in ledger.rows() if r["entry"] == local]
         used = []
         for c in conflicts:
             exact = [r for r in rows if r["key"] == c.key]
             near = [r for r in rows if r.get("match") == c.match and r["file"] == c.path and r not in exact]
             for row, flags in [*((r, ()) for r in exact), *((r, ("--ignore-whitespace",)) for r in near)]:
-                diff = self._diff_path(entry, row["key"])
+                diff = ledger._diff_path(local, row["key"])
                 if diff.is_file() and git.ok("apply", *flags, str(diff)):
                     git.run("add", "--", c.path)
                     recorded = f"{row['from']}..{row['onto']}"
@@ -176,9 +159,7 @@ class Ledger:
     def record(self, git: Git, entry: str, from_rev: str, onto_rev: str, conflicts: list[Conflict]) -> list[str]:
         """Keep how the user resolved ``conflicts`` (their staged content), as diffs."""
         ledger, local = self._of(entry)
-        if ledger is not self:
-            return [f"{entry}:{ref.split(':', 1)[1]}" for ref in ledger.record(git, local, from_rev, onto_rev, conflicts)]
-        rows = [r for r in self.rows() if not (r["entry"] == entry and r["key"] in {c.key for c in conflicts})]
+        rows = [r for r in ledger.rows() if not (r["entry"] == local and r["key"] in {c.key for c in conflicts})]
         refs = []
         for c in conflicts:
             resolved = git.run("show", f":{c.path}", check=False).stdout
@@ -186,13 +167,13 @@ class Ledger:
                                                 f"a/{c.path}", f"b/{c.path}", n=3))
             if not diff:
                 continue
-            target = self._diff_path(entry, c.key)
+            target = ledger._diff_path(local, c.key)
             target.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(target, diff.encode())
-            rows.append({"entry": entry, "key": c.key, "match": c.match or conflict_key(c.path, c.text, whitespace=False),
+            rows.append({"entry": local, "key": c.key, "match": c.match or conflict_key(c.path, c.text, whitespace=False),
                          "file": c.path, "from": from_rev, "onto": onto_rev})
             refs.append(f"{entry}:{c.key}")
         if refs:
             rows.sort(key=lambda r: (r["entry"], r["file"], r["key"]))
-            write_atomic(self.index, tomli_w.dumps({"resolutions": rows}).encode())
+            write_atomic(ledger.index, tomli_w.dumps({"resolutions": rows}).encode())
         return refs

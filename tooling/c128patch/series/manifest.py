@@ -19,7 +19,7 @@ from c128patch.errors import C128Error
 from c128patch.jsonio import write_atomic
 from c128patch.series import txn
 from c128patch.series.gates import Gate, parse_gates
-from c128patch.series.paths import check_entry_name, check_relpath
+from c128patch.series.paths import check_entry_name, check_relpath, duplicates
 
 MANIFEST = "patches/series.toml"
 KINDS = ("patch", "overlay")
@@ -100,16 +100,11 @@ class Entry:
         return [Variant(self.file, self.base, self.sha256, self.base_commit, self.base_sources), *self.variants]
 
     def to_toml(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "kind": self.kind}
-        if self.is_patch:
-            out["file"] = self.file
-        else:
-            out["source"] = self.source
-            out["target"] = self.target
-        for key in _ENTRY_TEXT_FIELDS:
-            out[key] = getattr(self, key)
-        out.update({key: getattr(self, key) for key in _ENTRY_OPTIONAL_FIELDS if getattr(self, key)})
-        out["sha256"] = self.sha256
+        out: dict[str, Any] = {"name": self.name, "kind": self.kind,
+                               **({"file": self.file} if self.is_patch else {"source": self.source, "target": self.target}),
+                               **{key: getattr(self, key) for key in _ENTRY_TEXT_FIELDS},
+                               **{key: getattr(self, key) for key in _ENTRY_OPTIONAL_FIELDS if getattr(self, key)},
+                               "sha256": self.sha256}
         if self.base_sources:
             out["base_sources"] = dict(self.base_sources)
         if self.variants:
@@ -132,6 +127,11 @@ class Series:
     def ours(self) -> Series:
         """Our series: this one (``layers.Stack``: its first part, without the layers)."""
         return self
+
+    @property
+    def layers(self) -> list[Series]:
+        """The layers stacked on it, in order (``layers.Stack``; none here)."""
+        return []
 
     @property
     def manifest_path(self) -> Path:
@@ -185,6 +185,21 @@ class Series:
         write_atomic(self.manifest_path, self.to_toml().encode())
 
 
+def read_toml(path: Path, bad: str) -> dict[str, Any]:
+    """``path`` read as TOML; a file that cannot be is one line: "BAD (why)"."""
+    try:
+        return tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        why = f"not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); save it as UTF-8"
+    except OSError as exc:
+        why = f"cannot read it: {exc.strerror}"
+    except tomllib.TOMLDecodeError as exc:
+        why = f"not valid TOML: {exc}"
+    except RecursionError:
+        why = "nested too deeply to read"
+    raise C128Error(f"{bad} ({why})") from None
+
+
 def _toml_type(value: Any) -> str:
     return {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array",
             dict: "a table"}.get(type(value), f"a {type(value).__name__}")
@@ -194,10 +209,9 @@ def _str(table: dict, key: str, where: str, required: bool = False) -> str:
     value = table.get(key, "")
     if not isinstance(value, (str, int)) or isinstance(value, bool):
         raise C128Error(f"{where}: '{key}' must be a string, not {_toml_type(value)}")
-    value = str(value)
-    if required and not value:
+    if required and not str(value):
         raise C128Error(f"{where}: '{key}' is required")
-    return value
+    return str(value)
 
 
 def _sources(raw: Any, where: str) -> tuple[tuple[str, str], ...]:
@@ -213,6 +227,17 @@ def _sources(raw: Any, where: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(raw.items()))
 
 
+_ENTRY_KEYS = {"name", "kind", "file", "source", "target", "sha256", "variants", "base_sources", *_ENTRY_TEXT_FIELDS,
+               *_ENTRY_OPTIONAL_FIELDS}
+
+
+def _variant(raw: Any, where: str) -> Variant:
+    if not isinstance(raw, dict):
+        raise C128Error(f"{where} must be a table")
+    return Variant(check_relpath(_str(raw, "file", where, required=True), where), _str(raw, "base", where, required=True),
+                   _str(raw, "sha256", where), _str(raw, "commit", where), _sources(raw.get("sources"), where))
+
+
 def _entry(raw: Any, index: int, path: Path) -> Entry:
     where = f"{path}: entry #{index + 1}"
     if not isinstance(raw, dict):
@@ -222,36 +247,21 @@ def _entry(raw: Any, index: int, path: Path) -> Entry:
     kind = _str(raw, "kind", where, required=True)
     if kind not in KINDS:
         raise C128Error(f"{where}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
-    entry = Entry(name=name, kind=kind, why=_str(raw, "why", where, required=True))
-    for key in (*_ENTRY_TEXT_FIELDS[1:], *_ENTRY_OPTIONAL_FIELDS):
-        setattr(entry, key, _str(raw, key, where))
-    entry.sha256 = _str(raw, "sha256", where)
-    entry.base_sources = _sources(raw.get("base_sources"), f"{where} base_sources")
+    entry = Entry(name=name, kind=kind, why=_str(raw, "why", where, required=True), sha256=_str(raw, "sha256", where),
+                  base_sources=_sources(raw.get("base_sources"), f"{where} base_sources"),
+                  **{key: _str(raw, key, where) for key in (*_ENTRY_TEXT_FIELDS[1:], *_ENTRY_OPTIONAL_FIELDS)})
     if kind == "patch":
         entry.file = check_relpath(_str(raw, "file", where, required=True), where)
         variants = raw.get("variants", [])
         if not isinstance(variants, list):
             raise C128Error(f"{where}: 'variants' must be an array of tables, not {_toml_type(variants)}")
-        for j, v in enumerate(variants):
-            if not isinstance(v, dict):
-                raise C128Error(f"{where}: variant #{j + 1} must be a table")
-            entry.variants.append(
-                Variant(
-                    check_relpath(_str(v, "file", f"{where} variant #{j + 1}", required=True), where),
-                    _str(v, "base", f"{where} variant #{j + 1}", required=True),
-                    _str(v, "sha256", where),
-                    _str(v, "commit", where),
-                    _sources(v.get("sources"), f"{where} variant #{j + 1}"),
-                )
-            )
+        entry.variants = [_variant(v, f"{where} variant #{j + 1}") for j, v in enumerate(variants)]
+    elif raw.get("variants"):
+        raise C128Error(f"{where}: overlay entries have no variants")
     else:
-        if raw.get("variants"):
-            raise C128Error(f"{where}: overlay entries have no variants")
         entry.source = check_relpath(_str(raw, "source", where, required=True), where)
         entry.target = check_relpath(_str(raw, "target", where, required=True), where)
-    unknown = set(raw) - {"name", "kind", "file", "source", "target", "sha256", "variants", "base_sources",
-                          *_ENTRY_TEXT_FIELDS,
-                          *_ENTRY_OPTIONAL_FIELDS}
+    unknown = set(raw) - _ENTRY_KEYS
     if unknown:
         raise C128Error(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
     return entry
@@ -270,17 +280,7 @@ def load_series(root: Path) -> Series:
     txn.recover(root)  # a refresh killed after its commit point is finished, one killed before it dropped
     if not path.is_file():
         raise C128Error(f"no series manifest at {path}")
-    try:
-        doc = tomllib.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise C128Error(f"{path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
-                        "save it as UTF-8") from None
-    except OSError as exc:
-        raise C128Error(f"cannot read {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise C128Error(f"{path}: not valid TOML ({exc})") from exc
-    except RecursionError:
-        raise C128Error(f"{path}: nested too deeply to read (not a series manifest)") from None
+    doc = read_toml(path, f"{path}: not a series manifest")
     head = doc.get("series")
     if not isinstance(head, dict):
         raise C128Error(f"{path}: missing [series] table")
@@ -288,18 +288,13 @@ def load_series(root: Path) -> Series:
     if not isinstance(raw_entries, list):
         raise C128Error(f"{path}: 'entries' must be an array of tables ([[entries]]), not {_toml_type(raw_entries)}")
     entries = [_entry(raw, i, path) for i, raw in enumerate(raw_entries)]
-    names = [e.name for e in entries]
-    dupes = sorted({n for n in names if names.count(n) > 1})
+    dupes = duplicates(e.name for e in entries)
     if dupes:
         raise C128Error(f"{path}: duplicate entry name(s) {', '.join(dupes)}")
-    return Series(
-        root=root,
-        name=check_entry_name(_str(head, "name", f"{path} [series]", required=True), f"{path} [series]"),
-        version=_version(_str(head, "version", f"{path} [series]", required=True), path),
-        base=_str(head, "base", f"{path} [series]"),
-        entries=entries,
-        gates=parse_gates(doc.get("gates"), path),
-    )
+    where = f"{path} [series]"
+    return Series(root, check_entry_name(_str(head, "name", where, required=True), where),
+                  _version(_str(head, "version", where, required=True), path), _str(head, "base", where), entries,
+                  gates=parse_gates(doc.get("gates"), path))
 
 
 def default_series_root() -> Path:

@@ -15,8 +15,8 @@ from unidiff.errors import UnidiffParseError
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.paths import check_relpath
+from c128patch.series.trailers import find_trailers
 
-_TRAILER = re.compile(r"^(C128patch-[A-Za-z-]+):\s*(.*)$", re.MULTILINE)
 _INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: \d+)?$")
 NULL_BLOB = "0" * 40
 
@@ -59,6 +59,11 @@ class PatchInfo:
         return list(out)
 
     @property
+    def added(self) -> list[str]:
+        """Every line the patch adds, in order."""
+        return [line.value for pf in self.patchset for hunk in pf for line in hunk if line.is_added]
+
+    @property
     def symlinks(self) -> list[str]:
         """Paths the patch makes into symlinks (new or by a mode change)."""
         return [_strip(pf.target_file) for pf in self.patchset if pf.target_mode == "120000"]
@@ -97,8 +102,6 @@ def split_message(text: str) -> tuple[str, str]:
 
 
 _PARSED: dict[tuple[Path, bytes], PatchInfo] = {}  # (path, content) -> parsed: a replay reads each file often
-
-
 _GIT_PARSED: set[tuple[Path, bytes]] = set()  # files git's parser took in one call for several (read_patches)
 
 
@@ -144,19 +147,17 @@ def _parse(path: Path, raw: bytes, git_parsed: bool = False) -> PatchInfo:
         raise C128Error(f"corrupt patch {path.name}: {exc}") from exc
     if len(patchset) == 0:
         raise C128Error(f"corrupt patch {path.name}: no diff in it")
-    for pf in patchset:  # the path rules first: an unsafe patch is refused as such, whatever else it is
-        for side in (pf.source_file, pf.target_file):
-            if side != "/dev/null":
-                check_relpath(_strip(side), f"patch {path.name}")
+    info = PatchInfo(path, subject, body.strip(), dict(find_trailers(body)), [_strip(pf.path) for pf in patchset],
+                     patchset)
+    for side in info.paths:  # the path rules first: an unsafe patch is refused as such, whatever else it is
+        check_relpath(side, f"patch {path.name}")
     # git's own parser is stricter than unidiff about stray lines between hunks.
     proc = None if git_parsed else Git(worktree=path.parent, filters_off=[]).run(
         "apply", "--numstat", str(path.resolve()), check=False)
     if proc is not None and proc.returncode != 0:
         detail = (proc.stderr.strip().splitlines() or ["git apply cannot parse it"])[-1]
         raise C128Error(f"corrupt patch {path.name}: {detail.removeprefix('error: ')}")
-    files = []
-    for pf in patchset:
-        if pf.is_binary_file:
-            raise C128Error(f"corrupt patch {path.name}: binary hunks are not supported ({pf.path})")
-        files.append(_strip(pf.path))
-    return PatchInfo(path, subject, body.strip(), dict(_TRAILER.findall(body)), files, patchset)
+    binary = next((pf.path for pf in patchset if pf.is_binary_file), None)
+    if binary is not None:
+        raise C128Error(f"corrupt patch {path.name}: binary hunks are not supported ({binary})")
+    return info

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import PurePosixPath
+from typing import Iterable
 
 from c128patch.errors import C128Error
 from c128patch.git import folded_name, is_git_dir_name
@@ -42,6 +43,12 @@ def check_entry_name(name: str, where: str) -> str:
     if not ENTRY_NAME.fullmatch(name):
         raise C128Error(f"unsafe entry name in {where}: {name!r} (an entry name is {ENTRY_NAME_RULE})")
     return name
+
+
+def duplicates(names: Iterable[str]) -> list[str]:
+    """The names that occur more than once, sorted."""
+    seen = list(names)
+    return sorted({n for n in seen if seen.count(n) > 1})
 
 
 def check_under(path: str, folder: str, what: str) -> None:

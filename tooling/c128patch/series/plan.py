@@ -28,12 +28,10 @@ from typing import Literal
 
 from c128patch.errors import C128Error
 from c128patch.git import Git, ReadMemo, remembered
-from c128patch.series.lazy_index import LazyIndex, plain_paths
+from c128patch.series.lazy_index import LazyIndex, ls_tree, plain_paths
 from c128patch.series.manifest import ABSENT, Entry, Series, Variant, sha256_file, symlink_on_path
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch, read_patches
-
-ENTRY_TRAILER = "C128patch-Entry"
-SERIES_TRAILER = "C128patch-Series"
+from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER, SERIES_TRAILER
 
 Rule = Literal["only", "exact", "most", "ancestor", "strict", "primary"]
 
@@ -58,10 +56,8 @@ def sources_at(git: Git, commit: str, paths: list[str]) -> tuple[tuple[str, str]
     """(path, blob id) of ``paths`` at ``commit`` (``absent`` where it has none), sorted: a base by
     content (``Variant.sources``), the same in every clone with the same sources."""
     found = {p: ABSENT for p in paths}
-    for line in git.out("ls-tree", "-r", "--full-tree", commit, "--", *paths).splitlines() if paths else []:
-        meta, name = line.split("\t", 1)
-        if name in found and meta.split()[1] == "blob":
-            found[name] = meta.split()[2]
+    found.update({name: sha for name, (_mode, kind, sha) in ls_tree(git, commit, paths, "-r", "--full-tree").items()
+                  if name in found and kind == "blob"})
     return tuple(sorted(found.items()))
 
 
@@ -91,9 +87,7 @@ class ReplayedTree:
     def __init__(self, git: Git, target: str, paths: list[str], scratch: Path) -> None:
         self.git, self.target, self.scratch, self.paths = git, target, scratch, paths
         self.blobs: dict[str, str | None] = {p: NULL_BLOB for p in paths}  # None: not known
-        for line in git.out("ls-tree", "-r", target, "--", *paths).splitlines() if paths else []:
-            meta, name = line.split("\t", 1)
-            self.blobs[name] = meta.split()[2]
+        self.blobs.update({name: sha for name, (_mode, _kind, sha) in ls_tree(git, target, paths, "-r").items()})
         self.done: list[Planned] = []
         self._probe: Git | None = None
         self._lazy: LazyIndex | None = None
@@ -158,10 +152,7 @@ class ReplayedTree:
         if self._probe is None:
             self._probe = index_git(self.git, self.scratch / "probe.index")
             if isinstance(self.git, ReadMemo) and plain_paths(self.paths):
-                kinds = {}
-                for line in self.git.out("ls-tree", self.target, "--", *prefixes(self.paths)).splitlines() if self.paths else []:
-                    meta, name = line.split("\t", 1)
-                    kinds[name] = meta.split()[0]
+                kinds = tree_modes(self.git, self.target, prefixes(self.paths))
                 self._lazy = LazyIndex(self.git, self._probe, self.target, self.paths, kinds)
             else:
                 self._probe.run("read-tree", self.target)
@@ -324,10 +315,8 @@ def verify_file(series: Series, entry: Entry, variant: Variant | None) -> Path:
         raise C128Error(f"unsafe path in entry '{entry.name}': {path} goes through the symlink {link}")
     want = variant.sha256 if variant else entry.sha256
     if want and sha256_file(path) != want:
-        raise C128Error(
-            f"corrupt series file {path.relative_to(root)}: sha256 does not match the manifest "
-            "(restore it, or record the change with `c128patch lint --update-hashes`)"
-        )
+        raise C128Error(f"corrupt series file {path.relative_to(root)}: sha256 does not match the manifest "
+                        "(restore it, or record the change with `c128patch lint --update-hashes`)")
     return path
 
 
@@ -342,22 +331,15 @@ def validate_files(series: Series) -> None:
 
 def merged_entries(series: Series, git: Git, target: str) -> list[Entry]:
     """Entries upstream holds at ``target``: their ``merged_in`` commit is an ancestor of it."""
-    out = []
-    for entry in series.entries:
-        if entry.merged_in:
-            commit = git.rev_parse(entry.merged_in)
-            if commit is not None and git.is_ancestor(commit, target):
-                out.append(entry)
-    return out
+    return [e for e in series.entries
+            if e.merged_in and (commit := git.rev_parse(e.merged_in)) is not None and git.is_ancestor(commit, target)]
 
 
 def symlink_refusal(entry: Entry, label: str, info: PatchInfo) -> str | None:
     """Why a patch may not be carried because it makes a symlink (None: it makes none). A symlink
     made by the series could point anywhere, and a later entry's write would go through it."""
-    if not info.symlinks:
-        return None
-    return (f"entry '{entry.name}': {label} creates the symlink {info.symlinks[0]}; a series may not create "
-            "symlinks (a later write through it could leave the tree)")
+    return (f"entry '{entry.name}': {label} creates the symlink {info.symlinks[0]}; a series may not create symlinks "
+            "(a later write through it could leave the tree)") if info.symlinks else None
 
 
 def plan(series: Series, git: Git, target: str) -> list[Planned]:
@@ -404,12 +386,12 @@ def prefixes(paths: list[str]) -> list[str]:
 def path_kinds(git: Git, treeish: str, planned: list[Planned]) -> dict[str, str]:
     """The modes at ``treeish`` of the paths ``planned`` touches and of their folders."""
     paths = [p for item in planned for p in (item.patch.paths if item.patch else item.touched)]
-    listing = git.out("ls-tree", treeish, "--", *prefixes(paths)) if paths else ""
-    kinds = {}
-    for line in listing.splitlines():
-        meta, name = line.split("\t", 1)
-        kinds[name] = meta.split()[0]
-    return kinds
+    return tree_modes(git, treeish, prefixes(paths))
+
+
+def tree_modes(git: Git, treeish: str, paths: list[str]) -> dict[str, str]:
+    """path -> mode at ``treeish`` of ``paths`` (not recursive: a folder is one entry)."""
+    return {name: mode for name, (mode, _kind, _sha) in ls_tree(git, treeish, paths).items()}
 
 
 def check_paths_at(git: Git, treeish: str, planned: list[Planned]) -> set[str]:
@@ -418,23 +400,16 @@ def check_paths_at(git: Git, treeish: str, planned: list[Planned]) -> set[str]:
     kinds = path_kinds(git, treeish, planned)
     for item in planned:
         for path in item.patch.paths if item.patch else item.touched:
-            for prefix in prefixes([path]):
-                if kinds.get(prefix) == "120000":
-                    raise C128Error(
-                        f"unsafe path in entry '{item.entry.name}': {path} goes through the symlink {prefix} upstream"
-                    )
+            for prefix in (p for p in prefixes([path]) if kinds.get(p) == "120000"):
+                raise C128Error(f"unsafe path in entry '{item.entry.name}': {path} goes through the symlink {prefix} "
+                                "upstream")
         if not item.entry.is_patch and item.entry.target in kinds:
-            raise C128Error(
-                f"overlay '{item.entry.name}' collides with upstream: {item.entry.target} already exists at {treeish[:12]}"
-            )
+            raise C128Error(f"overlay '{item.entry.name}' collides with upstream: {item.entry.target} already exists "
+                            f"at {treeish[:12]}")
     return set(kinds)
 
 
 def overlay_message(entry: Entry, series: Series) -> str:
-    gate = entry.gate or "none"
-    return (
-        f"c128: add {PurePosixPath(entry.target).name} (overlay)\n\n{entry.why}\n\n"
-        f"Installs {entry.source} at {entry.target}.\n\n"
-        f"{ENTRY_TRAILER}: {entry.name}\n{SERIES_TRAILER}: {series.name} {series.version}\n"
-        f"C128patch-Gate: {gate}\n"
-    )
+    return (f"c128: add {PurePosixPath(entry.target).name} (overlay)\n\n{entry.why}\n\n"
+            f"Installs {entry.source} at {entry.target}.\n\n{ENTRY_TRAILER}: {entry.name}\n"
+            f"{SERIES_TRAILER}: {series.name} {series.version}\n{GATE_TRAILER}: {entry.gate or 'none'}\n")

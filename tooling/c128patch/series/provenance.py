@@ -24,34 +24,18 @@ def build(series: Series, planned: list[Planned], upstream: dict[str, Any], resu
     by_name = {r["name"]: r for r in results}
     entries = []
     for item in planned:
-        e = item.entry
-        row: dict[str, Any] = {
-            "name": e.name,
-            "kind": e.kind,
-            "gate": e.gate,
-            "upstream": e.upstream,
-            "upstream_status": e.upstream_status,
-            "sha256": sha256_file(item.path),
-            "files": item.touched,
-        }
-        if item.variant:
-            row["file"] = item.variant.file
-            row["variant_base"] = item.variant.base
-            row["variant_commit"] = item.variant.commit
-            row["chosen_by"] = item.chosen_by
-        else:
-            row["source"] = e.source
-            row["target"] = e.target
-        row.update({k: v for k, v in by_name.get(e.name, {}).items() if k in ("applied", "commit")})
+        e, v = item.entry, item.variant
+        row: dict[str, Any] = {"name": e.name, "kind": e.kind, "gate": e.gate, "upstream": e.upstream,
+                               "upstream_status": e.upstream_status, "sha256": sha256_file(item.path),
+                               "files": item.touched}
+        row.update({"file": v.file, "variant_base": v.base, "variant_commit": v.commit, "chosen_by": item.chosen_by}
+                   if v else {"source": e.source, "target": e.target})
+        row.update({key: value for key, value in by_name.get(e.name, {}).items() if key in ("applied", "commit")})
         entries.append(row)
     head = series.ours
-    record = {
-        "schema": SCHEMA,
-        "tool": {"name": "c128patch", "version": __version__},
-        "series": {"name": head.name, "version": head.version, "digest": head.digest()},
-        "upstream": upstream,
-        "entries": entries,
-    }
+    record = {"schema": SCHEMA, "tool": {"name": "c128patch", "version": __version__},
+              "series": {"name": head.name, "version": head.version, "digest": head.digest()},
+              "upstream": upstream, "entries": entries}
     layers = layer_rows(series)
     if layers:  # each layer with its version and digest; the stack's digest names the whole
         record["layers"] = layers
@@ -118,14 +102,17 @@ def record_problem(record: Any) -> str | None:
             return f"entry #{i + 1} has no name and kind"
         if not isinstance(e.get("files", []), list) or not all(isinstance(f, str) for f in e.get("files", [])):
             return f"entry '{e['name']}': 'files' is not a list of paths"
-        for f in e.get("files", []):
-            try:
-                check_relpath(f, "provenance")
-            except C128Error:
-                return f"entry '{e['name']}': file {f!r} is not a path inside the tree"
-        if e["kind"] == "overlay":
-            try:
-                check_relpath(e.get("target") if isinstance(e.get("target"), str) else "", "provenance")
-            except C128Error:
-                return f"overlay entry '{e['name']}' has no target inside the tree"
+        bad = next((f for f in e.get("files", []) if not _inside(f)), None)
+        if bad is not None:
+            return f"entry '{e['name']}': file {bad!r} is not a path inside the tree"
+        if e["kind"] == "overlay" and not _inside(e.get("target") if isinstance(e.get("target"), str) else ""):
+            return f"overlay entry '{e['name']}' has no target inside the tree"
     return None
+
+
+def _inside(path: str) -> bool:
+    try:
+        check_relpath(path, "provenance")
+    except C128Error:
+        return False
+    return True

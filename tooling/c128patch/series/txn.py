@@ -9,14 +9,11 @@ next reader); a kill after it leaves a committed plan that ``recover`` (run by `
 so by every command that reads the series) finishes. Either way every reader sees the old series
 or the new one, never a mix.
 
-``commit_all`` writes several folders (a stack: our series and its layers) as one transaction:
-every part is staged first (a failure there removes every staging folder: nothing changed), then
-the first part's staging is renamed (the one commit point), then each other part is swapped in
-(its plan kept), then the first part's plan, which names the others, is finished, then the others'
-plans are removed. A part's plan of a group is finished by ``recover`` with the whole group while
-the group's first part is committed, a staged one dropped when it is not; so a kill during the swap
-is finished by the next command that reads any part. If that finishing step itself fails, the error names the folder and the way
-back (restore ``patches/`` of every part from git and remove their ``.c128patch-txn*`` folders).
+``commit_all`` writes several folders (a stack: our series and its layers) as one transaction
+(``commit`` is the case of one): every part is staged first (a failure there removes every staging
+folder: nothing changed), then the first part's staging is renamed (the one commit point), then the
+others are swapped in and finished (``_finish_group``). ``recover`` finishes a group from any of its
+parts once the first is committed, and drops it before; if that fails, the error names the way back.
 """
 
 from __future__ import annotations
@@ -58,9 +55,16 @@ def _fsync_dir(path: Path) -> None:
     try:
         os.fsync(fd)
     except OSError:
-        pass
+        pass  # not every file system syncs a folder; the rename is still atomic
     finally:
         os.close(fd)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def _stage(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path | None,
@@ -73,18 +77,11 @@ def _stage(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path
     moves = []
     for i, path in enumerate(order):
         rel = _rel(root, path)
-        staged = staging / "files" / f"{i:05d}"
-        with open(staged, "wb") as fh:
-            fh.write(files[path])
-            fh.flush()
-            os.fsync(fh.fileno())
+        _write_synced(staging / "files" / f"{i:05d}", files[path])
         moves.append([f"{i:05d}", rel])
         fault(f"refresh-{prefix}staged:{i}")
     plan = {"moves": moves, "deletes": [_rel(root, p) for p in deletes], **({"group": group} if group else {})}
-    with open(staging / PLAN, "w") as fh:
-        json.dump(plan, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
+    _write_synced(staging / PLAN, json.dumps(plan).encode())
     _fsync_dir(staging)
 
 
@@ -98,12 +95,7 @@ def commit(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path
     """Write ``files`` and remove ``deletes`` under ``root`` as one transaction (``last``: the file
     moved into place last, the manifest). ``fault(point)`` is called at each named point (the
     fault-injection hook of the tests: ``ops.faults``)."""
-    recover(root)
-    _stage(root, files, deletes, last, fault)
-    fault("refresh-before-commit")
-    _swap(root)  # the commit point
-    fault("refresh-committed")
-    _roll_forward(root, root / TXN, fault)
+    commit_all([(root, files, deletes, last)], fault)
 
 
 Part = tuple[Path, dict[Path, bytes], list[Path], Path | None]  # root, files, deletes, last
@@ -112,9 +104,7 @@ Part = tuple[Path, dict[Path, bytes], list[Path], Path | None]  # root, files, d
 def commit_all(parts: list[Part], fault: Callable[[str], None] = _no_fault) -> None:
     """``commit`` for several folders as one transaction (see the module doc). Fault points of part
     ``k`` > 0 are named ``refresh-part<k>-...``; the swap's ``refresh-swapped:<k>``."""
-    if len(parts) <= 1:
-        for root, files, deletes, last in parts:
-            commit(root, files, deletes, last, fault)
+    if not parts:
         return
     roots = [root for root, *_ in parts]
     group = {"id": uuid.uuid4().hex, "head": str(roots[0]), "parts": [str(r) for r in roots]}
@@ -160,8 +150,7 @@ def _group(folder: Path) -> dict | None:
 
 
 def _plan_group(folder: Path) -> str | None:
-    group = _group(folder)
-    return group["id"] if group else None
+    return (_group(folder) or {}).get("id")
 
 
 def _committed(group: dict) -> bool:
