@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,26 +69,18 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
     strict, primary, only)."""
     from rich.table import Table
 
-    from c128patch.ops.check import check_revs
+    from c128patch.ops.check import check_upstream, exact
     from c128patch.progress import console, reporter
     from c128patch.series.layers import describe, get_series, layer_rows
-    from c128patch.series.plan import validate_files
-    from c128patch.upstream.source import open_upstream
 
     series = get_series(series_dir, layer_dirs)
-    validate_files(series)
     with reporter(not as_json, total=len(revs), title="check") as rep:
-        upstream = open_upstream(repo, list(revs), rep)
-        commits = [(rev, upstream.resolve(rev)) for rev in revs]
-        rep.step(f"checking {len(commits)} rev(s)")
-        start = time.perf_counter()
-        results = check_revs(series, upstream.git, commits)
-        elapsed = time.perf_counter() - start
+        upstream, results, elapsed = check_upstream(series, repo, revs, rep)
         contracts: dict[str, dict] = {}
         if deep:
             rep.step("the API contract on each rev")
             contracts = {r.rev: _contract(series, upstream.git, r) for r in results}
-    ok = all(r.ok and (not strict or all(e.status in ("clean", "skipped") for e in r.entries)) for r in results)
+    ok = all(r.ok and (not strict or exact(r)) for r in results)
     ok = ok and all(c["ok"] for c in contracts.values())
     if as_json:
         emit_json({"ok": ok, "strict": strict, "seconds": round(elapsed, 4),

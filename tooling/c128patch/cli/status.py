@@ -9,14 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import (
-    emit_json,
-    handles_errors,
-    json_option,
-    locate_tree,
-    series_option,
-    tree_option,
-)
+from c128patch.cli.common import emit_json, handles_errors, json_option, locate_tree, series_option, tree_option
 from c128patch.errors import C128Error
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import shlex
 from dataclasses import asdict
 
 from c128patch.git import Git
-from c128patch.ops.apply import RECOVERY_PREFIX, ApplyJournal
+from c128patch.ops.applier import RECOVERY_PREFIX, ApplyJournal
 from c128patch.ops.equivalence import prove
 from c128patch.ops.rebase import Journal
 from c128patch.ops.treestate import (
