@@ -72,10 +72,10 @@ from c128patch.jsonio import write_json_atomic
 from c128patch.ops import refresh as refresh_ops
 from c128patch.ops.apply import apply_series
 from c128patch.ops.equivalence import tree_without_provenance
-from c128patch.ops.identity import git_command
 from c128patch.ops.lint import lint_stack
 from c128patch.ops.merged import CONTENT
 from c128patch.ops.rebase import Rebase, render_markdown
+from c128patch.ops.treestate import git_command
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.contract import read_lock
 from c128patch.series.layers import layer_folders, layer_rows, layers_of, stack

@@ -36,7 +36,6 @@ from c128patch.git import Git, environment_problem
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops.equivalence import prove
 from c128patch.ops.faults import fault_point
-from c128patch.ops.identity import git_command
 from c128patch.ops.treestate import (
     apply_commands,
     apply_journal,
@@ -44,6 +43,7 @@ from c128patch.ops.treestate import (
     checked_fields,
     ensure_clean,
     ensure_idle,
+    git_command,
     git_path,
     read_journal,
     refuse_conflict_markers,
@@ -311,8 +311,8 @@ class Apply:
     def _run(self, journal: ApplyJournal, planned: list[Planned]) -> ApplyResult:
         git, series = self.git, self.series
         assert series is not None
-        dated = git.with_env(GIT_AUTHOR_DATE=commit_date(git, journal.upstream_commit),
-                             GIT_COMMITTER_DATE=commit_date(git, journal.upstream_commit))
+        date = commit_date(git, journal.upstream_commit)
+        dated = git.with_env(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
         if journal.phase == "clone":
             fault_point("at", "clone")
             if git.rev_parse(journal.upstream_commit) is None:  # the clone was cut short: fetch what it lacks
@@ -322,8 +322,7 @@ class Apply:
         if journal.phase == "checkout":
             self.reporter.step(f"checking out {journal.rev} on {journal.branch}")
             redo = journal.in_step or self._redo_checkout  # cut short before: what is there is ours
-            journal.in_step, journal.step_paths = True, []
-            journal.save(self.path)
+            self._begin(journal, [])
             if redo:
                 git.run("checkout", "--quiet", "--force", "-B", journal.branch, journal.upstream_commit)
             else:
@@ -334,17 +333,14 @@ class Apply:
             for item in planned[journal.done:]:
                 fault_point("before", item.entry.name)
                 self.reporter.step(f"applying {item.entry.name}")
-                journal.head_before, journal.in_step = git.head() or "", True
-                journal.step_paths = item.patch.paths if item.patch else [item.entry.target]
-                journal.save(self.path)
+                self._begin(journal, item.patch.paths if item.patch else [item.entry.target])
                 row = self._apply_entry(journal, item, planned, dated)
                 fault_point("after", item.entry.name)
                 self._record(journal, row)
             journal.phase = "provenance"
             journal.save(self.path)
         self.reporter.step("writing provenance")
-        journal.head_before, journal.in_step, journal.step_paths = git.head() or "", True, [provenance.PROVENANCE_PATH]
-        journal.save(self.path)
+        self._begin(journal, [provenance.PROVENANCE_PATH])
         self._commit_provenance(journal, planned, dated)
         fault_point("after", "provenance")
         self.path.unlink()
@@ -358,6 +354,11 @@ class Apply:
                                   hint=f"{shown}\n  {journal.branch} is kept as it is for inspection\n"
                                        f"  undo: {self._undo_finished(journal)}", report=result.to_json())
         return result
+
+    def _begin(self, journal: ApplyJournal, paths: list[str]) -> None:
+        """A step starts: marked before it touches anything, so what it leaves half done is known to be ours."""
+        journal.head_before, journal.in_step, journal.step_paths = self.git.head() or "", True, paths
+        journal.save(self.path)
 
     def _undo_finished(self, journal: ApplyJournal) -> str:
         """The commands that take a finished apply away (its journal is gone)."""

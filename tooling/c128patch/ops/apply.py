@@ -1,11 +1,7 @@
-"""``apply``'s workflows, called the same way by the CLI and by a script.
-
-``apply_rev`` opens the upstream, plans the series there (a broken series is refused before
-anything is cloned or checked out), refuses to switch the default tree to another upstream unasked,
-clones or prepares the tree and applies; a failure other than a conflict in a clone made just now
-removes the clone. ``continue_apply`` and ``abort_apply`` finish or undo one that stopped;
-``apply_series`` applies to a tree the caller already has. The steps, the journal and the proof
-are ``ops.applier``'s.
+"""``apply``'s workflows, called the same way by the CLI and by a script: ``apply_rev`` (open the
+upstream, plan, refuse to switch the default tree unasked, clone or prepare the tree, apply; a clone
+made just now is removed on a failure other than a conflict), ``continue_apply``, ``abort_apply``,
+and ``apply_series`` for a tree the caller has. The steps, the journal and the proof: ``ops.applier``.
 """
 
 from __future__ import annotations

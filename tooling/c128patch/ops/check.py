@@ -30,9 +30,9 @@ from c128patch import exitcodes
 from c128patch.git import Git, ReadMemo
 from c128patch.ops.hints import upstream_hints
 from c128patch.ops.replay import FAILED, WS_MERGE, EntryCheck, RevCheck, Verdict, replay_in_index
+from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import overlap_note
 from c128patch.series.manifest import Series
-from c128patch.progress import NullReporter, Reporter
 from c128patch.series.plan import index_git, validate_files
 from c128patch.upstream.releases import release_version
 from c128patch.upstream.source import Upstream, open_upstream
