@@ -12,6 +12,7 @@ from c128patch.ops.check import check_revs
 from c128patch.ops.replay import RevCheck, replay_in_index
 from c128patch.series.manifest import default_series_root, load_series
 from c128patch.upstream.releases import ReleaseHistory
+from c128patch.upstream.target import Target
 from support import RELEASES
 
 REVS = ("v0.5.19", *RELEASES)
@@ -24,10 +25,10 @@ def rows(result: RevCheck) -> list[tuple]:
 def test_shared_replays_give_the_rows_of_a_replay_on_a_real_index(sglang_release_repo: Path, tmp_path: Path) -> None:
     ReleaseHistory().ensure(["0.5.19"])  # adding a release changes nothing already there
     series, git = load_series(default_series_root()), Git(git_dir=sglang_release_repo)
-    revs = [(rev, git.rev_parse(rev)) for rev in REVS]
+    revs = [Target(rev, git.rev_parse(rev)) for rev in REVS]
     checked = check_revs(series, git, [*revs, *revs])  # the second round replays nothing anew
     assert any(e.status == "conflict" for e in checked[0].entries)  # v0.5.19: the failing paths too
-    for i, (rev, commit) in enumerate(revs):
+    for i, (rev, commit) in enumerate((t.rev, t.commit) for t in revs):
         (tmp_path / rev).mkdir()
         plain, _ = replay_in_index(series, git, rev, commit, tmp_path / rev / "index")  # a plain Git: a real index
         assert rows(checked[i]) == rows(plain) == rows(checked[i + len(revs)]), rev
@@ -35,7 +36,7 @@ def test_shared_replays_give_the_rows_of_a_replay_on_a_real_index(sglang_release
 
 def test_a_rev_replayed_already_costs_few_git_calls(sglang_release_repo: Path, monkeypatch) -> None:
     series, git = load_series(default_series_root()), Git(git_dir=sglang_release_repo)
-    rev = ("v0.5.23", git.rev_parse("v0.5.23"))
+    rev = Target("v0.5.23", git.rev_parse("v0.5.23"))
     calls = []
     raw = Git._raw
     monkeypatch.setattr(Git, "_raw", lambda self, args, *a, **k: calls.append(args[0]) or raw(self, args, *a, **k))

@@ -26,6 +26,7 @@ from c128patch.ops.check import check_revs
 from c128patch.series.manifest import default_series_root, load_series
 from c128patch.upstream.cache import cache_dir
 from c128patch.upstream.releases import ReleaseHistory, release_version
+from c128patch.upstream.target import Target
 
 TARGET_S = 5.0  # check over the N commits
 
@@ -49,7 +50,7 @@ def latest_releases(n: int) -> list[str]:
 
 def timed_checks(series, git: Git, revs: list[str]) -> tuple[float, int, int]:
     """(seconds, revs that apply, git processes started)."""
-    commits = [(r, git.rev_parse(r)) for r in revs]
+    commits = [Target(r, git.rev_parse(r)) for r in revs]
     calls, raw = [0], Git._raw
 
     def counting(self, *a, **k):

@@ -391,3 +391,14 @@ def toplevel(path: Path) -> Path:
     if proc.returncode != 0:
         raise C128Error(f"not a git repository: {path}")
     return Path(proc.stdout.strip())
+
+
+def user_can_commit(tree: Path) -> bool:
+    """Whether git as the user runs it in ``tree`` (their config and environment, not this wrapper's
+    fixed one) has an identity to commit with: a command printed for them must work as printed."""
+    try:
+        proc = subprocess.run(["git", "-C", str(tree), "var", "GIT_COMMITTER_IDENT"], capture_output=True,
+                              env={**os.environ, "GIT_TERMINAL_PROMPT": "0"}, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0

@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import shlex
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from c128patch.cli.common import (
-    emit_json,
-    handles_errors,
-    json_option,
-    locate_tree,
-    repo_option,
-    series_option,
-)
-from c128patch.errors import C128Error, ConflictError, Interrupted
-from c128patch.upstream import DEFAULT_TREE
+from c128patch.cli.common import emit_json, handles_errors, json_option, locate_tree, repo_option, series_option
+from c128patch.errors import C128Error
 
 if TYPE_CHECKING:
-    from c128patch.git import Git
     from c128patch.ops.apply import ApplyResult
     from c128patch.series.manifest import Series
 
@@ -46,16 +36,12 @@ if TYPE_CHECKING:
 def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | None, cont: bool, abort: bool,
             series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Check out REV on a new branch and apply the series, one commit per entry."""
-    from c128patch.git import Git
-    from c128patch.ops.apply import Apply, clone_template
-    from c128patch.ops.check import support_note
+    from c128patch.ops.apply import apply_rev
     from c128patch.progress import reporter
     from c128patch.series.layers import get_series
-    from c128patch.series.plan import check_paths_at, plan
-    from c128patch.upstream.source import discard_fresh_tree, is_url, open_upstream, prepare_tree, refuse_git_dir
+    from c128patch.upstream.source import is_url
 
-    chosen = [n for n, on in (("--sglang-rev", rev), ("--continue", cont), ("--abort", abort)) if on]
-    if len(chosen) != 1:
+    if sum(map(bool, (rev, cont, abort))) != 1:
         raise C128Error("give exactly one of --sglang-rev REV, --continue, --abort")
     if rev is None:
         if branch:
@@ -63,103 +49,28 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
         _finish(tree or (Path(repo) if repo and not is_url(repo) else None), cont, series_dir, layer_dirs, as_json)
         return
     series = get_series(series_dir, layer_dirs)
-    if tree is not None:
-        refuse_git_dir(tree)
     with reporter(not as_json, title="apply") as rep:
-        upstream = open_upstream(repo, [rev], rep)
-        commit = upstream.resolve(rev)
-        older = support_note(series, upstream.git, rev, commit)  # still tried, as check does
-        # refuse a broken series before anything is cloned or checked out
-        planned = plan(series, upstream.git, commit)
-        check_paths_at(upstream.git, commit, planned)
-        info = {"rev": rev, "commit": commit, "source": upstream.kind}
-        if upstream.kind == "url":
-            info["url"] = upstream.location
-        if tree is None and upstream.kind != "path":
-            _refuse_switching(DEFAULT_TREE, rev, commit, branch or f"c128/{rev}")
-        existed = (tree or DEFAULT_TREE).exists()
-        template = clone_template(series, rev, commit, branch, str(upstream.git.git_dir or upstream.git.worktree),
-                                  existed, info)
-        try:
-            worktree, fresh = prepare_tree(upstream, tree, commit, rep, template=template)
-        finally:
-            shutil.rmtree(template, ignore_errors=True)
-        try:
-            result = Apply(Git(worktree=worktree), series, rep).start(rev, commit, branch=branch, fresh_clone=fresh,
-                                                                     upstream_info=info, planned=planned)
-        except KeyboardInterrupt:
-            raise _interrupted(worktree.resolve()) from None
-        except C128Error as exc:
-            # A conflict leaves the branch for inspection (its hint says how to resume or undo); any
-            # other failure in a clone made just now leaves nothing behind.
-            if fresh and not isinstance(exc, ConflictError):
-                discard_fresh_tree(worktree, existed)
-                exc.message += f" (the new clone {worktree} was removed)"
-                exc.hint = None  # nothing is left to resume or undo
-            if older and isinstance(exc, ConflictError):  # why it stops, before how to resolve it
-                exc.hint = "\n".join([f"note: {older}", *([exc.hint] if exc.hint else [])])
-            raise
-    _report(result, series, Git(worktree=worktree), as_json, older)
+        result, older = apply_rev(series, repo, rev, tree=tree, branch=branch, reporter=rep)
+    _report(result, series, as_json, older)
 
 
-def _refuse_switching(tree: Path, rev: str, commit: str, branch: str) -> None:
-    """The default tree holds another upstream commit: switching it to a new branch is asked for
-    with --tree, never done unasked."""
-    import json
-
-    from c128patch.git import Git, is_work_tree
-    from c128patch.series.provenance import PROVENANCE_PATH
-
-    if not tree.is_dir() or not is_work_tree(tree):
-        return
-    git = Git(worktree=tree)
-    head = git.rev_parse("HEAD")
-    record = git.blob("HEAD", PROVENANCE_PATH) if head else None
-    try:
-        upstream = json.loads(record)["upstream"] if record else {"commit": head, "rev": (head or "")[:12]}
-    except (ValueError, KeyError, TypeError):
-        upstream = {"commit": head, "rev": (head or "")[:12]}
-    if head is None or upstream.get("commit") == commit:
-        return
-    on = git.run("symbolic-ref", "--short", "-q", "HEAD", check=False).stdout.strip()
-    held = f"{upstream.get('rev')}" + (f" + series (branch {on})" if record and on else f" (branch {on})" if on else "")
-    switch = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--tree", str(tree)])
-    beside = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--tree", f"{tree}-{rev}"])
-    raise C128Error(f"./{tree} holds {held}: applying {rev} there would switch it to a new branch {branch}; "
-                    "say which you want",
-                    hint=f"  switch ./{tree} (its branch stays): {switch}\n  a second tree beside it: {beside}")
-
-
-def _interrupted(tree: Path) -> Interrupted:
-    from c128patch.ops.treestate import apply_commands
-
-    resume, undo = apply_commands(tree)
-    return Interrupted(f"interrupted: the apply journal is intact; resume with `{resume}` or undo with `{undo}`")
-
-
-def _finish(where: Path | None, cont: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+def _finish(where: Path | None, cont: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...],
+            as_json: bool) -> None:
     """--continue / --abort, in ``where`` (None: the tree ``locate_tree`` finds, as status does)."""
     from c128patch.git import Git
-    from c128patch.ops.apply import Apply
+    from c128patch.ops.apply import abort_apply, continue_apply
     from c128patch.progress import console, reporter
     from c128patch.series.layers import get_series
 
     if where is not None and not where.is_dir():
         raise C128Error(f"no such folder: {where}")
     git = Git(worktree=locate_tree(where))
-    with reporter(not as_json and cont, title="apply") as rep:
-        op = Apply(git, get_series(series_dir, layer_dirs) if series_dir else None, rep)
-        try:
-            if cont:
-                result = op.resume()
-            else:
-                aborted = op.abort()
-        except KeyboardInterrupt:
-            raise _interrupted(git.worktree) from None  # type: ignore[arg-type]
     if cont:
-        assert op.series is not None
-        _report(result, op.series, git, as_json)
+        with reporter(not as_json, title="apply") as rep:
+            result, series = continue_apply(git, get_series(series_dir, layer_dirs) if series_dir else None, rep)
+        _report(result, series, as_json)
         return
+    aborted = abort_apply(git)
     if as_json:
         emit_json(aborted)
         return
@@ -174,46 +85,36 @@ def _finish(where: Path | None, cont: bool, series_dir: Path | None, layer_dirs:
     console(stderr=False).print(say, markup=False)
 
 
-def _report(result: ApplyResult, series: Series, git: Git, as_json: bool, older: str = "") -> None:
+def _report(r: ApplyResult, series: Series, as_json: bool, older: str = "") -> None:
     from c128patch.evidence.matrix import verification_note
+    from c128patch.git import Git
     from c128patch.progress import console
     from c128patch.series.layers import describe, layer_rows
 
-    note = verification_note(series.ours, git, result.upstream_commit, result.rev)
+    note = verification_note(series.ours, Git(worktree=Path(r.tree)), r.upstream_commit, r.rev)
     if as_json:
-        emit_json({"ok": True, **result.to_json(), "evidence_note": note, "support_note": older,
+        emit_json({"ok": True, **r.to_json(), "evidence_note": note, "support_note": older,
                    "layers": layer_rows(series)})
         return
     out = console(stderr=False)
-    if result.already_applied:
-        on_top = f", {result.commits_on_top} commit(s) of yours on top" if result.commits_on_top else ""
-        checkout = shlex.join(["git", "-C", result.tree, "checkout", result.branch])
-        where = "" if result.checked_out else f"; not checked out: {checkout}"
-        out.print(f"{result.tree}: {result.branch} already holds {result.rev} + {describe(series)} "
-                  f"(at {result.head[:12]}{on_top}): nothing to do{where}", markup=False)
+    if r.already_applied:
+        on_top = f", {r.commits_on_top} commit(s) of yours on top" if r.commits_on_top else ""
+        where = "" if r.checked_out else f"; not checked out: {shlex.join(['git', '-C', r.tree, 'checkout', r.branch])}"
+        out.print(f"{r.tree}: {r.branch} already holds {r.rev} + {describe(series)} (at {r.head[:12]}{on_top}): "
+                  f"nothing to do{where}", markup=False)
         return
-    for row in result.entries:
-        if row.get("status") == "skipped":
-            out.print(f"  skipped {row['name']} ({row['detail']})", markup=False)
-            continue
-        how = {"3way": " (needed a 3-way merge)", "resolved": " (resolved by hand)"}.get(row.get("applied", ""), "")
-        out.print(f"  applied {row['name']}{how}", markup=False)
-    out.print(f"{result.tree}: {result.branch} = {result.rev} + {describe(series)} "
-              f"({len(result.entries)} entries), HEAD {result.head[:12]}", markup=False)
-    out.print(f"  {result.equivalence['summary']}", markup=False)
-    if note:
-        out.print(note, markup=False)
-    if older:
-        out.print(f"note: {older}", markup=False)
-    if not result.orig_head:
-        return
-    if result.orig_branch:
-        out.print(f"  your branch {result.orig_branch} is untouched at {result.orig_head[:12]} "
-                  f"(recovery ref {result.recovery_ref})", markup=False)
-    elif result.orig_unreachable:
-        keep = shlex.join(["git", "-C", result.tree, "branch", f"c128patch-saved-{result.orig_head[:8]}",
-                           result.recovery_ref])
-        out.print(f"  note: HEAD was detached at {result.orig_head[:12]} with {result.orig_unreachable} commit(s) "
-                  f"that no branch holds; they are kept at {result.recovery_ref} (on a branch: {keep})", markup=False)
-    else:
-        out.print(f"  HEAD was detached at {result.orig_head[:12]} (recovery ref {result.recovery_ref})", markup=False)
+    how = {"3way": " (needed a 3-way merge)", "resolved": " (resolved by hand)"}
+    lines = [f"  skipped {row['name']} ({row['detail']})" if row.get("status") == "skipped"
+             else f"  applied {row['name']}{how.get(row.get('applied', ''), '')}" for row in r.entries]
+    lines += [f"{r.tree}: {r.branch} = {r.rev} + {describe(series)} ({len(r.entries)} entries), HEAD {r.head[:12]}",
+              f"  {r.equivalence['summary']}", *([note] if note else []), *([f"note: {older}"] if older else [])]
+    if r.orig_head and r.orig_branch:
+        lines.append(f"  your branch {r.orig_branch} is untouched at {r.orig_head[:12]} "
+                     f"(recovery ref {r.recovery_ref})")
+    elif r.orig_head and r.orig_unreachable:
+        keep = shlex.join(["git", "-C", r.tree, "branch", f"c128patch-saved-{r.orig_head[:8]}", r.recovery_ref])
+        lines.append(f"  note: HEAD was detached at {r.orig_head[:12]} with {r.orig_unreachable} commit(s) that no "
+                     f"branch holds; they are kept at {r.recovery_ref} (on a branch: {keep})")
+    elif r.orig_head:
+        lines.append(f"  HEAD was detached at {r.orig_head[:12]} (recovery ref {r.recovery_ref})")
+    out.print("\n".join(lines), markup=False)

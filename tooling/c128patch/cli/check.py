@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,62 +62,55 @@ def _verdict(verb: str, v: Verdict | None) -> str:
 @series_option
 @json_option
 @handles_errors
-def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...],
-            as_json: bool) -> None:
+def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, series_dir: Path | None,
+            layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Does the series apply to each REV, and what would apply and wheel do? Nothing is checked out.
     Per entry: which file was chosen and by which rule (exact/most preimage blobs, ancestor,
     strict, primary, only)."""
-    from rich.table import Table
-
-    from c128patch.ops.check import check_revs
-    from c128patch.progress import console, reporter
-    from c128patch.series.layers import describe, get_series, layer_rows
-    from c128patch.series.plan import validate_files
-    from c128patch.upstream.source import open_upstream
+    from c128patch.ops.check import check_upstream, exact
+    from c128patch.progress import reporter
+    from c128patch.series.layers import get_series, layer_rows
 
     series = get_series(series_dir, layer_dirs)
-    validate_files(series)
     with reporter(not as_json, total=len(revs), title="check") as rep:
-        upstream = open_upstream(repo, list(revs), rep)
-        commits = [(rev, upstream.resolve(rev)) for rev in revs]
-        rep.step(f"checking {len(commits)} rev(s)")
-        start = time.perf_counter()
-        results = check_revs(series, upstream.git, commits)
-        elapsed = time.perf_counter() - start
+        upstream, results, elapsed = check_upstream(series, repo, revs, rep)
         contracts: dict[str, dict] = {}
         if deep:
             rep.step("the API contract on each rev")
             contracts = {r.rev: _contract(series, upstream.git, r) for r in results}
-    ok = all(r.ok and (not strict or all(e.status in ("clean", "skipped") for e in r.entries)) for r in results)
-    ok = ok and all(c["ok"] for c in contracts.values())
+    ok = all(r.ok and (not strict or exact(r)) for r in results) and all(c["ok"] for c in contracts.values())
     if as_json:
         emit_json({"ok": ok, "strict": strict, "seconds": round(elapsed, 4),
                    "series": {"name": series.name, "version": series.version}, "layers": layer_rows(series),
                    "revs": [{**r.to_json(), **({"contract": contracts[r.rev]} if deep else {})} for r in results]})
     else:
-        table = Table(title=describe(series))
-        table.add_column("entry")
-        for r in results:
-            table.add_column(r.rev)
-        for entry in series.entries:
-            cells = []
-            for r in results:
-                e = next((row for row in r.entries if row.name == entry.name), None)
-                cells.append("error" if e is None else _cell(entry, e))
-            table.add_row(entry.name, *cells)
-        out = console(stderr=False)
-        out.print(table)
-        for r in results:
-            if r.error:
-                out.print(f"{r.rev}: {r.error}", markup=False)
-            out.print(f"{r.rev}: {_verdict('apply', r.apply)}; {_verdict('wheel', r.wheel)}", markup=False)
-            if r.note:
-                out.print(f"{r.rev}: note: {r.note}", markup=False)
-            if deep:
-                c = contracts[r.rev]
-                out.print(f"{r.rev}: contract {c['verdict']}" + "".join(f"\n  {f}" for f in c["failing"]), markup=False)
-        verdict = "all apply" + (" with exact context" if strict else "") if ok else "NOT all apply" + (
-            " with exact context" if strict and all(r.ok for r in results) else "")
-        out.print(f"{verdict} ({elapsed:.2f} s for {len(results)} rev(s))", markup=False)
+        _render(series, results, contracts, strict, ok, elapsed)
     if not ok:
         sys.exit(exitcodes.FAILED)
+
+
+def _render(series: Series, results: list[RevCheck], contracts: dict[str, dict], strict: bool, ok: bool,
+            elapsed: float) -> None:
+    from rich.table import Table
+
+    from c128patch.progress import console
+    from c128patch.series.layers import describe
+
+    table = Table("entry", *(r.rev for r in results), title=describe(series))
+    rows = [{row.name: row for row in r.entries} for r in results]
+    for entry in series.entries:
+        table.add_row(entry.name, *(_cell(entry, by[entry.name]) if entry.name in by else "error" for by in rows))
+    out = console(stderr=False)
+    out.print(table)
+    for r in results:
+        if r.error:
+            out.print(f"{r.rev}: {r.error}", markup=False)
+        out.print(f"{r.rev}: {_verdict('apply', r.apply)}; {_verdict('wheel', r.wheel)}", markup=False)
+        if r.note:
+            out.print(f"{r.rev}: note: {r.note}", markup=False)
+        if r.rev in contracts:
+            c = contracts[r.rev]
+            out.print(f"{r.rev}: contract {c['verdict']}" + "".join(f"\n  {f}" for f in c["failing"]), markup=False)
+    verdict = "all apply" + (" with exact context" if strict else "") if ok else "NOT all apply" + (
+        " with exact context" if strict and all(r.ok for r in results) else "")
+    out.print(f"{verdict} ({elapsed:.2f} s for {len(results)} rev(s))", markup=False)

@@ -4,23 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import (
-    emit_json,
-    handles_errors,
-    json_option,
-    locate_tree,
-    series_option,
-    tree_option,
-)
+from c128patch.cli.common import emit_json, handles_errors, json_option, locate_tree, series_option, tree_option
 from c128patch.errors import C128Error
-
-if TYPE_CHECKING:
-    from rich.console import Console
 
 
 @click.command("status")
@@ -57,67 +46,62 @@ def command(tree: Path | None, series_dir: Path | None, layer_dirs: tuple[Path, 
     if as_json:
         emit_json(info)
         sys.exit(code)
-    out = console(stderr=False)
-    lock = info.get("index_lock")
-    if lock and not info.get("running"):
-        out.print(f"{info['tree']}: {lock['path']} is left over from a killed git or c128patch run; git refuses "
-                  "to write the index while it is there. If no git command is running in this tree, clear it first:",
-                  markup=False)
-        out.print(f"  clear:  {lock['clear']}", markup=False)
-    if info.get("running"):
-        r = info["running"]
-        out.print(f"{info['tree']}: a c128patch {r['action']} is running (pid {r['pid']}, since {r['since']})", markup=False)
-    elif info.get("apply"):
-        a = info["apply"]
-        out.print(f"{info['tree']}: {a['summary']}", markup=False)
-        out.print(f"  resume: {a['resume']}", markup=False)
-        out.print(f"  undo:   {a['undo']}", markup=False)
-    if info.get("rebase"):
-        r = info["rebase"]
-        out.print(f"{info['tree']}: c128patch rebase {r['from']} -> {r['onto']} in progress, {r['done']}/{r['total']} "
-                  f"entries done" + (f", stopped at {r['current_entry']} ({r['paused']})" if r["paused"] else ""),
-                  markup=False)
-        for label in ("resume", "skip", "undo"):
-            out.print(f"  {label + ':':7} {r[label]}", markup=False)
-    if "series" in info:
-        _applied(out, info)
-    _recovery(out, info)
+    lines = [*_state(info), *(_applied(info) if "series" in info else []), *_recovery(info)]
+    if lines:
+        console(stderr=False).print("\n".join(lines), markup=False)
     sys.exit(code)
 
 
-def _applied(out: Console, info: dict) -> None:
+def _state(info: dict) -> list[str]:
+    """An index lock left over, an operation running or stopped."""
+    tree, lock, lines = info["tree"], info.get("index_lock"), []
+    if lock and not info.get("running"):
+        lines += [f"{tree}: {lock['path']} is left over from a killed git or c128patch run; git refuses to write the "
+                  "index while it is there. If no git command is running in this tree, clear it first:",
+                  f"  clear:  {lock['clear']}"]
+    if info.get("running"):
+        r = info["running"]
+        lines.append(f"{tree}: a c128patch {r['action']} is running (pid {r['pid']}, since {r['since']})")
+    elif info.get("apply"):
+        a = info["apply"]
+        lines += [f"{tree}: {a['summary']}", f"  resume: {a['resume']}", f"  undo:   {a['undo']}"]
+    if info.get("rebase"):
+        r = info["rebase"]
+        lines.append(f"{tree}: c128patch rebase {r['from']} -> {r['onto']} in progress, {r['done']}/{r['total']} "
+                     "entries done" + (f", stopped at {r['current_entry']} ({r['paused']})" if r["paused"] else ""))
+        lines += [f"  {label + ':':7} {r[label]}" for label in ("resume", "skip", "undo")]
+    return lines
+
+
+def _applied(info: dict) -> list[str]:
     s, u = info["series"], info["upstream"]
-    out.print(f"{info['tree']} on {info['branch'] or 'detached HEAD'}", markup=False)
-    out.print(f"  series {s.get('name')} {s.get('version')} ({len(info['entries'])} entries) on upstream "
-              f"{u.get('rev')} ({str(u.get('commit', ''))[:12]})", markup=False)
-    for layer in info.get("layers", []):
-        out.print(f"  + layer {layer.get('name')} {layer.get('version')} ({len(layer.get('entries', []))} entries)",
-                  markup=False)
+    lines = [f"{info['tree']} on {info['branch'] or 'detached HEAD'}",
+             f"  series {s.get('name')} {s.get('version')} ({len(info['entries'])} entries) on upstream "
+             f"{u.get('rev')} ({str(u.get('commit', ''))[:12]})"]
+    lines += [f"  + layer {layer.get('name')} {layer.get('version')} ({len(layer.get('entries', []))} entries)"
+              for layer in info.get("layers", [])]
     cur = info.get("series_current")
     if cur and not cur["up_to_date"]:
-        out.print(f"  the series has changed since (now {cur['version']}): re-apply or rebase", markup=False)
+        lines.append(f"  the series has changed since (now {cur['version']}): re-apply or rebase")
     if info["commits_since"]:
-        out.print(f"  {info['commits_since']} commit(s) on top of the applied series", markup=False)
+        lines.append(f"  {info['commits_since']} commit(s) on top of the applied series")
     proof, uncommitted = info.get("equivalence"), info.get("uncommitted") or []
     if proof:
         if proof["identical"] and (uncommitted or info["drift"]):
             verdict = "HEAD equals the series, the working tree does not (uncommitted changes)"
         else:
             verdict = "equals the series" if proof["identical"] else "differs"
-        out.print(f"  {verdict}: {proof['summary']}", markup=False)
+        lines.append(f"  {verdict}: {proof['summary']}")
     if uncommitted:
         more = f" and {len(uncommitted) - 5} more" if len(uncommitted) > 5 else ""
-        out.print(f"  uncommitted: {', '.join(uncommitted[:5])}{more}", markup=False)
+        lines.append(f"  uncommitted: {', '.join(uncommitted[:5])}{more}")
     if not info["drift"]:
-        out.print("  no drift: patched and overlaid files are as applied", markup=False)
-    for d in info["drift"]:
-        files = ", ".join(f"{p} ({how})" for p, how in d["files"].items())
-        out.print(f"  drift in {d['entry']}: {files}", markup=False)
+        lines.append("  no drift: patched and overlaid files are as applied")
+    return lines + [f"  drift in {d['entry']}: " + ", ".join(f"{p} ({how})" for p, how in d["files"].items())
+                    for d in info["drift"]]
 
 
-def _recovery(out: Console, info: dict) -> None:
+def _recovery(info: dict) -> list[str]:
     refs = info.get("recovery_refs") or []
-    if refs:
-        out.print(f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):", markup=False)
-        for r in refs[:10]:
-            out.print(f"    {r['ref']} {r['commit'][:12]} {r['subject']}", markup=False)
+    head = [f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):"] if refs else []
+    return head + [f"    {r['ref']} {r['commit'][:12]} {r['subject']}" for r in refs[:10]]

@@ -72,15 +72,16 @@ from c128patch.jsonio import write_json_atomic
 from c128patch.ops import refresh as refresh_ops
 from c128patch.ops.apply import apply_series
 from c128patch.ops.equivalence import tree_without_provenance
-from c128patch.ops.identity import git_command
 from c128patch.ops.lint import lint_stack
 from c128patch.ops.merged import CONTENT
 from c128patch.ops.rebase import Rebase, render_markdown
+from c128patch.ops.treestate import git_command
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.contract import read_lock
 from c128patch.series.layers import layer_folders, layer_rows, layers_of, stack
 from c128patch.series.manifest import Series, load_series
 from c128patch.upstream.source import Upstream, open_upstream
+from c128patch.upstream.target import Target
 
 EXIT: dict[str, int] = exitcodes.WATCH
 REPORT = "watch-report.json"
@@ -225,8 +226,7 @@ class Watch:
 
         self._step(f"applying series {series.name} {series.version} at its base {series.base}")
         try:
-            apply_series(mine, git, series.base, base_commit, branch=BRANCH, fresh_clone=True,
-                         upstream_info={"rev": series.base, "commit": base_commit, "source": upstream.kind},
+            apply_series(mine, git, Target(series.base, base_commit, upstream.kind), branch=BRANCH, fresh_clone=True,
                          reporter=self.reporter)
         except WatchTimeout:
             raise
@@ -388,8 +388,7 @@ class Watch:
         self._step(f"verifying the refreshed series on {self.onto}")
         problems = info["problems"]
         try:
-            applied = apply_series(new, git, self.onto, onto_commit, branch=VERIFY_BRANCH,
-                                   upstream_info={"rev": self.onto, "commit": onto_commit})
+            applied = apply_series(new, git, Target(self.onto, onto_commit), branch=VERIFY_BRANCH)
         except WatchTimeout:
             raise
         except C128Error as exc:

@@ -1,563 +1,139 @@
-"""``apply``: check out an upstream rev on a new branch and replay the series, one commit per entry.
-
-Resumable and undoable like ``git am``. The state lives in a journal (``<git dir>/c128patch/apply.json``),
-saved before every step: ``clone`` (a fresh ``--tree`` only: the clone's template puts the journal in
-its git dir before any object arrives), ``checkout``, one step per entry, ``provenance``; the journal
-is removed when the provenance commit is made. A step marks itself ``in_step`` before it touches
-anything, so whatever it left half done after a kill or a Ctrl-C (a ``git am`` in progress, an
-uncommitted overlay, a commit the journal does not list yet) is known to be ours:
-``apply --continue`` puts the tree back at the step's start and does the step again (every step is
-deterministic: fixed dates and identity, so the redo makes the same commit). ``apply --abort``
-restores the original branch or detached HEAD, deletes the new branch and the recovery ref, and
-removes a clone it made; uncommitted changes that are not the interrupted step's own are stashed,
-never dropped. One c128patch operation runs per repository at a time (``treestate.repo_lock``).
-
-A finished apply is proven: its tree must equal a fresh replay of the series in a temporary index
-(``ops.equivalence``), else the command fails (exit 1) with the hunks shown and the undo printed.
-Entries the series records as merged upstream at the rev are listed as skipped.
-
-On a conflict the branch stays at the last entry that applied, with the failing entry, file and hunk
-named; the user may resolve it with ``git am`` and ``apply --continue`` takes that one commit as the
-entry (refusing conflict markers). Before every write the destination is resolved against the tree
-as it is then: nothing is written through a symlink, and patches may not create symlinks (``plan``).
+"""``apply``'s workflows, called the same way by the CLI and by a script: ``apply_rev`` (open the
+upstream, plan, refuse to switch the default tree unasked, clone or prepare the tree, apply; a clone
+made just now is removed on a failure other than a conflict), ``continue_apply``, ``abort_apply``,
+and ``apply_series`` for a tree the caller has. The steps, the journal and the proof: ``ops.applier``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import shlex
+import shutil
 import tempfile
-import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterator
 
-from c128patch.errors import C128Error, ConflictError, DifferenceError
-from c128patch.git import Git, environment_problem
-from c128patch.jsonio import write_json_atomic
-from c128patch.ops.equivalence import prove
-from c128patch.ops.faults import fault_point
-from c128patch.ops.identity import git_command
-from c128patch.ops.treestate import (
-    apply_commands,
-    apply_journal,
-    changed_paths,
-    checked_fields,
-    ensure_clean,
-    ensure_idle,
-    git_path,
-    read_journal,
-    refuse_conflict_markers,
-    repo_lock,
-)
+from c128patch.errors import C128Error, ConflictError, Interrupted
+from c128patch.git import Git, is_work_tree
+from c128patch.ops.applier import Apply, ApplyJournal, ApplyResult
+from c128patch.ops.check import support_note
+from c128patch.ops.treestate import apply_commands
 from c128patch.progress import NullReporter, Reporter
-from c128patch.series import provenance
-from c128patch.series.layers import layer_folders, overlap_note, stack
-from c128patch.series.manifest import Series, load_series, safe_destination, symlink_on_path
-from c128patch.series.patchfile import PatchInfo
-from c128patch.series.paths import check_under
-from c128patch.series.plan import ENTRY_TRAILER, Planned, check_paths_at, merged_entries, overlay_message, plan
-from c128patch.upstream.source import discard_fresh_tree
+from c128patch.series.manifest import Series
+from c128patch.series.plan import Planned, check_paths_at, plan
+from c128patch.series.provenance import PROVENANCE_PATH
+from c128patch.upstream import DEFAULT_TREE
+from c128patch.upstream.source import discard_fresh_tree, open_upstream, prepare_tree, refuse_git_dir
+from c128patch.upstream.target import Target
 
-RECOVERY_PREFIX = "refs/c128patch/recovery"
-PHASES = ("clone", "checkout", "entries", "provenance")
+__all__ = ["ApplyResult", "abort_apply", "apply_rev", "apply_series", "continue_apply"]
 
 
-@dataclass
-class ApplyResult:
-    tree: str
-    rev: str
-    upstream_commit: str
-    branch: str
-    head: str = ""
-    recovery_ref: str = ""
-    orig_branch: str | None = None
-    orig_head: str | None = None
-    orig_unreachable: int = 0  # commits of a detached HEAD that no branch, tag or remote holds
-    entries: list[dict] = field(default_factory=list)
-    provenance: str = provenance.PROVENANCE_PATH
-    equivalence: dict = field(default_factory=dict)  # the proof: the tree against a fresh replay of the series
-    already_applied: bool = False  # the branch held this series on this rev already: nothing was done
-    commits_on_top: int = 0
-    checked_out: bool = True
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class ApplyJournal:
-    rev: str
-    upstream_commit: str
-    branch: str
-    series_root: str
-    series_digest: str
-    upstream_info: dict
-    names: list[str]  # the entries, in order
-    fresh_clone: bool = False
-    tree_existed: bool = False  # fresh clone into a folder that was there (empty) before
-    source: str = ""  # fresh clone: the repository it was cloned from
-    orig_branch: str | None = None
-    orig_head: str | None = None
-    orig_unreachable: int = 0
-    recovery_ref: str = ""
-    phase: str = "clone"  # one of PHASES
-    head_before: str = ""  # HEAD before the step in progress
-    in_step: bool = False  # a step started and is not recorded: what it left is ours to clean
-    step_paths: list[str] = field(default_factory=list)  # what that step writes
-    paused: str = ""  # "" | "conflict"
-    entries: list[dict] = field(default_factory=list)  # rows of the entries committed, in order
-    layers: list[str] = field(default_factory=list)  # the layer folders applied after the series, in order
-
-    @classmethod
-    def load(cls, git: Git, path: Path) -> "ApplyJournal":
-        data = read_journal(git, path, "apply")
-        journal = cls(**checked_fields(cls, data, git, path, "apply"))
-        if journal.phase not in PHASES or not all(isinstance(r, dict) and isinstance(r.get("name"), str)
-                                                  for r in journal.entries) or journal.done > journal.total:
-            raise C128Error(f"cannot read the c128patch apply journal {path} (bad phase or entries)")
-        return journal
-
-    def save(self, path: Path) -> None:
-        write_json_atomic(path, asdict(self))
-
-    @property
-    def done(self) -> int:
-        return len(self.entries)
-
-    @property
-    def total(self) -> int:
-        return len(self.names)
-
-
-def _q(path: Path | str) -> str:
-    return shlex.quote(str(path))
-
-
-def _failure_detail(git: Git, item: Planned, output: str) -> tuple[str, str]:
-    """(file, hunk description) of the first failing hunk, as git reports it."""
-    patch: PatchInfo = item.patch  # type: ignore[assignment]
-    proc = git.run("apply", "--check", "--verbose", str(item.path), check=False)
-    text = output + "\n" + proc.stderr
-    for line in text.splitlines():
-        if "patch failed:" in line:
-            loc = line.split("patch failed:", 1)[1].strip()
-            path, _, num = loc.rpartition(":")
-            hunk = patch.hunk_at(path, int(num)) if num.isdigit() else None
-            return path, f"hunk #{hunk[0]} {hunk[1]}" if hunk else f"at line {num}"
-        if "does not exist in index" in line or "No such file" in line:
-            return line.split(":")[1].strip() if ":" in line else "?", "file missing upstream"
-        if "already exists" in line:
-            return line.split(":")[1].strip() if ":" in line else "?", "file already exists upstream"
-    for line in text.splitlines():
-        if line.startswith("CONFLICT"):
-            return line.rsplit(" ", 1)[-1], "3-way merge conflict"
-    return (patch.files[0] if patch.files else "?"), "does not apply"
-
-
-def already_applied(series: Series, git: Git, branch: str, upstream_commit: str, rev: str) -> ApplyResult | None:
-    """The result of an earlier apply when ``branch`` already holds this series on this upstream
-    commit (its provenance at the tip, or below the user's own commits); None otherwise."""
-    tip = git.rev_parse(f"refs/heads/{branch}")
-    if tip is None:
-        return None
-    prov_commit = git.out("log", "-1", "--format=%H", tip, "--", provenance.PROVENANCE_PATH)
-    blob = git.blob(tip, provenance.PROVENANCE_PATH) if prov_commit else None
+def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None = None, branch: str | None = None,
+              reporter: Reporter = NullReporter()) -> tuple[ApplyResult, str]:
+    """``series`` applied to ``rev`` of ``repo`` (a path or URL; None: the releases) in ``tree`` (None:
+    a local ``repo`` itself, else ./sglang) on ``branch`` (None: ``c128/<rev>``). Returns the result and
+    a note when ``rev`` is older than every release the series was made on (it is still tried)."""
+    if tree is not None:
+        refuse_git_dir(tree)
+    upstream = open_upstream(repo, [rev], reporter)
+    target = Target.of(upstream, rev)
+    older = support_note(series, upstream.git, rev, target.commit)
+    planned = plan(series, upstream.git, target.commit)
+    check_paths_at(upstream.git, target.commit, planned)
+    if tree is None and upstream.kind != "path":
+        refuse_switching(DEFAULT_TREE, target, branch or target.branch)
+    existed = (tree or DEFAULT_TREE).exists()
+    template = clone_template(series, target, branch or target.branch, planned,
+                              str(upstream.git.git_dir or upstream.git.worktree), existed)
     try:
-        record = json.loads(blob) if blob else {}
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(record, dict) or provenance.record_problem(record) or \
-            provenance.applied_digest(record) != series.digest() or \
-            record.get("upstream", {}).get("commit") != upstream_commit:
-        return None
-    result = ApplyResult(str(git.worktree), rev, upstream_commit, branch, head=tip, already_applied=True,
-                         commits_on_top=git.count(f"{prov_commit}..{tip}"), checked_out=git.current_branch() == branch)
-    result.entries = [{"name": e["name"], "kind": e["kind"], "file": e.get("file", e.get("source", "")),
-                       "status": "applied", "applied": e.get("applied", ""), "commit": e.get("commit", "")}
-                      for e in record.get("entries", [])]
-    return result
+        worktree, fresh = prepare_tree(upstream, tree, target.commit, reporter, template=template)
+    finally:
+        shutil.rmtree(template, ignore_errors=True)
+    try:
+        with interrupts_said(worktree.resolve()):
+            result = Apply(Git(worktree=worktree), series, reporter).start(target, branch=branch, fresh_clone=fresh,
+                                                                          planned=planned)
+    except Interrupted:
+        raise
+    except ConflictError as exc:  # the branch stays for inspection; the note says why it stops, first
+        if older:
+            exc.hint = "\n".join([f"note: {older}", *([exc.hint] if exc.hint else [])])
+        raise
+    except C128Error as exc:
+        if fresh:  # any other failure in a clone made just now leaves nothing behind
+            discard_fresh_tree(worktree, existed)
+            exc.message += f" (the new clone {worktree} was removed)"
+            exc.hint = None  # nothing is left to resume or undo
+        raise
+    return result, older
 
 
-def clone_template(series: Series, rev: str, commit: str, branch: str | None, source: str, tree_existed: bool,
-                   upstream_info: dict) -> Path:
+def apply_series(series: Series, git: Git, target: Target, *, branch: str | None = None, fresh_clone: bool = False,
+                 reporter: Reporter = NullReporter()) -> ApplyResult:
+    """``series`` applied to ``target`` in the tree of ``git`` (which holds its commit)."""
+    return Apply(git, series, reporter).start(target, branch=branch, fresh_clone=fresh_clone)
+
+
+def continue_apply(git: Git, series: Series | None = None,
+                   reporter: Reporter = NullReporter()) -> tuple[ApplyResult, Series]:
+    """Finish the apply that stopped in the tree of ``git``; ``series``: None for the one its journal names."""
+    op = Apply(git, series, reporter)
+    with interrupts_said(op.tree):
+        result = op.resume()
+    assert op.series is not None
+    return result, op.series
+
+
+def abort_apply(git: Git) -> dict:
+    """Undo the apply that stopped in the tree of ``git`` (what ``apply --abort --json`` prints)."""
+    op = Apply(git)
+    with interrupts_said(op.tree):
+        return op.abort()
+
+
+@contextlib.contextmanager
+def interrupts_said(tree: Path) -> Iterator[None]:
+    """A Ctrl-C in the block becomes the error that says how to resume or undo the apply in ``tree``."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        resume, undo = apply_commands(tree)
+        raise Interrupted(f"interrupted: the apply journal is intact; resume with `{resume}` or undo with `{undo}`") \
+            from None
+
+
+def clone_template(series: Series, target: Target, branch: str, planned: list[Planned], source: str,
+                   tree_existed: bool) -> Path:
     """A ``git clone --template`` folder holding the journal of a fresh-clone apply, so the clone
     carries its journal from the moment its git dir exists. The caller removes it."""
     root = Path(tempfile.mkdtemp(prefix="c128patch-template-"))
-    journal = ApplyJournal(rev, commit, branch or f"c128/{rev}", str(series.root), series.digest(), upstream_info,
-                           [e.name for e in series.entries], fresh_clone=True, tree_existed=tree_existed, source=source,
-                           layers=layer_folders(series))
+    journal = ApplyJournal.new(series, target, branch, planned, fresh_clone=True, tree_existed=tree_existed,
+                               source=source)
     journal.save(root / "c128patch" / "apply.json")
     return root
 
 
-def commit_date(git: Git, commit: str) -> str:
-    return git.out("log", "-1", "--format=%cI", commit)  # (`show -s` costs 0.5 s on a release commit)
-
-
-class Apply:
-    def __init__(self, git: Git, series: Series | None = None, reporter: Reporter = NullReporter()) -> None:
-        assert git.worktree is not None
-        self.git = git
-        self.tree = git.worktree.resolve()
-        self.series = series
-        self.reporter = reporter
-        self.path = apply_journal(git)
-        self._redo_checkout = False
-        self._hooks: str | None = None  # the tree's hooks folder (core.hooksPath) relative to it, "" when outside
-
-    # ------------------------------------------------------------------ entry points
-    def start(self, rev: str, commit: str, *, branch: str | None = None, fresh_clone: bool = False,
-              upstream_info: dict | None = None, planned: list[Planned] | None = None) -> ApplyResult:
-        """``planned``: the series planned and checked for ``commit`` already (else done here)."""
-        git, series = self.git, self.series
-        assert series is not None
-        branch = branch or f"c128/{rev}"
-        if not git.ok("check-ref-format", "--branch", branch):
-            raise C128Error(f"invalid branch name: {branch!r}")
-        with repo_lock(git, "apply"):
-            seeded = fresh_clone and self.path.is_file()
-            if not fresh_clone:
-                ensure_idle(git, "apply")
-                done = already_applied(series, git, branch, commit, rev)
-                if done is not None:
-                    return done
-                ensure_clean(git, "apply")
-            if git.rev_parse(f"refs/heads/{branch}"):
-                raise C128Error(self._branch_exists(branch, rev))
-            # Everything that can be checked without touching the tree is checked first.
-            if planned is None:
-                planned = plan(series, git, commit)
-                check_paths_at(git, commit, planned)
-            self._check_worktree_paths(planned)
-            info = upstream_info or {"rev": rev, "commit": commit}
-            if seeded:
-                journal = ApplyJournal.load(git, self.path)
-            else:
-                journal = ApplyJournal(rev, commit, branch, str(series.root), series.digest(), info,
-                                       [p.entry.name for p in planned],
-                                       fresh_clone=fresh_clone, phase="clone" if fresh_clone else "checkout",
-                                       layers=layer_folders(series))
-            if not fresh_clone:
-                journal.orig_branch, journal.orig_head = git.current_branch(), git.head()
-                if journal.orig_head:
-                    journal.recovery_ref = f"{RECOVERY_PREFIX}/{time.strftime('%Y%m%dT%H%M%S')}-{journal.orig_head[:8]}"
-                    if journal.orig_branch is None:  # a detached HEAD: are its commits held anywhere else?
-                        journal.orig_unreachable = int(git.out("rev-list", "--count", journal.orig_head, "--not",
-                                                               "--branches", "--tags", "--remotes"))
-            journal.save(self.path)
-            if journal.recovery_ref:
-                git.run("update-ref", "-m", "c128patch apply: recovery point", journal.recovery_ref, journal.orig_head)
-            return self._guarded(journal, planned)
-
-    def resume(self) -> ApplyResult:
-        git = self.git
-        with repo_lock(git, "apply"):
-            journal = self.journal()
-            series = self.series or stack(load_series(Path(journal.series_root)), [Path(p) for p in journal.layers])
-            self.series = series
-            if series.digest() != journal.series_digest:
-                _resume, undo = apply_commands(self.tree)
-                raise C128Error(f"cannot continue: the series in {series.root} changed since this apply started; "
-                                f"undo it ({undo}) and apply again")
-            planned = plan(series, git, journal.upstream_commit)
-            if journal.in_step:
-                self._undo_step(journal)
-            elif journal.phase == "entries":
-                self._take_resolution(journal, planned)
-            return self._guarded(journal, planned)
-
-    def abort(self) -> dict:
-        git = self.git
-        with repo_lock(git, "apply"):
-            journal = self.journal()
-            if journal.fresh_clone:
-                discard_fresh_tree(self.tree, journal.tree_existed)
-                return {"ok": True, "aborted": True, "tree": str(self.tree), "removed_clone": True,
-                        "branch": None, "head": None, "stash": ""}
-            if self._am_in_progress():
-                git.run("am", "--abort", check=False)
-            ours = set(journal.step_paths) if journal.in_step else set()
-            theirs = [p for p in changed_paths(git) if p not in ours]
-            stash = ""
-            if theirs:  # never throw away what the user typed
-                git.run("stash", "push", "--include-untracked", "--quiet", "-m", "c128patch apply --abort: work in progress",
-                        "--", *theirs)
-                stash = git.out("rev-parse", "refs/stash")
-            git.run("reset", "--quiet", "--hard")
-            if ours:
-                git.run("clean", "-fq", "--", *sorted(ours))
-            if journal.orig_branch:
-                git.run("checkout", "--quiet", journal.orig_branch)
-            elif journal.orig_head:
-                git.run("checkout", "--quiet", "--detach", journal.orig_head)
-            if git.rev_parse(f"refs/heads/{journal.branch}") and git.current_branch() != journal.branch:
-                git.run("update-ref", "-d", f"refs/heads/{journal.branch}")
-            if journal.recovery_ref:
-                git.run("update-ref", "-d", journal.recovery_ref)
-            self.path.unlink()
-            return {"ok": True, "aborted": True, "tree": str(self.tree), "removed_clone": False,
-                    "branch": journal.orig_branch, "head": journal.orig_head, "stash": stash}
-
-    def journal(self) -> ApplyJournal:
-        if not self.path.is_file():
-            raise C128Error(f"no c128patch apply is in progress in {self.tree}")
-        return ApplyJournal.load(self.git, self.path)
-
-    # ------------------------------------------------------------------ the loop
-    def _guarded(self, journal: ApplyJournal, planned: list[Planned]) -> ApplyResult:
-        """Run the rest; a failure other than a conflict says how to resume or undo (the journal stays)."""
-        try:
-            return self._run(journal, planned)
-        except ConflictError:
-            raise
-        except C128Error as exc:
-            if self.path.is_file():
-                resume, undo = apply_commands(self.tree)
-                exc.hint = ((exc.hint + "\n") if exc.hint else "") + f"  resume: {resume}\n  undo:   {undo}"
-            raise
-
-    def _run(self, journal: ApplyJournal, planned: list[Planned]) -> ApplyResult:
-        git, series = self.git, self.series
-        assert series is not None
-        dated = git.with_env(GIT_AUTHOR_DATE=commit_date(git, journal.upstream_commit),
-                             GIT_COMMITTER_DATE=commit_date(git, journal.upstream_commit))
-        if journal.phase == "clone":
-            fault_point("at", "clone")
-            if git.rev_parse(journal.upstream_commit) is None:  # the clone was cut short: fetch what it lacks
-                git.run("fetch", "--quiet", journal.source, journal.upstream_commit)
-            journal.phase = "checkout"
-            journal.save(self.path)
-        if journal.phase == "checkout":
-            self.reporter.step(f"checking out {journal.rev} on {journal.branch}")
-            redo = journal.in_step or self._redo_checkout  # cut short before: what is there is ours
-            journal.in_step, journal.step_paths = True, []
-            journal.save(self.path)
-            if redo:
-                git.run("checkout", "--quiet", "--force", "-B", journal.branch, journal.upstream_commit)
-            else:
-                git.run("checkout", "--quiet", "-b", journal.branch, journal.upstream_commit)
-            journal.phase, journal.in_step, journal.head_before = "entries", False, git.head() or ""
-            journal.save(self.path)
-        if journal.phase == "entries":
-            for item in planned[journal.done:]:
-                fault_point("before", item.entry.name)
-                self.reporter.step(f"applying {item.entry.name}")
-                journal.head_before, journal.in_step = git.head() or "", True
-                journal.step_paths = item.patch.paths if item.patch else [item.entry.target]
-                journal.save(self.path)
-                row = self._apply_entry(journal, item, planned, dated)
-                fault_point("after", item.entry.name)
-                self._record(journal, row)
-            journal.phase = "provenance"
-            journal.save(self.path)
-        self.reporter.step("writing provenance")
-        journal.head_before, journal.in_step, journal.step_paths = git.head() or "", True, [provenance.PROVENANCE_PATH]
-        journal.save(self.path)
-        self._commit_provenance(journal, planned, dated)
-        fault_point("after", "provenance")
-        self.path.unlink()
-        result = self._result(journal)
-        self.reporter.step("proving the tree against a fresh replay of the series")
-        proof = prove(series, git, journal.rev, journal.upstream_commit, result.head, accept=lambda edit: False)
-        result.equivalence = proof.to_json()
-        if not proof.ok:
-            shown = "\n".join(f"  {h.path} {h.header}" for d in proof.unattributed for h in d.hunks[:20])
-            raise DifferenceError(f"applied to {journal.rev}, but the tree is not what the series says: {proof.summary()}",
-                                  hint=f"{shown}\n  {journal.branch} is kept as it is for inspection\n"
-                                       f"  undo: {self._undo_finished(journal)}", report=result.to_json())
-        return result
-
-    def _undo_finished(self, journal: ApplyJournal) -> str:
-        """The commands that take a finished apply away (its journal is gone)."""
-        g = ["git", "-C", str(self.tree)]
-        if journal.fresh_clone:
-            return shlex.join(["rm", "-rf", str(self.tree)])
-        back = shlex.join([*g, "checkout", journal.orig_branch]) if journal.orig_branch else \
-            shlex.join([*g, "checkout", "--detach", journal.orig_head or "HEAD"])
-        return f"{back} && {shlex.join([*g, 'branch', '-D', journal.branch])}"
-
-    def _apply_entry(self, journal: ApplyJournal, item: Planned, planned: list[Planned], dated: Git) -> dict:
-        git, series = self.git, self.series
-        assert series is not None
-        row = {"name": item.entry.name, "kind": item.entry.kind, "file": item.label}
-        if item.patch is None:
-            dest = safe_destination(self.tree, item.entry.target, f"overlay '{item.entry.name}'")
-            try:
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(item.path.read_bytes())
-            except OSError as exc:  # the machine, not the series: no conflict to resolve
-                raise C128Error(f"cannot apply entry '{item.entry.name}' in {self.tree}: cannot write "
-                                f"{item.entry.target}: {exc.strerror} (fix that, then resume)") from None
-            git.run("add", "--", item.entry.target)
-            dated.run("commit", "--quiet", "--no-verify", "-m", overlay_message(item.entry, series))
-            return {**row, "applied": "clean", "status": "applied", "commit": git.head() or ""}
-        self._check_worktree_paths([item])
-        proc = dated.run("am", "--3way", "--committer-date-is-author-date", str(item.path), check=False)
-        output = proc.stdout + proc.stderr
-        loose = False
-        if proc.returncode != 0:  # as ``check`` replays it: again, ignoring whitespace changes upstream made
-            git.run("am", "--abort", check=False)
-            problem = environment_problem(output)
-            if problem:  # the machine, not the series: no conflict to resolve
-                raise C128Error(f"cannot apply entry '{item.entry.name}' in {self.tree}: {problem.removeprefix('error: ')} "
-                                "(fix that, then resume)")
-            retry = dated.run("am", "--ignore-whitespace", "--committer-date-is-author-date", str(item.path),
-                              check=False)
-            if retry.returncode != 0:
-                git.run("am", "--abort", check=False)
-                raise self._conflict(journal, item, planned, output)
-            loose = True
-        if not item.patch.trailers.get(ENTRY_TRAILER):
-            dated.run("commit", "--quiet", "--amend", "--no-edit", "--no-verify",
-                      "--trailer", f"{ENTRY_TRAILER}: {item.entry.name}")
-        applied = "whitespace" if loose else "3way" if "Falling back to patching base and 3-way merge" in output else "clean"
-        return {**row, "applied": applied, "status": "applied", "commit": git.head() or ""}
-
-    def _check_worktree_paths(self, planned: list[Planned]) -> None:
-        """Refuse a path that goes through a symlink in the work tree as it is now (one git does not
-        track, e.g. an ignored one, is in no upstream tree and would survive the checkout), and one under
-        the folder the operator's git runs hooks from (``core.hooksPath`` in the tree)."""
-        if self._hooks is None:
-            hooks, tree = self.git.operator_hooks_dir(), os.path.realpath(self.tree)
-            inside = hooks is not None and os.path.commonpath([tree, os.path.realpath(hooks)]) == tree
-            self._hooks = os.path.relpath(os.path.realpath(hooks), tree) if hooks is not None and inside else ""
-        for item in planned:
-            for path in item.patch.paths if item.patch else [item.entry.target]:
-                check_under(path, self._hooks, f"entry '{item.entry.name}'")
-                link = symlink_on_path(self.tree, self.tree / path)
-                if link is not None:
-                    raise C128Error(f"unsafe path in entry '{item.entry.name}': {path} goes through the symlink "
-                                    f"{link.relative_to(self.tree)} in {self.tree}; nothing was written through it")
-
-    def _record(self, journal: ApplyJournal, row: dict) -> None:
-        journal.entries.append(row)
-        journal.head_before, journal.in_step, journal.paused = self.git.head() or "", False, ""
-        journal.save(self.path)
-
-    def _commit_provenance(self, journal: ApplyJournal, planned: list[Planned], dated: Git) -> None:
-        assert self.series is not None
-        record = provenance.build(self.series, planned, journal.upstream_info, journal.entries)
-        dest = safe_destination(self.tree, provenance.PROVENANCE_PATH, "the provenance record")
-        try:
-            dest.write_text(provenance.dumps(record))
-        except OSError as exc:
-            raise C128Error(f"cannot write {provenance.PROVENANCE_PATH} in {self.tree}: {exc.strerror} "
-                            "(fix that, then resume)") from None
-        fault_point("at", "provenance")
-        self.git.run("add", "--", provenance.PROVENANCE_PATH)
-        dated.run("commit", "--quiet", "--no-verify", "-m",
-                  f"c128patch: provenance (series {self.series.name} {self.series.version} on {journal.rev})\n\n"
-                  f"{ENTRY_TRAILER}: provenance\n")
-
-    def _conflict(self, journal: ApplyJournal, item: Planned, planned: list[Planned], output: str) -> ConflictError:
-        git, tree = self.git, self.tree
-        path, hunk = _failure_detail(git, item, output)
-        i = journal.done
-        journal.in_step, journal.paused = False, "conflict"
-        journal.save(self.path)
-        last = planned[i - 1].entry.name if i else f"upstream {journal.rev}"
-        result = self._result(journal)
-        result.entries.append({"name": item.entry.name, "kind": item.entry.kind, "file": item.label,
-                               "status": "conflict", "failed_file": path, "failed_hunk": hunk})
-        result.entries += [{"name": p.entry.name, "kind": p.entry.kind, "status": "not-reached"} for p in planned[i + 1:]]
-        resume, undo = apply_commands(tree)
-        back = journal.orig_branch or (journal.orig_head or "")[:12] or "(none)"
-        g = git_command(tree)
-        return ConflictError(
-            f"entry '{item.entry.name}' ({item.label}) does not apply to {journal.rev}: {path} {hunk}"
-            + overlap_note(self.series, [(p.entry.name, p.touched) for p in planned[:i]], item.entry.name,
-                           [path, *item.touched]),
-            hint=(
-                f"{journal.branch} is left at the last good entry ({last}); your branch {back} is untouched.\n"
-                f"  inspect: {g} am -3 {_q(item.path)}   (then {g} status; {g} am --abort)\n"
-                f"  resolve: {g} am -3 {_q(item.path)}, edit the files, {g} add them, {g} am --continue; then {resume}\n"
-                f"           (a hand resolution is not the series: the apply ends, reported unproven)\n"
-                f"  undo:    {undo}"
-                + (f"\n  recovery ref: {journal.recovery_ref}" if journal.recovery_ref else "")
-            ),
-            report=result.to_json(),
-        )
-
-    # ------------------------------------------------------------------ resuming
-    def _am_in_progress(self) -> bool:
-        return git_path(self.git, "rebase-apply").exists()
-
-    def _undo_step(self, journal: ApplyJournal) -> None:
-        """Put the tree back where the interrupted step started (checkout: redone with --force)."""
-        git = self.git
-        if self._am_in_progress():
-            git.run("am", "--abort", check=False)
-        if journal.phase == "checkout":
-            self._redo_checkout = True
-        elif journal.phase in ("entries", "provenance"):
-            ours = journal.step_paths
-            theirs = [p for p in changed_paths(git) if p not in ours]
-            if theirs:
-                stash = shlex.join(["git", "-C", str(self.tree), "stash", "-u"])
-                raise C128Error(f"cannot continue: {self.tree} has changes the interrupted step did not make "
-                                f"({', '.join(theirs[:3])}); stash them ({stash}) and retry")
-            git.run("reset", "--quiet", "--hard", journal.head_before)
-            if ours:  # (no paths would mean every untracked file)
-                git.run("clean", "-fq", "--", *ours)
-        journal.in_step = False
-        journal.save(self.path)
-
-    def _take_resolution(self, journal: ApplyJournal, planned: list[Planned]) -> None:
-        """After a stop: HEAD is where the journal left it, or one commit on it (the user's resolution)."""
-        git, tree = self.git, self.tree
-        g = git_command(tree)
-        resume, undo = apply_commands(tree)
-        if self._am_in_progress():
-            raise C128Error(f"cannot continue: a git am is in progress in {tree}; finish it ({g} am --continue) "
-                            f"or drop it ({g} am --abort), then {resume}")
-        head = git.head() or ""
-        if head != journal.head_before:
-            parents = git.out("rev-list", "--parents", "-n", "1", head).split()[1:]
-            if journal.paused != "conflict" or parents != [journal.head_before] or journal.done >= journal.total:
-                raise C128Error(f"cannot continue: HEAD of {tree} moved since the apply stopped (expected "
-                                f"{journal.head_before[:12]} or one commit on it); undo with {undo}")
-            refuse_conflict_markers(git, journal.head_before, head, "continue")
-            item = planned[journal.done]
-            if item.patch is None:
-                raise C128Error(f"cannot continue: entry '{item.entry.name}' is an overlay; it is not resolved by hand")
-            message = git.out("log", "-1", "--format=%B", head)
-            if f"{ENTRY_TRAILER}: {item.entry.name}" not in message:
-                date = commit_date(git, journal.upstream_commit)
-                git.with_env(GIT_COMMITTER_DATE=date).run("commit", "--quiet", "--amend", "--no-edit", "--no-verify",
-                                                          "--trailer", f"{ENTRY_TRAILER}: {item.entry.name}")
-            self._record(journal, {"name": item.entry.name, "kind": item.entry.kind, "file": item.label,
-                                   "applied": "resolved", "status": "applied", "commit": git.head() or ""})
-        ensure_clean(git, "continue the apply")
-
-    def _result(self, journal: ApplyJournal) -> ApplyResult:
-        skipped = [{"name": e.name, "kind": e.kind, "status": "skipped", "detail": f"merged upstream in {e.merged_in[:12]}"}
-                   for e in merged_entries(self.series, self.git, journal.upstream_commit)] if self.series else []
-        return ApplyResult(str(self.tree), journal.rev, journal.upstream_commit, journal.branch, self.git.head() or "",
-                           journal.recovery_ref, journal.orig_branch, journal.orig_head, journal.orig_unreachable,
-                           skipped + [dict(r) for r in journal.entries])
-
-    def _branch_exists(self, branch: str, rev: str) -> str:
-        git, tree = self.git, self.tree
-        delete = shlex.join(["git", "-C", str(tree), "branch", "-D", branch])
-        checked_out = git.current_branch() == branch
-        if checked_out:  # a checked-out branch cannot be deleted: the fix detaches first
-            delete = shlex.join(["git", "-C", str(tree), "checkout", "--quiet", "--detach"]) + " && " + delete
-        return (f"branch {branch} already exists in {tree} (not this series on {rev}{'; it is checked out' if checked_out else ''})"
-                f"; pass --branch NAME or delete it ({delete}); nothing was changed")
-
-
-def apply_series(
-    series: Series,
-    git: Git,
-    rev: str,
-    upstream_commit: str,
-    *,
-    branch: str | None = None,
-    fresh_clone: bool = False,
-    upstream_info: dict | None = None,
-    reporter: Reporter = NullReporter(),
-) -> ApplyResult:
-    return Apply(git, series, reporter).start(rev, upstream_commit, branch=branch, fresh_clone=fresh_clone,
-                                              upstream_info=upstream_info)
-
+def refuse_switching(tree: Path, target: Target, branch: str) -> None:
+    """The default tree holds another upstream commit: switching it to a new branch is asked for
+    with --tree, never done unasked."""
+    if not tree.is_dir() or not is_work_tree(tree):
+        return
+    git = Git(worktree=tree)
+    head = git.rev_parse("HEAD")
+    record = git.blob("HEAD", PROVENANCE_PATH) if head else None
+    try:
+        upstream = json.loads(record)["upstream"] if record else {"commit": head, "rev": (head or "")[:12]}
+    except (ValueError, KeyError, TypeError):
+        upstream = {"commit": head, "rev": (head or "")[:12]}
+    if head is None or upstream.get("commit") == target.commit:
+        return
+    on = git.current_branch() or ""
+    held = f"{upstream.get('rev')}" + (f" + series (branch {on})" if record and on else f" (branch {on})" if on else "")
+    rev = target.rev
+    switch = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--tree", str(tree)])
+    beside = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--tree", f"{tree}-{rev}"])
+    raise C128Error(f"./{tree} holds {held}: applying {rev} there would switch it to a new branch {branch}; "
+                    "say which you want",
+                    hint=f"  switch ./{tree} (its branch stays): {switch}\n  a second tree beside it: {beside}")

@@ -20,7 +20,9 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import tempfile
+import time
 from pathlib import Path
+from typing import Sequence
 
 from packaging.version import Version
 
@@ -28,12 +30,16 @@ from c128patch import exitcodes
 from c128patch.git import Git, ReadMemo
 from c128patch.ops.hints import upstream_hints
 from c128patch.ops.replay import FAILED, WS_MERGE, EntryCheck, RevCheck, Verdict, replay_in_index
+from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import overlap_note
 from c128patch.series.manifest import Series
-from c128patch.series.plan import index_git
+from c128patch.series.plan import index_git, validate_files
 from c128patch.upstream.releases import release_version
+from c128patch.upstream.source import Upstream, open_upstream
+from c128patch.upstream.target import Target
 
-__all__ = ["EntryCheck", "RevCheck", "Verdict", "check_rev", "check_revs", "index_git", "replay_in_index"]
+__all__ = ["EntryCheck", "RevCheck", "Verdict", "check_rev", "check_revs", "check_upstream", "index_git",
+           "replay_in_index"]
 
 
 def predict(result: RevCheck) -> None:
@@ -135,9 +141,27 @@ def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
     return result
 
 
-def check_revs(series: Series, git: Git, revs: list[tuple[str, str]], jobs: int | None = None) -> list[RevCheck]:
-    """``check_rev`` for many (rev, commit) pairs, in parallel (git does the work; each has its own index)."""
+def check_revs(series: Series, git: Git, targets: Sequence[Target], jobs: int | None = None) -> list[RevCheck]:
+    """``check_rev`` for many targets, in parallel (git does the work; each has its own index)."""
     jobs = jobs or min(8, os.cpu_count() or 1)
     shared = ReadMemo(git)  # the revs share rev names, ancestry and objects
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(lambda rc: check_rev(series, shared, *rc), revs))
+        return list(pool.map(lambda t: check_rev(series, shared, t.rev, t.commit), targets))
+
+
+def check_upstream(series: Series, repo: str | None, revs: Sequence[str],
+                   reporter: Reporter = NullReporter()) -> tuple[Upstream, list[RevCheck], float]:
+    """``check_revs`` on ``revs`` of ``repo`` (a path or URL; None: the releases): the upstream opened,
+    the results, and the seconds the check itself took."""
+    validate_files(series)
+    upstream = open_upstream(repo, list(revs), reporter)
+    targets = [Target.of(upstream, rev) for rev in revs]
+    reporter.step(f"checking {len(targets)} rev(s)")
+    start = time.perf_counter()
+    results = check_revs(series, upstream.git, targets)
+    return upstream, results, time.perf_counter() - start
+
+
+def exact(result: RevCheck) -> bool:
+    """Every entry applies with exact context (what ``wheel`` needs; ``check --strict``)."""
+    return all(e.status in ("clean", "skipped") for e in result.entries)

@@ -64,6 +64,7 @@ from c128patch.series.ledger import Conflict, Ledger
 from c128patch.series.manifest import Series
 from c128patch.series.plan import ENTRY_TRAILER, Planned, index_git, merged_entries, overlay_message, plan
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
+from c128patch.upstream.target import default_branch
 
 RECOVERY_PREFIX = "refs/c128patch/recovery"
 
@@ -760,9 +761,9 @@ class Rebase:
         """``c128/<new base>`` for a branch named after its old base as ``apply`` names it (``c128/<old
         base>``), when the new base has a name and no such branch is there already; else ""."""
         old, onto = journal.orig_branch, journal.onto_rev
-        if not old or old != f"c128/{journal.old_rev}" or re.fullmatch(r"[0-9a-f]{7,40}", onto):
+        if not old or old != default_branch(journal.old_rev) or re.fullmatch(r"[0-9a-f]{7,40}", onto):
             return ""
-        new = f"c128/{onto}"
+        new = default_branch(onto)
         if new == old or not self.git.ok("check-ref-format", "--branch", new):
             return ""
         there = self.git.rev_parse(f"refs/heads/{new}")

@@ -31,7 +31,7 @@ from c128patch.ops.rewrap import rewrap_merge
 from c128patch.series.lazy_index import LazyIndex, plain_paths
 from c128patch.series.ledger import Conflict, Ledger, Resolution
 from c128patch.series.manifest import Series
-from c128patch.series.patchfile import NULL_BLOB, read_patch
+from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch
 from c128patch.series.plan import (
     ENTRY_TRAILER,
     Planned,
@@ -158,21 +158,18 @@ def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | 
             row.detail = "3-way conflicts resolved by the ledger: " + "; ".join(r.describe() for r in row.resolutions)
             return row
         row.conflicts = left
-    index_file.write_bytes(saved)
-    if idx.ok("apply", "--cached", "--ignore-whitespace", path):
-        row.status, row.conflicts, row.resolutions = "whitespace", [], []
-        row.detail = "whitespace-merged: applies only ignoring whitespace changes upstream made"
-        return row
-    if whitespace_merge(git, item, index_file, patch):
-        row.status, row.conflicts, row.resolutions = "whitespace", [], []
-        row.detail = f"whitespace-merged: {WS_MERGE} merges it"
-        return row
-    index_file.write_bytes(saved)
-    if rewrap_merge(git, read_patch(patch) if patch != item.path else item.patch, index_file):
-        row.status, row.conflicts, row.resolutions = "whitespace", [], []
-        row.detail = f"whitespace-merged: {REWRAP}"
-        return row
-    index_file.write_bytes(saved)
+    info = read_patch(patch) if patch != item.path else item.patch
+    loose = (("applies only ignoring whitespace changes upstream made",
+              lambda: idx.ok("apply", "--cached", "--ignore-whitespace", path)),
+             (f"{WS_MERGE} merges it", lambda: whitespace_merge(git, info, index_file, patch)),
+             (REWRAP, lambda: rewrap_merge(git, info, index_file)))
+    for detail, merged in loose:  # an upstream reformat of the lines it touches is carried
+        index_file.write_bytes(saved)
+        if merged():
+            row.status, row.detail = "whitespace", f"whitespace-merged: {detail}"
+            row.conflicts, row.resolutions = [], []
+            return row
+    index_file.write_bytes(saved)  # later entries are replayed on top of the rest
     row.status = "conflict"
     if row.conflicts:
         row.detail = f"3-way merge conflicts in {', '.join(row.conflicts)}"
@@ -180,7 +177,6 @@ def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | 
             row.detail += " (the ledger resolved only " + ", ".join(r.path for r in row.resolutions) + ")"
     else:
         row.detail = first_error(three.stderr) or first_error(strict.stderr)
-    index_file.write_bytes(saved)  # later entries are replayed on top of the rest
     return row
 
 
@@ -188,12 +184,10 @@ WS_MERGE = "a 3-way merge ignoring whitespace changes"
 REWRAP = "its context lines upstream re-wrapped (joined or split) were matched ignoring line breaks"
 
 
-def whitespace_merge(git: Git, item: Planned, index_file: Path, patch: Path) -> bool:
+def whitespace_merge(git: Git, info: PatchInfo, index_file: Path, patch: Path) -> bool:
     """``patch`` merged into the index ignoring whitespace changes (``git merge-recursive
     --ignore-space-change`` of the patch's preimage, its result and the index's files, in a scratch
     index and work tree holding only those files). True when clean (the index then holds it)."""
-    assert item.patch is not None
-    info = read_patch(patch) if patch != item.path else item.patch
     pre = info.blobs
     if len(pre) != len(info.files) or not all(git.ok("cat-file", "-e", f"{b}^{{blob}}")
                                                for b, _ in pre.values() if b != NULL_BLOB):

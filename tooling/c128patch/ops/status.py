@@ -11,7 +11,7 @@ import shlex
 from dataclasses import asdict
 
 from c128patch.git import Git
-from c128patch.ops.apply import RECOVERY_PREFIX, ApplyJournal
+from c128patch.ops.applier import RECOVERY_PREFIX, ApplyJournal
 from c128patch.ops.equivalence import prove
 from c128patch.ops.rebase import Journal
 from c128patch.ops.treestate import (
@@ -26,6 +26,7 @@ from c128patch.ops.treestate import (
 from c128patch.series import provenance
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
+from c128patch.upstream.target import Target
 
 
 def rebase_status(git: Git) -> dict | None:
@@ -84,6 +85,29 @@ def index_lock_status(git: Git, holder: object) -> dict | None:
             "clear": shlex.join(["rm", "-f", str(path)])}
 
 
+def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
+    """Per entry of the provenance record, its files changed since the provenance commit (an
+    overlay also when its bytes differ from the ones applied)."""
+    tree = git.worktree
+    assert tree is not None
+    paths = sorted({p for e in entries for p in e.get("files", [])})
+    changed: dict[str, str] = {}
+    if prov_commit and paths:
+        for line in git.out("diff", "--name-status", "--no-renames", prov_commit, "--", *paths).splitlines():
+            status, name = line.split("\t", 1)
+            changed[name] = {"M": "modified", "D": "deleted", "A": "added"}.get(status[0], status)
+    drift = []
+    for e in entries:
+        files = {p: changed[p] for p in e.get("files", []) if p in changed}
+        if e.get("kind") == "overlay":
+            target = tree / e["target"]
+            if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() != e.get("sha256"):
+                files.setdefault(e["target"], "modified")
+        if files:
+            drift.append({"entry": e["name"], "files": files})
+    return drift
+
+
 def tree_status(git: Git, series: Series | None = None) -> dict:
     tree = git.worktree
     assert tree is not None
@@ -108,21 +132,7 @@ def tree_status(git: Git, series: Series | None = None) -> dict:
     record = read_provenance(tree)
     prov_commit = git.out("log", "-1", "--format=%H", "--", PROVENANCE_PATH)
     entries = record.get("entries", [])
-    paths = sorted({p for e in entries for p in e.get("files", [])})
-    changed: dict[str, str] = {}
-    if prov_commit and paths:
-        for line in git.out("diff", "--name-status", "--no-renames", prov_commit, "--", *paths).splitlines():
-            status, name = line.split("\t", 1)
-            changed[name] = {"M": "modified", "D": "deleted", "A": "added"}.get(status[0], status)
-    drift = []
-    for e in entries:
-        files = {p: changed[p] for p in e.get("files", []) if p in changed}
-        if e.get("kind") == "overlay":
-            target = tree / e["target"]
-            if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() != e.get("sha256"):
-                files.setdefault(e["target"], "modified")
-        if files:
-            drift.append({"entry": e["name"], "files": files})
+    drift = _drift(git, prov_commit, entries)
     out = {
         **common,
         "series": record.get("series", {}),
@@ -136,10 +146,11 @@ def tree_status(git: Git, series: Series | None = None) -> dict:
     }
     if series is not None:
         applied = provenance.applied_digest(record)
-        out["series_current"] = {"version": series.version, "digest": series.digest(), "up_to_date": applied == series.digest()}
-        upstream = record.get("upstream", {})
-        if upstream.get("commit") and git.rev_parse(upstream["commit"]):
-            proof = prove(series, git, upstream.get("rev") or upstream["commit"][:12], upstream["commit"])
+        out["series_current"] = {"version": series.version, "digest": series.digest(),
+                                 "up_to_date": applied == series.digest()}
+        target = Target.from_json(record.get("upstream", {}))  # the upstream the record says it was applied to
+        if target.commit and git.rev_parse(target.commit):
+            proof = prove(series, git, target.rev or target.commit[:12], target.commit)
             out["equivalence"] = proof.to_json()
             out["equals_series"] = proof.identical and not out["uncommitted"] and not drift
     return out

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from c128patch.errors import C128Error
-from c128patch.git import Git, stale_lock_message
+from c128patch.git import BOT_EMAIL, BOT_NAME, Git, stale_lock_message, user_can_commit
 from c128patch.progress import console
 
 _GIT_BUSY = {
@@ -64,6 +64,15 @@ def apply_commands(tree: Path) -> tuple[str, str]:
             shlex.join(["c128patch", "apply", "--abort", "--tree", where]))
 
 
+def git_command(tree: Path) -> str:
+    """``git -C TREE``, plus ``-c user.name=c128patch -c user.email=...`` where the user's git has no
+    identity (a fresh machine, a CI box): a commit made by the printed command then names the tool."""
+    words = ["git", "-C", str(tree)]
+    if not user_can_commit(tree):
+        words += ["-c", f"user.name={BOT_NAME}", "-c", f"user.email={BOT_EMAIL}"]
+    return shlex.join(words)
+
+
 def rebase_command(tree: Path, verb: str, *args: str) -> str:
     """``c128patch rebase --<verb> [ARGS]`` for ``tree`` (the journal names the series)."""
     return shlex.join(["c128patch", "rebase", f"--{verb}", *args, "--tree", str(Path(tree).resolve())])
@@ -93,17 +102,12 @@ def ensure_idle(git: Git, action: str) -> None:
 
 def changed_paths(git: Git) -> list[str]:
     """Every path ``git status`` lists (both sides of a rename), exactly as named (``-z``)."""
-    out = git.run("status", "--porcelain=v1", "-z", "--untracked-files=all").stdout.split("\0")
-    paths, i = [], 0
-    while i < len(out):
-        entry = out[i]
-        i += 1
-        if not entry:
-            continue
+    out = iter(git.run("status", "--porcelain=v1", "-z", "--untracked-files=all").stdout.split("\0"))
+    paths = []
+    for entry in filter(None, out):
         paths.append(entry[3:])
         if entry[0] in "RC":  # a rename's source follows
-            paths.append(out[i])
-            i += 1
+            paths.append(next(out))
     return paths
 
 

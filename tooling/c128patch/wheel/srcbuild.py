@@ -49,6 +49,7 @@ from c128patch.series.manifest import Series
 from c128patch.series.plan import plan
 from c128patch.upstream.releases import release_version
 from c128patch.upstream.source import Upstream, prepare_tree
+from c128patch.upstream.target import Target
 from c128patch.wheel.patch import PACKAGE, finish, sha256_path
 from c128patch.wheel.sbom import Ancestor
 from c128patch.wheel.tools import InWheel, WheelName
@@ -189,12 +190,10 @@ def build_wheel(
     git = Git(worktree=worktree)
     record = None if fresh else _patched_state(git, worktree, series, commit)
     applied = record is None
-    tree_info = {"rev": rev, "commit": commit, "source": upstream.kind}
-    if upstream.kind == "url":
-        tree_info["url"] = upstream.location
-    info = {**tree_info, "version": str(base), "build": "source"}  # the wheel's record adds how it was made
+    target = Target(rev, commit, upstream.kind, upstream.location if upstream.kind == "url" else "")
+    info = {**target.to_json(), "version": str(base), "build": "source"}  # the wheel's record adds how it was made
     if record is None:
-        result = apply_series(series, git, rev, commit, fresh_clone=fresh, upstream_info=tree_info, reporter=reporter)
+        result = apply_series(series, git, target, fresh_clone=fresh, reporter=reporter)
         rows = result.entries
     else:
         rows = record.get("entries", [])
