@@ -49,9 +49,9 @@ from c128patch.series.manifest import Series
 from c128patch.series.plan import Planned, plan
 from c128patch.upstream.releases import release_version
 from c128patch.upstream.source import Upstream, prepare_tree
-from c128patch.wheel.patch import PACKAGE, finish, sha256_path
+from c128patch.wheel.patch import PACKAGE, finish
 from c128patch.wheel.sbom import Ancestor
-from c128patch.wheel.tools import InWheel, WheelName
+from c128patch.wheel.tools import InWheel, WheelName, sha256_path
 from c128patch.wheel.verify import verify_wheel
 
 PYPROJECT = "python/pyproject.toml"

@@ -12,9 +12,11 @@ removed by the next one.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import csv
 import errno
+import hashlib
 import io
 import os
 import re
@@ -95,10 +97,6 @@ MAX_UNPACKED = 2 << 30  # bytes: sglang 0.5.23 unpacks to 123 MB
 MAX_RATIO = 100  # unpacked / archive size: sglang wheels are ~3.3:1
 
 
-class DuplicateMember(C128Error):
-    """An archive holding two members of one name (one of them shadows the other)."""
-
-
 def check_archive(infos: list[zipfile.ZipInfo], wheel: Path, error: type[C128Error] = C128Error) -> None:
     """Refuse duplicate member names and archives that unpack to more than ``MAX_UNPACKED`` bytes
     or ``MAX_RATIO`` times their own size (the sizes zipfile holds each member to)."""
@@ -115,6 +113,20 @@ def check_archive(infos: list[zipfile.ZipInfo], wheel: Path, error: type[C128Err
             f"{wheel.name}: unpacks to {total / 2**20:.0f} MiB from {size / 2**20:.1f} MiB ({total / size:.0f}:1); "
             f"the limits are {MAX_UNPACKED >> 30} GiB in total and {MAX_RATIO}:1 (a zip bomb?)"
         )
+
+
+def sha256_path(path: Path) -> str:
+    """A file's sha256 (hex), read 1 MiB at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def record_hash(data: bytes) -> str:
+    """A file's hash as RECORD writes it."""
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
 def read_metadata(data: bytes, where: str) -> Metadata:
