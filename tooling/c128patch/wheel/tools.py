@@ -423,15 +423,14 @@ def check_record(wheel: Path) -> RecordCheck:
         check_archive(wf.infolist(), wheel, WheelMismatch)
         record_name = wf.record_path
         rows = list(csv.reader(io.TextIOWrapper(wf.open(record_name), encoding="utf-8", newline="")))
-        listed: dict[str, str] = {}
+        listed: dict[str, str] = {}  # name -> size
         hashes: dict[str, str] = {}
         for row in rows:
             if len(row) != 3:
                 raise WheelMismatch(f"{wheel.name}: RECORD row {row!r} does not have 3 fields")
             if row[0] in listed:
                 raise WheelMismatch(f"{wheel.name}: RECORD lists {row[0]} twice")
-            listed[row[0]] = row[2]
-            hashes[row[0]] = row[1]
+            hashes[row[0]], listed[row[0]] = row[1], row[2]
         members = [i for i in wf.infolist() if not i.is_dir()]
         names = {i.filename for i in members}
         for missing in sorted(set(listed) - names):
