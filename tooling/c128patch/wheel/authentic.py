@@ -25,6 +25,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
+from c128patch.git import Git
 from c128patch.upstream.release_wheels import WheelTarget
 from c128patch.upstream.releases import PACKAGE, local_wheels, pip_download
 from c128patch.wheel.patch import WHEEL_PROVENANCE, loose_git
@@ -114,7 +115,7 @@ def locate(record: dict, wheel: Path, given: Path | None, download: bool = True)
     )
 
 
-def _diff_paths(git, diff_file: Path) -> list[str]:
+def _diff_paths(git: Git, diff_file: Path) -> list[str]:
     """The wheel paths a diff reads or writes (git's own reading of it, both sides of renames)."""
     proc = git.run("apply", "-p2", "--numstat", "-z", str(diff_file), check=False, binary=True)
     if proc.returncode != 0:

@@ -81,10 +81,6 @@ def dist_info_dir(name: str, version: Version) -> str:
 MAX_EPOCH = 4354819199  # 2107-12-31 23:59:59 UTC: the zip format's last date
 
 
-def zip_datetime(epoch: int) -> tuple[int, int, int, int, int, int]:
-    return time.gmtime(max(epoch, MINIMUM_TIMESTAMP))[:6]  # type: ignore[return-value]
-
-
 def check_member(name: str, wheel: Path) -> str:
     """Refuse archive member names that would land outside the unpack folder."""
     parts = PurePosixPath(name).parts
@@ -311,9 +307,6 @@ class InWheel:
                 dest.chmod(0o755)
             self._extracted.add(name)
 
-    def extract_all(self) -> None:
-        self.extract(self.members())
-
     def metadata(self) -> Metadata:
         return read_metadata((self.root / self.dist_info / "METADATA").read_bytes(), self.wheel.name)
 
@@ -371,7 +364,7 @@ class InWheel:
         return self._zip.read(info), bool((info.external_attr >> 16) & 0o111)
 
     def _write(self, path: Path, epoch: int) -> None:
-        stamp = zip_datetime(epoch)
+        stamp = time.gmtime(max(epoch, MINIMUM_TIMESTAMP))[:6]
         record = f"{self.dist_info}/RECORD"
         names = [n for n in self.files() if n != record and not n.endswith(".dist-info/RECORD")]
         # The package first, then .dist-info (RECORD last, written by WheelFile on close).
