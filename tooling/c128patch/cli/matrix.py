@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 import click
 
 from c128patch.cli.common import emit_json, handles_errors, json_option, series_option
-from c128patch.errors import C128Error
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -77,28 +76,15 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
     differential}, read from the committed results; stale or missing evidence says so."""
     from rich.console import Console
 
-    from c128patch.evidence.matrix import build_matrix, markdown
+    from c128patch.evidence.matrix import markdown, matrix_for
     from c128patch.evidence.results import results_root
     from c128patch.progress import console, reporter
     from c128patch.series.layers import get_series
-    from c128patch.upstream.releases import DEFAULT_RELEASES, release_version, tag_for
-    from c128patch.upstream.source import open_upstream
 
     series = get_series(series_dir, layer_dirs)
     root = results_dir or results_root(series)
-    wanted = list(revs) or [tag_for(v) for v in DEFAULT_RELEASES]
-    if repo is None:
-        bad = [rev for rev in wanted if release_version(rev) is None]
-        if bad:
-            raise C128Error(f"--sglang-rev {bad[0]}: not a release tag (vX.Y.Z); evidence is kept per release "
-                            "(pass --repo PATH|URL to evaluate other revisions of your repository)")
-        wanted = [tag_for(release_version(rev) or rev) for rev in wanted]
     with reporter(not (as_json or as_markdown), title="matrix") as rep:
-        upstream = open_upstream(repo, wanted, rep)
-        for rev in wanted:
-            upstream.resolve(rev)
-        rep.step("replaying the series on each release")
-        rows = build_matrix(series, upstream.git, wanted, root)
+        rows = matrix_for(series, repo, list(revs), root, rep)
     if as_json:
         emit_json({"ok": True, "series": {"name": series.name, "version": series.version}, "repo": repo,
                    "results": str(root), "releases": [r.to_json() for r in rows]})

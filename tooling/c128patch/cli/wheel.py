@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
-from c128patch import exitcodes
 from c128patch.cli.common import check_output_dir, emit_json, handles_errors, json_option, series_option
 from c128patch.errors import C128Error
-
-if TYPE_CHECKING:
-    from c128patch.series.manifest import Series
 
 
 @click.command("wheel")
@@ -36,7 +31,7 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
     from c128patch.progress import console, reporter
     from c128patch.series.layers import describe, get_series
     from c128patch.upstream.release_wheels import WheelTarget
-    from c128patch.wheel.patch import patch_wheel, release_wheel
+    from c128patch.wheel.patch import patch_from
 
     if (from_wheel is None) == (from_release is None):
         raise C128Error("give exactly one of --from-wheel PATH and --from-release X.Y.Z")
@@ -46,17 +41,10 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
     check_output_dir(out_dir, "-o")
     series = get_series(series_dir, layer_dirs)
     with reporter(not as_json, title="wheel") as rep:
-        wheel = from_wheel if from_wheel is not None else release_wheel(str(from_release), target, rep)
-        older = _wheel_support_note(series, wheel)  # still tried, as check does
-        try:
-            result = patch_wheel(series, wheel, out_dir, rep)
-        except C128Error as exc:
-            if older and exc.exit_code == exitcodes.FAILED:  # an entry does not apply: why, first in the hint
-                exc.hint = "\n".join([f"note: {older}", *([exc.hint] if exc.hint else [])])
-            raise
+        result = patch_from(series, from_wheel, from_release, target, out_dir, rep)
     note = release_note(series.ours, result.upstream_version)
     if as_json:
-        emit_json({"ok": True, **result.to_json(), "evidence_note": note, "support_note": older})
+        emit_json({"ok": True, **result.to_json(), "evidence_note": note})
         return
     out = console(stderr=False)
     for row in result.entries:
@@ -64,18 +52,6 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
     out.print(f"{result.wheel}", markup=False)
     out.print(f"  sglang {result.version} = {result.upstream_version} + {describe(series)} "
               f"({len(result.entries)} entries), sha256 {result.sha256[:16]}…, {result.seconds:.1f} s", markup=False)
-    if note:
-        out.print(note, markup=False)
-    if older:
-        out.print(f"note: {older}", markup=False)
-
-
-def _wheel_support_note(series: Series, wheel: Path) -> str:
-    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-
-    from c128patch.ops.check import release_support_note
-
-    try:
-        return release_support_note(series, parse_wheel_filename(wheel.name)[1].public)
-    except InvalidWheelFilename:
-        return ""  # patch_wheel says what is wrong with it
+    for line in (note, result.support_note and f"note: {result.support_note}"):
+        if line:
+            out.print(line, markup=False)

@@ -173,13 +173,12 @@ def kernel_figures(rows: list[ReleaseRow], root: Path, rev: str = BENCH_REFERENC
         return f"No kernel benchmark of {rev} is committed.\n"
     bench = data["rows"]
 
-    def us(B: int, W: int, path: str, what: str) -> float:
+    def us(B: int, W: int, path: str, what: str, value: str = "us") -> float:
         r = _pick(bench, B, W, path, what)
-        return r["us"] if r else float("nan")
+        return r[value] if r else float("nan")
 
     def pct(B: int, W: int, what: str) -> float:
-        r = _pick(bench, B, W, "ours", what)
-        return r["pct_ceiling"] if r else float("nan")
+        return us(B, W, "ours", what, "pct_ceiling")
 
     fused, added = us(48, 8, "ours", "fused step"), us(48, 8, "ours", "added by the fused path")
     up = us(48, 8, "upstream", "step overhead")

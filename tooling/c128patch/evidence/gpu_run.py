@@ -31,7 +31,7 @@ import tarfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from c128patch.errors import C128Error
 from c128patch.smoke.presets import SANITIZER_TOOLS  # in run order
@@ -76,37 +76,31 @@ def plan_jobs(manifest: dict[str, Any], stage: str, phase: str, out: str, limits
     unknown = [t for t in tools if t not in SANITIZER_TOOLS]
     if unknown:
         raise C128Error(f"unknown sanitizer tool(s) {', '.join(unknown)} (known: {', '.join(SANITIZER_TOOLS)})")
-    jobs: list[Job] = []
+    releases = [(rel["rev"], {label: f"{stage}/{t['path']}" for label, t in rel["trees"].items()})
+                for rel in manifest["releases"]]
+
+    def job(rev: str, label: str, what: str, kinds: tuple[str, ...], args: list[str], timeout: float | None = None,
+            script: str = "") -> Job:
+        name = f"{rev}-{label}-{what}"
+        limit = ["--timeout", f"{timeout:g}"] if timeout is not None else []
+        return Job(name, rev, label, kinds, [*args, *limit, "--out", f"{out}/{name}" + (f"/{BENCH_FILE}" if script else "")],
+                   script=script)
+
     if phase == "sanitizers":
-        for tool in tools:
-            for rel in manifest["releases"]:
-                rev, trees = rel["rev"], rel["trees"]
-                name = f"{rev}-patched-{tool}"
-                jobs.append(Job(name, rev, "patched", (tool,),
-                                ["--tree", f"{stage}/{trees['patched']['path']}",
-                                 "--upstream-tree", f"{stage}/{trees['upstream']['path']}",
-                                 "--sanitizer", tool, "--sanitizer-only",
-                                 "--sanitizer-scale", f"{limits.sanitizer_scale:g}",
-                                 "--timeout", f"{limits.sanitizer_timeout:g}", "--out", f"{out}/{name}"]))
-        return jobs
-    for rel in manifest["releases"]:
-        rev, trees = rel["rev"], rel["trees"]
-        tree = lambda label: f"{stage}/{trees[label]['path']}"  # noqa: E731
-        if phase == "plain":
-            name = f"{rev}-patched-plain"
-            jobs.append(Job(name, rev, "patched", ("suite", "differential"),
-                            ["--tree", tree("patched"), "--upstream-tree", tree("upstream"), "--differential",
-                             "--timeout", f"{limits.plain_timeout:g}", "--out", f"{out}/{name}"]))
-            for label in trees:
-                if label not in ("patched", "upstream"):
-                    name = f"{rev}-{label}-plain"
-                    jobs.append(Job(name, rev, label, ("suite",),
-                                    ["--tree", tree(label), "--upstream-tree", tree("upstream"),
-                                     "--timeout", f"{limits.plain_timeout:g}", "--out", f"{out}/{name}"]))
-        else:  # bench
-            name = f"{rev}-patched-bench"
-            jobs.append(Job(name, rev, "patched", ("kernel-bench",),
-                            ["--tree", tree("patched"), "--out", f"{out}/{name}/{BENCH_FILE}"], script=BENCH_SCRIPT))
+        return [job(rev, "patched", tool, (tool,), ["--tree", trees["patched"], "--upstream-tree", trees["upstream"],
+                                                     "--sanitizer", tool, "--sanitizer-only",
+                                                     "--sanitizer-scale", f"{limits.sanitizer_scale:g}"],
+                    limits.sanitizer_timeout) for tool in tools for rev, trees in releases]
+    if phase == "bench":
+        return [job(rev, "patched", "bench", ("kernel-bench",), ["--tree", trees["patched"]], script=BENCH_SCRIPT)
+                for rev, trees in releases]
+    jobs: list[Job] = []
+    for rev, trees in releases:
+        upstream = ["--upstream-tree", trees["upstream"]]
+        jobs.append(job(rev, "patched", "plain", ("suite", "differential"),
+                        ["--tree", trees["patched"], *upstream, "--differential"], limits.plain_timeout))
+        jobs += [job(rev, label, "plain", ("suite",), ["--tree", trees[label], *upstream], limits.plain_timeout)
+                 for label in trees if label not in ("patched", "upstream")]
     return jobs
 
 
@@ -132,7 +126,7 @@ def job_env(base: dict[str, str], package_parent: str, site: str | None, threads
 
 
 def run_jobs(jobs: list[Job], python: str, env: dict[str, str], logs: Path, deadline: float,
-             cwd: Path, say=print, parallel: int = 0) -> list[Job]:
+             cwd: Path, say: Callable[[str], object] = print, parallel: int = 0) -> list[Job]:
     """Run the jobs, at most ``parallel`` at a time (0: all at once), in order, until all end
     or the deadline (monotonic seconds): after it no job starts (those keep rc None), each
     running one is sent SIGTERM (smoke then stops its pytest and keeps what finished), and

@@ -98,10 +98,8 @@ def source_files(git: Git, commit: str, paths: Iterable[str]) -> tuple[tuple[str
 
 
 def sources_id(files: Iterable[tuple[str, str]]) -> str:
-    h = hashlib.sha256()
-    for path, oid in sorted(files):
-        h.update(f"{path}\0{oid}\n".encode())
-    return h.hexdigest()
+    """sha256 over (path, object id) pairs, sorted by path."""
+    return series_hash(sorted(files))
 
 
 def key_of(files: tuple[tuple[str, str], ...], series: str) -> EvidenceKey:

@@ -19,8 +19,11 @@ from c128patch.errors import C128Error
 from c128patch.evidence.keys import EvidenceKey, differing, differing_files, key_for
 from c128patch.evidence.results import KINDS, Result, load_results, results_root
 from c128patch.git import Git
+from c128patch.progress import NullReporter, Reporter
 from c128patch.ops.check import check_rev
 from c128patch.series.manifest import Series
+from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version, tag_for
+from c128patch.upstream.source import open_upstream
 
 State = Literal["verified", "failed", "stale", "unverified"]
 SHOWN_FILES = 8
@@ -105,8 +108,6 @@ def cell_for(results: list[Result], rev: str, kind: str, key: EvidenceKey | None
 
 def history_objects() -> str | None:
     """The release history's objects folder (it holds the evidenced trees), when it is cached."""
-    from c128patch.upstream.releases import ReleaseHistory
-
     objects = ReleaseHistory().root / "objects"
     return str(objects) if objects.is_dir() else None
 
@@ -141,6 +142,24 @@ def build_matrix(series: Series, git: Git, revs: list[str], root: Path) -> list[
     return [release_row(series, git, rev, results, root) for rev in revs]
 
 
+def matrix_for(series: Series, repo: str | None, revs: list[str], root: Path,
+               reporter: Reporter = NullReporter()) -> list[ReleaseRow]:
+    """``matrix``'s rows: ``revs`` (default: every supported release) of ``repo`` (default: the
+    release history, where only release tags can be named)."""
+    wanted = revs or [tag_for(v) for v in DEFAULT_RELEASES]
+    if repo is None:
+        bad = [rev for rev in wanted if release_version(rev) is None]
+        if bad:
+            raise C128Error(f"--sglang-rev {bad[0]}: not a release tag (vX.Y.Z); evidence is kept per release "
+                            "(pass --repo PATH|URL to evaluate other revisions of your repository)")
+        wanted = [tag_for(release_version(rev) or rev) for rev in wanted]
+    upstream = open_upstream(repo, wanted, reporter)
+    for rev in wanted:
+        upstream.resolve(rev)
+    reporter.step("replaying the series on each release")
+    return build_matrix(series, upstream.git, wanted, root)
+
+
 def verification_note(series: Series, git: Git, commit: str, label: str, root: Path | None = None) -> str | None:
     """One line when ``commit`` + the series is not fully verified by the committed results
     (looked up by key, so a user's commit with a release's sources counts); else None."""
@@ -162,8 +181,6 @@ def verification_note(series: Series, git: Git, commit: str, label: str, root: P
 
 def release_note(series: Series, version: str) -> str | None:
     """``verification_note`` for an sglang release (what `wheel` patches), via the release history."""
-    from c128patch.upstream.releases import ReleaseHistory, tag_for
-
     git = ReleaseHistory().git
     commit = git.rev_parse(tag_for(version))
     if commit is None:

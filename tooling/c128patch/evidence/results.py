@@ -130,13 +130,9 @@ def load_results(root: Path) -> list[Result]:
     if not root.is_dir():
         return out
     for rev_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        for path in sorted(rev_dir.glob("*.json")):
-            if path.stem in KINDS:
-                out.append(read_result(path, rev_dir.name, path.stem, "patched"))
-        for label_dir in sorted(p for p in rev_dir.iterdir() if p.is_dir()):
-            for path in sorted(label_dir.glob("*.json")):
-                if path.stem in KINDS:
-                    out.append(read_result(path, rev_dir.name, path.stem, label_dir.name))
+        labels = [(rev_dir, "patched"), *((d, d.name) for d in sorted(rev_dir.iterdir()) if d.is_dir())]
+        out += [read_result(path, rev_dir.name, path.stem, label)
+                for folder, label in labels for path in sorted(folder.glob("*.json")) if path.stem in KINDS]
     return out
 
 
@@ -180,14 +176,22 @@ def _counts(counts: dict[str, int]) -> dict[str, int]:
             "skipped": counts.get("skipped", 0), "not_run": counts.get("not run", 0)}
 
 
+def _key_json(key: EvidenceKey | dict[str, Any] | None) -> dict[str, Any] | None:
+    """A result's key: an old-style one (a stage made before keys were by content) kept as it is."""
+    return key.to_json() if isinstance(key, EvidenceKey) else key if is_old_style(key) else None
+
+
+def _job(job: dict[str, Any]) -> dict[str, Any]:
+    return {"name": job["name"], "exit": job["rc"], "seconds": job["seconds"]}
+
+
 def from_smoke_report(report: dict[str, Any], *, rev: str, label: str, key: EvidenceKey | dict[str, Any] | None,
                       date: str, roots: dict[str, str]) -> dict[Kind, dict[str, Any]]:
     """The result files one ``smoke --tier kernel`` report proves: ``suite`` (its patched pass),
     ``differential`` (when it ran the upstream pass), one per sanitizer run. ``key``: the staged
     tree's (an old-style key of a stage made before keys were by content is kept as it is, for
     ``ci/rekey_results.py``)."""
-    key_json = key.to_json() if isinstance(key, EvidenceKey) else key if is_old_style(key) else None
-    base = {"schema": SCHEMA, "rev": rev, "label": label, "key": key_json,
+    base = {"schema": SCHEMA, "rev": rev, "label": label, "key": _key_json(key),
             "command": report["command"], "device": _device_line(report.get("device") or {}), "date": date}
     passes = report.get("passes") or {}
     out: dict[Kind, dict[str, Any]] = {}
@@ -261,7 +265,7 @@ def collect_run(run: dict[str, Any], results: Path, dest: Path, date: str, *,
         files = from_smoke_report(report, rev=job["rev"], label=job["label"], key=key, date=date, roots=roots)
         for kind in (*job["kinds"], *(("simulation",) if "suite" in job["kinds"] else ())):
             if kind in files:
-                data = {**files[kind], "job": {"name": job["name"], "exit": job["rc"], "seconds": job["seconds"]}}
+                data = {**files[kind], "job": _job(job)}
                 written.append((write_result(dest, job["rev"], kind, data, job["label"]), data))
     return written
 
@@ -280,16 +284,14 @@ def bench_result(run: dict[str, Any], job: dict[str, Any], results: Path, key: E
     bench = json.loads(path.read_text())
     if bench.get("dry_run"):  # the benchmark's --dry-run measured nothing
         return None
-    key_json = key.to_json() if isinstance(key, EvidenceKey) else key if is_old_style(key) else None
-    data = {"schema": SCHEMA, "rev": job["rev"], "label": job["label"], "key": key_json,
+    data = {"schema": SCHEMA, "rev": job["rev"], "label": job["label"], "key": _key_json(key),
             "kind": "kernel-bench", "command": bench.get("command", ""), "device": run.get("device", ""),
             "series_digest": ((run.get("manifest") or {}).get("series") or {}).get("digest"),
             "date": date, "copy_ceiling_gbps": bench.get("copy_ceiling_gbps"), "layers": bench.get("layers"),
             "reps": bench.get("reps"), "ragged": bench.get("ragged"),
             "upstream_mtp_calls": bench.get("upstream_mtp_calls"), "rows": bench.get("rows", []),
             "targets": bench.get("targets", {}),
-            "job": {"name": job["name"], "exit": job["rc"], "seconds": job["seconds"]},
-            "ok": job["rc"] == 0 and bool(bench.get("rows"))}
+            "job": _job(job), "ok": job["rc"] == 0 and bool(bench.get("rows"))}
     return relativize(data, roots)
 
 

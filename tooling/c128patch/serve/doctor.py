@@ -42,11 +42,10 @@ from c128patch.serve.install import Dist, Interpreter, check_record, installer, 
 from c128patch.serve.serving import probe_serving
 from c128patch.serve.startup import ONLINE_C128_DSPARK_RULES, Startup, startup_refusals
 from c128patch.serve.toolchain import EVIDENCE_ARCHS, cuda_home, gpus, nvcc, tvm_ffi_problem
-from c128patch.wheel.patch import LOCAL_TAG, record_version
+from c128patch.wheel.patch import LOCAL_TAG, WHEEL_PROVENANCE, record_version
 from c128patch.wheel.sbom import SBOM_NAME, purl_pypi
 
 Level = Literal["ok", "info", "warn", "error"]
-PROVENANCE = "sglang/c128patch_provenance.json"
 
 
 @dataclass
@@ -135,13 +134,13 @@ def _serving(report: Report, interp: Interpreter, launch_args: Sequence[str]) ->
 def _build(report: Report, sg: Dist, series: Series | None) -> dict | None:
     """The provenance record of a c128patch build (None: plain upstream)."""
     try:
-        record = read_json(sg.site / PROVENANCE)
+        record = read_json(sg.site / WHEEL_PROVENANCE)
     except C128Error as exc:
         report.add("error", "build", exc.message)
         return None
     problem = record_problem(record) if record is not None else None
     if problem:
-        report.add("error", "build", f"{sg.site / PROVENANCE}: not a c128patch provenance record ({problem})")
+        report.add("error", "build", f"{sg.site / WHEEL_PROVENANCE}: not a c128patch provenance record ({problem})")
         return None
     try:
         version = Version(sg.version)
@@ -151,9 +150,9 @@ def _build(report: Report, sg: Dist, series: Series | None) -> dict | None:
     labelled = LOCAL_TAG in (version.local or "").split(".")
     if record is None:
         if labelled:
-            report.add("error", "build", f"sglang {sg.version} carries a c128patch version label but no {PROVENANCE}")
+            report.add("error", "build", f"sglang {sg.version} carries a c128patch version label but no {WHEEL_PROVENANCE}")
         else:
-            report.add("warn", "build", f"plain sglang {sg.version}: not a c128patch build (no {PROVENANCE}); the "
+            report.add("warn", "build", f"plain sglang {sg.version}: not a c128patch build (no {WHEEL_PROVENANCE}); the "
                                         "series' gates do nothing here")
         return None
     s, up = record.get("series", {}), record.get("upstream", {})
@@ -196,7 +195,7 @@ def _identity_problems(sg: Dist, version: Version, record: dict) -> list[str]:
     try:
         want = record_version(record)
     except (C128Error, InvalidVersion):
-        return [f"{PROVENANCE} names no valid upstream version and series ({up.get('version')!r}, {s.get('version')!r})"]
+        return [f"{WHEEL_PROVENANCE} names no valid upstream version and series ({up.get('version')!r}, {s.get('version')!r})"]
     if version != want:
         problems.append(f"the installed version {version} is not {want}, the one its provenance gives")
     try:

@@ -8,9 +8,7 @@ running in it. Everything else is read from the files the probe names.
 
 from __future__ import annotations
 
-import base64
 import csv
-import hashlib
 import importlib.util
 import json
 import subprocess
@@ -20,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from c128patch.errors import C128Error
+from c128patch.wheel.tools import record_hash
 
 PROBE = r"""
 import importlib.util, json, platform, sys, sysconfig
@@ -141,14 +140,6 @@ class RecordCheck:
         return not self.modified and not self.missing
 
 
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
-
-
 def check_record(dist: Dist) -> RecordCheck | None:
     """Every installed file RECORD lists with a hash, hashed again (None: no RECORD)."""
     text = dist.read("RECORD")
@@ -162,7 +153,7 @@ def check_record(dist: Dist) -> RecordCheck | None:
         path = dist.site / row[0]
         if not path.is_file():
             result.missing.append(row[0])
-        elif _digest(path) != row[1].removeprefix("sha256="):
+        elif record_hash(path.read_bytes()) != row[1]:
             result.modified.append(row[0])
     return result
 

@@ -310,18 +310,12 @@ class ReleaseHistory:
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or cache_dir() / "sglang-releases.git"
+        self._versions_file = self.root / "c128patch-versions"
+        self._layout_file = self.root / "c128patch-layout"
 
     @property
     def git(self) -> Git:
         return Git(git_dir=self.root)
-
-    @property
-    def _versions_file(self) -> Path:
-        return self.root / "c128patch-versions"
-
-    @property
-    def _layout_file(self) -> Path:
-        return self.root / "c128patch-layout"
 
     def versions(self) -> list[str]:
         if not self._versions_file.is_file():

@@ -39,8 +39,7 @@ class Upstream:
     def resolve(self, rev: str) -> str:
         commit = self.git.rev_parse(rev)
         if commit is None and self.kind == "url":
-            with locked(Path(str(self.git.git_dir) + ".lock")):
-                self.git.run("fetch", "--quiet", "--prune", "--tags", "origin", check=False, transport=True)
+            self._fetch(check=False)
             commit = self.git.rev_parse(rev)
         if commit is None:
             known = ""
@@ -53,11 +52,14 @@ class Upstream:
         """A URL's mirror fetched now, for a branch such as ``main`` that moves (``resolve``
         fetches only a rev it does not know). Other kinds are read as they are."""
         if self.kind == "url":
-            with locked(Path(str(self.git.git_dir) + ".lock")):
-                try:
-                    self.git.run("fetch", "--quiet", "--prune", "--tags", "origin", transport=True)
-                except GitError as exc:
-                    raise C128Error(f"cannot fetch {self.location}: {exc.message}") from exc
+            try:
+                self._fetch(check=True)
+            except GitError as exc:
+                raise C128Error(f"cannot fetch {self.location}: {exc.message}") from exc
+
+    def _fetch(self, check: bool) -> None:
+        with locked(Path(str(self.git.git_dir) + ".lock")):
+            self.git.run("fetch", "--quiet", "--prune", "--tags", "origin", check=check, transport=True)
 
     def describe(self) -> str:
         return {"release": "the sglang release wheels", "path": self.location, "url": self.location}[self.kind]

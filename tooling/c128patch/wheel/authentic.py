@@ -12,9 +12,7 @@ with ``--series`` the declared diffs are the series' own files (their sha256s ar
 
 from __future__ import annotations
 
-import base64
 import csv
-import hashlib
 import io
 import re
 import shutil
@@ -27,11 +25,19 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
+from c128patch.git import Git
 from c128patch.upstream.release_wheels import WheelTarget
 from c128patch.upstream.releases import PACKAGE, local_wheels, pip_download
-from c128patch.wheel.patch import WHEEL_PROVENANCE, loose_git, sha256_path
+from c128patch.wheel.patch import WHEEL_PROVENANCE, loose_git
 from c128patch.wheel.sbom import SBOM_NAME
-from c128patch.wheel.tools import WheelMismatch, check_archive, dist_info_dir, set_metadata_version
+from c128patch.wheel.tools import (
+    WheelMismatch,
+    check_archive,
+    dist_info_dir,
+    record_hash,
+    set_metadata_version,
+    sha256_path,
+)
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -47,11 +53,6 @@ class Authenticity:
     found: str  # given / wheelhouse / downloaded
     identical: int  # files byte-identical to upstream's
     derived: int  # files the declared diffs make (or remove) from upstream's
-
-
-def record_hash(data: bytes) -> str:
-    """A file's hash as RECORD writes it."""
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
 def pinned(record: dict, wheel: Path) -> tuple[str, str, Version]:
@@ -114,7 +115,7 @@ def locate(record: dict, wheel: Path, given: Path | None, download: bool = True)
     )
 
 
-def _diff_paths(git, diff_file: Path) -> list[str]:
+def _diff_paths(git: Git, diff_file: Path) -> list[str]:
     """The wheel paths a diff reads or writes (git's own reading of it, both sides of renames)."""
     proc = git.run("apply", "-p2", "--numstat", "-z", str(diff_file), check=False, binary=True)
     if proc.returncode != 0:

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from c128patch import __version__
+from c128patch import __version__, exitcodes
 from c128patch.errors import C128Error, ConflictError
 from c128patch.git import Git
+from c128patch.ops.check import release_support_note
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
 from c128patch.series.layers import layer_rows, overlap_note
@@ -35,7 +37,7 @@ from c128patch.upstream.release_wheels import WheelTarget, release_wheel_for
 from c128patch.upstream.releases import ReleaseHistory, release_version, tag_for, wheel_timestamp
 from c128patch.wheel.rules import check_wheel_patchable, wheel_path
 from c128patch.wheel.sbom import SBOM_NAME, Ancestor, PatchEntry, WheelSbom
-from c128patch.wheel.tools import InWheel, binary_dirs, disk_errors, source_date_epoch
+from c128patch.wheel.tools import InWheel, binary_dirs, disk_errors, sha256_path, source_date_epoch
 
 PACKAGE = "sglang"
 WHEEL_PROVENANCE = wheel_path(provenance.PROVENANCE_PATH)  # sglang/c128patch_provenance.json
@@ -55,17 +57,10 @@ class WheelResult:
     entries: list[dict] = field(default_factory=list)
     seconds: float = 0.0
     layers: list[dict] = field(default_factory=list)  # each layer: name, version, base, digest, entries
+    support_note: str = ""  # the wheel is older than every release the series was made on
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def sha256_path(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def patched_version(base: Version, series_version: str, digest: str,
@@ -278,6 +273,25 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
         series={"name": series.name, "version": series.version, "digest": series.ours.digest()},
         layers=layer_rows(series), entries=rows, seconds=round(time.perf_counter() - start, 3),
     )
+
+
+def patch_from(series: Series, wheel: Path | None, release: str | None, target: WheelTarget, out_dir: Path,
+               reporter: Reporter = NullReporter()) -> WheelResult:
+    """``wheel``'s work: the upstream ``wheel``, or ``release``'s that fits ``target``, patched. A wheel
+    older than every release the series was made on is still tried (as ``check`` does); when an entry
+    then does not apply, that note comes first in the hint."""
+    wheel = wheel if wheel is not None else release_wheel(str(release), target, reporter)
+    try:
+        older = release_support_note(series, parse_wheel_filename(wheel.name)[1].public)
+    except InvalidWheelFilename:
+        older = ""  # patch_wheel says what is wrong with it
+    try:
+        result = patch_wheel(series, wheel, out_dir, reporter)
+    except C128Error as exc:
+        if older and exc.exit_code == exitcodes.FAILED:
+            exc.hint = "\n".join([f"note: {older}", *([exc.hint] if exc.hint else [])])
+        raise
+    return replace(result, support_note=older)
 
 
 def release_wheel(version: str, target: WheelTarget = WheelTarget(), reporter: Reporter = NullReporter()) -> Path:

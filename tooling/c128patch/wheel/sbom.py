@@ -106,13 +106,8 @@ class Ancestor:
                                "version": self.version, "purl": purl}
         if self.sha256:
             out["hashes"] = [{"alg": "SHA-256", "content": self.sha256}]
-        props = []
-        if self.wheel:
-            props.append({"name": "c128patch:upstream:wheel", "value": self.wheel})
-        if self.commit:
-            props.append({"name": "c128patch:upstream:commit", "value": self.commit})
-        if self.tree:
-            props.append({"name": "c128patch:upstream:tree", "value": self.tree})
+        known = {"wheel": self.wheel, "commit": self.commit, "tree": self.tree}
+        props = [{"name": f"c128patch:upstream:{k}", "value": v} for k, v in known.items() if v]
         if props:
             out["properties"] = props
         return out
@@ -133,12 +128,8 @@ class WheelSbom:
 
     def to_json(self) -> dict[str, Any]:
         purl = purl_pypi(self.name, self.version)
-        props = [
-            {"name": "c128patch:series:name", "value": self.series["name"]},
-            {"name": "c128patch:series:version", "value": self.series["version"]},
-            {"name": "c128patch:series:digest", "value": self.series["digest"]},
-            {"name": "c128patch:build", "value": self.build},
-        ]
+        props = [{"name": f"c128patch:series:{k}", "value": self.series[k]} for k in ("name", "version", "digest")]
+        props.append({"name": "c128patch:build", "value": self.build})
         props += [{"name": k, "value": v} for k, v in sorted(self.extra_properties.items())]
         for i, layer in enumerate(self.layers, 1):
             props += [{"name": f"{LAYER_PREFIX}:{i}:{k}", "value": str(layer[k])} for k in LAYER_FIELDS]

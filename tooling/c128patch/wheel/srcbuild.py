@@ -46,13 +46,13 @@ from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
 from c128patch.series.layers import describe
 from c128patch.series.manifest import Series
-from c128patch.series.plan import plan
+from c128patch.series.plan import Planned, plan
 from c128patch.upstream.releases import release_version
 from c128patch.upstream.source import Upstream, prepare_tree
 from c128patch.upstream.target import Target
-from c128patch.wheel.patch import PACKAGE, finish, sha256_path
+from c128patch.wheel.patch import PACKAGE, finish
 from c128patch.wheel.sbom import Ancestor
-from c128patch.wheel.tools import InWheel, WheelName
+from c128patch.wheel.tools import InWheel, WheelName, sha256_path
 from c128patch.wheel.verify import verify_wheel
 
 PYPROJECT = "python/pyproject.toml"
@@ -147,9 +147,7 @@ def _patched_state(git: Git, tree: Path, series: Series, commit: str) -> dict | 
     path = tree / provenance.PROVENANCE_PATH
     if not path.is_file():
         return None
-    from c128patch.series.provenance import read_provenance
-
-    record = read_provenance(tree)
+    record = provenance.read_provenance(tree)
     digest = series.digest()  # a stack's: the series and its layers
     have = record.get("series", {})
     if provenance.applied_digest(record) != digest or record.get("upstream", {}).get("commit") != commit:
@@ -167,6 +165,81 @@ def _patched_state(git: Git, tree: Path, series: Series, commit: str) -> dict | 
     return record
 
 
+class _BuildFailed(C128Error):
+    """The PEP 517 build itself failed: its log is kept (the hint names it)."""
+
+
+def _validate(series: Series, upstream: Upstream, rev: str, base_override: str | None,
+              runner: Runner) -> tuple[str, Version, list[Planned]]:
+    """(upstream commit, base version, plan), before anything is touched."""
+    commit = upstream.resolve(rev)
+    require_pyproject(upstream.git, commit, rev, upstream.describe())
+    if importlib.util.find_spec("build") is None and runner is run_build:
+        raise C128Error("the PEP 517 front end 'build' is not installed (pip install build)")
+    return commit, base_version(upstream.git, rev, commit, base_override), plan(series, upstream.git, commit)
+
+
+def _patch_tree(series: Series, upstream: Upstream, rev: str, commit: str, tree: Path | None,
+                reporter: Reporter) -> tuple[Git, list[dict], bool]:
+    """The tree patched with the series: (its git, the applied entries, whether this run applied them)."""
+    worktree, fresh = prepare_tree(upstream, tree, commit, reporter)
+    git = Git(worktree=worktree)
+    record = None if fresh else _patched_state(git, worktree, series, commit)
+    if record is not None:
+        return git, record.get("entries", []), False
+    result = apply_series(series, git, _target(upstream, rev, commit), fresh_clone=fresh, reporter=reporter)
+    return git, result.entries, True
+
+
+def _target(upstream: Upstream, rev: str, commit: str) -> Target:
+    return Target(rev, commit, upstream.kind, upstream.location if upstream.kind == "url" else "")
+
+
+def _run_build(git: Git, work: Path, base: Version, epoch: int, no_isolation: bool, runner: Runner,
+               reporter: Reporter) -> tuple[Path, list[str], dict[str, str]]:
+    """HEAD exported into ``work`` and built: (the one wheel built, the command, its env)."""
+    reporter.step("exporting the patched tree (HEAD)")
+    python_dir = export_head(git, work / "src") / "python"
+    dist_dir = work / "dist"
+    cmd, env = build_command(python_dir, dist_dir, no_isolation), build_env(base, epoch)
+    reporter.step(f"building sglang {base} from {python_dir} (python -m build --wheel)")
+    log = work / "build.log"
+    code = runner(cmd, env, python_dir, log)
+    if code != 0:
+        tail = (log.read_text(errors="replace").strip().splitlines() or ["(no output)"])[-1] if log.exists() else ""
+        raise _BuildFailed(f"the source build failed (exit {code}): {tail}", hint=f"full log: {log}")
+    built = sorted(dist_dir.glob("*.whl"))
+    if len(built) != 1:
+        raise C128Error(f"the source build produced {len(built)} wheels, expected one")
+    name = WheelName.parse(built[0])
+    if name.name != PACKAGE or name.version != base:
+        raise C128Error(
+            f"the source build produced {built[0].name}, not sglang {base}: {PRETEND_ENV} was not honoured "
+            "(does python/pyproject.toml still take its version from setuptools-scm?)"
+        )
+    return built[0], cmd, env
+
+
+def _label_and_verify(built: Path, out_dir: Path, series: Series, planned: list[Planned], rows: list[dict],
+                      info: dict, base: Version, epoch: int, reporter: Reporter) -> tuple[Path, Version]:
+    """The built wheel given its label, provenance and SBOM, verified, then moved into ``out_dir``."""
+    reporter.step("adding provenance and SBOM")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".c128patch-stage-", dir=out_dir))
+    try:
+        with InWheel(built) as iw:
+            ancestor = Ancestor(PACKAGE, str(base), commit=info["commit"])
+            staged, version = finish(iw, series, planned, rows, upstream=info, ancestor=ancestor, base=base,
+                                     epoch=epoch, out_dir=stage, build="source")
+        reporter.step("verifying the built wheel")
+        verify_wheel(staged, series)
+        final = out_dir / staged.name
+        os.replace(staged, final)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return final, version
+
+
 def build_wheel(
     series: Series,
     upstream: Upstream,
@@ -179,70 +252,24 @@ def build_wheel(
     runner: Runner = run_build,
     reporter: Reporter = NullReporter(),
 ) -> BuildResult:
+    """Patch (unless done) and source-build ``rev``; the labelled, verified wheel goes to ``out_dir``."""
     start = time.perf_counter()
-    commit = upstream.resolve(rev)
-    require_pyproject(upstream.git, commit, rev, upstream.describe())
-    if importlib.util.find_spec("build") is None and runner is run_build:
-        raise C128Error("the PEP 517 front end 'build' is not installed (pip install build)")
-    base = base_version(upstream.git, rev, commit, base_override)
-    planned = plan(series, upstream.git, commit)
-    worktree, fresh = prepare_tree(upstream, tree, commit, reporter)
-    git = Git(worktree=worktree)
-    record = None if fresh else _patched_state(git, worktree, series, commit)
-    applied = record is None
-    target = Target(rev, commit, upstream.kind, upstream.location if upstream.kind == "url" else "")
-    info = {**target.to_json(), "version": str(base), "build": "source"}  # the wheel's record adds how it was made
-    if record is None:
-        result = apply_series(series, git, target, fresh_clone=fresh, reporter=reporter)
-        rows = result.entries
-    else:
-        rows = record.get("entries", [])
+    commit, base, planned = _validate(series, upstream, rev, base_override, runner)
+    git, rows, applied = _patch_tree(series, upstream, rev, commit, tree, reporter)
+    info = {**_target(upstream, rev, commit).to_json(), "version": str(base), "build": "source"}  # how it was made
     epoch = int(git.out("show", "-s", "--format=%ct", commit))
     work = Path(tempfile.mkdtemp(prefix="c128patch-build-"))
-    keep_log = False
-    created = not out_dir.exists()
-    stage: Path | None = None
+    created, keep_log = not out_dir.exists(), False
     try:
-        reporter.step("exporting the patched tree (HEAD)")
-        python_dir = export_head(git, work / "src") / "python"
-        outdir = work / "dist"
-        cmd = build_command(python_dir, outdir, no_isolation)
-        env = build_env(base, epoch)
-        reporter.step(f"building sglang {base} from {python_dir} (python -m build --wheel)")
-        log = work / "build.log"
-        code = runner(cmd, env, python_dir, log)
-        if code != 0:
-            keep_log = True
-            tail = (log.read_text(errors="replace").strip().splitlines() or ["(no output)"])[-1] if log.exists() else ""
-            raise C128Error(f"the source build failed (exit {code}): {tail}", hint=f"full log: {log}")
-        built = sorted(outdir.glob("*.whl"))
-        if len(built) != 1:
-            raise C128Error(f"the source build produced {len(built)} wheels, expected one")
-        name = WheelName.parse(built[0])
-        if name.name != PACKAGE or name.version != base:
-            raise C128Error(
-                f"the source build produced {built[0].name}, not sglang {base}: {PRETEND_ENV} was not honoured "
-                "(does python/pyproject.toml still take its version from setuptools-scm?)"
-            )
-        reporter.step("adding provenance and SBOM")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=".c128patch-stage-", dir=out_dir))
-        with InWheel(built[0]) as iw:
-            ancestor = Ancestor(PACKAGE, str(base), commit=commit)
-            staged, version = finish(iw, series, planned, rows, upstream=info, ancestor=ancestor, base=base,
-                                     epoch=epoch, out_dir=stage, build="source")
-        reporter.step("verifying the built wheel")
-        verify_wheel(staged, series)
-        final = out_dir / staged.name
-        os.replace(staged, final)
-    except BaseException:
+        built, cmd, env = _run_build(git, work, base, epoch, no_isolation, runner, reporter)
+        final, version = _label_and_verify(built, out_dir, series, planned, rows, info, base, epoch, reporter)
+    except BaseException as exc:
+        keep_log = isinstance(exc, _BuildFailed)
         if created:
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
     finally:
-        if stage is not None:
-            shutil.rmtree(stage, ignore_errors=True)
         if not keep_log:
             shutil.rmtree(work, ignore_errors=True)
-    return BuildResult(str(final), str(version), str(base), sha256_path(final), str(worktree), rev, commit,
+    return BuildResult(str(final), str(version), str(base), sha256_path(final), str(git.worktree), rev, commit,
                        applied, cmd, env, round(time.perf_counter() - start, 3))

@@ -12,9 +12,11 @@ removed by the next one.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import csv
 import errno
+import hashlib
 import io
 import os
 import re
@@ -79,10 +81,6 @@ def dist_info_dir(name: str, version: Version) -> str:
 MAX_EPOCH = 4354819199  # 2107-12-31 23:59:59 UTC: the zip format's last date
 
 
-def zip_datetime(epoch: int) -> tuple[int, int, int, int, int, int]:
-    return time.gmtime(max(epoch, MINIMUM_TIMESTAMP))[:6]  # type: ignore[return-value]
-
-
 def check_member(name: str, wheel: Path) -> str:
     """Refuse archive member names that would land outside the unpack folder."""
     parts = PurePosixPath(name).parts
@@ -93,10 +91,6 @@ def check_member(name: str, wheel: Path) -> str:
 
 MAX_UNPACKED = 2 << 30  # bytes: sglang 0.5.23 unpacks to 123 MB
 MAX_RATIO = 100  # unpacked / archive size: sglang wheels are ~3.3:1
-
-
-class DuplicateMember(C128Error):
-    """An archive holding two members of one name (one of them shadows the other)."""
 
 
 def check_archive(infos: list[zipfile.ZipInfo], wheel: Path, error: type[C128Error] = C128Error) -> None:
@@ -115,6 +109,20 @@ def check_archive(infos: list[zipfile.ZipInfo], wheel: Path, error: type[C128Err
             f"{wheel.name}: unpacks to {total / 2**20:.0f} MiB from {size / 2**20:.1f} MiB ({total / size:.0f}:1); "
             f"the limits are {MAX_UNPACKED >> 30} GiB in total and {MAX_RATIO}:1 (a zip bomb?)"
         )
+
+
+def sha256_path(path: Path) -> str:
+    """A file's sha256 (hex), read 1 MiB at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def record_hash(data: bytes) -> str:
+    """A file's hash as RECORD writes it."""
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
 def read_metadata(data: bytes, where: str) -> Metadata:
@@ -299,9 +307,6 @@ class InWheel:
                 dest.chmod(0o755)
             self._extracted.add(name)
 
-    def extract_all(self) -> None:
-        self.extract(self.members())
-
     def metadata(self) -> Metadata:
         return read_metadata((self.root / self.dist_info / "METADATA").read_bytes(), self.wheel.name)
 
@@ -359,7 +364,7 @@ class InWheel:
         return self._zip.read(info), bool((info.external_attr >> 16) & 0o111)
 
     def _write(self, path: Path, epoch: int) -> None:
-        stamp = zip_datetime(epoch)
+        stamp = time.gmtime(max(epoch, MINIMUM_TIMESTAMP))[:6]
         record = f"{self.dist_info}/RECORD"
         names = [n for n in self.files() if n != record and not n.endswith(".dist-info/RECORD")]
         # The package first, then .dist-info (RECORD last, written by WheelFile on close).
@@ -411,15 +416,14 @@ def check_record(wheel: Path) -> RecordCheck:
         check_archive(wf.infolist(), wheel, WheelMismatch)
         record_name = wf.record_path
         rows = list(csv.reader(io.TextIOWrapper(wf.open(record_name), encoding="utf-8", newline="")))
-        listed: dict[str, str] = {}
+        listed: dict[str, str] = {}  # name -> size
         hashes: dict[str, str] = {}
         for row in rows:
             if len(row) != 3:
                 raise WheelMismatch(f"{wheel.name}: RECORD row {row!r} does not have 3 fields")
             if row[0] in listed:
                 raise WheelMismatch(f"{wheel.name}: RECORD lists {row[0]} twice")
-            listed[row[0]] = row[2]
-            hashes[row[0]] = row[1]
+            hashes[row[0]], listed[row[0]] = row[1], row[2]
         members = [i for i in wf.infolist() if not i.is_dir()]
         names = {i.filename for i in members}
         for missing in sorted(set(listed) - names):

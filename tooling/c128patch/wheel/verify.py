@@ -43,6 +43,7 @@ from unidiff.errors import UnidiffParseError
 from c128patch.errors import C128Error
 from c128patch.series.layers import layer_rows
 from c128patch.series.manifest import Series
+from c128patch.series.patchfile import hunk_header
 from c128patch.series.provenance import record_problem
 from c128patch.wheel.authentic import check_authentic, locate
 from c128patch.wheel.patch import PACKAGE, WHEEL_PROVENANCE, loose_git, record_version
@@ -191,16 +192,15 @@ def _check_series(iw: InWheel, record: dict, series: Series) -> None:
 
 
 def _reverse_failure(diff: bytes, stderr: str) -> str:
+    """'<file> hunk #N @@ ... @@' of the hunk ``git apply -R`` refused (its post-image holds the line)."""
     for line in stderr.splitlines():
         if "patch failed:" in line:
             path, _, num = line.split("patch failed:", 1)[1].strip().rpartition(":")
             try:
                 for pf in PatchSet(diff.decode("utf-8", errors="replace")):
-                    if wheel_path(pf.path) != path:
-                        continue
-                    for n, hunk in enumerate(pf, 1):
+                    for n, hunk in enumerate(pf if wheel_path(pf.path) == path else [], 1):
                         if num.isdigit() and hunk.target_start <= int(num) < hunk.target_start + max(hunk.target_length, 1):
-                            return f"{path} hunk #{n} @@ -{hunk.source_start},{hunk.source_length} +{hunk.target_start},{hunk.target_length} @@"
+                            return f"{path} hunk #{n} {hunk_header(hunk)}"
             except UnidiffParseError:
                 pass
             return f"{path} at line {num}"
@@ -215,14 +215,7 @@ def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[
         if e.get("kind") == "overlay" and wheel_path(e["target"]) not in iw.members():
             raise _mismatch(iw.wheel, f"overlay '{e['name']}': {wheel_path(e['target'])} is missing from the wheel")
     iw.extract(touched)
-    compiled = 0
-    for path in touched:
-        if path.endswith(".py") and (iw.root / path).is_file():
-            try:
-                compile((iw.root / path).read_bytes(), path, "exec", dont_inherit=True)
-            except (SyntaxError, ValueError) as exc:
-                raise _mismatch(iw.wheel, f"{path} does not compile: {exc}") from exc
-            compiled += 1
+    compiled = _compile(iw, [p for p in touched if p in iw.members()])
     for e in entries:
         if e.get("kind") == "overlay":
             target = iw.root / wheel_path(e["target"])
@@ -248,16 +241,15 @@ def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[
     return list(reversed(rows)), compiled
 
 
-def _compile_all(iw: InWheel) -> int:
-    count = 0
-    for name in iw.members():
-        if name.endswith(".py"):
-            try:
-                compile(iw.read(name), name, "exec", dont_inherit=True)
-            except (SyntaxError, ValueError) as exc:
-                raise _mismatch(iw.wheel, f"{name} does not compile: {exc}") from exc
-            count += 1
-    return count
+def _compile(iw: InWheel, names: list[str]) -> int:
+    """Compile every ``.py`` of ``names`` (members, as edited); returns how many."""
+    sources = [n for n in names if n.endswith(".py")]
+    for name in sources:
+        try:
+            compile(iw.read(name), name, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as exc:
+            raise _mismatch(iw.wheel, f"{name} does not compile: {exc}") from exc
+    return len(sources)
 
 
 def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = False, *,
@@ -291,7 +283,7 @@ def _verify(wheel: Path, series: Series | None, compile_all: bool, authenticity:
             _check_series(iw, record, series)
         rows, compiled = _check_effects(iw, record, diffs)
         if compile_all:
-            compiled = _compile_all(iw)
+            compiled = _compile(iw, iw.members())
         auth = None
         if authenticity:
             path, found = locate(record, wheel, upstream_wheel, download)
