@@ -23,6 +23,7 @@ tests/test_smoke_server.py renders these from the release sources and parses the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import statistics
@@ -230,19 +231,19 @@ def parse_bench_multiturn(stdout: str) -> dict[str, Any]:
     return out
 
 
+def read_jsonl(path: Path) -> list[Any]:
+    """Each JSON line of a file that may not exist, a line cut by a kill left out."""
+    rows = []
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+        with contextlib.suppress(json.JSONDecodeError):
+            rows.append(json.loads(line))
+    return rows
+
+
 def read_jsonl_last(path: Path) -> dict[str, Any] | None:
     """The last JSON object of a JSONL file (bench_serving --output-file, bench_multiturn --log-file)."""
-    if not path.is_file():
-        return None
-    for line in reversed(path.read_text(errors="replace").splitlines()):
-        line = line.strip()
-        if line:
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            return value if isinstance(value, dict) else None
-    return None
+    rows = read_jsonl(path)
+    return rows[-1] if rows and isinstance(rows[-1], dict) else None
 
 
 def load_summary(tool: str, stdout: str, result_file: Path) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""``smoke --tier server``: start the patched sglang server on a model with PR #32035's settings,
+"""``smoke server``: start the patched sglang server on a model with PR #32035's settings,
 drive sustained concurrent multi-turn load with sglang's own benchmark tools, watch the log for
 crashes, read the capacity the server logs; then the same with the online-C128 envs off.
 
@@ -34,6 +34,7 @@ HOST = "127.0.0.1"
 ONLINE_ENVS = {"SGLANG_OPT_USE_ONLINE_COMPRESS": "1", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK": "1"}
 COMPACT_ENV = {"SGLANG_RAGGED_VERIFY_MODE": "compact"}  # bug 1's setting (srt/environ.py: EnvStr("static"))
 MODES = ("on", "off")
+REPORT = "smoke-server.json"
 
 # The soak load of docs/pr-32035.md (benchmark/hicache/bench_multiturn.py flags).
 SOAK = {"request_length": 8192, "sub_question_input_length": 4096, "output_length": 2048, "num_clients": 64,
@@ -73,19 +74,12 @@ class ServerOptions:
 # --------------------------------------------------------------------------- commands
 
 
-def _set_flag(args: list[str], flag: str, value: str | None) -> list[str]:
-    """``args`` with ``flag``'s value replaced (removed when ``value`` is None)."""
-    out, i = [], 0
-    while i < len(args):
-        if args[i] == flag:
-            i += 2
-            continue
-        if args[i].startswith(flag + "="):
-            i += 1
-            continue
-        out.append(args[i])
-        i += 1
-    return out + ([flag, value] if value is not None else [])
+def _set_flag(args: list[str], flag: str, value: str) -> list[str]:
+    """``args`` with ``flag``'s value replaced (a preset spells a flag and its value as two words)."""
+    if flag in args:
+        i = args.index(flag)
+        args = args[:i] + args[i + 2:]
+    return [*args, flag, value]
 
 
 def server_argv(opts: ServerOptions) -> list[str]:
@@ -96,10 +90,9 @@ def server_argv(opts: ServerOptions) -> list[str]:
         args = _set_flag(args, "--mem-fraction-static", str(opts.mem_fraction_static))
     if opts.moe_runner_backend:
         args = _set_flag(args, "--moe-runner-backend", opts.moe_runner_backend)
-    for extra in opts.server_args:  # later flags win in argparse; listed last
-        args.append(extra)
+    # later flags win in argparse: the extra ones last
     return [*opts.launcher_argv(), "--model-path", opts.model_path, "--tp-size", str(opts.tp), *args,
-            "--host", HOST, "--port", str(opts.port)]
+            *opts.server_args, "--host", HOST, "--port", str(opts.port)]
 
 
 def server_env(opts: ServerOptions, mode: str, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -400,11 +393,8 @@ def run_server_tier(opts: ServerOptions, command: str, progress: Progress = lamb
             write_report(finish(report), opts.out)
     except BaseException as exc:
         report["interrupted"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        finish(report)
-        write_report(report, opts.out)
+        write_report(finish(report), opts.out)
         raise
-    finish(report)
-    write_report(report, opts.out)
     return report
 
 
@@ -421,4 +411,4 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_report(report: dict[str, Any], out: Path) -> Path:
-    return write_json_atomic(out / "smoke-server.json", report)
+    return write_json_atomic(out / REPORT, report)
