@@ -84,9 +84,10 @@ def print_report(results: list[cap.CapacityResult], r_mode: str, explained: Opti
     # A pipe or a file gets the whole table rather than 80 wrapped columns.
     console = Console() if sys.stdout.isatty() else plain_console(stderr=False)
     inp = results[0].inputs
-    console.print(render_table(results, f"KV budget {cap.gib(inp.budget_bytes):.2f} GiB/GPU, TP{inp.tp_size}, "
-                                        f"formula {inp.formula}, swa ratio {inp.swa_full_tokens_ratio}, "
-                                        f"{inp.state_dtype} state, {'DSPARK' if inp.speculative else 'no speculation'}"))
+    title = (f"KV budget {cap.gib(inp.budget_bytes):.2f} GiB/GPU, TP{inp.tp_size}, formula {inp.formula}, "
+             f"swa ratio {inp.swa_full_tokens_ratio}, {inp.state_dtype} state, "
+             f"{'DSPARK' if inp.speculative else 'no speculation'}")
+    console.print(render_table(results, title))
     if r_mode == "auto":
         console.print(
             f"R = {cap.DSV4_DEFAULT_MAX_RUNNING_REQUESTS}: a DSV4 target with no "
@@ -98,7 +99,8 @@ def print_report(results: list[cap.CapacityResult], r_mode: str, explained: Opti
     for res in results:
         for mode in (res.off, res.on):
             if mode.refusal:
-                console.print(f"[red]{res.inputs.layout.name}, online {'on' if mode.online else 'off'}: {mode.refusal}[/red]")
+                state = "on" if mode.online else "off"
+                console.print(f"[red]{res.inputs.layout.name}, online {state}: {mode.refusal}[/red]")
     for note in sorted({n for res in results for n in res.notes}):
         console.print(f"note: {note}")
     if explained:

@@ -255,15 +255,9 @@ def build_report(command: str, opts: KernelOptions, prep: Prepared, device: dict
     san_runs = [res["sanitizer"] | {"pass": k, "scale": res["scale"], "counts": res["counts"],
                                     "failing": [t["nodeid"] for t in res["tests"] if t["outcome"] in BAD]}
                 for k, res in passes.items() if res.get("sanitizer")]
-    if san_runs:
-        errors = [r["errors"] for r in san_runs]
-        report["sanitizer"] = {
-            "tool": "+".join(r["tool"] for r in san_runs),
-            "errors": None if any(e is None for e in errors) else sum(errors),
-            "runs": san_runs,
-        }
-    else:
-        report["sanitizer"] = None
+    errors = [r["errors"] for r in san_runs]
+    report["sanitizer"] = {"tool": "+".join(r["tool"] for r in san_runs), "runs": san_runs,
+                           "errors": None if None in errors else sum(errors)} if san_runs else None
     report["problems"] = problems
     report["ok"] = not problems
     return report

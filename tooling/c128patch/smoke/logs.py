@@ -116,16 +116,12 @@ class ServerLog:
     def capacity(self) -> dict[str, Any]:
         """Token capacity as the server logged it: the DSV4 full-token pool where that line is
         there (what PR #32035 compares), else max_total_num_tokens."""
-        out: dict[str, Any] = {
-            "max_total_num_tokens": self.max_total_num_tokens[0] if self.max_total_num_tokens else None,
-            "dsv4_full_token": self.dsv4[0].get("full_token") if self.dsv4 else None,
-        }
-        if self.dsv4:
-            out["dsv4"] = self.dsv4[0]
-        out["tokens"] = out["dsv4_full_token"] if out["dsv4_full_token"] is not None else out["max_total_num_tokens"]
-        out["source"] = "DSV4 memory calculation full_token" if out["dsv4_full_token"] is not None else (
-            "max_total_num_tokens" if out["tokens"] is not None else None)
-        return out
+        total = self.max_total_num_tokens[0] if self.max_total_num_tokens else None
+        full = self.dsv4[0].get("full_token") if self.dsv4 else None
+        source = "DSV4 memory calculation full_token" if full is not None else (
+            "max_total_num_tokens" if total is not None else None)
+        return {"max_total_num_tokens": total, "dsv4_full_token": full, **({"dsv4": self.dsv4[0]} if self.dsv4 else {}),
+                "tokens": full if full is not None else total, "source": source}
 
     def decode_stats(self) -> dict[str, Any]:
         """Means over the decode log lines that had running requests; max token usage."""

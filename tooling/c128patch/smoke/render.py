@@ -48,7 +48,8 @@ def kernel_table(report: dict[str, Any]) -> Table:
                *(label.removeprefix("patched-") for label in san_labels))
     table = Table(title=f"GPU suite: {report['tree']}")
     for col in columns:  # the times right-aligned, the test ids folded
-        table.add_column(col, justify="right" if col == "s" else "left", overflow="fold" if col == "test" else "ellipsis")
+        table.add_column(col, justify="right" if col == "s" else "left",
+                         overflow="fold" if col == "test" else "ellipsis")
     san_rows = {label: {t["nodeid"]: t["outcome"] for t in passes[label].get("tests_brief", [])}
                 for label in san_labels}
     for t in report.get("tests", []):

@@ -4,7 +4,6 @@ and a carry-sized copy of them for a GPU machine."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import os
@@ -19,6 +18,7 @@ from c128patch import PACKAGE_DIR
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.provenance import PROVENANCE_PATH
+from c128patch.smoke import load_file
 
 SUITE_ENV = "C128PATCH_GPU_SUITE"
 SUITE = "tests/gpu"
@@ -166,14 +166,8 @@ def stage(suite: Path, trees: dict[str, Path], dest: Path,
     machine): the suite's own subset list (tests/gpu/tree_subset.py) when it has one, else the
     whole ``sglang/``; the provenance record goes along, and ``extra(label, root)``'s paths
     (relative to the root: what smoke upstream's tests import)."""
-    subset = None
     helper = suite / "tree_subset.py"
-    if helper.is_file():
-        spec = importlib.util.spec_from_file_location("c128patch_suite_tree_subset", helper)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        subset = module.subset_files
+    subset = load_file("c128patch_suite_tree_subset", helper).subset_files if helper.is_file() else None
     out = {}
     for label, root in trees.items():
         target = dest / label

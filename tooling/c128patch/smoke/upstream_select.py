@@ -29,7 +29,6 @@ where the real one defines it, so a stand-in never invents what a tree lacks).
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -38,6 +37,7 @@ from typing import Any, Iterable
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
+from c128patch.smoke import load_file
 
 KERNEL_TESTS = "registered/kernels"
 CSRC = "sglang/kernels/jit/csrc"
@@ -431,11 +431,7 @@ def load_harness(suite: Path) -> Any:
     path = suite / "harness.py"
     if not path.is_file():
         raise C128Error(f"smoke upstream needs the kernel tier's harness: {path} does not exist (pass --suite DIR)")
-    spec = importlib.util.spec_from_file_location("c128patch_suite_harness", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("c128patch_suite_harness", path)
 
 
 def standin_pool(harness: Any) -> dict[str, set[str]]:

@@ -422,10 +422,12 @@ def run(opts: KernelOptions, tests: Path | None, command: str, progress: Progres
         passes: dict[str, dict] = {}
         report: dict[str, Any] = {}
         path = out / REPORT
-        specs = [pass_spec(plan, label, opts.timeout, opts.keyword, opts.collect_only) for label in ("patched", "upstream")]
+        specs = [pass_spec(plan, label, opts.timeout, opts.keyword, opts.collect_only)
+                 for label in ("patched", "upstream")]
         verb = "collecting" if opts.collect_only else "running"
         for group in ([specs] if parallel_trees else [[spec] for spec in specs]):
-            progress(f"{verb} upstream's tests on " + " and, at the same time, ".join(f"{s.label} ({s.tree})" for s in group))
+            trees = " and, at the same time, ".join(f"{s.label} ({s.tree})" for s in group)
+            progress(f"{verb} upstream's tests on {trees}")
             passes.update(run_passes(group, plan.root, opts.python, out))
             report = build_report(command, plan, prep, device, passes, opts.collect_only, opts.keyword)
             path = write(report, out)

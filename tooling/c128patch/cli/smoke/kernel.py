@@ -19,7 +19,8 @@ from c128patch.smoke.presets import SANITIZER_TOOLS
 @click.option("--differential", is_flag=True, help="Also run the suite on the unpatched upstream sources and compare.")
 @click.option("--sanitizer", "sanitizers", type=click.Choice(list(SANITIZER_TOOLS)), multiple=True,
               help="Also run the suite under compute-sanitizer with this tool (repeatable).")
-@click.option("--sanitizer-only", is_flag=True, help="Only the --sanitizer passes (the plain pass ran in an earlier call).")
+@click.option("--sanitizer-only", is_flag=True,
+              help="Only the --sanitizer passes (the plain pass ran in an earlier call).")
 @click.option("--scale", type=float, default=1.0, show_default=True, help="C128PATCH_GPU_SCALE.")
 @click.option("--sanitizer-scale", type=float, default=0.05, show_default=True,
               help="C128PATCH_GPU_SCALE under compute-sanitizer.")
