@@ -317,41 +317,34 @@ def _drive_load(opts: ServerOptions, mode: str, server: Managed, tail: Tail, log
 # --------------------------------------------------------------------------- the tier
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 4) if a is not None and b else None
-
-
 def compare_modes(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
     """Capacity gain, throughput and acceptance, envs on vs off."""
-    cap_on = on["log_summary"]["capacity"]["tokens"]
-    cap_off = off["log_summary"]["capacity"]["tokens"]
+    runs = (("on", on), ("off", off))
 
-    def load_value(rec: dict[str, Any], key: str) -> float | None:
-        return ((rec.get("load") or {}).get("summary") or {}).get(key)
+    def decode(key: str) -> dict[str, Any]:
+        return {mode: rec["log_summary"]["decode"][key] for mode, rec in runs}
 
-    # One source for both columns: the load tool's numbers where both runs have them, else
-    # the server's own decode log (gen throughput, accept len).
-    if load_value(on, "output_throughput") is not None and load_value(off, "output_throughput") is not None:
-        tput = {"on": load_value(on, "output_throughput"), "off": load_value(off, "output_throughput"),
-                "source": "load tool"}
-    else:
-        tput = {"on": on["log_summary"]["decode"]["gen_throughput_mean"],
-                "off": off["log_summary"]["decode"]["gen_throughput_mean"], "source": "server decode log"}
-    acc_on, acc_off = on["log_summary"]["decode"]["accept_len_mean"], off["log_summary"]["decode"]["accept_len_mean"]
-    accept = {"on": acc_on, "off": acc_off, "source": "server decode log"}
-    if acc_on is None or acc_off is None:
-        accept = {"on": load_value(on, "accept_length"), "off": load_value(off, "accept_length"), "source": "load tool"}
+    def load(key: str) -> dict[str, Any]:
+        return {mode: ((rec.get("load") or {}).get("summary") or {}).get(key) for mode, rec in runs}
 
-    gain = cap_on - cap_off if cap_on is not None and cap_off is not None else None
+    # One source for both columns: the load tool's throughput where both runs have it, else the
+    # server's own decode log (gen throughput); the decode log's accept len, else the load tool's.
+    tput = load("output_throughput")
+    tput = {**tput, "source": "load tool"} if None not in tput.values() else {
+        **decode("gen_throughput_mean"), "source": "server decode log"}
+    accept = decode("accept_len_mean")
+    accept = {**accept, "source": "server decode log"} if None not in accept.values() else {
+        **load("accept_length"), "source": "load tool"}
+    cap = {mode: rec["log_summary"]["capacity"]["tokens"] for mode, rec in runs}
+    gain = cap["on"] - cap["off"] if None not in cap.values() else None
     return {
-        "capacity_tokens": {"on": cap_on, "off": cap_off},
+        "capacity_tokens": cap,
         "capacity_gain_tokens": gain,
-        "capacity_gain_pct": round(100.0 * gain / cap_off, 2) if gain is not None and cap_off else None,
+        "capacity_gain_pct": round(100.0 * gain / cap["off"], 2) if gain is not None and cap["off"] else None,
         "output_throughput": tput,
-        "throughput_ratio": _ratio(tput["on"], tput["off"]),
+        "throughput_ratio": round(tput["on"] / tput["off"], 4) if tput["on"] is not None and tput["off"] else None,
         "accept_len": accept,
-        "token_usage_max": {"on": on["log_summary"]["decode"]["token_usage_max"],
-                            "off": off["log_summary"]["decode"]["token_usage_max"]},
+        "token_usage_max": decode("token_usage_max"),
     }
 
 
