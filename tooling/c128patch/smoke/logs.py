@@ -62,10 +62,8 @@ MAX_KEPT = 20
 def _num(text: str) -> int | float | str:
     text = text.strip()
     for cast in (int, float):
-        try:
+        with contextlib.suppress(ValueError):
             return cast(text)
-        except ValueError:
-            pass
     return text
 
 
@@ -201,9 +199,8 @@ def parse_bench_serving(stdout: str) -> dict[str, Any]:
             inside = False
             continue
         m = _SERVING_ROW.match(line)
-        if m:
-            value = m.group("value")
-            out[m.group("key").rstrip(":").strip()] = _num(value.rstrip("%")) if value.endswith("%") else _num(value)
+        if m:  # a percentage as its number
+            out[m.group("key").rstrip(":").strip()] = _num(m.group("value").rstrip("%"))
     return out
 
 
