@@ -110,7 +110,7 @@ def test_the_collector_writes_each_release_result_with_no_machine_path(bundle, t
     result = json.loads(text)
     assert result["rev"] == "v0.5.23" and result["counts"]["same"] == 1
     assert str(bundle["tmp"]) not in text and str(REPO_ROOT) not in text
-    assert result["command"].startswith("c128patch smoke --tier kernel --tree <stage>/v0.5.23/patched ")
+    assert result["command"].startswith("c128patch smoke upstream --tree <stage>/v0.5.23/patched ")
     failing = {t["id"]: t for t in result["tests"]}[
         "registered/kernels/ops/attention/test_c128patch_package.py::test_fails_on_both"]
     assert failing["patched_message"] == "AssertionError: written to fail at $SGLANG_JIT_CACHE_DIR/x.so"

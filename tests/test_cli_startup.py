@@ -20,8 +20,11 @@ CLI_DIR = REPO_ROOT / "tooling" / "c128patch" / "cli"
 LIGHT = {"c128patch", "c128patch.__main__", "c128patch.cli", "c128patch.cli.common", "c128patch.errors",
          "c128patch.exitcodes", "c128patch.upstream"}
 # what a verb's own options need to be listed (their choices and defaults)
-EXTRA = {"capacity": {"c128patch.capacity", "c128patch.capacity.model"},
-         "smoke": {"c128patch.smoke", "c128patch.smoke.presets"}}
+EXTRA = {"capacity": {"c128patch.capacity", "c128patch.capacity.model"}}
+# smoke's subcommands, each listed by `smoke --help` from its table, and what each one's --help imports
+SMOKE = {"kernel": {"c128patch.smoke", "c128patch.smoke.presets", "c128patch.cli.smoke.options"},
+         "upstream": {"c128patch.cli.smoke.options"},
+         "server": {"c128patch.smoke", "c128patch.smoke.presets", "c128patch.cli.smoke.options"}}
 HEAVY = ("rich", "unidiff", "packaging", "tomli_w", "wheel", "build")
 
 # the console entry as pip's console script runs it (the program named by argv[0])
@@ -48,6 +51,7 @@ def loaded(*args: str) -> tuple[set[str], str]:
 
 def test_the_table_names_every_command_module():
     modules = {p.stem.replace("_", "-") for p in CLI_DIR.glob("*.py") if p.stem not in ("__init__", "common")}
+    modules |= {p.parent.name for p in CLI_DIR.glob("*/__init__.py")}  # a verb with subcommands (smoke)
     assert set(COMMANDS) == modules
     assert all(0 < len(line) <= 62 and line.endswith((".", "?")) for line in COMMANDS.values())
 
@@ -76,6 +80,23 @@ def test_a_verbs_help_imports_that_verb_only(verb):
     assert ours - LIGHT == {f"c128patch.cli.{verb.replace('-', '_')}"} | EXTRA.get(verb, set()), ours
     assert not [m for m in modules if m.split(".")[0] in HEAVY]
     assert out.startswith(f"Usage: c128patch {verb} ")
+
+
+@pytest.mark.parametrize("sub", sorted(SMOKE))
+def test_a_smoke_subcommands_help_imports_that_subcommand_only(sub):
+    modules, out = loaded("smoke", sub, "--help")
+    ours = {m for m in modules if m.startswith("c128patch")}
+    assert ours - LIGHT == {"c128patch.cli.smoke", f"c128patch.cli.smoke.{sub}"} | SMOKE[sub], ours
+    assert not [m for m in modules if m.split(".")[0] in HEAVY]
+    assert out.startswith(f"Usage: c128patch smoke {sub} [OPTIONS]")
+
+
+def test_smoke_help_lists_its_subcommands_from_the_table():
+    from c128patch.cli.smoke import SUBCOMMANDS
+
+    _modules, out = loaded("smoke", "--help")
+    listed = " ".join(out.split("Commands:")[1].split())
+    assert all(f"{name} {line}" in listed for name, line in SUBCOMMANDS.items()), listed
 
 
 def test_the_readme_gives_the_benchmarks_figures():

@@ -490,7 +490,7 @@ def test_an_unwritable_cache_folder_says_how_to_move_it(series, tmp_path):
     ["wheel", "--from-release", "0.5.23", "-o", "afile/sub"],
     ["build", "--sglang-rev", "v0.5.23", "-o", "afile/sub"],
     ["rebase", "--continue", "--report", "afile/sub", "--tree", "."],
-    ["smoke", "--tier", "kernel", "--out", "afile/sub"],
+    ["smoke", "kernel", "--out", "afile/sub"],
 ], ids=["wheel", "build", "rebase", "smoke"])
 def test_an_output_folder_under_a_file_is_refused_before_any_work(tree, tmp_path, monkeypatch, args):
     monkeypatch.chdir(tree)

@@ -112,7 +112,7 @@ def tree_reports(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFac
         ("status", ["status", *at]),
         ("refresh", ["refresh", "--check", *at]),
         ("treecheck", ["treecheck", *at]),
-        ("smoke", ["smoke", "--tier", "kernel", "--tree", str(tree), "--stage", str(root / "stage")]),
+        ("smoke", ["smoke", "kernel", "--tree", str(tree), "--stage", str(root / "stage")]),
         ("layer", ["layer", "new", str(root / "layer"), "--name", "acme", *on]),
     ]
     reports: dict[str, list[dict]] = {}

@@ -64,7 +64,7 @@ def no_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
 def test_smoke_list_without_torch_fails_in_one_line(no_torch, tmp_path: Path, as_json: bool):
     tree = make_tree(tmp_path / "t")
-    res = invoke("smoke", "--tier", "kernel", "--list", "--tree", tree, "--out", tmp_path / "out", as_json=as_json)
+    res = invoke("smoke", "kernel", "--list", "--tree", tree, "--out", tmp_path / "out", as_json=as_json)
     if as_json:
         assert res.code == 2 and res.out["ok"] is False and "torch does not import" in res.out["error"]
         assert len(res.err.splitlines()) == 1

@@ -70,8 +70,12 @@ def test_every_command_line_is_accepted_by_the_cli(workflow):
     seen = []
     for step in workflow["jobs"]["smoke"]["steps"]:
         for args in commands(step.get("run", "")):
-            cmd = main.get_command(click.Context(main), args[0])
+            cmd, rest = main.get_command(click.Context(main), args[0]), args[1:]
             assert cmd is not None, args
-            cmd.make_context(args[0], args[1:])  # raises on an unknown or malformed option
+            while isinstance(cmd, click.Group):  # smoke: down to its subcommand
+                cmd, rest = cmd.get_command(click.Context(cmd), rest[0]), rest[1:]
+                assert cmd is not None, args
+            cmd.make_context(args[0], rest)  # raises on an unknown or malformed option
             seen.append(" ".join(args[:3]))
-    assert "smoke --tier kernel" in seen and seen.count("smoke --tier server") == 2 and "apply --sglang-rev v0.5.23" in seen
+    assert "smoke kernel --tree" in seen and seen.count("smoke server --model-path") == 2
+    assert "apply --sglang-rev v0.5.23" in seen

@@ -1,4 +1,4 @@
-"""smoke --tier kernel on a CPU machine: prerequisites, real pytest passes of throwaway GPU-marked
+"""smoke kernel on a CPU machine: prerequisites, real pytest passes of throwaway GPU-marked
 suites (rows, skips, crashes, timeouts, differential, sanitizer plumbing), trees and wheels."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def invoke(args: list[str], device: dict | None = None, monkeypatch: pytest.Monk
     if device is not None:
         assert monkeypatch is not None
         monkeypatch.setattr(smoke_device, "probe_device", lambda python: dict(device))
-    return run_cli("smoke", "--tier", "kernel", *args, as_json=False)
+    return run_cli("smoke", "kernel", *args, as_json=False)
 
 
 # --------------------------------------------------------------------------- prerequisites
@@ -147,7 +147,7 @@ def test_report_from_a_real_run(tmp_path, monkeypatch):
     assert res.code == 1, res.err  # a failing test fails the command
     report = json.loads(res.text)
     assert report == json.loads((out / "smoke-kernel.json").read_text())
-    assert report["command"].startswith("c128patch smoke --tier kernel --tree ")
+    assert report["command"].startswith("c128patch smoke kernel --tree ")
     assert report["device"]["gpu"] == "NVIDIA H200" and report["tree"] == str((tree / "python").resolve())
     assert report["provenance"]["series"]["name"] == "c128" and report["series"]["version"] == "1"
     assert [e["gate"] for e in report["provenance"]["entries"]] == ["", "SGLANG_DSPARK_RECORD_VERIFY_STREAMS"]
@@ -432,7 +432,7 @@ def test_sanitizer_only_skips_the_plain_pass(tmp_path, monkeypatch):
 
 def test_list_needs_no_gpu(tmp_path):
     suite = make_suite(tmp_path / "suite", SUITE_DIFF)
-    res = run_cli("smoke", "--tier", "kernel", "--list", "--tree", make_tree(tmp_path / "t"), "--suite", suite,
+    res = run_cli("smoke", "kernel", "--list", "--tree", make_tree(tmp_path / "t"), "--suite", suite,
                   "--out", tmp_path / "out", as_json=False)
     assert res.code == 0, res.err
     assert res.text.splitlines()[:3] == ["test_diff.py::test_zero_row_plan", "test_diff.py::test_shared_path",
@@ -501,7 +501,7 @@ def test_stage_uses_the_suites_subset_and_carries_provenance(tmp_path):
     tree = make_tree(tmp_path / "tree", provenance_record()) / "python"
     (tree / "sglang/kernels/jit/keep.cuh").write_text("k")
     (tree / "sglang/kernels/jit/drop.cuh").write_text("d")
-    res = run_cli("smoke", "--tier", "kernel", "--tree", tree, "--suite", suite, "--stage", tmp_path / "stage")
+    res = run_cli("smoke", "kernel", "--tree", tree, "--suite", suite, "--stage", tmp_path / "stage")
     assert res.code == 0, res.err
     staged = tmp_path / "stage" / "patched"
     assert sorted(str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()) == [
@@ -524,7 +524,7 @@ def test_smoke_imports_no_extra_wheels(tmp_path):
             "main()\n")
     env = {**os.environ, "PYTHONPATH": str(TOOLING)}
     for extra in (["--list"], ["-k", "zero_row", "--out", str(tmp_path / "out")]):
-        proc = subprocess.run([sys.executable, "-c", code, "smoke", "--tier", "kernel", "--tree", str(tree),
+        proc = subprocess.run([sys.executable, "-c", code, "smoke", "kernel", "--tree", str(tree),
                                "--suite", str(suite), "--json", *extra], capture_output=True, text=True, env=env,
                               timeout=120)
         assert proc.returncode == 0, proc.stderr
@@ -549,7 +549,7 @@ def test_signal_stops_the_suite(tmp_path, sig, code):
              f"smoke_device.probe_device = lambda python: {H200!r}\n"
              "from c128patch.cli import main\n"
              "main()\n")
-    signal_when_ready([sys.executable, "-c", code_, "smoke", "--tier", "kernel", "--tree",
+    signal_when_ready([sys.executable, "-c", code_, "smoke", "kernel", "--tree",
                        str(make_tree(tmp_path / "t")), "--suite", str(suite), "--out", str(tmp_path / "out")],
                       {**os.environ, "PYTHONPATH": str(TOOLING)},
                       lambda: pidfile.exists() and len(pidfile.read_text().split()) >= 2, sig, code)
@@ -558,3 +558,20 @@ def test_signal_stops_the_suite(tmp_path, sig, code):
     while time.monotonic() < deadline and any(smoke_procs.alive(p) for p in pids):
         time.sleep(0.05)
     assert not any(smoke_procs.alive(p) for p in pids), pids
+
+
+# --------------------------------------------------------------------------- the command's shape
+
+
+@pytest.mark.parametrize("sub, own, foreign", [("kernel", "--sanitizer", "--model-path"),
+                                               ("upstream", "--tests", "--sanitizer"),
+                                               ("server", "--model-path", "--tree")])
+def test_each_subcommand_takes_only_its_own_options(sub, own, foreign):
+    res = run_cli("smoke", sub, "--help", as_json=False)
+    assert res.code == 0 and f"smoke {sub} [OPTIONS]" in res.text.splitlines()[0], res.text
+    assert own in res.text and foreign not in res.text
+    one_line_error(run_cli("smoke", sub, foreign, "x", as_json=False), f"No such option '{foreign}'")
+
+
+def test_smoke_without_a_subcommand_is_a_one_line_usage_error():
+    one_line_error(run_cli("smoke", as_json=False), "Missing command.")

@@ -1,4 +1,4 @@
-"""smoke --tier server without a GPU: upstream's real log formats parsed back, and the whole
+"""smoke server without a GPU: upstream's real log formats parsed back, and the whole
 on/off run driven against stand-in server and load processes (real subprocesses, real HTTP on
 127.0.0.1): health timeout, crash detection, capacity, cleanup by pid, SIGINT/SIGTERM."""
 
@@ -231,7 +231,7 @@ def assert_all_gone(fake) -> None:
 
 
 def test_on_off_run_reports_capacity_gain_and_cleans_up(fake):
-    report = smoke_server.run_server_tier(fake.opts(), "c128patch smoke --tier server")
+    report = smoke_server.run_server_tier(fake.opts(), "c128patch smoke server")
     assert report["ok"], report["problems"]
     on, off = report["modes"]["on"], report["modes"]["off"]
     assert on["health"]["ok"] and on["load"]["completed_run"] and on["load"]["summary"]["completed"] == 128
@@ -317,7 +317,7 @@ def test_load_is_bounded_by_duration(fake):
 def test_signal_stops_everything(fake, tmp_path, sig, code):
     fake.data["load"]["hang"] = True
     opts = fake.opts()
-    cmd = [sys.executable, "-m", "c128patch", "smoke", "--tier", "server", "--model-path", "/models/dsv4",
+    cmd = [sys.executable, "-m", "c128patch", "smoke", "server", "--model-path", "/models/dsv4",
            "--port", str(opts.port), "--launcher", " ".join(opts.launcher), "--load-cmd", " ".join(opts.load_cmd),
            "--out", str(opts.out), "--duration", "60"]
     signal_when_ready(cmd, {**os.environ, "PYTHONPATH": str(TOOLING)},
@@ -345,7 +345,7 @@ def test_port_in_use_is_refused_before_starting(fake, tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", opts.port))
         busy.listen()
-        res = invoke("smoke", "--tier", "server", "--model-path", "/m", "--port", str(opts.port),
+        res = invoke("smoke", "server", "--model-path", "/m", "--port", str(opts.port),
                      "--launcher", " ".join(opts.launcher), "--out", str(tmp_path / "o"), as_json=False)
     assert res.code == 2 and res.err.strip() == (
         f"c128patch: error: port {opts.port} on 127.0.0.1 is in use (another server?): pass --port")
@@ -359,7 +359,7 @@ def test_refuses_an_unpatched_install(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
     info = smoke_server.installed_sglang(sys.executable)
     assert info["package"] == str(pkg) and not info["patched"]
-    res = invoke("smoke", "--tier", "server", "--model-path", "/m", "--port", str(free_port()),
+    res = invoke("smoke", "server", "--model-path", "/m", "--port", str(free_port()),
                  "--out", str(tmp_path / "o"), as_json=False)
     assert res.code == 2 and "is not a c128patch build" in res.err
     (pkg / "c128patch_provenance.json").write_text(json.dumps({"series": {"name": "c128"}, "upstream": {}, "entries": []}))
@@ -368,10 +368,10 @@ def test_refuses_an_unpatched_install(tmp_path, monkeypatch):
 
 def test_server_options_refused(tmp_path):
     def refused(args, text):
-        res = invoke("smoke", "--tier", "server", *args, as_json=False)
+        res = invoke("smoke", "server", *args, as_json=False)
         assert res.code == 2 and text in res.err, res.err
-    refused([], "--tier server needs --model-path")
-    refused(["--model-path", "/m", "--tree", "x"], "belong to --tier kernel")
+    refused([], "Missing option '--model-path'")
+    refused(["--model-path", "/m", "--tree", "x"], "No such option '--tree'")
     refused(["--model-path", "/m", "--modes", "on,sideways", "--launcher", "x"], "--modes takes on and/or off")
     refused(["--model-path", "/m", "--load", "multiturn", "--launcher", "x"], "--load multiturn needs --multiturn-script")
     refused(["--model-path", "/m", "--max-requests", "0", "--launcher", "x"], "--max-requests must be >= 1")
@@ -399,7 +399,7 @@ def test_refused_server_calls_leave_no_temp_folder(tmp_path, monkeypatch, extra)
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    res = invoke("smoke", "--tier", "server", "--model-path", "/models/dsv4", "--python", sys.executable, *extra,
+    res = invoke("smoke", "server", "--model-path", "/models/dsv4", "--python", sys.executable, *extra,
                  as_json=False)
     assert res.code == 2, (res.code, res.err)
     assert res.err.startswith("c128patch: error: ")

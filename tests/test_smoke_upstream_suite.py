@@ -1,4 +1,4 @@
-"""``smoke --tier kernel --upstream-suite``: upstream's own kernel tests, patched vs unpatched.
+"""``smoke upstream``: upstream's own kernel tests, patched vs unpatched.
 
 No upstream test is vendored here: the test files below are written here and placed in a
 ``test/registered/kernels/`` folder of a real checkout that ``c128patch apply`` made from the
@@ -117,7 +117,7 @@ def apply_checkout(dest: Path, tag: str, files: dict[str, str] = TEST_FILES) -> 
 def smoke(args: list[str], monkeypatch: pytest.MonkeyPatch | None = None):
     if monkeypatch is not None:
         monkeypatch.setattr(smoke_device, "probe_device", lambda python: dict(H200))
-    return invoke("smoke", "--tier", "kernel", *args, as_json=False)
+    return invoke("smoke", "upstream", *args, as_json=False)
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ def run_report(checkout: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     try:
         mp.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
         out = tmp_path_factory.mktemp("run")
-        res = smoke(["--tree", str(checkout), "--upstream-suite", "--out", str(out), "--json"], mp)
+        res = smoke(["--tree", str(checkout), "--out", str(out), "--json"], mp)
     finally:
         mp.undo()
     report = json.loads(res.text)
@@ -165,7 +165,7 @@ def test_selection_reads_only_upstreams_kernel_tests(run_report):
 
 @needs_torch
 def test_keyword_adds_files_whose_names_match(checkout, tmp_path):
-    res = smoke(["--tree", str(checkout), "--upstream-suite", "--list", "-k", "unrelated_helper", "--json",
+    res = smoke(["--tree", str(checkout), "--list", "-k", "unrelated_helper", "--json",
                  "--out", str(tmp_path)])
     report = json.loads(res.text)
     files = [s["file"].rsplit("/", 1)[1] for s in report["selection"]["selected"]]
@@ -235,7 +235,7 @@ def test_result_file_carries_ids_verdicts_counts_command_and_device(run_report):
     assert (result["schema"], result["kind"], result["column"]) == (1, "upstream-suite", "upstream's own tests")
     assert result["rev"] == "v0.5.23" and result["upstream_commit"] == run_report["provenance"]["upstream"]["commit"]
     assert result["counts"] == run_report["counts"] and result["counts"]["regressed"] == 1
-    assert result["command"].startswith("c128patch smoke --tier kernel --tree ")
+    assert result["command"].startswith("c128patch smoke upstream --tree ")
     assert result["device"].startswith("NVIDIA H200") and "(sm_90)" in result["device"]
     ids = {t["id"]: t["verdict"] for t in result["tests"]}
     assert ids["registered/kernels/ops/attention/test_c128patch_overlay.py::test_overlay_module_present"] == "fixed"
@@ -381,7 +381,7 @@ def test_verdicts(patched, upstream, nodeid, collect_only, want):
 
 @needs_torch
 def test_staging_carries_what_the_tests_import_and_selects_the_same(checkout, run_report, tmp_path):
-    res = smoke(["--tree", str(checkout), "--upstream-suite", "--stage", str(tmp_path / "st"), "--json"])
+    res = smoke(["--tree", str(checkout), "--stage", str(tmp_path / "st"), "--json"])
     assert res.code == 0, res.err
     staged = json.loads(res.text)["staged"]
     assert staged["patched"]["bytes"] < 8e6 and staged[us.STAGED_TESTS]["files"] == len(TEST_FILES) - 1
@@ -395,7 +395,7 @@ def test_staging_carries_what_the_tests_import_and_selects_the_same(checkout, ru
     assert not (tmp_path / "st/upstream/sglang/kernels/ops/attention/dsv4/online_c128_dspark.py").exists()
     # the staged trees and tests select what the checkout selected, and collect on both
     res = smoke(["--tree", str(tmp_path / "st/patched"), "--upstream-tree", str(tmp_path / "st/upstream"),
-                 "--upstream-suite", str(tmp_path / "st" / us.STAGED_TESTS), "--list", "--json",
+                 "--tests", str(tmp_path / "st" / us.STAGED_TESTS), "--list", "--json",
                  "--out", str(tmp_path / "list")])
     listed = json.loads(res.text)
     assert [s["file"] for s in listed["selection"]["selected"]] == [s["file"] for s in run_report["selection"]["selected"]]
@@ -444,7 +444,7 @@ def custom_op_report(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
     mp = pytest.MonkeyPatch()
     try:
         mp.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-        res = smoke(["--tree", str(tree), "--upstream-suite", "--out", str(out), "--json"], mp)
+        res = smoke(["--tree", str(tree), "--out", str(out), "--json"], mp)
     finally:
         mp.undo()
     report = json.loads(res.text)
@@ -475,7 +475,7 @@ def test_a_test_file_importing_the_dsv4_package_collects_on_both_trees(tag, tmp_
         pytest.skip("triton is not installed: this release's dsv4 package imports it (attn.py)")
     files = {"test_c128patch_package.py": TEST_FILES["test_c128patch_package.py"]}
     tree = apply_checkout(tmp_path / "sglang", tag, files)
-    res = smoke(["--tree", str(tree), "--upstream-suite", "--list", "--json", "--out", str(tmp_path / "out")])
+    res = smoke(["--tree", str(tree), "--list", "--json", "--out", str(tmp_path / "out")])
     report = json.loads(res.text)
     r = rows(report)["test_c128patch_package.py::test_package_exports_the_compress_entry_points"]
     assert (r["patched"], r["upstream"], r["verdict"]) == ("not run", "not run", "same")  # collected on both
@@ -511,7 +511,7 @@ def test_direct_register_custom_op_is_idempotent_for_one_function_and_refuses_an
 @pytest.mark.parametrize("tag", RELEASES)
 def test_every_release_collects_upstreams_tests_on_both_trees(tag, tmp_path):
     tree = apply_checkout(tmp_path / "sglang", tag)
-    res = smoke(["--tree", str(tree), "--upstream-suite", "--list", "--json", "--out", str(tmp_path / "out")])
+    res = smoke(["--tree", str(tree), "--list", "--json", "--out", str(tmp_path / "out")])
     report = json.loads(res.text)
     r = rows(report)
     assert report["provenance"]["upstream"]["rev"] == tag
@@ -554,7 +554,7 @@ def test_parallel_trees_runs_the_patched_and_the_unpatched_pass_at_the_same_time
     tree = apply_checkout(tmp_path / "sglang", "v0.5.23", MEETING_TEST)
     (tmp_path / "meeting").mkdir()
     monkeypatch.setenv("C128PATCH_TEST_MEETING", str(tmp_path / "meeting"))
-    res = smoke(["--tree", str(tree), "--upstream-suite", "--parallel-trees", "--out", str(tmp_path / "out"), "--json"],
+    res = smoke(["--tree", str(tree), "--parallel-trees", "--out", str(tmp_path / "out"), "--json"],
                 monkeypatch)
     report = json.loads(res.text)
     r = rows(report)["test_c128patch_meeting.py::test_both_trees_run_at_the_same_time"]
@@ -564,27 +564,26 @@ def test_parallel_trees_runs_the_patched_and_the_unpatched_pass_at_the_same_time
 
 
 def test_parallel_trees_belongs_to_the_upstream_suite(checkout):
-    one_line_error(smoke(["--tree", str(checkout), "--parallel-trees", "--list"]),
-                   "--parallel-trees belongs to --upstream-suite")
+    one_line_error(invoke("smoke", "kernel", "--tree", str(checkout), "--parallel-trees", "--list", as_json=False),
+                   "No such option '--parallel-trees'")
 
 
 def test_a_release_history_checkout_has_no_tests_to_default_to(checkout, tmp_path):
     plain = tmp_path / "plain"
     res = invoke("apply", "--sglang-rev", "v0.5.23", "--tree", plain, as_json=False)
     assert res.code == 0, res.err
-    one_line_error(smoke(["--tree", str(plain), "--upstream-suite", "--list"]),
-                   f"--upstream-suite: the tree's repository {plain.resolve()} has no test/ folder")
+    one_line_error(smoke(["--tree", str(plain), "--list"]),
+                   f"--tests: the tree's repository {plain.resolve()} has no test/ folder")
 
 
 def test_a_folder_without_tests_is_refused(checkout, tmp_path):
     (tmp_path / "empty").mkdir()
-    one_line_error(smoke(["--tree", str(checkout), "--upstream-suite", str(tmp_path / "empty"), "--list"]),
-                   f"--upstream-suite: no test_*.py under {tmp_path / 'empty' / 'registered/kernels'}")
+    one_line_error(smoke(["--tree", str(checkout), "--tests", str(tmp_path / "empty"), "--list"]),
+                   f"--tests: no test_*.py under {tmp_path / 'empty' / 'registered/kernels'}")
 
 
 def test_upstream_suite_refuses_sanitizer(checkout):
-    one_line_error(smoke(["--tree", str(checkout), "--upstream-suite", "--sanitizer", "memcheck"]),
-                   "--upstream-suite runs upstream's tests without compute-sanitizer")
+    one_line_error(smoke(["--tree", str(checkout), "--sanitizer", "memcheck"]), "No such option '--sanitizer'")
 
 
 def test_the_boot_plugin_and_standins_import_without_the_tool_deps():

@@ -65,7 +65,7 @@ def test_rebase_finds_the_tree_apply_made_where_it_ran(workdir: Path):
 
 
 def test_smoke_finds_the_tree_apply_made_where_it_ran(workdir: Path):
-    res = in_dir(workdir, "smoke", "--tier", "kernel", "--list", "--json")
+    res = in_dir(workdir, "smoke", "kernel", "--list", "--json")
     tree = (workdir / "sglang" / "python").resolve()
     if importlib.util.find_spec("torch") is None:  # the suite's files skip without torch: said so, on that tree
         assert res.code == 2 and res.out["ok"] is False and f" on {tree}: torch does not import" in res.out["error"]

@@ -5,7 +5,7 @@
                                [--tool memcheck ...] [--dry-run]
 
 Installs the wheels staged in .gpu/whl (no network there), runs the phase's jobs on the one
-GPU (plain: the `c128patch smoke --tier kernel` jobs in parallel; sanitizers: one tool and one
+GPU (plain: the `c128patch smoke kernel` jobs in parallel; sanitizers: one tool and one
 release at a time, tool by tool; bench: the kernel benchmark, one release at a time), stops
 what is left at the deadline (seconds from start; the reports keep what finished, jobs not
 started are listed as such), and writes $OUT/<phase>.tgz, $OUT/<phase>-run.json,

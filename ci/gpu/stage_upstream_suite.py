@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Stage `smoke --upstream-suite` for the H200 (ci/gpu/upstream_suite_run.sh), one folder per release,
+"""Stage `smoke upstream` for the H200 (ci/gpu/upstream_suite_run.sh), one folder per release,
 in a git-ignored folder of its own (default .gpu-upstream/, apart from ci/gpu/prepare.py's .gpu/):
 
   .gpu-upstream/<rev>/patched          the release + the series (c128patch apply): what the tests import
@@ -11,7 +11,7 @@ in a git-ignored folder of its own (default .gpu-upstream/, apart from ci/gpu/pr
   python ci/gpu/stage_upstream_suite.py --tests PATH [--rev v0.5.23 ...] [--dest .gpu-upstream] [--no-wheels]
 
 PATH: the test/ folder of an sglang checkout (or a folder laid out like one). Each release is
-applied with the real `c128patch apply` and staged with the real `c128patch smoke --stage`.
+applied with the real `c128patch apply` and staged with the real `c128patch smoke upstream --stage`.
 The destination must be git-ignored (it holds upstream's files): say so in .git/info/exclude.
 """
 
@@ -45,7 +45,7 @@ def stage_release(rev: str, tests: Path, dest: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "sglang"
         for step in (("apply", "--sglang-rev", rev, "--tree", str(tree)),
-                     ("smoke", "--tier", "kernel", "--tree", str(tree), "--upstream-suite", str(tests),
+                     ("smoke", "upstream", "--tree", str(tree), "--tests", str(tests),
                       "--stage", str(dest), "--json")):
             proc = c128patch(*step)
             if proc.returncode != 0:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: `c128patch smoke --tier kernel --upstream-suite` on every release that
+# One device call: `c128patch smoke upstream` on every release that
 # ci/gpu/stage_upstream_suite.py staged, patched vs unpatched, all at once: one smoke per release,
 # each running its two trees at the same time (--parallel-trees), so 8 pytest passes share the
 # GPU and the cores. Each tree builds its own JIT modules into its own cache (tests/gpu/harness.py:
@@ -51,8 +51,8 @@ for rev in $RELEASES; do
   (
     t0=$SECONDS
     S=$STAGE/$rev
-    timeout --kill-after=15 $((DEADLINE - SECONDS)) $SMOKE smoke --tier kernel --tree "$S/patched" \
-      --upstream-tree "$S/upstream" --upstream-suite "$S/upstream-tests" --parallel-trees \
+    timeout --kill-after=15 $((DEADLINE - SECONDS)) $SMOKE smoke upstream --tree "$S/patched" \
+      --upstream-tree "$S/upstream" --tests "$S/upstream-tests" --parallel-trees \
       --timeout "$PASS_TIMEOUT" --out "$WORK/$rev" "${LIST[@]}" > "$WORK/$rev.log" 2>&1
     echo "$? $((SECONDS - t0))" > "$WORK/$rev.rc"
   ) &

@@ -11,7 +11,7 @@ A name that upstream starts importing from a stand-in fails loudly (ImportError 
 module, the name and this file); :func:`standin_imports` finds such names statically.
 
 Running the tier (the GPU machine carries <= 64 MiB, so carry tree subsets, not whole trees):
-``c128patch smoke --tier kernel`` does it all (docs/smoke.md); by hand, after
+``c128patch smoke kernel`` does it all (docs/smoke.md); by hand, after
 ``ci/gpu/prepare.py`` staged ``.gpu/<rev>/{patched,upstream}`` and the wheels:
 
     C128PATCH_TREE=.gpu/v0.5.23/patched C128PATCH_UPSTREAM_TREE=.gpu/v0.5.23/upstream python -m pytest tests/gpu
@@ -209,7 +209,7 @@ def install_sglang(tree: Path, standins: dict[str, dict[str, Any]] | None = None
     """Make ``import sglang.kernels.ops.attention.dsv4.compress`` (and overlay ops modules) work
     from ``tree`` (a folder holding ``sglang/``) without the rest of sglang. Idempotent; raises
     if another tree, or a real sglang, is already imported in this process. ``standins`` and
-    ``real_packages`` replace STANDINS and REAL_PACKAGES (smoke --upstream-suite passes its own)."""
+    ``real_packages`` replace STANDINS and REAL_PACKAGES (smoke upstream passes its own)."""
     tree = Path(tree).resolve()
     current = installed_tree()
     if current is not None:

@@ -118,6 +118,56 @@ def custom_layout(compress_ratios: list[int], context_len: int = 1_048_576) -> L
     return Layout("custom", tuple(compress_ratios), context_len, "user-given compress_ratios")
 
 
+def layouts(presets: tuple[str, ...], compress_ratios: Optional[str] = None,
+            context_len: Optional[int] = None) -> list[Layout]:
+    """The presets (default flash and pro), or one layout of comma-separated ratios."""
+    if compress_ratios:
+        chosen = [custom_layout([int(x) for x in compress_ratios.replace(" ", "").split(",") if x])]
+    else:
+        chosen = [PRESETS[p] for p in (presets or ("flash", "pro"))]
+    return [replace(lt, context_len=context_len) for lt in chosen] if context_len is not None else chosen
+
+
+# --max-running-requests keywords: what a DSV4 target gets when the flag is unset, DSPARK's own
+# default (which applies to non-DSV4 targets only), the configurator's estimate path
+R_KEYWORDS = {"auto": DSV4_DEFAULT_MAX_RUNNING_REQUESTS, "dspark": DSPARK_DEFAULT_MAX_RUNNING_REQUESTS,
+              "estimate": None}
+
+
+def max_running_requests(value: str) -> tuple[Optional[int], str]:
+    """INT or a keyword of R_KEYWORDS: (R, how it was given)."""
+    key = value.strip().lower()
+    if key in R_KEYWORDS:
+        return R_KEYWORDS[key], key
+    try:
+        n = int(key)
+    except ValueError:
+        raise ValueError(f"expected an integer, auto, dspark or estimate; got {value!r}") from None
+    if n < 1:
+        raise ValueError("must be >= 1")
+    return n, "given"
+
+
+def kv_budget(budget_gib: Optional[float], budget_bytes: Optional[int], gpu_gib: Optional[float],
+              mem_fraction_static: Optional[float], non_kv_gib: Optional[float]) -> int:
+    """The KV byte budget the configurator divides (one GPU), given one of three ways."""
+    derived = (gpu_gib, mem_fraction_static, non_kv_gib)
+    if [budget_gib is not None, budget_bytes is not None, any(v is not None for v in derived)].count(True) != 1:
+        raise ValueError("give the KV budget one way: --budget-gib, --budget-bytes, or "
+                         "--gpu-gib with --mem-fraction-static and --non-kv-gib")
+    if budget_bytes is not None:
+        budget = budget_bytes
+    elif budget_gib is not None:
+        budget = int(budget_gib * (1 << 30))
+    elif gpu_gib is None or mem_fraction_static is None or non_kv_gib is None:
+        raise ValueError("--gpu-gib, --mem-fraction-static and --non-kv-gib go together")
+    else:
+        budget = int((gpu_gib * mem_fraction_static - non_kv_gib) * (1 << 30))
+    if budget <= 0:
+        raise ValueError(f"the KV budget must be positive, got {budget} bytes")
+    return budget
+
+
 @dataclass(frozen=True)
 class CapacityInputs:
     """One configurator run. ``max_running_requests=None`` takes the configurator's

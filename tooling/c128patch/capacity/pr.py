@@ -96,10 +96,8 @@ class Fit:
         return self.both_interval is not None
 
     def example_budget(self) -> Optional[int]:
-        if self.both_interval is None:
-            return None
-        lo, hi = self.both_interval
-        return (lo + hi) // 2
+        """The middle of the budgets giving both numbers."""
+        return None if self.both_interval is None else sum(self.both_interval) // 2
 
     def to_dict(self) -> dict:
         return {

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Any, Optional
+
+from rich.console import Console
 from rich.table import Table
 
 from c128patch.capacity import model as cap
@@ -59,3 +63,45 @@ def render_pr(explained: dict) -> Table:
             f"{cap.gib(budget):.4f}" if budget else "-",
         )
     return table
+
+
+def report_json(results: list[cap.CapacityResult], r_mode: str, explained: Optional[dict]) -> dict[str, Any]:
+    """``capacity --json``."""
+    out = {
+        "budget_bytes": results[0].inputs.budget_bytes,
+        "max_running_requests_mode": r_mode,
+        "dspark_default_max_running_requests": cap.DSPARK_DEFAULT_MAX_RUNNING_REQUESTS,
+        "dsv4_default_max_running_requests": cap.DSV4_DEFAULT_MAX_RUNNING_REQUESTS,
+        "results": [res.to_dict() for res in results],
+    }
+    return out | ({"pr_32035": explained} if explained else {})
+
+
+def print_report(results: list[cap.CapacityResult], r_mode: str, explained: Optional[dict]) -> None:
+    """The table, what R is, each refusal, the notes and (``explained``) PR #32035's numbers."""
+    from c128patch.progress import console as plain_console
+
+    # A pipe or a file gets the whole table rather than 80 wrapped columns.
+    console = Console() if sys.stdout.isatty() else plain_console(stderr=False)
+    inp = results[0].inputs
+    title = (f"KV budget {cap.gib(inp.budget_bytes):.2f} GiB/GPU, TP{inp.tp_size}, formula {inp.formula}, "
+             f"swa ratio {inp.swa_full_tokens_ratio}, {inp.state_dtype} state, "
+             f"{'DSPARK' if inp.speculative else 'no speculation'}")
+    console.print(render_table(results, title))
+    if r_mode == "auto":
+        console.print(
+            f"R = {cap.DSV4_DEFAULT_MAX_RUNNING_REQUESTS}: a DSV4 target with no "
+            f"--max-running-requests gets the DSV4 hook's {cap.DSV4_DEFAULT_MAX_RUNNING_REQUESTS}; "
+            f"DSPARK's own default ({cap.DSPARK_DEFAULT_MAX_RUNNING_REQUESTS}) only fills the field "
+            "when it is still unset, which it is not for DSV4. Use --max-running-requests dspark "
+            "to see R = 48."
+        )
+    for res in results:
+        for mode in (res.off, res.on):
+            if mode.refusal:
+                state = "on" if mode.online else "off"
+                console.print(f"[red]{res.inputs.layout.name}, online {state}: {mode.refusal}[/red]")
+    for note in sorted({n for res in results for n in res.notes}):
+        console.print(f"note: {note}")
+    if explained:
+        console.print(render_pr(explained))

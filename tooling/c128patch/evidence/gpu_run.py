@@ -1,4 +1,4 @@
-"""The GPU evidence run over a stage (evidence.staging): which ``c128patch smoke --tier kernel``
+"""The GPU evidence run over a stage (evidence.staging): which ``c128patch smoke kernel``
 jobs a phase runs, running them in parallel on one GPU under one deadline, and the bundle that
 comes back (at most three files per phase, well inside a device call's limits).
 
@@ -49,10 +49,10 @@ class Job:
     rev: str
     label: str  # patched | before
     kinds: tuple[str, ...]  # the result files its report proves
-    args: list[str]  # after `c128patch smoke --tier kernel` (or `script`), paths relative to the repository
+    args: list[str]  # after `c128patch smoke kernel` (or `script`), paths relative to the repository
     rc: int | None = None  # None: not started (the deadline came first)
     seconds: float = 0.0
-    script: str = ""  # a script run instead of `c128patch smoke --tier kernel`
+    script: str = ""  # a script run instead of `c128patch smoke kernel`
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,7 +107,7 @@ def plan_jobs(manifest: dict[str, Any], stage: str, phase: str, out: str, limits
 def smoke_argv(python: str, job: Job) -> list[str]:
     if job.script:
         return [python, job.script, *job.args]
-    return [python, "-m", "c128patch", "smoke", "--tier", "kernel", *job.args]
+    return [python, "-m", "c128patch", "smoke", "kernel", *job.args]
 
 
 def job_env(base: dict[str, str], package_parent: str, site: str | None, threads: int) -> dict[str, str]:

@@ -19,8 +19,8 @@ from c128patch.errors import C128Error
 from c128patch.evidence.keys import EvidenceKey, differing, differing_files, key_for
 from c128patch.evidence.results import KINDS, Result, load_results, results_root
 from c128patch.git import Git
-from c128patch.progress import NullReporter, Reporter
 from c128patch.ops.check import check_rev
+from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series
 from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version, tag_for
 from c128patch.upstream.source import open_upstream

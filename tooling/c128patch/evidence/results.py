@@ -8,7 +8,7 @@
     ci/gpu/results/<rev>/initcheck.json
     ci/gpu/results/<rev>/synccheck.json
     ci/gpu/results/<rev>/upstream-suite.json upstream's own kernel tests, patched vs unpatched
-                                             (`smoke --upstream-suite`; ci/gpu/collect_upstream_suite.py)
+                                             (`smoke upstream`; ci/gpu/collect_upstream_suite.py)
     ci/gpu/results/<rev>/simulation.json     the simulated DSPARK decode the suite's
                                              test_dspark_simulation.py writes (dspark_simulation.json)
     ci/gpu/results/<rev>/kernel-bench.json   ci/bench/bench_online_c128_dspark.py on the patched tree
@@ -17,7 +17,7 @@
 Every file carries ``key`` (evidence.keys: upstream sources, series hash), ``command``,
 ``device``, ``date``, ``passed``/``failed``/``skipped``, ``ok`` and, for the sanitizers, the
 error count; paths in it are relative to the repository. ``from_smoke_report`` turns a
-``c128patch smoke --tier kernel`` report into these files; nothing else writes them by hand.
+``c128patch smoke kernel`` report into these files; nothing else writes them by hand.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def _job(job: dict[str, Any]) -> dict[str, Any]:
 
 def from_smoke_report(report: dict[str, Any], *, rev: str, label: str, key: EvidenceKey | dict[str, Any] | None,
                       date: str, roots: dict[str, str]) -> dict[Kind, dict[str, Any]]:
-    """The result files one ``smoke --tier kernel`` report proves: ``suite`` (its patched pass),
+    """The result files one ``smoke kernel`` report proves: ``suite`` (its patched pass),
     ``differential`` (when it ran the upstream pass), one per sanitizer run. ``key``: the staged
     tree's (an old-style key of a stage made before keys were by content is kept as it is, for
     ``ci/rekey_results.py``)."""

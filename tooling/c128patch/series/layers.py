@@ -29,8 +29,16 @@ from typing import Sequence
 
 from c128patch.errors import C128Error
 from c128patch.git import is_git_dir_name
-from c128patch.series.manifest import (MANIFEST, Entry, Series, Variant, default_series_root, duplicates, load_series,
-                                       read_toml)
+from c128patch.series.manifest import (
+    MANIFEST,
+    Entry,
+    Series,
+    Variant,
+    default_series_root,
+    duplicates,
+    load_series,
+    read_toml,
+)
 from c128patch.series.trailers import ENTRY_TRAILER, find_trailers
 
 LAYER_NAME = re.compile(r"[a-z][a-z0-9]{0,31}")

@@ -1,2 +1,20 @@
-"""GPU smoke tests: the kernel tier (trees, passes, sanitizer, pytest plugin) and the server tier
-(processes, logs)."""
+"""GPU smoke tests: the kernel tier (trees, passes, sanitizer, pytest plugin), upstream's own tests
+(upstream_*), the server tier (processes, logs) and the reports as printed (render)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+
+def load_file(name: str, path: Path) -> ModuleType:
+    """The Python file at ``path`` run as module ``name``: the GPU suite's helpers (harness.py,
+    tree_subset.py) are files, not an importable package. Stdlib only (upstream_boot runs it
+    inside the test process)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"c128patch: cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

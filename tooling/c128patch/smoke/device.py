@@ -11,6 +11,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from c128patch.errors import C128Error
+
 # Run by the suite's Python; prints one JSON object. Initialises CUDA only through torch.
 _PROBE = r"""
 import json, platform
@@ -75,13 +77,17 @@ def probe_python(python: str) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
-def probe_nvcc() -> dict[str, Any]:
-    nvcc = find_cuda_tool("nvcc")
-    if nvcc is None:
+def _tool(name: str, key: str, version: str) -> dict[str, Any]:
+    """``name`` (where :func:`find_cuda_tool` finds it) and the version its ``--version`` prints."""
+    exe = find_cuda_tool(name)
+    if exe is None:
         return {}
-    out = _run([nvcc, "--version"]) or ""
-    match = re.search(r"release (\d+\.\d+)", out)
-    return {"nvcc": nvcc, "nvcc_version": match.group(1) if match else "unknown"}
+    match = re.search(version, _run([exe, "--version"]) or "")
+    return {key: exe, f"{key}_version": match.group(1) if match else "unknown"}
+
+
+def probe_nvcc() -> dict[str, Any]:
+    return _tool("nvcc", "nvcc", r"release (\d+\.\d+)")
 
 
 def probe_driver() -> dict[str, Any]:
@@ -93,19 +99,10 @@ def probe_driver() -> dict[str, Any]:
     return {"driver": driver.strip(), "smi_gpu": name.strip()}
 
 
-def probe_sanitizer() -> dict[str, Any]:
-    exe = find_cuda_tool("compute-sanitizer")
-    if exe is None:
-        return {}
-    out = _run([exe, "--version"]) or ""
-    match = re.search(r"Version (\S+)", out)
-    return {"compute_sanitizer": exe, "compute_sanitizer_version": match.group(1) if match else "unknown"}
-
-
 def probe_device(python: str) -> dict[str, Any]:
     """Everything the report's ``device`` records."""
     return {"python_executable": python, **probe_python(python), **probe_nvcc(), **probe_driver(),
-            **probe_sanitizer()}
+            **_tool("compute-sanitizer", "compute_sanitizer", r"Version (\S+)")}
 
 
 def _major(version: str | None) -> str | None:
@@ -136,14 +133,16 @@ def prerequisite_problem(device: dict[str, Any], sanitizers: tuple[str, ...] = (
     return None
 
 
+def require_device(python: str, sanitizers: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What :func:`probe_device` finds, refused with the one line saying what is missing."""
+    device = probe_device(python)
+    problem = prerequisite_problem(device, sanitizers)
+    if problem:
+        raise C128Error(problem)
+    return device
+
+
 def describe(device: dict[str, Any]) -> str:
     parts = [device.get("gpu") or device.get("smi_gpu") or "no GPU"]
-    if device.get("driver"):
-        parts.append(f"driver {device['driver']}")
-    if device.get("torch"):
-        parts.append(f"torch {device['torch']}")
-    if device.get("nvcc_version"):
-        parts.append(f"nvcc {device['nvcc_version']}")
-    if device.get("tvm_ffi"):
-        parts.append(f"tvm_ffi {device['tvm_ffi']}")
-    return ", ".join(parts)
+    labels = (("driver", "driver"), ("torch", "torch"), ("nvcc_version", "nvcc"), ("tvm_ffi", "tvm_ffi"))
+    return ", ".join(parts + [f"{label} {device[key]}" for key, label in labels if device.get(key)])

@@ -1,4 +1,4 @@
-"""``smoke --tier kernel``: run the project's GPU suite (tests/gpu) on the patched sources, and
+"""``smoke kernel``: run the project's GPU suite (tests/gpu) on the patched sources, and
 optionally under compute-sanitizer and side by side with the unpatched upstream sources.
 
 Inputs (smoke.trees), one pytest pass each (smoke.passes), here: which passes, and the report.
@@ -11,24 +11,29 @@ import shutil
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from c128patch.errors import C128Error
 from c128patch.jsonio import write_json_atomic
-from c128patch.smoke.passes import BAD, PassSpec, pass_problems
+from c128patch.smoke.device import probe_python, require_device
+from c128patch.smoke.passes import ABSENT, BAD, PassSpec, pass_problems, run_pass
 from c128patch.smoke.trees import (
     check_suite,
     default_suite_root,
     derive_upstream,
+    out_dir,
     read_provenance,
     resolve_tree,
     series_info,
+    stage,
     unpack_wheel,
 )
+from c128patch.smoke.upstream_select import ModuleIndex
 
 Progress = Callable[[str], None]
+REPORT = "smoke-kernel.json"
 
 
 # --------------------------------------------------------------------------- differential
@@ -44,15 +49,8 @@ _MISSING = re.compile(
 )
 
 
-def _module_file(root: Path, module: str) -> Path | None:
-    base = root.joinpath(*module.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.is_file():
-            return path
-    return None
-
-
-def _mentions(path: Path | None, name: str) -> bool:
+def _mentions(root: Path, module: str, name: str) -> bool:
+    path = ModuleIndex(root).file(module)
     return path is not None and re.search(rf"\b{re.escape(name)}\b", path.read_text(errors="replace")) is not None
 
 
@@ -65,11 +63,11 @@ def series_code_missing(message: str, patched: Path | None, upstream: Path | Non
         return None
     if m["module"]:
         mod = m["module"]
-        if _module_file(patched, mod) and not _module_file(upstream, mod):
+        if ModuleIndex(patched).file(mod) and not ModuleIndex(upstream).file(mod):
             return f"module {mod}"
         return None
     module, name = (m["source"], m["name"]) if m["name"] else (m["owner"], m["attr"])
-    if _mentions(_module_file(patched, module), name) and not _mentions(_module_file(upstream, module), name):
+    if _mentions(patched, module, name) and not _mentions(upstream, module, name):
         return f"{module}.{name}"
     return None
 
@@ -79,13 +77,11 @@ def compare(patched: dict[str, Any], upstream: dict[str, Any], trees: tuple[Path
     patched: a fix); n/a (passes patched, fails upstream because it needs code only the series
     has: a module or a name missing there, checked on ``trees`` = (patched root, upstream root));
     regressed (fails patched, passes upstream); differs."""
+    pt = {t["nodeid"]: t for t in patched["tests"]}
     up = {t["nodeid"]: t for t in upstream["tests"]}
     rows = []
-    order = [t["nodeid"] for t in patched["tests"]] + [n for n in up if n not in {t["nodeid"] for t in patched["tests"]}]
-    pt = {t["nodeid"]: t for t in patched["tests"]}
-    for nodeid in order:
-        a = pt.get(nodeid, {"outcome": "absent", "seconds": 0.0, "message": ""})
-        b = up.get(nodeid, {"outcome": "absent", "seconds": 0.0, "message": ""})
+    for nodeid in {**pt, **up}:  # the patched pass's order, then what only upstream's has
+        a, b = pt.get(nodeid, ABSENT), up.get(nodeid, ABSENT)
         needs = None
         if a["outcome"] == b["outcome"]:
             verdict = "same"
@@ -166,21 +162,16 @@ def validate(opts: KernelOptions) -> Path:
 
 def prepare(opts: KernelOptions, progress: Progress = lambda _m: None) -> Prepared:
     """Resolve the suite and the trees (unpacking a wheel, deriving upstream when asked)."""
-    if (opts.tree is None) == (opts.wheel is None):
-        raise C128Error("give the patched sources one way: --tree PATH or --wheel FILE")
-    suite = check_suite(opts.suite or default_suite_root())
+    suite = validate(opts)
     temp: list[Path] = []
     try:
         if opts.wheel is not None:
-            if not opts.wheel.is_file():
-                raise C128Error(f"--wheel: {opts.wheel} does not exist")
             work = Path(tempfile.mkdtemp(prefix="c128patch-smoke-"))
             temp.append(work)
             progress(f"unpacking {opts.wheel.name}")
             patched = resolve_tree(unpack_wheel(opts.wheel, work / "patched"), "--wheel")
-        else:
-            assert opts.tree is not None
-            patched = resolve_tree(opts.tree)
+        else:  # validate: --tree when there is no --wheel
+            patched = resolve_tree(opts.tree or Path())
         record = read_provenance(patched)
         upstream, how = None, ""
         if opts.upstream_tree is not None:
@@ -264,19 +255,53 @@ def build_report(command: str, opts: KernelOptions, prep: Prepared, device: dict
     san_runs = [res["sanitizer"] | {"pass": k, "scale": res["scale"], "counts": res["counts"],
                                     "failing": [t["nodeid"] for t in res["tests"] if t["outcome"] in BAD]}
                 for k, res in passes.items() if res.get("sanitizer")]
-    if san_runs:
-        errors = [r["errors"] for r in san_runs]
-        report["sanitizer"] = {
-            "tool": "+".join(r["tool"] for r in san_runs),
-            "errors": None if any(e is None for e in errors) else sum(errors),
-            "runs": san_runs,
-        }
-    else:
-        report["sanitizer"] = None
+    errors = [r["errors"] for r in san_runs]
+    report["sanitizer"] = {"tool": "+".join(r["tool"] for r in san_runs), "runs": san_runs,
+                           "errors": None if None in errors else sum(errors)} if san_runs else None
     report["problems"] = problems
     report["ok"] = not problems
     return report
 
 
 def write_report(report: dict[str, Any], out: Path) -> Path:
-    return write_json_atomic(out / "smoke-kernel.json", report)
+    return write_json_atomic(out / REPORT, report)
+
+
+def stage_trees(opts: KernelOptions, dest: Path, progress: Progress) -> dict[str, dict[str, Any]]:
+    """What the suite reads of the trees, copied under ``dest`` (to carry to a GPU machine)."""
+    prep = prepare(opts, progress)
+    try:
+        trees = {"patched": prep.patched, **({"upstream": prep.upstream} if prep.upstream else {})}
+        return {k: {**v, "path": str(dest / k)} for k, v in stage(prep.suite, trees, dest).items()}
+    finally:
+        prep.cleanup()
+
+
+def run(opts: KernelOptions, command: str, progress: Progress) -> tuple[dict[str, Any], Path]:
+    """The suite's passes, the report rewritten after each; the report and its path."""
+    opts = replace(opts, suite=validate(opts))
+    device = {} if opts.collect_only else require_device(opts.python, opts.sanitizers)
+    prep = prepare(opts, progress)
+    try:
+        out = out_dir(opts.out, "kernel")
+        opts = replace(opts, out=out)
+        passes: dict[str, dict] = {}
+        report: dict[str, Any] = {}
+        path = out / REPORT
+        for spec in plan_passes(opts, prep, device.get("compute_sanitizer")):
+            what = f" under compute-sanitizer {spec.sanitizer}" if spec.sanitizer else ""
+            if not opts.collect_only:
+                progress(f"running the GPU suite on {spec.label} ({spec.tree}){what}, scale {spec.scale}")
+            result = run_pass(spec, prep.suite, opts.python, out)
+            result["tests_brief"] = [{"nodeid": t["nodeid"], "outcome": t["outcome"]} for t in result["tests"]]
+            passes[spec.label] = result
+            report = build_report(command, opts, prep, device, passes)
+            path = write_report(report, out)
+        if opts.collect_only and not report.get("tests"):
+            probe = probe_python(opts.python)
+            why = (f": torch does not import in {opts.python} ({probe['torch_error']}) and the suite's files skip "
+                   "without it" if "torch_error" in probe else "")
+            raise C128Error(f"--list collected no test of {prep.suite} on {prep.patched}{why}")
+    finally:
+        prep.cleanup()
+    return report, path

@@ -23,6 +23,7 @@ tests/test_smoke_server.py renders these from the release sources and parses the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import statistics
@@ -61,10 +62,8 @@ MAX_KEPT = 20
 def _num(text: str) -> int | float | str:
     text = text.strip()
     for cast in (int, float):
-        try:
+        with contextlib.suppress(ValueError):
             return cast(text)
-        except ValueError:
-            pass
     return text
 
 
@@ -115,16 +114,12 @@ class ServerLog:
     def capacity(self) -> dict[str, Any]:
         """Token capacity as the server logged it: the DSV4 full-token pool where that line is
         there (what PR #32035 compares), else max_total_num_tokens."""
-        out: dict[str, Any] = {
-            "max_total_num_tokens": self.max_total_num_tokens[0] if self.max_total_num_tokens else None,
-            "dsv4_full_token": self.dsv4[0].get("full_token") if self.dsv4 else None,
-        }
-        if self.dsv4:
-            out["dsv4"] = self.dsv4[0]
-        out["tokens"] = out["dsv4_full_token"] if out["dsv4_full_token"] is not None else out["max_total_num_tokens"]
-        out["source"] = "DSV4 memory calculation full_token" if out["dsv4_full_token"] is not None else (
-            "max_total_num_tokens" if out["tokens"] is not None else None)
-        return out
+        total = self.max_total_num_tokens[0] if self.max_total_num_tokens else None
+        full = self.dsv4[0].get("full_token") if self.dsv4 else None
+        source = "DSV4 memory calculation full_token" if full is not None else (
+            "max_total_num_tokens" if total is not None else None)
+        return {"max_total_num_tokens": total, "dsv4_full_token": full, **({"dsv4": self.dsv4[0]} if self.dsv4 else {}),
+                "tokens": full if full is not None else total, "source": source}
 
     def decode_stats(self) -> dict[str, Any]:
         """Means over the decode log lines that had running requests; max token usage."""
@@ -204,9 +199,8 @@ def parse_bench_serving(stdout: str) -> dict[str, Any]:
             inside = False
             continue
         m = _SERVING_ROW.match(line)
-        if m:
-            value = m.group("value")
-            out[m.group("key").rstrip(":").strip()] = _num(value.rstrip("%")) if value.endswith("%") else _num(value)
+        if m:  # a percentage as its number
+            out[m.group("key").rstrip(":").strip()] = _num(m.group("value").rstrip("%"))
     return out
 
 
@@ -230,19 +224,19 @@ def parse_bench_multiturn(stdout: str) -> dict[str, Any]:
     return out
 
 
+def read_jsonl(path: Path) -> list[Any]:
+    """Each JSON line of a file that may not exist, a line cut by a kill left out."""
+    rows = []
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+        with contextlib.suppress(json.JSONDecodeError):
+            rows.append(json.loads(line))
+    return rows
+
+
 def read_jsonl_last(path: Path) -> dict[str, Any] | None:
     """The last JSON object of a JSONL file (bench_serving --output-file, bench_multiturn --log-file)."""
-    if not path.is_file():
-        return None
-    for line in reversed(path.read_text(errors="replace").splitlines()):
-        line = line.strip()
-        if line:
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            return value if isinstance(value, dict) else None
-    return None
+    rows = read_jsonl(path)
+    return rows[-1] if rows and isinstance(rows[-1], dict) else None
 
 
 def load_summary(tool: str, stdout: str, result_file: Path) -> dict[str, Any]:

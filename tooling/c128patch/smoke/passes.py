@@ -15,6 +15,7 @@ from typing import Any
 
 from c128patch import PACKAGE_DIR
 from c128patch.smoke import sanitizer as smoke_sanitizer
+from c128patch.smoke.logs import read_jsonl
 from c128patch.smoke.plugin import ROWS_ENV
 from c128patch.smoke.procs import Managed, exit_description
 
@@ -24,6 +25,7 @@ UPSTREAM_TREE_ENV = "C128PATCH_UPSTREAM_TREE"
 SCALE_ENV = "C128PATCH_GPU_SCALE"
 RESULTS_ENV = "C128PATCH_GPU_RESULTS_DIR"
 BAD = ("failed", "error", "crashed")  # outcomes that fail a pass
+ABSENT = {"outcome": "absent", "seconds": 0.0, "message": ""}  # a test one pass has and the other has not
 
 
 @dataclass
@@ -39,7 +41,7 @@ class PassSpec:
     collect_only: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
     paths: tuple[str, ...] = ()  # test files (relative to the suite folder); default: the whole suite
-    pytest_args: tuple[str, ...] = ()  # more pytest arguments (smoke --upstream-suite: its -p plugin ...)
+    pytest_args: tuple[str, ...] = ()  # more pytest arguments (smoke upstream: its -p plugin ...)
 
 
 def _package_parent() -> str:
@@ -128,18 +130,6 @@ def count(tests: list[dict]) -> dict[str, int]:
     return {k: sum(1 for t in tests if t["outcome"] == k) for k in keys}
 
 
-def _read_rows(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill
-    return rows
-
-
 def _read_results(folder: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
@@ -182,7 +172,7 @@ def _prepare(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> _Runnin
 def _result(run: _Running) -> dict[str, Any]:
     spec, proc = run.spec, run.proc
     code = proc.proc.returncode if proc.proc else None
-    rows = _read_rows(run.rows_path)
+    rows = read_jsonl(run.rows_path)
     finished = any(r.get("event") == "finish" for r in rows)
     tests = tests_from_rows(rows, run.end, run.timed_out)
     text = run.log.read_text(errors="replace")

@@ -13,10 +13,13 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
+
+from c128patch import exitcodes
 
 
 class Interrupted(Exception):
@@ -28,42 +31,53 @@ class Interrupted(Exception):
 
 
 @contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """Within the block, SIGTERM/SIGHUP raise :class:`Interrupted` (SIGINT already raises
-    KeyboardInterrupt). Only in the main thread; elsewhere a no-op."""
-
-    def handler(signum: int, _frame: object) -> None:
-        raise Interrupted(signum)
-
-    previous: dict[int, object] = {}
-    try:
-        for sig in (signal.SIGTERM, signal.SIGHUP):
+def _handling(signals: tuple[int, ...], handler: Any) -> Iterator[None]:
+    """``handler`` for ``signals`` within the block; main thread only, elsewhere a no-op."""
+    previous: dict[int, Any] = {}
+    with contextlib.suppress(ValueError):  # not the main thread
+        for sig in signals:
             previous[sig] = signal.signal(sig, handler)
-    except ValueError:  # not the main thread
-        pass
     try:
         yield
     finally:
         for sig, old in previous.items():
-            signal.signal(sig, old)  # type: ignore[arg-type]
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """Within the block, SIGTERM/SIGHUP raise :class:`Interrupted` (SIGINT already raises
+    KeyboardInterrupt)."""
+
+    def handler(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    with _handling((signal.SIGTERM, signal.SIGHUP), handler):
+        yield
+
+
+@contextlib.contextmanager
+def exits_on_signals() -> Iterator[None]:
+    """SIGTERM/SIGHUP unwind like Ctrl-C (children stopped on the way out), then exit 128+N."""
+    from c128patch.progress import console
+
+    try:
+        with signals_raise():
+            yield
+    except Interrupted as exc:
+        console().print(f"c128patch: {exc}; stopped what smoke started", markup=False)
+        sys.exit(exitcodes.SIGNAL + exc.signum)
 
 
 @contextlib.contextmanager
 def _shielded() -> Iterator[None]:
     """SIGINT/SIGTERM/SIGHUP held off while we clean up (a second Ctrl-C must not leave
-    children behind); delivered as usual afterwards. Main thread only; elsewhere a no-op."""
+    children behind); delivered as usual afterwards."""
     got: list[int] = []
-    previous: dict[int, object] = {}
     try:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            previous[sig] = signal.signal(sig, lambda signum, _f: got.append(signum))
-    except ValueError:
-        pass
-    try:
-        yield
+        with _handling((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), lambda signum, _f: got.append(signum)):
+            yield
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)  # type: ignore[arg-type]
         for signum in got[:1]:
             os.kill(os.getpid(), signum)
 
@@ -80,24 +94,15 @@ def _stat(pid: int) -> ProcStat | None:
     """``pid``'s entry in /proc, or None when it is gone (or there is no /proc)."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
+    except OSError:
         return None
     fields = raw[raw.rindex(")") + 2 :].split()  # the name may hold spaces and parentheses
     return ProcStat(int(fields[1]), int(fields[2]), fields[0], int(fields[19]))
 
 
 def _all_stats() -> dict[int, ProcStat]:
-    try:
-        entries = os.listdir("/proc")
-    except FileNotFoundError:
-        return {}
-    out = {}
-    for name in entries:
-        if name.isdigit():
-            st = _stat(int(name))
-            if st is not None:
-                out[int(name)] = st
-    return out
+    stats = {int(n): _stat(int(n)) for n in (os.listdir("/proc") if os.path.isdir("/proc") else []) if n.isdigit()}
+    return {pid: st for pid, st in stats.items() if st is not None}
 
 
 def alive(pid: int) -> bool:
@@ -142,7 +147,6 @@ class Managed:
     env: Mapping[str, str] | None = None
     cwd: Path | None = None
     proc: subprocess.Popen | None = None
-    started: float = 0.0
     seen: dict[int, int] = field(default_factory=dict)  # every pid seen under us -> its start time
     leftover: list[int] = field(default_factory=list)
 
@@ -154,7 +158,6 @@ class Managed:
                 env=dict(self.env) if self.env is not None else None, cwd=self.cwd,
                 start_new_session=True,
             )
-        self.started = time.monotonic()
         st = _stat(self.proc.pid)
         self.seen[self.proc.pid] = st.start if st else -1
         return self
@@ -177,16 +180,6 @@ class Managed:
         assert self.proc is not None
         self._watch()
         return self.proc.poll()
-
-    def wait(self, timeout: float) -> int | None:
-        """The exit code, or None if it is still running after ``timeout`` seconds."""
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            code = self.poll()
-            if code is not None or time.monotonic() >= deadline:
-                return code
-            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
     def stop(self, grace: float = 15.0) -> int | None:
         """SIGTERM the group and every descendant seen, SIGKILL what is left after ``grace``

@@ -1,4 +1,4 @@
-"""``smoke --tier server``: start the patched sglang server on a model with PR #32035's settings,
+"""``smoke server``: start the patched sglang server on a model with PR #32035's settings,
 drive sustained concurrent multi-turn load with sglang's own benchmark tools, watch the log for
 crashes, read the capacity the server logs; then the same with the online-C128 envs off.
 
@@ -34,6 +34,7 @@ HOST = "127.0.0.1"
 ONLINE_ENVS = {"SGLANG_OPT_USE_ONLINE_COMPRESS": "1", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK": "1"}
 COMPACT_ENV = {"SGLANG_RAGGED_VERIFY_MODE": "compact"}  # bug 1's setting (srt/environ.py: EnvStr("static"))
 MODES = ("on", "off")
+REPORT = "smoke-server.json"
 
 # The soak load of docs/pr-32035.md (benchmark/hicache/bench_multiturn.py flags).
 SOAK = {"request_length": 8192, "sub_question_input_length": 4096, "output_length": 2048, "num_clients": 64,
@@ -73,19 +74,12 @@ class ServerOptions:
 # --------------------------------------------------------------------------- commands
 
 
-def _set_flag(args: list[str], flag: str, value: str | None) -> list[str]:
-    """``args`` with ``flag``'s value replaced (removed when ``value`` is None)."""
-    out, i = [], 0
-    while i < len(args):
-        if args[i] == flag:
-            i += 2
-            continue
-        if args[i].startswith(flag + "="):
-            i += 1
-            continue
-        out.append(args[i])
-        i += 1
-    return out + ([flag, value] if value is not None else [])
+def _set_flag(args: list[str], flag: str, value: str) -> list[str]:
+    """``args`` with ``flag``'s value replaced (a preset spells a flag and its value as two words)."""
+    if flag in args:
+        i = args.index(flag)
+        args = args[:i] + args[i + 2:]
+    return [*args, flag, value]
 
 
 def server_argv(opts: ServerOptions) -> list[str]:
@@ -96,10 +90,9 @@ def server_argv(opts: ServerOptions) -> list[str]:
         args = _set_flag(args, "--mem-fraction-static", str(opts.mem_fraction_static))
     if opts.moe_runner_backend:
         args = _set_flag(args, "--moe-runner-backend", opts.moe_runner_backend)
-    for extra in opts.server_args:  # later flags win in argparse; listed last
-        args.append(extra)
+    # later flags win in argparse: the extra ones last
     return [*opts.launcher_argv(), "--model-path", opts.model_path, "--tp-size", str(opts.tp), *args,
-            "--host", HOST, "--port", str(opts.port)]
+            *opts.server_args, "--host", HOST, "--port", str(opts.port)]
 
 
 def server_env(opts: ServerOptions, mode: str, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -324,41 +317,34 @@ def _drive_load(opts: ServerOptions, mode: str, server: Managed, tail: Tail, log
 # --------------------------------------------------------------------------- the tier
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 4) if a is not None and b else None
-
-
 def compare_modes(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
     """Capacity gain, throughput and acceptance, envs on vs off."""
-    cap_on = on["log_summary"]["capacity"]["tokens"]
-    cap_off = off["log_summary"]["capacity"]["tokens"]
+    runs = (("on", on), ("off", off))
 
-    def load_value(rec: dict[str, Any], key: str) -> float | None:
-        return ((rec.get("load") or {}).get("summary") or {}).get(key)
+    def decode(key: str) -> dict[str, Any]:
+        return {mode: rec["log_summary"]["decode"][key] for mode, rec in runs}
 
-    # One source for both columns: the load tool's numbers where both runs have them, else
-    # the server's own decode log (gen throughput, accept len).
-    if load_value(on, "output_throughput") is not None and load_value(off, "output_throughput") is not None:
-        tput = {"on": load_value(on, "output_throughput"), "off": load_value(off, "output_throughput"),
-                "source": "load tool"}
-    else:
-        tput = {"on": on["log_summary"]["decode"]["gen_throughput_mean"],
-                "off": off["log_summary"]["decode"]["gen_throughput_mean"], "source": "server decode log"}
-    acc_on, acc_off = on["log_summary"]["decode"]["accept_len_mean"], off["log_summary"]["decode"]["accept_len_mean"]
-    accept = {"on": acc_on, "off": acc_off, "source": "server decode log"}
-    if acc_on is None or acc_off is None:
-        accept = {"on": load_value(on, "accept_length"), "off": load_value(off, "accept_length"), "source": "load tool"}
+    def load(key: str) -> dict[str, Any]:
+        return {mode: ((rec.get("load") or {}).get("summary") or {}).get(key) for mode, rec in runs}
 
-    gain = cap_on - cap_off if cap_on is not None and cap_off is not None else None
+    # One source for both columns: the load tool's throughput where both runs have it, else the
+    # server's own decode log (gen throughput); the decode log's accept len, else the load tool's.
+    tput = load("output_throughput")
+    tput = {**tput, "source": "load tool"} if None not in tput.values() else {
+        **decode("gen_throughput_mean"), "source": "server decode log"}
+    accept = decode("accept_len_mean")
+    accept = {**accept, "source": "server decode log"} if None not in accept.values() else {
+        **load("accept_length"), "source": "load tool"}
+    cap = {mode: rec["log_summary"]["capacity"]["tokens"] for mode, rec in runs}
+    gain = cap["on"] - cap["off"] if None not in cap.values() else None
     return {
-        "capacity_tokens": {"on": cap_on, "off": cap_off},
+        "capacity_tokens": cap,
         "capacity_gain_tokens": gain,
-        "capacity_gain_pct": round(100.0 * gain / cap_off, 2) if gain is not None and cap_off else None,
+        "capacity_gain_pct": round(100.0 * gain / cap["off"], 2) if gain is not None and cap["off"] else None,
         "output_throughput": tput,
-        "throughput_ratio": _ratio(tput["on"], tput["off"]),
+        "throughput_ratio": round(tput["on"] / tput["off"], 4) if tput["on"] is not None and tput["off"] else None,
         "accept_len": accept,
-        "token_usage_max": {"on": on["log_summary"]["decode"]["token_usage_max"],
-                            "off": off["log_summary"]["decode"]["token_usage_max"]},
+        "token_usage_max": decode("token_usage_max"),
     }
 
 
@@ -400,11 +386,8 @@ def run_server_tier(opts: ServerOptions, command: str, progress: Progress = lamb
             write_report(finish(report), opts.out)
     except BaseException as exc:
         report["interrupted"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        finish(report)
-        write_report(report, opts.out)
+        write_report(finish(report), opts.out)
         raise
-    finish(report)
-    write_report(report, opts.out)
     return report
 
 
@@ -421,4 +404,4 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_report(report: dict[str, Any], out: Path) -> Path:
-    return write_json_atomic(out / "smoke-server.json", report)
+    return write_json_atomic(out / REPORT, report)

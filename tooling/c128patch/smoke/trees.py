@@ -4,12 +4,12 @@ and a carry-sized copy of them for a GPU machine."""
 
 from __future__ import annotations
 
-import importlib.util
+import io
 import json
 import os
 import shutil
-import subprocess
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable
@@ -18,6 +18,7 @@ from c128patch import PACKAGE_DIR
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.provenance import PROVENANCE_PATH
+from c128patch.smoke import load_file
 
 SUITE_ENV = "C128PATCH_GPU_SUITE"
 SUITE = "tests/gpu"
@@ -35,6 +36,11 @@ def default_suite_root() -> Path:
         if candidate.is_dir():
             return candidate
     raise C128Error(f"cannot find the GPU suite ({SUITE}); pass --suite DIR or set {SUITE_ENV}")
+
+
+def out_dir(out: Path | None, tier: str) -> Path:
+    """``--out``, else a new temporary folder named for the tier."""
+    return (out if out is not None else Path(tempfile.mkdtemp(prefix=f"c128patch-smoke-{tier}-"))).resolve()
 
 
 def check_suite(suite: Path) -> Path:
@@ -99,22 +105,14 @@ def series_info(record: dict | None) -> dict | None:
 def _extract_archive(git: Git, ref: str, dest: Path, paths: tuple[str, ...] = ARCHIVE_PATHS) -> Path:
     """``git archive`` of ``paths`` (under python/) of ``ref`` into ``dest`` (``dest/sglang/...``)."""
     dest.mkdir(parents=True, exist_ok=True)
-    argv, env = git.command("archive", "--format=tar", ref, "--", *paths)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=git.cwd)
-    assert proc.stdout is not None
-    try:
-        with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
-            for member in tar:
-                path = PurePosixPath(member.name)
-                if path.parts[:1] != ("python",) or ".." in path.parts or not (member.isfile() or member.isdir()):
-                    continue
-                member.name = str(path.relative_to("python"))
-                tar.extract(member, dest)
-    except tarfile.TarError as exc:
-        raise C128Error(f"git archive failed: {exc}") from exc
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if proc.wait() != 0:
-        raise C128Error(f"git archive failed: {err.strip().splitlines()[-1:] or ''}")
+    archive = git.run("archive", "--format=tar", ref, "--", *paths, binary=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        for member in tar:
+            path = PurePosixPath(member.name)
+            if path.parts[:1] != ("python",) or ".." in path.parts or not (member.isfile() or member.isdir()):
+                continue
+            member.name = str(path.relative_to("python"))
+            tar.extract(member, dest)
     return dest
 
 
@@ -167,15 +165,9 @@ def stage(suite: Path, trees: dict[str, Path], dest: Path,
     """Copy what the kernel tier reads from each tree into ``dest/<label>`` (to carry to a GPU
     machine): the suite's own subset list (tests/gpu/tree_subset.py) when it has one, else the
     whole ``sglang/``; the provenance record goes along, and ``extra(label, root)``'s paths
-    (relative to the root: what smoke --upstream-suite's tests import)."""
-    subset = None
+    (relative to the root: what smoke upstream's tests import)."""
     helper = suite / "tree_subset.py"
-    if helper.is_file():
-        spec = importlib.util.spec_from_file_location("c128patch_suite_tree_subset", helper)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        subset = module.subset_files
+    subset = load_file("c128patch_suite_tree_subset", helper).subset_files if helper.is_file() else None
     out = {}
     for label, root in trees.items():
         target = dest / label

@@ -16,18 +16,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from c128patch.smoke import load_file
+
 HARNESS_ENV = "C128PATCH_HARNESS"
 PLAN_ENV = "C128PATCH_UPSTREAM_PLAN"
 TREE_ENV = "C128PATCH_TREE"
-
-
-def _load_harness(path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location("c128patch_upstream_harness", path)
-    if spec is None or spec.loader is None:
-        raise RuntimeError(f"c128patch: cannot load the kernel tier's harness from {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def standin_table(harness: Any, wanted: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
@@ -48,7 +41,7 @@ def pytest_configure(config: Any) -> None:
     tree, harness_path, plan = (os.environ.get(k) for k in (TREE_ENV, HARNESS_ENV, PLAN_ENV))
     if not (tree and harness_path and plan):
         raise RuntimeError(f"c128patch.smoke.upstream_boot needs ${TREE_ENV}, ${HARNESS_ENV} and ${PLAN_ENV}")
-    harness = _load_harness(Path(harness_path))
+    harness = load_file("c128patch_upstream_harness", Path(harness_path))
     spec = json.loads(plan)
     real = frozenset(harness.REAL_PACKAGES) | frozenset(spec.get("real_packages", []))
     table = standin_table(harness, spec.get("standins", {}))

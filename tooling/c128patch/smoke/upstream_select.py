@@ -1,7 +1,7 @@
-"""Which of upstream's own kernel tests ``smoke --upstream-suite`` runs, what they need of a tree,
+"""Which of upstream's own kernel tests ``smoke upstream`` runs, what they need of a tree,
 and what they need of us.
 
-Where the tests are: PATH is the ``test/`` folder of an upstream checkout or the checkout itself
+Where the tests are: ``--tests PATH`` is the ``test/`` folder of an upstream checkout or the checkout itself
 (its ``test/``); the tests searched are ``test_*.py`` under ``registered/kernels/`` there (or
 under PATH itself when it has no such folder). Without PATH, the patched tree's own repository:
 ``<top>/test`` of ``git rev-parse --show-toplevel``.
@@ -29,7 +29,6 @@ where the real one defines it, so a stand-in never invents what a tree lacks).
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -38,6 +37,7 @@ from typing import Any, Iterable
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
+from c128patch.smoke import load_file
 
 KERNEL_TESTS = "registered/kernels"
 CSRC = "sglang/kernels/jit/csrc"
@@ -53,19 +53,19 @@ def test_root(path: Path | None, tree: Path) -> Path:
     if path is None:
         top = Git(worktree=tree).run("rev-parse", "--show-toplevel", check=False)
         if top.returncode != 0:
-            raise C128Error(f"--upstream-suite: {tree} is not in a git checkout, so it has no upstream tests; "
-                            "pass --upstream-suite PATH (the test/ folder of an sglang checkout)")
+            raise C128Error(f"--tests: {tree} is not in a git checkout, so it has no upstream tests; "
+                            "pass --tests PATH (the test/ folder of an sglang checkout)")
         path = Path(top.stdout.strip())
         if not (path / "test").is_dir():
-            raise C128Error(f"--upstream-suite: the tree's repository {path} has no test/ folder (a release "
-                            "history has none); pass --upstream-suite PATH (the test/ folder of an sglang checkout)")
+            raise C128Error(f"--tests: the tree's repository {path} has no test/ folder (a release "
+                            "history has none); pass --tests PATH (the test/ folder of an sglang checkout)")
     path = path.expanduser().resolve()
     if not path.is_dir():
-        raise C128Error(f"--upstream-suite: {path} is not a folder")
+        raise C128Error(f"--tests: {path} is not a folder")
     if not (path / KERNEL_TESTS).is_dir() and (path / "test").is_dir():
         path = path / "test"
     if not test_files(path):
-        raise C128Error(f"--upstream-suite: no test_*.py under {path / KERNEL_TESTS} or {path}")
+        raise C128Error(f"--tests: no test_*.py under {path / KERNEL_TESTS} or {path}")
     return path
 
 
@@ -93,10 +93,8 @@ class Imp:
 
 
 def _type_checking(node: ast.AST) -> bool:
-    test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (
-        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+    """``if TYPE_CHECKING:`` or ``if typing.TYPE_CHECKING:``."""
+    return isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
 
 
 def parse_imports(source: str, filename: str, package: str | None) -> list[Imp]:
@@ -162,11 +160,7 @@ class ModuleIndex:
 
     def file(self, module: str) -> Path | None:
         base = self.root.joinpath(*module.split("."))
-        if base.with_suffix(".py").is_file():
-            return base.with_suffix(".py")
-        if (base / "__init__.py").is_file():
-            return base / "__init__.py"
-        return None
+        return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
 
     def is_package(self, module: str) -> bool:
         return (self.root.joinpath(*module.split(".")) / "__init__.py").is_file()
@@ -436,12 +430,8 @@ def load_harness(suite: Path) -> Any:
     """The kernel tier's harness module (its STANDINS and REAL_PACKAGES), read from the suite."""
     path = suite / "harness.py"
     if not path.is_file():
-        raise C128Error(f"--upstream-suite needs the kernel tier's harness: {path} does not exist (pass --suite DIR)")
-    spec = importlib.util.spec_from_file_location("c128patch_suite_harness", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+        raise C128Error(f"smoke upstream needs the kernel tier's harness: {path} does not exist (pass --suite DIR)")
+    return load_file("c128patch_suite_harness", path)
 
 
 def standin_pool(harness: Any) -> dict[str, set[str]]:

@@ -1,5 +1,5 @@
 """Stand-ins that upstream's own kernel tests need beyond the kernel tier's (tests/gpu/harness.py
-STANDINS), for ``smoke --upstream-suite``. Ours, not upstream's: each is listed in the report.
+STANDINS), for ``smoke upstream``. Ours, not upstream's: each is listed in the report.
 
 The real modules cannot load without the rest of sglang (``sglang.test.test_utils`` imports
 aiohttp, requests, PIL, the benchmark client ...; ``sglang.srt.platforms`` scans plugin entry

@@ -1,4 +1,4 @@
-"""``smoke --tier kernel --upstream-suite [PATH]``: upstream SGLang's own kernel tests, from the
+"""``smoke upstream [--tests PATH]``: upstream SGLang's own kernel tests, from the
 user's checkout, on the patched and on the unpatched tree, side by side.
 
 Which tests, and what they need (smoke.upstream_select): upstream's ``registered/kernels`` tests
@@ -35,17 +35,18 @@ import hashlib
 import json
 import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
 from c128patch.smoke import upstream_select as sel
-from c128patch.smoke.device import describe
-from c128patch.smoke.kernel import Prepared
-from c128patch.smoke.passes import BAD, PassSpec
-from c128patch.smoke.trees import series_info, stage
+from c128patch.smoke.device import describe, require_device
+from c128patch.smoke.kernel import KernelOptions, Prepared, Progress, prepare, validate
+from c128patch.smoke.passes import ABSENT, BAD, PassSpec, run_passes
+from c128patch.smoke.trees import out_dir, resolve_tree, series_info, stage
 from c128patch.smoke.upstream_boot import HARNESS_ENV, PLAN_ENV
 
 BOOT_PLUGIN = "c128patch.smoke.upstream_boot"
@@ -221,9 +222,9 @@ def compare(patched: dict[str, Any], upstream: dict[str, Any] | None, plan: Plan
     pt = {t["nodeid"]: t for t in patched["tests"]}
     ut = {t["nodeid"]: t for t in upstream["tests"]} if upstream else {}
     rows = []
-    for nodeid in list(pt) + [n for n in ut if n not in pt]:
-        a = pt.get(nodeid, {"outcome": "absent", "message": "", "seconds": 0.0})
-        b = ut.get(nodeid, {"outcome": "absent", "message": "", "seconds": 0.0}) if upstream else None
+    for nodeid in {**pt, **ut}:
+        a = pt.get(nodeid, ABSENT)
+        b = ut.get(nodeid, ABSENT) if upstream else None
         row: dict[str, Any] = {"id": nodeid, "patched": a["outcome"], "patched_seconds": a["seconds"]}
         if b is None:
             row.update(upstream="not run yet", verdict=None)
@@ -265,19 +266,15 @@ def _group(rows: list[dict[str, Any]], key: str) -> dict[str, list[str]]:
     return out
 
 
-def build_report(command: str, plan: Plan, prep: Prepared, device: dict[str, Any], passes: dict[str, dict[str, Any]],
-                 collect_only: bool, keyword: str | None) -> dict[str, Any]:
-    patched, upstream = passes.get("patched"), passes.get("upstream")
-    rows = compare(patched, upstream, plan, collect_only) if patched else []
-    counts = {v: sum(1 for r in rows if r["verdict"] == v) for v in VERDICTS}
-    problems: list[str] = [x for p in passes.values() for x in _pass_problems(p)]
+def _findings(rows: list[dict[str, Any]], plan: Plan, collect_only: bool) -> tuple[list[str], list[str]]:
+    """The verdicts and the stand-in rows as problems and notes."""
+    problems: list[str] = []
     notes: list[str] = []
     regressed = [r["id"] for r in rows if r["verdict"] == "regressed"]
     if regressed:
         problems.append(f"{len(regressed)} upstream test(s) {'collect' if collect_only else 'pass'} on the unpatched "
                         f"tree and not on the patched one: {', '.join(regressed[:10])}")
-    na = [r for r in rows if r["verdict"] == "not applicable"]
-    for r in na:
+    for r in (r for r in rows if r["verdict"] == "not applicable"):
         if r["why"] == "stand-in":
             problems.append(f"{r['id']}: not collected on either tree: {r['reason']} (add it in "
                             "c128patch/smoke/upstream_standins.py)")
@@ -301,6 +298,15 @@ def build_report(command: str, plan: Plan, prep: Prepared, device: dict[str, Any
                                 "which no c128patch stand-in provides (add it in c128patch/smoke/upstream_standins.py)")
             if row.get("withheld") and row.get("reason"):
                 notes.append(f"{label}: stand-in {row['module']} withholds {', '.join(row['withheld'])}: {row['reason']}")
+    return problems, notes
+
+
+def build_report(command: str, plan: Plan, prep: Prepared, device: dict[str, Any], passes: dict[str, dict[str, Any]],
+                 collect_only: bool, keyword: str | None) -> dict[str, Any]:
+    patched, upstream = passes.get("patched"), passes.get("upstream")
+    rows = compare(patched, upstream, plan, collect_only) if patched else []
+    problems, notes = _findings(rows, plan, collect_only)
+    problems[:0] = [x for p in passes.values() for x in _pass_problems(p)]
     if not plan.selection.files:
         problems.append("no upstream test selected (nothing under the tests' scope reaches what the series touches)")
     if patched and not patched["timed_out"]:
@@ -325,7 +331,7 @@ def build_report(command: str, plan: Plan, prep: Prepared, device: dict[str, Any
         "files": [{"file": f.rel, "sha256": hashlib.sha256(f.path.read_bytes()).hexdigest()} for f in plan.selection.files],
         "trees": {label: tp.to_json() for label, tp in plan.trees.items()},
         "passes": {k: {x: v for x, v in p.items() if x != "tests"} for k, p in passes.items()},
-        "counts": counts,
+        "counts": {v: sum(1 for r in rows if r["verdict"] == v) for v in VERDICTS},
         "patched": patched["counts"] if patched else None,
         "upstream": upstream["counts"] if upstream else None,
         "tests": rows,
@@ -371,3 +377,60 @@ def result_file(report: dict[str, Any], date: str | None = None) -> dict[str, An
 def write(report: dict[str, Any], out: Path) -> Path:
     write_json_atomic(out / RESULT, result_file(report))
     return write_json_atomic(out / REPORT, report)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _planned(opts: KernelOptions, tests: Path | None) -> tuple[KernelOptions, Path]:
+    """Both trees side by side, the inputs checked and the test root found, before anything slow."""
+    opts = replace(opts, differential=True, suite=validate(opts))
+    if opts.tree is None and tests is None:
+        raise C128Error("smoke upstream with --wheel: pass --tests PATH (the test/ folder of an sglang checkout)")
+    return opts, sel.test_root(tests, resolve_tree(opts.tree) if opts.tree else Path.cwd())
+
+
+def _plan(opts: KernelOptions, prep: Prepared, root: Path, progress: Progress) -> Plan:
+    plan = make_plan(prep, root, opts.keyword)
+    progress(f"{len(plan.selection.files)} of {plan.selection.scanned} upstream test files selected under {plan.root}")
+    return plan
+
+
+def stage_run(opts: KernelOptions, tests: Path | None, dest: Path,
+              progress: Progress) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The trees and the selected tests under ``dest`` (to carry to a GPU machine); (staged, selection)."""
+    opts, root = _planned(opts, tests)
+    prep = prepare(replace(opts, collect_only=False), progress)
+    try:
+        plan = _plan(opts, prep, root, progress)
+        staged = {k: {**v, "path": str(dest / k)} for k, v in stage_all(plan, prep, dest).items()}
+        return staged, plan.selection.to_json()
+    finally:
+        prep.cleanup()
+
+
+def run(opts: KernelOptions, tests: Path | None, command: str, progress: Progress,
+        parallel_trees: bool = False) -> tuple[dict[str, Any], Path]:
+    """Upstream's tests on both trees, one after the other or (``parallel_trees``) at once; the
+    report, rewritten after each pass, and its path."""
+    opts, root = _planned(opts, tests)
+    device = {} if opts.collect_only else require_device(opts.python)
+    prep = prepare(replace(opts, collect_only=False), progress)  # both trees, even for --list
+    try:
+        plan = _plan(opts, prep, root, progress)
+        out = out_dir(opts.out, "upstream-suite")
+        passes: dict[str, dict] = {}
+        report: dict[str, Any] = {}
+        path = out / REPORT
+        specs = [pass_spec(plan, label, opts.timeout, opts.keyword, opts.collect_only)
+                 for label in ("patched", "upstream")]
+        verb = "collecting" if opts.collect_only else "running"
+        for group in ([specs] if parallel_trees else [[spec] for spec in specs]):
+            trees = " and, at the same time, ".join(f"{s.label} ({s.tree})" for s in group)
+            progress(f"{verb} upstream's tests on {trees}")
+            passes.update(run_passes(group, plan.root, opts.python, out))
+            report = build_report(command, plan, prep, device, passes, opts.collect_only, opts.keyword)
+            path = write(report, out)
+    finally:
+        prep.cleanup()
+    return report, path

@@ -1,0 +1,80 @@
+"""c128patch smoke kernel|upstream|server: GPU smoke tests of a patched build; what the subcommands share."""
+
+from __future__ import annotations
+
+import importlib
+import shlex
+import sys
+from typing import Any, Callable
+
+import click
+
+from c128patch import exitcodes
+from c128patch.cli.common import emit_json
+
+# One module per subcommand (cli/smoke/<name>.py, exposing `command`), with the line `smoke --help` lists:
+# listing them imports none of them.
+SUBCOMMANDS: dict[str, str] = {
+    "kernel": "The project's GPU suite on the patched sources (one GPU).",
+    "upstream": "Upstream's own kernel tests, patched vs unpatched.",
+    "server": "A real server on a model under load, envs on then off.",
+}
+
+
+class _Subcommands(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in SUBCOMMANDS:
+            return None
+        command = importlib.import_module(f"c128patch.cli.smoke.{name}").command
+        command.short_help = SUBCOMMANDS[name]
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl(list(SUBCOMMANDS.items()))
+
+
+@click.group("smoke", cls=_Subcommands, no_args_is_help=False)
+def command() -> None:
+    """GPU smoke tests of a patched build (docs/smoke.md)."""
+
+
+class Recording(click.Command):
+    """Keeps the raw arguments, so the report can say what was run."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["c128patch.args"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+def command_line(ctx: click.Context) -> str:
+    return f"c128patch smoke {ctx.info_name} " + shlex.join(ctx.meta.get("c128patch.args", []))
+
+
+def progress(as_json: bool) -> Callable[[str], None]:
+    """Progress lines on stderr (none for --json)."""
+    from c128patch.progress import console
+
+    err = console()
+    return (lambda m: None) if as_json else (lambda m: err.print(m, markup=False))
+
+
+def report_staged(staged: dict[str, Any], as_json: bool, then: list[str], **extra: Any) -> None:
+    """What --stage copied, and the command to run on the GPU machine (``then``: after `smoke`)."""
+    if as_json:
+        emit_json({"ok": True, "staged": staged, **extra})
+        return
+    say = progress(as_json)
+    for label, info in staged.items():
+        say(f"{label}: {info['files']} files, {info['bytes'] / 1e6:.2f} MB -> {info['path']}")
+    say("on the GPU machine: " + shlex.join(["python", "-m", "c128patch", "smoke", *then]))
+
+
+def finish(report: dict[str, Any], as_json: bool, show: Callable[[], None]) -> None:
+    """The report (JSON or ``show``); exit 1 when it is not ok."""
+    emit_json(report) if as_json else show()
+    if not report["ok"]:
+        sys.exit(exitcodes.FAILED)
