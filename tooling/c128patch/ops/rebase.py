@@ -134,31 +134,30 @@ class Rebase(RebaseLoop):
         phase, journal.paused, step.phase = step.phase, "", ""
         found = step.stop.get("taken") or {}
         item = self._plan(journal).get(step.name)
-        if phase == "series" and found and item is not None and item.touched != [found["target"]]:
-            git.run("reset", "--quiet", "--hard", "HEAD")  # the series gave the overlay another target: replay it
+        retarget = phase == "series" and found and item is not None and item.touched != [found["target"]]
+        upstream_side = (phase == "series" and not step.user_edit
+                         and tree == git.out("rev-parse", f"{journal.head_before}^{{tree}}"))
+        recorded = (self.ledger.record(git, step.name, journal.old_rev, journal.onto_rev, saved_conflicts(self.state))
+                    if phase == "series" and not retarget and not upstream_side else [])
+        git.run("reset", "--quiet", "--hard", "HEAD")  # what is kept of the resolution is ``tree``
+        if retarget:  # the series gave the overlay another target: replay it
             step.status, step.stop, step.detail = "pending", {}, ""
             journal.save(self.path)
-            return self._run(journal)
-        if phase == "series" and not step.user_edit and tree == git.out("rev-parse", f"{journal.head_before}^{{tree}}"):
-            git.run("reset", "--quiet", "--hard", "HEAD")  # resolved to upstream's side: nothing of ours is left
+        elif upstream_side:  # resolved to upstream's side: nothing of ours is left
             step.status, step.applied = "dropped-as-merged", ""
             step.detail = ("empty: its conflict was resolved to upstream's side, so upstream holds it (merged)"
                            if not found else f"superseded: upstream's own {found['target']} is kept"
                            + (f" (created in {found['created']})" if found["created"] else ""))
             step.signals.append(asdict(Signal("became-empty", "resolved to upstream's side, it changes nothing")))
             self._advance(journal)
-            return self._run(journal)
-        if phase == "series":
-            recorded = self.ledger.record(git, step.name, journal.old_rev, journal.onto_rev, saved_conflicts(self.state))
+        elif phase == "series":
             step.ledger += recorded
             step.applied, step.series_tree = "resolved", tree
             step.detail = "resolved by hand" + ("; recorded in the ledger" if recorded else "")
-            git.run("reset", "--quiet", "--hard", "HEAD")  # the resolution is kept as ``tree``
             self._after_series(journal, step)
-            return self._run(journal)
-        git.run("reset", "--quiet", "--hard", "HEAD")
-        step.detail = "your edit re-resolved by hand" if step.kind == "entry" else "carried; resolved by hand"
-        self._commit(journal, step, tree)
+        else:
+            step.detail = "your edit re-resolved by hand" if step.kind == "entry" else "carried; resolved by hand"
+            self._commit(journal, step, tree)
         return self._run(journal)
 
     def _stop_cut_short(self, journal: Journal) -> bool:
@@ -177,34 +176,33 @@ class Rebase(RebaseLoop):
         return set(changed_paths(git)) <= ours
 
     def skip(self) -> dict:
-        journal = self._journal()
-        step = journal.steps[journal.pos]
-        self._leave_stop(journal, "skip")
-        step.status = "dropped-as-merged" if journal.paused == "merged" else "skipped"
-        step.detail = step.detail if journal.paused == "merged" else "skipped by the user"
-        step.phase = ""
-        self._advance(journal)
-        return self._run(journal)
+        return self._past_stop("skip")
 
     def drop(self, name: str) -> dict:
         """``--drop NAME`` at a stop: the entry it stopped at is dropped as merged upstream."""
+        return self._past_stop("drop", name)
+
+    def _past_stop(self, verb: str, name: str = "") -> dict:
+        """The stopped step skipped, or (``drop``) dropped as merged upstream; the rebase goes on."""
         journal = self._journal()
         step = journal.steps[journal.pos] if journal.pos < len(journal.steps) else None
-        if step is None or not journal.paused or step.kind != "entry" or step.name != name:
+        if verb == "drop" and (step is None or not journal.paused or step.kind != "entry" or step.name != name):
             at = f"stopped at entry '{step.name}'" if step is not None and journal.paused else "not stopped at an entry"
             raise C128Error(f"cannot drop '{name}': the rebase is {at}; alone, --drop names the entry the rebase "
                             f"stopped at (with --onto, the entries to drop from the start)")
-        self._leave_stop(journal, "drop")
-        self._drop(journal, step, journal.paused)
-        self._advance(journal)
-        return self._run(journal)
-
-    def _leave_stop(self, journal: Journal, verb: str) -> None:
-        """The stop's conflict state undone (what the rebase wrote); other changes are refused."""
-        if journal.paused == "conflict":
+        assert step is not None
+        if journal.paused == "conflict":  # the stop's conflict state undone (what the rebase wrote)
             self.git.run("reset", "--quiet", "--hard", "HEAD")
         elif self.git.status_porcelain():
             raise C128Error(f"cannot {verb}: the tree has changes; stash them (git stash -u) first")
+        if verb == "drop":
+            self._drop(journal, step, journal.paused)
+        else:
+            step.status = "dropped-as-merged" if journal.paused == "merged" else "skipped"
+            step.detail = step.detail if journal.paused == "merged" else "skipped by the user"
+            step.phase = ""
+        self._advance(journal)
+        return self._run(journal)
 
     def _drop(self, journal: Journal, step: Step, paused: Paused) -> None:
         """``step`` dropped as merged upstream by the user (``--drop``); its ``merged_in`` is the

@@ -1,9 +1,5 @@
-"""A rebase's state: its steps and the journal (``.git/c128patch/rebase.json``) written before every step.
-
-A conflict, a dirty tree or a killed process leaves the journal for ``--continue``, ``--skip`` or
-``--abort``; a stop also keeps the conflicted files as git left them (``conflicts.json``) and what
-the stop wrote in the work tree (``Journal.stop_state``), so what the user typed since is theirs.
-"""
+"""A rebase's state: its steps and the journal (``.git/c128patch/rebase.json``), written before every
+step; a stop also keeps what it wrote in the work tree (``stop_state``) and the conflicts git left."""
 
 from __future__ import annotations
 

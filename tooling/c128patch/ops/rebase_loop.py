@@ -1,11 +1,6 @@
-"""The replay loop of a rebase (``ops.rebase``): each pending step of the journal on the new tip, a
-stop where one conflicts, the proven end.
-
-Entries replay in an index of their own (the work tree and the branch stay as they are until a stop
-or the end); each step is committed with the new base's date, so the rebase's commit ids are
-reproducible. A stop is ``git apply --3way`` in the work tree; the end is the provenance commit, the
-branch moved there, the equivalence proof and the report.
-"""
+"""The replay loop of a rebase (``ops.rebase``): each pending step on the new tip, in an index of its
+own (the branch and the work tree move only at a stop or the end), every commit dated as the new base
+(reproducible ids); a stop is ``git apply --3way`` in the work tree; the end is proven."""
 
 from __future__ import annotations
 
@@ -350,8 +345,8 @@ class RebaseLoop:
         shown = "\n".join(f"  {h.path} {h.header}" for d in proof.unattributed for h in d.hunks[:20])
         undo = shlex.join(["git", "-C", str(self.git.worktree), "reset", "--hard", journal.recovery_ref])
         kept = f"{journal.orig_branch or 'HEAD'} is kept as it is (report: {self.state / 'rebase-report.md'})"
-        return DifferenceError(f"rebase onto {journal.onto_rev} finished, but the tree is not proven: {proof.summary()}",
-                               hint=f"{shown}\n  {kept}\n  undo: {undo}", report=report)
+        return DifferenceError(f"rebase onto {journal.onto_rev} finished, but the tree is not proven: "
+                               f"{proof.summary()}", hint=f"{shown}\n  {kept}\n  undo: {undo}", report=report)
 
     def _record(self, journal: Journal) -> dict:
         """The new tip's provenance: the old upstream record's fields on the new base, what was
