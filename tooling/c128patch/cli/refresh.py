@@ -8,14 +8,7 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import (
-    emit_json,
-    handles_errors,
-    json_option,
-    locate_tree,
-    series_option,
-    tree_option,
-)
+from c128patch.cli.common import emit_json, handles_errors, json_option, locate_tree, series_option, tree_option
 
 
 @click.command("refresh")

@@ -41,13 +41,7 @@ from c128patch.ops.rebase_journal import Journal, Paused, Step, saved_conflicts,
 from c128patch.ops.rebase_loop import RebaseLoop
 from c128patch.ops.rebase_report import render_markdown  # noqa: F401  (fit.watch renders its rebase with it)
 from c128patch.ops.replay import replay_in_index, unmerged_paths
-from c128patch.ops.treestate import (
-    changed_paths,
-    ensure_clean,
-    ensure_idle,
-    rebase_command,
-    refuse_conflict_markers,
-)
+from c128patch.ops.treestate import changed_paths, ensure_clean, ensure_idle, rebase_command, refuse_conflict_markers
 from c128patch.series.layers import layer_folders
 from c128patch.series.plan import ENTRY_TRAILER
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance

@@ -10,7 +10,7 @@ from typing import Literal
 
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
-from c128patch.ops.treestate import checked_fields, corrupt_journal, read_journal
+from c128patch.ops.treestate import changed_paths, checked_fields, corrupt_journal, read_journal
 from c128patch.series.ledger import Conflict
 
 StepKind = Literal["entry", "commit"]
@@ -116,8 +116,7 @@ class Journal:
 
 def tree_state(git: Git) -> dict[str, str]:
     """path -> blob id of each changed or untracked path of the work tree ("" when deleted)."""
-    paths = [line[3:] for line in git.out("status", "--porcelain=v1", "--untracked-files=all",
-                                          "--no-renames").splitlines()]
+    paths = changed_paths(git)
     present = [p for p in paths if (git.worktree / p).is_file()]  # type: ignore[operator]
     ids = git.out("hash-object", "--", *present).splitlines() if present else []
     return {**{p: "" for p in paths}, **dict(zip(present, ids))}
