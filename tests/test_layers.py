@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from c128patch.cli.rebase import next_refresh
+from c128patch.fit.rebase_flow import next_refresh
 from c128patch.git import Git
 from c128patch.ops.refresh import format_patch
 from c128patch.series.layers import CONFIG, ENV, find_layers, stack

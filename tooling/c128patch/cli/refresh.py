@@ -8,14 +8,7 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import (
-    emit_json,
-    handles_errors,
-    json_option,
-    locate_tree,
-    series_option,
-    tree_option,
-)
+from c128patch.cli.common import emit_json, handles_errors, json_option, locate_tree, series_option, tree_option
 
 
 @click.command("refresh")
@@ -35,39 +28,25 @@ def command(tree: Path | None, check_only: bool, primary: bool | None, version: 
     """Export the patched branch back into patches/ and the manifest."""
     from c128patch.fit.contract import lock_items
     from c128patch.git import Git
-    from c128patch.ops import refresh as core
-    from c128patch.ops.treestate import ensure_clean, ensure_idle, repo_lock
+    from c128patch.ops.refresh import refresh
     from c128patch.progress import console
-    from c128patch.series.layers import describe, get_series, layer_rows
-    from c128patch.series.provenance import read_provenance
+    from c128patch.series.layers import describe, get_series
 
     series = get_series(series_dir, layer_dirs)
-    git = Git(worktree=locate_tree(tree))
-    with repo_lock(git, "refresh"):
-        ensure_idle(git, "refresh")
-        read_provenance(git.worktree)  # a damaged record is said as such (with the way back) before anything else
-        ensure_clean(git, "refresh --check" if check_only else "refresh")  # uncommitted edits are not the branch
-        result = core.export(series, git, primary=primary, version=version, lock_items=lock_items)
-        changes = result.changes(series.root)
-        proof = result.equivalence
-        if not check_only:
-            changes = core.write(series, result, accept_differences=accept_differences)
-    unproven = check_only and not proof.ok
-    payload = {"ok": not (check_only and changes) and not unproven, "check": check_only, "changed": changes,
-               "notes": result.notes, "equivalence": proof.to_json(), "tree": proof.summary(),
-               "series": {"name": result.series.name, "version": result.series.version, "base": result.series.base},
-               "layers": layer_rows(result.series)}
+    done = refresh(series, Git(worktree=locate_tree(tree)), check=check_only, primary=primary, version=version,
+                   accept_differences=accept_differences, lock_items=lock_items)
     if as_json:
-        emit_json(payload)
+        emit_json(done.to_json())
     else:
         out = console(stderr=False)
-        out.print(f"tree: {proof.summary()}", markup=False)
-        for note in result.notes:
+        out.print(f"tree: {done.result.equivalence.summary()}", markup=False)  # type: ignore[union-attr]
+        for note in done.result.notes:
             out.print(f"note: {note}", markup=False)
         verb = "would change" if check_only else "changed"
-        for path in changes:
+        for path in done.changes:
             out.print(f"  {verb} {path}", markup=False)
-        out.print(f"{describe(result.series)} on {result.series.base}: "
-                  f"{len(changes)} file(s) {verb}" if changes else "series is up to date with the branch", markup=False)
-    if check_only and (changes or unproven):
+        out.print(f"{describe(done.result.series)} on {done.result.series.base}: "  # type: ignore[union-attr,arg-type]
+                  f"{len(done.changes)} file(s) {verb}" if done.changes else "series is up to date with the branch",
+                  markup=False)
+    if done.failed:
         sys.exit(exitcodes.FAILED)

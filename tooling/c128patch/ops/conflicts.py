@@ -22,6 +22,7 @@ from unidiff.errors import UnidiffParseError
 
 from c128patch.git import Git
 from c128patch.series.ledger import Resolution
+from c128patch.series.patchfile import hunk_header
 
 _OURS, _SEP, _THEIRS = "<" * 7, "=" * 7, ">" * 7
 
@@ -103,11 +104,6 @@ def _hunks(diff: str, path: str) -> list:
     return [h for pf in files if pf.path.removeprefix("a/").removeprefix("b/") == path for h in pf]
 
 
-def _header(h) -> str:
-    head = f"@@ -{h.source_start},{h.source_length} +{h.target_start},{h.target_length} @@"
-    return head + (f" {h.section_header}" if h.section_header else "")
-
-
 def _match_hunk(hunks: list, lines: list[str], near: int):
     """The hunk sharing the most lines with the block (both sides and the lines around it); of
     hunks that share as many (two hunks making the same edit), the one nearest line ``near``."""
@@ -165,7 +161,8 @@ def analyze(git: Git, path: str, text: str, diff: str, *, head: str, old: str, o
         end = start + len(ours) + len(theirs) + 3
         hunk = _match_hunk(hunks, merged_lines[max(0, start - 3): end + 3], first)
         moved = _moved(head_lines, hunk, pos, len(ours) + len(theirs) + 6) if hunk is not None else None
-        out.append(Block(path, (first, last), _header(hunk) if hunk is not None else "", upstream, moved, not ours))
+        header = hunk_header(hunk, section=True) if hunk is not None else ""
+        out.append(Block(path, (first, last), header, upstream, moved, not ours))
     return out
 
 

@@ -34,7 +34,7 @@ from c128patch.ops.replay import FAILED, BranchCommit, RevCheck, branch_commits,
 from c128patch.series.layers import describe
 from c128patch.series.ledger import Ledger, Resolution
 from c128patch.series.manifest import Series
-from c128patch.series.patchfile import read_patch
+from c128patch.series.patchfile import hunk_header, read_patch
 from c128patch.series.plan import Planned, choose, index_git, merged_entries, verify_file
 from c128patch.series.provenance import PROVENANCE_PATH
 
@@ -143,10 +143,18 @@ def hunks_between(git: Git, before: str, after: str) -> list[Hunk]:
         path = pf.path[2:] if pf.path.startswith(("a/", "b/")) else pf.path
         if pf.is_binary_file or not len(pf):
             out.append(Hunk(path, "(binary or mode change)", ""))
-        for h in pf:
-            header = f"@@ -{h.source_start},{h.source_length} +{h.target_start},{h.target_length} @@"
-            out.append(Hunk(path, header + (f" {h.section_header}" if h.section_header else ""), str(h)))
+        out += [Hunk(path, hunk_header(h, section=True), str(h)) for h in pf]
     return out
+
+
+def tree_diff(git: Git, before: str, after: str) -> str:
+    """What changes ``before`` into ``after`` (trees or commits), as an edit is carried: binary, no renames."""
+    return git.run("diff", "--full-index", "--binary", "--no-renames", before, after).stdout
+
+
+def apply_cached(idx: Git, diff: str) -> bool:
+    """``diff`` applied to ``idx``'s index: strict, else 3-way."""
+    return idx.ok("apply", "--cached", input=diff) or idx.ok("apply", "--cached", "--3way", input=diff)
 
 
 def tree_without_provenance(git: Git, head: str, index_file: Path) -> str:
@@ -269,8 +277,7 @@ def prove(series: Series, git: Git, rev: str, commit: str, head: str = "HEAD", *
             if accept is not None and not accept(edit):
                 result.notes.append(f"{edit.label}: not an edit the branch had; its changes count as unattributed")
                 continue
-            patch = git.run("diff", "--full-index", "--binary", "--no-renames", edit.before, edit.after).stdout
-            if not (idx.ok("apply", "--cached", input=patch) or idx.ok("apply", "--cached", "--3way", input=patch)):
+            if not apply_cached(idx, tree_diff(git, edit.before, edit.after)):
                 idx.run("read-tree", current)
                 result.notes.append(f"{edit.label}: does not replay on the fresh tree; its changes count as unattributed")
                 continue

@@ -15,8 +15,12 @@ One ``git log`` per PR number and one ``git log -p --unified=0`` over the entry'
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
+
+from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
 
 from c128patch.git import Git
 from c128patch.series.manifest import Entry
@@ -24,7 +28,6 @@ from c128patch.series.patchfile import PatchInfo
 
 _PR = re.compile(r"#(\d+)")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{3,}")
-_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@ ?(.*)$")
 _COMMON = {"const", "auto", "return", "static_cast", "uint32_t", "int32_t", "int64_t", "size_t", "self", "None",
            "True", "False", "else", "elif", "import", "from", "static", "inline", "void", "bool", "float", "double",
            "RuntimeCheck", "assert", "print", "range", "irange", "std", "this", "pass", "with", "lambda"}
@@ -98,10 +101,7 @@ def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, on
             if key not in cache:
                 cache[key] = git.run("log", "--reverse", "-p", "--unified=0", "--no-renames", "--format=%x00%H%x00%s",
                                      span, "--", *(shared or where), check=False).stdout
-            commits = _commits(cache[key])
-            if shared:
-                commits = [(sha, subject, part) for sha, subject, diff in commits if (part := _only(diff, set(where)))]
-            for sha, subject, diff in commits:
+            for sha, subject, diff in _commits(cache[key]):
                 why = _same_function(diff, where)
                 if why and sha not in found:
                     found[sha] = Hint(sha, subject, why)
@@ -115,34 +115,24 @@ def _commits(text: str) -> list[tuple[str, str, str]]:
             for i in range(1, len(parts) - 1, 2)]
 
 
-def _only(diff: str, paths: set[str]) -> str:
-    """The parts of a ``git log -p`` diff that change ``paths``."""
-    parts = re.split(r"(?m)^(?=diff --git )", diff)
-    return "".join(p for p in parts if p.startswith("diff --git ") and p.split("\n", 1)[0].split(" b/", 1)[-1] in paths)
+@functools.lru_cache(maxsize=4096)  # entries sharing one log read each commit's diff once
+def _hunks(diff: str) -> tuple[tuple[str, str, frozenset[str]], ...]:
+    """(path, function header, the names its changed lines use) of each hunk of ``diff``."""
+    try:
+        files = PatchSet(diff)
+    except UnidiffParseError:  # a hint is never evidence: a diff it cannot read gives none
+        return ()
+    return tuple((pf.path, hunk.section_header.strip(),
+                  frozenset(_names([line.value for line in hunk if line.is_added or line.is_removed])))
+                 for pf in files for hunk in pf)
 
 
 def _same_function(diff: str, where: dict[str, dict[str, set[str]]]) -> str:
-    path, header, changed = "", "", []
-
-    def verdict() -> str:
+    """Why the first hunk of ``diff`` that changes one of ``where``'s functions with a name the
+    entry's removed lines use makes a hint ("" when none does)."""
+    for path, header, changed in _hunks(diff):
         names = where.get(path, {}).get(header)
-        shared = sorted(names & _names(changed)) if names else []
-        return f"changes {header.split('(')[0].split()[-1]}() as this entry does ({', '.join(shared[:3])})" \
-            if shared else ""
-
-    for line in diff.splitlines():
-        if line.startswith("diff --git "):
-            why = verdict() if header else ""
-            if why:
-                return why
-            path, header, changed = (line.split(" b/", 1)[1] if " b/" in line else ""), "", []
-            continue
-        m = _HUNK.match(line)
-        if m:
-            why = verdict() if header else ""
-            if why:
-                return why
-            header, changed = m.group(1).strip(), []
-        elif line[:1] in "+-" and not line.startswith(("+++", "---")):
-            changed.append(line[1:])
-    return verdict() if header else ""
+        shared = sorted(names & changed) if names else []
+        if shared:
+            return f"changes {header.split('(')[0].split()[-1]}() as this entry does ({', '.join(shared[:3])})"
+    return ""

@@ -39,9 +39,10 @@ from c128patch.git import Git
 from c128patch.ops.equivalence import Equivalence, prove
 from c128patch.ops.faults import fault_point
 from c128patch.ops.replay import branch_commits
+from c128patch.ops.treestate import ensure_clean, ensure_idle, repo_lock
 from c128patch.series import txn
 from c128patch.series.contract import LOCK_NAME, Lock, LockItem, lock_path, merged, read_lock
-from c128patch.series.layers import Stack
+from c128patch.series.layers import Stack, layer_rows
 from c128patch.series.manifest import Entry, Series, Variant
 from c128patch.series.patchfile import split_message
 from c128patch.series.paths import check_relpath
@@ -65,13 +66,17 @@ class Export:
 
     def changes(self, root: Path) -> list[str]:
         """What the export changes: paths relative to ``root`` (our series), a layer's as its full path."""
-        changed = [_shown(p, root) for p, data in self.files.items() if not p.is_file() or p.read_bytes() != data]
+        changed = [_shown(p, root) for p, data in self.files.items() if _differs(p, data)]
         manifest = root / "patches" / "series.toml"
         if manifest.read_text() != self.manifest:
             changed.append("patches/series.toml")
         changed += [_shown(layer.manifest_path, root) for layer in self.layers
                     if layer.manifest_path.read_text() != layer.to_toml()]
         return sorted(changed)
+
+
+def _differs(path: Path, data: bytes) -> bool:
+    return not path.is_file() or path.read_bytes() != data
 
 
 def _shown(path: Path, root: Path) -> str:
@@ -111,6 +116,43 @@ def base_label(git: Git, commit: str, rev: str) -> str:
     return sorted(tags)[0] if tags else commit[:12]
 
 
+@dataclass
+class Refreshed:
+    """What ``refresh`` did (or, with ``check``, would do): the export and the files it changes."""
+
+    result: Export
+    changes: list[str]
+    check: bool
+
+    @property
+    def failed(self) -> bool:
+        """``--check`` found something to change, or a tree it cannot prove."""
+        return self.check and (bool(self.changes) or not self.result.equivalence.ok)  # type: ignore[union-attr]
+
+    def to_json(self) -> dict:
+        proof, series = self.result.equivalence, self.result.series
+        assert proof is not None and series is not None
+        return {"ok": not self.failed, "check": self.check, "changed": self.changes, "notes": self.result.notes,
+                "equivalence": proof.to_json(), "tree": proof.summary(),
+                "series": {"name": series.name, "version": series.version, "base": series.base},
+                "layers": layer_rows(series)}
+
+
+def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | None = None, version: str | None = None,
+            accept_differences: bool = False, lock_items: LockItems | None = None) -> Refreshed:
+    """``export`` the branch and (unless ``check``) ``write`` it, under the repository lock, on a tree
+    with no operation half done and nothing uncommitted (uncommitted edits are not the branch)."""
+    with repo_lock(git, "refresh"):
+        ensure_idle(git, "refresh")
+        read_provenance(git.worktree)  # type: ignore[arg-type]  # a damaged record is said as such first
+        ensure_clean(git, "refresh --check" if check else "refresh")
+        result = export(series, git, primary=primary, version=version, lock_items=lock_items)
+        changes = result.changes(series.root)
+        if not check:
+            changes = write(series, result, accept_differences=accept_differences)
+    return Refreshed(result, changes, check)
+
+
 def export(series: Series, git: Git, *, primary: bool | None = None, version: str | None = None,
            lock_items: LockItems | None = None) -> Export:
     """What patches/ and the manifest would hold if refreshed from the branch in ``git``.
@@ -126,70 +168,36 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     a rebase, or when the series already has it merged at the branch's base; otherwise it is
     dropped from the series (and said so).
     """
-    tree = git.worktree
-    assert tree is not None
-    record = read_provenance(tree)
+    record = read_provenance(git.worktree)  # type: ignore[arg-type]
     upstream = record.get("upstream", {})
     base_commit, base_rev = upstream.get("commit"), upstream.get("rev")
     if not base_commit or not git.rev_parse(base_commit):
-        raise C128Error(f"cannot refresh: the upstream base {base_commit!r} recorded in {PROVENANCE_PATH} is not in {tree}")
+        raise C128Error(f"cannot refresh: the upstream base {base_commit!r} recorded in {PROVENANCE_PATH} is not in "
+                        f"{git.worktree}")
     label = base_label(git, base_commit, base_rev or "")
-    if primary is None:
-        primary = label == series.base
+    primary = label == series.base if primary is None else primary
     left_out = [d["name"] for d in record.get("dropped", []) if d.get("status") in ("dropped-as-merged", "skipped")]
     commits = _commits(git, base_commit)
     empty = {name: sha for sha, name in commits if name in {e.name for e in series.entries if e.is_patch}
              and git.out("rev-parse", f"{sha}^{{tree}}") == git.out("rev-parse", f"{sha}~1^{{tree}}")}
     result = Export(equivalence=prove(series, git, base_rev or label, base_commit, without=left_out + list(empty)))
-    by_name = {e.name: e for e in series.entries}
-    numbers = [int(m.group(1)) for e in series.entries if (m := re.match(r"^(\d+)-", e.file or ""))]
     exported: dict[str, Entry] = {}
     for sha, name in commits:
         if name in empty:  # an empty patch is no patch: upstream holds the entry here (kept with merged_in)
             record = {**record, "dropped": [*record.get("dropped", []), {
                 "name": name, "status": "dropped-as-merged", "merged_in": base_commit,
                 "detail": f"its commit {sha[:12]} changes nothing on {label}"}]}
-            continue
-        if name in exported:
+        elif name in exported:
             raise C128Error(f"cannot refresh: two commits carry '{ENTRY_TRAILER}: {name}'; squash them first")
-        old = by_name.get(name)
-        if old is None and isinstance(series, Stack):  # whose entry would it be? the team says, with add-entry
-            raise C128Error(f"cannot refresh: commit {sha[:12]} carries no {ENTRY_TRAILER} trailer; make it an entry of "
-                            f"a layer (c128patch layer add-entry --layer DIR --from-commit {sha[:12]} --why TEXT) "
-                            "or of the series, then refresh")
-        if old is None:
-            result.notes.append(f"new entry '{name}' from commit {sha[:12]}")
-            old = Entry(name=name, kind="patch", why=git.out("log", "-1", "--format=%s", sha), base=label)
-            numbers.append(max(numbers, default=0) + 1)
-            stem = f"{numbers[-1]:04d}-{name}"
         else:
-            stem = old.file.removesuffix(".patch")
-        entry = replace(old, variants=list(old.variants))
-        if entry.is_patch:
-            data = format_patch(git, sha, name)
-            if not primary and old.file and _fallback_gives_same_tree(series, old, git, sha, label):
-                data = None  # the file chosen without a variant for this base already makes this commit
-            touched = [p for p in git.out("diff-tree", "-r", "-z", "--name-only", "--no-commit-id", sha).split("\0") if p]
-            base = (label, base_commit if label == base_commit[:12] else "", sources_at(git, base_commit, touched))
-            _export_patch(series.part(name)[0], old, entry, data, stem, base, primary, result)
-        else:
-            content = git.blob(sha, entry.target)
-            if content is None:
-                raise C128Error(f"cannot refresh: overlay commit {sha[:12]} does not hold {entry.target}")
-            result.files[series.part(name)[0].root / entry.source] = content
-            entry.sha256 = hashlib.sha256(content).hexdigest()
-            if primary:
-                entry.base = label
-        exported[name] = entry
-    kept = _kept_without_commit(series, git, record, base_commit, exported, result)
-    entries = _in_order(series, list(exported.values()), kept)
+            exported[name] = _export_commit(series, git, sha, name, exported, (label, base_commit, primary), result)
+    entries = _in_order(series, list(exported.values()), _kept_without_commit(series, git, record, base_commit,
+                                                                              exported, result))
     if isinstance(series, Stack):
         return _export_stack(series, series.rebuilt(entries, label if primary else ""), primary, version, result)
     new = Series(series.root, series.name, series.version, label if primary else series.base, entries,
                  gates=series.gates)
-    payload_changed = new.to_toml() != series.to_toml() or any(
-        not p.is_file() or p.read_bytes() != d for p, d in result.files.items()
-    )
+    payload_changed = new.to_toml() != series.to_toml() or any(_differs(p, d) for p, d in result.files.items())
     new.version = version or (_bump(series.version) if payload_changed else series.version)
     result.series, result.manifest = new, new.to_toml()
     if primary:
@@ -197,13 +205,50 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     return result
 
 
+def _export_commit(series: Series, git: Git, sha: str, name: str, exported: dict[str, Entry],
+                   base: tuple[str, str, bool], result: Export) -> Entry:
+    """The entry of one branch commit, its file placed in ``result``; ``base``: (label, commit, primary).
+    A commit of no entry is a new entry, numbered after every file there is."""
+    label, base_commit, primary = base
+    old = next((e for e in series.entries if e.name == name), None)
+    if old is None and isinstance(series, Stack):  # whose entry would it be? the team says, with add-entry
+        raise C128Error(f"cannot refresh: commit {sha[:12]} carries no {ENTRY_TRAILER} trailer; make it an entry of "
+                        f"a layer (c128patch layer add-entry --layer DIR --from-commit {sha[:12]} --why TEXT) "
+                        "or of the series, then refresh")
+    if old is None:
+        result.notes.append(f"new entry '{name}' from commit {sha[:12]}")
+        old = Entry(name=name, kind="patch", why=git.out("log", "-1", "--format=%s", sha), base=label)
+        number = max((int(m.group(1)) for e in [*series.entries, *exported.values()]
+                      if (m := re.match(r"^(\d+)-", e.file or ""))), default=0) + 1
+        stem = f"{number:04d}-{name}"
+    else:
+        stem = old.file.removesuffix(".patch")
+    entry = replace(old, variants=list(old.variants))
+    if not entry.is_patch:
+        content = git.blob(sha, entry.target)
+        if content is None:
+            raise C128Error(f"cannot refresh: overlay commit {sha[:12]} does not hold {entry.target}")
+        result.files[series.part(name)[0].root / entry.source] = content
+        entry.sha256 = hashlib.sha256(content).hexdigest()
+        entry.base = label if primary else entry.base
+        return entry
+    data: bytes | None = format_patch(git, sha, name)
+    if not primary and old.file and _fallback_gives_same_tree(series, old, git, sha, label):
+        data = None  # the file chosen without a variant for this base already makes this commit
+    touched = [p for p in git.out("diff-tree", "-r", "-z", "--name-only", "--no-commit-id", sha).split("\0") if p]
+    sources = sources_at(git, base_commit, touched)
+    _export_patch(series.part(name)[0], old, entry, data, stem,
+                  (label, base_commit if label == base_commit[:12] else "", sources), primary, result)
+    return entry
+
+
 def _export_stack(series: Stack, new: Stack, primary: bool, version: str | None, result: Export) -> Export:
     """A stack's export: each part's manifest (its version bumped when its own files or manifest
     change), our series' as ``manifest``, each layer's in ``layers``; ``version`` is our series'."""
     parts = []
     for old, part in zip((series.head, *series.layers), (new.head, *new.layers)):
-        changed = part.to_toml() != old.to_toml() or any(
-            (not p.is_file() or p.read_bytes() != d) for p, d in _files_of(old, series, result.files).items())
+        changed = part.to_toml() != old.to_toml() or any(_differs(p, d)
+                                                          for p, d in _files_of(old, series, result.files).items())
         want = version if old is series.head else None
         parts.append(replace(part, version=want or (_bump(old.version) if changed else old.version)))
     stacked = Stack(parts[0], parts[1:])
@@ -357,7 +402,7 @@ def _files_of(part: Series, series: Series, files: dict[Path, bytes]) -> dict[Pa
 def _part_writes(part: Series, files: dict[Path, bytes], manifest: str) -> txn.Part | None:
     """One part's transaction (``txn.Part``): its changed files and manifest (moved in last), and its
     patch files no entry refers to any more (removed); None when nothing of it changes."""
-    writes = {path: data for path, data in files.items() if not path.is_file() or path.read_bytes() != data}
+    writes = {path: data for path, data in files.items() if _differs(path, data)}
     if part.manifest_path.read_text() != manifest:
         writes[part.manifest_path] = manifest.encode()
     keep = {p.name for p in files if p.parent == part.patches_dir}

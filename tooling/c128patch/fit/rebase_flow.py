@@ -1,0 +1,132 @@
+"""The ``rebase`` workflow, as the command runs it and a script can: one verb of ``ops.rebase`` under
+the repository lock, the series' API contract (``fit.contract``) checked on the new tip beside the
+checkout and the proof, and the refresh to run next (``next_refresh``)."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from c128patch.errors import C128Error, Interrupted
+from c128patch.fit import contract as contract_ops
+from c128patch.git import Git
+from c128patch.ops import refresh as refresh_ops
+from c128patch.ops.rebase import Journal, Rebase
+from c128patch.ops.treestate import rebase_command, rebase_journal, repo_lock
+from c128patch.progress import reporter
+from c128patch.series.layers import get_series, layer_args, stack
+from c128patch.series.manifest import Series, load_series
+from c128patch.upstream.releases import release_version
+from c128patch.upstream.source import open_upstream
+
+Verb = Literal["onto", "continue", "skip", "drop", "abort"]
+
+
+@dataclass
+class Rebased:
+    """One verb's outcome: the report the command prints (``--json`` as it is) and the series it used."""
+
+    git: Git
+    series: Series
+    report: dict
+
+    @property
+    def report_md(self) -> Path:
+        return rebase_journal(self.git).parent / "rebase-report.md"
+
+    def next_refresh(self) -> str:
+        return next_refresh(self.git, self.series, self.report)
+
+
+def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, drop_merged: bool = False,
+           drop: tuple[str, ...] = (), series_dir: Path | None = None, layer_dirs: tuple[Path, ...] = (),
+           report_dir: Path | None = None) -> Rebased:
+    """``verb`` on ``git``'s tree. Past ``onto`` a verb goes on with the series (and layers) the rebase
+    started with, unless others are given; ``drop``: with ``onto`` the entries dropped from the start,
+    else the one the rebase stopped at; ``report_dir``: the reports copied there (at a stop too)."""
+    series = _series(git, verb, series_dir, layer_dirs)
+    rb = Rebase(git, series)
+    report: dict = {}
+    pool = ThreadPoolExecutor(max_workers=1)  # the contract is checked on the new tip beside the checkout and proof
+    contracts: dict[str, Future] = {}
+    rb.on_tip = lambda base, head: contracts.setdefault(head, pool.submit(contract_row, series, git, base, head))
+    verbs = {"onto": lambda: rb.start(onto, onto_commit(git, onto, repo), drop_merged=drop_merged, drop=drop),
+             "continue": rb.resume, "skip": rb.skip, "drop": lambda: rb.drop(drop[0]), "abort": rb.abort}
+    try:
+        with repo_lock(git, "rebase"):
+            report = verbs[verb]()
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted: the rebase journal is intact; resume with "
+                          f"`{rebase_command(git.worktree, 'continue')}` or undo with "
+                          f"`{rebase_command(git.worktree, 'abort')}`") from None
+    finally:  # at a stop too: the reports are written at every stop
+        pool.shutdown(wait=True)
+        if report_dir and verb != "abort":
+            report_dir.mkdir(parents=True, exist_ok=True)
+            for name in ("rebase-report.md", "rebase-report.json"):
+                if (rb.state / name).is_file():
+                    shutil.copyfile(rb.state / name, report_dir / name)
+    if not report.get("aborted") and report.get("head"):
+        head = report["head"]
+        report["contract"] = (contracts[head].result() if head in contracts
+                              else contract_row(series, git, report["new_base"]["commit"], head))
+    return Rebased(git, series, report)
+
+
+def _series(git: Git, verb: Verb, series_dir: Path | None, layer_dirs: tuple[Path, ...]) -> Series:
+    """The series given, or (past ``onto``) the one in the journal, with its layers unless others are given."""
+    journal = rebase_journal(git)
+    if verb == "onto" or not journal.is_file():
+        return get_series(series_dir, layer_dirs)
+    started = Journal.load(journal, git)
+    series_dir = series_dir or Path(started.series_root)
+    if layer_dirs:
+        return get_series(series_dir, layer_dirs)
+    return stack(load_series(series_dir), [Path(p) for p in started.layers])
+
+
+def onto_commit(git: Git, rev: str, repo: str | None) -> str:
+    """The commit of ``rev``: in the tree's repository, else fetched from the upstream (``--repo``)."""
+    if repo is None:
+        commit = git.rev_parse(rev)
+        if commit:
+            return commit
+        if release_version(rev) is None:
+            raise C128Error(f"unknown rev '{rev}' in {git.worktree} (pass --repo to fetch it)")
+    with reporter(False) as rep:
+        upstream = open_upstream(repo, [rev] if repo is None else [], rep)
+        commit = upstream.resolve(rev)
+        if git.rev_parse(commit) is None:
+            git.run("fetch", "--quiet", str(upstream.git.git_dir or upstream.git.worktree), commit)
+    return commit
+
+
+def next_refresh(git: Git, series: Series, report: dict) -> str:
+    """The refresh to run after a rebase, or "" when ``refresh --check`` would change nothing. Primary
+    files only when the rebase went forward past the series base: never moves that base backwards."""
+    base = git.rev_parse(series.base) if series.base else None
+    onto = report["new_base"]["commit"]
+    primary = report["direction"] == "forward" and (base is None or git.is_ancestor(base, onto))
+    try:
+        changes = refresh_ops.export(series, git, primary=primary, lock_items=contract_ops.lock_items).changes(
+            series.root)
+    except C128Error:
+        changes = ["?"]  # refresh itself will say why
+    if not changes:
+        return ""
+    return shlex.join(["c128patch", "refresh", "--primary" if primary else "--variant", "--tree", str(git.worktree),
+                       "--series", str(series.root), *layer_args(series)])
+
+
+def contract_row(series: Series, git: Git, base: str, head: str) -> dict:
+    """The series' API contract on the rebased tree (``fit.contract``), next to the equivalence proof."""
+    try:
+        result = contract_ops.check(series, git, base, head)
+    except C128Error as exc:
+        return {"ok": False, "verdict": f"not checked: {exc.message}", "failing": []}
+    return {"ok": result.ok, "verdict": result.verdict(),
+            "failing": [f.message for f in result.errors + result.warnings]}

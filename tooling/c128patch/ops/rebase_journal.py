@@ -1,0 +1,132 @@
+"""A rebase's state: its steps and the journal (``.git/c128patch/rebase.json``), written before every
+step; a stop also keeps what it wrote in the work tree (``stop_state``) and the conflicts git left."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from c128patch.git import Git
+from c128patch.jsonio import write_json_atomic
+from c128patch.ops.treestate import changed_paths, checked_fields, corrupt_journal, read_journal
+from c128patch.series.ledger import Conflict
+
+StepKind = Literal["entry", "commit"]
+Status = Literal["pending", "replayed", "unchanged", "context-only", "content-changed", "new", "resolved",
+                 "dropped-as-merged", "skipped", "removed", "failing"]
+Phase = Literal["", "series", "user-edit", "carried"]
+Paused = Literal["", "conflict", "merged"]
+DONE: tuple[Status, ...] = ("replayed", "unchanged", "context-only", "content-changed", "new", "resolved",
+                            "dropped-as-merged", "skipped", "removed")
+LEFT_OUT: tuple[Status, ...] = ("dropped-as-merged", "skipped", "removed")  # entries the new tip leaves out
+
+
+@dataclass
+class Step:
+    name: str
+    kind: StepKind = "entry"
+    sha: str = ""  # its commit on the old branch ("" when the branch had none)
+    subject: str = ""
+    status: Status = "pending"
+    detail: str = ""
+    new_sha: str = ""
+    file: str = ""  # the series' file replayed (entries)
+    chosen_by: str = ""
+    applied: str = ""  # clean | 3way | ledger | resolved (by hand) | carried
+    edit_from: str = ""  # a user edit: the tree the series gives on the old commit's parent ...
+    edit_to: str = ""  # ... and the old commit's tree
+    series_tree: str = ""  # the tree after the series' part on the new branch
+    phase: Phase = ""  # where a stop is
+    ledger: list[str] = field(default_factory=list)
+    signals: list[dict] = field(default_factory=list)
+    upstream_commits: list[str] = field(default_factory=list)
+    stop: dict = field(default_factory=dict)  # the StopReport of a stop
+    renamed: dict = field(default_factory=dict)  # path in the file -> where upstream moved it (ops.replay)
+    hints: list = field(default_factory=list)  # ops.hints: upstream commits that may now do what it does
+
+    @property
+    def user_edit(self) -> bool:
+        return bool(self.edit_from)
+
+    def merged_in(self, onto: str) -> str:
+        """The upstream commit a merged entry went in with: the one a signal names, else the new base.
+        An entry skipped at a stop: the upstream commit a hint names, else the new base (a later
+        rebase onto that upstream does not stop at it again)."""
+        made = (self.stop.get("taken") or {}).get("commit", "")
+        if (self.status == "skipped" and self.stop) or (
+                self.status == "dropped-as-merged" and self.detail.startswith(("empty:", "superseded:", "dropped:"))):
+            return made or (self.hints[0]["commit"] if self.hints else onto)
+        if self.status != "dropped-as-merged":
+            return ""
+        named = [s["commit"] for s in self.signals if s.get("commit") and s["kind"] == "patch-id"]
+        return named[0] if named else onto
+
+
+@dataclass
+class Journal:
+    onto_rev: str
+    onto_commit: str
+    old_rev: str
+    old_commit: str
+    orig_branch: str | None
+    orig_head: str
+    recovery_ref: str
+    series_root: str
+    drop_merged: bool
+    steps: list[Step]
+    pos: int = 0
+    head_before: str = ""  # the new branch's tip before the current step (HEAD goes there only at a stop and at the end)
+    paused: Paused = ""
+    stop_state: dict[str, str] = field(default_factory=dict)  # path -> blob the stop left in the work tree
+    upstream: dict = field(default_factory=dict)  # the old provenance's upstream record (its fields are kept)
+    layers: list[str] = field(default_factory=list)  # the layer folders replayed after the series (series.layers)
+
+    @property
+    def span(self) -> str:
+        return f"{self.old_rev}..{self.onto_rev}"
+
+    @property
+    def left_out(self) -> list[str]:
+        """The entries the new tip leaves out on purpose (the proof's fresh replay does too)."""
+        return [s.name for s in self.steps if s.kind == "entry" and s.status in LEFT_OUT]
+
+    @classmethod
+    def load(cls, path: Path, git: Git) -> "Journal":
+        """The journal at ``path``; a damaged one is a one-line error that says how to forget it."""
+        data = checked_fields(cls, read_journal(git, path, "rebase"), git, path, "rebase")
+        if not all(isinstance(s, dict) for s in data["steps"]):
+            raise corrupt_journal(git, path, "rebase", "a step is not an object")
+        data["steps"] = [Step(**checked_fields(Step, s, git, path, "rebase")) for s in data["steps"]]
+        journal = cls(**data)
+        if not 0 <= journal.pos <= len(journal.steps):
+            raise corrupt_journal(git, path, "rebase", f"'pos' {journal.pos} is outside its {len(journal.steps)} steps")
+        return journal
+
+    def save(self, path: Path) -> None:
+        write_json_atomic(path, asdict(self))
+
+    def user_paths(self, now: dict[str, str]) -> list[str]:
+        """Paths the user changed since the stop (all changed paths when not stopped); ``now``: ``tree_state``."""
+        if self.paused != "conflict":
+            return sorted(now)
+        return sorted(p for p in set(now) | set(self.stop_state) if now.get(p) != self.stop_state.get(p))
+
+
+def tree_state(git: Git) -> dict[str, str]:
+    """path -> blob id of each changed or untracked path of the work tree ("" when deleted)."""
+    paths = changed_paths(git)
+    present = [p for p in paths if (git.worktree / p).is_file()]  # type: ignore[operator]
+    ids = git.out("hash-object", "--", *present).splitlines() if present else []
+    return {**{p: "" for p in paths}, **dict(zip(present, ids))}
+
+
+def save_conflicts(state: Path, conflicts: list[Conflict]) -> None:
+    """Keep the conflicted files as git left them: --continue records the resolution against them."""
+    (state / "conflicts.json").write_text(json.dumps([asdict(c) for c in conflicts]))
+
+
+def saved_conflicts(state: Path) -> list[Conflict]:
+    path = state / "conflicts.json"
+    return [Conflict(**c) for c in json.loads(path.read_text())] if path.is_file() else []

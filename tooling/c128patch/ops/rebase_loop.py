@@ -1,0 +1,415 @@
+"""The replay loop of a rebase (``ops.rebase``): each pending step on the new tip, in an index of its
+own (the branch and the work tree move only at a stop or the end), every commit dated as the new base
+(reproducible ids); a stop is ``git apply --3way`` in the work tree; the end is proven."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, NoReturn
+
+from c128patch.errors import ConflictError, DifferenceError
+from c128patch.git import BOT_EMAIL, BOT_NAME, Git
+from c128patch.ops.conflicts import StopReport, analyze
+from c128patch.ops.equivalence import Equivalence, apply_cached, fresh_replay, prove, tree_diff
+from c128patch.ops.faults import fault_point
+from c128patch.ops.hints import upstream_hints
+from c128patch.ops.merged import MergedCheck, Signal, UpstreamIds, proposes_drop
+from c128patch.ops.rebase_journal import DONE, Journal, Phase, Step, save_conflicts, tree_state
+from c128patch.ops.rebase_report import classify, range_diff_of, report_of, write_reports
+from c128patch.ops.replay import FAILED, renamed_patch_text, replay_entry, unmerged_paths
+from c128patch.ops.taken import taken
+from c128patch.ops.treestate import rebase_command, rebase_journal
+from c128patch.series import provenance
+from c128patch.series.ledger import Ledger
+from c128patch.series.manifest import Series
+from c128patch.series.plan import ENTRY_TRAILER, Planned, index_git, merged_entries, overlay_message, plan
+from c128patch.series.provenance import PROVENANCE_PATH
+from c128patch.upstream.target import default_branch
+
+
+class RebaseLoop:
+    """The loop and its end; ``ops.rebase.Rebase`` adds the verbs that start, resume and undo it."""
+
+    def __init__(self, git: Git, series: Series) -> None:
+        self.git = git
+        self.series = series
+        self.path = rebase_journal(git)
+        self.state = self.path.parent  # the reports, conflicts.json, the loop's index
+        self.ledger = Ledger(series)
+        self._onto_date = ""
+        self._planned: dict[str, Planned] | None = None
+        self._idx: Git | None = None  # the loop's index (``_reset_index``)
+        self._tip_tree = ""
+        self._present: set[str] = set()
+        self._touched: list[str] = []
+        self._hint_cache: dict[str, str] = {}
+        self._mails: dict[str, Future] = {}  # entry -> its patch file's (message, author), being read
+        self._pool = ThreadPoolExecutor(max_workers=1)  # the proof's fresh replay, beside the rebase
+        self._fresh: dict[tuple, Future] = {}
+        self.on_tip: Callable[[str, str], object] | None = None  # called with (new base, new tip) once it is made
+
+    def _advance(self, journal: Journal, tip: str = "") -> None:
+        journal.pos += 1
+        journal.head_before = tip or journal.head_before
+        journal.paused = ""
+        journal.stop_state = {}
+        journal.save(self.path)
+
+    def _run(self, journal: Journal, keep: bool = False) -> dict:
+        git = self.git
+        planned = self._plan(journal)
+        self._fresh_replay(journal.onto_rev, journal.onto_commit, journal.span, journal.left_out)
+        merged_here = {e.name: e for e in merged_entries(self.series, git, journal.onto_commit)}
+        check = MergedCheck(git, journal.old_commit, journal.onto_commit,
+                            UpstreamIds(git, self.state / "patch-ids.json"), [s.sha for s in journal.steps])
+        self._reset_index(journal)
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the entries' commit messages are read beside the loop
+            self._mails = {s.name: pool.submit(self._mail, p.path, p.entry.name) for s in journal.steps[journal.pos:]
+                           if s.kind == "entry" and s.status == "pending" and not s.user_edit
+                           and (p := planned.get(s.name)) is not None and p.patch is not None}
+            while journal.pos < len(journal.steps):
+                step = journal.steps[journal.pos]
+                if step.status in DONE:
+                    self._advance(journal)
+                    continue
+                journal.save(self.path)
+                fault_point("before", step.name)  # C128PATCH_FAULT=kill-before:<entry> (ops.faults)
+                if step.kind == "commit":
+                    self._carry(journal, step)
+                elif step.name in merged_here:
+                    step.status = "dropped-as-merged"
+                    step.detail = f"the series records it merged upstream in {merged_here[step.name].merged_in[:12]}"
+                    self._advance(journal)
+                else:
+                    self._replay(journal, step, planned[step.name], check, keep)
+                keep = False
+        return self._finish(journal)
+
+    def _plan(self, journal: Journal) -> dict[str, Planned]:
+        if self._planned is None:
+            self._planned = {p.entry.name: p for p in plan(self.series, self.git, journal.onto_commit)}
+        return self._planned
+
+    def _fresh_replay(self, rev: str, commit: str, span: str, without: list[str]) -> None:
+        """Start the proof's fresh replay on the new base (``equivalence.fresh_replay``) beside the
+        rebase: it reads nothing of the branch. ``_finish`` takes it where nothing else was left out
+        since; a stop leaves it unused."""
+        key = (commit, span, tuple(sorted(without)))
+        if key not in self._fresh:
+            self._fresh[key] = self._pool.submit(fresh_replay, self.series, self.git, rev, commit, span=span,
+                                                 without=list(without))
+
+    def _reset_index(self, journal: Journal) -> None:
+        """The loop's index back at the tip's tree (it follows the tip while entries replay)."""
+        idx = index_git(self.git, self.state / "rebase.index")
+        idx.run("read-tree", journal.head_before)
+        self._idx, self._tip_tree = idx, idx.out("write-tree")
+        self._touched = sorted({path for item in self._plan(journal).values() for path in item.touched})
+        self._present = set(idx.out("ls-files", "--", *self._touched).splitlines()) if self._touched else set()
+
+    # ------------------------------------------------------------------ one step
+    def _replay(self, journal: Journal, step: Step, item: Planned, check: MergedCheck, keep: bool) -> None:
+        """The series' part of one entry on the tip, in the loop's index; a stop when it conflicts."""
+        idx = self._idx
+        assert idx is not None
+        step.file, step.chosen_by = item.label, item.chosen_by
+        signals = [] if keep else check.signals(item, journal.head_before, step.sha, idx, self._present)
+        row = replay_entry(self.git, item, Path(idx.env["GIT_INDEX_FILE"]), self._present, ledger=self.ledger,
+                           span=journal.span, at=journal.onto_commit)
+        tree = idx.out("write-tree") if row.status not in FAILED else ""
+        if tree and tree == self._tip_tree:
+            signals.append(Signal("became-empty", "replaying it on the new base changes nothing"))
+        step.signals = [asdict(s) for s in signals]
+        if keep and tree and "became-empty" in {s.kind for s in signals}:
+            step.status, step.detail = "dropped-as-merged", "became empty on the new base"
+            return self._advance(journal)
+        if not keep and proposes_drop(signals):
+            return self._merged(journal, step, "; ".join(s.describe() for s in signals))
+        step.ledger = [r.ref for r in row.resolutions]
+        step.renamed = dict(row.renamed)
+        step.hints = [h.to_json() for h in upstream_hints(self.git, item.entry, item.patch, journal.old_commit,
+                                                          journal.onto_commit, row.renamed, self._hint_cache,
+                                                          self._touched)]
+        step.signals = [s for s in step.signals if s["kind"] != "pr-hint"]  # kept: a hint, not a drop signal
+        if tree:
+            step.applied, step.series_tree, step.detail = row.status, tree, row.detail
+            return self._after_series(journal, step)
+        text = item.path.read_text() if item.patch is not None else ""
+        self._stop(journal, step, "series", renamed_patch_text(text, row.renamed) if row.renamed else text,
+                   item.label, row.detail, row.conflicts or ([item.entry.target] if item.patch is None else []))
+
+    def _merged(self, journal: Journal, step: Step, why: str) -> None:
+        """An entry the content signals say upstream holds: dropped with ``--drop-merged``, else a stop."""
+        step.detail = why
+        self._reset_index(journal)
+        if journal.drop_merged:
+            step.status = "dropped-as-merged"
+            return self._advance(journal)
+        journal.paused, step.status = "merged", "pending"
+        journal.save(self.path)
+        report = report_of(self.git, journal)
+        write_reports(self.state, report)
+        tree = self.git.worktree
+        raise ConflictError(f"entry '{step.name}' looks merged upstream ({why}); nothing was dropped",
+                            hint=f"  drop it: {rebase_command(tree, 'drop', step.name)}\n"
+                                 f"  keep it: {rebase_command(tree, 'continue')}\n"
+                                 f"  undo:    {rebase_command(tree, 'abort')}",
+                            report=report)
+
+    def _after_series(self, journal: Journal, step: Step) -> None:
+        """Carry the user's edit (if any) onto the series' part, then commit the entry."""
+        tree = step.series_tree
+        if step.user_edit:
+            delta = tree_diff(self.git, step.edit_from, step.edit_to)
+            merged = self._apply_on(tree, delta)
+            if merged is None:
+                self._stop(journal, step, "user-edit", delta, f"your edit of {step.name} ({step.sha[:12]})",
+                           "your edit conflicts with the series' file on the new base")
+            tree = merged
+            step.detail = "; ".join(filter(None, [step.detail, "your edit carried"]))
+        self._commit(journal, step, tree)
+
+    def _carry(self, journal: Journal, step: Step) -> None:
+        """A commit of the user's own (or one that cannot be compared with the series), as it is."""
+        delta = tree_diff(self.git, f"{step.sha}^", step.sha)
+        tree = self._apply_on(self.git.out("rev-parse", f"{journal.head_before}^{{tree}}"), delta)
+        if tree is None:
+            self._stop(journal, step, "carried", delta, f"commit {step.sha[:12]} {step.subject!r}",
+                       "the commit does not apply on the new base")
+        self._commit(journal, step, tree)
+
+    def _apply_on(self, tree: str, diff: str) -> str | None:
+        """``diff`` applied to ``tree`` (strict, else 3-way) in an index; None when it conflicts."""
+        if not diff:
+            return tree
+        with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:
+            idx = index_git(self.git, Path(tmp) / "index")
+            idx.run("read-tree", tree)
+            return idx.out("write-tree") if apply_cached(idx, diff) else None
+
+    def _commit(self, journal: Journal, step: Step, tree: str) -> None:
+        """Commit ``tree`` on the tip as the step's commit; the step is done."""
+        git = self.git
+        date = self._date(journal)
+        if step.kind == "entry" and not step.user_edit:
+            message, author = self._patch_message(step, date)
+        else:
+            message = git.run("log", "-1", "--format=%B", step.sha).stdout
+            author = tuple(git.out("log", "-1", f"--format={f}", step.sha) for f in ("%an", "%ae", "%aI"))
+        env = {"GIT_AUTHOR_NAME": author[0], "GIT_AUTHOR_EMAIL": author[1], "GIT_AUTHOR_DATE": author[2],
+               "GIT_COMMITTER_DATE": date}
+        step.new_sha = git.with_env(**env).out("commit-tree", tree, "-p", journal.head_before, input=message)
+        if step.status in ("pending", "failing"):
+            step.status = "resolved" if step.applied in ("resolved", "ledger") else "replayed" if step.sha else "new"
+        if self._idx is not None and tree != step.series_tree:  # the loop's index follows the tip
+            self._idx.run("read-tree", tree)
+            self._present = set(self._idx.out("ls-files", "--", *self._present | set(self._touched)).splitlines())
+        self._tip_tree = tree
+        self._advance(journal, step.new_sha)
+
+    def _date(self, journal: Journal) -> str:
+        """The new base's commit date: every commit the rebase makes carries it (reproducible ids).
+        (``git log -1``: ``git show -s`` costs half a second on a release-sized commit.)"""
+        if not self._onto_date:
+            self._onto_date = self.git.out("log", "-1", "--format=%cI", journal.onto_commit)
+        return self._onto_date
+
+    def _patch_message(self, step: Step, date: str) -> tuple[str, tuple[str, str, str]]:
+        """The message and author ``git am`` would give the step's file (plus the entry trailer)."""
+        if not step.file.startswith("patches/"):  # an overlay: as ``apply`` commits it
+            return overlay_message(self.series.entry(step.name), self.series), (BOT_NAME, BOT_EMAIL, date)
+        made = self._mails.get(step.name)
+        if made is not None:
+            return made.result()
+        return self._mail(self.series.part(step.name)[0].root / step.file, step.name)  # a layer's file is in its layer
+
+    def _mail(self, path: Path, name: str) -> tuple[str, tuple[str, str, str]]:
+        git = self.git
+        with tempfile.TemporaryDirectory(prefix="c128mail-") as tmp:
+            info = git.run("mailinfo", f"{tmp}/msg", f"{tmp}/patch", input=path.read_text()).stdout
+            body = Path(tmp, "msg").read_text()
+        fields = dict(line.split(": ", 1) for line in info.splitlines() if ": " in line)
+        message = git.run("stripspace", input=f"{fields.get('Subject', name)}\n\n{body}").stdout
+        if f"\n{ENTRY_TRAILER}: " not in message:
+            message += f"\n{ENTRY_TRAILER}: {name}\n"
+        return message, (fields.get("Author", "c128patch"), fields.get("Email", ""), fields.get("Date", ""))
+
+    # ------------------------------------------------------------------ stops
+    def _stop(self, journal: Journal, step: Step, phase: Phase, diff: str, label: str, why: str,
+              paths: list[str] | None = None) -> NoReturn:
+        """Leave the conflict in the work tree (``git apply --3way``), write the reports, raise."""
+        git = self.git
+        if (git.head() or "") != journal.head_before or git.current_branch():
+            git.run("checkout", "--quiet", "--detach", journal.head_before)  # the work tree is clean here
+        if phase == "user-edit":
+            git.run("read-tree", "--reset", "-u", step.series_tree)  # the series' part, then the edit on it
+        proc = git.run("apply", "--3way", input=diff, check=False) if diff else None
+        fault_point("at", "rebase-stop")
+        conflicts = Ledger.conflicts(git, unmerged_paths(git))
+        resolved = self.ledger.replay(git, step.name, conflicts, journal.span) if phase == "series" else []
+        left = unmerged_paths(git)
+        save_conflicts(self.state, [c for c in conflicts if c.path in left])
+        stop = StopReport(step.name, phase, label, resolved=resolved, unresolved=left, paths=left or list(paths or []))
+        for c in conflicts:
+            if c.path in left:
+                stop.blocks += analyze(git, c.path, c.text, diff, head=journal.head_before, old=journal.old_commit,
+                                       onto=journal.onto_commit)
+        step.stop, step.phase, step.status = asdict(stop), phase, "failing"
+        step.ledger = [r.ref for r in resolved]
+        step.upstream_commits = sorted({u for b in stop.blocks for u in b.upstream})
+        if left:
+            step.detail = f"conflicts in {', '.join(left)}"
+        else:
+            reason = (proc.stderr.strip().splitlines() or [why])[-1] if proc is not None else why
+            step.detail = f"{why}: {reason.removeprefix('error: ')}" if reason != why else why
+        extra = self._taken(journal, step, stop) if phase == "series" else None
+        journal.paused = "conflict"
+        journal.stop_state = tree_state(git)
+        journal.save(self.path)
+        report = report_of(git, journal)
+        write_reports(self.state, report)
+        raise self._stopped(journal, step, stop, extra, report)
+
+    def _taken(self, journal: Journal, step: Step, stop: StopReport) -> list[str] | None:
+        """An overlay stopped at its target: upstream's own file is there (``ops.taken``); its lines."""
+        item = self._plan(journal).get(step.name)
+        if item is None or item.patch is not None or stop.paths != [item.entry.target]:
+            return None
+        found = taken(self.git, self.series, item.entry, journal.old_commit, journal.onto_commit)
+        step.stop["taken"] = found.to_json()
+        tree = self.git.worktree
+        return found.lines(rebase_command(tree, "continue"), rebase_command(tree, "drop", step.name))
+
+    def _stopped(self, journal: Journal, step: Step, stop: StopReport, extra: list[str] | None,
+                 report: dict) -> ConflictError:
+        """The error of a stop: where it conflicts and what the user can do next."""
+        tree, phase, left = self.git.worktree, step.phase, stop.unresolved
+        extra = [h["line"] for h in step.hints] if extra is None else extra
+        where = "\n".join(f"  {line}" for line in stop.lines() + extra)
+        return ConflictError(
+            f"entry '{step.name}' conflicts on {journal.onto_rev}"
+            + (f" in {', '.join(left)}" if left else f": {step.detail}")
+            + (f" ({'your edit' if phase == 'user-edit' else 'your commit'})" if phase != "series" else ""),
+            hint=((where + "\n") if where else "")
+            + f"  resolve: edit the files, `{shlex.join(['git', '-C', str(tree), 'add'])}` them, then "
+              f"{rebase_command(tree, 'continue')}\n"
+              f"  drop it: {rebase_command(tree, 'skip')}\n"
+            + (f"  merged upstream: {rebase_command(tree, 'drop', step.name)} (drops it as merged, with merged_in)\n"
+               if step.hints and phase == "series" else "")
+            + f"  undo:    {rebase_command(tree, 'abort')} (back to {journal.orig_branch or journal.orig_head[:12]})\n"
+              f"  report:  {self.state / 'rebase-report.md'}",
+            report=report)
+
+    # ------------------------------------------------------------------ the end
+    def _finish(self, journal: Journal) -> dict:
+        """The provenance commit on the new tip, the branch moved there, proven; the journal forgotten."""
+        git = self.git
+        classify(git, journal.steps)
+        new_head = self._provenance_commit(journal, provenance.dumps(self._record(journal)))
+        if self.on_tip is not None:
+            self.on_tip(journal.onto_commit, new_head)
+        carried = {s.new_sha for s in journal.steps if s.new_sha and (s.kind == "commit" or s.user_edit)}
+        fresh = self._fresh.get((journal.onto_commit, journal.span, tuple(sorted(journal.left_out))))
+        with ThreadPoolExecutor(max_workers=2) as pool:  # the proof reads objects only: it runs beside the checkout
+            proving = pool.submit(lambda: prove(self.series, git, journal.onto_rev, journal.onto_commit, new_head,
+                                                accept=lambda e: e.commit in carried, span=journal.span,
+                                                without=journal.left_out, fresh=fresh.result() if fresh else None))
+            ranged = pool.submit(range_diff_of, git, journal, new_head)
+            git.run("checkout", "--quiet", "--detach", new_head)  # the work tree is clean here
+            renamed = self._move_branch(journal, new_head)
+            proof, range_diff = proving.result(), ranged.result()
+        if proof.ok and renamed and git.current_branch() != renamed:  # named after its new base; the old tip stays
+            git.run("update-ref", "-m", f"c128patch rebase onto {journal.onto_rev}", f"refs/heads/{renamed}", new_head,
+                    "0" * 40)  # at the recovery ref
+            self._attach(journal, renamed)
+            git.run("update-ref", "-d", f"refs/heads/{journal.orig_branch}", new_head)
+        report = report_of(git, journal, new_head, proof, range_diff)
+        if renamed and git.current_branch() == renamed:
+            report["branch"], report["renamed_branch"] = renamed, {"from": journal.orig_branch, "to": renamed}
+        write_reports(self.state, report)
+        self._forget()
+        if not proof.ok:
+            raise self._unproven(journal, proof, report)
+        return report
+
+    def _forget(self) -> None:
+        """The journal and the stop's saved conflicts gone: no rebase is in progress."""
+        self.path.unlink()
+        (self.state / "conflicts.json").unlink(missing_ok=True)
+
+    def _unproven(self, journal: Journal, proof: Equivalence, report: dict) -> DifferenceError:
+        shown = "\n".join(f"  {h.path} {h.header}" for d in proof.unattributed for h in d.hunks[:20])
+        undo = shlex.join(["git", "-C", str(self.git.worktree), "reset", "--hard", journal.recovery_ref])
+        kept = f"{journal.orig_branch or 'HEAD'} is kept as it is (report: {self.state / 'rebase-report.md'})"
+        return DifferenceError(f"rebase onto {journal.onto_rev} finished, but the tree is not proven: "
+                               f"{proof.summary()}", hint=f"{shown}\n  {kept}\n  undo: {undo}", report=report)
+
+    def _record(self, journal: Journal) -> dict:
+        """The new tip's provenance: the old upstream record's fields on the new base, what was
+        carried from the branch and what was dropped (with ``merged_in``)."""
+        kept = [s for s in journal.steps if s.new_sha]
+        planned = self._plan(journal)
+        items = [planned[s.name] for s in kept if s.kind == "entry" and s.name in planned]
+        results = [{"name": s.name, "applied": s.status, "commit": s.new_sha} for s in kept]
+        upstream = {**journal.upstream, "rev": journal.onto_rev, "commit": journal.onto_commit}
+        record = provenance.build(self.series, items, upstream, results)
+        record["rebased_from"] = {**journal.upstream, "rev": journal.old_rev, "commit": journal.old_commit}
+        record["carried"] = [{"name": s.name, "commit": s.new_sha, "user_edit": s.user_edit} for s in kept
+                             if s.kind == "commit" or s.user_edit]
+        record["dropped"] = [{"name": s.name, "status": s.status, "detail": s.detail,
+                              "merged_in": s.merged_in(journal.onto_commit)}
+                             for s in journal.steps if s.status in ("dropped-as-merged", "skipped") and s.kind == "entry"]
+        return record
+
+    def _move_branch(self, journal: Journal, new_head: str) -> str:
+        """The branch the rebase started on moved to the new tip and checked out (HEAD detached there
+        already); the name it will take after the proof (``_new_branch_name``), else ""."""
+        git = self.git
+        renamed = self._new_branch_name(journal)
+        if renamed and git.rev_parse(f"refs/heads/{renamed}") == new_head:  # renamed already before a kill
+            self._attach(journal, renamed)
+        elif journal.orig_branch:
+            if git.rev_parse(f"refs/heads/{journal.orig_branch}") != new_head:  # (moved already before a kill)
+                git.run("update-ref", "-m", f"c128patch rebase onto {journal.onto_rev}",
+                        f"refs/heads/{journal.orig_branch}", new_head, journal.orig_head)
+            fault_point("after", "rebase-branch")
+            self._attach(journal, journal.orig_branch)
+        return renamed
+
+    def _attach(self, journal: Journal, branch: str) -> None:
+        """HEAD (detached at the new tip) onto ``branch``, which points there: ``git checkout`` of the
+        same commit without its pass over the work tree."""
+        self.git.run("symbolic-ref", "-m", f"c128patch rebase onto {journal.onto_rev}: {branch}", "HEAD",
+                     f"refs/heads/{branch}")
+
+    def _new_branch_name(self, journal: Journal) -> str:
+        """``c128/<new base>`` for a branch named after its old base as ``apply`` names it (``c128/<old
+        base>``), when the new base has a name and no such branch is there already; else ""."""
+        old, onto = journal.orig_branch, journal.onto_rev
+        if not old or old != default_branch(journal.old_rev) or re.fullmatch(r"[0-9a-f]{7,40}", onto):
+            return ""
+        new = default_branch(onto)
+        if new == old or not self.git.ok("check-ref-format", "--branch", new):
+            return ""
+        there = self.git.rev_parse(f"refs/heads/{new}")
+        return new if there in (None, self.git.head()) else ""  # (HEAD: the new tip, detached)
+
+    def _provenance_commit(self, journal: Journal, text: str) -> str:
+        """The provenance commit on the new tip, made without touching the work tree."""
+        git = self.git
+        blob = git.out("hash-object", "-w", "--stdin", input=text)
+        with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:
+            idx = index_git(git, Path(tmp) / "index")
+            idx.run("read-tree", journal.head_before)
+            idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{PROVENANCE_PATH}")
+            tree = idx.out("write-tree")
+        date = self._date(journal)
+        message = (f"c128patch: provenance (series {self.series.name} rebased onto {journal.onto_rev})\n\n"
+                   f"{ENTRY_TRAILER}: provenance\n")
+        return git.with_env(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date).out(
+            "commit-tree", tree, "-p", journal.head_before, input=message)

@@ -1,0 +1,124 @@
+"""What a rebase reports: the JSON report (every stop and the end write it), its Markdown, and the
+classification of each replayed entry against its old commit."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict
+from pathlib import Path
+
+from unidiff import PatchSet
+
+from c128patch.git import Git
+from c128patch.jsonio import write_json_atomic
+from c128patch.ops.conflicts import block_markdown
+from c128patch.ops.equivalence import Equivalence
+from c128patch.ops.merged import commit_diffs
+from c128patch.ops.rebase_journal import Journal, Step
+
+
+def report_of(git: Git, journal: Journal, new_head: str | None = None, proof: Equivalence | None = None,
+           range_diff: list[str] | None = None) -> dict:
+    """The report of ``journal`` (at a stop: without ``new_head``, ``proof`` and the range-diff)."""
+    added = git.out("log", "--format=%h %s", f"{journal.old_commit}..{journal.onto_commit}").splitlines()
+    removed = git.out("log", "--format=%h %s", f"{journal.onto_commit}..{journal.old_commit}").splitlines()
+    out = {
+        "ok": new_head is not None and (proof is None or proof.ok),
+        "old_base": {"rev": journal.old_rev, "commit": journal.old_commit},
+        "new_base": {"rev": journal.onto_rev, "commit": journal.onto_commit},
+        "direction": "forward" if not removed else "backward" if not added else "sideways",
+        "upstream_commits_between": len(added),
+        "upstream_commits": added[:200],
+        "upstream_commits_removed": removed[:200],
+        "entries": [asdict(s) for s in journal.steps],
+        "paused": journal.paused,
+        "recovery_ref": journal.recovery_ref,
+        "branch": journal.orig_branch,
+        "head": new_head or git.head(),
+    }
+    if proof is not None:
+        out["equivalence"] = proof.to_json()
+    if new_head:
+        out["range_diff"] = range_diff_of(git, journal, new_head) if range_diff is None else range_diff
+    return out
+
+
+def range_diff_of(git: Git, journal: Journal, new_head: str) -> list[str]:
+    """``git range-diff`` of the old branch and the new one: its commit-pair lines."""
+    proc = git.run("range-diff", "--no-color", f"{journal.old_commit}..{journal.orig_head}",
+                   f"{journal.onto_commit}..{new_head}", check=False)
+    return [line for line in proc.stdout.splitlines() if re.match(r"^\s*(\d+|-):", line)]
+
+
+def write_reports(state: Path, report: dict) -> None:
+    write_json_atomic(state / "rebase-report.json", report)
+    (state / "rebase-report.md").write_text(render_markdown(report))
+
+
+def classify(git: Git, steps: list[Step]) -> None:
+    """Each replayed step against its old commit: unchanged (the same diff), context-only (the same
+    added and removed lines, as ``git patch-id --stable`` counts them: whitespace and line numbers
+    aside), content-changed. One git call for all of them."""
+    todo = [s for s in steps if s.status == "replayed"]
+    full = commit_diffs(git, [sha for s in todo for sha in (s.sha, s.new_sha)], "--full-index")
+    drop_index = lambda d: re.sub(r"^index .*$", "", d, flags=re.M)  # noqa: E731
+    for s in todo:
+        if _changed_lines(full[s.sha]) != _changed_lines(full[s.new_sha]):
+            s.status = "content-changed"
+        else:
+            s.status = "unchanged" if drop_index(full[s.sha]) == drop_index(full[s.new_sha]) else "context-only"
+
+
+def _changed_lines(diff: str) -> list[tuple[tuple[str, str], tuple[str, ...]]]:
+    """Each file of ``diff`` (sorted) with its added and removed lines, whitespace dropped."""
+    return sorted(((pf.source_file, pf.target_file),
+                   tuple(line.line_type + "".join(line.value.split()) for hunk in pf for line in hunk
+                         if line.is_added or line.is_removed)) for pf in PatchSet(diff))
+
+
+def render_markdown(report: dict) -> str:
+    old, new = report["old_base"], report["new_base"]
+    lines = [f"# c128patch rebase: {old['rev']} → {new['rev']} ({report['direction']})", ""]
+    added, removed = report["upstream_commits"], report["upstream_commits_removed"]
+    lines.append(f"{report['upstream_commits_between']} upstream commit(s) added between `{old['commit'][:12]}` and "
+                 f"`{new['commit'][:12]}`" + (f", {len(removed)} left behind (backward)" if removed else "") + ".")
+    lines += [""] + [f"- added: {c}" for c in added[:20]] + [f"- left behind: {c}" for c in removed[:20]]
+    lines += ["", "| entry | status | file (chosen by) | detail |", "| --- | --- | --- | --- |"]
+    for e in report["entries"]:
+        detail = e["detail"] + (f" (ledger {', '.join(e['ledger'])})" if e["ledger"] else "")
+        if e.get("edit_from"):
+            detail += "; **user edit carried**"
+        if e["signals"]:
+            detail += "; signals: " + "; ".join(f"{s['kind']}: {s['detail']}" for s in e["signals"])
+        file = f"{e['file']} ({e['chosen_by']})" if e.get("file") else e.get("kind", "")
+        lines.append(f"| {e['name']} | {e['status']} | {file} | {detail} |")
+    for e in report["entries"]:
+        if e.get("stop") and e["status"] == "failing":
+            lines += _stop_markdown(e["name"], e["stop"])
+    if report.get("equivalence"):
+        lines += _proof_markdown(report["equivalence"])
+    if report.get("range_diff"):
+        lines += ["", "## range-diff", "", "```", *report["range_diff"], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _stop_markdown(name: str, stop: dict) -> list[str]:
+    lines = ["", f"## stopped at {name} ({stop['phase']})", "", f"from {stop['file']}", ""]
+    lines += [block_markdown(b) for b in stop["blocks"]]
+    if stop["resolved"]:
+        lines.append("- partly resolved by the ledger: " + ", ".join(f"{r['entry']}:{r['key']} ({r['path']})"
+                                                                       for r in stop["resolved"]))
+    return lines
+
+
+def _proof_markdown(proof: dict) -> list[str]:
+    lines = ["", "## proof", "", proof["summary"]]
+    used = [r for e in proof["replay"]["entries"] for r in e["resolutions"]]
+    lines += [f"- ledger resolution `{r['entry']}:{r['key']}` ({r['path']}), recorded on {r['recorded']}"
+              + (" (reused)" if r["reused"] else "") for r in used]
+    lines += [f"- note: {n}" for n in proof["notes"]]
+    for d in proof["differences"]:
+        lines += ["", f"### {d['label'] or 'unattributed'}", "", "```diff"]
+        lines += [f"{h['path']} {h['header']}" + ("\n" + h["text"].rstrip() if h["text"] else "") for h in d["hunks"][:20]]
+        lines.append("```")
+    return lines
