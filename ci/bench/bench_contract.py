@@ -49,7 +49,7 @@ def main() -> int:
     commit = git.rev_parse("v0.5.23")
     tree = contract.patched_tree(series, git, "v0.5.23", commit)
     start = time.perf_counter()
-    probe_ok, probe_line = contract_cxx.probe(series.root, ["git", f"--git-dir={git.git_dir}"], tree)
+    probe_ok, probe_line = contract_cxx.probe(series.root, git, tree)
     probe_s = time.perf_counter() - start
 
     real = {name: getattr(watch_ops.Watch, name) for name in ("_contract", "_start_tier", "_finish_tier")}

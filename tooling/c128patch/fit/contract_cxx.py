@@ -7,14 +7,14 @@ headers where nvcc exists, and says so where it does not.
 
 from __future__ import annotations
 
-import io
 import re
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import Callable, Protocol
+
+from c128patch.git import Git, GitError
 
 INCLUDE_ROOT = "python/sglang/kernels/jit/include"
 UPSTREAM_PREFIX = "sgl_kernel/"
@@ -202,7 +202,7 @@ def nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
-def probe(series_root: Path, git_cmd: list[str], head: str, *, arch: str = "90a") -> tuple[bool | None, str]:
+def probe(series_root: Path, git: Git, head: str, *, arch: str = "90a") -> tuple[bool | None, str]:
     """Compile the series' signature probe against ``head``'s headers: (ok, one line). ``ok`` None:
     not checked (no nvcc, no tvm-ffi, no probe in the series)."""
     source = series_root / PROBE
@@ -216,11 +216,10 @@ def probe(series_root: Path, git_cmd: list[str], head: str, *, arch: str = "90a"
     except ImportError:
         return None, "tvm-ffi not installed: C++ contract not compiled (pip install apache-tvm-ffi)"
     with tempfile.TemporaryDirectory(prefix="c128contract-") as tmp:
-        archive = subprocess.run([*git_cmd, "archive", "--format=tar", head, INCLUDE_ROOT], capture_output=True)
-        if archive.returncode != 0:
+        try:
+            git.extract(head, INCLUDE_ROOT, Path(tmp))
+        except GitError:
             return False, f"the tree has no {INCLUDE_ROOT}: C++ contract broken"
-        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-            tar.extractall(tmp, filter="data")
         includes = [f"{tmp}/{INCLUDE_ROOT}", info.find_include_path(), info.find_dlpack_include_path()]
         sm = re.match(r"\d+", arch).group(0)
         cmd = [compiler, "-c", str(source), "-o", f"{tmp}/probe.o", f"-gencode=arch=compute_{arch},code=sm_{arch}",

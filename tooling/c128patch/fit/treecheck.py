@@ -169,26 +169,16 @@ def run(series: Series, tree: Path, paths: list[str], *, python: str | None = No
     return start(series, tree, paths, python=python, timeout=timeout).finish()
 
 
-def changed_paths(git: Git, base: str, head: str) -> list[str]:
-    """The files ``base..head`` adds or changes (what the tier imports)."""
-    return git.out("diff", "--name-only", "--no-renames", "--diff-filter=AM", base, head).splitlines()
-
-
 def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | None = None) -> TreecheckResult:
     """The tier on the series replayed at ``commit`` (``fit.contract.patched_tree``), unpacked into a temporary folder."""
-    import io
-    import tarfile
     import tempfile
 
     from c128patch.fit import contract
 
     head = contract.patched_tree(series, git, rev, commit)
-    paths = changed_paths(git, commit, head)
-    data = git.run("archive", "--format=tar", head, f"{PY_ROOT}/sglang", binary=True).stdout
     with tempfile.TemporaryDirectory(prefix="c128treecheck-") as tmp:
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            tar.extractall(tmp, filter="data")
-        return run(series, Path(tmp), paths, python=python)
+        git.extract(head, f"{PY_ROOT}/sglang", Path(tmp))
+        return run(series, Path(tmp), git.changed_files(commit, head), python=python)
 
 
 def _annotate(result: TreecheckResult) -> None:

@@ -310,8 +310,7 @@ class Watch:
         self._step(f"behavioural tier on {self.onto} (started)")
         try:
             git.run("checkout", "--quiet", "--force", "--detach", head)
-            paths = git.out("diff", "--name-only", "--no-renames", "--diff-filter=AM", onto_commit, head).splitlines()
-            return tier_ops.start(series, git.worktree, paths, python=self.python)
+            return tier_ops.start(series, git.worktree, git.changed_files(onto_commit, head), python=self.python)
         except WatchTimeout:
             raise
         except C128Error as exc:
