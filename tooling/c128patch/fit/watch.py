@@ -206,27 +206,14 @@ class Watch:
 
     # ------------------------------------------------------------------ the work
     def work(self, tmp: Path) -> dict:
+        """Carry the series onto REV, prove and check it, judge the outcome (module docstring): the report,
+        with the rebase's own JSON under ``json``."""
+        git, mine, base_commit, onto_commit = self._open(tmp)
         series = self.series
-        if not series.base:
-            raise C128Error(f"{series.manifest_path} names no base: watch applies the series there first")
-        self._step(f"opening upstream ({self.repo or 'the sglang release wheels'})")
-        upstream = open_upstream(self.repo, [series.base, self.onto] if self.repo is None else [], self.reporter)
-        upstream.update()
-        self.upstream = upstream
-        base_commit, onto_commit = upstream.resolve(series.base), upstream.resolve(self.onto)
-        self.info.update(onto={"rev": self.onto, "commit": onto_commit}, base={"rev": series.base, "commit": base_commit},
-                         upstream={"source": upstream.kind, "location": upstream.location})
-
-        self._step("cloning upstream into a scratch folder")
-        source = upstream.git.git_dir or Path(upstream.git.out("rev-parse", "--absolute-git-dir"))
-        Git().run("clone", "--quiet", "--no-checkout", "--shared", "--", str(source), str(tmp / "tree"))
-        git = Git(worktree=tmp / "tree")
-        mine = copy_series_root(series, tmp / "series")
-
         self._step(f"applying series {series.name} {series.version} at its base {series.base}")
         try:
             apply_series(mine, git, series.base, base_commit, branch=BRANCH, fresh_clone=True,
-                         upstream_info={"rev": series.base, "commit": base_commit, "source": upstream.kind},
+                         upstream_info={"rev": series.base, "commit": base_commit, "source": self.info["upstream"]["source"]},
                          reporter=self.reporter)
         except WatchTimeout:
             raise
@@ -241,12 +228,46 @@ class Watch:
                                                                                   for sig in s["signals"])]
         needed = [s for s in steps if s["kind"] == "entry" and s["new_sha"]
                   and (s["applied"] in ("3way", "ledger", "whitespace") or s.get("renamed"))]
-        head = final["head"]
-        proof = final.get("equivalence") or {}
+        refresh_due = not stops and not unproven and bool(needed or merged)
+        refreshed, checks = self._judge(git, tmp, mine, final, onto_commit, stops, refresh_due)
 
+        problems = ([unproven] if unproven else []) + (refreshed or {}).get("problems", [])
+        problems += [f"{c['name']}: {f}" for c in checks if not c["ok"] for f in c["findings"][:5]]
+        broken = bool(self.contract and self.contract["broken"]) or bool(self.behaviour and self.behaviour["failed"])
+        outcome = ("conflict" if stops else "broken" if broken else "failed" if problems
+                   else "merged" if merged else "refreshed" if needed else "unchecked" if self.unchecked() else "clean")
+        report = self._report(outcome, final, steps, stops, merged, needed, final.get("equivalence") or {}, checks,
+                              refreshed, problems)
+        if outcome in ("conflict", "broken"):
+            report["bisect"] = self._bisect(behaviour=outcome == "broken" and not (self.contract or {}).get("broken"))
+        report["json"] = final
+        return report
+
+    def _open(self, tmp: Path) -> tuple[Git, Series, str, str]:
+        """Upstream opened and both revs resolved (bad input raises here, before anything is written); a
+        scratch clone of it and a private copy of the series: (its git, the copy, base commit, REV's commit)."""
+        series = self.series
+        if not series.base:
+            raise C128Error(f"{series.manifest_path} names no base: watch applies the series there first")
+        self._step(f"opening upstream ({self.repo or 'the sglang release wheels'})")
+        upstream = open_upstream(self.repo, [series.base, self.onto] if self.repo is None else [], self.reporter)
+        upstream.update()
+        self.upstream = upstream
+        base_commit, onto_commit = upstream.resolve(series.base), upstream.resolve(self.onto)
+        self.info.update(onto={"rev": self.onto, "commit": onto_commit}, base={"rev": series.base, "commit": base_commit},
+                         upstream={"source": upstream.kind, "location": upstream.location})
+
+        self._step("cloning upstream into a scratch folder")
+        source = upstream.git.git_dir or Path(upstream.git.out("rev-parse", "--absolute-git-dir"))
+        Git().run("clone", "--quiet", "--no-checkout", "--shared", "--", str(source), str(tmp / "tree"))
+        return Git(worktree=tmp / "tree"), copy_series_root(series, tmp / "series"), base_commit, onto_commit
+
+    def _judge(self, git: Git, tmp: Path, mine: Series, final: dict, onto_commit: str, stops: list[Stop],
+               refresh_due: bool) -> tuple[dict | None, list[dict]]:
+        """The refreshed series (when due) and the checks; sets ``contract`` and ``behaviour`` (not run past a stop)."""
+        head = final["head"]
         refreshed: dict | None = None
         checked = mine
-        refresh_due = not stops and not unproven and bool(needed or merged)
         # the behavioural tier imports from the work tree: started now (it runs while lint, the audit and the
         # contract do), or after a refresh, whose verifying apply checks out another branch there
         pending = None if stops or refresh_due else self._start_tier(git, mine, onto_commit, head)
@@ -254,23 +275,13 @@ class Watch:
             if refresh_due:
                 refreshed, checked = self._refresh(git, tmp, final, onto_commit, head)
                 pending = self._start_tier(git, mine, onto_commit, head)
-            checks = self._checks(git, checked, onto_commit, head, steps, bool(stops))
+            checks = self._checks(git, checked, onto_commit, head, list(final["entries"]), bool(stops))
             self.contract = None if stops else self._contract(git, onto_commit, head)
             self.behaviour = None if stops else self._finish_tier(pending)
         finally:
             if isinstance(pending, tier_ops.Pending):
                 pending.kill()
-
-        problems = ([unproven] if unproven else []) + (refreshed or {}).get("problems", [])
-        problems += [f"{c['name']}: {f}" for c in checks if not c["ok"] for f in c["findings"][:5]]
-        broken = bool(self.contract and self.contract["broken"]) or bool(self.behaviour and self.behaviour["failed"])
-        outcome = ("conflict" if stops else "broken" if broken else "failed" if problems
-                   else "merged" if merged else "refreshed" if needed else "unchecked" if self.unchecked() else "clean")
-        report = self._report(outcome, final, steps, stops, merged, needed, proof, checks, refreshed, problems)
-        if outcome in ("conflict", "broken"):
-            report["bisect"] = self._bisect(behaviour=outcome == "broken" and not (self.contract or {}).get("broken"))
-        report["json"] = final
-        return report
+        return refreshed, checks
 
     def _bisect(self, behaviour: bool = False) -> dict:
         """``fit.bisect``: the upstream commit that broke it, bounded by ``BISECT_TIMEOUT`` (said in the report);
