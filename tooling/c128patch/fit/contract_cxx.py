@@ -44,9 +44,7 @@ def strip(text: str) -> str:
     """Comments and string literals blanked, line numbers kept."""
     def blank(m: re.Match) -> str:
         s = m.group(0)
-        if s.startswith(("/", )):
-            return re.sub(r"[^\n]", " ", s)
-        return s[0] + re.sub(r"[^\n]", " ", s[1:-1]) + s[-1]
+        return re.sub(r"[^\n]", " ", s) if s.startswith("/") else s[0] + re.sub(r"[^\n]", " ", s[1:-1]) + s[-1]
     return re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])\'', blank, text, flags=re.S)
 
 
@@ -81,12 +79,8 @@ _STD = re.compile(r"\bstd::(?:[\w<>, ]*::)?$")
 _AFTER = re.compile(r"\s*(?:const\b\s*)?(?:&&|&)?\s*(?:noexcept\b(?:\([^)]*\))?\s*)?(?:override\b\s*)?(?:->\s*[^{;]+?)?\s*([{;:])")
 
 
-def declarations(text: str) -> dict[str, list[tuple[int, str]]]:
-    return {name: [(line, decl) for line, decl, _ in decls] for name, decls in _declarations(text).items()}
-
-
-def _declarations(text: str) -> dict[str, list[tuple[int, str, str]]]:
-    """name -> [(line, declaration text)] of the types, aliases, constants, macros and functions
+def declarations(text: str) -> dict[str, list[tuple[int, str, str]]]:
+    """name -> [(line, declaration text, "name" | "member" | "function")] of the types, aliases, constants, macros and functions
     ``text`` (a header) declares, as regular expressions see them."""
     raw = text
     text = strip(text)
@@ -122,10 +116,6 @@ def _declarations(text: str) -> dict[str, list[tuple[int, str, str]]]:
     return out
 
 
-def _include_positions(text: str) -> list[tuple[str, int]]:
-    return [(m.group(1), m.start(1)) for m in _INCLUDE.finditer(text)]
-
-
 def _headers_of(text: str, path: str, files: set[str]) -> list[tuple[str, str]]:
     """(include as written, tree path) of each upstream header ``text`` includes."""
     out = []
@@ -155,7 +145,7 @@ def derive(reader: Reader, ours: dict[str, set[int] | None], site_name: Callable
         clean = strip(text)
         site_file = site_name(path)
         closure: dict[str, str] = {}
-        direct = {h: _line(text, m) for h, m in _include_positions(text)}
+        direct = {m.group(1): _line(text, m.start(1)) for m in _INCLUDE.finditer(text)}
         queue = _headers_of(text, path, reader.files)
         for name, header in queue:
             if header in closure:
@@ -174,7 +164,7 @@ def derive(reader: Reader, ours: dict[str, set[int] | None], site_name: Callable
         upstream: dict[str, list[tuple[str, int, str]]] = {}
         named: set[str] = set()  # types, aliases, macros, k-constants: a use is any mention
         for header, body in closure.items():
-            for name, decls in _declarations(body).items():
+            for name, decls in declarations(body).items():
                 upstream.setdefault(name, []).extend((header, line, decl) for line, decl, _ in decls)
                 named.update(name for _, _, what in decls if what == "name")
         own = set(declarations(text)) if lines is None else set()

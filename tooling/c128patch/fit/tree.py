@@ -4,6 +4,8 @@ parsed with unidiff) with upstream's numbering of the others (``upstream_line``)
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
+
 from unidiff import Hunk, PatchSet
 
 from c128patch.git import Git
@@ -12,12 +14,21 @@ PY_ROOT = "python"
 PACKAGE = "sglang"
 
 
-class TreeReader:
-    """Files of one tree-ish under ``python/sglang``, read through one ``git cat-file --batch``."""
+def module_name(path: str) -> str | None:
+    """The module a tree path holds (``python/sglang/a/__init__.py`` -> ``sglang.a``); None: no Python module."""
+    p = PurePosixPath(path)
+    if p.suffix != ".py" or not p.parts or p.parts[0] != PY_ROOT:
+        return None
+    parts = list(p.with_suffix("").parts[1:])
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
-    def __init__(self, git: Git, rev: str) -> None:
+
+class TreeReader:
+    """Files of one tree-ish under ``root``, read through one ``git cat-file --batch``."""
+
+    def __init__(self, git: Git, rev: str, root: str = f"{PY_ROOT}/{PACKAGE}") -> None:
         self.git, self.rev = git, rev
-        self.files = set(git.out("ls-tree", "-r", "--name-only", rev, "--", f"{PY_ROOT}/{PACKAGE}").splitlines())
+        self.files = set(git.out("ls-tree", "-r", "--name-only", rev, "--", root).splitlines())
         self._texts: dict[str, str | None] = {}
         self._batch = git.cat_file_batch()
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Iterator
 
 from c128patch.fit.resolve import Def, absolute, chain_of
-from c128patch.fit.tree import PACKAGE, PY_ROOT
+from c128patch.fit.tree import PACKAGE, module_name
 
 _ENV_NAME = re.compile(r"^SGLANG_[A-Z0-9_]+$")
 
@@ -27,14 +26,6 @@ class Use:
     call: tuple[int, tuple[str, ...]] | None = None  # (positional count, keywords); None: not called
     star: bool = False  # *args / **kwargs in the call: shape not checked
     kind: str = ""  # "env": an SGLANG_* string literal
-
-
-def _module_of(path: str) -> str:
-    rel = PurePosixPath(path).relative_to(PY_ROOT).with_suffix("")
-    parts = list(rel.parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
 
 
 _BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
@@ -75,7 +66,7 @@ def _constants(tree: ast.Module) -> dict[str, str]:
 
 def uses_in(path: str, tree: ast.Module, lines: set[int] | None) -> list[Use]:
     """Our uses of ``sglang`` in one file (``lines``: ours; None: the whole file)."""
-    module = _module_of(path)
+    module = module_name(path) or ""
     mod = Def("module", module, path, module=module)
     bindings: dict[str, list[str]] = {}
     uses: list[Use] = []

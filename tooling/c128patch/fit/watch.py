@@ -96,16 +96,21 @@ class WatchTimeout(C128Error):
     exit_code = exitcodes.TIMEOUT
 
 
+class _OutOfTime(BaseException):
+    """What the alarm raises inside the work: not a C128Error, so that no step that turns a refusal into a
+    finding takes it for one; ``watch`` turns it into ``WatchTimeout``."""
+
+
 @contextlib.contextmanager
 def deadline(seconds: float | None, where: Callable[[], str]) -> Iterator[None]:
-    """Raise ``WatchTimeout`` in this (main) thread after ``seconds``; an alarm set before (a test
+    """Raise ``_OutOfTime`` in this (main) thread after ``seconds``; an alarm set before (a test
     runner's) is put back with the time it had left."""
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def fire(signum, frame) -> None:  # noqa: ANN001
-        raise WatchTimeout(f"watch timed out after {seconds:g} s while {where()}")
+        raise _OutOfTime(f"watch timed out after {seconds:g} s while {where()}")
 
     start = time.monotonic()
     old_handler = signal.signal(signal.SIGALRM, fire)
@@ -188,6 +193,8 @@ class Watch:
                  python: str | None = None, reporter: Reporter = NullReporter()) -> None:
         self.series, self.repo, self.onto, self.out, self.python = series, repo, onto, out, python
         self.primary, self.reporter = primary, _Tracked(reporter)
+        # the series as a command names it: its folder and its layers
+        self.series_args = f" --series {_q(series.root)}" + "".join(f" --layer {_q(f)}" for f in layer_folders(series))
         self.phase = "starting"
         self.started = time.monotonic()
         self.info: dict = {"onto": {"rev": onto, "commit": ""}, "base": {"rev": series.base, "commit": ""}}
@@ -215,8 +222,6 @@ class Watch:
             apply_series(mine, git, series.base, base_commit, branch=BRANCH, fresh_clone=True,
                          upstream_info={"rev": series.base, "commit": base_commit, "source": self.info["upstream"]["source"]},
                          reporter=self.reporter)
-        except WatchTimeout:
-            raise
         except C128Error as exc:
             return self._failed_at_base(exc)
 
@@ -290,8 +295,6 @@ class Watch:
         try:
             found = bisect_ops.bisect(self.series, self.repo, self.onto, timeout=BISECT_TIMEOUT, behaviour=behaviour,
                                       python=self.python)
-        except WatchTimeout:
-            raise
         except C128Error as exc:
             return {"found": False, "summary": f"bisect: {exc.message}", "bound_s": BISECT_TIMEOUT}
         return {**found, "bound_s": BISECT_TIMEOUT}
@@ -302,8 +305,6 @@ class Watch:
         self._step(f"API contract on {self.onto}")
         try:
             result = contract_ops.check(self.series, git, onto_commit, head, lock=read_lock(self.series.patches_dir))
-        except WatchTimeout:
-            raise
         except C128Error as exc:
             return {"broken": True, "verdict": exc.message, "failing": [exc.message], "next": [], "json": {}}
         failing = [f.message for f in result.errors + result.warnings]
@@ -322,8 +323,6 @@ class Watch:
         try:
             git.run("checkout", "--quiet", "--force", "--detach", head)
             return tier_ops.start(series, git.worktree, git.changed_files(onto_commit, head), python=self.python)
-        except WatchTimeout:
-            raise
         except C128Error as exc:
             return exc.message
 
@@ -336,8 +335,6 @@ class Watch:
                     "unchecked": [f"behavioural tier: not run: {why}"], "json": {}}
         try:
             result = pending.finish()
-        except WatchTimeout:
-            raise
         except C128Error as exc:
             return {"ok": False, "ran": False, "verdict": f"not run: {exc.message}", "failed": [], "not_checked": [],
                     "unchecked": [f"behavioural tier: not run: {exc.message}"], "json": {}}
@@ -387,8 +384,6 @@ class Watch:
         try:
             export = refresh_ops.export(target, git, primary=primary, lock_items=contract_ops.lock_items)
             info["changed"], info["notes"] = refresh_ops.write(target, export), export.notes
-        except WatchTimeout:
-            raise
         except C128Error as exc:
             info["problems"].append(f"refresh of the rebased branch refused: {exc.message}")
             return info, target
@@ -400,8 +395,6 @@ class Watch:
         try:
             applied = apply_series(new, git, self.onto, onto_commit, branch=VERIFY_BRANCH,
                                    upstream_info={"rev": self.onto, "commit": onto_commit})
-        except WatchTimeout:
-            raise
         except C128Error as exc:
             problems.append(f"the refreshed series does not apply on {self.onto}: {exc.message}")
             return info, new
@@ -440,8 +433,6 @@ class Watch:
         try:
             audit = [str(f) for f in audit_series(series, git, self.onto, onto_commit)]
             out.append({"name": "audit", "ok": not audit, "findings": audit, "notes": []})
-        except WatchTimeout:
-            raise
         except C128Error as exc:
             out.append({"name": "audit", "ok": False, "findings": [exc.message], "notes": []})
         self._step("tree checks")
@@ -469,9 +460,8 @@ class Watch:
         tagged = upstream is not None and onto["commit"] and onto["rev"] in upstream.git.out(
             "tag", "--points-at", onto["commit"]).split()
         target = onto["rev"] if tagged else onto["commit"]
-        series = f" --series {_q(self.series.root)}" + "".join(f" --layer {_q(f)}" for f in layer_folders(self.series))
-        return [f"c128patch apply --sglang-rev {_q(self.series.base)}{repo} --tree {WORK_TREE}{series}",
-                f"c128patch rebase --onto {_q(target)}{repo} --tree {WORK_TREE}{series}"]
+        return [f"c128patch apply --sglang-rev {_q(self.series.base)}{repo} --tree {WORK_TREE}{self.series_args}",
+                f"c128patch rebase --onto {_q(target)}{repo} --tree {WORK_TREE}{self.series_args}"]
 
     def _report(self, outcome: str, final: dict | None, steps: list[dict], stops: list[Stop], merged: list[dict],
                 needed: list[dict], proof: dict, checks: list[dict], refreshed: dict | None,
@@ -526,11 +516,10 @@ class Watch:
     def _next(self, report: dict) -> list[str]:
         """What to run for this outcome (shell commands, from the series checkout)."""
         root, out = self.series.root, self.out
-        layers = "".join(f" --layer {_q(f)}" for f in layer_folders(self.series))
         adopt = [f"rm -rf {_q(root / 'patches')} && cp -R {_q(out / 'series' / 'patches')} {_q(root / 'patches')}",
                  *(f"rm -rf {_q(layer.patches_dir)} && cp -R {_q(out / 'series' / 'layers' / layer.name / 'patches')} "
                    f"{_q(layer.patches_dir)}" for layer in layers_of(self.series)),
-                 f"c128patch lint --series {_q(root)}{layers}",
+                 f"c128patch lint{self.series_args}",
                  f"git -C {_q(root)} add -A patches && {git_command(root)} commit -F {_q(out / 'commit-message.txt')}"]
         outcome = report["outcome"]
         if outcome in ("refreshed", "merged") and report["refreshed"]:
@@ -540,15 +529,14 @@ class Watch:
         if outcome == "conflict":
             return [*report["reproduce"],
                     f"# resolve the files it names, `git -C {WORK_TREE} add` them, then:",
-                    f"c128patch rebase --continue --tree {WORK_TREE} --series {_q(root)}{layers}",
-                    f"c128patch refresh --tree {WORK_TREE} --series {_q(root)}{layers}"]
+                    f"c128patch rebase --continue --tree {WORK_TREE}{self.series_args}",
+                    f"c128patch refresh --tree {WORK_TREE}{self.series_args}"]
         return []
 
     def tier_next(self) -> list[str]:
         """What to run for a behavioural break the contract does not see: the tier on REV, in a tree of one's own."""
         where = f"--sglang-rev {_q(self.onto)}" + (f" --repo {_q(self.repo)}" if self.repo else "")
-        layers = "".join(f" --layer {_q(f)}" for f in layer_folders(self.series))
-        return [f"c128patch treecheck {where} --series {_q(self.series.root)}{layers}",
+        return [f"c128patch treecheck {where}{self.series_args}",
                 "# fix the overlay / patch code it names (or adapt to the upstream commit the bisect names)"]
 
     def timeout_report(self, exc: WatchTimeout) -> dict:
@@ -587,12 +575,12 @@ def watch(series: Series, repo: str | None, onto: str, out: Path, *, timeout: fl
         try:
             with deadline(timeout, run.where):
                 report = run.work(Path(tmp))
-        except WatchTimeout as exc:
+        except _OutOfTime as stop:
+            exc = WatchTimeout(str(stop), hint=f"  report: {out / 'watch-report.md'}\n"
+                               "  nothing else was written; give it more time with --timeout SECONDS")
             report = run.timeout_report(exc)
             run.write(report, None)
-            exc.hint = (f"  report: {out / 'watch-report.md'}\n"
-                        f"  nothing else was written; give it more time with --timeout SECONDS")
-            raise
+            raise exc from None
         run.write(report, Path(tmp))
     return report
 
