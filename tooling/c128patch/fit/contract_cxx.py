@@ -12,8 +12,9 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
+from c128patch.fit.tree import Reader
 from c128patch.git import Git, GitError
 
 INCLUDE_ROOT = "python/sglang/kernels/jit/include"
@@ -32,12 +33,6 @@ _KEYWORDS = _NOT_DECL | {"const", "constexpr", "inline", "static", "template", "
                          "volatile", "extern", "typedef", "default", "break", "continue", "goto", "std", "size_t",
                          "int32_t", "int64_t", "uint32_t", "uint64_t", "uint16_t", "uint8_t", "int8_t", "int16_t",
                          "pragma", "once", "include", "define", "ifdef", "ifndef", "endif", "error", "concept"}
-
-
-class Reader(Protocol):
-    files: set[str]
-
-    def text(self, path: str) -> str | None: ...
 
 
 def strip(text: str) -> str:

@@ -9,7 +9,7 @@ import ast
 import inspect
 from dataclasses import dataclass
 
-from c128patch.fit.tree import PACKAGE, PY_ROOT, TreeReader
+from c128patch.fit.tree import PACKAGE, PY_ROOT, Reader
 
 _MAX_HOPS = 8
 
@@ -87,7 +87,7 @@ def _fields_signature(cls: ast.ClassDef) -> inspect.Signature:
 class Upstream:
     """Resolves dotted names on one tree; ``ours``: path -> our lines (None: the whole file)."""
 
-    def __init__(self, reader: TreeReader, ours: dict[str, set[int] | None]) -> None:
+    def __init__(self, reader: Reader, ours: dict[str, set[int] | None]) -> None:
         self.reader, self.ours = reader, ours
         self._folders = {f.rsplit("/", i)[0] + "/" for f in reader.files for i in range(1, f.count("/") + 1)}
         self._parsed: dict[str, ast.Module | None] = {}

@@ -5,6 +5,7 @@ parsed with unidiff) with upstream's numbering of the others (``upstream_line``)
 from __future__ import annotations
 
 from pathlib import PurePosixPath
+from typing import Protocol
 
 from unidiff import Hunk, PatchSet
 
@@ -21,6 +22,14 @@ def module_name(path: str) -> str | None:
         return None
     parts = list(p.with_suffix("").parts[1:])
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+class Reader(Protocol):
+    """What resolving reads: a tree's file paths and their texts (``TreeReader``; a folder on disk for the tier)."""
+
+    files: set[str]
+
+    def text(self, path: str) -> str | None: ...
 
 
 class TreeReader:
