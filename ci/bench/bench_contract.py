@@ -19,9 +19,9 @@ from pathlib import Path
 
 from benchlib import machine, write_json
 
-from c128patch.git import Git
 from c128patch.fit import contract, contract_cxx, treecheck
 from c128patch.fit import watch as watch_ops
+from c128patch.git import Git
 from c128patch.series.manifest import default_series_root, load_series
 from c128patch.upstream.releases import ReleaseHistory
 
@@ -49,7 +49,7 @@ def main() -> int:
     commit = git.rev_parse("v0.5.23")
     tree = contract.patched_tree(series, git, "v0.5.23", commit)
     start = time.perf_counter()
-    probe_ok, probe_line = contract_cxx.probe(series.root, ["git", f"--git-dir={git.git_dir}"], tree)
+    probe_ok, probe_line = contract_cxx.probe(series.root, git, tree)
     probe_s = time.perf_counter() - start
 
     real = {name: getattr(watch_ops.Watch, name) for name in ("_contract", "_start_tier", "_finish_tier")}

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shlex
 import shutil
 import subprocess
+import tarfile
 import threading
 import unicodedata
 from dataclasses import dataclass, field
@@ -197,9 +199,10 @@ class Git:
         return list(cached[1])
 
     def _raw(self, args: list[str], env: dict[str, str], settings: list[str], input=None, binary: bool = False,
-             ) -> subprocess.CompletedProcess:
+             timeout: float | None = None) -> subprocess.CompletedProcess:
         cmd = [git_executable(), *(x for s in settings for x in ("-c", s)), *args]
-        proc = subprocess.run(cmd, cwd=self.cwd, env=env, input=input, capture_output=True, text=not binary)
+        proc = subprocess.run(cmd, cwd=self.cwd, env=env, input=input, capture_output=True, text=not binary,
+                              timeout=timeout)
         err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
         dubious = _DUBIOUS.search(err) if proc.returncode != 0 else None
         if dubious and dubious.group(1) not in self._trusted:
@@ -210,7 +213,7 @@ class Git:
             if probe.returncode != 0:
                 raise C128Error(_dubious_message(path))
             self._trusted = (*self._trusted, path)
-            return self._raw(args, env, [*settings, f"safe.directory={path}"], input, binary)
+            return self._raw(args, env, [*settings, f"safe.directory={path}"], input, binary, timeout)
         return proc
 
     def command(self, *args: str) -> tuple[list[str], dict[str, str]]:
@@ -226,9 +229,11 @@ class Git:
         env: Mapping[str, str] | None = None,
         binary: bool = False,
         transport: bool = False,
+        timeout: float | None = None,
     ) -> subprocess.CompletedProcess:
         """Run git; ``transport``: a clone or fetch from a URL, which keeps the operator's global
-        config (proxies, credentials); every other call runs without it."""
+        config (proxies, credentials); every other call runs without it. Past ``timeout`` seconds git
+        is killed and ``subprocess.TimeoutExpired`` raised."""
         full_env = self._base_env(transport=transport and bool(args) and args[0] in _TRANSPORT)
         if env:
             full_env.update(env)
@@ -238,18 +243,28 @@ class Git:
         elif argv and argv[0] == "blame":
             argv[1:1] = ["--no-textconv"]
         data = input.encode() if isinstance(input, str) and binary else input
-        proc = self._raw(argv, full_env, self._settings(), data, binary)
-        if check and proc.returncode != 0:
-            err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
-            out = proc.stdout if isinstance(proc.stdout, str) else proc.stdout.decode(errors="replace")
-            raise GitError(args, proc.returncode, err, out)
-        return proc
+        proc = self._raw(argv, full_env, self._settings(), data, binary, timeout)
+        return _checked(args, proc) if check else proc
 
     def out(self, *args: str, **kw) -> str:
         return self.run(*args, **kw).stdout.strip()
 
     def ok(self, *args: str, **kw) -> bool:
         return self.run(*args, check=False, **kw).returncode == 0
+
+    def cat_file_batch(self) -> "BlobBatch":
+        """A reader of many objects through one ``git cat-file --batch`` (close it when done)."""
+        return BlobBatch(self)
+
+    def changed_files(self, base: str, head: str) -> list[str]:
+        """Files ``base..head`` adds or modifies (deleted ones have nothing to read; no rename pairing)."""
+        return self.out("diff", "--name-only", "--no-renames", "--diff-filter=AM", base, head).splitlines()
+
+    def extract(self, rev: str, path: str, dest: Path) -> None:
+        """``path`` of tree-ish ``rev`` unpacked under ``dest`` (``git archive``: nothing checked out)."""
+        data = self.run("archive", "--format=tar", rev, path, binary=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            tar.extractall(dest, filter="data")
 
     def operator_hooks_dir(self) -> Path | None:
         """The folder the operator's own git runs this repository's hooks from (their config, not
@@ -297,6 +312,41 @@ class Git:
         return mode, typ, sha
 
 
+def _checked(args: Sequence[str], proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    """``proc``, or ``GitError`` where it failed."""
+    if proc.returncode != 0:
+        err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
+        out = proc.stdout if isinstance(proc.stdout, str) else proc.stdout.decode(errors="replace")
+        raise GitError(args, proc.returncode, err, out)
+    return proc
+
+
+class BlobBatch:
+    """Objects of one repository read through one ``git cat-file --batch`` (hardened as ``Git.run``),
+    started on the first read."""
+
+    def __init__(self, git: Git) -> None:
+        self.git = git
+        self._proc: subprocess.Popen | None = None
+
+    def read(self, spec: str) -> bytes | None:
+        """The content of the object ``spec`` names (``rev:path``); None where there is none."""
+        if self._proc is None:
+            argv, env = self.git.command("cat-file", "--batch")
+            self._proc = subprocess.Popen(argv, cwd=self.git.cwd, env=env, stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE)
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(f"{spec}\n".encode())
+        self._proc.stdin.flush()
+        header = self._proc.stdout.readline().split()  # "<sha> <type> <size>", or "<spec> missing"
+        return self._proc.stdout.read(int(header[2]) + 1)[:-1] if len(header) == 3 else None
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.stdin.close()  # type: ignore[union-attr]
+            self._proc.wait()
+            self._proc = None
+
 
 _QUERIES = ("rev-parse", "cat-file", "merge-base", "rev-list", "log", "ls-tree")  # read objects and refs only
 
@@ -335,20 +385,17 @@ class ReadMemo(Git):
 
     def run(self, *args: str, check: bool = True, input: str | bytes | None = None,
             env: Mapping[str, str] | None = None, binary: bool = False, transport: bool = False,
-            ) -> subprocess.CompletedProcess:
-        if not args or args[0] not in _QUERIES or input is not None or env or transport:
-            return super().run(*args, check=check, input=input, env=env, binary=binary, transport=transport)
+            timeout: float | None = None) -> subprocess.CompletedProcess:
+        if not args or args[0] not in _QUERIES or input is not None or env or transport or timeout:
+            return super().run(*args, check=check, input=input, env=env, binary=binary, transport=transport,
+                               timeout=timeout)
         key = (args, binary)
         proc = self._memo.get(key)
         if proc is None:
             proc = super().run(*args, check=False, binary=binary)
             if proc.returncode == 0 or args[0] != "cat-file":
                 self._memo[key] = proc
-        if check and proc.returncode != 0:
-            err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
-            out = proc.stdout if isinstance(proc.stdout, str) else proc.stdout.decode(errors="replace")
-            raise GitError(args, proc.returncode, err, out)
-        return proc
+        return _checked(args, proc) if check else proc
 
     def find_blobs(self, ids: list[str]) -> None:
         """Ask git once (``cat-file --batch-check``) which of ``ids`` are blobs in the repository; the

@@ -41,7 +41,7 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
         raise C128Error("pass --tree DIR or --sglang-rev X (one of them)")
     if tree is not None:
         git = Git(worktree=toplevel(tree))
-        result = treecheck.run(series, git.worktree, treecheck.changed_paths(git, contract.tree_base(git), "HEAD"),
+        result = treecheck.run(series, git.worktree, git.changed_files(contract.tree_base(git), "HEAD"),
                                python=python)
     else:
         upstream = open_upstream(repo, [rev], None)

@@ -78,8 +78,7 @@ def bisect(series: Series, repo: str | None, onto: str, *, timeout: float = 600,
         reporter.step(f"git bisect over {report['commits_between']} upstream commit(s)")
         sgit.run("bisect", "start", "--no-checkout", target, base)
         try:
-            proc = subprocess.run(["git", "bisect", "run", *_step(series, scratch, behaviour, python)], cwd=scratch,
-                                  env={**sgit._base_env()}, capture_output=True, text=True, timeout=timeout)
+            proc = sgit.run("bisect", "run", *_step(series, scratch, behaviour, python), check=False, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise C128Error(f"bisect timed out after {timeout:g} s ({report['commits_between']} commits); "
                             "give it more time with --timeout SECONDS") from None

@@ -7,14 +7,15 @@ headers where nvcc exists, and says so where it does not.
 
 from __future__ import annotations
 
-import io
 import re
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
+
+from c128patch.fit.tree import Reader
+from c128patch.git import Git, GitError
 
 INCLUDE_ROOT = "python/sglang/kernels/jit/include"
 UPSTREAM_PREFIX = "sgl_kernel/"
@@ -34,19 +35,11 @@ _KEYWORDS = _NOT_DECL | {"const", "constexpr", "inline", "static", "template", "
                          "pragma", "once", "include", "define", "ifdef", "ifndef", "endif", "error", "concept"}
 
 
-class Reader(Protocol):
-    files: set[str]
-
-    def text(self, path: str) -> str | None: ...
-
-
 def strip(text: str) -> str:
     """Comments and string literals blanked, line numbers kept."""
     def blank(m: re.Match) -> str:
         s = m.group(0)
-        if s.startswith(("/", )):
-            return re.sub(r"[^\n]", " ", s)
-        return s[0] + re.sub(r"[^\n]", " ", s[1:-1]) + s[-1]
+        return re.sub(r"[^\n]", " ", s) if s.startswith("/") else s[0] + re.sub(r"[^\n]", " ", s[1:-1]) + s[-1]
     return re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])\'', blank, text, flags=re.S)
 
 
@@ -81,12 +74,8 @@ _STD = re.compile(r"\bstd::(?:[\w<>, ]*::)?$")
 _AFTER = re.compile(r"\s*(?:const\b\s*)?(?:&&|&)?\s*(?:noexcept\b(?:\([^)]*\))?\s*)?(?:override\b\s*)?(?:->\s*[^{;]+?)?\s*([{;:])")
 
 
-def declarations(text: str) -> dict[str, list[tuple[int, str]]]:
-    return {name: [(line, decl) for line, decl, _ in decls] for name, decls in _declarations(text).items()}
-
-
-def _declarations(text: str) -> dict[str, list[tuple[int, str, str]]]:
-    """name -> [(line, declaration text)] of the types, aliases, constants, macros and functions
+def declarations(text: str) -> dict[str, list[tuple[int, str, str]]]:
+    """name -> [(line, declaration text, "name" | "member" | "function")] of the types, aliases, constants, macros and functions
     ``text`` (a header) declares, as regular expressions see them."""
     raw = text
     text = strip(text)
@@ -122,10 +111,6 @@ def _declarations(text: str) -> dict[str, list[tuple[int, str, str]]]:
     return out
 
 
-def _include_positions(text: str) -> list[tuple[str, int]]:
-    return [(m.group(1), m.start(1)) for m in _INCLUDE.finditer(text)]
-
-
 def _headers_of(text: str, path: str, files: set[str]) -> list[tuple[str, str]]:
     """(include as written, tree path) of each upstream header ``text`` includes."""
     out = []
@@ -155,7 +140,7 @@ def derive(reader: Reader, ours: dict[str, set[int] | None], site_name: Callable
         clean = strip(text)
         site_file = site_name(path)
         closure: dict[str, str] = {}
-        direct = {h: _line(text, m) for h, m in _include_positions(text)}
+        direct = {m.group(1): _line(text, m.start(1)) for m in _INCLUDE.finditer(text)}
         queue = _headers_of(text, path, reader.files)
         for name, header in queue:
             if header in closure:
@@ -174,7 +159,7 @@ def derive(reader: Reader, ours: dict[str, set[int] | None], site_name: Callable
         upstream: dict[str, list[tuple[str, int, str]]] = {}
         named: set[str] = set()  # types, aliases, macros, k-constants: a use is any mention
         for header, body in closure.items():
-            for name, decls in _declarations(body).items():
+            for name, decls in declarations(body).items():
                 upstream.setdefault(name, []).extend((header, line, decl) for line, decl, _ in decls)
                 named.update(name for _, _, what in decls if what == "name")
         own = set(declarations(text)) if lines is None else set()
@@ -202,7 +187,7 @@ def nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
-def probe(series_root: Path, git_cmd: list[str], head: str, *, arch: str = "90a") -> tuple[bool | None, str]:
+def probe(series_root: Path, git: Git, head: str, *, arch: str = "90a") -> tuple[bool | None, str]:
     """Compile the series' signature probe against ``head``'s headers: (ok, one line). ``ok`` None:
     not checked (no nvcc, no tvm-ffi, no probe in the series)."""
     source = series_root / PROBE
@@ -216,11 +201,10 @@ def probe(series_root: Path, git_cmd: list[str], head: str, *, arch: str = "90a"
     except ImportError:
         return None, "tvm-ffi not installed: C++ contract not compiled (pip install apache-tvm-ffi)"
     with tempfile.TemporaryDirectory(prefix="c128contract-") as tmp:
-        archive = subprocess.run([*git_cmd, "archive", "--format=tar", head, INCLUDE_ROOT], capture_output=True)
-        if archive.returncode != 0:
+        try:
+            git.extract(head, INCLUDE_ROOT, Path(tmp))
+        except GitError:
             return False, f"the tree has no {INCLUDE_ROOT}: C++ contract broken"
-        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-            tar.extractall(tmp, filter="data")
         includes = [f"{tmp}/{INCLUDE_ROOT}", info.find_include_path(), info.find_dlpack_include_path()]
         sm = re.match(r"\d+", arch).group(0)
         cmd = [compiler, "-c", str(source), "-o", f"{tmp}/probe.o", f"-gencode=arch=compute_{arch},code=sm_{arch}",

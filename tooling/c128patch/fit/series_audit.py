@@ -7,8 +7,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from c128patch.errors import C128Error
+from c128patch.fit.tree import PY_ROOT, TreeReader
 from c128patch.git import Git
-from c128patch.ops.audit import Finding, Reader, audit_patch
+from c128patch.ops.audit import Finding, audit_patch
 from c128patch.ops.check import index_git, replay_in_index
 from c128patch.series.manifest import Series
 
@@ -24,25 +25,9 @@ def audit_series(series: Series, git: Git, rev: str, commit: str) -> list[Findin
         gated = [p for p in planned if p.patch is not None and p.entry.gate]
         if not gated:
             return []
-        read = index_reader(index_git(git, index_file))
-        findings: list[Finding] = []
-        for item in gated:
-            findings += [replace(f, entry=item.entry.name) for f in audit_patch(item.path.read_text(), read, item.entry.gate)]
-        return findings
-
-
-def index_reader(idx: Git) -> Reader:
-    """Read files of an index (blob by blob, on demand): the audit touches only a few modules."""
-    blobs = {}
-    for line in idx.out("ls-files", "-s", "--", "python/*.py").splitlines():
-        meta, path = line.split("\t", 1)
-        blobs[path] = meta.split()[1]
-    cache: dict[str, str | None] = {}
-
-    def read(rel: str) -> str | None:
-        if rel not in cache:
-            sha = blobs.get(rel)
-            cache[rel] = idx.run("cat-file", "blob", sha).stdout if sha else None
-        return cache[rel]
-
-    return read
+        reader = TreeReader(git, index_git(git, index_file).out("write-tree"), PY_ROOT)  # read on demand
+        try:
+            return [replace(f, entry=item.entry.name) for item in gated
+                    for f in audit_patch(item.path.read_text(), reader.text, item.entry.gate)]
+        finally:
+            reader.close()

@@ -3,10 +3,18 @@ in a subprocess with the tree's ``python/`` first on ``sys.path``, with the seri
 on. Each module is ok, failed (an error in sglang's or our code: a name gone, a TypeError at import,
 ...) or not checked (a third-party package the interpreter lacks); without torch nothing is checked.
 Not checked is never counted as passed.
+
+Meanwhile every ``sglang`` import of each of those modules is resolved on the tree's files
+(``fit.resolve``, no interpreter needed: without torch it is all that runs): the imported module
+must exist there and each name a ``from`` import takes must be defined in it (or be a submodule).
+Imports an ``except ImportError`` guards and ``if TYPE_CHECKING:`` blocks are left out. A name or
+module missing is a failure; resolving is never counted as a pass of the module (it stays "not
+checked" when it did not import).
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
@@ -14,17 +22,19 @@ import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
+from typing import Iterator
 
 from c128patch.errors import C128Error
-from c128patch.fit import treecheck_imports as imports
+from c128patch.fit.resolve import Upstream
+from c128patch.fit.tree import PACKAGE, PY_ROOT, module_name
 from c128patch.git import Git
 from c128patch.series.manifest import Series
 
 RUNNER = Path(__file__).with_name("treecheck_runner.py")
 # (module, zero-argument function, truthy with the gates on, with them off): behaviour the gates switch
 PROBES = (("sglang.srt.layers.attention.dsv4.online_c128_dspark", "online_c128_dspark_env", True, False),)
-PY_ROOT = "python"
+_GUARDS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}  # an import these guard may fail
 
 
 @dataclass
@@ -41,7 +51,7 @@ class TierResult:
 @dataclass
 class TreecheckResult:
     tiers: list[TierResult] = field(default_factory=list)
-    imports: dict[str, dict] = field(default_factory=dict)  # ops.treecheck_imports: module -> its static check
+    imports: dict[str, dict] = field(default_factory=dict)  # module -> its static import check (``check_imports``)
 
     @property
     def failed(self) -> list[str]:
@@ -90,16 +100,6 @@ class TreecheckResult:
                 "not_checked": self.not_checked(), "tiers": [asdict(t) for t in self.tiers], "imports": self.imports}
 
 
-def module_name(path: str) -> str | None:
-    p = PurePosixPath(path)
-    if p.suffix != ".py" or not p.parts or p.parts[0] != PY_ROOT:
-        return None
-    parts = list(p.with_suffix("").parts[1:])
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
 def _gates(series: Series) -> list[str]:
     return sorted({e.gate for e in series.entries if e.gate} | {r for g in series.gates for r in g.requires})
 
@@ -115,6 +115,7 @@ class Pending:
 
     def finish(self) -> TreecheckResult:
         assert self.proc is not None
+        imports = check_imports(self.tree, self.modules)  # while the subprocess runs
         try:
             stdout, stderr = self.proc.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
@@ -125,7 +126,7 @@ class Pending:
         except (IndexError, ValueError):
             raise C128Error("the behavioural tier's interpreter failed: "
                             f"{(stderr.strip().splitlines() or ['?'])[-1]}") from None
-        result = TreecheckResult(imports=data.get("imports", {}))
+        result = TreecheckResult(imports=imports)
         for state in ("off", "on"):
             tier = data["tiers"].get(state, {})
             if "error" in tier:
@@ -155,7 +156,7 @@ def start(series: Series, tree: Path, paths: list[str], *, python: str | None = 
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.pop("PYTHONPATH", None)  # the tree alone (the runner puts it first on sys.path)
     argv = [python or sys.executable, "-c", RUNNER.read_text(), str(tree / PY_ROOT), json.dumps(gates),
-            json.dumps([p for p in PROBES if p[0] in modules]), str(Path(imports.__file__)), *modules]
+            json.dumps([p for p in PROBES if p[0] in modules]), *modules]
     try:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 cwd=str(tree), start_new_session=True)
@@ -169,26 +170,16 @@ def run(series: Series, tree: Path, paths: list[str], *, python: str | None = No
     return start(series, tree, paths, python=python, timeout=timeout).finish()
 
 
-def changed_paths(git: Git, base: str, head: str) -> list[str]:
-    """The files ``base..head`` adds or changes (what the tier imports)."""
-    return git.out("diff", "--name-only", "--no-renames", "--diff-filter=AM", base, head).splitlines()
-
-
 def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | None = None) -> TreecheckResult:
     """The tier on the series replayed at ``commit`` (``fit.contract.patched_tree``), unpacked into a temporary folder."""
-    import io
-    import tarfile
     import tempfile
 
     from c128patch.fit import contract
 
     head = contract.patched_tree(series, git, rev, commit)
-    paths = changed_paths(git, commit, head)
-    data = git.run("archive", "--format=tar", head, f"{PY_ROOT}/sglang", binary=True).stdout
     with tempfile.TemporaryDirectory(prefix="c128treecheck-") as tmp:
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            tar.extractall(tmp, filter="data")
-        return run(series, Path(tmp), paths, python=python)
+        git.extract(head, f"{PY_ROOT}/sglang", Path(tmp))
+        return run(series, Path(tmp), git.changed_files(commit, head), python=python)
 
 
 def _annotate(result: TreecheckResult) -> None:
@@ -199,3 +190,133 @@ def _annotate(result: TreecheckResult) -> None:
             found = result.imports.get(name)
             if m["status"] == "not checked" and found and found["status"] == "ok":
                 m["detail"] += f"; its {found['imports']} sglang imports resolve on this tree's files"
+
+
+# ---------------------------------------------------------------------------- the static import check
+@dataclass
+class ImportUse:
+    line: int
+    module: str
+    names: tuple[str, ...]  # empty: ``import module``
+
+    def text(self) -> str:
+        return f"from {self.module} import {', '.join(self.names)}" if self.names else f"import {self.module}"
+
+
+def _guarded(handlers: list[ast.ExceptHandler]) -> bool:
+    for h in handlers:
+        types = h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]
+        if h.type is None or any(isinstance(t, ast.Name) and t.id in _GUARDS for t in types):
+            return True
+    return False
+
+
+def _import_uses(node: ast.AST, package: str) -> Iterator[ImportUse]:
+    """The sglang imports of a module, outside import guards and TYPE_CHECKING blocks."""
+    if isinstance(node, ast.Try) and _guarded(node.handlers):
+        for child in [*node.orelse, *node.finalbody]:
+            yield from _import_uses(child, package)
+        return
+    if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        for child in node.orelse:
+            yield from _import_uses(child, package)
+        return
+    if isinstance(node, ast.Import):
+        yield from (ImportUse(node.lineno, a.name, ()) for a in node.names if a.name.split(".")[0] == PACKAGE)
+    elif isinstance(node, ast.ImportFrom):
+        if node.level:
+            parts = package.split(".")
+            module = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+        else:
+            module = node.module or ""
+        if module.split(".")[0] == PACKAGE:
+            yield ImportUse(node.lineno, module, tuple(a.name for a in node.names if a.name != "*"))
+    for child in ast.iter_child_nodes(node):
+        yield from _import_uses(child, package)
+
+
+class _FolderReader:
+    """The files of a tree's ``python/sglang`` on disk, read as ``fit.resolve.Upstream`` reads a tree-ish."""
+
+    def __init__(self, top: Path) -> None:
+        self.top = top
+        self.files = {p.relative_to(top).as_posix() for p in (top / PY_ROOT / PACKAGE).rglob("*") if p.is_file()}
+
+    def text(self, path: str) -> str | None:
+        return (self.top / path).read_text(errors="replace") if path in self.files else None
+
+
+def _problem(up: Upstream, use: ImportUse) -> str:
+    found = up.module_path(use.module)
+    if found is None:
+        return f"no module {use.module} on this tree"
+    path = found[0]
+    if not use.names:
+        return ""
+    defined: set[str] | None = set()  # a namespace folder: its submodules only
+    if not path.endswith("/"):
+        tree = up.parse(path)
+        if tree is None:
+            try:
+                ast.parse(up.reader.text(path) or "")
+            except SyntaxError as exc:
+                return f"{use.module} does not parse ({exc.msg}, line {exc.lineno})"
+        defined = _top_names(tree) if tree is not None else None
+        if defined is None:
+            return ""
+    missing = [n for n in use.names if n not in defined and up.module_path(f"{use.module}.{n}") is None]
+    return f"{path.rstrip('/')} defines no {', '.join(missing)}" if missing else ""
+
+
+def _top_names(tree: ast.Module) -> set[str] | None:
+    names: set[str] = set()
+
+    def add_target(t: ast.AST) -> None:
+        for n in ast.walk(t):
+            if isinstance(n, ast.Name):
+                names.add(n.id)
+
+    def visit(body: list[ast.stmt]) -> bool:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                for t in node.targets:
+                    add_target(t)
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+                add_target(node.target)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for a in node.names:
+                    if a.name == "*":
+                        return False
+                    names.add(a.asname or a.name.split(".")[0])
+            elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+                blocks = [getattr(node, k, []) for k in ("body", "orelse", "finalbody")]
+                blocks += [h.body for h in getattr(node, "handlers", [])]
+                if isinstance(node, ast.For):
+                    add_target(node.target)
+                if not all(visit(b) for b in blocks):
+                    return False
+        return True
+
+    if not visit(tree.body) or "__getattr__" in names:
+        return None
+    return names
+
+
+def check_imports(top: Path, modules: list[str]) -> dict[str, dict]:
+    """module -> {"status": "ok" | "failed", "detail", "imports": N} for each of ``modules`` of the tree at ``top``."""
+    up = Upstream(_FolderReader(top), {})
+    out: dict[str, dict] = {}
+    for module in modules:
+        path = (up.module_path(module) or ("/",))[0]
+        tree = up.parse(path) if not path.endswith("/") else None
+        if tree is None:
+            detail = up.errors.get(path, f"no file for {module} on this tree")
+            out[module] = {"status": "failed", "detail": detail, "imports": 0}
+            continue
+        package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+        uses = list(_import_uses(tree, package))
+        problems = [f"{path}:{u.line}: {u.text()}: {said}" for u in uses if (said := _problem(up, u))]
+        out[module] = {"status": "failed" if problems else "ok", "detail": "; ".join(problems), "imports": len(uses)}
+    return out

@@ -1,18 +1,17 @@
 """Run in a subprocess by ``fit.treecheck`` (no c128patch imports): import each module of a tree and
 say, per module, ok / not checked (a third-party package this interpreter lacks) / failed.
 
-argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON IMPORTS_PY MODULE...; prints one JSON object. torch is
+argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON MODULE...; prints one JSON object. torch is
 imported once, then one forked child per gate state (off: the gates unset; on: each set to 1) imports
 the modules from a clean slate and calls each probe (module, zero-argument function, what it must
-return with the gates on / off) where its module imported, while this process runs the static import
-check (IMPORTS_PY, ``fit/treecheck_imports.py``, loaded by path). A package ``__init__`` that stops on
+return with the gates on / off) where its module imported (``fit.treecheck`` runs the static import check
+meanwhile). A package ``__init__`` that stops on
 a missing third-party package is kept as far as it ran (the modules below it are still tried).
 """
 
 import importlib
 import importlib.abc
 import importlib.machinery
-import importlib.util
 import json
 import os
 import sys
@@ -118,16 +117,8 @@ def _fork(state: str, gates: list[str], probes: list, modules: list[str]) -> tup
     return pid, read
 
 
-def _imports(path: str, modules: list[str]) -> dict:
-    spec = importlib.util.spec_from_file_location("c128patch_treecheck_imports", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module.check(__import__("pathlib").Path(TREE), modules)
-
-
 def main() -> None:
-    gates, probes, imports_py, modules = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4], sys.argv[5:]
+    gates, probes, modules = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4:]
     sys.path.insert(0, TREE)
     sys.meta_path.insert(0, _Finder())
     out: dict = {"python": sys.executable, "torch": True, "tiers": {}}
@@ -136,7 +127,6 @@ def main() -> None:
     except ImportError:
         out["torch"] = False
     children = [(state, *_fork(state, gates, probes, modules)) for state in ("off", "on")] if out["torch"] else []
-    out["imports"] = _imports(imports_py, modules)
     for state, pid, read in children:
         with os.fdopen(read, "rb") as f:
             data = f.read()

@@ -39,11 +39,6 @@ class TreeCheck:
         return asdict(self)
 
 
-def changed_files(git: Git, base: str, head: str) -> list[str]:
-    """Files ``base..head`` adds or modifies (deleted ones have nothing to check)."""
-    return git.out("diff", "--name-only", "--no-renames", "--diff-filter=AM", base, head).splitlines()
-
-
 def _text(git: Git, rev: str, path: str) -> str | None:
     data = git.blob(rev, path)
     return None if data is None or b"\0" in data else data.decode(errors="replace")
@@ -61,7 +56,7 @@ def _compile_error(text: str, path: str) -> str:
 
 def check_tree(git: Git, base: str, head: str, gates: list[str]) -> list[TreeCheck]:
     """The checks of the module docstring on ``head``; ``gates``: the env gates to look for."""
-    files = changed_files(git, base, head)
+    files = git.changed_files(base, head)
     texts = {p: t for p in files if (t := _text(git, head, p)) is not None}
     markers, compiles, declared = TreeCheck("no-conflict-markers"), TreeCheck("python-compiles"), TreeCheck("gates-declared")
     for path, text in texts.items():

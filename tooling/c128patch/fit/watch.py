@@ -74,7 +74,8 @@ from c128patch.ops.apply import apply_series
 from c128patch.ops.equivalence import tree_without_provenance
 from c128patch.ops.lint import lint_stack
 from c128patch.ops.merged import CONTENT
-from c128patch.ops.rebase import Rebase, render_markdown
+from c128patch.ops.rebase import Rebase
+from c128patch.ops.rebase_report import render_markdown
 from c128patch.ops.treestate import git_command
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.contract import read_lock
@@ -97,16 +98,21 @@ class WatchTimeout(C128Error):
     exit_code = exitcodes.TIMEOUT
 
 
+class _OutOfTime(BaseException):
+    """What the alarm raises inside the work: not a C128Error, so that no step that turns a refusal into a
+    finding takes it for one; ``watch`` turns it into ``WatchTimeout``."""
+
+
 @contextlib.contextmanager
 def deadline(seconds: float | None, where: Callable[[], str]) -> Iterator[None]:
-    """Raise ``WatchTimeout`` in this (main) thread after ``seconds``; an alarm set before (a test
+    """Raise ``_OutOfTime`` in this (main) thread after ``seconds``; an alarm set before (a test
     runner's) is put back with the time it had left."""
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def fire(signum, frame) -> None:  # noqa: ANN001
-        raise WatchTimeout(f"watch timed out after {seconds:g} s while {where()}")
+        raise _OutOfTime(f"watch timed out after {seconds:g} s while {where()}")
 
     start = time.monotonic()
     old_handler = signal.signal(signal.SIGALRM, fire)
@@ -189,6 +195,8 @@ class Watch:
                  python: str | None = None, reporter: Reporter = NullReporter()) -> None:
         self.series, self.repo, self.onto, self.out, self.python = series, repo, onto, out, python
         self.primary, self.reporter = primary, _Tracked(reporter)
+        # the series as a command names it: its folder and its layers
+        self.series_args = f" --series {_q(series.root)}" + "".join(f" --layer {_q(f)}" for f in layer_folders(series))
         self.phase = "starting"
         self.started = time.monotonic()
         self.info: dict = {"onto": {"rev": onto, "commit": ""}, "base": {"rev": series.base, "commit": ""}}
@@ -207,6 +215,43 @@ class Watch:
 
     # ------------------------------------------------------------------ the work
     def work(self, tmp: Path) -> dict:
+        """Carry the series onto REV, prove and check it, judge the outcome (module docstring): the report,
+        with the rebase's own JSON under ``json``."""
+        git, mine, base_commit, onto_commit = self._open(tmp)
+        series = self.series
+        self._step(f"applying series {series.name} {series.version} at its base {series.base}")
+        try:
+            apply_series(mine, git, Target(series.base, base_commit, self.info["upstream"]["source"]), branch=BRANCH,
+                         fresh_clone=True, reporter=self.reporter)
+        except C128Error as exc:
+            return self._failed_at_base(exc)
+
+        self._step(f"rebasing onto {self.onto}")
+        final, stops, unproven = self._rebase(Rebase(git, mine), onto_commit)
+        self._rebase_md = render_markdown(final)
+        steps = list(final["entries"])
+        merged = [s for s in steps if s["status"] == "dropped-as-merged" and any(sig["kind"] in CONTENT
+                                                                                  for sig in s["signals"])]
+        needed = [s for s in steps if s["kind"] == "entry" and s["new_sha"]
+                  and (s["applied"] in ("3way", "ledger", "whitespace") or s.get("renamed"))]
+        refresh_due = not stops and not unproven and bool(needed or merged)
+        refreshed, checks = self._judge(git, tmp, mine, final, onto_commit, stops, refresh_due)
+
+        problems = ([unproven] if unproven else []) + (refreshed or {}).get("problems", [])
+        problems += [f"{c['name']}: {f}" for c in checks if not c["ok"] for f in c["findings"][:5]]
+        broken = bool(self.contract and self.contract["broken"]) or bool(self.behaviour and self.behaviour["failed"])
+        outcome = ("conflict" if stops else "broken" if broken else "failed" if problems
+                   else "merged" if merged else "refreshed" if needed else "unchecked" if self.unchecked() else "clean")
+        report = self._report(outcome, final, steps, stops, merged, needed, final.get("equivalence") or {}, checks,
+                              refreshed, problems)
+        if outcome in ("conflict", "broken"):
+            report["bisect"] = self._bisect(behaviour=outcome == "broken" and not (self.contract or {}).get("broken"))
+        report["json"] = final
+        return report
+
+    def _open(self, tmp: Path) -> tuple[Git, Series, str, str]:
+        """Upstream opened and both revs resolved (bad input raises here, before anything is written); a
+        scratch clone of it and a private copy of the series: (its git, the copy, base commit, REV's commit)."""
         series = self.series
         if not series.base:
             raise C128Error(f"{series.manifest_path} names no base: watch applies the series there first")
@@ -221,32 +266,14 @@ class Watch:
         self._step("cloning upstream into a scratch folder")
         source = upstream.git.git_dir or Path(upstream.git.out("rev-parse", "--absolute-git-dir"))
         Git().run("clone", "--quiet", "--no-checkout", "--shared", "--", str(source), str(tmp / "tree"))
-        git = Git(worktree=tmp / "tree")
-        mine = copy_series_root(series, tmp / "series")
+        return Git(worktree=tmp / "tree"), copy_series_root(series, tmp / "series"), base_commit, onto_commit
 
-        self._step(f"applying series {series.name} {series.version} at its base {series.base}")
-        try:
-            apply_series(mine, git, Target(series.base, base_commit, upstream.kind), branch=BRANCH, fresh_clone=True,
-                         reporter=self.reporter)
-        except WatchTimeout:
-            raise
-        except C128Error as exc:
-            return self._failed_at_base(exc)
-
-        self._step(f"rebasing onto {self.onto}")
-        final, stops, unproven = self._rebase(Rebase(git, mine), onto_commit)
-        self._rebase_md = render_markdown(final)
-        steps = list(final["entries"])
-        merged = [s for s in steps if s["status"] == "dropped-as-merged" and any(sig["kind"] in CONTENT
-                                                                                  for sig in s["signals"])]
-        needed = [s for s in steps if s["kind"] == "entry" and s["new_sha"]
-                  and (s["applied"] in ("3way", "ledger", "whitespace") or s.get("renamed"))]
+    def _judge(self, git: Git, tmp: Path, mine: Series, final: dict, onto_commit: str, stops: list[Stop],
+               refresh_due: bool) -> tuple[dict | None, list[dict]]:
+        """The refreshed series (when due) and the checks; sets ``contract`` and ``behaviour`` (not run past a stop)."""
         head = final["head"]
-        proof = final.get("equivalence") or {}
-
         refreshed: dict | None = None
         checked = mine
-        refresh_due = not stops and not unproven and bool(needed or merged)
         # the behavioural tier imports from the work tree: started now (it runs while lint, the audit and the
         # contract do), or after a refresh, whose verifying apply checks out another branch there
         pending = None if stops or refresh_due else self._start_tier(git, mine, onto_commit, head)
@@ -254,23 +281,13 @@ class Watch:
             if refresh_due:
                 refreshed, checked = self._refresh(git, tmp, final, onto_commit, head)
                 pending = self._start_tier(git, mine, onto_commit, head)
-            checks = self._checks(git, checked, onto_commit, head, steps, bool(stops))
+            checks = self._checks(git, checked, onto_commit, head, list(final["entries"]), bool(stops))
             self.contract = None if stops else self._contract(git, onto_commit, head)
             self.behaviour = None if stops else self._finish_tier(pending)
         finally:
             if isinstance(pending, tier_ops.Pending):
                 pending.kill()
-
-        problems = ([unproven] if unproven else []) + (refreshed or {}).get("problems", [])
-        problems += [f"{c['name']}: {f}" for c in checks if not c["ok"] for f in c["findings"][:5]]
-        broken = bool(self.contract and self.contract["broken"]) or bool(self.behaviour and self.behaviour["failed"])
-        outcome = ("conflict" if stops else "broken" if broken else "failed" if problems
-                   else "merged" if merged else "refreshed" if needed else "unchecked" if self.unchecked() else "clean")
-        report = self._report(outcome, final, steps, stops, merged, needed, proof, checks, refreshed, problems)
-        if outcome in ("conflict", "broken"):
-            report["bisect"] = self._bisect(behaviour=outcome == "broken" and not (self.contract or {}).get("broken"))
-        report["json"] = final
-        return report
+        return refreshed, checks
 
     def _bisect(self, behaviour: bool = False) -> dict:
         """``fit.bisect``: the upstream commit that broke it, bounded by ``BISECT_TIMEOUT`` (said in the report);
@@ -279,8 +296,6 @@ class Watch:
         try:
             found = bisect_ops.bisect(self.series, self.repo, self.onto, timeout=BISECT_TIMEOUT, behaviour=behaviour,
                                       python=self.python)
-        except WatchTimeout:
-            raise
         except C128Error as exc:
             return {"found": False, "summary": f"bisect: {exc.message}", "bound_s": BISECT_TIMEOUT}
         return {**found, "bound_s": BISECT_TIMEOUT}
@@ -291,8 +306,6 @@ class Watch:
         self._step(f"API contract on {self.onto}")
         try:
             result = contract_ops.check(self.series, git, onto_commit, head, lock=read_lock(self.series.patches_dir))
-        except WatchTimeout:
-            raise
         except C128Error as exc:
             return {"broken": True, "verdict": exc.message, "failing": [exc.message], "next": [], "json": {}}
         failing = [f.message for f in result.errors + result.warnings]
@@ -310,10 +323,7 @@ class Watch:
         self._step(f"behavioural tier on {self.onto} (started)")
         try:
             git.run("checkout", "--quiet", "--force", "--detach", head)
-            paths = git.out("diff", "--name-only", "--no-renames", "--diff-filter=AM", onto_commit, head).splitlines()
-            return tier_ops.start(series, git.worktree, paths, python=self.python)
-        except WatchTimeout:
-            raise
+            return tier_ops.start(series, git.worktree, git.changed_files(onto_commit, head), python=self.python)
         except C128Error as exc:
             return exc.message
 
@@ -326,8 +336,6 @@ class Watch:
                     "unchecked": [f"behavioural tier: not run: {why}"], "json": {}}
         try:
             result = pending.finish()
-        except WatchTimeout:
-            raise
         except C128Error as exc:
             return {"ok": False, "ran": False, "verdict": f"not run: {exc.message}", "failed": [], "not_checked": [],
                     "unchecked": [f"behavioural tier: not run: {exc.message}"], "json": {}}
@@ -377,8 +385,6 @@ class Watch:
         try:
             export = refresh_ops.export(target, git, primary=primary, lock_items=contract_ops.lock_items)
             info["changed"], info["notes"] = refresh_ops.write(target, export), export.notes
-        except WatchTimeout:
-            raise
         except C128Error as exc:
             info["problems"].append(f"refresh of the rebased branch refused: {exc.message}")
             return info, target
@@ -389,8 +395,6 @@ class Watch:
         problems = info["problems"]
         try:
             applied = apply_series(new, git, Target(self.onto, onto_commit), branch=VERIFY_BRANCH)
-        except WatchTimeout:
-            raise
         except C128Error as exc:
             problems.append(f"the refreshed series does not apply on {self.onto}: {exc.message}")
             return info, new
@@ -429,8 +433,6 @@ class Watch:
         try:
             audit = [str(f) for f in audit_series(series, git, self.onto, onto_commit)]
             out.append({"name": "audit", "ok": not audit, "findings": audit, "notes": []})
-        except WatchTimeout:
-            raise
         except C128Error as exc:
             out.append({"name": "audit", "ok": False, "findings": [exc.message], "notes": []})
         self._step("tree checks")
@@ -458,9 +460,8 @@ class Watch:
         tagged = upstream is not None and onto["commit"] and onto["rev"] in upstream.git.out(
             "tag", "--points-at", onto["commit"]).split()
         target = onto["rev"] if tagged else onto["commit"]
-        series = f" --series {_q(self.series.root)}" + "".join(f" --layer {_q(f)}" for f in layer_folders(self.series))
-        return [f"c128patch apply --sglang-rev {_q(self.series.base)}{repo} --tree {WORK_TREE}{series}",
-                f"c128patch rebase --onto {_q(target)}{repo} --tree {WORK_TREE}{series}"]
+        return [f"c128patch apply --sglang-rev {_q(self.series.base)}{repo} --tree {WORK_TREE}{self.series_args}",
+                f"c128patch rebase --onto {_q(target)}{repo} --tree {WORK_TREE}{self.series_args}"]
 
     def _report(self, outcome: str, final: dict | None, steps: list[dict], stops: list[Stop], merged: list[dict],
                 needed: list[dict], proof: dict, checks: list[dict], refreshed: dict | None,
@@ -515,11 +516,10 @@ class Watch:
     def _next(self, report: dict) -> list[str]:
         """What to run for this outcome (shell commands, from the series checkout)."""
         root, out = self.series.root, self.out
-        layers = "".join(f" --layer {_q(f)}" for f in layer_folders(self.series))
         adopt = [f"rm -rf {_q(root / 'patches')} && cp -R {_q(out / 'series' / 'patches')} {_q(root / 'patches')}",
                  *(f"rm -rf {_q(layer.patches_dir)} && cp -R {_q(out / 'series' / 'layers' / layer.name / 'patches')} "
                    f"{_q(layer.patches_dir)}" for layer in layers_of(self.series)),
-                 f"c128patch lint --series {_q(root)}{layers}",
+                 f"c128patch lint{self.series_args}",
                  f"git -C {_q(root)} add -A patches && {git_command(root)} commit -F {_q(out / 'commit-message.txt')}"]
         outcome = report["outcome"]
         if outcome in ("refreshed", "merged") and report["refreshed"]:
@@ -529,15 +529,14 @@ class Watch:
         if outcome == "conflict":
             return [*report["reproduce"],
                     f"# resolve the files it names, `git -C {WORK_TREE} add` them, then:",
-                    f"c128patch rebase --continue --tree {WORK_TREE} --series {_q(root)}{layers}",
-                    f"c128patch refresh --tree {WORK_TREE} --series {_q(root)}{layers}"]
+                    f"c128patch rebase --continue --tree {WORK_TREE}{self.series_args}",
+                    f"c128patch refresh --tree {WORK_TREE}{self.series_args}"]
         return []
 
     def tier_next(self) -> list[str]:
         """What to run for a behavioural break the contract does not see: the tier on REV, in a tree of one's own."""
         where = f"--sglang-rev {_q(self.onto)}" + (f" --repo {_q(self.repo)}" if self.repo else "")
-        layers = "".join(f" --layer {_q(f)}" for f in layer_folders(self.series))
-        return [f"c128patch treecheck {where} --series {_q(self.series.root)}{layers}",
+        return [f"c128patch treecheck {where}{self.series_args}",
                 "# fix the overlay / patch code it names (or adapt to the upstream commit the bisect names)"]
 
     def timeout_report(self, exc: WatchTimeout) -> dict:
@@ -576,12 +575,12 @@ def watch(series: Series, repo: str | None, onto: str, out: Path, *, timeout: fl
         try:
             with deadline(timeout, run.where):
                 report = run.work(Path(tmp))
-        except WatchTimeout as exc:
+        except _OutOfTime as stop:
+            exc = WatchTimeout(str(stop), hint=f"  report: {out / 'watch-report.md'}\n"
+                               "  nothing else was written; give it more time with --timeout SECONDS")
             report = run.timeout_report(exc)
             run.write(report, None)
-            exc.hint = (f"  report: {out / 'watch-report.md'}\n"
-                        f"  nothing else was written; give it more time with --timeout SECONDS")
-            raise
+            raise exc from None
         run.write(report, Path(tmp))
     return report
 

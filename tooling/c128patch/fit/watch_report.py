@@ -123,19 +123,34 @@ def _cell(text: str) -> str:
 
 
 def render(report: dict) -> str:
-    s, outcome = report["series"], report["outcome"]
-    lines = [f"# c128patch watch: `{outcome}` on {where(report)}", "", f"**{report['headline']}**", ""]
-    base = report["base"]
-    lines += [f"- series: {s['name']} {s['version']}, base {base['rev']} (`{base['commit'][:12]}`)",
-              f"- upstream: {report['onto']['rev']} = `{report['onto']['commit']}` "
-              f"({report.get('upstream', {}).get('source', '?')}), {report['upstream_commits_between']} upstream "
-              f"commit(s) since the base" + (f", {report['direction']}" if report["direction"] else ""),
-              f"- outcome: `{outcome}` (exit {report['exit_code']}), {report['seconds']} s", "",
-              "## What to do", "", WHAT[outcome], ""]
+    """The Markdown report: the head and what to do, then one section per part of the run that has something."""
+    lines = _head(report)
+    for section in (_fits, _bisect, _entries, _conflicts, _merged, _proof, _checks, _refreshed, _commits):
+        lines += section(report)
+    if report["rebase_report"]:
+        lines.append(f"The rebase's own report: `{report['rebase_report']}` next to this file.")
+    return "\n".join(lines) + "\n"
+
+
+def _head(report: dict) -> list[str]:
+    s, outcome, base = report["series"], report["outcome"], report["base"]
+    lines = [f"# c128patch watch: `{outcome}` on {where(report)}", "", f"**{report['headline']}**", "",
+             f"- series: {s['name']} {s['version']}, base {base['rev']} (`{base['commit'][:12]}`)",
+             f"- upstream: {report['onto']['rev']} = `{report['onto']['commit']}` "
+             f"({report.get('upstream', {}).get('source', '?')}), {report['upstream_commits_between']} upstream "
+             f"commit(s) since the base" + (f", {report['direction']}" if report["direction"] else ""),
+             f"- outcome: `{outcome}` (exit {report['exit_code']}), {report['seconds']} s", "",
+             "## What to do", "", WHAT[outcome], ""]
     if report["next"]:
         lines += ["```sh", *report["next"], "```", ""]
     if report["problems"]:
         lines += ["## Problems", ""] + [f"- {p}" for p in report["problems"]] + [""]
+    return lines
+
+
+def _fits(report: dict) -> list[str]:
+    """The API contract, the behavioural tier and what could not be checked here."""
+    lines = []
     contract = report.get("contract")
     if contract:
         lines += ["## API contract", "", contract["verdict"], "", f"C++: {contract.get('cxx_probe', 'not run')}", ""]
@@ -147,24 +162,39 @@ def render(report: dict) -> str:
         lines += [""] if tier["failed"] or tier["not_checked"] else []
     if report.get("unchecked"):
         lines += ["## Not checked here", ""] + [f"- {u}" for u in report["unchecked"]] + [""]
+    return lines
+
+
+def _bisect(report: dict) -> list[str]:
     found = report.get("bisect")
-    if found:
-        lines += [f"## Bisect (bounded at {found['bound_s']:g} s)", "", found["summary"], ""]
-        if found.get("found"):
-            lines += [f"- first bad upstream commit: `{found['commit']}` {found['subject']}"]
-            lines += [f"- {f}" for f in found["failing"][:10]] + [""]
-    if report["entries"]:
-        lines += ["## Entries", "", "| entry | on the new base | file (chosen by) | detail |", "| --- | --- | --- | --- |"]
-        for e in report["entries"]:
-            chosen = e["chosen_by"].split(":", 1)[0]
-            file = f"{e['file']} ({chosen})" if e["file"] and chosen else e["file"]
-            detail = e["detail"] + (f" (ledger {', '.join(e['ledger'])})" if e["ledger"] else "")
-            lines.append(f"| {e['name']} | {e['on_rev']} | {_cell(file)} | {_cell(detail)} |")
-        lines.append("")
-        hinted = [(e["name"], h) for e in report["entries"] if e["name"] not in {c["entry"] for c in report["conflicts"]}
-                  for h in e.get("hints", [])]
-        if hinted:
-            lines += ["## Hints", ""] + [f"- {name}: {h['line']}" for name, h in hinted] + [""]
+    if not found:
+        return []
+    lines = [f"## Bisect (bounded at {found['bound_s']:g} s)", "", found["summary"], ""]
+    if found.get("found"):
+        lines += [f"- first bad upstream commit: `{found['commit']}` {found['subject']}"]
+        lines += [f"- {f}" for f in found["failing"][:10]] + [""]
+    return lines
+
+
+def _entries(report: dict) -> list[str]:
+    if not report["entries"]:
+        return []
+    lines = ["## Entries", "", "| entry | on the new base | file (chosen by) | detail |", "| --- | --- | --- | --- |"]
+    for e in report["entries"]:
+        chosen = e["chosen_by"].split(":", 1)[0]
+        file = f"{e['file']} ({chosen})" if e["file"] and chosen else e["file"]
+        detail = e["detail"] + (f" (ledger {', '.join(e['ledger'])})" if e["ledger"] else "")
+        lines.append(f"| {e['name']} | {e['on_rev']} | {_cell(file)} | {_cell(detail)} |")
+    lines.append("")
+    hinted = [(e["name"], h) for e in report["entries"] if e["name"] not in {c["entry"] for c in report["conflicts"]}
+              for h in e.get("hints", [])]
+    if hinted:
+        lines += ["## Hints", ""] + [f"- {name}: {h['line']}" for name, h in hinted] + [""]
+    return lines
+
+
+def _conflicts(report: dict) -> list[str]:
+    lines = []
     for c in report["conflicts"]:
         lines += [f"## Conflict: {c['entry']}", "", _conflict_line(c) + ".", "", f"from `{c['file']}`"
                   + (f" ({c['chosen_by']})" if c["chosen_by"] else ""), ""]
@@ -180,42 +210,60 @@ def render(report: dict) -> str:
         lines += [f"- {h['line']}" for h in c.get("hints", [])]
         lines += [f"- {line}" for line in _taken_lines(c.get("taken") or {}, c["entry"])]
         lines.append("")
+    return lines
+
+
+def _merged(report: dict) -> list[str]:
+    lines = []
     for m in report["merged"]:
         lines += [f"## Merged upstream (proposed): {m['entry']}", ""]
         lines += [f"- {sig['kind']}: {sig['detail']}" + ("" if sig["kind"] != "pr-hint" else " (a hint, not evidence)")
                   for sig in m["signals"]]
         lines.append("")
+    return lines
+
+
+def _proof(report: dict) -> list[str]:
     proof = report["equivalence"]
-    if proof:
-        carried = " (of the entries that carry; the conflicting ones left out)" if report["conflicts"] else ""
-        lines += [f"## Proof{carried}", "", proof["summary"], ""]
-    if report["checks"]:
-        lines += ["## Checks", "", "| check | result | findings / notes |", "| --- | --- | --- |"]
-        for c in report["checks"]:
-            result = "not run" if c.get("skipped") else "ok" if c["ok"] else "**FAILED**"
-            said = c["findings"][:5] + c["notes"][:3]
-            lines.append(f"| {c['name']} | {result} | {_cell('; '.join(said))} |")
-        lines.append("")
-    new = report["refreshed"]
-    if new:
-        lines += [f"## The {'refreshed' if outcome != 'merged' else 'proposed'} series", "",
-                  f"- {s['name']} {new['version']} in `{report['out']}/series/` ({new['mode']} files for "
-                  f"{new['label']}; base {new['base']})",
-                  f"- applied fresh on {where(report)}: "
-                  + ("every entry strictly" if new["applies_strictly"] else "**not strictly**")
-                  + (", the same tree as the proven rebase" if new["same_tree"] else ", **a different tree**")
-                  + ("; `refresh --check` there changes nothing" if new["fixed_point"] else "; **refresh --check fails**")]
-        lines += [f"- changed: `{p}`" for p in new["changed"]]
-        lines += [f"- note: {n}" for n in new["notes"]]
-        lines.append("")
-    if report["upstream_commits"]:
-        lines += ["## Upstream commits since the base", ""]
-        lines += [f"- {c}" for c in report["upstream_commits"][:20]]
-        more = report["upstream_commits_between"] - min(20, len(report["upstream_commits"]))
-        lines += ([f"- ... and {more} more"] if more > 0 else []) + [""]
-    if report["rebase_report"]:
-        lines.append(f"The rebase's own report: `{report['rebase_report']}` next to this file.")
-    return "\n".join(lines) + "\n"
+    if not proof:
+        return []
+    carried = " (of the entries that carry; the conflicting ones left out)" if report["conflicts"] else ""
+    return [f"## Proof{carried}", "", proof["summary"], ""]
+
+
+def _checks(report: dict) -> list[str]:
+    if not report["checks"]:
+        return []
+    lines = ["## Checks", "", "| check | result | findings / notes |", "| --- | --- | --- |"]
+    for c in report["checks"]:
+        result = "not run" if c.get("skipped") else "ok" if c["ok"] else "**FAILED**"
+        said = c["findings"][:5] + c["notes"][:3]
+        lines.append(f"| {c['name']} | {result} | {_cell('; '.join(said))} |")
+    return lines + [""]
+
+
+def _refreshed(report: dict) -> list[str]:
+    new, s = report["refreshed"], report["series"]
+    if not new:
+        return []
+    lines = [f"## The {'refreshed' if report['outcome'] != 'merged' else 'proposed'} series", "",
+             f"- {s['name']} {new['version']} in `{report['out']}/series/` ({new['mode']} files for "
+             f"{new['label']}; base {new['base']})",
+             f"- applied fresh on {where(report)}: "
+             + ("every entry strictly" if new["applies_strictly"] else "**not strictly**")
+             + (", the same tree as the proven rebase" if new["same_tree"] else ", **a different tree**")
+             + ("; `refresh --check` there changes nothing" if new["fixed_point"] else "; **refresh --check fails**")]
+    lines += [f"- changed: `{p}`" for p in new["changed"]]
+    lines += [f"- note: {n}" for n in new["notes"]]
+    return lines + [""]
+
+
+def _commits(report: dict) -> list[str]:
+    if not report["upstream_commits"]:
+        return []
+    lines = ["## Upstream commits since the base", ""] + [f"- {c}" for c in report["upstream_commits"][:20]]
+    more = report["upstream_commits_between"] - min(20, len(report["upstream_commits"]))
+    return lines + ([f"- ... and {more} more"] if more > 0 else []) + [""]
 
 
 def broken_next(onto: str, root: object, repo: str | None) -> list[str]:

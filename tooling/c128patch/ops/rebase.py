@@ -39,7 +39,6 @@ from c128patch.ops.hints import upstream_hints
 from c128patch.ops.merged import Signal
 from c128patch.ops.rebase_journal import Journal, Paused, Step, saved_conflicts, tree_state
 from c128patch.ops.rebase_loop import RebaseLoop
-from c128patch.ops.rebase_report import render_markdown  # noqa: F401  (fit.watch renders its rebase with it)
 from c128patch.ops.replay import replay_in_index, unmerged_paths
 from c128patch.ops.treestate import changed_paths, ensure_clean, ensure_idle, rebase_command, refuse_conflict_markers
 from c128patch.series.layers import layer_folders
