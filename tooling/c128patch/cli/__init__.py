@@ -39,16 +39,14 @@ COMMANDS: dict[str, str] = {
 }
 
 
-# Usage errors (a missing option, a bad choice, an unknown flag or command) as every other error: one line
-# on stderr, a JSON error object on stdout when --json is among the arguments, exit 2.
-
-
 def _json_requested(argv: list[str]) -> bool:
     words = argv[: argv.index("--")] if "--" in argv else argv
     return "--json" in words
 
 
 def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
+    """A usage error (missing option, bad choice, unknown flag or command) as every other error: one line on
+    stderr, a JSON error object on stdout when --json is among the arguments, exit 2."""
     import json
 
     from c128patch import exitcodes
@@ -97,9 +95,7 @@ class LazyGroup(OneLineUsageErrors):
         command.short_help = COMMANDS[name]
         return command
 
-    def resolve_command(
-        self, ctx: click.Context, args: list[str]
-    ) -> tuple[str | None, click.Command | None, list[str]]:
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, Any, list[str]]:
         """click's, with "did you mean" for an unknown verb close to a known one (`aply` -> `apply`)."""
         try:
             return super().resolve_command(ctx, args)
