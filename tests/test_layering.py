@@ -27,7 +27,8 @@ LAYERS: dict[str, int] = {
 }
 # Same-rank imports the layering allows, each with its reason.
 ACROSS: dict[tuple[str, str], str] = {
-    ("wheel", "ops"): "`build` applies the series to a checkout (ops.apply) before its PEP 517 build",
+    ("wheel", "ops"): "`build` applies the series to a checkout (ops.apply) before its PEP 517 build; `wheel` says "
+                      "what `check` says of a rev older than the series (ops.check.release_support_note)",
     ("errors", "exitcodes"): "an error's exit code comes from the one table of exit codes",
 }
 
