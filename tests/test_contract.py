@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import watch_upstream as wu
-from c128patch.git import Git
 from c128patch.fit import contract, contract_cxx
-from c128patch.ops.lint import update_hashes
 from c128patch.fit.watch import EXIT
+from c128patch.git import Git
+from c128patch.ops.lint import update_hashes
 from c128patch.series.contract import Lock, lock_path, merged, read_lock
 from c128patch.series.manifest import load_series
 from support import RELEASES, REPO_ROOT, copy_series, invoke, upstream_commit

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 import watch_upstream as wu
-from c128patch.git import Git
-from c128patch.ops.lint import update_hashes
 from c128patch.fit.treechecks import check_tree
 from c128patch.fit.watch import EXIT
+from c128patch.git import Git
+from c128patch.ops.lint import update_hashes
 from c128patch.series.manifest import load_series
 from support import REPO_ROOT, Run, copy_series, forget_resolutions, invoke, snapshot, tree_of, upstream_commit
 

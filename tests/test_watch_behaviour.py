@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import watch_upstream as wu
-from c128patch.git import Git
 from c128patch.fit.watch import EXIT
+from c128patch.git import Git
 from c128patch.series.manifest import load_series
 from support import REPO_ROOT, invoke, upstream_commit
 

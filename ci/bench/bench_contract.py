@@ -19,9 +19,9 @@ from pathlib import Path
 
 from benchlib import machine, write_json
 
-from c128patch.git import Git
 from c128patch.fit import contract, contract_cxx, treecheck
 from c128patch.fit import watch as watch_ops
+from c128patch.git import Git
 from c128patch.series.manifest import default_series_root, load_series
 from c128patch.upstream.releases import ReleaseHistory
 
