@@ -17,7 +17,8 @@ With ``--release``/``--all-releases`` each supported release is replayed with th
 release history (evidence.staging, nothing checked out) and every (release, row) pair is built in
 one pool, once per distinct unit: a unit whose preprocessing (nvcc's own host and device ``-E``
 steps) and flags equal an earlier release's is not compiled again, its row says ``same_as`` that
-release and carries that build's result (``--build-every-unit`` compiles each); ``--record DIR`` writes ``DIR/<rev>/compile.json`` (the evidence `c128patch matrix` reads).
+release and carries that build's result (``--build-every-unit`` compiles each); ``--record DIR``
+writes ``DIR/<rev>/compile.json`` (the evidence `c128patch matrix` reads).
 """
 
 from __future__ import annotations
@@ -375,8 +376,8 @@ def record(dest: Path, rev: str, info: dict, results: list[Result], arch: str, c
     data = {
         "schema": SCHEMA, "kind": "compile", "rev": rev, "label": "patched", "key": info["key"].to_json(),
         "command": command, "date": datetime.date.today().isoformat(),
-        "device": f"no GPU: nvcc {release.group(1) if release else '?'}, tvm_ffi {getattr(tvm_ffi, '__version__', '?')}, "
-                  f"sm_{arch}",
+        "device": f"no GPU: nvcc {release.group(1) if release else '?'}, "
+                  f"tvm_ffi {getattr(tvm_ffi, '__version__', '?')}, sm_{arch}",
         "kernels": [{"name": r.name, "cuh": r.cuh, "ok": r.ok, "seconds": round(r.seconds, 1),
                      **({"same_as": r.same_as} if r.same_as else {})} for r in kernels],
         "probe_ok": probe.ok, "probe_failed_helpers": probe.failed_helpers,

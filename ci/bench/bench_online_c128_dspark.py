@@ -369,7 +369,8 @@ def main() -> int:
             rows += bench_config(B, W, args.ragged, timer, ceiling, rng, nobanks, floor)
 
     print(f"copy ceiling (1 GiB D2D, read+write): {ceiling:.0f} GB/s")
-    header = f"{'B':>4} {'W':>2} {'path':<9} {'what':<62} {'mode':<5} {'us':>8} {'launch':>6} {'MB':>8} {'GB/s':>7} {'%ceil':>6}"
+    header = (f"{'B':>4} {'W':>2} {'path':<9} {'what':<62} {'mode':<5} {'us':>8} {'launch':>6} {'MB':>8} "
+              f"{'GB/s':>7} {'%ceil':>6}")
     print(header)
     for r in rows:
         print(
@@ -400,7 +401,8 @@ def main() -> int:
             c = pick(B, W, "commit, 31 layers, per launch in a chain")
             if c:
                 target(f"commit_ge_60pct_B{B}_W{W}", c["pct_ceiling"], 60.0, True, c["what"])
-            cands = [r for r in (pick(B, W, "write_prefix x31 (standalone)"), pick(B, W, "fused verify_compress x31")) if r]
+            cands = [r for r in (pick(B, W, "write_prefix x31 (standalone)"),
+                                 pick(B, W, "fused verify_compress x31")) if r]
             if cands and B >= 48:
                 best = max(cands, key=lambda r: r["pct_ceiling"])
                 goal = 30.0 if B < 128 else 50.0
@@ -408,7 +410,8 @@ def main() -> int:
     print("targets:", json.dumps(targets, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "command": "python3 " + " ".join(sys.argv), "device": torch.cuda.get_device_name(), "copy_ceiling_gbps": ceiling, "layers": LAYERS,
+        "command": "python3 " + " ".join(sys.argv), "device": torch.cuda.get_device_name(),
+        "copy_ceiling_gbps": ceiling, "layers": LAYERS,
         "reps": args.reps, "ragged": args.ragged, "upstream_mtp_calls": resolve(online_c128_mtp).path,
         "rows": rows, "targets": targets,
     }, indent=2) + "\n")
