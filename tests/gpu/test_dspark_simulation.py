@@ -228,7 +228,8 @@ class Simulation:
         self.table = backend.make_table(self.ours.states)
         self.pending = torch.full((SLOTS,), -1, dtype=torch.int64, device=dev)
         self.mode = forward_mode
-        self.mtp = None if mtp_cls is None else mtp_cls(mtp_backend(self.up.states, self.pending, self.ape_d, backend.r2t))
+        self.mtp = None if mtp_cls is None else mtp_cls(mtp_backend(self.up.states, self.pending, self.ape_d,
+                                                                    backend.r2t))
         self.up_accepts: dict = {}  # uid -> (seq_before, accept) of upstream's last verify
         self.active: list[Request] = []
         self.free_slots = list(range(1, SLOTS))
@@ -563,7 +564,8 @@ def simulation(patched_tree):
     )
     print(
         f"\n[dspark simulation] steps={steps} counts={sim.counts}\n  ours: {vars(ours)}\n"
-        + (f"  upstream OnlineC128MTPController ({where}): {vars(up)}" if mtp_cls else f"  upstream arm skipped: {where}")
+        + (f"  upstream OnlineC128MTPController ({where}): {vars(up)}" if mtp_cls
+           else f"  upstream arm skipped: {where}")
     )
     return SimpleNamespace(sim=sim, mtp_cls=mtp_cls, where=where, loss=loss, dropped=dropped,
                            release=util.harness().tree_release(patched_tree))
