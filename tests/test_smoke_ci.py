@@ -74,4 +74,5 @@ def test_every_command_line_is_accepted_by_the_cli(workflow):
             assert cmd is not None, args
             cmd.make_context(args[0], args[1:])  # raises on an unknown or malformed option
             seen.append(" ".join(args[:3]))
-    assert "smoke --tier kernel" in seen and seen.count("smoke --tier server") == 2 and "apply --sglang-rev v0.5.23" in seen
+    assert ("smoke --tier kernel" in seen and seen.count("smoke --tier server") == 2
+            and "apply --sglang-rev v0.5.23" in seen)
