@@ -54,7 +54,9 @@ def dump_sass(mods: dict, sass_dir: Path) -> None:
             (sass_dir / (so.parent.name + "_" + so.stem + ".sass")).write_text(out.stdout + out.stderr)
 
 
-def bench(B: int, W: int, mods: dict, floors: dict, timer: Timer, ceiling: float, rng: random.Random) -> list[dict]:
+def bench(  # noqa: C901 (one config's graph-captured closures share its tensors)
+    B: int, W: int, mods: dict, floors: dict, timer: Timer, ceiling: float, rng: random.Random,
+) -> list[dict]:
     ops = util.dspark_ops()
     dev = torch.device("cuda")
     D = 512
