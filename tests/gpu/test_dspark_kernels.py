@@ -86,6 +86,39 @@ def _seq_near_boundary(rng: random.Random, W: int) -> int:
     return rng.randint(0, 9000)
 
 
+def _corrupt(lay: Layout, rng: random.Random, B: int, N: int, W: int, stride: int) -> None:
+    """Break 1-3 rows of `lay` in place, each one way, and record how in `lay.corrupted`."""
+    lay.clean = False
+    for _ in range(rng.randint(1, 3)):
+        b = rng.randrange(B)
+        kind = rng.choice(
+            ["start_neg", "start_big", "start_tail", "len_neg", "len_huge",
+             "rid_neg", "rid_big", "rid_huge", "seq_neg", "seq_huge"]
+        )
+        lay.corrupted.append((b, kind))
+        if kind == "start_neg":
+            lay.extend_start_loc[b] = -rng.randint(1, 100)
+        elif kind == "start_big":
+            lay.extend_start_loc[b] = N + rng.randint(0, 50)
+        elif kind == "start_tail":  # window runs past the packed input
+            lay.extend_start_loc[b] = max(0, N - rng.randint(1, 3))
+            lay.verify_lens[b] = W
+        elif kind == "len_neg":
+            lay.verify_lens[b] = -rng.randint(1, 50)
+        elif kind == "len_huge":
+            lay.verify_lens[b] = rng.choice([2**31 - 1, 100000, W + 1000])
+        elif kind == "rid_neg":
+            lay.req_pool_indices[b] = -rng.randint(1, 5)
+        elif kind == "rid_big":
+            lay.req_pool_indices[b] = stride + rng.randint(0, 5)
+        elif kind == "rid_huge":
+            lay.req_pool_indices[b] = 2**40
+        elif kind == "seq_neg":
+            lay.seq_lens[b] = -rng.randint(1, 1000)
+        elif kind == "seq_huge":
+            lay.seq_lens[b] = rng.choice([2**40, 2**31 - 5])
+
+
 def make_layout(
     rng: random.Random, W: int, dtype: torch.dtype, corrupt: bool, force_clean: bool = False
 ) -> Layout:
@@ -121,35 +154,7 @@ def make_layout(
         clean=(n_pad == 0 and not inflated and slack == 0),
     )
     if corrupt:
-        lay.clean = False
-        for _ in range(rng.randint(1, 3)):
-            b = rng.randrange(B)
-            kind = rng.choice(
-                ["start_neg", "start_big", "start_tail", "len_neg", "len_huge",
-                 "rid_neg", "rid_big", "rid_huge", "seq_neg", "seq_huge"]
-            )
-            lay.corrupted.append((b, kind))
-            if kind == "start_neg":
-                lay.extend_start_loc[b] = -rng.randint(1, 100)
-            elif kind == "start_big":
-                lay.extend_start_loc[b] = N + rng.randint(0, 50)
-            elif kind == "start_tail":  # window runs past the packed input
-                lay.extend_start_loc[b] = max(0, N - rng.randint(1, 3))
-                lay.verify_lens[b] = W
-            elif kind == "len_neg":
-                lay.verify_lens[b] = -rng.randint(1, 50)
-            elif kind == "len_huge":
-                lay.verify_lens[b] = rng.choice([2**31 - 1, 100000, W + 1000])
-            elif kind == "rid_neg":
-                lay.req_pool_indices[b] = -rng.randint(1, 5)
-            elif kind == "rid_big":
-                lay.req_pool_indices[b] = stride + rng.randint(0, 5)
-            elif kind == "rid_huge":
-                lay.req_pool_indices[b] = 2**40
-            elif kind == "seq_neg":
-                lay.seq_lens[b] = -rng.randint(1, 1000)
-            elif kind == "seq_huge":
-                lay.seq_lens[b] = rng.choice([2**40, 2**31 - 5])
+        _corrupt(lay, rng, B, N, W, stride)
     return lay
 
 
