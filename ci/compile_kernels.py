@@ -17,7 +17,8 @@ With ``--release``/``--all-releases`` each supported release is replayed with th
 release history (evidence.staging, nothing checked out) and every (release, row) pair is built in
 one pool, once per distinct unit: a unit whose preprocessing (nvcc's own host and device ``-E``
 steps) and flags equal an earlier release's is not compiled again, its row says ``same_as`` that
-release and carries that build's result (``--build-every-unit`` compiles each); ``--record DIR`` writes ``DIR/<rev>/compile.json`` (the evidence `c128patch matrix` reads).
+release and carries that build's result (``--build-every-unit`` compiles each); ``--record DIR``
+writes ``DIR/<rev>/compile.json`` (the evidence `c128patch matrix` reads).
 """
 
 from __future__ import annotations
@@ -375,14 +376,41 @@ def record(dest: Path, rev: str, info: dict, results: list[Result], arch: str, c
     data = {
         "schema": SCHEMA, "kind": "compile", "rev": rev, "label": "patched", "key": info["key"].to_json(),
         "command": command, "date": datetime.date.today().isoformat(),
-        "device": f"no GPU: nvcc {release.group(1) if release else '?'}, tvm_ffi {getattr(tvm_ffi, '__version__', '?')}, "
-                  f"sm_{arch}",
+        "device": f"no GPU: nvcc {release.group(1) if release else '?'}, "
+                  f"tvm_ffi {getattr(tvm_ffi, '__version__', '?')}, sm_{arch}",
         "kernels": [{"name": r.name, "cuh": r.cuh, "ok": r.ok, "seconds": round(r.seconds, 1),
                      **({"same_as": r.same_as} if r.same_as else {})} for r in kernels],
         "probe_ok": probe.ok, "probe_failed_helpers": probe.failed_helpers,
         "ok": probe.ok and all(r.ok for r in kernels),
     }
     return write_result(dest, rev, "compile", data)
+
+
+def _print_report(args: argparse.Namespace, trees: dict, by_rev: dict, built: list[Result], builds: int,
+                  rows: int, arch: str, wall: float, uncovered: list[str]) -> None:
+    """The table (or --json), then every failure and every header without a row, on stderr."""
+    failed = [r for r in built if not r.ok]
+    if args.json:
+        if args.release:
+            body = {"releases": {rev: {"commit": trees[rev]["commit"], "key": trees[rev]["key"].to_json(),
+                                       "kernels": [_row_json(r) for r in by_rev[rev]],
+                                       "ok": all(r.ok for r in by_rev[rev])} for rev in trees}}
+        else:
+            body = {"tree": str(trees[""]["tree"]), "kernels": [_row_json(r) for r in built]}
+        print(json.dumps({**body, "arch": f"sm_{arch}", "jobs": args.jobs, "wall_s": round(wall, 2),
+                          "units": len(built), "builds": builds,
+                          "uncovered_series_headers": uncovered, "ok": not failed and not uncovered}, indent=2))
+    else:
+        for rev, results in by_rev.items():
+            for r in results:
+                took = f"same as {r.same_as}" if r.same_as else f"{r.seconds:6.1f} s"
+                print(f"{'ok  ' if r.ok else 'FAIL'} {rev or '-':8s} {r.name:32s} {r.cuh:40s} {took}")
+        print(f"{len(built)} units ({len(trees)} tree(s) x {rows} rows), {builds} built (the rest: the same "
+              f"preprocessed source and flags as a build), sm_{arch}, {args.jobs} jobs, {wall:.1f} s wall")
+    for rev, results in by_rev.items():
+        _report_failures(results, f" on {rev}" if rev else "")
+    for h in uncovered:
+        print(f"FAILED: series header {h} has no row in KERNELS ({__file__})", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -434,28 +462,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
+    _print_report(args, trees, by_rev, built, builds, len(kernels), arch, wall, uncovered)
     failed = [r for r in built if not r.ok]
-    if args.json:
-        if args.release:
-            body = {"releases": {rev: {"commit": trees[rev]["commit"], "key": trees[rev]["key"].to_json(),
-                                       "kernels": [_row_json(r) for r in by_rev[rev]],
-                                       "ok": all(r.ok for r in by_rev[rev])} for rev in trees}}
-        else:
-            body = {"tree": str(trees[""]["tree"]), "kernels": [_row_json(r) for r in built]}
-        print(json.dumps({**body, "arch": f"sm_{arch}", "jobs": args.jobs, "wall_s": round(wall, 2),
-                          "units": len(built), "builds": builds,
-                          "uncovered_series_headers": uncovered, "ok": not failed and not uncovered}, indent=2))
-    else:
-        for rev, results in by_rev.items():
-            for r in results:
-                took = f"same as {r.same_as}" if r.same_as else f"{r.seconds:6.1f} s"
-                print(f"{'ok  ' if r.ok else 'FAIL'} {rev or '-':8s} {r.name:32s} {r.cuh:40s} {took}")
-        print(f"{len(built)} units ({len(trees)} tree(s) x {len(kernels)} rows), {builds} built (the rest: the same "
-              f"preprocessed source and flags as a build), sm_{arch}, {args.jobs} jobs, {wall:.1f} s wall")
-    for rev, results in by_rev.items():
-        _report_failures(results, f" on {rev}" if rev else "")
-    for h in uncovered:
-        print(f"FAILED: series header {h} has no row in KERNELS ({__file__})", file=sys.stderr)
     return 1 if failed or uncovered else 0
 
 

@@ -55,7 +55,8 @@ def cplan(rows, ratio, use_cuda_graph):
     pin = torch.full((n * 24,), 0xAB, dtype=torch.uint8)
     ring = 128 if ratio == 128 else 8
     err = call(lambda: plan_mod.plan_prefill(rid, r2t, f2s, seq, ext, pin, n, ratio, 256, ring, False, use_cuda_graph))
-    return {"error": err, "pin_c": pin[: n * 16].numpy().tobytes().hex(), "pin_w": pin[n * 16 :].numpy().tobytes().hex()}
+    return {"error": err, "pin_c": pin[: n * 16].numpy().tobytes().hex(),
+            "pin_w": pin[n * 16 :].numpy().tobytes().hex()}
 
 
 cases = json.loads(os.environ["C128PATCH_PROBE_CASES"])

@@ -476,16 +476,7 @@ class Simulation:
         padded_bs = len(lens)
         seq_before = [self.seq[s] for s in slots] + [1] * (padded_bs - len(slots))
         rids = list(slots) + [0] * (padded_bs - len(slots))
-        # Draft guesses of this step, per layer; every other token is NaN (must not be read).
-        drafts = {}
-        inputs = []
-        for layer in range(cfg.num_layers):
-            x = torch.full((tokens, 2 * HEAD_DIM), float("nan"), dtype=torch.float64)
-            for b, slot in enumerate(slots):
-                kv, score = self._randn(real[b], HEAD_DIM), self._randn(real[b], HEAD_DIM, scale=2.0)
-                drafts[layer, slot] = (kv, score)
-                x[starts[b] : starts[b] + real[b]] = torch.cat([kv, score], dim=1)
-            inputs.append(x.to(device=d, dtype=torch.float32))
+        drafts, inputs = self._drafts(slots, real, starts, tokens)
         before = [s.clone() for s in self.states]
 
         if self.uses_backend:
@@ -542,8 +533,30 @@ class Simulation:
                     self._close_state(got_row, want, f"{kind} bank {k} layer {layer} slot {slot}")
                     banks_checked += 1
             self._untouched(layer, before[layer], slots, real, bank0_too=True)
+        committed = self._commit_and_check(kind, slots, real, seq_before, drafts, live)
+        report = StepReport(kind, len(slots), len(expected) * cfg.num_layers, banks_checked, committed)
+        self.reports.append(report)
+        return report
 
-        # Accept 1..real tokens per row, then the worker's commit.
+    def _drafts(self, slots: List[int], real: List[int], starts: List[int], tokens: int) -> Tuple[dict, list]:
+        """Draft guesses of this step, per (layer, slot), and each layer's packed input: every
+        other token is NaN (must not be read)."""
+        drafts = {}
+        inputs = []
+        for layer in range(self.cfg.num_layers):
+            x = torch.full((tokens, 2 * HEAD_DIM), float("nan"), dtype=torch.float64)
+            for b, slot in enumerate(slots):
+                kv, score = self._randn(real[b], HEAD_DIM), self._randn(real[b], HEAD_DIM, scale=2.0)
+                drafts[layer, slot] = (kv, score)
+                x[starts[b] : starts[b] + real[b]] = torch.cat([kv, score], dim=1)
+            inputs.append(x.to(device=self.cfg.device, dtype=torch.float32))
+        return drafts, inputs
+
+    def _commit_and_check(self, kind: str, slots: List[int], real: List[int], seq_before: List[int],
+                          drafts: dict, live) -> int:
+        """Accept 1..real tokens per row, then the worker's commit; each row's new bank 0 is checked
+        and nothing else may move. Returns how many bank-0 states were checked."""
+        cfg = self.cfg
         accepts = [self._randint(1, n) for n in real]
         new_seq = [seq_before[b] + accepts[b] for b in range(len(slots))]
         before_commit = [s.clone() for s in self.states]
@@ -567,9 +580,7 @@ class Simulation:
             self.seq[slot] = new_seq[b]
         for layer in range(cfg.num_layers):
             self._untouched(layer, before_commit[layer], slots, [0] * len(slots), bank0_too=False)
-        report = StepReport(kind, len(slots), len(expected) * cfg.num_layers, banks_checked, committed)
-        self.reports.append(report)
-        return report
+        return committed
 
     def _compress(self, layer: int, plan, kv_score_input: torch.Tensor) -> torch.Tensor:
         """What `_forward_compress_all_in_one` does for a c128 layer (its compress step)."""

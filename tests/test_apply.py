@@ -118,7 +118,8 @@ def test_check_all_releases_from_release_source(portable_series: Path):
 
 
 def test_status_reports_series_and_drift(upstream_clone: Path, portable_series: Path):
-    assert run("apply", "--sglang-rev", "v0.5.23", "--repo", str(upstream_clone), "--series", str(portable_series))[0] == 0
+    assert run("apply", "--sglang-rev", "v0.5.23", "--repo", str(upstream_clone), "--series",
+               str(portable_series))[0] == 0
     code, out, _ = run("status", "--tree", str(upstream_clone), "--series", str(portable_series), "--json")
     assert code == 0
     assert out["upstream"]["rev"] == "v0.5.23" and out["series"]["name"] == "test"

@@ -71,7 +71,8 @@ def test_wrong_gate_or_or_is_not_a_guard():
         if not envs.SGLANG_TEST_GATE.get():
             batch.d.record_stream(s)
     """
-    assert rules_hit(audit(src)) == [(4, "record_stream"), (6, "record_stream"), (10, "record_stream"), (12, "record_stream")]
+    assert rules_hit(audit(src)) == [(4, "record_stream"), (6, "record_stream"), (10, "record_stream"),
+                                     (12, "record_stream")]
 
 
 def test_early_exit_guards_rest_of_block_only():

@@ -97,7 +97,8 @@ def test_unsafe_path_in_patch(sparse_clone: Path, series: Path, bad: str):
 @pytest.mark.parametrize("bad", ["../outside.py", "/tmp/abs.py"])
 def test_unsafe_overlay_target(sparse_clone: Path, series: Path, bad: str):
     manifest = series / "patches" / "series.toml"
-    manifest.write_text(manifest.read_text().replace('target = "python/sglang/c128_test_overlay.py"', f'target = "{bad}"'))
+    manifest.write_text(manifest.read_text().replace('target = "python/sglang/c128_test_overlay.py"',
+                                                     f'target = "{bad}"'))
     refused(["apply", "--sglang-rev", "v0.5.23", "--repo", str(sparse_clone), "--series", str(series)],
             sparse_clone, "unsafe path")
 
@@ -106,8 +107,8 @@ def test_overlay_through_upstream_symlink(sparse_clone: Path, series: Path):
     link = sparse_clone / "python" / "sglang" / "linked"
     link.symlink_to("../../..")
     subprocess.run(["git", "-C", str(sparse_clone), "add", "--sparse", "python/sglang/linked"], check=True)
-    subprocess.run(["git", "-C", str(sparse_clone), "-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-qm",
-                    "a symlink"], check=True)
+    subprocess.run(["git", "-C", str(sparse_clone), "-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit",
+                    "-qm", "a symlink"], check=True)
     manifest = series / "patches" / "series.toml"
     manifest.write_text(manifest.read_text().replace('target = "python/sglang/c128_test_overlay.py"',
                                                      'target = "python/sglang/linked/escaped.py"'))
@@ -145,7 +146,8 @@ def test_missing_git(tmp_path: Path, series: Path):
     proc = subprocess.run([sys.executable, "-m", "c128patch", "check", "--sglang-rev", "v0.5.23",
                            "--series", str(series)], env=env, capture_output=True, text=True)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["c128patch: error: git not found on PATH; install git (>= 2.30) and retry"]
+    assert proc.stderr.strip().splitlines() == [
+        "c128patch: error: git not found on PATH; install git (>= 2.30) and retry"]
 
 
 def test_bad_manifest(tmp_path: Path, series: Path):

@@ -35,7 +35,8 @@ def test_a_header_without_the_text_is_refused():
 
 def test_renamed_copy_shares_no_symbol():
     text = kv.renamed(HEADER, "nobanks")
-    assert not re.search(r"\bDsparkC128|\bdspark_c128_(plan|verify|commit)_kernel\b|namespace device::dspark_c128\b", text)
+    assert not re.search(r"\bDsparkC128|\bdspark_c128_(plan|verify|commit)_kernel\b|namespace device::dspark_c128\b",
+                         text)
     assert "DsparkNobanksC128Kernel" in text and "dspark_c128_nobanks_verify_kernel" in text
 
 

@@ -165,7 +165,8 @@ def test_gain_grows_with_r_and_more_budget_never_loses_tokens() -> None:
 def test_dp_divides_r_per_worker() -> None:
     assert cap.compute(pro(max_running_requests=256, attn_dp_size=4)).max_running_requests_per_worker == 64
     assert cap.compute(pro(max_running_requests=2, attn_dp_size=4)).max_running_requests_per_worker == 1
-    assert cap.compute(pro(max_running_requests=2, attn_dp_size=4, formula="0.5.22")).max_running_requests_per_worker == 0
+    assert cap.compute(pro(max_running_requests=2, attn_dp_size=4,
+                           formula="0.5.22")).max_running_requests_per_worker == 0
 
 
 def test_estimate_path_clamps_between_2048_and_4096_and_half_the_tokens() -> None:

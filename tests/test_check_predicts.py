@@ -131,7 +131,8 @@ def test_an_entry_only_a_3_way_merge_takes_is_ok_for_apply_and_not_for_wheel(thr
                                                                             tmp_path: Path):
     code, revs = check("v0.5.19", extra=("--series", str(three_way_only)))
     (entry,) = revs["v0.5.19"]["entries"]
-    assert (code, entry["status"], revs["v0.5.19"]["apply"]["exit"], revs["v0.5.19"]["wheel"]["exit"]) == (0, "3way", 0, 1)
+    assert (code, entry["status"], revs["v0.5.19"]["apply"]["exit"],
+            revs["v0.5.19"]["wheel"]["exit"]) == (0, "3way", 0, 1)
     tree = invoke("apply", "--sglang-rev", "v0.5.19", "--tree", str(tmp_path / "t"), "--series", str(three_way_only),
                   as_json=False)
     assert tree.code == 0 and "(needed a 3-way merge)" in tree.text

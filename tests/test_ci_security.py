@@ -1,6 +1,6 @@
 """The CI recipes users copy into `.github/workflows/` (ci/github/): `zizmor --offline` finds nothing
-at any persona (regular, pedantic, auditor) except what a `# zizmor: ignore[...]` comment suppresses with its reason, and
-every `uses:` names a full commit id with the version beside it."""
+at any persona (regular, pedantic, auditor) except what a `# zizmor: ignore[...]` comment suppresses with
+its reason, and every `uses:` names a full commit id with the version beside it."""
 
 from __future__ import annotations
 

@@ -51,14 +51,15 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert stage.returncode == 0, stage.stderr[-3000:]
     run = subprocess.run(["bash", str(REPO_ROOT / "ci/gpu/upstream_suite_run.sh")], capture_output=True, text=True,
                          env=_env(STAGE=str(tmp / "stage"), OUT=str(tmp / "out"), WHEELS="none", PASS_TIMEOUT="240",
-                                  DEADLINE="300", SMOKE=f"{sys.executable} {REPO_ROOT}/tests/smoke_standins/h200_probe_c128patch.py"),
+                                  DEADLINE="300",
+                                  SMOKE=f"{sys.executable} {REPO_ROOT}/tests/smoke_standins/h200_probe_c128patch.py"),
                          timeout=400)
     return {"tmp": tmp, "stage": stage, "run": run}
 
 
 def collect(bundle: dict, dest: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/collect_upstream_suite.py"), str(bundle["tmp"] / "out"),
-                           "--dest", str(dest), *extra], capture_output=True, text=True)
+    return subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/collect_upstream_suite.py"),
+                           str(bundle["tmp"] / "out"), "--dest", str(dest), *extra], capture_output=True, text=True)
 
 
 def test_staging_writes_each_release_its_trees_tests_and_a_manifest(bundle):

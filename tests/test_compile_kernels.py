@@ -66,7 +66,8 @@ def test_wrapper_matches_sglang_loader(tmp_path: Path, patched_trees, tag: str):
 def test_compile_failure_names_the_kernel(tmp_path: Path, release_trees):
     tree_subset.copy_subset(release_trees["v0.5.23"], tmp_path)
     c_plan = tmp_path / ck.CSRC_UNDER / "deepseek_v4/c_plan.cuh"
-    c_plan.write_text(c_plan.read_text().replace("RuntimeCheck(counter == num_q_tokens);", "RuntimeCheck(counter == num_q_tokens)", 1))
+    c_plan.write_text(c_plan.read_text().replace("RuntimeCheck(counter == num_q_tokens);",
+                                                 "RuntimeCheck(counter == num_q_tokens)", 1))
     proc = _run(str(tmp_path), "--only", "compress_plan", "--json")
     assert proc.returncode == 1
     report = json.loads(proc.stdout)
@@ -139,7 +140,8 @@ def test_a_unit_is_compiled_once_per_distinct_preprocessed_source(tmp_path: Path
     assert 0 < report["builds"] < report["units"]  # the real releases share some units (0.5.21 and 0.5.22 do)
     keep = tmp_path / "keep"
     for row in ck.ROWS:
-        rows = {tag: next(k for k in rel["kernels"] if k["name"] == row.name) for tag, rel in report["releases"].items()}
+        rows = {tag: next(k for k in rel["kernels"] if k["name"] == row.name)
+                for tag, rel in report["releases"].items()}
         assert all(k["ok"] for k in rows.values()), row.name
         text = {tag: _unit_text(keep, tag, row.name) for tag in rows}
         built = [tag for tag, k in rows.items() if "same_as" not in k]

@@ -106,8 +106,10 @@ def params_swapped(git: Git) -> str:
     def changes(text_of):
         out = {}
         for path in _callers(git, "record_stream_each"):
-            text = text_of(path).replace("def record_stream_each(tensors, stream):", "def record_stream_each(stream, tensors):")
-            text = re.sub(r"(?<!def )record_stream_each\(([^()]*(?:\([^()]*\))?[^()]*?), (\w+)\)", r"record_stream_each(\2, \1)", text)
+            text = text_of(path).replace("def record_stream_each(tensors, stream):",
+                                         "def record_stream_each(stream, tensors):")
+            text = re.sub(r"(?<!def )record_stream_each\(([^()]*(?:\([^()]*\))?[^()]*?), (\w+)\)",
+                          r"record_stream_each(\2, \1)", text)
             out[path] = text
         return out
     return _edit(git, "spec_utils: record_stream_each takes the stream first", changes)
@@ -124,7 +126,8 @@ def helper_reordered(git: Git) -> str:
     the same types, so it still compiles: only the text shows it."""
     def changes(text_of):
         text = text_of(UTILS_CUH)
-        new = text.replace("      dim3 grid_dim,\n      dim3 block_dim,", "      dim3 block_dim,\n      dim3 grid_dim,", 1)
+        new = text.replace("      dim3 grid_dim,\n      dim3 block_dim,",
+                           "      dim3 block_dim,\n      dim3 grid_dim,", 1)
         assert new != text
         return {UTILS_CUH: new}
     return _edit(git, "LaunchKernel: block before grid", changes)
@@ -144,11 +147,13 @@ def header_removed(git: Git) -> str:
 
 
 def unparsable(git: Git) -> str:
-    return _edit(git, "spec_utils: a syntax error", lambda text_of: {SPEC_UTILS: text_of(SPEC_UTILS) + "def broken(:\n"})
+    return _edit(git, "spec_utils: a syntax error",
+                 lambda text_of: {SPEC_UTILS: text_of(SPEC_UTILS) + "def broken(:\n"})
 
 
 DRIFT = {"signature": signature_changed, "renamed": module_renamed, "swapped": params_swapped,
-         "attr-removed": attr_removed, "get-renamed": get_renamed, "helper-reordered": helper_reordered, "header-removed": header_removed,
+         "attr-removed": attr_removed, "get-renamed": get_renamed, "helper-reordered": helper_reordered,
+         "header-removed": header_removed,
          "unparsable": unparsable}
 
 
@@ -235,7 +240,8 @@ def test_a_renamed_imported_module_is_missing(drift):
     assert run.code == 1
     errors = findings(run, "error")
     said = (f"{KERNEL_OPS}:{MAKE_NAME_LINE}: sglang.kernels.ops.attention.dsv4.utils.make_name: no module "
-            "sglang.kernels.ops.attention.dsv4.utils on this tree (python/sglang/kernels/ops/attention/dsv4/__init__.py "
+            "sglang.kernels.ops.attention.dsv4.utils on this tree "
+            "(python/sglang/kernels/ops/attention/dsv4/__init__.py "
             "defines no utils)")
     assert said in errors
 
@@ -254,7 +260,8 @@ def test_an_env_attribute_we_read_that_upstream_removed_is_an_error(drift):
     assert run.code == 1
     [error] = findings(run, "error")
     assert re.match(r"overlay/sglang/srt/layers/attention/dsv4/online_c128_dspark_rules.py:\d+: "
-                    r"sglang.srt.environ.envs.SGLANG_RAGGED_VERIFY_MODE: class Envs \(python/sglang/srt/environ.py:\d+\) "
+                    r"sglang.srt.environ.envs.SGLANG_RAGGED_VERIFY_MODE: class Envs "
+                    r"\(python/sglang/srt/environ.py:\d+\) "
                     r"has no SGLANG_RAGGED_VERIFY_MODE$", error), error
 
 
@@ -263,13 +270,15 @@ def test_a_device_helper_with_reordered_parameters_is_flagged(drift):
     assert run.code == 1 and findings(run, "error") == []
     [warning] = findings(run, "warning")
     assert warning.startswith(f"{CUH}:") and " LaunchKernel changed since the lock: " in warning
-    assert "LaunchKernel( dim3 grid_dim, dim3 block_dim," in warning and "LaunchKernel( dim3 block_dim, dim3 grid_dim," in warning
+    assert ("LaunchKernel( dim3 grid_dim, dim3 block_dim," in warning
+            and "LaunchKernel( dim3 block_dim, dim3 grid_dim," in warning)
 
 
 def test_a_removed_header_is_one_line_error(drift):
     run = run_contract("header-removed", repo=drift)
     assert run.code == 1
-    assert f"{CUH}:{VEC_INCLUDE_LINE}: #include <sgl_kernel/vec.cuh>: no {VEC_CUH} on this tree" in findings(run, "error")
+    assert (f"{CUH}:{VEC_INCLUDE_LINE}: #include <sgl_kernel/vec.cuh>: no {VEC_CUH} on this tree"
+            in findings(run, "error"))
 
 
 def test_upstream_code_that_does_not_parse_is_an_error_not_a_pass(drift):
@@ -285,10 +294,11 @@ def test_the_inclusive_sum_swap_between_releases_is_flagged(sglang_release_repo,
     the same arity. A kernel of ours that used it is flagged on v0.5.20 against a lock made on v0.5.23."""
     series_root = copy_series(tmp_path / "series")
     cuh = series_root / CUH
-    text = cuh.read_text().replace("#include <sgl_kernel/vec.cuh>\n", "#include <sgl_kernel/vec.cuh>\n#include <sgl_kernel/warp.cuh>\n", 1)
+    text = cuh.read_text().replace("#include <sgl_kernel/vec.cuh>\n",
+                                   "#include <sgl_kernel/vec.cuh>\n#include <sgl_kernel/warp.cuh>\n", 1)
     cuh.write_text(text.replace("namespace device::dspark_c128 {\n",
-                                "namespace device::dspark_c128 {\n\nSGL_DEVICE uint32_t scan(uint32_t v, uint32_t lane) "
-                                "{ return warp::inclusive_sum(v, lane); }\n", 1))
+                                "namespace device::dspark_c128 {\n\nSGL_DEVICE uint32_t scan(uint32_t v, "
+                                "uint32_t lane) { return warp::inclusive_sum(v, lane); }\n", 1))
     series = load_series(series_root)
     update_hashes(series)
     series = load_series(series_root)
@@ -396,7 +406,8 @@ def test_a_removed_method_we_call_is_caught_by_the_contract(drift):
     run = run_contract("get-renamed", repo=drift)
     assert run.code == 1
     assert any(e.startswith("overlay/sglang/srt/layers/attention/dsv4/online_c128_dspark.py:68: "
-                            "sglang.srt.environ.envs.SGLANG_OPT_USE_ONLINE_COMPRESS.get: ") for e in findings(run, "error"))
+                            "sglang.srt.environ.envs.SGLANG_OPT_USE_ONLINE_COMPRESS.get: ")
+               for e in findings(run, "error"))
 
 
 @pytest.mark.parametrize("rev", RELEASES)

@@ -21,7 +21,8 @@ from c128patch.wheel.patch import patch_wheel
 from support import REPO_ROOT, invoke, make_test_series
 
 SERIES_ENVS = ("SGLANG_OPT_USE_ONLINE_COMPRESS", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK",
-               "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP", "SGLANG_DSPARK_RECORD_VERIFY_STREAMS", "SGLANG_RAGGED_VERIFY_MODE")
+               "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP", "SGLANG_DSPARK_RECORD_VERIFY_STREAMS",
+               "SGLANG_RAGGED_VERIFY_MODE")
 RULES_IN_SERIES = (REPO_ROOT / "overlay" / ONLINE_C128_DSPARK_RULES).is_file()
 ON = {"SGLANG_OPT_USE_ONLINE_COMPRESS": "1", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK": "1"}
 
@@ -107,7 +108,8 @@ def test_the_readmes_doctor_command_on_a_python_that_cannot_import_sglang_exits_
     code, _, topics = doctor(patched_python, "--speculative-algorithm", "DSPARK", env=ON)
     assert code == 1
     assert topics["import"][0][0] == "error"
-    assert topics["args"] == [("error", "cannot check `--speculative-algorithm DSPARK` with sglang's own server-arguments "
+    assert topics["args"] == [("error",
+                               "cannot check `--speculative-algorithm DSPARK` with sglang's own server-arguments "
                                         "parser: it needs `import sglang`, which fails")]
 
 
@@ -117,10 +119,12 @@ def test_an_unknown_launch_flag_is_an_error_from_sglangs_own_parser(patched_pyth
     assert code == 1
     assert topics["args"] == [("error", "sglang's own server-arguments parser refuses `--speculative-algorithm DSPARK "
                                         "--no-such-flag`: unrecognized arguments: --no-such-flag")]
-    code, _, topics = doctor(patched_python, "--model-path", "m", "--speculative-algorithm", "NOPE", standin=SGLANG_STANDIN)
+    code, _, topics = doctor(patched_python, "--model-path", "m", "--speculative-algorithm", "NOPE",
+                             standin=SGLANG_STANDIN)
     assert code == 1 and "argument --speculative-algorithm: invalid choice: 'NOPE'" in topics["args"][0][1]
     code, _, topics = doctor(patched_python, "--model-path", "m", "--tp", "8", standin=SGLANG_STANDIN)
-    assert code == 0 and topics["args"] == [("ok", "sglang's own server-arguments parser accepts `--model-path m --tp 8`")]
+    assert code == 0 and topics["args"] == [("ok",
+                                             "sglang's own server-arguments parser accepts `--model-path m --tp 8`")]
 
 
 def test_an_import_that_does_not_finish_is_an_error(patched_python: Path):
@@ -201,7 +205,8 @@ def test_set_envs_say_what_they_enable(patched_python: Path, real_series):
 def test_a_value_sglang_cannot_parse_is_an_error_with_sglangs_warning(patched_python: Path):
     code, _, topics = doctor(patched_python, env={"SGLANG_DSPARK_RECORD_VERIFY_STREAMS": "maybe"})
     assert code == 1
-    assert ("error", 'SGLANG_DSPARK_RECORD_VERIFY_STREAMS=maybe: Invalid value for SGLANG_DSPARK_RECORD_VERIFY_STREAMS: '
+    assert ("error",
+            'SGLANG_DSPARK_RECORD_VERIFY_STREAMS=maybe: Invalid value for SGLANG_DSPARK_RECORD_VERIFY_STREAMS: '
                      '"maybe" is not a valid boolean value, using default "False"') in topics["env"]
 
 
@@ -226,7 +231,8 @@ def test_without_startup_rules_two_conflicting_gates_are_an_error(patched_python
 def test_plain_upstream_is_named_and_the_series_gates_do_nothing_there(upstream_python: Path):
     code, report, topics = doctor(upstream_python, env={"SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK": "1"})
     assert code == 1 and report["build"] is None
-    assert topics["build"] == [("warn", "plain sglang 0.5.23: not a c128patch build (no sglang/c128patch_provenance.json)"
+    assert topics["build"] == [("warn",
+                                "plain sglang 0.5.23: not a c128patch build (no sglang/c128patch_provenance.json)"
                                         "; the series' gates do nothing here")]
     assert ("error", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK=1 is set, but this sglang does not declare it (not a "
                      "c128patch build): it does nothing here") in topics["env"]
@@ -244,7 +250,8 @@ def test_an_sglang_that_shadows_the_installed_one_is_an_error(patched_python: Pa
     code, _, topics = doctor(patched_python, pythonpath=shadow)
     assert code == 1
     (level, message), = topics["sglang"]
-    assert level == "error" and message.startswith(f"`import sglang` resolves to {shadow / 'sglang'}, not the installed")
+    assert level == "error" and message.startswith(
+        f"`import sglang` resolves to {shadow / 'sglang'}, not the installed")
 
 
 def test_a_python_without_sglang_is_an_error(tmp_path: Path):

@@ -50,7 +50,8 @@ def history(sglang_release_repo: Path) -> Git:
 
 @pytest.fixture(scope="module")
 def staged(history: Git, real_series, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """v0.5.20 and v0.5.23 staged, v0.5.20 also with the series of this checkout's HEAD (a clone of any branch, or detached, has one)."""
+    """v0.5.20 and v0.5.23 staged, v0.5.20 also with the series of this checkout's HEAD (a clone of any
+    branch, or detached, has one)."""
     dest = tmp_path_factory.mktemp("stage")
     before = staging.export_series(Git(worktree=REPO_ROOT), "HEAD", tmp_path_factory.mktemp("before-series"))
     staging.stage(real_series, history, ["v0.5.20", "v0.5.23"], dest, SUITE, before=before,
@@ -66,7 +67,8 @@ def test_key_is_the_keyed_sources_and_the_hash_of_the_files_the_rev_plans(histor
     key = key_for(real_series, history, commit)
     files = dict(key.files)
     assert files["python/sglang/kernels"] == "tree " + history.out("rev-parse", "v0.5.20:python/sglang/kernels")
-    assert files["python/sglang/srt/environ.py"] == "blob " + history.out("rev-parse", "v0.5.20:python/sglang/srt/environ.py")
+    assert (files["python/sglang/srt/environ.py"]
+            == "blob " + history.out("rev-parse", "v0.5.20:python/sglang/srt/environ.py"))
     touched = {p for e in real_series.entries for p in ([e.target] if not e.is_patch else [])}
     assert touched <= set(files) and all(files[t] == "absent" for t in touched)  # overlay targets: absent upstream
     assert key.sources == sources_id(key.files) and key != key_for(real_series, history, history.rev_parse("v0.5.23"))
@@ -141,7 +143,8 @@ def test_staged_tree_carries_a_provenance_record_with_its_key(staged: Path, hist
 
 def test_stage_holds_patched_upstream_and_before_trees_of_the_suites_subset(staged: Path):
     ours = "sglang/kernels/jit/csrc/deepseek_v4/online_c128_dspark.cuh"
-    assert (staged / "v0.5.20/patched" / ours).read_text() == (REPO_ROOT / "csrc/deepseek_v4/online_c128_dspark.cuh").read_text()
+    assert ((staged / "v0.5.20/patched" / ours).read_text()
+            == (REPO_ROOT / "csrc/deepseek_v4/online_c128_dspark.cuh").read_text())
     assert not (staged / "v0.5.20/upstream" / ours).exists()
     main_cuh = Git(worktree=REPO_ROOT).blob("HEAD", "csrc/deepseek_v4/online_c128_dspark.cuh")
     assert (staged / "v0.5.20/before" / ours).read_bytes() == main_cuh
@@ -339,7 +342,8 @@ def test_the_layer_benchmark_is_rendered_from_its_result_and_marked_stale_under_
     data.update(apply_s=2.0, apply_with_layer_s=3.0, ratio=1.5, within_target=False)
     (tmp_path / "layers.json").write_text(json.dumps(data))
     said = figures.tool_benchmarks(tmp_path, lambda d: d["layer"]["digest"] == "today")
-    assert "`apply` with a layer of 3 entries" in said and "3.00 s vs without 2.00 s (1.50×, target ≤ 1.2×: *missed*)" in said
+    assert ("`apply` with a layer of 3 entries" in said
+            and "3.00 s vs without 2.00 s (1.50×, target ≤ 1.2×: *missed*)" in said)
     assert "*stale*: another series or layer" in said
     sys.path.insert(0, str(REPO_ROOT / "ci"))
     import refresh_matrix
@@ -406,7 +410,8 @@ def test_no_note_when_every_kind_is_verified(real_series, history: Git, results:
 def test_upstream_suite_cell_says_regressions_and_what_both_trees_share(real_series, history: Git, results: Path):
     key = key_for(real_series, history, history.rev_parse("v0.5.21"))
     counts = {"regressed": 0, "same": 153, "fixed": 0, "both fail": 3, "not applicable": 0}
-    write_result(results, "v0.5.21", "upstream-suite", {**_result(key, True), "kind": "upstream-suite", "counts": counts})
+    write_result(results, "v0.5.21", "upstream-suite",
+                 {**_result(key, True), "kind": "upstream-suite", "counts": counts})
     cell = _row(real_series, history, results).cells["upstream-suite"]
     assert (cell.state, cell.detail) == ("verified", "0 regressed, 153 same, 3 both fail")
 
@@ -458,7 +463,8 @@ def test_plain_phase_runs_each_release_with_its_differential_and_the_before_tree
 
 def test_sanitizer_phase_runs_each_tool_on_each_release_tool_by_tool_at_small_scale(staged: Path):
     jobs = gpu_run.plan_jobs(staging.read_manifest(staged), ".gpu", "sanitizers", "/o")
-    assert [j.name for j in jobs] == [f"{rev}-patched-{tool}" for tool in ("memcheck", "racecheck", "initcheck", "synccheck")
+    assert [j.name for j in jobs] == [f"{rev}-patched-{tool}"
+                                      for tool in ("memcheck", "racecheck", "initcheck", "synccheck")
                                       for rev in ("v0.5.20", "v0.5.23")]
     assert "--sanitizer-only" in jobs[0].args and jobs[0].args[jobs[0].args.index("--sanitizer-scale") + 1] == "0.02"
     assert [j.kinds for j in jobs[::2]] == [("memcheck",), ("racecheck",), ("initcheck",), ("synccheck",)]
@@ -473,8 +479,10 @@ def test_sanitizer_phase_runs_each_tool_on_each_release_tool_by_tool_at_small_sc
 def test_bench_phase_runs_the_kernel_benchmark_per_release(staged: Path):
     jobs = gpu_run.plan_jobs(staging.read_manifest(staged), ".gpu", "bench", "/o")
     assert [(j.name, j.kinds, j.script) for j in jobs] == [
-        (f"{rev}-patched-bench", ("kernel-bench",), "ci/bench/bench_online_c128_dspark.py") for rev in ("v0.5.20", "v0.5.23")]
-    assert jobs[0].args == ["--tree", ".gpu/v0.5.20/patched", "--out", "/o/v0.5.20-patched-bench/online_c128_dspark.json"]
+        (f"{rev}-patched-bench", ("kernel-bench",), "ci/bench/bench_online_c128_dspark.py")
+        for rev in ("v0.5.20", "v0.5.23")]
+    assert jobs[0].args == ["--tree", ".gpu/v0.5.20/patched", "--out",
+                            "/o/v0.5.20-patched-bench/online_c128_dspark.json"]
     assert gpu_run.smoke_argv("py", jobs[0])[:2] == ["py", "ci/bench/bench_online_c128_dspark.py"]
 
 
@@ -491,7 +499,8 @@ def test_sequential_jobs_never_overlap_and_the_deadline_leaves_the_rest_unstarte
                      say=said.append, parallel=1)
     ran = [j for j in jobs if j.rc is not None]
     assert [j.rc for j in ran] == [0] * len(ran) and 1 <= len(ran) <= 3 and jobs[-1].rc is None
-    spans = [tuple(float(line.split()[0]) for line in (tmp_path / f"{j.name}.txt").read_text().splitlines()) for j in ran]
+    spans = [tuple(float(line.split()[0]) for line in (tmp_path / f"{j.name}.txt").read_text().splitlines())
+             for j in ran]
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans  # one at a time
     assert f"deadline: {jobs[-1].name} not started" in said
     assert gpu_run.job_summary(jobs[-1], tmp_path) == "j3: NOT STARTED (the deadline came first)"
@@ -507,11 +516,12 @@ def test_a_big_log_is_cut_to_head_and_tail_before_bundling(tmp_path: Path):
 def _dry_run(tmp_path: Path, phase: str) -> Path:
     """Stage v0.5.21 (no wheels) and run ``h200_run.py PHASE --dry-run``: its $OUT folder."""
     stage, out = tmp_path / "gpu", tmp_path / "out"
-    prep = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/prepare.py"), "--rev", "v0.5.21", "--dest", str(stage),
-                           "--no-wheels"], capture_output=True, text=True)
+    prep = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/prepare.py"), "--rev", "v0.5.21",
+                           "--dest", str(stage), "--no-wheels"], capture_output=True, text=True)
     assert prep.returncode == 0, prep.stderr
     proc = subprocess.run([sys.executable, str(REPO_ROOT / "ci/gpu/h200_run.py"), phase, "--stage", str(stage),
-                           "--dry-run", "--out", str(out), "--work", str(tmp_path / "work")], capture_output=True, text=True)
+                           "--dry-run", "--out", str(out), "--work", str(tmp_path / "work")], capture_output=True,
+                          text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 

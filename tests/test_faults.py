@@ -57,7 +57,8 @@ def reference(sglang_release_repo: Path, series: Path, tmp_path_factory: pytest.
     """HEAD after uninterrupted runs: apply v0.5.22; apply into a fresh tree; that apply rebased onto v0.5.23."""
     root = tmp_path_factory.mktemp("reference")
     git = small_clone(sglang_release_repo, root / "local")
-    assert invoke("apply", "--sglang-rev", "v0.5.22", "--repo", git.worktree, "--series", series, as_json=False).code == 0
+    assert invoke("apply", "--sglang-rev", "v0.5.22", "--repo", git.worktree, "--series", series,
+                  as_json=False).code == 0
     fresh = root / "fresh"
     assert invoke("apply", "--sglang-rev", "v0.5.22", "--repo", sglang_release_repo, "--tree", fresh,
                   "--series", series, as_json=False).code == 0

@@ -253,7 +253,8 @@ def test_the_printed_resolve_commands_work_with_or_without_a_git_identity(
 def test_a_conflict_stop_is_reported_by_status_and_undone_by_abort(sglang_release_repo, tmp_path, drifting_series):
     git = small_clone(sglang_release_repo, tmp_path / "t", str(Path(VERIFY).parent))
     before = snapshot(git.worktree)
-    assert invoke("apply", "--sglang-rev", "v0.5.20", "--repo", git.worktree, "--series", drifting_series, as_json=False).code == 1
+    assert invoke("apply", "--sglang-rev", "v0.5.20", "--repo", git.worktree, "--series", drifting_series,
+                  as_json=False).code == 1
     res = invoke("status", "--tree", git.worktree, as_json=False)
     assert "an apply stopped at a conflict after entry 0 of 1; next: test-patch" in res.text
     done = run_printed(res.text.split("undo:", 1)[1].splitlines()[0])
@@ -386,7 +387,8 @@ def test_apply_from_a_detached_head_with_a_local_commit_says_where_it_went(tree,
     assert git.rev_parse(f"c128patch-saved-{mine[:8]}") == mine
     status = invoke("status", "--tree", tree, "--json").out
     assert [r["commit"] for r in status["recovery_refs"]] == [mine]
-    assert "recovery refs (where HEAD was before an apply or rebase" in invoke("status", "--tree", tree, as_json=False).text
+    assert "recovery refs (where HEAD was before an apply or rebase" in invoke("status", "--tree", tree,
+                                                                               as_json=False).text
 
 
 # ---------------------------------------------------------------------------- 7. no tracebacks for bad input
@@ -409,7 +411,8 @@ def test_a_damaged_rebase_journal_is_one_line_with_the_way_out(rebase_journal_le
     path.write_text({"truncated": text[: len(text) // 2], "wrong-type": text.replace('"pos": 1', '"pos": "one"'),
                      "list": "[]"}[damage])
     for args in (["status"], ["rebase", "--continue"], ["rebase", "--abort"]):
-        line = refused([*args, "--tree", git.worktree], git.worktree, f"cannot read the c128patch rebase journal {path}")
+        line = refused([*args, "--tree", git.worktree], git.worktree,
+                       f"cannot read the c128patch rebase journal {path}")
     assert f"rm -f {path}" in line and "git -C" not in line  # HEAD never left the branch: nothing to check out
     assert run_printed(printed_command(line, "rm -f")).returncode == 0
     status = invoke("status", "--tree", git.worktree, "--series", series, as_json=False)

@@ -1,4 +1,5 @@
-"""The package's layers point down only: cli -> fit/evidence -> ops/wheel/smoke/capacity -> series/upstream -> git -> base.
+"""The package's layers point down only: cli -> fit/evidence -> ops/wheel/smoke/capacity -> series/upstream
+-> git -> base.
 
 Each module's imports of ``c128patch.*`` are read with ``ast`` (lazy and TYPE_CHECKING imports
 included) and checked against ``LAYERS``; a new subpackage must be placed here to pass.

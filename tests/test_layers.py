@@ -168,7 +168,8 @@ def clashing_layer(tmp_path: Path, sglang_release_repo: Path) -> Path:
                        gates=gate, files={"patches/0001-site-env.patch": data})
 
 
-BOTH = "it conflicts with entry 'c128-dspark-online-env' of series c128patch, which changes python/sglang/srt/environ.py"
+BOTH = ("it conflicts with entry 'c128-dspark-online-env' of series c128patch, "
+        "which changes python/sglang/srt/environ.py")
 
 
 def test_check_names_both_entries_of_a_conflict(clashing_layer, sglang_release_repo):
@@ -272,7 +273,8 @@ def test_refresh_writes_each_layer_into_its_own_folder_only(example_path):
     series, layer = example_path["series"], example_path["layer"]
     assert [rev for rev in RELEASES if example_path[f"next {rev}"]] == ["v0.5.21", "v0.5.22"]  # v0.5.20: v0.5.21's fits
     for rev in ("v0.5.21", "v0.5.22"):
-        assert "--variant" in example_path[f"next {rev}"] and f"--layer {layer.resolve()}" in example_path[f"next {rev}"]
+        assert ("--variant" in example_path[f"next {rev}"]
+                and f"--layer {layer.resolve()}" in example_path[f"next {rev}"])
         done = example_path[f"refresh {rev}"]
         assert done.returncode == 0, done.stderr
         assert f"changed {layer.resolve()}/patches/0001-acme-sps-env.{rev}.patch" in done.stdout
@@ -387,7 +389,8 @@ def test_a_committed_config_names_the_layers_so_nobody_types_them(tmp_path, monk
     res = invoke("check", "--sglang-rev", "v0.5.23")
     assert res.code == 0, res.err
     assert [r["name"] for r in res.out["layers"]] == ["acme"]
-    assert [e["name"] for e in res.out["revs"][0]["entries"]][-3:] == ["acme/acme-sps-env", "acme/acme-sps-floor-helper",
+    assert [e["name"] for e in res.out["revs"][0]["entries"]][-3:] == ["acme/acme-sps-env",
+                                                                       "acme/acme-sps-floor-helper",
                                                                      "acme/acme-sps-floor"]
 
 
@@ -412,9 +415,11 @@ def test_a_layer_entry_s_resolutions_live_in_the_layer_s_own_ledger(tmp_path):
     stacked = stack(load_series(REPO_ROOT), [layer])
     assert Ledger(stacked).has("site/x") and not Ledger(stacked).has("x")
     ours = Ledger(load_series(REPO_ROOT))
-    assert [Ledger(stacked).has(e.name) for e in stacked.head.entries] == [ours.has(e.name) for e in stacked.head.entries]
+    assert ([Ledger(stacked).has(e.name) for e in stacked.head.entries]
+            == [ours.has(e.name) for e in stacked.head.entries])
     less = stacked.without({"site/x", "c128-plan-zero-rows"})
-    assert [e.name for e in less.layers[0].entries] == [] and "c128-plan-zero-rows" not in [e.name for e in less.entries]
+    assert ([e.name for e in less.layers[0].entries] == []
+            and "c128-plan-zero-rows" not in [e.name for e in less.entries])
     assert less.part("c128-dspark-online-env")[0].root == REPO_ROOT
 
 

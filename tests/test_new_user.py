@@ -16,7 +16,8 @@ from support import REPO_ROOT, invoke
 
 USAGE_ERRORS = [
     (["check"], "Missing option '--sglang-rev'", "c128patch check --help"),
-    (["capacity", "--preset", "nope"], "Invalid value for '--preset': 'nope' is not one of", "c128patch capacity --help"),
+    (["capacity", "--preset", "nope"], "Invalid value for '--preset': 'nope' is not one of",
+     "c128patch capacity --help"),
     (["apply", "--no-such-flag"], "No such option '--no-such-flag'", "c128patch apply --help"),
     (["no-such-command"], "No such command 'no-such-command'", "c128patch --help"),
 ]

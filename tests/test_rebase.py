@@ -251,7 +251,8 @@ def test_refresh_exports_the_user_edit_into_the_entry_s_file(edited, tmp_path):
     run = invoke("refresh", "--tree", str(edited.git.worktree), "--series", str(series))
     assert run.code == 0, run.err
     assert run.out["changed"] == ["patches/0006-c128-dspark-online-env.patch", "patches/series.toml"]
-    assert "+    # c128patch test: the user's own line" in (series / "patches/0006-c128-dspark-online-env.patch").read_text()
+    assert ("+    # c128patch test: the user's own line"
+            in (series / "patches/0006-c128-dspark-online-env.patch").read_text())
 
 
 IMPORT = "from sglang.srt.environ import envs\n"
@@ -315,15 +316,16 @@ def test_a_stop_names_each_hunk_with_its_lines_on_the_new_base_and_the_upstream_
     line = stop.git.blob("v0.5.23", VERIFY).decode().splitlines().index(
         "from sglang.kernels.ops.speculative.dspark.static_accept_tail import static_accept_tail") + 1
     upstream = stop.git.out("log", "-1", "--format=%h %s", "v0.5.23")
-    assert f"  {VERIFY}:{line}: hunk @@ -27,6 +27,7 @@ from sglang.kernels.ops.speculative.dspark.dspark_verify_window " \
-           f"import (; upstream: {upstream}\n" in stop.run.err
+    assert (f"  {VERIFY}:{line}: hunk @@ -27,6 +27,7 @@ from sglang.kernels.ops.speculative.dspark."
+            f"dspark_verify_window import (; upstream: {upstream}\n" in stop.run.err)
 
 
 def test_every_stop_writes_the_markdown_and_json_report(stop):
     state = c128_state_dir(stop.git)
     report = json.loads((state / "rebase-report.json").read_text())
     assert report["paused"] == "conflict"
-    assert {b["path"] for b in next(e for e in report["entries"] if e["name"] == RS)["stop"]["blocks"]} == set(CONFLICTED)
+    assert ({b["path"] for b in next(e for e in report["entries"] if e["name"] == RS)["stop"]["blocks"]}
+            == set(CONFLICTED))
     assert f"## stopped at {RS} (series)" in (state / "rebase-report.md").read_text()
 
 
@@ -387,7 +389,8 @@ def test_a_resolution_is_reused_when_the_region_differs_only_in_whitespace(sglan
 def test_a_partial_ledger_replay_is_listed_as_such(sglang_release_repo, tmp_path):
     r = stop_at_rs(sglang_release_repo, tmp_path, forget=ENVIRON)
     assert r.run.code == 1
-    assert f"partly resolved by the ledger: {RS}:" in r.run.err and f"({VERIFY}); still conflicted: {ENVIRON}" in r.run.err
+    assert (f"partly resolved by the ledger: {RS}:" in r.run.err
+            and f"({VERIFY}); still conflicted: {ENVIRON}" in r.run.err)
     assert r.git.out("diff", "--name-only", "--diff-filter=U").split() == [ENVIRON]
 
 
@@ -418,7 +421,8 @@ def test_skip_drops_the_stopped_entry_and_proves_the_rest(stopped):
     assert next(e for e in run.out["entries"] if e["name"] == RS)["status"] == "skipped"
     assert f"C128patch-Entry: {RS}\n" not in stopped.git.out("log", "--format=%B", "v0.5.23..HEAD") + "\n"
     assert "SGLANG_DSPARK_RECORD_VERIFY_STREAMS" not in (stopped.git.worktree / ENVIRON).read_text()
-    assert run.out["equivalence"]["summary"].startswith(f"identical to a fresh apply of series c128patch {V} without {RS}")
+    assert run.out["equivalence"]["summary"].startswith(
+        f"identical to a fresh apply of series c128patch {V} without {RS}")
 
 
 @pytest.mark.parametrize("args", [["apply", "--sglang-rev", "v0.5.21"], ["refresh"], ["rebase", "--onto", "v0.5.21"]],
@@ -451,8 +455,10 @@ def test_a_stop_says_where_upstream_moved_the_code_a_hunk_edits(sglang_release_r
 
     def move(idx: Git) -> None:
         for path, content in ((VERIFY, moved), (ENVIRON, git.blob("v0.5.23", ENVIRON).decode().replace(
-                "SGLANG_DSPARK_CONFIDENCE_RELAY_LAG_STEPS = EnvInt(2)", "SGLANG_DSPARK_CONFIDENCE_RELAY_LAG_STEPS = EnvInt(3)"))):
-            idx.run("update-index", "--cacheinfo", f"100644,{idx.out('hash-object', '-w', '--stdin', input=content)},{path}")
+                "SGLANG_DSPARK_CONFIDENCE_RELAY_LAG_STEPS = EnvInt(2)",
+                "SGLANG_DSPARK_CONFIDENCE_RELAY_LAG_STEPS = EnvInt(3)"))):
+            idx.run("update-index", "--cacheinfo",
+                    f"100644,{idx.out('hash-object', '-w', '--stdin', input=content)},{path}")
 
     onto = upstream_commit(git, "v0.5.23", "dspark_verify: move _forward_prepared_verify", move)
     run = rebase(git, series_dir, "--onto", onto)
@@ -579,8 +585,10 @@ def refreshed(merged_dropped: Merged) -> Run:
 
 def test_the_entry_upstream_holds_is_proposed_on_content_evidence(merged_stop):
     assert merged_stop.run.code == 1
-    assert f"entry '{RS}' looks merged upstream (" in merged_stop.run.err and "nothing was dropped" in merged_stop.run.err
-    signals = {s["kind"] for s in next(e for e in merged_stop.run.out["report"]["entries"] if e["name"] == RS)["signals"]}
+    assert (f"entry '{RS}' looks merged upstream (" in merged_stop.run.err
+            and "nothing was dropped" in merged_stop.run.err)
+    signals = {s["kind"]
+               for s in next(e for e in merged_stop.run.out["report"]["entries"] if e["name"] == RS)["signals"]}
     assert {"reverse-apply", "patch-id", "pr-hint"} <= signals
 
 
@@ -603,7 +611,8 @@ def test_a_pr_number_alone_is_a_hint_that_drops_nothing(merged_dropped):
     for e in merged_dropped.run.out["entries"]:
         if e["name"] != RS and "#32035" in load_series(merged_dropped.series).entry(e["name"]).upstream:
             assert e["signals"] == [] and e["status"] in REPLAYED, e
-            assert [h["why"] for h in e["hints"]] == ["names PR #32035"] and e["hints"][0]["commit"] == merged_dropped.onto
+            assert ([h["why"] for h in e["hints"]] == ["names PR #32035"]
+                    and e["hints"][0]["commit"] == merged_dropped.onto)
 
 
 def test_the_tree_after_a_drop_is_proven(merged_dropped):
@@ -632,13 +641,15 @@ def test_after_the_drop_apply_at_every_release_still_carries_every_entry(tag, re
 
 def test_apply_skips_the_entry_where_its_merge_is_an_ancestor(refreshed, merged_dropped, tmp_path):
     clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(merged_dropped.git.worktree), str(clone)], check=True)
+    subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(merged_dropped.git.worktree), str(clone)],
+                   check=True)
     subprocess.run(["git", "-C", str(clone), "checkout", "--quiet", "-b", "main", merged_dropped.onto], check=True)
     run = invoke("apply", "--sglang-rev", merged_dropped.onto, "--repo", str(clone), "--series",
                  str(merged_dropped.series))
     assert run.code == 0, run.err
     row = next(e for e in run.out["entries"] if e["name"] == RS)
-    assert row == {"name": RS, "kind": "patch", "status": "skipped", "detail": f"merged upstream in {merged_dropped.onto[:12]}"}
+    assert row == {"name": RS, "kind": "patch", "status": "skipped",
+                   "detail": f"merged upstream in {merged_dropped.onto[:12]}"}
     assert tree_of(Git(worktree=clone)) == tree_of(merged_dropped.git)
 
 
@@ -655,7 +666,8 @@ def test_an_interrupted_rebase_resumes_to_the_proven_tree(sglang_release_repo, t
     else:
         assert proc.returncode == 130 and "interrupted: the rebase journal is intact" in proc.stderr
     journal = json.loads(rebase_journal(git).read_text())
-    assert journal["pos"] == 3 and [s["status"] for s in journal["steps"]][3:] == ["pending"] * (len(load_series(series_dir).entries) - 3)
+    assert (journal["pos"] == 3
+            and [s["status"] for s in journal["steps"]][3:] == ["pending"] * (len(load_series(series_dir).entries) - 3))
     assert invoke("status", "--tree", str(git.worktree), "--series", str(series_dir)).out["rebase_in_progress"]
     run = rebase(git, series_dir, "--continue")
     assert run.code == 0, run.err

@@ -241,7 +241,8 @@ def test_a_committed_refresh_is_finished_by_any_reader(applied, tmp_path: Path):
 
     series, tree = applied
     amend_entry(tree)
-    proc = cli_process(["refresh", "--tree", tree, "--series", series], env={"C128PATCH_FAULT": "kill-at:refresh-moved:0"})
+    proc = cli_process(["refresh", "--tree", tree, "--series", series],
+                       env={"C128PATCH_FAULT": "kill-at:refresh-moved:0"})
     assert proc.returncode == -9
     assert (series / ".c128patch-txn").is_dir()  # the patch moved in, the manifest not yet
     assert cli("lint", "--series", str(series), "--offline")[0] == 0

@@ -30,7 +30,8 @@ def test_python_tag_patches_that_interpreters_wheel(sglang_release_repo: Path, t
 
 
 def test_a_python_tag_no_wheel_fits_lists_the_releases_wheels(sglang_release_repo: Path, tmp_path: Path):
-    res = invoke("wheel", "--from-release", "0.5.23", "--python-tag", "cp39", "-o", str(tmp_path / "dist"), as_json=False)
+    res = invoke("wheel", "--from-release", "0.5.23", "--python-tag", "cp39", "-o", str(tmp_path / "dist"),
+                 as_json=False)
     assert res.code == 2
     lines = res.err.splitlines()
     assert lines[0].startswith("c128patch: error: sglang 0.5.23 has no wheel for cp39 / this platform: ")

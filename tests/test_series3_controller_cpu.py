@@ -120,7 +120,8 @@ def test_disabled_does_nothing(mod, monkeypatch, envs_set) -> None:
 
 def test_gate_without_online_compress_is_refused_at_construction(mod, monkeypatch) -> None:
     monkeypatch.setenv(ENV, "1")
-    with pytest.raises(ValueError, match=f"{ENV}=1 refuses this configuration:\n  - SGLANG_OPT_USE_ONLINE_COMPRESS is not set"):
+    with pytest.raises(ValueError,
+                       match=f"{ENV}=1 refuses this configuration:\n  - SGLANG_OPT_USE_ONLINE_COMPRESS is not set"):
         mod.OnlineC128DsparkController(_backend()[0])
 
 

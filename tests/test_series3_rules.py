@@ -129,7 +129,8 @@ def test_c4_ring_cap_is_the_releases(release: str, sglang_release_repo) -> None:
     """C4_RING_DRAFT_CAP is get_compress_state_write_pad(4, speculative c4 ring size) of the release."""
     from c128patch.git import Git
 
-    src = Git(git_dir=sglang_release_repo).blob(release, "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py").decode()
+    src = Git(git_dir=sglang_release_repo).blob(release,
+                                                "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py").decode()
     assert "return 16 if compress_ratio == 4 else 256" in src
     assert "window_size = compress_ratio * (2 if compress_ratio == 4 else 1)" in src
     assert "return ring_size - window_size + 2 if ring_size > window_size else 0" in src

@@ -244,7 +244,8 @@ def test_gate_refuses_a_ragged_verify_mode_not_shown(trees, monkeypatch, mode: s
     monkeypatch.setenv(ENV, "1")
     monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", mode)
     err = _run_gate(patched, "DSPARK", 8)
-    assert err == _refusal(*_rules(patched, "DSPARK", 8, {ONLINE_ENV: "1", ENV: "1", "SGLANG_RAGGED_VERIFY_MODE": mode}))
+    assert err == _refusal(*_rules(patched, "DSPARK", 8,
+                                   {ONLINE_ENV: "1", ENV: "1", "SGLANG_RAGGED_VERIFY_MODE": mode}))
     assert f"SGLANG_RAGGED_VERIFY_MODE={mode}: the controller is shown on static and compact" in err
     monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", "compact")
     assert _run_gate(patched, "DSPARK", 8) is None

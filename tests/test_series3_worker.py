@@ -62,7 +62,8 @@ class Step:
                 verify_lens=torch.tensor([3, 1, 4], dtype=torch.int32), graph_num_tokens=12)
         self.accept = SimpleNamespace(new_seq_lens=self.new_seq_lens, commit_lens=torch.tensor([2, 1, 2]),
                                       out_tokens=torch.zeros(3, W, dtype=torch.int64), correct_len=None,
-                                      cap_trim_lens=torch.zeros(3, dtype=torch.int64), bonus=torch.zeros(3, dtype=torch.int64))
+                                      cap_trim_lens=torch.zeros(3, dtype=torch.int64),
+                                      bonus=torch.zeros(3, dtype=torch.int64))
         worker = mock.MagicMock(name="worker")
         worker.device = "cpu"
         worker.verify_num_draft_tokens = W

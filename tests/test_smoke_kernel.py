@@ -90,12 +90,14 @@ def test_real_probe_of_this_machine():
 
 def test_bad_inputs_refused(tmp_path, monkeypatch):
     suite = make_suite(tmp_path / "suite", {"test_a.py": "def test_a():\n    pass\n"})
-    one_line_error(invoke(["--tree", str(tmp_path / "nope"), "--suite", str(suite)], H200, monkeypatch), "does not exist")
+    one_line_error(invoke(["--tree", str(tmp_path / "nope"), "--suite", str(suite)], H200, monkeypatch),
+                   "does not exist")
     (tmp_path / "plain").mkdir()
     one_line_error(invoke(["--tree", str(tmp_path / "plain"), "--suite", str(suite)], H200, monkeypatch),
                    "holds neither python/sglang/ nor sglang/")
     one_line_error(invoke(["--suite", str(suite)], H200, monkeypatch), "--tree PATH or --wheel FILE")
-    one_line_error(invoke(["--tree", str(make_tree(tmp_path / "t")), "--suite", str(tmp_path / "plain")], H200, monkeypatch),
+    one_line_error(invoke(["--tree", str(make_tree(tmp_path / "t")), "--suite", str(tmp_path / "plain")], H200,
+                          monkeypatch),
                    "no GPU suite")
     not_zip = tmp_path / "x.whl"
     not_zip.write_text("no")
@@ -333,7 +335,8 @@ test_x.py .
 =========     Address 0x7f3c1a000200 is out of bounds
 =========     and is 512 bytes after the nearest allocation at 0x7f3c1a000000 of size 512 bytes
 =========
-========= Program hit cudaErrorLaunchFailure (error 719) due to "unspecified launch failure" on CUDA API call to cudaStreamSynchronize.
+========= Program hit cudaErrorLaunchFailure (error 719) due to "unspecified launch failure" on CUDA API call \
+to cudaStreamSynchronize.
 =========
 ========= ERROR SUMMARY: 2 errors
 """
@@ -418,7 +421,8 @@ def test_sanitizer_only_skips_the_plain_pass(tmp_path, monkeypatch):
     monkeypatch.setenv("EXPECT_TOOL", "racecheck")
     suite = make_suite(tmp_path / "suite", SUITE_BASIC)
     res = invoke(["--tree", str(make_tree(tmp_path / "tree")), "--suite", str(suite), "--sanitizer", "racecheck",
-                  "--sanitizer-only", "-k", "harness_env", "--json"], {**H200, "compute_sanitizer": str(fake)}, monkeypatch)
+                  "--sanitizer-only", "-k", "harness_env", "--json"], {**H200, "compute_sanitizer": str(fake)},
+                 monkeypatch)
     assert res.code == 0, res.text + res.err
     report = json.loads(res.text)
     assert list(report["passes"]) == ["patched-racecheck"] and report["passed"] == 1
@@ -485,7 +489,8 @@ def test_upstream_derived_from_the_release_history(tmp_path, sglang_release_repo
     paths = ("python/sglang/srt/environ.py", "python/sglang/kernels/jit/utils")  # the product takes python/sglang
     up, how = smoke_trees.derive_upstream(tree, smoke_trees.read_provenance(tree), None, tmp_path / "work", paths)
     assert how.startswith("release history v0.5.23")
-    environ = subprocess.run(["git", "--git-dir", str(sglang_release_repo), "show", "v0.5.23:python/sglang/srt/environ.py"],
+    environ = subprocess.run(["git", "--git-dir", str(sglang_release_repo), "show",
+                              "v0.5.23:python/sglang/srt/environ.py"],
                              check=True, capture_output=True).stdout
     assert (up / "sglang/srt/environ.py").read_bytes() == environ
     assert "SGLANG_OPT_USE_ONLINE_COMPRESS" in environ.decode()

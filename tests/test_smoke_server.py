@@ -152,7 +152,8 @@ def test_load_is_bounded_by_max_requests():
 def test_comparison_math():
     def mode(tokens, tput, acc, usage=0.9):
         return {"log_summary": {"capacity": {"tokens": tokens},
-                                "decode": {"gen_throughput_mean": 1.0, "accept_len_mean": acc, "token_usage_max": usage}},
+                                "decode": {"gen_throughput_mean": 1.0, "accept_len_mean": acc,
+                                           "token_usage_max": usage}},
                 "load": {"summary": {"output_throughput": tput}}}
     comp = smoke_server.compare_modes(mode(ON, 1100.0, 3.3), mode(OFF, 1000.0, 3.1))
     assert comp["capacity_gain_tokens"] == 613_888 and comp["capacity_gain_pct"] == 24.04
@@ -249,7 +250,8 @@ def test_on_off_run_reports_capacity_gain_and_cleans_up(fake):
     # the grandchildren escaped the process group; they are gone all the same
     assert [w for w, _p in fake.pids()].count("grandchild") == 2
     assert_all_gone(fake)
-    assert not on["leftover_pids"] and set(p for w, p in fake.pids() if w != "load") <= set(on["seen_pids"]) | set(off["seen_pids"])
+    assert (not on["leftover_pids"]
+            and set(p for w, p in fake.pids() if w != "load") <= set(on["seen_pids"]) | set(off["seen_pids"]))
     saved = json.loads((fake.opts().out / "smoke-server.json").read_text())
     assert saved["comparison"] == comp
 
@@ -362,7 +364,8 @@ def test_refuses_an_unpatched_install(tmp_path, monkeypatch):
     res = invoke("smoke", "server", "--model-path", "/m", "--port", str(free_port()),
                  "--out", str(tmp_path / "o"), as_json=False)
     assert res.code == 2 and "is not a c128patch build" in res.err
-    (pkg / "c128patch_provenance.json").write_text(json.dumps({"series": {"name": "c128"}, "upstream": {}, "entries": []}))
+    (pkg / "c128patch_provenance.json").write_text(json.dumps({"series": {"name": "c128"}, "upstream": {},
+                                                               "entries": []}))
     assert smoke_server.installed_sglang(sys.executable)["patched"]
 
 
@@ -373,7 +376,8 @@ def test_server_options_refused(tmp_path):
     refused([], "Missing option '--model-path'")
     refused(["--model-path", "/m", "--tree", "x"], "No such option '--tree'")
     refused(["--model-path", "/m", "--modes", "on,sideways", "--launcher", "x"], "--modes takes on and/or off")
-    refused(["--model-path", "/m", "--load", "multiturn", "--launcher", "x"], "--load multiturn needs --multiturn-script")
+    refused(["--model-path", "/m", "--load", "multiturn", "--launcher", "x"],
+            "--load multiturn needs --multiturn-script")
     refused(["--model-path", "/m", "--max-requests", "0", "--launcher", "x"], "--max-requests must be >= 1")
 
 

@@ -151,7 +151,8 @@ def rows(report: dict) -> dict[str, dict]:
 def test_selection_takes_the_tests_that_reach_what_the_series_touches(run_report):
     chosen = {s["file"].rsplit("/", 1)[1]: s["why"] for s in run_report["selection"]["selected"]}
     assert set(chosen) == set(TEST_FILES) - {"test_c128patch_unrelated.py"}
-    assert any("sglang.kernels.ops.attention.dsv4.compress: loads deepseek_v4/c128_online_v2.cuh, deepseek_v4/c_plan.cuh "
+    assert any("sglang.kernels.ops.attention.dsv4.compress: loads deepseek_v4/c128_online_v2.cuh, "
+               "deepseek_v4/c_plan.cuh "
                "(the series patches" in w for w in chosen["test_c128patch_package.py"]), chosen
     assert any("through sglang.test.kernels.deepseek_v4.common" in w for w in chosen["test_c128patch_helper.py"])
     assert any(w.startswith("sglang.kernels.ops.attention.dsv4.online_c128_dspark: the series adds it")
@@ -344,7 +345,8 @@ def test_current_platform_standin_fails_loudly_on_anything_else():
 
 @pytest.mark.parametrize("message, kind, reason", [
     ("E   ModuleNotFoundError: No module named 'triton'", "environment", "the environment lacks triton"),
-    ("E   ModuleNotFoundError: No module named 'sglang.jit_kernel'", "tree", "this tree has no module sglang.jit_kernel"),
+    ("E   ModuleNotFoundError: No module named 'sglang.jit_kernel'", "tree",
+     "this tree has no module sglang.jit_kernel"),
     ("ImportError: cannot import name 'X' from 'sglang.kernels.ops.attention.dsv4' (/t/__init__.py)", "tree",
      "sglang.kernels.ops.attention.dsv4 has no X"),
     ("ImportError: c128patch harness: the stand-in for sglang.srt.utils has no 'get_device': upstream now", "tree",
@@ -398,7 +400,8 @@ def test_staging_carries_what_the_tests_import_and_selects_the_same(checkout, ru
                  "--tests", str(tmp_path / "st" / us.STAGED_TESTS), "--list", "--json",
                  "--out", str(tmp_path / "list")])
     listed = json.loads(res.text)
-    assert [s["file"] for s in listed["selection"]["selected"]] == [s["file"] for s in run_report["selection"]["selected"]]
+    assert ([s["file"] for s in listed["selection"]["selected"]]
+            == [s["file"] for s in run_report["selection"]["selected"]])
     counts = listed["counts"]
     assert (counts["regressed"], counts["same"], counts["not applicable"]) == (0, 8, 1), counts
 
@@ -615,4 +618,5 @@ def test_a_standin_package_keeps_the_trees_other_submodules(checkout, tmp_path):
            "SGLANG_JIT_CACHE_DIR": str(tmp_path / "jit")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == [f"['{tree / 'sglang/srt/utils'}']", "True", str(tree / "sglang/srt/utils/custom_op.py")]
+    assert proc.stdout.split() == [f"['{tree / 'sglang/srt/utils'}']", "True",
+                                   str(tree / "sglang/srt/utils/custom_op.py")]

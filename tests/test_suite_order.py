@@ -1,5 +1,6 @@
-"""The slowest test files start first (tests/support.py SLOW_FIRST, ordered by tests/conftest.py): with --dist loadfile a long file
-handed out last is the run's tail, so the collection puts them first and xdist keeps that order."""
+"""The slowest test files start first (tests/support.py SLOW_FIRST, ordered by tests/conftest.py): with
+--dist loadfile a long file handed out last is the run's tail, so the collection puts them first and
+xdist keeps that order."""
 
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ from support import invoke, printed_command, refused, run_printed, small_clone, 
 
 OVERLAY = "python/sglang/c128_test_overlay.py"
 HOOKS = ("pre-commit", "prepare-commit-msg", "commit-msg", "post-commit", "applypatch-msg", "pre-applypatch",
-         "post-applypatch", "post-checkout", "post-rewrite", "post-index-change", "reference-transaction", "pre-auto-gc")
+         "post-applypatch", "post-checkout", "post-rewrite", "post-index-change", "reference-transaction",
+         "pre-auto-gc")
 
 
 @pytest.fixture
@@ -67,7 +68,8 @@ def test_an_overlay_into_gits_own_files_is_refused_by_lint_and_apply(series, tre
     assert repr(target) in line, line
     refused(apply_args(tree, series), tree, "unsafe path in")
     refused(["check", "--sglang-rev", "v0.5.23", "--repo", tree, "--series", series], tree, "unsafe path in")
-    assert (tree / ".git" / "config").read_bytes() == config and not (tree / ".git" / "hooks" / "post-checkout").exists()
+    assert ((tree / ".git" / "config").read_bytes() == config
+            and not (tree / ".git" / "hooks" / "post-checkout").exists())
     subprocess.run(["git", "-C", str(tree), "status"], check=True, capture_output=True)  # the user's own git, after
     assert not mark.exists()
 
@@ -128,11 +130,12 @@ def test_the_ledger_builds_no_path_from_an_unchecked_row(series, tree):
     assert ledger._diff_path("test-patch", "0123abcd") == res / "test-patch" / "0123abcd.diff"
 
 
-# ---------------------------------------------------------------------------- 2. a repository whose config names programs
+# -------------------------------------------------------------------------- 2. a repository whose config names programs
 def hostile_config(repo: Path, prog: Path) -> None:
     """fsmonitor, a clean/smudge filter on every file (info/attributes), diff drivers and every hook."""
     git = ["git", "-C", str(repo), "config"]
-    for key, value in (("core.fsmonitor", str(prog)), ("filter.evil.clean", str(prog)), ("filter.evil.smudge", str(prog)),
+    for key, value in (("core.fsmonitor", str(prog)), ("filter.evil.clean", str(prog)),
+                       ("filter.evil.smudge", str(prog)),
                        ("filter.evil.required", "true"), ("diff.evil.textconv", str(prog)),
                        ("diff.evil.command", str(prog))):
         subprocess.run([*git, key, value], check=True)
@@ -185,13 +188,17 @@ def test_the_operators_global_settings_and_git_variables_change_nothing(series, 
     for hook in hooks.iterdir():
         hook.chmod(0o755)
     home.mkdir()
-    (home / ".gitconfig").write_text(f"[core]\n\thooksPath = {hooks}\n\tfsmonitor = {prog}\n[commit]\n\tgpgSign = true\n"
-                                     f"[gpg]\n\tprogram = {prog}\n[am]\n\tmessageId = true\n[format]\n\tsignOff = true\n"
-                                     "[color]\n\tui = always\n[user]\n\tname = Someone Else\n\temail = else@example.invalid\n")
+    (home / ".gitconfig").write_text(f"[core]\n\thooksPath = {hooks}\n\tfsmonitor = {prog}\n"
+                                     "[commit]\n\tgpgSign = true\n"
+                                     f"[gpg]\n\tprogram = {prog}\n[am]\n\tmessageId = true\n"
+                                     "[format]\n\tsignOff = true\n"
+                                     "[color]\n\tui = always\n"
+                                     "[user]\n\tname = Someone Else\n\temail = else@example.invalid\n")
     system = tmp_path / "system-gitconfig"
     system.write_text(f"[tag]\n\tgpgSign = true\n[gpg]\n\tprogram = {prog}\n")
     decoy_state = snapshot(decoy)
-    env = {"HOME": str(home), "C128PATCH_CACHE": str(cache_dir()), "GIT_CONFIG_SYSTEM": str(system), "GIT_CONFIG_GLOBAL": None,
+    env = {"HOME": str(home), "C128PATCH_CACHE": str(cache_dir()), "GIT_CONFIG_SYSTEM": str(system),
+           "GIT_CONFIG_GLOBAL": None,
            "GIT_DIR": str(decoy / ".git"), "GIT_WORK_TREE": str(decoy), "GIT_INDEX_FILE": str(tmp_path / "stray.index"),
            "GIT_AUTHOR_NAME": "Exported Name", "GIT_COMMITTER_EMAIL": "exported@example.invalid"}
     res = invoke(*apply_args(tree, series, "v0.5.22"), env=env)
@@ -231,7 +238,8 @@ def test_a_tree_inside_a_git_dir_is_refused_with_nothing_to_delete(series, tree,
 def test_a_bare_repository_is_no_tree(series, sglang_release_repo, tmp_path):
     bare = tmp_path / "bare.git"
     subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(sglang_release_repo), str(bare)], check=True)
-    refused(["apply", "--sglang-rev", "v0.5.23", "--series", series, "--tree", bare / "new"], contains="is inside a git dir")
+    refused(["apply", "--sglang-rev", "v0.5.23", "--series", series, "--tree", bare / "new"],
+            contains="is inside a git dir")
     assert not (bare / "new").exists()
 
 

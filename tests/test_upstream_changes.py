@@ -48,8 +48,10 @@ def reformatted(git: Git) -> str:
     assert cuh.count(old) == 1
     cuh = cuh.replace(old, old.replace("seq_len =", "seq_len    ="))
     env = git.blob("v0.5.23", ENVIRON).decode()
-    pads = {"    SGLANG_OPT_USE_JIT_INDEXER_METADATA = EnvBool(True)\n": "    SGLANG_OPT_USE_JIT_INDEXER_METADATA =   EnvBool(True)\n",
-            "    SGLANG_OPT_USE_ONLINE_COMPRESS = EnvBool(False)\n": "    SGLANG_OPT_USE_ONLINE_COMPRESS      = EnvBool(False)\n"}
+    pads = {"    SGLANG_OPT_USE_JIT_INDEXER_METADATA = EnvBool(True)\n":
+            "    SGLANG_OPT_USE_JIT_INDEXER_METADATA =   EnvBool(True)\n",
+            "    SGLANG_OPT_USE_ONLINE_COMPRESS = EnvBool(False)\n":
+            "    SGLANG_OPT_USE_ONLINE_COMPRESS      = EnvBool(False)\n"}
     for a, b in pads.items():
         assert env.count(a) == 1
         env = env.replace(a, b)
@@ -177,7 +179,8 @@ def remote(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) 
     dest = tmp_path_factory.mktemp("remote") / "sglang.git"
     subprocess.run(["git", "clone", "--quiet", "--bare", str(sglang_release_repo), str(dest)], check=True)
     git = Git(git_dir=dest)
-    for branch, make in (("reformatted", reformatted), ("reformatted-more", reformatted_and_more), ("rewrapped", rewrapped),
+    for branch, make in (("reformatted", reformatted), ("reformatted-more", reformatted_and_more),
+                         ("rewrapped", rewrapped),
                          ("reindented", reindented),
                          ("plan-moved", plan_moved), ("fixed", fixed_upstream), ("half-fixed", half_fixed),
                          ("overlay-landed", overlay_landed), ("rules-taken", rules_taken)):
@@ -407,7 +410,8 @@ def test_the_stop_and_watch_show_the_hint_of_an_upstream_fix(remote, half_fixed_
     [conflict] = report["conflicts"]
     assert conflict["entry"] == ZERO and conflict["hints"][0]["commit"] == sha
     [block] = conflict["blocks"]  # the hunk that conflicted, not its twin in the legacy planner
-    assert block["path"] == PLAN and block["hunk"].startswith("@@ -569,12 +569,16 @@ inline PrefillPlan plan_compress_prefill(")
+    assert block["path"] == PLAN and block["hunk"].startswith("@@ -569,12 +569,16 @@ inline PrefillPlan "
+                                                              "plan_compress_prefill(")
     md = (Path(report["out"]) / "watch-report.md").read_text()
     assert f"upstream may now handle this: {sha[:12]} " in md
 

@@ -80,7 +80,8 @@ def test_without_tags_or_base_commits_the_first_file_that_applies_strictly_decid
     series.save()
     commit = Git(git_dir=sglang_release_repo).rev_parse("v0.5.22")
     file, why = chosen(tagless, series.root, commit)[STARTUP]
-    assert (file, why) == ("patches/0008-c128-dspark-online-startup.patch", "strict: the first file that applies strictly")
+    assert (file, why) == ("patches/0008-c128-dspark-online-startup.patch",
+                           "strict: the first file that applies strictly")
 
 
 def test_check_shows_the_file_and_rule_in_its_table(sglang_release_repo, series_dir):

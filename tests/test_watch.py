@@ -98,16 +98,19 @@ def test_the_refreshed_report_says_what_needed_a_merge_and_that_it_is_proven(ont
     md = onto_023.md
     assert md.startswith("# c128patch watch: `refreshed` on v0.5.23@")
     assert (f"3 of {N} entries needed a 3-way merge or a recorded resolution ({RS} (ledger), {BACKEND} (ledger), "
-            f"{COMMIT} (3-way)); the refreshed series c128patch {V + 2} applies strictly there") in onto_023.report["headline"]
+            f"{COMMIT} (3-way)); the refreshed series c128patch {V + 2} applies strictly there"
+            in onto_023.report["headline"])
     assert f"| {COMMIT} | 3-way | patches/0010-c128-dspark-online-commit.patch (ancestor) |" in md
-    assert f"## Proof\n\nidentical to a fresh apply of series c128patch {V + 1} on v0.5.23 with ledger resolutions" in md
+    assert (f"## Proof\n\nidentical to a fresh apply of series c128patch {V + 1} on v0.5.23 with ledger resolutions"
+            in md)
     assert "- applied fresh on v0.5.23@" in md and "every entry strictly, the same tree as the proven rebase; " \
                                                  "`refresh --check` there changes nothing" in md
 
 
 def test_the_refreshed_series_moves_its_base_to_the_release_tag(onto_023):
     refreshed = load_series(onto_023.out / "series")
-    assert (refreshed.base, refreshed.version, onto_023.report["refreshed"]["mode"]) == ("v0.5.23", str(V + 2), "primary")
+    assert ((refreshed.base, refreshed.version, onto_023.report["refreshed"]["mode"])
+            == ("v0.5.23", str(V + 2), "primary"))
     assert all({v.base for v in e.variants} >= {"v0.5.22"} for e in refreshed.entries if e.is_patch)
 
 
@@ -140,7 +143,8 @@ def test_the_refreshed_series_passes_refresh_check_on_v0_5_23(applied_refreshed,
 def test_the_refresh_change_comes_with_its_commit_message(onto_023):
     message = (onto_023.out / "commit-message.txt").read_text()
     assert message.startswith("patches: refresh the series for upstream v0.5.23@")
-    assert f"\n{COMMIT}: 3-way\n" in message and f"Series c128patch {V + 1} -> {V + 2} (primary files for v0.5.23)." in message
+    assert (f"\n{COMMIT}: 3-way\n" in message
+            and f"Series c128patch {V + 1} -> {V + 2} (primary files for v0.5.23)." in message)
 
 
 # -- conflict, on the real releases: the same series without its ledger ---------------------

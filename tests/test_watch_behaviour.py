@@ -88,7 +88,8 @@ def test_watch_says_broken_naming_our_module_and_the_upstream_commit(broken, dri
     assert failed == [f"gates on: {PROBE}: returned False with the gates on, expected True"], failed
     assert report["headline"] == (f"series c128patch {V} applies on behaviour@{report['onto']['commit'][:12]} but does "
                                   f"not fit it: behavioural tier, {failed[0]}")
-    assert report["next"][0] == f"c128patch treecheck --sglang-rev behaviour --repo {drift.git_dir} --series {REPO_ROOT}"
+    assert report["next"][0] == (f"c128patch treecheck --sglang-rev behaviour --repo {drift.git_dir} "
+                                 f"--series {REPO_ROOT}")
     found = report["bisect"]
     assert found["found"] and found["commit"] == drift.rev_parse("behaviour-change") and found["subject"] == SUBJECT
     assert found["failing"] == [f"behavioural tier: {failed[0]}"]

@@ -206,7 +206,8 @@ def test_a_refreshed_target_pushes_the_refreshed_series_to_its_branch(actions):
     first = actions.runs[0]
     fork, out = actions.fork, first.reports / "main"
     assert first.branch and fork.out("rev-parse", f"{first.branch}^") == fork.out("rev-parse", "refs/heads/main")
-    assert fork.out("log", "-1", "--format=%s", first.branch).startswith("patches: refresh the series for upstream main@")
+    assert (fork.out("log", "-1", "--format=%s", first.branch)
+            .startswith("patches: refresh the series for upstream main@"))
     changed = fork.out("diff", "--name-only", "refs/heads/main", first.branch).splitlines()
     assert changed == sorted(json.loads((out / "watch-report.json").read_text())["refreshed"]["changed"])
     for path in changed:
@@ -241,7 +242,8 @@ def test_a_conflict_opens_one_issue_and_closes_the_refresh_pull_request(actions)
     third = actions.runs[2]
     assert verbs(third) == ["pr list", "issue list", "label create", "issue create", "pr close"]
     issue = third.state["issues"][0]
-    assert issue["labels"] == ["c128patch-watch-main"] and issue["title"].startswith("c128patch watch (main): conflict on")
+    assert (issue["labels"] == ["c128patch-watch-main"]
+            and issue["title"].startswith("c128patch watch (main): conflict on"))
     assert f"## Conflict: {wu.RS}\n" in issue["body"]
     assert third.state["prs"][0]["state"] == "closed" and "see https://github.com/maintainer/c128patch/issues/2" in \
         third.state["prs"][0]["comment"]

@@ -244,7 +244,8 @@ def test_verify_catches_a_reverted_patch(patched, tmp_path: Path):
         path = root / "sglang/srt/environ.py"
         path.write_text(path.read_text().replace(GATE_LINE, ""))
 
-    verify_fails(retouched(Path(patched.wheel), tmp_path, undo, ["sglang/srt/environ.py"]), "entry 'test-patch' is not in the wheel as recorded: sglang/srt/environ.py")
+    verify_fails(retouched(Path(patched.wheel), tmp_path, undo, ["sglang/srt/environ.py"]),
+                 "entry 'test-patch' is not in the wheel as recorded: sglang/srt/environ.py")
 
 
 def test_verify_catches_a_changed_overlay(patched, tmp_path: Path):
@@ -278,7 +279,8 @@ def test_verify_catches_a_syntax_error(patched, tmp_path: Path):
         path = root / "sglang/srt/environ.py"
         path.write_text(path.read_text() + "\ndef broken(:\n")
 
-    verify_fails(retouched(Path(patched.wheel), tmp_path, edit, ["sglang/srt/environ.py"]), "sglang/srt/environ.py does not compile")
+    verify_fails(retouched(Path(patched.wheel), tmp_path, edit, ["sglang/srt/environ.py"]),
+                 "sglang/srt/environ.py does not compile")
 
 
 def test_verify_against_another_series(patched, tmp_path: Path, sglang_release_repo: Path):
@@ -301,7 +303,8 @@ def test_real_series_variants_follow_the_wheel_version(real_series, tmp_path: Pa
     used = {row["name"]: row["file"].removeprefix("patches/") for row in res.entries}
     for entry in multi:
         # the variant whose base is the newest release not after 0.5.20
-        bases = [(Version(v.base.lstrip("v")), v.file) for v in entry.patch_files() if Version(v.base.lstrip("v")) <= Version("0.5.20")]
+        bases = [(Version(v.base.lstrip("v")), v.file) for v in entry.patch_files()
+                 if Version(v.base.lstrip("v")) <= Version("0.5.20")]
         assert used[entry.name] == max(bases)[1], entry.name
     res2 = run_cli(["verify-wheel", res.wheel, "--series", str(real_series.root)])
     assert res2.code == 0, res2.err
@@ -365,7 +368,8 @@ def test_both_or_neither_source(out: Path, wheel_series: Path, upstream_wheel: P
 
 
 def test_already_patched(patched, out: Path, wheel_series: Path):
-    refused(["wheel", "--from-wheel", patched.wheel, "--series", str(wheel_series)], out, "already patched by c128patch")
+    refused(["wheel", "--from-wheel", patched.wheel, "--series", str(wheel_series)], out,
+            "already patched by c128patch")
 
 
 def test_binary_touching_entry(tmp_path: Path, out: Path, sglang_release_repo: Path, upstream_wheel: Path):
@@ -385,7 +389,8 @@ def test_conflicting_patch(tmp_path: Path, sglang_release_repo: Path, wheel_seri
     assert res.code == 1, (res.code, res.err)
     line, note = res.err.strip().splitlines()  # the error, then check's note: 0.5.20 is older than the series' base
     assert note.startswith("note: v0.5.20 is older than (or not descended from) every release the series was made on")
-    assert line.startswith("c128patch: error: entry 'test-patch' (patches/0001-test.patch) does not apply to sglang-0.5.20")
+    assert line.startswith("c128patch: error: entry 'test-patch' (patches/0001-test.patch) "
+                           "does not apply to sglang-0.5.20")
     assert "sglang/srt/environ.py hunk #1 @@" in line and "no wheel was written" in line
     assert not out.exists()
 
@@ -399,7 +404,8 @@ def test_refusal_rule_cases():
     assert "build input" in refusal("rust/sglang-radix-tree/src/lib.rs", dirs)
     assert "'.so' files" in refusal("python/sglang/srt/x.so", dirs)
     assert "'.rs' files" in refusal("python/sglang/srt/x.rs", dirs)
-    assert "rust_tree_core/ holds a compiled extension" in refusal("python/sglang/srt/mem_cache/rust_tree_core/sub/a.py", dirs)
+    assert ("rust_tree_core/ holds a compiled extension"
+            in refusal("python/sglang/srt/mem_cache/rust_tree_core/sub/a.py", dirs))
 
 
 # -- install check --------------------------------------------------------------------------------
@@ -424,11 +430,14 @@ def test_installs_and_uninstalls_cleanly(patched, tmp_path: Path):
     assert CUH_LINE in (site / CUH.removeprefix("python/")).read_text()
     assert (site / OVERLAY).read_text() == "VALUE = 1\n"
     assert (site / "sglang/c128patch_provenance.json").is_file()
-    meta = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('sglang')); print(m.distribution('sglang').name)"],
+    meta = subprocess.run([str(py), "-c",
+                           "import importlib.metadata as m; print(m.version('sglang')); "
+                           "print(m.distribution('sglang').name)"],
                           capture_output=True, text=True, check=True)
     version, _ = meta.stdout.split()
     assert version == patched.version
-    listed = subprocess.run([str(py), "-c", "import importlib.metadata as m; print('\\n'.join(str(f) for f in m.files('sglang')))"],
+    listed = subprocess.run([str(py), "-c",
+                             "import importlib.metadata as m; print('\\n'.join(str(f) for f in m.files('sglang')))"],
                             capture_output=True, text=True, check=True).stdout.split("\n")
     assert set(members(Path(patched.wheel))) <= set(listed)  # every file of the wheel is recorded as installed
     assert f"Version: {patched.version}" in pip("show", "sglang")
@@ -436,7 +445,8 @@ def test_installs_and_uninstalls_cleanly(patched, tmp_path: Path):
     # --no-deps left out (sglang's own Requires-Dist, intact), never invalid metadata or versions.
     proc = subprocess.run([str(py), "-m", "pip", "check"], capture_output=True, text=True)
     problems = [ln for ln in proc.stdout.splitlines() if ln.strip()]
-    assert problems and all(re.fullmatch(rf"sglang {re.escape(patched.version)} requires \S+, which is not installed\.", ln)
+    assert problems and all(re.fullmatch(rf"sglang {re.escape(patched.version)} requires \S+, "
+                                         r"which is not installed\.", ln)
                             for ln in problems), problems[:3]
     inspect = json.loads(pip("inspect", "--local"))
     (dist,) = [d for d in inspect["installed"] if d["metadata"]["name"] == "sglang"]
@@ -503,7 +513,8 @@ def test_verify_catches_an_extra_edit_in_a_touched_file(patched, tmp_path: Path)
 
 def test_verify_catches_added_and_removed_files(patched, tmp_path: Path):
     src = Path(patched.wheel)
-    verify_fails(tampered(src, tmp_path / "a", {"sglang/c128_evil.py": b"X = 1\n"}), "sglang/c128_evil.py is not in upstream's")
+    verify_fails(tampered(src, tmp_path / "a", {"sglang/c128_evil.py": b"X = 1\n"}),
+                 "sglang/c128_evil.py is not in upstream's")
     verify_fails(tampered(src, tmp_path / "r", {"sglang/version.py": None}), "sglang/version.py of upstream's")
 
 
@@ -552,7 +563,8 @@ def with_provenance(patched, dest: Path, text: bytes) -> Path:
 def test_verify_refuses_provenance_paths_and_shapes(patched, tmp_path: Path, files):
     record = json.loads(members(Path(patched.wheel))["sglang/c128patch_provenance.json"])
     record["entries"][0]["files"] = files
-    verify_fails(with_provenance(patched, tmp_path, json.dumps(record).encode()), "is not a c128patch provenance record")
+    verify_fails(with_provenance(patched, tmp_path, json.dumps(record).encode()),
+                 "is not a c128patch provenance record")
 
 
 def test_verify_refuses_deeply_nested_provenance(patched, tmp_path: Path):
@@ -645,7 +657,8 @@ def test_from_wheel_bad_metadata(stored_copy, tmp_path: Path, out: Path, wheel_s
 
 @pytest.mark.parametrize("epoch,contains", [("4354819200", "after 2107-12-31"), ("1e9", "whole number"),
                                             ("١٢٣", "whole number")])
-def test_source_date_epoch_out_of_range(epoch, contains, out: Path, wheel_series: Path, upstream_wheel: Path, monkeypatch):
+def test_source_date_epoch_out_of_range(epoch, contains, out: Path, wheel_series: Path, upstream_wheel: Path,
+                                        monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", epoch)
     refused(["wheel", "--from-wheel", str(upstream_wheel), "--series", str(wheel_series)], out, contains)
 
@@ -660,7 +673,8 @@ def test_full_disk_is_one_line(out: Path, wheel_series: Path, upstream_wheel: Pa
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(tools.InWheel, "_write", full)
-    refused(["wheel", "--from-wheel", str(upstream_wheel), "--series", str(wheel_series)], out, "disk full while patching")
+    refused(["wheel", "--from-wheel", str(upstream_wheel), "--series", str(wheel_series)], out,
+            "disk full while patching")
 
 
 def test_file_size_limit_is_one_line(tmp_path: Path, wheel_series: Path, upstream_wheel: Path):

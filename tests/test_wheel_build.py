@@ -138,7 +138,8 @@ def test_ignored_version_is_refused(tmp_path: Path, source_repo: Path, series: P
                     runner=fallback)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("setuptools_scm") is None, reason="setuptools-scm not installed (test extra)")
+@pytest.mark.skipif(importlib.util.find_spec("setuptools_scm") is None,
+                    reason="setuptools-scm not installed (test extra)")
 def test_real_source_build(tmp_path: Path, source_repo: Path, series: Path):
     out = tmp_path / "dist"
     args = ["build", "--sglang-rev", "main", "--repo", str(source_repo), "--series", str(series),
@@ -201,7 +202,8 @@ def stack_source_repo(tmp_path: Path, sglang_release_repo: Path) -> Path:
     return repo
 
 
-@pytest.mark.skipif(importlib.util.find_spec("setuptools_scm") is None, reason="setuptools-scm not installed (test extra)")
+@pytest.mark.skipif(importlib.util.find_spec("setuptools_scm") is None,
+                    reason="setuptools-scm not installed (test extra)")
 def test_build_with_a_layer_labels_the_wheel_and_its_provenance_with_the_layer(tmp_path: Path, stack_source_repo: Path):
     """`build --layer docs/examples/acme-layer` on 0.5.23: our series and the layer's three entries
     applied, the wheel labelled with both, the provenance listing the layer, verify-wheel passing."""

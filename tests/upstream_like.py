@@ -55,7 +55,8 @@ def edited(git: Git, tag: str, path: str, text: str, ref: str) -> str:
     tree = _with_files(git, index, git.out("rev-parse", f"{tag}^{{tree}}"), {}, {path: text})
     index.unlink(missing_ok=True)
     env = {**AUTHOR, "GIT_AUTHOR_DATE": "1780000000 +0000", "GIT_COMMITTER_DATE": "1780000000 +0000"}
-    commit = git.with_env(**env).out("commit-tree", tree, "-p", git.rev_parse(tag) or "", "-m", f"local change to {path}")
+    commit = git.with_env(**env).out("commit-tree", tree, "-p", git.rev_parse(tag) or "", "-m",
+                                     f"local change to {path}")
     git.run("update-ref", ref, commit)
     return commit
 

@@ -41,7 +41,8 @@ def built_releases(history: Path, n: int) -> list[str] | None:
 
 
 def latest_releases(n: int) -> list[str]:
-    out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "sglang"], capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "sglang"],
+                         capture_output=True, text=True).stdout
     line = next(l for l in out.splitlines() if l.startswith("Available versions:"))
     versions = [v.strip() for v in line.split(":", 1)[1].split(",")]
     final = [v for v in versions if not Version(v).is_prerelease]
@@ -90,8 +91,10 @@ def main() -> int:
            "machine": machine()}
     print(f"{'what':40} {'seconds':>8}  ok")
     print(f"{'check, 4 releases 0.5.20-0.5.23':40} {t4:8.3f}  {ok4}/4")
-    print(f"{'check, ' + str(len(revs)) + ' commits ' + row['range']:40} {tn:8.3f}  {okn}/{len(revs)}  (target <= {TARGET_S:g} s)")
-    print(f"git calls per rev: {row['four_releases_git_calls_per_rev']:.0f} (4 releases), {row['git_calls_per_rev']:.0f} "
+    print(f"{'check, ' + str(len(revs)) + ' commits ' + row['range']:40} {tn:8.3f}  {okn}/{len(revs)}  "
+          f"(target <= {TARGET_S:g} s)")
+    print(f"git calls per rev: {row['four_releases_git_calls_per_rev']:.0f} (4 releases), "
+          f"{row['git_calls_per_rev']:.0f} "
           f"({len(revs)} commits); load average {row['load_average']}")
     write_json(args.out, row, revs=four)
     return 0

@@ -53,7 +53,8 @@ def main() -> int:
     probe_s = time.perf_counter() - start
 
     real = {name: getattr(watch_ops.Watch, name) for name in ("_contract", "_start_tier", "_finish_tier")}
-    off = {"_contract": lambda self, *a: None, "_start_tier": lambda self, *a: None, "_finish_tier": lambda self, p: None}
+    off = {"_contract": lambda self, *a: None, "_start_tier": lambda self, *a: None,
+           "_finish_tier": lambda self, p: None}
     modes = {"neither": ("_contract", "_start_tier", "_finish_tier"), "contract": ("_start_tier", "_finish_tier"),
              "both": ()}
     times: dict[str, list[float]] = {mode: [] for mode in modes}

@@ -56,12 +56,15 @@ def main() -> int:
                 row[f"{name}_key_s"] = best(lambda: key_for(series, git, commit), args.repeat)
                 row[f"{name}_plan_s"] = best(lambda: plan(series, git, commit), args.repeat)
                 row[f"{name}_sources_s"] = best(lambda: planned_key(git, commit, planned), args.repeat)
-            row["same_key"] = key_for(series, history, history.rev_parse(tag) or "") == key_for(series, like, like.rev_parse(tag) or "")
+            row["same_key"] = (key_for(series, history, history.rev_parse(tag) or "")
+                               == key_for(series, like, like.rev_parse(tag) or ""))
             rows.append(row)
     worst = max(max(r["history_key_s"], r["upstream_like_key_s"]) for r in rows)
-    out = {"target_s_per_release": TARGET_S, "worst_key_s": worst, "ok": worst <= TARGET_S and all(r["same_key"] for r in rows),
+    out = {"target_s_per_release": TARGET_S, "worst_key_s": worst,
+           "ok": worst <= TARGET_S and all(r["same_key"] for r in rows),
            "repeat": args.repeat, "releases": rows, "machine": machine()}
-    print(f"{'release':9} {'key (history)':>14} {'of it: plan':>12} {'sources':>8} {'key (upstream-like)':>20} same key")
+    print(f"{'release':9} {'key (history)':>14} {'of it: plan':>12} {'sources':>8} "
+          f"{'key (upstream-like)':>20} same key")
     for r in rows:
         print(f"{r['release']:9} {r['history_key_s']:14.3f} {r['history_plan_s']:12.3f} {r['history_sources_s']:8.3f} "
               f"{r['upstream_like_key_s']:20.3f} {r['same_key']}")

@@ -72,7 +72,8 @@ def main() -> int:
     }
     row["within_target"] = row["ratio"] <= TARGET
     print(f"{'what':52} {'seconds':>8}")
-    print(f"{'c128patch apply --sglang-rev v0.5.23 (' + str(row['series_entries']) + ' entries)':52} {row['apply_s']:8.3f}")
+    print(f"{'c128patch apply --sglang-rev v0.5.23 (' + str(row['series_entries']) + ' entries)':52} "
+          f"{row['apply_s']:8.3f}")
     print(f"{'  ... --layer docs/examples/acme-layer (+3 entries)':52} {row['apply_with_layer_s']:8.3f}")
     print(f"{'ratio with / without (target <= ' + str(TARGET) + ')':52} {row['ratio']:8.2f}")
     write_json(args.out, row, revs=("v0.5.23",))

@@ -95,7 +95,8 @@ def main() -> int:
     if "before" in rows and "after" in rows:
         ratio = rows["after"]["verify_wheel_cli_s"] / rows["before"]["verify_wheel_cli_s"]
         doc["after_over_before"] = round(ratio, 2)
-        doc["after_over_before_cpu"] = round(rows["after"]["verify_wheel_cpu_s"] / rows["before"]["verify_wheel_cpu_s"], 2)
+        doc["after_over_before_cpu"] = round(
+            rows["after"]["verify_wheel_cpu_s"] / rows["before"]["verify_wheel_cpu_s"], 2)
         doc["target"] = "after <= 2x before"
         doc["within_target"] = ratio <= 2
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -54,7 +54,9 @@ def dump_sass(mods: dict, sass_dir: Path) -> None:
             (sass_dir / (so.parent.name + "_" + so.stem + ".sass")).write_text(out.stdout + out.stderr)
 
 
-def bench(B: int, W: int, mods: dict, floors: dict, timer: Timer, ceiling: float, rng: random.Random) -> list[dict]:
+def bench(  # noqa: C901 (one config's graph-captured closures share its tensors)
+    B: int, W: int, mods: dict, floors: dict, timer: Timer, ceiling: float, rng: random.Random,
+) -> list[dict]:
     ops = util.dspark_ops()
     dev = torch.device("cuda")
     D = 512
@@ -77,7 +79,8 @@ def bench(B: int, W: int, mods: dict, floors: dict, timer: Timer, ceiling: float
     out = torch.empty((N, D), device=dev)
     chain_sets = [[torch.randn(((W + 1) * slots, 3 * D), device=dev) for _ in range(LAYERS)] for _ in range(8)]
     chain_tables = [ops.make_state_ptr_table(c) for c in chain_sets]
-    plan = ops.dspark_verify_plan(seq_d, len_d, esl_d, rid_d, num_q_tokens=N, num_banks=W, state_slot_offset=slots, max_num_reqs=slots)
+    plan = ops.dspark_verify_plan(seq_d, len_d, esl_d, rid_d, num_q_tokens=N, num_banks=W,
+                                  state_slot_offset=slots, max_num_reqs=slots)
     torch.cuda.synchronize()
     fb = verify_bytes(seq, lens, W, emit=True) * LAYERS
     vb = verify_bytes(seq, lens, W, emit=False) * LAYERS
@@ -93,7 +96,8 @@ def bench(B: int, W: int, mods: dict, floors: dict, timer: Timer, ceiling: float
     for tag, mod in mods.items():
         def fused(mod=mod):
             for st, a, k in zip(states, ape, kv):
-                mod.verify_compress(st, k, a, out, plan.plan_c, seq_d, esl_d, rid_d, len_d, plan.row_emit, W, slots, slots)
+                mod.verify_compress(st, k, a, out, plan.plan_c, seq_d, esl_d, rid_d, len_d, plan.row_emit,
+                                    W, slots, slots)
 
         def write_prefix(mod=mod):
             for st, a, k in zip(states, ape, kv):

@@ -24,7 +24,8 @@ def _must_replace(text: str, old: str, new: str, what: str) -> str:
 
 def derived_variants(tree_cuh: str) -> dict[str, str]:
     post = _must_replace(tree_cuh, WAIT, "", "postwait")
-    post = _must_replace(post, VERIFY_TOP, VERIFY_TOP.replace("\n\n", "\n  PDLWaitPrimary<kUsePDL>();\n\n", 1), "postwait")
+    post = _must_replace(post, VERIFY_TOP, VERIFY_TOP.replace("\n\n", "\n  PDLWaitPrimary<kUsePDL>();\n\n", 1),
+                         "postwait")
     nobanks = _must_replace(tree_cuh, BANK_STORES, "          (void)dst;\n", "nobanks")
     return {"postwait": post, "nobanks": nobanks}
 

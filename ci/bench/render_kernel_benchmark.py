@@ -84,7 +84,8 @@ def render(data: dict, others: dict[str, dict] | None = None, missing: list[str]
             r = pick(rows, B, W, path, what)
             cells.append(f"{r['us']:.1f}" if r else "–")
         body.append(cells)
-    out += [table(["B", "W", *(c[0] for c in STEP_COLUMNS)], body), "", "## Kernels: bytes, GB/s, % of the copy ceiling", ""]
+    out += [table(["B", "W", *(c[0] for c in STEP_COLUMNS)], body), "",
+            "## Kernels: bytes, GB/s, % of the copy ceiling", ""]
     body = []
     for B, W in configs:
         for label, path, what in KERNEL_ROWS:

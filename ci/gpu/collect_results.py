@@ -73,7 +73,8 @@ def compare_benchmarks(dest: Path) -> None:
     reference = json.loads(ref_path.read_text())
     for path in sorted(dest.glob("v*/kernel-bench.json")):
         data = json.loads(path.read_text())
-        same_series = data.get("series_digest") is not None and data.get("series_digest") == reference.get("series_digest")
+        same_series = (data.get("series_digest") is not None
+                       and data.get("series_digest") == reference.get("series_digest"))
         if data["rev"] == BENCH_REFERENCE:
             data["vs_reference"] = {"reference": BENCH_REFERENCE, "is_reference": True}
         else:

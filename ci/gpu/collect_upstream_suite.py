@@ -90,7 +90,8 @@ def keyed(result: dict[str, Any], stage: Path, rev: str) -> tuple[dict[str, Any]
         return result, f"{rev}: {path} names no upstream commit or entry digests"
     staged, ran = (record.get("series") or {}).get("digest"), (result.get("series") or {}).get("digest")
     if staged != ran:
-        return result, f"{rev}: the stage holds series {str(staged)[:12]}, the result ran series {str(ran)[:12]} (staged again since?)"
+        return result, (f"{rev}: the stage holds series {str(staged)[:12]}, "
+                        f"the result ran series {str(ran)[:12]} (staged again since?)")
     counts = result.get("patched") or {}
     return {**result, "key": key.to_json(), "passed": counts.get("passed", 0),
             "failed": sum(counts.get(k, 0) for k in BAD), "skipped": counts.get("skipped", 0)}, ""

@@ -44,15 +44,16 @@ def fetch_wheels(whl: Path) -> None:
         name = spec.split("==")[0].replace("-", "_")
         if any(whl.glob(f"{name}-{spec.split('==')[1]}-*.whl")):
             continue
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLATFORM_ARGS, "-d", str(whl), spec],
-                       check=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLATFORM_ARGS,
+                        "-d", str(whl), spec], check=True)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rev", action="append", default=[], help="release to stage (repeatable; default: all supported)")
     ap.add_argument("--before", default="", help="a commit of this repository: stage --before-rev with its series too")
-    ap.add_argument("--before-rev", action="append", default=[], help="release(s) for the before tree (default v0.5.20)")
+    ap.add_argument("--before-rev", action="append", default=[],
+                    help="release(s) for the before tree (default v0.5.20)")
     ap.add_argument("--dest", type=Path, default=REPO / ".gpu")
     ap.add_argument("--no-wheels", action="store_true", help="do not fetch the wheels (CPU dry runs)")
     args = ap.parse_args()

@@ -86,6 +86,39 @@ def _seq_near_boundary(rng: random.Random, W: int) -> int:
     return rng.randint(0, 9000)
 
 
+def _corrupt(lay: Layout, rng: random.Random, B: int, N: int, W: int, stride: int) -> None:
+    """Break 1-3 rows of `lay` in place, each one way, and record how in `lay.corrupted`."""
+    lay.clean = False
+    for _ in range(rng.randint(1, 3)):
+        b = rng.randrange(B)
+        kind = rng.choice(
+            ["start_neg", "start_big", "start_tail", "len_neg", "len_huge",
+             "rid_neg", "rid_big", "rid_huge", "seq_neg", "seq_huge"]
+        )
+        lay.corrupted.append((b, kind))
+        if kind == "start_neg":
+            lay.extend_start_loc[b] = -rng.randint(1, 100)
+        elif kind == "start_big":
+            lay.extend_start_loc[b] = N + rng.randint(0, 50)
+        elif kind == "start_tail":  # window runs past the packed input
+            lay.extend_start_loc[b] = max(0, N - rng.randint(1, 3))
+            lay.verify_lens[b] = W
+        elif kind == "len_neg":
+            lay.verify_lens[b] = -rng.randint(1, 50)
+        elif kind == "len_huge":
+            lay.verify_lens[b] = rng.choice([2**31 - 1, 100000, W + 1000])
+        elif kind == "rid_neg":
+            lay.req_pool_indices[b] = -rng.randint(1, 5)
+        elif kind == "rid_big":
+            lay.req_pool_indices[b] = stride + rng.randint(0, 5)
+        elif kind == "rid_huge":
+            lay.req_pool_indices[b] = 2**40
+        elif kind == "seq_neg":
+            lay.seq_lens[b] = -rng.randint(1, 1000)
+        elif kind == "seq_huge":
+            lay.seq_lens[b] = rng.choice([2**40, 2**31 - 5])
+
+
 def make_layout(
     rng: random.Random, W: int, dtype: torch.dtype, corrupt: bool, force_clean: bool = False
 ) -> Layout:
@@ -121,35 +154,7 @@ def make_layout(
         clean=(n_pad == 0 and not inflated and slack == 0),
     )
     if corrupt:
-        lay.clean = False
-        for _ in range(rng.randint(1, 3)):
-            b = rng.randrange(B)
-            kind = rng.choice(
-                ["start_neg", "start_big", "start_tail", "len_neg", "len_huge",
-                 "rid_neg", "rid_big", "rid_huge", "seq_neg", "seq_huge"]
-            )
-            lay.corrupted.append((b, kind))
-            if kind == "start_neg":
-                lay.extend_start_loc[b] = -rng.randint(1, 100)
-            elif kind == "start_big":
-                lay.extend_start_loc[b] = N + rng.randint(0, 50)
-            elif kind == "start_tail":  # window runs past the packed input
-                lay.extend_start_loc[b] = max(0, N - rng.randint(1, 3))
-                lay.verify_lens[b] = W
-            elif kind == "len_neg":
-                lay.verify_lens[b] = -rng.randint(1, 50)
-            elif kind == "len_huge":
-                lay.verify_lens[b] = rng.choice([2**31 - 1, 100000, W + 1000])
-            elif kind == "rid_neg":
-                lay.req_pool_indices[b] = -rng.randint(1, 5)
-            elif kind == "rid_big":
-                lay.req_pool_indices[b] = stride + rng.randint(0, 5)
-            elif kind == "rid_huge":
-                lay.req_pool_indices[b] = 2**40
-            elif kind == "seq_neg":
-                lay.seq_lens[b] = -rng.randint(1, 1000)
-            elif kind == "seq_huge":
-                lay.seq_lens[b] = rng.choice([2**40, 2**31 - 5])
+        _corrupt(lay, rng, B, N, W, stride)
     return lay
 
 
@@ -432,7 +437,8 @@ def test_plan_row_emit_is_the_exclusive_scan_across_warps_and_tiles(patched_tree
                                   state_slot_offset=L, max_num_reqs=L)
     got_emit = plan.row_emit.cpu().numpy()
     bad = np.nonzero(got_emit != expect.row_emit)[0]
-    assert bad.size == 0, (f"row_emit is not the exclusive scan of closing chunks: first wrong rows {bad[:5].tolist()}, "
+    assert bad.size == 0, ("row_emit is not the exclusive scan of closing chunks: first wrong rows "
+                           f"{bad[:5].tolist()}, "
                            f"got {got_emit[bad[:5]].tolist()}, expected {expect.row_emit[bad[:5]].tolist()}")
     np.testing.assert_array_equal(plan.row_len.cpu().numpy(), expect.row_len)
     assert (ref.decode_plan(plan.plan_c.cpu().numpy()) == expect.plan_c).all()
@@ -456,7 +462,8 @@ def test_plan_writes_every_entry_of_plan_c_plan_w_row_emit_row_len(patched_tree)
                            num_q_tokens=N, num_banks=nb, state_slot_offset=L)
     got_c = ref.decode_plan(plan_c.cpu().numpy())
     bad = np.nonzero(got_c != expect.plan_c)[0]
-    assert bad.size == 0, f"plan_c entries {bad[:8].tolist()} (of {N}) hold {got_c[bad[:2]]}, expected {expect.plan_c[bad[:2]]}"
+    assert bad.size == 0, (f"plan_c entries {bad[:8].tolist()} (of {N}) hold {got_c[bad[:2]]}, "
+                           f"expected {expect.plan_c[bad[:2]]}")
     invalid = np.empty(N, dtype=ref.PLAN_DTYPE)
     invalid[:] = ref.INVALID_PLAN
     assert (ref.decode_plan(plan_w.cpu().numpy()) == invalid).all(), "plan_w has entries that are not invalid"
@@ -573,7 +580,8 @@ def test_duplicate_slots_race_within_their_own_rows(patched_tree):
     solo = [verify([r]) for r in range(3)]
     both, out, emit, rows_d = verify([0, 1, 2])
     for r in range(2):  # seq 126 + 5 tokens closes one chunk per row, at step 1
-        assert torch.equal(_bits(out[emit[r]]), _bits(solo[r][1][0])), f"row {r}: emitted chunk differs from its solo run"
+        assert torch.equal(_bits(out[emit[r]]),
+                           _bits(solo[r][1][0])), f"row {r}: emitted chunk differs from its solo run"
     vec = 2  # floats per verify store (AlignedVector<float, 2>)
     slot_rows = [2 + k * L for k in range(1, nb + 1)]
     for row in slot_rows:
@@ -581,7 +589,8 @@ def test_duplicate_slots_race_within_their_own_rows(patched_tree):
         cands = torch.stack([_bits(solo[r][0][row]).view(-1, vec) for r in range(2)])
         assert bool((cands == got).all(dim=2).any(dim=0).all()), f"state row {row}: a vector matches neither writer"
     others = [i for i in range(both.shape[0]) if i not in slot_rows]
-    assert torch.equal(_bits(both[others]), _bits(solo[2][0][others])), "rows outside slot 2 differ from row 2's solo run"
+    assert torch.equal(_bits(both[others]),
+                       _bits(solo[2][0][others])), "rows outside slot 2 differ from row 2's solo run"
 
     # the commit: rows 0 and 1 accept 3 and 4 tokens into slot 2
     st = both.to(dev)
@@ -831,7 +840,8 @@ REFUSALS = [
     pytest.param(lambda h: _prefix(h, state_slot_stride=0), RuntimeError, "state_slot_stride", id="prefix-zero-stride"),
     pytest.param(lambda h: _prefix(h, kv=h.kv.t().contiguous().t()), RuntimeError, "contiguous",
                  id="prefix-strided-kv"),
-    pytest.param(lambda h: _prefix(h, state=h.misaligned()), RuntimeError, "16-byte aligned", id="prefix-misaligned-state"),
+    pytest.param(lambda h: _prefix(h, state=h.misaligned()), RuntimeError, "16-byte aligned",
+                 id="prefix-misaligned-state"),
     pytest.param(lambda h: _prefix(h, num_q_tokens=h.N + 1), RuntimeError, "fewer than num_q_tokens",
                  id="prefix-kv-short-of-num-q-tokens"),
     pytest.param(lambda h: _prefix(h, num_q_tokens=-1), RuntimeError, "num_q_tokens must be in",

@@ -228,7 +228,8 @@ class Simulation:
         self.table = backend.make_table(self.ours.states)
         self.pending = torch.full((SLOTS,), -1, dtype=torch.int64, device=dev)
         self.mode = forward_mode
-        self.mtp = None if mtp_cls is None else mtp_cls(mtp_backend(self.up.states, self.pending, self.ape_d, backend.r2t))
+        self.mtp = None if mtp_cls is None else mtp_cls(mtp_backend(self.up.states, self.pending, self.ape_d,
+                                                                    backend.r2t))
         self.up_accepts: dict = {}  # uid -> (seq_before, accept) of upstream's last verify
         self.active: list[Request] = []
         self.free_slots = list(range(1, SLOTS))
@@ -461,42 +462,53 @@ class Simulation:
                         rows[i] = r.rid + accept * SLOTS
             rid_idx = torch.tensor(rows, device=self.dev)
             bank0 = [st[rid_idx].cpu().double().numpy() for st in path.states]
-            res = path.result
             for i, req in enumerate(reqs):
-                bad = False
-                for chunk, want in req.expected.items():
-                    got = path.store.get((req.uid, chunk))
-                    res.chunks_checked += 1
-                    ok, err, _, _ = (False, float("inf"), 0, None) if got is None else util.close_report(
-                        got, want, RTOL, ATOL
-                    )
-                    res.max_chunk_err = max(res.max_chunk_err, err if np.isfinite(err) else res.max_chunk_err)
-                    if not ok:
-                        res.chunk_mismatches += 1
-                        bad = True
-                        if len(res.first_failures) < 5:
-                            res.first_failures.append(
-                                f"uid {req.uid} slot {req.rid} chunk {chunk}: "
-                                + ("never stored" if got is None else f"err {err:.3g}")
-                            )
+                bad = self._check_chunks(path, req)
                 if req.seq % ref.CHUNK:
-                    for layer in range(NUM_LAYERS):
-                        toks = torch.stack(req.open_tokens[layer])
-                        pos = torch.arange(req.seq - toks.shape[0], req.seq) % ref.CHUNK
-                        want = ref.exact_state(toks[:, :D], toks[:, D:], self.ape[layer][pos]).numpy()
-                        got = bank0[layer][i].reshape(3, D)
-                        ok, err, _, _ = util.close_report(got, want, RTOL, ATOL)
-                        res.states_checked += 1
-                        if np.isfinite(err):
-                            res.max_state_err = max(res.max_state_err, err)
-                        if not ok:
-                            res.state_mismatches += 1
-                            bad = True
-                            if len(res.first_failures) < 5:
-                                res.first_failures.append(
-                                    f"uid {req.uid} slot {req.rid} seq {req.seq} layer {layer}: state err {err:.3g}"
-                                )
-                res.requests_affected += int(bad)
+                    bad = self._check_open_state(path, req, [bank[i] for bank in bank0]) or bad
+                path.result.requests_affected += int(bad)
+
+    def _check_chunks(self, path: ProtocolPath, req: Request) -> bool:
+        """Each chunk `req` closed, as `path` stored it, against the reference; True if one differs."""
+        res, bad = path.result, False
+        for chunk, want in req.expected.items():
+            got = path.store.get((req.uid, chunk))
+            res.chunks_checked += 1
+            ok, err, _, _ = (False, float("inf"), 0, None) if got is None else util.close_report(
+                got, want, RTOL, ATOL
+            )
+            res.max_chunk_err = max(res.max_chunk_err, err if np.isfinite(err) else res.max_chunk_err)
+            if not ok:
+                res.chunk_mismatches += 1
+                bad = True
+                if len(res.first_failures) < 5:
+                    res.first_failures.append(
+                        f"uid {req.uid} slot {req.rid} chunk {chunk}: "
+                        + ("never stored" if got is None else f"err {err:.3g}")
+                    )
+        return bad
+
+    def _check_open_state(self, path: ProtocolPath, req: Request, banks: list) -> bool:
+        """`req`'s open chunk in each layer's bank row (`banks[layer]`) against the exact state; True if
+        one differs."""
+        res, bad = path.result, False
+        for layer in range(NUM_LAYERS):
+            toks = torch.stack(req.open_tokens[layer])
+            pos = torch.arange(req.seq - toks.shape[0], req.seq) % ref.CHUNK
+            want = ref.exact_state(toks[:, :D], toks[:, D:], self.ape[layer][pos]).numpy()
+            got = banks[layer].reshape(3, D)
+            ok, err, _, _ = util.close_report(got, want, RTOL, ATOL)
+            res.states_checked += 1
+            if np.isfinite(err):
+                res.max_state_err = max(res.max_state_err, err)
+            if not ok:
+                res.state_mismatches += 1
+                bad = True
+                if len(res.first_failures) < 5:
+                    res.first_failures.append(
+                        f"uid {req.uid} slot {req.rid} seq {req.seq} layer {layer}: state err {err:.3g}"
+                    )
+        return bad
 
     def leave(self) -> None:
         leaving = [r for r in self.active if self.rng.random() < 0.012 or r.seq > 6000]
@@ -563,7 +575,8 @@ def simulation(patched_tree):
     )
     print(
         f"\n[dspark simulation] steps={steps} counts={sim.counts}\n  ours: {vars(ours)}\n"
-        + (f"  upstream OnlineC128MTPController ({where}): {vars(up)}" if mtp_cls else f"  upstream arm skipped: {where}")
+        + (f"  upstream OnlineC128MTPController ({where}): {vars(up)}" if mtp_cls
+           else f"  upstream arm skipped: {where}")
     )
     return SimpleNamespace(sim=sim, mtp_cls=mtp_cls, where=where, loss=loss, dropped=dropped,
                            release=util.harness().tree_release(patched_tree))
