@@ -120,7 +120,8 @@ def test_the_ledger_builds_no_path_from_an_unchecked_row(series, tree):
     """A ledger row (a pull request can write one) naming ../ or a non-hex key is refused when a replay reads it."""
     res = series / "patches" / "resolutions"
     res.mkdir()
-    rows = [("../../../ESCAPE", "abc", "unsafe entry name in the ledger"), ("test-patch", "../../x", "unsafe ledger key")]
+    rows = [("../../../ESCAPE", "abc", "unsafe entry name in the ledger"),
+            ("test-patch", "../../x", "unsafe ledger key")]
     (res / "ledger.toml").write_text("".join(f'[[resolutions]]\nentry = "{entry}"\nkey = "{key}"\nmatch = "m"\n'
                                              f'file = "{CUH}"\nfrom = "a"\nonto = "b"\n' for entry, key, _ in rows))
     ledger = Ledger(load_series(series))
