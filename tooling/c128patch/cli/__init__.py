@@ -9,9 +9,7 @@ from typing import Any, NoReturn
 import click
 
 from c128patch import __version__
-
-# The version of every --json report's layout (its "schema" key; docs/schemas/README.md says when it changes).
-SCHEMA_VERSION = 1
+from c128patch.jsonio import SCHEMA_VERSION
 
 # One module per command (cli/<verb>.py), each exposing `command`, with the one line `--help` lists:
 # listing the commands imports none of them; a verb's module is imported when that verb runs.

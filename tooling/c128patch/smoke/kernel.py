@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from c128patch.errors import C128Error
-from c128patch.jsonio import write_json_atomic
+from c128patch.jsonio import SCHEMA_VERSION, write_json_atomic
 from c128patch.smoke.device import probe_python, require_device
 from c128patch.smoke.passes import ABSENT, BAD, PassSpec, pass_problems, run_pass
 from c128patch.smoke.trees import (
@@ -264,7 +264,7 @@ def build_report(command: str, opts: KernelOptions, prep: Prepared, device: dict
 
 
 def write_report(report: dict[str, Any], out: Path) -> Path:
-    return write_json_atomic(out / REPORT, report)
+    return write_json_atomic(out / REPORT, {**report, "schema": SCHEMA_VERSION})
 
 
 def stage_trees(opts: KernelOptions, dest: Path, progress: Progress) -> dict[str, dict[str, Any]]:

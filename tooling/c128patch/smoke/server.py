@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from c128patch.errors import C128Error
-from c128patch.jsonio import write_json_atomic
+from c128patch.jsonio import SCHEMA_VERSION, write_json_atomic
 from c128patch.smoke.logs import ServerLog, Tail, load_summary
 from c128patch.smoke.presets import LOAD_TOOLS, PRESETS
 from c128patch.smoke.procs import Managed, exit_description
@@ -404,4 +404,4 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_report(report: dict[str, Any], out: Path) -> Path:
-    return write_json_atomic(out / REPORT, report)
+    return write_json_atomic(out / REPORT, {**report, "schema": SCHEMA_VERSION})
