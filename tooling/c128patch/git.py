@@ -88,7 +88,8 @@ def stale_lock_message(path: str) -> str:
 
 def _dubious_message(path: str) -> str:
     return (f"git refuses {path}: it is owned by another user (git's safe.directory check: \"detected dubious "
-            f"ownership\"); if you trust it, run: {shlex.join(['git', 'config', '--global', '--add', 'safe.directory', path])}")
+            "ownership\"); if you trust it, run: "
+            f"{shlex.join(['git', 'config', '--global', '--add', 'safe.directory', path])}")
 
 
 _ENVIRONMENT = re.compile(r"Permission denied|Operation not permitted|Read-only file system|No space left on device|"
@@ -173,7 +174,8 @@ class Git:
         config = Path(git_dir) / "config" if git_dir else self.cwd / ".git" / "config"
         try:
             stat = config.stat()
-            stamp: tuple | None = (str(config), stat.st_mtime_ns, stat.st_size, (config.parent / "config.worktree").exists())
+            stamp: tuple | None = (str(config), stat.st_mtime_ns, stat.st_size,
+                                   (config.parent / "config.worktree").exists())
         except OSError:
             stamp = None  # not a plain repository top: ask every time
         key = (str(self.cwd), str(git_dir))
@@ -404,8 +406,8 @@ class ReadMemo(Git):
         want = [i for i in dict.fromkeys(ids) if key(i) not in self._memo]
         if not want:
             return
-        out = super().run("cat-file", "--batch-check=%(objectname) %(objecttype)", input="".join(f"{i}\n" for i in want),
-                          check=False).stdout
+        out = super().run("cat-file", "--batch-check=%(objectname) %(objecttype)",
+                          input="".join(f"{i}\n" for i in want), check=False).stdout
         for line in out.splitlines():
             name, _, kind = line.partition(" ")
             if kind == "blob" and name in want:

@@ -20,11 +20,11 @@ from c128patch.cli.common import emit_json, handles_errors, json_option, repo_op
 @series_option
 @json_option
 @handles_errors
-def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...],
-            as_json: bool) -> None:
+def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python: str | None, series_dir: Path | None,
+            layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Find the first upstream commit between the series' base and REV at which the series stops
-    applying or its API contract (with --behaviour, also its behavioural tier) breaks (git bisect run, in a scratch clone); print it, its subject
-    and what fails there."""
+    applying or its API contract (with --behaviour, also its behavioural tier) breaks (git bisect run, in a scratch
+    clone); print it, its subject and what fails there."""
     from c128patch.fit.bisect import bisect
     from c128patch.progress import console, reporter
     from c128patch.series.layers import get_series

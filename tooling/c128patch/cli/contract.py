@@ -41,11 +41,12 @@ def _print(label: str, result: ContractResult, probe: tuple[bool | None, str] | 
               help="Record the changed signatures found as accepted in patches/contract.lock (after review).")
 @click.option("--nvcc/--no-nvcc", "use_nvcc", default=None,
               help="Compile the nvcc signature probe against the tree's headers (default: where nvcc is on PATH).")
-@click.option("--verbose", is_flag=True, help="List the notes too (uses not resolved statically, uses not in the lock).")
+@click.option("--verbose", is_flag=True,
+              help="List the notes too (uses not resolved statically, uses not in the lock).")
 @series_option
 @json_option
 @handles_errors
-def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: bool, use_nvcc: bool | None,
+def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: bool, use_nvcc: bool | None,  # noqa: C901  one verb's flags
             verbose: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Does the series still fit each upstream? Resolve every upstream module, name, attribute and call
     our code uses (overlays and the lines patches add), bind each call to the definition's signature,
@@ -92,7 +93,8 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
             accepted += core.accept(lock, result)
     ok = all(r.ok for _, r, _ in results) and all(p is None or p[0] is not False for _, _, p in results)
     if as_json:
-        emit_json({"ok": ok or bool(accept), "accepted": accepted, "series": {"name": series.name, "version": series.version},
+        emit_json({"ok": ok or bool(accept), "accepted": accepted,
+                   "series": {"name": series.name, "version": series.version},
                    "revs": [{"rev": label, **r.to_json(), "cxx_probe": p[1] if p else "not run",
                              "cxx_probe_ok": p[0] if p else None} for label, r, p in results]})
     else:

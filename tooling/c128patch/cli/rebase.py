@@ -1,4 +1,5 @@
-"""c128patch rebase --onto REV [--drop ENTRY ...] | --continue | --skip | --drop ENTRY | --abort  [--tree DIR] [--json]"""
+"""c128patch rebase --onto REV [--drop ENTRY ...] | --continue | --skip | --drop ENTRY | --abort
+[--tree DIR] [--json]"""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from c128patch.errors import C128Error
 @click.option("--continue", "cont", is_flag=True, help="Go on after resolving (and staging) a conflict.")
 @click.option("--skip", is_flag=True, help="Drop the entry that stopped the rebase.")
 @click.option("--abort", is_flag=True, help="Restore the branch as it was before the rebase.")
-@click.option("--drop-merged", is_flag=True, help="Drop entries found merged upstream (they are listed, never dropped silently).")
+@click.option("--drop-merged", is_flag=True,
+              help="Drop entries found merged upstream (they are listed, never dropped silently).")
 @click.option("--drop", "drop", multiple=True, metavar="ENTRY",
               help="Drop ENTRY as merged upstream (recorded with merged_in; refresh keeps it so): with --onto, "
                    "from the start; alone, the entry the rebase stopped at.")
@@ -36,8 +38,8 @@ from c128patch.errors import C128Error
 @json_option
 @handles_errors
 def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: bool, drop: tuple[str, ...],
-            report_dir: Path | None, tree: Path | None, repo: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...],
-            as_json: bool) -> None:
+            report_dir: Path | None, tree: Path | None, repo: str | None, series_dir: Path | None,
+            layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Move the patched branch onto another upstream rev: each entry replays the file the series
     chooses there, your edits are carried, the result is proven equal to a fresh apply."""
     from rich.table import Table
@@ -64,7 +66,8 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     out = console(stderr=False)
     if report.get("aborted"):
         out.print(f"rebase aborted: {report['branch'] or 'HEAD'} is back at {report['head'][:12]}"
-                  + (f"; your uncommitted work is in stash {report['stash'][:12]}" if report["stash"] else ""), markup=False)
+                  + (f"; your uncommitted work is in stash {report['stash'][:12]}" if report["stash"] else ""),
+                  markup=False)
         return
     table = Table(title=f"rebase {report['old_base']['rev']} -> {report['new_base']['rev']} ({report['direction']}, "
                         f"{report['upstream_commits_between']} upstream commits added, "

@@ -17,7 +17,8 @@ from c128patch.cli.common import emit_json, handles_errors, json_option, locate_
 @click.option("--primary/--variant", default=None,
               help="Make the branch's patches the primary files (series base moves to the tree's base), or the "
                    "variants for the tree's base. Default: primary when the tree's base is the series base.")
-@click.option("--version", "version", default=None, help="Series version to record (default: bumped when anything changed).")
+@click.option("--version", "version", default=None,
+              help="Series version to record (default: bumped when anything changed).")
 @click.option("--accept-differences", is_flag=True,
               help="Export even when the tree differs from the series in ways no edit on the branch explains.")
 @series_option

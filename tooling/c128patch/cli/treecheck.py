@@ -22,8 +22,8 @@ from c128patch.errors import C128Error
 @series_option
 @json_option
 @handles_errors
-def command(tree: Path | None, rev: str | None, repo: str | None, python: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...],
-            as_json: bool) -> None:
+def command(tree: Path | None, rev: str | None, repo: str | None, python: str | None, series_dir: Path | None,
+            layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Import every module the series adds or changes on a patched tree, with the gates off and on, in a
     subprocess: each ok, failed, or not checked (a package the interpreter lacks; no torch: nothing), and
     resolve each one's sglang imports against the tree's files (a missing module or name fails).

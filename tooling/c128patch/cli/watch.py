@@ -1,4 +1,5 @@
-"""c128patch watch --onto REV [--repo PATH|URL] [--out DIR] [--timeout S] [--primary|--variant] [--python PY] [--json]"""
+"""c128patch watch --onto REV [--repo PATH|URL] [--out DIR] [--timeout S] [--primary|--variant] [--python PY]
+[--json]"""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items()
 
 
 @click.command("watch", epilog=f"Exit codes: {EXIT_HELP}; bad input {exitcodes.USAGE}.")
-@click.option("--onto", required=True, help="Upstream revision to carry the series onto (a branch such as main, a tag, a commit).")
+@click.option("--onto", required=True,
+              help="Upstream revision to carry the series onto (a branch such as main, a tag, a commit).")
 @repo_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("c128patch-watch"),
               help="Where the report (and a refreshed series) go: a new or empty folder, or an earlier watch's "
@@ -32,7 +34,8 @@ EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items()
 def command(onto: str, repo: str | None, out: Path, timeout: float, primary: bool | None, python: str | None,
             series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Carry the series onto REV in a scratch clone (never your tree), prove and check the result, and
-    say which of clean / refreshed / merged / conflict / failed / broken / unchecked it is, with a report under --out."""
+    say which of clean / refreshed / merged / conflict / failed / broken / unchecked it is, with a report under
+    --out."""
     from rich.table import Table
 
     from c128patch.fit import watch as core
@@ -60,8 +63,8 @@ def command(onto: str, repo: str | None, out: Path, timeout: float, primary: boo
         state = "not run" if c.get("skipped") else "ok" if c["ok"] else "FAILED"
         text.print(f"  check {c['name']}: {state}" + "".join(f"\n    {f}" for f in c["findings"][:5]), markup=False)
     if report.get("contract"):
-        text.print(f"  contract: {report['contract']['verdict']}; C++: {report['contract'].get('cxx_probe', '')}" + "".join(
-            f"\n    {f}" for f in report["contract"]["failing"]), markup=False)
+        text.print(f"  contract: {report['contract']['verdict']}; C++: {report['contract'].get('cxx_probe', '')}"
+                   + "".join(f"\n    {f}" for f in report["contract"]["failing"]), markup=False)
     if report.get("behaviour"):
         tier = report["behaviour"]
         text.print(f"  behavioural tier: {tier['verdict']}" + "".join(f"\n    failed: {f}" for f in tier["failed"])

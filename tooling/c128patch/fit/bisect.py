@@ -84,7 +84,8 @@ def bisect(series: Series, repo: str | None, onto: str, *, timeout: float = 600,
                             "give it more time with --timeout SECONDS") from None
         found = re.search(r"^([0-9a-f]{40}) is the first bad commit", proc.stdout, re.M)
         if not found:
-            raise C128Error(f"git bisect did not name a commit: {(proc.stdout + proc.stderr).strip().splitlines()[-1:]}")
+            raise C128Error("git bisect did not name a commit: "
+                            f"{(proc.stdout + proc.stderr).strip().splitlines()[-1:]}")
     commit = found.group(1)
     report.update(found=True, commit=commit, subject=git.out("log", "-1", "--format=%s", commit),
                   failing=_what_fails(series, git, commit, behaviour, python))

@@ -92,9 +92,11 @@ class ContractResult:
     def verdict(self) -> str:
         n = len({(i.kind, i.target) for i in self.items})
         if self.errors:
-            return f"broken: {len(self.errors)} error(s), {len(self.warnings)} warning(s) over {n} upstream definition(s)"
+            return (f"broken: {len(self.errors)} error(s), {len(self.warnings)} warning(s) "
+                    f"over {n} upstream definition(s)")
         if self.warnings:
-            return f"changed: {len(self.warnings)} upstream signature(s) differ from the lock ({n} definition(s) checked)"
+            return (f"changed: {len(self.warnings)} upstream signature(s) differ from the lock "
+                    f"({n} definition(s) checked)")
         return f"holds: {n} upstream definition(s) resolved and bound"
 
     def to_json(self) -> dict:
@@ -167,7 +169,7 @@ def derive(series: Series | None, git: Git, upstream: str, head: str) -> tuple[l
     return sorted(unique.values(), key=lambda i: (i.kind, i.target, i.site)), findings
 
 
-def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], list[Finding]]:
+def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], list[Finding]]:  # noqa: C901  one walk down a chain
     site = f"{site_file}:{use.line}"
     items: list[Item] = []
     findings: list[Finding] = []
@@ -181,7 +183,8 @@ def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], li
             break
     if current is None:
         name = ".".join(chain[:2]) if len(chain) > 1 else chain[0]
-        findings.append(Finding("error", f"{site}: {'.'.join(chain)}: no module {name} on this tree", site, "", ".".join(chain)))
+        findings.append(Finding("error", f"{site}: {'.'.join(chain)}: no module {name} on this tree", site, "",
+                                ".".join(chain)))
         return items, findings
     if current.kind == "ours":
         return items, findings

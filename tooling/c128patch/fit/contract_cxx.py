@@ -64,19 +64,22 @@ def _close(text: str, open_at: int) -> int:
     return -1
 
 
-_TYPE_DECL = re.compile(r"\b(?:struct|class|union|enum\s+class|enum)\s+(?:alignas\([^)]*\)\s*)?([A-Za-z_]\w*)\b[^;{()]*[;{]")
+_TYPE_DECL = re.compile(r"\b(?:struct|class|union|enum\s+class|enum)\s+(?:alignas\([^)]*\)\s*)?"
+                        r"([A-Za-z_]\w*)\b[^;{()]*[;{]")
 _USING = re.compile(r"\busing\s+([A-Za-z_]\w*)\s*=[^;]+;")
-_CONST = re.compile(r"(?:\b(?:inline|static)\s+constexpr|^[ ]{0,4}constexpr)\b[^;=(){}]*?\b([A-Za-z_]\w*)\s*(?:=[^;]+|\{[^;{}]*\});", re.M)
+_CONST = re.compile(r"(?:\b(?:inline|static)\s+constexpr|^[ ]{0,4}constexpr)\b[^;=(){}]*?"
+                    r"\b([A-Za-z_]\w*)\s*(?:=[^;]+|\{[^;{}]*\});", re.M)
 _DEFINE = re.compile(r"^\s*#\s*define\s+([A-Za-z_]\w*)(\([^)]*\))?[^\n]*", re.M)
 _CALLISH = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
 _RETURN_TYPE = re.compile(r"(?:[\w>]\s+|[*&]\s*)$")  # a return type (or `explicit`) right before the name
 _STD = re.compile(r"\bstd::(?:[\w<>, ]*::)?$")
-_AFTER = re.compile(r"\s*(?:const\b\s*)?(?:&&|&)?\s*(?:noexcept\b(?:\([^)]*\))?\s*)?(?:override\b\s*)?(?:->\s*[^{;]+?)?\s*([{;:])")
+_AFTER = re.compile(r"\s*(?:const\b\s*)?(?:&&|&)?\s*(?:noexcept\b(?:\([^)]*\))?\s*)?"
+                    r"(?:override\b\s*)?(?:->\s*[^{;]+?)?\s*([{;:])")
 
 
 def declarations(text: str) -> dict[str, list[tuple[int, str, str]]]:
-    """name -> [(line, declaration text, "name" | "member" | "function")] of the types, aliases, constants, macros and functions
-    ``text`` (a header) declares, as regular expressions see them."""
+    """name -> [(line, declaration text, "name" | "member" | "function")] of the types, aliases, constants,
+    macros and functions ``text`` (a header) declares, as regular expressions see them."""
     raw = text
     text = strip(text)
     out: dict[str, list[tuple[int, str, str]]] = {}
@@ -125,7 +128,8 @@ def _headers_of(text: str, path: str, files: set[str]) -> list[tuple[str, str]]:
     return out
 
 
-def derive(reader: Reader, ours: dict[str, set[int] | None], site_name: Callable[[str], str]) -> tuple[list[dict], list[dict]]:
+def derive(reader: Reader, ours: dict[str, set[int] | None],  # noqa: C901  one pass: includes, then names
+           site_name: Callable[[str], str]) -> tuple[list[dict], list[dict]]:
     """Items and findings (as ``ops.contract.Item`` / ``Finding`` fields) for our C++ code."""
     items: list[dict] = []
     findings: list[dict] = []
@@ -154,7 +158,8 @@ def derive(reader: Reader, ours: dict[str, set[int] | None], site_name: Callable
                 continue
             closure[header] = body
             if number and mine(number):
-                items.append({"kind": "header", "target": name, "site": f"{site_file}:{number}", "where": f"{header}:1"})
+                items.append({"kind": "header", "target": name, "site": f"{site_file}:{number}",
+                              "where": f"{header}:1"})
             queue += [h for h in _headers_of(body, header, reader.files) if h[1] not in closure]
         upstream: dict[str, list[tuple[str, int, str]]] = {}
         named: set[str] = set()  # types, aliases, macros, k-constants: a use is any mention

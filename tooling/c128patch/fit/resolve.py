@@ -113,7 +113,8 @@ class Upstream:
                 try:
                     tree = ast.parse(text, path)
                 except (SyntaxError, ValueError) as exc:
-                    self.errors[path] = f"{path}:{getattr(exc, 'lineno', 0) or 0}: does not parse: {getattr(exc, 'msg', exc)}"
+                    self.errors[path] = (f"{path}:{getattr(exc, 'lineno', 0) or 0}: does not parse: "
+                                         f"{getattr(exc, 'msg', exc)}")
             self._parsed[path] = tree
         return self._parsed[path]
 
@@ -173,7 +174,8 @@ class Upstream:
         if tree is not None and self._find_top(tree, "__getattr__") is not None:
             return Def("unknown", name, mod.path, 1, why=f"{mod.name} resolves names in __getattr__")
         if mod.path.endswith(("__init__.py", "/")):
-            return Def("missing", name, mod.path, 1, why=f"no module {name} on this tree ({mod.path} defines no {attr})")
+            return Def("missing", name, mod.path, 1,
+                       why=f"no module {name} on this tree ({mod.path} defines no {attr})")
         return Def("missing", name, mod.path, 1, why=f"{mod.path} defines no {attr}")
 
     @staticmethod
@@ -258,7 +260,8 @@ class Upstream:
             elif ast.unparse(base) not in ("object", "Generic") and not ast.unparse(base).startswith("Generic["):
                 unknown.append(ast.unparse(base))
         if unknown or any(_binds(s, "__getattr__") for s in node.body):
-            return Def("unknown", attr, cls.path, cls.line, why=f"{node.name} has bases outside sglang ({', '.join(unknown)})")
+            return Def("unknown", attr, cls.path, cls.line,
+                       why=f"{node.name} has bases outside sglang ({', '.join(unknown)})")
         return Def("missing", attr, cls.path, cls.line, why=f"class {node.name} ({cls.where}) has no {attr}")
 
     # -- expressions in an upstream module's context (bases, decorators, called classes)

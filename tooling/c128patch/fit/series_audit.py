@@ -20,7 +20,8 @@ def audit_series(series: Series, git: Git, rev: str, commit: str) -> list[Findin
         index_file = Path(tmp) / "index"
         result, planned = replay_in_index(series, git, rev, commit, index_file)
         if not result.ok:
-            failed = result.error or next(f"{e.name}: {e.detail}" for e in result.entries if e.status in ("conflict", "collision"))
+            failed = result.error or next(f"{e.name}: {e.detail}" for e in result.entries
+                                          if e.status in ("conflict", "collision"))
             raise C128Error(f"cannot audit on {rev}: the series does not apply ({failed})")
         gated = [p for p in planned if p.patch is not None and p.entry.gate]
         if not gated:

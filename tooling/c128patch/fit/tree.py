@@ -52,7 +52,8 @@ class TreeReader:
         self._batch.close()
 
 
-def our_lines(git: Git, upstream: str, head: str, paths: list[str]) -> tuple[dict[str, set[int]], dict[str, list[Hunk]]]:
+def our_lines(git: Git, upstream: str, head: str,
+              paths: list[str]) -> tuple[dict[str, set[int]], dict[str, list[Hunk]]]:
     """path -> the line numbers on ``head`` that ``upstream..head`` adds (``git diff -U0``), and path ->
     its hunks (for ``upstream_line``)."""
     if not paths:

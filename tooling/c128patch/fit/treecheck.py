@@ -88,9 +88,10 @@ class TreecheckResult:
         if not self.failed and not any(t.count("ok") for t in self.tiers):
             needs = sorted({m.get("detail", "").removeprefix("needs ").split(";")[0] for t in self.tiers
                             for m in t.modules.values() if m["status"] == "not checked"} - {""})
-            return f"nothing could be checked here: every module needs a package this interpreter lacks ({', '.join(needs)}){said}"
-        parts = [f"gates {t.gates}: {t.count('ok')} ok, {t.count('failed')} failed, {t.count('not checked')} not checked"
-                 for t in self.tiers]
+            return ("nothing could be checked here: every module needs a package this interpreter lacks "
+                    f"({', '.join(needs)}){said}")
+        parts = [f"gates {t.gates}: {t.count('ok')} ok, {t.count('failed')} failed, "
+                 f"{t.count('not checked')} not checked" for t in self.tiers]
         head = "failed" if self.failed else "passed" if all(t.count("not checked") == 0 for t in self.tiers) else \
             "passed where checked"
         return f"{head} ({'; '.join(parts)}){said}"
@@ -165,13 +166,15 @@ def start(series: Series, tree: Path, paths: list[str], *, python: str | None = 
     return Pending(tree, modules, timeout, proc)
 
 
-def run(series: Series, tree: Path, paths: list[str], *, python: str | None = None, timeout: float = 600) -> TreecheckResult:
+def run(series: Series, tree: Path, paths: list[str], *, python: str | None = None,
+        timeout: float = 600) -> TreecheckResult:
     """The tier on ``tree`` (a folder holding ``python/sglang``) for the ``paths`` the series changes."""
     return start(series, tree, paths, python=python, timeout=timeout).finish()
 
 
 def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | None = None) -> TreecheckResult:
-    """The tier on the series replayed at ``commit`` (``fit.contract.patched_tree``), unpacked into a temporary folder."""
+    """The tier on the series replayed at ``commit`` (``fit.contract.patched_tree``), unpacked into a temporary
+    folder."""
     import tempfile
 
     from c128patch.fit import contract
@@ -268,7 +271,7 @@ def _problem(up: Upstream, use: ImportUse) -> str:
     return f"{path.rstrip('/')} defines no {', '.join(missing)}" if missing else ""
 
 
-def _top_names(tree: ast.Module) -> set[str] | None:
+def _top_names(tree: ast.Module) -> set[str] | None:  # noqa: C901  one dispatch over statement kinds
     names: set[str] = set()
 
     def add_target(t: ast.AST) -> None:

@@ -58,7 +58,8 @@ def check_tree(git: Git, base: str, head: str, gates: list[str]) -> list[TreeChe
     """The checks of the module docstring on ``head``; ``gates``: the env gates to look for."""
     files = git.changed_files(base, head)
     texts = {p: t for p in files if (t := _text(git, head, p)) is not None}
-    markers, compiles, declared = TreeCheck("no-conflict-markers"), TreeCheck("python-compiles"), TreeCheck("gates-declared")
+    markers, compiles = TreeCheck("no-conflict-markers"), TreeCheck("python-compiles")
+    declared = TreeCheck("gates-declared")
     for path, text in texts.items():
         for number, line in enumerate(text.splitlines(), 1):
             if _MARKER.match(line):

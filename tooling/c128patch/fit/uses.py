@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from c128patch.fit.resolve import Def, absolute, chain_of
 from c128patch.fit.tree import PACKAGE, module_name
@@ -64,13 +64,12 @@ def _constants(tree: ast.Module) -> dict[str, str]:
     return out
 
 
-def uses_in(path: str, tree: ast.Module, lines: set[int] | None) -> list[Use]:
-    """Our uses of ``sglang`` in one file (``lines``: ours; None: the whole file)."""
+def _imports(path: str, tree: ast.Module, mine: Callable[[ast.AST], bool]) -> tuple[dict[str, list[str]], list[Use]]:
+    """name -> the dotted chain each import in ``path`` binds, and the import statements' uses (ours only)."""
     module = module_name(path) or ""
     mod = Def("module", module, path, module=module)
     bindings: dict[str, list[str]] = {}
     uses: list[Use] = []
-    mine = (lambda n: True) if lines is None else (lambda n: getattr(n, "lineno", 0) in lines)
     for node in _statements(tree.body):
         if isinstance(node, ast.Import):
             for a in node.names:
@@ -88,6 +87,13 @@ def uses_in(path: str, tree: ast.Module, lines: set[int] | None) -> list[Use]:
                 bindings[a.asname or a.name] = [*source.split("."), a.name]
                 if mine(node) and source.split(".")[0] == PACKAGE:
                     uses.append(Use(path, node.lineno, [*source.split("."), a.name]))
+    return bindings, uses
+
+
+def uses_in(path: str, tree: ast.Module, lines: set[int] | None) -> list[Use]:
+    """Our uses of ``sglang`` in one file (``lines``: ours; None: the whole file)."""
+    mine = (lambda n: True) if lines is None else (lambda n: getattr(n, "lineno", 0) in lines)
+    bindings, uses = _imports(path, tree, mine)
     constants = _constants(tree)
     seen_funcs: set[int] = set()
     for node in (ast.walk(tree) if lines is None else _nodes_on(tree, lines)):
@@ -101,7 +107,8 @@ def uses_in(path: str, tree: ast.Module, lines: set[int] | None) -> list[Use]:
                 shape = (len(node.args), tuple(k.arg for k in node.keywords if k.arg))
                 uses.append(Use(path, node.lineno, bindings[chain[0]] + chain[1:], shape, star))
                 seen_funcs.add(id(func))
-            if chain and (bindings.get(chain[0], [chain[0]]) + chain[1:])[-2:] == ["importlib", "import_module"] and node.args:
+            dotted = bindings.get(chain[0], [chain[0]]) + chain[1:] if chain else []
+            if dotted[-2:] == ["importlib", "import_module"] and node.args:
                 arg = node.args[0]
                 target = arg.value if isinstance(arg, ast.Constant) else constants.get(getattr(arg, "id", ""))
                 if isinstance(target, str) and target.split(".")[0] == PACKAGE:

@@ -260,7 +260,8 @@ class Watch:
         upstream.update()
         self.upstream = upstream
         base_commit, onto_commit = upstream.resolve(series.base), upstream.resolve(self.onto)
-        self.info.update(onto={"rev": self.onto, "commit": onto_commit}, base={"rev": series.base, "commit": base_commit},
+        self.info.update(onto={"rev": self.onto, "commit": onto_commit},
+                         base={"rev": series.base, "commit": base_commit},
                          upstream={"source": upstream.kind, "location": upstream.location})
 
         self._step("cloning upstream into a scratch folder")
@@ -480,8 +481,9 @@ class Watch:
             if s.get("renamed") and s["name"] not in stopped:
                 how += " (renamed: " + ", ".join(f"{a} -> {b}" for a, b in s["renamed"].items()) + ")"
             rows.append({"name": s["name"], "on_rev": how, "status": s["status"], "file": s["file"],
-                         "chosen_by": s["chosen_by"], "detail": stopped.get(s["name"], s["detail"]), "ledger": s["ledger"],
-                         "signals": s["signals"], "renamed": s.get("renamed", {}), "hints": s.get("hints", [])})
+                         "chosen_by": s["chosen_by"], "detail": stopped.get(s["name"], s["detail"]),
+                         "ledger": s["ledger"], "signals": s["signals"], "renamed": s.get("renamed", {}),
+                         "hints": s.get("hints", [])})
         report = {
             "ok": outcome in ("clean", "refreshed"),
             "outcome": outcome,

@@ -66,7 +66,8 @@ def _taken_lines(t: dict, entry: str) -> list[str]:
         out.append(f"way through: **rename our target** (entries {', '.join(t['ours'])} import ours): another `target` "
                    "in series.toml, those entries pointed at it, then `c128patch rebase --continue`")
     else:
-        out.append(f"way through: **drop ours as superseded** (nothing of ours imports it): `c128patch rebase --drop {entry}`")
+        out.append("way through: **drop ours as superseded** (nothing of ours imports it): "
+                   f"`c128patch rebase --drop {entry}`")
     return out
 
 
@@ -199,7 +200,8 @@ def _conflicts(report: dict) -> list[str]:
         lines += [f"## Conflict: {c['entry']}", "", _conflict_line(c) + ".", "", f"from `{c['file']}`"
                   + (f" ({c['chosen_by']})" if c["chosen_by"] else ""), ""]
         if c["after_skipping"]:
-            lines += [f"Reached after skipping {', '.join(c['after_skipping'])}: it may conflict only because of that.", ""]
+            lines += [f"Reached after skipping {', '.join(c['after_skipping'])}: "
+                      "it may conflict only because of that.", ""]
         lines += [block_markdown(b, " (upstream removed or moved this code)") for b in c["blocks"]]
         if c["resolved_by_ledger"]:
             lines.append("- partly resolved by the ledger: " + ", ".join(

@@ -183,7 +183,8 @@ class Verdict:
         if self.kind == "user-edit":
             return Edit("user-edit", self.commit.entry, self.commit.sha, self.before, self.after)
         if self.kind == "user-commit":
-            return Edit("user-commit", self.commit.entry or self.commit.subject, self.commit.sha, self.before, self.after)
+            return Edit("user-commit", self.commit.entry or self.commit.subject, self.commit.sha, self.before,
+                        self.after)
         return None
 
 
@@ -268,7 +269,8 @@ def prove(series: Series, git: Git, rev: str, commit: str, head: str = "HEAD", *
         if fresh == tree:
             return result
         trees: dict[str, tuple[str, str]] = {}  # again, keeping each entry's trees: the branch is compared with them
-        replay_in_index(series, git, rev, commit, scratch / "fresh.index", ledger=Ledger(series), span=span, trees=trees)
+        replay_in_index(series, git, rev, commit, scratch / "fresh.index", ledger=Ledger(series), span=span,
+                        trees=trees)
         edits, result.notes = branch_edits(series, git, commit, head, scratch, trees)
         idx = index_git(git, scratch / "edits.index")
         idx.run("read-tree", fresh)
@@ -279,7 +281,8 @@ def prove(series: Series, git: Git, rev: str, commit: str, head: str = "HEAD", *
                 continue
             if not apply_cached(idx, tree_diff(git, edit.before, edit.after)):
                 idx.run("read-tree", current)
-                result.notes.append(f"{edit.label}: does not replay on the fresh tree; its changes count as unattributed")
+                result.notes.append(f"{edit.label}: does not replay on the fresh tree; "
+                                    "its changes count as unattributed")
                 continue
             new = idx.out("write-tree")
             result.differences.append(Difference(edit.kind, edit.label, hunks_between(git, current, new)))

@@ -117,7 +117,8 @@ class Rebase(RebaseLoop):
         git = self.git
         unmerged = unmerged_paths(git)
         if unmerged:
-            raise C128Error(f"cannot continue: conflicts remain in {', '.join(unmerged)}; resolve them and `git add` them")
+            raise C128Error(f"cannot continue: conflicts remain in {', '.join(unmerged)}; "
+                            "resolve them and `git add` them")
         unstaged = git.out("diff", "--name-only").split()
         if unstaged:
             raise C128Error(f"cannot continue: unstaged changes in {', '.join(unstaged)}; `git add` the resolution "

@@ -77,7 +77,8 @@ class Journal:
     drop_merged: bool
     steps: list[Step]
     pos: int = 0
-    head_before: str = ""  # the new branch's tip before the current step (HEAD goes there only at a stop and at the end)
+    # the new branch's tip before the current step (HEAD goes there only at a stop and at the end)
+    head_before: str = ""
     paused: Paused = ""
     stop_state: dict[str, str] = field(default_factory=dict)  # path -> blob the stop left in the work tree
     upstream: dict = field(default_factory=dict)  # the old provenance's upstream record (its fields are kept)

@@ -363,7 +363,8 @@ class RebaseLoop:
                              if s.kind == "commit" or s.user_edit]
         record["dropped"] = [{"name": s.name, "status": s.status, "detail": s.detail,
                               "merged_in": s.merged_in(journal.onto_commit)}
-                             for s in journal.steps if s.status in ("dropped-as-merged", "skipped") and s.kind == "entry"]
+                             for s in journal.steps
+                             if s.status in ("dropped-as-merged", "skipped") and s.kind == "entry"]
         return record
 
     def _move_branch(self, journal: Journal, new_head: str) -> str:

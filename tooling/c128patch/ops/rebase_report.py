@@ -119,6 +119,7 @@ def _proof_markdown(proof: dict) -> list[str]:
     lines += [f"- note: {n}" for n in proof["notes"]]
     for d in proof["differences"]:
         lines += ["", f"### {d['label'] or 'unattributed'}", "", "```diff"]
-        lines += [f"{h['path']} {h['header']}" + ("\n" + h["text"].rstrip() if h["text"] else "") for h in d["hunks"][:20]]
+        lines += [f"{h['path']} {h['header']}" + ("\n" + h["text"].rstrip() if h["text"] else "")
+                  for h in d["hunks"][:20]]
         lines.append("```")
     return lines

@@ -287,8 +287,8 @@ def _kept_without_commit(series: Series, git: Git, record: dict, base_commit: st
         why = dropped.get(e.name, {})
         if why.get("status") == "dropped-as-merged" and why.get("merged_in"):
             kept[e.name] = replace(e, merged_in=why["merged_in"])
-            result.notes.append(f"entry '{e.name}' is merged upstream in {why['merged_in'][:12]} ({why.get('detail', '')}): "
-                                "kept for the revisions without that commit (merged_in)")
+            result.notes.append(f"entry '{e.name}' is merged upstream in {why['merged_in'][:12]} "
+                                f"({why.get('detail', '')}): kept for the revisions without that commit (merged_in)")
         elif e.name in merged_here:
             kept[e.name] = e
         elif why.get("status") == "skipped" and why.get("merged_in"):
@@ -392,7 +392,8 @@ def write(series: Series, result: Export, *, accept_differences: bool = False) -
 
 
 def _files_of(part: Series, series: Series, files: dict[Path, bytes]) -> dict[Path, bytes]:
-    """The files of ``files`` in ``part``'s folder and in no layer folder inside it (a layer may live in our repository)."""
+    """The files of ``files`` in ``part``'s folder and in no layer folder inside it (a layer may live in our
+    repository)."""
     roots = [series.head.root, *(layer.root for layer in series.layers)] if isinstance(series, Stack) else [series.root]
     def owner(path: Path) -> Path:
         return max((r for r in roots if path.is_relative_to(r)), key=lambda r: len(r.parts), default=Path("/"))
