@@ -241,7 +241,8 @@ def pass_problems(p: dict[str, Any], collect_only: bool = False) -> list[str]:
         problems.append(f"{label}: " + ", ".join(f"{n} {k}" for k, n in bad.items()))
     if not collect_only and not p["timed_out"]:
         if c["passed"] == 0:
-            problems.append(f"{label}: no test passed ({', '.join(f'{n} {k}' for k, n in c.items() if n) or 'none collected'})")
+            problems.append(f"{label}: no test passed "
+                            f"({', '.join(f'{n} {k}' for k, n in c.items() if n) or 'none collected'})")
         if not p["finished"]:
             problems.append(f"{label}: pytest did not finish ({p['exit']})")
         elif p["exit_code"] not in (0, 1, smoke_sanitizer.ERROR_EXIT_CODE) and not bad:

@@ -370,7 +370,8 @@ class Closure:
                     out.add(init.relative_to(index.root))
         for folder in self.csrc_dirs:
             base = index.root / CSRC / folder
-            out.update(p.relative_to(index.root) for p in base.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+            out.update(p.relative_to(index.root) for p in base.rglob("*") if p.is_file()
+                       and "__pycache__" not in p.parts)
         return sorted(out)
 
 

@@ -227,7 +227,8 @@ class InWheel:
 
     def __init__(self, wheel: Path) -> None:
         if not wheel.is_file():
-            raise C128Error(f"missing wheel: {wheel} does not exist" if not wheel.exists() else f"not a wheel: {wheel} is not a file")
+            raise C128Error(f"missing wheel: {wheel} does not exist" if not wheel.exists()
+                            else f"not a wheel: {wheel} is not a file")
         self.wheel = wheel
         self.name = WheelName.parse(wheel)
         self._tmp: Path | None = None
@@ -439,7 +440,8 @@ def check_record(wheel: Path) -> RecordCheck:
             except WheelError as exc:
                 raise WheelMismatch(f"{wheel.name}: RECORD hash mismatch: {exc}") from exc
             if listed[name] != str(len(data)):
-                raise WheelMismatch(f"{wheel.name}: RECORD size of {name} is {listed[name]}, the file has {len(data)} bytes")
+                raise WheelMismatch(f"{wheel.name}: RECORD size of {name} is {listed[name]}, the file has {len(data)} "
+                                    "bytes")
         return RecordCheck(len(members), wf.dist_info_path, hashes)
 
 
