@@ -255,7 +255,7 @@ def _wrappers(root: Path, kernel_names: set[str]) -> dict[str, set[str]]:
     return out
 
 
-def series_targets(patched: Path, upstream: Path, files: Iterable[str]) -> dict[str, str]:
+def series_targets(patched: Path, upstream: Path, files: Iterable[str]) -> dict[str, str]:  # noqa: C901  one pass sorts three ways
     """module -> why it is a target (see the module docstring); several reasons joined by "; ",
     what the series does to the module itself first."""
     direct: dict[str, list[str]] = {}

@@ -292,6 +292,12 @@ def _findings(rows: list[dict[str, Any]], plan: Plan, collect_only: bool) -> tup
         ids = [r["id"] for r in rows if r["verdict"] == v]
         if ids:
             notes.append(f"{v} ({len(ids)}): {', '.join(ids[:10])}")
+    _standin_findings(plan, problems, notes)
+    return problems, notes
+
+
+def _standin_findings(plan: Plan, problems: list[str], notes: list[str]) -> None:
+    """The stand-in rows of each tree: a module no stand-in provides, what a stand-in withholds."""
     for label, tp in plan.trees.items():
         for row in tp.standin_rows:
             if row.get("no_standin"):
@@ -301,7 +307,6 @@ def _findings(rows: list[dict[str, Any]], plan: Plan, collect_only: bool) -> tup
             if row.get("withheld") and row.get("reason"):
                 notes.append(f"{label}: stand-in {row['module']} withholds {', '.join(row['withheld'])}: "
                              f"{row['reason']}")
-    return problems, notes
 
 
 def build_report(command: str, plan: Plan, prep: Prepared, device: dict[str, Any], passes: dict[str, dict[str, Any]],

@@ -158,6 +158,11 @@ def _check_sbom(iw: InWheel, doc: dict, record: dict, version: Version) -> list[
     if not (len(patches) == len(rows) == len(entries)):
         raise _mismatch(iw.wheel,
                         f"SBOM lists {len(patches)} patches / {len(rows)} entries, the provenance {len(entries)}")
+    return _sbom_entry_diffs(iw, patches, rows, entries)
+
+
+def _sbom_entry_diffs(iw: InWheel, patches: list[dict], rows: list[dict], entries: list[dict]) -> list[bytes]:
+    """Each SBOM patch and entry row against the provenance's entry; returns each entry's diff."""
     diffs = []
     for i, (patch, row, entry) in enumerate(zip(patches, rows, entries), 1):
         want = {
