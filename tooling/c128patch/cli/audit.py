@@ -12,12 +12,14 @@ from c128patch.cli.common import emit_json, handles_errors, json_option, repo_op
 
 
 @click.command("audit")
-@click.option("--sglang-rev", "revs", multiple=True, help="Upstream revision(s) to audit on (default: the series base).")
+@click.option("--sglang-rev", "revs", multiple=True,
+              help="Upstream revision(s) to audit on (default: the series base).")
 @repo_option
 @series_option
 @json_option
 @handles_errors
-def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...],
+            as_json: bool) -> None:
     """Gate audit: statements a gated entry adds with side effects must run only under its env gate."""
     from c128patch.fit.series_audit import audit_series
     from c128patch.ops.audit import RULES

@@ -24,7 +24,8 @@ from c128patch.cli.common import (
 @click.option("-o", "--out-dir", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("dist"),
               show_default=True, help="Folder for the built wheel.")
 @click.option("--base-version", default=None, help="Upstream version to build as (default: from the rev's vX.Y.Z tag).")
-@click.option("--no-isolation", is_flag=True, help="Pass --no-isolation to python -m build (build dependencies must be installed).")
+@click.option("--no-isolation", is_flag=True,
+              help="Pass --no-isolation to python -m build (build dependencies must be installed).")
 @series_option
 @json_option
 @handles_errors

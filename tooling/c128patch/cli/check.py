@@ -47,14 +47,17 @@ def _verdict(verb: str, v: Verdict | None) -> str:
     if v.exit == exitcodes.OK:
         return f"{verb}: applies"
     what = "refused before anything is done" if v.exit == exitcodes.USAGE else f"stops at {v.entry}"
-    detail = f" ({v.detail})" if v.detail and v.exit == exitcodes.FAILED else (f" ({v.entry}: {v.detail})" if v.entry else "")
+    detail = (f" ({v.detail})" if v.detail and v.exit == exitcodes.FAILED
+              else f" ({v.entry}: {v.detail})" if v.entry else "")
     return f"{verb}: {what}{detail}, exit {v.exit}"
 
 
 @click.command("check")
-@click.option("--sglang-rev", "revs", multiple=True, required=True, help="Upstream revision(s) to check; repeat for several.")
+@click.option("--sglang-rev", "revs", multiple=True, required=True,
+              help="Upstream revision(s) to check; repeat for several.")
 @click.option("--strict", is_flag=True,
-              help="Exit 1 unless every entry applies with exact context, as `wheel` needs (3-way merges count as failures).")
+              help="Exit 1 unless every entry applies with exact context, as `wheel` needs (3-way merges count as "
+                   "failures).")
 @click.option("--deep", is_flag=True,
               help="Also check the series' API contract on each rev it applies to (c128patch contract; no checkout); "
                    "exit 1 unless it holds.")

@@ -21,7 +21,8 @@ _STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "error": "red"}
 @json_option
 @click.argument("launch_args", nargs=-1, type=click.UNPROCESSED)
 @handles_errors
-def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool, launch_args: tuple[str, ...]) -> None:
+def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool,
+            launch_args: tuple[str, ...]) -> None:
     """Will the installed sglang do what the envs ask? Run it where the server will run.
 
     \b

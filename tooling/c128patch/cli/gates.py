@@ -39,7 +39,8 @@ def command(markdown: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...
                   title=f"env reference of series {series.name} {series.version}")
     for g in series.gates:
         rel = [*(f"needs {n}" for n in g.requires), *(f"not with {n}" for n in g.conflicts)]
-        cells = (f"{g.name}\n({g.declared_by})", f"{g.default} ({g.type})", g.enables + (f"\n{g.notes}" if g.notes else ""),
+        cells = (f"{g.name}\n({g.declared_by})", f"{g.default} ({g.type})",
+                 g.enables + (f"\n{g.notes}" if g.notes else ""),
                  "\n".join(rel) or "-")
         table.add_row(*(Text(c) for c in cells))  # plain text: [accept] is not markup
     out.print(table)

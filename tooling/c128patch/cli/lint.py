@@ -12,13 +12,16 @@ from c128patch.cli.common import emit_json, handles_errors, json_option, repo_op
 
 
 @click.command("lint")
-@click.option("--update-hashes", is_flag=True, help="Record the current sha256 of every series file in the manifest first.")
-@click.option("--offline", is_flag=True, help="Skip the checks that need upstream (collisions with upstream files, gate audit).")
+@click.option("--update-hashes", is_flag=True,
+              help="Record the current sha256 of every series file in the manifest first.")
+@click.option("--offline", is_flag=True,
+              help="Skip the checks that need upstream (collisions with upstream files, gate audit).")
 @repo_option
 @series_option
 @json_option
 @handles_errors
-def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...],
+            as_json: bool) -> None:
     """Validate the series manifest and its files."""
     from c128patch.fit.series_audit import audit_series
     from c128patch.ops.lint import Finding, lint_stack

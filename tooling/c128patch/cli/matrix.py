@@ -63,7 +63,8 @@ def entry_table(rows: list[ReleaseRow]) -> Table:
 @click.option("--sglang-rev", "revs", multiple=True,
               help="Release(s) to show (default: every supported release); with --repo any revision of it.")
 @click.option("--repo", default=None, metavar="PATH|URL",
-              help="Evaluate these revisions of your own SGLang repository (verified where its sources are the evidenced ones).")
+              help="Evaluate these revisions of your own SGLang repository (verified where its sources are the "
+                   "evidenced ones).")
 @click.option("--results", "results_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Results folder (default: the series' ci/gpu/results).")
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print the release table as Markdown (README.md).")

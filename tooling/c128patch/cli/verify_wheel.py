@@ -18,12 +18,13 @@ from c128patch.cli.common import emit_json, handles_errors, json_option, layer_o
 @click.option("--no-authenticity", "no_authenticity", is_flag=True,
               help="Skip the comparison with the upstream wheel (integrity checks only; nothing proves the "
                    "untouched files are upstream's).")
-@click.option("--compile-all", is_flag=True, help="Compile every .py of the wheel, not only the ones the series touches.")
+@click.option("--compile-all", is_flag=True,
+              help="Compile every .py of the wheel, not only the ones the series touches.")
 @layer_option
 @json_option
 @handles_errors
-def command(wheel: Path, series_dir: Path | None, layer_dirs: tuple[Path, ...], upstream_wheel: Path | None, no_authenticity: bool,
-            compile_all: bool, as_json: bool) -> None:
+def command(wheel: Path, series_dir: Path | None, layer_dirs: tuple[Path, ...], upstream_wheel: Path | None,
+            no_authenticity: bool, compile_all: bool, as_json: bool) -> None:
     """Check a patched wheel: RECORD, version, SBOM vs provenance, every entry's effect present, and
     (unless --no-authenticity) that it is exactly its upstream wheel plus the declared diffs.
 

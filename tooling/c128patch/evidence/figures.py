@@ -59,7 +59,8 @@ def _per_release(rows: list[ReleaseRow], root: Path, kind: str, say: Callable[[d
 
 
 def _failing(d: dict[str, Any]) -> str:
-    names = d.get("failing") or [t["nodeid"] for t in d.get("tests", []) if t.get("outcome") in ("failed", "error", "crashed")]
+    names = d.get("failing") or [t["nodeid"] for t in d.get("tests", [])
+                                 if t.get("outcome") in ("failed", "error", "crashed")]
     if not names or len(names) > 3:
         return ""
     return f": {', '.join(f'`{n}`' for n in names)}"
@@ -243,7 +244,8 @@ def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool])
                      f"for merged-upstream evidence, proves the result and checks the API contract){mark('rebase')}")
     if "check" in got:
         c = got["check"]
-        target = f" (target ≤ {c['target_s']:g} s: {'met' if c['within_target'] else '*missed*'})" if "target_s" in c else ""
+        target = (f" (target ≤ {c['target_s']:g} s: {'met' if c['within_target'] else '*missed*'})"
+                  if "target_s" in c else "")
         calls = f", {c['git_calls_per_rev']:.0f} git calls per rev" if "git_calls_per_rev" in c else ""
         load = f", at load {round(c['load_average'][0])}" if "load_average" in c else ""
         parts.append(f"`check` over the 4 releases {c['four_releases_s']:.2f} s, over {c['commits']} real upstream "
@@ -263,6 +265,7 @@ def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool])
                      f"`--help` {_span(verbs)} s{was}, at load {round(t['load_average'][0])} on the {cores}")
     if "wheel" in got:
         w = got["wheel"]
-        parts.append(f"patching the {w['upstream_wheel_mb']:.0f} MB 0.5.23 wheel {w['wheel_cli_s']:.1f} s{mark('wheel')}")
+        parts.append(f"patching the {w['upstream_wheel_mb']:.0f} MB 0.5.23 wheel {w['wheel_cli_s']:.1f} "
+                     f"s{mark('wheel')}")
     return ("Benchmarks (ci/bench/, JSON in `ci/bench/results/`; ratios measured side by side in one run): "
             + "; ".join(parts) + ".\n")

@@ -83,8 +83,8 @@ def plan_jobs(manifest: dict[str, Any], stage: str, phase: str, out: str, limits
             script: str = "") -> Job:
         name = f"{rev}-{label}-{what}"
         limit = ["--timeout", f"{timeout:g}"] if timeout is not None else []
-        return Job(name, rev, label, kinds, [*args, *limit, "--out", f"{out}/{name}" + (f"/{BENCH_FILE}" if script else "")],
-                   script=script)
+        return Job(name, rev, label, kinds,
+                   [*args, *limit, "--out", f"{out}/{name}" + (f"/{BENCH_FILE}" if script else "")], script=script)
 
     if phase == "sanitizers":
         return [job(rev, "patched", tool, (tool,), ["--tree", trees["patched"], "--upstream-tree", trees["upstream"],
@@ -203,7 +203,8 @@ def job_summary(job: Job, results: Path) -> str:
         return f"{job.name}: NOT STARTED (the deadline came first)"
     if job.script:
         out = results / job.name / BENCH_FILE
-        return f"{job.name}: exit {job.rc}, {job.seconds:.0f} s, {'wrote ' + BENCH_FILE if out.is_file() else 'NO RESULT'}"
+        return (f"{job.name}: exit {job.rc}, {job.seconds:.0f} s, "
+                f"{'wrote ' + BENCH_FILE if out.is_file() else 'NO RESULT'}")
     path = results / job.name / "smoke-kernel.json"
     if not path.is_file():
         return f"{job.name}: exit {job.rc}, {job.seconds:.0f} s, NO REPORT (see logs/{job.name}.log)"

@@ -56,7 +56,8 @@ class EvidenceKey:
         if not isinstance(data, dict) or not data.get("sources") or not data.get("series_hash"):
             return None
         files = data.get("files") if isinstance(data.get("files"), dict) else {}
-        return cls(str(data["sources"]), str(data["series_hash"]), tuple(sorted((str(k), str(v)) for k, v in files.items())))
+        return cls(str(data["sources"]), str(data["series_hash"]),
+                   tuple(sorted((str(k), str(v)) for k, v in files.items())))
 
     def short(self) -> str:
         return f"{self.sources[:10]}/{self.series_hash[:10]}"
@@ -140,7 +141,8 @@ def key_from_provenance(record: dict | None, git: Git | None = None) -> Evidence
 def differing(evidenced: Iterable[tuple[str, str]], ours: Iterable[tuple[str, str]]) -> list[tuple[str, str, str]]:
     """(path, evidenced oid, our oid) for every keyed path whose content differs."""
     a, b = dict(evidenced), dict(ours)
-    return [(p, a.get(p, ABSENT), b.get(p, ABSENT)) for p in sorted(set(a) | set(b)) if a.get(p, ABSENT) != b.get(p, ABSENT)]
+    return [(p, a.get(p, ABSENT), b.get(p, ABSENT)) for p in sorted(set(a) | set(b))
+            if a.get(p, ABSENT) != b.get(p, ABSENT)]
 
 
 def differing_files(git: Git, diffs: list[tuple[str, str, str]], alternates: str | None = None) -> list[str]:

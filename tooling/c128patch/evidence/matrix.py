@@ -40,7 +40,8 @@ class SourcesDiff:
         names = ", ".join(self.files[:SHOWN_FILES]) + (f" and {len(self.files) - SHOWN_FILES} more"
                                                        if len(self.files) > SHOWN_FILES else "")
         n = len(self.files)
-        return f"{n} file{'s' if n != 1 else ''} differ{'s' if n == 1 else ''} from {self.rev}'s evidenced sources: {names}"
+        return (f"{n} file{'s' if n != 1 else ''} differ{'s' if n == 1 else ''} from {self.rev}'s evidenced sources: "
+                f"{names}")
 
     def to_json(self) -> dict[str, Any]:
         return {"rev": self.rev, "files": self.files}
@@ -184,7 +185,8 @@ def release_note(series: Series, version: str) -> str | None:
     git = ReleaseHistory().git
     commit = git.rev_parse(tag_for(version))
     if commit is None:
-        return f"note: sglang {version} + this series is unverified (not in the release history); see `c128patch matrix`"
+        return (f"note: sglang {version} + this series is unverified (not in the release history); "
+                "see `c128patch matrix`")
     return verification_note(series, git, commit, f"sglang {version}")
 
 

@@ -299,7 +299,8 @@ def bench_row_key(row: dict[str, Any]) -> tuple:
     return (row["B"], row["W"], row["path"], row["what"])
 
 
-def compare_bench(data: dict[str, Any], reference: dict[str, Any], tolerance: float = BENCH_TOLERANCE) -> dict[str, Any]:
+def compare_bench(data: dict[str, Any], reference: dict[str, Any],
+                  tolerance: float = BENCH_TOLERANCE) -> dict[str, Any]:
     """Each row of ``data`` against the same row of ``reference`` (the 0.5.23 run): ``within``
     counts rows whose time is within ``tolerance`` of the reference's; ``outside`` lists the others."""
     ref = {bench_row_key(r): r["us"] for r in reference.get("rows", [])}

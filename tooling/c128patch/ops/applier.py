@@ -272,7 +272,8 @@ class Apply:
             theirs = [p for p in changed_paths(git) if p not in ours]
             stash = ""
             if theirs:  # never throw away what the user typed
-                git.run("stash", "push", "--include-untracked", "--quiet", "-m", "c128patch apply --abort: work in progress",
+                git.run("stash", "push", "--include-untracked", "--quiet", "-m",
+                        "c128patch apply --abort: work in progress",
                         "--", *theirs)
                 stash = git.out("rev-parse", "refs/stash")
             git.run("reset", "--quiet", "--hard")
@@ -350,7 +351,8 @@ class Apply:
         result.equivalence = proof.to_json()
         if not proof.ok:
             shown = "\n".join(f"  {h.path} {h.header}" for d in proof.unattributed for h in d.hunks[:20])
-            raise DifferenceError(f"applied to {journal.rev}, but the tree is not what the series says: {proof.summary()}",
+            raise DifferenceError(f"applied to {journal.rev}, but the tree is not what the series says: "
+                                  f"{proof.summary()}",
                                   hint=f"{shown}\n  {journal.branch} is kept as it is for inspection\n"
                                        f"  undo: {self._undo_finished(journal)}", report=result.to_json())
         return result
@@ -392,7 +394,8 @@ class Apply:
             git.run("am", "--abort", check=False)
             problem = environment_problem(output)
             if problem:  # the machine, not the series: no conflict to resolve
-                raise C128Error(f"cannot apply entry '{item.entry.name}' in {self.tree}: {problem.removeprefix('error: ')} "
+                raise C128Error(f"cannot apply entry '{item.entry.name}' in {self.tree}: "
+                                f"{problem.removeprefix('error: ')} "
                                 "(fix that, then resume)")
             retry = dated.run("am", "--ignore-whitespace", "--committer-date-is-author-date", str(item.path),
                               check=False)
@@ -403,7 +406,8 @@ class Apply:
         if not item.patch.trailers.get(ENTRY_TRAILER):
             dated.run("commit", "--quiet", "--amend", "--no-edit", "--no-verify",
                       "--trailer", f"{ENTRY_TRAILER}: {item.entry.name}")
-        applied = "whitespace" if loose else "3way" if "Falling back to patching base and 3-way merge" in output else "clean"
+        applied = ("whitespace" if loose else "3way" if "Falling back to patching base and 3-way merge" in output
+                   else "clean")
         return {**row, "applied": applied, "status": "applied", "commit": git.head() or ""}
 
     def _check_worktree_paths(self, planned: list[Planned]) -> None:
@@ -452,7 +456,8 @@ class Apply:
         result = self._result(journal)
         result.entries.append({"name": item.entry.name, "kind": item.entry.kind, "file": item.label,
                                "status": "conflict", "failed_file": path, "failed_hunk": hunk})
-        result.entries += [{"name": p.entry.name, "kind": p.entry.kind, "status": "not-reached"} for p in planned[i + 1:]]
+        result.entries += [{"name": p.entry.name, "kind": p.entry.kind,
+                            "status": "not-reached"} for p in planned[i + 1:]]
         resume, undo = apply_commands(tree)
         back = journal.orig_branch or (journal.orig_head or "")[:12] or "(none)"
         g = git_command(tree)
@@ -463,7 +468,8 @@ class Apply:
             hint=(
                 f"{journal.branch} is left at the last good entry ({last}); your branch {back} is untouched.\n"
                 f"  inspect: {g} am -3 {_q(item.path)}   (then {g} status; {g} am --abort)\n"
-                f"  resolve: {g} am -3 {_q(item.path)}, edit the files, {g} add them, {g} am --continue; then {resume}\n"
+                f"  resolve: {g} am -3 {_q(item.path)}, edit the files, {g} add them, {g} am --continue; then "
+                f"{resume}\n"
                 f"           (a hand resolution is not the series: the apply ends, reported unproven)\n"
                 f"  undo:    {undo}"
                 + (f"\n  recovery ref: {journal.recovery_ref}" if journal.recovery_ref else "")
@@ -523,7 +529,8 @@ class Apply:
         ensure_clean(git, "continue the apply")
 
     def _result(self, journal: ApplyJournal) -> ApplyResult:
-        skipped = [{"name": e.name, "kind": e.kind, "status": "skipped", "detail": f"merged upstream in {e.merged_in[:12]}"}
+        skipped = [{"name": e.name, "kind": e.kind, "status": "skipped",
+                    "detail": f"merged upstream in {e.merged_in[:12]}"}
                    for e in merged_entries(self.series, self.git, journal.upstream_commit)] if self.series else []
         return ApplyResult(str(self.tree), journal.rev, journal.upstream_commit, journal.branch, self.git.head() or "",
                            journal.recovery_ref, journal.orig_branch, journal.orig_head, journal.orig_unreachable,
@@ -535,6 +542,7 @@ class Apply:
         checked_out = git.current_branch() == branch
         if checked_out:  # a checked-out branch cannot be deleted: the fix detaches first
             delete = shlex.join(["git", "-C", str(tree), "checkout", "--quiet", "--detach"]) + " && " + delete
-        return (f"branch {branch} already exists in {tree} (not this series on {rev}{'; it is checked out' if checked_out else ''})"
+        return (f"branch {branch} already exists in {tree} (not this series on "
+                f"{rev}{'; it is checked out' if checked_out else ''})"
                 f"; pass --branch NAME or delete it ({delete}); nothing was changed")
 

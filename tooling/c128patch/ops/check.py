@@ -132,7 +132,8 @@ def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
             before = touched[: planned.index(item)]
             row.detail += overlap_note(series, before, row.name, [*row.conflicts, *item.touched])
         if item is not None and item.patch is not None and item.variant is not None:
-            old = (git.rev_parse(item.variant.commit) if item.variant.commit else None) or git.rev_parse(item.variant.base)
+            old = ((git.rev_parse(item.variant.commit) if item.variant.commit else None)
+                   or git.rev_parse(item.variant.base))
             row.hints = [h.line() for h in upstream_hints(git, item.entry, item.patch, old or "", commit, row.renamed,
                                                           cache)]
     predict(result)

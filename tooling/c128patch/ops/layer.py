@@ -93,7 +93,8 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
     label = base_label(git, base_commit, rev)
     if label != layer.base:
         raise C128Error(f"the tree is on {label}, the layer {layer.name} on {layer.base}: add entries on a tree at the "
-                        f"layer's base (c128patch apply --sglang-rev {layer.base} --layer {folder}); nothing was written")
+                        f"layer's base (c128patch apply --sglang-rev {layer.base} --layer {folder}); nothing was "
+                        "written")
     trailer = git.out("log", "-1", f"--format=%(trailers:key={ENTRY_TRAILER},valueonly)", sha).strip()
     if trailer:
         raise C128Error(f"commit {sha[:12]} is entry '{trailer}' already ({ENTRY_TRAILER}); nothing was written")
@@ -110,7 +111,8 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
     file = f"{_next_number(layer):04d}-{name}.patch"
     entry = Entry(name=name, kind="patch", why=why, gate=gate, base=layer.base,
                   base_commit=base_commit if label == base_commit[:12] else "",
-                  base_sources=sources_at(git, base_commit, touched), sha256=hashlib.sha256(data).hexdigest(), file=file)
+                  base_sources=sources_at(git, base_commit, touched), sha256=hashlib.sha256(data).hexdigest(),
+                  file=file)
     updated = Series(layer.root, layer.name, layer.version, layer.base, [*layer.entries, entry], gates=layer.gates)
     txn.commit(layer.root, {layer.patches_dir / file: data, layer.manifest_path: updated.to_toml().encode()}, [],
                last=layer.manifest_path)

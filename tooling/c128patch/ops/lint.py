@@ -128,7 +128,8 @@ def _variant_bases(series: Series, git: Git) -> list[Finding]:
     tag with other sources, would choose on other evidence). Commit ids are never compared."""
     found = []
     for e, v in ((e, v) for e in series.entries for v in e.patch_files()):
-        at = (git.rev_parse(f"refs/tags/{v.base}") if v.base else None) or (git.rev_parse(v.commit) if v.commit else None)
+        at = ((git.rev_parse(f"refs/tags/{v.base}") if v.base else None)
+              or (git.rev_parse(v.commit) if v.commit else None))
         if at is None:
             found.append(Finding(e.name, f"{v.file}: base {v.base} is not in the upstream repository: not checked",
                                  "warning"))

@@ -120,7 +120,8 @@ class MergedCheck:
         self._touching: dict[str, set[str]] = {}  # range commit -> the entries' files it changes
         self._hints: dict[str, list[Signal]] = {}
 
-    def signals(self, item: Planned, head: str, old_commit: str, idx: Git, present: set[str] | None = None) -> list[Signal]:
+    def signals(self, item: Planned, head: str, old_commit: str, idx: Git,
+                present: set[str] | None = None) -> list[Signal]:
         """Signals for ``item`` on ``head`` (the new base with the earlier entries), ``idx`` an
         index holding ``head``'s tree; ``old_commit``: the entry's commit on the old branch ("" when
         it had none). Where the index holds every preimage blob of the item's file, upstream cannot

@@ -199,7 +199,8 @@ def whitespace_merge(git: Git, info: PatchInfo, index_file: Path, patch: Path) -
     def trees() -> tuple[str, str] | None:  # the preimage, and the patch applied to it
         base = index_git(git, folder / "base.index")
         base.run("read-tree", "--empty")
-        listed = [a for path, (blob, _) in pre.items() if blob != NULL_BLOB for a in ("--cacheinfo", f"100644,{blob},{path}")]
+        listed = [a for path, (blob, _) in pre.items() if blob != NULL_BLOB
+                  for a in ("--cacheinfo", f"100644,{blob},{path}")]
         if listed:
             base.run("update-index", "--add", *listed)
         before = base.out("write-tree")
@@ -224,7 +225,8 @@ def whitespace_merge(git: Git, info: PatchInfo, index_file: Path, patch: Path) -
     if gone:
         idx.run("update-index", "--force-remove", "--", *gone)
     if merged:
-        idx.run("update-index", "--add", *[a for p, (mode, blob) in merged.items() for a in ("--cacheinfo", f"{mode},{blob},{p}")])
+        idx.run("update-index", "--add",
+                *[a for p, (mode, blob) in merged.items() for a in ("--cacheinfo", f"{mode},{blob},{p}")])
     return True
 
 
@@ -366,7 +368,8 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
         planned = plan(series, git, commit)
         present = check_paths_at(git, commit, [p for p in planned if p.patch is not None])
         targets = [p.entry.target for p in planned if p.patch is None]
-        present |= set(git.out("ls-tree", "-r", "--name-only", commit, "--", *targets).splitlines()) if targets else set()
+        present |= set(git.out("ls-tree", "-r", "--name-only", commit, "--",
+                               *targets).splitlines()) if targets else set()
         merged = {e.name: e for e in merged_entries(series, git, commit)}
     except C128Error as exc:
         result.ok, result.error = False, exc.message

@@ -1,8 +1,8 @@
-"""``status``: which series is applied to a tree, on which upstream, what drifted since, and whether
-the tree equals a fresh apply of the series (``ops.equivalence`` proves HEAD: every difference attributed
-to an edit on the branch, or listed as unattributed; ``equals_series`` also needs nothing uncommitted); an apply or rebase that is running or was
-interrupted (with the commands that resume or undo it); and the recovery refs that hold where HEAD
-was before each apply and rebase."""
+"""``status``: which series is applied to a tree, on which upstream, what drifted since, and whether the tree equals a
+fresh apply of the series (``ops.equivalence`` proves HEAD: every difference attributed to an edit on the branch, or
+listed as unattributed; ``equals_series`` also needs nothing uncommitted); an apply or rebase that is running or was
+interrupted (with the commands that resume or undo it); and the recovery refs that hold where HEAD was before each
+apply and rebase."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def apply_status(git: Git) -> dict | None:
     resume, undo = apply_commands(tree)
     nxt = j.names[j.done] if j.done < j.total else None
     how = "stopped at a conflict" if j.paused == "conflict" else "was interrupted"
-    where = {"clone": " (cloning)", "checkout": " (checking out)", "provenance": " (writing provenance)"}.get(j.phase, "")
+    where = {"clone": " (cloning)", "checkout": " (checking out)",
+             "provenance": " (writing provenance)"}.get(j.phase, "")
     return {"rev": j.rev, "branch": j.branch, "done": j.done, "total": j.total, "phase": j.phase, "paused": j.paused,
             "next_entry": nxt, "fresh_clone": j.fresh_clone, "orig_branch": j.orig_branch, "orig_head": j.orig_head,
             "recovery_ref": j.recovery_ref,

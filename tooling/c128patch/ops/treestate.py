@@ -245,7 +245,8 @@ def repo_lock(git: Git, action: str) -> Iterator[Holder | None]:
                         "nothing was changed") from None
     stale = _holder(fd)  # still written: its holder died without releasing
     os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps({"action": action, "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode(), 0)
+    os.pwrite(fd, json.dumps({"action": action, "pid": os.getpid(),
+                              "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode(), 0)
     _HELD[key] = 1
     try:
         yield stale

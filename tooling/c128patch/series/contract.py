@@ -16,7 +16,8 @@ from c128patch.errors import C128Error
 
 LOCK_NAME = "contract.lock"
 HEADER = ("# c128patch API contract: the upstream surface this series uses, one line per use site.\n"
-          "# Written by `c128patch refresh` from the patched tree at the series base; checked by `c128patch contract`.\n"
+          "# Written by `c128patch refresh` from the patched tree at the series base; checked by "
+          "`c128patch contract`.\n"
           "# kind  upstream-name  our-site  upstream-definition  sig=HASH[,ACCEPTED...]  [call=SHAPE]  # signature\n")
 
 

@@ -20,7 +20,7 @@ source, is a gate here; a ``series`` gate is declared by a line a patch adds (``
 with the type and default the table says; ``requires``/``conflicts`` name gates of the table.
 ``declaration_problems`` checks an ``upstream`` gate against upstream's ``environ.py`` the same
 way. ``render_markdown`` is the table docs/gates.md carries (a test keeps the two equal).
-"""
+"""  # noqa: E501  a markdown table row cannot wrap
 
 from __future__ import annotations
 

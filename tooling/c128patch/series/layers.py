@@ -97,7 +97,8 @@ class Stack(Series):
     def __init__(self, head: Series, layers: list[Series]) -> None:
         dupes = duplicates([head.name, *(layer.name for layer in layers)])
         if dupes:
-            raise C128Error(f"two layers (or a layer and the series) are named {', '.join(dupes)}: each needs its own name")
+            raise C128Error(f"two layers (or a layer and the series) are named {', '.join(dupes)}: each needs its own "
+                            "name")
         entries = list(head.entries)
         self._parts: dict[str, tuple[Series, str]] = {}
         for layer in layers:

@@ -43,7 +43,8 @@ class LazyIndex:
 
     @staticmethod
     def _near(path: str, paths: list[str]) -> bool:
-        """Can a git call on ``paths`` see the index entry of ``path`` (one of them, a folder of one, a file under one)?"""
+        """Can a git call on ``paths`` see the index entry of ``path`` (one of them, a folder of one, a file
+        under one)?"""
         return any(path == p or p.startswith(path + "/") or path.startswith(p + "/") for p in paths)
 
     def _current(self, paths: list[str]) -> None:
@@ -66,7 +67,8 @@ class LazyIndex:
         out = []
         for path in paths:
             folders = [str(p) for p in PurePosixPath(path).parents][:-1]
-            out.append((path, self.entries.get(path, ()), any(p.startswith(path + "/") and e for p, e in self.entries.items()),
+            out.append((path, self.entries.get(path, ()),
+                        any(p.startswith(path + "/") and e for p, e in self.entries.items()),
                         tuple(f for f in folders if self._file_at(f))))
         return tuple(out)
 
@@ -85,7 +87,8 @@ class LazyIndex:
         if due:
             lines = []
             for path in due:
-                lines += [f"0 {'0' * 40}\t{path}"] + [f"{m} {sha} {stage}\t{path}" for m, sha, stage in self.entries[path]]
+                lines += [f"0 {'0' * 40}\t{path}"] + [f"{m} {sha} {stage}\t{path}"
+                                                      for m, sha, stage in self.entries[path]]
             self.idx.run("update-index", "--index-info", input="".join(line + "\n" for line in lines))
             self.dirty.difference_update(due)
         return self.idx

@@ -98,7 +98,8 @@ class Ledger:
     def _of(self, entry: str) -> tuple[Ledger, str]:
         """The ledger an entry's resolutions live in (a layer's own, ``layers.Stack``) and its name there."""
         part, local = self.series.part(entry)
-        return (self, entry) if part.patches_dir == self.series.patches_dir and local == entry else (Ledger(part), local)
+        return ((self, entry) if part.patches_dir == self.series.patches_dir and local == entry
+                else (Ledger(part), local))
 
     def rows(self) -> list[dict]:
         """The ledger's rows; a ledger that is not one (bad TOML, wrong shape) is a one-line error."""
@@ -152,7 +153,8 @@ class Ledger:
                 if diff.is_file() and git.ok("apply", *flags, str(diff)):
                     git.run("add", "--", c.path)
                     recorded = f"{row['from']}..{row['onto']}"
-                    used.append(Resolution(entry, row["key"], c.path, recorded, bool(flags) or bool(span) and recorded != span))
+                    used.append(Resolution(entry, row["key"], c.path, recorded,
+                                           bool(flags) or bool(span) and recorded != span))
                     break
         return used
 
@@ -170,7 +172,8 @@ class Ledger:
             target = ledger._diff_path(local, c.key)
             target.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(target, diff.encode())
-            rows.append({"entry": local, "key": c.key, "match": c.match or conflict_key(c.path, c.text, whitespace=False),
+            rows.append({"entry": local, "key": c.key,
+                         "match": c.match or conflict_key(c.path, c.text, whitespace=False),
                          "file": c.path, "from": from_rev, "onto": onto_rev})
             refs.append(f"{entry}:{c.key}")
         if refs:

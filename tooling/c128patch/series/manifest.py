@@ -101,7 +101,8 @@ class Entry:
 
     def to_toml(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "kind": self.kind,
-                               **({"file": self.file} if self.is_patch else {"source": self.source, "target": self.target}),
+                               **({"file": self.file} if self.is_patch
+                                  else {"source": self.source, "target": self.target}),
                                **{key: getattr(self, key) for key in _ENTRY_TEXT_FIELDS},
                                **{key: getattr(self, key) for key in _ENTRY_OPTIONAL_FIELDS if getattr(self, key)},
                                "sha256": self.sha256}
@@ -234,7 +235,8 @@ _ENTRY_KEYS = {"name", "kind", "file", "source", "target", "sha256", "variants",
 def _variant(raw: Any, where: str) -> Variant:
     if not isinstance(raw, dict):
         raise C128Error(f"{where} must be a table")
-    return Variant(check_relpath(_str(raw, "file", where, required=True), where), _str(raw, "base", where, required=True),
+    return Variant(check_relpath(_str(raw, "file", where, required=True), where),
+                   _str(raw, "base", where, required=True),
                    _str(raw, "sha256", where), _str(raw, "commit", where), _sources(raw.get("sources"), where))
 
 

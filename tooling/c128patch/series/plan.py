@@ -191,7 +191,8 @@ class ReplayedTree:
 
 def plain_patch(patch: PatchInfo) -> bool:
     """Does ``patch`` name each file once (no rename, no copy)?"""
-    return all(not pf.is_rename and (pf.is_added_file or pf.source_file[2:] == pf.target_file[2:]) for pf in patch.patchset)
+    return all(not pf.is_rename and (pf.is_added_file or pf.source_file[2:] == pf.target_file[2:])
+               for pf in patch.patchset)
 
 
 def _probe_apply(idx: Git, item: Planned) -> None:
@@ -221,7 +222,8 @@ def _content_distance(git: Git, variant: Variant, target: str) -> int | None:
     return None
 
 
-def _ancestor_distances(git: Git, files: list[Variant], target: str, cache: dict[str, int | None]) -> dict[Variant, int]:
+def _ancestor_distances(git: Git, files: list[Variant], target: str,
+                        cache: dict[str, int | None]) -> dict[Variant, int]:
     """Variant -> commits from its base to ``target``, for the bases that are ancestors of it: found
     by the base's recorded sources, else its recorded commit, else its tag name."""
     out = {}

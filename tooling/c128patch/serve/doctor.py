@@ -106,7 +106,8 @@ def _installed(report: Report, interp: Interpreter, sg: Dist) -> None:
         report.add("error", "sglang", f"sglang {sg.version} is installed but `import sglang` finds nothing")
     elif interp.import_path.resolve() != package.resolve():
         report.add("error", "sglang", f"`import sglang` resolves to {interp.import_path}, not the installed sglang "
-                                      f"{sg.version} at {package} (a PYTHONPATH entry or the current folder shadows it)")
+                                      f"{sg.version} at {package} (a PYTHONPATH entry or the current folder "
+                                      "shadows it)")
     else:
         report.add("ok", "sglang", f"sglang {sg.version} at {package} ({installer(sg)})")
 
@@ -150,9 +151,11 @@ def _build(report: Report, sg: Dist, series: Series | None) -> dict | None:
     labelled = LOCAL_TAG in (version.local or "").split(".")
     if record is None:
         if labelled:
-            report.add("error", "build", f"sglang {sg.version} carries a c128patch version label but no {WHEEL_PROVENANCE}")
+            report.add("error", "build",
+                       f"sglang {sg.version} carries a c128patch version label but no {WHEEL_PROVENANCE}")
         else:
-            report.add("warn", "build", f"plain sglang {sg.version}: not a c128patch build (no {WHEEL_PROVENANCE}); the "
+            report.add("warn", "build",
+                       f"plain sglang {sg.version}: not a c128patch build (no {WHEEL_PROVENANCE}); the "
                                         "series' gates do nothing here")
         return None
     s, up = record.get("series", {}), record.get("upstream", {})
@@ -195,7 +198,8 @@ def _identity_problems(sg: Dist, version: Version, record: dict) -> list[str]:
     try:
         want = record_version(record)
     except (C128Error, InvalidVersion):
-        return [f"{WHEEL_PROVENANCE} names no valid upstream version and series ({up.get('version')!r}, {s.get('version')!r})"]
+        return [f"{WHEEL_PROVENANCE} names no valid upstream version and series ({up.get('version')!r}, "
+                f"{s.get('version')!r})"]
     if version != want:
         problems.append(f"the installed version {version} is not {want}, the one its provenance gives")
     try:
@@ -252,7 +256,8 @@ def _env_line(report: Report, r: EnvReading, is_build: bool) -> None:
         report.add("info", "env", f"{name} unset ({what})")
     elif not r.declared:
         why = "" if is_build else " (not a c128patch build)"
-        report.add("error", "env", f"{name}={r.raw} is set, but this sglang does not declare it{why}: it does nothing here")
+        report.add("error", "env",
+                   f"{name}={r.raw} is set, but this sglang does not declare it{why}: it does nothing here")
     elif r.problem:
         report.add("error", "env", f"{name}={r.raw}: {r.problem}")
     elif r.on:
@@ -302,7 +307,8 @@ def _toolchain(report: Report, interp: Interpreter, series_gate_on: bool) -> Non
                                 + (f" (CUDA_HOME={home})" if home else ""))
     else:
         report.add(level, "jit", f"nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin; CUDA_HOME="
-                                 f"{home or 'unset'}): sglang builds its JIT kernels, and the series', with it at startup")
+                                 f"{home or 'unset'}): sglang builds its JIT kernels, and the series', with it at "
+                                 "startup")
     problem = tvm_ffi_problem(interp) if interp.sglang else None
     if problem:
         report.add(level, "jit", problem)

@@ -72,7 +72,8 @@ def series_code_missing(message: str, patched: Path | None, upstream: Path | Non
     return None
 
 
-def compare(patched: dict[str, Any], upstream: dict[str, Any], trees: tuple[Path, Path] | None = None) -> dict[str, Any]:
+def compare(patched: dict[str, Any], upstream: dict[str, Any],
+            trees: tuple[Path, Path] | None = None) -> dict[str, Any]:
     """Both columns per test and a verdict: same; fixed (ran on both, fails upstream, passes
     patched: a fix); n/a (passes patched, fails upstream because it needs code only the series
     has: a module or a name missing there, checked on ``trees`` = (patched root, upstream root));
@@ -243,8 +244,10 @@ def build_report(command: str, opts: KernelOptions, prep: Prepared, device: dict
             r = by_id.get(t["nodeid"])
             if r:
                 t.update(upstream=r["upstream"], upstream_seconds=r["upstream_seconds"], verdict=r["verdict"],
-                         upstream_message=r["upstream_message"][:300], **({"needs": r["needs"]} if "needs" in r else {}))
-        report["differential"]["rows"] = [r for r in diff["rows"] if r["nodeid"] not in {t["nodeid"] for t in main["tests"]}]
+                         upstream_message=r["upstream_message"][:300],
+                         **({"needs": r["needs"]} if "needs" in r else {}))
+        report["differential"]["rows"] = [r for r in diff["rows"]
+                                          if r["nodeid"] not in {t["nodeid"] for t in main["tests"]}]
         regressed = diff["summary"]["regressed"]
         if regressed:
             problems.append(f"differential: {regressed} test(s) pass upstream and fail patched")

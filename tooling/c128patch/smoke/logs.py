@@ -49,11 +49,16 @@ _DECODE_FIELDS = {
 # but do not by themselves mean the server died.
 SIGNATURES: tuple[tuple[str, re.Pattern[str], bool], ...] = (
     ("illegal_memory_access", re.compile(r"an illegal memory access was encountered"), True),
-    ("cuda_error", re.compile(r"CUDA error: |\bcudaError\w+|CUDA_ERROR_\w+|CUBLAS_STATUS_(?!SUCCESS)\w+|device-side assert triggered"), True),
-    ("nccl", re.compile(r"NCCL error|NCCL: Cuda failure|\bnccl(?:UnhandledCudaError|SystemError|InternalError|InvalidUsage|RemoteError)\b|NCCL WARN .*(?:Cuda failure|failed)"), True),
+    ("cuda_error", re.compile(r"CUDA error: |\bcudaError\w+|CUDA_ERROR_\w+|CUBLAS_STATUS_(?!SUCCESS)\w+"
+                              r"|device-side assert triggered"), True),
+    ("nccl", re.compile(r"NCCL error|NCCL: Cuda failure"
+                        r"|\bnccl(?:UnhandledCudaError|SystemError|InternalError|InvalidUsage|RemoteError)\b"
+                        r"|NCCL WARN .*(?:Cuda failure|failed)"), True),
     ("out_of_memory", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError"), True),
     ("runtime_check", re.compile(r"Failed at \S+\.(?:cuh|cu|h|hpp|cpp|cc):\d+"), True),
-    ("sglang_fatal", re.compile(r"(?:Scheduler|TokenizerManager|DetokenizerManager|DataParallelController|MultiTokenizerRouter|MultiDetokenizerRouter) hit an exception|Received sigquit from a child process|SIGQUIT received"), True),
+    ("sglang_fatal", re.compile(r"(?:Scheduler|TokenizerManager|DetokenizerManager|DataParallelController"
+                                r"|MultiTokenizerRouter|MultiDetokenizerRouter) hit an exception"
+                                r"|Received sigquit from a child process|SIGQUIT received"), True),
     ("traceback", re.compile(r"^\s*Traceback \(most recent call last\):"), False),
 )
 MAX_KEPT = 20

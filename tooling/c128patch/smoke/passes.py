@@ -100,19 +100,8 @@ def tests_from_rows(rows: list[dict], end_time: float, timed_out: bool = False) 
         elif kind == "report":
             r = row(nodeid)
             r["seconds"] += ev.get("duration", 0.0)
-            when, outcome, msg = ev.get("when"), ev.get("outcome"), ev.get("message", "")
-            if when == "collect" or (when == "setup" and outcome == "failed"):
-                r.update(outcome="error", message=msg)
-            elif when == "setup" and outcome == "skipped":
-                r.update(outcome="skipped", message=msg)
-            elif when == "call":
-                if "xfail" in ev:
-                    outcome = "xfailed" if outcome == "skipped" else "xpassed"
-                    msg = msg or ev["xfail"]
-                r.update(outcome=outcome, message=msg)
-            elif when == "teardown":
-                if outcome == "failed":
-                    r.update(outcome="error", message=msg or r["message"])
+            _report_outcome(r, ev)
+            if ev.get("when") == "teardown":
                 state.setdefault(nodeid, {"started": end_time})["finished"] = True
     for nodeid, st in state.items():
         if not st["finished"]:
@@ -123,6 +112,22 @@ def tests_from_rows(rows: list[dict], end_time: float, timed_out: bool = False) 
     for r in tests.values():
         r["seconds"] = round(r["seconds"], 3)
     return list(tests.values())
+
+
+def _report_outcome(r: dict, ev: dict) -> None:
+    """Update test row ``r`` with the outcome one phase's report event gives."""
+    when, outcome, msg = ev.get("when"), ev.get("outcome"), ev.get("message", "")
+    if when == "collect" or (when == "setup" and outcome == "failed"):
+        r.update(outcome="error", message=msg)
+    elif when == "setup" and outcome == "skipped":
+        r.update(outcome="skipped", message=msg)
+    elif when == "call":
+        if "xfail" in ev:
+            outcome = "xfailed" if outcome == "skipped" else "xpassed"
+            msg = msg or ev["xfail"]
+        r.update(outcome=outcome, message=msg)
+    elif when == "teardown" and outcome == "failed":
+        r.update(outcome="error", message=msg or r["message"])
 
 
 def count(tests: list[dict]) -> dict[str, int]:
@@ -241,7 +246,8 @@ def pass_problems(p: dict[str, Any], collect_only: bool = False) -> list[str]:
         problems.append(f"{label}: " + ", ".join(f"{n} {k}" for k, n in bad.items()))
     if not collect_only and not p["timed_out"]:
         if c["passed"] == 0:
-            problems.append(f"{label}: no test passed ({', '.join(f'{n} {k}' for k, n in c.items() if n) or 'none collected'})")
+            problems.append(f"{label}: no test passed "
+                            f"({', '.join(f'{n} {k}' for k, n in c.items() if n) or 'none collected'})")
         if not p["finished"]:
             problems.append(f"{label}: pytest did not finish ({p['exit']})")
         elif p["exit_code"] not in (0, 1, smoke_sanitizer.ERROR_EXIT_CODE) and not bad:

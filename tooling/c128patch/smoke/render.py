@@ -99,13 +99,15 @@ def print_upstream(report: dict[str, Any], path: Path, result: str) -> None:
     table = _table(f"upstream's own tests: {report['tree']} vs {report['upstream_tree']}",
                    ("test", "patched", "unpatched", "verdict", "why"))
     for r in report["tests"]:
-        why = r.get("reason") or ("" if r["verdict"] == "same" else r.get("patched_message") or r.get("upstream_message", ""))
+        why = r.get("reason") or ("" if r["verdict"] == "same" else r.get("patched_message")
+                                  or r.get("upstream_message", ""))
         table.add_row(r["id"], _styled(r["patched"]), _styled(r["upstream"]), _styled(r["verdict"] or ""), why[:160])
     console(stderr=False).print(table)
     s = report["selection"]
     lines = [f"selected {len(s['selected'])} of {s['scanned']} test files under {s['scope']}"]
     for label, t in report["trees"].items():
-        used = [f"{r['module']}: {', '.join(r['used'] + [f'{n} (in functions)' for n in r.get('used_in_functions', [])])}"
+        used = [f"{r['module']}: "
+                f"{', '.join(r['used'] + [f'{n} (in functions)' for n in r.get('used_in_functions', [])])}"
                 for r in t["standins"] if r["used"] or r.get("used_in_functions")]
         lines.append(f"{label}: stand-ins (c128patch) {'; '.join(used) or 'none'}; real packages "
                      f"{', '.join(t['real_packages'])}")

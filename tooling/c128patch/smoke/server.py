@@ -212,7 +212,8 @@ def wait_healthy(server: Managed, tail: Tail, log: ServerLog, port: int, timeout
         _pump(tail, log)
         code = server.poll()
         if code is not None:
-            return False, f"the server exited ({exit_description(code)}) before /health answered", time.monotonic() - start
+            return (False, f"the server exited ({exit_description(code)}) before /health answered",
+                    time.monotonic() - start)
         if log.fatal:
             return False, f"the server logged {', '.join(log.fatal)} while starting", time.monotonic() - start
         if health(port, timeout=2.0):
@@ -271,17 +272,24 @@ def run_mode(opts: ServerOptions, mode: str, progress: Progress = lambda _m: Non
         record["leftover_pids"] = server.leftover
         record["seen_pids"] = sorted(server.seen)
         record["log_summary"] = log.summary()
-    if died:
-        record["problems"].append(f"the server died during {died} ({exit_description(record['server_exit_before_stop'])})")
-    if log.fatal:
-        record["problems"].append(f"fatal errors in the server log: {', '.join(log.fatal)}")
-    if log.counts.get("traceback"):
-        record["problems"].append(f"{log.counts['traceback']} Python traceback(s) in the server log")
-    if server.leftover:
-        record["problems"].append(f"processes left behind: {server.leftover}")
+    record["problems"] += _run_problems(record, died, log, server.leftover)
     record["crashed"] = bool(died or log.fatal)
     record["ok"] = not record["problems"]
     return record
+
+
+def _run_problems(record: dict[str, Any], died: str | None, log: ServerLog, leftover: list[int]) -> list[str]:
+    """What went wrong in a run, beyond the health checks ``run_mode`` recorded as it went."""
+    problems = []
+    if died:
+        problems.append(f"the server died during {died} ({exit_description(record['server_exit_before_stop'])})")
+    if log.fatal:
+        problems.append(f"fatal errors in the server log: {', '.join(log.fatal)}")
+    if log.counts.get("traceback"):
+        problems.append(f"{log.counts['traceback']} Python traceback(s) in the server log")
+    if leftover:
+        problems.append(f"processes left behind: {leftover}")
+    return problems
 
 
 def _drive_load(opts: ServerOptions, mode: str, server: Managed, tail: Tail, log: ServerLog,
@@ -297,7 +305,8 @@ def _drive_load(opts: ServerOptions, mode: str, server: Managed, tail: Tail, log
                 died, stopped = "load", "the server exited"
                 break
             if log.fatal:
-                died, stopped = ("load" if server.poll() is not None else None), f"fatal error in the server log ({', '.join(log.fatal)})"
+                died, stopped = (("load" if server.poll() is not None else None),
+                                 f"fatal error in the server log ({', '.join(log.fatal)})")
                 break
             if load.poll() is not None:
                 break

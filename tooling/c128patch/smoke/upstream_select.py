@@ -255,7 +255,7 @@ def _wrappers(root: Path, kernel_names: set[str]) -> dict[str, set[str]]:
     return out
 
 
-def series_targets(patched: Path, upstream: Path, files: Iterable[str]) -> dict[str, str]:
+def series_targets(patched: Path, upstream: Path, files: Iterable[str]) -> dict[str, str]:  # noqa: C901  one pass sorts three ways
     """module -> why it is a target (see the module docstring); several reasons joined by "; ",
     what the series does to the module itself first."""
     direct: dict[str, list[str]] = {}
@@ -370,7 +370,8 @@ class Closure:
                     out.add(init.relative_to(index.root))
         for folder in self.csrc_dirs:
             base = index.root / CSRC / folder
-            out.update(p.relative_to(index.root) for p in base.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+            out.update(p.relative_to(index.root) for p in base.rglob("*") if p.is_file()
+                       and "__pycache__" not in p.parts)
         return sorted(out)
 
 

@@ -70,7 +70,8 @@ def direct_register_custom_op(op_name: str, op_func: Callable[..., Any], mutates
         return
     if known is not None:
         raise RuntimeError(f"c128patch stand-in direct_register_custom_op: {qualname} is already registered "
-                           f"for {known.__module__}.{known.__qualname__}, not {op_func.__module__}.{op_func.__qualname__}")
+                           f"for {known.__module__}.{known.__qualname__}, not "
+                           f"{op_func.__module__}.{op_func.__qualname__}")
     lib.define(op_name + torch.library.infer_schema(op_func, mutates_args=mutates_args))
     lib.impl(op_name, op_func, "CUDA")
     if fake_impl is not None:

@@ -280,7 +280,8 @@ def _findings(rows: list[dict[str, Any]], plan: Plan, collect_only: bool) -> tup
                             "c128patch/smoke/upstream_standins.py)")
         elif r["why"] == "environment":
             line = f"{r['id']}: not applicable to this environment: {r['reason']}"
-            (notes if collect_only else problems).append(line + ("" if collect_only else " (install it where the tests run)"))
+            (notes if collect_only else problems).append(
+                line + ("" if collect_only else " (install it where the tests run)"))
         else:
             notes.append(f"{r['id']}: not applicable to this tree: {r['reason']}")
     for message, ids in _group([r for r in rows if r["verdict"] == "both fail"], "patched_message").items():
@@ -291,14 +292,21 @@ def _findings(rows: list[dict[str, Any]], plan: Plan, collect_only: bool) -> tup
         ids = [r["id"] for r in rows if r["verdict"] == v]
         if ids:
             notes.append(f"{v} ({len(ids)}): {', '.join(ids[:10])}")
+    _standin_findings(plan, problems, notes)
+    return problems, notes
+
+
+def _standin_findings(plan: Plan, problems: list[str], notes: list[str]) -> None:
+    """The stand-in rows of each tree: a module no stand-in provides, what a stand-in withholds."""
     for label, tp in plan.trees.items():
         for row in tp.standin_rows:
             if row.get("no_standin"):
-                problems.append(f"{label}: upstream's tests import {', '.join(row['no_standin'])} from {row['module']}, "
+                problems.append(f"{label}: upstream's tests import {', '.join(row['no_standin'])} from "
+                                f"{row['module']}, "
                                 "which no c128patch stand-in provides (add it in c128patch/smoke/upstream_standins.py)")
             if row.get("withheld") and row.get("reason"):
-                notes.append(f"{label}: stand-in {row['module']} withholds {', '.join(row['withheld'])}: {row['reason']}")
-    return problems, notes
+                notes.append(f"{label}: stand-in {row['module']} withholds {', '.join(row['withheld'])}: "
+                             f"{row['reason']}")
 
 
 def build_report(command: str, plan: Plan, prep: Prepared, device: dict[str, Any], passes: dict[str, dict[str, Any]],
@@ -315,7 +323,8 @@ def build_report(command: str, plan: Plan, prep: Prepared, device: dict[str, Any
         elif not collect_only and patched["counts"]["passed"] == 0:
             problems.append("no upstream test passed on the patched tree")
     if prep.record is None:
-        notes.append("the tree has no provenance record (sglang/c128patch_provenance.json): is it a c128patch-patched tree?")
+        notes.append("the tree has no provenance record (sglang/c128patch_provenance.json): is it a c128patch-patched "
+                     "tree?")
     return {
         "command": command,
         "tier": "kernel",
@@ -328,7 +337,8 @@ def build_report(command: str, plan: Plan, prep: Prepared, device: dict[str, Any
         "series": (prep.record or {}).get("series"),
         "tests_from": plan.sources,
         "selection": plan.selection.to_json() | {"keyword": keyword},
-        "files": [{"file": f.rel, "sha256": hashlib.sha256(f.path.read_bytes()).hexdigest()} for f in plan.selection.files],
+        "files": [{"file": f.rel,
+                   "sha256": hashlib.sha256(f.path.read_bytes()).hexdigest()} for f in plan.selection.files],
         "trees": {label: tp.to_json() for label, tp in plan.trees.items()},
         "passes": {k: {x: v for x, v in p.items() if x != "tests"} for k, p in passes.items()},
         "counts": {v: sum(1 for r in rows if r["verdict"] == v) for v in VERDICTS},
@@ -355,7 +365,8 @@ def result_file(report: dict[str, Any], date: str | None = None) -> dict[str, An
         "series": report.get("series"),
         "mode": report["mode"],
         "command": report["command"],
-        "device": describe(device) + (f" (sm_{device['capability'].replace('.', '')})" if device.get("capability") else ""),
+        "device": describe(device) + (f" (sm_{device['capability'].replace('.', '')})"
+                                      if device.get("capability") else ""),
         "date": date or datetime.date.today().isoformat(),
         "tests_from": {k: v for k, v in report["tests_from"].items() if k != "root"},
         "files": report["files"],
@@ -365,7 +376,8 @@ def result_file(report: dict[str, Any], date: str | None = None) -> dict[str, An
         "counts": report["counts"],
         "patched": report["patched"],
         "upstream": report["upstream"],
-        "tests": [{k: r[k] for k in ("id", "patched", "upstream", "verdict", "reason", "patched_message", "upstream_message")
+        "tests": [{k: r[k] for k in ("id", "patched", "upstream", "verdict", "reason", "patched_message",
+                                     "upstream_message")
                    if k in r and (k not in ("patched_message", "upstream_message") or r["verdict"] != "same")}
                   for r in report["tests"]],
         "problems": report["problems"],

@@ -14,7 +14,8 @@ from c128patch.errors import C128Error
 def cache_dir() -> Path:
     explicit = os.environ.get("C128PATCH_CACHE")
     try:
-        root = Path(explicit) if explicit else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "c128patch"
+        root = (Path(explicit) if explicit
+                else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "c128patch")
     except RuntimeError as exc:  # no HOME and no passwd entry
         raise C128Error(f"cannot find a cache folder ({exc}); set C128PATCH_CACHE to a writable folder") from None
     ensure_folder(root)

@@ -254,7 +254,8 @@ def _fast_import_stream(versions: list[str], wheels: dict[str, Path], present: d
         yield b"\n".join(head) + b"\n" + message
         parent = history_parent(version)
         if parent is not None:
-            yield (b"from :%d\n" % commit_marks[parent]) if parent in commit_marks else f"from {present[parent]}\n".encode()
+            yield ((b"from :%d\n" % commit_marks[parent]) if parent in commit_marks
+                   else f"from {present[parent]}\n".encode())
         yield b"deleteall\n"
         for mode, path, mark in files:
             yield f"M {mode} :{mark} {path}\n".encode()

@@ -196,7 +196,8 @@ def check_authentic(wheel: Path, hashes: dict[str, str], dist_info: str, version
                 name = entries[i].get("name") if i < len(entries) else f"#{i + 1}"
                 if proc.returncode != 0:
                     err = (proc.stderr.strip().splitlines() or ["git apply failed"])[-1].removeprefix("error: ")
-                    raise WheelMismatch(f"{wheel.name}: entry '{name}' does not apply to upstream's {upstream_wheel.name}: {err}")
+                    raise WheelMismatch(f"{wheel.name}: entry '{name}' does not apply to upstream's "
+                                        f"{upstream_wheel.name}: {err}")
             for path in sorted(touched):
                 target = scratch / path
                 if target.is_file():
@@ -206,7 +207,8 @@ def check_authentic(wheel: Path, hashes: dict[str, str], dist_info: str, version
     own = {WHEEL_PROVENANCE, f"{dist_info}/sboms/{SBOM_NAME}"}
     have = {n: h for n, h in hashes.items() if n != f"{dist_info}/RECORD" and n not in own}
     for name in sorted(set(expected) - set(have)):
-        raise WheelMismatch(f"{wheel.name}: {name} of upstream's {upstream_wheel.name} is missing and no entry removes it")
+        raise WheelMismatch(f"{wheel.name}: {name} of upstream's {upstream_wheel.name} is missing and no entry removes "
+                            "it")
     for name in sorted(set(have) - set(expected)):
         raise WheelMismatch(f"{wheel.name}: {name} is not in upstream's {upstream_wheel.name} and no entry adds it")
     for name in sorted(have):

@@ -103,10 +103,11 @@ def check_upstream_wheel(iw: InWheel) -> Version:
     return iw.name.version
 
 
-def plan_for_release(series: Series, version: Version, reporter: Reporter = NullReporter()) -> tuple[list[Planned], str, str]:
-    """(planned entries, tag, source tree id) for release ``version``: each entry's file chosen by
-    ``series.plan`` on the release history's commit, as for a tree. The tree id (of ``python/`` as the history lays the release out) names
-    upstream by content alone: unlike the history's commit it does not depend on the cache."""
+def plan_for_release(series: Series, version: Version,
+                     reporter: Reporter = NullReporter()) -> tuple[list[Planned], str, str]:
+    """(planned entries, tag, source tree id) for release ``version``: each entry's file chosen by ``series.plan`` on
+    the release history's commit, as for a tree. The tree id (of ``python/`` as the history lays the release out)
+    names upstream by content alone: unlike the history's commit it does not depend on the cache."""
     rel = release_version(str(version))
     if rel is None:
         raise C128Error(f"unknown release 'v{version}': only sglang release versions (X.Y.Z) can be patched as wheels")
@@ -115,7 +116,8 @@ def plan_for_release(series: Series, version: Version, reporter: Reporter = Null
     tag = tag_for(rel)
     commit = git.rev_parse(tag)
     if commit is None:
-        raise C128Error(f"unknown release '{tag}' (the release source knows {', '.join('v' + v for v in history.versions())})")
+        raise C128Error(f"unknown release '{tag}' (the release source knows "
+                        f"{', '.join('v' + v for v in history.versions())})")
     return plan(series, git, commit), tag, git.out("rev-parse", f"{commit}^{{tree}}")
 
 

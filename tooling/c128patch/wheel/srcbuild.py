@@ -13,12 +13,12 @@ which in a c128 branch would describe our commits or fall back to 0.0.0.dev0. We
 ``SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG`` (dist-specific, so build dependencies built from
 source are not relabelled) to the upstream version: ``X.Y.Z`` at a release tag, else
 ``X.Y.(Z+1).devN+g<sha>`` after the nearest ``vX.Y.Z`` tag (setuptools-scm's guess-next-dev
-form), or ``--base-version``. ``python -m build --wheel`` runs in ``python/`` of the committed tree exported
-with ``git archive`` (no untracked files, the user's tree stays clean), with SOURCE_DATE_EPOCH = the upstream commit's time; the built wheel must carry exactly that version
-(else the pretend variable was ignored and we stop). Then the same finishing step as ``wheel``
-gives it the ``+c128.<series version>.<digest>`` label, the provenance record and the SBOM, and
-``verify-wheel``'s checks run on it before it is moved into the output folder (so a file that
-upstream's package-data globs leave out is caught, not shipped).
+form), or ``--base-version``. ``python -m build --wheel`` runs in ``python/`` of the committed tree exported with
+``git archive`` (no untracked files, the user's tree stays clean), with SOURCE_DATE_EPOCH = the upstream commit's
+time; the built wheel must carry exactly that version (else the pretend variable was ignored and we stop). Then the
+same finishing step as ``wheel`` gives it the ``+c128.<series version>.<digest>`` label, the provenance record and the
+SBOM, and ``verify-wheel``'s checks run on it before it is moved into the output folder (so a file that upstream's
+package-data globs leave out is caught, not shipped).
 """
 
 from __future__ import annotations
@@ -159,7 +159,8 @@ def _patched_state(git: Git, tree: Path, series: Series, commit: str) -> dict | 
         )
     last = git.out("log", "-1", "--format=%H", "--", provenance.PROVENANCE_PATH)
     if last != git.head():
-        raise C128Error(f"{tree} has commits on top of the patched series; a built wheel would not match its provenance")
+        raise C128Error(f"{tree} has commits on top of the patched series; a built wheel would not match its "
+                        "provenance")
     if git.status_porcelain():
         raise C128Error(f"{tree} has uncommitted changes; a built wheel would not match its provenance")
     return record

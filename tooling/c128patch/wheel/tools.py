@@ -227,7 +227,8 @@ class InWheel:
 
     def __init__(self, wheel: Path) -> None:
         if not wheel.is_file():
-            raise C128Error(f"missing wheel: {wheel} does not exist" if not wheel.exists() else f"not a wheel: {wheel} is not a file")
+            raise C128Error(f"missing wheel: {wheel} does not exist" if not wheel.exists()
+                            else f"not a wheel: {wheel} is not a file")
         self.wheel = wheel
         self.name = WheelName.parse(wheel)
         self._tmp: Path | None = None
@@ -401,6 +402,19 @@ class RecordCheck:
     hashes: dict[str, str] = field(default_factory=dict)  # name -> RECORD hash, every member checked
 
 
+def _record_rows(wheel: Path, rows: list[list[str]]) -> tuple[dict[str, str], dict[str, str]]:
+    """RECORD's rows as (name -> size, name -> hash); a malformed or repeated row is a mismatch."""
+    listed: dict[str, str] = {}
+    hashes: dict[str, str] = {}
+    for row in rows:
+        if len(row) != 3:
+            raise WheelMismatch(f"{wheel.name}: RECORD row {row!r} does not have 3 fields")
+        if row[0] in listed:
+            raise WheelMismatch(f"{wheel.name}: RECORD lists {row[0]} twice")
+        hashes[row[0]], listed[row[0]] = row[1], row[2]
+    return listed, hashes
+
+
 def check_record(wheel: Path) -> RecordCheck:
     """Every archive member is in RECORD with its sha256 and size, and every RECORD row is in the
     archive. Hashes are checked by ``WheelFile`` as it reads; sizes and coverage here."""
@@ -416,14 +430,7 @@ def check_record(wheel: Path) -> RecordCheck:
         check_archive(wf.infolist(), wheel, WheelMismatch)
         record_name = wf.record_path
         rows = list(csv.reader(io.TextIOWrapper(wf.open(record_name), encoding="utf-8", newline="")))
-        listed: dict[str, str] = {}  # name -> size
-        hashes: dict[str, str] = {}
-        for row in rows:
-            if len(row) != 3:
-                raise WheelMismatch(f"{wheel.name}: RECORD row {row!r} does not have 3 fields")
-            if row[0] in listed:
-                raise WheelMismatch(f"{wheel.name}: RECORD lists {row[0]} twice")
-            hashes[row[0]], listed[row[0]] = row[1], row[2]
+        listed, hashes = _record_rows(wheel, rows)
         members = [i for i in wf.infolist() if not i.is_dir()]
         names = {i.filename for i in members}
         for missing in sorted(set(listed) - names):
@@ -439,7 +446,8 @@ def check_record(wheel: Path) -> RecordCheck:
             except WheelError as exc:
                 raise WheelMismatch(f"{wheel.name}: RECORD hash mismatch: {exc}") from exc
             if listed[name] != str(len(data)):
-                raise WheelMismatch(f"{wheel.name}: RECORD size of {name} is {listed[name]}, the file has {len(data)} bytes")
+                raise WheelMismatch(f"{wheel.name}: RECORD size of {name} is {listed[name]}, the file has {len(data)} "
+                                    "bytes")
         return RecordCheck(len(members), wf.dist_info_path, hashes)
 
 

@@ -129,8 +129,10 @@ def _check_sbom(iw: InWheel, doc: dict, record: dict, version: Version) -> list[
     comp = doc.get("metadata", {}).get("component", {})
     if doc.get("bomFormat") != "CycloneDX" or doc.get("specVersion") != SPEC_VERSION:
         raise _mismatch(iw.wheel, f"SBOM is not CycloneDX {SPEC_VERSION}")
-    if comp.get("name") != PACKAGE or comp.get("version") != str(version) or comp.get("purl") != purl_pypi(PACKAGE, str(version)):
-        raise _mismatch(iw.wheel, f"SBOM component is {comp.get('name')} {comp.get('version')}, not {PACKAGE} {version}")
+    if (comp.get("name") != PACKAGE or comp.get("version") != str(version)
+            or comp.get("purl") != purl_pypi(PACKAGE, str(version))):
+        raise _mismatch(iw.wheel,
+                        f"SBOM component is {comp.get('name')} {comp.get('version')}, not {PACKAGE} {version}")
     up = record.get("upstream", {})
     ancestors = comp.get("pedigree", {}).get("ancestors", [])
     if len(ancestors) != 1 or ancestors[0].get("purl") != purl_pypi(PACKAGE, str(up.get("version", ""))):
@@ -143,7 +145,9 @@ def _check_sbom(iw: InWheel, doc: dict, record: dict, version: Version) -> list[
     series = record.get("series", {})
     for key in ("name", "version", "digest"):
         if props.get(f"c128patch:series:{key}") != series.get(key):
-            raise _mismatch(iw.wheel, f"SBOM series {key} {props.get(f'c128patch:series:{key}')!r} differs from the provenance's {series.get(key)!r}")
+            raise _mismatch(iw.wheel,
+                            f"SBOM series {key} {props.get(f'c128patch:series:{key}')!r} differs from the provenance's "
+                            f"{series.get(key)!r}")
     want_layers = [{k: str(r.get(k, "")) for k in LAYER_FIELDS} for r in record.get("layers", [])]
     if layer_properties(doc) != want_layers:
         raise _mismatch(iw.wheel, f"SBOM layers {[r.get('name') for r in layer_properties(doc)]} differ from the "
@@ -152,7 +156,13 @@ def _check_sbom(iw: InWheel, doc: dict, record: dict, version: Version) -> list[
     rows = entry_properties(doc)
     entries = record.get("entries", [])
     if not (len(patches) == len(rows) == len(entries)):
-        raise _mismatch(iw.wheel, f"SBOM lists {len(patches)} patches / {len(rows)} entries, the provenance {len(entries)}")
+        raise _mismatch(iw.wheel,
+                        f"SBOM lists {len(patches)} patches / {len(rows)} entries, the provenance {len(entries)}")
+    return _sbom_entry_diffs(iw, patches, rows, entries)
+
+
+def _sbom_entry_diffs(iw: InWheel, patches: list[dict], rows: list[dict], entries: list[dict]) -> list[bytes]:
+    """Each SBOM patch and entry row against the provenance's entry; returns each entry's diff."""
     diffs = []
     for i, (patch, row, entry) in enumerate(zip(patches, rows, entries), 1):
         want = {
@@ -162,7 +172,9 @@ def _check_sbom(iw: InWheel, doc: dict, record: dict, version: Version) -> list[
         }
         for key, value in want.items():
             if row.get(key) != value:
-                raise _mismatch(iw.wheel, f"SBOM entry {i} ({row.get('name')}): {key} {row.get(key)!r} differs from the provenance's {value!r}")
+                raise _mismatch(iw.wheel,
+                                f"SBOM entry {i} ({row.get('name')}): {key} {row.get(key)!r} differs from the "
+                                f"provenance's {value!r}")
         if patch.get("type") != "unofficial":
             raise _mismatch(iw.wheel, f"SBOM patch {i} ({entry.get('name')}) is not of type 'unofficial'")
         diff = diff_bytes(patch)
@@ -176,12 +188,14 @@ def _check_series(iw: InWheel, record: dict, series: Series) -> None:
     digest = series.ours.digest()
     have = record.get("series", {})
     if have.get("digest") != digest:
-        raise _mismatch(iw.wheel, f"made from series {have.get('name')} {have.get('version')} ({str(have.get('digest'))[:8]}), "
+        raise _mismatch(iw.wheel, f"made from series {have.get('name')} {have.get('version')} "
+                                  f"({str(have.get('digest'))[:8]}), "
                                   f"not from {series.root} ({series.name} {series.version}, {digest[:8]})")
     layers = [(r.get("name"), r.get("version"), str(r.get("digest", ""))[:8]) for r in record.get("layers", [])]
     want = [(r["name"], r["version"], r["digest"][:8]) for r in layer_rows(series)]
     if layers != want:
-        raise _mismatch(iw.wheel, f"made with the layers {layers or 'none'}, not {want or 'none'} (name, version, digest)")
+        raise _mismatch(iw.wheel,
+                        f"made with the layers {layers or 'none'}, not {want or 'none'} (name, version, digest)")
     for entry in record.get("entries", []):
         e = series.entry(entry["name"])
         want = e.sha256
@@ -199,7 +213,8 @@ def _reverse_failure(diff: bytes, stderr: str) -> str:
             try:
                 for pf in PatchSet(diff.decode("utf-8", errors="replace")):
                     for n, hunk in enumerate(pf if wheel_path(pf.path) == path else [], 1):
-                        if num.isdigit() and hunk.target_start <= int(num) < hunk.target_start + max(hunk.target_length, 1):
+                        if num.isdigit() and (hunk.target_start <= int(num)
+                                              < hunk.target_start + max(hunk.target_length, 1)):
                             return f"{path} hunk #{n} {hunk_header(hunk)}"
             except UnidiffParseError:
                 pass
@@ -220,7 +235,8 @@ def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[
         if e.get("kind") == "overlay":
             target = iw.root / wheel_path(e["target"])
             if hashlib.sha256(target.read_bytes()).hexdigest() != e.get("sha256"):
-                raise _mismatch(iw.wheel, f"overlay '{e['name']}': {wheel_path(e['target'])} differs from the recorded sha256")
+                raise _mismatch(iw.wheel,
+                                f"overlay '{e['name']}': {wheel_path(e['target'])} differs from the recorded sha256")
     rows = []
     with tempfile.TemporaryDirectory(prefix="c128patch-verify-") as tmp:
         scratch = Path(tmp) / "tree"  # a copy: the reverse chain must not change the wheel's view
@@ -236,7 +252,9 @@ def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[
             diff_file.write_bytes(diffs[i])
             proc = git.run("apply", "-R", "-p2", str(diff_file), check=False)
             if proc.returncode != 0:
-                raise _mismatch(iw.wheel, f"entry '{e['name']}' is not in the wheel as recorded: {_reverse_failure(diffs[i], proc.stderr)}")
+                raise _mismatch(iw.wheel,
+                                f"entry '{e['name']}' is not in the wheel as recorded: "
+                                f"{_reverse_failure(diffs[i], proc.stderr)}")
             rows.append({"name": e["name"], "kind": e.get("kind"), "status": "present"})
     return list(reversed(rows)), compiled
 
