@@ -125,3 +125,39 @@ def test_nothing_outside_cli_imports_cli():
     users = sorted(f"{src}:{line}" for src, line, dst in package_edges()
                    if group_of(dst) == "cli" and group_of(src) not in ("cli", "__main__"))
     assert users == []
+
+
+def import_cycles(edges: list[tuple[str, int, str]]) -> list[list[str]]:
+    """Every cycle of module imports (lazy and TYPE_CHECKING ones included), each as the path that closes it."""
+    graph: dict[str, set[str]] = {}
+    for src, _, dst in edges:
+        if not dst.startswith("<") and dst != src:
+            graph.setdefault(src, set()).add(dst)
+    state: dict[str, int] = {}
+    path: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    assert import_cycles(package_edges()) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    edges = [("c128patch.fit.a", 1, "c128patch.fit.b"), ("c128patch.fit.b", 2, "c128patch.fit.a")]
+    assert import_cycles(edges) == [["c128patch.fit.a", "c128patch.fit.b", "c128patch.fit.a"]]
