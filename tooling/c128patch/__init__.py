@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 __version__ = "0.1.0"
+# The layout version of every report the tool prints (--json) or writes: its "schema" (docs/schemas/README.md).
+SCHEMA_VERSION = 1
 
 TYPE_CHECKING = False  # not typing's: importing typing is a third of `c128patch --help`'s start-up
 if TYPE_CHECKING:

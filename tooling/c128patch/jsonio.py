@@ -7,10 +7,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-# The version of the layout of every report the tool writes or prints (a --json report's "schema";
-# docs/schemas/README.md says when it changes).
-SCHEMA_VERSION = 1
-
 
 def write_atomic(path: Path, data: bytes) -> Path:
     """``data`` into ``path`` through a temporary file beside it (this process's own), then renamed."""

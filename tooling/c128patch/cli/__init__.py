@@ -8,8 +8,7 @@ from typing import Any, NoReturn
 
 import click
 
-from c128patch import __version__
-from c128patch.jsonio import SCHEMA_VERSION
+from c128patch import SCHEMA_VERSION, __version__
 
 # One module per command (cli/<verb>.py), each exposing `command`, with the one line `--help` lists:
 # listing the commands imports none of them; a verb's module is imported when that verb runs.

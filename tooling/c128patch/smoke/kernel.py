@@ -15,8 +15,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from c128patch import SCHEMA_VERSION
 from c128patch.errors import C128Error
-from c128patch.jsonio import SCHEMA_VERSION, write_json_atomic
+from c128patch.jsonio import write_json_atomic
 from c128patch.smoke.device import probe_python, require_device
 from c128patch.smoke.passes import ABSENT, BAD, PassSpec, pass_problems, run_pass
 from c128patch.smoke.trees import (

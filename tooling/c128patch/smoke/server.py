@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from c128patch import SCHEMA_VERSION
 from c128patch.errors import C128Error
-from c128patch.jsonio import SCHEMA_VERSION, write_json_atomic
+from c128patch.jsonio import write_json_atomic
 from c128patch.smoke.logs import ServerLog, Tail, load_summary
 from c128patch.smoke.presets import LOAD_TOOLS, PRESETS
 from c128patch.smoke.procs import Managed, exit_description
