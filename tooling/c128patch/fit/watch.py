@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
-from c128patch import exitcodes
+from c128patch import SCHEMA_VERSION, exitcodes
 from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.fit import bisect as bisect_ops
 from c128patch.fit import contract as contract_ops
@@ -565,7 +565,7 @@ class Watch:
             write_json_atomic(out / "rebase-report.json", rebase_json)
             (out / "rebase-report.md").write_text(self._rebase_md)
         (out / "watch-report.md").write_text(render(report))
-        write_json_atomic(out / REPORT, report)
+        write_json_atomic(out / REPORT, {**report, "schema": SCHEMA_VERSION})  # as --json prints it
 
 
 def watch(series: Series, repo: str | None, onto: str, out: Path, *, timeout: float | None = None,
