@@ -73,6 +73,45 @@ def test_a_transfer_of_unknown_bytes_is_silent_for_its_first_seconds():
     assert quick.getvalue() == ""
 
 
+def _wait_for(out: io.StringIO, lines: int) -> list[str]:
+    for _ in range(500):  # 5 s at most, however busy the machine: the beat is 0.01 s
+        if len(out.getvalue().splitlines()) >= lines:
+            break
+        threading.Event().wait(0.01)
+    return out.getvalue().splitlines()
+
+
+def test_a_step_left_open_prints_its_phase_and_elapsed_time_every_beat():
+    """A piped run of long work is never silent longer than a beat (15 s in the tool): the open step and its
+    seconds, counted from that step; nothing after close, nothing before the first step."""
+    out, now = io.StringIO(), [0.0]
+    rep = PlainReporter(stream=out, clock=lambda: now[0], beat=0.01)
+    threading.Event().wait(0.05)
+    assert out.getvalue() == ""
+    now[0] = 100.0
+    rep.step("applying the series")
+    now[0] = 130.0
+    assert _wait_for(out, 2)[:2] == ["applying the series: 30 s"] * 2
+    rep.step("proving the tree")
+    now[0] = 145.0
+    lines = _wait_for(out, len(out.getvalue().splitlines()) + 1)
+    assert lines[-1] == "proving the tree: 15 s"
+    rep.close()
+    threading.Event().wait(0.05)
+    settled = out.getvalue()
+    threading.Event().wait(0.1)
+    assert out.getvalue() == settled
+
+
+def test_the_tool_beats_every_15_seconds_off_a_terminal(monkeypatch):
+    from c128patch import progress
+
+    monkeypatch.setattr(progress, "is_terminal", lambda stream: False)
+    with progress.reporter(True) as rep:
+        assert isinstance(rep, PlainReporter) and rep._beat == 15.0
+    assert rep._closed
+
+
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         return None

@@ -12,9 +12,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Path:
-    # PACKAGE_DIR: the installed package folder. The packaged series lives in PACKAGE_DIR / "_series"; in a
-    # source checkout the series is two folders up (tooling/c128patch -> the repository root). Computed on
-    # first use, so that `c128patch --help` does not import pathlib.
+    # PACKAGE_DIR: the package folder (the series in PACKAGE_DIR / "_series", or two folders up in a checkout),
+    # computed on first use: `c128patch --help` imports no pathlib.
     if name == "PACKAGE_DIR":
         from pathlib import Path
 

@@ -1,5 +1,4 @@
-"""The console entry (`c128patch`, pyproject's `c128patch.__main__:main`) and `python -m c128patch`: the
-click CLI of cli/, whose `--help` lists the verbs from its table without importing any of them."""
+"""The console entry (`c128patch`) and `python -m c128patch`: the click CLI of cli/."""
 
 from c128patch.cli import main
 

@@ -1,9 +1,10 @@
-"""Progress and console output (rich), silenced for --json runs."""
+"""Progress and console output (rich), silenced for --json."""
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 from typing import Any, Callable, Iterator, Protocol, TextIO
 
@@ -24,9 +25,8 @@ class NullReporter:
 
 
 def transfer_line(what: str, done: int, total: int | None, seconds: float) -> str:
-    """``downloading sglang 0.5.22 wheel (file 3 of 4): 12.6 of 34.5 MB, 14 s`` (``...: 14 s`` when
-    ``done`` is -1: bytes unknown)."""
-    if done < 0:  # bytes unknown (an older pip): the time alone
+    """``<what>: 12.6 of 34.5 MB, 14 s``, or ``<what>: 14 s`` when the bytes are unknown (``done`` -1)."""
+    if done < 0:
         return f"{what}: {seconds:.0f} s"
     size = f"{done / 1e6:.1f} of {total / 1e6:.1f} MB" if total else f"{done / 1e6:.1f} MB"
     return f"{what}: {size}, {seconds:.0f} s"
@@ -34,8 +34,7 @@ def transfer_line(what: str, done: int, total: int | None, seconds: float) -> st
 
 class RichReporter:
     def __init__(self, progress: Progress, task: int) -> None:
-        self._progress = progress
-        self._task = task
+        self._progress, self._task = progress, task
         self._started: dict[str, float] = {}
 
     def step(self, message: str) -> None:
@@ -47,46 +46,55 @@ class RichReporter:
 
 
 class PlainReporter:
-    """Off a terminal: steps are silent (the command's output says what it did); a long transfer
-    prints a plain line on stderr when it starts, every ``every`` seconds and when it ends. A
-    transfer of unknown bytes (``done`` -1) says nothing for its first ``every`` seconds: one that
-    ends (or fails) sooner prints no line of its own."""
+    """Off a terminal, lines on stderr: ``<step>: <elapsed> s`` every ``beat`` s while a step is open (a timer
+    thread; none after the next step or ``close``); a transfer's line when it starts, every ``every`` s and at its
+    end (unknown bytes, ``done`` -1: none in its first ``every`` s)."""
 
     def __init__(self, stream: TextIO | None = None, every: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._stream, self._every, self._clock = stream, every, clock
+                 clock: Callable[[], float] = time.monotonic, beat: float = 15.0) -> None:
+        self._stream, self._every, self._clock, self._beat = stream, every, clock, beat
         self._started: dict[str, float] = {}
         self._last: dict[str, float] = {}
         self._ended: set[str] = set()
+        self._phase: tuple[str, float] | None = None
+        self._wake, self._closed = threading.Event(), False
 
     def step(self, message: str) -> None:
-        return None
+        started, self._phase = self._phase, (message, self._clock())
+        if started is None:
+            threading.Thread(target=self._heartbeat, daemon=True).start()
+        self._wake.set()  # the beat counts from the new step
+
+    def _heartbeat(self) -> None:
+        while not self._closed:
+            if self._wake.wait(self._beat):
+                self._wake.clear()
+            elif not self._closed:
+                message, start = self._phase
+                self._print(f"{message}: {self._clock() - start:.0f} s")
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+
+    def _print(self, line: str) -> None:
+        print(line, file=self._stream or sys.stderr, flush=True)
 
     def transfer(self, what: str, done: int, total: int | None) -> None:
         now = self._clock()
-        start = self._started.setdefault(what, now)
-        if done < 0 and now - start < self._every:
-            return
-        if total is not None and done >= total:
-            if what in self._ended:
-                return
-            self._ended.add(what)
-        elif what in self._last and now - self._last[what] < self._every:
+        start, ended = self._started.setdefault(what, now), total is not None and done >= total
+        if what in self._ended or (done < 0 and now - start < self._every) or (
+                not ended and what in self._last and now - self._last[what] < self._every):
             return
         self._last[what] = now
-        print(transfer_line(what, done, total, now - start), file=self._stream or sys.stderr, flush=True)
+        if ended:
+            self._ended.add(what)
+        self._print(transfer_line(what, done, total, now - start))
 
 
 def transfer(reporter: Reporter, what: str, done: int, total: int | None) -> None:
     """Bytes of a long transfer (a download), for reporters that show them."""
-    hook = getattr(reporter, "transfer", None)
-    if hook is not None:
-        hook(what, done, total)
-
-
-# Off a terminal (a pipe, a file) a line is as long as its content: a table is never cut or folded
-# to fit a width nobody sees (rich would take 80 columns, or $COLUMNS).
-UNBOUNDED = 1_000_000
+    getattr(reporter, "transfer", NullReporter().transfer)(what, done, total)
 
 
 def is_terminal(stream: Any) -> bool:
@@ -94,28 +102,22 @@ def is_terminal(stream: Any) -> bool:
 
 
 def console(stderr: bool = True) -> Console:
-    width = None if is_terminal(sys.stderr if stderr else sys.stdout) else UNBOUNDED
+    """Off a terminal (a pipe, a file) a line is as long as its content: no table cut to a width nobody sees."""
+    width = None if is_terminal(sys.stderr if stderr else sys.stdout) else 1_000_000
     return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
 
 
 @contextlib.contextmanager
 def reporter(enabled: bool, total: int | None = None, title: str = "working") -> Iterator[Reporter]:
-    """A progress bar on stderr when interactive output is wanted and stderr is a terminal; plain
-    lines for long transfers when it is not; a no-op for --json."""
+    """A progress bar on a terminal's stderr, plain lines off one (``PlainReporter``), nothing for --json."""
     if not enabled:
         yield NullReporter()
         return
     if not is_terminal(sys.stderr):
-        yield PlainReporter()
+        with contextlib.closing(PlainReporter()) as plain:
+            yield plain
         return
-    prog = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=console(),
-        transient=True,
-    )
+    prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                    console=console(), transient=True)
     with prog:
-        task = prog.add_task(title, total=total)
-        yield RichReporter(prog, task)
+        yield RichReporter(prog, prog.add_task(title, total=total))

@@ -10,8 +10,7 @@ import click
 
 from c128patch import SCHEMA_VERSION, __version__
 
-# One module per command (cli/<verb>.py), each exposing `command`, with the one line `--help` lists:
-# listing the commands imports none of them; a verb's module is imported when that verb runs.
+# One module per verb (cli/<verb>.py, exposing `command`) and the line `--help` lists (listing imports none).
 COMMANDS: dict[str, str] = {
     "apply": "Check out REV on a new branch and apply the series.",
     "check": "Would the series apply to each REV? Nothing is checked out.",
@@ -36,31 +35,26 @@ COMMANDS: dict[str, str] = {
 }
 
 
-def _json_requested(argv: list[str]) -> bool:
-    words = argv[: argv.index("--")] if "--" in argv else argv
-    return "--json" in words
-
-
 def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
     """A usage error (missing option, bad choice, unknown flag or command) as every other error: one line on
-    stderr, a JSON error object on stdout when --json is among the arguments, exit 2."""
+    stderr, a JSON error object on stdout when --json is among the arguments (before any `--`), exit 2."""
     import json
 
     from c128patch import exitcodes
 
     message = " ".join(exc.format_message().split())
     verb = exc.ctx.command_path.partition(" ")[2] if exc.ctx is not None else ""
-    where = f"c128patch {verb}" if verb else "c128patch"
-    line = f"{message} (see `{where} --help`)"
-    if _json_requested(argv):
-        error = {"ok": False, "error": line, "usage_error": True, "schema": SCHEMA_VERSION}
-        click.echo(json.dumps(error, indent=2, sort_keys=True))
+    line = f"{message} (see `{f'c128patch {verb}' if verb else 'c128patch'} --help`)"
+    if "--json" in (argv[: argv.index("--")] if "--" in argv else argv):
+        click.echo(json.dumps({"ok": False, "error": line, "usage_error": True, "schema": SCHEMA_VERSION},
+                              indent=2, sort_keys=True))
     click.echo(f"c128patch: error: {line}", err=True)
     sys.exit(exitcodes.USAGE)
 
 
-class OneLineUsageErrors(click.Group):
-    """A group whose own and whose commands' usage errors are reported by ``report_usage_error``."""
+class LazyGroup(click.Group):
+    """The verbs of ``COMMANDS``: `--help` lists them from the table, a verb's module is imported when it runs;
+    its usage errors and the group's are reported by ``report_usage_error``."""
 
     def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
         self._argv = list(sys.argv[1:] if args is None else args)
@@ -78,10 +72,6 @@ class OneLineUsageErrors(click.Group):
         except click.UsageError as exc:
             report_usage_error(exc, getattr(self, "_argv", []))
 
-
-class LazyGroup(OneLineUsageErrors):
-    """The verbs of ``COMMANDS``: `--help` lists them from the table, a verb's module is imported when it runs."""
-
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 
@@ -93,8 +83,7 @@ class LazyGroup(OneLineUsageErrors):
         return command
 
     def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, Any, list[str]]:
-        """click's, with "did you mean" for an unknown verb close to a known one (`aply` -> `apply`)."""
-        try:
+        try:  # click's, with "did you mean" for an unknown verb close to a known one (`aply` -> `apply`)
             return super().resolve_command(ctx, args)
         except click.UsageError as exc:
             import difflib  # only for the error: it costs --help ~10 ms
@@ -105,7 +94,6 @@ class LazyGroup(OneLineUsageErrors):
             raise
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """The commands and their one line, from the table (no module imported)."""
         with formatter.section("Commands"):
             formatter.write_dl(sorted(COMMANDS.items()))
 

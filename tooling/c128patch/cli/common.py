@@ -13,11 +13,10 @@ import click
 
 from c128patch import exitcodes
 from c128patch.cli import SCHEMA_VERSION
-from c128patch.errors import C128Error, ConflictError
+from c128patch.errors import C128Error
 from c128patch.upstream import DEFAULT_TREE
 
-# A verb's module imports only click and this module at its top (its --help starts fast); the core
-# modules are imported in the bodies that use them.
+# A verb's module imports only click and this module at its top (a fast --help); the core in the bodies.
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON report on stdout.")
 series_dir_option = click.option(
@@ -41,9 +40,8 @@ def series_option(fn: Callable) -> Callable:
 
 
 def locate_tree(tree: Path | None) -> Path:
-    """The tree ``status``/``rebase``/``refresh``/``smoke`` work on: ``--tree``; else the repository
-    the current folder is in when c128patch applied (or is rebasing) there; else ``./sglang``, the
-    tree ``apply`` makes when run here; else the current repository (its status then says what it lacks)."""
+    """The tree ``status``/``rebase``/``refresh``/``smoke`` work on: ``--tree``; else the repository here when
+    c128patch applied (or is rebasing) in it; else ``./sglang`` (apply's); else the repository here."""
     from c128patch.git import Git, is_work_tree, toplevel
     from c128patch.ops.treestate import c128_state_dir
     from c128patch.series.provenance import PROVENANCE_PATH
@@ -66,8 +64,7 @@ def locate_tree(tree: Path | None) -> Path:
 
 
 def check_output_dir(path: Path, option: str) -> Path:
-    """Refuse, before any work is done, an output folder that cannot be made or written: a file on
-    its way, or a folder without write permission."""
+    """Refuse, before any work, an output folder that cannot be made or written (a file on its way, no write)."""
     probe = path
     while not os.path.lexists(probe) and probe.parent != probe:
         probe = probe.parent
@@ -90,18 +87,13 @@ def handles_errors(fn: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from c128patch.progress import console
 
-        as_json = kwargs.get("as_json", False)
         try:
             return fn(*args, **kwargs)
         except C128Error as exc:
-            if as_json:
-                report = exc.report if isinstance(exc, ConflictError) else None
+            if kwargs.get("as_json", False):
                 emit_json({"ok": False, "error": exc.message, **({"hint": exc.hint} if exc.hint else {}),
-                           **({"report": report} if report else {})})
-            err = console()
-            err.print(f"c128patch: error: {exc.message}", markup=False)
-            if exc.hint:
-                err.print(exc.hint, markup=False)
+                           **({"report": exc.report} if getattr(exc, "report", None) else {})})
+            console().print("\n".join(filter(None, (f"c128patch: error: {exc.message}", exc.hint))), markup=False)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             console().print("c128patch: interrupted", markup=False)
