@@ -85,7 +85,7 @@ def doctor(python: Path, *args: str, env: dict[str, str] | None = None, pythonpa
 SGLANG_STANDIN = "c128patch_standin_sglang"
 
 
-def test_a_patched_build_with_its_gates_unset_passes_where_sglang_imports(patched_python: Path):
+def test_a_patched_build_with_its_gates_unset_passes_where_a_stand_in_sglang_imports(patched_python: Path):
     code, report, topics = doctor(patched_python, standin=SGLANG_STANDIN)
     assert code == 0 and report["ok"] is True
     assert not [f for f in report["findings"] if f["level"] == "error"]
@@ -113,7 +113,9 @@ def test_the_readmes_doctor_command_on_a_python_that_cannot_import_sglang_exits_
                                         "parser: it needs `import sglang`, which fails")]
 
 
-def test_an_unknown_launch_flag_is_an_error_from_sglangs_own_parser(patched_python: Path):
+def test_an_unknown_launch_flag_is_an_error_from_the_parser_the_serving_python_imports(patched_python: Path):
+    """The stand-in's parser (tests/doctor_standins/, a few of upstream's options), not one of doctor's own:
+    `--mem-fraction-static`, a real sglang option the stand-in lacks, is refused."""
     code, _, topics = doctor(patched_python, "--speculative-algorithm", "DSPARK", "--no-such-flag",
                              standin=SGLANG_STANDIN)
     assert code == 1
@@ -125,6 +127,9 @@ def test_an_unknown_launch_flag_is_an_error_from_sglangs_own_parser(patched_pyth
     code, _, topics = doctor(patched_python, "--model-path", "m", "--tp", "8", standin=SGLANG_STANDIN)
     assert code == 0 and topics["args"] == [("ok",
                                              "sglang's own server-arguments parser accepts `--model-path m --tp 8`")]
+    code, _, topics = doctor(patched_python, "--model-path", "m", "--mem-fraction-static", "0.8",
+                             standin=SGLANG_STANDIN)
+    assert code == 1 and topics["args"][0][1].endswith("unrecognized arguments: --mem-fraction-static 0.8")
 
 
 def test_an_import_that_does_not_finish_is_an_error(patched_python: Path):

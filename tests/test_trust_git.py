@@ -117,18 +117,23 @@ def test_every_entry_name_of_the_product_series_fits_the_rule():
 
 
 def test_the_ledger_builds_no_path_from_an_unchecked_row(series, tree):
-    """A ledger row (a pull request can write one) naming ../ or a non-hex key is refused when a replay reads it."""
+    """A ledger row (a pull request can write one) is read when the replay of a series entry meets its conflict:
+    a key naming ../ is refused there (the key is in the file only); a row naming an entry ../ matches no entry."""
     res = series / "patches" / "resolutions"
     res.mkdir()
-    rows = [("../../../ESCAPE", "abc", "unsafe entry name in the ledger"),
-            ("test-patch", "../../x", "unsafe ledger key")]
-    (res / "ledger.toml").write_text("".join(f'[[resolutions]]\nentry = "{entry}"\nkey = "{key}"\nmatch = "m"\n'
-                                             f'file = "{CUH}"\nfrom = "a"\nonto = "b"\n' for entry, key, _ in rows))
-    ledger = Ledger(load_series(series))
-    for entry, key, says in rows:
-        with pytest.raises(C128Error, match=says):
-            ledger.replay(Git(worktree=tree), entry, [Conflict(CUH, key, "", "m")])
-    assert ledger._diff_path("test-patch", "0123abcd") == res / "test-patch" / "0123abcd.diff"
+
+    def replay_with_row(entry: str, key: str) -> list:
+        (res / "ledger.toml").write_text(f'[[resolutions]]\nentry = "{entry}"\nkey = "{key}"\nmatch = "m"\n'
+                                         f'file = "{CUH}"\nfrom = "a"\nonto = "b"\n')
+        return Ledger(load_series(series)).replay(Git(worktree=tree), "test-patch", [Conflict(CUH, "abc", "", "m")])
+
+    with pytest.raises(C128Error, match=r"unsafe ledger key in .*ledger\.toml: '\.\./\.\./x'"):
+        replay_with_row("test-patch", "../../x")
+    assert replay_with_row("test-patch", "0123abcd") == []  # a safe key: its diff is absent, nothing applied
+    assert replay_with_row("../../../ESCAPE", "abc") == []
+    assert not (series.parent / "ESCAPE").exists() and not (tree.parent / "ESCAPE").exists()
+    with pytest.raises(C128Error, match="unsafe entry name in the ledger"):
+        Ledger(load_series(series))._diff_path("../../../ESCAPE", "abc")
 
 
 # -------------------------------------------------------------------------- 2. a repository whose config names programs

@@ -150,10 +150,6 @@ def test_reproducible_bytes(patched, tmp_path: Path, wheel_series: Path, upstrea
     assert Path(again.wheel).name == Path(patched.wheel).name
 
 
-def test_fast_enough(patched):
-    assert patched.seconds <= 20, f"patching the 0.5.23 wheel took {patched.seconds} s (budget 20 s)"
-
-
 # -- SBOM ---------------------------------------------------------------------------------------
 
 
