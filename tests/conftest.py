@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+import tempfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,18 +20,49 @@ from support import RELEASES, REPO_ROOT, SLOW_FIRST, patched_tree, release_tree,
 # lack of it to $C128PATCH_TORCH_SKIPS; then, torch installed, only those ($C128PATCH_RUN_ONLY).
 _TORCH = re.compile(r"\btorch\b")
 _torch_skips: set[str] = set()
+_skips: Counter[str] = Counter()  # reason -> how many tests skipped for it, printed at the end
 _controller: list[bool] = []  # whether this process is the one that reports (not an xdist worker)
+
+# The heavy tier (`-m heavy`): the README's test command deselects it, .ci/run runs it as well. The all-release
+# kernel compiles, the release matrices (a test of an older release than the newest, test_rebase's spans,
+# test_check_predicts' revs) and the slowest single tests: the rest passes in minutes on a busy 2-core machine.
+HEAVY_TESTS = {
+    "test_compile_kernels.py::test_patched_kernels_and_probe_compile_for_sm90a_on_every_release",  # nvcc, 285 s
+    "test_bench_variants.py::test_variants_compile_for_sm90a",  # nvcc
+    "test_reproducible.py::test_a_wheel_keeps_its_bytes_after_an_older_release_joins_the_cache",  # a 2nd history
+}
+HEAVY_FILES = {"test_check_predicts.py"}
+HEAVY_FIXTURES = {"rebased"}  # test_rebase's (from, onto) matrix, built whole for its first test
+
+
+def is_heavy(item: pytest.Item) -> bool:
+    """Is ``item`` in the heavy tier (``HEAVY_*``, or a parameter naming an older release than the newest)?"""
+    if item.path.name in HEAVY_FILES or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    if f"{item.path.name}::{getattr(item, 'originalname', item.name)}" in HEAVY_TESTS:
+        return True
+    params = item.callspec.params.values() if hasattr(item, "callspec") else ()
+    values = [v for value in params for v in (value if isinstance(value, tuple) else (value,))]
+    return any(isinstance(v, str) and v in RELEASES[:-1] for v in values)
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """The controller puts every temporary file of the run (pytest's, the tool's, its subprocesses') in one
+    folder of its own, removed when the run ends, passed or failed; workers and nested runs inherit it."""
     _controller.append(not hasattr(config, "workerinput"))
+    if _controller[-1] and not os.environ.get("C128PATCH_TEST_TMP"):
+        root = tempfile.mkdtemp(prefix="c128patch-tests-")
+        os.environ["C128PATCH_TEST_TMP"] = os.environ["TMPDIR"] = tempfile.tempdir = root
+        config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
 
 
 def _record_skip(report: pytest.CollectReport | pytest.TestReport) -> None:
-    if report.skipped and os.environ.get("C128PATCH_TORCH_SKIPS") and _controller and _controller[-1]:
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        if _TORCH.search(reason):
-            _torch_skips.add(report.nodeid)
+    if not report.skipped or hasattr(report, "wasxfail") or not (_controller and _controller[-1]):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    _skips[reason.removeprefix("Skipped: ")] += 1
+    if os.environ.get("C128PATCH_TORCH_SKIPS") and _TORCH.search(reason):
+        _torch_skips.add(report.nodeid)
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
@@ -37,6 +71,13 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _record_skip(report)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _skips:
+        terminalreporter.section(f"{sum(_skips.values())} skipped, by reason")
+        for reason, count in sorted(_skips.items(), key=lambda kv: (-kv[1], kv[0])):
+            terminalreporter.line(f"{count:5d}  {reason}")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -59,7 +100,11 @@ def slow_files_first(items: list[pytest.Item]) -> list[pytest.Item]:
     return sorted(items, key=rank)
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by mark
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if is_heavy(item):
+            item.add_marker(pytest.mark.heavy)
     path = os.environ.get("C128PATCH_RUN_ONLY")
     if path:
         wanted = set(Path(path).read_text().splitlines())

@@ -1,0 +1,73 @@
+"""The test run itself (tests/conftest.py): it leaves nothing in the temp folder, passed or failed; it counts
+every skip by reason; its heavy tier holds the all-release compile and the release matrices."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from support import REPO_ROOT
+
+INNER = '''
+import tempfile
+from pathlib import Path
+
+import pytest
+
+
+def test_writes_everywhere_then_fails(tmp_path):
+    (tmp_path / "tree").write_text("x")
+    Path(tempfile.mkdtemp(), "clone").write_text("x")
+    assert False, "failed on purpose"
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_torch_missing(n):
+    pytest.skip("torch is not installed")
+
+
+def test_no_gpu():
+    pytest.skip("GPU tier: torch sees no CUDA GPU")
+
+
+@pytest.mark.parametrize("tag", ["v0.5.22", "v0.5.23"])
+def test_release(tag):
+    pass
+'''
+
+
+def inner_run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """pytest on INNER with this conftest, its temp folder under a fresh TMPDIR (returned)."""
+    (tmp_path / "inner").mkdir()
+    (tmp_path / "inner" / "test_inner.py").write_text(INNER)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("C128PATCH_TEST_TMP", "PYTEST_XDIST_WORKER")}
+    env.update(TMPDIR=str(temp), PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "tests"), env.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q", "-rN",
+                           "--rootdir", str(tmp_path / "inner"), "-c", os.devnull, *args, str(tmp_path / "inner")],
+                          cwd=tmp_path / "inner", env=env, capture_output=True, text=True)
+    return proc, temp
+
+
+def test_a_failed_run_leaves_nothing_in_the_temp_folder_and_counts_its_skips_by_reason(tmp_path):
+    proc, temp = inner_run(tmp_path)
+    assert proc.returncode == 1 and "failed on purpose" in proc.stdout, proc.stdout + proc.stderr
+    assert list(temp.iterdir()) == []
+    summary = proc.stdout.split("3 skipped, by reason", 1)[1].splitlines()
+    assert summary[1:3] == ["    2  torch is not installed", "    1  GPU tier: torch sees no CUDA GPU"]
+
+
+def test_the_heavy_tier_holds_the_older_releases_and_the_listed_tests(tmp_path):
+    proc, temp = inner_run(tmp_path, "-m", "heavy", "--collect-only")
+    assert "test_release[v0.5.22]" in proc.stdout and "v0.5.23" not in proc.stdout, proc.stdout
+    assert list(temp.iterdir()) == []
+    heavy = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q",
+                            "--collect-only", "-m", "heavy", "tests/test_compile_kernels.py", "tests/test_rebase.py"],
+                           cwd=REPO_ROOT, capture_output=True, text=True)
+    ids = heavy.stdout.split()
+    assert "tests/test_compile_kernels.py::test_patched_kernels_and_probe_compile_for_sm90a_on_every_release" in ids
+    assert "tests/test_rebase.py::test_rebase_between_releases_needs_no_stop[v0.5.22->v0.5.23]" in ids
+    assert "tests/test_compile_kernels.py::test_every_series_header_has_a_row" not in ids
