@@ -24,8 +24,8 @@ _skips: Counter[str] = Counter()  # reason -> how many tests skipped for it, pri
 _controller: list[bool] = []  # whether this process is the one that reports (not an xdist worker)
 
 # The heavy tier (`-m heavy`): the README's test command deselects it, .ci/run runs it as well. The all-release
-# kernel compiles, the release matrices (a test of an older release than the newest, test_rebase's spans,
-# test_check_predicts' revs) and the slowest single tests: the rest passes in minutes on a busy 2-core machine.
+# kernel compiles, the release matrices (test_rebase's spans, test_check_predicts' revs, and the older releases'
+# cases of the sweeps below; the newest release's stays in) and the slowest single tests.
 HEAVY_TESTS = {
     "test_compile_kernels.py::test_patched_kernels_and_probe_compile_for_sm90a_on_every_release",  # nvcc, 285 s
     "test_bench_variants.py::test_variants_compile_for_sm90a",  # nvcc
@@ -33,17 +33,23 @@ HEAVY_TESTS = {
 }
 HEAVY_FILES = {"test_check_predicts.py"}
 HEAVY_FIXTURES = {"rebased"}  # test_rebase's (from, onto) matrix, built whole for its first test
+HEAVY_SWEEPS = {
+    "test_layers.py::test_the_example_rebases_across_every_release_proven_equal_to_a_fresh_apply",
+    "test_layers.py::test_the_wheel_label_provenance_and_sbom_carry_the_layer",
+    "test_layers.py::test_verify_wheel_checks_every_layer_entry",
+    "test_contract.py::test_the_contract_holds_on_every_supported_release",
+    "test_contract.py::test_the_behavioural_tier_passes_where_it_can_check_on_every_release",
+    "test_evidence.py::test_every_release_stages",
+}
 
 
 def is_heavy(item: pytest.Item) -> bool:
-    """Is ``item`` in the heavy tier (``HEAVY_*``, or a parameter naming an older release than the newest)?"""
-    if item.path.name in HEAVY_FILES or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+    """Is ``item`` in the heavy tier (``HEAVY_*``; of a sweep, the cases of an older release than the newest)?"""
+    name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+    if item.path.name in HEAVY_FILES or name in HEAVY_TESTS or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
         return True
-    if f"{item.path.name}::{getattr(item, 'originalname', item.name)}" in HEAVY_TESTS:
-        return True
-    params = item.callspec.params.values() if hasattr(item, "callspec") else ()
-    values = [v for value in params for v in (value if isinstance(value, tuple) else (value,))]
-    return any(isinstance(v, str) and v in RELEASES[:-1] for v in values)
+    params = item.callspec.params.values() if name in HEAVY_SWEEPS and hasattr(item, "callspec") else ()
+    return any(isinstance(value, str) and value in RELEASES[:-1] for value in params)
 
 
 def pytest_configure(config: pytest.Config) -> None:
