@@ -12,9 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from c128patch import progress
 from c128patch.series.manifest import load_series
 from c128patch.upstream.releases import ReleaseHistory
 from support import RELEASES, REPO_ROOT, SLOW_FIRST, patched_tree, release_tree, series_paths
+
+# The commands the tests run in-process have their stderr compared line by line: on a busy machine a step
+# over the tool's 15 s beat would add a heartbeat line (tests/test_pipe_output.py tests the beat itself).
+progress.BEAT = 3600.0
 
 # CI runs the suite twice, every test once (.ci/run): first without torch, writing the tests skipped for
 # lack of it to $C128PATCH_TORCH_SKIPS; then, torch installed, only those ($C128PATCH_RUN_ONLY).

@@ -11,6 +11,8 @@ import io
 import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -103,13 +105,23 @@ def test_a_step_left_open_prints_its_phase_and_elapsed_time_every_beat():
     assert out.getvalue() == settled
 
 
-def test_the_tool_beats_every_15_seconds_off_a_terminal(monkeypatch):
+def test_a_command_off_a_terminal_beats_every_15_seconds_until_it_ends(monkeypatch, capsys):
+    """The tool's beat is 15 s (read in a fresh process: the tests' own is longer, conftest.py); a command's
+    reporter off a terminal beats at it, and stops when the command ends."""
     from c128patch import progress
 
+    shipped = subprocess.run([sys.executable, "-c", "from c128patch import progress; print(progress.BEAT)"],
+                             capture_output=True, text=True, check=True).stdout
+    assert shipped == "15.0\n"
     monkeypatch.setattr(progress, "is_terminal", lambda stream: False)
+    monkeypatch.setattr(progress, "BEAT", 0.01)
     with progress.reporter(True) as rep:
-        assert isinstance(rep, PlainReporter) and rep._beat == 15.0
-    assert rep._closed
+        rep.step("lint")
+        threading.Event().wait(0.2)
+    threading.Event().wait(0.05)
+    said = capsys.readouterr().err.splitlines()
+    threading.Event().wait(0.1)
+    assert said and set(said) == {"lint: 0 s"} and capsys.readouterr().err == ""
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):

@@ -45,14 +45,17 @@ class RichReporter:
         self._progress.update(self._task, description=transfer_line(what, done, total, time.monotonic() - start))
 
 
+BEAT = 15.0  # seconds: a piped run of long work is never silent longer
+
+
 class PlainReporter:
-    """Off a terminal, lines on stderr: ``<step>: <elapsed> s`` every ``beat`` s while a step is open (a timer
-    thread; none after the next step or ``close``); a transfer's line when it starts, every ``every`` s and at its
-    end (unknown bytes, ``done`` -1: none in its first ``every`` s)."""
+    """Off a terminal, lines on stderr: ``<step>: <elapsed> s`` every ``beat`` (``BEAT``) s while a step is open (a
+    timer thread; none after the next step or ``close``); a transfer's line when it starts, every ``every`` s and at
+    its end (unknown bytes, ``done`` -1: none in its first ``every`` s)."""
 
     def __init__(self, stream: TextIO | None = None, every: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic, beat: float = 15.0) -> None:
-        self._stream, self._every, self._clock, self._beat = stream, every, clock, beat
+                 clock: Callable[[], float] = time.monotonic, beat: float | None = None) -> None:
+        self._stream, self._every, self._clock, self._beat = stream, every, clock, beat or BEAT
         self._started: dict[str, float] = {}
         self._last: dict[str, float] = {}
         self._ended: set[str] = set()
@@ -92,8 +95,7 @@ class PlainReporter:
         self._print(transfer_line(what, done, total, now - start))
 
 
-def transfer(reporter: Reporter, what: str, done: int, total: int | None) -> None:
-    """Bytes of a long transfer (a download), for reporters that show them."""
+def transfer(reporter: Reporter, what: str, done: int, total: int | None) -> None:  # a download's bytes, if shown
     getattr(reporter, "transfer", NullReporter().transfer)(what, done, total)
 
 

@@ -36,8 +36,7 @@ COMMANDS: dict[str, str] = {
 
 
 def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
-    """A usage error (missing option, bad choice, unknown flag or command) as every other error: one line on
-    stderr, a JSON error object on stdout when --json is among the arguments (before any `--`), exit 2."""
+    """A usage error (bad option, choice, flag or verb) as any error: one line, a JSON one with --json, exit 2."""
     import json
 
     from c128patch import exitcodes
