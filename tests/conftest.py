@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections import Counter
@@ -59,12 +60,18 @@ def is_heavy(item: pytest.Item) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     """The controller puts every temporary file of the run (pytest's, the tool's, its subprocesses') in one
-    folder of its own, removed when the run ends, passed or failed; workers and nested runs inherit it."""
+    folder of its own, removed when the run ends, passed, failed or stopped (SIGTERM, Ctrl-C); workers and nested
+    runs inherit it."""
     _controller.append(not hasattr(config, "workerinput"))
     if _controller[-1] and not os.environ.get("C128PATCH_TEST_TMP"):
         root = tempfile.mkdtemp(prefix="c128patch-tests-")
         os.environ["C128PATCH_TEST_TMP"] = os.environ["TMPDIR"] = tempfile.tempdir = root
         config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
+        signal.signal(signal.SIGTERM, _interrupted)  # a run stopped by `timeout` or a CI job cleans up too
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _record_skip(report: pytest.CollectReport | pytest.TestReport) -> None:

@@ -11,7 +11,10 @@ from pathlib import Path
 from support import REPO_ROOT
 
 INNER = '''
+import os
+import signal
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -30,16 +33,25 @@ def test_torch_missing(n):
 
 def test_no_gpu():
     pytest.skip("GPU tier: torch sees no CUDA GPU")
+
+
+def test_stopped(tmp_path):
+    if os.environ.get("STOP"):
+        (tmp_path / "tree").write_text("x")
+        os.kill(os.getpid(), signal.SIGTERM)
+        threading.Event().wait(60)
 '''
 
 
-def inner_run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
+def inner_run(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess,
+                                                                                       Path]:
     """pytest on INNER with this conftest, its temp folder under a fresh TMPDIR (returned)."""
     (tmp_path / "inner").mkdir()
     (tmp_path / "inner" / "test_inner.py").write_text(INNER)
     temp = tmp_path / "temp"
     temp.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("C128PATCH_TEST_TMP", "PYTEST_XDIST_WORKER")}
+    env = {**{k: v for k, v in os.environ.items() if k not in ("C128PATCH_TEST_TMP", "PYTEST_XDIST_WORKER")},
+           **(env or {})}
     env.update(TMPDIR=str(temp), PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "tests"), env.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q", "-rN",
                            "--rootdir", str(tmp_path / "inner"), "-c", os.devnull, *args, str(tmp_path / "inner")],
@@ -53,6 +65,12 @@ def test_a_failed_run_leaves_nothing_in_the_temp_folder_and_counts_its_skips_by_
     assert list(temp.iterdir()) == []
     summary = proc.stdout.split("3 skipped, by reason", 1)[1].splitlines()
     assert summary[1:3] == ["    2  torch is not installed", "    1  GPU tier: torch sees no CUDA GPU"]
+
+
+def test_a_run_stopped_by_sigterm_leaves_nothing_in_the_temp_folder(tmp_path):
+    proc, temp = inner_run(tmp_path, "-k", "test_stopped", env={"STOP": "1"})
+    assert proc.returncode == 2 and "KeyboardInterrupt" in proc.stdout, proc.stdout + proc.stderr
+    assert list(temp.iterdir()) == []
 
 
 def test_the_heavy_tier_holds_the_all_release_compile_and_the_older_releases_of_a_sweep():
