@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import tarfile
 import threading
@@ -203,8 +204,7 @@ class Git:
     def _raw(self, args: list[str], env: dict[str, str], settings: list[str], input=None, binary: bool = False,
              timeout: float | None = None) -> subprocess.CompletedProcess:
         cmd = [git_executable(), *(x for s in settings for x in ("-c", s)), *args]
-        proc = subprocess.run(cmd, cwd=self.cwd, env=env, input=input, capture_output=True, text=not binary,
-                              timeout=timeout)
+        proc = _bounded(cmd, self.cwd, env, input, binary, timeout)
         err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
         dubious = _DUBIOUS.search(err) if proc.returncode != 0 else None
         if dubious and dubious.group(1) not in self._trusted:
@@ -312,6 +312,24 @@ class Git:
         meta, _name = text.split("\t", 1)
         mode, typ, sha = meta.split()
         return mode, typ, sha
+
+
+def _bounded(cmd: list[str], cwd: Path, env: dict[str, str], input, binary: bool,
+             timeout: float | None) -> subprocess.CompletedProcess:
+    """``subprocess.run``; with ``timeout``, git and every helper it starts (a transport) end together
+    when it passes (``subprocess.TimeoutExpired``) or when this process is interrupted."""
+    if timeout is None:
+        return subprocess.run(cmd, cwd=cwd, env=env, input=input, capture_output=True, text=not binary)
+    with subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE if input is not None else None,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=not binary,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _checked(args: Sequence[str], proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
