@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
@@ -63,6 +64,11 @@ def folded_name(part: str) -> str:
 def is_git_dir_name(part: str) -> bool:
     """Is ``part`` a name under which a file system may open git's own folder?"""
     return folded_name(part) in _GIT_DIRS
+
+
+def blob_id(data: bytes) -> str:
+    """git's blob id of ``data`` (what ``git hash-object`` prints), without writing it."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 (git's id, not security)
 
 
 _WHICH: dict[str | None, str | None] = {}  # PATH -> the git on it
@@ -134,17 +140,8 @@ class Git:
         if not transport:  # the operator's global and system config change nothing the tool does
             env.update({"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"})
             env.pop("GIT_CONFIG_SYSTEM", None)
-        env.update(
-            {
-                "GIT_AUTHOR_NAME": BOT_NAME,
-                "GIT_AUTHOR_EMAIL": BOT_EMAIL,
-                "GIT_COMMITTER_NAME": BOT_NAME,
-                "GIT_COMMITTER_EMAIL": BOT_EMAIL,
-                "GIT_TERMINAL_PROMPT": "0",
-                "GIT_NO_REPLACE_OBJECTS": "1",
-                "LC_ALL": "C",
-            }
-        )
+        env.update(GIT_AUTHOR_NAME=BOT_NAME, GIT_AUTHOR_EMAIL=BOT_EMAIL, GIT_COMMITTER_NAME=BOT_NAME,
+                   GIT_COMMITTER_EMAIL=BOT_EMAIL, GIT_TERMINAL_PROMPT="0", GIT_NO_REPLACE_OBJECTS="1", LC_ALL="C")
         if self.git_dir is not None:
             env["GIT_DIR"] = str(self.git_dir)
         env.update(self.env)
@@ -165,20 +162,18 @@ class Git:
         forced = [f"{k}={v}" for k, v in FORCED_CONFIG]
         if os.environ.get(FAULT_HOOKS_ENV):
             forced.append(f"core.hooksPath={os.environ[FAULT_HOOKS_ENV]}")
-        return [*forced, *self.filters_off,
-                *(f"safe.directory={p}" for p in self._trusted)]
+        return [*forced, *self.filters_off, *(f"safe.directory={p}" for p in self._trusted)]
 
     def _filters_off(self) -> list[str]:
         """``-c`` settings that turn off each filter the repository's config names (a merge driver
         program is refused). Asked of git once per state of the config file."""
         git_dir = self.env.get("GIT_DIR") or self.git_dir
         config = Path(git_dir) / "config" if git_dir else self.cwd / ".git" / "config"
-        try:
-            stat = config.stat()
-            stamp: tuple | None = (str(config), stat.st_mtime_ns, stat.st_size,
+        try:  # (not a plain repository top: ask every time)
+            stamp: tuple | None = (str(config), config.stat().st_mtime_ns, config.stat().st_size,
                                    (config.parent / "config.worktree").exists())
         except OSError:
-            stamp = None  # not a plain repository top: ask every time
+            stamp = None
         key = (str(self.cwd), str(git_dir))
         cached = _FILTERS.get(key)
         if stamp is None or cached is None or cached[0] != stamp:
@@ -223,19 +218,11 @@ class Git:
         return ([git_executable(), *(x for s in self._settings() for x in ("-c", s)), *args],
                 self._base_env(transport=bool(args) and args[0] in _TRANSPORT))
 
-    def run(
-        self,
-        *args: str,
-        check: bool = True,
-        input: str | bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        binary: bool = False,
-        transport: bool = False,
-        timeout: float | None = None,
-    ) -> subprocess.CompletedProcess:
-        """Run git; ``transport``: a clone or fetch from a URL, which keeps the operator's global
-        config (proxies, credentials); every other call runs without it. Past ``timeout`` seconds git
-        is killed and ``subprocess.TimeoutExpired`` raised."""
+    def run(self, *args: str, check: bool = True, input: str | bytes | None = None,
+            env: Mapping[str, str] | None = None, binary: bool = False, transport: bool = False,
+            timeout: float | None = None) -> subprocess.CompletedProcess:
+        """Run git; ``transport``: a clone or fetch from a URL, which keeps the operator's global config
+        (proxies, credentials). Past ``timeout`` seconds git is killed (``subprocess.TimeoutExpired``)."""
         full_env = self._base_env(transport=transport and bool(args) and args[0] in _TRANSPORT)
         if env:
             full_env.update(env)
@@ -283,8 +270,7 @@ class Git:
         return proc.stdout.strip() or None if proc.returncode == 0 else None
 
     def current_branch(self) -> str | None:
-        proc = self.run("symbolic-ref", "--quiet", "--short", "HEAD", check=False)
-        return proc.stdout.strip() if proc.returncode == 0 else None
+        return self.out("symbolic-ref", "--quiet", "--short", "HEAD", check=False) or None
 
     def head(self) -> str | None:
         return self.rev_parse("HEAD")
@@ -307,11 +293,7 @@ class Git:
     def tree_entry(self, rev: str, path: str) -> tuple[str, str, str] | None:
         """(mode, type, sha) of ``path`` at ``rev``, or None."""
         text = self.out("ls-tree", rev, "--", path)
-        if not text:
-            return None
-        meta, _name = text.split("\t", 1)
-        mode, typ, sha = meta.split()
-        return mode, typ, sha
+        return tuple(text.split("\t", 1)[0].split()) if text else None  # type: ignore[return-value]
 
 
 def _bounded(cmd: list[str], cwd: Path, env: dict[str, str], input, binary: bool,
@@ -335,9 +317,8 @@ def _bounded(cmd: list[str], cwd: Path, env: dict[str, str], input, binary: bool
 def _checked(args: Sequence[str], proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     """``proc``, or ``GitError`` where it failed."""
     if proc.returncode != 0:
-        err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
-        out = proc.stdout if isinstance(proc.stdout, str) else proc.stdout.decode(errors="replace")
-        raise GitError(args, proc.returncode, err, out)
+        raise GitError(args, proc.returncode, *(x if isinstance(x, str) else x.decode(errors="replace")
+                                                for x in (proc.stderr, proc.stdout)))
     return proc
 
 
@@ -403,12 +384,9 @@ class ReadMemo(Git):
             self._ancestors[b] = seen
         return a in self._ancestors[b]
 
-    def run(self, *args: str, check: bool = True, input: str | bytes | None = None,
-            env: Mapping[str, str] | None = None, binary: bool = False, transport: bool = False,
-            timeout: float | None = None) -> subprocess.CompletedProcess:
-        if not args or args[0] not in _QUERIES or input is not None or env or transport or timeout:
-            return super().run(*args, check=check, input=input, env=env, binary=binary, transport=transport,
-                               timeout=timeout)
+    def run(self, *args: str, check: bool = True, binary: bool = False, **kw) -> subprocess.CompletedProcess:
+        if not args or args[0] not in _QUERIES or any(v is not None and v is not False for v in kw.values()):
+            return super().run(*args, check=check, binary=binary, **kw)
         key = (args, binary)
         proc = self._memo.get(key)
         if proc is None:
@@ -447,10 +425,7 @@ def remembered(git: Git, key: tuple, compute: Callable[[], T]) -> T:
 
 
 def is_work_tree(path: Path) -> bool:
-    if not path.is_dir():
-        return False
-    proc = Git(worktree=path).run("rev-parse", "--is-inside-work-tree", check=False)
-    return proc.returncode == 0 and proc.stdout.strip() == "true"
+    return path.is_dir() and Git(worktree=path).out("rev-parse", "--is-inside-work-tree", check=False) == "true"
 
 
 def toplevel(path: Path) -> Path:

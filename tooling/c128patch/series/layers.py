@@ -59,13 +59,8 @@ def check_layer_name(name: str, where: str) -> str:
 
 def known_bases(series: Series) -> list[str]:
     """The bases our series was made on: where a layer may start."""
-    seen: dict[str, None] = {}
-    if series.base:
-        seen[series.base] = None
-    for e in series.entries:
-        for v in e.patch_files():
-            seen[v.base] = None
-    return list(seen)
+    bases = [series.base] if series.base else []
+    return list(dict.fromkeys([*bases, *(v.base for e in series.entries for v in e.patch_files())]))
 
 
 def load_layer(folder: Path, series: Series) -> Series:
@@ -173,7 +168,7 @@ def layer_folders(series: Series) -> list[str]:
 
 def layer_args(series: Series) -> list[str]:
     """``--layer DIR`` for each layer of a stack: what a printed command needs to name the same stack."""
-    return [arg for folder in layer_folders(series) for arg in ("--layer", folder)]
+    return [arg for layer in series.layers for arg in ("--layer", str(layer.root))]
 
 
 def overlap_note(series: Series, earlier: list[tuple[str, list[str]]], name: str, paths: list[str]) -> str:

@@ -62,6 +62,14 @@ def confine(root: Path, path: str, what: str, *, regular: bool = False) -> Path:
     return dest
 
 
+def inside(path: str) -> bool:
+    """Does ``path`` pass ``check_relpath``?"""
+    try:
+        return bool(check_relpath(path, ""))
+    except C128Error:
+        return False
+
+
 def check_entry_name(name: str, where: str) -> str:
     """``name`` when it matches ENTRY_NAME: it becomes a path (the ledger's folders) and a trailer."""
     if not ENTRY_NAME.fullmatch(name):

@@ -32,7 +32,7 @@ TXN = ".c128patch-txn"
 STAGING = ".c128patch-txn-staging"
 PLAN = "plan.json"
 _STAGED = re.compile(r"\d{5}")
-_HELD: dict[str, int] = {}  # folder -> how many ``locked`` blocks of this process hold it
+_HELD: dict[str, int] = {}  # folder -> the descriptor this process holds its lock on
 
 Part = tuple[Path, dict[Path, bytes], list[Path], "Path | None"]  # root, files, deletes, last
 F = TypeVar("F", bound=Callable)
@@ -46,21 +46,15 @@ def _no_fault(_name: str) -> None:
 def locked(root: Path) -> Iterator[None]:
     """The folder's writers one at a time (an advisory lock on the folder itself; re-entrant)."""
     key = os.path.realpath(root)
-    if key in _HELD:
-        _HELD[key] += 1
-        try:
-            yield
-        finally:
-            _HELD[key] -= 1
+    if key in _HELD:  # this process holds it already
+        yield
         return
-    fd = os.open(key, os.O_RDONLY)
+    _HELD[key] = os.open(key, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        _HELD[key] = 1
+        fcntl.flock(_HELD[key], fcntl.LOCK_EX)
         yield
     finally:
-        _HELD.pop(key, None)
-        os.close(fd)  # (releases the lock)
+        os.close(_HELD.pop(key))  # (releases the lock)
 
 
 def serialised(func: F) -> F:
@@ -74,12 +68,9 @@ def serialised(func: F) -> F:
 
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
-    try:
+    with contextlib.suppress(OSError):  # not every file system syncs a folder; the rename is still atomic
         os.fsync(fd)
-    except OSError:
-        pass  # not every file system syncs a folder; the rename is still atomic
-    finally:
-        os.close(fd)
+    os.close(fd)
 
 
 def _write_synced(path: Path, data: bytes) -> None:
@@ -162,26 +153,23 @@ def _read(folder: Path) -> dict | None:
 
 def _plan(root: Path, folder: str, group: bool = True) -> dict:
     """The plan in ``root``'s ``folder`` (TXN or STAGING), checked before anything moves: its paths
-    confined to ``root``; with ``group``, every folder of its group holding a plan of that group."""
+    confined to ``root``, its group naming ``root``; with ``group``, only folders holding a plan of that group."""
     where = f"the interrupted refresh {root / folder / PLAN}"
     confine(root, f"{folder}/{PLAN}", where, regular=True)
     plan = _read(root / folder) or {}
-    moves, deletes, parts = plan.get("moves"), plan.get("deletes"), (plan.get("group") or {}).get("parts")
-    if not isinstance(moves, list) or not isinstance(deletes, list) \
-            or not all(isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m) for m in moves) \
-            or not all(isinstance(d, str) for d in deletes):
-        raise C128Error(f"{where}: 'moves' and 'deletes' must be lists of paths")
-    for staged, rel in moves:
-        if not _STAGED.fullmatch(staged):
-            raise C128Error(f"{where}: {staged!r} is not a staged file")
-    for rel in [*(rel for _, rel in moves), *deletes]:
+    moves, deletes, group_of = plan.get("moves"), plan.get("deletes"), plan.get("group")
+    parts = group_of.get("parts") if isinstance(group_of, dict) else None
+    if not isinstance(moves, list) or not isinstance(deletes, list) or not all(isinstance(d, str) for d in deletes) \
+            or not all(isinstance(m, list) and len(m) == 2 and _STAGED.fullmatch(str(m[0])) for m in moves):
+        raise C128Error(f"{where}: 'moves' must be pairs of a staged file and a path, 'deletes' paths")
+    for rel in [*(str(rel) for _, rel in moves), *deletes]:
         if rel.split("/")[0] in (TXN, STAGING):
             raise C128Error(f"{where}: {rel!r} is the transaction's own folder")
         confine(root, rel, where)
-    if group and (not isinstance(parts, list) or os.path.realpath(root) not in parts):
+    if not isinstance(parts, list) or os.path.realpath(root) not in parts:
         raise C128Error(f"{where}: its group does not name its own folder {root}")
     for part in parts if group else ():
-        if not any((_read(Path(part) / f) or {}).get("group") == plan["group"] for f in (TXN, STAGING)):
+        if not any((_read(Path(part) / f) or {}).get("group") == group_of for f in (TXN, STAGING)):
             raise C128Error(f"{where}: {part!r} is not a folder of the same refresh")
     return plan
 

@@ -37,7 +37,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
-from c128patch.git import Git
+from c128patch.git import Git, blob_id
 from c128patch.jsonio import write_atomic
 from c128patch.progress import NullReporter, Reporter, transfer
 from c128patch.upstream.cache import cache_dir, ensure_folder, locked
@@ -217,7 +217,7 @@ def wheel_tree(wheel: Path) -> str:
         node = root
         for folder in folders:
             node = node.setdefault(folder, {})
-        node[name] = (src.mode, hashlib.sha1(b"blob %d\0" % len(src.data) + src.data).hexdigest())  # noqa: S324
+        node[name] = (src.mode, blob_id(src.data))
 
     def tree_id(node: dict) -> str:
         body = b""
@@ -259,7 +259,7 @@ def _fast_import_stream(versions: list[str], wheels: dict[str, Path], present: d
         reporter.step(f"importing sglang {version}")
         files: list[tuple[str, str, int]] = []
         for src in iter_wheel_sources(wheel):
-            key = hashlib.sha1(b"blob %d\0" % len(src.data) + src.data).hexdigest()  # noqa: S324
+            key = blob_id(src.data)
             if key not in marks:
                 marks[key] = next_mark
                 yield b"blob\nmark :%d\ndata %d\n" % (next_mark, len(src.data)) + src.data + b"\n"
