@@ -104,6 +104,17 @@ def test_lint_with_a_hostile_layer_journal_exits_non_zero_and_writes_nothing(tmp
     assert victim.read_text() == "keep" and not (tmp_path / "w").exists()
 
 
+def test_a_symlinked_contract_lock_is_refused(tmp_path):
+    from c128patch.series.contract import read_lock
+
+    root = series_folder(tmp_path / "s")
+    (tmp_path / "victim.txt").write_text("keep")
+    (root / "patches" / "contract.lock").symlink_to(tmp_path / "victim.txt")
+    with pytest.raises(C128Error, match="goes through the symlink patches/contract.lock"):
+        read_lock(root / "patches")
+    assert (tmp_path / "victim.txt").read_text() == "keep"
+
+
 def test_a_good_journal_is_still_finished(tmp_path):
     root = series_folder(tmp_path / "layer")
     journal(root, [["00000", "patches/new.patch"]], ["patches/series.toml"])

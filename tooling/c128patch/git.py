@@ -93,12 +93,6 @@ def stale_lock_message(path: str) -> str:
             f"if none is running, remove it (rm -f {shlex.quote(path)}) and retry")
 
 
-def _dubious_message(path: str) -> str:
-    return (f"git refuses {path}: it is owned by another user (git's safe.directory check: \"detected dubious "
-            "ownership\"); if you trust it, run: "
-            f"{shlex.join(['git', 'config', '--global', '--add', 'safe.directory', path])}")
-
-
 _ENVIRONMENT = re.compile(r"Permission denied|Operation not permitted|Read-only file system|No space left on device|"
                           r"Disk quota exceeded|File too large")
 
@@ -208,7 +202,9 @@ class Git:
             probe = subprocess.run([git_executable(), "rev-parse", "--git-dir"], cwd=self.cwd, capture_output=True,
                                    env=self._base_env(transport=True))
             if probe.returncode != 0:
-                raise C128Error(_dubious_message(path))
+                raise C128Error(f"git refuses {path}: it is owned by another user (git's safe.directory check: "
+                                "\"detected dubious ownership\"); if you trust it, run: "
+                                f"{shlex.join(['git', 'config', '--global', '--add', 'safe.directory', path])}")
             self._trusted = (*self._trusted, path)
             return self._raw(args, env, [*settings, f"safe.directory={path}"], input, binary, timeout)
         return proc

@@ -37,16 +37,12 @@ def normalize_markers(text: str) -> str:
     return _MARKER.sub(lambda m: m.group(1), text)
 
 
-def _squash(line: str) -> str:
-    return " ".join(line.split())
-
-
 def conflict_key(path: str, text: str, *, whitespace: bool = True) -> str:
     """A hash of the conflict blocks of ``text`` (markers normalized), and the path; with
     ``whitespace=False`` each line's runs of whitespace count as one space."""
     blocks, inside, current = [], False, []
     for line in normalize_markers(text).splitlines():
-        line = line if whitespace else _squash(line)
+        line = line if whitespace else " ".join(line.split())
         if line == "<" * 7:
             inside, current = True, [line]
         elif inside:

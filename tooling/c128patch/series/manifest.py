@@ -252,13 +252,6 @@ def _entry(raw: Any, index: int, path: Path) -> Entry:
     return entry
 
 
-def _version(value: str, path: Path) -> str:
-    """The series version goes into commit trailers and wheel labels: one line, no spaces."""
-    if not value.isprintable() or " " in value:
-        raise C128Error(f"{path} [series]: unsafe version {value!r} (one word, no spaces or control characters)")
-    return value
-
-
 def load_series(root: Path) -> Series:
     root = root.resolve()
     path = root / MANIFEST
@@ -277,9 +270,11 @@ def load_series(root: Path) -> Series:
     if dupes:
         raise C128Error(f"{path}: duplicate entry name(s) {', '.join(dupes)}")
     where = f"{path} [series]"
-    return Series(root, check_entry_name(_str(head, "name", where, required=True), where),
-                  _version(_str(head, "version", where, required=True), path), _str(head, "base", where), entries,
-                  gates=parse_gates(doc.get("gates"), path))
+    version = _str(head, "version", where, required=True)
+    if not version.isprintable() or " " in version:  # it goes into commit trailers and wheel labels
+        raise C128Error(f"{where}: unsafe version {version!r} (one word, no spaces or control characters)")
+    return Series(root, check_entry_name(_str(head, "name", where, required=True), where), version,
+                  _str(head, "base", where), entries, gates=parse_gates(doc.get("gates"), path))
 
 
 def default_series_root() -> Path:

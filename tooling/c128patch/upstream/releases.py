@@ -72,32 +72,24 @@ def wheelhouses() -> list[Path]:
     return [*dirs, cache_dir() / "wheels"]
 
 
-def wheel_tags(wheel: Path) -> tuple[str, str] | None:
-    """(python tag, platform tag) of a wheel file name, e.g. ('cp311', 'manylinux_2_34_x86_64');
-    None for a name that is not a wheel's."""
+def parsed_name(wheel: Path) -> tuple | None:
+    """``packaging``'s (name, version, build, tags) of a wheel file name; None for a name that is not a wheel's."""
     try:
-        _name, _ver, _build, tags = parse_wheel_filename(wheel.name)
+        return parse_wheel_filename(wheel.name)
     except InvalidWheelFilename:
         return None
-    tag = sorted(tags, key=str)[0]
-    return tag.interpreter, tag.platform
+
+
+def wheel_tags(wheel: Path) -> tuple[str, str] | None:
+    """(python tag, platform tag) of a wheel file name, e.g. ('cp311', 'manylinux_2_34_x86_64')."""
+    tag = sorted(parsed[3], key=str)[0] if (parsed := parsed_name(wheel)) else None
+    return (tag.interpreter, tag.platform) if tag else None
 
 
 def local_wheels(version: str) -> list[Path]:
     """Every sglang ``version`` wheel in the wheelhouses ($C128PATCH_WHEELHOUSE, then the cache)."""
-    want = Version(version)
-    found = []
-    for folder in wheelhouses():
-        if not folder.is_dir():
-            continue
-        for candidate in sorted(folder.glob(f"{PACKAGE}-*.whl")):
-            try:
-                name, ver, _build, _tags = parse_wheel_filename(candidate.name)
-            except InvalidWheelFilename:
-                continue
-            if name == PACKAGE and ver == want:
-                found.append(candidate)
-    return found
+    return [w for folder in wheelhouses() if folder.is_dir() for w in sorted(folder.glob(f"{PACKAGE}-*.whl"))
+            if (parsed := parsed_name(w)) and parsed[:2] == (PACKAGE, Version(version))]
 
 
 def find_wheel(version: str) -> Path | None:
