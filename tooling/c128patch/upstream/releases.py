@@ -243,42 +243,21 @@ def _fast_import_stream(versions: list[str], wheels: dict[str, Path], present: d
                         reporter: Reporter) -> Iterator[bytes]:
     """Commits for ``versions`` (oldest first); parents already in the repository are named by
     commit id (``present``: version -> commit)."""
-    marks: dict[str, int] = {}
-    commit_marks: dict[str, int] = {}
-    next_mark = 1
-    for version in versions:
-        wheel = wheels[version]
+    marks: dict[str, int] = {}  # version -> the mark of its commit
+    for n, version in enumerate(versions, 1):
+        wheel, when, marks[version] = wheels[version], wheel_timestamp(wheels[version]), n
         reporter.step(f"importing sglang {version}")
-        files: list[tuple[str, str, int]] = []
-        for src in iter_wheel_sources(wheel):
-            key = blob_id(src.data)
-            if key not in marks:
-                marks[key] = next_mark
-                yield b"blob\nmark :%d\ndata %d\n" % (next_mark, len(src.data)) + src.data + b"\n"
-                next_mark += 1
-            files.append((src.mode, src.path, marks[key]))
-        when = wheel_timestamp(wheel)
         message = f"sglang {version}\n\nSources of the release wheel {wheel.name}.\n".encode()
-        commit_marks[version] = next_mark
-        next_mark += 1
-        head = [
-            f"reset {_IMPORT_REF}".encode(),  # a fresh line of history: no parent unless named below
-            f"commit {_IMPORT_REF}".encode(),
-            b"mark :%d" % commit_marks[version],
-            f"author {RELEASE_AUTHOR} {when} +0000".encode(),
-            f"committer {RELEASE_AUTHOR} {when} +0000".encode(),
-            b"data %d" % len(message),
-        ]
-        yield b"\n".join(head) + b"\n" + message
+        # reset: a fresh line of history, no parent unless one is named below
+        yield (f"reset {_IMPORT_REF}\ncommit {_IMPORT_REF}\nmark :{n}\nauthor {RELEASE_AUTHOR} {when} +0000\n"
+               f"committer {RELEASE_AUTHOR} {when} +0000\ndata {len(message)}\n").encode() + message
         parent = history_parent(version)
         if parent is not None:
-            yield ((b"from :%d\n" % commit_marks[parent]) if parent in commit_marks
-                   else f"from {present[parent]}\n".encode())
+            yield f"from :{marks[parent]}\n".encode() if parent in marks else f"from {present[parent]}\n".encode()
         yield b"deleteall\n"
-        for mode, path, mark in files:
-            yield f"M {mode} :{mark} {path}\n".encode()
-        yield b"\n"
-        yield f"reset refs/tags/{tag_for(version)}\nfrom :{commit_marks[version]}\n\n".encode()
+        for src in iter_wheel_sources(wheel):  # (fast-import stores a blob met again once)
+            yield f"M {src.mode} inline {src.path}\ndata {len(src.data)}\n".encode() + src.data + b"\n"
+        yield f"\nreset refs/tags/{tag_for(version)}\nfrom :{n}\n\n".encode()
 
 
 def _fast_import(git_dir: Path, stream: Iterable[bytes]) -> None:

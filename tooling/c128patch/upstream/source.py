@@ -54,10 +54,7 @@ class Upstream:
         """A URL's mirror fetched now, for a branch such as ``main`` that moves (``resolve``
         fetches only a rev it does not know). Other kinds are read as they are."""
         if self.kind == "url":
-            try:
-                self._fetch(check=True)
-            except GitError as exc:
-                raise C128Error(f"cannot fetch {self.location}: {exc.message}") from exc
+            self._fetch(check=True)
 
     def _fetch(self, check: bool) -> None:
         with locked(Path(str(self.git.git_dir) + ".lock")):
@@ -119,21 +116,21 @@ def _open_url(url: str, reporter: Reporter) -> Upstream:
                 _network(Git(), url, "clone", "--quiet", "--mirror", "--", url, str(part))
                 (part / MIRROR_DONE).write_text(url + "\n")
                 os.replace(part, mirror)
-            except GitError as exc:
-                raise C128Error(f"cannot clone {url}: {exc.message}") from exc
             finally:
                 shutil.rmtree(part, ignore_errors=True)
     return Upstream("url", Git(git_dir=mirror), url)
 
 
 def _network(git: Git, url: str, *args: str, check: bool = True) -> None:
-    """A clone or fetch of ``url``, bounded in time (``$C128PATCH_NET_TIMEOUT``, default 600 s)."""
+    """A clone or fetch of ``url``, bounded in time (``$C128PATCH_NET_TIMEOUT``, default 600 s); says what failed."""
     try:
         limit = float(os.environ.get(NET_TIMEOUT_ENV) or 600)
     except ValueError:
         raise C128Error(f"{NET_TIMEOUT_ENV}={os.environ[NET_TIMEOUT_ENV]!r} is not a number of seconds") from None
     try:
         git.run(*args, check=check, transport=True, timeout=limit)
+    except GitError as exc:
+        raise C128Error(f"cannot {args[0]} {url}: {exc.message}") from exc
     except subprocess.TimeoutExpired:
         raise C128Error(f"cannot {args[0]} {url}: no answer within {limit:g} s (a server that does not answer; "
                         f"set {NET_TIMEOUT_ENV} to wait longer)") from None
