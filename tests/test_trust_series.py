@@ -104,7 +104,7 @@ def test_lint_with_a_hostile_layer_journal_exits_non_zero_and_writes_nothing(tmp
     assert victim.read_text() == "keep" and not (tmp_path / "w").exists()
 
 
-def test_a_symlinked_contract_lock_is_refused(tmp_path):
+def test_a_symlinked_or_non_utf8_contract_lock_is_refused_in_one_line(tmp_path):
     from c128patch.series.contract import read_lock
 
     root = series_folder(tmp_path / "s")
@@ -113,6 +113,10 @@ def test_a_symlinked_contract_lock_is_refused(tmp_path):
     with pytest.raises(C128Error, match="goes through the symlink patches/contract.lock"):
         read_lock(root / "patches")
     assert (tmp_path / "victim.txt").read_text() == "keep"
+    (root / "patches" / "contract.lock").unlink()
+    (root / "patches" / "contract.lock").write_bytes(b"# base v0.5.23\nfunction a.\xff b c sig=1\n")
+    with pytest.raises(C128Error, match="not UTF-8 .* rewrite it with `c128patch refresh`"):
+        read_lock(root / "patches")
 
 
 def test_a_good_journal_is_still_finished(tmp_path):

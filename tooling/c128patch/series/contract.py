@@ -81,7 +81,11 @@ def read_lock(patches_dir: Path) -> Lock | None:
         return None
     confine(patches_dir.parent, f"{patches_dir.name}/{LOCK_NAME}", "the contract lock", regular=True)
     lock = Lock(path)
-    for number, raw in enumerate(path.read_text().splitlines(), 1):
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise C128Error(f"{path}: not UTF-8 (at byte {exc.start}); rewrite it with `c128patch refresh`") from None
+    for number, raw in enumerate(text.splitlines(), 1):
         body, _, signature = raw.partition("  # ")
         if raw.startswith("# base "):
             lock.base = raw.removeprefix("# base ").strip()
