@@ -300,18 +300,18 @@ def test_check_on_a_server_that_never_answers_ends_in_time(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- concurrent writers: the lock
-def _add(folder: str, name: str, hold: float) -> None:
-    with txn.locked(Path(folder)):
-        text = (Path(folder) / "patches" / "series.toml").read_text()
-        time.sleep(hold)  # both have read the manifest before either writes, unless serialised
-        data = text + f'\n[[entries]]\nname = "{name}"\nkind = "overlay"\nsource = "o"\ntarget = "t"\nwhy = "w"\n'
-        txn.commit(Path(folder), {Path(folder) / "patches" / "series.toml": data.encode()}, [])
+@txn.serialised  # what `layer add-entry` does: load, change, commit, one writer at a time
+def _add(folder: Path, name: str, hold: float) -> None:
+    text = (folder / "patches" / "series.toml").read_text()
+    time.sleep(hold)  # both have read the manifest before either writes, unless serialised
+    data = text + f'\n[[entries]]\nname = "{name}"\nkind = "overlay"\nsource = "o"\ntarget = "t"\nwhy = "w"\n'
+    txn.commit(folder, {folder / "patches" / "series.toml": data.encode()}, [])
 
 
 def test_two_writers_of_one_layer_are_serialised_by_its_lock(tmp_path):
     layer = series_folder(tmp_path / "layer")
     ctx = multiprocessing.get_context("fork" if sys.platform != "darwin" else "spawn")
-    procs = [ctx.Process(target=_add, args=(str(layer), name, 1.0)) for name in ("a", "b")]
+    procs = [ctx.Process(target=_add, args=(layer, name, 1.0)) for name in ("a", "b")]
     for p in procs:
         p.start()
     for p in procs:
