@@ -284,6 +284,7 @@ def test_a_truncated_cached_wheel_and_a_corrupt_pack_are_one_line_naming_the_cac
     assert f"rm -rf {root}" in exc.value.message
 
 
+@pytest.mark.timeout(120)  # unbounded, it would hang: fail instead
 def test_check_on_a_server_that_never_answers_ends_in_time(tmp_path):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
