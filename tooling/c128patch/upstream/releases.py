@@ -29,7 +29,6 @@ import sys
 import tempfile
 import zipfile
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
@@ -172,13 +171,6 @@ def wheel_for(version: str, progress: Progress | None = None) -> Path:
     raise C128Error(f"unknown release 'v{version}': no sglang {version} wheel on the package index ({last})")
 
 
-@dataclass(frozen=True)
-class SourceFile:
-    path: str  # path in the upstream tree, e.g. python/sglang/srt/environ.py
-    mode: str  # git file mode
-    data: bytes
-
-
 @contextlib.contextmanager
 def _opened(wheel: Path) -> Iterator[zipfile.ZipFile]:
     """The wheel as a zip; a truncated or corrupt one is one line naming it and how to fetch it again."""
@@ -190,26 +182,27 @@ def _opened(wheel: Path) -> Iterator[zipfile.ZipFile]:
                         "again: it is downloaded again") from None
 
 
-def iter_wheel_sources(wheel: Path) -> Iterator[SourceFile]:
-    """The source files of an sglang wheel, laid out as upstream's repository."""
+def iter_wheel_sources(wheel: Path) -> Iterator[tuple[str, str, bytes]]:
+    """(path, git mode, content) of each source file of an sglang wheel, laid out as upstream's repository
+    (``python/sglang/srt/environ.py``)."""
     with _opened(wheel) as zf:
         for info in sorted(zf.infolist(), key=lambda i: i.filename):
             name = info.filename
             if info.is_dir() or not name.startswith(f"{PACKAGE}/") or name.endswith(BINARY_SUFFIXES):
                 continue
             executable = (info.external_attr >> 16) & 0o111
-            yield SourceFile(TREE_PREFIX + name, "100755" if executable else "100644", zf.read(info))
+            yield TREE_PREFIX + name, "100755" if executable else "100644", zf.read(info)
 
 
 def wheel_tree(wheel: Path) -> str:
     """git's tree id of the wheel's sources as the history lays them out (computed, nothing written)."""
     root: dict = {}
-    for src in iter_wheel_sources(wheel):
-        *folders, name = src.path.split("/")
+    for path, mode, data in iter_wheel_sources(wheel):
+        *folders, name = path.split("/")
         node = root
         for folder in folders:
             node = node.setdefault(folder, {})
-        node[name] = (src.mode, blob_id(src.data))
+        node[name] = (mode, blob_id(data))
 
     def tree_id(node: dict) -> str:
         body = b""
@@ -255,8 +248,8 @@ def _fast_import_stream(versions: list[str], wheels: dict[str, Path], present: d
         if parent is not None:
             yield f"from :{marks[parent]}\n".encode() if parent in marks else f"from {present[parent]}\n".encode()
         yield b"deleteall\n"
-        for src in iter_wheel_sources(wheel):  # (fast-import stores a blob met again once)
-            yield f"M {src.mode} inline {src.path}\ndata {len(src.data)}\n".encode() + src.data + b"\n"
+        for path, mode, data in iter_wheel_sources(wheel):  # (fast-import stores a blob met again once)
+            yield f"M {mode} inline {path}\ndata {len(data)}\n".encode() + data + b"\n"
         yield f"\nreset refs/tags/{tag_for(version)}\nfrom :{n}\n\n".encode()
 
 
