@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import tarfile
 import threading
@@ -64,6 +66,11 @@ def is_git_dir_name(part: str) -> bool:
     return folded_name(part) in _GIT_DIRS
 
 
+def blob_id(data: bytes) -> str:
+    """git's blob id of ``data`` (what ``git hash-object`` prints), without writing it."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 (git's id, not security)
+
+
 _WHICH: dict[str | None, str | None] = {}  # PATH -> the git on it
 
 
@@ -84,12 +91,6 @@ def stale_lock_message(path: str) -> str:
     """What to say about a git lock file that is in the way (git itself only says "remove the file")."""
     return (f"{path} exists: another git process is running in this repository, or one was killed; "
             f"if none is running, remove it (rm -f {shlex.quote(path)}) and retry")
-
-
-def _dubious_message(path: str) -> str:
-    return (f"git refuses {path}: it is owned by another user (git's safe.directory check: \"detected dubious "
-            "ownership\"); if you trust it, run: "
-            f"{shlex.join(['git', 'config', '--global', '--add', 'safe.directory', path])}")
 
 
 _ENVIRONMENT = re.compile(r"Permission denied|Operation not permitted|Read-only file system|No space left on device|"
@@ -133,17 +134,8 @@ class Git:
         if not transport:  # the operator's global and system config change nothing the tool does
             env.update({"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"})
             env.pop("GIT_CONFIG_SYSTEM", None)
-        env.update(
-            {
-                "GIT_AUTHOR_NAME": BOT_NAME,
-                "GIT_AUTHOR_EMAIL": BOT_EMAIL,
-                "GIT_COMMITTER_NAME": BOT_NAME,
-                "GIT_COMMITTER_EMAIL": BOT_EMAIL,
-                "GIT_TERMINAL_PROMPT": "0",
-                "GIT_NO_REPLACE_OBJECTS": "1",
-                "LC_ALL": "C",
-            }
-        )
+        env.update(GIT_AUTHOR_NAME=BOT_NAME, GIT_AUTHOR_EMAIL=BOT_EMAIL, GIT_COMMITTER_NAME=BOT_NAME,
+                   GIT_COMMITTER_EMAIL=BOT_EMAIL, GIT_TERMINAL_PROMPT="0", GIT_NO_REPLACE_OBJECTS="1", LC_ALL="C")
         if self.git_dir is not None:
             env["GIT_DIR"] = str(self.git_dir)
         env.update(self.env)
@@ -164,20 +156,18 @@ class Git:
         forced = [f"{k}={v}" for k, v in FORCED_CONFIG]
         if os.environ.get(FAULT_HOOKS_ENV):
             forced.append(f"core.hooksPath={os.environ[FAULT_HOOKS_ENV]}")
-        return [*forced, *self.filters_off,
-                *(f"safe.directory={p}" for p in self._trusted)]
+        return [*forced, *self.filters_off, *(f"safe.directory={p}" for p in self._trusted)]
 
     def _filters_off(self) -> list[str]:
         """``-c`` settings that turn off each filter the repository's config names (a merge driver
         program is refused). Asked of git once per state of the config file."""
         git_dir = self.env.get("GIT_DIR") or self.git_dir
         config = Path(git_dir) / "config" if git_dir else self.cwd / ".git" / "config"
-        try:
-            stat = config.stat()
-            stamp: tuple | None = (str(config), stat.st_mtime_ns, stat.st_size,
+        try:  # (not a plain repository top: ask every time)
+            stamp: tuple | None = (str(config), config.stat().st_mtime_ns, config.stat().st_size,
                                    (config.parent / "config.worktree").exists())
         except OSError:
-            stamp = None  # not a plain repository top: ask every time
+            stamp = None
         key = (str(self.cwd), str(git_dir))
         cached = _FILTERS.get(key)
         if stamp is None or cached is None or cached[0] != stamp:
@@ -203,8 +193,7 @@ class Git:
     def _raw(self, args: list[str], env: dict[str, str], settings: list[str], input=None, binary: bool = False,
              timeout: float | None = None) -> subprocess.CompletedProcess:
         cmd = [git_executable(), *(x for s in settings for x in ("-c", s)), *args]
-        proc = subprocess.run(cmd, cwd=self.cwd, env=env, input=input, capture_output=True, text=not binary,
-                              timeout=timeout)
+        proc = _bounded(cmd, self.cwd, env, input, binary, timeout)
         err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
         dubious = _DUBIOUS.search(err) if proc.returncode != 0 else None
         if dubious and dubious.group(1) not in self._trusted:
@@ -213,7 +202,9 @@ class Git:
             probe = subprocess.run([git_executable(), "rev-parse", "--git-dir"], cwd=self.cwd, capture_output=True,
                                    env=self._base_env(transport=True))
             if probe.returncode != 0:
-                raise C128Error(_dubious_message(path))
+                raise C128Error(f"git refuses {path}: it is owned by another user (git's safe.directory check: "
+                                "\"detected dubious ownership\"); if you trust it, run: "
+                                f"{shlex.join(['git', 'config', '--global', '--add', 'safe.directory', path])}")
             self._trusted = (*self._trusted, path)
             return self._raw(args, env, [*settings, f"safe.directory={path}"], input, binary, timeout)
         return proc
@@ -223,19 +214,11 @@ class Git:
         return ([git_executable(), *(x for s in self._settings() for x in ("-c", s)), *args],
                 self._base_env(transport=bool(args) and args[0] in _TRANSPORT))
 
-    def run(
-        self,
-        *args: str,
-        check: bool = True,
-        input: str | bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        binary: bool = False,
-        transport: bool = False,
-        timeout: float | None = None,
-    ) -> subprocess.CompletedProcess:
-        """Run git; ``transport``: a clone or fetch from a URL, which keeps the operator's global
-        config (proxies, credentials); every other call runs without it. Past ``timeout`` seconds git
-        is killed and ``subprocess.TimeoutExpired`` raised."""
+    def run(self, *args: str, check: bool = True, input: str | bytes | None = None,
+            env: Mapping[str, str] | None = None, binary: bool = False, transport: bool = False,
+            timeout: float | None = None) -> subprocess.CompletedProcess:
+        """Run git; ``transport``: a clone or fetch from a URL, which keeps the operator's global config
+        (proxies, credentials). Past ``timeout`` seconds git is killed (``subprocess.TimeoutExpired``)."""
         full_env = self._base_env(transport=transport and bool(args) and args[0] in _TRANSPORT)
         if env:
             full_env.update(env)
@@ -283,8 +266,7 @@ class Git:
         return proc.stdout.strip() or None if proc.returncode == 0 else None
 
     def current_branch(self) -> str | None:
-        proc = self.run("symbolic-ref", "--quiet", "--short", "HEAD", check=False)
-        return proc.stdout.strip() if proc.returncode == 0 else None
+        return self.out("symbolic-ref", "--quiet", "--short", "HEAD", check=False) or None
 
     def head(self) -> str | None:
         return self.rev_parse("HEAD")
@@ -307,19 +289,32 @@ class Git:
     def tree_entry(self, rev: str, path: str) -> tuple[str, str, str] | None:
         """(mode, type, sha) of ``path`` at ``rev``, or None."""
         text = self.out("ls-tree", rev, "--", path)
-        if not text:
-            return None
-        meta, _name = text.split("\t", 1)
-        mode, typ, sha = meta.split()
-        return mode, typ, sha
+        return tuple(text.split("\t", 1)[0].split()) if text else None  # type: ignore[return-value]
+
+
+def _bounded(cmd: list[str], cwd: Path, env: dict[str, str], input, binary: bool,
+             timeout: float | None) -> subprocess.CompletedProcess:
+    """``subprocess.run``; with ``timeout``, git and every helper it starts (a transport) end together
+    when it passes (``subprocess.TimeoutExpired``) or when this process is interrupted."""
+    if timeout is None:
+        return subprocess.run(cmd, cwd=cwd, env=env, input=input, capture_output=True, text=not binary)
+    with subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE if input is not None else None,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=not binary,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _checked(args: Sequence[str], proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     """``proc``, or ``GitError`` where it failed."""
     if proc.returncode != 0:
-        err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
-        out = proc.stdout if isinstance(proc.stdout, str) else proc.stdout.decode(errors="replace")
-        raise GitError(args, proc.returncode, err, out)
+        raise GitError(args, proc.returncode, *(x if isinstance(x, str) else x.decode(errors="replace")
+                                                for x in (proc.stderr, proc.stdout)))
     return proc
 
 
@@ -385,12 +380,9 @@ class ReadMemo(Git):
             self._ancestors[b] = seen
         return a in self._ancestors[b]
 
-    def run(self, *args: str, check: bool = True, input: str | bytes | None = None,
-            env: Mapping[str, str] | None = None, binary: bool = False, transport: bool = False,
-            timeout: float | None = None) -> subprocess.CompletedProcess:
-        if not args or args[0] not in _QUERIES or input is not None or env or transport or timeout:
-            return super().run(*args, check=check, input=input, env=env, binary=binary, transport=transport,
-                               timeout=timeout)
+    def run(self, *args: str, check: bool = True, binary: bool = False, **kw) -> subprocess.CompletedProcess:
+        if not args or args[0] not in _QUERIES or any(v is not None and v is not False for v in kw.values()):
+            return super().run(*args, check=check, binary=binary, **kw)
         key = (args, binary)
         proc = self._memo.get(key)
         if proc is None:
@@ -429,10 +421,7 @@ def remembered(git: Git, key: tuple, compute: Callable[[], T]) -> T:
 
 
 def is_work_tree(path: Path) -> bool:
-    if not path.is_dir():
-        return False
-    proc = Git(worktree=path).run("rev-parse", "--is-inside-work-tree", check=False)
-    return proc.returncode == 0 and proc.stdout.strip() == "true"
+    return path.is_dir() and Git(worktree=path).out("rev-parse", "--is-inside-work-tree", check=False) == "true"
 
 
 def toplevel(path: Path) -> Path:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from c128patch.errors import C128Error
+from c128patch.series.paths import confine
 
 LOCK_NAME = "contract.lock"
 HEADER = ("# c128patch API contract: the upstream surface this series uses, one line per use site.\n"
@@ -74,12 +75,17 @@ def lock_path(patches_dir: Path) -> Path:
 
 
 def read_lock(patches_dir: Path) -> Lock | None:
-    """The committed lock, or None when the series has none; a malformed line is refused."""
+    """The committed lock, or None when the series has none; a malformed line or a symlink is refused."""
     path = lock_path(patches_dir)
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():
         return None
+    confine(patches_dir.parent, f"{patches_dir.name}/{LOCK_NAME}", "the contract lock", regular=True)
     lock = Lock(path)
-    for number, raw in enumerate(path.read_text().splitlines(), 1):
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise C128Error(f"{path}: not UTF-8 (at byte {exc.start}); rewrite it with `c128patch refresh`") from None
+    for number, raw in enumerate(text.splitlines(), 1):
         body, _, signature = raw.partition("  # ")
         if raw.startswith("# base "):
             lock.base = raw.removeprefix("# base ").strip()

@@ -14,8 +14,9 @@ rule a series has (strict names, no path leaving the tree, nothing of git's own)
 ``<layer>/<entry>``. It is a ``Series``, so everything that replays one (plan, apply, check,
 rebase, equivalence, the wheel) replays the stack; ``part`` says which folder an entry's files
 and ledger live in. Which layers: ``--layer DIR`` (repeatable), else ``$C128PATCH_LAYERS``
-(``os.pathsep``-separated; empty: none), else ``c128patch.toml`` in the current folder or the
-nearest one above it (``[layers] paths = [...]``, relative to that file, inside its folder).
+(``os.pathsep``-separated; empty: none), else the operator's ``c128patch.toml`` (``find_config``;
+``[layers] paths = [...]``, relative to that file, inside its folder). A layer folder the env or a
+config names inside a tree the tool patches is refused: config comes from the operator only.
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ from c128patch.series.manifest import (
     load_series,
     read_toml,
 )
+from c128patch.series.paths import confine
 from c128patch.series.trailers import ENTRY_TRAILER, find_trailers
 
 LAYER_NAME = re.compile(r"[a-z][a-z0-9]{0,31}")
 LAYER_NAME_RULE = "1-32 characters of a-z 0-9, starting with a letter (it goes into the wheel's PEP 440 label)"
 SEP = "/"  # <layer>/<entry>
 CONFIG = "c128patch.toml"
+UPSTREAM_PACKAGE = "python/sglang"  # a tree in upstream's layout: one the tool patches
 ENV = "C128PATCH_LAYERS"
 
 
@@ -56,13 +59,8 @@ def check_layer_name(name: str, where: str) -> str:
 
 def known_bases(series: Series) -> list[str]:
     """The bases our series was made on: where a layer may start."""
-    seen: dict[str, None] = {}
-    if series.base:
-        seen[series.base] = None
-    for e in series.entries:
-        for v in e.patch_files():
-            seen[v.base] = None
-    return list(seen)
+    bases = [series.base] if series.base else []
+    return list(dict.fromkeys([*bases, *(v.base for e in series.entries for v in e.patch_files())]))
 
 
 def load_layer(folder: Path, series: Series) -> Series:
@@ -170,7 +168,7 @@ def layer_folders(series: Series) -> list[str]:
 
 def layer_args(series: Series) -> list[str]:
     """``--layer DIR`` for each layer of a stack: what a printed command needs to name the same stack."""
-    return [arg for folder in layer_folders(series) for arg in ("--layer", folder)]
+    return [arg for layer in series.layers for arg in ("--layer", str(layer.root))]
 
 
 def overlap_note(series: Series, earlier: list[tuple[str, list[str]]], name: str, paths: list[str]) -> str:
@@ -204,24 +202,43 @@ def read_config(path: Path) -> tuple[Path, ...]:
     paths = layers.get("paths", [])
     if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
         raise C128Error(f"{path}: [layers] paths must be an array of folder names")
-    root = path.parent.resolve()
-    out = []
-    for p in paths:
-        folder = (root / p).resolve()
-        if Path(p).is_absolute() or os.path.commonpath([root, folder]) != str(root):
-            raise C128Error(f"unsafe path in {path}: layer {p!r} (must be relative, inside {root})")
-        out.append(folder)
-    return tuple(out)
+    return tuple(confine(path.parent.resolve(), p, f"{path} [layers] paths").resolve() for p in paths)
+
+
+def _patched_top(folder: Path) -> bool:
+    """Is ``folder`` the top of a tree the tool patches (a repository in upstream's layout)?"""
+    return (folder / ".git").exists() and (folder / UPSTREAM_PACKAGE).is_dir()
+
+
+def find_config(start: Path) -> Path | None:
+    """The operator's ``c128patch.toml``: in ``start`` or a folder above it, up to the first repository
+    top that is not a tree the tool patches; never inside such a tree; owned by the current user."""
+    chain = [start, *start.parents]
+    tops = [i for i, folder in enumerate(chain) if (folder / ".git").exists()]
+    inside = max([i + 1 for i in tops if _patched_top(chain[i])], default=0)
+    last = min([i for i in tops if i >= inside], default=len(chain) - 1)
+    config = next((f / CONFIG for f in chain[inside:last + 1] if (f / CONFIG).is_file()), None)
+    if config is not None and config.stat().st_uid != os.getuid():
+        raise C128Error(f"{config} is owned by another user (uid {config.stat().st_uid}): not read (as git's "
+                        f"safe.directory); take it over (chown), or name the layers with --layer or {ENV}")
+    return config
 
 
 def find_layers(given: tuple[Path, ...] = (), cwd: Path | None = None) -> LayerSource:
     """The layers to use (see the module doc for the order)."""
     env = os.environ.get(ENV)
-    if given or env is not None:
-        return LayerSource(tuple(given) or tuple(Path(p) for p in (env or "").split(os.pathsep) if p))
+    if given:
+        return LayerSource(tuple(given))
     start = (cwd or Path.cwd()).resolve()
-    config = next((folder / CONFIG for folder in [start, *start.parents] if (folder / CONFIG).is_file()), None)
-    return LayerSource(read_config(config) if config else ())
+    config = None if env is not None else find_config(start)
+    folders = tuple((start / p).resolve() for p in (env or "").split(os.pathsep) if p) if env is not None \
+        else read_config(config) if config else ()
+    for folder in folders:
+        top = next((f for f in [folder, *folder.parents] if _patched_top(f)), None)
+        if top is not None:
+            raise C128Error(f"layer folder {folder} (from {ENV if env is not None else config}) is inside {top}, a "
+                            "tree c128patch patches: layers come from the operator, not from upstream")
+    return LayerSource(folders)
 
 
 def get_series(series_dir: Path | None, layers: Sequence[Path] = ()) -> Series:

@@ -37,16 +37,12 @@ def normalize_markers(text: str) -> str:
     return _MARKER.sub(lambda m: m.group(1), text)
 
 
-def _squash(line: str) -> str:
-    return " ".join(line.split())
-
-
 def conflict_key(path: str, text: str, *, whitespace: bool = True) -> str:
     """A hash of the conflict blocks of ``text`` (markers normalized), and the path; with
     ``whitespace=False`` each line's runs of whitespace count as one space."""
     blocks, inside, current = [], False, []
     for line in normalize_markers(text).splitlines():
-        line = line if whitespace else _squash(line)
+        line = line if whitespace else " ".join(line.split())
         if line == "<" * 7:
             inside, current = True, [line]
         elif inside:
@@ -96,10 +92,12 @@ class Ledger:
         self.index = self.root / "ledger.toml"
 
     def _of(self, entry: str) -> tuple[Ledger, str]:
-        """The ledger an entry's resolutions live in (a layer's own, ``layers.Stack``) and its name there."""
+        """The ledger an entry's resolutions live in (a layer's own, ``layers.Stack``) and its checked name
+        there: a name from a journal or a pull request becomes a folder of the ledger."""
         part, local = self.series.part(entry)
-        return ((self, entry) if part.patches_dir == self.series.patches_dir and local == entry
-                else (Ledger(part), local))
+        check_entry_name(local, f"the ledger {self.index}")
+        same = part.patches_dir == self.series.patches_dir and local == entry
+        return (self, entry) if same else (Ledger(part), local)
 
     def rows(self) -> list[dict]:
         """The ledger's rows; a ledger that is not one (bad TOML, wrong shape) is a one-line error."""
@@ -122,8 +120,7 @@ class Ledger:
         return any(r["entry"] == local for r in ledger.rows())
 
     def _diff_path(self, entry: str, key: str) -> Path:
-        """Built from a checked name and key only: both come from files a pull request can change."""
-        check_entry_name(entry, f"the ledger {self.index}")
+        """Built from a name ``_of`` checked and a checked key: both come from files a pull request can change."""
         if not _KEY.fullmatch(str(key)):
             raise C128Error(f"unsafe ledger key in {self.index}: {key!r} (a key is 1-64 hex digits)")
         return self.root / entry / f"{key}.diff"

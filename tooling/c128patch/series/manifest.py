@@ -19,7 +19,13 @@ from c128patch.errors import C128Error
 from c128patch.jsonio import write_atomic
 from c128patch.series import txn
 from c128patch.series.gates import Gate, parse_gates
-from c128patch.series.paths import check_entry_name, check_relpath, duplicates
+from c128patch.series.paths import (  # noqa: F401  (safe_destination, symlink_on_path: re-exported)
+    check_entry_name,
+    check_relpath,
+    duplicates,
+    symlink_on_path,
+)
+from c128patch.series.paths import confine as safe_destination  # noqa: F401
 
 MANIFEST = "patches/series.toml"
 KINDS = ("patch", "overlay")
@@ -31,29 +37,6 @@ ABSENT = "absent"  # a file a patch creates: not in its base's sources
 
 def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def symlink_on_path(root: Path, path: Path) -> Path | None:
-    """The first symlink among ``path`` and its folders below ``root``, if any."""
-    rel = path.relative_to(root)
-    for part in [*reversed(rel.parents[:-1]), rel]:
-        if (root / part).is_symlink():
-            return root / part
-    return None
-
-
-def safe_destination(root: Path, rel: str, what: str) -> Path:
-    """``root/rel``, about to be written: refused when it or a folder on the way is a symlink in
-    ``root`` as it is now, or when it would resolve outside ``root``."""
-    dest = root / check_relpath(rel, what)
-    link = symlink_on_path(root, dest)
-    if link is not None:
-        raise C128Error(f"unsafe path in {what}: {rel} goes through the symlink {link.relative_to(root)} "
-                        f"(-> {os.readlink(link)}) in {root}; nothing was written")
-    real_root = os.path.realpath(root)
-    if os.path.commonpath([real_root, os.path.realpath(dest)]) != real_root:
-        raise C128Error(f"unsafe path in {what}: {rel} resolves outside {root}; nothing was written")
-    return dest
 
 
 @dataclass(frozen=True)
@@ -269,13 +252,6 @@ def _entry(raw: Any, index: int, path: Path) -> Entry:
     return entry
 
 
-def _version(value: str, path: Path) -> str:
-    """The series version goes into commit trailers and wheel labels: one line, no spaces."""
-    if not value.isprintable() or " " in value:
-        raise C128Error(f"{path} [series]: unsafe version {value!r} (one word, no spaces or control characters)")
-    return value
-
-
 def load_series(root: Path) -> Series:
     root = root.resolve()
     path = root / MANIFEST
@@ -294,9 +270,11 @@ def load_series(root: Path) -> Series:
     if dupes:
         raise C128Error(f"{path}: duplicate entry name(s) {', '.join(dupes)}")
     where = f"{path} [series]"
-    return Series(root, check_entry_name(_str(head, "name", where, required=True), where),
-                  _version(_str(head, "version", where, required=True), path), _str(head, "base", where), entries,
-                  gates=parse_gates(doc.get("gates"), path))
+    version = _str(head, "version", where, required=True)
+    if not version.isprintable() or " " in version:  # it goes into commit trailers and wheel labels
+        raise C128Error(f"{where}: unsafe version {version!r} (one word, no spaces or control characters)")
+    return Series(root, check_entry_name(_str(head, "name", where, required=True), where), version,
+                  _str(head, "base", where), entries, gates=parse_gates(doc.get("gates"), path))
 
 
 def default_series_root() -> Path:

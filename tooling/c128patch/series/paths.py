@@ -1,11 +1,13 @@
-"""What a series may name: the one set of rules for every path it carries or writes (overlay
-targets and sources, patch files, the paths inside patches) and for entry names, from which the
-paths of the ledger and of reports are built (docs/security.md)."""
+"""What input may name: the one confinement rule for every path taken from a series, a layer, a
+config, a journal, a ledger or a patch (``confine``), and for entry names, from which the paths of
+the ledger and of reports are built (docs/security.md)."""
 
 from __future__ import annotations
 
+import os
 import re
-from pathlib import PurePosixPath
+import stat
+from pathlib import Path, PurePosixPath
 from typing import Iterable
 
 from c128patch.errors import C128Error
@@ -36,6 +38,36 @@ def check_relpath(path: str, what: str) -> str:
         if folded_name(part) in _GIT_FILES:
             raise _unsafe(path, what, f"{part} decides what git runs and fetches: a series may not carry one")
     return path
+
+
+def symlink_on_path(root: Path, path: Path) -> Path | None:
+    """The first symlink among ``path`` and its folders below ``root``, if any."""
+    rel = path.relative_to(root)
+    return next((root / p for p in [*reversed(rel.parents[:-1]), rel] if (root / p).is_symlink()), None)
+
+
+def confine(root: Path, path: str, what: str, *, regular: bool = False) -> Path:
+    """``root/path`` for a ``path`` taken from input (``what`` names it): ``check_relpath``'s rules, no
+    symlink on the way, inside ``root`` once resolved; ``regular``: it must be an existing regular file."""
+    dest = root / check_relpath(path, what)
+    link = symlink_on_path(root, dest)
+    if link is not None:
+        raise C128Error(f"unsafe path in {what}: {path} goes through the symlink {link.relative_to(root)} "
+                        f"(-> {os.readlink(link)}) in {root}; nothing was written")
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([real_root, os.path.realpath(dest)]) != real_root:
+        raise C128Error(f"unsafe path in {what}: {path} resolves outside {root}; nothing was written")
+    if regular and not (dest.exists() and stat.S_ISREG(dest.stat().st_mode)):
+        raise C128Error(f"unsafe path in {what}: {path} is not a regular file in {root}")
+    return dest
+
+
+def inside(path: str) -> bool:
+    """Does ``path`` pass ``check_relpath``?"""
+    try:
+        return bool(check_relpath(path, ""))
+    except C128Error:
+        return False
 
 
 def check_entry_name(name: str, where: str) -> str:

@@ -20,14 +20,13 @@ there; ``merged_entries`` lists it). Planning writes nothing but objects into th
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from c128patch.errors import C128Error
-from c128patch.git import Git, ReadMemo, remembered
+from c128patch.git import Git, ReadMemo, blob_id, remembered
 from c128patch.series.lazy_index import LazyIndex, ls_tree, plain_paths
 from c128patch.series.manifest import ABSENT, Entry, Series, Variant, sha256_file, symlink_on_path
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch, read_patches
@@ -59,11 +58,6 @@ def sources_at(git: Git, commit: str, paths: list[str]) -> tuple[tuple[str, str]
     found.update({name: sha for name, (_mode, kind, sha) in ls_tree(git, commit, paths, "-r", "--full-tree").items()
                   if name in found and kind == "blob"})
     return tuple(sorted(found.items()))
-
-
-def blob_id(data: bytes) -> str:
-    """git's blob id of ``data`` (what ``git hash-object`` prints), without writing it."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 (git's id, not security)
 
 
 _WRITTEN: dict[tuple, str] = {}  # (repository, file, its content) -> the blob ``hash-object -w`` wrote for it

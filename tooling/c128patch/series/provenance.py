@@ -11,7 +11,8 @@ from c128patch import __version__
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.layers import layer_rows
-from c128patch.series.manifest import Series, check_relpath, sha256_file
+from c128patch.series.manifest import Series, sha256_file
+from c128patch.series.paths import inside
 
 if TYPE_CHECKING:  # series.plan pulls unidiff; reading a provenance record must not need it
     from c128patch.series.plan import Planned
@@ -102,17 +103,9 @@ def record_problem(record: Any) -> str | None:
             return f"entry #{i + 1} has no name and kind"
         if not isinstance(e.get("files", []), list) or not all(isinstance(f, str) for f in e.get("files", [])):
             return f"entry '{e['name']}': 'files' is not a list of paths"
-        bad = next((f for f in e.get("files", []) if not _inside(f)), None)
+        bad = next((f for f in e.get("files", []) if not inside(f)), None)
         if bad is not None:
             return f"entry '{e['name']}': file {bad!r} is not a path inside the tree"
-        if e["kind"] == "overlay" and not _inside(e.get("target") if isinstance(e.get("target"), str) else ""):
+        if e["kind"] == "overlay" and not inside(e.get("target") if isinstance(e.get("target"), str) else ""):
             return f"overlay entry '{e['name']}' has no target inside the tree"
     return None
-
-
-def _inside(path: str) -> bool:
-    try:
-        check_relpath(path, "provenance")
-    except C128Error:
-        return False
-    return True

@@ -1,63 +1,76 @@
-"""All-or-nothing writes into a series folder (``refresh``): stage, commit by one rename, roll forward.
+"""All-or-nothing writes into series folders (``refresh``, ``layer add-entry``): stage, commit by one
+rename, roll forward.
 
-``commit(root, files, deletes)`` stages every new file under ``<root>/.c128patch-txn/`` (a
-temporary name while staging), writes the plan (which staged file goes where, which files go),
-then renames the staging folder to its final name: that rename is the commit point. Only then
-are the files moved into place (``os.replace``, the manifest last) and the stale ones removed.
-A kill before the commit point leaves the old series (the half-staged folder is removed by the
-next reader); a kill after it leaves a committed plan that ``recover`` (run by ``load_series``,
-so by every command that reads the series) finishes. Either way every reader sees the old series
-or the new one, never a mix.
-
-``commit_all`` writes several folders (a stack: our series and its layers) as one transaction
-(``commit`` is the case of one): every part is staged first (a failure there removes every staging
-folder: nothing changed), then the first part's staging is renamed (the one commit point), then the
-others are swapped in and finished (``_finish_group``). ``recover`` finishes a group from any of its
-parts once the first is committed, and drops it before; if that fails, the error names the way back.
+``commit_all(parts)`` stages each part's new files under ``<root>/.c128patch-txn-staging/`` with a
+plan (which staged file goes where, which files go, the group of folders written together); a
+failure there removes every staging folder: nothing changed. Renaming the first part's staging to
+``.c128patch-txn`` is the one commit point; then every part is swapped in and its files moved into
+place (``os.replace``, the manifest last). A kill before the commit point leaves the old series; one
+after it leaves a committed plan that ``recover`` (run by ``load_series``, so by every command that
+reads a series) finishes. A plan is input: before anything moves it is checked (``_plan``): every
+path confined to its folder (``paths.confine``), every folder of its group holding a plan of that
+group. ``locked`` serialises the writers of one folder.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import json
 import os
+import re
 import shutil
 import uuid
-from pathlib import Path, PurePosixPath
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Iterator, TypeVar
 
 from c128patch.errors import C128Error
+from c128patch.series.paths import confine
 
 TXN = ".c128patch-txn"
 STAGING = ".c128patch-txn-staging"
 PLAN = "plan.json"
+_STAGED = re.compile(r"\d{5}")
+_HELD: dict[str, int] = {}  # folder -> the descriptor this process holds its lock on
+
+Part = tuple[Path, dict[Path, bytes], list[Path], "Path | None"]  # root, files, deletes, last
+F = TypeVar("F", bound=Callable)
 
 
 def _no_fault(_name: str) -> None:
     return None
 
 
-def _rel(root: Path, path: Path) -> str:
-    try:  # by name (a symlink in the series is not followed here)
-        rel = path.relative_to(root).as_posix() if path.is_absolute() else path.as_posix()
-    except ValueError:
-        rel = ""
-    parts = PurePosixPath(rel).parts
-    if not parts or any(p in ("", ".", "..") for p in parts) or parts[0] in (TXN, STAGING):
-        raise C128Error(f"internal: refusing to write {path} outside the series folder {root}")
-    return rel
+@contextlib.contextmanager
+def locked(root: Path) -> Iterator[None]:
+    """The folder's writers one at a time (an advisory lock on the folder itself; re-entrant)."""
+    key = os.path.realpath(root)
+    if key in _HELD:  # this process holds it already
+        yield
+        return
+    _HELD[key] = os.open(key, os.O_RDONLY)
+    try:
+        fcntl.flock(_HELD[key], fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(_HELD.pop(key))  # (releases the lock)
+
+
+def serialised(func: F) -> F:
+    """``func(folder, ...)`` under ``locked(folder)``: a load, change and commit of one folder at a time."""
+    @functools.wraps(func)
+    def wrapper(folder: Path, *args, **kw):  # noqa: ANN202
+        with locked(folder):
+            return func(folder, *args, **kw)
+    return wrapper  # type: ignore[return-value]
 
 
 def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
+    fd = os.open(path, os.O_RDONLY)
+    with contextlib.suppress(OSError):  # not every file system syncs a folder; the rename is still atomic
         os.fsync(fd)
-    except OSError:
-        pass  # not every file system syncs a folder; the rename is still atomic
-    finally:
-        os.close(fd)
+    os.close(fd)
 
 
 def _write_synced(path: Path, data: bytes) -> None:
@@ -67,20 +80,26 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
+def _rel(root: Path, path: Path) -> str:
+    rel = path.relative_to(root).as_posix() if path.is_absolute() and path.is_relative_to(root) else str(path)
+    confine(root, rel, f"the refresh of {root}")
+    if rel.split("/")[0] in (TXN, STAGING):
+        raise C128Error(f"internal: refusing to write {path} into the transaction folder of {root}")
+    return rel
+
+
 def _stage(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path | None,
-           fault: Callable[[str], None], prefix: str = "", group: dict | None = None) -> None:
+           fault: Callable[[str], None], prefix: str, group: dict) -> None:
     """Stage the new files and the plan in ``root``'s staging folder (nothing in place changes)."""
     staging = root / STAGING
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "files").mkdir(parents=True)
-    order = sorted(files, key=lambda p: (last is not None and p == last, str(p)))
     moves = []
-    for i, path in enumerate(order):
-        rel = _rel(root, path)
+    for i, path in enumerate(sorted(files, key=lambda p: (p == last, str(p)))):
         _write_synced(staging / "files" / f"{i:05d}", files[path])
-        moves.append([f"{i:05d}", rel])
+        moves.append([f"{i:05d}", _rel(root, path)])
         fault(f"refresh-{prefix}staged:{i}")
-    plan = {"moves": moves, "deletes": [_rel(root, p) for p in deletes], **({"group": group} if group else {})}
+    plan = {"moves": moves, "deletes": [_rel(root, p) for p in deletes], "group": group}
     _write_synced(staging / PLAN, json.dumps(plan).encode())
     _fsync_dir(staging)
 
@@ -92,13 +111,9 @@ def _swap(root: Path) -> None:
 
 def commit(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path | None = None,
            fault: Callable[[str], None] = _no_fault) -> None:
-    """Write ``files`` and remove ``deletes`` under ``root`` as one transaction (``last``: the file
-    moved into place last, the manifest). ``fault(point)`` is called at each named point (the
-    fault-injection hook of the tests: ``ops.faults``)."""
+    """Write ``files`` and remove ``deletes`` under ``root`` as one transaction (``last``: the file moved
+    into place last, the manifest); ``fault(point)``: the tests' fault-injection hook (``ops.faults``)."""
     commit_all([(root, files, deletes, last)], fault)
-
-
-Part = tuple[Path, dict[Path, bytes], list[Path], Path | None]  # root, files, deletes, last
 
 
 def commit_all(parts: list[Part], fault: Callable[[str], None] = _no_fault) -> None:
@@ -107,89 +122,113 @@ def commit_all(parts: list[Part], fault: Callable[[str], None] = _no_fault) -> N
     if not parts:
         return
     roots = [root for root, *_ in parts]
-    group = {"id": uuid.uuid4().hex, "head": str(roots[0]), "parts": [str(r) for r in roots]}
-    try:
-        for k, (root, files, deletes, last) in enumerate(parts):
-            recover(root)
-            _stage(root, files, deletes, last, fault, "" if k == 0 else f"part{k}-", group)
-        fault("refresh-before-commit")
-    except BaseException as exc:
+    group = {"id": uuid.uuid4().hex, "parts": [os.path.realpath(r) for r in roots]}
+    with contextlib.ExitStack() as stack:
         for root in roots:
-            shutil.rmtree(root / STAGING, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise C128Error(f"cannot stage the refresh ({exc}); nothing was changed in {', '.join(map(str, roots))}") \
-                from None
-        raise
-    _swap(roots[0])  # the commit point: the first part's plan names the group
-    fault("refresh-committed")
-    _finish_group(roots[0], group, fault)
+            stack.enter_context(locked(root))
+        try:
+            for k, (root, files, deletes, last) in enumerate(parts):
+                recover(root)
+                _stage(root, files, deletes, last, fault, "" if k == 0 else f"part{k}-", group)
+            fault("refresh-before-commit")
+        except BaseException as exc:
+            for root in roots:
+                shutil.rmtree(root / STAGING, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise C128Error(f"cannot stage the refresh ({exc}); nothing was changed in "
+                                f"{', '.join(map(str, roots))}") from None
+            raise
+        _swap(roots[0])  # the commit point: the first part's plan names the group
+        fault("refresh-committed")
+        _finish(group, fault)
 
 
-def _finish_group(head: Path, group: dict, fault: Callable[[str], None] = _no_fault) -> None:
+def _read(folder: Path) -> dict | None:
+    try:
+        plan = json.loads((folder / PLAN).read_text())
+    except (OSError, ValueError):
+        return None
+    return plan if isinstance(plan, dict) else None
+
+
+def _plan(root: Path, folder: str, group: bool = True) -> dict:
+    """The plan in ``root``'s ``folder`` (TXN or STAGING), checked before anything moves: its paths
+    confined to ``root``, its group naming ``root``; with ``group``, only folders holding a plan of that group."""
+    where = f"the interrupted refresh {root / folder / PLAN}"
+    confine(root, f"{folder}/{PLAN}", where, regular=True)
+    plan = _read(root / folder) or {}
+    moves, deletes, group_of = plan.get("moves"), plan.get("deletes"), plan.get("group")
+    parts = group_of.get("parts") if isinstance(group_of, dict) else None
+    if not isinstance(moves, list) or not isinstance(deletes, list) or not all(isinstance(d, str) for d in deletes) \
+            or not all(isinstance(m, list) and len(m) == 2 and _STAGED.fullmatch(str(m[0])) for m in moves):
+        raise C128Error(f"{where}: 'moves' must be pairs of a staged file and a path, 'deletes' paths")
+    for rel in [*(str(rel) for _, rel in moves), *deletes]:
+        if rel.split("/")[0] in (TXN, STAGING):
+            raise C128Error(f"{where}: {rel!r} is the transaction's own folder")
+        confine(root, rel, where)
+    if not isinstance(parts, list) or os.path.realpath(root) not in parts:
+        raise C128Error(f"{where}: its group does not name its own folder {root}")
+    for part in parts if group else ():
+        if not any((_read(Path(part) / f) or {}).get("group") == group_of for f in (TXN, STAGING)):
+            raise C128Error(f"{where}: {part!r} is not a folder of the same refresh")
+    return plan
+
+
+def _finish(group: dict, fault: Callable[[str], None] = _no_fault) -> None:
     """Swap in and finish every other part of a committed group, keeping each one's plan (so a reader
-    of that part finishes the group), then the first part, then the other plans."""
-    others = [Path(part) for part in group["parts"][1:]]
+    of that part finishes the group), then the first part; then the plans go, the first part's first."""
+    head, *others = (Path(p) for p in group["parts"])
+    plans = {root: _plan(root, TXN if (root / TXN).is_dir() else STAGING) for root in (head, *others)}
     for k, root in enumerate(others, 1):
-        if _plan_group(root / STAGING) == group["id"]:
+        if not (root / TXN).is_dir():
             _swap(root)
-        if (root / TXN).is_dir():
-            _roll_forward(root, root / TXN, remove=False)
+        _roll_forward(root, plans[root])
         fault(f"refresh-swapped:{k}")
-    _roll_forward(head, head / TXN, fault)
-    for root in others:
+    _roll_forward(head, plans[head], fault)
+    for root in (head, *others):  # a part whose first part's plan is gone finishes alone
         shutil.rmtree(root / TXN, ignore_errors=True)
 
 
-def _group(folder: Path) -> dict | None:
-    """The group a staged or committed plan in ``folder`` belongs to (``commit_all``), if any."""
-    try:
-        group = json.loads((folder / PLAN).read_text()).get("group")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return group if isinstance(group, dict) and isinstance(group.get("id"), str) else None
-
-
-def _plan_group(folder: Path) -> str | None:
-    return (_group(folder) or {}).get("id")
-
-
-def _committed(group: dict) -> bool:
-    """Whether ``group``'s first part is committed (its plan, naming the group, under its TXN)."""
-    return isinstance(group.get("head"), str) and _plan_group(Path(group["head"]) / TXN) == group["id"]
-
-
-def _roll_forward(root: Path, txn: Path, fault: Callable[[str], None] = _no_fault, remove: bool = True) -> None:
-    plan = json.loads((txn / PLAN).read_text())
+def _roll_forward(root: Path, plan: dict, fault: Callable[[str], None] = _no_fault) -> None:
+    where = f"the refresh of {root}"
     for n, (staged, rel) in enumerate(plan["moves"]):
-        src = txn / "files" / staged
+        src = root / TXN / "files" / staged
         if src.exists():  # not moved yet (a re-run after a kill skips the ones done)
-            dest = root / rel
+            confine(root, f"{TXN}/files/{staged}", where, regular=True)
+            dest = confine(root, rel, where)
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dest)
         fault(f"refresh-moved:{n}")
     for rel in plan["deletes"]:
-        try:
-            (root / rel).unlink()
-        except FileNotFoundError:
-            pass
-    if remove:
-        shutil.rmtree(txn)
+        confine(root, rel, where).unlink(missing_ok=True)
 
 
 def recover(root: Path) -> str | None:
     """Finish a committed transaction a kill interrupted, or drop an uncommitted one; says which.
-    A part of a group (``commit_all``) is finished with the whole group once its first part is committed."""
+    A part of a group is finished with the whole group once its first part is committed."""
+    if not ((root / TXN).exists() or (root / STAGING).exists()):
+        return None
+    with locked(root):  # not while a writer stages
+        return _recover(root)
+
+
+def _recover(root: Path) -> str | None:
     try:
-        for folder in (root / TXN, root / STAGING):
-            group = _group(folder) if folder.is_dir() else None
-            if group is not None and _committed(group):
-                _finish_group(Path(group["head"]), group)
+        for folder in (TXN, STAGING):
+            group = (_read(root / folder) or {}).get("group") if (root / folder).is_dir() else None
+            parts = group.get("parts") if isinstance(group, dict) else None
+            if isinstance(parts, list) and parts and isinstance(parts[0], str) \
+                    and (_read(Path(parts[0]) / TXN) or {}).get("group") == group:
+                _plan(root, folder)
+                _finish(group)
                 return "finished an interrupted refresh"
-        if (root / TXN).is_dir():
-            _roll_forward(root, root / TXN)
+        if (root / TXN).is_dir():  # its first part's plan is gone: the group was finished but for this one
+            _roll_forward(root, _plan(root, TXN, group=False))
+            shutil.rmtree(root / TXN)
             return "finished an interrupted refresh"
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise C128Error(f"{root / TXN}: an interrupted refresh cannot be finished ({exc}); restore patches/ of "
+    except (OSError, ValueError, KeyError, TypeError, C128Error) as exc:
+        why = exc.message if isinstance(exc, C128Error) else str(exc)
+        raise C128Error(f"{root / TXN}: an interrupted refresh cannot be finished ({why}); restore patches/ of "
                         f"each folder it wrote from git (git -C {root} checkout -- patches) and remove their "
                         f"{TXN} and {STAGING} folders") from None
     if (root / STAGING).is_dir():

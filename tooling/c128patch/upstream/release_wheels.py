@@ -21,12 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.tags import Tag, sys_tags
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
 from c128patch.errors import C128Error
 from c128patch.progress import NullReporter, Reporter, transfer
-from c128patch.upstream.releases import PACKAGE, local_wheels, pip_download
+from c128patch.upstream.releases import PACKAGE, local_wheels, parsed_name, pip_download
 
 _PYTHON_TAG = re.compile(r"^(cp|pp)(\d)(\d*)$")
 _PLATFORM_TAG = re.compile(r"^[a-z0-9_]+$")
@@ -90,11 +89,8 @@ class WheelTarget:
 
 def fit(wheel: Path, target: WheelTarget) -> int | None:
     """The best rank of any of the wheel's tags for ``target`` (None: it does not fit)."""
-    try:
-        tags = parse_wheel_filename(wheel.name)[3]
-    except InvalidWheelFilename:
-        return None
-    ranks = [r for r in (target.rank(t) for t in tags) if r is not None]
+    parsed = parsed_name(wheel)
+    ranks = [r for r in (target.rank(t) for t in (parsed[3] if parsed else ())) if r is not None]
     return min(ranks) if ranks else None
 
 
@@ -113,16 +109,8 @@ def index_wheels(version: str, timeout: float = 30) -> list[str]:
                                      headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         doc = json.load(response)
-    want = Version(version)
-    out = []
-    for item in doc.get("files", []):
-        name = str(item.get("filename", ""))
-        try:
-            if name.endswith(".whl") and parse_wheel_filename(name)[1] == want:
-                out.append(name)
-        except InvalidWheelFilename:
-            continue
-    return sorted(out)
+    names = (str(item.get("filename", "")) for item in doc.get("files", []))
+    return sorted(n for n in names if n.endswith(".whl") and (p := parsed_name(Path(n))) and p[1] == Version(version))
 
 
 def available(version: str) -> tuple[list[str], str]:

@@ -18,15 +18,17 @@ made from it still find it.
 from __future__ import annotations
 
 import calendar
+import contextlib
 import hashlib
 import importlib.metadata
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+import zlib
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
@@ -34,7 +36,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
-from c128patch.git import Git
+from c128patch.git import Git, blob_id
 from c128patch.jsonio import write_atomic
 from c128patch.progress import NullReporter, Reporter, transfer
 from c128patch.upstream.cache import cache_dir, ensure_folder, locked
@@ -69,32 +71,24 @@ def wheelhouses() -> list[Path]:
     return [*dirs, cache_dir() / "wheels"]
 
 
-def wheel_tags(wheel: Path) -> tuple[str, str] | None:
-    """(python tag, platform tag) of a wheel file name, e.g. ('cp311', 'manylinux_2_34_x86_64');
-    None for a name that is not a wheel's."""
+def parsed_name(wheel: Path) -> tuple | None:
+    """``packaging``'s (name, version, build, tags) of a wheel file name; None for a name that is not a wheel's."""
     try:
-        _name, _ver, _build, tags = parse_wheel_filename(wheel.name)
+        return parse_wheel_filename(wheel.name)
     except InvalidWheelFilename:
         return None
-    tag = sorted(tags, key=str)[0]
-    return tag.interpreter, tag.platform
+
+
+def wheel_tags(wheel: Path) -> tuple[str, str] | None:
+    """(python tag, platform tag) of a wheel file name, e.g. ('cp311', 'manylinux_2_34_x86_64')."""
+    tag = sorted(parsed[3], key=str)[0] if (parsed := parsed_name(wheel)) else None
+    return (tag.interpreter, tag.platform) if tag else None
 
 
 def local_wheels(version: str) -> list[Path]:
     """Every sglang ``version`` wheel in the wheelhouses ($C128PATCH_WHEELHOUSE, then the cache)."""
-    want = Version(version)
-    found = []
-    for folder in wheelhouses():
-        if not folder.is_dir():
-            continue
-        for candidate in sorted(folder.glob(f"{PACKAGE}-*.whl")):
-            try:
-                name, ver, _build, _tags = parse_wheel_filename(candidate.name)
-            except InvalidWheelFilename:
-                continue
-            if name == PACKAGE and ver == want:
-                found.append(candidate)
-    return found
+    return [w for folder in wheelhouses() if folder.is_dir() for w in sorted(folder.glob(f"{PACKAGE}-*.whl"))
+            if (parsed := parsed_name(w)) and parsed[:2] == (PACKAGE, Version(version))]
 
 
 def find_wheel(version: str) -> Path | None:
@@ -131,42 +125,34 @@ def pip_download(version: str, extra: tuple[str, ...] = (), progress: Progress |
 
 
 def _pip_download_into(dest: Path, version: str, extra: tuple[str, ...], progress: Progress | None) -> tuple[bool, str]:
-    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest)]
-    if progress is None:
-        proc = subprocess.run([*base, "-q", *extra, f"{PACKAGE}=={version}"], capture_output=True, text=True)
-        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
-        return proc.returncode == 0, last[0]
-    if not _pip_reports_bytes():  # an older pip says no bytes: the time it takes, then the size it got
-        return _pip_download_timed(base, dest, version, extra, progress)
+    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), *extra]
     last = ""
-    with subprocess.Popen([*base, "--progress-bar", "raw", *extra, f"{PACKAGE}=={version}"], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True) as pip:
-        assert pip.stdout is not None
-        for line in pip.stdout:
-            match = _RAW_PROGRESS.fullmatch(line.strip())
-            if match:
-                progress(int(match.group(1)), int(match.group(2)) or None)
-            elif line.strip():
-                last = line.strip()
-    return pip.returncode == 0, last
-
-
-def _pip_download_timed(base: list[str], dest: Path, version: str, extra: tuple[str, ...],
-                       progress: Progress) -> tuple[bool, str]:
+    if progress is not None and _pip_reports_bytes():
+        with subprocess.Popen([*base, "--progress-bar", "raw", f"{PACKAGE}=={version}"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) as pip:
+            for line in pip.stdout:  # type: ignore[union-attr]
+                match = _RAW_PROGRESS.fullmatch(line.strip())
+                if match:
+                    progress(int(match.group(1)), int(match.group(2)) or None)
+                elif line.strip():
+                    last = line.strip()
+        return pip.returncode == 0, last
+    # quiet, or an older pip that says no bytes: the time it takes, then the size it got
     with tempfile.TemporaryFile("w+") as out, subprocess.Popen(
-            [*base, "-q", *extra, f"{PACKAGE}=={version}"], stdout=out, stderr=subprocess.STDOUT, text=True) as pip:
+            [*base, "-q", f"{PACKAGE}=={version}"], stdout=out, stderr=subprocess.STDOUT, text=True) as pip:
         while True:
             try:
                 pip.wait(timeout=1.0)
                 break
             except subprocess.TimeoutExpired:
-                progress(-1, None)  # bytes unknown: the reporter says how long it has taken
+                if progress is not None:
+                    progress(-1, None)  # bytes unknown: the reporter says how long it has taken
         out.seek(0)
-        last = out.read().strip().splitlines()[-1:] or [""]
+        last = (out.read().strip().splitlines() or [""])[-1]
     size = sum(w.stat().st_size for w in dest.glob("*.whl"))
-    if pip.returncode == 0 and size:
+    if progress is not None and pip.returncode == 0 and size:
         progress(size, size)
-    return pip.returncode == 0, last[0]
+    return pip.returncode == 0, last
 
 
 def wheel_for(version: str, progress: Progress | None = None) -> Path:
@@ -185,27 +171,52 @@ def wheel_for(version: str, progress: Progress | None = None) -> Path:
     raise C128Error(f"unknown release 'v{version}': no sglang {version} wheel on the package index ({last})")
 
 
-@dataclass(frozen=True)
-class SourceFile:
-    path: str  # path in the upstream tree, e.g. python/sglang/srt/environ.py
-    mode: str  # git file mode
-    data: bytes
+@contextlib.contextmanager
+def _opened(wheel: Path) -> Iterator[zipfile.ZipFile]:
+    """The wheel as a zip; a truncated or corrupt one is one line naming it and how to fetch it again."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            yield zf
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        raise C128Error(f"{wheel}: not a whole wheel ({exc}); remove it (rm {shlex.quote(str(wheel))}) and run "
+                        "again: it is downloaded again") from None
 
 
-def iter_wheel_sources(wheel: Path) -> Iterator[SourceFile]:
-    """The source files of an sglang wheel, laid out as upstream's repository."""
-    with zipfile.ZipFile(wheel) as zf:
+def iter_wheel_sources(wheel: Path) -> Iterator[tuple[str, str, bytes]]:
+    """(path, git mode, content) of each source file of an sglang wheel, laid out as upstream's repository
+    (``python/sglang/srt/environ.py``)."""
+    with _opened(wheel) as zf:
         for info in sorted(zf.infolist(), key=lambda i: i.filename):
             name = info.filename
             if info.is_dir() or not name.startswith(f"{PACKAGE}/") or name.endswith(BINARY_SUFFIXES):
                 continue
             executable = (info.external_attr >> 16) & 0o111
-            yield SourceFile(TREE_PREFIX + name, "100755" if executable else "100644", zf.read(info))
+            yield TREE_PREFIX + name, "100755" if executable else "100644", zf.read(info)
+
+
+def wheel_tree(wheel: Path) -> str:
+    """git's tree id of the wheel's sources as the history lays them out (computed, nothing written)."""
+    root: dict = {}
+    for path, mode, data in iter_wheel_sources(wheel):
+        *folders, name = path.split("/")
+        node = root
+        for folder in folders:
+            node = node.setdefault(folder, {})
+        node[name] = (mode, blob_id(data))
+
+    def tree_id(node: dict) -> str:
+        body = b""
+        for name in sorted(node, key=lambda n: (n + "/" if isinstance(node[n], dict) else n).encode()):
+            mode, sha = ("40000", tree_id(node[name])) if isinstance(node[name], dict) else node[name]
+            body += f"{mode} {name}".encode() + b"\0" + bytes.fromhex(sha)
+        return hashlib.sha1(b"tree %d\0" % len(body) + body).hexdigest()  # noqa: S324 (git's id)
+
+    return tree_id(root)
 
 
 def wheel_timestamp(wheel: Path) -> int:
     """The release time recorded in the wheel (its dist-info/WHEEL entry), as a UTC epoch."""
-    with zipfile.ZipFile(wheel) as zf:
+    with _opened(wheel) as zf:
         for info in zf.infolist():
             if info.filename.endswith(".dist-info/WHEEL"):
                 return calendar.timegm((*info.date_time, 0, 0, 0))
@@ -225,42 +236,21 @@ def _fast_import_stream(versions: list[str], wheels: dict[str, Path], present: d
                         reporter: Reporter) -> Iterator[bytes]:
     """Commits for ``versions`` (oldest first); parents already in the repository are named by
     commit id (``present``: version -> commit)."""
-    marks: dict[str, int] = {}
-    commit_marks: dict[str, int] = {}
-    next_mark = 1
-    for version in versions:
-        wheel = wheels[version]
+    marks: dict[str, int] = {}  # version -> the mark of its commit
+    for n, version in enumerate(versions, 1):
+        wheel, when, marks[version] = wheels[version], wheel_timestamp(wheels[version]), n
         reporter.step(f"importing sglang {version}")
-        files: list[tuple[str, str, int]] = []
-        for src in iter_wheel_sources(wheel):
-            key = hashlib.sha1(b"blob %d\0" % len(src.data) + src.data).hexdigest()
-            if key not in marks:
-                marks[key] = next_mark
-                yield b"blob\nmark :%d\ndata %d\n" % (next_mark, len(src.data)) + src.data + b"\n"
-                next_mark += 1
-            files.append((src.mode, src.path, marks[key]))
-        when = wheel_timestamp(wheel)
         message = f"sglang {version}\n\nSources of the release wheel {wheel.name}.\n".encode()
-        commit_marks[version] = next_mark
-        next_mark += 1
-        head = [
-            f"reset {_IMPORT_REF}".encode(),  # a fresh line of history: no parent unless named below
-            f"commit {_IMPORT_REF}".encode(),
-            b"mark :%d" % commit_marks[version],
-            f"author {RELEASE_AUTHOR} {when} +0000".encode(),
-            f"committer {RELEASE_AUTHOR} {when} +0000".encode(),
-            b"data %d" % len(message),
-        ]
-        yield b"\n".join(head) + b"\n" + message
+        # reset: a fresh line of history, no parent unless one is named below
+        yield (f"reset {_IMPORT_REF}\ncommit {_IMPORT_REF}\nmark :{n}\nauthor {RELEASE_AUTHOR} {when} +0000\n"
+               f"committer {RELEASE_AUTHOR} {when} +0000\ndata {len(message)}\n").encode() + message
         parent = history_parent(version)
         if parent is not None:
-            yield ((b"from :%d\n" % commit_marks[parent]) if parent in commit_marks
-                   else f"from {present[parent]}\n".encode())
+            yield f"from :{marks[parent]}\n".encode() if parent in marks else f"from {present[parent]}\n".encode()
         yield b"deleteall\n"
-        for mode, path, mark in files:
-            yield f"M {mode} :{mark} {path}\n".encode()
-        yield b"\n"
-        yield f"reset refs/tags/{tag_for(version)}\nfrom :{commit_marks[version]}\n\n".encode()
+        for path, mode, data in iter_wheel_sources(wheel):  # (fast-import stores a blob met again once)
+            yield f"M {mode} inline {path}\ndata {len(data)}\n".encode() + data + b"\n"
+        yield f"\nreset refs/tags/{tag_for(version)}\nfrom :{n}\n\n".encode()
 
 
 def _fast_import(git_dir: Path, stream: Iterable[bytes]) -> None:
@@ -275,6 +265,10 @@ def _fast_import(git_dir: Path, stream: Iterable[bytes]) -> None:
         proc.stdin.close()
     except BrokenPipeError:
         pass
+    except BaseException:  # a wheel that cannot be read: fast-import ends without "done", writing no ref
+        proc.kill()
+        proc.wait()
+        raise
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     if proc.wait() != 0:
         raise C128Error(f"building the release history failed: {err.strip().splitlines()[-1:] or ''}")
@@ -313,6 +307,7 @@ class ReleaseHistory:
         self.root = root or cache_dir() / "sglang-releases.git"
         self._versions_file = self.root / "c128patch-versions"
         self._layout_file = self.root / "c128patch-layout"
+        self._trees_file = self.root / "c128patch-trees"  # version -> the tree its release wheel gives
 
     @property
     def git(self) -> Git:
@@ -340,10 +335,30 @@ class ReleaseHistory:
                 have = set()  # layout 1 chained extras in: re-import all (moved tags are kept)
             want = set(self.versions()) | set(DEFAULT_RELEASES) | set(extra)
             missing = want - have
-            if not missing:
-                return self.root
-            # Parents come first: a default release missing from a partial cache is imported too.
-            import_releases(self.root, missing, reporter)
-            write_atomic(self._versions_file, ("\n".join(sorted(want, key=Version)) + "\n").encode())
-            write_atomic(self._layout_file, (HISTORY_LAYOUT + "\n").encode())
+            if missing:  # parents come first: a default release missing from a partial cache is imported too
+                import_releases(self.root, missing, reporter)
+                write_atomic(self._versions_file, ("\n".join(sorted(want, key=Version)) + "\n").encode())
+                write_atomic(self._layout_file, (HISTORY_LAYOUT + "\n").encode())
+            self._check(want, fresh=missing)
         return self.root
+
+    def _check(self, versions: set[str], fresh: set[str]) -> None:
+        """Each release tag names the sources its release wheel gives (recorded when imported, else
+        computed from the wheel); a moved tag or a corrupt pack is refused, saying how to rebuild."""
+        rebuild = f"rebuild it: rm -rf {shlex.quote(str(self.root))} (the next run imports the releases again)"
+        proc = self.git.run("for-each-ref", "--format=%(refname:strip=2) %(tree)", "refs/tags", check=False)
+        if proc.returncode != 0:
+            raise C128Error(f"the release cache {self.root} is corrupt ({proc.stderr.strip()[-200:]}); {rebuild}")
+        trees = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+        lines = self._trees_file.read_text().split("\n") if self._trees_file.is_file() else []
+        recorded = {**dict(line.split(" ", 1) for line in lines if " " in line),
+                    **{v: trees.get(tag_for(v), "") for v in fresh}}
+        for v in sorted(versions - set(recorded), key=Version):
+            wheel = find_wheel(v)
+            recorded[v] = wheel_tree(wheel) if wheel is not None else trees.get(tag_for(v), "")
+        for v in sorted(versions, key=Version):
+            if trees.get(tag_for(v)) != recorded[v]:
+                raise C128Error(f"the release cache {self.root}: tag {tag_for(v)} does not name the sources of the "
+                                f"sglang {v} release wheel (a moved tag); {rebuild}")
+        if set(recorded) - set(r.split(" ", 1)[0] for r in lines if r):
+            write_atomic(self._trees_file, "".join(f"{v} {t}\n" for v, t in sorted(recorded.items())).encode())

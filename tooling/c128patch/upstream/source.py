@@ -6,6 +6,7 @@ import hashlib
 import os
 import re
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.cache import cache_dir, locked
 from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version
 
+NET_TIMEOUT_ENV = "C128PATCH_NET_TIMEOUT"  # seconds a clone or fetch of --repo URL may take (default 600)
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*://|[\w.-]+@[\w.-]+:)", re.IGNORECASE)
 
 
@@ -52,14 +54,11 @@ class Upstream:
         """A URL's mirror fetched now, for a branch such as ``main`` that moves (``resolve``
         fetches only a rev it does not know). Other kinds are read as they are."""
         if self.kind == "url":
-            try:
-                self._fetch(check=True)
-            except GitError as exc:
-                raise C128Error(f"cannot fetch {self.location}: {exc.message}") from exc
+            self._fetch(check=True)
 
     def _fetch(self, check: bool) -> None:
         with locked(Path(str(self.git.git_dir) + ".lock")):
-            self.git.run("fetch", "--quiet", "--prune", "--tags", "origin", check=check, transport=True)
+            _network(self.git, self.location, "fetch", "--quiet", "--prune", "--tags", "origin", check=check)
 
     def describe(self) -> str:
         return {"release": "the sglang release wheels", "path": self.location, "url": self.location}[self.kind]
@@ -114,14 +113,27 @@ def _open_url(url: str, reporter: Reporter) -> Upstream:
             mirror.parent.mkdir(parents=True, exist_ok=True)
             part = mirror.with_name(f"{mirror.name}.part-{os.getpid()}")
             try:
-                Git().run("clone", "--quiet", "--mirror", "--", url, str(part), transport=True)
+                _network(Git(), url, "clone", "--quiet", "--mirror", "--", url, str(part))
                 (part / MIRROR_DONE).write_text(url + "\n")
                 os.replace(part, mirror)
-            except GitError as exc:
-                raise C128Error(f"cannot clone {url}: {exc.message}") from exc
             finally:
                 shutil.rmtree(part, ignore_errors=True)
     return Upstream("url", Git(git_dir=mirror), url)
+
+
+def _network(git: Git, url: str, *args: str, check: bool = True) -> None:
+    """A clone or fetch of ``url``, bounded in time (``$C128PATCH_NET_TIMEOUT``, default 600 s); says what failed."""
+    try:
+        limit = float(os.environ.get(NET_TIMEOUT_ENV) or 600)
+    except ValueError:
+        raise C128Error(f"{NET_TIMEOUT_ENV}={os.environ[NET_TIMEOUT_ENV]!r} is not a number of seconds") from None
+    try:
+        git.run(*args, check=check, transport=True, timeout=limit)
+    except GitError as exc:
+        raise C128Error(f"cannot {args[0]} {url}: {exc.message}") from exc
+    except subprocess.TimeoutExpired:
+        raise C128Error(f"cannot {args[0]} {url}: no answer within {limit:g} s (a server that does not answer; "
+                        f"set {NET_TIMEOUT_ENV} to wait longer)") from None
 
 
 def refuse_git_dir(tree: Path, option: str = "--tree") -> None:

@@ -1,0 +1,321 @@
+"""Trust boundaries of the series, its layers, its config and the release cache (issue 36 items 1, 2, 4
+and 5; docs/security.md): each rule refused from a hostile input of our own, nothing written."""
+
+from __future__ import annotations
+
+import ast
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from c128patch.errors import C128Error
+from c128patch.series import txn
+from c128patch.series.layers import CONFIG, ENV, find_layers, stack
+from c128patch.series.ledger import Ledger
+from c128patch.series.manifest import load_series
+from c128patch.series.paths import confine
+from support import REPO_ROOT, invoke, refused
+
+SERIES = '[series]\nname = "{name}"\nversion = "1"\nbase = "v0.5.23"\n'
+
+
+def series_folder(dest: Path, name: str = "site") -> Path:
+    (dest / "patches").mkdir(parents=True)
+    (dest / "patches" / "series.toml").write_text(SERIES.format(name=name))
+    return dest
+
+
+def journal(root: Path, moves: list, deletes: list, parts: list[str] | None = None) -> Path:
+    """A committed refresh journal in ``root`` (its staged file 00000 holds b"evil")."""
+    (root / txn.TXN / "files").mkdir(parents=True)
+    (root / txn.TXN / "files" / "00000").write_bytes(b"evil")
+    group = {"id": "g1", "parts": parts if parts is not None else [os.path.realpath(root)]}
+    (root / txn.TXN / txn.PLAN).write_text(json.dumps({"moves": moves, "deletes": deletes, "group": group}))
+    return root
+
+
+# ----------------------------------------------------------------------------------------------- item 1: confine
+@pytest.mark.parametrize("path, says", [
+    ("/etc/passwd", "must be relative"), ("../x", "must be relative"), ("a/../../x", "must be relative"),
+    (".GIT/config", "git's own folder"), ("a/.git./hooks/x", "git's own folder"), ("a/git~1/x", "git's own folder"),
+])
+def test_confine_refuses_what_leaves_the_root(tmp_path, path, says):
+    with pytest.raises(C128Error, match=says) as exc:
+        confine(tmp_path, path, "input X")
+    assert "input X" in exc.value.message and repr(path) in exc.value.message
+
+
+def test_confine_refuses_a_symlink_on_the_way_and_a_file_that_is_not_regular(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "in").symlink_to(tmp_path / "out")
+    with pytest.raises(C128Error, match="goes through the symlink in"):
+        confine(tmp_path, "in/x", "input X")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(C128Error, match="is not a regular file"):
+        confine(tmp_path, "folder", "input X", regular=True)
+    assert confine(tmp_path, "out/x", "input X") == tmp_path / "out" / "x"
+
+
+@pytest.mark.parametrize("how", ["absolute", "dotdot", "foreign-folder", "symlinked-journal", "not-a-group"])
+def test_a_hostile_journal_moves_and_deletes_nothing(tmp_path, how):
+    """A leftover journal naming an absolute path, a ``../`` path or a foreign folder of its group, or
+    a journal folder that is a symlink: every read of the series refuses it in one line; nothing moves."""
+    victim, outside = tmp_path / "victim.txt", tmp_path / "written.txt"
+    victim.write_text("keep")
+    foreign = series_folder(tmp_path / "foreign", "foreign")
+    (foreign / "patches" / "keep.patch").write_text("keep")
+    root = series_folder(tmp_path / "layer")
+    if how == "absolute":
+        journal(root, [["00000", str(outside)]], [])
+    elif how == "dotdot":
+        journal(root, [], ["../victim.txt"])
+    elif how == "foreign-folder":
+        journal(root, [["00000", "patches/x.patch"]], [], [os.path.realpath(root), str(foreign)])
+        journal(foreign, [], ["patches/keep.patch"], ["/elsewhere"])  # a plan of another group
+    elif how == "not-a-group":
+        journal(root, [["00000", "patches/x.patch"]], [])
+        (root / txn.TXN / txn.PLAN).write_text(json.dumps({"moves": [["00000", "patches/x.patch"]], "deletes": [],
+                                                           "group": "x"}))
+    else:
+        journal(tmp_path / "elsewhere", [["00000", "patches/x.patch"]], [], [os.path.realpath(root)])
+        (root / txn.TXN).symlink_to(tmp_path / "elsewhere" / txn.TXN)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(C128Error, match="an interrupted refresh cannot be finished") as exc:
+        load_series(root)
+    assert "\n" not in exc.value.message
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert victim.read_text() == "keep" and not outside.exists()
+    assert (foreign / "patches" / "keep.patch").read_text() == "keep"
+
+
+def test_lint_with_a_hostile_layer_journal_exits_non_zero_and_writes_nothing(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    layer = journal(series_folder(tmp_path / "layer"), [["00000", str(tmp_path / "w")]], ["../victim.txt"])
+    refused(["lint", "--offline", "--layer", layer], contains="an interrupted refresh cannot be finished")
+    assert victim.read_text() == "keep" and not (tmp_path / "w").exists()
+
+
+def test_a_symlinked_or_non_utf8_contract_lock_is_refused_in_one_line(tmp_path):
+    from c128patch.series.contract import read_lock
+
+    root = series_folder(tmp_path / "s")
+    (tmp_path / "victim.txt").write_text("keep")
+    (root / "patches" / "contract.lock").symlink_to(tmp_path / "victim.txt")
+    with pytest.raises(C128Error, match="goes through the symlink patches/contract.lock"):
+        read_lock(root / "patches")
+    assert (tmp_path / "victim.txt").read_text() == "keep"
+    (root / "patches" / "contract.lock").unlink()
+    (root / "patches" / "contract.lock").write_bytes(b"# base v0.5.23\nfunction a.\xff b c sig=1\n")
+    with pytest.raises(C128Error, match="not UTF-8 .* rewrite it with `c128patch refresh`"):
+        read_lock(root / "patches")
+
+
+def test_a_good_journal_is_still_finished(tmp_path):
+    root = series_folder(tmp_path / "layer")
+    journal(root, [["00000", "patches/new.patch"]], ["patches/series.toml"])
+    (root / "patches" / "series.toml").write_text(SERIES.format(name="site"))
+    assert txn.recover(root) == "finished an interrupted refresh"
+    assert (root / "patches" / "new.patch").read_bytes() == b"evil" and not (root / "patches/series.toml").exists()
+
+
+def test_an_entry_name_from_a_journal_never_reaches_the_ledger_as_a_path(tmp_path):
+    series = load_series(series_folder(tmp_path / "s"))
+    with pytest.raises(C128Error, match="unsafe entry name"):
+        Ledger(series).record(None, "../../../ESCAPE", "a", "b", [])  # type: ignore[arg-type]
+    assert not list(tmp_path.rglob("ESCAPE*"))
+
+
+# Every join of a path taken from input goes through ``confine`` (or ``check_relpath``/``check_entry_name``
+# at load): a join whose right side is not a constant must be listed here, with why it is safe.
+REVIEWED = {
+    "series/manifest.py": {"self.patches_dir / (variant.file if variant else entry.file)",  # checked at load
+                           "self.root / entry.source"},  # checked at load (check_relpath)
+    "series/paths.py": {"root / check_relpath(path, what)", "root / p"},  # the rule itself
+    "series/ledger.py": {"git.worktree / path",  # a path git lists as unmerged
+                         "self.root / entry / f'{key}.diff'"},  # entry checked by _of, key by _diff_path
+    "series/txn.py": {"Path(part) / f",  # read only, to compare groups
+                      "root / folder",  # folder: TXN or STAGING
+                      "staging / 'files' / f'{i:05d}'", "root / TXN / 'files' / staged"},  # staged: checked
+    "series/layers.py": {"start / p"},  # the operator's env, resolved then checked (find_layers)
+    "upstream/releases.py": {"dest / wheel.name"},  # a file pip wrote into our own folder
+    "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')"},
+}
+_CONSTANT = ("TXN", "STAGING", "PLAN", "MANIFEST", "CONFIG", "LOCK_NAME", "PROVENANCE_PATH", "MIRROR_DONE",
+             "UPSTREAM_PACKAGE")
+
+
+def unreviewed_joins(source: str, reviewed: set[str]) -> list[str]:
+    """The ``a / b`` joins in ``source`` whose right side is not a constant, less the reviewed ones."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            right = node.right
+            if isinstance(right, ast.Constant) or (isinstance(right, ast.Name) and right.id in _CONSTANT) \
+                    or isinstance(right, ast.JoinedStr) and all(isinstance(v, ast.Constant) for v in right.values):
+                continue
+            if ast.unparse(node) not in reviewed and not any(ast.unparse(node) in r for r in reviewed):
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_no_join_of_input_bypasses_confine():
+    root = REPO_ROOT / "tooling" / "c128patch"
+    files = sorted(str(p.relative_to(root)) for d in ("series", "upstream") for p in (root / d).glob("*.py"))
+    found = {rel: unreviewed_joins((root / rel).read_text(), REVIEWED.get(rel, set())) for rel in files}
+    assert {k: v for k, v in found.items() if v} == {}
+    assert unreviewed_joins("root / plan['moves'][0]\nroot / 'x' / TXN\n", set()) == ["root / plan['moves'][0]"]
+
+
+# ------------------------------------------------------------------------------------ item 2: config from the operator
+def hostile_upstream(tmp_path: Path) -> Path:
+    """An upstream checkout (python/sglang/) that commits a c128patch.toml naming its own layer folder."""
+    up = tmp_path / "work" / "sglang"
+    (up / "python" / "sglang").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(up)], check=True)
+    series_folder(up / "evil")
+    (up / CONFIG).write_text('[layers]\npaths = ["evil"]\n')
+    return up
+
+
+def test_a_config_committed_by_upstream_is_never_read(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    up = hostile_upstream(tmp_path)
+    assert find_layers((), cwd=up / "python" / "sglang").folders == ()
+    assert find_layers((), cwd=up).folders == ()
+    (tmp_path / "work" / CONFIG).write_text('[layers]\npaths = ["mine"]\n')  # the operator's, above the tree
+    assert find_layers((), cwd=up / "python").folders == ((tmp_path / "work" / "mine").resolve(),)
+
+
+def test_a_layer_folder_inside_a_tree_the_tool_patches_is_refused(tmp_path, monkeypatch):
+    up = hostile_upstream(tmp_path)
+    monkeypatch.setenv(ENV, str(up / "evil"))
+    with pytest.raises(C128Error, match="a tree c128patch patches"):
+        find_layers((), cwd=tmp_path)
+
+
+def test_a_config_of_another_user_is_refused_and_a_deeply_nested_one_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    (tmp_path / CONFIG).write_text('[layers]\npaths = []\n')
+    monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path / CONFIG).st_uid + 1)
+    with pytest.raises(C128Error, match="owned by another user"):
+        find_layers((), cwd=tmp_path)
+    monkeypatch.undo()
+    monkeypatch.delenv(ENV, raising=False)
+    (tmp_path / CONFIG).write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(C128Error, match="nested too deeply") as exc:
+        find_layers((), cwd=tmp_path)
+    assert "\n" not in exc.value.message
+
+
+# ------------------------------------------------------------------------------------------ item 4: forged trailers
+@pytest.mark.parametrize("spelling", ["c128patch-entry: ", "C128patch-Entry : ", "C128PATCH-ENTRY\t: "])
+def test_a_layer_cannot_claim_one_of_our_entries_in_any_spelling(tmp_path, spelling):
+    data = f"From x\nSubject: [PATCH] x\n\n{spelling}c128-dspark-online-env\n---\n".encode()
+    layer = series_folder(tmp_path / "layer")
+    (layer / "patches" / "0001-x.patch").write_bytes(data)
+    with (layer / "patches" / "series.toml").open("a") as fh:
+        fh.write('\n[[entries]]\nname = "x"\nkind = "patch"\nfile = "0001-x.patch"\nwhy = "w"\nbase = "v0.5.23"\n')
+    with pytest.raises(C128Error, match="names its own entry only"):
+        stack(load_series(REPO_ROOT), [layer])
+    refused(["lint", "--offline", "--layer", layer], contains="names its own entry only")
+
+
+# --------------------------------------------------------------------------------------- item 5: the cache is checked
+def fake_wheel(folder: Path, version: str, text: str = "") -> Path:
+    wheel = folder / f"sglang-{version}-cp311-cp311-manylinux_2_34_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("sglang/__init__.py", text or f"__version__ = '{version}'\n")
+        zf.writestr("sglang/srt/environ.py", "X = 1\n")
+        zf.writestr(f"sglang-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\n")
+    return wheel
+
+
+@pytest.fixture
+def fake_releases(tmp_path, monkeypatch):
+    from c128patch.upstream.releases import DEFAULT_RELEASES
+
+    house = tmp_path / "house"
+    house.mkdir()
+    wheels = {v: fake_wheel(house, v) for v in DEFAULT_RELEASES}
+    monkeypatch.setenv("C128PATCH_WHEELHOUSE", str(house))
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    return wheels
+
+
+def test_a_moved_tag_in_the_release_cache_is_refused_saying_how_to_rebuild(fake_releases, tmp_path):
+    from c128patch.upstream.releases import ReleaseHistory
+
+    root = ReleaseHistory().ensure()
+    assert ReleaseHistory().ensure() == root  # as built: accepted
+    subprocess.run(["git", "--git-dir", str(root), "tag", "-f", "v0.5.23", "v0.5.22"], check=True, capture_output=True)
+    with pytest.raises(C128Error, match="tag v0.5.23 does not name the sources") as exc:
+        ReleaseHistory().ensure()
+    assert f"rm -rf {root}" in exc.value.message
+    (root / "c128patch-trees").unlink()  # no record: the wheel says what the tag must name
+    with pytest.raises(C128Error, match="tag v0.5.23 does not name the sources"):
+        ReleaseHistory().ensure()
+
+
+def test_a_truncated_cached_wheel_and_a_corrupt_pack_are_one_line_naming_the_cache(fake_releases, tmp_path):
+    from c128patch.upstream.releases import ReleaseHistory
+
+    wheel = fake_releases["0.5.21"]
+    wheel.write_bytes(wheel.read_bytes()[:40])
+    with pytest.raises(C128Error, match="not a whole wheel") as exc:
+        ReleaseHistory().ensure()
+    assert str(wheel) in exc.value.message and "\n" not in exc.value.message
+    fake_wheel(wheel.parent, "0.5.21")
+    root = ReleaseHistory().ensure()
+    subprocess.run(["git", "--git-dir", str(root), "repack", "-adq"], check=True)
+    for pack in (root / "objects" / "pack").glob("*.pack"):
+        pack.chmod(0o644)
+        pack.write_bytes(pack.read_bytes()[:100])
+    with pytest.raises(C128Error, match="the release cache .* is corrupt") as exc:
+        ReleaseHistory().ensure()
+    assert f"rm -rf {root}" in exc.value.message
+
+
+@pytest.mark.timeout(120)  # unbounded, it would hang: fail instead
+def test_check_on_a_server_that_never_answers_ends_in_time(tmp_path):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)  # accepts, never answers
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/sglang.git"
+    start = time.monotonic()
+    try:
+        res = invoke("check", "--repo", url, "--sglang-rev", "main", as_json=False,
+                     env={"C128PATCH_NET_TIMEOUT": "3", "C128PATCH_CACHE": str(tmp_path / "cache")})
+    finally:
+        server.close()
+    assert res.code == 2 and "no answer within 3 s" in res.err, res.err
+    assert time.monotonic() - start < 60
+
+
+# ------------------------------------------------------------------------------------- concurrent writers: the lock
+@txn.serialised  # what `layer add-entry` does: load, change, commit, one writer at a time
+def _add(folder: Path, name: str, hold: float) -> None:
+    text = (folder / "patches" / "series.toml").read_text()
+    time.sleep(hold)  # both have read the manifest before either writes, unless serialised
+    data = text + f'\n[[entries]]\nname = "{name}"\nkind = "overlay"\nsource = "o"\ntarget = "t"\nwhy = "w"\n'
+    txn.commit(folder, {folder / "patches" / "series.toml": data.encode()}, [])
+
+
+def test_two_writers_of_one_layer_are_serialised_by_its_lock(tmp_path):
+    layer = series_folder(tmp_path / "layer")
+    ctx = multiprocessing.get_context("fork" if sys.platform != "darwin" else "spawn")
+    procs = [ctx.Process(target=_add, args=(layer, name, 1.0)) for name in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert sorted(e.name for e in load_series(layer).entries) == ["a", "b"]
