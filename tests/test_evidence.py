@@ -274,6 +274,14 @@ def test_matrix_cell_is_stale_when_the_series_files_changed(real_series, history
     assert cell.state == "stale" and "key" in cell.detail
 
 
+def test_apply_and_wheel_name_a_stale_result_as_the_matrix_does(real_series, history: Git, results: Path):
+    key = key_for(real_series, history, history.rev_parse("v0.5.21"))
+    write_result(results, "v0.5.21", "suite", _result(replace(key, series_hash="0" * 64), True))
+    assert _row(real_series, history, results).cells["suite"].state == "stale"
+    note = verification_note(real_series, history, history.rev_parse("v0.5.21") or "", "v0.5.21", results)
+    assert "suite stale" in note and "suite unverified" not in note, note
+
+
 def test_matrix_names_the_files_that_differ_from_the_nearest_evidenced_release(real_series, history: Git,
                                                                               results: Path):
     key = key_for(real_series, history, history.rev_parse("v0.5.21"))
@@ -306,6 +314,14 @@ def test_matrix_table_has_a_heading_for_every_kind():
     for heading in ("compiles sm_90a", "GPU suite", "differential", "memcheck", "racecheck", "initcheck", "synccheck",
                     "upstream's own tests", "DSPARK simulation", "kernel benchmark"):
         assert heading in res.text
+
+
+@pytest.mark.parametrize("columns", ["100", "400"])
+def test_matrix_fits_100_columns_piped_or_wide(columns: str):
+    res = invoke("matrix", as_json=False, env={"COLUMNS": columns})
+    assert res.code == 0, res.err
+    assert max(len(line) for line in res.text.splitlines()) <= 100
+    assert "v0.5.20" in res.text and "v0.5.23" in res.text
 
 
 def test_matrix_refuses_a_rev_that_is_not_a_release():

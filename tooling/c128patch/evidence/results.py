@@ -1,23 +1,9 @@
-"""The committed evidence: one JSON file per (release, kind), under ``ci/gpu/results``.
-
-    ci/gpu/results/<rev>/compile.json        ci/compile_kernels.py --record (every kernel + the signature probe)
-    ci/gpu/results/<rev>/suite.json          the GPU suite on the patched tree (`smoke --tier kernel`)
-    ci/gpu/results/<rev>/differential.json   the same suite on the unpatched tree, compared test by test
-    ci/gpu/results/<rev>/memcheck.json       the suite under compute-sanitizer memcheck
-    ci/gpu/results/<rev>/racecheck.json      ... racecheck, initcheck, synccheck (one tool per run)
-    ci/gpu/results/<rev>/initcheck.json
-    ci/gpu/results/<rev>/synccheck.json
-    ci/gpu/results/<rev>/upstream-suite.json upstream's own kernel tests, patched vs unpatched
-                                             (`smoke upstream`; ci/gpu/collect_upstream_suite.py)
-    ci/gpu/results/<rev>/simulation.json     the simulated DSPARK decode the suite's
-                                             test_dspark_simulation.py writes (dspark_simulation.json)
-    ci/gpu/results/<rev>/kernel-bench.json   ci/bench/bench_online_c128_dspark.py on the patched tree
-    ci/gpu/results/<rev>/before/suite.json   a "before" record (the suite on an older series), kept beside
-
-Every file carries ``key`` (evidence.keys: upstream sources, series hash), ``command``,
-``device``, ``date``, ``passed``/``failed``/``skipped``, ``ok`` and, for the sanitizers, the
-error count; paths in it are relative to the repository. ``from_smoke_report`` turns a
-``c128patch smoke kernel`` report into these files; nothing else writes them by hand.
+"""The committed evidence: one JSON file per (release, kind) under ``ci/gpu/results/<rev>/<kind>.json``
+(``<rev>/before/`` for a "before" record): ``compile`` (ci/compile_kernels.py), ``suite``,
+``differential`` and the sanitizers (``smoke kernel``), ``upstream-suite`` (``smoke upstream``),
+``simulation`` (what tests/gpu/test_dspark_simulation.py writes), ``kernel-bench``. Each carries
+``key`` (evidence.keys), ``command``, ``device``, ``date``, counts and ``ok``, paths relative to the
+repository; ``from_smoke_report`` writes them, never a hand.
 """
 
 from __future__ import annotations
@@ -48,7 +34,7 @@ BAD = ("failed", "error", "crashed")
 
 
 def results_root(series: Series) -> Path:
-    """Where the series' committed evidence lives (beside patches/, in the repo and the wheel)."""
+    """Where the series' committed evidence lives (beside patches/)."""
     return series.root / RESULTS_UNDER
 
 
@@ -69,11 +55,6 @@ class Result:
     summary: str
     path: Path
     data: dict[str, Any]
-
-    @property
-    def old_key(self) -> bool:
-        """Keyed by the whole upstream tree id (``ci/rekey_results.py`` converts it)."""
-        return is_old_style(self.data.get("key"))
 
 
 def summarize(kind: str, data: dict[str, Any]) -> str:
@@ -115,15 +96,6 @@ def summarize(kind: str, data: dict[str, Any]) -> str:
     return counts
 
 
-def read_result(path: Path, rev: str, kind: str, label: str) -> Result:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise C128Error(f"{path}: not valid JSON ({exc.msg})") from exc
-    return Result(rev, kind, label, EvidenceKey.from_json(data.get("key")), bool(data.get("ok")),
-                  summarize(kind, data), path, data)
-
-
 def load_results(root: Path) -> list[Result]:
     """Every result file under ``root`` (``<rev>/<kind>.json`` and ``<rev>/<label>/<kind>.json``)."""
     out: list[Result] = []
@@ -131,8 +103,14 @@ def load_results(root: Path) -> list[Result]:
         return out
     for rev_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         labels = [(rev_dir, "patched"), *((d, d.name) for d in sorted(rev_dir.iterdir()) if d.is_dir())]
-        out += [read_result(path, rev_dir.name, path.stem, label)
-                for folder, label in labels for path in sorted(folder.glob("*.json")) if path.stem in KINDS]
+        for path in (p for folder, label in labels for p in sorted(folder.glob("*.json")) if p.stem in KINDS):
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as exc:
+                raise C128Error(f"{path}: not valid JSON ({exc.msg})") from exc
+            label = "patched" if path.parent == rev_dir else path.parent.name
+            out.append(Result(rev_dir.name, path.stem, label, EvidenceKey.from_json(data.get("key")),
+                              bool(data.get("ok")), summarize(path.stem, data), path, data))
     return out
 
 
@@ -146,8 +124,7 @@ def write_result(root: Path, rev: str, kind: Kind, data: dict[str, Any], label: 
 
 
 def relativize(value: Any, roots: dict[str, str]) -> Any:
-    """Every string with a machine path in it, rewritten: ``roots`` maps an absolute prefix to
-    what replaces it (the repository root -> ``.``)."""
+    """Every machine path in ``value`` rewritten: ``roots`` maps an absolute prefix to its replacement."""
     if isinstance(value, str):
         for prefix, repl in sorted(roots.items(), key=lambda kv: -len(kv[0])):
             value = value.replace(prefix.rstrip("/") + "/", repl + "/").replace(prefix.rstrip("/"), repl)
@@ -157,18 +134,6 @@ def relativize(value: Any, roots: dict[str, str]) -> Any:
     if isinstance(value, dict):
         return {k: relativize(v, roots) for k, v in value.items()}
     return value
-
-
-def _device_line(device: dict[str, Any]) -> str:
-    cap = str(device.get("capability", "?")).replace(".", "")
-    return (f"{device.get('gpu') or device.get('smi_gpu') or 'no GPU'} (sm_{cap}), driver {device.get('driver', '?')}, "
-            f"torch {device.get('torch', '?')}, nvcc {device.get('nvcc_version', '?')}, "
-            f"tvm_ffi {device.get('tvm_ffi', '?')}")
-
-
-def _tests(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"nodeid": t["nodeid"], "outcome": t["outcome"], "seconds": t.get("seconds", 0.0),
-             **({"message": t["message"][:300]} if t.get("message") else {})} for t in rows]
 
 
 def _counts(counts: dict[str, int]) -> dict[str, int]:
@@ -187,12 +152,14 @@ def _job(job: dict[str, Any]) -> dict[str, Any]:
 
 def from_smoke_report(report: dict[str, Any], *, rev: str, label: str, key: EvidenceKey | dict[str, Any] | None,
                       date: str, roots: dict[str, str]) -> dict[Kind, dict[str, Any]]:
-    """The result files one ``smoke kernel`` report proves: ``suite`` (its patched pass),
-    ``differential`` (when it ran the upstream pass), one per sanitizer run. ``key``: the staged
-    tree's (an old-style key of a stage made before keys were by content is kept as it is, for
-    ``ci/rekey_results.py``)."""
+    """The result files one ``smoke kernel`` report proves: ``suite``, ``differential``, ``simulation``, one per
+    sanitizer run; ``key``: the staged tree's (an old-style one kept for ``ci/rekey_results.py``)."""
+    dev = report.get("device") or {}
+    sm = str(dev.get("capability", "?")).replace(".", "")
+    device = (f"{dev.get('gpu') or dev.get('smi_gpu') or 'no GPU'} (sm_{sm}), driver {dev.get('driver', '?')}, "
+              f"torch {dev.get('torch', '?')}, nvcc {dev.get('nvcc_version', '?')}, tvm_ffi {dev.get('tvm_ffi', '?')}")
     base = {"schema": SCHEMA, "rev": rev, "label": label, "key": _key_json(key),
-            "command": report["command"], "device": _device_line(report.get("device") or {}), "date": date}
+            "command": report["command"], "device": device, "date": date}
     passes = report.get("passes") or {}
     out: dict[Kind, dict[str, Any]] = {}
     if "patched" in passes:
@@ -201,7 +168,9 @@ def from_smoke_report(report: dict[str, Any], *, rev: str, label: str, key: Evid
         out["suite"] = {**base, "kind": "suite", **counts, "seconds": passes["patched"]["seconds"],
                         "scale": passes["patched"]["scale"], "problems": problems,
                         "ok": counts["failed"] == 0 and counts["passed"] > 0 and not problems,
-                        "tests": _tests(report.get("tests", []))}
+                        "tests": [{"nodeid": t["nodeid"], "outcome": t["outcome"], "seconds": t.get("seconds", 0.0),
+                                   **({"message": t["message"][:300]} if t.get("message") else {})}
+                                  for t in report.get("tests", [])]}
     if "differential" in report and "upstream" in passes:
         diff = report["differential"]
         regressed = [t["nodeid"] for t in report.get("tests", []) if t.get("verdict") == "regressed"]
@@ -240,9 +209,8 @@ def from_smoke_report(report: dict[str, Any], *, rev: str, label: str, key: Evid
 
 def collect_run(run: dict[str, Any], results: Path, dest: Path, date: str, *,
                 allow_dry_run: bool = False) -> list[tuple[Path, dict[str, Any]]]:
-    """Write the result files of one device run (``<phase>-run.json`` as ``run``, its job
-    folders extracted under ``results``) into ``dest``; returns (path, data) per file.
-    A job without a report writes nothing (its absence stays visible as 'unverified')."""
+    """Write one device run's result files (``run``: its ``<phase>-run.json``; ``results``: its job folders)
+    into ``dest``; returns (path, data) per file. A job without a report writes nothing ('unverified')."""
     if run.get("dry_run") and not allow_dry_run:
         raise C128Error("this bundle is from a --dry-run (collect only): it proves nothing; not collected")
     trees = {rel["rev"]: rel["trees"] for rel in run["manifest"]["releases"]}
@@ -274,10 +242,8 @@ def collect_run(run: dict[str, Any], results: Path, dest: Path, date: str, *,
 
 
 def bench_result(run: dict[str, Any], job: dict[str, Any], results: Path, key: EvidenceKey | dict[str, Any] | None,
-                 date: str,
-                 roots: dict[str, str]) -> dict[str, Any] | None:
-    """``kernel-bench`` of one bench job (ci/bench/bench_online_c128_dspark.py's JSON), or None
-    when the job wrote none."""
+                 date: str, roots: dict[str, str]) -> dict[str, Any] | None:
+    """``kernel-bench`` of one bench job (ci/bench/bench_online_c128_dspark.py's JSON), or None."""
     path = results / job["name"] / "online_c128_dspark.json"
     if job.get("rc") is None or not path.is_file():
         return None
@@ -301,8 +267,7 @@ def bench_row_key(row: dict[str, Any]) -> tuple:
 
 def compare_bench(data: dict[str, Any], reference: dict[str, Any],
                   tolerance: float = BENCH_TOLERANCE) -> dict[str, Any]:
-    """Each row of ``data`` against the same row of ``reference`` (the 0.5.23 run): ``within``
-    counts rows whose time is within ``tolerance`` of the reference's; ``outside`` lists the others."""
+    """Each row of ``data`` against the same row of ``reference``: within ``tolerance`` or ``outside``."""
     ref = {bench_row_key(r): r["us"] for r in reference.get("rows", [])}
     rows = [r for r in data.get("rows", []) if bench_row_key(r) in ref and ref[bench_row_key(r)] > 0]
     outside = [{"B": r["B"], "W": r["W"], "path": r["path"], "what": r["what"], "us": r["us"],

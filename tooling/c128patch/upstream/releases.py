@@ -192,9 +192,18 @@ class SourceFile:
     data: bytes
 
 
+def _zip(wheel: Path) -> zipfile.ZipFile:
+    """A cached or given wheel opened; a truncated or corrupt one is one line naming it."""
+    try:
+        return zipfile.ZipFile(wheel)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise C128Error(f"{wheel}: not a readable wheel ({exc}); a truncated download? delete it and run "
+                        "again") from None
+
+
 def iter_wheel_sources(wheel: Path) -> Iterator[SourceFile]:
     """The source files of an sglang wheel, laid out as upstream's repository."""
-    with zipfile.ZipFile(wheel) as zf:
+    with _zip(wheel) as zf:
         for info in sorted(zf.infolist(), key=lambda i: i.filename):
             name = info.filename
             if info.is_dir() or not name.startswith(f"{PACKAGE}/") or name.endswith(BINARY_SUFFIXES):
@@ -205,7 +214,7 @@ def iter_wheel_sources(wheel: Path) -> Iterator[SourceFile]:
 
 def wheel_timestamp(wheel: Path) -> int:
     """The release time recorded in the wheel (its dist-info/WHEEL entry), as a UTC epoch."""
-    with zipfile.ZipFile(wheel) as zf:
+    with _zip(wheel) as zf:
         for info in zf.infolist():
             if info.filename.endswith(".dist-info/WHEEL"):
                 return calendar.timegm((*info.date_time, 0, 0, 0))

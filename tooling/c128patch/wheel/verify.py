@@ -186,6 +186,24 @@ def _check_series(iw: InWheel, record: dict, series: Series) -> None:
             raise _mismatch(iw.wheel, f"entry '{e.name}': its file's sha256 differs from the manifest's")
 
 
+def _check_known(iw: InWheel, record: dict, known: Series) -> None:
+    """A wheel claiming this tool's series (its name and version) carries that series' digest, files and gates."""
+    s = record.get("series", {})
+    if (s.get("name"), s.get("version")) != (known.name, known.version):
+        return
+    if s.get("digest") != known.digest():
+        raise _mismatch(iw.wheel, f"claims series {known.name} {known.version}, but its digest "
+                                  f"{str(s.get('digest'))[:8]} is not that series' ({known.digest()[:8]})")
+    layered = {n for r in record.get("layers", []) for n in r.get("entries", [])}
+    entries = {e.name: e for e in known.entries}
+    for row in (r for r in record.get("entries", []) if r.get("name") not in layered):
+        e = entries.get(row.get("name"))
+        files = ({v.sha256 for v in e.patch_files()} | {e.sha256}) - {""} if e is not None else set()
+        if e is None or (files and row.get("sha256") not in files) or (row.get("gate") or "") != (e.gate or ""):
+            raise _mismatch(iw.wheel, f"entry '{row.get('name')}': its file or gate is not series {known.name} "
+                                      f"{known.version}'s (the provenance was edited)")
+
+
 def _reverse_failure(diff: bytes, stderr: str) -> str:
     """'<file> hunk #N @@ ... @@' of the hunk ``git apply -R`` refused (its post-image holds the line)."""
     for line in stderr.splitlines():
@@ -251,17 +269,19 @@ def _compile(iw: InWheel, names: list[str]) -> int:
     return len(sources)
 
 
-def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = False, *,
-                 authenticity: bool = False, upstream_wheel: Path | None = None, download: bool = True) -> VerifyResult:
-    """Every check; authenticity against ``upstream_wheel``, a wheelhouse's, or one downloaded (``download``)."""
+def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = False, *, authenticity: bool = False,
+                 upstream_wheel: Path | None = None, download: bool = True,
+                 known: Series | None = None) -> VerifyResult:
+    """Every check; authenticity against ``upstream_wheel``, a wheelhouse's, or one downloaded (``download``);
+    ``known``: this tool's series, which a wheel claiming its name and version must match."""
     if not wheel.is_file():
         raise C128Error(f"missing wheel: {wheel} does not exist")
     with disk_errors(f"verifying {wheel.name}"):
-        return _verify(wheel, series, compile_all, authenticity, upstream_wheel, download)
+        return _verify(wheel, series, compile_all, authenticity, upstream_wheel, download, known)
 
 
 def _verify(wheel: Path, series: Series | None, compile_all: bool, authenticity: bool,
-            upstream_wheel: Path | None, download: bool) -> VerifyResult:
+            upstream_wheel: Path | None, download: bool, known: Series | None) -> VerifyResult:
     rec = check_record(wheel)
     with InWheel(wheel) as iw:
         record = _json(iw, WHEEL_PROVENANCE, "c128patch provenance")
@@ -278,6 +298,8 @@ def _verify(wheel: Path, series: Series | None, compile_all: bool, authenticity:
             raise _mismatch(iw.wheel, f"SBOM has the wrong shape ({type(exc).__name__}: {exc})") from exc
         if series is not None:
             _check_series(iw, record, series)
+        elif known is not None:
+            _check_known(iw, record, known)
         rows, compiled = _check_effects(iw, record, diffs)
         if compile_all:
             compiled = _compile(iw, iw.members())
