@@ -16,22 +16,20 @@ from pathlib import Path
 import pytest
 
 from c128patch.errors import C128Error
-from c128patch.evidence import figures, gpu_run, staging
+from c128patch.evidence import staging
 from c128patch.evidence.keys import EvidenceKey, key_for, key_from_provenance, sources_id
 from c128patch.evidence.matrix import build_matrix, release_note, verification_note
-from c128patch.evidence.results import (
-    KINDS,
-    collect_run,
-    compare_bench,
-    from_smoke_report,
-    load_results,
-    summarize,
-    write_result,
-)
+from c128patch.evidence.results import KINDS, load_results, summarize, write_result
 from c128patch.git import Git
 from c128patch.ops.check import support_note
 from c128patch.series.manifest import load_series
 from support import RELEASES, REPO_ROOT, invoke, make_test_series, needs_torch
+
+sys.path.insert(0, str(REPO_ROOT / "ci" / "gpu"))  # the GPU run's harness and collector live beside their scripts
+sys.path.insert(0, str(REPO_ROOT / "ci"))  # README's figures, beside ci/refresh_matrix.py
+import figures  # noqa: E402
+import gpu_run  # noqa: E402
+from collect_results import collect_run, compare_bench, from_smoke_report  # noqa: E402
 
 OLD_REPORT = REPO_ROOT / "ci" / "gpu" / "results" / "smoke-2026-11-29.json"
 SUITE = REPO_ROOT / "tests" / "gpu"

@@ -73,25 +73,12 @@ class Layout:
         return self.count(128)
 
 
-FLASH = Layout(
-    name="flash",
-    compress_ratios=(0, 0) + (4, 128) * 20 + (4,),
-    context_len=1_048_576,
-    source=(
-        "DeepSeek-V4-Flash, 43 layers (21 c4 + 20 c128 + 2 SWA-only): the public "
-        "config.json compress_ratios [0,0,4,128,4,128,...,4,0], whose last entry is "
-        "the MTP placeholder and not a layer"
-    ),
-)
-PRO = Layout(
-    name="pro",
-    compress_ratios=(128, 128) + (4, 128) * 29 + (4,),
-    context_len=1_048_576,
-    source=(
-        "DeepSeek-V4-Pro, 61 layers (31 c128 + 30 c4): from public model cards and "
-        "third-party copies of config.json, unverified against the checkpoint"
-    ),
-)
+FLASH = Layout("flash", (0, 0) + (4, 128) * 20 + (4,), 1_048_576,
+               "DeepSeek-V4-Flash, 43 layers (21 c4 + 20 c128 + 2 SWA-only): the public config.json "
+               "compress_ratios [0,0,4,128,4,128,...,4,0], whose last entry is the MTP placeholder and not a layer")
+PRO = Layout("pro", (128, 128) + (4, 128) * 29 + (4,), 1_048_576,
+             "DeepSeek-V4-Pro, 61 layers (31 c128 + 30 c4): from public model cards and third-party copies of "
+             "config.json, unverified against the checkpoint")
 PRESETS: dict[str, Layout] = {FLASH.name: FLASH, PRO.name: PRO}
 
 
@@ -406,19 +393,14 @@ class CapacityResult:
                          "context_len": lt.context_len, "source": lt.source,
                          "compress_ratios": list(lt.compress_ratios)}
         return {
-            "inputs": inp,
-            "bytes_per_full_token": self.bytes_per_full_token,
+            "inputs": inp, "bytes_per_full_token": self.bytes_per_full_token,
             "bytes_per_swa_token": self.bytes_per_swa_token,
             "max_running_requests_per_worker": self.max_running_requests_per_worker,
             "max_running_requests_source": self.max_running_requests_source,
             "dspark_default_max_running_requests": DSPARK_DEFAULT_MAX_RUNNING_REQUESTS,
-            "dsv4_default_max_running_requests": DSV4_DEFAULT_MAX_RUNNING_REQUESTS,
-            "draft_banks": self.draft_banks,
-            "off": asdict(self.off),
-            "on": asdict(self.on),
-            "delta_tokens": self.delta_tokens,
-            "delta_fixed_bytes": self.delta_fixed_bytes,
-            "notes": list(self.notes),
+            "dsv4_default_max_running_requests": DSV4_DEFAULT_MAX_RUNNING_REQUESTS, "draft_banks": self.draft_banks,
+            "off": asdict(self.off), "on": asdict(self.on), "delta_tokens": self.delta_tokens,
+            "delta_fixed_bytes": self.delta_fixed_bytes, "notes": list(self.notes),
         }
 
 

@@ -285,7 +285,8 @@ def _needs(report: Report, readings: list[EnvReading], level: Level) -> None:
 def _startup(report: Report, st: dict | None, error: str, launch_args: Sequence[str], readings: list[EnvReading],
              is_build: bool, parsed: bool) -> None:
     """What the build's rules refuse; ``ok`` only for launch arguments sglang's own parser read (``parsed``)."""
-    st = st or {"available": True, "refusals": [], "error": f"the child process running the rules: {error}"}
+    st = st or {"path": "", "available": True, "config": {}, "refusals": [],
+                "error": f"the child process running the rules: {error}"}
     report.startup = st
     _needs(report, readings, "info" if st["available"] else "error")
     args = f" for `{shlex.join(launch_args)}`" if launch_args else ""

@@ -198,19 +198,8 @@ def _sbom_entries(iw: InWheel, planned: list[Planned]) -> list[PatchEntry]:
     return out
 
 
-def finish(
-    iw: InWheel,
-    series: Series,
-    planned: list[Planned],
-    rows: list[dict],
-    *,
-    upstream: dict,
-    ancestor: Ancestor,
-    base: Version,
-    epoch: int,
-    out_dir: Path,
-    build: str,
-) -> tuple[Path, Version]:
+def finish(iw: InWheel, series: Series, planned: list[Planned], rows: list[dict], *, upstream: dict, ancestor: Ancestor,
+           base: Version, epoch: int, out_dir: Path, build: str) -> tuple[Path, Version]:
     """Write provenance and SBOM, give the wheel its patched version, save it into ``out_dir``."""
     record = provenance.build(series, planned, upstream, rows)
     version = record_version({**record, "upstream": {"version": str(base)}})

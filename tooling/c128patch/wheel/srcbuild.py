@@ -209,18 +209,9 @@ def _label_and_verify(built: Path, out_dir: Path, series: Series, planned: list[
     return final, version
 
 
-def build_wheel(
-    series: Series,
-    upstream: Upstream,
-    rev: str,
-    tree: Path | None,
-    out_dir: Path,
-    *,
-    base_override: str | None = None,
-    no_isolation: bool = False,
-    runner: Runner = run_build,
-    reporter: Reporter = NullReporter(),
-) -> BuildResult:
+def build_wheel(series: Series, upstream: Upstream, rev: str, tree: Path | None, out_dir: Path, *,
+                base_override: str | None = None, no_isolation: bool = False, runner: Runner = run_build,
+                reporter: Reporter = NullReporter()) -> BuildResult:
     """Patch (unless done) and source-build ``rev``; the labelled, verified wheel goes to ``out_dir``."""
     start = time.perf_counter()
     target = Target.of(upstream, rev)

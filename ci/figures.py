@@ -1,5 +1,5 @@
 """The figures README.md quotes, rendered from the committed results (never typed): the GPU evidence per
-release, the kernel benchmark and the tool benchmarks, each between its markers (``ci/refresh_matrix.py``;
+release, the kernel benchmark and the tool benchmarks, each between its markers (``refresh_matrix.py`` beside it;
 tests/test_evidence.py checks README is current). A figure whose file is not under today's key is *stale*.
 """
 
