@@ -390,7 +390,7 @@ def check_record(wheel: Path) -> RecordCheck:
         hashes: dict[str, str] = {}
         for row in csv.reader(io.TextIOWrapper(wf.open(wf.record_path), encoding="utf-8", newline="")):
             if len(row) != 3:
-                raise WheelMismatch(f"{wheel.name}: RECORD row {row!r} does not have 3 fields")
+                raise WheelMismatch(f"{wheel.name}: RECORD row {','.join(row)} does not have 3 fields")
             if row[0] in listed:
                 raise WheelMismatch(f"{wheel.name}: RECORD lists {row[0]} twice")
             hashes[row[0]], listed[row[0]] = row[1], row[2]
