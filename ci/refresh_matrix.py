@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write `c128patch matrix --markdown` and the figures rendered from the committed results
-(c128patch.evidence.figures: GPU evidence, kernel timings, tool benchmarks) into README.md
+(figures.py beside it: GPU evidence, kernel timings, tool benchmarks) into README.md
 between their markers.
 
     python ci/refresh_matrix.py [--check]
@@ -41,7 +41,8 @@ def example_layer_digest(series) -> str:
 
 def current_figures() -> dict[str, str]:
     """Each figures block of README, rendered from the committed results as of now."""
-    from c128patch.evidence import figures
+    import figures  # beside this script
+
     from c128patch.evidence.matrix import build_matrix
     from c128patch.evidence.results import results_root
     from c128patch.series.manifest import load_series
@@ -69,7 +70,7 @@ def current_figures() -> dict[str, str]:
 
 
 def render(text: str) -> str:
-    from c128patch.evidence import figures
+    import figures  # beside this script
 
     new = with_matrix(text, current_matrix())
     for name, body in current_figures().items():

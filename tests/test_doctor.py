@@ -17,7 +17,7 @@ import pytest
 from c128patch.series.manifest import load_series
 from c128patch.serve import doctor as doctor_module
 from c128patch.serve import serving
-from c128patch.serve.startup import ONLINE_C128_DSPARK_RULES
+from c128patch.serve.serving import ONLINE_C128_DSPARK_RULES
 from c128patch.upstream.releases import wheel_for
 from c128patch.wheel.patch import patch_wheel
 from support import REPO_ROOT, invoke, make_test_series
@@ -288,9 +288,10 @@ def test_a_python_that_does_not_run_is_one_line(tmp_path: Path):
 def test_the_text_report_is_one_line_per_finding(patched_python: Path):
     res = invoke("doctor", "--python", str(patched_python), as_json=False)
     lines = res.text.strip().splitlines()
-    assert res.code == 1 and lines[-1].startswith("doctor: 1 error(s), ")  # `import sglang` fails (no deps)
+    assert res.code == 1 and lines[0].startswith("doctor: 1 error(s), ")  # the verdict first; `import sglang` fails
+    assert lines[0].endswith(": this sglang would not do what the envs ask (errors below)")
     assert [line.split()[:2] for line in lines if line.startswith("error")] == [["error", "import"]]
-    assert all(line.split()[0] in ("ok", "info", "warn", "error") for line in lines[:-1])
+    assert all(line.split()[0] in ("ok", "info", "warn", "error") for line in lines[1:])
 
 
 # -- startup rules: the build's own module, run from the install -----------------------------------
@@ -355,15 +356,49 @@ def test_launch_arguments_the_rules_cannot_read_are_an_error(rules_python: Path)
 
 
 def test_nothing_refused_says_so_with_the_arguments(rules_python: Path):
-    _, _, topics = doctor(rules_python, "--tp", "8", env=ON)
+    _, _, topics = doctor(rules_python, "--tp", "8", env=ON, standin=SGLANG_STANDIN)
+    assert topics["args"][0][0] == "ok"
     assert topics["startup"] == [("ok", "startup would refuse nothing for `--tp 8`")]
 
 
+def test_startup_is_not_ok_for_arguments_sglangs_parser_could_not_read(rules_python: Path):
+    code, _, topics = doctor(rules_python, "--tp", "8", env=ON)  # `import sglang` fails: the parser never ran
+    assert code == 1 and topics["args"][0][0] == "error"
+    assert topics["startup"] == [("warn", "the rules refuse nothing for `--tp 8`, but sglang's own parser did not "
+                                          "read these arguments (see args): not checked")]
+
+
+def test_an_unknown_option_before_the_launch_arguments_is_named(patched_python: Path):
+    res = invoke("doctor", "--python", str(patched_python), "--pyhton", "x", as_json=False)
+    assert res.code == 2 and "No such option '--pyhton'. Did you mean '--python'?" in res.err
+
+
+@pytest.mark.parametrize("code, said", [
+    ("import sys\nsys.exit(0)\n", "cannot read sglang's environ.py: "),
+    ("import os\nos._exit(0)\n", "the child process reading it: it exited (status 0) without an answer"),
+    ("while True:\n    pass\n", "the child process reading it: it did not finish in 2 s")])
+def test_an_environ_py_that_exits_silently_or_hangs_is_an_error(patched_python: Path, code: str, said: str,
+                                                                monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(serving, "INSTALL_TIMEOUT", 2)
+    target = _installed(patched_python, "sglang") / "srt" / "environ.py"
+    original = target.read_bytes()
+    try:
+        target.write_text(code)
+        exit_code, report, topics = doctor(patched_python, standin=SGLANG_STANDIN)
+    finally:
+        target.write_bytes(original)
+    assert exit_code == 1 and report["ok"] is False
+    ((level, message),) = topics["env"]
+    assert level == "error" and said in message, message
+
+
 def test_doctor_reports_the_series_startup_rules_line_for_line(patched_python: Path):
-    from c128patch.serve.install import load_by_path
+    import importlib.util
 
     assert RULES_IN_SERIES, f"the series' startup rules (overlay/{ONLINE_C128_DSPARK_RULES}) are gone"
-    rules = load_by_path(REPO_ROOT / "overlay" / ONLINE_C128_DSPARK_RULES, "test_doctor_rules")
+    spec = importlib.util.spec_from_file_location("test_doctor_rules", REPO_ROOT / "overlay" / ONLINE_C128_DSPARK_RULES)
+    rules = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rules)
     args = ["--speculative-algorithm", "EAGLE", "--enable-two-batch-overlap"]
     env = {**ON, "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP": "1"}
     want = rules.startup_refusals(rules.config_from_args(args, {**os.environ, **env}))

@@ -16,22 +16,20 @@ from pathlib import Path
 import pytest
 
 from c128patch.errors import C128Error
-from c128patch.evidence import figures, gpu_run, staging
+from c128patch.evidence import staging
 from c128patch.evidence.keys import EvidenceKey, key_for, key_from_provenance, sources_id
 from c128patch.evidence.matrix import build_matrix, release_note, verification_note
-from c128patch.evidence.results import (
-    KINDS,
-    collect_run,
-    compare_bench,
-    from_smoke_report,
-    load_results,
-    summarize,
-    write_result,
-)
+from c128patch.evidence.results import KINDS, load_results, summarize, write_result
 from c128patch.git import Git
 from c128patch.ops.check import support_note
 from c128patch.series.manifest import load_series
 from support import RELEASES, REPO_ROOT, invoke, make_test_series, needs_torch
+
+sys.path.insert(0, str(REPO_ROOT / "ci" / "gpu"))  # the GPU run's harness and collector live beside their scripts
+sys.path.insert(0, str(REPO_ROOT / "ci"))  # README's figures, beside ci/refresh_matrix.py
+import figures  # noqa: E402
+import gpu_run  # noqa: E402
+from collect_results import collect_run, compare_bench, from_smoke_report  # noqa: E402
 
 OLD_REPORT = REPO_ROOT / "ci" / "gpu" / "results" / "smoke-2026-11-29.json"
 SUITE = REPO_ROOT / "tests" / "gpu"
@@ -274,6 +272,15 @@ def test_matrix_cell_is_stale_when_the_series_files_changed(real_series, history
     assert cell.state == "stale" and "key" in cell.detail
 
 
+def test_apply_and_wheel_name_a_stale_result_as_the_matrix_does(real_series, history: Git, results: Path):
+    key = key_for(real_series, history, history.rev_parse("v0.5.21"))
+    write_result(results, "v0.5.21", "suite", _result(replace(key, series_hash="0" * 64), True))
+    assert _row(real_series, history, results).cells["suite"].state == "stale"
+    note = verification_note(real_series, history, history.rev_parse("v0.5.21") or "", "v0.5.21", results)
+    missing = note.split(" (", 1)[1].split(")", 1)[0].split(", ")
+    assert "suite stale" in missing and "suite unverified" not in missing, note
+
+
 def test_matrix_names_the_files_that_differ_from_the_nearest_evidenced_release(real_series, history: Git,
                                                                               results: Path):
     key = key_for(real_series, history, history.rev_parse("v0.5.21"))
@@ -306,6 +313,14 @@ def test_matrix_table_has_a_heading_for_every_kind():
     for heading in ("compiles sm_90a", "GPU suite", "differential", "memcheck", "racecheck", "initcheck", "synccheck",
                     "upstream's own tests", "DSPARK simulation", "kernel benchmark"):
         assert heading in res.text
+
+
+@pytest.mark.parametrize("columns", ["100", "400"])
+def test_matrix_fits_100_columns_piped_or_wide(columns: str):
+    res = invoke("matrix", as_json=False, env={"COLUMNS": columns})
+    assert res.code == 0, res.err
+    assert max(len(line) for line in res.text.splitlines()) <= 100
+    assert "v0.5.20" in res.text and "v0.5.23" in res.text
 
 
 def test_matrix_refuses_a_rev_that_is_not_a_release():

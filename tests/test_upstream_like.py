@@ -173,4 +173,6 @@ def test_a_commit_whose_sources_differ_in_one_file_is_unverified_and_names_it(li
     assert note == (f"note: edited + this series is not fully verified: 1 file differs from v0.5.22's evidenced "
                     f"sources: {EDITED}; see `c128patch matrix`")
     text = invoke("matrix", "--repo", repo(like), "--sglang-rev", "edited", "--series", str(series), as_json=False)
-    assert f"edited: not fully verified: 1 file differs from v0.5.22's evidenced sources: {EDITED}" in text.text
+    assert max(len(line) for line in text.text.splitlines()) <= 100  # wrapped to 100 columns, words whole
+    assert f"edited: not fully verified: 1 file differs from v0.5.22's evidenced sources: {EDITED}" in " ".join(
+        text.text.split())

@@ -22,12 +22,14 @@ import pytest
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
+from c128patch.errors import C128Error
 from c128patch.series.manifest import load_series, sha256_file
 from c128patch.upstream.releases import wheel_for, wheel_timestamp
 from c128patch.wheel.patch import patch_wheel
 from c128patch.wheel.rules import refusal
 from c128patch.wheel.sbom import PatchEntry, diff_bytes, entry_properties, purl_pypi
 from c128patch.wheel.tools import InWheel, check_record
+from c128patch.wheel.verify import verify_wheel
 from support import invoke, make_test_series
 
 ENVIRON = "python/sglang/srt/environ.py"
@@ -564,6 +566,63 @@ def test_verify_refuses_provenance_paths_and_shapes(patched, tmp_path: Path, fil
     record["entries"][0]["files"] = files
     verify_fails(with_provenance(patched, tmp_path, json.dumps(record).encode()),
                  "is not a c128patch provenance record")
+
+
+def _with_special_member(src: Path, dest: Path, mode: int) -> Path:
+    """A copy of ``src`` plus ``sglang/evil`` stored as a non-regular file (``mode``), RECORD listing it."""
+
+    bad = tampered(src, dest, {"sglang/evil": b"/etc/passwd"})
+    with zipfile.ZipFile(bad) as zf:
+        infos = [(i, zf.read(i)) for i in zf.infolist()]
+    with zipfile.ZipFile(bad, "w") as zf:
+        for info, data in infos:
+            if info.filename == "sglang/evil":
+                info.external_attr = (mode | 0o777) << 16
+            zf.writestr(info, data)
+    return bad
+
+
+@pytest.mark.parametrize("mode, kind", [(0o120000, "a symlink"), (0o020000, "a character device")])
+def test_verify_names_a_symlink_or_device_member(patched, tmp_path: Path, mode: int, kind: str):
+    verify_fails(_with_special_member(Path(patched.wheel), tmp_path, mode), f"member sglang/evil is {kind}")
+
+
+def test_from_wheel_refuses_a_symlink_member(tmp_path: Path, out: Path, wheel_series: Path, upstream_wheel: Path):
+    bad = _with_special_member(upstream_wheel, tmp_path, 0o120000)
+    refused(["wheel", "--from-wheel", str(bad), "--series", str(wheel_series)], out,
+            "member sglang/evil is a symlink, not a regular file")
+
+
+def test_a_truncated_wheel_is_one_line(tmp_path: Path, out: Path, wheel_series: Path, upstream_wheel: Path):
+    from c128patch.upstream.releases import iter_wheel_sources, wheel_timestamp
+
+    cut = tmp_path / upstream_wheel.name
+    cut.write_bytes(upstream_wheel.read_bytes()[: upstream_wheel.stat().st_size // 2])
+    refused(["wheel", "--from-wheel", str(cut), "--series", str(wheel_series)], out, "a truncated download?")
+    for read in (wheel_timestamp, lambda w: list(iter_wheel_sources(w))):  # as the release cache reads its wheels
+        with pytest.raises(C128Error, match="not a readable wheel .* a truncated download"):
+            read(cut)
+
+
+def test_verify_refuses_an_edited_provenance_and_sbom_claiming_the_series(patched, tmp_path: Path,
+                                                                         wheel_series: Path):
+    """The entry claims a gate it does not have, in both the provenance and the SBOM, RECORD recomputed:
+    the wheel is consistent with itself, but not with the series it claims by name and version."""
+    src = Path(patched.wheel)
+    (sbom,) = [n for n in members(src) if n.endswith("sboms/c128patch.cdx.json")]
+    record = json.loads(members(src)["sglang/c128patch_provenance.json"])
+    assert record["entries"][0]["name"] == "test-patch" and not record["entries"][0]["gate"]
+    record["entries"][0]["gate"] = "SGLANG_OPT_IN"
+    doc = members(src)[sbom].decode()
+    assert '"name": "c128patch:entry:1:gate",\n          "value": "none"' in doc
+    doc = doc.replace('"name": "c128patch:entry:1:gate",\n          "value": "none"',
+                      '"name": "c128patch:entry:1:gate",\n          "value": "SGLANG_OPT_IN"')
+    bad = tampered(src, tmp_path, {"sglang/c128patch_provenance.json": json.dumps(record).encode(),
+                                   sbom: doc.encode()})
+    verify_wheel(bad, authenticity=False)  # no anchor: consistent with itself
+    with pytest.raises(C128Error, match="entry 'test-patch': its file or gate is not series .* edited"):
+        verify_wheel(bad, authenticity=False, known=load_series(wheel_series))
+    verify_wheel(src, authenticity=False, known=load_series(wheel_series))
 
 
 def test_verify_refuses_deeply_nested_provenance(patched, tmp_path: Path):

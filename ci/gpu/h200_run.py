@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One device call of the GPU evidence run (see c128patch.evidence.gpu_run for the phases).
+"""One device call of the GPU evidence run (see gpu_run.py beside it for the phases).
 
     python3 ci/gpu/h200_run.py plain|sanitizers|bench [--stage .gpu] [--deadline 540] [--rev vX.Y.Z ...]
                                [--tool memcheck ...] [--dry-run]
@@ -68,7 +68,8 @@ def main() -> int:
     site = None if args.dry_run else install_wheels(REPO / args.stage / "whl", args.work / "site")
     if site:
         sys.path.insert(0, site)
-    from c128patch.evidence import gpu_run
+    import gpu_run  # beside this script
+
     from c128patch.evidence.staging import read_manifest
 
     manifest = read_manifest(REPO / args.stage)

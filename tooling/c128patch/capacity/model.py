@@ -1,21 +1,12 @@
 """KV capacity of a DeepSeek-V4 target with online C128 off and on.
 
-Mirrors the arithmetic of upstream's ``DSV4PoolConfigurator`` (non-unified CUDA
-pool, ratio-mode SWA sizing, no encoder replay, no HiSparse, no PD decode).
-The only thing online C128 changes is the fixed c128 state subtracted from the
-budget before it is divided by bytes-per-full-token, so the gain is
-``(F_off - F_on) / b`` tokens, floored to whole pages.
-
-Citations ``file:line`` are sglang 0.5.23 (paths relative to the ``sglang/``
-package) unless a version is named. ``formula`` names the release whose arithmetic is
-mirrored; there are two families:
-
-* 0.5.21-0.5.23: layout-aware, page-padded KV bytes (0.5.21/0.5.22 differ from 0.5.23
-  only in not flooring R // attn_dp_size at 1 and not re-checking reserved pages);
-* 0.5.20 (also the July 2026 base of PR #32035): a flat 584-byte KV cell and c4
-  state priced per ``window_size`` rows.
-
-No torch, no click: plain integers and floats in the order upstream computes them.
+Mirrors upstream's ``DSV4PoolConfigurator`` (non-unified CUDA pool, ratio-mode SWA, no encoder
+replay, HiSparse or PD decode). Online C128 only changes the fixed c128 state subtracted from the
+budget before it is divided by bytes-per-full-token: the gain is ``(F_off - F_on) / b`` tokens,
+floored to pages. Citations ``file:line`` are sglang 0.5.23 (under ``sglang/``) unless a version is
+named. ``formula`` picks the family: 0.5.21-0.5.23 (page-padded KV bytes; 0.5.21/0.5.22 without
+0.5.23's floor of R // attn_dp_size at 1 and its reserved-page re-check) or 0.5.20 (also PR #32035's
+July 2026 base: a flat 584-byte cell, c4 state priced per ``window_size`` rows).
 """
 
 from __future__ import annotations
@@ -39,17 +30,13 @@ ATTN_HEAD_DIM = QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM  # pool_configurator.py:1082
 
 # arg_groups/model_overrides/deepseek_v4.py:51,61 (CUDA page size for DSV4).
 DSV4_PAGE_SIZE = 256
-# arg_groups/deepseek_v4_hook.py:138-146: a DSV4 target with no --max-running-requests
-# gets 256. It runs in handle_model_specific_adjustments (arg_groups/pipeline.py:225),
-# before handle_speculative_decoding (pipeline.py:306), so DSPARK's own default below
-# sees the field already set and never applies to a DSV4 target (same order in 0.5.20:
-# deepseek_v4_hook.py:178-186, pipeline.py:242 vs :325).
+# arg_groups/deepseek_v4_hook.py:138-146: 256 when unset; it runs (pipeline.py:225) before
+# handle_speculative_decoding (:306), so DSPARK's default never applies to DSV4 (0.5.20: :178-186, :242 vs :325).
 DSV4_DEFAULT_MAX_RUNNING_REQUESTS = 256
 # arg_groups/speculative_hook.py:852-860 (_handle_dspark): 48 when still unset.
 DSPARK_DEFAULT_MAX_RUNNING_REQUESTS = 48
-# speculative/dspark_components/dspark_config.py:21 and speculative_hook.py:818,825:
-# W = gamma + 1, gamma = 7 unless the draft checkpoint sets dspark_block_size
-# (dspark_config.py:220,296).
+# dspark_config.py:21, speculative_hook.py:818,825: W = gamma + 1, gamma = 7 unless the draft
+# checkpoint sets dspark_block_size (dspark_config.py:220,296).
 DSPARK_DEFAULT_GAMMA = 7
 DSPARK_DEFAULT_DRAFT_TOKENS = DSPARK_DEFAULT_GAMMA + 1
 # pool_configurator.py:1046 (ratio used when the operator gives none).
@@ -86,30 +73,16 @@ class Layout:
         return self.count(128)
 
 
-FLASH = Layout(
-    name="flash",
-    compress_ratios=(0, 0) + (4, 128) * 20 + (4,),
-    context_len=1_048_576,
-    source=(
-        "DeepSeek-V4-Flash, 43 layers (21 c4 + 20 c128 + 2 SWA-only): the public "
-        "config.json compress_ratios [0,0,4,128,4,128,...,4,0], whose last entry is "
-        "the MTP placeholder and not a layer"
-    ),
-)
-PRO = Layout(
-    name="pro",
-    compress_ratios=(128, 128) + (4, 128) * 29 + (4,),
-    context_len=1_048_576,
-    source=(
-        "DeepSeek-V4-Pro, 61 layers (31 c128 + 30 c4): from public model cards and "
-        "third-party copies of config.json, unverified against the checkpoint"
-    ),
-)
+FLASH = Layout("flash", (0, 0) + (4, 128) * 20 + (4,), 1_048_576,
+               "DeepSeek-V4-Flash, 43 layers (21 c4 + 20 c128 + 2 SWA-only): the public config.json "
+               "compress_ratios [0,0,4,128,4,128,...,4,0], whose last entry is the MTP placeholder and not a layer")
+PRO = Layout("pro", (128, 128) + (4, 128) * 29 + (4,), 1_048_576,
+             "DeepSeek-V4-Pro, 61 layers (31 c128 + 30 c4): from public model cards and third-party copies of "
+             "config.json, unverified against the checkpoint")
 PRESETS: dict[str, Layout] = {FLASH.name: FLASH, PRO.name: PRO}
 
 
 def custom_layout(compress_ratios: list[int], context_len: int = 1_048_576) -> Layout:
-    """A layout from an explicit per-layer ratio list."""
     bad = sorted({r for r in compress_ratios if r not in (0, 4, 128)})
     if bad:
         raise ValueError(f"unsupported compress ratios {bad}; this tool models 0, 4 and 128")
@@ -128,8 +101,7 @@ def layouts(presets: tuple[str, ...], compress_ratios: Optional[str] = None,
     return [replace(lt, context_len=context_len) for lt in chosen] if context_len is not None else chosen
 
 
-# --max-running-requests keywords: what a DSV4 target gets when the flag is unset, DSPARK's own
-# default (which applies to non-DSV4 targets only), the configurator's estimate path
+# --max-running-requests keywords: DSV4's default, DSPARK's (non-DSV4 targets only), the estimate path
 R_KEYWORDS = {"auto": DSV4_DEFAULT_MAX_RUNNING_REQUESTS, "dspark": DSPARK_DEFAULT_MAX_RUNNING_REQUESTS,
               "estimate": None}
 
@@ -170,8 +142,7 @@ def kv_budget(budget_gib: Optional[float], budget_bytes: Optional[int], gpu_gib:
 
 @dataclass(frozen=True)
 class CapacityInputs:
-    """One configurator run. ``max_running_requests=None`` takes the configurator's
-    estimate path (pool_configurator.py:1565-1574), as if the field were unset."""
+    """One configurator run; ``max_running_requests=None``: the estimate path (pool_configurator.py:1565-1574)."""
 
     budget_bytes: int
     layout: Layout
@@ -217,30 +188,13 @@ class CapacityInputs:
 
 # ---- per-token terms ----------------------------------------------------------------
 
-
-def _paged(inp: CapacityInputs) -> bool:
-    """The 0.5.21+ family (page-padded layouts, c4 state per page)."""
-    return inp.formula != "0.5.20"
-
-
-def state_dtype_bytes(dtype: StateDtype) -> int:
-    """pool_configurator.py:136-145 (SGLANG_DSV4_COMPRESS_STATE_DTYPE)."""
-    return _STATE_DTYPE_BYTES[dtype]
-
-
-def indexer_bytes_per_token(index_head_dim: int = INDEX_HEAD_DIM) -> int:
-    """FP8 indexer row on NVIDIA: mem_cache/deepseek_v4_memory_pool.py:53-57."""
-    return index_head_dim + index_head_dim // 128 * 4
+INDEXER_BYTES_PER_TOKEN = INDEX_HEAD_DIM + INDEX_HEAD_DIM // 128 * 4  # FP8 row: deepseek_v4_memory_pool.py:53-57
 
 
 def kv_bytes_per_token(inp: CapacityInputs, compress_ratio: int = 0) -> float:
-    """One layer's KV bytes per (compressed) token slot.
-
-    0.5.23: the page-padded layout, pool_configurator.py:1353-1370 with
-    kv_layout.py:103-105 (page of ``page_size // ratio`` slots). 0.5.20: the flat
-    FlashMLA cell ``nope + 2*rope + 8`` (0.5.20 pool_configurator.py:1113).
-    """
-    if not _paged(inp):
+    """One layer's KV bytes per (compressed) slot: the page-padded layout (pool_configurator.py:1353-1370,
+    kv_layout.py:103-105), or 0.5.20's flat cell ``nope + 2*rope + 8`` (0.5.20 pool_configurator.py:1113)."""
+    if inp.formula == "0.5.20":
         return float(QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM * 2 + 8)
     bytes_per_token, align = _KV_LAYOUTS[inp.kv_layout]
     page = inp.page_size // compress_ratio if compress_ratio else inp.page_size
@@ -275,9 +229,8 @@ def check_ring_serves_draft_tokens(inp: CapacityInputs, online: bool) -> None:
 
 
 def bytes_per_swa_token(inp: CapacityInputs) -> float:
-    """0.5.23 pool_configurator.py:1372-1388: SWA KV of every layer plus the c4
-    compress state, which is addressed per SWA page (ring rows per page)."""
-    dt = state_dtype_bytes(inp.state_dtype)
+    """pool_configurator.py:1372-1388: every layer's SWA KV plus the c4 state, addressed per SWA page."""
+    dt = _STATE_DTYPE_BYTES[inp.state_dtype]  # :136-145
     c4_state_bytes = 2 * 2 * ATTN_HEAD_DIM * dt  # :1380
     c4_indexer_state_bytes = 2 * 2 * INDEX_HEAD_DIM * dt  # :1381
     c4_state_ratio = ring_size(inp, 4, False) / inp.page_size  # :1383
@@ -287,8 +240,7 @@ def bytes_per_swa_token(inp: CapacityInputs) -> float:
 
 
 def spec_inflation(inp: CapacityInputs) -> float:
-    """(target + 1 draft layer) / target: pool_configurator.py:1250-1257
-    (0.5.20: :1046-1054)."""
+    """(target + 1 draft layer) / target: pool_configurator.py:1250-1257 (0.5.20: :1046-1054)."""
     if not inp.speculative:
         return 1.0
     return (inp.layout.num_layers + 1) / inp.layout.num_layers
@@ -296,7 +248,7 @@ def spec_inflation(inp: CapacityInputs) -> float:
 
 def _bytes_per_full_token_0523(inp: CapacityInputs) -> float:
     """pool_configurator.py:1437-1446 with :1390-1404 per compressed layer."""
-    c4 = 0.25 * kv_bytes_per_token(inp, 4) + 1 / 4 * indexer_bytes_per_token()  # :1397-1402
+    c4 = 0.25 * kv_bytes_per_token(inp, 4) + 1 / 4 * INDEXER_BYTES_PER_TOKEN  # :1397-1402
     c128 = 1 / 128 * kv_bytes_per_token(inp, 128)  # :1404
     # collect_sources_by_ratio (deepseek_v4_memory_pool.py:94-115) orders 4 before 128.
     per_ratio = {4: c4 * inp.layout.num_c4, 128: c128 * inp.layout.num_c128}
@@ -307,7 +259,7 @@ def _bytes_per_full_token_0523(inp: CapacityInputs) -> float:
 def _bytes_per_full_token_0520(inp: CapacityInputs) -> float:
     """0.5.20 pool_configurator.py:1110-1163 (one sum, in upstream's order)."""
     kv = kv_bytes_per_token(inp)
-    dt = state_dtype_bytes(inp.state_dtype)
+    dt = _STATE_DTYPE_BYTES[inp.state_dtype]
     c4_state_bytes = 2 * 2 * ATTN_HEAD_DIM * dt  # :1119
     c4_indexer_state_bytes = 2 * 2 * INDEX_HEAD_DIM * dt  # :1127
     c4_state_ratio = ring_size(inp, 4, False) / WINDOW_SIZE  # :1129 (swa_page_size = window)
@@ -317,7 +269,7 @@ def _bytes_per_full_token_0520(inp: CapacityInputs) -> float:
         r * kv * L
         + c4_frac * kv * L4
         + 1 / 128 * kv * L128
-        + 1 / 4 * indexer_bytes_per_token() * L4
+        + 1 / 4 * INDEXER_BYTES_PER_TOKEN * L4
         + r * c4_state_ratio * c4_state_bytes * L4
         + 0 * L128  # c128 state is fixed bytes, not per token (:1133)
         + r * c4_state_ratio * c4_indexer_state_bytes * L4
@@ -326,7 +278,7 @@ def _bytes_per_full_token_0520(inp: CapacityInputs) -> float:
 
 def bytes_per_full_token(inp: CapacityInputs) -> float:
     """b: the divisor of the budget, inflated for the draft worker when speculative."""
-    base = _bytes_per_full_token_0523(inp) if _paged(inp) else _bytes_per_full_token_0520(inp)
+    base = _bytes_per_full_token_0520(inp) if inp.formula == "0.5.20" else _bytes_per_full_token_0523(inp)
     if inp.speculative:
         base *= spec_inflation(inp)
     return base
@@ -335,16 +287,10 @@ def bytes_per_full_token(inp: CapacityInputs) -> float:
 # ---- fixed (request-scoped) bytes ---------------------------------------------------
 
 
-def num_req_slots(max_running_requests: int) -> int:
-    """pool_configurator.py:1504-1507 (non-PD): one spare slot."""
-    return max_running_requests + 1
-
-
 def c128_state_rows(inp: CapacityInputs, max_running_requests: int, online: bool) -> int:
-    """Rows of one c128 layer's state pool: pool_configurator.py:1516-1525 (0.5.20:
-    :1199-1206), the same count CompressStatePool allocates
-    (mem_cache/deepseek_v4_compress_state.py:159-179)."""
-    slots = num_req_slots(max_running_requests)
+    """Rows of one c128 layer's state pool: pool_configurator.py:1516-1525 (0.5.20: :1199-1206), as
+    CompressStatePool allocates them (deepseek_v4_compress_state.py:159-179)."""
+    slots = max_running_requests + 1  # :1504-1507 (non-PD): one spare slot
     ring = ring_size(inp, 128, online)
     if online:
         rows = slots + ring + 1  # :1519, ring == 1
@@ -354,19 +300,17 @@ def c128_state_rows(inp: CapacityInputs, max_running_requests: int, online: bool
 
 
 def c128_state_fixed_bytes(inp: CapacityInputs, max_running_requests: int, online: bool) -> int:
-    """pool_configurator.py:1509-1528: rows x last dim x dtype x c128 layers; the last
-    dim is (max|sum|kv) = 3H online (:1521), raw (kv|score) = 2H offline (:1526)."""
+    """pool_configurator.py:1509-1528: rows x (3H online :1521, 2H offline :1526) x dtype x c128 layers."""
     if inp.layout.num_c128 == 0:
         return 0
     last_dim = (3 if online else 2) * ATTN_HEAD_DIM
     rows = c128_state_rows(inp, max_running_requests, online)
-    return rows * last_dim * state_dtype_bytes(inp.state_dtype) * inp.layout.num_c128
+    return rows * last_dim * _STATE_DTYPE_BYTES[inp.state_dtype] * inp.layout.num_c128
 
 
 def resolve_max_running_requests(inp: CapacityInputs, b: float) -> tuple[int, str]:
-    """Per-DP-worker R the fixed bytes are sized for: pool_configurator.py:1141-1145
-    (requested // attn_dp_size, at least 1; 0.5.20-0.5.22 have no floor of 1, e.g.
-    0.5.20 :963-967) or the estimate :1565-1574."""
+    """Per-DP-worker R: requested // attn_dp_size, at least 1 (pool_configurator.py:1141-1145; no floor
+    before 0.5.23, e.g. 0.5.20 :963-967), or the estimate (:1565-1574)."""
     if inp.max_running_requests is not None:
         per_worker = inp.max_running_requests // inp.attn_dp_size
         if inp.formula == "0.5.23":
@@ -381,10 +325,8 @@ def resolve_max_running_requests(inp: CapacityInputs, b: float) -> tuple[int, st
 def full_tokens(
     budget_bytes: int, fixed_bytes: int, b: float, page_size: int, recheck: bool = True
 ) -> int:
-    """max_total_num_tokens: pool_configurator.py:1667-1677, then the page floor of
-    _compute_dsv4_sizes (:1464). The 0.5.23 reserved-page loop (``recheck``) adds 0
-    bytes for ratios 4/128 (:1406-1435 only pads ratios 1/2) but is kept for its
-    float edge; 0.5.20-0.5.22 do not have it."""
+    """max_total_num_tokens (pool_configurator.py:1667-1677) floored to pages (:1464); ``recheck``: 0.5.23's
+    reserved-page loop, 0 bytes for ratios 4/128 (:1406-1435) but kept for its float edge."""
     avail = max(budget_bytes - fixed_bytes, 0)
     tokens = int(avail / b)
     tokens = tokens // page_size * page_size
@@ -412,9 +354,7 @@ class ModeResult:
 
 
 def refusal_reason(full: int, swa_tokens: int, page_size: int) -> Optional[str]:
-    """Upstream raises instead of returning these sizes: validate_swa_pool_size
-    (pool_configurator.py:198-216, called from :1470) and MemoryPoolConfig's
-    "Not enough memory" (:94-100)."""
+    """Where upstream raises: validate_swa_pool_size (pool_configurator.py:198-216), Not enough memory (:94-100)."""
     if WINDOW_SIZE + page_size >= swa_tokens:
         return (
             f"SWA pool of {swa_tokens} tokens cannot hold one request (needs more than "
@@ -448,30 +388,19 @@ class CapacityResult:
         return self.off.c128_fixed_bytes - self.on.c128_fixed_bytes
 
     def to_dict(self) -> dict:
-        inp = asdict(self.inputs)
-        inp["layout"] = {
-            "name": self.inputs.layout.name,
-            "num_layers": self.inputs.layout.num_layers,
-            "num_c4": self.inputs.layout.num_c4,
-            "num_c128": self.inputs.layout.num_c128,
-            "context_len": self.inputs.layout.context_len,
-            "source": self.inputs.layout.source,
-            "compress_ratios": list(self.inputs.layout.compress_ratios),
-        }
+        inp, lt = asdict(self.inputs), self.inputs.layout
+        inp["layout"] = {"name": lt.name, "num_layers": lt.num_layers, "num_c4": lt.num_c4, "num_c128": lt.num_c128,
+                         "context_len": lt.context_len, "source": lt.source,
+                         "compress_ratios": list(lt.compress_ratios)}
         return {
-            "inputs": inp,
-            "bytes_per_full_token": self.bytes_per_full_token,
+            "inputs": inp, "bytes_per_full_token": self.bytes_per_full_token,
             "bytes_per_swa_token": self.bytes_per_swa_token,
             "max_running_requests_per_worker": self.max_running_requests_per_worker,
             "max_running_requests_source": self.max_running_requests_source,
             "dspark_default_max_running_requests": DSPARK_DEFAULT_MAX_RUNNING_REQUESTS,
-            "dsv4_default_max_running_requests": DSV4_DEFAULT_MAX_RUNNING_REQUESTS,
-            "draft_banks": self.draft_banks,
-            "off": asdict(self.off),
-            "on": asdict(self.on),
-            "delta_tokens": self.delta_tokens,
-            "delta_fixed_bytes": self.delta_fixed_bytes,
-            "notes": list(self.notes),
+            "dsv4_default_max_running_requests": DSV4_DEFAULT_MAX_RUNNING_REQUESTS, "draft_banks": self.draft_banks,
+            "off": asdict(self.off), "on": asdict(self.on), "delta_tokens": self.delta_tokens,
+            "delta_fixed_bytes": self.delta_fixed_bytes, "notes": list(self.notes),
         }
 
 
@@ -482,17 +411,9 @@ def _mode(inp: CapacityInputs, b: float, r: int, online: bool) -> ModeResult:
     # windows, cap-mode SWA; :1648-1666) are 0 for the modelled pool.
     full = full_tokens(inp.budget_bytes, fixed, b, inp.page_size, recheck=inp.formula == "0.5.23")
     swa = int(full * inp.swa_full_tokens_ratio) // inp.page_size * inp.page_size  # :1457-1461
-    return ModeResult(
-        online=online,
-        c128_ring_size=ring_size(inp, 128, online),
-        c128_state_rows_per_layer=c128_state_rows(inp, r, online) if inp.layout.num_c128 else 0,
-        c128_fixed_bytes=fixed,
-        full_tokens=full,
-        swa_tokens=swa,
-        c4_tokens=full // 4,  # :1492
-        c128_tokens=full // 128,  # :1493
-        refusal=refusal_reason(full, swa, inp.page_size),
-    )
+    rows = c128_state_rows(inp, r, online) if inp.layout.num_c128 else 0
+    return ModeResult(online, ring_size(inp, 128, online), rows, fixed, full, swa, full // 4, full // 128,  # :1492-1493
+                      refusal_reason(full, swa, inp.page_size))
 
 
 def compute(inp: CapacityInputs) -> CapacityResult:
@@ -512,19 +433,9 @@ def compute(inp: CapacityInputs) -> CapacityResult:
             "when nothing filled --max-running-requests; for a DSV4 target the DSV4 "
             f"hook fills {DSV4_DEFAULT_MAX_RUNNING_REQUESTS}"
         )
-    return CapacityResult(
-        inputs=inp,
-        bytes_per_full_token=b,
-        bytes_per_swa_token=(
-            bytes_per_swa_token(inp) if _paged(inp) else float("nan")
-        ),
-        max_running_requests_per_worker=r,
-        max_running_requests_source=source,
-        draft_banks=inp.draft_tokens,
-        off=_mode(inp, b, r, online=False),
-        on=_mode(inp, b, r, online=True),
-        notes=tuple(notes),
-    )
+    swa = float("nan") if inp.formula == "0.5.20" else bytes_per_swa_token(inp)
+    return CapacityResult(inp, b, swa, r, source, inp.draft_tokens, _mode(inp, b, r, online=False),
+                          _mode(inp, b, r, online=True), tuple(notes))
 
 
 def with_budget(inp: CapacityInputs, budget_bytes: int) -> CapacityInputs:
@@ -532,8 +443,7 @@ def with_budget(inp: CapacityInputs, budget_bytes: int) -> CapacityInputs:
 
 
 def budget_interval(inp: CapacityInputs, target_full_tokens: int, online: bool) -> tuple[int, int]:
-    """Integer budgets [lo, hi) for which ``compute(inp)`` gives ``target_full_tokens``
-    in the chosen mode (R must be given, so the fixed bytes do not move with the budget)."""
+    """Integer budgets [lo, hi) giving ``target_full_tokens`` in the chosen mode (R given: fixed bytes fixed)."""
     if inp.max_running_requests is None:
         raise ValueError("solving for the budget needs an explicit max_running_requests")
     if target_full_tokens % inp.page_size:

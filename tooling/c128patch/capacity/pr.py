@@ -1,22 +1,11 @@
 """PR #32035's capacity claim (2,553,344 -> 3,167,232 full tokens), reconstructed.
 
-The author ran DeepSeek-V4-Pro-DSpark, TP8, ``--swa-full-tokens-ratio 0.1
---mem-fraction-static 0.85 --speculative-algorithm DSPARK`` and no
-``--max-running-requests`` on a July 2026 upstream. Both numbers follow from the
-configurator arithmetic with:
-
-* the 0.5.20 formula family (flat 584-byte KV cell, c4 state per window row): the PR
-  base predates 0.5.20, and the page-padded formula only arrived in 0.5.21;
-* R = 256: the DSV4 hook's default, which DSPARK's 48 never overrides (see
-  ``capacity.DSV4_DEFAULT_MAX_RUNNING_REQUESTS``);
-* W = 6 draft tokens, i.e. gamma 5 from the checkpoint's ``dspark_block_size``
-  (public DSV4 DSpark configs carry 5; the Pro-DSpark config itself is unverified),
-  hence 1 + 6 online state banks;
-* 31 c128 + 30 c4 layers, fp32 state, page 256.
-
-The budget A is unknown. Solving A from one number and predicting the other is the
-test; :func:`fit` does both directions and :func:`alternatives` shows that the
-neighbouring hypotheses miss.
+The author ran DeepSeek-V4-Pro-DSpark, TP8, ``--swa-full-tokens-ratio 0.1 --mem-fraction-static 0.85
+--speculative-algorithm DSPARK`` with no ``--max-running-requests`` on a July 2026 upstream. Both numbers
+follow from the 0.5.20 formula family (the page-padded one arrived in 0.5.21), R = 256 (the DSV4 hook's
+default, never overridden by DSPARK's 48), W = 6 (gamma 5 from ``dspark_block_size``, as public DSV4 DSpark
+configs carry; the Pro-DSpark one is unverified), 31 c128 + 30 c4 layers, fp32 state, page 256. The budget
+is unknown: :func:`fit` solves it from one number and predicts the other; :func:`alternatives` miss.
 """
 
 from __future__ import annotations
@@ -52,28 +41,14 @@ class Hypothesis:
 
 def pr_inputs(budget_bytes: int = 1) -> CapacityInputs:
     """The PR run as reconstructed (budget aside)."""
-    return CapacityInputs(
-        budget_bytes=budget_bytes,
-        layout=PRO,
-        swa_full_tokens_ratio=0.1,
-        max_running_requests=DSV4_DEFAULT_MAX_RUNNING_REQUESTS,
-        tp_size=8,
-        speculative=True,
-        num_draft_tokens=PR_DRAFT_TOKENS,
-        state_dtype="fp32",
-        page_size=256,
-        formula="0.5.20",
-    )
+    return CapacityInputs(budget_bytes, PRO, swa_full_tokens_ratio=0.1,
+                          max_running_requests=DSV4_DEFAULT_MAX_RUNNING_REQUESTS, tp_size=8, speculative=True,
+                          num_draft_tokens=PR_DRAFT_TOKENS, state_dtype="fp32", page_size=256, formula="0.5.20")
 
 
-PR_HYPOTHESIS = Hypothesis(
-    label="0.5.20 formula, R=256, W=6",
-    inputs=pr_inputs(),
-    why=(
-        "what upstream resolves for the PR's command line: the July base's formula "
-        "(0.5.20 family), the DSV4 hook's R=256, W = dspark_block_size 5 + 1"
-    ),
-)
+PR_HYPOTHESIS = Hypothesis("0.5.20 formula, R=256, W=6", pr_inputs(),
+                           "what upstream resolves for the PR's command line: the July base's formula (0.5.20 "
+                           "family), the DSV4 hook's R=256, W = dspark_block_size 5 + 1")
 
 
 @dataclass(frozen=True)
@@ -100,25 +75,19 @@ class Fit:
         return None if self.both_interval is None else sum(self.both_interval) // 2
 
     def to_dict(self) -> dict:
+        h = self.hypothesis
         return {
-            "label": self.hypothesis.label,
-            "why": self.hypothesis.why,
-            "formula": self.hypothesis.inputs.formula,
-            "max_running_requests": self.max_running_requests,
-            "draft_tokens": self.hypothesis.inputs.num_draft_tokens,
-            "num_c128": self.hypothesis.inputs.layout.num_c128,
-            "bytes_per_full_token": self.bytes_per_full_token,
-            "c128_fixed_off": self.c128_fixed_off,
-            "c128_fixed_on": self.c128_fixed_on,
-            "unfloored_delta_tokens": self.unfloored_delta,
-            "off_interval": list(self.off_interval),
+            "label": h.label, "why": h.why, "formula": h.inputs.formula,
+            "max_running_requests": self.max_running_requests, "draft_tokens": h.inputs.num_draft_tokens,
+            "num_c128": h.inputs.layout.num_c128, "bytes_per_full_token": self.bytes_per_full_token,
+            "c128_fixed_off": self.c128_fixed_off, "c128_fixed_on": self.c128_fixed_on,
+            "unfloored_delta_tokens": self.unfloored_delta, "off_interval": list(self.off_interval),
             "on_interval": list(self.on_interval),
             "both_interval": list(self.both_interval) if self.both_interval else None,
             "example_budget_bytes": self.example_budget(),
             "predicted_on_from_off": list(self.predicted_on_from_off),
             "predicted_off_from_on": list(self.predicted_off_from_on),
-            "off_share_predicting_on": self.off_share_predicting_on,
-            "exact": self.exact,
+            "off_share_predicting_on": self.off_share_predicting_on, "exact": self.exact,
         }
 
 
@@ -141,20 +110,7 @@ def fit(h: Hypothesis, off: int = PR_FULL_TOKENS_OFF, on: int = PR_FULL_TOKENS_O
     pred_on = (_tokens(inp, off_iv[0], True), _tokens(inp, off_iv[1] - 1, True))
     pred_off = (_tokens(inp, on_iv[0], False), _tokens(inp, on_iv[1] - 1, False))
     share = (hi - lo) / (off_iv[1] - off_iv[0]) if both else 0.0
-    return Fit(
-        hypothesis=h,
-        bytes_per_full_token=b,
-        max_running_requests=r,
-        c128_fixed_off=f_off,
-        c128_fixed_on=f_on,
-        unfloored_delta=(f_off - f_on) / b,
-        off_interval=off_iv,
-        on_interval=on_iv,
-        both_interval=both,
-        predicted_on_from_off=pred_on,
-        predicted_off_from_on=pred_off,
-        off_share_predicting_on=share,
-    )
+    return Fit(h, b, r, f_off, f_on, (f_off - f_on) / b, off_iv, on_iv, both, pred_on, pred_off, share)
 
 
 def alternatives() -> list[Hypothesis]:

@@ -53,27 +53,18 @@ def render_pr(explained: dict) -> Table:
         table.add_column(col, justify="left" if col == "hypothesis" else "right")
     for row in [explained["explanation"], *explained["alternatives"]]:
         budget = row["example_budget_bytes"]
-        table.add_row(
-            row["label"],
-            str(row["max_running_requests"]),
-            str(row["draft_tokens"]),
-            f"{row['bytes_per_full_token']:,.1f}",
-            f"{row['unfloored_delta_tokens']:,.0f}",
-            "yes" if row["exact"] else "no",
-            f"{cap.gib(budget):.4f}" if budget else "-",
-        )
+        table.add_row(row["label"], str(row["max_running_requests"]), str(row["draft_tokens"]),
+                      f"{row['bytes_per_full_token']:,.1f}", f"{row['unfloored_delta_tokens']:,.0f}",
+                      "yes" if row["exact"] else "no", f"{cap.gib(budget):.4f}" if budget else "-")
     return table
 
 
 def report_json(results: list[cap.CapacityResult], r_mode: str, explained: Optional[dict]) -> dict[str, Any]:
     """``capacity --json``."""
-    out = {
-        "budget_bytes": results[0].inputs.budget_bytes,
-        "max_running_requests_mode": r_mode,
-        "dspark_default_max_running_requests": cap.DSPARK_DEFAULT_MAX_RUNNING_REQUESTS,
-        "dsv4_default_max_running_requests": cap.DSV4_DEFAULT_MAX_RUNNING_REQUESTS,
-        "results": [res.to_dict() for res in results],
-    }
+    out = {"budget_bytes": results[0].inputs.budget_bytes, "max_running_requests_mode": r_mode,
+           "dspark_default_max_running_requests": cap.DSPARK_DEFAULT_MAX_RUNNING_REQUESTS,
+           "dsv4_default_max_running_requests": cap.DSV4_DEFAULT_MAX_RUNNING_REQUESTS,
+           "results": [res.to_dict() for res in results]}
     return out | ({"pr_32035": explained} if explained else {})
 
 

@@ -14,7 +14,7 @@ from c128patch.errors import C128Error
 _STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "error": "red"}
 
 
-@click.command("doctor", context_settings={"ignore_unknown_options": True})
+@click.command("doctor")  # launch arguments go after `--`: an unknown option before it is named as doctor's
 @click.option("--python", "python", default=sys.executable, show_default="this Python",
               help="The Python that will serve (a venv's bin/python).")
 @series_option
@@ -30,7 +30,8 @@ def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
     (version label, provenance, SBOM, RECORD); the entries it carries and their gates; the
     series' env vars as this sglang reads them; what its startup would refuse for the launch
     arguments after `--` (e.g. c128patch doctor -- --speculative-algorithm DSPARK --tp 8);
-    nvcc, apache-tvm-ffi and the GPU. Exit 1 when something would not do what the envs ask.
+    nvcc, apache-tvm-ffi and the GPU. The verdict comes first. Exit 1 when something would not do
+    what the envs ask.
     """
     from c128patch.progress import console
     from c128patch.series.layers import get_series
@@ -47,11 +48,12 @@ def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
         emit_json(report.to_json())
     else:
         out = console(stderr=False)
+        errors = sum(f.level == "error" for f in report.findings)
+        warnings = sum(f.level == "warn" for f in report.findings)
+        verdict = "this sglang would not do what the envs ask (errors below)" if errors else "no error"
+        out.print(f"doctor: {errors} error(s), {warnings} warning(s): {verdict}", markup=False)
         for f in report.findings:
             out.print(f"[{_STYLE[f.level]}]{f.level:<5}[/] {f.topic:<8} ", end="")
             out.print(f.message, markup=False)
-        errors = sum(f.level == "error" for f in report.findings)
-        warnings = sum(f.level == "warn" for f in report.findings)
-        out.print(f"doctor: {errors} error(s), {warnings} warning(s)", markup=False)
     if not report.ok:
         sys.exit(exitcodes.FAILED)

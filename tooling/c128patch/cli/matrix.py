@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,25 +25,23 @@ HEADINGS = {"compile": "compiles sm_90a", "suite": "GPU suite", "memcheck": "mem
 APPLY_STYLE = {"clean": "strict", "3way": "3-way", "conflict": "CONFLICT", "collision": "COLLISION"}
 
 
-def _cell(state: str, detail: str) -> str:
-    text = f"{state}: {detail}" if detail else state
-    return f"[{STYLE[state]}]{text}[/{STYLE[state]}]"
+WIDTH = 100  # piped output, and the most a terminal table takes
 
 
 def release_table(rows: list[ReleaseRow]) -> Table:
+    """Evidence kinds x releases, one state per cell (the details are in --markdown / --json)."""
     from rich.table import Table
 
     from c128patch.evidence.results import KINDS
 
-    table = Table(title="evidence per release (committed results, keyed by upstream sources / series hash)")
-    table.add_column("release")
-    table.add_column("key (sources/series)")
-    table.add_column("applies")
-    for kind in KINDS:
-        table.add_column(HEADINGS[kind], overflow="fold")
+    table = Table(title="evidence per release (details: --markdown, --json)")
+    table.add_column("evidence", overflow="fold")
     for row in rows:
-        table.add_row(row.rev, row.key.short() if row.key else "-", row.applies_summary,
-                      *[_cell(row.cells[k].state, row.cells[k].detail) for k in KINDS])
+        table.add_column(row.rev, overflow="fold")
+    table.add_row("applies", *[row.applies_summary for row in rows])
+    for kind in KINDS:
+        states = [row.cells[kind].state for row in rows]
+        table.add_row(HEADINGS[kind], *[f"[{STYLE[s]}]{s}[/{STYLE[s]}]" for s in states])
     return table
 
 
@@ -50,11 +49,10 @@ def entry_table(rows: list[ReleaseRow]) -> Table:
     from rich.table import Table
 
     table = Table(title="entries x releases: applies (replayed now)")
-    table.add_column("entry")
+    table.add_column("entry", overflow="fold")
     for row in rows:
         table.add_column(row.rev)
-    names = list(dict.fromkeys(n for row in rows for n in row.applies))
-    for name in names:
+    for name in dict.fromkeys(n for row in rows for n in row.applies):
         table.add_row(name, *[APPLY_STYLE.get(row.applies.get(name, ""), row.applies.get(name, "-")) for row in rows])
     return table
 
@@ -73,13 +71,13 @@ def entry_table(rows: list[ReleaseRow]) -> Table:
 @handles_errors
 def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, as_markdown: bool,
             series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
-    """Releases x {applies strict / 3-way, compiles for sm_90a, GPU suite, memcheck, racecheck,
-    differential}, read from the committed results; stale or missing evidence says so."""
+    """What the committed results prove per release: applies strict / 3-way, compiles for sm_90a, GPU
+    suite, sanitizers, differential, upstream's own tests; stale or missing evidence says so."""
     from rich.console import Console
 
     from c128patch.evidence.matrix import markdown, matrix_for
     from c128patch.evidence.results import results_root
-    from c128patch.progress import console, reporter
+    from c128patch.progress import reporter
     from c128patch.series.layers import get_series
 
     series = get_series(series_dir, layer_dirs)
@@ -93,7 +91,8 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
     if as_markdown:
         click.echo(markdown(rows), nl=False)
         return
-    out = Console(width=220, highlight=False, soft_wrap=False) if sys.stdout.isatty() else console(stderr=False)
+    width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns) if sys.stdout.isatty() else WIDTH
+    out = Console(width=width, highlight=False, soft_wrap=False)
     out.print(release_table(rows))
     out.print(entry_table(rows))
     for row in rows:

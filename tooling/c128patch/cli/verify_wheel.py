@@ -38,10 +38,12 @@ def command(wheel: Path, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
 
     if no_authenticity and upstream_wheel is not None:
         raise C128Error("--upstream-wheel is for the authenticity check, which --no-authenticity skips")
-    layers = layer_dirs  # with --layer: made from exactly the series (--series or this tool's) and these layers
-    series = stack(load_series(series_dir or default_series_root()), layers) \
-        if series_dir is not None or layers else None
-    result = verify_wheel(wheel, series, compile_all, authenticity=not no_authenticity, upstream_wheel=upstream_wheel)
+    # with --series/--layer: made from exactly that series (or this tool's) and these layers; without,
+    # a wheel claiming this tool's series by name and version must carry it
+    ours = load_series(series_dir or default_series_root())
+    series = stack(ours, layer_dirs) if series_dir is not None or layer_dirs else None
+    result = verify_wheel(wheel, series, compile_all, authenticity=not no_authenticity, upstream_wheel=upstream_wheel,
+                          known=ours)
     if as_json:
         emit_json(result.to_json())
         return

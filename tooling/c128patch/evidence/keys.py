@@ -1,19 +1,10 @@
 """The key every piece of evidence is stored under: (upstream sources, series hash).
 
-* ``sources``: a content id of the upstream files the evidence depends on: the kernel tier's
-  paths (what the GPU suite, the sanitizers, the differential and the kernel compile stage and
-  run) and every file the series touches there (its patched files and overlay targets, absent
-  ones as absent). Each path's git object id (a folder's tree id, a file's blob id) is listed in
-  ``files``; ``sources`` is sha256 over those lines. Object ids are content ids, so any clone with
-  the same sources gets the same key whatever its commit ids, dates or folders beside
-  ``python/``; a change to any keyed file is another key, a change anywhere else is not.
-* ``series_hash``: sha256 over the files that release's plan uses, in plan order: for each
-  entry its name and the sha256 of the file chosen for that rev (the patch variant, or the
-  overlay source). Manifest metadata (bases, versions) is not in it.
-
-A result whose key differs from the key computed now is stale: it proves something about
-other files or other sources. A result keyed the old way (``upstream_tree``, the whole tree
-id) is re-keyed by ``ci/rekey_results.py``.
+``sources``: sha256 over (path, git object id) of the kernel tier's paths and every file the series
+touches there (absent ones as absent), listed in ``files``: a content id, so any clone with the same
+sources gets the same key, and only a change to a keyed file changes it. ``series_hash``: sha256 over
+each planned entry's name and the sha256 of its chosen file, in plan order. A result whose key
+differs from today's is stale; an old-style key (``upstream_tree``) is re-keyed by ``ci/rekey_results.py``.
 """
 
 from __future__ import annotations
@@ -86,8 +77,7 @@ def source_paths(touched: Iterable[str]) -> list[str]:
 
 
 def source_files(git: Git, commit: str, paths: Iterable[str]) -> tuple[tuple[str, str], ...]:
-    """(path, "<type> <oid>") for each of ``paths`` at ``commit`` (``absent`` where it has none): one
-    ``git cat-file --batch-check``."""
+    """(path, "<type> <oid>" or ``absent``) for each of ``paths`` at ``commit`` (one ``cat-file --batch-check``)."""
     paths = list(paths)
     if not git.ok("rev-parse", "--verify", "--quiet", f"{commit}^{{tree}}"):
         raise C128Error(f"cannot read the tree of upstream commit {commit[:12]}")
@@ -119,8 +109,7 @@ def key_for(series: Series, git: Git, commit: str) -> EvidenceKey:
 
 
 def key_from_provenance(record: dict | None, git: Git | None = None) -> EvidenceKey | None:
-    """The key a provenance record proves: its upstream ``sources`` (staged trees record them),
-    else read from ``git`` at its upstream commit (the paths: the kernel tier's and its entries' files)."""
+    """The key a provenance record proves: its recorded upstream ``sources``, else read from ``git``."""
     if not record:
         return None
     entries = record.get("entries") or []
@@ -146,8 +135,8 @@ def differing(evidenced: Iterable[tuple[str, str]], ours: Iterable[tuple[str, st
 
 
 def differing_files(git: Git, diffs: list[tuple[str, str, str]], alternates: str | None = None) -> list[str]:
-    """The files behind ``differing``: a folder on both sides is expanded (``git diff-tree`` of its
-    two trees; ``alternates``: an objects folder that may hold the evidenced one), else named with a '/'."""
+    """The files behind ``differing``: a folder on both sides expanded (``diff-tree``; ``alternates``: an objects
+    folder that may hold the evidenced tree), else named with a '/'."""
     out: list[str] = []
     reader = git.with_env(GIT_ALTERNATE_OBJECT_DIRECTORIES=alternates) if alternates else git
     for path, old, new in diffs:

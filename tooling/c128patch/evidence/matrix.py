@@ -1,12 +1,8 @@
-"""The evidence matrix: for each release, does the series apply (strict / 3-way, per entry,
-replayed now), and what do the committed results prove (compile for sm_90a, the GPU suite,
-memcheck, racecheck, the differential against upstream, upstream's own kernel tests)?
-
-A cell is ``verified`` (a result under today's key that passed), ``failed`` (under today's
-key, did not pass), ``stale`` (a result exists, under another key: other series files or
-other upstream sources) or ``unverified`` (no result). Keys: evidence.keys (by content, so a
-user's clone, ``matrix --repo``, is verified where its sources are the evidenced ones; where they
-are not, the files that differ from the nearest evidenced release are named).
+"""The evidence matrix: per release, does the series apply (replayed now, per entry), and what do the
+committed results prove? A cell is ``verified`` (a passing result under today's key), ``failed``,
+``stale`` (a result under another key: other series files or upstream sources) or ``unverified``
+(none). Keys are by content (evidence.keys), so a user's clone is verified where its sources are the
+evidenced ones; elsewhere the files that differ from the nearest evidenced release are named.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from c128patch.errors import C128Error
-from c128patch.evidence.keys import EvidenceKey, differing, differing_files, key_for
+from c128patch.evidence.keys import EvidenceKey, differing, differing_files, is_old_style, key_for
 from c128patch.evidence.results import KINDS, Result, load_results, results_root
 from c128patch.git import Git
 from c128patch.ops.check import check_rev
@@ -101,7 +97,7 @@ def cell_for(results: list[Result], rev: str, kind: str, key: EvidenceKey | None
         return Cell("verified" if match.ok else "failed", match.summary, rel(match))
     old = next((r for r in mine if r.rev == rev), None)
     if old is not None:
-        why = ("old-style key (whole tree id): python ci/rekey_results.py" if old.old_key
+        why = ("old-style key (whole tree id): python ci/rekey_results.py" if is_old_style(old.data.get("key"))
                else "no key" if old.key is None else f"key {old.key.short()}")
         return Cell("stale", f"{old.summary}; {why}", rel(old))
     return Cell("unverified")
@@ -170,7 +166,9 @@ def verification_note(series: Series, git: Git, commit: str, label: str, root: P
     except C128Error:
         return f"note: {label} + this series is unverified (the series does not plan on it); see `c128patch matrix`"
     results = load_results(root)
-    cells = {kind: cell_for(results, "", kind, key, root) for kind in KINDS}
+    # The release whose evidenced sources are these: its older results read "stale", as in `matrix`.
+    rev = next((r.rev for r in results if r.key is not None and r.key.sources == key.sources), "")
+    cells = {kind: cell_for(results, rev, kind, key, root) for kind in KINDS}
     missing = [f"{kind} {cell.state}" for kind, cell in cells.items() if cell.state != "verified"]
     if not missing:
         return None

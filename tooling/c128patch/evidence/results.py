@@ -1,23 +1,9 @@
-"""The committed evidence: one JSON file per (release, kind), under ``ci/gpu/results``.
-
-    ci/gpu/results/<rev>/compile.json        ci/compile_kernels.py --record (every kernel + the signature probe)
-    ci/gpu/results/<rev>/suite.json          the GPU suite on the patched tree (`smoke --tier kernel`)
-    ci/gpu/results/<rev>/differential.json   the same suite on the unpatched tree, compared test by test
-    ci/gpu/results/<rev>/memcheck.json       the suite under compute-sanitizer memcheck
-    ci/gpu/results/<rev>/racecheck.json      ... racecheck, initcheck, synccheck (one tool per run)
-    ci/gpu/results/<rev>/initcheck.json
-    ci/gpu/results/<rev>/synccheck.json
-    ci/gpu/results/<rev>/upstream-suite.json upstream's own kernel tests, patched vs unpatched
-                                             (`smoke upstream`; ci/gpu/collect_upstream_suite.py)
-    ci/gpu/results/<rev>/simulation.json     the simulated DSPARK decode the suite's
-                                             test_dspark_simulation.py writes (dspark_simulation.json)
-    ci/gpu/results/<rev>/kernel-bench.json   ci/bench/bench_online_c128_dspark.py on the patched tree
-    ci/gpu/results/<rev>/before/suite.json   a "before" record (the suite on an older series), kept beside
-
-Every file carries ``key`` (evidence.keys: upstream sources, series hash), ``command``,
-``device``, ``date``, ``passed``/``failed``/``skipped``, ``ok`` and, for the sanitizers, the
-error count; paths in it are relative to the repository. ``from_smoke_report`` turns a
-``c128patch smoke kernel`` report into these files; nothing else writes them by hand.
+"""The committed evidence: one JSON file per (release, kind) under ``ci/gpu/results/<rev>/<kind>.json``
+(``<rev>/before/`` for a "before" record): ``compile`` (ci/compile_kernels.py), ``suite``,
+``differential`` and the sanitizers (``smoke kernel``), ``upstream-suite`` (``smoke upstream``),
+``simulation`` (what tests/gpu/test_dspark_simulation.py writes), ``kernel-bench``. Each carries
+``key`` (evidence.keys), ``command``, ``device``, ``date``, counts and ``ok``, paths relative to the
+repository; ci/gpu/collect_results.py writes them from a GPU run, never a hand.
 """
 
 from __future__ import annotations
@@ -28,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from c128patch.errors import C128Error
-from c128patch.evidence.keys import EvidenceKey, is_old_style
+from c128patch.evidence.keys import EvidenceKey
 from c128patch.jsonio import write_json_atomic
 from c128patch.series.manifest import Series
 
@@ -38,17 +24,14 @@ SANITIZER_KINDS: tuple[Kind, ...] = ("memcheck", "racecheck", "initcheck", "sync
 KINDS: tuple[Kind, ...] = ("compile", "suite", "differential", *SANITIZER_KINDS, "upstream-suite", "simulation",
                            "kernel-bench")
 GPU_KINDS: tuple[Kind, ...] = ("suite", "differential", *SANITIZER_KINDS, "simulation", "kernel-bench")
-SIMULATION_RESULT = "dspark_simulation"  # what tests/gpu/test_dspark_simulation.py writes
-SIMULATION_TEST = "test_dspark_simulation.py::"
 BENCH_REFERENCE = "v0.5.23"  # the release every kernel-bench row is compared with
 BENCH_TOLERANCE = 0.05
 RESULTS_UNDER = Path("ci") / "gpu" / "results"
 SCHEMA = 1
-BAD = ("failed", "error", "crashed")
 
 
 def results_root(series: Series) -> Path:
-    """Where the series' committed evidence lives (beside patches/, in the repo and the wheel)."""
+    """Where the series' committed evidence lives (beside patches/)."""
     return series.root / RESULTS_UNDER
 
 
@@ -69,11 +52,6 @@ class Result:
     summary: str
     path: Path
     data: dict[str, Any]
-
-    @property
-    def old_key(self) -> bool:
-        """Keyed by the whole upstream tree id (``ci/rekey_results.py`` converts it)."""
-        return is_old_style(self.data.get("key"))
 
 
 def summarize(kind: str, data: dict[str, Any]) -> str:
@@ -115,15 +93,6 @@ def summarize(kind: str, data: dict[str, Any]) -> str:
     return counts
 
 
-def read_result(path: Path, rev: str, kind: str, label: str) -> Result:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise C128Error(f"{path}: not valid JSON ({exc.msg})") from exc
-    return Result(rev, kind, label, EvidenceKey.from_json(data.get("key")), bool(data.get("ok")),
-                  summarize(kind, data), path, data)
-
-
 def load_results(root: Path) -> list[Result]:
     """Every result file under ``root`` (``<rev>/<kind>.json`` and ``<rev>/<label>/<kind>.json``)."""
     out: list[Result] = []
@@ -131,8 +100,14 @@ def load_results(root: Path) -> list[Result]:
         return out
     for rev_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         labels = [(rev_dir, "patched"), *((d, d.name) for d in sorted(rev_dir.iterdir()) if d.is_dir())]
-        out += [read_result(path, rev_dir.name, path.stem, label)
-                for folder, label in labels for path in sorted(folder.glob("*.json")) if path.stem in KINDS]
+        for path in (p for folder, label in labels for p in sorted(folder.glob("*.json")) if p.stem in KINDS):
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as exc:
+                raise C128Error(f"{path}: not valid JSON ({exc.msg})") from exc
+            label = "patched" if path.parent == rev_dir else path.parent.name
+            out.append(Result(rev_dir.name, path.stem, label, EvidenceKey.from_json(data.get("key")),
+                              bool(data.get("ok")), summarize(path.stem, data), path, data))
     return out
 
 
@@ -140,180 +115,3 @@ def write_result(root: Path, rev: str, kind: Kind, data: dict[str, Any], label: 
     path = result_path(root, rev, kind, label)
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_json_atomic(path, data)
-
-
-# --------------------------------------------------------------------------- from smoke reports
-
-
-def relativize(value: Any, roots: dict[str, str]) -> Any:
-    """Every string with a machine path in it, rewritten: ``roots`` maps an absolute prefix to
-    what replaces it (the repository root -> ``.``)."""
-    if isinstance(value, str):
-        for prefix, repl in sorted(roots.items(), key=lambda kv: -len(kv[0])):
-            value = value.replace(prefix.rstrip("/") + "/", repl + "/").replace(prefix.rstrip("/"), repl)
-        return value
-    if isinstance(value, list):
-        return [relativize(v, roots) for v in value]
-    if isinstance(value, dict):
-        return {k: relativize(v, roots) for k, v in value.items()}
-    return value
-
-
-def _device_line(device: dict[str, Any]) -> str:
-    cap = str(device.get("capability", "?")).replace(".", "")
-    return (f"{device.get('gpu') or device.get('smi_gpu') or 'no GPU'} (sm_{cap}), driver {device.get('driver', '?')}, "
-            f"torch {device.get('torch', '?')}, nvcc {device.get('nvcc_version', '?')}, "
-            f"tvm_ffi {device.get('tvm_ffi', '?')}")
-
-
-def _tests(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"nodeid": t["nodeid"], "outcome": t["outcome"], "seconds": t.get("seconds", 0.0),
-             **({"message": t["message"][:300]} if t.get("message") else {})} for t in rows]
-
-
-def _counts(counts: dict[str, int]) -> dict[str, int]:
-    return {"passed": counts.get("passed", 0), "failed": sum(counts.get(k, 0) for k in BAD),
-            "skipped": counts.get("skipped", 0), "not_run": counts.get("not run", 0)}
-
-
-def _key_json(key: EvidenceKey | dict[str, Any] | None) -> dict[str, Any] | None:
-    """A result's key: an old-style one (a stage made before keys were by content) kept as it is."""
-    return key.to_json() if isinstance(key, EvidenceKey) else key if is_old_style(key) else None
-
-
-def _job(job: dict[str, Any]) -> dict[str, Any]:
-    return {"name": job["name"], "exit": job["rc"], "seconds": job["seconds"]}
-
-
-def from_smoke_report(report: dict[str, Any], *, rev: str, label: str, key: EvidenceKey | dict[str, Any] | None,
-                      date: str, roots: dict[str, str]) -> dict[Kind, dict[str, Any]]:
-    """The result files one ``smoke kernel`` report proves: ``suite`` (its patched pass),
-    ``differential`` (when it ran the upstream pass), one per sanitizer run. ``key``: the staged
-    tree's (an old-style key of a stage made before keys were by content is kept as it is, for
-    ``ci/rekey_results.py``)."""
-    base = {"schema": SCHEMA, "rev": rev, "label": label, "key": _key_json(key),
-            "command": report["command"], "device": _device_line(report.get("device") or {}), "date": date}
-    passes = report.get("passes") or {}
-    out: dict[Kind, dict[str, Any]] = {}
-    if "patched" in passes:
-        counts = _counts(passes["patched"]["counts"])
-        problems = [p for p in report.get("problems", []) if p.startswith("patched:")]
-        out["suite"] = {**base, "kind": "suite", **counts, "seconds": passes["patched"]["seconds"],
-                        "scale": passes["patched"]["scale"], "problems": problems,
-                        "ok": counts["failed"] == 0 and counts["passed"] > 0 and not problems,
-                        "tests": _tests(report.get("tests", []))}
-    if "differential" in report and "upstream" in passes:
-        diff = report["differential"]
-        regressed = [t["nodeid"] for t in report.get("tests", []) if t.get("verdict") == "regressed"]
-        out["differential"] = {**base, "kind": "differential", "summary": diff["summary"],
-                               "regressed": regressed, "upstream_counts": _counts(diff["upstream_counts"]),
-                               "ok": not regressed and diff["summary"].get("regressed", 0) == 0,
-                               "tests": [{"nodeid": t["nodeid"], "patched": t["outcome"],
-                                          "upstream": t.get("upstream", "absent"), "verdict": t.get("verdict", ""),
-                                          **({"needs": t["needs"]} if t.get("needs") else {}),
-                                          **({"upstream_message": t["upstream_message"][:200]}
-                                             if t.get("upstream_message") and t.get("verdict") != "same" else {})}
-                                         for t in report.get("tests", [])]}
-    sim = (passes.get("patched") or {}).get("results", {}).get(SIMULATION_RESULT)
-    if isinstance(sim, dict):
-        test = [t for t in report.get("tests", []) if t["nodeid"].startswith(SIMULATION_TEST)]
-        outcome = test[0]["outcome"] if test else "absent"
-        ours = sim.get("ours") or {}
-        out["simulation"] = {**base, "kind": "simulation", "test": test[0]["nodeid"] if test else None,
-                             "outcome": outcome, "written_by": "tests/gpu/test_dspark_simulation.py",
-                             **{k: v for k, v in sim.items() if k not in base},
-                             "ok": outcome == "passed" and ours.get("chunk_mismatches") == 0
-                             and ours.get("state_mismatches") == 0}
-    for run in (report.get("sanitizer") or {}).get("runs", []):
-        tool = run["tool"]
-        if tool not in SANITIZER_KINDS:
-            continue
-        counts = _counts(run["counts"])
-        errors = run.get("errors")
-        out[tool] = {**base, "kind": tool, **counts, "scale": run.get("scale"),
-                     "sanitizer": {"tool": tool, "errors": errors, "processes": run.get("processes"),
-                                   "reports": run.get("reports", [])[:20]},
-                     "failing": run.get("failing", []),
-                     "ok": errors == 0 and counts["failed"] == 0 and counts["passed"] > 0}
-    return {k: relativize(v, roots) for k, v in out.items()}
-
-
-def collect_run(run: dict[str, Any], results: Path, dest: Path, date: str, *,
-                allow_dry_run: bool = False) -> list[tuple[Path, dict[str, Any]]]:
-    """Write the result files of one device run (``<phase>-run.json`` as ``run``, its job
-    folders extracted under ``results``) into ``dest``; returns (path, data) per file.
-    A job without a report writes nothing (its absence stays visible as 'unverified')."""
-    if run.get("dry_run") and not allow_dry_run:
-        raise C128Error("this bundle is from a --dry-run (collect only): it proves nothing; not collected")
-    trees = {rel["rev"]: rel["trees"] for rel in run["manifest"]["releases"]}
-    roots = {run["repo_root"]: ".", run["results_root"]: f"$OUT/{run['phase']}"}
-    written = []
-    for job in run["jobs"]:
-        raw = trees[job["rev"]][job["label"]].get("key")
-        key = EvidenceKey.from_json(raw) or (raw if is_old_style(raw) else None)
-        if job.get("script"):
-            data = bench_result(run, job, results, key, date, roots)
-            if data is not None:
-                written.append((write_result(dest, job["rev"], "kernel-bench", data, job["label"]), data))
-            continue
-        path = results / job["name"] / "smoke-kernel.json"
-        if not path.is_file():
-            continue
-        report = json.loads(path.read_text())
-        if report.get("mode") == "collect-only" and not allow_dry_run:
-            raise C128Error(f"{path}: a collect-only report proves nothing; not collected")
-        files = from_smoke_report(report, rev=job["rev"], label=job["label"], key=key, date=date, roots=roots)
-        for kind in (*job["kinds"], *(("simulation",) if "suite" in job["kinds"] else ())):
-            if kind in files:
-                data = {**files[kind], "job": _job(job)}
-                written.append((write_result(dest, job["rev"], kind, data, job["label"]), data))
-    return written
-
-
-# --------------------------------------------------------------------------- the kernel benchmark
-
-
-def bench_result(run: dict[str, Any], job: dict[str, Any], results: Path, key: EvidenceKey | dict[str, Any] | None,
-                 date: str,
-                 roots: dict[str, str]) -> dict[str, Any] | None:
-    """``kernel-bench`` of one bench job (ci/bench/bench_online_c128_dspark.py's JSON), or None
-    when the job wrote none."""
-    path = results / job["name"] / "online_c128_dspark.json"
-    if job.get("rc") is None or not path.is_file():
-        return None
-    bench = json.loads(path.read_text())
-    if bench.get("dry_run"):  # the benchmark's --dry-run measured nothing
-        return None
-    data = {"schema": SCHEMA, "rev": job["rev"], "label": job["label"], "key": _key_json(key),
-            "kind": "kernel-bench", "command": bench.get("command", ""), "device": run.get("device", ""),
-            "series_digest": ((run.get("manifest") or {}).get("series") or {}).get("digest"),
-            "date": date, "copy_ceiling_gbps": bench.get("copy_ceiling_gbps"), "layers": bench.get("layers"),
-            "reps": bench.get("reps"), "ragged": bench.get("ragged"),
-            "upstream_mtp_calls": bench.get("upstream_mtp_calls"), "rows": bench.get("rows", []),
-            "targets": bench.get("targets", {}),
-            "job": _job(job), "ok": job["rc"] == 0 and bool(bench.get("rows"))}
-    return relativize(data, roots)
-
-
-def bench_row_key(row: dict[str, Any]) -> tuple:
-    return (row["B"], row["W"], row["path"], row["what"])
-
-
-def compare_bench(data: dict[str, Any], reference: dict[str, Any],
-                  tolerance: float = BENCH_TOLERANCE) -> dict[str, Any]:
-    """Each row of ``data`` against the same row of ``reference`` (the 0.5.23 run): ``within``
-    counts rows whose time is within ``tolerance`` of the reference's; ``outside`` lists the others."""
-    ref = {bench_row_key(r): r["us"] for r in reference.get("rows", [])}
-    rows = [r for r in data.get("rows", []) if bench_row_key(r) in ref and ref[bench_row_key(r)] > 0]
-    outside = [{"B": r["B"], "W": r["W"], "path": r["path"], "what": r["what"], "us": r["us"],
-                "reference_us": ref[bench_row_key(r)], "ratio": round(r["us"] / ref[bench_row_key(r)], 4)}
-               for r in rows if abs(r["us"] / ref[bench_row_key(r)] - 1) > tolerance]
-    by_path: dict[str, dict[str, int]] = {}
-    for r in rows:
-        counts = by_path.setdefault(r["path"], {"rows": 0, "within": 0})
-        counts["rows"] += 1
-        counts["within"] += abs(r["us"] / ref[bench_row_key(r)] - 1) <= tolerance
-    return {"reference": reference.get("rev", BENCH_REFERENCE), "reference_key": reference.get("key"),
-            "series_digest": reference.get("series_digest"),
-            "tolerance": tolerance, "rows": len(rows), "within": len(rows) - len(outside), "outside": outside,
-            "by_path": dict(sorted(by_path.items()))}

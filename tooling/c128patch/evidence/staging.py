@@ -1,17 +1,9 @@
-"""Stage the series' GPU evidence run: every release's patched and unpatched kernel-tier
-sources, side by side, small enough to carry to a GPU machine in one call.
-
-    dest/stage.json                 what was staged (revs, commits, evidence keys), paths relative to dest
-    dest/<rev>/patched/sglang/...   the suite's subset (tests/gpu/tree_subset.py) of <rev> + the series,
-                                    with a provenance record naming the upstream sources (evidence.keys)
-    dest/<rev>/upstream/sglang/...  the same subset of <rev> as released (the differential pass)
-    dest/<rev>/before/sglang/...    optional: <rev> + the series of another commit of this repository
-                                    (the "before" record of a fix)
-
-Trees are replayed in a temporary index (``ops.check.replay_in_index``, nothing checked out);
-a release the series does not apply to is refused with the entry that failed. Used by
-ci/gpu/prepare.py and ci/compile_kernels.py; reusable by anything that runs the suite on
-several releases.
+"""Stage the series' GPU evidence run: every release's patched and unpatched kernel-tier sources, side
+by side, small enough to carry to a GPU machine in one call: ``dest/stage.json`` (revs, commits, keys),
+``dest/<rev>/patched/sglang/...`` (the suite's subset of <rev> + the series, with a provenance record
+naming the upstream sources), ``dest/<rev>/upstream/...`` (as released) and optionally
+``dest/<rev>/before/...`` (the series of another commit: a fix's "before" record). Trees are replayed
+in a temporary index (``ops.check.replay_in_index``); a release the series does not apply to is refused.
 """
 
 from __future__ import annotations
@@ -39,8 +31,7 @@ SCHEMA = 1
 
 
 def patched_sources(series: Series, git: Git, rev: str, dest: Path, paths: tuple[str, ...] = KERNEL_TIER_PATHS) -> Path:
-    """``paths`` of ``rev`` with the whole series applied (as ``check`` replays it), under
-    ``dest/sglang``, plus the provenance record (its upstream names the keyed sources). Returns dest."""
+    """``paths`` of ``rev`` + the series under ``dest/sglang``, with a provenance naming the keyed sources."""
     commit = git.rev_parse(rev)
     if commit is None:
         raise C128Error(f"unknown upstream revision {rev!r}")
@@ -67,8 +58,7 @@ def patched_sources(series: Series, git: Git, rev: str, dest: Path, paths: tuple
 
 
 def _extract(git: Git, rev: str, paths: list[str], dest: Path, strip: str = "") -> Path:
-    """``git archive`` of ``paths`` at ``rev`` into ``dest``, ``strip`` removed from each name
-    (plain files and folders only)."""
+    """``git archive`` of ``paths`` at ``rev`` into ``dest`` minus ``strip`` (plain files and folders only)."""
     data = git.run("archive", "--format=tar", rev, "--", *paths, binary=True).stdout
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=BytesIO(data)) as tar:
@@ -82,7 +72,7 @@ def _extract(git: Git, rev: str, paths: list[str], dest: Path, strip: str = "") 
 
 
 def upstream_sources(git: Git, rev: str, dest: Path, paths: tuple[str, ...] = KERNEL_TIER_PATHS) -> Path:
-    """``paths`` of ``rev`` as released, under ``dest/sglang``. Returns dest."""
+    """``paths`` of ``rev`` as released, under ``dest/sglang``."""
     present = git.out("ls-tree", "--name-only", rev, "--", *paths).split()
     return _extract(git, rev, present, dest, strip="python/")
 
@@ -143,8 +133,7 @@ def stage_release(series: Series, git: Git, rev: str, dest: Path, suite: Path, *
 
 def stage(series: Series, git: Git, revs: list[str], dest: Path, suite: Path, *,
           before: Series | None = None, before_revs: tuple[str, ...] = (), before_from: str = "") -> dict[str, Any]:
-    """Stage every rev of ``revs`` (and the before trees) under ``dest``; writes and returns
-    the manifest. Folders of revs staged earlier are replaced."""
+    """Stage ``revs`` (and the before trees) under ``dest``, replacing earlier ones; writes and returns the manifest."""
     dest.mkdir(parents=True, exist_ok=True)
     releases = []
     for rev in revs:

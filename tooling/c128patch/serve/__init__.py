@@ -1,5 +1,2 @@
-"""The serving host: what sglang is installed where, whether it is a c128patch build intact on disk,
-what the series' env vars will do there, what startup would refuse, and the JIT toolchain
-(``c128patch doctor``). Nothing here imports sglang or torch: the installed files are read, and the
-two stdlib-only modules doctor runs (sglang's ``srt/environ.py``, the series' startup rules) are
-loaded by file path."""
+"""The serving host (``c128patch doctor``): the installed sglang, its build, what the series' envs and its
+startup would do (the installed code run only in time-bounded child processes), the JIT toolchain."""

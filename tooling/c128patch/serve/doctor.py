@@ -1,33 +1,16 @@
 """``doctor``: will the sglang this Python serves with do what the envs ask?
 
-One finding per line, ``ok``/``info``/``warn``/``error``, in this order:
-
-1. python: the interpreter asked (``--python``, default this one);
-2. sglang: the installed distribution, where from (INSTALLER, direct_url.json), and that
-   ``import sglang`` resolves to it (a PYTHONPATH entry or the current folder can shadow it);
-   import / args: ``import sglang`` runs in that Python (``serve.serving``: a subprocess,
-   time-bounded), and the launch arguments parse with that sglang's own server-arguments parser
-   (an unknown flag is an error);
-3. build: a c128patch build or plain upstream; for a build, its version label is the one its
-   provenance gives (``X.Y.Z+c128.<series>.<digest[:8]>``) and its SBOM names the same version and
-   upstream; the series it carries against this tool's; one line per entry with its gate;
-4. record: every installed file RECORD lists still hashes as recorded;
-5. env: each variable of the env reference as the installed sglang reads it (its own
-   ``environ.py``): unset, set and what it enables, set but not declared by this sglang (it does
-   nothing), a value sglang cannot parse. What a gate needs or must not go with (the reference's
-   ``requires``/``conflicts``) is an error only when the build has no startup rules to say it;
-6. startup: what the build's own startup rules refuse for ``doctor -- <launch args>`` and this
-   environment (``serve.startup``: the installed rules module, run from its file);
-7. jit: nvcc and CUDA_HOME, apache-tvm-ffi as sglang pins it, the GPUs and their architecture
-   against the one the series' GPU evidence was recorded on. Missing, they are errors when a
-   series gate is on (its kernels are built at startup and run on the GPU), warnings otherwise.
-
-``Report.ok`` (exit 0) when there is no error.
+Findings (``ok``/``info``/``warn``/``error``), in order: the python; the installed sglang, where from,
+that ``import sglang`` resolves to it and works, and that the launch arguments parse with its own parser
+(``serve.serving``, a child process); the build (label, provenance, SBOM against each other, its series
+and entries); RECORD; each series env var as the installed ``environ.py`` reads it; what the build's
+startup rules refuse (both in a time-bounded child: a silent exit or a hang is an error); nvcc,
+apache-tvm-ffi and the GPU (errors when a series gate is on). A gate's ``requires``/``conflicts`` is an
+error only when the build has no startup rules to say it. ``Report.ok`` (exit 0): no error.
 """
 
 from __future__ import annotations
 
-import os
 import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Sequence
@@ -35,17 +18,31 @@ from typing import Any, Literal, Sequence
 from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
+from c128patch.series.gates import Gate
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import record_problem
-from c128patch.serve.envs import EnvReading, load_environ, read_gates
 from c128patch.serve.install import Dist, Interpreter, check_record, installer, probe, read_json
-from c128patch.serve.serving import probe_serving
-from c128patch.serve.startup import ONLINE_C128_DSPARK_RULES, Startup, startup_refusals
+from c128patch.serve.serving import ONLINE_C128_DSPARK_RULES, Serving, probe_install, probe_serving
 from c128patch.serve.toolchain import EVIDENCE_ARCHS, cuda_home, gpus, nvcc, tvm_ffi_problem
 from c128patch.wheel.patch import LOCAL_TAG, WHEEL_PROVENANCE, record_version
 from c128patch.wheel.sbom import SBOM_NAME, purl_pypi
 
 Level = Literal["ok", "info", "warn", "error"]
+
+
+@dataclass
+class EnvReading:
+    gate: Gate
+    declared: bool  # this sglang's environ.py declares the variable
+    raw: str | None  # as set in the environment (None: unset)
+    value: Any = None  # what sglang will use (the default when unset or unparsable)
+    default: Any = None
+    problem: str = ""  # sglang's warning for a value it cannot parse
+
+    @property
+    def on(self) -> bool:
+        """Set to something other than the default (a bool gate: true)."""
+        return self.raw is not None and self.value != self.default and self.value not in (None, False, "")
 
 
 @dataclass
@@ -89,11 +86,14 @@ def diagnose(python: str, launch_args: Sequence[str], series: Series | None) -> 
                                       "patched wheel into the serving venv)")
     else:
         _installed(report, interp, sg)
-        _serving(report, interp, launch_args)
+        sv = _serving(report, interp, launch_args)
         record = _build(report, sg, series)
         _record(report, sg)
-        readings = _env(report, sg, series, record is not None)
-        _startup(report, sg, launch_args, readings, record is not None)
+        gates = series.gates if series is not None else []
+        got = probe_install(interp.executable, str(sg.site), [g.name for g in gates], launch_args)
+        readings = _env(report, got.data, got.error, gates, record is not None)
+        parsed = not launch_args or sv.args_checked
+        _startup(report, got.data.get("startup"), got.error, launch_args, readings, record is not None, parsed)
     _toolchain(report, interp, any(r.on and r.gate.declared_by == "series" for r in readings))
     return report
 
@@ -112,7 +112,7 @@ def _installed(report: Report, interp: Interpreter, sg: Dist) -> None:
         report.add("ok", "sglang", f"sglang {sg.version} at {package} ({installer(sg)})")
 
 
-def _serving(report: Report, interp: Interpreter, launch_args: Sequence[str]) -> None:
+def _serving(report: Report, interp: Interpreter, launch_args: Sequence[str]) -> Serving:
     """``import sglang`` in the serving Python, and the launch arguments through its own parser."""
     sv = probe_serving(interp.executable, list(launch_args))
     report.serving = asdict(sv)
@@ -130,6 +130,7 @@ def _serving(report: Report, interp: Interpreter, launch_args: Sequence[str]) ->
         report.add("error", "args", f"sglang's own server-arguments parser refuses {given}: {sv.args_error}")
     elif launch_args or not sv.import_error:
         report.add("error", "args", f"cannot check {given} with sglang's own server-arguments parser: {sv.args_error}")
+    return sv
 
 
 def _build(report: Report, sg: Dist, series: Series | None) -> dict | None:
@@ -232,16 +233,16 @@ def _record(report: Report, sg: Dist) -> None:
                                       f"{', '.join(bad[:3])}{more}; reinstall the wheel")
 
 
-def _env(report: Report, sg: Dist, series: Series | None, is_build: bool) -> list[EnvReading]:
-    if series is None or not series.gates:
+def _env(report: Report, data: dict, error: str, gates: list[Gate], is_build: bool) -> list[EnvReading]:
+    if not gates:
         report.add("warn", "env", "this tool carries no env reference ([[gates]]): the envs are not read")
         return []
-    try:
-        module = load_environ(sg.site)
-    except C128Error as exc:
-        report.add("error", "env", f"cannot read sglang's environ.py: {exc.message}")
+    error = data.get("environ_error") or (f"the child process reading it: {error}" if error else "")
+    if error:
+        report.add("error", "env", f"cannot read sglang's environ.py: {error}")
         return []
-    readings = read_gates(module, series.gates)
+    readings = [EnvReading(g, r["declared"], r["raw"], r["value"], r["default"], r["problem"])
+                for g, r in zip(gates, data["gates"])]
     for r in readings:
         report.env.append({"name": r.gate.name, "set": r.raw, "declared": r.declared, "value": repr(r.value),
                            "default": repr(r.default), "on": r.on})
@@ -266,13 +267,9 @@ def _env_line(report: Report, r: EnvReading, is_build: bool) -> None:
         report.add("info", "env", f"{name}={r.raw} (off: the default {r.default})")
 
 
-def _startup(report: Report, sg: Dist, launch_args: Sequence[str], readings: list[EnvReading], is_build: bool) -> None:
-    st: Startup = startup_refusals(sg.site, launch_args, os.environ)
-    report.startup = asdict(st)
+def _needs(report: Report, readings: list[EnvReading], level: Level) -> None:
+    """What the env reference says a set gate needs or must not go with (the build's rules say it when it has them)."""
     on = {r.gate.name for r in readings if r.on}
-    # What the env reference says a set gate needs or must not go with: the build's own rules say it
-    # (below) when it has them; without them this is all doctor can tell.
-    level: Level = "info" if st.available else "error"
     for r in readings:
         if not r.on:
             continue
@@ -283,17 +280,29 @@ def _startup(report: Report, sg: Dist, launch_args: Sequence[str], readings: lis
         for other in r.gate.conflicts:
             if other in on:
                 report.add(level, "env", f"{r.gate.name} and {other} are both set: they do not go together")
+
+
+def _startup(report: Report, st: dict | None, error: str, launch_args: Sequence[str], readings: list[EnvReading],
+             is_build: bool, parsed: bool) -> None:
+    """What the build's rules refuse; ``ok`` only for launch arguments sglang's own parser read (``parsed``)."""
+    st = st or {"path": "", "available": True, "config": {}, "refusals": [],
+                "error": f"the child process running the rules: {error}"}
+    report.startup = st
+    _needs(report, readings, "info" if st["available"] else "error")
     args = f" for `{shlex.join(launch_args)}`" if launch_args else ""
-    if not st.available:
+    if not st["available"]:
         if is_build:
             report.add("warn", "startup", f"this build carries no startup rules ({ONLINE_C128_DSPARK_RULES}): what "
                                           f"startup would refuse{args} is not checked")
         return
-    if st.error:
-        report.add("error", "startup", f"cannot check the launch arguments: {st.error}")
-    for line in st.refusals:
+    if st["error"]:
+        report.add("error", "startup", f"cannot check the launch arguments: {st['error']}")
+    for line in st["refusals"]:
         report.add("error", "startup", f"startup would refuse{args}: {line}")
-    if not st.error and not st.refusals:
+    if not st["error"] and not st["refusals"] and not parsed:
+        report.add("warn", "startup", f"the rules refuse nothing{args}, but sglang's own parser did not read these "
+                                      "arguments (see args): not checked")
+    elif not st["error"] and not st["refusals"]:
         hint = "" if launch_args else " (no launch arguments given: c128patch doctor -- <launch args>)"
         report.add("ok", "startup", f"startup would refuse nothing{args}{hint}")
 

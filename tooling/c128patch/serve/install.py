@@ -9,12 +9,10 @@ running in it. Everything else is read from the files the probe names.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from c128patch.errors import C128Error
@@ -174,17 +172,3 @@ def read_json(path: Path) -> dict[str, Any] | None:
     if not isinstance(doc, dict):
         raise C128Error(f"{path}: a JSON {type(doc).__name__}, not an object")
     return doc
-
-
-def load_by_path(path: Path, name: str) -> ModuleType:
-    """Run a stdlib-only module of the installed sglang from its file, outside the sglang package
-    (its own imports are all that runs). Any exception it raises is this module's failure."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise C128Error(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001  (foreign code: whatever it raises is reported, one line)
-        raise C128Error(f"{path} does not load here: {type(exc).__name__}: {exc}") from exc
-    return module

@@ -1,30 +1,53 @@
-"""Can the serving Python start sglang's server? ``import sglang`` there, and the launch arguments
-parsed by that sglang's own parser (``ServerArgs.add_cli_args`` on an ``argparse`` parser, as its
-``prepare_server_args`` builds it; ``--config`` merged by its own merger), in one subprocess of that
-Python, time-bounded. Unknown flags are what the server would refuse; options the parser requires
-(``--model-path``) are not needed to check the others and are listed."""
+"""What the serving install does, asked in child processes of the serving Python, each time-bounded.
+
+``probe_serving``: ``import sglang`` and the launch arguments through that sglang's own parser
+(``ServerArgs.add_cli_args`` on an argparse parser, ``--config`` merged by its own merger; options it
+requires, such as ``--model-path``, are listed, not needed). ``probe_install``: the series' env vars read
+through the installed ``environ.py`` (each ``EnvField``'s default, ``.get()`` and the warning sglang gives
+for a value it cannot parse), then the build's startup rules (``config_from_args`` and
+``startup_refusals`` of ``ONLINE_C128_DSPARK_RULES``) for the launch arguments. The installed code runs
+only there: a child that exits without its answer (a module calling ``sys.exit``), dies or outlives its
+limit is an error (``Answer.error``), never a pass; its whole process group is ended.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 # What the probe imports (a test points them at a stand-in where a real install cannot import).
 MODULES = {"package": "sglang", "server_args": "sglang.srt.server_args",
            "config": "sglang.srt.utils.server_args_config_parser"}
 TIMEOUT = 300.0  # seconds: importing sglang (torch, CUDA) on a cold disk
-_MARK = "C128PATCH-SERVING "
+INSTALL_TIMEOUT = 60.0  # seconds: environ.py and the rules are stdlib-only
+ENVIRON = "sglang/srt/environ.py"
+ONLINE_C128_DSPARK_RULES = "sglang/srt/layers/attention/dsv4/online_c128_dspark_rules.py"
+_MARK = "C128PATCH-ANSWER "
 
-_PROBE = r'''
-import argparse, importlib, json, sys
-modules, argv = json.loads(sys.argv[1])
-out = {"import_error": "", "args_error": "", "args_checked": False, "parser_built": False, "required_missing": []}
-real_stdout, sys.stdout = sys.stdout, sys.stderr  # what sglang prints at import is not the answer
+_COMMON = r'''
+import importlib, importlib.util, json, os, sys, warnings
+payload = json.loads(sys.argv[1])
+real_stdout, sys.stdout = sys.stdout, sys.stderr  # what the installed code prints is not the answer
 def why(e):
     return "%s: %s" % (type(e).__name__, e)
+def answer(out):
+    real_stdout.write("%s%s\n" % (MARK, json.dumps(out, default=repr)))
+def load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+'''.replace("MARK", repr(_MARK))
+
+_SERVING = _COMMON + r'''
+import argparse
+modules, argv = payload
+out = {"import_error": "", "args_error": "", "args_checked": False, "parser_built": False, "required_missing": []}
 try:
     importlib.import_module(modules["package"])
 except BaseException as e:
@@ -59,8 +82,90 @@ elif argv is not None:
             out["args_error"] = "the parser exited (%s)" % e.code
         except BaseException as e:
             out["args_error"] = str(e) if isinstance(e, ValueError) else why(e)
-real_stdout.write("%s%s\n" % (MARK, json.dumps(out)))
-'''.replace("MARK", repr(_MARK))
+answer(out)
+'''
+
+_INSTALL = _COMMON + r'''
+environ_path, gates, rules_path, argv = payload
+out = {"environ_error": "", "gates": [], "startup": {"path": rules_path, "available": os.path.isfile(rules_path),
+       "config": {}, "refusals": [], "error": ""}}
+saved = dict(os.environ)
+os.environ.pop("SGLANG_CUDA_COREDUMP", None)  # it would import sglang's debug utilities
+try:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module = load(environ_path, "c128patch_doctor_sglang_environ")
+    os.environ.clear()
+    os.environ.update(saved)
+    envs, field_type = getattr(module, "envs", None), getattr(module, "EnvField", None)
+    for name in gates:
+        f = getattr(envs, name, None) if envs is not None else None
+        r = {"name": name, "declared": field_type is not None and isinstance(f, field_type),
+             "raw": os.environ.get(name), "value": None, "default": None, "problem": ""}
+        if r["declared"]:
+            r["default"] = "(computed at run time)" if callable(f.default) else f.default
+            if not callable(f.default):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    r["value"] = f.get()
+                r["problem"] = str(caught[0].message) if caught else ""
+        out["gates"].append(r)
+except BaseException as e:
+    out["environ_error"] = "%s does not load here: %s" % (environ_path, why(e))
+os.environ.clear()
+os.environ.update(saved)
+st = out["startup"]
+if st["available"]:
+    try:
+        rules = load(rules_path, "c128patch_doctor_online_c128_dspark_rules")
+    except BaseException as e:
+        st["error"] = "%s does not load here: %s" % (rules_path, why(e))
+    else:
+        try:
+            st["config"] = dict(rules.config_from_args(list(argv), dict(os.environ)))
+            st["refusals"] = [str(line) for line in rules.startup_refusals(st["config"])]
+        except BaseException as e:
+            st["error"] = why(e)
+answer(out)
+'''
+
+
+@dataclass
+class Answer:
+    data: dict[str, Any] = field(default_factory=dict)
+    error: str = ""  # no answer: why (a silent exit, a crash, the time limit)
+    seconds: float = 0.0
+
+
+def ask(python: str, script: str, payload: Any, timeout: float) -> Answer:
+    """Run ``script`` in ``python`` (its own process group, ended on return) and read its one answer line."""
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen([python, "-c", script, json.dumps(payload)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
+    except OSError as exc:
+        return Answer(error=f"cannot run {python}: {exc}")
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stdout = None
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it started
+        except OSError:
+            pass
+    seconds = round(time.monotonic() - started, 1)
+    if stdout is None:
+        proc.communicate()
+        return Answer(error=f"it did not finish in {timeout:g} s", seconds=seconds)
+    found = [line[len(_MARK):] for line in stdout.splitlines() if line.startswith(_MARK)]
+    if found:
+        return Answer(json.loads(found[-1]), seconds=seconds)
+    if proc.returncode == 0:
+        return Answer(error="it exited (status 0) without an answer: code it loaded ended the process",
+                      seconds=seconds)
+    tail = (stderr or stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+    return Answer(error=f"the interpreter died ({tail[0]})", seconds=seconds)
 
 
 @dataclass
@@ -76,22 +181,15 @@ class Serving:
 def probe_serving(python: str, launch_args: Sequence[str] | None, timeout: float | None = None) -> Serving:
     """``import sglang`` in ``python``, and (``launch_args`` not None) those arguments through its parser."""
     limit = TIMEOUT if timeout is None else timeout
-    started = time.monotonic()
-    payload = json.dumps([MODULES, None if launch_args is None else list(launch_args)])
-    try:
-        proc = subprocess.run([python, "-c", _PROBE, payload], capture_output=True, text=True, timeout=limit)
-    except subprocess.TimeoutExpired:
-        return Serving(import_error=f"it did not finish in {limit:g} s",
-                       args_error="not checked (the import did not finish)" if launch_args is not None else "",
-                       seconds=round(time.monotonic() - started, 1))
-    except OSError as exc:
-        return Serving(import_error=f"cannot run {python}: {exc}")
-    seconds = round(time.monotonic() - started, 1)
-    found = [line[len(_MARK):] for line in proc.stdout.splitlines() if line.startswith(_MARK)]
-    if not found:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-        return Serving(import_error=f"the interpreter died ({tail[0]})", seconds=seconds,
-                       args_error="not checked" if launch_args is not None else "")
-    raw = json.loads(found[-1])
-    return Serving(raw["import_error"], raw["args_error"], raw["args_checked"], raw["parser_built"],
-                   raw["required_missing"], seconds)
+    got = ask(python, _SERVING, [MODULES, None if launch_args is None else list(launch_args)], limit)
+    if got.error:
+        not_checked = " (the import did not finish)" if got.error.startswith("it did not finish") else ""
+        return Serving(import_error=got.error, seconds=got.seconds,
+                       args_error=f"not checked{not_checked}" if launch_args is not None else "")
+    return Serving(**got.data, seconds=got.seconds)
+
+
+def probe_install(python: str, site: str, gates: list[str], launch_args: Sequence[str]) -> Answer:
+    """The gates as the installed ``environ.py`` reads them, and what the installed rules refuse."""
+    payload = [os.path.join(site, ENVIRON), gates, os.path.join(site, ONLINE_C128_DSPARK_RULES), list(launch_args)]
+    return ask(python, _INSTALL, payload, INSTALL_TIMEOUT)

@@ -1,13 +1,9 @@
 """Authenticity: a patched wheel is its upstream wheel plus exactly the diffs it declares.
 
-The provenance pins the upstream wheel (file name and sha256). With that wheel at hand (given,
-in a wheelhouse/the cache, or downloaded by name), the patched wheel's files are derived from
-upstream's: every diff of the SBOM applied forward (``git apply -p2``, strict) to upstream's
-files, ``.dist-info`` renamed, METADATA's Version set, the provenance and the SBOM added. The
-patched wheel must hold exactly those files with exactly those bytes (sha256, RECORD's format,
-RECORD itself being checked against the archive first). So no file the series does not touch
-can differ from upstream's, and every touched file is what the declared diffs make of upstream's;
-with ``--series`` the declared diffs are the series' own files (their sha256s are checked).
+With the upstream wheel the provenance pins (name, sha256: given, in a wheelhouse/the cache, or
+downloaded), every SBOM diff is applied forward (``git apply -p2``, strict) to upstream's files,
+``.dist-info`` renamed and METADATA's Version set: the patched wheel must hold exactly those files
+with those bytes, plus the provenance and SBOM. No file the series does not touch can differ.
 """
 
 from __future__ import annotations
@@ -79,8 +75,7 @@ def pinned(record: dict, wheel: Path) -> tuple[str, str, Version]:
 
 
 def locate(record: dict, wheel: Path, given: Path | None, download: bool = True) -> tuple[Path, str]:
-    """The pinned upstream wheel: ``given``, else a wheelhouse's, else downloaded into the cache.
-    A wheel at hand whose sha256 is not the pinned one is a mismatch (exit 1)."""
+    """The pinned upstream wheel (given, a wheelhouse's, or downloaded); another sha256 is a mismatch (exit 1)."""
     name, sha, version = pinned(record, wheel)
 
     def checked(path: Path, found: str) -> tuple[Path, str]:
@@ -138,9 +133,7 @@ def _diff_paths(git: Git, diff_file: Path) -> list[str]:
 
 
 def _upstream_record(upstream: zipfile.ZipFile, record_name: str) -> dict[str, str]:
-    """name -> sha256 hash of upstream's RECORD rows. The upstream wheel is the one pinned by its
-    own sha256, so its RECORD is upstream's: a file of the patched wheel matching a row hashes to
-    what upstream wrote (reading 120 MB of upstream files again would double the check's time)."""
+    """name -> hash of upstream's RECORD rows (pinned by sha256, so upstream's: no need to rehash 120 MB)."""
     try:
         text = upstream.read(record_name).decode("utf-8")
     except (KeyError, UnicodeDecodeError):
@@ -169,8 +162,7 @@ def _expected(upstream: zipfile.ZipFile, up_wheel: Path, dist_info: str, version
 
 def check_authentic(wheel: Path, hashes: dict[str, str], dist_info: str, version: Version, record: dict,
                     diffs: list[bytes], upstream_wheel: Path, found: str) -> Authenticity:
-    """``wheel`` (its RECORD ``hashes``, already checked against the archive) is ``upstream_wheel``
-    plus ``diffs`` (the SBOM's, in series order), plus the provenance and SBOM; else WheelMismatch."""
+    """``wheel`` (its checked RECORD ``hashes``) is ``upstream_wheel`` + ``diffs`` + provenance and SBOM."""
     entries = record.get("entries", [])
     with zipfile.ZipFile(upstream_wheel) as up:
         check_archive(up.infolist(), upstream_wheel)

@@ -1,16 +1,10 @@
 """``wheel``: patch a released sglang wheel with the series, without rebuilding it.
 
-The series touches Python and JIT CUDA sources only (``wheel.rules`` enforces it), so the release
-wheel's files are patched where they lie: ``git apply -p2`` (strict: exact context, no fuzz) on
-the unpacked files (the wheel has no ``python/`` prefix), overlays copied to their target minus
-``python/``. Each entry's patch file is chosen for the wheel's version: its release tag is
-resolved in the release history and ``plan`` chooses (``series.plan``: preimage blobs, nearest
-ancestor, strict), exactly as ``apply`` does for a tree. The result is versioned
-``X.Y.Z+c128.<series version>.<series digest[:8]>`` (a PEP 440 local label; each layer adds
-``.<layer>.<its digest[:8]>``, docs/layers.md) in METADATA, the
-``.dist-info`` name and the file name, platform tags unchanged, and carries the provenance record
-``apply`` writes (``sglang/c128patch_provenance.json``) and a CycloneDX SBOM
-(``.dist-info/sboms/``). Written reproducibly: the same wheel and series give the same bytes.
+Each entry's file is chosen for the wheel's release as ``apply`` chooses it (``series.plan`` on the
+release history), then ``git apply -p2`` (strict) edits the unpacked files where they lie
+(``wheel.rules`` says which may be). The result is versioned ``X.Y.Z+c128.<series version>.<digest[:8]>``
+(``.<layer>.<digest[:8]>`` per layer), carries ``apply``'s provenance record and a CycloneDX SBOM, and
+is written reproducibly.
 """
 
 from __future__ import annotations
@@ -65,9 +59,7 @@ class WheelResult:
 
 def patched_version(base: Version, series_version: str, digest: str,
                     layers: Sequence[tuple[str, str]] = ()) -> Version:
-    """``X.Y.Z+c128.<series version>.<digest[:8]>``, then ``.<layer>.<digest[:8]>`` per layer (name,
-    digest) in order: the base's public version plus our local label (after the base's own local
-    label, if it has one)."""
+    """``X.Y.Z+c128.<series version>.<digest[:8]>`` then ``.<layer>.<digest[:8]>`` per (name, digest)."""
     label = f"{LOCAL_TAG}.{series_version}.{digest[:8]}" + "".join(f".{name}.{d[:8]}" for name, d in layers)
     if base.local:
         label = f"{base.local}.{label}"
@@ -105,9 +97,7 @@ def check_upstream_wheel(iw: InWheel) -> Version:
 
 def plan_for_release(series: Series, version: Version,
                      reporter: Reporter = NullReporter()) -> tuple[list[Planned], str, str]:
-    """(planned entries, tag, source tree id) for release ``version``: each entry's file chosen by ``series.plan`` on
-    the release history's commit, as for a tree. The tree id (of ``python/`` as the history lays the release out)
-    names upstream by content alone: unlike the history's commit it does not depend on the cache."""
+    """(planned entries, tag, source tree id: upstream by content, unlike the cache's commit) for ``version``."""
     rel = release_version(str(version))
     if rel is None:
         raise C128Error(f"unknown release 'v{version}': only sglang release versions (X.Y.Z) can be patched as wheels")
@@ -143,23 +133,10 @@ def loose_git(root: Path) -> Git:
     return Git(worktree=root).with_env(GIT_CEILING_DIRECTORIES=str(root.parent))
 
 
-def patch_paths(item: Planned) -> list[str]:
-    """Every wheel path a patch reads or writes (both sides of renames)."""
-    assert item.patch is not None
-    out = []
-    for pf in item.patch.patchset:
-        for side in (pf.source_file, pf.target_file):
-            if side != "/dev/null":
-                out.append(wheel_path(side[2:] if side.startswith(("a/", "b/")) else side))
-    return out
-
-
 def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Reporter = NullReporter(),
                   series: Series | None = None) -> list[dict]:
-    """Apply every entry to the wheel's files; the first failure names entry, file and hunk (and,
-    for a layer's entry, the entry of ours before it that changes the same file: ``series``).
-    As ``apply`` does: overlay collisions are refused (exit 2) before anything is applied; an
-    entry that does not apply stops everything (exit 1, ``ConflictError``)."""
+    """Apply every entry to the wheel's files, as ``apply`` does: overlay collisions refused first (exit 2);
+    the first entry that does not apply (exit 1) named with its file, hunk and an overlapping entry of ours."""
     git = loose_git(iw.root)
     members = set(iw.members())
     for item in planned:
@@ -170,7 +147,9 @@ def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Rep
     for i, item in enumerate(planned):
         reporter.step(f"applying {item.entry.name}")
         if item.patch is not None:
-            iw.extract(patch_paths(item))
+            iw.extract([wheel_path(side[2:] if side.startswith(("a/", "b/")) else side)  # both sides of renames
+                        for pf in item.patch.patchset for side in (pf.source_file, pf.target_file)
+                        if side != "/dev/null"])
             proc = git.run("apply", "-p2", "--verbose", str(item.path.resolve()), check=False)
             if proc.returncode != 0:
                 raise ConflictError(
@@ -201,7 +180,7 @@ def overlay_diff(root: Path, target: str) -> bytes:
     return proc.stdout
 
 
-def sbom_entries(iw: InWheel, planned: list[Planned]) -> list[PatchEntry]:
+def _sbom_entries(iw: InWheel, planned: list[Planned]) -> list[PatchEntry]:
     out = []
     for item in planned:
         e = item.entry
@@ -219,19 +198,8 @@ def sbom_entries(iw: InWheel, planned: list[Planned]) -> list[PatchEntry]:
     return out
 
 
-def finish(
-    iw: InWheel,
-    series: Series,
-    planned: list[Planned],
-    rows: list[dict],
-    *,
-    upstream: dict,
-    ancestor: Ancestor,
-    base: Version,
-    epoch: int,
-    out_dir: Path,
-    build: str,
-) -> tuple[Path, Version]:
+def finish(iw: InWheel, series: Series, planned: list[Planned], rows: list[dict], *, upstream: dict, ancestor: Ancestor,
+           base: Version, epoch: int, out_dir: Path, build: str) -> tuple[Path, Version]:
     """Write provenance and SBOM, give the wheel its patched version, save it into ``out_dir``."""
     record = provenance.build(series, planned, upstream, rows)
     version = record_version({**record, "upstream": {"version": str(base)}})
@@ -239,7 +207,7 @@ def finish(
     prov = iw.root / WHEEL_PROVENANCE
     prov.parent.mkdir(parents=True, exist_ok=True)
     prov.write_text(provenance.dumps(record))
-    entries = sbom_entries(iw, planned)
+    entries = _sbom_entries(iw, planned)
     dist_info = iw.rename_dist_info(version)
     doc = WheelSbom(PACKAGE, str(version), ancestor, entries, __version__,
                     {"name": record["series"]["name"], "version": record["series"]["version"], "digest": digest}, epoch,
@@ -258,8 +226,7 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
         upstream_version = check_upstream_wheel(iw)
         planned, tag, tree = plan_for_release(series, upstream_version, reporter)
         check_wheel_patchable(planned, binary_dirs(iw.members()))
-        label = f"{wheel.name}"
-        rows = apply_entries(iw, planned, label, reporter, series)
+        rows = apply_entries(iw, planned, wheel.name, reporter, series)
         upstream_sha = sha256_path(wheel)
         epoch = source_date_epoch(wheel_timestamp(wheel))
         # By content only (release, source tree, wheel hash): the same wheel gives the same bytes on any cache.
@@ -279,9 +246,8 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
 
 def patch_from(series: Series, wheel: Path | None, release: str | None, target: WheelTarget, out_dir: Path,
                reporter: Reporter = NullReporter()) -> WheelResult:
-    """``wheel``'s work: the upstream ``wheel``, or ``release``'s that fits ``target``, patched. A wheel
-    older than every release the series was made on is still tried (as ``check`` does); when an entry
-    then does not apply, that note comes first in the hint."""
+    """The upstream ``wheel`` (or ``release``'s that fits ``target``) patched; a wheel older than the
+    series' releases is still tried, and when an entry then does not apply that note leads the hint."""
     wheel = wheel if wheel is not None else release_wheel(str(release), target, reporter)
     try:
         older = release_support_note(series, parse_wheel_filename(wheel.name)[1].public)
@@ -297,8 +263,7 @@ def patch_from(series: Series, wheel: Path | None, release: str | None, target: 
 
 
 def release_wheel(version: str, target: WheelTarget = WheelTarget(), reporter: Reporter = NullReporter()) -> Path:
-    """The upstream wheel of release ``version`` that fits ``target`` (default: this interpreter),
-    from the wheelhouse/cache, else downloaded; none fitting lists the release's wheels."""
+    """Release ``version``'s upstream wheel for ``target`` (wheelhouse/cache, else downloaded)."""
     rel = release_version(version)
     if rel is None:
         raise C128Error(f"not a release version: {version!r} (expected X.Y.Z, e.g. 0.5.23)")

@@ -1,28 +1,13 @@
 """Which entries can patch a built wheel in place, and which need a source build.
 
-A release wheel is upstream's ``python/`` folder after the build: Python and JIT sources copied
-as they are, plus compiled extensions (the Rust modules in ``srt/rust_extensions/`` and
-``srt/mem_cache/rust_tree_core/``) whose sources (``rust/...``, Cargo files) are not in the wheel.
-Editing a file of the wheel has the same effect as building from the edited tree exactly when
-the build copies that file unchanged. The rule, for every path an entry touches (each file of a
-patch, the target of an overlay):
-
-1. it lies under ``python/sglang/``: the build inputs outside the package (``pyproject.toml``,
-   ``setup.py``, ``python/tools/``, ``rust/``, ``sgl-kernel/``...) never reach the wheel as files;
-2. its type is one the wheel carries as source and uses as is: Python (``.py``, ``.pyi``), the
-   C++/CUDA sources that the JIT compiles at run time (``.cu``, ``.cuh``, ``.h``, ``.hpp``, ``.c``,
-   ``.cc``, ``.cpp``, ``.inc``), and data read at run time (``.json``, ``.yaml``, ``.yml``,
-   ``.txt``, ``.md``, ``.jinja2``). Anything else (a ``.so``, ``.rs``, ``.pyx``, ``.toml``...) is
-   either a binary or a build input;
-3. no folder on its way, from ``sglang/`` down, directly holds a compiled extension of *this*
-   wheel: such a folder is the Python face of a binary (loader, bindings, stubs) built from
-   sources the wheel lacks, and a change there must be built together with the binary.
-
-The C++/CUDA files allowed by (2) are safe because of (3): the only binaries of an sglang wheel
-live in the folders (3) fences off, so any other C++/CUDA source in the wheel is compiled by the
-JIT (``load_jit``, ``torch.utils.cpp_extension``) on the user's machine, from the patched file.
-An entry that breaks the rule is refused with its name, the path and the reason; ``c128patch
-build`` (a real source build) is the way to ship it.
+Editing a wheel's file equals building from the edited tree exactly when the build copies that file
+unchanged. So every path an entry touches must (1) lie under ``python/sglang/`` (build inputs outside
+the package never reach the wheel), (2) be a type the wheel carries as source and uses as is: Python,
+the C++/CUDA sources the JIT compiles at run time, data read at run time (``.so``, ``.rs``, ``.toml``...
+are binaries or build inputs), and (3) have no folder on its way that directly holds a compiled
+extension of *this* wheel (the Python face of a binary built from sources the wheel lacks). (3) is what
+makes (2)'s C++/CUDA safe: an sglang wheel's only binaries live there, so any other such source is
+JIT-compiled on the user's machine from the patched file. Else: refused by name; ``c128patch build``.
 """
 
 from __future__ import annotations

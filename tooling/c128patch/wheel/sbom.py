@@ -1,17 +1,11 @@
 """The CycloneDX 1.6 SBOM a patched wheel carries (PEP 770: ``.dist-info/sboms/``).
 
-One component, ``sglang@<patched version>``, whose pedigree says where it comes from: the
-upstream ``sglang@X.Y.Z`` (purl, and the upstream wheel's sha256 when we started from one) as its
-ancestor, and every series entry, in series order, as an ``unofficial`` patch with its diff text
-(overlays as a new-file diff) and the upstream PR it resolves. Per-entry facts that CycloneDX's
-patch object has no field for (entry name, kind, gate, upstream status, file, sha256) are
-component properties named ``c128patch:entry:<n>:<field>``.
-
-Written by a small typed builder rather than cyclonedx-python-lib: the library keeps
-``pedigree.patches`` in a SortedSet, which loses the series order (the order the patches apply
-in), and it would add five dependencies for one document. The builder emits exactly the fields
-below, sorted keys, a serial number derived from the contents and the release timestamp, so the
-same inputs give the same bytes. Tests validate the output against the CycloneDX 1.6 schema.
+One component, ``sglang@<patched version>``: its pedigree's ancestor is upstream ``sglang@X.Y.Z`` (purl,
+the upstream wheel's sha256), its patches every entry in series order (``unofficial``, the diff text,
+the PR it resolves); per-entry facts CycloneDX has no field for are properties
+``c128patch:entry:<n>:<field>``. A small builder rather than cyclonedx-python-lib, which keeps patches
+in a SortedSet (losing the apply order) and adds five dependencies; sorted keys and a serial number
+from the contents give the same bytes for the same inputs (tests validate against the 1.6 schema).
 """
 
 from __future__ import annotations
@@ -47,8 +41,6 @@ def pr_url(ref: str) -> str | None:
 
 @dataclass
 class PatchEntry:
-    """One series entry as a pedigree patch."""
-
     name: str
     kind: str
     gate: str
@@ -78,17 +70,9 @@ class PatchEntry:
         return out
 
     def properties(self, index: int) -> list[dict[str, str]]:
-        base = f"{PROPERTY_PREFIX}:{index}"
-        values = {
-            "name": self.name,
-            "kind": self.kind,
-            "gate": self.gate or "none",
-            "upstream": self.upstream,
-            "upstream_status": self.upstream_status,
-            "file": self.file,
-            "sha256": self.sha256,
-        }
-        return [{"name": f"{base}:{k}", "value": v} for k, v in values.items()]
+        values = {"name": self.name, "kind": self.kind, "gate": self.gate or "none", "upstream": self.upstream,
+                  "upstream_status": self.upstream_status, "file": self.file, "sha256": self.sha256}
+        return [{"name": f"{PROPERTY_PREFIX}:{index}:{k}", "value": v} for k, v in values.items()]
 
 
 @dataclass
@@ -136,11 +120,7 @@ class WheelSbom:
         for i, entry in enumerate(self.entries, 1):
             props += entry.properties(i)
         component = {
-            "type": "library",
-            "bom-ref": purl,
-            "name": self.name,
-            "version": self.version,
-            "purl": purl,
+            "type": "library", "bom-ref": purl, "name": self.name, "version": self.version, "purl": purl,
             "description": f"{self.name} {self.ancestor.version} with the c128patch series "
                            f"{self.series['name']} {self.series['version']}"
                            + "".join(f" + layer {r['name']} {r['version']}" for r in self.layers) + " applied",
@@ -154,11 +134,8 @@ class WheelSbom:
         }
         serial = uuid.uuid5(_NAMESPACE, json.dumps([purl, self.ancestor.component(), props], sort_keys=True))
         return {
-            "$schema": "http://cyclonedx.org/schema/bom-1.6.schema.json",
-            "bomFormat": "CycloneDX",
-            "specVersion": SPEC_VERSION,
-            "serialNumber": serial.urn,
-            "version": 1,
+            "$schema": "http://cyclonedx.org/schema/bom-1.6.schema.json", "bomFormat": "CycloneDX",
+            "specVersion": SPEC_VERSION, "serialNumber": serial.urn, "version": 1,
             "metadata": {
                 "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.epoch)),
                 "tools": {"components": [{
@@ -185,12 +162,10 @@ def _indexed_properties(doc: dict[str, Any], prefix: str) -> list[dict[str, str]
 
 
 def layer_properties(doc: dict[str, Any]) -> list[dict[str, str]]:
-    """Per-layer properties of an SBOM read back, in stack order."""
     return _indexed_properties(doc, LAYER_PREFIX)
 
 
 def entry_properties(doc: dict[str, Any]) -> list[dict[str, str]]:
-    """Per-entry properties of an SBOM read back, in series order."""
     return _indexed_properties(doc, PROPERTY_PREFIX)
 
 

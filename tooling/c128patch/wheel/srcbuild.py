@@ -1,24 +1,12 @@
 """``build``: a real source build (PEP 517) of a patched sglang checkout, for unreleased commits.
 
-Choice: ``build`` takes the same ``--sglang-rev/--repo/--tree`` as ``apply`` and runs ``apply``
-first when the tree is not patched yet; a tree already patched for the same upstream commit and
-the same series (its provenance says so, it is committed at HEAD, nothing is modified) is built as
-it is; any other patched tree is refused. Before anything is touched, the upstream commit must
-hold ``python/pyproject.toml`` (the release-wheel history does not: use ``wheel`` there).
-
-The version is set explicitly. Upstream's ``python/pyproject.toml`` takes its version from
-setuptools-scm (``[tool.setuptools_scm] root = ".."``, ``version_file = "sglang/_version.py"``,
-``git_describe_command`` = ``python/tools/get_version_tag.py``, ``fallback_version = "0.0.0.dev0"``),
-which in a c128 branch would describe our commits or fall back to 0.0.0.dev0. We set
-``SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG`` (dist-specific, so build dependencies built from
-source are not relabelled) to the upstream version: ``X.Y.Z`` at a release tag, else
-``X.Y.(Z+1).devN+g<sha>`` after the nearest ``vX.Y.Z`` tag (setuptools-scm's guess-next-dev
-form), or ``--base-version``. ``python -m build --wheel`` runs in ``python/`` of the committed tree exported with
-``git archive`` (no untracked files, the user's tree stays clean), with SOURCE_DATE_EPOCH = the upstream commit's
-time; the built wheel must carry exactly that version (else the pretend variable was ignored and we stop). Then the
-same finishing step as ``wheel`` gives it the ``+c128.<series version>.<digest>`` label, the provenance record and the
-SBOM, and ``verify-wheel``'s checks run on it before it is moved into the output folder (so a file that upstream's
-package-data globs leave out is caught, not shipped).
+Takes ``apply``'s ``--sglang-rev/--repo/--tree`` and applies first unless the tree is already this
+series on this commit, committed and clean (any other patched tree is refused); the commit must hold
+``python/pyproject.toml``. The version is forced through setuptools-scm's
+``SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG``: ``X.Y.Z`` at a release tag, else the guess-next-dev
+``X.Y.(Z+1).devN+g<sha>`` (or ``--base-version``). ``python -m build --wheel`` runs on HEAD exported
+with ``git archive`` at the commit's time, must yield that version, and the wheel then gets
+``wheel``'s label, provenance and SBOM and passes ``verify-wheel``'s checks before it is moved out.
 """
 
 from __future__ import annotations
@@ -81,7 +69,7 @@ class BuildResult:
 
 
 def base_version(git: Git, rev: str, commit: str, override: str | None = None) -> Version:
-    """The upstream version a source build of ``commit`` gets (see the module docstring)."""
+    """The upstream version a source build of ``commit`` gets."""
     if override:
         try:
             return Version(override)
@@ -104,27 +92,6 @@ def base_version(git: Git, rev: str, commit: str, override: str | None = None) -
     return Version(f"{nxt}.dev{n}+g{match['sha']}")
 
 
-def require_pyproject(git: Git, commit: str, rev: str, where: str) -> None:
-    if git.run("cat-file", "-e", f"{commit}:{PYPROJECT}", check=False).returncode != 0:
-        hint = ""
-        if release_version(rev):
-            hint = f"; to patch that release, use c128patch wheel --from-release {release_version(rev)}"
-        raise C128Error(
-            f"{PYPROJECT} is missing at {rev} in {where}: a source build needs an upstream source checkout "
-            f"(the release-wheel history has no build files){hint}"
-        )
-
-
-def export_head(git: Git, dest: Path) -> Path:
-    """The committed tree at HEAD, exported to ``dest`` (``git archive``): the build sees exactly
-    what the provenance describes, never untracked files, and leaves the user's tree clean."""
-    dest.mkdir(parents=True)
-    archive = git.run("archive", "--format=tar", "HEAD", binary=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(dest, filter="data")
-    return dest
-
-
 def build_command(python_dir: Path, outdir: Path, no_isolation: bool = False) -> list[str]:
     cmd = [sys.executable, "-m", "build", "--wheel", "--outdir", str(outdir)]
     if no_isolation:
@@ -142,8 +109,7 @@ def run_build(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> int:
 
 
 def _patched_state(git: Git, tree: Path, series: Series, commit: str) -> dict | None:
-    """The tree's provenance when it is this series on this commit, committed at HEAD and clean;
-    None when the tree is not patched; refuses any other patched state."""
+    """The provenance of a tree patched with this series on ``commit`` (clean, at HEAD); None: unpatched."""
     path = tree / provenance.PROVENANCE_PATH
     if not path.is_file():
         return None
@@ -170,37 +136,39 @@ class _BuildFailed(C128Error):
     """The PEP 517 build itself failed: its log is kept (the hint names it)."""
 
 
-def _validate(series: Series, upstream: Upstream, rev: str, base_override: str | None,
-              runner: Runner) -> tuple[str, Version, list[Planned]]:
-    """(upstream commit, base version, plan), before anything is touched."""
-    commit = upstream.resolve(rev)
-    require_pyproject(upstream.git, commit, rev, upstream.describe())
+def _validate(series: Series, upstream: Upstream, target: Target, base_override: str | None,
+              runner: Runner) -> tuple[Version, list[Planned]]:
+    """(base version, plan), before anything is touched."""
+    rev, commit = target.rev, target.commit
+    if upstream.git.run("cat-file", "-e", f"{commit}:{PYPROJECT}", check=False).returncode != 0:
+        rel = release_version(rev)
+        hint = f"; to patch that release, use c128patch wheel --from-release {rel}" if rel else ""
+        raise C128Error(f"{PYPROJECT} is missing at {rev} in {upstream.describe()}: a source build needs an upstream "
+                        f"source checkout (the release-wheel history has no build files){hint}")
     if importlib.util.find_spec("build") is None and runner is run_build:
         raise C128Error("the PEP 517 front end 'build' is not installed (pip install build)")
-    return commit, base_version(upstream.git, rev, commit, base_override), plan(series, upstream.git, commit)
+    return base_version(upstream.git, rev, commit, base_override), plan(series, upstream.git, commit)
 
 
-def _patch_tree(series: Series, upstream: Upstream, rev: str, commit: str, tree: Path | None,
+def _patch_tree(series: Series, upstream: Upstream, target: Target, tree: Path | None,
                 reporter: Reporter) -> tuple[Git, list[dict], bool]:
     """The tree patched with the series: (its git, the applied entries, whether this run applied them)."""
-    worktree, fresh = prepare_tree(upstream, tree, commit, reporter)
+    worktree, fresh = prepare_tree(upstream, tree, target.commit, reporter)
     git = Git(worktree=worktree)
-    record = None if fresh else _patched_state(git, worktree, series, commit)
+    record = None if fresh else _patched_state(git, worktree, series, target.commit)
     if record is not None:
         return git, record.get("entries", []), False
-    result = apply_series(series, git, _target(upstream, rev, commit), fresh_clone=fresh, reporter=reporter)
-    return git, result.entries, True
-
-
-def _target(upstream: Upstream, rev: str, commit: str) -> Target:
-    return Target(rev, commit, upstream.kind, upstream.location if upstream.kind == "url" else "")
+    return git, apply_series(series, git, target, fresh_clone=fresh, reporter=reporter).entries, True
 
 
 def _run_build(git: Git, work: Path, base: Version, epoch: int, no_isolation: bool, runner: Runner,
                reporter: Reporter) -> tuple[Path, list[str], dict[str, str]]:
     """HEAD exported into ``work`` and built: (the one wheel built, the command, its env)."""
-    reporter.step("exporting the patched tree (HEAD)")
-    python_dir = export_head(git, work / "src") / "python"
+    reporter.step("exporting the patched tree (HEAD)")  # committed files only: the provenance's, no untracked ones
+    (work / "src").mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(git.run("archive", "--format=tar", "HEAD", binary=True).stdout)) as tar:
+        tar.extractall(work / "src", filter="data")
+    python_dir = work / "src" / "python"
     dist_dir = work / "dist"
     cmd, env = build_command(python_dir, dist_dir, no_isolation), build_env(base, epoch)
     reporter.step(f"building sglang {base} from {python_dir} (python -m build --wheel)")
@@ -241,23 +209,16 @@ def _label_and_verify(built: Path, out_dir: Path, series: Series, planned: list[
     return final, version
 
 
-def build_wheel(
-    series: Series,
-    upstream: Upstream,
-    rev: str,
-    tree: Path | None,
-    out_dir: Path,
-    *,
-    base_override: str | None = None,
-    no_isolation: bool = False,
-    runner: Runner = run_build,
-    reporter: Reporter = NullReporter(),
-) -> BuildResult:
+def build_wheel(series: Series, upstream: Upstream, rev: str, tree: Path | None, out_dir: Path, *,
+                base_override: str | None = None, no_isolation: bool = False, runner: Runner = run_build,
+                reporter: Reporter = NullReporter()) -> BuildResult:
     """Patch (unless done) and source-build ``rev``; the labelled, verified wheel goes to ``out_dir``."""
     start = time.perf_counter()
-    commit, base, planned = _validate(series, upstream, rev, base_override, runner)
-    git, rows, applied = _patch_tree(series, upstream, rev, commit, tree, reporter)
-    info = {**_target(upstream, rev, commit).to_json(), "version": str(base), "build": "source"}  # how it was made
+    target = Target.of(upstream, rev)
+    commit = target.commit
+    base, planned = _validate(series, upstream, target, base_override, runner)
+    git, rows, applied = _patch_tree(series, upstream, target, tree, reporter)
+    info = {**target.to_json(), "version": str(base), "build": "source"}  # how it was made
     epoch = int(git.out("show", "-s", "--format=%ct", commit))
     work = Path(tempfile.mkdtemp(prefix="c128patch-build-"))
     created, keep_log = not out_dir.exists(), False

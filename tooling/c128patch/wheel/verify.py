@@ -1,28 +1,11 @@
 """``verify-wheel``: does a patched wheel hold exactly what its provenance and SBOM say?
 
-Checks, in order, stopping at the first mismatch (named in one line, exit 1; bad input exits 2):
-1. RECORD: every file listed with the right sha256 and size, nothing unlisted, nothing missing;
-   WHEEL's tags are the file name's;
-2. identity: an sglang wheel whose METADATA version, ``.dist-info`` name and file name agree, and
-   equal ``<upstream>+c128.<series version>.<digest[:8]>`` from its provenance record;
-3. SBOM (``.dist-info/sboms/c128patch.cdx.json``): CycloneDX 1.6, the component is this version,
-   its ancestor is the upstream release of the provenance (purl, wheel sha256), and its patches
-   are the provenance's entries, in order, with the same name, kind, gate, upstream status,
-   file and sha256 (a patch's diff text hashes to its recorded sha256);
-4. every entry's effect is present: overlay files hash to their recorded sha256; the diffs,
-   reverse-applied last to first (``git apply -R -p2``, strict) on the wheel's files, all apply,
-   so every patched file holds each patch's added lines in place; every touched ``.py`` compiles
-   (``--compile-all``: every ``.py`` of the wheel);
-5. with ``--series DIR`` (and ``--layer DIR``): the wheel was made from exactly that series
-   (digest) and those layers (name, version, digest, in order), and each entry's file has the
-   manifest's sha256 (a layer entry's, its layer's manifest's);
-6. authenticity (``wheel.authentic``; the CLI's default, ``--no-authenticity`` skips it): the
-   upstream wheel the provenance pins (name, sha256) is at hand and the wheel is exactly that
-   wheel plus the declared diffs. Without that wheel it is "cannot check authenticity" (exit 2),
-   never a pass.
-The wheel is enough on its own for 1-4 (the SBOM carries every diff). Before any of it: no
-duplicate archive member, a bounded unpacked size, a provenance record of the right shape (no
-path in it leaves the wheel).
+Checks, stopping at the first mismatch (one line, exit 1; bad input exits 2): RECORD and WHEEL's tags;
+identity (METADATA, ``.dist-info`` and file name agree on the version its provenance implies); the
+CycloneDX SBOM against the provenance, entry by entry (each patch's diff hashes to its sha256); every
+entry's effect (overlays hash as recorded, the diffs reverse-apply last to first, touched ``.py``
+compile); with ``--series``/``--layer``, exactly that series and those layers; authenticity
+(``wheel.authentic``: upstream's pinned wheel plus the declared diffs, else "cannot check", exit 2).
 """
 
 from __future__ import annotations
@@ -50,7 +33,6 @@ from c128patch.wheel.patch import PACKAGE, WHEEL_PROVENANCE, loose_git, record_v
 from c128patch.wheel.rules import wheel_path
 from c128patch.wheel.sbom import (
     LAYER_FIELDS,
-    PROPERTY_PREFIX,
     SBOM_NAME,
     SPEC_VERSION,
     diff_bytes,
@@ -96,17 +78,11 @@ def _json(iw: InWheel, name: str, what: str) -> dict:
     return doc
 
 
-def _check_tags(iw: InWheel) -> None:
+def _check_identity(iw: InWheel, record: dict) -> Version:
     text = iw.read(f"{iw.dist_info}/WHEEL").decode("utf-8", errors="replace")
-    tags = set()
-    for line in text.splitlines():
-        if line.startswith("Tag:"):
-            tags |= set(parse_tag(line.split(":", 1)[1].strip()))
+    tags = {t for line in text.splitlines() if line.startswith("Tag:") for t in parse_tag(line[4:].strip())}
     if tags != set(parse_wheel_filename(iw.wheel.name)[3]):
         raise _mismatch(iw.wheel, "the WHEEL file's tags differ from the file name's")
-
-
-def _check_identity(iw: InWheel, record: dict) -> Version:
     meta = iw.metadata()
     if str(meta.name).lower() != PACKAGE:
         raise C128Error(f"not an sglang wheel: {iw.wheel.name} is {meta.name}")
@@ -150,18 +126,18 @@ def _check_sbom(iw: InWheel, doc: dict, record: dict, version: Version) -> list[
                             f"{series.get(key)!r}")
     want_layers = [{k: str(r.get(k, "")) for k in LAYER_FIELDS} for r in record.get("layers", [])]
     if layer_properties(doc) != want_layers:
-        raise _mismatch(iw.wheel, f"SBOM layers {[r.get('name') for r in layer_properties(doc)]} differ from the "
-                                  f"provenance's {[r['name'] for r in want_layers]} (name, version, base, digest)")
+        raise _mismatch(iw.wheel, f"SBOM layers {_names(layer_properties(doc))} differ from the provenance's "
+                                  f"{_names(want_layers)} (name, version, base, digest)")
     patches = comp.get("pedigree", {}).get("patches", [])
     rows = entry_properties(doc)
     entries = record.get("entries", [])
     if not (len(patches) == len(rows) == len(entries)):
         raise _mismatch(iw.wheel,
                         f"SBOM lists {len(patches)} patches / {len(rows)} entries, the provenance {len(entries)}")
-    return _sbom_entry_diffs(iw, patches, rows, entries)
+    return _entry_diffs(iw, patches, rows, entries)
 
 
-def _sbom_entry_diffs(iw: InWheel, patches: list[dict], rows: list[dict], entries: list[dict]) -> list[bytes]:
+def _entry_diffs(iw: InWheel, patches: list[dict], rows: list[dict], entries: list[dict]) -> list[bytes]:
     """Each SBOM patch and entry row against the provenance's entry; returns each entry's diff."""
     diffs = []
     for i, (patch, row, entry) in enumerate(zip(patches, rows, entries), 1):
@@ -184,6 +160,12 @@ def _sbom_entry_diffs(iw: InWheel, patches: list[dict], rows: list[dict], entrie
     return diffs
 
 
+def _names(rows: list) -> str:
+    """Names (or name-version-digest tuples) as words, never a Python list."""
+    return ", ".join(" ".join(str(x) for x in r) if isinstance(r, tuple) else str(r.get("name")) for r in rows) \
+        or "none"
+
+
 def _check_series(iw: InWheel, record: dict, series: Series) -> None:
     digest = series.ours.digest()
     have = record.get("series", {})
@@ -194,8 +176,7 @@ def _check_series(iw: InWheel, record: dict, series: Series) -> None:
     layers = [(r.get("name"), r.get("version"), str(r.get("digest", ""))[:8]) for r in record.get("layers", [])]
     want = [(r["name"], r["version"], r["digest"][:8]) for r in layer_rows(series)]
     if layers != want:
-        raise _mismatch(iw.wheel,
-                        f"made with the layers {layers or 'none'}, not {want or 'none'} (name, version, digest)")
+        raise _mismatch(iw.wheel, f"made with the layers {_names(layers)}, not {_names(want)} (name, version, digest)")
     for entry in record.get("entries", []):
         e = series.entry(entry["name"])
         want = e.sha256
@@ -203,6 +184,24 @@ def _check_series(iw: InWheel, record: dict, series: Series) -> None:
             want = next((v.sha256 for v in e.patch_files() if v.file == entry["file"]), "")
         if want and entry.get("sha256") != want:
             raise _mismatch(iw.wheel, f"entry '{e.name}': its file's sha256 differs from the manifest's")
+
+
+def _check_known(iw: InWheel, record: dict, known: Series) -> None:
+    """A wheel claiming this tool's series (its name and version) carries that series' digest, files and gates."""
+    s = record.get("series", {})
+    if (s.get("name"), s.get("version")) != (known.name, known.version):
+        return
+    if s.get("digest") != known.digest():
+        raise _mismatch(iw.wheel, f"claims series {known.name} {known.version}, but its digest "
+                                  f"{str(s.get('digest'))[:8]} is not that series' ({known.digest()[:8]})")
+    layered = {n for r in record.get("layers", []) for n in r.get("entries", [])}
+    entries = {e.name: e for e in known.entries}
+    for row in (r for r in record.get("entries", []) if r.get("name") not in layered):
+        e = entries.get(row.get("name"))
+        files = ({v.sha256 for v in e.patch_files()} | {e.sha256}) - {""} if e is not None else set()
+        if e is None or (files and row.get("sha256") not in files) or (row.get("gate") or "") != (e.gate or ""):
+            raise _mismatch(iw.wheel, f"entry '{row.get('name')}': its file or gate is not series {known.name} "
+                                      f"{known.version}'s (the provenance was edited)")
 
 
 def _reverse_failure(diff: bytes, stderr: str) -> str:
@@ -270,21 +269,21 @@ def _compile(iw: InWheel, names: list[str]) -> int:
     return len(sources)
 
 
-def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = False, *,
-                 authenticity: bool = False, upstream_wheel: Path | None = None, download: bool = True) -> VerifyResult:
-    """Checks 1-5, and 6 when ``authenticity`` (the upstream wheel: ``upstream_wheel``, a
-    wheelhouse's, or downloaded unless ``download`` is False)."""
+def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = False, *, authenticity: bool = False,
+                 upstream_wheel: Path | None = None, download: bool = True,
+                 known: Series | None = None) -> VerifyResult:
+    """Every check; authenticity against ``upstream_wheel``, a wheelhouse's, or one downloaded (``download``);
+    ``known``: this tool's series, which a wheel claiming its name and version must match."""
     if not wheel.is_file():
         raise C128Error(f"missing wheel: {wheel} does not exist")
     with disk_errors(f"verifying {wheel.name}"):
-        return _verify(wheel, series, compile_all, authenticity, upstream_wheel, download)
+        return _verify(wheel, series, compile_all, authenticity, upstream_wheel, download, known)
 
 
 def _verify(wheel: Path, series: Series | None, compile_all: bool, authenticity: bool,
-            upstream_wheel: Path | None, download: bool) -> VerifyResult:
+            upstream_wheel: Path | None, download: bool, known: Series | None) -> VerifyResult:
     rec = check_record(wheel)
     with InWheel(wheel) as iw:
-        _check_tags(iw)
         record = _json(iw, WHEEL_PROVENANCE, "c128patch provenance")
         problem = record_problem(record)
         if problem:
@@ -299,6 +298,8 @@ def _verify(wheel: Path, series: Series | None, compile_all: bool, authenticity:
             raise _mismatch(iw.wheel, f"SBOM has the wrong shape ({type(exc).__name__}: {exc})") from exc
         if series is not None:
             _check_series(iw, record, series)
+        elif known is not None:
+            _check_known(iw, record, known)
         rows, compiled = _check_effects(iw, record, diffs)
         if compile_all:
             compiled = _compile(iw, iw.members())
@@ -309,5 +310,3 @@ def _verify(wheel: Path, series: Series | None, compile_all: bool, authenticity:
     return VerifyResult(str(wheel), str(version), record.get("upstream", {}), record.get("series", {}),
                         rec.files, rows, compiled, auth, layers=record.get("layers", []))
 
-
-__all__ = ["verify_wheel", "VerifyResult", "PROPERTY_PREFIX"]

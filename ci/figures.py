@@ -1,10 +1,6 @@
-"""The figures README.md quotes, rendered from the committed results (never typed): the GPU
-evidence per release, the kernel benchmark and the tool benchmarks. ``ci/refresh_matrix.py``
-writes each block between its markers; tests/test_evidence.py checks README is current and
-that no measured number stands outside these blocks.
-
-Every figure names the result it comes from; one whose file is not under today's key (the
-matrix's cell is not ``verified``/``failed``) is marked *stale*.
+"""The figures README.md quotes, rendered from the committed results (never typed): the GPU evidence per
+release, the kernel benchmark and the tool benchmarks, each between its markers (``refresh_matrix.py`` beside it;
+tests/test_evidence.py checks README is current). A figure whose file is not under today's key is *stale*.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
-"""The GPU evidence run over a stage (evidence.staging): which ``c128patch smoke kernel``
-jobs a phase runs, running them in parallel on one GPU under one deadline, and the bundle that
-comes back (at most three files per phase, well inside a device call's limits).
+"""The GPU evidence run over a stage (evidence.staging): the ``smoke kernel`` jobs of a phase, run on one
+GPU under one deadline, and the bundle that comes back (three files per phase).
 
-Phases:
-
-* ``plain``: per release, the suite on the patched tree with ``--differential`` against the
-  unpatched one (-> ``suite`` and ``differential``); per "before" tree, the suite on it
-  (-> ``before/suite``).
-* ``sanitizers``: the suite under compute-sanitizer, one tool and one release at a time
-  (several at once on one GPU ran about 14x slower), tool by tool: memcheck on every release,
-  then racecheck, initcheck, synccheck (``--sanitizer-only``, small scale; -> one result per
-  tool). Jobs the deadline leaves unstarted are reported as not run.
-* ``bench``: per release, one at a time, ``ci/bench/bench_online_c128_dspark.py`` on the
-  patched tree (-> ``kernel-bench``).
-
-Bundle, under the output folder: ``<phase>.tgz`` (every job's smoke folder: report, logs,
-JUnit, rows), ``<phase>-run.json`` (the jobs, their exit codes and seconds, the stage manifest,
-the machine's repository root, so the collector can make paths relative) and
-``<phase>-summary.txt``. Stdlib only beyond the package: it runs on the GPU machine.
+Phases: ``plain`` (per release the suite, patched with ``--differential`` against unpatched; per
+"before" tree the suite), ``sanitizers`` (one tool and one release at a time, tool by tool: several at
+once ran ~14x slower; jobs the deadline leaves unstarted are reported as not run), ``bench``
+(``ci/bench/bench_online_c128_dspark.py`` per release, one at a time). Bundle: ``<phase>.tgz`` (every
+job's folder), ``<phase>-run.json`` (jobs, exit codes, seconds, the stage manifest, the repository
+root) and ``<phase>-summary.txt``. Stdlib only beyond the package: it runs on the GPU machine.
 """
 
 from __future__ import annotations
@@ -69,8 +58,7 @@ class Limits:
 
 def plan_jobs(manifest: dict[str, Any], stage: str, phase: str, out: str, limits: Limits = Limits(),
               tools: tuple[str, ...] = SANITIZER_TOOLS) -> list[Job]:
-    """The jobs of ``phase`` over a stage manifest, in run order; ``stage`` and ``out`` as the
-    command line names them (relative to the repository root, or absolute)."""
+    """The jobs of ``phase`` over a stage manifest, in run order (``stage``, ``out``: as the command line says)."""
     if phase not in PHASES:
         raise C128Error(f"unknown phase {phase!r} (one of {', '.join(PHASES)})")
     unknown = [t for t in tools if t not in SANITIZER_TOOLS]
@@ -111,9 +99,8 @@ def smoke_argv(python: str, job: Job) -> list[str]:
 
 
 def job_env(base: dict[str, str], package_parent: str, site: str | None, threads: int) -> dict[str, str]:
-    """The jobs' environment: the tool and the carried wheels importable, few CPU threads each
-    (several suites share the machine's cores), unbuffered output, no shared JIT cache (a
-    patched and an unpatched tree must never share a build)."""
+    """The tool and carried wheels importable, few threads each, unbuffered, no shared JIT cache (patched and
+    unpatched trees must never share a build)."""
     env = dict(base)
     paths = [package_parent, *([site] if site else []), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
@@ -127,10 +114,8 @@ def job_env(base: dict[str, str], package_parent: str, site: str | None, threads
 
 def run_jobs(jobs: list[Job], python: str, env: dict[str, str], logs: Path, deadline: float,
              cwd: Path, say: Callable[[str], object] = print, parallel: int = 0) -> list[Job]:
-    """Run the jobs, at most ``parallel`` at a time (0: all at once), in order, until all end
-    or the deadline (monotonic seconds): after it no job starts (those keep rc None), each
-    running one is sent SIGTERM (smoke then stops its pytest and keeps what finished), and
-    SIGKILL 20 s later."""
+    """Run the jobs in order, ``parallel`` at a time (0: all), until the ``deadline`` (monotonic): then none
+    starts (rc None), running ones get SIGTERM (smoke keeps what finished) and SIGKILL 20 s later."""
     logs.mkdir(parents=True, exist_ok=True)
     queue = list(jobs)
     pending: list = []
@@ -210,9 +195,7 @@ def job_summary(job: Job, results: Path) -> str:
         return f"{job.name}: exit {job.rc}, {job.seconds:.0f} s, NO REPORT (see logs/{job.name}.log)"
     report = json.loads(path.read_text())
     counts = ", ".join(f"{k} {report.get(k, 0)}" for k in ("passed", "failed", "errors", "crashed", "skipped"))
-    extra = ""
-    if report.get("sanitizer"):
-        extra = f", sanitizer errors {report['sanitizer'].get('errors')}"
+    extra = f", sanitizer errors {report['sanitizer'].get('errors')}" if report.get("sanitizer") else ""
     if report.get("differential"):
         extra += ", differential " + ", ".join(f"{v} {k}" for k, v in report["differential"]["summary"].items())
     problems = "; ".join(report.get("problems", [])) or "none"
