@@ -78,18 +78,13 @@ def dotted_name(node: ast.expr) -> str:
     return ".".join(reversed(parts))
 
 
-def _is_gate_read(node: ast.expr, gate: str) -> bool:
-    """``<anything>.GATE.get()``."""
-    func = node.func if isinstance(node, ast.Call) and not node.args else None
-    return isinstance(func, ast.Attribute) and func.attr == "get" and isinstance(func.value, ast.Attribute) \
-        and func.value.attr == gate
-
-
 def _is_gate_on(test: ast.expr, gate: str) -> bool:
-    """True when ``test`` can only be truthy with the gate on."""
+    """True when ``test`` can only be truthy with the gate on: ``<anything>.GATE.get()`` in an ``and`` chain."""
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
         return any(_is_gate_on(v, gate) for v in test.values)
-    return _is_gate_read(test, gate)
+    func = test.func if isinstance(test, ast.Call) and not test.args else None
+    return isinstance(func, ast.Attribute) and func.attr == "get" and isinstance(func.value, ast.Attribute) \
+        and func.value.attr == gate
 
 
 def _is_gate_off(test: ast.expr, gate: str) -> bool:
@@ -195,11 +190,8 @@ def _rule_of(name: str, rules: Sequence[Rule], effects: Mapping[str, str]) -> st
 
 def audit_patched_file(source: str, added_lines: set[int], gate: str, rules: Sequence[Rule] = RULES, *,
                        file: str = "<source>", external_effects: Mapping[str, str] | None = None) -> list[Finding]:
-    """Findings for rule calls on ``added_lines`` of ``source`` that can run with ``gate`` off.
-
-    ``external_effects`` maps names of helpers defined elsewhere (as called here: ``helper`` or
-    ``module.helper``) to the rule their body triggers; :func:`audit_patch` fills it in.
-    """
+    """Findings for rule calls on ``added_lines`` of ``source`` that can run with ``gate`` off;
+    ``external_effects``: helpers defined elsewhere (``helper`` / ``module.helper``) -> their rule."""
     tree = ast.parse(source)
     return _audit_tree(tree, _scan(tree, gate), added_lines, gate, rules, file, external_effects or {})
 
@@ -246,9 +238,6 @@ def _local_effects(calls: Sequence[_Call], rules: Sequence[Rule], effects: Mappi
     return found
 
 
-# --------------------------------------------------------------------------- patch level
-
-
 def added_lines_by_file(patch_text: str) -> dict[str, set[int]]:
     """Post-image path (``python/sglang/...``) -> line numbers the patch adds there."""
     return {pf.path: {ln.target_line_no for hunk in pf for ln in hunk if ln.is_added and ln.target_line_no is not None}
@@ -256,14 +245,6 @@ def added_lines_by_file(patch_text: str) -> dict[str, set[int]]:
 
 
 Reader = Callable[[str], "str | None"]  # tree-relative path -> text, None if absent
-
-
-def path_reader(tree_root: Path) -> Reader:
-    def read(rel: str) -> str | None:
-        path = tree_root / rel
-        return path.read_text() if path.is_file() else None
-
-    return read
 
 
 class _HelperIndex:
@@ -311,7 +292,8 @@ class _HelperIndex:
 def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Sequence[Rule] = RULES) -> list[Finding]:
     """Audit every ``.py`` file a patch touches, reading its post-image from ``tree_root``
     (a checkout with the patch and the entry's overlay modules applied: ``python/sglang/...``)."""
-    read = path_reader(tree_root) if isinstance(tree_root, Path) else tree_root
+    read = tree_root if not isinstance(tree_root, Path) else \
+        lambda rel: (tree_root / rel).read_text() if (tree_root / rel).is_file() else None
     index = _HelperIndex(read, gate, rules)
     findings: list[Finding] = []
     for rel, added in sorted(added_lines_by_file(patch_text).items()):
