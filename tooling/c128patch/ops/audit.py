@@ -1,9 +1,10 @@
 """Audit gated patches: every side-effecting statement a patch adds must run only when its gate is on.
 
-For a manifest entry with a gate (say ``SGLANG_X``), each Python file the patch touches is parsed
-from the patched tree with :mod:`ast`. A call that matches a rule in :data:`RULES` (a
-``record_stream``, a ``.copy_``, a synchronize ...) and sits on a line the patch adds must be
-*guarded*:
+For a manifest entry with a gate (say ``SGLANG_X``), each Python file the entry's own change touches
+is parsed, as that change left it, with :mod:`ast`. The lines it adds are read where the patch
+*landed* (the entry's commit against its parent, or its trees in a replay), never from the patch
+file's hunk numbers: git may apply a hunk at an offset. A call that matches a rule in :data:`RULES`
+(a ``record_stream``, a ``.copy_``, a synchronize ...) on an added line must be *guarded*:
 
 - inside the body of ``if envs.SGLANG_X.get():`` or ``if envs.SGLANG_X.get() and ...:``
   (the gate anywhere in an ``and`` chain), or in the ``else`` of ``if not envs.SGLANG_X.get():``;
@@ -27,11 +28,18 @@ testing the variable is not recognised (the audit reports the call as unguarded)
 from __future__ import annotations
 
 import ast
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from unidiff import PatchSet
+
+from c128patch.errors import C128Error
+from c128patch.git import Git
+from c128patch.ops.replay import FAILED, branch_commits, replay_in_index
+from c128patch.series.manifest import Series
+from c128patch.series.plan import index_git
 
 
 @dataclass(frozen=True)
@@ -289,12 +297,13 @@ class _HelperIndex:
         return out
 
 
-def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Sequence[Rule] = RULES) -> list[Finding]:
-    """Audit every ``.py`` file a patch touches, reading its post-image from ``tree_root``
-    (a checkout with the patch and the entry's overlay modules applied: ``python/sglang/...``)."""
+def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Sequence[Rule] = RULES, *,
+                helpers: Reader | None = None) -> list[Finding]:
+    """Audit every ``.py`` file ``patch_text`` (a diff whose line numbers are those of ``tree_root``)
+    touches, reading its post-image from ``tree_root``; helpers from ``helpers`` (default: the same)."""
     read = tree_root if not isinstance(tree_root, Path) else \
         lambda rel: (tree_root / rel).read_text() if (tree_root / rel).is_file() else None
-    index = _HelperIndex(read, gate, rules)
+    index = _HelperIndex(helpers or read, gate, rules)
     findings: list[Finding] = []
     for rel, added in sorted(added_lines_by_file(patch_text).items()):
         if not rel.endswith(".py") or not added:
@@ -306,3 +315,43 @@ def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Seq
         external = index.imported_effects(tree, called, index.depth)
         findings += _audit_tree(tree, calls, added, gate, rules, rel, external)
     return findings
+
+
+def audit_changes(git: Git, changes: Sequence[tuple[str, str, str, str]], final: str) -> list[Finding]:
+    """Findings of each (entry, gate, before, after): the entry's own change (``git diff before after``),
+    its files read at ``after``, the helpers they call at ``final`` (the whole series applied)."""
+    batch = git.cat_file_batch()
+
+    def reader(rev: str) -> Reader:
+        def read(rel: str) -> str | None:
+            data = batch.read(f"{rev}:{rel}")
+            return None if data is None or b"\0" in data else data.decode(errors="replace")
+
+        return read
+
+    try:
+        return [replace(f, entry=name) for name, gate, before, after in changes
+                for f in audit_patch(git.run("diff", "--no-color", "--no-renames", before, after, "--", "*.py").stdout,
+                                     reader(after), gate, helpers=reader(final))]
+    finally:
+        batch.close()
+
+
+def audit_series(series: Series, git: Git, rev: str, commit: str) -> list[Finding]:
+    """Findings for every gated patch entry of the series replayed on ``commit`` (its trees before and after)."""
+    trees: dict[str, tuple[str, str]] = {}
+    with tempfile.TemporaryDirectory(prefix="c128audit-") as tmp:
+        result, planned = replay_in_index(series, git, rev, commit, Path(tmp) / "index", trees=trees)
+        if not result.ok:
+            failed = result.error or next(f"{e.name}: {e.detail}" for e in result.entries if e.status in FAILED)
+            raise C128Error(f"cannot audit on {rev}: the series does not apply ({failed})")
+        final = index_git(git, Path(tmp) / "index").out("write-tree")
+    return audit_changes(git, [(p.entry.name, p.entry.gate, *trees[p.entry.name]) for p in planned
+                               if p.patch is not None and p.entry.gate and p.entry.name in trees], final)
+
+
+def audit_branch(series: Series, git: Git, base: str, head: str = "HEAD") -> list[Finding]:
+    """Findings for every gated patch entry on a patched branch: each entry commit against its parent."""
+    gates = {e.name: e.gate for e in series.entries if e.is_patch and e.gate}
+    return audit_changes(git, [(c.entry, gates[c.entry], c.parent, c.sha) for c in branch_commits(git, base, head)
+                               if c.entry in gates], git.out("rev-parse", head))
