@@ -69,34 +69,30 @@ def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, on
         return []
     span = f"{old}..{onto}"
     cache = {} if cache is None else cache
-    if f"{span}:empty" not in cache:  # onto is old or one of its ancestors: nothing in the range
-        cache[f"{span}:empty"] = "1" if git.is_ancestor(onto, old) else ""
-    if cache[f"{span}:empty"]:
+
+    def cached(key: str, *args: str) -> str:  # entries share one search of the range
+        if key not in cache:
+            cache[key] = git.run(*args, check=False).stdout
+        return cache[key]
+
+    if not cached(f"{span}:first", "rev-list", "-1", span):  # onto is old or one of its ancestors
         return []
     found: dict[str, Hint] = {}
     for number in _prs(entry):
-        key = f"{span}#{number}"
-        if key not in cache:
-            cache[key] = git.run("log", "--reverse", "--format=%H%x00%s", "-E", f"--grep=#{number}([^0-9]|$)", span,
-                                 check=False).stdout
-        log = cache[key]
-        for line in log.splitlines():
+        for line in cached(f"{span}#{number}", "log", "--reverse", "--format=%H%x00%s", "-E",
+                           f"--grep=#{number}([^0-9]|$)", span).splitlines():
             sha, _, subject = line.partition("\0")
             found.setdefault(sha, Hint(sha, subject, f"names PR #{number}"))
-    if patch is not None:
-        ours = _functions(patch)
-        renamed = renamed or {}
-        where = {renamed.get(path, path): fns for path, fns in ours.items()}
-        if where:
-            shared = sorted(every) if every is not None and set(where) <= set(every) else None
-            key = f"{span}:log:" + ",".join(shared or where)
-            if key not in cache:
-                cache[key] = git.run("log", "--reverse", "-p", "--unified=0", "--no-renames", "--format=%x00%H%x00%s",
-                                     span, "--", *(shared or where), check=False).stdout
-            for sha, subject, diff in _commits(cache[key]):
-                why = _same_function(diff, where)
-                if why and sha not in found:
-                    found[sha] = Hint(sha, subject, why)
+    ours = _functions(patch) if patch is not None else {}
+    where = {(renamed or {}).get(path, path): fns for path, fns in ours.items()}
+    if where:
+        shared = sorted(every) if every is not None and set(where) <= set(every) else None
+        log = cached(f"{span}:log:" + ",".join(shared or where), "log", "--reverse", "-p", "--unified=0",
+                     "--no-renames", "--format=%x00%H%x00%s", span, "--", *(shared or where))
+        for sha, subject, diff in _commits(log):
+            why = _same_function(diff, where)
+            if why and sha not in found:
+                found[sha] = Hint(sha, subject, why)
     return list(found.values())
 
 
