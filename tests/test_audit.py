@@ -320,3 +320,95 @@ def test_lint_fails_when_a_gated_patch_loses_its_guard(tmp_path: Path, sglang_re
     findings = res.out["findings"]
     assert findings and all("[record_stream]" in f["message"] for f in findings)
     assert any("dspark_verify.py" in f["message"] for f in findings)
+
+
+# ----------------------------------------------------------------------------- where a patch landed
+
+VERIFY = "python/sglang/srt/speculative/dspark_components/dspark_verify.py"
+UPSTREAM = {"GIT_AUTHOR_NAME": "upstream", "GIT_AUTHOR_EMAIL": "upstream@sglang.invalid",
+            "GIT_COMMITTER_NAME": "upstream", "GIT_COMMITTER_EMAIL": "upstream@sglang.invalid",
+            "GIT_AUTHOR_DATE": "2026-06-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-06-01T00:00:00Z"}
+# 16 lines upstream adds just above the method the record-streams patch edits in dspark_verify.py:
+# git applies the hunk 16 lines down, and the patch file's own numbers (354-357) fall inside them.
+ABOVE = {"sync-above": "    def _drain(self, stream):\n" + "        stream.synchronize()\n" * 14 + "\n",
+         "comments-above": "    # upstream: notes on the verify path\n" * 16}
+
+
+@pytest.fixture(scope="module")
+def offset_upstream(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A bare clone of the release history with one branch per ``ABOVE`` block, each one upstream commit on v0.5.23."""
+    from c128patch.git import Git
+    from support import upstream_commit
+
+    dest = tmp_path_factory.mktemp("offset") / "sglang.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", str(sglang_release_repo), str(dest)], check=True)
+    git = Git(git_dir=dest).with_env(**UPSTREAM)
+    lines = git.blob("v0.5.23", VERIFY).decode().splitlines(keepends=True)
+    at = lines.index("    def _forward_prepared_verify(\n")
+    assert at < 351 - 1 < 354 - 1 < at + 16  # the hunk's recorded lines land inside the block
+    for branch, block in ABOVE.items():
+        def edit(idx, block=block):
+            blob = idx.out("hash-object", "-w", "--stdin", input="".join([*lines[:at], block, *lines[at:]]))
+            idx.run("update-index", "--cacheinfo", f"100644,{blob},{VERIFY}")
+
+        git.run("update-ref", f"refs/heads/{branch}", upstream_commit(git, "v0.5.23", f"dspark verify: {branch}", edit))
+    return Git(git_dir=dest)
+
+
+def _replayed(series, git, rev: str):
+    """A reader of the files of the series replayed on ``rev``."""
+    import tempfile
+
+    from c128patch.ops.replay import replay_in_index
+    from c128patch.series.plan import index_git
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result, _ = replay_in_index(series, git, rev, git.rev_parse(rev), Path(tmp) / "index")
+        assert result.ok
+        tree = index_git(git, Path(tmp) / "index").out("write-tree")
+    return lambda rel: (git.blob(tree, rel) or b"").decode() or None
+
+
+def _as_patch_file_says(series, git, rev: str, patch_text: str) -> list:
+    """The audit as it read before: the patch file's hunk numbers, on the series' replayed tree."""
+    return audit_patch(patch_text, _replayed(series, git, rev), RS_GATE)
+
+
+def test_the_audit_reads_the_added_lines_where_the_patch_landed(offset_upstream, tmp_path: Path):
+    from c128patch.git import Git
+    from c128patch.ops.audit import audit_branch, audit_series
+    from support import copy_series
+
+    git, series, rev = offset_upstream, load_series(REPO), "sync-above"
+    # read from the patch file's hunk numbers, upstream's own synchronize() calls look like ours
+    assert {(f.file, f.rule) for f in _as_patch_file_says(series, git, rev, RS_PATCH.read_text())} == \
+        {(VERIFY, "synchronize")}
+    assert audit_series(series, git, rev, git.rev_parse(rev)) == []
+    run = invoke("apply", "--sglang-rev", rev, "--repo", str(git.git_dir), "--tree", str(tmp_path / "tree"),
+                 "--series", str(copy_series(tmp_path / "series")))
+    assert run.code == 0, run.err
+    assert audit_branch(series, Git(worktree=tmp_path / "tree"), git.rev_parse(rev)) == []
+
+
+def test_an_ungated_call_of_ours_at_an_offset_is_still_caught(offset_upstream, tmp_path: Path):
+    from c128patch.ops.audit import audit_series
+    from c128patch.ops.lint import update_hashes
+    from support import copy_series
+
+    series_dir = copy_series(tmp_path / "series")
+    patch = series_dir / "patches" / RS_PATCHES["v0.5.23"]
+    guard = f"+        if envs.{RS_GATE}.get():\n"
+    assert guard in patch.read_text()
+    mutated = patch.read_text().replace(guard, "+        if True:  # guard removed\n", 1)  # dspark_verify.py's
+    patch.write_text(mutated)
+    update_hashes(load_series(series_dir))
+    git, series, rev = offset_upstream, load_series(series_dir), "comments-above"
+    findings = audit_series(series, git, rev, git.rev_parse(rev))
+    patched = _replayed(series, git, rev)(VERIFY).splitlines()
+    call = next(i for i, line in enumerate(patched, 1) if "c128_record_streams.record_verify_inputs(" in line)
+    assert call == 357 + 16
+    assert [(f.file, f.line, f.rule, f.entry) for f in findings] == \
+        [(VERIFY, call, "record_stream", "c128-dspark-record-streams")]
+    assert "record_verify_inputs" in findings[0].message
+    # read from the patch file's hunk numbers, the same lines are upstream's comments: nothing found
+    assert _as_patch_file_says(series, git, rev, mutated) == []

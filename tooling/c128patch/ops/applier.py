@@ -1,25 +1,17 @@
 """``apply``: check out an upstream rev on a new branch and replay the series, one commit per entry.
 
-Resumable and undoable like ``git am``. The state lives in a journal (``<git dir>/c128patch/apply.json``),
-saved before every step: ``clone`` (a fresh ``--tree`` only: the clone's template puts the journal in
-its git dir before any object arrives), ``checkout``, one step per entry, ``provenance``; the journal
-is removed when the provenance commit is made. A step marks itself ``in_step`` before it touches
-anything, so whatever it left half done after a kill or a Ctrl-C (a ``git am`` in progress, an
-uncommitted overlay, a commit the journal does not list yet) is known to be ours:
-``apply --continue`` puts the tree back at the step's start and does the step again (every step is
-deterministic: fixed dates and identity, so the redo makes the same commit). ``apply --abort``
-restores the original branch or detached HEAD, deletes the new branch and the recovery ref, and
-removes a clone it made; uncommitted changes that are not the interrupted step's own are stashed,
-never dropped. One c128patch operation runs per repository at a time (``treestate.repo_lock``).
-
-A finished apply is proven: its tree must equal a fresh replay of the series in a temporary index
-(``ops.equivalence``), else the command fails (exit 1) with the hunks shown and the undo printed.
-Entries the series records as merged upstream at the rev are listed as skipped.
-
-On a conflict the branch stays at the last entry that applied, with the failing entry, file and hunk
-named; the user may resolve it with ``git am`` and ``apply --continue`` takes that one commit as the
-entry (refusing conflict markers). Before every write the destination is resolved against the tree
-as it is then: nothing is written through a symlink, and patches may not create symlinks (``plan``).
+Resumable and undoable like ``git am``. The journal (``<git dir>/c128patch/apply.json``) is saved
+before every step (``clone``, ``checkout``, one per entry, ``provenance``) and removed with the
+provenance commit. A step marks itself ``in_step`` before it touches anything, so what it left half
+done after a kill is known to be ours: ``apply --continue`` puts the tree back at the step's start
+and redoes it (fixed dates and identity: the same commit). ``apply --abort`` restores the original
+branch or HEAD, deletes the new branch, the recovery ref and a clone it made; changes that are not
+the interrupted step's own are stashed, never dropped. One operation per repository at a time
+(``treestate.repo_lock``). A finished apply must equal a fresh replay of the series
+(``ops.equivalence``), else it fails (exit 1) with the hunks and the undo. On a conflict the branch
+stays at the last entry that applied, the failing entry, file and hunk named; a resolution made
+with ``git am`` is taken by ``apply --continue`` as the entry (no conflict markers). Nothing is
+written through a symlink, and patches may not create symlinks (``plan``).
 """
 
 from __future__ import annotations
@@ -136,34 +128,25 @@ class ApplyJournal:
         return len(self.names)
 
 
-def _q(path: Path | str) -> str:
-    return shlex.quote(str(path))
-
-
 def _failure_detail(git: Git, item: Planned, output: str) -> tuple[str, str]:
     """(file, hunk description) of the first failing hunk, as git reports it."""
     patch: PatchInfo = item.patch  # type: ignore[assignment]
-    proc = git.run("apply", "--check", "--verbose", str(item.path), check=False)
-    text = output + "\n" + proc.stderr
-    for line in text.splitlines():
+    lines = (output + "\n" + git.run("apply", "--check", "--verbose", str(item.path), check=False).stderr).splitlines()
+    for line in lines:
         if "patch failed:" in line:
-            loc = line.split("patch failed:", 1)[1].strip()
-            path, _, num = loc.rpartition(":")
+            path, _, num = line.split("patch failed:", 1)[1].strip().rpartition(":")
             hunk = patch.hunk_at(path, int(num)) if num.isdigit() else None
             return path, f"hunk #{hunk[0]} {hunk[1]}" if hunk else f"at line {num}"
-        if "does not exist in index" in line or "No such file" in line:
-            return line.split(":")[1].strip() if ":" in line else "?", "file missing upstream"
-        if "already exists" in line:
-            return line.split(":")[1].strip() if ":" in line else "?", "file already exists upstream"
-    for line in text.splitlines():
-        if line.startswith("CONFLICT"):
-            return line.rsplit(" ", 1)[-1], "3-way merge conflict"
-    return (patch.files[0] if patch.files else "?"), "does not apply"
+        what = "file missing upstream" if "does not exist in index" in line or "No such file" in line else \
+            "file already exists upstream" if "already exists" in line else ""
+        if what:
+            return line.split(":")[1].strip() if ":" in line else "?", what
+    conflict = next((line.rsplit(" ", 1)[-1] for line in lines if line.startswith("CONFLICT")), "")
+    return (conflict, "3-way merge conflict") if conflict else ((patch.files or ["?"])[0], "does not apply")
 
 
 def already_applied(series: Series, git: Git, branch: str, target: Target) -> ApplyResult | None:
-    """The result of an earlier apply when ``branch`` already holds this series on ``target``'s
-    commit (its provenance at the tip, or below the user's own commits); None otherwise."""
+    """The earlier apply when ``branch`` holds this series on ``target`` (provenance at or below its tip), else None."""
     tip = git.rev_parse(f"refs/heads/{branch}")
     if tip is None:
         return None
@@ -185,6 +168,10 @@ def already_applied(series: Series, git: Git, branch: str, target: Target) -> Ap
     return result
 
 
+def _row(item: Planned, **more: str) -> dict:
+    return {"name": item.entry.name, "kind": item.entry.kind, "file": item.label, **more}
+
+
 def commit_date(git: Git, commit: str) -> str:
     return git.out("log", "-1", "--format=%cI", commit)  # (`show -s` costs 0.5 s on a release commit)
 
@@ -203,7 +190,6 @@ class Apply:
     # ------------------------------------------------------------------ entry points
     def start(self, target: Target, *, branch: str | None = None, fresh_clone: bool = False,
               planned: list[Planned] | None = None) -> ApplyResult:
-        """``planned``: the series planned and checked for ``target`` already (else done here)."""
         git, series = self.git, self.series
         assert series is not None
         branch = branch or target.branch
@@ -224,11 +210,8 @@ class Apply:
                 planned = plan(series, git, target.commit)
                 check_paths_at(git, target.commit, planned)
             self._check_worktree_paths(planned)
-            if seeded:
-                journal = ApplyJournal.load(git, self.path)
-            else:
-                journal = ApplyJournal.new(series, target, branch, planned, fresh_clone=fresh_clone,
-                                           phase="clone" if fresh_clone else "checkout")
+            journal = ApplyJournal.load(git, self.path) if seeded else ApplyJournal.new(
+                series, target, branch, planned, fresh_clone=fresh_clone, phase="clone" if fresh_clone else "checkout")
             if not fresh_clone:
                 journal.orig_branch, journal.orig_head = git.current_branch(), git.head()
                 if journal.orig_head:
@@ -262,19 +245,17 @@ class Apply:
         git = self.git
         with repo_lock(git, "apply"):
             journal = self.journal()
+            done = {"ok": True, "aborted": True, "tree": str(self.tree), "removed_clone": journal.fresh_clone}
             if journal.fresh_clone:
                 discard_fresh_tree(self.tree, journal.tree_existed)
-                return {"ok": True, "aborted": True, "tree": str(self.tree), "removed_clone": True,
-                        "branch": None, "head": None, "stash": ""}
-            if self._am_in_progress():
-                git.run("am", "--abort", check=False)
+                return done | {"branch": None, "head": None, "stash": ""}
+            self._am_abort()
             ours = set(journal.step_paths) if journal.in_step else set()
             theirs = [p for p in changed_paths(git) if p not in ours]
             stash = ""
             if theirs:  # never throw away what the user typed
                 git.run("stash", "push", "--include-untracked", "--quiet", "-m",
-                        "c128patch apply --abort: work in progress",
-                        "--", *theirs)
+                        "c128patch apply --abort: work in progress", "--", *theirs)
                 stash = git.out("rev-parse", "refs/stash")
             git.run("reset", "--quiet", "--hard")
             if ours:
@@ -288,8 +269,7 @@ class Apply:
             if journal.recovery_ref:
                 git.run("update-ref", "-d", journal.recovery_ref)
             self.path.unlink()
-            return {"ok": True, "aborted": True, "tree": str(self.tree), "removed_clone": False,
-                    "branch": journal.orig_branch, "head": journal.orig_head, "stash": stash}
+            return done | {"branch": journal.orig_branch, "head": journal.orig_head, "stash": stash}
 
     def journal(self) -> ApplyJournal:
         if not self.path.is_file():
@@ -324,10 +304,8 @@ class Apply:
             self.reporter.step(f"checking out {journal.rev} on {journal.branch}")
             redo = journal.in_step or self._redo_checkout  # cut short before: what is there is ours
             self._begin(journal, [])
-            if redo:
-                git.run("checkout", "--quiet", "--force", "-B", journal.branch, journal.upstream_commit)
-            else:
-                git.run("checkout", "--quiet", "-b", journal.branch, journal.upstream_commit)
+            git.run("checkout", "--quiet", *(["--force", "-B"] if redo else ["-b"]), journal.branch,
+                    journal.upstream_commit)
             journal.phase, journal.in_step, journal.head_before = "entries", False, git.head() or ""
             journal.save(self.path)
         if journal.phase == "entries":
@@ -374,18 +352,12 @@ class Apply:
     def _apply_entry(self, journal: ApplyJournal, item: Planned, planned: list[Planned], dated: Git) -> dict:
         git, series = self.git, self.series
         assert series is not None
-        row = {"name": item.entry.name, "kind": item.entry.kind, "file": item.label}
         if item.patch is None:
-            dest = safe_destination(self.tree, item.entry.target, f"overlay '{item.entry.name}'")
-            try:
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(item.path.read_bytes())
-            except OSError as exc:  # the machine, not the series: no conflict to resolve
-                raise C128Error(f"cannot apply entry '{item.entry.name}' in {self.tree}: cannot write "
-                                f"{item.entry.target}: {exc.strerror} (fix that, then resume)") from None
+            self._write(item.entry.target, item.path.read_bytes(), f"overlay '{item.entry.name}'",
+                        f"cannot apply entry '{item.entry.name}' in {self.tree}: cannot write {item.entry.target}")
             git.run("add", "--", item.entry.target)
             dated.run("commit", "--quiet", "--no-verify", "-m", overlay_message(item.entry, series))
-            return {**row, "applied": "clean", "status": "applied", "commit": git.head() or ""}
+            return _row(item, applied="clean", status="applied", commit=git.head() or "")
         self._check_worktree_paths([item])
         proc = dated.run("am", "--3way", "--committer-date-is-author-date", str(item.path), check=False)
         output = proc.stdout + proc.stderr
@@ -395,8 +367,7 @@ class Apply:
             problem = environment_problem(output)
             if problem:  # the machine, not the series: no conflict to resolve
                 raise C128Error(f"cannot apply entry '{item.entry.name}' in {self.tree}: "
-                                f"{problem.removeprefix('error: ')} "
-                                "(fix that, then resume)")
+                                f"{problem.removeprefix('error: ')} (fix that, then resume)")
             retry = dated.run("am", "--ignore-whitespace", "--committer-date-is-author-date", str(item.path),
                               check=False)
             if retry.returncode != 0:
@@ -408,12 +379,11 @@ class Apply:
                       "--trailer", f"{ENTRY_TRAILER}: {item.entry.name}")
         applied = ("whitespace" if loose else "3way" if "Falling back to patching base and 3-way merge" in output
                    else "clean")
-        return {**row, "applied": applied, "status": "applied", "commit": git.head() or ""}
+        return _row(item, applied=applied, status="applied", commit=git.head() or "")
 
     def _check_worktree_paths(self, planned: list[Planned]) -> None:
-        """Refuse a path that goes through a symlink in the work tree as it is now (one git does not
-        track, e.g. an ignored one, is in no upstream tree and would survive the checkout), and one under
-        the folder the operator's git runs hooks from (``core.hooksPath`` in the tree)."""
+        """Refuse a path through a symlink in the work tree as it is now (an untracked one survives the
+        checkout), or under the folder the operator's git runs hooks from (``core.hooksPath``)."""
         if self._hooks is None:
             hooks, tree = self.git.operator_hooks_dir(), os.path.realpath(self.tree)
             inside = hooks is not None and os.path.commonpath([tree, os.path.realpath(hooks)]) == tree
@@ -434,28 +404,31 @@ class Apply:
     def _commit_provenance(self, journal: ApplyJournal, planned: list[Planned], dated: Git) -> None:
         assert self.series is not None
         record = provenance.build(self.series, planned, journal.upstream_info, journal.entries)
-        dest = safe_destination(self.tree, provenance.PROVENANCE_PATH, "the provenance record")
-        try:
-            dest.write_text(provenance.dumps(record))
-        except OSError as exc:
-            raise C128Error(f"cannot write {provenance.PROVENANCE_PATH} in {self.tree}: {exc.strerror} "
-                            "(fix that, then resume)") from None
+        self._write(provenance.PROVENANCE_PATH, provenance.dumps(record).encode(), "the provenance record",
+                    f"cannot write {provenance.PROVENANCE_PATH} in {self.tree}")
         fault_point("at", "provenance")
         self.git.run("add", "--", provenance.PROVENANCE_PATH)
         dated.run("commit", "--quiet", "--no-verify", "-m",
                   f"c128patch: provenance (series {self.series.name} {self.series.version} on {journal.rev})\n\n"
                   f"{ENTRY_TRAILER}: provenance\n")
 
+    def _write(self, rel: str, data: bytes, what: str, failure: str) -> None:
+        dest = safe_destination(self.tree, rel, what)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+        except OSError as exc:  # the machine, not the series: no conflict to resolve
+            raise C128Error(f"{failure}: {exc.strerror} (fix that, then resume)") from None
+
     def _conflict(self, journal: ApplyJournal, item: Planned, planned: list[Planned], output: str) -> ConflictError:
         git, tree = self.git, self.tree
         path, hunk = _failure_detail(git, item, output)
-        i = journal.done
+        i, q = journal.done, shlex.quote(str(item.path))
         journal.in_step, journal.paused = False, "conflict"
         journal.save(self.path)
         last = planned[i - 1].entry.name if i else f"upstream {journal.rev}"
         result = self._result(journal)
-        result.entries.append({"name": item.entry.name, "kind": item.entry.kind, "file": item.label,
-                               "status": "conflict", "failed_file": path, "failed_hunk": hunk})
+        result.entries.append(_row(item, status="conflict", failed_file=path, failed_hunk=hunk))
         result.entries += [{"name": p.entry.name, "kind": p.entry.kind,
                             "status": "not-reached"} for p in planned[i + 1:]]
         resume, undo = apply_commands(tree)
@@ -467,8 +440,8 @@ class Apply:
                            [path, *item.touched]),
             hint=(
                 f"{journal.branch} is left at the last good entry ({last}); your branch {back} is untouched.\n"
-                f"  inspect: {g} am -3 {_q(item.path)}   (then {g} status; {g} am --abort)\n"
-                f"  resolve: {g} am -3 {_q(item.path)}, edit the files, {g} add them, {g} am --continue; then "
+                f"  inspect: {g} am -3 {q}   (then {g} status; {g} am --abort)\n"
+                f"  resolve: {g} am -3 {q}, edit the files, {g} add them, {g} am --continue; then "
                 f"{resume}\n"
                 f"           (a hand resolution is not the series: the apply ends, reported unproven)\n"
                 f"  undo:    {undo}"
@@ -478,14 +451,14 @@ class Apply:
         )
 
     # ------------------------------------------------------------------ resuming
-    def _am_in_progress(self) -> bool:
-        return git_path(self.git, "rebase-apply").exists()
+    def _am_abort(self) -> None:
+        if git_path(self.git, "rebase-apply").exists():
+            self.git.run("am", "--abort", check=False)
 
     def _undo_step(self, journal: ApplyJournal) -> None:
         """Put the tree back where the interrupted step started (checkout: redone with --force)."""
         git = self.git
-        if self._am_in_progress():
-            git.run("am", "--abort", check=False)
+        self._am_abort()
         if journal.phase == "checkout":
             self._redo_checkout = True
         elif journal.phase in ("entries", "provenance"):
@@ -506,7 +479,7 @@ class Apply:
         git, tree = self.git, self.tree
         g = git_command(tree)
         resume, undo = apply_commands(tree)
-        if self._am_in_progress():
+        if git_path(git, "rebase-apply").exists():
             raise C128Error(f"cannot continue: a git am is in progress in {tree}; finish it ({g} am --continue) "
                             f"or drop it ({g} am --abort), then {resume}")
         head = git.head() or ""
@@ -519,13 +492,11 @@ class Apply:
             item = planned[journal.done]
             if item.patch is None:
                 raise C128Error(f"cannot continue: entry '{item.entry.name}' is an overlay; it is not resolved by hand")
-            message = git.out("log", "-1", "--format=%B", head)
-            if f"{ENTRY_TRAILER}: {item.entry.name}" not in message:
-                date = commit_date(git, journal.upstream_commit)
-                git.with_env(GIT_COMMITTER_DATE=date).run("commit", "--quiet", "--amend", "--no-edit", "--no-verify",
-                                                          "--trailer", f"{ENTRY_TRAILER}: {item.entry.name}")
-            self._record(journal, {"name": item.entry.name, "kind": item.entry.kind, "file": item.label,
-                                   "applied": "resolved", "status": "applied", "commit": git.head() or ""})
+            if f"{ENTRY_TRAILER}: {item.entry.name}" not in git.out("log", "-1", "--format=%B", head):
+                git.with_env(GIT_COMMITTER_DATE=commit_date(git, journal.upstream_commit)).run(
+                    "commit", "--quiet", "--amend", "--no-edit", "--no-verify", "--trailer",
+                    f"{ENTRY_TRAILER}: {item.entry.name}")
+            self._record(journal, _row(item, applied="resolved", status="applied", commit=git.head() or ""))
         ensure_clean(git, "continue the apply")
 
     def _result(self, journal: ApplyJournal) -> ApplyResult:
@@ -537,9 +508,8 @@ class Apply:
                            skipped + [dict(r) for r in journal.entries])
 
     def _branch_exists(self, branch: str, rev: str) -> str:
-        git, tree = self.git, self.tree
+        tree, checked_out = self.tree, self.git.current_branch() == branch
         delete = shlex.join(["git", "-C", str(tree), "branch", "-D", branch])
-        checked_out = git.current_branch() == branch
         if checked_out:  # a checked-out branch cannot be deleted: the fix detaches first
             delete = shlex.join(["git", "-C", str(tree), "checkout", "--quiet", "--detach"]) + " && " + delete
         return (f"branch {branch} already exists in {tree} (not this series on "

@@ -1,9 +1,10 @@
 """Audit gated patches: every side-effecting statement a patch adds must run only when its gate is on.
 
-For a manifest entry with a gate (say ``SGLANG_X``), each Python file the patch touches is parsed
-from the patched tree with :mod:`ast`. A call that matches a rule in :data:`RULES` (a
-``record_stream``, a ``.copy_``, a synchronize ...) and sits on a line the patch adds must be
-*guarded*:
+For a manifest entry with a gate (say ``SGLANG_X``), each Python file the entry's own change touches
+is parsed, as that change left it, with :mod:`ast`. The lines it adds are read where the patch
+*landed* (the entry's commit against its parent, or its trees in a replay), never from the patch
+file's hunk numbers: git may apply a hunk at an offset. A call that matches a rule in :data:`RULES`
+(a ``record_stream``, a ``.copy_``, a synchronize ...) on an added line must be *guarded*:
 
 - inside the body of ``if envs.SGLANG_X.get():`` or ``if envs.SGLANG_X.get() and ...:``
   (the gate anywhere in an ``and`` chain), or in the ``else`` of ``if not envs.SGLANG_X.get():``;
@@ -27,11 +28,18 @@ testing the variable is not recognised (the audit reports the call as unguarded)
 from __future__ import annotations
 
 import ast
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from unidiff import PatchSet
+
+from c128patch.errors import C128Error
+from c128patch.git import Git
+from c128patch.ops.replay import FAILED, branch_commits, replay_in_index
+from c128patch.series.manifest import Series
+from c128patch.series.plan import index_git
 
 
 @dataclass(frozen=True)
@@ -78,18 +86,13 @@ def dotted_name(node: ast.expr) -> str:
     return ".".join(reversed(parts))
 
 
-def _is_gate_read(node: ast.expr, gate: str) -> bool:
-    """``<anything>.GATE.get()``."""
-    func = node.func if isinstance(node, ast.Call) and not node.args else None
-    return isinstance(func, ast.Attribute) and func.attr == "get" and isinstance(func.value, ast.Attribute) \
-        and func.value.attr == gate
-
-
 def _is_gate_on(test: ast.expr, gate: str) -> bool:
-    """True when ``test`` can only be truthy with the gate on."""
+    """True when ``test`` can only be truthy with the gate on: ``<anything>.GATE.get()`` in an ``and`` chain."""
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
         return any(_is_gate_on(v, gate) for v in test.values)
-    return _is_gate_read(test, gate)
+    func = test.func if isinstance(test, ast.Call) and not test.args else None
+    return isinstance(func, ast.Attribute) and func.attr == "get" and isinstance(func.value, ast.Attribute) \
+        and func.value.attr == gate
 
 
 def _is_gate_off(test: ast.expr, gate: str) -> bool:
@@ -195,11 +198,8 @@ def _rule_of(name: str, rules: Sequence[Rule], effects: Mapping[str, str]) -> st
 
 def audit_patched_file(source: str, added_lines: set[int], gate: str, rules: Sequence[Rule] = RULES, *,
                        file: str = "<source>", external_effects: Mapping[str, str] | None = None) -> list[Finding]:
-    """Findings for rule calls on ``added_lines`` of ``source`` that can run with ``gate`` off.
-
-    ``external_effects`` maps names of helpers defined elsewhere (as called here: ``helper`` or
-    ``module.helper``) to the rule their body triggers; :func:`audit_patch` fills it in.
-    """
+    """Findings for rule calls on ``added_lines`` of ``source`` that can run with ``gate`` off;
+    ``external_effects``: helpers defined elsewhere (``helper`` / ``module.helper``) -> their rule."""
     tree = ast.parse(source)
     return _audit_tree(tree, _scan(tree, gate), added_lines, gate, rules, file, external_effects or {})
 
@@ -246,9 +246,6 @@ def _local_effects(calls: Sequence[_Call], rules: Sequence[Rule], effects: Mappi
     return found
 
 
-# --------------------------------------------------------------------------- patch level
-
-
 def added_lines_by_file(patch_text: str) -> dict[str, set[int]]:
     """Post-image path (``python/sglang/...``) -> line numbers the patch adds there."""
     return {pf.path: {ln.target_line_no for hunk in pf for ln in hunk if ln.is_added and ln.target_line_no is not None}
@@ -256,14 +253,6 @@ def added_lines_by_file(patch_text: str) -> dict[str, set[int]]:
 
 
 Reader = Callable[[str], "str | None"]  # tree-relative path -> text, None if absent
-
-
-def path_reader(tree_root: Path) -> Reader:
-    def read(rel: str) -> str | None:
-        path = tree_root / rel
-        return path.read_text() if path.is_file() else None
-
-    return read
 
 
 class _HelperIndex:
@@ -308,11 +297,13 @@ class _HelperIndex:
         return out
 
 
-def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Sequence[Rule] = RULES) -> list[Finding]:
-    """Audit every ``.py`` file a patch touches, reading its post-image from ``tree_root``
-    (a checkout with the patch and the entry's overlay modules applied: ``python/sglang/...``)."""
-    read = path_reader(tree_root) if isinstance(tree_root, Path) else tree_root
-    index = _HelperIndex(read, gate, rules)
+def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Sequence[Rule] = RULES, *,
+                helpers: Reader | None = None) -> list[Finding]:
+    """Audit every ``.py`` file ``patch_text`` (a diff whose line numbers are those of ``tree_root``)
+    touches, reading its post-image from ``tree_root``; helpers from ``helpers`` (default: the same)."""
+    read = tree_root if not isinstance(tree_root, Path) else \
+        lambda rel: (tree_root / rel).read_text() if (tree_root / rel).is_file() else None
+    index = _HelperIndex(helpers or read, gate, rules)
     findings: list[Finding] = []
     for rel, added in sorted(added_lines_by_file(patch_text).items()):
         if not rel.endswith(".py") or not added:
@@ -324,3 +315,43 @@ def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Seq
         external = index.imported_effects(tree, called, index.depth)
         findings += _audit_tree(tree, calls, added, gate, rules, rel, external)
     return findings
+
+
+def audit_changes(git: Git, changes: Sequence[tuple[str, str, str, str]], final: str) -> list[Finding]:
+    """Findings of each (entry, gate, before, after): the entry's own change (``git diff before after``),
+    its files read at ``after``, the helpers they call at ``final`` (the whole series applied)."""
+    batch = git.cat_file_batch()
+
+    def reader(rev: str) -> Reader:
+        def read(rel: str) -> str | None:
+            data = batch.read(f"{rev}:{rel}")
+            return None if data is None or b"\0" in data else data.decode(errors="replace")
+
+        return read
+
+    try:
+        return [replace(f, entry=name) for name, gate, before, after in changes
+                for f in audit_patch(git.run("diff", "--no-color", "--no-renames", before, after, "--", "*.py").stdout,
+                                     reader(after), gate, helpers=reader(final))]
+    finally:
+        batch.close()
+
+
+def audit_series(series: Series, git: Git, rev: str, commit: str) -> list[Finding]:
+    """Findings for every gated patch entry of the series replayed on ``commit`` (its trees before and after)."""
+    trees: dict[str, tuple[str, str]] = {}
+    with tempfile.TemporaryDirectory(prefix="c128audit-") as tmp:
+        result, planned = replay_in_index(series, git, rev, commit, Path(tmp) / "index", trees=trees)
+        if not result.ok:
+            failed = result.error or next(f"{e.name}: {e.detail}" for e in result.entries if e.status in FAILED)
+            raise C128Error(f"cannot audit on {rev}: the series does not apply ({failed})")
+        final = index_git(git, Path(tmp) / "index").out("write-tree")
+    return audit_changes(git, [(p.entry.name, p.entry.gate, *trees[p.entry.name]) for p in planned
+                               if p.patch is not None and p.entry.gate and p.entry.name in trees], final)
+
+
+def audit_branch(series: Series, git: Git, base: str, head: str = "HEAD") -> list[Finding]:
+    """Findings for every gated patch entry on a patched branch: each entry commit against its parent."""
+    gates = {e.name: e.gate for e in series.entries if e.is_patch and e.gate}
+    return audit_changes(git, [(c.entry, gates[c.entry], c.parent, c.sha) for c in branch_commits(git, base, head)
+                               if c.entry in gates], git.out("rev-parse", head))

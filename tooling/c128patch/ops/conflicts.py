@@ -1,20 +1,13 @@
-"""What a conflict stop tells the user, block by block.
-
-For each conflict block of a file ``git apply --3way`` left conflicted (markers normalized):
-
-* ``lines``: where the upstream side of the block sits in the file as it stands on the new base
-  (HEAD: the new base with the earlier entries), 1-based, inclusive;
-* ``hunk``: the hunk of the entry's diff whose lines the block holds;
-* ``upstream``: the upstream commits of the rebase range that last touched those lines (``git
-  blame`` of HEAD); for an empty upstream side, or a backward rebase (the range's commits are
-  undone), the range's commits that touched the file;
-* ``moved_to``: where the code the hunk edits now lives, when its context is found elsewhere in
-  the file (upstream moved it): taking the empty side there would silently lose the change;
-* ``empty``: the upstream side is empty (upstream removed or moved the code the hunk edits).
+"""What a conflict stop tells the user, for each block of a file ``git apply --3way`` left conflicted:
+where its upstream side sits on the new base (HEAD, 1-based), the entry's hunk it holds, the range's
+upstream commits that last touched those lines (``git blame``; for an empty side or a backward rebase,
+the range's commits that touched the file), and where the code the hunk edits now lives when its
+context is found elsewhere (upstream moved it: taking the empty side would silently lose the change).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from unidiff import PatchSet
@@ -25,6 +18,7 @@ from c128patch.series.ledger import Resolution
 from c128patch.series.patchfile import hunk_header
 
 _OURS, _SEP, _THEIRS = "<" * 7, "=" * 7, ">" * 7
+_BLOCK = re.compile(r"^<{7}\n((?:.*\n)*?)={7}\n((?:.*\n)*?)>{7}$", re.M)
 
 
 @dataclass(frozen=True)
@@ -40,14 +34,11 @@ class Block:
         first, last = self.lines
         where = (f"{self.path}:{first}" if last == first else f"{self.path}:{first}-{last}" if last > first
                  else f"{self.path}: after line {last}")
-        text = f"{where}: hunk {self.hunk or '(not matched)'}"
-        if self.empty:
-            text += "; the upstream side is empty (upstream removed the code this hunk edits)"
-        if self.moved_to:
-            text += f"; the code this hunk edits now lives at line {self.moved_to}"
-        if self.upstream:
-            text += "; upstream: " + "; ".join(self.upstream[:3]) + (" ..." if len(self.upstream) > 3 else "")
-        return text
+        more = " ..." if len(self.upstream) > 3 else ""
+        return (f"{where}: hunk {self.hunk or '(not matched)'}"
+                + ("; the upstream side is empty (upstream removed the code this hunk edits)" if self.empty else "")
+                + (f"; the code this hunk edits now lives at line {self.moved_to}" if self.moved_to else "")
+                + (f"; upstream: {'; '.join(self.upstream[:3])}{more}" if self.upstream else ""))
 
 
 @dataclass
@@ -72,24 +63,11 @@ class StopReport:
 
 def parse_blocks(text: str) -> list[tuple[int, list[str], list[str]]]:
     """(line index of the block's first marker, upstream side, entry side) of each block."""
-    out, state, start, ours, theirs = [], "", 0, [], []
-    for i, line in enumerate(text.splitlines()):
-        if line == _OURS and not state:
-            state, start, ours, theirs = "ours", i, [], []
-        elif line == _SEP and state == "ours":
-            state = "theirs"
-        elif line == _THEIRS and state == "theirs":
-            out.append((start, ours, theirs))
-            state = ""
-        elif state == "ours":
-            ours.append(line)
-        elif state == "theirs":
-            theirs.append(line)
-    return out
+    return [(text.count("\n", 0, m.start()), m[1].splitlines(), m[2].splitlines()) for m in _BLOCK.finditer(text)]
 
 
 def _find(haystack: list[str], needle: list[str], near: int) -> int | None:
-    """Index of the occurrence of ``needle`` in ``haystack`` nearest ``near``."""
+    """Index of the occurrence of ``needle`` (not empty) in ``haystack`` nearest ``near``."""
     if not needle:
         return None
     hits = [i for i in range(len(haystack) - len(needle) + 1) if haystack[i: i + len(needle)] == needle]
@@ -105,8 +83,7 @@ def _hunks(diff: str, path: str) -> list:
 
 
 def _match_hunk(hunks: list, lines: list[str], near: int):
-    """The hunk sharing the most lines with the block (both sides and the lines around it); of
-    hunks that share as many (two hunks making the same edit), the one nearest line ``near``."""
+    """The hunk sharing the most lines with the block and the lines around it; of equals, the nearest ``near``."""
     block = {line.strip() for line in lines if line.strip() and line not in (_OURS, _SEP, _THEIRS)}
     scored = [(len(block & {line.value.strip() for line in h if line.value.strip()}), -abs(h.source_start - near), i)
               for i, h in enumerate(hunks)]
@@ -115,8 +92,7 @@ def _match_hunk(hunks: list, lines: list[str], near: int):
 
 
 def _moved(head: list[str], hunk, at: int, span: int) -> int | None:
-    """Where the hunk's pre-image (context and removed lines) is found in ``head``, when that is
-    away from the block at line index ``at`` (None when not found or not moved)."""
+    """Where the hunk's pre-image is found in ``head`` when away from the block at line index ``at``, else None."""
     pre = [(k, line.value.strip()) for k, line in enumerate(line for line in hunk if not line.is_added)]
     pre = [(k, v) for k, v in pre if len(v) >= 8]
     if len(pre) < 2:
@@ -149,7 +125,7 @@ def analyze(git: Git, path: str, text: str, diff: str, *, head: str, old: str, o
         before = [line for line in merged_lines[max(0, start - 3): start] if line not in (_OURS, _SEP, _THEIRS)]
         pos = _find(head_lines, ours, start) if ours else None
         if pos is None:  # empty upstream side: place the block after the lines before it
-            anchor = _find(head_lines, before, start) if before else None
+            anchor = _find(head_lines, before, start)
             pos = (anchor + len(before)) if anchor is not None else start
         first, last = pos + 1, pos + len(ours)
         upstream = touched

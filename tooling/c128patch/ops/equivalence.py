@@ -1,23 +1,13 @@
 """Is a patched tree what the series says? The proof ``apply``, ``rebase``, ``status`` and ``refresh`` give.
 
 The tree at ``head`` (its provenance file aside) is compared with a fresh replay of the series on
-the same upstream commit, in a temporary index (``ops.replay``: each entry's file as ``plan``
-chooses it, strict then 3-way, and the ledger's recorded resolution where the series' own 3-way
-merge conflicts). Every difference must be explained by an ``Edit``:
-
-* ``user-edit``: an entry commit of the branch differs from what the series' file gives on that
-  commit's parent (the user changed the entry);
-* ``user-commit``: a commit that carries no entry of the series (the user's own).
-
-The edits are replayed, in branch order, on the fresh tree; the hunks each one adds are attributed
-to it. What is left between that tree and ``head`` is *unattributed*: listed hunk by hunk, and the
-tree is not proven. A caller may accept only some edits (``rebase`` accepts those the branch had
-before it started); an edit it refuses stays in the unattributed rest, named. A ledger resolution
-the fresh replay needed is part of the reference: the verdict names it by key.
-
-API: ``prove(...) -> Equivalence`` (``ok``, ``identical``, ``differences``, ``ledger``,
-``summary()``, ``to_json()``); ``compare_commits(...) -> list[Verdict]`` (each commit of a branch
-against the series; ``rebase`` uses it to find the user's edits before it moves anything).
+the same upstream commit, in a temporary index (``ops.replay``: with the ledger's recorded
+resolutions). Every difference must be explained by an ``Edit``: a ``user-edit`` (an entry commit
+of the branch differs from what the series' file gives on its parent) or a ``user-commit`` (a
+commit that carries no entry of the series). The edits are replayed, in branch order, on the fresh
+tree, and the hunks each one adds are attributed to it; what is left is *unattributed*, listed hunk
+by hunk, and the tree is not proven. A caller may accept only some edits (``rebase`` accepts those
+the branch had before it started); a refused edit stays in the unattributed rest, named.
 """
 
 from __future__ import annotations
@@ -40,6 +30,8 @@ from c128patch.series.provenance import PROVENANCE_PATH
 
 EditKind = Literal["user-edit", "user-commit"]
 DifferenceKind = Literal["user-edit", "user-commit", "unattributed"]
+VerdictKind = Literal["series", "user-edit", "user-commit", "uncompared"]
+Trees = dict[str, tuple[str, str]]  # entry -> (tree before it, tree after it)
 
 
 @dataclass(frozen=True)
@@ -127,9 +119,7 @@ class Equivalence:
                 f"(first: {first.path} {first.header})")
 
     def to_json(self) -> dict:
-        out = asdict(self)
-        out.update(summary=self.summary(), identical=self.identical, ok=self.ok)
-        return out
+        return asdict(self) | {"summary": self.summary(), "identical": self.identical, "ok": self.ok}
 
 
 def _some(items: list[str], n: int = 3) -> str:
@@ -137,9 +127,8 @@ def _some(items: list[str], n: int = 3) -> str:
 
 
 def hunks_between(git: Git, before: str, after: str) -> list[Hunk]:
-    text = git.run("diff", "--no-color", "--no-renames", "--no-ext-diff", before, after).stdout
     out = []
-    for pf in PatchSet(text):
+    for pf in PatchSet(git.run("diff", "--no-color", "--no-renames", "--no-ext-diff", before, after).stdout):
         path = pf.path[2:] if pf.path.startswith(("a/", "b/")) else pf.path
         if pf.is_binary_file or not len(pf):
             out.append(Hunk(path, "(binary or mode change)", ""))
@@ -164,14 +153,10 @@ def tree_without_provenance(git: Git, head: str, index_file: Path) -> str:
     return idx.out("write-tree")
 
 
-VerdictKind = Literal["series", "user-edit", "user-commit", "uncompared"]
-
-
 @dataclass(frozen=True)
 class Verdict:
-    """One commit of a branch compared with the series: ``series`` (exactly what the series' file
-    gives on its parent), ``user-edit``, ``user-commit``, or ``uncompared`` (the series' file does
-    not replay on its parent: ``detail`` says why)."""
+    """One commit of a branch against the series: ``series`` (what the series' file gives on its
+    parent), ``user-edit``, ``user-commit``, or ``uncompared`` (``detail`` says why)."""
 
     commit: BranchCommit
     kind: VerdictKind
@@ -180,113 +165,92 @@ class Verdict:
     detail: str = ""
 
     def edit(self) -> Edit | None:
-        if self.kind == "user-edit":
-            return Edit("user-edit", self.commit.entry, self.commit.sha, self.before, self.after)
-        if self.kind == "user-commit":
-            return Edit("user-commit", self.commit.entry or self.commit.subject, self.commit.sha, self.before,
-                        self.after)
-        return None
+        if self.kind not in ("user-edit", "user-commit"):
+            return None
+        c = self.commit
+        return Edit(self.kind, c.entry or c.subject, c.sha, self.before, self.after)  # type: ignore[arg-type]
 
 
 def compare_commits(series: Series, git: Git, base: str, head: str, scratch: Path,
-                    fresh: dict[str, tuple[str, str]] | None = None) -> list[Verdict]:
-    """Each commit of ``base..head`` but the provenance one, compared with the series. ``fresh``:
-    entry -> (tree before, tree after) of a fresh replay on ``base``; a commit that sits exactly
-    there is the series' without replaying it again."""
-    fresh = fresh or {}
+                    fresh: Trees | None = None) -> list[Verdict]:
+    """Each commit of ``base..head`` but the provenance one, compared with the series. ``fresh``: the
+    trees of a fresh replay on ``base``; a commit that sits exactly there is the series' as it is."""
     entries = {e.name: e for e in series.entries}
     merged = {e.name for e in merged_entries(series, git, base)}
-    ledger = Ledger(series)
-    index_file = scratch / "branch.index"
+    ledger, index_file = Ledger(series), scratch / "branch.index"
     commits = branch_commits(git, base, head)
     trees = {c.sha: c.tree for c in commits}
     out = []
-    for c in commits:
-        if c.entry == "provenance":
-            continue
-        parent, after = c.parent, c.tree
-        before = trees.get(parent) or git.out("rev-parse", f"{parent}^{{tree}}")
+    for c in (c for c in commits if c.entry != "provenance"):
+        before = trees.get(c.parent) or git.out("rev-parse", f"{c.parent}^{{tree}}")
         entry = entries.get(c.entry)
         if entry is None or entry.name in merged:
-            out.append(Verdict(c, "user-commit", before, after))
+            out.append(Verdict(c, "user-commit", before, c.tree))
             continue
-        if fresh.get(c.entry) == (before, after):
-            out.append(Verdict(c, "series", after, after))
+        if (fresh or {}).get(c.entry) == (before, c.tree):
+            out.append(Verdict(c, "series", c.tree, c.tree))
             continue
-        variant = choose(series, git, entry, parent).variant if entry.is_patch else None
+        variant = choose(series, git, entry, c.parent).variant if entry.is_patch else None
         path = verify_file(series, entry, variant)
         item = Planned(entry, variant, path, read_patch(path) if entry.is_patch else None)
-        index_git(git, index_file).run("read-tree", parent)
-        present = set(git.out("ls-tree", "-r", "--name-only", parent, "--", *item.touched).splitlines())
-        row = replay_entry(git, item, index_file, present, ledger=ledger, at=parent)
+        index_git(git, index_file).run("read-tree", c.parent)
+        present = set(git.out("ls-tree", "-r", "--name-only", c.parent, "--", *item.touched).splitlines())
+        row = replay_entry(git, item, index_file, present, ledger=ledger, at=c.parent)
         if row.status in FAILED:
-            out.append(Verdict(c, "uncompared", "", after, f"{item.label} does not replay on the commit's "
-                                                          f"parent: {row.detail}"))
+            out.append(Verdict(c, "uncompared", "", c.tree,
+                               f"{item.label} does not replay on the commit's parent: {row.detail}"))
             continue
         expected = index_git(git, index_file).out("write-tree")
-        out.append(Verdict(c, "series" if expected == after else "user-edit", expected, after))
+        out.append(Verdict(c, "series" if expected == c.tree else "user-edit", expected, c.tree))
     return out
 
 
-def branch_edits(series: Series, git: Git, base: str, head: str, scratch: Path,
-                 fresh: dict[str, tuple[str, str]] | None = None) -> tuple[list[Edit], list[str]]:
-    """The edits of ``base..head`` (module docstring), and notes on commits that could not be compared."""
-    verdicts = compare_commits(series, git, base, head, scratch, fresh)
-    notes = [f"entry {v.commit.entry} (commit {v.commit.sha[:12]}) could not be compared with the series: {v.detail}"
-             for v in verdicts if v.kind == "uncompared"]
-    return [e for v in verdicts if (e := v.edit()) is not None], notes
-
-
 def fresh_replay(series: Series, git: Git, rev: str, commit: str, *, span: str = "",
-                 without: Sequence[str] = ()) -> tuple[RevCheck, str]:
-    """The fresh replay ``prove`` compares a tree with: its rows and its tree id. It reads no tree of
-    the branch, so a caller may make it before the tree it proves exists (``prove(fresh=...)``)."""
-    if without:
-        series = series.without(set(without))
+                 without: Sequence[str] = ()) -> tuple[RevCheck, str, Trees]:
+    """The fresh replay ``prove`` compares a tree with: its rows, its tree id and each entry's trees.
+    It reads no tree of the branch, so a caller may make it before that tree exists."""
+    series = series.without(set(without)) if without else series
+    trees: Trees = {}
     with tempfile.TemporaryDirectory(prefix="c128fresh-") as tmp:
         index_file = Path(tmp) / "fresh.index"
-        replay, _ = replay_in_index(series, git, rev, commit, index_file, ledger=Ledger(series), span=span)
-        return replay, index_git(git, index_file).out("write-tree")
+        replay, _ = replay_in_index(series, git, rev, commit, index_file, ledger=Ledger(series), span=span,
+                                    trees=trees)
+        return replay, index_git(git, index_file).out("write-tree"), trees
 
 
 def prove(series: Series, git: Git, rev: str, commit: str, head: str = "HEAD", *,
           accept: Callable[[Edit], bool] | None = None, span: str = "", without: Sequence[str] = (),
-          fresh: tuple[RevCheck, str] | None = None) -> Equivalence:
-    """Compare ``head`` with a fresh replay of ``series`` on ``commit`` (module docstring).
-    ``accept``: which edits may explain a difference (default: all); ``span``: the rebase range;
-    ``without``: entries the tree leaves out on purpose (skipped or dropped in a rebase); ``fresh``:
-    ``fresh_replay`` of the same arguments, made already."""
+          fresh: tuple[RevCheck, str, Trees] | None = None) -> Equivalence:
+    """Compare ``head`` with a fresh replay of ``series`` on ``commit`` (module docstring). ``accept``:
+    which edits may explain a difference (default: all); ``span``: the rebase range; ``without``:
+    entries the tree leaves out on purpose; ``fresh``: ``fresh_replay`` of the same arguments."""
     head = git.out("rev-parse", head)
-    replay, fresh_tree = fresh or fresh_replay(series, git, rev, commit, span=span, without=without)
-    if without:
-        series = series.without(set(without))
+    replay, fresh_tree, trees = fresh or fresh_replay(series, git, rev, commit, span=span, without=without)
+    series = series.without(set(without)) if without else series
     with tempfile.TemporaryDirectory(prefix="c128prove-") as tmp:
         scratch = Path(tmp)
-        fresh = fresh_tree
         tree = tree_without_provenance(git, head, scratch / "head.index")
-        result = Equivalence(describe(series).removeprefix("series "), rev, commit, head, fresh, tree, replay,
+        result = Equivalence(describe(series).removeprefix("series "), rev, commit, head, fresh_tree, tree, replay,
                              without=list(without))
-        if fresh == tree:
+        if fresh_tree == tree:
             return result
-        trees: dict[str, tuple[str, str]] = {}  # again, keeping each entry's trees: the branch is compared with them
-        replay_in_index(series, git, rev, commit, scratch / "fresh.index", ledger=Ledger(series), span=span,
-                        trees=trees)
-        edits, result.notes = branch_edits(series, git, commit, head, scratch, trees)
+        verdicts = compare_commits(series, git, commit, head, scratch, trees)
+        result.notes = [f"entry {v.commit.entry} (commit {v.commit.sha[:12]}) could not be compared with the "
+                        f"series: {v.detail}" for v in verdicts if v.kind == "uncompared"]
         idx = index_git(git, scratch / "edits.index")
-        idx.run("read-tree", fresh)
-        current = fresh
-        for edit in edits:
+        idx.run("read-tree", fresh_tree)
+        current = fresh_tree
+        for edit in (e for v in verdicts if (e := v.edit()) is not None):
             if accept is not None and not accept(edit):
                 result.notes.append(f"{edit.label}: not an edit the branch had; its changes count as unattributed")
-                continue
-            if not apply_cached(idx, tree_diff(git, edit.before, edit.after)):
+            elif not apply_cached(idx, tree_diff(git, edit.before, edit.after)):
                 idx.run("read-tree", current)
                 result.notes.append(f"{edit.label}: does not replay on the fresh tree; "
                                     "its changes count as unattributed")
-                continue
-            new = idx.out("write-tree")
-            result.differences.append(Difference(edit.kind, edit.label, hunks_between(git, current, new)))
-            current = new
+            else:
+                new = idx.out("write-tree")
+                result.differences.append(Difference(edit.kind, edit.label, hunks_between(git, current, new)))
+                current = new
         rest = hunks_between(git, current, tree)
         if rest:
             result.differences.append(Difference("unattributed", "", rest, "; ".join(result.notes)))

@@ -1,9 +1,8 @@
 """Test hook: interrupt this process at a named point, as a crash or a Ctrl-C would.
 
-``C128PATCH_FAULT=<how>-<where>:<name>`` (several, comma-separated): ``how`` is ``kill`` (SIGKILL), ``sigint``
-(SIGINT) or ``fail`` (an ``OSError`` there, as a full disk would raise); ``where:name`` is a point the operations
-declare, e.g. ``before:<entry>`` (an entry is about to start), ``after:<entry>`` (its commit is made, the journal does
-not say so yet), ``at:clone``, ``at:provenance``. Unset (always, outside tests), it does nothing.
+``C128PATCH_FAULT=<how>-<where>:<name>`` (comma-separated): ``how`` is ``kill`` (SIGKILL), ``sigint`` or ``fail``
+(an ``OSError``, as a full disk raises); ``where:name`` a point the operations declare: ``before:<entry>``,
+``after:<entry>`` (its commit made, the journal not saying so yet), ``at:clone``, ``at:provenance``. Unset: nothing.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""Semantic-merge hints: upstream commits of a range that may now do what an entry does.
+"""Semantic-merge hints: upstream commits of ``old..onto`` that may now do what an entry does.
 
-Never evidence (``ops.merged`` decides drops on content); a line for the human who reads the stop,
-``check`` or ``watch``: "upstream may now handle this: <commit> <subject> (<why>)". An upstream
-commit of ``old..onto`` is named when
-
-* its message names a PR of the entry's ``upstream`` field or of its ``drop_when``; or
-* it changes, in a file the entry patches, a function one of the entry's hunks edits (git's hunk
-  header names the function) and its changed lines use a name the lines the entry removes or
-  replaces use (``extend_len`` for an ``extend_len == 0`` guard).
-
-One ``git log`` per PR number and one ``git log -p --unified=0`` over the entry's files (or, given
-``every`` files of the series, one over all of them for the range, shared by the entries).
+Never evidence (``ops.merged`` decides drops); a line for whoever reads the stop, ``check`` or
+``watch``. A commit is named when its message names a PR of the entry's ``upstream`` or ``drop_when``,
+or when it changes a function one of the entry's hunks edits (git's hunk header) in a file the entry
+patches, with a name the entry's removed lines use (``extend_len`` for an ``extend_len == 0`` guard).
 """
 
 from __future__ import annotations
@@ -70,41 +63,36 @@ def _functions(patch: PatchInfo) -> dict[str, dict[str, set[str]]]:
 def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, onto: str,
                    renamed: dict[str, str] | None = None, cache: dict[str, str] | None = None,
                    every: list[str] | None = None) -> list[Hint]:
-    """The hints for ``entry`` (module docstring) in the upstream range ``old..onto``, oldest first.
-    ``cache``: the searches of earlier calls on the same range (entries share PRs); ``every``: files
-    of all the entries, searched once for the range when they hold this entry's files."""
+    """The hints for ``entry`` in ``old..onto``, oldest first; ``cache``: earlier searches of the range;
+    ``every``: the files of all the entries, searched once for the range when they hold this entry's."""
     if not old or not onto or old == onto:
         return []
     span = f"{old}..{onto}"
     cache = {} if cache is None else cache
-    if f"{span}:empty" not in cache:  # onto is old or one of its ancestors: nothing in the range
-        cache[f"{span}:empty"] = "1" if git.is_ancestor(onto, old) else ""
-    if cache[f"{span}:empty"]:
+
+    def cached(key: str, *args: str) -> str:  # entries share one search of the range
+        if key not in cache:
+            cache[key] = git.run(*args, check=False).stdout
+        return cache[key]
+
+    if not cached(f"{span}:first", "rev-list", "-1", span):  # onto is old or one of its ancestors
         return []
     found: dict[str, Hint] = {}
     for number in _prs(entry):
-        key = f"{span}#{number}"
-        if key not in cache:
-            cache[key] = git.run("log", "--reverse", "--format=%H%x00%s", "-E", f"--grep=#{number}([^0-9]|$)", span,
-                                 check=False).stdout
-        log = cache[key]
-        for line in log.splitlines():
+        for line in cached(f"{span}#{number}", "log", "--reverse", "--format=%H%x00%s", "-E",
+                           f"--grep=#{number}([^0-9]|$)", span).splitlines():
             sha, _, subject = line.partition("\0")
             found.setdefault(sha, Hint(sha, subject, f"names PR #{number}"))
-    if patch is not None:
-        ours = _functions(patch)
-        renamed = renamed or {}
-        where = {renamed.get(path, path): fns for path, fns in ours.items()}
-        if where:
-            shared = sorted(every) if every is not None and set(where) <= set(every) else None
-            key = f"{span}:log:" + ",".join(shared or where)
-            if key not in cache:
-                cache[key] = git.run("log", "--reverse", "-p", "--unified=0", "--no-renames", "--format=%x00%H%x00%s",
-                                     span, "--", *(shared or where), check=False).stdout
-            for sha, subject, diff in _commits(cache[key]):
-                why = _same_function(diff, where)
-                if why and sha not in found:
-                    found[sha] = Hint(sha, subject, why)
+    ours = _functions(patch) if patch is not None else {}
+    where = {(renamed or {}).get(path, path): fns for path, fns in ours.items()}
+    if where:
+        shared = sorted(every) if every is not None and set(where) <= set(every) else None
+        log = cached(f"{span}:log:" + ",".join(shared or where), "log", "--reverse", "-p", "--unified=0",
+                     "--no-renames", "--format=%x00%H%x00%s", span, "--", *(shared or where))
+        for sha, subject, diff in _commits(log):
+            why = _same_function(diff, where)
+            if why and sha not in found:
+                found[sha] = Hint(sha, subject, why)
     return list(found.values())
 
 
@@ -128,8 +116,7 @@ def _hunks(diff: str) -> tuple[tuple[str, str, frozenset[str]], ...]:
 
 
 def _same_function(diff: str, where: dict[str, dict[str, set[str]]]) -> str:
-    """Why the first hunk of ``diff`` that changes one of ``where``'s functions with a name the
-    entry's removed lines use makes a hint ("" when none does)."""
+    """Why ``diff`` changes one of ``where``'s functions with a name the entry's removed lines use ("": not)."""
     for path, header, changed in _hunks(diff):
         names = where.get(path, {}).get(header)
         shared = sorted(names & changed) if names else []

@@ -1,19 +1,12 @@
 """Is an entry already upstream? Content decides; a PR number in a subject is only a hint.
 
-Signals for one entry on a new base (with the earlier entries replayed on it), each named in the
-rebase report:
-
-* ``reverse-apply``: the file the series chooses there reverse-applies on it: the new base already
-  has the entry's result;
-* ``patch-id``: one upstream commit of the range makes the very same change to every file the
-  entry's commit on the old branch changes (per-file ``git patch-id --stable`` of ``--unified=0``
-  diffs, so neither context nor line numbers matter). Each upstream commit is diffed once, for the
-  files of every entry together; the ids are cached by commit id (``.git/c128patch/patch-ids.json``),
-  so later entries and later rebases reuse them;
-* ``became-empty``: replaying the entry changes nothing (the replay reports it);
-* ``overlay-identical``: an overlay's target exists upstream with our content;
-* ``pr-hint``: an upstream commit's subject names a PR of the entry's ``upstream`` field. A hint,
-  never enough: a drop is proposed only with one of the content signals above.
+Signals for one entry on a new base (the earlier entries replayed on it): ``reverse-apply`` (the
+chosen file reverse-applies there); ``patch-id`` (one upstream commit of the range makes the same
+change to every file the entry's old commit changes: per-file ``git patch-id --stable`` of
+``--unified=0`` diffs, each upstream commit diffed once for every entry, the ids cached by commit in
+``.git/c128patch/patch-ids.json``); ``became-empty`` (the replay changes nothing); ``overlay-identical``
+(the target exists upstream with our content); ``pr-hint`` (a subject names a PR of the entry's
+``upstream``: never enough alone, a drop is proposed only with a content signal).
 """
 
 from __future__ import annotations
@@ -26,6 +19,7 @@ from typing import Literal
 
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
+from c128patch.ops.replay import staged
 from c128patch.series.patchfile import NULL_BLOB
 from c128patch.series.plan import Planned, blob_id
 
@@ -76,8 +70,8 @@ def _on_its_preimage(idx: Git, item: Planned) -> bool:
     pre = item.patch.blobs if item.patch is not None else {}
     if not pre or len(pre) != len(item.patch.files):  # type: ignore[union-attr]
         return False
-    listed = {line.split("\t", 1)[1]: line.split()[1] for line in idx.out("ls-files", "-s", "--", *pre).splitlines()}
-    return all(listed.get(path, NULL_BLOB) == blob for path, (blob, _post) in pre.items())
+    listed = staged(idx, list(pre))
+    return all(listed.get(path, ("", NULL_BLOB))[1] == blob for path, (blob, _post) in pre.items())
 
 
 def commit_diffs(git: Git, commits: list[str], *args: str) -> dict[str, str]:
@@ -93,8 +87,7 @@ def _show_ids(git: Git, commit: str, *paths: str) -> dict[str, str]:
 
 
 class UpstreamIds:
-    """Per-file patch-ids of upstream commits, each (commit, file) computed once and kept on disk
-    (``""``: the commit does not change that file)."""
+    """Per-file patch-ids of upstream commits, each computed once and kept on disk (``""``: not changed)."""
 
     def __init__(self, git: Git, cache: Path) -> None:
         self.git, self.cache = git, cache
@@ -110,8 +103,7 @@ class UpstreamIds:
 
 
 class MergedCheck:
-    """The signals for the entries of one rebase range ``old..onto``; the old branch's commits
-    and the range's commits are each diffed once, for every entry at a time."""
+    """The signals for the entries of one rebase range ``old..onto``, each commit diffed once for all."""
 
     def __init__(self, git: Git, old: str, onto: str, ids: UpstreamIds, old_commits: list[str]) -> None:
         self.git, self.old, self.onto, self.ids = git, old, onto, ids
@@ -122,15 +114,13 @@ class MergedCheck:
 
     def signals(self, item: Planned, head: str, old_commit: str, idx: Git,
                 present: set[str] | None = None) -> list[Signal]:
-        """Signals for ``item`` on ``head`` (the new base with the earlier entries), ``idx`` an
-        index holding ``head``'s tree; ``old_commit``: the entry's commit on the old branch ("" when
-        it had none). Where the index holds every preimage blob of the item's file, upstream cannot
-        hold its change: only the hints are looked for. ``present``: a superset of the paths the
-        index holds (an overlay target outside it is not there to compare)."""
+        """Signals for ``item`` on ``idx`` (an index of the new base with the earlier entries);
+        ``old_commit``: the entry's commit on the old branch (""); ``present``: a superset of the paths
+        the index holds. On every preimage blob of the item's file, only the hints are looked for."""
         out = [s for number in _PR.findall(item.entry.upstream) for s in self._pr_hint(number)]
         if item.patch is None:
             there = present is None or item.entry.target in present
-            listed = idx.out("ls-files", "-s", "--", item.entry.target).split() if there else []
+            listed = staged(idx, [item.entry.target]).get(item.entry.target) if there else None
             if listed and listed[1] == blob_id(item.path.read_bytes()):
                 out.append(Signal("overlay-identical", f"{item.entry.target} exists upstream with our content"))
             return out

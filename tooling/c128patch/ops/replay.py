@@ -1,20 +1,14 @@
 """Replay entries of the series on an index: no checkout, nothing of the user's touched.
 
-A patch is tried strictly (``git apply --cached``, all or nothing), then with a 3-way merge
-(``--3way``, on the preimage blobs its ``index`` lines name). Where the 3-way merge leaves
-conflicts and a ledger is given, the conflicted files are made as git makes them in a work tree
-(``git apply --3way`` in a scratch folder holding only the patch's files, so their keys are the
-ones a rebase stop records) and the ledger's resolutions are tried on them. Still conflicted, the
-patch is retried ignoring whitespace changes (``git apply --ignore-whitespace``, then a 3-way merge
-ignoring them), then ignoring line breaks too (``ops.rewrap``: context lines a formatter joined or
-split): an upstream reformat of the lines it touches is carried, marked ``whitespace``
-(whitespace-merged). A file the patch needs that upstream renamed (deleted in the target's history,
-found again by git's copy detection of its preimage blob against the target tree) is patched at its
-new path, and the row says so. An overlay is added whole; it collides with a file upstream already
-has.
-
-``replay_in_index`` replays the whole series on one upstream commit: what ``check`` reports, what
-``equivalence`` compares a tree with, and what ``rebase`` replays entry by entry.
+A patch is tried strictly (``git apply --cached``, all or nothing), then with a 3-way merge. Where
+that conflicts and a ledger is given, the ledger's resolutions are tried on the conflicted files as
+git makes them in a work tree (a scratch folder holding only the patch's files, so their keys are
+the ones a rebase stop records). Still conflicted, the patch is retried ignoring whitespace changes
+(``--ignore-whitespace``, then a 3-way merge ignoring them), then ignoring line breaks (``ops.rewrap``):
+an upstream reformat of the lines it touches is carried, marked ``whitespace``. A file the patch
+needs that upstream renamed (deleted in the target's history, found again by git's copy detection
+of its preimage blob) is patched at its new path. An overlay is added whole; it collides with a
+file upstream already has. ``replay_in_index`` replays the whole series on one upstream commit.
 """
 
 from __future__ import annotations
@@ -22,14 +16,14 @@ from __future__ import annotations
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Iterable, Literal
 
 from c128patch import exitcodes
 from c128patch.errors import C128Error
 from c128patch.git import Git, ReadMemo, remembered
-from c128patch.ops.rewrap import rewrap_merge
+from c128patch.ops.rewrap import rewrapped
 from c128patch.series.lazy_index import LazyIndex, plain_paths
-from c128patch.series.ledger import Conflict, Ledger, Resolution
+from c128patch.series.ledger import Ledger, Resolution
 from c128patch.series.manifest import Series
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch
 from c128patch.series.plan import (
@@ -62,6 +56,11 @@ class EntryCheck:
     renamed: dict[str, str] = field(default_factory=dict)  # path in the patch -> where upstream moved it
     hints: list[str] = field(default_factory=list)  # "upstream may now handle this: <commit>" (ops.hints)
 
+    @classmethod
+    def of(cls, item: Planned, status: Outcome, detail: str = "", **more: object) -> EntryCheck:
+        return cls(item.entry.name, item.entry.kind, item.label, status, detail, item.chosen_by,
+                   **more)  # type: ignore[arg-type]
+
 
 @dataclass
 class Verdict:
@@ -88,15 +87,31 @@ class RevCheck:
 
 
 def first_error(text: str) -> str:
-    for line in text.splitlines():
-        if "patch failed:" in line or "does not exist" in line or "already exists" in line:
-            return line.removeprefix("error: ").strip()
     lines = [line for line in text.splitlines() if line.strip()]
-    return lines[-1].removeprefix("error: ").strip() if lines else ""
+    found = [line for line in lines if "patch failed:" in line or "does not exist" in line or "already exists" in line]
+    return (found or lines or ["error: "])[0 if found else -1].removeprefix("error: ").strip()
 
 
 def unmerged_paths(git: Git) -> list[str]:
     return sorted({line.split("\t", 1)[1] for line in git.out("ls-files", "-u").splitlines()})
+
+
+def staged(idx: Git, paths: list[str] | None = None) -> dict[str, tuple[str, str]]:
+    """path -> (mode, blob) of ``paths`` (None: every path) in ``idx``'s index."""
+    rows = idx.out("ls-files", "-s", *(["--", *paths] if paths is not None else [])).splitlines()
+    return {r.split("\t", 1)[1]: (r.split()[0], r.split()[1]) for r in rows}
+
+
+def stage(idx: Git, files: dict[str, tuple[str, str]]) -> None:
+    """Put ``files`` (path -> (mode, blob)) in ``idx``'s index."""
+    if files:
+        idx.run("update-index", "--add", *[a for p, (mode, blob) in files.items()
+                                           for a in ("--cacheinfo", f"{mode},{blob},{p}")])
+
+
+def have_blobs(git: Git, blobs: Iterable[str]) -> bool:
+    """Does the repository hold every one of ``blobs`` (the null blob aside)?"""
+    return all(git.ok("cat-file", "-e", f"{b}^{{blob}}") for b in blobs if b != NULL_BLOB)
 
 
 def scratch_git(git: Git, index_file: Path, folder: Path) -> Git:
@@ -108,59 +123,54 @@ def scratch_git(git: Git, index_file: Path, folder: Path) -> Git:
                env={**git.env, "GIT_INDEX_FILE": str(index_file), "GIT_WORK_TREE": str(folder)})
 
 
-def conflicted_in_scratch(git: Git, index_file: Path, item: Planned, patch: Path | None = None,
-                          needs: list[str] | None = None) -> tuple[Git, list[Conflict]]:
-    """Redo ``item``'s 3-way merge on the index with a scratch work tree holding only its files;
-    the index is left with the merge (conflicted paths at their stages). ``patch``/``needs``: the
-    patch with renamed paths followed (``follow_renames``)."""
-    assert item.patch is not None
-    needs = item.patch.needs if needs is None else needs
+def _ledger_merge(git: Git, index_file: Path, patch: Path, needs: list[str], ledger: Ledger, name: str,
+                  span: str) -> tuple[list[Resolution], list[str]]:
+    """``patch``'s 3-way merge redone with a scratch work tree holding only its files (conflict keys as
+    a rebase stop records them), the ledger's resolutions tried: (resolutions, paths still conflicted)."""
     sgit = scratch_git(git, index_file, index_file.parent / "scratch")
     present = sgit.out("ls-files", "--", *needs).splitlines() if needs else []
     if present:
         sgit.run("checkout-index", "-u", "--", *present)
-    sgit.run("apply", "--3way", str(patch or item.path), check=False)
-    return sgit, Ledger.conflicts(sgit, unmerged_paths(sgit))
+    sgit.run("apply", "--3way", str(patch), check=False)
+    resolutions = ledger.replay(sgit, name, Ledger.conflicts(sgit, unmerged_paths(sgit)), span)
+    return resolutions, unmerged_paths(sgit)
+
+
+WS_MERGE = "a 3-way merge ignoring whitespace changes"
+REWRAP = "its context lines upstream re-wrapped (joined or split) were matched ignoring line breaks"
 
 
 def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | None = None,
                  span: str = "", renamed: dict[str, str] | None = None) -> EntryCheck:
-    """Apply ``item`` to the index ``index_file``: strict, then 3-way, then (given ``ledger``) its
-    recorded resolutions, then ignoring whitespace changes. ``renamed``: paths of the patch upstream
-    moved (``follow_renames``), patched at their new place. A failure leaves the index as it was
-    before the entry."""
-    idx = index_git(git, index_file)
-    row = EntryCheck(item.entry.name, item.entry.kind, item.label, "clean", chosen_by=item.chosen_by,
-                     renamed=dict(renamed or {}))
+    """``item`` on the index: strict, 3-way, the ledger's resolutions, then ignoring whitespace changes
+    and line breaks; ``renamed``: paths upstream moved, patched at their new place. A failure leaves the
+    index as it was before the entry."""
     assert item.patch is not None
-    patch, needs = item.path, item.patch.needs
+    idx = index_git(git, index_file)
+    row = EntryCheck.of(item, "clean", renamed=dict(renamed or {}))
+    patch, needs, info = item.path, item.patch.needs, item.patch
     if renamed:
         patch = index_file.parent / f"renamed-{item.entry.name}.patch"
         patch.write_text(renamed_patch_text(item.path.read_text(), renamed))
-        needs = [renamed.get(p, p) for p in needs]
-    path = str(patch)
-    strict = idx.run("apply", "--cached", path, check=False)  # all or nothing: a failure changes no entry
+        needs, info = [renamed.get(p, p) for p in needs], read_patch(patch)
+    strict = idx.run("apply", "--cached", str(patch), check=False)  # all or nothing: a failure changes no entry
     if strict.returncode == 0:
         return row
     saved = index_file.read_bytes()
-    three = idx.run("apply", "--cached", "--3way", path, check=False)
+    three = idx.run("apply", "--cached", "--3way", str(patch), check=False)
     if three.returncode == 0:
         row.status, row.detail = "3way", "applies only with a 3-way merge"
         return row
     row.conflicts = unmerged_paths(idx)
     if row.conflicts and ledger is not None and ledger.has(item.entry.name):
         index_file.write_bytes(saved)
-        sgit, conflicts = conflicted_in_scratch(git, index_file, item, patch, needs)
-        row.resolutions = ledger.replay(sgit, item.entry.name, conflicts, span)
-        left = unmerged_paths(sgit)
-        if not left:
-            row.status, row.conflicts = "ledger", []
+        row.resolutions, row.conflicts = _ledger_merge(git, index_file, patch, needs, ledger, item.entry.name, span)
+        if not row.conflicts:
+            row.status = "ledger"
             row.detail = "3-way conflicts resolved by the ledger: " + "; ".join(r.describe() for r in row.resolutions)
             return row
-        row.conflicts = left
-    info = read_patch(patch) if patch != item.path else item.patch
     loose = (("applies only ignoring whitespace changes upstream made",
-              lambda: idx.ok("apply", "--cached", "--ignore-whitespace", path)),
+              lambda: idx.ok("apply", "--cached", "--ignore-whitespace", str(patch))),
              (f"{WS_MERGE} merges it", lambda: whitespace_merge(git, info, index_file, patch)),
              (REWRAP, lambda: rewrap_merge(git, info, index_file)))
     for detail, merged in loose:  # an upstream reformat of the lines it touches is carried
@@ -171,62 +181,69 @@ def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | 
             return row
     index_file.write_bytes(saved)  # later entries are replayed on top of the rest
     row.status = "conflict"
+    row.detail = first_error(three.stderr) or first_error(strict.stderr)
     if row.conflicts:
-        row.detail = f"3-way merge conflicts in {', '.join(row.conflicts)}"
-        if row.resolutions:
-            row.detail += " (the ledger resolved only " + ", ".join(r.path for r in row.resolutions) + ")"
-    else:
-        row.detail = first_error(three.stderr) or first_error(strict.stderr)
+        row.detail = f"3-way merge conflicts in {', '.join(row.conflicts)}" + (
+            " (the ledger resolved only " + ", ".join(r.path for r in row.resolutions) + ")" if row.resolutions else "")
     return row
-
-
-WS_MERGE = "a 3-way merge ignoring whitespace changes"
-REWRAP = "its context lines upstream re-wrapped (joined or split) were matched ignoring line breaks"
 
 
 def whitespace_merge(git: Git, info: PatchInfo, index_file: Path, patch: Path) -> bool:
     """``patch`` merged into the index ignoring whitespace changes (``git merge-recursive
-    --ignore-space-change`` of the patch's preimage, its result and the index's files, in a scratch
-    index and work tree holding only those files). True when clean (the index then holds it)."""
+    --ignore-space-change`` of its preimage, its result and the index's files, in a scratch index and
+    work tree holding only those files). True when clean (the index then holds it)."""
     pre = info.blobs
-    if len(pre) != len(info.files) or not all(git.ok("cat-file", "-e", f"{b}^{{blob}}")
-                                               for b, _ in pre.values() if b != NULL_BLOB):
+    if len(pre) != len(info.files) or not have_blobs(git, (b for b, _ in pre.values())):
         return False
     folder = index_file.parent / "ws-merge"
     shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
 
     def trees() -> tuple[str, str] | None:  # the preimage, and the patch applied to it
         base = index_git(git, folder / "base.index")
         base.run("read-tree", "--empty")
-        listed = [a for path, (blob, _) in pre.items() if blob != NULL_BLOB
-                  for a in ("--cacheinfo", f"100644,{blob},{path}")]
-        if listed:
-            base.run("update-index", "--add", *listed)
+        stage(base, {path: ("100644", blob) for path, (blob, _) in pre.items() if blob != NULL_BLOB})
         before = base.out("write-tree")
         return (before, base.out("write-tree")) if base.ok("apply", "--cached", str(patch)) else None
 
+    sgit = scratch_git(git, folder / "theirs.index", folder / "tree")  # a new index: empty
     made = remembered(git, ("ws-merge trees", str(patch), blob_id(patch.read_bytes())), trees)
     if made is None:
         return False
-    before, ours = made
     idx = index_git(git, index_file)
-    rows = idx.out("ls-files", "-s", "--", *info.files).splitlines()
-    sgit = scratch_git(git, folder / "theirs.index", folder / "tree")  # a new index: empty
-    entries = [a for r in rows for a in ("--cacheinfo", f"{r.split()[0]},{r.split()[1]},{r.split(chr(9), 1)[1]}")]
-    if entries:
-        sgit.run("update-index", "--add", *entries)
+    stage(sgit, staged(idx, info.files))
     theirs = sgit.out("write-tree")
     sgit.run("checkout-index", "--all", "--force", "-u")
-    if not sgit.ok("merge-recursive", "--ignore-space-change", "--no-renames", before, "--", theirs, ours):
+    if not sgit.ok("merge-recursive", "--ignore-space-change", "--no-renames", made[0], "--", theirs, made[1]):
         return False
-    merged = {r.split("\t", 1)[1]: r.split()[:2] for r in sgit.out("ls-files", "-s").splitlines()}
+    merged = staged(sgit)
     gone = [p for p in info.files if p not in merged]
     if gone:
         idx.run("update-index", "--force-remove", "--", *gone)
-    if merged:
-        idx.run("update-index", "--add",
-                *[a for p, (mode, blob) in merged.items() for a in ("--cacheinfo", f"{mode},{blob},{p}")])
+    stage(idx, merged)
+    return True
+
+
+def rewrap_merge(git: Git, info: PatchInfo, index_file: Path) -> bool:
+    """``info`` applied to the index with its hunks placed ignoring line breaks (``ops.rewrap``). True
+    when every hunk fits (the index then holds the result); False leaves the index as it was."""
+    files = list(info.patchset)
+    if not files or any(pf.is_added_file or pf.is_removed_file or pf.is_binary_file or pf.is_rename
+                        or pf.source_file[2:] != pf.target_file[2:] for pf in files):
+        return False
+    idx = index_git(git, index_file)
+    out = {}
+    for pf in files:
+        path = pf.path[2:] if pf.path.startswith(("a/", "b/")) else pf.path
+        listed = staged(idx, [path]).get(path)
+        try:
+            new = rewrapped(git.run("cat-file", "blob", listed[1], binary=True).stdout.decode(), pf) if listed else None
+        except UnicodeDecodeError:
+            return False
+        if listed is None or new is None:
+            return False
+        out[path] = (listed[0], new)
+    stage(idx, {path: (mode, git.run("hash-object", "-w", "--stdin", input=new.encode(), binary=True).stdout.decode()
+                       .strip()) for path, (mode, new) in out.items()})
     return True
 
 
@@ -246,64 +263,48 @@ def renamed_patch_text(text: str, renamed: dict[str, str]) -> str:
 
 def follow_renames(git: Git, item: Planned, index_file: Path, missing: list[str], at: str,
                    lazy: LazyIndex | None = None) -> dict[str, str]:
-    """Where upstream moved each of ``missing`` (paths the patch needs that the index lacks): git's
-    copy detection of the file as the patch found it (its preimage blob) against every file of the
-    index's tree, for a path the history of upstream commit ``at`` deleted (a path that was never
-    there, in an older release, is not looked for). {} unless every one is found (the patch then
-    replays on the new paths)."""
+    """Where upstream moved each of ``missing`` (paths the patch needs that the index lacks, deleted in
+    the history of upstream commit ``at``): git's copy detection of the patch's preimage blob against
+    the index's tree. {} unless every one is found (the patch then replays on the new paths)."""
     assert item.patch is not None
-    blobs = item.patch.blobs
-    pre = {p: blobs[p][0] for p in missing if p in blobs}
-    if not at or len(pre) != len(missing) or not all(git.ok("cat-file", "-e", f"{b}^{{blob}}") for b in pre.values()):
+    pre = {p: item.patch.blobs[p][0] for p in missing if p in item.patch.blobs}
+    if not at or len(pre) != len(missing) or not have_blobs(git, pre.values()) or \
+            not all(git.out("log", "-1", "--format=%H", "--diff-filter=D", at, "--", p) for p in pre):
         return {}
-    if not all(git.out("log", "-1", "--format=%H", "--diff-filter=D", at, "--", p) for p in pre):
-        return {}
-    idx = lazy.flush() if lazy is not None else index_git(git, index_file)
-    tree = idx.out("write-tree")
+    tree = (lazy.flush() if lazy is not None else index_git(git, index_file)).out("write-tree")
     probe = index_git(git, index_file.parent / "renames.index")
     probe.run("read-tree", tree)
-    probe.run("update-index", "--add", *[a for p, b in pre.items() for a in ("--cacheinfo", f"100644,{b},{p}")])
-    found: dict[str, str] = {}
-    out = git.out("diff-tree", "-r", "-z", "--find-copies-harder", "-C70%", "--diff-filter=C", tree,
-                  probe.out("write-tree"))
-    fields = out.split("\0")
-    for i, meta in enumerate(fields):
-        if meta.startswith(":") and meta.split()[-1].startswith("C") and i + 2 < len(fields):
-            source, dest = fields[i + 1], fields[i + 2]
-            if dest in pre and source not in pre:
-                found[dest] = source
+    stage(probe, {p: ("100644", b) for p, b in pre.items()})
+    fields = git.out("diff-tree", "-r", "-z", "--find-copies-harder", "-C70%", "--diff-filter=C", tree,
+                     probe.out("write-tree")).split("\0")
+    found = {fields[i + 2]: fields[i + 1] for i, meta in enumerate(fields)
+             if meta.startswith(":") and meta.split()[-1].startswith("C") and i + 2 < len(fields)
+             and fields[i + 2] in pre and fields[i + 1] not in pre}
     return found if len(found) == len(missing) else {}
-
-
-def holds(present: set[str], path: str) -> bool:
-    """May the index hold ``path`` (a file, or a folder with files), as ``present`` (a superset) says?"""
-    return path in present or any(p.startswith(path + "/") for p in present)
 
 
 def replay_overlay(git: Git, item: Planned, index_file: Path, present: set[str] | None = None,
                    lazy: LazyIndex | None = None) -> EntryCheck:
-    """``item`` added whole; ``present``: a superset of the paths the index holds (asked only where it
-    may hold the target); ``lazy``: the index held in memory."""
+    """``item`` added whole; ``present``: a superset of the paths the index holds; ``lazy``: the index in memory."""
     idx = index_git(git, index_file)
-    row = EntryCheck(item.entry.name, item.entry.kind, item.label, "clean", chosen_by=item.chosen_by)
+    row = EntryCheck.of(item, "clean")
     target = item.entry.target
-    if (present is None or holds(present, target)) and (lazy.holds(target) if lazy is not None
-                                                       else idx.out("ls-files", "--", target)):
+    may_hold = present is None or target in present or any(p.startswith(target + "/") for p in present)
+    if may_hold and (lazy.holds(target) if lazy is not None else idx.out("ls-files", "--", target)):
         row.status, row.detail = "collision", f"{target} already exists"
         return row
     if lazy is not None:
         lazy.set(target, (("100644", written_blob(idx, item.path), "0"),))
     else:
-        idx.run("update-index", "--add", "--cacheinfo", f"100644,{written_blob(idx, item.path)},{target}")
+        stage(idx, {target: ("100644", written_blob(idx, item.path))})
     return row
 
 
 def replay_patch_shared(git: Git, item: Planned, index_file: Path, lazy: LazyIndex) -> EntryCheck:
-    """``replay_patch`` on the index held in memory: its outcome is shared by every rev whose index
-    holds the same at the patch's paths, with the same of its preimage blobs in the repository."""
+    """``replay_patch`` on the index in memory, its outcome shared by every rev whose index holds the same there."""
     assert item.patch is not None
     paths = item.patch.paths
-    found = tuple(git.ok("cat-file", "-e", f"{b}^{{blob}}") for b, _ in item.patch.blobs.values() if b != NULL_BLOB)
+    found = tuple(have_blobs(git, [b]) for b, _ in item.patch.blobs.values() if b != NULL_BLOB)
 
     def replay() -> tuple:
         lazy.flush(paths)
@@ -321,8 +322,7 @@ def replay_patch_shared(git: Git, item: Planned, index_file: Path, lazy: LazyInd
     if not failed and record["after"] is not None:
         for path, entries in record["after"].items():
             lazy.set(path, entries)
-    return EntryCheck(item.entry.name, item.entry.kind, item.label, status, detail, chosen_by=item.chosen_by,
-                      conflicts=list(conflicts))
+    return EntryCheck.of(item, status, detail, conflicts=list(conflicts))
 
 
 def replay_entry(git: Git, item: Planned, index_file: Path, present: set[str], *, ledger: Ledger | None = None,
@@ -333,8 +333,7 @@ def replay_entry(git: Git, item: Planned, index_file: Path, present: set[str], *
     missing = [f for f in item.patch.needs if f not in present] if item.patch is not None else []
     renamed = follow_renames(git, item, index_file, missing, at, lazy) if missing else {}
     if missing and not renamed:  # not even a 3-way merge can patch a file that is not there
-        row = EntryCheck(item.entry.name, item.entry.kind, item.label, "conflict", f"{missing[0]}: does not exist",
-                         chosen_by=item.chosen_by, conflicts=missing[:1])
+        row = EntryCheck.of(item, "conflict", f"{missing[0]}: does not exist", conflicts=missing[:1])
     elif item.patch is not None:
         if lazy is not None and not renamed and plain_patch(item.patch):
             row = replay_patch_shared(git, item, index_file, lazy)
@@ -358,11 +357,9 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
                     ledger: Ledger | None = None, span: str = "",
                     trees: dict[str, tuple[str, str]] | None = None,
                     keep_index: bool = True) -> tuple[RevCheck, list[Planned]]:
-    """Replay the series on ``commit`` into the index file ``index_file`` (nothing is checked out).
-    Entries merged upstream at ``commit`` are rows with status ``skipped``. ``trees``, when given,
-    is filled with entry -> (tree before it, tree after it) for the entries that replay.
-    ``keep_index=False`` (the caller reads only the rows) with a ``ReadMemo``: the index is held in
-    memory and replays are shared across the revs of the call (``replay_patch_shared``)."""
+    """The series replayed on ``commit`` into ``index_file``; entries merged upstream there are ``skipped``.
+    ``trees``: filled with entry -> (tree before it, tree after it); ``keep_index=False`` with a
+    ``ReadMemo``: the index is held in memory and replays are shared across revs (``replay_patch_shared``)."""
     result = RevCheck(rev, commit)
     try:
         planned = plan(series, git, commit)

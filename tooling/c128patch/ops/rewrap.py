@@ -15,11 +15,8 @@ once, the place nearest the hunk's own line is taken. One hunk that does not fit
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-from c128patch.git import Git
-from c128patch.series.patchfile import PatchInfo
-from c128patch.series.plan import index_git
+from unidiff import PatchedFile
 
 _DROPPED = re.compile(r",(?=[)\]}])")
 
@@ -67,7 +64,7 @@ def _place(lines: list[str], pre: list[str], cut: tuple[int, int], near: int) ->
     return min(found, key=lambda f: abs(f[0] - near)) if found else None
 
 
-def _rewrapped(text: str, pf) -> str | None:
+def rewrapped(text: str, pf: PatchedFile) -> str | None:
     """``text`` with the hunks of ``pf`` (a unidiff PatchedFile) placed as the module says; None
     when one does not fit."""
     lines = text.splitlines(keepends=True)
@@ -92,31 +89,3 @@ def _rewrapped(text: str, pf) -> str | None:
         lines[start:end] = added
         shift = start + len(added) - (hunk.source_start - 1 + lead + removed)
     return "".join(lines)
-
-
-def rewrap_merge(git: Git, info: PatchInfo, index_file: Path) -> bool:
-    """The patch ``info`` applied to the index ``index_file`` as the module says. True when every
-    hunk fits (the index then holds the result); False leaves the index as it was."""
-    files = list(info.patchset)
-    if not files or any(pf.is_added_file or pf.is_removed_file or pf.is_binary_file or pf.is_rename
-                        or pf.source_file[2:] != pf.target_file[2:] for pf in files):
-        return False
-    idx = index_git(git, index_file)
-    out = []
-    for pf in files:
-        path = pf.path[2:] if pf.path.startswith(("a/", "b/")) else pf.path
-        listed = idx.out("ls-files", "-s", "--", path).split()
-        if len(listed) < 2:
-            return False
-        try:
-            text = git.run("cat-file", "blob", listed[1], binary=True).stdout.decode()
-        except UnicodeDecodeError:
-            return False
-        new = _rewrapped(text, pf)
-        if new is None:
-            return False
-        out.append((listed[0], path, new))
-    for mode, path, new in out:
-        blob = git.run("hash-object", "-w", "--stdin", input=new.encode(), binary=True).stdout.decode().strip()
-        idx.run("update-index", "--cacheinfo", f"{mode},{blob},{path}")
-    return True

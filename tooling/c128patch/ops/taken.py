@@ -1,17 +1,10 @@
 """An overlay's target path taken upstream: who made the file, who imports it, and the way through.
 
-When upstream creates its own file at an overlay's target, keeping ours would replace upstream's
-module under every upstream importer (with the gates off too). ``taken`` says which upstream
-commit created the file, which upstream files import it (``git grep`` of the new base for the
-module's dotted name, or a header's file name), which entries of the series import ours, and so
-which way through fits:
-
-* ``rename``: entries of ours import our module: give the overlay another ``target`` in
-  series.toml (and point those entries at it), then ``rebase --continue`` replays it there;
-* ``drop``: nothing of ours imports it: ``rebase --skip`` drops it as superseded by upstream's file
-  (the skip records ``merged_in``).
-
-Both end in the usual proof of the rebased tree.
+Keeping ours would replace upstream's module under every upstream importer (gates off too). ``taken``
+names the upstream commit that created the file, the upstream files importing it (``git grep`` of the
+new base for the dotted module, or a header's name), the entries of ours importing ours, and so the
+way through: ``rename`` (entries import ours: another ``target`` in series.toml, then ``rebase
+--continue``) or ``drop`` (nothing does: ``rebase --skip`` drops it as superseded, recording ``merged_in``).
 """
 
 from __future__ import annotations

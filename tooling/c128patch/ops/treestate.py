@@ -24,13 +24,8 @@ from c128patch.errors import C128Error
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git, stale_lock_message, user_can_commit
 from c128patch.progress import console
 
-_GIT_BUSY = {
-    "rebase-merge": "a git rebase",
-    "rebase-apply": "a git am or rebase",
-    "MERGE_HEAD": "a git merge",
-    "CHERRY_PICK_HEAD": "a git cherry-pick",
-    "REVERT_HEAD": "a git revert",
-}
+_GIT_BUSY = {"rebase-merge": "a git rebase", "rebase-apply": "a git am or rebase", "MERGE_HEAD": "a git merge",
+             "CHERRY_PICK_HEAD": "a git cherry-pick", "REVERT_HEAD": "a git revert"}
 LOCK_NAME = "c128patch.lock"
 
 
@@ -40,7 +35,6 @@ def git_path(git: Git, name: str) -> Path:
 
 
 def git_paths(git: Git, names: list[str]) -> list[Path]:
-    """``git_path`` of each of ``names``, in one git call."""
     rels = git.run("rev-parse", *(a for name in names for a in ("--git-path", name))).stdout.splitlines()
     return [Path(rel) if Path(rel).is_absolute() else (git.worktree or Path.cwd()) / rel for rel in rels]
 
@@ -80,19 +74,15 @@ def rebase_command(tree: Path, verb: str, *args: str) -> str:
 
 def ensure_idle(git: Git, action: str) -> None:
     """Refuse to ``action`` while a c128patch apply/rebase or a git operation is half done."""
-    tree = git.worktree
+    tree, where = git.worktree, git.worktree or Path.cwd()
     state, *busy, index_lock = git_paths(git, ["c128patch", *_GIT_BUSY, "index.lock"])
     if (state / "apply.json").is_file():
-        resume, undo = apply_commands(tree or Path.cwd())
-        raise C128Error(
-            f"cannot {action}: a c128patch apply was interrupted in {tree}; finish it ({resume}) or undo it ({undo})"
-        )
+        resume, undo = apply_commands(where)
+        raise C128Error(f"cannot {action}: a c128patch apply was interrupted in {tree}; finish it ({resume}) "
+                        f"or undo it ({undo})")
     if (state / "rebase.json").is_file():
-        where = tree or Path.cwd()
-        raise C128Error(
-            f"cannot {action}: a c128patch rebase is in progress in {tree}; finish it "
-            f"({rebase_command(where, 'continue')} / --skip) or undo it ({rebase_command(where, 'abort')})"
-        )
+        raise C128Error(f"cannot {action}: a c128patch rebase is in progress in {tree}; finish it "
+                        f"({rebase_command(where, 'continue')} / --skip) or undo it ({rebase_command(where, 'abort')})")
     for path, what in zip(busy, _GIT_BUSY.values()):
         if path.exists():
             raise C128Error(f"cannot {action}: {what} is in progress in {tree}; finish or abort it first")
@@ -130,21 +120,17 @@ def ensure_clean(git: Git, action: str) -> None:
         sample = ", ".join(line[3:] for line in changes[:3])
         more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
         stash = shlex.join(["git", "-C", str(git.worktree), "stash", "-u"])
-        raise C128Error(
-            f"cannot {action}: {git.worktree} has uncommitted changes ({sample}{more}); "
-            f"commit or stash them ({stash}) and retry; nothing was changed"
-        )
+        raise C128Error(f"cannot {action}: {git.worktree} has uncommitted changes ({sample}{more}); "
+                        f"commit or stash them ({stash}) and retry; nothing was changed")
 
 
-# ---------------------------------------------------------------------------- journals
 def read_journal(git: Git, path: Path, what: str) -> dict:
     """The JSON object in a journal; an unreadable one is a one-line error that says how to forget it."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise corrupt_journal(git, path, what, str(getattr(exc, "msg", None) or exc)) from None
-    except RecursionError:
-        raise corrupt_journal(git, path, what, "nested too deeply to read") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        why = "nested too deeply to read" if isinstance(exc, RecursionError) else str(getattr(exc, "msg", None) or exc)
+        raise corrupt_journal(git, path, what, why) from None
     if not isinstance(data, dict):
         raise corrupt_journal(git, path, what, f"a JSON {type(data).__name__}, not an object")
     return data
@@ -155,37 +141,30 @@ _TYPES: dict[str, type] = {"str": str, "int": int, "bool": bool, "dict": dict, "
 
 def checked_fields(cls: type, data: dict, git: Git, path: Path, what: str) -> dict[str, Any]:
     """``data`` as keyword arguments of the journal dataclass ``cls``, every field of its declared type."""
-    out: dict[str, Any] = {}
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    fields = dataclasses.fields(cls)
+    unknown = sorted(set(data) - {f.name for f in fields})
     if unknown:
         raise corrupt_journal(git, path, what, f"unknown field {unknown[0]!r}")
-    for f in dataclasses.fields(cls):
+    for f in fields:
         if f.name not in data:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise corrupt_journal(git, path, what, f"no {f.name!r}")
             continue
-        value = data[f.name]
-        names = [part.strip().split("[")[0] for part in str(f.type).split("|")]
+        value, names = data[f.name], [part.strip().split("[")[0] for part in str(f.type).split("|")]
         allowed = tuple(_TYPES[n] for n in names if n in _TYPES)
-        if len(allowed) != len(names):  # a type this check does not know (an alias): the dataclass's own business
-            out[f.name] = value
-            continue
-        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        known = len(allowed) == len(names)  # else an alias: the dataclass's own business
+        if known and (not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)):
             raise corrupt_journal(git, path, what, f"{f.name!r} is a {type(value).__name__}")
-        out[f.name] = value
-    return out
+    return dict(data)
 
 
 def corrupt_journal(git: Git, path: Path, what: str, reason: str) -> C128Error:
-    """The error for a journal that cannot be read: how to forget it, and (git's own record of the
-    branch checked out before, ``@{-1}``) how to get back where it started: an apply leaves HEAD on its
-    new branch, a rebase detaches HEAD only at a stop."""
+    """The error for an unreadable journal: how to forget it, and how to get back to the branch checked
+    out before (``@{-1}``) where HEAD moved (an apply; a rebase only at a stop)."""
     back = ""
     proc = git.run("rev-parse", "--symbolic-full-name", "@{-1}", check=False)
     previous = proc.stdout.strip() if proc.returncode == 0 else ""
-    moved = what == "apply" or git.current_branch() is None
-    if moved and previous.startswith("refs/heads/"):
+    if (what == "apply" or git.current_branch() is None) and previous.startswith("refs/heads/"):
         back = ("; the branch you started from is untouched: "
                 + shlex.join(["git", "-C", str(git.worktree), "checkout", previous.removeprefix("refs/heads/")]))
     return C128Error(
@@ -194,7 +173,6 @@ def corrupt_journal(git: Git, path: Path, what: str, reason: str) -> C128Error:
     )
 
 
-# ---------------------------------------------------------------------------- the lock
 @dataclass(frozen=True)
 class Holder:
     action: str
