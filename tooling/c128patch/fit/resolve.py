@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import inspect
 from dataclasses import dataclass
+from typing import Iterator
 
 from c128patch.fit.tree import PACKAGE, PY_ROOT, Reader
 
@@ -178,25 +179,15 @@ class Upstream:
                        why=f"no module {name} on this tree ({mod.path} defines no {attr})")
         return Def("missing", name, mod.path, 1, why=f"{mod.path} defines no {attr}")
 
-    @staticmethod
-    def _top_statements(body: list[ast.stmt]):
-        for stmt in body:
-            yield stmt
-            if isinstance(stmt, (ast.If, ast.Try, ast.With)):
-                for part in ("body", "orelse", "finalbody"):
-                    yield from Upstream._top_statements(getattr(stmt, part, []) or [])
-                for handler in getattr(stmt, "handlers", []):
-                    yield from Upstream._top_statements(handler.body)
-
     def _find_top(self, tree: ast.Module, attr: str) -> ast.stmt | None:
         found = None
-        for stmt in self._top_statements(tree.body):
+        for stmt in _top_statements(tree.body):
             if _binds(stmt, attr):
                 found = stmt  # the last binding wins, as at run time
         return found
 
     def _stars(self, tree: ast.Module, mod: Def) -> list[str]:
-        return [absolute(s, mod) for s in self._top_statements(tree.body)
+        return [absolute(s, mod) for s in _top_statements(tree.body)
                 if isinstance(s, ast.ImportFrom) and any(a.name == "*" for a in s.names)]
 
     def _from_stmt(self, stmt: ast.stmt, attr: str, mod: Def, hops: int) -> Def:
@@ -307,6 +298,15 @@ class Upstream:
             text = ast.unparse(value) if value is not None else ast.unparse(getattr(node, "annotation", node))
             return f"= {text}", None
         return "", None
+
+
+def _top_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements a module runs at its top, inside ``if``/``try``/``with`` too."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, (ast.If, ast.Try, ast.With, ast.ExceptHandler)):
+            for part in ("body", "orelse", "finalbody", "handlers"):
+                yield from _top_statements(getattr(stmt, part, []) or [])
 
 
 def _binds(stmt: ast.stmt, name: str) -> bool:

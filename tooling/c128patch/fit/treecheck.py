@@ -250,61 +250,13 @@ class _FolderReader:
 
 
 def _problem(up: Upstream, use: ImportUse) -> str:
-    found = up.module_path(use.module)
-    if found is None:
+    mod = up.module(use.module)
+    if mod.kind == "missing":
         return f"no module {use.module} on this tree"
-    path = found[0]
-    if not use.names:
-        return ""
-    defined: set[str] | None = set()  # a namespace folder: its submodules only
-    if not path.endswith("/"):
-        tree = up.parse(path)
-        if tree is None:
-            try:
-                ast.parse(up.reader.text(path) or "")
-            except SyntaxError as exc:
-                return f"{use.module} does not parse ({exc.msg}, line {exc.lineno})"
-        defined = _top_names(tree) if tree is not None else None
-        if defined is None:
-            return ""
-    missing = [n for n in use.names if n not in defined and up.module_path(f"{use.module}.{n}") is None]
-    return f"{path.rstrip('/')} defines no {', '.join(missing)}" if missing else ""
-
-
-def _top_names(tree: ast.Module) -> set[str] | None:  # noqa: C901  one dispatch over statement kinds
-    names: set[str] = set()
-
-    def add_target(t: ast.AST) -> None:
-        for n in ast.walk(t):
-            if isinstance(n, ast.Name):
-                names.add(n.id)
-
-    def visit(body: list[ast.stmt]) -> bool:
-        for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
-            elif isinstance(node, ast.Assign):
-                for t in node.targets:
-                    add_target(t)
-            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
-                add_target(node.target)
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                for a in node.names:
-                    if a.name == "*":
-                        return False
-                    names.add(a.asname or a.name.split(".")[0])
-            elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
-                blocks = [getattr(node, k, []) for k in ("body", "orelse", "finalbody")]
-                blocks += [h.body for h in getattr(node, "handlers", [])]
-                if isinstance(node, ast.For):
-                    add_target(node.target)
-                if not all(visit(b) for b in blocks):
-                    return False
-        return True
-
-    if not visit(tree.body) or "__getattr__" in names:
-        return None
-    return names
+    if mod.kind != "module":
+        return mod.why
+    missing = [n for n in use.names if up.member(mod, n).kind == "missing"]
+    return f"{mod.path.rstrip('/')} defines no {', '.join(missing)}" if missing else ""
 
 
 def check_imports(top: Path, modules: list[str]) -> dict[str, dict]:

@@ -1,51 +1,31 @@
 """``watch``: does the series still carry onto an upstream rev? Classify, prove, report; never touch the user's tree.
 
-On a scratch clone of upstream (objects shared with it, nothing of the user's touched) and a private
-copy of the series, ``watch`` applies the series at its base (``ops.apply``), rebases it onto REV
-(``ops.rebase``: the file the series chooses there, strict then 3-way, the ledger replaying recorded
-resolutions, entries with content evidence of being upstream dropped as proposals), which proves the
-result (``ops.equivalence``), then checks what it would hand over: ``lint`` and the gate ``audit``
-of the series carried to REV, and the CPU tree checks (``fit.treechecks``). The outcome:
+On a scratch clone of upstream (objects shared) and a private copy of the series: apply at the base
+(``ops.apply``), rebase onto REV (``ops.rebase``: strict, 3-way, the ledger; entries upstream holds
+dropped as proposals), prove it (``ops.equivalence``), then ``lint``, the gate ``audit``, the CPU tree
+checks (``fit.treechecks``), the API contract (``fit.contract``, against ``patches/contract.lock``) and
+the behavioural tier (``fit.treecheck``, in its sealed box; ``run=False`` skips it). The outcome:
 
-* ``clean`` (exit 0): every entry's file applies strictly on REV; nothing to do;
-* ``refreshed`` (exit 3): entries needed a 3-way merge or a ledger resolution, all proven. The
-  refreshed series (``ops.refresh``: primary files when REV is a release tag ahead of the series base,
-  else variants for REV; ``primary`` overrides) is written to ``OUT/series/`` (a whole series folder:
-  ``patches/`` with the manifest, ``csrc/``, ``overlay/``) and verified before it is offered: applied
-  fresh at REV every entry applies strictly, the tree equals the proven rebase's, and ``refresh
-  --check`` there changes nothing;
-* ``merged`` (exit 4): entries upstream holds on content evidence (``ops.merged``), each with its
-  signals; the proposed series (those entries kept with ``merged_in``, verified as above) is written
+* ``clean`` (0): every entry applies strictly on REV;
+* ``refreshed`` (3): entries needed a 3-way merge or a ledger resolution, all proven; the refreshed
+  series (``ops.refresh``) is written to ``OUT/series/`` and verified (applies strictly at REV, the
+  same tree as the rebase, a ``refresh --check`` fixed point);
+* ``merged`` (4): entries upstream holds on content evidence (``ops.merged``); the proposed series goes
   to ``OUT/series/`` for a human to adopt or not;
-* ``conflict`` (exit 5): entries that stop the rebase, each with its file, hunk, lines on REV, the
-  upstream commits that touched them and where moved code went (``ops.conflicts``). The rebase goes
-  on past each stop (skipping that entry), so one report lists every entry that conflicts; one reached
-  only after such a skip says so. The commands to reproduce the stop in a tree of one's own are listed;
-* ``failed`` (exit 6): the series carried, but the result is not proven, the refreshed series does
-  not verify, or a check has findings (listed). Nothing is offered as ready;
-* ``broken`` (exit 7): the series carried, but it does not fit REV: its API contract
-  (``fit.contract``, against the committed ``patches/contract.lock``) has an upstream module, name,
-  attribute or header gone, a call that does not bind, or a signature changed since the lock. Each
-  item is listed with our file:line, upstream's file:line and both signatures. Or the behavioural tier
-  (``fit.treecheck``, gates off and on, on the carried work tree, with ``python``) fails there: a module
-  that no longer imports, a gate probe that no longer switches, a missing module or name it imports;
-* ``unchecked`` (exit 8): it would be ``clean``, but the C++ side (no nvcc) or the behavioural tier (no
-  torch, or it did not run) could not be checked here: one line each, never ``clean``.
+* ``conflict`` (5): entries that stop the rebase, each with its file, hunks and the upstream commits
+  that touched them (``ops.conflicts``); the rebase skips past each stop, so one report lists them all;
+* ``failed`` (6): carried, but not proven, the refreshed series does not verify, or a check has findings;
+* ``broken`` (7): carried, but the contract (a name gone, a call that does not bind, a signature
+  changed since the lock) or the behavioural tier fails on REV;
+* ``unchecked`` (8): it would be ``clean`` but the C++ side or the behavioural tier was not checked here.
 
-For ``conflict`` and ``broken``, ``bisect`` (``fit.bisect``, at most ``BISECT_TIMEOUT`` s) names the
-first upstream commit between the base and REV where the series stops applying or fitting.
-
-Conflict outranks broken, broken outranks failed, failed outranks merged, merged outranks refreshed,
-refreshed outranks unchecked. Every outcome writes
-``OUT/watch-report.md`` (what a maintainer reads; CI posts it), ``OUT/watch-report.json`` and the
-rebase's own report (``rebase-report.md``/``.json``); ``refreshed`` and ``merged`` also
-``OUT/commit-message.txt``. ``OUT`` must be new, empty, or hold an earlier watch report (replaced).
-
-Bounded in time: past ``timeout`` seconds the work stops wherever it is (SIGALRM; git children are
-killed with it), the report says where, and ``WatchTimeout`` (exit 124) is raised. Bad input
-(unknown rev, unusable ``OUT``) raises before anything is written (exit 2).
+Conflict > broken > failed > merged > refreshed > unchecked. For ``conflict`` and ``broken``, ``bisect``
+(``fit.bisect``, at most ``BISECT_TIMEOUT`` s) names the first upstream commit that broke it. Every
+outcome writes ``OUT/watch-report.md``/``.json`` and the rebase's report; ``refreshed`` and ``merged``
+also ``OUT/commit-message.txt``. ``OUT`` must be new, empty, or hold an earlier watch report. Past
+``timeout`` s the work stops (SIGALRM), the report says where, and ``WatchTimeout`` (exit 124) is
+raised. Bad input raises before anything is written (exit 2).
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -242,8 +222,7 @@ class Watch:
         broken = bool(self.contract and self.contract["broken"]) or bool(self.behaviour and self.behaviour["failed"])
         outcome = ("conflict" if stops else "broken" if broken else "failed" if problems
                    else "merged" if merged else "refreshed" if needed else "unchecked" if self.unchecked() else "clean")
-        report = self._report(outcome, final, steps, stops, merged, needed, final.get("equivalence") or {}, checks,
-                              refreshed, problems)
+        report = self._report(outcome, problems, final, steps, stops, merged, needed, checks, refreshed)
         if outcome in ("conflict", "broken"):
             report["bisect"] = self._bisect(behaviour=outcome == "broken" and not (self.contract or {}).get("broken"))
         report["json"] = final
@@ -331,11 +310,9 @@ class Watch:
     def _finish_tier(self, pending: tier_ops.Pending | str | None) -> dict:
         """The tier's result: failing modules make the outcome broken; what it could not run, unchecked."""
         self._step(f"behavioural tier on {self.onto}")
-        if not isinstance(pending, tier_ops.Pending):
-            why = pending or "not started"
-            return {"ok": False, "ran": False, "verdict": f"not run: {why}", "failed": [], "not_checked": [],
-                    "unchecked": [f"behavioural tier: not run: {why}"], "json": {}}
         try:
+            if not isinstance(pending, tier_ops.Pending):
+                raise C128Error(pending or "not started")
             result = pending.finish()
         except C128Error as exc:
             return {"ok": False, "ran": False, "verdict": f"not run: {exc.message}", "failed": [], "not_checked": [],
@@ -443,10 +420,8 @@ class Watch:
         return out
 
     def _failed_at_base(self, exc: C128Error) -> dict:
-        problem = f"the series does not apply at its own base {self.series.base}: {exc.message}"
-        report = self._report("failed", None, [], [], [], [], {}, [], None, [problem])
-        report["json"] = {}
-        return report
+        return {**self._report("failed", [f"the series does not apply at its own base {self.series.base}: "
+                                          f"{exc.message}"]), "json": {}}
 
     # ------------------------------------------------------------------ the report
     def reproduce(self) -> list[str]:
@@ -464,10 +439,10 @@ class Watch:
         return [f"c128patch apply --sglang-rev {_q(self.series.base)}{repo} --tree {WORK_TREE}{self.series_args}",
                 f"c128patch rebase --onto {_q(target)}{repo} --tree {WORK_TREE}{self.series_args}"]
 
-    def _report(self, outcome: str, final: dict | None, steps: list[dict], stops: list[Stop], merged: list[dict],
-                needed: list[dict], proof: dict, checks: list[dict], refreshed: dict | None,
-                problems: list[str]) -> dict:
-        series = self.series
+    def _report(self, outcome: str, problems: list[str], final: dict | None = None, steps: tuple = (),
+                stops: tuple = (), merged: tuple = (), needed: tuple = (), checks: tuple = (),
+                refreshed: dict | None = None) -> dict:
+        series, proof = self.series, (final or {}).get("equivalence") or {}
         stopped = {s.entry: s.step.get("detail", "") for s in stops}
         rows = []
         for s in steps:
@@ -500,7 +475,7 @@ class Watch:
             "conflicts": [s.to_json() for s in stops],
             "merged": [{"entry": s["name"], "signals": s["signals"], "detail": s["detail"]} for s in merged],
             "equivalence": {k: proof[k] for k in ("summary", "ok", "identical") if k in proof},
-            "checks": checks,
+            "checks": list(checks),
             "refreshed": refreshed,
             "problems": problems,
             "contract": self.contract,
@@ -542,10 +517,7 @@ class Watch:
                 "# fix the overlay / patch code it names (or adapt to the upstream commit the bisect names)"]
 
     def timeout_report(self, exc: WatchTimeout) -> dict:
-        report = self._report("timeout", None, [], [], [], [], {}, [], None, [exc.message])
-        report["phase"] = self.where()
-        report["json"] = {}
-        return report
+        return {**self._report("timeout", [exc.message]), "phase": self.where(), "json": {}}
 
     def write(self, report: dict, tmp: Path | None) -> None:
         """Replace what an earlier watch wrote under ``out`` with this run's files."""
