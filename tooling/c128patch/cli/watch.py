@@ -1,5 +1,5 @@
 """c128patch watch --onto REV [--repo PATH|URL] [--out DIR] [--timeout S] [--primary|--variant] [--python PY]
-[--json]"""
+[--no-run] [--json]"""
 
 from __future__ import annotations
 
@@ -27,12 +27,15 @@ EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items()
               help="A refreshed series takes REV's files as its primary files (base moves to REV) or as variants "
                    "for REV. Default: primary when REV is a release tag ahead of the series base.")
 @click.option("--python", "python", default=None, help="The interpreter the behavioural tier imports the carried "
-              "tree with (one with torch and sglang's dependencies checks the most; default: this one).")
+              "tree with, a path from the current folder or a name on PATH (one with torch and sglang's "
+              "dependencies checks the most; default: this one).")
+@click.option("--no-run", "no_run", is_flag=True, help="Run none of the target's code: the behavioural tier is "
+              "skipped (then unchecked at best).")
 @series_option
 @json_option
 @handles_errors
 def command(onto: str, repo: str | None, out: Path, timeout: float, primary: bool | None, python: str | None,
-            series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+            no_run: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Carry the series onto REV in a scratch clone (never your tree), prove and check the result, and
     say which of clean / refreshed / merged / conflict / failed / broken / unchecked it is, with a report under
     --out."""
@@ -43,15 +46,17 @@ def command(onto: str, repo: str | None, out: Path, timeout: float, primary: boo
     from c128patch.progress import console, reporter
     from c128patch.series.layers import get_series
     from c128patch.series.plan import validate_files
+    from c128patch.textsafe import plain
 
     series = get_series(series_dir, layer_dirs)
     validate_files(series)
     with reporter(not as_json, title="watch") as rep:
-        report = core.watch(series, repo, onto, out, timeout=timeout, primary=primary, python=python, reporter=rep)
+        report = core.watch(series, repo, onto, out, timeout=timeout, primary=primary, python=python,
+                            run_code=not no_run, reporter=rep)
     if as_json:
         emit_json(report)
     else:  # the Markdown report, as a terminal shows it
         text = console(stderr=False)
-        text.print(Markdown(render(report)))
+        text.print(Markdown(plain(render(report))))
         text.print(f"report: {Path(report['out']) / 'watch-report.md'} (exit {report['exit_code']})", markup=False)
     sys.exit(report["exit_code"])

@@ -276,17 +276,14 @@ class Upstream:
         """The text the lock hashes, and the Signature a call binds to (None: no callable signature)."""
         node = d.node
         if d.kind in ("function", "method") and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            sig = signature_of(node.args)
-            if d.bound and sig.parameters:
-                sig = sig.replace(parameters=list(sig.parameters.values())[1:])
             full = signature_of(node.args)
-            return f"def {node.name}{full}", sig
+            return f"def {node.name}{full}", _unbound(full) if d.bound else full
         if d.kind == "class" and isinstance(node, ast.ClassDef):
             head = f"class {node.name}({', '.join(ast.unparse(b) for b in node.bases)})"
             init = self._class_member(d, "__init__", 0, set())
             if init.kind == "method" and isinstance(init.node, ast.FunctionDef):
                 full = signature_of(init.node.args)
-                return f"{head}: __init__{full}", full.replace(parameters=list(full.parameters.values())[1:])
+                return f"{head}: __init__{full}", _unbound(full)
             if "dataclass" in _decorators(node) or any("NamedTuple" in ast.unparse(b) for b in node.bases):
                 sig = _fields_signature(node)
                 return f"{head}: {sig}", sig
@@ -298,6 +295,11 @@ class Upstream:
             text = ast.unparse(value) if value is not None else ast.unparse(getattr(node, "annotation", node))
             return f"= {text}", None
         return "", None
+
+
+def _unbound(sig: inspect.Signature) -> inspect.Signature:
+    """``sig`` without its first parameter (``self``/``cls``, taken by binding)."""
+    return sig.replace(parameters=list(sig.parameters.values())[1:])
 
 
 def _top_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:

@@ -35,7 +35,6 @@ import signal
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
@@ -44,6 +43,7 @@ from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.fit import bisect as bisect_ops
 from c128patch.fit import contract as contract_ops
 from c128patch.fit import treecheck as tier_ops
+from c128patch.fit.sandbox import NOTICE, interpreter
 from c128patch.fit.series_audit import audit_series
 from c128patch.fit.treechecks import check_tree
 from c128patch.fit.watch_report import broken_next, commit_message, headline, render
@@ -133,30 +133,17 @@ def _q(value: object) -> str:
     return shlex.quote(str(value))
 
 
-@dataclass
-class Stop:
-    """One entry that stopped the rebase: its step as the stop left it."""
-
-    entry: str
-    message: str
-    step: dict
-    after_skipping: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        stop = self.step.get("stop") or {}
-        return {"entry": self.entry, "message": self.message, "detail": self.step.get("detail", ""),
-                "file": stop.get("file", self.step.get("file", "")), "chosen_by": self.step.get("chosen_by", ""),
-                "blocks": stop.get("blocks", []), "resolved_by_ledger": stop.get("resolved", []),
-                "unresolved": stop.get("unresolved", []), "paths": stop.get("paths", []),
-                "upstream_commits": self.step.get("upstream_commits", []), "hints": self.step.get("hints", []),
-                "taken": stop.get("taken") or {},
-                "after_skipping": self.after_skipping}
-
-
-def _stop_of(exc: ConflictError, before: list[str]) -> Stop:
+def _stop_of(exc: ConflictError, before: list[str]) -> dict:
+    """One entry that stopped the rebase, as the report lists it (its step as the stop left it)."""
     failing = [e for e in (exc.report or {}).get("entries", []) if e.get("status") == "failing"]
     step = failing[0] if failing else {}
-    return Stop(step.get("name", "?"), exc.message, step, list(before))
+    stop = step.get("stop") or {}
+    return {"entry": step.get("name", "?"), "message": exc.message, "detail": step.get("detail", ""),
+            "file": stop.get("file", step.get("file", "")), "chosen_by": step.get("chosen_by", ""),
+            "blocks": stop.get("blocks", []), "resolved_by_ledger": stop.get("resolved", []),
+            "unresolved": stop.get("unresolved", []), "paths": stop.get("paths", []),
+            "upstream_commits": step.get("upstream_commits", []), "hints": step.get("hints", []),
+            "taken": stop.get("taken") or {}, "after_skipping": list(before)}
 
 
 class _Tracked:
@@ -172,8 +159,9 @@ class _Tracked:
 
 class Watch:
     def __init__(self, series: Series, repo: str | None, onto: str, out: Path, *, primary: bool | None = None,
-                 python: str | None = None, reporter: Reporter = NullReporter()) -> None:
+                 python: str | None = None, run_code: bool = True, reporter: Reporter = NullReporter()) -> None:
         self.series, self.repo, self.onto, self.out, self.python = series, repo, onto, out, python
+        self.run_code = run_code
         self.primary, self.reporter = primary, _Tracked(reporter)
         # the series as a command names it: its folder and its layers
         self.series_args = f" --series {_q(series.root)}" + "".join(f" --layer {_q(f)}" for f in layer_folders(series))
@@ -224,7 +212,8 @@ class Watch:
                    else "merged" if merged else "refreshed" if needed else "unchecked" if self.unchecked() else "clean")
         report = self._report(outcome, problems, final, steps, stops, merged, needed, checks, refreshed)
         if outcome in ("conflict", "broken"):
-            report["bisect"] = self._bisect(behaviour=outcome == "broken" and not (self.contract or {}).get("broken"))
+            report["bisect"] = self._bisect(behaviour=outcome == "broken" and self.run_code
+                                            and not (self.contract or {}).get("broken"))
         report["json"] = final
         return report
 
@@ -248,7 +237,7 @@ class Watch:
         Git().run("clone", "--quiet", "--no-checkout", "--shared", "--", str(source), str(tmp / "tree"))
         return Git(worktree=tmp / "tree"), copy_series_root(series, tmp / "series"), base_commit, onto_commit
 
-    def _judge(self, git: Git, tmp: Path, mine: Series, final: dict, onto_commit: str, stops: list[Stop],
+    def _judge(self, git: Git, tmp: Path, mine: Series, final: dict, onto_commit: str, stops: list[dict],
                refresh_due: bool) -> tuple[dict | None, list[dict]]:
         """The refreshed series (when due) and the checks; sets ``contract`` and ``behaviour`` (not run past a stop)."""
         head = final["head"]
@@ -300,10 +289,11 @@ class Watch:
 
     def _start_tier(self, git: Git, series: Series, onto_commit: str, head: str) -> tier_ops.Pending | str:
         """``fit.treecheck`` (gates off and on) on the carried tree, started; a str says why it did not start."""
-        self._step(f"behavioural tier on {self.onto} (started)")
+        self._step(f"behavioural tier on {self.onto} (started): it {NOTICE}")
         try:
             git.run("checkout", "--quiet", "--force", "--detach", head)
-            return tier_ops.start(series, git.worktree, git.changed_files(onto_commit, head), python=self.python)
+            return tier_ops.start(series, git.worktree, git.changed_files(onto_commit, head), python=self.python,
+                                  run_code=self.run_code)
         except C128Error as exc:
             return exc.message
 
@@ -319,7 +309,7 @@ class Watch:
                     "unchecked": [f"behavioural tier: not run: {exc.message}"], "json": {}}
         data = result.to_json()
         whole = [] if result.checked else [f"behavioural tier: {result.verdict()}"]
-        return {"ok": data["ok"], "ran": True, "verdict": data["verdict"], "failed": data["failed"],
+        return {"ok": data["ok"], "ran": result.ran, "verdict": data["verdict"], "failed": data["failed"],
                 "not_checked": data["not_checked"], "unchecked": whole, "json": data}
 
     def unchecked(self) -> list[str]:
@@ -331,9 +321,9 @@ class Watch:
             out += self.behaviour["unchecked"]
         return out
 
-    def _rebase(self, rb: Rebase, onto_commit: str) -> tuple[dict, list[Stop], str]:
+    def _rebase(self, rb: Rebase, onto_commit: str) -> tuple[dict, list[dict], str]:
         """Rebase with every entry upstream holds dropped; past each stop, skip and go on."""
-        stops: list[Stop] = []
+        stops: list[dict] = []
         try:
             return rb.start(self.onto, onto_commit, drop_merged=True), stops, ""
         except DifferenceError as exc:
@@ -341,8 +331,8 @@ class Watch:
         except ConflictError as exc:
             stop = exc
         while True:
-            stops.append(_stop_of(stop, [s.entry for s in stops]))
-            self._step(f"rebasing onto {self.onto}: past the conflict in {stops[-1].entry}")
+            stops.append(_stop_of(stop, [s["entry"] for s in stops]))
+            self._step(f"rebasing onto {self.onto}: past the conflict in {stops[-1]['entry']}")
             try:
                 return rb.skip(), stops, ""
             except DifferenceError as exc:
@@ -443,7 +433,7 @@ class Watch:
                 stops: tuple = (), merged: tuple = (), needed: tuple = (), checks: tuple = (),
                 refreshed: dict | None = None) -> dict:
         series, proof = self.series, (final or {}).get("equivalence") or {}
-        stopped = {s.entry: s.step.get("detail", "") for s in stops}
+        stopped = {s["entry"]: s["detail"] for s in stops}
         rows = []
         for s in steps:
             if s["kind"] != "entry":
@@ -472,7 +462,7 @@ class Watch:
             "upstream_commits": (final or {}).get("upstream_commits", [])[:50],
             "entries": rows,
             "needed_merge": [s["name"] for s in needed],
-            "conflicts": [s.to_json() for s in stops],
+            "conflicts": list(stops),
             "merged": [{"entry": s["name"], "signals": s["signals"], "detail": s["detail"]} for s in merged],
             "equivalence": {k: proof[k] for k in ("summary", "ok", "identical") if k in proof},
             "checks": list(checks),
@@ -541,10 +531,12 @@ class Watch:
 
 
 def watch(series: Series, repo: str | None, onto: str, out: Path, *, timeout: float | None = None,
-          primary: bool | None = None, python: str | None = None, reporter: Reporter = NullReporter()) -> dict:
+          primary: bool | None = None, python: str | None = None, run_code: bool = True,
+          reporter: Reporter = NullReporter()) -> dict:
     """Run ``watch`` (module docstring) and write its report under ``out``; returns the report."""
     out = check_out_dir(out)
-    run = Watch(series, repo, onto, out, primary=primary, python=python, reporter=reporter)
+    python = interpreter(python) if python else None  # from the current folder, before the work moves
+    run = Watch(series, repo, onto, out, primary=primary, python=python, run_code=run_code, reporter=reporter)
     with tempfile.TemporaryDirectory(prefix="c128watch-") as tmp:
         try:
             with deadline(timeout, run.where):
