@@ -324,6 +324,28 @@ def test_accept_records_a_reviewed_change_and_the_contract_holds_again(drift, tm
     assert run_contract("swapped", repo=drift, series=series).code == 0
 
 
+def test_accept_never_turns_a_call_that_no_longer_binds_into_holds(drift, tmp_path):
+    series = copy_series(tmp_path / "series")
+    before = (series / "patches" / "contract.lock").read_text()
+    run = run_contract("signature", "--accept", repo=drift, series=series)
+    assert run.code == 1 and not run.out["ok"] and run.out["accepted"] == 0
+    [error] = findings(run, "error")
+    assert error.startswith(f"{RECORD_STREAMS}:39: call ") and "does not bind" in error
+    assert (series / "patches" / "contract.lock").read_text() == before
+
+
+def test_accept_refuses_a_symlinked_lock_and_writes_nothing(drift, tmp_path):
+    series = copy_series(tmp_path / "series")
+    lock = series / "patches" / "contract.lock"
+    victim = tmp_path / "victim.txt"
+    victim.write_text(lock.read_text())
+    lock.unlink()
+    lock.symlink_to(victim)
+    run = run_contract("swapped", "--accept", repo=drift, series=series)
+    assert run.code == 2 and run.err.count("\n") <= 3 and "contract.lock is a symbolic link" in run.err
+    assert victim.read_text() == (REPO_ROOT / "patches" / "contract.lock").read_text() and lock.is_symlink()
+
+
 # -- bad input ----------------------------------------------------------------------------------
 
 

@@ -305,7 +305,7 @@ def test_merged_is_proposed_on_content_evidence_naming_the_upstream_commit(lande
     assert signals[RS]["patch-id"]["commit"] == commit and "reverse-apply" not in signals[RS]  # not the same text
     assert "overlay-identical" in signals[HELPER]
     assert f"## Merged upstream (proposed): {RS}\n\n" in landed.md
-    assert "names PR #32035 (a hint, not evidence)" in landed.md
+    assert "names PR #32035` (a hint, not evidence)" in landed.md  # the #ref inert in a code span
 
 
 def test_the_proposed_series_keeps_the_merged_entries_with_merged_in(landed, stand_in, tmp_path):

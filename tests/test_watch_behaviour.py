@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
+import venv
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ import watch_upstream as wu
 from c128patch.fit.watch import EXIT
 from c128patch.git import Git
 from c128patch.series.manifest import load_series
+from c128patch.textsafe import md as inert
 from support import REPO_ROOT, invoke, upstream_commit
 
 ENVIRON = "python/sglang/srt/environ.py"
@@ -61,14 +62,10 @@ def broken(drift: Git, tmp_path_factory: pytest.TempPathFactory):
 
 
 def no_torch_python(tmp: Path) -> str:
-    """This interpreter, with a ``torch`` on its path that fails to import (the subprocess's environment)."""
-    hide = tmp / "hide-torch" / "torch"
-    hide.mkdir(parents=True)
-    (hide / "__init__.py").write_text('raise ImportError("torch is hidden by the test")\n')
-    script = tmp / "python-without-torch"
-    script.write_text(f'#!/bin/sh\nPYTHONPATH={hide.parent} exec {sys.executable} "$@"\n')
-    script.chmod(0o755)
-    return str(script)
+    """An interpreter without torch: a fresh venv of the base interpreter (the tier runs ``python -I``, which
+    ignores PYTHONPATH, so a ``torch`` hidden there no longer hides it)."""
+    venv.create(tmp / "no-torch-venv", with_pip=False)
+    return str(tmp / "no-torch-venv" / "bin" / "python")
 
 
 def test_the_static_contract_does_not_see_the_change(drift):
@@ -94,8 +91,8 @@ def test_watch_says_broken_naming_our_module_and_the_upstream_commit(broken, dri
     assert found["found"] and found["commit"] == drift.rev_parse("behaviour-change") and found["subject"] == SUBJECT
     assert found["failing"] == [f"behavioural tier: {failed[0]}"]
     md = (out / "watch-report.md").read_text()
-    assert "## Behavioural tier (gates off and on)" in md and f"- **failed**: {failed[0]}" in md
-    assert f"first bad upstream commit: `{found['commit']}` {SUBJECT}" in md
+    assert "## Behavioural tier (gates off and on)" in md and f"- **failed**: {inert(failed[0])}" in md
+    assert f"first bad upstream commit: `{found['commit']}` `{SUBJECT}`" in md
 
 
 def test_the_printed_command_shows_the_same_failure(broken, drift):
@@ -145,3 +142,15 @@ def test_without_torch_a_behavioural_break_is_not_called_clean_either(drift, tmp
     run = invoke("watch", "--onto", "behaviour", "--repo", str(drift.git_dir), "--out", str(tmp_path / "out"),
                  "--series", str(REPO_ROOT), "--python", no_torch_python(tmp_path))
     assert run.code == EXIT["unchecked"] and run.out["outcome"] == "unchecked", run.out.get("headline")
+
+
+def test_no_run_runs_none_of_the_targets_code_and_is_unchecked(drift, tmp_path):
+    """--no-run: the tier does not start (the imports are still resolved); watch is unchecked, never clean."""
+    run = invoke("watch", "--onto", "unrelated", "--repo", str(drift.git_dir), "--out", str(tmp_path / "out"),
+                 "--series", str(REPO_ROOT), "--no-run")
+    assert run.code == EXIT["unchecked"] and run.out["outcome"] == "unchecked", run.out.get("headline")
+    assert run.out["behaviour"]["ran"] is False and run.out["behaviour"]["json"]["tiers"] == []
+    assert ("behavioural tier: unchecked: the target's code was not run (--no-run); imports: 11 of 11 modules' "
+            "sglang imports resolve on the tree's files") in run.out["unchecked"]
+    md = (tmp_path / "out" / "watch-report.md").read_text()
+    assert "runs the target tree's code" not in md

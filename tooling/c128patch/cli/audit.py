@@ -26,6 +26,7 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, la
     from c128patch.progress import console, reporter
     from c128patch.series.layers import get_series, layer_rows
     from c128patch.series.plan import validate_files
+    from c128patch.textsafe import plain
     from c128patch.upstream.source import open_upstream
 
     series = get_series(series_dir, layer_dirs)
@@ -44,7 +45,7 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, la
     else:
         out = console(stderr=False)
         for rev, f in ((rev, f) for rev, fs in rows for f in fs):
-            out.print(f"{rev}: {f.file}:{f.line}: [{f.rule}] {f.message} (entry {f.entry})", markup=False)
+            out.print(plain(f"{rev}: {f.file}:{f.line}: [{f.rule}] {f.message} (entry {f.entry})"), markup=False)
         gated = [e.name for e in series.entries if e.gate]
         per = "".join(f", {len(set(r['entries']) & set(gated))} of layer {r['name']}" for r in layer_rows(series))
         out.print(f"gate audit ({', '.join(r.name for r in RULES)}) of {len(gated)} gated entries{per} on "

@@ -29,6 +29,7 @@ def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python
     from c128patch.progress import console, reporter
     from c128patch.series.layers import get_series
     from c128patch.series.plan import validate_files
+    from c128patch.textsafe import plain
 
     series = get_series(series_dir, layer_dirs)
     validate_files(series)
@@ -39,7 +40,7 @@ def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python
         return
     out = console(stderr=False)
     if report["found"]:
-        out.print(f"first bad commit: {report['commit']} {report['subject']}", markup=False)
+        out.print(plain(f"first bad commit: {report['commit']} {report['subject']}"), markup=False)
         for f in report["failing"]:
-            out.print(f"  {f}", markup=False)
-    out.print(report["summary"], markup=False)
+            out.print(plain(f"  {f}"), markup=False)
+    out.print(plain(report["summary"]), markup=False)

@@ -18,17 +18,18 @@ if TYPE_CHECKING:
 
 def _print(label: str, result: ContractResult, probe: tuple[bool | None, str] | None, verbose: bool) -> None:
     from c128patch.progress import console
+    from c128patch.textsafe import plain
 
     out = console(stderr=False)
     for f in result.findings:
         if f.level != "note" or verbose:
-            out.print(f"  {f.level}: {f.message}", markup=False)
+            out.print(plain(f"  {f.level}: {f.message}"), markup=False)
     notes = sum(f.level == "note" for f in result.findings)
     if notes and not verbose:
-        out.print(f"  {notes} note(s) (--verbose lists them)", markup=False)
+        out.print(plain(f"  {notes} note(s) (--verbose lists them)"), markup=False)
     if probe is not None:
-        out.print(f"  C++: {probe[1]}", markup=False)
-    out.print(f"{label}: contract {result.verdict()} ({result.seconds:.2f} s)", markup=False)
+        out.print(plain(f"  C++: {probe[1]}"), markup=False)
+    out.print(plain(f"{label}: contract {result.verdict()} ({result.seconds:.2f} s)"), markup=False)
 
 
 @click.command("contract")
@@ -91,9 +92,11 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
                             "on a tree at the series base first")
         for _, result, _ in results:
             accepted += core.accept(lock, result)
-    ok = all(r.ok for _, r, _ in results) and all(p is None or p[0] is not False for _, _, p in results)
+    # after --accept the accepted changes hold; an error (a call that no longer binds) never does
+    ok = all(not r.errors and (accept or not r.warnings) for _, r, _ in results) and all(
+        p is None or p[0] is not False for _, _, p in results)
     if as_json:
-        emit_json({"ok": ok or bool(accept), "accepted": accepted,
+        emit_json({"ok": ok, "accepted": accepted,
                    "series": {"name": series.name, "version": series.version},
                    "revs": [{"rev": label, **r.to_json(), "cxx_probe": p[1] if p else "not run",
                              "cxx_probe_ok": p[0] if p else None} for label, r, p in results]})
@@ -102,5 +105,5 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
             _print(label, result, probe, verbose)
         if accept:
             console(stderr=False).print(f"accepted {accepted} changed signature(s) in {lock.path}", markup=False)
-    if not ok and not accept:
+    if not ok:
         sys.exit(exitcodes.FAILED)

@@ -1,4 +1,4 @@
-"""c128patch treecheck [--tree DIR | --sglang-rev X] [--repo R] [--python PY] [--json]"""
+"""c128patch treecheck [--tree DIR | --sglang-rev X] [--repo R] [--python PY] [--no-run] [--json]"""
 
 from __future__ import annotations
 
@@ -18,43 +18,50 @@ from c128patch.errors import C128Error
 @click.option("--sglang-rev", "rev", default=None, help="An upstream revision: the series is replayed there and "
               "the result unpacked into a temporary folder.")
 @repo_option
-@click.option("--python", "python", default=None, help="The interpreter to import with (default: this one).")
+@click.option("--python", "python", default=None, help="The interpreter to import with, a path from the current "
+              "folder or a name on PATH, never one inside the tree (default: this one).")
+@click.option("--no-run", "no_run", is_flag=True, help="Run none of the tree's code: only resolve its imports "
+              "(then unchecked, exit 8).")
 @series_option
 @json_option
 @handles_errors
-def command(tree: Path | None, rev: str | None, repo: str | None, python: str | None, series_dir: Path | None,
-            layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+def command(tree: Path | None, rev: str | None, repo: str | None, python: str | None, no_run: bool,
+            series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Import every module the series adds or changes on a patched tree, with the gates off and on, in a
-    subprocess: each ok, failed, or not checked (a package the interpreter lacks; no torch: nothing), and
+    sealed box: each ok, failed, or not checked (a package the interpreter lacks; no torch: nothing), and
     resolve each one's sglang imports against the tree's files (a missing module or name fails).
-    Exit 1 when a module fails, or when nothing could be checked."""
+    Exit 1 when a module fails, or when nothing could be checked; 8 with --no-run."""
     from c128patch.fit import contract, treecheck
+    from c128patch.fit.sandbox import NOTICE, interpreter
     from c128patch.git import Git, toplevel
     from c128patch.progress import console
     from c128patch.series.layers import get_series
     from c128patch.series.plan import validate_files
+    from c128patch.textsafe import plain
     from c128patch.upstream.source import open_upstream
 
     series = get_series(series_dir, layer_dirs)
     validate_files(series)
     if (rev is None) == (tree is None):
         raise C128Error("pass --tree DIR or --sglang-rev X (one of them)")
+    python = interpreter(python, tree)
+    if not no_run:
+        console().print(f"treecheck {NOTICE}", markup=False)
     if tree is not None:
         git = Git(worktree=toplevel(tree))
         result = treecheck.run(series, git.worktree, git.changed_files(contract.tree_base(git), "HEAD"),
-                               python=python)
+                               python=python, run_code=not no_run)
     else:
         upstream = open_upstream(repo, [rev], None)
-        result = treecheck.run_rev(series, upstream.git, rev, upstream.resolve(rev), python=python)
+        result = treecheck.run_rev(series, upstream.git, rev, upstream.resolve(rev), python=python,
+                                   run_code=not no_run)
     payload = result.to_json()
     if as_json:
         emit_json(payload)
     else:
         out = console(stderr=False)
-        for line in result.failed:
-            out.print(f"  failed: {line}", markup=False)
-        for line in result.not_checked():
-            out.print(f"  {line}", markup=False)
-        out.print(f"treecheck: {result.verdict()}", markup=False)
+        for line in [*(f"  failed: {f}" for f in result.failed), *(f"  {n}" for n in result.not_checked()),
+                     f"treecheck: {result.verdict()}"]:
+            out.print(plain(line), markup=False)
     if not payload["ok"]:
-        sys.exit(exitcodes.FAILED)
+        sys.exit(exitcodes.UNCHECKED if no_run and not result.failed else exitcodes.FAILED)

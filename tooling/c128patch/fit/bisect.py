@@ -1,12 +1,7 @@
-"""``bisect``: the first upstream commit between the series' base and REV at which the series stops
-applying or stops fitting (its API contract, ``fit.contract``: an error or a changed signature; with
-``behaviour``, also the behavioural tier, ``fit.treecheck``: a module that fails to import or run).
-
-In a scratch bare clone (objects shared with upstream; nothing of the user's touched), ``git bisect
-start --no-checkout REV BASE`` and ``git bisect run`` with ``c128patch contract --sglang-rev
-BISECT_HEAD`` (and ``c128patch treecheck`` after it) as the step (exit 0: fits; 1: broken; 2: the series
-does not apply there). The first
-bad commit is then checked once more to name what fails there. Bounded by ``timeout``.
+"""``bisect``: the first upstream commit between the series' base and REV at which the series stops applying
+or fitting (``fit.contract``; with ``behaviour`` also ``fit.treecheck``): ``git bisect run`` in a scratch bare
+clone with ``c128patch contract`` (and ``treecheck``) as the step (0: fits, 1: broken, 2: does not apply),
+bounded by ``timeout``; the first bad commit is checked once more to name what fails there.
 """
 
 from __future__ import annotations
@@ -20,6 +15,7 @@ from pathlib import Path
 
 from c128patch.errors import C128Error
 from c128patch.fit import contract, treecheck
+from c128patch.fit.sandbox import interpreter
 from c128patch.git import Git
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import layer_args
@@ -54,6 +50,7 @@ def bisect(series: Series, repo: str | None, onto: str, *, timeout: float = 600,
     """The first commit in ``base..onto`` where the series no longer applies or fits (module docstring)."""
     if not series.base:
         raise C128Error(f"{series.manifest_path} names no base: bisect starts there")
+    python = interpreter(python) if python else None  # the step runs elsewhere: a path from here, made absolute
     upstream = open_upstream(repo, [series.base, onto] if repo is None else [], reporter)
     base, target = upstream.resolve(series.base), upstream.resolve(onto)
     git = upstream.git

@@ -1,22 +1,9 @@
-"""The series' API contract: the upstream surface our code uses, derived from a patched tree and
-checked on any tree.
-
-*Our code* is every overlay file and every line a patch adds (``git diff`` of the tree against its
-upstream commit). From it (``ast`` for Python) we collect each use of upstream: modules and names
-imported (through aliases and relative imports), ``importlib.import_module`` of a literal or a
-module constant, attribute chains through modules, classes, module-level instances (``envs =
-Envs()``) and their members, the calls among them with their shape (positional count, keyword
-names), and ``SGLANG_*`` names in string literals (declared on ``envs``). Each is resolved on the
-tree to upstream's definition; definitions that are ours (an overlay, a line a patch adds) and
-anything outside ``sglang`` are left out. For the CUDA side (``fit.contract_cxx``): the upstream
-headers our ``.cuh`` code includes, and each upstream name it uses with its declarations.
-
-``check`` resolves every use on a tree: a missing module, name, attribute or header is an error; a
-call that does not bind to the definition's signature (``inspect.Signature`` built from the AST,
-``Signature.bind``) is an error; a definition whose signature hash is not the one the lock
-recorded at the base (or accepted since) is a warning: it binds, but order, defaults or kinds
-changed (a same-arity parameter swap is caught here). Each finding names our file:line,
-upstream's file:line and both signatures.
+"""The series' API contract: the upstream surface our code (every overlay file, every line a patch adds)
+uses, derived from a patched tree and checked on any tree (``fit.uses`` collects the uses, ``fit.resolve``
+resolves them, ``fit.contract_cxx`` does the CUDA headers). A missing module, name, attribute or header is
+an error; so is a call that does not bind to the definition's signature (``Signature.bind``); a signature
+whose hash the lock did not record at the base (or accept since) is a warning (a same-arity parameter swap
+is caught here). Each finding names our file:line, upstream's file:line and both signatures.
 """
 
 from __future__ import annotations
@@ -316,10 +303,15 @@ def tree_base(git: Git) -> str:
 
 
 def accept(lock: Lock, result: ContractResult) -> int:
-    """Record the signatures ``result`` warned about as accepted in ``lock`` (written); how many."""
+    """Record the signatures ``result`` warned about as accepted in ``lock`` (written); how many. A target a call
+    no longer binds to stays an error; a lock that is a link is refused (nothing written)."""
     from dataclasses import replace
 
-    now = {(f.target, f.now) for f in result.warnings}
+    if lock.path.is_symlink():
+        raise C128Error(f"{lock.path} is a symbolic link: --accept writes only a regular file in the series; "
+                        "nothing was written")
+    unbound = {f.target for f in result.errors}
+    now = {(f.target, f.now) for f in result.warnings if f.target not in unbound}
     by_key = {(i.kind, i.target): i for i in result.items}
     added = 0
     items = []

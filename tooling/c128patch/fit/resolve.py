@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import inspect
 from dataclasses import dataclass
+from typing import Iterator
 
 from c128patch.fit.tree import PACKAGE, PY_ROOT, Reader
 
@@ -178,25 +179,15 @@ class Upstream:
                        why=f"no module {name} on this tree ({mod.path} defines no {attr})")
         return Def("missing", name, mod.path, 1, why=f"{mod.path} defines no {attr}")
 
-    @staticmethod
-    def _top_statements(body: list[ast.stmt]):
-        for stmt in body:
-            yield stmt
-            if isinstance(stmt, (ast.If, ast.Try, ast.With)):
-                for part in ("body", "orelse", "finalbody"):
-                    yield from Upstream._top_statements(getattr(stmt, part, []) or [])
-                for handler in getattr(stmt, "handlers", []):
-                    yield from Upstream._top_statements(handler.body)
-
     def _find_top(self, tree: ast.Module, attr: str) -> ast.stmt | None:
         found = None
-        for stmt in self._top_statements(tree.body):
+        for stmt in _top_statements(tree.body):
             if _binds(stmt, attr):
                 found = stmt  # the last binding wins, as at run time
         return found
 
     def _stars(self, tree: ast.Module, mod: Def) -> list[str]:
-        return [absolute(s, mod) for s in self._top_statements(tree.body)
+        return [absolute(s, mod) for s in _top_statements(tree.body)
                 if isinstance(s, ast.ImportFrom) and any(a.name == "*" for a in s.names)]
 
     def _from_stmt(self, stmt: ast.stmt, attr: str, mod: Def, hops: int) -> Def:
@@ -285,17 +276,14 @@ class Upstream:
         """The text the lock hashes, and the Signature a call binds to (None: no callable signature)."""
         node = d.node
         if d.kind in ("function", "method") and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            sig = signature_of(node.args)
-            if d.bound and sig.parameters:
-                sig = sig.replace(parameters=list(sig.parameters.values())[1:])
             full = signature_of(node.args)
-            return f"def {node.name}{full}", sig
+            return f"def {node.name}{full}", _unbound(full) if d.bound else full
         if d.kind == "class" and isinstance(node, ast.ClassDef):
             head = f"class {node.name}({', '.join(ast.unparse(b) for b in node.bases)})"
             init = self._class_member(d, "__init__", 0, set())
             if init.kind == "method" and isinstance(init.node, ast.FunctionDef):
                 full = signature_of(init.node.args)
-                return f"{head}: __init__{full}", full.replace(parameters=list(full.parameters.values())[1:])
+                return f"{head}: __init__{full}", _unbound(full)
             if "dataclass" in _decorators(node) or any("NamedTuple" in ast.unparse(b) for b in node.bases):
                 sig = _fields_signature(node)
                 return f"{head}: {sig}", sig
@@ -307,6 +295,20 @@ class Upstream:
             text = ast.unparse(value) if value is not None else ast.unparse(getattr(node, "annotation", node))
             return f"= {text}", None
         return "", None
+
+
+def _unbound(sig: inspect.Signature) -> inspect.Signature:
+    """``sig`` without its first parameter (``self``/``cls``, taken by binding)."""
+    return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+
+def _top_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements a module runs at its top, inside ``if``/``try``/``with`` too."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, (ast.If, ast.Try, ast.With, ast.ExceptHandler)):
+            for part in ("body", "orelse", "finalbody", "handlers"):
+                yield from _top_statements(getattr(stmt, part, []) or [])
 
 
 def _binds(stmt: ast.stmt, name: str) -> bool:

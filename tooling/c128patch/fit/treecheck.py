@@ -1,32 +1,21 @@
-"""The behavioural tier on any patched tree: import every module the series adds or changes there,
-in a subprocess with the tree's ``python/`` first on ``sys.path``, with the series' env gates off and
-on. Each module is ok, failed (an error in sglang's or our code: a name gone, a TypeError at import,
-...) or not checked (a third-party package the interpreter lacks); without torch nothing is checked.
-Not checked is never counted as passed.
-
-Meanwhile every ``sglang`` import of each of those modules is resolved on the tree's files
-(``fit.resolve``, no interpreter needed: without torch it is all that runs): the imported module
-must exist there and each name a ``from`` import takes must be defined in it (or be a submodule).
-Imports an ``except ImportError`` guards and ``if TYPE_CHECKING:`` blocks are left out. A name or
-module missing is a failure; resolving is never counted as a pass of the module (it stays "not
-checked" when it did not import).
+"""The behavioural tier on a patched tree: every module the series adds or changes imported in the sealed box
+(``fit.sandbox``) with the series' env gates off and on; each ok, failed, or not checked (a package the
+interpreter lacks; without torch nothing is checked, and not checked is never a pass). Meanwhile each one's
+``sglang`` imports (outside import guards and ``TYPE_CHECKING``) are resolved on the tree's files
+(``fit.resolve``, no interpreter): a module or name missing is a failure.
 """
 
 from __future__ import annotations
 
 import ast
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 from c128patch.errors import C128Error
 from c128patch.fit.resolve import Upstream
+from c128patch.fit.sandbox import Sealed, interpreter
 from c128patch.fit.tree import PACKAGE, PY_ROOT, module_name
 from c128patch.git import Git
 from c128patch.series.manifest import Series
@@ -52,6 +41,7 @@ class TierResult:
 class TreecheckResult:
     tiers: list[TierResult] = field(default_factory=list)
     imports: dict[str, dict] = field(default_factory=dict)  # module -> its static import check (``check_imports``)
+    ran: bool = True  # False: the target's code was not run (``--no-run``)
 
     @property
     def failed(self) -> list[str]:
@@ -61,10 +51,12 @@ class TreecheckResult:
 
     @property
     def checked(self) -> bool:
-        return all(t.torch for t in self.tiers) and any(t.count("ok") for t in self.tiers)
+        return self.ran and all(t.torch for t in self.tiers) and any(t.count("ok") for t in self.tiers)
 
     def not_checked(self) -> list[str]:
         """One line per module (or probe) the tier could not run, with the reason; never a pass."""
+        if not self.ran:
+            return ["behavioural tier: the target's code was not run (--no-run)"]
         if not all(t.torch for t in self.tiers):
             return ["behavioural tier: torch is not installed for this interpreter (nothing imported)"]
         seen: dict[str, str] = {}
@@ -82,6 +74,8 @@ class TreecheckResult:
 
     def verdict(self) -> str:
         said = self._imports_said()
+        if not self.ran:
+            return ("failed: " if self.failed else "unchecked: ") + f"the target's code was not run (--no-run){said}"
         if not all(t.torch for t in self.tiers):
             return ("failed: " if self.failed else "") + \
                 f"torch is not installed for this interpreter: behavioural tier not checked{said}"
@@ -107,21 +101,17 @@ def _gates(series: Series) -> list[str]:
 
 @dataclass
 class Pending:
-    """The tier started (one subprocess; both gate states run at once in it); ``finish`` waits for it."""
+    """The tier started in its sealed box (both gate states run at once in it); ``finish`` waits for it."""
 
     tree: Path
     modules: list[str]
-    timeout: float
-    proc: subprocess.Popen | None = None
+    box: Sealed | None = None  # None: not run (``--no-run``)
 
     def finish(self) -> TreecheckResult:
-        assert self.proc is not None
-        imports = check_imports(self.tree, self.modules)  # while the subprocess runs
-        try:
-            stdout, stderr = self.proc.communicate(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise C128Error(f"the behavioural tier did not finish in {self.timeout:g} s") from None
+        imports = check_imports(self.tree, self.modules)  # while the box runs
+        if self.box is None:
+            return TreecheckResult(imports=imports, ran=False)
+        stdout, stderr = self.box.wait()
         try:
             data = json.loads(stdout.strip().splitlines()[-1])
         except (IndexError, ValueError):
@@ -137,14 +127,14 @@ class Pending:
         return result
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the runner and its forked children
-            self.proc.wait()
+        if self.box is not None:
+            self.box.kill()
 
 
-def start(series: Series, tree: Path, paths: list[str], *, python: str | None = None, timeout: float = 600) -> Pending:
-    """The tier on ``tree`` (a folder holding ``python/sglang``) for the ``paths`` the series changes, started."""
+def start(series: Series, tree: Path, paths: list[str], *, python: str | None = None, timeout: float = 600,
+          run_code: bool = True) -> Pending:
+    """The tier on ``tree`` (a folder holding ``python/sglang``) for the ``paths`` the series changes, started
+    in the sealed box (``fit.sandbox``); ``run_code=False``: only the static import check."""
     if not (tree / PY_ROOT / "sglang").is_dir():
         raise C128Error(f"{tree} holds no {PY_ROOT}/sglang: pass the top of a patched sglang tree")
     missing = [p for p in paths if not (tree / p).is_file()]
@@ -152,27 +142,25 @@ def start(series: Series, tree: Path, paths: list[str], *, python: str | None = 
         raise C128Error(f"{tree} lacks {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
                         + ", which the series writes: apply the series there first")
     modules = sorted({m for p in paths if (m := module_name(p))})
-    gates = _gates(series)
-    env = {k: v for k, v in os.environ.items() if k not in gates}
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env.pop("PYTHONPATH", None)  # the tree alone (the runner puts it first on sys.path)
-    argv = [python or sys.executable, "-c", RUNNER.read_text(), str(tree / PY_ROOT), json.dumps(gates),
+    if not run_code:
+        return Pending(tree, modules)
+    args = ["-c", RUNNER.read_text(), str((tree / PY_ROOT).resolve()), json.dumps(_gates(series)),
             json.dumps([p for p in PROBES if p[0] in modules]), *modules]
-    try:
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=str(tree), start_new_session=True)
-    except OSError as exc:
-        raise C128Error(f"the behavioural tier did not run: {exc}") from None
-    return Pending(tree, modules, timeout, proc)
+    return Pending(tree, modules, Sealed(interpreter(python, tree), args, timeout))
 
 
-def run(series: Series, tree: Path, paths: list[str], *, python: str | None = None,
-        timeout: float = 600) -> TreecheckResult:
+def run(series: Series, tree: Path, paths: list[str], *, python: str | None = None, timeout: float = 600,
+        run_code: bool = True) -> TreecheckResult:
     """The tier on ``tree`` (a folder holding ``python/sglang``) for the ``paths`` the series changes."""
-    return start(series, tree, paths, python=python, timeout=timeout).finish()
+    pending = start(series, tree, paths, python=python, timeout=timeout, run_code=run_code)
+    try:
+        return pending.finish()
+    finally:
+        pending.kill()
 
 
-def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | None = None) -> TreecheckResult:
+def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | None = None,
+            run_code: bool = True) -> TreecheckResult:
     """The tier on the series replayed at ``commit`` (``fit.contract.patched_tree``), unpacked into a temporary
     folder."""
     import tempfile
@@ -182,7 +170,7 @@ def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | No
     head = contract.patched_tree(series, git, rev, commit)
     with tempfile.TemporaryDirectory(prefix="c128treecheck-") as tmp:
         git.extract(head, f"{PY_ROOT}/sglang", Path(tmp))
-        return run(series, Path(tmp), git.changed_files(commit, head), python=python)
+        return run(series, Path(tmp), git.changed_files(commit, head), python=python, run_code=run_code)
 
 
 def _annotate(result: TreecheckResult) -> None:
@@ -250,61 +238,13 @@ class _FolderReader:
 
 
 def _problem(up: Upstream, use: ImportUse) -> str:
-    found = up.module_path(use.module)
-    if found is None:
+    mod = up.module(use.module)
+    if mod.kind == "missing":
         return f"no module {use.module} on this tree"
-    path = found[0]
-    if not use.names:
-        return ""
-    defined: set[str] | None = set()  # a namespace folder: its submodules only
-    if not path.endswith("/"):
-        tree = up.parse(path)
-        if tree is None:
-            try:
-                ast.parse(up.reader.text(path) or "")
-            except SyntaxError as exc:
-                return f"{use.module} does not parse ({exc.msg}, line {exc.lineno})"
-        defined = _top_names(tree) if tree is not None else None
-        if defined is None:
-            return ""
-    missing = [n for n in use.names if n not in defined and up.module_path(f"{use.module}.{n}") is None]
-    return f"{path.rstrip('/')} defines no {', '.join(missing)}" if missing else ""
-
-
-def _top_names(tree: ast.Module) -> set[str] | None:  # noqa: C901  one dispatch over statement kinds
-    names: set[str] = set()
-
-    def add_target(t: ast.AST) -> None:
-        for n in ast.walk(t):
-            if isinstance(n, ast.Name):
-                names.add(n.id)
-
-    def visit(body: list[ast.stmt]) -> bool:
-        for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
-            elif isinstance(node, ast.Assign):
-                for t in node.targets:
-                    add_target(t)
-            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
-                add_target(node.target)
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                for a in node.names:
-                    if a.name == "*":
-                        return False
-                    names.add(a.asname or a.name.split(".")[0])
-            elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
-                blocks = [getattr(node, k, []) for k in ("body", "orelse", "finalbody")]
-                blocks += [h.body for h in getattr(node, "handlers", [])]
-                if isinstance(node, ast.For):
-                    add_target(node.target)
-                if not all(visit(b) for b in blocks):
-                    return False
-        return True
-
-    if not visit(tree.body) or "__getattr__" in names:
-        return None
-    return names
+    if mod.kind != "module":
+        return mod.why
+    missing = [n for n in use.names if up.member(mod, n).kind == "missing"]
+    return f"{mod.path.rstrip('/')} defines no {', '.join(missing)}" if missing else ""
 
 
 def check_imports(top: Path, modules: list[str]) -> dict[str, dict]:

@@ -1,12 +1,11 @@
 """Run in a subprocess by ``fit.treecheck`` (no c128patch imports): import each module of a tree and
 say, per module, ok / not checked (a third-party package this interpreter lacks) / failed.
 
-argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON MODULE...; prints one JSON object. torch is
-imported once, then one forked child per gate state (off: the gates unset; on: each set to 1) imports
-the modules from a clean slate and calls each probe (module, zero-argument function, what it must
-return with the gates on / off) where its module imported (``fit.treecheck`` runs the static import check
-meanwhile). A package ``__init__`` that stops on
-a missing third-party package is kept as far as it ran (the modules below it are still tried).
+argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON MODULE...; prints one JSON object. Run in ``fit.sandbox``'s
+box (``python -I``). torch is imported once (before the tree is on the path), then one forked child per gate
+state (off: the gates unset; on: each set to 1) imports the modules from a clean slate and calls each probe
+(module, zero-argument function, what it must return with the gates on / off) where its module imported. A
+package ``__init__`` that stops on a missing third-party package is kept as far as it ran.
 """
 
 import importlib
@@ -15,9 +14,10 @@ import importlib.machinery
 import json
 import os
 import sys
+import tempfile
 import traceback
 
-TREE = sys.argv[1]  # run as `python -c SOURCE TREE ...`: no folder of ours on sys.path
+TREE = sys.argv[1]  # run as `python -I -c SOURCE TREE ...`: no folder of ours on sys.path
 partial: dict = {}
 
 
@@ -95,12 +95,12 @@ def _where(exc: BaseException) -> str:
     return f"{frames[-1].filename[len(TREE) + 1:]}:{frames[-1].lineno}: " if frames else ""
 
 
-def _fork(state: str, gates: list[str], probes: list, modules: list[str]) -> tuple[int, int]:
-    """A child that runs the tier for ``state`` and writes its JSON to the returned pipe."""
-    read, write = os.pipe()
+def _fork(state: str, gates: list[str], probes: list, modules: list[str]) -> tuple[int, str]:
+    """A child that runs the tier for ``state`` and writes its JSON to the returned file (not a pipe: a
+    process the target forks would hold a pipe open, and the box kills it once this runner exits)."""
+    fd, path = tempfile.mkstemp(prefix=f"tier-{state}-")
     pid = os.fork()
     if pid == 0:  # the child
-        os.close(read)
         code = 0
         try:
             for g in gates:
@@ -110,29 +110,27 @@ def _fork(state: str, gates: list[str], probes: list, modules: list[str]) -> tup
             data = json.dumps(_tier(state, probes, modules)).encode()
         except BaseException as exc:  # noqa: BLE001
             data, code = json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode(), 1
-        with os.fdopen(write, "wb") as f:
-            f.write(data)
+        os.write(fd, data)
         os._exit(code)
-    os.close(write)
-    return pid, read
+    os.close(fd)
+    return pid, path
 
 
 def main() -> None:
     gates, probes, modules = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4:]
-    sys.path.insert(0, TREE)
-    sys.meta_path.insert(0, _Finder())
     out: dict = {"python": sys.executable, "torch": True, "tiers": {}}
-    try:
+    try:  # before the tree is on the path: a torch the tree holds is never the one imported
         import torch  # noqa: F401
     except ImportError:
         out["torch"] = False
+    sys.path.append(TREE)  # last: the tree shadows neither the stdlib nor an installed package
+    sys.meta_path.insert(0, _Finder())
     children = [(state, *_fork(state, gates, probes, modules)) for state in ("off", "on")] if out["torch"] else []
-    for state, pid, read in children:
-        with os.fdopen(read, "rb") as f:
-            data = f.read()
+    for state, pid, path in children:
         os.waitpid(pid, 0)
         try:
-            out["tiers"][state] = json.loads(data)
+            with open(path, "rb") as f:
+                out["tiers"][state] = json.loads(f.read())
         except ValueError:
             out["tiers"][state] = {"error": f"the gates-{state} child died without a result"}
     print(json.dumps(out))

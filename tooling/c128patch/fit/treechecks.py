@@ -1,16 +1,7 @@
-"""CPU checks of a patched tree: what a clean 3-way merge or a replayed resolution can still break.
-
-Run on ``head`` (a patched branch) against its upstream ``base``, over the files the branch changes;
-nothing is checked out, nothing installed, no GPU:
-
-* ``no-conflict-markers``: no line of a changed file opens or closes a conflict (``<<<<<<<``,
-  ``>>>>>>>``, alone or followed by a space; a bare ``=======`` is left alone: reST underlines it);
-* ``python-compiles``: every changed ``.py`` file compiles (``compile()``, no bytecode written),
-  unless it did not compile on ``base`` either (that is upstream's, reported as a note);
-* ``gates-declared``: every env gate the given entries name is declared in ``srt/environ.py``
-  (``NAME = Env...(``): the gate audit requires gates to be read through its ``envs``.
-
-Each check is a ``TreeCheck`` (``ok``, ``findings``, ``notes``); ``watch`` runs them.
+"""CPU checks of a patched branch ``head`` against its upstream ``base``, over the files it changes (nothing
+checked out, no GPU): ``no-conflict-markers`` (``<<<<<<<``/``>>>>>>>`` opening a line; a bare ``=======`` is
+reST), ``python-compiles`` (each changed ``.py``, unless it did not compile on ``base`` either: a note), and
+``gates-declared`` (each env gate declared in ``srt/environ.py`` as ``NAME = Env...(``). ``watch`` runs them.
 """
 
 from __future__ import annotations

@@ -1,51 +1,31 @@
 """``watch``: does the series still carry onto an upstream rev? Classify, prove, report; never touch the user's tree.
 
-On a scratch clone of upstream (objects shared with it, nothing of the user's touched) and a private
-copy of the series, ``watch`` applies the series at its base (``ops.apply``), rebases it onto REV
-(``ops.rebase``: the file the series chooses there, strict then 3-way, the ledger replaying recorded
-resolutions, entries with content evidence of being upstream dropped as proposals), which proves the
-result (``ops.equivalence``), then checks what it would hand over: ``lint`` and the gate ``audit``
-of the series carried to REV, and the CPU tree checks (``fit.treechecks``). The outcome:
+On a scratch clone of upstream (objects shared) and a private copy of the series: apply at the base
+(``ops.apply``), rebase onto REV (``ops.rebase``: strict, 3-way, the ledger; entries upstream holds
+dropped as proposals), prove it (``ops.equivalence``), then ``lint``, the gate ``audit``, the CPU tree
+checks (``fit.treechecks``), the API contract (``fit.contract``, against ``patches/contract.lock``) and
+the behavioural tier (``fit.treecheck``, in its sealed box; ``run=False`` skips it). The outcome:
 
-* ``clean`` (exit 0): every entry's file applies strictly on REV; nothing to do;
-* ``refreshed`` (exit 3): entries needed a 3-way merge or a ledger resolution, all proven. The
-  refreshed series (``ops.refresh``: primary files when REV is a release tag ahead of the series base,
-  else variants for REV; ``primary`` overrides) is written to ``OUT/series/`` (a whole series folder:
-  ``patches/`` with the manifest, ``csrc/``, ``overlay/``) and verified before it is offered: applied
-  fresh at REV every entry applies strictly, the tree equals the proven rebase's, and ``refresh
-  --check`` there changes nothing;
-* ``merged`` (exit 4): entries upstream holds on content evidence (``ops.merged``), each with its
-  signals; the proposed series (those entries kept with ``merged_in``, verified as above) is written
+* ``clean`` (0): every entry applies strictly on REV;
+* ``refreshed`` (3): entries needed a 3-way merge or a ledger resolution, all proven; the refreshed
+  series (``ops.refresh``) is written to ``OUT/series/`` and verified (applies strictly at REV, the
+  same tree as the rebase, a ``refresh --check`` fixed point);
+* ``merged`` (4): entries upstream holds on content evidence (``ops.merged``); the proposed series goes
   to ``OUT/series/`` for a human to adopt or not;
-* ``conflict`` (exit 5): entries that stop the rebase, each with its file, hunk, lines on REV, the
-  upstream commits that touched them and where moved code went (``ops.conflicts``). The rebase goes
-  on past each stop (skipping that entry), so one report lists every entry that conflicts; one reached
-  only after such a skip says so. The commands to reproduce the stop in a tree of one's own are listed;
-* ``failed`` (exit 6): the series carried, but the result is not proven, the refreshed series does
-  not verify, or a check has findings (listed). Nothing is offered as ready;
-* ``broken`` (exit 7): the series carried, but it does not fit REV: its API contract
-  (``fit.contract``, against the committed ``patches/contract.lock``) has an upstream module, name,
-  attribute or header gone, a call that does not bind, or a signature changed since the lock. Each
-  item is listed with our file:line, upstream's file:line and both signatures. Or the behavioural tier
-  (``fit.treecheck``, gates off and on, on the carried work tree, with ``python``) fails there: a module
-  that no longer imports, a gate probe that no longer switches, a missing module or name it imports;
-* ``unchecked`` (exit 8): it would be ``clean``, but the C++ side (no nvcc) or the behavioural tier (no
-  torch, or it did not run) could not be checked here: one line each, never ``clean``.
+* ``conflict`` (5): entries that stop the rebase, each with its file, hunks and the upstream commits
+  that touched them (``ops.conflicts``); the rebase skips past each stop, so one report lists them all;
+* ``failed`` (6): carried, but not proven, the refreshed series does not verify, or a check has findings;
+* ``broken`` (7): carried, but the contract (a name gone, a call that does not bind, a signature
+  changed since the lock) or the behavioural tier fails on REV;
+* ``unchecked`` (8): it would be ``clean`` but the C++ side or the behavioural tier was not checked here.
 
-For ``conflict`` and ``broken``, ``bisect`` (``fit.bisect``, at most ``BISECT_TIMEOUT`` s) names the
-first upstream commit between the base and REV where the series stops applying or fitting.
-
-Conflict outranks broken, broken outranks failed, failed outranks merged, merged outranks refreshed,
-refreshed outranks unchecked. Every outcome writes
-``OUT/watch-report.md`` (what a maintainer reads; CI posts it), ``OUT/watch-report.json`` and the
-rebase's own report (``rebase-report.md``/``.json``); ``refreshed`` and ``merged`` also
-``OUT/commit-message.txt``. ``OUT`` must be new, empty, or hold an earlier watch report (replaced).
-
-Bounded in time: past ``timeout`` seconds the work stops wherever it is (SIGALRM; git children are
-killed with it), the report says where, and ``WatchTimeout`` (exit 124) is raised. Bad input
-(unknown rev, unusable ``OUT``) raises before anything is written (exit 2).
+Conflict > broken > failed > merged > refreshed > unchecked. For ``conflict`` and ``broken``, ``bisect``
+(``fit.bisect``, at most ``BISECT_TIMEOUT`` s) names the first upstream commit that broke it. Every
+outcome writes ``OUT/watch-report.md``/``.json`` and the rebase's report; ``refreshed`` and ``merged``
+also ``OUT/commit-message.txt``. ``OUT`` must be new, empty, or hold an earlier watch report. Past
+``timeout`` s the work stops (SIGALRM), the report says where, and ``WatchTimeout`` (exit 124) is
+raised. Bad input raises before anything is written (exit 2).
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -55,7 +35,6 @@ import signal
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
@@ -64,6 +43,7 @@ from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.fit import bisect as bisect_ops
 from c128patch.fit import contract as contract_ops
 from c128patch.fit import treecheck as tier_ops
+from c128patch.fit.sandbox import NOTICE, interpreter
 from c128patch.fit.series_audit import audit_series
 from c128patch.fit.treechecks import check_tree
 from c128patch.fit.watch_report import broken_next, commit_message, headline, render
@@ -153,30 +133,17 @@ def _q(value: object) -> str:
     return shlex.quote(str(value))
 
 
-@dataclass
-class Stop:
-    """One entry that stopped the rebase: its step as the stop left it."""
-
-    entry: str
-    message: str
-    step: dict
-    after_skipping: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        stop = self.step.get("stop") or {}
-        return {"entry": self.entry, "message": self.message, "detail": self.step.get("detail", ""),
-                "file": stop.get("file", self.step.get("file", "")), "chosen_by": self.step.get("chosen_by", ""),
-                "blocks": stop.get("blocks", []), "resolved_by_ledger": stop.get("resolved", []),
-                "unresolved": stop.get("unresolved", []), "paths": stop.get("paths", []),
-                "upstream_commits": self.step.get("upstream_commits", []), "hints": self.step.get("hints", []),
-                "taken": stop.get("taken") or {},
-                "after_skipping": self.after_skipping}
-
-
-def _stop_of(exc: ConflictError, before: list[str]) -> Stop:
+def _stop_of(exc: ConflictError, before: list[str]) -> dict:
+    """One entry that stopped the rebase, as the report lists it (its step as the stop left it)."""
     failing = [e for e in (exc.report or {}).get("entries", []) if e.get("status") == "failing"]
     step = failing[0] if failing else {}
-    return Stop(step.get("name", "?"), exc.message, step, list(before))
+    stop = step.get("stop") or {}
+    return {"entry": step.get("name", "?"), "message": exc.message, "detail": step.get("detail", ""),
+            "file": stop.get("file", step.get("file", "")), "chosen_by": step.get("chosen_by", ""),
+            "blocks": stop.get("blocks", []), "resolved_by_ledger": stop.get("resolved", []),
+            "unresolved": stop.get("unresolved", []), "paths": stop.get("paths", []),
+            "upstream_commits": step.get("upstream_commits", []), "hints": step.get("hints", []),
+            "taken": stop.get("taken") or {}, "after_skipping": list(before)}
 
 
 class _Tracked:
@@ -192,8 +159,9 @@ class _Tracked:
 
 class Watch:
     def __init__(self, series: Series, repo: str | None, onto: str, out: Path, *, primary: bool | None = None,
-                 python: str | None = None, reporter: Reporter = NullReporter()) -> None:
+                 python: str | None = None, run_code: bool = True, reporter: Reporter = NullReporter()) -> None:
         self.series, self.repo, self.onto, self.out, self.python = series, repo, onto, out, python
+        self.run_code = run_code
         self.primary, self.reporter = primary, _Tracked(reporter)
         # the series as a command names it: its folder and its layers
         self.series_args = f" --series {_q(series.root)}" + "".join(f" --layer {_q(f)}" for f in layer_folders(series))
@@ -242,10 +210,10 @@ class Watch:
         broken = bool(self.contract and self.contract["broken"]) or bool(self.behaviour and self.behaviour["failed"])
         outcome = ("conflict" if stops else "broken" if broken else "failed" if problems
                    else "merged" if merged else "refreshed" if needed else "unchecked" if self.unchecked() else "clean")
-        report = self._report(outcome, final, steps, stops, merged, needed, final.get("equivalence") or {}, checks,
-                              refreshed, problems)
+        report = self._report(outcome, problems, final, steps, stops, merged, needed, checks, refreshed)
         if outcome in ("conflict", "broken"):
-            report["bisect"] = self._bisect(behaviour=outcome == "broken" and not (self.contract or {}).get("broken"))
+            report["bisect"] = self._bisect(behaviour=outcome == "broken" and self.run_code
+                                            and not (self.contract or {}).get("broken"))
         report["json"] = final
         return report
 
@@ -269,7 +237,7 @@ class Watch:
         Git().run("clone", "--quiet", "--no-checkout", "--shared", "--", str(source), str(tmp / "tree"))
         return Git(worktree=tmp / "tree"), copy_series_root(series, tmp / "series"), base_commit, onto_commit
 
-    def _judge(self, git: Git, tmp: Path, mine: Series, final: dict, onto_commit: str, stops: list[Stop],
+    def _judge(self, git: Git, tmp: Path, mine: Series, final: dict, onto_commit: str, stops: list[dict],
                refresh_due: bool) -> tuple[dict | None, list[dict]]:
         """The refreshed series (when due) and the checks; sets ``contract`` and ``behaviour`` (not run past a stop)."""
         head = final["head"]
@@ -321,28 +289,27 @@ class Watch:
 
     def _start_tier(self, git: Git, series: Series, onto_commit: str, head: str) -> tier_ops.Pending | str:
         """``fit.treecheck`` (gates off and on) on the carried tree, started; a str says why it did not start."""
-        self._step(f"behavioural tier on {self.onto} (started)")
+        self._step(f"behavioural tier on {self.onto} (started): it {NOTICE}")
         try:
             git.run("checkout", "--quiet", "--force", "--detach", head)
-            return tier_ops.start(series, git.worktree, git.changed_files(onto_commit, head), python=self.python)
+            return tier_ops.start(series, git.worktree, git.changed_files(onto_commit, head), python=self.python,
+                                  run_code=self.run_code)
         except C128Error as exc:
             return exc.message
 
     def _finish_tier(self, pending: tier_ops.Pending | str | None) -> dict:
         """The tier's result: failing modules make the outcome broken; what it could not run, unchecked."""
         self._step(f"behavioural tier on {self.onto}")
-        if not isinstance(pending, tier_ops.Pending):
-            why = pending or "not started"
-            return {"ok": False, "ran": False, "verdict": f"not run: {why}", "failed": [], "not_checked": [],
-                    "unchecked": [f"behavioural tier: not run: {why}"], "json": {}}
         try:
+            if not isinstance(pending, tier_ops.Pending):
+                raise C128Error(pending or "not started")
             result = pending.finish()
         except C128Error as exc:
             return {"ok": False, "ran": False, "verdict": f"not run: {exc.message}", "failed": [], "not_checked": [],
                     "unchecked": [f"behavioural tier: not run: {exc.message}"], "json": {}}
         data = result.to_json()
         whole = [] if result.checked else [f"behavioural tier: {result.verdict()}"]
-        return {"ok": data["ok"], "ran": True, "verdict": data["verdict"], "failed": data["failed"],
+        return {"ok": data["ok"], "ran": result.ran, "verdict": data["verdict"], "failed": data["failed"],
                 "not_checked": data["not_checked"], "unchecked": whole, "json": data}
 
     def unchecked(self) -> list[str]:
@@ -354,9 +321,9 @@ class Watch:
             out += self.behaviour["unchecked"]
         return out
 
-    def _rebase(self, rb: Rebase, onto_commit: str) -> tuple[dict, list[Stop], str]:
+    def _rebase(self, rb: Rebase, onto_commit: str) -> tuple[dict, list[dict], str]:
         """Rebase with every entry upstream holds dropped; past each stop, skip and go on."""
-        stops: list[Stop] = []
+        stops: list[dict] = []
         try:
             return rb.start(self.onto, onto_commit, drop_merged=True), stops, ""
         except DifferenceError as exc:
@@ -364,8 +331,8 @@ class Watch:
         except ConflictError as exc:
             stop = exc
         while True:
-            stops.append(_stop_of(stop, [s.entry for s in stops]))
-            self._step(f"rebasing onto {self.onto}: past the conflict in {stops[-1].entry}")
+            stops.append(_stop_of(stop, [s["entry"] for s in stops]))
+            self._step(f"rebasing onto {self.onto}: past the conflict in {stops[-1]['entry']}")
             try:
                 return rb.skip(), stops, ""
             except DifferenceError as exc:
@@ -443,10 +410,8 @@ class Watch:
         return out
 
     def _failed_at_base(self, exc: C128Error) -> dict:
-        problem = f"the series does not apply at its own base {self.series.base}: {exc.message}"
-        report = self._report("failed", None, [], [], [], [], {}, [], None, [problem])
-        report["json"] = {}
-        return report
+        return {**self._report("failed", [f"the series does not apply at its own base {self.series.base}: "
+                                          f"{exc.message}"]), "json": {}}
 
     # ------------------------------------------------------------------ the report
     def reproduce(self) -> list[str]:
@@ -464,11 +429,11 @@ class Watch:
         return [f"c128patch apply --sglang-rev {_q(self.series.base)}{repo} --tree {WORK_TREE}{self.series_args}",
                 f"c128patch rebase --onto {_q(target)}{repo} --tree {WORK_TREE}{self.series_args}"]
 
-    def _report(self, outcome: str, final: dict | None, steps: list[dict], stops: list[Stop], merged: list[dict],
-                needed: list[dict], proof: dict, checks: list[dict], refreshed: dict | None,
-                problems: list[str]) -> dict:
-        series = self.series
-        stopped = {s.entry: s.step.get("detail", "") for s in stops}
+    def _report(self, outcome: str, problems: list[str], final: dict | None = None, steps: tuple = (),
+                stops: tuple = (), merged: tuple = (), needed: tuple = (), checks: tuple = (),
+                refreshed: dict | None = None) -> dict:
+        series, proof = self.series, (final or {}).get("equivalence") or {}
+        stopped = {s["entry"]: s["detail"] for s in stops}
         rows = []
         for s in steps:
             if s["kind"] != "entry":
@@ -497,10 +462,10 @@ class Watch:
             "upstream_commits": (final or {}).get("upstream_commits", [])[:50],
             "entries": rows,
             "needed_merge": [s["name"] for s in needed],
-            "conflicts": [s.to_json() for s in stops],
+            "conflicts": list(stops),
             "merged": [{"entry": s["name"], "signals": s["signals"], "detail": s["detail"]} for s in merged],
             "equivalence": {k: proof[k] for k in ("summary", "ok", "identical") if k in proof},
-            "checks": checks,
+            "checks": list(checks),
             "refreshed": refreshed,
             "problems": problems,
             "contract": self.contract,
@@ -542,10 +507,7 @@ class Watch:
                 "# fix the overlay / patch code it names (or adapt to the upstream commit the bisect names)"]
 
     def timeout_report(self, exc: WatchTimeout) -> dict:
-        report = self._report("timeout", None, [], [], [], [], {}, [], None, [exc.message])
-        report["phase"] = self.where()
-        report["json"] = {}
-        return report
+        return {**self._report("timeout", [exc.message]), "phase": self.where(), "json": {}}
 
     def write(self, report: dict, tmp: Path | None) -> None:
         """Replace what an earlier watch wrote under ``out`` with this run's files."""
@@ -569,10 +531,12 @@ class Watch:
 
 
 def watch(series: Series, repo: str | None, onto: str, out: Path, *, timeout: float | None = None,
-          primary: bool | None = None, python: str | None = None, reporter: Reporter = NullReporter()) -> dict:
+          primary: bool | None = None, python: str | None = None, run_code: bool = True,
+          reporter: Reporter = NullReporter()) -> dict:
     """Run ``watch`` (module docstring) and write its report under ``out``; returns the report."""
     out = check_out_dir(out)
-    run = Watch(series, repo, onto, out, primary=primary, python=python, reporter=reporter)
+    python = interpreter(python) if python else None  # from the current folder, before the work moves
+    run = Watch(series, repo, onto, out, primary=primary, python=python, run_code=run_code, reporter=reporter)
     with tempfile.TemporaryDirectory(prefix="c128watch-") as tmp:
         try:
             with deadline(timeout, run.where):

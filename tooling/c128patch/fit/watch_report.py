@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import shlex
 
+from c128patch.fit.sandbox import NOTICE
 from c128patch.ops.conflicts import block_markdown
+from c128patch.textsafe import md, plain
 
 WHAT = {
     "clean": "Nothing to do: every entry applies strictly.",
@@ -60,8 +62,8 @@ def _taken_lines(t: dict, entry: str) -> list[str]:
     """An overlay's path taken upstream (``ops.taken``): who made and imports the file, which way through."""
     if not t:
         return []
-    out = [f"upstream created `{t['target']}`" + (f" in {t['created']}" if t["created"] else "")
-           + (f"; imported upstream by {', '.join(f'`{i}`' for i in t['importers'][:5])}" if t["importers"] else "")]
+    out = [f"upstream created {md(t['target'])}" + (f" in {md(t['created'])}" if t["created"] else "")
+           + (f"; imported upstream by {', '.join(md(i) for i in t['importers'][:5])}" if t["importers"] else "")]
     if t["way"] == "rename":
         out.append(f"way through: **rename our target** (entries {', '.join(t['ours'])} import ours): another `target` "
                    "in series.toml, those entries pointed at it, then `c128patch rebase --continue`")
@@ -135,17 +137,17 @@ def render(report: dict) -> str:
 
 def _head(report: dict) -> list[str]:
     s, outcome, base = report["series"], report["outcome"], report["base"]
-    lines = [f"# c128patch watch: `{outcome}` on {where(report)}", "", f"**{report['headline']}**", "",
+    lines = [f"# c128patch watch: `{outcome}` on {where(report)}", "", f"**{md(report['headline'])}**", "",
              f"- series: {s['name']} {s['version']}, base {base['rev']} (`{base['commit'][:12]}`)",
-             f"- upstream: {report['onto']['rev']} = `{report['onto']['commit']}` "
+             f"- upstream: {md(report['onto']['rev'])} = `{report['onto']['commit']}` "
              f"({report.get('upstream', {}).get('source', '?')}), {report['upstream_commits_between']} upstream "
              f"commit(s) since the base" + (f", {report['direction']}" if report["direction"] else ""),
              f"- outcome: `{outcome}` (exit {report['exit_code']}), {report['seconds']} s", "",
              "## What to do", "", WHAT[outcome], ""]
     if report["next"]:
-        lines += ["```sh", *report["next"], "```", ""]
+        lines += [md("\n".join(report["next"]), "sh"), ""]
     if report["problems"]:
-        lines += ["## Problems", ""] + [f"- {p}" for p in report["problems"]] + [""]
+        lines += ["## Problems", ""] + [f"- {md(p)}" for p in report["problems"]] + [""]
     return lines
 
 
@@ -155,11 +157,12 @@ def _fits(report: dict) -> list[str]:
     contract = report.get("contract")
     if contract:
         lines += ["## API contract", "", contract["verdict"], "", f"C++: {contract.get('cxx_probe', 'not run')}", ""]
-        lines += [f"- {f}" for f in contract["failing"]] + ([""] if contract["failing"] else [])
+        lines += [f"- {md(f)}" for f in contract["failing"]] + ([""] if contract["failing"] else [])
     tier = report.get("behaviour")
     if tier:
-        lines += ["## Behavioural tier (gates off and on)", "", tier["verdict"], ""]
-        lines += [f"- **failed**: {f}" for f in tier["failed"]] + [f"- {n}" for n in tier["not_checked"]]
+        said = [f"watch {NOTICE}.", ""] if tier.get("ran") else []
+        lines += ["## Behavioural tier (gates off and on)", "", *said, md(tier["verdict"]), ""]
+        lines += [f"- **failed**: {md(f)}" for f in tier["failed"]] + [f"- {md(n)}" for n in tier["not_checked"]]
         lines += [""] if tier["failed"] or tier["not_checked"] else []
     if report.get("unchecked"):
         lines += ["## Not checked here", ""] + [f"- {u}" for u in report["unchecked"]] + [""]
@@ -170,10 +173,10 @@ def _bisect(report: dict) -> list[str]:
     found = report.get("bisect")
     if not found:
         return []
-    lines = [f"## Bisect (bounded at {found['bound_s']:g} s)", "", found["summary"], ""]
+    lines = [f"## Bisect (bounded at {found['bound_s']:g} s)", "", md(found["summary"]), ""]
     if found.get("found"):
-        lines += [f"- first bad upstream commit: `{found['commit']}` {found['subject']}"]
-        lines += [f"- {f}" for f in found["failing"][:10]] + [""]
+        lines += [f"- first bad upstream commit: `{found['commit']}` {md(found['subject'])}"]
+        lines += [f"- {md(f)}" for f in found["failing"][:10]] + [""]
     return lines
 
 
@@ -185,19 +188,19 @@ def _entries(report: dict) -> list[str]:
         chosen = e["chosen_by"].split(":", 1)[0]
         file = f"{e['file']} ({chosen})" if e["file"] and chosen else e["file"]
         detail = e["detail"] + (f" (ledger {', '.join(e['ledger'])})" if e["ledger"] else "")
-        lines.append(f"| {e['name']} | {e['on_rev']} | {_cell(file)} | {_cell(detail)} |")
+        lines.append(f"| {e['name']} | {e['on_rev']} | {_cell(file)} | {_cell(md(detail))} |")
     lines.append("")
     hinted = [(e["name"], h) for e in report["entries"] if e["name"] not in {c["entry"] for c in report["conflicts"]}
               for h in e.get("hints", [])]
     if hinted:
-        lines += ["## Hints", ""] + [f"- {name}: {h['line']}" for name, h in hinted] + [""]
+        lines += ["## Hints", ""] + [f"- {name}: {md(h['line'])}" for name, h in hinted] + [""]
     return lines
 
 
 def _conflicts(report: dict) -> list[str]:
     lines = []
     for c in report["conflicts"]:
-        lines += [f"## Conflict: {c['entry']}", "", _conflict_line(c) + ".", "", f"from `{c['file']}`"
+        lines += [f"## Conflict: {c['entry']}", "", md(_conflict_line(c) + "."), "", f"from `{c['file']}`"
                   + (f" ({c['chosen_by']})" if c["chosen_by"] else ""), ""]
         if c["after_skipping"]:
             lines += [f"Reached after skipping {', '.join(c['after_skipping'])}: "
@@ -208,8 +211,8 @@ def _conflicts(report: dict) -> list[str]:
                 f"{r['entry']}:{r['key']} ({r['path']})" for r in c["resolved_by_ledger"])
                 + f"; still conflicted: {', '.join(c['unresolved'])}")
         if not c["blocks"]:
-            lines.append(f"- {c['detail']}")
-        lines += [f"- {h['line']}" for h in c.get("hints", [])]
+            lines.append(f"- {md(c['detail'])}")
+        lines += [f"- {md(h['line'])}" for h in c.get("hints", [])]
         lines += [f"- {line}" for line in _taken_lines(c.get("taken") or {}, c["entry"])]
         lines.append("")
     return lines
@@ -219,7 +222,8 @@ def _merged(report: dict) -> list[str]:
     lines = []
     for m in report["merged"]:
         lines += [f"## Merged upstream (proposed): {m['entry']}", ""]
-        lines += [f"- {sig['kind']}: {sig['detail']}" + ("" if sig["kind"] != "pr-hint" else " (a hint, not evidence)")
+        hint = " (a hint, not evidence)"
+        lines += [f"- {sig['kind']}: {md(sig['detail'])}" + (hint if sig["kind"] == "pr-hint" else "")
                   for sig in m["signals"]]
         lines.append("")
     return lines
@@ -240,7 +244,7 @@ def _checks(report: dict) -> list[str]:
     for c in report["checks"]:
         result = "not run" if c.get("skipped") else "ok" if c["ok"] else "**FAILED**"
         said = c["findings"][:5] + c["notes"][:3]
-        lines.append(f"| {c['name']} | {result} | {_cell('; '.join(said))} |")
+        lines.append(f"| {c['name']} | {result} | {_cell(md('; '.join(said)))} |")
     return lines + [""]
 
 
@@ -255,15 +259,15 @@ def _refreshed(report: dict) -> list[str]:
              + ("every entry strictly" if new["applies_strictly"] else "**not strictly**")
              + (", the same tree as the proven rebase" if new["same_tree"] else ", **a different tree**")
              + ("; `refresh --check` there changes nothing" if new["fixed_point"] else "; **refresh --check fails**")]
-    lines += [f"- changed: `{p}`" for p in new["changed"]]
-    lines += [f"- note: {n}" for n in new["notes"]]
+    lines += [f"- changed: {md(p)}" for p in new["changed"]]
+    lines += [f"- note: {md(n)}" for n in new["notes"]]
     return lines + [""]
 
 
 def _commits(report: dict) -> list[str]:
     if not report["upstream_commits"]:
         return []
-    lines = ["## Upstream commits since the base", ""] + [f"- {c}" for c in report["upstream_commits"][:20]]
+    lines = ["## Upstream commits since the base", ""] + [f"- {md(c)}" for c in report["upstream_commits"][:20]]
     more = report["upstream_commits_between"] - min(20, len(report["upstream_commits"]))
     return lines + ([f"- ... and {more} more"] if more > 0 else []) + [""]
 
@@ -284,4 +288,4 @@ def commit_message(report: dict) -> str:
     lines += [f"{e['name']}: {e['on_rev']}" for e in report["entries"] if e["on_rev"] != "strict"]
     lines += ["", f"Series {s['name']} {s['version']} -> {new['version']} ({new['mode']} files for {new['label']}).",
               f"Proof: {report['equivalence'].get('summary', '')}.", "", "Made by c128patch watch."]
-    return "\n".join(lines) + "\n"
+    return plain("\n".join(lines)) + "\n"

@@ -15,6 +15,7 @@ from c128patch.ops.conflicts import block_markdown
 from c128patch.ops.equivalence import Equivalence
 from c128patch.ops.merged import commit_diffs
 from c128patch.ops.rebase_journal import Journal, Step
+from c128patch.textsafe import md
 
 
 def report_of(git: Git, journal: Journal, new_head: str | None = None, proof: Equivalence | None = None,
@@ -78,27 +79,27 @@ def _changed_lines(diff: str) -> list[tuple[tuple[str, str], tuple[str, ...]]]:
 
 def render_markdown(report: dict) -> str:
     old, new = report["old_base"], report["new_base"]
-    lines = [f"# c128patch rebase: {old['rev']} → {new['rev']} ({report['direction']})", ""]
+    lines = [f"# c128patch rebase: {md(old['rev'])} → {md(new['rev'])} ({report['direction']})", ""]
     added, removed = report["upstream_commits"], report["upstream_commits_removed"]
     lines.append(f"{report['upstream_commits_between']} upstream commit(s) added between `{old['commit'][:12]}` and "
                  f"`{new['commit'][:12]}`" + (f", {len(removed)} left behind (backward)" if removed else "") + ".")
-    lines += [""] + [f"- added: {c}" for c in added[:20]] + [f"- left behind: {c}" for c in removed[:20]]
+    lines += [""] + [f"- added: {md(c)}" for c in added[:20]] + [f"- left behind: {md(c)}" for c in removed[:20]]
     lines += ["", "| entry | status | file (chosen by) | detail |", "| --- | --- | --- | --- |"]
     for e in report["entries"]:
-        detail = e["detail"] + (f" (ledger {', '.join(e['ledger'])})" if e["ledger"] else "")
+        detail = md(e["detail"] + (f" (ledger {', '.join(e['ledger'])})" if e["ledger"] else ""))
         if e.get("edit_from"):
             detail += "; **user edit carried**"
         if e["signals"]:
-            detail += "; signals: " + "; ".join(f"{s['kind']}: {s['detail']}" for s in e["signals"])
+            detail += "; signals: " + "; ".join(f"{s['kind']}: {md(s['detail'])}" for s in e["signals"])
         file = f"{e['file']} ({e['chosen_by']})" if e.get("file") else e.get("kind", "")
-        lines.append(f"| {e['name']} | {e['status']} | {file} | {detail} |")
+        lines.append(f"| {e['name']} | {e['status']} | {file} | {detail.replace('|', chr(92) + '|')} |")
     for e in report["entries"]:
         if e.get("stop") and e["status"] == "failing":
             lines += _stop_markdown(e["name"], e["stop"])
     if report.get("equivalence"):
         lines += _proof_markdown(report["equivalence"])
     if report.get("range_diff"):
-        lines += ["", "## range-diff", "", "```", *report["range_diff"], "```"]
+        lines += ["", "## range-diff", "", md("\n".join(report["range_diff"]), "")]
     return "\n".join(lines) + "\n"
 
 
@@ -118,8 +119,7 @@ def _proof_markdown(proof: dict) -> list[str]:
               + (" (reused)" if r["reused"] else "") for r in used]
     lines += [f"- note: {n}" for n in proof["notes"]]
     for d in proof["differences"]:
-        lines += ["", f"### {d['label'] or 'unattributed'}", "", "```diff"]
-        lines += [f"{h['path']} {h['header']}" + ("\n" + h["text"].rstrip() if h["text"] else "")
-                  for h in d["hunks"][:20]]
-        lines.append("```")
+        hunks = [f"{h['path']} {h['header']}" + ("\n" + h["text"].rstrip() if h["text"] else "")
+                 for h in d["hunks"][:20]]
+        lines += ["", f"### {md(d['label'] or 'unattributed')}", "", md("\n".join(hunks), "diff")]
     return lines

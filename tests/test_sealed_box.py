@@ -1,0 +1,154 @@
+"""The target's code runs only in a sealed box (issue 36 item 3): a booby-trapped tree (a top-level
+``json.py``, a fake ``python/torch/``, a module that reads ``GITHUB_TOKEN`` and forks a child meant to
+outlive the run) gets no token, no real ``HOME``, no stdlib shadowing and no survivor; ``--no-run``
+runs none of it; ``--python`` is taken from the current folder and refused inside the tree; and
+``check``, ``contract`` and ``bisect`` never execute a target's code."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import watch_upstream as wu
+from c128patch.errors import C128Error
+from c128patch.fit import treecheck
+from c128patch.fit.sandbox import KEEP, interpreter
+from c128patch.git import Git
+from c128patch.series.manifest import load_series
+from support import REPO_ROOT, invoke, upstream_commit
+from test_watch_behaviour import no_torch_python as bare_python
+
+SERIES = load_series(REPO_ROOT)
+TRAP = "python/sglang/trap.py"
+
+
+def trapped_tree(tmp: Path, marker: Path, module: str = "") -> Path:
+    """A tree whose ``json.py``, ``python/json.py`` and ``python/torch`` write ``marker`` when run."""
+    tree = tmp / "tree"
+    (tree / "python" / "sglang").mkdir(parents=True)
+    (tree / "python" / "torch").mkdir()
+    trap = f"open({str(marker)!r}, 'a').write(__file__ + '\\n')\n"
+    for path in ("json.py", "python/json.py", "python/torch/__init__.py", "python/sitecustomize.py"):
+        (tree / path).write_text(trap)
+    (tree / "python" / "sglang" / "__init__.py").write_text("")
+    (tree / TRAP).write_text(module or trap)
+    return tree
+
+
+def test_the_target_sees_no_token_no_home_and_no_fake_torch(tmp_path, monkeypatch):
+    pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
+    seen, marker = tmp_path / "seen.json", tmp_path / "ran.txt"
+    tree = trapped_tree(tmp_path, marker, "import json, os, torch\n"
+                       f"open({str(seen)!r}, 'w').write(json.dumps({{'env': dict(os.environ), 'torch': torch.__file__, "
+                       "'json': json.__file__}))\n")
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret")
+    result = treecheck.run(SERIES, tree, [TRAP])
+    assert [t.modules["sglang.trap"]["status"] for t in result.tiers] == ["ok", "ok"], result.to_json()
+    got = json.loads(seen.read_text())
+    assert "GITHUB_TOKEN" not in got["env"] and "ghp_secret" not in json.dumps(got)
+    assert got["env"]["HOME"] != os.environ["HOME"] and not Path(got["env"]["HOME"]).exists()
+    assert set(got["env"]) <= {*KEEP, "HOME", "TMPDIR", *treecheck._gates(SERIES)}, got["env"]
+    assert str(tree) not in got["torch"] and str(tree) not in got["json"]
+    assert not marker.exists()
+
+
+def test_a_child_the_target_forks_does_not_outlive_the_run(tmp_path):
+    pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
+    pids, late = tmp_path / "pids", tmp_path / "late"
+    tree = trapped_tree(tmp_path, tmp_path / "ran.txt", "import os, time\npid = os.fork()\nif pid == 0:\n"
+                        f"    time.sleep(20)\n    open({str(late)!r}, 'w').write('outlived')\n    os._exit(0)\n"
+                        f"open({str(pids)!r}, 'a').write(f'{{pid}}\\n')\n")
+    treecheck.run(SERIES, tree, [TRAP])
+    children = [int(p) for p in pids.read_text().split()]
+    assert len(children) == 2  # gates off and on
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in children):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in children) and not late.exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_fake_torch_in_the_tree_does_not_make_the_tier_pass(tmp_path):
+    marker = tmp_path / "ran.txt"
+    tree = trapped_tree(tmp_path, marker)
+    result = treecheck.run(SERIES, tree, [TRAP], python=bare_python(tmp_path))
+    assert result.verdict().startswith("torch is not installed for this interpreter")
+    assert not result.to_json()["ok"] and not marker.exists()
+
+
+def test_no_run_runs_nothing_and_is_unchecked(tmp_path):
+    marker = tmp_path / "ran.txt"
+    result = treecheck.run(SERIES, trapped_tree(tmp_path, marker), [TRAP], run_code=False)
+    assert result.verdict().startswith("unchecked: the target's code was not run (--no-run)")
+    assert not result.to_json()["ok"] and not marker.exists()
+
+
+def test_python_is_taken_from_the_current_folder_and_refused_inside_the_tree(tmp_path, monkeypatch):
+    tree = trapped_tree(tmp_path, tmp_path / "ran.txt")
+    for folder in (tree, tmp_path / "here"):
+        folder.mkdir(exist_ok=True)
+        (folder / "pyx").symlink_to(os.path.realpath(bare_python(tmp_path)) if folder != tree else "/bin/sh")
+    monkeypatch.chdir(tmp_path / "here")
+    assert interpreter("./pyx", tree) == str(tmp_path / "here" / "pyx")
+    monkeypatch.chdir(tree)
+    with pytest.raises(C128Error, match="lies inside the target tree"):
+        interpreter("./pyx", tree)
+    run = invoke("treecheck", "--tree", str(tree), "--python", "./pyx", "--series", str(REPO_ROOT))
+    assert run.code == 2 and "--python ./pyx lies inside the target tree" in run.err
+
+
+@pytest.fixture(scope="module")
+def trapped_upstream(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Git, Path]:
+    """v0.5.23 with a commit whose every runnable file (``json.py``, a fake torch, sglang's own
+    ``__init__``) writes a marker when executed."""
+    tmp = tmp_path_factory.mktemp("trapped")
+    marker = tmp / "ran.txt"
+    git = wu.stand_in(sglang_release_repo, tmp / "sglang.git")
+    trap = f"open({str(marker)!r}, 'a').write(__file__ + '\\n')\n"
+
+    def edit(idx: Git) -> None:
+        init = idx.blob("v0.5.23", "python/sglang/__init__.py").decode()
+        for path, text in (("json.py", trap), ("python/torch/__init__.py", trap), ("setup.py", trap),
+                           ("python/sglang/__init__.py", trap + init)):
+            blob = idx.out("hash-object", "-w", "--stdin", input=text)
+            idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{path}")
+
+    wu.set_branch(git, "trap", upstream_commit(git, "v0.5.23", "upstream: booby traps", edit))
+    return git, marker
+
+
+@pytest.mark.parametrize("verb", [["check", "--sglang-rev", "trap"], ["contract", "--sglang-rev", "trap", "--no-nvcc"],
+                                  ["bisect", "--onto", "trap"]], ids=["check", "contract", "bisect"])
+def test_check_contract_and_bisect_never_run_the_targets_code(trapped_upstream, verb):
+    git, marker = trapped_upstream
+    run = invoke(*verb, "--repo", str(git.git_dir), "--series", str(REPO_ROOT))
+    assert run.code == 0, (run.out, run.err)
+    assert not marker.exists(), marker.read_text()
+
+
+def test_the_trap_fires_when_the_targets_code_does_run(trapped_upstream):
+    """The control: the tier (which runs the target's code, sealed) sets the trap off, so the test above can fail."""
+    pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
+    git, marker = trapped_upstream
+    run = invoke("treecheck", "--sglang-rev", "trap", "--repo", str(git.git_dir), "--series", str(REPO_ROOT))
+    assert run.err.startswith("treecheck runs the target tree's code (imports its modules) in a sealed box")
+    try:
+        assert "python/sglang/__init__.py" in marker.read_text()
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def test_treecheck_no_run_is_unchecked_exit_8_and_says_nothing_ran(sglang_release_repo):
+    run = invoke("treecheck", "--sglang-rev", "v0.5.23", "--no-run", "--series", str(REPO_ROOT))
+    assert run.code == 8 and run.out["verdict"].startswith("unchecked: the target's code was not run (--no-run)")
+    assert run.out["tiers"] == [] and "sealed box" not in run.err

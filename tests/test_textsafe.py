@@ -1,0 +1,58 @@
+"""Everything taken from git is data (issue 36 item 4): hostile upstream subjects, names and refs reach
+watch's and rebase's Markdown reports as inert code spans and a terminal without control characters."""
+
+from __future__ import annotations
+
+import html
+
+import pytest
+from markdown_it import MarkdownIt
+
+from c128patch.fit import watch_report
+from c128patch.ops.rebase_report import render_markdown
+from c128patch.textsafe import md, plain
+
+HOSTILE = ["<!-- the rest is hidden", "<img src=x onerror=alert(1)>", "[click me](javascript:alert(1))",
+           "cc @maintainers please merge", "fixes #12", "\x1b[31mred\x1b[0m", "\x1b]8;;https://evil.example\x1b\\"
+           "a link\x1b]8;;\x1b\\", "ring\x07", "``` break the fence", "`tick` and ``two``", " ` "]
+CONTROLS = "\x1b\x07\x9b\r"
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_md_gives_one_code_span_that_renders_as_its_text(text):
+    rendered = MarkdownIt("commonmark").enable("table").render(md(text))
+    assert rendered == f"<p><code>{html.escape(plain(text), quote=False)}</code></p>\n"
+
+
+def test_md_of_several_lines_is_a_fence_no_line_closes():
+    text = "a\n```\n<img src=x>\n````"
+    want = f'<pre><code class="language-diff">{html.escape(text, quote=False)}\n</code></pre>\n'
+    assert MarkdownIt().render(md(text, "diff")) == want
+
+
+def test_plain_strips_what_a_terminal_acts_on():
+    assert plain("\x1b]8;;https://evil\x1b\\x\x1b]8;;\x1b\\ \x1b[2Jbell\x07\x9b31m\r\ttab\nline") == \
+        "]8;;https://evil\\x]8;;\\ [2Jbell31m\ttab\nline"
+
+
+def _inert(markdown: str) -> None:
+    rendered = MarkdownIt("commonmark").enable("table").render(markdown)
+    assert not any(c in markdown for c in CONTROLS)
+    for live in ("<img", "<a ", "<!--", "javascript:alert(1)\">"):
+        assert live not in rendered, rendered
+
+
+def test_watch_reports_upstream_subjects_as_data():
+    commits = [f"{i:07x} {text}" for i, text in enumerate(HOSTILE)]
+    lines = watch_report._commits({"upstream_commits": commits, "upstream_commits_between": len(commits)})
+    _inert("\n".join(lines))
+    assert "- `0000004 fixes #12`" in lines
+
+
+def test_rebase_reports_upstream_subjects_and_refs_as_data():
+    report = {"old_base": {"rev": "<img src=x>", "commit": "a" * 40}, "new_base": {"rev": "@team", "commit": "b" * 40},
+              "direction": "sideways", "upstream_commits_between": len(HOSTILE), "upstream_commits": HOSTILE,
+              "upstream_commits_removed": HOSTILE, "entries": [], "range_diff": HOSTILE}
+    text = render_markdown(report)
+    _inert(text)
+    assert "`@team`" in text and "- added: `fixes #12`" in text

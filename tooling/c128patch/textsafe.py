@@ -1,0 +1,28 @@
+"""Text taken from git (subjects, names, refs, paths) is data: made inert for a terminal (``plain``) or
+for Markdown (``md``) before any report or console shows it."""
+
+from __future__ import annotations
+
+import re
+
+# C0 controls but tab and newline, DEL, C1 controls: ESC (colours, OSC-8 links), BEL, CR, CSI...
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def plain(text: str) -> str:
+    """``text`` without the control characters a terminal acts on."""
+    return _CONTROLS.sub("", text)
+
+
+def md(text: str, lang: str | None = None) -> str:
+    """``text`` as literal Markdown: a code span, or a fenced block (several lines, or a ``lang`` given); the
+    fence is longer than any backtick run in it, so no HTML, link, @mention or #ref in it is live."""
+    text = plain(str(text))
+    runs = max(map(len, re.findall(r"`+", text)), default=0)
+    if "\n" in text or lang is not None:
+        fence = "`" * max(3, runs + 1)
+        return f"{fence}{lang or ''}\n{text.rstrip(chr(10))}\n{fence}"
+    if not text:
+        return ""
+    pad = " " if text[0] in "` " or text[-1] in "` " else ""
+    return f"{'`' * (runs + 1)}{pad}{text}{pad}{'`' * (runs + 1)}"
