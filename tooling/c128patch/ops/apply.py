@@ -1,8 +1,5 @@
-"""``apply``'s workflows, called the same way by the CLI and by a script: ``apply_rev`` (open the
-upstream, plan, refuse to switch the default tree unasked, clone or prepare the tree, apply; a clone
-made just now is removed on a failure other than a conflict), ``continue_apply``, ``abort_apply``,
-and ``apply_series`` for a tree the caller has. The steps, the journal and the proof: ``ops.applier``.
-"""
+"""``apply``'s workflows for the CLI and scripts: ``apply_rev``, ``continue_apply``, ``abort_apply`` and
+``apply_series`` (a tree the caller has). The steps, the journal and the proof: ``ops.applier``."""
 
 from __future__ import annotations
 
@@ -32,9 +29,8 @@ __all__ = ["ApplyResult", "abort_apply", "apply_rev", "apply_series", "continue_
 
 def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None = None, branch: str | None = None,
               reporter: Reporter = NullReporter()) -> tuple[ApplyResult, str]:
-    """``series`` applied to ``rev`` of ``repo`` (a path or URL; None: the releases) in ``tree`` (None:
-    a local ``repo`` itself, else ./sglang) on ``branch`` (None: ``c128/<rev>``). Returns the result and
-    a note when ``rev`` is older than every release the series was made on (it is still tried)."""
+    """``series`` applied to ``rev`` of ``repo`` (None: the releases) in ``tree`` (None: a local ``repo``, else
+    ./sglang); a fresh clone is removed on a failure but a conflict. Returns the result and ``support_note``."""
     if tree is not None:
         refuse_git_dir(tree)
     upstream = open_upstream(repo, [rev], reporter)
@@ -106,8 +102,7 @@ def interrupts_said(tree: Path) -> Iterator[None]:
 
 def clone_template(series: Series, target: Target, branch: str, planned: list[Planned], source: str,
                    tree_existed: bool) -> Path:
-    """A ``git clone --template`` folder holding the journal of a fresh-clone apply, so the clone
-    carries its journal from the moment its git dir exists. The caller removes it."""
+    """A ``git clone --template`` folder holding the fresh clone's journal from its start; the caller removes it."""
     root = Path(tempfile.mkdtemp(prefix="c128patch-template-"))
     journal = ApplyJournal.new(series, target, branch, planned, fresh_clone=True, tree_existed=tree_existed,
                                source=source)
@@ -116,8 +111,7 @@ def clone_template(series: Series, target: Target, branch: str, planned: list[Pl
 
 
 def refuse_switching(tree: Path, target: Target, branch: str) -> None:
-    """The default tree holds another upstream commit: switching it to a new branch is asked for
-    with --tree, never done unasked."""
+    """Refuse to switch the default tree holding another upstream commit unasked (``--tree`` asks)."""
     if not tree.is_dir() or not is_work_tree(tree):
         return
     git = Git(worktree=tree)

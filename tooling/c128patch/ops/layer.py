@@ -1,12 +1,8 @@
 """``layer new`` and ``layer add-entry``: scaffolding a team's own layer (docs/layers.md).
 
-``new`` writes an empty layer (``patches/series.toml``: name, version 1, a base the series was made
-on). ``add_entry`` turns one commit of a patched branch into a layer entry: the commit as
-``git format-patch --full-index`` (refresh's normalisation: fixed date, zero commit id), with the
-``C128patch-Entry: <layer>/<entry>`` and ``C128patch-Gate`` trailers added to its message, the
-file numbered after the layer's last one, its manifest row (why, gate, base, the base's sources by
-content, sha256), written as one transaction (``series.txn``), then the layer is linted. Every
-refusal comes before anything is written; the branch itself is not changed.
+``add_entry`` turns one commit of a patched branch into a layer entry: refresh's ``format_patch`` with
+the entry and gate trailers, numbered after the layer's last file, its manifest row (base by content,
+sha256), written as one transaction (``series.txn``), then linted. Every refusal comes before any write.
 """
 
 from __future__ import annotations

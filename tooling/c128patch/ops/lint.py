@@ -123,9 +123,7 @@ def _upstream_gates(series: Series, git: Git) -> list[Finding]:
 
 
 def _variant_bases(series: Series, git: Git) -> list[Finding]:
-    """Each patch file's base tag holds, in this repository, the sources the manifest records for it
-    (by content: variant choice and rebases read that base; a tag moved, or another repository's
-    tag with other sources, would choose on other evidence). Commit ids are never compared."""
+    """Each patch file's base, in this repository, holds the sources the manifest records (by content)."""
     found = []
     for e, v in ((e, v) for e in series.entries for v in e.patch_files()):
         at = ((git.rev_parse(f"refs/tags/{v.base}") if v.base else None)
@@ -162,8 +160,7 @@ def _upstream_collisions(series: Series, git: Git) -> list[Finding]:
 
 
 def lint_stack(series: Series, upstream: Git | None = None) -> list[Finding]:
-    """``lint_series`` of our series and of each layer on its own (findings named ``<layer>/<entry>``),
-    plus what only the stack shows: two parts installing an overlay at one target."""
+    """``lint_series`` of each part (a layer's as ``<layer>/<entry>``), plus overlay collisions across parts."""
     if not series.layers:
         return lint_series(series, upstream)
     found = lint_series(series.ours, upstream)
@@ -179,8 +176,7 @@ def lint_stack(series: Series, upstream: Git | None = None) -> list[Finding]:
 
 
 def update_hashes(series: Series) -> int:
-    """Write the current sha256 of every file into the manifest (each layer's into its own); returns
-    how many changed."""
+    """Write the current sha256 of every file into its manifest; returns how many changed."""
     if series.layers:
         return sum(update_hashes(part) for part in (series.ours, *series.layers))
     def hashes() -> list[str]:

@@ -1,8 +1,5 @@
-"""``status``: which series is applied to a tree, on which upstream, what drifted since, and whether the tree equals a
-fresh apply of the series (``ops.equivalence`` proves HEAD: every difference attributed to an edit on the branch, or
-listed as unattributed; ``equals_series`` also needs nothing uncommitted); an apply or rebase that is running or was
-interrupted (with the commands that resume or undo it); and the recovery refs that hold where HEAD was before each
-apply and rebase."""
+"""``status``: the series applied to a tree, its upstream, the drift since, whether HEAD equals a fresh apply
+(``ops.equivalence``), an apply or rebase running or stopped (with resume/undo) and the recovery refs."""
 
 from __future__ import annotations
 
@@ -77,8 +74,7 @@ def recovery_refs(git: Git) -> list[dict]:
 
 
 def index_lock_status(git: Git, holder: object) -> dict | None:
-    """A ``.git/index.lock`` in the way (a killed git or c128patch run leaves one; every git
-    command that writes the index refuses while it is there), with the command that clears it."""
+    """A ``.git/index.lock`` left by a killed run (git refuses to write the index), and how to clear it."""
     path = git_path(git, "index.lock")
     if not path.exists():
         return None
@@ -87,8 +83,7 @@ def index_lock_status(git: Git, holder: object) -> dict | None:
 
 
 def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
-    """Per entry of the provenance record, its files changed since the provenance commit (an
-    overlay also when its bytes differ from the ones applied)."""
+    """Per entry, its files changed since the provenance commit (an overlay also by its bytes)."""
     tree = git.worktree
     assert tree is not None
     paths = sorted({p for e in entries for p in e.get("files", [])})
