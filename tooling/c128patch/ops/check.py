@@ -75,8 +75,17 @@ def _bases(series: Series) -> dict[str, str]:
     return bases
 
 
+def _by_version(base: str) -> tuple[Version, str]:
+    return (Version(release_version(base)) if release_version(base) else Version("0"), base)  # type: ignore[arg-type]
+
+
+def supported_releases(series: Series) -> list[str]:
+    """The releases the series' files were made on, oldest first: what ``check`` checks when no rev is named."""
+    return sorted((b for b in _bases(series) if release_version(b)), key=_by_version)
+
+
 def _oldest(bases: dict[str, str]) -> str:
-    return min(bases, key=lambda b: (Version(release_version(b)) if release_version(b) else Version("0"), b))
+    return min(bases, key=_by_version)
 
 
 def support_note(series: Series, git: Git, rev: str, commit: str) -> str:
