@@ -198,3 +198,28 @@ def test_a_killed_first_mirror_is_detected_and_rebuilt(tmp_path: Path, sglang_re
     res = invoke("check", "--sglang-rev", "v0.5.22", "--repo", url, "--series", str(portable_series), as_json=False)
     assert res.code == 0, res.err
     assert f"removing {mirror}, a half-made mirror of {url}" in res.err
+
+
+class Steps:
+    """A reporter that keeps the steps it is told (a piped reporter prints a heartbeat while one is open)."""
+
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+
+    def step(self, message: str) -> None:
+        self.steps.append(message)
+
+    def transfer(self, what: str, done: int, total: int | None) -> None:
+        pass
+
+
+def test_apply_names_each_long_phase_after_the_downloads(upstream_clone: Path, portable_series: Path):
+    from c128patch.ops.apply import apply_rev
+    from c128patch.series.manifest import load_series
+
+    rep = Steps()
+    apply_rev(load_series(portable_series), str(upstream_clone), "v0.5.22", reporter=rep)
+    phases = [next((i for i, s in enumerate(rep.steps) if s.startswith(p)), -1)
+              for p in ("planning the series on v0.5.22", "preparing the tree", "applying test-patch",
+                        "applying test-overlay", "proving the tree")]
+    assert -1 not in phases and phases == sorted(phases), rep.steps

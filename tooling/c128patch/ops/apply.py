@@ -35,6 +35,7 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
         refuse_git_dir(tree)
     upstream = open_upstream(repo, [rev], reporter)
     target = Target.of(upstream, rev)
+    reporter.step(f"planning the series on {rev}")
     older = support_note(series, upstream.git, rev, target.commit)
     planned = plan(series, upstream.git, target.commit)
     check_paths_at(upstream.git, target.commit, planned)
@@ -43,6 +44,7 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
     existed = (tree or DEFAULT_TREE).exists()
     template = clone_template(series, target, branch or target.branch, planned,
                               str(upstream.git.git_dir or upstream.git.worktree), existed)
+    reporter.step(f"preparing the tree for {target.commit[:12]}")
     try:
         worktree, fresh = prepare_tree(upstream, tree, target.commit, reporter, template=template)
     finally:

@@ -34,8 +34,7 @@ def rebase_status(git: Git) -> dict | None:
     j = Journal.load(path, git)
     steps = j.steps
     current = steps[j.pos].name if j.pos < len(steps) else None
-    tree = git.worktree
-    assert tree is not None
+    tree = git.cwd
     return {"onto": j.onto_rev, "from": j.old_rev, "done": j.pos, "total": len(steps),
             "current_entry": current, "paused": j.paused, "branch": j.orig_branch,
             "resume": rebase_command(tree, "continue"), "skip": rebase_command(tree, "skip"),
@@ -48,8 +47,7 @@ def apply_status(git: Git) -> dict | None:
     if not path.is_file():
         return None
     j = ApplyJournal.load(git, path)
-    tree = git.worktree
-    assert tree is not None
+    tree = git.cwd
     resume, undo = apply_commands(tree)
     nxt = j.names[j.done] if j.done < j.total else None
     how = "stopped at a conflict" if j.paused == "conflict" else "was interrupted"
@@ -84,8 +82,7 @@ def index_lock_status(git: Git, holder: object) -> dict | None:
 
 def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
     """Per entry, its files changed since the provenance commit (an overlay also by its bytes)."""
-    tree = git.worktree
-    assert tree is not None
+    tree = git.cwd
     paths = sorted({p for e in entries for p in e.get("files", [])})
     changed: dict[str, str] = {}
     if prov_commit and paths:
@@ -105,8 +102,7 @@ def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
 
 
 def tree_status(git: Git, series: Series | None = None) -> dict:
-    tree = git.worktree
-    assert tree is not None
+    tree = git.cwd
     rebase = rebase_status(git)
     apply = apply_status(git)
     holder = running(git)
