@@ -13,13 +13,14 @@ from typing import Iterator
 
 from c128patch.errors import C128Error, ConflictError, Interrupted
 from c128patch.git import Git, is_work_tree
-from c128patch.ops.applier import Apply, ApplyJournal, ApplyResult
+from c128patch.ops.applier import Apply, ApplyJournal, ApplyResult, already_applied
 from c128patch.ops.check import support_note
 from c128patch.ops.treestate import apply_commands
 from c128patch.progress import NullReporter, Reporter
+from c128patch.series.layers import describe
 from c128patch.series.manifest import Series
 from c128patch.series.plan import Planned, check_paths_at, plan
-from c128patch.series.provenance import PROVENANCE_PATH
+from c128patch.series.provenance import PROVENANCE_PATH, record_problem
 from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.source import discard_fresh_tree, open_upstream, prepare_tree, refuse_git_dir
 from c128patch.upstream.target import Target
@@ -49,6 +50,8 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
         worktree, fresh = prepare_tree(upstream, tree, target.commit, reporter, template=template)
     finally:
         shutil.rmtree(template, ignore_errors=True)
+    if not fresh:
+        refuse_taken_branch(series, Git(worktree=worktree), branch or target.branch, target)
     try:
         with interrupts_said(worktree.resolve()):
             result = Apply(Git(worktree=worktree), series, reporter).start(target, branch=branch, fresh_clone=fresh,
@@ -110,6 +113,32 @@ def clone_template(series: Series, target: Target, branch: str, planned: list[Pl
                                source=source)
     journal.save(root / "c128patch" / "apply.json")
     return root
+
+
+def refuse_taken_branch(series: Series, git: Git, branch: str, target: Target) -> None:
+    """``branch`` holds an earlier apply (of another series, stack or commit) with the user's commits on it:
+    say what it holds and how to apply beside it; never advise deleting it (``Apply`` says the rest)."""
+    tip = git.rev_parse(f"refs/heads/{branch}")
+    prov = git.out("log", "-1", "--format=%H", tip, "--", PROVENANCE_PATH) if tip else ""
+    mine = git.count(f"{prov}..{tip}") if prov else 0
+    if not mine or already_applied(series, git, branch, target) is not None:
+        return
+    try:
+        record = json.loads(git.blob(prov, PROVENANCE_PATH) or b"")
+    except ValueError:
+        return
+    if record_problem(record):
+        return
+    ours = record.get("series", {})
+    held = " + ".join([f"series {ours.get('name')} {ours.get('version')}",
+                       *(f"layer {r['name']} {r['version']}" for r in record.get("layers", []))])
+    beside = shlex.join(["c128patch", "apply", "--sglang-rev", target.rev, "--tree", str(git.cwd), "--branch",
+                         f"{branch}-{series.layers[-1].name if series.layers else 'new'}"])
+    raise C128Error(f"branch {branch} in {git.cwd} holds {held} on {record.get('upstream', {}).get('rev')} with "
+                    f"{mine} commit(s) of yours on top, not {describe(series)} on {target.rev}; nothing was changed",
+                    hint=f"  keep it and apply beside it: {beside}\n"
+                         f"  or move your commits into a layer: c128patch layer add-entry --tree {git.cwd} ... "
+                         "(docs/layers.md)")
 
 
 def refuse_switching(tree: Path, target: Target, branch: str) -> None:
