@@ -15,6 +15,7 @@ from c128patch.errors import C128Error, ConflictError, Interrupted
 from c128patch.git import Git, is_work_tree
 from c128patch.ops.applier import Apply, ApplyJournal, ApplyResult, already_applied
 from c128patch.ops.check import support_note
+from c128patch.ops.layer import remember_layers
 from c128patch.ops.treestate import apply_commands
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import describe
@@ -68,6 +69,7 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
             exc.message += f" (the new clone {worktree} was removed)"
             exc.hint = None  # nothing is left to resume or undo
         raise
+    remember_layers(Git(worktree=worktree), series)
     return result, older
 
 
@@ -84,6 +86,7 @@ def continue_apply(git: Git, series: Series | None = None,
     with interrupts_said(op.tree):
         result = op.resume()
     assert op.series is not None
+    remember_layers(git, op.series)
     return result, op.series
 
 

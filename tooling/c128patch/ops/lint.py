@@ -27,11 +27,6 @@ class Finding:
         return asdict(self)
 
 
-def _gate_trailer_ok(entry_gate: str, trailer: str | None) -> bool:
-    words = (trailer or "").split()
-    return trailer is not None and (words[0] if words else "") == (entry_gate or "none")
-
-
 def _file_findings(series: Series, e: Entry, variant: Variant | None, patched: dict[str, str]) -> list[Finding]:
     """What is wrong with one file of entry ``e`` (a patch file's paths go into ``patched``)."""
     path = series.file_of(e, variant)
@@ -55,7 +50,7 @@ def _file_findings(series: Series, e: Entry, variant: Variant | None, patched: d
     refusal = symlink_refusal(e, str(rel), info)
     if refusal:
         found.append(Finding(e.name, refusal.split(": ", 1)[1]))
-    if not _gate_trailer_ok(e.gate, info.trailers.get(GATE_TRAILER)):
+    if (info.trailers.get(GATE_TRAILER) or " ").split()[:1] != [e.gate or "none"]:
         found.append(Finding(e.name, f"{rel}: header must say '{GATE_TRAILER}: {e.gate or 'none (<why>)'}'"))
     for f in info.files:
         if not f.startswith(f"{TREE_ROOT}/"):

@@ -3,7 +3,6 @@ commit dated as the new base; the branch and the work tree move only at a stop o
 
 from __future__ import annotations
 
-import re
 import shlex
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -382,12 +381,11 @@ class RebaseLoop:
                      f"refs/heads/{branch}")
 
     def _new_branch_name(self, journal: Journal) -> str:
-        """``c128/<new base>`` for a branch named after its old base as ``apply`` names it (``c128/<old
-        base>``), when the new base has a name and no such branch is there already; else ""."""
-        old, onto = journal.orig_branch, journal.onto_rev
-        if not old or old != default_branch(journal.old_rev) or re.fullmatch(r"[0-9a-f]{7,40}", onto):
+        """``c128/<new base, as named>`` for a branch ``apply`` named ``c128/<old base>``, unless taken; else ""."""
+        old = journal.orig_branch
+        if not old or old != default_branch(journal.old_rev):
             return ""
-        new = default_branch(onto)
+        new = default_branch(journal.onto_rev)
         if new == old or not self.git.ok("check-ref-format", "--branch", new):
             return ""
         there = self.git.rev_parse(f"refs/heads/{new}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,8 +28,8 @@ from c128patch.ops.replay import branch_commits
 from c128patch.ops.treestate import ensure_clean, ensure_idle, repo_lock
 from c128patch.series import txn
 from c128patch.series.contract import LOCK_NAME, Lock, LockItem, lock_path, merged, read_lock
-from c128patch.series.layers import Stack, layer_rows
-from c128patch.series.manifest import Entry, Series, Variant
+from c128patch.series.layers import SEP, Stack, layer_args, layer_rows
+from c128patch.series.manifest import Entry, Series, Variant, default_series_root
 from c128patch.series.patchfile import split_message
 from c128patch.series.paths import check_relpath
 from c128patch.series.plan import ENTRY_TRAILER, choose, merged_entries, sources_at
@@ -107,6 +108,7 @@ class Refreshed:
     result: Export
     changes: list[str]
     check: bool
+    given: Series  # the series refreshed: with ``check`` its layers are reported (the new files are not written)
 
     @property
     def failed(self) -> bool:
@@ -119,7 +121,35 @@ class Refreshed:
         return {"ok": not self.failed, "check": self.check, "changed": self.changes, "notes": self.result.notes,
                 "equivalence": proof.to_json(), "tree": proof.summary(),
                 "series": {"name": series.name, "version": series.version, "base": series.base},
-                "layers": layer_rows(series)}
+                "layers": layer_rows(self.given if self.check else series)}
+
+
+def refresh_command(git: Git, series: Series, report: dict, lock_items: LockItems | None = None) -> tuple[str, str]:
+    """After a rebase (``report``): the refresh to run ("" when ``refresh --check`` is up to date), or a note
+    instead when it would write the tool's own series (its checkout or installed package) for a layer or a
+    commit of the user's clone. ``--primary`` only forward onto a tag, past the series base."""
+    onto = report["new_base"]["commit"]
+    label = base_label(git, onto, report["new_base"]["rev"])
+    base = git.rev_parse(series.base) if series.base else None
+    primary = (report["direction"] == "forward" and label != onto[:12]
+               and (base is None or git.is_ancestor(base, onto)))
+
+    def changes(primary: bool | None) -> list[str]:
+        try:
+            return export(series, git, primary=primary, lock_items=lock_items).changes(series.root)
+        except C128Error:
+            return ["?"]  # refresh itself will say why
+
+    found = changes(None)  # what ``refresh --check`` says
+    if not found:
+        return "", ""
+    found = found if primary == (label == series.base) else changes(primary)
+    own = series.ours.root == default_series_root().resolve()  # the tool's checkout or installed package
+    if own and (series.layers or label == onto[:12]) and any(not Path(c).is_absolute() for c in found):
+        return "", (f"series {series.ours.name} (the tool's own, in {series.ours.root}) would need files for "
+                    f"{report['new_base']['rev']}: not refreshed from here, it would write there")
+    return shlex.join(["c128patch", "refresh", "--primary" if primary else "--variant", "--tree", str(git.worktree),
+                       *([] if own else ["--series", str(series.ours.root)]), *layer_args(series)]), ""
 
 
 def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | None = None, version: str | None = None,
@@ -133,7 +163,7 @@ def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | No
         changes = result.changes(series.root)
         if not check:
             changes = write(series, result, accept_differences=accept_differences)
-    return Refreshed(result, changes, check)
+    return Refreshed(result, changes, check, series)
 
 
 def export(series: Series, git: Git, *, primary: bool | None = None, version: str | None = None,
@@ -184,6 +214,9 @@ def _export_commit(series: Series, git: Git, sha: str, name: str, exported: dict
     primary)."""
     label, base_commit, primary = base
     old = next((e for e in series.entries if e.name == name), None)
+    if old is None and SEP in name:  # a layer's entry is never written into our series
+        raise C128Error(f"cannot refresh: commit {sha[:12]} is entry '{name}' of layer {name.split(SEP)[0]}, not in "
+                        f"the series given; name the layer (--layer DIR or c128patch.toml); nothing was written")
     if old is None and isinstance(series, Stack):  # whose entry would it be? the team says, with add-entry
         raise C128Error(f"cannot refresh: commit {sha[:12]} carries no {ENTRY_TRAILER} trailer; make it an entry of "
                         f"a layer (c128patch layer add-entry --layer DIR --from-commit {sha[:12]} --why TEXT) "

@@ -71,15 +71,6 @@ def recovery_refs(git: Git) -> list[dict]:
     return out
 
 
-def index_lock_status(git: Git, holder: object) -> dict | None:
-    """A ``.git/index.lock`` left by a killed run (git refuses to write the index), and how to clear it."""
-    path = git_path(git, "index.lock")
-    if not path.exists():
-        return None
-    return {"path": str(path), "c128patch_running": holder is not None,
-            "clear": shlex.join(["rm", "-f", str(path)])}
-
-
 def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
     """Per entry, its files changed since the provenance commit (an overlay also by its bytes)."""
     tree = git.cwd
@@ -106,8 +97,10 @@ def tree_status(git: Git, series: Series | None = None) -> dict:
     rebase = rebase_status(git)
     apply = apply_status(git)
     holder = running(git)
+    lock = git_path(git, "index.lock")
     common = {
-        "index_lock": index_lock_status(git, holder),
+        "index_lock": {"path": str(lock), "c128patch_running": holder is not None,  # left by a killed run
+                       "clear": shlex.join(["rm", "-f", str(lock)])} if lock.exists() else None,
         "tree": str(tree),
         "branch": git.current_branch(),
         "running": asdict(holder) if holder else None,
