@@ -580,3 +580,48 @@ def test_refresh_never_writes_a_layer_s_entry_into_our_series(tmp_path, sglang_r
     assert res.code == 2 and "is entry 'acme/acme-sps-env' of layer acme" in res.err and "nothing was written" in \
         res.err, res.err
     assert {p: p.read_bytes() for p in series.rglob("*") if p.is_file()} == before
+
+
+def doc_commands() -> list[str]:
+    """docs/layers.md's workflow block: its commands as printed, continuation lines joined, comments left out."""
+    block = (REPO_ROOT / "docs" / "layers.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = block.replace("\\\n", " ").splitlines()
+    return [" ".join(line.split("#", 1)[0].split()) for line in lines if line.strip() and not line.startswith("#")]
+
+
+def test_docs_layers_md_walked_as_printed_across_the_releases_with_check_at_each_step(
+        tmp_path, sglang_release_repo, monkeypatch):
+    """docs/layers.md's commands, run as a user pastes them (a copy of our series as the tool's own), then its
+    table with c128patch.toml: each rebase, `refresh --check` (exit 1 exactly when a refresh is printed), the
+    printed refresh, `refresh --check` again; at the end `c128patch check` takes every release strictly."""
+    monkeypatch.setenv("C128PATCH_SERIES", str(copy_series(tmp_path / "series")))
+    monkeypatch.delenv(ENV, raising=False)
+
+    def sh(command: str, cwd: Path = tmp_path, code: int = 0) -> str:
+        done = run_printed(command, cwd)
+        assert done.returncode == code, (command, done.stdout, done.stderr)
+        return done.stdout
+
+    apply, new, add, stacked = doc_commands()
+    sh(apply)
+    sh(new)
+    manifest = tmp_path / "layers" / "acme" / "patches" / "series.toml"  # the gates it describes, as the doc says
+    gates = (EXAMPLE / "patches" / "series.toml").read_text().split("[[gates]]", 1)[1]
+    manifest.write_text(f"{manifest.read_text()}\n[[gates]]{gates}")
+    git = Git(worktree=tmp_path / "sglang")
+    git.run("apply", str(EXAMPLE / "patches" / "0001-acme-sps-env.patch"))
+    subprocess.run(["git", *ID, "-C", str(git.worktree), "commit", "-qam", "acme: the sps floor env"], check=True)
+    sh(add)
+    sh(stacked)
+    (tmp_path / CONFIG).write_text('[layers]\npaths = ["layers/acme"]\n')
+    tree = tmp_path / "sglang-acme"
+    for rev in ("v0.5.21", "v0.5.20", "v0.5.22", "v0.5.23"):
+        out = " ".join(sh(f"c128patch rebase --onto {rev}", tree).split())
+        nxt = out.split("; next: ", 1)[1] if "; next: " in out else ""
+        sh("c128patch refresh --check", tree, 1 if nxt else 0)
+        if nxt:
+            sh(nxt, tree)
+            sh("c128patch refresh --check", tree)
+    checked = json.loads(sh("c128patch check --json", tree))
+    assert [r["rev"] for r in checked["revs"]] == list(RELEASES)
+    assert checked["ok"] and all(r["wheel"]["exit"] == 0 for r in checked["revs"]), checked

@@ -88,11 +88,6 @@ def format_patch(git: Git, commit: str, entry_name: str) -> bytes:
     return f"{mail}\n\n{body}\n{rest}".encode()
 
 
-def _commits(git: Git, base: str) -> list[tuple[str, str]]:
-    """(sha, entry name) of each commit on top of ``base``, oldest first, provenance left out."""
-    return [(c.sha, c.entry or slug(c.subject)) for c in branch_commits(git, base) if c.entry != "provenance"]
-
-
 def base_label(git: Git, commit: str, rev: str) -> str:
     """A variant's base name: a tag at ``commit`` (``rev`` first), else the short id; never a branch."""
     tags = git.out("tag", "--points-at", commit).split()
@@ -180,7 +175,8 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     label = base_label(git, base_commit, base_rev or "")
     primary = label == series.base if primary is None else primary
     left_out = [d["name"] for d in record.get("dropped", []) if d.get("status") in ("dropped-as-merged", "skipped")]
-    commits = _commits(git, base_commit)
+    commits = [(c.sha, c.entry or slug(c.subject)) for c in branch_commits(git, base_commit)
+               if c.entry != "provenance"]  # oldest first
     empty = {name: sha for sha, name in commits if name in {e.name for e in series.entries if e.is_patch}
              and git.out("rev-parse", f"{sha}^{{tree}}") == git.out("rev-parse", f"{sha}~1^{{tree}}")}
     result = Export(equivalence=prove(series, git, base_rev or label, base_commit, without=left_out + list(empty)))
