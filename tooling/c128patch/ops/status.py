@@ -64,11 +64,8 @@ def apply_status(git: Git) -> dict | None:
 def recovery_refs(git: Git) -> list[dict]:
     """Every recovery ref (HEAD before an apply or rebase), newest first."""
     fmt = "%(refname)%00%(objectname)%00%(contents:subject)"
-    out = []
-    for line in git.out("for-each-ref", "--sort=-refname", f"--format={fmt}", RECOVERY_PREFIX).splitlines():
-        ref, sha, subject = line.split("\0")
-        out.append({"ref": ref, "commit": sha, "subject": subject})
-    return out
+    return [dict(zip(("ref", "commit", "subject"), line.split("\0")))
+            for line in git.out("for-each-ref", "--sort=-refname", f"--format={fmt}", RECOVERY_PREFIX).splitlines()]
 
 
 def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
