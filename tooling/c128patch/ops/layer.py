@@ -49,7 +49,10 @@ def remember_layers(git: Git, series: Series) -> None:
 def tree_layers(git: Git) -> tuple[Path, ...]:
     """The folders of the layers the tree's provenance names (kept by ``remember_layers``); () for none. A layer
     the tree did not keep, or whose folder is gone, is a one-line error naming it."""
-    names = [str(r.get("name")) for r in read_provenance(git.cwd).get("layers", [])]
+    try:
+        names = [str(r.get("name")) for r in read_provenance(git.cwd).get("layers", [])]
+    except C128Error:
+        return ()  # no record, or a damaged one: the verb says so itself
     path = c128_state_dir(git) / "layers.json"
     folders = [Path(f) for f in json.loads(path.read_text())] if names and path.is_file() else []
     if len(folders) != len(names) or not all((f / MANIFEST).is_file() for f in folders):
