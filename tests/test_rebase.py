@@ -647,7 +647,7 @@ def test_apply_skips_the_entry_where_its_merge_is_an_ancestor(refreshed, merged_
                    check=True)
     subprocess.run(["git", "-C", str(clone), "checkout", "--quiet", "-b", "main", merged_dropped.onto], check=True)
     run = invoke("apply", "--sglang-rev", merged_dropped.onto, "--repo", str(clone), "--series",
-                 str(merged_dropped.series))
+                 str(merged_dropped.series), "--branch", "c128/again")  # c128/<onto>: the rebased branch, cloned
     assert run.code == 0, run.err
     row = next(e for e in run.out["entries"] if e["name"] == RS)
     assert row == {"name": RS, "kind": "patch", "status": "skipped",
