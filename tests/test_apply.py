@@ -198,3 +198,49 @@ def test_a_killed_first_mirror_is_detected_and_rebuilt(tmp_path: Path, sglang_re
     res = invoke("check", "--sglang-rev", "v0.5.22", "--repo", url, "--series", str(portable_series), as_json=False)
     assert res.code == 0, res.err
     assert f"removing {mirror}, a half-made mirror of {url}" in res.err
+
+
+class Steps:
+    """A reporter that keeps the steps it is told (a piped reporter prints a heartbeat while one is open)."""
+
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+
+    def step(self, message: str) -> None:
+        self.steps.append(message)
+
+    def transfer(self, what: str, done: int, total: int | None) -> None:
+        pass
+
+
+def test_apply_names_each_long_phase_after_the_downloads(upstream_clone: Path, portable_series: Path):
+    from c128patch.ops.apply import apply_rev
+    from c128patch.series.manifest import load_series
+
+    rep = Steps()
+    apply_rev(load_series(portable_series), str(upstream_clone), "v0.5.22", reporter=rep)
+    phases = [next((i for i, s in enumerate(rep.steps) if s.startswith(p)), -1)
+              for p in ("planning the series on v0.5.22", "preparing the tree", "applying test-patch",
+                        "applying test-overlay", "proving the tree")]
+    assert -1 not in phases and phases == sorted(phases), rep.steps
+
+
+def test_reapplying_on_a_branch_carrying_a_users_commit_keeps_it_and_never_advises_deleting_it(
+        upstream_clone: Path, portable_series: Path):
+    from c128patch.series.manifest import load_series
+
+    assert run("apply", "--sglang-rev", "v0.5.22", "--repo", str(upstream_clone), "--series", str(portable_series),
+               "--json")[0] == 0
+    (upstream_clone / "USER.txt").write_text("mine\n")
+    subprocess.run(["git", "-C", str(upstream_clone), "add", "USER.txt"], check=True)
+    subprocess.run(["git", "-c", "user.name=u", "-c", "user.email=u@x.invalid", "-C", str(upstream_clone), "commit",
+                    "-qm", "my change"], check=True)
+    series = load_series(portable_series)
+    series.version = "2"  # the series changed since (as a stack with a new layer would)
+    series.save()
+    before = snapshot(upstream_clone)
+    code, _, err = run("apply", "--sglang-rev", "v0.5.22", "--repo", str(upstream_clone), "--series",
+                       str(portable_series))
+    assert code == 2 and "not this series" not in err and "branch -D" not in err, err
+    assert "holds series test 1 on v0.5.22 with 1 commit(s) of yours on top, not series test 2" in err
+    assert "--branch c128/v0.5.22-new" in err and snapshot(upstream_clone) == before

@@ -144,3 +144,11 @@ def test_an_entry_only_a_3_way_merge_takes_is_ok_for_apply_and_not_for_wheel(thr
 def test_check_strict_fails_where_wheel_would(three_way_only: Path, checked):
     code, revs = check("v0.5.19", extra=("--series", str(three_way_only), "--strict"))
     assert code == 1 and revs["v0.5.19"]["ok"] is True  # apply would; a wheel would not
+
+
+def test_check_alone_checks_every_release_the_series_supports(checked):
+    """README's `c128patch check`, as written: no --sglang-rev, the four releases, oldest first."""
+    res = invoke("check")
+    assert res.code == 0, res.err
+    assert [r["rev"] for r in res.out["revs"]] == list(RELEASES)
+    assert [r["apply"] for r in res.out["revs"]] == [checked[rev]["apply"] for rev in RELEASES]

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from c128patch.fit.rebase_flow import next_refresh
+from c128patch.fit.contract import lock_items
 from c128patch.git import Git
-from c128patch.ops.refresh import format_patch
+from c128patch.ops.refresh import format_patch, refresh_command
 from c128patch.series.layers import CONFIG, ENV, find_layers, stack
 from c128patch.series.manifest import load_series
 from c128patch.wheel.sbom import layer_properties
@@ -241,10 +241,14 @@ def example_path(tmp_path_factory: pytest.TempPathFactory, sglang_release_repo: 
     for rev in ("v0.5.21", "v0.5.20", "v0.5.22", "v0.5.23"):
         steps[f"rebase {rev}"] = res = invoke("rebase", "--onto", rev, "--tree", tree, *ours)
         assert res.code == 0, res.err
-        nxt = next_refresh(Git(worktree=tree), stack(load_series(series), [layer]), res.out)  # what it prints
+        nxt, _ = refresh_command(Git(worktree=tree), stack(load_series(series), [layer]), res.out,
+                                 lock_items)  # what it prints
         steps[f"next {rev}"] = nxt
+        steps[f"check before {rev}"] = invoke("refresh", "--check", "--tree", tree, *ours)  # what CI runs
+        steps[f"check before {rev} text"] = invoke("refresh", "--check", "--tree", tree, *ours, as_json=False)
         if nxt:
             steps[f"refresh {rev}"] = run_printed(nxt)
+        steps[f"check after {rev}"] = invoke("refresh", "--check", "--tree", tree, *ours)
     for rev in RELEASES:
         version = rev.removeprefix("v")
         steps[f"wheel {rev}"] = invoke("wheel", "--from-release", version, "-o", root / "dist", *ours)
@@ -286,6 +290,21 @@ def test_refresh_writes_each_layer_into_its_own_folder_only(example_path):
     assert refreshed.version == "3"  # bumped once per refresh that changed it
     assert [v.base for v in refreshed.entry("acme-sps-env").variants] == ["v0.5.21", "v0.5.22"]
     assert [e.variants for e in refreshed.entries[1:]] == [[], []]  # the other two fit every release as made
+
+
+@pytest.mark.parametrize("rev", ["v0.5.21", "v0.5.20", "v0.5.22", "v0.5.23"])
+def test_refresh_check_after_each_rebase_says_what_the_printed_refresh_would_change(example_path, rev):
+    """A layer that needs a new variant after the rebase: `refresh --check` lists it (exit 1, no traceback, the
+    layer as it stands), and after the printed refresh nothing is left to change."""
+    before, text = example_path[f"check before {rev}"], example_path[f"check before {rev} text"]
+    if example_path[f"next {rev}"]:
+        assert before.code == 1 and text.code == 1, before.err
+        assert f"{example_path['layer'].resolve()}/patches/0001-acme-sps-env.{rev}.patch" in before.out["changed"]
+        assert before.out["layers"][0]["name"] == "acme" and "would change" in text.text
+    else:
+        assert before.code == 0 and before.out["changed"] == [], before.out
+    after = example_path[f"check after {rev}"]
+    assert after.code == 0 and after.out["changed"] == [], after.out
 
 
 def test_the_stack_is_a_fixed_point_after_the_whole_way(example_path):
@@ -527,3 +546,83 @@ def test_a_stack_refresh_writes_every_part_or_none(tmp_path, sglang_release_repo
         assert "# acme: amended" in (layer / "patches" / "0003-acme-sps-floor.patch").read_text(), point
     check = invoke("refresh", "--check", "--tree", tree, *ours)
     assert check.code == 0 and check.out["changed"] == [], check.out
+
+
+def test_rebase_without_layer_takes_the_layers_from_the_tree_and_writes_nothing_of_theirs_into_ours(
+        tmp_path, sglang_release_repo, monkeypatch):
+    """Layer trap 2: applied with --layer, rebased without it (no config, no env): the tree's provenance names the
+    layer, the rebase says so and replays it as the layer's; the printed refresh writes only the layer."""
+    series, layer, tree = copy_series(tmp_path / "series"), tmp_path / "acme", tmp_path / "sglang"
+    shutil.copytree(EXAMPLE, layer)
+    monkeypatch.setenv("C128PATCH_SERIES", str(series))  # the tool's own series, as installed
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--layer", layer).code == 0
+    before = {p: p.read_bytes() for p in (series / "patches").rglob("*") if p.is_file()}
+    res = invoke("rebase", "--onto", "v0.5.21", "--tree", tree, as_json=False)
+    assert res.code == 0, res.err
+    assert f"layers from the tree's provenance: {layer.resolve()}" in res.err
+    (line,) = [x for x in res.text.splitlines() if x.startswith("report: ")]
+    nxt = line.split("; next: ", 1)[1]
+    assert f"--layer {layer.resolve()}" in nxt and "--series" not in nxt and str(series) not in nxt, line
+    done = run_printed(nxt)
+    assert done.returncode == 0, done.stderr
+    assert {p: p.read_bytes() for p in (series / "patches").rglob("*") if p.is_file()} == before
+    assert [v.base for v in load_series(layer).entry("acme-sps-env").variants] == ["v0.5.21"]
+
+
+def test_refresh_never_writes_a_layer_s_entry_into_our_series(tmp_path, sglang_release_repo):
+    """Named without its layer, a tree carrying a layer's commits is refused: nothing is written."""
+    series, layer, tree = copy_series(tmp_path / "series"), tmp_path / "acme", tmp_path / "sglang"
+    shutil.copytree(EXAMPLE, layer)
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series, "--layer", layer).code == 0
+    before = {p: p.read_bytes() for p in series.rglob("*") if p.is_file()}
+    res = invoke("refresh", "--tree", tree, "--series", series, env={ENV: ""})
+    assert res.code == 2 and "is entry 'acme/acme-sps-env' of layer acme" in res.err and "nothing was written" in \
+        res.err, res.err
+    assert {p: p.read_bytes() for p in series.rglob("*") if p.is_file()} == before
+
+
+def doc_commands() -> list[str]:
+    """docs/layers.md's workflow block: its commands as printed, continuation lines joined, comments left out."""
+    block = (REPO_ROOT / "docs" / "layers.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = block.replace("\\\n", " ").splitlines()
+    return [" ".join(line.split("#", 1)[0].split()) for line in lines if line.strip() and not line.startswith("#")]
+
+
+def test_docs_layers_md_walked_as_printed_across_the_releases_with_check_at_each_step(
+        tmp_path, sglang_release_repo, monkeypatch):
+    """docs/layers.md's commands, run as a user pastes them (a copy of our series as the tool's own), then its
+    table with c128patch.toml: each rebase, `refresh --check` (exit 1 exactly when a refresh is printed), the
+    printed refresh, `refresh --check` again; at the end `c128patch check` takes every release strictly."""
+    monkeypatch.setenv("C128PATCH_SERIES", str(copy_series(tmp_path / "series")))
+    monkeypatch.delenv(ENV, raising=False)
+
+    def sh(command: str, cwd: Path = tmp_path, code: int = 0) -> str:
+        done = run_printed(command, cwd)
+        assert done.returncode == code, (command, done.stdout, done.stderr)
+        return done.stdout
+
+    apply, new, add, stacked = doc_commands()
+    sh(apply)
+    sh(new)
+    manifest = tmp_path / "layers" / "acme" / "patches" / "series.toml"  # the gates it describes, as the doc says
+    gates = (EXAMPLE / "patches" / "series.toml").read_text().split("[[gates]]", 1)[1]
+    manifest.write_text(f"{manifest.read_text()}\n[[gates]]{gates}")
+    git = Git(worktree=tmp_path / "sglang")
+    git.run("apply", str(EXAMPLE / "patches" / "0001-acme-sps-env.patch"))
+    subprocess.run(["git", *ID, "-C", str(git.worktree), "commit", "-qam", "acme: the sps floor env"], check=True)
+    sh(add)
+    sh(stacked)
+    (tmp_path / CONFIG).write_text('[layers]\npaths = ["layers/acme"]\n')
+    tree = tmp_path / "sglang-acme"
+    for rev in ("v0.5.21", "v0.5.20", "v0.5.22", "v0.5.23"):
+        out = " ".join(sh(f"c128patch rebase --onto {rev}", tree).split())
+        nxt = out.split("; next: ", 1)[1] if "; next: " in out else ""
+        sh("c128patch refresh --check", tree, 1 if nxt else 0)
+        if nxt:
+            sh(nxt, tree)
+            sh("c128patch refresh --check", tree)
+    checked = json.loads(sh("c128patch check --json", tree))
+    assert [r["rev"] for r in checked["revs"]] == list(RELEASES)
+    assert checked["ok"] and all(r["wheel"]["exit"] == 0 for r in checked["revs"]), checked

@@ -41,6 +41,9 @@ def test_offline_lint_cannot_check_the_bases(tmp_path: Path):
     series, _ = _series_made_on_other_sources(tmp_path, "v0.5.20", "v0.5.21")
     res = invoke("lint", "--series", series, "--offline")
     assert res.code == 0, res.out["findings"]
+    assert res.out["unchecked"].startswith("--offline: the bases")
+    said = invoke("lint", "--series", series, "--offline", as_json=False)
+    assert said.code == 0 and "0 error(s), 0 warning(s); not checked: --offline: the bases (" in said.text
 
 
 def test_a_manifest_without_recorded_sources_is_not_checked_and_says_so(tmp_path: Path):
@@ -59,3 +62,22 @@ def test_the_product_series_bases_agree_with_the_release_tags():
     assert res.code == 0 and res.out["findings"] == [], res.out["findings"]
     series = load_series(Path(__file__).resolve().parents[1])
     assert all(v.sources and not v.commit for e in series.entries for v in e.patch_files())
+
+
+def test_lint_names_each_phase_for_a_piped_run(monkeypatch):
+    import contextlib
+
+    import c128patch.progress
+
+    steps: list[str] = []
+
+    class Steps:
+        def step(self, message: str) -> None:
+            steps.append(message)
+
+        def transfer(self, what: str, done: int, total: int | None) -> None:
+            pass
+
+    monkeypatch.setattr(c128patch.progress, "reporter", lambda *a, **k: contextlib.nullcontext(Steps()))
+    assert invoke("lint").code == 0
+    assert [s.split(" ")[:2] for s in steps[-2:]] == [["the", "files,"], ["the", "gate"]], steps

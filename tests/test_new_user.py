@@ -15,7 +15,7 @@ from smoke_helpers import make_tree, one_line_error
 from support import REPO_ROOT, invoke
 
 USAGE_ERRORS = [
-    (["check"], "Missing option '--sglang-rev'", "c128patch check --help"),
+    (["check", "--deep=yes"], "Option '--deep' does not take a value", "c128patch --help"),
     (["capacity", "--preset", "nope"], "Invalid value for '--preset': 'nope' is not one of",
      "c128patch capacity --help"),
     (["apply", "--no-such-flag"], "No such option '--no-such-flag'", "c128patch apply --help"),
@@ -41,10 +41,10 @@ def test_a_usage_error_under_json_is_a_json_error_object(args, message, see):
 
 def test_a_usage_error_is_one_line_from_the_installed_command_too():
     """As a user runs it (a process, not click's test runner): one line, the JSON object, exit 2."""
-    proc = subprocess.run([sys.executable, "-m", "c128patch", "check", "--json"], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT / "tooling")})
+    proc = subprocess.run([sys.executable, "-m", "c128patch", "check", "--deep=yes", "--json"], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT / "tooling")})
     assert proc.returncode == 2
-    assert json.loads(proc.stdout)["error"].startswith("Missing option '--sglang-rev'")
+    assert json.loads(proc.stdout)["error"].startswith("Option '--deep' does not take a value")
     assert proc.stderr.splitlines() == [f"c128patch: error: {json.loads(proc.stdout)['error']}"]
 
 

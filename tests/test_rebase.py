@@ -609,11 +609,13 @@ def test_drop_merged_drops_exactly_the_entry_upstream_holds(merged_dropped):
 
 def test_a_pr_number_alone_is_a_hint_that_drops_nothing(merged_dropped):
     """A kept entry shows no drop signal; the upstream commit naming its PR is a hint beside it."""
-    for e in merged_dropped.run.out["entries"]:
-        if e["name"] != RS and "#32035" in load_series(merged_dropped.series).entry(e["name"]).upstream:
-            assert e["signals"] == [] and e["status"] in REPLAYED, e
-            assert ([h["why"] for h in e["hints"]] == ["names PR #32035"]
-                    and e["hints"][0]["commit"] == merged_dropped.onto)
+    kept = [e for e in merged_dropped.run.out["entries"]
+            if e["name"] != RS and "#32035" in load_series(merged_dropped.series).entry(e["name"]).upstream]
+    assert kept, "no kept entry names PR #32035: the test would prove nothing"
+    for e in kept:
+        assert e["signals"] == [] and e["status"] in REPLAYED, e
+        assert ([h["why"] for h in e["hints"]] == ["names PR #32035"]
+                and e["hints"][0]["commit"] == merged_dropped.onto)
 
 
 def test_the_tree_after_a_drop_is_proven(merged_dropped):
@@ -646,7 +648,7 @@ def test_apply_skips_the_entry_where_its_merge_is_an_ancestor(refreshed, merged_
                    check=True)
     subprocess.run(["git", "-C", str(clone), "checkout", "--quiet", "-b", "main", merged_dropped.onto], check=True)
     run = invoke("apply", "--sglang-rev", merged_dropped.onto, "--repo", str(clone), "--series",
-                 str(merged_dropped.series))
+                 str(merged_dropped.series), "--branch", "c128/again")  # c128/<onto>: the rebased branch, cloned
     assert run.code == 0, run.err
     row = next(e for e in run.out["entries"] if e["name"] == RS)
     assert row == {"name": RS, "kind": "patch", "status": "skipped",
@@ -673,3 +675,33 @@ def test_an_interrupted_rebase_resumes_to_the_proven_tree(sglang_release_repo, t
     run = rebase(git, series_dir, "--continue")
     assert run.code == 0, run.err
     assert tree_of(git) == tree_of(fresh["v0.5.23"])
+
+
+def test_a_rebase_onto_the_users_own_commit_proposes_no_primary_refresh_and_names_the_branch_after_it(
+        sglang_release_repo, tmp_path):
+    """Layer trap 4: a clone whose releases have other commit ids (no tags). Onto the user's 0.5.23 commit the
+    series is up to date by content: no `refresh --primary` is proposed, and the branch apply named after the
+    old commit is renamed after the new one, as onto a tag."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(sglang_release_repo), str(clone)], check=True)
+    git = Git(worktree=clone)
+    ids, parent = {}, []
+    for rev in RELEASES:
+        ids[rev] = git.with_env(GIT_AUTHOR_NAME="me", GIT_AUTHOR_EMAIL="me@x.invalid", GIT_COMMITTER_NAME="me",
+                                GIT_COMMITTER_EMAIL="me@x.invalid").out(
+            "commit-tree", f"{rev}^{{tree}}", *parent, "-m", f"my {rev}")
+        parent = ["-p", ids[rev]]
+    git.run("checkout", "--quiet", "-b", "main", ids["v0.5.23"])
+    for tag in RELEASES:
+        git.run("tag", "-d", tag)
+    series = copy_series(tmp_path / "series")
+    old, new = ids["v0.5.22"][:7], ids["v0.5.23"][:7]
+    assert invoke("apply", "--sglang-rev", old, "--repo", clone, "--series", series).code == 0
+    assert git.current_branch() == f"c128/{old}"
+    res = invoke("rebase", "--onto", new, "--tree", clone, "--series", series, as_json=False)
+    assert res.code == 0, res.err
+    assert "--primary" not in res.text, res.text
+    assert git.current_branch() == f"c128/{new}"
+    check = invoke("refresh", "--check", "--tree", clone, "--series", series)
+    assert check.code == 0 and check.out["changed"] == [], check.out
+    assert "the series is up to date (refresh --check changes nothing)" in res.text

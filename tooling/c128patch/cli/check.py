@@ -1,4 +1,4 @@
-"""c128patch check --sglang-rev X [--sglang-rev Y ...] [--strict] [--repo R] [--json]"""
+"""c128patch check [--sglang-rev X ...] [--strict] [--repo R] [--json]"""
 
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ def _verdict(verb: str, v: Verdict | None) -> str:
 
 
 @click.command("check")
-@click.option("--sglang-rev", "revs", multiple=True, required=True,
-              help="Upstream revision(s) to check; repeat for several.")
+@click.option("--sglang-rev", "revs", multiple=True,
+              help="Upstream revision(s) to check; repeat for several (default: every release the series supports).")
 @click.option("--strict", is_flag=True,
               help="Exit 1 unless every entry applies with exact context, as `wheel` needs (3-way merges count as "
                    "failures).")
@@ -70,11 +70,12 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
     """Does the series apply to each REV, and what would apply and wheel do? Nothing is checked out.
     Per entry: which file was chosen and by which rule (exact/most preimage blobs, ancestor,
     strict, primary, only)."""
-    from c128patch.ops.check import check_upstream, exact
+    from c128patch.ops.check import check_upstream, exact, supported_releases
     from c128patch.progress import reporter
     from c128patch.series.layers import get_series, layer_rows
 
     series = get_series(series_dir, layer_dirs)
+    revs = revs or tuple(supported_releases(series))
     with reporter(not as_json, total=len(revs), title="check") as rep:
         upstream, results, elapsed = check_upstream(series, repo, revs, rep)
         contracts: dict[str, dict] = {}

@@ -10,6 +10,9 @@ import click
 from c128patch import exitcodes
 from c128patch.cli.common import emit_json, handles_errors, json_option, repo_option, series_option
 
+OFFLINE_UNCHECKED = ("--offline: the bases (each patch file's sources at its base tag), the overlays' collisions "
+                     "with upstream files, the gates upstream declares and the gate audit")
+
 
 @click.command("lint")
 @click.option("--update-hashes", is_flag=True,
@@ -34,24 +37,27 @@ def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Pa
     if update_hashes:
         record_hashes(series)
         series = get_series(series_dir, layer_dirs)
-    upstream = None
-    if not offline:
-        with reporter(not as_json, title="lint") as rep:
-            upstream = open_upstream(repo, [series.base] if repo is None else [], rep)
-    findings = lint_stack(series, upstream.git if upstream else None)
-    if upstream is not None and not any(f.level == "error" for f in findings) and upstream.git.rev_parse(series.base):
-        # the gate audit, on the series applied to its base
-        for f in audit_series(series, upstream.git, series.base, upstream.resolve(series.base)):
-            findings.append(Finding(f.file, f"{f.file}:{f.line}: [{f.rule}] {f.message}"))
+    with reporter(not as_json, title="lint") as rep:
+        upstream = None if offline else open_upstream(repo, [series.base] if repo is None else [], rep)
+        rep.step("the files, hashes, paths and gates of each part")
+        findings = lint_stack(series, upstream.git if upstream else None)
+        if upstream is not None and not any(f.level == "error" for f in findings) and upstream.git.rev_parse(
+                series.base):
+            rep.step(f"the gate audit on {series.base}")  # on the series applied to its base
+            for f in audit_series(series, upstream.git, series.base, upstream.resolve(series.base)):
+                findings.append(Finding(f.file, f"{f.file}:{f.line}: [{f.rule}] {f.message}"))
     errors = [f for f in findings if f.level == "error"]
+    unchecked = OFFLINE_UNCHECKED if offline else ""
     if as_json:
         emit_json({"ok": not errors, "series": {"name": series.name, "version": series.version},
-                   "entries": len(series.entries), "findings": [f.to_json() for f in findings]})
+                   "entries": len(series.entries), "findings": [f.to_json() for f in findings],
+                   "unchecked": unchecked})
     else:
         out = console(stderr=False)
         for f in findings:
             out.print(f"{f.level}: {f.entry}: {f.message}", markup=False)
         out.print(f"{describe(series).removeprefix('series ')}: {len(series.entries)} entries, "
-                  f"{len(errors)} error(s), {len(findings) - len(errors)} warning(s)", markup=False)
+                  f"{len(errors)} error(s), {len(findings) - len(errors)} warning(s)"
+                  + (f"; not checked: {unchecked}" if unchecked else ""), markup=False)
     if errors:
         sys.exit(exitcodes.FAILED)

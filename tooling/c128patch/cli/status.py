@@ -46,7 +46,10 @@ def command(tree: Path | None, series_dir: Path | None, layer_dirs: tuple[Path, 
     if as_json:
         emit_json(info)
         sys.exit(code)
-    lines = [*_state(info), *(_applied(info) if "series" in info else []), *_recovery(info)]
+    refs = info.get("recovery_refs") or []
+    lines = [*_state(info), *(_applied(info) if "series" in info else []),
+             *([f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):"][:len(refs)]),
+             *(f"    {r['ref']} {r['commit'][:12]} {r['subject']}" for r in refs[:10])]
     if lines:
         console(stderr=False).print("\n".join(lines), markup=False)
     sys.exit(code)
@@ -100,8 +103,3 @@ def _applied(info: dict) -> list[str]:
     return lines + [f"  drift in {d['entry']}: " + ", ".join(f"{p} ({how})" for p, how in d["files"].items())
                     for d in info["drift"]]
 
-
-def _recovery(info: dict) -> list[str]:
-    refs = info.get("recovery_refs") or []
-    head = [f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):"] if refs else []
-    return head + [f"    {r['ref']} {r['commit'][:12]} {r['subject']}" for r in refs[:10]]

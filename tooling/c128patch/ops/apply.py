@@ -1,8 +1,5 @@
-"""``apply``'s workflows, called the same way by the CLI and by a script: ``apply_rev`` (open the
-upstream, plan, refuse to switch the default tree unasked, clone or prepare the tree, apply; a clone
-made just now is removed on a failure other than a conflict), ``continue_apply``, ``abort_apply``,
-and ``apply_series`` for a tree the caller has. The steps, the journal and the proof: ``ops.applier``.
-"""
+"""``apply``'s workflows for the CLI and scripts: ``apply_rev``, ``continue_apply``, ``abort_apply`` and
+``apply_series`` (a tree the caller has). The steps, the journal and the proof: ``ops.applier``."""
 
 from __future__ import annotations
 
@@ -16,13 +13,15 @@ from typing import Iterator
 
 from c128patch.errors import C128Error, ConflictError, Interrupted
 from c128patch.git import Git, is_work_tree
-from c128patch.ops.applier import Apply, ApplyJournal, ApplyResult
+from c128patch.ops.applier import Apply, ApplyJournal, ApplyResult, already_applied
 from c128patch.ops.check import support_note
+from c128patch.ops.layer import remember_layers
 from c128patch.ops.treestate import apply_commands
 from c128patch.progress import NullReporter, Reporter
+from c128patch.series.layers import describe
 from c128patch.series.manifest import Series
 from c128patch.series.plan import Planned, check_paths_at, plan
-from c128patch.series.provenance import PROVENANCE_PATH
+from c128patch.series.provenance import PROVENANCE_PATH, record_problem
 from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.source import discard_fresh_tree, open_upstream, prepare_tree, refuse_git_dir
 from c128patch.upstream.target import Target
@@ -32,13 +31,13 @@ __all__ = ["ApplyResult", "abort_apply", "apply_rev", "apply_series", "continue_
 
 def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None = None, branch: str | None = None,
               reporter: Reporter = NullReporter()) -> tuple[ApplyResult, str]:
-    """``series`` applied to ``rev`` of ``repo`` (a path or URL; None: the releases) in ``tree`` (None:
-    a local ``repo`` itself, else ./sglang) on ``branch`` (None: ``c128/<rev>``). Returns the result and
-    a note when ``rev`` is older than every release the series was made on (it is still tried)."""
+    """``series`` applied to ``rev`` of ``repo`` (None: the releases) in ``tree`` (None: a local ``repo``, else
+    ./sglang); a fresh clone is removed on a failure but a conflict. Returns the result and ``support_note``."""
     if tree is not None:
         refuse_git_dir(tree)
     upstream = open_upstream(repo, [rev], reporter)
     target = Target.of(upstream, rev)
+    reporter.step(f"planning the series on {rev}")
     older = support_note(series, upstream.git, rev, target.commit)
     planned = plan(series, upstream.git, target.commit)
     check_paths_at(upstream.git, target.commit, planned)
@@ -47,10 +46,13 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
     existed = (tree or DEFAULT_TREE).exists()
     template = clone_template(series, target, branch or target.branch, planned,
                               str(upstream.git.git_dir or upstream.git.worktree), existed)
+    reporter.step(f"preparing the tree for {target.commit[:12]}")
     try:
         worktree, fresh = prepare_tree(upstream, tree, target.commit, reporter, template=template)
     finally:
         shutil.rmtree(template, ignore_errors=True)
+    if not fresh:
+        refuse_taken_branch(series, Git(worktree=worktree), branch or target.branch, target)
     try:
         with interrupts_said(worktree.resolve()):
             result = Apply(Git(worktree=worktree), series, reporter).start(target, branch=branch, fresh_clone=fresh,
@@ -67,6 +69,7 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
             exc.message += f" (the new clone {worktree} was removed)"
             exc.hint = None  # nothing is left to resume or undo
         raise
+    remember_layers(Git(worktree=worktree), series)
     return result, older
 
 
@@ -83,6 +86,7 @@ def continue_apply(git: Git, series: Series | None = None,
     with interrupts_said(op.tree):
         result = op.resume()
     assert op.series is not None
+    remember_layers(git, op.series)
     return result, op.series
 
 
@@ -106,8 +110,7 @@ def interrupts_said(tree: Path) -> Iterator[None]:
 
 def clone_template(series: Series, target: Target, branch: str, planned: list[Planned], source: str,
                    tree_existed: bool) -> Path:
-    """A ``git clone --template`` folder holding the journal of a fresh-clone apply, so the clone
-    carries its journal from the moment its git dir exists. The caller removes it."""
+    """A ``git clone --template`` folder holding the fresh clone's journal from its start; the caller removes it."""
     root = Path(tempfile.mkdtemp(prefix="c128patch-template-"))
     journal = ApplyJournal.new(series, target, branch, planned, fresh_clone=True, tree_existed=tree_existed,
                                source=source)
@@ -115,9 +118,34 @@ def clone_template(series: Series, target: Target, branch: str, planned: list[Pl
     return root
 
 
+def refuse_taken_branch(series: Series, git: Git, branch: str, target: Target) -> None:
+    """``branch`` holds an earlier apply (of another series, stack or commit) with the user's commits on it:
+    say what it holds and how to apply beside it; never advise deleting it (``Apply`` says the rest)."""
+    tip = git.rev_parse(f"refs/heads/{branch}")
+    prov = git.out("log", "-1", "--format=%H", tip, "--", PROVENANCE_PATH) if tip else ""
+    mine = git.count(f"{prov}..{tip}") if prov else 0
+    if not mine or already_applied(series, git, branch, target) is not None:
+        return
+    try:
+        record = json.loads(git.blob(prov, PROVENANCE_PATH) or b"")
+    except ValueError:
+        return
+    if record_problem(record):
+        return
+    ours = record.get("series", {})
+    held = " + ".join([f"series {ours.get('name')} {ours.get('version')}",
+                       *(f"layer {r['name']} {r['version']}" for r in record.get("layers", []))])
+    beside = shlex.join(["c128patch", "apply", "--sglang-rev", target.rev, "--tree", str(git.cwd), "--branch",
+                         f"{branch}-{series.layers[-1].name if series.layers else 'new'}"])
+    raise C128Error(f"branch {branch} in {git.cwd} holds {held} on {record.get('upstream', {}).get('rev')} with "
+                    f"{mine} commit(s) of yours on top, not {describe(series)} on {target.rev}; nothing was changed",
+                    hint=f"  keep it and apply beside it: {beside}\n"
+                         f"  or move your commits into a layer: c128patch layer add-entry --tree {git.cwd} ... "
+                         "(docs/layers.md)")
+
+
 def refuse_switching(tree: Path, target: Target, branch: str) -> None:
-    """The default tree holds another upstream commit: switching it to a new branch is asked for
-    with --tree, never done unasked."""
+    """Refuse to switch the default tree holding another upstream commit unasked (``--tree`` asks)."""
     if not tree.is_dir() or not is_work_tree(tree):
         return
     git = Git(worktree=tree)

@@ -1,18 +1,9 @@
 """``check``: does the series apply to a rev? Replayed in a temporary index; nothing is checked out.
 
-Per entry it says which file was chosen and why (``series.plan``), and for a conflict the files
-the 3-way merge really leaves conflicted (``ops.replay``).
-
-It predicts the other verbs because it runs what they run: the same file choice (``series.plan``),
-the same checks before anything is touched (``check_paths_at``), and per entry the same two
-strictnesses: exact context (``git apply``, what ``wheel`` does to a release wheel) and a 3-way
-merge (what ``apply``'s ``git am --3way`` falls back to). Each rev gets the exit code each verb
-would give (``Verdict``): 0 applies; 1 an entry does not apply (``apply`` stops at it, ``wheel``
-writes nothing: the first entry that needs more than exact context); 2 refused before anything
-is done (an overlay that collides with an upstream file, an unsafe path). ``wheel`` is predicted
-for release revs only (its file-type rules need the wheel itself and are checked by ``wheel``).
-A rev that descends from none of the releases the series' files were made on gets a note
-naming the oldest one.
+It runs what the other verbs run (``series.plan``'s file choice, ``check_paths_at``, exact context as
+``wheel`` and a 3-way merge as ``apply``), so each rev gets the exit code each verb would give
+(``Verdict``): 0 applies, 1 an entry does not apply, 2 refused before anything is done. ``wheel`` is
+predicted for release revs only; a rev older than every base of the series gets a note.
 """
 
 from __future__ import annotations
@@ -84,13 +75,21 @@ def _bases(series: Series) -> dict[str, str]:
     return bases
 
 
+def _by_version(base: str) -> tuple[Version, str]:
+    return (Version(release_version(base)) if release_version(base) else Version("0"), base)  # type: ignore[arg-type]
+
+
+def supported_releases(series: Series) -> list[str]:
+    """The releases the series' files were made on, oldest first: what ``check`` checks when no rev is named."""
+    return sorted((b for b in _bases(series) if release_version(b)), key=_by_version)
+
+
 def _oldest(bases: dict[str, str]) -> str:
-    return min(bases, key=lambda b: (Version(release_version(b)) if release_version(b) else Version("0"), b))
+    return min(bases, key=_by_version)
 
 
 def support_note(series: Series, git: Git, rev: str, commit: str) -> str:
-    """A note when ``commit`` descends from none of the revs the series' files were made on
-    (each named by its recorded commit, else its tag)."""
+    """A note when ``commit`` descends from none of the revs the series' files were made on."""
     bases = _bases(series)
     if not bases:
         return ""
@@ -102,8 +101,7 @@ def support_note(series: Series, git: Git, rev: str, commit: str) -> str:
 
 
 def release_support_note(series: Series, version: str) -> str:
-    """``support_note`` for a release wheel of ``version`` (no git history needed): a note when it is
-    older than every release the series' files were made on."""
+    """``support_note`` for a release wheel of ``version``, by version number (no git history)."""
     bases = _bases(series)
     versions = [release_version(b) for b in bases]
     if not bases or None in versions or release_version(version) is None:
@@ -152,8 +150,7 @@ def check_revs(series: Series, git: Git, targets: Sequence[Target], jobs: int | 
 
 def check_upstream(series: Series, repo: str | None, revs: Sequence[str],
                    reporter: Reporter = NullReporter()) -> tuple[Upstream, list[RevCheck], float]:
-    """``check_revs`` on ``revs`` of ``repo`` (a path or URL; None: the releases): the upstream opened,
-    the results, and the seconds the check itself took."""
+    """``check_revs`` on ``revs`` of ``repo`` (None: the releases): the upstream, the results, the seconds."""
     validate_files(series)
     upstream = open_upstream(repo, list(revs), reporter)
     targets = [Target.of(upstream, rev) for rev in revs]

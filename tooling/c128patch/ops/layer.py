@@ -1,27 +1,26 @@
 """``layer new`` and ``layer add-entry``: scaffolding a team's own layer (docs/layers.md).
 
-``new`` writes an empty layer (``patches/series.toml``: name, version 1, a base the series was made
-on). ``add_entry`` turns one commit of a patched branch into a layer entry: the commit as
-``git format-patch --full-index`` (refresh's normalisation: fixed date, zero commit id), with the
-``C128patch-Entry: <layer>/<entry>`` and ``C128patch-Gate`` trailers added to its message, the
-file numbered after the layer's last one, its manifest row (why, gate, base, the base's sources by
-content, sha256), written as one transaction (``series.txn``), then the layer is linted. Every
-refusal comes before anything is written; the branch itself is not changed.
+``add_entry`` turns one commit of a patched branch into a layer entry: refresh's ``format_patch`` with
+the entry and gate trailers, numbered after the layer's last file, its manifest row (base by content,
+sha256), written as one transaction (``series.txn``), then linted. Every refusal comes before any write.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
+from c128patch.jsonio import write_json_atomic
 from c128patch.ops.lint import Finding, lint_series
 from c128patch.ops.refresh import base_label, format_patch, slug
+from c128patch.ops.treestate import c128_state_dir
 from c128patch.series import txn
-from c128patch.series.layers import SEP, check_layer_name, known_bases, load_layer
+from c128patch.series.layers import SEP, check_layer_name, known_bases, layer_folders, load_layer
 from c128patch.series.manifest import MANIFEST, Entry, Series, load_series
 from c128patch.series.paths import check_entry_name, check_relpath
 from c128patch.series.plan import sources_at
@@ -40,6 +39,26 @@ class NewEntry:
     gate: str
     files: list[str]
     findings: list[Finding] = field(default_factory=list)
+
+
+def remember_layers(git: Git, series: Series) -> None:
+    """Keep the layer folders a tree was applied with in its git dir, for ``tree_layers``."""
+    write_json_atomic(c128_state_dir(git) / "layers.json", layer_folders(series))
+
+
+def tree_layers(git: Git) -> tuple[Path, ...]:
+    """The folders of the layers the tree's provenance names (kept by ``remember_layers``); () for none. A layer
+    the tree did not keep, or whose folder is gone, is a one-line error naming it."""
+    try:
+        names = [str(r.get("name")) for r in read_provenance(git.cwd).get("layers", [])]
+    except C128Error:
+        return ()  # no record, or a damaged one: the verb says so itself
+    path = c128_state_dir(git) / "layers.json"
+    folders = [Path(f) for f in json.loads(path.read_text())] if names and path.is_file() else []
+    if len(folders) != len(names) or not all((f / MANIFEST).is_file() for f in folders):
+        raise C128Error(f"{git.cwd} was applied with layer(s) {', '.join(names)} (its provenance says so): name "
+                        "their folders (--layer DIR, or c128patch.toml); nothing was changed")
+    return tuple(folders)
 
 
 def new_layer(folder: Path, name: str, series: Series, base: str = "", version: str = "1") -> Series:
@@ -64,11 +83,6 @@ def _with_gate(text: str, gate: str) -> str:
         return text
     head = head.replace(f"\n{ENTRY_TRAILER}:", f"\n{GATE_TRAILER}: {gate}\n{ENTRY_TRAILER}:", 1)
     return head + sep + rest
-
-
-def _next_number(layer: Series) -> int:
-    return max((int(m.group(1)) for e in layer.entries for v in e.patch_files() if (m := re.match(r"^(\d+)-", v.file))),
-               default=0) + 1
 
 
 def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gate: str = "",
@@ -108,7 +122,9 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
     for path in touched:
         check_relpath(path, f"commit {sha[:12]}")
     data = _with_gate(format_patch(git, sha, full).decode(), gate or f"none ({why})").encode()
-    file = f"{_next_number(layer):04d}-{name}.patch"
+    number = max((int(m.group(1)) for e in layer.entries for v in e.patch_files()
+                  if (m := re.match(r"^(\d+)-", v.file))), default=0) + 1
+    file = f"{number:04d}-{name}.patch"
     entry = Entry(name=name, kind="patch", why=why, gate=gate, base=layer.base,
                   base_commit=base_commit if label == base_commit[:12] else "",
                   base_sources=sources_at(git, base_commit, touched), sha256=hashlib.sha256(data).hexdigest(),

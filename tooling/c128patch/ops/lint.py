@@ -27,11 +27,6 @@ class Finding:
         return asdict(self)
 
 
-def _gate_trailer_ok(entry_gate: str, trailer: str | None) -> bool:
-    words = (trailer or "").split()
-    return trailer is not None and (words[0] if words else "") == (entry_gate or "none")
-
-
 def _file_findings(series: Series, e: Entry, variant: Variant | None, patched: dict[str, str]) -> list[Finding]:
     """What is wrong with one file of entry ``e`` (a patch file's paths go into ``patched``)."""
     path = series.file_of(e, variant)
@@ -55,7 +50,7 @@ def _file_findings(series: Series, e: Entry, variant: Variant | None, patched: d
     refusal = symlink_refusal(e, str(rel), info)
     if refusal:
         found.append(Finding(e.name, refusal.split(": ", 1)[1]))
-    if not _gate_trailer_ok(e.gate, info.trailers.get(GATE_TRAILER)):
+    if (info.trailers.get(GATE_TRAILER) or " ").split()[:1] != [e.gate or "none"]:
         found.append(Finding(e.name, f"{rel}: header must say '{GATE_TRAILER}: {e.gate or 'none (<why>)'}'"))
     for f in info.files:
         if not f.startswith(f"{TREE_ROOT}/"):
@@ -123,9 +118,7 @@ def _upstream_gates(series: Series, git: Git) -> list[Finding]:
 
 
 def _variant_bases(series: Series, git: Git) -> list[Finding]:
-    """Each patch file's base tag holds, in this repository, the sources the manifest records for it
-    (by content: variant choice and rebases read that base; a tag moved, or another repository's
-    tag with other sources, would choose on other evidence). Commit ids are never compared."""
+    """Each patch file's base, in this repository, holds the sources the manifest records (by content)."""
     found = []
     for e, v in ((e, v) for e in series.entries for v in e.patch_files()):
         at = ((git.rev_parse(f"refs/tags/{v.base}") if v.base else None)
@@ -162,8 +155,7 @@ def _upstream_collisions(series: Series, git: Git) -> list[Finding]:
 
 
 def lint_stack(series: Series, upstream: Git | None = None) -> list[Finding]:
-    """``lint_series`` of our series and of each layer on its own (findings named ``<layer>/<entry>``),
-    plus what only the stack shows: two parts installing an overlay at one target."""
+    """``lint_series`` of each part (a layer's as ``<layer>/<entry>``), plus overlay collisions across parts."""
     if not series.layers:
         return lint_series(series, upstream)
     found = lint_series(series.ours, upstream)
@@ -179,8 +171,7 @@ def lint_stack(series: Series, upstream: Git | None = None) -> list[Finding]:
 
 
 def update_hashes(series: Series) -> int:
-    """Write the current sha256 of every file into the manifest (each layer's into its own); returns
-    how many changed."""
+    """Write the current sha256 of every file into its manifest; returns how many changed."""
     if series.layers:
         return sum(update_hashes(part) for part in (series.ours, *series.layers))
     def hashes() -> list[str]:

@@ -1,28 +1,14 @@
 """``rebase``: move a patched branch onto another upstream rev; the series decides what is replayed.
 
-For each entry of the series, in order, the rebase replays what ``apply`` would replay on the new
-base: the file ``plan`` chooses there, strict then 3-way (``ops.replay``; the ledger's recorded
-resolution where the 3-way merge conflicts), never the branch's old commit. The branch's own
-commits count only for what the user changed on them: before anything moves, each entry commit is
-compared with what the series' file gives on its parent (``equivalence.compare_commits``). Such a
-*user edit* is carried onto the replayed entry (a 3-way merge of the difference) and listed; a
-commit that carries no entry of the series (the user's own), or one that cannot be compared, is
-carried as it is, in its place. Forward, backward and skip-release rebases follow the same rule.
-An entry the series has but the branch had removed is not replayed; one new in the series is.
-
-Before an entry is replayed, content evidence that upstream has it already is collected
-(``ops.merged``): a drop is proposed only on content evidence; ``--drop-merged`` drops only those.
-
-The state lives in a journal (``.git/c128patch/rebase.json``), written before every step, so a
-conflict, a dirty tree or a killed process leaves something ``--continue``, ``--skip`` or
-``--abort`` can finish. A stop is ``git apply --3way`` in the work tree (stages in the index,
-markers in the files); every stop writes the Markdown + JSON report (``ops.conflicts``: file,
-hunk, line range on the new base, upstream commits, moved code, partial ledger replay).
-Resolutions of the series' own conflicts are recorded in the ledger at ``--continue``.
-
-A finished rebase is proven (``ops.equivalence``): the tree must equal a fresh apply of the series
-on the new base but for the user edits and commits carried from the branch. Anything else fails
-the command (exit 1): the branch is kept, the difference shown and the undo printed.
+Each entry replays what ``apply`` would on the new base (``series.plan``'s file, strict then 3-way,
+then the ledger: ``ops.replay``), never the branch's old commit. A branch commit counts for what the
+user changed on it (``equivalence.compare_commits``): such a *user edit* is carried onto the replayed
+entry; a commit of no entry is carried as it is, in its place. A drop is proposed only on content
+evidence that upstream has the entry (``ops.merged``). The journal (``.git/c128patch/rebase.json``)
+is written before every step, so a stop, a dirty tree or a kill leaves something ``--continue``,
+``--skip``, ``--drop`` or ``--abort`` can finish; a stop is ``git apply --3way`` in the work tree plus
+a report (``ops.conflicts``). The end is proven equal to a fresh apply but for what was carried
+(``ops.equivalence``); otherwise exit 1, the branch kept and the undo printed.
 """
 
 from __future__ import annotations
@@ -34,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from c128patch.errors import C128Error
+from c128patch.ops.applier import RECOVERY_PREFIX
 from c128patch.ops.equivalence import compare_commits
 from c128patch.ops.hints import upstream_hints
 from c128patch.ops.merged import Signal
@@ -44,8 +31,6 @@ from c128patch.ops.treestate import changed_paths, ensure_clean, ensure_idle, re
 from c128patch.series.layers import layer_folders
 from c128patch.series.plan import ENTRY_TRAILER
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
-
-RECOVERY_PREFIX = "refs/c128patch/recovery"
 
 
 class Rebase(RebaseLoop):
@@ -155,8 +140,7 @@ class Rebase(RebaseLoop):
         return self._run(journal)
 
     def _stop_cut_short(self, journal: Journal) -> bool:
-        """Killed inside ``_stop``: HEAD detached where the stop checks out, changes only in the files
-        the stopped entry's replay writes, and the journal not yet paused."""
+        """Killed inside ``_stop``: not yet paused, HEAD detached there, only the entry's files changed."""
         git = self.git
         if journal.paused or git.current_branch() or (git.head() or "") != journal.head_before:
             return False
@@ -199,8 +183,7 @@ class Rebase(RebaseLoop):
         return self._run(journal)
 
     def _drop(self, journal: Journal, step: Step, paused: Paused) -> None:
-        """``step`` dropped as merged upstream by the user (``--drop``); its ``merged_in`` is the
-        upstream commit the stop or a hint names, else the new base (``Step.merged_in``)."""
+        """``step`` dropped as merged upstream by the user (``--drop``; ``Step.merged_in`` says where)."""
         found = step.stop.get("taken") or {}
         if paused == "merged":  # the content signals said so already
             step.detail = step.detail or "dropped by the user (--drop)"
@@ -254,8 +237,7 @@ class Rebase(RebaseLoop):
         return Journal.load(self.path, self.git)
 
     def _steps(self, old_commit: str, head: str, record: dict) -> list[Step]:
-        """The series' entries in order, each with the branch's commit and user edit, and the
-        branch's own commits after the entry they followed."""
+        """The entries in order, each with its commit and user edit; the user's commits after their entry."""
         git = self.git
         with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:
             fresh: dict[str, tuple[str, str]] = {}

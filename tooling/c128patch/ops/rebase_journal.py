@@ -51,9 +51,8 @@ class Step:
         return bool(self.edit_from)
 
     def merged_in(self, onto: str) -> str:
-        """The upstream commit a merged entry went in with: the one a signal names, else the new base.
-        An entry skipped at a stop: the upstream commit a hint names, else the new base (a later
-        rebase onto that upstream does not stop at it again)."""
+        """The upstream commit a merged (or at a stop skipped) entry went in with: the one a signal, the stop
+        or a hint names, else the new base."""
         made = (self.stop.get("taken") or {}).get("commit", "")
         if (self.status == "skipped" and self.stop) or (
                 self.status == "dropped-as-merged" and self.detail.startswith(("empty:", "superseded:", "dropped:"))):

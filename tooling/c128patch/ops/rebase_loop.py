@@ -1,10 +1,8 @@
-"""The replay loop of a rebase (``ops.rebase``): each pending step on the new tip, in an index of its
-own (the branch and the work tree move only at a stop or the end), every commit dated as the new base
-(reproducible ids); a stop is ``git apply --3way`` in the work tree; the end is proven."""
+"""The replay loop of a rebase (``ops.rebase``): each step on the new tip in an index of its own, every
+commit dated as the new base; the branch and the work tree move only at a stop or the proven end."""
 
 from __future__ import annotations
 
-import re
 import shlex
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -96,9 +94,7 @@ class RebaseLoop:
         return self._planned
 
     def _fresh_replay(self, rev: str, commit: str, span: str, without: list[str]) -> None:
-        """Start the proof's fresh replay on the new base (``equivalence.fresh_replay``) beside the
-        rebase: it reads nothing of the branch. ``_finish`` takes it where nothing else was left out
-        since; a stop leaves it unused."""
+        """The proof's fresh replay on the new base, started beside the rebase (``_finish`` takes it)."""
         key = (commit, span, tuple(sorted(without)))
         if key not in self._fresh:
             self._fresh[key] = self._pool.submit(fresh_replay, self.series, self.git, rev, commit, span=span,
@@ -213,8 +209,7 @@ class RebaseLoop:
         self._advance(journal, step.new_sha)
 
     def _date(self, journal: Journal) -> str:
-        """The new base's commit date: every commit the rebase makes carries it (reproducible ids).
-        (``git log -1``: ``git show -s`` costs half a second on a release-sized commit.)"""
+        """The new base's commit date, carried by every commit the rebase makes (reproducible ids)."""
         if not self._onto_date:
             self._onto_date = self.git.out("log", "-1", "--format=%cI", journal.onto_commit)
         return self._onto_date
@@ -350,8 +345,7 @@ class RebaseLoop:
                                f"{proof.summary()}", hint=f"{shown}\n  {kept}\n  undo: {undo}", report=report)
 
     def _record(self, journal: Journal) -> dict:
-        """The new tip's provenance: the old upstream record's fields on the new base, what was
-        carried from the branch and what was dropped (with ``merged_in``)."""
+        """The new tip's provenance: the old record on the new base, what was carried and dropped."""
         kept = [s for s in journal.steps if s.new_sha]
         planned = self._plan(journal)
         items = [planned[s.name] for s in kept if s.kind == "entry" and s.name in planned]
@@ -368,8 +362,7 @@ class RebaseLoop:
         return record
 
     def _move_branch(self, journal: Journal, new_head: str) -> str:
-        """The branch the rebase started on moved to the new tip and checked out (HEAD detached there
-        already); the name it will take after the proof (``_new_branch_name``), else ""."""
+        """The branch moved to the new tip and checked out; returns the name it takes after the proof, or ""."""
         git = self.git
         renamed = self._new_branch_name(journal)
         if renamed and git.rev_parse(f"refs/heads/{renamed}") == new_head:  # renamed already before a kill
@@ -383,18 +376,16 @@ class RebaseLoop:
         return renamed
 
     def _attach(self, journal: Journal, branch: str) -> None:
-        """HEAD (detached at the new tip) onto ``branch``, which points there: ``git checkout`` of the
-        same commit without its pass over the work tree."""
+        """HEAD onto ``branch`` (at the same commit): a checkout without its pass over the work tree."""
         self.git.run("symbolic-ref", "-m", f"c128patch rebase onto {journal.onto_rev}: {branch}", "HEAD",
                      f"refs/heads/{branch}")
 
     def _new_branch_name(self, journal: Journal) -> str:
-        """``c128/<new base>`` for a branch named after its old base as ``apply`` names it (``c128/<old
-        base>``), when the new base has a name and no such branch is there already; else ""."""
-        old, onto = journal.orig_branch, journal.onto_rev
-        if not old or old != default_branch(journal.old_rev) or re.fullmatch(r"[0-9a-f]{7,40}", onto):
+        """``c128/<new base, as named>`` for a branch ``apply`` named ``c128/<old base>``, unless taken; else ""."""
+        old = journal.orig_branch
+        if not old or old != default_branch(journal.old_rev):
             return ""
-        new = default_branch(onto)
+        new = default_branch(journal.onto_rev)
         if new == old or not self.git.ok("check-ref-format", "--branch", new):
             return ""
         there = self.git.rev_parse(f"refs/heads/{new}")

@@ -1,34 +1,20 @@
 """``refresh``: export a patched branch back into patches/ and the manifest, deterministically.
 
-Each commit between the upstream base and HEAD carries a ``C128patch-Entry`` trailer naming its
-entry (commits without one become new patch entries). Patch files are written with
-``git format-patch --full-index --zero-commit --no-signature --no-stat`` and a fixed date, named
-``NNNN-<entry>.patch`` (``NNNN-<entry>.<base>.patch`` for a variant made on another base), so
-refreshing an unchanged branch changes nothing: ``refresh --check`` tests that fixed point.
-File names never change once given: a new entry takes the next free number.
-
-A patch file's base is recorded by content (``sources``/``base_sources``: the blob id of each file
-it touches as upstream has it at that base) with the name of a tag pointing at the base commit
-beside it, else the short commit id (and then ``commit``): never by a branch name, and never by the
-commit id of a tagged base, so refreshing in any clone with the same sources is the same fixed
-point. An entry a rebase dropped as merged upstream stays in the series with
-``merged_in = <commit>``: ``plan`` skips it only where that commit is an ancestor of the target.
-
-Before anything is written the tree is proven (``ops.equivalence``): every difference from a fresh
-apply of the series (without the entries the provenance records dropped or skipped by a rebase, as
-the rebase's own proof) must be an edit on the branch (what refresh exports); anything else is
-refused unless ``accept_differences``.
-
-With layers (``series.layers.Stack``) each part is exported into its own folder only, all parts as
-one transaction (``series.txn.commit_all``: every part staged before any is swapped in), its version
-bumped when its own files change; a commit without an entry trailer is
-refused (``layer add-entry`` says whose it is), and our ``contract.lock`` is left as it is.
+Each commit above the upstream base carries a ``C128patch-Entry`` trailer (a commit without one is a
+new entry). Files are written by ``format_patch`` with a fixed date, named ``NNNN-<entry>.patch``
+(``NNNN-<entry>.<base>.patch`` for a variant of another base; names never change), so refreshing an
+unchanged branch changes nothing: ``refresh --check`` tests that fixed point. A base is recorded by
+content (the blob of each touched file there) beside a tag naming it, else the short commit id. An
+entry a rebase dropped as merged stays with ``merged_in``. The tree is proven first
+(``ops.equivalence``): a difference no branch edit explains is refused unless ``accept_differences``.
+With layers each part is written into its own folder, all as one transaction (``series.txn``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -42,8 +28,8 @@ from c128patch.ops.replay import branch_commits
 from c128patch.ops.treestate import ensure_clean, ensure_idle, repo_lock
 from c128patch.series import txn
 from c128patch.series.contract import LOCK_NAME, Lock, LockItem, lock_path, merged, read_lock
-from c128patch.series.layers import Stack, layer_rows
-from c128patch.series.manifest import Entry, Series, Variant
+from c128patch.series.layers import SEP, Stack, layer_args, layer_rows
+from c128patch.series.manifest import Entry, Series, Variant, default_series_root
 from c128patch.series.patchfile import split_message
 from c128patch.series.paths import check_relpath
 from c128patch.series.plan import ENTRY_TRAILER, choose, merged_entries, sources_at
@@ -65,7 +51,7 @@ class Export:
     layers: list[Series] = field(default_factory=list)  # a stack's layers as exported (each written to its folder)
 
     def changes(self, root: Path) -> list[str]:
-        """What the export changes: paths relative to ``root`` (our series), a layer's as its full path."""
+        """Paths the export changes, relative to ``root`` (a layer's in full)."""
         changed = [_shown(p, root) for p, data in self.files.items() if _differs(p, data)]
         manifest = root / "patches" / "series.toml"
         if manifest.read_text() != self.manifest:
@@ -102,14 +88,8 @@ def format_patch(git: Git, commit: str, entry_name: str) -> bytes:
     return f"{mail}\n\n{body}\n{rest}".encode()
 
 
-def _commits(git: Git, base: str) -> list[tuple[str, str]]:
-    """(sha, entry name) of each commit on top of ``base``, oldest first, provenance left out."""
-    return [(c.sha, c.entry or slug(c.subject)) for c in branch_commits(git, base) if c.entry != "provenance"]
-
-
 def base_label(git: Git, commit: str, rev: str) -> str:
-    """The name a variant made on ``commit`` is keyed by: a tag pointing at it (``rev`` when it is
-    one), else the short commit id; never a branch name, which moves."""
+    """A variant's base name: a tag at ``commit`` (``rev`` first), else the short id; never a branch."""
     tags = git.out("tag", "--points-at", commit).split()
     if rev in tags:
         return rev
@@ -118,11 +98,12 @@ def base_label(git: Git, commit: str, rev: str) -> str:
 
 @dataclass
 class Refreshed:
-    """What ``refresh`` did (or, with ``check``, would do): the export and the files it changes."""
+    """What ``refresh`` did (or, with ``check``, would do)."""
 
     result: Export
     changes: list[str]
     check: bool
+    given: Series  # the series refreshed: with ``check`` its layers are reported (the new files are not written)
 
     @property
     def failed(self) -> bool:
@@ -135,13 +116,40 @@ class Refreshed:
         return {"ok": not self.failed, "check": self.check, "changed": self.changes, "notes": self.result.notes,
                 "equivalence": proof.to_json(), "tree": proof.summary(),
                 "series": {"name": series.name, "version": series.version, "base": series.base},
-                "layers": layer_rows(series)}
+                "layers": layer_rows(self.given if self.check else series)}
+
+
+def refresh_command(git: Git, series: Series, report: dict, lock_items: LockItems | None = None) -> tuple[str, str]:
+    """After a rebase (``report``): the refresh to run ("" when ``refresh --check`` is up to date), or a note
+    instead when it would write the tool's own series (its checkout or installed package) for a layer or a
+    commit of the user's clone. ``--primary`` only forward onto a tag, past the series base."""
+    onto = report["new_base"]["commit"]
+    label = base_label(git, onto, report["new_base"]["rev"])
+    base = git.rev_parse(series.base) if series.base else None
+    primary = (report["direction"] == "forward" and label != onto[:12]
+               and (base is None or git.is_ancestor(base, onto)))
+
+    def changes(primary: bool | None) -> list[str]:
+        try:
+            return export(series, git, primary=primary, lock_items=lock_items).changes(series.root)
+        except C128Error:
+            return ["?"]  # refresh itself will say why
+
+    found = changes(None)  # what ``refresh --check`` says
+    if not found:
+        return "", ""
+    found = found if primary == (label == series.base) else changes(primary)
+    own = series.ours.root == default_series_root().resolve()  # the tool's checkout or installed package
+    if own and (series.layers or label == onto[:12]) and any(not Path(c).is_absolute() for c in found):
+        return "", (f"series {series.ours.name} (the tool's own, in {series.ours.root}) would need files for "
+                    f"{report['new_base']['rev']}: not refreshed from here, it would write there")
+    return shlex.join(["c128patch", "refresh", "--primary" if primary else "--variant", "--tree", str(git.worktree),
+                       *([] if own else ["--series", str(series.ours.root)]), *layer_args(series)]), ""
 
 
 def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | None = None, version: str | None = None,
             accept_differences: bool = False, lock_items: LockItems | None = None) -> Refreshed:
-    """``export`` the branch and (unless ``check``) ``write`` it, under the repository lock, on a tree
-    with no operation half done and nothing uncommitted (uncommitted edits are not the branch)."""
+    """``export`` and (unless ``check``) ``write``, locked, on an idle tree with nothing uncommitted."""
     with repo_lock(git, "refresh"):
         ensure_idle(git, "refresh")
         read_provenance(git.worktree)  # type: ignore[arg-type]  # a damaged record is said as such first
@@ -150,24 +158,14 @@ def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | No
         changes = result.changes(series.root)
         if not check:
             changes = write(series, result, accept_differences=accept_differences)
-    return Refreshed(result, changes, check)
+    return Refreshed(result, changes, check, series)
 
 
 def export(series: Series, git: Git, *, primary: bool | None = None, version: str | None = None,
            lock_items: LockItems | None = None) -> Export:
-    """What patches/ and the manifest would hold if refreshed from the branch in ``git``.
-
-    ``lock_items`` (``fit.contract.lock_items``) records the branch's API contract into our lock when
-    the base moves; without it the lock is left as it is (and said so).
-
-    ``primary``: the branch's files become the entries' primary files and the series base moves to
-    the branch's base (the default when that base is the series base already). Otherwise they
-    become the per-release variants for the branch's base. File names stay as they are; a new
-    entry takes the next free number. An entry without a commit on the branch is kept when the
-    branch's provenance records it dropped as merged upstream (it gains ``merged_in``), skipped in
-    a rebase, or when the series already has it merged at the branch's base; otherwise it is
-    dropped from the series (and said so).
-    """
+    """What patches/ and the manifest would hold if refreshed from the branch in ``git``: ``primary``,
+    the primary files (the series base moves; default when the tree is on it), else the variants of the
+    tree's base; ``lock_items`` (``fit.contract.lock_items``) records the API contract when the base moves."""
     record = read_provenance(git.worktree)  # type: ignore[arg-type]
     upstream = record.get("upstream", {})
     base_commit, base_rev = upstream.get("commit"), upstream.get("rev")
@@ -177,7 +175,8 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     label = base_label(git, base_commit, base_rev or "")
     primary = label == series.base if primary is None else primary
     left_out = [d["name"] for d in record.get("dropped", []) if d.get("status") in ("dropped-as-merged", "skipped")]
-    commits = _commits(git, base_commit)
+    commits = [(c.sha, c.entry or slug(c.subject)) for c in branch_commits(git, base_commit)
+               if c.entry != "provenance"]  # oldest first
     empty = {name: sha for sha, name in commits if name in {e.name for e in series.entries if e.is_patch}
              and git.out("rev-parse", f"{sha}^{{tree}}") == git.out("rev-parse", f"{sha}~1^{{tree}}")}
     result = Export(equivalence=prove(series, git, base_rev or label, base_commit, without=left_out + list(empty)))
@@ -207,10 +206,13 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
 
 def _export_commit(series: Series, git: Git, sha: str, name: str, exported: dict[str, Entry],
                    base: tuple[str, str, bool], result: Export) -> Entry:
-    """The entry of one branch commit, its file placed in ``result``; ``base``: (label, commit, primary).
-    A commit of no entry is a new entry, numbered after every file there is."""
+    """The entry of one branch commit (a new one numbered last), its file in ``result``; ``base``: (label, commit,
+    primary)."""
     label, base_commit, primary = base
     old = next((e for e in series.entries if e.name == name), None)
+    if old is None and SEP in name:  # a layer's entry is never written into our series
+        raise C128Error(f"cannot refresh: commit {sha[:12]} is entry '{name}' of layer {name.split(SEP)[0]}, not in "
+                        f"the series given; name the layer (--layer DIR or c128patch.toml); nothing was written")
     if old is None and isinstance(series, Stack):  # whose entry would it be? the team says, with add-entry
         raise C128Error(f"cannot refresh: commit {sha[:12]} carries no {ENTRY_TRAILER} trailer; make it an entry of "
                         f"a layer (c128patch layer add-entry --layer DIR --from-commit {sha[:12]} --why TEXT) "
@@ -243,8 +245,7 @@ def _export_commit(series: Series, git: Git, sha: str, name: str, exported: dict
 
 
 def _export_stack(series: Stack, new: Stack, primary: bool, version: str | None, result: Export) -> Export:
-    """A stack's export: each part's manifest (its version bumped when its own files or manifest
-    change), our series' as ``manifest``, each layer's in ``layers``; ``version`` is our series'."""
+    """A stack's export: each part bumped when its own files change; ``version`` is our series'."""
     parts = []
     for old, part in zip((series.head, *series.layers), (new.head, *new.layers)):
         changed = part.to_toml() != old.to_toml() or any(_differs(p, d)
@@ -260,8 +261,7 @@ def _export_stack(series: Stack, new: Stack, primary: bool, version: str | None,
 
 def _record_contract(series: Series, git: Git, base_commit: str, label: str, result: Export,
                      lock_items: LockItems | None) -> None:
-    """The API contract of the branch (``fit.contract``) into ``patches/contract.lock``, keeping the
-    signatures the old lock accepted; a branch whose contract does not resolve leaves the lock as it is."""
+    """The branch's API contract into ``contract.lock`` (the old lock's accepted signatures kept)."""
     if lock_items is None:
         result.notes.append(f"{LOCK_NAME} not rewritten: no contract reader was given")
         return
@@ -277,7 +277,7 @@ def _record_contract(series: Series, git: Git, base_commit: str, label: str, res
 
 def _kept_without_commit(series: Series, git: Git, record: dict, base_commit: str, exported: dict[str, Entry],
                          result: Export) -> dict[str, Entry]:
-    """The series' entries the branch has no commit for that stay in the series (``export``)."""
+    """The entries without a commit on the branch that stay: merged, skipped, or merged here already."""
     dropped = {d["name"]: d for d in record.get("dropped", [])}
     merged_here = {e.name for e in merged_entries(series, git, base_commit)}
     kept = {}
@@ -310,7 +310,7 @@ def _kept_without_commit(series: Series, git: Git, record: dict, base_commit: st
 
 
 def _in_order(series: Series, exported: list[Entry], kept: dict[str, Entry]) -> list[Entry]:
-    """The branch's entries in branch order, each kept entry right after its predecessor in the series."""
+    """Branch order, each kept entry right after its predecessor in the series."""
     out = list(exported)
     names = [e.name for e in series.entries]
     for name, entry in kept.items():
@@ -321,8 +321,7 @@ def _in_order(series: Series, exported: list[Entry], kept: dict[str, Entry]) -> 
 
 
 def _fallback_gives_same_tree(series: Series, old: Entry, git: Git, sha: str, base_rev: str) -> bool:
-    """Would the file ``apply`` chooses for ``base_rev`` without a variant of its own (the nearest
-    older variant, else the primary) make this very commit, strictly (no 3-way merge)?"""
+    """Does the file ``apply`` chooses for ``base_rev`` without its variant make this commit, strictly?"""
     others = replace(old, variants=[v for v in old.variants if v.base != base_rev])
     fallback = choose(series, git, others, git.out("rev-parse", f"{sha}^")).variant
     with tempfile.TemporaryDirectory(prefix="c128refresh-") as tmp:
@@ -335,8 +334,7 @@ def _fallback_gives_same_tree(series: Series, old: Entry, git: Git, sha: str, ba
 
 def _export_patch(series: Series, old: Entry, entry: Entry, data: bytes | None, stem: str,
                   base: tuple[str, str, tuple[tuple[str, str], ...]], primary: bool, result: Export) -> None:
-    """Place one exported patch as the primary file or as the variant for ``base`` (label, commit
-    when no tag names it, sources) (``data`` None: no variant is needed for that base, drop any)."""
+    """One patch as the primary or the variant of ``base`` (label, commit, sources); ``data`` None: no variant."""
     label, commit, sources = base
     variants = {v.base: (series.patches_dir / v.file, v.commit, v.sources) for v in old.variants}
     if primary or not old.file:
@@ -369,9 +367,8 @@ def _bump(version: str) -> str:
 
 
 def write(series: Series, result: Export, *, accept_differences: bool = False) -> list[str]:
-    """Write the export; remove patch files no entry refers to any more. Returns what changed.
-    A tree with differences from the series that no edit on the branch explains is refused
-    (``accept_differences``: export it anyway)."""
+    """Write the export (patch files no entry names removed); returns what changed. An unproven tree is
+    refused unless ``accept_differences``."""
     proof = result.equivalence
     if proof is not None and not proof.ok and not accept_differences:
         raise DifferenceError(f"refusing to export: {proof.summary()}; nothing was written",
@@ -392,8 +389,7 @@ def write(series: Series, result: Export, *, accept_differences: bool = False) -
 
 
 def _files_of(part: Series, series: Series, files: dict[Path, bytes]) -> dict[Path, bytes]:
-    """The files of ``files`` in ``part``'s folder and in no layer folder inside it (a layer may live in our
-    repository)."""
+    """The files of ``files`` in ``part``'s folder and in no layer folder inside it."""
     roots = [series.head.root, *(layer.root for layer in series.layers)] if isinstance(series, Stack) else [series.root]
     def owner(path: Path) -> Path:
         return max((r for r in roots if path.is_relative_to(r)), key=lambda r: len(r.parts), default=Path("/"))
@@ -401,8 +397,7 @@ def _files_of(part: Series, series: Series, files: dict[Path, bytes]) -> dict[Pa
 
 
 def _part_writes(part: Series, files: dict[Path, bytes], manifest: str) -> txn.Part | None:
-    """One part's transaction (``txn.Part``): its changed files and manifest (moved in last), and its
-    patch files no entry refers to any more (removed); None when nothing of it changes."""
+    """One part's ``txn.Part``: changed files, manifest last, stale patch files; None if unchanged."""
     writes = {path: data for path, data in files.items() if _differs(path, data)}
     if part.manifest_path.read_text() != manifest:
         writes[part.manifest_path] = manifest.encode()

@@ -1,8 +1,5 @@
-"""``status``: which series is applied to a tree, on which upstream, what drifted since, and whether the tree equals a
-fresh apply of the series (``ops.equivalence`` proves HEAD: every difference attributed to an edit on the branch, or
-listed as unattributed; ``equals_series`` also needs nothing uncommitted); an apply or rebase that is running or was
-interrupted (with the commands that resume or undo it); and the recovery refs that hold where HEAD was before each
-apply and rebase."""
+"""``status``: the series applied to a tree, its upstream, the drift since, whether HEAD equals a fresh apply
+(``ops.equivalence``), an apply or rebase running or stopped (with resume/undo) and the recovery refs."""
 
 from __future__ import annotations
 
@@ -37,8 +34,7 @@ def rebase_status(git: Git) -> dict | None:
     j = Journal.load(path, git)
     steps = j.steps
     current = steps[j.pos].name if j.pos < len(steps) else None
-    tree = git.worktree
-    assert tree is not None
+    tree = git.cwd
     return {"onto": j.onto_rev, "from": j.old_rev, "done": j.pos, "total": len(steps),
             "current_entry": current, "paused": j.paused, "branch": j.orig_branch,
             "resume": rebase_command(tree, "continue"), "skip": rebase_command(tree, "skip"),
@@ -51,8 +47,7 @@ def apply_status(git: Git) -> dict | None:
     if not path.is_file():
         return None
     j = ApplyJournal.load(git, path)
-    tree = git.worktree
-    assert tree is not None
+    tree = git.cwd
     resume, undo = apply_commands(tree)
     nxt = j.names[j.done] if j.done < j.total else None
     how = "stopped at a conflict" if j.paused == "conflict" else "was interrupted"
@@ -69,28 +64,13 @@ def apply_status(git: Git) -> dict | None:
 def recovery_refs(git: Git) -> list[dict]:
     """Every recovery ref (HEAD before an apply or rebase), newest first."""
     fmt = "%(refname)%00%(objectname)%00%(contents:subject)"
-    out = []
-    for line in git.out("for-each-ref", "--sort=-refname", f"--format={fmt}", RECOVERY_PREFIX).splitlines():
-        ref, sha, subject = line.split("\0")
-        out.append({"ref": ref, "commit": sha, "subject": subject})
-    return out
-
-
-def index_lock_status(git: Git, holder: object) -> dict | None:
-    """A ``.git/index.lock`` in the way (a killed git or c128patch run leaves one; every git
-    command that writes the index refuses while it is there), with the command that clears it."""
-    path = git_path(git, "index.lock")
-    if not path.exists():
-        return None
-    return {"path": str(path), "c128patch_running": holder is not None,
-            "clear": shlex.join(["rm", "-f", str(path)])}
+    return [dict(zip(("ref", "commit", "subject"), line.split("\0")))
+            for line in git.out("for-each-ref", "--sort=-refname", f"--format={fmt}", RECOVERY_PREFIX).splitlines()]
 
 
 def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
-    """Per entry of the provenance record, its files changed since the provenance commit (an
-    overlay also when its bytes differ from the ones applied)."""
-    tree = git.worktree
-    assert tree is not None
+    """Per entry, its files changed since the provenance commit (an overlay also by its bytes)."""
+    tree = git.cwd
     paths = sorted({p for e in entries for p in e.get("files", [])})
     changed: dict[str, str] = {}
     if prov_commit and paths:
@@ -110,13 +90,14 @@ def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
 
 
 def tree_status(git: Git, series: Series | None = None) -> dict:
-    tree = git.worktree
-    assert tree is not None
+    tree = git.cwd
     rebase = rebase_status(git)
     apply = apply_status(git)
     holder = running(git)
+    lock = git_path(git, "index.lock")
     common = {
-        "index_lock": index_lock_status(git, holder),
+        "index_lock": {"path": str(lock), "c128patch_running": holder is not None,  # left by a killed run
+                       "clear": shlex.join(["rm", "-f", str(lock)])} if lock.exists() else None,
         "tree": str(tree),
         "branch": git.current_branch(),
         "running": asdict(holder) if holder else None,
