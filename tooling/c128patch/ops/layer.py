@@ -85,6 +85,7 @@ def _with_gate(text: str, gate: str) -> str:
     return head + sep + rest
 
 
+@txn.serialised  # two add-entry runs on one layer: one after the other
 def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gate: str = "",
               name: str = "") -> NewEntry:
     """Commit ``commit`` of the patched tree in ``git`` as a new entry of the layer in ``folder``."""
