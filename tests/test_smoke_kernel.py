@@ -207,7 +207,8 @@ def test_crash_names_the_test_that_took_the_process_down(tmp_path):
             pass
     '''})
     tree = make_tree(tmp_path / "tree") / "python"
-    res = smoke_pass.run_pass(smoke_pass.PassSpec("patched", tree), suite, sys.executable, tmp_path / "out")
+    spec = smoke_pass.PassSpec("patched", tree)
+    res = smoke_pass.run_passes([spec], suite, sys.executable, tmp_path / "out")["patched"]
     outcomes = {t["nodeid"].split("::")[1]: t["outcome"] for t in res["tests"]}
     assert outcomes == {"test_a_before": "passed", "test_b_illegal_access": "crashed", "test_c_after": "not run"}
     assert res["exit_code"] == -11 and res["exit"] == "killed by SIGSEGV" and not res["finished"]
@@ -226,7 +227,7 @@ def test_timeout_kills_the_pass_and_leaves_nothing(tmp_path):
     '''})
     tree = make_tree(tmp_path / "tree") / "python"
     spec = smoke_pass.PassSpec("patched", tree, timeout=2)
-    res = smoke_pass.run_pass(spec, suite, sys.executable, tmp_path / "out")
+    res = smoke_pass.run_passes([spec], suite, sys.executable, tmp_path / "out")[spec.label]
     assert res["timed_out"] and res["exit"] == "timed out after 2s"
     assert res["tests"][0]["outcome"] == "crashed" and res["tests"][0]["message"] == "killed at the pass timeout"
     pids = [int(p) for p in pidfile.read_text().split()]

@@ -230,36 +230,27 @@ def run_passes(specs: list[PassSpec], suite: Path, python: str, out_dir: Path) -
     return {run.spec.label: _result(run) for run in runs}
 
 
-def run_pass(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> dict[str, Any]:
-    """Run the suite once; the pass's rows, counts, exit and (under a sanitizer) its findings."""
-    return run_passes([spec], suite, python, out_dir)[spec.label]
-
-
-def pass_problems(p: dict[str, Any], collect_only: bool = False) -> list[str]:
-    """Why a pass does not count as clean (empty list: clean)."""
+def pass_problems(p: dict[str, Any], collect_only: bool = False, outcomes: bool = True) -> list[str]:
+    """Why a pass does not count as clean (empty list: clean); ``outcomes=False``: only a pass that did not
+    run to its end (smoke upstream's verdicts judge the tests)."""
     label, c = p["label"], p["counts"]
-    problems = []
-    if p["timed_out"]:
-        problems.append(f"{label}: {p['exit']}")
-    bad = {k: c[k] for k in ("failed", "error", "crashed") if c[k]}
+    problems = [f"{label}: {p['exit']}"] if p["timed_out"] else []
+    bad = {k: c[k] for k in ("failed", "error", "crashed") if c[k]} if outcomes else {}
     if bad:
         problems.append(f"{label}: " + ", ".join(f"{n} {k}" for k, n in bad.items()))
-    if not collect_only and not p["timed_out"]:
-        if c["passed"] == 0:
+    if not p["timed_out"] and not (collect_only and outcomes):
+        if outcomes and c["passed"] == 0:
             problems.append(f"{label}: no test passed "
                             f"({', '.join(f'{n} {k}' for k, n in c.items() if n) or 'none collected'})")
         if not p["finished"]:
             problems.append(f"{label}: pytest did not finish ({p['exit']})")
-        elif p["exit_code"] not in (0, 1, smoke_sanitizer.ERROR_EXIT_CODE) and not bad:
+        elif outcomes and p["exit_code"] not in (0, 1, smoke_sanitizer.ERROR_EXIT_CODE) and not bad:
             problems.append(f"{label}: pytest {p['exit']}")
-    san = p.get("sanitizer")
-    if san:
-        if san["errors"] is None:
-            problems.append(f"{label}: compute-sanitizer printed no summary ({p['exit']})")
-        elif san["errors"]:
-            problems.append(f"{label}: compute-sanitizer {san['tool']} found {san['errors']} error(s)")
+    errors = (p.get("sanitizer") or {"errors": 0})["errors"]
+    if errors is None:
+        problems.append(f"{label}: compute-sanitizer printed no summary ({p['exit']})")
+    elif errors:
+        problems.append(f"{label}: compute-sanitizer {p['sanitizer']['tool']} found {errors} error(s)")
     if p.get("leftover_pids"):
         problems.append(f"{label}: processes left behind {p['leftover_pids']}")
     return problems
-
-
