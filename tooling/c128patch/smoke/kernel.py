@@ -41,8 +41,9 @@ _MISSING = re.compile(
 def _has(root: Path, module: str, name: str | None = None) -> bool:
     """``module`` is a file of ``root``; with ``name``, one that mentions it."""
     path = ModuleIndex(root).file(module)
-    return path is not None and (name is None or re.search(rf"\b{re.escape(name)}\b", path.read_text(errors="replace"))
-                                 is not None)
+    if path is None or name is None:
+        return path is not None
+    return re.search(rf"\b{re.escape(name)}\b", path.read_text(errors="replace")) is not None
 
 
 def series_code_missing(message: str, patched: Path | None, upstream: Path | None) -> str | None:

@@ -1,31 +1,20 @@
-"""``smoke upstream [--tests PATH]``: upstream SGLang's own kernel tests, from the
-user's checkout, on the patched and on the unpatched tree, side by side.
+"""``smoke upstream [--tests PATH]``: upstream SGLang's own kernel tests, from the user's checkout, on the
+patched and on the unpatched tree, side by side.
 
-Which tests, and what they need (smoke.upstream_select): upstream's ``registered/kernels`` tests
-that reach what the series touches or adds next to. Each tree runs them in its own
-``python -m pytest`` (smoke.passes; the per-test rows come from smoke.plugin) with sglang's own
-JIT loader, set up by the kernel tier's harness (tests/gpu/harness.py) through
-smoke.upstream_boot: sglang's packages registered over the tree, the packages whose
-``__init__`` the tests need run for real, and the stand-ins (the harness's, plus
-smoke.upstream_standins), all listed in the report per tree.
+Which tests, and what they need: smoke.upstream_select. Each tree runs them in its own pytest pass
+(smoke.kernel.run_groups, smoke.passes) with sglang's own JIT loader, set up by the kernel tier's harness
+through the smoke.upstream_standins plugin, the stand-ins listed in the report per tree.
 
-Per test: the patched and the unpatched outcome and a verdict:
+Per test, the patched and the unpatched outcome and a verdict (:func:`verdict`): ``same``; ``regressed``
+(passes, or with --list collects, unpatched and not patched: a problem); ``fixed``; ``both fail`` (a note
+with both messages); ``both skipped`` (a note with the reason); ``not applicable`` (the file collects on
+neither tree: a note when the tree lacks what it imports, a problem when a stand-in of ours lacks a name or,
+in a run, the environment a package); ``differs``; ``not run`` (a pass was cut).
 
-- ``same``: the same outcome on both (passed, xfailed);
-- ``regressed``: passes (collects, with --list) unpatched and not patched: a problem;
-- ``fixed``: fails unpatched, passes patched;
-- ``both fail``: fails (or errors, or crashes) on both, e.g. a test written for a newer upstream
-  API than the tree: a note, with both messages;
-- ``both skipped``: skipped on both, with the reason: a note (no evidence either way);
-- ``not applicable``: the file cannot be collected on either tree: a note with the import error
-  when the tree lacks what the test imports; a problem when a stand-in of ours lacks a name (add
-  it) or, in a run, when the environment lacks a package (e.g. triton);
-- ``differs``: any other pair (a note); ``not run``: neither pass reached it (a pass was cut).
-
-Exit status: 1 when a test regressed, a pass timed out or did not finish, nothing passed on the
-patched tree, or a stand-in is missing; 0 otherwise. The report (``smoke-upstream-suite.json``)
-and the per-release result (``upstream-suite.json``, the evidence matrix's "upstream's own tests"
-column: ci/gpu/results/<rev>/upstream-suite.json) are rewritten after each pass.
+Exit status 1 when a test regressed, a pass timed out or did not finish, nothing passed on the patched
+tree, or a stand-in is missing. The report (``smoke-upstream-suite.json``) and the per-release result
+(``upstream-suite.json``: ci/gpu/results/<rev>/, the evidence matrix's "upstream's own tests") are
+rewritten after each pass.
 """
 
 from __future__ import annotations
@@ -48,9 +37,9 @@ from c128patch.smoke.device import describe, require_device
 from c128patch.smoke.kernel import NO_RECORD, Passes, Progress, paired, report_head, run_groups
 from c128patch.smoke.passes import BAD, PassSpec, pass_problems
 from c128patch.smoke.trees import KernelOptions, Prepared, out_dir, prepare, resolve_tree, stage, validate
-from c128patch.smoke.upstream_boot import HARNESS_ENV, PLAN_ENV
+from c128patch.smoke.upstream_standins import HARNESS_ENV, PLAN_ENV
 
-BOOT_PLUGIN = "c128patch.smoke.upstream_boot"
+BOOT_PLUGIN = "c128patch.smoke.upstream_standins"
 REPORT = "smoke-upstream-suite.json"
 RESULT = "upstream-suite.json"
 RESULT_SCHEMA = 1
@@ -67,7 +56,7 @@ class TreePlan:
     label: str
     root: Path
     closure: sel.Closure
-    standins: dict[str, list[str]]  # what upstream_boot installs
+    standins: dict[str, list[str]]  # what upstream_standins installs
     standin_rows: list[dict[str, Any]]
 
     @property
@@ -114,7 +103,7 @@ def make_plan(prep: Prepared, root: Path, keyword: str | None) -> Plan:
     """Select the tests under ``root`` (upstream_select.test_root) and work out what each tree
     needs (no process is started)."""
     assert prep.upstream is not None
-    pool = sel.standin_pool(sel.load_harness(prep.suite))
+    pool = sel.standin_pool(prep.suite)
     targets = sel.series_targets(prep.patched, prep.upstream, sel.touched_files(prep.record))
     selection = sel.select(root, prep.patched, targets, set(pool), keyword)
     plan = Plan(root, selection, prep.suite / "harness.py", pool, sources=sources_of(root))
@@ -321,34 +310,21 @@ def result_file(report: dict[str, Any], date: str | None = None) -> dict[str, An
     prov = report.get("provenance") or {}
     upstream = prov.get("upstream", {})
     device = report["device"]
-    return {
-        "schema": RESULT_SCHEMA,
-        "kind": "upstream-suite",
-        "column": "upstream's own tests",
-        "rev": upstream.get("rev"),
-        "upstream_commit": upstream.get("commit"),
-        "series": report.get("series"),
-        "mode": report["mode"],
-        "command": report["command"],
-        "device": describe(device) + (f" (sm_{device['capability'].replace('.', '')})"
-                                      if device.get("capability") else ""),
-        "date": date or datetime.date.today().isoformat(),
-        "tests_from": {k: v for k, v in report["tests_from"].items() if k != "root"},
-        "files": report["files"],
-        "standins": {label: [{k: r[k] for k in ("module", "offered", "withheld", "used", "used_in_functions") if k in r}
-                             for r in t["standins"] if r["used"] or r.get("used_in_functions")]
-                     for label, t in report["trees"].items()},
-        "counts": report["counts"],
-        "patched": report["patched"],
-        "upstream": report["upstream"],
-        "tests": [{k: r[k] for k in ("id", "patched", "upstream", "verdict", "reason", "patched_message",
-                                     "upstream_message")
-                   if k in r and (k not in ("patched_message", "upstream_message") or r["verdict"] != "same")}
-                  for r in report["tests"]],
-        "problems": report["problems"],
-        "notes": report["notes"],
-        "ok": report["ok"],
-    }
+    standins = {label: [{k: r[k] for k in ("module", "offered", "withheld", "used", "used_in_functions") if k in r}
+                        for r in t["standins"] if r["used"] or r.get("used_in_functions")]
+                for label, t in report["trees"].items()}
+    messages = ("patched_message", "upstream_message")  # only where the verdict is not "same"
+    tests = [{k: r[k] for k in ("id", "patched", "upstream", "verdict", "reason", *messages)
+              if k in r and (k not in messages or r["verdict"] != "same")} for r in report["tests"]]
+    return {"schema": RESULT_SCHEMA, "kind": "upstream-suite", "column": "upstream's own tests",
+            "rev": upstream.get("rev"), "upstream_commit": upstream.get("commit"), "series": report.get("series"),
+            "mode": report["mode"], "command": report["command"],
+            "device": describe(device) + (f" (sm_{device['capability'].replace('.', '')})"
+                                          if device.get("capability") else ""),
+            "date": date or datetime.date.today().isoformat(),
+            "tests_from": {k: v for k, v in report["tests_from"].items() if k != "root"}, "files": report["files"],
+            "standins": standins, **{k: report[k] for k in ("counts", "patched", "upstream")}, "tests": tests,
+            **{k: report[k] for k in ("problems", "notes", "ok")}}
 
 
 def write(report: dict[str, Any], out: Path) -> Path:
