@@ -24,7 +24,7 @@ EXTRA = {"capacity": {"c128patch.capacity", "c128patch.capacity.model"}}
 # smoke's subcommands, each listed by `smoke --help` from its table, and what each one's --help imports
 SMOKE = {"kernel": {"c128patch.smoke", "c128patch.smoke.presets", "c128patch.cli.smoke.options"},
          "upstream": {"c128patch.cli.smoke.options"},
-         "server": {"c128patch.smoke", "c128patch.smoke.presets", "c128patch.cli.smoke.options"}}
+         "server": {"c128patch.smoke", "c128patch.smoke.presets"}}
 HEAVY = ("rich", "unidiff", "packaging", "tomli_w", "wheel", "build")
 
 # the console entry as pip's console script runs it (the program named by argv[0])

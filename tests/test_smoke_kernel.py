@@ -17,7 +17,6 @@ import pytest
 from c128patch.smoke import device as smoke_device
 from c128patch.smoke import passes as smoke_pass
 from c128patch.smoke import procs as smoke_procs
-from c128patch.smoke import sanitizer as smoke_sanitizer
 from c128patch.smoke import trees as smoke_trees
 from smoke_helpers import H200, make_suite, make_tree, one_line_error, provenance_record, signal_when_ready
 from support import invoke as run_cli
@@ -207,7 +206,8 @@ def test_crash_names_the_test_that_took_the_process_down(tmp_path):
             pass
     '''})
     tree = make_tree(tmp_path / "tree") / "python"
-    res = smoke_pass.run_pass(smoke_pass.PassSpec("patched", tree), suite, sys.executable, tmp_path / "out")
+    spec = smoke_pass.PassSpec("patched", tree)
+    res = smoke_pass.run_passes([spec], suite, sys.executable, tmp_path / "out")["patched"]
     outcomes = {t["nodeid"].split("::")[1]: t["outcome"] for t in res["tests"]}
     assert outcomes == {"test_a_before": "passed", "test_b_illegal_access": "crashed", "test_c_after": "not run"}
     assert res["exit_code"] == -11 and res["exit"] == "killed by SIGSEGV" and not res["finished"]
@@ -226,7 +226,7 @@ def test_timeout_kills_the_pass_and_leaves_nothing(tmp_path):
     '''})
     tree = make_tree(tmp_path / "tree") / "python"
     spec = smoke_pass.PassSpec("patched", tree, timeout=2)
-    res = smoke_pass.run_pass(spec, suite, sys.executable, tmp_path / "out")
+    res = smoke_pass.run_passes([spec], suite, sys.executable, tmp_path / "out")[spec.label]
     assert res["timed_out"] and res["exit"] == "timed out after 2s"
     assert res["tests"][0]["outcome"] == "crashed" and res["tests"][0]["message"] == "killed at the pass timeout"
     pids = [int(p) for p in pidfile.read_text().split()]
@@ -317,6 +317,35 @@ def test_differential_regression_fails(tmp_path, monkeypatch):
     assert "differential: 1 test(s) pass upstream and fail patched" in report["problems"]
 
 
+def test_a_differential_over_failing_tests_headlines_the_failures(tmp_path, monkeypatch):
+    """Issue 38: tests failing on both trees are "same" (the unpatched side lacks our module), so the
+    differential reads "0 regressed"; the printed verdict leads with the failures instead."""
+    suite = make_suite(tmp_path / "suite", {"test_f.py": '''
+        def test_needs_our_module(patched_tree):
+            assert False, "our module is broken"
+        def test_ok(patched_tree):
+            pass
+    '''})
+    patched, upstream = _series_and_upstream_trees(tmp_path)
+    res = invoke(["--tree", str(patched), "--upstream-tree", str(upstream), "--differential", "--suite", str(suite),
+                  "--out", str(tmp_path / "out")], H200, monkeypatch)
+    assert res.code == 1, res.text + res.err
+    lines = [line for line in res.text.splitlines() if line.strip()]
+    assert lines[0].startswith("FAILING: 1 of 2 test(s) fail on the patched tree: test_f.py::test_needs_our_module")
+    diff = next(line for line in lines if line.startswith("differential: "))
+    assert diff.startswith("differential: 1 of 2 fail on the patched tree (1 on both: same); "), diff
+    assert "0 regressed" in diff and not diff.startswith("differential: 0 regressed")
+
+
+def test_an_all_passing_differential_has_no_failing_headline(tmp_path, monkeypatch):
+    suite = make_suite(tmp_path / "suite", {"test_ok.py": "def test_one(patched_tree):\n    pass\n"})
+    patched, upstream = _series_and_upstream_trees(tmp_path)
+    res = invoke(["--tree", str(patched), "--upstream-tree", str(upstream), "--differential", "--suite", str(suite),
+                  "--out", str(tmp_path / "out")], H200, monkeypatch)
+    assert res.code == 0, res.text + res.err
+    assert "FAILING" not in res.text and "differential: 1 same, 0 fixed" in res.text
+
+
 def test_differential_without_upstream_is_refused(tmp_path, monkeypatch):
     suite = make_suite(tmp_path / "suite", {"test_a.py": "def test_a():\n    pass\n"})
     plain = make_tree(tmp_path / "tree")  # no provenance, not in git
@@ -353,20 +382,20 @@ RACECHECK = """\
 
 
 def test_sanitizer_summaries_parse():
-    found = smoke_sanitizer.parse(MEMCHECK_ERRORS + MEMCHECK_CHILD_CLEAN, "memcheck")
+    found = smoke_pass.parse_sanitizer(MEMCHECK_ERRORS + MEMCHECK_CHILD_CLEAN, "memcheck")
     assert found["errors"] == 2 and found["processes"] == 2 and found["error_summaries"] == [2, 0]
     assert found["reports"] == [
         "Invalid __global__ write of size 4 bytes",
         'Program hit cudaErrorLaunchFailure (error 719) due to "unspecified launch failure" on CUDA API call to '
         "cudaStreamSynchronize.",
     ]
-    assert smoke_sanitizer.parse("========= ERROR SUMMARY: 1 error\n", "memcheck")["errors"] == 1
-    assert smoke_sanitizer.parse(MEMCHECK_CHILD_CLEAN, "memcheck")["errors"] == 0
-    assert smoke_sanitizer.parse("test_x.py .\nkilled\n", "memcheck")["errors"] is None  # no summary: unfinished
-    race = smoke_sanitizer.parse(RACECHECK, "racecheck")
+    assert smoke_pass.parse_sanitizer("========= ERROR SUMMARY: 1 error\n", "memcheck")["errors"] == 1
+    assert smoke_pass.parse_sanitizer(MEMCHECK_CHILD_CLEAN, "memcheck")["errors"] == 0
+    assert smoke_pass.parse_sanitizer("test_x.py .\nkilled\n", "memcheck")["errors"] is None  # no summary: unfinished
+    race = smoke_pass.parse_sanitizer(RACECHECK, "racecheck")
     assert (race["errors"], race["warnings"], race["processes"]) == (1, 2, 2)
     assert race["reports"][0].startswith("Error: Race reported between Write access")
-    clean = smoke_sanitizer.parse("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
+    clean = smoke_pass.parse_sanitizer("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
                                   "========= ERROR SUMMARY: 0 errors\n", "racecheck")
     assert clean["errors"] == 0
 

@@ -71,19 +71,19 @@ def test_crash_signatures(sglang_release_repo):
     check = up.runtime_check_message(sglang_release_repo, TAG, "/sgl/jit/csrc/deepseek_v4/c128_online_v2.cuh", 685,
                                      "RuntimeCheck(0 < extend_len && extend_len <= seq_len)")
     log = smoke_logs.ServerLog()
-    log.feed_text("\n".join([
+    log.feed_lines("\n".join([
         up.scheduler_exception_line(sglang_release_repo, TAG, "Traceback (most recent call last):"),
         '  File "x.py", line 1, in f',
         f"RuntimeError: {check}",
         IMA,
         "torch.AcceleratorError: CUDA error: an illegal memory access was encountered",
         "Traceback (most recent call last):",
-    ]))
+    ]).splitlines())
     assert set(log.fatal) == {"illegal_memory_access", "cuda_error", "nccl", "runtime_check", "sglang_fatal"}
     assert log.counts["traceback"] == 1 and log.counts["illegal_memory_access"] == 2
     assert log.signatures["runtime_check"][0]["line"] == 3
     benign = smoke_logs.ServerLog()
-    benign.feed_text("NCCL INFO Channel 00/24\nCUBLAS_STATUS_SUCCESS\nload weights: 100%\n")
+    benign.feed_lines(["NCCL INFO Channel 00/24", "CUBLAS_STATUS_SUCCESS", "load weights: 100%"])
     assert not benign.fatal and not benign.counts
 
 

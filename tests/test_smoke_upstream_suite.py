@@ -595,7 +595,7 @@ def test_the_boot_plugin_and_standins_import_without_the_tool_deps():
     import sys
 
     code = ("import sys; sys.modules.update({m: None for m in ('rich', 'click', 'unidiff', 'tomli_w', 'packaging')}); "
-            "import c128patch.smoke.upstream_boot, c128patch.smoke.upstream_standins")
+            "import c128patch.smoke.upstream_standins")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={"PYTHONPATH": str(REPO_ROOT / "tooling"), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
@@ -610,7 +610,7 @@ def test_a_standin_package_keeps_the_trees_other_submodules(checkout, tmp_path):
 
     tree = checkout / "python"
     plan = {"standins": {"sglang.srt.utils": ["is_hip"], "sglang.srt.utils.common": ["is_cuda"]}, "real_packages": []}
-    code = ("from c128patch.smoke import upstream_boot; upstream_boot.pytest_configure(None); "
+    code = ("from c128patch.smoke import upstream_standins; upstream_standins.pytest_configure(None); "
             "import sglang.srt.utils as u, sglang.srt.utils.common as c, sglang.srt.utils.custom_op as op; "
             "print(u.__path__, c.__doc__.startswith('c128patch stand-in'), op.__file__)")
     env = {"PYTHONPATH": str(REPO_ROOT / "tooling"), "PATH": "/usr/bin:/bin", "C128PATCH_TREE": str(tree),

@@ -10,7 +10,7 @@ from types import ModuleType
 
 def load_file(name: str, path: Path) -> ModuleType:
     """The Python file at ``path`` run as module ``name``: the GPU suite's helpers (harness.py,
-    tree_subset.py) are files, not an importable package. Stdlib only (upstream_boot runs it
+    tree_subset.py) are files, not an importable package. Stdlib only (upstream_standins runs it
     inside the test process)."""
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

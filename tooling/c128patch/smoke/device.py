@@ -37,19 +37,15 @@ print(json.dumps(info))
 """
 
 
-def _cuda_homes() -> list[Path]:
-    homes = [Path(p) for p in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if p]
-    return [*homes, Path("/usr/local/cuda")]
-
-
 def find_cuda_tool(name: str) -> str | None:
     """``name`` on PATH, next to nvcc, or under $CUDA_HOME/bin, /usr/local/cuda/bin."""
     found = shutil.which(name)
     if found:
         return found
     nvcc = shutil.which("nvcc")
+    homes = [Path(p) for p in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if p]
     dirs = [Path(nvcc).resolve().parent] if nvcc else []
-    dirs += [h / "bin" for h in _cuda_homes()]
+    dirs += [h / "bin" for h in (*homes, Path("/usr/local/cuda"))]
     for d in dirs:
         if (d / name).is_file() and os.access(d / name, os.X_OK):
             return str(d / name)
@@ -105,10 +101,6 @@ def probe_device(python: str) -> dict[str, Any]:
             **_tool("compute-sanitizer", "compute_sanitizer", r"Version (\S+)")}
 
 
-def _major(version: str | None) -> str | None:
-    return version.split(".")[0] if version else None
-
-
 def prerequisite_problem(device: dict[str, Any], sanitizers: tuple[str, ...] = ()) -> str | None:
     """None when the kernel tier can run here; else one line saying what is missing."""
     if "python_error" in device:
@@ -121,7 +113,7 @@ def prerequisite_problem(device: dict[str, Any], sanitizers: tuple[str, ...] = (
         return f"torch {device.get('torch')} sees no CUDA GPU (driver not loaded, or CUDA_VISIBLE_DEVICES hides it)"
     if not device.get("nvcc"):
         return "nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin): sglang's JIT kernels are built with it"
-    nvcc_major, torch_major = _major(device.get("nvcc_version")), _major(device.get("torch_cuda"))
+    nvcc_major, torch_major = (str(device.get(k) or "").split(".")[0] for k in ("nvcc_version", "torch_cuda"))
     if nvcc_major and nvcc_major != "unknown" and torch_major and nvcc_major != torch_major:
         return (f"torch is built for CUDA {device['torch_cuda']} but nvcc is {device['nvcc_version']}: the JIT "
                 "kernels would link a CUDA runtime torch did not load; use a matching toolkit (CUDA_HOME)")

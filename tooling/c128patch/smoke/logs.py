@@ -108,8 +108,8 @@ class ServerLog:
                 if len(kept) < MAX_KEPT:
                     kept.append({"line": self.lines, "text": line.strip()[:400]})
 
-    def feed_text(self, text: str) -> None:
-        for line in text.splitlines():
+    def feed_lines(self, lines: list[str]) -> None:
+        for line in lines:
             self.feed(line)
 
     @property
@@ -238,16 +238,11 @@ def read_jsonl(path: Path) -> list[Any]:
     return rows
 
 
-def read_jsonl_last(path: Path) -> dict[str, Any] | None:
-    """The last JSON object of a JSONL file (bench_serving --output-file, bench_multiturn --log-file)."""
-    rows = read_jsonl(path)
-    return rows[-1] if rows and isinstance(rows[-1], dict) else None
-
-
 def load_summary(tool: str, stdout: str, result_file: Path) -> dict[str, Any]:
     """Requests, throughput and acceptance from the load tool's result file (preferred) or its
     printed summary. ``tool``: "serving" or "multiturn"."""
-    record = read_jsonl_last(result_file)
+    rows = read_jsonl(result_file)  # bench_serving --output-file, bench_multiturn --log-file: the last object
+    record = rows[-1] if rows and isinstance(rows[-1], dict) else None
     if tool == "serving":
         printed = parse_bench_serving(stdout)
         rec = record or {}

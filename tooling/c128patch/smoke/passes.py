@@ -1,20 +1,27 @@
 """One pytest pass of the GPU suite in a subprocess, with the harness API's environment
 (tests/gpu/harness.py: C128PATCH_TREE, C128PATCH_UPSTREAM_TREE, C128PATCH_GPU_SCALE,
 C128PATCH_GPU_RESULTS_DIR), optionally under compute-sanitizer; its per-test rows come from
-:mod:`c128patch.smoke.plugin`, so a pass that dies mid-test still says which test it was."""
+:mod:`c128patch.smoke.plugin`, so a pass that dies mid-test still says which test it was.
+
+compute-sanitizer prefixes its own lines with ``=========`` and ends each process it watched
+with ``========= ERROR SUMMARY: N error(s)``; racecheck adds ``========= RACECHECK SUMMARY: H
+hazard(s) displayed (E error(s), W warning(s))``. With the default ``--target-processes all``
+the children the suite spawns (the unpatched kernels run in one) print their own summaries, so
+counts are summed over processes.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from c128patch import PACKAGE_DIR
-from c128patch.smoke import sanitizer as smoke_sanitizer
 from c128patch.smoke.logs import read_jsonl
 from c128patch.smoke.plugin import ROWS_ENV
 from c128patch.smoke.procs import Managed, exit_description
@@ -24,6 +31,17 @@ TREE_ENV = "C128PATCH_TREE"
 UPSTREAM_TREE_ENV = "C128PATCH_UPSTREAM_TREE"
 SCALE_ENV = "C128PATCH_GPU_SCALE"
 RESULTS_ENV = "C128PATCH_GPU_RESULTS_DIR"
+ERROR_EXIT_CODE = 99  # compute-sanitizer --error-exitcode
+# The caching allocator hides out-of-bounds accesses inside its big blocks; off, each tensor is
+# its own cudaMalloc and memcheck sees its real bounds.
+SANITIZER_ENV = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+
+_PREFIX = re.compile(r"^=+ ?")
+_ERROR_SUMMARY = re.compile(r"^=+ ERROR SUMMARY: (\d+) errors?\b")
+_RACE_SUMMARY = re.compile(r"^=+ RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
+# First line of each report block: "Invalid __global__ read of size 4 bytes", "Error: Race
+# reported between ...", "Program hit cudaErrorIllegalAddress ...".
+_REPORT = re.compile(r"^=+ (Invalid |Error: |Program hit |Warning: |Uninitialized |Barrier error|Malloc/Free error)")
 BAD = ("failed", "error", "crashed")  # outcomes that fail a pass
 ABSENT = {"outcome": "absent", "seconds": 0.0, "message": ""}  # a test one pass has and the other has not
 
@@ -44,10 +62,6 @@ class PassSpec:
     pytest_args: tuple[str, ...] = ()  # more pytest arguments (smoke upstream: its -p plugin ...)
 
 
-def _package_parent() -> str:
-    return str(PACKAGE_DIR.parent)
-
-
 def pytest_argv(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> list[str]:
     ini = out_dir / "pytest.ini"
     ini.write_text("[pytest]\n")  # not the repo's ini: its addopts and timeout are for the CPU suite
@@ -61,23 +75,56 @@ def pytest_argv(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> list
         argv += ["-k", spec.keyword]
     if spec.sanitizer:
         assert spec.sanitizer_exe
-        argv = smoke_sanitizer.command(spec.sanitizer, spec.sanitizer_exe) + argv
+        argv = [spec.sanitizer_exe, "--tool", spec.sanitizer, "--error-exitcode", str(ERROR_EXIT_CODE), *argv]
     return argv
 
 
 def pytest_env(spec: PassSpec, rows: Path, results: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_parent(), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_DIR.parent), env.get("PYTHONPATH", "")) if p)
     env.update({ROWS_ENV: str(rows), TREE_ENV: str(spec.tree), SCALE_ENV: repr(spec.scale),
                 RESULTS_ENV: str(results), "PYTHONUNBUFFERED": "1"})
-    if spec.upstream is not None:
-        env[UPSTREAM_TREE_ENV] = str(spec.upstream)
-    else:
-        env.pop(UPSTREAM_TREE_ENV, None)
+    env.pop(UPSTREAM_TREE_ENV, None)
+    env.update({UPSTREAM_TREE_ENV: str(spec.upstream)} if spec.upstream else {})
     if spec.sanitizer:
-        env.update(smoke_sanitizer.SANITIZER_ENV)
+        env.update(SANITIZER_ENV)
     env.update(spec.extra_env)
     return env
+
+
+def parse_sanitizer(text: str, tool: str) -> dict[str, Any]:
+    """``errors``: the total found (None when no summary was printed: the run did not finish),
+    plus per-process summaries and the first line of each report (at most 50)."""
+    summaries: list[int] = []
+    races: list[dict[str, int]] = []
+    reports: list[str] = []
+    for line in text.splitlines():
+        line = line.rstrip()
+        m = _ERROR_SUMMARY.match(line)
+        if m:
+            summaries.append(int(m.group(1)))
+            continue
+        m = _RACE_SUMMARY.match(line)
+        if m:
+            races.append({"hazards": int(m.group(1)), "errors": int(m.group(2)), "warnings": int(m.group(3))})
+            continue
+        if _REPORT.match(line) and len(reports) < 50:
+            reports.append(_PREFIX.sub("", line))
+    if tool == "racecheck" and races:
+        # racecheck's hazards are in its own summary; an ERROR SUMMARY, where printed too,
+        # counts the same hazards again, so take the larger per-process view, not the sum.
+        errors: int | None = max(sum(r["errors"] for r in races), sum(summaries))
+    else:
+        errors = sum(summaries) if summaries else None
+    return {
+        "tool": tool,
+        "errors": errors,
+        "processes": len(summaries) or len(races),
+        "error_summaries": summaries,
+        "racecheck_summaries": races,
+        "warnings": sum(r["warnings"] for r in races),
+        "reports": reports,
+    }
 
 
 def tests_from_rows(rows: list[dict], end_time: float, timed_out: bool = False) -> list[dict]:
@@ -150,11 +197,9 @@ class _Running:
     """One pass between its start and its result."""
 
     spec: PassSpec
-    argv: list[str]
     rows_path: Path
-    log: Path
     results: Path
-    proc: Managed
+    proc: Managed  # its argv and log are the pass's
     start: float = 0.0
     end: float = 0.0
     timed_out: bool = False
@@ -169,9 +214,9 @@ def _prepare(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> _Runnin
     for stale in (rows_path, log):
         stale.unlink(missing_ok=True)
     results.mkdir(parents=True, exist_ok=True)
-    argv = pytest_argv(spec, suite, python, out_dir)
-    proc = Managed(f"pytest {spec.label}", argv, log, env=pytest_env(spec, rows_path, results), cwd=suite)
-    return _Running(spec, argv, rows_path, log, results, proc)
+    proc = Managed(f"pytest {spec.label}", pytest_argv(spec, suite, python, out_dir), log,
+                   env=pytest_env(spec, rows_path, results), cwd=suite)
+    return _Running(spec, rows_path, results, proc)
 
 
 def _result(run: _Running) -> dict[str, Any]:
@@ -180,7 +225,7 @@ def _result(run: _Running) -> dict[str, Any]:
     rows = read_jsonl(run.rows_path)
     finished = any(r.get("event") == "finish" for r in rows)
     tests = tests_from_rows(rows, run.end, run.timed_out)
-    text = run.log.read_text(errors="replace")
+    text = proc.log.read_text(errors="replace")
     result: dict[str, Any] = {
         "label": spec.label,
         "tree": str(spec.tree),
@@ -191,18 +236,18 @@ def _result(run: _Running) -> dict[str, Any]:
         "timed_out": run.timed_out,
         "finished": finished,
         "seconds": round(run.end - run.start, 1),
-        "log": str(run.log),
+        "log": str(proc.log),
         "counts": count(tests),
         "tests": tests,
         "results": _read_results(run.results),
-        "argv": run.argv,
+        "argv": proc.argv,
     }
     if proc.leftover:
         result["leftover_pids"] = proc.leftover
     if not finished and not spec.collect_only:
         result["log_tail"] = text.strip().splitlines()[-20:]
     if spec.sanitizer:
-        found = smoke_sanitizer.parse(text, spec.sanitizer)
+        found = parse_sanitizer(text, spec.sanitizer)
         result["sanitizer"] = {**found, "exit_code": code}
     return result
 
@@ -230,36 +275,27 @@ def run_passes(specs: list[PassSpec], suite: Path, python: str, out_dir: Path) -
     return {run.spec.label: _result(run) for run in runs}
 
 
-def run_pass(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> dict[str, Any]:
-    """Run the suite once; the pass's rows, counts, exit and (under a sanitizer) its findings."""
-    return run_passes([spec], suite, python, out_dir)[spec.label]
-
-
-def pass_problems(p: dict[str, Any], collect_only: bool = False) -> list[str]:
-    """Why a pass does not count as clean (empty list: clean)."""
+def pass_problems(p: dict[str, Any], collect_only: bool = False, outcomes: bool = True) -> list[str]:
+    """Why a pass does not count as clean (empty list: clean); ``outcomes=False``: only a pass that did not
+    run to its end (smoke upstream's verdicts judge the tests)."""
     label, c = p["label"], p["counts"]
-    problems = []
-    if p["timed_out"]:
-        problems.append(f"{label}: {p['exit']}")
-    bad = {k: c[k] for k in ("failed", "error", "crashed") if c[k]}
+    problems = [f"{label}: {p['exit']}"] if p["timed_out"] else []
+    bad = {k: c[k] for k in ("failed", "error", "crashed") if c[k]} if outcomes else {}
     if bad:
         problems.append(f"{label}: " + ", ".join(f"{n} {k}" for k, n in bad.items()))
-    if not collect_only and not p["timed_out"]:
-        if c["passed"] == 0:
+    if not p["timed_out"] and not (collect_only and outcomes):
+        if outcomes and c["passed"] == 0:
             problems.append(f"{label}: no test passed "
                             f"({', '.join(f'{n} {k}' for k, n in c.items() if n) or 'none collected'})")
         if not p["finished"]:
             problems.append(f"{label}: pytest did not finish ({p['exit']})")
-        elif p["exit_code"] not in (0, 1, smoke_sanitizer.ERROR_EXIT_CODE) and not bad:
+        elif outcomes and p["exit_code"] not in (0, 1, ERROR_EXIT_CODE) and not bad:
             problems.append(f"{label}: pytest {p['exit']}")
-    san = p.get("sanitizer")
-    if san:
-        if san["errors"] is None:
-            problems.append(f"{label}: compute-sanitizer printed no summary ({p['exit']})")
-        elif san["errors"]:
-            problems.append(f"{label}: compute-sanitizer {san['tool']} found {san['errors']} error(s)")
+    errors = (p.get("sanitizer") or {"errors": 0})["errors"]
+    if errors is None:
+        problems.append(f"{label}: compute-sanitizer printed no summary ({p['exit']})")
+    elif errors:
+        problems.append(f"{label}: compute-sanitizer {p['sanitizer']['tool']} found {errors} error(s)")
     if p.get("leftover_pids"):
         problems.append(f"{label}: processes left behind {p['leftover_pids']}")
     return problems
-
-

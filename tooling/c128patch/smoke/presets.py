@@ -15,5 +15,5 @@ PRESETS: dict[str, list[str]] = {
                   "--disable-flashinfer-autotune", "--enable-metrics"],
 }
 LOAD_TOOLS = ("serving", "multiturn")
-# compute-sanitizer tools the kernel tier runs (smoke.sanitizer parses each one's summary)
+# compute-sanitizer tools the kernel tier runs (smoke.passes parses each one's summary)
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")

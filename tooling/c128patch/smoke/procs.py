@@ -3,7 +3,7 @@
 Every child runs in a new session (its own process group), so a Ctrl-C at the terminal reaches
 only us and we decide how the child ends. :meth:`Managed.stop` sends SIGTERM to the group and to
 every descendant found under ``/proc`` (children that left the group with ``setsid`` included),
-then SIGKILL after a grace period, and reports any pid still alive. :func:`signals_raise` turns
+then SIGKILL after a grace period, and reports any pid still alive. :func:`exits_on_signals` turns
 SIGTERM/SIGHUP into an exception, so ``with`` blocks unwind and clean up on those too.
 """
 
@@ -45,24 +45,16 @@ def _handling(signals: tuple[int, ...], handler: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """Within the block, SIGTERM/SIGHUP raise :class:`Interrupted` (SIGINT already raises
-    KeyboardInterrupt)."""
+def exits_on_signals() -> Iterator[None]:
+    """SIGTERM/SIGHUP raise :class:`Interrupted` within the block, so it unwinds like Ctrl-C (children
+    stopped on the way out); then exit 128+N."""
+    from c128patch.progress import console
 
     def handler(signum: int, _frame: object) -> None:
         raise Interrupted(signum)
 
-    with _handling((signal.SIGTERM, signal.SIGHUP), handler):
-        yield
-
-
-@contextlib.contextmanager
-def exits_on_signals() -> Iterator[None]:
-    """SIGTERM/SIGHUP unwind like Ctrl-C (children stopped on the way out), then exit 128+N."""
-    from c128patch.progress import console
-
     try:
-        with signals_raise():
+        with _handling((signal.SIGTERM, signal.SIGHUP), handler):
             yield
     except Interrupted as exc:
         console().print(f"c128patch: {exc}; stopped what smoke started", markup=False)

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from c128patch.progress import console
 from c128patch.smoke.device import describe
+from c128patch.smoke.passes import BAD
 
 STYLE = {"passed": "green", "failed": "red", "error": "red", "crashed": "bold red", "skipped": "yellow",
          "xfailed": "yellow", "xpassed": "red", "not run": "dim", "absent": "dim",
@@ -62,6 +63,26 @@ def kernel_table(report: dict[str, Any]) -> Table:
     return table
 
 
+def print_failing(tests: list[tuple[str, str]]) -> None:
+    """The headline, before anything else, of a run with failures (``tests``: id, outcome on the patched
+    tree): a tree's verdict is its failures, whatever a differential says of them (issue 38)."""
+    failing = [nodeid for nodeid, outcome in tests if outcome in BAD]
+    if failing:
+        more = f" and {len(failing) - 5} more" if len(failing) > 5 else ""
+        console(stderr=False).print(f"FAILING: {len(failing)} of {len(tests)} test(s) fail on the patched tree: "
+                                    f"{', '.join(failing[:5])}{more}", markup=False, style="bold red")
+
+
+def _differential_line(report: dict[str, Any]) -> str:
+    """The differential's counts after the patched tree's failures: a test failing on both trees counts as
+    "same", and is said to (the unpatched side, lacking our code, is no reference for it)."""
+    tests = report.get("tests", [])
+    failing = [t for t in tests if t["outcome"] in BAD]
+    both = sum(1 for t in failing if t.get("verdict") == "same")
+    head = f"{len(failing)} of {len(tests)} fail on the patched tree ({both} on both: same); " if failing else ""
+    return "differential: " + head + ", ".join(f"{n} {k}" for k, n in report["differential"]["summary"].items())
+
+
 def _kernel_lines(report: dict[str, Any]) -> list[str]:
     lines = [f"device: {describe(report['device'])}"]
     prov = report.get("provenance")
@@ -75,8 +96,7 @@ def _kernel_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"{label}: {counts} ({p['exit']}, {p['seconds']:.0f}s, scale {p['scale']})")
         lines += [f"  | {line}" for line in p.get("log_tail", [])[-8:]]
     if "differential" in report:
-        s = report["differential"]["summary"]
-        lines.append("differential: " + ", ".join(f"{n} {k}" for k, n in s.items()))
+        lines.append(_differential_line(report))
     for run in (report.get("sanitizer") or {}).get("runs", []):
         found = "no summary" if run["errors"] is None else f"{run['errors']} error(s)"
         lines.append(f"compute-sanitizer {run['tool']}: {found} in {run['processes']} process(es)")
@@ -91,11 +111,13 @@ def print_kernel(report: dict[str, Any], path: Path) -> None:
             out.print(t["nodeid"], markup=False)
         out.print(f"{len(report.get('tests', []))} test(s) in {report['suite']}", markup=False)
     else:
+        print_failing([(t["nodeid"], t["outcome"]) for t in report.get("tests", [])])
         out.print(kernel_table(report))
     _end(report, str(path), _kernel_lines(report))
 
 
 def print_upstream(report: dict[str, Any], path: Path, result: str) -> None:
+    print_failing([(r["id"], r["patched"]) for r in report["tests"]])
     table = _table(f"upstream's own tests: {report['tree']} vs {report['upstream_tree']}",
                    ("test", "patched", "unpatched", "verdict", "why"))
     for r in report["tests"]:
@@ -130,11 +152,10 @@ def _server_row(mode: str, m: dict[str, Any]) -> list[str]:
 
 
 def print_server(report: dict[str, Any], path: Path) -> None:
-    table = Table(title=f"server smoke: {report['model_path']} TP{report['tp']}"
-                        f"{' compact' if report['compact'] else ''}, {report['load_tool']} load")
-    for col in ("mode", "healthy", "capacity (tokens)", "from", "out tok/s", "accept len", "max usage",
-                "load", "crashed", "problems"):
-        table.add_column(col)
+    table = _table(f"server smoke: {report['model_path']} TP{report['tp']}"
+                   f"{' compact' if report['compact'] else ''}, {report['load_tool']} load",
+                   ("mode", "healthy", "capacity (tokens)", "from", "out tok/s", "accept len", "max usage", "load",
+                    "crashed", "problems"))
     for mode, m in report["modes"].items():
         table.add_row(*_server_row(mode, m))
     console(stderr=False).print(table)

@@ -200,17 +200,12 @@ def health(port: int, timeout: float = 5.0) -> bool:
 # --------------------------------------------------------------------------- one mode
 
 
-def _pump(tail: Tail, log: ServerLog) -> None:
-    for line in tail.read_lines():
-        log.feed(line)
-
-
 def wait_healthy(server: Managed, tail: Tail, log: ServerLog, port: int, timeout: float) -> tuple[bool, str, float]:
     """Poll /health until it answers 200; give up when the server exits, logs a fatal error,
     or ``timeout`` passes. (ok, why not, seconds)."""
     start = time.monotonic()
     while True:
-        _pump(tail, log)
+        log.feed_lines(tail.read_lines())
         code = server.poll()
         if code is not None:
             return (False, f"the server exited ({exit_description(code)}) before /health answered",
@@ -258,7 +253,7 @@ def run_mode(opts: ServerOptions, mode: str, progress: Progress = lambda _m: Non
                 progress(f"[{mode}] healthy after {secs:.0f}s; load for at most {opts.duration:.0f}s")
                 record["load"], died = _drive_load(opts, mode, server, tail, log, result_file, load_log)
                 time.sleep(opts.settle)
-                _pump(tail, log)
+                log.feed_lines(tail.read_lines())
                 if died is None and server.poll() is not None:
                     died = "after load"
                 if died is None:
@@ -267,8 +262,7 @@ def run_mode(opts: ServerOptions, mode: str, progress: Progress = lambda _m: Non
                         record["problems"].append("/health failed after the load")
             record["server_exit_before_stop"] = server.poll()
     finally:
-        for line in tail.flush():
-            log.feed(line)
+        log.feed_lines(tail.flush())
         record["server_exit"] = server.proc.returncode if server.proc else None
         record["leftover_pids"] = server.leftover
         record["seen_pids"] = sorted(server.seen)
@@ -301,7 +295,7 @@ def _drive_load(opts: ServerOptions, mode: str, server: Managed, tail: Tail, log
     died, stopped = None, None
     with load:
         while True:
-            _pump(tail, log)
+            log.feed_lines(tail.read_lines())
             if server.poll() is not None:
                 died, stopped = "load", "the server exited"
                 break
@@ -393,15 +387,16 @@ def run_server_tier(opts: ServerOptions, command: str, progress: Progress = lamb
     try:
         for mode in opts.modes:
             report["modes"][mode] = run_mode(opts, mode, progress)
-            write_report(finish(report), opts.out)
+            _conclude(report, opts.out)
     except BaseException as exc:
         report["interrupted"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        write_report(finish(report), opts.out)
+        _conclude(report, opts.out)
         raise
     return report
 
 
-def finish(report: dict[str, Any]) -> dict[str, Any]:
+def _conclude(report: dict[str, Any], out: Path) -> None:
+    """The report's comparison, problems and verdict from its modes so far, written to ``out``."""
     modes = report["modes"]
     if "on" in modes and "off" in modes:
         report["comparison"] = compare_modes(modes["on"], modes["off"])
@@ -410,8 +405,4 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
     if report.get("interrupted"):
         report["problems"].append(f"interrupted ({report['interrupted']})")
     report["ok"] = not report["problems"] and bool(modes)
-    return report
-
-
-def write_report(report: dict[str, Any], out: Path) -> Path:
-    return write_json_atomic(out / REPORT, {**report, "schema": SCHEMA_VERSION})
+    write_json_atomic(out / REPORT, {**report, "schema": SCHEMA_VERSION})

@@ -8,9 +8,11 @@ import io
 import json
 import os
 import shutil
+import sys
 import tarfile
 import tempfile
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable
 
@@ -100,6 +102,91 @@ def series_info(record: dict | None) -> dict | None:
         "tool": record.get("tool", {}),
         "entries": [{k: e.get(k) for k in ("name", "kind", "gate")} for e in record.get("entries", [])],
     }
+
+
+# --------------------------------------------------------------------------- the inputs, checked and resolved
+
+
+@dataclass
+class KernelOptions:
+    tree: Path | None = None
+    wheel: Path | None = None
+    upstream_tree: Path | None = None
+    sanitizers: tuple[str, ...] = ()
+    differential: bool = False
+    scale: float = 1.0
+    sanitizer_scale: float = 0.05
+    sanitizer_only: bool = False
+    collect_only: bool = False
+    suite: Path | None = None
+    timeout: float = 1800.0
+    keyword: str | None = None
+    python: str = sys.executable
+    out: Path | None = None
+
+
+@dataclass
+class Prepared:
+    """Trees resolved, suite found; temp folders to remove at the end."""
+
+    patched: Path
+    upstream: Path | None
+    upstream_how: str
+    suite: Path
+    record: dict | None
+    temp: list[Path] = field(default_factory=list)
+
+    def cleanup(self) -> None:
+        for path in self.temp:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def validate(opts: KernelOptions) -> Path:
+    """Cheap checks of the inputs, before the machine is probed; returns the suite."""
+    if (opts.tree is None) == (opts.wheel is None):
+        raise C128Error("give the patched sources one way: --tree PATH or --wheel FILE")
+    suite = check_suite(opts.suite or default_suite_root())
+    if opts.tree is not None:
+        root = resolve_tree(opts.tree)
+        upstream = (read_provenance(root) or {}).get("upstream", {})
+        if opts.differential and opts.upstream_tree is None and not opts.collect_only and not (
+                upstream.get("commit") or upstream.get("rev")):
+            raise C128Error("--differential: the tree has no provenance record naming its upstream; "
+                            "pass --upstream-tree")
+    if opts.wheel is not None:
+        if not opts.wheel.is_file():
+            raise C128Error(f"--wheel: {opts.wheel} does not exist")
+        if not zipfile.is_zipfile(opts.wheel):
+            raise C128Error(f"--wheel: {opts.wheel} is not a wheel (not a zip file)")
+    if opts.upstream_tree is not None:
+        resolve_tree(opts.upstream_tree, "--upstream-tree")
+    return suite
+
+
+def prepare(opts: KernelOptions, progress: Callable[[str], None] = lambda _m: None) -> Prepared:
+    """Resolve the suite and the trees (unpacking a wheel, deriving upstream when asked)."""
+    suite = validate(opts)
+    work = Path(tempfile.mkdtemp(prefix="c128patch-smoke-"))
+    try:
+        if opts.wheel is not None:
+            progress(f"unpacking {opts.wheel.name}")
+            patched = resolve_tree(unpack_wheel(opts.wheel, work / "patched"), "--wheel")
+        else:  # validate: --tree when there is no --wheel
+            patched = resolve_tree(opts.tree or Path())
+        record = read_provenance(patched)
+        upstream, how = None, ""
+        if opts.upstream_tree is not None:
+            upstream, how = resolve_tree(opts.upstream_tree, "--upstream-tree"), "--upstream-tree"
+        elif opts.differential and not opts.collect_only:
+            progress("extracting the unpatched upstream sources")
+            root, how = derive_upstream(patched, record, opts.wheel, work)
+            upstream = resolve_tree(root, "upstream")
+        if upstream is not None and upstream == patched:
+            raise C128Error("the upstream tree is the patched tree; pass the unpatched sources")
+        return Prepared(patched, upstream, how, suite, record, [work])
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
 
 
 def _extract_archive(git: Git, ref: str, dest: Path, paths: tuple[str, ...] = ARCHIVE_PATHS) -> Path:

@@ -1,29 +1,23 @@
-"""Which of upstream's own kernel tests ``smoke upstream`` runs, what they need of a tree,
-and what they need of us.
+"""Which of upstream's own kernel tests ``smoke upstream`` runs, what they need of a tree, and what they
+need of us.
 
-Where the tests are: ``--tests PATH`` is the ``test/`` folder of an upstream checkout or the checkout itself
-(its ``test/``); the tests searched are ``test_*.py`` under ``registered/kernels/`` there (or
-under PATH itself when it has no such folder). Without PATH, the patched tree's own repository:
-``<top>/test`` of ``git rev-parse --show-toplevel``.
+Where (:func:`test_root`): ``--tests PATH``, the ``test/`` folder of an upstream checkout or the checkout;
+the ``test_*.py`` under its ``registered/kernels/`` (or under PATH itself without one). Without PATH, the
+patched tree's own repository's ``test/``.
 
-What the series touches (:func:`series_targets`), from the tree's provenance record (each
-entry's files), else from the manifest: a Python module it patches or adds; a kernel it patches
-or adds, through the modules of ``sglang/kernels`` that name the ``.cuh`` file (its JIT
-wrappers); and, where it adds a file, everything next to it (the package's other modules, the
-wrappers of the folder's other kernels).
+What the series touches (:func:`series_targets`), from the provenance record's files, else the manifest:
+a Python module it patches or adds; a kernel it patches or adds, through the ``sglang/kernels`` modules
+that name the ``.cuh`` file (its JIT wrappers); and, where it adds a file, everything next to it.
 
-What a test exercises (:func:`exercised`): the modules its imports reach, read with ``ast``
-(imports inside functions included, ``if TYPE_CHECKING:`` blocks not), seen through test
-helpers (``sglang.test.*``) and through packages whose ``__init__`` must run because a test takes
-a name from it (``from sglang.kernels.ops.attention.dsv4 import compress_forward``). A test is
-selected when that set meets the targets; ``-k EXPR`` adds every file in scope whose name or
-test names contain one of EXPR's words, and pytest's own ``-k`` then picks the tests.
+What a test exercises (:func:`exercised`): the modules its imports reach, read with ``ast`` (imports
+inside functions included, ``if TYPE_CHECKING:`` blocks not), through test helpers (``sglang.test.*``)
+and packages whose ``__init__`` must run for a name the test takes. A test is selected when that set
+meets the targets; ``-k EXPR`` adds every file whose name or test names contain one of EXPR's words.
 
-What a tree must provide (:func:`closure`): every module those imports execute, followed
-through the tree (library modules too), the packages whose ``__init__`` runs for real, the
-``csrc`` folders the executed modules name, and the names taken from stand-in modules
-(:func:`standin_plan`: a stand-in module only where the tree has the real one, a name only
-where the real one defines it, so a stand-in never invents what a tree lacks).
+What a tree must provide (:func:`closure`): every module those imports execute, the packages whose
+``__init__`` runs for real, the ``csrc`` folders the executed modules name, and the names taken from
+stand-in modules (:func:`standin_plan`: a stand-in module only where the tree has the real one, a name
+only where the real one defines it, so a stand-in never invents what a tree lacks).
 """
 
 from __future__ import annotations
@@ -190,7 +184,7 @@ def resolve(index: ModuleIndex, imp: Imp, standins: set[str]) -> list[Edge]:
         return []
     if imp.module in standins:
         return [Edge("standin", imp.module, imp.names or ())]
-    # a module under a stand-in package loads from the tree (upstream_boot keeps its __path__)
+    # a module under a stand-in package loads from the tree (upstream_standins keeps its __path__)
     if index.file(imp.module) is None:
         return [Edge("missing", imp.module, reason=f"this tree has no module {imp.module}")]
     if imp.names is None:
@@ -427,19 +421,14 @@ def closure(index: ModuleIndex, tests: list[TestFile], standins: set[str],
 # --------------------------------------------------------------------------- stand-ins
 
 
-def load_harness(suite: Path) -> Any:
-    """The kernel tier's harness module (its STANDINS and REAL_PACKAGES), read from the suite."""
+def standin_pool(suite: Path) -> dict[str, set[str]]:
+    """module -> every name a stand-in exists for: the kernel tier's harness's (read from the suite) and ours."""
+    from c128patch.smoke.upstream_standins import EXTRA
+
     path = suite / "harness.py"
     if not path.is_file():
         raise C128Error(f"smoke upstream needs the kernel tier's harness: {path} does not exist (pass --suite DIR)")
-    return load_file("c128patch_suite_harness", path)
-
-
-def standin_pool(harness: Any) -> dict[str, set[str]]:
-    """module -> every name a stand-in exists for (the harness's and ours)."""
-    from c128patch.smoke.upstream_standins import EXTRA
-
-    pool: dict[str, set[str]] = {m: set(n) for m, n in harness.STANDINS.items()}
+    pool = {m: set(n) for m, n in load_file("c128patch_suite_harness", path).STANDINS.items()}
     for mod, names in EXTRA.items():
         pool.setdefault(mod, set()).update(names)
     return pool
@@ -525,11 +514,6 @@ def keyword_words(expr: str) -> list[str]:
     return words
 
 
-def matches_keyword(test: TestFile, words: list[str]) -> bool:
-    names = [n.lower() for n in test.names] + [test.rel.lower()]
-    return any(w in n for w in words for n in names)
-
-
 @dataclass
 class Selection:
     root: Path
@@ -557,7 +541,8 @@ def select(root: Path, patched: Path, targets: dict[str, str], standins: set[str
         for mod, via in sorted(exercised(index, test, standins).items()):
             if mod in targets:
                 reasons.append(f"{mod}: {targets[mod]}" + (f" (through {via})" if via and via != mod else ""))
-        if words and matches_keyword(test, words):
+        names = [n.lower() for n in test.names] + [test.rel.lower()]
+        if any(w in n for w in words for n in names):
             reasons.append(f"-k {keyword}")
         if reasons:
             chosen.append(test)

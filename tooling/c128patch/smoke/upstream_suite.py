@@ -1,35 +1,25 @@
-"""``smoke upstream [--tests PATH]``: upstream SGLang's own kernel tests, from the
-user's checkout, on the patched and on the unpatched tree, side by side.
+"""``smoke upstream [--tests PATH]``: upstream SGLang's own kernel tests, from the user's checkout, on the
+patched and on the unpatched tree, side by side.
 
-Which tests, and what they need (smoke.upstream_select): upstream's ``registered/kernels`` tests
-that reach what the series touches or adds next to. Each tree runs them in its own
-``python -m pytest`` (smoke.passes; the per-test rows come from smoke.plugin) with sglang's own
-JIT loader, set up by the kernel tier's harness (tests/gpu/harness.py) through
-smoke.upstream_boot: sglang's packages registered over the tree, the packages whose
-``__init__`` the tests need run for real, and the stand-ins (the harness's, plus
-smoke.upstream_standins), all listed in the report per tree.
+Which tests, and what they need: smoke.upstream_select. Each tree runs them in its own pytest pass
+(smoke.kernel.run_groups, smoke.passes) with sglang's own JIT loader, set up by the kernel tier's harness
+through the smoke.upstream_standins plugin, the stand-ins listed in the report per tree.
 
-Per test: the patched and the unpatched outcome and a verdict:
+Per test, the patched and the unpatched outcome and a verdict (:func:`verdict`): ``same``; ``regressed``
+(passes, or with --list collects, unpatched and not patched: a problem); ``fixed``; ``both fail`` (a note
+with both messages); ``both skipped`` (a note with the reason); ``not applicable`` (the file collects on
+neither tree: a note when the tree lacks what it imports, a problem when a stand-in of ours lacks a name or,
+in a run, the environment a package); ``differs``; ``not run`` (a pass was cut).
 
-- ``same``: the same outcome on both (passed, xfailed);
-- ``regressed``: passes (collects, with --list) unpatched and not patched: a problem;
-- ``fixed``: fails unpatched, passes patched;
-- ``both fail``: fails (or errors, or crashes) on both, e.g. a test written for a newer upstream
-  API than the tree: a note, with both messages;
-- ``both skipped``: skipped on both, with the reason: a note (no evidence either way);
-- ``not applicable``: the file cannot be collected on either tree: a note with the import error
-  when the tree lacks what the test imports; a problem when a stand-in of ours lacks a name (add
-  it) or, in a run, when the environment lacks a package (e.g. triton);
-- ``differs``: any other pair (a note); ``not run``: neither pass reached it (a pass was cut).
-
-Exit status: 1 when a test regressed, a pass timed out or did not finish, nothing passed on the
-patched tree, or a stand-in is missing; 0 otherwise. The report (``smoke-upstream-suite.json``)
-and the per-release result (``upstream-suite.json``, the evidence matrix's "upstream's own tests"
-column: ci/gpu/results/<rev>/upstream-suite.json) are rewritten after each pass.
+Exit status 1 when a test regressed, a pass timed out or did not finish, nothing passed on the patched
+tree, or a stand-in is missing. The report (``smoke-upstream-suite.json``) and the per-release result
+(``upstream-suite.json``: ci/gpu/results/<rev>/, the evidence matrix's "upstream's own tests") are
+rewritten after each pass.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -37,19 +27,19 @@ import re
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
 from c128patch.smoke import upstream_select as sel
 from c128patch.smoke.device import describe, require_device
-from c128patch.smoke.kernel import KernelOptions, Prepared, Progress, prepare, validate
-from c128patch.smoke.passes import ABSENT, BAD, PassSpec, run_passes
-from c128patch.smoke.trees import out_dir, resolve_tree, series_info, stage
-from c128patch.smoke.upstream_boot import HARNESS_ENV, PLAN_ENV
+from c128patch.smoke.kernel import NO_RECORD, Passes, Progress, paired, report_head, run_groups
+from c128patch.smoke.passes import BAD, PassSpec, pass_problems
+from c128patch.smoke.trees import KernelOptions, Prepared, out_dir, prepare, resolve_tree, stage, validate
+from c128patch.smoke.upstream_standins import HARNESS_ENV, PLAN_ENV
 
-BOOT_PLUGIN = "c128patch.smoke.upstream_boot"
+BOOT_PLUGIN = "c128patch.smoke.upstream_standins"
 REPORT = "smoke-upstream-suite.json"
 RESULT = "upstream-suite.json"
 RESULT_SCHEMA = 1
@@ -66,7 +56,7 @@ class TreePlan:
     label: str
     root: Path
     closure: sel.Closure
-    standins: dict[str, list[str]]  # what upstream_boot installs
+    standins: dict[str, list[str]]  # what upstream_standins installs
     standin_rows: list[dict[str, Any]]
 
     @property
@@ -88,12 +78,9 @@ class Plan:
     root: Path  # the test root
     selection: sel.Selection
     harness: Path
+    pool: dict[str, set[str]]  # module -> the names a stand-in exists for (upstream_select.standin_pool)
     trees: dict[str, TreePlan] = field(default_factory=dict)
     sources: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def paths(self) -> tuple[str, ...]:
-        return tuple(f.rel for f in self.selection.files)
 
 
 def sources_of(root: Path) -> dict[str, Any]:
@@ -116,11 +103,10 @@ def make_plan(prep: Prepared, root: Path, keyword: str | None) -> Plan:
     """Select the tests under ``root`` (upstream_select.test_root) and work out what each tree
     needs (no process is started)."""
     assert prep.upstream is not None
-    harness = sel.load_harness(prep.suite)
-    pool = sel.standin_pool(harness)
+    pool = sel.standin_pool(prep.suite)
     targets = sel.series_targets(prep.patched, prep.upstream, sel.touched_files(prep.record))
     selection = sel.select(root, prep.patched, targets, set(pool), keyword)
-    plan = Plan(root, selection, prep.suite / "harness.py", sources=sources_of(root))
+    plan = Plan(root, selection, prep.suite / "harness.py", pool, sources=sources_of(root))
     for label, tree in (("patched", prep.patched), ("upstream", prep.upstream)):
         closure = sel.closure(sel.ModuleIndex(tree), selection.files, set(pool))
         standins, rows = sel.standin_plan(tree, pool, closure.standin_uses, closure.standin_uses_lazy)
@@ -128,10 +114,11 @@ def make_plan(prep: Prepared, root: Path, keyword: str | None) -> Plan:
     return plan
 
 
-def pass_spec(plan: Plan, label: str, timeout: float, keyword: str | None, collect_only: bool) -> PassSpec:
+def pass_spec(plan: Plan, label: str, opts: KernelOptions) -> PassSpec:
     tree = plan.trees[label]
-    return PassSpec(label, tree.root, None, 1.0, timeout=timeout, keyword=keyword, collect_only=collect_only,
-                    extra_env=tree.env(plan.harness), paths=plan.paths,
+    return PassSpec(label, tree.root, None, 1.0, timeout=opts.timeout, keyword=opts.keyword,
+                    collect_only=opts.collect_only, extra_env=tree.env(plan.harness),
+                    paths=tuple(f.rel for f in plan.selection.files),
                     # a file one tree cannot import is a verdict, not the end of the pass
                     pytest_args=("-p", BOOT_PLUGIN, "--continue-on-collection-errors"))
 
@@ -143,8 +130,7 @@ def stage_all(plan: Plan, prep: Prepared, dest: Path) -> dict[str, Any]:
     """The two trees (the kernel tier's subset plus what the tests import) and the selected
     test files (with their conftest.py files and sibling helpers) under ``dest``."""
     trees = {label: tp.root for label, tp in plan.trees.items()}
-    pool = sel.standin_pool(sel.load_harness(prep.suite))
-    extra = {label: tp.closure.files(sel.ModuleIndex(tp.root)) + sel.standin_files(tp.root, pool)
+    extra = {label: tp.closure.files(sel.ModuleIndex(tp.root)) + sel.standin_files(tp.root, plan.pool)
              for label, tp in plan.trees.items()}
     staged: dict[str, Any] = stage(prep.suite, trees, dest, lambda label, _root: extra[label])
     target = dest / STAGED_TESTS
@@ -157,8 +143,7 @@ def stage_all(plan: Plan, prep: Prepared, dest: Path) -> dict[str, Any]:
         out = target / path.relative_to(plan.root)
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, out)
-    sources = {k: v for k, v in plan.sources.items() if k != "root"}
-    sources = sources.get("sources", {}) | ({"git_commit": sources["git_commit"]} if "git_commit" in sources else {})
+    sources = plan.sources.get("sources", {}) | {k: plan.sources[k] for k in ("git_commit",) if k in plan.sources}
     if sources:
         (target / SOURCES).write_text(json.dumps(sources, indent=1, sort_keys=True) + "\n")
     staged[STAGED_TESTS] = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
@@ -216,47 +201,31 @@ def verdict(patched: str, upstream: str, nodeid: str, collect_only: bool) -> str
     return "differs"
 
 
+_KIND_ORDER = ("stand-in", "environment", "tree", "other")
+
+
 def compare(patched: dict[str, Any], upstream: dict[str, Any] | None, plan: Plan,
             collect_only: bool) -> list[dict[str, Any]]:
     """One row per test id seen in either pass (the upstream pass may not have run yet)."""
-    pt = {t["nodeid"]: t for t in patched["tests"]}
-    ut = {t["nodeid"]: t for t in upstream["tests"]} if upstream else {}
     rows = []
-    for nodeid in {**pt, **ut}:
-        a = pt.get(nodeid, ABSENT)
-        b = ut.get(nodeid, ABSENT) if upstream else None
+    for nodeid, a, b in paired(patched["tests"], upstream["tests"] if upstream else []):
         row: dict[str, Any] = {"id": nodeid, "patched": a["outcome"], "patched_seconds": a["seconds"]}
-        if b is None:
+        if upstream is None:
             row.update(upstream="not run yet", verdict=None)
         else:
             row.update(upstream=b["outcome"], upstream_seconds=b["seconds"],
                        verdict=verdict(a["outcome"], b["outcome"], nodeid, collect_only))
-        if a.get("message"):
-            row["patched_message"] = a["message"]
-        if b is not None and b.get("message"):
-            row["upstream_message"] = b["message"]
+        row.update({f"{side}_message": t["message"] for side, t in (("patched", a), ("upstream", b))
+                    if t.get("message")})
         if row["verdict"] == "not applicable":
-            kinds = {classify(m, plan.trees[label].standin_rows)
-                     for label, m in (("patched", a["message"]), ("upstream", b["message"] if b else ""))}
-            order = {"stand-in": 0, "environment": 1, "tree": 2, "other": 3}
-            row["why"], row["reason"] = sorted(kinds, key=lambda k: order[k[0]])[0]
+            kinds = {classify(m, plan.trees[label].standin_rows) for label, m in (("patched", a["message"]),
+                                                                                   ("upstream", b["message"]))}
+            row["why"], row["reason"] = min(kinds, key=lambda k: _KIND_ORDER.index(k[0]))
         rows.append(row)
     return rows
 
 
 # --------------------------------------------------------------------------- report
-
-
-def _pass_problems(p: dict[str, Any]) -> list[str]:
-    """A pass that did not run to its end (failing tests are the verdicts' business)."""
-    out = []
-    if p["timed_out"]:
-        out.append(f"{p['label']}: {p['exit']}")
-    elif not p["finished"]:
-        out.append(f"{p['label']}: pytest did not finish ({p['exit']})")
-    if p.get("leftover_pids"):
-        out.append(f"{p['label']}: processes left behind {p['leftover_pids']}")
-    return out
 
 
 def _group(rows: list[dict[str, Any]], key: str) -> dict[str, list[str]]:
@@ -309,12 +278,12 @@ def _standin_findings(plan: Plan, problems: list[str], notes: list[str]) -> None
                              f"{row['reason']}")
 
 
-def build_report(command: str, plan: Plan, prep: Prepared, device: dict[str, Any], passes: dict[str, dict[str, Any]],
-                 collect_only: bool, keyword: str | None) -> dict[str, Any]:
+def build_report(command: str, plan: Plan, prep: Prepared, device: dict[str, Any], passes: Passes,
+                 collect_only: bool) -> dict[str, Any]:
     patched, upstream = passes.get("patched"), passes.get("upstream")
     rows = compare(patched, upstream, plan, collect_only) if patched else []
     problems, notes = _findings(rows, plan, collect_only)
-    problems[:0] = [x for p in passes.values() for x in _pass_problems(p)]
+    problems[:0] = [x for p in passes.values() for x in pass_problems(p, collect_only, outcomes=False)]
     if not plan.selection.files:
         problems.append("no upstream test selected (nothing under the tests' scope reaches what the series touches)")
     if patched and not patched["timed_out"]:
@@ -323,31 +292,16 @@ def build_report(command: str, plan: Plan, prep: Prepared, device: dict[str, Any
         elif not collect_only and patched["counts"]["passed"] == 0:
             problems.append("no upstream test passed on the patched tree")
     if prep.record is None:
-        notes.append("the tree has no provenance record (sglang/c128patch_provenance.json): is it a c128patch-patched "
-                     "tree?")
-    return {
-        "command": command,
-        "tier": "kernel",
-        "mode": "upstream-suite collect-only" if collect_only else "upstream-suite",
-        "device": device,
-        "tree": str(prep.patched),
-        "upstream_tree": str(prep.upstream),
-        "upstream_how": prep.upstream_how or None,
-        "provenance": series_info(prep.record),
-        "series": (prep.record or {}).get("series"),
-        "tests_from": plan.sources,
-        "selection": plan.selection.to_json() | {"keyword": keyword},
-        "files": [{"file": f.rel,
-                   "sha256": hashlib.sha256(f.path.read_bytes()).hexdigest()} for f in plan.selection.files],
+        notes.append(NO_RECORD)
+    report = report_head(command, "upstream-suite collect-only" if collect_only else "upstream-suite", prep, device,
+                         passes)
+    files = [{"file": f.rel, "sha256": hashlib.sha256(f.path.read_bytes()).hexdigest()} for f in plan.selection.files]
+    return report | {
+        "tests_from": plan.sources, "selection": plan.selection.to_json(), "files": files,
         "trees": {label: tp.to_json() for label, tp in plan.trees.items()},
-        "passes": {k: {x: v for x, v in p.items() if x != "tests"} for k, p in passes.items()},
         "counts": {v: sum(1 for r in rows if r["verdict"] == v) for v in VERDICTS},
-        "patched": patched["counts"] if patched else None,
-        "upstream": upstream["counts"] if upstream else None,
-        "tests": rows,
-        "problems": problems,
-        "notes": notes,
-        "ok": not problems and upstream is not None,
+        "patched": patched["counts"] if patched else None, "upstream": upstream["counts"] if upstream else None,
+        "tests": rows, "problems": problems, "notes": notes, "ok": not problems and upstream is not None,
     }
 
 
@@ -356,34 +310,21 @@ def result_file(report: dict[str, Any], date: str | None = None) -> dict[str, An
     prov = report.get("provenance") or {}
     upstream = prov.get("upstream", {})
     device = report["device"]
-    return {
-        "schema": RESULT_SCHEMA,
-        "kind": "upstream-suite",
-        "column": "upstream's own tests",
-        "rev": upstream.get("rev"),
-        "upstream_commit": upstream.get("commit"),
-        "series": report.get("series"),
-        "mode": report["mode"],
-        "command": report["command"],
-        "device": describe(device) + (f" (sm_{device['capability'].replace('.', '')})"
-                                      if device.get("capability") else ""),
-        "date": date or datetime.date.today().isoformat(),
-        "tests_from": {k: v for k, v in report["tests_from"].items() if k != "root"},
-        "files": report["files"],
-        "standins": {label: [{k: r[k] for k in ("module", "offered", "withheld", "used", "used_in_functions") if k in r}
-                             for r in t["standins"] if r["used"] or r.get("used_in_functions")]
-                     for label, t in report["trees"].items()},
-        "counts": report["counts"],
-        "patched": report["patched"],
-        "upstream": report["upstream"],
-        "tests": [{k: r[k] for k in ("id", "patched", "upstream", "verdict", "reason", "patched_message",
-                                     "upstream_message")
-                   if k in r and (k not in ("patched_message", "upstream_message") or r["verdict"] != "same")}
-                  for r in report["tests"]],
-        "problems": report["problems"],
-        "notes": report["notes"],
-        "ok": report["ok"],
-    }
+    standins = {label: [{k: r[k] for k in ("module", "offered", "withheld", "used", "used_in_functions") if k in r}
+                        for r in t["standins"] if r["used"] or r.get("used_in_functions")]
+                for label, t in report["trees"].items()}
+    messages = ("patched_message", "upstream_message")  # only where the verdict is not "same"
+    tests = [{k: r[k] for k in ("id", "patched", "upstream", "verdict", "reason", *messages)
+              if k in r and (k not in messages or r["verdict"] != "same")} for r in report["tests"]]
+    return {"schema": RESULT_SCHEMA, "kind": "upstream-suite", "column": "upstream's own tests",
+            "rev": upstream.get("rev"), "upstream_commit": upstream.get("commit"), "series": report.get("series"),
+            "mode": report["mode"], "command": report["command"],
+            "device": describe(device) + (f" (sm_{device['capability'].replace('.', '')})"
+                                          if device.get("capability") else ""),
+            "date": date or datetime.date.today().isoformat(),
+            "tests_from": {k: v for k, v in report["tests_from"].items() if k != "root"}, "files": report["files"],
+            "standins": standins, **{k: report[k] for k in ("counts", "patched", "upstream")}, "tests": tests,
+            **{k: report[k] for k in ("problems", "notes", "ok")}}
 
 
 def write(report: dict[str, Any], out: Path) -> Path:
@@ -402,23 +343,26 @@ def _planned(opts: KernelOptions, tests: Path | None) -> tuple[KernelOptions, Pa
     return opts, sel.test_root(tests, resolve_tree(opts.tree) if opts.tree else Path.cwd())
 
 
-def _plan(opts: KernelOptions, prep: Prepared, root: Path, progress: Progress) -> Plan:
-    plan = make_plan(prep, root, opts.keyword)
-    progress(f"{len(plan.selection.files)} of {plan.selection.scanned} upstream test files selected under {plan.root}")
-    return plan
+@contextlib.contextmanager
+def _prepared(opts: KernelOptions, root: Path, progress: Progress) -> Iterator[tuple[Prepared, Plan]]:
+    """Both trees (even for --list) and the plan; the trees' temp folders removed on the way out."""
+    prep = prepare(replace(opts, collect_only=False), progress)
+    try:
+        plan = make_plan(prep, root, opts.keyword)
+        progress(f"{len(plan.selection.files)} of {plan.selection.scanned} upstream test files selected under "
+                 f"{plan.root}")
+        yield prep, plan
+    finally:
+        prep.cleanup()
 
 
 def stage_run(opts: KernelOptions, tests: Path | None, dest: Path,
               progress: Progress) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """The trees and the selected tests under ``dest`` (to carry to a GPU machine); (staged, selection)."""
     opts, root = _planned(opts, tests)
-    prep = prepare(replace(opts, collect_only=False), progress)
-    try:
-        plan = _plan(opts, prep, root, progress)
+    with _prepared(opts, root, progress) as (prep, plan):
         staged = {k: {**v, "path": str(dest / k)} for k, v in stage_all(plan, prep, dest).items()}
         return staged, plan.selection.to_json()
-    finally:
-        prep.cleanup()
 
 
 def run(opts: KernelOptions, tests: Path | None, command: str, progress: Progress,
@@ -427,22 +371,14 @@ def run(opts: KernelOptions, tests: Path | None, command: str, progress: Progres
     report, rewritten after each pass, and its path."""
     opts, root = _planned(opts, tests)
     device = {} if opts.collect_only else require_device(opts.python)
-    prep = prepare(replace(opts, collect_only=False), progress)  # both trees, even for --list
-    try:
-        plan = _plan(opts, prep, root, progress)
-        out = out_dir(opts.out, "upstream-suite")
-        passes: dict[str, dict] = {}
-        report: dict[str, Any] = {}
-        path = out / REPORT
-        specs = [pass_spec(plan, label, opts.timeout, opts.keyword, opts.collect_only)
-                 for label in ("patched", "upstream")]
-        verb = "collecting" if opts.collect_only else "running"
-        for group in ([specs] if parallel_trees else [[spec] for spec in specs]):
-            trees = " and, at the same time, ".join(f"{s.label} ({s.tree})" for s in group)
-            progress(f"{verb} upstream's tests on {trees}")
-            passes.update(run_passes(group, plan.root, opts.python, out))
-            report = build_report(command, plan, prep, device, passes, opts.collect_only, opts.keyword)
-            path = write(report, out)
-    finally:
-        prep.cleanup()
-    return report, path
+    verb = "collecting" if opts.collect_only else "running"
+
+    def announce(group: list[PassSpec]) -> None:
+        progress(f"{verb} upstream's tests on " + " and, at the same time, ".join(f"{s.label} ({s.tree})"
+                                                                                 for s in group))
+
+    with _prepared(opts, root, progress) as (prep, plan):
+        specs = [pass_spec(plan, label, opts) for label in ("patched", "upstream")]
+        return run_groups([specs] if parallel_trees else [[s] for s in specs], plan.root, opts.python,
+                          out_dir(opts.out, "upstream-suite"), announce,
+                          lambda passes: build_report(command, plan, prep, device, passes, opts.collect_only), write)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import importlib
 import shlex
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json
+from c128patch.cli.common import check_output_dir, emit_json, json_option
 
 # One module per subcommand (cli/smoke/<name>.py, exposing `command`), with the line `smoke --help` lists:
 # listing them imports none of them.
@@ -21,16 +22,12 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
-class _Subcommands(click.Group):
+class _Subcommands(click.Group):  # cli.LazyGroup over SUBCOMMANDS (the lead folds the two)
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(SUBCOMMANDS)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in SUBCOMMANDS:
-            return None
-        command = importlib.import_module(f"c128patch.cli.smoke.{name}").command
-        command.short_help = SUBCOMMANDS[name]
-        return command
+        return importlib.import_module(f"c128patch.cli.smoke.{name}").command if name in SUBCOMMANDS else None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
@@ -78,3 +75,21 @@ def finish(report: dict[str, Any], as_json: bool, show: Callable[[], None]) -> N
     emit_json(report) if as_json else show()
     if not report["ok"]:
         sys.exit(exitcodes.FAILED)
+
+
+# --------------------------------------------------------------------------- shared options
+
+
+def common_options(fn: Callable) -> Callable:
+    """--python, --out DIR and --json, which every subcommand takes."""
+    fn = click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+                      help="Folder for the report and logs.")(json_option(fn))
+    return click.option("--python", default=sys.executable, show_default="the Python running c128patch",
+                        help="The Python that runs the suite / server.")(fn)
+
+
+def check_outputs(**folders: Path | None) -> None:
+    """Refuse an --out or --stage folder that cannot be written, before any work."""
+    for option, folder in folders.items():
+        if folder is not None:
+            check_output_dir(folder, f"--{option}")

@@ -7,14 +7,14 @@ from typing import Any
 
 import click
 
+from c128patch.cli import smoke as cli
 from c128patch.cli.common import handles_errors
-from c128patch.cli.smoke import Recording, command_line, finish, progress, report_staged
-from c128patch.cli.smoke.options import check_outputs, common_options, kernel_options, tree_options
+from c128patch.cli.smoke.options import kernel_options, tree_options
 from c128patch.errors import C128Error
 from c128patch.smoke.presets import SANITIZER_TOOLS
 
 
-@click.command("kernel", cls=Recording)
+@click.command("kernel", cls=cli.Recording)
 @tree_options
 @click.option("--differential", is_flag=True, help="Also run the suite on the unpatched upstream sources and compare.")
 @click.option("--sanitizer", "sanitizers", type=click.Choice(list(SANITIZER_TOOLS)), multiple=True,
@@ -24,7 +24,7 @@ from c128patch.smoke.presets import SANITIZER_TOOLS
 @click.option("--scale", type=float, default=1.0, show_default=True, help="C128PATCH_GPU_SCALE.")
 @click.option("--sanitizer-scale", type=float, default=0.05, show_default=True,
               help="C128PATCH_GPU_SCALE under compute-sanitizer.")
-@common_options
+@cli.common_options
 @click.pass_context
 @handles_errors
 def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, differential: bool, sanitizers: tuple[str, ...],
@@ -35,19 +35,19 @@ def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, different
     from c128patch.smoke import kernel, render
     from c128patch.smoke.procs import exits_on_signals
 
-    check_outputs(out=fields["out"], stage=stage_dir)
+    cli.check_outputs(out=fields["out"], stage=stage_dir)
     if fields["scale"] <= 0 or fields["sanitizer_scale"] <= 0:
         raise C128Error("--scale and --sanitizer-scale must be positive")
     if sanitizer_only and not sanitizers:
         raise C128Error(f"--sanitizer-only needs --sanitizer {'|'.join(SANITIZER_TOOLS)}")
     opts = kernel_options(fields, sanitizers=tuple(dict.fromkeys(sanitizers)), sanitizer_only=sanitizer_only,
                           differential=differential and not sanitizer_only)
-    say = progress(as_json)
+    say = cli.progress(as_json)
     with exits_on_signals():
         if stage_dir is not None:
             staged = kernel.stage_trees(opts, stage_dir, say)
             up = ["--upstream-tree", staged["upstream"]["path"], "--differential"] if "upstream" in staged else []
-            report_staged(staged, as_json, ["kernel", "--tree", staged["patched"]["path"], *up])
+            cli.report_staged(staged, as_json, ["kernel", "--tree", staged["patched"]["path"], *up])
             return
-        report, path = kernel.run(opts, command_line(ctx), say)
-    finish(report, as_json, lambda: render.print_kernel(report, path))
+        report, path = kernel.run(opts, cli.command_line(ctx), say)
+    cli.finish(report, as_json, lambda: render.print_kernel(report, path))

@@ -9,9 +9,8 @@ from typing import Any
 
 import click
 
+from c128patch.cli import smoke as cli
 from c128patch.cli.common import handles_errors
-from c128patch.cli.smoke import Recording, command_line, finish, progress
-from c128patch.cli.smoke.options import check_outputs, common_options
 from c128patch.smoke.presets import LOAD_TOOLS, PRESETS
 
 
@@ -29,7 +28,7 @@ def _argv(_ctx: click.Context, _param: click.Parameter, value: str | None) -> li
     return shlex.split(value) if value else None
 
 
-@click.command("server", cls=Recording)
+@click.command("server", cls=cli.Recording)
 @click.option("--model-path", required=True, help="The model (DeepSeek-V4 with a DSPARK draft).")
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor parallel size.")
 @click.option("--port", type=int, default=30001, show_default=True, help="Port on 127.0.0.1.")
@@ -54,7 +53,7 @@ def _argv(_ctx: click.Context, _param: click.Parameter, value: str | None) -> li
 @click.option("--launcher", callback=_argv, help="Server command (default: PYTHON -m sglang.launch_server).")
 @click.option("--load-cmd", callback=_argv, help="Load tool command replacing the default prefix.")
 @click.option("--allow-unpatched", is_flag=True, help="Run on an sglang without a c128patch provenance record.")
-@common_options
+@cli.common_options
 @click.pass_context
 @handles_errors
 def command(ctx: click.Context, out: Path | None, as_json: bool, **fields: Any) -> None:
@@ -66,13 +65,13 @@ def command(ctx: click.Context, out: Path | None, as_json: bool, **fields: Any) 
     from c128patch.smoke.server import REPORT, ServerOptions, run_server_tier
     from c128patch.smoke.trees import out_dir
 
-    check_outputs(out=out)
+    cli.check_outputs(out=out)
     opts = ServerOptions(**fields, out=out_dir(out, "server"))
     try:
         with exits_on_signals():
-            report = run_server_tier(opts, command_line(ctx), progress(as_json))
+            report = run_server_tier(opts, cli.command_line(ctx), cli.progress(as_json))
     except BaseException:
         if out is None and not (opts.out / REPORT).exists():
             shutil.rmtree(opts.out, ignore_errors=True)  # refused before any report: no temp folder left
         raise
-    finish(report, as_json, lambda: render.print_server(report, opts.out / REPORT))
+    cli.finish(report, as_json, lambda: render.print_server(report, opts.out / REPORT))

@@ -7,19 +7,19 @@ from typing import Any
 
 import click
 
+from c128patch.cli import smoke as cli
 from c128patch.cli.common import handles_errors
-from c128patch.cli.smoke import Recording, command_line, finish, progress, report_staged
-from c128patch.cli.smoke.options import check_outputs, common_options, kernel_options, tree_options
+from c128patch.cli.smoke.options import kernel_options, tree_options
 
 
-@click.command("upstream", cls=Recording)
+@click.command("upstream", cls=cli.Recording)
 @tree_options
 @click.option("--tests", type=click.Path(path_type=Path),
               help="The test/ folder of an sglang checkout, or the checkout (default: the tree's own repository).")
 @click.option("--parallel-trees", is_flag=True,
               help="Run the patched and the unpatched pass at the same time (two pytest processes, sharing the "
                    "GPU; each builds its own JIT modules).")
-@common_options
+@cli.common_options
 @click.pass_context
 @handles_errors
 def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, tests: Path | None, parallel_trees: bool,
@@ -30,15 +30,15 @@ def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, tests: Pa
     from c128patch.smoke import upstream_suite as suite
     from c128patch.smoke.procs import exits_on_signals
 
-    check_outputs(out=fields["out"], stage=stage_dir)
+    cli.check_outputs(out=fields["out"], stage=stage_dir)
     opts = kernel_options(fields)
-    say = progress(as_json)
+    say = cli.progress(as_json)
     with exits_on_signals():
         if stage_dir is not None:
             staged, selection = suite.stage_run(opts, tests, stage_dir, say)
-            report_staged(staged, as_json, ["upstream", "--tree", staged["patched"]["path"], "--upstream-tree",
+            cli.report_staged(staged, as_json, ["upstream", "--tree", staged["patched"]["path"], "--upstream-tree",
                                             staged["upstream"]["path"], "--tests", str(stage_dir / suite.STAGED_TESTS)],
                           selection=selection)
             return
-        report, path = suite.run(opts, tests, command_line(ctx), say, parallel_trees)
-    finish(report, as_json, lambda: render.print_upstream(report, path, suite.RESULT))
+        report, path = suite.run(opts, tests, cli.command_line(ctx), say, parallel_trees)
+    cli.finish(report, as_json, lambda: render.print_upstream(report, path, suite.RESULT))
