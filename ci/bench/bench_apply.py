@@ -21,7 +21,7 @@ TARGET = 1.3
 
 def raw_git(repo: Path, dest: Path, items: list, rev: str = "v0.5.23") -> None:
     """What a maintainer would type: a worktree, then git am -3 and a commit per overlay."""
-    Git(git_dir=repo).run("worktree", "add", "--quiet", "-b", f"raw-{dest.name}", str(dest), rev)
+    Git(git_dir=repo).run("worktree", "add", "--quiet", "-B", f"raw-{dest.name}", str(dest), rev)
     wt = Git(worktree=dest)
     for item in items:
         if item.patch is not None:
@@ -50,7 +50,7 @@ def main() -> int:
     raw, ours = figures
     r = ratio(figures, ours, raw)
     table(figures)
-    record = {"runs": args.runs, "entries": len(series.entries), "figures": figures, "ratio_cpu": r["cpu"],
+    record = {"runs": args.runs, "entries": len(series.entries), "figures": figures, "ratios": {"apply / raw": r},
               "targets": [target("apply / raw", r["wall"], TARGET)],
               # README's figures (c128patch.evidence.figures)
               "raw_git_s": figures[raw]["wall"]["median"], "apply_s": figures[ours]["wall"]["median"],

@@ -45,7 +45,7 @@ def main() -> int:
     plain, layered = figures
     r, medians = ratio(figures, layered, plain), {name: f["wall"]["median"] for name, f in figures.items()}
     table(figures)
-    record = {"runs": args.runs, "figures": figures, "ratio_cpu": r["cpu"],
+    record = {"runs": args.runs, "figures": figures, "ratios": {"with the layer / without": r},
               "targets": [target("apply with the layer / without", r["wall"], TARGET)],
               # README's figures (c128patch.evidence.figures)
               "series_entries": len(series.entries), "layer": {

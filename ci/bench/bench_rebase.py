@@ -1,13 +1,9 @@
 #!/usr/bin/env python3
-"""rebase vs raw git: moving the patched 0.5.22 branch onto v0.5.23, N paired runs, interleaved.
-
-Both start from the same commits (``c128patch apply --sglang-rev v0.5.22`` in a clone of the release
-history, untimed). Raw is what a maintainer would type: ``git rebase --onto v0.5.23 v0.5.22`` with rerere
-trained on the same conflicts beforehand (resolved as the 0.5.23 series has them), and
-``git rebase --continue`` at each stop rerere resolved. Ours is the whole ``c128patch rebase --onto
-v0.5.23`` command: the series' 0.5.23 files replayed, merged-upstream checks and hints, the proof
-against a fresh apply, the API contract on the new tip and the reports. Target: <= 1.5x raw in CPU
-(issue 35).
+"""rebase vs raw git: the patched 0.5.22 branch (``c128patch apply``, untimed) moved onto v0.5.23, N
+paired runs interleaved. Raw: ``git rebase --onto v0.5.23 v0.5.22`` with rerere trained beforehand on
+the same conflicts (resolved as the 0.5.23 series has them), ``--continue`` at each stop. Ours: the
+whole ``c128patch rebase --onto v0.5.23`` (replay, merged-upstream checks, hints, the proof, the API
+contract, the reports). Target: <= 1.5x raw in CPU (issue 35).
   python ci/bench/bench_rebase.py [--runs 3] [--out ci/bench/results/rebase.json]
 """
 
@@ -89,7 +85,7 @@ def main() -> int:
     raw, ours = figures
     r = ratio(figures, ours, raw)
     table(figures)
-    record = {"runs": args.runs, "figures": figures, "ratio_cpu": r["cpu"],
+    record = {"runs": args.runs, "figures": figures, "ratios": {"rebase / raw": r},
               "targets": [target("rebase / raw", r["cpu"], TARGET_CPU, "cpu")],
               # README's figures (c128patch.evidence.figures)
               "rebase": "v0.5.22 -> v0.5.23", "raw_git_rebase_rerere_s": figures[raw]["wall"]["median"],

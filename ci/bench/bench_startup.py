@@ -12,6 +12,7 @@ the same commands run from there too, side by side.
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -72,7 +73,8 @@ def main() -> int:
               "targets": [target("c128patch --help (s)", rows["c128patch --help"]["median_cpu_s"], TARGET_S, "cpu")],
               "how": "the console script" if SCRIPT.is_file() else "python -m c128patch",
               "before": args.before.resolve().parent.name if args.before else None,
-              "load_average": [round(x, 1) for x in os.getloadavg()]}
+              "load_average": [round(x, 1) for x in os.getloadavg()],
+              "machine": f"{platform.machine()} {platform.python_version()}, {os.cpu_count()} cores"}
     return int(append(args.out, record)["missed"])  # the target is `--help`'s; verbs' are shown
 
 

@@ -21,11 +21,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import zipfile
 from pathlib import Path
 
-from benchlib import append, c128patch, interleaved, parser, ratio, table, target
+from benchlib import append, c128patch, interleaved, measure, parser, ratio, table, target
 
 from c128patch.git import Git
 from c128patch.series.manifest import default_series_root, load_series
@@ -74,12 +73,11 @@ def rust_smoke(work: Path) -> float | None:
     """Seconds for rustc -O to build a small cdylib, or None without rustc."""
     if shutil.which("rustc") is None:
         return None
-    src = work / "smoke.rs"
-    src.write_text(SMOKE_RS)
-    start = time.perf_counter()
-    proc = subprocess.run(["rustc", "-O", "--crate-type", "cdylib", "--edition", "2021", "-o",
-                           str(work / "libsmoke.so"), str(src)], capture_output=True, text=True)
-    return time.perf_counter() - start if proc.returncode == 0 else None
+    (work / "smoke.rs").write_text(SMOKE_RS)
+    argv = ["rustc", "-O", "--crate-type", "cdylib", "--edition", "2021", "-o", str(work / "libsmoke.so"),
+            str(work / "smoke.rs")]
+    took, _, proc = measure(lambda: subprocess.run(argv, capture_output=True))
+    return round(took, 2) if proc.returncode == 0 else None
 
 
 def source_build_prerequisites(wheel: Path, work: Path) -> dict:
@@ -133,14 +131,9 @@ def main() -> int:
     raw, seconds = next(iter(figures)), figures[ours]["wall"]["median"]
     table({**figures, **verify})
     print(f"same bytes on every run: {len(hashes) == 1}\nsource build would need:")
-    for key in ("pep517_frontend_build", "setuptools_scm", "setuptools_rust", "maturin", "cargo", "rustc"):
-        print(f"  {key:50} {prereq[key] or 'missing'}")
-    smoke = prereq["rustc_smoke_cdylib_s"]
-    print(f"  {'rustc -O small cdylib (s)':50} {'n/a' if smoke is None else f'{smoke:.2f}'}")
-    print(f"  {'compiled extensions in the wheel (MB)':50} {prereq['compiled_extensions_mb']}")
-    for note in prereq["not_measured"]:
-        print(f"  not measured: {note}")
-    record = {"runs": args.runs, "figures": {**figures, **verify}, "ratio": ratio(figures, ours, raw),
+    for key, value in prereq.items():
+        print(f"  {key:30} {'missing' if value is None else value}")
+    record = {"runs": args.runs, "figures": {**figures, **verify}, "ratios": {"wheel / raw": ratio(figures, ours, raw)},
               "targets": [target("wheel (s)", seconds, 20)], "upstream_wheel": wheel.name,
               "upstream_wheel_mb": round(wheel.stat().st_size / 1e6, 1), "wheel_cli_s": seconds,
               "wheel_in_process_s": last[ours].get("seconds"), "budget_s": 20, "within_budget": seconds <= 20,

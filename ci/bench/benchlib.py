@@ -22,10 +22,6 @@ from typing import Any, Callable, Sequence
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def machine() -> str:
-    return f"{platform.machine()} {platform.python_version()}, {os.cpu_count()} cores"
-
-
 def parser(name: str, runs: int = 3) -> argparse.ArgumentParser:
     """--runs N and --out (default results/<name>.json; --out - writes nothing)."""
     ap = argparse.ArgumentParser()
@@ -114,7 +110,8 @@ def stamp(revs: Sequence[str], series_root: Path | None = None) -> dict:
     now = datetime.datetime.now(datetime.timezone.utc)
     head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
                           cwd=RESULTS).stdout.strip()
-    return {"command": "python " + shlex.join(sys.argv), "device": machine(), "date": now.date().isoformat(),
+    device = f"{platform.machine()} {platform.python_version()}, {os.cpu_count()} cores"
+    return {"command": "python " + shlex.join(sys.argv), "device": device, "date": now.date().isoformat(),
             "time": now.isoformat(timespec="seconds"), "commit": head, "cores": os.cpu_count(),
             "load": [round(x, 2) for x in os.getloadavg()],
             "series": {"name": series.name, "version": series.version, "digest": series.digest()},
@@ -133,7 +130,7 @@ def append(out: str, record: dict, *, revs: Sequence[str] = (), series_root: Pat
         path = Path(out)
         old = json.loads(path.read_text()) if path.is_file() else {}
         history = old.pop("history", [old] if old else []) + [record]
-        top = record if headline else {k: v for k, v in old.items()}
+        top = record if headline else old
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**top, "history": history}, indent=1) + "\n")
     return record
