@@ -11,6 +11,7 @@ most raw's (CPU); rebase per upstream commit <= 3x raw's (CPU); a layer entry <=
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -108,12 +109,12 @@ def grown(series, repo: Path, work: Path, runs: int) -> dict:
             "apply", "--sglang-rev", "v0.5.23", "--repo", str(repo), "--tree", str(trees / f"l{k}"), "--series",
             str(series.root), "--layer", str(f))
 
-    def prepare(i: int) -> None:  # fresh copies of the applied tree to rebase; the last round's trees go
+    def prepare(i: int) -> None:  # fresh (hard-linked: git replaces files, never edits them) copies to rebase
         shutil.rmtree(trees, ignore_errors=True)
         Git(git_dir=repo).run("worktree", "prune")
         for k in COMMITS:
             for side in ("raw", "ours"):
-                shutil.copytree(template, trees / f"{side}{k}", symlinks=True)
+                shutil.copytree(template, trees / f"{side}{k}", symlinks=True, copy_function=os.link)
 
     return interleaved(cases, runs, prepare)[0]
 

@@ -54,19 +54,12 @@ def raw_wheel(wheel: Path, items: list, out: Path) -> None:
                    capture_output=True)
 
 
-def tool_version(*cmd: str) -> str | None:
-    exe = shutil.which(cmd[0])
-    if exe is None:
-        return None
-    proc = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True)
-    return (proc.stdout or proc.stderr).strip().splitlines()[0] if proc.returncode == 0 else None
-
-
-def dist_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def version_of(name: str, dist: bool = False) -> str | None:
+    """A Python distribution's version (``dist``), else the first line of ``name --version``; None if absent."""
+    if dist:
+        return next((d.version for d in importlib.metadata.distributions(name=name)), None)
+    proc = subprocess.run([name, "--version"], capture_output=True, text=True) if shutil.which(name) else None
+    return (proc.stdout or proc.stderr).strip().splitlines()[0] if proc and proc.returncode == 0 else None
 
 
 def rust_smoke(work: Path) -> float | None:
@@ -84,13 +77,10 @@ def source_build_prerequisites(wheel: Path, work: Path) -> dict:
     with zipfile.ZipFile(wheel) as zf:
         binaries = {i.filename: i.file_size for i in zf.infolist() if i.filename.endswith(BINARY_SUFFIXES)}
     return {
-        "pep517_frontend_build": dist_version("build"),
-        "setuptools": dist_version("setuptools"),
-        "setuptools_scm": dist_version("setuptools-scm"),
-        "setuptools_rust": dist_version("setuptools-rust"),
-        "maturin": tool_version("maturin", "--version"),
-        "cargo": tool_version("cargo", "--version"),
-        "rustc": tool_version("rustc", "--version"),
+        "pep517_frontend_build": version_of("build", dist=True),
+        **{name.replace("-", "_"): version_of(name, dist=True) for name in ("setuptools", "setuptools-scm",
+                                                                          "setuptools-rust")},
+        **{name: version_of(name) for name in ("maturin", "cargo", "rustc")},
         "rustc_smoke_cdylib_s": rust_smoke(work),
         "compiled_extensions_in_wheel": {k: round(v / 1e6, 1) for k, v in sorted(binaries.items())},
         "compiled_extensions_mb": round(sum(binaries.values()) / 1e6, 1),
