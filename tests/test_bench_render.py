@@ -66,3 +66,12 @@ def test_the_per_unit_cost_is_a_least_squares_slope():
     assert benchlib.ratio({"a": {"wall": {"median": 3.0}, "cpu": {"median": 1.0}},
                            "b": {"wall": {"median": 2.0}, "cpu": {"median": 4.0}}}, "a", "b") == {"wall": 1.5,
                                                                                                    "cpu": 0.25}
+
+
+def test_growth_targets_hold_ours_to_a_multiple_of_raw_even_when_raw_does_not_grow():
+    import bench_growth
+
+    per_unit = {what: {"": {"cpu": 0.02}, "raw ": {"cpu": -0.0001}} for what in ("check", "rebase", "apply")}
+    said = {t["what"]: t["missed"] for t in bench_growth.targets(per_unit, 0.1, 0.11)}
+    assert said == {"check per rev, 16-64 / 1-16 (CPU)": False, "check per rev, ours - raw's (s)": True,
+                    "rebase per commit, ours - 3x raw's (s)": True, "apply per layer entry (s)": False}
