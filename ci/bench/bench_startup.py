@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CLI start-up: CPU time (user + sys of the child) of `c128patch --help` and of verbs' `--help` (click's
 own help; the verbs listed from cli/__init__.py's table, none imported), beside `python -c pass` and
-`import click` in the same run (median of --runs runs, interleaved); the target, <= 0.12 s, is
+`import click` in the same run (N runs, interleaved, at least 11); the target, <= 0.12 s median, is
 `c128patch --help`'s (exit 1 over it), the verbs' figures are shown beside it.
 With --before DIR (a `tooling/` folder of an older commit: `git archive REV tooling | tar -x -C DIR`)
 the same commands run from there too, side by side.
@@ -11,15 +11,13 @@ the same commands run from there too, side by side.
 
 from __future__ import annotations
 
-import argparse
 import os
-import resource
-import statistics
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
-from benchlib import machine, write_json
+from benchlib import append, interleaved, parser, target
 
 try:
     import tomllib
@@ -43,20 +41,14 @@ CASES = {
 }
 
 
-def cpu_seconds(args: list[str], pythonpath: str | None = None) -> float:
-    """User + system CPU time of one child run (what `time` calls user + sys)."""
+def child(args: list[str], pythonpath: str | None = None) -> None:
     env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=env)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=11)
+    ap = parser("startup", runs=11)
     ap.add_argument("--before", type=Path, default=None, help="a tooling/ folder to compare with")
-    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if args.runs < 11:
         ap.error("--runs: at least 11")
@@ -67,28 +59,24 @@ def main() -> int:
         runs.update({f"before: {name}": (case, str(args.before.resolve()))
                      for name, case in CASES.items() if name.startswith("c128patch")})
     for case, path in runs.values():  # warm the bytecode and file caches
-        cpu_seconds(case, path)
-    samples: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(args.runs):  # interleaved, so load on the machine falls on every case alike
-        for name, (case, path) in runs.items():
-            samples[name].append(cpu_seconds(case, path))
-    base = statistics.median(samples["python -c pass"])
-    rows = {name: {"median_cpu_s": round(statistics.median(s), 4), "min_cpu_s": round(min(s), 4),
-                   "max_cpu_s": round(max(s), 4), "x_python": round(statistics.median(s) / base, 2) if base else None,
-                   "within_target": statistics.median(s) <= TARGET_S}
-            for name, s in samples.items()}
+        child(case, path)
+    figures, _ = interleaved({name: lambda i, c=c, p=p: child(c, p) for name, (c, p) in runs.items()}, args.runs,
+                             children_only=True)
+    base = figures["python -c pass"]["cpu"]["median"]
+    rows = {name: {"median_cpu_s": f["cpu"]["median"], "min_cpu_s": f["cpu"]["min"], "max_cpu_s": f["cpu"]["max"],
+                   "x_python": round(f["cpu"]["median"] / base, 2), "within_target": f["cpu"]["median"] <= TARGET_S}
+            for name, f in figures.items()}
     print(f"{'command':36} {'median CPU s':>12} {'min':>7} {'max':>7} {'x python -c pass':>17}")
     for name, r in rows.items():
-        mark = "" if not name.startswith("c128patch") else (
-            "  ok" if r["within_target"] else f"  over {TARGET_S} s")
-        print(f"{name:36} {r['median_cpu_s']:12.3f} {r['min_cpu_s']:7.3f} {r['max_cpu_s']:7.3f} "
-              f"{r['x_python']:17.2f}{mark}")
-    write_json(args.out, {"runs": args.runs, "target_cpu_s": TARGET_S, "cases": rows,
-                          "how": "the console script" if SCRIPT.is_file() else "python -m c128patch",
-                          "before": args.before.resolve().parent.name if args.before else None,
-                          "load_average": [round(x, 1) for x in os.getloadavg()], "machine": machine()})
-    return 0 if rows["c128patch --help"]["within_target"] else 1  # the target is `--help`'s; verbs' are shown
+        print(f"{name:36} {r['median_cpu_s']:12.3f} {r['min_cpu_s']:7.3f} {r['max_cpu_s']:7.3f} {r['x_python']:17.2f}")
+    record = {"runs": args.runs, "figures": figures, "target_cpu_s": TARGET_S, "cases": rows,
+              "targets": [target("c128patch --help (s)", rows["c128patch --help"]["median_cpu_s"], TARGET_S, "cpu")],
+              "how": "the console script" if SCRIPT.is_file() else "python -m c128patch",
+              "before": args.before.resolve().parent.name if args.before else None,
+              "load_average": [round(x, 1) for x in os.getloadavg()],
+              "machine": f"{platform.machine()} {platform.python_version()}, {os.cpu_count()} cores"}
+    return int(append(args.out, record)["missed"])  # the target is `--help`'s; verbs' are shown
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,38 +1,143 @@
-"""What the benchmark scripts share: the machine line and the JSON they write, stamped with
-what it was measured on (command, machine, date, series, and the evidence key of each release
-it ran: a result under another key renders as stale in README)."""
+"""The harness every tool benchmark shares: N interleaved runs of each case (wall and CPU seconds,
+median/min/max), ratios in wall and CPU, targets, and a record stamped with what it was measured on
+(date, commit, cores, load, command, series, each release's evidence key) appended to the history
+in the results JSON. The file's top level repeats the latest record (README's figures read it)."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
+import os
 import platform
+import resource
 import shlex
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def machine() -> str:
-    return f"{platform.machine()} {platform.python_version()}, {subprocess.getoutput('nproc')} cores"
+def parser(name: str, runs: int = 3) -> argparse.ArgumentParser:
+    """--runs N and --out (default results/<name>.json; --out - writes nothing)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=runs)
+    ap.add_argument("--out", default=str(RESULTS / f"{name}.json"))
+    return ap
 
 
-def stamp(row: dict, revs: Sequence[str], series_root: Path | None = None) -> dict:
-    """``row`` with command, device, date, series and ``keys`` (rev -> evidence key)."""
+def cpu_now(children_only: bool = False) -> float:
+    """CPU seconds (user + sys) of this process and its waited-for children, or of those alone."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    me = 0.0 if children_only else sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+    return me + kids.ru_utime + kids.ru_stime
+
+
+def measure(fn: Callable[[], Any], children_only: bool = False) -> tuple[float, float, Any]:
+    """(wall s, CPU s, fn's result)."""
+    wall, cpu = time.perf_counter(), cpu_now(children_only)
+    out = fn()
+    return time.perf_counter() - wall, cpu_now(children_only) - cpu, out
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
+            "max": round(max(values), 4)}
+
+
+def interleaved(cases: dict[str, Callable[[int], Any]], runs: int, prepare: Callable[[int], Any] | None = None,
+                children_only: bool = False) -> tuple[dict[str, dict], dict[str, Any]]:
+    """Each case ``runs`` times, round by round (the machine's drift hits every case alike);
+    ``prepare(i)`` runs untimed before round i. Returns (figures, each case's last result)."""
+    wall: dict[str, list[float]] = {name: [] for name in cases}
+    cpu: dict[str, list[float]] = {name: [] for name in cases}
+    last: dict[str, Any] = {}
+    for i in range(runs):
+        if prepare is not None:
+            prepare(i)
+        for name, fn in cases.items():
+            w, c, last[name] = measure(lambda: fn(i), children_only)
+            wall[name].append(w)
+            cpu[name].append(c)
+    return {name: {"wall": spread(wall[name]), "cpu": spread(cpu[name]),
+                   "runs_wall": [round(x, 3) for x in wall[name]], "runs_cpu": [round(x, 3) for x in cpu[name]]}
+            for name in cases}, last
+
+
+def ratio(figures: dict, ours: str, raw: str) -> dict[str, float]:
+    """Median over median, in wall and in CPU seconds."""
+    return {on: round(figures[ours][on]["median"] / figures[raw][on]["median"], 3) for on in ("wall", "cpu")}
+
+
+def target(what: str, value: float, limit: float, on: str = "wall") -> dict:
+    return {"what": what, "on": on, "value": round(value, 3), "max": limit, "missed": value > limit}
+
+
+def slope(sizes: Sequence[float], seconds: Sequence[float]) -> float:
+    """Least-squares seconds per unit."""
+    return round(statistics.linear_regression(sizes, seconds).slope, 5)
+
+
+def c128patch(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """The whole CLI in a fresh process, with --json."""
+    proc = subprocess.run([sys.executable, "-m", "c128patch", *args, "--json"], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise SystemExit(f"c128patch {shlex.join(args)} failed: {proc.stderr.strip()[-2000:]}")
+    return proc
+
+
+def mirror(work: Path) -> Path:
+    """A bare clone of the release history: the user's mirror, read by both sides."""
+    from c128patch.upstream.releases import ReleaseHistory
+
+    repo = work / "mirror.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", str(ReleaseHistory().ensure()), str(repo)], check=True)
+    return repo
+
+
+def stamp(revs: Sequence[str], series_root: Path | None = None) -> dict:
+    """Command, device, dates, commit, load, series and ``keys`` (rev -> evidence key)."""
     from c128patch.evidence.keys import key_for
     from c128patch.series.manifest import default_series_root, load_series
     from c128patch.upstream.releases import ReleaseHistory
 
     series = load_series(series_root or default_series_root())
     git = ReleaseHistory().git
-    keys = {rev: key_for(series, git, git.rev_parse(rev)).to_json() for rev in revs}
-    return {**row, "command": "python " + shlex.join(sys.argv), "device": machine(),
-            "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-            "series": {"name": series.name, "version": series.version, "digest": series.digest()}, "keys": keys}
+    now = datetime.datetime.now(datetime.timezone.utc)
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                          cwd=RESULTS).stdout.strip()
+    device = f"{platform.machine()} {platform.python_version()}, {os.cpu_count()} cores"
+    return {"command": "python " + shlex.join(sys.argv), "device": device, "date": now.date().isoformat(),
+            "time": now.isoformat(timespec="seconds"), "commit": head, "cores": os.cpu_count(),
+            "load": [round(x, 2) for x in os.getloadavg()],
+            "series": {"name": series.name, "version": series.version, "digest": series.digest()},
+            "keys": {rev: key_for(series, git, git.rev_parse(rev)).to_json() for rev in revs}}
 
 
-def write_json(path: Path | None, row: dict, *, revs: Sequence[str] = (), series_root: Path | None = None) -> None:
-    if path is not None:
+def append(out: str, record: dict, *, revs: Sequence[str] = (), series_root: Path | None = None,
+           headline: bool = True) -> dict:
+    """Stamp ``record``, append it to ``out``'s history and (``headline``) repeat it at the top level;
+    prints its targets. Returns the stamped record."""
+    targets = record.get("targets", [])
+    record = {**stamp(revs, series_root), **record, "missed": any(t["missed"] for t in targets)}
+    for t in targets:
+        print(f"target {t['what']} ({t['on']}): {t['value']:g} <= {t['max']:g}: {'MISSED' if t['missed'] else 'met'}")
+    if out != "-":
+        path = Path(out)
+        old = json.loads(path.read_text()) if path.is_file() else {}
+        history = old.pop("history", [old] if old else []) + [record]
+        top = record if headline else old
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(stamp(row, revs, series_root), indent=2) + "\n")
+        path.write_text(json.dumps({**top, "history": history}, indent=1) + "\n")
+    return record
+
+
+def table(figures: dict) -> None:
+    print(f"{'what':56} {'wall median [min-max] s':>26} {'CPU median s':>13}")
+    for name, f in figures.items():
+        w = f["wall"]
+        print(f"{name:56} {w['median']:10.3f} [{w['min']:.3f}-{w['max']:.3f}] {f['cpu']['median']:13.3f}")
