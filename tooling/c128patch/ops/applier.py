@@ -52,9 +52,9 @@ from c128patch.ops.treestate import (
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
 from c128patch.series.layers import layer_folders, overlap_note, stack
-from c128patch.series.manifest import Series, load_series, safe_destination, symlink_on_path
+from c128patch.series.manifest import Series, load_series
 from c128patch.series.patchfile import PatchInfo
-from c128patch.series.paths import check_under
+from c128patch.series.paths import check_under, confine, symlink_on_path
 from c128patch.series.plan import ENTRY_TRAILER, Planned, check_paths_at, merged_entries, overlay_message, plan
 from c128patch.upstream.source import discard_fresh_tree
 from c128patch.upstream.target import Target
@@ -376,7 +376,7 @@ class Apply:
         assert series is not None
         row = {"name": item.entry.name, "kind": item.entry.kind, "file": item.label}
         if item.patch is None:
-            dest = safe_destination(self.tree, item.entry.target, f"overlay '{item.entry.name}'")
+            dest = confine(self.tree, item.entry.target, f"overlay '{item.entry.name}'")
             try:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(item.path.read_bytes())
@@ -434,7 +434,7 @@ class Apply:
     def _commit_provenance(self, journal: ApplyJournal, planned: list[Planned], dated: Git) -> None:
         assert self.series is not None
         record = provenance.build(self.series, planned, journal.upstream_info, journal.entries)
-        dest = safe_destination(self.tree, provenance.PROVENANCE_PATH, "the provenance record")
+        dest = confine(self.tree, provenance.PROVENANCE_PATH, "the provenance record")
         try:
             dest.write_text(provenance.dumps(record))
         except OSError as exc:

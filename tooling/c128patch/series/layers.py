@@ -36,11 +36,10 @@ from c128patch.series.manifest import (
     Series,
     Variant,
     default_series_root,
-    duplicates,
     load_series,
     read_toml,
 )
-from c128patch.series.paths import confine
+from c128patch.series.paths import confine, duplicates
 from c128patch.series.trailers import ENTRY_TRAILER, find_trailers
 
 LAYER_NAME = re.compile(r"[a-z][a-z0-9]{0,31}")

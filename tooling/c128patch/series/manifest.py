@@ -19,13 +19,7 @@ from c128patch.errors import C128Error
 from c128patch.jsonio import write_atomic
 from c128patch.series import txn
 from c128patch.series.gates import Gate, parse_gates
-from c128patch.series.paths import (  # noqa: F401  (safe_destination, symlink_on_path: re-exported)
-    check_entry_name,
-    check_relpath,
-    duplicates,
-    symlink_on_path,
-)
-from c128patch.series.paths import confine as safe_destination  # noqa: F401
+from c128patch.series.paths import check_entry_name, check_relpath, duplicates
 
 MANIFEST = "patches/series.toml"
 KINDS = ("patch", "overlay")
