@@ -35,10 +35,8 @@ def sha256_file(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Variant:
-    """One patch file of an entry, made against upstream ``base``: by content, ``sources`` (the
-    blob id of each file it touches as upstream has it at that base, ``absent`` for a file it
-    creates), with ``base`` the tag name beside it. ``commit``: only for a base no tag names
-    (``base`` is then its short commit id; a clone of other ids cannot resolve it)."""
+    """One patch file of an entry, made on upstream ``base`` (a tag; ``commit`` for a base no tag names), by
+    content ``sources``: each touched file's blob id at that base (``absent``: one it creates)."""
 
     file: str
     base: str

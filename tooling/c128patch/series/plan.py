@@ -300,8 +300,7 @@ def merged_entries(series: Series, git: Git, target: str) -> list[Entry]:
 
 
 def symlink_refusal(entry: Entry, label: str, info: PatchInfo) -> str | None:
-    """Why a patch may not be carried because it makes a symlink (None: it makes none). A symlink
-    made by the series could point anywhere, and a later entry's write would go through it."""
+    """Why a patch making a symlink may not be carried (a later write could go through it); None: it makes none."""
     return (f"entry '{entry.name}': {label} creates the symlink {info.symlinks[0]}; a series may not create symlinks "
             "(a later write through it could leave the tree)") if info.symlinks else None
 
