@@ -19,7 +19,8 @@ from c128patch.errors import C128Error
 from c128patch.git import FAULT_HOOKS_ENV, Git
 from c128patch.ops.lint import update_hashes
 from c128patch.ops.treestate import apply_journal, rebase_journal
-from c128patch.series.manifest import load_series, safe_destination
+from c128patch.series.manifest import load_series
+from c128patch.series.paths import confine
 from c128patch.series.provenance import PROVENANCE_PATH
 from small_series import CUH, EDIT, LINE, series, tree  # noqa: F401 (fixtures)
 from support import (
@@ -107,8 +108,8 @@ def test_the_destination_is_resolved_in_the_tree_as_it_is_when_written(tree, tmp
     for rel, why in (("python/sglang/late/x.py", "goes through the symlink python/sglang/late"),
                      ("python/sglang/late_file.py", "goes through the symlink python/sglang/late_file.py")):
         with pytest.raises(C128Error, match=why):
-            safe_destination(tree, rel, "overlay 'x'")
-    assert safe_destination(tree, "python/sglang/ok.py", "overlay 'x'") == tree / "python/sglang/ok.py"
+            confine(tree, rel, "overlay 'x'")
+    assert confine(tree, "python/sglang/ok.py", "overlay 'x'") == tree / "python/sglang/ok.py"
 
 
 # ---------------------------------------------------------------------------- 2. no conflict markers committed

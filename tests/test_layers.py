@@ -114,10 +114,10 @@ def test_layer_flags_then_the_env_then_the_config_file_name_the_layers(tmp_path,
     (tmp_path / "repo" / CONFIG).write_text('[layers]\npaths = ["layers/acme", "layers/lab"]\n')
     monkeypatch.delenv(ENV, raising=False)
     found = find_layers((), cwd=tmp_path / "repo" / "sub")  # the nearest config above
-    assert found.folders == ((tmp_path / "repo/layers/acme").resolve(), (tmp_path / "repo/layers/lab").resolve())
+    assert found == ((tmp_path / "repo/layers/acme").resolve(), (tmp_path / "repo/layers/lab").resolve())
     monkeypatch.setenv(ENV, "")  # the env, even empty, wins over the file
-    assert find_layers((), cwd=tmp_path / "repo").folders == ()
-    assert find_layers((Path("x"),), cwd=tmp_path / "repo").folders == (Path("x"),)
+    assert find_layers((), cwd=tmp_path / "repo") == ()
+    assert find_layers((Path("x"),), cwd=tmp_path / "repo") == (Path("x"),)
 
 
 def test_a_config_file_naming_a_folder_outside_it_is_refused(tmp_path, monkeypatch):

@@ -189,10 +189,10 @@ def hostile_upstream(tmp_path: Path) -> Path:
 def test_a_config_committed_by_upstream_is_never_read(tmp_path, monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     up = hostile_upstream(tmp_path)
-    assert find_layers((), cwd=up / "python" / "sglang").folders == ()
-    assert find_layers((), cwd=up).folders == ()
+    assert find_layers((), cwd=up / "python" / "sglang") == ()
+    assert find_layers((), cwd=up) == ()
     (tmp_path / "work" / CONFIG).write_text('[layers]\npaths = ["mine"]\n')  # the operator's, above the tree
-    assert find_layers((), cwd=up / "python").folders == ((tmp_path / "work" / "mine").resolve(),)
+    assert find_layers((), cwd=up / "python") == ((tmp_path / "work" / "mine").resolve(),)
 
 
 def test_a_layer_folder_inside_a_tree_the_tool_patches_is_refused(tmp_path, monkeypatch):

@@ -27,8 +27,7 @@ class ConflictError(C128Error):
 
 
 class DifferenceError(ConflictError):
-    """A command finished but its tree is not what the series says: an unattributed difference.
-    The tree is kept as described; the hint says how to undo."""
+    """A finished command's tree is not what the series says (kept; the hint says how to undo)."""
 
 
 class Interrupted(C128Error):

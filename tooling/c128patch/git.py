@@ -36,9 +36,8 @@ FORCED_CONFIG = (
 # Test hook (as ops.faults' C128PATCH_FAULT): a folder of hooks the tool's git runs instead of none,
 # so that a test can interrupt inside git itself. Unset (always, outside tests), no hook runs.
 FAULT_HOOKS_ENV = "C128PATCH_FAULT_HOOKS"
-# Of the operator's GIT_* variables only these reach git (transport, tracing, git's own test knobs).
-# The rest are scrubbed on purpose: the tool names its repository, index and identity itself, and
-# git sets GIT_DIR/GIT_INDEX_FILE for hooks, where c128patch may run.
+# Of the operator's GIT_* variables only these reach git (transport, tracing, git's own test knobs): the tool
+# names its repository, index and identity itself (git sets GIT_DIR/GIT_INDEX_FILE for hooks, where it may run).
 _KEPT_ENV = ("GIT_TRACE", "GIT_SSH", "GIT_ASKPASS", "GIT_SSL_", "GIT_HTTP_", "GIT_PROXY_", "GIT_CURL_",
              "GIT_EXEC_PATH", "GIT_TEST_", "GIT_CEILING_DIRECTORIES", "GIT_DISCOVERY_ACROSS_FILESYSTEM",
              "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM")
@@ -104,11 +103,8 @@ def environment_problem(text: str) -> str | None:
 
 class GitError(C128Error):
     def __init__(self, args: Sequence[str], returncode: int, stderr: str, stdout: str = "") -> None:
-        first = (stderr or stdout).strip().splitlines()
-        detail = environment_problem(stderr or "") or (first[-1] if first else f"exit {returncode}")
-        locked = _LOCKED.search(stderr or "")
-        if locked:
-            detail = stale_lock_message(locked.group(1))
+        locked, last = _LOCKED.search(stderr), (stderr or stdout).strip().splitlines()[-1:] or [f"exit {returncode}"]
+        detail = stale_lock_message(locked.group(1)) if locked else environment_problem(stderr) or last[0]
         super().__init__(f"git {' '.join(args[:3])} failed: {detail}")
         self.args_ = list(args)
         self.returncode = returncode
@@ -149,8 +145,7 @@ class Git:
         return self.worktree if self.worktree is not None else (self.git_dir or Path.cwd())
 
     def _settings(self) -> list[str]:
-        """``-c`` options: FORCED_CONFIG, the filters the repository's config names turned off, and
-        the folders the operator trusts (safe.directory) that the isolated config would not."""
+        """``-c`` options: FORCED_CONFIG, the repository's filters off, the folders the operator trusts."""
         if self.filters_off is None:
             self.filters_off = self._filters_off() if self.worktree is not None or self.git_dir is not None else []
         forced = [f"{k}={v}" for k, v in FORCED_CONFIG]
@@ -159,8 +154,7 @@ class Git:
         return [*forced, *self.filters_off, *(f"safe.directory={p}" for p in self._trusted)]
 
     def _filters_off(self) -> list[str]:
-        """``-c`` settings that turn off each filter the repository's config names (a merge driver
-        program is refused). Asked of git once per state of the config file."""
+        """``-c`` settings turning off the config's filters (a merge program is refused); once per config state."""
         git_dir = self.env.get("GIT_DIR") or self.git_dir
         config = Path(git_dir) / "config" if git_dir else self.cwd / ".git" / "config"
         try:  # (not a plain repository top: ask every time)
@@ -217,8 +211,7 @@ class Git:
     def run(self, *args: str, check: bool = True, input: str | bytes | None = None,
             env: Mapping[str, str] | None = None, binary: bool = False, transport: bool = False,
             timeout: float | None = None) -> subprocess.CompletedProcess:
-        """Run git; ``transport``: a clone or fetch from a URL, which keeps the operator's global config
-        (proxies, credentials). Past ``timeout`` seconds git is killed (``subprocess.TimeoutExpired``)."""
+        """git; ``transport``: a clone or fetch keeping the operator's config; killed past ``timeout`` s."""
         full_env = self._base_env(transport=transport and bool(args) and args[0] in _TRANSPORT)
         if env:
             full_env.update(env)
@@ -237,10 +230,6 @@ class Git:
     def ok(self, *args: str, **kw) -> bool:
         return self.run(*args, check=False, **kw).returncode == 0
 
-    def cat_file_batch(self) -> "BlobBatch":
-        """A reader of many objects through one ``git cat-file --batch`` (close it when done)."""
-        return BlobBatch(self)
-
     def changed_files(self, base: str, head: str) -> list[str]:
         """Files ``base..head`` adds or modifies (deleted ones have nothing to read; no rename pairing)."""
         return self.out("diff", "--name-only", "--no-renames", "--diff-filter=AM", base, head).splitlines()
@@ -252,8 +241,7 @@ class Git:
             tar.extractall(dest, filter="data")
 
     def operator_hooks_dir(self) -> Path | None:
-        """The folder the operator's own git runs this repository's hooks from (their config, not
-        the tool's: its own calls run none)."""
+        """The folder the operator's own git runs this repository's hooks from (the tool's calls run none)."""
         proc = subprocess.run([git_executable(), "rev-parse", "--git-path", "hooks"], cwd=self.cwd, capture_output=True,
                               text=True, env=self._base_env(transport=True))
         return self.cwd / proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
@@ -294,8 +282,7 @@ class Git:
 
 def _bounded(cmd: list[str], cwd: Path, env: dict[str, str], input, binary: bool,
              timeout: float | None) -> subprocess.CompletedProcess:
-    """``subprocess.run``; with ``timeout``, git and every helper it starts (a transport) end together
-    when it passes (``subprocess.TimeoutExpired``) or when this process is interrupted."""
+    """``subprocess.run``; with ``timeout``, git and its helpers end together past it or on an interrupt."""
     if timeout is None:
         return subprocess.run(cmd, cwd=cwd, env=env, input=input, capture_output=True, text=not binary)
     with subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE if input is not None else None,
@@ -319,8 +306,7 @@ def _checked(args: Sequence[str], proc: subprocess.CompletedProcess) -> subproce
 
 
 class BlobBatch:
-    """Objects of one repository read through one ``git cat-file --batch`` (hardened as ``Git.run``),
-    started on the first read."""
+    """Objects read through one ``git cat-file --batch`` (hardened as ``Git.run``), started on the first read."""
 
     def __init__(self, git: Git) -> None:
         self.git = git
@@ -349,10 +335,8 @@ _QUERIES = ("rev-parse", "cat-file", "merge-base", "rev-list", "log", "ls-tree")
 
 
 class ReadMemo(Git):
-    """``git`` whose answers to queries of objects and refs (``_QUERIES``) are remembered, for one
-    call that reads many revs of a repository whose refs it does not move (``check`` over many revs).
-    A missing object is asked again (the call may write it); calls with another environment (an
-    index: ``with_env``) are not remembered."""
+    """``git`` remembering its answers to ``_QUERIES`` for a call reading many revs without moving refs
+    (``check``); not a missing object (the call may write it), nor calls with another environment."""
 
     def __init__(self, git: Git) -> None:
         super().__init__(git.worktree, git.git_dir, dict(git.env), git.filters_off, git._trusted)
@@ -362,8 +346,7 @@ class ReadMemo(Git):
         self._lock = threading.Lock()
 
     def is_ancestor(self, a: str, b: str) -> bool:
-        """``merge-base --is-ancestor``, answered from one ``rev-list --parents --all`` for commits the
-        refs reach (all their ancestors are in it), asked of git for others."""
+        """``merge-base --is-ancestor`` from one ``rev-list --parents --all`` where the refs reach both."""
         with self._lock:
             if self._parents is None:
                 out = super().run("rev-list", "--parents", "--all", check=False).stdout
@@ -392,8 +375,7 @@ class ReadMemo(Git):
         return _checked(args, proc) if check else proc
 
     def find_blobs(self, ids: list[str]) -> None:
-        """Ask git once (``cat-file --batch-check``) which of ``ids`` are blobs in the repository; the
-        ones found answer later ``cat-file -e <id>^{blob}`` calls."""
+        """Which of ``ids`` are blobs, in one ``cat-file --batch-check``: later ``cat-file -e`` answers."""
         key = lambda i: (("cat-file", "-e", f"{i}^{{blob}}"), False)  # noqa: E731
         want = [i for i in dict.fromkeys(ids) if key(i) not in self._memo]
         if not want:
@@ -406,13 +388,11 @@ class ReadMemo(Git):
                 self._memo[key(name)] = subprocess.CompletedProcess(list(key(name)[0]), 0, "", "")
 
 
-
 T = TypeVar("T")
 
 
 def remembered(git: Git, key: tuple, compute: Callable[[], T]) -> T:
-    """``compute()`` once per ``key`` for a ``ReadMemo`` (for the whole call: ``key`` must name all it
-    depends on); every time for a plain ``Git``."""
+    """``compute()`` once per ``key`` (naming all it depends on) for a ``ReadMemo``; every time for a ``Git``."""
     if not isinstance(git, ReadMemo):
         return compute()
     if key not in git._memo:
@@ -432,8 +412,7 @@ def toplevel(path: Path) -> Path:
 
 
 def user_can_commit(tree: Path) -> bool:
-    """Whether git as the user runs it in ``tree`` (their config and environment, not this wrapper's
-    fixed one) has an identity to commit with: a command printed for them must work as printed."""
+    """Has git, as the user runs it in ``tree``, an identity to commit with (a printed command must work)?"""
     try:
         proc = subprocess.run(["git", "-C", str(tree), "var", "GIT_COMMITTER_IDENT"], capture_output=True,
                               env={**os.environ, "GIT_TERMINAL_PROMPT": "0"}, timeout=30)

@@ -61,7 +61,7 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     git = Git(worktree=locate_tree(tree))
     if report_dir is not None:
         check_output_dir(report_dir, "--report")
-    if onto and not find_layers(layer_dirs).folders and (layer_dirs := tree_layers(git)):
+    if onto and not find_layers(layer_dirs) and (layer_dirs := tree_layers(git)):
         console().print(f"layers from the tree's provenance: {', '.join(map(str, layer_dirs))}", markup=False)
     done = rebase(git, chosen[0], onto=onto or "", repo=repo, drop_merged=drop_merged,  # type: ignore[arg-type]
                   drop=drop, series_dir=series_dir, layer_dirs=layer_dirs, report_dir=report_dir)

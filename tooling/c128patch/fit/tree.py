@@ -9,7 +9,7 @@ from typing import Protocol
 
 from unidiff import Hunk, PatchSet
 
-from c128patch.git import Git
+from c128patch.git import BlobBatch, Git
 
 PY_ROOT = "python"
 PACKAGE = "sglang"
@@ -39,7 +39,7 @@ class TreeReader:
         self.git, self.rev = git, rev
         self.files = set(git.out("ls-tree", "-r", "--name-only", rev, "--", root).splitlines())
         self._texts: dict[str, str | None] = {}
-        self._batch = git.cat_file_batch()
+        self._batch = BlobBatch(git)
 
     def text(self, path: str) -> str | None:
         """The file's text; None where the tree has no such file or it is binary."""

@@ -59,7 +59,7 @@ from c128patch.ops.rebase_report import render_markdown
 from c128patch.ops.treestate import git_command
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.contract import read_lock
-from c128patch.series.layers import layer_folders, layer_rows, layers_of, stack
+from c128patch.series.layers import layer_folders, layer_rows, stack
 from c128patch.series.manifest import Series, load_series
 from c128patch.upstream.source import Upstream, open_upstream
 from c128patch.upstream.target import Target
@@ -120,7 +120,7 @@ def check_out_dir(out: Path) -> Path:
 def copy_series_root(series: Series, dest: Path) -> Series:
     """The series folder (``patches/`` and the folders its overlays come from) copied to ``dest``; a
     stack's layers each to ``dest/layers/<name>`` (carried, refreshed and reported with it)."""
-    parts = [(series.ours, dest), *((layer, dest / "layers" / layer.name) for layer in layers_of(series))]
+    parts = [(series.ours, dest), *((layer, dest / "layers" / layer.name) for layer in series.layers)]
     for part, to in parts:
         tops = {"patches"} | {PurePosixPath(e.source).parts[0] for e in part.entries if not e.is_patch}
         for top in sorted(tops):
@@ -164,7 +164,7 @@ class Watch:
         self.run_code = run_code
         self.primary, self.reporter = primary, _Tracked(reporter)
         # the series as a command names it: its folder and its layers
-        self.series_args = f" --series {_q(series.root)}" + "".join(f" --layer {_q(f)}" for f in layer_folders(series))
+        self.series_args = f" --series {_q(series.root)}" + "".join(f" --layer {_q(x.root)}" for x in series.layers)
         self.phase = "starting"
         self.started = time.monotonic()
         self.info: dict = {"onto": {"rev": onto, "commit": ""}, "base": {"rev": series.base, "commit": ""}}
@@ -485,7 +485,7 @@ class Watch:
         root, out = self.series.root, self.out
         adopt = [f"rm -rf {_q(root / 'patches')} && cp -R {_q(out / 'series' / 'patches')} {_q(root / 'patches')}",
                  *(f"rm -rf {_q(layer.patches_dir)} && cp -R {_q(out / 'series' / 'layers' / layer.name / 'patches')} "
-                   f"{_q(layer.patches_dir)}" for layer in layers_of(self.series)),
+                   f"{_q(layer.patches_dir)}" for layer in self.series.layers),
                  f"c128patch lint{self.series_args}",
                  f"git -C {_q(root)} add -A patches && {git_command(root)} commit -F {_q(out / 'commit-message.txt')}"]
         outcome = report["outcome"]

@@ -44,9 +44,9 @@ from c128patch.ops.treestate import (
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
 from c128patch.series.layers import layer_folders, overlap_note, stack
-from c128patch.series.manifest import Series, load_series, safe_destination, symlink_on_path
+from c128patch.series.manifest import Series, load_series
 from c128patch.series.patchfile import PatchInfo
-from c128patch.series.paths import check_under
+from c128patch.series.paths import check_under, confine, symlink_on_path
 from c128patch.series.plan import ENTRY_TRAILER, Planned, check_paths_at, merged_entries, overlay_message, plan
 from c128patch.upstream.source import discard_fresh_tree
 from c128patch.upstream.target import Target
@@ -413,7 +413,7 @@ class Apply:
                   f"{ENTRY_TRAILER}: provenance\n")
 
     def _write(self, rel: str, data: bytes, what: str, failure: str) -> None:
-        dest = safe_destination(self.tree, rel, what)
+        dest = confine(self.tree, rel, what)
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)

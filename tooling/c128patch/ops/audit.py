@@ -36,7 +36,7 @@ from pathlib import Path
 from unidiff import PatchSet
 
 from c128patch.errors import C128Error
-from c128patch.git import Git
+from c128patch.git import BlobBatch, Git
 from c128patch.ops.replay import FAILED, branch_commits, replay_in_index
 from c128patch.series.manifest import Series
 from c128patch.series.plan import index_git
@@ -320,7 +320,7 @@ def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Seq
 def audit_changes(git: Git, changes: Sequence[tuple[str, str, str, str]], final: str) -> list[Finding]:
     """Findings of each (entry, gate, before, after): the entry's own change (``git diff before after``),
     its files read at ``after``, the helpers they call at ``final`` (the whole series applied)."""
-    batch = git.cat_file_batch()
+    batch = BlobBatch(git)
 
     def reader(rev: str) -> Reader:
         def read(rel: str) -> str | None:

@@ -8,8 +8,9 @@ from pathlib import PurePosixPath
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.gates import ENVIRON_PATH, SeriesText, declaration_problems, declarations, gate_problems
-from c128patch.series.manifest import Entry, Series, Variant, sha256_file, symlink_on_path
+from c128patch.series.manifest import Entry, Series, Variant, sha256_file
 from c128patch.series.patchfile import read_patch
+from c128patch.series.paths import symlink_on_path
 from c128patch.series.plan import merged_entries, prefixes, sources_at, symlink_refusal, tree_modes
 from c128patch.series.trailers import GATE_TRAILER
 

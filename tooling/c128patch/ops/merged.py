@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from c128patch.git import Git
+from c128patch.git import Git, blob_id
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops.replay import staged
 from c128patch.series.patchfile import NULL_BLOB
-from c128patch.series.plan import Planned, blob_id
+from c128patch.series.plan import Planned
 
 SignalKind = Literal["reverse-apply", "patch-id", "became-empty", "overlay-identical", "pr-hint"]
 CONTENT: tuple[SignalKind, ...] = ("reverse-apply", "patch-id", "became-empty", "overlay-identical")

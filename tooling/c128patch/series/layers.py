@@ -1,30 +1,16 @@
-"""Local layers: a team's own entries on top of our series (docs/layers.md).
-
-A layer is a folder in the series format (``patches/series.toml`` with its name, version, base,
-entries, patch files, overlays and ``patches/resolutions/``), loaded by ``load_series`` with every
-rule a series has (strict names, no path leaving the tree, nothing of git's own). On top:
-
-* its name is a PEP 440 local-label word (``LAYER_NAME``): it goes into the wheel's label;
-* its base is one our series was made on (the series base or a variant's): a layer made on a
-  release we never carried is refused before anything is read from git;
-* every patch file's ``C128patch-Entry`` trailer, when it has one, is its own namespaced name:
-  a layer cannot make a commit that ``rebase`` or ``refresh`` would take for one of ours.
-
-``Stack`` is the series with its layers, in order: our entries, then each layer's as
-``<layer>/<entry>``. It is a ``Series``, so everything that replays one (plan, apply, check,
-rebase, equivalence, the wheel) replays the stack; ``part`` says which folder an entry's files
-and ledger live in. Which layers: ``--layer DIR`` (repeatable), else ``$C128PATCH_LAYERS``
-(``os.pathsep``-separated; empty: none), else the operator's ``c128patch.toml`` (``find_config``;
-``[layers] paths = [...]``, relative to that file, inside its folder). A layer folder the env or a
-config names inside a tree the tool patches is refused: config comes from the operator only.
-"""
+"""Local layers: a team's own entries on top of our series. docs/layers.md has the rules ``load_layer``
+checks (a series folder, a PEP 440 label word as name, a base of ours, only its own entry trailer) and
+where layers come from (``--layer``, else ``$C128PATCH_LAYERS``, else the operator's ``c128patch.toml``:
+``find_layers``; never from inside a tree the tool patches). ``Stack`` is the series and its layers as
+one ``Series`` (ours, then each layer's entries as ``<layer>/<entry>``): everything that replays a
+series replays it; ``part`` says which folder an entry's files and ledger live in."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -36,11 +22,10 @@ from c128patch.series.manifest import (
     Series,
     Variant,
     default_series_root,
-    duplicates,
     load_series,
     read_toml,
 )
-from c128patch.series.paths import confine
+from c128patch.series.paths import confine, duplicates
 from c128patch.series.trailers import ENTRY_TRAILER, find_trailers
 
 LAYER_NAME = re.compile(r"[a-z][a-z0-9]{0,31}")
@@ -134,8 +119,7 @@ class Stack(Series):
         return self.rebuilt([e for e in self.entries if e.name not in names], "")
 
     def rebuilt(self, entries: list[Entry], base: str) -> Stack:
-        """The stack with ``entries`` (namespaced) sorted back into its parts, each part's base ``base``
-        ("" keeps each one's)."""
+        """The stack with ``entries`` (namespaced) sorted back into its parts, on ``base`` ("": each one's)."""
         mine: dict[int, list[Entry]] = {}
         owners = [self.head, *self.layers]
         for e in entries:
@@ -156,11 +140,6 @@ def layer_rows(stack: Series) -> list[dict]:
              "entries": [f"{layer.name}{SEP}{e.name}" for e in layer.entries]} for layer in stack.layers]
 
 
-def layers_of(series: Series) -> list[Series]:
-    """A stack's layers, in order ([] for a series alone)."""
-    return list(series.layers)
-
-
 def layer_folders(series: Series) -> list[str]:
     """The layer folders of a stack, in order (journals keep them to resume with the same stack)."""
     return [str(layer.root) for layer in series.layers]
@@ -172,8 +151,7 @@ def layer_args(series: Series) -> list[str]:
 
 
 def overlap_note(series: Series, earlier: list[tuple[str, list[str]]], name: str, paths: list[str]) -> str:
-    """For a layer entry ``name`` that stopped on ``paths`` (the failing file first): the entry of
-    another part replayed before it that changes the same file, as "; it conflicts with ..." ("" if none)."""
+    """"; it conflicts with ..." naming an earlier entry of another part changing a ``paths`` file ("": none)."""
     mine = series.part(name)[0]
     if mine is series.ours:
         return ""
@@ -184,13 +162,6 @@ def overlap_note(series: Series, earlier: list[tuple[str, list[str]]], name: str
                 owner = f"series {part.name}" if part is series.ours else f"layer {part.name}"
                 return f"; it conflicts with entry '{other}' of {owner}, which changes {path} before it"
     return ""
-
-
-@dataclass(frozen=True)
-class LayerSource:
-    """The layer folders ``--layer``, the env or a config file names (none: ``()``)."""
-
-    folders: tuple[Path, ...]
 
 
 def read_config(path: Path) -> tuple[Path, ...]:
@@ -211,8 +182,7 @@ def _patched_top(folder: Path) -> bool:
 
 
 def find_config(start: Path) -> Path | None:
-    """The operator's ``c128patch.toml``: in ``start`` or a folder above it, up to the first repository
-    top that is not a tree the tool patches; never inside such a tree; owned by the current user."""
+    """The operator's ``c128patch.toml`` at or above ``start`` up to a repository top, outside patched trees."""
     chain = [start, *start.parents]
     tops = [i for i, folder in enumerate(chain) if (folder / ".git").exists()]
     inside = max([i + 1 for i in tops if _patched_top(chain[i])], default=0)
@@ -224,11 +194,11 @@ def find_config(start: Path) -> Path | None:
     return config
 
 
-def find_layers(given: tuple[Path, ...] = (), cwd: Path | None = None) -> LayerSource:
-    """The layers to use (see the module doc for the order)."""
+def find_layers(given: tuple[Path, ...] = (), cwd: Path | None = None) -> tuple[Path, ...]:
+    """The layer folders to use (see the module doc for the order)."""
     env = os.environ.get(ENV)
     if given:
-        return LayerSource(tuple(given))
+        return tuple(given)
     start = (cwd or Path.cwd()).resolve()
     config = None if env is not None else find_config(start)
     folders = tuple((start / p).resolve() for p in (env or "").split(os.pathsep) if p) if env is not None \
@@ -238,15 +208,13 @@ def find_layers(given: tuple[Path, ...] = (), cwd: Path | None = None) -> LayerS
         if top is not None:
             raise C128Error(f"layer folder {folder} (from {ENV if env is not None else config}) is inside {top}, a "
                             "tree c128patch patches: layers come from the operator, not from upstream")
-    return LayerSource(folders)
+    return folders
 
 
 def get_series(series_dir: Path | None, layers: Sequence[Path] = ()) -> Series:
-    """The series in ``series_dir`` (default: the one this tool carries) with ``layers`` stacked on it;
-    none given: the layers ``$C128PATCH_LAYERS`` or a ``c128patch.toml`` names (``find_layers``), as every
-    verb takes them."""
+    """The series in ``series_dir`` (default: the tool's) with ``layers``, else ``find_layers``', stacked on it."""
     series = load_series(series_dir or default_series_root())
-    return stack(series, find_layers(tuple(layers)).folders)
+    return stack(series, find_layers(tuple(layers)))
 
 
 def stack(series: Series, folders: tuple[Path, ...] | list[Path]) -> Series:

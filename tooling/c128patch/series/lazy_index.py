@@ -1,12 +1,7 @@
-"""A replay's index kept in memory for the series' paths, written to its file only when git must
-read it (``check`` over many revs: ``ops.replay`` and the probe of ``series.plan`` with a ``ReadMemo``).
-
-It starts as the upstream commit's tree; what the entries change is held as index entries of the
-series' paths and written (``read-tree``, then one ``update-index``) before the first git call that
-reads the file. ``key`` names what a replay of a patch reads from it (its paths' entries, files
-under them, files at their folders), so a replay's outcome can be shared by every rev whose index
-holds the same there (``git.remembered``).
-"""
+"""A replay's index held in memory for the series' paths (``check`` over many revs: ``ops.replay`` and
+``series.plan``'s probe with a ``ReadMemo``): the commit's tree plus the entries' changes, written
+(``read-tree``, one ``update-index``) only before a git call reads the file. ``key`` names what a replay
+of a patch reads there, so its outcome is shared by every rev holding the same (``git.remembered``)."""
 
 from __future__ import annotations
 
@@ -31,8 +26,7 @@ def ls_tree(git: Git, treeish: str, paths: list[str], *flags: str) -> dict[str, 
 
 class LazyIndex:
     def __init__(self, git: Git, idx: Git, commit: str, paths: list[str], kinds: dict[str, str]) -> None:
-        """``idx``: ``git`` on the index file; ``paths``: every path the replay may touch (plain:
-        ``plain_paths``); ``kinds``: the modes at ``commit`` of their folders (``series.plan.path_kinds``)."""
+        """``idx``: ``git`` on the file; ``paths``: all a replay may touch; ``kinds``: their folders' modes."""
         self.git, self.idx, self.commit, self.kinds = git, idx, commit, kinds
         self.entries: dict[str, Entries] = {
             name: ((mode, sha, "0"),) for name, (mode, _type, sha) in ls_tree(git, commit, paths, "-r").items()}
@@ -43,8 +37,7 @@ class LazyIndex:
 
     @staticmethod
     def _near(path: str, paths: list[str]) -> bool:
-        """Can a git call on ``paths`` see the index entry of ``path`` (one of them, a folder of one, a file
-        under one)?"""
+        """Can a git call on ``paths`` see ``path``'s entry (one of them, a folder of one, a file under one)?"""
         return any(path == p or p.startswith(path + "/") or path.startswith(p + "/") for p in paths)
 
     def _current(self, paths: list[str]) -> None:
@@ -78,8 +71,7 @@ class LazyIndex:
             self.dirty.add(path)
 
     def flush(self, paths: list[str] | None = None) -> Git:
-        """Write the index file as the entries say (only where a git call on ``paths`` looks, given
-        them); returns ``git`` on it."""
+        """``git`` on the file, written as the entries say (only where a git call on ``paths`` looks)."""
         if not self.written:
             self.idx.run("read-tree", self.commit)
             self.written = True

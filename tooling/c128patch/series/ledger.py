@@ -38,8 +38,7 @@ def normalize_markers(text: str) -> str:
 
 
 def conflict_key(path: str, text: str, *, whitespace: bool = True) -> str:
-    """A hash of the conflict blocks of ``text`` (markers normalized), and the path; with
-    ``whitespace=False`` each line's runs of whitespace count as one space."""
+    """A hash of ``path`` and ``text``'s conflict blocks (markers normalized; ``whitespace=False``: runs as one)."""
     blocks, inside, current = [], False, []
     for line in normalize_markers(text).splitlines():
         line = line if whitespace else " ".join(line.split())
@@ -92,8 +91,7 @@ class Ledger:
         self.index = self.root / "ledger.toml"
 
     def _of(self, entry: str) -> tuple[Ledger, str]:
-        """The ledger an entry's resolutions live in (a layer's own, ``layers.Stack``) and its checked name
-        there: a name from a journal or a pull request becomes a folder of the ledger."""
+        """The ledger of ``entry`` (a layer's own) and its name there, checked: it becomes a folder."""
         part, local = self.series.part(entry)
         check_entry_name(local, f"the ledger {self.index}")
         same = part.patches_dir == self.series.patches_dir and local == entry
@@ -123,7 +121,7 @@ class Ledger:
         """Built from a name ``_of`` checked and a checked key: both come from files a pull request can change."""
         if not _KEY.fullmatch(str(key)):
             raise C128Error(f"unsafe ledger key in {self.index}: {key!r} (a key is 1-64 hex digits)")
-        return self.root / entry / f"{key}.diff"
+        return self.root / check_entry_name(entry, "the ledger") / f"{key}.diff"
 
     @staticmethod
     def conflicts(git: Git, paths: list[str]) -> list[Conflict]:
@@ -137,8 +135,7 @@ class Ledger:
         return out
 
     def replay(self, git: Git, entry: str, conflicts: list[Conflict], span: str = "") -> list[Resolution]:
-        """Resolve (and ``git add``) every conflict this entry has a recorded resolution for, in
-        ``git``'s work tree; ``span`` is the range being replayed ("v0.5.22..v0.5.23")."""
+        """Resolve and ``git add`` each conflict the entry's rows fit; ``span``: the range ("v0.5.22..v0.5.23")."""
         ledger, local = self._of(entry)
         rows = [r for r in ledger.rows() if r["entry"] == local]
         used = []

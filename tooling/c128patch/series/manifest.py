@@ -19,13 +19,7 @@ from c128patch.errors import C128Error
 from c128patch.jsonio import write_atomic
 from c128patch.series import txn
 from c128patch.series.gates import Gate, parse_gates
-from c128patch.series.paths import (  # noqa: F401  (safe_destination, symlink_on_path: re-exported)
-    check_entry_name,
-    check_relpath,
-    duplicates,
-    symlink_on_path,
-)
-from c128patch.series.paths import confine as safe_destination  # noqa: F401
+from c128patch.series.paths import check_entry_name, check_relpath, duplicates
 
 MANIFEST = "patches/series.toml"
 KINDS = ("patch", "overlay")
@@ -41,10 +35,8 @@ def sha256_file(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Variant:
-    """One patch file of an entry, made against upstream ``base``: by content, ``sources`` (the
-    blob id of each file it touches as upstream has it at that base, ``absent`` for a file it
-    creates), with ``base`` the tag name beside it. ``commit``: only for a base no tag names
-    (``base`` is then its short commit id; a clone of other ids cannot resolve it)."""
+    """One patch file of an entry, made on upstream ``base`` (a tag; ``commit`` for a base no tag names), by
+    content ``sources``: each touched file's blob id at that base (``absent``: one it creates)."""
 
     file: str
     base: str

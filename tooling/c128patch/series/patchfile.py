@@ -38,8 +38,7 @@ class PatchInfo:
 
     @property
     def blobs(self) -> dict[str, tuple[str, str]]:
-        """path -> (preimage, postimage) blob ids, from the ``index`` lines of a ``--full-index``
-        patch (``NULL_BLOB`` for a created or deleted file). Paths without a full id are left out."""
+        """path -> (preimage, postimage) blob ids of a ``--full-index`` patch's ``index`` lines (full ids only)."""
         out = {}
         for pf in self.patchset:
             for line in pf.patch_info:
@@ -51,12 +50,8 @@ class PatchInfo:
     @property
     def paths(self) -> list[str]:
         """Every path the patch reads or writes (both sides of a rename)."""
-        out: dict[str, None] = {}
-        for pf in self.patchset:
-            for side in (pf.source_file, pf.target_file):
-                if side != "/dev/null":
-                    out[_strip(side)] = None
-        return list(out)
+        sides = (side for pf in self.patchset for side in (pf.source_file, pf.target_file))
+        return list(dict.fromkeys(_strip(side) for side in sides if side != "/dev/null"))
 
     @property
     def added(self) -> list[str]:
@@ -75,17 +70,9 @@ class PatchInfo:
 
     def hunk_at(self, path: str, line: int) -> tuple[int, str] | None:
         """(1-based hunk number, header) of the hunk of ``path`` whose pre-image starts at ``line``."""
-        for pf in self.patchset:
-            if _strip(pf.path) != path:
-                continue
-            best = None
-            for i, hunk in enumerate(pf, 1):
-                header = hunk_header(hunk, section=True)
-                if hunk.source_start == line:
-                    return i, header
-                if hunk.source_start <= line:
-                    best = (i, header)
-            return best
+        for pf in (pf for pf in self.patchset if _strip(pf.path) == path):
+            before = [(i, hunk) for i, hunk in enumerate(pf, 1) if hunk.source_start <= line]  # hunks go in order
+            return (before[-1][0], hunk_header(before[-1][1], section=True)) if before else None
         return None
 
 
@@ -95,10 +82,8 @@ def _strip(path: str) -> str:
 
 def split_message(text: str) -> tuple[str, str]:
     """(mail header + message, rest) of a format-patch text; rest starts at '---' or the diff."""
-    cut = [i for i in (text.find("\n---\n"), text.find("\ndiff --git ")) if i >= 0]
-    if not cut:
-        return text, ""
-    return text[: min(cut)], text[min(cut) :]
+    cut = min([i for i in (text.find("\n---\n"), text.find("\ndiff --git ")) if i >= 0], default=len(text))
+    return text[:cut], text[cut:]
 
 
 _PARSED: dict[tuple[Path, bytes], PatchInfo] = {}  # (path, content) -> parsed: a replay reads each file often
@@ -122,8 +107,7 @@ def read_patch(path: Path) -> PatchInfo:
 
 
 def read_patches(paths: list[Path]) -> list[PatchInfo]:
-    """``read_patch`` of each; git's parser reads the new ones in one call (one by one only to name
-    the file it refuses)."""
+    """``read_patch`` of each; git's parser reads the new ones in one call (one by one to name a bad one)."""
     new = {key: path for path in paths if (key := _read(path)[0]) not in _PARSED}
     if len(new) > 1:
         git = Git(worktree=next(iter(new.values())).parent, filters_off=[])

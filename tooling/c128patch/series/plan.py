@@ -28,8 +28,9 @@ from typing import Literal
 from c128patch.errors import C128Error
 from c128patch.git import Git, ReadMemo, blob_id, remembered
 from c128patch.series.lazy_index import LazyIndex, ls_tree, plain_paths
-from c128patch.series.manifest import ABSENT, Entry, Series, Variant, sha256_file, symlink_on_path
+from c128patch.series.manifest import ABSENT, Entry, Series, Variant, sha256_file
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch, read_patches
+from c128patch.series.paths import symlink_on_path
 from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER, SERIES_TRAILER
 
 Rule = Literal["only", "exact", "most", "ancestor", "strict", "primary"]
@@ -45,15 +46,13 @@ class Choice:
 
 
 def index_git(git: Git, index_file: Path) -> Git:
-    """``git`` reading and writing the index ``index_file`` (its folder stands in for the work tree
-    of a bare repository)."""
+    """``git`` on the index ``index_file`` (its folder: the work tree of a bare repository)."""
     idx = git.with_env(GIT_INDEX_FILE=str(index_file))
     return idx.with_env(GIT_WORK_TREE=str(index_file.parent)) if git.worktree is None else idx
 
 
 def sources_at(git: Git, commit: str, paths: list[str]) -> tuple[tuple[str, str], ...]:
-    """(path, blob id) of ``paths`` at ``commit`` (``absent`` where it has none), sorted: a base by
-    content (``Variant.sources``), the same in every clone with the same sources."""
+    """(path, blob id | ``absent``) of ``paths`` at ``commit``, sorted: a base by content (``Variant.sources``)."""
     found = {p: ABSENT for p in paths}
     found.update({name: sha for name, (_mode, kind, sha) in ls_tree(git, commit, paths, "-r", "--full-tree").items()
                   if name in found and kind == "blob"})
@@ -72,11 +71,8 @@ def written_blob(git: Git, path: Path) -> str:
 
 
 class ReplayedTree:
-    """The blobs of ``target`` as the entries planned so far leave them. Known exactly while each
-    patch's preimage matched (its postimage is then the result); otherwise read from a probe index
-    that replays the planned files (strict, else 3-way), made only when a rule needs it. With a
-    ``ReadMemo`` the probe is held in memory (``series.lazy_index``) and its git calls are shared by
-    the revs whose probe holds the same at the patch's paths."""
+    """The blobs of ``target`` as the entries planned so far leave them: known while each preimage matched,
+    else read from a probe index replaying them (in memory with a ``ReadMemo``: ``series.lazy_index``)."""
 
     def __init__(self, git: Git, target: str, paths: list[str], scratch: Path) -> None:
         self.git, self.target, self.scratch, self.paths = git, target, scratch, paths
@@ -90,24 +86,19 @@ class ReplayedTree:
         self.lacks = {p for p, b in self.blobs.items() if b == NULL_BLOB}
 
     def fails(self, patch: PatchInfo) -> bool:
-        """Does ``git apply`` (strict or 3-way) surely refuse ``patch`` on the probe: a file it
-        modifies or deletes is one the probe lacks?"""
+        """Does ``git apply`` surely refuse ``patch`` on the probe (it needs a file the probe lacks)?"""
         return plain_patch(patch) and any(p in self.lacks for p in patch.needs)
 
     def blob(self, path: str) -> str:
-        if self.blobs.get(path, NULL_BLOB) is None and path in self.lacks:
-            return NULL_BLOB
-        if self.blobs.get(path, NULL_BLOB) is None:
+        if self.blobs.get(path, NULL_BLOB) is None and path not in self.lacks:
             probe, lazy = self._index(), self._lazy
-            if lazy is not None:
-                held = lazy.holds(path)  # (reads back what git changed there)
-                entries = lazy.entries.get(path, ())
-                if entries or not held:  # else files under it: git's answer
-                    self.blobs[path] = entries[0][1] if entries else NULL_BLOB
-                    return self.blobs.get(path) or NULL_BLOB
-                probe = lazy.flush()
-            out = probe.out("ls-files", "-s", "--", path).split()
-            self.blobs[path] = out[1] if out else NULL_BLOB
+            held = lazy is None or lazy.holds(path)  # (reads back what git changed there)
+            entries = lazy.entries.get(path, ()) if lazy is not None else ()
+            if entries or not held:  # else files under it: git's answer
+                self.blobs[path] = entries[0][1] if entries else NULL_BLOB
+            else:
+                out = (lazy.flush() if lazy is not None else probe).out("ls-files", "-s", "--", path).split()
+                self.blobs[path] = out[1] if out else NULL_BLOB
         return self.blobs.get(path) or NULL_BLOB
 
     def matches(self, patch: PatchInfo) -> int:
@@ -116,16 +107,11 @@ class ReplayedTree:
     def applies_strictly(self, patch: PatchInfo) -> bool:
         if self.fails(patch):
             return False
-        probe, lazy = self._index(), self._lazy
+        probe, lazy, check = self._index(), self._lazy, ("apply", "--cached", "--check", str(patch.path))
         if lazy is None or not plain_patch(patch):
-            return (lazy.flush() if lazy is not None else probe).ok("apply", "--cached", "--check", str(patch.path))
-        paths = patch.paths
-
-        def check() -> bool:
-            return lazy.flush(paths).ok("apply", "--cached", "--check", str(patch.path))
-
-        return remembered(self.git, ("probe check", str(patch.path), blob_id(patch.path.read_bytes()), lazy.key(paths)),
-                          check)
+            return (lazy.flush() if lazy is not None else probe).ok(*check)
+        key = ("probe check", str(patch.path), blob_id(patch.path.read_bytes()), lazy.key(patch.paths))
+        return remembered(self.git, key, lambda: lazy.flush(patch.paths).ok(*check))
 
     def advance(self, item: Planned) -> None:
         """Record ``item`` as replayed on top of the tree."""
@@ -200,11 +186,13 @@ def _probe_apply(idx: Git, item: Planned) -> None:
 ANCESTOR_SEARCH = 200  # commits touching a variant's files searched back for its base's sources
 
 
-def _content_distance(git: Git, variant: Variant, target: str) -> int | None:
-    """Commits from the nearest ancestor of ``target`` holding ``variant``'s recorded sources to
-    ``target`` (None: none within the search): the base found by content, in any clone."""
-    paths = [p for p, _ in variant.sources]
-    want = dict(variant.sources)
+def _distance(git: Git, variant: Variant, target: str) -> int | None:
+    """Commits from ``variant``'s base to ``target`` (None: not an ancestor): the nearest ancestor holding
+    its recorded sources (searched back ``ANCESTOR_SEARCH`` commits), else its recorded commit, else its tag."""
+    if not variant.sources:
+        base = (git.rev_parse(variant.commit) if variant.commit else None) or git.rev_parse(variant.base)
+        return git.count(f"{base}..{target}") if base is not None and git.is_ancestor(base, target) else None
+    paths, want = [p for p, _ in variant.sources], dict(variant.sources)
     newer: str | None = None  # the newest touching commit after the candidate
     touching = git.out("rev-list", f"--max-count={ANCESTOR_SEARCH}", target, "--", *paths).split()
     for commit in [target, *touching]:
@@ -216,31 +204,9 @@ def _content_distance(git: Git, variant: Variant, target: str) -> int | None:
     return None
 
 
-def _ancestor_distances(git: Git, files: list[Variant], target: str,
-                        cache: dict[str, int | None]) -> dict[Variant, int]:
-    """Variant -> commits from its base to ``target``, for the bases that are ancestors of it: found
-    by the base's recorded sources, else its recorded commit, else its tag name."""
-    out = {}
-    for variant in files:
-        key = f"{variant.file}\0{variant.base}"
-        if key not in cache:
-            if variant.sources:
-                cache[key] = _content_distance(git, variant, target)
-            else:
-                base = git.rev_parse(variant.commit) if variant.commit else None
-                base = base or git.rev_parse(variant.base)
-                ok = base is not None and git.is_ancestor(base, target)
-                cache[key] = git.count(f"{base}..{target}") if ok else None
-        if cache[key] is not None:
-            out[variant] = cache[key]
-    return out
-
-
 def select_variant(git: Git, entry: Entry, target: str, tree: ReplayedTree, patches: dict[Variant, PatchInfo],
-                   distances: dict[str, int | None] | None = None) -> Choice:
-    """The file ``entry`` takes on ``target`` (module docstring: the rules). ``tree``: the target as
-    the earlier entries leave it; ``patches``: each of the entry's files, parsed; ``distances``
-    caches base -> commits to ``target``."""
+                   distances: dict[Variant, int | None] | None = None) -> Choice:
+    """The file ``entry`` takes on ``target`` as ``tree`` holds it (the module doc's rules); ``distances``: a cache."""
     files = entry.patch_files()
     if len(files) == 1:
         return Choice(files[0], "only", "the entry's only file")
@@ -253,8 +219,11 @@ def select_variant(git: Git, entry: Entry, target: str, tree: ReplayedTree, patc
     if len(tied) == 1:
         v = tied[0]
         return Choice(v, "most", f"most preimage blobs match ({score[v]}/{len(patches[v].blobs)} files)")
-    tied = tied or files
-    near = _ancestor_distances(git, tied, target, {} if distances is None else distances)
+    tied, cache = tied or files, {} if distances is None else distances
+    for v in tied:
+        if v not in cache:
+            cache[v] = _distance(git, v, target)
+    near = {v: cache[v] for v in tied if cache[v] is not None}
     if near:
         best = min(near.values())
         closest = [v for v in tied if near.get(v) == best]
@@ -269,8 +238,7 @@ def select_variant(git: Git, entry: Entry, target: str, tree: ReplayedTree, patc
 
 
 def choose(series: Series, git: Git, entry: Entry, target: str) -> Choice:
-    """``select_variant`` for one entry on the tree of commit ``target`` as it is (the earlier
-    entries already in it: a patched branch's commit before this entry's)."""
+    """``select_variant`` for one entry on commit ``target``'s tree (the earlier entries already in it)."""
     patches = {v: read_patch(verify_file(series, entry, v)) for v in entry.patch_files()}
     paths = sorted({p for info in patches.values() for p in info.files})
     with tempfile.TemporaryDirectory(prefix="c128plan-") as tmp:
@@ -332,15 +300,13 @@ def merged_entries(series: Series, git: Git, target: str) -> list[Entry]:
 
 
 def symlink_refusal(entry: Entry, label: str, info: PatchInfo) -> str | None:
-    """Why a patch may not be carried because it makes a symlink (None: it makes none). A symlink
-    made by the series could point anywhere, and a later entry's write would go through it."""
+    """Why a patch making a symlink may not be carried (a later write could go through it); None: it makes none."""
     return (f"entry '{entry.name}': {label} creates the symlink {info.symlinks[0]}; a series may not create symlinks "
             "(a later write through it could leave the tree)") if info.symlinks else None
 
 
 def plan(series: Series, git: Git, target: str) -> list[Planned]:
-    """Choose each entry's file for ``target`` and validate it; touches nothing but the object store.
-    Entries merged upstream at ``target`` are left out (``merged_entries``)."""
+    """Each entry's file for ``target``, validated, less ``merged_entries``; writes only objects."""
     skip = {e.name for e in merged_entries(series, git, target)}
     entries = [e for e in series.entries if e.name not in skip]
     files = {e.name: {v: verify_file(series, e, v) for v in e.patch_files()} for e in entries}
@@ -352,7 +318,7 @@ def plan(series: Series, git: Git, target: str) -> list[Planned]:
     paths = sorted({p for files in patches.values() for info in files.values() for p in info.files}
                    | {e.target for e in entries if not e.is_patch})
     out = []
-    distances: dict[str, int | None] = {}
+    distances: dict[Variant, int | None] = {}
     with tempfile.TemporaryDirectory(prefix="c128plan-") as tmp:
         tree = ReplayedTree(git, target, paths, Path(tmp))
         for entry in entries:
@@ -371,12 +337,8 @@ def plan(series: Series, git: Git, target: str) -> list[Planned]:
 
 
 def prefixes(paths: list[str]) -> list[str]:
-    seen: dict[str, None] = {}
-    for path in paths:
-        parts = PurePosixPath(path).parts
-        for i in range(1, len(parts) + 1):
-            seen["/".join(parts[:i])] = None
-    return list(seen)
+    """Each path's folders, then the path, once each."""
+    return list(dict.fromkeys(f for p in paths for f in [*map(str, reversed(PurePosixPath(p).parents[:-1])), p]))
 
 
 def path_kinds(git: Git, treeish: str, planned: list[Planned]) -> dict[str, str]:
@@ -391,8 +353,7 @@ def tree_modes(git: Git, treeish: str, paths: list[str]) -> dict[str, str]:
 
 
 def check_paths_at(git: Git, treeish: str, planned: list[Planned]) -> set[str]:
-    """Refuse paths that go through a symlink in the upstream tree, and overlays that hit upstream
-    files. Returns which of the touched paths (and their folders) exist at ``treeish``."""
+    """Refuse a path through an upstream symlink, an overlay on an upstream file; which touched paths exist."""
     kinds = path_kinds(git, treeish, planned)
     for item in planned:
         for path in item.patch.paths if item.patch else item.touched:

@@ -1,16 +1,11 @@
 """All-or-nothing writes into series folders (``refresh``, ``layer add-entry``): stage, commit by one
-rename, roll forward.
-
-``commit_all(parts)`` stages each part's new files under ``<root>/.c128patch-txn-staging/`` with a
-plan (which staged file goes where, which files go, the group of folders written together); a
-failure there removes every staging folder: nothing changed. Renaming the first part's staging to
-``.c128patch-txn`` is the one commit point; then every part is swapped in and its files moved into
-place (``os.replace``, the manifest last). A kill before the commit point leaves the old series; one
-after it leaves a committed plan that ``recover`` (run by ``load_series``, so by every command that
-reads a series) finishes. A plan is input: before anything moves it is checked (``_plan``): every
-path confined to its folder (``paths.confine``), every folder of its group holding a plan of that
-group. ``locked`` serialises the writers of one folder.
-"""
+rename, roll forward. ``commit_all(parts)`` stages each part's files and a plan (moves, deletes, the
+group of folders written together) under ``<root>/.c128patch-txn-staging/``; a failure there removes
+every staging folder: nothing changed. Renaming the first part's staging to ``.c128patch-txn`` is the
+one commit point; then every part is swapped in and moved into place (the manifest last). ``recover``
+(run by ``load_series``) finishes a committed plan after a kill and drops an uncommitted one. A plan is
+input: ``_plan`` checks it before anything moves (its paths ``paths.confine``d, every folder of its
+group holding a plan of that group). ``locked`` serialises the writers of one folder."""
 
 from __future__ import annotations
 
@@ -26,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 from c128patch.errors import C128Error
+from c128patch.jsonio import write_atomic
 from c128patch.series.paths import confine
 
 TXN = ".c128patch-txn"
@@ -73,13 +69,6 @@ def _fsync_dir(path: Path) -> None:
     os.close(fd)
 
 
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
 def _rel(root: Path, path: Path) -> str:
     rel = path.relative_to(root).as_posix() if path.is_absolute() and path.is_relative_to(root) else str(path)
     confine(root, rel, f"the refresh of {root}")
@@ -96,11 +85,11 @@ def _stage(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path
     (staging / "files").mkdir(parents=True)
     moves = []
     for i, path in enumerate(sorted(files, key=lambda p: (p == last, str(p)))):
-        _write_synced(staging / "files" / f"{i:05d}", files[path])
+        write_atomic(staging / "files" / f"{i:05d}", files[path])
         moves.append([f"{i:05d}", _rel(root, path)])
         fault(f"refresh-{prefix}staged:{i}")
     plan = {"moves": moves, "deletes": [_rel(root, p) for p in deletes], "group": group}
-    _write_synced(staging / PLAN, json.dumps(plan).encode())
+    write_atomic(staging / PLAN, json.dumps(plan).encode())
     _fsync_dir(staging)
 
 
@@ -111,14 +100,12 @@ def _swap(root: Path) -> None:
 
 def commit(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path | None = None,
            fault: Callable[[str], None] = _no_fault) -> None:
-    """Write ``files`` and remove ``deletes`` under ``root`` as one transaction (``last``: the file moved
-    into place last, the manifest); ``fault(point)``: the tests' fault-injection hook (``ops.faults``)."""
+    """``files`` written, ``deletes`` removed, ``last`` moved last, as one transaction; ``fault``: ``ops.faults``'."""
     commit_all([(root, files, deletes, last)], fault)
 
 
 def commit_all(parts: list[Part], fault: Callable[[str], None] = _no_fault) -> None:
-    """``commit`` for several folders as one transaction (see the module doc). Fault points of part
-    ``k`` > 0 are named ``refresh-part<k>-...``; the swap's ``refresh-swapped:<k>``."""
+    """``commit`` of several folders as one (fault points ``refresh-part<k>-...``, ``refresh-swapped:<k>``)."""
     if not parts:
         return
     roots = [root for root, *_ in parts]
@@ -152,8 +139,7 @@ def _read(folder: Path) -> dict | None:
 
 
 def _plan(root: Path, folder: str, group: bool = True) -> dict:
-    """The plan in ``root``'s ``folder`` (TXN or STAGING), checked before anything moves: its paths
-    confined to ``root``, its group naming ``root``; with ``group``, only folders holding a plan of that group."""
+    """``root``'s plan in ``folder``, checked: paths confined, its group naming ``root`` (and holding it)."""
     where = f"the interrupted refresh {root / folder / PLAN}"
     confine(root, f"{folder}/{PLAN}", where, regular=True)
     plan = _read(root / folder) or {}
@@ -175,8 +161,7 @@ def _plan(root: Path, folder: str, group: bool = True) -> dict:
 
 
 def _finish(group: dict, fault: Callable[[str], None] = _no_fault) -> None:
-    """Swap in and finish every other part of a committed group, keeping each one's plan (so a reader
-    of that part finishes the group), then the first part; then the plans go, the first part's first."""
+    """Finish every other part of a committed group (plans kept until all are done), then the first."""
     head, *others = (Path(p) for p in group["parts"])
     plans = {root: _plan(root, TXN if (root / TXN).is_dir() else STAGING) for root in (head, *others)}
     for k, root in enumerate(others, 1):
@@ -204,34 +189,29 @@ def _roll_forward(root: Path, plan: dict, fault: Callable[[str], None] = _no_fau
 
 
 def recover(root: Path) -> str | None:
-    """Finish a committed transaction a kill interrupted, or drop an uncommitted one; says which.
-    A part of a group is finished with the whole group once its first part is committed."""
+    """Finish an interrupted committed transaction (with its whole group), or drop an uncommitted one; says which."""
     if not ((root / TXN).exists() or (root / STAGING).exists()):
         return None
     with locked(root):  # not while a writer stages
-        return _recover(root)
-
-
-def _recover(root: Path) -> str | None:
-    try:
-        for folder in (TXN, STAGING):
-            group = (_read(root / folder) or {}).get("group") if (root / folder).is_dir() else None
-            parts = group.get("parts") if isinstance(group, dict) else None
-            if isinstance(parts, list) and parts and isinstance(parts[0], str) \
-                    and (_read(Path(parts[0]) / TXN) or {}).get("group") == group:
-                _plan(root, folder)
-                _finish(group)
+        try:
+            for folder in (TXN, STAGING):
+                group = (_read(root / folder) or {}).get("group") if (root / folder).is_dir() else None
+                parts = group.get("parts") if isinstance(group, dict) else None
+                if isinstance(parts, list) and parts and isinstance(parts[0], str) \
+                        and (_read(Path(parts[0]) / TXN) or {}).get("group") == group:
+                    _plan(root, folder)
+                    _finish(group)
+                    return "finished an interrupted refresh"
+            if (root / TXN).is_dir():  # its first part's plan is gone: the group was finished but for this one
+                _roll_forward(root, _plan(root, TXN, group=False))
+                shutil.rmtree(root / TXN)
                 return "finished an interrupted refresh"
-        if (root / TXN).is_dir():  # its first part's plan is gone: the group was finished but for this one
-            _roll_forward(root, _plan(root, TXN, group=False))
-            shutil.rmtree(root / TXN)
-            return "finished an interrupted refresh"
-    except (OSError, ValueError, KeyError, TypeError, C128Error) as exc:
-        why = exc.message if isinstance(exc, C128Error) else str(exc)
-        raise C128Error(f"{root / TXN}: an interrupted refresh cannot be finished ({why}); restore patches/ of "
-                        f"each folder it wrote from git (git -C {root} checkout -- patches) and remove their "
-                        f"{TXN} and {STAGING} folders") from None
-    if (root / STAGING).is_dir():
-        shutil.rmtree(root / STAGING, ignore_errors=True)
-        return "dropped an interrupted refresh that had not written anything"
-    return None
+        except (OSError, ValueError, KeyError, TypeError, C128Error) as exc:
+            why = exc.message if isinstance(exc, C128Error) else str(exc)
+            raise C128Error(f"{root / TXN}: an interrupted refresh cannot be finished ({why}); restore patches/ of "
+                            f"each folder it wrote from git (git -C {root} checkout -- patches) and remove their "
+                            f"{TXN} and {STAGING} folders") from None
+        if (root / STAGING).is_dir():
+            shutil.rmtree(root / STAGING, ignore_errors=True)
+            return "dropped an interrupted refresh that had not written anything"
+        return None

@@ -1,13 +1,10 @@
 """Which wheel of an sglang release fits an interpreter and platform, and where it comes from.
 
-sglang ships one wheel per CPython version and platform (``cp311``…``cp313`` ×
-``manylinux_2_34_{x86_64,aarch64}`` in 0.5.2x); their Python and CUDA sources are the same, their
-compiled extensions are not. ``wheel --from-release`` patches the one the serving interpreter
-installs: by default a wheel pip would install here (any of ``packaging.tags.sys_tags()``), or
-the one named by ``--python-tag`` / ``--platform`` (a platform left out is one of this machine's).
-The wheelhouses ($C128PATCH_WHEELHOUSE, the cache) are searched first, then ``pip download``
-fetches it into the cache. When no wheel fits, the error lists the release's wheels: those in the
-wheelhouses and those on the package index (its PEP 691 JSON listing, $PIP_INDEX_URL or PyPI).
+sglang ships one wheel per CPython version and platform, with the same sources and other compiled
+extensions. ``wheel --from-release`` patches one pip would install here (``packaging.tags.sys_tags()``)
+or the one ``--python-tag`` / ``--platform`` names (a platform left out: this machine's), from the
+wheelhouses ($C128PATCH_WHEELHOUSE, the cache), else ``pip download``ed into the cache. When none fits,
+the error lists the release's wheels there and on the index (PEP 691 listing, $PIP_INDEX_URL or PyPI).
 """
 
 from __future__ import annotations

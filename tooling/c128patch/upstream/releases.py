@@ -1,18 +1,12 @@
 """Upstream from release wheels: a cached git history, one tagged commit per sglang release.
 
-SGLang wheels ship the whole Python tree and the JIT CUDA sources. We lay them out as upstream's
-repository does (``python/sglang/...``), sources only (no compiled extensions), and build the
-history with ``git fast-import`` under a fixed identity and the wheel's own timestamps, so the same
-releases give the same commit ids on every machine.
-
-A release's commit id depends on that release alone, never on which other releases the cache
-holds: its parent is the nearest older release of ``DEFAULT_RELEASES`` (the ones the tool
-supports; that list only grows at the top), and an extra release (``check --sglang-rev v0.5.19``)
-is imported beside them, never between them. The history is built from the canonical wheel of
-each release (``HISTORY_TAGS``; the sources are the same in every interpreter's wheel, their
-timestamps are not). Releases are added incrementally; a tag that ever has to move (a cache
-written by an older layout) keeps its old commit under ``refs/c128patch/superseded/``, so trees
-made from it still find it.
+The wheels' sources (``python/sglang/...``, no compiled extensions) are laid out as upstream's
+repository and imported with ``git fast-import`` under a fixed identity and the wheel's own
+timestamps, so the same releases give the same commit ids on every machine. A release's commit
+depends on it alone: its parent is the nearest older ``DEFAULT_RELEASES`` entry (a list that only
+grows at the top), an extra release (``check --sglang-rev v0.5.19``) is imported beside them, and
+each is made from the release's canonical wheel (``HISTORY_TAGS``). A tag that has to move (a cache
+of an older layout) keeps its old commit under ``refs/c128patch/superseded/``.
 """
 
 from __future__ import annotations
@@ -111,11 +105,9 @@ def _pip_reports_bytes() -> bool:
 
 
 def pip_download(version: str, extra: tuple[str, ...] = (), progress: Progress | None = None) -> tuple[bool, str]:
-    """``pip download`` one sglang wheel into the cache; (ok, pip's last line). ``progress`` hears the
-    bytes as they come (where pip reports them)."""
+    """``pip download`` one sglang wheel into the cache; (ok, pip's last line); ``progress`` hears the bytes."""
     dest = ensure_folder(cache_dir() / "wheels")
-    # Into a folder of its own, each finished wheel renamed into the cache: a killed download never
-    # leaves a partial wheel under a wheel's name.
+    # each finished wheel renamed in from a folder of its own: a killed download leaves no partial wheel
     with tempfile.TemporaryDirectory(prefix=".download-", dir=dest) as tmp:
         ok, last = _pip_download_into(Path(tmp), version, extra, progress)
         if ok:
@@ -156,8 +148,7 @@ def _pip_download_into(dest: Path, version: str, extra: tuple[str, ...], progres
 
 
 def wheel_for(version: str, progress: Progress | None = None) -> Path:
-    """The wheel the release history is made from: the canonical one (``HISTORY_TAGS``) from a
-    wheelhouse or the index; else any wheel of the release (a release without that wheel)."""
+    """The wheel the history is made from: the canonical one (``HISTORY_TAGS``), else any of the release's."""
     found = find_wheel(version)
     if found is not None and wheel_tags(found) == HISTORY_TAGS:
         return found
@@ -183,8 +174,7 @@ def _opened(wheel: Path) -> Iterator[zipfile.ZipFile]:
 
 
 def iter_wheel_sources(wheel: Path) -> Iterator[tuple[str, str, bytes]]:
-    """(path, git mode, content) of each source file of an sglang wheel, laid out as upstream's repository
-    (``python/sglang/srt/environ.py``)."""
+    """(path, git mode, content) of each source file of an sglang wheel, as upstream's repository has it."""
     with _opened(wheel) as zf:
         for info in sorted(zf.infolist(), key=lambda i: i.filename):
             name = info.filename
@@ -224,9 +214,7 @@ def wheel_timestamp(wheel: Path) -> int:
 
 
 def history_parent(version: str) -> str | None:
-    """The release whose commit is ``version``'s parent in the history: the nearest older one of
-    ``DEFAULT_RELEASES`` (None below the oldest). Never an extra release, so adding one to the
-    cache changes no other release's commit id."""
+    """``version``'s parent in the history: the nearest older ``DEFAULT_RELEASES`` entry, never an extra one."""
     v = Version(version)
     older = [d for d in DEFAULT_RELEASES if Version(d) < v]
     return max(older, key=Version) if older else None
@@ -234,8 +222,7 @@ def history_parent(version: str) -> str | None:
 
 def _fast_import_stream(versions: list[str], wheels: dict[str, Path], present: dict[str, str],
                         reporter: Reporter) -> Iterator[bytes]:
-    """Commits for ``versions`` (oldest first); parents already in the repository are named by
-    commit id (``present``: version -> commit)."""
+    """Commits for ``versions`` (oldest first); parents already there named by id (``present``)."""
     marks: dict[str, int] = {}  # version -> the mark of its commit
     for n, version in enumerate(versions, 1):
         wheel, when, marks[version] = wheels[version], wheel_timestamp(wheels[version]), n
@@ -275,8 +262,7 @@ def _fast_import(git_dir: Path, stream: Iterable[bytes]) -> None:
 
 
 def import_releases(dest: Path, versions: Iterable[str], reporter: Reporter = NullReporter()) -> None:
-    """Add the commits of ``versions`` to the bare repository ``dest`` (created if missing). Each
-    parent (``history_parent``) must be among ``versions`` or already tagged in ``dest``."""
+    """Add ``versions``' commits to the bare repository ``dest`` (made if missing); parents there or among them."""
     ordered = sorted(set(versions), key=Version)
     wheels = {}
     for i, v in enumerate(ordered, 1):
@@ -314,16 +300,13 @@ class ReleaseHistory:
         return Git(git_dir=self.root)
 
     def versions(self) -> list[str]:
-        if not self._versions_file.is_file():
-            return []
-        return [v for v in self._versions_file.read_text().split() if v]
+        return self._versions_file.read_text().split() if self._versions_file.is_file() else []
 
     def layout(self) -> str:
         return self._layout_file.read_text().strip() if self._layout_file.is_file() else "1"
 
     def ensure(self, extra: Iterable[str] = (), reporter: Reporter = NullReporter()) -> Path:
-        """Make sure the history holds the default releases plus ``extra``; returns its path.
-        Only missing releases are imported; the commits of those already there never change."""
+        """The history's path, holding the default releases and ``extra`` (only missing ones imported)."""
         for v in extra:
             try:
                 Version(v)
@@ -343,8 +326,7 @@ class ReleaseHistory:
         return self.root
 
     def _check(self, versions: set[str], fresh: set[str]) -> None:
-        """Each release tag names the sources its release wheel gives (recorded when imported, else
-        computed from the wheel); a moved tag or a corrupt pack is refused, saying how to rebuild."""
+        """Refuse (saying how to rebuild) a corrupt pack or a tag not naming its release wheel's sources."""
         rebuild = f"rebuild it: rm -rf {shlex.quote(str(self.root))} (the next run imports the releases again)"
         proc = self.git.run("for-each-ref", "--format=%(refname:strip=2) %(tree)", "refs/tags", check=False)
         if proc.returncode != 0:

@@ -51,8 +51,7 @@ class Upstream:
         return commit
 
     def update(self) -> None:
-        """A URL's mirror fetched now, for a branch such as ``main`` that moves (``resolve``
-        fetches only a rev it does not know). Other kinds are read as they are."""
+        """A URL's mirror fetched now, for a moving branch (``resolve`` fetches only an unknown rev)."""
         if self.kind == "url":
             self._fetch(check=True)
 
@@ -67,16 +66,11 @@ class Upstream:
 def open_upstream(repo: str | None, revs: list[str], reporter: Reporter = NullReporter()) -> Upstream:
     """Open the upstream named by ``--repo`` (path or URL), or the release history by default."""
     if repo is None:
-        versions = []
-        for rev in revs:
-            version = release_version(rev)
-            if version is None:
-                raise C128Error(
-                    f"unknown rev '{shown(rev)}': without --repo only release tags (e.g. v{DEFAULT_RELEASES[-1]}) "
-                    "can be used; pass --repo PATH|URL for other revisions"
-                )
-            versions.append(version)
-        root = ReleaseHistory().ensure(versions, reporter)
+        bad = next((rev for rev in revs if release_version(rev) is None), None)
+        if bad is not None:
+            raise C128Error(f"unknown rev '{shown(bad)}': without --repo only release tags (e.g. "
+                            f"v{DEFAULT_RELEASES[-1]}) can be used; pass --repo PATH|URL for other revisions")
+        root = ReleaseHistory().ensure([v for rev in revs if (v := release_version(rev))], reporter)
         return Upstream("release", Git(git_dir=root), str(root))
     if is_url(repo):
         return _open_url(repo, reporter)
@@ -89,24 +83,21 @@ def open_upstream(repo: str | None, revs: list[str], reporter: Reporter = NullRe
     return Upstream("path", git, str(path.resolve()))
 
 
-def _note(message: str) -> None:
-    console().print(f"c128patch: note: {message}", markup=False)
-
-
 MIRROR_DONE = "c128patch-mirror-complete"  # written into a mirror once its clone finished
 
 
 def _open_url(url: str, reporter: Reporter) -> Upstream:
-    """The URL's mirror in the cache, cloned once. The clone is made under a temporary name and
-    renamed when complete (with a marker inside), so a killed clone never passes for a mirror: a
-    half-made one (an old layout's, or a temporary one) is removed, said, and cloned again."""
+    """The URL's mirror in the cache, cloned once under a temporary name, renamed when complete (with a
+    marker inside): a half-made one (a killed clone, an old layout's) is removed, said, and cloned again."""
     mirror = cache_dir() / "remotes" / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
     with locked(Path(str(mirror) + ".lock")):
         for stale in mirror.parent.glob(mirror.name + ".part-*"):  # we hold the lock: no clone is running
-            _note(f"removing {stale}, a half-made mirror of {url} (an interrupted clone)")
+            console().print(f"c128patch: note: removing {stale}, a half-made mirror of {url} (an interrupted clone)",
+                            markup=False)
             shutil.rmtree(stale, ignore_errors=True)
         if mirror.exists() and not (mirror / MIRROR_DONE).is_file():
-            _note(f"removing {mirror}, a half-made mirror of {url} (an interrupted clone): cloning it again")
+            console().print(f"c128patch: note: removing {mirror}, a half-made mirror of {url} (an interrupted clone): "
+                            "cloning it again", markup=False)
             shutil.rmtree(mirror)
         if not mirror.exists():
             reporter.step(f"cloning {url} (once, into {mirror})")
@@ -137,9 +128,8 @@ def _network(git: Git, url: str, *args: str, check: bool = True) -> None:
 
 
 def refuse_git_dir(tree: Path, option: str = "--tree") -> None:
-    """A tree inside a git dir (``R/.git``, ``R/.git/new``, a bare repository) is git's own files,
-    never a work tree: refused before anything is written, with nothing to delete. So is a value
-    that looks like an option (``--tree=--bare``): it would read as one to git."""
+    """Refuse, before anything is written, a tree inside a git dir (``R/.git/new``, a bare repository:
+    git's own files) or one that looks like an option (``--tree=--bare``: git would read it as one)."""
     if str(tree).startswith("-"):
         raise C128Error(f"{option} {tree} looks like an option, not a folder; for a folder of that name pass ./{tree}")
     absolute = tree.absolute()
@@ -154,24 +144,17 @@ def refuse_git_dir(tree: Path, option: str = "--tree") -> None:
 
 
 def discard_fresh_tree(tree: Path, existed: bool) -> None:
-    """Undo a fresh clone made by :func:`prepare_tree`: remove what it put in ``tree`` (the
-    folder itself too, unless it was there, empty, before)."""
-    if not existed:
-        shutil.rmtree(tree, ignore_errors=True)
-        return
-    for child in tree.iterdir():
+    """Undo a fresh clone of ``prepare_tree``: ``tree`` removed, or emptied where it ``existed`` (empty)."""
+    for child in tree.iterdir() if existed else [tree]:
         if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child, ignore_errors=True)
         else:
             child.unlink(missing_ok=True)
 
 
-def prepare_tree(
-    upstream: Upstream, tree: Path | None, commit: str, reporter: Reporter = NullReporter(),
-    template: Path | None = None,
-) -> tuple[Path, bool]:
-    """The working tree that ``apply`` patches, and whether it is a fresh clone (nothing to lose).
-    A fresh clone gets its git dir from ``template`` (``git clone --template``), when given."""
+def prepare_tree(upstream: Upstream, tree: Path | None, commit: str, reporter: Reporter = NullReporter(),
+                 template: Path | None = None) -> tuple[Path, bool]:
+    """The tree ``apply`` patches and whether it is a fresh clone (its git dir from ``template``, if given)."""
     if tree is not None:
         refuse_git_dir(tree)
     if upstream.kind == "path" and upstream.git.worktree is not None:

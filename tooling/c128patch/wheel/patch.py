@@ -25,7 +25,8 @@ from c128patch.ops.check import release_support_note
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
 from c128patch.series.layers import layer_rows, overlap_note
-from c128patch.series.manifest import Series, safe_destination
+from c128patch.series.manifest import Series
+from c128patch.series.paths import confine
 from c128patch.series.plan import Planned, plan, validate_files
 from c128patch.upstream.release_wheels import WheelTarget, release_wheel_for
 from c128patch.upstream.releases import ReleaseHistory, release_version, tag_for, wheel_timestamp
@@ -161,7 +162,7 @@ def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Rep
                 )
         else:
             target = wheel_path(item.entry.target)
-            dest = safe_destination(iw.root, target, f"overlay '{item.entry.name}'")
+            dest = confine(iw.root, target, f"overlay '{item.entry.name}'")
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(item.path.read_bytes())
         rows.append({"name": item.entry.name, "kind": item.entry.kind, "file": item.label, "applied": "clean"})
