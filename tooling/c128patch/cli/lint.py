@@ -23,7 +23,7 @@ from c128patch.cli.common import emit_json, handles_errors, json_option, repo_op
 def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...],
             as_json: bool) -> None:
     """Validate the series manifest and its files."""
-    from c128patch.fit.series_audit import audit_series
+    from c128patch.ops.audit import audit_series
     from c128patch.ops.lint import Finding, lint_stack
     from c128patch.ops.lint import update_hashes as record_hashes
     from c128patch.progress import console, reporter

@@ -44,13 +44,13 @@ from c128patch.fit import bisect as bisect_ops
 from c128patch.fit import contract as contract_ops
 from c128patch.fit import treecheck as tier_ops
 from c128patch.fit.sandbox import NOTICE, interpreter
-from c128patch.fit.series_audit import audit_series
 from c128patch.fit.treechecks import check_tree
 from c128patch.fit.watch_report import broken_next, commit_message, headline, render
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops import refresh as refresh_ops
 from c128patch.ops.apply import apply_series
+from c128patch.ops.audit import audit_branch
 from c128patch.ops.equivalence import tree_without_provenance
 from c128patch.ops.lint import lint_stack
 from c128patch.ops.merged import CONTENT
@@ -399,7 +399,7 @@ class Watch:
             return out
         self._step(f"gate audit on {self.onto}")
         try:
-            audit = [str(f) for f in audit_series(series, git, self.onto, onto_commit)]
+            audit = [str(f) for f in audit_branch(series, git, onto_commit, head)]
             out.append({"name": "audit", "ok": not audit, "findings": audit, "notes": []})
         except C128Error as exc:
             out.append({"name": "audit", "ok": False, "findings": [exc.message], "notes": []})
