@@ -293,8 +293,8 @@ def test_real_record_stream_patch_without_guard_fails(tmp_path: Path, sglang_rel
 # ----------------------------------------------------------------------------- series level
 
 def test_series_audit_clean_on_every_release(sglang_release_repo: Path):
-    from c128patch.fit.series_audit import audit_series
     from c128patch.git import Git
+    from c128patch.ops.audit import audit_series
 
     git = Git(git_dir=sglang_release_repo)
     series = load_series(REPO)

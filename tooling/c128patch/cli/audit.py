@@ -21,8 +21,7 @@ from c128patch.cli.common import emit_json, handles_errors, json_option, repo_op
 def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...],
             as_json: bool) -> None:
     """Gate audit: statements a gated entry adds with side effects must run only under its env gate."""
-    from c128patch.fit.series_audit import audit_series
-    from c128patch.ops.audit import RULES
+    from c128patch.ops.audit import RULES, audit_series
     from c128patch.progress import console, reporter
     from c128patch.series.layers import get_series, layer_rows
     from c128patch.series.plan import validate_files

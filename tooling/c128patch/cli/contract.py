@@ -65,6 +65,9 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     if bool(revs) == (tree is not None):
         raise C128Error("pass --sglang-rev X (one or more) or --tree DIR, not both and not neither")
     lock = read_lock(series.patches_dir)
+    if accept and lock is None:
+        raise C128Error(f"{series.patches_dir}/contract.lock does not exist: write it with `c128patch refresh` "
+                        "on a tree at the series base first")
     runs: list[tuple[str, object, str, str]] = []
     if tree is not None:
         git = Git(worktree=toplevel(tree))
@@ -76,22 +79,12 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
                 commit = upstream.resolve(rev)
                 rep.step(f"replaying the series on {rev}")
                 runs.append((rev, upstream.git, commit, core.patched_tree(series, upstream.git, rev, commit)))
-    results = []
-    for label, git, base, head in runs:
-        result = core.check(series, git, base, head, lock=lock)
-        probe = None
-        if use_nvcc is not False:
-            probe = core.probe_cxx(series, git, head)
-            if probe[0] is None and use_nvcc:
-                raise C128Error(probe[1])
-        results.append((label, result, probe))
-    accepted = 0
-    if accept:
-        if lock is None:
-            raise C128Error(f"{series.patches_dir}/contract.lock does not exist: write it with `c128patch refresh` "
-                            "on a tree at the series base first")
-        for _, result, _ in results:
-            accepted += core.accept(lock, result)
+    results = [(label, core.check(series, git, base, head, lock=lock),
+                None if use_nvcc is False else core.probe_cxx(series, git, head)) for label, git, base, head in runs]
+    for _, _, probe in results:
+        if use_nvcc and probe[0] is None:  # --nvcc asked for it: not checked is an error
+            raise C128Error(probe[1])
+    accepted = sum(core.accept(lock, result) for _, result, _ in results) if accept else 0
     # after --accept the accepted changes hold; an error (a call that no longer binds) never does
     ok = all(not r.errors and (accept or not r.warnings) for _, r, _ in results) and all(
         p is None or p[0] is not False for _, _, p in results)

@@ -26,7 +26,7 @@ OFFLINE_UNCHECKED = ("--offline: the bases (each patch file's sources at its bas
 def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...],
             as_json: bool) -> None:
     """Validate the series manifest and its files."""
-    from c128patch.fit.series_audit import audit_series
+    from c128patch.ops.audit import audit_series
     from c128patch.ops.lint import Finding, lint_stack
     from c128patch.ops.lint import update_hashes as record_hashes
     from c128patch.progress import console, reporter

@@ -23,16 +23,6 @@ from c128patch.series.manifest import Series
 from c128patch.upstream.source import open_upstream
 
 
-def _step(series: Series, scratch: Path, behaviour: bool, python: str | None) -> list[str]:
-    where = ["--sglang-rev", "BISECT_HEAD", "--repo", str(scratch), "--series", str(series.root), *layer_args(series),
-             "--json"]
-    fits = [sys.executable, "-m", "c128patch", "contract", *where, "--no-nvcc"]
-    if not behaviour:
-        return fits
-    runs = [sys.executable, "-m", "c128patch", "treecheck", *where] + (["--python", python] if python else [])
-    return ["sh", "-c", f"{shlex.join(fits)} >/dev/null && {shlex.join(runs)}"]
-
-
 def _what_fails(series: Series, git: Git, commit: str, behaviour: bool = False, python: str | None = None) -> list[str]:
     try:
         result = contract.check_rev(series, git, commit[:12], commit)
@@ -72,10 +62,16 @@ def bisect(series: Series, repo: str | None, onto: str, *, timeout: float = 600,
         source = git.git_dir or Path(git.out("rev-parse", "--absolute-git-dir"))
         Git().run("clone", "--quiet", "--bare", "--shared", str(source), str(scratch))
         sgit = Git(git_dir=scratch)
+        where = ["--sglang-rev", "BISECT_HEAD", "--repo", str(scratch), "--series", str(series.root),
+                 *layer_args(series), "--json"]
+        step = [sys.executable, "-m", "c128patch", "contract", *where, "--no-nvcc"]  # 0 fits, 1 broken, 2 no apply
+        if behaviour:
+            runs = [sys.executable, "-m", "c128patch", "treecheck", *where] + (["--python", python] if python else [])
+            step = ["sh", "-c", f"{shlex.join(step)} >/dev/null && {shlex.join(runs)}"]
         reporter.step(f"git bisect over {report['commits_between']} upstream commit(s)")
         sgit.run("bisect", "start", "--no-checkout", target, base)
         try:
-            proc = sgit.run("bisect", "run", *_step(series, scratch, behaviour, python), check=False, timeout=timeout)
+            proc = sgit.run("bisect", "run", *step, check=False, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise C128Error(f"bisect timed out after {timeout:g} s ({report['commits_between']} commits); "
                             "give it more time with --timeout SECONDS") from None

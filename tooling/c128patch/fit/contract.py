@@ -8,10 +8,14 @@ is caught here). Each finding names our file:line, upstream's file:line and both
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import subprocess
+import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 from c128patch.errors import C128Error
 from c128patch.fit import contract_cxx as cxx
@@ -19,8 +23,12 @@ from c128patch.fit.resolve import Def, Upstream
 from c128patch.fit.tree import PY_ROOT, TreeReader, our_lines, upstream_line
 from c128patch.fit.uses import Use, uses_in
 from c128patch.git import Git
-from c128patch.series.contract import Lock, LockItem, sig_hash
+from c128patch.ops.replay import FAILED, replay_in_index
+from c128patch.series.contract import Lock, LockItem, read_lock, sig_hash
 from c128patch.series.manifest import Series
+from c128patch.series.plan import index_git
+from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
+from c128patch.upstream.cache import cache_dir
 
 
 @dataclass
@@ -90,13 +98,6 @@ class ContractResult:
         return {"ok": self.ok, "verdict": self.verdict(), "errors": len(self.errors), "warnings": len(self.warnings),
                 "findings": [asdict(f) for f in self.findings], "items": [asdict(i) for i in self.items],
                 "cxx_probe": self.cxx_probe, "seconds": round(self.seconds, 3)}
-
-
-def _shape_text(call: tuple[int, tuple[str, ...]] | None, star: bool) -> str:
-    if call is None:
-        return ""
-    n, kws = call
-    return f"{n}" + "".join(f",{k}=" for k in kws) + (",*" if star else "")
 
 
 def _binds_to(sig: inspect.Signature, call: tuple[int, tuple[str, ...]]) -> str:
@@ -201,21 +202,17 @@ def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], li
     else:
         if use.call is not None and current.kind in ("function", "method", "class") and chain[at:]:
             text, sig = up.signature(current)
-            last.shape = _shape_text(use.call, use.star)
+            last.shape = f"{use.call[0]}" + "".join(f",{k}=" for k in use.call[1]) + (",*" if use.star else "")
             if sig is not None and not use.star:
                 last.bind_error = _binds_to(sig, use.call)
                 if last.bind_error:
+                    args = ", ".join([*(f"arg{i + 1}" for i in range(use.call[0])), *(f"{k}=..." for k in use.call[1])])
                     findings.append(Finding(
-                        "error", f"{site}: call {current.name}({_call_text(use.call)}) does not bind to "
+                        "error", f"{site}: call {current.name}({args}) does not bind to "
                                  f"{current.where} `{text}`: {last.bind_error}", site, current.where, current.name,
                         now=text))
     items.append(last)
     return items, findings
-
-
-def _call_text(call: tuple[int, tuple[str, ...]]) -> str:
-    n, kws = call
-    return ", ".join([*(f"arg{i + 1}" for i in range(n)), *(f"{k}=..." for k in kws)])
 
 
 def compare(items: list[Item], lock: Lock | None) -> list[Finding]:
@@ -224,13 +221,10 @@ def compare(items: list[Item], lock: Lock | None) -> list[Finding]:
         return [Finding("warning", "the series has no patches/contract.lock: nothing to compare the signatures "
                                    "with (c128patch refresh writes it)")]
     accepted, recorded = lock.accepted(), lock.recorded()
-    out = []
-    seen = set()
+    out, first = [], {}
     for item in items:
-        key = (item.kind, item.target)
-        if key in seen:
-            continue
-        seen.add(key)
+        first.setdefault((item.kind, item.target), item)
+    for key, item in first.items():
         if key not in accepted:
             out.append(Finding("note", f"{item.site}: {item.target} is not in {lock.path.name} (checked, not compared)",
                                item.site, item.where, item.target, now=item.signature))
@@ -245,8 +239,6 @@ def compare(items: list[Item], lock: Lock | None) -> list[Finding]:
 
 def check(series: Series, git: Git, upstream: str, head: str, *, lock: Lock | None = None) -> ContractResult:
     """The contract on ``head`` (a patched tree-ish over the upstream commit ``upstream``)."""
-    from c128patch.series.contract import read_lock
-
     start = time.perf_counter()
     lock = lock if lock is not None else read_lock(series.patches_dir)
     items, findings = derive(series, git, upstream, head)
@@ -269,16 +261,10 @@ def lock_items(series: Series, git: Git, upstream: str, head: str) -> list[LockI
 
 def patched_tree(series: Series, git: Git, rev: str, commit: str) -> str:
     """The tree id of the series replayed on ``commit`` in a temporary index (nothing checked out)."""
-    import tempfile
-    from pathlib import Path
-
-    from c128patch.ops.replay import replay_in_index
-    from c128patch.series.plan import index_git
-
     with tempfile.TemporaryDirectory(prefix="c128contract-") as tmp:
         result, _ = replay_in_index(series, git, rev, commit, Path(tmp) / "index")
         if not result.ok:
-            failing = next((e for e in result.entries if e.status in ("conflict", "collision")), None)
+            failing = next((e for e in result.entries if e.status in FAILED), None)
             what = result.error or (f"{failing.name}: {failing.status} {failing.detail}".strip() if failing else "")
             raise C128Error(f"the series does not apply on {rev}: {what}; the contract is checked on a tree the series "
                             "applies to (c128patch check shows where it stops)")
@@ -292,9 +278,6 @@ def check_rev(series: Series, git: Git, rev: str, commit: str, *, lock: Lock | N
 
 def tree_base(git: Git) -> str:
     """The upstream commit a patched tree was applied on (its provenance record)."""
-    from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
-
-    assert git.worktree is not None
     commit = read_provenance(git.worktree).get("upstream", {}).get("commit", "")
     if not commit or not git.rev_parse(commit):
         raise C128Error(f"{git.worktree} holds no c128patch provenance ({PROVENANCE_PATH}) naming an upstream commit "
@@ -303,10 +286,8 @@ def tree_base(git: Git) -> str:
 
 
 def accept(lock: Lock, result: ContractResult) -> int:
-    """Record the signatures ``result`` warned about as accepted in ``lock`` (written); how many. A target a call
-    no longer binds to stays an error; a lock that is a link is refused (nothing written)."""
-    from dataclasses import replace
-
+    """Accept (and write) the signatures ``result`` warned about in ``lock``; how many. A call that no longer
+    binds stays an error; a lock that is a link is refused."""
     if lock.path.is_symlink():
         raise C128Error(f"{lock.path} is a symbolic link: --accept writes only a regular file in the series; "
                         "nothing was written")
@@ -327,13 +308,7 @@ def accept(lock: Lock, result: ContractResult) -> int:
 
 
 def probe_cxx(series: Series, git: Git, head: str) -> tuple[bool | None, str]:
-    """The nvcc signature probe on ``head``'s headers (``fit.contract_cxx.probe``), cached by the headers'
-    tree id, the probe's text and the compiler (the headers of an unchanged upstream compile once)."""
-    import hashlib
-    import json
-
-    from c128patch.upstream.cache import cache_dir
-
+    """``fit.contract_cxx.probe`` on ``head``'s headers, cached by their tree id, the probe's text and the compiler."""
     source = series.root / cxx.PROBE
     compiler = cxx.nvcc()
     headers = git.run("rev-parse", "--verify", "--quiet", f"{head}:{cxx.INCLUDE_ROOT}", check=False).stdout.strip()

@@ -47,10 +47,6 @@ def _line(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
 
 
-def _norm(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()
-
-
 def _close(text: str, open_at: int) -> int:
     depth = 0
     for i in range(open_at, len(text)):
@@ -86,7 +82,7 @@ def declarations(text: str) -> dict[str, list[tuple[int, str, str]]]:
 
     def add(name: str, pos: int, decl: str, what: str = "name") -> None:
         if name not in _KEYWORDS:
-            out.setdefault(name, []).append((_line(text, pos), _norm(decl), what))
+            out.setdefault(name, []).append((_line(text, pos), re.sub(r"\s+", " ", decl).strip(), what))
 
     for m in _DEFINE.finditer(raw):
         add(m.group(1), m.start(1), m.group(0))

@@ -63,11 +63,8 @@ def signature_of(args: ast.arguments) -> inspect.Signature:
 
 
 def _decorators(node: ast.AST) -> set[str]:
-    names = set()
-    for d in getattr(node, "decorator_list", []):
-        d = d.func if isinstance(d, ast.Call) else d
-        names.add(d.attr if isinstance(d, ast.Attribute) else getattr(d, "id", ""))
-    return names
+    decorators = [d.func if isinstance(d, ast.Call) else d for d in getattr(node, "decorator_list", [])]
+    return {d.attr if isinstance(d, ast.Attribute) else getattr(d, "id", "") for d in decorators}
 
 
 def _fields_signature(cls: ast.ClassDef) -> inspect.Signature:
@@ -163,7 +160,8 @@ class Upstream:
             found = self._find_top(tree, attr)
             if found is not None:
                 return self._from_stmt(found, attr, mod, hops)
-            for star in self._stars(tree, mod):
+            for star in [absolute(s, mod) for s in statements(tree.body)
+                         if isinstance(s, ast.ImportFrom) and any(a.name == "*" for a in s.names)]:
                 target = self.module(star)
                 if target.kind == "module":
                     got = self._module_member(target, attr, hops + 1)
@@ -180,15 +178,8 @@ class Upstream:
         return Def("missing", name, mod.path, 1, why=f"{mod.path} defines no {attr}")
 
     def _find_top(self, tree: ast.Module, attr: str) -> ast.stmt | None:
-        found = None
-        for stmt in _top_statements(tree.body):
-            if _binds(stmt, attr):
-                found = stmt  # the last binding wins, as at run time
-        return found
-
-    def _stars(self, tree: ast.Module, mod: Def) -> list[str]:
-        return [absolute(s, mod) for s in _top_statements(tree.body)
-                if isinstance(s, ast.ImportFrom) and any(a.name == "*" for a in s.names)]
+        """The statement at the module's top binding ``attr`` last (it wins, as at run time)."""
+        return next((s for s in reversed(list(statements(tree.body))) if _binds(s, attr)), None)
 
     def _from_stmt(self, stmt: ast.stmt, attr: str, mod: Def, hops: int) -> Def:
         name = f"{mod.name}.{attr}"
@@ -198,8 +189,7 @@ class Upstream:
             target = self.module(source)
             if target.kind != "module":
                 return target
-            got = self.member(target, alias.name, hops + 1)
-            return got
+            return self.member(target, alias.name, hops + 1)
         if isinstance(stmt, ast.Import):
             alias = next(a for a in stmt.names if (a.asname or a.name.split(".")[0]) == attr)
             return self.module(alias.name if alias.asname else alias.name.split(".")[0])
@@ -302,13 +292,17 @@ def _unbound(sig: inspect.Signature) -> inspect.Signature:
     return sig.replace(parameters=list(sig.parameters.values())[1:])
 
 
-def _top_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    """The statements a module runs at its top, inside ``if``/``try``/``with`` too."""
+BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
+_AT_TOP = (ast.If, ast.Try, ast.With, ast.ExceptHandler)  # what a module's top runs the body of
+
+
+def statements(body: list, into: tuple[type, ...] | None = _AT_TOP) -> Iterator[ast.AST]:
+    """The statements of ``body``, and those inside the ``into`` statements (None: inside every one)."""
     for stmt in body:
         yield stmt
-        if isinstance(stmt, (ast.If, ast.Try, ast.With, ast.ExceptHandler)):
-            for part in ("body", "orelse", "finalbody", "handlers"):
-                yield from _top_statements(getattr(stmt, part, []) or [])
+        if into is None or isinstance(stmt, into):
+            for part in BODIES:
+                yield from statements(getattr(stmt, part, None) or [], into)
 
 
 def _binds(stmt: ast.stmt, name: str) -> bool:

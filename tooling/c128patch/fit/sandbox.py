@@ -57,16 +57,13 @@ class Sealed:
         """What it printed, once it exits (not its children: they are killed); past the limit, an error."""
         try:
             self.proc.wait(timeout=self.timeout)
-            return self._read(self.out), self._read(self.err)
+            for f in (self.out, self.err):
+                f.seek(0)
+            return self.out.read().decode(errors="replace"), self.err.read().decode(errors="replace")
         except subprocess.TimeoutExpired:
             raise C128Error(f"the target's code did not finish in {self.timeout:g} s") from None
         finally:
             self.kill()
-
-    @staticmethod
-    def _read(f) -> str:  # noqa: ANN001
-        f.seek(0)
-        return f.read().decode(errors="replace")
 
     def kill(self) -> None:
         """Its process group killed (the leader's forks too), its files and ``HOME`` removed."""

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import ast
 import json
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 from c128patch.errors import C128Error
-from c128patch.fit.resolve import Upstream
+from c128patch.fit.contract import patched_tree
+from c128patch.fit.resolve import Def, Upstream, absolute
 from c128patch.fit.sandbox import Sealed, interpreter
 from c128patch.fit.tree import PACKAGE, PY_ROOT, module_name
 from c128patch.git import Git
@@ -59,21 +61,14 @@ class TreecheckResult:
             return ["behavioural tier: the target's code was not run (--no-run)"]
         if not all(t.torch for t in self.tiers):
             return ["behavioural tier: torch is not installed for this interpreter (nothing imported)"]
-        seen: dict[str, str] = {}
-        for t in self.tiers:
-            for name, m in [*t.modules.items(), *t.probes.items()]:
-                if m["status"] == "not checked":
-                    seen.setdefault(name, m.get("detail", ""))
+        seen = {name: m.get("detail", "") for t in reversed(self.tiers)  # the first tier's reason wins
+                for name, m in [*t.modules.items(), *t.probes.items()] if m["status"] == "not checked"}
         return [f"{name}: not checked: {why}" for name, why in sorted(seen.items())]
 
-    def _imports_said(self) -> str:
-        if not self.imports:
-            return ""
-        ok = sum(m["status"] == "ok" for m in self.imports.values())
-        return f"; imports: {ok} of {len(self.imports)} modules' sglang imports resolve on the tree's files"
-
     def verdict(self) -> str:
-        said = self._imports_said()
+        ok = sum(m["status"] == "ok" for m in self.imports.values())
+        said = f"; imports: {ok} of {len(self.imports)} modules' sglang imports resolve on the tree's files" \
+            if self.imports else ""
         if not self.ran:
             return ("failed: " if self.failed else "unchecked: ") + f"the target's code was not run (--no-run){said}"
         if not all(t.torch for t in self.tiers):
@@ -123,7 +118,10 @@ class Pending:
             if "error" in tier:
                 raise C128Error(f"the behavioural tier (gates {state}) failed to run: {tier['error']}")
             result.tiers.append(TierResult(state, data["torch"], tier.get("modules", {}), tier.get("probes", {})))
-        _annotate(result)
+        for name, m in ((n, m) for t in result.tiers for n, m in t.modules.items()):  # not imported: say that
+            found = imports.get(name)  # its imports resolve (it stays not checked)
+            if m["status"] == "not checked" and found and found["status"] == "ok":
+                m["detail"] += f"; its {found['imports']} sglang imports resolve on this tree's files"
         return result
 
     def kill(self) -> None:
@@ -161,26 +159,11 @@ def run(series: Series, tree: Path, paths: list[str], *, python: str | None = No
 
 def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | None = None,
             run_code: bool = True) -> TreecheckResult:
-    """The tier on the series replayed at ``commit`` (``fit.contract.patched_tree``), unpacked into a temporary
-    folder."""
-    import tempfile
-
-    from c128patch.fit import contract
-
-    head = contract.patched_tree(series, git, rev, commit)
+    """The tier on the series replayed at ``commit`` (``fit.contract.patched_tree``), unpacked in a temporary folder."""
+    head = patched_tree(series, git, rev, commit)
     with tempfile.TemporaryDirectory(prefix="c128treecheck-") as tmp:
         git.extract(head, f"{PY_ROOT}/sglang", Path(tmp))
         return run(series, Path(tmp), git.changed_files(commit, head), python=python, run_code=run_code)
-
-
-def _annotate(result: TreecheckResult) -> None:
-    """A module that did not import says that its imports resolve (it stays not checked); ``result.imports``
-    (``check``, run by the tier's subprocess) says what is missing where they do not."""
-    for tier in result.tiers:
-        for name, m in tier.modules.items():
-            found = result.imports.get(name)
-            if m["status"] == "not checked" and found and found["status"] == "ok":
-                m["detail"] += f"; its {found['imports']} sglang imports resolve on this tree's files"
 
 
 # ---------------------------------------------------------------------------- the static import check
@@ -202,28 +185,22 @@ def _guarded(handlers: list[ast.ExceptHandler]) -> bool:
     return False
 
 
-def _import_uses(node: ast.AST, package: str) -> Iterator[ImportUse]:
-    """The sglang imports of a module, outside import guards and TYPE_CHECKING blocks."""
+def _import_uses(node: ast.AST, mod: Def) -> Iterator[ImportUse]:
+    """The sglang imports of module ``mod``, outside import guards and TYPE_CHECKING blocks."""
     if isinstance(node, ast.Try) and _guarded(node.handlers):
         for child in [*node.orelse, *node.finalbody]:
-            yield from _import_uses(child, package)
+            yield from _import_uses(child, mod)
         return
     if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
         for child in node.orelse:
-            yield from _import_uses(child, package)
+            yield from _import_uses(child, mod)
         return
     if isinstance(node, ast.Import):
         yield from (ImportUse(node.lineno, a.name, ()) for a in node.names if a.name.split(".")[0] == PACKAGE)
-    elif isinstance(node, ast.ImportFrom):
-        if node.level:
-            parts = package.split(".")
-            module = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
-        else:
-            module = node.module or ""
-        if module.split(".")[0] == PACKAGE:
-            yield ImportUse(node.lineno, module, tuple(a.name for a in node.names if a.name != "*"))
+    elif isinstance(node, ast.ImportFrom) and (module := absolute(node, mod)).split(".")[0] == PACKAGE:
+        yield ImportUse(node.lineno, module, tuple(a.name for a in node.names if a.name != "*"))
     for child in ast.iter_child_nodes(node):
-        yield from _import_uses(child, package)
+        yield from _import_uses(child, mod)
 
 
 class _FolderReader:
@@ -258,8 +235,7 @@ def check_imports(top: Path, modules: list[str]) -> dict[str, dict]:
             detail = up.errors.get(path, f"no file for {module} on this tree")
             out[module] = {"status": "failed", "detail": detail, "imports": 0}
             continue
-        package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
-        uses = list(_import_uses(tree, package))
+        uses = list(_import_uses(tree, Def("module", module, path, module=module)))
         problems = [f"{path}:{u.line}: {u.text()}: {said}" for u in uses if (said := _problem(up, u))]
         out[module] = {"status": "failed" if problems else "ok", "detail": "; ".join(problems), "imports": len(uses)}
     return out

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from c128patch.fit.resolve import Def, absolute, chain_of
+from c128patch.fit.resolve import BODIES, Def, absolute, chain_of, statements
 from c128patch.fit.tree import PACKAGE, module_name
 
 _ENV_NAME = re.compile(r"^SGLANG_[A-Z0-9_]+$")
@@ -28,40 +28,19 @@ class Use:
     kind: str = ""  # "env": an SGLANG_* string literal
 
 
-_BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
-
-
-def _statements(body: list) -> Iterator[ast.AST]:
-    """Every statement under ``body`` (compound ones and what they hold), not the expressions."""
-    for stmt in body:
-        yield stmt
-        for part in _BODIES:
-            yield from _statements(getattr(stmt, part, None) or [])
-
-
 def _nodes_on(tree: ast.Module, lines: set[int]) -> Iterator[ast.AST]:
     """The nodes of the statements that touch ``lines`` (a compound statement: its own expressions only)."""
-    for stmt in _statements(tree.body):
+    for stmt in statements(tree.body, None):
         if not any(n in lines for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)):
             continue
-        if any(getattr(stmt, part, None) for part in _BODIES):
+        if any(getattr(stmt, part, None) for part in BODIES):
             for name, value in ast.iter_fields(stmt):
-                if name not in _BODIES:
+                if name not in BODIES:
                     for child in value if isinstance(value, list) else [value]:
                         if isinstance(child, ast.AST):
                             yield from ast.walk(child)
         else:
             yield from ast.walk(stmt)
-
-
-def _constants(tree: ast.Module) -> dict[str, str]:
-    out = {}
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
-            for t in stmt.targets:
-                if isinstance(t, ast.Name):
-                    out[t.id] = stmt.value.value
-    return out
 
 
 def _imports(path: str, tree: ast.Module, mine: Callable[[ast.AST], bool]) -> tuple[dict[str, list[str]], list[Use]]:
@@ -70,7 +49,7 @@ def _imports(path: str, tree: ast.Module, mine: Callable[[ast.AST], bool]) -> tu
     mod = Def("module", module, path, module=module)
     bindings: dict[str, list[str]] = {}
     uses: list[Use] = []
-    for node in _statements(tree.body):
+    for node in statements(tree.body, None):
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.asname:
@@ -94,7 +73,9 @@ def uses_in(path: str, tree: ast.Module, lines: set[int] | None) -> list[Use]:
     """Our uses of ``sglang`` in one file (``lines``: ours; None: the whole file)."""
     mine = (lambda n: True) if lines is None else (lambda n: getattr(n, "lineno", 0) in lines)
     bindings, uses = _imports(path, tree, mine)
-    constants = _constants(tree)
+    constants = {t.id: s.value.value for s in tree.body  # the module's string constants
+                 if isinstance(s, ast.Assign) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
+                 for t in s.targets if isinstance(t, ast.Name)}
     seen_funcs: set[int] = set()
     for node in (ast.walk(tree) if lines is None else _nodes_on(tree, lines)):
         if not mine(node):

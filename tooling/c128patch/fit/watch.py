@@ -44,13 +44,13 @@ from c128patch.fit import bisect as bisect_ops
 from c128patch.fit import contract as contract_ops
 from c128patch.fit import treecheck as tier_ops
 from c128patch.fit.sandbox import NOTICE, interpreter
-from c128patch.fit.series_audit import audit_series
 from c128patch.fit.treechecks import check_tree
 from c128patch.fit.watch_report import broken_next, commit_message, headline, render
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops import refresh as refresh_ops
 from c128patch.ops.apply import apply_series
+from c128patch.ops.audit import audit_branch
 from c128patch.ops.equivalence import tree_without_provenance
 from c128patch.ops.lint import lint_stack
 from c128patch.ops.merged import CONTENT
@@ -79,14 +79,12 @@ class WatchTimeout(C128Error):
 
 
 class _OutOfTime(BaseException):
-    """What the alarm raises inside the work: not a C128Error, so that no step that turns a refusal into a
-    finding takes it for one; ``watch`` turns it into ``WatchTimeout``."""
+    """The alarm: not a C128Error, so no step takes it for a finding; ``watch`` makes it ``WatchTimeout``."""
 
 
 @contextlib.contextmanager
 def deadline(seconds: float | None, where: Callable[[], str]) -> Iterator[None]:
-    """Raise ``_OutOfTime`` in this (main) thread after ``seconds``; an alarm set before (a test
-    runner's) is put back with the time it had left."""
+    """Raise ``_OutOfTime`` in the main thread after ``seconds``; an earlier alarm is put back with its time left."""
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -106,20 +104,8 @@ def deadline(seconds: float | None, where: Callable[[], str]) -> Iterator[None]:
             signal.setitimer(signal.ITIMER_REAL, max(old_delay - (time.monotonic() - start), 0.001), old_interval)
 
 
-def check_out_dir(out: Path) -> Path:
-    """``out`` resolved; refused (nothing written) unless new, empty or an earlier watch's output."""
-    out = out.resolve()
-    if out.exists() and not out.is_dir():
-        raise C128Error(f"--out {out} is not a folder; pass a new or empty folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / REPORT).is_file():
-        raise C128Error(f"--out {out} holds files that are not a c128patch watch report; pass a new or empty "
-                        "folder (nothing was written)")
-    return out
-
-
 def copy_series_root(series: Series, dest: Path) -> Series:
-    """The series folder (``patches/`` and the folders its overlays come from) copied to ``dest``; a
-    stack's layers each to ``dest/layers/<name>`` (carried, refreshed and reported with it)."""
+    """The series folder (``patches/``, its overlays' folders) copied to ``dest``, each layer to ``layers/<name>``."""
     parts = [(series.ours, dest), *((layer, dest / "layers" / layer.name) for layer in series.layers)]
     for part, to in parts:
         tops = {"patches"} | {PurePosixPath(e.source).parts[0] for e in part.entries if not e.is_patch}
@@ -135,8 +121,7 @@ def _q(value: object) -> str:
 
 def _stop_of(exc: ConflictError, before: list[str]) -> dict:
     """One entry that stopped the rebase, as the report lists it (its step as the stop left it)."""
-    failing = [e for e in (exc.report or {}).get("entries", []) if e.get("status") == "failing"]
-    step = failing[0] if failing else {}
+    step = next((e for e in (exc.report or {}).get("entries", []) if e.get("status") == "failing"), {})
     stop = step.get("stop") or {}
     return {"entry": step.get("name", "?"), "message": exc.message, "detail": step.get("detail", ""),
             "file": stop.get("file", step.get("file", "")), "chosen_by": step.get("chosen_by", ""),
@@ -146,23 +131,11 @@ def _stop_of(exc: ConflictError, before: list[str]) -> dict:
             "taken": stop.get("taken") or {}, "after_skipping": list(before)}
 
 
-class _Tracked:
-    """A reporter that also remembers the last step (inside apply, say), for the timeout message."""
-
-    def __init__(self, inner: Reporter) -> None:
-        self.inner, self.last = inner, ""
-
-    def step(self, message: str) -> None:
-        self.last = message
-        self.inner.step(message)
-
-
 class Watch:
     def __init__(self, series: Series, repo: str | None, onto: str, out: Path, *, primary: bool | None = None,
                  python: str | None = None, run_code: bool = True, reporter: Reporter = NullReporter()) -> None:
         self.series, self.repo, self.onto, self.out, self.python = series, repo, onto, out, python
-        self.run_code = run_code
-        self.primary, self.reporter = primary, _Tracked(reporter)
+        self.run_code, self.primary, self.inner, self.last = run_code, primary, reporter, ""
         # the series as a command names it: its folder and its layers
         self.series_args = f" --series {_q(series.root)}" + "".join(f" --layer {_q(x.root)}" for x in series.layers)
         self.phase = "starting"
@@ -173,26 +146,30 @@ class Watch:
         self.contract: dict | None = None  # ops.contract on the carried tree (``_contract``)
         self.behaviour: dict | None = None  # ops.treecheck on the carried tree (``_start_tier``, ``_finish_tier``)
 
+    def step(self, message: str) -> None:
+        """The reporter the steps get (apply's too): the last message is remembered for the timeout's."""
+        self.last = message
+        self.inner.step(message)
+
     def _step(self, phase: str) -> None:
         self.phase = phase
-        self.reporter.step(phase)
+        self.step(phase)
 
     def where(self) -> str:
-        last = self.reporter.last
-        return self.phase + (f" ({last})" if last and last != self.phase else "")
+        return self.phase + (f" ({self.last})" if self.last and self.last != self.phase else "")
 
     # ------------------------------------------------------------------ the work
     def work(self, tmp: Path) -> dict:
-        """Carry the series onto REV, prove and check it, judge the outcome (module docstring): the report,
-        with the rebase's own JSON under ``json``."""
+        """Carry, prove, check and judge (module docstring): the report, the rebase's JSON under ``json``."""
         git, mine, base_commit, onto_commit = self._open(tmp)
         series = self.series
         self._step(f"applying series {series.name} {series.version} at its base {series.base}")
         try:
             apply_series(mine, git, Target(series.base, base_commit, self.info["upstream"]["source"]), branch=BRANCH,
-                         fresh_clone=True, reporter=self.reporter)
+                         fresh_clone=True, reporter=self)
         except C128Error as exc:
-            return self._failed_at_base(exc)
+            return {**self._report("failed", [f"the series does not apply at its own base {series.base}: "
+                                              f"{exc.message}"]), "json": {}}
 
         self._step(f"rebasing onto {self.onto}")
         final, stops, unproven = self._rebase(Rebase(git, mine), onto_commit)
@@ -218,13 +195,12 @@ class Watch:
         return report
 
     def _open(self, tmp: Path) -> tuple[Git, Series, str, str]:
-        """Upstream opened and both revs resolved (bad input raises here, before anything is written); a
-        scratch clone of it and a private copy of the series: (its git, the copy, base commit, REV's commit)."""
+        """Upstream opened, both revs resolved (bad input raises here), a scratch clone and a copy of the series."""
         series = self.series
         if not series.base:
             raise C128Error(f"{series.manifest_path} names no base: watch applies the series there first")
         self._step(f"opening upstream ({self.repo or 'the sglang release wheels'})")
-        upstream = open_upstream(self.repo, [series.base, self.onto] if self.repo is None else [], self.reporter)
+        upstream = open_upstream(self.repo, [series.base, self.onto] if self.repo is None else [], self)
         upstream.update()
         self.upstream = upstream
         base_commit, onto_commit = upstream.resolve(series.base), upstream.resolve(self.onto)
@@ -259,8 +235,7 @@ class Watch:
         return refreshed, checks
 
     def _bisect(self, behaviour: bool = False) -> dict:
-        """``fit.bisect``: the upstream commit that broke it, bounded by ``BISECT_TIMEOUT`` (said in the report);
-        ``behaviour``: the break is the behavioural tier's alone, so each step runs it too."""
+        """``fit.bisect`` within ``BISECT_TIMEOUT``; ``behaviour``: the break is the tier's alone, each step runs it."""
         self._step(f"bisecting {self.series.base}..{self.onto} (at most {BISECT_TIMEOUT:g} s)")
         try:
             found = bisect_ops.bisect(self.series, self.repo, self.onto, timeout=BISECT_TIMEOUT, behaviour=behaviour,
@@ -314,31 +289,23 @@ class Watch:
 
     def unchecked(self) -> list[str]:
         """What could not be checked here, one line each (no nvcc, no torch, the tier did not run): never clean."""
-        out = []
-        if self.contract and self.contract.get("cxx_probe_ok") is None:
-            out.append(f"C++: {self.contract.get('cxx_probe', 'not checked')}")
-        if self.behaviour:
-            out += self.behaviour["unchecked"]
-        return out
+        cxx = [f"C++: {self.contract.get('cxx_probe', 'not checked')}"] if self.contract and self.contract.get(
+            "cxx_probe_ok") is None else []
+        return cxx + (self.behaviour or {}).get("unchecked", [])
 
     def _rebase(self, rb: Rebase, onto_commit: str) -> tuple[dict, list[dict], str]:
         """Rebase with every entry upstream holds dropped; past each stop, skip and go on."""
         stops: list[dict] = []
-        try:
-            return rb.start(self.onto, onto_commit, drop_merged=True), stops, ""
-        except DifferenceError as exc:
-            return exc.report, stops, exc.message
-        except ConflictError as exc:
-            stop = exc
+        verb: Callable[[], dict] = lambda: rb.start(self.onto, onto_commit, drop_merged=True)  # noqa: E731
         while True:
-            stops.append(_stop_of(stop, [s["entry"] for s in stops]))
-            self._step(f"rebasing onto {self.onto}: past the conflict in {stops[-1]['entry']}")
             try:
-                return rb.skip(), stops, ""
+                return verb(), stops, ""
             except DifferenceError as exc:
                 return exc.report, stops, exc.message
             except ConflictError as exc:
-                stop = exc
+                stops.append(_stop_of(exc, [s["entry"] for s in stops]))
+                self._step(f"rebasing onto {self.onto}: past the conflict in {stops[-1]['entry']}")
+                verb = rb.skip
 
     def _refresh(self, git: Git, tmp: Path, final: dict, onto_commit: str, head: str) -> tuple[dict, Series]:
         """The series refreshed from the rebased branch, then verified on a fresh apply at REV."""
@@ -399,7 +366,7 @@ class Watch:
             return out
         self._step(f"gate audit on {self.onto}")
         try:
-            audit = [str(f) for f in audit_series(series, git, self.onto, onto_commit)]
+            audit = [str(f) for f in audit_branch(series, git, onto_commit, head)]
             out.append({"name": "audit", "ok": not audit, "findings": audit, "notes": []})
         except C128Error as exc:
             out.append({"name": "audit", "ok": False, "findings": [exc.message], "notes": []})
@@ -409,13 +376,9 @@ class Watch:
         out += [c.to_json() for c in check_tree(git, onto_commit, head, gates)]
         return out
 
-    def _failed_at_base(self, exc: C128Error) -> dict:
-        return {**self._report("failed", [f"the series does not apply at its own base {self.series.base}: "
-                                          f"{exc.message}"]), "json": {}}
-
     # ------------------------------------------------------------------ the report
     def reproduce(self) -> list[str]:
-        """Commands that replay this rebase in a tree of one's own (printed for a conflict; a test runs them)."""
+        """Commands that replay this rebase in a tree of one's own (printed for a conflict)."""
         upstream = self.upstream
         repo = ""
         if upstream is not None and upstream.kind != "release":
@@ -491,23 +454,17 @@ class Watch:
         outcome = report["outcome"]
         if outcome in ("refreshed", "merged") and report["refreshed"]:
             return adopt
-        if outcome == "broken":
-            return (self.contract or {}).get("next") or self.tier_next()
+        if outcome == "broken":  # the contract's commands, else the behavioural tier's on REV
+            where = f"--sglang-rev {_q(self.onto)}" + (f" --repo {_q(self.repo)}" if self.repo else "")
+            return (self.contract or {}).get("next") or [
+                f"c128patch treecheck {where}{self.series_args}",
+                "# fix the overlay / patch code it names (or adapt to the upstream commit the bisect names)"]
         if outcome == "conflict":
             return [*report["reproduce"],
                     f"# resolve the files it names, `git -C {WORK_TREE} add` them, then:",
                     f"c128patch rebase --continue --tree {WORK_TREE}{self.series_args}",
                     f"c128patch refresh --tree {WORK_TREE}{self.series_args}"]
         return []
-
-    def tier_next(self) -> list[str]:
-        """What to run for a behavioural break the contract does not see: the tier on REV, in a tree of one's own."""
-        where = f"--sglang-rev {_q(self.onto)}" + (f" --repo {_q(self.repo)}" if self.repo else "")
-        return [f"c128patch treecheck {where}{self.series_args}",
-                "# fix the overlay / patch code it names (or adapt to the upstream commit the bisect names)"]
-
-    def timeout_report(self, exc: WatchTimeout) -> dict:
-        return {**self._report("timeout", [exc.message]), "phase": self.where(), "json": {}}
 
     def write(self, report: dict, tmp: Path | None) -> None:
         """Replace what an earlier watch wrote under ``out`` with this run's files."""
@@ -534,7 +491,12 @@ def watch(series: Series, repo: str | None, onto: str, out: Path, *, timeout: fl
           primary: bool | None = None, python: str | None = None, run_code: bool = True,
           reporter: Reporter = NullReporter()) -> dict:
     """Run ``watch`` (module docstring) and write its report under ``out``; returns the report."""
-    out = check_out_dir(out)
+    out = out.resolve()  # refused (nothing written) unless new, empty or an earlier watch's output
+    if out.exists() and not out.is_dir():
+        raise C128Error(f"--out {out} is not a folder; pass a new or empty folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / REPORT).is_file():
+        raise C128Error(f"--out {out} holds files that are not a c128patch watch report; pass a new or empty "
+                        "folder (nothing was written)")
     python = interpreter(python) if python else None  # from the current folder, before the work moves
     run = Watch(series, repo, onto, out, primary=primary, python=python, run_code=run_code, reporter=reporter)
     with tempfile.TemporaryDirectory(prefix="c128watch-") as tmp:
@@ -544,7 +506,7 @@ def watch(series: Series, repo: str | None, onto: str, out: Path, *, timeout: fl
         except _OutOfTime as stop:
             exc = WatchTimeout(str(stop), hint=f"  report: {out / 'watch-report.md'}\n"
                                "  nothing else was written; give it more time with --timeout SECONDS")
-            report = run.timeout_report(exc)
+            report = {**run._report("timeout", [exc.message]), "phase": run.where(), "json": {}}
             run.write(report, None)
             raise exc from None
         run.write(report, Path(tmp))

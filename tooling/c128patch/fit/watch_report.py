@@ -41,11 +41,6 @@ def _names(items: list[str], n: int = 4) -> str:
     return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
-def _evidence(signals: list[dict]) -> str:
-    content = [s for s in signals if s["kind"] != "pr-hint"]
-    return f"{content[0]['kind']}: {content[0]['detail']}" if content else ""
-
-
 def _conflict_line(c: dict) -> str:
     files = sorted({b["path"] for b in c["blocks"]}) or c["unresolved"] or c.get("paths") or [c["file"]]
     text = f"entry {c['entry']} conflicts in {_names(files, 2)}"
@@ -58,28 +53,15 @@ def _conflict_line(c: dict) -> str:
     return text
 
 
-def _taken_lines(t: dict, entry: str) -> list[str]:
-    """An overlay's path taken upstream (``ops.taken``): who made and imports the file, which way through."""
-    if not t:
-        return []
-    out = [f"upstream created {md(t['target'])}" + (f" in {md(t['created'])}" if t["created"] else "")
-           + (f"; imported upstream by {', '.join(md(i) for i in t['importers'][:5])}" if t["importers"] else "")]
-    if t["way"] == "rename":
-        out.append(f"way through: **rename our target** (entries {', '.join(t['ours'])} import ours): another `target` "
-                   "in series.toml, those entries pointed at it, then `c128patch rebase --continue`")
-    else:
-        out.append("way through: **drop ours as superseded** (nothing of ours imports it): "
-                   f"`c128patch rebase --drop {entry}`")
-    return out
-
-
 def headline(report: dict) -> str:
     s = report["series"]
     series, at = f"series {s['name']} {s['version']}", where(report)
     outcome = report["outcome"]
     entries = report["entries"]
     if outcome == "clean":
-        return f"{series} applies strictly on {at} ({len(entries)} entries, proven); nothing to do" + _partial(report)
+        missed = (report.get("behaviour") or {}).get("not_checked", [])  # modules the tier could not import
+        return f"{series} applies strictly on {at} ({len(entries)} entries, proven); nothing to do" + (
+            f" (behavioural tier: {len(missed)} module(s) not checked here, their imports resolved)" if missed else "")
     if outcome == "unchecked":
         said = report["unchecked"]
         return (f"{series} applies strictly on {at} ({len(entries)} entries, proven) but is not checked here: "
@@ -93,8 +75,10 @@ def headline(report: dict) -> str:
                 f"strictly there")
     if outcome == "merged":
         first = report["merged"][0]
+        content = [s for s in first["signals"] if s["kind"] != "pr-hint"]  # evidence, not a hint
+        evidence = f"{content[0]['kind']}: {content[0]['detail']}" if content else ""
         return (f"upstream {at} holds {len(report['merged'])} entries of {series} on content evidence "
-                f"({_names([m['entry'] for m in report['merged']])}; {first['entry']}: {_evidence(first['signals'])}); "
+                f"({_names([m['entry'] for m in report['merged']])}; {first['entry']}: {evidence}); "
                 "review before dropping")
     if outcome == "conflict":
         first, rest = report["conflicts"][0], report["conflicts"][1:]
@@ -103,22 +87,11 @@ def headline(report: dict) -> str:
     if outcome == "failed":
         return f"{series} on {at}: {report['problems'][0]}"
     if outcome == "broken":
-        failing = failing_items(report)
+        failing = [*(report.get("contract") or {}).get("failing", []),  # the contract's items, then the tier's
+                   *(f"behavioural tier, {f}" for f in (report.get("behaviour") or {}).get("failed", []))]
         return f"{series} applies on {at} but does not fit it: {failing[0]}" + (
             f"; {len(failing) - 1} more" if len(failing) > 1 else "")
     return report["problems"][0] if report["problems"] else f"{series} on {at}: {outcome}"
-
-
-def failing_items(report: dict) -> list[str]:
-    """What makes a run broken: the contract's items, then the behavioural tier's failures."""
-    return [*(report.get("contract") or {}).get("failing", []),
-            *(f"behavioural tier, {f}" for f in (report.get("behaviour") or {}).get("failed", []))]
-
-
-def _partial(report: dict) -> str:
-    """A clean run whose tier could not import some modules (a package this interpreter lacks) says so."""
-    missed = (report.get("behaviour") or {}).get("not_checked", [])
-    return f" (behavioural tier: {len(missed)} module(s) not checked here, their imports resolved)" if missed else ""
 
 
 def _cell(text: str) -> str:
@@ -213,20 +186,25 @@ def _conflicts(report: dict) -> list[str]:
         if not c["blocks"]:
             lines.append(f"- {md(c['detail'])}")
         lines += [f"- {md(h['line'])}" for h in c.get("hints", [])]
-        lines += [f"- {line}" for line in _taken_lines(c.get("taken") or {}, c["entry"])]
+        t = c.get("taken")  # an overlay's path taken upstream (``ops.taken``): who made and imports it, the way on
+        if t:
+            lines += [f"- upstream created {md(t['target'])}" + (f" in {md(t['created'])}" if t["created"] else "")
+                      + (f"; imported upstream by {', '.join(md(i) for i in t['importers'][:5])}"
+                         if t["importers"] else ""),
+                      f"- way through: **rename our target** (entries {', '.join(t['ours'])} import ours): another "
+                      "`target` in series.toml, those entries pointed at it, then `c128patch rebase --continue`"
+                      if t["way"] == "rename" else "- way through: **drop ours as superseded** (nothing of ours "
+                      f"imports it): `c128patch rebase --drop {c['entry']}`"]
         lines.append("")
     return lines
 
 
 def _merged(report: dict) -> list[str]:
-    lines = []
-    for m in report["merged"]:
-        lines += [f"## Merged upstream (proposed): {m['entry']}", ""]
-        hint = " (a hint, not evidence)"
-        lines += [f"- {sig['kind']}: {md(sig['detail'])}" + (hint if sig["kind"] == "pr-hint" else "")
-                  for sig in m["signals"]]
-        lines.append("")
-    return lines
+    hint = " (a hint, not evidence)"
+    return [line for m in report["merged"] for line in [
+        f"## Merged upstream (proposed): {m['entry']}", "",
+        *(f"- {sig['kind']}: {md(sig['detail'])}" + (hint if sig["kind"] == "pr-hint" else "") for sig in m["signals"]),
+        ""]]
 
 
 def _proof(report: dict) -> list[str]:
