@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from c128patch.cli.common import emit_json, handles_errors, json_option, locate_tree, repo_option, series_option
+from c128patch.cli.common import emit_json, locate_tree, repo_option, say, verb_options
 from c128patch.errors import C128Error
 
 if TYPE_CHECKING:
@@ -30,9 +30,7 @@ if TYPE_CHECKING:
 @click.option("--abort", is_flag=True,
               help="Undo an apply that stopped: back to the original branch or HEAD; the new branch (or the clone "
                    "it made) is removed.")
-@series_option
-@json_option
-@handles_errors
+@verb_options
 def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | None, cont: bool, abort: bool,
             series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Check out REV on a new branch and apply the series, one commit per entry."""
@@ -59,7 +57,7 @@ def _finish(where: Path | None, cont: bool, series_dir: Path | None, layer_dirs:
     """--continue / --abort, in ``where`` (None: the tree ``locate_tree`` finds, as status does)."""
     from c128patch.git import Git
     from c128patch.ops.apply import abort_apply, continue_apply
-    from c128patch.progress import console, reporter
+    from c128patch.progress import reporter
     from c128patch.series.layers import get_series
 
     if where is not None and not where.is_dir():
@@ -68,27 +66,24 @@ def _finish(where: Path | None, cont: bool, series_dir: Path | None, layer_dirs:
     if cont:
         with reporter(not as_json, title="apply") as rep:
             result, series = continue_apply(git, get_series(series_dir, layer_dirs) if series_dir else None, rep)
-        _report(result, series, as_json)
-        return
+        return _report(result, series, as_json)
     aborted = abort_apply(git)
     if as_json:
-        emit_json(aborted)
-        return
+        return emit_json(aborted)
     if aborted["removed_clone"]:
-        say = f"apply aborted: the clone {aborted['tree']} it made was removed"
+        done = f"apply aborted: the clone {aborted['tree']} it made was removed"
     else:
         where_to = aborted["branch"] or f"detached HEAD at {str(aborted['head'])[:12]}"
-        say = f"apply aborted: {aborted['tree']} is back on {where_to}"
+        done = f"apply aborted: {aborted['tree']} is back on {where_to}"
         if aborted["stash"]:
             listing = shlex.join(["git", "-C", aborted["tree"], "stash", "list"])
-            say += f"; uncommitted changes are in stash {aborted['stash'][:12]} ({listing})"
-    console(stderr=False).print(say, markup=False)
+            done += f"; uncommitted changes are in stash {aborted['stash'][:12]} ({listing})"
+    say(done)
 
 
 def _report(r: ApplyResult, series: Series, as_json: bool, older: str = "") -> None:
     from c128patch.evidence.matrix import verification_note
     from c128patch.git import Git
-    from c128patch.progress import console
     from c128patch.series.layers import describe, layer_rows
 
     note = verification_note(series.ours, Git(worktree=Path(r.tree)), r.upstream_commit, r.rev)
@@ -96,13 +91,11 @@ def _report(r: ApplyResult, series: Series, as_json: bool, older: str = "") -> N
         emit_json({"ok": True, **r.to_json(), "evidence_note": note, "support_note": older,
                    "layers": layer_rows(series)})
         return
-    out = console(stderr=False)
     if r.already_applied:
         on_top = f", {r.commits_on_top} commit(s) of yours on top" if r.commits_on_top else ""
         where = "" if r.checked_out else f"; not checked out: {shlex.join(['git', '-C', r.tree, 'checkout', r.branch])}"
-        out.print(f"{r.tree}: {r.branch} already holds {r.rev} + {describe(series)} (at {r.head[:12]}{on_top}): "
-                  f"nothing to do{where}", markup=False)
-        return
+        return say(f"{r.tree}: {r.branch} already holds {r.rev} + {describe(series)} (at {r.head[:12]}{on_top}): "
+                   f"nothing to do{where}")
     how = {"3way": " (needed a 3-way merge)", "resolved": " (resolved by hand)"}
     lines = [f"  skipped {row['name']} ({row['detail']})" if row.get("status") == "skipped"
              else f"  applied {row['name']}{how.get(row.get('applied', ''), '')}" for row in r.entries]
@@ -117,4 +110,4 @@ def _report(r: ApplyResult, series: Series, as_json: bool, older: str = "") -> N
                      f"branch holds; they are kept at {r.recovery_ref} (on a branch: {keep})")
     elif r.orig_head:
         lines.append(f"  HEAD was detached at {r.orig_head[:12]} (recovery ref {r.recovery_ref})")
-    out.print("\n".join(lines), markup=False)
+    say(*lines)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import emit_json, exit_unless, repo_option, say, verb_options
 
 if TYPE_CHECKING:
     from c128patch.git import Git
@@ -62,9 +61,7 @@ def _verdict(verb: str, v: Verdict | None) -> str:
               help="Also check the series' API contract on each rev it applies to (c128patch contract; no checkout); "
                    "exit 1 unless it holds.")
 @repo_option
-@series_option
-@json_option
-@handles_errors
+@verb_options
 def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, series_dir: Path | None,
             layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Does the series apply to each REV, and what would apply and wheel do? Nothing is checked out.
@@ -89,8 +86,7 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
                    "revs": [{**r.to_json(), **({"contract": contracts[r.rev]} if deep else {})} for r in results]})
     else:
         _render(series, results, contracts, strict, ok, elapsed)
-    if not ok:
-        sys.exit(exitcodes.FAILED)
+    exit_unless(ok)
 
 
 def _render(series: Series, results: list[RevCheck], contracts: dict[str, dict], strict: bool, ok: bool,
@@ -104,17 +100,13 @@ def _render(series: Series, results: list[RevCheck], contracts: dict[str, dict],
     rows = [{row.name: row for row in r.entries} for r in results]
     for entry in series.entries:
         table.add_row(entry.name, *(_cell(entry, by[entry.name]) if entry.name in by else "error" for by in rows))
-    out = console(stderr=False)
-    out.print(table)
+    console(stderr=False).print(table)
     for r in results:
-        if r.error:
-            out.print(f"{r.rev}: {r.error}", markup=False)
-        out.print(f"{r.rev}: {_verdict('apply', r.apply)}; {_verdict('wheel', r.wheel)}", markup=False)
-        if r.note:
-            out.print(f"{r.rev}: note: {r.note}", markup=False)
-        if r.rev in contracts:
-            c = contracts[r.rev]
-            out.print(f"{r.rev}: contract {c['verdict']}" + "".join(f"\n  {f}" for f in c["failing"]), markup=False)
+        c = contracts.get(r.rev)
+        say(*([f"{r.rev}: {r.error}"] if r.error else []),
+            f"{r.rev}: {_verdict('apply', r.apply)}; {_verdict('wheel', r.wheel)}",
+            *([f"{r.rev}: note: {r.note}"] if r.note else []),
+            *([f"{r.rev}: contract {c['verdict']}" + "".join(f"\n  {f}" for f in c["failing"])] if c else []))
     verdict = "all apply" + (" with exact context" if strict else "") if ok else "NOT all apply" + (
         " with exact context" if strict and all(r.ok for r in results) else "")
-    out.print(f"{verdict} ({elapsed:.2f} s for {len(results)} rev(s))", markup=False)
+    say(f"{verdict} ({elapsed:.2f} s for {len(results)} rev(s))")

@@ -39,6 +39,29 @@ def series_option(fn: Callable) -> Callable:
     return series_dir_option(layer_option(fn))
 
 
+def json_verb(fn: Callable) -> Callable:
+    """A verb's body with --json, its errors handled (``handles_errors``)."""
+    return json_option(handles_errors(fn))
+
+
+def verb_options(fn: Callable) -> Callable:
+    """``json_verb`` with --series and --layer."""
+    return series_option(json_verb(fn))
+
+
+def say(*lines: str) -> None:
+    """Lines on stdout, as they are (no rich markup)."""
+    from c128patch.progress import console
+
+    console(stderr=False).print("\n".join(lines), markup=False)
+
+
+def exit_unless(ok: bool) -> None:
+    """Exit 1 (``exitcodes.FAILED``) unless ``ok``."""
+    if not ok:
+        sys.exit(exitcodes.FAILED)
+
+
 def locate_tree(tree: Path | None) -> Path:
     """The tree ``status``/``rebase``/``refresh``/``smoke`` work on: ``--tree``; else the repository here when
     c128patch applied (or is rebasing) in it; else ``./sglang`` (apply's); else the repository here."""

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, handles_errors, json_option, locate_tree, series_dir_option, tree_option
+from c128patch.cli.common import emit_json, exit_unless, json_verb, locate_tree, say, series_dir_option, tree_option
 
 
 @click.group("layer")
@@ -22,12 +21,10 @@ def command() -> None:
                                             "(<name>/<entry>) and the wheel's label.")
 @click.option("--base", default="", help="The release the layer is made on (default: the series base).")
 @series_dir_option
-@json_option
-@handles_errors
+@json_verb
 def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bool) -> None:
     """Make an empty layer in FOLDER (FOLDER/patches/series.toml)."""
     from c128patch.ops.layer import new_layer
-    from c128patch.progress import console
     from c128patch.series.manifest import default_series_root, load_series
 
     layer = new_layer(folder, name, load_series(series_dir or default_series_root()), base)
@@ -37,8 +34,8 @@ def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bo
         return
     add = shlex.join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit", "COMMIT", "--why",
                       "WHY"])
-    console(stderr=False).print(f"layer {layer.name} {layer.version} on {layer.base} in {layer.root}\n"
-                                f"  next: commit your change on a patched branch, then {add}", markup=False)
+    say(f"layer {layer.name} {layer.version} on {layer.base} in {layer.root}",
+        f"  next: commit your change on a patched branch, then {add}")
 
 
 @command.command("add-entry")
@@ -50,16 +47,13 @@ def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bo
 @click.option("--name", default="", help="The entry's name in the layer (default: from the commit's subject).")
 @tree_option
 @series_dir_option
-@json_option
-@handles_errors
+@json_verb
 def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: Path | None, series_dir: Path | None,
               as_json: bool) -> None:
     """Turn a commit of the patched branch into a layer entry: format-patch --full-index, manifest
     row, hash, lint. The branch is not changed; exit 1 when the layer's lint finds an error."""
-    from c128patch import exitcodes
     from c128patch.git import Git
     from c128patch.ops.layer import add_entry as add
-    from c128patch.progress import console
     from c128patch.series.manifest import default_series_root, load_series
 
     git = Git(worktree=locate_tree(tree))
@@ -69,10 +63,6 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
         emit_json({"ok": not errors, "layer": done.layer, "entry": done.entry, "file": done.file, "commit": done.commit,
                    "gate": done.gate, "files": done.files, "findings": [f.to_json() for f in done.findings]})
     else:
-        out = console(stderr=False)
-        out.print(f"entry {done.entry} ({done.file} in {folder}) from commit {done.commit[:12]}: "
-                  f"{', '.join(done.files)}; gate {done.gate or 'none'}", markup=False)
-        for f in done.findings:
-            out.print(f"  lint {f.level}: {f.entry}: {f.message}", markup=False)
-    if errors:
-        sys.exit(exitcodes.FAILED)
+        say(f"entry {done.entry} ({done.file} in {folder}) from commit {done.commit[:12]}: {', '.join(done.files)}; "
+            f"gate {done.gate or 'none'}", *(f"  lint {f.level}: {f.entry}: {f.message}" for f in done.findings))
+    exit_unless(not errors)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
-from c128patch import exitcodes
-from c128patch.cli.common import emit_json, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import emit_json, exit_unless, repo_option, say, verb_options
 
 OFFLINE_UNCHECKED = ("--offline: the bases (each patch file's sources at its base tag), the overlays' collisions "
                      "with upstream files, the gates upstream declares and the gate audit")
@@ -20,16 +18,14 @@ OFFLINE_UNCHECKED = ("--offline: the bases (each patch file's sources at its bas
 @click.option("--offline", is_flag=True,
               help="Skip the checks that need upstream (collisions with upstream files, gate audit).")
 @repo_option
-@series_option
-@json_option
-@handles_errors
+@verb_options
 def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...],
             as_json: bool) -> None:
     """Validate the series manifest and its files."""
     from c128patch.ops.audit import audit_series
     from c128patch.ops.lint import Finding, lint_stack
     from c128patch.ops.lint import update_hashes as record_hashes
-    from c128patch.progress import console, reporter
+    from c128patch.progress import reporter
     from c128patch.series.layers import describe, get_series
     from c128patch.upstream.source import open_upstream
 
@@ -53,11 +49,7 @@ def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Pa
                    "entries": len(series.entries), "findings": [f.to_json() for f in findings],
                    "unchecked": unchecked})
     else:
-        out = console(stderr=False)
-        for f in findings:
-            out.print(f"{f.level}: {f.entry}: {f.message}", markup=False)
-        out.print(f"{describe(series).removeprefix('series ')}: {len(series.entries)} entries, "
-                  f"{len(errors)} error(s), {len(findings) - len(errors)} warning(s)"
-                  + (f"; not checked: {unchecked}" if unchecked else ""), markup=False)
-    if errors:
-        sys.exit(exitcodes.FAILED)
+        say(*(f"{f.level}: {f.entry}: {f.message}" for f in findings),
+            f"{describe(series).removeprefix('series ')}: {len(series.entries)} entries, {len(errors)} error(s), "
+            f"{len(findings) - len(errors)} warning(s)" + (f"; not checked: {unchecked}" if unchecked else ""))
+    exit_unless(not errors)

@@ -7,16 +7,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import (
-    check_output_dir,
-    emit_json,
-    handles_errors,
-    json_option,
-    locate_tree,
-    repo_option,
-    series_option,
-    tree_option,
-)
+from c128patch.cli.common import check_output_dir, emit_json, locate_tree, repo_option, say, tree_option, verb_options
 from c128patch.errors import C128Error
 
 
@@ -34,9 +25,7 @@ from c128patch.errors import C128Error
               help="Also write rebase-report.md/.json here.")
 @tree_option
 @repo_option
-@series_option
-@json_option
-@handles_errors
+@verb_options
 def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: bool, drop: tuple[str, ...],
             report_dir: Path | None, tree: Path | None, repo: str | None, series_dir: Path | None,
             layer_dirs: tuple[Path, ...], as_json: bool) -> None:
@@ -67,32 +56,25 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
                   drop=drop, series_dir=series_dir, layer_dirs=layer_dirs, report_dir=report_dir)
     report = done.report
     if as_json:
-        emit_json(report)
-        return
-    out = console(stderr=False)
+        return emit_json(report)
     if report.get("aborted"):
-        out.print(f"rebase aborted: {report['branch'] or 'HEAD'} is back at {report['head'][:12]}"
-                  + (f"; your uncommitted work is in stash {report['stash'][:12]}" if report["stash"] else ""),
-                  markup=False)
-        return
-    table = Table(title=f"rebase {report['old_base']['rev']} -> {report['new_base']['rev']} ({report['direction']}, "
+        return say(f"rebase aborted: {report['branch'] or 'HEAD'} is back at {report['head'][:12]}"
+                   + (f"; your uncommitted work is in stash {report['stash'][:12]}" if report["stash"] else ""))
+    table = Table("entry", "status", "file (chosen by)", "detail",
+                  title=f"rebase {report['old_base']['rev']} -> {report['new_base']['rev']} ({report['direction']}, "
                         f"{report['upstream_commits_between']} upstream commits added, "
                         f"{len(report['upstream_commits_removed'])} left behind)")
-    for col in ("entry", "status", "file (chosen by)", "detail"):
-        table.add_column(col)
     for e in report["entries"]:
         detail = e["detail"] + (f" [{', '.join(e['ledger'])}]" if e["ledger"] else "")
         detail += " [your edit carried]" if e.get("edit_from") else ""
         file = f"{e['file']} ({e['chosen_by'].split(':', 1)[0]})" if e.get("file") else e["kind"]
         table.add_row(e["name"], e["status"], file, detail)
-    out.print(table)
-    out.print(report["equivalence"]["summary"], markup=False)
-    contract = report["contract"]
-    out.print(f"contract on {report['new_base']['rev']}: {contract['verdict']}"
-              + "".join(f"\n  {f}" for f in contract["failing"]), markup=False)
-    if report.get("renamed_branch"):
-        out.print(f"branch {report['renamed_branch']['from']} is now {report['renamed_branch']['to']} "
-                  f"(the old tip: {report['recovery_ref']})", markup=False)
+    console(stderr=False).print(table)
+    contract, renamed = report["contract"], report.get("renamed_branch")
     nxt, note = refresh_command(git, done.series, report, lock_items)
-    out.print(f"report: {done.report_md}" + (f"; next: {nxt}" if nxt else f"; note: {note}" if note else
-              "; the series is up to date (refresh --check changes nothing)"), markup=False)
+    say(report["equivalence"]["summary"], f"contract on {report['new_base']['rev']}: {contract['verdict']}"
+        + "".join(f"\n  {f}" for f in contract["failing"]),
+        *([f"branch {renamed['from']} is now {renamed['to']} (the old tip: {report['recovery_ref']})"]
+          if renamed else []),
+        f"report: {done.report_md}" + (f"; next: {nxt}" if nxt else f"; note: {note}" if note else
+                                       "; the series is up to date (refresh --check changes nothing)"))

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
-from c128patch import exitcodes
-from c128patch.cli.common import emit_json, handles_errors, json_option, locate_tree, series_option, tree_option
+from c128patch.cli.common import emit_json, exit_unless, locate_tree, say, tree_option, verb_options
 from c128patch.errors import C128Error
 
 
 @click.command("status")
 @tree_option
-@series_option
-@json_option
-@handles_errors
+@verb_options
 def command(tree: Path | None, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Which series is applied on which upstream rev, and what changed since.
 
@@ -26,7 +22,6 @@ def command(tree: Path | None, series_dir: Path | None, layer_dirs: tuple[Path, 
     """
     from c128patch.git import Git
     from c128patch.ops.status import tree_status
-    from c128patch.progress import console
     from c128patch.series.layers import get_series
     from c128patch.upstream.source import DEFAULT_TREE
 
@@ -42,17 +37,14 @@ def command(tree: Path | None, series_dir: Path | None, layer_dirs: tuple[Path, 
             exc.hint = (f"`c128patch apply` makes its tree in ./{DEFAULT_TREE} (or --tree DIR): run status there, "
                         "or pass --tree DIR")
         raise
-    code = exitcodes.OK if info.get("equals_series") else exitcodes.FAILED
+    refs = info.get("recovery_refs") or []
     if as_json:
         emit_json(info)
-        sys.exit(code)
-    refs = info.get("recovery_refs") or []
-    lines = [*_state(info), *(_applied(info) if "series" in info else []),
-             *([f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):"][:len(refs)]),
-             *(f"    {r['ref']} {r['commit'][:12]} {r['subject']}" for r in refs[:10])]
-    if lines:
-        console(stderr=False).print("\n".join(lines), markup=False)
-    sys.exit(code)
+    elif lines := [*_state(info), *(_applied(info) if "series" in info else []),
+                   *([f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):"]
+                     [:len(refs)]), *(f"    {r['ref']} {r['commit'][:12]} {r['subject']}" for r in refs[:10])]:
+        say(*lines)
+    exit_unless(info.get("equals_series"))
 
 
 def _state(info: dict) -> list[str]:

@@ -20,13 +20,11 @@ from c128patch.ops.treestate import apply_commands
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import describe
 from c128patch.series.manifest import Series
-from c128patch.series.plan import Planned, check_paths_at, plan
+from c128patch.series.plan import check_paths_at, plan
 from c128patch.series.provenance import PROVENANCE_PATH, record_problem
 from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.source import discard_fresh_tree, open_upstream, prepare_tree, refuse_git_dir
 from c128patch.upstream.target import Target
-
-__all__ = ["ApplyResult", "abort_apply", "apply_rev", "apply_series", "continue_apply"]
 
 
 def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None = None, branch: str | None = None,
@@ -44,8 +42,10 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
     if tree is None and upstream.kind != "path":
         refuse_switching(DEFAULT_TREE, target, branch or target.branch)
     existed = (tree or DEFAULT_TREE).exists()
-    template = clone_template(series, target, branch or target.branch, planned,
-                              str(upstream.git.git_dir or upstream.git.worktree), existed)
+    template = Path(tempfile.mkdtemp(prefix="c128patch-template-"))  # for git clone --template: the journal, first
+    source = str(upstream.git.git_dir or upstream.git.worktree)
+    ApplyJournal.new(series, target, branch or target.branch, planned, fresh_clone=True, tree_existed=existed,
+                     source=source).save(template / "c128patch" / "apply.json")
     reporter.step(f"preparing the tree for {target.commit[:12]}")
     try:
         worktree, fresh = prepare_tree(upstream, tree, target.commit, reporter, template=template)
@@ -108,19 +108,9 @@ def interrupts_said(tree: Path) -> Iterator[None]:
             from None
 
 
-def clone_template(series: Series, target: Target, branch: str, planned: list[Planned], source: str,
-                   tree_existed: bool) -> Path:
-    """A ``git clone --template`` folder holding the fresh clone's journal from its start; the caller removes it."""
-    root = Path(tempfile.mkdtemp(prefix="c128patch-template-"))
-    journal = ApplyJournal.new(series, target, branch, planned, fresh_clone=True, tree_existed=tree_existed,
-                               source=source)
-    journal.save(root / "c128patch" / "apply.json")
-    return root
-
-
 def refuse_taken_branch(series: Series, git: Git, branch: str, target: Target) -> None:
-    """``branch`` holds an earlier apply (of another series, stack or commit) with the user's commits on it:
-    say what it holds and how to apply beside it; never advise deleting it (``Apply`` says the rest)."""
+    """Refuse a ``branch`` holding another apply with the user's commits on it: say how to apply beside it (never to
+    delete it)."""
     tip = git.rev_parse(f"refs/heads/{branch}")
     prov = git.out("log", "-1", "--format=%H", tip, "--", PROVENANCE_PATH) if tip else ""
     mine = git.count(f"{prov}..{tip}") if prov else 0
@@ -151,15 +141,13 @@ def refuse_switching(tree: Path, target: Target, branch: str) -> None:
     git = Git(worktree=tree)
     head = git.rev_parse("HEAD")
     record = git.blob("HEAD", PROVENANCE_PATH) if head else None
-    try:
-        upstream = json.loads(record)["upstream"] if record else {"commit": head, "rev": (head or "")[:12]}
-    except (ValueError, KeyError, TypeError):
-        upstream = {"commit": head, "rev": (head or "")[:12]}
+    upstream = {"commit": head, "rev": (head or "")[:12]}
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        upstream = json.loads(record)["upstream"] if record else upstream
     if head is None or upstream.get("commit") == target.commit:
         return
-    on = git.current_branch() or ""
+    on, rev = git.current_branch() or "", target.rev
     held = f"{upstream.get('rev')}" + (f" + series (branch {on})" if record and on else f" (branch {on})" if on else "")
-    rev = target.rev
     switch = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--tree", str(tree)])
     beside = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--tree", f"{tree}-{rev}"])
     raise C128Error(f"./{tree} holds {held}: applying {rev} there would switch it to a new branch {branch}; "

@@ -1,10 +1,8 @@
 """``check``: does the series apply to a rev? Replayed in a temporary index; nothing is checked out.
 
-It runs what the other verbs run (``series.plan``'s file choice, ``check_paths_at``, exact context as
-``wheel`` and a 3-way merge as ``apply``), so each rev gets the exit code each verb would give
-(``Verdict``): 0 applies, 1 an entry does not apply, 2 refused before anything is done. ``wheel`` is
-predicted for release revs only; a rev older than every base of the series gets a note.
-"""
+It runs what the other verbs run (``series.plan``'s file choice, ``check_paths_at``, exact context as ``wheel``,
+a 3-way merge as ``apply``), so each rev gets each verb's exit code (``Verdict``): 0 applies, 1 an entry does
+not apply, 2 refused first. ``wheel`` is predicted for releases only; a rev older than every base gets a note."""
 
 from __future__ import annotations
 
@@ -36,10 +34,8 @@ __all__ = ["EntryCheck", "RevCheck", "Verdict", "check_rev", "check_revs", "chec
 def predict(result: RevCheck) -> None:
     """Fill in ``apply``/``wheel`` (and ``ok``) from the per-entry results."""
     if result.error:
-        refused = Verdict(exitcodes.USAGE, detail=result.error)
-        result.apply = refused
-        result.wheel = refused if release_version(result.rev) else None
-        result.ok = False
+        result.apply = Verdict(exitcodes.USAGE, detail=result.error)
+        result.wheel, result.ok = result.apply if release_version(result.rev) else None, False
         return
     collision = next((e for e in result.entries if e.status == "collision"), None)
     conflict = next((e for e in result.entries if e.status == "conflict"
@@ -55,10 +51,9 @@ def predict(result: RevCheck) -> None:
         elif inexact is not None and inexact.status == "clean":  # a renamed file: the wheel has no such path
             result.wheel = Verdict(exitcodes.FAILED, inexact.name, inexact.detail)
         elif inexact is not None:
-            why = {"3way": "needs a 3-way merge; a wheel is patched with exact context",
-                   "whitespace": "needs a whitespace-insensitive merge; a wheel is patched with exact context",
-                   }.get(inexact.status, inexact.detail)
-            result.wheel = Verdict(exitcodes.FAILED, inexact.name, why)
+            why = {"3way": "a 3-way merge", "whitespace": "a whitespace-insensitive merge"}.get(inexact.status)
+            result.wheel = Verdict(exitcodes.FAILED, inexact.name, f"needs {why}; a wheel is patched with exact "
+                                                                   "context" if why else inexact.detail)
         else:
             result.wheel = Verdict()
     result.ok = result.apply.exit == exitcodes.OK
@@ -84,20 +79,14 @@ def supported_releases(series: Series) -> list[str]:
     return sorted((b for b in _bases(series) if release_version(b)), key=_by_version)
 
 
-def _oldest(bases: dict[str, str]) -> str:
-    return min(bases, key=_by_version)
-
-
 def support_note(series: Series, git: Git, rev: str, commit: str) -> str:
     """A note when ``commit`` descends from none of the revs the series' files were made on."""
     bases = _bases(series)
-    if not bases:
-        return ""
     for base, recorded in bases.items():
         found = (git.rev_parse(recorded) if recorded else None) or git.rev_parse(base)
         if found is not None and (found == commit or git.is_ancestor(found, commit)):
             return ""
-    return _older_note(rev, _oldest(bases))
+    return _older_note(rev, min(bases, key=_by_version)) if bases else ""
 
 
 def release_support_note(series: Series, version: str) -> str:
@@ -108,7 +97,7 @@ def release_support_note(series: Series, version: str) -> str:
         return ""
     if Version(release_version(version)) >= min(Version(v) for v in versions if v):
         return ""
-    return _older_note(f"v{release_version(version)}", _oldest(bases))
+    return _older_note(f"v{release_version(version)}", min(bases, key=_by_version))
 
 
 def _older_note(rev: str, oldest: str) -> str:

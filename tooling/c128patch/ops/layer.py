@@ -1,9 +1,8 @@
 """``layer new`` and ``layer add-entry``: scaffolding a team's own layer (docs/layers.md).
 
-``add_entry`` turns one commit of a patched branch into a layer entry: refresh's ``format_patch`` with
-the entry and gate trailers, numbered after the layer's last file, its manifest row (base by content,
-sha256), written as one transaction (``series.txn``), then linted. Every refusal comes before any write.
-"""
+``add_entry`` turns a commit of a patched branch into a layer entry: refresh's ``format_patch`` with the entry
+and gate trailers, numbered after the layer's last file, its manifest row (base by content, sha256), written as
+one ``series.txn``, then linted. Every refusal comes before any write."""
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ from c128patch.series.manifest import MANIFEST, Entry, Series, load_series
 from c128patch.series.paths import check_entry_name, check_relpath
 from c128patch.series.plan import sources_at
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
-from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER
+from c128patch.series.trailers import ENTRY_TRAILER
 
 _ENV = re.compile(r"[A-Z][A-Z0-9_]{0,127}")
 
@@ -47,8 +46,7 @@ def remember_layers(git: Git, series: Series) -> None:
 
 
 def tree_layers(git: Git) -> tuple[Path, ...]:
-    """The folders of the layers the tree's provenance names (kept by ``remember_layers``); () for none. A layer
-    the tree did not keep, or whose folder is gone, is a one-line error naming it."""
+    """The folders of the layers the tree's provenance names (``remember_layers``); () for none; one gone: an error."""
     try:
         names = [str(r.get("name")) for r in read_provenance(git.cwd).get("layers", [])]
     except C128Error:
@@ -76,15 +74,6 @@ def new_layer(folder: Path, name: str, series: Series, base: str = "", version: 
     return load_layer(folder, series)
 
 
-def _with_gate(text: str, gate: str) -> str:
-    """``text`` (a format-patch file) with a ``C128patch-Gate`` trailer before its entry trailer."""
-    head, sep, rest = text.partition("\n---\n")
-    if f"\n{GATE_TRAILER}:" in head:
-        return text
-    head = head.replace(f"\n{ENTRY_TRAILER}:", f"\n{GATE_TRAILER}: {gate}\n{ENTRY_TRAILER}:", 1)
-    return head + sep + rest
-
-
 @txn.serialised  # two add-entry runs on one layer: one after the other
 def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gate: str = "",
               name: str = "") -> NewEntry:
@@ -110,8 +99,7 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
         raise C128Error(f"the tree is on {label}, the layer {layer.name} on {layer.base}: add entries on a tree at the "
                         f"layer's base (c128patch apply --sglang-rev {layer.base} --layer {folder}); nothing was "
                         "written")
-    trailer = git.out("log", "-1", f"--format=%(trailers:key={ENTRY_TRAILER},valueonly)", sha).strip()
-    if trailer:
+    if trailer := git.out("log", "-1", f"--format=%(trailers:key={ENTRY_TRAILER},valueonly)", sha).strip():
         raise C128Error(f"commit {sha[:12]} is entry '{trailer}' already ({ENTRY_TRAILER}); nothing was written")
     name = check_entry_name(name or slug(git.out("log", "-1", "--format=%s", sha)), "layer add-entry --name")
     if any(e.name == name for e in layer.entries):
@@ -122,7 +110,7 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
         raise C128Error(f"commit {sha[:12]} changes nothing; nothing was written")
     for path in touched:
         check_relpath(path, f"commit {sha[:12]}")
-    data = _with_gate(format_patch(git, sha, full).decode(), gate or f"none ({why})").encode()
+    data = format_patch(git, sha, full, gate or f"none ({why})")
     number = max((int(m.group(1)) for e in layer.entries for v in e.patch_files()
                   if (m := re.match(r"^(\d+)-", v.file))), default=0) + 1
     file = f"{number:04d}-{name}.patch"

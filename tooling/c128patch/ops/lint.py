@@ -48,8 +48,7 @@ def _file_findings(series: Series, e: Entry, variant: Variant | None, patched: d
         info = read_patch(path)
     except C128Error as exc:
         return [*found, Finding(e.name, exc.message)]
-    refusal = symlink_refusal(e, str(rel), info)
-    if refusal:
+    if refusal := symlink_refusal(e, str(rel), info):
         found.append(Finding(e.name, refusal.split(": ", 1)[1]))
     if (info.trailers.get(GATE_TRAILER) or " ").split()[:1] != [e.gate or "none"]:
         found.append(Finding(e.name, f"{rel}: header must say '{GATE_TRAILER}: {e.gate or 'none (<why>)'}'"))
@@ -163,11 +162,10 @@ def lint_stack(series: Series, upstream: Git | None = None) -> list[Finding]:
     for layer in series.layers:
         found += [replace(f, entry=f"{layer.name}/{f.entry}") for f in lint_series(layer, upstream)]
     targets: dict[str, str] = {}
-    for e in series.entries:  # (within one part, lint_series said so already)
-        if not e.is_patch:
-            other = targets.setdefault(e.target, e.name)
-            if series.part(other)[0] is not series.part(e.name)[0]:
-                found.append(Finding(e.name, f"overlay target {e.target} collides with entry '{other}'"))
+    for e in (e for e in series.entries if not e.is_patch):  # (within one part, lint_series said so already)
+        other = targets.setdefault(e.target, e.name)
+        if series.part(other)[0] is not series.part(e.name)[0]:
+            found.append(Finding(e.name, f"overlay target {e.target} collides with entry '{other}'"))
     return found
 
 

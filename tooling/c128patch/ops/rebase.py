@@ -1,15 +1,12 @@
 """``rebase``: move a patched branch onto another upstream rev; the series decides what is replayed.
 
-Each entry replays what ``apply`` would on the new base (``series.plan``'s file, strict then 3-way,
-then the ledger: ``ops.replay``), never the branch's old commit. A branch commit counts for what the
-user changed on it (``equivalence.compare_commits``): such a *user edit* is carried onto the replayed
-entry; a commit of no entry is carried as it is, in its place. A drop is proposed only on content
-evidence that upstream has the entry (``ops.merged``). The journal (``.git/c128patch/rebase.json``)
-is written before every step, so a stop, a dirty tree or a kill leaves something ``--continue``,
-``--skip``, ``--drop`` or ``--abort`` can finish; a stop is ``git apply --3way`` in the work tree plus
-a report (``ops.conflicts``). The end is proven equal to a fresh apply but for what was carried
-(``ops.equivalence``); otherwise exit 1, the branch kept and the undo printed.
-"""
+Each entry replays what ``apply`` would on the new base (``series.plan``'s file, strict, 3-way, the ledger:
+``ops.replay``), never the old commit. What the user changed on an entry's commit (a *user edit*,
+``equivalence.compare_commits``) is carried onto it; a commit of no entry is carried as it is, in its place.
+A drop is proposed only on content evidence that upstream has the entry (``ops.merged``). The journal is
+written before every step, so a stop (``git apply --3way`` in the work tree and a report), a dirty tree or a
+kill leaves something ``--continue``, ``--skip``, ``--drop`` or ``--abort`` finishes. The end is proven equal
+to a fresh apply but for what was carried (``ops.equivalence``); else exit 1, the branch kept, the undo said."""
 
 from __future__ import annotations
 
@@ -39,8 +36,7 @@ class Rebase(RebaseLoop):
     def start(self, onto_rev: str, onto_commit: str, *, drop_merged: bool = False, drop: tuple[str, ...] = ()) -> dict:
         """``drop``: entries upstream holds, dropped from the start (recorded with ``merged_in``)."""
         git = self.git
-        unknown = [name for name in drop if name not in {e.name for e in self.series.entries}]
-        if unknown:
+        if unknown := [name for name in drop if name not in {e.name for e in self.series.entries}]:
             raise C128Error(f"cannot rebase: --drop {unknown[0]}: the series has no such entry "
                             f"(its entries: {', '.join(e.name for e in self.series.entries)})")
         ensure_idle(git, "rebase")
@@ -59,12 +55,11 @@ class Rebase(RebaseLoop):
         git.run("update-ref", "-m", "c128patch rebase: recovery point", recovery, head)
         journal = Journal(onto_rev, onto_commit, old_rev, old["commit"], git.current_branch(), head, recovery,
                           str(self.series.root), drop_merged, steps, upstream=dict(old),
-                          layers=layer_folders(self.series))
-        journal.head_before = onto_commit  # the branch and the work tree stay as they are until a stop or the end
+                          layers=layer_folders(self.series),
+                          head_before=onto_commit)  # the branch and work tree stay as they are to a stop or the end
         self.state.mkdir(parents=True, exist_ok=True)
-        for step in steps:
-            if step.kind == "entry" and step.name in drop:
-                self._drop(journal, step, "")
+        for step in (s for s in steps if s.kind == "entry" and s.name in drop):
+            self._drop(journal, step, "")
         journal.save(self.path)
         return self._run(journal)
 
@@ -100,12 +95,10 @@ class Rebase(RebaseLoop):
     def _resolved(self, journal: Journal, step: Step) -> dict:
         """``--continue`` at a stop whose resolution is staged (HEAD where the stop left it)."""
         git = self.git
-        unmerged = unmerged_paths(git)
-        if unmerged:
+        if unmerged := unmerged_paths(git):
             raise C128Error(f"cannot continue: conflicts remain in {', '.join(unmerged)}; "
                             "resolve them and `git add` them")
-        unstaged = git.out("diff", "--name-only").split()
-        if unstaged:
+        if unstaged := git.out("diff", "--name-only").split():
             raise C128Error(f"cannot continue: unstaged changes in {', '.join(unstaged)}; `git add` the resolution "
                             "(or stash what is not part of it)")
         refuse_conflict_markers(git, "HEAD", None, "continue")  # before the ledger can record them
@@ -157,11 +150,10 @@ class Rebase(RebaseLoop):
         return self._past_stop("skip")
 
     def drop(self, name: str) -> dict:
-        """``--drop NAME`` at a stop: the entry it stopped at is dropped as merged upstream."""
         return self._past_stop("drop", name)
 
     def _past_stop(self, verb: str, name: str = "") -> dict:
-        """The stopped step skipped, or (``drop``) dropped as merged upstream; the rebase goes on."""
+        """``--skip``: the stopped step skipped; ``--drop NAME``: dropped as merged upstream; the rebase goes on."""
         journal = self._journal()
         step = journal.steps[journal.pos] if journal.pos < len(journal.steps) else None
         if verb == "drop" and (step is None or not journal.paused or step.kind != "entry" or step.name != name):
@@ -191,13 +183,12 @@ class Rebase(RebaseLoop):
             step.detail = (f"superseded: upstream's own {found['target']} is kept (--drop)"
                            + (f", created in {found['created']}" if found["created"] else ""))
         else:
-            if not paused:  # from the start: the hints are what names the upstream commit
-                item = self._plan(journal).get(step.name)
-                if item is not None:
-                    step.hints = [h.to_json() for h in upstream_hints(
-                        self.git, item.entry, item.patch, journal.old_commit, journal.onto_commit,
-                        cache=self._hint_cache, every=self._touched or None)]
             step.detail = "dropped: upstream holds it, the user said (--drop)"
+            item = None if paused else self._plan(journal).get(step.name)  # from the start: hints name the commit
+            if item is not None:
+                step.hints = [h.to_json() for h in upstream_hints(
+                    self.git, item.entry, item.patch, journal.old_commit, journal.onto_commit,
+                    cache=self._hint_cache, every=self._touched or None)]
         step.status, step.phase = "dropped-as-merged", ""
 
     def abort(self) -> dict:
@@ -209,16 +200,14 @@ class Rebase(RebaseLoop):
         mine = journal.user_paths(state)
         theirs = sorted(set(state) - set(mine))  # the tool's own changes: conflict markers, files it added
         git.run("reset", "--quiet")  # unmerged entries out of the way; the work tree stays
-        tracked = [p for p in theirs if git.tree_entry("HEAD", p) is not None]
-        if tracked:
+        if tracked := [p for p in theirs if git.tree_entry("HEAD", p) is not None]:
             git.run("checkout", "--quiet", "HEAD", "--", *tracked)
         for path in set(theirs) - set(tracked):
             (git.worktree / path).unlink(missing_ok=True)  # type: ignore[operator]
         stash = ""
         if mine:  # never throw away what the user typed mid-rebase
             git.run("add", "--all", "--", *mine)
-            stash = git.out("stash", "create", "c128patch rebase --abort: work in progress")
-            if stash:
+            if stash := git.out("stash", "create", "c128patch rebase --abort: work in progress"):
                 git.run("stash", "store", "-m", "c128patch rebase --abort: work in progress", stash)
         git.run("reset", "--quiet", "--hard")
         if journal.orig_branch:
@@ -245,24 +234,22 @@ class Rebase(RebaseLoop):
                             Path(tmp) / "fresh.index", ledger=self.ledger, trees=fresh)
             verdicts = compare_commits(self.series, git, old_commit, head, Path(tmp), fresh)
         names = [v.commit.entry for v in verdicts if v.commit.entry]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
+        if twice := sorted({n for n in names if names.count(n) > 1}):
             raise C128Error(f"cannot rebase: two commits carry '{ENTRY_TRAILER}: {twice[0]}'; squash them first")
         applied = {e.get("name") for e in record.get("entries", [])}
         in_series = {e.name for e in self.series.entries}
-        by_entry, after = {}, {"": []}
+        by_entry: dict = {}
+        after: dict[str, list[Step]] = {}  # entry -> the commits carried after it ("": before every entry)
         last = ""
         for v in verdicts:
             c = v.commit
             if v.kind in ("series", "user-edit") and c.entry in in_series:
-                by_entry[c.entry] = v
-                last = c.entry
-                after.setdefault(last, [])
+                by_entry[c.entry], last = v, c.entry
                 continue
-            step = Step(c.entry or c.subject, "commit", c.sha, c.subject, applied="carried")
-            step.detail = "your commit, carried" if v.kind == "user-commit" else f"carried as it is: {v.detail}"
-            after.setdefault(last, []).append(step)
-        steps = list(after[""])
+            after.setdefault(last, []).append(Step(c.entry or c.subject, "commit", c.sha, c.subject, applied="carried",
+                                                   detail="your commit, carried" if v.kind == "user-commit"
+                                                   else f"carried as it is: {v.detail}"))
+        steps = after.get("", [])
         for entry in self.series.entries:
             v = by_entry.get(entry.name)
             if v is not None:

@@ -1,5 +1,5 @@
-"""A rebase's state: its steps and the journal (``.git/c128patch/rebase.json``), written before every
-step; a stop also keeps what it wrote in the work tree (``stop_state``) and the conflicts git left."""
+"""A rebase's steps and journal (``.git/c128patch/rebase.json``), written before every step; a stop also keeps
+what it wrote in the work tree (``stop_state``) and the conflicts git left."""
 
 from __future__ import annotations
 
@@ -51,16 +51,14 @@ class Step:
         return bool(self.edit_from)
 
     def merged_in(self, onto: str) -> str:
-        """The upstream commit a merged (or at a stop skipped) entry went in with: the one a signal, the stop
-        or a hint names, else the new base."""
+        """The upstream commit a merged (or at a stop skipped) entry went in with, as named, else ``onto``."""
         made = (self.stop.get("taken") or {}).get("commit", "")
         if (self.status == "skipped" and self.stop) or (
                 self.status == "dropped-as-merged" and self.detail.startswith(("empty:", "superseded:", "dropped:"))):
             return made or (self.hints[0]["commit"] if self.hints else onto)
         if self.status != "dropped-as-merged":
             return ""
-        named = [s["commit"] for s in self.signals if s.get("commit") and s["kind"] == "patch-id"]
-        return named[0] if named else onto
+        return next((s["commit"] for s in self.signals if s.get("commit") and s["kind"] == "patch-id"), onto)
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Callable, NoReturn
 from c128patch.errors import ConflictError, DifferenceError
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git
 from c128patch.ops.conflicts import StopReport, analyze
-from c128patch.ops.equivalence import Equivalence, apply_cached, fresh_replay, prove, tree_diff
+from c128patch.ops.equivalence import apply_cached, fresh_replay, prove, tree_diff
 from c128patch.ops.faults import fault_point
 from c128patch.ops.hints import upstream_hints
 from c128patch.ops.merged import MergedCheck, Signal, UpstreamIds, proposes_drop
@@ -54,8 +54,7 @@ class RebaseLoop:
     def _advance(self, journal: Journal, tip: str = "") -> None:
         journal.pos += 1
         journal.head_before = tip or journal.head_before
-        journal.paused = ""
-        journal.stop_state = {}
+        journal.paused, journal.stop_state = "", {}
         journal.save(self.path)
 
     def _run(self, journal: Journal, keep: bool = False) -> dict:
@@ -192,8 +191,12 @@ class RebaseLoop:
         """Commit ``tree`` on the tip as the step's commit; the step is done."""
         git = self.git
         date = self._date(journal)
-        if step.kind == "entry" and not step.user_edit:
-            message, author = self._patch_message(step, date)
+        if step.kind == "entry" and not step.user_edit and not step.file.startswith("patches/"):  # an overlay
+            message, author = overlay_message(self.series.entry(step.name), self.series), (BOT_NAME, BOT_EMAIL, date)
+        elif step.kind == "entry" and not step.user_edit:  # as ``git am`` would commit the step's file
+            made = self._mails.get(step.name)
+            message, author = (made.result() if made is not None else  # a layer's file is in its layer
+                               self._mail(self.series.part(step.name)[0].root / step.file, step.name))
         else:
             message = git.run("log", "-1", "--format=%B", step.sha).stdout
             author = tuple(git.out("log", "-1", f"--format={f}", step.sha) for f in ("%an", "%ae", "%aI"))
@@ -214,16 +217,8 @@ class RebaseLoop:
             self._onto_date = self.git.out("log", "-1", "--format=%cI", journal.onto_commit)
         return self._onto_date
 
-    def _patch_message(self, step: Step, date: str) -> tuple[str, tuple[str, str, str]]:
-        """The message and author ``git am`` would give the step's file (plus the entry trailer)."""
-        if not step.file.startswith("patches/"):  # an overlay: as ``apply`` commits it
-            return overlay_message(self.series.entry(step.name), self.series), (BOT_NAME, BOT_EMAIL, date)
-        made = self._mails.get(step.name)
-        if made is not None:
-            return made.result()
-        return self._mail(self.series.part(step.name)[0].root / step.file, step.name)  # a layer's file is in its layer
-
     def _mail(self, path: Path, name: str) -> tuple[str, tuple[str, str, str]]:
+        """The message (with the entry trailer) and author ``git am`` would give the patch file at ``path``."""
         git = self.git
         with tempfile.TemporaryDirectory(prefix="c128mail-") as tmp:
             info = git.run("mailinfo", f"{tmp}/msg", f"{tmp}/patch", input=path.read_text()).stdout
@@ -263,30 +258,14 @@ class RebaseLoop:
             reason = (proc.stderr.strip().splitlines() or [why])[-1] if proc is not None else why
             step.detail = f"{why}: {reason.removeprefix('error: ')}" if reason != why else why
         extra = self._taken(journal, step, stop) if phase == "series" else None
+        extra = [h["line"] for h in step.hints] if extra is None else extra
         journal.paused = "conflict"
         journal.stop_state = tree_state(git)
         journal.save(self.path)
         report = report_of(git, journal)
         write_reports(self.state, report)
-        raise self._stopped(journal, step, stop, extra, report)
-
-    def _taken(self, journal: Journal, step: Step, stop: StopReport) -> list[str] | None:
-        """An overlay stopped at its target: upstream's own file is there (``ops.taken``); its lines."""
-        item = self._plan(journal).get(step.name)
-        if item is None or item.patch is not None or stop.paths != [item.entry.target]:
-            return None
-        found = taken(self.git, self.series, item.entry, journal.old_commit, journal.onto_commit)
-        step.stop["taken"] = found.to_json()
-        tree = self.git.worktree
-        return found.lines(rebase_command(tree, "continue"), rebase_command(tree, "drop", step.name))
-
-    def _stopped(self, journal: Journal, step: Step, stop: StopReport, extra: list[str] | None,
-                 report: dict) -> ConflictError:
-        """The error of a stop: where it conflicts and what the user can do next."""
-        tree, phase, left = self.git.worktree, step.phase, stop.unresolved
-        extra = [h["line"] for h in step.hints] if extra is None else extra
-        where = "\n".join(f"  {line}" for line in stop.lines() + extra)
-        return ConflictError(
+        tree, where = git.worktree, "\n".join(f"  {line}" for line in stop.lines() + extra)
+        raise ConflictError(  # where it conflicts and what the user can do next
             f"entry '{step.name}' conflicts on {journal.onto_rev}"
             + (f" in {', '.join(left)}" if left else f": {step.detail}")
             + (f" ({'your edit' if phase == 'user-edit' else 'your commit'})" if phase != "series" else ""),
@@ -299,6 +278,16 @@ class RebaseLoop:
             + f"  undo:    {rebase_command(tree, 'abort')} (back to {journal.orig_branch or journal.orig_head[:12]})\n"
               f"  report:  {self.state / 'rebase-report.md'}",
             report=report)
+
+    def _taken(self, journal: Journal, step: Step, stop: StopReport) -> list[str] | None:
+        """An overlay stopped at its target: upstream's own file is there (``ops.taken``); its lines."""
+        item = self._plan(journal).get(step.name)
+        if item is None or item.patch is not None or stop.paths != [item.entry.target]:
+            return None
+        found = taken(self.git, self.series, item.entry, journal.old_commit, journal.onto_commit)
+        step.stop["taken"] = found.to_json()
+        tree = self.git.worktree
+        return found.lines(rebase_command(tree, "continue"), rebase_command(tree, "drop", step.name))
 
     # ------------------------------------------------------------------ the end
     def _finish(self, journal: Journal) -> dict:
@@ -329,20 +318,17 @@ class RebaseLoop:
         write_reports(self.state, report)
         self._forget()
         if not proof.ok:
-            raise self._unproven(journal, proof, report)
+            shown = "\n".join(f"  {h.path} {h.header}" for d in proof.unattributed for h in d.hunks[:20])
+            undo = shlex.join(["git", "-C", str(git.worktree), "reset", "--hard", journal.recovery_ref])
+            kept = f"{journal.orig_branch or 'HEAD'} is kept as it is (report: {self.state / 'rebase-report.md'})"
+            raise DifferenceError(f"rebase onto {journal.onto_rev} finished, but the tree is not proven: "
+                                  f"{proof.summary()}", hint=f"{shown}\n  {kept}\n  undo: {undo}", report=report)
         return report
 
     def _forget(self) -> None:
         """The journal and the stop's saved conflicts gone: no rebase is in progress."""
         self.path.unlink()
         (self.state / "conflicts.json").unlink(missing_ok=True)
-
-    def _unproven(self, journal: Journal, proof: Equivalence, report: dict) -> DifferenceError:
-        shown = "\n".join(f"  {h.path} {h.header}" for d in proof.unattributed for h in d.hunks[:20])
-        undo = shlex.join(["git", "-C", str(self.git.worktree), "reset", "--hard", journal.recovery_ref])
-        kept = f"{journal.orig_branch or 'HEAD'} is kept as it is (report: {self.state / 'rebase-report.md'})"
-        return DifferenceError(f"rebase onto {journal.onto_rev} finished, but the tree is not proven: "
-                               f"{proof.summary()}", hint=f"{shown}\n  {kept}\n  undo: {undo}", report=report)
 
     def _record(self, journal: Journal) -> dict:
         """The new tip's provenance: the old record on the new base, what was carried and dropped."""
@@ -363,8 +349,11 @@ class RebaseLoop:
 
     def _move_branch(self, journal: Journal, new_head: str) -> str:
         """The branch moved to the new tip and checked out; returns the name it takes after the proof, or ""."""
-        git = self.git
-        renamed = self._new_branch_name(journal)
+        git, old = self.git, journal.orig_branch
+        renamed = default_branch(journal.onto_rev) if old and old == default_branch(journal.old_rev) else ""
+        if renamed and (renamed == old or not git.ok("check-ref-format", "--branch", renamed)
+                        or git.rev_parse(f"refs/heads/{renamed}") not in (None, git.head())):  # (HEAD: the new tip)
+            renamed = ""  # ``c128/<new base>`` for a branch ``apply`` named ``c128/<old base>``, unless taken
         if renamed and git.rev_parse(f"refs/heads/{renamed}") == new_head:  # renamed already before a kill
             self._attach(journal, renamed)
         elif journal.orig_branch:
@@ -379,17 +368,6 @@ class RebaseLoop:
         """HEAD onto ``branch`` (at the same commit): a checkout without its pass over the work tree."""
         self.git.run("symbolic-ref", "-m", f"c128patch rebase onto {journal.onto_rev}: {branch}", "HEAD",
                      f"refs/heads/{branch}")
-
-    def _new_branch_name(self, journal: Journal) -> str:
-        """``c128/<new base, as named>`` for a branch ``apply`` named ``c128/<old base>``, unless taken; else ""."""
-        old = journal.orig_branch
-        if not old or old != default_branch(journal.old_rev):
-            return ""
-        new = default_branch(journal.onto_rev)
-        if new == old or not self.git.ok("check-ref-format", "--branch", new):
-            return ""
-        there = self.git.rev_parse(f"refs/heads/{new}")
-        return new if there in (None, self.git.head()) else ""  # (HEAD: the new tip, detached)
 
     def _provenance_commit(self, journal: Journal, text: str) -> str:
         """The provenance commit on the new tip, made without touching the work tree."""

@@ -1,14 +1,11 @@
 """``refresh``: export a patched branch back into patches/ and the manifest, deterministically.
 
-Each commit above the upstream base carries a ``C128patch-Entry`` trailer (a commit without one is a
-new entry). Files are written by ``format_patch`` with a fixed date, named ``NNNN-<entry>.patch``
-(``NNNN-<entry>.<base>.patch`` for a variant of another base; names never change), so refreshing an
-unchanged branch changes nothing: ``refresh --check`` tests that fixed point. A base is recorded by
-content (the blob of each touched file there) beside a tag naming it, else the short commit id. An
-entry a rebase dropped as merged stays with ``merged_in``. The tree is proven first
-(``ops.equivalence``): a difference no branch edit explains is refused unless ``accept_differences``.
-With layers each part is written into its own folder, all as one transaction (``series.txn``).
-"""
+Each commit above the upstream base carries a ``C128patch-Entry`` trailer (none: a new entry). ``format_patch``
+writes it with a fixed date as ``NNNN-<entry>.patch`` (``NNNN-<entry>.<base>.patch``: a variant; names never
+change), so an unchanged branch changes nothing: ``refresh --check`` tests that fixed point. A base is recorded
+by content (each touched file's blob) beside a tag naming it, else the short id. An entry a rebase dropped as
+merged stays with ``merged_in``. The tree is proven first (``ops.equivalence``): a difference no branch edit
+explains is refused unless ``accept_differences``. Layers: each part in its folder, one ``series.txn``."""
 
 from __future__ import annotations
 
@@ -32,8 +29,9 @@ from c128patch.series.layers import SEP, Stack, layer_args, layer_rows
 from c128patch.series.manifest import Entry, Series, Variant, default_series_root
 from c128patch.series.patchfile import split_message
 from c128patch.series.paths import check_relpath
-from c128patch.series.plan import ENTRY_TRAILER, choose, merged_entries, sources_at
+from c128patch.series.plan import choose, merged_entries, sources_at
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
+from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER
 
 FIXED_DATE = "Thu, 1 Jan 1970 00:00:00 +0000"
 _DATE = re.compile(r"^Date: .*$", re.MULTILINE)
@@ -73,8 +71,8 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "entry"
 
 
-def format_patch(git: Git, commit: str, entry_name: str) -> bytes:
-    """One commit as a normalized patch; adds the entry trailer if the message lacks it."""
+def format_patch(git: Git, commit: str, entry_name: str, gate: str = "") -> bytes:
+    """One commit as a normalized patch; adds the entry trailer (after ``gate``'s, unless given) if it lacks it."""
     text = git.run("format-patch", "-1", "--stdout", "--full-index", "--zero-commit", "--no-signature",
                    "--no-stat", "--no-numbered", "--subject-prefix=PATCH", "--encode-email-headers", commit).stdout
     text = _DATE.sub(f"Date: {FIXED_DATE}", text, count=1)
@@ -84,7 +82,8 @@ def format_patch(git: Git, commit: str, entry_name: str) -> bytes:
     mail, _, body = head.rstrip("\n").partition("\n\n")
     paragraphs = body.split("\n\n") if body.strip() else []
     trailers = bool(paragraphs) and all(re.match(r"^[A-Za-z0-9-]+: ", l) for l in paragraphs[-1].splitlines())
-    body = body + ("\n" if trailers else "\n\n" if body else "") + f"{ENTRY_TRAILER}: {entry_name}"
+    gate = f"{GATE_TRAILER}: {gate}\n" if gate and f"\n{GATE_TRAILER}:" not in head else ""
+    body = body + ("\n" if trailers else "\n\n" if body else "") + f"{gate}{ENTRY_TRAILER}: {entry_name}"
     return f"{mail}\n\n{body}\n{rest}".encode()
 
 
@@ -120,9 +119,8 @@ class Refreshed:
 
 
 def refresh_command(git: Git, series: Series, report: dict, lock_items: LockItems | None = None) -> tuple[str, str]:
-    """After a rebase (``report``): the refresh to run ("" when ``refresh --check`` is up to date), or a note
-    instead when it would write the tool's own series (its checkout or installed package) for a layer or a
-    commit of the user's clone. ``--primary`` only forward onto a tag, past the series base."""
+    """After a rebase (``report``): the refresh to run ("": up to date), or a note when it would write the tool's
+    own series for a layer or a commit of the user's clone. ``--primary`` only forward onto a tag past the base."""
     onto = report["new_base"]["commit"]
     label = base_label(git, onto, report["new_base"]["rev"])
     base = git.rev_parse(series.base) if series.base else None
@@ -163,9 +161,8 @@ def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | No
 
 def export(series: Series, git: Git, *, primary: bool | None = None, version: str | None = None,
            lock_items: LockItems | None = None) -> Export:
-    """What patches/ and the manifest would hold if refreshed from the branch in ``git``: ``primary``,
-    the primary files (the series base moves; default when the tree is on it), else the variants of the
-    tree's base; ``lock_items`` (``fit.contract.lock_items``) records the API contract when the base moves."""
+    """patches/ and the manifest refreshed from the branch in ``git``: ``primary`` (default: the tree is on the
+    series base), the primary files, else the variants of the tree's base; ``lock_items``: the API contract."""
     record = read_provenance(git.worktree)  # type: ignore[arg-type]
     upstream = record.get("upstream", {})
     base_commit, base_rev = upstream.get("commit"), upstream.get("rev")
@@ -206,8 +203,7 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
 
 def _export_commit(series: Series, git: Git, sha: str, name: str, exported: dict[str, Entry],
                    base: tuple[str, str, bool], result: Export) -> Entry:
-    """The entry of one branch commit (a new one numbered last), its file in ``result``; ``base``: (label, commit,
-    primary)."""
+    """One commit's entry (a new one numbered last), its file in ``result``; ``base``: (label, commit, primary)."""
     label, base_commit, primary = base
     old = next((e for e in series.entries if e.name == name), None)
     if old is None and SEP in name:  # a layer's entry is never written into our series
@@ -337,17 +333,15 @@ def _export_patch(series: Series, old: Entry, entry: Entry, data: bytes | None, 
     """One patch as the primary or the variant of ``base`` (label, commit, sources); ``data`` None: no variant."""
     label, commit, sources = base
     variants = {v.base: (series.patches_dir / v.file, v.commit, v.sources) for v in old.variants}
+    variants.pop(label, None)
     if primary or not old.file:
-        if old.file and old.base and old.base != label and old.base not in variants:
-            # the old primary stays, as its base's variant
-            variants[old.base] = (series.file_of(old), old.base_commit, old.base_sources)
-        variants.pop(label, None)
+        if old.file and old.base and old.base != label and old.base not in variants:  # the old primary stays, as
+            variants[old.base] = (series.file_of(old), old.base_commit, old.base_sources)  # its base's variant
         entry.file, entry.base, entry.base_commit, entry.base_sources = f"{stem}.patch", label, commit, sources
         result.files[series.patches_dir / entry.file] = data
     else:
         result.files[series.patches_dir / f"{stem}.patch"] = series.file_of(old).read_bytes()
         entry.file = f"{stem}.patch"
-        variants.pop(label, None)
         if data is not None:
             variants[label] = (None, commit, sources)  # filled below from ``data``
     entry.variants = []
@@ -367,8 +361,7 @@ def _bump(version: str) -> str:
 
 
 def write(series: Series, result: Export, *, accept_differences: bool = False) -> list[str]:
-    """Write the export (patch files no entry names removed); returns what changed. An unproven tree is
-    refused unless ``accept_differences``."""
+    """Write the export (stale patch files removed), unless unproven and not ``accept_differences``; what changed."""
     proof = result.equivalence
     if proof is not None and not proof.ok and not accept_differences:
         raise DifferenceError(f"refusing to export: {proof.summary()}; nothing was written",
@@ -378,12 +371,17 @@ def write(series: Series, result: Export, *, accept_differences: bool = False) -
     changed = result.changes(series.root)
     head = series.head if isinstance(series, Stack) else series
     parts = [(head, result.manifest), *((layer, layer.to_toml()) for layer in result.layers)]
-    writes = []
+    writes: list[txn.Part] = []
     for part, manifest in parts:  # each part in its own folder only; all parts one transaction
-        staged = _part_writes(part, _files_of(part, series, result.files), manifest)
-        if staged is not None:
-            writes.append(staged)
-            changed += [_shown(p, series.root) for p in staged[2]]
+        files = _files_of(part, series, result.files)
+        new = {path: data for path, data in files.items() if _differs(path, data)}
+        if part.manifest_path.read_text() != manifest:
+            new[part.manifest_path] = manifest.encode()
+        keep = {p.name for p in files if p.parent == part.patches_dir}
+        stale = [p for p in sorted(part.patches_dir.glob("*.patch")) if p.name not in keep]
+        if new or stale:  # the changed files, the manifest last, the stale patch files
+            writes.append((part.root, new, stale, part.manifest_path))
+            changed += [_shown(p, series.root) for p in stale]
     txn.commit_all(writes, fault=lambda point: fault_point("at", point))
     return sorted(set(changed))
 
@@ -394,13 +392,3 @@ def _files_of(part: Series, series: Series, files: dict[Path, bytes]) -> dict[Pa
     def owner(path: Path) -> Path:
         return max((r for r in roots if path.is_relative_to(r)), key=lambda r: len(r.parts), default=Path("/"))
     return {p: d for p, d in files.items() if owner(p) == part.root}
-
-
-def _part_writes(part: Series, files: dict[Path, bytes], manifest: str) -> txn.Part | None:
-    """One part's ``txn.Part``: changed files, manifest last, stale patch files; None if unchanged."""
-    writes = {path: data for path, data in files.items() if _differs(path, data)}
-    if part.manifest_path.read_text() != manifest:
-        writes[part.manifest_path] = manifest.encode()
-    keep = {p.name for p in files if p.parent == part.patches_dir}
-    stale = [p for p in sorted(part.patches_dir.glob("*.patch")) if p.name not in keep]
-    return (part.root, writes, stale, part.manifest_path) if writes or stale else None

@@ -32,13 +32,10 @@ def rebase_status(git: Git) -> dict | None:
     if not path.is_file():
         return None
     j = Journal.load(path, git)
-    steps = j.steps
-    current = steps[j.pos].name if j.pos < len(steps) else None
-    tree = git.cwd
-    return {"onto": j.onto_rev, "from": j.old_rev, "done": j.pos, "total": len(steps),
-            "current_entry": current, "paused": j.paused, "branch": j.orig_branch,
-            "resume": rebase_command(tree, "continue"), "skip": rebase_command(tree, "skip"),
-            "undo": rebase_command(tree, "abort")}
+    return {"onto": j.onto_rev, "from": j.old_rev, "done": j.pos, "total": len(j.steps),
+            "current_entry": j.steps[j.pos].name if j.pos < len(j.steps) else None, "paused": j.paused,
+            "branch": j.orig_branch, "resume": rebase_command(git.cwd, "continue"),
+            "skip": rebase_command(git.cwd, "skip"), "undo": rebase_command(git.cwd, "abort")}
 
 
 def apply_status(git: Git) -> dict | None:
@@ -47,8 +44,7 @@ def apply_status(git: Git) -> dict | None:
     if not path.is_file():
         return None
     j = ApplyJournal.load(git, path)
-    tree = git.cwd
-    resume, undo = apply_commands(tree)
+    resume, undo = apply_commands(git.cwd)
     nxt = j.names[j.done] if j.done < j.total else None
     how = "stopped at a conflict" if j.paused == "conflict" else "was interrupted"
     where = {"clone": " (cloning)", "checkout": " (checking out)",
@@ -70,7 +66,6 @@ def recovery_refs(git: Git) -> list[dict]:
 
 def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
     """Per entry, its files changed since the provenance commit (an overlay also by its bytes)."""
-    tree = git.cwd
     paths = sorted({p for e in entries for p in e.get("files", [])})
     changed: dict[str, str] = {}
     if prov_commit and paths:
@@ -81,7 +76,7 @@ def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
     for e in entries:
         files = {p: changed[p] for p in e.get("files", []) if p in changed}
         if e.get("kind") == "overlay":
-            target = tree / e["target"]
+            target = git.cwd / e["target"]
             if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() != e.get("sha256"):
                 files.setdefault(e["target"], "modified")
         if files:
@@ -90,11 +85,9 @@ def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
 
 
 def tree_status(git: Git, series: Series | None = None) -> dict:
-    tree = git.cwd
-    rebase = rebase_status(git)
-    apply = apply_status(git)
-    holder = running(git)
-    lock = git_path(git, "index.lock")
+    """What ``status`` reports of the tree in ``git`` (with ``series``: whether it equals a fresh apply)."""
+    tree, lock = git.cwd, git_path(git, "index.lock")
+    rebase, apply, holder = rebase_status(git), apply_status(git), running(git)
     common = {
         "index_lock": {"path": str(lock), "c128patch_running": holder is not None,  # left by a killed run
                        "clear": shlex.join(["rm", "-f", str(lock)])} if lock.exists() else None,
@@ -117,19 +110,16 @@ def tree_status(git: Git, series: Series | None = None) -> dict:
     drift = _drift(git, prov_commit, entries)
     out = {
         **common,
-        "series": record.get("series", {}),
+        **{key: record.get(key, {}) for key in ("series", "upstream", "tool")},
         "layers": record.get("layers", []),
-        "upstream": record.get("upstream", {}),
-        "tool": record.get("tool", {}),
         "entries": [{"name": e["name"], "kind": e["kind"], "applied": e.get("applied", "")} for e in entries],
         "provenance_commit": prov_commit,
         "commits_since": git.count(f"{prov_commit}..HEAD") if prov_commit else 0,
         "drift": drift,
     }
     if series is not None:
-        applied = provenance.applied_digest(record)
         out["series_current"] = {"version": series.version, "digest": series.digest(),
-                                 "up_to_date": applied == series.digest()}
+                                 "up_to_date": provenance.applied_digest(record) == series.digest()}
         target = Target.from_json(record.get("upstream", {}))  # the upstream the record says it was applied to
         if target.commit and git.rev_parse(target.commit):
             proof = prove(series, git, target.rev or target.commit[:12], target.commit)
