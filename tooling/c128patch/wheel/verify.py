@@ -277,36 +277,30 @@ def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = 
     if not wheel.is_file():
         raise C128Error(f"missing wheel: {wheel} does not exist")
     with disk_errors(f"verifying {wheel.name}"):
-        return _verify(wheel, series, compile_all, authenticity, upstream_wheel, download, known)
-
-
-def _verify(wheel: Path, series: Series | None, compile_all: bool, authenticity: bool,
-            upstream_wheel: Path | None, download: bool, known: Series | None) -> VerifyResult:
-    rec = check_record(wheel)
-    with InWheel(wheel) as iw:
-        record = _json(iw, WHEEL_PROVENANCE, "c128patch provenance")
-        problem = record_problem(record)
-        if problem:
-            raise _mismatch(iw.wheel, f"{WHEEL_PROVENANCE} is not a c128patch provenance record ({problem})")
-        version = _check_identity(iw, record)
-        doc = _json(iw, f"{iw.dist_info}/sboms/{SBOM_NAME}", "c128patch SBOM")
-        try:
-            diffs = _check_sbom(iw, doc, record, version)
-        except (AttributeError, TypeError, KeyError, ValueError) as exc:
-            if isinstance(exc, C128Error):
-                raise
-            raise _mismatch(iw.wheel, f"SBOM has the wrong shape ({type(exc).__name__}: {exc})") from exc
-        if series is not None:
-            _check_series(iw, record, series)
-        elif known is not None:
-            _check_known(iw, record, known)
-        rows, compiled = _check_effects(iw, record, diffs)
-        if compile_all:
-            compiled = _compile(iw, iw.members())
-        auth = None
-        if authenticity:
-            path, found = locate(record, wheel, upstream_wheel, download)
-            auth = asdict(check_authentic(wheel, rec.hashes, iw.dist_info, version, record, diffs, path, found))
+        rec = check_record(wheel)
+        with InWheel(wheel) as iw:
+            record = _json(iw, WHEEL_PROVENANCE, "c128patch provenance")
+            problem = record_problem(record)
+            if problem:
+                raise _mismatch(wheel, f"{WHEEL_PROVENANCE} is not a c128patch provenance record ({problem})")
+            version = _check_identity(iw, record)
+            doc = _json(iw, f"{iw.dist_info}/sboms/{SBOM_NAME}", "c128patch SBOM")
+            try:
+                diffs = _check_sbom(iw, doc, record, version)
+            except (AttributeError, TypeError, KeyError, ValueError) as exc:
+                if isinstance(exc, C128Error):
+                    raise
+                raise _mismatch(wheel, f"SBOM has the wrong shape ({type(exc).__name__}: {exc})") from exc
+            if series is not None:
+                _check_series(iw, record, series)
+            elif known is not None:
+                _check_known(iw, record, known)
+            rows, compiled = _check_effects(iw, record, diffs)
+            if compile_all:
+                compiled = _compile(iw, iw.members())
+            auth = None
+            if authenticity:
+                path, found = locate(record, wheel, upstream_wheel, download)
+                auth = asdict(check_authentic(wheel, rec.hashes, iw.dist_info, version, record, diffs, path, found))
     return VerifyResult(str(wheel), str(version), record.get("upstream", {}), record.get("series", {}),
                         rec.files, rows, compiled, auth, layers=record.get("layers", []))
-
