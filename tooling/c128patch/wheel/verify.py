@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from packaging.tags import parse_tag
 from packaging.utils import parse_wheel_filename
@@ -29,7 +30,7 @@ from c128patch.series.manifest import Series
 from c128patch.series.patchfile import hunk_header
 from c128patch.series.provenance import record_problem
 from c128patch.wheel.authentic import check_authentic, locate
-from c128patch.wheel.patch import PACKAGE, WHEEL_PROVENANCE, loose_git, record_version
+from c128patch.wheel.patch import PACKAGE, WHEEL_PROVENANCE, apply_failure, loose_git, record_version
 from c128patch.wheel.rules import wheel_path
 from c128patch.wheel.sbom import (
     LAYER_FIELDS,
@@ -204,22 +205,18 @@ def _check_known(iw: InWheel, record: dict, known: Series) -> None:
                                       f"{known.version}'s (the provenance was edited)")
 
 
-def _reverse_failure(diff: bytes, stderr: str) -> str:
-    """'<file> hunk #N @@ ... @@' of the hunk ``git apply -R`` refused (its post-image holds the line)."""
-    for line in stderr.splitlines():
-        if "patch failed:" in line:
-            path, _, num = line.split("patch failed:", 1)[1].strip().rpartition(":")
-            try:
-                for pf in PatchSet(diff.decode("utf-8", errors="replace")):
-                    for n, hunk in enumerate(pf if wheel_path(pf.path) == path else [], 1):
-                        if num.isdigit() and (hunk.target_start <= int(num)
-                                              < hunk.target_start + max(hunk.target_length, 1)):
-                            return f"{path} hunk #{n} {hunk_header(hunk)}"
-            except UnidiffParseError:
-                pass
-            return f"{path} at line {num}"
-    lines = [ln.removeprefix("error: ") for ln in stderr.splitlines() if ln.strip()]
-    return lines[-1] if lines else "git apply -R failed"
+def _post_image_hunk(diff: bytes) -> Callable[[str, int], tuple[int, str] | None]:
+    """(number, header) of the hunk whose post-image holds a line (what ``git apply -R`` refuses)."""
+    def at(path: str, num: int) -> tuple[int, str] | None:
+        try:
+            for pf in PatchSet(diff.decode("utf-8", errors="replace")):
+                for n, hunk in enumerate(pf if wheel_path(pf.path) == path else [], 1):
+                    if hunk.target_start <= num < hunk.target_start + max(hunk.target_length, 1):
+                        return n, hunk_header(hunk)
+        except UnidiffParseError:
+            pass
+        return None
+    return at
 
 
 def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[dict], int]:
@@ -253,7 +250,7 @@ def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[
             if proc.returncode != 0:
                 raise _mismatch(iw.wheel,
                                 f"entry '{e['name']}' is not in the wheel as recorded: "
-                                f"{_reverse_failure(diffs[i], proc.stderr)}")
+                                f"{apply_failure(proc.stderr, _post_image_hunk(diffs[i]))}")
             rows.append({"name": e["name"], "kind": e.get("kind"), "status": "present"})
     return list(reversed(rows)), compiled
 
