@@ -353,18 +353,6 @@ class ModeResult:
     refusal: Optional[str] = None  # why upstream would refuse to start, if it would
 
 
-def refusal_reason(full: int, swa_tokens: int, page_size: int) -> Optional[str]:
-    """Where upstream raises: validate_swa_pool_size (pool_configurator.py:198-216), Not enough memory (:94-100)."""
-    if WINDOW_SIZE + page_size >= swa_tokens:
-        return (
-            f"SWA pool of {swa_tokens} tokens cannot hold one request (needs more than "
-            f"window {WINDOW_SIZE} + page {page_size}); upstream refuses to start"
-        )
-    if full <= 0:
-        return "no full tokens left; upstream refuses to start (Not enough memory)"
-    return None
-
-
 @dataclass(frozen=True)
 class CapacityResult:
     """Online C128 off vs on for one input set."""
@@ -412,8 +400,14 @@ def _mode(inp: CapacityInputs, b: float, r: int, online: bool) -> ModeResult:
     full = full_tokens(inp.budget_bytes, fixed, b, inp.page_size, recheck=inp.formula == "0.5.23")
     swa = int(full * inp.swa_full_tokens_ratio) // inp.page_size * inp.page_size  # :1457-1461
     rows = c128_state_rows(inp, r, online) if inp.layout.num_c128 else 0
+    refusal = None  # where upstream raises: validate_swa_pool_size (:198-216), Not enough memory (:94-100)
+    if WINDOW_SIZE + inp.page_size >= swa:
+        refusal = (f"SWA pool of {swa} tokens cannot hold one request (needs more than "
+                   f"window {WINDOW_SIZE} + page {inp.page_size}); upstream refuses to start")
+    elif full <= 0:
+        refusal = "no full tokens left; upstream refuses to start (Not enough memory)"
     return ModeResult(online, ring_size(inp, 128, online), rows, fixed, full, swa, full // 4, full // 128,  # :1492-1493
-                      refusal_reason(full, swa, inp.page_size))
+                      refusal)
 
 
 def compute(inp: CapacityInputs) -> CapacityResult:

@@ -10,7 +10,7 @@ is unknown: :func:`fit` solves it from one number and predicts the other; :func:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Optional
 
 from c128patch.capacity.model import (
@@ -76,19 +76,12 @@ class Fit:
 
     def to_dict(self) -> dict:
         h = self.hypothesis
-        return {
-            "label": h.label, "why": h.why, "formula": h.inputs.formula,
-            "max_running_requests": self.max_running_requests, "draft_tokens": h.inputs.num_draft_tokens,
-            "num_c128": h.inputs.layout.num_c128, "bytes_per_full_token": self.bytes_per_full_token,
-            "c128_fixed_off": self.c128_fixed_off, "c128_fixed_on": self.c128_fixed_on,
-            "unfloored_delta_tokens": self.unfloored_delta, "off_interval": list(self.off_interval),
-            "on_interval": list(self.on_interval),
-            "both_interval": list(self.both_interval) if self.both_interval else None,
-            "example_budget_bytes": self.example_budget(),
-            "predicted_on_from_off": list(self.predicted_on_from_off),
-            "predicted_off_from_on": list(self.predicted_off_from_on),
-            "off_share_predicting_on": self.off_share_predicting_on, "exact": self.exact,
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "hypothesis"}
+        out = {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+        out["unfloored_delta_tokens"] = out.pop("unfloored_delta")
+        return {**out, "label": h.label, "why": h.why, "formula": h.inputs.formula,
+                "draft_tokens": h.inputs.num_draft_tokens, "num_c128": h.inputs.layout.num_c128,
+                "example_budget_bytes": self.example_budget(), "exact": self.exact}
 
 
 def _tokens(inp: CapacityInputs, budget: int, online: bool) -> int:

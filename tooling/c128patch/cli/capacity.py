@@ -52,14 +52,11 @@ def command(presets: tuple[str, ...], compress_ratios: Optional[str], context_le
     except ValueError as e:
         raise click.BadParameter(str(e))
     try:
-        budget = cap.kv_budget(budget_gib, budget_bytes, gpu_gib, mem_fraction_static, non_kv_gib)
-    except ValueError as e:
-        raise click.UsageError(str(e))
-    try:
         layouts = cap.layouts(presets, compress_ratios, context_len)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--compress-ratios")
     try:
+        budget = cap.kv_budget(budget_gib, budget_bytes, gpu_gib, mem_fraction_static, non_kv_gib)
         results = [cap.compute(cap.CapacityInputs(budget_bytes=budget, layout=layout, max_running_requests=r, **given))
                    for layout in layouts]
     except ValueError as e:

@@ -28,33 +28,26 @@ APPLY_STYLE = {"clean": "strict", "3way": "3-way", "conflict": "CONFLICT", "coll
 WIDTH = 100  # piped output, and the most a terminal table takes
 
 
-def release_table(rows: list[ReleaseRow]) -> Table:
-    """Evidence kinds x releases, one state per cell (the details are in --markdown / --json)."""
+def tables(rows: list[ReleaseRow]) -> tuple[Table, Table]:
+    """Evidence kinds x releases, one state per cell (the details are in --markdown / --json); entries x releases."""
     from rich.table import Table
 
     from c128patch.evidence.results import KINDS
 
-    table = Table(title="evidence per release (details: --markdown, --json)")
-    table.add_column("evidence", overflow="fold")
-    for row in rows:
-        table.add_column(row.rev, overflow="fold")
-    table.add_row("applies", *[row.applies_summary for row in rows])
+    evidence = Table(title="evidence per release (details: --markdown, --json)")
+    entries = Table(title="entries x releases: applies (replayed now)")
+    for table, first in ((evidence, "evidence"), (entries, "entry")):
+        table.add_column(first, overflow="fold")
+        for row in rows:
+            table.add_column(row.rev, overflow="fold" if table is evidence else "ellipsis")
+    evidence.add_row("applies", *[row.applies_summary for row in rows])
     for kind in KINDS:
         states = [row.cells[kind].state for row in rows]
-        table.add_row(HEADINGS[kind], *[f"[{STYLE[s]}]{s}[/{STYLE[s]}]" for s in states])
-    return table
-
-
-def entry_table(rows: list[ReleaseRow]) -> Table:
-    from rich.table import Table
-
-    table = Table(title="entries x releases: applies (replayed now)")
-    table.add_column("entry", overflow="fold")
-    for row in rows:
-        table.add_column(row.rev)
+        evidence.add_row(HEADINGS[kind], *[f"[{STYLE[s]}]{s}[/{STYLE[s]}]" for s in states])
     for name in dict.fromkeys(n for row in rows for n in row.applies):
-        table.add_row(name, *[APPLY_STYLE.get(row.applies.get(name, ""), row.applies.get(name, "-")) for row in rows])
-    return table
+        entries.add_row(name, *[APPLY_STYLE.get(row.applies.get(name, ""), row.applies.get(name, "-"))
+                                for row in rows])
+    return evidence, entries
 
 
 @click.command("matrix")
@@ -93,8 +86,8 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
         return
     width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns) if sys.stdout.isatty() else WIDTH
     out = Console(width=width, highlight=False, soft_wrap=False)
-    out.print(release_table(rows))
-    out.print(entry_table(rows))
+    for table in tables(rows):
+        out.print(table)
     for row in rows:
         missing = row.missing()
         out.print(f"{row.rev}: " + ("fully verified" if not missing else "not fully verified: " + ", ".join(missing)),

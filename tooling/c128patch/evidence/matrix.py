@@ -103,12 +103,6 @@ def cell_for(results: list[Result], rev: str, kind: str, key: EvidenceKey | None
     return Cell("unverified")
 
 
-def history_objects() -> str | None:
-    """The release history's objects folder (it holds the evidenced trees), when it is cached."""
-    objects = ReleaseHistory().root / "objects"
-    return str(objects) if objects.is_dir() else None
-
-
 def sources_diff(git: Git, results: list[Result], key: EvidenceKey | None, rev: str = "") -> SourcesDiff | None:
     """None when some result is keyed by ``key``'s sources (or nothing can be compared); else the
     files that differ from the evidenced release nearest to them (``rev``'s own on a tie)."""
@@ -116,7 +110,9 @@ def sources_diff(git: Git, results: list[Result], key: EvidenceKey | None, rev: 
     if key is None or not key.files or not keyed or any(r.key.sources == key.sources for r in keyed):
         return None
     best = min(keyed, key=lambda r: (len(differing(r.key.files, key.files)), r.rev != rev, r.rev))
-    return SourcesDiff(best.rev, differing_files(git, differing(best.key.files, key.files), history_objects()))
+    objects = ReleaseHistory().root / "objects"  # the release history's objects hold the evidenced trees
+    alternates = str(objects) if objects.is_dir() else None
+    return SourcesDiff(best.rev, differing_files(git, differing(best.key.files, key.files), alternates))
 
 
 def release_row(series: Series, git: Git, rev: str, results: list[Result], root: Path) -> ReleaseRow:

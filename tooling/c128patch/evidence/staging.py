@@ -71,12 +71,6 @@ def _extract(git: Git, rev: str, paths: list[str], dest: Path, strip: str = "") 
     return dest
 
 
-def upstream_sources(git: Git, rev: str, dest: Path, paths: tuple[str, ...] = KERNEL_TIER_PATHS) -> Path:
-    """``paths`` of ``rev`` as released, under ``dest/sglang``."""
-    present = git.out("ls-tree", "--name-only", rev, "--", *paths).split()
-    return _extract(git, rev, present, dest, strip="python/")
-
-
 def export_series(repo: Git, rev: str, dest: Path) -> Series:
     """The series as committed at ``rev`` of this repository (patches/, csrc/, overlay/)."""
     if repo.rev_parse(rev) is None:
@@ -112,13 +106,12 @@ class StagedRelease:
 def stage_release(series: Series, git: Git, rev: str, dest: Path, suite: Path, *,
                   before: Series | None = None, before_label: str = "before") -> StagedRelease:
     """Stage one release under ``dest/<rev>`` (see the module docstring)."""
-    commit = git.rev_parse(rev)
-    if commit is None:
-        raise C128Error(f"unknown upstream revision {rev!r}")
+    commit = git.rev_parse(rev)  # patched_sources refuses an unknown one first
     with tempfile.TemporaryDirectory(prefix="c128stage-") as tmp:
         work = Path(tmp)
-        trees = {"patched": patched_sources(series, git, rev, work / "patched"),
-                 "upstream": upstream_sources(git, commit, work / "upstream")}
+        patched = patched_sources(series, git, rev, work / "patched")
+        present = git.out("ls-tree", "--name-only", str(commit), "--", *KERNEL_TIER_PATHS).split()
+        trees = {"patched": patched, "upstream": _extract(git, str(commit), present, work / "upstream", "python/")}
         if before is not None:
             trees[before_label] = patched_sources(before, git, rev, work / before_label)
         sizes = stage_subsets(suite, trees, dest / rev)

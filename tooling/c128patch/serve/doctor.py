@@ -11,10 +11,14 @@ error only when the build has no startup rules to say it. ``Report.ok`` (exit 0)
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
+import subprocess
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Sequence
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
@@ -23,11 +27,12 @@ from c128patch.series.manifest import Series
 from c128patch.series.provenance import record_problem
 from c128patch.serve.install import Dist, Interpreter, check_record, installer, probe, read_json
 from c128patch.serve.serving import ONLINE_C128_DSPARK_RULES, Serving, probe_install, probe_serving
-from c128patch.serve.toolchain import EVIDENCE_ARCHS, cuda_home, gpus, nvcc, tvm_ffi_problem
+from c128patch.smoke.device import probe_nvcc
 from c128patch.wheel.patch import LOCAL_TAG, WHEEL_PROVENANCE, record_version
 from c128patch.wheel.sbom import SBOM_NAME, purl_pypi
 
 Level = Literal["ok", "info", "warn", "error"]
+EVIDENCE_ARCHS = {"9.0": "H200"}  # where the series' GPU evidence was recorded (ci/gpu/results/)
 
 
 @dataclass
@@ -309,8 +314,8 @@ def _startup(report: Report, st: dict | None, error: str, launch_args: Sequence[
 
 def _toolchain(report: Report, interp: Interpreter, series_gate_on: bool) -> None:
     level: Level = "error" if series_gate_on else "warn"
-    found = nvcc()
-    home = cuda_home()
+    found = probe_nvcc()
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if found:
         report.add("ok", "jit", f"nvcc {found.get('nvcc_version')} at {found['nvcc']}"
                                 + (f" (CUDA_HOME={home})" if home else ""))
@@ -327,12 +332,50 @@ def _toolchain(report: Report, interp: Interpreter, series_gate_on: bool) -> Non
     if not devices:
         needs = ": the series' gates set run its kernels on the GPU" if series_gate_on else ""
         report.add(level, "gpu", f"no NVIDIA GPU here ({why}){needs}")
-    for gpu in {(d.name, d.capability): d for d in devices}.values():
-        where = EVIDENCE_ARCHS.get(gpu.capability)
+    for name, capability in dict.fromkeys(devices):
+        sm = "sm_" + capability.replace(".", "")
+        where = EVIDENCE_ARCHS.get(capability)
         if where:
-            report.add("ok", "gpu", f"{gpu.name} ({gpu.sm}): the series' GPU evidence was recorded on {where} "
+            report.add("ok", "gpu", f"{name} ({sm}): the series' GPU evidence was recorded on {where} "
                                     "(ci/gpu/results/)")
         else:
-            report.add("warn", "gpu", f"{gpu.name} ({gpu.sm}): the series' GPU evidence was recorded on "
+            report.add("warn", "gpu", f"{name} ({sm}): the series' GPU evidence was recorded on "
                                       + ", ".join(f"{n} (sm_{c.replace('.', '')})" for c, n in EVIDENCE_ARCHS.items())
                                       + " only")
+
+
+def gpus() -> tuple[list[tuple[str, str]], str]:
+    """The GPUs nvidia-smi lists (name, compute capability such as "9.0"), or why there are none."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return [], "nvidia-smi not found"
+    try:
+        proc = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [], f"nvidia-smi failed: {exc}"
+    if proc.returncode != 0:
+        return [], f"nvidia-smi failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:] or ['?']}"
+    rows = (line.rpartition(",") for line in proc.stdout.strip().splitlines())
+    out = [(name.strip(), cap.strip()) for name, _, cap in rows]
+    return out, "" if out else "nvidia-smi lists no GPU"
+
+
+def tvm_ffi_problem(interp: Interpreter) -> str | None:
+    """None when apache-tvm-ffi is installed as sglang requires it; else what is wrong."""
+    have = interp.dists.get("apache-tvm-ffi")
+    wanted = []
+    for text in (interp.sglang.requires if interp.sglang else []):
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.name == "apache-tvm-ffi" and (req.marker is None or req.marker.evaluate()):
+            wanted.append(req)
+    if have is None:
+        pin = f" ({wanted[0]})" if wanted else ""
+        return f"apache-tvm-ffi is not installed in {interp.executable}{pin}: sglang's JIT kernels load through it"
+    for req in wanted:
+        if not req.specifier.contains(have.version, prereleases=True):
+            return f"apache-tvm-ffi {have.version} is installed, sglang requires {req}"
+    return None

@@ -178,10 +178,9 @@ class Serving:
     seconds: float = 0.0
 
 
-def probe_serving(python: str, launch_args: Sequence[str] | None, timeout: float | None = None) -> Serving:
+def probe_serving(python: str, launch_args: Sequence[str] | None) -> Serving:
     """``import sglang`` in ``python``, and (``launch_args`` not None) those arguments through its parser."""
-    limit = TIMEOUT if timeout is None else timeout
-    got = ask(python, _SERVING, [MODULES, None if launch_args is None else list(launch_args)], limit)
+    got = ask(python, _SERVING, [MODULES, None if launch_args is None else list(launch_args)], TIMEOUT)
     if got.error:
         not_checked = " (the import did not finish)" if got.error.startswith("it did not finish") else ""
         return Serving(import_error=got.error, seconds=got.seconds,

@@ -13,7 +13,7 @@ import hashlib
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
@@ -112,14 +112,13 @@ def plan_for_release(series: Series, version: Version,
     return plan(series, git, commit), tag, git.out("rev-parse", f"{commit}^{{tree}}")
 
 
-def _fail_detail(item: Planned, stderr: str) -> str:
-    """'<file> hunk #N @@ ... @@' (or what git says) for a patch that does not apply."""
+def apply_failure(stderr: str, hunk_at: Callable[[str, int], tuple[int, str] | None]) -> str:
+    """'<file> hunk #N @@ ... @@' (``hunk_at``: the hunk holding a line) or what ``git apply`` says."""
     lines = stderr.splitlines()
     for line in lines:
         if "patch failed:" in line:
-            loc = line.split("patch failed:", 1)[1].strip()
-            path, _, num = loc.rpartition(":")
-            hunk = item.patch.hunk_at("python/" + path, int(num)) if item.patch and num.isdigit() else None
+            path, _, num = line.split("patch failed:", 1)[1].strip().rpartition(":")
+            hunk = hunk_at(path, int(num)) if num.isdigit() else None
             return f"{path} hunk #{hunk[0]} {hunk[1]}" if hunk else f"{path} at line {num}"
     for line in lines:
         if "No such file" in line or "does not exist" in line:
@@ -155,7 +154,7 @@ def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Rep
             if proc.returncode != 0:
                 raise ConflictError(
                     f"entry '{item.entry.name}' ({item.label}) does not apply to {label}: "
-                    f"{_fail_detail(item, proc.stderr)}"
+                    f"{apply_failure(proc.stderr, lambda path, n: item.patch.hunk_at('python/' + path, n))}"
                     + (overlap_note(series, [(p.entry.name, p.touched) for p in planned[:i]], item.entry.name,
                                     item.touched) if series is not None else "")
                     + "; no wheel was written"

@@ -31,14 +31,6 @@ def purl_pypi(name: str, version: str) -> str:
     return f"pkg:pypi/{quote(name.lower(), safe='')}@{quote(version, safe='')}"
 
 
-def pr_url(ref: str) -> str | None:
-    """'owner/repo#123' -> the GitHub pull request URL; None for anything else."""
-    repo, sep, num = ref.partition("#")
-    if not sep or not num.isdigit() or repo.count("/") != 1:
-        return None
-    return f"https://github.com/{repo}/pull/{num}"
-
-
 @dataclass
 class PatchEntry:
     name: str
@@ -58,7 +50,8 @@ class PatchEntry:
             text = {"contentType": "text/x-diff", "encoding": "base64",
                     "content": base64.b64encode(self.diff).decode()}
         out: dict[str, Any] = {"type": "unofficial", "diff": {"text": text}}
-        url = pr_url(self.upstream)
+        repo, sep, num = self.upstream.partition("#")  # 'owner/repo#123': a GitHub pull request
+        url = f"https://github.com/{repo}/pull/{num}" if sep and num.isdigit() and repo.count("/") == 1 else None
         if self.upstream:
             issue: dict[str, Any] = {"type": "enhancement", "id": self.upstream, "name": f"upstream {self.upstream}"}
             if self.why:

@@ -93,10 +93,8 @@ def base_version(git: Git, rev: str, commit: str, override: str | None = None) -
 
 
 def build_command(python_dir: Path, outdir: Path, no_isolation: bool = False) -> list[str]:
-    cmd = [sys.executable, "-m", "build", "--wheel", "--outdir", str(outdir)]
-    if no_isolation:
-        cmd.append("--no-isolation")
-    return [*cmd, str(python_dir)]
+    isolation = ["--no-isolation"] if no_isolation else []
+    return [sys.executable, "-m", "build", "--wheel", "--outdir", str(outdir), *isolation, str(python_dir)]
 
 
 def build_env(version: Version, epoch: int) -> dict[str, str]:

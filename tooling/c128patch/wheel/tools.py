@@ -80,25 +80,20 @@ _FILE_TYPES = {stat.S_IFLNK: "a symlink", stat.S_IFCHR: "a character device", st
                stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
 
 
-def check_member(info: zipfile.ZipInfo, wheel: Path, error: type[C128Error] = C128Error) -> str:
-    """Refuse a member whose name lands outside the unpack folder, or that is not a plain file or folder."""
-    name = info.filename
-    if not name or name.startswith("/") or "\\" in name or any(p in ("..", "") for p in PurePosixPath(name).parts):
-        raise error(f"not a wheel: {wheel} has an unsafe member name {name!r}")
-    kind = _FILE_TYPES.get(stat.S_IFMT(info.external_attr >> 16))
-    if kind:
-        raise error(f"{wheel.name}: member {name} is {kind}, not a regular file; refusing the wheel")
-    return name
-
-
 def check_archive(infos: list[zipfile.ZipInfo], wheel: Path, error: type[C128Error] = C128Error) -> None:
-    """Refuse duplicate or unsafe members and archives over ``MAX_UNPACKED`` bytes or ``MAX_RATIO``:1."""
+    """Refuse members that are unsafe (outside the unpack folder, not plain), duplicate, or over the size limits."""
     seen: set[str] = set()
     for info in infos:
-        if check_member(info, wheel, error) in seen:
-            raise error(f"{wheel.name}: duplicate archive member {info.filename!r} (one copy shadows the other); "
+        name = info.filename
+        if not name or name.startswith("/") or "\\" in name or any(p in ("..", "") for p in PurePosixPath(name).parts):
+            raise error(f"not a wheel: {wheel} has an unsafe member name {name!r}")
+        kind = _FILE_TYPES.get(stat.S_IFMT(info.external_attr >> 16))
+        if kind:
+            raise error(f"{wheel.name}: member {name} is {kind}, not a regular file; refusing the wheel")
+        if name in seen:
+            raise error(f"{wheel.name}: duplicate archive member {name!r} (one copy shadows the other); "
                         "refusing the wheel")
-        seen.add(info.filename)
+        seen.add(name)
     total = sum(i.file_size for i in infos)
     size = max(wheel.stat().st_size, 1)
     if total > MAX_UNPACKED or total > MAX_RATIO * size:
@@ -118,12 +113,9 @@ def open_zip(wheel: Path) -> zipfile.ZipFile:
 
 
 def sha256_path(path: Path) -> str:
-    """A file's sha256 (hex), read 1 MiB at a time."""
-    h = hashlib.sha256()
+    """A file's sha256 (hex)."""
     with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def record_hash(data: bytes) -> str:
@@ -132,11 +124,8 @@ def record_hash(data: bytes) -> str:
 
 
 def set_metadata_version(data: bytes, version: Version, where: str) -> bytes:
-    """METADATA with its one ``Version:`` line set to ``version``, every other field checked unchanged.
-
-    One header line is edited (the email generator would re-fold sglang's page-long License), and
-    ``packaging.metadata`` parses both sides to prove nothing else moved.
-    """
+    """METADATA with its one ``Version:`` line set (not re-generated: that would re-fold sglang's page-long
+    License); ``packaging.metadata`` parses both sides to prove no other field moved."""
     head_end = data.find(b"\n\n")
     head = data if head_end < 0 else data[: head_end + 1]
     lines = list(re.finditer(rb"^Version:[ \t]*(\S*)[ \t]*\r?$", head, re.MULTILINE))
@@ -225,7 +214,18 @@ class InWheel:
         sweep_stale(Path(tempfile.gettempdir()), "c128patch-wheel-")
         self._tmp = Path(tempfile.mkdtemp(prefix=f"c128patch-wheel-{os.getpid()}-"))
         try:
-            self._open(self._zip)
+            check_archive(self._zip.infolist(), self.wheel)
+            self._members = {info.filename: info for info in self._zip.infolist() if not info.is_dir()}
+            tops = {n.split("/", 1)[0] for n in self._members}
+            dist_infos = sorted(t for t in tops if t.endswith(".dist-info"))
+            if len(dist_infos) != 1:
+                raise C128Error(f"not a wheel: {self.wheel} has {len(dist_infos)} .dist-info folders, not one")
+            self.dist_info = dist_infos[0]
+            for required in ("WHEEL", "METADATA", "RECORD"):
+                if f"{self.dist_info}/{required}" not in self._members:
+                    raise C128Error(f"not a wheel: {self.wheel} has no {self.dist_info}/{required}")
+            self.root.mkdir()
+            self.extract([n for n in self._members if n.startswith(f"{self.dist_info}/")])
         except BaseException:
             self.__exit__()
             raise
@@ -242,19 +242,6 @@ class InWheel:
     @property
     def root(self) -> Path:
         return Path(str(self._tmp)) / "wheel"
-
-    def _open(self, zf: zipfile.ZipFile) -> None:
-        check_archive(zf.infolist(), self.wheel)
-        self._members = {info.filename: info for info in zf.infolist() if not info.is_dir()}
-        dist_infos = sorted({n.split("/", 1)[0] for n in self._members if n.split("/", 1)[0].endswith(".dist-info")})
-        if len(dist_infos) != 1:
-            raise C128Error(f"not a wheel: {self.wheel} has {len(dist_infos)} .dist-info folders, not one")
-        self.dist_info = dist_infos[0]
-        for required in ("WHEEL", "METADATA", "RECORD"):
-            if f"{self.dist_info}/{required}" not in self._members:
-                raise C128Error(f"not a wheel: {self.wheel} has no {self.dist_info}/{required}")
-        self.root.mkdir()
-        self.extract([n for n in self._members if n.startswith(f"{self.dist_info}/")])
 
     def members(self) -> list[str]:
         """The files of the original wheel, as archive names."""
@@ -375,8 +362,7 @@ class RecordCheck:
 
 
 def check_record(wheel: Path) -> RecordCheck:
-    """Every archive member is in RECORD with its sha256 (checked by ``WheelFile`` as it reads) and
-    size, and every RECORD row is in the archive."""
+    """Every member is in RECORD with its sha256 (``WheelFile`` checks it) and size; every row is a member."""
     open_zip(wheel).close()
     try:
         wf = WheelFile(wheel)

@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from packaging.tags import parse_tag
 from packaging.utils import parse_wheel_filename
@@ -29,7 +30,7 @@ from c128patch.series.manifest import Series
 from c128patch.series.patchfile import hunk_header
 from c128patch.series.provenance import record_problem
 from c128patch.wheel.authentic import check_authentic, locate
-from c128patch.wheel.patch import PACKAGE, WHEEL_PROVENANCE, loose_git, record_version
+from c128patch.wheel.patch import PACKAGE, WHEEL_PROVENANCE, apply_failure, loose_git, record_version
 from c128patch.wheel.rules import wheel_path
 from c128patch.wheel.sbom import (
     LAYER_FIELDS,
@@ -204,22 +205,18 @@ def _check_known(iw: InWheel, record: dict, known: Series) -> None:
                                       f"{known.version}'s (the provenance was edited)")
 
 
-def _reverse_failure(diff: bytes, stderr: str) -> str:
-    """'<file> hunk #N @@ ... @@' of the hunk ``git apply -R`` refused (its post-image holds the line)."""
-    for line in stderr.splitlines():
-        if "patch failed:" in line:
-            path, _, num = line.split("patch failed:", 1)[1].strip().rpartition(":")
-            try:
-                for pf in PatchSet(diff.decode("utf-8", errors="replace")):
-                    for n, hunk in enumerate(pf if wheel_path(pf.path) == path else [], 1):
-                        if num.isdigit() and (hunk.target_start <= int(num)
-                                              < hunk.target_start + max(hunk.target_length, 1)):
-                            return f"{path} hunk #{n} {hunk_header(hunk)}"
-            except UnidiffParseError:
-                pass
-            return f"{path} at line {num}"
-    lines = [ln.removeprefix("error: ") for ln in stderr.splitlines() if ln.strip()]
-    return lines[-1] if lines else "git apply -R failed"
+def _post_image_hunk(diff: bytes) -> Callable[[str, int], tuple[int, str] | None]:
+    """(number, header) of the hunk whose post-image holds a line (what ``git apply -R`` refuses)."""
+    def at(path: str, num: int) -> tuple[int, str] | None:
+        try:
+            for pf in PatchSet(diff.decode("utf-8", errors="replace")):
+                for n, hunk in enumerate(pf if wheel_path(pf.path) == path else [], 1):
+                    if hunk.target_start <= num < hunk.target_start + max(hunk.target_length, 1):
+                        return n, hunk_header(hunk)
+        except UnidiffParseError:
+            pass
+        return None
+    return at
 
 
 def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[dict], int]:
@@ -253,7 +250,7 @@ def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[
             if proc.returncode != 0:
                 raise _mismatch(iw.wheel,
                                 f"entry '{e['name']}' is not in the wheel as recorded: "
-                                f"{_reverse_failure(diffs[i], proc.stderr)}")
+                                f"{apply_failure(proc.stderr, _post_image_hunk(diffs[i]))}")
             rows.append({"name": e["name"], "kind": e.get("kind"), "status": "present"})
     return list(reversed(rows)), compiled
 
@@ -277,36 +274,30 @@ def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = 
     if not wheel.is_file():
         raise C128Error(f"missing wheel: {wheel} does not exist")
     with disk_errors(f"verifying {wheel.name}"):
-        return _verify(wheel, series, compile_all, authenticity, upstream_wheel, download, known)
-
-
-def _verify(wheel: Path, series: Series | None, compile_all: bool, authenticity: bool,
-            upstream_wheel: Path | None, download: bool, known: Series | None) -> VerifyResult:
-    rec = check_record(wheel)
-    with InWheel(wheel) as iw:
-        record = _json(iw, WHEEL_PROVENANCE, "c128patch provenance")
-        problem = record_problem(record)
-        if problem:
-            raise _mismatch(iw.wheel, f"{WHEEL_PROVENANCE} is not a c128patch provenance record ({problem})")
-        version = _check_identity(iw, record)
-        doc = _json(iw, f"{iw.dist_info}/sboms/{SBOM_NAME}", "c128patch SBOM")
-        try:
-            diffs = _check_sbom(iw, doc, record, version)
-        except (AttributeError, TypeError, KeyError, ValueError) as exc:
-            if isinstance(exc, C128Error):
-                raise
-            raise _mismatch(iw.wheel, f"SBOM has the wrong shape ({type(exc).__name__}: {exc})") from exc
-        if series is not None:
-            _check_series(iw, record, series)
-        elif known is not None:
-            _check_known(iw, record, known)
-        rows, compiled = _check_effects(iw, record, diffs)
-        if compile_all:
-            compiled = _compile(iw, iw.members())
-        auth = None
-        if authenticity:
-            path, found = locate(record, wheel, upstream_wheel, download)
-            auth = asdict(check_authentic(wheel, rec.hashes, iw.dist_info, version, record, diffs, path, found))
+        rec = check_record(wheel)
+        with InWheel(wheel) as iw:
+            record = _json(iw, WHEEL_PROVENANCE, "c128patch provenance")
+            problem = record_problem(record)
+            if problem:
+                raise _mismatch(wheel, f"{WHEEL_PROVENANCE} is not a c128patch provenance record ({problem})")
+            version = _check_identity(iw, record)
+            doc = _json(iw, f"{iw.dist_info}/sboms/{SBOM_NAME}", "c128patch SBOM")
+            try:
+                diffs = _check_sbom(iw, doc, record, version)
+            except (AttributeError, TypeError, KeyError, ValueError) as exc:
+                if isinstance(exc, C128Error):
+                    raise
+                raise _mismatch(wheel, f"SBOM has the wrong shape ({type(exc).__name__}: {exc})") from exc
+            if series is not None:
+                _check_series(iw, record, series)
+            elif known is not None:
+                _check_known(iw, record, known)
+            rows, compiled = _check_effects(iw, record, diffs)
+            if compile_all:
+                compiled = _compile(iw, iw.members())
+            auth = None
+            if authenticity:
+                path, found = locate(record, wheel, upstream_wheel, download)
+                auth = asdict(check_authentic(wheel, rec.hashes, iw.dist_info, version, record, diffs, path, found))
     return VerifyResult(str(wheel), str(version), record.get("upstream", {}), record.get("series", {}),
                         rec.files, rows, compiled, auth, layers=record.get("layers", []))
-
