@@ -34,7 +34,7 @@ CHEAP = [
     ("doctor", ["doctor"]),
 ]
 ERRORS = [
-    ["check"],  # a usage error: the missing --sglang-rev
+    ["check", "--deep=yes"],  # a usage error: a flag given a value (bare check checks every release)
     ["aply"],  # a usage error: an unknown verb
     ["matrix", "--sglang-rev", "main"],  # a refusal (C128Error)
 ]

@@ -1,10 +1,9 @@
 """The ``rebase`` workflow, as the command runs it and a script can: one verb of ``ops.rebase`` under
 the repository lock, the series' API contract (``fit.contract``) checked on the new tip beside the
-checkout and the proof, and the refresh to run next (``next_refresh``)."""
+checkout and the proof; the refresh to run next is ``ops.refresh.refresh_command``."""
 
 from __future__ import annotations
 
-import shlex
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -14,11 +13,10 @@ from typing import Literal
 from c128patch.errors import C128Error, Interrupted
 from c128patch.fit import contract as contract_ops
 from c128patch.git import Git
-from c128patch.ops import refresh as refresh_ops
 from c128patch.ops.rebase import Journal, Rebase
 from c128patch.ops.treestate import rebase_command, rebase_journal, repo_lock
 from c128patch.progress import reporter
-from c128patch.series.layers import get_series, layer_args, stack
+from c128patch.series.layers import get_series, stack
 from c128patch.series.manifest import Series, load_series
 from c128patch.upstream.releases import release_version
 from c128patch.upstream.source import open_upstream
@@ -37,9 +35,6 @@ class Rebased:
     @property
     def report_md(self) -> Path:
         return rebase_journal(self.git).parent / "rebase-report.md"
-
-    def next_refresh(self) -> str:
-        return next_refresh(self.git, self.series, self.report)
 
 
 def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, drop_merged: bool = False,
@@ -103,23 +98,6 @@ def onto_commit(git: Git, rev: str, repo: str | None) -> str:
         if git.rev_parse(commit) is None:
             git.run("fetch", "--quiet", str(upstream.git.git_dir or upstream.git.worktree), commit)
     return commit
-
-
-def next_refresh(git: Git, series: Series, report: dict) -> str:
-    """The refresh to run after a rebase, or "" when ``refresh --check`` would change nothing. Primary
-    files only when the rebase went forward past the series base: never moves that base backwards."""
-    base = git.rev_parse(series.base) if series.base else None
-    onto = report["new_base"]["commit"]
-    primary = report["direction"] == "forward" and (base is None or git.is_ancestor(base, onto))
-    try:
-        changes = refresh_ops.export(series, git, primary=primary, lock_items=contract_ops.lock_items).changes(
-            series.root)
-    except C128Error:
-        changes = ["?"]  # refresh itself will say why
-    if not changes:
-        return ""
-    return shlex.join(["c128patch", "refresh", "--primary" if primary else "--variant", "--tree", str(git.worktree),
-                       "--series", str(series.root), *layer_args(series)])
 
 
 def contract_row(series: Series, git: Git, base: str, head: str) -> dict:
