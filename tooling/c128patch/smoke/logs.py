@@ -1,25 +1,8 @@
-"""Reading what an sglang server and sglang's benchmark tools print.
-
-The server lines are upstream's own log formats (0.5.23 sources; same text in 0.5.20-0.5.22):
-- ``srt/managers/scheduler.py:1269``  ``f"max_total_num_tokens={self.max_total_num_tokens}, "``
-  (then chunked_prefill_size, max_prefill_tokens, max_running_requests, context_len, available_gpu_mem)
-- ``srt/model_executor/pool_configurator.py:1689``  ``f"DSV4 memory calculation: unified={self._unified}, "``
-  … ``f"full_token={sizes.full_max_total_num_tokens}"`` (:1699): the "full token size" of PR #32035
-- ``srt/managers/scheduler_components/metrics_reporter.py:963``
-  ``f"Decode batch{iter_msg}, #running-req: {num_running_reqs}, {token_usage_msg}"``, then
-  ``:1005`` ``f"accept len: {spec_accept_length:.2f}, accept rate: {spec_accept_rate:.2f}, "`` and
-  ``:1041`` ``f"gen throughput (token/s): {self.last_gen_throughput:.2f}, "`` ``f"#queue-req: …"``;
-  token_usage_msg from ``pool_stats_observer.py:123`` ``f"#full token: {self.full_num_used}"``,
-  ``f"full token usage: {self.full_token_usage:.2f}"`` (hybrid SWA, DSV4) or ``:147`` ``f"#token: …,
-  token usage: …"``
-- ``srt/entrypoints/http_server.py:2600`` ``"The server is fired up and ready to roll!"``
-- ``srt/managers/scheduler.py:6372`` ``f"Scheduler hit an exception: {traceback}"`` (and the
-  tokenizer/detokenizer/DP-controller twins), ``srt/entrypoints/engine.py:1978`` ``"Received sigquit
-  from a child process. It usually means the child failed."``
-- ``kernels/jit/include/sgl_kernel/utils.h:79`` ``"Failed at " << file << ":" << line``: a failed
-  ``RuntimeCheck`` in a JIT kernel's host code (PR #32035's zero-row crash).
-tests/test_smoke_server.py renders these from the release sources and parses them back.
-"""
+"""Reading what an sglang server and sglang's benchmark tools print: upstream's own log formats (0.5.20-0.5.23:
+scheduler.py's ``max_total_num_tokens=``, pool_configurator.py's ``DSV4 memory calculation``,
+metrics_reporter.py's ``Decode batch`` lines, http_server.py's ready line, the ``hit an exception`` and
+sigquit lines, sgl_kernel/utils.h's ``Failed at file:line``); tests/test_smoke_server.py renders them
+from the release sources and parses them back."""
 
 from __future__ import annotations
 
@@ -179,9 +162,6 @@ class Tail:
             rest.append(self.partial.decode(errors="replace"))
             self.partial = b""
         return rest
-
-
-# --------------------------------------------------------------------------- load tools
 
 
 _SERVING_HEADER = " Serving Benchmark Result "

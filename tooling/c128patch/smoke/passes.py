@@ -1,14 +1,6 @@
-"""One pytest pass of the GPU suite in a subprocess, with the harness API's environment
-(tests/gpu/harness.py: C128PATCH_TREE, C128PATCH_UPSTREAM_TREE, C128PATCH_GPU_SCALE,
-C128PATCH_GPU_RESULTS_DIR), optionally under compute-sanitizer; its per-test rows come from
-:mod:`c128patch.smoke.plugin`, so a pass that dies mid-test still says which test it was.
-
-compute-sanitizer prefixes its own lines with ``=========`` and ends each process it watched
-with ``========= ERROR SUMMARY: N error(s)``; racecheck adds ``========= RACECHECK SUMMARY: H
-hazard(s) displayed (E error(s), W warning(s))``. With the default ``--target-processes all``
-the children the suite spawns (the unpatched kernels run in one) print their own summaries, so
-counts are summed over processes.
-"""
+"""One pytest pass of the GPU suite in a subprocess, with the harness API's environment, optionally under
+compute-sanitizer (its ``=========`` summaries summed over the processes it watched); per-test rows from
+:mod:`c128patch.smoke.plugin`, so a pass that dies mid-test still says which test it was."""
 
 from __future__ import annotations
 

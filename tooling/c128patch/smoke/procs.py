@@ -1,11 +1,5 @@
-"""Processes that smoke starts: own process group, output to a log file, always stopped.
-
-Every child runs in a new session (its own process group), so a Ctrl-C at the terminal reaches
-only us and we decide how the child ends. :meth:`Managed.stop` sends SIGTERM to the group and to
-every descendant found under ``/proc`` (children that left the group with ``setsid`` included),
-then SIGKILL after a grace period, and reports any pid still alive. :func:`exits_on_signals` turns
-SIGTERM/SIGHUP into an exception, so ``with`` blocks unwind and clean up on those too.
-"""
+"""Processes that smoke starts: each in its own session and process group, output to a log file, always
+stopped (SIGTERM to the group and every descendant seen under /proc, SIGKILL after a grace period)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""``smoke server``: start the patched sglang server on a model with PR #32035's settings,
-drive sustained concurrent multi-turn load with sglang's own benchmark tools, watch the log for
-crashes, read the capacity the server logs; then the same with the online-C128 envs off.
-
-Bounded (health wait, load duration, request count), loopback only (127.0.0.1), and everything
-it starts is stopped: each process runs in its own group and is killed with its descendants on
-success, error, timeout, Ctrl-C, SIGTERM and SIGHUP (see smoke.procs).
-"""
+"""``smoke server``: the patched sglang server on a model with PR #32035's settings under sustained multi-turn
+load from sglang's own benchmark tools, then with the online-C128 envs off; crashes and capacity read from
+its log. Bounded, loopback only, and everything it starts is stopped (smoke.procs)."""
 
 from __future__ import annotations
 
@@ -70,9 +65,6 @@ class ServerOptions:
 
     def launcher_argv(self) -> list[str]:
         return self.launcher or [self.python, "-m", "sglang.launch_server"]
-
-
-# --------------------------------------------------------------------------- commands
 
 
 def _set_flag(args: list[str], flag: str, value: str) -> list[str]:
@@ -159,9 +151,6 @@ def load_argv(opts: ServerOptions, mode: str, result_file: Path) -> list[str]:
     raise C128Error(f"unknown load tool {opts.load!r} (known: {', '.join(LOAD_TOOLS)})")
 
 
-# --------------------------------------------------------------------------- checks
-
-
 def port_free(port: int) -> bool:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -195,9 +184,6 @@ def health(port: int, timeout: float = 5.0) -> bool:
             return resp.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
-
-
-# --------------------------------------------------------------------------- one mode
 
 
 def wait_healthy(server: Managed, tail: Tail, log: ServerLog, port: int, timeout: float) -> tuple[bool, str, float]:
@@ -316,9 +302,6 @@ def _drive_load(opts: ServerOptions, mode: str, server: Managed, tail: Tail, log
             "exit": exit_description(code), "stopped": stopped, "completed_run": stopped is None and code == 0,
             "summary": load_summary(opts.load, stdout, result_file), "leftover_pids": load.leftover}
     return info, died
-
-
-# --------------------------------------------------------------------------- the tier
 
 
 def compare_modes(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:

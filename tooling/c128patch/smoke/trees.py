@@ -104,9 +104,6 @@ def series_info(record: dict | None) -> dict | None:
     }
 
 
-# --------------------------------------------------------------------------- the inputs, checked and resolved
-
-
 @dataclass
 class KernelOptions:
     tree: Path | None = None

@@ -1,24 +1,6 @@
-"""Which of upstream's own kernel tests ``smoke upstream`` runs, what they need of a tree, and what they
-need of us.
-
-Where (:func:`test_root`): ``--tests PATH``, the ``test/`` folder of an upstream checkout or the checkout;
-the ``test_*.py`` under its ``registered/kernels/`` (or under PATH itself without one). Without PATH, the
-patched tree's own repository's ``test/``.
-
-What the series touches (:func:`series_targets`), from the provenance record's files, else the manifest:
-a Python module it patches or adds; a kernel it patches or adds, through the ``sglang/kernels`` modules
-that name the ``.cuh`` file (its JIT wrappers); and, where it adds a file, everything next to it.
-
-What a test exercises (:func:`exercised`): the modules its imports reach, read with ``ast`` (imports
-inside functions included, ``if TYPE_CHECKING:`` blocks not), through test helpers (``sglang.test.*``)
-and packages whose ``__init__`` must run for a name the test takes. A test is selected when that set
-meets the targets; ``-k EXPR`` adds every file whose name or test names contain one of EXPR's words.
-
-What a tree must provide (:func:`closure`): every module those imports execute, the packages whose
-``__init__`` runs for real, the ``csrc`` folders the executed modules name, and the names taken from
-stand-in modules (:func:`standin_plan`: a stand-in module only where the tree has the real one, a name
-only where the real one defines it, so a stand-in never invents what a tree lacks).
-"""
+"""Which of upstream's kernel tests ``smoke upstream`` runs (those whose imports, read with ``ast``, reach a
+module or kernel the series patches or adds, or that ``-k`` names), and what each tree must provide for them
+(modules, real packages, csrc folders, names from stand-ins: never a name the tree's real module lacks)."""
 
 from __future__ import annotations
 
@@ -37,9 +19,6 @@ KERNEL_TESTS = "registered/kernels"
 CSRC = "sglang/kernels/jit/csrc"
 KERNEL_SUFFIXES = (".cuh", ".cu", ".h")
 _CSRC_LITERAL = re.compile(r"^[\w./-]+\.(cuh|cu|h)$")
-
-
-# --------------------------------------------------------------------------- where the tests are
 
 
 def test_root(path: Path | None, tree: Path) -> Path:
@@ -70,9 +49,6 @@ def scope(root: Path) -> Path:
 def test_files(root: Path) -> list[Path]:
     base = scope(root)
     return sorted(p for p in base.rglob("test_*.py") if p.is_file() and "__pycache__" not in p.parts)
-
-
-# --------------------------------------------------------------------------- imports
 
 
 @dataclass(frozen=True)
@@ -205,9 +181,6 @@ def resolve(index: ModuleIndex, imp: Imp, standins: set[str]) -> list[Edge]:
     return edges
 
 
-# --------------------------------------------------------------------------- targets
-
-
 def touched_files(record: dict | None) -> list[str]:
     """``python/sglang/...`` paths the series writes: the provenance record's entries, else the
     manifest's patches (all variants) and overlay targets."""
@@ -286,9 +259,6 @@ def series_targets(patched: Path, upstream: Path, files: Iterable[str]) -> dict[
     for mod in sorted(set(direct) | set(beside)):
         out[mod] = "; ".join(dict.fromkeys(direct.get(mod, []) + beside.get(mod, [])))
     return out
-
-
-# --------------------------------------------------------------------------- what a test needs
 
 
 @dataclass
@@ -418,9 +388,6 @@ def closure(index: ModuleIndex, tests: list[TestFile], standins: set[str],
     return out
 
 
-# --------------------------------------------------------------------------- stand-ins
-
-
 def standin_pool(suite: Path) -> dict[str, set[str]]:
     """module -> every name a stand-in exists for: the kernel tier's harness's (read from the suite) and ours."""
     from c128patch.smoke.upstream_standins import EXTRA
@@ -491,9 +458,6 @@ def standin_plan(tree: Path, pool: dict[str, set[str]], uses: dict[str, dict[str
                 row["reason"] = f"this tree's {mod} does not define {', '.join(withheld)}"
         rows.append(row)
     return wanted, rows
-
-
-# --------------------------------------------------------------------------- selection
 
 
 def keyword_words(expr: str) -> list[str]:

@@ -1,19 +1,7 @@
-"""A pytest plugin (``-p c128patch.smoke.upstream_standins``) that puts one sglang tree in place before
-upstream's own test files are collected, and the stand-ins upstream's tests need beyond the kernel tier's
-(tests/gpu/harness.py STANDINS), for ``smoke upstream``. Ours, not upstream's: each is listed in the report.
-
-The plugin: the kernel tier's harness (loaded from $C128PATCH_HARNESS) registers sglang's packages over the
-tree in $C128PATCH_TREE, with the stand-ins and real packages that $C128PATCH_UPSTREAM_PLAN names (JSON, written
-by smoke.upstream_suite: ``{"standins": {module: [names]}, "real_packages": [...]}``); a name comes from
-``EXTRA``, else from the harness's STANDINS.
-
-The stand-ins: the real modules cannot load without the rest of sglang (``sglang.test.test_utils`` imports
-aiohttp, requests, PIL, the benchmark client ...; ``sglang.srt.platforms`` scans plugin entry points). Each name
-mirrors what upstream does on a CUDA build outside CI (0.5.23 file:line in its docstring). The tool offers a
-name only where the tree's real module defines it, and a module only where the tree has it
-(smoke.upstream_select.standin_plan), so a stand-in never invents what a tree lacks. Stdlib only at import (it
-runs inside the test process); torch is imported when a stand-in is called.
-"""
+"""A pytest plugin (``-p c128patch.smoke.upstream_standins``) for ``smoke upstream``: the kernel tier's harness
+($C128PATCH_HARNESS) installs the tree in $C128PATCH_TREE with the stand-ins and real packages named by
+$C128PATCH_UPSTREAM_PLAN, the names from ``EXTRA`` (ours, each mirroring upstream on a CUDA build outside
+CI) over the harness's STANDINS. Stdlib only at import: torch is imported when a stand-in is called."""
 
 from __future__ import annotations
 
@@ -138,9 +126,6 @@ EXTRA: dict[str, dict[str, Any]] = {
     "sglang.test.test_utils": {"CustomTestCase": CustomTestCase},
     "sglang.srt.platforms": {"current_platform": _CudaPlatform()},
 }
-
-
-# --------------------------------------------------------------------------- the plugin
 
 
 def standin_table(harness: Any, wanted: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
