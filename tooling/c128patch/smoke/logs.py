@@ -169,9 +169,7 @@ _SERVING_ROW = re.compile(r"^(?P<key>\S.*?:)\s+(?P<value>\S.*?)\s*$")
 
 
 def parse_bench_serving(stdout: str) -> dict[str, Any]:
-    """The summary block of ``python -m sglang.bench_serving`` (sglang/benchmark/serving.py:
-    ``"{:<40} {:<10}".format(label, value)`` rows between the ``Serving Benchmark Result``
-    banner and a line of ``=``)."""
+    """The ``label value`` rows of ``python -m sglang.bench_serving``'s ``Serving Benchmark Result`` block."""
     out: dict[str, Any] = {}
     inside = False
     for line in stdout.splitlines():

@@ -63,9 +63,6 @@ class ServerOptions:
     settle: float = 3.0
     allow_unpatched: bool = False
 
-    def launcher_argv(self) -> list[str]:
-        return self.launcher or [self.python, "-m", "sglang.launch_server"]
-
 
 def _set_flag(args: list[str], flag: str, value: str) -> list[str]:
     """``args`` with ``flag``'s value replaced (a preset spells a flag and its value as two words)."""
@@ -84,8 +81,9 @@ def server_argv(opts: ServerOptions) -> list[str]:
     if opts.moe_runner_backend:
         args = _set_flag(args, "--moe-runner-backend", opts.moe_runner_backend)
     # later flags win in argparse: the extra ones last
-    return [*opts.launcher_argv(), "--model-path", opts.model_path, "--tp-size", str(opts.tp), *args,
-            *opts.server_args, "--host", HOST, "--port", str(opts.port)]
+    launcher = opts.launcher or [opts.python, "-m", "sglang.launch_server"]
+    return [*launcher, "--model-path", opts.model_path, "--tp-size", str(opts.tp), *args, *opts.server_args,
+            "--host", HOST, "--port", str(opts.port)]
 
 
 def server_env(opts: ServerOptions, mode: str, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -105,8 +103,7 @@ def server_env(opts: ServerOptions, mode: str, base: dict[str, str] | None = Non
 
 
 def load_shape(max_requests: int | None) -> tuple[int, int]:
-    """(conversations, turns) of the soak load, cut so that their product stays within
-    ``max_requests``."""
+    """(conversations, turns) of the soak load, their product within ``max_requests``."""
     clients, rounds = SOAK["num_clients"], SOAK["num_rounds"]
     if max_requests is None:
         return clients, rounds
@@ -162,8 +159,7 @@ def port_free(port: int) -> bool:
 
 
 def installed_sglang(python: str) -> dict[str, Any]:
-    """Where ``python`` imports sglang from (without running its __init__) and the series
-    provenance recorded there."""
+    """Where ``python`` imports sglang from (its __init__ not run) and the provenance recorded there."""
     code = ("import importlib.util, json; s = importlib.util.find_spec('sglang'); "
             "print(json.dumps(list(s.submodule_search_locations or []) if s else None))")
     try:
@@ -187,8 +183,7 @@ def health(port: int, timeout: float = 5.0) -> bool:
 
 
 def wait_healthy(server: Managed, tail: Tail, log: ServerLog, port: int, timeout: float) -> tuple[bool, str, float]:
-    """Poll /health until it answers 200; give up when the server exits, logs a fatal error,
-    or ``timeout`` passes. (ok, why not, seconds)."""
+    """(ok, why not, seconds): /health answered 200, or the server exited, logged a fatal error or timed out."""
     start = time.monotonic()
     while True:
         log.feed_lines(tail.read_lines())

@@ -53,18 +53,12 @@ def test_files(root: Path) -> list[Path]:
 
 @dataclass(frozen=True)
 class Imp:
-    """One import statement, made absolute: ``import module`` (names None) or ``from module import
-    names``; ``lazy``: inside a function."""
+    """One import, made absolute: ``import module`` (names None) or ``from module import names``."""
 
     module: str
     names: tuple[str, ...] | None
     line: int
-    lazy: bool
-
-
-def _type_checking(node: ast.AST) -> bool:
-    """``if TYPE_CHECKING:`` or ``if typing.TYPE_CHECKING:``."""
-    return isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+    lazy: bool  # inside a function
 
 
 def parse_imports(source: str, filename: str, package: str | None) -> list[Imp]:
@@ -73,8 +67,9 @@ def parse_imports(source: str, filename: str, package: str | None) -> list[Imp]:
 
     def visit(node: ast.AST, lazy: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            if _type_checking(child):
-                for sub in child.orelse:  # type: ignore[attr-defined]
+            test = getattr(child, "test", None)  # if TYPE_CHECKING: / if typing.TYPE_CHECKING:
+            if isinstance(child, ast.If) and getattr(test, "id", getattr(test, "attr", "")) == "TYPE_CHECKING":
+                for sub in child.orelse:
                     visit(sub, lazy)
                 continue
             inner = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
@@ -96,8 +91,7 @@ def parse_imports(source: str, filename: str, package: str | None) -> list[Imp]:
 
 
 def defined_names(tree: Path, module: str, depth: int = 0) -> set[str]:
-    """Top-level names a module of ``tree`` defines (defs, classes, assignments, annotations,
-    imports, and what its ``from sglang... import *`` brings)."""
+    """Top-level names a module of ``tree`` defines, what its ``from sglang... import *`` brings included."""
     path = ModuleIndex(tree).file(module)
     if path is None:
         return set()
@@ -402,8 +396,7 @@ def standin_pool(suite: Path) -> dict[str, set[str]]:
 
 
 def standin_files(tree: Path, pool: dict[str, set[str]]) -> list[Path]:
-    """The real files behind the stand-in modules (and what they star-import), relative to the
-    tree: staged so that a staged tree answers :func:`standin_plan` as the whole tree does."""
+    """The real files behind the stand-in modules and what they star-import (so a staged tree plans alike)."""
     index = ModuleIndex(tree)
     out: set[Path] = set()
     todo = [m for m in pool]
@@ -423,11 +416,8 @@ def standin_files(tree: Path, pool: dict[str, set[str]]) -> list[Path]:
 def standin_plan(tree: Path, pool: dict[str, set[str]], uses: dict[str, dict[str, list[str]]],
                  lazy_uses: dict[str, dict[str, list[str]]] | None = None
                  ) -> tuple[dict[str, list[str]], list[dict[str, Any]]]:
-    """What to stand in for on ``tree``: ``{module: [names]}`` (only modules the tree has, only
-    names its real module defines) and one report row per stand-in module. ``uses``: names taken
-    on the way the tests import (a name no stand-in has is a gap); ``lazy_uses``: names taken only
-    inside library functions (listed: ``used_in_functions`` where offered, ``no_standin_if_called``
-    where no stand-in has them; not required)."""
+    """``{module: [names]}`` to stand in for on ``tree`` (modules it has, names its real module defines) and a
+    report row per stand-in module; ``lazy_uses``: names taken only inside library functions (not required)."""
     index = ModuleIndex(tree)
     wanted: dict[str, list[str]] = {}
     rows = []
@@ -462,19 +452,15 @@ def standin_plan(tree: Path, pool: dict[str, set[str]], uses: dict[str, dict[str
 
 def keyword_words(expr: str) -> list[str]:
     """The words of a pytest -k expression that are not negated (a superset pre-filter)."""
-    tokens = re.findall(r"[\w\[\]\-.]+|\(|\)", expr)
     words, negate = [], False
-    for tok in tokens:
+    for tok in re.findall(r"[\w\[\]\-.]+|\(|\)", expr):
         low = tok.lower()
         if low == "not":
             negate = True
-            continue
-        if low in ("and", "or") or tok in "()":
-            negate = False if tok != "(" else negate
-            continue
-        if not negate:
-            words.append(low)
-        negate = False
+        elif tok != "(":
+            if not negate and low not in ("and", "or", ")"):
+                words.append(low)
+            negate = False
     return words
 
 
