@@ -100,8 +100,7 @@ class ServerLog:
         return [kind for kind, _p, fatal in SIGNATURES if fatal and self.counts.get(kind)]
 
     def capacity(self) -> dict[str, Any]:
-        """Token capacity as the server logged it: the DSV4 full-token pool where that line is
-        there (what PR #32035 compares), else max_total_num_tokens."""
+        """Token capacity as logged: the DSV4 full-token pool (what PR #32035 compares), else max_total_num_tokens."""
         total = self.max_total_num_tokens[0] if self.max_total_num_tokens else None
         full = self.dsv4[0].get("full_token") if self.dsv4 else None
         source = "DSV4 memory calculation full_token" if full is not None else (
@@ -195,9 +194,7 @@ _MULTITURN = {
 
 
 def parse_bench_multiturn(stdout: str) -> dict[str, Any]:
-    """The ``Performance metrics summary:`` block benchmark/hicache/bench_multiturn.py prints
-    (``f"  Total requests: {n} at {rate} requests per second"``, ``"  Output token throughput:
-    … tokens per second"``, ``"  Request Throughput: … requests per second"``); last block wins."""
+    """benchmark/hicache/bench_multiturn.py's ``Performance metrics summary:`` block; the last one wins."""
     out: dict[str, Any] = {}
     for line in stdout.splitlines():
         for key, pattern in _MULTITURN.items():
