@@ -118,16 +118,12 @@ class ServerLog:
 
         usage = [r.get("full_token_usage", r.get("token_usage")) for r in self.decode]
         usage = [u for u in usage if u is not None]
-        return {
-            "decode_lines": len(self.decode),
-            "busy_lines": len(busy),
-            "gen_throughput_mean": mean("gen_throughput"),
-            "gen_throughput_max": max((r["gen_throughput"] for r in busy if "gen_throughput" in r), default=None),
-            "accept_len_mean": mean("accept_len"),
-            "accept_rate_mean": mean("accept_rate"),
-            "running_req_max": max((r["running_req"] for r in busy), default=None),
-            "token_usage_max": max(usage, default=None),
-        }
+        return {"decode_lines": len(self.decode), "busy_lines": len(busy),
+                "gen_throughput_mean": mean("gen_throughput"),
+                "gen_throughput_max": max((r["gen_throughput"] for r in busy if "gen_throughput" in r), default=None),
+                "accept_len_mean": mean("accept_len"), "accept_rate_mean": mean("accept_rate"),
+                "running_req_max": max((r["running_req"] for r in busy), default=None),
+                "token_usage_max": max(usage, default=None)}
 
     def summary(self) -> dict[str, Any]:
         return {"lines": self.lines, "ready": self.ready, "capacity": self.capacity(),
@@ -221,20 +217,14 @@ def load_summary(tool: str, stdout: str, result_file: Path) -> dict[str, Any]:
     if tool == "serving":
         printed = parse_bench_serving(stdout)
         rec = record or {}
-        return {
-            "completed": rec.get("completed", printed.get("Successful requests")),
-            "duration_s": rec.get("duration", printed.get("Benchmark duration (s)")),
-            "output_throughput": rec.get("output_throughput", printed.get("Output token throughput (tok/s)")),
-            "request_throughput": rec.get("request_throughput", printed.get("Request throughput (req/s)")),
-            "accept_length": rec.get("accept_length", printed.get("Accept length")),
-            "source": "result file" if record else ("printed summary" if printed else None),
-        }
+        return {"completed": rec.get("completed", printed.get("Successful requests")),
+                "duration_s": rec.get("duration", printed.get("Benchmark duration (s)")),
+                "output_throughput": rec.get("output_throughput", printed.get("Output token throughput (tok/s)")),
+                "request_throughput": rec.get("request_throughput", printed.get("Request throughput (req/s)")),
+                "accept_length": rec.get("accept_length", printed.get("Accept length")),
+                "source": "result file" if record else ("printed summary" if printed else None)}
     summary = (record or {}).get("summary") or parse_bench_multiturn(stdout)
-    return {
-        "completed": summary.get("total_requests"),
-        "duration_s": None,
-        "output_throughput": summary.get("output_token_throughput"),
-        "request_throughput": summary.get("throughput"),
-        "accept_length": None,
-        "source": ("log file" if record and record.get("summary") else "printed summary") if summary else None,
-    }
+    return {"completed": summary.get("total_requests"), "duration_s": None,
+            "output_throughput": summary.get("output_token_throughput"),
+            "request_throughput": summary.get("throughput"), "accept_length": None,
+            "source": ("log file" if record and record.get("summary") else "printed summary") if summary else None}

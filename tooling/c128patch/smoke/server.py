@@ -319,15 +319,11 @@ def compare_modes(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
         **load("accept_length"), "source": "load tool"}
     cap = {mode: rec["log_summary"]["capacity"]["tokens"] for mode, rec in runs}
     gain = cap["on"] - cap["off"] if None not in cap.values() else None
-    return {
-        "capacity_tokens": cap,
-        "capacity_gain_tokens": gain,
-        "capacity_gain_pct": round(100.0 * gain / cap["off"], 2) if gain is not None and cap["off"] else None,
-        "output_throughput": tput,
-        "throughput_ratio": round(tput["on"] / tput["off"], 4) if tput["on"] is not None and tput["off"] else None,
-        "accept_len": accept,
-        "token_usage_max": decode("token_usage_max"),
-    }
+    return {"capacity_tokens": cap, "capacity_gain_tokens": gain,
+            "capacity_gain_pct": round(100.0 * gain / cap["off"], 2) if gain is not None and cap["off"] else None,
+            "output_throughput": tput,
+            "throughput_ratio": round(tput["on"] / tput["off"], 4) if tput["on"] is not None and tput["off"] else None,
+            "accept_len": accept, "token_usage_max": decode("token_usage_max")}
 
 
 def validate(opts: ServerOptions) -> None:
