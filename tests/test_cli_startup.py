@@ -22,8 +22,8 @@ LIGHT = {"c128patch", "c128patch.__main__", "c128patch.cli", "c128patch.cli.comm
 # what a verb's own options need to be listed (their choices and defaults)
 EXTRA = {"capacity": {"c128patch.capacity", "c128patch.capacity.model"}}
 # smoke's subcommands, each listed by `smoke --help` from its table, and what each one's --help imports
-SMOKE = {"kernel": {"c128patch.smoke", "c128patch.smoke.presets", "c128patch.cli.smoke.options"},
-         "upstream": {"c128patch.cli.smoke.options"},
+SMOKE = {"kernel": {"c128patch.smoke", "c128patch.smoke.presets"},
+         "upstream": set(),
          "server": {"c128patch.smoke", "c128patch.smoke.presets"}}
 HEAVY = ("rich", "unidiff", "packaging", "tomli_w", "wheel", "build")
 

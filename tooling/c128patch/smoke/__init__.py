@@ -9,9 +9,7 @@ from types import ModuleType
 
 
 def load_file(name: str, path: Path) -> ModuleType:
-    """The Python file at ``path`` run as module ``name``: the GPU suite's helpers (harness.py,
-    tree_subset.py) are files, not an importable package. Stdlib only (upstream_standins runs it
-    inside the test process)."""
+    """The file at ``path`` (the GPU suite's harness.py, tree_subset.py) run as module ``name``; stdlib only."""
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise RuntimeError(f"c128patch: cannot load {path}")

@@ -86,19 +86,16 @@ def probe_nvcc() -> dict[str, Any]:
     return _tool("nvcc", "nvcc", r"release (\d+\.\d+)")
 
 
-def probe_driver() -> dict[str, Any]:
-    smi = shutil.which("nvidia-smi")
-    out = _run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"]) if smi else None
-    if not out:
-        return {}
-    name, _, driver = out.strip().splitlines()[0].rpartition(",")
-    return {"driver": driver.strip(), "smi_gpu": name.strip()}
-
-
 def probe_device(python: str) -> dict[str, Any]:
     """Everything the report's ``device`` records."""
-    return {"python_executable": python, **probe_python(python), **probe_nvcc(), **probe_driver(),
-            **_tool("compute-sanitizer", "compute_sanitizer", r"Version (\S+)")}
+    device = {"python_executable": python, **probe_python(python), **probe_nvcc(),
+              **_tool("compute-sanitizer", "compute_sanitizer", r"Version (\S+)")}
+    smi = shutil.which("nvidia-smi")
+    out = _run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"]) if smi else None
+    if out:
+        name, _, driver = out.strip().splitlines()[0].rpartition(",")
+        device.update(driver=driver.strip(), smi_gpu=name.strip())
+    return device
 
 
 def prerequisite_problem(device: dict[str, Any], sanitizers: tuple[str, ...] = ()) -> str | None:

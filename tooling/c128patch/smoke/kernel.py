@@ -25,9 +25,6 @@ REPORT = "smoke-kernel.json"
 NO_RECORD = "the tree has no provenance record (sglang/c128patch_provenance.json): is it a c128patch-patched tree?"
 
 
-# --------------------------------------------------------------------------- differential
-
-
 VERDICTS = ("same", "fixed", "n/a", "regressed", "differs")
 
 # The first line of a failure that says the code a test needs is not in the tree.
@@ -90,9 +87,6 @@ def compare(patched: dict[str, Any], upstream: dict[str, Any],
     shared = sorted(set(patched["results"]) & set(upstream["results"]))
     results = {name: patched["results"][name] == upstream["results"][name] for name in shared}
     return {"rows": rows, "summary": summary, "results_identical": results}
-
-
-# --------------------------------------------------------------------------- the tier
 
 
 def plan_passes(opts: KernelOptions, prep: Prepared, sanitizer_exe: str | None) -> list[PassSpec]:

@@ -1,25 +1,8 @@
-"""Reading what an sglang server and sglang's benchmark tools print.
-
-The server lines are upstream's own log formats (0.5.23 sources; same text in 0.5.20-0.5.22):
-- ``srt/managers/scheduler.py:1269``  ``f"max_total_num_tokens={self.max_total_num_tokens}, "``
-  (then chunked_prefill_size, max_prefill_tokens, max_running_requests, context_len, available_gpu_mem)
-- ``srt/model_executor/pool_configurator.py:1689``  ``f"DSV4 memory calculation: unified={self._unified}, "``
-  … ``f"full_token={sizes.full_max_total_num_tokens}"`` (:1699): the "full token size" of PR #32035
-- ``srt/managers/scheduler_components/metrics_reporter.py:963``
-  ``f"Decode batch{iter_msg}, #running-req: {num_running_reqs}, {token_usage_msg}"``, then
-  ``:1005`` ``f"accept len: {spec_accept_length:.2f}, accept rate: {spec_accept_rate:.2f}, "`` and
-  ``:1041`` ``f"gen throughput (token/s): {self.last_gen_throughput:.2f}, "`` ``f"#queue-req: …"``;
-  token_usage_msg from ``pool_stats_observer.py:123`` ``f"#full token: {self.full_num_used}"``,
-  ``f"full token usage: {self.full_token_usage:.2f}"`` (hybrid SWA, DSV4) or ``:147`` ``f"#token: …,
-  token usage: …"``
-- ``srt/entrypoints/http_server.py:2600`` ``"The server is fired up and ready to roll!"``
-- ``srt/managers/scheduler.py:6372`` ``f"Scheduler hit an exception: {traceback}"`` (and the
-  tokenizer/detokenizer/DP-controller twins), ``srt/entrypoints/engine.py:1978`` ``"Received sigquit
-  from a child process. It usually means the child failed."``
-- ``kernels/jit/include/sgl_kernel/utils.h:79`` ``"Failed at " << file << ":" << line``: a failed
-  ``RuntimeCheck`` in a JIT kernel's host code (PR #32035's zero-row crash).
-tests/test_smoke_server.py renders these from the release sources and parses them back.
-"""
+"""Reading what an sglang server and sglang's benchmark tools print: upstream's own log formats (0.5.20-0.5.23:
+scheduler.py's ``max_total_num_tokens=``, pool_configurator.py's ``DSV4 memory calculation``,
+metrics_reporter.py's ``Decode batch`` lines, http_server.py's ready line, the ``hit an exception`` and
+sigquit lines, sgl_kernel/utils.h's ``Failed at file:line``); tests/test_smoke_server.py renders them
+from the release sources and parses them back."""
 
 from __future__ import annotations
 
@@ -117,8 +100,7 @@ class ServerLog:
         return [kind for kind, _p, fatal in SIGNATURES if fatal and self.counts.get(kind)]
 
     def capacity(self) -> dict[str, Any]:
-        """Token capacity as the server logged it: the DSV4 full-token pool where that line is
-        there (what PR #32035 compares), else max_total_num_tokens."""
+        """Token capacity as logged: the DSV4 full-token pool (what PR #32035 compares), else max_total_num_tokens."""
         total = self.max_total_num_tokens[0] if self.max_total_num_tokens else None
         full = self.dsv4[0].get("full_token") if self.dsv4 else None
         source = "DSV4 memory calculation full_token" if full is not None else (
@@ -136,16 +118,12 @@ class ServerLog:
 
         usage = [r.get("full_token_usage", r.get("token_usage")) for r in self.decode]
         usage = [u for u in usage if u is not None]
-        return {
-            "decode_lines": len(self.decode),
-            "busy_lines": len(busy),
-            "gen_throughput_mean": mean("gen_throughput"),
-            "gen_throughput_max": max((r["gen_throughput"] for r in busy if "gen_throughput" in r), default=None),
-            "accept_len_mean": mean("accept_len"),
-            "accept_rate_mean": mean("accept_rate"),
-            "running_req_max": max((r["running_req"] for r in busy), default=None),
-            "token_usage_max": max(usage, default=None),
-        }
+        return {"decode_lines": len(self.decode), "busy_lines": len(busy),
+                "gen_throughput_mean": mean("gen_throughput"),
+                "gen_throughput_max": max((r["gen_throughput"] for r in busy if "gen_throughput" in r), default=None),
+                "accept_len_mean": mean("accept_len"), "accept_rate_mean": mean("accept_rate"),
+                "running_req_max": max((r["running_req"] for r in busy), default=None),
+                "token_usage_max": max(usage, default=None)}
 
     def summary(self) -> dict[str, Any]:
         return {"lines": self.lines, "ready": self.ready, "capacity": self.capacity(),
@@ -181,17 +159,12 @@ class Tail:
         return rest
 
 
-# --------------------------------------------------------------------------- load tools
-
-
 _SERVING_HEADER = " Serving Benchmark Result "
 _SERVING_ROW = re.compile(r"^(?P<key>\S.*?:)\s+(?P<value>\S.*?)\s*$")
 
 
 def parse_bench_serving(stdout: str) -> dict[str, Any]:
-    """The summary block of ``python -m sglang.bench_serving`` (sglang/benchmark/serving.py:
-    ``"{:<40} {:<10}".format(label, value)`` rows between the ``Serving Benchmark Result``
-    banner and a line of ``=``)."""
+    """The ``label value`` rows of ``python -m sglang.bench_serving``'s ``Serving Benchmark Result`` block."""
     out: dict[str, Any] = {}
     inside = False
     for line in stdout.splitlines():
@@ -217,9 +190,7 @@ _MULTITURN = {
 
 
 def parse_bench_multiturn(stdout: str) -> dict[str, Any]:
-    """The ``Performance metrics summary:`` block benchmark/hicache/bench_multiturn.py prints
-    (``f"  Total requests: {n} at {rate} requests per second"``, ``"  Output token throughput:
-    … tokens per second"``, ``"  Request Throughput: … requests per second"``); last block wins."""
+    """benchmark/hicache/bench_multiturn.py's ``Performance metrics summary:`` block; the last one wins."""
     out: dict[str, Any] = {}
     for line in stdout.splitlines():
         for key, pattern in _MULTITURN.items():
@@ -246,20 +217,14 @@ def load_summary(tool: str, stdout: str, result_file: Path) -> dict[str, Any]:
     if tool == "serving":
         printed = parse_bench_serving(stdout)
         rec = record or {}
-        return {
-            "completed": rec.get("completed", printed.get("Successful requests")),
-            "duration_s": rec.get("duration", printed.get("Benchmark duration (s)")),
-            "output_throughput": rec.get("output_throughput", printed.get("Output token throughput (tok/s)")),
-            "request_throughput": rec.get("request_throughput", printed.get("Request throughput (req/s)")),
-            "accept_length": rec.get("accept_length", printed.get("Accept length")),
-            "source": "result file" if record else ("printed summary" if printed else None),
-        }
+        return {"completed": rec.get("completed", printed.get("Successful requests")),
+                "duration_s": rec.get("duration", printed.get("Benchmark duration (s)")),
+                "output_throughput": rec.get("output_throughput", printed.get("Output token throughput (tok/s)")),
+                "request_throughput": rec.get("request_throughput", printed.get("Request throughput (req/s)")),
+                "accept_length": rec.get("accept_length", printed.get("Accept length")),
+                "source": "result file" if record else ("printed summary" if printed else None)}
     summary = (record or {}).get("summary") or parse_bench_multiturn(stdout)
-    return {
-        "completed": summary.get("total_requests"),
-        "duration_s": None,
-        "output_throughput": summary.get("output_token_throughput"),
-        "request_throughput": summary.get("throughput"),
-        "accept_length": None,
-        "source": ("log file" if record and record.get("summary") else "printed summary") if summary else None,
-    }
+    return {"completed": summary.get("total_requests"), "duration_s": None,
+            "output_throughput": summary.get("output_token_throughput"),
+            "request_throughput": summary.get("throughput"), "accept_length": None,
+            "source": ("log file" if record and record.get("summary") else "printed summary") if summary else None}

@@ -1,14 +1,6 @@
-"""One pytest pass of the GPU suite in a subprocess, with the harness API's environment
-(tests/gpu/harness.py: C128PATCH_TREE, C128PATCH_UPSTREAM_TREE, C128PATCH_GPU_SCALE,
-C128PATCH_GPU_RESULTS_DIR), optionally under compute-sanitizer; its per-test rows come from
-:mod:`c128patch.smoke.plugin`, so a pass that dies mid-test still says which test it was.
-
-compute-sanitizer prefixes its own lines with ``=========`` and ends each process it watched
-with ``========= ERROR SUMMARY: N error(s)``; racecheck adds ``========= RACECHECK SUMMARY: H
-hazard(s) displayed (E error(s), W warning(s))``. With the default ``--target-processes all``
-the children the suite spawns (the unpatched kernels run in one) print their own summaries, so
-counts are summed over processes.
-"""
+"""One pytest pass of the GPU suite in a subprocess, with the harness API's environment, optionally under
+compute-sanitizer (its ``=========`` summaries summed over the processes it watched); per-test rows from
+:mod:`c128patch.smoke.plugin`, so a pass that dies mid-test still says which test it was."""
 
 from __future__ import annotations
 
@@ -116,15 +108,8 @@ def parse_sanitizer(text: str, tool: str) -> dict[str, Any]:
         errors: int | None = max(sum(r["errors"] for r in races), sum(summaries))
     else:
         errors = sum(summaries) if summaries else None
-    return {
-        "tool": tool,
-        "errors": errors,
-        "processes": len(summaries) or len(races),
-        "error_summaries": summaries,
-        "racecheck_summaries": races,
-        "warnings": sum(r["warnings"] for r in races),
-        "reports": reports,
-    }
+    return {"tool": tool, "errors": errors, "processes": len(summaries) or len(races), "error_summaries": summaries,
+            "racecheck_summaries": races, "warnings": sum(r["warnings"] for r in races), "reports": reports}
 
 
 def tests_from_rows(rows: list[dict], end_time: float, timed_out: bool = False) -> list[dict]:
@@ -227,21 +212,12 @@ def _result(run: _Running) -> dict[str, Any]:
     tests = tests_from_rows(rows, run.end, run.timed_out)
     text = proc.log.read_text(errors="replace")
     result: dict[str, Any] = {
-        "label": spec.label,
-        "tree": str(spec.tree),
-        "upstream_tree": str(spec.upstream) if spec.upstream else None,
-        "scale": spec.scale,
-        "exit_code": code,
+        "label": spec.label, "tree": str(spec.tree), "upstream_tree": str(spec.upstream) if spec.upstream else None,
+        "scale": spec.scale, "exit_code": code,
         "exit": "timed out after %ds" % spec.timeout if run.timed_out else exit_description(code),
-        "timed_out": run.timed_out,
-        "finished": finished,
-        "seconds": round(run.end - run.start, 1),
-        "log": str(proc.log),
-        "counts": count(tests),
-        "tests": tests,
-        "results": _read_results(run.results),
-        "argv": proc.argv,
-    }
+        "timed_out": run.timed_out, "finished": finished, "seconds": round(run.end - run.start, 1),
+        "log": str(proc.log), "counts": count(tests), "tests": tests, "results": _read_results(run.results),
+        "argv": proc.argv}
     if proc.leftover:
         result["leftover_pids"] = proc.leftover
     if not finished and not spec.collect_only:

@@ -1,11 +1,5 @@
-"""Processes that smoke starts: own process group, output to a log file, always stopped.
-
-Every child runs in a new session (its own process group), so a Ctrl-C at the terminal reaches
-only us and we decide how the child ends. :meth:`Managed.stop` sends SIGTERM to the group and to
-every descendant found under ``/proc`` (children that left the group with ``setsid`` included),
-then SIGKILL after a grace period, and reports any pid still alive. :func:`exits_on_signals` turns
-SIGTERM/SIGHUP into an exception, so ``with`` blocks unwind and clean up on those too.
-"""
+"""Processes that smoke starts: each in its own session and process group, output to a log file, always
+stopped (SIGTERM to the group and every descendant seen under /proc, SIGKILL after a grace period)."""
 
 from __future__ import annotations
 
@@ -174,12 +168,25 @@ class Managed:
         return self.proc.poll()
 
     def stop(self, grace: float = 15.0) -> int | None:
-        """SIGTERM the group and every descendant seen, SIGKILL what is left after ``grace``
-        seconds; reap. Returns the exit code (None if it never started). Idempotent."""
+        """SIGTERM the group and every descendant seen, SIGKILL the rest after ``grace`` s; the exit code."""
         if self.proc is None:
             return None
         with _shielded():
-            return self._stop(grace)
+            self._watch()
+            if self.proc.poll() is None or self._remaining():
+                self._signal(signal.SIGTERM)
+                deadline = time.monotonic() + grace
+                while time.monotonic() < deadline and (self.proc.poll() is None or self._remaining()):
+                    time.sleep(0.1)
+                if self.proc.poll() is None or self._remaining():
+                    self._signal(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
+            end = time.monotonic() + 5
+            while time.monotonic() < end and self._remaining():
+                time.sleep(0.05)
+            self.leftover = self._remaining()
+            return self.proc.returncode
 
     def _signal(self, sig: int) -> None:
         # The group while it has members (a pgid is never reused while its group lives), and
@@ -199,24 +206,6 @@ class Managed:
             self._watch()
         return sorted({*group_members(self.pid), *(p for p in self.seen if self._ours(p))}
                       - ({self.pid} if self.proc.returncode is not None else set()))
-
-    def _stop(self, grace: float) -> int | None:
-        assert self.proc is not None
-        self._watch()
-        if self.proc.poll() is None or self._remaining():
-            self._signal(signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and (self.proc.poll() is None or self._remaining()):
-                time.sleep(0.1)
-            if self.proc.poll() is None or self._remaining():
-                self._signal(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
-        end = time.monotonic() + 5
-        while time.monotonic() < end and self._remaining():
-            time.sleep(0.05)
-        self.leftover = self._remaining()
-        return self.proc.returncode
 
     def __enter__(self) -> "Managed":
         return self.start() if self.proc is None else self

@@ -1,11 +1,6 @@
-"""``smoke server``: start the patched sglang server on a model with PR #32035's settings,
-drive sustained concurrent multi-turn load with sglang's own benchmark tools, watch the log for
-crashes, read the capacity the server logs; then the same with the online-C128 envs off.
-
-Bounded (health wait, load duration, request count), loopback only (127.0.0.1), and everything
-it starts is stopped: each process runs in its own group and is killed with its descendants on
-success, error, timeout, Ctrl-C, SIGTERM and SIGHUP (see smoke.procs).
-"""
+"""``smoke server``: the patched sglang server on a model with PR #32035's settings under sustained multi-turn
+load from sglang's own benchmark tools, then with the online-C128 envs off; crashes and capacity read from
+its log. Bounded, loopback only, and everything it starts is stopped (smoke.procs)."""
 
 from __future__ import annotations
 
@@ -68,12 +63,6 @@ class ServerOptions:
     settle: float = 3.0
     allow_unpatched: bool = False
 
-    def launcher_argv(self) -> list[str]:
-        return self.launcher or [self.python, "-m", "sglang.launch_server"]
-
-
-# --------------------------------------------------------------------------- commands
-
 
 def _set_flag(args: list[str], flag: str, value: str) -> list[str]:
     """``args`` with ``flag``'s value replaced (a preset spells a flag and its value as two words)."""
@@ -92,8 +81,9 @@ def server_argv(opts: ServerOptions) -> list[str]:
     if opts.moe_runner_backend:
         args = _set_flag(args, "--moe-runner-backend", opts.moe_runner_backend)
     # later flags win in argparse: the extra ones last
-    return [*opts.launcher_argv(), "--model-path", opts.model_path, "--tp-size", str(opts.tp), *args,
-            *opts.server_args, "--host", HOST, "--port", str(opts.port)]
+    launcher = opts.launcher or [opts.python, "-m", "sglang.launch_server"]
+    return [*launcher, "--model-path", opts.model_path, "--tp-size", str(opts.tp), *args, *opts.server_args,
+            "--host", HOST, "--port", str(opts.port)]
 
 
 def server_env(opts: ServerOptions, mode: str, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -113,8 +103,7 @@ def server_env(opts: ServerOptions, mode: str, base: dict[str, str] | None = Non
 
 
 def load_shape(max_requests: int | None) -> tuple[int, int]:
-    """(conversations, turns) of the soak load, cut so that their product stays within
-    ``max_requests``."""
+    """(conversations, turns) of the soak load, their product within ``max_requests``."""
     clients, rounds = SOAK["num_clients"], SOAK["num_rounds"]
     if max_requests is None:
         return clients, rounds
@@ -159,9 +148,6 @@ def load_argv(opts: ServerOptions, mode: str, result_file: Path) -> list[str]:
     raise C128Error(f"unknown load tool {opts.load!r} (known: {', '.join(LOAD_TOOLS)})")
 
 
-# --------------------------------------------------------------------------- checks
-
-
 def port_free(port: int) -> bool:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -173,8 +159,7 @@ def port_free(port: int) -> bool:
 
 
 def installed_sglang(python: str) -> dict[str, Any]:
-    """Where ``python`` imports sglang from (without running its __init__) and the series
-    provenance recorded there."""
+    """Where ``python`` imports sglang from (its __init__ not run) and the provenance recorded there."""
     code = ("import importlib.util, json; s = importlib.util.find_spec('sglang'); "
             "print(json.dumps(list(s.submodule_search_locations or []) if s else None))")
     try:
@@ -197,12 +182,8 @@ def health(port: int, timeout: float = 5.0) -> bool:
         return False
 
 
-# --------------------------------------------------------------------------- one mode
-
-
 def wait_healthy(server: Managed, tail: Tail, log: ServerLog, port: int, timeout: float) -> tuple[bool, str, float]:
-    """Poll /health until it answers 200; give up when the server exits, logs a fatal error,
-    or ``timeout`` passes. (ok, why not, seconds)."""
+    """(ok, why not, seconds): /health answered 200, or the server exited, logged a fatal error or timed out."""
     start = time.monotonic()
     while True:
         log.feed_lines(tail.read_lines())
@@ -318,9 +299,6 @@ def _drive_load(opts: ServerOptions, mode: str, server: Managed, tail: Tail, log
     return info, died
 
 
-# --------------------------------------------------------------------------- the tier
-
-
 def compare_modes(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
     """Capacity gain, throughput and acceptance, envs on vs off."""
     runs = (("on", on), ("off", off))
@@ -341,15 +319,11 @@ def compare_modes(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
         **load("accept_length"), "source": "load tool"}
     cap = {mode: rec["log_summary"]["capacity"]["tokens"] for mode, rec in runs}
     gain = cap["on"] - cap["off"] if None not in cap.values() else None
-    return {
-        "capacity_tokens": cap,
-        "capacity_gain_tokens": gain,
-        "capacity_gain_pct": round(100.0 * gain / cap["off"], 2) if gain is not None and cap["off"] else None,
-        "output_throughput": tput,
-        "throughput_ratio": round(tput["on"] / tput["off"], 4) if tput["on"] is not None and tput["off"] else None,
-        "accept_len": accept,
-        "token_usage_max": decode("token_usage_max"),
-    }
+    return {"capacity_tokens": cap, "capacity_gain_tokens": gain,
+            "capacity_gain_pct": round(100.0 * gain / cap["off"], 2) if gain is not None and cap["off"] else None,
+            "output_throughput": tput,
+            "throughput_ratio": round(tput["on"] / tput["off"], 4) if tput["on"] is not None and tput["off"] else None,
+            "accept_len": accept, "token_usage_max": decode("token_usage_max")}
 
 
 def validate(opts: ServerOptions) -> None:

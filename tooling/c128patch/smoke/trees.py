@@ -45,13 +45,6 @@ def out_dir(out: Path | None, tier: str) -> Path:
     return (out if out is not None else Path(tempfile.mkdtemp(prefix=f"c128patch-smoke-{tier}-"))).resolve()
 
 
-def check_suite(suite: Path) -> Path:
-    suite = suite.resolve()
-    if not suite.is_dir() or not any(suite.glob("test_*.py")):
-        raise C128Error(f"no GPU suite at {suite} (expected test_*.py files there)")
-    return suite
-
-
 def resolve_tree(path: Path, what: str = "--tree") -> Path:
     """The folder holding ``sglang/``: ``<checkout>/python``, or the folder itself."""
     path = path.expanduser()
@@ -104,9 +97,6 @@ def series_info(record: dict | None) -> dict | None:
     }
 
 
-# --------------------------------------------------------------------------- the inputs, checked and resolved
-
-
 @dataclass
 class KernelOptions:
     tree: Path | None = None
@@ -145,7 +135,9 @@ def validate(opts: KernelOptions) -> Path:
     """Cheap checks of the inputs, before the machine is probed; returns the suite."""
     if (opts.tree is None) == (opts.wheel is None):
         raise C128Error("give the patched sources one way: --tree PATH or --wheel FILE")
-    suite = check_suite(opts.suite or default_suite_root())
+    suite = (opts.suite or default_suite_root()).resolve()
+    if not suite.is_dir() or not any(suite.glob("test_*.py")):
+        raise C128Error(f"no GPU suite at {suite} (expected test_*.py files there)")
     if opts.tree is not None:
         root = resolve_tree(opts.tree)
         upstream = (read_provenance(root) or {}).get("upstream", {})
@@ -209,9 +201,8 @@ def _git_has(git: Git, commit: str) -> bool:
 
 def derive_upstream(patched_root: Path, record: dict | None, wheel: Path | None, workdir: Path,
                     paths: tuple[str, ...] = ARCHIVE_PATHS) -> tuple[Path, str]:
-    """The unpatched sources matching a patched tree or wheel, extracted under ``workdir``:
-    the recorded upstream commit from the tree's own repository or the release history, or
-    for a wheel the release wheel of the same X.Y.Z."""
+    """The unpatched sources of a patched tree (its recorded upstream commit, from its repository or the release
+    history) or wheel (the release wheel of the same X.Y.Z), extracted under ``workdir``."""
     from c128patch.upstream.releases import ReleaseHistory, release_version  # packaging only, no network yet
 
     upstream = (record or {}).get("upstream", {})
@@ -249,10 +240,8 @@ def derive_upstream(patched_root: Path, record: dict | None, wheel: Path | None,
 
 def stage(suite: Path, trees: dict[str, Path], dest: Path,
           extra: Callable[[str, Path], Iterable[Path]] | None = None) -> dict[str, dict[str, int]]:
-    """Copy what the kernel tier reads from each tree into ``dest/<label>`` (to carry to a GPU
-    machine): the suite's own subset list (tests/gpu/tree_subset.py) when it has one, else the
-    whole ``sglang/``; the provenance record goes along, and ``extra(label, root)``'s paths
-    (relative to the root: what smoke upstream's tests import)."""
+    """Copy into ``dest/<label>`` what the kernel tier reads of each tree (tests/gpu/tree_subset.py's list, else
+    all of ``sglang/``), the provenance record and ``extra(label, root)``'s paths (relative to the root)."""
     helper = suite / "tree_subset.py"
     subset = load_file("c128patch_suite_tree_subset", helper).subset_files if helper.is_file() else None
     out = {}

@@ -1,24 +1,6 @@
-"""Which of upstream's own kernel tests ``smoke upstream`` runs, what they need of a tree, and what they
-need of us.
-
-Where (:func:`test_root`): ``--tests PATH``, the ``test/`` folder of an upstream checkout or the checkout;
-the ``test_*.py`` under its ``registered/kernels/`` (or under PATH itself without one). Without PATH, the
-patched tree's own repository's ``test/``.
-
-What the series touches (:func:`series_targets`), from the provenance record's files, else the manifest:
-a Python module it patches or adds; a kernel it patches or adds, through the ``sglang/kernels`` modules
-that name the ``.cuh`` file (its JIT wrappers); and, where it adds a file, everything next to it.
-
-What a test exercises (:func:`exercised`): the modules its imports reach, read with ``ast`` (imports
-inside functions included, ``if TYPE_CHECKING:`` blocks not), through test helpers (``sglang.test.*``)
-and packages whose ``__init__`` must run for a name the test takes. A test is selected when that set
-meets the targets; ``-k EXPR`` adds every file whose name or test names contain one of EXPR's words.
-
-What a tree must provide (:func:`closure`): every module those imports execute, the packages whose
-``__init__`` runs for real, the ``csrc`` folders the executed modules name, and the names taken from
-stand-in modules (:func:`standin_plan`: a stand-in module only where the tree has the real one, a name
-only where the real one defines it, so a stand-in never invents what a tree lacks).
-"""
+"""Which of upstream's kernel tests ``smoke upstream`` runs (those whose imports, read with ``ast``, reach a
+module or kernel the series patches or adds, or that ``-k`` names), and what each tree must provide for them
+(modules, real packages, csrc folders, names from stand-ins: never a name the tree's real module lacks)."""
 
 from __future__ import annotations
 
@@ -37,9 +19,6 @@ KERNEL_TESTS = "registered/kernels"
 CSRC = "sglang/kernels/jit/csrc"
 KERNEL_SUFFIXES = (".cuh", ".cu", ".h")
 _CSRC_LITERAL = re.compile(r"^[\w./-]+\.(cuh|cu|h)$")
-
-
-# --------------------------------------------------------------------------- where the tests are
 
 
 def test_root(path: Path | None, tree: Path) -> Path:
@@ -72,23 +51,14 @@ def test_files(root: Path) -> list[Path]:
     return sorted(p for p in base.rglob("test_*.py") if p.is_file() and "__pycache__" not in p.parts)
 
 
-# --------------------------------------------------------------------------- imports
-
-
 @dataclass(frozen=True)
 class Imp:
-    """One import statement, made absolute: ``import module`` (names None) or ``from module import
-    names``; ``lazy``: inside a function."""
+    """One import, made absolute: ``import module`` (names None) or ``from module import names``."""
 
     module: str
     names: tuple[str, ...] | None
     line: int
-    lazy: bool
-
-
-def _type_checking(node: ast.AST) -> bool:
-    """``if TYPE_CHECKING:`` or ``if typing.TYPE_CHECKING:``."""
-    return isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+    lazy: bool  # inside a function
 
 
 def parse_imports(source: str, filename: str, package: str | None) -> list[Imp]:
@@ -97,8 +67,9 @@ def parse_imports(source: str, filename: str, package: str | None) -> list[Imp]:
 
     def visit(node: ast.AST, lazy: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            if _type_checking(child):
-                for sub in child.orelse:  # type: ignore[attr-defined]
+            test = getattr(child, "test", None)  # if TYPE_CHECKING: / if typing.TYPE_CHECKING:
+            if isinstance(child, ast.If) and getattr(test, "id", getattr(test, "attr", "")) == "TYPE_CHECKING":
+                for sub in child.orelse:
                     visit(sub, lazy)
                 continue
             inner = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
@@ -120,8 +91,7 @@ def parse_imports(source: str, filename: str, package: str | None) -> list[Imp]:
 
 
 def defined_names(tree: Path, module: str, depth: int = 0) -> set[str]:
-    """Top-level names a module of ``tree`` defines (defs, classes, assignments, annotations,
-    imports, and what its ``from sglang... import *`` brings)."""
+    """Top-level names a module of ``tree`` defines, what its ``from sglang... import *`` brings included."""
     path = ModuleIndex(tree).file(module)
     if path is None:
         return set()
@@ -205,9 +175,6 @@ def resolve(index: ModuleIndex, imp: Imp, standins: set[str]) -> list[Edge]:
     return edges
 
 
-# --------------------------------------------------------------------------- targets
-
-
 def touched_files(record: dict | None) -> list[str]:
     """``python/sglang/...`` paths the series writes: the provenance record's entries, else the
     manifest's patches (all variants) and overlay targets."""
@@ -286,9 +253,6 @@ def series_targets(patched: Path, upstream: Path, files: Iterable[str]) -> dict[
     for mod in sorted(set(direct) | set(beside)):
         out[mod] = "; ".join(dict.fromkeys(direct.get(mod, []) + beside.get(mod, [])))
     return out
-
-
-# --------------------------------------------------------------------------- what a test needs
 
 
 @dataclass
@@ -418,9 +382,6 @@ def closure(index: ModuleIndex, tests: list[TestFile], standins: set[str],
     return out
 
 
-# --------------------------------------------------------------------------- stand-ins
-
-
 def standin_pool(suite: Path) -> dict[str, set[str]]:
     """module -> every name a stand-in exists for: the kernel tier's harness's (read from the suite) and ours."""
     from c128patch.smoke.upstream_standins import EXTRA
@@ -435,8 +396,7 @@ def standin_pool(suite: Path) -> dict[str, set[str]]:
 
 
 def standin_files(tree: Path, pool: dict[str, set[str]]) -> list[Path]:
-    """The real files behind the stand-in modules (and what they star-import), relative to the
-    tree: staged so that a staged tree answers :func:`standin_plan` as the whole tree does."""
+    """The real files behind the stand-in modules and what they star-import (so a staged tree plans alike)."""
     index = ModuleIndex(tree)
     out: set[Path] = set()
     todo = [m for m in pool]
@@ -456,11 +416,8 @@ def standin_files(tree: Path, pool: dict[str, set[str]]) -> list[Path]:
 def standin_plan(tree: Path, pool: dict[str, set[str]], uses: dict[str, dict[str, list[str]]],
                  lazy_uses: dict[str, dict[str, list[str]]] | None = None
                  ) -> tuple[dict[str, list[str]], list[dict[str, Any]]]:
-    """What to stand in for on ``tree``: ``{module: [names]}`` (only modules the tree has, only
-    names its real module defines) and one report row per stand-in module. ``uses``: names taken
-    on the way the tests import (a name no stand-in has is a gap); ``lazy_uses``: names taken only
-    inside library functions (listed: ``used_in_functions`` where offered, ``no_standin_if_called``
-    where no stand-in has them; not required)."""
+    """``{module: [names]}`` to stand in for on ``tree`` (modules it has, names its real module defines) and a
+    report row per stand-in module; ``lazy_uses``: names taken only inside library functions (not required)."""
     index = ModuleIndex(tree)
     wanted: dict[str, list[str]] = {}
     rows = []
@@ -493,24 +450,17 @@ def standin_plan(tree: Path, pool: dict[str, set[str]], uses: dict[str, dict[str
     return wanted, rows
 
 
-# --------------------------------------------------------------------------- selection
-
-
 def keyword_words(expr: str) -> list[str]:
     """The words of a pytest -k expression that are not negated (a superset pre-filter)."""
-    tokens = re.findall(r"[\w\[\]\-.]+|\(|\)", expr)
     words, negate = [], False
-    for tok in tokens:
+    for tok in re.findall(r"[\w\[\]\-.]+|\(|\)", expr):
         low = tok.lower()
         if low == "not":
             negate = True
-            continue
-        if low in ("and", "or") or tok in "()":
-            negate = False if tok != "(" else negate
-            continue
-        if not negate:
-            words.append(low)
-        negate = False
+        elif tok != "(":
+            if not negate and low not in ("and", "or", ")"):
+                words.append(low)
+            negate = False
     return words
 
 

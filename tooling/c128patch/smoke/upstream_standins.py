@@ -1,19 +1,7 @@
-"""A pytest plugin (``-p c128patch.smoke.upstream_standins``) that puts one sglang tree in place before
-upstream's own test files are collected, and the stand-ins upstream's tests need beyond the kernel tier's
-(tests/gpu/harness.py STANDINS), for ``smoke upstream``. Ours, not upstream's: each is listed in the report.
-
-The plugin: the kernel tier's harness (loaded from $C128PATCH_HARNESS) registers sglang's packages over the
-tree in $C128PATCH_TREE, with the stand-ins and real packages that $C128PATCH_UPSTREAM_PLAN names (JSON, written
-by smoke.upstream_suite: ``{"standins": {module: [names]}, "real_packages": [...]}``); a name comes from
-``EXTRA``, else from the harness's STANDINS.
-
-The stand-ins: the real modules cannot load without the rest of sglang (``sglang.test.test_utils`` imports
-aiohttp, requests, PIL, the benchmark client ...; ``sglang.srt.platforms`` scans plugin entry points). Each name
-mirrors what upstream does on a CUDA build outside CI (0.5.23 file:line in its docstring). The tool offers a
-name only where the tree's real module defines it, and a module only where the tree has it
-(smoke.upstream_select.standin_plan), so a stand-in never invents what a tree lacks. Stdlib only at import (it
-runs inside the test process); torch is imported when a stand-in is called.
-"""
+"""A pytest plugin (``-p c128patch.smoke.upstream_standins``) for ``smoke upstream``: the kernel tier's harness
+($C128PATCH_HARNESS) installs the tree in $C128PATCH_TREE with the stand-ins and real packages named by
+$C128PATCH_UPSTREAM_PLAN, the names from ``EXTRA`` (ours, each mirroring upstream on a CUDA build outside
+CI) over the harness's STANDINS. Stdlib only at import: torch is imported when a stand-in is called."""
 
 from __future__ import annotations
 
@@ -69,14 +57,9 @@ def _library(namespace: str) -> Any:
 
 def direct_register_custom_op(op_name: str, op_func: Callable[..., Any], mutates_args: list[str],
                               fake_impl: Callable[..., Any] | None = None, target_lib: Any = None) -> None:
-    """srt/utils/common.py:2944 (0.5.20: :2840; the same signature in 0.5.20-0.5.23), called with
-    keywords by srt/utils/custom_op.py:199 (register_custom_op, which runs at import: eager=True)
-    and :378: defines ``torch.ops.sglang.<op_name>`` (or in ``target_lib``) with the schema torch
-    infers from op_func's annotations and mutates_args, op_func as its CUDA kernel and fake_impl,
-    if any, as its fake kernel. The namespace is upstream's: the callers then take the op from
-    torch.ops.sglang. CUDA only, as upstream on a CUDA build (no CPU kernel: a CPU tensor is
-    refused by torch). The same function again is a no-op; another function under a registered
-    name is an error (upstream skips any registered name, for several engines in one process)."""
+    """srt/utils/common.py:2944 (0.5.20: :2840), called at import by srt/utils/custom_op.py:199: defines
+    ``torch.ops.sglang.<op_name>`` (or in ``target_lib``), op_func its CUDA kernel, fake_impl its fake one. The
+    same function again is a no-op; another under a registered name is an error (upstream skips it)."""
     torch = _torch()
     lib = target_lib if target_lib is not None else _library(OP_NAMESPACE)
     qualname = f"{lib.ns}::{op_name}"
@@ -140,39 +123,23 @@ EXTRA: dict[str, dict[str, Any]] = {
 }
 
 
-# --------------------------------------------------------------------------- the plugin
-
-
-def standin_table(harness: Any, wanted: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
-    """module -> {name: object} for the wanted names; a wanted name no stand-in has is an error."""
-    table: dict[str, dict[str, Any]] = {}
-    for module, names in wanted.items():
-        pool = {**harness.STANDINS.get(module, {}), **EXTRA.get(module, {})}
-        missing = [n for n in names if n not in pool]
-        if missing:
-            raise RuntimeError(f"c128patch: no stand-in for {module}.{', '.join(missing)}")
-        table[module] = {n: pool[n] for n in names}
-    return table
-
-
 def pytest_configure(config: Any) -> None:
     tree, harness_path, plan = (os.environ.get(k) for k in (TREE_ENV, HARNESS_ENV, PLAN_ENV))
     if not (tree and harness_path and plan):
         raise RuntimeError(f"c128patch.smoke.upstream_standins needs ${TREE_ENV}, ${HARNESS_ENV} and ${PLAN_ENV}")
     harness = load_file("c128patch_upstream_harness", Path(harness_path))
     spec = json.loads(plan)
-    real = frozenset(harness.REAL_PACKAGES) | frozenset(spec.get("real_packages", []))
-    table = standin_table(harness, spec.get("standins", {}))
-    harness.install_sglang(Path(tree), table, real)
-    open_standin_packages(Path(tree), table)
-
-
-def open_standin_packages(tree: Path, table: dict[str, dict[str, Any]]) -> None:
-    """A stand-in for a package (sglang.srt.utils) keeps the tree's other submodules reachable
-    (0.5.20's dsv4 imports sglang.srt.utils.custom_op, which is light): its ``__path__`` is the
-    real folder, as for every other package the harness registers. Its stand-in submodules
-    (sglang.srt.utils.common) still come first: the harness's finder is asked before the path."""
+    table: dict[str, dict[str, Any]] = {}  # module -> {name: object}; a wanted name no stand-in has is an error
+    for module, names in spec.get("standins", {}).items():
+        pool = {**harness.STANDINS.get(module, {}), **EXTRA.get(module, {})}
+        missing = [n for n in names if n not in pool]
+        if missing:
+            raise RuntimeError(f"c128patch: no stand-in for {module}.{', '.join(missing)}")
+        table[module] = {n: pool[n] for n in names}
+    harness.install_sglang(Path(tree), table, frozenset(harness.REAL_PACKAGES) | set(spec.get("real_packages", [])))
+    # A stand-in for a package (sglang.srt.utils) keeps the tree's other submodules reachable: its __path__ is
+    # the real folder; its stand-in submodules still come first (the harness's finder is asked before the path).
     for module in table:
-        folder = tree.joinpath(*module.split("."))
+        folder = Path(tree).joinpath(*module.split("."))
         if (folder / "__init__.py").is_file():
             importlib.import_module(module).__path__ = [str(folder)]

@@ -1,21 +1,7 @@
-"""``smoke upstream [--tests PATH]``: upstream SGLang's own kernel tests, from the user's checkout, on the
-patched and on the unpatched tree, side by side.
-
-Which tests, and what they need: smoke.upstream_select. Each tree runs them in its own pytest pass
-(smoke.kernel.run_groups, smoke.passes) with sglang's own JIT loader, set up by the kernel tier's harness
-through the smoke.upstream_standins plugin, the stand-ins listed in the report per tree.
-
-Per test, the patched and the unpatched outcome and a verdict (:func:`verdict`): ``same``; ``regressed``
-(passes, or with --list collects, unpatched and not patched: a problem); ``fixed``; ``both fail`` (a note
-with both messages); ``both skipped`` (a note with the reason); ``not applicable`` (the file collects on
-neither tree: a note when the tree lacks what it imports, a problem when a stand-in of ours lacks a name or,
-in a run, the environment a package); ``differs``; ``not run`` (a pass was cut).
-
-Exit status 1 when a test regressed, a pass timed out or did not finish, nothing passed on the patched
-tree, or a stand-in is missing. The report (``smoke-upstream-suite.json``) and the per-release result
-(``upstream-suite.json``: ci/gpu/results/<rev>/, the evidence matrix's "upstream's own tests") are
-rewritten after each pass.
-"""
+"""``smoke upstream [--tests PATH]``: upstream SGLang's own kernel tests (smoke.upstream_select) on the patched
+and the unpatched tree, one pytest pass each, a verdict per test (:func:`verdict`); exit 1 on a regression, a
+cut pass, nothing passing on the patched tree or a missing stand-in. Writes the report and the evidence
+matrix's per-release result (ci/gpu/results/<rev>/upstream-suite.json) after each pass."""
 
 from __future__ import annotations
 
@@ -46,9 +32,6 @@ RESULT_SCHEMA = 1
 STAGED_TESTS = "upstream-tests"
 SOURCES = "SOURCES.json"  # at the test root: where the files come from (copied into the report)
 VERDICTS = ("same", "regressed", "fixed", "both fail", "both skipped", "not applicable", "differs", "not run")
-
-
-# --------------------------------------------------------------------------- the plan
 
 
 @dataclass
@@ -123,9 +106,6 @@ def pass_spec(plan: Plan, label: str, opts: KernelOptions) -> PassSpec:
                     pytest_args=("-p", BOOT_PLUGIN, "--continue-on-collection-errors"))
 
 
-# --------------------------------------------------------------------------- staging
-
-
 def stage_all(plan: Plan, prep: Prepared, dest: Path) -> dict[str, Any]:
     """The two trees (the kernel tier's subset plus what the tests import) and the selected
     test files (with their conftest.py files and sibling helpers) under ``dest``."""
@@ -148,9 +128,6 @@ def stage_all(plan: Plan, prep: Prepared, dest: Path) -> dict[str, Any]:
         (target / SOURCES).write_text(json.dumps(sources, indent=1, sort_keys=True) + "\n")
     staged[STAGED_TESTS] = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
     return staged
-
-
-# --------------------------------------------------------------------------- verdicts
 
 
 _NO_MODULE = re.compile(r"No module named '([^']+)'")
@@ -223,9 +200,6 @@ def compare(patched: dict[str, Any], upstream: dict[str, Any] | None, plan: Plan
             row["why"], row["reason"] = min(kinds, key=lambda k: _KIND_ORDER.index(k[0]))
         rows.append(row)
     return rows
-
-
-# --------------------------------------------------------------------------- report
 
 
 def _group(rows: list[dict[str, Any]], key: str) -> dict[str, list[str]]:
@@ -330,9 +304,6 @@ def result_file(report: dict[str, Any], date: str | None = None) -> dict[str, An
 def write(report: dict[str, Any], out: Path) -> Path:
     write_json_atomic(out / RESULT, result_file(report))
     return write_json_atomic(out / REPORT, report)
-
-
-# --------------------------------------------------------------------------- the run
 
 
 def _planned(opts: KernelOptions, tests: Path | None) -> tuple[KernelOptions, Path]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import shlex
 import sys
@@ -11,7 +12,8 @@ from typing import Any, Callable
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import check_output_dir, emit_json, json_option
+from c128patch.cli.common import check_output_dir, emit_json, json_option, locate_tree
+from c128patch.errors import C128Error
 
 # One module per subcommand (cli/smoke/<name>.py, exposing `command`), with the line `smoke --help` lists:
 # listing them imports none of them.
@@ -77,9 +79,6 @@ def finish(report: dict[str, Any], as_json: bool, show: Callable[[], None]) -> N
         sys.exit(exitcodes.FAILED)
 
 
-# --------------------------------------------------------------------------- shared options
-
-
 def common_options(fn: Callable) -> Callable:
     """--python, --out DIR and --json, which every subcommand takes."""
     fn = click.option("--out", type=click.Path(file_okay=False, path_type=Path),
@@ -93,3 +92,39 @@ def check_outputs(**folders: Path | None) -> None:
     for option, folder in folders.items():
         if folder is not None:
             check_output_dir(folder, f"--{option}")
+
+
+_TREE_OPTIONS = (
+    click.option("--tree", type=click.Path(file_okay=False, path_type=Path),
+                 help="Patched sources: a checkout (uses python/) or a folder holding sglang/ "
+                      "(default, without --wheel: the tree `status` finds)."),
+    click.option("--wheel", type=click.Path(dir_okay=False, path_type=Path), help="A patched sglang wheel."),
+    click.option("--upstream-tree", type=click.Path(file_okay=False, path_type=Path),
+                 help="Unpatched sources (default: derived from the tree's provenance record)."),
+    click.option("--list", "--collect-only", "collect_only", is_flag=True, help="List the tests, run none."),
+    click.option("-k", "keyword", help="Only tests matching this pytest -k expression."),
+    click.option("--suite", type=click.Path(file_okay=False, path_type=Path),
+                 help="The GPU suite (default: the one this tool carries)."),
+    click.option("--timeout", type=float, default=1800.0, show_default=True, help="Seconds per pytest pass."),
+    click.option("--stage", "stage_dir", type=click.Path(file_okay=False, path_type=Path),
+                 help="Copy what the tests read from the trees into DIR (to carry to a GPU machine) and stop."),
+)
+
+
+def tree_options(fn: Callable) -> Callable:
+    """The patched and the unpatched sources and how the suite runs: kernel's and upstream's."""
+    for decorator in reversed(_TREE_OPTIONS):
+        fn = decorator(fn)
+    return fn
+
+
+def kernel_options(fields: dict[str, Any], **more: Any) -> Any:
+    """A ``smoke.trees.KernelOptions`` of the shared options; the tree `status` finds (when it
+    holds sglang sources) where neither --tree nor --wheel is given."""
+    from c128patch.smoke.trees import KernelOptions
+
+    if fields["tree"] is None and fields["wheel"] is None:
+        with contextlib.suppress(C128Error):
+            found = locate_tree(None)
+            fields["tree"] = found if (found / "python" / "sglang").is_dir() else None
+    return KernelOptions(**fields, **more)

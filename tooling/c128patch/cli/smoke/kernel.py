@@ -9,13 +9,12 @@ import click
 
 from c128patch.cli import smoke as cli
 from c128patch.cli.common import handles_errors
-from c128patch.cli.smoke.options import kernel_options, tree_options
 from c128patch.errors import C128Error
 from c128patch.smoke.presets import SANITIZER_TOOLS
 
 
 @click.command("kernel", cls=cli.Recording)
-@tree_options
+@cli.tree_options
 @click.option("--differential", is_flag=True, help="Also run the suite on the unpatched upstream sources and compare.")
 @click.option("--sanitizer", "sanitizers", type=click.Choice(list(SANITIZER_TOOLS)), multiple=True,
               help="Also run the suite under compute-sanitizer with this tool (repeatable).")
@@ -40,7 +39,7 @@ def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, different
         raise C128Error("--scale and --sanitizer-scale must be positive")
     if sanitizer_only and not sanitizers:
         raise C128Error(f"--sanitizer-only needs --sanitizer {'|'.join(SANITIZER_TOOLS)}")
-    opts = kernel_options(fields, sanitizers=tuple(dict.fromkeys(sanitizers)), sanitizer_only=sanitizer_only,
+    opts = cli.kernel_options(fields, sanitizers=tuple(dict.fromkeys(sanitizers)), sanitizer_only=sanitizer_only,
                           differential=differential and not sanitizer_only)
     say = cli.progress(as_json)
     with exits_on_signals():

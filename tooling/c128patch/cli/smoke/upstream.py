@@ -9,11 +9,10 @@ import click
 
 from c128patch.cli import smoke as cli
 from c128patch.cli.common import handles_errors
-from c128patch.cli.smoke.options import kernel_options, tree_options
 
 
 @click.command("upstream", cls=cli.Recording)
-@tree_options
+@cli.tree_options
 @click.option("--tests", type=click.Path(path_type=Path),
               help="The test/ folder of an sglang checkout, or the checkout (default: the tree's own repository).")
 @click.option("--parallel-trees", is_flag=True,
@@ -31,7 +30,7 @@ def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, tests: Pa
     from c128patch.smoke.procs import exits_on_signals
 
     cli.check_outputs(out=fields["out"], stage=stage_dir)
-    opts = kernel_options(fields)
+    opts = cli.kernel_options(fields)
     say = cli.progress(as_json)
     with exits_on_signals():
         if stage_dir is not None:
