@@ -44,8 +44,7 @@ from c128patch.series.plan import index_git
 
 @dataclass(frozen=True)
 class Rule:
-    """A kind of side-effecting call. ``methods`` match the last attribute of a method call
-    (``x.y.record_stream(...)``); ``functions`` match a full dotted name (``torch.cuda.synchronize``)."""
+    """A kind of side-effecting call: ``methods`` by last attribute, ``functions`` by full dotted name."""
 
     name: str
     methods: frozenset[str] = frozenset()
@@ -198,8 +197,7 @@ def _rule_of(name: str, rules: Sequence[Rule], effects: Mapping[str, str]) -> st
 
 def audit_patched_file(source: str, added_lines: set[int], gate: str, rules: Sequence[Rule] = RULES, *,
                        file: str = "<source>", external_effects: Mapping[str, str] | None = None) -> list[Finding]:
-    """Findings for rule calls on ``added_lines`` of ``source`` that can run with ``gate`` off;
-    ``external_effects``: helpers defined elsewhere (``helper`` / ``module.helper``) -> their rule."""
+    """Rule calls on ``added_lines`` that can run with ``gate`` off; ``external_effects``: helper -> rule."""
     tree = ast.parse(source)
     return _audit_tree(tree, _scan(tree, gate), added_lines, gate, rules, file, external_effects or {})
 
@@ -299,8 +297,7 @@ class _HelperIndex:
 
 def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Sequence[Rule] = RULES, *,
                 helpers: Reader | None = None) -> list[Finding]:
-    """Audit every ``.py`` file ``patch_text`` (a diff whose line numbers are those of ``tree_root``)
-    touches, reading its post-image from ``tree_root``; helpers from ``helpers`` (default: the same)."""
+    """Audit the ``.py`` files ``patch_text`` touches, as ``tree_root`` holds them; helpers read from ``helpers``."""
     read = tree_root if not isinstance(tree_root, Path) else \
         lambda rel: (tree_root / rel).read_text() if (tree_root / rel).is_file() else None
     index = _HelperIndex(helpers or read, gate, rules)
@@ -318,8 +315,7 @@ def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Seq
 
 
 def audit_changes(git: Git, changes: Sequence[tuple[str, str, str, str]], final: str) -> list[Finding]:
-    """Findings of each (entry, gate, before, after): the entry's own change (``git diff before after``),
-    its files read at ``after``, the helpers they call at ``final`` (the whole series applied)."""
+    """Findings of each (entry, gate, before, after) change, its helpers read at ``final`` (the whole series)."""
     batch = git.cat_file_batch()
 
     def reader(rev: str) -> Reader:
