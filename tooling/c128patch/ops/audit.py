@@ -121,9 +121,10 @@ class _Call:
 class _Walker:
     """Collects every call with whether a gate guard covers it (within its own function)."""
 
-    def __init__(self, gate: str) -> None:
+    def __init__(self, tree: ast.Module, gate: str) -> None:
         self.gate = gate
         self.calls: list[_Call] = []
+        self.block(tree.body, False, None)
 
     def block(self, stmts: Sequence[ast.stmt], guarded: bool, fn: str | None) -> None:
         for stmt in stmts:
@@ -181,12 +182,6 @@ class _Walker:
             self.fields(node, guarded, fn)
 
 
-def _scan(tree: ast.Module, gate: str) -> list[_Call]:
-    walker = _Walker(gate)
-    walker.block(tree.body, False, None)
-    return walker.calls
-
-
 def _rule_of(name: str, rules: Sequence[Rule], effects: Mapping[str, str]) -> str | None:
     for rule in rules:
         if rule.matches(name):
@@ -196,14 +191,16 @@ def _rule_of(name: str, rules: Sequence[Rule], effects: Mapping[str, str]) -> st
 
 
 def audit_patched_file(source: str, added_lines: set[int], gate: str, rules: Sequence[Rule] = RULES, *,
-                       file: str = "<source>", external_effects: Mapping[str, str] | None = None) -> list[Finding]:
-    """Rule calls on ``added_lines`` that can run with ``gate`` off; ``external_effects``: helper -> rule."""
+                       file: str = "<source>", external_effects: Mapping[str, str] | None = None,
+                       index: _HelperIndex | None = None) -> list[Finding]:
+    """Rule calls on ``added_lines`` that can run with ``gate`` off; ``external_effects``: helper -> rule, else
+    those of the helpers called on added lines that ``index`` finds (only they can make a finding)."""
     tree = ast.parse(source)
-    return _audit_tree(tree, _scan(tree, gate), added_lines, gate, rules, file, external_effects or {})
-
-
-def _audit_tree(tree: ast.Module, calls: Sequence[_Call], added_lines: set[int], gate: str, rules: Sequence[Rule],
-                file: str, external_effects: Mapping[str, str]) -> list[Finding]:
+    calls = _Walker(tree, gate).calls
+    if index is not None:
+        external_effects = index.imported_effects(tree, {c.name for c in calls if added_lines.intersection(c.lines)},
+                                                  index.depth)
+    external_effects = external_effects or {}
     local_defs = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     effects = {**external_effects, **_local_effects(calls, rules, external_effects, local_defs)}
 
@@ -268,7 +265,7 @@ class _HelperIndex:
         if path not in self._cache:
             self._cache[path] = {}  # cycle guard
             tree = ast.parse(self.read(path) or "")
-            calls = _scan(tree, self.gate)
+            calls = _Walker(tree, self.gate).calls
             imported = self.imported_effects(tree, {c.name for c in calls}, depth - 1) if depth > 0 else {}
             defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
             self._cache[path] = _local_effects(calls, self.rules, imported, defs)
@@ -305,12 +302,7 @@ def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Seq
     for rel, added in sorted(added_lines_by_file(patch_text).items()):
         if not rel.endswith(".py") or not added:
             continue
-        tree = ast.parse(read(rel) or "")
-        calls = _scan(tree, gate)
-        # only helpers called from added lines can make a finding: follow just those imports
-        called = {c.name for c in calls if added.intersection(c.lines)}
-        external = index.imported_effects(tree, called, index.depth)
-        findings += _audit_tree(tree, calls, added, gate, rules, rel, external)
+        findings += audit_patched_file(read(rel) or "", added, gate, rules, file=rel, index=index)
     return findings
 
 

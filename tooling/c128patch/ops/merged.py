@@ -35,16 +35,12 @@ class Signal:
     detail: str
     commit: str = ""  # the upstream commit it points at, when it points at one
 
-    @property
-    def content(self) -> bool:
-        return self.kind in CONTENT
-
     def describe(self) -> str:
         return f"{self.kind}: {self.detail}"
 
 
 def proposes_drop(signals: list[Signal]) -> bool:
-    return any(s.content for s in signals)
+    return any(s.kind in CONTENT for s in signals)
 
 
 def per_commit_file_ids(git: Git, diffs: dict[str, str]) -> dict[str, dict[str, str]]:
