@@ -31,6 +31,7 @@ import ast
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from unidiff import PatchSet
@@ -183,11 +184,9 @@ class _Walker:
 
 
 def _rule_of(name: str, rules: Sequence[Rule], effects: Mapping[str, str]) -> str | None:
-    for rule in rules:
-        if rule.matches(name):
-            return rule.name
+    direct = next((rule.name for rule in rules if rule.matches(name)), None)
     # helpers: a bare name (`helper(...)`) or module attribute (`mod.helper(...)`)
-    return effects.get(name) or effects.get(name.rsplit(".", 1)[-1] if "." in name else "")
+    return direct or effects.get(name) or effects.get(name.rsplit(".", 1)[-1] if "." in name else "")
 
 
 def audit_patched_file(source: str, added_lines: set[int], gate: str, rules: Sequence[Rule] = RULES, *,
@@ -310,17 +309,14 @@ def audit_changes(git: Git, changes: Sequence[tuple[str, str, str, str]], final:
     """Findings of each (entry, gate, before, after) change, its helpers read at ``final`` (the whole series)."""
     batch = git.cat_file_batch()
 
-    def reader(rev: str) -> Reader:
-        def read(rel: str) -> str | None:
-            data = batch.read(f"{rev}:{rel}")
-            return None if data is None or b"\0" in data else data.decode(errors="replace")
-
-        return read
+    def read(rev: str, rel: str) -> str | None:
+        data = batch.read(f"{rev}:{rel}")
+        return None if data is None or b"\0" in data else data.decode(errors="replace")
 
     try:
         return [replace(f, entry=name) for name, gate, before, after in changes
                 for f in audit_patch(git.run("diff", "--no-color", "--no-renames", before, after, "--", "*.py").stdout,
-                                     reader(after), gate, helpers=reader(final))]
+                                     partial(read, after), gate, helpers=partial(read, final))]
     finally:
         batch.close()
 
