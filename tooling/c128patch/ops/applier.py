@@ -160,12 +160,11 @@ def already_applied(series: Series, git: Git, branch: str, target: Target) -> Ap
             provenance.applied_digest(record) != series.digest() or \
             record.get("upstream", {}).get("commit") != target.commit:
         return None
-    result = ApplyResult(str(git.worktree), target.rev, target.commit, branch, head=tip, already_applied=True,
-                         commits_on_top=git.count(f"{prov_commit}..{tip}"), checked_out=git.current_branch() == branch)
-    result.entries = [{"name": e["name"], "kind": e["kind"], "file": e.get("file", e.get("source", "")),
-                       "status": "applied", "applied": e.get("applied", ""), "commit": e.get("commit", "")}
-                      for e in record.get("entries", [])]
-    return result
+    rows = [{"name": e["name"], "kind": e["kind"], "file": e.get("file", e.get("source", "")), "status": "applied",
+             "applied": e.get("applied", ""), "commit": e.get("commit", "")} for e in record.get("entries", [])]
+    return ApplyResult(str(git.worktree), target.rev, target.commit, branch, head=tip, entries=rows,
+                       already_applied=True, commits_on_top=git.count(f"{prov_commit}..{tip}"),
+                       checked_out=git.current_branch() == branch)
 
 
 def _row(item: Planned, **more: str) -> dict:
@@ -204,7 +203,13 @@ class Apply:
                     return done
                 ensure_clean(git, "apply")
             if git.rev_parse(f"refs/heads/{branch}"):
-                raise C128Error(self._branch_exists(branch, target.rev))
+                checked_out, g = git.current_branch() == branch, ["git", "-C", str(self.tree)]
+                delete = shlex.join([*g, "branch", "-D", branch])
+                if checked_out:  # a checked-out branch cannot be deleted: the fix detaches first
+                    delete = shlex.join([*g, "checkout", "--quiet", "--detach"]) + " && " + delete
+                raise C128Error(f"branch {branch} already exists in {self.tree} (not this series on {target.rev}"
+                                f"{'; it is checked out' if checked_out else ''}; pass --branch NAME or delete it "
+                                f"({delete}); nothing was changed")
             # Everything that can be checked without touching the tree is checked first.
             if planned is None:
                 planned = plan(series, git, target.commit)
@@ -257,9 +262,7 @@ class Apply:
                 git.run("stash", "push", "--include-untracked", "--quiet", "-m",
                         "c128patch apply --abort: work in progress", "--", *theirs)
                 stash = git.out("rev-parse", "refs/stash")
-            git.run("reset", "--quiet", "--hard")
-            if ours:
-                git.run("clean", "-fq", "--", *sorted(ours))
+            self._reset("HEAD", sorted(ours))
             if journal.orig_branch:
                 git.run("checkout", "--quiet", journal.orig_branch)
             elif journal.orig_head:
@@ -313,9 +316,9 @@ class Apply:
                 fault_point("before", item.entry.name)
                 self.reporter.step(f"applying {item.entry.name}")
                 self._begin(journal, item.patch.paths if item.patch else [item.entry.target])
-                row = self._apply_entry(journal, item, planned, dated)
+                applied = self._apply_entry(journal, item, planned, dated)
                 fault_point("after", item.entry.name)
-                self._record(journal, row)
+                self._record(journal, item, applied)
             journal.phase = "provenance"
             journal.save(self.path)
         self.reporter.step("writing provenance")
@@ -349,7 +352,7 @@ class Apply:
             shlex.join([*g, "checkout", "--detach", journal.orig_head or "HEAD"])
         return f"{back} && {shlex.join([*g, 'branch', '-D', journal.branch])}"
 
-    def _apply_entry(self, journal: ApplyJournal, item: Planned, planned: list[Planned], dated: Git) -> dict:
+    def _apply_entry(self, journal: ApplyJournal, item: Planned, planned: list[Planned], dated: Git) -> str:
         git, series = self.git, self.series
         assert series is not None
         if item.patch is None:
@@ -357,7 +360,7 @@ class Apply:
                         f"cannot apply entry '{item.entry.name}' in {self.tree}: cannot write {item.entry.target}")
             git.run("add", "--", item.entry.target)
             dated.run("commit", "--quiet", "--no-verify", "-m", overlay_message(item.entry, series))
-            return _row(item, applied="clean", status="applied", commit=git.head() or "")
+            return "clean"
         self._check_worktree_paths([item])
         proc = dated.run("am", "--3way", "--committer-date-is-author-date", str(item.path), check=False)
         output = proc.stdout + proc.stderr
@@ -377,13 +380,10 @@ class Apply:
         if not item.patch.trailers.get(ENTRY_TRAILER):
             dated.run("commit", "--quiet", "--amend", "--no-edit", "--no-verify",
                       "--trailer", f"{ENTRY_TRAILER}: {item.entry.name}")
-        applied = ("whitespace" if loose else "3way" if "Falling back to patching base and 3-way merge" in output
-                   else "clean")
-        return _row(item, applied=applied, status="applied", commit=git.head() or "")
+        return "whitespace" if loose else "3way" if "Falling back to patching base and 3-way" in output else "clean"
 
     def _check_worktree_paths(self, planned: list[Planned]) -> None:
-        """Refuse a path through a symlink in the work tree as it is now (an untracked one survives the
-        checkout), or under the folder the operator's git runs hooks from (``core.hooksPath``)."""
+        """Refuse a path through a symlink in the tree as it is now, or under the operator's ``core.hooksPath``."""
         if self._hooks is None:
             hooks, tree = self.git.operator_hooks_dir(), os.path.realpath(self.tree)
             inside = hooks is not None and os.path.commonpath([tree, os.path.realpath(hooks)]) == tree
@@ -396,9 +396,10 @@ class Apply:
                     raise C128Error(f"unsafe path in entry '{item.entry.name}': {path} goes through the symlink "
                                     f"{link.relative_to(self.tree)} in {self.tree}; nothing was written through it")
 
-    def _record(self, journal: ApplyJournal, row: dict) -> None:
-        journal.entries.append(row)
-        journal.head_before, journal.in_step, journal.paused = self.git.head() or "", False, ""
+    def _record(self, journal: ApplyJournal, item: Planned, applied: str) -> None:
+        head = self.git.head() or ""
+        journal.entries.append(_row(item, applied=applied, status="applied", commit=head))
+        journal.head_before, journal.in_step, journal.paused = head, False, ""
         journal.save(self.path)
 
     def _commit_provenance(self, journal: ApplyJournal, planned: list[Planned], dated: Git) -> None:
@@ -455,6 +456,12 @@ class Apply:
         if git_path(self.git, "rebase-apply").exists():
             self.git.run("am", "--abort", check=False)
 
+    def _reset(self, head: str, ours: list[str]) -> None:
+        """Back to ``head``, the files the step wrote (``ours``) removed; no paths would mean every untracked file."""
+        self.git.run("reset", "--quiet", "--hard", head)
+        if ours:
+            self.git.run("clean", "-fq", "--", *ours)
+
     def _undo_step(self, journal: ApplyJournal) -> None:
         """Put the tree back where the interrupted step started (checkout: redone with --force)."""
         git = self.git
@@ -468,9 +475,7 @@ class Apply:
                 stash = shlex.join(["git", "-C", str(self.tree), "stash", "-u"])
                 raise C128Error(f"cannot continue: {self.tree} has changes the interrupted step did not make "
                                 f"({', '.join(theirs[:3])}); stash them ({stash}) and retry")
-            git.run("reset", "--quiet", "--hard", journal.head_before)
-            if ours:  # (no paths would mean every untracked file)
-                git.run("clean", "-fq", "--", *ours)
+            self._reset(journal.head_before, ours)
         journal.in_step = False
         journal.save(self.path)
 
@@ -496,7 +501,7 @@ class Apply:
                 git.with_env(GIT_COMMITTER_DATE=commit_date(git, journal.upstream_commit)).run(
                     "commit", "--quiet", "--amend", "--no-edit", "--no-verify", "--trailer",
                     f"{ENTRY_TRAILER}: {item.entry.name}")
-            self._record(journal, _row(item, applied="resolved", status="applied", commit=git.head() or ""))
+            self._record(journal, item, "resolved")
         ensure_clean(git, "continue the apply")
 
     def _result(self, journal: ApplyJournal) -> ApplyResult:
@@ -506,13 +511,3 @@ class Apply:
         return ApplyResult(str(self.tree), journal.rev, journal.upstream_commit, journal.branch, self.git.head() or "",
                            journal.recovery_ref, journal.orig_branch, journal.orig_head, journal.orig_unreachable,
                            skipped + [dict(r) for r in journal.entries])
-
-    def _branch_exists(self, branch: str, rev: str) -> str:
-        tree, checked_out = self.tree, self.git.current_branch() == branch
-        delete = shlex.join(["git", "-C", str(tree), "branch", "-D", branch])
-        if checked_out:  # a checked-out branch cannot be deleted: the fix detaches first
-            delete = shlex.join(["git", "-C", str(tree), "checkout", "--quiet", "--detach"]) + " && " + delete
-        return (f"branch {branch} already exists in {tree} (not this series on "
-                f"{rev}{'; it is checked out' if checked_out else ''})"
-                f"; pass --branch NAME or delete it ({delete}); nothing was changed")
-

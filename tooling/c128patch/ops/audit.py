@@ -31,6 +31,7 @@ import ast
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from unidiff import PatchSet
@@ -44,8 +45,7 @@ from c128patch.series.plan import index_git
 
 @dataclass(frozen=True)
 class Rule:
-    """A kind of side-effecting call. ``methods`` match the last attribute of a method call
-    (``x.y.record_stream(...)``); ``functions`` match a full dotted name (``torch.cuda.synchronize``)."""
+    """A kind of side-effecting call: ``methods`` by last attribute, ``functions`` by full dotted name."""
 
     name: str
     methods: frozenset[str] = frozenset()
@@ -122,9 +122,10 @@ class _Call:
 class _Walker:
     """Collects every call with whether a gate guard covers it (within its own function)."""
 
-    def __init__(self, gate: str) -> None:
+    def __init__(self, tree: ast.Module, gate: str) -> None:
         self.gate = gate
         self.calls: list[_Call] = []
+        self.block(tree.body, False, None)
 
     def block(self, stmts: Sequence[ast.stmt], guarded: bool, fn: str | None) -> None:
         for stmt in stmts:
@@ -182,30 +183,23 @@ class _Walker:
             self.fields(node, guarded, fn)
 
 
-def _scan(tree: ast.Module, gate: str) -> list[_Call]:
-    walker = _Walker(gate)
-    walker.block(tree.body, False, None)
-    return walker.calls
-
-
 def _rule_of(name: str, rules: Sequence[Rule], effects: Mapping[str, str]) -> str | None:
-    for rule in rules:
-        if rule.matches(name):
-            return rule.name
+    direct = next((rule.name for rule in rules if rule.matches(name)), None)
     # helpers: a bare name (`helper(...)`) or module attribute (`mod.helper(...)`)
-    return effects.get(name) or effects.get(name.rsplit(".", 1)[-1] if "." in name else "")
+    return direct or effects.get(name) or effects.get(name.rsplit(".", 1)[-1] if "." in name else "")
 
 
 def audit_patched_file(source: str, added_lines: set[int], gate: str, rules: Sequence[Rule] = RULES, *,
-                       file: str = "<source>", external_effects: Mapping[str, str] | None = None) -> list[Finding]:
-    """Findings for rule calls on ``added_lines`` of ``source`` that can run with ``gate`` off;
-    ``external_effects``: helpers defined elsewhere (``helper`` / ``module.helper``) -> their rule."""
+                       file: str = "<source>", external_effects: Mapping[str, str] | None = None,
+                       index: _HelperIndex | None = None) -> list[Finding]:
+    """Rule calls on ``added_lines`` that can run with ``gate`` off; ``external_effects``: helper -> rule, else
+    those of the helpers called on added lines that ``index`` finds (only they can make a finding)."""
     tree = ast.parse(source)
-    return _audit_tree(tree, _scan(tree, gate), added_lines, gate, rules, file, external_effects or {})
-
-
-def _audit_tree(tree: ast.Module, calls: Sequence[_Call], added_lines: set[int], gate: str, rules: Sequence[Rule],
-                file: str, external_effects: Mapping[str, str]) -> list[Finding]:
+    calls = _Walker(tree, gate).calls
+    if index is not None:
+        external_effects = index.imported_effects(tree, {c.name for c in calls if added_lines.intersection(c.lines)},
+                                                  index.depth)
+    external_effects = external_effects or {}
     local_defs = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     effects = {**external_effects, **_local_effects(calls, rules, external_effects, local_defs)}
 
@@ -270,7 +264,7 @@ class _HelperIndex:
         if path not in self._cache:
             self._cache[path] = {}  # cycle guard
             tree = ast.parse(self.read(path) or "")
-            calls = _scan(tree, self.gate)
+            calls = _Walker(tree, self.gate).calls
             imported = self.imported_effects(tree, {c.name for c in calls}, depth - 1) if depth > 0 else {}
             defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
             self._cache[path] = _local_effects(calls, self.rules, imported, defs)
@@ -299,8 +293,7 @@ class _HelperIndex:
 
 def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Sequence[Rule] = RULES, *,
                 helpers: Reader | None = None) -> list[Finding]:
-    """Audit every ``.py`` file ``patch_text`` (a diff whose line numbers are those of ``tree_root``)
-    touches, reading its post-image from ``tree_root``; helpers from ``helpers`` (default: the same)."""
+    """Audit the ``.py`` files ``patch_text`` touches, as ``tree_root`` holds them; helpers read from ``helpers``."""
     read = tree_root if not isinstance(tree_root, Path) else \
         lambda rel: (tree_root / rel).read_text() if (tree_root / rel).is_file() else None
     index = _HelperIndex(helpers or read, gate, rules)
@@ -308,31 +301,22 @@ def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Seq
     for rel, added in sorted(added_lines_by_file(patch_text).items()):
         if not rel.endswith(".py") or not added:
             continue
-        tree = ast.parse(read(rel) or "")
-        calls = _scan(tree, gate)
-        # only helpers called from added lines can make a finding: follow just those imports
-        called = {c.name for c in calls if added.intersection(c.lines)}
-        external = index.imported_effects(tree, called, index.depth)
-        findings += _audit_tree(tree, calls, added, gate, rules, rel, external)
+        findings += audit_patched_file(read(rel) or "", added, gate, rules, file=rel, index=index)
     return findings
 
 
 def audit_changes(git: Git, changes: Sequence[tuple[str, str, str, str]], final: str) -> list[Finding]:
-    """Findings of each (entry, gate, before, after): the entry's own change (``git diff before after``),
-    its files read at ``after``, the helpers they call at ``final`` (the whole series applied)."""
+    """Findings of each (entry, gate, before, after) change, its helpers read at ``final`` (the whole series)."""
     batch = BlobBatch(git)
 
-    def reader(rev: str) -> Reader:
-        def read(rel: str) -> str | None:
-            data = batch.read(f"{rev}:{rel}")
-            return None if data is None or b"\0" in data else data.decode(errors="replace")
-
-        return read
+    def read(rev: str, rel: str) -> str | None:
+        data = batch.read(f"{rev}:{rel}")
+        return None if data is None or b"\0" in data else data.decode(errors="replace")
 
     try:
         return [replace(f, entry=name) for name, gate, before, after in changes
                 for f in audit_patch(git.run("diff", "--no-color", "--no-renames", before, after, "--", "*.py").stdout,
-                                     reader(after), gate, helpers=reader(final))]
+                                     partial(read, after), gate, helpers=partial(read, final))]
     finally:
         batch.close()
 

@@ -61,25 +61,12 @@ class StopReport:
         return out
 
 
-def parse_blocks(text: str) -> list[tuple[int, list[str], list[str]]]:
-    """(line index of the block's first marker, upstream side, entry side) of each block."""
-    return [(text.count("\n", 0, m.start()), m[1].splitlines(), m[2].splitlines()) for m in _BLOCK.finditer(text)]
-
-
 def _find(haystack: list[str], needle: list[str], near: int) -> int | None:
     """Index of the occurrence of ``needle`` (not empty) in ``haystack`` nearest ``near``."""
     if not needle:
         return None
     hits = [i for i in range(len(haystack) - len(needle) + 1) if haystack[i: i + len(needle)] == needle]
     return min(hits, key=lambda i: abs(i - near)) if hits else None
-
-
-def _hunks(diff: str, path: str) -> list:
-    try:
-        files = PatchSet(diff)
-    except UnidiffParseError:
-        return []
-    return [h for pf in files if pf.path.removeprefix("a/").removeprefix("b/") == path for h in pf]
 
 
 def _match_hunk(hunks: list, lines: list[str], near: int):
@@ -118,10 +105,14 @@ def analyze(git: Git, path: str, text: str, diff: str, *, head: str, old: str, o
     span = f"{old}..{onto}" if forward else f"{onto}..{old}"
     in_range = set(git.out("rev-list", span, "--", path).splitlines())
     touched = tuple(git.out("log", "--format=%h %s", span, "--", path).splitlines())
-    hunks = _hunks(diff, path)
+    try:
+        hunks = [h for pf in PatchSet(diff) if pf.path.removeprefix("a/").removeprefix("b/") == path for h in pf]
+    except UnidiffParseError:
+        hunks = []
     merged_lines = text.splitlines()
     out = []
-    for start, ours, theirs in parse_blocks(text):
+    for m in _BLOCK.finditer(text):  # (line index of its first marker, upstream side, entry side)
+        start, ours, theirs = text.count("\n", 0, m.start()), m[1].splitlines(), m[2].splitlines()
         before = [line for line in merged_lines[max(0, start - 3): start] if line not in (_OURS, _SEP, _THEIRS)]
         pos = _find(head_lines, ours, start) if ours else None
         if pos is None:  # empty upstream side: place the block after the lines before it

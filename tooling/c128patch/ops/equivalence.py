@@ -2,7 +2,7 @@
 
 The tree at ``head`` (its provenance file aside) is compared with a fresh replay of the series on
 the same upstream commit, in a temporary index (``ops.replay``: with the ledger's recorded
-resolutions). Every difference must be explained by an ``Edit``: a ``user-edit`` (an entry commit
+resolutions). Every difference must be explained by an edit (a ``Verdict``): a ``user-edit`` (an entry commit
 of the branch differs from what the series' file gives on its parent) or a ``user-commit`` (a
 commit that carries no entry of the series). The edits are replayed, in branch order, on the fresh
 tree, and the hunks each one adds are attributed to it; what is left is *unattributed*, listed hunk
@@ -28,27 +28,9 @@ from c128patch.series.patchfile import hunk_header, read_patch
 from c128patch.series.plan import Planned, choose, index_git, merged_entries, verify_file
 from c128patch.series.provenance import PROVENANCE_PATH
 
-EditKind = Literal["user-edit", "user-commit"]
 DifferenceKind = Literal["user-edit", "user-commit", "unattributed"]
 VerdictKind = Literal["series", "user-edit", "user-commit", "uncompared"]
 Trees = dict[str, tuple[str, str]]  # entry -> (tree before it, tree after it)
-
-
-@dataclass(frozen=True)
-class Edit:
-    """A change on the branch that the series does not make: ``before`` -> ``after`` (tree ids)."""
-
-    kind: EditKind
-    entry: str  # the entry it changes (user-edit), or the commit's subject (user-commit)
-    commit: str
-    before: str
-    after: str
-
-    @property
-    def label(self) -> str:
-        if self.kind == "user-edit":
-            return f"user edit on entry {self.entry} (commit {self.commit[:12]})"
-        return f"user commit {self.commit[:12]} {self.entry!r}"
 
 
 @dataclass(frozen=True)
@@ -155,8 +137,8 @@ def tree_without_provenance(git: Git, head: str, index_file: Path) -> str:
 
 @dataclass(frozen=True)
 class Verdict:
-    """One commit of a branch against the series: ``series`` (what the series' file gives on its
-    parent), ``user-edit``, ``user-commit``, or ``uncompared`` (``detail`` says why)."""
+    """One commit of a branch against the series; a ``user-edit`` or ``user-commit`` is an edit the series does
+    not make (``before`` -> ``after``), ``uncompared`` says why in ``detail``."""
 
     commit: BranchCommit
     kind: VerdictKind
@@ -164,17 +146,17 @@ class Verdict:
     after: str  # the commit's tree
     detail: str = ""
 
-    def edit(self) -> Edit | None:
-        if self.kind not in ("user-edit", "user-commit"):
-            return None
+    @property
+    def label(self) -> str:
         c = self.commit
-        return Edit(self.kind, c.entry or c.subject, c.sha, self.before, self.after)  # type: ignore[arg-type]
+        if self.kind == "user-edit":
+            return f"user edit on entry {c.entry} (commit {c.sha[:12]})"
+        return f"user commit {c.sha[:12]} {c.entry or c.subject!r}"
 
 
 def compare_commits(series: Series, git: Git, base: str, head: str, scratch: Path,
                     fresh: Trees | None = None) -> list[Verdict]:
-    """Each commit of ``base..head`` but the provenance one, compared with the series. ``fresh``: the
-    trees of a fresh replay on ``base``; a commit that sits exactly there is the series' as it is."""
+    """Each commit of ``base..head`` but the provenance one against the series; ``fresh``: a replay's trees."""
     entries = {e.name: e for e in series.entries}
     merged = {e.name for e in merged_entries(series, git, base)}
     ledger, index_file = Ledger(series), scratch / "branch.index"
@@ -207,8 +189,7 @@ def compare_commits(series: Series, git: Git, base: str, head: str, scratch: Pat
 
 def fresh_replay(series: Series, git: Git, rev: str, commit: str, *, span: str = "",
                  without: Sequence[str] = ()) -> tuple[RevCheck, str, Trees]:
-    """The fresh replay ``prove`` compares a tree with: its rows, its tree id and each entry's trees.
-    It reads no tree of the branch, so a caller may make it before that tree exists."""
+    """``prove``'s fresh replay (rows, tree, each entry's trees); it reads nothing of the branch, so may run first."""
     series = series.without(set(without)) if without else series
     trees: Trees = {}
     with tempfile.TemporaryDirectory(prefix="c128fresh-") as tmp:
@@ -219,11 +200,10 @@ def fresh_replay(series: Series, git: Git, rev: str, commit: str, *, span: str =
 
 
 def prove(series: Series, git: Git, rev: str, commit: str, head: str = "HEAD", *,
-          accept: Callable[[Edit], bool] | None = None, span: str = "", without: Sequence[str] = (),
+          accept: Callable[[Verdict], bool] | None = None, span: str = "", without: Sequence[str] = (),
           fresh: tuple[RevCheck, str, Trees] | None = None) -> Equivalence:
-    """Compare ``head`` with a fresh replay of ``series`` on ``commit`` (module docstring). ``accept``:
-    which edits may explain a difference (default: all); ``span``: the rebase range; ``without``:
-    entries the tree leaves out on purpose; ``fresh``: ``fresh_replay`` of the same arguments."""
+    """``head`` against a fresh replay (module docstring); ``accept``: the edits that may explain a difference
+    (default: all); ``without``: entries left out on purpose; ``fresh``: ``fresh_replay`` of the same arguments."""
     head = git.out("rev-parse", head)
     replay, fresh_tree, trees = fresh or fresh_replay(series, git, rev, commit, span=span, without=without)
     series = series.without(set(without)) if without else series
@@ -240,7 +220,7 @@ def prove(series: Series, git: Git, rev: str, commit: str, head: str = "HEAD", *
         idx = index_git(git, scratch / "edits.index")
         idx.run("read-tree", fresh_tree)
         current = fresh_tree
-        for edit in (e for v in verdicts if (e := v.edit()) is not None):
+        for edit in (v for v in verdicts if v.kind in ("user-edit", "user-commit")):
             if accept is not None and not accept(edit):
                 result.notes.append(f"{edit.label}: not an edit the branch had; its changes count as unattributed")
             elif not apply_cached(idx, tree_diff(git, edit.before, edit.after)):

@@ -39,10 +39,6 @@ class Hint:
         return {"commit": self.commit, "subject": self.subject, "why": self.why, "line": self.line()}
 
 
-def _prs(entry: Entry) -> list[str]:
-    return list(dict.fromkeys(_PR.findall(entry.upstream or "") + _PR.findall(entry.drop_when or "")))
-
-
 def _names(lines: list[str]) -> set[str]:
     return {n for line in lines for n in _NAME.findall(line) if n not in _COMMON}
 
@@ -78,7 +74,7 @@ def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, on
     if not cached(f"{span}:first", "rev-list", "-1", span):  # onto is old or one of its ancestors
         return []
     found: dict[str, Hint] = {}
-    for number in _prs(entry):
+    for number in dict.fromkeys(_PR.findall(entry.upstream or "") + _PR.findall(entry.drop_when or "")):
         for line in cached(f"{span}#{number}", "log", "--reverse", "--format=%H%x00%s", "-E",
                            f"--grep=#{number}([^0-9]|$)", span).splitlines():
             sha, _, subject = line.partition("\0")
@@ -89,18 +85,12 @@ def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, on
         shared = sorted(every) if every is not None and set(where) <= set(every) else None
         log = cached(f"{span}:log:" + ",".join(shared or where), "log", "--reverse", "-p", "--unified=0",
                      "--no-renames", "--format=%x00%H%x00%s", span, "--", *(shared or where))
-        for sha, subject, diff in _commits(log):
+        parts = log.split("\0")  # per commit: sha, then subject and diff
+        for sha, (subject, _, diff) in zip(parts[1::2], (p.partition("\n") for p in parts[2::2])):
             why = _same_function(diff, where)
             if why and sha not in found:
                 found[sha] = Hint(sha, subject, why)
     return list(found.values())
-
-
-def _commits(text: str) -> list[tuple[str, str, str]]:
-    """(sha, subject, diff) of each commit of ``git log -p --format=%x00%H%x00%s``."""
-    parts = text.split("\0")
-    return [(parts[i], parts[i + 1].split("\n", 1)[0], parts[i + 1].partition("\n")[2])
-            for i in range(1, len(parts) - 1, 2)]
 
 
 @functools.lru_cache(maxsize=4096)  # entries sharing one log read each commit's diff once

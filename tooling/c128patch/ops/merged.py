@@ -35,16 +35,12 @@ class Signal:
     detail: str
     commit: str = ""  # the upstream commit it points at, when it points at one
 
-    @property
-    def content(self) -> bool:
-        return self.kind in CONTENT
-
     def describe(self) -> str:
         return f"{self.kind}: {self.detail}"
 
 
 def proposes_drop(signals: list[Signal]) -> bool:
-    return any(s.content for s in signals)
+    return any(s.kind in CONTENT for s in signals)
 
 
 def per_commit_file_ids(git: Git, diffs: dict[str, str]) -> dict[str, dict[str, str]]:
@@ -63,15 +59,6 @@ def per_commit_file_ids(git: Git, diffs: dict[str, str]) -> dict[str, dict[str, 
             commit, path = where[int(fake, 16)]
             out[commit][path] = pid
     return out
-
-
-def _on_its_preimage(idx: Git, item: Planned) -> bool:
-    """Does the index hold exactly the blobs the item's patch was made on (every file of it)?"""
-    pre = item.patch.blobs if item.patch is not None else {}
-    if not pre or len(pre) != len(item.patch.files):  # type: ignore[union-attr]
-        return False
-    listed = staged(idx, list(pre))
-    return all(listed.get(path, ("", NULL_BLOB))[1] == blob for path, (blob, _post) in pre.items())
 
 
 def commit_diffs(git: Git, commits: list[str], *args: str) -> dict[str, str]:
@@ -114,9 +101,7 @@ class MergedCheck:
 
     def signals(self, item: Planned, head: str, old_commit: str, idx: Git,
                 present: set[str] | None = None) -> list[Signal]:
-        """Signals for ``item`` on ``idx`` (an index of the new base with the earlier entries);
-        ``old_commit``: the entry's commit on the old branch (""); ``present``: a superset of the paths
-        the index holds. On every preimage blob of the item's file, only the hints are looked for."""
+        """Signals for ``item`` on ``idx`` (the new base and the earlier entries); on its preimage: hints only."""
         out = [s for number in _PR.findall(item.entry.upstream) for s in self._pr_hint(number)]
         if item.patch is None:
             there = present is None or item.entry.target in present
@@ -124,7 +109,9 @@ class MergedCheck:
             if listed and listed[1] == blob_id(item.path.read_bytes()):
                 out.append(Signal("overlay-identical", f"{item.entry.target} exists upstream with our content"))
             return out
-        if _on_its_preimage(idx, item):
+        pre = item.patch.blobs  # the index holds every blob the patch was made on: nothing to look for
+        listed = staged(idx, list(pre)) if pre and len(pre) == len(item.patch.files) else None
+        if listed is not None and all(listed.get(path, ("", NULL_BLOB))[1] == blob for path, (blob, _) in pre.items()):
             return out
         if idx.ok("apply", "--cached", "--check", "-R", str(item.path)):
             out.append(Signal("reverse-apply", f"{item.label} reverse-applies on the new base"))

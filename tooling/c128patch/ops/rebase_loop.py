@@ -301,7 +301,7 @@ class RebaseLoop:
         fresh = self._fresh.get((journal.onto_commit, journal.span, tuple(sorted(journal.left_out))))
         with ThreadPoolExecutor(max_workers=2) as pool:  # the proof reads objects only: it runs beside the checkout
             proving = pool.submit(lambda: prove(self.series, git, journal.onto_rev, journal.onto_commit, new_head,
-                                                accept=lambda e: e.commit in carried, span=journal.span,
+                                                accept=lambda e: e.commit.sha in carried, span=journal.span,
                                                 without=journal.left_out, fresh=fresh.result() if fresh else None))
             ranged = pool.submit(range_diff_of, git, journal, new_head)
             git.run("checkout", "--quiet", "--detach", new_head)  # the work tree is clean here

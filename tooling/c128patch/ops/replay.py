@@ -13,6 +13,7 @@ file upstream already has. ``replay_in_index`` replays the whole series on one u
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -123,28 +124,13 @@ def scratch_git(git: Git, index_file: Path, folder: Path) -> Git:
                env={**git.env, "GIT_INDEX_FILE": str(index_file), "GIT_WORK_TREE": str(folder)})
 
 
-def _ledger_merge(git: Git, index_file: Path, patch: Path, needs: list[str], ledger: Ledger, name: str,
-                  span: str) -> tuple[list[Resolution], list[str]]:
-    """``patch``'s 3-way merge redone with a scratch work tree holding only its files (conflict keys as
-    a rebase stop records them), the ledger's resolutions tried: (resolutions, paths still conflicted)."""
-    sgit = scratch_git(git, index_file, index_file.parent / "scratch")
-    present = sgit.out("ls-files", "--", *needs).splitlines() if needs else []
-    if present:
-        sgit.run("checkout-index", "-u", "--", *present)
-    sgit.run("apply", "--3way", str(patch), check=False)
-    resolutions = ledger.replay(sgit, name, Ledger.conflicts(sgit, unmerged_paths(sgit)), span)
-    return resolutions, unmerged_paths(sgit)
-
-
 WS_MERGE = "a 3-way merge ignoring whitespace changes"
 REWRAP = "its context lines upstream re-wrapped (joined or split) were matched ignoring line breaks"
 
 
 def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | None = None,
                  span: str = "", renamed: dict[str, str] | None = None) -> EntryCheck:
-    """``item`` on the index: strict, 3-way, the ledger's resolutions, then ignoring whitespace changes
-    and line breaks; ``renamed``: paths upstream moved, patched at their new place. A failure leaves the
-    index as it was before the entry."""
+    """``item`` on the index (module docstring); a failure leaves the index as it was before the entry."""
     assert item.patch is not None
     idx = index_git(git, index_file)
     row = EntryCheck.of(item, "clean", renamed=dict(renamed or {}))
@@ -163,8 +149,14 @@ def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | 
         return row
     row.conflicts = unmerged_paths(idx)
     if row.conflicts and ledger is not None and ledger.has(item.entry.name):
-        index_file.write_bytes(saved)
-        row.resolutions, row.conflicts = _ledger_merge(git, index_file, patch, needs, ledger, item.entry.name, span)
+        index_file.write_bytes(saved)  # redone in a scratch tree of its files: conflict keys as a rebase stop has them
+        sgit = scratch_git(git, index_file, index_file.parent / "scratch")
+        there = sgit.out("ls-files", "--", *needs).splitlines() if needs else []
+        if there:
+            sgit.run("checkout-index", "-u", "--", *there)
+        sgit.run("apply", "--3way", str(patch), check=False)
+        row.resolutions = ledger.replay(sgit, item.entry.name, Ledger.conflicts(sgit, unmerged_paths(sgit)), span)
+        row.conflicts = unmerged_paths(sgit)
         if not row.conflicts:
             row.status = "ledger"
             row.detail = "3-way conflicts resolved by the ledger: " + "; ".join(r.describe() for r in row.resolutions)
@@ -189,9 +181,7 @@ def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | 
 
 
 def whitespace_merge(git: Git, info: PatchInfo, index_file: Path, patch: Path) -> bool:
-    """``patch`` merged into the index ignoring whitespace changes (``git merge-recursive
-    --ignore-space-change`` of its preimage, its result and the index's files, in a scratch index and
-    work tree holding only those files). True when clean (the index then holds it)."""
+    """``merge-recursive --ignore-space-change`` of preimage, patch and index, in a scratch tree; True: merged."""
     pre = info.blobs
     if len(pre) != len(info.files) or not have_blobs(git, (b for b, _ in pre.values())):
         return False
@@ -224,8 +214,7 @@ def whitespace_merge(git: Git, info: PatchInfo, index_file: Path, patch: Path) -
 
 
 def rewrap_merge(git: Git, info: PatchInfo, index_file: Path) -> bool:
-    """``info`` applied to the index with its hunks placed ignoring line breaks (``ops.rewrap``). True
-    when every hunk fits (the index then holds the result); False leaves the index as it was."""
+    """``info``'s hunks placed ignoring line breaks (``ops.rewrap``); False leaves the index as it was."""
     files = list(info.patchset)
     if not files or any(pf.is_added_file or pf.is_removed_file or pf.is_binary_file or pf.is_rename
                         or pf.source_file[2:] != pf.target_file[2:] for pf in files):
@@ -249,23 +238,15 @@ def rewrap_merge(git: Git, info: PatchInfo, index_file: Path) -> bool:
 
 def renamed_patch_text(text: str, renamed: dict[str, str]) -> str:
     """``text`` (a git patch) with the paths of ``renamed`` changed in its file headers only."""
-    out = []
-    for line in text.splitlines(keepends=True):
-        body = line.rstrip("\n")
-        for old, new in renamed.items():
-            if body == f"diff --git a/{old} b/{old}":
-                line = f"diff --git a/{new} b/{new}\n"
-            elif body in (f"--- a/{old}", f"+++ b/{old}"):
-                line = f"{body[:6]}{new}\n"
-        out.append(line)
-    return "".join(out)
+    olds = "|".join(re.escape(old) for old in renamed)
+    text = re.sub(rf"^diff --git a/({olds}) b/\1$", lambda m: f"diff --git a/{renamed[m[1]]} b/{renamed[m[1]]}", text,
+                  flags=re.M)
+    return re.sub(rf"^(--- a/|\+\+\+ b/)({olds})$", lambda m: m[1] + renamed[m[2]], text, flags=re.M)
 
 
 def follow_renames(git: Git, item: Planned, index_file: Path, missing: list[str], at: str,
                    lazy: LazyIndex | None = None) -> dict[str, str]:
-    """Where upstream moved each of ``missing`` (paths the patch needs that the index lacks, deleted in
-    the history of upstream commit ``at``): git's copy detection of the patch's preimage blob against
-    the index's tree. {} unless every one is found (the patch then replays on the new paths)."""
+    """Where upstream (deleted in ``at``'s history) moved each of ``missing``, by copy detection; {} unless all."""
     assert item.patch is not None
     pre = {p: item.patch.blobs[p][0] for p in missing if p in item.patch.blobs}
     if not at or len(pre) != len(missing) or not have_blobs(git, pre.values()) or \
@@ -281,23 +262,6 @@ def follow_renames(git: Git, item: Planned, index_file: Path, missing: list[str]
              if meta.startswith(":") and meta.split()[-1].startswith("C") and i + 2 < len(fields)
              and fields[i + 2] in pre and fields[i + 1] not in pre}
     return found if len(found) == len(missing) else {}
-
-
-def replay_overlay(git: Git, item: Planned, index_file: Path, present: set[str] | None = None,
-                   lazy: LazyIndex | None = None) -> EntryCheck:
-    """``item`` added whole; ``present``: a superset of the paths the index holds; ``lazy``: the index in memory."""
-    idx = index_git(git, index_file)
-    row = EntryCheck.of(item, "clean")
-    target = item.entry.target
-    may_hold = present is None or target in present or any(p.startswith(target + "/") for p in present)
-    if may_hold and (lazy.holds(target) if lazy is not None else idx.out("ls-files", "--", target)):
-        row.status, row.detail = "collision", f"{target} already exists"
-        return row
-    if lazy is not None:
-        lazy.set(target, (("100644", written_blob(idx, item.path), "0"),))
-    else:
-        stage(idx, {target: ("100644", written_blob(idx, item.path))})
-    return row
 
 
 def replay_patch_shared(git: Git, item: Planned, index_file: Path, lazy: LazyIndex) -> EntryCheck:
@@ -327,9 +291,7 @@ def replay_patch_shared(git: Git, item: Planned, index_file: Path, lazy: LazyInd
 
 def replay_entry(git: Git, item: Planned, index_file: Path, present: set[str], *, ledger: Ledger | None = None,
                  span: str = "", at: str = "", lazy: LazyIndex | None = None) -> EntryCheck:
-    """One entry on the index; ``present``: the paths (and folders) the index holds, kept up to date
-    (for overlay targets: every one the index holds, maybe more); ``at``: the upstream commit under
-    the index (renames are followed in its history); ``lazy``: the index held in memory (no ledger)."""
+    """One entry on the index; ``present``: a superset of its paths (kept up to date); ``at``: its upstream commit."""
     missing = [f for f in item.patch.needs if f not in present] if item.patch is not None else []
     renamed = follow_renames(git, item, index_file, missing, at, lazy) if missing else {}
     if missing and not renamed:  # not even a 3-way merge can patch a file that is not there
@@ -347,8 +309,15 @@ def replay_entry(git: Git, item: Planned, index_file: Path, present: set[str], *
             moved = "; ".join(f"{a} -> {b}" for a, b in renamed.items())
             row.detail = "; ".join(filter(None, [f"followed upstream's rename {moved}", row.detail]))
             present.update(renamed.values())
-    else:
-        row = replay_overlay(git, item, index_file, present, lazy)
+    else:  # an overlay, added whole: it collides with a file (or folder) the index holds
+        idx, target, row = index_git(git, index_file), item.entry.target, EntryCheck.of(item, "clean")
+        may_hold = target in present or any(p.startswith(target + "/") for p in present)
+        if may_hold and (lazy.holds(target) if lazy is not None else idx.out("ls-files", "--", target)):
+            row.status, row.detail = "collision", f"{target} already exists"
+        elif lazy is not None:
+            lazy.set(target, (("100644", written_blob(idx, item.path), "0"),))
+        else:
+            stage(idx, {target: ("100644", written_blob(idx, item.path))})
     present.update(item.touched)
     return row
 
@@ -357,9 +326,7 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
                     ledger: Ledger | None = None, span: str = "",
                     trees: dict[str, tuple[str, str]] | None = None,
                     keep_index: bool = True) -> tuple[RevCheck, list[Planned]]:
-    """The series replayed on ``commit`` into ``index_file``; entries merged upstream there are ``skipped``.
-    ``trees``: filled with entry -> (tree before it, tree after it); ``keep_index=False`` with a
-    ``ReadMemo``: the index is held in memory and replays are shared across revs (``replay_patch_shared``)."""
+    """The series on ``commit``; ``trees``: filled with entry -> (before, after); ``keep_index=False``: lazy."""
     result = RevCheck(rev, commit)
     try:
         planned = plan(series, git, commit)

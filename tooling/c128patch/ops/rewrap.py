@@ -22,8 +22,7 @@ _DROPPED = re.compile(r",(?=[)\]}])")
 
 
 def _stream(lines: list[str]) -> tuple[str, list[int]]:
-    """The lines' text without whitespace (a blank line counts as one mark) and the offset in it
-    where each line starts (one more entry: the end)."""
+    """The lines' text without whitespace (a blank line: one mark) and each line's offset in it, then the end."""
     parts = ["".join(line.split()) or "\n" for line in lines]
     text = "".join(parts)
     cut = [m.start() for m in _DROPPED.finditer(text)]  # a comma before a closing bracket
@@ -41,8 +40,7 @@ def _indent(line: str) -> str:
 
 
 def _place(lines: list[str], pre: list[str], cut: tuple[int, int], near: int) -> tuple[int, int] | None:
-    """Where the hunk whose preimage is ``pre`` sits in ``lines``: the lines (first, end) that its
-    change ``pre[cut[0]:cut[1]]`` covers there (module docstring), the nearest to line ``near``."""
+    """The lines (first, end) of ``lines`` that ``pre[cut[0]:cut[1]]`` covers, the nearest to line ``near``."""
     text, starts = _stream(lines)
     ptext, pstarts = _stream(pre)
     line_at: dict[int, list[int]] = {}
@@ -65,8 +63,7 @@ def _place(lines: list[str], pre: list[str], cut: tuple[int, int], near: int) ->
 
 
 def rewrapped(text: str, pf: PatchedFile) -> str | None:
-    """``text`` with the hunks of ``pf`` (a unidiff PatchedFile) placed as the module says; None
-    when one does not fit."""
+    """``text`` with the hunks of ``pf`` placed as the module says; None when one does not fit."""
     lines = text.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         return None

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 
 from c128patch.git import Git
-from c128patch.series.manifest import Entry, Series, Variant
+from c128patch.series.manifest import Entry, Series
 from c128patch.series.patchfile import read_patch
 
 TREE_ROOT = "python"
@@ -63,14 +63,6 @@ def _patterns(target: str) -> list[str]:
             rf"from[[:space:]]+{re.escape(parent)}[[:space:]]+import.*[^A-Za-z0-9_]{re.escape(name)}([^A-Za-z0-9_]|$)"]
 
 
-def _added_text(series: Series, entry: Entry, variant: Variant | None) -> str:
-    """The lines a patch file adds, or an overlay's source ("" for a missing file)."""
-    path = series.file_of(entry, variant)
-    if not path.is_file():
-        return ""
-    return "\n".join(read_patch(path).added) if variant else path.read_text(errors="replace")
-
-
 def taken(git: Git, series: Series, entry: Entry, old: str, onto: str) -> Taken:
     """Who made ``entry``'s overlay target upstream in ``old..onto``, who imports it there and here, the way through."""
     target = entry.target
@@ -81,6 +73,11 @@ def taken(git: Git, series: Series, entry: Entry, old: str, onto: str) -> Taken:
     hits = git.run("grep", "-l", "-E", *args, onto, "--", TREE_ROOT, check=False).stdout.splitlines()
     importers = sorted({h.split(":", 1)[1] for h in hits if ":" in h} - {target})
     found = re.compile("|".join(p.replace("[[:space:]]", r"\s") for p in _patterns(target)))
-    ours = [other.name for other in series.entries if other.name != entry.name and any(
-        found.search(_added_text(series, other, v)) for v in other.patch_files() or [None])]
+    ours = []
+    for other in (e for e in series.entries if e.name != entry.name):
+        paths = [(v, series.file_of(other, v)) for v in other.patch_files() or [None]]
+        texts = ["\n".join(read_patch(p).added) if v else p.read_text(errors="replace")  # what it adds
+                 for v, p in paths if p.is_file()]
+        if any(found.search(text) for text in texts):
+            ours.append(other.name)
     return Taken(target, created, importers, ours, "rename" if ours else "drop", commit)

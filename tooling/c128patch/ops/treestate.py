@@ -59,8 +59,7 @@ def apply_commands(tree: Path) -> tuple[str, str]:
 
 
 def git_command(tree: Path) -> str:
-    """``git -C TREE``, plus ``-c user.name=c128patch -c user.email=...`` where the user's git has no
-    identity (a fresh machine, a CI box): a commit made by the printed command then names the tool."""
+    """``git -C TREE``, with the tool's identity (``-c user.name=...``) where the user's git has none."""
     words = ["git", "-C", str(tree)]
     if not user_can_commit(tree):
         words += ["-c", f"user.name={BOT_NAME}", "-c", f"user.email={BOT_EMAIL}"]
@@ -103,8 +102,7 @@ def changed_paths(git: Git) -> list[str]:
 
 def refuse_conflict_markers(git: Git, base: str, target: str | None, action: str,
                             fix: str = "resolve it, `git add` the file, and retry") -> None:
-    """Refuse when the change from ``base`` to ``target`` (None: to the index) adds conflict markers in
-    the shape git writes them; names the file and line (git's own check, ``git diff --check``)."""
+    """Refuse conflict markers added from ``base`` to ``target`` (None: the index), by ``git diff --check``."""
     proc = git.run("diff", "--check", base, *([target] if target else ["--cached"]), check=False)
     found = [line.rsplit(":", 1)[0] for line in proc.stdout.splitlines() if line.endswith(": leftover conflict marker")]
     if found:
@@ -159,8 +157,7 @@ def checked_fields(cls: type, data: dict, git: Git, path: Path, what: str) -> di
 
 
 def corrupt_journal(git: Git, path: Path, what: str, reason: str) -> C128Error:
-    """The error for an unreadable journal: how to forget it, and how to get back to the branch checked
-    out before (``@{-1}``) where HEAD moved (an apply; a rebase only at a stop)."""
+    """The error for an unreadable journal: how to forget it and, where HEAD moved, get back (``@{-1}``)."""
     back = ""
     proc = git.run("rev-parse", "--symbolic-full-name", "@{-1}", check=False)
     previous = proc.stdout.strip() if proc.returncode == 0 else ""
