@@ -141,7 +141,7 @@ REVIEWED = {
                            "self.root / entry.source"},  # checked at load (check_relpath)
     "series/paths.py": {"root / check_relpath(path, what)", "root / p"},  # the rule itself
     "series/ledger.py": {"git.worktree / path",  # a path git lists as unmerged
-                         "self.root / entry / f'{key}.diff'"},  # entry checked by _of, key by _diff_path
+                         "self.root / check_entry_name(entry, 'the ledger') / f'{key}.diff'"},  # entry checked there, key above it
     "series/txn.py": {"Path(part) / f",  # read only, to compare groups
                       "root / folder",  # folder: TXN or STAGING
                       "staging / 'files' / f'{i:05d}'", "root / TXN / 'files' / staged"},  # staged: checked

@@ -208,7 +208,7 @@ class Apply:
                 if checked_out:  # a checked-out branch cannot be deleted: the fix detaches first
                     delete = shlex.join([*g, "checkout", "--quiet", "--detach"]) + " && " + delete
                 raise C128Error(f"branch {branch} already exists in {self.tree} (not this series on {target.rev}"
-                                f"{'; it is checked out' if checked_out else ''}; pass --branch NAME or delete it "
+                                f"{'; it is checked out' if checked_out else ''}); pass --branch NAME or delete it "
                                 f"({delete}); nothing was changed")
             # Everything that can be checked without touching the tree is checked first.
             if planned is None:
