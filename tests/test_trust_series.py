@@ -141,7 +141,8 @@ REVIEWED = {
                            "self.root / entry.source"},  # checked at load (check_relpath)
     "series/paths.py": {"root / check_relpath(path, what)", "root / p"},  # the rule itself
     "series/ledger.py": {"git.worktree / path",  # a path git lists as unmerged
-                         "self.root / check_entry_name(entry, 'the ledger') / f'{key}.diff'"},  # entry checked there, key above it
+                         # the entry checked in the join itself, the key just above it
+                         "self.root / check_entry_name(entry, 'the ledger') / f'{key}.diff'"},
     "series/txn.py": {"Path(part) / f",  # read only, to compare groups
                       "root / folder",  # folder: TXN or STAGING
                       "staging / 'files' / f'{i:05d}'", "root / TXN / 'files' / staged"},  # staged: checked
