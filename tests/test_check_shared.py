@@ -12,7 +12,7 @@ from c128patch.ops.check import check_revs
 from c128patch.ops.replay import RevCheck, replay_in_index
 from c128patch.series.manifest import default_series_root, load_series
 from c128patch.upstream.releases import ReleaseHistory
-from c128patch.upstream.target import Target
+from c128patch.upstream.source import Target
 from support import RELEASES
 
 REVS = ("v0.5.19", *RELEASES)

@@ -11,7 +11,7 @@ from packaging.tags import parse_tag, sys_tags
 from packaging.utils import parse_wheel_filename
 
 from c128patch.errors import C128Error
-from c128patch.upstream.release_wheels import WheelTarget, fit
+from c128patch.upstream.releases import WheelTarget, fit
 from c128patch.wheel.patch import release_wheel
 from support import invoke
 

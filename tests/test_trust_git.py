@@ -19,7 +19,7 @@ from c128patch.git import Git
 from c128patch.ops.lint import update_hashes
 from c128patch.series.ledger import Conflict, Ledger
 from c128patch.series.manifest import load_series
-from c128patch.upstream.cache import cache_dir
+from c128patch.upstream.releases import cache_dir
 from small_series import CUH, EDIT, LINE, series, tree  # noqa: F401 (fixtures)
 from support import invoke, printed_command, refused, run_printed, small_clone, snapshot
 

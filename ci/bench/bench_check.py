@@ -21,9 +21,8 @@ from c128patch.git import Git
 from c128patch.ops.check import check_revs
 from c128patch.series.manifest import default_series_root, load_series
 from c128patch.series.plan import plan
-from c128patch.upstream.cache import cache_dir
-from c128patch.upstream.releases import ReleaseHistory, release_version
-from c128patch.upstream.target import Target
+from c128patch.upstream.releases import ReleaseHistory, cache_dir, release_version
+from c128patch.upstream.source import Target
 
 FOUR = ("v0.5.20", "v0.5.21", "v0.5.22", "v0.5.23")
 TARGET_S = 5.0  # check over the N real commits

@@ -30,7 +30,7 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
     from c128patch.evidence.matrix import release_note
     from c128patch.progress import console, reporter
     from c128patch.series.layers import describe, get_series
-    from c128patch.upstream.release_wheels import WheelTarget
+    from c128patch.upstream.releases import WheelTarget
     from c128patch.wheel.patch import patch_from
 
     if (from_wheel is None) == (from_release is None):

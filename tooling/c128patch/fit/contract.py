@@ -28,7 +28,7 @@ from c128patch.series.contract import Lock, LockItem, read_lock, sig_hash
 from c128patch.series.manifest import Series
 from c128patch.series.plan import index_git
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
-from c128patch.upstream.cache import cache_dir
+from c128patch.upstream.releases import cache_dir
 
 
 @dataclass

@@ -61,8 +61,7 @@ from c128patch.progress import NullReporter, Reporter
 from c128patch.series.contract import read_lock
 from c128patch.series.layers import layer_folders, layer_rows, stack
 from c128patch.series.manifest import Series, load_series
-from c128patch.upstream.source import Upstream, open_upstream
-from c128patch.upstream.target import Target
+from c128patch.upstream.source import Target, Upstream, open_upstream
 
 EXIT: dict[str, int] = exitcodes.WATCH
 REPORT = "watch-report.json"

@@ -48,8 +48,7 @@ from c128patch.series.manifest import Series, load_series
 from c128patch.series.patchfile import PatchInfo
 from c128patch.series.paths import check_under, confine, symlink_on_path
 from c128patch.series.plan import ENTRY_TRAILER, Planned, check_paths_at, merged_entries, overlay_message, plan
-from c128patch.upstream.source import discard_fresh_tree
-from c128patch.upstream.target import Target
+from c128patch.upstream.source import Target, discard_fresh_tree
 
 RECOVERY_PREFIX = "refs/c128patch/recovery"
 PHASES = ("clone", "checkout", "entries", "provenance")

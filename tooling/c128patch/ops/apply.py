@@ -23,8 +23,7 @@ from c128patch.series.manifest import Series
 from c128patch.series.plan import check_paths_at, plan
 from c128patch.series.provenance import PROVENANCE_PATH, record_problem
 from c128patch.upstream import DEFAULT_TREE
-from c128patch.upstream.source import discard_fresh_tree, open_upstream, prepare_tree, refuse_git_dir
-from c128patch.upstream.target import Target
+from c128patch.upstream.source import Target, discard_fresh_tree, open_upstream, prepare_tree, refuse_git_dir
 
 
 def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None = None, branch: str | None = None,

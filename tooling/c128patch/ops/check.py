@@ -24,8 +24,7 @@ from c128patch.series.layers import overlap_note
 from c128patch.series.manifest import Series
 from c128patch.series.plan import index_git, validate_files
 from c128patch.upstream.releases import release_version
-from c128patch.upstream.source import Upstream, open_upstream
-from c128patch.upstream.target import Target
+from c128patch.upstream.source import Target, Upstream, open_upstream
 
 __all__ = ["EntryCheck", "RevCheck", "Verdict", "check_rev", "check_revs", "check_upstream", "index_git",
            "replay_in_index"]

@@ -27,7 +27,7 @@ from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import Series
 from c128patch.series.plan import ENTRY_TRAILER, Planned, index_git, merged_entries, overlay_message, plan
 from c128patch.series.provenance import PROVENANCE_PATH
-from c128patch.upstream.target import default_branch
+from c128patch.upstream.source import default_branch
 
 
 class RebaseLoop:

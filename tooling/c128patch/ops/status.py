@@ -23,7 +23,7 @@ from c128patch.ops.treestate import (
 from c128patch.series import provenance
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
-from c128patch.upstream.target import Target
+from c128patch.upstream.source import Target
 
 
 def rebase_status(git: Git) -> dict | None:

@@ -7,14 +7,22 @@ depends on it alone: its parent is the nearest older ``DEFAULT_RELEASES`` entry 
 grows at the top), an extra release (``check --sglang-rev v0.5.19``) is imported beside them, and
 each is made from the release's canonical wheel (``HISTORY_TAGS``). A tag that has to move (a cache
 of an older layout) keeps its old commit under ``refs/c128patch/superseded/``.
+
+``wheel --from-release`` patches the release's wheel pip would install here (``packaging.tags.sys_tags()``)
+or the one ``--python-tag`` / ``--platform`` names (``WheelTarget``), from the wheelhouses
+($C128PATCH_WHEELHOUSE, the cache), else ``pip download``ed into the cache. When none fits, the error
+lists the release's wheels there and on the index (PEP 691 listing, $PIP_INDEX_URL or PyPI). The cache
+($C128PATCH_CACHE, else XDG's) is outside any repository.
 """
 
 from __future__ import annotations
 
 import calendar
 import contextlib
+import fcntl
 import hashlib
 import importlib.metadata
+import json
 import os
 import re
 import shlex
@@ -23,9 +31,11 @@ import sys
 import tempfile
 import zipfile
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
+from packaging.tags import Tag, sys_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
@@ -33,7 +43,6 @@ from c128patch.errors import C128Error
 from c128patch.git import Git, blob_id
 from c128patch.jsonio import write_atomic
 from c128patch.progress import NullReporter, Reporter, transfer
-from c128patch.upstream.cache import cache_dir, ensure_folder, locked
 
 DEFAULT_RELEASES: tuple[str, ...] = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 PACKAGE = "sglang"
@@ -48,6 +57,46 @@ RELEASE_AUTHOR = "sglang release wheel <release@sglang.invalid>"
 HISTORY_LAYOUT = "2"  # 2: parent = nearest older DEFAULT_RELEASES entry (1: the previous release in the cache)
 SUPERSEDED_PREFIX = "refs/c128patch/superseded"
 _IMPORT_REF = "refs/c128patch/import"
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("C128PATCH_CACHE")
+    try:
+        root = (Path(explicit) if explicit
+                else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "c128patch")
+    except RuntimeError as exc:  # no HOME and no passwd entry
+        raise C128Error(f"cannot find a cache folder ({exc}); set C128PATCH_CACHE to a writable folder") from None
+    return ensure_folder(root)
+
+
+def ensure_folder(folder: Path) -> Path:
+    """Make a folder of the cache; one that cannot be made says how to move the cache."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise unwritable(folder, exc) from None
+    return folder
+
+
+def unwritable(folder: Path, exc: OSError) -> C128Error:
+    return C128Error(f"cannot write the cache folder {folder} ({exc.strerror}); "
+                     "set C128PATCH_CACHE to a writable folder (export C128PATCH_CACHE=/path/to/cache)")
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock, so parallel runs don't build the same cache twice."""
+    ensure_folder(path.parent)
+    try:
+        handle = open(path, "a+")
+    except OSError as exc:
+        raise unwritable(path.parent, exc) from None
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def release_version(rev: str) -> str | None:
@@ -344,3 +393,117 @@ class ReleaseHistory:
                                 f"sglang {v} release wheel (a moved tag); {rebuild}")
         if set(recorded) - set(r.split(" ", 1)[0] for r in lines if r):
             write_atomic(self._trees_file, "".join(f"{v} {t}\n" for v, t in sorted(recorded.items())).encode())
+
+
+_PYTHON_TAG = re.compile(r"^(cp|pp)(\d)(\d*)$")
+_PLATFORM_TAG = re.compile(r"^[a-z0-9_]+$")
+DEFAULT_INDEX = "https://pypi.org/simple"
+
+
+@dataclass(frozen=True)
+class WheelTarget:
+    """The interpreter and platform a wheel must fit (``python_tag``/``platform`` None: this machine's)."""
+
+    python_tag: str | None = None
+    platform: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.python_tag is not None and not _PYTHON_TAG.match(self.python_tag):
+            raise C128Error(f"--python-tag {self.python_tag!r}: expected an interpreter tag such as cp312")
+        if self.platform is not None and not _PLATFORM_TAG.match(self.platform):
+            raise C128Error(f"--platform {self.platform!r}: expected a platform tag such as manylinux_2_34_x86_64")
+
+    @property
+    def is_here(self) -> bool:
+        return self.python_tag is None and self.platform is None
+
+    def describe(self) -> str:
+        if self.is_here:
+            here = next(iter(sys_tags()))
+            return f"this interpreter ({here.interpreter}, {here.platform})"
+        return f"{self.python_tag or 'this interpreter'} / {self.platform or 'this platform'}"
+
+    def rank(self, tag: Tag) -> int | None:
+        """How well ``tag`` fits (lower is better); None when it does not."""
+        here = list(sys_tags())
+        if self.is_here:
+            return here.index(tag) if tag in here else None
+        platforms = [self.platform] if self.platform else list(dict.fromkeys(t.platform for t in here))
+        if tag.platform not in platforms and tag.platform != "any":
+            return None
+        generic = tag.abi == "none" and tag.interpreter in ("py3", f"py{(self.python_tag or 'cp3')[2]}")
+        if self.python_tag and tag.interpreter != self.python_tag and not generic:
+            return None
+        if not self.python_tag and tag.interpreter not in {t.interpreter for t in here}:
+            return None
+        return platforms.index(tag.platform) if tag.platform in platforms else len(platforms)
+
+    def pip_args(self) -> tuple[str, ...]:
+        """``pip download`` options that select this target (none: pip's own, this interpreter)."""
+        if self.is_here:
+            return ()
+        here = list(sys_tags())
+        args: list[str] = []
+        if self.python_tag:
+            impl, major, minor = _PYTHON_TAG.match(self.python_tag).groups()  # type: ignore[union-attr]
+            args += ["--implementation", impl, "--python-version", f"{major}.{minor}" if minor else major]
+        else:
+            args += ["--implementation", here[0].interpreter[:2],
+                     "--python-version", f"{here[0].interpreter[2]}.{here[0].interpreter[3:]}"]
+        for platform in [self.platform] if self.platform else dict.fromkeys(t.platform for t in here):
+            args += ["--platform", platform]
+        return tuple(args)
+
+
+def fit(wheel: Path, target: WheelTarget) -> int | None:
+    """The best rank of any of the wheel's tags for ``target`` (None: it does not fit)."""
+    parsed = parsed_name(wheel)
+    ranks = [r for r in (target.rank(t) for t in (parsed[3] if parsed else ())) if r is not None]
+    return min(ranks) if ranks else None
+
+
+def best_local(version: str, target: WheelTarget) -> Path | None:
+    ranked = sorted((r, w.name, w) for w in local_wheels(version) if (r := fit(w, target)) is not None)
+    return ranked[0][2] if ranked else None
+
+
+def index_url() -> str:
+    return (os.environ.get("PIP_INDEX_URL") or DEFAULT_INDEX).rstrip("/")
+
+
+def available(version: str) -> tuple[list[str], str]:
+    """(the release's wheel file names in the wheelhouses and the index's PEP 691 listing, where they were looked)."""
+    import urllib.request  # lazy: only a release without a fitting wheel reads the index
+
+    names = {w.name for w in local_wheels(version)}
+    try:
+        request = urllib.request.Request(f"{index_url()}/{PACKAGE}/",
+                                         headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            listed = [str(item.get("filename", "")) for item in json.load(response).get("files", [])]
+        names.update(n for n in listed if (w := parsed_name(Path(n))) and w[1] == Version(version))  # (None: no wheel)
+        note = f"the wheelhouses and {index_url()}"
+    except (OSError, ValueError) as exc:  # (urllib's URLError is an OSError)
+        note = f"the wheelhouses only ({index_url()} could not be read: {getattr(exc, 'reason', exc)})"
+    return sorted(names), note
+
+
+def release_wheel_for(version: str, target: WheelTarget, reporter: Reporter = NullReporter()) -> Path:
+    """The release's wheel that fits ``target``: from a wheelhouse, else downloaded into the cache."""
+    found = best_local(version, target)
+    if found is not None:
+        return found
+    what = f"downloading sglang {version} wheel"
+    ok, last = pip_download(version, target.pip_args(), lambda done, total: transfer(reporter, what, done, total))
+    found = best_local(version, target) if ok else None
+    if found is not None:
+        return found
+    names, note = available(version)
+    if not names:
+        raise C128Error(f"unknown release 'v{version}': no sglang {version} wheel in {note} ({last})")
+    raise C128Error(
+        f"sglang {version} has no wheel for {target.describe()}: {len(names)} wheel(s) in {note}",
+        hint="\n".join([*(f"  {n}" for n in names),
+                        "pick one with --python-tag TAG [--platform PLATFORM] (e.g. --python-tag cp312), "
+                        "or pass it with --from-wheel FILE"]),
+    )

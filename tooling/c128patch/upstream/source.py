@@ -1,4 +1,5 @@
-"""Where upstream SGLang comes from for ``--sglang-rev``: a local clone, a URL, or the releases."""
+"""Where upstream SGLang comes from for ``--sglang-rev`` (a local clone, a URL, or the releases), and the commit a
+series goes onto there: ``Target`` (rev, commit, source), and the branch named after it."""
 
 from __future__ import annotations
 
@@ -7,15 +8,14 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from c128patch.errors import C128Error
 from c128patch.git import Git, GitError, is_git_dir_name, is_work_tree
 from c128patch.progress import NullReporter, Reporter, console
 from c128patch.upstream import DEFAULT_TREE
-from c128patch.upstream.cache import cache_dir, locked
-from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version
+from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, cache_dir, locked, release_version
 
 NET_TIMEOUT_ENV = "C128PATCH_NET_TIMEOUT"  # seconds a clone or fetch of --repo URL may take (default 600)
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*://|[\w.-]+@[\w.-]+:)", re.IGNORECASE)
@@ -61,6 +61,36 @@ class Upstream:
 
     def describe(self) -> str:
         return {"release": "the sglang release wheels", "path": self.location, "url": self.location}[self.kind]
+
+
+def default_branch(rev: str) -> str:
+    """The branch ``apply`` makes for ``rev`` (``rebase`` renames it after the new base)."""
+    return f"c128/{rev}"
+
+
+@dataclass(frozen=True)
+class Target:
+    rev: str  # as the user named it: a release tag, a branch, a commit
+    commit: str  # the commit it names
+    source: str = ""  # where upstream came from: "release" | "path" | "url" ("": not said)
+    url: str = ""  # source "url": the URL
+
+    @classmethod
+    def of(cls, upstream: Upstream, rev: str) -> Target:
+        """``rev`` resolved in ``upstream``."""
+        return cls(rev, upstream.resolve(rev), upstream.kind, upstream.location if upstream.kind == "url" else "")
+
+    @classmethod
+    def from_json(cls, data: dict) -> Target:
+        return cls(**{k: str(data.get(k) or "") for k in ("rev", "commit", "source", "url")})
+
+    def to_json(self) -> dict[str, str]:
+        """The provenance record's ``upstream``: rev and commit, then source and url where known."""
+        return {k: v for k, v in asdict(self).items() if v or k in ("rev", "commit")}
+
+    @property
+    def branch(self) -> str:
+        return default_branch(self.rev)
 
 
 def open_upstream(repo: str | None, revs: list[str], reporter: Reporter = NullReporter()) -> Upstream:

@@ -22,8 +22,7 @@ from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
-from c128patch.upstream.release_wheels import WheelTarget
-from c128patch.upstream.releases import PACKAGE, local_wheels, pip_download
+from c128patch.upstream.releases import PACKAGE, WheelTarget, local_wheels, pip_download
 from c128patch.wheel.patch import WHEEL_PROVENANCE, loose_git
 from c128patch.wheel.sbom import SBOM_NAME
 from c128patch.wheel.tools import (

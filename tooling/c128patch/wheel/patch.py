@@ -28,8 +28,14 @@ from c128patch.series.layers import layer_rows, overlap_note
 from c128patch.series.manifest import Series
 from c128patch.series.paths import confine
 from c128patch.series.plan import Planned, plan, validate_files
-from c128patch.upstream.release_wheels import WheelTarget, release_wheel_for
-from c128patch.upstream.releases import ReleaseHistory, release_version, tag_for, wheel_timestamp
+from c128patch.upstream.releases import (
+    ReleaseHistory,
+    WheelTarget,
+    release_version,
+    release_wheel_for,
+    tag_for,
+    wheel_timestamp,
+)
 from c128patch.wheel.rules import check_wheel_patchable, wheel_path
 from c128patch.wheel.sbom import SBOM_NAME, Ancestor, PatchEntry, WheelSbom
 from c128patch.wheel.tools import InWheel, binary_dirs, disk_errors, sha256_path, source_date_epoch

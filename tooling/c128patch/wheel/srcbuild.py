@@ -36,8 +36,7 @@ from c128patch.series.layers import describe
 from c128patch.series.manifest import Series
 from c128patch.series.plan import Planned, plan
 from c128patch.upstream.releases import release_version
-from c128patch.upstream.source import Upstream, prepare_tree
-from c128patch.upstream.target import Target
+from c128patch.upstream.source import Target, Upstream, prepare_tree
 from c128patch.wheel.patch import PACKAGE, finish
 from c128patch.wheel.sbom import Ancestor
 from c128patch.wheel.tools import InWheel, WheelName, sha256_path
