@@ -23,12 +23,12 @@ from c128patch import exitcodes
 from c128patch.errors import C128Error
 from c128patch.git import Git, ReadMemo, remembered
 from c128patch.ops.rewrap import rewrapped
-from c128patch.series.lazy_index import LazyIndex, plain_paths
 from c128patch.series.ledger import Ledger, Resolution
 from c128patch.series.manifest import Series
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch
 from c128patch.series.plan import (
     ENTRY_TRAILER,
+    LazyIndex,
     Planned,
     blob_id,
     check_paths_at,
@@ -36,6 +36,7 @@ from c128patch.series.plan import (
     merged_entries,
     path_kinds,
     plain_patch,
+    plain_paths,
     plan,
     written_blob,
 )
