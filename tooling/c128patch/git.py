@@ -43,9 +43,11 @@ _KEPT_ENV = ("GIT_TRACE", "GIT_SSH", "GIT_ASKPASS", "GIT_SSL_", "GIT_HTTP_", "GI
              "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM")
 # git subcommands that keep the operator's global and system config (proxies, credentials, insteadOf)
 _TRANSPORT = ("clone", "fetch", "ls-remote")
-_DIFFS = ("diff", "log", "show", "range-diff")  # these get --no-ext-diff --no-textconv
+# options that keep a diff from running a program the config names (an external diff, a textconv filter)
+_NO_PROGRAMS = {**dict.fromkeys(("diff", "log", "show", "range-diff"), ("--no-ext-diff", "--no-textconv")),
+                "blame": ("--no-textconv",)}
 _DRIVERS = re.compile(r"^(filter|merge)\.(.+)\.(clean|smudge|process|driver)$")
-_FILTERS: dict[tuple[str, str], tuple[tuple | None, list[str], str]] = {}  # (cwd, git dir) -> (stamp, -c, refusal)
+_FILTERS: dict[tuple, tuple[list[str], str]] = {}  # (cwd, git dir, config stamp) -> (-c settings, refusal)
 _DUBIOUS = re.compile(r"detected dubious ownership in repository at '([^']+)'")
 
 
@@ -106,10 +108,6 @@ class GitError(C128Error):
         locked, last = _LOCKED.search(stderr), (stderr or stdout).strip().splitlines()[-1:] or [f"exit {returncode}"]
         detail = stale_lock_message(locked.group(1)) if locked else environment_problem(stderr) or last[0]
         super().__init__(f"git {' '.join(args[:3])} failed: {detail}")
-        self.args_ = list(args)
-        self.returncode = returncode
-        self.stderr = stderr
-        self.stdout = stdout
 
 
 @dataclass
@@ -162,9 +160,8 @@ class Git:
                                    (config.parent / "config.worktree").exists())
         except OSError:
             stamp = None
-        key = (str(self.cwd), str(git_dir))
-        cached = _FILTERS.get(key)
-        if stamp is None or cached is None or cached[0] != stamp:
+        key = (str(self.cwd), str(git_dir), stamp)  # (a changed config: another key)
+        if stamp is None or key not in _FILTERS:
             proc = self._raw(["config", "--get-regexp", r"^(filter|merge)\..*\.(clean|smudge|process|driver)$"],
                              self._base_env(), [f"{k}={v}" for k, v in FORCED_CONFIG])
             off, refusal = [], ""
@@ -177,12 +174,11 @@ class Git:
                                "without it")
                 elif m and m.group(1) == "filter":
                     off += [f"filter.{m.group(2)}.{k}" for k in ("clean=", "smudge=", "process=", "required=false")]
-            cached = (stamp, off, refusal)
-            if stamp is not None:
-                _FILTERS[key] = cached
-        if cached[2]:
-            raise C128Error(cached[2])
-        return list(cached[1])
+            _FILTERS[key] = (off, refusal)
+        off, refusal = _FILTERS[key]
+        if refusal:
+            raise C128Error(refusal)
+        return list(off)
 
     def _raw(self, args: list[str], env: dict[str, str], settings: list[str], input=None, binary: bool = False,
              timeout: float | None = None) -> subprocess.CompletedProcess:
@@ -212,14 +208,8 @@ class Git:
             env: Mapping[str, str] | None = None, binary: bool = False, transport: bool = False,
             timeout: float | None = None) -> subprocess.CompletedProcess:
         """git; ``transport``: a clone or fetch keeping the operator's config; killed past ``timeout`` s."""
-        full_env = self._base_env(transport=transport and bool(args) and args[0] in _TRANSPORT)
-        if env:
-            full_env.update(env)
-        argv = list(args)
-        if argv and argv[0] in _DIFFS:
-            argv[1:1] = ["--no-ext-diff", "--no-textconv"]
-        elif argv and argv[0] == "blame":
-            argv[1:1] = ["--no-textconv"]
+        full_env = {**self._base_env(transport=transport and bool(args) and args[0] in _TRANSPORT), **(env or {})}
+        argv = [*args[:1], *_NO_PROGRAMS.get(args[0] if args else "", ()), *args[1:]]
         data = input.encode() if isinstance(input, str) and binary else input
         proc = self._raw(argv, full_env, self._settings(), data, binary, timeout)
         return _checked(args, proc) if check else proc

@@ -1,11 +1,31 @@
-"""Files (JSON or bytes) written atomically: a kill leaves the old file or the new one, never half of one."""
+"""Files (JSON or bytes) written atomically: a kill leaves the old file or the new one, never half of one; and
+the advisory lock that serialises their writers."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+_HELD: dict[str, int] = {}  # path -> the descriptor this process holds its lock on
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Writers one at a time: an exclusive advisory lock on ``path`` (a folder, or a file), re-entrant."""
+    key = os.path.realpath(path)
+    if key in _HELD:  # this process holds it already
+        yield
+        return
+    _HELD[key] = os.open(key, os.O_RDONLY)
+    try:
+        fcntl.flock(_HELD[key], fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(_HELD.pop(key))  # (releases the lock)
 
 
 def write_atomic(path: Path, data: bytes) -> Path:

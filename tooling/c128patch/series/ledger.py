@@ -93,9 +93,7 @@ class Ledger:
     def _of(self, entry: str) -> tuple[Ledger, str]:
         """The ledger of ``entry`` (a layer's own) and its name there, checked: it becomes a folder."""
         part, local = self.series.part(entry)
-        check_entry_name(local, f"the ledger {self.index}")
-        same = part.patches_dir == self.series.patches_dir and local == entry
-        return (self, entry) if same else (Ledger(part), local)
+        return Ledger(part), check_entry_name(local, f"the ledger {self.index}")
 
     def rows(self) -> list[dict]:
         """The ledger's rows; a ledger that is not one (bad TOML, wrong shape) is a one-line error."""

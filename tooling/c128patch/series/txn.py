@@ -10,7 +10,6 @@ group holding a plan of that group). ``locked`` serialises the writers of one fo
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import json
 import os
@@ -18,17 +17,16 @@ import re
 import shutil
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, TypeVar
 
 from c128patch.errors import C128Error
-from c128patch.jsonio import write_atomic
+from c128patch.jsonio import locked, write_atomic
 from c128patch.series.paths import confine
 
 TXN = ".c128patch-txn"
 STAGING = ".c128patch-txn-staging"
 PLAN = "plan.json"
 _STAGED = re.compile(r"\d{5}")
-_HELD: dict[str, int] = {}  # folder -> the descriptor this process holds its lock on
 
 Part = tuple[Path, dict[Path, bytes], list[Path], "Path | None"]  # root, files, deletes, last
 F = TypeVar("F", bound=Callable)
@@ -36,21 +34,6 @@ F = TypeVar("F", bound=Callable)
 
 def _no_fault(_name: str) -> None:
     return None
-
-
-@contextlib.contextmanager
-def locked(root: Path) -> Iterator[None]:
-    """The folder's writers one at a time (an advisory lock on the folder itself; re-entrant)."""
-    key = os.path.realpath(root)
-    if key in _HELD:  # this process holds it already
-        yield
-        return
-    _HELD[key] = os.open(key, os.O_RDONLY)
-    try:
-        fcntl.flock(_HELD[key], fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(_HELD.pop(key))  # (releases the lock)
 
 
 def serialised(func: F) -> F:

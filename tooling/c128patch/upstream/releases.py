@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import calendar
 import contextlib
-import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -39,6 +38,7 @@ from packaging.tags import Tag, sys_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from c128patch import jsonio
 from c128patch.errors import C128Error
 from c128patch.git import Git, blob_id
 from c128patch.jsonio import write_atomic
@@ -83,20 +83,14 @@ def unwritable(folder: Path, exc: OSError) -> C128Error:
                      "set C128PATCH_CACHE to a writable folder (export C128PATCH_CACHE=/path/to/cache)")
 
 
-@contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock, so parallel runs don't build the same cache twice."""
+def locked(path: Path) -> contextlib.AbstractContextManager[None]:
+    """``jsonio.locked`` on the lock file ``path`` (made here), so parallel runs don't build the same cache twice."""
     ensure_folder(path.parent)
     try:
-        handle = open(path, "a+")
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
     except OSError as exc:
         raise unwritable(path.parent, exc) from None
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return jsonio.locked(path)
 
 
 def release_version(rev: str) -> str | None:
