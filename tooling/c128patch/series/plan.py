@@ -174,7 +174,7 @@ def written_blob(git: Git, path: Path) -> str:
 
 class ReplayedTree:
     """The blobs of ``target`` as the entries planned so far leave them: known while each preimage matched,
-    else read from a probe index replaying them (in memory with a ``ReadMemo``: ``series.lazy_index``)."""
+    else read from a probe index replaying them (in memory with a ``ReadMemo``: ``LazyIndex``)."""
 
     def __init__(self, git: Git, target: str, paths: list[str], scratch: Path) -> None:
         self.git, self.target, self.scratch, self.paths = git, target, scratch, paths
@@ -202,9 +202,6 @@ class ReplayedTree:
                 out = (lazy.flush() if lazy is not None else probe).out("ls-files", "-s", "--", path).split()
                 self.blobs[path] = out[1] if out else NULL_BLOB
         return self.blobs.get(path) or NULL_BLOB
-
-    def matches(self, patch: PatchInfo) -> int:
-        return sum(self.blob(path) == pre for path, (pre, _post) in patch.blobs.items())
 
     def applies_strictly(self, patch: PatchInfo) -> bool:
         if self.fails(patch):
@@ -312,7 +309,7 @@ def select_variant(git: Git, entry: Entry, target: str, tree: ReplayedTree, patc
     files = entry.patch_files()
     if len(files) == 1:
         return Choice(files[0], "only", "the entry's only file")
-    score = {v: tree.matches(patches[v]) for v in files}
+    score = {v: sum(tree.blob(path) == pre for path, (pre, _post) in patches[v].blobs.items()) for v in files}
     exact = [v for v in files if score[v] == len(patches[v].blobs) > 0]
     if len(exact) == 1:
         n = score[exact[0]]

@@ -437,13 +437,9 @@ class WheelTarget:
         if self.is_here:
             return ()
         here = list(sys_tags())
-        args: list[str] = []
-        if self.python_tag:
-            impl, major, minor = _PYTHON_TAG.match(self.python_tag).groups()  # type: ignore[union-attr]
-            args += ["--implementation", impl, "--python-version", f"{major}.{minor}" if minor else major]
-        else:
-            args += ["--implementation", here[0].interpreter[:2],
-                     "--python-version", f"{here[0].interpreter[2]}.{here[0].interpreter[3:]}"]
+        tag = _PYTHON_TAG.match(self.python_tag or here[0].interpreter)  # this interpreter's: cp311, pp310
+        impl, major, minor = tag.groups()  # type: ignore[union-attr]
+        args = ["--implementation", impl, "--python-version", f"{major}.{minor}" if minor else major]
         for platform in [self.platform] if self.platform else dict.fromkeys(t.platform for t in here):
             args += ["--platform", platform]
         return tuple(args)
