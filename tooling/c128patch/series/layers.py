@@ -219,6 +219,4 @@ def get_series(series_dir: Path | None, layers: Sequence[Path] = ()) -> Series:
 
 def stack(series: Series, folders: tuple[Path, ...] | list[Path]) -> Series:
     """``series`` with the layers in ``folders``; ``series`` itself when there are none."""
-    if not folders:
-        return series
-    return Stack(series, [load_layer(Path(f), series) for f in folders])
+    return Stack(series, [load_layer(Path(f), series) for f in folders]) if folders else series

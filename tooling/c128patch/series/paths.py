@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Iterable
 
@@ -79,8 +80,7 @@ def check_entry_name(name: str, where: str) -> str:
 
 def duplicates(names: Iterable[str]) -> list[str]:
     """The names that occur more than once, sorted."""
-    seen = list(names)
-    return sorted({n for n in seen if seen.count(n) > 1})
+    return sorted(n for n, count in Counter(names).items() if count > 1)
 
 
 def check_under(path: str, folder: str, what: str) -> None:

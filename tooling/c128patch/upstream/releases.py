@@ -195,7 +195,6 @@ def wheel_for(version: str, progress: Progress | None = None) -> Path:
     found = find_wheel(version)
     if found is not None and wheel_tags(found) == HISTORY_TAGS:
         return found
-    last = ""
     for extra in (_PIN_ARGS, ()):
         ok, last = pip_download(version, extra, progress)
         if ok or found is not None:
@@ -481,11 +480,10 @@ def available(version: str) -> tuple[list[str], str]:
 def release_wheel_for(version: str, target: WheelTarget, reporter: Reporter = NullReporter()) -> Path:
     """The release's wheel that fits ``target``: from a wheelhouse, else downloaded into the cache."""
     found = best_local(version, target)
-    if found is not None:
-        return found
-    what = f"downloading sglang {version} wheel"
-    ok, last = pip_download(version, target.pip_args(), lambda done, total: transfer(reporter, what, done, total))
-    found = best_local(version, target) if ok else None
+    if found is None:
+        what = f"downloading sglang {version} wheel"
+        ok, last = pip_download(version, target.pip_args(), lambda done, total: transfer(reporter, what, done, total))
+        found = best_local(version, target) if ok else None
     if found is not None:
         return found
     names, note = available(version)
