@@ -257,9 +257,7 @@ def wheel_timestamp(wheel: Path) -> int:
 
 def history_parent(version: str) -> str | None:
     """``version``'s parent in the history: the nearest older ``DEFAULT_RELEASES`` entry, never an extra one."""
-    v = Version(version)
-    older = [d for d in DEFAULT_RELEASES if Version(d) < v]
-    return max(older, key=Version) if older else None
+    return max((d for d in DEFAULT_RELEASES if Version(d) < Version(version)), key=Version, default=None)
 
 
 def _fast_import_stream(versions: list[str], wheels: dict[str, Path], present: dict[str, str],

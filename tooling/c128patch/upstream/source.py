@@ -44,9 +44,8 @@ class Upstream:
             self._fetch(check=False)
             commit = self.git.rev_parse(rev)
         if commit is None:
-            known = ""
-            if self.kind == "release":
-                known = f" (the release source knows {', '.join('v' + v for v in ReleaseHistory().versions())})"
+            known = "" if self.kind != "release" else \
+                f" (the release source knows {', '.join('v' + v for v in ReleaseHistory().versions())})"
             raise C128Error(f"unknown rev '{shown(rev)}' in {self.describe()}{known}")
         return commit
 
