@@ -130,5 +130,15 @@ def test_a_record_that_does_not_parse_is_a_miss(applied, forge):
     assert json.loads(path.read_text())["equivalence"]["identical"] is True  # recorded again
 
 
+def test_a_record_that_cannot_be_written_is_proved_each_time(applied):
+    series, tree = applied
+    path = tree / ".git" / "c128patch" / PROOF
+    path.unlink()
+    path.mkdir()  # neither readable nor replaceable as a file
+    for _ in range(2):
+        res = status_of(series, tree)
+        assert res.code == 0 and res.out["proof"] == "computed" and res.out["equals_series"], res.err
+
+
 def test_the_recovery_prefix_status_reads_is_the_one_apply_writes():
     assert status.RECOVERY_PREFIX == applier.RECOVERY_PREFIX

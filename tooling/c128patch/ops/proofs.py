@@ -41,4 +41,8 @@ def recorded(state: Path, key: dict[str, str]) -> dict | None:
 
 
 def record(state: Path, key: dict[str, str], equivalence: dict) -> None:
-    write_json_atomic(state / PROOF, {"key": key, "equivalence": equivalence})
+    """Record a proof; where it cannot be written (a read-only .git) the next status proves again."""
+    try:
+        write_json_atomic(state / PROOF, {"key": key, "equivalence": equivalence})
+    except OSError:
+        pass
