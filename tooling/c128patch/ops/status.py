@@ -15,6 +15,8 @@ from c128patch.ops.treestate import apply_commands, changed_paths, git_paths, re
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, read_provenance
 
+RECOVERY_PREFIX = "refs/c128patch/recovery"  # applier's (a test keeps them one): importing applier is not light
+
 
 def rebase_status(git: Git, path: Path) -> dict:
     """Where the c128patch rebase whose journal is ``path`` stands."""
@@ -43,16 +45,6 @@ def apply_status(git: Git, path: Path) -> dict:
             "summary": f"an apply {how} after entry {j.done} of {j.total}{where}"
                        + (f"; next: {nxt}" if nxt and j.phase == "entries" else ""),
             "resume": resume, "undo": undo}
-
-
-RECOVERY_PREFIX = "refs/c128patch/recovery"  # applier's (a test keeps them one): importing applier is not light
-
-
-def recovery_refs(git: Git) -> list[dict]:
-    """Every recovery ref (HEAD before an apply or rebase), newest first."""
-    fmt = "%(refname)%00%(objectname)%00%(contents:subject)"
-    return [dict(zip(("ref", "commit", "subject"), line.split("\0")))
-            for line in git.out("for-each-ref", "--sort=-refname", f"--format={fmt}", RECOVERY_PREFIX).splitlines()]
 
 
 def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
@@ -95,12 +87,14 @@ def tree_status(git: Git, series: Series | None = None, prove_again: bool = Fals
     rebase = rebase_status(git, state / "rebase.json") if (state / "rebase.json").is_file() else None
     apply = apply_status(git, state / "apply.json") if (state / "apply.json").is_file() else None
     holder = running(git)
+    refs = git.out("for-each-ref", "--sort=-refname", "--format=%(refname)%00%(objectname)%00%(contents:subject)",
+                   RECOVERY_PREFIX).splitlines()  # HEAD before an apply or rebase, newest first
     out = {
         "index_lock": {"path": str(lock), "c128patch_running": holder is not None,  # left by a killed run
                        "clear": shlex.join(["rm", "-f", str(lock)])} if lock.exists() else None,
         "tree": str(tree), "branch": git.current_branch(), "running": asdict(holder) if holder else None,
         "apply_in_progress": apply is not None, "apply": apply, "rebase_in_progress": rebase is not None,
-        "rebase": rebase, "recovery_refs": recovery_refs(git),
+        "rebase": rebase, "recovery_refs": [dict(zip(("ref", "commit", "subject"), ref.split("\0"))) for ref in refs],
         "uncommitted": changed_paths(git),  # not on the branch: the proof covers HEAD
         "equals_series": False, "entries": [], "drift": [],
     }
