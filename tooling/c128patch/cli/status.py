@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import DEFAULT_TREE, emit_json, exit_unless, locate_tree, say, tree_option, verb_options
+from c128patch.cli.common import DEFAULT_TREE, emit_json, exit_unless, locate_tree, tree_option, verb_options
 from c128patch.errors import C128Error
 
 
@@ -45,7 +45,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
     elif lines := [*_state(info), *(_applied(info) if "series" in info else []),
                    *([f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):"]
                      [:len(refs)]), *(f"    {r['ref']} {r['commit'][:12]} {r['subject']}" for r in refs[:10])]:
-        say(*lines)
+        click.echo("\n".join(lines))  # plain lines, as `say` prints them, without loading rich
     exit_unless(info.get("equals_series"))
 
 
