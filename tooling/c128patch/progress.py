@@ -6,10 +6,11 @@ import contextlib
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, TextIO
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+if TYPE_CHECKING:  # rich is imported where it prints: a command that prints no line (--json) never loads it
+    from rich.console import Console
+    from rich.progress import Progress
 
 
 class Reporter(Protocol):
@@ -105,6 +106,8 @@ def is_terminal(stream: Any) -> bool:
 
 def console(stderr: bool = True) -> Console:
     """Off a terminal (a pipe, a file) a line is as long as its content: no table cut to a width nobody sees."""
+    from rich.console import Console
+
     width = None if is_terminal(sys.stderr if stderr else sys.stdout) else 1_000_000
     return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
 
@@ -119,6 +122,8 @@ def reporter(enabled: bool, total: int | None = None, title: str = "working") ->
         with contextlib.closing(PlainReporter()) as plain:
             yield plain
         return
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                     console=console(), transient=True)
     with prog:

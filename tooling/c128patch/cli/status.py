@@ -1,4 +1,4 @@
-"""c128patch status [--tree DIR] [--json]"""
+"""c128patch status [--tree DIR] [--prove] [--json]"""
 
 from __future__ import annotations
 
@@ -6,24 +6,26 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, exit_unless, locate_tree, say, tree_option, verb_options
+from c128patch.cli.common import DEFAULT_TREE, emit_json, exit_unless, locate_tree, tree_option, verb_options
 from c128patch.errors import C128Error
 
 
 @click.command("status")
 @tree_option
+@click.option("--prove", is_flag=True, help="Prove the tree again even where the recorded proof still holds.")
 @verb_options
-def command(tree: Path | None, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...],
+            as_json: bool) -> None:
     """Which series is applied on which upstream rev, and what changed since.
 
     Exit 0 when the tree equals a fresh apply of the series (HEAD proven identical, nothing uncommitted);
     1 when it does not (edits on the branch, uncommitted changes, an apply or rebase stopped or running,
-    or nothing to prove against); 2 on an error.
+    or nothing to prove against); 2 on an error. The proof apply or an earlier status recorded is read while
+    HEAD, the series, the upstream and the tool are unchanged; else (or with --prove) the series is replayed.
     """
     from c128patch.git import Git
     from c128patch.ops.status import tree_status
     from c128patch.series.layers import get_series
-    from c128patch.upstream.source import DEFAULT_TREE
 
     root = locate_tree(tree)
     try:
@@ -31,7 +33,7 @@ def command(tree: Path | None, series_dir: Path | None, layer_dirs: tuple[Path, 
     except C128Error:
         series = None
     try:
-        info = tree_status(Git(worktree=root), series)
+        info = tree_status(Git(worktree=root), series, prove_again=prove)
     except C128Error as exc:
         if tree is None and exc.hint is None:
             exc.hint = (f"`c128patch apply` makes its tree in ./{DEFAULT_TREE} (or --tree DIR): run status there, "
@@ -43,7 +45,7 @@ def command(tree: Path | None, series_dir: Path | None, layer_dirs: tuple[Path, 
     elif lines := [*_state(info), *(_applied(info) if "series" in info else []),
                    *([f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):"]
                      [:len(refs)]), *(f"    {r['ref']} {r['commit'][:12]} {r['subject']}" for r in refs[:10])]:
-        say(*lines)
+        click.echo("\n".join(lines))  # plain lines, as `say` prints them, without loading rich
     exit_unless(info.get("equals_series"))
 
 
@@ -86,7 +88,7 @@ def _applied(info: dict) -> list[str]:
             verdict = "HEAD equals the series, the working tree does not (uncommitted changes)"
         else:
             verdict = "equals the series" if proof["identical"] else "differs"
-        lines.append(f"  {verdict}: {proof['summary']}")
+        lines.append(f"  {verdict}: {proof['summary']} ({info['proof']} proof)")
     if uncommitted:
         more = f" and {len(uncommitted) - 5} more" if len(uncommitted) > 5 else ""
         lines.append(f"  uncommitted: {', '.join(uncommitted[:5])}{more}")

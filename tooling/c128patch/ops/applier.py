@@ -26,6 +26,7 @@ from pathlib import Path
 from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.git import Git, environment_problem
 from c128patch.jsonio import write_json_atomic
+from c128patch.ops import proofs
 from c128patch.ops.equivalence import prove
 from c128patch.ops.faults import fault_point
 from c128patch.ops.treestate import (
@@ -335,6 +336,9 @@ class Apply:
                                   f"{proof.summary()}",
                                   hint=f"{shown}\n  {journal.branch} is kept as it is for inspection\n"
                                        f"  undo: {self._undo_finished(journal)}", report=result.to_json())
+        if proof.identical:  # recorded for `status` (identical whatever edits a caller accepts)
+            key = proofs.proof_key(git, series, journal.rev, journal.upstream_commit, result.head)
+            proofs.record(self.path.parent, key, result.equivalence)
         return result
 
     def _begin(self, journal: ApplyJournal, paths: list[str]) -> None:

@@ -1,36 +1,27 @@
-"""``status``: the series applied to a tree, its upstream, the drift since, whether HEAD equals a fresh apply
-(``ops.equivalence``), an apply or rebase running or stopped (with resume/undo) and the recovery refs."""
+"""``status``: the series applied to a tree, its upstream, the drift since, whether HEAD equals a fresh apply, an
+apply or rebase running or stopped (with resume/undo) and the recovery refs, read fresh each time; but the proof is
+read from its record (``ops.proofs``) while its key holds, else (or ``prove_again``) made again and recorded."""
 
 from __future__ import annotations
 
 import hashlib
 import shlex
 from dataclasses import asdict
+from pathlib import Path
 
 from c128patch.git import Git
-from c128patch.ops.applier import RECOVERY_PREFIX, ApplyJournal
-from c128patch.ops.equivalence import prove
-from c128patch.ops.rebase import Journal
-from c128patch.ops.treestate import (
-    apply_commands,
-    apply_journal,
-    changed_paths,
-    git_path,
-    rebase_command,
-    rebase_journal,
-    running,
-)
-from c128patch.series import provenance
+from c128patch.ops import proofs
+from c128patch.ops.treestate import apply_commands, changed_paths, git_paths, rebase_command, running
 from c128patch.series.manifest import Series
-from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
-from c128patch.upstream.source import Target
+from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, read_provenance
+
+RECOVERY_PREFIX = "refs/c128patch/recovery"  # applier's (a test keeps them one): importing applier is not light
 
 
-def rebase_status(git: Git) -> dict | None:
-    """Where a c128patch rebase in progress stands (None when there is none)."""
-    path = rebase_journal(git)
-    if not path.is_file():
-        return None
+def rebase_status(git: Git, path: Path) -> dict:
+    """Where the c128patch rebase whose journal is ``path`` stands."""
+    from c128patch.ops.rebase_journal import Journal  # only when one is in progress: status stays light
+
     j = Journal.load(path, git)
     return {"onto": j.onto_rev, "from": j.old_rev, "done": j.pos, "total": len(j.steps),
             "current_entry": j.steps[j.pos].name if j.pos < len(j.steps) else None, "paused": j.paused,
@@ -38,11 +29,10 @@ def rebase_status(git: Git) -> dict | None:
             "skip": rebase_command(git.cwd, "skip"), "undo": rebase_command(git.cwd, "abort")}
 
 
-def apply_status(git: Git) -> dict | None:
-    """Where a c128patch apply that stopped (or is running) stands (None when there is none)."""
-    path = apply_journal(git)
-    if not path.is_file():
-        return None
+def apply_status(git: Git, path: Path) -> dict:
+    """Where the c128patch apply (stopped, or running) whose journal is ``path`` stands."""
+    from c128patch.ops.applier import ApplyJournal
+
     j = ApplyJournal.load(git, path)
     resume, undo = apply_commands(git.cwd)
     nxt = j.names[j.done] if j.done < j.total else None
@@ -55,13 +45,6 @@ def apply_status(git: Git) -> dict | None:
             "summary": f"an apply {how} after entry {j.done} of {j.total}{where}"
                        + (f"; next: {nxt}" if nxt and j.phase == "entries" else ""),
             "resume": resume, "undo": undo}
-
-
-def recovery_refs(git: Git) -> list[dict]:
-    """Every recovery ref (HEAD before an apply or rebase), newest first."""
-    fmt = "%(refname)%00%(objectname)%00%(contents:subject)"
-    return [dict(zip(("ref", "commit", "subject"), line.split("\0")))
-            for line in git.out("for-each-ref", "--sort=-refname", f"--format={fmt}", RECOVERY_PREFIX).splitlines()]
 
 
 def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
@@ -84,45 +67,52 @@ def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
     return drift
 
 
-def tree_status(git: Git, series: Series | None = None) -> dict:
+def _proof(git: Git, series: Series, state: Path, key: dict[str, str], prove_again: bool) -> dict:
+    """``equivalence`` (HEAD against ``series`` on the upstream ``key`` names) and ``proof``: "recorded", or
+    "computed" (and recorded); nothing when the upstream commit is not in the repository."""
+    proof = None if prove_again else proofs.recorded(state, key)
+    if proof is None and key["upstream"] and git.rev_parse(key["upstream"]):
+        from c128patch.ops.equivalence import prove  # the replay: only on a miss
+
+        proof = prove(series, git, key["rev"], key["upstream"], key["head"]).to_json()
+        proofs.record(state, key, proof)
+        return {"equivalence": proof, "proof": "computed"}
+    return {"equivalence": proof, "proof": "recorded"} if proof else {}
+
+
+def tree_status(git: Git, series: Series | None = None, prove_again: bool = False) -> dict:
     """What ``status`` reports of the tree in ``git`` (with ``series``: whether it equals a fresh apply)."""
-    tree, lock = git.cwd, git_path(git, "index.lock")
-    rebase, apply, holder = rebase_status(git), apply_status(git), running(git)
-    common = {
+    tree = git.cwd
+    lock, state = git_paths(git, ["index.lock", "c128patch"])
+    rebase = rebase_status(git, state / "rebase.json") if (state / "rebase.json").is_file() else None
+    apply = apply_status(git, state / "apply.json") if (state / "apply.json").is_file() else None
+    holder = running(git)
+    refs = git.out("for-each-ref", "--sort=-refname", "--format=%(refname)%00%(objectname)%00%(contents:subject)",
+                   RECOVERY_PREFIX).splitlines()  # HEAD before an apply or rebase, newest first
+    out = {
         "index_lock": {"path": str(lock), "c128patch_running": holder is not None,  # left by a killed run
                        "clear": shlex.join(["rm", "-f", str(lock)])} if lock.exists() else None,
-        "tree": str(tree),
-        "branch": git.current_branch(),
-        "running": asdict(holder) if holder else None,
-        "apply_in_progress": apply is not None,
-        "apply": apply,
-        "rebase_in_progress": rebase is not None,
-        "rebase": rebase,
-        "recovery_refs": recovery_refs(git),
-        "uncommitted": changed_paths(git),  # not on the branch: the proof below covers HEAD
-        "equals_series": False,
+        "tree": str(tree), "branch": git.current_branch(), "running": asdict(holder) if holder else None,
+        "apply_in_progress": apply is not None, "apply": apply, "rebase_in_progress": rebase is not None,
+        "rebase": rebase, "recovery_refs": [dict(zip(("ref", "commit", "subject"), ref.split("\0"))) for ref in refs],
+        "uncommitted": changed_paths(git),  # not on the branch: the proof covers HEAD
+        "equals_series": False, "entries": [], "drift": [],
     }
-    if (rebase is not None or apply is not None or holder is not None) and not (tree / PROVENANCE_PATH).is_file():
-        return {**common, "entries": [], "drift": []}
+    if (rebase or apply or holder) and not (tree / PROVENANCE_PATH).is_file():
+        return out
     record = read_provenance(tree)
     prov_commit = git.out("log", "-1", "--format=%H", "--", PROVENANCE_PATH)
     entries = record.get("entries", [])
-    drift = _drift(git, prov_commit, entries)
-    out = {
-        **common,
-        **{key: record.get(key, {}) for key in ("series", "upstream", "tool")},
-        "layers": record.get("layers", []),
-        "entries": [{"name": e["name"], "kind": e["kind"], "applied": e.get("applied", "")} for e in entries],
-        "provenance_commit": prov_commit,
-        "commits_since": git.count(f"{prov_commit}..HEAD") if prov_commit else 0,
-        "drift": drift,
-    }
+    out.update({key: record.get(key, {}) for key in ("series", "upstream", "tool")})
+    out.update(layers=record.get("layers", []), provenance_commit=prov_commit, drift=_drift(git, prov_commit, entries),
+               entries=[{"name": e["name"], "kind": e["kind"], "applied": e.get("applied", "")} for e in entries],
+               commits_since=git.count(f"{prov_commit}..HEAD") if prov_commit else 0)
     if series is not None:
-        out["series_current"] = {"version": series.version, "digest": series.digest(),
-                                 "up_to_date": provenance.applied_digest(record) == series.digest()}
-        target = Target.from_json(record.get("upstream", {}))  # the upstream the record says it was applied to
-        if target.commit and git.rev_parse(target.commit):
-            proof = prove(series, git, target.rev or target.commit[:12], target.commit)
-            out["equivalence"] = proof.to_json()
-            out["equals_series"] = proof.identical and not out["uncommitted"] and not drift
+        commit = str(out["upstream"].get("commit") or "")
+        key = proofs.proof_key(git, series, str(out["upstream"].get("rev") or "") or commit[:12], commit)
+        out["series_current"] = {"version": series.version, "digest": key["digest"],
+                                 "up_to_date": applied_digest(record) == key["digest"]}
+        out.update(_proof(git, series, state, key, prove_again))
+        identical = out.get("equivalence", {}).get("identical") is True
+        out["equals_series"] = identical and not out["uncommitted"] and not out["drift"]
     return out

@@ -1,0 +1,48 @@
+"""A tree's proof (``ops.equivalence``) recorded in its git dir (``c128patch/proof.json``) by ``apply`` and ``status``,
+under a key of all it depends on. The user can forge it (it is in .git), but a record whose key differs in any
+field (another HEAD, series, upstream or tool version) is never read, and one that does not parse is a miss."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from c128patch import __version__
+from c128patch.git import Git
+from c128patch.jsonio import write_json_atomic
+from c128patch.series.manifest import Series
+
+PROOF = "proof.json"  # in the c128patch state dir (``treestate.c128_state_dir``), beside layers.json
+
+
+def proof_key(git: Git, series: Series, rev: str, commit: str, head: str = "HEAD") -> dict[str, str]:
+    """What a proof of ``head`` against ``series`` on upstream ``commit`` depends on: the series by its digest and
+    by what a replay reads beside it (each part's manifest and ledger files)."""
+    h = hashlib.sha256()
+    for part in (series.ours, *series.layers):
+        for path in [part.manifest_path, *sorted((part.patches_dir / "resolutions").rglob("*"))]:
+            if path.is_file():
+                h.update(f"\0{path.relative_to(part.root)}\0".encode() + path.read_bytes())
+    head_commit, tree = git.out("rev-parse", head, f"{head}^{{tree}}").split()
+    return {"head": head_commit, "tree": tree, "digest": series.digest(), "manifests_and_ledgers": h.hexdigest(),
+            "upstream": commit, "rev": rev, "tool": __version__}
+
+
+def recorded(state: Path, key: dict[str, str]) -> dict | None:
+    """The proof recorded under ``key`` in the state dir ``state`` (None: none, another key's, or unreadable)."""
+    try:
+        data = json.loads((state / PROOF).read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    proof = data.get("equivalence") if isinstance(data, dict) and data.get("key") == key else None
+    ok = isinstance(proof, dict) and isinstance(proof.get("identical"), bool) and isinstance(proof.get("summary"), str)
+    return proof if ok else None
+
+
+def record(state: Path, key: dict[str, str], equivalence: dict) -> None:
+    """Record a proof; where it cannot be written (a read-only .git) the next status proves again."""
+    try:
+        write_json_atomic(state / PROOF, {"key": key, "equivalence": equivalence})
+    except OSError:
+        pass
