@@ -65,10 +65,9 @@ def exit_unless(ok: bool) -> None:
 def locate_tree(tree: Path | None) -> Path:
     """The tree ``status``/``rebase``/``refresh``/``smoke`` work on: ``--tree``; else the repository here when
     c128patch applied (or is rebasing) in it; else ``./sglang`` (apply's); else the repository here."""
-    from c128patch.git import Git, is_work_tree, toplevel
+    from c128patch.git import Git, is_work_tree, refuse_git_dir, toplevel
     from c128patch.ops.treestate import c128_state_dir
     from c128patch.series.provenance import PROVENANCE_PATH
-    from c128patch.upstream.source import refuse_git_dir
 
     if tree is not None:
         refuse_git_dir(tree)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from c128patch.errors import C128Error, ConflictError, Interrupted
-from c128patch.git import Git, is_work_tree
+from c128patch.git import Git, is_work_tree, refuse_git_dir
 from c128patch.ops.applier import Apply, ApplyJournal, ApplyResult, already_applied
 from c128patch.ops.check import support_note
 from c128patch.ops.layer import remember_layers
@@ -23,7 +23,7 @@ from c128patch.series.manifest import Series
 from c128patch.series.plan import check_paths_at, plan
 from c128patch.series.provenance import PROVENANCE_PATH, record_problem
 from c128patch.upstream import DEFAULT_TREE
-from c128patch.upstream.source import Target, discard_fresh_tree, open_upstream, prepare_tree, refuse_git_dir
+from c128patch.upstream.source import Target, discard_fresh_tree, open_upstream, prepare_tree
 
 
 def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None = None, branch: str | None = None,

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from c128patch.errors import C128Error
-from c128patch.git import Git, GitError, is_git_dir_name, is_work_tree
+from c128patch.git import Git, GitError, is_work_tree, refuse_git_dir
 from c128patch.progress import NullReporter, Reporter, console
 from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, cache_dir, locked, release_version
@@ -155,21 +155,6 @@ def _network(git: Git, url: str, *args: str, check: bool = True) -> None:
         raise C128Error(f"cannot {args[0]} {url}: no answer within {limit:g} s (a server that does not answer; "
                         f"set {NET_TIMEOUT_ENV} to wait longer)") from None
 
-
-def refuse_git_dir(tree: Path, option: str = "--tree") -> None:
-    """Refuse, before anything is written, a tree inside a git dir (``R/.git/new``, a bare repository:
-    git's own files) or one that looks like an option (``--tree=--bare``: git would read it as one)."""
-    if str(tree).startswith("-"):
-        raise C128Error(f"{option} {tree} looks like an option, not a folder; for a folder of that name pass ./{tree}")
-    absolute = tree.absolute()
-    probe = absolute
-    while not probe.is_dir() and probe.parent != probe:
-        probe = probe.parent
-    inside = any(is_git_dir_name(p) for p in absolute.parts) or \
-        Git(worktree=probe).out("rev-parse", "--is-inside-git-dir", check=False) == "true"
-    if inside:
-        raise C128Error(f"{option} {tree} is inside a git dir (git's own files, not a work tree); pass the work "
-                        "tree itself or a new folder outside any .git")
 
 
 def discard_fresh_tree(tree: Path, existed: bool) -> None:
