@@ -204,10 +204,10 @@ def test_budget_interval_edges_are_exact() -> None:
     inp = pro(max_running_requests=48)
     target = cap.compute(inp).off.full_tokens
     lo, hi = cap.budget_interval(inp, target, online=False)
-    assert cap.compute(cap.with_budget(inp, lo)).off.full_tokens == target
-    assert cap.compute(cap.with_budget(inp, hi - 1)).off.full_tokens == target
-    assert cap.compute(cap.with_budget(inp, lo - 1)).off.full_tokens == target - 256
-    assert cap.compute(cap.with_budget(inp, hi)).off.full_tokens == target + 256
+    assert cap.compute(replace(inp, budget_bytes=lo)).off.full_tokens == target
+    assert cap.compute(replace(inp, budget_bytes=hi - 1)).off.full_tokens == target
+    assert cap.compute(replace(inp, budget_bytes=lo - 1)).off.full_tokens == target - 256
+    assert cap.compute(replace(inp, budget_bytes=hi)).off.full_tokens == target + 256
 
 
 # ---- defaults: DSPARK's 48 vs the DSV4 target's 256 --------------------------------

@@ -17,7 +17,7 @@ import pytest
 
 from c128patch.errors import C128Error
 from c128patch.evidence import staging
-from c128patch.evidence.keys import EvidenceKey, key_for, key_from_provenance, sources_id
+from c128patch.evidence.keys import EvidenceKey, key_for, key_from_provenance, series_hash
 from c128patch.evidence.matrix import build_matrix, release_note, verification_note
 from c128patch.evidence.results import KINDS, load_results, summarize, write_result
 from c128patch.git import Git
@@ -69,7 +69,8 @@ def test_key_is_the_keyed_sources_and_the_hash_of_the_files_the_rev_plans(histor
             == "blob " + history.out("rev-parse", "v0.5.20:python/sglang/srt/environ.py"))
     touched = {p for e in real_series.entries for p in ([e.target] if not e.is_patch else [])}
     assert touched <= set(files) and all(files[t] == "absent" for t in touched)  # overlay targets: absent upstream
-    assert key.sources == sources_id(key.files) and key != key_for(real_series, history, history.rev_parse("v0.5.23"))
+    assert key.sources == series_hash(sorted(key.files))
+    assert key != key_for(real_series, history, history.rev_parse("v0.5.23"))
 
 
 def test_committed_results_are_keyed_by_content_and_equal_the_staged_trees_keys(staged: Path):
@@ -287,7 +288,7 @@ def test_matrix_names_the_files_that_differ_from_the_nearest_evidenced_release(r
     files = dict(key.files)
     files["python/sglang/srt/environ.py"] = "blob " + "1" * 40
     files["python/sglang/kernels"] = "tree " + history.out("rev-parse", "v0.5.20:python/sglang/kernels")
-    other = replace(key, sources=sources_id(tuple(files.items())), files=tuple(sorted(files.items())))
+    other = replace(key, sources=series_hash(sorted(files.items())), files=tuple(sorted(files.items())))
     write_result(results, "v0.5.21", "suite", _result(other, True))
     row = _row(real_series, history, results)
     changed = history.out("diff-tree", "-r", "--name-only", "v0.5.20:python/sglang/kernels",
@@ -562,8 +563,8 @@ def test_dry_run_goes_from_stage_to_bundle_to_collected_files(tmp_path: Path):
 @pytest.mark.parametrize("rev", RELEASES)
 def test_every_release_stages(history: Git, real_series, rev: str, tmp_path: Path):
     staged = staging.stage_release(real_series, history, rev, tmp_path, SUITE)
-    assert set(staged.trees) == {"patched", "upstream"} and staged.trees["patched"].key is not None
-    assert history.rev_parse(rev) == staged.commit
+    assert set(staged["trees"]) == {"patched", "upstream"} and staged["trees"]["patched"]["key"] is not None
+    assert history.rev_parse(rev) == staged["commit"]
 
 
 def test_jobs_share_no_jit_cache_and_split_the_cores():

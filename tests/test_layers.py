@@ -24,7 +24,7 @@ from c128patch.git import Git
 from c128patch.ops.refresh import format_patch, refresh_command
 from c128patch.series.layers import CONFIG, ENV, find_layers, stack
 from c128patch.series.manifest import load_series
-from c128patch.wheel.sbom import layer_properties
+from c128patch.wheel.sbom import LAYER_PREFIX, indexed_properties
 from c128patch.wheel.tools import InWheel
 from support import RELEASES, REPO_ROOT, copy_series, invoke, refused, run_printed, small_clone, snapshot
 
@@ -328,7 +328,8 @@ def test_the_wheel_label_provenance_and_sbom_carry_the_layer(example_path, rev):
     assert record["layers"] == [{"name": "acme", "version": "3", "base": "v0.5.23", "digest": layer.digest(),
                                  "entries": ["acme/acme-sps-env", "acme/acme-sps-floor-helper", "acme/acme-sps-floor"]}]
     assert record["series"]["digest"] == ours
-    assert layer_properties(sbom) == [{"name": "acme", "version": "3", "base": "v0.5.23", "digest": layer.digest()}]
+    assert indexed_properties(sbom, LAYER_PREFIX) == [{"name": "acme", "version": "3", "base": "v0.5.23",
+                                                       "digest": layer.digest()}]
     assert "+ layer acme 3" in sbom["metadata"]["component"]["description"]
 
 

@@ -27,7 +27,7 @@ from c128patch.series.manifest import load_series, sha256_file
 from c128patch.upstream.releases import wheel_for, wheel_timestamp
 from c128patch.wheel.patch import patch_wheel
 from c128patch.wheel.rules import refusal
-from c128patch.wheel.sbom import PatchEntry, diff_bytes, entry_properties, purl_pypi
+from c128patch.wheel.sbom import PROPERTY_PREFIX, PatchEntry, diff_bytes, indexed_properties, purl_pypi
 from c128patch.wheel.tools import InWheel, check_record
 from c128patch.wheel.verify import verify_wheel
 from support import invoke, make_test_series
@@ -183,7 +183,7 @@ def test_sbom_pedigree(patched, upstream_wheel: Path, wheel_series: Path):
     assert [p["type"] for p in patches] == ["unofficial", "unofficial"]
     assert patches[0]["diff"]["text"]["content"] == (wheel_series / "patches" / "0001-test.patch").read_text()
     assert "+++ b/python/sglang/c128_test_overlay.py" in patches[1]["diff"]["text"]["content"]
-    rows = entry_properties(doc)
+    rows = indexed_properties(doc, PROPERTY_PREFIX)
     assert [r["name"] for r in rows] == [e.name for e in series.entries]  # series order kept
     assert rows[0] == {"name": "test-patch", "kind": "patch", "gate": "none", "upstream": "", "upstream_status": "",
                        "file": "0001-test.patch", "sha256": series.entries[0].sha256}

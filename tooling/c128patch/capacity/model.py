@@ -11,6 +11,7 @@ July 2026 base: a flat 584-byte cell, c4 state priced per ``window_size`` rows).
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal, Optional
@@ -211,23 +212,6 @@ def ring_size(inp: CapacityInputs, compress_ratio: int, online: bool) -> int:
     return 8 if compress_ratio == 4 else 128
 
 
-def check_ring_serves_draft_tokens(inp: CapacityInputs, online: bool) -> None:
-    """pool_configurator.py:1291-1307 with deepseek_v4_memory_pool.py:118-123."""
-    if not inp.speculative:
-        return
-    for ratio in (4, 128):
-        if inp.layout.count(ratio) == 0 or (ratio == 128 and online):
-            continue
-        ring = ring_size(inp, ratio, online)
-        window = ratio * (2 if ratio == 4 else 1)
-        pad = ring - window + 2 if ring > window else 0
-        if inp.draft_tokens > pad:
-            raise ValueError(
-                f"{inp.draft_tokens} draft tokens exceed what the c{ratio} ring of "
-                f"{ring} rows serves ({pad}); upstream refuses to start"
-            )
-
-
 def bytes_per_swa_token(inp: CapacityInputs) -> float:
     """pool_configurator.py:1372-1388: every layer's SWA KV plus the c4 state, addressed per SWA page."""
     dt = _STATE_DTYPE_BYTES[inp.state_dtype]  # :136-145
@@ -235,8 +219,7 @@ def bytes_per_swa_token(inp: CapacityInputs) -> float:
     c4_indexer_state_bytes = 2 * 2 * INDEX_HEAD_DIM * dt  # :1381
     c4_state_ratio = ring_size(inp, 4, False) / inp.page_size  # :1383
     return kv_bytes_per_token(inp) * inp.layout.num_layers + (  # :1384-1388
-        c4_state_ratio * (c4_state_bytes + c4_indexer_state_bytes) * inp.layout.num_c4
-    )
+        c4_state_ratio * (c4_state_bytes + c4_indexer_state_bytes) * inp.layout.num_c4)
 
 
 def spec_inflation(inp: CapacityInputs) -> float:
@@ -246,18 +229,15 @@ def spec_inflation(inp: CapacityInputs) -> float:
     return (inp.layout.num_layers + 1) / inp.layout.num_layers
 
 
-def _bytes_per_full_token_0523(inp: CapacityInputs) -> float:
-    """pool_configurator.py:1437-1446 with :1390-1404 per compressed layer."""
-    c4 = 0.25 * kv_bytes_per_token(inp, 4) + 1 / 4 * INDEXER_BYTES_PER_TOKEN  # :1397-1402
-    c128 = 1 / 128 * kv_bytes_per_token(inp, 128)  # :1404
-    # collect_sources_by_ratio (deepseek_v4_memory_pool.py:94-115) orders 4 before 128.
-    per_ratio = {4: c4 * inp.layout.num_c4, 128: c128 * inp.layout.num_c128}
-    compressed = sum(v for r, v in per_ratio.items() if inp.layout.count(r))
-    return inp.swa_full_tokens_ratio * bytes_per_swa_token(inp) + compressed
-
-
-def _bytes_per_full_token_0520(inp: CapacityInputs) -> float:
-    """0.5.20 pool_configurator.py:1110-1163 (one sum, in upstream's order)."""
+def bytes_per_full_token(inp: CapacityInputs) -> float:
+    """b: the divisor of the budget, inflated for the draft worker when speculative (``spec_inflation``)."""
+    if inp.formula != "0.5.20":  # pool_configurator.py:1437-1446 with :1390-1404 per compressed layer
+        c4 = 0.25 * kv_bytes_per_token(inp, 4) + 1 / 4 * INDEXER_BYTES_PER_TOKEN  # :1397-1402
+        c128 = 1 / 128 * kv_bytes_per_token(inp, 128)  # :1404
+        # collect_sources_by_ratio (deepseek_v4_memory_pool.py:94-115) orders 4 before 128.
+        compressed = c4 * inp.layout.num_c4 + c128 * inp.layout.num_c128
+        return (inp.swa_full_tokens_ratio * bytes_per_swa_token(inp) + compressed) * spec_inflation(inp)
+    # 0.5.20 pool_configurator.py:1110-1163 (one sum, in upstream's order)
     kv = kv_bytes_per_token(inp)
     dt = _STATE_DTYPE_BYTES[inp.state_dtype]
     c4_state_bytes = 2 * 2 * ATTN_HEAD_DIM * dt  # :1119
@@ -273,15 +253,7 @@ def _bytes_per_full_token_0520(inp: CapacityInputs) -> float:
         + r * c4_state_ratio * c4_state_bytes * L4
         + 0 * L128  # c128 state is fixed bytes, not per token (:1133)
         + r * c4_state_ratio * c4_indexer_state_bytes * L4
-    )
-
-
-def bytes_per_full_token(inp: CapacityInputs) -> float:
-    """b: the divisor of the budget, inflated for the draft worker when speculative."""
-    base = _bytes_per_full_token_0520(inp) if inp.formula == "0.5.20" else _bytes_per_full_token_0523(inp)
-    if inp.speculative:
-        base *= spec_inflation(inp)
-    return base
+    ) * spec_inflation(inp)
 
 
 # ---- fixed (request-scoped) bytes ---------------------------------------------------
@@ -301,8 +273,6 @@ def c128_state_rows(inp: CapacityInputs, max_running_requests: int, online: bool
 
 def c128_state_fixed_bytes(inp: CapacityInputs, max_running_requests: int, online: bool) -> int:
     """pool_configurator.py:1509-1528: rows x (3H online :1521, 2H offline :1526) x dtype x c128 layers."""
-    if inp.layout.num_c128 == 0:
-        return 0
     last_dim = (3 if online else 2) * ATTN_HEAD_DIM
     rows = c128_state_rows(inp, max_running_requests, online)
     return rows * last_dim * _STATE_DTYPE_BYTES[inp.state_dtype] * inp.layout.num_c128
@@ -322,9 +292,7 @@ def resolve_max_running_requests(inp: CapacityInputs, b: float) -> tuple[int, st
     return min(estimated, full_token // 2), "estimated (clamp(full/context*512, 2048, 4096), <= full/2)"
 
 
-def full_tokens(
-    budget_bytes: int, fixed_bytes: int, b: float, page_size: int, recheck: bool = True
-) -> int:
+def full_tokens(budget_bytes: int, fixed_bytes: int, b: float, page_size: int, recheck: bool = True) -> int:
     """max_total_num_tokens (pool_configurator.py:1667-1677) floored to pages (:1464); ``recheck``: 0.5.23's
     reserved-page loop, 0 bytes for ratios 4/128 (:1406-1435) but kept for its float edge."""
     avail = max(budget_bytes - fixed_bytes, 0)
@@ -376,24 +344,26 @@ class CapacityResult:
         return self.off.c128_fixed_bytes - self.on.c128_fixed_bytes
 
     def to_dict(self) -> dict:
-        inp, lt = asdict(self.inputs), self.inputs.layout
-        inp["layout"] = {"name": lt.name, "num_layers": lt.num_layers, "num_c4": lt.num_c4, "num_c128": lt.num_c128,
-                         "context_len": lt.context_len, "source": lt.source,
-                         "compress_ratios": list(lt.compress_ratios)}
-        return {
-            "inputs": inp, "bytes_per_full_token": self.bytes_per_full_token,
-            "bytes_per_swa_token": self.bytes_per_swa_token,
-            "max_running_requests_per_worker": self.max_running_requests_per_worker,
-            "max_running_requests_source": self.max_running_requests_source,
-            "dspark_default_max_running_requests": DSPARK_DEFAULT_MAX_RUNNING_REQUESTS,
-            "dsv4_default_max_running_requests": DSV4_DEFAULT_MAX_RUNNING_REQUESTS, "draft_banks": self.draft_banks,
-            "off": asdict(self.off), "on": asdict(self.on), "delta_tokens": self.delta_tokens,
-            "delta_fixed_bytes": self.delta_fixed_bytes, "notes": list(self.notes),
-        }
+        out, lt = asdict(self), self.inputs.layout
+        out["inputs"]["layout"] |= {"num_layers": lt.num_layers, "num_c4": lt.num_c4, "num_c128": lt.num_c128,
+                                    "compress_ratios": list(lt.compress_ratios)}
+        return {**out, "notes": list(self.notes), "delta_tokens": self.delta_tokens,
+                "delta_fixed_bytes": self.delta_fixed_bytes,
+                "dspark_default_max_running_requests": DSPARK_DEFAULT_MAX_RUNNING_REQUESTS,
+                "dsv4_default_max_running_requests": DSV4_DEFAULT_MAX_RUNNING_REQUESTS}
 
 
 def _mode(inp: CapacityInputs, b: float, r: int, online: bool) -> ModeResult:
-    check_ring_serves_draft_tokens(inp, online)
+    # Can each ring serve the draft tokens? pool_configurator.py:1291-1307, deepseek_v4_memory_pool.py:118-123
+    for ratio in (4, 128) if inp.speculative else ():
+        if inp.layout.count(ratio) == 0 or (ratio == 128 and online):
+            continue
+        ring = ring_size(inp, ratio, online)
+        window = ratio * (2 if ratio == 4 else 1)
+        pad = ring - window + 2 if ring > window else 0
+        if inp.draft_tokens > pad:
+            raise ValueError(f"{inp.draft_tokens} draft tokens exceed what the c{ratio} ring of {ring} rows serves "
+                             f"({pad}); upstream refuses to start")
     fixed = c128_state_fixed_bytes(inp, r, online)
     # Other fixed terms (c2 state, unified SWA ring, unified c4 state, encoder-replay
     # windows, cap-mode SWA; :1648-1666) are 0 for the modelled pool.
@@ -402,8 +372,8 @@ def _mode(inp: CapacityInputs, b: float, r: int, online: bool) -> ModeResult:
     rows = c128_state_rows(inp, r, online) if inp.layout.num_c128 else 0
     refusal = None  # where upstream raises: validate_swa_pool_size (:198-216), Not enough memory (:94-100)
     if WINDOW_SIZE + inp.page_size >= swa:
-        refusal = (f"SWA pool of {swa} tokens cannot hold one request (needs more than "
-                   f"window {WINDOW_SIZE} + page {inp.page_size}); upstream refuses to start")
+        refusal = (f"SWA pool of {swa} tokens cannot hold one request (needs more than window {WINDOW_SIZE} + page "
+                   f"{inp.page_size}); upstream refuses to start")
     elif full <= 0:
         refusal = "no full tokens left; upstream refuses to start (Not enough memory)"
     return ModeResult(online, ring_size(inp, 128, online), rows, fixed, full, swa, full // 4, full // 128,  # :1492-1493
@@ -416,24 +386,16 @@ def compute(inp: CapacityInputs) -> CapacityResult:
     r, source = resolve_max_running_requests(inp, b)
     notes = []
     if inp.speculative:
-        notes.append(
-            "online + speculation sizes 1+W state banks per c128 layer, as upstream's "
-            "EAGLE MTP path does (SGLANG_EXPERIMENTAL_ONLINE_C128_MTP); upstream refuses "
-            "DSPARK + online at startup (pool_configurator.py:1259-1285) until the PR lands"
-        )
+        notes.append("online + speculation sizes 1+W state banks per c128 layer, as upstream's EAGLE MTP path does "
+                     "(SGLANG_EXPERIMENTAL_ONLINE_C128_MTP); upstream refuses DSPARK + online at startup "
+                     "(pool_configurator.py:1259-1285) until the PR lands")
     if inp.max_running_requests is None:
-        notes.append(
-            "R came from the configurator's estimate path, which upstream takes only "
-            "when nothing filled --max-running-requests; for a DSV4 target the DSV4 "
-            f"hook fills {DSV4_DEFAULT_MAX_RUNNING_REQUESTS}"
-        )
+        notes.append("R came from the configurator's estimate path, which upstream takes only when nothing filled "
+                     "--max-running-requests; for a DSV4 target the DSV4 hook fills "
+                     f"{DSV4_DEFAULT_MAX_RUNNING_REQUESTS}")
     swa = float("nan") if inp.formula == "0.5.20" else bytes_per_swa_token(inp)
     return CapacityResult(inp, b, swa, r, source, inp.draft_tokens, _mode(inp, b, r, online=False),
                           _mode(inp, b, r, online=True), tuple(notes))
-
-
-def with_budget(inp: CapacityInputs, budget_bytes: int) -> CapacityInputs:
-    return replace(inp, budget_bytes=budget_bytes)
 
 
 def budget_interval(inp: CapacityInputs, target_full_tokens: int, online: bool) -> tuple[int, int]:
@@ -445,24 +407,15 @@ def budget_interval(inp: CapacityInputs, target_full_tokens: int, online: bool) 
     b = bytes_per_full_token(inp)
     r, _ = resolve_max_running_requests(inp, b)
     fixed = c128_state_fixed_bytes(inp, r, online)
-    lo = math.floor(fixed + target_full_tokens * b) - 2
-    hi = math.ceil(fixed + (target_full_tokens + inp.page_size) * b) + 2
 
     def tokens(a: int) -> int:
         return full_tokens(a, fixed, b, inp.page_size, recheck=inp.formula == "0.5.23")
 
-    # Nudge the float estimate to the exact integer edges (monotone in the budget).
-    while tokens(lo) >= target_full_tokens:
-        lo -= 1
-    while tokens(lo) < target_full_tokens:
-        lo += 1
-    while tokens(hi) > target_full_tokens:
-        hi -= 1
-    while tokens(hi) <= target_full_tokens:
-        hi += 1
-    if tokens(lo) != target_full_tokens:
-        return (lo, lo)
-    return (lo, hi)
+    # The exact integer edges by bisection (tokens are monotone in the budget), up to a page above the estimate.
+    budgets = range(math.ceil(fixed + (target_full_tokens + 2 * inp.page_size) * b) + 2)
+    lo = bisect.bisect_left(budgets, target_full_tokens, key=tokens)
+    hi = bisect.bisect_right(budgets, target_full_tokens, key=tokens)
+    return (lo, hi) if tokens(lo) == target_full_tokens else (lo, lo)
 
 
 def gib(n: float) -> float:

@@ -132,11 +132,6 @@ def alternatives() -> list[Hypothesis]:
 
 def explain() -> dict:
     """The reconstruction and the alternatives, as plain data."""
-    main = fit(PR_HYPOTHESIS)
-    return {
-        "pr": PR_NUMBER,
-        "reported": {"off": PR_FULL_TOKENS_OFF, "on": PR_FULL_TOKENS_ON,
-                     "delta": PR_FULL_TOKENS_ON - PR_FULL_TOKENS_OFF},
-        "explanation": main.to_dict(),
-        "alternatives": [fit(h).to_dict() for h in alternatives()],
-    }
+    reported = {"off": PR_FULL_TOKENS_OFF, "on": PR_FULL_TOKENS_ON, "delta": PR_FULL_TOKENS_ON - PR_FULL_TOKENS_OFF}
+    return {"pr": PR_NUMBER, "reported": reported, "explanation": fit(PR_HYPOTHESIS).to_dict(),
+            "alternatives": [fit(h).to_dict() for h in alternatives()]}

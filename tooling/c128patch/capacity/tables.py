@@ -10,15 +10,6 @@ from rich.table import Table
 
 from c128patch.capacity import model as cap
 
-
-def _gib(n: float) -> str:
-    return f"{cap.gib(n):.3f}"
-
-
-def _tokens(mode: cap.ModeResult) -> str:
-    return f"{mode.full_tokens:,}" + (" (refused)" if mode.refusal else "")
-
-
 COLUMNS = ("model", "R", "W", "B/full token", "c128 state off GiB", "c128 state on GiB",
            "full tokens off", "full tokens on", "Δ tokens", "Δ %")
 
@@ -26,8 +17,9 @@ COLUMNS = ("model", "R", "W", "B/full token", "c128 state off GiB", "c128 state 
 def _cells(r: cap.CapacityResult) -> list[str]:
     pct = 100.0 * r.delta_tokens / r.off.full_tokens if r.off.full_tokens else float("inf")
     return [r.inputs.layout.name, str(r.max_running_requests_per_worker), str(r.draft_banks),
-            f"{r.bytes_per_full_token:,.1f}", _gib(r.off.c128_fixed_bytes), _gib(r.on.c128_fixed_bytes),
-            _tokens(r.off), _tokens(r.on), f"{r.delta_tokens:+,}", f"{pct:+.1f}"]
+            f"{r.bytes_per_full_token:,.1f}", *(f"{cap.gib(m.c128_fixed_bytes):.3f}" for m in (r.off, r.on)),
+            *(f"{m.full_tokens:,}" + (" (refused)" if m.refusal else "") for m in (r.off, r.on)),
+            f"{r.delta_tokens:+,}", f"{pct:+.1f}"]
 
 
 def render_table(results: list[cap.CapacityResult], title: str) -> Table:
@@ -63,9 +55,8 @@ def report_json(results: list[cap.CapacityResult], r_mode: str, explained: Optio
     """``capacity --json``."""
     out = {"budget_bytes": results[0].inputs.budget_bytes, "max_running_requests_mode": r_mode,
            "dspark_default_max_running_requests": cap.DSPARK_DEFAULT_MAX_RUNNING_REQUESTS,
-           "dsv4_default_max_running_requests": cap.DSV4_DEFAULT_MAX_RUNNING_REQUESTS,
-           "results": [res.to_dict() for res in results]}
-    return out | ({"pr_32035": explained} if explained else {})
+           "dsv4_default_max_running_requests": cap.DSV4_DEFAULT_MAX_RUNNING_REQUESTS}
+    return out | {"results": [res.to_dict() for res in results]} | ({"pr_32035": explained} if explained else {})
 
 
 def print_report(results: list[cap.CapacityResult], r_mode: str, explained: Optional[dict]) -> None:
@@ -80,13 +71,10 @@ def print_report(results: list[cap.CapacityResult], r_mode: str, explained: Opti
              f"{'DSPARK' if inp.speculative else 'no speculation'}")
     console.print(render_table(results, title))
     if r_mode == "auto":
-        console.print(
-            f"R = {cap.DSV4_DEFAULT_MAX_RUNNING_REQUESTS}: a DSV4 target with no "
-            f"--max-running-requests gets the DSV4 hook's {cap.DSV4_DEFAULT_MAX_RUNNING_REQUESTS}; "
-            f"DSPARK's own default ({cap.DSPARK_DEFAULT_MAX_RUNNING_REQUESTS}) only fills the field "
-            "when it is still unset, which it is not for DSV4. Use --max-running-requests dspark "
-            "to see R = 48."
-        )
+        dsv4 = cap.DSV4_DEFAULT_MAX_RUNNING_REQUESTS
+        console.print(f"R = {dsv4}: a DSV4 target with no --max-running-requests gets the DSV4 hook's {dsv4}; DSPARK's "
+                      f"own default ({cap.DSPARK_DEFAULT_MAX_RUNNING_REQUESTS}) only fills the field when it is still "
+                      "unset, which it is not for DSV4. Use --max-running-requests dspark to see R = 48.")
     for res in results:
         for mode in (res.off, res.on):
             if mode.refusal:

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
-from c128patch.series.manifest import Series, sha256_file
+from c128patch.series.manifest import ABSENT, Series, sha256_file
 from c128patch.series.plan import Planned, plan
 
 # What the kernel tier reads of a tree; the suite's tree_subset.py picks its files from these.
@@ -26,7 +26,6 @@ KERNEL_TIER_PATHS = ("python/sglang/__init__.py", "python/sglang/kernels", "pyth
                      "python/sglang/srt/layers/attention/deepseek_v4_backend.py",
                      "python/sglang/srt/model_executor/forward_batch_info.py",
                      "python/sglang/srt/speculative/ragged_verify.py")
-ABSENT = "absent"
 
 
 @dataclass(frozen=True)
@@ -36,10 +35,8 @@ class EvidenceKey:
     files: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # (path, "type oid" | absent)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"sources": self.sources, "series_hash": self.series_hash}
-        if self.files:
-            out["files"] = dict(self.files)
-        return out
+        files = {"files": dict(self.files)} if self.files else {}
+        return {"sources": self.sources, "series_hash": self.series_hash, **files}
 
     @classmethod
     def from_json(cls, data: Any) -> EvidenceKey | None:
@@ -49,9 +46,6 @@ class EvidenceKey:
         files = data.get("files") if isinstance(data.get("files"), dict) else {}
         return cls(str(data["sources"]), str(data["series_hash"]),
                    tuple(sorted((str(k), str(v)) for k, v in files.items())))
-
-    def short(self) -> str:
-        return f"{self.sources[:10]}/{self.series_hash[:10]}"
 
 
 def is_old_style(data: Any) -> bool:
@@ -88,13 +82,9 @@ def source_files(git: Git, commit: str, paths: Iterable[str]) -> tuple[tuple[str
     return tuple(sorted((p, ABSENT if line.endswith(" missing") else line) for p, line in zip(paths, lines)))
 
 
-def sources_id(files: Iterable[tuple[str, str]]) -> str:
-    """sha256 over (path, object id) pairs, sorted by path."""
-    return series_hash(sorted(files))
-
-
 def key_of(files: tuple[tuple[str, str], ...], series: str) -> EvidenceKey:
-    return EvidenceKey(sources_id(files), series, files)
+    """The key of ``files`` ((path, object id) pairs: their sha256, sorted by path) under ``series``."""
+    return EvidenceKey(series_hash(sorted(files)), series, files)
 
 
 def planned_key(git: Git, commit: str, planned: list[Planned]) -> EvidenceKey:

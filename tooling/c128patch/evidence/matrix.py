@@ -7,7 +7,7 @@ evidenced ones; elsewhere the files that differ from the nearest evidenced relea
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,18 +39,12 @@ class SourcesDiff:
         return (f"{n} file{'s' if n != 1 else ''} differ{'s' if n == 1 else ''} from {self.rev}'s evidenced sources: "
                 f"{names}")
 
-    def to_json(self) -> dict[str, Any]:
-        return {"rev": self.rev, "files": self.files}
-
 
 @dataclass(frozen=True)
 class Cell:
     state: State
     detail: str = ""
     path: str | None = None  # the result file, relative to the results folder
-
-    def to_json(self) -> dict[str, Any]:
-        return {"state": self.state, "detail": self.detail, "path": self.path}
 
 
 @dataclass
@@ -81,10 +75,9 @@ class ReleaseRow:
 
     def to_json(self) -> dict[str, Any]:
         return {"rev": self.rev, "commit": self.commit, "key": self.key.to_json() if self.key else None,
-                "applies": self.applies_summary, "entries": self.applies,
-                "cells": {k: c.to_json() for k, c in self.cells.items()},
-                "differs": self.differs.to_json() if self.differs else None,
-                "fully_verified": not self.missing(), "missing": self.missing()}
+                "applies": self.applies_summary, "entries": self.applies, "fully_verified": not self.missing(),
+                "cells": {k: asdict(c) for k, c in self.cells.items()}, "missing": self.missing(),
+                "differs": asdict(self.differs) if self.differs else None}
 
 
 def cell_for(results: list[Result], rev: str, kind: str, key: EvidenceKey | None, root: Path) -> Cell:
@@ -98,7 +91,7 @@ def cell_for(results: list[Result], rev: str, kind: str, key: EvidenceKey | None
     old = next((r for r in mine if r.rev == rev), None)
     if old is not None:
         why = ("old-style key (whole tree id): python ci/rekey_results.py" if is_old_style(old.data.get("key"))
-               else "no key" if old.key is None else f"key {old.key.short()}")
+               else "no key" if old.key is None else f"key {old.key.sources[:10]}/{old.key.series_hash[:10]}")
         return Cell("stale", f"{old.summary}; {why}", rel(old))
     return Cell("unverified")
 
@@ -115,24 +108,22 @@ def sources_diff(git: Git, results: list[Result], key: EvidenceKey | None, rev: 
     return SourcesDiff(best.rev, differing_files(git, differing(best.key.files, key.files), alternates))
 
 
-def release_row(series: Series, git: Git, rev: str, results: list[Result], root: Path) -> ReleaseRow:
-    commit = git.rev_parse(rev)
-    if commit is None:
-        raise C128Error(f"unknown upstream revision {rev!r}")
-    check = check_rev(series, git, rev, commit)
-    row = ReleaseRow(rev, commit, None, {e.name: e.status for e in check.entries}, check.error)
-    try:
-        row.key = key_for(series, git, commit)
-    except C128Error as exc:
-        row.apply_error = row.apply_error or exc.message
-    row.cells = {kind: cell_for(results, rev, kind, row.key, root) for kind in KINDS}
-    row.differs = sources_diff(git, results, row.key, rev)
-    return row
-
-
 def build_matrix(series: Series, git: Git, revs: list[str], root: Path) -> list[ReleaseRow]:
-    results = load_results(root)
-    return [release_row(series, git, rev, results, root) for rev in revs]
+    results, rows = load_results(root), []
+    for rev in revs:
+        commit = git.rev_parse(rev)
+        if commit is None:
+            raise C128Error(f"unknown upstream revision {rev!r}")
+        check = check_rev(series, git, rev, commit)
+        row = ReleaseRow(rev, commit, None, {e.name: e.status for e in check.entries}, check.error)
+        try:
+            row.key = key_for(series, git, commit)
+        except C128Error as exc:
+            row.apply_error = row.apply_error or exc.message
+        row.cells = {kind: cell_for(results, rev, kind, row.key, root) for kind in KINDS}
+        row.differs = sources_diff(git, results, row.key, rev)
+        rows.append(row)
+    return rows
 
 
 def matrix_for(series: Series, repo: str | None, revs: list[str], root: Path,

@@ -36,8 +36,7 @@ def results_root(series: Series) -> Path:
 
 
 def result_path(root: Path, rev: str, kind: str, label: str = "patched") -> Path:
-    folder = root / rev if label == "patched" else root / rev / label
-    return folder / f"{kind}.json"
+    return (root / rev if label == "patched" else root / rev / label) / f"{kind}.json"
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,12 @@ import json
 import shutil
 import tarfile
 import tempfile
-from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
 from typing import Any
 
 from c128patch.errors import C128Error
-from c128patch.evidence.keys import KERNEL_TIER_PATHS, EvidenceKey, key_from_provenance, planned_key
+from c128patch.evidence.keys import KERNEL_TIER_PATHS, key_from_provenance, planned_key
 from c128patch.git import Git
 from c128patch.ops.check import index_git, replay_in_index
 from c128patch.series import provenance
@@ -78,34 +77,9 @@ def export_series(repo: Git, rev: str, dest: Path) -> Series:
     return load_series(_extract(repo, rev, list(SERIES_PATHS), dest))
 
 
-@dataclass
-class StagedTree:
-    label: str  # patched | upstream | before
-    path: str  # relative to the stage folder
-    files: int
-    bytes: int
-    key: EvidenceKey | None = None  # patched and before trees
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": self.path, "files": self.files, "bytes": self.bytes}
-        if self.key is not None:
-            out["key"] = self.key.to_json()
-        return out
-
-
-@dataclass
-class StagedRelease:
-    rev: str
-    commit: str
-    trees: dict[str, StagedTree] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"rev": self.rev, "commit": self.commit, "trees": {k: t.to_json() for k, t in self.trees.items()}}
-
-
 def stage_release(series: Series, git: Git, rev: str, dest: Path, suite: Path, *,
-                  before: Series | None = None, before_label: str = "before") -> StagedRelease:
-    """Stage one release under ``dest/<rev>`` (see the module docstring)."""
+                  before: Series | None = None) -> dict[str, Any]:
+    """Stage one release under ``dest/<rev>`` (see the module docstring); returns its manifest entry."""
     commit = git.rev_parse(rev)  # patched_sources refuses an unknown one first
     with tempfile.TemporaryDirectory(prefix="c128stage-") as tmp:
         work = Path(tmp)
@@ -113,14 +87,14 @@ def stage_release(series: Series, git: Git, rev: str, dest: Path, suite: Path, *
         present = git.out("ls-tree", "--name-only", str(commit), "--", *KERNEL_TIER_PATHS).split()
         trees = {"patched": patched, "upstream": _extract(git, str(commit), present, work / "upstream", "python/")}
         if before is not None:
-            trees[before_label] = patched_sources(before, git, rev, work / before_label)
+            trees["before"] = patched_sources(before, git, rev, work / "before")
         sizes = stage_subsets(suite, trees, dest / rev)
-    staged = StagedRelease(rev, commit)
+    staged: dict[str, Any] = {"rev": rev, "commit": commit, "trees": {}}
     for label, info in sizes.items():
         record_path = dest / rev / label / Path(provenance.PROVENANCE_PATH).relative_to("python")
-        record = json.loads(record_path.read_text()) if record_path.is_file() else None
-        staged.trees[label] = StagedTree(label, f"{rev}/{label}", info["files"], info["bytes"],
-                                         key_from_provenance(record))
+        key = key_from_provenance(json.loads(record_path.read_text()) if record_path.is_file() else None)
+        staged["trees"][label] = {"path": f"{rev}/{label}", "files": info["files"], "bytes": info["bytes"],
+                                  **({"key": key.to_json()} if key else {})}  # the patched and before trees'
     return staged
 
 
@@ -133,12 +107,8 @@ def stage(series: Series, git: Git, revs: list[str], dest: Path, suite: Path, *,
         shutil.rmtree(dest / rev, ignore_errors=True)
         releases.append(stage_release(series, git, rev, dest, suite,
                                       before=before if rev in before_revs else None))
-    manifest = {
-        "schema": SCHEMA,
-        "series": {"name": series.name, "version": series.version, "digest": series.digest()},
-        "before_from": before_from or None,
-        "releases": [r.to_json() for r in releases],
-    }
+    manifest = {"schema": SCHEMA, "series": {"name": series.name, "version": series.version, "digest": series.digest()},
+                "before_from": before_from or None, "releases": releases}
     (dest / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest
 

@@ -25,11 +25,12 @@ from c128patch.errors import C128Error
 from c128patch.series.gates import Gate
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import record_problem
-from c128patch.serve.install import Dist, Interpreter, check_record, installer, probe, read_json
+from c128patch.serve.install import Dist, Interpreter, installer, probe, read_json
 from c128patch.serve.serving import ONLINE_C128_DSPARK_RULES, Serving, probe_install, probe_serving
 from c128patch.smoke.device import probe_nvcc
 from c128patch.wheel.patch import LOCAL_TAG, WHEEL_PROVENANCE, record_version
 from c128patch.wheel.sbom import SBOM_NAME, purl_pypi
+from c128patch.wheel.tools import record_hash, record_hashes
 
 Level = Literal["ok", "info", "warn", "error"]
 EVIDENCE_ARCHS = {"9.0": "H200"}  # where the series' GPU evidence was recorded (ci/gpu/results/)
@@ -81,10 +82,9 @@ class Report:
 def diagnose(python: str, launch_args: Sequence[str], series: Series | None) -> Report:
     report = Report()
     interp = probe(python)
-    report.python = {"executable": interp.executable, "version": interp.version, "tag": interp.tag,
-                     "platform": interp.platform}
+    report.python = {k: getattr(interp, k) for k in ("executable", "version", "tag", "platform")}
     report.add("ok", "python", f"{interp.executable}: Python {interp.version} ({interp.tag}, {interp.platform})")
-    sg = interp.sglang
+    sg = interp.dists.get("sglang")
     readings: list[EnvReading] = []
     if sg is None:
         report.add("error", "sglang", f"no sglang is installed for {interp.executable} (docs/deploy.md: install the "
@@ -110,8 +110,8 @@ def _installed(report: Report, interp: Interpreter, sg: Dist) -> None:
     if interp.import_path is None:
         report.add("error", "sglang", f"sglang {sg.version} is installed but `import sglang` finds nothing")
     elif interp.import_path.resolve() != package.resolve():
-        report.add("error", "sglang", f"`import sglang` resolves to {interp.import_path}, not the installed sglang "
-                                      f"{sg.version} at {package} (a PYTHONPATH entry or the current folder "
+        report.add("error", "sglang", f"`import sglang` resolves to {interp.import_path}, not the installed "
+                                      f"sglang {sg.version} at {package} (a PYTHONPATH entry or the current folder "
                                       "shadows it)")
     else:
         report.add("ok", "sglang", f"sglang {sg.version} at {package} ({installer(sg)})")
@@ -119,7 +119,7 @@ def _installed(report: Report, interp: Interpreter, sg: Dist) -> None:
 
 def _serving(report: Report, interp: Interpreter, launch_args: Sequence[str]) -> Serving:
     """``import sglang`` in the serving Python, and the launch arguments through its own parser."""
-    sv = probe_serving(interp.executable, list(launch_args))
+    sv = probe_serving(interp.executable, launch_args)
     report.serving = asdict(sv)
     if sv.import_error:
         report.add("error", "import", f"`import sglang` fails in {interp.executable}: {sv.import_error}; the server "
@@ -160,9 +160,8 @@ def _build(report: Report, sg: Dist, series: Series | None) -> dict | None:
             report.add("error", "build",
                        f"sglang {sg.version} carries a c128patch version label but no {WHEEL_PROVENANCE}")
         else:
-            report.add("warn", "build",
-                       f"plain sglang {sg.version}: not a c128patch build (no {WHEEL_PROVENANCE}); the "
-                                        "series' gates do nothing here")
+            report.add("warn", "build", f"plain sglang {sg.version}: not a c128patch build (no {WHEEL_PROVENANCE}); "
+                                        "the series' gates do nothing here")
         return None
     s, up = record.get("series", {}), record.get("upstream", {})
     layers = record.get("layers", []) if isinstance(record.get("layers"), list) else []
@@ -226,15 +225,21 @@ def _identity_problems(sg: Dist, version: Version, record: dict) -> list[str]:
 
 
 def _record(report: Report, sg: Dist) -> None:
-    check = check_record(sg)
-    if check is None:
+    """Every installed file RECORD lists with a hash, hashed again."""
+    text = sg.read("RECORD")
+    if text is None:
         report.add("warn", "record", f"{sg.dist_info} has no RECORD: the installed files cannot be checked")
-    elif check.ok:
-        report.add("ok", "record", f"{check.files} installed files match RECORD")
+        return
+    listed = record_hashes(text)
+    missing = [name for name in listed if not (sg.site / name).is_file()]
+    bad = [f"{name} (modified)" for name, digest in listed.items()
+           if name not in missing and record_hash((sg.site / name).read_bytes()) != digest]
+    bad += [f"{name} (missing)" for name in missing]
+    if not bad:
+        report.add("ok", "record", f"{len(listed)} installed files match RECORD")
     else:
-        bad = [*(f"{p} (modified)" for p in check.modified), *(f"{p} (missing)" for p in check.missing)]
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-        report.add("error", "record", f"{len(bad)} of {check.files} installed files differ from RECORD: "
+        report.add("error", "record", f"{len(bad)} of {len(listed)} installed files differ from RECORD: "
                                       f"{', '.join(bad[:3])}{more}; reinstall the wheel")
 
 
@@ -249,27 +254,23 @@ def _env(report: Report, data: dict, error: str, gates: list[Gate], is_build: bo
     readings = [EnvReading(g, r["declared"], r["raw"], r["value"], r["default"], r["problem"])
                 for g, r in zip(gates, data["gates"])]
     for r in readings:
-        report.env.append({"name": r.gate.name, "set": r.raw, "declared": r.declared, "value": repr(r.value),
+        name = r.gate.name
+        report.env.append({"name": name, "set": r.raw, "declared": r.declared, "value": repr(r.value),
                            "default": repr(r.default), "on": r.on})
-        _env_line(report, r, is_build)
+        if r.raw is None:
+            what = f"default {r.default}" if r.declared else "this sglang does not declare it"
+            report.add("info", "env", f"{name} unset ({what})")
+        elif not r.declared:
+            why = "" if is_build else " (not a c128patch build)"
+            report.add("error", "env", f"{name}={r.raw} is set, but this sglang does not declare it{why}: it does "
+                                       "nothing here")
+        elif r.problem:
+            report.add("error", "env", f"{name}={r.raw}: {r.problem}")
+        elif r.on:
+            report.add("ok", "env", f"{name}={r.raw}: {r.gate.enables}")
+        else:
+            report.add("info", "env", f"{name}={r.raw} (off: the default {r.default})")
     return readings
-
-
-def _env_line(report: Report, r: EnvReading, is_build: bool) -> None:
-    name, g = r.gate.name, r.gate
-    if r.raw is None:
-        what = f"default {r.default}" if r.declared else "this sglang does not declare it"
-        report.add("info", "env", f"{name} unset ({what})")
-    elif not r.declared:
-        why = "" if is_build else " (not a c128patch build)"
-        report.add("error", "env",
-                   f"{name}={r.raw} is set, but this sglang does not declare it{why}: it does nothing here")
-    elif r.problem:
-        report.add("error", "env", f"{name}={r.raw}: {r.problem}")
-    elif r.on:
-        report.add("ok", "env", f"{name}={r.raw}: {g.enables}")
-    else:
-        report.add("info", "env", f"{name}={r.raw} (off: the default {r.default})")
 
 
 def _needs(report: Report, readings: list[EnvReading], level: Level) -> None:
@@ -323,7 +324,7 @@ def _toolchain(report: Report, interp: Interpreter, series_gate_on: bool) -> Non
         report.add(level, "jit", f"nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin; CUDA_HOME="
                                  f"{home or 'unset'}): sglang builds its JIT kernels, and the series', with it at "
                                  "startup")
-    problem = tvm_ffi_problem(interp) if interp.sglang else None
+    problem = tvm_ffi_problem(interp) if interp.dists.get("sglang") else None
     if problem:
         report.add(level, "jit", problem)
     elif interp.dists.get("apache-tvm-ffi"):
@@ -332,16 +333,11 @@ def _toolchain(report: Report, interp: Interpreter, series_gate_on: bool) -> Non
     if not devices:
         needs = ": the series' gates set run its kernels on the GPU" if series_gate_on else ""
         report.add(level, "gpu", f"no NVIDIA GPU here ({why}){needs}")
+    known = ", ".join(f"{n} (sm_{c.replace('.', '')})" for c, n in EVIDENCE_ARCHS.items())
     for name, capability in dict.fromkeys(devices):
-        sm = "sm_" + capability.replace(".", "")
         where = EVIDENCE_ARCHS.get(capability)
-        if where:
-            report.add("ok", "gpu", f"{name} ({sm}): the series' GPU evidence was recorded on {where} "
-                                    "(ci/gpu/results/)")
-        else:
-            report.add("warn", "gpu", f"{name} ({sm}): the series' GPU evidence was recorded on "
-                                      + ", ".join(f"{n} (sm_{c.replace('.', '')})" for c, n in EVIDENCE_ARCHS.items())
-                                      + " only")
+        report.add("ok" if where else "warn", "gpu", f"{name} (sm_{capability.replace('.', '')}): the series' GPU "
+                   f"evidence was recorded on {f'{where} (ci/gpu/results/)' if where else f'{known} only'}")
 
 
 def gpus() -> tuple[list[tuple[str, str]], str]:
@@ -365,7 +361,7 @@ def tvm_ffi_problem(interp: Interpreter) -> str | None:
     """None when apache-tvm-ffi is installed as sglang requires it; else what is wrong."""
     have = interp.dists.get("apache-tvm-ffi")
     wanted = []
-    for text in (interp.sglang.requires if interp.sglang else []):
+    for text in interp.dists["sglang"].requires:  # doctor asks only where sglang is installed
         try:
             req = Requirement(text)
         except InvalidRequirement:

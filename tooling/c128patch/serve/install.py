@@ -8,7 +8,6 @@ running in it. Everything else is read from the files the probe names.
 
 from __future__ import annotations
 
-import csv
 import json
 import subprocess
 from dataclasses import dataclass, field
@@ -16,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from c128patch.errors import C128Error
-from c128patch.wheel.tools import record_hash
 
 PROBE = r"""
 import importlib.util, json, platform, sys, sysconfig
@@ -60,11 +58,7 @@ class Interpreter:
     tag: str
     platform: str
     import_path: Path | None  # where `import sglang` resolves (None: it does not)
-    dists: dict[str, Dist | None]
-
-    @property
-    def sglang(self) -> Dist | None:
-        return self.dists.get("sglang")
+    dists: dict[str, Dist | None]  # sglang, torch, apache-tvm-ffi, c128patch (None: not installed)
 
 
 def probe(python: str) -> Interpreter:
@@ -85,9 +79,8 @@ def probe(python: str) -> Interpreter:
     if problem:
         raise C128Error(f"{python} did not answer as a Python does ({problem}; it printed {lines[-1][:80]!r}): "
                         "pass --python the serving interpreter, e.g. /path/to/venv/bin/python")
-    dists = {name: Dist(d["version"], Path(d["dist_info"]) if d["dist_info"] else None, Path(d["site"]),
-                        d["requires"]) if d else None
-             for name, d in raw["dists"].items()}
+    dists = {name: d and Dist(d["version"], Path(d["dist_info"]) if d["dist_info"] else None, Path(d["site"]),
+                              d["requires"]) for name, d in raw["dists"].items()}
     return Interpreter(raw["executable"], raw["version"], raw["tag"], raw["platform"],
                        Path(raw["import_path"]) if raw["import_path"] else None, dists)
 
@@ -101,9 +94,7 @@ def _probe_problem(raw: Any) -> str | None:
             return f"no {key}"
     if not isinstance(raw.get("import_path"), (str, type(None))) or not isinstance(raw.get("dists"), dict):
         return "no import path / distributions"
-    for d in raw["dists"].values():
-        if d is None:
-            continue
+    for d in (d for d in raw["dists"].values() if d is not None):
         if not (isinstance(d, dict) and isinstance(d.get("version"), str) and isinstance(d.get("site"), str)
                 and isinstance(d.get("dist_info"), (str, type(None))) and isinstance(d.get("requires"), list)):
             return "a distribution without version and site"
@@ -125,35 +116,6 @@ def installer(dist: Dist) -> str:
     dir_info = url.get("dir_info")
     editable = " (editable)" if isinstance(dir_info, dict) and dir_info.get("editable") is True else ""
     return f"{who}, from {url.get('url', '?')}{editable}"
-
-
-@dataclass
-class RecordCheck:
-    files: int = 0  # files with a hash in RECORD that were checked
-    modified: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.modified and not self.missing
-
-
-def check_record(dist: Dist) -> RecordCheck | None:
-    """Every installed file RECORD lists with a hash, hashed again (None: no RECORD)."""
-    text = dist.read("RECORD")
-    if text is None:
-        return None
-    result = RecordCheck()
-    for row in csv.reader(text.splitlines()):
-        if len(row) < 2 or not row[1].startswith("sha256="):
-            continue
-        result.files += 1
-        path = dist.site / row[0]
-        if not path.is_file():
-            result.missing.append(row[0])
-        elif record_hash(path.read_bytes()) != row[1]:
-            result.modified.append(row[0])
-    return result
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

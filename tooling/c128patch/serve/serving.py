@@ -12,6 +12,7 @@ limit is an error (``Answer.error``), never a pass; its whole process group is e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -52,9 +53,9 @@ try:
     importlib.import_module(modules["package"])
 except BaseException as e:
     out["import_error"] = why(e)
-if argv is not None and out["import_error"]:
+if out["import_error"]:
     out["args_error"] = "it needs `import %s`, which fails" % modules["package"]
-elif argv is not None:
+else:
     try:
         mod = importlib.import_module(modules["server_args"])
         parser = argparse.ArgumentParser(prog="sglang serve")
@@ -66,12 +67,10 @@ elif argv is not None:
         def refuse(message):
             raise ValueError(message)
         parser.error = refuse
-        for action in parser._actions:
-            if action.required:
-                given = any(t == o or t.startswith(o + "=") for o in action.option_strings for t in argv)
-                if not given:
-                    out["required_missing"].append(action.option_strings[0])
-                action.required = False
+        for action in (a for a in parser._actions if a.required):
+            if not any(t == o or t.startswith(o + "=") for o in action.option_strings for t in argv):
+                out["required_missing"].append(action.option_strings[0])
+            action.required = False
         try:
             if "--config" in argv:
                 merger = importlib.import_module(modules["config"]).ConfigArgumentMerger(parser)
@@ -150,10 +149,8 @@ def ask(python: str, script: str, payload: Any, timeout: float) -> Answer:
     except subprocess.TimeoutExpired:
         stdout = None
     finally:
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it started
-        except OSError:
-            pass
     seconds = round(time.monotonic() - started, 1)
     if stdout is None:
         proc.communicate()
@@ -178,13 +175,12 @@ class Serving:
     seconds: float = 0.0
 
 
-def probe_serving(python: str, launch_args: Sequence[str] | None) -> Serving:
-    """``import sglang`` in ``python``, and (``launch_args`` not None) those arguments through its parser."""
-    got = ask(python, _SERVING, [MODULES, None if launch_args is None else list(launch_args)], TIMEOUT)
+def probe_serving(python: str, launch_args: Sequence[str]) -> Serving:
+    """``import sglang`` in ``python``, and ``launch_args`` through its parser."""
+    got = ask(python, _SERVING, [MODULES, list(launch_args)], TIMEOUT)
     if got.error:
         not_checked = " (the import did not finish)" if got.error.startswith("it did not finish") else ""
-        return Serving(import_error=got.error, seconds=got.seconds,
-                       args_error=f"not checked{not_checked}" if launch_args is not None else "")
+        return Serving(import_error=got.error, args_error=f"not checked{not_checked}", seconds=got.seconds)
     return Serving(**got.data, seconds=got.seconds)
 
 

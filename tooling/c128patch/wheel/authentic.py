@@ -8,8 +8,6 @@ with those bytes, plus the provenance and SBOM. No file the series does not touc
 
 from __future__ import annotations
 
-import csv
-import io
 import re
 import shutil
 import tempfile
@@ -19,19 +17,22 @@ from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
+from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
 
 from c128patch.errors import C128Error
-from c128patch.git import Git
+from c128patch.series.manifest import sha256_file
 from c128patch.upstream.releases import PACKAGE, WheelTarget, local_wheels, pip_download
 from c128patch.wheel.patch import WHEEL_PROVENANCE, loose_git
+from c128patch.wheel.rules import wheel_path
 from c128patch.wheel.sbom import SBOM_NAME
 from c128patch.wheel.tools import (
     WheelMismatch,
     check_archive,
     dist_info_dir,
     record_hash,
+    record_hashes,
     set_metadata_version,
-    sha256_path,
 )
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -54,11 +55,10 @@ def pinned(record: dict, wheel: Path) -> tuple[str, str, Version]:
     """(upstream wheel file name, its sha256, its version) as the provenance pins them."""
     up = record.get("upstream", {})
     if up.get("source") != "release-wheel":
-        raise AuthenticityUnknown(
-            f"cannot check authenticity: {wheel.name} was built from source ({up.get('source')!r} at "
-            f"{str(up.get('rev') or up.get('commit') or '?')[:40]}), not patched from an upstream wheel; "
-            "rerun with --no-authenticity for the integrity checks alone"
-        )
+        raise AuthenticityUnknown(f"cannot check authenticity: {wheel.name} was built from source "
+                                  f"({up.get('source')!r} at {str(up.get('rev') or up.get('commit') or '?')[:40]}), "
+                                  "not patched from an upstream wheel; rerun with --no-authenticity for the integrity "
+                                  "checks alone")
     name, sha, version = up.get("wheel"), up.get("wheel_sha256"), up.get("version")
     if not isinstance(sha, str) or not _SHA256.match(sha):
         raise WheelMismatch(f"{wheel.name}: provenance pins no upstream wheel sha256 (got {sha!r})")
@@ -78,12 +78,10 @@ def locate(record: dict, wheel: Path, given: Path | None, download: bool = True)
     name, sha, version = pinned(record, wheel)
 
     def checked(path: Path, found: str) -> tuple[Path, str]:
-        have = sha256_path(path)
+        have = sha256_file(path)
         if have != sha:
-            raise WheelMismatch(
-                f"{wheel.name}: not made from the upstream wheel at hand: its provenance pins {name} sha256 "
-                f"{sha[:16]}…, {path} has {have[:16]}…"
-            )
+            raise WheelMismatch(f"{wheel.name}: not made from the upstream wheel at hand: its provenance pins {name} "
+                                f"sha256 {sha[:16]}…, {path} has {have[:16]}…")
         return path, found
 
     if given is not None:
@@ -103,48 +101,28 @@ def locate(record: dict, wheel: Path, given: Path | None, download: bool = True)
         for path in local_wheels(str(version)):
             if path.name == name:
                 return checked(path, "downloaded")
-    raise AuthenticityUnknown(
-        f"cannot check authenticity: no upstream wheel {name} here (give --upstream-wheel PATH or go online"
-        f"{'' if last == 'downloads off' else f'; pip download: {last}'}); --no-authenticity skips this check"
-    )
+    raise AuthenticityUnknown(f"cannot check authenticity: no upstream wheel {name} here (give --upstream-wheel PATH "
+                              f"or go online{'' if last == 'downloads off' else f'; pip download: {last}'}); "
+                              "--no-authenticity skips this check")
 
 
-def _diff_paths(git: Git, diff_file: Path) -> list[str]:
-    """The wheel paths a diff reads or writes (git's own reading of it, both sides of renames)."""
-    proc = git.run("apply", "-p2", "--numstat", "-z", str(diff_file), check=False, binary=True)
-    if proc.returncode != 0:
-        return []
-    fields = proc.stdout.decode("utf-8", errors="surrogateescape").split("\0")
-    out, i = [], 0
-    while i < len(fields):
-        head = fields[i]
-        if not head:
-            i += 1
-            continue
-        path = head.split("\t", 2)[2] if head.count("\t") >= 2 else ""
-        if path:
-            out.append(path)
-            i += 1
-        else:  # a rename: "a\td\t" then source and destination
-            out += [fields[i + 1], fields[i + 2]]
-            i += 3
-    return out
-
-
-def _upstream_record(upstream: zipfile.ZipFile, record_name: str) -> dict[str, str]:
-    """name -> hash of upstream's RECORD rows (pinned by sha256, so upstream's: no need to rehash 120 MB)."""
+def _diff_paths(diff: bytes) -> list[str]:
+    """The wheel paths a diff reads or writes (both sides of renames; none when it does not parse)."""
     try:
-        text = upstream.read(record_name).decode("utf-8")
-    except (KeyError, UnicodeDecodeError):
-        return {}
-    rows = csv.reader(io.StringIO(text, newline=""))
-    return {row[0]: row[1] for row in rows if len(row) == 3 and row[1].startswith("sha256=")}
+        files = PatchSet(diff.decode("utf-8", errors="replace"))
+    except UnidiffParseError:
+        return []
+    sides = (side for pf in files for side in (pf.source_file, pf.target_file) if side != "/dev/null")
+    return list(dict.fromkeys(wheel_path(side[2:] if side.startswith(("a/", "b/")) else side) for side in sides))
 
 
 def _expected(upstream: zipfile.ZipFile, up_wheel: Path, dist_info: str, version: Version) -> dict[str, str]:
     """name -> RECORD hash of upstream's files as the patched wheel lays them out (RECORD left out)."""
     up_dist = dist_info_dir(PACKAGE, Version(str(parse_wheel_filename(up_wheel.name)[1])))
-    listed = _upstream_record(upstream, f"{up_dist}/RECORD")
+    try:  # upstream's RECORD (pinned by sha256, so upstream's): no need to rehash 120 MB
+        listed = record_hashes(upstream.read(f"{up_dist}/RECORD").decode("utf-8"))
+    except (KeyError, UnicodeDecodeError):
+        listed = {}
     out: dict[str, str] = {}
     for info in upstream.infolist():
         if info.is_dir() or info.filename == f"{up_dist}/RECORD":
@@ -174,7 +152,7 @@ def check_authentic(wheel: Path, hashes: dict[str, str], dist_info: str, version
             for i, diff in enumerate(diffs):
                 diff_file = Path(tmp) / f"{i:03d}.diff"
                 diff_file.write_bytes(diff)
-                paths = _diff_paths(git, diff_file)
+                paths = _diff_paths(diff)
                 for path in paths:
                     if path in touched or path not in expected or path.startswith(f"{dist_info}/"):
                         continue

@@ -9,7 +9,6 @@ is written reproducibly.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -18,14 +17,14 @@ from typing import Callable, Sequence
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from c128patch import __version__, exitcodes
+from c128patch import exitcodes
 from c128patch.errors import C128Error, ConflictError
 from c128patch.git import Git
 from c128patch.ops.check import release_support_note
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
 from c128patch.series.layers import layer_rows, overlap_note
-from c128patch.series.manifest import Series
+from c128patch.series.manifest import Series, sha256_file
 from c128patch.series.paths import confine
 from c128patch.series.plan import Planned, plan, validate_files
 from c128patch.upstream.releases import (
@@ -37,8 +36,8 @@ from c128patch.upstream.releases import (
     wheel_timestamp,
 )
 from c128patch.wheel.rules import check_wheel_patchable, wheel_path
-from c128patch.wheel.sbom import SBOM_NAME, Ancestor, PatchEntry, WheelSbom
-from c128patch.wheel.tools import InWheel, binary_dirs, disk_errors, sha256_path, source_date_epoch
+from c128patch.wheel.sbom import SBOM_NAME, Ancestor, PatchEntry, sbom_text
+from c128patch.wheel.tools import InWheel, binary_dirs, disk_errors, source_date_epoch
 
 PACKAGE = "sglang"
 WHEEL_PROVENANCE = wheel_path(provenance.PROVENANCE_PATH)  # sglang/c128patch_provenance.json
@@ -73,10 +72,8 @@ def patched_version(base: Version, series_version: str, digest: str,
     try:
         return Version(f"{base.public}+{label}")
     except InvalidVersion as exc:
-        raise C128Error(
-            f"series version {series_version!r} cannot go into a PEP 440 local label "
-            "(use letters, digits and dots)"
-        ) from exc
+        raise C128Error(f"series version {series_version!r} cannot go into a PEP 440 local label "
+                        "(use letters, digits and dots)") from exc
 
 
 def record_version(record: dict) -> Version:
@@ -85,37 +82,6 @@ def record_version(record: dict) -> Version:
     layers = [(str(r.get("name")), str(r.get("digest", ""))) for r in record.get("layers", [])]
     return patched_version(Version(str(record.get("upstream", {}).get("version"))), str(s.get("version")),
                            str(s.get("digest", "")), layers)
-
-
-def check_upstream_wheel(iw: InWheel) -> Version:
-    """The wheel is an upstream sglang wheel (not one of ours); returns its version."""
-    meta = iw.metadata()
-    if iw.name.name != PACKAGE or str(meta.name).lower() != PACKAGE:
-        raise C128Error(f"not an sglang wheel: {iw.wheel.name} is {meta.name} {meta.version}")
-    if Version(str(meta.version)) != iw.name.version:
-        raise C128Error(f"{iw.wheel.name}: METADATA says version {meta.version}, the file name {iw.name.version}")
-    if WHEEL_PROVENANCE in iw.members():
-        raise C128Error(
-            f"{iw.wheel.name} is already patched by c128patch (it has {WHEEL_PROVENANCE}); "
-            "start from the upstream wheel"
-        )
-    return iw.name.version
-
-
-def plan_for_release(series: Series, version: Version,
-                     reporter: Reporter = NullReporter()) -> tuple[list[Planned], str, str]:
-    """(planned entries, tag, source tree id: upstream by content, unlike the cache's commit) for ``version``."""
-    rel = release_version(str(version))
-    if rel is None:
-        raise C128Error(f"unknown release 'v{version}': only sglang release versions (X.Y.Z) can be patched as wheels")
-    history = ReleaseHistory()
-    git = Git(git_dir=history.ensure([rel], reporter))
-    tag = tag_for(rel)
-    commit = git.rev_parse(tag)
-    if commit is None:
-        raise C128Error(f"unknown release '{tag}' (the release source knows "
-                        f"{', '.join('v' + v for v in history.versions())})")
-    return plan(series, git, commit), tag, git.out("rev-parse", f"{commit}^{{tree}}")
 
 
 def apply_failure(stderr: str, hunk_at: Callable[[str, int], tuple[int, str] | None]) -> str:
@@ -139,8 +105,7 @@ def loose_git(root: Path) -> Git:
     return Git(worktree=root).with_env(GIT_CEILING_DIRECTORIES=str(root.parent))
 
 
-def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Reporter = NullReporter(),
-                  series: Series | None = None) -> list[dict]:
+def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Reporter, series: Series) -> list[dict]:
     """Apply every entry to the wheel's files, as ``apply`` does: overlay collisions refused first (exit 2);
     the first entry that does not apply (exit 1) named with its file, hunk and an overlapping entry of ours."""
     git = loose_git(iw.root)
@@ -158,13 +123,11 @@ def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Rep
                         if side != "/dev/null"])
             proc = git.run("apply", "-p2", "--verbose", str(item.path.resolve()), check=False)
             if proc.returncode != 0:
-                raise ConflictError(
-                    f"entry '{item.entry.name}' ({item.label}) does not apply to {label}: "
-                    f"{apply_failure(proc.stderr, lambda path, n: item.patch.hunk_at('python/' + path, n))}"
-                    + (overlap_note(series, [(p.entry.name, p.touched) for p in planned[:i]], item.entry.name,
-                                    item.touched) if series is not None else "")
-                    + "; no wheel was written"
-                )
+                why = apply_failure(proc.stderr, lambda path, n: item.patch.hunk_at("python/" + path, n))
+                overlap = overlap_note(series, [(p.entry.name, p.touched) for p in planned[:i]], item.entry.name,
+                                       item.touched)
+                raise ConflictError(f"entry '{item.entry.name}' ({item.label}) does not apply to {label}: {why}"
+                                    f"{overlap}; no wheel was written")
         else:
             target = wheel_path(item.entry.target)
             dest = confine(iw.root, target, f"overlay '{item.entry.name}'")
@@ -174,53 +137,37 @@ def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Rep
     return rows
 
 
-def overlay_diff(root: Path, target: str) -> bytes:
-    """A git new-file diff that adds ``target`` (a wheel path) as it is in ``root``."""
-    proc = loose_git(root).run(
-        "diff", "--no-index", "--binary", "--full-index", "--no-color",
-        "--src-prefix=a/python/", "--dst-prefix=b/python/", "/dev/null", target,
-        check=False, binary=True,
-    )
-    if proc.returncode not in (0, 1) or not proc.stdout:
-        raise C128Error(f"cannot describe overlay {target}: {proc.stderr.decode(errors='replace').strip()}")
-    return proc.stdout
-
-
-def _sbom_entries(iw: InWheel, planned: list[Planned]) -> list[PatchEntry]:
-    out = []
-    for item in planned:
-        e = item.entry
-        if item.patch is not None:
-            diff = item.path.read_bytes()
-        else:
-            target = wheel_path(e.target)
-            iw.extract([target])
-            if not (iw.root / target).is_file():
-                raise C128Error(f"overlay '{e.name}': {target} is not in the wheel (left out by the build?)")
-            diff = overlay_diff(iw.root, target)
-        out.append(PatchEntry(e.name, e.kind, e.gate, e.upstream, e.upstream_status,
-                              item.variant.file if item.variant else e.source,
-                              hashlib.sha256(item.path.read_bytes()).hexdigest(), diff, e.why))
-    return out
-
-
 def finish(iw: InWheel, series: Series, planned: list[Planned], rows: list[dict], *, upstream: dict, ancestor: Ancestor,
            base: Version, epoch: int, out_dir: Path, build: str) -> tuple[Path, Version]:
     """Write provenance and SBOM, give the wheel its patched version, save it into ``out_dir``."""
     record = provenance.build(series, planned, upstream, rows)
     version = record_version({**record, "upstream": {"version": str(base)}})
-    digest = record["series"]["digest"]
+    series_info = {k: record["series"][k] for k in ("name", "version", "digest")}
     prov = iw.root / WHEEL_PROVENANCE
     prov.parent.mkdir(parents=True, exist_ok=True)
     prov.write_text(provenance.dumps(record))
-    entries = _sbom_entries(iw, planned)
+    entries = []  # each entry's diff: its patch file, or a git new-file diff adding the overlay as in the wheel
+    for item in planned:
+        e = item.entry
+        diff = item.path.read_bytes()
+        if item.patch is None:
+            target = wheel_path(e.target)
+            iw.extract([target])
+            if not (iw.root / target).is_file():
+                raise C128Error(f"overlay '{e.name}': {target} is not in the wheel (left out by the build?)")
+            proc = loose_git(iw.root).run("diff", "--no-index", "--binary", "--full-index", "--no-color",
+                                          "--src-prefix=a/python/", "--dst-prefix=b/python/", "/dev/null", target,
+                                          check=False, binary=True)
+            if proc.returncode not in (0, 1) or not proc.stdout:
+                raise C128Error(f"cannot describe overlay {target}: {proc.stderr.decode(errors='replace').strip()}")
+            diff = proc.stdout
+        entries.append(PatchEntry(e.name, e.kind, e.gate, e.upstream, e.upstream_status,
+                                  item.variant.file if item.variant else e.source, sha256_file(item.path), diff, e.why))
     dist_info = iw.rename_dist_info(version)
-    doc = WheelSbom(PACKAGE, str(version), ancestor, entries, __version__,
-                    {"name": record["series"]["name"], "version": record["series"]["version"], "digest": digest}, epoch,
-                    build, layers=record.get("layers", []))
     sbom_path = iw.root / dist_info / "sboms" / SBOM_NAME
     sbom_path.parent.mkdir(parents=True, exist_ok=True)
-    sbom_path.write_text(doc.dumps())
+    sbom_path.write_text(sbom_text(PACKAGE, str(version), ancestor, entries, series_info, epoch, build,
+                                   record.get("layers", [])))
     return iw.save(out_dir, version, epoch), version
 
 
@@ -229,11 +176,30 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
     start = time.perf_counter()
     validate_files(series)
     with disk_errors(f"patching {wheel.name}"), InWheel(wheel) as iw:
-        upstream_version = check_upstream_wheel(iw)
-        planned, tag, tree = plan_for_release(series, upstream_version, reporter)
+        meta, upstream_version = iw.metadata(), iw.name.version  # an upstream sglang wheel, not one of ours
+        if iw.name.name != PACKAGE or str(meta.name).lower() != PACKAGE:
+            raise C128Error(f"not an sglang wheel: {wheel.name} is {meta.name} {meta.version}")
+        if Version(str(meta.version)) != upstream_version:
+            raise C128Error(f"{wheel.name}: METADATA says version {meta.version}, the file name {upstream_version}")
+        if WHEEL_PROVENANCE in iw.members():
+            raise C128Error(f"{wheel.name} is already patched by c128patch (it has {WHEEL_PROVENANCE}); "
+                            "start from the upstream wheel")
+        rel = release_version(str(upstream_version))
+        if rel is None:
+            raise C128Error(f"unknown release 'v{upstream_version}': only sglang release versions (X.Y.Z) can be "
+                            "patched as wheels")
+        history = ReleaseHistory()
+        git = Git(git_dir=history.ensure([rel], reporter))
+        tag = tag_for(rel)
+        commit = git.rev_parse(tag)
+        if commit is None:
+            raise C128Error(f"unknown release '{tag}' (the release source knows "
+                            f"{', '.join('v' + v for v in history.versions())})")
+        planned = plan(series, git, commit)
+        tree = git.out("rev-parse", f"{commit}^{{tree}}")  # upstream by content, unlike the cache's commit
         check_wheel_patchable(planned, binary_dirs(iw.members()))
         rows = apply_entries(iw, planned, wheel.name, reporter, series)
-        upstream_sha = sha256_path(wheel)
+        upstream_sha = sha256_file(wheel)
         epoch = source_date_epoch(wheel_timestamp(wheel))
         # By content only (release, source tree, wheel hash): the same wheel gives the same bytes on any cache.
         upstream = {"rev": tag, "tree": tree, "source": "release-wheel", "version": str(upstream_version),
@@ -242,12 +208,9 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
         reporter.step("writing the wheel")
         out, version = finish(iw, series, planned, rows, upstream=upstream, ancestor=ancestor,
                               base=upstream_version, epoch=epoch, out_dir=out_dir, build="wheel")
-    return WheelResult(
-        wheel=str(out), version=str(version), sha256=sha256_path(out), upstream_version=str(upstream_version),
-        upstream_wheel=str(wheel), upstream_sha256=upstream_sha, epoch=epoch,
-        series={"name": series.name, "version": series.version, "digest": series.ours.digest()},
-        layers=layer_rows(series), entries=rows, seconds=round(time.perf_counter() - start, 3),
-    )
+    ours = {"name": series.name, "version": series.version, "digest": series.ours.digest()}
+    return WheelResult(str(out), str(version), sha256_file(out), str(upstream_version), str(wheel), upstream_sha, epoch,
+                       ours, rows, round(time.perf_counter() - start, 3), layer_rows(series))
 
 
 def patch_from(series: Series, wheel: Path | None, release: str | None, target: WheelTarget, out_dir: Path,

@@ -50,7 +50,5 @@ def check_wheel_patchable(planned: list[Planned], binary_dirs: set[str]) -> None
         for path in item.touched:
             why = refusal(path, binary_dirs)
             if why:
-                raise C128Error(
-                    f"entry '{item.entry.name}' cannot be applied to a built wheel: {path}: {why}; "
-                    "build from source instead (c128patch build)"
-                )
+                raise C128Error(f"entry '{item.entry.name}' cannot be applied to a built wheel: {path}: {why}; "
+                                "build from source instead (c128patch build)")

@@ -14,9 +14,11 @@ import base64
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
+
+from c128patch import __version__
 
 SPEC_VERSION = "1.6"
 SBOM_NAME = "c128patch.cdx.json"
@@ -90,61 +92,38 @@ class Ancestor:
         return out
 
 
-@dataclass
-class WheelSbom:
-    name: str
-    version: str  # the patched version
-    ancestor: Ancestor
-    entries: list[PatchEntry]
-    tool_version: str
-    series: dict[str, str]  # name, version, digest
-    epoch: int
-    build: str  # "wheel" (patched release wheel) or "source" (source build)
-    extra_properties: dict[str, str] = field(default_factory=dict)
-    layers: list[dict] = field(default_factory=list)  # provenance's layers: name, version, digest (in order)
-
-    def to_json(self) -> dict[str, Any]:
-        purl = purl_pypi(self.name, self.version)
-        props = [{"name": f"c128patch:series:{k}", "value": self.series[k]} for k in ("name", "version", "digest")]
-        props.append({"name": "c128patch:build", "value": self.build})
-        props += [{"name": k, "value": v} for k, v in sorted(self.extra_properties.items())]
-        for i, layer in enumerate(self.layers, 1):
-            props += [{"name": f"{LAYER_PREFIX}:{i}:{k}", "value": str(layer[k])} for k in LAYER_FIELDS]
-        for i, entry in enumerate(self.entries, 1):
-            props += entry.properties(i)
-        component = {
-            "type": "library", "bom-ref": purl, "name": self.name, "version": self.version, "purl": purl,
-            "description": f"{self.name} {self.ancestor.version} with the c128patch series "
-                           f"{self.series['name']} {self.series['version']}"
-                           + "".join(f" + layer {r['name']} {r['version']}" for r in self.layers) + " applied",
-            "pedigree": {
-                "ancestors": [self.ancestor.component()],
-                "patches": [e.patch() for e in self.entries],
-                "notes": "Every behaviour change is behind an environment gate, default off; "
-                         "with the gates unset the patched package behaves as its ancestor.",
-            },
-            "properties": props,
-        }
-        serial = uuid.uuid5(_NAMESPACE, json.dumps([purl, self.ancestor.component(), props], sort_keys=True))
-        return {
-            "$schema": "http://cyclonedx.org/schema/bom-1.6.schema.json", "bomFormat": "CycloneDX",
-            "specVersion": SPEC_VERSION, "serialNumber": serial.urn, "version": 1,
-            "metadata": {
-                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.epoch)),
-                "tools": {"components": [{
-                    "type": "application", "bom-ref": f"c128patch@{self.tool_version}",
-                    "name": "c128patch", "version": self.tool_version,
-                }]},
-                "component": component,
-            },
-        }
-
-    def dumps(self) -> str:
-        return json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
+def sbom_text(name: str, version: str, ancestor: Ancestor, entries: list[PatchEntry], series: dict[str, str],
+              epoch: int, build: str, layers: list[dict]) -> str:
+    """The SBOM of ``name`` at its patched ``version``: ``series`` (name, version, digest), ``build`` "wheel"
+    (a patched release wheel) or "source" (a source build), ``layers`` the provenance's (in order)."""
+    purl = purl_pypi(name, version)
+    props = [{"name": f"c128patch:series:{k}", "value": series[k]} for k in ("name", "version", "digest")]
+    props.append({"name": "c128patch:build", "value": build})
+    for i, layer in enumerate(layers, 1):
+        props += [{"name": f"{LAYER_PREFIX}:{i}:{k}", "value": str(layer[k])} for k in LAYER_FIELDS]
+    for i, entry in enumerate(entries, 1):
+        props += entry.properties(i)
+    component = {
+        "type": "library", "bom-ref": purl, "name": name, "version": version, "purl": purl,
+        "description": f"{name} {ancestor.version} with the c128patch series {series['name']} {series['version']}"
+                       + "".join(f" + layer {r['name']} {r['version']}" for r in layers) + " applied",
+        "pedigree": {"ancestors": [ancestor.component()], "patches": [e.patch() for e in entries],
+                     "notes": "Every behaviour change is behind an environment gate, default off; with the gates "
+                              "unset the patched package behaves as its ancestor."},
+        "properties": props,
+    }
+    serial = uuid.uuid5(_NAMESPACE, json.dumps([purl, ancestor.component(), props], sort_keys=True))
+    tool = {"type": "application", "bom-ref": f"c128patch@{__version__}", "name": "c128patch", "version": __version__}
+    doc = {"$schema": "http://cyclonedx.org/schema/bom-1.6.schema.json", "bomFormat": "CycloneDX",
+           "specVersion": SPEC_VERSION, "serialNumber": serial.urn, "version": 1,
+           "metadata": {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)),
+                        "tools": {"components": [tool]}, "component": component}}
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def _indexed_properties(doc: dict[str, Any], prefix: str) -> list[dict[str, str]]:
-    """Properties named ``<prefix>:<i>:<field>`` of an SBOM read back: [{field: value}], by ``i``."""
+def indexed_properties(doc: dict[str, Any], prefix: str) -> list[dict[str, str]]:
+    """Properties named ``<prefix>:<i>:<field>`` (PROPERTY_PREFIX, LAYER_PREFIX) of an SBOM read back:
+    [{field: value}], by ``i``."""
     props = doc.get("metadata", {}).get("component", {}).get("properties", [])
     rows: dict[int, dict[str, str]] = {}
     for p in props:
@@ -152,14 +131,6 @@ def _indexed_properties(doc: dict[str, Any], prefix: str) -> list[dict[str, str]
         if len(parts) == 4 and ":".join(parts[:2]) == prefix and parts[2].isdigit():
             rows.setdefault(int(parts[2]), {})[parts[3]] = str(p.get("value", ""))
     return [rows[i] for i in sorted(rows)]
-
-
-def layer_properties(doc: dict[str, Any]) -> list[dict[str, str]]:
-    return _indexed_properties(doc, LAYER_PREFIX)
-
-
-def entry_properties(doc: dict[str, Any]) -> list[dict[str, str]]:
-    return _indexed_properties(doc, PROPERTY_PREFIX)
 
 
 def diff_bytes(patch: dict[str, Any]) -> bytes:

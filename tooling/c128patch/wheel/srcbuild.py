@@ -33,13 +33,13 @@ from c128patch.ops.apply import apply_series
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
 from c128patch.series.layers import describe
-from c128patch.series.manifest import Series
+from c128patch.series.manifest import Series, sha256_file
 from c128patch.series.plan import Planned, plan
 from c128patch.upstream.releases import release_version
 from c128patch.upstream.source import Target, Upstream, prepare_tree
 from c128patch.wheel.patch import PACKAGE, finish
 from c128patch.wheel.sbom import Ancestor
-from c128patch.wheel.tools import InWheel, WheelName, sha256_path
+from c128patch.wheel.tools import InWheel, WheelName
 from c128patch.wheel.verify import verify_wheel
 
 PYPROJECT = "python/pyproject.toml"
@@ -80,15 +80,10 @@ def base_version(git: Git, rev: str, commit: str, override: str | None = None) -
     proc = git.run("describe", "--tags", "--long", "--abbrev=9", "--match", "v[0-9]*", commit, check=False)
     match = _DESCRIBE.match(proc.stdout.strip()) if proc.returncode == 0 else None
     if match is None:
-        raise C128Error(
-            f"cannot tell the upstream version of {rev}: no vX.Y.Z tag before it in {git.git_dir or git.worktree}; "
-            "fetch upstream's tags or pass --base-version X.Y.Z"
-        )
-    tag, n = Version(match["tag"]), int(match["n"])
-    if n == 0:
-        return tag
-    nxt = f"{tag.major}.{tag.minor}.{tag.micro + 1}"
-    return Version(f"{nxt}.dev{n}+g{match['sha']}")
+        raise C128Error(f"cannot tell the upstream version of {rev}: no vX.Y.Z tag before it in "
+                        f"{git.git_dir or git.worktree}; fetch upstream's tags or pass --base-version X.Y.Z")
+    tag, n = Version(match["tag"]), int(match["n"])  # at the tag, else guess-next-dev
+    return tag if n == 0 else Version(f"{tag.major}.{tag.minor}.{tag.micro + 1}.dev{n}+g{match['sha']}")
 
 
 def build_command(python_dir: Path, outdir: Path, no_isolation: bool = False) -> list[str]:
@@ -115,11 +110,9 @@ def _patched_state(git: Git, tree: Path, series: Series, commit: str) -> dict | 
     have = record.get("series", {})
     if provenance.applied_digest(record) != digest or record.get("upstream", {}).get("commit") != commit:
         layers = "".join(f" + layer {r.get('name')} {r.get('version')}" for r in record.get("layers", []))
-        raise C128Error(
-            f"{tree} is patched with series {have.get('name')} {have.get('version')}{layers} on "
-            f"{str(record.get('upstream', {}).get('commit', '?'))[:12]}, not {describe(series)} on "
-            f"{commit[:12]}; check out an unpatched branch or pass --tree to a new folder"
-        )
+        raise C128Error(f"{tree} is patched with series {have.get('name')} {have.get('version')}{layers} on "
+                        f"{str(record.get('upstream', {}).get('commit', '?'))[:12]}, not {describe(series)} on "
+                        f"{commit[:12]}; check out an unpatched branch or pass --tree to a new folder")
     last = git.out("log", "-1", "--format=%H", "--", provenance.PROVENANCE_PATH)
     if last != git.head():
         raise C128Error(f"{tree} has commits on top of the patched series; a built wheel would not match its "
@@ -147,17 +140,6 @@ def _validate(series: Series, upstream: Upstream, target: Target, base_override:
     return base_version(upstream.git, rev, commit, base_override), plan(series, upstream.git, commit)
 
 
-def _patch_tree(series: Series, upstream: Upstream, target: Target, tree: Path | None,
-                reporter: Reporter) -> tuple[Git, list[dict], bool]:
-    """The tree patched with the series: (its git, the applied entries, whether this run applied them)."""
-    worktree, fresh = prepare_tree(upstream, tree, target.commit, reporter)
-    git = Git(worktree=worktree)
-    record = None if fresh else _patched_state(git, worktree, series, target.commit)
-    if record is not None:
-        return git, record.get("entries", []), False
-    return git, apply_series(series, git, target, fresh_clone=fresh, reporter=reporter).entries, True
-
-
 def _run_build(git: Git, work: Path, base: Version, epoch: int, no_isolation: bool, runner: Runner,
                reporter: Reporter) -> tuple[Path, list[str], dict[str, str]]:
     """HEAD exported into ``work`` and built: (the one wheel built, the command, its env)."""
@@ -179,10 +161,8 @@ def _run_build(git: Git, work: Path, base: Version, epoch: int, no_isolation: bo
         raise C128Error(f"the source build produced {len(built)} wheels, expected one")
     name = WheelName.parse(built[0])
     if name.name != PACKAGE or name.version != base:
-        raise C128Error(
-            f"the source build produced {built[0].name}, not sglang {base}: {PRETEND_ENV} was not honoured "
-            "(does python/pyproject.toml still take its version from setuptools-scm?)"
-        )
+        raise C128Error(f"the source build produced {built[0].name}, not sglang {base}: {PRETEND_ENV} was not "
+                        "honoured (does python/pyproject.toml still take its version from setuptools-scm?)")
     return built[0], cmd, env
 
 
@@ -214,7 +194,12 @@ def build_wheel(series: Series, upstream: Upstream, rev: str, tree: Path | None,
     target = Target.of(upstream, rev)
     commit = target.commit
     base, planned = _validate(series, upstream, target, base_override, runner)
-    git, rows, applied = _patch_tree(series, upstream, target, tree, reporter)
+    worktree, fresh = prepare_tree(upstream, tree, commit, reporter)
+    git = Git(worktree=worktree)
+    record = None if fresh else _patched_state(git, worktree, series, commit)  # None: not patched yet
+    applied = record is None  # whether this run applies the series
+    rows = (apply_series(series, git, target, fresh_clone=fresh, reporter=reporter).entries if applied
+            else record.get("entries", []))
     info = {**target.to_json(), "version": str(base), "build": "source"}  # how it was made
     epoch = int(git.out("show", "-s", "--format=%ct", commit))
     work = Path(tempfile.mkdtemp(prefix="c128patch-build-"))
@@ -230,5 +215,5 @@ def build_wheel(series: Series, upstream: Upstream, rev: str, tree: Path | None,
     finally:
         if not keep_log:
             shutil.rmtree(work, ignore_errors=True)
-    return BuildResult(str(final), str(version), str(base), sha256_path(final), str(git.worktree), rev, commit,
+    return BuildResult(str(final), str(version), str(base), sha256_file(final), str(git.worktree), rev, commit,
                        applied, cmd, env, round(time.perf_counter() - start, 3))

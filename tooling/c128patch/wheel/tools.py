@@ -21,7 +21,7 @@ import tempfile
 import time
 import zipfile
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 from unittest import mock
@@ -97,10 +97,9 @@ def check_archive(infos: list[zipfile.ZipInfo], wheel: Path, error: type[C128Err
     total = sum(i.file_size for i in infos)
     size = max(wheel.stat().st_size, 1)
     if total > MAX_UNPACKED or total > MAX_RATIO * size:
-        raise C128Error(
-            f"{wheel.name}: unpacks to {total / 2**20:.0f} MiB from {size / 2**20:.1f} MiB ({total / size:.0f}:1); "
-            f"the limits are {MAX_UNPACKED >> 30} GiB in total and {MAX_RATIO}:1 (a zip bomb?)"
-        )
+        raise C128Error(f"{wheel.name}: unpacks to {total / 2**20:.0f} MiB from {size / 2**20:.1f} MiB "
+                        f"({total / size:.0f}:1); the limits are {MAX_UNPACKED >> 30} GiB in total and {MAX_RATIO}:1 "
+                        "(a zip bomb?)")
 
 
 def open_zip(wheel: Path) -> zipfile.ZipFile:
@@ -112,15 +111,15 @@ def open_zip(wheel: Path) -> zipfile.ZipFile:
                         "a truncated download? delete it and fetch it again") from None
 
 
-def sha256_path(path: Path) -> str:
-    """A file's sha256 (hex)."""
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
 def record_hash(data: bytes) -> str:
     """A file's hash as RECORD writes it."""
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def record_hashes(text: str) -> dict[str, str]:
+    """name -> sha256 hash of the RECORD rows that carry one."""
+    rows = csv.reader(io.StringIO(text, newline=""))
+    return {row[0]: row[1] for row in rows if len(row) >= 2 and row[1].startswith("sha256=")}
 
 
 def set_metadata_version(data: bytes, version: Version, where: str) -> bytes:
@@ -186,16 +185,10 @@ def sweep_stale(folder: Path, prefix: str) -> None:
             continue
 
 
-def _executable(info: zipfile.ZipInfo) -> bool:
-    return bool((info.external_attr >> 16) & 0o111)
-
-
 class InWheel:
-    """A wheel opened as a folder (``root``: the ``.dist-info`` plus what ``extract`` brings out).
-
-    Anything written under ``root`` goes into the saved wheel; members never extracted are copied
-    from the archive at ``save()``; a member extracted and then deleted is dropped.
-    """
+    """A wheel opened as a folder (``root``: the ``.dist-info`` plus what ``extract`` brings out). Anything written
+    under ``root`` goes into the saved wheel; members never extracted are copied from the archive at ``save()``; a
+    member extracted and then deleted is dropped."""
 
     def __init__(self, wheel: Path) -> None:
         if not wheel.is_file():
@@ -203,8 +196,6 @@ class InWheel:
                             else f"not a wheel: {wheel} is not a file")
         self.wheel = wheel
         self.name = WheelName.parse(wheel)
-        self._tmp: Path | None = None
-        self._zip: zipfile.ZipFile | None = None
         self._members: dict[str, zipfile.ZipInfo] = {}
         self._extracted: set[str] = set()
         self.dist_info = ""
@@ -213,6 +204,7 @@ class InWheel:
         self._zip = open_zip(self.wheel)
         sweep_stale(Path(tempfile.gettempdir()), "c128patch-wheel-")
         self._tmp = Path(tempfile.mkdtemp(prefix=f"c128patch-wheel-{os.getpid()}-"))
+        self.root = self._tmp / "wheel"  # the wheel as a folder
         try:
             check_archive(self._zip.infolist(), self.wheel)
             self._members = {info.filename: info for info in self._zip.infolist() if not info.is_dir()}
@@ -232,16 +224,8 @@ class InWheel:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._zip is not None:
-            self._zip.close()
-            self._zip = None
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
-
-    @property
-    def root(self) -> Path:
-        return Path(str(self._tmp)) / "wheel"
+        self._zip.close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
 
     def members(self) -> list[str]:
         """The files of the original wheel, as archive names."""
@@ -255,7 +239,7 @@ class InWheel:
 
     def _read_zip(self, info: zipfile.ZipInfo) -> bytes:
         try:
-            return self._zip.read(info)  # type: ignore[union-attr]
+            return self._zip.read(info)
         except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
             raise C128Error(f"not a wheel: {self.wheel}: member {info.filename} cannot be read ({exc}); "
                             "a truncated download? delete it and fetch it again") from None
@@ -269,7 +253,7 @@ class InWheel:
             dest = self.root / name
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(self._read_zip(info))
-            if _executable(info):
+            if (info.external_attr >> 16) & 0o111:  # executable in the archive
                 dest.chmod(0o755)
             self._extracted.add(name)
 
@@ -324,7 +308,8 @@ class InWheel:
             raise C128Error(f"refusing to pack a symlink: {name}")
         if name in self._extracted or name not in self._members or path.exists():
             return path.read_bytes(), bool(path.stat().st_mode & 0o111)
-        return self._read_zip(self._members[name]), _executable(self._members[name])
+        info = self._members[name]
+        return self._read_zip(info), bool((info.external_attr >> 16) & 0o111)
 
     def _write(self, path: Path, epoch: int) -> None:
         stamp = time.gmtime(max(epoch, MINIMUM_TIMESTAMP))[:6]
@@ -357,8 +342,7 @@ class WheelMismatch(C128Error):
 @dataclass
 class RecordCheck:
     files: int
-    dist_info: str
-    hashes: dict[str, str] = field(default_factory=dict)  # name -> RECORD hash, every member checked
+    hashes: dict[str, str]  # name -> RECORD hash, every member checked
 
 
 def check_record(wheel: Path) -> RecordCheck:
@@ -395,7 +379,7 @@ def check_record(wheel: Path) -> RecordCheck:
             if listed[name] != str(len(data)):
                 raise WheelMismatch(f"{wheel.name}: RECORD size of {name} is {listed[name]}, the file has {len(data)} "
                                     "bytes")
-        return RecordCheck(len(members), wf.dist_info_path, hashes)
+        return RecordCheck(len(members), hashes)
 
 
 def binary_dirs(names: list[str]) -> set[str]:

@@ -34,11 +34,12 @@ from c128patch.wheel.patch import PACKAGE, WHEEL_PROVENANCE, apply_failure, loos
 from c128patch.wheel.rules import wheel_path
 from c128patch.wheel.sbom import (
     LAYER_FIELDS,
+    LAYER_PREFIX,
+    PROPERTY_PREFIX,
     SBOM_NAME,
     SPEC_VERSION,
     diff_bytes,
-    entry_properties,
-    layer_properties,
+    indexed_properties,
     purl_pypi,
 )
 from c128patch.wheel.tools import InWheel, WheelMismatch, check_record, disk_errors, dist_info_dir
@@ -122,15 +123,15 @@ def _check_sbom(iw: InWheel, doc: dict, record: dict, version: Version) -> list[
     series = record.get("series", {})
     for key in ("name", "version", "digest"):
         if props.get(f"c128patch:series:{key}") != series.get(key):
-            raise _mismatch(iw.wheel,
-                            f"SBOM series {key} {props.get(f'c128patch:series:{key}')!r} differs from the provenance's "
-                            f"{series.get(key)!r}")
+            raise _mismatch(iw.wheel, f"SBOM series {key} {props.get(f'c128patch:series:{key}')!r} differs from the "
+                                      f"provenance's {series.get(key)!r}")
     want_layers = [{k: str(r.get(k, "")) for k in LAYER_FIELDS} for r in record.get("layers", [])]
-    if layer_properties(doc) != want_layers:
-        raise _mismatch(iw.wheel, f"SBOM layers {_names(layer_properties(doc))} differ from the provenance's "
+    have_layers = indexed_properties(doc, LAYER_PREFIX)
+    if have_layers != want_layers:
+        raise _mismatch(iw.wheel, f"SBOM layers {_names(have_layers)} differ from the provenance's "
                                   f"{_names(want_layers)} (name, version, base, digest)")
     patches = comp.get("pedigree", {}).get("patches", [])
-    rows = entry_properties(doc)
+    rows = indexed_properties(doc, PROPERTY_PREFIX)
     entries = record.get("entries", [])
     if not (len(patches) == len(rows) == len(entries)):
         raise _mismatch(iw.wheel,
@@ -142,16 +143,13 @@ def _entry_diffs(iw: InWheel, patches: list[dict], rows: list[dict], entries: li
     """Each SBOM patch and entry row against the provenance's entry; returns each entry's diff."""
     diffs = []
     for i, (patch, row, entry) in enumerate(zip(patches, rows, entries), 1):
-        want = {
-            "name": entry.get("name"), "kind": entry.get("kind"), "gate": entry.get("gate") or "none",
-            "upstream": entry.get("upstream"), "upstream_status": entry.get("upstream_status"),
-            "file": entry.get("file") or entry.get("source"), "sha256": entry.get("sha256"),
-        }
+        want = {"name": entry.get("name"), "kind": entry.get("kind"), "gate": entry.get("gate") or "none",
+                "upstream": entry.get("upstream"), "upstream_status": entry.get("upstream_status"),
+                "file": entry.get("file") or entry.get("source"), "sha256": entry.get("sha256")}
         for key, value in want.items():
             if row.get(key) != value:
-                raise _mismatch(iw.wheel,
-                                f"SBOM entry {i} ({row.get('name')}): {key} {row.get(key)!r} differs from the "
-                                f"provenance's {value!r}")
+                raise _mismatch(iw.wheel, f"SBOM entry {i} ({row.get('name')}): {key} {row.get(key)!r} differs from "
+                                          f"the provenance's {value!r}")
         if patch.get("type") != "unofficial":
             raise _mismatch(iw.wheel, f"SBOM patch {i} ({entry.get('name')}) is not of type 'unofficial'")
         diff = diff_bytes(patch)
@@ -172,8 +170,8 @@ def _check_series(iw: InWheel, record: dict, series: Series) -> None:
     have = record.get("series", {})
     if have.get("digest") != digest:
         raise _mismatch(iw.wheel, f"made from series {have.get('name')} {have.get('version')} "
-                                  f"({str(have.get('digest'))[:8]}), "
-                                  f"not from {series.root} ({series.name} {series.version}, {digest[:8]})")
+                                  f"({str(have.get('digest'))[:8]}), not from {series.root} ({series.name} "
+                                  f"{series.version}, {digest[:8]})")
     layers = [(r.get("name"), r.get("version"), str(r.get("digest", ""))[:8]) for r in record.get("layers", [])]
     want = [(r["name"], r["version"], r["digest"][:8]) for r in layer_rows(series)]
     if layers != want:
@@ -248,9 +246,8 @@ def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[
             diff_file.write_bytes(diffs[i])
             proc = git.run("apply", "-R", "-p2", str(diff_file), check=False)
             if proc.returncode != 0:
-                raise _mismatch(iw.wheel,
-                                f"entry '{e['name']}' is not in the wheel as recorded: "
-                                f"{apply_failure(proc.stderr, _post_image_hunk(diffs[i]))}")
+                raise _mismatch(iw.wheel, f"entry '{e['name']}' is not in the wheel as recorded: "
+                                          f"{apply_failure(proc.stderr, _post_image_hunk(diffs[i]))}")
             rows.append({"name": e["name"], "kind": e.get("kind"), "status": "present"})
     return list(reversed(rows)), compiled
 
@@ -285,8 +282,6 @@ def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = 
             try:
                 diffs = _check_sbom(iw, doc, record, version)
             except (AttributeError, TypeError, KeyError, ValueError) as exc:
-                if isinstance(exc, C128Error):
-                    raise
                 raise _mismatch(wheel, f"SBOM has the wrong shape ({type(exc).__name__}: {exc})") from exc
             if series is not None:
                 _check_series(iw, record, series)
