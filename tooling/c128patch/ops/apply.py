@@ -1,5 +1,5 @@
-"""``apply``'s workflows for the CLI and scripts: ``apply_rev``, ``continue_apply``, ``abort_apply`` and
-``apply_series`` (a tree the caller has). The steps, the journal and the proof: ``ops.applier``."""
+"""``apply``'s workflows for the CLI and scripts: ``apply_rev``, ``continue_apply``, ``abort_apply``. The steps,
+the journal, the proof and an apply in a tree the caller has (``Apply.start``): ``ops.applier``."""
 
 from __future__ import annotations
 
@@ -71,12 +71,6 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
         raise
     remember_layers(Git(worktree=worktree), series)
     return result, older
-
-
-def apply_series(series: Series, git: Git, target: Target, *, branch: str | None = None, fresh_clone: bool = False,
-                 reporter: Reporter = NullReporter()) -> ApplyResult:
-    """``series`` applied to ``target`` in the tree of ``git`` (which holds its commit)."""
-    return Apply(git, series, reporter).start(target, branch=branch, fresh_clone=fresh_clone)
 
 
 def continue_apply(git: Git, series: Series | None = None,

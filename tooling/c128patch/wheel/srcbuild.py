@@ -29,7 +29,7 @@ from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
-from c128patch.ops.apply import apply_series
+from c128patch.ops.applier import Apply
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
 from c128patch.series.layers import describe
@@ -156,7 +156,7 @@ def _patch_tree(series: Series, upstream: Upstream, target: Target, tree: Path |
     record = None if fresh else _patched_state(git, worktree, series, target.commit)
     if record is not None:
         return git, record.get("entries", []), False
-    return git, apply_series(series, git, target, fresh_clone=fresh, reporter=reporter).entries, True
+    return git, Apply(git, series, reporter).start(target, fresh_clone=fresh).entries, True
 
 
 def _run_build(git: Git, work: Path, base: Version, epoch: int, no_isolation: bool, runner: Runner,
