@@ -11,15 +11,16 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
+from typing import Callable
 
-from unidiff import PatchSet
-from unidiff.errors import UnidiffParseError
+from unidiff import PatchSet, UnidiffParseError
+from unidiff.patch import Line
 
 from c128patch.git import Git
+from c128patch.ops.merged import PR_NUMBER
 from c128patch.series.manifest import Entry
 from c128patch.series.patchfile import PatchInfo
 
-_PR = re.compile(r"#(\d+)")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{3,}")
 _COMMON = {"const", "auto", "return", "static_cast", "uint32_t", "int32_t", "int64_t", "size_t", "self", "None",
            "True", "False", "else", "elif", "import", "from", "static", "inline", "void", "bool", "float", "double",
@@ -43,17 +44,10 @@ def _names(lines: list[str]) -> set[str]:
     return {n for line in lines for n in _NAME.findall(line) if n not in _COMMON}
 
 
-def _functions(patch: PatchInfo) -> dict[str, dict[str, set[str]]]:
-    """path -> hunk function header -> the names the hunk's removed lines use."""
-    out: dict[str, dict[str, set[str]]] = {}
-    for pf in patch.patchset:
-        path = pf.path[2:] if pf.path.startswith(("a/", "b/")) else pf.path
-        for hunk in pf:
-            header = (hunk.section_header or "").strip()
-            removed = [line.value for line in hunk if line.is_removed]
-            if header and removed:
-                out.setdefault(path, {}).setdefault(header, set()).update(_names(removed))
-    return out
+def _hunk_names(files: PatchSet, kept: Callable[[Line], bool]) -> list[tuple[str, str, frozenset[str]]]:
+    """(path, function header, the names its ``kept`` lines use) of each hunk of ``files``."""
+    return [(pf.path, hunk.section_header.strip(), frozenset(_names([line.value for line in hunk if kept(line)])))
+            for pf in files for hunk in pf]
 
 
 def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, onto: str,
@@ -74,13 +68,15 @@ def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, on
     if not cached(f"{span}:first", "rev-list", "-1", span):  # onto is old or one of its ancestors
         return []
     found: dict[str, Hint] = {}
-    for number in dict.fromkeys(_PR.findall(entry.upstream or "") + _PR.findall(entry.drop_when or "")):
+    for number in dict.fromkeys(PR_NUMBER.findall(entry.upstream or "") + PR_NUMBER.findall(entry.drop_when or "")):
         for line in cached(f"{span}#{number}", "log", "--reverse", "--format=%H%x00%s", "-E",
                            f"--grep=#{number}([^0-9]|$)", span).splitlines():
             sha, _, subject = line.partition("\0")
             found.setdefault(sha, Hint(sha, subject, f"names PR #{number}"))
-    ours = _functions(patch) if patch is not None else {}
-    where = {(renamed or {}).get(path, path): fns for path, fns in ours.items()}
+    where: dict[str, dict[str, set[str]]] = {}  # path -> hunk header -> the names the hunk's removed lines use
+    for path, header, names in _hunk_names(patch.patchset, lambda line: line.is_removed) if patch else ():
+        if header and names:
+            where.setdefault((renamed or {}).get(path, path), {}).setdefault(header, set()).update(names)
     if where:
         shared = sorted(every) if every is not None and set(where) <= set(every) else None
         log = cached(f"{span}:log:" + ",".join(shared or where), "log", "--reverse", "-p", "--unified=0",
@@ -95,14 +91,10 @@ def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, on
 
 @functools.lru_cache(maxsize=4096)  # entries sharing one log read each commit's diff once
 def _hunks(diff: str) -> tuple[tuple[str, str, frozenset[str]], ...]:
-    """(path, function header, the names its changed lines use) of each hunk of ``diff``."""
     try:
-        files = PatchSet(diff)
+        return tuple(_hunk_names(PatchSet(diff), lambda line: line.is_added or line.is_removed))
     except UnidiffParseError:  # a hint is never evidence: a diff it cannot read gives none
         return ()
-    return tuple((pf.path, hunk.section_header.strip(),
-                  frozenset(_names([line.value for line in hunk if line.is_added or line.is_removed])))
-                 for pf in files for hunk in pf)
 
 
 def _same_function(diff: str, where: dict[str, dict[str, set[str]]]) -> str:

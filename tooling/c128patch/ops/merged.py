@@ -25,7 +25,7 @@ from c128patch.series.plan import Planned
 
 SignalKind = Literal["reverse-apply", "patch-id", "became-empty", "overlay-identical", "pr-hint"]
 CONTENT: tuple[SignalKind, ...] = ("reverse-apply", "patch-id", "became-empty", "overlay-identical")
-_PR = re.compile(r"#(\d+)")
+PR_NUMBER = re.compile(r"#(\d+)")
 _DIFF = re.compile(r"^diff --git a/(.*?) b/(.*)$", re.M)
 
 
@@ -73,27 +73,12 @@ def _show_ids(git: Git, commit: str, *paths: str) -> dict[str, str]:
     return per_commit_file_ids(git, {"": diff})[""]
 
 
-class UpstreamIds:
-    """Per-file patch-ids of upstream commits, each computed once and kept on disk (``""``: not changed)."""
-
-    def __init__(self, git: Git, cache: Path) -> None:
-        self.git, self.cache = git, cache
-        self._ids: dict[str, dict[str, str]] = json.loads(cache.read_text()) if cache.is_file() else {}
-
-    def of(self, commit: str, paths: list[str]) -> dict[str, str]:
-        known = self._ids.setdefault(commit, {})
-        missing = [p for p in paths if p not in known]
-        if missing:
-            known.update({p: "" for p in missing} | _show_ids(self.git, commit, *missing))
-            write_json_atomic(self.cache, self._ids)
-        return {p: known[p] for p in paths}
-
-
 class MergedCheck:
     """The signals for the entries of one rebase range ``old..onto``, each commit diffed once for all."""
 
-    def __init__(self, git: Git, old: str, onto: str, ids: UpstreamIds, old_commits: list[str]) -> None:
-        self.git, self.old, self.onto, self.ids = git, old, onto, ids
+    def __init__(self, git: Git, old: str, onto: str, cache: Path, old_commits: list[str]) -> None:
+        self.git, self.old, self.onto, self.cache = git, old, onto, cache
+        self._ids: dict[str, dict[str, str]] = json.loads(cache.read_text()) if cache.is_file() else {}
         self._old_commits = [c for c in old_commits if c]
         self._ours: dict[str, dict[str, str]] | None = None
         self._touching: dict[str, set[str]] = {}  # range commit -> the entries' files it changes
@@ -102,7 +87,7 @@ class MergedCheck:
     def signals(self, item: Planned, head: str, old_commit: str, idx: Git,
                 present: set[str] | None = None) -> list[Signal]:
         """Signals for ``item`` on ``idx`` (the new base and the earlier entries); on its preimage: hints only."""
-        out = [s for number in _PR.findall(item.entry.upstream) for s in self._pr_hint(number)]
+        out = [s for number in PR_NUMBER.findall(item.entry.upstream) for s in self._pr_hint(number)]
         if item.patch is None:
             there = present is None or item.entry.target in present
             listed = staged(idx, [item.entry.target]).get(item.entry.target) if there else None
@@ -118,6 +103,14 @@ class MergedCheck:
         if old_commit:
             out += self._patch_id(old_commit)
         return out
+
+    def _upstream_ids(self, commit: str, paths: list[str]) -> dict[str, str]:  # kept in ``cache`` ("": unchanged)
+        known = self._ids.setdefault(commit, {})
+        missing = [p for p in paths if p not in known]
+        if missing:
+            known.update({p: "" for p in missing} | _show_ids(self.git, commit, *missing))
+            write_json_atomic(self.cache, self._ids)
+        return {p: known[p] for p in paths}
 
     def _pr_hint(self, number: str) -> list[Signal]:
         if number not in self._hints:
@@ -137,13 +130,13 @@ class MergedCheck:
                 for part in log.split("\0")[1:]:
                     sha, *files = part.split()
                     self._touching[sha] = set(files)
-                    self.ids.of(sha, every)
+                    self._upstream_ids(sha, every)
         ours = self._ours.get(old_commit) or _show_ids(self.git, old_commit)
         if not ours:
             return []
         paths = sorted(ours)
         for sha in [c for c, files in self._touching.items() if set(paths) <= files]:
-            theirs = self.ids.of(sha, paths)
+            theirs = self._upstream_ids(sha, paths)
             if all(theirs.get(path) == pid for path, pid in ours.items()):
                 return [Signal("patch-id", f"upstream commit {sha[:12]} makes the same change to {', '.join(paths)}",
                                sha)]

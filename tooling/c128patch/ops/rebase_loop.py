@@ -16,7 +16,7 @@ from c128patch.ops.conflicts import StopReport, analyze
 from c128patch.ops.equivalence import apply_cached, fresh_replay, prove, tree_diff
 from c128patch.ops.faults import fault_point
 from c128patch.ops.hints import upstream_hints
-from c128patch.ops.merged import MergedCheck, Signal, UpstreamIds, proposes_drop
+from c128patch.ops.merged import MergedCheck, Signal, proposes_drop
 from c128patch.ops.rebase_journal import DONE, Journal, Phase, Step, save_conflicts, tree_state
 from c128patch.ops.rebase_report import classify, range_diff_of, report_of, write_reports
 from c128patch.ops.replay import FAILED, renamed_patch_text, replay_entry, unmerged_paths
@@ -62,8 +62,8 @@ class RebaseLoop:
         planned = self._plan(journal)
         self._fresh_replay(journal.onto_rev, journal.onto_commit, journal.span, journal.left_out)
         merged_here = {e.name: e for e in merged_entries(self.series, git, journal.onto_commit)}
-        check = MergedCheck(git, journal.old_commit, journal.onto_commit,
-                            UpstreamIds(git, self.state / "patch-ids.json"), [s.sha for s in journal.steps])
+        check = MergedCheck(git, journal.old_commit, journal.onto_commit, self.state / "patch-ids.json",
+                            [s.sha for s in journal.steps])
         self._reset_index(journal)
         with ThreadPoolExecutor(max_workers=1) as pool:  # the entries' commit messages are read beside the loop
             self._mails = {s.name: pool.submit(self._mail, p.path, p.entry.name) for s in journal.steps[journal.pos:]
