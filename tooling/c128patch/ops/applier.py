@@ -109,8 +109,7 @@ class ApplyJournal:
 
     @classmethod
     def load(cls, git: Git, path: Path) -> ApplyJournal:
-        data = read_journal(git, path, "apply")
-        journal = cls(**checked_fields(cls, data, git, path, "apply"))
+        journal = cls(**checked_fields(cls, read_journal(git, path, "apply"), git, path, "apply"))
         if journal.phase not in PHASES or not all(isinstance(r, dict) and isinstance(r.get("name"), str)
                                                   for r in journal.entries) or journal.done > journal.total:
             raise C128Error(f"cannot read the c128patch apply journal {path} (bad phase or entries)")
@@ -171,10 +170,6 @@ def _row(item: Planned, **more: str) -> dict:
     return {"name": item.entry.name, "kind": item.entry.kind, "file": item.label, **more}
 
 
-def commit_date(git: Git, commit: str) -> str:
-    return git.out("log", "-1", "--format=%cI", commit)  # (`show -s` costs 0.5 s on a release commit)
-
-
 class Apply:
     def __init__(self, git: Git, series: Series | None = None, reporter: Reporter = NullReporter()) -> None:
         assert git.worktree is not None
@@ -183,7 +178,6 @@ class Apply:
         self.series = series
         self.reporter = reporter
         self.path = apply_journal(git)
-        self._redo_checkout = False
         self._hooks: str | None = None  # the tree's hooks folder (core.hooksPath) relative to it, "" when outside
 
     # ------------------------------------------------------------------ entry points
@@ -254,7 +248,7 @@ class Apply:
             if journal.fresh_clone:
                 discard_fresh_tree(self.tree, journal.tree_existed)
                 return done | {"branch": None, "head": None, "stash": ""}
-            self._am_abort()
+            git.run("am", "--abort", check=False)  # (none in progress: git refuses, changing nothing)
             ours = set(journal.step_paths) if journal.in_step else set()
             theirs = [p for p in changed_paths(git) if p not in ours]
             stash = ""
@@ -295,8 +289,7 @@ class Apply:
     def _run(self, journal: ApplyJournal, planned: list[Planned]) -> ApplyResult:
         git, series = self.git, self.series
         assert series is not None
-        date = commit_date(git, journal.upstream_commit)
-        dated = git.with_env(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
+        dated = self._dated(journal)
         if journal.phase == "clone":
             fault_point("at", "clone")
             if git.rev_parse(journal.upstream_commit) is None:  # the clone was cut short: fetch what it lacks
@@ -305,7 +298,7 @@ class Apply:
             journal.save(self.path)
         if journal.phase == "checkout":
             self.reporter.step(f"checking out {journal.rev} on {journal.branch}")
-            redo = journal.in_step or self._redo_checkout  # cut short before: what is there is ours
+            redo = journal.in_step  # cut short before: what is there is ours
             self._begin(journal, [])
             git.run("checkout", "--quiet", *(["--force", "-B"] if redo else ["-b"]), journal.branch,
                     journal.upstream_commit)
@@ -338,6 +331,11 @@ class Apply:
                                        f"  undo: {self._undo_finished(journal)}", report=result.to_json())
         return result
 
+    def _dated(self, journal: ApplyJournal) -> Git:
+        """Git committing at the upstream commit's date (``show -s`` costs 0.5 s on a release commit)."""
+        date = self.git.out("log", "-1", "--format=%cI", journal.upstream_commit)
+        return self.git.with_env(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
+
     def _begin(self, journal: ApplyJournal, paths: list[str]) -> None:
         """A step starts: marked before it touches anything, so what it leaves half done is known to be ours."""
         journal.head_before, journal.in_step, journal.step_paths = self.git.head() or "", True, paths
@@ -345,12 +343,11 @@ class Apply:
 
     def _undo_finished(self, journal: ApplyJournal) -> str:
         """The commands that take a finished apply away (its journal is gone)."""
-        g = ["git", "-C", str(self.tree)]
         if journal.fresh_clone:
             return shlex.join(["rm", "-rf", str(self.tree)])
-        back = shlex.join([*g, "checkout", journal.orig_branch]) if journal.orig_branch else \
-            shlex.join([*g, "checkout", "--detach", journal.orig_head or "HEAD"])
-        return f"{back} && {shlex.join([*g, 'branch', '-D', journal.branch])}"
+        g = ["git", "-C", str(self.tree)]
+        back = [journal.orig_branch] if journal.orig_branch else ["--detach", journal.orig_head or "HEAD"]
+        return f"{shlex.join([*g, 'checkout', *back])} && {shlex.join([*g, 'branch', '-D', journal.branch])}"
 
     def _apply_entry(self, journal: ApplyJournal, item: Planned, planned: list[Planned], dated: Git) -> str:
         git, series = self.git, self.series
@@ -452,10 +449,6 @@ class Apply:
         )
 
     # ------------------------------------------------------------------ resuming
-    def _am_abort(self) -> None:
-        if git_path(self.git, "rebase-apply").exists():
-            self.git.run("am", "--abort", check=False)
-
     def _reset(self, head: str, ours: list[str]) -> None:
         """Back to ``head``, the files the step wrote (``ours``) removed; no paths would mean every untracked file."""
         self.git.run("reset", "--quiet", "--hard", head)
@@ -463,19 +456,18 @@ class Apply:
             self.git.run("clean", "-fq", "--", *ours)
 
     def _undo_step(self, journal: ApplyJournal) -> None:
-        """Put the tree back where the interrupted step started (checkout: redone with --force)."""
+        """Put the tree back where the interrupted step started (a checkout stays marked: redone with --force)."""
         git = self.git
-        self._am_abort()
+        git.run("am", "--abort", check=False)
         if journal.phase == "checkout":
-            self._redo_checkout = True
-        elif journal.phase in ("entries", "provenance"):
-            ours = journal.step_paths
-            theirs = [p for p in changed_paths(git) if p not in ours]
-            if theirs:
-                stash = shlex.join(["git", "-C", str(self.tree), "stash", "-u"])
-                raise C128Error(f"cannot continue: {self.tree} has changes the interrupted step did not make "
-                                f"({', '.join(theirs[:3])}); stash them ({stash}) and retry")
-            self._reset(journal.head_before, ours)
+            return
+        ours = journal.step_paths
+        theirs = [p for p in changed_paths(git) if p not in ours]
+        if theirs:
+            stash = shlex.join(["git", "-C", str(self.tree), "stash", "-u"])
+            raise C128Error(f"cannot continue: {self.tree} has changes the interrupted step did not make "
+                            f"({', '.join(theirs[:3])}); stash them ({stash}) and retry")
+        self._reset(journal.head_before, ours)
         journal.in_step = False
         journal.save(self.path)
 
@@ -498,9 +490,8 @@ class Apply:
             if item.patch is None:
                 raise C128Error(f"cannot continue: entry '{item.entry.name}' is an overlay; it is not resolved by hand")
             if f"{ENTRY_TRAILER}: {item.entry.name}" not in git.out("log", "-1", "--format=%B", head):
-                git.with_env(GIT_COMMITTER_DATE=commit_date(git, journal.upstream_commit)).run(
-                    "commit", "--quiet", "--amend", "--no-edit", "--no-verify", "--trailer",
-                    f"{ENTRY_TRAILER}: {item.entry.name}")
+                self._dated(journal).run("commit", "--quiet", "--amend", "--no-edit", "--no-verify", "--trailer",
+                                         f"{ENTRY_TRAILER}: {item.entry.name}")
             self._record(journal, item, "resolved")
         ensure_clean(git, "continue the apply")
 
