@@ -87,12 +87,6 @@ class RevCheck:
         return asdict(self)
 
 
-def first_error(text: str) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    found = [line for line in lines if "patch failed:" in line or "does not exist" in line or "already exists" in line]
-    return (found or lines or ["error: "])[0 if found else -1].removeprefix("error: ").strip()
-
-
 def unmerged_paths(git: Git) -> list[str]:
     return sorted({line.split("\t", 1)[1] for line in git.out("ls-files", "-u").splitlines()})
 
@@ -173,7 +167,9 @@ def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | 
             return row
     index_file.write_bytes(saved)  # later entries are replayed on top of the rest
     row.status = "conflict"
-    row.detail = first_error(three.stderr) or first_error(strict.stderr)
+    lines = [line for line in (three.stderr.strip() or strict.stderr).splitlines() if line.strip()]
+    found = [line for line in lines if "patch failed:" in line or "does not exist" in line or "already exists" in line]
+    row.detail = (found or lines or ["error: "])[0 if found else -1].removeprefix("error: ").strip()
     if row.conflicts:
         row.detail = f"3-way merge conflicts in {', '.join(row.conflicts)}" + (
             " (the ledger resolved only " + ", ".join(r.path for r in row.resolutions) + ")" if row.resolutions else "")
@@ -222,15 +218,14 @@ def rewrap_merge(git: Git, info: PatchInfo, index_file: Path) -> bool:
     idx = index_git(git, index_file)
     out = {}
     for pf in files:
-        path = pf.path[2:] if pf.path.startswith(("a/", "b/")) else pf.path
-        listed = staged(idx, [path]).get(path)
+        listed = staged(idx, [pf.path]).get(pf.path)
         try:
             new = rewrapped(git.run("cat-file", "blob", listed[1], binary=True).stdout.decode(), pf) if listed else None
         except UnicodeDecodeError:
             return False
         if listed is None or new is None:
             return False
-        out[path] = (listed[0], new)
+        out[pf.path] = (listed[0], new)
     stage(idx, {path: (mode, git.run("hash-object", "-w", "--stdin", input=new.encode(), binary=True).stdout.decode()
                        .strip()) for path, (mode, new) in out.items()})
     return True

@@ -44,20 +44,13 @@ class Taken:
         return asdict(self)
 
 
-def module_of(target: str) -> str:
-    """The dotted module a Python target is imported as (``python/`` left out), else ""."""
-    path = PurePosixPath(target)
-    if path.suffix != ".py" or not path.parts or path.parts[0] != TREE_ROOT:
-        return ""
-    parts = list(path.with_suffix("").parts[1:])
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def _patterns(target: str) -> list[str]:
     """Extended regexes that find an import of ``target`` (a header: its file name in an include)."""
-    module = module_of(target)
+    path = PurePosixPath(target)
+    parts = list(path.with_suffix("").parts[1:]) if path.suffix == ".py" and path.parts[0] == TREE_ROOT else []
+    module = ".".join(parts[:-1] if parts[-1:] == ["__init__"] else parts)  # imported as, ``python/`` left out
     if not module:
-        return [re.escape(PurePosixPath(target).name)]
+        return [re.escape(path.name)]
     parent, _, name = module.rpartition(".")
     return [rf"(from|import)[[:space:]]+{re.escape(module)}([^A-Za-z0-9_]|$)",
             rf"from[[:space:]]+{re.escape(parent)}[[:space:]]+import.*[^A-Za-z0-9_]{re.escape(name)}([^A-Za-z0-9_]|$)"]
