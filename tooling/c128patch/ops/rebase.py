@@ -19,8 +19,7 @@ from pathlib import Path
 from c128patch.errors import C128Error
 from c128patch.ops.applier import RECOVERY_PREFIX
 from c128patch.ops.equivalence import compare_commits
-from c128patch.ops.hints import upstream_hints
-from c128patch.ops.merged import Signal
+from c128patch.ops.merged import Signal, upstream_hints
 from c128patch.ops.rebase_journal import Journal, Paused, Step, saved_conflicts, tree_state
 from c128patch.ops.rebase_loop import RebaseLoop
 from c128patch.ops.replay import replay_in_index, unmerged_paths

@@ -15,8 +15,7 @@ from c128patch.git import BOT_EMAIL, BOT_NAME, Git
 from c128patch.ops.conflicts import StopReport, analyze
 from c128patch.ops.equivalence import apply_cached, fresh_replay, prove, tree_diff
 from c128patch.ops.faults import fault_point
-from c128patch.ops.hints import upstream_hints
-from c128patch.ops.merged import MergedCheck, Signal, proposes_drop
+from c128patch.ops.merged import MergedCheck, Signal, proposes_drop, upstream_hints
 from c128patch.ops.rebase_journal import DONE, Journal, Phase, Step, save_conflicts, tree_state
 from c128patch.ops.rebase_report import classify, range_diff_of, report_of, write_reports
 from c128patch.ops.replay import FAILED, renamed_patch_text, replay_entry, unmerged_paths

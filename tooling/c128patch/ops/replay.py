@@ -55,7 +55,7 @@ class EntryCheck:
     conflicts: list[str] = field(default_factory=list)  # files the 3-way merge leaves conflicted
     resolutions: list[Resolution] = field(default_factory=list)  # ledger rows that resolved them
     renamed: dict[str, str] = field(default_factory=dict)  # path in the patch -> where upstream moved it
-    hints: list[str] = field(default_factory=list)  # "upstream may now handle this: <commit>" (ops.hints)
+    hints: list[str] = field(default_factory=list)  # "upstream may now handle this: <commit>" (ops.merged)
 
     @classmethod
     def of(cls, item: Planned, status: Outcome, detail: str = "", **more: object) -> EntryCheck:
