@@ -12,14 +12,13 @@ from typing import Callable, NoReturn
 
 from c128patch.errors import ConflictError, DifferenceError
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git
-from c128patch.ops.conflicts import StopReport, analyze
+from c128patch.ops.conflicts import StopReport, analyze, taken
 from c128patch.ops.equivalence import apply_cached, fresh_replay, prove, tree_diff
 from c128patch.ops.faults import fault_point
 from c128patch.ops.merged import MergedCheck, Signal, proposes_drop, upstream_hints
 from c128patch.ops.rebase_journal import DONE, Journal, Phase, Step, save_conflicts, tree_state
 from c128patch.ops.rebase_report import classify, range_diff_of, report_of, write_reports
 from c128patch.ops.replay import FAILED, renamed_patch_text, replay_entry, unmerged_paths
-from c128patch.ops.taken import taken
 from c128patch.ops.treestate import rebase_command, rebase_journal
 from c128patch.series import provenance
 from c128patch.series.ledger import Ledger
@@ -279,7 +278,7 @@ class RebaseLoop:
             report=report)
 
     def _taken(self, journal: Journal, step: Step, stop: StopReport) -> list[str] | None:
-        """An overlay stopped at its target: upstream's own file is there (``ops.taken``); its lines."""
+        """An overlay stopped at its target: upstream's own file is there (``ops.conflicts.taken``); its lines."""
         item = self._plan(journal).get(step.name)
         if item is None or item.patch is not None or stop.paths != [item.entry.target]:
             return None
