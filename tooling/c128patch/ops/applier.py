@@ -16,18 +16,19 @@ written through a symlink, and patches may not create symlinks (``plan``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterator
 
-from c128patch.errors import C128Error, ConflictError, DifferenceError
+from c128patch.errors import C128Error, ConflictError, DifferenceError, Interrupted
 from c128patch.git import Git, environment_problem
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops.equivalence import prove
-from c128patch.ops.faults import fault_point
 from c128patch.ops.treestate import (
     apply_commands,
     apply_journal,
@@ -35,6 +36,7 @@ from c128patch.ops.treestate import (
     checked_fields,
     ensure_clean,
     ensure_idle,
+    fault_point,
     git_command,
     git_path,
     read_journal,
@@ -109,6 +111,8 @@ class ApplyJournal:
 
     @classmethod
     def load(cls, git: Git, path: Path) -> ApplyJournal:
+        if not path.is_file():
+            raise C128Error(f"no c128patch apply is in progress in {git.cwd.resolve()}")
         journal = cls(**checked_fields(cls, read_journal(git, path, "apply"), git, path, "apply"))
         if journal.phase not in PHASES or not all(isinstance(r, dict) and isinstance(r.get("name"), str)
                                                   for r in journal.entries) or journal.done > journal.total:
@@ -150,13 +154,11 @@ def already_applied(series: Series, git: Git, branch: str, target: Target) -> Ap
     if tip is None:
         return None
     prov_commit = git.out("log", "-1", "--format=%H", tip, "--", provenance.PROVENANCE_PATH)
-    blob = git.blob(tip, provenance.PROVENANCE_PATH) if prov_commit else None
     try:
-        record = json.loads(blob) if blob else {}
+        record = json.loads(git.blob(tip, provenance.PROVENANCE_PATH) or b"null") if prov_commit else None
     except (ValueError, RecursionError):
         return None
-    if not isinstance(record, dict) or provenance.record_problem(record) or \
-            provenance.applied_digest(record) != series.digest() or \
+    if provenance.record_problem(record) or provenance.applied_digest(record) != series.digest() or \
             record.get("upstream", {}).get("commit") != target.commit:
         return None
     rows = [{"name": e["name"], "kind": e["kind"], "file": e.get("file", e.get("source", "")), "status": "applied",
@@ -164,6 +166,17 @@ def already_applied(series: Series, git: Git, branch: str, target: Target) -> Ap
     return ApplyResult(str(git.worktree), target.rev, target.commit, branch, head=tip, entries=rows,
                        already_applied=True, commits_on_top=git.count(f"{prov_commit}..{tip}"),
                        checked_out=git.current_branch() == branch)
+
+
+@contextlib.contextmanager
+def interrupts_said(tree: Path) -> Iterator[None]:
+    """A Ctrl-C in the block becomes the error that says how to resume or undo the apply in ``tree``."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        resume, undo = apply_commands(tree)
+        raise Interrupted(f"interrupted: the apply journal is intact; resume with `{resume}` or undo with `{undo}`") \
+            from None
 
 
 def _row(item: Planned, **more: str) -> dict:
@@ -180,7 +193,6 @@ class Apply:
         self.path = apply_journal(git)
         self._hooks: str | None = None  # the tree's hooks folder (core.hooksPath) relative to it, "" when outside
 
-    # ------------------------------------------------------------------ entry points
     def start(self, target: Target, *, branch: str | None = None, fresh_clone: bool = False,
               planned: list[Planned] | None = None) -> ApplyResult:
         git, series = self.git, self.series
@@ -225,8 +237,8 @@ class Apply:
 
     def resume(self) -> ApplyResult:
         git = self.git
-        with repo_lock(git, "apply"):
-            journal = self.journal()
+        with interrupts_said(self.tree), repo_lock(git, "apply"):
+            journal = ApplyJournal.load(git, self.path)
             series = self.series or stack(load_series(Path(journal.series_root)), [Path(p) for p in journal.layers])
             self.series = series
             if series.digest() != journal.series_digest:
@@ -242,8 +254,8 @@ class Apply:
 
     def abort(self) -> dict:
         git = self.git
-        with repo_lock(git, "apply"):
-            journal = self.journal()
+        with interrupts_said(self.tree), repo_lock(git, "apply"):
+            journal = ApplyJournal.load(git, self.path)
             done = {"ok": True, "aborted": True, "tree": str(self.tree), "removed_clone": journal.fresh_clone}
             if journal.fresh_clone:
                 discard_fresh_tree(self.tree, journal.tree_existed)
@@ -268,12 +280,6 @@ class Apply:
             self.path.unlink()
             return done | {"branch": journal.orig_branch, "head": journal.orig_head, "stash": stash}
 
-    def journal(self) -> ApplyJournal:
-        if not self.path.is_file():
-            raise C128Error(f"no c128patch apply is in progress in {self.tree}")
-        return ApplyJournal.load(self.git, self.path)
-
-    # ------------------------------------------------------------------ the loop
     def _guarded(self, journal: ApplyJournal, planned: list[Planned]) -> ApplyResult:
         """Run the rest; a failure other than a conflict says how to resume or undo (the journal stays)."""
         try:
@@ -316,7 +322,14 @@ class Apply:
             journal.save(self.path)
         self.reporter.step("writing provenance")
         self._begin(journal, [provenance.PROVENANCE_PATH])
-        self._commit_provenance(journal, planned, dated)
+        record = provenance.build(series, planned, journal.upstream_info, journal.entries)
+        self._write(provenance.PROVENANCE_PATH, provenance.dumps(record).encode(), "the provenance record",
+                    f"cannot write {provenance.PROVENANCE_PATH} in {self.tree}")
+        fault_point("at", "provenance")
+        git.run("add", "--", provenance.PROVENANCE_PATH)
+        dated.run("commit", "--quiet", "--no-verify", "-m",
+                  f"c128patch: provenance (series {series.name} {series.version} on {journal.rev})\n\n"
+                  f"{ENTRY_TRAILER}: provenance\n")
         fault_point("after", "provenance")
         self.path.unlink()
         result = self._result(journal)
@@ -399,17 +412,6 @@ class Apply:
         journal.head_before, journal.in_step, journal.paused = head, False, ""
         journal.save(self.path)
 
-    def _commit_provenance(self, journal: ApplyJournal, planned: list[Planned], dated: Git) -> None:
-        assert self.series is not None
-        record = provenance.build(self.series, planned, journal.upstream_info, journal.entries)
-        self._write(provenance.PROVENANCE_PATH, provenance.dumps(record).encode(), "the provenance record",
-                    f"cannot write {provenance.PROVENANCE_PATH} in {self.tree}")
-        fault_point("at", "provenance")
-        self.git.run("add", "--", provenance.PROVENANCE_PATH)
-        dated.run("commit", "--quiet", "--no-verify", "-m",
-                  f"c128patch: provenance (series {self.series.name} {self.series.version} on {journal.rev})\n\n"
-                  f"{ENTRY_TRAILER}: provenance\n")
-
     def _write(self, rel: str, data: bytes, what: str, failure: str) -> None:
         dest = confine(self.tree, rel, what)
         try:
@@ -419,8 +421,7 @@ class Apply:
             raise C128Error(f"{failure}: {exc.strerror} (fix that, then resume)") from None
 
     def _conflict(self, journal: ApplyJournal, item: Planned, planned: list[Planned], output: str) -> ConflictError:
-        git, tree = self.git, self.tree
-        path, hunk = _failure_detail(git, item, output)
+        path, hunk = _failure_detail(self.git, item, output)
         i, q = journal.done, shlex.quote(str(item.path))
         journal.in_step, journal.paused = False, "conflict"
         journal.save(self.path)
@@ -429,9 +430,9 @@ class Apply:
         result.entries.append(_row(item, status="conflict", failed_file=path, failed_hunk=hunk))
         result.entries += [{"name": p.entry.name, "kind": p.entry.kind,
                             "status": "not-reached"} for p in planned[i + 1:]]
-        resume, undo = apply_commands(tree)
+        resume, undo = apply_commands(self.tree)
         back = journal.orig_branch or (journal.orig_head or "")[:12] or "(none)"
-        g = git_command(tree)
+        g = git_command(self.tree)
         return ConflictError(
             f"entry '{item.entry.name}' ({item.label}) does not apply to {journal.rev}: {path} {hunk}"
             + overlap_note(self.series, [(p.entry.name, p.touched) for p in planned[:i]], item.entry.name,
@@ -448,7 +449,6 @@ class Apply:
             report=result.to_json(),
         )
 
-    # ------------------------------------------------------------------ resuming
     def _reset(self, head: str, ours: list[str]) -> None:
         """Back to ``head``, the files the step wrote (``ours``) removed; no paths would mean every untracked file."""
         self.git.run("reset", "--quiet", "--hard", head)

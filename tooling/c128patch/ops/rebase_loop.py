@@ -14,12 +14,11 @@ from c128patch.errors import ConflictError, DifferenceError
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git
 from c128patch.ops.conflicts import StopReport, analyze, taken
 from c128patch.ops.equivalence import apply_cached, fresh_replay, prove, tree_diff
-from c128patch.ops.faults import fault_point
 from c128patch.ops.merged import MergedCheck, Signal, proposes_drop, upstream_hints
 from c128patch.ops.rebase_journal import DONE, Journal, Phase, Step, save_conflicts, tree_state
 from c128patch.ops.rebase_report import classify, range_diff_of, report_of, write_reports
 from c128patch.ops.replay import FAILED, renamed_patch_text, replay_entry, unmerged_paths
-from c128patch.ops.treestate import rebase_command, rebase_journal
+from c128patch.ops.treestate import fault_point, rebase_command, rebase_journal
 from c128patch.series import provenance
 from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import Series
@@ -73,7 +72,7 @@ class RebaseLoop:
                     self._advance(journal)
                     continue
                 journal.save(self.path)
-                fault_point("before", step.name)  # C128PATCH_FAULT=kill-before:<entry> (ops.faults)
+                fault_point("before", step.name)  # C128PATCH_FAULT=kill-before:<entry> (ops.treestate)
                 if step.kind == "commit":
                     self._carry(journal, step)
                 elif step.name in merged_here:
