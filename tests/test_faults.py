@@ -4,7 +4,7 @@ commands the tool prints (or ``status`` prints, after a SIGKILL) are pasted into
 ways out end in the right state: ``--continue`` gives exactly the commits an uninterrupted run gives;
 ``--abort`` gives back the tree, refs and HEAD exactly as they were.
 
-The interruptions come from two places: ``C128PATCH_FAULT`` points in the tool (ops.faults: between
+The interruptions come from two places: ``C128PATCH_FAULT`` points in the tool (ops.treestate: between
 steps, after a commit the journal does not list yet, with the provenance file written but not
 committed, right after a fresh clone, inside a rebase's stop, after the rebased branch moved) and
 git hooks that signal the whole process group from inside git itself (during ``git am``; during the

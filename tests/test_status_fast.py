@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from c128patch.git import Git
-from c128patch.ops import applier, equivalence, status
+from c128patch.ops import equivalence
 from c128patch.ops.lint import update_hashes
 from c128patch.ops.proofs import PROOF
 from c128patch.series.manifest import load_series
@@ -139,6 +139,3 @@ def test_a_record_that_cannot_be_written_is_proved_each_time(applied):
         res = status_of(series, tree)
         assert res.code == 0 and res.out["proof"] == "computed" and res.out["equals_series"], res.err
 
-
-def test_the_recovery_prefix_status_reads_is_the_one_apply_writes():
-    assert status.RECOVERY_PREFIX == applier.RECOVERY_PREFIX

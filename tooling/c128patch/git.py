@@ -33,7 +33,7 @@ FORCED_CONFIG = (
     ("rerere.enabled", "false"),
     ("am.messageId", "false"),
 )
-# Test hook (as ops.faults' C128PATCH_FAULT): a folder of hooks the tool's git runs instead of none,
+# Test hook (as ops.treestate's C128PATCH_FAULT): a folder of hooks the tool's git runs instead of none,
 # so that a test can interrupt inside git itself. Unset (always, outside tests), no hook runs.
 FAULT_HOOKS_ENV = "C128PATCH_FAULT_HOOKS"
 # Of the operator's GIT_* variables only these reach git (transport, tracing, git's own test knobs): the tool

@@ -56,7 +56,8 @@ def _finish(where: Path | None, cont: bool, series_dir: Path | None, layer_dirs:
             as_json: bool) -> None:
     """--continue / --abort, in ``where`` (None: the tree ``locate_tree`` finds, as status does)."""
     from c128patch.git import Git
-    from c128patch.ops.apply import abort_apply, continue_apply
+    from c128patch.ops.applier import Apply
+    from c128patch.ops.apply import continue_apply
     from c128patch.progress import reporter
     from c128patch.series.layers import get_series
 
@@ -67,7 +68,7 @@ def _finish(where: Path | None, cont: bool, series_dir: Path | None, layer_dirs:
         with reporter(not as_json, title="apply") as rep:
             result, series = continue_apply(git, get_series(series_dir, layer_dirs) if series_dir else None, rep)
         return _report(result, series, as_json)
-    aborted = abort_apply(git)
+    aborted = Apply(git).abort()
     if as_json:
         return emit_json(aborted)
     if aborted["removed_clone"]:

@@ -49,7 +49,7 @@ from c128patch.fit.watch_report import broken_next, commit_message, headline, re
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops import refresh as refresh_ops
-from c128patch.ops.apply import apply_series
+from c128patch.ops.applier import Apply
 from c128patch.ops.audit import audit_branch
 from c128patch.ops.equivalence import tree_without_provenance
 from c128patch.ops.lint import lint_stack
@@ -164,8 +164,8 @@ class Watch:
         series = self.series
         self._step(f"applying series {series.name} {series.version} at its base {series.base}")
         try:
-            apply_series(mine, git, Target(series.base, base_commit, self.info["upstream"]["source"]), branch=BRANCH,
-                         fresh_clone=True, reporter=self)
+            Apply(git, mine, self).start(Target(series.base, base_commit, self.info["upstream"]["source"]),
+                                         branch=BRANCH, fresh_clone=True)
         except C128Error as exc:
             return {**self._report("failed", [f"the series does not apply at its own base {series.base}: "
                                               f"{exc.message}"]), "json": {}}
@@ -328,7 +328,7 @@ class Watch:
         self._step(f"verifying the refreshed series on {self.onto}")
         problems = info["problems"]
         try:
-            applied = apply_series(new, git, Target(self.onto, onto_commit), branch=VERIFY_BRANCH)
+            applied = Apply(git, new).start(Target(self.onto, onto_commit), branch=VERIFY_BRANCH)
         except C128Error as exc:
             problems.append(f"the refreshed series does not apply on {self.onto}: {exc.message}")
             return info, new

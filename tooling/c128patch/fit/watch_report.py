@@ -186,7 +186,7 @@ def _conflicts(report: dict) -> list[str]:
         if not c["blocks"]:
             lines.append(f"- {md(c['detail'])}")
         lines += [f"- {md(h['line'])}" for h in c.get("hints", [])]
-        t = c.get("taken")  # an overlay's path taken upstream (``ops.taken``): who made and imports it, the way on
+        t = c.get("taken")  # an overlay's path taken upstream (``ops.conflicts``): who made and imports it, the way on
         if t:
             lines += [f"- upstream created {md(t['target'])}" + (f" in {md(t['created'])}" if t["created"] else "")
                       + (f"; imported upstream by {', '.join(md(i) for i in t['importers'][:5])}"

@@ -16,26 +16,29 @@ written through a symlink, and patches may not create symlinks (``plan``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterator
 
-from c128patch.errors import C128Error, ConflictError, DifferenceError
+from c128patch.errors import C128Error, ConflictError, DifferenceError, Interrupted
 from c128patch.git import Git, environment_problem
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops import proofs
 from c128patch.ops.equivalence import prove
-from c128patch.ops.faults import fault_point
 from c128patch.ops.treestate import (
+    RECOVERY_PREFIX,
     apply_commands,
     apply_journal,
     changed_paths,
     checked_fields,
     ensure_clean,
     ensure_idle,
+    fault_point,
     git_command,
     git_path,
     read_journal,
@@ -51,7 +54,6 @@ from c128patch.series.paths import check_under, confine, symlink_on_path
 from c128patch.series.plan import ENTRY_TRAILER, Planned, check_paths_at, merged_entries, overlay_message, plan
 from c128patch.upstream.source import Target, discard_fresh_tree
 
-RECOVERY_PREFIX = "refs/c128patch/recovery"
 PHASES = ("clone", "checkout", "entries", "provenance")
 
 
@@ -109,8 +111,9 @@ class ApplyJournal:
 
     @classmethod
     def load(cls, git: Git, path: Path) -> ApplyJournal:
-        data = read_journal(git, path, "apply")
-        journal = cls(**checked_fields(cls, data, git, path, "apply"))
+        if not path.is_file():
+            raise C128Error(f"no c128patch apply is in progress in {git.cwd.resolve()}")
+        journal = cls(**checked_fields(cls, read_journal(git, path, "apply"), git, path, "apply"))
         if journal.phase not in PHASES or not all(isinstance(r, dict) and isinstance(r.get("name"), str)
                                                   for r in journal.entries) or journal.done > journal.total:
             raise C128Error(f"cannot read the c128patch apply journal {path} (bad phase or entries)")
@@ -151,13 +154,11 @@ def already_applied(series: Series, git: Git, branch: str, target: Target) -> Ap
     if tip is None:
         return None
     prov_commit = git.out("log", "-1", "--format=%H", tip, "--", provenance.PROVENANCE_PATH)
-    blob = git.blob(tip, provenance.PROVENANCE_PATH) if prov_commit else None
     try:
-        record = json.loads(blob) if blob else {}
+        record = json.loads(git.blob(tip, provenance.PROVENANCE_PATH) or b"null") if prov_commit else None
     except (ValueError, RecursionError):
         return None
-    if not isinstance(record, dict) or provenance.record_problem(record) or \
-            provenance.applied_digest(record) != series.digest() or \
+    if provenance.record_problem(record) or provenance.applied_digest(record) != series.digest() or \
             record.get("upstream", {}).get("commit") != target.commit:
         return None
     rows = [{"name": e["name"], "kind": e["kind"], "file": e.get("file", e.get("source", "")), "status": "applied",
@@ -167,12 +168,19 @@ def already_applied(series: Series, git: Git, branch: str, target: Target) -> Ap
                        checked_out=git.current_branch() == branch)
 
 
+@contextlib.contextmanager
+def interrupts_said(tree: Path) -> Iterator[None]:
+    """A Ctrl-C in the block becomes the error that says how to resume or undo the apply in ``tree``."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        resume, undo = apply_commands(tree)
+        raise Interrupted(f"interrupted: the apply journal is intact; resume with `{resume}` or undo with `{undo}`") \
+            from None
+
+
 def _row(item: Planned, **more: str) -> dict:
     return {"name": item.entry.name, "kind": item.entry.kind, "file": item.label, **more}
-
-
-def commit_date(git: Git, commit: str) -> str:
-    return git.out("log", "-1", "--format=%cI", commit)  # (`show -s` costs 0.5 s on a release commit)
 
 
 class Apply:
@@ -183,10 +191,8 @@ class Apply:
         self.series = series
         self.reporter = reporter
         self.path = apply_journal(git)
-        self._redo_checkout = False
         self._hooks: str | None = None  # the tree's hooks folder (core.hooksPath) relative to it, "" when outside
 
-    # ------------------------------------------------------------------ entry points
     def start(self, target: Target, *, branch: str | None = None, fresh_clone: bool = False,
               planned: list[Planned] | None = None) -> ApplyResult:
         git, series = self.git, self.series
@@ -231,8 +237,8 @@ class Apply:
 
     def resume(self) -> ApplyResult:
         git = self.git
-        with repo_lock(git, "apply"):
-            journal = self.journal()
+        with interrupts_said(self.tree), repo_lock(git, "apply"):
+            journal = ApplyJournal.load(git, self.path)
             series = self.series or stack(load_series(Path(journal.series_root)), [Path(p) for p in journal.layers])
             self.series = series
             if series.digest() != journal.series_digest:
@@ -248,13 +254,13 @@ class Apply:
 
     def abort(self) -> dict:
         git = self.git
-        with repo_lock(git, "apply"):
-            journal = self.journal()
+        with interrupts_said(self.tree), repo_lock(git, "apply"):
+            journal = ApplyJournal.load(git, self.path)
             done = {"ok": True, "aborted": True, "tree": str(self.tree), "removed_clone": journal.fresh_clone}
             if journal.fresh_clone:
                 discard_fresh_tree(self.tree, journal.tree_existed)
                 return done | {"branch": None, "head": None, "stash": ""}
-            self._am_abort()
+            git.run("am", "--abort", check=False)  # (none in progress: git refuses, changing nothing)
             ours = set(journal.step_paths) if journal.in_step else set()
             theirs = [p for p in changed_paths(git) if p not in ours]
             stash = ""
@@ -274,12 +280,6 @@ class Apply:
             self.path.unlink()
             return done | {"branch": journal.orig_branch, "head": journal.orig_head, "stash": stash}
 
-    def journal(self) -> ApplyJournal:
-        if not self.path.is_file():
-            raise C128Error(f"no c128patch apply is in progress in {self.tree}")
-        return ApplyJournal.load(self.git, self.path)
-
-    # ------------------------------------------------------------------ the loop
     def _guarded(self, journal: ApplyJournal, planned: list[Planned]) -> ApplyResult:
         """Run the rest; a failure other than a conflict says how to resume or undo (the journal stays)."""
         try:
@@ -295,8 +295,7 @@ class Apply:
     def _run(self, journal: ApplyJournal, planned: list[Planned]) -> ApplyResult:
         git, series = self.git, self.series
         assert series is not None
-        date = commit_date(git, journal.upstream_commit)
-        dated = git.with_env(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
+        dated = self._dated(journal)
         if journal.phase == "clone":
             fault_point("at", "clone")
             if git.rev_parse(journal.upstream_commit) is None:  # the clone was cut short: fetch what it lacks
@@ -305,7 +304,7 @@ class Apply:
             journal.save(self.path)
         if journal.phase == "checkout":
             self.reporter.step(f"checking out {journal.rev} on {journal.branch}")
-            redo = journal.in_step or self._redo_checkout  # cut short before: what is there is ours
+            redo = journal.in_step  # cut short before: what is there is ours
             self._begin(journal, [])
             git.run("checkout", "--quiet", *(["--force", "-B"] if redo else ["-b"]), journal.branch,
                     journal.upstream_commit)
@@ -323,7 +322,14 @@ class Apply:
             journal.save(self.path)
         self.reporter.step("writing provenance")
         self._begin(journal, [provenance.PROVENANCE_PATH])
-        self._commit_provenance(journal, planned, dated)
+        record = provenance.build(series, planned, journal.upstream_info, journal.entries)
+        self._write(provenance.PROVENANCE_PATH, provenance.dumps(record).encode(), "the provenance record",
+                    f"cannot write {provenance.PROVENANCE_PATH} in {self.tree}")
+        fault_point("at", "provenance")
+        git.run("add", "--", provenance.PROVENANCE_PATH)
+        dated.run("commit", "--quiet", "--no-verify", "-m",
+                  f"c128patch: provenance (series {series.name} {series.version} on {journal.rev})\n\n"
+                  f"{ENTRY_TRAILER}: provenance\n")
         fault_point("after", "provenance")
         self.path.unlink()
         result = self._result(journal)
@@ -341,6 +347,11 @@ class Apply:
             proofs.record(self.path.parent, key, result.equivalence)
         return result
 
+    def _dated(self, journal: ApplyJournal) -> Git:
+        """Git committing at the upstream commit's date (``show -s`` costs 0.5 s on a release commit)."""
+        date = self.git.out("log", "-1", "--format=%cI", journal.upstream_commit)
+        return self.git.with_env(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
+
     def _begin(self, journal: ApplyJournal, paths: list[str]) -> None:
         """A step starts: marked before it touches anything, so what it leaves half done is known to be ours."""
         journal.head_before, journal.in_step, journal.step_paths = self.git.head() or "", True, paths
@@ -348,12 +359,11 @@ class Apply:
 
     def _undo_finished(self, journal: ApplyJournal) -> str:
         """The commands that take a finished apply away (its journal is gone)."""
-        g = ["git", "-C", str(self.tree)]
         if journal.fresh_clone:
             return shlex.join(["rm", "-rf", str(self.tree)])
-        back = shlex.join([*g, "checkout", journal.orig_branch]) if journal.orig_branch else \
-            shlex.join([*g, "checkout", "--detach", journal.orig_head or "HEAD"])
-        return f"{back} && {shlex.join([*g, 'branch', '-D', journal.branch])}"
+        g = ["git", "-C", str(self.tree)]
+        back = [journal.orig_branch] if journal.orig_branch else ["--detach", journal.orig_head or "HEAD"]
+        return f"{shlex.join([*g, 'checkout', *back])} && {shlex.join([*g, 'branch', '-D', journal.branch])}"
 
     def _apply_entry(self, journal: ApplyJournal, item: Planned, planned: list[Planned], dated: Git) -> str:
         git, series = self.git, self.series
@@ -405,17 +415,6 @@ class Apply:
         journal.head_before, journal.in_step, journal.paused = head, False, ""
         journal.save(self.path)
 
-    def _commit_provenance(self, journal: ApplyJournal, planned: list[Planned], dated: Git) -> None:
-        assert self.series is not None
-        record = provenance.build(self.series, planned, journal.upstream_info, journal.entries)
-        self._write(provenance.PROVENANCE_PATH, provenance.dumps(record).encode(), "the provenance record",
-                    f"cannot write {provenance.PROVENANCE_PATH} in {self.tree}")
-        fault_point("at", "provenance")
-        self.git.run("add", "--", provenance.PROVENANCE_PATH)
-        dated.run("commit", "--quiet", "--no-verify", "-m",
-                  f"c128patch: provenance (series {self.series.name} {self.series.version} on {journal.rev})\n\n"
-                  f"{ENTRY_TRAILER}: provenance\n")
-
     def _write(self, rel: str, data: bytes, what: str, failure: str) -> None:
         dest = confine(self.tree, rel, what)
         try:
@@ -425,8 +424,7 @@ class Apply:
             raise C128Error(f"{failure}: {exc.strerror} (fix that, then resume)") from None
 
     def _conflict(self, journal: ApplyJournal, item: Planned, planned: list[Planned], output: str) -> ConflictError:
-        git, tree = self.git, self.tree
-        path, hunk = _failure_detail(git, item, output)
+        path, hunk = _failure_detail(self.git, item, output)
         i, q = journal.done, shlex.quote(str(item.path))
         journal.in_step, journal.paused = False, "conflict"
         journal.save(self.path)
@@ -435,9 +433,9 @@ class Apply:
         result.entries.append(_row(item, status="conflict", failed_file=path, failed_hunk=hunk))
         result.entries += [{"name": p.entry.name, "kind": p.entry.kind,
                             "status": "not-reached"} for p in planned[i + 1:]]
-        resume, undo = apply_commands(tree)
+        resume, undo = apply_commands(self.tree)
         back = journal.orig_branch or (journal.orig_head or "")[:12] or "(none)"
-        g = git_command(tree)
+        g = git_command(self.tree)
         return ConflictError(
             f"entry '{item.entry.name}' ({item.label}) does not apply to {journal.rev}: {path} {hunk}"
             + overlap_note(self.series, [(p.entry.name, p.touched) for p in planned[:i]], item.entry.name,
@@ -454,11 +452,6 @@ class Apply:
             report=result.to_json(),
         )
 
-    # ------------------------------------------------------------------ resuming
-    def _am_abort(self) -> None:
-        if git_path(self.git, "rebase-apply").exists():
-            self.git.run("am", "--abort", check=False)
-
     def _reset(self, head: str, ours: list[str]) -> None:
         """Back to ``head``, the files the step wrote (``ours``) removed; no paths would mean every untracked file."""
         self.git.run("reset", "--quiet", "--hard", head)
@@ -466,19 +459,18 @@ class Apply:
             self.git.run("clean", "-fq", "--", *ours)
 
     def _undo_step(self, journal: ApplyJournal) -> None:
-        """Put the tree back where the interrupted step started (checkout: redone with --force)."""
+        """Put the tree back where the interrupted step started (a checkout stays marked: redone with --force)."""
         git = self.git
-        self._am_abort()
+        git.run("am", "--abort", check=False)
         if journal.phase == "checkout":
-            self._redo_checkout = True
-        elif journal.phase in ("entries", "provenance"):
-            ours = journal.step_paths
-            theirs = [p for p in changed_paths(git) if p not in ours]
-            if theirs:
-                stash = shlex.join(["git", "-C", str(self.tree), "stash", "-u"])
-                raise C128Error(f"cannot continue: {self.tree} has changes the interrupted step did not make "
-                                f"({', '.join(theirs[:3])}); stash them ({stash}) and retry")
-            self._reset(journal.head_before, ours)
+            return
+        ours = journal.step_paths
+        theirs = [p for p in changed_paths(git) if p not in ours]
+        if theirs:
+            stash = shlex.join(["git", "-C", str(self.tree), "stash", "-u"])
+            raise C128Error(f"cannot continue: {self.tree} has changes the interrupted step did not make "
+                            f"({', '.join(theirs[:3])}); stash them ({stash}) and retry")
+        self._reset(journal.head_before, ours)
         journal.in_step = False
         journal.save(self.path)
 
@@ -501,9 +493,8 @@ class Apply:
             if item.patch is None:
                 raise C128Error(f"cannot continue: entry '{item.entry.name}' is an overlay; it is not resolved by hand")
             if f"{ENTRY_TRAILER}: {item.entry.name}" not in git.out("log", "-1", "--format=%B", head):
-                git.with_env(GIT_COMMITTER_DATE=commit_date(git, journal.upstream_commit)).run(
-                    "commit", "--quiet", "--amend", "--no-edit", "--no-verify", "--trailer",
-                    f"{ENTRY_TRAILER}: {item.entry.name}")
+                self._dated(journal).run("commit", "--quiet", "--amend", "--no-edit", "--no-verify", "--trailer",
+                                         f"{ENTRY_TRAILER}: {item.entry.name}")
             self._record(journal, item, "resolved")
         ensure_clean(git, "continue the apply")
 

@@ -1,5 +1,5 @@
-"""``apply``'s workflows for the CLI and scripts: ``apply_rev``, ``continue_apply``, ``abort_apply`` and
-``apply_series`` (a tree the caller has). The steps, the journal and the proof: ``ops.applier``."""
+"""``apply``'s workflows for the CLI and scripts: ``apply_rev``, ``continue_apply``. The steps, the journal, the
+proof, ``--abort`` (``Apply.abort``) and an apply in a tree the caller has (``Apply.start``): ``ops.applier``."""
 
 from __future__ import annotations
 
@@ -9,14 +9,12 @@ import shlex
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
 
 from c128patch.errors import C128Error, ConflictError, Interrupted
 from c128patch.git import Git, is_work_tree, refuse_git_dir
-from c128patch.ops.applier import Apply, ApplyJournal, ApplyResult, already_applied
+from c128patch.ops.applier import Apply, ApplyJournal, ApplyResult, already_applied, interrupts_said
 from c128patch.ops.check import support_note
 from c128patch.ops.layer import remember_layers
-from c128patch.ops.treestate import apply_commands
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import describe
 from c128patch.series.manifest import Series
@@ -72,44 +70,18 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
     return result, older
 
 
-def apply_series(series: Series, git: Git, target: Target, *, branch: str | None = None, fresh_clone: bool = False,
-                 reporter: Reporter = NullReporter()) -> ApplyResult:
-    """``series`` applied to ``target`` in the tree of ``git`` (which holds its commit)."""
-    return Apply(git, series, reporter).start(target, branch=branch, fresh_clone=fresh_clone)
-
-
 def continue_apply(git: Git, series: Series | None = None,
                    reporter: Reporter = NullReporter()) -> tuple[ApplyResult, Series]:
     """Finish the apply that stopped in the tree of ``git``; ``series``: None for the one its journal names."""
     op = Apply(git, series, reporter)
-    with interrupts_said(op.tree):
-        result = op.resume()
+    result = op.resume()
     assert op.series is not None
     remember_layers(git, op.series)
     return result, op.series
 
 
-def abort_apply(git: Git) -> dict:
-    """Undo the apply that stopped in the tree of ``git`` (what ``apply --abort --json`` prints)."""
-    op = Apply(git)
-    with interrupts_said(op.tree):
-        return op.abort()
-
-
-@contextlib.contextmanager
-def interrupts_said(tree: Path) -> Iterator[None]:
-    """A Ctrl-C in the block becomes the error that says how to resume or undo the apply in ``tree``."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        resume, undo = apply_commands(tree)
-        raise Interrupted(f"interrupted: the apply journal is intact; resume with `{resume}` or undo with `{undo}`") \
-            from None
-
-
 def refuse_taken_branch(series: Series, git: Git, branch: str, target: Target) -> None:
-    """Refuse a ``branch`` holding another apply with the user's commits on it: say how to apply beside it (never to
-    delete it)."""
+    """Refuse a ``branch`` holding another apply with the user's commits on it: say how to apply beside it."""
     tip = git.rev_parse(f"refs/heads/{branch}")
     prov = git.out("log", "-1", "--format=%H", tip, "--", PROVENANCE_PATH) if tip else ""
     mine = git.count(f"{prov}..{tip}") if prov else 0

@@ -17,7 +17,7 @@ from packaging.version import Version
 
 from c128patch import exitcodes
 from c128patch.git import Git, ReadMemo
-from c128patch.ops.hints import upstream_hints
+from c128patch.ops.merged import upstream_hints
 from c128patch.ops.replay import FAILED, WS_MERGE, EntryCheck, RevCheck, Verdict, replay_in_index
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import overlap_note

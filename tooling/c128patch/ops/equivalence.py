@@ -111,10 +111,9 @@ def _some(items: list[str], n: int = 3) -> str:
 def hunks_between(git: Git, before: str, after: str) -> list[Hunk]:
     out = []
     for pf in PatchSet(git.run("diff", "--no-color", "--no-renames", "--no-ext-diff", before, after).stdout):
-        path = pf.path[2:] if pf.path.startswith(("a/", "b/")) else pf.path
         if pf.is_binary_file or not len(pf):
-            out.append(Hunk(path, "(binary or mode change)", ""))
-        out += [Hunk(path, hunk_header(h, section=True), str(h)) for h in pf]
+            out.append(Hunk(pf.path, "(binary or mode change)", ""))
+        out += [Hunk(pf.path, hunk_header(h, section=True), str(h)) for h in pf]
     return out
 
 
@@ -137,8 +136,7 @@ def tree_without_provenance(git: Git, head: str, index_file: Path) -> str:
 
 @dataclass(frozen=True)
 class Verdict:
-    """One commit of a branch against the series; a ``user-edit`` or ``user-commit`` is an edit the series does
-    not make (``before`` -> ``after``), ``uncompared`` says why in ``detail``."""
+    """One commit of a branch against the series: an edit the series does not make (``before`` -> ``after``)?"""
 
     commit: BranchCommit
     kind: VerdictKind
@@ -202,8 +200,7 @@ def fresh_replay(series: Series, git: Git, rev: str, commit: str, *, span: str =
 def prove(series: Series, git: Git, rev: str, commit: str, head: str = "HEAD", *,
           accept: Callable[[Verdict], bool] | None = None, span: str = "", without: Sequence[str] = (),
           fresh: tuple[RevCheck, str, Trees] | None = None) -> Equivalence:
-    """``head`` against a fresh replay (module docstring); ``accept``: the edits that may explain a difference
-    (default: all); ``without``: entries left out on purpose; ``fresh``: ``fresh_replay`` of the same arguments."""
+    """``head`` against a fresh replay (module docstring); ``accept``: the edits that may explain a difference."""
     head = git.out("rev-parse", head)
     replay, fresh_tree, trees = fresh or fresh_replay(series, git, rev, commit, span=span, without=without)
     series = series.without(set(without)) if without else series

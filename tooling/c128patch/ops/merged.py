@@ -7,26 +7,40 @@ change to every file the entry's old commit changes: per-file ``git patch-id --s
 ``.git/c128patch/patch-ids.json``); ``became-empty`` (the replay changes nothing); ``overlay-identical``
 (the target exists upstream with our content); ``pr-hint`` (a subject names a PR of the entry's
 ``upstream``: never enough alone, a drop is proposed only with a content signal).
+
+Hints (``upstream_hints``) are never evidence: lines for the stop, ``check`` and ``watch`` naming upstream commits
+of ``old..onto`` that may now do what an entry does: a commit whose message names a PR of the entry's ``upstream`` or
+``drop_when``, or that changes a function one of the entry's hunks edits (git's hunk header) in a file the entry
+patches, with a name the entry's removed lines use (``extend_len`` for an ``extend_len == 0`` guard).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
+
+from unidiff import PatchSet, UnidiffParseError
+from unidiff.patch import Line
 
 from c128patch.git import Git, blob_id
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops.replay import staged
-from c128patch.series.patchfile import NULL_BLOB
+from c128patch.series.manifest import Entry
+from c128patch.series.patchfile import NULL_BLOB, PatchInfo
 from c128patch.series.plan import Planned
 
 SignalKind = Literal["reverse-apply", "patch-id", "became-empty", "overlay-identical", "pr-hint"]
 CONTENT: tuple[SignalKind, ...] = ("reverse-apply", "patch-id", "became-empty", "overlay-identical")
 _PR = re.compile(r"#(\d+)")
 _DIFF = re.compile(r"^diff --git a/(.*?) b/(.*)$", re.M)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{3,}")
+_COMMON = {"const", "auto", "return", "static_cast", "uint32_t", "int32_t", "int64_t", "size_t", "self", "None",
+           "True", "False", "else", "elif", "import", "from", "static", "inline", "void", "bool", "float", "double",
+           "RuntimeCheck", "assert", "print", "range", "irange", "std", "this", "pass", "with", "lambda"}
 
 
 @dataclass(frozen=True)
@@ -73,27 +87,12 @@ def _show_ids(git: Git, commit: str, *paths: str) -> dict[str, str]:
     return per_commit_file_ids(git, {"": diff})[""]
 
 
-class UpstreamIds:
-    """Per-file patch-ids of upstream commits, each computed once and kept on disk (``""``: not changed)."""
-
-    def __init__(self, git: Git, cache: Path) -> None:
-        self.git, self.cache = git, cache
-        self._ids: dict[str, dict[str, str]] = json.loads(cache.read_text()) if cache.is_file() else {}
-
-    def of(self, commit: str, paths: list[str]) -> dict[str, str]:
-        known = self._ids.setdefault(commit, {})
-        missing = [p for p in paths if p not in known]
-        if missing:
-            known.update({p: "" for p in missing} | _show_ids(self.git, commit, *missing))
-            write_json_atomic(self.cache, self._ids)
-        return {p: known[p] for p in paths}
-
-
 class MergedCheck:
     """The signals for the entries of one rebase range ``old..onto``, each commit diffed once for all."""
 
-    def __init__(self, git: Git, old: str, onto: str, ids: UpstreamIds, old_commits: list[str]) -> None:
-        self.git, self.old, self.onto, self.ids = git, old, onto, ids
+    def __init__(self, git: Git, old: str, onto: str, cache: Path, old_commits: list[str]) -> None:
+        self.git, self.old, self.onto, self.cache = git, old, onto, cache
+        self._ids: dict[str, dict[str, str]] = json.loads(cache.read_text()) if cache.is_file() else {}
         self._old_commits = [c for c in old_commits if c]
         self._ours: dict[str, dict[str, str]] | None = None
         self._touching: dict[str, set[str]] = {}  # range commit -> the entries' files it changes
@@ -119,6 +118,14 @@ class MergedCheck:
             out += self._patch_id(old_commit)
         return out
 
+    def _upstream_ids(self, commit: str, paths: list[str]) -> dict[str, str]:  # kept in ``cache`` ("": unchanged)
+        known = self._ids.setdefault(commit, {})
+        missing = [p for p in paths if p not in known]
+        if missing:
+            known.update({p: "" for p in missing} | _show_ids(self.git, commit, *missing))
+            write_json_atomic(self.cache, self._ids)
+        return {p: known[p] for p in paths}
+
     def _pr_hint(self, number: str) -> list[Signal]:
         if number not in self._hints:
             hit = self.git.out("log", "--format=%H %s", "-E", f"--grep=\\(#{number}\\)", f"{self.old}..{self.onto}")
@@ -137,14 +144,93 @@ class MergedCheck:
                 for part in log.split("\0")[1:]:
                     sha, *files = part.split()
                     self._touching[sha] = set(files)
-                    self.ids.of(sha, every)
+                    self._upstream_ids(sha, every)
         ours = self._ours.get(old_commit) or _show_ids(self.git, old_commit)
         if not ours:
             return []
         paths = sorted(ours)
         for sha in [c for c, files in self._touching.items() if set(paths) <= files]:
-            theirs = self.ids.of(sha, paths)
+            theirs = self._upstream_ids(sha, paths)
             if all(theirs.get(path) == pid for path, pid in ours.items()):
                 return [Signal("patch-id", f"upstream commit {sha[:12]} makes the same change to {', '.join(paths)}",
                                sha)]
         return []
+
+
+@dataclass(frozen=True)
+class Hint:
+    commit: str
+    subject: str
+    why: str
+
+    def line(self) -> str:
+        return f"upstream may now handle this: {self.commit[:12]} {self.subject!r} ({self.why})"
+
+    def to_json(self) -> dict:
+        return {"commit": self.commit, "subject": self.subject, "why": self.why, "line": self.line()}
+
+
+def _names(lines: list[str]) -> set[str]:
+    return {n for line in lines for n in _NAME.findall(line) if n not in _COMMON}
+
+
+def _hunk_names(files: PatchSet, kept: Callable[[Line], bool]) -> list[tuple[str, str, frozenset[str]]]:
+    """(path, function header, the names its ``kept`` lines use) of each hunk of ``files``."""
+    return [(pf.path, hunk.section_header.strip(), frozenset(_names([line.value for line in hunk if kept(line)])))
+            for pf in files for hunk in pf]
+
+
+def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, onto: str,
+                   renamed: dict[str, str] | None = None, cache: dict[str, str] | None = None,
+                   every: list[str] | None = None) -> list[Hint]:
+    """Hints for ``entry`` in ``old..onto``, oldest first; ``cache``: searches so far; ``every``: all entries' files."""
+    if not old or not onto or old == onto:
+        return []
+    span = f"{old}..{onto}"
+    cache = {} if cache is None else cache
+
+    def cached(key: str, *args: str) -> str:  # entries share one search of the range
+        if key not in cache:
+            cache[key] = git.run(*args, check=False).stdout
+        return cache[key]
+
+    if not cached(f"{span}:first", "rev-list", "-1", span):  # onto is old or one of its ancestors
+        return []
+    found: dict[str, Hint] = {}
+    for number in dict.fromkeys(_PR.findall(entry.upstream or "") + _PR.findall(entry.drop_when or "")):
+        for line in cached(f"{span}#{number}", "log", "--reverse", "--format=%H%x00%s", "-E",
+                           f"--grep=#{number}([^0-9]|$)", span).splitlines():
+            sha, _, subject = line.partition("\0")
+            found.setdefault(sha, Hint(sha, subject, f"names PR #{number}"))
+    where: dict[str, dict[str, set[str]]] = {}  # path -> hunk header -> the names the hunk's removed lines use
+    for path, header, names in _hunk_names(patch.patchset, lambda line: line.is_removed) if patch else ():
+        if header and names:
+            where.setdefault((renamed or {}).get(path, path), {}).setdefault(header, set()).update(names)
+    if where:
+        shared = sorted(every) if every is not None and set(where) <= set(every) else None
+        log = cached(f"{span}:log:" + ",".join(shared or where), "log", "--reverse", "-p", "--unified=0",
+                     "--no-renames", "--format=%x00%H%x00%s", span, "--", *(shared or where))
+        parts = log.split("\0")  # per commit: sha, then subject and diff
+        for sha, (subject, _, diff) in zip(parts[1::2], (p.partition("\n") for p in parts[2::2])):
+            why = _same_function(diff, where)
+            if why and sha not in found:
+                found[sha] = Hint(sha, subject, why)
+    return list(found.values())
+
+
+@functools.lru_cache(maxsize=4096)  # entries sharing one log read each commit's diff once
+def _hunks(diff: str) -> tuple[tuple[str, str, frozenset[str]], ...]:
+    try:
+        return tuple(_hunk_names(PatchSet(diff), lambda line: line.is_added or line.is_removed))
+    except UnidiffParseError:  # a hint is never evidence: a diff it cannot read gives none
+        return ()
+
+
+def _same_function(diff: str, where: dict[str, dict[str, set[str]]]) -> str:
+    """Why ``diff`` changes one of ``where``'s functions with a name the entry's removed lines use ("": not)."""
+    for path, header, changed in _hunks(diff):
+        names = where.get(path, {}).get(header)
+        shared = sorted(names & changed) if names else []
+        if shared:
+            return f"changes {header.split('(')[0].split()[-1]}() as this entry does ({', '.join(shared[:3])})"
+    return ""

@@ -17,14 +17,19 @@ from dataclasses import asdict
 from pathlib import Path
 
 from c128patch.errors import C128Error
-from c128patch.ops.applier import RECOVERY_PREFIX
 from c128patch.ops.equivalence import compare_commits
-from c128patch.ops.hints import upstream_hints
-from c128patch.ops.merged import Signal
+from c128patch.ops.merged import Signal, upstream_hints
 from c128patch.ops.rebase_journal import Journal, Paused, Step, saved_conflicts, tree_state
 from c128patch.ops.rebase_loop import RebaseLoop
 from c128patch.ops.replay import replay_in_index, unmerged_paths
-from c128patch.ops.treestate import changed_paths, ensure_clean, ensure_idle, rebase_command, refuse_conflict_markers
+from c128patch.ops.treestate import (
+    RECOVERY_PREFIX,
+    changed_paths,
+    ensure_clean,
+    ensure_idle,
+    rebase_command,
+    refuse_conflict_markers,
+)
 from c128patch.series.layers import layer_folders
 from c128patch.series.plan import ENTRY_TRAILER
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance

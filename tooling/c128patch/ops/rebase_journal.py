@@ -44,7 +44,7 @@ class Step:
     upstream_commits: list[str] = field(default_factory=list)
     stop: dict = field(default_factory=dict)  # the StopReport of a stop
     renamed: dict = field(default_factory=dict)  # path in the file -> where upstream moved it (ops.replay)
-    hints: list = field(default_factory=list)  # ops.hints: upstream commits that may now do what it does
+    hints: list = field(default_factory=list)  # ops.merged: upstream commits that may now do what it does
 
     @property
     def user_edit(self) -> bool:

@@ -12,16 +12,13 @@ from typing import Callable, NoReturn
 
 from c128patch.errors import ConflictError, DifferenceError
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git
-from c128patch.ops.conflicts import StopReport, analyze
+from c128patch.ops.conflicts import StopReport, analyze, taken
 from c128patch.ops.equivalence import apply_cached, fresh_replay, prove, tree_diff
-from c128patch.ops.faults import fault_point
-from c128patch.ops.hints import upstream_hints
-from c128patch.ops.merged import MergedCheck, Signal, UpstreamIds, proposes_drop
+from c128patch.ops.merged import MergedCheck, Signal, proposes_drop, upstream_hints
 from c128patch.ops.rebase_journal import DONE, Journal, Phase, Step, save_conflicts, tree_state
 from c128patch.ops.rebase_report import classify, range_diff_of, report_of, write_reports
 from c128patch.ops.replay import FAILED, renamed_patch_text, replay_entry, unmerged_paths
-from c128patch.ops.taken import taken
-from c128patch.ops.treestate import rebase_command, rebase_journal
+from c128patch.ops.treestate import fault_point, rebase_command, rebase_journal
 from c128patch.series import provenance
 from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import Series
@@ -62,8 +59,8 @@ class RebaseLoop:
         planned = self._plan(journal)
         self._fresh_replay(journal.onto_rev, journal.onto_commit, journal.span, journal.left_out)
         merged_here = {e.name: e for e in merged_entries(self.series, git, journal.onto_commit)}
-        check = MergedCheck(git, journal.old_commit, journal.onto_commit,
-                            UpstreamIds(git, self.state / "patch-ids.json"), [s.sha for s in journal.steps])
+        check = MergedCheck(git, journal.old_commit, journal.onto_commit, self.state / "patch-ids.json",
+                            [s.sha for s in journal.steps])
         self._reset_index(journal)
         with ThreadPoolExecutor(max_workers=1) as pool:  # the entries' commit messages are read beside the loop
             self._mails = {s.name: pool.submit(self._mail, p.path, p.entry.name) for s in journal.steps[journal.pos:]
@@ -75,7 +72,7 @@ class RebaseLoop:
                     self._advance(journal)
                     continue
                 journal.save(self.path)
-                fault_point("before", step.name)  # C128PATCH_FAULT=kill-before:<entry> (ops.faults)
+                fault_point("before", step.name)  # C128PATCH_FAULT=kill-before:<entry> (ops.treestate)
                 if step.kind == "commit":
                     self._carry(journal, step)
                 elif step.name in merged_here:
@@ -280,7 +277,7 @@ class RebaseLoop:
             report=report)
 
     def _taken(self, journal: Journal, step: Step, stop: StopReport) -> list[str] | None:
-        """An overlay stopped at its target: upstream's own file is there (``ops.taken``); its lines."""
+        """An overlay stopped at its target: upstream's own file is there (``ops.conflicts.taken``); its lines."""
         item = self._plan(journal).get(step.name)
         if item is None or item.patch is not None or stop.paths != [item.entry.target]:
             return None

@@ -20,9 +20,8 @@ from typing import Callable
 from c128patch.errors import C128Error, DifferenceError
 from c128patch.git import Git
 from c128patch.ops.equivalence import Equivalence, prove
-from c128patch.ops.faults import fault_point
 from c128patch.ops.replay import branch_commits
-from c128patch.ops.treestate import ensure_clean, ensure_idle, repo_lock
+from c128patch.ops.treestate import ensure_clean, ensure_idle, fault_point, repo_lock
 from c128patch.series import txn
 from c128patch.series.contract import LOCK_NAME, Lock, LockItem, lock_path, merged, read_lock
 from c128patch.series.layers import SEP, Stack, layer_args, layer_rows

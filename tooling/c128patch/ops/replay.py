@@ -4,11 +4,20 @@ A patch is tried strictly (``git apply --cached``, all or nothing), then with a 
 that conflicts and a ledger is given, the ledger's resolutions are tried on the conflicted files as
 git makes them in a work tree (a scratch folder holding only the patch's files, so their keys are
 the ones a rebase stop records). Still conflicted, the patch is retried ignoring whitespace changes
-(``--ignore-whitespace``, then a 3-way merge ignoring them), then ignoring line breaks (``ops.rewrap``):
-an upstream reformat of the lines it touches is carried, marked ``whitespace``. A file the patch
+(``--ignore-whitespace``, then a 3-way merge ignoring them), then ignoring line breaks (below): an
+upstream reformat of the lines it touches is carried, marked ``whitespace``. A file the patch
 needs that upstream renamed (deleted in the target's history, found again by git's copy detection
 of its preimage blob) is patched at its new path. An overlay is added whole; it collides with a
 file upstream already has. ``replay_in_index`` replays the whole series on one upstream commit.
+
+Re-wrapped context (``rewrapped``: lines upstream joined or split, as black joins a call onto one line or splits one
+over several): each hunk is found in upstream's file by its preimage with every whitespace character left out, line
+breaks too, and a comma before a closing bracket (the trailing comma black adds when it splits a call and drops when
+it joins one). The hunk's context may start or end inside a line upstream joined, but its change must begin and end
+at line boundaries of upstream's file, and each line that starts at the same place in both must be indented the same
+(a re-indented block is no re-wrap). The lines the hunk removes, as upstream wrapped them, are replaced by the lines
+it adds, as the patch has them; upstream's wrapping of everything around them is kept. Where the text occurs more
+than once, the place nearest the hunk's own line is taken. One hunk that does not fit fails the patch.
 """
 
 from __future__ import annotations
@@ -19,10 +28,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Literal
 
+from unidiff import PatchedFile
+
 from c128patch import exitcodes
 from c128patch.errors import C128Error
 from c128patch.git import Git, ReadMemo, remembered
-from c128patch.ops.rewrap import rewrapped
 from c128patch.series.ledger import Ledger, Resolution
 from c128patch.series.manifest import Series
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch
@@ -43,6 +53,7 @@ from c128patch.series.plan import (
 
 Outcome = Literal["clean", "3way", "ledger", "whitespace", "conflict", "collision", "skipped"]
 FAILED: tuple[Outcome, ...] = ("conflict", "collision")
+_DROPPED = re.compile(r",(?=[)\]}])")  # a comma before a closing bracket (``rewrapped``)
 
 
 @dataclass
@@ -56,7 +67,7 @@ class EntryCheck:
     conflicts: list[str] = field(default_factory=list)  # files the 3-way merge leaves conflicted
     resolutions: list[Resolution] = field(default_factory=list)  # ledger rows that resolved them
     renamed: dict[str, str] = field(default_factory=dict)  # path in the patch -> where upstream moved it
-    hints: list[str] = field(default_factory=list)  # "upstream may now handle this: <commit>" (ops.hints)
+    hints: list[str] = field(default_factory=list)  # "upstream may now handle this: <commit>" (ops.merged)
 
     @classmethod
     def of(cls, item: Planned, status: Outcome, detail: str = "", **more: object) -> EntryCheck:
@@ -86,12 +97,6 @@ class RevCheck:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def first_error(text: str) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    found = [line for line in lines if "patch failed:" in line or "does not exist" in line or "already exists" in line]
-    return (found or lines or ["error: "])[0 if found else -1].removeprefix("error: ").strip()
 
 
 def unmerged_paths(git: Git) -> list[str]:
@@ -174,7 +179,9 @@ def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | 
             return row
     index_file.write_bytes(saved)  # later entries are replayed on top of the rest
     row.status = "conflict"
-    row.detail = first_error(three.stderr) or first_error(strict.stderr)
+    lines = [line for line in (three.stderr.strip() or strict.stderr).splitlines() if line.strip()]
+    found = [line for line in lines if "patch failed:" in line or "does not exist" in line or "already exists" in line]
+    row.detail = (found or lines or ["error: "])[0 if found else -1].removeprefix("error: ").strip()
     if row.conflicts:
         row.detail = f"3-way merge conflicts in {', '.join(row.conflicts)}" + (
             " (the ledger resolved only " + ", ".join(r.path for r in row.resolutions) + ")" if row.resolutions else "")
@@ -190,8 +197,7 @@ def whitespace_merge(git: Git, info: PatchInfo, index_file: Path, patch: Path) -
     shutil.rmtree(folder, ignore_errors=True)
 
     def trees() -> tuple[str, str] | None:  # the preimage, and the patch applied to it
-        base = index_git(git, folder / "base.index")
-        base.run("read-tree", "--empty")
+        base = index_git(git, folder / "base.index")  # none yet: empty
         stage(base, {path: ("100644", blob) for path, (blob, _) in pre.items() if blob != NULL_BLOB})
         before = base.out("write-tree")
         return (before, base.out("write-tree")) if base.ok("apply", "--cached", str(patch)) else None
@@ -215,7 +221,7 @@ def whitespace_merge(git: Git, info: PatchInfo, index_file: Path, patch: Path) -
 
 
 def rewrap_merge(git: Git, info: PatchInfo, index_file: Path) -> bool:
-    """``info``'s hunks placed ignoring line breaks (``ops.rewrap``); False leaves the index as it was."""
+    """``info``'s hunks placed ignoring line breaks (``rewrapped``); False leaves the index as it was."""
     files = list(info.patchset)
     if not files or any(pf.is_added_file or pf.is_removed_file or pf.is_binary_file or pf.is_rename
                         or pf.source_file[2:] != pf.target_file[2:] for pf in files):
@@ -223,18 +229,84 @@ def rewrap_merge(git: Git, info: PatchInfo, index_file: Path) -> bool:
     idx = index_git(git, index_file)
     out = {}
     for pf in files:
-        path = pf.path[2:] if pf.path.startswith(("a/", "b/")) else pf.path
-        listed = staged(idx, [path]).get(path)
+        listed = staged(idx, [pf.path]).get(pf.path)
         try:
             new = rewrapped(git.run("cat-file", "blob", listed[1], binary=True).stdout.decode(), pf) if listed else None
         except UnicodeDecodeError:
             return False
         if listed is None or new is None:
             return False
-        out[path] = (listed[0], new)
+        out[pf.path] = (listed[0], new)
     stage(idx, {path: (mode, git.run("hash-object", "-w", "--stdin", input=new.encode(), binary=True).stdout.decode()
                        .strip()) for path, (mode, new) in out.items()})
     return True
+
+
+def _stream(lines: list[str]) -> tuple[str, list[int]]:
+    """The lines' text without whitespace (a blank line: one mark) and each line's offset in it, then the end."""
+    parts = ["".join(line.split()) or "\n" for line in lines]
+    text = "".join(parts)
+    cut = [m.start() for m in _DROPPED.finditer(text)]  # a comma before a closing bracket
+    starts, at, k = [], 0, 0
+    for part in [*parts, ""]:
+        while k < len(cut) and cut[k] < at:
+            k += 1
+        starts.append(at - k)
+        at += len(part)
+    return _DROPPED.sub("", text), starts
+
+
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
+def _place(lines: list[str], pre: list[str], cut: tuple[int, int], near: int) -> tuple[int, int] | None:
+    """The lines (first, end) of ``lines`` that ``pre[cut[0]:cut[1]]`` covers, the nearest to line ``near``."""
+    text, starts = _stream(lines)
+    ptext, pstarts = _stream(pre)
+    line_at: dict[int, list[int]] = {}
+    for i, offset in enumerate(starts):
+        line_at.setdefault(offset, []).append(i)
+    tries = [(ptext, pstarts)]
+    if ptext.endswith(","):  # its last line's comma, which a closing bracket after the hunk drops upstream
+        tries.append((ptext[:-1], [min(o, len(ptext) - 1) for o in pstarts]))
+    found = []
+    for ptext, pstarts in tries:
+        q = text.find(ptext) if ptext else -1
+        while q >= 0:
+            first, end = line_at.get(q + pstarts[cut[0]], []), line_at.get(q + pstarts[cut[1]], [])
+            aligned = all(_indent(lines[line_at[q + pstarts[k]][0]]) == _indent(pre[k]) for k in range(len(pre))
+                          if pre[k].strip() and line_at.get(q + pstarts[k], [len(lines)])[0] < len(lines))
+            if len(first) == 1 and len(end) == 1 and aligned:
+                found.append((first[0], end[0]))
+            q = text.find(ptext, q + 1)
+    return min(found, key=lambda f: abs(f[0] - near)) if found else None
+
+
+def rewrapped(text: str, pf: PatchedFile) -> str | None:
+    """``text`` with the hunks of ``pf`` placed as the module says; None when one does not fit."""
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        return None
+    shift = 0
+    for hunk in pf:
+        kinds = [line.line_type for line in hunk]
+        if "\\" in kinds or not any(k in "+-" for k in kinds):
+            return None
+        first = next(i for i, k in enumerate(kinds) if k in "+-")
+        last = max(i for i, k in enumerate(kinds) if k in "+-")
+        pre = [line.value for line in hunk if not line.is_added]
+        lead = sum(1 for k in kinds[:first] if k == " ")
+        middle = list(hunk)[first: last + 1]
+        removed = sum(1 for line in middle if not line.is_added)
+        place = _place(lines, pre, (lead, lead + removed), hunk.source_start - 1 + lead + shift)
+        if place is None:
+            return None
+        start, end = place
+        added = [line.value for line in middle if not line.is_removed]
+        lines[start:end] = added
+        shift = start + len(added) - (hunk.source_start - 1 + lead + removed)
+    return "".join(lines)
 
 
 def renamed_patch_text(text: str, renamed: dict[str, str]) -> str:

@@ -11,11 +11,9 @@ from pathlib import Path
 
 from c128patch.git import Git
 from c128patch.ops import proofs
-from c128patch.ops.treestate import apply_commands, changed_paths, git_paths, rebase_command, running
+from c128patch.ops.treestate import RECOVERY_PREFIX, apply_commands, changed_paths, git_paths, rebase_command, running
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, read_provenance
-
-RECOVERY_PREFIX = "refs/c128patch/recovery"  # applier's (a test keeps them one): importing applier is not light
 
 
 def rebase_status(git: Git, path: Path) -> dict:

@@ -5,16 +5,23 @@ The lock is ``flock`` on ``<git common dir>/c128patch.lock``: the kernel drops i
 exits, however it exits, so a lock left by a killed process is taken over (the file still names
 the dead holder, which is how the takeover is noticed and reported). While held, the file says
 which operation and pid hold it; a second operation refuses at once and names them.
+
+``fault_point`` is a test hook: it interrupts this process at a named point, as a crash or a Ctrl-C would.
+``C128PATCH_FAULT=<how>-<where>:<name>`` (comma-separated): ``how`` is ``kill`` (SIGKILL), ``sigint`` or ``fail`` (an
+``OSError``, as a full disk raises); ``where:name`` a point the operations declare: ``before:<entry>``,
+``after:<entry>`` (its commit made, the journal not saying so yet), ``at:clone``, ``at:provenance``. Unset: nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import os
 import shlex
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +33,10 @@ from c128patch.progress import console
 
 _GIT_BUSY = {"rebase-merge": "a git rebase", "rebase-apply": "a git am or rebase", "MERGE_HEAD": "a git merge",
              "CHERRY_PICK_HEAD": "a git cherry-pick", "REVERT_HEAD": "a git revert"}
+RECOVERY_PREFIX = "refs/c128patch/recovery"  # HEAD before an apply or rebase
 LOCK_NAME = "c128patch.lock"
+FAULT_ENV = "C128PATCH_FAULT"
+_SIGNALS = {"kill": signal.SIGKILL, "sigint": signal.SIGINT}
 
 
 def git_path(git: Git, name: str) -> Path:
@@ -36,7 +46,7 @@ def git_path(git: Git, name: str) -> Path:
 
 def git_paths(git: Git, names: list[str]) -> list[Path]:
     rels = git.run("rev-parse", *(a for name in names for a in ("--git-path", name))).stdout.splitlines()
-    return [Path(rel) if Path(rel).is_absolute() else (git.worktree or Path.cwd()) / rel for rel in rels]
+    return [(git.worktree or Path.cwd()) / rel for rel in rels]  # (an absolute one stays as it is)
 
 
 def c128_state_dir(git: Git) -> Path:
@@ -159,8 +169,7 @@ def checked_fields(cls: type, data: dict, git: Git, path: Path, what: str) -> di
 def corrupt_journal(git: Git, path: Path, what: str, reason: str) -> C128Error:
     """The error for an unreadable journal: how to forget it and, where HEAD moved, get back (``@{-1}``)."""
     back = ""
-    proc = git.run("rev-parse", "--symbolic-full-name", "@{-1}", check=False)
-    previous = proc.stdout.strip() if proc.returncode == 0 else ""
+    previous = git.out("rev-parse", "--symbolic-full-name", "@{-1}", check=False)  # a failure prints no ref
     if (what == "apply" or git.current_branch() is None) and previous.startswith("refs/heads/"):
         back = ("; the branch you started from is untouched: "
                 + shlex.join(["git", "-C", str(git.worktree), "checkout", previous.removeprefix("refs/heads/")]))
@@ -177,12 +186,8 @@ class Holder:
     since: str = ""
 
 
-_HELD: dict[str, int] = {}  # lock path -> nesting depth in this process
-
-
 def lock_path(git: Git) -> Path:
-    common = Path(git.out("rev-parse", "--git-common-dir"))
-    return (common if common.is_absolute() else (git.worktree or Path.cwd()) / common) / LOCK_NAME
+    return (git.worktree or Path.cwd()) / git.out("rev-parse", "--git-common-dir") / LOCK_NAME
 
 
 def _holder(fd: int) -> Holder | None:
@@ -194,17 +199,9 @@ def _holder(fd: int) -> Holder | None:
 
 
 @contextlib.contextmanager
-def repo_lock(git: Git, action: str) -> Iterator[Holder | None]:
-    """Hold the repository's c128patch lock for ``action``; yields the dead holder it took over, if any."""
+def repo_lock(git: Git, action: str) -> Iterator[None]:
+    """Hold the repository's c128patch lock for ``action`` (not re-entrant: no operation calls another)."""
     path = lock_path(git)
-    key = str(path)
-    if key in _HELD:  # already ours (an operation calling another)
-        _HELD[key] += 1
-        try:
-            yield None
-        finally:
-            _HELD[key] -= 1
-        return
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
@@ -222,14 +219,12 @@ def repo_lock(git: Git, action: str) -> Iterator[Holder | None]:
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps({"action": action, "pid": os.getpid(),
                               "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode(), 0)
-    _HELD[key] = 1
     try:
-        yield stale
+        yield
         if stale is not None:  # said once the operation went through (a refusal says what matters)
             console().print(f"c128patch: note: took over the lock {path} of c128patch {stale.action} (pid "
                             f"{stale.pid}, since {stale.since}), which is no longer running", markup=False)
     finally:
-        del _HELD[key]
         os.ftruncate(fd, 0)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
@@ -238,15 +233,22 @@ def repo_lock(git: Git, action: str) -> Iterator[Holder | None]:
 def running(git: Git) -> Holder | None:
     """Which c128patch operation holds this repository's lock right now (None: none)."""
     path = lock_path(git)
-    if not path.is_file() or str(path) in _HELD:
+    if not path.is_file():
         return None
     fd = os.open(path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # (the close releases it)
+        return None
     except BlockingIOError:
         return _holder(fd) or Holder("operation", 0)
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
     finally:
         os.close(fd)
+
+
+def fault_point(where: str, name: str) -> None:
+    wanted = os.environ.get(FAULT_ENV, "").split(",")  # unset: [""], which names no point
+    for how, sig in _SIGNALS.items():
+        if f"{how}-{where}:{name}" in wanted:
+            os.kill(os.getpid(), sig)
+    if f"fail-{where}:{name}" in wanted:
+        raise OSError(errno.EIO, f"injected fault at {where}:{name}")

@@ -83,7 +83,7 @@ def _swap(root: Path) -> None:
 
 def commit(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path | None = None,
            fault: Callable[[str], None] = _no_fault) -> None:
-    """``files`` written, ``deletes`` removed, ``last`` moved last, as one transaction; ``fault``: ``ops.faults``'."""
+    """``files`` written, ``deletes`` removed, ``last`` moved last, as one transaction; ``fault``: ops.treestate's."""
     commit_all([(root, files, deletes, last)], fault)
 
 

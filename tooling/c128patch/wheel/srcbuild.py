@@ -29,7 +29,7 @@ from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
-from c128patch.ops.apply import apply_series
+from c128patch.ops.applier import Apply
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
 from c128patch.series.layers import describe
@@ -198,7 +198,7 @@ def build_wheel(series: Series, upstream: Upstream, rev: str, tree: Path | None,
     git = Git(worktree=worktree)
     record = None if fresh else _patched_state(git, worktree, series, commit)  # None: not patched yet
     applied = record is None  # whether this run applies the series
-    rows = (apply_series(series, git, target, fresh_clone=fresh, reporter=reporter).entries if applied
+    rows = (Apply(git, series, reporter).start(target, fresh_clone=fresh).entries if applied
             else record.get("entries", []))
     info = {**target.to_json(), "version": str(base), "build": "source"}  # how it was made
     epoch = int(git.out("show", "-s", "--format=%ct", commit))

@@ -33,7 +33,7 @@ from wheel.wheelfile import MINIMUM_TIMESTAMP, WHEEL_INFO_RE, WheelError, WheelF
 
 from c128patch import exitcodes
 from c128patch.errors import C128Error
-from c128patch.ops.faults import fault_point
+from c128patch.ops.treestate import fault_point
 from c128patch.upstream.releases import BINARY_SUFFIXES
 
 
