@@ -88,9 +88,8 @@ def _report(r: ApplyResult, series: Series, as_json: bool, older: str = "") -> N
 
     note = verification_note(series.ours, Git(worktree=Path(r.tree)), r.upstream_commit, r.rev)
     if as_json:
-        emit_json({"ok": True, **r.to_json(), "evidence_note": note, "support_note": older,
-                   "layers": layer_rows(series)})
-        return
+        return emit_json({"ok": True, **r.to_json(), "evidence_note": note, "support_note": older,
+                          "layers": layer_rows(series)})
     if r.already_applied:
         on_top = f", {r.commits_on_top} commit(s) of yours on top" if r.commits_on_top else ""
         where = "" if r.checked_out else f"; not checked out: {shlex.join(['git', '-C', r.tree, 'checkout', r.branch])}"

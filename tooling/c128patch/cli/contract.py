@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from c128patch import exitcodes
-from c128patch.cli.common import emit_json, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import emit_json, exit_unless, repo_option, say, verb_options
 from c128patch.errors import C128Error
 
 if TYPE_CHECKING:
@@ -17,19 +15,13 @@ if TYPE_CHECKING:
 
 
 def _print(label: str, result: ContractResult, probe: tuple[bool | None, str] | None, verbose: bool) -> None:
-    from c128patch.progress import console
     from c128patch.textsafe import plain
 
-    out = console(stderr=False)
-    for f in result.findings:
-        if f.level != "note" or verbose:
-            out.print(plain(f"  {f.level}: {f.message}"), markup=False)
-    notes = sum(f.level == "note" for f in result.findings)
-    if notes and not verbose:
-        out.print(plain(f"  {notes} note(s) (--verbose lists them)"), markup=False)
-    if probe is not None:
-        out.print(plain(f"  C++: {probe[1]}"), markup=False)
-    out.print(plain(f"{label}: contract {result.verdict()} ({result.seconds:.2f} s)"), markup=False)
+    notes = 0 if verbose else sum(f.level == "note" for f in result.findings)
+    say(*map(plain, [*(f"  {f.level}: {f.message}" for f in result.findings if f.level != "note" or verbose),
+                     *([f"  {notes} note(s) (--verbose lists them)"] if notes else []),
+                     *([f"  C++: {probe[1]}"] if probe is not None else []),
+                     f"{label}: contract {result.verdict()} ({result.seconds:.2f} s)"]))
 
 
 @click.command("contract")
@@ -44,9 +36,7 @@ def _print(label: str, result: ContractResult, probe: tuple[bool | None, str] | 
               help="Compile the nvcc signature probe against the tree's headers (default: where nvcc is on PATH).")
 @click.option("--verbose", is_flag=True,
               help="List the notes too (uses not resolved statically, uses not in the lock).")
-@series_option
-@json_option
-@handles_errors
+@verb_options
 def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: bool, use_nvcc: bool | None,  # noqa: C901  one verb's flags
             verbose: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Does the series still fit each upstream? Resolve every upstream module, name, attribute and call
@@ -54,7 +44,7 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     and compare each signature with patches/contract.lock. Exit 1 on an error or a changed signature."""
     from c128patch.fit import contract as core
     from c128patch.git import Git, toplevel
-    from c128patch.progress import console, reporter
+    from c128patch.progress import reporter
     from c128patch.series.contract import read_lock
     from c128patch.series.layers import get_series
     from c128patch.series.plan import validate_files
@@ -97,6 +87,5 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
         for label, result, probe in results:
             _print(label, result, probe, verbose)
         if accept:
-            console(stderr=False).print(f"accepted {accepted} changed signature(s) in {lock.path}", markup=False)
-    if not ok:
-        sys.exit(exitcodes.FAILED)
+            say(f"accepted {accepted} changed signature(s) in {lock.path}")
+    exit_unless(ok)

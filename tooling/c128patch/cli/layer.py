@@ -29,9 +29,8 @@ def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bo
 
     layer = new_layer(folder, name, load_series(series_dir or default_series_root()), base)
     if as_json:
-        emit_json({"ok": True, "layer": {"name": layer.name, "version": layer.version, "base": layer.base,
-                                         "path": str(layer.root)}})
-        return
+        return emit_json({"ok": True, "layer": {"name": layer.name, "version": layer.version,
+                                                "base": layer.base, "path": str(layer.root)}})
     add = shlex.join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit", "COMMIT", "--why",
                       "WHY"])
     say(f"layer {layer.name} {layer.version} on {layer.base} in {layer.root}",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from c128patch.cli.common import emit_json, handles_errors, json_option, series_option
+from c128patch.cli.common import emit_json, verb_options
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -59,9 +59,7 @@ def tables(rows: list[ReleaseRow]) -> tuple[Table, Table]:
 @click.option("--results", "results_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Results folder (default: the series' ci/gpu/results).")
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print the release table as Markdown (README.md).")
-@series_option
-@json_option
-@handles_errors
+@verb_options
 def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, as_markdown: bool,
             series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """What the committed results prove per release: applies strict / 3-way, compiles for sm_90a, GPU
@@ -78,12 +76,10 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
     with reporter(not (as_json or as_markdown), title="matrix") as rep:
         rows = matrix_for(series, repo, list(revs), root, rep)
     if as_json:
-        emit_json({"ok": True, "series": {"name": series.name, "version": series.version}, "repo": repo,
-                   "results": str(root), "releases": [r.to_json() for r in rows]})
-        return
+        return emit_json({"ok": True, "series": {"name": series.name, "version": series.version}, "repo": repo,
+                          "results": str(root), "releases": [r.to_json() for r in rows]})
     if as_markdown:
-        click.echo(markdown(rows), nl=False)
-        return
+        return click.echo(markdown(rows), nl=False)
     width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns) if sys.stdout.isatty() else WIDTH
     out = Console(width=width, highlight=False, soft_wrap=False)
     for table in tables(rows):
