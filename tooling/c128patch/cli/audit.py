@@ -40,7 +40,7 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, la
     else:
         gated = [e.name for e in series.entries if e.gate]
         per = "".join(f", {len(set(r['entries']) & set(gated))} of layer {r['name']}" for r in layer_rows(series))
-        say(*(plain(f"{rev}: {f.file}:{f.line}: [{f.rule}] {f.message} (entry {f.entry})") for rev, fs in rows
-              for f in fs), f"gate audit ({', '.join(r.name for r in RULES)}) of {len(gated)} gated entries{per} on "
-                            f"{', '.join(revs)}: {'clean' if ok else 'FINDINGS'}")
+        say(*(plain(f"{rev}: {f} (entry {f.entry})") for rev, fs in rows for f in fs),
+            f"gate audit ({', '.join(r.name for r in RULES)}) of {len(gated)} gated entries{per} on {', '.join(revs)}: "
+            f"{'clean' if ok else 'FINDINGS'}")
     exit_unless(ok)

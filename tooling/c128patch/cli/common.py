@@ -34,19 +34,14 @@ tree_option = click.option(
          "where apply makes it).")
 
 
-def series_option(fn: Callable) -> Callable:
-    """--series DIR and --layer DIR (``series_dir``, ``layer_dirs``: the arguments of ``get_series``)."""
-    return series_dir_option(layer_option(fn))
-
-
 def json_verb(fn: Callable) -> Callable:
     """A verb's body with --json, its errors handled (``handles_errors``)."""
     return json_option(handles_errors(fn))
 
 
 def verb_options(fn: Callable) -> Callable:
-    """``json_verb`` with --series and --layer."""
-    return series_option(json_verb(fn))
+    """``json_verb`` with --series DIR and --layer DIR (``series_dir``, ``layer_dirs``: ``get_series``'s arguments)."""
+    return series_dir_option(layer_option(json_verb(fn)))
 
 
 def say(*lines: str) -> None:

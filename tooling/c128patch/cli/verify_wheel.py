@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, handles_errors, json_option, layer_option, say
+from c128patch.cli.common import emit_json, json_verb, layer_option, say
 
 
 @click.command("verify-wheel")
@@ -21,8 +21,7 @@ from c128patch.cli.common import emit_json, handles_errors, json_option, layer_o
 @click.option("--compile-all", is_flag=True,
               help="Compile every .py of the wheel, not only the ones the series touches.")
 @layer_option
-@json_option
-@handles_errors
+@json_verb
 def command(wheel: Path, series_dir: Path | None, layer_dirs: tuple[Path, ...], upstream_wheel: Path | None,
             no_authenticity: bool, compile_all: bool, as_json: bool) -> None:
     """Check a patched wheel: RECORD, version, SBOM vs provenance, every entry's effect present, and

@@ -190,16 +190,13 @@ def _rule_of(name: str, rules: Sequence[Rule], effects: Mapping[str, str]) -> st
 
 
 def audit_patched_file(source: str, added_lines: set[int], gate: str, rules: Sequence[Rule] = RULES, *,
-                       file: str = "<source>", external_effects: Mapping[str, str] | None = None,
-                       index: _HelperIndex | None = None) -> list[Finding]:
-    """Rule calls on ``added_lines`` that can run with ``gate`` off; ``external_effects``: helper -> rule, else
-    those of the helpers called on added lines that ``index`` finds (only they can make a finding)."""
+                       file: str = "<source>", index: _HelperIndex | None = None) -> list[Finding]:
+    """Rule calls on ``added_lines`` that can run with ``gate`` off; helpers called on added lines count with the
+    side effects ``index`` finds in them (only they can make a finding)."""
     tree = ast.parse(source)
     calls = _Walker(tree, gate).calls
-    if index is not None:
-        external_effects = index.imported_effects(tree, {c.name for c in calls if added_lines.intersection(c.lines)},
-                                                  index.depth)
-    external_effects = external_effects or {}
+    external_effects = {} if index is None else index.imported_effects(
+        tree, {c.name for c in calls if added_lines.intersection(c.lines)}, index.depth)
     local_defs = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     effects = {**external_effects, **_local_effects(calls, rules, external_effects, local_defs)}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
 from c128patch.errors import C128Error
@@ -23,9 +23,6 @@ class Finding:
     entry: str
     message: str
     level: str = "error"
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def _file_findings(series: Series, e: Entry, variant: Variant | None, patched: dict[str, str]) -> list[Finding]:

@@ -133,7 +133,7 @@ class RebaseLoop:
         step.signals = [s for s in step.signals if s["kind"] != "pr-hint"]  # kept: a hint, not a drop signal
         if tree:
             step.applied, step.series_tree, step.detail = row.status, tree, row.detail
-            return self._after_series(journal, step)
+            return self._carry(journal, step)
         text = item.path.read_text() if item.patch is not None else ""
         self._stop(journal, step, "series", renamed_patch_text(text, row.renamed) if row.renamed else text,
                    item.label, row.detail, row.conflicts or ([item.entry.target] if item.patch is None else []))
@@ -147,35 +147,28 @@ class RebaseLoop:
             return self._advance(journal)
         journal.paused, step.status = "merged", "pending"
         journal.save(self.path)
-        report = report_of(self.git, journal)
-        write_reports(self.state, report)
-        tree = self.git.worktree
+        report, tree = write_reports(self.state, report_of(self.git, journal)), self.git.worktree
         raise ConflictError(f"entry '{step.name}' looks merged upstream ({why}); nothing was dropped",
                             hint=f"  drop it: {rebase_command(tree, 'drop', step.name)}\n"
                                  f"  keep it: {rebase_command(tree, 'continue')}\n"
                                  f"  undo:    {rebase_command(tree, 'abort')}",
                             report=report)
 
-    def _after_series(self, journal: Journal, step: Step) -> None:
-        """Carry the user's edit (if any) onto the series' part, then commit the entry."""
-        tree = step.series_tree
-        if step.user_edit:
-            delta = tree_diff(self.git, step.edit_from, step.edit_to)
-            merged = self._apply_on(tree, delta)
-            if merged is None:
-                self._stop(journal, step, "user-edit", delta, f"your edit of {step.name} ({step.sha[:12]})",
-                           "your edit conflicts with the series' file on the new base")
-            tree = merged
-            step.detail = "; ".join(filter(None, [step.detail, "your edit carried"]))
-        self._commit(journal, step, tree)
-
     def _carry(self, journal: Journal, step: Step) -> None:
-        """A commit of the user's own (or one that cannot be compared with the series), as it is."""
-        delta = tree_diff(self.git, f"{step.sha}^", step.sha)
-        tree = self._apply_on(self.git.out("rev-parse", f"{journal.head_before}^{{tree}}"), delta)
+        """Commit a step: an entry's series part with the user's edit (if any) carried onto it, or a commit of the
+        user's own (or one that cannot be compared with the series) as it is, on the tip."""
+        entry = step.kind == "entry"
+        delta = (tree_diff(self.git, step.edit_from, step.edit_to) if step.user_edit
+                 else "" if entry else tree_diff(self.git, f"{step.sha}^", step.sha))
+        tree = self._apply_on(step.series_tree if entry else self._tip_tree, delta)
+        if tree is None and entry:
+            self._stop(journal, step, "user-edit", delta, f"your edit of {step.name} ({step.sha[:12]})",
+                       "your edit conflicts with the series' file on the new base")
         if tree is None:
             self._stop(journal, step, "carried", delta, f"commit {step.sha[:12]} {step.subject!r}",
                        "the commit does not apply on the new base")
+        if step.user_edit:
+            step.detail = "; ".join(filter(None, [step.detail, "your edit carried"]))
         self._commit(journal, step, tree)
 
     def _apply_on(self, tree: str, diff: str) -> str | None:
@@ -262,8 +255,7 @@ class RebaseLoop:
         journal.paused = "conflict"
         journal.stop_state = tree_state(git)
         journal.save(self.path)
-        report = report_of(git, journal)
-        write_reports(self.state, report)
+        report = write_reports(self.state, report_of(git, journal))
         tree, where = git.worktree, "\n".join(f"  {line}" for line in stop.lines() + extra)
         raise ConflictError(  # where it conflicts and what the user can do next
             f"entry '{step.name}' conflicts on {journal.onto_rev}"

@@ -51,9 +51,10 @@ def range_diff_of(git: Git, journal: Journal, new_head: str) -> list[str]:
     return [line for line in proc.stdout.splitlines() if re.match(r"^\s*(\d+|-):", line)]
 
 
-def write_reports(state: Path, report: dict) -> None:
+def write_reports(state: Path, report: dict) -> dict:
     write_json_atomic(state / "rebase-report.json", report)
     (state / "rebase-report.md").write_text(render_markdown(report))
+    return report
 
 
 def classify(git: Git, steps: list[Step]) -> None:
