@@ -11,8 +11,7 @@ from typing import Any, Callable
 
 import click
 
-from c128patch import exitcodes
-from c128patch.cli import SCHEMA_VERSION
+from c128patch import SCHEMA_VERSION, exitcodes
 from c128patch.errors import C128Error
 from c128patch.upstream import DEFAULT_TREE
 

@@ -3,25 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from c128patch.cli.common import emit_json, exit_unless, repo_option, say, verb_options
 from c128patch.errors import C128Error
-
-if TYPE_CHECKING:
-    from c128patch.fit.contract import ContractResult
-
-
-def _print(label: str, result: ContractResult, probe: tuple[bool | None, str] | None, verbose: bool) -> None:
-    from c128patch.textsafe import plain
-
-    notes = 0 if verbose else sum(f.level == "note" for f in result.findings)
-    say(*map(plain, [*(f"  {f.level}: {f.message}" for f in result.findings if f.level != "note" or verbose),
-                     *([f"  {notes} note(s) (--verbose lists them)"] if notes else []),
-                     *([f"  C++: {probe[1]}"] if probe is not None else []),
-                     f"{label}: contract {result.verdict()} ({result.seconds:.2f} s)"]))
 
 
 @click.command("contract")
@@ -48,6 +34,7 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     from c128patch.series.contract import read_lock
     from c128patch.series.layers import get_series
     from c128patch.series.plan import validate_files
+    from c128patch.textsafe import plain
     from c128patch.upstream.source import open_upstream
 
     series = get_series(series_dir, layer_dirs)
@@ -79,13 +66,16 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     ok = all(not r.errors and (accept or not r.warnings) for _, r, _ in results) and all(
         p is None or p[0] is not False for _, _, p in results)
     if as_json:
-        emit_json({"ok": ok, "accepted": accepted,
-                   "series": {"name": series.name, "version": series.version},
+        emit_json({"ok": ok, "accepted": accepted, "series": {"name": series.name, "version": series.version},
                    "revs": [{"rev": label, **r.to_json(), "cxx_probe": p[1] if p else "not run",
                              "cxx_probe_ok": p[0] if p else None} for label, r, p in results]})
     else:
         for label, result, probe in results:
-            _print(label, result, probe, verbose)
+            notes = 0 if verbose else sum(f.level == "note" for f in result.findings)
+            say(*map(plain, [*(f"  {f.level}: {f.message}" for f in result.findings if f.level != "note" or verbose),
+                             *([f"  {notes} note(s) (--verbose lists them)"] if notes else []),
+                             *([f"  C++: {probe[1]}"] if probe is not None else []),
+                             f"{label}: contract {result.verdict()} ({result.seconds:.2f} s)"]))
         if accept:
             say(f"accepted {accepted} changed signature(s) in {lock.path}")
     exit_unless(ok)

@@ -30,8 +30,7 @@ def command(markdown: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...
                                     for g in series.gates]})
     out = console(stderr=False)
     if markdown:
-        out.print(render_markdown(series.gates, entry_gates), markup=False, end="", soft_wrap=True)
-        return
+        return out.print(render_markdown(series.gates, entry_gates), markup=False, end="", soft_wrap=True)
     table = Table("variable", "default", "what setting it does", "needs / conflicts with",
                   title=f"env reference of series {series.name} {series.version}")
     for g in series.gates:

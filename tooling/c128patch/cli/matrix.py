@@ -1,21 +1,14 @@
-"""c128patch matrix [--repo PATH|URL] [--sglang-rev X ...] [--results DIR] [--json]: what is proven per release
-(or per commit of the user's own repository: the evidence is keyed by content)."""
+"""c128patch matrix [--repo R] [--sglang-rev X ...] [--results DIR]: what is proven per release (or repo commit)."""
 
 from __future__ import annotations
 
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from c128patch.cli.common import emit_json, verb_options
-
-if TYPE_CHECKING:
-    from rich.table import Table
-
-    from c128patch.evidence.matrix import ReleaseRow
 
 STYLE = {"verified": "green", "failed": "red", "stale": "yellow", "unverified": "dim"}
 HEADINGS = {"compile": "compiles sm_90a", "suite": "GPU suite", "memcheck": "memcheck", "racecheck": "racecheck",
@@ -23,31 +16,7 @@ HEADINGS = {"compile": "compiles sm_90a", "suite": "GPU suite", "memcheck": "mem
             "upstream-suite": "upstream's own tests", "simulation": "DSPARK simulation",
             "kernel-bench": "kernel benchmark"}
 APPLY_STYLE = {"clean": "strict", "3way": "3-way", "conflict": "CONFLICT", "collision": "COLLISION"}
-
-
 WIDTH = 100  # piped output, and the most a terminal table takes
-
-
-def tables(rows: list[ReleaseRow]) -> tuple[Table, Table]:
-    """Evidence kinds x releases, one state per cell (the details are in --markdown / --json); entries x releases."""
-    from rich.table import Table
-
-    from c128patch.evidence.results import KINDS
-
-    evidence = Table(title="evidence per release (details: --markdown, --json)")
-    entries = Table(title="entries x releases: applies (replayed now)")
-    for table, first in ((evidence, "evidence"), (entries, "entry")):
-        table.add_column(first, overflow="fold")
-        for row in rows:
-            table.add_column(row.rev, overflow="fold" if table is evidence else "ellipsis")
-    evidence.add_row("applies", *[row.applies_summary for row in rows])
-    for kind in KINDS:
-        states = [row.cells[kind].state for row in rows]
-        evidence.add_row(HEADINGS[kind], *[f"[{STYLE[s]}]{s}[/{STYLE[s]}]" for s in states])
-    for name in dict.fromkeys(n for row in rows for n in row.applies):
-        entries.add_row(name, *[APPLY_STYLE.get(row.applies.get(name, ""), row.applies.get(name, "-"))
-                                for row in rows])
-    return evidence, entries
 
 
 @click.command("matrix")
@@ -65,9 +34,10 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
     """What the committed results prove per release: applies strict / 3-way, compiles for sm_90a, GPU
     suite, sanitizers, differential, upstream's own tests; stale or missing evidence says so."""
     from rich.console import Console
+    from rich.table import Table
 
     from c128patch.evidence.matrix import markdown, matrix_for
-    from c128patch.evidence.results import results_root
+    from c128patch.evidence.results import KINDS, results_root
     from c128patch.progress import reporter
     from c128patch.series.layers import get_series
 
@@ -82,8 +52,22 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
         return click.echo(markdown(rows), nl=False)
     width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns) if sys.stdout.isatty() else WIDTH
     out = Console(width=width, highlight=False, soft_wrap=False)
-    for table in tables(rows):
-        out.print(table)
+    # evidence kinds x releases, one state per cell (the details are in --markdown / --json); entries x releases
+    evidence = Table(title="evidence per release (details: --markdown, --json)")
+    entries = Table(title="entries x releases: applies (replayed now)")
+    for table, first in ((evidence, "evidence"), (entries, "entry")):
+        table.add_column(first, overflow="fold")
+        for row in rows:
+            table.add_column(row.rev, overflow="fold" if table is evidence else "ellipsis")
+    evidence.add_row("applies", *[row.applies_summary for row in rows])
+    for kind in KINDS:
+        states = [row.cells[kind].state for row in rows]
+        evidence.add_row(HEADINGS[kind], *[f"[{STYLE[s]}]{s}[/{STYLE[s]}]" for s in states])
+    for name in dict.fromkeys(n for row in rows for n in row.applies):
+        entries.add_row(name, *[APPLY_STYLE.get(row.applies.get(name, ""), row.applies.get(name, "-"))
+                                for row in rows])
+    out.print(evidence)
+    out.print(entries)
     for row in rows:
         missing = row.missing()
         out.print(f"{row.rev}: " + ("fully verified" if not missing else "not fully verified: " + ", ".join(missing)),

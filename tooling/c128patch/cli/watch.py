@@ -1,5 +1,4 @@
-"""c128patch watch --onto REV [--repo PATH|URL] [--out DIR] [--timeout S] [--primary|--variant] [--python PY]
-[--no-run] [--json]"""
+"""c128patch watch --onto REV [--repo R] [--out DIR] [--timeout S] [--primary|--variant] [--python PY] [--no-run]"""
 
 from __future__ import annotations
 

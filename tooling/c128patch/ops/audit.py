@@ -237,12 +237,6 @@ def _local_effects(calls: Sequence[_Call], rules: Sequence[Rule], effects: Mappi
     return found
 
 
-def added_lines_by_file(patch_text: str) -> dict[str, set[int]]:
-    """Post-image path (``python/sglang/...``) -> line numbers the patch adds there."""
-    return {pf.path: {ln.target_line_no for hunk in pf for ln in hunk if ln.is_added and ln.target_line_no is not None}
-            for pf in PatchSet(patch_text) if not pf.is_removed_file}
-
-
 Reader = Callable[[str], "str | None"]  # tree-relative path -> text, None if absent
 
 
@@ -295,10 +289,10 @@ def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Seq
         lambda rel: (tree_root / rel).read_text() if (tree_root / rel).is_file() else None
     index = _HelperIndex(helpers or read, gate, rules)
     findings: list[Finding] = []
-    for rel, added in sorted(added_lines_by_file(patch_text).items()):
-        if not rel.endswith(".py") or not added:
-            continue
-        findings += audit_patched_file(read(rel) or "", added, gate, rules, file=rel, index=index)
+    for pf in sorted((pf for pf in PatchSet(patch_text) if not pf.is_removed_file), key=lambda pf: pf.path):
+        added = {ln.target_line_no for hunk in pf for ln in hunk if ln.is_added and ln.target_line_no is not None}
+        if pf.path.endswith(".py") and added:  # the post-image lines it adds there
+            findings += audit_patched_file(read(pf.path) or "", added, gate, rules, file=pf.path, index=index)
     return findings
 
 

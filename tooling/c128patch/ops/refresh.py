@@ -257,8 +257,7 @@ def _record_contract(series: Series, git: Git, base_commit: str, label: str, res
     except C128Error as exc:
         result.notes.append(f"{LOCK_NAME} not rewritten: {exc.message}")
         return
-    old = read_lock(series.patches_dir)
-    lock = Lock(lock_path(series.patches_dir), merged(items, old), label)
+    lock = Lock(lock_path(series.patches_dir), merged(items, read_lock(series.patches_dir)), label)
     result.files[lock.path] = lock.text().encode()
 
 
