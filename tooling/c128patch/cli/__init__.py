@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 
 import click
 
-from c128patch import SCHEMA_VERSION, __version__
+from c128patch import SCHEMA_VERSION, __version__  # noqa: F401  (SCHEMA_VERSION: the --json reports' layout)
 
 # One module per verb (cli/<verb>.py, exposing `command`) and the line `--help` lists (listing imports none).
 COMMANDS: dict[str, str] = {
@@ -37,16 +37,14 @@ COMMANDS: dict[str, str] = {
 
 def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
     """A usage error (bad option, choice, flag or verb) as any error: one line, a JSON one with --json, exit 2."""
-    import json
-
     from c128patch import exitcodes
+    from c128patch.cli.common import emit_json
 
     message = " ".join(exc.format_message().split())
     verb = exc.ctx.command_path.partition(" ")[2] if exc.ctx is not None else ""
     line = f"{message} (see `{f'c128patch {verb}' if verb else 'c128patch'} --help`)"
     if "--json" in (argv[: argv.index("--")] if "--" in argv else argv):
-        click.echo(json.dumps({"ok": False, "error": line, "usage_error": True, "schema": SCHEMA_VERSION},
-                              indent=2, sort_keys=True))
+        emit_json({"ok": False, "error": line, "usage_error": True})
     click.echo(f"c128patch: error: {line}", err=True)
     sys.exit(exitcodes.USAGE)
 

@@ -34,33 +34,23 @@ if TYPE_CHECKING:
 def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | None, cont: bool, abort: bool,
             series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Check out REV on a new branch and apply the series, one commit per entry."""
-    from c128patch.ops.apply import apply_rev
+    from c128patch.git import Git
+    from c128patch.ops.applier import Apply
+    from c128patch.ops.apply import apply_rev, continue_apply
     from c128patch.progress import reporter
     from c128patch.series.layers import get_series
     from c128patch.upstream.source import is_url
 
     if sum(map(bool, (rev, cont, abort))) != 1:
         raise C128Error("give exactly one of --sglang-rev REV, --continue, --abort")
-    if rev is None:
-        if branch:
-            raise C128Error("--branch goes with --sglang-rev")
-        _finish(tree or (Path(repo) if repo and not is_url(repo) else None), cont, series_dir, layer_dirs, as_json)
-        return
-    series = get_series(series_dir, layer_dirs)
-    with reporter(not as_json, title="apply") as rep:
-        result, older = apply_rev(series, repo, rev, tree=tree, branch=branch, reporter=rep)
-    _report(result, series, as_json, older)
-
-
-def _finish(where: Path | None, cont: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...],
-            as_json: bool) -> None:
-    """--continue / --abort, in ``where`` (None: the tree ``locate_tree`` finds, as status does)."""
-    from c128patch.git import Git
-    from c128patch.ops.applier import Apply
-    from c128patch.ops.apply import continue_apply
-    from c128patch.progress import reporter
-    from c128patch.series.layers import get_series
-
+    if rev is not None:
+        series = get_series(series_dir, layer_dirs)
+        with reporter(not as_json, title="apply") as rep:
+            result, older = apply_rev(series, repo, rev, tree=tree, branch=branch, reporter=rep)
+        return _report(result, series, as_json, older)
+    if branch:
+        raise C128Error("--branch goes with --sglang-rev")
+    where = tree or (Path(repo) if repo and not is_url(repo) else None)  # None: the tree locate_tree finds, as status
     if where is not None and not where.is_dir():
         raise C128Error(f"no such folder: {where}")
     git = Git(worktree=locate_tree(where))
@@ -89,9 +79,8 @@ def _report(r: ApplyResult, series: Series, as_json: bool, older: str = "") -> N
 
     note = verification_note(series.ours, Git(worktree=Path(r.tree)), r.upstream_commit, r.rev)
     if as_json:
-        emit_json({"ok": True, **r.to_json(), "evidence_note": note, "support_note": older,
-                   "layers": layer_rows(series)})
-        return
+        return emit_json({"ok": True, **r.to_json(), "evidence_note": note, "support_note": older,
+                          "layers": layer_rows(series)})
     if r.already_applied:
         on_top = f", {r.commits_on_top} commit(s) of yours on top" if r.commits_on_top else ""
         where = "" if r.checked_out else f"; not checked out: {shlex.join(['git', '-C', r.tree, 'checkout', r.branch])}"

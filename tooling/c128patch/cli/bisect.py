@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import emit_json, repo_option, say, verb_options
 
 
 @click.command("bisect")
@@ -17,16 +17,14 @@ from c128patch.cli.common import emit_json, handles_errors, json_option, repo_op
 @click.option("--behaviour", is_flag=True, help="Each step also runs the behavioural tier (c128patch treecheck): "
               "finds a commit that breaks a module's import or behaviour the contract does not see.")
 @click.option("--python", "python", default=None, help="The interpreter the behavioural tier imports with.")
-@series_option
-@json_option
-@handles_errors
+@verb_options
 def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python: str | None, series_dir: Path | None,
             layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Find the first upstream commit between the series' base and REV at which the series stops
     applying or its API contract (with --behaviour, also its behavioural tier) breaks (git bisect run, in a scratch
     clone); print it, its subject and what fails there."""
     from c128patch.fit.bisect import bisect
-    from c128patch.progress import console, reporter
+    from c128patch.progress import reporter
     from c128patch.series.layers import get_series
     from c128patch.series.plan import validate_files
     from c128patch.textsafe import plain
@@ -36,11 +34,6 @@ def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python
     with reporter(not as_json, title="bisect") as rep:
         report = bisect(series, repo, onto, timeout=timeout, behaviour=behaviour, python=python, reporter=rep)
     if as_json:
-        emit_json(report)
-        return
-    out = console(stderr=False)
-    if report["found"]:
-        out.print(plain(f"first bad commit: {report['commit']} {report['subject']}"), markup=False)
-        for f in report["failing"]:
-            out.print(plain(f"  {f}"), markup=False)
-    out.print(plain(report["summary"]), markup=False)
+        return emit_json(report)
+    found = [f"first bad commit: {report['commit']} {report['subject']}", *(f"  {f}" for f in report["failing"])]
+    say(*map(plain, [*(found if report["found"] else []), report["summary"]]))

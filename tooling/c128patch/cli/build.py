@@ -6,14 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import (
-    check_output_dir,
-    emit_json,
-    handles_errors,
-    json_option,
-    repo_option,
-    series_option,
-)
+from c128patch.cli.common import check_output_dir, emit_json, repo_option, say, verb_options
 
 
 @click.command("build")
@@ -26,16 +19,14 @@ from c128patch.cli.common import (
 @click.option("--base-version", default=None, help="Upstream version to build as (default: from the rev's vX.Y.Z tag).")
 @click.option("--no-isolation", is_flag=True,
               help="Pass --no-isolation to python -m build (build dependencies must be installed).")
-@series_option
-@json_option
-@handles_errors
+@verb_options
 def command(rev: str, repo: str | None, tree: Path | None, out_dir: Path, base_version: str | None,
             no_isolation: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Source-build a patched sglang wheel (PEP 517), for commits that have no release wheel.
 
     Applies the series first unless the tree already is REV + this series; the wheel gets the same
     version label, provenance and SBOM as `c128patch wheel`."""
-    from c128patch.progress import console, reporter
+    from c128patch.progress import reporter
     from c128patch.series.layers import get_series
     from c128patch.upstream.source import open_upstream
     from c128patch.wheel.srcbuild import build_wheel
@@ -47,9 +38,6 @@ def command(rev: str, repo: str | None, tree: Path | None, out_dir: Path, base_v
         result = build_wheel(series, upstream, rev, tree, out_dir, base_override=base_version,
                              no_isolation=no_isolation, reporter=rep)
     if as_json:
-        emit_json({"ok": True, **result.to_json()})
-        return
-    out = console(stderr=False)
-    out.print(result.wheel, markup=False)
-    out.print(f"  sglang {result.version} built from {result.tree} ({rev} = {result.upstream_commit[:12]}) "
-              f"in {result.seconds:.0f} s", markup=False)
+        return emit_json({"ok": True, **result.to_json()})
+    say(str(result.wheel), f"  sglang {result.version} built from {result.tree} ({rev} = "
+                           f"{result.upstream_commit[:12]}) in {result.seconds:.0f} s")

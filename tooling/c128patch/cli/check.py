@@ -67,9 +67,11 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
     """Does the series apply to each REV, and what would apply and wheel do? Nothing is checked out.
     Per entry: which file was chosen and by which rule (exact/most preimage blobs, ancestor,
     strict, primary, only)."""
+    from rich.table import Table
+
     from c128patch.ops.check import check_upstream, exact, supported_releases
-    from c128patch.progress import reporter
-    from c128patch.series.layers import get_series, layer_rows
+    from c128patch.progress import console, reporter
+    from c128patch.series.layers import describe, get_series, layer_rows
 
     series = get_series(series_dir, layer_dirs)
     revs = revs or tuple(supported_releases(series))
@@ -84,18 +86,7 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
         emit_json({"ok": ok, "strict": strict, "seconds": round(elapsed, 4),
                    "series": {"name": series.name, "version": series.version}, "layers": layer_rows(series),
                    "revs": [{**r.to_json(), **({"contract": contracts[r.rev]} if deep else {})} for r in results]})
-    else:
-        _render(series, results, contracts, strict, ok, elapsed)
-    exit_unless(ok)
-
-
-def _render(series: Series, results: list[RevCheck], contracts: dict[str, dict], strict: bool, ok: bool,
-            elapsed: float) -> None:
-    from rich.table import Table
-
-    from c128patch.progress import console
-    from c128patch.series.layers import describe
-
+        return exit_unless(ok)
     table = Table("entry", *(r.rev for r in results), title=describe(series))
     rows = [{row.name: row for row in r.entries} for r in results]
     for entry in series.entries:
@@ -110,3 +101,4 @@ def _render(series: Series, results: list[RevCheck], contracts: dict[str, dict],
     verdict = "all apply" + (" with exact context" if strict else "") if ok else "NOT all apply" + (
         " with exact context" if strict and all(r.ok for r in results) else "")
     say(f"{verdict} ({elapsed:.2f} s for {len(results)} rev(s))")
+    exit_unless(ok)

@@ -11,8 +11,7 @@ from typing import Any, Callable
 
 import click
 
-from c128patch import exitcodes
-from c128patch.cli import SCHEMA_VERSION
+from c128patch import SCHEMA_VERSION, exitcodes
 from c128patch.errors import C128Error
 from c128patch.upstream import DEFAULT_TREE
 
@@ -34,19 +33,14 @@ tree_option = click.option(
          "where apply makes it).")
 
 
-def series_option(fn: Callable) -> Callable:
-    """--series DIR and --layer DIR (``series_dir``, ``layer_dirs``: the arguments of ``get_series``)."""
-    return series_dir_option(layer_option(fn))
-
-
 def json_verb(fn: Callable) -> Callable:
     """A verb's body with --json, its errors handled (``handles_errors``)."""
     return json_option(handles_errors(fn))
 
 
 def verb_options(fn: Callable) -> Callable:
-    """``json_verb`` with --series and --layer."""
-    return series_option(json_verb(fn))
+    """``json_verb`` with --series DIR and --layer DIR (``series_dir``, ``layer_dirs``: ``get_series``'s arguments)."""
+    return series_dir_option(layer_option(json_verb(fn)))
 
 
 def say(*lines: str) -> None:

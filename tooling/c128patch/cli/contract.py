@@ -2,34 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
-from c128patch import exitcodes
-from c128patch.cli.common import emit_json, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import emit_json, exit_unless, repo_option, say, verb_options
 from c128patch.errors import C128Error
-
-if TYPE_CHECKING:
-    from c128patch.fit.contract import ContractResult
-
-
-def _print(label: str, result: ContractResult, probe: tuple[bool | None, str] | None, verbose: bool) -> None:
-    from c128patch.progress import console
-    from c128patch.textsafe import plain
-
-    out = console(stderr=False)
-    for f in result.findings:
-        if f.level != "note" or verbose:
-            out.print(plain(f"  {f.level}: {f.message}"), markup=False)
-    notes = sum(f.level == "note" for f in result.findings)
-    if notes and not verbose:
-        out.print(plain(f"  {notes} note(s) (--verbose lists them)"), markup=False)
-    if probe is not None:
-        out.print(plain(f"  C++: {probe[1]}"), markup=False)
-    out.print(plain(f"{label}: contract {result.verdict()} ({result.seconds:.2f} s)"), markup=False)
 
 
 @click.command("contract")
@@ -44,9 +22,7 @@ def _print(label: str, result: ContractResult, probe: tuple[bool | None, str] | 
               help="Compile the nvcc signature probe against the tree's headers (default: where nvcc is on PATH).")
 @click.option("--verbose", is_flag=True,
               help="List the notes too (uses not resolved statically, uses not in the lock).")
-@series_option
-@json_option
-@handles_errors
+@verb_options
 def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: bool, use_nvcc: bool | None,  # noqa: C901  one verb's flags
             verbose: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Does the series still fit each upstream? Resolve every upstream module, name, attribute and call
@@ -54,10 +30,11 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     and compare each signature with patches/contract.lock. Exit 1 on an error or a changed signature."""
     from c128patch.fit import contract as core
     from c128patch.git import Git, toplevel
-    from c128patch.progress import console, reporter
+    from c128patch.progress import reporter
     from c128patch.series.contract import read_lock
     from c128patch.series.layers import get_series
     from c128patch.series.plan import validate_files
+    from c128patch.textsafe import plain
     from c128patch.upstream.source import open_upstream
 
     series = get_series(series_dir, layer_dirs)
@@ -89,14 +66,16 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     ok = all(not r.errors and (accept or not r.warnings) for _, r, _ in results) and all(
         p is None or p[0] is not False for _, _, p in results)
     if as_json:
-        emit_json({"ok": ok, "accepted": accepted,
-                   "series": {"name": series.name, "version": series.version},
+        emit_json({"ok": ok, "accepted": accepted, "series": {"name": series.name, "version": series.version},
                    "revs": [{"rev": label, **r.to_json(), "cxx_probe": p[1] if p else "not run",
                              "cxx_probe_ok": p[0] if p else None} for label, r, p in results]})
     else:
         for label, result, probe in results:
-            _print(label, result, probe, verbose)
+            notes = 0 if verbose else sum(f.level == "note" for f in result.findings)
+            say(*map(plain, [*(f"  {f.level}: {f.message}" for f in result.findings if f.level != "note" or verbose),
+                             *([f"  {notes} note(s) (--verbose lists them)"] if notes else []),
+                             *([f"  C++: {probe[1]}"] if probe is not None else []),
+                             f"{label}: contract {result.verdict()} ({result.seconds:.2f} s)"]))
         if accept:
-            console(stderr=False).print(f"accepted {accepted} changed signature(s) in {lock.path}", markup=False)
-    if not ok:
-        sys.exit(exitcodes.FAILED)
+            say(f"accepted {accepted} changed signature(s) in {lock.path}")
+    exit_unless(ok)

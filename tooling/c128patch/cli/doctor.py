@@ -7,8 +7,7 @@ from pathlib import Path
 
 import click
 
-from c128patch import exitcodes
-from c128patch.cli.common import emit_json, handles_errors, json_option, series_option
+from c128patch.cli.common import emit_json, exit_unless, verb_options
 from c128patch.errors import C128Error
 
 _STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "error": "red"}
@@ -17,10 +16,8 @@ _STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "error": "red"}
 @click.command("doctor")  # launch arguments go after `--`: an unknown option before it is named as doctor's
 @click.option("--python", "python", default=sys.executable, show_default="this Python",
               help="The Python that will serve (a venv's bin/python).")
-@series_option
-@json_option
 @click.argument("launch_args", nargs=-1, type=click.UNPROCESSED)
-@handles_errors
+@verb_options
 def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool,
             launch_args: tuple[str, ...]) -> None:
     """Will the installed sglang do what the envs ask? Run it where the server will run.
@@ -55,5 +52,4 @@ def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
         for f in report.findings:
             out.print(f"[{_STYLE[f.level]}]{f.level:<5}[/] {f.topic:<8} ", end="")
             out.print(f.message, markup=False)
-    if not report.ok:
-        sys.exit(exitcodes.FAILED)
+    exit_unless(report.ok)

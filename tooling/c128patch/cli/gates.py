@@ -6,14 +6,12 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, handles_errors, json_option, series_option
+from c128patch.cli.common import emit_json, verb_options
 
 
 @click.command("gates")
 @click.option("--markdown", is_flag=True, help="Print the Markdown table docs/gates.md carries.")
-@series_option
-@json_option
-@handles_errors
+@verb_options
 def command(markdown: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """The env reference: every variable the series adds or reads, its default, what it does, what it conflicts with."""
     from rich.table import Table
@@ -26,15 +24,13 @@ def command(markdown: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...
     series = get_series(series_dir, layer_dirs)
     entry_gates = {e.name: e.gate for e in series.entries}
     if as_json:
-        emit_json({"ok": True, "series": {"name": series.name, "version": series.version},
-                   "gates": [{**g.to_toml(), "requires": list(g.requires), "conflicts": list(g.conflicts),
-                              "entries": [e for e, gate in entry_gates.items() if gate == g.name]}
-                             for g in series.gates]})
-        return
+        return emit_json({"ok": True, "series": {"name": series.name, "version": series.version},
+                          "gates": [{**g.to_toml(), "requires": list(g.requires), "conflicts": list(g.conflicts),
+                                     "entries": [e for e, gate in entry_gates.items() if gate == g.name]}
+                                    for g in series.gates]})
     out = console(stderr=False)
     if markdown:
-        out.print(render_markdown(series.gates, entry_gates), markup=False, end="", soft_wrap=True)
-        return
+        return out.print(render_markdown(series.gates, entry_gates), markup=False, end="", soft_wrap=True)
     table = Table("variable", "default", "what setting it does", "needs / conflicts with",
                   title=f"env reference of series {series.name} {series.version}")
     for g in series.gates:

@@ -29,9 +29,8 @@ def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bo
 
     layer = new_layer(folder, name, load_series(series_dir or default_series_root()), base)
     if as_json:
-        emit_json({"ok": True, "layer": {"name": layer.name, "version": layer.version, "base": layer.base,
-                                         "path": str(layer.root)}})
-        return
+        return emit_json({"ok": True, "layer": {"name": layer.name, "version": layer.version,
+                                                "base": layer.base, "path": str(layer.root)}})
     add = shlex.join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit", "COMMIT", "--why",
                       "WHY"])
     say(f"layer {layer.name} {layer.version} on {layer.base} in {layer.root}",
@@ -60,8 +59,7 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
     done = add(folder, load_series(series_dir or default_series_root()), git, commit, why, gate, name)
     errors = [f for f in done.findings if f.level == "error"]
     if as_json:
-        emit_json({"ok": not errors, "layer": done.layer, "entry": done.entry, "file": done.file, "commit": done.commit,
-                   "gate": done.gate, "files": done.files, "findings": [f.to_json() for f in done.findings]})
+        emit_json({"ok": not errors, **vars(done), "findings": [vars(f) for f in done.findings]})
     else:
         say(f"entry {done.entry} ({done.file} in {folder}) from commit {done.commit[:12]}: {', '.join(done.files)}; "
             f"gate {done.gate or 'none'}", *(f"  lint {f.level}: {f.entry}: {f.message}" for f in done.findings))

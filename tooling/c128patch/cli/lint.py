@@ -37,16 +37,15 @@ def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Pa
         upstream = None if offline else open_upstream(repo, [series.base] if repo is None else [], rep)
         rep.step("the files, hashes, paths and gates of each part")
         findings = lint_stack(series, upstream.git if upstream else None)
-        if upstream is not None and not any(f.level == "error" for f in findings) and upstream.git.rev_parse(
-                series.base):
+        if upstream and not any(f.level == "error" for f in findings) and upstream.git.rev_parse(series.base):
             rep.step(f"the gate audit on {series.base}")  # on the series applied to its base
-            for f in audit_series(series, upstream.git, series.base, upstream.resolve(series.base)):
-                findings.append(Finding(f.file, f"{f.file}:{f.line}: [{f.rule}] {f.message}"))
+            findings += [Finding(f.file, str(f))
+                         for f in audit_series(series, upstream.git, series.base, upstream.resolve(series.base))]
     errors = [f for f in findings if f.level == "error"]
     unchecked = OFFLINE_UNCHECKED if offline else ""
     if as_json:
         emit_json({"ok": not errors, "series": {"name": series.name, "version": series.version},
-                   "entries": len(series.entries), "findings": [f.to_json() for f in findings],
+                   "entries": len(series.entries), "findings": [vars(f) for f in findings],
                    "unchecked": unchecked})
     else:
         say(*(f"{f.level}: {f.entry}: {f.message}" for f in findings),

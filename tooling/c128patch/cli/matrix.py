@@ -1,21 +1,14 @@
-"""c128patch matrix [--repo PATH|URL] [--sglang-rev X ...] [--results DIR] [--json]: what is proven per release
-(or per commit of the user's own repository: the evidence is keyed by content)."""
+"""c128patch matrix [--repo R] [--sglang-rev X ...] [--results DIR]: what is proven per release (or repo commit)."""
 
 from __future__ import annotations
 
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
-from c128patch.cli.common import emit_json, handles_errors, json_option, series_option
-
-if TYPE_CHECKING:
-    from rich.table import Table
-
-    from c128patch.evidence.matrix import ReleaseRow
+from c128patch.cli.common import emit_json, verb_options
 
 STYLE = {"verified": "green", "failed": "red", "stale": "yellow", "unverified": "dim"}
 HEADINGS = {"compile": "compiles sm_90a", "suite": "GPU suite", "memcheck": "memcheck", "racecheck": "racecheck",
@@ -23,17 +16,43 @@ HEADINGS = {"compile": "compiles sm_90a", "suite": "GPU suite", "memcheck": "mem
             "upstream-suite": "upstream's own tests", "simulation": "DSPARK simulation",
             "kernel-bench": "kernel benchmark"}
 APPLY_STYLE = {"clean": "strict", "3way": "3-way", "conflict": "CONFLICT", "collision": "COLLISION"}
-
-
 WIDTH = 100  # piped output, and the most a terminal table takes
 
 
-def tables(rows: list[ReleaseRow]) -> tuple[Table, Table]:
-    """Evidence kinds x releases, one state per cell (the details are in --markdown / --json); entries x releases."""
+@click.command("matrix")
+@click.option("--sglang-rev", "revs", multiple=True,
+              help="Release(s) to show (default: every supported release); with --repo any revision of it.")
+@click.option("--repo", default=None, metavar="PATH|URL",
+              help="Evaluate these revisions of your own SGLang repository (verified where its sources are the "
+                   "evidenced ones).")
+@click.option("--results", "results_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Results folder (default: the series' ci/gpu/results).")
+@click.option("--markdown", "as_markdown", is_flag=True, help="Print the release table as Markdown (README.md).")
+@verb_options
+def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, as_markdown: bool,
+            series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+    """What the committed results prove per release: applies strict / 3-way, compiles for sm_90a, GPU
+    suite, sanitizers, differential, upstream's own tests; stale or missing evidence says so."""
+    from rich.console import Console
     from rich.table import Table
 
-    from c128patch.evidence.results import KINDS
+    from c128patch.evidence.matrix import markdown, matrix_for
+    from c128patch.evidence.results import KINDS, results_root
+    from c128patch.progress import reporter
+    from c128patch.series.layers import get_series
 
+    series = get_series(series_dir, layer_dirs)
+    root = results_dir or results_root(series)
+    with reporter(not (as_json or as_markdown), title="matrix") as rep:
+        rows = matrix_for(series, repo, list(revs), root, rep)
+    if as_json:
+        return emit_json({"ok": True, "series": {"name": series.name, "version": series.version}, "repo": repo,
+                          "results": str(root), "releases": [r.to_json() for r in rows]})
+    if as_markdown:
+        return click.echo(markdown(rows), nl=False)
+    width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns) if sys.stdout.isatty() else WIDTH
+    out = Console(width=width, highlight=False, soft_wrap=False)
+    # evidence kinds x releases, one state per cell (the details are in --markdown / --json); entries x releases
     evidence = Table(title="evidence per release (details: --markdown, --json)")
     entries = Table(title="entries x releases: applies (replayed now)")
     for table, first in ((evidence, "evidence"), (entries, "entry")):
@@ -47,47 +66,8 @@ def tables(rows: list[ReleaseRow]) -> tuple[Table, Table]:
     for name in dict.fromkeys(n for row in rows for n in row.applies):
         entries.add_row(name, *[APPLY_STYLE.get(row.applies.get(name, ""), row.applies.get(name, "-"))
                                 for row in rows])
-    return evidence, entries
-
-
-@click.command("matrix")
-@click.option("--sglang-rev", "revs", multiple=True,
-              help="Release(s) to show (default: every supported release); with --repo any revision of it.")
-@click.option("--repo", default=None, metavar="PATH|URL",
-              help="Evaluate these revisions of your own SGLang repository (verified where its sources are the "
-                   "evidenced ones).")
-@click.option("--results", "results_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Results folder (default: the series' ci/gpu/results).")
-@click.option("--markdown", "as_markdown", is_flag=True, help="Print the release table as Markdown (README.md).")
-@series_option
-@json_option
-@handles_errors
-def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, as_markdown: bool,
-            series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
-    """What the committed results prove per release: applies strict / 3-way, compiles for sm_90a, GPU
-    suite, sanitizers, differential, upstream's own tests; stale or missing evidence says so."""
-    from rich.console import Console
-
-    from c128patch.evidence.matrix import markdown, matrix_for
-    from c128patch.evidence.results import results_root
-    from c128patch.progress import reporter
-    from c128patch.series.layers import get_series
-
-    series = get_series(series_dir, layer_dirs)
-    root = results_dir or results_root(series)
-    with reporter(not (as_json or as_markdown), title="matrix") as rep:
-        rows = matrix_for(series, repo, list(revs), root, rep)
-    if as_json:
-        emit_json({"ok": True, "series": {"name": series.name, "version": series.version}, "repo": repo,
-                   "results": str(root), "releases": [r.to_json() for r in rows]})
-        return
-    if as_markdown:
-        click.echo(markdown(rows), nl=False)
-        return
-    width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns) if sys.stdout.isatty() else WIDTH
-    out = Console(width=width, highlight=False, soft_wrap=False)
-    for table in tables(rows):
-        out.print(table)
+    out.print(evidence)
+    out.print(entries)
     for row in rows:
         missing = row.missing()
         out.print(f"{row.rev}: " + ("fully verified" if not missing else "not fully verified: " + ", ".join(missing)),

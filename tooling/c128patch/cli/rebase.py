@@ -1,5 +1,4 @@
-"""c128patch rebase --onto REV [--drop ENTRY ...] | --continue | --skip | --drop ENTRY | --abort
-[--tree DIR] [--json]"""
+"""c128patch rebase --onto REV [--drop ENTRY ...] | --continue | --skip | --drop ENTRY | --abort [--tree DIR]"""
 
 from __future__ import annotations
 

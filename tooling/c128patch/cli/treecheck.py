@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import emit_json, repo_option, say, verb_options
 from c128patch.errors import C128Error
 
 
@@ -22,9 +22,7 @@ from c128patch.errors import C128Error
               "folder or a name on PATH, never one inside the tree (default: this one).")
 @click.option("--no-run", "no_run", is_flag=True, help="Run none of the tree's code: only resolve its imports "
               "(then unchecked, exit 8).")
-@series_option
-@json_option
-@handles_errors
+@verb_options
 def command(tree: Path | None, rev: str | None, repo: str | None, python: str | None, no_run: bool,
             series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Import every module the series adds or changes on a patched tree, with the gates off and on, in a
@@ -59,9 +57,7 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
     if as_json:
         emit_json(payload)
     else:
-        out = console(stderr=False)
-        for line in [*(f"  failed: {f}" for f in result.failed), *(f"  {n}" for n in result.not_checked()),
-                     f"treecheck: {result.verdict()}"]:
-            out.print(plain(line), markup=False)
+        say(*map(plain, [*(f"  failed: {f}" for f in result.failed), *(f"  {n}" for n in result.not_checked()),
+                         f"treecheck: {result.verdict()}"]))
     if not payload["ok"]:
         sys.exit(exitcodes.UNCHECKED if no_run and not result.failed else exitcodes.FAILED)

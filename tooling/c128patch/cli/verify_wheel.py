@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, handles_errors, json_option, layer_option
+from c128patch.cli.common import emit_json, json_verb, layer_option, say
 
 
 @click.command("verify-wheel")
@@ -21,8 +21,7 @@ from c128patch.cli.common import emit_json, handles_errors, json_option, layer_o
 @click.option("--compile-all", is_flag=True,
               help="Compile every .py of the wheel, not only the ones the series touches.")
 @layer_option
-@json_option
-@handles_errors
+@json_verb
 def command(wheel: Path, series_dir: Path | None, layer_dirs: tuple[Path, ...], upstream_wheel: Path | None,
             no_authenticity: bool, compile_all: bool, as_json: bool) -> None:
     """Check a patched wheel: RECORD, version, SBOM vs provenance, every entry's effect present, and
@@ -31,7 +30,6 @@ def command(wheel: Path, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
     Exit 0 when everything matches, 1 at the first mismatch (named), 2 for bad input or when
     authenticity cannot be checked (no upstream wheel at hand)."""
     from c128patch.errors import C128Error
-    from c128patch.progress import console
     from c128patch.series.layers import stack
     from c128patch.series.manifest import default_series_root, load_series
     from c128patch.wheel.verify import verify_wheel
@@ -45,21 +43,13 @@ def command(wheel: Path, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
     result = verify_wheel(wheel, series, compile_all, authenticity=not no_authenticity, upstream_wheel=upstream_wheel,
                           known=ours)
     if as_json:
-        emit_json(result.to_json())
-        return
-    out = console(stderr=False)
-    s, u = result.series, result.upstream
-    out.print(f"{wheel.name}: OK", markup=False)
-    out.print(f"  sglang {result.version} = upstream {u.get('version')} + series {s.get('name')} {s.get('version')} "
-              f"({str(s.get('digest', ''))[:12]}); {result.files} files match RECORD; {result.compiled} .py compiled",
-              markup=False)
-    for layer in result.layers:
-        out.print(f"  + layer {layer['name']} {layer['version']} ({str(layer['digest'])[:12]})", markup=False)
-    for row in result.entries:
-        out.print(f"  {row['name']} ({row['kind']}): present", markup=False)
-    a = result.authenticity
-    if a is None:
-        out.print("  authenticity NOT checked (--no-authenticity)", markup=False)
-    else:
-        out.print(f"  authentic: {a['identical']} files byte-identical to upstream's {a['upstream_wheel']} "
-                  f"({a['found']}), {a['derived']} made by the declared diffs", markup=False)
+        return emit_json(result.to_json())
+    s, u, a = result.series, result.upstream, result.authenticity
+    say(f"{wheel.name}: OK",
+        f"  sglang {result.version} = upstream {u.get('version')} + series {s.get('name')} {s.get('version')} "
+        f"({str(s.get('digest', ''))[:12]}); {result.files} files match RECORD; {result.compiled} .py compiled",
+        *(f"  + layer {layer['name']} {layer['version']} ({str(layer['digest'])[:12]})" for layer in result.layers),
+        *(f"  {row['name']} ({row['kind']}): present" for row in result.entries),
+        "  authenticity NOT checked (--no-authenticity)" if a is None else
+        f"  authentic: {a['identical']} files byte-identical to upstream's {a['upstream_wheel']} "
+        f"({a['found']}), {a['derived']} made by the declared diffs")

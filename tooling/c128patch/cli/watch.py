@@ -1,5 +1,4 @@
-"""c128patch watch --onto REV [--repo PATH|URL] [--out DIR] [--timeout S] [--primary|--variant] [--python PY]
-[--no-run] [--json]"""
+"""c128patch watch --onto REV [--repo R] [--out DIR] [--timeout S] [--primary|--variant] [--python PY] [--no-run]"""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json, handles_errors, json_option, repo_option, series_option
+from c128patch.cli.common import emit_json, repo_option, verb_options
 
 EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items())
 
@@ -31,9 +30,7 @@ EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items()
               "dependencies checks the most; default: this one).")
 @click.option("--no-run", "no_run", is_flag=True, help="Run none of the target's code: the behavioural tier is "
               "skipped (then unchecked at best).")
-@series_option
-@json_option
-@handles_errors
+@verb_options
 def command(onto: str, repo: str | None, out: Path, timeout: float, primary: bool | None, python: str | None,
             no_run: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Carry the series onto REV in a scratch clone (never your tree), prove and check the result, and

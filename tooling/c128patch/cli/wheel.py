@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import check_output_dir, emit_json, handles_errors, json_option, series_option
+from c128patch.cli.common import check_output_dir, emit_json, say, verb_options
 from c128patch.errors import C128Error
 
 
@@ -21,14 +21,12 @@ from c128patch.errors import C128Error
               help="[--from-release] The serving interpreter, e.g. cp312 (default: the running one's).")
 @click.option("--platform", "platform", default=None, metavar="PLATFORM",
               help="[--from-release] The serving platform, e.g. manylinux_2_34_aarch64 (default: this machine's).")
-@series_option
-@json_option
-@handles_errors
+@verb_options
 def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, python_tag: str | None,
             platform: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Patch a released sglang wheel with the series (no rebuild): new local version, provenance, SBOM."""
     from c128patch.evidence.matrix import release_note
-    from c128patch.progress import console, reporter
+    from c128patch.progress import reporter
     from c128patch.series.layers import describe, get_series
     from c128patch.upstream.releases import WheelTarget
     from c128patch.wheel.patch import patch_from
@@ -44,14 +42,8 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
         result = patch_from(series, from_wheel, from_release, target, out_dir, rep)
     note = release_note(series.ours, result.upstream_version)
     if as_json:
-        emit_json({"ok": True, **result.to_json(), "evidence_note": note})
-        return
-    out = console(stderr=False)
-    for row in result.entries:
-        out.print(f"  applied {row['name']} ({row['file']})", markup=False)
-    out.print(f"{result.wheel}", markup=False)
-    out.print(f"  sglang {result.version} = {result.upstream_version} + {describe(series)} "
-              f"({len(result.entries)} entries), sha256 {result.sha256[:16]}…, {result.seconds:.1f} s", markup=False)
-    for line in (note, result.support_note and f"note: {result.support_note}"):
-        if line:
-            out.print(line, markup=False)
+        return emit_json({"ok": True, **result.to_json(), "evidence_note": note})
+    say(*(f"  applied {row['name']} ({row['file']})" for row in result.entries), f"{result.wheel}",
+        f"  sglang {result.version} = {result.upstream_version} + {describe(series)} ({len(result.entries)} entries), "
+        f"sha256 {result.sha256[:16]}…, {result.seconds:.1f} s",
+        *filter(None, (note, result.support_note and f"note: {result.support_note}")))

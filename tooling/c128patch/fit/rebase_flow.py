@@ -50,7 +50,7 @@ def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, dro
     contracts: dict[str, Future] = {}
     rb.on_tip = lambda base, head: contracts.setdefault(head, pool.submit(contract_row, series, git, base, head))
     verbs = {"onto": lambda: rb.start(onto, onto_commit(git, onto, repo), drop_merged=drop_merged, drop=drop),
-             "continue": rb.resume, "skip": rb.skip, "drop": lambda: rb.drop(drop[0]), "abort": rb.abort}
+             "continue": rb.resume, "skip": rb.skip, "drop": lambda: rb.skip(drop[0]), "abort": rb.abort}
     try:
         with repo_lock(git, "rebase"):
             report = verbs[verb]()

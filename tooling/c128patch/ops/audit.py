@@ -190,16 +190,13 @@ def _rule_of(name: str, rules: Sequence[Rule], effects: Mapping[str, str]) -> st
 
 
 def audit_patched_file(source: str, added_lines: set[int], gate: str, rules: Sequence[Rule] = RULES, *,
-                       file: str = "<source>", external_effects: Mapping[str, str] | None = None,
-                       index: _HelperIndex | None = None) -> list[Finding]:
-    """Rule calls on ``added_lines`` that can run with ``gate`` off; ``external_effects``: helper -> rule, else
-    those of the helpers called on added lines that ``index`` finds (only they can make a finding)."""
+                       file: str = "<source>", index: _HelperIndex | None = None) -> list[Finding]:
+    """Rule calls on ``added_lines`` that can run with ``gate`` off; helpers called on added lines count with the
+    side effects ``index`` finds in them (only they can make a finding)."""
     tree = ast.parse(source)
     calls = _Walker(tree, gate).calls
-    if index is not None:
-        external_effects = index.imported_effects(tree, {c.name for c in calls if added_lines.intersection(c.lines)},
-                                                  index.depth)
-    external_effects = external_effects or {}
+    external_effects = {} if index is None else index.imported_effects(
+        tree, {c.name for c in calls if added_lines.intersection(c.lines)}, index.depth)
     local_defs = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     effects = {**external_effects, **_local_effects(calls, rules, external_effects, local_defs)}
 
@@ -238,12 +235,6 @@ def _local_effects(calls: Sequence[_Call], rules: Sequence[Rule], effects: Mappi
                 found[call.function] = rule
                 changed = True
     return found
-
-
-def added_lines_by_file(patch_text: str) -> dict[str, set[int]]:
-    """Post-image path (``python/sglang/...``) -> line numbers the patch adds there."""
-    return {pf.path: {ln.target_line_no for hunk in pf for ln in hunk if ln.is_added and ln.target_line_no is not None}
-            for pf in PatchSet(patch_text) if not pf.is_removed_file}
 
 
 Reader = Callable[[str], "str | None"]  # tree-relative path -> text, None if absent
@@ -298,10 +289,10 @@ def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Seq
         lambda rel: (tree_root / rel).read_text() if (tree_root / rel).is_file() else None
     index = _HelperIndex(helpers or read, gate, rules)
     findings: list[Finding] = []
-    for rel, added in sorted(added_lines_by_file(patch_text).items()):
-        if not rel.endswith(".py") or not added:
-            continue
-        findings += audit_patched_file(read(rel) or "", added, gate, rules, file=rel, index=index)
+    for pf in sorted((pf for pf in PatchSet(patch_text) if not pf.is_removed_file), key=lambda pf: pf.path):
+        added = {ln.target_line_no for hunk in pf for ln in hunk if ln.is_added and ln.target_line_no is not None}
+        if pf.path.endswith(".py") and added:  # the post-image lines it adds there
+            findings += audit_patched_file(read(pf.path) or "", added, gate, rules, file=pf.path, index=index)
     return findings
 
 

@@ -47,9 +47,7 @@ def predict(result: RevCheck) -> None:
     if release_version(result.rev):
         if collision is not None:
             result.wheel = result.apply
-        elif inexact is not None and inexact.status == "clean":  # a renamed file: the wheel has no such path
-            result.wheel = Verdict(exitcodes.FAILED, inexact.name, inexact.detail)
-        elif inexact is not None:
+        elif inexact is not None:  # (clean: a renamed file, the wheel has no such path)
             why = {"3way": "a 3-way merge", "whitespace": "a whitespace-insensitive merge"}.get(inexact.status)
             result.wheel = Verdict(exitcodes.FAILED, inexact.name, f"needs {why}; a wheel is patched with exact "
                                                                    "context" if why else inexact.detail)

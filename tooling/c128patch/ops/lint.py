@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
 from c128patch.errors import C128Error
@@ -23,9 +23,6 @@ class Finding:
     entry: str
     message: str
     level: str = "error"
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def _file_findings(series: Series, e: Entry, variant: Variant | None, patched: dict[str, str]) -> list[Finding]:
@@ -59,19 +56,6 @@ def _file_findings(series: Series, e: Entry, variant: Variant | None, patched: d
     return found
 
 
-def _overlay_findings(e: Entry, targets: dict[str, str]) -> list[Finding]:
-    """Where overlay ``e`` installs from and to (``targets``: the overlays before it, by target)."""
-    found = []
-    if PurePosixPath(e.source).parts[0] not in OVERLAY_ROOTS:
-        found.append(Finding(e.name, f"overlay source {e.source} must live under csrc/ or overlay/"))
-    if not e.target.startswith(f"{TREE_ROOT}/"):
-        found.append(Finding(e.name, f"overlay target {e.target} is outside {TREE_ROOT}/"))
-    if e.target in targets:
-        found.append(Finding(e.name, f"overlay target {e.target} collides with entry '{targets[e.target]}'"))
-    targets[e.target] = e.name
-    return found
-
-
 def lint_series(series: Series, upstream: Git | None = None) -> list[Finding]:
     """Every finding about the series; an empty list means it is sound."""
     found: list[Finding] = []
@@ -80,8 +64,14 @@ def lint_series(series: Series, upstream: Git | None = None) -> list[Finding]:
     for e in series.entries:
         for variant in e.patch_files() if e.is_patch else [None]:
             found += _file_findings(series, e, variant, patched)
-        if not e.is_patch:
-            found += _overlay_findings(e, targets)
+        if not e.is_patch:  # where the overlay installs from and to (``targets``: the overlays before it)
+            if PurePosixPath(e.source).parts[0] not in OVERLAY_ROOTS:
+                found.append(Finding(e.name, f"overlay source {e.source} must live under csrc/ or overlay/"))
+            if not e.target.startswith(f"{TREE_ROOT}/"):
+                found.append(Finding(e.name, f"overlay target {e.target} is outside {TREE_ROOT}/"))
+            if e.target in targets:
+                found.append(Finding(e.name, f"overlay target {e.target} collides with entry '{targets[e.target]}'"))
+            targets[e.target] = e.name
         elif len({v.base for v in e.patch_files()}) != len(e.patch_files()):
             found.append(Finding(e.name, "two patch files of this entry share a base"))
     found += [Finding(name, f"overlay target {target} is also patched by entry '{patched[target]}'")

@@ -131,7 +131,7 @@ class Rebase(RebaseLoop):
             step.ledger += recorded
             step.applied, step.series_tree = "resolved", tree
             step.detail = "resolved by hand" + ("; recorded in the ledger" if recorded else "")
-            self._after_series(journal, step)
+            self._carry(journal, step)
         else:
             step.detail = "your edit re-resolved by hand" if step.kind == "entry" else "carried; resolved by hand"
             self._commit(journal, step, tree)
@@ -151,19 +151,13 @@ class Rebase(RebaseLoop):
             ours |= set(self.git.out("diff", "--name-only", "--no-renames", f"{step.sha}^", step.sha).splitlines())
         return set(changed_paths(git)) <= ours
 
-    def skip(self) -> dict:
-        return self._past_stop("skip")
-
-    def drop(self, name: str) -> dict:
-        return self._past_stop("drop", name)
-
-    def _past_stop(self, verb: str, name: str = "") -> dict:
-        """``--skip``: the stopped step skipped; ``--drop NAME``: dropped as merged upstream; the rebase goes on."""
-        journal = self._journal()
+    def skip(self, drop: str | None = None) -> dict:
+        """``--skip``: the stopped step skipped; ``--drop NAME`` (``drop``): dropped as merged upstream; it goes on."""
+        verb, journal = "skip" if drop is None else "drop", self._journal()
         step = journal.steps[journal.pos] if journal.pos < len(journal.steps) else None
-        if verb == "drop" and (step is None or not journal.paused or step.kind != "entry" or step.name != name):
+        if verb == "drop" and (step is None or not journal.paused or step.kind != "entry" or step.name != drop):
             at = f"stopped at entry '{step.name}'" if step is not None and journal.paused else "not stopped at an entry"
-            raise C128Error(f"cannot drop '{name}': the rebase is {at}; alone, --drop names the entry the rebase "
+            raise C128Error(f"cannot drop '{drop}': the rebase is {at}; alone, --drop names the entry the rebase "
                             f"stopped at (with --onto, the entries to drop from the start)")
         assert step is not None
         if journal.paused == "conflict":  # the stop's conflict state undone (what the rebase wrote)

@@ -18,9 +18,8 @@ Status = Literal["pending", "replayed", "unchanged", "context-only", "content-ch
                  "dropped-as-merged", "skipped", "removed", "failing"]
 Phase = Literal["", "series", "user-edit", "carried"]
 Paused = Literal["", "conflict", "merged"]
-DONE: tuple[Status, ...] = ("replayed", "unchanged", "context-only", "content-changed", "new", "resolved",
-                            "dropped-as-merged", "skipped", "removed")
 LEFT_OUT: tuple[Status, ...] = ("dropped-as-merged", "skipped", "removed")  # entries the new tip leaves out
+DONE: tuple[Status, ...] = ("replayed", "unchanged", "context-only", "content-changed", "new", "resolved", *LEFT_OUT)
 
 
 @dataclass

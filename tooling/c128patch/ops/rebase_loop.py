@@ -130,7 +130,7 @@ class RebaseLoop:
         step.signals = [s for s in step.signals if s["kind"] != "pr-hint"]  # kept: a hint, not a drop signal
         if tree:
             step.applied, step.series_tree, step.detail = row.status, tree, row.detail
-            return self._after_series(journal, step)
+            return self._carry(journal, step)
         text = item.path.read_text() if item.patch is not None else ""
         self._stop(journal, step, "series", renamed_patch_text(text, row.renamed) if row.renamed else text,
                    item.label, row.detail, row.conflicts or ([item.entry.target] if item.patch is None else []))
@@ -144,45 +144,34 @@ class RebaseLoop:
             return self._advance(journal)
         journal.paused, step.status = "merged", "pending"
         journal.save(self.path)
-        report = report_of(self.git, journal)
-        write_reports(self.state, report)
-        tree = self.git.worktree
+        report, tree = write_reports(self.state, report_of(self.git, journal)), self.git.worktree
         raise ConflictError(f"entry '{step.name}' looks merged upstream ({why}); nothing was dropped",
                             hint=f"  drop it: {rebase_command(tree, 'drop', step.name)}\n"
                                  f"  keep it: {rebase_command(tree, 'continue')}\n"
                                  f"  undo:    {rebase_command(tree, 'abort')}",
                             report=report)
 
-    def _after_series(self, journal: Journal, step: Step) -> None:
-        """Carry the user's edit (if any) onto the series' part, then commit the entry."""
-        tree = step.series_tree
-        if step.user_edit:
-            delta = tree_diff(self.git, step.edit_from, step.edit_to)
-            merged = self._apply_on(tree, delta)
-            if merged is None:
-                self._stop(journal, step, "user-edit", delta, f"your edit of {step.name} ({step.sha[:12]})",
-                           "your edit conflicts with the series' file on the new base")
-            tree = merged
-            step.detail = "; ".join(filter(None, [step.detail, "your edit carried"]))
-        self._commit(journal, step, tree)
-
     def _carry(self, journal: Journal, step: Step) -> None:
-        """A commit of the user's own (or one that cannot be compared with the series), as it is."""
-        delta = tree_diff(self.git, f"{step.sha}^", step.sha)
-        tree = self._apply_on(self.git.out("rev-parse", f"{journal.head_before}^{{tree}}"), delta)
-        if tree is None:
+        """Commit a step: an entry's series part with the user's edit (if any) carried onto it, or a commit of the
+        user's own (or one that cannot be compared with the series) as it is, on the tip."""
+        entry = step.kind == "entry"
+        tree = step.series_tree if entry else self._tip_tree
+        delta = (tree_diff(self.git, step.edit_from, step.edit_to) if step.user_edit
+                 else "" if entry else tree_diff(self.git, f"{step.sha}^", step.sha))
+        if delta:  # applied to ``tree`` in an index of its own (strict, else 3-way); "" when it conflicts
+            with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:
+                idx = index_git(self.git, Path(tmp) / "index")
+                idx.run("read-tree", tree)
+                tree = idx.out("write-tree") if apply_cached(idx, delta) else ""
+        if not tree and entry:
+            self._stop(journal, step, "user-edit", delta, f"your edit of {step.name} ({step.sha[:12]})",
+                       "your edit conflicts with the series' file on the new base")
+        if not tree:
             self._stop(journal, step, "carried", delta, f"commit {step.sha[:12]} {step.subject!r}",
                        "the commit does not apply on the new base")
+        if step.user_edit:
+            step.detail = "; ".join(filter(None, [step.detail, "your edit carried"]))
         self._commit(journal, step, tree)
-
-    def _apply_on(self, tree: str, diff: str) -> str | None:
-        """``diff`` applied to ``tree`` (strict, else 3-way) in an index; None when it conflicts."""
-        if not diff:
-            return tree
-        with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:
-            idx = index_git(self.git, Path(tmp) / "index")
-            idx.run("read-tree", tree)
-            return idx.out("write-tree") if apply_cached(idx, diff) else None
 
     def _commit(self, journal: Journal, step: Step, tree: str) -> None:
         """Commit ``tree`` on the tip as the step's commit; the step is done."""
@@ -254,13 +243,18 @@ class RebaseLoop:
         else:
             reason = (proc.stderr.strip().splitlines() or [why])[-1] if proc is not None else why
             step.detail = f"{why}: {reason.removeprefix('error: ')}" if reason != why else why
-        extra = self._taken(journal, step, stop) if phase == "series" else None
-        extra = [h["line"] for h in step.hints] if extra is None else extra
+        item = self._plan(journal).get(step.name) if phase == "series" else None
+        if item is not None and item.patch is None and stop.paths == [item.entry.target]:  # upstream's own file there
+            found = taken(git, self.series, item.entry, journal.old_commit, journal.onto_commit)
+            step.stop["taken"] = found.to_json()
+            extra = found.lines(rebase_command(git.worktree, "continue"),
+                                rebase_command(git.worktree, "drop", step.name))
+        else:
+            extra = [h["line"] for h in step.hints]
         journal.paused = "conflict"
         journal.stop_state = tree_state(git)
         journal.save(self.path)
-        report = report_of(git, journal)
-        write_reports(self.state, report)
+        report = write_reports(self.state, report_of(git, journal))
         tree, where = git.worktree, "\n".join(f"  {line}" for line in stop.lines() + extra)
         raise ConflictError(  # where it conflicts and what the user can do next
             f"entry '{step.name}' conflicts on {journal.onto_rev}"
@@ -276,22 +270,22 @@ class RebaseLoop:
               f"  report:  {self.state / 'rebase-report.md'}",
             report=report)
 
-    def _taken(self, journal: Journal, step: Step, stop: StopReport) -> list[str] | None:
-        """An overlay stopped at its target: upstream's own file is there (``ops.conflicts.taken``); its lines."""
-        item = self._plan(journal).get(step.name)
-        if item is None or item.patch is not None or stop.paths != [item.entry.target]:
-            return None
-        found = taken(self.git, self.series, item.entry, journal.old_commit, journal.onto_commit)
-        step.stop["taken"] = found.to_json()
-        tree = self.git.worktree
-        return found.lines(rebase_command(tree, "continue"), rebase_command(tree, "drop", step.name))
-
     # ------------------------------------------------------------------ the end
     def _finish(self, journal: Journal) -> dict:
         """The provenance commit on the new tip, the branch moved there, proven; the journal forgotten."""
         git = self.git
         classify(git, journal.steps)
-        new_head = self._provenance_commit(journal, provenance.dumps(self._record(journal)))
+        blob = git.out("hash-object", "-w", "--stdin", input=provenance.dumps(self._record(journal)))
+        with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:  # the provenance commit, the work tree untouched
+            idx = index_git(git, Path(tmp) / "index")
+            idx.run("read-tree", journal.head_before)
+            idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{PROVENANCE_PATH}")
+            tree = idx.out("write-tree")
+        date = self._date(journal)
+        message = (f"c128patch: provenance (series {self.series.name} rebased onto {journal.onto_rev})\n\n"
+                   f"{ENTRY_TRAILER}: provenance\n")
+        new_head = git.with_env(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date).out(
+            "commit-tree", tree, "-p", journal.head_before, input=message)
         if self.on_tip is not None:
             self.on_tip(journal.onto_commit, new_head)
         carried = {s.new_sha for s in journal.steps if s.new_sha and (s.kind == "commit" or s.user_edit)}
@@ -365,18 +359,3 @@ class RebaseLoop:
         """HEAD onto ``branch`` (at the same commit): a checkout without its pass over the work tree."""
         self.git.run("symbolic-ref", "-m", f"c128patch rebase onto {journal.onto_rev}: {branch}", "HEAD",
                      f"refs/heads/{branch}")
-
-    def _provenance_commit(self, journal: Journal, text: str) -> str:
-        """The provenance commit on the new tip, made without touching the work tree."""
-        git = self.git
-        blob = git.out("hash-object", "-w", "--stdin", input=text)
-        with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:
-            idx = index_git(git, Path(tmp) / "index")
-            idx.run("read-tree", journal.head_before)
-            idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{PROVENANCE_PATH}")
-            tree = idx.out("write-tree")
-        date = self._date(journal)
-        message = (f"c128patch: provenance (series {self.series.name} rebased onto {journal.onto_rev})\n\n"
-                   f"{ENTRY_TRAILER}: provenance\n")
-        return git.with_env(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date).out(
-            "commit-tree", tree, "-p", journal.head_before, input=message)

@@ -51,9 +51,10 @@ def range_diff_of(git: Git, journal: Journal, new_head: str) -> list[str]:
     return [line for line in proc.stdout.splitlines() if re.match(r"^\s*(\d+|-):", line)]
 
 
-def write_reports(state: Path, report: dict) -> None:
+def write_reports(state: Path, report: dict) -> dict:
     write_json_atomic(state / "rebase-report.json", report)
     (state / "rebase-report.md").write_text(render_markdown(report))
+    return report
 
 
 def classify(git: Git, steps: list[Step]) -> None:
@@ -93,33 +94,22 @@ def render_markdown(report: dict) -> str:
             detail += "; signals: " + "; ".join(f"{s['kind']}: {md(s['detail'])}" for s in e["signals"])
         file = f"{e['file']} ({e['chosen_by']})" if e.get("file") else e.get("kind", "")
         lines.append(f"| {e['name']} | {e['status']} | {file} | {detail.replace('|', chr(92) + '|')} |")
-    for e in report["entries"]:
-        if e.get("stop") and e["status"] == "failing":
-            lines += _stop_markdown(e["name"], e["stop"])
-    if report.get("equivalence"):
-        lines += _proof_markdown(report["equivalence"])
+    for e in (e for e in report["entries"] if e.get("stop") and e["status"] == "failing"):  # the stop
+        stop = e["stop"]
+        lines += ["", f"## stopped at {e['name']} ({stop['phase']})", "", f"from {stop['file']}", "",
+                  *(block_markdown(b) for b in stop["blocks"])]
+        if stop["resolved"]:
+            lines.append("- partly resolved by the ledger: " + ", ".join(f"{r['entry']}:{r['key']} ({r['path']})"
+                                                                           for r in stop["resolved"]))
+    if proof := report.get("equivalence"):
+        lines += ["", "## proof", "", proof["summary"]]
+        lines += [f"- ledger resolution `{r['entry']}:{r['key']}` ({r['path']}), recorded on {r['recorded']}"
+                  + (" (reused)" if r["reused"] else "") for e in proof["replay"]["entries"] for r in e["resolutions"]]
+        lines += [f"- note: {n}" for n in proof["notes"]]
+        for d in proof["differences"]:
+            hunks = [f"{h['path']} {h['header']}" + ("\n" + h["text"].rstrip() if h["text"] else "")
+                     for h in d["hunks"][:20]]
+            lines += ["", f"### {md(d['label'] or 'unattributed')}", "", md("\n".join(hunks), "diff")]
     if report.get("range_diff"):
         lines += ["", "## range-diff", "", md("\n".join(report["range_diff"]), "")]
     return "\n".join(lines) + "\n"
-
-
-def _stop_markdown(name: str, stop: dict) -> list[str]:
-    lines = ["", f"## stopped at {name} ({stop['phase']})", "", f"from {stop['file']}", ""]
-    lines += [block_markdown(b) for b in stop["blocks"]]
-    if stop["resolved"]:
-        lines.append("- partly resolved by the ledger: " + ", ".join(f"{r['entry']}:{r['key']} ({r['path']})"
-                                                                       for r in stop["resolved"]))
-    return lines
-
-
-def _proof_markdown(proof: dict) -> list[str]:
-    lines = ["", "## proof", "", proof["summary"]]
-    used = [r for e in proof["replay"]["entries"] for r in e["resolutions"]]
-    lines += [f"- ledger resolution `{r['entry']}:{r['key']}` ({r['path']}), recorded on {r['recorded']}"
-              + (" (reused)" if r["reused"] else "") for r in used]
-    lines += [f"- note: {n}" for n in proof["notes"]]
-    for d in proof["differences"]:
-        hunks = [f"{h['path']} {h['header']}" + ("\n" + h["text"].rstrip() if h["text"] else "")
-                 for h in d["hunks"][:20]]
-        lines += ["", f"### {md(d['label'] or 'unattributed')}", "", md("\n".join(hunks), "diff")]
-    return lines

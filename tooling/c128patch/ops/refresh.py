@@ -188,15 +188,21 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
             exported[name] = _export_commit(series, git, sha, name, exported, (label, base_commit, primary), result)
     entries = _in_order(series, list(exported.values()), _kept_without_commit(series, git, record, base_commit,
                                                                               exported, result))
-    if isinstance(series, Stack):
-        return _export_stack(series, series.rebuilt(entries, label if primary else ""), primary, version, result)
-    new = Series(series.root, series.name, series.version, label if primary else series.base, entries,
-                 gates=series.gates)
-    payload_changed = new.to_toml() != series.to_toml() or any(_differs(p, d) for p, d in result.files.items())
-    new.version = version or (_bump(series.version) if payload_changed else series.version)
-    result.series, result.manifest = new, new.to_toml()
-    if primary:
-        _record_contract(new, git, base_commit, label, result, lock_items)
+    stacked = isinstance(series, Stack)
+    new = series.rebuilt(entries, label if primary else "") if stacked else Series(  # type: ignore[attr-defined]
+        series.root, series.name, series.version, label if primary else series.base, entries, gates=series.gates)
+    parts = []  # each part bumped when its own files change; ``version`` is our series'
+    for old, part in zip((series.ours, *series.layers), (new.ours, *new.layers)):
+        changed = part.to_toml() != old.to_toml() or any(_differs(p, d)
+                                                          for p, d in _files_of(old, series, result.files).items())
+        want = version if old is series.ours else None
+        parts.append(replace(part, version=want or (_bump(old.version) if changed else old.version)))
+    result.series = Stack(parts[0], parts[1:]) if stacked else parts[0]
+    result.manifest, result.layers = parts[0].to_toml(), parts[1:]
+    if primary and stacked:  # our lock is our series' own, made on a tree without layers: it is not rewritten here
+        result.notes.append(f"{LOCK_NAME} not rewritten: the tree carries layers (refresh without them records it)")
+    elif primary:
+        _record_contract(parts[0], git, base_commit, label, result, lock_items)
     return result
 
 
@@ -239,21 +245,6 @@ def _export_commit(series: Series, git: Git, sha: str, name: str, exported: dict
     return entry
 
 
-def _export_stack(series: Stack, new: Stack, primary: bool, version: str | None, result: Export) -> Export:
-    """A stack's export: each part bumped when its own files change; ``version`` is our series'."""
-    parts = []
-    for old, part in zip((series.head, *series.layers), (new.head, *new.layers)):
-        changed = part.to_toml() != old.to_toml() or any(_differs(p, d)
-                                                          for p, d in _files_of(old, series, result.files).items())
-        want = version if old is series.head else None
-        parts.append(replace(part, version=want or (_bump(old.version) if changed else old.version)))
-    stacked = Stack(parts[0], parts[1:])
-    result.series, result.manifest, result.layers = stacked, parts[0].to_toml(), parts[1:]
-    if primary:  # our lock is our series' own, made on a tree without layers: it is not rewritten here
-        result.notes.append(f"{LOCK_NAME} not rewritten: the tree carries layers (refresh without them records it)")
-    return result
-
-
 def _record_contract(series: Series, git: Git, base_commit: str, label: str, result: Export,
                      lock_items: LockItems | None) -> None:
     """The branch's API contract into ``contract.lock`` (the old lock's accepted signatures kept)."""
@@ -265,8 +256,7 @@ def _record_contract(series: Series, git: Git, base_commit: str, label: str, res
     except C128Error as exc:
         result.notes.append(f"{LOCK_NAME} not rewritten: {exc.message}")
         return
-    old = read_lock(series.patches_dir)
-    lock = Lock(lock_path(series.patches_dir), merged(items, old), label)
+    lock = Lock(lock_path(series.patches_dir), merged(items, read_lock(series.patches_dir)), label)
     result.files[lock.path] = lock.text().encode()
 
 
@@ -368,8 +358,7 @@ def write(series: Series, result: Export, *, accept_differences: bool = False) -
                                    "  export: c128patch refresh --accept-differences (writes them into the series)",
                               report={"equivalence": proof.to_json()})
     changed = result.changes(series.root)
-    head = series.head if isinstance(series, Stack) else series
-    parts = [(head, result.manifest), *((layer, layer.to_toml()) for layer in result.layers)]
+    parts = [(series.ours, result.manifest), *((layer, layer.to_toml()) for layer in result.layers)]
     writes: list[txn.Part] = []
     for part, manifest in parts:  # each part in its own folder only; all parts one transaction
         files = _files_of(part, series, result.files)
@@ -387,7 +376,8 @@ def write(series: Series, result: Export, *, accept_differences: bool = False) -
 
 def _files_of(part: Series, series: Series, files: dict[Path, bytes]) -> dict[Path, bytes]:
     """The files of ``files`` in ``part``'s folder and in no layer folder inside it."""
-    roots = [series.head.root, *(layer.root for layer in series.layers)] if isinstance(series, Stack) else [series.root]
+    roots = [series.ours.root, *(layer.root for layer in series.layers)]
+
     def owner(path: Path) -> Path:
         return max((r for r in roots if path.is_relative_to(r)), key=lambda r: len(r.parts), default=Path("/"))
     return {p: d for p, d in files.items() if owner(p) == part.root}
