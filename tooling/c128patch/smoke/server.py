@@ -35,6 +35,21 @@ REPORT = "smoke-server.json"
 # The soak load of docs/pr-32035.md (benchmark/hicache/bench_multiturn.py flags).
 SOAK = {"request_length": 8192, "sub_question_input_length": 4096, "output_length": 2048, "num_clients": 64,
         "num_rounds": 30, "max_parallel": 32, "request_rate": 16, "seed": 422}
+# Each load tool's arguments after its command, a word at a time formatted with SOAK and the run's values.
+# serving: bench_serving's multi-turn generated-shared-prefix dataset, one conversation per group, an 8k shared
+# prefix, 4k questions per turn, 2k outputs (no dataset download needed).
+LOAD_ARGS = {
+    "serving": "--backend sglang --host {host} --port {port} --model {model} --dataset-name generated-shared-prefix "
+               "--gsp-num-groups {clients} --gsp-prompts-per-group 1 --gsp-system-prompt-len {request_length} "
+               "--gsp-question-len {sub_question_input_length} --gsp-output-len {output_length} --gsp-num-turns "
+               "{rounds} --request-rate {request_rate} --max-concurrency {parallel} --seed {seed} --output-file "
+               "{result} --disable-tqdm --tag c128patch-smoke-{mode}",
+    "multiturn": "--host {host} --port {port} --model-path {model} --disable-random-sample --request-length "
+                 "{request_length} --sub-question-input-length {sub_question_input_length} --output-length "
+                 "{output_length} --num-clients {clients} --num-rounds {rounds} --max-parallel {parallel} "
+                 "--request-rate {request_rate} --ready-queue-policy random --disable-auto-run --enable-round-barrier "
+                 "--seed {seed} --log-file {result} --tag c128patch-smoke-{mode}",
+}
 Progress = Callable[[str], None]
 
 
@@ -115,37 +130,21 @@ def load_shape(max_requests: int | None) -> tuple[int, int]:
 
 def load_argv(opts: ServerOptions, mode: str, result_file: Path) -> list[str]:
     """sglang's own load tool with the PR's soak settings against our server."""
+    if opts.load not in LOAD_ARGS:
+        raise C128Error(f"unknown load tool {opts.load!r} (known: {', '.join(LOAD_TOOLS)})")
+    if opts.load_cmd:
+        prefix = opts.load_cmd
+    elif opts.load == "serving":
+        prefix = [opts.python, "-m", "sglang.bench_serving"]
+    elif opts.multiturn_script is not None:
+        prefix = [opts.python, str(opts.multiturn_script)]
+    else:
+        raise C128Error("--load multiturn needs --multiturn-script PATH (benchmark/hicache/bench_multiturn.py "
+                        "of an sglang checkout; the wheel does not ship it)")
     clients, rounds = load_shape(opts.max_requests)
-    parallel = min(SOAK["max_parallel"], clients)
-    if opts.load == "serving":
-        # bench_serving's multi-turn generated-shared-prefix dataset: one conversation per group,
-        # an 8k shared prefix, 4k questions per turn, 2k outputs (no dataset download needed).
-        prefix = opts.load_cmd or [opts.python, "-m", "sglang.bench_serving"]
-        return [*prefix, "--backend", "sglang", "--host", HOST, "--port", str(opts.port), "--model", opts.model_path,
-                "--dataset-name", "generated-shared-prefix", "--gsp-num-groups", str(clients),
-                "--gsp-prompts-per-group", "1", "--gsp-system-prompt-len", str(SOAK["request_length"]),
-                "--gsp-question-len", str(SOAK["sub_question_input_length"]),
-                "--gsp-output-len", str(SOAK["output_length"]), "--gsp-num-turns", str(rounds),
-                "--request-rate", str(SOAK["request_rate"]), "--max-concurrency", str(parallel),
-                "--seed", str(SOAK["seed"]), "--output-file", str(result_file), "--disable-tqdm",
-                "--tag", f"c128patch-smoke-{mode}"]
-    if opts.load == "multiturn":
-        if opts.load_cmd:
-            prefix = opts.load_cmd
-        elif opts.multiturn_script is not None:
-            prefix = [opts.python, str(opts.multiturn_script)]
-        else:
-            raise C128Error("--load multiturn needs --multiturn-script PATH (benchmark/hicache/bench_multiturn.py "
-                            "of an sglang checkout; the wheel does not ship it)")
-        return [*prefix, "--host", HOST, "--port", str(opts.port), "--model-path", opts.model_path,
-                "--disable-random-sample", "--request-length", str(SOAK["request_length"]),
-                "--sub-question-input-length", str(SOAK["sub_question_input_length"]),
-                "--output-length", str(SOAK["output_length"]), "--num-clients", str(clients),
-                "--num-rounds", str(rounds), "--max-parallel", str(parallel),
-                "--request-rate", str(SOAK["request_rate"]), "--ready-queue-policy", "random",
-                "--disable-auto-run", "--enable-round-barrier", "--seed", str(SOAK["seed"]),
-                "--log-file", str(result_file), "--tag", f"c128patch-smoke-{mode}"]
-    raise C128Error(f"unknown load tool {opts.load!r} (known: {', '.join(LOAD_TOOLS)})")
+    values = {**SOAK, "host": HOST, "port": opts.port, "model": opts.model_path, "clients": clients,
+              "rounds": rounds, "parallel": min(SOAK["max_parallel"], clients), "result": result_file, "mode": mode}
+    return [*prefix, *(word.format(**values) for word in LOAD_ARGS[opts.load].split())]
 
 
 def port_free(port: int) -> bool:

@@ -4,6 +4,7 @@ and a carry-sized copy of them for a GPU machine."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -12,9 +13,9 @@ import sys
 import tarfile
 import tempfile
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from c128patch import PACKAGE_DIR
 from c128patch.errors import C128Error
@@ -117,18 +118,13 @@ class KernelOptions:
 
 @dataclass
 class Prepared:
-    """Trees resolved, suite found; temp folders to remove at the end."""
+    """Trees resolved, suite found."""
 
     patched: Path
     upstream: Path | None
     upstream_how: str
     suite: Path
     record: dict | None
-    temp: list[Path] = field(default_factory=list)
-
-    def cleanup(self) -> None:
-        for path in self.temp:
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def validate(opts: KernelOptions) -> Path:
@@ -155,8 +151,9 @@ def validate(opts: KernelOptions) -> Path:
     return suite
 
 
-def prepare(opts: KernelOptions, progress: Callable[[str], None] = lambda _m: None) -> Prepared:
-    """Resolve the suite and the trees (unpacking a wheel, deriving upstream when asked)."""
+@contextlib.contextmanager
+def prepare(opts: KernelOptions, progress: Callable[[str], None] = lambda _m: None) -> Iterator[Prepared]:
+    """Resolve the suite and the trees (unpacking a wheel, deriving upstream when asked); temp folders removed after."""
     suite = validate(opts)
     work = Path(tempfile.mkdtemp(prefix="c128patch-smoke-"))
     try:
@@ -175,10 +172,9 @@ def prepare(opts: KernelOptions, progress: Callable[[str], None] = lambda _m: No
             upstream = resolve_tree(root, "upstream")
         if upstream is not None and upstream == patched:
             raise C128Error("the upstream tree is the patched tree; pass the unpatched sources")
-        return Prepared(patched, upstream, how, suite, record, [work])
-    except BaseException:
+        yield Prepared(patched, upstream, how, suite, record)
+    finally:
         shutil.rmtree(work, ignore_errors=True)
-        raise
 
 
 def _extract_archive(git: Git, ref: str, dest: Path, paths: tuple[str, ...] = ARCHIVE_PATHS) -> Path:

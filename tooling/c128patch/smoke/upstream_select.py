@@ -90,28 +90,35 @@ def parse_imports(source: str, filename: str, package: str | None) -> list[Imp]:
     return out
 
 
-def defined_names(tree: Path, module: str, depth: int = 0) -> set[str]:
+def _star_chain(index: "ModuleIndex", modules: Iterable[str]) -> dict[Path, list[ast.stmt]]:
+    """The files of ``modules`` and of what they star-import from sglang, each with its top-level statements."""
+    out: dict[Path, list[ast.stmt]] = {}
+    todo = list(modules)
+    while todo:
+        path = index.file(todo.pop())
+        if path is None or path in out:
+            continue
+        out[path] = ast.parse(path.read_text(errors="replace")).body
+        todo += [n.module for n in out[path] if isinstance(n, ast.ImportFrom) and n.module
+                 and n.module.startswith("sglang") and any(a.name == "*" for a in n.names)]
+    return out
+
+
+def defined_names(tree: Path, module: str) -> set[str]:
     """Top-level names a module of ``tree`` defines, what its ``from sglang... import *`` brings included."""
-    path = ModuleIndex(tree).file(module)
-    if path is None:
-        return set()
     names: set[str] = set()
-    for node in ast.parse(path.read_text(errors="replace")).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-        elif isinstance(node, ast.Import):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            for a in node.names:
-                if a.name == "*":
-                    if node.module and node.module.startswith("sglang") and depth < 3:
-                        names |= defined_names(tree, node.module, depth + 1)
-                else:
-                    names.add(a.asname or a.name)
+    for body in _star_chain(ModuleIndex(tree), [module]).values():
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+            elif isinstance(node, ast.Import):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                names.update(a.asname or a.name for a in node.names if a.name != "*")
     return names
 
 
@@ -206,13 +213,9 @@ def _wrappers(root: Path, kernel_names: set[str]) -> dict[str, set[str]]:
     """module -> the kernels (paths under csrc/) it names, over the Python files of sglang/kernels."""
     out: dict[str, set[str]] = {}
     for py in sorted((root / "sglang" / "kernels").rglob("*.py")):
-        if "__pycache__" in py.parts:
-            continue
-        text = py.read_text(errors="replace")
-        hits = {k for k in kernel_names if k in text}
-        if hits:
-            mod = ".".join(py.relative_to(root).with_suffix("").parts)
-            out[mod.removesuffix(".__init__")] = hits
+        hits = {k for k in kernel_names if k in py.read_text(errors="replace")}
+        if hits and "__pycache__" not in py.parts:
+            out[".".join(py.relative_to(root).with_suffix("").parts).removesuffix(".__init__")] = hits
     return out
 
 
@@ -344,14 +347,12 @@ def _csrc_literals(path: Path) -> set[str]:
     return folders
 
 
-def closure(index: ModuleIndex, tests: list[TestFile], standins: set[str],
-            entry: tuple[str, ...] = ("sglang.srt.environ",)) -> Closure:
-    """Follow every import the tests make through the tree (``entry``: what the harness itself
-    imports for real)."""
+def closure(index: ModuleIndex, tests: list[TestFile], standins: set[str]) -> Closure:
+    """Follow every import the tests make through the tree, and the harness's own (sglang.srt.environ)."""
     out = Closure()
     # (imports, where, from a test file, reached without a function-level import on the way)
-    queue: list[tuple[list[Imp], str, bool, bool]] = [([Imp(m, None, 0, False) for m in entry], "harness", False, True)]
-    queue += [(t.imports, t.rel, True, True) for t in tests]
+    queue: list[tuple[list[Imp], str, bool, bool]] = [(t.imports, t.rel, True, True) for t in tests]
+    queue.insert(0, ([Imp("sglang.srt.environ", None, 0, False)], "harness", False, True))
     done: dict[str, bool] = {}
     lazy: set[str] = set()
     while queue:
@@ -397,20 +398,7 @@ def standin_pool(suite: Path) -> dict[str, set[str]]:
 
 def standin_files(tree: Path, pool: dict[str, set[str]]) -> list[Path]:
     """The real files behind the stand-in modules and what they star-import (so a staged tree plans alike)."""
-    index = ModuleIndex(tree)
-    out: set[Path] = set()
-    todo = [m for m in pool]
-    while todo:
-        mod = todo.pop()
-        path = index.file(mod)
-        if path is None or path.relative_to(tree) in out:
-            continue
-        out.add(path.relative_to(tree))
-        for node in ast.parse(path.read_text(errors="replace")).body:
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sglang") and any(
-                    a.name == "*" for a in node.names):
-                todo.append(node.module)
-    return sorted(out)
+    return sorted(path.relative_to(tree) for path in _star_chain(ModuleIndex(tree), pool))
 
 
 def standin_plan(tree: Path, pool: dict[str, set[str]], uses: dict[str, dict[str, list[str]]],

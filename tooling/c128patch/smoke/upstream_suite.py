@@ -36,7 +36,6 @@ VERDICTS = ("same", "regressed", "fixed", "both fail", "both skipped", "not appl
 
 @dataclass
 class TreePlan:
-    label: str
     root: Path
     closure: sel.Closure
     standins: dict[str, list[str]]  # what upstream_standins installs
@@ -45,10 +44,6 @@ class TreePlan:
     @property
     def real_packages(self) -> list[str]:
         return sorted(self.closure.real_packages)
-
-    def env(self, harness: Path) -> dict[str, str]:
-        plan = {"standins": self.standins, "real_packages": self.real_packages}
-        return {HARNESS_ENV: str(harness), PLAN_ENV: json.dumps(plan, sort_keys=True)}
 
     def to_json(self) -> dict[str, Any]:
         return {"tree": str(self.root), "real_packages": self.real_packages, "standins": self.standin_rows,
@@ -93,14 +88,16 @@ def make_plan(prep: Prepared, root: Path, keyword: str | None) -> Plan:
     for label, tree in (("patched", prep.patched), ("upstream", prep.upstream)):
         closure = sel.closure(sel.ModuleIndex(tree), selection.files, set(pool))
         standins, rows = sel.standin_plan(tree, pool, closure.standin_uses, closure.standin_uses_lazy)
-        plan.trees[label] = TreePlan(label, tree, closure, standins, rows)
+        plan.trees[label] = TreePlan(tree, closure, standins, rows)
     return plan
 
 
 def pass_spec(plan: Plan, label: str, opts: KernelOptions) -> PassSpec:
     tree = plan.trees[label]
+    boot = {"standins": tree.standins, "real_packages": tree.real_packages}  # what upstream_standins installs
     return PassSpec(label, tree.root, None, 1.0, timeout=opts.timeout, keyword=opts.keyword,
-                    collect_only=opts.collect_only, extra_env=tree.env(plan.harness),
+                    collect_only=opts.collect_only,
+                    extra_env={HARNESS_ENV: str(plan.harness), PLAN_ENV: json.dumps(boot, sort_keys=True)},
                     paths=tuple(f.rel for f in plan.selection.files),
                     # a file one tree cannot import is a verdict, not the end of the pass
                     pytest_args=("-p", BOOT_PLUGIN, "--continue-on-collection-errors"))
@@ -317,14 +314,11 @@ def _planned(opts: KernelOptions, tests: Path | None) -> tuple[KernelOptions, Pa
 @contextlib.contextmanager
 def _prepared(opts: KernelOptions, root: Path, progress: Progress) -> Iterator[tuple[Prepared, Plan]]:
     """Both trees (even for --list) and the plan; the trees' temp folders removed on the way out."""
-    prep = prepare(replace(opts, collect_only=False), progress)
-    try:
+    with prepare(replace(opts, collect_only=False), progress) as prep:
         plan = make_plan(prep, root, opts.keyword)
         progress(f"{len(plan.selection.files)} of {plan.selection.scanned} upstream test files selected under "
                  f"{plan.root}")
         yield prep, plan
-    finally:
-        prep.cleanup()
 
 
 def stage_run(opts: KernelOptions, tests: Path | None, dest: Path,
