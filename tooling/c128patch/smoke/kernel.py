@@ -97,9 +97,8 @@ def report_head(command: str, mode: str, prep: Prepared, device: dict[str, Any],
 
 def _differential(report: dict[str, Any], main: dict[str, Any], upstream: dict[str, Any], prep: Prepared,
                   problems: list[str]) -> list[str]:
-    """The upstream pass beside the patched one: its columns and verdict on each test row, a row of its own for
-    a test only it has, the summary; the problems left (the upstream pass failing, even dying, is what the
-    series fixes: a note)."""
+    """The upstream pass beside the patched one (columns and verdict per test, a row for one only it has, the
+    summary); the problems left (the upstream pass failing, even dying, is what the series fixes: a note)."""
     tests, summary, rows = {t["nodeid"]: t for t in report["tests"]}, dict.fromkeys(VERDICTS, 0), []
     for nodeid, a, b in paired(main["tests"], upstream["tests"]):
         verdict, needs = _verdict(a, b, prep)
@@ -150,8 +149,7 @@ def build_report(command: str, opts: KernelOptions, prep: Prepared, device: dict
 def run_groups(groups: list[list[PassSpec]], cwd: Path, python: str, out: Path,
                announce: Callable[[list[PassSpec]], None], report: Callable[[Passes], dict[str, Any]],
                write: Callable[[dict[str, Any], Path], Path]) -> tuple[dict[str, Any], Path]:
-    """Each group of passes at once, one group after the other, the report rewritten after each; the last
-    report and its path. ``smoke kernel`` and ``smoke upstream`` both run through it."""
+    """Each group's passes at once, group after group, the report rewritten after each; the last report, its path."""
     passes: dict[str, dict] = {}
     result: dict[str, Any] = {}
     path = out

@@ -210,8 +210,7 @@ def read_jsonl(path: Path) -> list[Any]:
 
 
 def load_summary(tool: str, stdout: str, result_file: Path) -> dict[str, Any]:
-    """Requests, throughput and acceptance from the load tool's result file (preferred) or its
-    printed summary. ``tool``: "serving" or "multiturn"."""
+    """Requests, throughput, acceptance of load tool ``tool`` from its result file, else its printed summary."""
     rows = read_jsonl(result_file)  # bench_serving --output-file, bench_multiturn --log-file: the last object
     record = rows[-1] if rows and isinstance(rows[-1], dict) else None
     if tool == "serving":

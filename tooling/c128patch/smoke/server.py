@@ -130,6 +130,7 @@ def load_shape(max_requests: int | None) -> tuple[int, int]:
 
 def load_argv(opts: ServerOptions, mode: str, result_file: Path) -> list[str]:
     """sglang's own load tool with the PR's soak settings against our server."""
+    clients, rounds = load_shape(opts.max_requests)
     if opts.load not in LOAD_ARGS:
         raise C128Error(f"unknown load tool {opts.load!r} (known: {', '.join(LOAD_TOOLS)})")
     if opts.load_cmd:
@@ -141,7 +142,6 @@ def load_argv(opts: ServerOptions, mode: str, result_file: Path) -> list[str]:
     else:
         raise C128Error("--load multiturn needs --multiturn-script PATH (benchmark/hicache/bench_multiturn.py "
                         "of an sglang checkout; the wheel does not ship it)")
-    clients, rounds = load_shape(opts.max_requests)
     values = {**SOAK, "host": HOST, "port": opts.port, "model": opts.model_path, "clients": clients,
               "rounds": rounds, "parallel": min(SOAK["max_parallel"], clients), "result": result_file, "mode": mode}
     return [*prefix, *(word.format(**values) for word in LOAD_ARGS[opts.load].split())]
@@ -336,7 +336,6 @@ def validate(opts: ServerOptions) -> None:
     bad = [m for m in opts.modes if m not in MODES]
     if bad or not opts.modes:
         raise C128Error(f"--modes takes on and/or off, not {', '.join(bad) or 'nothing'}")
-    load_shape(opts.max_requests)
     server_argv(opts)
     load_argv(opts, opts.modes[0], opts.out / "probe.jsonl")
     if opts.multiturn_script is not None and not opts.multiturn_script.is_file():

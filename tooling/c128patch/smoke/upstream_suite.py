@@ -10,7 +10,6 @@ import datetime
 import hashlib
 import json
 import re
-import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -22,10 +21,11 @@ from c128patch.smoke import upstream_select as sel
 from c128patch.smoke.device import describe, require_device
 from c128patch.smoke.kernel import NO_RECORD, Passes, Progress, paired, report_head, run_groups
 from c128patch.smoke.passes import BAD, PassSpec, pass_problems
-from c128patch.smoke.trees import KernelOptions, Prepared, out_dir, prepare, resolve_tree, stage, validate
+from c128patch.smoke.trees import KernelOptions, Prepared, copy_files, out_dir, prepare, resolve_tree, stage, validate
 from c128patch.smoke.upstream_standins import HARNESS_ENV, PLAN_ENV
 
 BOOT_PLUGIN = "c128patch.smoke.upstream_standins"
+STANDINS_FILE = "c128patch/smoke/upstream_standins.py"  # where a missing stand-in is added
 REPORT = "smoke-upstream-suite.json"
 RESULT = "upstream-suite.json"
 RESULT_SCHEMA = 1
@@ -78,8 +78,7 @@ def sources_of(root: Path) -> dict[str, Any]:
 
 
 def make_plan(prep: Prepared, root: Path, keyword: str | None) -> Plan:
-    """Select the tests under ``root`` (upstream_select.test_root) and work out what each tree
-    needs (no process is started)."""
+    """Select the tests under ``root`` and work out what each tree needs (no process is started)."""
     assert prep.upstream is not None
     pool = sel.standin_pool(prep.suite)
     targets = sel.series_targets(prep.patched, prep.upstream, sel.touched_files(prep.record))
@@ -110,20 +109,12 @@ def stage_all(plan: Plan, prep: Prepared, dest: Path) -> dict[str, Any]:
     extra = {label: tp.closure.files(sel.ModuleIndex(tp.root)) + sel.standin_files(tp.root, plan.pool)
              for label, tp in plan.trees.items()}
     staged: dict[str, Any] = stage(prep.suite, trees, dest, lambda label, _root: extra[label])
-    target = dest / STAGED_TESTS
-    if target.exists():
-        shutil.rmtree(target)
-    files: set[Path] = set()
-    for test in plan.selection.files:
-        files.update([test.path, *sel.conftests(test, plan.root), *test.siblings])
-    for path in sorted(files):
-        out = target / path.relative_to(plan.root)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, out)
+    files = [p.relative_to(plan.root) for test in plan.selection.files
+             for p in (test.path, *sel.conftests(test, plan.root), *test.siblings)]
+    staged[STAGED_TESTS] = copy_files(plan.root, files, dest / STAGED_TESTS)
     sources = plan.sources.get("sources", {}) | {k: plan.sources[k] for k in ("git_commit",) if k in plan.sources}
     if sources:
-        (target / SOURCES).write_text(json.dumps(sources, indent=1, sort_keys=True) + "\n")
-    staged[STAGED_TESTS] = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+        (dest / STAGED_TESTS / SOURCES).write_text(json.dumps(sources, indent=1, sort_keys=True) + "\n")
     return staged
 
 
@@ -154,21 +145,18 @@ def classify(message: str, standin_rows: list[dict[str, Any]]) -> tuple[str, str
     return "other", message
 
 
-def _is_file_row(nodeid: str) -> bool:
-    return "::" not in nodeid
-
-
 def verdict(patched: str, upstream: str, nodeid: str, collect_only: bool) -> str:
     good = "not run" if collect_only else "passed"  # --list: collected is the good outcome
+    file_row = "::" not in nodeid  # a file that failed to collect
     if patched == upstream:
         if patched == "not run" and not collect_only:
             return "not run"  # a pass cut short: no evidence (the pass itself is a problem)
         if patched in BAD:
-            return "not applicable" if _is_file_row(nodeid) and patched == "error" else "both fail"
+            return "not applicable" if file_row and patched == "error" else "both fail"
         return "both skipped" if patched == "skipped" else "same"
-    if upstream == good or (_is_file_row(nodeid) and patched in BAD and upstream == "absent"):
+    if upstream == good or (file_row and patched in BAD and upstream == "absent"):
         return "regressed"
-    if patched == good and (upstream in BAD or (_is_file_row(nodeid) and upstream == "absent")):
+    if patched == good and (upstream in BAD or (file_row and upstream == "absent")):
         return "fixed"
     if patched in BAD and upstream in BAD:
         return "both fail"
@@ -216,8 +204,7 @@ def _findings(rows: list[dict[str, Any]], plan: Plan, collect_only: bool) -> tup
                         f"tree and not on the patched one: {', '.join(regressed[:10])}")
     for r in (r for r in rows if r["verdict"] == "not applicable"):
         if r["why"] == "stand-in":
-            problems.append(f"{r['id']}: not collected on either tree: {r['reason']} (add it in "
-                            "c128patch/smoke/upstream_standins.py)")
+            problems.append(f"{r['id']}: not collected on either tree: {r['reason']} (add it in {STANDINS_FILE})")
         elif r["why"] == "environment":
             line = f"{r['id']}: not applicable to this environment: {r['reason']}"
             (notes if collect_only else problems).append(
@@ -242,8 +229,7 @@ def _standin_findings(plan: Plan, problems: list[str], notes: list[str]) -> None
         for row in tp.standin_rows:
             if row.get("no_standin"):
                 problems.append(f"{label}: upstream's tests import {', '.join(row['no_standin'])} from "
-                                f"{row['module']}, "
-                                "which no c128patch stand-in provides (add it in c128patch/smoke/upstream_standins.py)")
+                                f"{row['module']}, which no c128patch stand-in provides (add it in {STANDINS_FILE})")
             if row.get("withheld") and row.get("reason"):
                 notes.append(f"{label}: stand-in {row['module']} withholds {', '.join(row['withheld'])}: "
                              f"{row['reason']}")
