@@ -92,15 +92,11 @@ def parse_sanitizer(text: str, tool: str) -> dict[str, Any]:
     reports: list[str] = []
     for line in text.splitlines():
         line = line.rstrip()
-        m = _ERROR_SUMMARY.match(line)
-        if m:
+        if m := _ERROR_SUMMARY.match(line):
             summaries.append(int(m.group(1)))
-            continue
-        m = _RACE_SUMMARY.match(line)
-        if m:
+        elif m := _RACE_SUMMARY.match(line):
             races.append({"hazards": int(m.group(1)), "errors": int(m.group(2)), "warnings": int(m.group(3))})
-            continue
-        if _REPORT.match(line) and len(reports) < 50:
+        elif _REPORT.match(line) and len(reports) < 50:
             reports.append(_PREFIX.sub("", line))
     if tool == "racecheck" and races:
         # racecheck's hazards are in its own summary; an ERROR SUMMARY, where printed too,

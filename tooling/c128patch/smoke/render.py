@@ -112,9 +112,10 @@ def print_kernel(report: dict[str, Any], path: Path) -> None:
     tests = report.get("tests", [])
     if report["mode"] == "collect-only":
         listed = [t["nodeid"] for t in tests] + [f"{len(tests)} test(s) in {report['suite']}"]
-        return _end(report, str(path), listed + _kernel_lines(report))
-    print_failing([(t["nodeid"], t["outcome"]) for t in tests])
-    _end(report, str(path), _kernel_lines(report), kernel_table(report))
+        _end(report, str(path), listed + _kernel_lines(report))
+    else:
+        print_failing([(t["nodeid"], t["outcome"]) for t in tests])
+        _end(report, str(path), _kernel_lines(report), kernel_table(report))
 
 
 def print_upstream(report: dict[str, Any], path: Path, result: str) -> None:

@@ -107,10 +107,8 @@ def server_env(opts: ServerOptions, mode: str, base: dict[str, str] | None = Non
     for key in (*ONLINE_ENVS, *COMPACT_ENV):
         env.pop(key, None)
     env.update(opts.env)
-    if mode == "on":
+    if mode == "on":  # "off": unset
         env.update(ONLINE_ENVS)
-    elif mode != "off":
-        raise ValueError(mode)
     if opts.compact:
         env.update(COMPACT_ENV)
     env["PYTHONUNBUFFERED"] = "1"
@@ -181,22 +179,30 @@ def health(port: int, timeout: float = 5.0) -> bool:
         return False
 
 
-def wait_healthy(server: Managed, tail: Tail, log: ServerLog, port: int, timeout: float) -> tuple[bool, str, float]:
-    """(ok, why not, seconds): /health answered 200, or the server exited, logged a fatal error or timed out."""
+def _follow(server: Managed, tail: Tail, log: ServerLog, done: Callable[[], bool], timeout: float) -> str:
+    """Read the server's log until ``done()``: "done", else what came first ("exited", "fatal", "timeout")."""
     start = time.monotonic()
     while True:
         log.feed_lines(tail.read_lines())
-        code = server.poll()
-        if code is not None:
-            return (False, f"the server exited ({exit_description(code)}) before /health answered",
-                    time.monotonic() - start)
+        if server.poll() is not None:
+            return "exited"
         if log.fatal:
-            return False, f"the server logged {', '.join(log.fatal)} while starting", time.monotonic() - start
-        if health(port, timeout=2.0):
-            return True, "", time.monotonic() - start
+            return "fatal"
+        if done():
+            return "done"
         if time.monotonic() - start >= timeout:
-            return False, f"/health did not answer within {timeout:.0f}s", time.monotonic() - start
+            return "timeout"
         time.sleep(0.5)
+
+
+def wait_healthy(server: Managed, tail: Tail, log: ServerLog, port: int, timeout: float) -> tuple[bool, str, float]:
+    """(ok, why not, seconds): /health answered 200, or the server exited, logged a fatal error or timed out."""
+    start = time.monotonic()
+    end = _follow(server, tail, log, lambda: health(port, timeout=2.0), timeout)
+    why = {"exited": f"the server exited ({exit_description(server.poll())}) before /health answered",
+           "fatal": f"the server logged {', '.join(log.fatal)} while starting",
+           "timeout": f"/health did not answer within {timeout:.0f}s"}.get(end, "")
+    return end == "done", why, time.monotonic() - start
 
 
 def run_mode(opts: ServerOptions, mode: str, progress: Progress = lambda _m: None) -> dict[str, Any]:
@@ -272,23 +278,11 @@ def _drive_load(opts: ServerOptions, mode: str, server: Managed, tail: Tail, log
     argv = load_argv(opts, mode, result_file)
     load = Managed(f"load {mode}", argv, load_log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     start = time.monotonic()
-    died, stopped = None, None
     with load:
-        while True:
-            log.feed_lines(tail.read_lines())
-            if server.poll() is not None:
-                died, stopped = "load", "the server exited"
-                break
-            if log.fatal:
-                died, stopped = (("load" if server.poll() is not None else None),
-                                 f"fatal error in the server log ({', '.join(log.fatal)})")
-                break
-            if load.poll() is not None:
-                break
-            if time.monotonic() - start >= opts.duration:
-                stopped = f"duration reached ({opts.duration:.0f}s)"
-                break
-            time.sleep(0.5)
+        end = _follow(server, tail, log, lambda: load.poll() is not None, opts.duration)
+        died = "load" if end == "exited" or (end == "fatal" and server.poll() is not None) else None
+    stopped = {"exited": "the server exited", "fatal": f"fatal error in the server log ({', '.join(log.fatal)})",
+               "timeout": f"duration reached ({opts.duration:.0f}s)"}.get(end)
     code = load.proc.returncode if load.proc else None
     stdout = load_log.read_text(errors="replace") if load_log.is_file() else ""
     info = {"tool": opts.load, "argv": argv, "log": str(load_log), "result_file": str(result_file),
