@@ -39,17 +39,12 @@ print(json.dumps(info))
 
 def find_cuda_tool(name: str) -> str | None:
     """``name`` on PATH, next to nvcc, or under $CUDA_HOME/bin, /usr/local/cuda/bin."""
-    found = shutil.which(name)
-    if found:
-        return found
     nvcc = shutil.which("nvcc")
     homes = [Path(p) for p in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if p]
     dirs = [Path(nvcc).resolve().parent] if nvcc else []
     dirs += [h / "bin" for h in (*homes, Path("/usr/local/cuda"))]
-    for d in dirs:
-        if (d / name).is_file() and os.access(d / name, os.X_OK):
-            return str(d / name)
-    return None
+    return shutil.which(name) or next((str(d / name) for d in dirs if (d / name).is_file()
+                                       and os.access(d / name, os.X_OK)), None)
 
 
 def _run(argv: list[str], timeout: float = 60) -> str | None:

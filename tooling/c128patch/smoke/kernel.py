@@ -43,11 +43,11 @@ def _has(root: Path, module: str, name: str | None = None) -> bool:
     return re.search(rf"\b{re.escape(name)}\b", path.read_text(errors="replace")) is not None
 
 
-def series_code_missing(message: str, patched: Path | None, upstream: Path | None) -> str | None:
+def series_code_missing(message: str, patched: Path, upstream: Path | None) -> str | None:
     """The module, or the module's name, a failure says is missing, when the patched tree has it and
     upstream's has not (code only the series adds); else None."""
     m = _MISSING.search(message or "")
-    if m is None or patched is None or upstream is None:
+    if m is None or upstream is None:
         return None
     module, name = ((m["module"], None) if m["module"] else (m["source"], m["name"]) if m["name"]
                     else (m["owner"], m["attr"]))
@@ -63,30 +63,15 @@ def paired(patched: list[dict], upstream: list[dict]) -> list[tuple[str, dict, d
     return [(n, pt.get(n, ABSENT), up.get(n, ABSENT)) for n in {**pt, **up}]
 
 
-def _verdict(a: dict, b: dict, trees: tuple[Path, Path] | None) -> tuple[str, str | None]:
+def _verdict(a: dict, b: dict, prep: Prepared) -> tuple[str, str | None]:
+    """same; fixed (fails upstream, passes patched); n/a (passes patched, fails upstream for want of code only
+    the series has); regressed (fails patched, passes upstream); differs; and the code it wants, for n/a."""
     if a["outcome"] == b["outcome"]:
         return "same", None
     if a["outcome"] == "passed" and b["outcome"] in BAD:
-        needs = series_code_missing(b.get("message", ""), *(trees or (None, None)))
+        needs = series_code_missing(b.get("message", ""), prep.patched, prep.upstream)
         return ("n/a" if needs else "fixed"), needs
     return ("regressed" if a["outcome"] in BAD and b["outcome"] == "passed" else "differs"), None
-
-
-def compare(patched: dict[str, Any], upstream: dict[str, Any],
-            trees: tuple[Path, Path] | None = None) -> dict[str, Any]:
-    """Both columns per test and a verdict: same; fixed (fails upstream, passes patched); n/a (passes
-    patched, fails upstream for want of code only the series has, checked on ``trees``); regressed
-    (fails patched, passes upstream); differs."""
-    rows = []
-    for nodeid, a, b in paired(patched["tests"], upstream["tests"]):
-        verdict, needs = _verdict(a, b, trees)
-        rows.append({"nodeid": nodeid, "patched": a["outcome"], "upstream": b["outcome"], "verdict": verdict,
-                     "patched_seconds": a["seconds"], "upstream_seconds": b["seconds"],
-                     "upstream_message": b.get("message", ""), **({"needs": needs} if needs else {})})
-    summary = {v: sum(1 for r in rows if r["verdict"] == v) for v in VERDICTS}
-    shared = sorted(set(patched["results"]) & set(upstream["results"]))
-    results = {name: patched["results"][name] == upstream["results"][name] for name in shared}
-    return {"rows": rows, "summary": summary, "results_identical": results}
 
 
 def plan_passes(opts: KernelOptions, prep: Prepared, sanitizer_exe: str | None) -> list[PassSpec]:
@@ -112,20 +97,24 @@ def report_head(command: str, mode: str, prep: Prepared, device: dict[str, Any],
 
 def _differential(report: dict[str, Any], main: dict[str, Any], upstream: dict[str, Any], prep: Prepared,
                   problems: list[str]) -> list[str]:
-    """The upstream pass beside the patched one: its columns on each test row, the summary; the problems
-    left (the upstream pass failing, even dying, is what the series fixes: a note)."""
-    diff = compare(main, upstream, (prep.patched, prep.upstream) if prep.upstream else None)
-    rows = diff.pop("rows")
-    report["differential"] = {**diff, "upstream_counts": upstream["counts"]}
-    by_id = {r["nodeid"]: r for r in rows}
-    for t in report["tests"]:
-        r = by_id.pop(t["nodeid"], None)
-        if r:
-            t.update(upstream=r["upstream"], upstream_seconds=r["upstream_seconds"], verdict=r["verdict"],
-                     upstream_message=r["upstream_message"][:300], **({"needs": r["needs"]} if "needs" in r else {}))
-    report["differential"]["rows"] = list(by_id.values())  # the tests only upstream's pass has
-    if diff["summary"]["regressed"]:
-        problems.append(f"differential: {diff['summary']['regressed']} test(s) pass upstream and fail patched")
+    """The upstream pass beside the patched one (columns and verdict per test, a row for one only it has, the
+    summary); the problems left (the upstream pass failing, even dying, is what the series fixes: a note)."""
+    tests, summary, rows = {t["nodeid"]: t for t in report["tests"]}, dict.fromkeys(VERDICTS, 0), []
+    for nodeid, a, b in paired(main["tests"], upstream["tests"]):
+        verdict, needs = _verdict(a, b, prep)
+        summary[verdict] += 1
+        row = {"upstream": b["outcome"], "upstream_seconds": b["seconds"], "verdict": verdict,
+               **({"needs": needs} if needs else {})}
+        if nodeid in tests:
+            tests[nodeid].update(row, upstream_message=b.get("message", "")[:300])
+        else:
+            rows.append({**row, "nodeid": nodeid, "patched": a["outcome"], "patched_seconds": a["seconds"],
+                         "upstream_message": b.get("message", "")})
+    shared = sorted(set(main["results"]) & set(upstream["results"]))
+    report["differential"] = {"summary": summary, "upstream_counts": upstream["counts"], "rows": rows,
+                              "results_identical": {n: main["results"][n] == upstream["results"][n] for n in shared}}
+    if summary["regressed"]:
+        problems.append(f"differential: {summary['regressed']} test(s) pass upstream and fail patched")
     notes = [p for p in problems if p.startswith("upstream:") and "left behind" not in p]
     report.setdefault("notes", []).extend(notes)
     return [p for p in problems if p not in notes]
@@ -160,8 +149,7 @@ def build_report(command: str, opts: KernelOptions, prep: Prepared, device: dict
 def run_groups(groups: list[list[PassSpec]], cwd: Path, python: str, out: Path,
                announce: Callable[[list[PassSpec]], None], report: Callable[[Passes], dict[str, Any]],
                write: Callable[[dict[str, Any], Path], Path]) -> tuple[dict[str, Any], Path]:
-    """Each group of passes at once, one group after the other, the report rewritten after each; the last
-    report and its path. ``smoke kernel`` and ``smoke upstream`` both run through it."""
+    """Each group's passes at once, group after group, the report rewritten after each; the last report, its path."""
     passes: dict[str, dict] = {}
     result: dict[str, Any] = {}
     path = out
@@ -175,32 +163,25 @@ def run_groups(groups: list[list[PassSpec]], cwd: Path, python: str, out: Path,
 
 def stage_trees(opts: KernelOptions, dest: Path, progress: Progress) -> dict[str, dict[str, Any]]:
     """What the suite reads of the trees, copied under ``dest`` (to carry to a GPU machine)."""
-    prep = prepare(opts, progress)
-    try:
+    with prepare(opts, progress) as prep:
         trees = {"patched": prep.patched, **({"upstream": prep.upstream} if prep.upstream else {})}
         return {k: {**v, "path": str(dest / k)} for k, v in stage(prep.suite, trees, dest).items()}
-    finally:
-        prep.cleanup()
-
-
-def _announce(progress: Progress) -> Callable[[list[PassSpec]], None]:
-    def say(group: list[PassSpec]) -> None:
-        for spec in group:
-            what = f" under compute-sanitizer {spec.sanitizer}" if spec.sanitizer else ""
-            if not spec.collect_only:
-                progress(f"running the GPU suite on {spec.label} ({spec.tree}){what}, scale {spec.scale}")
-    return say
 
 
 def run(opts: KernelOptions, command: str, progress: Progress) -> tuple[dict[str, Any], Path]:
     """The suite's passes, the report rewritten after each; the report and its path."""
     opts = replace(opts, suite=validate(opts))
     device = {} if opts.collect_only else require_device(opts.python, opts.sanitizers)
-    prep = prepare(opts, progress)
-    try:
+
+    def announce(group: list[PassSpec]) -> None:
+        for spec in (s for s in group if not s.collect_only):
+            what = f" under compute-sanitizer {spec.sanitizer}" if spec.sanitizer else ""
+            progress(f"running the GPU suite on {spec.label} ({spec.tree}){what}, scale {spec.scale}")
+
+    with prepare(opts, progress) as prep:
         opts = replace(opts, out=out_dir(opts.out, "kernel"))
         specs = plan_passes(opts, prep, device.get("compute_sanitizer"))
-        report, path = run_groups([[s] for s in specs], prep.suite, opts.python, opts.out, _announce(progress),
+        report, path = run_groups([[s] for s in specs], prep.suite, opts.python, opts.out, announce,
                                   lambda passes: build_report(command, opts, prep, device, passes),
                                   lambda rep, out: write_json_atomic(out / REPORT, {**rep, "schema": SCHEMA_VERSION}))
         if opts.collect_only and not report.get("tests"):
@@ -208,6 +189,4 @@ def run(opts: KernelOptions, command: str, progress: Progress) -> tuple[dict[str
             why = (f": torch does not import in {opts.python} ({probe['torch_error']}) and the suite's files skip "
                    "without it" if "torch_error" in probe else "")
             raise C128Error(f"--list collected no test of {prep.suite} on {prep.patched}{why}")
-    finally:
-        prep.cleanup()
     return report, path

@@ -69,21 +69,16 @@ class ServerLog:
 
     def feed(self, line: str) -> None:
         self.lines += 1
-        if READY in line:
-            self.ready = True
+        self.ready = self.ready or READY in line
         m = _MAX_TOTAL.search(line)
-        if m and "max_total_num_tokens=" in line and "chunked_prefill_size=" in line:
+        if m and "chunked_prefill_size=" in line:
             self.max_total_num_tokens.append(int(m.group(1)))
         m = _DSV4.search(line)
         if m:
             self.dsv4.append({k: _num(v) for k, v in _KEY_VALUE.findall(m.group(1))})
         if "Decode batch" in line:
-            row: dict[str, float] = {}
-            for key, pattern in _DECODE_FIELDS.items():
-                found = pattern.search(line)
-                if found:
-                    row[key] = float(found.group(1))
-            self.decode.append(row)
+            found = {key: pattern.search(line) for key, pattern in _DECODE_FIELDS.items()}
+            self.decode.append({key: float(m.group(1)) for key, m in found.items() if m})
         for kind, pattern, _fatal in SIGNATURES:
             if pattern.search(line):
                 self.counts[kind] = self.counts.get(kind, 0) + 1
@@ -147,8 +142,7 @@ class Tail:
         except FileNotFoundError:
             return []
         self.offset += len(data)
-        data = self.partial + data
-        *lines, self.partial = data.split(b"\n")
+        *lines, self.partial = (self.partial + data).split(b"\n")
         return [ln.decode(errors="replace") for ln in lines]
 
     def flush(self) -> list[str]:
@@ -170,14 +164,9 @@ def parse_bench_serving(stdout: str) -> dict[str, Any]:
     for line in stdout.splitlines():
         if _SERVING_HEADER in line and line.strip().startswith("="):
             inside, out = True, {}
-            continue
-        if not inside:
-            continue
-        if line.strip() and set(line.strip()) == {"="}:
+        elif inside and line.strip() and set(line.strip()) == {"="}:
             inside = False
-            continue
-        m = _SERVING_ROW.match(line)
-        if m:  # a percentage as its number
+        elif inside and (m := _SERVING_ROW.match(line)):  # a percentage as its number
             out[m.group("key").rstrip(":").strip()] = _num(m.group("value").rstrip("%"))
     return out
 
@@ -194,8 +183,7 @@ def parse_bench_multiturn(stdout: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for line in stdout.splitlines():
         for key, pattern in _MULTITURN.items():
-            m = pattern.match(line)
-            if m:
+            if m := pattern.match(line):
                 out[key] = _num(m.group(1))
     return out
 
@@ -210,8 +198,7 @@ def read_jsonl(path: Path) -> list[Any]:
 
 
 def load_summary(tool: str, stdout: str, result_file: Path) -> dict[str, Any]:
-    """Requests, throughput and acceptance from the load tool's result file (preferred) or its
-    printed summary. ``tool``: "serving" or "multiturn"."""
+    """Requests, throughput, acceptance of load tool ``tool`` from its result file, else its printed summary."""
     rows = read_jsonl(result_file)  # bench_serving --output-file, bench_multiturn --log-file: the last object
     record = rows[-1] if rows and isinstance(rows[-1], dict) else None
     if tool == "serving":

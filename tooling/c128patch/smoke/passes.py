@@ -92,15 +92,11 @@ def parse_sanitizer(text: str, tool: str) -> dict[str, Any]:
     reports: list[str] = []
     for line in text.splitlines():
         line = line.rstrip()
-        m = _ERROR_SUMMARY.match(line)
-        if m:
+        if m := _ERROR_SUMMARY.match(line):
             summaries.append(int(m.group(1)))
-            continue
-        m = _RACE_SUMMARY.match(line)
-        if m:
+        elif m := _RACE_SUMMARY.match(line):
             races.append({"hazards": int(m.group(1)), "errors": int(m.group(2)), "warnings": int(m.group(3))})
-            continue
-        if _REPORT.match(line) and len(reports) < 50:
+        elif _REPORT.match(line) and len(reports) < 50:
             reports.append(_PREFIX.sub("", line))
     if tool == "racecheck" and races:
         # racecheck's hazards are in its own summary; an ERROR SUMMARY, where printed too,
@@ -117,30 +113,24 @@ def tests_from_rows(rows: list[dict], end_time: float, timed_out: bool = False) 
     or collection failed), skipped, xfailed, xpassed, crashed (started and never finished: the
     process died or was killed during it), not run (collected, never started)."""
     tests: dict[str, dict] = {}
-    state: dict[str, dict] = {}  # nodeid -> {"started": t, "finished": bool}
-
-    def row(nodeid: str) -> dict:
-        return tests.setdefault(nodeid, {"nodeid": nodeid, "outcome": "not run", "seconds": 0.0, "message": ""})
-
+    running: dict[str, float] = {}  # nodeid -> when it started, until its teardown reports
     for ev in rows:
         kind, nodeid = ev.get("event"), ev.get("nodeid", "")
+        if kind not in ("collected", "start", "report"):
+            continue
+        r = tests.setdefault(nodeid, {"nodeid": nodeid, "outcome": "not run", "seconds": 0.0, "message": ""})
         if kind == "collected":
-            row(nodeid)["markers"] = ev.get("markers", [])
+            r["markers"] = ev.get("markers", [])
         elif kind == "start":
-            row(nodeid)
-            state[nodeid] = {"started": ev.get("t", end_time), "finished": False}
-        elif kind == "report":
-            r = row(nodeid)
+            running[nodeid] = ev.get("t", end_time)
+        else:
             r["seconds"] += ev.get("duration", 0.0)
             _report_outcome(r, ev)
             if ev.get("when") == "teardown":
-                state.setdefault(nodeid, {"started": end_time})["finished"] = True
-    for nodeid, st in state.items():
-        if not st["finished"]:
-            r = tests[nodeid]
-            r["outcome"] = "crashed"
-            r["seconds"] = max(r["seconds"], end_time - st["started"])
-            r["message"] = "killed at the pass timeout" if timed_out else "the process died during this test"
+                running.pop(nodeid, None)
+    for nodeid, started in running.items():
+        tests[nodeid].update(outcome="crashed", seconds=max(tests[nodeid]["seconds"], end_time - started),
+                             message="killed at the pass timeout" if timed_out else "the process died during this test")
     for r in tests.values():
         r["seconds"] = round(r["seconds"], 3)
     return list(tests.values())

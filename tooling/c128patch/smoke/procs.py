@@ -139,11 +139,9 @@ class Managed:
     def start(self) -> "Managed":
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=dict(self.env) if self.env is not None else None, cwd=self.cwd,
-                start_new_session=True,
-            )
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=dict(self.env) if self.env is not None else None, cwd=self.cwd,
+                                         start_new_session=True)
         st = _stat(self.proc.pid)
         self.seen[self.proc.pid] = st.start if st else -1
         return self
@@ -195,10 +193,9 @@ class Managed:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, sig)
         for pid in sorted(self.seen):
-            if pid != self.pid or self.proc.returncode is None:
-                if self._ours(pid):
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, sig)
+            if (pid != self.pid or self.proc.returncode is None) and self._ours(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
 
     def _remaining(self) -> list[int]:
         assert self.proc is not None

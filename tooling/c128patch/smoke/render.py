@@ -22,17 +22,21 @@ def _styled(text: str) -> str:
     return f"[{style}]{text}[/{style}]" if style else text
 
 
-def _table(title: str, columns: tuple[str, ...]) -> Table:
+def _table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> Table:
     table = Table(title=title)
     for col in columns:
         table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
-def _end(report: dict[str, Any], where: str, plain: list[str]) -> None:
-    """The plain lines, the problems and the verdict, on the report console (a pipe or a file gets
+def _end(report: dict[str, Any], where: str, plain: list[str], table: Table | None = None) -> None:
+    """The table, the plain lines, the problems and the verdict, on the report console (a pipe or a file gets
     whole rows rather than 80 folded columns)."""
     out = console(stderr=False)
+    if table is not None:
+        out.print(table)
     for line in plain:
         out.print(line, markup=False)
     for problem in report["problems"]:
@@ -105,26 +109,22 @@ def _kernel_lines(report: dict[str, Any]) -> list[str]:
 
 
 def print_kernel(report: dict[str, Any], path: Path) -> None:
-    out = console(stderr=False)
+    tests = report.get("tests", [])
     if report["mode"] == "collect-only":
-        for t in report.get("tests", []):
-            out.print(t["nodeid"], markup=False)
-        out.print(f"{len(report.get('tests', []))} test(s) in {report['suite']}", markup=False)
+        listed = [t["nodeid"] for t in tests] + [f"{len(tests)} test(s) in {report['suite']}"]
+        _end(report, str(path), listed + _kernel_lines(report))
     else:
-        print_failing([(t["nodeid"], t["outcome"]) for t in report.get("tests", [])])
-        out.print(kernel_table(report))
-    _end(report, str(path), _kernel_lines(report))
+        print_failing([(t["nodeid"], t["outcome"]) for t in tests])
+        _end(report, str(path), _kernel_lines(report), kernel_table(report))
 
 
 def print_upstream(report: dict[str, Any], path: Path, result: str) -> None:
     print_failing([(r["id"], r["patched"]) for r in report["tests"]])
+    rows = [[r["id"], _styled(r["patched"]), _styled(r["upstream"]), _styled(r["verdict"] or ""),
+             (r.get("reason") or ("" if r["verdict"] == "same" else r.get("patched_message")
+                                  or r.get("upstream_message", "")))[:160]] for r in report["tests"]]
     table = _table(f"upstream's own tests: {report['tree']} vs {report['upstream_tree']}",
-                   ("test", "patched", "unpatched", "verdict", "why"))
-    for r in report["tests"]:
-        why = r.get("reason") or ("" if r["verdict"] == "same" else r.get("patched_message")
-                                  or r.get("upstream_message", ""))
-        table.add_row(r["id"], _styled(r["patched"]), _styled(r["upstream"]), _styled(r["verdict"] or ""), why[:160])
-    console(stderr=False).print(table)
+                   ("test", "patched", "unpatched", "verdict", "why"), rows)
     s = report["selection"]
     lines = [f"selected {len(s['selected'])} of {s['scanned']} test files under {s['scope']}"]
     for label, t in report["trees"].items():
@@ -136,7 +136,7 @@ def print_upstream(report: dict[str, Any], path: Path, result: str) -> None:
     lines.append(f"device: {describe(report['device'])}")
     lines.append("verdicts: " + ", ".join(f"{n} {k}" for k, n in report["counts"].items() if n))
     lines += [f"note: {note}" for note in report["notes"]]
-    _end(report, f"{path} (result: {path.parent / result})", lines)
+    _end(report, f"{path} (result: {path.parent / result})", lines, table)
 
 
 def _server_row(mode: str, m: dict[str, Any]) -> list[str]:
@@ -155,14 +155,11 @@ def print_server(report: dict[str, Any], path: Path) -> None:
     table = _table(f"server smoke: {report['model_path']} TP{report['tp']}"
                    f"{' compact' if report['compact'] else ''}, {report['load_tool']} load",
                    ("mode", "healthy", "capacity (tokens)", "from", "out tok/s", "accept len", "max usage", "load",
-                    "crashed", "problems"))
-    for mode, m in report["modes"].items():
-        table.add_row(*_server_row(mode, m))
-    console(stderr=False).print(table)
+                    "crashed", "problems"), [_server_row(mode, m) for mode, m in report["modes"].items()])
     comp, lines = report.get("comparison"), []
     if comp and comp["capacity_gain_tokens"] is not None:
         lines.append(f"capacity: {comp['capacity_tokens']['off']:,} off -> {comp['capacity_tokens']['on']:,} on "
                      f"({comp['capacity_gain_tokens']:+,} tokens, {comp['capacity_gain_pct']:+.2f}%)")
     if comp and comp["throughput_ratio"] is not None:
         lines.append(f"output throughput on/off: {comp['throughput_ratio']:.3f}")
-    _end(report, str(path), lines)
+    _end(report, str(path), lines, table)

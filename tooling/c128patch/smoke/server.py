@@ -35,6 +35,21 @@ REPORT = "smoke-server.json"
 # The soak load of docs/pr-32035.md (benchmark/hicache/bench_multiturn.py flags).
 SOAK = {"request_length": 8192, "sub_question_input_length": 4096, "output_length": 2048, "num_clients": 64,
         "num_rounds": 30, "max_parallel": 32, "request_rate": 16, "seed": 422}
+# Each load tool's arguments after its command, a word at a time formatted with SOAK and the run's values.
+# serving: bench_serving's multi-turn generated-shared-prefix dataset, one conversation per group, an 8k shared
+# prefix, 4k questions per turn, 2k outputs (no dataset download needed).
+LOAD_ARGS = {
+    "serving": "--backend sglang --host {host} --port {port} --model {model} --dataset-name generated-shared-prefix "
+               "--gsp-num-groups {clients} --gsp-prompts-per-group 1 --gsp-system-prompt-len {request_length} "
+               "--gsp-question-len {sub_question_input_length} --gsp-output-len {output_length} --gsp-num-turns "
+               "{rounds} --request-rate {request_rate} --max-concurrency {parallel} --seed {seed} --output-file "
+               "{result} --disable-tqdm --tag c128patch-smoke-{mode}",
+    "multiturn": "--host {host} --port {port} --model-path {model} --disable-random-sample --request-length "
+                 "{request_length} --sub-question-input-length {sub_question_input_length} --output-length "
+                 "{output_length} --num-clients {clients} --num-rounds {rounds} --max-parallel {parallel} "
+                 "--request-rate {request_rate} --ready-queue-policy random --disable-auto-run --enable-round-barrier "
+                 "--seed {seed} --log-file {result} --tag c128patch-smoke-{mode}",
+}
 Progress = Callable[[str], None]
 
 
@@ -92,10 +107,8 @@ def server_env(opts: ServerOptions, mode: str, base: dict[str, str] | None = Non
     for key in (*ONLINE_ENVS, *COMPACT_ENV):
         env.pop(key, None)
     env.update(opts.env)
-    if mode == "on":
+    if mode == "on":  # "off": unset
         env.update(ONLINE_ENVS)
-    elif mode != "off":
-        raise ValueError(mode)
     if opts.compact:
         env.update(COMPACT_ENV)
     env["PYTHONUNBUFFERED"] = "1"
@@ -116,36 +129,20 @@ def load_shape(max_requests: int | None) -> tuple[int, int]:
 def load_argv(opts: ServerOptions, mode: str, result_file: Path) -> list[str]:
     """sglang's own load tool with the PR's soak settings against our server."""
     clients, rounds = load_shape(opts.max_requests)
-    parallel = min(SOAK["max_parallel"], clients)
-    if opts.load == "serving":
-        # bench_serving's multi-turn generated-shared-prefix dataset: one conversation per group,
-        # an 8k shared prefix, 4k questions per turn, 2k outputs (no dataset download needed).
-        prefix = opts.load_cmd or [opts.python, "-m", "sglang.bench_serving"]
-        return [*prefix, "--backend", "sglang", "--host", HOST, "--port", str(opts.port), "--model", opts.model_path,
-                "--dataset-name", "generated-shared-prefix", "--gsp-num-groups", str(clients),
-                "--gsp-prompts-per-group", "1", "--gsp-system-prompt-len", str(SOAK["request_length"]),
-                "--gsp-question-len", str(SOAK["sub_question_input_length"]),
-                "--gsp-output-len", str(SOAK["output_length"]), "--gsp-num-turns", str(rounds),
-                "--request-rate", str(SOAK["request_rate"]), "--max-concurrency", str(parallel),
-                "--seed", str(SOAK["seed"]), "--output-file", str(result_file), "--disable-tqdm",
-                "--tag", f"c128patch-smoke-{mode}"]
-    if opts.load == "multiturn":
-        if opts.load_cmd:
-            prefix = opts.load_cmd
-        elif opts.multiturn_script is not None:
-            prefix = [opts.python, str(opts.multiturn_script)]
-        else:
-            raise C128Error("--load multiturn needs --multiturn-script PATH (benchmark/hicache/bench_multiturn.py "
-                            "of an sglang checkout; the wheel does not ship it)")
-        return [*prefix, "--host", HOST, "--port", str(opts.port), "--model-path", opts.model_path,
-                "--disable-random-sample", "--request-length", str(SOAK["request_length"]),
-                "--sub-question-input-length", str(SOAK["sub_question_input_length"]),
-                "--output-length", str(SOAK["output_length"]), "--num-clients", str(clients),
-                "--num-rounds", str(rounds), "--max-parallel", str(parallel),
-                "--request-rate", str(SOAK["request_rate"]), "--ready-queue-policy", "random",
-                "--disable-auto-run", "--enable-round-barrier", "--seed", str(SOAK["seed"]),
-                "--log-file", str(result_file), "--tag", f"c128patch-smoke-{mode}"]
-    raise C128Error(f"unknown load tool {opts.load!r} (known: {', '.join(LOAD_TOOLS)})")
+    if opts.load not in LOAD_ARGS:
+        raise C128Error(f"unknown load tool {opts.load!r} (known: {', '.join(LOAD_TOOLS)})")
+    if opts.load_cmd:
+        prefix = opts.load_cmd
+    elif opts.load == "serving":
+        prefix = [opts.python, "-m", "sglang.bench_serving"]
+    elif opts.multiturn_script is not None:
+        prefix = [opts.python, str(opts.multiturn_script)]
+    else:
+        raise C128Error("--load multiturn needs --multiturn-script PATH (benchmark/hicache/bench_multiturn.py "
+                        "of an sglang checkout; the wheel does not ship it)")
+    values = {**SOAK, "host": HOST, "port": opts.port, "model": opts.model_path, "clients": clients,
+              "rounds": rounds, "parallel": min(SOAK["max_parallel"], clients), "result": result_file, "mode": mode}
+    return [*prefix, *(word.format(**values) for word in LOAD_ARGS[opts.load].split())]
 
 
 def port_free(port: int) -> bool:
@@ -182,22 +179,30 @@ def health(port: int, timeout: float = 5.0) -> bool:
         return False
 
 
-def wait_healthy(server: Managed, tail: Tail, log: ServerLog, port: int, timeout: float) -> tuple[bool, str, float]:
-    """(ok, why not, seconds): /health answered 200, or the server exited, logged a fatal error or timed out."""
+def _follow(server: Managed, tail: Tail, log: ServerLog, done: Callable[[], bool], timeout: float) -> str:
+    """Read the server's log until ``done()``: "done", else what came first ("exited", "fatal", "timeout")."""
     start = time.monotonic()
     while True:
         log.feed_lines(tail.read_lines())
-        code = server.poll()
-        if code is not None:
-            return (False, f"the server exited ({exit_description(code)}) before /health answered",
-                    time.monotonic() - start)
+        if server.poll() is not None:
+            return "exited"
         if log.fatal:
-            return False, f"the server logged {', '.join(log.fatal)} while starting", time.monotonic() - start
-        if health(port, timeout=2.0):
-            return True, "", time.monotonic() - start
+            return "fatal"
+        if done():
+            return "done"
         if time.monotonic() - start >= timeout:
-            return False, f"/health did not answer within {timeout:.0f}s", time.monotonic() - start
+            return "timeout"
         time.sleep(0.5)
+
+
+def wait_healthy(server: Managed, tail: Tail, log: ServerLog, port: int, timeout: float) -> tuple[bool, str, float]:
+    """(ok, why not, seconds): /health answered 200, or the server exited, logged a fatal error or timed out."""
+    start = time.monotonic()
+    end = _follow(server, tail, log, lambda: health(port, timeout=2.0), timeout)
+    why = {"exited": f"the server exited ({exit_description(server.poll())}) before /health answered",
+           "fatal": f"the server logged {', '.join(log.fatal)} while starting",
+           "timeout": f"/health did not answer within {timeout:.0f}s"}.get(end, "")
+    return end == "done", why, time.monotonic() - start
 
 
 def run_mode(opts: ServerOptions, mode: str, progress: Progress = lambda _m: None) -> dict[str, Any]:
@@ -273,23 +278,11 @@ def _drive_load(opts: ServerOptions, mode: str, server: Managed, tail: Tail, log
     argv = load_argv(opts, mode, result_file)
     load = Managed(f"load {mode}", argv, load_log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     start = time.monotonic()
-    died, stopped = None, None
     with load:
-        while True:
-            log.feed_lines(tail.read_lines())
-            if server.poll() is not None:
-                died, stopped = "load", "the server exited"
-                break
-            if log.fatal:
-                died, stopped = (("load" if server.poll() is not None else None),
-                                 f"fatal error in the server log ({', '.join(log.fatal)})")
-                break
-            if load.poll() is not None:
-                break
-            if time.monotonic() - start >= opts.duration:
-                stopped = f"duration reached ({opts.duration:.0f}s)"
-                break
-            time.sleep(0.5)
+        end = _follow(server, tail, log, lambda: load.poll() is not None, opts.duration)
+        died = "load" if end == "exited" or (end == "fatal" and server.poll() is not None) else None
+    stopped = {"exited": "the server exited", "fatal": f"fatal error in the server log ({', '.join(log.fatal)})",
+               "timeout": f"duration reached ({opts.duration:.0f}s)"}.get(end)
     code = load.proc.returncode if load.proc else None
     stdout = load_log.read_text(errors="replace") if load_log.is_file() else ""
     info = {"tool": opts.load, "argv": argv, "log": str(load_log), "result_file": str(result_file),
@@ -337,7 +330,6 @@ def validate(opts: ServerOptions) -> None:
     bad = [m for m in opts.modes if m not in MODES]
     if bad or not opts.modes:
         raise C128Error(f"--modes takes on and/or off, not {', '.join(bad) or 'nothing'}")
-    load_shape(opts.max_requests)
     server_argv(opts)
     load_argv(opts, opts.modes[0], opts.out / "probe.jsonl")
     if opts.multiturn_script is not None and not opts.multiturn_script.is_file():

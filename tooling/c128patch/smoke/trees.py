@@ -4,21 +4,20 @@ and a carry-sized copy of them for a GPU machine."""
 
 from __future__ import annotations
 
-import io
+import contextlib
 import json
 import os
 import shutil
 import sys
-import tarfile
 import tempfile
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from c128patch import PACKAGE_DIR
 from c128patch.errors import C128Error
-from c128patch.git import Git
+from c128patch.git import Git, is_work_tree, toplevel
 from c128patch.series.provenance import PROVENANCE_PATH
 from c128patch.smoke import load_file
 
@@ -29,8 +28,7 @@ ARCHIVE_PATHS = ("python/sglang",)
 
 
 def default_suite_root() -> Path:
-    """The GPU suite this tool carries: $C128PATCH_GPU_SUITE, the packaged copy, or the source
-    checkout's tests/gpu (as manifest.default_series_root finds patches/)."""
+    """The GPU suite this tool carries: $C128PATCH_GPU_SUITE, the packaged copy, or the checkout's tests/gpu."""
     explicit = os.environ.get(SUITE_ENV)
     if explicit:
         return Path(explicit)
@@ -117,18 +115,13 @@ class KernelOptions:
 
 @dataclass
 class Prepared:
-    """Trees resolved, suite found; temp folders to remove at the end."""
+    """Trees resolved, suite found."""
 
     patched: Path
     upstream: Path | None
     upstream_how: str
     suite: Path
     record: dict | None
-    temp: list[Path] = field(default_factory=list)
-
-    def cleanup(self) -> None:
-        for path in self.temp:
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def validate(opts: KernelOptions) -> Path:
@@ -155,8 +148,9 @@ def validate(opts: KernelOptions) -> Path:
     return suite
 
 
-def prepare(opts: KernelOptions, progress: Callable[[str], None] = lambda _m: None) -> Prepared:
-    """Resolve the suite and the trees (unpacking a wheel, deriving upstream when asked)."""
+@contextlib.contextmanager
+def prepare(opts: KernelOptions, progress: Callable[[str], None] = lambda _m: None) -> Iterator[Prepared]:
+    """Resolve the suite and the trees (unpacking a wheel, deriving upstream when asked); temp folders removed after."""
     suite = validate(opts)
     work = Path(tempfile.mkdtemp(prefix="c128patch-smoke-"))
     try:
@@ -175,28 +169,16 @@ def prepare(opts: KernelOptions, progress: Callable[[str], None] = lambda _m: No
             upstream = resolve_tree(root, "upstream")
         if upstream is not None and upstream == patched:
             raise C128Error("the upstream tree is the patched tree; pass the unpatched sources")
-        return Prepared(patched, upstream, how, suite, record, [work])
-    except BaseException:
+        yield Prepared(patched, upstream, how, suite, record)
+    finally:
         shutil.rmtree(work, ignore_errors=True)
-        raise
 
 
-def _extract_archive(git: Git, ref: str, dest: Path, paths: tuple[str, ...] = ARCHIVE_PATHS) -> Path:
-    """``git archive`` of ``paths`` (under python/) of ``ref`` into ``dest`` (``dest/sglang/...``)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    archive = git.run("archive", "--format=tar", ref, "--", *paths, binary=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        for member in tar:
-            path = PurePosixPath(member.name)
-            if path.parts[:1] != ("python",) or ".." in path.parts or not (member.isfile() or member.isdir()):
-                continue
-            member.name = str(path.relative_to("python"))
-            tar.extract(member, dest)
-    return dest
-
-
-def _git_has(git: Git, commit: str) -> bool:
-    return git.ok("cat-file", "-e", f"{commit}^{{commit}}")
+def _extract(git: Git, ref: str, workdir: Path, paths: tuple[str, ...]) -> Path:
+    """``git archive`` of ``paths`` of ``ref`` under ``workdir/upstream``; its python/ folder (holding sglang/)."""
+    for path in paths:
+        git.extract(ref, path, workdir / "upstream")
+    return workdir / "upstream" / "python"
 
 
 def derive_upstream(patched_root: Path, record: dict | None, wheel: Path | None, workdir: Path,
@@ -224,18 +206,16 @@ def derive_upstream(patched_root: Path, record: dict | None, wheel: Path | None,
     if not commit and not rev:
         raise C128Error("--differential: the tree has no provenance record naming its upstream; pass --upstream-tree")
     want = commit or rev
-    top = Git(worktree=patched_root).run("rev-parse", "--show-toplevel", check=False)
-    if top.returncode == 0 and _git_has(Git(worktree=Path(top.stdout.strip())), want):
-        dest = _extract_archive(Git(worktree=Path(top.stdout.strip())), want, workdir / "upstream", paths)
-        return dest, f"git archive {want[:12]} of {top.stdout.strip()}"
+    top = toplevel(patched_root) if is_work_tree(patched_root) else None
+    if top is not None and Git(worktree=top).rev_parse(want):
+        return _extract(Git(worktree=top), want, workdir, paths), f"git archive {want[:12]} of {top}"
     version = release_version(rev) if rev else None
     if version is None:
         raise C128Error(f"--differential: upstream {rev or want[:12]} is not in the tree's repository and not a "
                         "release; pass --upstream-tree")
     repo = ReleaseHistory().ensure([version])
-    ref = commit if commit and _git_has(Git(git_dir=repo), commit) else f"v{version}"
-    dest = _extract_archive(Git(git_dir=repo), ref, workdir / "upstream", paths)
-    return dest, f"release history {ref[:12]} (sglang {version})"
+    ref = commit if commit and Git(git_dir=repo).rev_parse(commit) else f"v{version}"
+    return _extract(Git(git_dir=repo), ref, workdir, paths), f"release history {ref[:12]} (sglang {version})"
 
 
 def stage(suite: Path, trees: dict[str, Path], dest: Path,
@@ -246,19 +226,22 @@ def stage(suite: Path, trees: dict[str, Path], dest: Path,
     subset = load_file("c128patch_suite_tree_subset", helper).subset_files if helper.is_file() else None
     out = {}
     for label, root in trees.items():
-        target = dest / label
-        if target.exists():
-            shutil.rmtree(target)
         files = [Path(p) for p in subset(root)] if subset else [
             p.relative_to(root) for p in (root / "sglang").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
         if (root / PROVENANCE_IN_ROOT).is_file():
             files.append(Path(PROVENANCE_IN_ROOT))
-        if extra is not None:
-            files.extend(extra(label, root))
-        for rel in sorted(set(files)):
-            (target / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(root / rel, target / rel)
-        out[label] = {"files": len(set(files)), "bytes": sum((target / f).stat().st_size for f in set(files))}
+        out[label] = copy_files(root, [*files, *(extra(label, root) if extra else [])], dest / label)
     return out
+
+
+def copy_files(root: Path, files: Iterable[Path], target: Path) -> dict[str, int]:
+    """``files`` (relative to ``root``) copied into ``target``, made afresh; how many and their bytes."""
+    if target.exists():
+        shutil.rmtree(target)
+    unique = sorted(set(files))
+    for rel in unique:
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / rel, target / rel)
+    return {"files": len(unique), "bytes": sum((target / rel).stat().st_size for rel in unique)}
 
 

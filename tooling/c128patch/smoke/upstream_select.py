@@ -12,23 +12,22 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from c128patch.errors import C128Error
-from c128patch.git import Git
+from c128patch.git import is_work_tree, toplevel
 from c128patch.smoke import load_file
 
 KERNEL_TESTS = "registered/kernels"
 CSRC = "sglang/kernels/jit/csrc"
 KERNEL_SUFFIXES = (".cuh", ".cu", ".h")
-_CSRC_LITERAL = re.compile(r"^[\w./-]+\.(cuh|cu|h)$")
+_CSRC_LITERAL = re.compile(r"^[\w.-]+/[\w./-]*\.(cuh|cu|h)$")  # a kernel source under a csrc folder
 
 
 def test_root(path: Path | None, tree: Path) -> Path:
     """The folder upstream's tests are read from (see the module docstring)."""
     if path is None:
-        top = Git(worktree=tree).run("rev-parse", "--show-toplevel", check=False)
-        if top.returncode != 0:
+        if not is_work_tree(tree):
             raise C128Error(f"--tests: {tree} is not in a git checkout, so it has no upstream tests; "
                             "pass --tests PATH (the test/ folder of an sglang checkout)")
-        path = Path(top.stdout.strip())
+        path = toplevel(tree)
         if not (path / "test").is_dir():
             raise C128Error(f"--tests: the tree's repository {path} has no test/ folder (a release "
                             "history has none); pass --tests PATH (the test/ folder of an sglang checkout)")
@@ -47,8 +46,7 @@ def scope(root: Path) -> Path:
 
 
 def test_files(root: Path) -> list[Path]:
-    base = scope(root)
-    return sorted(p for p in base.rglob("test_*.py") if p.is_file() and "__pycache__" not in p.parts)
+    return sorted(p for p in scope(root).rglob("test_*.py") if p.is_file() and "__pycache__" not in p.parts)
 
 
 @dataclass(frozen=True)
@@ -90,28 +88,35 @@ def parse_imports(source: str, filename: str, package: str | None) -> list[Imp]:
     return out
 
 
-def defined_names(tree: Path, module: str, depth: int = 0) -> set[str]:
+def _star_chain(index: "ModuleIndex", modules: Iterable[str]) -> dict[Path, list[ast.stmt]]:
+    """The files of ``modules`` and of what they star-import from sglang, each with its top-level statements."""
+    out: dict[Path, list[ast.stmt]] = {}
+    todo = list(modules)
+    while todo:
+        path = index.file(todo.pop())
+        if path is None or path in out:
+            continue
+        out[path] = ast.parse(path.read_text(errors="replace")).body
+        todo += [n.module for n in out[path] if isinstance(n, ast.ImportFrom) and n.module
+                 and n.module.startswith("sglang") and any(a.name == "*" for a in n.names)]
+    return out
+
+
+def defined_names(tree: Path, module: str) -> set[str]:
     """Top-level names a module of ``tree`` defines, what its ``from sglang... import *`` brings included."""
-    path = ModuleIndex(tree).file(module)
-    if path is None:
-        return set()
     names: set[str] = set()
-    for node in ast.parse(path.read_text(errors="replace")).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-        elif isinstance(node, ast.Import):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            for a in node.names:
-                if a.name == "*":
-                    if node.module and node.module.startswith("sglang") and depth < 3:
-                        names |= defined_names(tree, node.module, depth + 1)
-                else:
-                    names.add(a.asname or a.name)
+    for body in _star_chain(ModuleIndex(tree), [module]).values():
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+            elif isinstance(node, ast.Import):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                names.update(a.asname or a.name for a in node.names if a.name != "*")
     return names
 
 
@@ -194,28 +199,6 @@ def touched_files(record: dict | None) -> list[str]:
     return sorted(files)
 
 
-def _module_of(path: str) -> str | None:
-    rel = path.removeprefix("python/")
-    if not rel.startswith("sglang/") or not rel.endswith(".py"):
-        return None
-    mod = rel[:-3].replace("/", ".")
-    return mod.removesuffix(".__init__")
-
-
-def _wrappers(root: Path, kernel_names: set[str]) -> dict[str, set[str]]:
-    """module -> the kernels (paths under csrc/) it names, over the Python files of sglang/kernels."""
-    out: dict[str, set[str]] = {}
-    for py in sorted((root / "sglang" / "kernels").rglob("*.py")):
-        if "__pycache__" in py.parts:
-            continue
-        text = py.read_text(errors="replace")
-        hits = {k for k in kernel_names if k in text}
-        if hits:
-            mod = ".".join(py.relative_to(root).with_suffix("").parts)
-            out[mod.removesuffix(".__init__")] = hits
-    return out
-
-
 def series_targets(patched: Path, upstream: Path, files: Iterable[str]) -> dict[str, str]:  # noqa: C901  one pass sorts three ways
     """module -> why it is a target (see the module docstring); several reasons joined by "; ",
     what the series does to the module itself first."""
@@ -226,8 +209,8 @@ def series_targets(patched: Path, upstream: Path, files: Iterable[str]) -> dict[
         rel = path.removeprefix("python/")
         added = not (upstream / rel).exists()
         verb = "adds" if added else "patches"
-        mod = _module_of(path)
-        if mod:
+        if rel.startswith("sglang/") and rel.endswith(".py"):
+            mod = rel[:-3].replace("/", ".").removesuffix(".__init__")
             direct.setdefault(mod, []).append(f"the series {verb} it")
             if added:
                 pkg = mod.rpartition(".")[0]
@@ -241,7 +224,11 @@ def series_targets(patched: Path, upstream: Path, files: Iterable[str]) -> dict[
                 for sib in sorted((patched / rel).parent.iterdir()):
                     if sib.suffix in KERNEL_SUFFIXES and sib.name != Path(rel).name:
                         kernels.setdefault(str(Path(name).parent / sib.name), f"next to {rel}, which the series adds")
-    for mod, hits in _wrappers(patched, set(kernels)).items():
+    for py in sorted((patched / "sglang" / "kernels").rglob("*.py")):  # the Python wrappers naming those kernels
+        hits = {k for k in kernels if k in py.read_text(errors="replace")}
+        if not hits or "__pycache__" in py.parts:
+            continue
+        mod = ".".join(py.relative_to(patched).with_suffix("").parts).removesuffix(".__init__")
         own = sorted(h for h in hits if not kernels[h].startswith("next to"))
         near = sorted(h for h in hits if kernels[h].startswith("next to"))
         if own:
@@ -249,10 +236,8 @@ def series_targets(patched: Path, upstream: Path, files: Iterable[str]) -> dict[
             direct.setdefault(mod, []).append(f"loads {', '.join(own)} ({why})")
         if near:
             beside.setdefault(mod, []).append(f"loads {', '.join(near)}, next to a kernel the series adds")
-    out = {}
-    for mod in sorted(set(direct) | set(beside)):
-        out[mod] = "; ".join(dict.fromkeys(direct.get(mod, []) + beside.get(mod, [])))
-    return out
+    return {mod: "; ".join(dict.fromkeys(direct.get(mod, []) + beside.get(mod, [])))
+            for mod in sorted(set(direct) | set(beside))}
 
 
 @dataclass
@@ -274,18 +259,13 @@ class TestFile:
     @cached_property
     def siblings(self) -> list[Path]:
         """Non-sglang modules it imports that sit next to it (test helpers of the checkout)."""
-        out = []
-        for imp in self.imports:
-            top = imp.module.split(".")[0]
-            for cand in (self.path.parent / f"{top}.py", self.path.parent / top / "__init__.py"):
-                if top and not top.startswith("sglang") and cand.is_file():
-                    out.append(cand)
-        return sorted(set(out))
+        tops = {imp.module.split(".")[0] for imp in self.imports} - {""}
+        return sorted({cand for top in tops if not top.startswith("sglang") for cand in (
+            self.path.parent / f"{top}.py", self.path.parent / top / "__init__.py") if cand.is_file()})
 
 
 def exercised(index: ModuleIndex, test: TestFile, standins: set[str]) -> dict[str, str]:
-    """module -> how the test reaches it: its own imports, seen through test helpers
-    (sglang.test.*) and packages whose __init__ must run."""
+    """module -> how the test reaches it: its imports, through test helpers (sglang.test.*) and packages' __init__."""
     seen: dict[str, str] = {}
     queue: list[tuple[list[Imp], str]] = [(test.imports, "")]
     while queue:
@@ -295,8 +275,7 @@ def exercised(index: ModuleIndex, test: TestFile, standins: set[str]) -> dict[st
                 if edge.kind not in ("module", "package") or edge.module in seen:
                     continue
                 seen[edge.module] = via
-                through = edge.module.startswith("sglang.test.") or edge.kind == "package"
-                if through:
+                if edge.module.startswith("sglang.test.") or edge.kind == "package":
                     queue.append((index.imports(edge.module), via or edge.module))
     return seen
 
@@ -335,23 +314,16 @@ class Closure:
 
 def _csrc_literals(path: Path) -> set[str]:
     """csrc folders named by string literals like "deepseek_v4/c128_v2.cuh"."""
-    folders = set()
-    for node in ast.walk(ast.parse(path.read_text(errors="replace"))):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CSRC_LITERAL.match(node.value):
-            head = node.value.split("/")[0]
-            if "/" in node.value and head:
-                folders.add(head)
-    return folders
+    return {node.value.split("/")[0] for node in ast.walk(ast.parse(path.read_text(errors="replace")))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CSRC_LITERAL.match(node.value)}
 
 
-def closure(index: ModuleIndex, tests: list[TestFile], standins: set[str],
-            entry: tuple[str, ...] = ("sglang.srt.environ",)) -> Closure:
-    """Follow every import the tests make through the tree (``entry``: what the harness itself
-    imports for real)."""
+def closure(index: ModuleIndex, tests: list[TestFile], standins: set[str]) -> Closure:
+    """Follow every import the tests make through the tree, and the harness's own (sglang.srt.environ)."""
     out = Closure()
     # (imports, where, from a test file, reached without a function-level import on the way)
-    queue: list[tuple[list[Imp], str, bool, bool]] = [([Imp(m, None, 0, False) for m in entry], "harness", False, True)]
-    queue += [(t.imports, t.rel, True, True) for t in tests]
+    queue: list[tuple[list[Imp], str, bool, bool]] = [(t.imports, t.rel, True, True) for t in tests]
+    queue.insert(0, ([Imp("sglang.srt.environ", None, 0, False)], "harness", False, True))
     done: dict[str, bool] = {}
     lazy: set[str] = set()
     while queue:
@@ -397,20 +369,7 @@ def standin_pool(suite: Path) -> dict[str, set[str]]:
 
 def standin_files(tree: Path, pool: dict[str, set[str]]) -> list[Path]:
     """The real files behind the stand-in modules and what they star-import (so a staged tree plans alike)."""
-    index = ModuleIndex(tree)
-    out: set[Path] = set()
-    todo = [m for m in pool]
-    while todo:
-        mod = todo.pop()
-        path = index.file(mod)
-        if path is None or path.relative_to(tree) in out:
-            continue
-        out.add(path.relative_to(tree))
-        for node in ast.parse(path.read_text(errors="replace")).body:
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sglang") and any(
-                    a.name == "*" for a in node.names):
-                todo.append(node.module)
-    return sorted(out)
+    return sorted(path.relative_to(tree) for path in _star_chain(ModuleIndex(tree), pool))
 
 
 def standin_plan(tree: Path, pool: dict[str, set[str]], uses: dict[str, dict[str, list[str]]],
@@ -487,10 +446,8 @@ def select(root: Path, patched: Path, targets: dict[str, str], standins: set[str
     paths = test_files(root)
     for path in paths:
         test = TestFile.read(path, root)
-        reasons = []
-        for mod, via in sorted(exercised(index, test, standins).items()):
-            if mod in targets:
-                reasons.append(f"{mod}: {targets[mod]}" + (f" (through {via})" if via and via != mod else ""))
+        reasons = [f"{mod}: {targets[mod]}" + (f" (through {via})" if via and via != mod else "")
+                   for mod, via in sorted(exercised(index, test, standins).items()) if mod in targets]
         names = [n.lower() for n in test.names] + [test.rel.lower()]
         if any(w in n for w in words for n in names):
             reasons.append(f"-k {keyword}")
@@ -501,12 +458,7 @@ def select(root: Path, patched: Path, targets: dict[str, str], standins: set[str
 
 
 def conftests(test: TestFile, root: Path) -> list[Path]:
-    """conftest.py files pytest would load for this test, from the root down."""
-    out, folder = [], test.path.parent
-    while True:
-        if (folder / "conftest.py").is_file():
-            out.append(folder / "conftest.py")
-        if folder == root or root not in folder.parents:
-            break
-        folder = folder.parent
-    return out
+    """conftest.py files pytest would load for this test: its folder's, then each one's up to the root."""
+    here = test.path.parent
+    folders = [here] + [p for p in here.parents if p == root or root in p.parents]
+    return [f / "conftest.py" for f in folders if (f / "conftest.py").is_file()]

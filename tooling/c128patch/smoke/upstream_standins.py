@@ -49,19 +49,15 @@ _REGISTERED: dict[str, Callable[..., Any]] = {}
 OP_NAMESPACE = "sglang"  # kernels/kernel_api_logging.py:483: debug_torch_op returns torch.ops.sglang.<op_name>
 
 
-def _library(namespace: str) -> Any:
-    if namespace not in _LIBRARIES:
-        _LIBRARIES[namespace] = _torch().library.Library(namespace, "FRAGMENT")
-    return _LIBRARIES[namespace]
-
-
 def direct_register_custom_op(op_name: str, op_func: Callable[..., Any], mutates_args: list[str],
                               fake_impl: Callable[..., Any] | None = None, target_lib: Any = None) -> None:
     """srt/utils/common.py:2944 (0.5.20: :2840), called at import by srt/utils/custom_op.py:199: defines
     ``torch.ops.sglang.<op_name>`` (or in ``target_lib``), op_func its CUDA kernel, fake_impl its fake one. The
     same function again is a no-op; another under a registered name is an error (upstream skips it)."""
     torch = _torch()
-    lib = target_lib if target_lib is not None else _library(OP_NAMESPACE)
+    if target_lib is None and OP_NAMESPACE not in _LIBRARIES:
+        _LIBRARIES[OP_NAMESPACE] = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
+    lib = target_lib if target_lib is not None else _LIBRARIES[OP_NAMESPACE]
     qualname = f"{lib.ns}::{op_name}"
     known = _REGISTERED.get(qualname)
     if known is op_func:

@@ -10,7 +10,6 @@ import datetime
 import hashlib
 import json
 import re
-import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -22,10 +21,11 @@ from c128patch.smoke import upstream_select as sel
 from c128patch.smoke.device import describe, require_device
 from c128patch.smoke.kernel import NO_RECORD, Passes, Progress, paired, report_head, run_groups
 from c128patch.smoke.passes import BAD, PassSpec, pass_problems
-from c128patch.smoke.trees import KernelOptions, Prepared, out_dir, prepare, resolve_tree, stage, validate
+from c128patch.smoke.trees import KernelOptions, Prepared, copy_files, out_dir, prepare, resolve_tree, stage, validate
 from c128patch.smoke.upstream_standins import HARNESS_ENV, PLAN_ENV
 
 BOOT_PLUGIN = "c128patch.smoke.upstream_standins"
+STANDINS_FILE = "c128patch/smoke/upstream_standins.py"  # where a missing stand-in is added
 REPORT = "smoke-upstream-suite.json"
 RESULT = "upstream-suite.json"
 RESULT_SCHEMA = 1
@@ -36,7 +36,6 @@ VERDICTS = ("same", "regressed", "fixed", "both fail", "both skipped", "not appl
 
 @dataclass
 class TreePlan:
-    label: str
     root: Path
     closure: sel.Closure
     standins: dict[str, list[str]]  # what upstream_standins installs
@@ -45,10 +44,6 @@ class TreePlan:
     @property
     def real_packages(self) -> list[str]:
         return sorted(self.closure.real_packages)
-
-    def env(self, harness: Path) -> dict[str, str]:
-        plan = {"standins": self.standins, "real_packages": self.real_packages}
-        return {HARNESS_ENV: str(harness), PLAN_ENV: json.dumps(plan, sort_keys=True)}
 
     def to_json(self) -> dict[str, Any]:
         return {"tree": str(self.root), "real_packages": self.real_packages, "standins": self.standin_rows,
@@ -83,8 +78,7 @@ def sources_of(root: Path) -> dict[str, Any]:
 
 
 def make_plan(prep: Prepared, root: Path, keyword: str | None) -> Plan:
-    """Select the tests under ``root`` (upstream_select.test_root) and work out what each tree
-    needs (no process is started)."""
+    """Select the tests under ``root`` and work out what each tree needs (no process is started)."""
     assert prep.upstream is not None
     pool = sel.standin_pool(prep.suite)
     targets = sel.series_targets(prep.patched, prep.upstream, sel.touched_files(prep.record))
@@ -93,14 +87,16 @@ def make_plan(prep: Prepared, root: Path, keyword: str | None) -> Plan:
     for label, tree in (("patched", prep.patched), ("upstream", prep.upstream)):
         closure = sel.closure(sel.ModuleIndex(tree), selection.files, set(pool))
         standins, rows = sel.standin_plan(tree, pool, closure.standin_uses, closure.standin_uses_lazy)
-        plan.trees[label] = TreePlan(label, tree, closure, standins, rows)
+        plan.trees[label] = TreePlan(tree, closure, standins, rows)
     return plan
 
 
 def pass_spec(plan: Plan, label: str, opts: KernelOptions) -> PassSpec:
     tree = plan.trees[label]
+    boot = {"standins": tree.standins, "real_packages": tree.real_packages}  # what upstream_standins installs
     return PassSpec(label, tree.root, None, 1.0, timeout=opts.timeout, keyword=opts.keyword,
-                    collect_only=opts.collect_only, extra_env=tree.env(plan.harness),
+                    collect_only=opts.collect_only,
+                    extra_env={HARNESS_ENV: str(plan.harness), PLAN_ENV: json.dumps(boot, sort_keys=True)},
                     paths=tuple(f.rel for f in plan.selection.files),
                     # a file one tree cannot import is a verdict, not the end of the pass
                     pytest_args=("-p", BOOT_PLUGIN, "--continue-on-collection-errors"))
@@ -113,20 +109,12 @@ def stage_all(plan: Plan, prep: Prepared, dest: Path) -> dict[str, Any]:
     extra = {label: tp.closure.files(sel.ModuleIndex(tp.root)) + sel.standin_files(tp.root, plan.pool)
              for label, tp in plan.trees.items()}
     staged: dict[str, Any] = stage(prep.suite, trees, dest, lambda label, _root: extra[label])
-    target = dest / STAGED_TESTS
-    if target.exists():
-        shutil.rmtree(target)
-    files: set[Path] = set()
-    for test in plan.selection.files:
-        files.update([test.path, *sel.conftests(test, plan.root), *test.siblings])
-    for path in sorted(files):
-        out = target / path.relative_to(plan.root)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, out)
+    files = [p.relative_to(plan.root) for test in plan.selection.files
+             for p in (test.path, *sel.conftests(test, plan.root), *test.siblings)]
+    staged[STAGED_TESTS] = copy_files(plan.root, files, dest / STAGED_TESTS)
     sources = plan.sources.get("sources", {}) | {k: plan.sources[k] for k in ("git_commit",) if k in plan.sources}
     if sources:
-        (target / SOURCES).write_text(json.dumps(sources, indent=1, sort_keys=True) + "\n")
-    staged[STAGED_TESTS] = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+        (dest / STAGED_TESTS / SOURCES).write_text(json.dumps(sources, indent=1, sort_keys=True) + "\n")
     return staged
 
 
@@ -157,21 +145,18 @@ def classify(message: str, standin_rows: list[dict[str, Any]]) -> tuple[str, str
     return "other", message
 
 
-def _is_file_row(nodeid: str) -> bool:
-    return "::" not in nodeid
-
-
 def verdict(patched: str, upstream: str, nodeid: str, collect_only: bool) -> str:
     good = "not run" if collect_only else "passed"  # --list: collected is the good outcome
+    file_row = "::" not in nodeid  # a file that failed to collect
     if patched == upstream:
         if patched == "not run" and not collect_only:
             return "not run"  # a pass cut short: no evidence (the pass itself is a problem)
         if patched in BAD:
-            return "not applicable" if _is_file_row(nodeid) and patched == "error" else "both fail"
+            return "not applicable" if file_row and patched == "error" else "both fail"
         return "both skipped" if patched == "skipped" else "same"
-    if upstream == good or (_is_file_row(nodeid) and patched in BAD and upstream == "absent"):
+    if upstream == good or (file_row and patched in BAD and upstream == "absent"):
         return "regressed"
-    if patched == good and (upstream in BAD or (_is_file_row(nodeid) and upstream == "absent")):
+    if patched == good and (upstream in BAD or (file_row and upstream == "absent")):
         return "fixed"
     if patched in BAD and upstream in BAD:
         return "both fail"
@@ -219,8 +204,7 @@ def _findings(rows: list[dict[str, Any]], plan: Plan, collect_only: bool) -> tup
                         f"tree and not on the patched one: {', '.join(regressed[:10])}")
     for r in (r for r in rows if r["verdict"] == "not applicable"):
         if r["why"] == "stand-in":
-            problems.append(f"{r['id']}: not collected on either tree: {r['reason']} (add it in "
-                            "c128patch/smoke/upstream_standins.py)")
+            problems.append(f"{r['id']}: not collected on either tree: {r['reason']} (add it in {STANDINS_FILE})")
         elif r["why"] == "environment":
             line = f"{r['id']}: not applicable to this environment: {r['reason']}"
             (notes if collect_only else problems).append(
@@ -245,8 +229,7 @@ def _standin_findings(plan: Plan, problems: list[str], notes: list[str]) -> None
         for row in tp.standin_rows:
             if row.get("no_standin"):
                 problems.append(f"{label}: upstream's tests import {', '.join(row['no_standin'])} from "
-                                f"{row['module']}, "
-                                "which no c128patch stand-in provides (add it in c128patch/smoke/upstream_standins.py)")
+                                f"{row['module']}, which no c128patch stand-in provides (add it in {STANDINS_FILE})")
             if row.get("withheld") and row.get("reason"):
                 notes.append(f"{label}: stand-in {row['module']} withholds {', '.join(row['withheld'])}: "
                              f"{row['reason']}")
@@ -317,14 +300,11 @@ def _planned(opts: KernelOptions, tests: Path | None) -> tuple[KernelOptions, Pa
 @contextlib.contextmanager
 def _prepared(opts: KernelOptions, root: Path, progress: Progress) -> Iterator[tuple[Prepared, Plan]]:
     """Both trees (even for --list) and the plan; the trees' temp folders removed on the way out."""
-    prep = prepare(replace(opts, collect_only=False), progress)
-    try:
+    with prepare(replace(opts, collect_only=False), progress) as prep:
         plan = make_plan(prep, root, opts.keyword)
         progress(f"{len(plan.selection.files)} of {plan.selection.scanned} upstream test files selected under "
                  f"{plan.root}")
         yield prep, plan
-    finally:
-        prep.cleanup()
 
 
 def stage_run(opts: KernelOptions, tests: Path | None, dest: Path,

@@ -11,8 +11,7 @@ from typing import Any, Callable
 
 import click
 
-from c128patch import exitcodes
-from c128patch.cli.common import check_output_dir, emit_json, json_option, locate_tree
+from c128patch.cli.common import check_output_dir, emit_json, exit_unless, json_verb, locate_tree
 from c128patch.errors import C128Error
 
 # One module per subcommand (cli/smoke/<name>.py, exposing `command`), with the line `smoke --help` lists:
@@ -75,14 +74,13 @@ def report_staged(staged: dict[str, Any], as_json: bool, then: list[str], **extr
 def finish(report: dict[str, Any], as_json: bool, show: Callable[[], None]) -> None:
     """The report (JSON or ``show``); exit 1 when it is not ok."""
     emit_json(report) if as_json else show()
-    if not report["ok"]:
-        sys.exit(exitcodes.FAILED)
+    exit_unless(report["ok"])
 
 
 def common_options(fn: Callable) -> Callable:
-    """--python, --out DIR and --json, which every subcommand takes."""
+    """--python, --out DIR and --json, which every subcommand takes; its errors handled (``handles_errors``)."""
     fn = click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-                      help="Folder for the report and logs.")(json_option(fn))
+                      help="Folder for the report and logs.")(json_verb(fn))
     return click.option("--python", default=sys.executable, show_default="the Python running c128patch",
                         help="The Python that runs the suite / server.")(fn)
 

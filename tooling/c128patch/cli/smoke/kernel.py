@@ -8,7 +8,6 @@ from typing import Any
 import click
 
 from c128patch.cli import smoke as cli
-from c128patch.cli.common import handles_errors
 from c128patch.errors import C128Error
 from c128patch.smoke.presets import SANITIZER_TOOLS
 
@@ -25,7 +24,6 @@ from c128patch.smoke.presets import SANITIZER_TOOLS
               help="C128PATCH_GPU_SCALE under compute-sanitizer.")
 @cli.common_options
 @click.pass_context
-@handles_errors
 def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, differential: bool, sanitizers: tuple[str, ...],
             sanitizer_only: bool, **fields: Any) -> None:
     """The project's GPU suite (tests/gpu) on the patched sources, on any machine with one CUDA GPU,

@@ -10,7 +10,6 @@ from typing import Any
 import click
 
 from c128patch.cli import smoke as cli
-from c128patch.cli.common import handles_errors
 from c128patch.smoke.presets import LOAD_TOOLS, PRESETS
 
 
@@ -55,7 +54,6 @@ def _argv(_ctx: click.Context, _param: click.Parameter, value: str | None) -> li
 @click.option("--allow-unpatched", is_flag=True, help="Run on an sglang without a c128patch provenance record.")
 @cli.common_options
 @click.pass_context
-@handles_errors
 def command(ctx: click.Context, out: Path | None, as_json: bool, **fields: Any) -> None:
     """python -m sglang.launch_server with PR #32035's flags on a model, sustained multi-turn load
     with sglang's benchmark tools, crash watch, capacity from the log; then the same with the

@@ -8,7 +8,6 @@ from typing import Any
 import click
 
 from c128patch.cli import smoke as cli
-from c128patch.cli.common import handles_errors
 
 
 @click.command("upstream", cls=cli.Recording)
@@ -20,7 +19,6 @@ from c128patch.cli.common import handles_errors
                    "GPU; each builds its own JIT modules).")
 @cli.common_options
 @click.pass_context
-@handles_errors
 def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, tests: Path | None, parallel_trees: bool,
             **fields: Any) -> None:
     """Upstream SGLang's own kernel tests that reach what the series touches, from an sglang
