@@ -263,13 +263,10 @@ def accept(lock: Lock, result: ContractResult) -> int:
     now = {(f.target, f.now) for f in result.warnings if f.target not in unbound}
     by_key = {(i.kind, i.target): i for i in result.items}
     added = 0
-    items = []
-    for item in lock.items:
+    for i, item in enumerate(lock.items):
         current = by_key.get(item.key)
         if current is not None and (item.target, current.signature) in now and current.sig not in item.sigs:
-            item = replace(item, sigs=item.sigs + (current.sig,))
+            lock.items[i] = replace(item, sigs=item.sigs + (current.sig,))
             added += 1
-        items.append(item)
-    lock.items = items
     lock.path.write_text(lock.text())
     return added

@@ -139,9 +139,8 @@ def _fields_signature(cls: ast.ClassDef) -> inspect.Signature:
     P = inspect.Parameter
     params = []
     for stmt in cls.body:
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            if "ClassVar" in ast.unparse(stmt.annotation):
-                continue
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and \
+                "ClassVar" not in ast.unparse(stmt.annotation):
             default = P.empty if stmt.value is None else _Src(ast.unparse(stmt.value))
             if params and params[-1].default is not P.empty and default is P.empty:
                 default = _Src("?")  # a field(default=...) before: keep the Signature valid
@@ -332,11 +331,10 @@ class Upstream:
                 return f"{head}: {sig}", sig
             return head, None
         if d.kind in ("attr", "value", "instance") and node is not None:
-            value = getattr(node, "value", None)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 return f"@property {node.name}", None
-            text = ast.unparse(value) if value is not None else ast.unparse(getattr(node, "annotation", node))
-            return f"= {text}", None
+            value = getattr(node, "value", None)
+            return f"= {ast.unparse(value if value is not None else getattr(node, 'annotation', node))}", None
         return "", None
 
 

@@ -133,11 +133,10 @@ class Pending:
             tier = data["tiers"].get(state, {})
             if "error" in tier:
                 raise C128Error(f"the behavioural tier (gates {state}) failed to run: {tier['error']}")
+            for name, m in tier.get("modules", {}).items():  # not imported but its imports resolve: say that
+                if m["status"] == "not checked" and imports.get(name, {}).get("status") == "ok":
+                    m["detail"] += f"; its {imports[name]['imports']} sglang imports resolve on this tree's files"
             result.tiers.append(TierResult(state, data["torch"], tier.get("modules", {}), tier.get("probes", {})))
-        for name, m in ((n, m) for t in result.tiers for n, m in t.modules.items()):  # not imported: say that
-            found = imports.get(name)  # its imports resolve (it stays not checked)
-            if m["status"] == "not checked" and found and found["status"] == "ok":
-                m["detail"] += f"; its {found['imports']} sglang imports resolve on this tree's files"
         return result
 
     def kill(self) -> None:

@@ -71,7 +71,6 @@ def _tier(gates: str, probes: list, modules: list[str]) -> dict:
                 out["modules"][name] = {"status": "not checked", "detail": f"needs {missing.split('.')[0]}"}
                 continue
             out["modules"][name] = {"status": "failed", "detail": f"{_where(exc)}{type(exc).__name__}: {exc}"}
-    out["partial"] = partial
     out["probes"] = {}
     for module, function, on, off in probes:
         key = f"{module}.{function}()"

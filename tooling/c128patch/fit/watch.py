@@ -174,7 +174,7 @@ class Watch:
         broken = bool(self.contract and self.contract["broken"]) or bool(self.behaviour and self.behaviour["failed"])
         outcome = ("conflict" if stops else "broken" if broken else "failed" if problems
                    else "merged" if merged else "refreshed" if needed else "unchecked" if self.unchecked() else "clean")
-        report = self._report(outcome, problems, final, steps, stops, merged, needed, checks, refreshed)
+        report = self._report(outcome, problems, final, stops, merged, needed, checks, refreshed)
         if outcome in ("conflict", "broken"):
             report["bisect"] = self._bisect(behaviour=outcome == "broken" and self.run_code
                                             and not (self.contract or {}).get("broken"))
@@ -382,13 +382,13 @@ class Watch:
         return [f"c128patch apply --sglang-rev {_q(self.series.base)}{repo} --tree {WORK_TREE}{self.series_args}",
                 f"c128patch rebase --onto {_q(target)}{repo} --tree {WORK_TREE}{self.series_args}"]
 
-    def _report(self, outcome: str, problems: list[str], final: dict | None = None, steps: tuple = (),
-                stops: tuple = (), merged: tuple = (), needed: tuple = (), checks: tuple = (),
-                refreshed: dict | None = None) -> dict:
-        series, proof = self.series, (final or {}).get("equivalence") or {}
+    def _report(self, outcome: str, problems: list[str], final: dict | None = None, stops: tuple = (),
+                merged: tuple = (), needed: tuple = (), checks: tuple = (), refreshed: dict | None = None) -> dict:
+        final = final or {}
+        series, proof = self.series, final.get("equivalence") or {}
         stopped = {s["entry"]: s["detail"] for s in stops}
         rows = []
-        for s in steps:
+        for s in final.get("entries", []):
             if s["kind"] != "entry":
                 continue
             how = ("conflict" if s["name"] in stopped else
@@ -410,9 +410,9 @@ class Watch:
                        "root": str(series.root)},
             "layers": layer_rows(series),
             **self.info,
-            "direction": (final or {}).get("direction", ""),
-            "upstream_commits_between": (final or {}).get("upstream_commits_between", 0),
-            "upstream_commits": (final or {}).get("upstream_commits", [])[:50],
+            "direction": final.get("direction", ""),
+            "upstream_commits_between": final.get("upstream_commits_between", 0),
+            "upstream_commits": final.get("upstream_commits", [])[:50],
             "entries": rows,
             "needed_merge": [s["name"] for s in needed],
             "conflicts": list(stops),

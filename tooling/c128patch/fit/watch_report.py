@@ -58,9 +58,8 @@ def headline(report: dict) -> str:
         return f"{series} applies strictly on {at} ({len(entries)} entries, proven); nothing to do" + (
             f" (behavioural tier: {len(missed)} module(s) not checked here, their imports resolved)" if missed else "")
     if outcome == "unchecked":
-        said = report["unchecked"]
         return (f"{series} applies strictly on {at} ({len(entries)} entries, proven) but is not checked here: "
-                + "; ".join(said))
+                + "; ".join(report["unchecked"]))
     if outcome == "refreshed":
         how = [f"{e['name']} ({e['on_rev']})" for e in entries
                if e["on_rev"].split(" (")[0] in ("3-way", "ledger", "whitespace-merged") or "(renamed: " in e["on_rev"]]
