@@ -1,5 +1,5 @@
 """`check` over many revs shares git's answers and the entries' replays by content (``ReadMemo``,
-``ops.replay.replay_patch_shared``, ``series.lazy_index``): its rows are those of a replay on a real
+``ops.replay.replay_patch_shared``, ``series.plan.LazyIndex``): its rows are those of a replay on a real
 index, and a rev whose files were replayed already costs few git calls. Real product series, every
 supported release and v0.5.19 (where entries conflict)."""
 

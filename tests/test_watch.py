@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import watch_upstream as wu
-from c128patch.fit.treechecks import check_tree
+from c128patch.fit.treecheck import check_tree
 from c128patch.fit.watch import EXIT
 from c128patch.git import Git
 from c128patch.ops.lint import update_hashes

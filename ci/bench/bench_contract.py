@@ -48,7 +48,8 @@ def main() -> int:
     trees = {rev: (git.rev_parse(rev), contract.patched_tree(series, git, rev, git.rev_parse(rev))) for rev in RELEASES}
     per_rev, results = interleaved({f"contract, whole series, {rev}": lambda i, c=c, t=t: contract.check(
         series, git, c, t) for rev, (c, t) in trees.items()}, args.runs)
-    probe_s, _, (probe_ok, probe_line) = measure(lambda: contract_cxx.probe(series.root, git, trees["v0.5.23"][1]))
+    probe_s, _, (probe_ok, probe_line) = measure(lambda: contract_cxx.probe(series.root, git, trees["v0.5.23"][1],
+                                                                            cached=False))
     tier_s, _, tier = measure(lambda: treecheck.run_rev(series, git, "v0.5.23", trees["v0.5.23"][0]))
     modes, outcomes = interleaved({name: lambda i, d=d: watched(series, d) for name, d in MODES.items()}, args.runs)
     neither, alone, both = modes

@@ -29,6 +29,7 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     our code uses (overlays and the lines patches add), bind each call to the definition's signature,
     and compare each signature with patches/contract.lock. Exit 1 on an error or a changed signature."""
     from c128patch.fit import contract as core
+    from c128patch.fit import contract_cxx as cxx
     from c128patch.git import Git, toplevel
     from c128patch.progress import reporter
     from c128patch.series.contract import read_lock
@@ -57,7 +58,7 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
                 rep.step(f"replaying the series on {rev}")
                 runs.append((rev, upstream.git, commit, core.patched_tree(series, upstream.git, rev, commit)))
     results = [(label, core.check(series, git, base, head, lock=lock),
-                None if use_nvcc is False else core.probe_cxx(series, git, head)) for label, git, base, head in runs]
+                None if use_nvcc is False else cxx.probe(series.root, git, head)) for label, git, base, head in runs]
     for _, _, probe in results:
         if use_nvcc and probe[0] is None:  # --nvcc asked for it: not checked is an error
             raise C128Error(probe[1])

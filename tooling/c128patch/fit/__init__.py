@@ -1,3 +1,3 @@
 """Does the series still fit upstream: the API contract (``contract``), the checks of a patched tree
-(``treechecks``, the behavioural tier ``treecheck``), ``watch`` (carry onto upstream and judge it),
+(``treecheck``: the CPU checks and the behavioural tier), ``watch`` (carry onto upstream and judge it),
 ``bisect`` and the series audit. Above ``ops``: it carries trees with the engine, never the reverse."""

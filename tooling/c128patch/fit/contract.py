@@ -1,6 +1,6 @@
 """The series' API contract: the upstream surface our code (every overlay file, every line a patch adds)
-uses, derived from a patched tree and checked on any tree (``fit.uses`` collects the uses, ``fit.resolve``
-resolves them, ``fit.contract_cxx`` does the CUDA headers). A missing module, name, attribute or header is
+uses, derived from a patched tree and checked on any tree (``fit.resolve`` collects the uses and resolves
+them, ``fit.contract_cxx`` does the CUDA headers). A missing module, name, attribute or header is
 an error; so is a call that does not bind to the definition's signature (``Signature.bind``); a signature
 whose hash the lock did not record at the base (or accept since) is a warning (a same-arity parameter swap
 is caught here). Each finding names our file:line, upstream's file:line and both signatures.
@@ -8,10 +8,6 @@ is caught here). Each finding names our file:line, upstream's file:line and both
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import json
-import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -19,16 +15,13 @@ from pathlib import Path
 
 from c128patch.errors import C128Error
 from c128patch.fit import contract_cxx as cxx
-from c128patch.fit.resolve import Def, Upstream
-from c128patch.fit.tree import PY_ROOT, TreeReader, our_lines, upstream_line
-from c128patch.fit.uses import Use, uses_in
+from c128patch.fit.resolve import PY_ROOT, TreeReader, Upstream, Use, our_lines, upstream_line, uses_in
 from c128patch.git import Git
 from c128patch.ops.replay import FAILED, replay_in_index
 from c128patch.series.contract import Lock, LockItem, read_lock, sig_hash
 from c128patch.series.manifest import Series
 from c128patch.series.plan import index_git
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
-from c128patch.upstream.releases import cache_dir
 
 
 @dataclass
@@ -100,32 +93,14 @@ class ContractResult:
                 "cxx_probe": self.cxx_probe, "seconds": round(self.seconds, 3)}
 
 
-def _binds_to(sig: inspect.Signature, call: tuple[int, tuple[str, ...]]) -> str:
-    n, kws = call
-    try:
-        sig.bind(*[None] * n, **{k: None for k in kws})
-    except TypeError as exc:
-        return str(exc)
-    return ""
-
-
-def _site_name(series: Series | None, path: str) -> str:
-    """Our file as the series names it: an overlay's source, else the tree path."""
-    if series is not None:
-        for e in series.entries:
-            if not e.is_patch and e.target == path:
-                return e.source
-    return path
-
-
-def derive(series: Series | None, git: Git, upstream: str, head: str) -> tuple[list[Item], list[Finding]]:
+def derive(series: Series, git: Git, upstream: str, head: str) -> tuple[list[Item], list[Finding]]:
     """Every use of upstream by our code on ``head`` (a patched tree-ish over ``upstream``), resolved there."""
     reader = TreeReader(git, head)
+    sources = {e.target: e.source for e in reversed(series.entries) if not e.is_patch}  # an overlay: ours, its source
     try:
         changed = git.changed_files(upstream, head)
-        overlay_targets = {e.target for e in (series.entries if series else []) if not e.is_patch}
-        ours: dict[str, set[int] | None] = {p: None for p in changed if p in overlay_targets}
-        added, hunks = our_lines(git, upstream, head, [p for p in changed if p not in overlay_targets])
+        ours: dict[str, set[int] | None] = {p: None for p in changed if p in sources}
+        added, hunks = our_lines(git, upstream, head, [p for p in changed if p not in sources])
         ours.update(added)
         up = Upstream(reader, ours)
         items: list[Item] = []
@@ -138,13 +113,13 @@ def derive(series: Series | None, git: Git, upstream: str, head: str) -> tuple[l
                 findings.append(Finding("error", up.errors.get(path, f"{path}: unreadable"), site=path))
                 continue
             for use in uses_in(path, tree, ours[path]):
-                items_of, found = _resolve_use(up, use, _site_name(series, path))
+                items_of, found = _resolve_use(up, use, sources.get(path, path))
                 items += items_of
                 findings += found
         for path, why in sorted(up.errors.items()):
             if path not in ours:
                 findings.append(Finding("error", f"upstream code does not parse: {why}", where=path))
-        c_items, c_findings = cxx.derive(reader, {p: l for p, l in ours.items()}, lambda p: _site_name(series, p))
+        c_items, c_findings = cxx.derive(reader, ours, lambda p: sources.get(p, p))
         items += [Item(**i) for i in c_items]
         findings += [Finding(**f) for f in c_findings]
     finally:
@@ -159,26 +134,19 @@ def derive(series: Series | None, git: Git, upstream: str, head: str) -> tuple[l
 
 def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], list[Finding]]:  # noqa: C901  one walk down a chain
     site = f"{site_file}:{use.line}"
-    items: list[Item] = []
     findings: list[Finding] = []
     chain = use.chain
     # the longest module prefix, then attributes
-    current: Def | None = None
-    at = 0
-    for i in range(len(chain), 0, -1):
-        if up.module_path(".".join(chain[:i])) is not None:
-            current, at = up.module(".".join(chain[:i])), i
-            break
-    if current is None:
+    at = next((i for i in range(len(chain), 0, -1) if up.module_path(".".join(chain[:i])) is not None), 0)
+    if not at:
         name = ".".join(chain[:2]) if len(chain) > 1 else chain[0]
-        findings.append(Finding("error", f"{site}: {'.'.join(chain)}: no module {name} on this tree", site, "",
-                                ".".join(chain)))
-        return items, findings
+        return [], [Finding("error", f"{site}: {'.'.join(chain)}: no module {name} on this tree", site, "",
+                            ".".join(chain))]
+    current = up.module(".".join(chain[:at]))
     if current.kind == "ours":
-        return items, findings
+        return [], []
     if current.kind == "unknown":
-        findings.append(Finding("error", f"{site}: {current.why}", site, current.where, current.name))
-        return items, findings
+        return [], [Finding("error", f"{site}: {current.why}", site, current.where, current.name)]
     last: Item = Item("module", current.name, site, current.where)
     for attr in chain[at:]:
         if current.kind not in ("module", "class", "instance"):
@@ -187,8 +155,7 @@ def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], li
         if nxt.kind in ("ours", "external"):
             break
         if nxt.kind == "missing":
-            findings.append(Finding("error", f"{site}: {'.'.join(chain)}: {nxt.why}", site, nxt.where, nxt.name))
-            return items, findings
+            return [], [Finding("error", f"{site}: {'.'.join(chain)}: {nxt.why}", site, nxt.where, nxt.name)]
         if nxt.kind == "unknown":
             findings.append(Finding("note", f"{site}: {nxt.name}: not resolved statically ({nxt.why})", site, nxt.where,
                                     nxt.name))
@@ -204,15 +171,16 @@ def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], li
             text, sig = up.signature(current)
             last.shape = f"{use.call[0]}" + "".join(f",{k}=" for k in use.call[1]) + (",*" if use.star else "")
             if sig is not None and not use.star:
-                last.bind_error = _binds_to(sig, use.call)
-                if last.bind_error:
+                try:
+                    sig.bind(*[None] * use.call[0], **{k: None for k in use.call[1]})
+                except TypeError as exc:
+                    last.bind_error = str(exc)
                     args = ", ".join([*(f"arg{i + 1}" for i in range(use.call[0])), *(f"{k}=..." for k in use.call[1])])
                     findings.append(Finding(
                         "error", f"{site}: call {current.name}({args}) does not bind to "
                                  f"{current.where} `{text}`: {last.bind_error}", site, current.where, current.name,
                         now=text))
-    items.append(last)
-    return items, findings
+    return [last], findings
 
 
 def compare(items: list[Item], lock: Lock | None) -> list[Finding]:
@@ -271,9 +239,9 @@ def patched_tree(series: Series, git: Git, rev: str, commit: str) -> str:
         return index_git(git, Path(tmp) / "index").out("write-tree")
 
 
-def check_rev(series: Series, git: Git, rev: str, commit: str, *, lock: Lock | None = None) -> ContractResult:
+def check_rev(series: Series, git: Git, rev: str, commit: str) -> ContractResult:
     """The contract on upstream ``commit`` with the series replayed there (no checkout)."""
-    return check(series, git, commit, patched_tree(series, git, rev, commit), lock=lock)
+    return check(series, git, commit, patched_tree(series, git, rev, commit))
 
 
 def tree_base(git: Git) -> str:
@@ -295,33 +263,10 @@ def accept(lock: Lock, result: ContractResult) -> int:
     now = {(f.target, f.now) for f in result.warnings if f.target not in unbound}
     by_key = {(i.kind, i.target): i for i in result.items}
     added = 0
-    items = []
-    for item in lock.items:
+    for i, item in enumerate(lock.items):
         current = by_key.get(item.key)
         if current is not None and (item.target, current.signature) in now and current.sig not in item.sigs:
-            item = replace(item, sigs=item.sigs + (current.sig,))
+            lock.items[i] = replace(item, sigs=item.sigs + (current.sig,))
             added += 1
-        items.append(item)
-    lock.items = items
     lock.path.write_text(lock.text())
     return added
-
-
-def probe_cxx(series: Series, git: Git, head: str) -> tuple[bool | None, str]:
-    """``fit.contract_cxx.probe`` on ``head``'s headers, cached by their tree id, the probe's text and the compiler."""
-    source = series.root / cxx.PROBE
-    compiler = cxx.nvcc()
-    headers = git.run("rev-parse", "--verify", "--quiet", f"{head}:{cxx.INCLUDE_ROOT}", check=False).stdout.strip()
-    if not source.is_file() or compiler is None or not headers:
-        return cxx.probe(series.root, git, head)
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([headers, source.read_text(), compiler, version]).encode()).hexdigest()[:24]
-    path = cache_dir() / "contract-probe" / f"{key}.json"
-    if path.is_file():
-        ok, line = json.loads(path.read_text())
-        return ok, line + " (cached)"
-    ok, line = cxx.probe(series.root, git, head)
-    if ok is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps([ok, line]))
-    return ok, line

@@ -7,6 +7,8 @@ headers where nvcc exists, and says so where it does not.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -14,8 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from c128patch.fit.tree import Reader
+from c128patch.fit.resolve import Reader
 from c128patch.git import Git, GitError
+from c128patch.upstream.releases import cache_dir
 
 INCLUDE_ROOT = "python/sglang/kernels/jit/include"
 UPSTREAM_PREFIX = "sgl_kernel/"
@@ -48,15 +51,12 @@ def _line(text: str, pos: int) -> int:
 
 
 def _close(text: str, open_at: int) -> int:
+    """The index of the ``)`` that closes the ``(`` at ``open_at``; -1: none."""
     depth = 0
     for i in range(open_at, len(text)):
-        c = text[i]
-        if c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0:
-                return i
+        depth += (text[i] == "(") - (text[i] == ")")
+        if depth == 0:
+            return i
     return -1
 
 
@@ -93,20 +93,14 @@ def declarations(text: str) -> dict[str, list[tuple[int, str, str]]]:
     for m in _CONST.finditer(text):
         add(m.group(1), m.start(1), m.group(0), "name" if re.match(r"k[A-Z]", m.group(1)) else "member")
     for m in _CALLISH.finditer(text):
-        name = m.group(1)
-        if name in _NOT_DECL:
-            continue
         before = text[max(0, m.start() - 80): m.start()]
-        if not _RETURN_TYPE.search(before) or re.search(r"\b(return|new|throw|case|else|do|co_return)\s*$", before):
+        if m.group(1) in _NOT_DECL or not _RETURN_TYPE.search(before) or re.search(
+                r"\b(return|new|throw|case|else|do|co_return)\s*$", before):
             continue
         end = _close(text, m.end() - 1)
-        if end < 0:
-            continue
-        after = _AFTER.match(text, end + 1)
-        if after is None:
-            continue
-        decl = text[m.start(): after.start(1)]
-        add(name, m.start(), decl, "function")
+        after = _AFTER.match(text, end + 1) if end >= 0 else None
+        if after is not None:
+            add(m.group(1), m.start(), text[m.start(): after.start(1)], "function")
     return out
 
 
@@ -115,12 +109,10 @@ def _headers_of(text: str, path: str, files: set[str]) -> list[tuple[str, str]]:
     out = []
     for m in _INCLUDE.finditer(text):
         name = m.group(1)
-        if name.startswith(UPSTREAM_PREFIX):
-            out.append((name, f"{INCLUDE_ROOT}/{name}"))
-        else:
-            local = str(Path(path).parent / name)
-            if local in files:
-                out.append((name, local))
+        upstream = name.startswith(UPSTREAM_PREFIX)
+        local = f"{INCLUDE_ROOT}/{name}" if upstream else str(Path(path).parent / name)
+        if upstream or local in files:
+            out.append((name, local))
     return out
 
 
@@ -130,9 +122,7 @@ def derive(reader: Reader, ours: dict[str, set[int] | None],  # noqa: C901  one 
     items: list[dict] = []
     findings: list[dict] = []
     for path in sorted(ours):
-        if not path.endswith(SOURCES):
-            continue
-        text = reader.text(path)
+        text = reader.text(path) if path.endswith(SOURCES) else None
         if text is None:
             continue
         lines = ours[path]
@@ -188,15 +178,24 @@ def nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
-def probe(series_root: Path, git: Git, head: str, *, arch: str = "90a") -> tuple[bool | None, str]:
-    """Compile the series' signature probe against ``head``'s headers: (ok, one line). ``ok`` None:
-    not checked (no nvcc, no tvm-ffi, no probe in the series)."""
+def probe(series_root: Path, git: Git, head: str, *, arch: str = "90a", cached: bool = True) -> tuple[bool | None, str]:
+    """Compile the series' signature probe against ``head``'s headers: (ok, one line); ``ok`` None: not checked (no
+    nvcc, no tvm-ffi, no probe in the series). A verdict is cached by the headers' tree id, the probe and nvcc."""
     source = series_root / PROBE
     if not source.is_file():
         return None, f"no {PROBE} in the series: C++ contract not compiled"
     compiler = nvcc()
     if compiler is None:
         return None, "nvcc not found: C++ contract not checked (only the header text was compared)"
+    headers = git.run("rev-parse", "--verify", "--quiet", f"{head}:{INCLUDE_ROOT}", check=False).stdout.strip()
+    path = None
+    if cached and headers:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+        key = hashlib.sha256("\0".join([headers, source.read_text(), compiler, version]).encode()).hexdigest()[:24]
+        path = cache_dir() / "contract-probe" / f"{key}.json"
+        if path.is_file():
+            ok, line = json.loads(path.read_text())
+            return ok, line + " (cached)"
     try:
         import tvm_ffi.libinfo as info  # apache-tvm-ffi, as sglang pins it
     except ImportError:
@@ -212,8 +211,12 @@ def probe(series_root: Path, git: Git, head: str, *, arch: str = "90a") -> tuple
                f"-DSGL_CUDA_ARCH={int(sm) * 10}", "-std=c++20", "--expt-relaxed-constexpr",
                *(f"-I{d}" for d in dict.fromkeys(includes))]
         proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode == 0:
-        return True, f"nvcc signature probe compiles against the tree's headers (sm_{arch})"
+    ok = proc.returncode == 0
     named = list(dict.fromkeys(re.findall(r'upstream signature changed: (.*?)"', proc.stdout + proc.stderr)))
     errors = [l for l in (proc.stdout + proc.stderr).splitlines() if "error" in l][:3]
-    return False, "nvcc signature probe fails: " + ("; ".join(named) if named else " | ".join(errors) or "nvcc failed")
+    line = f"nvcc signature probe compiles against the tree's headers (sm_{arch})" if ok else \
+        "nvcc signature probe fails: " + ("; ".join(named) if named else " | ".join(errors) or "nvcc failed")
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps([ok, line]))
+    return ok, line

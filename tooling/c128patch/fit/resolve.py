@@ -1,4 +1,9 @@
-"""Resolving upstream names on one tree: a dotted name to its definition (``Def``: a module, class,
+"""Reading and resolving one tree: its files (``TreeReader``, one tree-ish), which of their lines are ours
+(``our_lines``: what ``git diff`` against its upstream commit adds, parsed with unidiff) with upstream's
+numbering of the others (``upstream_line``); our uses of upstream in one Python file (``uses_in``: modules
+and names imported, through aliases and relative imports, ``importlib.import_module`` of a literal or a
+module constant, attribute chains from those bindings, the calls among them with their shape, and
+``SGLANG_*`` names in string literals); a dotted name to its definition (``Def``: a module, class,
 function, method, value or instance, with its file:line), through imports, re-exports, ``import *``,
 class bases and module-level instances, as static analysis (``ast``) sees them; and the signature a
 call binds to (``signature_of``: an ``inspect.Signature`` built from the AST)."""
@@ -7,12 +12,78 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from dataclasses import dataclass
-from typing import Iterator
+from pathlib import PurePosixPath
+from typing import Callable, Iterator, Protocol
 
-from c128patch.fit.tree import PACKAGE, PY_ROOT, Reader
+from unidiff import Hunk, PatchSet
+
+from c128patch.git import BlobBatch, Git
 
 _MAX_HOPS = 8
+_ENV_NAME = re.compile(r"^SGLANG_[A-Z0-9_]+$")
+PY_ROOT = "python"
+PACKAGE = "sglang"
+
+
+def module_name(path: str) -> str | None:
+    """The module a tree path holds (``python/sglang/a/__init__.py`` -> ``sglang.a``); None: no Python module."""
+    p = PurePosixPath(path)
+    if p.suffix != ".py" or not p.parts or p.parts[0] != PY_ROOT:
+        return None
+    parts = list(p.with_suffix("").parts[1:])
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+class Reader(Protocol):
+    """What resolving reads: a tree's file paths and their texts (``TreeReader``; a folder on disk for the tier)."""
+
+    files: set[str]
+
+    def text(self, path: str) -> str | None: ...
+
+
+class TreeReader:
+    """Files of one tree-ish under ``root``, read through one ``git cat-file --batch``."""
+
+    def __init__(self, git: Git, rev: str, root: str = f"{PY_ROOT}/{PACKAGE}") -> None:
+        self.git, self.rev = git, rev
+        self.files = set(git.out("ls-tree", "-r", "--name-only", rev, "--", root).splitlines())
+        self._texts: dict[str, str | None] = {}
+        self._batch = BlobBatch(git)
+
+    def text(self, path: str) -> str | None:
+        """The file's text; None where the tree has no such file or it is binary."""
+        if path not in self._texts:
+            data = self._batch.read(f"{self.rev}:{path}") if path in self.files else None
+            self._texts[path] = None if data is None or b"\0" in data else data.decode(errors="replace")
+        return self._texts[path]
+
+    def close(self) -> None:
+        self._batch.close()
+
+
+def our_lines(git: Git, upstream: str, head: str,
+              paths: list[str]) -> tuple[dict[str, set[int]], dict[str, list[Hunk]]]:
+    """path -> the line numbers on ``head`` that ``upstream..head`` adds (``git diff -U0``), and path ->
+    its hunks (for ``upstream_line``)."""
+    if not paths:
+        return {}, {}
+    diff = git.run("diff", "-U0", "--no-renames", "--no-color", upstream, head, "--", *paths).stdout
+    files = [f for f in PatchSet(diff) if len(f)]  # a binary or mode-only change: no lines
+    return ({f.path: {line.target_line_no for hunk in f for line in hunk if line.is_added} for f in files},
+            {f.path: list(f) for f in files})
+
+
+def upstream_line(hunks: list[Hunk], line: int) -> int:
+    """A line of the patched file (not one the patch adds) as it numbers in upstream's file."""
+    delta = 0
+    for h in hunks:
+        start, count = h.target_start, h.target_length
+        if (count and start + count - 1 < line) or (not count and start < line):
+            delta += count - h.source_length
+    return line - delta
 
 
 @dataclass
@@ -35,14 +106,10 @@ class Def:
         return f"{self.path}:{self.line}" if self.path else ""
 
 
-class _Src:
+class _Src(str):
     """A default value in a Signature, shown as its source text."""
 
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
+    __repr__ = str.__str__
 
 
 def signature_of(args: ast.arguments) -> inspect.Signature:
@@ -72,9 +139,8 @@ def _fields_signature(cls: ast.ClassDef) -> inspect.Signature:
     P = inspect.Parameter
     params = []
     for stmt in cls.body:
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            if "ClassVar" in ast.unparse(stmt.annotation):
-                continue
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and \
+                "ClassVar" not in ast.unparse(stmt.annotation):
             default = P.empty if stmt.value is None else _Src(ast.unparse(stmt.value))
             if params and params[-1].default is not P.empty and default is P.empty:
                 default = _Src("?")  # a field(default=...) before: keep the Signature valid
@@ -92,16 +158,11 @@ class Upstream:
         self.errors: dict[str, str] = {}  # path -> why it did not parse
 
     # -- modules
-    def module_path(self, name: str) -> tuple[str, bool] | None:
-        """(file, is_package) of module ``name`` on the tree; a folder without ``__init__`` is a namespace package."""
+    def module_path(self, name: str) -> str | None:
+        """The file of module ``name`` on the tree; a folder without ``__init__`` (a namespace package): ``folder/``."""
         base = PY_ROOT + "/" + name.replace(".", "/")
-        if f"{base}.py" in self.reader.files:
-            return f"{base}.py", False
-        if f"{base}/__init__.py" in self.reader.files:
-            return f"{base}/__init__.py", True
-        if base + "/" in self._folders:
-            return base + "/", True
-        return None
+        return next((p for p in (f"{base}.py", f"{base}/__init__.py") if p in self.reader.files),
+                    base + "/" if base + "/" in self._folders else None)
 
     def parse(self, path: str) -> ast.Module | None:
         if path not in self._parsed:
@@ -117,18 +178,14 @@ class Upstream:
         return self._parsed[path]
 
     def is_ours(self, path: str, line: int) -> bool:
-        if path not in self.ours:
-            return False
-        lines = self.ours[path]
-        return lines is None or line in lines
+        return path in self.ours and (self.ours[path] is None or line in self.ours[path])
 
     def module(self, name: str) -> Def:
         if name.split(".")[0] != PACKAGE:
             return Def("external", name)
-        found = self.module_path(name)
-        if found is None:
+        path = self.module_path(name)
+        if path is None:
             return Def("missing", name, why=f"no module {name} ({PY_ROOT}/{name.replace('.', '/')}.py)")
-        path, _ = found
         if self.ours.get(path, ...) is None and path in self.ours:
             return Def("ours", name, path, 1)
         if path.endswith(".py") and self.parse(path) is None:
@@ -145,11 +202,9 @@ class Upstream:
         if owner.kind in ("class", "instance"):
             cls = owner if owner.kind == "class" else owner.cls
             found = self._class_member(cls, attr, hops, set())
-            found.name = name
-            if owner.kind == "instance" and found.kind == "method" and not found.static:
-                found.bound = True
-            if owner.kind == "class" and found.kind == "method" and "classmethod" in _decorators(found.node):
-                found.bound = True
+            found.name = name  # a method through an instance, or a classmethod: its first parameter is taken
+            found.bound = found.kind == "method" and (not found.static if owner.kind == "instance"
+                                                      else "classmethod" in _decorators(found.node))
             return found
         return Def("unknown", name, why=f"{owner.name} is a {owner.kind}")
 
@@ -185,11 +240,8 @@ class Upstream:
         name = f"{mod.name}.{attr}"
         if isinstance(stmt, ast.ImportFrom):
             alias = next(a for a in stmt.names if (a.asname or a.name) == attr)
-            source = absolute(stmt, mod)
-            target = self.module(source)
-            if target.kind != "module":
-                return target
-            return self.member(target, alias.name, hops + 1)
+            target = self.module(absolute(stmt, mod))
+            return self.member(target, alias.name, hops + 1) if target.kind == "module" else target
         if isinstance(stmt, ast.Import):
             alias = next(a for a in stmt.names if (a.asname or a.name.split(".")[0]) == attr)
             return self.module(alias.name if alias.asname else alias.name.split(".")[0])
@@ -279,11 +331,10 @@ class Upstream:
                 return f"{head}: {sig}", sig
             return head, None
         if d.kind in ("attr", "value", "instance") and node is not None:
-            value = getattr(node, "value", None)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 return f"@property {node.name}", None
-            text = ast.unparse(value) if value is not None else ast.unparse(getattr(node, "annotation", node))
-            return f"= {text}", None
+            value = getattr(node, "value", None)
+            return f"= {ast.unparse(value if value is not None else getattr(node, 'annotation', node))}", None
         return "", None
 
 
@@ -294,15 +345,25 @@ def _unbound(sig: inspect.Signature) -> inspect.Signature:
 
 BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
 _AT_TOP = (ast.If, ast.Try, ast.With, ast.ExceptHandler)  # what a module's top runs the body of
+_GUARDS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}  # an import these guard may fail
 
 
-def statements(body: list, into: tuple[type, ...] | None = _AT_TOP) -> Iterator[ast.AST]:
-    """The statements of ``body``, and those inside the ``into`` statements (None: inside every one)."""
+def statements(body: list, into: tuple[type, ...] | None = _AT_TOP, *, guarded: bool = True) -> Iterator[ast.AST]:
+    """The statements of ``body``, and those inside the ``into`` statements (None: inside every one);
+    ``guarded=False``: not those an import guard (``try``) or ``if TYPE_CHECKING`` holds."""
     for stmt in body:
         yield stmt
         if into is None or isinstance(stmt, into):
-            for part in BODIES:
-                yield from statements(getattr(stmt, part, None) or [], into)
+            for part in BODIES if guarded else _unguarded(stmt):
+                yield from statements(getattr(stmt, part, None) or [], into, guarded=guarded)
+
+
+def _unguarded(stmt: ast.AST) -> tuple[str, ...]:
+    if isinstance(stmt, ast.If) and "TYPE_CHECKING" in ast.unparse(stmt.test):
+        return ("orelse",)
+    types = [t for h in getattr(stmt, "handlers", []) if isinstance(stmt, ast.Try)
+             for t in (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type])]
+    return ("orelse", "finalbody") if any(t is None or getattr(t, "id", "") in _GUARDS for t in types) else BODIES
 
 
 def _binds(stmt: ast.stmt, name: str) -> bool:
@@ -337,3 +398,88 @@ def chain_of(node: ast.AST) -> list[str]:
     if isinstance(node, ast.Name):
         return [node.id, *reversed(out)]
     return []
+
+
+@dataclass
+class Use:
+    """One use of upstream by our code: a dotted chain from a binding, maybe called."""
+
+    site_path: str  # the tree path of our file
+    line: int
+    chain: list[str]  # [module-or-binding, attr, ...] already absolute: chain[0] is a module name
+    call: tuple[int, tuple[str, ...]] | None = None  # (positional count, keywords); None: not called
+    star: bool = False  # *args / **kwargs in the call: shape not checked
+    kind: str = ""  # "env": an SGLANG_* string literal
+
+
+def _nodes_on(tree: ast.Module, lines: set[int]) -> Iterator[ast.AST]:
+    """The nodes of the statements that touch ``lines`` (a compound statement: its own expressions only)."""
+    for stmt in statements(tree.body, None):
+        if not any(n in lines for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)):
+            continue
+        if any(getattr(stmt, part, None) for part in BODIES):
+            for name, value in ast.iter_fields(stmt):
+                if name not in BODIES:
+                    for child in value if isinstance(value, list) else [value]:
+                        if isinstance(child, ast.AST):
+                            yield from ast.walk(child)
+        else:
+            yield from ast.walk(stmt)
+
+
+def _imports(path: str, tree: ast.Module, mine: Callable[[ast.AST], bool]) -> tuple[dict[str, list[str]], list[Use]]:
+    """name -> the dotted chain each import in ``path`` binds, and the import statements' uses (ours only)."""
+    module = module_name(path) or ""
+    mod = Def("module", module, path, module=module)
+    bindings: dict[str, list[str]] = {}
+    uses: list[Use] = []
+    for node in statements(tree.body, None):
+        if isinstance(node, ast.Import):  # (the name it binds, the chain it names)
+            named = [(a.asname, a.name.split(".")) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = absolute(node, mod).split(".")
+            named = [(a.asname or a.name, [*source, a.name]) for a in node.names if a.name != "*"]
+        else:
+            continue
+        for name, chain in named:
+            if name:
+                bindings[name] = chain
+            else:  # ``import a.b`` binds ``a``
+                bindings.setdefault(chain[0], chain[:1])
+            if mine(node) and chain[0] == PACKAGE:
+                uses.append(Use(path, node.lineno, chain))
+    return bindings, uses
+
+
+def uses_in(path: str, tree: ast.Module, lines: set[int] | None) -> list[Use]:
+    """Our uses of ``sglang`` in one file (``lines``: ours; None: the whole file)."""
+    mine = (lambda n: True) if lines is None else (lambda n: getattr(n, "lineno", 0) in lines)
+    bindings, uses = _imports(path, tree, mine)
+    constants = {t.id: s.value.value for s in tree.body  # the module's string constants
+                 if isinstance(s, ast.Assign) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
+                 for t in s.targets if isinstance(t, ast.Name)}
+    seen_funcs: set[int] = set()
+    for node in (ast.walk(tree) if lines is None else _nodes_on(tree, lines)):
+        if not mine(node):
+            continue
+        if isinstance(node, ast.Call):
+            func = node.func
+            chain = chain_of(func)
+            if chain and chain[0] in bindings:
+                star = any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords)
+                shape = (len(node.args), tuple(k.arg for k in node.keywords if k.arg))
+                uses.append(Use(path, node.lineno, bindings[chain[0]] + chain[1:], shape, star))
+                seen_funcs.add(id(func))
+            dotted = bindings.get(chain[0], [chain[0]]) + chain[1:] if chain else []
+            if dotted[-2:] == ["importlib", "import_module"] and node.args:
+                arg = node.args[0]
+                target = arg.value if isinstance(arg, ast.Constant) else constants.get(getattr(arg, "id", ""))
+                if isinstance(target, str) and target.split(".")[0] == PACKAGE:
+                    uses.append(Use(path, node.lineno, target.split(".")))
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and id(node) not in seen_funcs:
+            chain = chain_of(node)
+            if chain and chain[0] in bindings:
+                uses.append(Use(path, node.lineno, bindings[chain[0]] + chain[1:]))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _ENV_NAME.match(node.value):
+            uses.append(Use(path, node.lineno, ["sglang", "srt", "environ", "envs", node.value], kind="env"))
+    return [u for u in uses if u.chain and u.chain[0] == PACKAGE]

@@ -3,29 +3,34 @@
 interpreter lacks; without torch nothing is checked, and not checked is never a pass). Meanwhile each one's
 ``sglang`` imports (outside import guards and ``TYPE_CHECKING``) are resolved on the tree's files
 (``fit.resolve``, no interpreter): a module or name missing is a failure.
+
+``check_tree``: CPU checks of a patched branch ``head`` against its upstream ``base``, over the files it changes
+(nothing checked out, no GPU): ``no-conflict-markers`` (``<<<<<<<``/``>>>>>>>`` opening a line; a bare ``=======``
+is reST), ``python-compiles`` (each changed ``.py``, unless it did not compile on ``base`` either: a note), and
+``gates-declared`` (each env gate declared in ``srt/environ.py`` as ``NAME = Env...(``). ``watch`` runs them.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from c128patch.errors import C128Error
 from c128patch.fit.contract import patched_tree
-from c128patch.fit.resolve import Def, Upstream, absolute
+from c128patch.fit.resolve import PACKAGE, PY_ROOT, Def, Upstream, absolute, module_name, statements
 from c128patch.fit.sandbox import Sealed, interpreter
-from c128patch.fit.tree import PACKAGE, PY_ROOT, module_name
 from c128patch.git import Git
 from c128patch.series.manifest import Series
 
 RUNNER = Path(__file__).with_name("treecheck_runner.py")
+ENVIRON = "python/sglang/srt/environ.py"
+_MARKER = re.compile(r"^(<{7}|>{7})( |$)")
 # (module, zero-argument function, truthy with the gates on, with them off): behaviour the gates switch
 PROBES = (("sglang.srt.layers.attention.dsv4.online_c128_dspark", "online_c128_dspark_env", True, False),)
-_GUARDS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}  # an import these guard may fail
 
 
 @dataclass
@@ -94,13 +99,24 @@ def _gates(series: Series) -> list[str]:
     return sorted({e.gate for e in series.entries if e.gate} | {r for g in series.gates for r in g.requires})
 
 
-@dataclass
 class Pending:
-    """The tier started in its sealed box (both gate states run at once in it); ``finish`` waits for it."""
+    """The tier on ``tree`` (a folder holding ``python/sglang``) for the ``paths`` the series changes, started in the
+    sealed box (both gate states at once); ``finish`` waits for it. ``run_code=False``: only the static import check."""
 
-    tree: Path
-    modules: list[str]
-    box: Sealed | None = None  # None: not run (``--no-run``)
+    def __init__(self, series: Series, tree: Path, paths: list[str], *, python: str | None = None,
+                 timeout: float = 600, run_code: bool = True) -> None:
+        if not (tree / PY_ROOT / "sglang").is_dir():
+            raise C128Error(f"{tree} holds no {PY_ROOT}/sglang: pass the top of a patched sglang tree")
+        missing = [p for p in paths if not (tree / p).is_file()]
+        if missing:
+            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+            raise C128Error(f"{tree} lacks {missing[0]}{more}, which the series writes: apply the series there first")
+        self.tree, self.modules = tree, sorted({m for p in paths if (m := module_name(p))})
+        self.box: Sealed | None = None  # None: not run (``--no-run``)
+        if run_code:
+            args = ["-c", RUNNER.read_text(), str((tree / PY_ROOT).resolve()), json.dumps(_gates(series)),
+                    json.dumps([p for p in PROBES if p[0] in self.modules]), *self.modules]
+            self.box = Sealed(interpreter(python, tree), args, timeout)
 
     def finish(self) -> TreecheckResult:
         imports = check_imports(self.tree, self.modules)  # while the box runs
@@ -117,11 +133,10 @@ class Pending:
             tier = data["tiers"].get(state, {})
             if "error" in tier:
                 raise C128Error(f"the behavioural tier (gates {state}) failed to run: {tier['error']}")
+            for name, m in tier.get("modules", {}).items():  # not imported but its imports resolve: say that
+                if m["status"] == "not checked" and imports.get(name, {}).get("status") == "ok":
+                    m["detail"] += f"; its {imports[name]['imports']} sglang imports resolve on this tree's files"
             result.tiers.append(TierResult(state, data["torch"], tier.get("modules", {}), tier.get("probes", {})))
-        for name, m in ((n, m) for t in result.tiers for n, m in t.modules.items()):  # not imported: say that
-            found = imports.get(name)  # its imports resolve (it stays not checked)
-            if m["status"] == "not checked" and found and found["status"] == "ok":
-                m["detail"] += f"; its {found['imports']} sglang imports resolve on this tree's files"
         return result
 
     def kill(self) -> None:
@@ -129,28 +144,10 @@ class Pending:
             self.box.kill()
 
 
-def start(series: Series, tree: Path, paths: list[str], *, python: str | None = None, timeout: float = 600,
-          run_code: bool = True) -> Pending:
-    """The tier on ``tree`` (a folder holding ``python/sglang``) for the ``paths`` the series changes, started
-    in the sealed box (``fit.sandbox``); ``run_code=False``: only the static import check."""
-    if not (tree / PY_ROOT / "sglang").is_dir():
-        raise C128Error(f"{tree} holds no {PY_ROOT}/sglang: pass the top of a patched sglang tree")
-    missing = [p for p in paths if not (tree / p).is_file()]
-    if missing:
-        raise C128Error(f"{tree} lacks {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
-                        + ", which the series writes: apply the series there first")
-    modules = sorted({m for p in paths if (m := module_name(p))})
-    if not run_code:
-        return Pending(tree, modules)
-    args = ["-c", RUNNER.read_text(), str((tree / PY_ROOT).resolve()), json.dumps(_gates(series)),
-            json.dumps([p for p in PROBES if p[0] in modules]), *modules]
-    return Pending(tree, modules, Sealed(interpreter(python, tree), args, timeout))
-
-
 def run(series: Series, tree: Path, paths: list[str], *, python: str | None = None, timeout: float = 600,
         run_code: bool = True) -> TreecheckResult:
     """The tier on ``tree`` (a folder holding ``python/sglang``) for the ``paths`` the series changes."""
-    pending = start(series, tree, paths, python=python, timeout=timeout, run_code=run_code)
+    pending = Pending(series, tree, paths, python=python, timeout=timeout, run_code=run_code)
     try:
         return pending.finish()
     finally:
@@ -167,40 +164,16 @@ def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | No
 
 
 # ---------------------------------------------------------------------------- the static import check
-@dataclass
-class ImportUse:
-    line: int
-    module: str
-    names: tuple[str, ...]  # empty: ``import module``
-
-    def text(self) -> str:
-        return f"from {self.module} import {', '.join(self.names)}" if self.names else f"import {self.module}"
-
-
-def _guarded(handlers: list[ast.ExceptHandler]) -> bool:
-    for h in handlers:
-        types = h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]
-        if h.type is None or any(isinstance(t, ast.Name) and t.id in _GUARDS for t in types):
-            return True
-    return False
-
-
-def _import_uses(node: ast.AST, mod: Def) -> Iterator[ImportUse]:
-    """The sglang imports of module ``mod``, outside import guards and TYPE_CHECKING blocks."""
-    if isinstance(node, ast.Try) and _guarded(node.handlers):
-        for child in [*node.orelse, *node.finalbody]:
-            yield from _import_uses(child, mod)
-        return
-    if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-        for child in node.orelse:
-            yield from _import_uses(child, mod)
-        return
-    if isinstance(node, ast.Import):
-        yield from (ImportUse(node.lineno, a.name, ()) for a in node.names if a.name.split(".")[0] == PACKAGE)
-    elif isinstance(node, ast.ImportFrom) and (module := absolute(node, mod)).split(".")[0] == PACKAGE:
-        yield ImportUse(node.lineno, module, tuple(a.name for a in node.names if a.name != "*"))
-    for child in ast.iter_child_nodes(node):
-        yield from _import_uses(child, mod)
+def _import_uses(tree: ast.Module, mod: Def) -> list[tuple[int, str, tuple[str, ...]]]:
+    """(line, module, names; none: ``import module``) of each sglang import of module ``mod``, in source order,
+    outside import guards and TYPE_CHECKING blocks."""
+    uses = []
+    for node in statements(tree.body, None, guarded=False):
+        if isinstance(node, ast.Import):
+            uses += [(node.lineno, a.name, ()) for a in node.names if a.name.split(".")[0] == PACKAGE]
+        elif isinstance(node, ast.ImportFrom) and (module := absolute(node, mod)).split(".")[0] == PACKAGE:
+            uses.append((node.lineno, module, tuple(a.name for a in node.names if a.name != "*")))
+    return sorted(uses, key=lambda use: use[0])
 
 
 class _FolderReader:
@@ -214,13 +187,13 @@ class _FolderReader:
         return (self.top / path).read_text(errors="replace") if path in self.files else None
 
 
-def _problem(up: Upstream, use: ImportUse) -> str:
-    mod = up.module(use.module)
+def _problem(up: Upstream, module: str, names: tuple[str, ...]) -> str:
+    mod = up.module(module)
     if mod.kind == "missing":
-        return f"no module {use.module} on this tree"
+        return f"no module {module} on this tree"
     if mod.kind != "module":
         return mod.why
-    missing = [n for n in use.names if up.member(mod, n).kind == "missing"]
+    missing = [n for n in names if up.member(mod, n).kind == "missing"]
     return f"{mod.path.rstrip('/')} defines no {', '.join(missing)}" if missing else ""
 
 
@@ -229,13 +202,69 @@ def check_imports(top: Path, modules: list[str]) -> dict[str, dict]:
     up = Upstream(_FolderReader(top), {})
     out: dict[str, dict] = {}
     for module in modules:
-        path = (up.module_path(module) or ("/",))[0]
+        path = up.module_path(module) or "/"
         tree = up.parse(path) if not path.endswith("/") else None
         if tree is None:
             detail = up.errors.get(path, f"no file for {module} on this tree")
             out[module] = {"status": "failed", "detail": detail, "imports": 0}
             continue
-        uses = list(_import_uses(tree, Def("module", module, path, module=module)))
-        problems = [f"{path}:{u.line}: {u.text()}: {said}" for u in uses if (said := _problem(up, u))]
+        uses = _import_uses(tree, Def("module", module, path, module=module))
+        problems = [f"{path}:{line}: " + (f"from {name} import {', '.join(names)}" if names else f"import {name}")
+                    + f": {said}" for line, name, names in uses if (said := _problem(up, name, names))]
         out[module] = {"status": "failed" if problems else "ok", "detail": "; ".join(problems), "imports": len(uses)}
     return out
+
+
+# ---------------------------------------------------------------------------- the CPU tree checks
+@dataclass
+class TreeCheck:
+    name: str
+    ok: bool = True
+    findings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def fail(self, finding: str) -> None:
+        self.ok = False
+        self.findings.append(finding)
+
+
+def _text(git: Git, rev: str, path: str) -> str | None:
+    data = git.blob(rev, path)
+    return None if data is None or b"\0" in data else data.decode(errors="replace")
+
+
+def _compile_error(text: str, path: str) -> str:
+    try:
+        compile(text, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return f"{path}:{exc.lineno}: {exc.msg}"
+    except ValueError as exc:  # e.g. a null byte
+        return f"{path}: {exc}"
+    return ""
+
+
+def check_tree(git: Git, base: str, head: str, gates: list[str]) -> list[TreeCheck]:
+    """The checks of the module docstring on ``head``; ``gates``: the env gates to look for."""
+    files = git.changed_files(base, head)
+    texts = {p: t for p in files if (t := _text(git, head, p)) is not None}
+    markers, compiles = TreeCheck("no-conflict-markers"), TreeCheck("python-compiles")
+    declared = TreeCheck("gates-declared")
+    for path, text in texts.items():
+        for number, line in enumerate(text.splitlines(), 1):
+            if _MARKER.match(line):
+                markers.fail(f"{path}:{number}: conflict marker {line[:7]!r}")
+                break
+        if path.endswith(".py"):
+            error = _compile_error(text, path)
+            if error:
+                before = _text(git, base, path)
+                if before is not None and _compile_error(before, path):
+                    compiles.notes.append(f"{error} (does not compile upstream either)")
+                else:
+                    compiles.fail(error)
+    compiles.notes.append(f"{sum(p.endswith('.py') for p in texts)} changed Python file(s) compiled")
+    environ = _text(git, head, ENVIRON) or ""
+    for gate in sorted(set(gates)):
+        if not re.search(rf"^\s+{re.escape(gate)}\s*(:[^=\n]*)?=\s*Env\w*\(", environ, re.M):
+            declared.fail(f"{gate} is not declared in {ENVIRON}")
+    return [markers, compiles, declared]

@@ -71,7 +71,6 @@ def _tier(gates: str, probes: list, modules: list[str]) -> dict:
                 out["modules"][name] = {"status": "not checked", "detail": f"needs {missing.split('.')[0]}"}
                 continue
             out["modules"][name] = {"status": "failed", "detail": f"{_where(exc)}{type(exc).__name__}: {exc}"}
-    out["partial"] = partial
     out["probes"] = {}
     for module, function, on, off in probes:
         key = f"{module}.{function}()"
@@ -103,10 +102,9 @@ def _fork(state: str, gates: list[str], probes: list, modules: list[str]) -> tup
     if pid == 0:  # the child
         code = 0
         try:
-            for g in gates:
+            for g in gates:  # off: unset; on: each set to 1
                 os.environ.pop(g, None)
-                if state == "on":
-                    os.environ[g] = "1"
+            os.environ.update(dict.fromkeys(gates, "1") if state == "on" else {})
             data = json.dumps(_tier(state, probes, modules)).encode()
         except BaseException as exc:  # noqa: BLE001
             data, code = json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode(), 1

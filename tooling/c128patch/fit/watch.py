@@ -3,7 +3,7 @@
 On a scratch clone of upstream (objects shared) and a private copy of the series: apply at the base
 (``ops.apply``), rebase onto REV (``ops.rebase``: strict, 3-way, the ledger; entries upstream holds
 dropped as proposals), prove it (``ops.equivalence``), then ``lint``, the gate ``audit``, the CPU tree
-checks (``fit.treechecks``), the API contract (``fit.contract``, against ``patches/contract.lock``) and
+checks (``fit.treecheck.check_tree``), the API contract (``fit.contract``, against ``patches/contract.lock``) and
 the behavioural tier (``fit.treecheck``, in its sealed box; ``run=False`` skips it). The outcome:
 
 * ``clean`` (0): every entry applies strictly on REV;
@@ -35,6 +35,7 @@ import signal
 import tempfile
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
@@ -42,10 +43,10 @@ from c128patch import SCHEMA_VERSION, exitcodes
 from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.fit import bisect as bisect_ops
 from c128patch.fit import contract as contract_ops
+from c128patch.fit import contract_cxx as cxx
 from c128patch.fit import treecheck as tier_ops
 from c128patch.fit.sandbox import NOTICE, interpreter
-from c128patch.fit.treechecks import check_tree
-from c128patch.fit.watch_report import broken_next, commit_message, headline, render
+from c128patch.fit.watch_report import commit_message, headline, render
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops import refresh as refresh_ops
@@ -58,7 +59,6 @@ from c128patch.ops.rebase import Rebase
 from c128patch.ops.rebase_report import render_markdown
 from c128patch.ops.treestate import git_command
 from c128patch.progress import NullReporter, Reporter
-from c128patch.series.contract import read_lock
 from c128patch.series.layers import layer_folders, layer_rows, stack
 from c128patch.series.manifest import Series, load_series
 from c128patch.upstream.source import Target, Upstream, open_upstream
@@ -118,30 +118,18 @@ def _q(value: object) -> str:
     return shlex.quote(str(value))
 
 
-def _stop_of(exc: ConflictError, before: list[str]) -> dict:
-    """One entry that stopped the rebase, as the report lists it (its step as the stop left it)."""
-    step = next((e for e in (exc.report or {}).get("entries", []) if e.get("status") == "failing"), {})
-    stop = step.get("stop") or {}
-    return {"entry": step.get("name", "?"), "message": exc.message, "detail": step.get("detail", ""),
-            "file": stop.get("file", step.get("file", "")), "chosen_by": step.get("chosen_by", ""),
-            "blocks": stop.get("blocks", []), "resolved_by_ledger": stop.get("resolved", []),
-            "unresolved": stop.get("unresolved", []), "paths": stop.get("paths", []),
-            "upstream_commits": step.get("upstream_commits", []), "hints": step.get("hints", []),
-            "taken": stop.get("taken") or {}, "after_skipping": list(before)}
-
-
 class Watch:
     def __init__(self, series: Series, repo: str | None, onto: str, out: Path, *, primary: bool | None = None,
                  python: str | None = None, run_code: bool = True, reporter: Reporter = NullReporter()) -> None:
         self.series, self.repo, self.onto, self.out, self.python = series, repo, onto, out, python
         self.run_code, self.primary, self.inner, self.last = run_code, primary, reporter, ""
-        # the series as a command names it: its folder and its layers
+        # the series and REV as a command names them: its folder and its layers; the rev and its repository
         self.series_args = f" --series {_q(series.root)}" + "".join(f" --layer {_q(x.root)}" for x in series.layers)
+        self.rev_args = f"--sglang-rev {_q(onto)}" + (f" --repo {_q(repo)}" if repo else "")
         self.phase = "starting"
         self.started = time.monotonic()
         self.info: dict = {"onto": {"rev": onto, "commit": ""}, "base": {"rev": series.base, "commit": ""}}
         self.upstream: Upstream | None = None
-        self._rebase_md = ""
         self.contract: dict | None = None  # ops.contract on the carried tree (``_contract``)
         self.behaviour: dict | None = None  # ops.treecheck on the carried tree (``_start_tier``, ``_finish_tier``)
 
@@ -172,7 +160,6 @@ class Watch:
 
         self._step(f"rebasing onto {self.onto}")
         final, stops, unproven = self._rebase(Rebase(git, mine), onto_commit)
-        self._rebase_md = render_markdown(final)
         steps = list(final["entries"])
         merged = [s for s in steps if s["status"] == "dropped-as-merged" and any(sig["kind"] in CONTENT
                                                                                   for sig in s["signals"])]
@@ -186,7 +173,7 @@ class Watch:
         broken = bool(self.contract and self.contract["broken"]) or bool(self.behaviour and self.behaviour["failed"])
         outcome = ("conflict" if stops else "broken" if broken else "failed" if problems
                    else "merged" if merged else "refreshed" if needed else "unchecked" if self.unchecked() else "clean")
-        report = self._report(outcome, problems, final, steps, stops, merged, needed, checks, refreshed)
+        report = self._report(outcome, problems, final, stops, merged, needed, checks, refreshed)
         if outcome in ("conflict", "broken"):
             report["bisect"] = self._bisect(behaviour=outcome == "broken" and self.run_code
                                             and not (self.contract or {}).get("broken"))
@@ -208,8 +195,8 @@ class Watch:
                          upstream={"source": upstream.kind, "location": upstream.location})
 
         self._step("cloning upstream into a scratch folder")
-        source = upstream.git.git_dir or Path(upstream.git.out("rev-parse", "--absolute-git-dir"))
-        Git().run("clone", "--quiet", "--no-checkout", "--shared", "--", str(source), str(tmp / "tree"))
+        self.source = upstream.git.git_dir or Path(upstream.git.out("rev-parse", "--absolute-git-dir"))
+        Git().run("clone", "--quiet", "--no-checkout", "--shared", "--", str(self.source), str(tmp / "tree"))
         return Git(worktree=tmp / "tree"), copy_series_root(series, tmp / "series"), base_commit, onto_commit
 
     def _judge(self, git: Git, tmp: Path, mine: Series, final: dict, onto_commit: str, stops: list[dict],
@@ -248,26 +235,27 @@ class Watch:
         """The series' API contract on the carried tree, against the lock the series committed."""
         self._step(f"API contract on {self.onto}")
         try:
-            result = contract_ops.check(self.series, git, onto_commit, head, lock=read_lock(self.series.patches_dir))
+            result = contract_ops.check(self.series, git, onto_commit, head)  # against the lock the series holds
         except C128Error as exc:
             return {"broken": True, "verdict": exc.message, "failing": [exc.message], "next": [], "json": {}}
         failing = [f.message for f in result.errors + result.warnings]
         self._step(f"nvcc signature probe on {self.onto}")
-        probe_ok, probe = contract_ops.probe_cxx(self.series, git, head)
+        probe_ok, probe = cxx.probe(self.series.root, git, head)
         if probe_ok is False:
             failing.append(f"C++: {probe}")
+        fix = f"c128patch contract {self.rev_args} --series {_q(self.series.root)}"  # see every item, then accept
+        nxt = [f"{fix} --verbose", "# fix the overlay / patch lines it names; for a changed signature that still fits, "
+               "after review:", f"{fix} --accept"] if failing else []
         return {"broken": bool(failing), "verdict": result.verdict(), "failing": failing, "cxx_probe": probe,
-                "cxx_probe_ok": probe_ok,
-                "next": broken_next(self.onto, self.series.root, self.repo) if failing else [],
-                "json": result.to_json()}
+                "cxx_probe_ok": probe_ok, "next": nxt, "json": result.to_json()}
 
     def _start_tier(self, git: Git, series: Series, onto_commit: str, head: str) -> tier_ops.Pending | str:
         """``fit.treecheck`` (gates off and on) on the carried tree, started; a str says why it did not start."""
         self._step(f"behavioural tier on {self.onto} (started): it {NOTICE}")
         try:
             git.run("checkout", "--quiet", "--force", "--detach", head)
-            return tier_ops.start(series, git.worktree, git.changed_files(onto_commit, head), python=self.python,
-                                  run_code=self.run_code)
+            return tier_ops.Pending(series, git.worktree, git.changed_files(onto_commit, head), python=self.python,
+                                    run_code=self.run_code)
         except C128Error as exc:
             return exc.message
 
@@ -288,9 +276,9 @@ class Watch:
 
     def unchecked(self) -> list[str]:
         """What could not be checked here, one line each (no nvcc, no torch, the tier did not run): never clean."""
-        cxx = [f"C++: {self.contract.get('cxx_probe', 'not checked')}"] if self.contract and self.contract.get(
+        probe = [f"C++: {self.contract.get('cxx_probe', 'not checked')}"] if self.contract and self.contract.get(
             "cxx_probe_ok") is None else []
-        return cxx + (self.behaviour or {}).get("unchecked", [])
+        return probe + (self.behaviour or {}).get("unchecked", [])
 
     def _rebase(self, rb: Rebase, onto_commit: str) -> tuple[dict, list[dict], str]:
         """Rebase with every entry upstream holds dropped; past each stop, skip and go on."""
@@ -301,8 +289,16 @@ class Watch:
                 return verb(), stops, ""
             except DifferenceError as exc:
                 return exc.report, stops, exc.message
-            except ConflictError as exc:
-                stops.append(_stop_of(exc, [s["entry"] for s in stops]))
+            except ConflictError as exc:  # the entry that stopped it, as the report lists it (its step as left)
+                step = next((e for e in (exc.report or {}).get("entries", []) if e.get("status") == "failing"), {})
+                stop = step.get("stop") or {}
+                stops.append({
+                    "entry": step.get("name", "?"), "message": exc.message, "detail": step.get("detail", ""),
+                    "file": stop.get("file", step.get("file", "")), "chosen_by": step.get("chosen_by", ""),
+                    "blocks": stop.get("blocks", []), "resolved_by_ledger": stop.get("resolved", []),
+                    "unresolved": stop.get("unresolved", []), "paths": stop.get("paths", []),
+                    "upstream_commits": step.get("upstream_commits", []), "hints": step.get("hints", []),
+                    "taken": stop.get("taken") or {}, "after_skipping": [s["entry"] for s in stops]})
                 self._step(f"rebasing onto {self.onto}: past the conflict in {stops[-1]['entry']}")
                 verb = rb.skip
 
@@ -358,46 +354,40 @@ class Watch:
         errors = [f"{f.entry}: {f.message}" for f in findings if f.level == "error"]
         out = [{"name": "lint", "ok": not errors, "findings": errors,
                 "notes": [f"{f.entry}: {f.message}" for f in findings if f.level != "error"]}]
-        not_run = f"not run: the series does not carry onto {self.onto}"
         if stopped:
-            out += [{"name": name, "ok": True, "findings": [], "notes": [not_run], "skipped": True}
-                    for name in ("audit", "no-conflict-markers", "python-compiles", "gates-declared")]
-            return out
+            return out + [{"name": name, "ok": True, "findings": [],
+                           "notes": [f"not run: the series does not carry onto {self.onto}"], "skipped": True}
+                          for name in ("audit", "no-conflict-markers", "python-compiles", "gates-declared")]
         self._step(f"gate audit on {self.onto}")
         try:
             audit = [str(f) for f in audit_branch(series, git, onto_commit, head)]
-            out.append({"name": "audit", "ok": not audit, "findings": audit, "notes": []})
         except C128Error as exc:
-            out.append({"name": "audit", "ok": False, "findings": [exc.message], "notes": []})
+            audit = [exc.message]
+        out.append({"name": "audit", "ok": not audit, "findings": audit, "notes": []})
         self._step("tree checks")
         carried = {s["name"] for s in steps if s["kind"] == "entry" and s["new_sha"]}
         gates = [e.gate for e in series.entries if e.name in carried and e.gate]
-        out += [c.to_json() for c in check_tree(git, onto_commit, head, gates)]
+        out += [asdict(c) for c in tier_ops.check_tree(git, onto_commit, head, gates)]
         return out
 
     # ------------------------------------------------------------------ the report
     def reproduce(self) -> list[str]:
         """Commands that replay this rebase in a tree of one's own (printed for a conflict)."""
-        upstream = self.upstream
-        repo = ""
-        if upstream is not None and upstream.kind != "release":
-            where = upstream.location if upstream.kind == "url" else (
-                upstream.git.git_dir or upstream.git.out("rev-parse", "--absolute-git-dir"))
-            repo = f" --repo {_q(where)}"
-        onto = self.info["onto"]
-        tagged = upstream is not None and onto["commit"] and onto["rev"] in upstream.git.out(
-            "tag", "--points-at", onto["commit"]).split()
+        upstream, onto = self.upstream, self.info["onto"]  # both set: a conflict comes after ``_open``
+        where = upstream.location if upstream.kind == "url" else self.source
+        repo = f" --repo {_q(where)}" if upstream.kind != "release" else ""
+        tagged = onto["rev"] in upstream.git.out("tag", "--points-at", onto["commit"]).split()
         target = onto["rev"] if tagged else onto["commit"]
         return [f"c128patch apply --sglang-rev {_q(self.series.base)}{repo} --tree {WORK_TREE}{self.series_args}",
                 f"c128patch rebase --onto {_q(target)}{repo} --tree {WORK_TREE}{self.series_args}"]
 
-    def _report(self, outcome: str, problems: list[str], final: dict | None = None, steps: tuple = (),
-                stops: tuple = (), merged: tuple = (), needed: tuple = (), checks: tuple = (),
-                refreshed: dict | None = None) -> dict:
-        series, proof = self.series, (final or {}).get("equivalence") or {}
+    def _report(self, outcome: str, problems: list[str], final: dict | None = None, stops: tuple = (),
+                merged: tuple = (), needed: tuple = (), checks: tuple = (), refreshed: dict | None = None) -> dict:
+        final = final or {}
+        series, proof = self.series, final.get("equivalence") or {}
         stopped = {s["entry"]: s["detail"] for s in stops}
         rows = []
-        for s in steps:
+        for s in final.get("entries", []):
             if s["kind"] != "entry":
                 continue
             how = ("conflict" if s["name"] in stopped else
@@ -419,9 +409,9 @@ class Watch:
                        "root": str(series.root)},
             "layers": layer_rows(series),
             **self.info,
-            "direction": (final or {}).get("direction", ""),
-            "upstream_commits_between": (final or {}).get("upstream_commits_between", 0),
-            "upstream_commits": (final or {}).get("upstream_commits", [])[:50],
+            "direction": final.get("direction", ""),
+            "upstream_commits_between": final.get("upstream_commits_between", 0),
+            "upstream_commits": final.get("upstream_commits", [])[:50],
             "entries": rows,
             "needed_merge": [s["name"] for s in needed],
             "conflicts": list(stops),
@@ -454,9 +444,8 @@ class Watch:
         if outcome in ("refreshed", "merged") and report["refreshed"]:
             return adopt
         if outcome == "broken":  # the contract's commands, else the behavioural tier's on REV
-            where = f"--sglang-rev {_q(self.onto)}" + (f" --repo {_q(self.repo)}" if self.repo else "")
             return (self.contract or {}).get("next") or [
-                f"c128patch treecheck {where}{self.series_args}",
+                f"c128patch treecheck {self.rev_args}{self.series_args}",
                 "# fix the overlay / patch code it names (or adapt to the upstream commit the bisect names)"]
         if outcome == "conflict":
             return [*report["reproduce"],
@@ -481,7 +470,7 @@ class Watch:
             (out / "commit-message.txt").write_text(commit_message(report))
         if rebase_json:
             write_json_atomic(out / "rebase-report.json", rebase_json)
-            (out / "rebase-report.md").write_text(self._rebase_md)
+            (out / "rebase-report.md").write_text(render_markdown(rebase_json))
         (out / "watch-report.md").write_text(render(report))
         write_json_atomic(out / REPORT, {**report, "schema": SCHEMA_VERSION})  # as --json prints it
 

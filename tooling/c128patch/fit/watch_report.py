@@ -4,8 +4,6 @@ dict ``fit.watch`` builds; decides nothing."""
 
 from __future__ import annotations
 
-import shlex
-
 from c128patch.fit.sandbox import NOTICE
 from c128patch.ops.conflicts import block_markdown
 from c128patch.textsafe import md, plain
@@ -45,12 +43,9 @@ def _conflict_line(c: dict) -> str:
     files = sorted({b["path"] for b in c["blocks"]}) or c["unresolved"] or c.get("paths") or [c["file"]]
     text = f"entry {c['entry']} conflicts in {_names(files, 2)}"
     upstream = next((u for b in c["blocks"] for u in b["upstream"]), "")
-    if upstream:
-        text += f" since upstream commit {upstream}"
     moved = next((b for b in c["blocks"] if b["moved_to"]), None)
-    if moved:
-        text += f"; the code its hunk edits now lives at {moved['path']}:{moved['moved_to']}"
-    return text
+    return text + (f" since upstream commit {upstream}" if upstream else "") + (
+        f"; the code its hunk edits now lives at {moved['path']}:{moved['moved_to']}" if moved else "")
 
 
 def headline(report: dict) -> str:
@@ -63,9 +58,8 @@ def headline(report: dict) -> str:
         return f"{series} applies strictly on {at} ({len(entries)} entries, proven); nothing to do" + (
             f" (behavioural tier: {len(missed)} module(s) not checked here, their imports resolved)" if missed else "")
     if outcome == "unchecked":
-        said = report["unchecked"]
         return (f"{series} applies strictly on {at} ({len(entries)} entries, proven) but is not checked here: "
-                + "; ".join(said))
+                + "; ".join(report["unchecked"]))
     if outcome == "refreshed":
         how = [f"{e['name']} ({e['on_rev']})" for e in entries
                if e["on_rev"].split(" (")[0] in ("3-way", "ledger", "whitespace-merged") or "(renamed: " in e["on_rev"]]
@@ -248,15 +242,6 @@ def _commits(report: dict) -> list[str]:
     lines = ["## Upstream commits since the base", ""] + [f"- {md(c)}" for c in report["upstream_commits"][:20]]
     more = report["upstream_commits_between"] - min(20, len(report["upstream_commits"]))
     return lines + ([f"- ... and {more} more"] if more > 0 else []) + [""]
-
-
-def broken_next(onto: str, root: object, repo: str | None) -> list[str]:
-    """What to run for ``broken``: see every item on REV, then (reviewed) accept a changed signature."""
-    where = f"--sglang-rev {shlex.quote(onto)}" + (f" --repo {shlex.quote(repo)}" if repo else "")
-    series = f"--series {shlex.quote(str(root))}"
-    return [f"c128patch contract {where} {series} --verbose",
-            "# fix the overlay / patch lines it names; for a changed signature that still fits, after review:",
-            f"c128patch contract {where} {series} --accept"]
 
 
 def commit_message(report: dict) -> str:
