@@ -316,3 +316,12 @@ def workflow_commands(script: str, sample: dict[str, str] | None = None) -> list
 SLOW_FIRST = ("test_compile_kernels.py", "test_smoke_upstream_suite.py", "test_rebase.py", "test_watch.py",
               "test_watch_ci.py", "test_layers.py", "test_planner_host_cpu.py", "test_watch_behaviour.py",
               "test_reproducible.py", "test_deploy.py", "test_bench_variants.py")
+
+
+def tier_unchecked(behaviour: dict) -> list[str]:
+    """What watch must list for the tier here: every module not imported names a package this interpreter really
+    lacks (never a pass), and any such module makes the tier unchecked, never clean."""
+    for line in behaviour["not_checked"]:  # a probe: its module did not import (listed itself)
+        needs = re.search(r": not checked: needs ([\w.]+)", line)
+        assert needs and importlib.util.find_spec(needs[1].split(".")[0]) is None or " did not import" in line, line
+    return [f"behavioural tier: {behaviour['verdict']}"] if behaviour["not_checked"] else []

@@ -23,7 +23,17 @@ from c128patch.fit.watch import EXIT
 from c128patch.git import Git
 from c128patch.ops.lint import update_hashes
 from c128patch.series.manifest import load_series
-from support import REPO_ROOT, Run, copy_series, forget_resolutions, invoke, snapshot, tree_of, upstream_commit
+from support import (
+    REPO_ROOT,
+    Run,
+    copy_series,
+    forget_resolutions,
+    invoke,
+    snapshot,
+    tier_unchecked,
+    tree_of,
+    upstream_commit,
+)
 
 RS, HELPER = wu.RS, wu.RS_HELPER
 BACKEND = "c128-dspark-online-backend"
@@ -195,16 +205,17 @@ def clean_022(sglang_release_repo, tmp_path_factory) -> tuple[Watched, dict, dic
     return watched, before, snapshot(clone)
 
 
-def test_a_series_whose_files_apply_strictly_is_clean(clean_022):
+def test_a_series_whose_files_apply_strictly_is_clean_only_where_every_module_imported(clean_022):
     watched = clean_022[0]
-    assert watched.run.code == EXIT["clean"] == 0, watched.run.err
+    tier = tier_unchecked(watched.report["behaviour"])
+    assert [u for u in watched.report["unchecked"] if not u.startswith("C++: ")] == tier
+    outcome = "unchecked" if watched.report["unchecked"] else "clean"
+    assert watched.run.code == EXIT[outcome] and watched.report["outcome"] == outcome, watched.run.err
     assert set(watched.how().values()) == {"strict"}
     assert watched.report["headline"].startswith(f"series c128patch {V} applies strictly on v0.5.22@")
-    assert f"({N} entries, proven); nothing to do" in watched.report["headline"]
-    missed = watched.report["behaviour"]["not_checked"]  # modules needing a package this interpreter lacks
+    assert f"({N} entries, proven)" in watched.report["headline"]
     assert watched.report["headline"].endswith(
-        f"; nothing to do (behavioural tier: {len(missed)} module(s) not checked here, their imports resolved)"
-        if missed else "; nothing to do")
+        f" but is not checked here: {'; '.join(watched.report['unchecked'])}" if tier else "; nothing to do")
 
 
 def test_watch_never_touches_the_user_s_clone(clean_022):
@@ -323,9 +334,12 @@ def unrelated(stand_in, tmp_path_factory) -> Watched:
     return watch(tmp_path_factory.mktemp("w-unrelated") / "out", REPO_ROOT, "unrelated", "--repo", remote(stand_in))
 
 
-def test_an_upstream_commit_the_series_does_not_meet_is_clean(unrelated):
-    assert unrelated.run.code == 0, unrelated.run.err
-    assert unrelated.report["outcome"] == "clean" and unrelated.report["next"] == []
+def test_an_upstream_commit_the_series_does_not_meet_is_clean_where_every_module_imported(unrelated):
+    tier = tier_unchecked(unrelated.report["behaviour"])
+    outcome = "unchecked" if unrelated.report["unchecked"] else "clean"
+    assert [u for u in unrelated.report["unchecked"] if not u.startswith("C++: ")] == tier
+    assert unrelated.run.code == EXIT[outcome] and unrelated.report["outcome"] == outcome, unrelated.run.err
+    assert unrelated.report["next"] == []
 
 
 def test_clean_writes_the_reports_and_nothing_else(unrelated):

@@ -28,7 +28,8 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
     """Import every module the series adds or changes on a patched tree, with the gates off and on, in a
     sealed box: each ok, failed, or not checked (a package the interpreter lacks; no torch: nothing), and
     resolve each one's sglang imports against the tree's files (a missing module or name fails).
-    Exit 1 when a module fails, or when nothing could be checked; 8 with --no-run."""
+    Exit 0 only when every module imported and passed, gates off and on; 1 when one fails; 8 (unchecked) when
+    any could not be imported here (a package missing, no torch, --no-run)."""
     from c128patch.fit import contract, treecheck
     from c128patch.fit.sandbox import NOTICE, interpreter
     from c128patch.git import Git, toplevel
@@ -60,4 +61,4 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
         say(*map(plain, [*(f"  failed: {f}" for f in result.failed), *(f"  {n}" for n in result.not_checked()),
                          f"treecheck: {result.verdict()}"]))
     if not payload["ok"]:
-        sys.exit(exitcodes.UNCHECKED if no_run and not result.failed else exitcodes.FAILED)
+        sys.exit(exitcodes.FAILED if result.failed else exitcodes.UNCHECKED)

@@ -58,7 +58,8 @@ class TreecheckResult:
 
     @property
     def checked(self) -> bool:
-        return self.ran and all(t.torch for t in self.tiers) and any(t.count("ok") for t in self.tiers)
+        """Every module the series adds or changes (and every probe) imported, gates off and on: else unchecked."""
+        return self.ran and all(t.torch for t in self.tiers) and not any(t.count("not checked") for t in self.tiers)
 
     def not_checked(self) -> list[str]:
         """One line per module (or probe) the tier could not run, with the reason; never a pass."""
@@ -79,15 +80,12 @@ class TreecheckResult:
         if not all(t.torch for t in self.tiers):
             return ("failed: " if self.failed else "") + \
                 f"torch is not installed for this interpreter: behavioural tier not checked{said}"
-        if not self.failed and not any(t.count("ok") for t in self.tiers):
-            needs = sorted({m.get("detail", "").removeprefix("needs ").split(";")[0] for t in self.tiers
-                            for m in t.modules.values() if m["status"] == "not checked"} - {""})
-            return ("nothing could be checked here: every module needs a package this interpreter lacks "
-                    f"({', '.join(needs)}){said}")
         parts = [f"gates {t.gates}: {t.count('ok')} ok, {t.count('failed')} failed, "
                  f"{t.count('not checked')} not checked" for t in self.tiers]
-        head = "failed" if self.failed else "passed" if all(t.count("not checked") == 0 for t in self.tiers) else \
-            "passed where checked"
+        needs = sorted({m.get("detail", "").removeprefix("needs ").split(";")[0] for t in self.tiers
+                        for m in t.modules.values() if m["status"] == "not checked"} - {""})
+        head = "failed" if self.failed else "passed" if self.checked else \
+            "unchecked: not every module imported here" + (f" (needs {', '.join(needs)})" if needs else "")
         return f"{head} ({'; '.join(parts)}){said}"
 
     def to_json(self) -> dict:

@@ -54,9 +54,7 @@ def headline(report: dict) -> str:
     outcome = report["outcome"]
     entries = report["entries"]
     if outcome == "clean":
-        missed = (report.get("behaviour") or {}).get("not_checked", [])  # modules the tier could not import
-        return f"{series} applies strictly on {at} ({len(entries)} entries, proven); nothing to do" + (
-            f" (behavioural tier: {len(missed)} module(s) not checked here, their imports resolved)" if missed else "")
+        return f"{series} applies strictly on {at} ({len(entries)} entries, proven); nothing to do"
     if outcome == "unchecked":
         return (f"{series} applies strictly on {at} ({len(entries)} entries, proven) but is not checked here: "
                 + "; ".join(report["unchecked"]))
