@@ -135,6 +135,7 @@ class Managed:
     proc: subprocess.Popen | None = None
     seen: dict[int, int] = field(default_factory=dict)  # every pid seen under us -> its start time
     leftover: list[int] = field(default_factory=list)
+    grace: float = 15.0  # seconds between SIGTERM and SIGKILL on stop
 
     def start(self) -> "Managed":
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -165,15 +166,15 @@ class Managed:
         self._watch()
         return self.proc.poll()
 
-    def stop(self, grace: float = 15.0) -> int | None:
-        """SIGTERM the group and every descendant seen, SIGKILL the rest after ``grace`` s; the exit code."""
+    def stop(self, grace: float | None = None) -> int | None:
+        """SIGTERM the group and every descendant seen, SIGKILL the rest after ``grace`` s (default: ours)."""
         if self.proc is None:
             return None
         with _shielded():
             self._watch()
             if self.proc.poll() is None or self._remaining():
                 self._signal(signal.SIGTERM)
-                deadline = time.monotonic() + grace
+                deadline = time.monotonic() + (self.grace if grace is None else grace)
                 while time.monotonic() < deadline and (self.proc.poll() is None or self._remaining()):
                     time.sleep(0.1)
                 if self.proc.poll() is None or self._remaining():
