@@ -103,22 +103,6 @@ def alive(pid: int) -> bool:
     return st.state != "Z"
 
 
-def descendants(pid: int) -> dict[int, int]:
-    """Live descendants of ``pid`` with their start times (Linux /proc; empty elsewhere)."""
-    stats = _all_stats()
-    children: dict[int, list[int]] = {}
-    for child, st in stats.items():
-        children.setdefault(st.ppid, []).append(child)
-    out: dict[int, int] = {}
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if stats[child].state != "Z":
-                out[child] = stats[child].start
-            todo.append(child)
-    return out
-
-
 def group_members(pgid: int) -> list[int]:
     return [pid for pid, st in _all_stats().items() if st.pgid == pgid and st.state != "Z"]
 
@@ -153,8 +137,17 @@ class Managed:
         return self.proc.pid
 
     def _watch(self) -> None:
-        for pid, start in descendants(self.pid).items():
-            self.seen.setdefault(pid, start)
+        """Every live descendant into ``seen``, with its start time (Linux /proc; none elsewhere)."""
+        stats = _all_stats()
+        children: dict[int, list[int]] = {}
+        for child, st in stats.items():
+            children.setdefault(st.ppid, []).append(child)
+        todo = [self.pid]
+        while todo:
+            for child in children.get(todo.pop(), []):
+                if stats[child].state != "Z":
+                    self.seen.setdefault(child, stats[child].start)
+                todo.append(child)
 
     def _ours(self, pid: int) -> bool:
         """Still the very process we saw (not a later process that got its pid), and alive."""
