@@ -34,6 +34,7 @@ _RACE_SUMMARY = re.compile(r"^=+ RACECHECK SUMMARY: (\d+) hazards? displayed \((
 # First line of each report block: "Invalid __global__ read of size 4 bytes", "Error: Race
 # reported between ...", "Program hit cudaErrorIllegalAddress ...".
 _REPORT = re.compile(r"^=+ (Invalid |Error: |Program hit |Warning: |Uninitialized |Barrier error|Malloc/Free error)")
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "crashed", "not run")  # a pass's counts
 BAD = ("failed", "error", "crashed")  # outcomes that fail a pass
 ABSENT = {"outcome": "absent", "seconds": 0.0, "message": ""}  # a test one pass has and the other has not
 
@@ -152,11 +153,6 @@ def _report_outcome(r: dict, ev: dict) -> None:
         r.update(outcome="error", message=msg or r["message"])
 
 
-def count(tests: list[dict]) -> dict[str, int]:
-    keys = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "crashed", "not run")
-    return {k: sum(1 for t in tests if t["outcome"] == k) for k in keys}
-
-
 @dataclass
 class _Running:
     """One pass between its start and its result."""
@@ -188,7 +184,8 @@ def _result(run: _Running) -> dict[str, Any]:
         "scale": spec.scale, "exit_code": code,
         "exit": "timed out after %ds" % spec.timeout if run.timed_out else exit_description(code),
         "timed_out": run.timed_out, "finished": finished, "seconds": round(run.end - run.start, 1),
-        "log": str(proc.log), "counts": count(tests), "tests": tests, "results": results,
+        "log": str(proc.log), "counts": {k: sum(1 for t in tests if t["outcome"] == k) for k in OUTCOMES},
+        "tests": tests, "results": results,
         "argv": proc.argv}
     if proc.leftover:
         result["leftover_pids"] = proc.leftover

@@ -41,13 +41,9 @@ class TreePlan:
     standins: dict[str, list[str]]  # what upstream_standins installs
     standin_rows: list[dict[str, Any]]
 
-    @property
-    def real_packages(self) -> list[str]:
-        return sorted(self.closure.real_packages)
-
     def to_json(self) -> dict[str, Any]:
-        return {"tree": str(self.root), "real_packages": self.real_packages, "standins": self.standin_rows,
-                "predicted_import_errors": self.closure.missing,
+        return {"tree": str(self.root), "real_packages": sorted(self.closure.real_packages),
+                "standins": self.standin_rows, "predicted_import_errors": self.closure.missing,
                 "not_followed": self.closure.lazy}
 
 
@@ -93,7 +89,7 @@ def make_plan(prep: Prepared, root: Path, keyword: str | None) -> Plan:
 
 def pass_spec(plan: Plan, label: str, opts: KernelOptions) -> PassSpec:
     tree = plan.trees[label]
-    boot = {"standins": tree.standins, "real_packages": tree.real_packages}  # what upstream_standins installs
+    boot = {"standins": tree.standins, "real_packages": sorted(tree.closure.real_packages)}  # upstream_standins' plan
     return PassSpec(label, tree.root, None, 1.0, timeout=opts.timeout, keyword=opts.keyword,
                     collect_only=opts.collect_only,
                     extra_env={HARNESS_ENV: str(plan.harness), PLAN_ENV: json.dumps(boot, sort_keys=True)},
