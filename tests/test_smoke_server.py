@@ -396,6 +396,36 @@ def test_a_reused_pid_is_never_signalled(tmp_path):
         bystander.wait()
 
 
+def test_grace_is_how_long_a_stop_waits_before_sigkill(tmp_path):
+    """A process that ignores SIGTERM is killed after the Managed's grace, not a fixed 15 s."""
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    managed = smoke_procs.Managed("stubborn", [sys.executable, "-c", code], tmp_path / "log", grace=0.5).start()
+    deadline = time.monotonic() + 10
+    while "up" not in (tmp_path / "log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    managed.stop()
+    assert time.monotonic() - t0 < 8 and managed.proc.returncode == -signal.SIGKILL
+
+
+def test_server_options_grace_reaches_every_process(fake, monkeypatch):
+    """ServerOptions.grace is the grace of the server's and the load tool's stop."""
+    made: list[smoke_procs.Managed] = []
+
+    class Spy(smoke_procs.Managed):
+        def start(self) -> smoke_procs.Managed:
+            made.append(self)
+            return super().start()
+
+    monkeypatch.setattr(smoke_server, "Managed", Spy)
+    opts = fake.opts(modes=("on",), duration=3.0)
+    opts.grace = 1.25
+    smoke_server.run_server_tier(opts, "x")
+    assert sorted(m.name for m in made) == ["load on", "server on"]
+    assert {m.grace for m in made} == {1.25}
+    assert_all_gone(fake)
+
+
 @pytest.mark.parametrize("extra", [[], ["--port", "0"]])
 def test_refused_server_calls_leave_no_temp_folder(tmp_path, monkeypatch, extra):
     """Without --out the report folder is a temporary one; a call refused before any report (no

@@ -37,16 +37,6 @@ print(json.dumps(info))
 """
 
 
-def find_cuda_tool(name: str) -> str | None:
-    """``name`` on PATH, next to nvcc, or under $CUDA_HOME/bin, /usr/local/cuda/bin."""
-    nvcc = shutil.which("nvcc")
-    homes = [Path(p) for p in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if p]
-    dirs = [Path(nvcc).resolve().parent] if nvcc else []
-    dirs += [h / "bin" for h in (*homes, Path("/usr/local/cuda"))]
-    return shutil.which(name) or next((str(d / name) for d in dirs if (d / name).is_file()
-                                       and os.access(d / name, os.X_OK)), None)
-
-
 def _run(argv: list[str], timeout: float = 60) -> str | None:
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
@@ -69,8 +59,14 @@ def probe_python(python: str) -> dict[str, Any]:
 
 
 def _tool(name: str, key: str, version: str) -> dict[str, Any]:
-    """``name`` (where :func:`find_cuda_tool` finds it) and the version its ``--version`` prints."""
-    exe = find_cuda_tool(name)
+    """``name`` (on PATH, next to nvcc, or under $CUDA_HOME/bin, /usr/local/cuda/bin) and the version its
+    ``--version`` prints."""
+    nvcc = shutil.which("nvcc")
+    homes = [Path(p) for p in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if p]
+    dirs = [Path(nvcc).resolve().parent] if nvcc else []
+    dirs += [h / "bin" for h in (*homes, Path("/usr/local/cuda"))]
+    exe = shutil.which(name) or next((str(d / name) for d in dirs if (d / name).is_file()
+                                      and os.access(d / name, os.X_OK)), None)
     if exe is None:
         return {}
     match = re.search(version, _run([exe, "--version"]) or "")

@@ -74,18 +74,6 @@ def _verdict(a: dict, b: dict, prep: Prepared) -> tuple[str, str | None]:
     return ("regressed" if a["outcome"] in BAD and b["outcome"] == "passed" else "differs"), None
 
 
-def plan_passes(opts: KernelOptions, prep: Prepared, sanitizer_exe: str | None) -> list[PassSpec]:
-    common = dict(timeout=opts.timeout, keyword=opts.keyword, collect_only=opts.collect_only)
-    plain = [] if opts.sanitizer_only and not opts.collect_only else [
-        PassSpec("patched", prep.patched, prep.upstream, opts.scale, **common)]
-    if opts.collect_only:
-        return plain
-    if opts.differential and prep.upstream is not None:
-        plain.append(PassSpec("upstream", prep.upstream, prep.upstream, opts.scale, **common))
-    return plain + [PassSpec(f"patched-{tool}", prep.patched, prep.upstream, opts.sanitizer_scale, sanitizer=tool,
-                             sanitizer_exe=sanitizer_exe, **common) for tool in opts.sanitizers]
-
-
 def report_head(command: str, mode: str, prep: Prepared, device: dict[str, Any],
                 passes: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The fields both ``smoke kernel``'s and ``smoke upstream``'s reports start with."""
@@ -180,7 +168,14 @@ def run(opts: KernelOptions, command: str, progress: Progress) -> tuple[dict[str
 
     with prepare(opts, progress) as prep:
         opts = replace(opts, out=out_dir(opts.out, "kernel"))
-        specs = plan_passes(opts, prep, device.get("compute_sanitizer"))
+        common = dict(timeout=opts.timeout, keyword=opts.keyword, collect_only=opts.collect_only)
+        specs = [] if opts.sanitizer_only and not opts.collect_only else [
+            PassSpec("patched", prep.patched, prep.upstream, opts.scale, **common)]
+        if opts.differential and prep.upstream is not None and not opts.collect_only:
+            specs.append(PassSpec("upstream", prep.upstream, prep.upstream, opts.scale, **common))
+        specs += [PassSpec(f"patched-{tool}", prep.patched, prep.upstream, opts.sanitizer_scale, sanitizer=tool,
+                           sanitizer_exe=device.get("compute_sanitizer"), **common)
+                  for tool in (() if opts.collect_only else opts.sanitizers)]  # --list: the plain pass only
         report, path = run_groups([[s] for s in specs], prep.suite, opts.python, opts.out, announce,
                                   lambda passes: build_report(command, opts, prep, device, passes),
                                   lambda rep, out: write_json_atomic(out / REPORT, {**rep, "schema": SCHEMA_VERSION}))

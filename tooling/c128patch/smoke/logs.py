@@ -178,16 +178,6 @@ _MULTITURN = {
 }
 
 
-def parse_bench_multiturn(stdout: str) -> dict[str, Any]:
-    """benchmark/hicache/bench_multiturn.py's ``Performance metrics summary:`` block; the last one wins."""
-    out: dict[str, Any] = {}
-    for line in stdout.splitlines():
-        for key, pattern in _MULTITURN.items():
-            if m := pattern.match(line):
-                out[key] = _num(m.group(1))
-    return out
-
-
 def read_jsonl(path: Path) -> list[Any]:
     """Each JSON line of a file that may not exist, a line cut by a kill left out."""
     rows = []
@@ -210,7 +200,13 @@ def load_summary(tool: str, stdout: str, result_file: Path) -> dict[str, Any]:
                 "request_throughput": rec.get("request_throughput", printed.get("Request throughput (req/s)")),
                 "accept_length": rec.get("accept_length", printed.get("Accept length")),
                 "source": "result file" if record else ("printed summary" if printed else None)}
-    summary = (record or {}).get("summary") or parse_bench_multiturn(stdout)
+    summary = (record or {}).get("summary")
+    if not summary:  # bench_multiturn.py's printed "Performance metrics summary:" block; the last one wins
+        summary = {}
+        for line in stdout.splitlines():
+            for key, pattern in _MULTITURN.items():
+                if m := pattern.match(line):
+                    summary[key] = _num(m.group(1))
     return {"completed": summary.get("total_requests"), "duration_s": None,
             "output_throughput": summary.get("output_token_throughput"),
             "request_throughput": summary.get("throughput"), "accept_length": None,

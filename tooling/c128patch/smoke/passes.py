@@ -34,6 +34,7 @@ _RACE_SUMMARY = re.compile(r"^=+ RACECHECK SUMMARY: (\d+) hazards? displayed \((
 # First line of each report block: "Invalid __global__ read of size 4 bytes", "Error: Race
 # reported between ...", "Program hit cudaErrorIllegalAddress ...".
 _REPORT = re.compile(r"^=+ (Invalid |Error: |Program hit |Warning: |Uninitialized |Barrier error|Malloc/Free error)")
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "crashed", "not run")  # a pass's counts
 BAD = ("failed", "error", "crashed")  # outcomes that fail a pass
 ABSENT = {"outcome": "absent", "seconds": 0.0, "message": ""}  # a test one pass has and the other has not
 
@@ -152,21 +153,6 @@ def _report_outcome(r: dict, ev: dict) -> None:
         r.update(outcome="error", message=msg or r["message"])
 
 
-def count(tests: list[dict]) -> dict[str, int]:
-    keys = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "crashed", "not run")
-    return {k: sum(1 for t in tests if t["outcome"] == k) for k in keys}
-
-
-def _read_results(folder: Path) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            out[path.stem] = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            out[path.stem] = {"unreadable": str(path)}
-    return out
-
-
 @dataclass
 class _Running:
     """One pass between its start and its result."""
@@ -180,20 +166,6 @@ class _Running:
     timed_out: bool = False
 
 
-def _prepare(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> _Running:
-    out_dir = out_dir.resolve()  # the child runs in the suite's folder
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows_path = out_dir / f"rows-{spec.label}.jsonl"
-    log = out_dir / f"pytest-{spec.label}.log"
-    results = out_dir / "results" / spec.label
-    for stale in (rows_path, log):
-        stale.unlink(missing_ok=True)
-    results.mkdir(parents=True, exist_ok=True)
-    proc = Managed(f"pytest {spec.label}", pytest_argv(spec, suite, python, out_dir), log,
-                   env=pytest_env(spec, rows_path, results), cwd=suite)
-    return _Running(spec, rows_path, results, proc)
-
-
 def _result(run: _Running) -> dict[str, Any]:
     spec, proc = run.spec, run.proc
     code = proc.proc.returncode if proc.proc else None
@@ -201,12 +173,19 @@ def _result(run: _Running) -> dict[str, Any]:
     finished = any(r.get("event") == "finish" for r in rows)
     tests = tests_from_rows(rows, run.end, run.timed_out)
     text = proc.log.read_text(errors="replace")
+    results: dict[str, Any] = {}  # what the suite wrote to its results folder
+    for path in sorted(run.results.glob("*.json")):
+        try:
+            results[path.stem] = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            results[path.stem] = {"unreadable": str(path)}
     result: dict[str, Any] = {
         "label": spec.label, "tree": str(spec.tree), "upstream_tree": str(spec.upstream) if spec.upstream else None,
         "scale": spec.scale, "exit_code": code,
         "exit": "timed out after %ds" % spec.timeout if run.timed_out else exit_description(code),
         "timed_out": run.timed_out, "finished": finished, "seconds": round(run.end - run.start, 1),
-        "log": str(proc.log), "counts": count(tests), "tests": tests, "results": _read_results(run.results),
+        "log": str(proc.log), "counts": {k: sum(1 for t in tests if t["outcome"] == k) for k in OUTCOMES},
+        "tests": tests, "results": results,
         "argv": proc.argv}
     if proc.leftover:
         result["leftover_pids"] = proc.leftover
@@ -222,7 +201,19 @@ def run_passes(specs: list[PassSpec], suite: Path, python: str, out_dir: Path) -
     """Run several passes at the same time (distinct labels), each in its own process group with
     its own timeout from its start; label -> the pass's rows, counts, exit and (under a
     sanitizer) its findings. An exception (a signal) stops every pass still running."""
-    runs = [_prepare(spec, suite, python, out_dir) for spec in specs]
+    out_dir = out_dir.resolve()  # the child runs in the suite's folder
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for spec in specs:
+        rows_path = out_dir / f"rows-{spec.label}.jsonl"
+        log = out_dir / f"pytest-{spec.label}.log"
+        results = out_dir / "results" / spec.label
+        for stale in (rows_path, log):
+            stale.unlink(missing_ok=True)
+        results.mkdir(parents=True, exist_ok=True)
+        proc = Managed(f"pytest {spec.label}", pytest_argv(spec, suite, python, out_dir), log,
+                       env=pytest_env(spec, rows_path, results), cwd=suite)
+        runs.append(_Running(spec, rows_path, results, proc))
     assert len({r.spec.label for r in runs}) == len(runs), "pass labels must differ"
     with contextlib.ExitStack() as stack:
         for run in runs:

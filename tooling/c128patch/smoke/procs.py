@@ -103,22 +103,6 @@ def alive(pid: int) -> bool:
     return st.state != "Z"
 
 
-def descendants(pid: int) -> dict[int, int]:
-    """Live descendants of ``pid`` with their start times (Linux /proc; empty elsewhere)."""
-    stats = _all_stats()
-    children: dict[int, list[int]] = {}
-    for child, st in stats.items():
-        children.setdefault(st.ppid, []).append(child)
-    out: dict[int, int] = {}
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if stats[child].state != "Z":
-                out[child] = stats[child].start
-            todo.append(child)
-    return out
-
-
 def group_members(pgid: int) -> list[int]:
     return [pid for pid, st in _all_stats().items() if st.pgid == pgid and st.state != "Z"]
 
@@ -135,6 +119,7 @@ class Managed:
     proc: subprocess.Popen | None = None
     seen: dict[int, int] = field(default_factory=dict)  # every pid seen under us -> its start time
     leftover: list[int] = field(default_factory=list)
+    grace: float = 15.0  # seconds between SIGTERM and SIGKILL on stop
 
     def start(self) -> "Managed":
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -152,8 +137,17 @@ class Managed:
         return self.proc.pid
 
     def _watch(self) -> None:
-        for pid, start in descendants(self.pid).items():
-            self.seen.setdefault(pid, start)
+        """Every live descendant into ``seen``, with its start time (Linux /proc; none elsewhere)."""
+        stats = _all_stats()
+        children: dict[int, list[int]] = {}
+        for child, st in stats.items():
+            children.setdefault(st.ppid, []).append(child)
+        todo = [self.pid]
+        while todo:
+            for child in children.get(todo.pop(), []):
+                if stats[child].state != "Z":
+                    self.seen.setdefault(child, stats[child].start)
+                todo.append(child)
 
     def _ours(self, pid: int) -> bool:
         """Still the very process we saw (not a later process that got its pid), and alive."""
@@ -165,15 +159,15 @@ class Managed:
         self._watch()
         return self.proc.poll()
 
-    def stop(self, grace: float = 15.0) -> int | None:
-        """SIGTERM the group and every descendant seen, SIGKILL the rest after ``grace`` s; the exit code."""
+    def stop(self, grace: float | None = None) -> int | None:
+        """SIGTERM the group and every descendant seen, SIGKILL the rest after ``grace`` s (default: ours)."""
         if self.proc is None:
             return None
         with _shielded():
             self._watch()
             if self.proc.poll() is None or self._remaining():
                 self._signal(signal.SIGTERM)
-                deadline = time.monotonic() + grace
+                deadline = time.monotonic() + (self.grace if grace is None else grace)
                 while time.monotonic() < deadline and (self.proc.poll() is None or self._remaining()):
                     time.sleep(0.1)
                 if self.proc.poll() is None or self._remaining():

@@ -77,16 +77,6 @@ def print_failing(tests: list[tuple[str, str]]) -> None:
                                     f"{', '.join(failing[:5])}{more}", markup=False, style="bold red")
 
 
-def _differential_line(report: dict[str, Any]) -> str:
-    """The differential's counts after the patched tree's failures: a test failing on both trees counts as
-    "same", and is said to (the unpatched side, lacking our code, is no reference for it)."""
-    tests = report.get("tests", [])
-    failing = [t for t in tests if t["outcome"] in BAD]
-    both = sum(1 for t in failing if t.get("verdict") == "same")
-    head = f"{len(failing)} of {len(tests)} fail on the patched tree ({both} on both: same); " if failing else ""
-    return "differential: " + head + ", ".join(f"{n} {k}" for k, n in report["differential"]["summary"].items())
-
-
 def _kernel_lines(report: dict[str, Any]) -> list[str]:
     lines = [f"device: {describe(report['device'])}"]
     prov = report.get("provenance")
@@ -99,8 +89,13 @@ def _kernel_lines(report: dict[str, Any]) -> list[str]:
         counts = ", ".join(f"{n} {k}" for k, n in p["counts"].items() if n) or "nothing collected"
         lines.append(f"{label}: {counts} ({p['exit']}, {p['seconds']:.0f}s, scale {p['scale']})")
         lines += [f"  | {line}" for line in p.get("log_tail", [])[-8:]]
-    if "differential" in report:
-        lines.append(_differential_line(report))
+    if "differential" in report:  # the counts after the patched tree's failures; one failing on both trees
+        tests = report.get("tests", [])  # counts as "same", and is said to (the unpatched side is no reference)
+        failing = [t for t in tests if t["outcome"] in BAD]
+        both = sum(1 for t in failing if t.get("verdict") == "same")
+        head = f"{len(failing)} of {len(tests)} fail on the patched tree ({both} on both: same); " if failing else ""
+        lines.append("differential: " + head
+                     + ", ".join(f"{n} {k}" for k, n in report["differential"]["summary"].items()))
     for run in (report.get("sanitizer") or {}).get("runs", []):
         found = "no summary" if run["errors"] is None else f"{run['errors']} error(s)"
         lines.append(f"compute-sanitizer {run['tool']}: {found} in {run['processes']} process(es)")

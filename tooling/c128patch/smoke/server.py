@@ -74,7 +74,7 @@ class ServerOptions:
     load_cmd: list[str] | None = None  # default: the tool's own command
     python: str = sys.executable
     out: Path = Path("smoke-server")
-    grace: float = 30.0
+    grace: float = 30.0  # seconds from SIGTERM to SIGKILL when the server and the load are stopped
     settle: float = 3.0
     allow_unpatched: bool = False
 
@@ -195,16 +195,6 @@ def _follow(server: Managed, tail: Tail, log: ServerLog, done: Callable[[], bool
         time.sleep(0.5)
 
 
-def wait_healthy(server: Managed, tail: Tail, log: ServerLog, port: int, timeout: float) -> tuple[bool, str, float]:
-    """(ok, why not, seconds): /health answered 200, or the server exited, logged a fatal error or timed out."""
-    start = time.monotonic()
-    end = _follow(server, tail, log, lambda: health(port, timeout=2.0), timeout)
-    why = {"exited": f"the server exited ({exit_description(server.poll())}) before /health answered",
-           "fatal": f"the server logged {', '.join(log.fatal)} while starting",
-           "timeout": f"/health did not answer within {timeout:.0f}s"}.get(end, "")
-    return end == "done", why, time.monotonic() - start
-
-
 def run_mode(opts: ServerOptions, mode: str, progress: Progress = lambda _m: None) -> dict[str, Any]:
     """Start the server for ``mode``, wait for health, load it, stop it; what happened."""
     out = opts.out
@@ -223,13 +213,18 @@ def run_mode(opts: ServerOptions, mode: str, progress: Progress = lambda _m: Non
                               "env": {k: env[k] for k in (*ONLINE_ENVS, *COMPACT_ENV, *opts.env) if k in env},
                               "problems": []}
     log, tail = ServerLog(), Tail(server_log)
-    server = Managed(f"server {mode}", argv, server_log, env=env)
+    server = Managed(f"server {mode}", argv, server_log, env=env, grace=opts.grace)
     died: str | None = None
     try:
         with server:
             record["pid"] = server.pid
             progress(f"[{mode}] starting the server (pid {server.pid}), waiting for /health")
-            ok, why, secs = wait_healthy(server, tail, log, opts.port, opts.health_timeout)
+            start = time.monotonic()  # /health answers 200, or the server exits, logs a fatal error or times out
+            end = _follow(server, tail, log, lambda: health(opts.port, timeout=2.0), opts.health_timeout)
+            ok, secs = end == "done", time.monotonic() - start
+            why = {"exited": f"the server exited ({exit_description(server.poll())}) before /health answered",
+                   "fatal": f"the server logged {', '.join(log.fatal)} while starting",
+                   "timeout": f"/health did not answer within {opts.health_timeout:.0f}s"}.get(end, "")
             record["health"] = {"ok": ok, "seconds": round(secs, 1), "reason": why}
             if not ok:
                 record["problems"].append(why)
@@ -276,7 +271,7 @@ def _run_problems(record: dict[str, Any], died: str | None, log: ServerLog, left
 def _drive_load(opts: ServerOptions, mode: str, server: Managed, tail: Tail, log: ServerLog,
                 result_file: Path, load_log: Path) -> tuple[dict[str, Any], str | None]:
     argv = load_argv(opts, mode, result_file)
-    load = Managed(f"load {mode}", argv, load_log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    load = Managed(f"load {mode}", argv, load_log, env={**os.environ, "PYTHONUNBUFFERED": "1"}, grace=opts.grace)
     start = time.monotonic()
     with load:
         end = _follow(server, tail, log, lambda: load.poll() is not None, opts.duration)

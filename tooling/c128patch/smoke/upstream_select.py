@@ -151,7 +151,6 @@ class Edge:
     kind: str
     module: str
     names: tuple[str, ...] = ()
-    reason: str = ""
 
 
 def resolve(index: ModuleIndex, imp: Imp, standins: set[str]) -> list[Edge]:
@@ -161,7 +160,7 @@ def resolve(index: ModuleIndex, imp: Imp, standins: set[str]) -> list[Edge]:
         return [Edge("standin", imp.module, imp.names or ())]
     # a module under a stand-in package loads from the tree (upstream_standins keeps its __path__)
     if index.file(imp.module) is None:
-        return [Edge("missing", imp.module, reason=f"this tree has no module {imp.module}")]
+        return [Edge("missing", imp.module)]
     if imp.names is None:
         return [Edge("package" if index.is_package(imp.module) else "module", imp.module)]
     if not index.is_package(imp.module):
@@ -264,22 +263,6 @@ class TestFile:
             self.path.parent / f"{top}.py", self.path.parent / top / "__init__.py") if cand.is_file()})
 
 
-def exercised(index: ModuleIndex, test: TestFile, standins: set[str]) -> dict[str, str]:
-    """module -> how the test reaches it: its imports, through test helpers (sglang.test.*) and packages' __init__."""
-    seen: dict[str, str] = {}
-    queue: list[tuple[list[Imp], str]] = [(test.imports, "")]
-    while queue:
-        imports, via = queue.pop()
-        for imp in imports:
-            for edge in resolve(index, imp, standins):
-                if edge.kind not in ("module", "package") or edge.module in seen:
-                    continue
-                seen[edge.module] = via
-                if edge.module.startswith("sglang.test.") or edge.kind == "package":
-                    queue.append((index.imports(edge.module), via or edge.module))
-    return seen
-
-
 @dataclass
 class Closure:
     """What a set of tests needs of one tree."""
@@ -312,12 +295,6 @@ class Closure:
         return sorted(out)
 
 
-def _csrc_literals(path: Path) -> set[str]:
-    """csrc folders named by string literals like "deepseek_v4/c128_v2.cuh"."""
-    return {node.value.split("/")[0] for node in ast.walk(ast.parse(path.read_text(errors="replace")))
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CSRC_LITERAL.match(node.value)}
-
-
 def closure(index: ModuleIndex, tests: list[TestFile], standins: set[str]) -> Closure:
     """Follow every import the tests make through the tree, and the harness's own (sglang.srt.environ)."""
     out = Closure()
@@ -341,14 +318,16 @@ def closure(index: ModuleIndex, tests: list[TestFile], standins: set[str]) -> Cl
                         uses.setdefault(name, []).append(here)
                 elif edge.kind == "missing":
                     if eager:
-                        out.missing.setdefault(edge.module, []).append(f"{here}: {edge.reason}")
+                        out.missing.setdefault(edge.module, []).append(f"{here}: this tree has no module {edge.module}")
                 else:
                     (out.modules if edge.kind == "module" else out.real_packages).add(edge.module)
                     if edge.module not in done or (eager and not done[edge.module]):
                         done[edge.module] = eager
                         path = index.file(edge.module)
-                        if path is not None:
-                            out.csrc_dirs |= _csrc_literals(path)
+                        if path is not None:  # the csrc folders it names ("deepseek_v4/c128_v2.cuh")
+                            nodes = ast.walk(ast.parse(path.read_text(errors="replace")))
+                            out.csrc_dirs |= {n.value.split("/")[0] for n in nodes if isinstance(n, ast.Constant)
+                                              and isinstance(n.value, str) and _CSRC_LITERAL.match(n.value)}
                         queue.append((index.imports(edge.module), edge.module, False, eager))
     out.lazy = sorted(lazy - out.modules - out.real_packages)
     return out
@@ -446,8 +425,17 @@ def select(root: Path, patched: Path, targets: dict[str, str], standins: set[str
     paths = test_files(root)
     for path in paths:
         test = TestFile.read(path, root)
+        seen: dict[str, str] = {}  # module -> how the test reaches it (through test helpers and packages' __init__)
+        queue: list[tuple[list[Imp], str]] = [(test.imports, "")]
+        while queue:
+            imports, via = queue.pop()
+            for edge in (edge for imp in imports for edge in resolve(index, imp, standins)):
+                if edge.kind in ("module", "package") and edge.module not in seen:
+                    seen[edge.module] = via
+                    if edge.module.startswith("sglang.test.") or edge.kind == "package":
+                        queue.append((index.imports(edge.module), via or edge.module))
         reasons = [f"{mod}: {targets[mod]}" + (f" (through {via})" if via and via != mod else "")
-                   for mod, via in sorted(exercised(index, test, standins).items()) if mod in targets]
+                   for mod, via in sorted(seen.items()) if mod in targets]
         names = [n.lower() for n in test.names] + [test.rel.lower()]
         if any(w in n for w in words for n in names):
             reasons.append(f"-k {keyword}")

@@ -41,13 +41,9 @@ class TreePlan:
     standins: dict[str, list[str]]  # what upstream_standins installs
     standin_rows: list[dict[str, Any]]
 
-    @property
-    def real_packages(self) -> list[str]:
-        return sorted(self.closure.real_packages)
-
     def to_json(self) -> dict[str, Any]:
-        return {"tree": str(self.root), "real_packages": self.real_packages, "standins": self.standin_rows,
-                "predicted_import_errors": self.closure.missing,
+        return {"tree": str(self.root), "real_packages": sorted(self.closure.real_packages),
+                "standins": self.standin_rows, "predicted_import_errors": self.closure.missing,
                 "not_followed": self.closure.lazy}
 
 
@@ -93,7 +89,7 @@ def make_plan(prep: Prepared, root: Path, keyword: str | None) -> Plan:
 
 def pass_spec(plan: Plan, label: str, opts: KernelOptions) -> PassSpec:
     tree = plan.trees[label]
-    boot = {"standins": tree.standins, "real_packages": tree.real_packages}  # what upstream_standins installs
+    boot = {"standins": tree.standins, "real_packages": sorted(tree.closure.real_packages)}  # upstream_standins' plan
     return PassSpec(label, tree.root, None, 1.0, timeout=opts.timeout, keyword=opts.keyword,
                     collect_only=opts.collect_only,
                     extra_env={HARNESS_ENV: str(plan.harness), PLAN_ENV: json.dumps(boot, sort_keys=True)},
@@ -194,8 +190,8 @@ def _group(rows: list[dict[str, Any]], key: str) -> dict[str, list[str]]:
     return out
 
 
-def _findings(rows: list[dict[str, Any]], plan: Plan, collect_only: bool) -> tuple[list[str], list[str]]:
-    """The verdicts and the stand-in rows as problems and notes."""
+def _findings(rows: list[dict[str, Any]], collect_only: bool) -> tuple[list[str], list[str]]:
+    """The verdicts as problems and notes."""
     problems: list[str] = []
     notes: list[str] = []
     regressed = [r["id"] for r in rows if r["verdict"] == "regressed"]
@@ -219,13 +215,15 @@ def _findings(rows: list[dict[str, Any]], plan: Plan, collect_only: bool) -> tup
         ids = [r["id"] for r in rows if r["verdict"] == v]
         if ids:
             notes.append(f"{v} ({len(ids)}): {', '.join(ids[:10])}")
-    _standin_findings(plan, problems, notes)
     return problems, notes
 
 
-def _standin_findings(plan: Plan, problems: list[str], notes: list[str]) -> None:
-    """The stand-in rows of each tree: a module no stand-in provides, what a stand-in withholds."""
-    for label, tp in plan.trees.items():
+def build_report(command: str, plan: Plan, prep: Prepared, device: dict[str, Any], passes: Passes,
+                 collect_only: bool) -> dict[str, Any]:
+    patched, upstream = passes.get("patched"), passes.get("upstream")
+    rows = compare(patched, upstream, plan, collect_only) if patched else []
+    problems, notes = _findings(rows, collect_only)
+    for label, tp in plan.trees.items():  # a module no stand-in provides, what a stand-in withholds
         for row in tp.standin_rows:
             if row.get("no_standin"):
                 problems.append(f"{label}: upstream's tests import {', '.join(row['no_standin'])} from "
@@ -233,13 +231,6 @@ def _standin_findings(plan: Plan, problems: list[str], notes: list[str]) -> None
             if row.get("withheld") and row.get("reason"):
                 notes.append(f"{label}: stand-in {row['module']} withholds {', '.join(row['withheld'])}: "
                              f"{row['reason']}")
-
-
-def build_report(command: str, plan: Plan, prep: Prepared, device: dict[str, Any], passes: Passes,
-                 collect_only: bool) -> dict[str, Any]:
-    patched, upstream = passes.get("patched"), passes.get("upstream")
-    rows = compare(patched, upstream, plan, collect_only) if patched else []
-    problems, notes = _findings(rows, plan, collect_only)
     problems[:0] = [x for p in passes.values() for x in pass_problems(p, collect_only, outcomes=False)]
     if not plan.selection.files:
         problems.append("no upstream test selected (nothing under the tests' scope reaches what the series touches)")
