@@ -438,3 +438,12 @@ def test_refused_server_calls_leave_no_temp_folder(tmp_path, monkeypatch, extra)
     assert res.code == 2, (res.code, res.err)
     assert res.err.startswith("c128patch: error: ")
     assert not list(tmp_path.glob("c128patch-smoke-server-*"))
+
+
+def test_grace_is_an_option_of_smoke_server_with_the_options_default():
+    from dataclasses import fields
+
+    from c128patch.cli.smoke.server import command
+
+    grace = next(p for p in command.params if p.name == "grace")
+    assert grace.default == next(f.default for f in fields(smoke_server.ServerOptions) if f.name == "grace") == 30.0

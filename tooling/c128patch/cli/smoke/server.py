@@ -49,6 +49,8 @@ def _argv(_ctx: click.Context, _param: click.Parameter, value: str | None) -> li
 @click.option("--modes", default="on,off", show_default=True, help="Which of on,off to run, in order.",
               callback=lambda _c, _p, value: tuple(m.strip() for m in value.split(",") if m.strip()))
 @click.option("--health-timeout", type=float, default=1800.0, show_default=True, help="Seconds to wait for /health.")
+@click.option("--grace", type=float, default=30.0, show_default=True,
+              help="Seconds from SIGTERM to SIGKILL when the server and the load are stopped.")
 @click.option("--launcher", callback=_argv, help="Server command (default: PYTHON -m sglang.launch_server).")
 @click.option("--load-cmd", callback=_argv, help="Load tool command replacing the default prefix.")
 @click.option("--allow-unpatched", is_flag=True, help="Run on an sglang without a c128patch provenance record.")
