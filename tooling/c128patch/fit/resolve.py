@@ -66,8 +66,7 @@ class TreeReader:
 
 def our_lines(git: Git, upstream: str, head: str,
               paths: list[str]) -> tuple[dict[str, set[int]], dict[str, list[Hunk]]]:
-    """path -> the line numbers on ``head`` that ``upstream..head`` adds (``git diff -U0``), and path ->
-    its hunks (for ``upstream_line``)."""
+    """path -> the lines on ``head`` that ``upstream..head`` adds (``git diff -U0``); path -> its hunks."""
     if not paths:
         return {}, {}
     diff = git.run("diff", "-U0", "--no-renames", "--no-color", upstream, head, "--", *paths).stdout
@@ -265,7 +264,6 @@ class Upstream:
 
     def _class_member(self, cls: Def, attr: str, hops: int, seen: set[str]) -> Def:
         node = cls.node
-        assert isinstance(node, ast.ClassDef)
         key = f"{cls.path}:{cls.line}"
         if key in seen:
             return Def("unknown", attr, why="cyclic bases")
