@@ -35,7 +35,7 @@ def _contract(series: Series, git: Git, r: RevCheck) -> dict:
 
     if not r.ok:
         return {"ok": False, "verdict": "not checked: the series does not apply here", "failing": []}
-    result = contract.check_rev(series, git, r.rev, r.commit)
+    result = contract.check(series, git, r.commit, contract.patched_tree(series, git, r.rev, r.commit))
     return {"ok": result.ok, "verdict": result.verdict(),
             "failing": [f.message for f in result.errors + result.warnings]}
 

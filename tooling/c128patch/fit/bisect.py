@@ -25,7 +25,7 @@ from c128patch.upstream.source import open_upstream
 
 def _what_fails(series: Series, git: Git, commit: str, behaviour: bool = False, python: str | None = None) -> list[str]:
     try:
-        result = contract.check_rev(series, git, commit[:12], commit)
+        result = contract.check(series, git, commit, contract.patched_tree(series, git, commit[:12], commit))
         failing = [f.message for f in result.errors + result.warnings]
         if behaviour and not failing:
             failing = [f"behavioural tier: {f}" for f in

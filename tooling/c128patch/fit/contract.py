@@ -40,9 +40,6 @@ class Item:
     def sig(self) -> str:
         return sig_hash(self.signature)
 
-    def lock_item(self) -> LockItem:
-        return LockItem(self.kind, self.target, self.site, self.where, (self.sig,), self.shape, self.signature)
-
 
 @dataclass
 class Finding:
@@ -53,9 +50,6 @@ class Finding:
     target: str = ""
     recorded: str = ""
     now: str = ""
-
-    def __str__(self) -> str:
-        return self.message
 
 
 @dataclass
@@ -212,9 +206,7 @@ def check(series: Series, git: Git, upstream: str, head: str, *, lock: Lock | No
     items, findings = derive(series, git, upstream, head)
     findings = findings + compare(items, lock)
     order = {"error": 0, "warning": 1, "note": 2}
-    result = ContractResult(items, sorted(findings, key=lambda f: order[f.level]))
-    result.seconds = time.perf_counter() - start
-    return result
+    return ContractResult(items, sorted(findings, key=lambda f: order[f.level]), seconds=time.perf_counter() - start)
 
 
 def lock_items(series: Series, git: Git, upstream: str, head: str) -> list[LockItem]:
@@ -224,7 +216,7 @@ def lock_items(series: Series, git: Git, upstream: str, head: str) -> list[LockI
     if errors:
         raise C128Error(f"cannot record the contract: {errors[0].message}"
                         + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
-    return [i.lock_item() for i in items]
+    return [LockItem(i.kind, i.target, i.site, i.where, (i.sig,), i.shape, i.signature) for i in items]
 
 
 def patched_tree(series: Series, git: Git, rev: str, commit: str) -> str:
@@ -237,11 +229,6 @@ def patched_tree(series: Series, git: Git, rev: str, commit: str) -> str:
             raise C128Error(f"the series does not apply on {rev}: {what}; the contract is checked on a tree the series "
                             "applies to (c128patch check shows where it stops)")
         return index_git(git, Path(tmp) / "index").out("write-tree")
-
-
-def check_rev(series: Series, git: Git, rev: str, commit: str) -> ContractResult:
-    """The contract on upstream ``commit`` with the series replayed there (no checkout)."""
-    return check(series, git, commit, patched_tree(series, git, rev, commit))
 
 
 def tree_base(git: Git) -> str:

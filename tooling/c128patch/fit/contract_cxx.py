@@ -74,8 +74,7 @@ _AFTER = re.compile(r"\s*(?:const\b\s*)?(?:&&|&)?\s*(?:noexcept\b(?:\([^)]*\))?\
 
 
 def declarations(text: str) -> dict[str, list[tuple[int, str, str]]]:
-    """name -> [(line, declaration text, "name" | "member" | "function")] of the types, aliases, constants,
-    macros and functions ``text`` (a header) declares, as regular expressions see them."""
+    """name -> [(line, declaration, "name" | "member" | "function")] of what the header ``text`` declares (by regex)."""
     raw = text
     text = strip(text)
     out: dict[str, list[tuple[int, str, str]]] = {}

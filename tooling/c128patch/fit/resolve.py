@@ -66,8 +66,7 @@ class TreeReader:
 
 def our_lines(git: Git, upstream: str, head: str,
               paths: list[str]) -> tuple[dict[str, set[int]], dict[str, list[Hunk]]]:
-    """path -> the line numbers on ``head`` that ``upstream..head`` adds (``git diff -U0``), and path ->
-    its hunks (for ``upstream_line``)."""
+    """path -> the lines on ``head`` that ``upstream..head`` adds (``git diff -U0``); path -> its hunks."""
     if not paths:
         return {}, {}
     diff = git.run("diff", "-U0", "--no-renames", "--no-color", upstream, head, "--", *paths).stdout
@@ -265,7 +264,6 @@ class Upstream:
 
     def _class_member(self, cls: Def, attr: str, hops: int, seen: set[str]) -> Def:
         node = cls.node
-        assert isinstance(node, ast.ClassDef)
         key = f"{cls.path}:{cls.line}"
         if key in seen:
             return Def("unknown", attr, why="cyclic bases")
@@ -404,7 +402,6 @@ def chain_of(node: ast.AST) -> list[str]:
 class Use:
     """One use of upstream by our code: a dotted chain from a binding, maybe called."""
 
-    site_path: str  # the tree path of our file
     line: int
     chain: list[str]  # [module-or-binding, attr, ...] already absolute: chain[0] is a module name
     call: tuple[int, tuple[str, ...]] | None = None  # (positional count, keywords); None: not called
@@ -447,7 +444,7 @@ def _imports(path: str, tree: ast.Module, mine: Callable[[ast.AST], bool]) -> tu
             else:  # ``import a.b`` binds ``a``
                 bindings.setdefault(chain[0], chain[:1])
             if mine(node) and chain[0] == PACKAGE:
-                uses.append(Use(path, node.lineno, chain))
+                uses.append(Use(node.lineno, chain))
     return bindings, uses
 
 
@@ -468,18 +465,18 @@ def uses_in(path: str, tree: ast.Module, lines: set[int] | None) -> list[Use]:
             if chain and chain[0] in bindings:
                 star = any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords)
                 shape = (len(node.args), tuple(k.arg for k in node.keywords if k.arg))
-                uses.append(Use(path, node.lineno, bindings[chain[0]] + chain[1:], shape, star))
+                uses.append(Use(node.lineno, bindings[chain[0]] + chain[1:], shape, star))
                 seen_funcs.add(id(func))
             dotted = bindings.get(chain[0], [chain[0]]) + chain[1:] if chain else []
             if dotted[-2:] == ["importlib", "import_module"] and node.args:
                 arg = node.args[0]
                 target = arg.value if isinstance(arg, ast.Constant) else constants.get(getattr(arg, "id", ""))
                 if isinstance(target, str) and target.split(".")[0] == PACKAGE:
-                    uses.append(Use(path, node.lineno, target.split(".")))
+                    uses.append(Use(node.lineno, target.split(".")))
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and id(node) not in seen_funcs:
             chain = chain_of(node)
             if chain and chain[0] in bindings:
-                uses.append(Use(path, node.lineno, bindings[chain[0]] + chain[1:]))
+                uses.append(Use(node.lineno, bindings[chain[0]] + chain[1:]))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _ENV_NAME.match(node.value):
-            uses.append(Use(path, node.lineno, ["sglang", "srt", "environ", "envs", node.value], kind="env"))
+            uses.append(Use(node.lineno, ["sglang", "srt", "environ", "envs", node.value], kind="env"))
     return [u for u in uses if u.chain and u.chain[0] == PACKAGE]

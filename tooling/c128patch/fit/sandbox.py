@@ -23,8 +23,7 @@ NOTICE = ("runs the target tree's code (imports its modules) in a sealed box: sc
 
 
 def interpreter(python: str | None, tree: Path | None = None) -> str:
-    """``--python`` as the operator meant it: a path against the current folder, a bare name on PATH; never a
-    program inside the target ``tree``."""
+    """``--python``: a path from the current folder, a bare name on PATH; never a program inside ``tree``."""
     if python is None:
         return sys.executable
     found = os.path.abspath(python) if "/" in python else shutil.which(python)

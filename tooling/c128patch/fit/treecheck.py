@@ -162,18 +162,6 @@ def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | No
 
 
 # ---------------------------------------------------------------------------- the static import check
-def _import_uses(tree: ast.Module, mod: Def) -> list[tuple[int, str, tuple[str, ...]]]:
-    """(line, module, names; none: ``import module``) of each sglang import of module ``mod``, in source order,
-    outside import guards and TYPE_CHECKING blocks."""
-    uses = []
-    for node in statements(tree.body, None, guarded=False):
-        if isinstance(node, ast.Import):
-            uses += [(node.lineno, a.name, ()) for a in node.names if a.name.split(".")[0] == PACKAGE]
-        elif isinstance(node, ast.ImportFrom) and (module := absolute(node, mod)).split(".")[0] == PACKAGE:
-            uses.append((node.lineno, module, tuple(a.name for a in node.names if a.name != "*")))
-    return sorted(uses, key=lambda use: use[0])
-
-
 class _FolderReader:
     """The files of a tree's ``python/sglang`` on disk, read as ``fit.resolve.Upstream`` reads a tree-ish."""
 
@@ -206,7 +194,14 @@ def check_imports(top: Path, modules: list[str]) -> dict[str, dict]:
             detail = up.errors.get(path, f"no file for {module} on this tree")
             out[module] = {"status": "failed", "detail": detail, "imports": 0}
             continue
-        uses = _import_uses(tree, Def("module", module, path, module=module))
+        mod = Def("module", module, path, module=module)
+        uses: list[tuple[int, str, tuple[str, ...]]] = []
+        for node in statements(tree.body, None, guarded=False):  # its sglang imports, outside guards and TYPE_CHECKING
+            if isinstance(node, ast.Import):  # (line, module, names; none: ``import module``)
+                uses += [(node.lineno, a.name, ()) for a in node.names if a.name.split(".")[0] == PACKAGE]
+            elif isinstance(node, ast.ImportFrom) and (source := absolute(node, mod)).split(".")[0] == PACKAGE:
+                uses.append((node.lineno, source, tuple(a.name for a in node.names if a.name != "*")))
+        uses.sort(key=lambda use: use[0])  # in source order
         problems = [f"{path}:{line}: " + (f"from {name} import {', '.join(names)}" if names else f"import {name}")
                     + f": {said}" for line, name, names in uses if (said := _problem(up, name, names))]
         out[module] = {"status": "failed" if problems else "ok", "detail": "; ".join(problems), "imports": len(uses)}

@@ -30,9 +30,6 @@ class _Tolerant(importlib.abc.Loader):
     def __init__(self, inner):
         self.inner = inner
 
-    def create_module(self, spec):
-        return self.inner.create_module(spec)
-
     def exec_module(self, module):
         try:
             self.inner.exec_module(module)

@@ -174,9 +174,15 @@ class Watch:
         outcome = ("conflict" if stops else "broken" if broken else "failed" if problems
                    else "merged" if merged else "refreshed" if needed else "unchecked" if self.unchecked() else "clean")
         report = self._report(outcome, problems, final, stops, merged, needed, checks, refreshed)
-        if outcome in ("conflict", "broken"):
-            report["bisect"] = self._bisect(behaviour=outcome == "broken" and self.run_code
-                                            and not (self.contract or {}).get("broken"))
+        if outcome in ("conflict", "broken"):  # fit.bisect; behaviour: the break is the tier's alone, each step runs it
+            self._step(f"bisecting {series.base}..{self.onto} (at most {BISECT_TIMEOUT:g} s)")
+            behaviour = outcome == "broken" and self.run_code and not (self.contract or {}).get("broken")
+            try:
+                found = bisect_ops.bisect(series, self.repo, self.onto, timeout=BISECT_TIMEOUT, behaviour=behaviour,
+                                          python=self.python)
+            except C128Error as exc:
+                found = {"found": False, "summary": f"bisect: {exc.message}"}
+            report["bisect"] = {**found, "bound_s": BISECT_TIMEOUT}
         report["json"] = final
         return report
 
@@ -219,16 +225,6 @@ class Watch:
             if isinstance(pending, tier_ops.Pending):
                 pending.kill()
         return refreshed, checks
-
-    def _bisect(self, behaviour: bool = False) -> dict:
-        """``fit.bisect`` within ``BISECT_TIMEOUT``; ``behaviour``: the break is the tier's alone, each step runs it."""
-        self._step(f"bisecting {self.series.base}..{self.onto} (at most {BISECT_TIMEOUT:g} s)")
-        try:
-            found = bisect_ops.bisect(self.series, self.repo, self.onto, timeout=BISECT_TIMEOUT, behaviour=behaviour,
-                                      python=self.python)
-        except C128Error as exc:
-            return {"found": False, "summary": f"bisect: {exc.message}", "bound_s": BISECT_TIMEOUT}
-        return {**found, "bound_s": BISECT_TIMEOUT}
 
     # -- broken: the series carries, but does not fit (ops.contract, ops.treecheck)
     def _contract(self, git: Git, onto_commit: str, head: str) -> dict:
@@ -333,9 +329,8 @@ class Watch:
             problems.append(f"the refreshed series does not apply strictly on {self.onto}: {', '.join(loose)}")
         info["applies_strictly"] = not loose
         info["verify_proof"] = applied.equivalence.get("summary", "")
-        with tempfile.TemporaryDirectory(prefix="c128watch-") as scratch:
-            ours = tree_without_provenance(git, applied.head, Path(scratch) / "a.index")
-            rebased = tree_without_provenance(git, head, Path(scratch) / "b.index")
+        ours = tree_without_provenance(git, applied.head, tmp / "a.index")
+        rebased = tree_without_provenance(git, head, tmp / "b.index")
         info["same_tree"] = ours == rebased
         if not info["same_tree"]:
             problems.append(f"the refreshed series applied on {self.onto} gives tree {ours[:12]}, the proven rebase "

@@ -273,12 +273,15 @@ def _env(report: Report, data: dict, error: str, gates: list[Gate], is_build: bo
     return readings
 
 
-def _needs(report: Report, readings: list[EnvReading], level: Level) -> None:
-    """What the env reference says a set gate needs or must not go with (the build's rules say it when it has them)."""
+def _startup(report: Report, st: dict | None, error: str, launch_args: Sequence[str], readings: list[EnvReading],
+             is_build: bool, parsed: bool) -> None:
+    """What the build's rules refuse; ``ok`` only for launch arguments sglang's own parser read (``parsed``)."""
+    st = st or {"path": "", "available": True, "config": {}, "refusals": [],
+                "error": f"the child process running the rules: {error}"}
+    report.startup = st
+    level: Level = "info" if st["available"] else "error"  # the env reference's needs: the build's rules say them
     on = {r.gate.name for r in readings if r.on}
-    for r in readings:
-        if not r.on:
-            continue
+    for r in (r for r in readings if r.on):
         for need in r.gate.requires:
             if need not in on:
                 report.add(level, "env", f"{r.gate.name} needs {need}, which is not set: without it {r.gate.name} "
@@ -286,15 +289,6 @@ def _needs(report: Report, readings: list[EnvReading], level: Level) -> None:
         for other in r.gate.conflicts:
             if other in on:
                 report.add(level, "env", f"{r.gate.name} and {other} are both set: they do not go together")
-
-
-def _startup(report: Report, st: dict | None, error: str, launch_args: Sequence[str], readings: list[EnvReading],
-             is_build: bool, parsed: bool) -> None:
-    """What the build's rules refuse; ``ok`` only for launch arguments sglang's own parser read (``parsed``)."""
-    st = st or {"path": "", "available": True, "config": {}, "refusals": [],
-                "error": f"the child process running the rules: {error}"}
-    report.startup = st
-    _needs(report, readings, "info" if st["available"] else "error")
     args = f" for `{shlex.join(launch_args)}`" if launch_args else ""
     if not st["available"]:
         if is_build:
