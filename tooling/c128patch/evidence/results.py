@@ -23,7 +23,6 @@ Kind = Literal["compile", "suite", "differential", "memcheck", "racecheck", "ini
 SANITIZER_KINDS: tuple[Kind, ...] = ("memcheck", "racecheck", "initcheck", "synccheck")
 KINDS: tuple[Kind, ...] = ("compile", "suite", "differential", *SANITIZER_KINDS, "upstream-suite", "simulation",
                            "kernel-bench")
-GPU_KINDS: tuple[Kind, ...] = ("suite", "differential", *SANITIZER_KINDS, "simulation", "kernel-bench")
 BENCH_REFERENCE = "v0.5.23"  # the release every kernel-bench row is compared with
 BENCH_TOLERANCE = 0.05
 RESULTS_UNDER = Path("ci") / "gpu" / "results"
