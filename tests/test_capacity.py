@@ -34,7 +34,7 @@ def pro(**kw) -> cap.CapacityInputs:
 
 def test_flash_preset_is_43_layers_21_c4_20_c128() -> None:
     f = cap.FLASH
-    assert (f.num_layers, f.num_c4, f.num_c128, f.count(0)) == (43, 21, 20, 2)
+    assert (f.num_layers, f.num_c4, f.num_c128, f.compress_ratios.count(0)) == (43, 21, 20, 2)
     assert f.compress_ratios[:4] == (0, 0, 4, 128) and f.compress_ratios[-1] == 4
 
 

@@ -307,7 +307,7 @@ def _add(folder: Path, name: str, hold: float) -> None:
     text = (folder / "patches" / "series.toml").read_text()
     time.sleep(hold)  # both have read the manifest before either writes, unless serialised
     data = text + f'\n[[entries]]\nname = "{name}"\nkind = "overlay"\nsource = "o"\ntarget = "t"\nwhy = "w"\n'
-    txn.commit(folder, {folder / "patches" / "series.toml": data.encode()}, [])
+    txn.commit_all([(folder, {folder / "patches" / "series.toml": data.encode()}, [], None)])
 
 
 def test_two_writers_of_one_layer_are_serialised_by_its_lock(tmp_path):

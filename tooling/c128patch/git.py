@@ -183,7 +183,19 @@ class Git:
     def _raw(self, args: list[str], env: dict[str, str], settings: list[str], input=None, binary: bool = False,
              timeout: float | None = None) -> subprocess.CompletedProcess:
         cmd = [git_executable(), *(x for s in settings for x in ("-c", s)), *args]
-        proc = _bounded(cmd, self.cwd, env, input, binary, timeout)
+        if timeout is None:
+            proc = subprocess.run(cmd, cwd=self.cwd, env=env, input=input, capture_output=True, text=not binary)
+        else:  # git and its helpers end together past ``timeout`` or on an interrupt
+            with subprocess.Popen(cmd, cwd=self.cwd, env=env, stdin=subprocess.PIPE if input is not None else None,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=not binary,
+                                  start_new_session=True) as popen:
+                try:
+                    out, err = popen.communicate(input, timeout=timeout)
+                except BaseException:
+                    os.killpg(popen.pid, signal.SIGKILL)
+                    popen.communicate()
+                    raise
+            proc = subprocess.CompletedProcess(cmd, popen.returncode, out, err)
         err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
         dubious = _DUBIOUS.search(err) if proc.returncode != 0 else None
         if dubious and dubious.group(1) not in self._trusted:
@@ -263,28 +275,6 @@ class Git:
     def blob(self, rev: str, path: str) -> bytes | None:
         proc = self.run("cat-file", "blob", f"{rev}:{path}", check=False, binary=True)
         return proc.stdout if proc.returncode == 0 else None
-
-    def tree_entry(self, rev: str, path: str) -> tuple[str, str, str] | None:
-        """(mode, type, sha) of ``path`` at ``rev``, or None."""
-        text = self.out("ls-tree", rev, "--", path)
-        return tuple(text.split("\t", 1)[0].split()) if text else None  # type: ignore[return-value]
-
-
-def _bounded(cmd: list[str], cwd: Path, env: dict[str, str], input, binary: bool,
-             timeout: float | None) -> subprocess.CompletedProcess:
-    """``subprocess.run``; with ``timeout``, git and its helpers end together past it or on an interrupt."""
-    if timeout is None:
-        return subprocess.run(cmd, cwd=cwd, env=env, input=input, capture_output=True, text=not binary)
-    with subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE if input is not None else None,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=not binary,
-                          start_new_session=True) as proc:
-        try:
-            out, err = proc.communicate(input, timeout=timeout)
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _checked(args: Sequence[str], proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

@@ -58,20 +58,17 @@ class Layout:
     context_len: int
     source: str
 
-    def count(self, ratio: int) -> int:
-        return sum(1 for r in self.compress_ratios if r == ratio)
-
     @property
     def num_layers(self) -> int:
         return len(self.compress_ratios)
 
     @property
     def num_c4(self) -> int:
-        return self.count(4)
+        return self.compress_ratios.count(4)
 
     @property
     def num_c128(self) -> int:
-        return self.count(128)
+        return self.compress_ratios.count(128)
 
 
 FLASH = Layout("flash", (0, 0) + (4, 128) * 20 + (4,), 1_048_576,
@@ -356,7 +353,7 @@ class CapacityResult:
 def _mode(inp: CapacityInputs, b: float, r: int, online: bool) -> ModeResult:
     # Can each ring serve the draft tokens? pool_configurator.py:1291-1307, deepseek_v4_memory_pool.py:118-123
     for ratio in (4, 128) if inp.speculative else ():
-        if inp.layout.count(ratio) == 0 or (ratio == 128 and online):
+        if inp.layout.compress_ratios.count(ratio) == 0 or (ratio == 128 and online):
             continue
         ring = ring_size(inp, ratio, online)
         window = ratio * (2 if ratio == 4 else 1)

@@ -23,7 +23,6 @@ Kind = Literal["compile", "suite", "differential", "memcheck", "racecheck", "ini
 SANITIZER_KINDS: tuple[Kind, ...] = ("memcheck", "racecheck", "initcheck", "synccheck")
 KINDS: tuple[Kind, ...] = ("compile", "suite", "differential", *SANITIZER_KINDS, "upstream-suite", "simulation",
                            "kernel-bench")
-GPU_KINDS: tuple[Kind, ...] = ("suite", "differential", *SANITIZER_KINDS, "simulation", "kernel-bench")
 BENCH_REFERENCE = "v0.5.23"  # the release every kernel-bench row is compared with
 BENCH_TOLERANCE = 0.05
 RESULTS_UNDER = Path("ci") / "gpu" / "results"
@@ -98,15 +97,14 @@ def load_results(root: Path) -> list[Result]:
     if not root.is_dir():
         return out
     for rev_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        labels = [(rev_dir, "patched"), *((d, d.name) for d in sorted(rev_dir.iterdir()) if d.is_dir())]
-        for path in (p for folder, label in labels for p in sorted(folder.glob("*.json")) if p.stem in KINDS):
-            try:
-                data = json.loads(path.read_text())
-            except json.JSONDecodeError as exc:
-                raise C128Error(f"{path}: not valid JSON ({exc.msg})") from exc
-            label = "patched" if path.parent == rev_dir else path.parent.name
-            out.append(Result(rev_dir.name, path.stem, label, EvidenceKey.from_json(data.get("key")),
-                              bool(data.get("ok")), summarize(path.stem, data), path, data))
+        for folder, label in [(rev_dir, "patched"), *((d, d.name) for d in sorted(rev_dir.iterdir()) if d.is_dir())]:
+            for path in (p for p in sorted(folder.glob("*.json")) if p.stem in KINDS):
+                try:
+                    data = json.loads(path.read_text())
+                except json.JSONDecodeError as exc:
+                    raise C128Error(f"{path}: not valid JSON ({exc.msg})") from exc
+                out.append(Result(rev_dir.name, path.stem, label, EvidenceKey.from_json(data.get("key")),
+                                  bool(data.get("ok")), summarize(path.stem, data), path, data))
     return out
 
 

@@ -119,6 +119,6 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
                   base_sources=sources_at(git, base_commit, touched), sha256=hashlib.sha256(data).hexdigest(),
                   file=file)
     updated = Series(layer.root, layer.name, layer.version, layer.base, [*layer.entries, entry], gates=layer.gates)
-    txn.commit(layer.root, {layer.patches_dir / file: data, layer.manifest_path: updated.to_toml().encode()}, [],
-               last=layer.manifest_path)
+    txn.commit_all([(layer.root, {layer.patches_dir / file: data, layer.manifest_path: updated.to_toml().encode()},
+                     [], layer.manifest_path)])
     return NewEntry(layer.name, full, f"patches/{file}", sha, gate, touched, lint_series(load_series(layer.root)))

@@ -199,7 +199,7 @@ class Rebase(RebaseLoop):
         mine = journal.user_paths(state)
         theirs = sorted(set(state) - set(mine))  # the tool's own changes: conflict markers, files it added
         git.run("reset", "--quiet")  # unmerged entries out of the way; the work tree stays
-        if tracked := [p for p in theirs if git.tree_entry("HEAD", p) is not None]:
+        if tracked := [p for p in theirs if git.out("ls-tree", "HEAD", "--", p)]:
             git.run("checkout", "--quiet", "HEAD", "--", *tracked)
         for path in set(theirs) - set(tracked):
             (git.worktree / path).unlink(missing_ok=True)  # type: ignore[operator]

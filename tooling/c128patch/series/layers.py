@@ -107,9 +107,7 @@ class Stack(Series):
         return self.part(entry.name)[0].file_of(entry, variant)
 
     def digest(self) -> str:
-        """Our series' digest when no layer is given, else a hash of it and every layer's."""
-        if not self.layers:
-            return self.head.digest()
+        """A hash of our series' digest and every layer's (a stack has at least one layer: ``stack``)."""
         h = hashlib.sha256(self.head.digest().encode())
         for layer in self.layers:
             h.update(f"\0{layer.name}\0{layer.digest()}".encode())

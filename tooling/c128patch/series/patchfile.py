@@ -123,8 +123,7 @@ def _parse(path: Path, raw: bytes, git_parsed: bool = False) -> PatchInfo:
         raise C128Error(f"corrupt patch {path.name}: not a git format-patch file (no mail header)")
     msg = email.message_from_string(head.split("\n", 1)[1], policy=email.policy.default)
     subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", str(msg.get("Subject", "")).strip())
-    body = msg.get_payload() if not msg.is_multipart() else ""
-    body = body if isinstance(body, str) else ""
+    body = msg.get_payload() if not msg.is_multipart() else ""  # (a str: parsed from one)
     try:
         patchset = PatchSet(text)
     except UnidiffParseError as exc:

@@ -137,7 +137,6 @@ class LazyIndex:
         self.waiting.clear()
 
 
-
 @dataclass(frozen=True)
 class Choice:
     """Which file an entry takes on a target, and the rule that chose it."""

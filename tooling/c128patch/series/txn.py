@@ -60,35 +60,8 @@ def _rel(root: Path, path: Path) -> str:
     return rel
 
 
-def _stage(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path | None,
-           fault: Callable[[str], None], prefix: str, group: dict) -> None:
-    """Stage the new files and the plan in ``root``'s staging folder (nothing in place changes)."""
-    staging = root / STAGING
-    shutil.rmtree(staging, ignore_errors=True)
-    (staging / "files").mkdir(parents=True)
-    moves = []
-    for i, path in enumerate(sorted(files, key=lambda p: (p == last, str(p)))):
-        write_atomic(staging / "files" / f"{i:05d}", files[path])
-        moves.append([f"{i:05d}", _rel(root, path)])
-        fault(f"refresh-{prefix}staged:{i}")
-    plan = {"moves": moves, "deletes": [_rel(root, p) for p in deletes], "group": group}
-    write_atomic(staging / PLAN, json.dumps(plan).encode())
-    _fsync_dir(staging)
-
-
-def _swap(root: Path) -> None:
-    os.replace(root / STAGING, root / TXN)
-    _fsync_dir(root)
-
-
-def commit(root: Path, files: dict[Path, bytes], deletes: list[Path], last: Path | None = None,
-           fault: Callable[[str], None] = _no_fault) -> None:
-    """``files`` written, ``deletes`` removed, ``last`` moved last, as one transaction; ``fault``: ops.treestate's."""
-    commit_all([(root, files, deletes, last)], fault)
-
-
 def commit_all(parts: list[Part], fault: Callable[[str], None] = _no_fault) -> None:
-    """``commit`` of several folders as one (fault points ``refresh-part<k>-...``, ``refresh-swapped:<k>``)."""
+    """Each part's ``files`` written, ``deletes`` removed, ``last`` moved last: all parts one transaction."""
     if not parts:
         return
     roots = [root for root, *_ in parts]
@@ -99,7 +72,16 @@ def commit_all(parts: list[Part], fault: Callable[[str], None] = _no_fault) -> N
         try:
             for k, (root, files, deletes, last) in enumerate(parts):
                 recover(root)
-                _stage(root, files, deletes, last, fault, "" if k == 0 else f"part{k}-", group)
+                staging, moves = root / STAGING, []  # the new files and the plan: nothing in place changes
+                shutil.rmtree(staging, ignore_errors=True)
+                (staging / "files").mkdir(parents=True)
+                for i, path in enumerate(sorted(files, key=lambda p: (p == last, str(p)))):
+                    write_atomic(staging / "files" / f"{i:05d}", files[path])
+                    moves.append([f"{i:05d}", _rel(root, path)])
+                    fault(f"refresh-{'' if k == 0 else f'part{k}-'}staged:{i}")
+                plan = {"moves": moves, "deletes": [_rel(root, p) for p in deletes], "group": group}
+                write_atomic(staging / PLAN, json.dumps(plan).encode())
+                _fsync_dir(staging)
             fault("refresh-before-commit")
         except BaseException as exc:
             for root in roots:
@@ -108,7 +90,8 @@ def commit_all(parts: list[Part], fault: Callable[[str], None] = _no_fault) -> N
                 raise C128Error(f"cannot stage the refresh ({exc}); nothing was changed in "
                                 f"{', '.join(map(str, roots))}") from None
             raise
-        _swap(roots[0])  # the commit point: the first part's plan names the group
+        os.replace(roots[0] / STAGING, roots[0] / TXN)  # the commit point: the first part's plan names the group
+        _fsync_dir(roots[0])
         fault("refresh-committed")
         _finish(group, fault)
 
@@ -149,7 +132,8 @@ def _finish(group: dict, fault: Callable[[str], None] = _no_fault) -> None:
     plans = {root: _plan(root, TXN if (root / TXN).is_dir() else STAGING) for root in (head, *others)}
     for k, root in enumerate(others, 1):
         if not (root / TXN).is_dir():
-            _swap(root)
+            os.replace(root / STAGING, root / TXN)
+            _fsync_dir(root)
         _roll_forward(root, plans[root])
         fault(f"refresh-swapped:{k}")
     _roll_forward(head, plans[head], fault)

@@ -280,27 +280,6 @@ def _fast_import_stream(versions: list[str], wheels: dict[str, Path], present: d
         yield f"\nreset refs/tags/{tag_for(version)}\nfrom :{n}\n\n".encode()
 
 
-def _fast_import(git_dir: Path, stream: Iterable[bytes]) -> None:
-    # --force: a tag written by an older layout moves (its old commit is kept, see import_releases)
-    argv, env = Git(git_dir=git_dir).command("fast-import", "--quiet", "--done", "--force")
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=git_dir)
-    assert proc.stdin is not None
-    try:
-        for chunk in stream:
-            proc.stdin.write(chunk)
-        proc.stdin.write(b"done\n")
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
-    except BaseException:  # a wheel that cannot be read: fast-import ends without "done", writing no ref
-        proc.kill()
-        proc.wait()
-        raise
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if proc.wait() != 0:
-        raise C128Error(f"building the release history failed: {err.strip().splitlines()[-1:] or ''}")
-
-
 def import_releases(dest: Path, versions: Iterable[str], reporter: Reporter = NullReporter()) -> None:
     """Add ``versions``' commits to the bare repository ``dest`` (made if missing); parents there or among them."""
     ordered = sorted(set(versions), key=Version)
@@ -316,7 +295,24 @@ def import_releases(dest: Path, versions: Iterable[str], reporter: Reporter = Nu
         git.run("config", "gc.auto", "0")
     tags = {v: git.rev_parse(f"refs/tags/{tag_for(v)}") for v in {*ordered, *DEFAULT_RELEASES}}
     present = {v: c for v, c in tags.items() if c and v not in ordered}
-    _fast_import(dest, _fast_import_stream(ordered, wheels, present, reporter))
+    # --force: a tag written by an older layout moves (its old commit is kept, below)
+    argv, env = git.command("fast-import", "--quiet", "--done", "--force")
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=dest)
+    assert proc.stdin is not None
+    try:
+        for chunk in _fast_import_stream(ordered, wheels, present, reporter):
+            proc.stdin.write(chunk)
+        proc.stdin.write(b"done\n")
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    except BaseException:  # a wheel that cannot be read: fast-import ends without "done", writing no ref
+        proc.kill()
+        proc.wait()
+        raise
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if proc.wait() != 0:
+        raise C128Error(f"building the release history failed: {err.strip().splitlines()[-1:] or ''}")
     for v in ordered:  # keep what an older layout tagged: trees made from it still name it
         old, new = tags.get(v), git.rev_parse(f"refs/tags/{tag_for(v)}")
         if old and old != new:

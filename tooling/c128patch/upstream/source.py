@@ -156,7 +156,6 @@ def _network(git: Git, url: str, *args: str, check: bool = True) -> None:
                         f"set {NET_TIMEOUT_ENV} to wait longer)") from None
 
 
-
 def discard_fresh_tree(tree: Path, existed: bool) -> None:
     """Undo a fresh clone of ``prepare_tree``: ``tree`` removed, or emptied where it ``existed`` (empty)."""
     for child in tree.iterdir() if existed else [tree]:

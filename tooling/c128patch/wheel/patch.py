@@ -118,9 +118,7 @@ def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Rep
     for i, item in enumerate(planned):
         reporter.step(f"applying {item.entry.name}")
         if item.patch is not None:
-            iw.extract([wheel_path(side[2:] if side.startswith(("a/", "b/")) else side)  # both sides of renames
-                        for pf in item.patch.patchset for side in (pf.source_file, pf.target_file)
-                        if side != "/dev/null"])
+            iw.extract([wheel_path(p) for p in item.patch.paths])  # both sides of renames
             proc = git.run("apply", "-p2", "--verbose", str(item.path.resolve()), check=False)
             if proc.returncode != 0:
                 why = apply_failure(proc.stderr, lambda path, n: item.patch.hunk_at("python/" + path, n))

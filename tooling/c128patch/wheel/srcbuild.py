@@ -12,13 +12,11 @@ with ``git archive`` at the commit's time, must yield that version, and the whee
 from __future__ import annotations
 
 import importlib.util
-import io
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -145,8 +143,7 @@ def _run_build(git: Git, work: Path, base: Version, epoch: int, no_isolation: bo
     """HEAD exported into ``work`` and built: (the one wheel built, the command, its env)."""
     reporter.step("exporting the patched tree (HEAD)")  # committed files only: the provenance's, no untracked ones
     (work / "src").mkdir(parents=True)
-    with tarfile.open(fileobj=io.BytesIO(git.run("archive", "--format=tar", "HEAD", binary=True).stdout)) as tar:
-        tar.extractall(work / "src", filter="data")
+    git.extract("HEAD", ".", work / "src")
     python_dir = work / "src" / "python"
     dist_dir = work / "dist"
     cmd, env = build_command(python_dir, dist_dir, no_isolation), build_env(base, epoch)

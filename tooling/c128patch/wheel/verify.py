@@ -15,8 +15,8 @@ import json
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Callable
 
 from packaging.tags import parse_tag
 from packaging.utils import parse_wheel_filename
@@ -203,34 +203,29 @@ def _check_known(iw: InWheel, record: dict, known: Series) -> None:
                                       f"{known.version}'s (the provenance was edited)")
 
 
-def _post_image_hunk(diff: bytes) -> Callable[[str, int], tuple[int, str] | None]:
-    """(number, header) of the hunk whose post-image holds a line (what ``git apply -R`` refuses)."""
-    def at(path: str, num: int) -> tuple[int, str] | None:
-        try:
-            for pf in PatchSet(diff.decode("utf-8", errors="replace")):
-                for n, hunk in enumerate(pf if wheel_path(pf.path) == path else [], 1):
-                    if hunk.target_start <= num < hunk.target_start + max(hunk.target_length, 1):
-                        return n, hunk_header(hunk)
-        except UnidiffParseError:
-            pass
-        return None
-    return at
+def _post_image_hunk(diff: bytes, path: str, num: int) -> tuple[int, str] | None:
+    """(number, header) of the hunk of ``diff`` whose post-image holds a line (what ``git apply -R`` refuses)."""
+    try:
+        for pf in PatchSet(diff.decode("utf-8", errors="replace")):
+            for n, hunk in enumerate(pf if wheel_path(pf.path) == path else [], 1):
+                if hunk.target_start <= num < hunk.target_start + max(hunk.target_length, 1):
+                    return n, hunk_header(hunk)
+    except UnidiffParseError:
+        pass
+    return None
 
 
 def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[dict], int]:
     entries = record.get("entries", [])
     touched = sorted({wheel_path(p) for e in entries for p in e.get("files", [])})
-    for e in entries:
-        if e.get("kind") == "overlay" and wheel_path(e["target"]) not in iw.members():
-            raise _mismatch(iw.wheel, f"overlay '{e['name']}': {wheel_path(e['target'])} is missing from the wheel")
     iw.extract(touched)
+    for e in (e for e in entries if e.get("kind") == "overlay"):
+        target = wheel_path(e["target"])
+        if target not in iw.members():
+            raise _mismatch(iw.wheel, f"overlay '{e['name']}': {target} is missing from the wheel")
+        if hashlib.sha256((iw.root / target).read_bytes()).hexdigest() != e.get("sha256"):
+            raise _mismatch(iw.wheel, f"overlay '{e['name']}': {target} differs from the recorded sha256")
     compiled = _compile(iw, [p for p in touched if p in iw.members()])
-    for e in entries:
-        if e.get("kind") == "overlay":
-            target = iw.root / wheel_path(e["target"])
-            if hashlib.sha256(target.read_bytes()).hexdigest() != e.get("sha256"):
-                raise _mismatch(iw.wheel,
-                                f"overlay '{e['name']}': {wheel_path(e['target'])} differs from the recorded sha256")
     rows = []
     with tempfile.TemporaryDirectory(prefix="c128patch-verify-") as tmp:
         scratch = Path(tmp) / "tree"  # a copy: the reverse chain must not change the wheel's view
@@ -247,7 +242,7 @@ def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[
             proc = git.run("apply", "-R", "-p2", str(diff_file), check=False)
             if proc.returncode != 0:
                 raise _mismatch(iw.wheel, f"entry '{e['name']}' is not in the wheel as recorded: "
-                                          f"{apply_failure(proc.stderr, _post_image_hunk(diffs[i]))}")
+                                          f"{apply_failure(proc.stderr, partial(_post_image_hunk, diffs[i]))}")
             rows.append({"name": e["name"], "kind": e.get("kind"), "status": "present"})
     return list(reversed(rows)), compiled
 
