@@ -195,8 +195,9 @@ class Rebase(RebaseLoop):
         git = self.git
         if journal.pos < len(journal.steps) and self._stop_cut_short(journal):
             git.run("reset", "--quiet", "--hard")  # the cut-short stop's conflict state: the tool's own
-        state = tree_state(git)
-        mine = journal.user_paths(state)
+        state, stopped = tree_state(git), journal.stop_state  # the user's paths: all, or those changed since the stop
+        mine = (sorted(p for p in set(state) | set(stopped) if state.get(p) != stopped.get(p))
+                if journal.paused == "conflict" else sorted(state))
         theirs = sorted(set(state) - set(mine))  # the tool's own changes: conflict markers, files it added
         git.run("reset", "--quiet")  # unmerged entries out of the way; the work tree stays
         if tracked := [p for p in theirs if git.tree_entry("HEAD", p) is not None]:

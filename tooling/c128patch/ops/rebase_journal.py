@@ -104,12 +104,6 @@ class Journal:
     def save(self, path: Path) -> None:
         write_json_atomic(path, asdict(self))
 
-    def user_paths(self, now: dict[str, str]) -> list[str]:
-        """Paths the user changed since the stop (all changed paths when not stopped); ``now``: ``tree_state``."""
-        if self.paused != "conflict":
-            return sorted(now)
-        return sorted(p for p in set(now) | set(self.stop_state) if now.get(p) != self.stop_state.get(p))
-
 
 def tree_state(git: Git) -> dict[str, str]:
     """path -> blob id of each changed or untracked path of the work tree ("" when deleted)."""
