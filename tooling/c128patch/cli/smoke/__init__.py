@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import shlex
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any, Callable
 
 import click
 
+from c128patch.cli import VerbTable
 from c128patch.cli.common import check_output_dir, emit_json, exit_unless, json_verb, locate_tree
 from c128patch.errors import C128Error
 
@@ -23,16 +23,8 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
-class _Subcommands(click.Group):  # cli.LazyGroup over SUBCOMMANDS (the lead folds the two)
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(SUBCOMMANDS)
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        return importlib.import_module(f"c128patch.cli.smoke.{name}").command if name in SUBCOMMANDS else None
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        with formatter.section("Commands"):
-            formatter.write_dl(list(SUBCOMMANDS.items()))
+class _Subcommands(VerbTable):
+    table, package = SUBCOMMANDS, "c128patch.cli.smoke"
 
 
 @click.group("smoke", cls=_Subcommands, no_args_is_help=False)
