@@ -14,7 +14,7 @@ or ``drop`` (nothing does: ``rebase --skip`` drops it as superseded, recording `
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from unidiff import PatchSet, UnidiffParseError
@@ -163,9 +163,6 @@ class Taken:
                 f"way through: rename our target (entries {', '.join(self.ours)} import ours): set another target "
                 f"in series.toml, point them at it, then {rename}" if self.way == "rename" else
                 f"way through: drop ours as superseded by upstream's file (nothing of ours imports it): {skip}"]
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def _patterns(target: str) -> list[str]:
