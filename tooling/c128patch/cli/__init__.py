@@ -50,8 +50,7 @@ def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
 
 
 class VerbTable(click.Group):
-    """Verbs by name: `--help` lists ``table`` (name -> line) in its order; the verb's module ``<package>.<name>``
-    (exposing ``command``) is imported when it runs."""
+    """Verbs by name: `--help` lists ``table`` (name -> line); a verb's ``<package>.<name>`` is imported to run it."""
 
     table, package = COMMANDS, "c128patch.cli"
 

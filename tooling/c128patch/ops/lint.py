@@ -97,9 +97,8 @@ def _upstream_gates(series: Series, git: Git) -> list[Finding]:
     if blob is None:
         return []
     declared = declarations(blob.decode(errors="replace"))
-    where = f"{ENVIRON_PATH} at {series.base}"
     return [Finding(g.name, p) for g in series.gates if g.declared_by == "upstream"
-            for p in declaration_problems(g, declared, where)]
+            for p in declaration_problems(g, declared, f"{ENVIRON_PATH} at {series.base}")]
 
 
 def _variant_bases(series: Series, git: Git) -> list[Finding]:

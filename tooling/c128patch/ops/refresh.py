@@ -50,8 +50,7 @@ class Export:
     def changes(self, root: Path) -> list[str]:
         """Paths the export changes, relative to ``root`` (a layer's in full)."""
         changed = [_shown(p, root) for p, data in self.files.items() if _differs(p, data)]
-        manifest = root / "patches" / "series.toml"
-        if manifest.read_text() != self.manifest:
+        if (root / "patches" / "series.toml").read_text() != self.manifest:
             changed.append("patches/series.toml")
         changed += [_shown(layer.manifest_path, root) for layer in self.layers
                     if layer.manifest_path.read_text() != layer.to_toml()]

@@ -14,8 +14,7 @@ from c128patch.cli import VerbTable
 from c128patch.cli.common import check_output_dir, emit_json, exit_unless, json_verb, locate_tree
 from c128patch.errors import C128Error
 
-# One module per subcommand (cli/smoke/<name>.py, exposing `command`), with the line `smoke --help` lists:
-# listing them imports none of them.
+# One module per subcommand (cli/smoke/<name>.py, exposing `command`) and the line `smoke --help` lists (cli.VerbTable).
 SUBCOMMANDS: dict[str, str] = {
     "kernel": "The project's GPU suite on the patched sources (one GPU).",
     "upstream": "Upstream's own kernel tests, patched vs unpatched.",
@@ -109,8 +108,7 @@ def tree_options(fn: Callable) -> Callable:
 
 
 def kernel_options(fields: dict[str, Any], **more: Any) -> Any:
-    """A ``smoke.trees.KernelOptions`` of the shared options; the tree `status` finds (when it
-    holds sglang sources) where neither --tree nor --wheel is given."""
+    """The shared options as a ``smoke.trees.KernelOptions``; no --tree or --wheel: the sglang tree `status` finds."""
     from c128patch.smoke.trees import KernelOptions
 
     if fields["tree"] is None and fields["wheel"] is None:
