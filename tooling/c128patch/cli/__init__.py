@@ -10,28 +10,28 @@ import click
 
 from c128patch import SCHEMA_VERSION, __version__  # noqa: F401  (SCHEMA_VERSION: the --json reports' layout)
 
-# One module per verb (cli/<verb>.py, exposing `command`) and the line `--help` lists (listing imports none).
+# One module per verb (cli/<verb>.py, exposing `command`) and the line `--help` lists, in its order (imports none).
 COMMANDS: dict[str, str] = {
     "apply": "Check out REV on a new branch and apply the series.",
-    "check": "Would the series apply to each REV? Nothing is checked out.",
-    "status": "Which series is applied on which rev, and what changed since.",
-    "lint": "Validate the series manifest and its files.",
     "audit": "Gate audit: gated side effects run only under their gate.",
-    "refresh": "Export the patched branch back into the series.",
-    "rebase": "Move the patched branch onto another upstream rev.",
-    "capacity": "KV capacity (full tokens) with online C128 off and on.",
-    "wheel": "Patch a released sglang wheel with the series (no rebuild).",
-    "build": "Source-build a patched sglang wheel (PEP 517).",
-    "verify-wheel": "Check a patched wheel: RECORD, version, SBOM, effects.",
-    "smoke": "GPU smoke tests of a patched build.",
-    "matrix": "Releases x evidence, read from the committed results.",
-    "gates": "The env reference: every variable the series adds or reads.",
-    "doctor": "Will the installed sglang do what the envs ask?",
-    "watch": "Carry the series onto REV in a scratch clone and report it.",
-    "contract": "Does the series still fit REV? Its upstream API, checked.",
-    "treecheck": "Import the series' modules on a patched tree, gates off/on.",
     "bisect": "The first upstream commit where the series stops fitting.",
+    "build": "Source-build a patched sglang wheel (PEP 517).",
+    "capacity": "KV capacity (full tokens) with online C128 off and on.",
+    "check": "Would the series apply to each REV? Nothing is checked out.",
+    "contract": "Does the series still fit REV? Its upstream API, checked.",
+    "doctor": "Will the installed sglang do what the envs ask?",
+    "gates": "The env reference: every variable the series adds or reads.",
     "layer": "Start a layer of your own entries, or add a commit to one.",
+    "lint": "Validate the series manifest and its files.",
+    "matrix": "Releases x evidence, read from the committed results.",
+    "rebase": "Move the patched branch onto another upstream rev.",
+    "refresh": "Export the patched branch back into the series.",
+    "smoke": "GPU smoke tests of a patched build.",
+    "status": "Which series is applied on which rev, and what changed since.",
+    "treecheck": "Import the series' modules on a patched tree, gates off/on.",
+    "verify-wheel": "Check a patched wheel: RECORD, version, SBOM, effects.",
+    "watch": "Carry the series onto REV in a scratch clone and report it.",
+    "wheel": "Patch a released sglang wheel with the series (no rebuild).",
 }
 
 
@@ -49,9 +49,39 @@ def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
     sys.exit(exitcodes.USAGE)
 
 
-class LazyGroup(click.Group):
-    """The verbs of ``COMMANDS``: `--help` lists them from the table, a verb's module is imported when it runs;
-    its usage errors and the group's are reported by ``report_usage_error``."""
+class VerbTable(click.Group):
+    """Verbs by name: `--help` lists ``table`` (name -> line); a verb's ``<package>.<name>`` is imported to run it."""
+
+    table, package = COMMANDS, "c128patch.cli"
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.table)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.table:
+            return None
+        command = importlib.import_module(f"{self.package}.{name.replace('-', '_')}").command
+        command.short_help = self.table[name]
+        return command
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        try:  # click's, with "did you mean" for an unknown verb close to a known one (`aply` -> `apply`)
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            import difflib  # only for the error: it costs --help ~10 ms
+
+            close = difflib.get_close_matches(args[0], self.table, n=1)
+            if close and args[0] not in self.table:
+                exc.message = f"{exc.message.rstrip('.')}; did you mean {close[0]!r}?"
+            raise
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl(list(self.table.items()))
+
+
+class LazyGroup(VerbTable):
+    """The verbs of ``COMMANDS``; its usage errors and its verbs' are reported by ``report_usage_error``."""
 
     def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
         self._argv = list(sys.argv[1:] if args is None else args)
@@ -68,31 +98,6 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except click.UsageError as exc:
             report_usage_error(exc, getattr(self, "_argv", []))
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in COMMANDS:
-            return None
-        command = importlib.import_module(f"c128patch.cli.{name.replace('-', '_')}").command
-        command.short_help = COMMANDS[name]
-        return command
-
-    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, Any, list[str]]:
-        try:  # click's, with "did you mean" for an unknown verb close to a known one (`aply` -> `apply`)
-            return super().resolve_command(ctx, args)
-        except click.UsageError as exc:
-            import difflib  # only for the error: it costs --help ~10 ms
-
-            close = difflib.get_close_matches(args[0], COMMANDS, n=1)
-            if close and args[0] not in COMMANDS:
-                exc.message = f"{exc.message.rstrip('.')}; did you mean {close[0]!r}?"
-            raise
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        with formatter.section("Commands"):
-            formatter.write_dl(sorted(COMMANDS.items()))
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -57,8 +57,7 @@ def exit_unless(ok: bool) -> None:
 
 
 def locate_tree(tree: Path | None) -> Path:
-    """The tree ``status``/``rebase``/``refresh``/``smoke`` work on: ``--tree``; else the repository here when
-    c128patch applied (or is rebasing) in it; else ``./sglang`` (apply's); else the repository here."""
+    """The tree verbs work on: ``--tree``; else the repository here if c128patch is in it; else ./sglang; else here."""
     from c128patch.git import Git, is_work_tree, refuse_git_dir, toplevel
     from c128patch.ops.treestate import c128_state_dir
     from c128patch.series.provenance import PROVENANCE_PATH

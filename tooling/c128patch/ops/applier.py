@@ -40,7 +40,7 @@ from c128patch.ops.treestate import (
     ensure_idle,
     fault_point,
     git_command,
-    git_path,
+    git_paths,
     read_journal,
     refuse_conflict_markers,
     repo_lock,
@@ -479,7 +479,7 @@ class Apply:
         git, tree = self.git, self.tree
         g = git_command(tree)
         resume, undo = apply_commands(tree)
-        if git_path(git, "rebase-apply").exists():
+        if git_paths(git, ["rebase-apply"])[0].exists():
             raise C128Error(f"cannot continue: a git am is in progress in {tree}; finish it ({g} am --continue) "
                             f"or drop it ({g} am --abort), then {resume}")
         head = git.head() or ""

@@ -76,16 +76,6 @@ class Finding:
         return f"{self.file}:{self.line}: [{self.rule}] {self.message}"
 
 
-def dotted_name(node: ast.expr) -> str:
-    """``a.b.c`` for Name/Attribute chains; a call in the chain reads ``?``: ``torch.f(x).g`` -> ``?.g``."""
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    parts.append(node.id if isinstance(node, ast.Name) else "?")
-    return ".".join(reversed(parts))
-
-
 def _is_gate_on(test: ast.expr, gate: str) -> bool:
     """True when ``test`` can only be truthy with the gate on: ``<anything>.GATE.get()`` in an ``and`` chain."""
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
@@ -99,9 +89,8 @@ def _is_gate_off(test: ast.expr, gate: str) -> bool:
     """True when ``test`` is truthy whenever the gate is off (``not gate``, ``not gate or ...``)."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         return _is_gate_on(test.operand, gate)
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
-        return any(_is_gate_off(v, gate) for v in test.values)
-    return False
+    return isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or) and \
+        any(_is_gate_off(v, gate) for v in test.values)
 
 
 _EXITS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
@@ -178,8 +167,14 @@ class _Walker:
                 self.expr(value, guarded, fn)
                 guarded = guarded or covers(value, self.gate)
         else:
-            if isinstance(node, ast.Call):
-                self.calls.append(_Call(node, dotted_name(node.func), guarded, fn))
+            if isinstance(node, ast.Call):  # named ``a.b.c``; a call in the chain reads ``?`` (``f(x).g``: ``?.g``)
+                parts: list[str] = []
+                func = node.func
+                while isinstance(func, ast.Attribute):
+                    parts.append(func.attr)
+                    func = func.value
+                parts.append(func.id if isinstance(func, ast.Name) else "?")
+                self.calls.append(_Call(node, ".".join(reversed(parts)), guarded, fn))
             self.fields(node, guarded, fn)
 
 

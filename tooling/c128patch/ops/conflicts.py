@@ -14,7 +14,7 @@ or ``drop`` (nothing does: ``rebase --skip`` drops it as superseded, recording `
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from unidiff import PatchSet, UnidiffParseError
@@ -77,15 +77,6 @@ def _find(haystack: list[str], needle: list[str], near: int) -> int | None:
     return min(hits, key=lambda i: abs(i - near)) if hits else None
 
 
-def _match_hunk(hunks: list, lines: list[str], near: int):
-    """The hunk sharing the most lines with the block and the lines around it; of equals, the nearest ``near``."""
-    block = {line.strip() for line in lines if line.strip() and line not in (_OURS, _SEP, _THEIRS)}
-    scored = [(len(block & {line.value.strip() for line in h if line.value.strip()}), -abs(h.source_start - near), i)
-              for i, h in enumerate(hunks)]
-    best = max(scored, default=(0, 0, -1))
-    return hunks[best[2]] if best[0] else None
-
-
 def _moved(head: list[str], hunk, at: int, span: int) -> int | None:
     """Where the hunk's pre-image is found in ``head`` when away from the block at line index ``at``, else None."""
     pre = [(k, line.value.strip()) for k, line in enumerate(line for line in hunk if not line.is_added)]
@@ -134,7 +125,12 @@ def analyze(git: Git, path: str, text: str, diff: str, *, head: str, old: str, o
             hits = [c for c in shas if c in in_range]
             upstream = tuple(git.out("log", "--no-walk", "--format=%h %s", *hits).splitlines()) if hits else ()
         end = start + len(ours) + len(theirs) + 3
-        hunk = _match_hunk(hunks, merged_lines[max(0, start - 3): end + 3], first)
+        # its hunk: the one sharing the most lines with the block and the lines around it; of equals, the nearest
+        block = {line.strip() for line in merged_lines[max(0, start - 3): end + 3]
+                 if line.strip() and line not in (_OURS, _SEP, _THEIRS)}
+        best = max([(len(block & {line.value.strip() for line in h if line.value.strip()}),
+                     -abs(h.source_start - first), i) for i, h in enumerate(hunks)], default=(0, 0, -1))
+        hunk = hunks[best[2]] if best[0] else None
         moved = _moved(head_lines, hunk, pos, len(ours) + len(theirs) + 6) if hunk is not None else None
         header = hunk_header(hunk, section=True) if hunk is not None else ""
         out.append(Block(path, (first, last), header, upstream, moved, not ours))
@@ -167,9 +163,6 @@ class Taken:
                 f"way through: rename our target (entries {', '.join(self.ours)} import ours): set another target "
                 f"in series.toml, point them at it, then {rename}" if self.way == "rename" else
                 f"way through: drop ours as superseded by upstream's file (nothing of ours imports it): {skip}"]
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def _patterns(target: str) -> list[str]:

@@ -77,23 +77,18 @@ def lint_series(series: Series, upstream: Git | None = None) -> list[Finding]:
     found += [Finding(name, f"overlay target {target} is also patched by entry '{patched[target]}'")
               for target, name in targets.items() if target in patched]
     if not any(f.level == "error" for f in found):  # the files are sound: read what they write
+        text = SeriesText()  # the lines every patch file adds (all variants) and every overlay source, per entry
+        for e in series.entries:
+            if e.is_patch:
+                text.added[e.name] = [line for v in e.patch_files() for line in read_patch(series.file_of(e, v)).added]
+            else:
+                text.overlays[e.name] = series.file_of(e).read_text(errors="replace")
         found += [Finding(where, message) for where, message in
-                  gate_problems(series.gates, {e.name: e.gate for e in series.entries}, series_text(series))]
+                  gate_problems(series.gates, {e.name: e.gate for e in series.entries}, text)]
     if upstream is not None:
         found += _upstream_collisions(series, upstream) + _upstream_gates(series, upstream)
         found += _variant_bases(series, upstream)
     return found
-
-
-def series_text(series: Series) -> SeriesText:
-    """The lines every patch file adds (all variants) and every overlay source, per entry."""
-    text = SeriesText()
-    for e in series.entries:
-        if e.is_patch:
-            text.added[e.name] = [line for v in e.patch_files() for line in read_patch(series.file_of(e, v)).added]
-        else:
-            text.overlays[e.name] = series.file_of(e).read_text(errors="replace")
-    return text
 
 
 def _upstream_gates(series: Series, git: Git) -> list[Finding]:
@@ -102,9 +97,8 @@ def _upstream_gates(series: Series, git: Git) -> list[Finding]:
     if blob is None:
         return []
     declared = declarations(blob.decode(errors="replace"))
-    where = f"{ENVIRON_PATH} at {series.base}"
     return [Finding(g.name, p) for g in series.gates if g.declared_by == "upstream"
-            for p in declaration_problems(g, declared, where)]
+            for p in declaration_problems(g, declared, f"{ENVIRON_PATH} at {series.base}")]
 
 
 def _variant_bases(series: Series, git: Git) -> list[Finding]:
@@ -146,8 +140,6 @@ def _upstream_collisions(series: Series, git: Git) -> list[Finding]:
 
 def lint_stack(series: Series, upstream: Git | None = None) -> list[Finding]:
     """``lint_series`` of each part (a layer's as ``<layer>/<entry>``), plus overlay collisions across parts."""
-    if not series.layers:
-        return lint_series(series, upstream)
     found = lint_series(series.ours, upstream)
     for layer in series.layers:
         found += [replace(f, entry=f"{layer.name}/{f.entry}") for f in lint_series(layer, upstream)]

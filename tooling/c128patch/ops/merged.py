@@ -98,13 +98,12 @@ class MergedCheck:
         self._touching: dict[str, set[str]] = {}  # range commit -> the entries' files it changes
         self._hints: dict[str, list[Signal]] = {}
 
-    def signals(self, item: Planned, head: str, old_commit: str, idx: Git,
-                present: set[str] | None = None) -> list[Signal]:
+    def signals(self, item: Planned, old_commit: str, idx: Git, present: set[str]) -> list[Signal]:
         """Signals for ``item`` on ``idx`` (the new base and the earlier entries); on its preimage: hints only."""
         out = [s for number in _PR.findall(item.entry.upstream) for s in self._pr_hint(number)]
         if item.patch is None:
-            there = present is None or item.entry.target in present
-            listed = staged(idx, [item.entry.target]).get(item.entry.target) if there else None
+            target = item.entry.target  # ``present``: a superset of ``idx``'s paths the entries touch
+            listed = staged(idx, [target]).get(target) if target in present else None
             if listed and listed[1] == blob_id(item.path.read_bytes()):
                 out.append(Signal("overlay-identical", f"{item.entry.target} exists upstream with our content"))
             return out

@@ -69,7 +69,7 @@ class Rebase(RebaseLoop):
         return self._run(journal)
 
     def resume(self) -> dict:
-        journal = self._journal()
+        journal = Journal.load(self.path, self.git)
         git = self.git
         if journal.pos >= len(journal.steps):  # cut short while finishing: what is in the tree is its checkout
             if git.status_porcelain():
@@ -153,7 +153,7 @@ class Rebase(RebaseLoop):
 
     def skip(self, drop: str | None = None) -> dict:
         """``--skip``: the stopped step skipped; ``--drop NAME`` (``drop``): dropped as merged upstream; it goes on."""
-        verb, journal = "skip" if drop is None else "drop", self._journal()
+        verb, journal = "skip" if drop is None else "drop", Journal.load(self.path, self.git)
         step = journal.steps[journal.pos] if journal.pos < len(journal.steps) else None
         if verb == "drop" and (step is None or not journal.paused or step.kind != "entry" or step.name != drop):
             at = f"stopped at entry '{step.name}'" if step is not None and journal.paused else "not stopped at an entry"
@@ -191,12 +191,13 @@ class Rebase(RebaseLoop):
         step.status, step.phase = "dropped-as-merged", ""
 
     def abort(self) -> dict:
-        journal = self._journal()
+        journal = Journal.load(self.path, self.git)
         git = self.git
         if journal.pos < len(journal.steps) and self._stop_cut_short(journal):
             git.run("reset", "--quiet", "--hard")  # the cut-short stop's conflict state: the tool's own
-        state = tree_state(git)
-        mine = journal.user_paths(state)
+        state, stopped = tree_state(git), journal.stop_state  # the user's paths: all, or those changed since the stop
+        mine = (sorted(p for p in set(state) | set(stopped) if state.get(p) != stopped.get(p))
+                if journal.paused == "conflict" else sorted(state))
         theirs = sorted(set(state) - set(mine))  # the tool's own changes: conflict markers, files it added
         git.run("reset", "--quiet")  # unmerged entries out of the way; the work tree stays
         if tracked := [p for p in theirs if git.out("ls-tree", "HEAD", "--", p)]:
@@ -218,11 +219,6 @@ class Rebase(RebaseLoop):
         self._forget()
         return {"ok": True, "aborted": True, "branch": journal.orig_branch, "head": journal.orig_head,
                 "recovery_ref": journal.recovery_ref, "stash": stash, "stashed": mine}
-
-    def _journal(self) -> Journal:
-        if not self.path.is_file():
-            raise C128Error("no c128patch rebase is in progress here")
-        return Journal.load(self.path, self.git)
 
     def _steps(self, old_commit: str, head: str, record: dict) -> list[Step]:
         """The entries in order, each with its commit and user edit; the user's commits after their entry."""

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops.treestate import changed_paths, checked_fields, corrupt_journal, read_journal
@@ -92,6 +93,8 @@ class Journal:
     @classmethod
     def load(cls, path: Path, git: Git) -> "Journal":
         """The journal at ``path``; a damaged one is a one-line error that says how to forget it."""
+        if not path.is_file():
+            raise C128Error("no c128patch rebase is in progress here")
         data = checked_fields(cls, read_journal(git, path, "rebase"), git, path, "rebase")
         if not all(isinstance(s, dict) for s in data["steps"]):
             raise corrupt_journal(git, path, "rebase", "a step is not an object")
@@ -103,12 +106,6 @@ class Journal:
 
     def save(self, path: Path) -> None:
         write_json_atomic(path, asdict(self))
-
-    def user_paths(self, now: dict[str, str]) -> list[str]:
-        """Paths the user changed since the stop (all changed paths when not stopped); ``now``: ``tree_state``."""
-        if self.paused != "conflict":
-            return sorted(now)
-        return sorted(p for p in set(now) | set(self.stop_state) if now.get(p) != self.stop_state.get(p))
 
 
 def tree_state(git: Git) -> dict[str, str]:

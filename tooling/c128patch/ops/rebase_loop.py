@@ -110,7 +110,7 @@ class RebaseLoop:
         idx = self._idx
         assert idx is not None
         step.file, step.chosen_by = item.label, item.chosen_by
-        signals = [] if keep else check.signals(item, journal.head_before, step.sha, idx, self._present)
+        signals = [] if keep else check.signals(item, step.sha, idx, self._present)
         row = replay_entry(self.git, item, Path(idx.env["GIT_INDEX_FILE"]), self._present, ledger=self.ledger,
                            span=journal.span, at=journal.onto_commit)
         tree = idx.out("write-tree") if row.status not in FAILED else ""
@@ -246,7 +246,7 @@ class RebaseLoop:
         item = self._plan(journal).get(step.name) if phase == "series" else None
         if item is not None and item.patch is None and stop.paths == [item.entry.target]:  # upstream's own file there
             found = taken(git, self.series, item.entry, journal.old_commit, journal.onto_commit)
-            step.stop["taken"] = found.to_json()
+            step.stop["taken"] = asdict(found)
             extra = found.lines(rebase_command(git.worktree, "continue"),
                                 rebase_command(git.worktree, "drop", step.name))
         else:

@@ -39,8 +39,8 @@ def report_of(git: Git, journal: Journal, new_head: str | None = None, proof: Eq
     }
     if proof is not None:
         out["equivalence"] = proof.to_json()
-    if new_head:
-        out["range_diff"] = range_diff_of(git, journal, new_head) if range_diff is None else range_diff
+    if range_diff is not None:
+        out["range_diff"] = range_diff
     return out
 
 
@@ -58,9 +58,8 @@ def write_reports(state: Path, report: dict) -> dict:
 
 
 def classify(git: Git, steps: list[Step]) -> None:
-    """Each replayed step against its old commit: unchanged (the same diff), context-only (the same
-    added and removed lines, as ``git patch-id --stable`` counts them: whitespace and line numbers
-    aside), content-changed. One git call for all of them."""
+    """Each replayed step against its old commit: unchanged (the same diff), context-only (the same added and removed
+    lines, whitespace and line numbers aside), content-changed. One git call for all of them."""
     todo = [s for s in steps if s.status == "replayed"]
     full = commit_diffs(git, [sha for s in todo for sha in (s.sha, s.new_sha)], "--full-index")
     drop_index = lambda d: re.sub(r"^index .*$", "", d, flags=re.M)  # noqa: E731

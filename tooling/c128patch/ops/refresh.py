@@ -50,8 +50,7 @@ class Export:
     def changes(self, root: Path) -> list[str]:
         """Paths the export changes, relative to ``root`` (a layer's in full)."""
         changed = [_shown(p, root) for p, data in self.files.items() if _differs(p, data)]
-        manifest = root / "patches" / "series.toml"
-        if manifest.read_text() != self.manifest:
+        if (root / "patches" / "series.toml").read_text() != self.manifest:
             changed.append("patches/series.toml")
         changed += [_shown(layer.manifest_path, root) for layer in self.layers
                     if layer.manifest_path.read_text() != layer.to_toml()]
@@ -186,8 +185,12 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
             raise C128Error(f"cannot refresh: two commits carry '{ENTRY_TRAILER}: {name}'; squash them first")
         else:
             exported[name] = _export_commit(series, git, sha, name, exported, (label, base_commit, primary), result)
-    entries = _in_order(series, list(exported.values()), _kept_without_commit(series, git, record, base_commit,
-                                                                              exported, result))
+    entries = list(exported.values())  # branch order, each kept entry right after its predecessor in the series
+    names = [e.name for e in series.entries]
+    for name, entry in _kept_without_commit(series, git, record, base_commit, exported, result).items():
+        before = [n for n in names[: names.index(name)] if any(x.name == n for x in entries)]
+        at = next(i for i, x in enumerate(entries) if x.name == before[-1]) + 1 if before else 0
+        entries.insert(at, entry)
     stacked = isinstance(series, Stack)
     new = series.rebuilt(entries, label if primary else "") if stacked else Series(  # type: ignore[attr-defined]
         series.root, series.name, series.version, label if primary else series.base, entries, gates=series.gates)
@@ -196,7 +199,9 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
         changed = part.to_toml() != old.to_toml() or any(_differs(p, d)
                                                           for p, d in _files_of(old, series, result.files).items())
         want = version if old is series.ours else None
-        parts.append(replace(part, version=want or (_bump(old.version) if changed else old.version)))
+        m = re.match(r"^(.*?)(\d+)$", old.version)  # bumped: its last number up by one, else ".1" added
+        bumped = f"{m.group(1)}{int(m.group(2)) + 1}" if m else f"{old.version}.1"
+        parts.append(replace(part, version=want or (bumped if changed else old.version)))
     result.series = Stack(parts[0], parts[1:]) if stacked else parts[0]
     result.manifest, result.layers = parts[0].to_toml(), parts[1:]
     if primary and stacked:  # our lock is our series' own, made on a tree without layers: it is not rewritten here
@@ -294,17 +299,6 @@ def _kept_without_commit(series: Series, git: Git, record: dict, base_commit: st
     return kept
 
 
-def _in_order(series: Series, exported: list[Entry], kept: dict[str, Entry]) -> list[Entry]:
-    """Branch order, each kept entry right after its predecessor in the series."""
-    out = list(exported)
-    names = [e.name for e in series.entries]
-    for name, entry in kept.items():
-        before = [n for n in names[: names.index(name)] if any(x.name == n for x in out)]
-        at = next(i for i, x in enumerate(out) if x.name == before[-1]) + 1 if before else 0
-        out.insert(at, entry)
-    return out
-
-
 def _fallback_gives_same_tree(series: Series, old: Entry, git: Git, sha: str, base_rev: str) -> bool:
     """Does the file ``apply`` chooses for ``base_rev`` without its variant make this commit, strictly?"""
     others = replace(old, variants=[v for v in old.variants if v.base != base_rev])
@@ -342,11 +336,6 @@ def _export_patch(series: Series, old: Entry, entry: Entry, data: bytes | None, 
         entry.variants.append(Variant(path.name, name, hashlib.sha256(content).hexdigest(), source_commit,
                                       source_sources))
     entry.sha256 = hashlib.sha256(result.files[series.patches_dir / entry.file]).hexdigest()
-
-
-def _bump(version: str) -> str:
-    m = re.match(r"^(.*?)(\d+)$", version)
-    return f"{m.group(1)}{int(m.group(2)) + 1}" if m else f"{version}.1"
 
 
 def write(series: Series, result: Export, *, accept_differences: bool = False) -> list[str]:

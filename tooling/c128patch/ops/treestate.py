@@ -39,18 +39,14 @@ FAULT_ENV = "C128PATCH_FAULT"
 _SIGNALS = {"kill": signal.SIGKILL, "sigint": signal.SIGINT}
 
 
-def git_path(git: Git, name: str) -> Path:
-    """A path inside the repository's git dir (worktree-aware)."""
-    return git_paths(git, [name])[0]
-
-
 def git_paths(git: Git, names: list[str]) -> list[Path]:
+    """Paths inside the repository's git dir (worktree-aware)."""
     rels = git.run("rev-parse", *(a for name in names for a in ("--git-path", name))).stdout.splitlines()
     return [(git.worktree or Path.cwd()) / rel for rel in rels]  # (an absolute one stays as it is)
 
 
 def c128_state_dir(git: Git) -> Path:
-    return git_path(git, "c128patch")
+    return git_paths(git, ["c128patch"])[0]
 
 
 def rebase_journal(git: Git) -> Path:

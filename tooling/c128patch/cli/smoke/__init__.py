@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import shlex
 import sys
 from pathlib import Path
@@ -11,11 +10,11 @@ from typing import Any, Callable
 
 import click
 
+from c128patch.cli import VerbTable
 from c128patch.cli.common import check_output_dir, emit_json, exit_unless, json_verb, locate_tree
 from c128patch.errors import C128Error
 
-# One module per subcommand (cli/smoke/<name>.py, exposing `command`), with the line `smoke --help` lists:
-# listing them imports none of them.
+# One module per subcommand (cli/smoke/<name>.py, exposing `command`) and the line `smoke --help` lists (cli.VerbTable).
 SUBCOMMANDS: dict[str, str] = {
     "kernel": "The project's GPU suite on the patched sources (one GPU).",
     "upstream": "Upstream's own kernel tests, patched vs unpatched.",
@@ -23,16 +22,8 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
-class _Subcommands(click.Group):  # cli.LazyGroup over SUBCOMMANDS (the lead folds the two)
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(SUBCOMMANDS)
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        return importlib.import_module(f"c128patch.cli.smoke.{name}").command if name in SUBCOMMANDS else None
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        with formatter.section("Commands"):
-            formatter.write_dl(list(SUBCOMMANDS.items()))
+class _Subcommands(VerbTable):
+    table, package = SUBCOMMANDS, "c128patch.cli.smoke"
 
 
 @click.group("smoke", cls=_Subcommands, no_args_is_help=False)
@@ -117,8 +108,7 @@ def tree_options(fn: Callable) -> Callable:
 
 
 def kernel_options(fields: dict[str, Any], **more: Any) -> Any:
-    """A ``smoke.trees.KernelOptions`` of the shared options; the tree `status` finds (when it
-    holds sglang sources) where neither --tree nor --wheel is given."""
+    """The shared options as a ``smoke.trees.KernelOptions``; no --tree or --wheel: the sglang tree `status` finds."""
     from c128patch.smoke.trees import KernelOptions
 
     if fields["tree"] is None and fields["wheel"] is None:
