@@ -10,7 +10,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import tarfile
 import threading
 import unicodedata
 from dataclasses import dataclass, field
@@ -238,6 +237,8 @@ class Git:
 
     def extract(self, rev: str, path: str, dest: Path) -> None:
         """``path`` of tree-ish ``rev`` unpacked under ``dest`` (``git archive``: nothing checked out)."""
+        import tarfile  # only here: status and the other light verbs never pay for it
+
         data = self.run("archive", "--format=tar", rev, path, binary=True).stdout
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             tar.extractall(dest, filter="data")

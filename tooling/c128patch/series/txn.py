@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import uuid
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -65,7 +64,7 @@ def commit_all(parts: list[Part], fault: Callable[[str], None] = _no_fault) -> N
     if not parts:
         return
     roots = [root for root, *_ in parts]
-    group = {"id": uuid.uuid4().hex, "parts": [os.path.realpath(r) for r in roots]}
+    group = {"id": os.urandom(16).hex(), "parts": [os.path.realpath(r) for r in roots]}
     with contextlib.ExitStack() as stack:
         for root in roots:
             stack.enter_context(locked(root))
