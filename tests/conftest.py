@@ -7,6 +7,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -36,6 +37,7 @@ HEAVY_TESTS = {
     "test_compile_kernels.py::test_patched_kernels_and_probe_compile_for_sm90a_on_every_release",  # nvcc, 285 s
     "test_bench_variants.py::test_variants_compile_for_sm90a",  # nvcc
     "test_reproducible.py::test_a_wheel_keeps_its_bytes_after_an_older_release_joins_the_cache",  # a 2nd history
+    "test_env.py::test_the_v0_5_23_environment_builds_from_its_lock_and_every_module_imports",  # pip: ~3 min, 3 GB
 }
 HEAVY_FILES = {"test_check_predicts.py"}
 HEAVY_FIXTURES = {"rebased"}  # test_rebase's (from, onto) matrix, built whole for its first test
@@ -63,6 +65,8 @@ def pytest_configure(config: pytest.Config) -> None:
     folder of its own, removed when the run ends, passed, failed or stopped (SIGTERM, Ctrl-C); workers and nested
     runs inherit it."""
     _controller.append(not hasattr(config, "workerinput"))
+    # the tier imports with this interpreter unless a test asks for the target's environment (tests/test_env.py)
+    os.environ.setdefault("C128PATCH_TIER_PYTHON", sys.executable)
     if _controller[-1] and not os.environ.get("C128PATCH_TEST_TMP"):
         root = tempfile.mkdtemp(prefix="c128patch-tests-")
         os.environ["C128PATCH_TEST_TMP"] = os.environ["TMPDIR"] = tempfile.tempdir = root

@@ -49,6 +49,18 @@ def test_it_runs_nightly_and_by_hand(workflow):
     assert set(triggers) == {"schedule", "workflow_dispatch"} and triggers["schedule"][0]["cron"] == "41 4 * * *"
 
 
+def test_the_behavioural_tier_builds_its_own_environment_from_the_committed_locks(workflow):
+    job = workflow["jobs"]["watch"]
+    watch = next(s for s in job["steps"] if s.get("id") == "watch")
+    assert "c128patch watch --onto" in watch["run"] and "--python" not in watch["run"]  # watch builds the env
+    assert watch["env"]["PIP_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"  # the CPU torch the locks pin
+    setup = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/setup-python@"))
+    cp = "cp" + setup["with"]["python-version"].replace(".", "")
+    locks = sorted((REPO_ROOT / "patches" / "env").glob("v*.lock"))
+    assert locks and all(lock.read_text().startswith(f"# c128patch tier environment lock: {cp}-linux-x86_64; ")
+                         for lock in locks)
+
+
 def test_two_runs_never_race(workflow):
     assert workflow["concurrency"] == {"group": "c128patch-watch", "cancel-in-progress": False}
 

@@ -19,21 +19,24 @@ from c128patch.errors import C128Error
               "the result unpacked into a temporary folder.")
 @repo_option
 @click.option("--python", "python", default=None, help="The interpreter to import with, a path from the current "
-              "folder or a name on PATH, never one inside the tree (default: this one).")
+              "folder or a name on PATH, never one inside the tree (default: an environment built from the target's "
+              "own requirements, cached).")
 @click.option("--no-run", "no_run", is_flag=True, help="Run none of the tree's code: only resolve its imports "
               "(then unchecked, exit 8).")
 @verb_options
 def command(tree: Path | None, rev: str | None, repo: str | None, python: str | None, no_run: bool,
             series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Import every module the series adds or changes on a patched tree, with the gates off and on, in a
-    sealed box: each ok, failed, or not checked (a package the interpreter lacks; no torch: nothing), and
+    sealed box (in an environment built from the target's requirements, CUDA-only packages stood in for; or
+    --python): each imported, imported with stand-ins, failed, or not checked (a package missing), and
     resolve each one's sglang imports against the tree's files (a missing module or name fails).
     Exit 0 only when every module imported and passed, gates off and on; 1 when one fails; 8 (unchecked) when
     any could not be imported here (a package missing, no torch, --no-run)."""
     from c128patch.fit import contract, treecheck
+    from c128patch.fit.env import describe
     from c128patch.fit.sandbox import NOTICE, interpreter
     from c128patch.git import Git, toplevel
-    from c128patch.progress import console
+    from c128patch.progress import console, reporter
     from c128patch.series.layers import get_series
     from c128patch.series.plan import validate_files
     from c128patch.textsafe import plain
@@ -43,22 +46,25 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
     validate_files(series)
     if (rev is None) == (tree is None):
         raise C128Error("pass --tree DIR or --sglang-rev X (one of them)")
-    python = interpreter(python, tree)
+    python = interpreter(python, tree) if python else None
     if not no_run:
         console().print(f"treecheck {NOTICE}", markup=False)
-    if tree is not None:
-        git = Git(worktree=toplevel(tree))
-        result = treecheck.run(series, git.worktree, git.changed_files(contract.tree_base(git), "HEAD"),
-                               python=python, run_code=not no_run)
-    else:
-        upstream = open_upstream(repo, [rev], None)
-        result = treecheck.run_rev(series, upstream.git, rev, upstream.resolve(rev), python=python,
-                                   run_code=not no_run)
+    with reporter(not as_json, title="treecheck") as rep:
+        if tree is not None:
+            git = Git(worktree=toplevel(tree))
+            result = treecheck.run(series, git.worktree, git.changed_files(contract.tree_base(git), "HEAD"),
+                                   python=python, run_code=not no_run, reporter=rep)
+        else:
+            upstream = open_upstream(repo, [rev], None)
+            result = treecheck.run_rev(series, upstream.git, rev, upstream.resolve(rev), python=python,
+                                       run_code=not no_run, reporter=rep)
     payload = result.to_json()
     if as_json:
         emit_json(payload)
     else:
-        say(*map(plain, [*(f"  failed: {f}" for f in result.failed), *(f"  {n}" for n in result.not_checked()),
+        say(*map(plain, [*([describe(result.env)] if result.env else []),
+                         *(f"  {name}: {said}" for name, said in result.modules().items()),
+                         *(f"  failed: {f}" for f in result.failed), *(f"  {n}" for n in result.not_checked()),
                          f"treecheck: {result.verdict()}"]))
     if not payload["ok"]:
         sys.exit(exitcodes.FAILED if result.failed else exitcodes.UNCHECKED)

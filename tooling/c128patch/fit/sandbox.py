@@ -1,11 +1,13 @@
 """The sealed box every run of a target's code goes through (the behavioural tier): an allow-listed
 environment (no tokens, ``HOME`` a fresh folder), isolated Python (``-I``: no current folder, user site
 or ``PYTHON*`` variables on the path), a time limit, and its own process group, killed whole on exit (a
-child it forks does not outlive it). Network is not cut off: the host gives no unprivileged way to."""
+child it forks does not outlive it). ``offline``: no network but loopback (``unshare -rn``, a user and network
+namespace) where the host allows it; ``isolation`` says whether it did."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -19,7 +21,24 @@ from c128patch.errors import C128Error
 # the environment the box keeps; the rest (tokens, credentials, PYTHON*) is dropped
 KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_VISIBLE_DEVICES")
 NOTICE = ("runs the target tree's code (imports its modules) in a sealed box: scrubbed environment, isolated "
-          "Python, a time limit, its processes killed at the end; --no-run skips it")
+          "Python, no network where the host allows it, a time limit, its processes killed at the end; --no-run "
+          "skips it")
+# loopback up where ``ip`` is, then the command: run inside a fresh user and network namespace
+_OFFLINE = ["unshare", "--user", "--map-root-user", "--net", "sh", "-c",
+            'command -v ip >/dev/null && ip link set lo up; unset PWD OLDPWD SHLVL _; exec "$@"', "sh"]
+
+
+@functools.cache
+def isolation() -> str:
+    """How the box cuts the network off here, or why it cannot (said in the tier's output)."""
+    try:
+        done = subprocess.run([*_OFFLINE, "true"], capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"network not cut off: unshare is unavailable here ({exc})"
+    if done.returncode:
+        why = (done.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
+        return f"network not cut off: this host refuses an unprivileged network namespace ({why})"
+    return "no network (loopback only: unshare -rn)"
 
 
 def interpreter(python: str | None, tree: Path | None = None) -> str:
@@ -39,15 +58,19 @@ def interpreter(python: str | None, tree: Path | None = None) -> str:
 class Sealed:
     """``python -I -B ARGS`` started in the box; ``wait`` gives (stdout, stderr); ``kill`` ends its whole group."""
 
-    def __init__(self, python: str, args: list[str], timeout: float) -> None:
+    def __init__(self, python: str, args: list[str], timeout: float, *, env: dict[str, str] | None = None,
+                 offline: bool = False) -> None:
+        """``env``: variables the caller adds (the operator's, never the target's); ``offline``: ``isolation``."""
         self.timeout = timeout
         self.home = Path(tempfile.mkdtemp(prefix="c128box-"))
-        env = {k: os.environ[k] for k in KEEP if k in os.environ}
-        env.update(HOME=str(self.home), TMPDIR=str(self.home))
+        scrubbed = {k: os.environ[k] for k in KEEP if k in os.environ} | (env or {})
+        scrubbed.update(HOME=str(self.home), TMPDIR=str(self.home))
         self.out, self.err = (open(self.home / name, "w+b") for name in (".stdout", ".stderr"))  # noqa: SIM115
+        cut = offline and not isolation().startswith("network not cut off")
         try:
-            self.proc = subprocess.Popen([python, "-I", "-B", *args], env=env, stdin=subprocess.DEVNULL,
-                                         stdout=self.out, stderr=self.err, cwd=self.home, start_new_session=True)
+            self.proc = subprocess.Popen([*(_OFFLINE if cut else []), python, "-I", "-B", *args], env=scrubbed,
+                                         stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err, cwd=self.home,
+                                         start_new_session=True)
         except OSError as exc:
             self.kill()
             raise C128Error(f"the target's code did not run: {exc}") from None

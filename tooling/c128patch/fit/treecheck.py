@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from c128patch.errors import C128Error
+from c128patch.fit import env as env_ops
 from c128patch.fit.contract import patched_tree
 from c128patch.fit.resolve import PACKAGE, PY_ROOT, Def, Upstream, absolute, module_name, statements
-from c128patch.fit.sandbox import Sealed, interpreter
+from c128patch.fit.sandbox import Sealed, interpreter, isolation
 from c128patch.git import Git
+from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series
 
 RUNNER = Path(__file__).with_name("treecheck_runner.py")
@@ -48,7 +51,9 @@ class TierResult:
 class TreecheckResult:
     tiers: list[TierResult] = field(default_factory=list)
     imports: dict[str, dict] = field(default_factory=dict)  # module -> its static import check (``check_imports``)
-    ran: bool = True  # False: the target's code was not run (``--no-run``)
+    ran: bool = True  # False: the target's code was not run (``why``)
+    why: str = "the target's code was not run (--no-run)"
+    env: dict = field(default_factory=dict)  # the environment it ran in (``fit.env.tier_python``; --python: {})
 
     @property
     def failed(self) -> list[str]:
@@ -64,7 +69,7 @@ class TreecheckResult:
     def not_checked(self) -> list[str]:
         """One line per module (or probe) the tier could not run, with the reason; never a pass."""
         if not self.ran:
-            return ["behavioural tier: the target's code was not run (--no-run)"]
+            return [f"behavioural tier: {self.why}"]
         if not all(t.torch for t in self.tiers):
             return ["behavioural tier: torch is not installed for this interpreter (nothing imported)"]
         seen = {name: m.get("detail", "") for t in reversed(self.tiers)  # the first tier's reason wins
@@ -76,7 +81,7 @@ class TreecheckResult:
         said = f"; imports: {ok} of {len(self.imports)} modules' sglang imports resolve on the tree's files" \
             if self.imports else ""
         if not self.ran:
-            return ("failed: " if self.failed else "unchecked: ") + f"the target's code was not run (--no-run){said}"
+            return ("failed: " if self.failed else "unchecked: ") + f"{self.why}{said}"
         if not all(t.torch for t in self.tiers):
             return ("failed: " if self.failed else "") + \
                 f"torch is not installed for this interpreter: behavioural tier not checked{said}"
@@ -88,9 +93,22 @@ class TreecheckResult:
             "unchecked: not every module imported here" + (f" (needs {', '.join(needs)})" if needs else "")
         return f"{head} ({'; '.join(parts)}){said}"
 
+    def modules(self) -> dict[str, str]:
+        """Per module, over both gate states: imported / imported with stand-ins (names) / failed / not checked."""
+        out: dict[str, str] = {}
+        for t in self.tiers:
+            for name, m in t.modules.items():
+                names = sorted({*m.get("stand_ins", []), *m.get("stand_ins_used", [])})
+                said = ("imported" + (f" with stand-ins ({', '.join(names)})" if names else "")
+                        if m["status"] == "ok" else f"{m['status']}: {m.get('detail', '')}")
+                if out.get(name, "imported").startswith("imported"):  # the worse state wins
+                    out[name] = said if not out.get(name) or not said.startswith("imported") else out[name]
+        return out
+
     def to_json(self) -> dict:
         return {"ok": not self.failed and self.checked, "verdict": self.verdict(), "failed": self.failed,
-                "not_checked": self.not_checked(), "tiers": [asdict(t) for t in self.tiers], "imports": self.imports}
+                "not_checked": self.not_checked(), "modules": self.modules(), "env": self.env,
+                "tiers": [asdict(t) for t in self.tiers], "imports": self.imports}
 
 
 def _gates(series: Series) -> list[str]:
@@ -99,10 +117,12 @@ def _gates(series: Series) -> list[str]:
 
 class Pending:
     """The tier on ``tree`` (a folder holding ``python/sglang``) for the ``paths`` the series changes, started in the
-    sealed box (both gate states at once); ``finish`` waits for it. ``run_code=False``: only the static import check."""
+    sealed box (both gate states at once); ``finish`` waits for it. ``run_code=False``: only the static import check.
+    No ``python``: the target's own environment (``fit.env``), built first if missing; one that cannot be built
+    is said in one line (unchecked)."""
 
     def __init__(self, series: Series, tree: Path, paths: list[str], *, python: str | None = None,
-                 timeout: float = 600, run_code: bool = True) -> None:
+                 timeout: float = 600, run_code: bool = True, reporter: Reporter = NullReporter()) -> None:
         if not (tree / PY_ROOT / "sglang").is_dir():
             raise C128Error(f"{tree} holds no {PY_ROOT}/sglang: pass the top of a patched sglang tree")
         missing = [p for p in paths if not (tree / p).is_file()]
@@ -110,23 +130,34 @@ class Pending:
             more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
             raise C128Error(f"{tree} lacks {missing[0]}{more}, which the series writes: apply the series there first")
         self.tree, self.modules = tree, sorted({m for p in paths if (m := module_name(p))})
-        self.box: Sealed | None = None  # None: not run (``--no-run``)
-        if run_code:
-            args = ["-c", RUNNER.read_text(), str((tree / PY_ROOT).resolve()), json.dumps(_gates(series)),
-                    json.dumps([p for p in PROBES if p[0] in self.modules]), *self.modules]
-            self.box = Sealed(interpreter(python, tree), args, timeout)
+        self.box: Sealed | None = None  # None: not run (``why``)
+        self.why, self.env = TreecheckResult.why, {}
+        if not run_code:
+            return
+        python = python or os.environ.get("C128PATCH_TIER_PYTHON")  # the operator's standing --python
+        try:
+            python, self.env = (interpreter(python, tree), {}) if python else \
+                env_ops.tier_python(series, tree, reporter)
+        except C128Error as exc:
+            self.why = f"the target's code was not run: no environment for it ({exc.message})"
+            return
+        self.env["isolation"] = isolation()
+        args = ["-c", RUNNER.read_text(), str((tree / PY_ROOT).resolve()), json.dumps(_gates(series)),
+                json.dumps([p for p in PROBES if p[0] in self.modules]), json.dumps(env_ops.stand_ins(series)),
+                *self.modules]
+        self.box = Sealed(python, args, timeout, offline=True)
 
     def finish(self) -> TreecheckResult:
         imports = check_imports(self.tree, self.modules)  # while the box runs
         if self.box is None:
-            return TreecheckResult(imports=imports, ran=False)
+            return TreecheckResult(imports=imports, ran=False, why=self.why)
         stdout, stderr = self.box.wait()
         try:
             data = json.loads(stdout.strip().splitlines()[-1])
         except (IndexError, ValueError):
             raise C128Error("the behavioural tier's interpreter failed: "
                             f"{(stderr.strip().splitlines() or ['?'])[-1]}") from None
-        result = TreecheckResult(imports=imports)
+        result = TreecheckResult(imports=imports, env=self.env)
         for state in ("off", "on"):
             tier = data["tiers"].get(state, {})
             if "error" in tier:
@@ -143,9 +174,9 @@ class Pending:
 
 
 def run(series: Series, tree: Path, paths: list[str], *, python: str | None = None, timeout: float = 600,
-        run_code: bool = True) -> TreecheckResult:
+        run_code: bool = True, reporter: Reporter = NullReporter()) -> TreecheckResult:
     """The tier on ``tree`` (a folder holding ``python/sglang``) for the ``paths`` the series changes."""
-    pending = Pending(series, tree, paths, python=python, timeout=timeout, run_code=run_code)
+    pending = Pending(series, tree, paths, python=python, timeout=timeout, run_code=run_code, reporter=reporter)
     try:
         return pending.finish()
     finally:
@@ -153,12 +184,15 @@ def run(series: Series, tree: Path, paths: list[str], *, python: str | None = No
 
 
 def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | None = None,
-            run_code: bool = True) -> TreecheckResult:
+            run_code: bool = True, reporter: Reporter = NullReporter()) -> TreecheckResult:
     """The tier on the series replayed at ``commit`` (``fit.contract.patched_tree``), unpacked in a temporary folder."""
     head = patched_tree(series, git, rev, commit)
     with tempfile.TemporaryDirectory(prefix="c128treecheck-") as tmp:
         git.extract(head, f"{PY_ROOT}/sglang", Path(tmp))
-        return run(series, Path(tmp), git.changed_files(commit, head), python=python, run_code=run_code)
+        if git.blob(head, f"{PY_ROOT}/pyproject.toml") is not None:  # the requirements of ``fit.env``
+            git.extract(head, f"{PY_ROOT}/pyproject.toml", Path(tmp))
+        return run(series, Path(tmp), git.changed_files(commit, head), python=python, run_code=run_code,
+                   reporter=reporter)
 
 
 # ---------------------------------------------------------------------------- the static import check

@@ -1,11 +1,13 @@
 """Run in a subprocess by ``fit.treecheck`` (no c128patch imports): import each module of a tree and
 say, per module, ok / not checked (a third-party package this interpreter lacks) / failed.
 
-argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON MODULE...; prints one JSON object. Run in ``fit.sandbox``'s
-box (``python -I``). torch is imported once (before the tree is on the path), then one forked child per gate
-state (off: the gates unset; on: each set to 1) imports the modules from a clean slate and calls each probe
-(module, zero-argument function, what it must return with the gates on / off) where its module imported. A
-package ``__init__`` that stops on a missing third-party package is kept as far as it ran.
+argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON STAND_INS_JSON MODULE...; prints one JSON object. STAND_INS:
+import name -> what it stands in for (a CUDA-only package): a module found only where no real one is, that
+imports (its submodules too) but raises on use (attribute access); each module says which it loaded or used.
+Run in ``fit.sandbox``'s box (``python -I``). torch is imported once (before the tree is on the path), then one
+forked child per gate state (off: the gates unset; on: each set to 1) imports the modules from a clean slate and
+calls each probe (module, zero-argument function, what it must return with the gates on / off) where its module
+imported. A package ``__init__`` that stops on a missing third-party package is kept as far as it ran.
 """
 
 import importlib
@@ -16,9 +18,53 @@ import os
 import sys
 import tempfile
 import traceback
+import types
 
 TREE = sys.argv[1]  # run as `python -I -c SOURCE TREE ...`: no folder of ours on sys.path
+STAND_INS: dict = json.loads(sys.argv[4])
 partial: dict = {}
+probed: dict = {}  # (stand-in module, attribute) -> import name: asked for, not (yet) a submodule imported
+
+
+class StandInUsed(AttributeError):
+    """A stand-in used: an AttributeError, so ``from X import Y`` still falls back to importing ``X.Y``."""
+
+
+class _StandInModule(types.ModuleType):
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        top = self.__name__.split(".")[0]
+        probed[(self.__name__, attr)] = top
+        raise StandInUsed(f"{self.__name__}.{attr}: {top} is a stand-in ({STAND_INS[top]}), not usable here")
+
+    def __call__(self, *args, **kwargs):
+        top = self.__name__.split(".")[0]
+        probed[(self.__name__, "()")] = top
+        raise StandInUsed(f"{self.__name__}(): {top} is a stand-in ({STAND_INS[top]}), not usable here")
+
+
+class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Last on ``sys.meta_path``: a real package wins."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname.split(".")[0] in STAND_INS:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return _StandInModule(spec.name)
+
+    def exec_module(self, module):
+        module.__path__ = []
+        parent, _, attr = module.__name__.rpartition(".")
+        probed.pop((parent, attr), None)  # ``from parent import attr`` of a submodule: an import, not a use
+
+
+def _stand_ins(before: set, asked: set) -> tuple[list, list]:
+    """(stand-ins first loaded since ``before``, stand-ins used since ``asked``)."""
+    loaded = {n.split(".")[0] for n in set(sys.modules) - before if isinstance(sys.modules[n], _StandInModule)}
+    return sorted(loaded), sorted({top for key, top in probed.items() if key not in asked})
 
 
 def _third_party(exc: BaseException) -> str:
@@ -53,11 +99,13 @@ class _Finder(importlib.abc.MetaPathFinder):
 def _tier(gates: str, probes: list, modules: list[str]) -> dict:
     out: dict = {"modules": {}}
     for name in modules:
-        before = set(sys.modules)
+        before, asked = set(sys.modules), set(probed)
         try:
             importlib.import_module(name)
-            out["modules"][name] = {"status": "ok"}
+            loaded, used = _stand_ins(before, asked)
+            out["modules"][name] = {"status": "ok", "stand_ins": loaded, "stand_ins_used": used}
         except BaseException as exc:  # noqa: BLE001
+            loaded, used = _stand_ins(before, asked)
             for stale in set(sys.modules) - before:  # the next import starts clean, not from half-run modules
                 if stale == "sglang" or stale.startswith("sglang."):
                     del sys.modules[stale]
@@ -66,6 +114,11 @@ def _tier(gates: str, probes: list, modules: list[str]) -> dict:
                 missing = partial[exc.name]  # a package whose __init__ stopped on a missing package
             if missing:
                 out["modules"][name] = {"status": "not checked", "detail": f"needs {missing.split('.')[0]}"}
+                continue
+            if used and _caused_by_stand_in(exc):
+                out["modules"][name] = {"status": "not checked", "stand_ins": loaded, "stand_ins_used": used,
+                                        "detail": f"needs {', '.join(used)} (CUDA-only, a stand-in here, used at "
+                                                  f"import: {_where(exc)}{exc})"}
                 continue
             out["modules"][name] = {"status": "failed", "detail": f"{_where(exc)}{type(exc).__name__}: {exc}"}
     out["probes"] = {}
@@ -84,6 +137,16 @@ def _tier(gates: str, probes: list, modules: list[str]) -> dict:
         out["probes"][key] = {"status": "ok" if ok else "failed",
                               "detail": "" if ok else f"returned {got!r} with the gates {gates}, expected {want}"}
     return out
+
+
+def _caused_by_stand_in(exc: BaseException) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, StandInUsed):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _where(exc: BaseException) -> str:
@@ -112,7 +175,7 @@ def _fork(state: str, gates: list[str], probes: list, modules: list[str]) -> tup
 
 
 def main() -> None:
-    gates, probes, modules = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4:]
+    gates, probes, modules = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[5:]
     out: dict = {"python": sys.executable, "torch": True, "tiers": {}}
     try:  # before the tree is on the path: a torch the tree holds is never the one imported
         import torch  # noqa: F401
@@ -120,6 +183,7 @@ def main() -> None:
         out["torch"] = False
     sys.path.append(TREE)  # last: the tree shadows neither the stdlib nor an installed package
     sys.meta_path.insert(0, _Finder())
+    sys.meta_path.append(_StandIns())
     children = [(state, *_fork(state, gates, probes, modules)) for state in ("off", "on")] if out["torch"] else []
     for state, pid, path in children:
         os.waitpid(pid, 0)

@@ -251,7 +251,7 @@ class Watch:
         try:
             git.run("checkout", "--quiet", "--force", "--detach", head)
             return tier_ops.Pending(series, git.worktree, git.changed_files(onto_commit, head), python=self.python,
-                                    run_code=self.run_code)
+                                    run_code=self.run_code, reporter=self)
         except C128Error as exc:
             return exc.message
 
@@ -268,7 +268,8 @@ class Watch:
         data = result.to_json()
         whole = [] if result.checked else [f"behavioural tier: {result.verdict()}"]
         return {"ok": data["ok"], "ran": result.ran, "verdict": data["verdict"], "failed": data["failed"],
-                "not_checked": data["not_checked"], "unchecked": whole, "json": data}
+                "not_checked": data["not_checked"], "unchecked": whole, "env": data["env"],
+                "modules": data["modules"], "json": data}
 
     def unchecked(self) -> list[str]:
         """What could not be checked here, one line each (no nvcc, no torch, the tier did not run): never clean."""

@@ -4,6 +4,7 @@ dict ``fit.watch`` builds; decides nothing."""
 
 from __future__ import annotations
 
+from c128patch.fit.env import describe
 from c128patch.fit.sandbox import NOTICE
 from c128patch.ops.conflicts import block_markdown
 from c128patch.textsafe import md, plain
@@ -126,7 +127,9 @@ def _fits(report: dict) -> list[str]:
     tier = report.get("behaviour")
     if tier:
         said = [f"watch {NOTICE}.", ""] if tier.get("ran") else []
-        lines += ["## Behavioural tier (gates off and on)", "", *said, md(tier["verdict"]), ""]
+        env = [md(describe(tier["env"])), ""] if tier.get("env") else []
+        lines += ["## Behavioural tier (gates off and on)", "", *said, *env, md(tier["verdict"]), ""]
+        lines += [f"- {md(name)}: {md(said)}" for name, said in tier.get("modules", {}).items()]
         lines += [f"- **failed**: {md(f)}" for f in tier["failed"]] + [f"- {md(n)}" for n in tier["not_checked"]]
         lines += [""] if tier["failed"] or tier["not_checked"] else []
     if report.get("unchecked"):

@@ -1,0 +1,175 @@
+"""The behavioural tier's own environment (issue 38 item 1, ``fit/env.py``): the target's requirements
+filtered as untrusted input, the committed locks, the cached build, the CUDA-only stand-ins, and the tier
+cut off from the network (issue 36 item 3)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from c128patch.errors import C128Error
+from c128patch.fit import env, sandbox, treecheck
+from c128patch.series.manifest import load_series
+from c128patch.upstream.releases import wheel_for
+from support import RELEASES, REPO_ROOT, invoke
+
+SERIES = load_series(REPO_ROOT)
+CUDA = env.cuda_only(SERIES)
+MODULE = "python/sglang/probe.py"
+
+
+def release_requirements(rev: str) -> tuple[list[str], list[str]]:
+    return env.filtered(env.wheel_requirements(wheel_for(rev.removeprefix("v"))), CUDA)
+
+
+def test_the_release_requirements_are_filtered_for_a_cpu_host():
+    lines = env.wheel_requirements(wheel_for("0.5.23"))
+    assert len(lines) == 139 and any("extra ==" in line for line in lines)
+    keep, dropped = release_requirements("v0.5.23")
+    assert "torch" in keep and not any(r.startswith("torch") and r != "torch" for r in keep)  # pinned by constraint
+    assert {"flashinfer-python", "sglang-kernel", "cuda-python", "nvidia-cutlass-dsl", "torchvision",
+            "torchaudio", "torchcodec", "deepseek-recipe", "tml-renderers", "py-spy"} <= set(dropped)
+    assert not set(dropped) - set(CUDA)
+    names = {r.split("=")[0].split("<")[0].split(">")[0].lower() for r in keep}
+    assert not names & set(CUDA) and "av" not in names and "decord2" not in names  # aarch64 only
+    assert {"orjson", "psutil", "msgspec", "numpy", "transformers==5.19.0"} <= {*names, *keep}
+    assert all("[" not in r and ";" not in r for r in keep)  # no extras, markers evaluated here
+
+
+@pytest.mark.parametrize("line", ["evil @ https://example.invalid/evil-1.0-py3-none-any.whl",
+                                  "evil @ git+https://example.invalid/evil.git", "--extra-index-url https://x.invalid",
+                                  "--index-url=https://x.invalid/simple", "-e .", "./evil", "evil @ file:///tmp/evil"])
+def test_a_direct_url_a_vcs_reference_a_path_or_an_option_is_refused(line):
+    with pytest.raises(C128Error, match="refused") as caught:
+        env.filtered(["numpy", line], CUDA)
+    assert line in caught.value.message and "\n" not in caught.value.message
+
+
+def test_a_tree_with_a_pyproject_gives_its_own_requirements(tmp_path):
+    (tmp_path / "python").mkdir()
+    (tmp_path / "python" / "pyproject.toml").write_text(
+        '[project]\nname = "sglang"\ndependencies = ["numpy", "flashinfer_python==0.7.2", "torch==2.14.1"]\n')
+    lines, source = env.declared(tmp_path)
+    assert source == "python/pyproject.toml"
+    assert env.filtered(lines, CUDA) == (["numpy", "torch"], ["flashinfer-python"])
+    (tmp_path / "python" / "pyproject.toml").write_text('[project]\ndependencies = ["x @ git+https://e.invalid/x"]\n')
+    with pytest.raises(C128Error, match="direct URL, VCS reference or path: refused"):
+        env.filtered(*env.declared(tmp_path)[:1], CUDA)
+
+
+@pytest.mark.parametrize("rev", RELEASES)
+def test_each_committed_lock_is_what_the_script_writes_from_its_release(rev):
+    text = (SERIES.patches_dir / "env" / f"{rev}.lock").read_text()
+    keep, dropped = release_requirements(rev)
+    assert env.lock_requirements(text) == keep
+    assert f"# dropped: {' '.join(dropped)}\n" in text and text.startswith(
+        f"# c128patch tier environment lock: {env.host()}; {env.TORCH_PIN}\n")
+    rows = [line for line in text.splitlines() if not line.startswith("#")]
+    assert len(rows) > 100 and all(" --hash=sha256:" in row and len(row.split(":")[-1]) == 64 for row in rows)
+    locked = {row.split("==")[0] for row in rows}
+    assert not locked & set(CUDA) and "torch==2.13.0+cpu" in {row.split(" ")[0] for row in rows}
+    assert {"orjson", "psutil", "msgspec", "numpy", "triton", "huggingface-hub"} <= locked
+
+
+def test_a_lock_round_trips_through_pips_report_and_needs_every_hash():
+    head = env.header("a test", ["numpy", "torch"], ["torchvision"])
+    report = {"install": [{"metadata": {"name": n, "version": v},
+                           "download_info": {"archive_info": {"hashes": {"sha256": "ab" * 32}}}}
+                          for n, v in (("numpy", "2.3.5"), ("torch", "2.13.0+cpu"), ("torchvision", "0.28.0"))]}
+    text = env.lock_text(report, head, CUDA)
+    assert env.lock_requirements(text) == ["numpy", "torch"]
+    assert [line for line in text.splitlines() if not line.startswith("#")] == [
+        f"numpy==2.3.5 --hash=sha256:{'ab' * 32}", f"torch==2.13.0+cpu --hash=sha256:{'ab' * 32}"]
+    del report["install"][0]["download_info"]["archive_info"]
+    with pytest.raises(C128Error, match="no sha256 for numpy 2.3.5"):
+        env.lock_text(report, head, CUDA)
+
+
+def test_a_release_tree_takes_its_committed_lock_without_resolving(tmp_path, monkeypatch):
+    (tmp_path / "python" / "sglang").mkdir(parents=True)
+    (tmp_path / "python" / "sglang" / "_version.py").write_text("__version__ = version = '0.5.23'\n")
+    monkeypatch.setattr(env, "resolve", lambda *a, **k: pytest.fail("resolved although a lock is committed"))
+    text, source = env.lock_for(SERIES, tmp_path)
+    assert source == "patches/env/v0.5.23.lock" and text == (SERIES.patches_dir / "env" / "v0.5.23.lock").read_text()
+
+
+def test_an_interrupted_build_leaves_nothing_that_looks_ready(tmp_path, monkeypatch):
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    lock = "# c128patch tier environment lock\nnumpy==2.3.5 --hash=sha256:" + "ab" * 32 + "\n"
+    calls = []
+
+    def pip(python, args, timeout, reporter, what):
+        calls.append(args)
+        if len(calls) == 1:
+            raise C128Error(f"{what}: interrupted")
+
+    monkeypatch.setattr(env, "_pip", pip)
+    with pytest.raises(C128Error, match="interrupted"):
+        env.build(lock)
+    envs = tmp_path / "cache" / "envs"
+    assert sorted(p.name for p in envs.iterdir()) == [".lock"]  # no half-built venv left, none under its key
+    (envs / ".build-leftover").mkdir()  # a build killed outright (no finally): removed by the next one
+    python, built = env.build(lock)
+    assert built and python.parent.parent.parent == envs and (python.parent.parent / "c128patch-ready").is_file()
+    assert sorted(p.name for p in envs.iterdir()) == [".lock", python.parent.parent.name]
+    assert "--require-hashes" in calls[-1] and "--no-deps" in calls[-1] and "--only-binary=:all:" in calls[-1]
+    assert env.build(lock) == (python, False) and len(calls) == 2  # cached
+
+
+def tree_with(tmp: Path, source: str) -> Path:
+    (tmp / "python" / "sglang").mkdir(parents=True)
+    (tmp / "python" / "sglang" / "__init__.py").write_text("")
+    (tmp / MODULE).write_text(source)
+    return tmp
+
+
+def test_a_stand_in_imports_but_raises_on_use(tmp_path):
+    pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
+    ok = tree_with(tmp_path / "ok", "import flashinfer\nfrom cutlass import cute\nfrom sgl_kernel.x import y\n")
+    result = treecheck.run(SERIES, ok, [MODULE])
+    assert result.checked and result.modules() == {
+        "sglang.probe": "imported with stand-ins (cutlass, flashinfer, sgl_kernel)"}, result.to_json()
+    used = tree_with(tmp_path / "used", "import flashinfer\nflashinfer.sampling.top_k(1)\n")
+    result = treecheck.run(SERIES, used, [MODULE])
+    assert not result.checked and not result.failed
+    said = result.modules()["sglang.probe"]
+    assert said.startswith("not checked: needs flashinfer (CUDA-only, a stand-in here, used at import: ") and \
+        "flashinfer.sampling: flashinfer is a stand-in (flashinfer-python: CUDA kernels" in said
+
+
+def test_the_tier_has_no_network(tmp_path):
+    if sandbox.isolation().startswith("network not cut off"):
+        pytest.skip(sandbox.isolation())
+    pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
+    tree = tree_with(tmp_path, "import socket\ns = socket.socket()\ns.settimeout(5)\ns.connect(('192.0.2.1', 80))\n")
+    result = treecheck.run(SERIES, tree, [MODULE])
+    assert result.env["isolation"] == "no network (loopback only: unshare -rn)"
+    assert [f.split(": ", 2)[2] for f in result.failed] == ["sglang/probe.py:4: OSError: [Errno 101] Network is "
+                                                            "unreachable"] * 2
+
+
+def test_no_environment_for_the_target_is_one_line_and_unchecked(tmp_path, monkeypatch):
+    monkeypatch.delenv("C128PATCH_TIER_PYTHON")
+    tree = tree_with(tmp_path, "raise SystemExit('ran')\n")
+    result = treecheck.run(SERIES, tree, [MODULE])
+    assert not result.ran and not result.checked and not result.to_json()["ok"]
+    assert result.verdict() == ("unchecked: the target's code was not run: no environment for it "
+                                f"({tree} has neither python/pyproject.toml nor python/sglang/_version.py: no "
+                                "requirements to build the tier's environment from (pass --python)); imports: 1 of 1 "
+                                "modules' sglang imports resolve on the tree's files")
+
+
+def test_the_v0_5_23_environment_builds_from_its_lock_and_every_module_imports(tmp_path):
+    """heavy: builds (or finds cached) the v0.5.23 environment: ~3 min and ~3 GB the first time."""
+    start = time.monotonic()
+    run = invoke("treecheck", "--sglang-rev", "v0.5.23", "--series", str(REPO_ROOT),
+                 env={"C128PATCH_TIER_PYTHON": None})
+    assert run.code == 0 and run.out["ok"], json.dumps(run.out)[:3000]
+    assert run.out["env"]["lock"] == "patches/env/v0.5.23.lock" and run.out["env"]["key"]
+    modules = run.out["modules"]
+    assert len(modules) == len(run.out["tiers"][0]["modules"]) >= 10
+    assert all(said.startswith("imported") for said in modules.values()), modules
+    print(f"tier on v0.5.23: {time.monotonic() - start:.0f} s, env built now: {run.out['env']['built']}")

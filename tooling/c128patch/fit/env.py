@@ -1,0 +1,228 @@
+"""The behavioural tier's environment (docs/watch.md): a venv built from the target's own requirements (the
+tree's ``python/pyproject.toml``, else its release wheel's), untrusted input (``filtered``), the CUDA-only ones
+of ``patches/env/cuda-only.toml`` dropped, torch pinned CPU, locked with hashes (committed in ``patches/env/``,
+else resolved at run time), installed by pip in ``fit.sandbox``'s box into ``<cache>/envs/<key>``."""
+
+from __future__ import annotations
+
+import email
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from c128patch.errors import C128Error
+from c128patch.fit.sandbox import Sealed
+from c128patch.jsonio import write_atomic
+from c128patch.progress import NullReporter, Reporter
+from c128patch.series.manifest import Series, tomllib
+from c128patch.upstream.releases import cache_dir, ensure_folder, locked, wheel_for
+
+TORCH_PIN = "torch==2.13.0"  # the CPU build; the operator may name another: $C128PATCH_TORCH_PIN
+RESOLVE_TIMEOUT, INSTALL_TIMEOUT = 600.0, 1200.0  # seconds
+# the operator's pip settings the box passes on (its config files are read as usual); never the target's
+PIP_SETTINGS = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CERT", "PIP_CONSTRAINT",
+                "PIP_TRUSTED_HOST", "PIP_NO_INDEX", "PIP_DEFAULT_TIMEOUT", "PIP_CONFIG_FILE", "SSL_CERT_FILE",
+                "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+_VERSION = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
+
+
+def host() -> str:
+    """The Python and platform a lock and a venv are for, e.g. ``cp311-linux-x86_64``."""
+    return f"cp{sys.version_info[0]}{sys.version_info[1]}-{sys.platform}-{platform.machine()}"
+
+
+def torch_pin() -> str:
+    return os.environ.get("C128PATCH_TORCH_PIN") or TORCH_PIN
+
+
+def cuda_only(series: Series) -> dict[str, dict]:
+    """The series' table of CUDA-only requirements: name -> {"imports": [...], "reason": ...}."""
+    path = series.patches_dir / "env" / "cuda-only.toml"
+    try:
+        table = tomllib.loads(path.read_text()) if path.is_file() else {}
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise C128Error(f"{path}: not TOML ({exc})") from None
+    return {canonicalize_name(name): row for name, row in table.items()}
+
+
+def stand_ins(series: Series) -> dict[str, str]:
+    """import name -> what it stands in for (``package: reason``), for the tier's runner."""
+    return {name: f"{pkg}: {row['reason']}" for pkg, row in cuda_only(series).items() for name in row["imports"]}
+
+
+def declared(tree: Path) -> tuple[list[str], str]:
+    """The tree's requirement lines and where they came from."""
+    pyproject = tree / "python" / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+            raise C128Error(f"{pyproject}: no [project].dependencies to build the tier's environment from "
+                            f"({type(exc).__name__}: {exc})") from None
+        if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+            raise C128Error(f"{pyproject}: [project].dependencies is not a list of strings")
+        return deps, "python/pyproject.toml"
+    found = _VERSION.search((p.read_text(errors="replace") if (p := tree / "python/sglang/_version.py").is_file()
+                             else ""))
+    if not found:
+        raise C128Error(f"{tree} has neither python/pyproject.toml nor python/sglang/_version.py: "
+                        "no requirements to build the tier's environment from (pass --python)")
+    return wheel_requirements(wheel_for(found.group(1))), f"the sglang {found.group(1)} release wheel"
+
+
+def wheel_requirements(wheel: Path) -> list[str]:
+    """A wheel's ``Requires-Dist`` values."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            name = next(n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+            return email.message_from_bytes(zf.read(name)).get_all("Requires-Dist") or []
+    except (zipfile.BadZipFile, StopIteration, OSError) as exc:
+        raise C128Error(f"{wheel}: no readable METADATA ({exc or 'missing'}); delete it to fetch it again") from None
+
+
+def filtered(lines: list[str], cuda: dict[str, dict]) -> tuple[list[str], list[str]]:
+    """(the requirements to install, the CUDA-only names dropped); a line that is not a plain requirement refused."""
+    keep, dropped = [], []
+    for line in lines:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            raise C128Error(f"the target's requirement {line!r} is not 'name[extras] specifier; marker': "
+                            "refused (no options, paths or indexes are taken from the target)") from None
+        if req.url:
+            raise C128Error(f"the target's requirement {line!r} is a direct URL, VCS reference or path: refused "
+                            "(the tier installs from the operator's index only)")
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        name = canonicalize_name(req.name)
+        req.marker, req.extras = None, set()
+        if name in cuda:
+            dropped.append(name)
+        else:  # torch: pinned by the constraint (``torch_pin``)
+            keep.append("torch" if name == "torch" else str(req))
+    return sorted(set(keep), key=str.lower), sorted(set(dropped))
+
+
+def header(source: str, requirements: list[str], dropped: list[str]) -> str:
+    """A lock's first lines: what it was resolved from; all but ``# from:`` compare it to a target's."""
+    return "".join([f"# c128patch tier environment lock: {host()}; {torch_pin()}\n", f"# from: {source}\n",
+                    *(f"# requirement: {r}\n" for r in requirements), f"# dropped: {' '.join(dropped)}\n"])
+
+
+def _resolved_from(text: str) -> str:
+    """A lock's header less its ``# from:`` line: two locks with the same one were resolved from the same input."""
+    return "".join(line for line in text.splitlines(keepends=True) if line.startswith("# ")
+                   and not line.startswith("# from: "))
+
+
+def lock_requirements(text: str) -> list[str]:
+    return [line.removeprefix("# requirement: ") for line in text.splitlines() if line.startswith("# requirement: ")]
+
+
+def lock_text(report: dict, head: str, cuda: dict[str, dict]) -> str:
+    """A lock from pip's ``--report``: each package ``name==version --hash=sha256:...``, CUDA-only ones left out."""
+    rows = []
+    for item in report.get("install", []):
+        name, version = item["metadata"]["name"], item["metadata"]["version"]
+        sha = item.get("download_info", {}).get("archive_info", {}).get("hashes", {}).get("sha256")
+        if not sha:
+            raise C128Error(f"pip's report gives no sha256 for {name} {version}: no lock without hashes")
+        if canonicalize_name(name) not in cuda:
+            rows.append(f"{canonicalize_name(name)}=={version} --hash=sha256:{sha}\n")
+    return head + "".join(sorted(rows))
+
+
+def _pip(python: str, args: list[str], timeout: float, reporter: Reporter, what: str) -> None:
+    """``python -m pip ARGS`` in the sealed box (network kept: pip needs it) with the operator's settings."""
+    reporter.step(what)
+    env = {k: os.environ[k] for k in PIP_SETTINGS if k in os.environ}
+    box = Sealed(python, ["-m", "pip", "--disable-pip-version-check", *args], timeout, env=env)
+    try:
+        stdout, stderr = box.wait()
+    except C128Error as exc:
+        raise C128Error(f"{what}: {exc.message}") from None
+    if box.proc.returncode:
+        last = [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("WARNING:")] or ["?"]
+        raise C128Error(f"{what}: pip failed: {last[-1].strip()}")
+
+
+def resolve(head: str, requirements: list[str], cuda: dict[str, dict], reporter: Reporter = NullReporter(),
+            timeout: float = RESOLVE_TIMEOUT) -> str:
+    """The lock of ``requirements`` (pip's resolver, wheels only, torch pinned), with its ``header``."""
+    with tempfile.TemporaryDirectory(prefix="c128env-resolve-") as tmp:
+        (Path(tmp) / "req.txt").write_text("".join(f"{r}\n" for r in requirements))
+        (Path(tmp) / "pin.txt").write_text(f"{torch_pin()}\n")
+        _pip(sys.executable, ["install", "--dry-run", "--ignore-installed", "--only-binary=:all:", "-q", "--report",
+                              f"{tmp}/report.json", "-r", f"{tmp}/req.txt", "-c", f"{tmp}/pin.txt"], timeout, reporter,
+             f"resolving the tier's environment ({len(requirements)} requirements)")
+        return lock_text(json.loads((Path(tmp) / "report.json").read_text()), head, cuda)
+
+
+def lock_for(series: Series, tree: Path, reporter: Reporter = NullReporter()) -> tuple[str, str]:
+    """(the lock text, where it came from): a committed lock resolved from the same requirements, else resolved."""
+    cuda = cuda_only(series)
+    lines, source = declared(tree)
+    requirements, dropped = filtered(lines, cuda)
+    head = header(source, requirements, dropped)
+    for path in sorted((series.patches_dir / "env").glob("*.lock")):
+        text = path.read_text(errors="replace")
+        if _resolved_from(text) == _resolved_from(head):
+            return text, str(path.relative_to(series.root))
+    name = hashlib.sha256(_resolved_from(head).encode()).hexdigest()[:16]
+    cached = cache_dir() / "envs" / "locks" / f"{name}.lock"
+    if not cached.is_file():
+        write_atomic(ensure_folder(cached.parent) / cached.name, resolve(head, requirements, cuda, reporter).encode())
+    return cached.read_text(), f"resolved at run time ({cached})"
+
+
+def build(lock: str, reporter: Reporter = NullReporter(), timeout: float = INSTALL_TIMEOUT) -> tuple[Path, bool]:
+    """(the venv's python for ``lock``, whether it was built now): installed from the lock's hashes, cached."""
+    root = cache_dir() / "envs"
+    packages = "".join(line for line in lock.splitlines(keepends=True) if not line.startswith("#"))
+    key = f"{hashlib.sha256(packages.encode()).hexdigest()[:16]}-{host()}"
+    final = root / key
+    with locked(root / ".lock"):
+        if (final / "c128patch-ready").is_file():
+            return final / "bin" / "python", False
+        for stale in [*root.glob(".build-*"), final]:  # an interrupted build (never marked ready)
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=root))
+        try:
+            (tmp / "lock.txt").write_text(lock)
+            Sealed(sys.executable, ["-m", "venv", "--without-pip", str(tmp / "venv")], 300).wait()
+            args = ["--python", str(tmp / "venv/bin/python"), "install", "-q", "--no-deps", "--no-compile"]
+            _pip(sys.executable, [*args, "--only-binary=:all:", "--require-hashes", "-r", str(tmp / "lock.txt")], timeout,
+                 reporter, f"building the tier's environment {key}: installing {packages.count(chr(10))} packages")
+            (tmp / "venv" / "c128patch-ready").write_text(lock)
+            os.rename(tmp / "venv", final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final / "bin" / "python", True
+
+
+def tier_python(series: Series, tree: Path, reporter: Reporter = NullReporter()) -> tuple[str, dict]:
+    """The interpreter the tier runs on ``tree`` with no ``--python``, and what to say about it (JSON)."""
+    lock, source = lock_for(series, tree, reporter)
+    python, built = build(lock, reporter)
+    return str(python), {"key": python.parent.parent.name, "lock": source, "built": built, "python": str(python),
+                         "dropped": lock.split("# dropped: ", 1)[1].split("\n", 1)[0].split()}
+
+
+def describe(info: dict) -> str:
+    """One line on the environment the tier ran in (``tier_python``'s dict, with ``isolation``)."""
+    if not info.get("key"):
+        return f"behavioural tier: the interpreter given (--python); {info.get('isolation', '')}".rstrip("; ")
+    built = "built now" if info["built"] else "cached"
+    dropped = f"; stand-ins for {', '.join(info['dropped'])}" if info["dropped"] else ""
+    return (f"behavioural tier environment {info['key']} ({built}; lock: {info['lock']}){dropped}; "
+            f"{info.get('isolation', '')}").rstrip("; ")
