@@ -200,8 +200,8 @@ def build(lock: str, reporter: Reporter = NullReporter(), timeout: float = INSTA
         try:
             (tmp / "lock.txt").write_text(lock)
             Sealed(sys.executable, ["-m", "venv", "--without-pip", str(tmp / "venv")], 300).wait()
-            args = ["--python", str(tmp / "venv/bin/python"), "install", "-q", "--no-deps", "--no-compile"]
-            _pip(sys.executable, [*args, "--only-binary=:all:", "--require-hashes", "-r", str(tmp / "lock.txt")], timeout,
+            args = ["--python", str(tmp / "venv/bin/python"), "install", "-q", "--no-deps", "--no-compile", "-r"]
+            _pip(sys.executable, [*args, str(tmp / "lock.txt"), "--only-binary=:all:", "--require-hashes"], timeout,
                  reporter, f"building the tier's environment {key}: installing {packages.count(chr(10))} packages")
             (tmp / "venv" / "c128patch-ready").write_text(lock)
             os.rename(tmp / "venv", final)
