@@ -132,6 +132,10 @@ def test_a_stand_in_imports_but_raises_on_use(tmp_path):
     result = treecheck.run(SERIES, ok, [MODULE])
     assert result.checked and result.modules() == {
         "sglang.probe": "imported with stand-ins (cutlass, flashinfer, sgl_kernel)"}, result.to_json()
+    guarded = tree_with(tmp_path / "guarded", "import importlib.util\ntry:\n    from cuda.bindings import driver\n"
+                        "except ImportError:\n    driver = None\nassert driver is None\n"
+                        "assert importlib.util.find_spec('flashinfer') is None\n")
+    assert treecheck.run(SERIES, guarded, [MODULE]).modules() == {"sglang.probe": "imported"}  # absent, as it is
     used = tree_with(tmp_path / "used", "import flashinfer\nflashinfer.sampling.top_k(1)\n")
     result = treecheck.run(SERIES, used, [MODULE])
     assert not result.checked and not result.failed

@@ -94,15 +94,14 @@ class TreecheckResult:
         return f"{head} ({'; '.join(parts)}){said}"
 
     def modules(self) -> dict[str, str]:
-        """Per module, over both gate states: imported / imported with stand-ins (names) / failed / not checked."""
+        """Per module, its worse gate state: imported / imported with stand-ins (names) / failed / not checked."""
         out: dict[str, str] = {}
         for t in self.tiers:
             for name, m in t.modules.items():
-                names = sorted({*m.get("stand_ins", []), *m.get("stand_ins_used", [])})
-                said = ("imported" + (f" with stand-ins ({', '.join(names)})" if names else "")
-                        if m["status"] == "ok" else f"{m['status']}: {m.get('detail', '')}")
-                if out.get(name, "imported").startswith("imported"):  # the worse state wins
-                    out[name] = said if not out.get(name) or not said.startswith("imported") else out[name]
+                names = ", ".join(sorted({*m.get("stand_ins", []), *m.get("stand_ins_used", [])}))
+                said = f"{m['status']}: {m.get('detail', '')}" if m["status"] != "ok" else \
+                    f"imported with stand-ins ({names})" if names else "imported"
+                out[name] = said if out.get(name, "imported").startswith("imported") else out[name]
         return out
 
     def to_json(self) -> dict:

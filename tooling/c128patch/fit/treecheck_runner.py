@@ -10,6 +10,8 @@ calls each probe (module, zero-argument function, what it must return with the g
 imported. A package ``__init__`` that stops on a missing third-party package is kept as far as it ran.
 """
 
+import ast
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -31,24 +33,30 @@ class StandInUsed(AttributeError):
 
 
 class _StandInModule(types.ModuleType):
-    def __getattr__(self, attr):
+    def __getattr__(self, attr, what=None):
         if attr.startswith("__"):
             raise AttributeError(attr)
-        top = self.__name__.split(".")[0]
-        probed[(self.__name__, attr)] = top
-        raise StandInUsed(f"{self.__name__}.{attr}: {top} is a stand-in ({STAND_INS[top]}), not usable here")
+        top = probed[(self.__name__, attr)] = self.__name__.split(".")[0]
+        raise StandInUsed(f"{what or f'{self.__name__}.{attr}'}: {top} is a stand-in ({STAND_INS[top]}), not usable",
+                          name=top)
 
     def __call__(self, *args, **kwargs):
-        top = self.__name__.split(".")[0]
-        probed[(self.__name__, "()")] = top
-        raise StandInUsed(f"{self.__name__}(): {top} is a stand-in ({STAND_INS[top]}), not usable here")
+        self.__getattr__("()", f"{self.__name__}()")
 
 
 class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Last on ``sys.meta_path``: a real package wins."""
+    """Last on ``sys.meta_path``: a real package wins. Only an unguarded import statement of the tree gets one;
+    a guarded one (``try``), a ``find_spec`` probe and a library's import find the package absent, as it is."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname.split(".")[0] in STAND_INS:
+        top, frame, probe = fullname.split(".")[0], sys._getframe(1), False
+        while frame and (frame.f_code.co_filename.startswith("<frozen") or "importlib" in frame.f_code.co_filename):
+            probe, frame = probe or frame.f_code.co_name == "find_spec" and "util" in frame.f_code.co_filename, \
+                frame.f_back
+        if top not in STAND_INS or probe or not frame or not frame.f_code.co_filename.startswith(TREE):
+            return None
+        if isinstance(sys.modules.get(top), _StandInModule) and fullname != top or \
+                frame.f_lineno not in _guarded(frame.f_code.co_filename):
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
@@ -59,6 +67,17 @@ class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__path__ = []
         parent, _, attr = module.__name__.rpartition(".")
         probed.pop((parent, attr), None)  # ``from parent import attr`` of a submodule: an import, not a use
+
+
+@functools.cache
+def _guarded(path: str) -> frozenset:
+    """The lines of ``path`` inside a ``try`` whose handlers catch an ImportError."""
+    with open(path, "rb") as f:
+        tree = ast.parse(f.read())
+    return frozenset(line for node in ast.walk(tree) if isinstance(node, ast.Try) and any(
+        h.type is None or {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"} & {
+            n.id for n in ast.walk(h.type) if isinstance(n, ast.Name)} for h in node.handlers)
+        for stmt in node.body for line in range(stmt.lineno, stmt.end_lineno + 1))
 
 
 def _stand_ins(before: set, asked: set) -> tuple[list, list]:
@@ -115,10 +134,11 @@ def _tier(gates: str, probes: list, modules: list[str]) -> dict:
             if missing:
                 out["modules"][name] = {"status": "not checked", "detail": f"needs {missing.split('.')[0]}"}
                 continue
-            if used and _caused_by_stand_in(exc):
+            cause = _stand_in_used(exc)
+            if cause:
                 out["modules"][name] = {"status": "not checked", "stand_ins": loaded, "stand_ins_used": used,
-                                        "detail": f"needs {', '.join(used)} (CUDA-only, a stand-in here, used at "
-                                                  f"import: {_where(exc)}{exc})"}
+                                        "detail": f"needs {cause.name} (CUDA-only, a stand-in here, used at "
+                                                  f"import: {_where(exc)}{cause})"}
                 continue
             out["modules"][name] = {"status": "failed", "detail": f"{_where(exc)}{type(exc).__name__}: {exc}"}
     out["probes"] = {}
@@ -139,14 +159,13 @@ def _tier(gates: str, probes: list, modules: list[str]) -> dict:
     return out
 
 
-def _caused_by_stand_in(exc: BaseException) -> bool:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, StandInUsed):
-            return True
-        seen.add(id(exc))
+def _stand_in_used(exc: BaseException) -> StandInUsed | None:
+    """The stand-in use that ``exc`` is, or was raised while handling."""
+    for _ in range(20):
+        if exc is None or isinstance(exc, StandInUsed):
+            return exc
         exc = exc.__cause__ or exc.__context__
-    return False
+    return None
 
 
 def _where(exc: BaseException) -> str:
