@@ -29,10 +29,6 @@ from c128patch.upstream.releases import cache_dir, ensure_folder, locked, wheel_
 
 TORCH_PIN = "torch==2.13.0"  # the CPU build; the operator may name another: $C128PATCH_TORCH_PIN
 RESOLVE_TIMEOUT, INSTALL_TIMEOUT = 600.0, 1200.0  # seconds
-# the operator's pip settings the box passes on (its config files are read as usual); never the target's
-PIP_SETTINGS = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CERT", "PIP_CONSTRAINT",
-                "PIP_TRUSTED_HOST", "PIP_NO_INDEX", "PIP_DEFAULT_TIMEOUT", "PIP_CONFIG_FILE", "SSL_CERT_FILE",
-                "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 _VERSION = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
 
 
@@ -66,12 +62,12 @@ def declared(tree: Path) -> tuple[list[str], str]:
     if pyproject.is_file():
         try:
             deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
-            raise C128Error(f"{pyproject}: no [project].dependencies to build the tier's environment from "
+            if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+                raise TypeError("not a list of strings")
+            return deps, "python/pyproject.toml"
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, LookupError, TypeError) as exc:
+            raise C128Error(f"{pyproject}: no [project].dependencies list to build the tier's environment from "
                             f"({type(exc).__name__}: {exc})") from None
-        if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
-            raise C128Error(f"{pyproject}: [project].dependencies is not a list of strings")
-        return deps, "python/pyproject.toml"
     found = _VERSION.search((p.read_text(errors="replace") if (p := tree / "python/sglang/_version.py").is_file()
                              else ""))
     if not found:
@@ -145,7 +141,8 @@ def lock_text(report: dict, head: str, cuda: dict[str, dict]) -> str:
 def _pip(python: str, args: list[str], timeout: float, reporter: Reporter, what: str) -> None:
     """``python -m pip ARGS`` in the sealed box (network kept: pip needs it) with the operator's settings."""
     reporter.step(what)
-    env = {k: os.environ[k] for k in PIP_SETTINGS if k in os.environ}
+    # the operator's pip settings (``PIP_*``, proxies; its config files are read as usual); never the target's
+    env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
     box = Sealed(python, ["-m", "pip", "--disable-pip-version-check", *args], timeout, env=env)
     try:
         stdout, stderr = box.wait()
@@ -221,8 +218,6 @@ def tier_python(series: Series, tree: Path, reporter: Reporter = NullReporter())
 def describe(info: dict) -> str:
     """One line on the environment the tier ran in (``tier_python``'s dict, with ``isolation``)."""
     if not info.get("key"):
-        return f"behavioural tier: the interpreter given (--python); {info.get('isolation', '')}".rstrip("; ")
-    built = "built now" if info["built"] else "cached"
-    dropped = f"; stand-ins for {', '.join(info['dropped'])}" if info["dropped"] else ""
-    return (f"behavioural tier environment {info['key']} ({built}; lock: {info['lock']}){dropped}; "
-            f"{info.get('isolation', '')}").rstrip("; ")
+        return f"behavioural tier: the interpreter given (--python); {info['isolation']}"
+    return (f"behavioural tier environment {info['key']} ({'built now' if info['built'] else 'cached'}; lock: "
+            f"{info['lock']}); stand-ins for {', '.join(info['dropped']) or 'none'}; {info['isolation']}")

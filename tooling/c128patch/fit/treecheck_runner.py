@@ -3,7 +3,7 @@ say, per module, ok / not checked (a third-party package this interpreter lacks)
 
 argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON STAND_INS_JSON MODULE...; prints one JSON object. STAND_INS:
 import name -> what it stands in for (a CUDA-only package): a module found only where no real one is, that
-imports (its submodules too) but raises on use (attribute access); each module says which it loaded or used.
+imports (its submodules too) but raises on use (attribute access); each module says which its import loaded.
 Run in ``fit.sandbox``'s box (``python -I``). torch is imported once (before the tree is on the path), then one
 forked child per gate state (off: the gates unset; on: each set to 1) imports the modules from a clean slate and
 calls each probe (module, zero-argument function, what it must return with the gates on / off) where its module
@@ -25,7 +25,6 @@ import types
 TREE = sys.argv[1]  # run as `python -I -c SOURCE TREE ...`: no folder of ours on sys.path
 STAND_INS: dict = json.loads(sys.argv[4])
 partial: dict = {}
-probed: dict = {}  # (stand-in module, attribute) -> import name: asked for, not (yet) a submodule imported
 
 
 class StandInUsed(AttributeError):
@@ -36,7 +35,7 @@ class _StandInModule(types.ModuleType):
     def __getattr__(self, attr, what=None):
         if attr.startswith("__"):
             raise AttributeError(attr)
-        top = probed[(self.__name__, attr)] = self.__name__.split(".")[0]
+        top = self.__name__.split(".")[0]
         raise StandInUsed(f"{what or f'{self.__name__}.{attr}'}: {top} is a stand-in ({STAND_INS[top]}), not usable",
                           name=top)
 
@@ -65,8 +64,6 @@ class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         module.__path__ = []
-        parent, _, attr = module.__name__.rpartition(".")
-        probed.pop((parent, attr), None)  # ``from parent import attr`` of a submodule: an import, not a use
 
 
 @functools.cache
@@ -80,10 +77,9 @@ def _guarded(path: str) -> frozenset:
         for stmt in node.body for line in range(stmt.lineno, stmt.end_lineno + 1))
 
 
-def _stand_ins(before: set, asked: set) -> tuple[list, list]:
-    """(stand-ins first loaded since ``before``, stand-ins used since ``asked``)."""
-    loaded = {n.split(".")[0] for n in set(sys.modules) - before if isinstance(sys.modules[n], _StandInModule)}
-    return sorted(loaded), sorted({top for key, top in probed.items() if key not in asked})
+def _stand_ins(before: set) -> list:
+    """The stand-ins first loaded since ``before`` (the modules then)."""
+    return sorted({n.split(".")[0] for n in set(sys.modules) - before if isinstance(sys.modules[n], _StandInModule)})
 
 
 def _third_party(exc: BaseException) -> str:
@@ -118,13 +114,12 @@ class _Finder(importlib.abc.MetaPathFinder):
 def _tier(gates: str, probes: list, modules: list[str]) -> dict:
     out: dict = {"modules": {}}
     for name in modules:
-        before, asked = set(sys.modules), set(probed)
+        before = set(sys.modules)
         try:
             importlib.import_module(name)
-            loaded, used = _stand_ins(before, asked)
-            out["modules"][name] = {"status": "ok", "stand_ins": loaded, "stand_ins_used": used}
+            out["modules"][name] = {"status": "ok", "stand_ins": _stand_ins(before)}
         except BaseException as exc:  # noqa: BLE001
-            loaded, used = _stand_ins(before, asked)
+            loaded = _stand_ins(before)
             for stale in set(sys.modules) - before:  # the next import starts clean, not from half-run modules
                 if stale == "sglang" or stale.startswith("sglang."):
                     del sys.modules[stale]
@@ -136,9 +131,9 @@ def _tier(gates: str, probes: list, modules: list[str]) -> dict:
                 continue
             cause = _stand_in_used(exc)
             if cause:
-                out["modules"][name] = {"status": "not checked", "stand_ins": loaded, "stand_ins_used": used,
-                                        "detail": f"needs {cause.name} (CUDA-only, a stand-in here, used at "
-                                                  f"import: {_where(exc)}{cause})"}
+                out["modules"][name] = {"status": "not checked", "stand_ins": loaded, "detail":
+                                        f"needs {cause.name} (CUDA-only, a stand-in here, used at import: "
+                                        f"{_where(exc)}{cause})"}
                 continue
             out["modules"][name] = {"status": "failed", "detail": f"{_where(exc)}{type(exc).__name__}: {exc}"}
     out["probes"] = {}
