@@ -26,10 +26,9 @@ from c128patch.errors import C128Error
 @verb_options
 def command(tree: Path | None, rev: str | None, repo: str | None, python: str | None, no_run: bool,
             series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
-    """Import every module the series adds or changes on a patched tree, with the gates off and on, in a
-    sealed box (in an environment built from the target's requirements, CUDA-only packages stood in for; or
-    --python): each imported, imported with stand-ins, failed, or not checked (a package missing), and
-    resolve each one's sglang imports against the tree's files (a missing module or name fails).
+    """Import every module the series adds or changes on a patched tree, gates off and on, in a sealed box and
+    the target's own environment (or --python): each imported, imported with stand-ins, failed, or not checked,
+    and resolve each one's sglang imports against the tree's files (a missing module or name fails).
     Exit 0 only when every module imported and passed, gates off and on; 1 when one fails; 8 (unchecked) when
     any could not be imported here (a package missing, no torch, --no-run)."""
     from c128patch.fit import contract, treecheck

@@ -121,10 +121,6 @@ def _resolved_from(text: str) -> str:
                    and not line.startswith("# from: "))
 
 
-def lock_requirements(text: str) -> list[str]:
-    return [line.removeprefix("# requirement: ") for line in text.splitlines() if line.startswith("# requirement: ")]
-
-
 def lock_text(report: dict, head: str, cuda: dict[str, dict]) -> str:
     """A lock from pip's ``--report``: each package ``name==version --hash=sha256:...``, CUDA-only ones left out."""
     rows = []

@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -33,18 +32,15 @@ def isolation() -> str:
     """How the box cuts the network off here, or why it cannot (said in the tier's output)."""
     try:
         done = subprocess.run([*_OFFLINE, "true"], capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+        why = (done.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1] if done.returncode else ""
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"network not cut off: unshare is unavailable here ({exc})"
-    if done.returncode:
-        why = (done.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
-        return f"network not cut off: this host refuses an unprivileged network namespace ({why})"
-    return "no network (loopback only: unshare -rn)"
+        why = str(exc)
+    return f"network not cut off: no unprivileged network namespace here ({why})" if why else \
+        "no network (loopback only: unshare -rn)"
 
 
-def interpreter(python: str | None, tree: Path | None = None) -> str:
+def interpreter(python: str, tree: Path | None = None) -> str:
     """``--python``: a path from the current folder, a bare name on PATH; never a program inside ``tree``."""
-    if python is None:
-        return sys.executable
     found = os.path.abspath(python) if "/" in python else shutil.which(python)
     if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
         raise C128Error(f"--python {python}: no such interpreter (a path is taken from {Path.cwd()}, a name from PATH)")
