@@ -38,6 +38,7 @@ HEAVY_TESTS = {
     "test_bench_variants.py::test_variants_compile_for_sm90a",  # nvcc
     "test_reproducible.py::test_a_wheel_keeps_its_bytes_after_an_older_release_joins_the_cache",  # a 2nd history
     "test_env.py::test_the_v0_5_23_environment_builds_from_its_lock_and_every_module_imports",  # pip: ~3 min, 3 GB
+    "test_env.py::test_requirements_that_do_not_resolve_are_one_line_and_unchecked",  # asks the package index
 }
 HEAVY_FILES = {"test_check_predicts.py"}
 HEAVY_FIXTURES = {"rebased"}  # test_rebase's (from, onto) matrix, built whole for its first test

@@ -181,3 +181,19 @@ def test_the_v0_5_23_environment_builds_from_its_lock_and_every_module_imports(t
     assert len(modules) == len(run.out["tiers"][0]["modules"]) >= 10
     assert all(said.startswith("imported") for said in modules.values()), modules
     print(f"tier on v0.5.23: {time.monotonic() - start:.0f} s, env built now: {run.out['env']['built']}")
+
+
+def test_requirements_that_do_not_resolve_are_one_line_and_unchecked(tmp_path, monkeypatch):
+    """heavy: asks the package index."""
+    monkeypatch.delenv("C128PATCH_TIER_PYTHON")
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    tree = tree_with(tmp_path / "tree", "raise SystemExit('ran')\n")
+    (tree / "python" / "pyproject.toml").write_text('[project]\ndependencies = ["c128patch-no-such-package==1.0"]\n')
+    result = treecheck.run(SERIES, tree, [MODULE])
+    assert not result.ran and not result.to_json()["ok"] and "\n" not in result.verdict()
+    assert result.verdict() == ("unchecked: the target's code was not run: no environment for it (resolving the "
+                                "tier's environment (1 requirements): pip failed: ERROR: No matching distribution "
+                                "found for c128patch-no-such-package==1.0); imports: 1 of 1 modules' sglang imports "
+                                "resolve on the tree's files")
+    assert not (tmp_path / "cache" / "envs" / "locks").exists() or not any((tmp_path / "cache" / "envs" / "locks")
+                                                                            .iterdir())
