@@ -50,14 +50,8 @@ def encode_plans(rows: List[Tuple[int, int, int, int, int]], n: int, device) -> 
 def decode_plans(plan_c: torch.Tensor) -> List[Optional[Tuple[int, int, int, int, int]]]:
     """uint8 [n, 16] -> per entry (seq_len, ragged_id, buffer_len, rp0, rp1) or None."""
     words = plan_c.cpu().contiguous().view(torch.int32).reshape(-1, 4).to(torch.int64)
-    out = []
-    for w0, w1, rp0, rp1 in words.tolist():
-        seq_len = w0 & 0xFFFFFFFF
-        if seq_len == 0xFFFFFFFF:
-            out.append(None)
-        else:
-            out.append((seq_len, w1 & 0xFFFF, (w1 >> 16) & 0xFFFF, rp0, rp1))
-    return out
+    return [None if w0 & 0xFFFFFFFF == 0xFFFFFFFF else (w0 & 0xFFFFFFFF, w1 & 0xFFFF, (w1 >> 16) & 0xFFFF, rp0, rp1)
+            for w0, w1, rp0, rp1 in words.tolist()]
 
 
 # -- the series II kernel API, in torch ------------------------------------------------
@@ -74,6 +68,11 @@ class RefVerifyPlan:
     num_banks: int
     state_slot_offset: int
     max_num_reqs: int
+
+
+def _recorded(args: Dict[str, Any]) -> Dict[str, Any]:
+    """A call's arguments, its tensors cloned (a later step may overwrite them)."""
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items() if k != "self"}
 
 
 def _fold(run: Optional[Tuple], score: torch.Tensor, value: torch.Tensor):
@@ -106,12 +105,7 @@ class ReferenceOps:
         self, seq_lens, verify_lens, extend_start_loc, req_pool_indices, *,
         num_q_tokens, num_banks, state_slot_offset, max_num_reqs, state_dtype=None,
     ) -> RefVerifyPlan:
-        self.calls.append(("plan", dict(
-            seq_lens=seq_lens.clone(), verify_lens=verify_lens.clone(),
-            extend_start_loc=extend_start_loc.clone(), req_pool_indices=req_pool_indices.clone(),
-            num_q_tokens=num_q_tokens, num_banks=num_banks, state_slot_offset=state_slot_offset,
-            max_num_reqs=max_num_reqs,
-        )))
+        self.calls.append(("plan", _recorded(locals())))
         assert 0 <= max_num_reqs <= state_slot_offset
         assert seq_lens.dtype == torch.int64 and req_pool_indices.dtype == torch.int64
         assert verify_lens.dtype == torch.int32 and extend_start_loc.dtype == torch.int32
@@ -180,13 +174,7 @@ class ReferenceOps:
         self, state_ptrs, seq_lens, new_seq_lens, verify_lens, req_pool_indices, *,
         extend_start_loc, num_q_tokens, num_banks, state_slot_stride, max_num_reqs, state_dtype,
     ) -> None:
-        self.calls.append(("commit", dict(
-            state_ptrs=state_ptrs, seq_lens=seq_lens.clone(), new_seq_lens=new_seq_lens.clone(),
-            verify_lens=verify_lens.clone(), req_pool_indices=req_pool_indices.clone(),
-            extend_start_loc=extend_start_loc.clone(), num_q_tokens=num_q_tokens,
-            num_banks=num_banks, state_slot_stride=state_slot_stride,
-            max_num_reqs=max_num_reqs, state_dtype=state_dtype,
-        )))
+        self.calls.append(("commit", _recorded(locals())))
         assert seq_lens.dtype == new_seq_lens.dtype == req_pool_indices.dtype == torch.int64
         assert verify_lens.dtype == extend_start_loc.dtype == torch.int32
         seq_l, lens_l = seq_lens.tolist(), verify_lens.tolist()
@@ -326,9 +314,12 @@ class NotRun(Exception):
 
 
 def _module(name: str) -> types.ModuleType:
+    before = set(sys.modules)
     try:
         return importlib.import_module(name)
     except BaseException as exc:  # noqa: BLE001
+        for stale in {m for m in set(sys.modules) - before if m.split(".")[0] == "sglang"}:
+            del sys.modules[stale]  # the next scenario's import starts clean, not from half-run modules
         raise NotRun(f"{name} did not import ({type(exc).__name__}: {exc})") from None
 
 
@@ -519,16 +510,6 @@ def _steps(on: bool, compact: bool, plan: List[Tuple[List[int], int, int]]) -> N
             sim.step(slots, padded_bs, compact, extra)
 
 
-def verify_static(on: bool) -> None:
-    """Static verify (a uniform batch padded to its bucket) -> accept -> commit after accept."""
-    _steps(on, False, [([1, 2, 3, 4, 5], 6, 0)])
-
-
-def verify_compact(on: bool) -> None:
-    """Compact/ragged verify (a token bucket; padding rows of length 0) -> accept -> commit after accept."""
-    _steps(on, True, [([1, 2, 3, 4, 5], 8, 3), ([2, 4], 2, 5)])
-
-
 def decode(on: bool) -> None:
     """Several steps, compact and static, with prefills between them, checked against float64."""
     with _decode(on, True) as sim:
@@ -541,8 +522,14 @@ def decode(on: bool) -> None:
                 sim.prefill(slots[0], CHUNK * 2 - 3)  # a finished request's slot serves a new one
 
 
-SCENARIOS = {"startup-rules": startup_rules, "verify-static": verify_static, "verify-compact": verify_compact,
-             "decode": decode}
+SCENARIOS = {  # name -> function(gates on)
+    "startup-rules": startup_rules,
+    # static verify (a uniform batch padded to its bucket) -> accept -> commit after accept
+    "verify-static": lambda on: _steps(on, False, [([1, 2, 3, 4, 5], 6, 0)]),
+    # compact/ragged verify (a token bucket; padding rows of length 0) -> accept -> commit after accept
+    "verify-compact": lambda on: _steps(on, True, [([1, 2, 3, 4, 5], 8, 3), ([2, 4], 2, 5)]),
+    "decode": decode,
+}
 
 
 def _where(frame: Any, line: int, tree: str) -> str:
