@@ -101,10 +101,8 @@ class ReferenceOps:
             n = 0
         return seq_b, rid_b, start_b, min(n, num_tokens - start_b)
 
-    def dspark_verify_plan(
-        self, seq_lens, verify_lens, extend_start_loc, req_pool_indices, *,
-        num_q_tokens, num_banks, state_slot_offset, max_num_reqs, state_dtype=None,
-    ) -> RefVerifyPlan:
+    def dspark_verify_plan(self, seq_lens, verify_lens, extend_start_loc, req_pool_indices, *, num_q_tokens,
+                           num_banks, state_slot_offset, max_num_reqs, state_dtype=None) -> RefVerifyPlan:
         self.calls.append(("plan", _recorded(locals())))
         assert 0 <= max_num_reqs <= state_slot_offset
         assert seq_lens.dtype == torch.int64 and req_pool_indices.dtype == torch.int64
@@ -123,17 +121,10 @@ class ReferenceOps:
                 seg_begin = max(last - (CHUNK - 1), s)
                 rows.append((last + 1, st + last - s, last - seg_begin + 1, r + state_slot_offset, r))
         device = seq_lens.device
-        plan = PrefillPlan(
-            128,
-            encode_plans(rows, num_q_tokens, device),
-            encode_plans([], num_q_tokens, device),
-            None,
-        )
+        plan = PrefillPlan(128, encode_plans(rows, num_q_tokens, device), encode_plans([], num_q_tokens, device), None)
         as_i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
-        return RefVerifyPlan(
-            plan, as_i32(row_emit), as_i32(row_len), seq_lens, extend_start_loc,
-            req_pool_indices, num_banks, state_slot_offset, max_num_reqs,
-        )
+        return RefVerifyPlan(plan, as_i32(row_emit), as_i32(row_len), seq_lens, extend_start_loc, req_pool_indices,
+                             num_banks, state_slot_offset, max_num_reqs)
 
     def dspark_verify_compress(self, state, kv_score_input, ape, plan: RefVerifyPlan, out=None):
         self.calls.append(("verify", dict(state=state, kv_score_input=kv_score_input, ape=ape, plan=plan)))
@@ -160,20 +151,18 @@ class ReferenceOps:
                 run = _fold(None if pos == 0 else run, score, token[:HEAD_DIM])
                 if pos != CHUNK - 1:
                     state[rid + (step + 1) * stride] = torch.cat(run).to(state.dtype)
-                else:
-                    if 0 <= emit < n:
-                        out[emit] = run[2]
-                    emit += 1
+                    continue
+                if 0 <= emit < n:
+                    out[emit] = run[2]
+                emit += 1
         return out
 
     def make_state_ptr_table(self, states: List[torch.Tensor]) -> List[torch.Tensor]:
         self.calls.append(("ptrs", dict(states=list(states))))
         return list(states)
 
-    def dspark_commit(
-        self, state_ptrs, seq_lens, new_seq_lens, verify_lens, req_pool_indices, *,
-        extend_start_loc, num_q_tokens, num_banks, state_slot_stride, max_num_reqs, state_dtype,
-    ) -> None:
+    def dspark_commit(self, state_ptrs, seq_lens, new_seq_lens, verify_lens, req_pool_indices, *, extend_start_loc,
+                      num_q_tokens, num_banks, state_slot_stride, max_num_reqs, state_dtype) -> None:
         self.calls.append(("commit", _recorded(locals())))
         assert seq_lens.dtype == new_seq_lens.dtype == req_pool_indices.dtype == torch.int64
         assert verify_lens.dtype == extend_start_loc.dtype == torch.int32
@@ -241,8 +230,9 @@ class Spec:
         return self.dspark
 
 
-def fake_backend(pool: FakeKVPool, *, width: int, device, draft: bool = False,
-                 dspark: bool = True, mtp_enabled: bool = False):
+def fake_backend(pool: FakeKVPool, *, width: int, device: Any, draft: bool = False, dspark: bool = True,
+                 mtp_enabled: bool = False) -> SimpleNamespace:
+    """What the controller reads of a DSV4 backend and its model runner, over ``pool``."""
     backend = SimpleNamespace(
         token_to_kv_pool=pool,
         speculative_num_draft_tokens=width,
@@ -251,9 +241,7 @@ def fake_backend(pool: FakeKVPool, *, width: int, device, draft: bool = False,
         device=torch.device(device),
         online_c128_mtp=SimpleNamespace(enabled=lambda: mtp_enabled),
     )
-    backend.model_runner = SimpleNamespace(
-        is_draft_worker=draft, spec_algorithm=Spec(dspark), attn_backend=backend
-    )
+    backend.model_runner = SimpleNamespace(is_draft_worker=draft, spec_algorithm=Spec(dspark), attn_backend=backend)
     return backend
 
 
@@ -290,7 +278,7 @@ def launch_namespaces(**overrides: Any) -> Dict[str, Any]:
 def runtime_context_standin(namespaces: Dict[str, Any]) -> types.ModuleType:
     """A stand-in for `sglang.srt.runtime_context` (its heavy imports cannot load here)
     serving `namespaces` through the getters the controller calls."""
-    mod = types.ModuleType(RUNTIME_CONTEXT, "c128patch stand-in (tests/series3_standins.py)")
+    mod = types.ModuleType(RUNTIME_CONTEXT, "c128patch stand-in (fit/scenarios_runner.py)")
     mod.get_exec = lambda: namespaces["exec_"]
     mod.get_disagg = lambda: namespaces["disagg"]
     mod.get_device = lambda: namespaces["device"]
@@ -298,11 +286,9 @@ def runtime_context_standin(namespaces: Dict[str, Any]) -> types.ModuleType:
     return mod
 
 
-
 # -- the scenarios -----------------------------------------------------------------------
 
 CONTROLLER = "sglang.srt.layers.attention.dsv4.online_c128_dspark"
-RULES = "sglang.srt.layers.attention.dsv4.online_c128_dspark_rules"
 RAGGED = "sglang.srt.speculative.ragged_verify"
 GATE_ENV, ONLINE_ENV = "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK", "SGLANG_OPT_USE_ONLINE_COMPRESS"
 MTP_ENV, RAGGED_ENV = "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP", "SGLANG_RAGGED_VERIFY_MODE"
@@ -492,8 +478,8 @@ def _decode(on: bool, compact: bool):
     ctl, ragged = _module(CONTROLLER), _module(RAGGED) if compact else None
     with _launch({}):
         sim = Decode(ctl, ragged)
-    if not on and (sim.controller.enabled() or sim.controller.compress_fn(None, _close) is not _close):
-        raise AssertionError("the controller acts with the gates off")
+    if sim.controller.enabled() != on or not on and sim.controller.compress_fn(None, _close) is not _close:
+        raise AssertionError(f"the controller is {'dis' if on else 'en'}abled with the gates {'on' if on else 'off'}")
     kernels, ctl._ops = ctl._ops, lambda: sim.ops
     try:
         yield sim
