@@ -7,47 +7,11 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
-from types import SimpleNamespace
-from typing import Any, Dict
+from typing import Any
+
+from c128patch.fit.scenarios_runner import RUNTIME_CONTEXT, launch_namespaces, runtime_context_standin
 
 # -- the live config the controller reads (sglang.srt.runtime_context) -------------------
-
-RUNTIME_CONTEXT = "sglang.srt.runtime_context"
-
-
-def launch_namespaces(**overrides: Any) -> Dict[str, Any]:
-    """Resolved config namespaces of a default single-GPU DSPARK launch (upstream's field
-    defaults; `device` resolved to cuda), as `get_exec()` / `get_disagg()` / `get_device()`
-    / `get_parallel()` serve them. `overrides`: field name -> value."""
-    fields = dict(
-        enable_two_batch_overlap=False, enable_pdmux=False, disaggregation_mode="null",
-        device="cuda", attn_dp_size=1, attn_cp_size=1, dcp_size=1, pp_size=1,
-        attention_backend="dsv4", prefill_attention_backend=None, decode_attention_backend=None,
-    )
-    unknown = set(overrides) - set(fields)
-    assert not unknown, unknown
-    fields.update(overrides)
-    return dict(
-        exec_=SimpleNamespace(
-            overlap=SimpleNamespace(enable_two_batch_overlap=fields["enable_two_batch_overlap"]),
-            kernel=SimpleNamespace(**{k: fields[k] for k in (
-                "attention_backend", "prefill_attention_backend", "decode_attention_backend")}),
-        ),
-        disagg=SimpleNamespace(enable_pdmux=fields["enable_pdmux"], disaggregation_mode=fields["disaggregation_mode"]),
-        device=SimpleNamespace(device=fields["device"]),
-        parallel=SimpleNamespace(**{k: fields[k] for k in ("attn_dp_size", "attn_cp_size", "dcp_size", "pp_size")}),
-    )
-
-
-def runtime_context_standin(namespaces: Dict[str, Any]) -> types.ModuleType:
-    """A stand-in for `sglang.srt.runtime_context` (its heavy imports cannot load here)
-    serving `namespaces` through the getters the controller calls."""
-    mod = types.ModuleType(RUNTIME_CONTEXT, "c128patch stand-in (tests/series3_standins.py)")
-    mod.get_exec = lambda: namespaces["exec_"]
-    mod.get_disagg = lambda: namespaces["disagg"]
-    mod.get_device = lambda: namespaces["device"]
-    mod.get_parallel = lambda: namespaces["parallel"]
-    return mod
 
 
 def install_runtime_context(**overrides: Any) -> types.ModuleType:

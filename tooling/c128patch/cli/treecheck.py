@@ -28,9 +28,12 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
             series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Import every module the series adds or changes on a patched tree, gates off and on, in a sealed box and
     the target's own environment (or --python): each imported, imported with stand-ins, failed, or not checked,
-    and resolve each one's sglang imports against the tree's files (a missing module or name fails).
-    Exit 0 only when every module imported and passed, gates off and on; 1 when one fails; 8 (unchecked) when
-    any could not be imported here (a package missing, no torch, --no-run)."""
+    and resolve each one's sglang imports against the tree's files (a missing module or name fails); then run the
+    series' DSPARK scenarios through the tree's own classes (startup rules, static and compact verify -> accept ->
+    commit, decode against float64): each passed, failed (naming the scenario, our module and the upstream
+    definition) or not run (a module it needs did not import). Exit 0 only when every module imported and every
+    scenario passed, gates off and on; 1 when one fails; 8 (unchecked) when any could not be imported or run
+    here (a package missing, no torch, --no-run)."""
     from c128patch.fit import contract, treecheck
     from c128patch.fit.env import describe
     from c128patch.fit.sandbox import NOTICE, interpreter

@@ -30,6 +30,7 @@ from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series
 
 RUNNER = Path(__file__).with_name("treecheck_runner.py")
+SCENARIOS = Path(__file__).with_name("scenarios_runner.py")  # the series' DSPARK scenarios, run after the imports
 ENVIRON = "python/sglang/srt/environ.py"
 _MARKER = re.compile(r"^(<{7}|>{7})( |$)")
 # (module, zero-argument function, truthy with the gates on, with them off): behaviour the gates switch
@@ -42,6 +43,7 @@ class TierResult:
     torch: bool = True
     modules: dict[str, dict] = field(default_factory=dict)
     probes: dict[str, dict] = field(default_factory=dict)
+    scenarios: dict[str, dict] = field(default_factory=dict)  # name -> passed / failed / not run, with the detail
 
     def count(self, status: str) -> int:
         return sum(m["status"] == status for m in [*self.modules.values(), *self.probes.values()])
@@ -59,12 +61,25 @@ class TreecheckResult:
     def failed(self) -> list[str]:
         return [f"gates {t.gates}: {name}: {m['detail']}" for t in self.tiers
                 for name, m in [*t.modules.items(), *t.probes.items()] if m["status"] == "failed"] + [
-            f"imports: {name}: {m['detail']}" for name, m in self.imports.items() if m["status"] == "failed"]
+            f"imports: {name}: {m['detail']}" for name, m in self.imports.items() if m["status"] == "failed"] + [
+            f"gates {t.gates}: {s['detail']}" for t in self.tiers for s in t.scenarios.values()
+            if s["status"] == "failed"]
 
     @property
     def checked(self) -> bool:
         """Every module the series adds or changes (and every probe) imported, gates off and on: else unchecked."""
-        return self.ran and all(t.torch for t in self.tiers) and not any(t.count("not checked") for t in self.tiers)
+        return self.ran and all(t.torch for t in self.tiers) and not any(t.count("not checked") for t in self.tiers) \
+            and not self._not_run()
+
+    def _not_run(self) -> dict[str, str]:
+        """Scenario -> why it did not run (a module it needs did not import), the first tier's reason."""
+        return {name: s["detail"] for t in reversed(self.tiers) for name, s in t.scenarios.items()
+                if s["status"] == "not run"}
+
+    def passed(self) -> list[str]:
+        """The scenarios that passed with the gates off and on."""
+        return sorted(set.intersection(*[{n for n, s in t.scenarios.items() if s["status"] == "passed"}
+                                         for t in self.tiers])) if self.tiers else []
 
     def not_checked(self) -> list[str]:
         """One line per module (or probe) the tier could not run, with the reason; never a pass."""
@@ -74,7 +89,8 @@ class TreecheckResult:
             return ["behavioural tier: torch is not installed for this interpreter (nothing imported)"]
         seen = {name: m.get("detail", "") for t in reversed(self.tiers)  # the first tier's reason wins
                 for name, m in [*t.modules.items(), *t.probes.items()] if m["status"] == "not checked"}
-        return [f"{name}: not checked: {why}" for name, why in sorted(seen.items())]
+        return [f"{name}: not checked: {why}" for name, why in sorted(seen.items())] + [
+            f"scenario {name}: not run: {why}" for name, why in sorted(self._not_run().items())]
 
     def verdict(self) -> str:
         ok = sum(m["status"] == "ok" for m in self.imports.values())
@@ -86,11 +102,14 @@ class TreecheckResult:
             return ("failed: " if self.failed else "") + \
                 f"torch is not installed for this interpreter: behavioural tier not checked{said}"
         parts = [f"gates {t.gates}: {t.count('ok')} ok, {t.count('failed')} failed, "
-                 f"{t.count('not checked')} not checked" for t in self.tiers]
+                 f"{t.count('not checked')} not checked; scenarios: "
+                 + ", ".join(f"{sum(s['status'] == k for s in t.scenarios.values())} {k}"
+                             for k in ("passed", "failed", "not run")) for t in self.tiers]
         needs = sorted({m.get("detail", "").removeprefix("needs ").split(";")[0] for t in self.tiers
                         for m in t.modules.values() if m["status"] == "not checked"} - {""})
         head = "failed" if self.failed else "passed" if self.checked else \
-            "unchecked: not every module imported here" + (f" (needs {', '.join(needs)})" if needs else "")
+            "unchecked: not every module imported here" + (f" (needs {', '.join(needs)})" if needs else "") \
+            + (f"; scenarios not run: {', '.join(sorted(self._not_run()))}" if self._not_run() else "")
         return f"{head} ({'; '.join(parts)}){said}"
 
     def modules(self) -> dict[str, str]:
@@ -107,7 +126,7 @@ class TreecheckResult:
     def to_json(self) -> dict:
         return {"ok": not self.failed and self.checked, "verdict": self.verdict(), "failed": self.failed,
                 "not_checked": self.not_checked(), "modules": self.modules(), "env": self.env,
-                "tiers": [asdict(t) for t in self.tiers], "imports": self.imports}
+                "scenarios_passed": self.passed(), "tiers": [asdict(t) for t in self.tiers], "imports": self.imports}
 
 
 def _gates(series: Series) -> list[str]:
@@ -143,7 +162,7 @@ class Pending:
         self.env["isolation"] = isolation()
         args = ["-c", RUNNER.read_text(), str((tree / PY_ROOT).resolve()), json.dumps(_gates(series)),
                 json.dumps([p for p in PROBES if p[0] in self.modules]), json.dumps(env_ops.stand_ins(series)),
-                *self.modules]
+                str(SCENARIOS), *self.modules]
         self.box = Sealed(python, args, timeout, offline=True)
 
     def finish(self) -> TreecheckResult:
@@ -164,7 +183,8 @@ class Pending:
             for name, m in tier.get("modules", {}).items():  # not imported but its imports resolve: say that
                 if m["status"] == "not checked" and imports.get(name, {}).get("status") == "ok":
                     m["detail"] += f"; its {imports[name]['imports']} sglang imports resolve on this tree's files"
-            result.tiers.append(TierResult(state, data["torch"], tier.get("modules", {}), tier.get("probes", {})))
+            result.tiers.append(TierResult(state, data["torch"], tier.get("modules", {}), tier.get("probes", {}),
+                                           tier.get("scenarios", {})))
         return result
 
     def kill(self) -> None:

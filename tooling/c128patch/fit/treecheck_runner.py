@@ -1,13 +1,14 @@
 """Run in a subprocess by ``fit.treecheck`` (no c128patch imports): import each module of a tree and
 say, per module, ok / not checked (a third-party package this interpreter lacks) / failed.
 
-argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON STAND_INS_JSON MODULE...; prints one JSON object. STAND_INS:
-import name -> what it stands in for (a CUDA-only package): a module found only where no real one is, that
+argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON STAND_INS_JSON SCENARIOS_PY MODULE...; prints one JSON object.
+STAND_INS: import name -> what it stands in for (a CUDA-only package): a module found only where no real one is, that
 imports (its submodules too) but raises on use (attribute access); each module says which its import loaded.
 Run in ``fit.sandbox``'s box (``python -I``). torch is imported once (before the tree is on the path), then one
 forked child per gate state (off: the gates unset; on: each set to 1) imports the modules from a clean slate and
 calls each probe (module, zero-argument function, what it must return with the gates on / off) where its module
-imported. A package ``__init__`` that stops on a missing third-party package is kept as far as it ran.
+imported, then runs the series' DSPARK scenarios (``SCENARIOS_PY``: our file, not the target's; "": none). A
+package ``__init__`` that stops on a missing third-party package is kept as far as it ran.
 """
 
 import ast
@@ -17,6 +18,7 @@ import importlib.abc
 import importlib.machinery
 import json
 import os
+import runpy
 import sys
 import tempfile
 import traceback
@@ -111,7 +113,11 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _tier(gates: str, probes: list, modules: list[str]) -> dict:
+def _scenarios(path: str, gates: str, modules: list[str]) -> dict:
+    return runpy.run_path(path)["run"](gates, TREE, modules) if path else {}
+
+
+def _tier(gates: str, probes: list, scenarios: str, modules: list[str]) -> dict:
     out: dict = {"modules": {}}
     for name in modules:
         before = set(sys.modules)
@@ -151,6 +157,7 @@ def _tier(gates: str, probes: list, modules: list[str]) -> dict:
         ok = bool(got) == want
         out["probes"][key] = {"status": "ok" if ok else "failed",
                               "detail": "" if ok else f"returned {got!r} with the gates {gates}, expected {want}"}
+    out["scenarios"] = _scenarios(scenarios, gates, modules)
     return out
 
 
@@ -168,7 +175,7 @@ def _where(exc: BaseException) -> str:
     return f"{frames[-1].filename[len(TREE) + 1:]}:{frames[-1].lineno}: " if frames else ""
 
 
-def _fork(state: str, gates: list[str], probes: list, modules: list[str]) -> tuple[int, str]:
+def _fork(state: str, gates: list[str], probes: list, scenarios: str, modules: list[str]) -> tuple[int, str]:
     """A child that runs the tier for ``state`` and writes its JSON to the returned file (not a pipe: a
     process the target forks would hold a pipe open, and the box kills it once this runner exits)."""
     fd, path = tempfile.mkstemp(prefix=f"tier-{state}-")
@@ -179,7 +186,7 @@ def _fork(state: str, gates: list[str], probes: list, modules: list[str]) -> tup
             for g in gates:  # off: unset; on: each set to 1
                 os.environ.pop(g, None)
             os.environ.update(dict.fromkeys(gates, "1") if state == "on" else {})
-            data = json.dumps(_tier(state, probes, modules)).encode()
+            data = json.dumps(_tier(state, probes, scenarios, modules)).encode()
         except BaseException as exc:  # noqa: BLE001
             data, code = json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode(), 1
         os.write(fd, data)
@@ -189,7 +196,7 @@ def _fork(state: str, gates: list[str], probes: list, modules: list[str]) -> tup
 
 
 def main() -> None:
-    gates, probes, modules = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[5:]
+    gates, probes, scenarios, modules = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[5], sys.argv[6:]
     out: dict = {"python": sys.executable, "torch": True, "tiers": {}}
     try:  # before the tree is on the path: a torch the tree holds is never the one imported
         import torch  # noqa: F401
@@ -198,7 +205,8 @@ def main() -> None:
     sys.path.append(TREE)  # last: the tree shadows neither the stdlib nor an installed package
     sys.meta_path.insert(0, _Finder())
     sys.meta_path.append(_StandIns())
-    children = [(state, *_fork(state, gates, probes, modules)) for state in ("off", "on")] if out["torch"] else []
+    states = ("off", "on") if out["torch"] else ()
+    children = [(state, *_fork(state, gates, probes, scenarios, modules)) for state in states]
     for state, pid, path in children:
         os.waitpid(pid, 0)
         try:

@@ -1,0 +1,112 @@
+"""The series' DSPARK scenarios as a tier (``fit.scenarios_runner``, issue 38 item 2), run by ``fit.treecheck`` in
+its sealed box on a patched tree: each passes on the four releases, gates off and on; an upstream commit made here
+on the real v0.5.23 (``RaggedVerifyLayout.graph_num_tokens`` renamed: the field our commit hook reads) fails them,
+naming the scenario, our module and the upstream definition; a scenario whose module did not import is `not run`,
+and the tier unchecked, never clean."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import watch_upstream as wu
+from c128patch.fit import treecheck
+from c128patch.fit.contract import patched_tree
+from c128patch.fit.resolve import PY_ROOT
+from c128patch.git import Git
+from c128patch.series.manifest import load_series
+from support import RELEASES, REPO_ROOT, upstream_commit
+
+SCENARIOS = ["decode", "startup-rules", "verify-compact", "verify-static"]
+RAGGED = "python/sglang/srt/speculative/ragged_verify.py"
+CONTROLLER = "sglang.srt.layers.attention.dsv4.online_c128_dspark"
+RAGGED_MODULE = "sglang.srt.speculative.ragged_verify"
+SERIES = load_series(REPO_ROOT)
+
+
+@pytest.fixture(scope="module")
+def tier_python() -> str:
+    """The tier's interpreter: this one, where it has what the scenarios' modules import."""
+    # env: the target's own environment (issue 38 item 1) plugs in here once the env helper's builder lands
+    missing = [m for m in ("torch", "triton", "msgspec") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"the scenarios need {', '.join(missing)} in the tier's interpreter")
+    return sys.executable
+
+
+def scenarios(result: treecheck.TreecheckResult, gates: str) -> dict[str, dict]:
+    return next(t.scenarios for t in result.tiers if t.gates == gates)
+
+
+@pytest.mark.parametrize("tag", RELEASES)
+def test_each_scenario_passes_on_the_release_patched(tag, tier_python, sglang_release_repo: Path) -> None:
+    git = Git(git_dir=sglang_release_repo)
+    result = treecheck.run_rev(SERIES, git, tag, git.rev_parse(tag), python=tier_python)
+    lacks = {m["detail"].split(";")[0] for t in result.tiers for name, m in t.modules.items()
+             if name in (CONTROLLER, RAGGED_MODULE) and m["status"] == "not checked"}
+    if lacks:  # env: the target's own environment has them
+        pytest.skip(f"{tag}: the scenarios' modules do not import with this interpreter ({'; '.join(sorted(lacks))})")
+    for gates in ("off", "on"):
+        assert {n: s["status"] for n, s in scenarios(result, gates).items()} == dict.fromkeys(SCENARIOS, "passed")
+    assert result.to_json()["scenarios_passed"] == SCENARIOS and not result.failed
+    assert "scenarios: 4 passed, 0 failed, 0 not run" in result.verdict()
+
+
+def graph_tokens_renamed(git: Git, parent: str = "v0.5.23") -> str:
+    """Upstream renames ``RaggedVerifyLayout.graph_num_tokens`` (field, reads, constructor keyword) in its file."""
+    text = git.blob(parent, RAGGED).decode()
+    new = text.replace("    graph_num_tokens: int\n", "    num_graph_tokens: int\n", 1)
+    new = new.replace("self.graph_num_tokens", "self.num_graph_tokens")
+    new = new.replace("ragged_layout.graph_num_tokens", "ragged_layout.num_graph_tokens")
+    new = re.sub(r"(return cls\([^)]*?)\bgraph_num_tokens=", r"\1num_graph_tokens=", new, count=1)
+    assert new.count("num_graph_tokens") == 8  # the field, its 6 reads, the constructor's keyword
+
+    def edit(idx: Git) -> None:
+        blob = idx.out("hash-object", "-w", "--stdin", input=new)
+        idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{RAGGED}")
+
+    return upstream_commit(git, parent, "ragged_verify: graph_num_tokens -> num_graph_tokens", edit)
+
+
+def test_a_broken_upstream_change_fails_naming_scenario_our_module_and_upstream(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    change = graph_tokens_renamed(git)
+    result = treecheck.run_rev(SERIES, git, change[:12], change, python=tier_python)
+    on = scenarios(result, "on")
+    assert {n for n, s in on.items() if s["status"] == "failed"} == {"verify-compact", "decode"}
+    assert re.fullmatch(
+        r"scenario verify-compact: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.commit_after_verify "
+        r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.speculative\."
+        r"ragged_verify\.RaggedVerifyLayout \(sglang/srt/speculative/ragged_verify\.py:\d+\): AttributeError: "
+        r"'RaggedVerifyLayout' object has no attribute 'graph_num_tokens'", on["verify-compact"]["detail"])
+    assert all(s["status"] == "passed" for s in scenarios(result, "off").values())  # upstream's path: untouched
+    assert f"gates on: {on['decode']['detail']}" in result.failed and not result.to_json()["ok"]
+    assert result.verdict().startswith("failed")
+
+
+def test_a_scenario_whose_module_did_not_import_is_not_run_and_unchecked(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    git = Git(git_dir=sglang_release_repo)
+    base = git.rev_parse("v0.5.23")
+    head = patched_tree(SERIES, git, "v0.5.23", base)
+    git.extract(head, f"{PY_ROOT}/sglang", tmp_path)
+    ragged = tmp_path / RAGGED  # upstream's ragged verify layouts, which the compact scenarios need, need a package
+    ragged.write_text(ragged.read_text().replace(  # an import this interpreter cannot satisfy
+        "from __future__ import annotations\n", "from __future__ import annotations\nimport c128patch_not_installed\n"))
+    result = treecheck.run(SERIES, tmp_path, git.changed_files(base, head), python=tier_python)
+    data = result.to_json()
+    for gates in ("off", "on"):
+        said = {n: s for n, s in scenarios(result, gates).items() if s["status"] != "passed"}
+        assert sorted(said) == ["decode", "verify-compact"]
+        assert said["decode"]["status"] == "not run"
+        assert said["decode"]["detail"].startswith("sglang.srt.speculative.ragged_verify did not import (Module")
+    assert not result.checked and not data["ok"] and not result.failed
+    assert "scenario decode: not run: sglang.srt.speculative.ragged_verify did not import" in " ".join(
+        data["not_checked"])
+    assert "scenarios not run: decode, verify-compact" in data["verdict"]
+    assert data["scenarios_passed"] == ["startup-rules", "verify-static"]
