@@ -134,7 +134,7 @@ def test_a_stand_in_imports_but_raises_on_use(tmp_path):
     pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
     ok = tree_with(tmp_path / "ok", "import flashinfer\nfrom cutlass import cute\nfrom sgl_kernel.x import y\n")
     result = treecheck.run(SERIES, ok, [MODULE])
-    assert result.checked and result.modules() == {
+    assert not any(t.count("not checked") for t in result.tiers) and result.modules() == {
         "sglang.probe": "imported with stand-ins (cutlass, flashinfer, sgl_kernel)"}, result.to_json()
     guarded = tree_with(tmp_path / "guarded", "import importlib.util\ntry:\n    from cuda.bindings import driver\n"
                         "except ImportError:\n    driver = None\nassert driver is None\n"

@@ -107,9 +107,10 @@ class TreecheckResult:
                              for k in ("passed", "failed", "not run")) for t in self.tiers]
         needs = sorted({m.get("detail", "").removeprefix("needs ").split(";")[0] for t in self.tiers
                         for m in t.modules.values() if m["status"] == "not checked"} - {""})
-        head = "failed" if self.failed else "passed" if self.checked else \
-            "unchecked: not every module imported here" + (f" (needs {', '.join(needs)})" if needs else "") \
-            + (f"; scenarios not run: {', '.join(sorted(self._not_run()))}" if self._not_run() else "")
+        missed = ["not every module imported here" + (f" (needs {', '.join(needs)})" if needs else "")] \
+            if any(t.count("not checked") for t in self.tiers) else []
+        missed += [f"scenarios not run: {', '.join(sorted(self._not_run()))}"] if self._not_run() else []
+        head = "failed" if self.failed else "passed" if self.checked else f"unchecked: {'; '.join(missed)}"
         return f"{head} ({'; '.join(parts)}){said}"
 
     def modules(self) -> dict[str, str]:
