@@ -15,6 +15,7 @@ from c128patch.fit import contract_cxx, copies
 from c128patch.fit.watch import EXIT
 from c128patch.git import Git
 from c128patch.series.manifest import load_series
+from c128patch.textsafe import md as inert
 from support import REPO_ROOT, invoke, upstream_commit
 
 WORKER = "python/sglang/srt/speculative/dspark_components/dspark_worker_v2.py"
@@ -47,6 +48,9 @@ def remote(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) 
         FAST: worker.replace("class DSparkWorkerV2(", "class DSparkFastWorker("),
         ENVIRON: environ.replace(anchor, anchor + "    SGLANG_DSPARK_FAST_WORKER = EnvBool(False)\n", 1)})
     wu.set_branch(git, "copied-commit", copied)
+    hooked = worker.replace("class DSparkWorkerV2(", "class DSparkHookedWorker(") + (
+        "\n\ndef _ours(runner):\n    commit_after_verify(runner)\n    record_decode_inputs(runner)\n")
+    wu.set_branch(git, "hooked", _commit(git, first, "dspark: a worker that keeps the hooks", {FAST: hooked}))
     wu.set_branch(git, "copied", wu.unrelated(git, copied))
     header = git.blob(first, HEADER)
     assert header is not None
@@ -69,9 +73,10 @@ def test_the_hooks_of_the_worker_are_the_calls_our_entries_add(ours):
 
 def test_a_copy_of_the_patched_worker_lacks_the_commit_hook(remote, ours):
     found = copies.find(remote, remote.rev_parse("v0.5.23"), remote.rev_parse("copied"), ours)
-    assert found == [copies.Copy(WORKER, FAST, ("commit_after_verify", "record_decode_inputs"))]
-    assert str(found[0]) == (f"upstream copies {WORKER} as {FAST}, which lacks our hook(s) commit_after_verify, "
-                             "record_decode_inputs")
+    assert found == [copies.Copy(WORKER, FAST, ("commit_after_verify", "record_decode_inputs"),
+                                 ("SGLANG_DSPARK_FAST_WORKER",))]
+    assert str(found[0]) == (f"upstream copies {WORKER} as {FAST} (the range adds SGLANG_DSPARK_FAST_WORKER), which "
+                             "lacks our hook(s) commit_after_verify, record_decode_inputs")
 
 
 def test_a_subclass_overriding_the_hooked_method_is_found_and_one_calling_super_keeps_ours(remote, ours):
@@ -91,7 +96,8 @@ def test_watch_is_broken_by_the_copy_and_bisect_finds_the_commit(remote, tmp_pat
                  "--series", str(REPO_ROOT), "--no-run")
     report = run.out
     assert run.code == EXIT["broken"] and report["outcome"] == "broken", (run.err, report.get("headline"))
-    said = f"upstream copies {WORKER} as {FAST}, which lacks our hook(s) commit_after_verify, record_decode_inputs"
+    said = (f"upstream copies {WORKER} as {FAST} (the range adds SGLANG_DSPARK_FAST_WORKER), which lacks our hook(s) "
+            "commit_after_verify, record_decode_inputs")
     assert report["contract"]["failing"][0] == said
     assert report["headline"].endswith(f"does not fit it: {said}")
     found = report["bisect"]
@@ -116,3 +122,16 @@ def test_bisect_runs_the_nvcc_probe_watch_judged_by(remote, tmp_path, monkeypatc
     assert found["failing"] == ["C++: probe failed to compile: math.cuh"]
     again = bisect_ops.bisect(SERIES, str(remote.git_dir), "header")
     assert (again["commit"], again["failing"]) == (found["commit"], found["failing"])
+
+
+def test_a_copy_that_keeps_our_hooks_is_a_warning_printed_first_never_clean(remote, ours, tmp_path):
+    found = copies.find(remote, remote.rev_parse("v0.5.23"), remote.rev_parse("hooked"), ours)
+    said = f"upstream copies {WORKER} as {FAST}, which has our hooks: check that the path selecting it runs them"
+    assert [str(c) for c in found] == [said] and not found[0].missing
+    run = invoke("watch", "--onto", "hooked", "--repo", str(remote.git_dir), "--out", str(tmp_path / "out"),
+                 "--series", str(REPO_ROOT), "--no-run")
+    assert run.code == EXIT["unchecked"] and run.out["unchecked"][0] == said, (run.err, run.out.get("headline"))
+    assert run.out["contract"]["failing"] == [] and run.out["headline"].endswith(f"not checked here: {said}; " +
+                                                                                  "; ".join(run.out["unchecked"][1:]))
+    head = (tmp_path / "out" / "watch-report.md").read_text().split("\n## ", 1)[0]
+    assert head.splitlines()[4] == f"**warning**: {inert(said)}"

@@ -1,14 +1,16 @@
 """Copies of what the series patches: upstream adds a file that is a copy of one we patch (git's copy detection,
 unchanged files as sources), or a new class that subclasses a class we patch or mirrors it (every method it has).
-Each names the hooks (the calls our entries add in the original, gate reads left out) the copy lacks: a copy
-lacking one is ``broken`` (its path runs without ours); one that has them all is a warning.
+Each names the hooks (the calls our entries add in the original, gate reads left out) the copy lacks and the envs
+the range declares (what may select it): a copy lacking one is ``broken`` (its path runs without ours); one that
+has them all is a warning.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from unidiff import PatchSet
@@ -33,9 +35,11 @@ class Copy:
     original: str
     copy: str
     missing: tuple[str, ...]
+    switches: tuple[str, ...] = ()  # the envs the range declares: what may select the copy
 
     def __str__(self) -> str:
-        said = f"upstream copies {self.original} as {self.copy}"
+        said = f"upstream copies {self.original} as {self.copy}" + (
+            f" (the range adds {', '.join(self.switches)})" if self.switches else "")
         return said + (f", which lacks our hook(s) {', '.join(self.missing)}" if self.missing else
                        ", which has our hooks: check that the path selecting it runs them")
 
@@ -102,4 +106,7 @@ def find(git: Git, base: str, target: str, ours: list[Patched]) -> list[Copy]:
                     missing = {h for m, hs in p.hooks.items() if m in fns and m not in (have := _calls(fns[m]))
                                for h in hs - have}  # an override calling super().m keeps ours
                     copies.append(Copy(f"{p.file}:{p.cls}", f"{path}:{cls}", tuple(sorted(missing))))
-    return copies
+    declared = git.run("diff", "--no-color", "-U0", base, target, "--", "*/environ.py").stdout
+    new = set(re.findall(r"^\+\s*(SGLANG_\w+)\s*=", declared, re.M)) - set(re.findall(r"^-\s*(SGLANG_\w+)\s*=",
+                                                                                        declared, re.M))
+    return [replace(c, switches=tuple(sorted(new))) for c in copies]
