@@ -91,6 +91,13 @@ def test_a_subclass_overriding_the_hooked_method_is_found_and_one_calling_super_
     assert copies.find(remote, base, remote.rev_parse("header"), ours) == []  # nothing copied there
 
 
+def test_a_copy_that_does_not_parse_is_named_not_a_crash(remote, ours):
+    base = remote.rev_parse("v0.5.23")
+    commit = _commit(remote, base, "dspark: half a worker", {FAST: remote.blob(base, WORKER).decode() + "\ndef (:\n"})
+    assert copies.find(remote, base, commit, ours) == [copies.Copy(WORKER, FAST, ("commit_after_verify",
+                                                                                  "record_decode_inputs"))]
+
+
 def test_watch_is_broken_by_the_copy_and_bisect_finds_the_commit(remote, tmp_path):
     run = invoke("watch", "--onto", "copied", "--repo", str(remote.git_dir), "--out", str(tmp_path / "out"),
                  "--series", str(REPO_ROOT), "--no-run")

@@ -85,6 +85,7 @@ def bisect(series: Series, repo: str | None, onto: str, *, timeout: float = 600,
                 raise C128Error(f"bisect timed out after {timeout:g} s ({report['commits_between']} commits); "
                                 "give it more time with --timeout SECONDS")
             step = sgit.out("rev-parse", "BISECT_HEAD")
+            reporter.step(f"git bisect: checking {step[:12]}")
             said = sgit.out("bisect", "bad" if fails(step) else "good", step)
     commit = found.group(1)
     report.update(found=True, commit=commit, subject=git.out("log", "-1", "--format=%s", commit),

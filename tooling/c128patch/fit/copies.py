@@ -56,10 +56,18 @@ def _calls(node: ast.AST, lines: set[int] | None = None) -> set[str]:
     return {_last(c.func) for c in ast.walk(node) if isinstance(c, ast.Call) and (lines is None or c.lineno in lines)}
 
 
+def _parse(source: bytes | None) -> ast.Module:
+    """The module; one that does not parse holds nothing here (the tree checks report it)."""
+    try:
+        return ast.parse(source or b"")
+    except (SyntaxError, ValueError):
+        return ast.Module(body=[], type_ignores=[])
+
+
 def _defs(source: bytes | None) -> dict[str, tuple[set[str], dict[str, ast.AST]]]:
     """Class name (``""``: module level) -> its base names and its functions."""
     out: dict[str, tuple[set[str], dict[str, ast.AST]]] = {"": (set(), {})}
-    for node in ast.parse(source or b"").body:
+    for node in _parse(source).body:
         if isinstance(node, ast.ClassDef):
             out[node.name] = ({_last(b) for b in node.bases}, {f.name: f for f in node.body if isinstance(f, FUNCS)})
         elif isinstance(node, FUNCS):
@@ -97,7 +105,7 @@ def find(git: Git, base: str, target: str, ours: list[Patched]) -> list[Copy]:
         text = git.blob(target, path)
         if status[0] == "C" and any(p.file == source for p in ours):
             hooks = {h for p in ours if p.file == source for names in p.hooks.values() for h in names}
-            copies.append(Copy(source, path, tuple(sorted(hooks - _calls(ast.parse(text or b""))))))
+            copies.append(Copy(source, path, tuple(sorted(hooks - _calls(_parse(text))))))
             continue
         known = set(_defs(git.blob(base, source or path))) if status[0] in "MR" else set()
         for cls, (bases, fns) in _defs(text).items():
