@@ -21,8 +21,9 @@ from c128patch.cli.common import emit_json, repo_option, say, verb_options
 def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python: str | None, series_dir: Path | None,
             layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Find the first upstream commit between the series' base and REV at which the series stops
-    applying or its API contract (with --behaviour, also its behavioural tier) breaks (git bisect run, in a scratch
-    clone); print it, its subject and what fails there."""
+    applying or fitting by the checks watch judges by: its API contract, the nvcc signature probe (where nvcc is),
+    copies upstream made of what it patches (with --behaviour, also its behavioural tier); git bisect in a scratch
+    clone. Print it, its subject and what fails there."""
     from c128patch.fit.bisect import bisect
     from c128patch.progress import reporter
     from c128patch.series.layers import get_series

@@ -1,32 +1,43 @@
 """``bisect``: the first upstream commit between the series' base and REV at which the series stops applying
-or fitting (``fit.contract``; with ``behaviour`` also ``fit.treecheck``): ``git bisect run`` in a scratch bare
-clone with ``c128patch contract`` (and ``treecheck``) as the step (0: fits, 1: broken, 2: does not apply),
-bounded by ``timeout``; the first bad commit is checked once more to name what fails there.
+or fitting: ``git bisect`` in a scratch bare clone, each step judged by :func:`fit_check` (the checks ``watch``
+judges by: the contract, the nvcc probe where nvcc is, copies of what we patch; with ``behaviour`` also
+``fit.treecheck``), bounded by ``timeout``; the first bad commit is checked once more to name what fails there.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
-import subprocess
-import sys
 import tempfile
+import time
 from pathlib import Path
 
 from c128patch.errors import C128Error
-from c128patch.fit import contract, treecheck
+from c128patch.fit import contract, copies, treecheck
+from c128patch.fit import contract_cxx as cxx
 from c128patch.fit.sandbox import interpreter
 from c128patch.git import Git
 from c128patch.progress import NullReporter, Reporter
-from c128patch.series.layers import layer_args
 from c128patch.series.manifest import Series
 from c128patch.upstream.source import open_upstream
 
 
-def _what_fails(series: Series, git: Git, commit: str, behaviour: bool = False, python: str | None = None) -> list[str]:
+def fit_check(series: Series, git: Git, base: str, commit: str, head: str, ours: list[copies.Patched]) -> dict:
+    """Does the series, carried to ``commit`` as ``head``, fit it: the contract against the lock, the nvcc signature
+    probe (where nvcc is) and the copies ``base..commit`` adds of what we patch; ``failing`` says what breaks it."""
+    result = contract.check(series, git, commit, head)
+    probe_ok, probe = cxx.probe(series.root, git, head)
+    found = copies.find(git, base, commit, ours)
+    failing = [str(c) for c in found if c.missing] + [f.message for f in result.errors + result.warnings]
+    failing += [f"C++: {probe}"] if probe_ok is False else []
+    return {"broken": bool(failing), "verdict": result.verdict(), "failing": failing, "cxx_probe": probe,
+            "cxx_probe_ok": probe_ok, "copies": [str(c) for c in found if not c.missing], "json": result.to_json()}
+
+
+def _what_fails(series: Series, git: Git, base: str, commit: str, ours: list[copies.Patched], behaviour: bool,
+                python: str | None) -> list[str]:
     try:
-        result = contract.check(series, git, commit, contract.patched_tree(series, git, commit[:12], commit))
-        failing = [f.message for f in result.errors + result.warnings]
+        failing = fit_check(series, git, base, commit, contract.patched_tree(series, git, commit[:12], commit),
+                            ours)["failing"]
         if behaviour and not failing:
             failing = [f"behavioural tier: {f}" for f in
                        treecheck.run_rev(series, git, commit[:12], commit, python=python).failed]
@@ -50,40 +61,35 @@ def bisect(series: Series, repo: str | None, onto: str, *, timeout: float = 600,
               "commits_between": git.count(f"{base}..{target}"), "found": False, "commit": "", "subject": "",
               "failing": []}
     reporter.step(f"checking {onto}")
-    failing = _what_fails(series, git, target, behaviour, python)
-    if not failing:
+    ours = copies.patched(series, git, series.base, base)
+
+    def fails(commit: str) -> list[str]:
+        return _what_fails(series, git, base, commit, ours, behaviour, python)
+
+    if not fails(target):
         report["summary"] = f"the series applies and fits {onto}: nothing to bisect"
         return report
-    if _what_fails(series, git, base, behaviour, python):
+    if fails(base):
         raise C128Error(f"the series does not fit its own base {series.base}: fix that first (c128patch contract "
                         f"--sglang-rev {series.base})")
+    reporter.step(f"git bisect over {report['commits_between']} upstream commit(s)")
+    end = time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="c128bisect-") as tmp:
-        scratch = Path(tmp) / "upstream.git"
+        scratch = Path(tmp) / "upstream.git"  # git bisect keeps its state there, not in the user's repository
         source = git.git_dir or Path(git.out("rev-parse", "--absolute-git-dir"))
         Git().run("clone", "--quiet", "--bare", "--shared", str(source), str(scratch))
         sgit = Git(git_dir=scratch)
-        where = ["--sglang-rev", "BISECT_HEAD", "--repo", str(scratch), "--series", str(series.root),
-                 *layer_args(series), "--json"]
-        step = [sys.executable, "-m", "c128patch", "contract", *where, "--no-nvcc"]  # 0 fits, 1 broken, 2 no apply
-        if behaviour:
-            runs = [sys.executable, "-m", "c128patch", "treecheck", *where] + (["--python", python] if python else [])
-            # treecheck's 8 (a module not importable here) is not a break: good, as _what_fails reads it
-            tier = f"{{ {shlex.join(runs)}; rc=$?; [ $rc = 8 ] || exit $rc; }}"
-            step = ["sh", "-c", f"{shlex.join(step)} >/dev/null && {tier}"]
-        reporter.step(f"git bisect over {report['commits_between']} upstream commit(s)")
-        sgit.run("bisect", "start", "--no-checkout", target, base)
-        try:
-            proc = sgit.run("bisect", "run", *step, check=False, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise C128Error(f"bisect timed out after {timeout:g} s ({report['commits_between']} commits); "
-                            "give it more time with --timeout SECONDS") from None
-        found = re.search(r"^([0-9a-f]{40}) is the first bad commit", proc.stdout, re.M)
-        if not found:
-            raise C128Error("git bisect did not name a commit: "
-                            f"{(proc.stdout + proc.stderr).strip().splitlines()[-1:]}")
+        said = sgit.out("bisect", "start", "--no-checkout", target, base)
+        while not (found := re.search(r"^([0-9a-f]{40}) is the first bad commit", said, re.M)):
+            if time.monotonic() > end:
+                raise C128Error(f"bisect timed out after {timeout:g} s ({report['commits_between']} commits); "
+                                "give it more time with --timeout SECONDS")
+            step = sgit.out("rev-parse", "BISECT_HEAD")
+            reporter.step(f"git bisect: checking {step[:12]}")
+            said = sgit.out("bisect", "bad" if fails(step) else "good", step)
     commit = found.group(1)
     report.update(found=True, commit=commit, subject=git.out("log", "-1", "--format=%s", commit),
-                  failing=_what_fails(series, git, commit, behaviour, python))
+                  failing=fails(commit))
     report["summary"] = (f"first upstream commit where the series stops fitting: {commit[:12]} {report['subject']!r}: "
                          f"{report['failing'][0] if report['failing'] else '?'}")
     return report

@@ -16,8 +16,10 @@ the behavioural tier (``fit.treecheck``, in its sealed box; ``run=False`` skips 
   that touched them (``ops.conflicts``); the rebase skips past each stop, so one report lists them all;
 * ``failed`` (6): carried, but not proven, the refreshed series does not verify, or a check has findings;
 * ``broken`` (7): carried, but the contract (a name gone, a call that does not bind, a signature
-  changed since the lock) or the behavioural tier fails on REV;
-* ``unchecked`` (8): it would be ``clean`` but the C++ side or the behavioural tier was not checked here.
+  changed since the lock), the nvcc probe, a copy upstream made of what we patch without our hooks
+  (``fit.copies``; ``fit.bisect.fit_check`` runs these three) or the behavioural tier fails on REV;
+* ``unchecked`` (8): it would be ``clean`` but the C++ side or the behavioural tier was not checked here,
+  or upstream copied what we patch (with our hooks: a warning, printed first).
 
 Conflict > broken > failed > merged > refreshed > unchecked. For ``conflict`` and ``broken``, ``bisect``
 (``fit.bisect``, at most ``BISECT_TIMEOUT`` s) names the first upstream commit that broke it. Every
@@ -43,7 +45,7 @@ from c128patch import SCHEMA_VERSION, exitcodes
 from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.fit import bisect as bisect_ops
 from c128patch.fit import contract as contract_ops
-from c128patch.fit import contract_cxx as cxx
+from c128patch.fit import copies
 from c128patch.fit import treecheck as tier_ops
 from c128patch.fit.sandbox import NOTICE, interpreter
 from c128patch.fit.watch_report import commit_message, headline, render
@@ -228,22 +230,18 @@ class Watch:
 
     # -- broken: the series carries, but does not fit (ops.contract, ops.treecheck)
     def _contract(self, git: Git, onto_commit: str, head: str) -> dict:
-        """The series' API contract on the carried tree, against the lock the series committed."""
-        self._step(f"API contract on {self.onto}")
+        """``fit.bisect.fit_check`` on the carried tree (what each bisect step runs), with the commands for it."""
+        self._step(f"API contract, nvcc signature probe and copies of what we patch on {self.onto}")
+        base = self.info["base"]["commit"]
         try:
-            result = contract_ops.check(self.series, git, onto_commit, head)  # against the lock the series holds
+            fit = bisect_ops.fit_check(self.series, git, base, onto_commit, head,
+                                       copies.patched(self.series, git, self.series.base, base))
         except C128Error as exc:
             return {"broken": True, "verdict": exc.message, "failing": [exc.message], "next": [], "json": {}}
-        failing = [f.message for f in result.errors + result.warnings]
-        self._step(f"nvcc signature probe on {self.onto}")
-        probe_ok, probe = cxx.probe(self.series.root, git, head)
-        if probe_ok is False:
-            failing.append(f"C++: {probe}")
         fix = f"c128patch contract {self.rev_args} --series {_q(self.series.root)}"  # see every item, then accept
-        nxt = [f"{fix} --verbose", "# fix the overlay / patch lines it names; for a changed signature that still fits, "
-               "after review:", f"{fix} --accept"] if failing else []
-        return {"broken": bool(failing), "verdict": result.verdict(), "failing": failing, "cxx_probe": probe,
-                "cxx_probe_ok": probe_ok, "next": nxt, "json": result.to_json()}
+        nxt = [f"{fix} --verbose", "# fix what it names (a copy of a file we patch: carry our hooks there too); for "
+               "a changed signature that still fits, after review:", f"{fix} --accept"]
+        return {**fit, "next": nxt if fit["failing"] else []}
 
     def _start_tier(self, git: Git, series: Series, onto_commit: str, head: str) -> tier_ops.Pending | str:
         """``fit.treecheck`` (gates off and on) on the carried tree, started; a str says why it did not start."""
@@ -272,10 +270,11 @@ class Watch:
                 "modules": data["modules"], "json": data}
 
     def unchecked(self) -> list[str]:
-        """What could not be checked here, one line each (no nvcc, no torch, the tier did not run): never clean."""
+        """What could not be checked here, one line each (a copy of what we patch, no nvcc, no torch, the tier did
+        not run): never clean."""
         probe = [f"C++: {self.contract.get('cxx_probe', 'not checked')}"] if self.contract and self.contract.get(
             "cxx_probe_ok") is None else []
-        return probe + (self.behaviour or {}).get("unchecked", [])
+        return [*(self.contract or {}).get("copies", []), *probe, *(self.behaviour or {}).get("unchecked", [])]
 
     def _rebase(self, rb: Rebase, onto_commit: str) -> tuple[dict, list[dict], str]:
         """Rebase with every entry upstream holds dropped; past each stop, skip and go on."""

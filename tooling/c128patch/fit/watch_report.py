@@ -20,13 +20,15 @@ WHAT = {
     "failed": "The series moved but the result is not proven or a check failed: nothing is offered as ready. "
               "Read the problems below.",
     "broken": "The series applies but does not fit this upstream: code of ours uses an upstream definition that is "
-              "gone, or whose signature no longer binds or changed since patches/contract.lock, or a module fails to "
-              "import or behave on it (the behavioural tier, gates off and on). Fix each item below "
+              "gone, or whose signature no longer binds or changed since patches/contract.lock, or upstream copied a "
+              "file or class we patch without our hooks, or a module fails to import or behave on it (the behavioural "
+              "tier, gates off and on). Fix each item below "
               "(our file:line, upstream's file:line, both signatures) in the series, or, for a changed signature "
               "that still fits, record it as accepted with the commands below.",
     "unchecked": "It applies strictly and every check that ran passed, but part of the series could not be checked "
-                 "on this machine (listed under \"Not checked here\"): not clean. Run watch where nvcc and torch "
-                 "(with sglang's dependencies, `--python`) are installed to have it checked.",
+                 "on this machine, or upstream copied what we patch (listed under \"Not checked here\"; a copy that "
+                 "keeps our hooks: check the path that selects it runs them): not clean. Run watch where nvcc and "
+                 "torch (with sglang's dependencies, `--python`) are installed to have it checked.",
     "timeout": "The run did not finish in time: nothing is offered. Run it again with a larger --timeout.",
 }
 
@@ -103,7 +105,9 @@ def render(report: dict) -> str:
 
 def _head(report: dict) -> list[str]:
     s, outcome, base = report["series"], report["outcome"], report["base"]
+    warn = [f"**warning**: {md(w)}" for w in (report.get("contract") or {}).get("copies", [])]
     lines = [f"# c128patch watch: `{outcome}` on {where(report)}", "", f"**{md(report['headline'])}**", "",
+             *(warn and [*warn, ""]),
              f"- series: {s['name']} {s['version']}, base {base['rev']} (`{base['commit'][:12]}`)",
              f"- upstream: {md(report['onto']['rev'])} = `{report['onto']['commit']}` "
              f"({report.get('upstream', {}).get('source', '?')}), {report['upstream_commits_between']} upstream "

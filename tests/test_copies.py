@@ -1,0 +1,144 @@
+"""Copies of what the series patches (fit.copies) and one verdict for watch and bisect (fit.bisect.fit_check):
+upstream commits made in the test on the real v0.5.23. A copy of the patched DSPARK worker behind a new env,
+without the commit-after-accept hook: watch is broken naming both files and the hook, bisect finds the commit.
+A header change the nvcc probe rejects: watch is broken by the probe, and bisect (the same check) names it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import watch_upstream as wu
+from c128patch.fit import bisect as bisect_ops
+from c128patch.fit import contract_cxx, copies
+from c128patch.fit.watch import EXIT
+from c128patch.git import Git
+from c128patch.series.manifest import load_series
+from c128patch.textsafe import md as inert
+from support import REPO_ROOT, invoke, upstream_commit
+
+WORKER = "python/sglang/srt/speculative/dspark_components/dspark_worker_v2.py"
+FAST = "python/sglang/srt/speculative/dspark_components/dspark_worker_fast.py"
+SUB = "python/sglang/srt/speculative/dspark_components/dspark_worker_sub.py"
+HEADER = f"{contract_cxx.INCLUDE_ROOT}/sgl_kernel/math.cuh"
+ENVIRON = "python/sglang/srt/environ.py"
+SERIES = load_series(REPO_ROOT)
+
+
+def _commit(git: Git, parent: str, subject: str, files: dict[str, str]) -> str:
+    def edit(idx: Git) -> None:
+        for path, text in files.items():
+            blob = idx.out("hash-object", "-w", "--stdin", input=text)
+            idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{path}")
+
+    return upstream_commit(git, parent, subject, edit)
+
+
+@pytest.fixture(scope="module")
+def remote(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Git:
+    """v0.5.23, an unrelated commit, then (branch ``copied``) a copy of the worker behind a new env, and on a side
+    branch (``header``) a header the fake nvcc probe rejects."""
+    git = wu.stand_in(sglang_release_repo, tmp_path_factory.mktemp("copies") / "sglang.git")
+    first = wu.unrelated(git)
+    worker, environ = git.blob(first, WORKER).decode(), git.blob(first, ENVIRON).decode()
+    anchor = "    SGLANG_DSPARK_SIMULATE_FOLD = EnvBool(False)\n"
+    assert "class DSparkWorkerV2(" in worker and anchor in environ
+    copied = _commit(git, first, "dspark: a fast worker behind SGLANG_DSPARK_FAST_WORKER", {
+        FAST: worker.replace("class DSparkWorkerV2(", "class DSparkFastWorker("),
+        ENVIRON: environ.replace(anchor, anchor + "    SGLANG_DSPARK_FAST_WORKER = EnvBool(False)\n", 1)})
+    wu.set_branch(git, "copied-commit", copied)
+    hooked = worker.replace("class DSparkWorkerV2(", "class DSparkHookedWorker(") + (
+        "\n\ndef _ours(runner):\n    commit_after_verify(runner)\n    record_decode_inputs(runner)\n")
+    wu.set_branch(git, "hooked", _commit(git, first, "dspark: a worker that keeps the hooks", {FAST: hooked}))
+    wu.set_branch(git, "copied", wu.unrelated(git, copied))
+    header = git.blob(first, HEADER)
+    assert header is not None
+    wu.set_branch(git, "header-commit", _commit(git, first, "kernels: math.cuh", {
+        HEADER: header.decode() + "// PROBE_REJECTS\n"}))
+    wu.set_branch(git, "header", wu.unrelated(git, git.rev_parse("header-commit")))
+    return git
+
+
+@pytest.fixture(scope="module")
+def ours(remote: Git) -> list[copies.Patched]:
+    return copies.patched(SERIES, remote, "v0.5.23", remote.rev_parse("v0.5.23"))
+
+
+def test_the_hooks_of_the_worker_are_the_calls_our_entries_add(ours):
+    worker = next(p for p in ours if p.file == WORKER)
+    assert worker.cls == "DSparkWorkerV2" and "_forward_decode" in worker.methods
+    assert worker.hooks == {"_forward_decode": frozenset({"commit_after_verify", "record_decode_inputs"})}
+
+
+def test_a_copy_of_the_patched_worker_lacks_the_commit_hook(remote, ours):
+    found = copies.find(remote, remote.rev_parse("v0.5.23"), remote.rev_parse("copied"), ours)
+    assert found == [copies.Copy(WORKER, FAST, ("commit_after_verify", "record_decode_inputs"),
+                                 ("SGLANG_DSPARK_FAST_WORKER",))]
+    assert str(found[0]) == (f"upstream copies {WORKER} as {FAST} (the range adds SGLANG_DSPARK_FAST_WORKER), which "
+                             "lacks our hook(s) commit_after_verify, record_decode_inputs")
+
+
+def test_a_subclass_overriding_the_hooked_method_is_found_and_one_calling_super_keeps_ours(remote, ours):
+    base = remote.rev_parse("v0.5.23")
+    head = "from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2\n\n\n"
+    bare = head + "class Sub(DSparkWorkerV2):\n    def _forward_decode(self, batch):\n        return batch\n"
+    calls_super = bare.replace("return batch", "return super()._forward_decode(batch)")
+    for text, missing in ((bare, ("commit_after_verify", "record_decode_inputs")), (calls_super, ())):
+        commit = _commit(remote, base, "dspark: a subclass", {SUB: text})
+        assert copies.find(remote, base, commit, ours) == [copies.Copy(f"{WORKER}:DSparkWorkerV2", f"{SUB}:Sub",
+                                                                       missing)]
+    assert copies.find(remote, base, remote.rev_parse("header"), ours) == []  # nothing copied there
+
+
+def test_a_copy_that_does_not_parse_is_named_not_a_crash(remote, ours):
+    base = remote.rev_parse("v0.5.23")
+    commit = _commit(remote, base, "dspark: half a worker", {FAST: remote.blob(base, WORKER).decode() + "\ndef (:\n"})
+    assert copies.find(remote, base, commit, ours) == [copies.Copy(WORKER, FAST, ("commit_after_verify",
+                                                                                  "record_decode_inputs"))]
+
+
+def test_watch_is_broken_by_the_copy_and_bisect_finds_the_commit(remote, tmp_path):
+    run = invoke("watch", "--onto", "copied", "--repo", str(remote.git_dir), "--out", str(tmp_path / "out"),
+                 "--series", str(REPO_ROOT), "--no-run")
+    report = run.out
+    assert run.code == EXIT["broken"] and report["outcome"] == "broken", (run.err, report.get("headline"))
+    said = (f"upstream copies {WORKER} as {FAST} (the range adds SGLANG_DSPARK_FAST_WORKER), which lacks our hook(s) "
+            "commit_after_verify, record_decode_inputs")
+    assert report["contract"]["failing"][0] == said
+    assert report["headline"].endswith(f"does not fit it: {said}")
+    found = report["bisect"]
+    assert found["found"] and found["commit"] == remote.rev_parse("copied-commit"), found
+    assert found["failing"][0] == said
+
+
+def _probe_rejecting_the_marker(root: Path, git: Git, head: str, **kw) -> tuple[bool | None, str]:
+    """nvcc as it would answer a header upstream broke: fails where math.cuh holds the marker."""
+    broken = b"PROBE_REJECTS" in (git.blob(head, HEADER) or b"")
+    return (False, "probe failed to compile: math.cuh") if broken else (True, "probe compiles")
+
+
+def test_bisect_runs_the_nvcc_probe_watch_judged_by(remote, tmp_path, monkeypatch):
+    monkeypatch.setattr(contract_cxx, "probe", _probe_rejecting_the_marker)
+    run = invoke("watch", "--onto", "header", "--repo", str(remote.git_dir), "--out", str(tmp_path / "out"),
+                 "--series", str(REPO_ROOT), "--no-run")
+    assert run.code == EXIT["broken"], (run.err, run.out.get("headline"))
+    assert run.out["contract"]["failing"] == ["C++: probe failed to compile: math.cuh"]
+    found = run.out["bisect"]
+    assert found["found"] and found["commit"] == remote.rev_parse("header-commit"), found
+    assert found["failing"] == ["C++: probe failed to compile: math.cuh"]
+    again = bisect_ops.bisect(SERIES, str(remote.git_dir), "header")
+    assert (again["commit"], again["failing"]) == (found["commit"], found["failing"])
+
+
+def test_a_copy_that_keeps_our_hooks_is_a_warning_printed_first_never_clean(remote, ours, tmp_path):
+    found = copies.find(remote, remote.rev_parse("v0.5.23"), remote.rev_parse("hooked"), ours)
+    said = f"upstream copies {WORKER} as {FAST}, which has our hooks: check that the path selecting it runs them"
+    assert [str(c) for c in found] == [said] and not found[0].missing
+    run = invoke("watch", "--onto", "hooked", "--repo", str(remote.git_dir), "--out", str(tmp_path / "out"),
+                 "--series", str(REPO_ROOT), "--no-run")
+    assert run.code == EXIT["unchecked"] and run.out["unchecked"][0] == said, (run.err, run.out.get("headline"))
+    assert run.out["contract"]["failing"] == [] and run.out["headline"].endswith(f"not checked here: {said}; " +
+                                                                                  "; ".join(run.out["unchecked"][1:]))
+    head = (tmp_path / "out" / "watch-report.md").read_text().split("\n## ", 1)[0]
+    assert head.splitlines()[4] == f"**warning**: {inert(said)}"
