@@ -26,11 +26,10 @@ from c128patch.errors import C128Error
 @verb_options
 def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: bool, use_nvcc: bool | None,  # noqa: C901  one verb's flags
             verbose: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
-    """Does the series still fit each upstream? Resolve every upstream module, name, attribute and call
-    our code uses (overlays and the lines patches add; members on untyped receivers by the class the lock
-    records), bind each call to the definition's signature and each upstream call of a callable of ours to
-    ours, and compare signatures, mirrored values and namespace members with patches/contract.lock.
-    Exit 1 on an error or a changed signature."""
+    """Does the series still fit each upstream? Resolve every upstream module, name, attribute (on untyped
+    receivers too) and call our code uses, bind each call to its definition and each upstream call of ours to
+    ours, and compare signatures, mirrored values and namespace members with patches/contract.lock. Exit 1 on
+    an error or a changed signature."""
     from c128patch.fit import contract as core
     from c128patch.fit import contract_cxx as cxx
     from c128patch.git import Git, toplevel

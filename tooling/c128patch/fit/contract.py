@@ -1,13 +1,14 @@
 """The series' API contract: the upstream surface our code (every overlay file, every line a patch adds)
 uses, derived from a patched tree and checked on any tree (``fit.resolve`` collects the uses and resolves
-them, ``fit.contract_cxx`` does the CUDA headers). A missing module, name, attribute or header is
-an error; so is a call that does not bind to the definition's signature (``Signature.bind``); a signature
-whose hash the lock did not record at the base (or accept since) is a warning (a same-arity parameter swap
-is caught here). Each finding names our file:line, upstream's file:line and both signatures.
-"""
+them, ``fit.contract_names`` the other direction and the names, ``fit.contract_cxx`` the CUDA headers). A missing
+module, name, attribute or header is an error; so is a call either way that does not bind (``Signature.bind``)
+and a change of a ``VALUE_KINDS`` item; another signature the lock did not record at the base (or accept since)
+is a warning (a same-arity parameter swap is caught here). Each finding names our file:line, upstream's file:line
+and both sides."""
 
 from __future__ import annotations
 
+import inspect
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -62,7 +63,6 @@ class Finding:
 class ContractResult:
     items: list[Item] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    cxx_probe: str = ""  # what the nvcc probe said
     seconds: float = 0.0
 
     @property
@@ -90,7 +90,7 @@ class ContractResult:
     def to_json(self) -> dict:
         return {"ok": self.ok, "verdict": self.verdict(), "errors": len(self.errors), "warnings": len(self.warnings),
                 "findings": [asdict(f) for f in self.findings], "items": [asdict(i) for i in self.items],
-                "cxx_probe": self.cxx_probe, "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3)}
 
 
 def derive(series: Series, git: Git, upstream: str, head: str,
@@ -108,7 +108,6 @@ def derive(series: Series, git: Git, upstream: str, head: str,
         items: list[Item] = []
         findings: list[Finding] = []
         uses: list[tuple[Use, str]] = []
-        defined: set[str] = set()
         for path in sorted(ours):
             if not path.endswith(".py") or not path.startswith(f"{PY_ROOT}/"):
                 continue
@@ -116,23 +115,21 @@ def derive(series: Series, git: Git, upstream: str, head: str,
             if tree is None:
                 findings.append(Finding("error", up.errors.get(path, f"{path}: unreadable"), site=path))
                 continue
-            defined |= names.defined_names(tree, ours[path])
             found = uses_in(path, tree, ours[path]) + names.untyped_uses(tree, ours[path])
             uses += [(use, sources.get(path, path)) for use in found]
-        uses += _rules_uses(up, ours, sources, items)
-        untyped = [(u, site) for u, site in uses if u.kind == "untyped" and u.chain[0] not in defined]
+        mirrors, spaces = names.rules(up, ours, sources)
+        uses += [(use, sources.get(names.RULES, names.RULES)) for use in mirrors]
+        items += [Item(**fields) for fields in spaces]
+        untyped = [(u, site) for u, site in uses if u.kind == "untyped"]
         _resolve_all(up, [(u, site) for u, site in uses if u.kind != "untyped"], items, findings)
         # the untyped names: in the classes the lock records, else in those the uses above reached (the base)
         classes = lock.classes() if lock is not None else names.defining_classes(up, {u.chain[0] for u, _ in untyped})
         members = [(Use(u.line, [*c.split("."), *u.chain], kind="member"), site) for u, site in untyped
                    for c in classes.get(u.chain[0], [])]
         _resolve_all(up, members, items, findings)
-        for c in names.callbacks(up, ours, sources):
-            items.append(Item(**c))
-            if c["bind_error"]:
-                findings.append(Finding("error", f"{c['site']}: upstream calls our {c['target']} ({c['where']} "
-                                                 f"`{c['signature']}`) with ({c['shape']}): {c['bind_error']}",
-                                        c["site"], c["where"], c["target"], now=c["signature"]))
+        for fields, call, sig in names.callbacks(up, ours, sources):
+            items.append(Item(**fields))
+            findings += _bound(items[-1], sig, call, f"upstream's call of our {items[-1].target}")
         for path, why in sorted(up.errors.items()):
             if path not in ours:
                 findings.append(Finding("error", f"upstream code does not parse: {why}", where=path))
@@ -154,20 +151,6 @@ def _resolve_all(up: Upstream, uses: list[tuple[Use, str]], items: list[Item], f
         items_of, found = _resolve_use(up, use, site_file)
         items += items_of
         findings += found
-
-
-def _rules_uses(up: Upstream, ours: dict[str, set[int] | None], sources: dict[str, str],
-                items: list[Item]) -> list[tuple[Use, str]]:
-    """The startup rules' mirrored definitions as uses; the members of the namespaces they decide into ``items``."""
-    text = up.reader.text(names.RULES) if names.RULES in ours else None
-    if text is None:
-        return []
-    site = sources.get(names.RULES, names.RULES)
-    mirrors, spaces = names.rules_uses(text)
-    for line, cls, pattern in spaces:
-        items += [Item("declared", target, f"{site}:{line}", where)
-                  for target, where in names.declared(up, cls, pattern)]
-    return [(use, site) for use in mirrors]
 
 
 def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], list[Finding]]:  # noqa: C901  one walk down a chain
@@ -194,6 +177,9 @@ def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], li
             break
         if nxt.kind == "missing":
             return [], [Finding("error", f"{site}: {'.'.join(chain)}: {nxt.why}", site, nxt.where, nxt.name)]
+        if nxt.kind == "unknown" and use.kind == "member" and attr == chain[-1]:  # the class defined it at the base
+            return [], [Finding("error", f"{site}: {'.'.join(chain)}: class {chain[-2]} ({nxt.where}) has no {attr} "
+                                         f"({nxt.why})", site, nxt.where, nxt.name)]
         if nxt.kind == "unknown":
             findings.append(Finding("note", f"{site}: {nxt.name}: not resolved statically ({nxt.why})", site, nxt.where,
                                     nxt.name))
@@ -206,22 +192,25 @@ def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], li
         last = Item(kind, current.name, site, current.where, text)
     else:
         if use.call is not None and current.kind in ("function", "method", "class") and chain[at:]:
-            text, sig = up.signature(current)
-            last.shape = f"{use.call[0]}" + "".join(f",{k}=" for k in use.call[1]) + (",*" if use.star else "")
-            if sig is not None:
-                try:  # beside *args / **kwargs: the keywords we name must still be parameters
-                    if use.star:
-                        sig.bind_partial(**dict.fromkeys(use.call[1]))
-                    else:
-                        sig.bind(*[None] * use.call[0], **dict.fromkeys(use.call[1]))
-                except TypeError as exc:
-                    last.bind_error = str(exc)
-                    args = ", ".join([*(f"arg{i + 1}" for i in range(use.call[0])), *(f"{k}=..." for k in use.call[1])])
-                    findings.append(Finding(
-                        "error", f"{site}: call {current.name}({args}) does not bind to "
-                                 f"{current.where} `{text}`: {last.bind_error}", site, current.where, current.name,
-                        now=text))
+            _, sig = up.signature(current)
+            findings += _bound(last, sig, use, f"call {current.name}")
     return [last], findings
+
+
+def _bound(item: Item, sig: inspect.Signature | None, use: Use, call: str) -> list[Finding]:
+    """The call's shape on ``item``; an error where it does not bind to ``sig`` (beside ``*args``: its keywords)."""
+    item.shape = f"{use.call[0]}" + "".join(f",{k}=" for k in use.call[1]) + (",*" if use.star else "")
+    try:
+        if sig is not None and use.star:
+            sig.bind_partial(**dict.fromkeys(use.call[1]))
+        elif sig is not None:
+            sig.bind(*[None] * use.call[0], **dict.fromkeys(use.call[1]))
+        return []
+    except TypeError as exc:
+        item.bind_error = str(exc)
+    args = ", ".join([*(f"arg{i + 1}" for i in range(use.call[0])), *(f"{k}=..." for k in use.call[1])])
+    return [Finding("error", f"{item.site}: {call}({args}) does not bind to {item.where} `{item.signature}`: "
+                             f"{item.bind_error}", item.site, item.where, item.target, now=item.signature)]
 
 
 VALUE_KINDS = ("env", "mirror", "member", "declared")  # a change of these is an error until reviewed (--accept)

@@ -7,6 +7,7 @@ the namespaces whose every member the rules decide (``NAMESPACES``: a member the
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 
 from c128patch.fit.resolve import Upstream, Use, chain_of, module_name, signature_of, statements
@@ -33,14 +34,19 @@ def mirrored_values(node: ast.AST | None) -> str:
     return " -> " + "; ".join(ast.unparse(s) for s in ast.walk(node) if isinstance(s, (ast.Assign, ast.Return)))
 
 
-def rules_uses(text: str) -> tuple[list[Use], list[tuple[int, str, str]]]:
-    """The mirrored definitions as uses (kind ``mirror``) and the namespaces, each at our line in RULES."""
+def rules(up: Upstream, ours: dict[str, set[int] | None], sources: dict[str, str]) -> tuple[list[Use], list[dict]]:
+    """The definitions the startup rules mirror, as uses at our lines, and the members of the namespaces they
+    decide, as lock items (kind ``declared``); none where the series has no RULES."""
+    text = up.reader.text(RULES) if RULES in ours else None
     lines: dict[str, int] = {}
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate((text or "").splitlines(), 1):
         if m := re.match(r"^(?:def )?(\w+)\b", line):
             lines.setdefault(m.group(1), number)
-    mirrors = [Use(lines.get(ours, 1), upstream.split("."), kind="mirror") for ours, upstream in MIRRORS]
-    return mirrors, [(lines.get(ours, 1), cls, pattern) for ours, cls, pattern in NAMESPACES]
+    site = sources.get(RULES, RULES)
+    mirrors = [Use(lines[ours], upstream.split("."), kind="mirror") for ours, upstream in MIRRORS if ours in lines]
+    spaces = [(lines[ours], cls, pattern) for ours, cls, pattern in NAMESPACES if ours in lines]
+    return mirrors, [{"kind": "declared", "target": target, "site": f"{site}:{line}", "where": where}
+                     for line, cls, pattern in spaces for target, where in declared(up, cls, pattern)]
 
 
 def declared(up: Upstream, dotted: str, pattern: str) -> list[tuple[str, str]]:
@@ -50,25 +56,9 @@ def declared(up: Upstream, dotted: str, pattern: str) -> list[tuple[str, str]]:
     cls = up.member(mod, name) if mod.kind == "module" else mod
     if cls.kind != "class":
         return []
-    out = []
-    for stmt in cls.node.body:
-        target = stmt.targets[0] if isinstance(stmt, ast.Assign) else getattr(stmt, "target", None)
-        if isinstance(target, ast.Name) and re.search(pattern, target.id):
-            out.append((f"{dotted}.{target.id}", f"{cls.path}:{stmt.lineno}"))
-    return out
-
-
-def defined_names(tree: ast.Module, lines: set[int] | None) -> set[str]:
-    """The names our code (``lines``; None: the whole file) defines: functions, classes, attributes, fields."""
-    out = set()
-    for node in ast.walk(tree):
-        if lines is not None and getattr(node, "lineno", 0) not in lines:
-            continue
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            out.add(node.name)
-        elif isinstance(node, (ast.Attribute, ast.Name)) and isinstance(node.ctx, ast.Store):
-            out.add(getattr(node, "attr", None) or node.id)
-    return out
+    named = [(s, s.targets[0] if isinstance(s, ast.Assign) else getattr(s, "target", None)) for s in cls.node.body]
+    return [(f"{dotted}.{t.id}", f"{cls.path}:{s.lineno}") for s, t in named
+            if isinstance(t, ast.Name) and re.search(pattern, t.id)]
 
 
 def untyped_uses(tree: ast.Module, lines: set[int] | None) -> list[Use]:
@@ -111,9 +101,11 @@ def defining_classes(up: Upstream, names: set[str]) -> dict[str, list[str]]:
     return {name: classes for name, classes in out.items() if len(classes) <= _MAX_CLASSES}
 
 
-def callbacks(up: Upstream, ours: dict[str, set[int] | None], sources: dict[str, str]) -> list[dict]:
-    """Each call upstream's code makes to a function of ours that a method of ours hands out, bound to its
-    signature: ``{kind: callback, target, site: the call, where: our definition, signature, shape, bind_error}``."""
+def callbacks(up: Upstream, ours: dict[str, set[int] | None],
+              sources: dict[str, str]) -> list[tuple[dict, Use, inspect.Signature]]:
+    """Each call upstream's code makes to a function of ours that a method of ours hands out (``functools.partial``
+    of it, stored in a local and called): the lock item (site: the call, where: our function), the call, our
+    signature less what the partial binds."""
     handed: dict[str, tuple[str, ast.FunctionDef, int, str]] = {}  # method -> (our function, its node, bound, where)
     for path in [p for p, lines in ours.items() if lines is None and p.endswith(".py")]:
         tree = up.parse(path)
@@ -132,23 +124,11 @@ def callbacks(up: Upstream, ours: dict[str, set[int] | None], sources: dict[str,
                       and isinstance(a.value, ast.Call) and chain_of(a.value.func)[-1:] and
                       chain_of(a.value.func)[-1] in handed for t in a.targets if isinstance(t, ast.Name)}
             for call in [c for c in ast.walk(fn) if isinstance(c, ast.Call) and getattr(c.func, "id", "") in stored]:
-                out.append(_bound(stored[call.func.id], call, f"{sources.get(path, path)}:{call.lineno}"))
+                target, ours_fn, bound, where = stored[call.func.id]
+                full = signature_of(ours_fn.args)
+                star = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
+                out.append(({"kind": "callback", "target": target, "site": f"{sources.get(path, path)}:{call.lineno}",
+                             "where": where, "signature": f"def {ours_fn.name}{full}"},
+                            Use(call.lineno, [], (len(call.args), tuple(k.arg for k in call.keywords if k.arg)), star),
+                            full.replace(parameters=list(full.parameters.values())[bound:])))
     return out
-
-
-def _bound(ours: tuple[str, ast.FunctionDef, int, str], call: ast.Call, site: str) -> dict:
-    target, fn, bound, where = ours
-    full = signature_of(fn.args)
-    sig = full.replace(parameters=list(full.parameters.values())[bound:])
-    keywords = [k.arg for k in call.keywords if k.arg]
-    shape = f"{len(call.args)}" + "".join(f",{k}=" for k in keywords)
-    try:
-        if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
-            sig.bind_partial(**dict.fromkeys(keywords))
-        else:
-            sig.bind(*[None] * len(call.args), **dict.fromkeys(keywords))
-        error = ""
-    except TypeError as exc:
-        error = str(exc)
-    return {"kind": "callback", "target": target, "site": site, "where": where, "signature": f"def {fn.name}{full}",
-            "shape": shape, "bind_error": error}

@@ -68,12 +68,8 @@ class Lock:
 
     def classes(self) -> dict[str, list[str]]:
         """attribute -> the classes defining it at the base, for the members we use on untyped receivers."""
-        out: dict[str, set[str]] = {}
-        for item in self.items:
-            if item.kind == "member":
-                cls, _, attr = item.target.rpartition(".")
-                out.setdefault(attr, set()).add(cls)
-        return {attr: sorted(classes) for attr, classes in out.items()}
+        pairs = sorted({tuple(item.target.rsplit(".", 1)) for item in self.items if item.kind == "member"})
+        return {attr: [cls for cls, a in pairs if a == attr] for _, attr in pairs}
 
     def text(self) -> str:
         lines = [HEADER + f"# base {self.base}\n"]
