@@ -10,7 +10,7 @@ import ast
 import inspect
 import re
 
-from c128patch.fit.resolve import Upstream, Use, chain_of, module_name, signature_of, statements
+from c128patch.fit.resolve import Upstream, Use, chain_of, module_name, nodes_on, signature_of, statements
 
 RULES = "python/sglang/srt/layers/attention/dsv4/online_c128_dspark_rules.py"
 MIRRORS = (  # our name in RULES, the upstream definition whose values it mirrors
@@ -71,22 +71,19 @@ def untyped_uses(tree: ast.Module, lines: set[int] | None) -> list[Use]:
             typed |= {(a.asname or a.name).split(".")[0] for a in stmt.names}
         elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
             typed |= {t.id for t in ast.walk(stmt) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
-    typed |= {a.arg for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-              for a in [*f.args.posonlyargs, *f.args.args, *f.args.kwonlyargs]
-              if a.annotation is not None and "Any" not in ast.unparse(a.annotation)}
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("getattr", "hasattr") and node.args[1:]:
-            receiver, name = node.args[0], getattr(node.args[1], "value", None)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
-            receiver, name = node.value, node.attr
-        else:
+    found = []
+    for node in ast.walk(tree) if lines is None else nodes_on(tree, lines):  # a patch's lines: their statements
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            params = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            typed |= {a.arg for a in params if a.annotation is not None and "Any" not in ast.unparse(a.annotation)}
+        elif lines is not None and getattr(node, "lineno", 0) not in lines:
             continue
-        chain = chain_of(receiver)
-        if isinstance(name, str) and chain and (chain[0] not in typed or chain[0] in ("self", "cls") and chain[1:]) \
-                and (lines is None or node.lineno in lines):
-            out.append(Use(node.lineno, [name], kind="untyped"))
-    return out
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("getattr", "hasattr") and node.args[1:]:
+            found.append((node.lineno, chain_of(node.args[0]), getattr(node.args[1], "value", None)))
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            found.append((node.lineno, chain_of(node.value), node.attr))
+    return [Use(line, [name], kind="untyped") for line, chain, name in found if isinstance(name, str) and chain
+            and (chain[0] not in typed or chain[0] in ("self", "cls") and chain[1:])]
 
 
 def defining_classes(up: Upstream, names: set[str]) -> dict[str, list[str]]:
@@ -107,7 +104,7 @@ def callbacks(up: Upstream, ours: dict[str, set[int] | None],
     of it, stored in a local and called): the lock item (site: the call, where: our function), the call, our
     signature less what the partial binds."""
     handed: dict[str, tuple[str, ast.FunctionDef, int, str]] = {}  # method -> (our function, its node, bound, where)
-    for path in [p for p, lines in ours.items() if lines is None and p.endswith(".py")]:
+    for path in [p for p, lines in ours.items() if lines is None and "partial(" in (up.reader.text(p) or "")]:
         tree = up.parse(path)
         tops = {s.name: s for s in (tree.body if tree else []) if isinstance(s, ast.FunctionDef)}
         for method in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)] if tree else []:
@@ -118,7 +115,7 @@ def callbacks(up: Upstream, ours: dict[str, set[int] | None],
                     handed[method.name] = (f"{module_name(path)}.{fn.name}", fn, len(call.args) - 1,
                                            f"{sources.get(path, path)}:{fn.lineno}")
     out = []
-    for path in [p for p in sorted(ours) if p.endswith(".py")] if handed else []:
+    for path in [p for p in sorted(ours) if any(f".{m}(" in (up.reader.text(p) or "") for m in handed)]:
         for fn in [n for n in ast.walk(up.parse(path) or ast.Module([], [])) if isinstance(n, ast.FunctionDef)]:
             stored = {t.id: handed[chain_of(a.value.func)[-1]] for a in ast.walk(fn) if isinstance(a, ast.Assign)
                       and isinstance(a.value, ast.Call) and chain_of(a.value.func)[-1:] and

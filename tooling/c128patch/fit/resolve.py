@@ -413,7 +413,7 @@ class Use:
     kind: str = ""  # env: an SGLANG_* literal; untyped: [attr] on a receiver with no type; member, mirror
 
 
-def _nodes_on(tree: ast.Module, lines: set[int]) -> Iterator[ast.AST]:
+def nodes_on(tree: ast.Module, lines: set[int]) -> Iterator[ast.AST]:
     """The nodes of the statements that touch ``lines`` (a compound statement: its own expressions only)."""
     for stmt in statements(tree.body, None):
         if not any(n in lines for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)):
@@ -460,7 +460,7 @@ def uses_in(path: str, tree: ast.Module, lines: set[int] | None) -> list[Use]:
                  if isinstance(s, ast.Assign) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
                  for t in s.targets if isinstance(t, ast.Name)}
     seen_funcs: set[int] = set()
-    for node in (ast.walk(tree) if lines is None else _nodes_on(tree, lines)):
+    for node in (ast.walk(tree) if lines is None else nodes_on(tree, lines)):
         if not mine(node):
             continue
         if isinstance(node, ast.Call):
