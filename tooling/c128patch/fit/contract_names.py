@@ -1,6 +1,6 @@
 """What the contract sees besides our calls into upstream (issue 38): the callables of ours upstream calls
 (``callbacks``: a function a method of ours returns, called through the name upstream's code stores it in),
-the members we use on untyped receivers (``untyped``: resolved by name against the classes that define them,
+the members we use on untyped receivers (``untyped_uses``: resolved by name against the classes that define them,
 found at the base and recorded in the lock), the upstream values the startup rules mirror (``MIRRORS``) and
 the namespaces whose every member the rules decide (``NAMESPACES``: a member the lock does not list is new)."""
 
@@ -43,8 +43,8 @@ def rules(up: Upstream, ours: dict[str, set[int] | None], sources: dict[str, str
         if m := re.match(r"^(?:def )?(\w+)\b", line):
             lines.setdefault(m.group(1), number)
     site = sources.get(RULES, RULES)
-    mirrors = [Use(lines[ours], upstream.split("."), kind="mirror") for ours, upstream in MIRRORS if ours in lines]
-    spaces = [(lines[ours], cls, pattern) for ours, cls, pattern in NAMESPACES if ours in lines]
+    mirrors = [Use(lines[name], upstream.split("."), kind="mirror") for name, upstream in MIRRORS if name in lines]
+    spaces = [(lines[name], cls, pattern) for name, cls, pattern in NAMESPACES if name in lines]
     return mirrors, [{"kind": "declared", "target": target, "site": f"{site}:{line}", "where": where}
                      for line, cls, pattern in spaces for target, where in declared(up, cls, pattern)]
 
