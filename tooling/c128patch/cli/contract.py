@@ -17,7 +17,8 @@ from c128patch.errors import C128Error
               help="A tree c128patch applied the series in (its HEAD against the upstream commit it records).")
 @repo_option
 @click.option("--accept", is_flag=True,
-              help="Record the changed signatures found as accepted in patches/contract.lock (after review).")
+              help="Record the changed signatures and values, and new namespace members, found as accepted in "
+                   "patches/contract.lock (after review); a call that does not bind is never accepted.")
 @click.option("--nvcc/--no-nvcc", "use_nvcc", default=None,
               help="Compile the nvcc signature probe against the tree's headers (default: where nvcc is on PATH).")
 @click.option("--verbose", is_flag=True,
@@ -25,9 +26,10 @@ from c128patch.errors import C128Error
 @verb_options
 def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: bool, use_nvcc: bool | None,  # noqa: C901  one verb's flags
             verbose: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
-    """Does the series still fit each upstream? Resolve every upstream module, name, attribute and call
-    our code uses (overlays and the lines patches add), bind each call to the definition's signature,
-    and compare each signature with patches/contract.lock. Exit 1 on an error or a changed signature."""
+    """Does the series still fit each upstream? Resolve every upstream module, name, attribute (on untyped
+    receivers too) and call our code uses, bind each call to its definition and each upstream call of ours to
+    ours, and compare signatures, mirrored values and namespace members with patches/contract.lock. Exit 1 on
+    an error or a changed signature."""
     from c128patch.fit import contract as core
     from c128patch.fit import contract_cxx as cxx
     from c128patch.git import Git, toplevel
@@ -63,8 +65,9 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
         if use_nvcc and probe[0] is None:  # --nvcc asked for it: not checked is an error
             raise C128Error(probe[1])
     accepted = sum(core.accept(lock, result) for _, result, _ in results) if accept else 0
-    # after --accept the accepted changes hold; an error (a call that no longer binds) never does
-    ok = all(not r.errors and (accept or not r.warnings) for _, r, _ in results) and all(
+    # after --accept the accepted changes hold; an error it cannot accept (a call that no longer binds) never does
+    ok = all(not [e for e in r.errors if not (accept and e.acceptable)] and (accept or not r.warnings)
+             for _, r, _ in results) and all(
         p is None or p[0] is not False for _, _, p in results)
     if as_json:
         emit_json({"ok": ok, "accepted": accepted, "series": {"name": series.name, "version": series.version},

@@ -1,13 +1,14 @@
 """The series' API contract: the upstream surface our code (every overlay file, every line a patch adds)
 uses, derived from a patched tree and checked on any tree (``fit.resolve`` collects the uses and resolves
-them, ``fit.contract_cxx`` does the CUDA headers). A missing module, name, attribute or header is
-an error; so is a call that does not bind to the definition's signature (``Signature.bind``); a signature
-whose hash the lock did not record at the base (or accept since) is a warning (a same-arity parameter swap
-is caught here). Each finding names our file:line, upstream's file:line and both signatures.
-"""
+them, ``fit.contract_names`` the other direction and the names, ``fit.contract_cxx`` the CUDA headers). A missing
+module, name, attribute or header is an error; so is a call either way that does not bind (``Signature.bind``)
+and a change of a ``VALUE_KINDS`` item; another signature the lock did not record at the base (or accept since)
+is a warning (a same-arity parameter swap is caught here). Each finding names our file:line, upstream's file:line
+and both sides."""
 
 from __future__ import annotations
 
+import inspect
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from c128patch.errors import C128Error
 from c128patch.fit import contract_cxx as cxx
+from c128patch.fit import contract_names as names
 from c128patch.fit.resolve import PY_ROOT, TreeReader, Upstream, Use, our_lines, upstream_line, uses_in
 from c128patch.git import Git
 from c128patch.ops.replay import FAILED, replay_in_index
@@ -40,6 +42,10 @@ class Item:
     def sig(self) -> str:
         return sig_hash(self.signature)
 
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.kind, self.target
+
 
 @dataclass
 class Finding:
@@ -50,13 +56,13 @@ class Finding:
     target: str = ""
     recorded: str = ""
     now: str = ""
+    acceptable: bool = False  # --accept may record it after review (a call that does not bind never is)
 
 
 @dataclass
 class ContractResult:
     items: list[Item] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    cxx_probe: str = ""  # what the nvcc probe said
     seconds: float = 0.0
 
     @property
@@ -84,11 +90,13 @@ class ContractResult:
     def to_json(self) -> dict:
         return {"ok": self.ok, "verdict": self.verdict(), "errors": len(self.errors), "warnings": len(self.warnings),
                 "findings": [asdict(f) for f in self.findings], "items": [asdict(i) for i in self.items],
-                "cxx_probe": self.cxx_probe, "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3)}
 
 
-def derive(series: Series, git: Git, upstream: str, head: str) -> tuple[list[Item], list[Finding]]:
-    """Every use of upstream by our code on ``head`` (a patched tree-ish over ``upstream``), resolved there."""
+def derive(series: Series, git: Git, upstream: str, head: str,
+           lock: Lock | None = None) -> tuple[list[Item], list[Finding]]:
+    """Every use of upstream by our code on ``head`` (a patched tree-ish over ``upstream``), resolved there;
+    a member used on an untyped receiver in the classes ``lock`` records (None: those defining it on ``head``)."""
     reader = TreeReader(git, head)
     sources = {e.target: e.source for e in reversed(series.entries) if not e.is_patch}  # an overlay: ours, its source
     try:
@@ -99,6 +107,7 @@ def derive(series: Series, git: Git, upstream: str, head: str) -> tuple[list[Ite
         up = Upstream(reader, ours)
         items: list[Item] = []
         findings: list[Finding] = []
+        uses: list[tuple[Use, str]] = []
         for path in sorted(ours):
             if not path.endswith(".py") or not path.startswith(f"{PY_ROOT}/"):
                 continue
@@ -106,10 +115,21 @@ def derive(series: Series, git: Git, upstream: str, head: str) -> tuple[list[Ite
             if tree is None:
                 findings.append(Finding("error", up.errors.get(path, f"{path}: unreadable"), site=path))
                 continue
-            for use in uses_in(path, tree, ours[path]):
-                items_of, found = _resolve_use(up, use, sources.get(path, path))
-                items += items_of
-                findings += found
+            found = uses_in(path, tree, ours[path]) + names.untyped_uses(tree, ours[path])
+            uses += [(use, sources.get(path, path)) for use in found]
+        mirrors, spaces = names.rules(up, ours, sources)
+        uses += [(use, sources.get(names.RULES, names.RULES)) for use in mirrors]
+        items += [Item(**fields) for fields in spaces]
+        untyped = [(u, site) for u, site in uses if u.kind == "untyped"]
+        _resolve_all(up, [(u, site) for u, site in uses if u.kind != "untyped"], items, findings)
+        # the untyped names: in the classes the lock records, else in those the uses above reached (the base)
+        classes = lock.classes() if lock is not None else names.defining_classes(up, {u.chain[0] for u, _ in untyped})
+        members = [(Use(u.line, [*c.split("."), *u.chain], kind="member"), site) for u, site in untyped
+                   for c in classes.get(u.chain[0], [])]
+        _resolve_all(up, members, items, findings)
+        for fields, call, sig in names.callbacks(up, ours, sources):
+            items.append(Item(**fields))
+            findings += _bound(items[-1], sig, call, f"upstream's call of our {items[-1].target}")
         for path, why in sorted(up.errors.items()):
             if path not in ours:
                 findings.append(Finding("error", f"upstream code does not parse: {why}", where=path))
@@ -124,6 +144,13 @@ def derive(series: Series, git: Git, upstream: str, head: str) -> tuple[list[Ite
             item.where = f"{path}:{upstream_line(hunks[path], int(line))}"
     unique = {(i.kind, i.target, i.site): i for i in items}
     return sorted(unique.values(), key=lambda i: (i.kind, i.target, i.site)), findings
+
+
+def _resolve_all(up: Upstream, uses: list[tuple[Use, str]], items: list[Item], findings: list[Finding]) -> None:
+    for use, site_file in uses:
+        items_of, found = _resolve_use(up, use, site_file)
+        items += items_of
+        findings += found
 
 
 def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], list[Finding]]:  # noqa: C901  one walk down a chain
@@ -150,6 +177,9 @@ def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], li
             break
         if nxt.kind == "missing":
             return [], [Finding("error", f"{site}: {'.'.join(chain)}: {nxt.why}", site, nxt.where, nxt.name)]
+        if nxt.kind == "unknown" and use.kind == "member" and attr == chain[-1]:  # the class defined it at the base
+            return [], [Finding("error", f"{site}: {'.'.join(chain)}: class {chain[-2]} ({nxt.where}) has no {attr} "
+                                         f"({nxt.why})", site, nxt.where, nxt.name)]
         if nxt.kind == "unknown":
             findings.append(Finding("note", f"{site}: {nxt.name}: not resolved statically ({nxt.why})", site, nxt.where,
                                     nxt.name))
@@ -157,45 +187,61 @@ def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], li
         current = nxt
         text, _ = up.signature(current)
         kind = {"instance": "value"}.get(current.kind, current.kind)
-        if use.kind == "env" and attr == chain[-1]:
-            kind = "env"
+        if use.kind and attr == chain[-1]:  # env, member, mirror
+            kind, text = use.kind, text + names.mirrored_values(current.node if use.kind == "mirror" else None)
         last = Item(kind, current.name, site, current.where, text)
     else:
         if use.call is not None and current.kind in ("function", "method", "class") and chain[at:]:
-            text, sig = up.signature(current)
-            last.shape = f"{use.call[0]}" + "".join(f",{k}=" for k in use.call[1]) + (",*" if use.star else "")
-            if sig is not None and not use.star:
-                try:
-                    sig.bind(*[None] * use.call[0], **{k: None for k in use.call[1]})
-                except TypeError as exc:
-                    last.bind_error = str(exc)
-                    args = ", ".join([*(f"arg{i + 1}" for i in range(use.call[0])), *(f"{k}=..." for k in use.call[1])])
-                    findings.append(Finding(
-                        "error", f"{site}: call {current.name}({args}) does not bind to "
-                                 f"{current.where} `{text}`: {last.bind_error}", site, current.where, current.name,
-                        now=text))
+            _, sig = up.signature(current)
+            findings += _bound(last, sig, use, f"call {current.name}")
     return [last], findings
 
 
+def _bound(item: Item, sig: inspect.Signature | None, use: Use, call: str) -> list[Finding]:
+    """The call's shape on ``item``; an error where it does not bind to ``sig`` (beside ``*args``: its keywords)."""
+    item.shape = f"{use.call[0]}" + "".join(f",{k}=" for k in use.call[1]) + (",*" if use.star else "")
+    try:
+        if sig is not None and use.star:
+            sig.bind_partial(**dict.fromkeys(use.call[1]))
+        elif sig is not None:
+            sig.bind(*[None] * use.call[0], **dict.fromkeys(use.call[1]))
+        return []
+    except TypeError as exc:
+        item.bind_error = str(exc)
+    args = ", ".join([*(f"arg{i + 1}" for i in range(use.call[0])), *(f"{k}=..." for k in use.call[1])])
+    return [Finding("error", f"{item.site}: {call}({args}) does not bind to {item.where} `{item.signature}`: "
+                             f"{item.bind_error}", item.site, item.where, item.target, now=item.signature)]
+
+
+VALUE_KINDS = ("env", "mirror", "member", "declared")  # a change of these is an error until reviewed (--accept)
+
+
 def compare(items: list[Item], lock: Lock | None) -> list[Finding]:
-    """Warnings for definitions whose signature the lock did not record (nor accept since)."""
+    """Warnings for definitions whose signature the lock did not record (nor accept since); errors for the values
+    and names of ``VALUE_KINDS`` and a namespace member the lock does not list."""
     if lock is None:
         return [Finding("warning", "the series has no patches/contract.lock: nothing to compare the signatures "
                                    "with (c128patch refresh writes it)")]
     accepted, recorded = lock.accepted(), lock.recorded()
     out, first = [], {}
-    for item in items:
+    for item in sorted(items, key=lambda i: not i.shape):  # a call's line before its import's
         first.setdefault((item.kind, item.target), item)
     for key, item in first.items():
-        if key not in accepted:
+        if key not in accepted and item.kind == "declared":
+            out.append(Finding(
+                "error", f"{item.where}: upstream declares {item.target}, which the rules ({item.site}) neither "
+                         f"accept nor refuse and {lock.path.name} does not list as ignored (review, then --accept)",
+                item.site, item.where, item.target, now=item.signature, acceptable=True))
+        elif key not in accepted:
             out.append(Finding("note", f"{item.site}: {item.target} is not in {lock.path.name} (checked, not compared)",
                                item.site, item.where, item.target, now=item.signature))
         elif item.sig not in accepted[key]:
             old = recorded[key]
             out.append(Finding(
-                "warning", f"{item.site}: {item.target} changed since the lock: {old.where} `{old.signature}` at "
-                           f"{lock.base or 'the base'}, now {item.where} `{item.signature}`", item.site, item.where,
-                item.target, recorded=old.signature, now=item.signature))
+                "error" if item.kind in VALUE_KINDS else "warning",
+                f"{item.site}: {item.target} changed since the lock: {old.where} `{old.signature}` at "
+                f"{lock.base or 'the base'}, now {item.where} `{item.signature}`", item.site, item.where,
+                item.target, recorded=old.signature, now=item.signature, acceptable=True))
     return out
 
 
@@ -203,7 +249,7 @@ def check(series: Series, git: Git, upstream: str, head: str, *, lock: Lock | No
     """The contract on ``head`` (a patched tree-ish over the upstream commit ``upstream``)."""
     start = time.perf_counter()
     lock = lock if lock is not None else read_lock(series.patches_dir)
-    items, findings = derive(series, git, upstream, head)
+    items, findings = derive(series, git, upstream, head, lock)
     findings = findings + compare(items, lock)
     order = {"error": 0, "warning": 1, "note": 2}
     return ContractResult(items, sorted(findings, key=lambda f: order[f.level]), seconds=time.perf_counter() - start)
@@ -241,19 +287,22 @@ def tree_base(git: Git) -> str:
 
 
 def accept(lock: Lock, result: ContractResult) -> int:
-    """Accept (and write) the signatures ``result`` warned about in ``lock``; how many. A call that no longer
-    binds stays an error; a lock that is a link is refused."""
+    """Accept (and write) the changes ``result`` found in ``lock`` after review (a changed signature or value, a new
+    namespace member); how many. A call that no longer binds stays an error; a lock that is a link is refused."""
     if lock.path.is_symlink():
         raise C128Error(f"{lock.path} is a symbolic link: --accept writes only a regular file in the series; "
                         "nothing was written")
-    unbound = {f.target for f in result.errors}
-    now = {(f.target, f.now) for f in result.warnings if f.target not in unbound}
+    unbound = {f.target for f in result.errors if not f.acceptable}
+    now = {(f.target, f.now) for f in result.findings if f.acceptable and f.target not in unbound}
     by_key = {(i.kind, i.target): i for i in result.items}
+    known = {item.key for item in lock.items}
     added = 0
     for i, item in enumerate(lock.items):
         current = by_key.get(item.key)
         if current is not None and (item.target, current.signature) in now and current.sig not in item.sigs:
             lock.items[i] = replace(item, sigs=item.sigs + (current.sig,))
             added += 1
+    new = [i for i in result.items if i.kind == "declared" and i.key not in known and (i.target, i.signature) in now]
+    lock.items += [LockItem(i.kind, i.target, i.site, i.where, (i.sig,)) for i in new]
     lock.path.write_text(lock.text())
-    return added
+    return added + len(new)

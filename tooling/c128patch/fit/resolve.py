@@ -176,6 +176,10 @@ class Upstream:
             self._parsed[path] = tree
         return self._parsed[path]
 
+    def parsed(self) -> dict[str, ast.Module]:
+        """The files read so far that parse: upstream's code our uses reached."""
+        return {path: tree for path, tree in self._parsed.items() if tree is not None}
+
     def is_ours(self, path: str, line: int) -> bool:
         return path in self.ours and (self.ours[path] is None or line in self.ours[path])
 
@@ -406,10 +410,10 @@ class Use:
     chain: list[str]  # [module-or-binding, attr, ...] already absolute: chain[0] is a module name
     call: tuple[int, tuple[str, ...]] | None = None  # (positional count, keywords); None: not called
     star: bool = False  # *args / **kwargs in the call: shape not checked
-    kind: str = ""  # "env": an SGLANG_* string literal
+    kind: str = ""  # env: an SGLANG_* literal; untyped: [attr] on a receiver with no type; member, mirror
 
 
-def _nodes_on(tree: ast.Module, lines: set[int]) -> Iterator[ast.AST]:
+def nodes_on(tree: ast.Module, lines: set[int]) -> Iterator[ast.AST]:
     """The nodes of the statements that touch ``lines`` (a compound statement: its own expressions only)."""
     for stmt in statements(tree.body, None):
         if not any(n in lines for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)):
@@ -456,7 +460,7 @@ def uses_in(path: str, tree: ast.Module, lines: set[int] | None) -> list[Use]:
                  if isinstance(s, ast.Assign) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
                  for t in s.targets if isinstance(t, ast.Name)}
     seen_funcs: set[int] = set()
-    for node in (ast.walk(tree) if lines is None else _nodes_on(tree, lines)):
+    for node in (ast.walk(tree) if lines is None else nodes_on(tree, lines)):
         if not mine(node):
             continue
         if isinstance(node, ast.Call):

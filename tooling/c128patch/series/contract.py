@@ -19,7 +19,9 @@ LOCK_NAME = "contract.lock"
 HEADER = ("# c128patch API contract: the upstream surface this series uses, one line per use site.\n"
           "# Written by `c128patch refresh` from the patched tree at the series base; checked by "
           "`c128patch contract`.\n"
-          "# kind  upstream-name  our-site  upstream-definition  sig=HASH[,ACCEPTED...]  [call=SHAPE]  # signature\n")
+          "# kind  upstream-name  our-site  upstream-definition  sig=HASH[,ACCEPTED...]  [call=SHAPE]  # signature\n"
+          "# (callback: ours called by upstream, site = upstream's call; member: on an untyped receiver; "
+          "mirror: a value the rules copy; declared: a namespace member the rules decide)\n")
 
 
 def sig_hash(text: str) -> str:
@@ -29,7 +31,7 @@ def sig_hash(text: str) -> str:
 
 @dataclass(frozen=True)
 class LockItem:
-    kind: str  # module function class method attr value env header cxx
+    kind: str  # module function class method attr value env header cxx; member mirror declared callback
     target: str
     site: str  # our file:line
     where: str  # upstream path:line at the base
@@ -63,6 +65,11 @@ class Lock:
 
     def recorded(self) -> dict[tuple[str, str], LockItem]:
         return {item.key: item for item in self.items}
+
+    def classes(self) -> dict[str, list[str]]:
+        """attribute -> the classes defining it at the base, for the members we use on untyped receivers."""
+        pairs = sorted({tuple(item.target.rsplit(".", 1)) for item in self.items if item.kind == "member"})
+        return {attr: [cls for cls, a in pairs if a == attr] for _, attr in pairs}
 
     def text(self) -> str:
         lines = [HEADER + f"# base {self.base}\n"]
@@ -102,7 +109,10 @@ def read_lock(patches_dir: Path) -> Lock | None:
 
 
 def merged(new: list[LockItem], old: Lock | None) -> list[LockItem]:
-    """``new`` with the signatures ``old`` accepted for the same (kind, name) kept after the base's."""
+    """``new`` with the signatures ``old`` accepted for the same (kind, name) kept after the base's, and the
+    namespace members ``old`` lists as reviewed that the base does not declare."""
     accepted = old.accepted() if old is not None else {}
+    keys = {item.key for item in new}
+    kept = [i for i in (old.items if old is not None else []) if i.kind == "declared" and i.key not in keys]
     return [replace(item, sigs=item.sigs + tuple(sorted(accepted.get(item.key, set()) - set(item.sigs))))
-            for item in new]
+            for item in new] + kept

@@ -1,0 +1,198 @@
+"""The contract sees both directions and the names (issue 38, item 3): upstream changes built as one commit each on
+the real v0.5.23 that used to leave the contract `holds` on a tree that crashes: a callback of ours that upstream
+calls with a new keyword, a getter of an untyped receiver turned property (another dropped), a field renamed on an
+untyped receiver, a new ragged-verify mode env, a renamed enum value the rules accept, the c4 ring size the rules
+mirror changed; each is `broken` naming the culprit. A renamed keyword we pass beside ``*args`` is an error at the
+call's line that ``--accept`` never turns into `holds`."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import watch_upstream as wu
+from c128patch.git import Git
+from support import REPO_ROOT, copy_series
+from test_contract import KERNEL_OPS, _edit, _line, findings, run_contract
+
+CONTROLLER = "overlay/sglang/srt/layers/attention/dsv4/online_c128_dspark.py"
+RULES = "overlay/sglang/srt/layers/attention/dsv4/online_c128_dspark_rules.py"
+COMPRESS = "python/sglang/kernels/ops/attention/dsv4/compress.py"
+COMPRESSOR = "python/sglang/srt/layers/attention/dsv4/compressor_v2.py"
+POOL = "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
+SPEC_INFO = "python/sglang/srt/speculative/spec_info.py"
+RAGGED = "python/sglang/srt/speculative/ragged_verify.py"
+ENVIRON = "python/sglang/srt/environ.py"
+LOADER = "python/sglang/kernels/jit/utils/compile/loader.py"
+
+
+def _replace(text: str, old: str, new: str) -> str:
+    assert text.count(old) == 1, old
+    return text.replace(old, new)
+
+
+def callback_keyword(git: Git) -> str:
+    """compress_forward gains ``enable_pdl=`` and the compressor passes it: to our ``_verify_compress`` too."""
+    return _edit(git, "compress: enable_pdl", lambda text_of: {
+        COMPRESS: _replace(text_of(COMPRESS), "    is_online: bool = False,\n) -> torch.Tensor:",
+                           "    is_online: bool = False,\n    enable_pdl: bool = False,\n) -> torch.Tensor:"),
+        COMPRESSOR: _replace(text_of(COMPRESSOR), "            is_online=is_online,\n        )\n",
+                             "            is_online=is_online,\n            enable_pdl=False,\n        )\n")})
+
+
+def getter_property(git: Git) -> str:
+    """The pool's draft-token getter becomes a property; the request-slot getter is dropped."""
+    def changes(text_of):
+        text = _replace(text_of(POOL), "    def get_online_c128_mtp_max_draft_tokens(self) -> int:",
+                        "    @property\n    def get_online_c128_mtp_max_draft_tokens(self) -> int:")
+        return {POOL: _replace(text, "def get_online_c128_state_num_req_slots(self)",
+                               "def online_c128_num_slots(self)")}
+    return _edit(git, "pool: getters as properties", changes)
+
+
+def field_renamed(git: Git) -> str:
+    """SpecInput.ragged_verify_layout -> verify_layout (the controller reads it by name with getattr)."""
+    return _edit(git, "spec_info: rename the ragged layout field", lambda text_of: {
+        SPEC_INFO: _replace(text_of(SPEC_INFO), "    ragged_verify_layout: Optional[RaggedVerifyLayout] = None",
+                            "    verify_layout: Optional[RaggedVerifyLayout] = None")})
+
+
+def mode_env(git: Git) -> str:
+    """A new ragged-verify mode env the rules neither read nor refuse."""
+    return _edit(git, "environ: a tree ragged verify", lambda text_of: {
+        ENVIRON: _replace(text_of(ENVIRON), '    SGLANG_RAGGED_VERIFY_MODE = EnvStr("static")\n',
+                          '    SGLANG_RAGGED_VERIFY_MODE = EnvStr("static")\n'
+                          "    SGLANG_RAGGED_VERIFY_TREE = EnvBool(False)\n")})
+
+
+def enum_renamed(git: Git) -> str:
+    """RaggedVerifyMode.COMPACT's value, which the rules accept, becomes "compacted"."""
+    return _edit(git, "ragged_verify: compacted", lambda text_of: {
+        RAGGED: _replace(text_of(RAGGED), '    COMPACT = "compact"', '    COMPACT = "compacted"')})
+
+
+def ring_changed(git: Git) -> str:
+    """The c4 compress state ring under speculative decoding grows from 16 to 32 rows."""
+    return _edit(git, "pool: a wider c4 ring", lambda text_of: {
+        POOL: _replace(text_of(POOL), "return 16 if compress_ratio == 4 else 256",
+                       "return 32 if compress_ratio == 4 else 256")})
+
+
+def keyword_renamed(git: Git) -> str:
+    """load_jit's ``extra_cuda_cflags=`` becomes ``extra_cuda_flags=`` (upstream's callers updated)."""
+    def changes(text_of):
+        paths = git.out("grep", "-l", "-w", "extra_cuda_cflags", "v0.5.23", "--", "python/sglang").splitlines()
+        return {p.split(":", 1)[1]: re.sub(r"\bextra_cuda_cflags\b", "extra_cuda_flags", text_of(p.split(":", 1)[1]))
+                for p in paths}
+    return _edit(git, "loader: extra_cuda_flags", changes)
+
+
+CHANGES = {"callback-keyword": callback_keyword, "getter-property": getter_property, "field-renamed": field_renamed,
+           "mode-env": mode_env, "enum-renamed": enum_renamed, "ring-changed": ring_changed,
+           "keyword-renamed": keyword_renamed}
+
+
+@pytest.fixture(scope="module")
+def names_drift(sglang_release_repo, tmp_path_factory) -> Git:
+    git = wu.stand_in(sglang_release_repo, tmp_path_factory.mktemp("names-remote") / "sglang.git")
+    for branch, make in CHANGES.items():
+        wu.set_branch(git, branch, make(git))
+    return git
+
+
+def _errors(rev: str, repo: Git) -> list[str]:
+    run = run_contract(rev, repo=repo)
+    assert run.code == 1 and not run.out["ok"] and run.out["revs"][0]["verdict"].startswith("broken: ")
+    return findings(run, "error")
+
+
+def test_upstream_calling_our_callback_with_a_new_keyword_is_broken(names_drift):
+    [error] = _errors("callback-keyword", names_drift)
+    assert re.match(rf"{COMPRESSOR}:\d+: upstream's call of our sglang.srt.layers.attention.dsv4.online_c128_dspark."
+                    r"_verify_compress\(kv_score_buffer=\.\.\., .*, is_online=\.\.\., enable_pdl=\.\.\.\) does not "
+                    rf"bind to {CONTROLLER}:{_line(CONTROLLER, 'def _verify_compress(')} "
+                    r"`def _verify_compress\(verify_plan, owned, \*, kv_score_buffer, .*, is_online=True\)`: "
+                    "got an unexpected keyword argument 'enable_pdl'$", error), error
+
+
+def test_a_getter_turned_property_and_a_dropped_one_on_an_untyped_pool_are_broken(names_drift):
+    errors = _errors("getter-property", names_drift)
+    pool = "sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4TokenToKVPool"
+    line = _line(CONTROLLER, "backend.token_to_kv_pool.get_online_c128_mtp_max_draft_tokens()")
+    assert any(e.startswith(f"{CONTROLLER}:{line}: {pool}.get_online_c128_mtp_max_draft_tokens changed since the "
+                            f"lock: {POOL}:") and e.endswith("`@property get_online_c128_mtp_max_draft_tokens`")
+               for e in errors), errors
+    line = _line(CONTROLLER, "max_num_reqs=int(pool.get_online_c128_state_num_req_slots())")
+    assert any(e.startswith(f"{CONTROLLER}:{line}: {pool}.get_online_c128_state_num_req_slots: class "
+                            "DeepSeekV4TokenToKVPool (") and " has no get_online_c128_state_num_req_slots" in e
+               for e in errors), errors
+
+
+def test_a_field_renamed_on_an_untyped_spec_info_is_broken(names_drift):
+    [error] = _errors("field-renamed", names_drift)
+    line = _line(CONTROLLER, '"ragged_verify_layout"')
+    assert re.match(rf"{CONTROLLER}:{line}: sglang.srt.speculative.spec_info.SpecInput.ragged_verify_layout: "
+                    rf"class SpecInput \({SPEC_INFO}:\d+\) has no ragged_verify_layout\b", error), error
+
+
+def test_a_new_ragged_verify_mode_env_is_broken_until_reviewed(names_drift, tmp_path):
+    [error] = _errors("mode-env", names_drift)
+    assert re.match(rf"{ENVIRON}:\d+: upstream declares sglang.srt.environ.Envs.SGLANG_RAGGED_VERIFY_TREE, which the "
+                    rf"rules \({RULES}:{_line(RULES, 'RAGGED_ENV = ')}\) neither accept nor refuse", error), error
+    series = copy_series(tmp_path / "series")
+    run = run_contract("mode-env", "--accept", repo=names_drift, series=series)
+    assert run.code == 0 and run.out["accepted"] == 1
+    assert "declared  sglang.srt.environ.Envs.SGLANG_RAGGED_VERIFY_TREE  " in (series / "patches" /
+                                                                               "contract.lock").read_text()
+    assert run_contract("mode-env", repo=names_drift, series=series).code == 0
+
+
+def test_a_renamed_enum_value_the_rules_accept_is_broken(names_drift):
+    [error] = _errors("enum-renamed", names_drift)
+    assert error.startswith(f"{RULES}:{_line(RULES, '_SHOWN_RAGGED_MODES = ')}: sglang.srt.speculative.ragged_verify."
+                            f"RaggedVerifyMode.COMPACT changed since the lock: {RAGGED}:16 `= 'compact'` at v0.5.23, "
+                            f"now {RAGGED}:16 `= 'compacted'`"), error
+
+
+def test_a_changed_ring_size_the_rules_mirror_is_broken(names_drift):
+    [error] = _errors("ring-changed", names_drift)
+    assert error.startswith(f"{RULES}:{_line(RULES, 'C4_RING_DRAFT_CAP = ')}: sglang.srt.mem_cache."
+                            "deepseek_v4_memory_pool.get_compress_state_ring_size changed since the lock: ")
+    assert "return 16 if compress_ratio == 4 else 256" in error and "return 32 if compress_ratio == 4" in error
+
+
+def test_a_renamed_keyword_beside_star_args_is_an_error_at_the_call_and_never_accepted(names_drift, tmp_path):
+    series = copy_series(tmp_path / "series")
+    before = (series / "patches" / "contract.lock").read_text()
+    run = run_contract("keyword-renamed", "--accept", repo=names_drift, series=series)
+    assert run.code == 1 and not run.out["ok"] and run.out["accepted"] == 0
+    [error] = findings(run, "error")
+    call = _line(KERNEL_OPS, "return load_jit(")
+    assert error.startswith(f"{KERNEL_OPS}:{call}: call sglang.kernels.jit.utils.compile.loader.load_jit(arg1, arg2, "
+                            "cuda_files=..., cuda_wrappers=..., extra_cuda_cflags=...) does not bind to "
+                            f"{LOADER}:"), error
+    assert error.endswith("got an unexpected keyword argument 'extra_cuda_cflags'"), error
+    assert (series / "patches" / "contract.lock").read_text() == before
+    [warning] = findings(run, "warning")
+    assert warning.startswith(f"{KERNEL_OPS}:{call}: sglang.kernels.jit.utils.compile.loader.load_jit changed ")
+
+
+def test_the_lock_records_each_new_kind_at_the_base():
+    text = (REPO_ROOT / "patches" / "contract.lock").read_text()
+    assert (f"callback  sglang.srt.layers.attention.dsv4.online_c128_dspark._verify_compress  {COMPRESSOR}:"
+            in text)
+    assert "member  sglang.srt.speculative.spec_info.SpecInput.ragged_verify_layout  " in text
+    assert "mirror  sglang.srt.speculative.ragged_verify.RaggedVerifyMode.COMPACT  " in text
+    assert "declared  sglang.srt.speculative.spec_info.SpeculativeAlgorithm.DSPARK  " in text
+
+
+def test_watch_says_broken_naming_the_callback_and_bisect_agrees(names_drift, tmp_path):
+    from c128patch.fit.watch import EXIT
+    from support import invoke
+
+    run = invoke("watch", "--onto", "callback-keyword", "--repo", str(names_drift.git_dir), "--out",
+                 str(tmp_path / "out"), "--series", str(REPO_ROOT))
+    assert run.code == EXIT["broken"], run.err
+    assert any(f.startswith(f"{COMPRESSOR}:") and "enable_pdl" in f for f in run.out["contract"]["failing"])
+    assert run.out["bisect"]["found"] and run.out["bisect"]["commit"] == names_drift.rev_parse("callback-keyword")

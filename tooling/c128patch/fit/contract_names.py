@@ -1,0 +1,131 @@
+"""What the contract sees besides our calls into upstream (issue 38): the callables of ours upstream calls
+(``callbacks``: a function a method of ours returns, called through the name upstream's code stores it in),
+the members we use on untyped receivers (``untyped_uses``: resolved by name against the classes that define them,
+found at the base and recorded in the lock), the upstream values the startup rules mirror (``MIRRORS``) and
+the namespaces whose every member the rules decide (``NAMESPACES``: a member the lock does not list is new)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+
+from c128patch.fit.resolve import Upstream, Use, chain_of, module_name, nodes_on, signature_of, statements
+
+RULES = "python/sglang/srt/layers/attention/dsv4/online_c128_dspark_rules.py"
+MIRRORS = (  # our name in RULES, the upstream definition whose values it mirrors
+    ("C4_RING_DRAFT_CAP", "sglang.srt.mem_cache.deepseek_v4_memory_pool.get_compress_state_ring_size"),
+    ("C4_RING_DRAFT_CAP", "sglang.srt.mem_cache.deepseek_v4_memory_pool.get_compress_state_write_pad"),
+    ("_SHOWN_RAGGED_MODES", "sglang.srt.speculative.ragged_verify.RaggedVerifyMode.STATIC"),
+    ("_SHOWN_RAGGED_MODES", "sglang.srt.speculative.ragged_verify.RaggedVerifyMode.COMPACT"),
+)
+NAMESPACES = (  # our name in RULES that decides it, the upstream class, which of its members ("": all)
+    ("_algorithm", "sglang.srt.speculative.spec_info.SpeculativeAlgorithm", ""),
+    ("_SHOWN_RAGGED_MODES", "sglang.srt.speculative.ragged_verify.RaggedVerifyMode", ""),
+    ("RAGGED_ENV", "sglang.srt.environ.Envs", r"^SGLANG_\w*(DSPARK|RAGGED_VERIFY)"),
+)
+_MAX_CLASSES = 2  # a name more classes define is too common to tell which one we use
+
+
+def mirrored_values(node: ast.AST | None) -> str:
+    """A function's assignments and returns, one line: the values a rule mirroring it copies."""
+    if not isinstance(node, ast.FunctionDef):
+        return ""
+    return " -> " + "; ".join(ast.unparse(s) for s in ast.walk(node) if isinstance(s, (ast.Assign, ast.Return)))
+
+
+def rules(up: Upstream, ours: dict[str, set[int] | None], sources: dict[str, str]) -> tuple[list[Use], list[dict]]:
+    """The definitions the startup rules mirror, as uses at our lines, and the members of the namespaces they
+    decide, as lock items (kind ``declared``); none where the series has no RULES."""
+    text = up.reader.text(RULES) if RULES in ours else None
+    lines: dict[str, int] = {}
+    for number, line in enumerate((text or "").splitlines(), 1):
+        if m := re.match(r"^(?:def )?(\w+)\b", line):
+            lines.setdefault(m.group(1), number)
+    site = sources.get(RULES, RULES)
+    mirrors = [Use(lines[name], upstream.split("."), kind="mirror") for name, upstream in MIRRORS if name in lines]
+    spaces = [(lines[name], cls, pattern) for name, cls, pattern in NAMESPACES if name in lines]
+    return mirrors, [{"kind": "declared", "target": target, "site": f"{site}:{line}", "where": where}
+                     for line, cls, pattern in spaces for target, where in declared(up, cls, pattern)]
+
+
+def declared(up: Upstream, dotted: str, pattern: str) -> list[tuple[str, str]]:
+    """(name, file:line) of each member class ``dotted`` declares matching ``pattern``."""
+    module, _, name = dotted.rpartition(".")
+    mod = up.module(module)
+    cls = up.member(mod, name) if mod.kind == "module" else mod
+    if cls.kind != "class":
+        return []
+    named = [(s, s.targets[0] if isinstance(s, ast.Assign) else getattr(s, "target", None)) for s in cls.node.body]
+    return [(f"{dotted}.{t.id}", f"{cls.path}:{s.lineno}") for s, t in named
+            if isinstance(t, ast.Name) and re.search(pattern, t.id)]
+
+
+def untyped_uses(tree: ast.Module, lines: set[int] | None) -> list[Use]:
+    """[attr] where our code reads an attribute (or ``getattr``/``hasattr`` a literal) of a receiver with no
+    type: a parameter without annotation or annotated ``Any``, a local; not an import, a module-level name,
+    a typed parameter nor ``self.attr``."""
+    typed = {"self", "cls"}
+    for stmt in statements(tree.body):
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            typed |= {(a.asname or a.name).split(".")[0] for a in stmt.names}
+        elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            typed |= {t.id for t in ast.walk(stmt) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+    found = []
+    for node in ast.walk(tree) if lines is None else nodes_on(tree, lines):  # a patch's lines: their statements
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            params = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            typed |= {a.arg for a in params if a.annotation is not None and "Any" not in ast.unparse(a.annotation)}
+        elif lines is not None and getattr(node, "lineno", 0) not in lines:
+            continue
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("getattr", "hasattr") and node.args[1:]:
+            found.append((node.lineno, chain_of(node.args[0]), getattr(node.args[1], "value", None)))
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            found.append((node.lineno, chain_of(node.value), node.attr))
+    return [Use(line, [name], kind="untyped") for line, chain, name in found if isinstance(name, str) and chain
+            and (chain[0] not in typed or chain[0] in ("self", "cls") and chain[1:])]
+
+
+def defining_classes(up: Upstream, names: set[str]) -> dict[str, list[str]]:
+    """name -> the upstream classes defining it as a method or a class-level field, in the files our uses reached."""
+    out: dict[str, list[str]] = {}
+    for path, tree in sorted(up.parsed().items()):
+        for cls in [s for s in tree.body if isinstance(s, ast.ClassDef)] if not up.is_ours(path, 0) else []:
+            for stmt in cls.body:
+                name = getattr(stmt, "name", None) or getattr(getattr(stmt, "target", None), "id", None)
+                if name in names and not up.is_ours(path, stmt.lineno):
+                    out.setdefault(name, []).append(f"{module_name(path)}.{cls.name}")
+    return {name: classes for name, classes in out.items() if len(classes) <= _MAX_CLASSES}
+
+
+def callbacks(up: Upstream, ours: dict[str, set[int] | None],
+              sources: dict[str, str]) -> list[tuple[dict, Use, inspect.Signature]]:
+    """Each call upstream's code makes to a function of ours that a method of ours hands out (``functools.partial``
+    of it, stored in a local and called): the lock item (site: the call, where: our function), the call, our
+    signature less what the partial binds."""
+    handed: dict[str, tuple[str, ast.FunctionDef, int, str]] = {}  # method -> (our function, its node, bound, where)
+    for path in [p for p, lines in ours.items() if lines is None and "partial(" in (up.reader.text(p) or "")]:
+        tree = up.parse(path)
+        tops = {s.name: s for s in (tree.body if tree else []) if isinstance(s, ast.FunctionDef)}
+        for method in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)] if tree else []:
+            for ret in [r for r in ast.walk(method) if isinstance(r, ast.Return) and isinstance(r.value, ast.Call)]:
+                call = ret.value
+                if chain_of(call.func)[-1:] == ["partial"] and call.args and getattr(call.args[0], "id", "") in tops:
+                    fn = tops[call.args[0].id]
+                    handed[method.name] = (f"{module_name(path)}.{fn.name}", fn, len(call.args) - 1,
+                                           f"{sources.get(path, path)}:{fn.lineno}")
+    out = []
+    for path in [p for p in sorted(ours) if any(f".{m}(" in (up.reader.text(p) or "") for m in handed)]:
+        for fn in [n for n in ast.walk(up.parse(path) or ast.Module([], [])) if isinstance(n, ast.FunctionDef)]:
+            stored = {t.id: handed[chain_of(a.value.func)[-1]] for a in ast.walk(fn) if isinstance(a, ast.Assign)
+                      and isinstance(a.value, ast.Call) and chain_of(a.value.func)[-1:] and
+                      chain_of(a.value.func)[-1] in handed for t in a.targets if isinstance(t, ast.Name)}
+            for call in [c for c in ast.walk(fn) if isinstance(c, ast.Call) and getattr(c.func, "id", "") in stored]:
+                target, ours_fn, bound, where = stored[call.func.id]
+                full = signature_of(ours_fn.args)
+                star = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
+                out.append(({"kind": "callback", "target": target, "site": f"{sources.get(path, path)}:{call.lineno}",
+                             "where": where, "signature": f"def {ours_fn.name}{full}"},
+                            Use(call.lineno, [], (len(call.args), tuple(k.arg for k in call.keywords if k.arg)), star),
+                            full.replace(parameters=list(full.parameters.values())[bound:])))
+    return out
