@@ -381,8 +381,16 @@ def remembered(git: Git, key: tuple, compute: Callable[[], T]) -> T:
     return git._memo[key]  # type: ignore[return-value]
 
 
+def work_tree_top(path: Path) -> Path | None:
+    """The top of the work tree ``path`` is in (one git call); None where it is in none."""
+    if not path.is_dir():
+        return None
+    lines = Git(worktree=path).out("rev-parse", "--is-inside-work-tree", "--show-toplevel", check=False).splitlines()
+    return Path(lines[1]) if len(lines) == 2 and lines[0] == "true" else None
+
+
 def is_work_tree(path: Path) -> bool:
-    return path.is_dir() and Git(worktree=path).out("rev-parse", "--is-inside-work-tree", check=False) == "true"
+    return work_tree_top(path) is not None
 
 
 def toplevel(path: Path) -> Path:
