@@ -1,6 +1,6 @@
-"""A tree's proof (``ops.equivalence``) recorded in its git dir (``c128patch/proof.json``) by ``apply`` and ``status``,
-under a key of all it depends on. The user can forge it (it is in .git), but a record whose key differs in any
-field (another HEAD, series, upstream or tool version) is never read, and one that does not parse is a miss."""
+"""A tree's proof (``ops.equivalence``) recorded in its git dir (``c128patch/proof.json``) by apply, rebase,
+refresh and status, under a key of all it depends on. A user can forge it (it is in .git), but a record whose key
+differs in any field (another HEAD, series, upstream or tool version) is never read; one not parsing is a miss."""
 
 from __future__ import annotations
 

@@ -155,8 +155,7 @@ def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | No
         changes = result.changes(series.root)
         if not check:
             changes = write(series, result, accept_differences=accept_differences)
-        proof = result.equivalence
-        if proof is not None and proof.identical and not proof.without and not changes:  # as `status` proves it
+        if (proof := result.equivalence) and proof.identical and not proof.without and not changes:  # for status
             key = proofs.proof_key(git, series, proof.rev, proof.commit, proof.head)
             proofs.record(c128_state_dir(git), key, proof.to_json())
     return Refreshed(result, changes, check, series)

@@ -103,17 +103,16 @@ def tree_status(git: Git, series: Series | None = None, prove_again: bool = Fals
         return out
     record = read_provenance(tree)
     prov_commit, _, prov_tree = git.out("log", "-1", "--format=%H %T", "--", PROVENANCE_PATH).partition(" ")
-    moved = prov_commit != headers["branch.oid"]  # else git has no drift to tell beyond what ``uncommitted`` lists
+    since = prov_commit if prov_commit != headers["branch.oid"] or uncommitted else ""  # "": no drift to look for
     entries = record.get("entries", [])
     out.update({key: record.get(key, {}) for key in ("series", "upstream", "tool")})
-    out.update(layers=record.get("layers", []), provenance_commit=prov_commit,
-               drift=_drift(git, prov_commit if moved or out["uncommitted"] else "", entries),
+    out.update(layers=record.get("layers", []), provenance_commit=prov_commit, drift=_drift(git, since, entries),
                entries=[{"name": e["name"], "kind": e["kind"], "applied": e.get("applied", "")} for e in entries],
-               commits_since=git.count(f"{prov_commit}..HEAD") if prov_commit and moved else 0)
+               commits_since=git.count(f"{since}..HEAD") if since else 0)
     if series is not None:
         commit = str(out["upstream"].get("commit") or "")
         rev = str(out["upstream"].get("rev") or "") or commit[:12]
-        key = proofs.proof_key(git, series, rev, commit, headers["branch.oid"], "" if moved else prov_tree)
+        key = proofs.proof_key(git, series, rev, commit, headers["branch.oid"], "" if since else prov_tree)
         out["series_current"] = {"version": series.version, "digest": key["digest"],
                                  "up_to_date": applied_digest(record) == key["digest"]}
         out.update(_proof(git, series, state, key, prove_again))

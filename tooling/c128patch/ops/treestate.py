@@ -192,10 +192,6 @@ class Holder:
     since: str = ""
 
 
-def lock_path(git: Git) -> Path:
-    return git_paths(git, [], "--git-common-dir")[0] / LOCK_NAME
-
-
 def _holder(fd: int) -> Holder | None:
     try:
         data = json.loads(os.pread(fd, 4096, 0) or b"null")
@@ -207,7 +203,7 @@ def _holder(fd: int) -> Holder | None:
 @contextlib.contextmanager
 def repo_lock(git: Git, action: str) -> Iterator[None]:
     """Hold the repository's c128patch lock for ``action`` (not re-entrant: no operation calls another)."""
-    path = lock_path(git)
+    path = git_paths(git, [], "--git-common-dir")[0] / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
@@ -237,7 +233,7 @@ def repo_lock(git: Git, action: str) -> Iterator[None]:
 
 
 def running(common_dir: Path) -> Holder | None:
-    """Which c128patch operation holds the lock of the repository whose git common dir is ``common_dir`` now."""
+    """Which c128patch operation holds the lock (in the git common dir ``common_dir``) right now (None: none)."""
     path = common_dir / LOCK_NAME
     if not path.is_file():
         return None
