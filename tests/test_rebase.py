@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from c128patch.git import Git
+from c128patch.ops import equivalence
 from c128patch.ops.treestate import c128_state_dir, rebase_journal
 from c128patch.series.manifest import load_series
 from c128patch.textsafe import md as inert
@@ -190,6 +191,20 @@ def test_the_rebased_provenance_keeps_every_field_of_the_upstream_record(rebased
     assert set(after) == set(before) and after["rev"] == "v0.5.23"
     assert {k: v for k, v in after.items() if k not in ("rev", "commit")} == \
         {k: v for k, v in before.items() if k not in ("rev", "commit")}
+
+
+def test_status_after_a_rebase_reads_the_proof_the_rebase_recorded(sglang_release_repo, series_dir, tmp_path,
+                                                                    monkeypatch):
+    r = rebased_from(sglang_release_repo, tmp_path, series_dir, "v0.5.22", "v0.5.23")
+    assert r.run.code == 0, r.run.err
+
+    def no_replay(*args, **kw):
+        raise AssertionError("status replayed the series where the rebase recorded its proof")
+
+    monkeypatch.setattr(equivalence, "prove", no_replay)
+    run = invoke("status", "--tree", str(r.git.worktree), "--series", str(series_dir))
+    assert run.code == 0 and run.out["proof"] == "recorded" and run.out["equals_series"]
+    assert run.out["equivalence"]["head"] == r.git.head() and run.out["equivalence"]["identical"]
 
 
 def test_next_refresh_is_printed_only_when_it_would_change_something(sglang_release_repo, series_dir, tmp_path):

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from c128patch.git import Git
+from c128patch.ops import equivalence
+from c128patch.ops.proofs import PROOF
 from c128patch.series.manifest import load_series
 from support import invoke, make_test_series, refused, upstream_commit
 
@@ -115,6 +117,19 @@ def test_status_exits_0_only_where_the_tree_equals_the_series(applied):
     git.run("commit", "-q", "-a", "-m", "a user commit")
     res = invoke("status", "--tree", tree, "--series", series)
     assert res.code == 1 and res.out["equals_series"] is False and res.out["uncommitted"] == []
+
+
+def test_status_after_a_refresh_that_changes_nothing_reads_the_proof_it_recorded(applied, monkeypatch):
+    series, tree = applied
+    (tree / ".git" / "c128patch" / PROOF).unlink(missing_ok=True)
+    assert cli("refresh", "--tree", str(tree), "--series", str(series), "--check")[0] == 0
+
+    def no_replay(*args, **kw):
+        raise AssertionError("status replayed the series where refresh recorded its proof")
+
+    monkeypatch.setattr(equivalence, "prove", no_replay)
+    res = invoke("status", "--tree", tree, "--series", series)
+    assert res.code == 0 and res.out["proof"] == "recorded" and res.out["equivalence"]["identical"]
 
 
 def test_refresh_on_older_base_drops_a_redundant_variant(applied):

@@ -384,6 +384,14 @@ def test_lint_rejects_a_patch_file_without_a_mail_header_in_one_line(tmp_path):
 # -- a semantic merge upstream: the hint in check, the stop and watch ---------------------------
 
 
+def test_check_reads_a_rev_s_range_in_one_log_for_every_entry_s_hints(remote, tmp_path, monkeypatch):
+    series, calls, raw = copy_series(tmp_path / "series"), [], Git._raw
+    monkeypatch.setattr(Git, "_raw", lambda self, args, *a, **k: calls.append(args) or raw(self, args, *a, **k))
+    row = check_row(remote, series, "half-fixed", ZERO)
+    assert "changes plan_compress_prefill() as this entry does" in row["hints"][0]
+    assert sum(args[0] == "log" and "-p" in args for args in calls) == 1, calls
+
+
 def test_check_shows_the_hint_of_an_upstream_fix_in_the_same_function(remote, tmp_path):
     series = copy_series(tmp_path / "series")
     row = check_row(remote, series, "half-fixed", ZERO)

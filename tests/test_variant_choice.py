@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from c128patch.git import Git
+from c128patch.series import plan
 from c128patch.series.manifest import load_series
 from support import RELEASES, copy_series, invoke
 
@@ -55,6 +56,25 @@ def test_with_no_blob_matching_the_nearest_ancestor_base_decides(sglang_release_
     assert file == "patches/0010-c128-dspark-online-commit.v0.5.20.patch"
     # by content: v0.5.21 itself holds the file as v0.5.20 had it (the earlier entry's edit is what differs)
     assert why == "ancestor: nearest ancestor base v0.5.20 (0 commit(s) back)"
+
+
+def test_the_nearest_ancestor_search_reads_every_candidate_in_one_git_call(sglang_release_repo, series_dir, tmp_path,
+                                                                           monkeypatch):
+    variant = next(v for v in load_series(series_dir).entry(COMMIT).patch_files() if v.base == "v0.5.20")
+    path = variant.sources[0][0]
+    repo = tmp_path / "sglang.git"  # a clone: the release history stays as it is
+    subprocess.run(["git", "clone", "--quiet", "--bare", str(sglang_release_repo), str(repo)], check=True)
+    git = Git(git_dir=repo).with_env(GIT_INDEX_FILE=str(tmp_path / "index"))
+    tip = git.rev_parse("v0.5.21")
+    git.run("read-tree", tip)
+    for i in range(6):  # six upstream commits on top of v0.5.21, each on the file the v0.5.20 base has
+        blob = git.out("hash-object", "-w", "--stdin", input=f"{git.blob(tip, path).decode()}# upstream {i}\n")
+        git.run("update-index", "--cacheinfo", f"100644,{blob},{path}")
+        tip = git.out("commit-tree", git.out("write-tree"), "-p", tip, input=f"upstream {i}")
+    calls, raw = [], Git._raw
+    monkeypatch.setattr(Git, "_raw", lambda self, args, *a, **k: calls.append(args[0]) or raw(self, args, *a, **k))
+    assert plan._distance(Git(git_dir=repo), variant, tip) == 7  # v0.5.21 changed the file too: 6 + 1
+    assert calls.count("cat-file") + calls.count("ls-tree") <= 2, calls  # not one per candidate commit
 
 
 def test_the_file_with_most_preimage_blobs_matching_wins(sglang_release_repo, series_dir):

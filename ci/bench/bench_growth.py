@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 from bench_apply import raw_git
 from bench_check import ours_check, raw_check
-from benchlib import append, c128patch, interleaved, mirror, parser, slope, table, target
+from benchlib import append, c128patch, interleaved, mirror, parser, ratio, slope, table, target
 from unidiff import PatchSet
 
 from c128patch.git import Git
@@ -146,7 +146,10 @@ def main() -> int:
     high = fitted(figures, {k: f"check, {k} revs" for k in REVS[2:]})
     for what, sides in per_unit.items():
         print(f"{what} per unit: ours {sides['']['cpu'] * 1e3:.1f} ms CPU, raw {sides['raw ']['cpu'] * 1e3:.1f} ms")
+    sized = [f"{what}, {k} {unit}" for what, unit, sizes in (("check", "revs", REVS), ("rebase", "commits", COMMITS))
+             for k in sizes] + [f"apply, layer of {k}" for k in ENTRIES]
     record = {"runs": args.runs, "figures": figures, "per_unit_s": per_unit,
+              "ratios": {f"{name} / raw": ratio(figures, name, f"raw {name}") for name in sized},
               "check_per_rev_cpu_s": {"1-16": low, "16-64": high}, "targets": targets(per_unit, low, high)}
     return int(append(args.out, record, revs=("v0.5.23",))["missed"])
 

@@ -326,23 +326,35 @@ class ReadMemo(Git):
         self._ancestors: dict[str, set[str]] = {}
         self._lock = threading.Lock()
 
-    def is_ancestor(self, a: str, b: str) -> bool:
-        """``merge-base --is-ancestor`` from one ``rev-list --parents --all`` where the refs reach both."""
+    def _reach(self, *commits: str) -> list[set[str]] | None:
+        """Each commit's ancestors (itself too) from one ``rev-list --parents --all``; None: one the refs miss."""
         with self._lock:
             if self._parents is None:
                 out = super().run("rev-list", "--parents", "--all", check=False).stdout
                 self._parents = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
-        if a not in self._parents or b not in self._parents:
-            return super().is_ancestor(a, b)
-        if b not in self._ancestors:
-            seen, todo = {b}, [b]
-            while todo:
-                for parent in self._parents.get(todo.pop(), []):
-                    if parent not in seen:
-                        seen.add(parent)
-                        todo.append(parent)
-            self._ancestors[b] = seen
-        return a in self._ancestors[b]
+        if any(c not in self._parents for c in commits):
+            return None
+        for b in commits:
+            if b not in self._ancestors:
+                seen, todo = {b}, [b]
+                while todo:
+                    for parent in self._parents.get(todo.pop(), []):
+                        if parent not in seen:
+                            seen.add(parent)
+                            todo.append(parent)
+                self._ancestors[b] = seen
+        return [self._ancestors[c] for c in commits]
+
+    def is_ancestor(self, a: str, b: str) -> bool:
+        """``merge-base --is-ancestor`` from ``_reach`` where the refs reach both."""
+        reach = self._reach(b)
+        return a in reach[0] if reach and a in (self._parents or {}) else super().is_ancestor(a, b)
+
+    def count(self, rng: str) -> int:
+        """``rev-list --count a..b`` from ``_reach`` (one git call per rev grew with its distance)."""
+        a, _, b = rng.partition("..")
+        reach = self._reach(b, a) if a and b else None
+        return len(reach[0] - reach[1]) if reach else super().count(rng)
 
     def run(self, *args: str, check: bool = True, binary: bool = False, **kw) -> subprocess.CompletedProcess:
         if not args or args[0] not in _QUERIES or any(v is not None and v is not False for v in kw.values()):
@@ -381,8 +393,16 @@ def remembered(git: Git, key: tuple, compute: Callable[[], T]) -> T:
     return git._memo[key]  # type: ignore[return-value]
 
 
+def work_tree_top(path: Path) -> Path | None:
+    """The top of the work tree ``path`` is in (one git call); None where it is in none."""
+    if not path.is_dir():
+        return None
+    lines = Git(worktree=path).out("rev-parse", "--is-inside-work-tree", "--show-toplevel", check=False).splitlines()
+    return Path(lines[1]) if len(lines) == 2 and lines[0] == "true" else None
+
+
 def is_work_tree(path: Path) -> bool:
-    return path.is_dir() and Git(worktree=path).out("rev-parse", "--is-inside-work-tree", check=False) == "true"
+    return work_tree_top(path) is not None
 
 
 def toplevel(path: Path) -> Path:

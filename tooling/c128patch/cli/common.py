@@ -58,7 +58,7 @@ def exit_unless(ok: bool) -> None:
 
 def locate_tree(tree: Path | None) -> Path:
     """The tree verbs work on: ``--tree``; else the repository here if c128patch is in it; else ./sglang; else here."""
-    from c128patch.git import Git, is_work_tree, refuse_git_dir, toplevel
+    from c128patch.git import Git, refuse_git_dir, toplevel, work_tree_top
     from c128patch.ops.treestate import c128_state_dir
     from c128patch.series.provenance import PROVENANCE_PATH
 
@@ -66,12 +66,13 @@ def locate_tree(tree: Path | None) -> Path:
         refuse_git_dir(tree)
         return toplevel(tree)
     here = Path.cwd()
-    top = toplevel(here) if is_work_tree(here) else None
+    top = work_tree_top(here)
     if top is not None and ((top / PROVENANCE_PATH).is_file() or c128_state_dir(Git(worktree=top)).is_dir()):
         return top  # c128patch applied (or is rebasing) here
     default = here / DEFAULT_TREE
-    if is_work_tree(default) and toplevel(default).resolve() == default.resolve():  # its own repository
-        return toplevel(default)
+    default_top = work_tree_top(default)
+    if default_top is not None and default_top.resolve() == default.resolve():  # its own repository
+        return default_top
     if top is not None:
         return top
     raise C128Error(f"no sglang tree here: {here} is not in a git repository and ./{DEFAULT_TREE} (where "

@@ -110,6 +110,7 @@ def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
         result, planned = replay_in_index(series, git, rev, commit, Path(tmp) / "index", keep_index=False)
     by_name, cache = {p.entry.name: p for p in planned}, {}
     touched = [(p.entry.name, p.touched) for p in planned]
+    every = sorted({path for _, paths in touched for path in paths})  # one log of the range serves every entry
     for row in result.entries:
         item = by_name.get(row.name)
         if item is not None and row.status in FAILED:  # a layer entry on a file one of ours changed: name both
@@ -119,7 +120,7 @@ def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
             old = ((git.rev_parse(item.variant.commit) if item.variant.commit else None)
                    or git.rev_parse(item.variant.base))
             row.hints = [h.line() for h in upstream_hints(git, item.entry, item.patch, old or "", commit, row.renamed,
-                                                          cache)]
+                                                          cache, every)]
     predict(result)
     if not result.error:
         result.note = support_note(series, git, rev, commit)

@@ -1,6 +1,6 @@
-"""A tree's proof (``ops.equivalence``) recorded in its git dir (``c128patch/proof.json``) by ``apply`` and ``status``,
-under a key of all it depends on. The user can forge it (it is in .git), but a record whose key differs in any
-field (another HEAD, series, upstream or tool version) is never read, and one that does not parse is a miss."""
+"""A tree's proof (``ops.equivalence``) recorded in its git dir (``c128patch/proof.json``) by apply, rebase,
+refresh and status, under a key of all it depends on. A user can forge it (it is in .git), but a record whose key
+differs in any field (another HEAD, series, upstream or tool version) is never read; one not parsing is a miss."""
 
 from __future__ import annotations
 
@@ -16,16 +16,17 @@ from c128patch.series.manifest import Series
 PROOF = "proof.json"  # in the c128patch state dir (``treestate.c128_state_dir``), beside layers.json
 
 
-def proof_key(git: Git, series: Series, rev: str, commit: str, head: str = "HEAD") -> dict[str, str]:
-    """What a proof of ``head`` against ``series`` on upstream ``commit`` depends on: the series by its digest and
-    by what a replay reads beside it (each part's manifest and ledger files)."""
+def proof_key(git: Git, series: Series, rev: str, commit: str, head: str = "HEAD", tree: str = "") -> dict[str, str]:
+    """What a proof of ``head`` (with ``tree``: a commit of that tree) against ``series`` on upstream ``commit``
+    depends on: the series by its digest and by what a replay reads beside it (each part's manifest and ledgers)."""
     h = hashlib.sha256()
     for part in (series.ours, *series.layers):
         for path in [part.manifest_path, *sorted((part.patches_dir / "resolutions").rglob("*"))]:
             if path.is_file():
                 h.update(f"\0{path.relative_to(part.root)}\0".encode() + path.read_bytes())
-    head_commit, tree = git.out("rev-parse", head, f"{head}^{{tree}}").split()
-    return {"head": head_commit, "tree": tree, "digest": series.digest(), "manifests_and_ledgers": h.hexdigest(),
+    if not tree:
+        head, tree = git.out("rev-parse", head, f"{head}^{{tree}}").split()
+    return {"head": head, "tree": tree, "digest": series.digest(), "manifests_and_ledgers": h.hexdigest(),
             "upstream": commit, "rev": rev, "tool": __version__}
 
 

@@ -12,6 +12,7 @@ from typing import Callable, NoReturn
 
 from c128patch.errors import ConflictError, DifferenceError
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git
+from c128patch.ops import proofs
 from c128patch.ops.conflicts import StopReport, analyze, taken
 from c128patch.ops.equivalence import apply_cached, fresh_replay, prove, tree_diff
 from c128patch.ops.merged import MergedCheck, Signal, proposes_drop, upstream_hints
@@ -298,6 +299,9 @@ class RebaseLoop:
             git.run("checkout", "--quiet", "--detach", new_head)  # the work tree is clean here
             renamed = self._move_branch(journal, new_head)
             proof, range_diff = proving.result(), ranged.result()
+        if proof.identical and not journal.left_out:  # what `status` proves (the whole series): recorded for it
+            proofs.record(self.state, proofs.proof_key(git, self.series, journal.onto_rev, journal.onto_commit,
+                                                       new_head), proof.to_json())
         if proof.ok and renamed and git.current_branch() != renamed:  # named after its new base; the old tip stays
             git.run("update-ref", "-m", f"c128patch rebase onto {journal.onto_rev}", f"refs/heads/{renamed}", new_head,
                     "0" * 40)  # at the recovery ref

@@ -19,9 +19,10 @@ from typing import Callable
 
 from c128patch.errors import C128Error, DifferenceError
 from c128patch.git import Git
+from c128patch.ops import proofs
 from c128patch.ops.equivalence import Equivalence, prove
 from c128patch.ops.replay import branch_commits
-from c128patch.ops.treestate import ensure_clean, ensure_idle, fault_point, repo_lock
+from c128patch.ops.treestate import c128_state_dir, ensure_clean, ensure_idle, fault_point, repo_lock
 from c128patch.series import txn
 from c128patch.series.contract import LOCK_NAME, Lock, LockItem, lock_path, merged, read_lock
 from c128patch.series.layers import SEP, Stack, layer_args, layer_rows
@@ -154,6 +155,9 @@ def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | No
         changes = result.changes(series.root)
         if not check:
             changes = write(series, result, accept_differences=accept_differences)
+        if (proof := result.equivalence) and proof.identical and not proof.without and not changes:  # for status
+            key = proofs.proof_key(git, series, proof.rev, proof.commit, proof.head)
+            proofs.record(c128_state_dir(git), key, proof.to_json())
     return Refreshed(result, changes, check, series)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from c128patch.git import Git
 from c128patch.ops import proofs
-from c128patch.ops.treestate import RECOVERY_PREFIX, apply_commands, changed_paths, git_paths, rebase_command, running
+from c128patch.ops.treestate import RECOVERY_PREFIX, apply_commands, git_paths, rebase_command, running, worktree_state
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, read_provenance
 
@@ -81,33 +81,38 @@ def _proof(git: Git, series: Series, state: Path, key: dict[str, str], prove_aga
 def tree_status(git: Git, series: Series | None = None, prove_again: bool = False) -> dict:
     """What ``status`` reports of the tree in ``git`` (with ``series``: whether it equals a fresh apply)."""
     tree = git.cwd
-    lock, state = git_paths(git, ["index.lock", "c128patch"])
+    lock, state, common = git_paths(git, ["index.lock", "c128patch"], "--git-common-dir")
     rebase = rebase_status(git, state / "rebase.json") if (state / "rebase.json").is_file() else None
     apply = apply_status(git, state / "apply.json") if (state / "apply.json").is_file() else None
-    holder = running(git)
+    holder = running(common)
+    headers, uncommitted = worktree_state(git)
+    branch = headers.get("branch.head", "(detached)")
     refs = git.out("for-each-ref", "--sort=-refname", "--format=%(refname)%00%(objectname)%00%(contents:subject)",
                    RECOVERY_PREFIX).splitlines()  # HEAD before an apply or rebase, newest first
     out = {
         "index_lock": {"path": str(lock), "c128patch_running": holder is not None,  # left by a killed run
                        "clear": shlex.join(["rm", "-f", str(lock)])} if lock.exists() else None,
-        "tree": str(tree), "branch": git.current_branch(), "running": asdict(holder) if holder else None,
+        "tree": str(tree), "branch": None if branch == "(detached)" else branch,
+        "running": asdict(holder) if holder else None,
         "apply_in_progress": apply is not None, "apply": apply, "rebase_in_progress": rebase is not None,
         "rebase": rebase, "recovery_refs": [dict(zip(("ref", "commit", "subject"), ref.split("\0"))) for ref in refs],
-        "uncommitted": changed_paths(git),  # not on the branch: the proof covers HEAD
+        "uncommitted": uncommitted,  # not on the branch: the proof covers HEAD
         "equals_series": False, "entries": [], "drift": [],
     }
     if (rebase or apply or holder) and not (tree / PROVENANCE_PATH).is_file():
         return out
     record = read_provenance(tree)
-    prov_commit = git.out("log", "-1", "--format=%H", "--", PROVENANCE_PATH)
+    prov_commit, _, prov_tree = git.out("log", "-1", "--format=%H %T", "--", PROVENANCE_PATH).partition(" ")
+    since = prov_commit if prov_commit != headers["branch.oid"] or uncommitted else ""  # "": no drift to look for
     entries = record.get("entries", [])
     out.update({key: record.get(key, {}) for key in ("series", "upstream", "tool")})
-    out.update(layers=record.get("layers", []), provenance_commit=prov_commit, drift=_drift(git, prov_commit, entries),
+    out.update(layers=record.get("layers", []), provenance_commit=prov_commit, drift=_drift(git, since, entries),
                entries=[{"name": e["name"], "kind": e["kind"], "applied": e.get("applied", "")} for e in entries],
-               commits_since=git.count(f"{prov_commit}..HEAD") if prov_commit else 0)
+               commits_since=git.count(f"{since}..HEAD") if since else 0)
     if series is not None:
         commit = str(out["upstream"].get("commit") or "")
-        key = proofs.proof_key(git, series, str(out["upstream"].get("rev") or "") or commit[:12], commit)
+        rev = str(out["upstream"].get("rev") or "") or commit[:12]
+        key = proofs.proof_key(git, series, rev, commit, headers["branch.oid"], "" if since else prov_tree)
         out["series_current"] = {"version": series.version, "digest": key["digest"],
                                  "up_to_date": applied_digest(record) == key["digest"]}
         out.update(_proof(git, series, state, key, prove_again))

@@ -39,9 +39,9 @@ FAULT_ENV = "C128PATCH_FAULT"
 _SIGNALS = {"kill": signal.SIGKILL, "sigint": signal.SIGINT}
 
 
-def git_paths(git: Git, names: list[str]) -> list[Path]:
-    """Paths inside the repository's git dir (worktree-aware)."""
-    rels = git.run("rev-parse", *(a for name in names for a in ("--git-path", name))).stdout.splitlines()
+def git_paths(git: Git, names: list[str], *more: str) -> list[Path]:
+    """Paths inside the repository's git dir (worktree-aware), then those ``more`` rev-parse options name."""
+    rels = git.run("rev-parse", *(a for name in names for a in ("--git-path", name)), *more).stdout.splitlines()
     return [(git.worktree or Path.cwd()) / rel for rel in rels]  # (an absolute one stays as it is)
 
 
@@ -95,15 +95,25 @@ def ensure_idle(git: Git, action: str) -> None:
         raise C128Error(f"cannot {action}: {stale_lock_message(str(index_lock))}")
 
 
-def changed_paths(git: Git) -> list[str]:
-    """Every path ``git status`` lists (both sides of a rename), exactly as named (``-z``)."""
-    out = iter(git.run("status", "--porcelain=v1", "-z", "--untracked-files=all").stdout.split("\0"))
-    paths = []
+def worktree_state(git: Git) -> tuple[dict[str, str], list[str]]:
+    """``git status``'s headers (``branch.oid``, ``branch.head``) and every path it lists (both sides of a
+    rename), exactly as named (``-z``)."""
+    out = iter(git.run("status", "--porcelain=v2", "--branch", "-z", "--untracked-files=all").stdout.split("\0"))
+    headers, paths = {}, []
     for entry in filter(None, out):
-        paths.append(entry[3:])
-        if entry[0] in "RC":  # a rename's source follows
-            paths.append(next(out))
-    return paths
+        kind, _, rest = entry.partition(" ")
+        if kind == "#":
+            name, _, value = rest.partition(" ")
+            headers[name] = value
+        else:  # the path follows 7 fields (1: changed), 8 (2: renamed or copied), 9 (u: unmerged), 0 (?)
+            paths.append(rest.split(" ", {"1": 7, "2": 8, "u": 9}.get(kind, 0))[-1])
+            if kind == "2":  # a rename's source follows
+                paths.append(next(out))
+    return headers, paths
+
+
+def changed_paths(git: Git) -> list[str]:
+    return worktree_state(git)[1]
 
 
 def refuse_conflict_markers(git: Git, base: str, target: str | None, action: str,
@@ -182,10 +192,6 @@ class Holder:
     since: str = ""
 
 
-def lock_path(git: Git) -> Path:
-    return (git.worktree or Path.cwd()) / git.out("rev-parse", "--git-common-dir") / LOCK_NAME
-
-
 def _holder(fd: int) -> Holder | None:
     try:
         data = json.loads(os.pread(fd, 4096, 0) or b"null")
@@ -197,7 +203,7 @@ def _holder(fd: int) -> Holder | None:
 @contextlib.contextmanager
 def repo_lock(git: Git, action: str) -> Iterator[None]:
     """Hold the repository's c128patch lock for ``action`` (not re-entrant: no operation calls another)."""
-    path = lock_path(git)
+    path = git_paths(git, [], "--git-common-dir")[0] / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
@@ -226,9 +232,9 @@ def repo_lock(git: Git, action: str) -> Iterator[None]:
         os.close(fd)
 
 
-def running(git: Git) -> Holder | None:
-    """Which c128patch operation holds this repository's lock right now (None: none)."""
-    path = lock_path(git)
+def running(common_dir: Path) -> Holder | None:
+    """Which c128patch operation holds the lock (in the git common dir ``common_dir``) right now (None: none)."""
+    path = common_dir / LOCK_NAME
     if not path.is_file():
         return None
     fd = os.open(path, os.O_RDONLY)

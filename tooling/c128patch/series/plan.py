@@ -154,10 +154,27 @@ def index_git(git: Git, index_file: Path) -> Git:
 
 def sources_at(git: Git, commit: str, paths: list[str]) -> tuple[tuple[str, str], ...]:
     """(path, blob id | ``absent``) of ``paths`` at ``commit``, sorted: a base by content (``Variant.sources``)."""
-    found = {p: ABSENT for p in paths}
-    found.update({name: sha for name, (_mode, kind, sha) in ls_tree(git, commit, paths, "-r", "--full-tree").items()
-                  if name in found and kind == "blob"})
-    return tuple(sorted(found.items()))
+    return sources_of(git, [commit], paths)[commit]
+
+
+_SOURCES: dict[tuple, str] = {}  # (repository, commit id, path) -> blob id or ABSENT: a commit never changes
+_COMMIT_ID = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
+
+
+def sources_of(git: Git, commits: list[str], paths: list[str]) -> dict[str, tuple[tuple[str, str], ...]]:
+    """``sources_at`` of each of ``commits``: those not read yet in one ``cat-file --batch-check``."""
+    repo = (str(git.cwd), git.env.get("GIT_DIR", str(git.git_dir)))
+    found = {(*repo, c, p): _SOURCES.get((*repo, c, p)) for c in commits for p in paths}
+    todo = [key for key, sha in found.items() if sha is None]
+    if todo:
+        out = git.out("cat-file", "--batch-check=%(objecttype) %(objectname)",
+                      input="".join(f"{c}:{p}\n" for *_, c, p in todo)).splitlines()
+        for key, line in zip(todo, out):  # "<commit>:<path> missing": absent too
+            kind, _, sha = line.partition(" ")
+            found[key] = sha if kind == "blob" else ABSENT
+            if _COMMIT_ID.fullmatch(key[2]):  # (a name such as HEAD moves)
+                _SOURCES[key] = found[key]
+    return {c: tuple(sorted((p, found[(*repo, c, p)]) for p in paths)) for c in commits}
 
 
 _WRITTEN: dict[tuple, str] = {}  # (repository, file, its content) -> the blob ``hash-object -w`` wrote for it
@@ -290,15 +307,16 @@ def _distance(git: Git, variant: Variant, target: str) -> int | None:
     if not variant.sources:
         base = (git.rev_parse(variant.commit) if variant.commit else None) or git.rev_parse(variant.base)
         return git.count(f"{base}..{target}") if base is not None and git.is_ancestor(base, target) else None
-    paths, want = [p for p, _ in variant.sources], dict(variant.sources)
+    paths = [p for p, _ in variant.sources]
     newer: str | None = None  # the newest touching commit after the candidate
     touching = git.out("rev-list", f"--max-count={ANCESTOR_SEARCH}", target, "--", *paths).split()
-    for commit in [target, *touching]:
-        if commit == target and touching and touching[0] == target:
-            continue
-        if dict(sources_at(git, commit, paths)) == want:
-            return 0 if newer is None else git.count(f"{newer}..{target}") + 1
-        newer = commit if commit != target else newer
+    walk = [c for c in [target, *touching] if not (c == target and touching and touching[0] == target)]
+    for chunk in (walk[:1], walk[1:]):  # the newest alone first (most often the answer), the rest in one read
+        found = sources_of(git, chunk, paths)
+        for commit in chunk:
+            if found[commit] == variant.sources:
+                return 0 if newer is None else git.count(f"{newer}..{target}") + 1
+            newer = commit if commit != target else newer
     return None
 
 
