@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -131,6 +133,8 @@ def handles_errors(fn: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from c128patch.progress import console
 
+        main = threading.current_thread() is threading.main_thread()
+        held = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
         try:
             return fn(*args, **kwargs)
         except C128Error as exc:
@@ -139,8 +143,18 @@ def handles_errors(fn: Callable) -> Callable:
                            **({"report": exc.report} if getattr(exc, "report", None) else {})})
             console().print("\n".join(filter(None, (f"c128patch: error: {exc.message}", exc.hint))), markup=False)
             sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            console().print("c128patch: interrupted", markup=False)
-            sys.exit(exitcodes.INTERRUPTED)
+        except KeyboardInterrupt as exc:
+            signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+            console().print(f"c128patch: interrupted ({signal.Signals(signum).name}): no outcome; its scratch folders "
+                            "are removed", markup=False)
+            sys.exit(exitcodes.SIGNAL + signum)
+        finally:
+            for sig, handler in held.items():
+                signal.signal(sig, handler)
 
     return wrapper
+
+
+def _stop(signum: int, _frame: object) -> None:
+    """SIGTERM and SIGHUP unwind a verb as Ctrl-C does: scratch folders removed, children ended, nothing claimed."""
+    raise KeyboardInterrupt(signum)
