@@ -1,7 +1,8 @@
 """Local layers: a team's own entries on top of our series. docs/layers.md has the rules ``load_layer``
 checks (a series folder, a PEP 440 label word as name, a base of ours, only its own entry trailer) and
 where layers come from (``--layer``, else ``$C128PATCH_LAYERS``, else the operator's ``c128patch.toml``:
-``find_layers``; never from inside a tree the tool patches). ``Stack`` is the series and its layers as
+``lookup_layers``; never from inside a tree the tool patches or a repository given; else the verb takes a
+layered tree's own: ``cli.common.load_stack``). ``Stack`` is the series and its layers as
 one ``Series`` (ours, then each layer's entries as ``<layer>/<entry>``): everything that replays a
 series replays it; ``part`` says which folder an entry's files and ledger live in."""
 
