@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from c128patch.cli.common import emit_json, locate_tree, repo_option, say, verb_options
+from c128patch.cli.common import emit_json, load_stack, locate_tree, repo_option, say, verb_options
 from c128patch.errors import C128Error
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     if sum(map(bool, (rev, cont, abort))) != 1:
         raise C128Error("give exactly one of --sglang-rev REV, --continue, --abort")
     if rev is not None:
-        series = get_series(series_dir, layer_dirs)
+        series = load_stack(series_dir, layer_dirs, tree, repo)
         with reporter(not as_json, title="apply") as rep:
             result, older = apply_rev(series, repo, rev, tree=tree, branch=branch, reporter=rep)
         return _report(result, series, as_json, older)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, exit_unless, repo_option, say, verb_options
+from c128patch.cli.common import emit_json, exit_unless, load_stack, repo_option, say, verb_options
 
 
 @click.command("audit")
@@ -19,12 +19,12 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, la
     """Gate audit: statements a gated entry adds with side effects must run only under its env gate."""
     from c128patch.ops.audit import RULES, audit_series
     from c128patch.progress import reporter
-    from c128patch.series.layers import get_series, layer_rows
+    from c128patch.series.layers import layer_rows
     from c128patch.series.plan import validate_files
     from c128patch.textsafe import plain
     from c128patch.upstream.source import open_upstream
 
-    series = get_series(series_dir, layer_dirs)
+    series = load_stack(series_dir, layer_dirs, repo=repo)
     validate_files(series)
     revs = revs or (series.base,)
     rows = []

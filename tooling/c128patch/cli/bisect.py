@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, repo_option, say, verb_options
+from c128patch.cli.common import emit_json, load_stack, repo_option, say, verb_options
 
 
 @click.command("bisect")
@@ -26,11 +26,10 @@ def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python
     clone. Print it, its subject and what fails there."""
     from c128patch.fit.bisect import bisect
     from c128patch.progress import reporter
-    from c128patch.series.layers import get_series
     from c128patch.series.plan import validate_files
     from c128patch.textsafe import plain
 
-    series = get_series(series_dir, layer_dirs)
+    series = load_stack(series_dir, layer_dirs, repo=repo)
     validate_files(series)
     with reporter(not as_json, title="bisect") as rep:
         report = bisect(series, repo, onto, timeout=timeout, behaviour=behaviour, python=python, reporter=rep)

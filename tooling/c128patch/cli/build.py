@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import check_output_dir, emit_json, repo_option, say, verb_options
+from c128patch.cli.common import check_output_dir, emit_json, load_stack, repo_option, say, verb_options
 
 
 @click.command("build")
@@ -27,12 +27,11 @@ def command(rev: str, repo: str | None, tree: Path | None, out_dir: Path, base_v
     Applies the series first unless the tree already is REV + this series; the wheel gets the same
     version label, provenance and SBOM as `c128patch wheel`."""
     from c128patch.progress import reporter
-    from c128patch.series.layers import get_series
     from c128patch.upstream.source import open_upstream
     from c128patch.wheel.srcbuild import build_wheel
 
     check_output_dir(out_dir, "-o")
-    series = get_series(series_dir, layer_dirs)
+    series = load_stack(series_dir, layer_dirs, tree, repo)
     with reporter(not as_json, title="build") as rep:
         upstream = open_upstream(repo, [rev], rep)
         result = build_wheel(series, upstream, rev, tree, out_dir, base_override=base_version,

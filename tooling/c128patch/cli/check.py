@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json, exit_unless, repo_option, say, verb_options
+from c128patch.cli.common import emit_json, exit_unless, load_stack, repo_option, say, verb_options
 
 if TYPE_CHECKING:
     from c128patch.git import Git
@@ -71,9 +71,9 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
 
     from c128patch.ops.check import check_upstream, exact, supported_releases
     from c128patch.progress import console, reporter
-    from c128patch.series.layers import describe, get_series, layer_rows
+    from c128patch.series.layers import describe, layer_rows
 
-    series = get_series(series_dir, layer_dirs)
+    series = load_stack(series_dir, layer_dirs, repo=repo)
     revs = revs or tuple(supported_releases(series))
     with reporter(not as_json, total=len(revs), title="check") as rep:
         upstream, results, elapsed = check_upstream(series, repo, revs, rep)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,7 +26,8 @@ series_dir_option = click.option(
 layer_option = click.option(
     "--layer", "layer_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
     help="A layer folder (the series format) replayed after the series, in the order given; repeatable "
-         "(default: $C128PATCH_LAYERS, else [layers] paths in c128patch.toml here or above; docs/layers.md).")
+         "(default: $C128PATCH_LAYERS, else [layers] paths in c128patch.toml here or above, else those the tree's "
+         "provenance names; always said; docs/layers.md).")
 repo_option = click.option("--repo", default=None, help="Upstream: a local clone (PATH) or a git URL (cloned once "
                                                         "into the cache). Default: the sglang release wheels.")
 tree_option = click.option(
@@ -79,6 +82,32 @@ def locate_tree(tree: Path | None) -> Path:
                     "`c128patch apply` makes its tree) is not one; run from the tree, or pass --tree DIR")
 
 
+def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path | None = None,
+               repo: str | None = None) -> Any:
+    """``get_series`` with the layers named, else the operator's (the env, a c128patch.toml outside ``tree`` and
+    ``repo``), else those the provenance of ``tree`` (else of the repository here) names; the layers in effect are
+    said on stderr (unless named with --layer), and in the --json report (``emit_json``)."""
+    from c128patch.git import Git
+    from c128patch.ops.layer import tree_layers
+    from c128patch.series.layers import get_series, layer_rows, lookup_layers
+
+    def top(folder: Path) -> Path | None:  # the repository holding folder (a bare one: itself), no git run
+        chain = [folder.resolve(), *folder.resolve().parents]
+        return next((f for f in chain if (f / ".git").exists() or (f / "HEAD").is_file()), None)
+
+    pointed = [t for t in (top(Path(p)) for p in (tree, repo) if p and Path(p).is_dir()) if t]
+    folders, origin = lookup_layers(layer_dirs, exclude=pointed)
+    if not origin and (here := top(tree or Path.cwd())) and (folders := tree_layers(Git(worktree=here))):
+        origin = "the tree's provenance"
+    series = get_series(series_dir, folders, exclude=pointed)
+    ctx = click.get_current_context(silent=True)
+    if series.layers and ctx is not None:
+        ctx.meta["layers_in_effect"] = {"from": origin, "layers": layer_rows(series)}
+        if origin != "--layer" and not ctx.params.get("as_json"):  # named on the command line: known
+            click.echo(f"layers from {origin}: {', '.join(map(str, folders))}", err=True)
+    return series
+
+
 def check_output_dir(path: Path, option: str) -> Path:
     """Refuse, before any work, an output folder that cannot be made or written (a file on its way, no write)."""
     probe = path
@@ -93,7 +122,9 @@ def check_output_dir(path: Path, option: str) -> Path:
 
 def emit_json(data: dict[str, Any]) -> None:
     """Print a --json report (an error object too) on stdout, carrying the layout's version as "schema"."""
-    click.echo(json.dumps({**data, "schema": SCHEMA_VERSION}, indent=2, sort_keys=True, default=str))
+    ctx = click.get_current_context(silent=True)
+    effect = {"layers_in_effect": ctx.meta["layers_in_effect"]} if ctx and "layers_in_effect" in ctx.meta else {}
+    click.echo(json.dumps({**effect, **data, "schema": SCHEMA_VERSION}, indent=2, sort_keys=True, default=str))
 
 
 def handles_errors(fn: Callable) -> Callable:
@@ -103,6 +134,8 @@ def handles_errors(fn: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from c128patch.progress import console
 
+        main = threading.current_thread() is threading.main_thread()
+        held = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
         try:
             return fn(*args, **kwargs)
         except C128Error as exc:
@@ -111,8 +144,18 @@ def handles_errors(fn: Callable) -> Callable:
                            **({"report": exc.report} if getattr(exc, "report", None) else {})})
             console().print("\n".join(filter(None, (f"c128patch: error: {exc.message}", exc.hint))), markup=False)
             sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            console().print("c128patch: interrupted", markup=False)
-            sys.exit(exitcodes.INTERRUPTED)
+        except KeyboardInterrupt as exc:
+            signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+            console().print(f"c128patch: interrupted ({signal.Signals(signum).name}): no outcome; its scratch folders "
+                            "are removed", markup=False)
+            sys.exit(exitcodes.SIGNAL + signum)
+        finally:
+            for sig, handler in held.items():
+                signal.signal(sig, handler)
 
     return wrapper
+
+
+def _stop(signum: int, _frame: object) -> None:
+    """SIGTERM and SIGHUP unwind a verb as Ctrl-C does: scratch folders removed, children ended, nothing claimed."""
+    raise KeyboardInterrupt(signum)

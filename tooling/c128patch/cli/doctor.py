@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, exit_unless, verb_options
+from c128patch.cli.common import emit_json, exit_unless, load_stack, verb_options
 from c128patch.errors import C128Error
 
 _STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "error": "red"}
@@ -31,11 +31,10 @@ def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
     what the envs ask.
     """
     from c128patch.progress import console
-    from c128patch.series.layers import get_series
     from c128patch.serve.doctor import diagnose
 
     try:
-        series = get_series(series_dir, layer_dirs)
+        series = load_stack(series_dir, layer_dirs)
     except C128Error:
         if series_dir is not None:
             raise

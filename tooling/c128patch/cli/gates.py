@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, verb_options
+from c128patch.cli.common import emit_json, load_stack, verb_options
 
 
 @click.command("gates")
@@ -19,9 +19,8 @@ def command(markdown: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...
 
     from c128patch.progress import console
     from c128patch.series.gates import render_markdown
-    from c128patch.series.layers import get_series
 
-    series = get_series(series_dir, layer_dirs)
+    series = load_stack(series_dir, layer_dirs)
     entry_gates = {e.name: e.gate for e in series.entries}
     if as_json:
         return emit_json({"ok": True, "series": {"name": series.name, "version": series.version},

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, exit_unless, repo_option, say, verb_options
+from c128patch.cli.common import emit_json, exit_unless, load_stack, repo_option, say, verb_options
 
 OFFLINE_UNCHECKED = ("--offline: the bases (each patch file's sources at its base tag), the overlays' collisions "
                      "with upstream files, the gates upstream declares and the gate audit")
@@ -29,10 +29,10 @@ def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Pa
     from c128patch.series.layers import describe, get_series
     from c128patch.upstream.source import open_upstream
 
-    series = get_series(series_dir, layer_dirs)
+    series = load_stack(series_dir, layer_dirs, repo=repo)
     if update_hashes:
         record_hashes(series)
-        series = get_series(series_dir, layer_dirs)
+        series = get_series(series_dir, [layer.root for layer in series.layers])
     with reporter(not as_json, title="lint") as rep:
         upstream = None if offline else open_upstream(repo, [series.base] if repo is None else [], rep)
         rep.step("the files, hashes, paths and gates of each part")

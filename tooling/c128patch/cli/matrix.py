@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, verb_options
+from c128patch.cli.common import emit_json, load_stack, verb_options
 
 STYLE = {"verified": "green", "failed": "red", "stale": "yellow", "unverified": "dim"}
 HEADINGS = {"compile": "compiles sm_90a", "suite": "GPU suite", "memcheck": "memcheck", "racecheck": "racecheck",
@@ -39,9 +39,8 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
     from c128patch.evidence.matrix import markdown, matrix_for
     from c128patch.evidence.results import KINDS, results_root
     from c128patch.progress import reporter
-    from c128patch.series.layers import get_series
 
-    series = get_series(series_dir, layer_dirs)
+    series = load_stack(series_dir, layer_dirs)
     root = results_dir or results_root(series)
     with reporter(not (as_json or as_markdown), title="matrix") as rep:
         rows = matrix_for(series, repo, list(revs), root, rep)

@@ -32,13 +32,12 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     chooses there, your edits are carried, the result is proven equal to a fresh apply."""
     from rich.table import Table
 
+    from c128patch.cli.common import load_stack
     from c128patch.fit.contract import lock_items
     from c128patch.fit.rebase_flow import rebase
     from c128patch.git import Git
-    from c128patch.ops.layer import tree_layers
     from c128patch.ops.refresh import refresh_command
     from c128patch.progress import console
-    from c128patch.series.layers import find_layers
 
     chosen = [n for n, on in (("onto", onto), ("continue", cont), ("skip", skip), ("abort", abort),
                               ("drop", drop and not onto)) if on]
@@ -49,8 +48,8 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     git = Git(worktree=locate_tree(tree))
     if report_dir is not None:
         check_output_dir(report_dir, "--report")
-    if onto and not find_layers(layer_dirs) and (layer_dirs := tree_layers(git)):
-        console().print(f"layers from the tree's provenance: {', '.join(map(str, layer_dirs))}", markup=False)
+    if onto:
+        layer_dirs = tuple(layer.root for layer in load_stack(series_dir, layer_dirs, git.worktree, repo).layers)
     done = rebase(git, chosen[0], onto=onto or "", repo=repo, drop_merged=drop_merged,  # type: ignore[arg-type]
                   drop=drop, series_dir=series_dir, layer_dirs=layer_dirs, report_dir=report_dir)
     report = done.report

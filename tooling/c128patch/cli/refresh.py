@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, exit_unless, locate_tree, say, tree_option, verb_options
+from c128patch.cli.common import emit_json, exit_unless, load_stack, locate_tree, say, tree_option, verb_options
 
 
 @click.command("refresh")
@@ -26,9 +26,9 @@ def command(tree: Path | None, check_only: bool, primary: bool | None, version: 
     from c128patch.fit.contract import lock_items
     from c128patch.git import Git
     from c128patch.ops.refresh import refresh
-    from c128patch.series.layers import describe, get_series
+    from c128patch.series.layers import describe
 
-    series = get_series(series_dir, layer_dirs)
+    series = load_stack(series_dir, layer_dirs, tree)
     done = refresh(series, Git(worktree=locate_tree(tree)), check=check_only, primary=primary, version=version,
                    accept_differences=accept_differences, lock_items=lock_items)
     new, verb = done.result.series, "would change" if check_only else "changed"

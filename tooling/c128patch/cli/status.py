@@ -23,13 +23,13 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
     or nothing to prove against); 2 on an error. The proof apply or an earlier status recorded is read while
     HEAD, the series, the upstream and the tool are unchanged; else (or with --prove) the series is replayed.
     """
+    from c128patch.cli.common import load_stack
     from c128patch.git import Git
     from c128patch.ops.status import tree_status
-    from c128patch.series.layers import get_series
 
     root = locate_tree(tree)
     try:
-        series = get_series(series_dir, layer_dirs)
+        series = load_stack(series_dir, layer_dirs, tree)
     except C128Error:
         series = None
     try:

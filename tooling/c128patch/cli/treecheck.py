@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json, repo_option, say, verb_options
+from c128patch.cli.common import emit_json, load_stack, repo_option, say, verb_options
 from c128patch.errors import C128Error
 
 
@@ -39,12 +39,11 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
     from c128patch.fit.sandbox import NOTICE, interpreter
     from c128patch.git import Git, toplevel
     from c128patch.progress import console, reporter
-    from c128patch.series.layers import get_series
     from c128patch.series.plan import validate_files
     from c128patch.textsafe import plain
     from c128patch.upstream.source import open_upstream
 
-    series = get_series(series_dir, layer_dirs)
+    series = load_stack(series_dir, layer_dirs, tree, repo)
     validate_files(series)
     if (rev is None) == (tree is None):
         raise C128Error("pass --tree DIR or --sglang-rev X (one of them)")

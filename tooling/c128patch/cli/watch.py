@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json, repo_option, verb_options
+from c128patch.cli.common import emit_json, load_stack, repo_option, verb_options
 
 EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items())
 
@@ -41,11 +41,10 @@ def command(onto: str, repo: str | None, out: Path, timeout: float, primary: boo
     from c128patch.fit import watch as core
     from c128patch.fit.watch_report import render
     from c128patch.progress import console, reporter
-    from c128patch.series.layers import get_series
     from c128patch.series.plan import validate_files
     from c128patch.textsafe import plain
 
-    series = get_series(series_dir, layer_dirs)
+    series = load_stack(series_dir, layer_dirs, repo=repo)
     validate_files(series)
     with reporter(not as_json, title="watch") as rep:
         report = core.watch(series, repo, onto, out, timeout=timeout, primary=primary, python=python,

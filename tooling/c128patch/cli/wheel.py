@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import check_output_dir, emit_json, say, verb_options
+from c128patch.cli.common import check_output_dir, emit_json, load_stack, say, verb_options
 from c128patch.errors import C128Error
 
 
@@ -27,7 +27,7 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
     """Patch a released sglang wheel with the series (no rebuild): new local version, provenance, SBOM."""
     from c128patch.evidence.matrix import release_note
     from c128patch.progress import reporter
-    from c128patch.series.layers import describe, get_series
+    from c128patch.series.layers import describe
     from c128patch.upstream.releases import WheelTarget
     from c128patch.wheel.patch import patch_from
 
@@ -37,7 +37,7 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
         raise C128Error("--python-tag/--platform choose the wheel of --from-release; --from-wheel names it already")
     target = WheelTarget(python_tag, platform)
     check_output_dir(out_dir, "-o")
-    series = get_series(series_dir, layer_dirs)
+    series = load_stack(series_dir, layer_dirs)
     with reporter(not as_json, title="wheel") as rep:
         result = patch_from(series, from_wheel, from_release, target, out_dir, rep)
     note = release_note(series.ours, result.upstream_version)

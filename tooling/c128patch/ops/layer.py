@@ -51,8 +51,10 @@ def tree_layers(git: Git) -> tuple[Path, ...]:
         names = [str(r.get("name")) for r in read_provenance(git.cwd).get("layers", [])]
     except C128Error:
         return ()  # no record, or a damaged one: the verb says so itself
+    if not names:
+        return ()
     path = c128_state_dir(git) / "layers.json"
-    folders = [Path(f) for f in json.loads(path.read_text())] if names and path.is_file() else []
+    folders = [Path(f) for f in json.loads(path.read_text())] if path.is_file() else []
     if len(folders) != len(names) or not all((f / MANIFEST).is_file() for f in folders):
         raise C128Error(f"{git.cwd} was applied with layer(s) {', '.join(names)} (its provenance says so): name "
                         "their folders (--layer DIR, or c128patch.toml); nothing was changed")

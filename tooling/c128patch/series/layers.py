@@ -1,7 +1,8 @@
 """Local layers: a team's own entries on top of our series. docs/layers.md has the rules ``load_layer``
 checks (a series folder, a PEP 440 label word as name, a base of ours, only its own entry trailer) and
 where layers come from (``--layer``, else ``$C128PATCH_LAYERS``, else the operator's ``c128patch.toml``:
-``find_layers``; never from inside a tree the tool patches). ``Stack`` is the series and its layers as
+``lookup_layers``; never from inside a tree the tool patches or a repository given; else the verb takes a
+layered tree's own: ``cli.common.load_stack``). ``Stack`` is the series and its layers as
 one ``Series`` (ours, then each layer's entries as ``<layer>/<entry>``): everything that replays a
 series replays it; ``part`` says which folder an entry's files and ledger live in."""
 
@@ -179,11 +180,13 @@ def _patched_top(folder: Path) -> bool:
     return (folder / ".git").exists() and (folder / UPSTREAM_PACKAGE).is_dir()
 
 
-def find_config(start: Path) -> Path | None:
-    """The operator's ``c128patch.toml`` at or above ``start`` up to a repository top, outside patched trees."""
+def find_config(start: Path, exclude: Sequence[Path] = ()) -> Path | None:
+    """The operator's ``c128patch.toml`` at or above ``start`` up to a repository top, outside patched trees and
+    ``exclude`` (the repositories a verb was pointed at)."""
     chain = [start, *start.parents]
     tops = [i for i, folder in enumerate(chain) if (folder / ".git").exists()]
-    inside = max([i + 1 for i in tops if _patched_top(chain[i])], default=0)
+    inside = max([i + 1 for i in tops if _patched_top(chain[i])] + [i + 1 for i, f in enumerate(chain) if f in exclude],
+                 default=0)
     last = min([i for i in tops if i >= inside], default=len(chain) - 1)
     config = next((f / CONFIG for f in chain[inside:last + 1] if (f / CONFIG).is_file()), None)
     if config is not None and config.stat().st_uid != os.getuid():
@@ -194,25 +197,32 @@ def find_config(start: Path) -> Path | None:
 
 def find_layers(given: tuple[Path, ...] = (), cwd: Path | None = None) -> tuple[Path, ...]:
     """The layer folders to use (see the module doc for the order)."""
+    return lookup_layers(given, cwd)[0]
+
+
+def lookup_layers(given: tuple[Path, ...] = (), cwd: Path | None = None,
+                  exclude: Sequence[Path] = ()) -> tuple[tuple[Path, ...], str]:
+    """``find_layers``' folders and where they came from (--layer, the env, the config's path; "": nowhere)."""
     env = os.environ.get(ENV)
     if given:
-        return tuple(given)
+        return tuple(given), "--layer"
     start = (cwd or Path.cwd()).resolve()
-    config = None if env is not None else find_config(start)
+    config = None if env is not None else find_config(start, [Path(p).resolve() for p in exclude])
+    origin = f"${ENV}" if env is not None else str(config or "")
     folders = tuple((start / p).resolve() for p in (env or "").split(os.pathsep) if p) if env is not None \
         else read_config(config) if config else ()
     for folder in folders:
         top = next((f for f in [folder, *folder.parents] if _patched_top(f)), None)
         if top is not None:
-            raise C128Error(f"layer folder {folder} (from {ENV if env is not None else config}) is inside {top}, a "
+            raise C128Error(f"layer folder {folder} (from {origin}) is inside {top}, a "
                             "tree c128patch patches: layers come from the operator, not from upstream")
-    return folders
+    return folders, origin
 
 
-def get_series(series_dir: Path | None, layers: Sequence[Path] = ()) -> Series:
+def get_series(series_dir: Path | None, layers: Sequence[Path] = (), exclude: Sequence[Path] = ()) -> Series:
     """The series in ``series_dir`` (default: the tool's) with ``layers``, else ``find_layers``', stacked on it."""
     series = load_series(series_dir or default_series_root())
-    return stack(series, find_layers(tuple(layers)))
+    return stack(series, lookup_layers(tuple(layers), exclude=exclude)[0])
 
 
 def stack(series: Series, folders: tuple[Path, ...] | list[Path]) -> Series:

@@ -1,0 +1,59 @@
+"""Where the layers come from (docs/layers.md "Which layers"): the operator's config only, never one inside a
+repository a verb was pointed at; else, on a tree applied with layers, the tree's provenance; always said."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from c128patch.series.layers import CONFIG, ENV, lookup_layers
+from support import REPO_ROOT, copy_series, invoke
+
+EXAMPLE = REPO_ROOT / "docs" / "examples" / "acme-layer"
+
+
+def test_the_config_of_a_repository_passed_with_repo_or_tree_is_not_read(tmp_path, monkeypatch):
+    """A repository (not in upstream's layout) commits a c128patch.toml naming a layer: pointed at with --tree or
+    --repo from inside it, nothing of it is read; the same config, the operator's (no --tree), is read and said."""
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE, repo / "layers" / "acme")
+    (repo / CONFIG).write_text('[layers]\npaths = ["layers/acme"]\n')
+    (repo / "sub").mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(repo / "sub")
+    assert lookup_layers((), exclude=[repo]) == ((), "")
+    for args in (["status", "--tree", repo], ["lint", "--offline", "--repo", repo]):
+        res = invoke(*args)
+        assert "layers_in_effect" not in res.out and "acme" not in res.err, (args, res.out, res.err)
+    res = invoke("gates")  # the operator's own config here: read, and said in the report
+    assert res.code == 0, res.err
+    assert res.out["layers_in_effect"]["from"] == str(repo / CONFIG)
+    assert [r["name"] for r in res.out["layers_in_effect"]["layers"]] == ["acme"]
+    res = invoke("gates", as_json=False)
+    assert f"layers from {repo / CONFIG}: {(repo / 'layers' / 'acme').resolve()}" in res.err, res.err
+
+
+def test_every_verb_reading_a_tree_applied_with_layers_takes_them_from_its_provenance(
+        tmp_path, sglang_release_repo, monkeypatch):
+    """Applied with --layer, then run with no layers named (no env, no config): status, refresh --check and check
+    (from inside the tree) take the tree's layers, say so, and write nothing into our series."""
+    series, layer, tree = copy_series(tmp_path / "series"), tmp_path / "acme", tmp_path / "sglang"
+    shutil.copytree(EXAMPLE, layer)
+    monkeypatch.setenv("C128PATCH_SERIES", str(series))
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--layer", layer).code == 0
+    before = {p: p.read_bytes() for p in series.rglob("*") if p.is_file()}
+    said = f"layers from the tree's provenance: {layer.resolve()}"
+    res = invoke("status", "--tree", tree, as_json=False)
+    assert res.code == 0 and said in res.err, (res.err, res.text)
+    res = invoke("status", "--tree", tree)
+    assert res.out["equals_series"] and res.out["layers_in_effect"]["from"] == "the tree's provenance", res.out
+    res = invoke("refresh", "--check", "--tree", tree)
+    assert res.code == 0 and res.out["changed"] == [], res.out
+    assert [r["name"] for r in res.out["layers_in_effect"]["layers"]] == ["acme"]
+    monkeypatch.chdir(tree)
+    res = invoke("check", "--sglang-rev", "v0.5.23", as_json=False)
+    assert res.code == 0 and said in res.err and "acme/acme-sps-floor" in res.text, (res.err, res.text)
+    assert {p: p.read_bytes() for p in series.rglob("*") if p.is_file()} == before
