@@ -44,7 +44,7 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     if sum(map(bool, (rev, cont, abort))) != 1:
         raise C128Error("give exactly one of --sglang-rev REV, --continue, --abort")
     if rev is not None:
-        series = load_stack(series_dir, layer_dirs, tree, repo)
+        series = load_stack(series_dir, layer_dirs, tree, repo, quiet=as_json)
         with reporter(not as_json, title="apply") as rep:
             result, older = apply_rev(series, repo, rev, tree=tree, branch=branch, reporter=rep)
         return _report(result, series, as_json, older)
@@ -80,7 +80,7 @@ def _report(r: ApplyResult, series: Series, as_json: bool, older: str = "") -> N
     note = verification_note(series.ours, Git(worktree=Path(r.tree)), r.upstream_commit, r.rev)
     if as_json:
         return emit_json({"ok": True, **r.to_json(), "evidence_note": note, "support_note": older,
-                          "layers": layer_rows(series)})
+                          "layers": layer_rows(series)}, series)
     if r.already_applied:
         on_top = f", {r.commits_on_top} commit(s) of yours on top" if r.commits_on_top else ""
         where = "" if r.checked_out else f"; not checked out: {shlex.join(['git', '-C', r.tree, 'checkout', r.branch])}"

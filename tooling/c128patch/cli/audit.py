@@ -24,7 +24,7 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, la
     from c128patch.textsafe import plain
     from c128patch.upstream.source import open_upstream
 
-    series = load_stack(series_dir, layer_dirs, repo=repo)
+    series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
     validate_files(series)
     revs = revs or (series.base,)
     rows = []
@@ -36,7 +36,7 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, la
     ok = not any(f for _, f in rows)
     if as_json:
         emit_json({"ok": ok, "rules": [r.name for r in RULES],
-                   "revs": [{"rev": rev, "findings": [f.__dict__ for f in fs]} for rev, fs in rows]})
+                   "revs": [{"rev": rev, "findings": [f.__dict__ for f in fs]} for rev, fs in rows]}, series)
     else:
         gated = [e.name for e in series.entries if e.gate]
         per = "".join(f", {len(set(r['entries']) & set(gated))} of layer {r['name']}" for r in layer_rows(series))

@@ -29,11 +29,11 @@ def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python
     from c128patch.series.plan import validate_files
     from c128patch.textsafe import plain
 
-    series = load_stack(series_dir, layer_dirs, repo=repo)
+    series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
     validate_files(series)
     with reporter(not as_json, title="bisect") as rep:
         report = bisect(series, repo, onto, timeout=timeout, behaviour=behaviour, python=python, reporter=rep)
     if as_json:
-        return emit_json(report)
+        return emit_json(report, series)
     found = [f"first bad commit: {report['commit']} {report['subject']}", *(f"  {f}" for f in report["failing"])]
     say(*map(plain, [*(found if report["found"] else []), report["summary"]]))

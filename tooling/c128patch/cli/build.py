@@ -31,12 +31,12 @@ def command(rev: str, repo: str | None, tree: Path | None, out_dir: Path, base_v
     from c128patch.wheel.srcbuild import build_wheel
 
     check_output_dir(out_dir, "-o")
-    series = load_stack(series_dir, layer_dirs, tree, repo)
+    series = load_stack(series_dir, layer_dirs, tree, repo, quiet=as_json)
     with reporter(not as_json, title="build") as rep:
         upstream = open_upstream(repo, [rev], rep)
         result = build_wheel(series, upstream, rev, tree, out_dir, base_override=base_version,
                              no_isolation=no_isolation, reporter=rep)
     if as_json:
-        return emit_json({"ok": True, **result.to_json()})
+        return emit_json({"ok": True, **result.to_json()}, series)
     say(str(result.wheel), f"  sglang {result.version} built from {result.tree} ({rev} = "
                            f"{result.upstream_commit[:12]}) in {result.seconds:.0f} s")

@@ -73,7 +73,7 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
     from c128patch.progress import console, reporter
     from c128patch.series.layers import describe, layer_rows
 
-    series = load_stack(series_dir, layer_dirs, repo=repo)
+    series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
     revs = revs or tuple(supported_releases(series))
     with reporter(not as_json, total=len(revs), title="check") as rep:
         upstream, results, elapsed = check_upstream(series, repo, revs, rep)
@@ -85,7 +85,8 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
     if as_json:
         emit_json({"ok": ok, "strict": strict, "seconds": round(elapsed, 4),
                    "series": {"name": series.name, "version": series.version}, "layers": layer_rows(series),
-                   "revs": [{**r.to_json(), **({"contract": contracts[r.rev]} if deep else {})} for r in results]})
+                   "revs": [{**r.to_json(), **({"contract": contracts[r.rev]} if deep else {})} for r in results]},
+                  series)
         return exit_unless(ok)
     table = Table("entry", *(r.rev for r in results), title=describe(series))
     rows = [{row.name: row for row in r.entries} for r in results]

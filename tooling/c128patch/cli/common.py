@@ -83,13 +83,13 @@ def locate_tree(tree: Path | None) -> Path:
 
 
 def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path | None = None,
-               repo: str | None = None) -> Any:
+               repo: str | None = None, *, quiet: bool = False) -> Any:
     """``get_series`` with the layers named, else the operator's (the env, a c128patch.toml outside ``tree`` and
     ``repo``), else those the provenance of ``tree`` (else of the repository here) names; the layers in effect are
-    said on stderr (unless named with --layer), and in the --json report (``emit_json``)."""
+    said on stderr (unless named with --layer, or ``quiet``: --json), and in the --json report (``emit_json``)."""
     from c128patch.git import Git
     from c128patch.ops.layer import tree_layers
-    from c128patch.series.layers import get_series, layer_rows, lookup_layers
+    from c128patch.series.layers import get_series, lookup_layers
 
     def top(folder: Path) -> Path | None:  # the repository holding folder (a bare one: itself), no git run
         chain = [folder.resolve(), *folder.resolve().parents]
@@ -100,10 +100,9 @@ def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path
     if not origin and (here := top(tree or Path.cwd())) and (folders := tree_layers(Git(worktree=here))):
         origin = "the tree's provenance"
     series = get_series(series_dir, folders, exclude=pointed)
-    ctx = click.get_current_context(silent=True)
-    if series.layers and ctx is not None:
-        ctx.meta["layers_in_effect"] = {"from": origin, "layers": layer_rows(series)}
-        if origin != "--layer" and not ctx.params.get("as_json"):  # named on the command line: known
+    if series.layers:
+        series.origin = origin
+        if origin != "--layer" and not quiet:  # named on the command line: known
             click.echo(f"layers from {origin}: {', '.join(map(str, folders))}", err=True)
     return series
 
@@ -120,10 +119,13 @@ def check_output_dir(path: Path, option: str) -> Path:
     return path
 
 
-def emit_json(data: dict[str, Any]) -> None:
-    """Print a --json report (an error object too) on stdout, carrying the layout's version as "schema"."""
-    ctx = click.get_current_context(silent=True)
-    effect = {"layers_in_effect": ctx.meta["layers_in_effect"]} if ctx and "layers_in_effect" in ctx.meta else {}
+def emit_json(data: dict[str, Any], series: Any = None) -> None:
+    """Print a --json report (an error object too) on stdout, carrying the layout's version as "schema" and the
+    layers of ``series`` in effect (``load_stack``)."""
+    from c128patch.series.layers import layer_rows
+
+    effect = {"layers_in_effect": {"from": getattr(series, "origin", "--layer"), "layers": layer_rows(series)}} \
+        if getattr(series, "layers", None) else {}
     click.echo(json.dumps({**effect, **data, "schema": SCHEMA_VERSION}, indent=2, sort_keys=True, default=str))
 
 

@@ -34,14 +34,14 @@ def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
     from c128patch.serve.doctor import diagnose
 
     try:
-        series = load_stack(series_dir, layer_dirs)
+        series = load_stack(series_dir, layer_dirs, quiet=as_json)
     except C128Error:
         if series_dir is not None:
             raise
         series = None  # doctor still reads the install; the env reference is missing (said below)
     report = diagnose(python, list(launch_args), series)
     if as_json:
-        emit_json(report.to_json())
+        emit_json(report.to_json(), series)
     else:
         out = console(stderr=False)
         errors = sum(f.level == "error" for f in report.findings)

@@ -20,13 +20,13 @@ def command(markdown: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...
     from c128patch.progress import console
     from c128patch.series.gates import render_markdown
 
-    series = load_stack(series_dir, layer_dirs)
+    series = load_stack(series_dir, layer_dirs, quiet=as_json)
     entry_gates = {e.name: e.gate for e in series.entries}
     if as_json:
         return emit_json({"ok": True, "series": {"name": series.name, "version": series.version},
                           "gates": [{**g.to_toml(), "requires": list(g.requires), "conflicts": list(g.conflicts),
                                      "entries": [e for e, gate in entry_gates.items() if gate == g.name]}
-                                    for g in series.gates]})
+                                    for g in series.gates]}, series)
     out = console(stderr=False)
     if markdown:
         return out.print(render_markdown(series.gates, entry_gates), markup=False, end="", soft_wrap=True)

@@ -29,7 +29,7 @@ def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Pa
     from c128patch.series.layers import describe, get_series
     from c128patch.upstream.source import open_upstream
 
-    series = load_stack(series_dir, layer_dirs, repo=repo)
+    series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
     if update_hashes:
         record_hashes(series)
         series = get_series(series_dir, [layer.root for layer in series.layers])
@@ -46,7 +46,7 @@ def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Pa
     if as_json:
         emit_json({"ok": not errors, "series": {"name": series.name, "version": series.version},
                    "entries": len(series.entries), "findings": [vars(f) for f in findings],
-                   "unchecked": unchecked})
+                   "unchecked": unchecked}, series)
     else:
         say(*(f"{f.level}: {f.entry}: {f.message}" for f in findings),
             f"{describe(series).removeprefix('series ')}: {len(series.entries)} entries, {len(errors)} error(s), "

@@ -40,13 +40,13 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
     from c128patch.evidence.results import KINDS, results_root
     from c128patch.progress import reporter
 
-    series = load_stack(series_dir, layer_dirs)
+    series = load_stack(series_dir, layer_dirs, quiet=as_json)
     root = results_dir or results_root(series)
     with reporter(not (as_json or as_markdown), title="matrix") as rep:
         rows = matrix_for(series, repo, list(revs), root, rep)
     if as_json:
         return emit_json({"ok": True, "series": {"name": series.name, "version": series.version}, "repo": repo,
-                          "results": str(root), "releases": [r.to_json() for r in rows]})
+                          "results": str(root), "releases": [r.to_json() for r in rows]}, series)
     if as_markdown:
         return click.echo(markdown(rows), nl=False)
     width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns) if sys.stdout.isatty() else WIDTH

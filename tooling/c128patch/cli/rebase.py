@@ -49,7 +49,8 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     if report_dir is not None:
         check_output_dir(report_dir, "--report")
     if onto:
-        layer_dirs = tuple(layer.root for layer in load_stack(series_dir, layer_dirs, git.worktree, repo).layers)
+        stack = load_stack(series_dir, layer_dirs, git.worktree, repo, quiet=as_json)
+        layer_dirs = tuple(layer.root for layer in stack.layers)
     done = rebase(git, chosen[0], onto=onto or "", repo=repo, drop_merged=drop_merged,  # type: ignore[arg-type]
                   drop=drop, series_dir=series_dir, layer_dirs=layer_dirs, report_dir=report_dir)
     report = done.report

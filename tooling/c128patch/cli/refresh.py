@@ -28,12 +28,12 @@ def command(tree: Path | None, check_only: bool, primary: bool | None, version: 
     from c128patch.ops.refresh import refresh
     from c128patch.series.layers import describe
 
-    series = load_stack(series_dir, layer_dirs, tree)
+    series = load_stack(series_dir, layer_dirs, tree, quiet=as_json)
     done = refresh(series, Git(worktree=locate_tree(tree)), check=check_only, primary=primary, version=version,
                    accept_differences=accept_differences, lock_items=lock_items)
     new, verb = done.result.series, "would change" if check_only else "changed"
     if as_json:
-        emit_json(done.to_json())
+        emit_json(done.to_json(), series)
     else:
         say(f"tree: {done.result.equivalence.summary()}",  # type: ignore[union-attr]
             *(f"note: {note}" for note in done.result.notes), *(f"  {verb} {path}" for path in done.changes),

@@ -29,7 +29,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
 
     root = locate_tree(tree)
     try:
-        series = load_stack(series_dir, layer_dirs, tree)
+        series = load_stack(series_dir, layer_dirs, tree, quiet=as_json)
     except C128Error:
         series = None
     try:
@@ -41,7 +41,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
         raise
     refs = info.get("recovery_refs") or []
     if as_json:
-        emit_json(info)
+        emit_json(info, series)
     elif lines := [*_state(info), *(_applied(info) if "series" in info else []),
                    *([f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):"]
                      [:len(refs)]), *(f"    {r['ref']} {r['commit'][:12]} {r['subject']}" for r in refs[:10])]:

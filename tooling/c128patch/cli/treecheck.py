@@ -43,7 +43,7 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
     from c128patch.textsafe import plain
     from c128patch.upstream.source import open_upstream
 
-    series = load_stack(series_dir, layer_dirs, tree, repo)
+    series = load_stack(series_dir, layer_dirs, tree, repo, quiet=as_json)
     validate_files(series)
     if (rev is None) == (tree is None):
         raise C128Error("pass --tree DIR or --sglang-rev X (one of them)")
@@ -61,7 +61,7 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
                                        run_code=not no_run, reporter=rep)
     payload = result.to_json()
     if as_json:
-        emit_json(payload)
+        emit_json(payload, series)
     else:
         say(*map(plain, [*([describe(result.env)] if result.env else []),
                          *(f"  {name}: {said}" for name, said in result.modules().items()),

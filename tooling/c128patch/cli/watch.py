@@ -44,13 +44,13 @@ def command(onto: str, repo: str | None, out: Path, timeout: float, primary: boo
     from c128patch.series.plan import validate_files
     from c128patch.textsafe import plain
 
-    series = load_stack(series_dir, layer_dirs, repo=repo)
+    series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
     validate_files(series)
     with reporter(not as_json, title="watch") as rep:
         report = core.watch(series, repo, onto, out, timeout=timeout, primary=primary, python=python,
                             run_code=not no_run, reporter=rep)
     if as_json:
-        emit_json(report)
+        emit_json(report, series)
     else:  # the Markdown report, as a terminal shows it
         text = console(stderr=False)
         text.print(Markdown(plain(render(report))))

@@ -37,12 +37,12 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
         raise C128Error("--python-tag/--platform choose the wheel of --from-release; --from-wheel names it already")
     target = WheelTarget(python_tag, platform)
     check_output_dir(out_dir, "-o")
-    series = load_stack(series_dir, layer_dirs)
+    series = load_stack(series_dir, layer_dirs, quiet=as_json)
     with reporter(not as_json, title="wheel") as rep:
         result = patch_from(series, from_wheel, from_release, target, out_dir, rep)
     note = release_note(series.ours, result.upstream_version)
     if as_json:
-        return emit_json({"ok": True, **result.to_json(), "evidence_note": note})
+        return emit_json({"ok": True, **result.to_json(), "evidence_note": note}, series)
     say(*(f"  applied {row['name']} ({row['file']})" for row in result.entries), f"{result.wheel}",
         f"  sglang {result.version} = {result.upstream_version} + {describe(series)} ({len(result.entries)} entries), "
         f"sha256 {result.sha256[:16]}…, {result.seconds:.1f} s",

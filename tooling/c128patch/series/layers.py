@@ -92,6 +92,7 @@ class Stack(Series):
                 self._parts[name] = (layer, e.name)
         super().__init__(head.root, head.name, head.version, head.base, entries, gates=head.gates)
         self.head, self._layers = head, layers
+        self.origin = "--layer"  # where the layers came from (``cli.common.load_stack``)
 
     @property
     def ours(self) -> Series:
