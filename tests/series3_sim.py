@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 
-from c128patch.fit.scenarios_runner import (  # noqa: F401  (the product's kernel models; re-exported)
+from c128patch.fit.scenario_models import (  # noqa: F401  (the product's kernel models; re-exported)
     CHUNK,
     HEAD_DIM,
     STATE_DIM,

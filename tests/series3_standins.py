@@ -9,7 +9,7 @@ import sys
 import types
 from typing import Any
 
-from c128patch.fit.scenarios_runner import RUNTIME_CONTEXT, launch_namespaces, runtime_context_standin
+from c128patch.fit.scenario_models import RUNTIME_CONTEXT, launch_namespaces, runtime_context_standin
 
 # -- the live config the controller reads (sglang.srt.runtime_context) -------------------
 

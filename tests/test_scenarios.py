@@ -19,19 +19,24 @@ from c128patch.fit.contract import patched_tree
 from c128patch.fit.resolve import PY_ROOT
 from c128patch.git import Git
 from c128patch.series.manifest import load_series
+from c128patch.upstream.releases import cache_dir
 from support import RELEASES, REPO_ROOT, upstream_commit
 
-SCENARIOS = ["decode", "startup-rules", "verify-compact", "verify-static"]
+SCENARIOS = ["decode", "record-streams", "startup-rules", "verify-compact", "verify-static", "worker-commit"]
 RAGGED = "python/sglang/srt/speculative/ragged_verify.py"
 CONTROLLER = "sglang.srt.layers.attention.dsv4.online_c128_dspark"
 RAGGED_MODULE = "sglang.srt.speculative.ragged_verify"
+WORKER = "sglang.srt.speculative.dspark_components.dspark_worker_v2"
+WORKER_SCENARIOS = ("record-streams", "worker-commit")
 SERIES = load_series(REPO_ROOT)
 
 
 @pytest.fixture(scope="module")
 def tier_python() -> str:
-    """The tier's interpreter: this one, where it has what the scenarios' modules import."""
-    # env: the target's own environment (issue 38 item 1) plugs in here once the env helper's builder lands
+    """The tier's interpreter: the target's own cached environment (``fit.env``), else this one where it has what
+    the scenarios' modules import."""
+    for python in sorted((cache_dir() / "envs").glob("*/bin/python")):
+        return str(python)
     missing = [m for m in ("torch", "triton", "msgspec") if importlib.util.find_spec(m) is None]
     if missing:
         pytest.skip(f"the scenarios need {', '.join(missing)} in the tier's interpreter")
@@ -50,10 +55,15 @@ def test_each_scenario_passes_on_the_release_patched(tag, tier_python, sglang_re
              if name in (CONTROLLER, RAGGED_MODULE) and m["status"] == "not checked"}
     if lacks:  # env: the target's own environment has them
         pytest.skip(f"{tag}: the scenarios' modules do not import with this interpreter ({'; '.join(sorted(lacks))})")
-    for gates in ("off", "on"):
-        assert {n: s["status"] for n, s in scenarios(result, gates).items()} == dict.fromkeys(SCENARIOS, "passed")
-    assert result.to_json()["scenarios_passed"] == SCENARIOS and not result.failed
-    assert "scenarios: 4 passed, 0 failed, 0 not run" in result.verdict()
+    worker = {t.gates: t.modules[WORKER]["status"] == "ok" for t in result.tiers}
+    for gates in ("off", "on"):  # the worker's scenarios run where its module imports, else not run naming it
+        want = {n: "passed" if worker[gates] or n not in WORKER_SCENARIOS else "not run" for n in SCENARIOS}
+        assert {n: s["status"] for n, s in scenarios(result, gates).items()} == want
+        for name in WORKER_SCENARIOS if not worker[gates] else ():
+            assert scenarios(result, gates)[name]["detail"].startswith(f"{WORKER} did not import (")
+    ran = [n for n in SCENARIOS if worker["on"] and worker["off"] or n not in WORKER_SCENARIOS]
+    assert result.to_json()["scenarios_passed"] == ran and not result.failed
+    assert f"scenarios: {len(ran)} passed, 0 failed, {6 - len(ran)} not run" in result.verdict()
 
 
 def graph_tokens_renamed(git: Git, parent: str = "v0.5.23") -> str:
@@ -78,7 +88,7 @@ def test_a_broken_upstream_change_fails_naming_scenario_our_module_and_upstream(
     change = graph_tokens_renamed(git)
     result = treecheck.run_rev(SERIES, git, change[:12], change, python=tier_python)
     on = scenarios(result, "on")
-    assert {n for n, s in on.items() if s["status"] == "failed"} == {"verify-compact", "decode"}
+    assert {n for n, s in on.items() if s["status"] == "failed"} == {"verify-compact", "decode", "worker-commit"}
     assert re.fullmatch(
         r"scenario verify-compact: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.commit_after_verify "
         r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.speculative\."
@@ -102,11 +112,11 @@ def test_a_scenario_whose_module_did_not_import_is_not_run_and_unchecked(
     data = result.to_json()
     for gates in ("off", "on"):
         said = {n: s for n, s in scenarios(result, gates).items() if s["status"] != "passed"}
-        assert sorted(said) == ["decode", "verify-compact"]
+        assert sorted(said) == ["decode", "record-streams", "verify-compact", "worker-commit"]
         assert said["decode"]["status"] == "not run"
         assert said["decode"]["detail"].startswith("sglang.srt.speculative.ragged_verify did not import (Module")
     assert not result.checked and not data["ok"] and not result.failed
     assert "scenario decode: not run: sglang.srt.speculative.ragged_verify did not import" in " ".join(
         data["not_checked"])
-    assert "scenarios not run: decode, verify-compact" in data["verdict"]
+    assert "scenarios not run: decode, record-streams, verify-compact, worker-commit" in data["verdict"]
     assert data["scenarios_passed"] == ["startup-rules", "verify-static"]

@@ -1,0 +1,269 @@
+"""The torch models of the series' CUDA kernels and the fakes around the tree's controller, for the DSPARK scenarios
+(``scenarios_runner``, which loads this file by path in the box: stdlib and torch only) and the tests."""
+
+from __future__ import annotations
+
+import types
+from collections import namedtuple
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Dict, List, Optional, Tuple
+
+try:  # the tests' torch-free helpers import the runtime-context stand-in from here
+    import torch
+except ImportError:  # pragma: no cover - the box runs the scenarios only where torch imports
+    torch = None
+
+HEAD_DIM = 512
+CHUNK = 128
+STATE_DIM = 3 * HEAD_DIM
+
+# Same fields as upstream's CompressorPrefillPlan (the controller only passes it through).
+PrefillPlan = namedtuple("PrefillPlan", "compress_ratio plan_c plan_w pin_buffer")
+
+
+# -- CompressPlan bytes (sgl_kernel/deepseek_v4/compress_v2.cuh) ------------------------
+
+
+def encode_plans(rows: List[Tuple[int, int, int, int, int]], n: int, device) -> torch.Tensor:
+    """[(seq_len, ragged_id, buffer_len, read_page_0, read_page_1)] -> uint8 [n, 16], the rest invalid."""
+    words = torch.zeros((n, 4), dtype=torch.int64)
+    words[:, 0] = 0xFFFFFFFF
+    words[:, 2:] = -1
+    for i, (seq_len, ragged_id, buffer_len, rp0, rp1) in enumerate(rows):
+        words[i] = torch.tensor([seq_len, ragged_id | (buffer_len << 16), rp0, rp1])
+    as_u32 = words & 0xFFFFFFFF
+    as_i32 = torch.where(as_u32 >= 2**31, as_u32 - 2**32, as_u32).to(torch.int32)
+    return as_i32.view(torch.uint8).reshape(n, 16).to(device)
+
+
+def decode_plans(plan_c: torch.Tensor) -> List[Optional[Tuple[int, int, int, int, int]]]:
+    """uint8 [n, 16] -> per entry (seq_len, ragged_id, buffer_len, rp0, rp1) or None."""
+    words = plan_c.cpu().contiguous().view(torch.int32).reshape(-1, 4).to(torch.int64)
+    return [None if w0 & 0xFFFFFFFF == 0xFFFFFFFF else (w0 & 0xFFFFFFFF, w1 & 0xFFFF, (w1 >> 16) & 0xFFFF, rp0, rp1)
+            for w0, w1, rp0, rp1 in words.tolist()]
+
+
+# -- the series II kernel API, in torch ------------------------------------------------
+
+
+@dataclass
+class RefVerifyPlan:
+    prefill_plan: PrefillPlan
+    row_emit: torch.Tensor
+    row_len: torch.Tensor
+    seq_lens: torch.Tensor
+    extend_start_loc: torch.Tensor
+    req_pool_indices: torch.Tensor
+    num_banks: int
+    state_slot_offset: int
+    max_num_reqs: int
+
+
+def _recorded(args: Dict[str, Any]) -> Dict[str, Any]:
+    """A call's arguments, its tensors cloned (a later step may overwrite them)."""
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items() if k != "self"}
+
+
+def _fold(run: Optional[Tuple], score: torch.Tensor, value: torch.Tensor):
+    if run is None:
+        return score.clone(), torch.ones_like(score), value.clone()
+    m, s, kv = run
+    new_m = torch.maximum(m, score)
+    old = s * torch.exp(m - new_m)
+    new = torch.exp(score - new_m)
+    new_s = old + new
+    return new_m, new_s, (kv * old + value * new) / new_s
+
+
+class ReferenceOps:
+    """Torch model of `sglang.kernels.ops.attention.dsv4.online_c128_dspark` (the .cuh's clamps); records calls."""
+
+    def __init__(self) -> None:
+        self.calls: List[Tuple[str, Dict[str, Any]]] = []
+
+    @staticmethod
+    def _window(seq, lens, start, rid, b, num_banks, num_tokens, num_slots):
+        seq_b, rid_b, start_b = int(seq[b]), int(rid[b]), int(start[b])
+        n = max(0, min(int(lens[b]), num_banks))
+        if not (0 <= seq_b and 0 <= rid_b < num_slots and 0 <= start_b < num_tokens):
+            n = 0
+        return seq_b, rid_b, start_b, min(n, num_tokens - start_b)
+
+    def dspark_verify_plan(self, seq_lens, verify_lens, extend_start_loc, req_pool_indices, *, num_q_tokens,
+                           num_banks, state_slot_offset, max_num_reqs, state_dtype=None) -> RefVerifyPlan:
+        self.calls.append(("plan", _recorded(locals())))
+        assert 0 <= max_num_reqs <= state_slot_offset
+        assert seq_lens.dtype == torch.int64 and req_pool_indices.dtype == torch.int64
+        assert verify_lens.dtype == torch.int32 and extend_start_loc.dtype == torch.int32
+        bs = seq_lens.shape[0]
+        assert verify_lens.shape == extend_start_loc.shape == req_pool_indices.shape == (bs,)
+        seq, lens = seq_lens.tolist(), verify_lens.tolist()
+        start, rid = extend_start_loc.tolist(), req_pool_indices.tolist()
+        rows, row_emit, row_len = [], [], []
+        for b in range(bs):
+            s, r, st, n = self._window(seq, lens, start, rid, b, num_banks, num_q_tokens, max_num_reqs)
+            row_emit.append(len(rows))
+            row_len.append(n)
+            for j in range((s + n) // CHUNK - s // CHUNK):
+                last = (s // CHUNK + 1) * CHUNK - 1 + j * CHUNK
+                seg_begin = max(last - (CHUNK - 1), s)
+                rows.append((last + 1, st + last - s, last - seg_begin + 1, r + state_slot_offset, r))
+        device = seq_lens.device
+        plan = PrefillPlan(128, encode_plans(rows, num_q_tokens, device), encode_plans([], num_q_tokens, device), None)
+        as_i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
+        return RefVerifyPlan(plan, as_i32(row_emit), as_i32(row_len), seq_lens, extend_start_loc, req_pool_indices,
+                             num_banks, state_slot_offset, max_num_reqs)
+
+    def dspark_verify_compress(self, state, kv_score_input, ape, plan: RefVerifyPlan, out=None):
+        self.calls.append(("verify", dict(state=state, kv_score_input=kv_score_input, ape=ape, plan=plan)))
+        assert state.dim() == 2 and state.shape[1] == STATE_DIM
+        assert ape.shape == (CHUNK, HEAD_DIM) and kv_score_input.shape[1] == 2 * HEAD_DIM
+        n = plan.prefill_plan.plan_c.shape[0]
+        if out is None:
+            out = kv_score_input.new_empty((n, HEAD_DIM))
+        stride = plan.state_slot_offset
+        for b in range(plan.seq_lens.shape[0]):
+            length = int(plan.row_len[b])
+            if length == 0:
+                continue
+            seq, rid = int(plan.seq_lens[b]), int(plan.req_pool_indices[b])
+            start, emit = int(plan.extend_start_loc[b]), int(plan.row_emit[b])
+            run = None
+            if seq % CHUNK:
+                row = state[rid].float()
+                run = (row[:HEAD_DIM], row[HEAD_DIM : 2 * HEAD_DIM], row[2 * HEAD_DIM :])
+            for step in range(length):
+                pos = (seq + step) % CHUNK
+                token = kv_score_input[start + step].float()
+                score = token[HEAD_DIM:] + ape[pos].float()
+                run = _fold(None if pos == 0 else run, score, token[:HEAD_DIM])
+                if pos != CHUNK - 1:
+                    state[rid + (step + 1) * stride] = torch.cat(run).to(state.dtype)
+                    continue
+                if 0 <= emit < n:
+                    out[emit] = run[2]
+                emit += 1
+        return out
+
+    def make_state_ptr_table(self, states: List[torch.Tensor]) -> List[torch.Tensor]:
+        self.calls.append(("ptrs", dict(states=list(states))))
+        return list(states)
+
+    def dspark_commit(self, state_ptrs, seq_lens, new_seq_lens, verify_lens, req_pool_indices, *, extend_start_loc,
+                      num_q_tokens, num_banks, state_slot_stride, max_num_reqs, state_dtype) -> None:
+        self.calls.append(("commit", _recorded(locals())))
+        assert seq_lens.dtype == new_seq_lens.dtype == req_pool_indices.dtype == torch.int64
+        assert verify_lens.dtype == extend_start_loc.dtype == torch.int32
+        seq_l, lens_l = seq_lens.tolist(), verify_lens.tolist()
+        start_l, rid_l = extend_start_loc.tolist(), req_pool_indices.tolist()
+        for b in range(seq_lens.shape[0]):
+            # the verify's own window of the row: it accepts at most the banks it wrote
+            seq, rid, _, cap = self._window(seq_l, lens_l, start_l, rid_l, b, num_banks, num_q_tokens, max_num_reqs)
+            accept = max(0, min(int(new_seq_lens[b]) - seq, cap))
+            if accept == 0 or (seq + accept) % CHUNK == 0:
+                continue
+            for state in state_ptrs:
+                state[rid] = state[rid + accept * state_slot_stride]
+
+
+# -- the float64 truth ------------------------------------------------------------------
+
+
+def chunk_state(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, first_pos: int):
+    """(max, sum, mean) of consecutive positions first_pos.. inside one chunk, float64."""
+    pos = (torch.arange(kv.shape[0]) + first_pos) % CHUNK
+    x = score + ape[pos]
+    m = x.max(0).values
+    w = torch.exp(x - m)
+    s = w.sum(0)
+    return m, s, (w * kv).sum(0) / s
+
+
+# -- the backend the controller sees ---------------------------------------------------
+
+
+class FakeStatePool:
+    def __init__(self, kv_score: torch.Tensor, ratio: int = 128, online: bool = True):
+        self.ratio, self.online = ratio, online
+        self.kv_score_buffer = SimpleNamespace(kv_score=kv_score)
+
+
+class FakeKVPool:
+    def __init__(self, states: List[torch.Tensor], num_slots: int, num_banks: int, extra=()):
+        self.compress_state_pools = [None, *extra]
+        for state in states:
+            self.compress_state_pools += [FakeStatePool(state), None]
+        self.num_slots, self.num_banks = num_slots, num_banks
+
+    def get_online_c128_mtp_max_draft_tokens(self) -> int:
+        return self.num_banks
+
+    def get_online_c128_mtp_state_slot_offset(self) -> int:
+        return self.num_slots + 2
+
+    def get_online_c128_state_num_req_slots(self) -> int:
+        return self.num_slots
+
+
+class Spec:
+    """upstream's SpeculativeAlgorithm as the controller reads it (`name`, `is_dspark()`)."""
+
+    def __init__(self, dspark: bool = True):
+        self.dspark = dspark
+        self.name = "DSPARK" if dspark else "EAGLE"
+
+    def is_dspark(self) -> bool:
+        return self.dspark
+
+
+def fake_backend(pool: FakeKVPool, *, width: int, device: Any, draft: bool = False, dspark: bool = True,
+                 mtp_enabled: bool = False) -> SimpleNamespace:
+    """What the controller reads of a DSV4 backend and its model runner, over ``pool``."""
+    backend = SimpleNamespace(
+        token_to_kv_pool=pool,
+        speculative_num_draft_tokens=width,
+        # Verify buckets never exceed the request rows (max_bs <= max running requests).
+        req_to_token=torch.zeros((pool.num_slots + 8, 4), dtype=torch.int32, device=device),
+        device=torch.device(device),
+        online_c128_mtp=SimpleNamespace(enabled=lambda: mtp_enabled),
+    )
+    backend.model_runner = SimpleNamespace(is_draft_worker=draft, spec_algorithm=Spec(dspark), attn_backend=backend)
+    return backend
+
+
+# -- the live config the controller and the rules read (sglang.srt.runtime_context) ---------
+
+RUNTIME_CONTEXT = "sglang.srt.runtime_context"
+
+
+def launch_namespaces(**overrides: Any) -> Dict[str, Any]:
+    """The config namespaces (`get_exec()` ...) of a default single-GPU DSPARK launch, ``overrides`` applied."""
+    fields = dict(
+        enable_two_batch_overlap=False, enable_pdmux=False, disaggregation_mode="null",
+        device="cuda", attn_dp_size=1, attn_cp_size=1, dcp_size=1, pp_size=1,
+        attention_backend="dsv4", prefill_attention_backend=None, decode_attention_backend=None,
+    )
+    unknown = set(overrides) - set(fields)
+    assert not unknown, unknown
+    fields.update(overrides)
+    return dict(
+        exec_=SimpleNamespace(
+            overlap=SimpleNamespace(enable_two_batch_overlap=fields["enable_two_batch_overlap"]),
+            kernel=SimpleNamespace(**{k: fields[k] for k in (
+                "attention_backend", "prefill_attention_backend", "decode_attention_backend")}),
+        ),
+        disagg=SimpleNamespace(enable_pdmux=fields["enable_pdmux"], disaggregation_mode=fields["disaggregation_mode"]),
+        device=SimpleNamespace(device=fields["device"]),
+        parallel=SimpleNamespace(**{k: fields[k] for k in ("attn_dp_size", "attn_cp_size", "dcp_size", "pp_size")}),
+    )
+
+
+def runtime_context_standin(namespaces: Dict[str, Any]) -> types.ModuleType:
+    """A stand-in for `sglang.srt.runtime_context` serving `namespaces` through the getters the controller calls."""
+    mod = types.ModuleType(RUNTIME_CONTEXT, "c128patch stand-in (fit/scenarios_runner.py)")
+    mod.get_exec = lambda: namespaces["exec_"]
+    mod.get_disagg = lambda: namespaces["disagg"]
+    mod.get_device = lambda: namespaces["device"]
+    mod.get_parallel = lambda: namespaces["parallel"]
+    return mod
