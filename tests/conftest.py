@@ -40,7 +40,7 @@ HEAVY_TESTS = {
     "test_env.py::test_the_v0_5_23_environment_builds_from_its_lock_and_every_module_imports",  # pip: ~3 min, 3 GB
     "test_env.py::test_requirements_that_do_not_resolve_are_one_line_and_unchecked",  # asks the package index
 }
-HEAVY_FILES = {"test_check_predicts.py"}
+HEAVY_FILES = {"test_check_predicts.py", "test_scenarios.py"}  # the latter: the tier's real environment
 HEAVY_FIXTURES = {"rebased"}  # test_rebase's (from, onto) matrix, built whole for its first test
 HEAVY_SWEEPS = {
     "test_layers.py::test_the_example_rebases_across_every_release_proven_equal_to_a_fresh_apply",

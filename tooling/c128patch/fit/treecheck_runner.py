@@ -54,11 +54,11 @@ class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         while frame and (frame.f_code.co_filename.startswith("<frozen") or "importlib" in frame.f_code.co_filename):
             probe, frame = probe or frame.f_code.co_name == "find_spec" and "util" in frame.f_code.co_filename, \
                 frame.f_back
-        if top not in STAND_INS or probe or not frame or not frame.f_code.co_filename.startswith(TREE):
+        if top not in STAND_INS or probe:
             return None
-        if isinstance(sys.modules.get(top), _StandInModule) and fullname != top or \
-                frame.f_lineno not in _guarded(frame.f_code.co_filename):
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        if isinstance(sys.modules.get(top), _StandInModule) and fullname != top or frame and \
+                frame.f_code.co_filename.startswith(TREE) and frame.f_lineno not in _guarded(frame.f_code.co_filename):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)  # a stand-in's submodule: anyone's
         return None
 
     def create_module(self, spec):
