@@ -174,7 +174,7 @@ def prepare(opts: KernelOptions, progress: Callable[[str], None] = lambda _m: No
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _extract(git: Git, ref: str, workdir: Path, paths: tuple[str, ...]) -> Path:
+def extract_python(git: Git, ref: str, workdir: Path, paths: tuple[str, ...]) -> Path:
     """``git archive`` of ``paths`` of ``ref`` under ``workdir/upstream``; its python/ folder (holding sglang/)."""
     for path in paths:
         git.extract(ref, path, workdir / "upstream")
@@ -208,14 +208,14 @@ def derive_upstream(patched_root: Path, record: dict | None, wheel: Path | None,
     want = commit or rev
     top = toplevel(patched_root) if is_work_tree(patched_root) else None
     if top is not None and Git(worktree=top).rev_parse(want):
-        return _extract(Git(worktree=top), want, workdir, paths), f"git archive {want[:12]} of {top}"
+        return extract_python(Git(worktree=top), want, workdir, paths), f"git archive {want[:12]} of {top}"
     version = release_version(rev) if rev else None
     if version is None:
         raise C128Error(f"--differential: upstream {rev or want[:12]} is not in the tree's repository and not a "
                         "release; pass --upstream-tree")
     repo = ReleaseHistory().ensure([version])
     ref = commit if commit and Git(git_dir=repo).rev_parse(commit) else f"v{version}"
-    return _extract(Git(git_dir=repo), ref, workdir, paths), f"release history {ref[:12]} (sglang {version})"
+    return extract_python(Git(git_dir=repo), ref, workdir, paths), f"release history {ref[:12]} (sglang {version})"
 
 
 def stage(suite: Path, trees: dict[str, Path], dest: Path,
