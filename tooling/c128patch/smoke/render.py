@@ -32,8 +32,7 @@ def _table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> Table
 
 
 def _end(report: dict[str, Any], where: str, plain: list[str], table: Table | None = None) -> None:
-    """The table, the plain lines, the problems and the verdict, on the report console (a pipe or a file gets
-    whole rows rather than 80 folded columns)."""
+    """The table, plain lines, problems and verdict on the report console (a pipe gets whole rows, not folded ones)."""
     out = console(stderr=False)
     if table is not None:
         out.print(table)
@@ -68,8 +67,7 @@ def kernel_table(report: dict[str, Any]) -> Table:
 
 
 def print_failing(tests: list[tuple[str, str]]) -> None:
-    """The headline, before anything else, of a run with failures (``tests``: id, outcome on the patched
-    tree): a tree's verdict is its failures, whatever a differential says of them (issue 38)."""
+    """The headline of a run with failures (``tests``: id, patched outcome): a tree's verdict is its failures."""
     failing = [nodeid for nodeid, outcome in tests if outcome in BAD]
     if failing:
         more = f" and {len(failing) - 5} more" if len(failing) > 5 else ""

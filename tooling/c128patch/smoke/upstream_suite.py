@@ -58,8 +58,7 @@ class Plan:
 
 
 def sources_of(root: Path) -> dict[str, Any]:
-    """Where the tests come from: the commit of the checkout whose tracked files they are (not
-    of a repository they merely sit in, untracked or ignored), and a SOURCES.json at the root."""
+    """Where the tests come from: the commit of the checkout that tracks them, and a SOURCES.json at the root."""
     out: dict[str, Any] = {"root": str(root)}
     tracked = Git(worktree=root).run("ls-files", "--", ".", check=False)
     head = Git(worktree=root).run("rev-parse", "HEAD", check=False)
@@ -99,8 +98,7 @@ def pass_spec(plan: Plan, label: str, opts: KernelOptions) -> PassSpec:
 
 
 def stage_all(plan: Plan, prep: Prepared, dest: Path) -> dict[str, Any]:
-    """The two trees (the kernel tier's subset plus what the tests import) and the selected
-    test files (with their conftest.py files and sibling helpers) under ``dest``."""
+    """Both trees (the kernel tier's subset + what the tests import) and the selected tests under ``dest``."""
     trees = {label: tp.root for label, tp in plan.trees.items()}
     extra = {label: tp.closure.files(sel.ModuleIndex(tp.root)) + sel.standin_files(tp.root, plan.pool)
              for label, tp in plan.trees.items()}
@@ -120,9 +118,7 @@ _STANDIN = re.compile(r"the stand-in for (\S+) has no '([^']+)'")
 
 
 def classify(message: str, standin_rows: list[dict[str, Any]]) -> tuple[str, str]:
-    """Why a file could not be collected: ``tree`` (the tree lacks what it imports),
-    ``environment`` (a package outside sglang is missing), ``stand-in`` (ours lacks a name),
-    ``other``; with a short reason."""
+    """(``tree`` | ``environment`` | ``stand-in`` | ``other``, a short reason): why a file could not be collected."""
     withheld = {(r["module"], n) for r in standin_rows for n in r.get("withheld", [])}
     m = _STANDIN.search(message)
     if m:
@@ -309,8 +305,7 @@ def stage_run(opts: KernelOptions, tests: Path | None, dest: Path,
 
 def run(opts: KernelOptions, tests: Path | None, command: str, progress: Progress,
         parallel_trees: bool = False) -> tuple[dict[str, Any], Path]:
-    """Upstream's tests on both trees, one after the other or (``parallel_trees``) at once; the
-    report, rewritten after each pass, and its path."""
+    """Upstream's tests on both trees, in turn or (``parallel_trees``) at once; the report and its path."""
     opts, root = _planned(opts, tests)
     device = {} if opts.collect_only else require_device(opts.python)
     verb = "collecting" if opts.collect_only else "running"
