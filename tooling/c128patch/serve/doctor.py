@@ -25,9 +25,10 @@ from c128patch.errors import C128Error
 from c128patch.series.gates import Gate
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import record_problem
-from c128patch.serve.install import Dist, Interpreter, installer, probe, read_json
+from c128patch.serve.install import Dist, Interpreter, installer, probe
 from c128patch.serve.serving import ONLINE_C128_DSPARK_RULES, Serving, probe_install, probe_serving
 from c128patch.smoke.device import probe_nvcc
+from c128patch.smoke.trees import read_json
 from c128patch.wheel.patch import LOCAL_TAG, WHEEL_PROVENANCE, record_version
 from c128patch.wheel.sbom import SBOM_NAME, purl_pypi
 from c128patch.wheel.tools import record_hash, record_hashes

@@ -116,21 +116,3 @@ def installer(dist: Dist) -> str:
     dir_info = url.get("dir_info")
     editable = " (editable)" if isinstance(dir_info, dict) and dir_info.get("editable") is True else ""
     return f"{who}, from {url.get('url', '?')}{editable}"
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        doc = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise C128Error(f"{path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise C128Error(f"{path}: not valid JSON ({exc.msg})") from exc
-    except RecursionError:
-        raise C128Error(f"{path}: nested too deeply to read") from None
-    except OSError as exc:
-        raise C128Error(f"cannot read {path}: {exc.strerror}") from None
-    if not isinstance(doc, dict):
-        raise C128Error(f"{path}: a JSON {type(doc).__name__}, not an object")
-    return doc

@@ -13,7 +13,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from c128patch import PACKAGE_DIR
 from c128patch.errors import C128Error
@@ -73,14 +73,27 @@ def unpack_wheel(wheel: Path, dest: Path) -> Path:
     return dest
 
 
-def read_provenance(root: Path) -> dict | None:
-    path = root / PROVENANCE_IN_ROOT
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (None: no such file), else a one-line error."""
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise C128Error(f"{path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     except json.JSONDecodeError as exc:
-        raise C128Error(f"{path}: provenance file is not valid JSON ({exc.msg})") from exc
+        raise C128Error(f"{path}: not valid JSON ({exc.msg})") from exc
+    except RecursionError:
+        raise C128Error(f"{path}: nested too deeply to read") from None
+    except OSError as exc:
+        raise C128Error(f"cannot read {path}: {exc.strerror}") from None
+    if not isinstance(doc, dict):
+        raise C128Error(f"{path}: a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
+def read_provenance(root: Path) -> dict | None:
+    return read_json(root / PROVENANCE_IN_ROOT)
 
 
 def series_info(record: dict | None) -> dict | None:

@@ -72,20 +72,6 @@ def sources_of(root: Path) -> dict[str, Any]:
     return out
 
 
-def make_plan(prep: Prepared, root: Path, keyword: str | None) -> Plan:
-    """Select the tests under ``root`` and work out what each tree needs (no process is started)."""
-    assert prep.upstream is not None
-    pool = sel.standin_pool(prep.suite)
-    targets = sel.series_targets(prep.patched, prep.upstream, sel.touched_files(prep.record))
-    selection = sel.select(root, prep.patched, targets, set(pool), keyword)
-    plan = Plan(root, selection, prep.suite / "harness.py", pool, sources=sources_of(root))
-    for label, tree in (("patched", prep.patched), ("upstream", prep.upstream)):
-        closure = sel.closure(sel.ModuleIndex(tree), selection.files, set(pool))
-        standins, rows = sel.standin_plan(tree, pool, closure.standin_uses, closure.standin_uses_lazy)
-        plan.trees[label] = TreePlan(tree, closure, standins, rows)
-    return plan
-
-
 def pass_spec(plan: Plan, label: str, opts: KernelOptions) -> PassSpec:
     tree = plan.trees[label]
     boot = {"standins": tree.standins, "real_packages": sorted(tree.closure.real_packages)}  # upstream_standins' plan
@@ -95,21 +81,6 @@ def pass_spec(plan: Plan, label: str, opts: KernelOptions) -> PassSpec:
                     paths=tuple(f.rel for f in plan.selection.files),
                     # a file one tree cannot import is a verdict, not the end of the pass
                     pytest_args=("-p", BOOT_PLUGIN, "--continue-on-collection-errors"))
-
-
-def stage_all(plan: Plan, prep: Prepared, dest: Path) -> dict[str, Any]:
-    """Both trees (the kernel tier's subset + what the tests import) and the selected tests under ``dest``."""
-    trees = {label: tp.root for label, tp in plan.trees.items()}
-    extra = {label: tp.closure.files(sel.ModuleIndex(tp.root)) + sel.standin_files(tp.root, plan.pool)
-             for label, tp in plan.trees.items()}
-    staged: dict[str, Any] = stage(prep.suite, trees, dest, lambda label, _root: extra[label])
-    files = [p.relative_to(plan.root) for test in plan.selection.files
-             for p in (test.path, *sel.conftests(test, plan.root), *test.siblings)]
-    staged[STAGED_TESTS] = copy_files(plan.root, files, dest / STAGED_TESTS)
-    sources = plan.sources.get("sources", {}) | {k: plan.sources[k] for k in ("git_commit",) if k in plan.sources}
-    if sources:
-        (dest / STAGED_TESTS / SOURCES).write_text(json.dumps(sources, indent=1, sort_keys=True) + "\n")
-    return staged
 
 
 _NO_MODULE = re.compile(r"No module named '([^']+)'")
@@ -286,9 +257,17 @@ def _planned(opts: KernelOptions, tests: Path | None) -> tuple[KernelOptions, Pa
 
 @contextlib.contextmanager
 def _prepared(opts: KernelOptions, root: Path, progress: Progress) -> Iterator[tuple[Prepared, Plan]]:
-    """Both trees (even for --list) and the plan; the trees' temp folders removed on the way out."""
+    """Both trees (even for --list) and the plan (what each tree needs; no process started); temp folders removed."""
     with prepare(replace(opts, collect_only=False), progress) as prep:
-        plan = make_plan(prep, root, opts.keyword)
+        assert prep.upstream is not None
+        pool = sel.standin_pool(prep.suite)
+        targets = sel.series_targets(prep.patched, prep.upstream, sel.touched_files(prep.record))
+        selection = sel.select(root, prep.patched, targets, set(pool), opts.keyword)
+        plan = Plan(root, selection, prep.suite / "harness.py", pool, sources=sources_of(root))
+        for label, tree in (("patched", prep.patched), ("upstream", prep.upstream)):
+            closure = sel.closure(sel.ModuleIndex(tree), selection.files, set(pool))
+            standins, rows = sel.standin_plan(tree, pool, closure.standin_uses, closure.standin_uses_lazy)
+            plan.trees[label] = TreePlan(tree, closure, standins, rows)
         progress(f"{len(plan.selection.files)} of {plan.selection.scanned} upstream test files selected under "
                  f"{plan.root}")
         yield prep, plan
@@ -296,11 +275,21 @@ def _prepared(opts: KernelOptions, root: Path, progress: Progress) -> Iterator[t
 
 def stage_run(opts: KernelOptions, tests: Path | None, dest: Path,
               progress: Progress) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """The trees and the selected tests under ``dest`` (to carry to a GPU machine); (staged, selection)."""
+    """Both trees (the kernel tier's subset + what the tests import) and the selected tests (with their conftest.py
+    files and sibling helpers) under ``dest``, to carry to a GPU machine; (staged, selection)."""
     opts, root = _planned(opts, tests)
     with _prepared(opts, root, progress) as (prep, plan):
-        staged = {k: {**v, "path": str(dest / k)} for k, v in stage_all(plan, prep, dest).items()}
-        return staged, plan.selection.to_json()
+        trees = {label: tp.root for label, tp in plan.trees.items()}
+        extra = {label: tp.closure.files(sel.ModuleIndex(tp.root)) + sel.standin_files(tp.root, plan.pool)
+                 for label, tp in plan.trees.items()}
+        staged: dict[str, Any] = stage(prep.suite, trees, dest, lambda label, _root: extra[label])
+        files = [p.relative_to(plan.root) for test in plan.selection.files
+                 for p in (test.path, *sel.conftests(test, plan.root), *test.siblings)]
+        staged[STAGED_TESTS] = copy_files(plan.root, files, dest / STAGED_TESTS)
+        sources = plan.sources.get("sources", {}) | {k: plan.sources[k] for k in ("git_commit",) if k in plan.sources}
+        if sources:
+            (dest / STAGED_TESTS / SOURCES).write_text(json.dumps(sources, indent=1, sort_keys=True) + "\n")
+        return {k: {**v, "path": str(dest / k)} for k, v in staged.items()}, plan.selection.to_json()
 
 
 def run(opts: KernelOptions, tests: Path | None, command: str, progress: Progress,
