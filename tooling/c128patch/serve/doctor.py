@@ -1,13 +1,8 @@
-"""``doctor``: will the sglang this Python serves with do what the envs ask?
-
-Findings (``ok``/``info``/``warn``/``error``), in order: the python; the installed sglang, where from,
-that ``import sglang`` resolves to it and works, and that the launch arguments parse with its own parser
-(``serve.serving``, a child process); the build (label, provenance, SBOM against each other, its series
-and entries); RECORD; each series env var as the installed ``environ.py`` reads it; what the build's
-startup rules refuse (both in a time-bounded child: a silent exit or a hang is an error); nvcc,
-apache-tvm-ffi and the GPU (errors when a series gate is on). A gate's ``requires``/``conflicts`` is an
-error only when the build has no startup rules to say it. ``Report.ok`` (exit 0): no error.
-"""
+"""``doctor``: will the sglang this Python serves with do what the envs ask? Findings (ok/info/warn/error) in
+``diagnose``'s order: python; sglang (installed, importable, the launch arguments through its own parser); the build
+(label, provenance, SBOM, series, entries); RECORD; each series env var; the startup rules' refusals (serve.serving);
+nvcc, apache-tvm-ffi and the GPU (errors when a series gate is on). A gate's ``requires``/``conflicts`` is an error
+only where the build has no startup rules to say it. ``Report.ok`` (exit 0): no error."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Where sglang is installed for a Python, and whether its files are still what its RECORD says.
-
-The interpreter is asked in a subprocess (``PROBE``: stdlib only, imports nothing of sglang:
-``importlib.metadata`` for the distribution, ``importlib.util.find_spec`` for where ``import sglang``
-resolves, which runs no package code for a top-level name), so doctor inspects any venv without
-running in it. Everything else is read from the files the probe names.
-"""
+"""Where sglang is installed for a Python and what its ``.dist-info`` says, asked in a stdlib-only subprocess
+(``PROBE``: no sglang code runs), so doctor inspects any venv without running in it."""
 
 from __future__ import annotations
 
