@@ -86,7 +86,17 @@ def diagnose(python: str, launch_args: Sequence[str], series: Series | None) -> 
         report.add("error", "sglang", f"no sglang is installed for {interp.executable} (docs/deploy.md: install the "
                                       "patched wheel into the serving venv)")
     else:
-        _installed(report, interp, sg)
+        package = sg.site / "sglang"
+        report.sglang = {"version": sg.version, "path": str(package), "installer": installer(sg),
+                         "import_path": str(interp.import_path) if interp.import_path else None}
+        if interp.import_path is None:
+            report.add("error", "sglang", f"sglang {sg.version} is installed but `import sglang` finds nothing")
+        elif interp.import_path.resolve() != package.resolve():
+            report.add("error", "sglang", f"`import sglang` resolves to {interp.import_path}, not the installed "
+                                          f"sglang {sg.version} at {package} (a PYTHONPATH entry or the current "
+                                          "folder shadows it)")
+        else:
+            report.add("ok", "sglang", f"sglang {sg.version} at {package} ({report.sglang['installer']})")
         sv = _serving(report, interp, launch_args)
         record = _build(report, sg, series)
         _record(report, sg)
@@ -97,20 +107,6 @@ def diagnose(python: str, launch_args: Sequence[str], series: Series | None) -> 
         _startup(report, got.data.get("startup"), got.error, launch_args, readings, record is not None, parsed)
     _toolchain(report, interp, any(r.on and r.gate.declared_by == "series" for r in readings))
     return report
-
-
-def _installed(report: Report, interp: Interpreter, sg: Dist) -> None:
-    package = sg.site / "sglang"
-    report.sglang = {"version": sg.version, "path": str(package), "installer": installer(sg),
-                     "import_path": str(interp.import_path) if interp.import_path else None}
-    if interp.import_path is None:
-        report.add("error", "sglang", f"sglang {sg.version} is installed but `import sglang` finds nothing")
-    elif interp.import_path.resolve() != package.resolve():
-        report.add("error", "sglang", f"`import sglang` resolves to {interp.import_path}, not the installed "
-                                      f"sglang {sg.version} at {package} (a PYTHONPATH entry or the current folder "
-                                      "shadows it)")
-    else:
-        report.add("ok", "sglang", f"sglang {sg.version} at {package} ({installer(sg)})")
 
 
 def _serving(report: Report, interp: Interpreter, launch_args: Sequence[str]) -> Serving:
