@@ -128,8 +128,7 @@ def build_matrix(series: Series, git: Git, revs: list[str], root: Path) -> list[
 
 def matrix_for(series: Series, repo: str | None, revs: list[str], root: Path,
                reporter: Reporter = NullReporter()) -> list[ReleaseRow]:
-    """``matrix``'s rows: ``revs`` (default: every supported release) of ``repo`` (default: the
-    release history, where only release tags can be named)."""
+    """``matrix``'s rows: ``revs`` (default: every supported release) of ``repo`` (default: the release history)."""
     wanted = revs or [tag_for(v) for v in DEFAULT_RELEASES]
     if repo is None:
         bad = [rev for rev in wanted if release_version(rev) is None]
@@ -145,8 +144,7 @@ def matrix_for(series: Series, repo: str | None, revs: list[str], root: Path,
 
 
 def verification_note(series: Series, git: Git, commit: str, label: str, root: Path | None = None) -> str | None:
-    """One line when ``commit`` + the series is not fully verified by the committed results
-    (looked up by key, so a user's commit with a release's sources counts); else None."""
+    """One line when ``commit`` + the series is not fully verified by the committed results (by key); else None."""
     root = results_root(series) if root is None else root
     try:
         key = key_for(series, git, commit)

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import tarfile
 import tempfile
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from c128patch.git import Git
 from c128patch.ops.check import index_git, replay_in_index
 from c128patch.series import provenance
 from c128patch.series.manifest import Series, load_series
+from c128patch.smoke.trees import extract_python
 from c128patch.smoke.trees import stage as stage_subsets
 
 SERIES_PATHS = ("patches", "csrc", "overlay")
@@ -56,25 +55,13 @@ def patched_sources(series: Series, git: Git, rev: str, dest: Path, paths: tuple
     return dest
 
 
-def _extract(git: Git, rev: str, paths: list[str], dest: Path, strip: str = "") -> Path:
-    """``git archive`` of ``paths`` at ``rev`` into ``dest`` minus ``strip`` (plain files and folders only)."""
-    data = git.run("archive", "--format=tar", rev, "--", *paths, binary=True).stdout
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=BytesIO(data)) as tar:
-        for member in tar.getmembers():
-            if not member.name.startswith(strip) or ".." in Path(member.name).parts:
-                continue
-            if member.isfile() or member.isdir():
-                member.name = member.name.removeprefix(strip)
-                tar.extract(member, dest)
-    return dest
-
-
 def export_series(repo: Git, rev: str, dest: Path) -> Series:
     """The series as committed at ``rev`` of this repository (patches/, csrc/, overlay/)."""
     if repo.rev_parse(rev) is None:
         raise C128Error(f"--before: {rev!r} is not a commit of {repo.worktree}")
-    return load_series(_extract(repo, rev, list(SERIES_PATHS), dest))
+    for path in SERIES_PATHS:
+        repo.extract(rev, path, dest)
+    return load_series(dest)
 
 
 def stage_release(series: Series, git: Git, rev: str, dest: Path, suite: Path, *,
@@ -85,7 +72,7 @@ def stage_release(series: Series, git: Git, rev: str, dest: Path, suite: Path, *
         work = Path(tmp)
         patched = patched_sources(series, git, rev, work / "patched")
         present = git.out("ls-tree", "--name-only", str(commit), "--", *KERNEL_TIER_PATHS).split()
-        trees = {"patched": patched, "upstream": _extract(git, str(commit), present, work / "upstream", "python/")}
+        trees = {"patched": patched, "upstream": extract_python(git, str(commit), work, tuple(present))}
         if before is not None:
             trees["before"] = patched_sources(before, git, rev, work / "before")
         sizes = stage_subsets(suite, trees, dest / rev)

@@ -1,13 +1,8 @@
-"""``doctor``: will the sglang this Python serves with do what the envs ask?
-
-Findings (``ok``/``info``/``warn``/``error``), in order: the python; the installed sglang, where from,
-that ``import sglang`` resolves to it and works, and that the launch arguments parse with its own parser
-(``serve.serving``, a child process); the build (label, provenance, SBOM against each other, its series
-and entries); RECORD; each series env var as the installed ``environ.py`` reads it; what the build's
-startup rules refuse (both in a time-bounded child: a silent exit or a hang is an error); nvcc,
-apache-tvm-ffi and the GPU (errors when a series gate is on). A gate's ``requires``/``conflicts`` is an
-error only when the build has no startup rules to say it. ``Report.ok`` (exit 0): no error.
-"""
+"""``doctor``: will the sglang this Python serves with do what the envs ask? Findings (ok/info/warn/error) in
+``diagnose``'s order: python; sglang (installed, importable, the launch arguments through its own parser); the build
+(label, provenance, SBOM, series, entries); RECORD; each series env var; the startup rules' refusals (serve.serving);
+nvcc, apache-tvm-ffi and the GPU (errors when a series gate is on). A gate's ``requires``/``conflicts`` is an error
+only where the build has no startup rules to say it. ``Report.ok`` (exit 0): no error."""
 
 from __future__ import annotations
 
@@ -25,9 +20,10 @@ from c128patch.errors import C128Error
 from c128patch.series.gates import Gate
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import record_problem
-from c128patch.serve.install import Dist, Interpreter, installer, probe, read_json
+from c128patch.serve.install import Dist, Interpreter, installer, probe
 from c128patch.serve.serving import ONLINE_C128_DSPARK_RULES, Serving, probe_install, probe_serving
 from c128patch.smoke.device import probe_nvcc
+from c128patch.smoke.trees import read_json
 from c128patch.wheel.patch import LOCAL_TAG, WHEEL_PROVENANCE, record_version
 from c128patch.wheel.sbom import SBOM_NAME, purl_pypi
 from c128patch.wheel.tools import record_hash, record_hashes
@@ -90,7 +86,17 @@ def diagnose(python: str, launch_args: Sequence[str], series: Series | None) -> 
         report.add("error", "sglang", f"no sglang is installed for {interp.executable} (docs/deploy.md: install the "
                                       "patched wheel into the serving venv)")
     else:
-        _installed(report, interp, sg)
+        package = sg.site / "sglang"
+        report.sglang = {"version": sg.version, "path": str(package), "installer": installer(sg),
+                         "import_path": str(interp.import_path) if interp.import_path else None}
+        if interp.import_path is None:
+            report.add("error", "sglang", f"sglang {sg.version} is installed but `import sglang` finds nothing")
+        elif interp.import_path.resolve() != package.resolve():
+            report.add("error", "sglang", f"`import sglang` resolves to {interp.import_path}, not the installed "
+                                          f"sglang {sg.version} at {package} (a PYTHONPATH entry or the current "
+                                          "folder shadows it)")
+        else:
+            report.add("ok", "sglang", f"sglang {sg.version} at {package} ({report.sglang['installer']})")
         sv = _serving(report, interp, launch_args)
         record = _build(report, sg, series)
         _record(report, sg)
@@ -101,20 +107,6 @@ def diagnose(python: str, launch_args: Sequence[str], series: Series | None) -> 
         _startup(report, got.data.get("startup"), got.error, launch_args, readings, record is not None, parsed)
     _toolchain(report, interp, any(r.on and r.gate.declared_by == "series" for r in readings))
     return report
-
-
-def _installed(report: Report, interp: Interpreter, sg: Dist) -> None:
-    package = sg.site / "sglang"
-    report.sglang = {"version": sg.version, "path": str(package), "installer": installer(sg),
-                     "import_path": str(interp.import_path) if interp.import_path else None}
-    if interp.import_path is None:
-        report.add("error", "sglang", f"sglang {sg.version} is installed but `import sglang` finds nothing")
-    elif interp.import_path.resolve() != package.resolve():
-        report.add("error", "sglang", f"`import sglang` resolves to {interp.import_path}, not the installed "
-                                      f"sglang {sg.version} at {package} (a PYTHONPATH entry or the current folder "
-                                      "shadows it)")
-    else:
-        report.add("ok", "sglang", f"sglang {sg.version} at {package} ({installer(sg)})")
 
 
 def _serving(report: Report, interp: Interpreter, launch_args: Sequence[str]) -> Serving:

@@ -1,10 +1,5 @@
-"""Where sglang is installed for a Python, and whether its files are still what its RECORD says.
-
-The interpreter is asked in a subprocess (``PROBE``: stdlib only, imports nothing of sglang:
-``importlib.metadata`` for the distribution, ``importlib.util.find_spec`` for where ``import sglang``
-resolves, which runs no package code for a top-level name), so doctor inspects any venv without
-running in it. Everything else is read from the files the probe names.
-"""
+"""Where sglang is installed for a Python and what its ``.dist-info`` says, asked in a stdlib-only subprocess
+(``PROBE``: no sglang code runs), so doctor inspects any venv without running in it."""
 
 from __future__ import annotations
 
@@ -116,21 +111,3 @@ def installer(dist: Dist) -> str:
     dir_info = url.get("dir_info")
     editable = " (editable)" if isinstance(dir_info, dict) and dir_info.get("editable") is True else ""
     return f"{who}, from {url.get('url', '?')}{editable}"
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        doc = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise C128Error(f"{path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise C128Error(f"{path}: not valid JSON ({exc.msg})") from exc
-    except RecursionError:
-        raise C128Error(f"{path}: nested too deeply to read") from None
-    except OSError as exc:
-        raise C128Error(f"cannot read {path}: {exc.strerror}") from None
-    if not isinstance(doc, dict):
-        raise C128Error(f"{path}: a JSON {type(doc).__name__}, not an object")
-    return doc

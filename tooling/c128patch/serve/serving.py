@@ -1,14 +1,7 @@
-"""What the serving install does, asked in child processes of the serving Python, each time-bounded.
-
-``probe_serving``: ``import sglang`` and the launch arguments through that sglang's own parser
-(``ServerArgs.add_cli_args`` on an argparse parser, ``--config`` merged by its own merger; options it
-requires, such as ``--model-path``, are listed, not needed). ``probe_install``: the series' env vars read
-through the installed ``environ.py`` (each ``EnvField``'s default, ``.get()`` and the warning sglang gives
-for a value it cannot parse), then the build's startup rules (``config_from_args`` and
-``startup_refusals`` of ``ONLINE_C128_DSPARK_RULES``) for the launch arguments. The installed code runs
-only there: a child that exits without its answer (a module calling ``sys.exit``), dies or outlives its
-limit is an error (``Answer.error``), never a pass; its whole process group is ended.
-"""
+"""What the serving install does, asked in time-bounded child processes of the serving Python: ``import sglang``
+and the launch arguments through its own parser (``probe_serving``); the series' env vars through the installed
+``environ.py`` and the build's startup rules (``probe_install``). The installed code runs only there: a child that
+exits without its answer, dies or outlives its limit is an error (``Answer.error``); its process group is ended."""
 
 from __future__ import annotations
 

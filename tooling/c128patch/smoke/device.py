@@ -59,8 +59,7 @@ def probe_python(python: str) -> dict[str, Any]:
 
 
 def _tool(name: str, key: str, version: str) -> dict[str, Any]:
-    """``name`` (on PATH, next to nvcc, or under $CUDA_HOME/bin, /usr/local/cuda/bin) and the version its
-    ``--version`` prints."""
+    """``name`` (PATH, next to nvcc, $CUDA_HOME/bin, /usr/local/cuda/bin) and the version ``--version`` prints."""
     nvcc = shutil.which("nvcc")
     homes = [Path(p) for p in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if p]
     dirs = [Path(nvcc).resolve().parent] if nvcc else []

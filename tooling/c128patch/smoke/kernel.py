@@ -44,8 +44,7 @@ def _has(root: Path, module: str, name: str | None = None) -> bool:
 
 
 def series_code_missing(message: str, patched: Path, upstream: Path | None) -> str | None:
-    """The module, or the module's name, a failure says is missing, when the patched tree has it and
-    upstream's has not (code only the series adds); else None."""
+    """The module (or module.name) a failure says is missing, when only the patched tree has it; else None."""
     m = _MISSING.search(message or "")
     if m is None or upstream is None:
         return None
@@ -64,8 +63,7 @@ def paired(patched: list[dict], upstream: list[dict]) -> list[tuple[str, dict, d
 
 
 def _verdict(a: dict, b: dict, prep: Prepared) -> tuple[str, str | None]:
-    """same; fixed (fails upstream, passes patched); n/a (passes patched, fails upstream for want of code only
-    the series has); regressed (fails patched, passes upstream); differs; and the code it wants, for n/a."""
+    """same, fixed, n/a (upstream fails for want of series-only code), regressed or differs; the code n/a wants."""
     if a["outcome"] == b["outcome"]:
         return "same", None
     if a["outcome"] == "passed" and b["outcome"] in BAD:

@@ -86,8 +86,7 @@ def pytest_env(spec: PassSpec, rows: Path, results: Path) -> dict[str, str]:
 
 
 def parse_sanitizer(text: str, tool: str) -> dict[str, Any]:
-    """``errors``: the total found (None when no summary was printed: the run did not finish),
-    plus per-process summaries and the first line of each report (at most 50)."""
+    """``errors``: the total (None: no summary, the run did not end); per-process summaries; 50 reports' heads."""
     summaries: list[int] = []
     races: list[dict[str, int]] = []
     reports: list[str] = []
@@ -110,9 +109,7 @@ def parse_sanitizer(text: str, tool: str) -> dict[str, Any]:
 
 
 def tests_from_rows(rows: list[dict], end_time: float, timed_out: bool = False) -> list[dict]:
-    """Per-test rows from the plugin's events. Outcomes: passed, failed, error (setup, teardown
-    or collection failed), skipped, xfailed, xpassed, crashed (started and never finished: the
-    process died or was killed during it), not run (collected, never started)."""
+    """Per-test rows from the plugin's events (crashed: started, never finished; not run: never started)."""
     tests: dict[str, dict] = {}
     running: dict[str, float] = {}  # nodeid -> when it started, until its teardown reports
     for ev in rows:
@@ -198,9 +195,7 @@ def _result(run: _Running) -> dict[str, Any]:
 
 
 def run_passes(specs: list[PassSpec], suite: Path, python: str, out_dir: Path) -> dict[str, dict[str, Any]]:
-    """Run several passes at the same time (distinct labels), each in its own process group with
-    its own timeout from its start; label -> the pass's rows, counts, exit and (under a
-    sanitizer) its findings. An exception (a signal) stops every pass still running."""
+    """Passes at once (distinct labels), each its own process group and timeout; label -> result. A signal stops all."""
     out_dir = out_dir.resolve()  # the child runs in the suite's folder
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = []
@@ -233,8 +228,7 @@ def run_passes(specs: list[PassSpec], suite: Path, python: str, out_dir: Path) -
 
 
 def pass_problems(p: dict[str, Any], collect_only: bool = False, outcomes: bool = True) -> list[str]:
-    """Why a pass does not count as clean (empty list: clean); ``outcomes=False``: only a pass that did not
-    run to its end (smoke upstream's verdicts judge the tests)."""
+    """Why a pass is not clean (empty: clean); ``outcomes=False``: only a pass cut short (smoke upstream's verdicts)."""
     label, c = p["label"], p["counts"]
     problems = [f"{label}: {p['exit']}"] if p["timed_out"] else []
     bad = {k: c[k] for k in ("failed", "error", "crashed") if c[k]} if outcomes else {}

@@ -40,8 +40,7 @@ def _handling(signals: tuple[int, ...], handler: Any) -> Iterator[None]:
 
 @contextlib.contextmanager
 def exits_on_signals() -> Iterator[None]:
-    """SIGTERM/SIGHUP raise :class:`Interrupted` within the block, so it unwinds like Ctrl-C (children
-    stopped on the way out); then exit 128+N."""
+    """SIGTERM/SIGHUP raise :class:`Interrupted` in the block (it unwinds like Ctrl-C), then exit 128+N."""
     from c128patch.progress import console
 
     def handler(signum: int, _frame: object) -> None:
@@ -57,8 +56,7 @@ def exits_on_signals() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _shielded() -> Iterator[None]:
-    """SIGINT/SIGTERM/SIGHUP held off while we clean up (a second Ctrl-C must not leave
-    children behind); delivered as usual afterwards."""
+    """SIGINT/SIGTERM/SIGHUP held off while we clean up (a second Ctrl-C must not orphan children), then delivered."""
     got: list[int] = []
     try:
         with _handling((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), lambda signum, _f: got.append(signum)):

@@ -32,8 +32,7 @@ def _table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> Table
 
 
 def _end(report: dict[str, Any], where: str, plain: list[str], table: Table | None = None) -> None:
-    """The table, the plain lines, the problems and the verdict, on the report console (a pipe or a file gets
-    whole rows rather than 80 folded columns)."""
+    """The table, plain lines, problems and verdict on the report console (a pipe gets whole rows, not folded ones)."""
     out = console(stderr=False)
     if table is not None:
         out.print(table)
@@ -45,31 +44,8 @@ def _end(report: dict[str, Any], where: str, plain: list[str], table: Table | No
     out.print(f"{verdict}  report: {where}")
 
 
-def kernel_table(report: dict[str, Any]) -> Table:
-    passes = report["passes"]
-    san_labels = [k for k in passes if k.startswith("patched-")]
-    diff = "differential" in report
-    columns = ("test", "patched", "s", *(("upstream", "s", "verdict") if diff else ()),
-               *(label.removeprefix("patched-") for label in san_labels))
-    table = Table(title=f"GPU suite: {report['tree']}")
-    for col in columns:  # the times right-aligned, the test ids folded
-        table.add_column(col, justify="right" if col == "s" else "left",
-                         overflow="fold" if col == "test" else "ellipsis")
-    san_rows = {label: {t["nodeid"]: t["outcome"] for t in passes[label].get("tests_brief", [])}
-                for label in san_labels}
-    for t in report.get("tests", []):
-        cells = [t["nodeid"], _styled(t["outcome"]), f"{t['seconds']:.1f}"]
-        if diff:
-            cells += [_styled(t.get("upstream", "absent")), f"{t.get('upstream_seconds', 0.0):.1f}",
-                      _styled(t.get("verdict", ""))]
-        cells += [_styled(san_rows[label].get(t["nodeid"], "absent")) for label in san_labels]
-        table.add_row(*cells)
-    return table
-
-
 def print_failing(tests: list[tuple[str, str]]) -> None:
-    """The headline, before anything else, of a run with failures (``tests``: id, outcome on the patched
-    tree): a tree's verdict is its failures, whatever a differential says of them (issue 38)."""
+    """The headline of a run with failures (``tests``: id, patched outcome): a tree's verdict is its failures."""
     failing = [nodeid for nodeid, outcome in tests if outcome in BAD]
     if failing:
         more = f" and {len(failing) - 5} more" if len(failing) > 5 else ""
@@ -110,7 +86,25 @@ def print_kernel(report: dict[str, Any], path: Path) -> None:
         _end(report, str(path), listed + _kernel_lines(report))
     else:
         print_failing([(t["nodeid"], t["outcome"]) for t in tests])
-        _end(report, str(path), _kernel_lines(report), kernel_table(report))
+        passes = report["passes"]
+        san_labels = [k for k in passes if k.startswith("patched-")]
+        diff = "differential" in report
+        columns = ("test", "patched", "s", *(("upstream", "s", "verdict") if diff else ()),
+                   *(label.removeprefix("patched-") for label in san_labels))
+        table = Table(title=f"GPU suite: {report['tree']}")
+        for col in columns:  # the times right-aligned, the test ids folded
+            table.add_column(col, justify="right" if col == "s" else "left",
+                             overflow="fold" if col == "test" else "ellipsis")
+        san_rows = {label: {t["nodeid"]: t["outcome"] for t in passes[label].get("tests_brief", [])}
+                    for label in san_labels}
+        for t in report.get("tests", []):
+            cells = [t["nodeid"], _styled(t["outcome"]), f"{t['seconds']:.1f}"]
+            if diff:
+                cells += [_styled(t.get("upstream", "absent")), f"{t.get('upstream_seconds', 0.0):.1f}",
+                          _styled(t.get("verdict", ""))]
+            cells += [_styled(san_rows[label].get(t["nodeid"], "absent")) for label in san_labels]
+            table.add_row(*cells)
+        _end(report, str(path), _kernel_lines(report), table)
 
 
 def print_upstream(report: dict[str, Any], path: Path, result: str) -> None:

@@ -13,7 +13,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from c128patch import PACKAGE_DIR
 from c128patch.errors import C128Error
@@ -73,14 +73,27 @@ def unpack_wheel(wheel: Path, dest: Path) -> Path:
     return dest
 
 
-def read_provenance(root: Path) -> dict | None:
-    path = root / PROVENANCE_IN_ROOT
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (None: no such file), else a one-line error."""
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise C128Error(f"{path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     except json.JSONDecodeError as exc:
-        raise C128Error(f"{path}: provenance file is not valid JSON ({exc.msg})") from exc
+        raise C128Error(f"{path}: not valid JSON ({exc.msg})") from exc
+    except RecursionError:
+        raise C128Error(f"{path}: nested too deeply to read") from None
+    except OSError as exc:
+        raise C128Error(f"cannot read {path}: {exc.strerror}") from None
+    if not isinstance(doc, dict):
+        raise C128Error(f"{path}: a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
+def read_provenance(root: Path) -> dict | None:
+    return read_json(root / PROVENANCE_IN_ROOT)
 
 
 def series_info(record: dict | None) -> dict | None:
@@ -174,7 +187,7 @@ def prepare(opts: KernelOptions, progress: Callable[[str], None] = lambda _m: No
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _extract(git: Git, ref: str, workdir: Path, paths: tuple[str, ...]) -> Path:
+def extract_python(git: Git, ref: str, workdir: Path, paths: tuple[str, ...]) -> Path:
     """``git archive`` of ``paths`` of ``ref`` under ``workdir/upstream``; its python/ folder (holding sglang/)."""
     for path in paths:
         git.extract(ref, path, workdir / "upstream")
@@ -208,14 +221,14 @@ def derive_upstream(patched_root: Path, record: dict | None, wheel: Path | None,
     want = commit or rev
     top = toplevel(patched_root) if is_work_tree(patched_root) else None
     if top is not None and Git(worktree=top).rev_parse(want):
-        return _extract(Git(worktree=top), want, workdir, paths), f"git archive {want[:12]} of {top}"
+        return extract_python(Git(worktree=top), want, workdir, paths), f"git archive {want[:12]} of {top}"
     version = release_version(rev) if rev else None
     if version is None:
         raise C128Error(f"--differential: upstream {rev or want[:12]} is not in the tree's repository and not a "
                         "release; pass --upstream-tree")
     repo = ReleaseHistory().ensure([version])
     ref = commit if commit and Git(git_dir=repo).rev_parse(commit) else f"v{version}"
-    return _extract(Git(git_dir=repo), ref, workdir, paths), f"release history {ref[:12]} (sglang {version})"
+    return extract_python(Git(git_dir=repo), ref, workdir, paths), f"release history {ref[:12]} (sglang {version})"
 
 
 def stage(suite: Path, trees: dict[str, Path], dest: Path,

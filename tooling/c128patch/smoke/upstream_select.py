@@ -180,8 +180,7 @@ def resolve(index: ModuleIndex, imp: Imp, standins: set[str]) -> list[Edge]:
 
 
 def touched_files(record: dict | None) -> list[str]:
-    """``python/sglang/...`` paths the series writes: the provenance record's entries, else the
-    manifest's patches (all variants) and overlay targets."""
+    """``python/sglang/...`` paths the series writes: the record's entries, else the manifest's patches and overlays."""
     if record and record.get("entries"):
         return sorted({f for e in record["entries"] for f in e.get("files", [])})
     from c128patch.series.manifest import default_series_root, load_series
@@ -199,8 +198,7 @@ def touched_files(record: dict | None) -> list[str]:
 
 
 def series_targets(patched: Path, upstream: Path, files: Iterable[str]) -> dict[str, str]:  # noqa: C901  one pass sorts three ways
-    """module -> why it is a target (see the module docstring); several reasons joined by "; ",
-    what the series does to the module itself first."""
+    """module -> why it is a target (see the module docstring), the series' own change first, reasons joined by "; "."""
     direct: dict[str, list[str]] = {}
     beside: dict[str, list[str]] = {}
     kernels: dict[str, str] = {}  # kernel, as the wrappers name it (deepseek_v4/c_plan.cuh) -> why
@@ -276,8 +274,7 @@ class Closure:
     lazy: list[str] = field(default_factory=list)  # imported inside library functions only: not staged
 
     def files(self, index: ModuleIndex) -> list[Path]:
-        """Paths relative to the tree root: the modules, every package ``__init__`` on the way,
-        and the kernel sources of the named csrc folders."""
+        """Paths under the tree root: the modules, each package ``__init__`` on the way, the csrc folders' files."""
         out: set[Path] = set()
         for mod in self.modules | self.real_packages:
             path = index.file(mod)

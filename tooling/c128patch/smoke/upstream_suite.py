@@ -58,8 +58,7 @@ class Plan:
 
 
 def sources_of(root: Path) -> dict[str, Any]:
-    """Where the tests come from: the commit of the checkout whose tracked files they are (not
-    of a repository they merely sit in, untracked or ignored), and a SOURCES.json at the root."""
+    """Where the tests come from: the commit of the checkout that tracks them, and a SOURCES.json at the root."""
     out: dict[str, Any] = {"root": str(root)}
     tracked = Git(worktree=root).run("ls-files", "--", ".", check=False)
     head = Git(worktree=root).run("rev-parse", "HEAD", check=False)
@@ -73,20 +72,6 @@ def sources_of(root: Path) -> dict[str, Any]:
     return out
 
 
-def make_plan(prep: Prepared, root: Path, keyword: str | None) -> Plan:
-    """Select the tests under ``root`` and work out what each tree needs (no process is started)."""
-    assert prep.upstream is not None
-    pool = sel.standin_pool(prep.suite)
-    targets = sel.series_targets(prep.patched, prep.upstream, sel.touched_files(prep.record))
-    selection = sel.select(root, prep.patched, targets, set(pool), keyword)
-    plan = Plan(root, selection, prep.suite / "harness.py", pool, sources=sources_of(root))
-    for label, tree in (("patched", prep.patched), ("upstream", prep.upstream)):
-        closure = sel.closure(sel.ModuleIndex(tree), selection.files, set(pool))
-        standins, rows = sel.standin_plan(tree, pool, closure.standin_uses, closure.standin_uses_lazy)
-        plan.trees[label] = TreePlan(tree, closure, standins, rows)
-    return plan
-
-
 def pass_spec(plan: Plan, label: str, opts: KernelOptions) -> PassSpec:
     tree = plan.trees[label]
     boot = {"standins": tree.standins, "real_packages": sorted(tree.closure.real_packages)}  # upstream_standins' plan
@@ -98,31 +83,13 @@ def pass_spec(plan: Plan, label: str, opts: KernelOptions) -> PassSpec:
                     pytest_args=("-p", BOOT_PLUGIN, "--continue-on-collection-errors"))
 
 
-def stage_all(plan: Plan, prep: Prepared, dest: Path) -> dict[str, Any]:
-    """The two trees (the kernel tier's subset plus what the tests import) and the selected
-    test files (with their conftest.py files and sibling helpers) under ``dest``."""
-    trees = {label: tp.root for label, tp in plan.trees.items()}
-    extra = {label: tp.closure.files(sel.ModuleIndex(tp.root)) + sel.standin_files(tp.root, plan.pool)
-             for label, tp in plan.trees.items()}
-    staged: dict[str, Any] = stage(prep.suite, trees, dest, lambda label, _root: extra[label])
-    files = [p.relative_to(plan.root) for test in plan.selection.files
-             for p in (test.path, *sel.conftests(test, plan.root), *test.siblings)]
-    staged[STAGED_TESTS] = copy_files(plan.root, files, dest / STAGED_TESTS)
-    sources = plan.sources.get("sources", {}) | {k: plan.sources[k] for k in ("git_commit",) if k in plan.sources}
-    if sources:
-        (dest / STAGED_TESTS / SOURCES).write_text(json.dumps(sources, indent=1, sort_keys=True) + "\n")
-    return staged
-
-
 _NO_MODULE = re.compile(r"No module named '([^']+)'")
 _NO_NAME = re.compile(r"cannot import name '([^']+)' from '([^']+)'")
 _STANDIN = re.compile(r"the stand-in for (\S+) has no '([^']+)'")
 
 
 def classify(message: str, standin_rows: list[dict[str, Any]]) -> tuple[str, str]:
-    """Why a file could not be collected: ``tree`` (the tree lacks what it imports),
-    ``environment`` (a package outside sglang is missing), ``stand-in`` (ours lacks a name),
-    ``other``; with a short reason."""
+    """(``tree`` | ``environment`` | ``stand-in`` | ``other``, a short reason): why a file could not be collected."""
     withheld = {(r["module"], n) for r in standin_rows for n in r.get("withheld", [])}
     m = _STANDIN.search(message)
     if m:
@@ -290,9 +257,17 @@ def _planned(opts: KernelOptions, tests: Path | None) -> tuple[KernelOptions, Pa
 
 @contextlib.contextmanager
 def _prepared(opts: KernelOptions, root: Path, progress: Progress) -> Iterator[tuple[Prepared, Plan]]:
-    """Both trees (even for --list) and the plan; the trees' temp folders removed on the way out."""
+    """Both trees (even for --list) and the plan (what each tree needs; no process started); temp folders removed."""
     with prepare(replace(opts, collect_only=False), progress) as prep:
-        plan = make_plan(prep, root, opts.keyword)
+        assert prep.upstream is not None
+        pool = sel.standin_pool(prep.suite)
+        targets = sel.series_targets(prep.patched, prep.upstream, sel.touched_files(prep.record))
+        selection = sel.select(root, prep.patched, targets, set(pool), opts.keyword)
+        plan = Plan(root, selection, prep.suite / "harness.py", pool, sources=sources_of(root))
+        for label, tree in (("patched", prep.patched), ("upstream", prep.upstream)):
+            closure = sel.closure(sel.ModuleIndex(tree), selection.files, set(pool))
+            standins, rows = sel.standin_plan(tree, pool, closure.standin_uses, closure.standin_uses_lazy)
+            plan.trees[label] = TreePlan(tree, closure, standins, rows)
         progress(f"{len(plan.selection.files)} of {plan.selection.scanned} upstream test files selected under "
                  f"{plan.root}")
         yield prep, plan
@@ -300,17 +275,26 @@ def _prepared(opts: KernelOptions, root: Path, progress: Progress) -> Iterator[t
 
 def stage_run(opts: KernelOptions, tests: Path | None, dest: Path,
               progress: Progress) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """The trees and the selected tests under ``dest`` (to carry to a GPU machine); (staged, selection)."""
+    """Both trees (the kernel tier's subset + what the tests import) and the selected tests (with their conftest.py
+    files and sibling helpers) under ``dest``, to carry to a GPU machine; (staged, selection)."""
     opts, root = _planned(opts, tests)
     with _prepared(opts, root, progress) as (prep, plan):
-        staged = {k: {**v, "path": str(dest / k)} for k, v in stage_all(plan, prep, dest).items()}
-        return staged, plan.selection.to_json()
+        trees = {label: tp.root for label, tp in plan.trees.items()}
+        extra = {label: tp.closure.files(sel.ModuleIndex(tp.root)) + sel.standin_files(tp.root, plan.pool)
+                 for label, tp in plan.trees.items()}
+        staged: dict[str, Any] = stage(prep.suite, trees, dest, lambda label, _root: extra[label])
+        files = [p.relative_to(plan.root) for test in plan.selection.files
+                 for p in (test.path, *sel.conftests(test, plan.root), *test.siblings)]
+        staged[STAGED_TESTS] = copy_files(plan.root, files, dest / STAGED_TESTS)
+        sources = plan.sources.get("sources", {}) | {k: plan.sources[k] for k in ("git_commit",) if k in plan.sources}
+        if sources:
+            (dest / STAGED_TESTS / SOURCES).write_text(json.dumps(sources, indent=1, sort_keys=True) + "\n")
+        return {k: {**v, "path": str(dest / k)} for k, v in staged.items()}, plan.selection.to_json()
 
 
 def run(opts: KernelOptions, tests: Path | None, command: str, progress: Progress,
         parallel_trees: bool = False) -> tuple[dict[str, Any], Path]:
-    """Upstream's tests on both trees, one after the other or (``parallel_trees``) at once; the
-    report, rewritten after each pass, and its path."""
+    """Upstream's tests on both trees, in turn or (``parallel_trees``) at once; the report and its path."""
     opts, root = _planned(opts, tests)
     device = {} if opts.collect_only else require_device(opts.python)
     verb = "collecting" if opts.collect_only else "running"
