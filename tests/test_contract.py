@@ -458,7 +458,12 @@ def test_the_behavioural_tier_passes_only_where_every_module_imported_on_every_r
         assert all(m["status"] in ("ok", "not checked") for m in [*tier["modules"].values(), *tier["probes"].values()])
     missed = {n for t in (off, on) for n, m in [*t["modules"].items(), *t["probes"].items()]
               if m["status"] == "not checked"}
-    assert [line.split(":", 1)[0] for line in run.out["not_checked"]] == sorted(missed)
+    said = [line for line in run.out["not_checked"] if not line.startswith("scenario ")]  # the scenarios: below
+    assert [line.split(":", 1)[0] for line in said] == sorted(missed)
+    not_run = {s for t in (off, on) for s, r in t["scenarios"].items() if r["status"] == "not run"}
+    scenario_lines = run.out["not_checked"][len(said):]
+    assert all(line.startswith("scenario ") for line in scenario_lines)
+    assert {line.split(":")[0].removeprefix("scenario ") for line in scenario_lines} == not_run
     # v0.5.20's environ itself imports orjson: there nothing imports without it
     needs = {n: "orjson" for t in (off, on) for n in [*t["modules"], *t["probes"]]} if rev == "v0.5.20" else NEEDS
     assert missed == {m for m, package in needs.items() if importlib.util.find_spec(package) is None}
@@ -488,7 +493,10 @@ def test_without_torch_the_behavioural_tier_says_not_checked_in_one_line(tmp_pat
     run = invoke("treecheck", "--sglang-rev", "v0.5.23", "--python", no_torch_python(tmp_path), "--series",
                  str(REPO_ROOT), as_json=False)
     assert run.code == EXIT["unchecked"]
-    assert run.text == ("  behavioural tier: torch is not installed for this interpreter (nothing imported)\n"
+    from c128patch.fit.sandbox import isolation
+
+    assert run.text == (f"behavioural tier: the interpreter given (--python); {isolation()}\n"
+                        "  behavioural tier: torch is not installed for this interpreter (nothing imported)\n"
                         "treecheck: torch is not installed for this interpreter: behavioural tier not checked; "
                         "imports: 11 of 11 modules' sglang imports resolve on the tree's files\n")
 
