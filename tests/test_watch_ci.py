@@ -100,9 +100,10 @@ def test_every_c128patch_command_line_is_accepted_by_the_cli(workflow):
     seen = []
     for step in workflow["jobs"]["watch"]["steps"]:
         for args in workflow_commands(step.get("run", ""), {"WATCH_TIMEOUT": "2400"}):
-            cmd = main.get_command(click.Context(main), args[0])
+            root = click.Context(main, info_name="c128patch", **main.context_settings)
+            cmd = main.get_command(root, args[0])
             assert cmd is not None, args
-            cmd.make_context(args[0], args[1:])  # raises on an unknown or malformed option
+            cmd.make_context(args[0], args[1:], parent=root)  # raises on an unknown or malformed option
             seen.append(args[0])
     assert seen == ["watch"]
 
