@@ -629,3 +629,25 @@ def test_docs_layers_md_walked_as_printed_across_the_releases_with_check_at_each
     checked = json.loads(sh("c128patch check --json", tree))
     assert [r["rev"] for r in checked["revs"]] == list(RELEASES)
     assert checked["ok"] and all(r["wheel"]["exit"] == 0 for r in checked["revs"]), checked
+
+
+def test_apply_with_a_local_repo_and_contract_take_the_layers_that_tree_was_applied_with(
+        tmp_path, upstream_clone, monkeypatch):
+    """Applied with --layer into a local --repo, then run from elsewhere with no layer named: apply looks in that
+    repository (not the current folder) and finds the branch already holds the stack; contract --tree says the
+    tree's layers and checks them."""
+    series, layer, elsewhere = copy_series(tmp_path / "series"), tmp_path / "acme", tmp_path / "elsewhere"
+    shutil.copytree(EXAMPLE, layer)
+    elsewhere.mkdir()
+    monkeypatch.setenv("C128PATCH_SERIES", str(series))
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(elsewhere)
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone, "--layer", layer).code == 0
+    said = f"layers from the tree's provenance: {layer.resolve()}"
+    res = invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone, as_json=False)
+    assert res.code == 0 and said in res.err and "+ layer acme 1" in res.text and "nothing to do" in res.text, \
+        (res.err, res.text)
+    res = invoke("contract", "--tree", upstream_clone, "--no-nvcc")
+    assert res.out["layers_in_effect"]["from"] == "the tree's provenance", res.out
+    assert [r["name"] for r in res.out["layers_in_effect"]["layers"]] == ["acme"], res.out
+    assert said in invoke("contract", "--tree", upstream_clone, "--no-nvcc", as_json=False).err

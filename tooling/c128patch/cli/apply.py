@@ -43,14 +43,15 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
 
     if sum(map(bool, (rev, cont, abort))) != 1:
         raise C128Error("give exactly one of --sglang-rev REV, --continue, --abort")
+    local = Path(repo) if repo and not is_url(repo) else None  # a local --repo is the tree
     if rev is not None:
-        series = load_stack(series_dir, layer_dirs, tree, repo, quiet=as_json)
+        series = load_stack(series_dir, layer_dirs, tree or local, repo, quiet=as_json)
         with reporter(not as_json, title="apply") as rep:
             result, older = apply_rev(series, repo, rev, tree=tree, branch=branch, reporter=rep)
         return _report(result, series, as_json, older)
     if branch:
         raise C128Error("--branch goes with --sglang-rev")
-    where = tree or (Path(repo) if repo and not is_url(repo) else None)  # None: the tree locate_tree finds, as status
+    where = tree or local  # None: the tree locate_tree finds, as status
     if where is not None and not where.is_dir():
         raise C128Error(f"no such folder: {where}")
     git = Git(worktree=locate_tree(where))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, exit_unless, repo_option, say, verb_options
+from c128patch.cli.common import emit_json, exit_unless, load_stack, repo_option, say, verb_options
 from c128patch.errors import C128Error
 
 
@@ -35,12 +35,11 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     from c128patch.git import Git, toplevel
     from c128patch.progress import reporter
     from c128patch.series.contract import read_lock
-    from c128patch.series.layers import get_series
     from c128patch.series.plan import validate_files
     from c128patch.textsafe import plain
     from c128patch.upstream.source import open_upstream
 
-    series = get_series(series_dir, layer_dirs)
+    series = load_stack(series_dir, layer_dirs, tree, repo, quiet=as_json)
     validate_files(series)
     if bool(revs) == (tree is not None):
         raise C128Error("pass --sglang-rev X (one or more) or --tree DIR, not both and not neither")
@@ -72,7 +71,7 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     if as_json:
         emit_json({"ok": ok, "accepted": accepted, "series": {"name": series.name, "version": series.version},
                    "revs": [{"rev": label, **r.to_json(), "cxx_probe": p[1] if p else "not run",
-                             "cxx_probe_ok": p[0] if p else None} for label, r, p in results]})
+                             "cxx_probe_ok": p[0] if p else None} for label, r, p in results]}, series)
     else:
         for label, result, probe in results:
             notes = 0 if verbose else sum(f.level == "note" for f in result.findings)
