@@ -320,3 +320,28 @@ def test_two_writers_of_one_layer_are_serialised_by_its_lock(tmp_path):
         p.join(60)
     assert [p.exitcode for p in procs] == [0, 0]
     assert sorted(e.name for e in load_series(layer).entries) == ["a", "b"]
+
+
+def test_layer_add_entry_reads_the_layer_under_its_lock(tmp_path, monkeypatch):
+    """`layer add-entry` itself (not only a writer built for the test) holds the layer's lock from its first read."""
+    import fcntl
+
+    from c128patch.ops import layer as ops_layer
+
+    layer, held = series_folder(tmp_path / "layer"), []
+
+    def probe(folder: Path, _series: object) -> None:  # another writer, as add-entry loads the layer
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(fd)
+        raise C128Error("probed")
+
+    monkeypatch.setattr(ops_layer, "load_layer", probe)
+    with pytest.raises(C128Error, match="probed"):
+        ops_layer.add_entry(layer, None, None, "HEAD", "why")  # type: ignore[arg-type]
+    assert held == [True]
