@@ -112,11 +112,15 @@ def test_a_symlinked_or_non_utf8_contract_lock_is_refused_in_one_line(tmp_path):
     (root / "patches" / "contract.lock").symlink_to(tmp_path / "victim.txt")
     with pytest.raises(C128Error, match="goes through the symlink patches/contract.lock"):
         read_lock(root / "patches")
+    refused(["contract", "--sglang-rev", "v0.5.23", "--accept", "--series", root], contains="goes through the symlink")
+    res = invoke("lint", "--offline", "--series", root)  # the link is a finding of lint too
+    assert res.code == 1 and any("goes through the symlink" in f["message"] for f in res.out["findings"]), res.out
     assert (tmp_path / "victim.txt").read_text() == "keep"
     (root / "patches" / "contract.lock").unlink()
     (root / "patches" / "contract.lock").write_bytes(b"# base v0.5.23\nfunction a.\xff b c sig=1\n")
     with pytest.raises(C128Error, match="not UTF-8 .* rewrite it with `c128patch refresh`"):
         read_lock(root / "patches")
+    assert invoke("lint", "--offline", "--series", root).code == 1
 
 
 def test_a_good_journal_is_still_finished(tmp_path):
