@@ -196,6 +196,9 @@ def test_a_config_committed_by_upstream_is_never_read(tmp_path, monkeypatch):
     up = hostile_upstream(tmp_path)
     assert find_layers((), cwd=up / "python" / "sglang") == ()
     assert find_layers((), cwd=up) == ()
+    monkeypatch.chdir(up / "python")  # `status` run from inside the tree, as README says: the config is not read
+    res = invoke("status", as_json=False)
+    assert "evil" not in res.err + res.text and "layers from" not in res.err, (res.err, res.text)
     (tmp_path / "work" / CONFIG).write_text('[layers]\npaths = ["mine"]\n')  # the operator's, above the tree
     assert find_layers((), cwd=up / "python") == ((tmp_path / "work" / "mine").resolve(),)
 
@@ -231,7 +234,10 @@ def test_a_layer_cannot_claim_one_of_our_entries_in_any_spelling(tmp_path, spell
         fh.write('\n[[entries]]\nname = "x"\nkind = "patch"\nfile = "0001-x.patch"\nwhy = "w"\nbase = "v0.5.23"\n')
     with pytest.raises(C128Error, match="names its own entry only"):
         stack(load_series(REPO_ROOT), [layer])
-    refused(["lint", "--offline", "--layer", layer], contains="names its own entry only")
+    for verb in (["lint", "--offline"], ["check", "--sglang-rev", "v0.5.23"],
+                 ["apply", "--sglang-rev", "v0.5.23", "--tree", tmp_path / "tree"]):
+        refused([*verb, "--layer", layer], contains="names its own entry only")
+    assert not (tmp_path / "tree").exists()
 
 
 # --------------------------------------------------------------------------------------- item 5: the cache is checked
