@@ -9,6 +9,7 @@ anything is written.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ import pytest
 from c128patch.fit.contract import lock_items
 from c128patch.git import Git
 from c128patch.ops.refresh import format_patch, refresh_command
+from c128patch.series import txn
 from c128patch.series.layers import CONFIG, ENV, find_layers, stack
 from c128patch.series.manifest import load_series
 from c128patch.wheel.sbom import LAYER_PREFIX, indexed_properties
@@ -197,7 +199,13 @@ def test_wheel_refuses_a_conflicting_layer_entry_naming_both(clashing_layer, tmp
 
 
 # ---------------------------------------------------------------------------- layer add-entry
-def test_add_entry_makes_the_example_layers_first_entry_from_a_commit(tmp_path, upstream_clone):
+def full_disk(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data[:1])
+    raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+
+def test_add_entry_makes_the_example_layers_first_entry_from_a_commit(tmp_path, upstream_clone, monkeypatch):
     """The example's first entry was made by `layer add-entry`; the same commit gives the same file."""
     assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
     anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
@@ -211,6 +219,12 @@ def test_add_entry_makes_the_example_layers_first_entry_from_a_commit(tmp_path, 
     gates = (EXAMPLE / "patches" / "series.toml").read_text().split("[[gates]]", 1)[1]
     manifest.write_text(manifest.read_text() + "\n[[gates]]" + gates)
     before = snapshot(upstream_clone)
+    add = ["layer", "add-entry", "--layer", layer, "--from-commit", sha[:10], "--tree", upstream_clone, "--why", "w"]
+    files = {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()}
+    with monkeypatch.context() as m:  # a full disk while staging: one line, the layer as it was, no leftovers
+        m.setattr(txn, "write_atomic", full_disk)
+        line = refused(add, upstream_clone, "No space left on device")
+    assert "nothing was changed in" in line and {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()} == files
     res = invoke("layer", "add-entry", "--layer", layer, "--from-commit", sha[:10], "--tree", upstream_clone,
                  "--gate", "SGLANG_ACME_SPS_FLOOR", "--name", "acme-sps-env",
                  "--why", "declare the acme site's SGLANG_ACME_SPS_FLOOR beside the other speculative-decoding envs")
