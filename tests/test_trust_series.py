@@ -355,3 +355,17 @@ def test_layer_add_entry_reads_the_layer_under_its_lock(tmp_path, monkeypatch):
     with pytest.raises(C128Error, match="probed"):
         ops_layer.add_entry(layer, None, None, "HEAD", "why")  # type: ignore[arg-type]
     assert held == [True]
+
+
+# ------------------------------------------------------------------------------------------ robustness: argv
+def test_a_non_utf8_argv_is_taken_or_refused_in_one_line(tmp_path):
+    """Non-UTF-8 bytes in a folder name and in an option (``python -m c128patch``, as a shell passes them)."""
+    from support import cli_process, copy_series
+
+    series = copy_series(tmp_path / os.fsdecode(b"s\xff"))
+    done = cli_process(["lint", "--offline", "--series", series])
+    assert done.returncode == 0 and " entries, 0 error(s)" in done.stdout, done.stderr
+    assert json.loads(cli_process(["lint", "--offline", "--series", series, "--json"]).stdout)["ok"] is True
+    bad = cli_process(["gates", os.fsdecode(b"--x\xff")])
+    assert bad.returncode == 2 and bad.stderr.startswith("c128patch: error: No such option"), bad.stderr
+    assert bad.stderr.strip().endswith("(see `c128patch gates --help`)") and "\n" not in bad.stderr.strip()

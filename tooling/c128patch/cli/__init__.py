@@ -41,7 +41,7 @@ def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
     from c128patch.cli.common import emit_json
 
     message = " ".join(exc.format_message().split())
-    verb = exc.ctx.command_path.partition(" ")[2] if exc.ctx is not None else ""
+    verb = exc.ctx.command_path.removeprefix(exc.ctx.find_root().info_name).strip() if exc.ctx is not None else ""
     line = f"{message} (see `{f'c128patch {verb}' if verb else 'c128patch'} --help`)"
     if "--json" in (argv[: argv.index("--")] if "--" in argv else argv):
         emit_json({"ok": False, "error": line, "usage_error": True})
