@@ -7,6 +7,7 @@ written outside the tree or the series folder, and a refusal is one clear line w
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -308,3 +309,30 @@ def test_a_patch_with_a_bad_rename_header_is_refused_as_corrupt_not_as_a_conflic
                                                             "--series", series]
     line = refused(args, tree, "corrupt patch 0001-test.patch: git apply: bad git-diff - inconsistent old filename")
     assert "does not apply" not in line and "conflict" not in line
+
+
+def test_an_entry_named_escape_in_a_rebase_journal_never_reaches_the_ledger_through_continue(series, tree):
+    """A rebase stopped at a conflict, its journal's entry renamed ``../../../ESCAPE``, the conflict resolved:
+    `rebase --continue` refuses the name in one line; no ESCAPE path is made and the ledger records nothing."""
+    from c128patch.ops.treestate import rebase_journal
+
+    git = Git(worktree=tree)
+    assert invoke(*apply_args(tree, series), as_json=False).code == 0
+    idx = git.with_env(GIT_INDEX_FILE=str(tree / ".git" / "other.index"))
+    idx.run("read-tree", "v0.5.23")
+    text = git.blob("v0.5.23", CUH).decode().replace(LINE, LINE.rstrip("\n") + "  // upstream's change\n")
+    idx.run("update-index", "--cacheinfo", f"100644,{git.out('hash-object', '-w', '--stdin', input=text)},{CUH}")
+    onto = git.out("commit-tree", idx.out("write-tree"), "-p", "v0.5.23", "-m", "upstream edits the same line")
+    assert invoke("rebase", "--onto", onto, "--tree", tree, "--series", series, as_json=False).code == 1
+    path = rebase_journal(git)
+    data = json.loads(path.read_text())
+    assert data["steps"][data["pos"]]["name"] == "test-patch"
+    data["steps"][data["pos"]]["name"] = "../../../ESCAPE"
+    path.write_text(json.dumps(data))
+    text = (tree / CUH).read_text()
+    start, end = text.index("<<<<<<<"), text.index(">>>>>>>")
+    (tree / CUH).write_text(text[:start] + LINE.rstrip("\n") + "  // resolved\n" + text[text.index("\n", end) + 1:])
+    git.run("add", CUH)
+    refused(["rebase", "--continue", "--tree", tree], contains="unsafe entry name")
+    assert not [p for root in (tree.parent, series.parent) for p in root.rglob("*ESCAPE*")]
+    assert not (series / "patches" / "resolutions").exists()
