@@ -420,6 +420,19 @@ def test_a_program_that_is_not_a_python_is_one_line(tmp_path: Path, prints: str)
     assert line.startswith(f"c128patch: error: {fake} did not answer as a Python does ("), line
 
 
+@pytest.mark.parametrize("script, said", [
+    (r"printf '\377\376{}\n'", "{fake} did not answer as a Python does ("),
+    (r"printf '\377\n' >&2; exit 3", "cannot ask {fake} what it has installed: ")])
+def test_a_program_printing_non_utf8_is_one_line(tmp_path: Path, script: str, said: str):
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\n{script}\n")
+    fake.chmod(0o755)
+    res = invoke("doctor", "--python", str(fake), as_json=False)
+    assert res.code == 2, (res.code, res.err)
+    (line,) = res.err.strip().splitlines()
+    assert line.startswith("c128patch: error: " + said.format(fake=fake)), line
+
+
 def _installed(python: Path, name: str) -> Path:
     return next(python.parent.parent.glob(f"lib/python*/site-packages/{name}"))
 

@@ -59,7 +59,7 @@ class Interpreter:
 def probe(python: str) -> Interpreter:
     """Ask ``python`` what it has installed (one subprocess, stdlib only)."""
     try:
-        proc = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, errors="replace", timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise C128Error(f"cannot run {python}: {exc}") from exc
     lines = proc.stdout.strip().splitlines()
