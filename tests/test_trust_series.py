@@ -369,3 +369,15 @@ def test_a_non_utf8_argv_is_taken_or_refused_in_one_line(tmp_path):
     bad = cli_process(["gates", os.fsdecode(b"--x\xff")])
     assert bad.returncode == 2 and bad.stderr.startswith("c128patch: error: No such option"), bad.stderr
     assert bad.stderr.strip().endswith("(see `c128patch gates --help`)") and "\n" not in bad.stderr.strip()
+
+
+def test_watch_refuses_a_read_only_out_before_any_work(tmp_path):
+    from test_trust_git import read_only
+
+    (tmp_path / "ro").mkdir()
+    with read_only(tmp_path / "ro"):
+        started = time.monotonic()
+        refused(["watch", "--onto", "v0.5.23", "--out", tmp_path / "ro" / "out", "--no-run"],
+                contains=f"--out {tmp_path / 'ro' / 'out'}: {tmp_path / 'ro'} is not writable")
+        assert time.monotonic() - started < 30  # refused up front: no clone, no carry
+    assert not list((tmp_path / "ro").iterdir())

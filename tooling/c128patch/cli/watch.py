@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json, load_stack, repo_option, verb_options
+from c128patch.cli.common import check_output_dir, emit_json, load_stack, repo_option, verb_options
 
 EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items())
 
@@ -46,6 +46,7 @@ def command(onto: str, repo: str | None, out: Path, timeout: float, primary: boo
 
     series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
     validate_files(series)
+    check_output_dir(out, "--out")
     with reporter(not as_json, title="watch") as rep:
         report = core.watch(series, repo, onto, out, timeout=timeout, primary=primary, python=python,
                             run_code=not no_run, reporter=rep)
