@@ -381,3 +381,18 @@ def test_watch_refuses_a_read_only_out_before_any_work(tmp_path):
                 contains=f"--out {tmp_path / 'ro' / 'out'}: {tmp_path / 'ro'} is not writable")
         assert time.monotonic() - started < 30  # refused up front: no clone, no carry
     assert not list((tmp_path / "ro").iterdir())
+
+
+def test_a_full_disk_while_watch_writes_its_report_is_one_line_and_leaves_no_report(tmp_path, monkeypatch):
+    import errno
+
+    from c128patch.fit import watch as watch_ops
+
+    def full(path: Path, data: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(watch_ops, "write_json_atomic", full)
+    out = tmp_path / "out"
+    refused(["watch", "--onto", "v0.5.23", "--out", out, "--no-run"],
+            contains=f"cannot write the report under --out {out} (No space left on device)")
+    assert not [p for p in out.iterdir() if p.name in watch_ops.WRITTEN]

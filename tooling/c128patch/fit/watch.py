@@ -450,15 +450,25 @@ class Watch:
         return []
 
     def write(self, report: dict, tmp: Path | None) -> None:
-        """Replace what an earlier watch wrote under ``out`` with this run's files."""
-        out = self.out
-        out.mkdir(parents=True, exist_ok=True)
-        for name in WRITTEN:
-            path = out / name
+        """Replace what an earlier watch wrote under ``out`` with this run's files (a failed write: none)."""
+        try:
+            self._write(report, tmp)
+        except OSError as exc:
+            self._clear()
+            raise C128Error(f"cannot write the report under --out {self.out} ({exc.strerror or exc}); its report "
+                            "files are removed") from None
+
+    def _clear(self) -> None:
+        for path in (self.out / name for name in WRITTEN):
             if path.is_dir():
                 shutil.rmtree(path)
             else:
                 path.unlink(missing_ok=True)
+
+    def _write(self, report: dict, tmp: Path | None) -> None:
+        out = self.out
+        out.mkdir(parents=True, exist_ok=True)
+        self._clear()
         rebase_json = report.pop("json")
         if report["refreshed"] is not None and tmp is not None:
             shutil.copytree(tmp / "refreshed", out / "series", symlinks=True)
