@@ -336,3 +336,27 @@ def test_an_entry_named_escape_in_a_rebase_journal_never_reaches_the_ledger_thro
     refused(["rebase", "--continue", "--tree", tree], contains="unsafe entry name")
     assert not [p for root in (tree.parent, series.parent) for p in root.rglob("*ESCAPE*")]
     assert not (series / "patches" / "resolutions").exists()
+
+
+def test_a_bare_repositorys_config_and_hooks_run_nothing_in_the_clone_apply_makes(series, marker, sglang_release_repo,
+                                                                                 tmp_path):
+    prog, mark = marker
+    bare = tmp_path / "bare.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(sglang_release_repo), str(bare)], check=True)
+    for key, value in (("core.fsmonitor", str(prog)), ("filter.evil.clean", str(prog)),
+                       ("filter.evil.smudge", str(prog)), ("filter.evil.required", "true"),
+                       ("diff.evil.textconv", str(prog)), ("uploadpack.packObjectsHook", str(prog))):
+        subprocess.run(["git", "--git-dir", str(bare), "config", key, value], check=True)
+    (bare / "info").mkdir(exist_ok=True)
+    (bare / "info" / "attributes").write_text("* filter=evil diff=evil\n")
+    for hook in HOOKS:
+        (bare / "hooks" / hook).write_text(f"#!/bin/sh\n{prog} </dev/null\nexit 1\n")
+        (bare / "hooks" / hook).chmod(0o755)
+    res = invoke("apply", "--sglang-rev", "v0.5.23", "--repo", bare, "--tree", tmp_path / "new", "--series", series)
+    assert res.code == 0, res.err
+    assert not mark.exists(), "apply ran a program the bare repository's config or hooks name"
+    assert invoke("status", "--tree", tmp_path / "new", "--series", series).code == 0 and not mark.exists()
+    (tmp_path / "w").mkdir()  # the trap fires for a plain git reading that repository
+    subprocess.run(["git", "--git-dir", str(bare), "--work-tree", str(tmp_path / "w"), "checkout", "v0.5.23", "--",
+                    CUH], capture_output=True)
+    assert mark.exists()
