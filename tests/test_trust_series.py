@@ -23,6 +23,7 @@ from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import load_series
 from c128patch.series.paths import confine
 from support import REPO_ROOT, invoke, refused
+from test_sealed_box import trapped_upstream  # noqa: F401 (a fixture)
 
 SERIES = '[series]\nname = "{name}"\nversion = "1"\nbase = "v0.5.23"\n'
 
@@ -396,3 +397,17 @@ def test_a_full_disk_while_watch_writes_its_report_is_one_line_and_leaves_no_rep
     refused(["watch", "--onto", "v0.5.23", "--out", out, "--no-run"],
             contains=f"cannot write the report under --out {out} (No space left on device)")
     assert not [p for p in out.iterdir() if p.name in watch_ops.WRITTEN]
+
+
+# ------------------------------------------------------------------ item 3: verbs that only read never run the target
+def test_apply_status_lint_and_matrix_never_run_the_targets_code(trapped_upstream, tmp_path):
+    """The verbs test_sealed_box.py's trap does not cover, on the same booby-trapped upstream (its control proves
+    the trap fires when the target's code runs)."""
+    git, marker = trapped_upstream
+    tree = tmp_path / "sglang"
+    for verb in (["apply", "--sglang-rev", "trap", "--repo", git.git_dir, "--tree", tree], ["status", "--tree", tree],
+                 ["lint", "--repo", git.git_dir], ["matrix"]):
+        run = invoke(*verb, "--series", REPO_ROOT)
+        assert run.code == 0, (verb, run.out, run.err)
+        assert not marker.exists(), (verb, marker.read_text())
+    assert (tree / "json.py").is_file()  # the trap is in the tree apply made
