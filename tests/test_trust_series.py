@@ -411,3 +411,15 @@ def test_apply_status_lint_and_matrix_never_run_the_targets_code(trapped_upstrea
         assert run.code == 0, (verb, run.out, run.err)
         assert not marker.exists(), (verb, marker.read_text())
     assert (tree / "json.py").is_file()  # the trap is in the tree apply made
+
+
+def test_status_prints_a_hostile_commit_subject_without_its_controls(upstream_clone):
+    """The commit HEAD was on before apply (an upstream's, say) is listed by status as a recovery ref: its subject
+    reaches the terminal without ESC, OSC-8 or BEL."""
+    hostile = "evil \x1b]8;;https://evil.invalid\x1b\\link\x1b]8;;\x1b\\ \x07end"
+    subprocess.run(["git", "-C", str(upstream_clone), "-c", "user.name=u", "-c", "user.email=u@x.invalid", "commit",
+                    "-q", "--allow-empty", "-m", hostile], check=True)
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
+    res = invoke("status", "--tree", upstream_clone, as_json=False)
+    assert "evil ]8;;https://evil.invalid\\link]8;;\\ end" in res.text, res.text
+    assert not any(c in res.text for c in "\x1b\x07"), res.text

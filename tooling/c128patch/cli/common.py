@@ -47,10 +47,11 @@ def verb_options(fn: Callable) -> Callable:
 
 
 def say(*lines: str) -> None:
-    """Lines on stdout, as they are (no rich markup)."""
+    """Lines on stdout, without rich markup or the controls a terminal acts on (``textsafe.plain``)."""
     from c128patch.progress import console
+    from c128patch.textsafe import plain
 
-    console(stderr=False).print("\n".join(lines), markup=False)
+    console(stderr=False).print(plain("\n".join(lines)), markup=False)
 
 
 def exit_unless(ok: bool) -> None:
@@ -135,6 +136,7 @@ def handles_errors(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from c128patch.progress import console
+        from c128patch.textsafe import plain
 
         main = threading.current_thread() is threading.main_thread()
         held = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
@@ -144,7 +146,8 @@ def handles_errors(fn: Callable) -> Callable:
             if kwargs.get("as_json", False):
                 emit_json({"ok": False, "error": exc.message, **({"hint": exc.hint} if exc.hint else {}),
                            **({"report": exc.report} if getattr(exc, "report", None) else {})})
-            console().print("\n".join(filter(None, (f"c128patch: error: {exc.message}", exc.hint))), markup=False)
+            said = filter(None, (f"c128patch: error: {exc.message}", exc.hint))
+            console().print(plain("\n".join(said)), markup=False)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt as exc:
             signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT

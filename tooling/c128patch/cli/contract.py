@@ -36,7 +36,6 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     from c128patch.progress import reporter
     from c128patch.series.contract import read_lock
     from c128patch.series.plan import validate_files
-    from c128patch.textsafe import plain
     from c128patch.upstream.source import open_upstream
 
     series = load_stack(series_dir, layer_dirs, tree, repo, quiet=as_json)
@@ -75,10 +74,10 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     else:
         for label, result, probe in results:
             notes = 0 if verbose else sum(f.level == "note" for f in result.findings)
-            say(*map(plain, [*(f"  {f.level}: {f.message}" for f in result.findings if f.level != "note" or verbose),
-                             *([f"  {notes} note(s) (--verbose lists them)"] if notes else []),
-                             *([f"  C++: {probe[1]}"] if probe is not None else []),
-                             f"{label}: contract {result.verdict()} ({result.seconds:.2f} s)"]))
+            say(*(f"  {f.level}: {f.message}" for f in result.findings if f.level != "note" or verbose),
+                *([f"  {notes} note(s) (--verbose lists them)"] if notes else []),
+                *([f"  C++: {probe[1]}"] if probe is not None else []),
+                f"{label}: contract {result.verdict()} ({result.seconds:.2f} s)")
         if accept:
             say(f"accepted {accepted} changed signature(s) in {lock.path}")
     exit_unless(ok)

@@ -26,6 +26,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
     from c128patch.cli.common import load_stack
     from c128patch.git import Git
     from c128patch.ops.status import tree_status
+    from c128patch.textsafe import plain
 
     root = locate_tree(tree)
     try:
@@ -45,7 +46,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
     elif lines := [*_state(info), *(_applied(info) if "series" in info else []),
                    *([f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):"]
                      [:len(refs)]), *(f"    {r['ref']} {r['commit'][:12]} {r['subject']}" for r in refs[:10])]:
-        click.echo("\n".join(lines))  # plain lines, as `say` prints them, without loading rich
+        click.echo(plain("\n".join(lines)))  # as `say` prints them, without loading rich
     exit_unless(info.get("equals_series"))
 
 
