@@ -65,8 +65,7 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     accepted = sum(core.accept(lock, result) for _, result, _ in results) if accept else 0
     # after --accept the accepted changes hold; an error it cannot accept (a call that no longer binds) never does
     ok = all(not [e for e in r.errors if not (accept and e.acceptable)] and (accept or not r.warnings)
-             for _, r, _ in results) and all(
-        p is None or p[0] is not False for _, _, p in results)
+             and (p is None or p[0] is not False) for _, r, p in results)
     if as_json:
         emit_json({"ok": ok, "accepted": accepted, "series": {"name": series.name, "version": series.version},
                    "revs": [{"rev": label, **r.to_json(), "cxx_probe": p[1] if p else "not run",
