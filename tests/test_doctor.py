@@ -142,7 +142,7 @@ def test_an_import_that_does_not_finish_is_an_error(patched_python: Path):
 
 
 def test_the_dspark_gate_without_a_gpu_is_an_error(patched_python: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(doctor_module, "gpus", lambda: ([], "nvidia-smi not found"))  # as on a host without one
+    monkeypatch.setattr(doctor_module, "nvidia_smi", lambda _: ([], "nvidia-smi not found"))  # as on a host without one
     _, _, topics = doctor(patched_python, standin=SGLANG_STANDIN)
     assert topics["gpu"] == [("warn", "no NVIDIA GPU here (nvidia-smi not found)")]  # gates off: upstream's business
     code, _, topics = doctor(patched_python, standin=SGLANG_STANDIN, env=ON)

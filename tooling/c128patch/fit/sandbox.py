@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from c128patch.errors import C128Error
+from c128patch.smoke.device import run_child
 
 # the environment the box keeps; the rest (tokens, credentials, PYTHON*) is dropped
 KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_VISIBLE_DEVICES")
@@ -31,10 +32,9 @@ _OFFLINE = ["unshare", "--user", "--map-root-user", "--net", "sh", "-c",
 def isolation() -> str:
     """How the box cuts the network off here, or why it cannot (said in the tier's output)."""
     try:
-        done = subprocess.run([*_OFFLINE, "true"], capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
-        why = (done.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1] if done.returncode else ""
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        why = str(exc)
+        why = run_child([*_OFFLINE, "true"], 10)[1]
+    except C128Error as exc:
+        why = exc.message
     return f"network not cut off: no unprivileged network namespace here ({why})" if why else \
         "no network (loopback only: unshare -rn)"
 

@@ -113,10 +113,6 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _scenarios(path: str, gates: str, modules: list[str]) -> dict:
-    return runpy.run_path(path)["run"](gates, TREE, modules) if path else {}
-
-
 def _tier(gates: str, probes: list, scenarios: str, modules: list[str]) -> dict:
     out: dict = {"modules": {}}
     for name in modules:
@@ -157,7 +153,7 @@ def _tier(gates: str, probes: list, scenarios: str, modules: list[str]) -> dict:
         ok = bool(got) == want
         out["probes"][key] = {"status": "ok" if ok else "failed",
                               "detail": "" if ok else f"returned {got!r} with the gates {gates}, expected {want}"}
-    out["scenarios"] = _scenarios(scenarios, gates, modules)
+    out["scenarios"] = runpy.run_path(scenarios)["run"](gates, TREE, modules) if scenarios else {}
     return out
 
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
-import subprocess
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Sequence
 
@@ -22,7 +20,7 @@ from c128patch.series.manifest import Series
 from c128patch.series.provenance import record_problem
 from c128patch.serve.install import Dist, Interpreter, installer, probe
 from c128patch.serve.serving import ONLINE_C128_DSPARK_RULES, Serving, probe_install, probe_serving
-from c128patch.smoke.device import probe_nvcc
+from c128patch.smoke.device import nvidia_smi, probe_nvcc
 from c128patch.smoke.trees import read_json
 from c128patch.wheel.patch import LOCAL_TAG, WHEEL_PROVENANCE, record_version
 from c128patch.wheel.sbom import SBOM_NAME, purl_pypi
@@ -315,7 +313,7 @@ def _toolchain(report: Report, interp: Interpreter, series_gate_on: bool) -> Non
         report.add(level, "jit", problem)
     elif interp.dists.get("apache-tvm-ffi"):
         report.add("ok", "jit", f"apache-tvm-ffi {interp.dists['apache-tvm-ffi'].version}")
-    devices, why = gpus()
+    devices, why = nvidia_smi("name,compute_cap")
     if not devices:
         needs = ": the series' gates set run its kernels on the GPU" if series_gate_on else ""
         report.add(level, "gpu", f"no NVIDIA GPU here ({why}){needs}")
@@ -324,23 +322,6 @@ def _toolchain(report: Report, interp: Interpreter, series_gate_on: bool) -> Non
         where = EVIDENCE_ARCHS.get(capability)
         report.add("ok" if where else "warn", "gpu", f"{name} (sm_{capability.replace('.', '')}): the series' GPU "
                    f"evidence was recorded on {f'{where} (ci/gpu/results/)' if where else f'{known} only'}")
-
-
-def gpus() -> tuple[list[tuple[str, str]], str]:
-    """The GPUs nvidia-smi lists (name, compute capability such as "9.0"), or why there are none."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return [], "nvidia-smi not found"
-    try:
-        proc = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return [], f"nvidia-smi failed: {exc}"
-    if proc.returncode != 0:
-        return [], f"nvidia-smi failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:] or ['?']}"
-    rows = (line.rpartition(",") for line in proc.stdout.strip().splitlines())
-    out = [(name.strip(), cap.strip()) for name, _, cap in rows]
-    return out, "" if out else "nvidia-smi lists no GPU"
 
 
 def tvm_ffi_problem(interp: Interpreter) -> str | None:

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from c128patch.errors import C128Error
+from c128patch.smoke.device import run_child
 
 PROBE = r"""
 import importlib.util, json, platform, sys, sysconfig
@@ -58,14 +58,10 @@ class Interpreter:
 
 def probe(python: str) -> Interpreter:
     """Ask ``python`` what it has installed (one subprocess, stdlib only)."""
-    try:
-        proc = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, errors="replace", timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise C128Error(f"cannot run {python}: {exc}") from exc
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-        raise C128Error(f"cannot ask {python} what it has installed: {tail[0]}")
+    out, why = run_child([python, "-c", PROBE], 120)
+    lines = out.strip().splitlines()
+    if not lines:
+        raise C128Error(f"cannot ask {python} what it has installed: {why or 'it printed nothing'}")
     try:
         raw = json.loads(lines[-1])
     except (ValueError, RecursionError):

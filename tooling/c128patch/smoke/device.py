@@ -37,25 +37,42 @@ print(json.dumps(info))
 """
 
 
-def _run(argv: list[str], timeout: float = 60) -> str | None:
+def run_child(argv: list[str], timeout: float) -> tuple[str, str]:
+    """(stdout, "") of ``argv`` run under ``timeout``; ("", its last output line) where it exits non-zero."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
+        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise C128Error(f"cannot run {argv[0]}: {exc}") from exc
+    if proc.returncode == 0:
+        return proc.stdout, ""
+    return "", ((proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"])[0]
 
 
 def probe_python(python: str) -> dict[str, Any]:
     """torch, CUDA and tvm_ffi as the suite's Python sees them."""
     try:
-        proc = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"python_error": f"{python}: {exc}"}
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-        return {"python_error": f"{python}: {tail[0]}"}
+        out, why = run_child([python, "-c", _PROBE], 300)
+    except C128Error as exc:
+        return {"python_error": f"{python}: {exc.message}"}
+    lines = out.strip().splitlines()
+    if not lines:
+        return {"python_error": f"{python}: {why or 'it printed nothing'}"}
     return json.loads(lines[-1])
+
+
+def nvidia_smi(fields: str) -> tuple[list[tuple[str, str]], str]:
+    """nvidia-smi's rows of two ``fields`` (such as "name,compute_cap"), or why there are none."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return [], "nvidia-smi not found"
+    try:
+        out, why = run_child([smi, f"--query-gpu={fields}", "--format=csv,noheader"], 60)
+    except C128Error as exc:
+        why = exc.message
+    if why:
+        return [], f"nvidia-smi failed: {why}"
+    rows = [(name.strip(), value.strip()) for name, _, value in (r.rpartition(",") for r in out.strip().splitlines())]
+    return rows, "" if rows else "nvidia-smi lists no GPU"
 
 
 def _tool(name: str, key: str, version: str) -> dict[str, Any]:
@@ -68,7 +85,10 @@ def _tool(name: str, key: str, version: str) -> dict[str, Any]:
                                       and os.access(d / name, os.X_OK)), None)
     if exe is None:
         return {}
-    match = re.search(version, _run([exe, "--version"]) or "")
+    try:
+        match = re.search(version, run_child([exe, "--version"], 60)[0])
+    except C128Error:
+        match = None
     return {key: exe, f"{key}_version": match.group(1) if match else "unknown"}
 
 
@@ -80,11 +100,9 @@ def probe_device(python: str) -> dict[str, Any]:
     """Everything the report's ``device`` records."""
     device = {"python_executable": python, **probe_python(python), **probe_nvcc(),
               **_tool("compute-sanitizer", "compute_sanitizer", r"Version (\S+)")}
-    smi = shutil.which("nvidia-smi")
-    out = _run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"]) if smi else None
-    if out:
-        name, _, driver = out.strip().splitlines()[0].rpartition(",")
-        device.update(driver=driver.strip(), smi_gpu=name.strip())
+    rows, _ = nvidia_smi("name,driver_version")
+    if rows:
+        device.update(smi_gpu=rows[0][0], driver=rows[0][1])
     return device
 
 

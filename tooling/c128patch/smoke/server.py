@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -20,6 +19,7 @@ from typing import Any, Callable
 from c128patch import SCHEMA_VERSION
 from c128patch.errors import C128Error
 from c128patch.jsonio import write_json_atomic
+from c128patch.smoke.device import run_child
 from c128patch.smoke.logs import ServerLog, Tail, load_summary
 from c128patch.smoke.presets import LOAD_TOOLS, PRESETS
 from c128patch.smoke.procs import Managed, exit_description
@@ -159,11 +159,8 @@ def installed_sglang(python: str) -> dict[str, Any]:
     """Where ``python`` imports sglang from (its __init__ not run) and the provenance recorded there."""
     code = ("import importlib.util, json; s = importlib.util.find_spec('sglang'); "
             "print(json.dumps(list(s.submodule_search_locations or []) if s else None))")
-    try:
-        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise C128Error(f"cannot run {python}: {exc}") from exc
-    found = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 and proc.stdout.strip() else None
+    out = run_child([python, "-c", code], 120)[0].strip()
+    found = json.loads(out.splitlines()[-1]) if out else None
     if not found:
         raise C128Error(f"sglang is not installed for {python}: install the patched build (c128patch wheel) first")
     root = Path(found[0]).parent
