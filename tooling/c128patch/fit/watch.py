@@ -451,12 +451,22 @@ class Watch:
 
     def write(self, report: dict, tmp: Path | None) -> None:
         """Replace what an earlier watch wrote under ``out`` with this run's files (a failed write: none)."""
+        out, rebase_json = self.out, report.pop("json")
         try:
-            self._write(report, tmp)
+            out.mkdir(parents=True, exist_ok=True)
+            self._clear()
+            if report["refreshed"] is not None and tmp is not None:
+                shutil.copytree(tmp / "refreshed", out / "series", symlinks=True)
+                (out / "commit-message.txt").write_text(commit_message(report))
+            if rebase_json:
+                write_json_atomic(out / "rebase-report.json", rebase_json)
+                (out / "rebase-report.md").write_text(render_markdown(rebase_json))
+            (out / "watch-report.md").write_text(render(report))
+            write_json_atomic(out / REPORT, {**report, "schema": SCHEMA_VERSION})  # as --json prints it
         except OSError as exc:
             self._clear()
-            raise C128Error(f"cannot write the report under --out {self.out} ({exc.strerror or exc}); its report "
-                            "files are removed") from None
+            raise C128Error(f"cannot write the report under --out {out} ({exc.strerror or exc}); its report files "
+                            "are removed") from None
 
     def _clear(self) -> None:
         for path in (self.out / name for name in WRITTEN):
@@ -464,20 +474,6 @@ class Watch:
                 shutil.rmtree(path)
             else:
                 path.unlink(missing_ok=True)
-
-    def _write(self, report: dict, tmp: Path | None) -> None:
-        out = self.out
-        out.mkdir(parents=True, exist_ok=True)
-        self._clear()
-        rebase_json = report.pop("json")
-        if report["refreshed"] is not None and tmp is not None:
-            shutil.copytree(tmp / "refreshed", out / "series", symlinks=True)
-            (out / "commit-message.txt").write_text(commit_message(report))
-        if rebase_json:
-            write_json_atomic(out / "rebase-report.json", rebase_json)
-            (out / "rebase-report.md").write_text(render_markdown(rebase_json))
-        (out / "watch-report.md").write_text(render(report))
-        write_json_atomic(out / REPORT, {**report, "schema": SCHEMA_VERSION})  # as --json prints it
 
 
 def watch(series: Series, repo: str | None, onto: str, out: Path, *, timeout: float | None = None,

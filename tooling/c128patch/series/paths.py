@@ -28,10 +28,9 @@ def check_relpath(path: str, what: str) -> str:
     nothing of git's own (a ``.git`` folder, ``.gitattributes``, ``.gitmodules``)."""
     if any(ord(c) < 32 or ord(c) == 127 for c in path):
         raise _unsafe(path, what, "it holds a control character")
-    if not path or path.startswith(("/", "~")) or "\\" in path:
-        raise _unsafe(path, what, "must be relative, inside the tree")
     parts = PurePosixPath(path).parts
-    if any(p in ("..", ".", "") for p in parts) or path.endswith("/") or "//" in path:
+    if not path or path.startswith(("/", "~")) or "\\" in path or path.endswith("/") or "//" in path or \
+            any(p in ("..", ".", "") for p in parts):
         raise _unsafe(path, what, "must be relative, inside the tree")
     for part in parts:
         if is_git_dir_name(part):
