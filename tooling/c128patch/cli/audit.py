@@ -21,7 +21,6 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, la
     from c128patch.progress import reporter
     from c128patch.series.layers import layer_rows
     from c128patch.series.plan import validate_files
-    from c128patch.textsafe import plain
     from c128patch.upstream.source import open_upstream
 
     series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
@@ -40,7 +39,7 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, la
     else:
         gated = [e.name for e in series.entries if e.gate]
         per = "".join(f", {len(set(r['entries']) & set(gated))} of layer {r['name']}" for r in layer_rows(series))
-        say(*(plain(f"{rev}: {f} (entry {f.entry})") for rev, fs in rows for f in fs),
+        say(*(f"{rev}: {f} (entry {f.entry})" for rev, fs in rows for f in fs),
             f"gate audit ({', '.join(r.name for r in RULES)}) of {len(gated)} gated entries{per} on {', '.join(revs)}: "
             f"{'clean' if ok else 'FINDINGS'}")
     exit_unless(ok)

@@ -27,7 +27,6 @@ def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python
     from c128patch.fit.bisect import bisect
     from c128patch.progress import reporter
     from c128patch.series.plan import validate_files
-    from c128patch.textsafe import plain
 
     series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
     validate_files(series)
@@ -36,4 +35,4 @@ def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python
     if as_json:
         return emit_json(report, series)
     found = [f"first bad commit: {report['commit']} {report['subject']}", *(f"  {f}" for f in report["failing"])]
-    say(*map(plain, [*(found if report["found"] else []), report["summary"]]))
+    say(*(found if report["found"] else []), report["summary"])

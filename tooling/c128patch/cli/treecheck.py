@@ -40,7 +40,6 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
     from c128patch.git import Git, toplevel
     from c128patch.progress import console, reporter
     from c128patch.series.plan import validate_files
-    from c128patch.textsafe import plain
     from c128patch.upstream.source import open_upstream
 
     series = load_stack(series_dir, layer_dirs, tree, repo, quiet=as_json)
@@ -63,9 +62,9 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
     if as_json:
         emit_json(payload, series)
     else:
-        say(*map(plain, [*([describe(result.env)] if result.env else []),
-                         *(f"  {name}: {said}" for name, said in result.modules().items()),
-                         *(f"  failed: {f}" for f in result.failed), *(f"  {n}" for n in result.not_checked()),
-                         f"treecheck: {result.verdict()}"]))
+        say(*([describe(result.env)] if result.env else []),
+            *(f"  {name}: {said}" for name, said in result.modules().items()),
+            *(f"  failed: {f}" for f in result.failed), *(f"  {n}" for n in result.not_checked()),
+            f"treecheck: {result.verdict()}")
     if not payload["ok"]:
         sys.exit(exitcodes.FAILED if result.failed else exitcodes.UNCHECKED)
