@@ -54,17 +54,16 @@ class Result:
 
 
 def _failing(data: dict[str, Any], counted: int) -> str:
-    """The patched tree's failures, leading a differential's cell (issue 38): a test failing on both trees is
-    "same" when the unpatched side lacks our module, so "0 regressed" alone would hide it. ``counted``: the
-    failures the counts show, for a record without per-test rows."""
-    rows = data.get("tests") or []
-    failing = [(t.get("nodeid") or t.get("id", "?")).rsplit("/", 1)[-1] for t in rows if t.get("patched") in BAD]
-    hidden = sum(1 for t in rows if t.get("patched") in BAD and t.get("verdict") == "same")
-    if not (failing if rows else counted):
+    """The patched tree's failures, leading a differential's cell (issue 38): a test failing on both trees reads "same"
+    where the unpatched side lacks our module. ``counted``: the counts' failures, for a record without its rows."""
+    rows = [t for t in data.get("tests") or [] if t.get("patched") in BAD]
+    names = [(t.get("nodeid") or t.get("id", "?")).rsplit("/", 1)[-1] for t in rows]
+    hidden = sum(t.get("verdict") == "same" for t in rows)
+    if not (names or counted):
         return ""
-    names = f" ({', '.join(failing[:3])}{f' and {len(failing) - 3} more' if len(failing) > 3 else ''})"
-    return (f"{len(failing) if rows else counted} FAIL on the patched tree{names if failing else ''}"
-            f"{f', {hidden} of them on both: same' if hidden else ''}: ")
+    shown = f" ({', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''})" if names else ""
+    both = f", {hidden} of them on both: same" if hidden else ""
+    return f"{len(names) or counted} FAIL on the patched tree{shown}{both}: "
 
 
 def summarize(kind: str, data: dict[str, Any]) -> str:
