@@ -18,6 +18,7 @@ import traceback
 import types
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Tuple
+from unittest import mock
 
 try:
     import torch
@@ -57,31 +58,25 @@ def _module(name: str) -> types.ModuleType:
         raise NotRun(f"{name} did not import ({type(exc).__name__}: {exc})") from None
 
 
-def _set_env(values: Dict[str, Optional[str]]) -> None:
-    for name, value in values.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-
-
 @contextlib.contextmanager
 def _launch(env: Dict[str, Optional[str]], **flags: Any):
     """A launch on a CUDA build of torch: ``env`` over the process's, the runtime context serving ``flags``."""
-    saved = {name: os.environ.get(name) for name in env}
-    context, build = sys.modules.get(RUNTIME_CONTEXT), (torch.version.cuda, torch.version.hip)
-    _set_env(env)
-    sys.modules[RUNTIME_CONTEXT] = runtime_context_standin(launch_namespaces(**flags))
-    torch.version.cuda, torch.version.hip = build[0] or "12.8", None
-    try:
-        yield
-    finally:
-        _set_env(saved)
-        torch.version.cuda, torch.version.hip = build
-        if context is None:
-            sys.modules.pop(RUNTIME_CONTEXT, None)
-        else:
-            sys.modules[RUNTIME_CONTEXT] = context
+    context = sys.modules.get(RUNTIME_CONTEXT)
+    # the process's envs and torch's build back on the way out
+    with mock.patch.dict(os.environ), mock.patch.multiple(torch.version, cuda=torch.version.cuda or "12.8", hip=None):
+        for name, value in env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        sys.modules[RUNTIME_CONTEXT] = runtime_context_standin(launch_namespaces(**flags))
+        try:
+            yield
+        finally:
+            if context is None:
+                sys.modules.pop(RUNTIME_CONTEXT, None)
+            else:
+                sys.modules[RUNTIME_CONTEXT] = context
 
 
 def startup_rules(on: bool) -> None:
@@ -269,11 +264,9 @@ COMPRESSOR, POOL = "sglang.srt.layers.attention.dsv4.compressor_v2", "sglang.srt
 
 
 def compressor_callback(on: bool) -> None:
-    """Each c128 layer's compress through upstream's own call site (`CompressorBackendMixin.
-    _forward_compress_all_in_one`) over upstream's pool class (its `get_online_c128_*` getters): gates on, a verify
-    plan runs the controller's `compress_fn`, checked against float64, then accept and commit; a prefill plan, and
-    every plan gates off, upstream's `compress_forward`. Stood in: the CUDA kernels (`compress_forward`,
-    `compress_norm_rope_store`: the rows it gets are checked) and the backend's other parents."""
+    """Upstream's compressor (`CompressorBackendMixin._forward_compress_all_in_one`) calls the controller's
+    `compress_fn` for its verify plans, over upstream's pool class (its `get_online_c128_*` getters), checked as in
+    `_steps`; prefill plans, and all with the gates off, go to upstream's. Stood in: the CUDA kernels."""
     comp, stored, upstream = _module(COMPRESSOR), [], []
     kernels = comp.compress_forward, comp.compress_norm_rope_store
     comp.compress_forward = lambda **kw: (upstream.append(kw["plan"]), kw["kv_score_input"])[1]
@@ -321,8 +314,6 @@ class _Streamed(torch.Tensor if torch else object):
 
 def _with_stand_ins(fn: Any, **keep: Any) -> Any:
     """``fn`` over its module's globals, those it reads MagicMocks but for envs, torch and ``keep``."""
-    from unittest import mock
-
     names, codes = set(), [fn.__code__]
     while codes:
         code = codes.pop()
@@ -335,8 +326,6 @@ def _with_stand_ins(fn: Any, **keep: Any) -> Any:
 def _worker_step(sim: Decode, compact: bool, attn_backend: Any) -> Tuple[Any, List[str]]:
     """One verify step of the tree's `DSparkWorkerV2._forward_decode`, its collaborators MagicMocks, the target's
     backend ``attn_backend``: (the batch, its events: accept, commit, commit_hidden in order)."""
-    from unittest import mock
-
     draft_input, events, as64 = type("DFlashDraftInputV2", (), {}), [], lambda v: torch.tensor(v).as_subclass(_Streamed)
     layout = sim.ragged.RaggedVerifyLayout.from_verify_lens_device(
         verify_lens=torch.tensor([3, 1, 4], dtype=torch.int32), graph_num_tokens=12) if compact else None
