@@ -5,6 +5,7 @@ A header change the nvcc probe rejects: watch is broken by the probe, and bisect
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from support import REPO_ROOT, invoke, upstream_commit
 WORKER = "python/sglang/srt/speculative/dspark_components/dspark_worker_v2.py"
 FAST = "python/sglang/srt/speculative/dspark_components/dspark_worker_fast.py"
 SUB = "python/sglang/srt/speculative/dspark_components/dspark_worker_sub.py"
+CONFIG = "python/sglang/srt/speculative/dspark_components/dspark_config.py"
 HEADER = f"{contract_cxx.INCLUDE_ROOT}/sgl_kernel/math.cuh"
 ENVIRON = "python/sglang/srt/environ.py"
 SERIES = load_series(REPO_ROOT)
@@ -89,6 +91,32 @@ def test_a_subclass_overriding_the_hooked_method_is_found_and_one_calling_super_
         assert copies.find(remote, base, commit, ours) == [copies.Copy(f"{WORKER}:DSparkWorkerV2", f"{SUB}:Sub",
                                                                        missing)]
     assert copies.find(remote, base, remote.rev_parse("header"), ours) == []  # nothing copied there
+
+
+def test_a_near_copy_of_the_patched_worker_without_the_hooked_method_names_the_method(remote, ours):
+    """Issue 38: upstream adds the worker's class, all but the method we patch, beside other code (not a file copy)."""
+    base = remote.rev_parse("v0.5.23")
+    worker = remote.blob(base, WORKER).decode()
+    cls = next(n for n in ast.parse(worker).body if isinstance(n, ast.ClassDef) and n.name == "DSparkWorkerV2")
+    fn = next(n for n in cls.body if getattr(n, "name", "") == "_forward_decode")
+    lines = worker.splitlines(keepends=True)
+    start = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
+    lean = "".join(lines[cls.lineno - 1:start - 1] + lines[fn.end_lineno:cls.end_lineno])
+    lean = lean.replace("class DSparkWorkerV2(", "class DSparkLeanWorker(", 1)
+    home = remote.blob(base, CONFIG).decode()
+
+    def found(text: str) -> list[copies.Copy]:
+        return copies.find(remote, base, _commit(remote, base, "dspark: a lean worker", {CONFIG: f"{home}\n\n{text}"}),
+                           ours)
+
+    [near] = found(lean)
+    assert near == copies.Copy(f"{WORKER}:DSparkWorkerV2", f"{CONFIG}:DSparkLeanWorker",
+                               ("commit_after_verify", "record_decode_inputs"), (), ("_forward_decode",))
+    assert str(near) == (f"upstream copies {WORKER}:DSparkWorkerV2 as {CONFIG}:DSparkLeanWorker, which drops our "
+                         "patched method(s) _forward_decode and lacks our hook(s) commit_after_verify, "
+                         "record_decode_inputs")
+    fourth = [n for n in cls.body if isinstance(n, ast.FunctionDef)][3]
+    assert found("".join(lines[cls.lineno - 1:fourth.end_lineno])) == []  # four of its methods: not a near-copy
 
 
 def test_a_copy_that_does_not_parse_is_named_not_a_crash(remote, ours):

@@ -19,7 +19,7 @@ from c128patch.errors import C128Error
 from c128patch.evidence import staging
 from c128patch.evidence.keys import EvidenceKey, key_for, key_from_provenance, series_hash
 from c128patch.evidence.matrix import build_matrix, release_note, verification_note
-from c128patch.evidence.results import KINDS, load_results, summarize, write_result
+from c128patch.evidence.results import KINDS, RESULTS_UNDER, load_results, summarize, write_result
 from c128patch.git import Git
 from c128patch.ops.check import support_note
 from c128patch.series.manifest import load_series
@@ -429,7 +429,7 @@ def test_upstream_suite_cell_says_regressions_and_what_both_trees_share(real_ser
     write_result(results, "v0.5.21", "upstream-suite",
                  {**_result(key, True), "kind": "upstream-suite", "counts": counts})
     cell = _row(real_series, history, results).cells["upstream-suite"]
-    assert (cell.state, cell.detail) == ("verified", "0 regressed, 153 same, 3 both fail")
+    assert (cell.state, cell.detail) == ("verified", "3 FAIL on the patched tree: 0 regressed, 153 same, 3 both fail")
 
 
 def test_apply_prints_one_line_when_the_rev_is_not_fully_verified(upstream_clone: Path, sglang_release_repo: Path,
@@ -579,6 +579,32 @@ def test_jobs_share_no_jit_cache_and_split_the_cores():
 def test_differential_summary_counts_n_a_apart_from_fixed():
     data = {"summary": {"same": 13, "fixed": 28, "n/a": 49, "regressed": 0, "differs": 0}}
     assert summarize("differential", data) == "0 regressed, 28 fixed, 49 n/a, 13 same"
+
+
+def test_a_differential_over_failing_tests_leads_with_the_failures():
+    """Issue 38: 55 of 96 fail on the patched tree and on the unpatched one (it lacks our module): "same", so the
+    counts alone read "0 regressed"; the cell leads with the failures, their count and names."""
+    fail = [{"nodeid": f"test_dspark.py::test_{i}", "patched": "failed", "upstream": "error", "verdict": "same"}
+            for i in range(55)]
+    ok = [{"nodeid": f"test_c128.py::test_{i}", "patched": "passed", "upstream": "passed", "verdict": "same"}
+          for i in range(41)]
+    data = {"summary": {"same": 96, "fixed": 0, "n/a": 0, "regressed": 0, "differs": 0}, "tests": ok + fail}
+    assert summarize("differential", data) == (
+        "55 FAIL on the patched tree (test_dspark.py::test_0, test_dspark.py::test_1, test_dspark.py::test_2 and 52 "
+        "more), 55 of them on both: same: 0 regressed, 0 fixed, 0 n/a, 96 same")
+    assert summarize("differential", {**data, "tests": ok}) == "0 regressed, 0 fixed, 0 n/a, 96 same"
+
+
+def test_the_recorded_upstream_suite_leads_with_its_failures_and_the_differential_has_none():
+    for rev in ("v0.5.20", "v0.5.21", "v0.5.22", "v0.5.23"):
+        suite = json.loads((REPO_ROOT / RESULTS_UNDER / rev / "upstream-suite.json").read_text())
+        assert summarize("upstream-suite", suite) == (
+            "3 FAIL on the patched tree (test_online_c128_mtp_plan.py::test_online_c128_mtp_plan, "
+            "test_online_c128_spec.py::test_online_c128_spec_prefix_and_commit[False], "
+            "test_online_c128_spec.py::test_online_c128_spec_prefix_and_commit[True]): 0 regressed, 153 same, "
+            "3 both fail")
+        diff = json.loads((REPO_ROOT / RESULTS_UNDER / rev / "differential.json").read_text())
+        assert summarize("differential", diff) == "0 regressed, 28 fixed, 55 n/a, 13 same"
 
 
 def test_simulation_and_new_sanitizers_come_from_the_smoke_report():

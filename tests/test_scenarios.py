@@ -19,7 +19,8 @@ from c128patch.git import Git
 from c128patch.series.manifest import load_series
 from support import RELEASES, REPO_ROOT, upstream_commit
 
-SCENARIOS = ["decode", "record-streams", "startup-rules", "verify-compact", "verify-static", "worker-commit"]
+SCENARIOS = ["compressor-callback", "decode", "record-streams", "startup-rules", "verify-compact", "verify-static",
+             "worker-commit"]
 RAGGED = "python/sglang/srt/speculative/ragged_verify.py"
 CONTROLLER = "sglang.srt.layers.attention.dsv4.online_c128_dspark"
 RAGGED_MODULE = "sglang.srt.speculative.ragged_verify"
@@ -56,7 +57,7 @@ def test_each_scenario_passes_on_the_release_patched(tag, tier_python, sglang_re
             assert scenarios(result, gates)[name]["detail"].startswith(f"{WORKER} did not import (")
     ran = [n for n in SCENARIOS if worker["on"] and worker["off"] or n not in WORKER_SCENARIOS]
     assert result.to_json()["scenarios_passed"] == ran and not result.failed
-    assert f"scenarios: {len(ran)} passed, 0 failed, {6 - len(ran)} not run" in result.verdict()
+    assert f"scenarios: {len(ran)} passed, 0 failed, {len(SCENARIOS) - len(ran)} not run" in result.verdict()
 
 
 def graph_tokens_renamed(git: Git, parent: str = "v0.5.23") -> str:
@@ -81,7 +82,8 @@ def test_a_broken_upstream_change_fails_naming_scenario_our_module_and_upstream(
     change = graph_tokens_renamed(git)
     result = treecheck.run_rev(SERIES, git, change[:12], change, python=tier_python)
     on = scenarios(result, "on")
-    assert {n for n, s in on.items() if s["status"] == "failed"} == {"verify-compact", "decode", "worker-commit"}
+    assert {n for n, s in on.items() if s["status"] == "failed"} == {"verify-compact", "decode", "worker-commit",
+                                                                     "compressor-callback"}
     assert re.fullmatch(
         r"scenario verify-compact: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.commit_after_verify "
         r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.speculative\."
@@ -92,24 +94,66 @@ def test_a_broken_upstream_change_fails_naming_scenario_our_module_and_upstream(
     assert result.verdict().startswith("failed")
 
 
+def patched_copy(git: Git, dest: Path, path: str, old: str, new: str) -> tuple[str, str]:
+    """The patched v0.5.23 tree extracted to ``dest``, ``old`` replaced by ``new`` once in its ``path``."""
+    base = git.rev_parse("v0.5.23")
+    head = patched_tree(SERIES, git, "v0.5.23", base)
+    git.extract(head, f"{PY_ROOT}/sglang", dest)
+    text = (dest / path).read_text()
+    assert text.count(old) == 1, path
+    (dest / path).write_text(text.replace(old, new))
+    return base, head
+
+
+COMPRESSOR = "python/sglang/srt/layers/attention/dsv4/compressor_v2.py"
+POOL = "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
+
+
+@pytest.mark.parametrize("path, old, new, said", [
+    # upstream's compressor passes a new keyword to the compress_fn the controller hands it (keyword-only)
+    (COMPRESSOR, "            is_online=is_online,\n        )\n",
+     "            is_online=is_online,\n            enable_pdl=False,\n        )\n",
+     r"in sglang\.srt\.layers\.attention\.dsv4\.compressor_v2\.CompressorBackendMixin\._forward_compress_all_in_one "
+     r"\(sglang/srt/layers/attention/dsv4/compressor_v2\.py:\d+\); upstream definition: none in the traceback "
+     r"\(the failing line: kv_compressed = compress_fn\(\): TypeError: _verify_compress\(\) got an unexpected keyword "
+     r"argument 'enable_pdl'"),
+    # a pool getter the controller calls becomes a property
+    (POOL, "    def get_online_c128_mtp_max_draft_tokens(self) -> int:\n",
+     "    @property\n    def get_online_c128_mtp_max_draft_tokens(self) -> int:\n",
+     r"in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.OnlineC128DsparkController\.__init__ "
+     r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream definition: none in the traceback "
+     r"\(the failing line: backend\.token_to_kv_pool\.get_online_c128_mtp_max_draft_tokens\(\)\): TypeError: 'int' "
+     r"object is not callable"),
+], ids=["compress-fn-gains-a-keyword", "pool-getter-becomes-a-property"])
+def test_upstreams_compressor_calling_our_compress_fn_fails_on_a_changed_call_or_getter(
+        path, old, new, said, tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Only ``compressor-callback`` drives upstream's own call site and pool class: the other scenarios pass."""
+    git = Git(git_dir=sglang_release_repo)
+    base, head = patched_copy(git, tmp_path, path, old, new)
+    result = treecheck.run(SERIES, tmp_path, git.changed_files(base, head), python=tier_python)
+    on = scenarios(result, "on")
+    assert {n: s["status"] for n, s in on.items() if s["status"] != "passed"} == {"compressor-callback": "failed"}
+    assert re.fullmatch(f"scenario compressor-callback: {said}", on["compressor-callback"]["detail"]), on
+    assert all(s["status"] == "passed" for s in scenarios(result, "off").values())  # upstream's compress_forward
+    assert result.verdict().startswith("failed") and not result.to_json()["ok"]
+
+
 def test_a_scenario_whose_module_did_not_import_is_not_run_and_unchecked(
         tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
     git = Git(git_dir=sglang_release_repo)
-    base = git.rev_parse("v0.5.23")
-    head = patched_tree(SERIES, git, "v0.5.23", base)
-    git.extract(head, f"{PY_ROOT}/sglang", tmp_path)
-    ragged = tmp_path / RAGGED  # upstream's ragged verify layouts, which the compact scenarios need, need a package
-    ragged.write_text(ragged.read_text().replace(  # an import this interpreter cannot satisfy
-        "from __future__ import annotations\n", "from __future__ import annotations\nimport c128patch_not_installed\n"))
+    # upstream's ragged verify layouts, which the compact scenarios need, need a package this interpreter lacks
+    base, head = patched_copy(git, tmp_path, RAGGED, "from __future__ import annotations\n",
+                              "from __future__ import annotations\nimport c128patch_not_installed\n")
     result = treecheck.run(SERIES, tmp_path, git.changed_files(base, head), python=tier_python)
     data = result.to_json()
     for gates in ("off", "on"):
         said = {n: s for n, s in scenarios(result, gates).items() if s["status"] != "passed"}
-        assert sorted(said) == ["decode", "record-streams", "verify-compact", "worker-commit"]
+        assert sorted(said) == ["compressor-callback", "decode", "record-streams", "verify-compact", "worker-commit"]
         assert said["decode"]["status"] == "not run"
         assert said["decode"]["detail"].startswith("sglang.srt.speculative.ragged_verify did not import (Module")
     assert not result.checked and not data["ok"] and not result.failed
     assert "scenario decode: not run: sglang.srt.speculative.ragged_verify did not import" in " ".join(
         data["not_checked"])
-    assert "scenarios not run: decode, record-streams, verify-compact, worker-commit" in data["verdict"]
+    assert "scenarios not run: compressor-callback, decode, record-streams, verify-compact, worker-commit" in data[
+        "verdict"]
     assert data["scenarios_passed"] == ["startup-rules", "verify-static"]

@@ -85,7 +85,8 @@ def test_watch_says_broken_naming_our_module_and_the_upstream_commit(broken, dri
     failed = report["behaviour"]["failed"]
     assert failed[0] == f"gates on: {PROBE}: returned False with the gates on, expected True", failed
     # the series' DSPARK scenarios see it too: the controller stays off with the gates on (those that ran here)
-    scenario = (r"gates on: scenario (verify-static|verify-compact|decode|worker-commit|record-streams): .*: "
+    scenario = (r"gates on: scenario (verify-static|verify-compact|decode|worker-commit|record-streams|"
+                r"compressor-callback): .*: "
                 r"the controller is disabled with the gates on")
     assert any(f.startswith("gates on: scenario verify-static: ") for f in failed[1:]) and all(
         re.fullmatch(scenario, f) for f in failed[1:]), failed

@@ -17,6 +17,7 @@ from c128patch.errors import C128Error
 from c128patch.evidence.keys import EvidenceKey
 from c128patch.jsonio import write_json_atomic
 from c128patch.series.manifest import Series
+from c128patch.smoke.passes import BAD
 
 Kind = Literal["compile", "suite", "differential", "memcheck", "racecheck", "initcheck", "synccheck",
                "upstream-suite", "simulation", "kernel-bench"]
@@ -52,6 +53,19 @@ class Result:
     data: dict[str, Any]
 
 
+def _failing(data: dict[str, Any], counted: int) -> str:
+    """The patched tree's failures, leading a differential's cell (issue 38): a test failing on both trees reads "same"
+    where the unpatched side lacks our module. ``counted``: the counts' failures, for a record without its rows."""
+    rows = [t for t in data.get("tests") or [] if t.get("patched") in BAD]
+    names = [(t.get("nodeid") or t.get("id", "?")).rsplit("/", 1)[-1] for t in rows]
+    hidden = sum(t.get("verdict") == "same" for t in rows)
+    if not (names or counted):
+        return ""
+    shown = f" ({', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''})" if names else ""
+    both = f", {hidden} of them on both: same" if hidden else ""
+    return f"{len(names) or counted} FAIL on the patched tree{shown}{both}: "
+
+
 def summarize(kind: str, data: dict[str, Any]) -> str:
     """A few words for a matrix cell."""
     if kind == "compile":
@@ -64,8 +78,8 @@ def summarize(kind: str, data: dict[str, Any]) -> str:
         return f"{'no summary' if errors is None else f'{errors} err'}; {counts}"
     if kind == "differential":
         s = data.get("summary") or {}
-        return (f"{s.get('regressed', 0)} regressed, {s.get('fixed', 0)} fixed, {s.get('n/a', 0)} n/a, "
-                f"{s.get('same', 0)} same")
+        return _failing(data, s.get("regressed", 0)) + (f"{s.get('regressed', 0)} regressed, {s.get('fixed', 0)} "
+                                                         f"fixed, {s.get('n/a', 0)} n/a, {s.get('same', 0)} same")
     if kind == "simulation":
         ours, up = data.get("ours") or {}, data.get("upstream_mtp_lazy") or {}
         line = f"ours {ours.get('chunk_mismatches', '?')}/{ours.get('chunks_checked', '?')} chunks wrong"
@@ -87,7 +101,8 @@ def summarize(kind: str, data: dict[str, Any]) -> str:
     if kind == "upstream-suite":
         c = data.get("counts") or {}
         shown = ("regressed", "same", "fixed", "both fail", "not applicable")
-        return ", ".join(f"{c.get(k, 0)} {k}" for k in shown if c.get(k) or k in ("regressed", "same"))
+        return _failing(data, c.get("regressed", 0) + c.get("both fail", 0)) + ", ".join(
+            f"{c.get(k, 0)} {k}" for k in shown if c.get(k) or k in ("regressed", "same"))
     return counts
 
 

@@ -1,8 +1,8 @@
 """Copies of what the series patches: upstream adds a file that is a copy of one we patch (git's copy detection,
-unchanged files as sources), or a new class that subclasses a class we patch or mirrors it (every method it has).
-Each names the hooks (the calls our entries add in the original, gate reads left out) the copy lacks and the envs
-the range declares (what may select it): a copy lacking one is ``broken`` (its path runs without ours); one that
-has them all is a warning.
+unchanged files as sources), or a new class that subclasses a class we patch or mirrors it (three quarters of its
+methods at least: a near-copy). Each names the hooks (the calls our entries add in the original, gate reads left
+out) the copy lacks, the patched methods it drops and the envs the range declares (what may select it): a copy
+lacking one is ``broken`` (its path runs without ours); one that has them all is a warning.
 """
 
 from __future__ import annotations
@@ -36,11 +36,13 @@ class Copy:
     copy: str
     missing: tuple[str, ...]
     switches: tuple[str, ...] = ()  # the envs the range declares: what may select the copy
+    dropped: tuple[str, ...] = ()  # the methods we patch that the copy does not have
 
     def __str__(self) -> str:
         said = f"upstream copies {self.original} as {self.copy}" + (
             f" (the range adds {', '.join(self.switches)})" if self.switches else "")
-        return said + (f", which lacks our hook(s) {', '.join(self.missing)}" if self.missing else
+        drops = f"drops our patched method(s) {', '.join(self.dropped)} and " if self.dropped else ""
+        return said + (f", which {drops}lacks our hook(s) {', '.join(self.missing)}" if self.missing else
                        ", which has our hooks: check that the path selecting it runs them")
 
 
@@ -105,15 +107,21 @@ def find(git: Git, base: str, target: str, ours: list[Patched]) -> list[Copy]:
         text = git.blob(target, path)
         if status[0] == "C" and any(p.file == source for p in ours):
             hooks = {h for p in ours if p.file == source for names in p.hooks.values() for h in names}
-            copies.append(Copy(source, path, tuple(sorted(hooks - _calls(_parse(text))))))
+            defined = {f for _, fns in _defs(text).values() for f in fns}
+            dropped = {m for p in ours if p.file == source for m in p.hooks} - defined if defined else set()
+            copies.append(Copy(source, path, tuple(sorted(hooks - _calls(_parse(text)))), (), tuple(sorted(dropped))))
             continue
         known = set(_defs(git.blob(base, source or path))) if status[0] in "MR" else set()
         for cls, (bases, fns) in _defs(text).items():
-            for p in ours:  # a new class that subclasses one we patch, or has every method it has
-                if cls and p.cls and cls not in known and (p.cls in bases or p.methods <= set(fns)):
-                    missing = {h for m, hs in p.hooks.items() if m in fns and m not in (have := _calls(fns[m]))
-                               for h in hs - have}  # an override calling super().m keeps ours
-                    copies.append(Copy(f"{p.file}:{p.cls}", f"{path}:{cls}", tuple(sorted(missing))))
+            for p in ours:  # a new class that subclasses one we patch, or has most of its methods (a near-copy)
+                sub = p.cls in bases
+                if cls and p.cls and cls not in known and (sub or len(p.methods & set(fns)) >= .75 * len(p.methods)):
+                    dropped = set() if sub else set(p.hooks) - set(fns)  # a subclass inherits what it leaves out
+                    missing = {h for m in dropped for h in p.hooks[m]} | {
+                        h for m, hs in p.hooks.items() if m in fns and m not in (have := _calls(fns[m]))
+                        for h in hs - have}  # an override calling super().m keeps ours
+                    copies.append(Copy(f"{p.file}:{p.cls}", f"{path}:{cls}", tuple(sorted(missing)), (),
+                                       tuple(sorted(dropped))))
     declared = git.run("diff", "--no-color", "-U0", base, target, "--", "*/environ.py").stdout
     new = set(re.findall(r"^\+\s*(SGLANG_\w+)\s*=", declared, re.M)) - set(re.findall(r"^-\s*(SGLANG_\w+)\s*=",
                                                                                         declared, re.M))

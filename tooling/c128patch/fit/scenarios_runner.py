@@ -10,12 +10,15 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
+import linecache
 import os
 import sys
+import time
 import traceback
 import types
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Tuple
+from unittest import mock
 
 try:
     import torch
@@ -55,31 +58,25 @@ def _module(name: str) -> types.ModuleType:
         raise NotRun(f"{name} did not import ({type(exc).__name__}: {exc})") from None
 
 
-def _set_env(values: Dict[str, Optional[str]]) -> None:
-    for name, value in values.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-
-
 @contextlib.contextmanager
 def _launch(env: Dict[str, Optional[str]], **flags: Any):
     """A launch on a CUDA build of torch: ``env`` over the process's, the runtime context serving ``flags``."""
-    saved = {name: os.environ.get(name) for name in env}
-    context, build = sys.modules.get(RUNTIME_CONTEXT), (torch.version.cuda, torch.version.hip)
-    _set_env(env)
-    sys.modules[RUNTIME_CONTEXT] = runtime_context_standin(launch_namespaces(**flags))
-    torch.version.cuda, torch.version.hip = build[0] or "12.8", None
-    try:
-        yield
-    finally:
-        _set_env(saved)
-        torch.version.cuda, torch.version.hip = build
-        if context is None:
-            sys.modules.pop(RUNTIME_CONTEXT, None)
-        else:
-            sys.modules[RUNTIME_CONTEXT] = context
+    context = sys.modules.get(RUNTIME_CONTEXT)
+    # the process's envs and torch's build back on the way out
+    with mock.patch.dict(os.environ), mock.patch.multiple(torch.version, cuda=torch.version.cuda or "12.8", hip=None):
+        for name, value in env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        sys.modules[RUNTIME_CONTEXT] = runtime_context_standin(launch_namespaces(**flags))
+        try:
+            yield
+        finally:
+            if context is None:
+                sys.modules.pop(RUNTIME_CONTEXT, None)
+            else:
+                sys.modules[RUNTIME_CONTEXT] = context
 
 
 def startup_rules(on: bool) -> None:
@@ -115,13 +112,20 @@ def _upstream_compress(**kwargs: Any) -> None:
 class Decode:
     """Requests with float64 histories; a step (prepare, plan, compress, accept, commit) checked against them."""
 
-    def __init__(self, ctl: types.ModuleType, ragged: Optional[types.ModuleType], layers: int = 2) -> None:
+    def __init__(self, ctl: types.ModuleType, ragged: Optional[types.ModuleType], pool_class: Any = None,
+                 layers: int = 2) -> None:
         self.ctl, self.ragged, self.ops = ctl, ragged, ReferenceOps()
         self.gen = torch.Generator().manual_seed(0)
         self.stride = SLOTS + 2
         self.states = [torch.full(((1 + W) * self.stride, STATE_DIM), float("nan")) for _ in range(layers)]
         self.apes = [self._randn(CHUNK, HEAD_DIM) for _ in range(layers)]
-        self.backend = fake_backend(FakeKVPool(self.states, SLOTS, W), width=W, device="cpu")
+        pool = FakeKVPool(self.states, SLOTS, W)
+        if pool_class is not None:  # upstream's pool class over the same state pools: its own getters read them
+            for state in pool.compress_state_pools[1::2]:
+                state.online_mtp_state_slot_offset, state.online_mtp_max_draft_tokens = self.stride, W
+            pool, fields = pool_class.__new__(pool_class), vars(pool)  # no __init__: it allocates device buffers
+            pool.__dict__.update(fields, online_c128_state_num_req_slots=SLOTS)
+        self.backend = fake_backend(pool, width=W, device="cpu")
         self.controller = ctl.OnlineC128DsparkController(self.backend)
         self.backend.online_c128_dspark = self.controller
         self.seq: Dict[int, int] = {}
@@ -175,11 +179,15 @@ class Decode:
                 new_kv, new_score = self._randn(real[b], HEAD_DIM), self._randn(real[b], HEAD_DIM, scale=2.0)
                 self.hist[layer, slot] = (base, torch.cat([kv, new_kv]), torch.cat([score, new_score]))
                 x[starts[b]:starts[b] + real[b]] = torch.cat([new_kv, new_score], dim=1)
-            out = self.controller.compress_fn(plan, _upstream_compress)(
-                kv_score_buffer=state.view(-1, 1, STATE_DIM), kv_score_input=x.float(), ape=self.apes[layer].float(),
-                plan=plan, compress_ratio=128, head_dim=HEAD_DIM, out=None, is_online=True)
+            out = self.compress(plan, kv_score_buffer=state.view(-1, 1, STATE_DIM), kv_score_input=x.float(),
+                                ape=self.apes[layer].float())
             self._check_emits(layer, slots, starts, seq, emits, out)
         self._accept_and_commit(slots, real, seq, live)
+
+    def compress(self, plan: Any, **tensors: Any) -> Any:
+        """A c128 layer's compress step as upstream's compressor calls it (``compressor_callback`` runs that one)."""
+        return self.controller.compress_fn(plan, _upstream_compress)(
+            **tensors, plan=plan, compress_ratio=128, head_dim=HEAD_DIM, out=None, is_online=True)
 
     def _check_emits(self, layer: int, slots: List[int], starts: List[int], seq: List[int], emits, out) -> None:
         for index, entry in enumerate(emits):
@@ -217,11 +225,11 @@ def _close(got: Any, want: Any, what: str) -> None:
 
 
 @contextlib.contextmanager
-def _decode(on: bool, compact: bool):
+def _decode(on: bool, compact: bool, pool_class: Any = None):
     """The tree's controller over a DSPARK backend, its kernels the torch models; inert with the gates off."""
     ctl, ragged = _module(CONTROLLER), _module(RAGGED) if compact else None
     with _launch({}):
-        sim = Decode(ctl, ragged)
+        sim = Decode(ctl, ragged, pool_class)
     if sim.controller.enabled() != on or not on and sim.controller.compress_fn(None, _close) is not _close:
         raise AssertionError(f"the controller is {'dis' if on else 'en'}abled with the gates {'on' if on else 'off'}")
     kernels, ctl._ops = ctl._ops, lambda: sim.ops
@@ -252,6 +260,46 @@ def decode(on: bool) -> None:
                 sim.prefill(slots[0], CHUNK * 2 - 3)  # a finished request's slot serves a new one
 
 
+COMPRESSOR, POOL = "sglang.srt.layers.attention.dsv4.compressor_v2", "sglang.srt.mem_cache.deepseek_v4_memory_pool"
+
+
+def compressor_callback(on: bool) -> None:
+    """Upstream's compressor (`CompressorBackendMixin._forward_compress_all_in_one`) calls the controller's
+    `compress_fn` for its verify plans, over upstream's pool class (its `get_online_c128_*` getters), checked as in
+    `_steps`; prefill plans, and all with the gates off, go to upstream's. Stood in: the CUDA kernels."""
+    comp, stored, upstream = _module(COMPRESSOR), [], []
+    kernels = comp.compress_forward, comp.compress_norm_rope_store
+    comp.compress_forward = lambda **kw: (upstream.append(kw["plan"]), kw["kv_score_input"])[1]
+    comp.compress_norm_rope_store = lambda kv, plan, **kw: stored.append(kv)
+    backend = type("DeepseekV4AttnBackend", (comp.CompressorBackendMixin,), {})()
+
+    def compress(plan: Any, **tensors: Any) -> Any:
+        backend.forward_metadata = SimpleNamespace(c128_compress_metadata=plan)
+        backend._forward_compress_all_in_one(
+            **tensors, head_dim=HEAD_DIM, norm=SimpleNamespace(weight=None, variance_epsilon=1e-6),
+            freqs_cis_cache=None, kv_cache=None, is_indexer=False, rotate=False, compress_ratio=128, page_size=1,
+            out_loc=None)
+        return stored.pop()
+
+    try:
+        with _decode(on, True, _module(POOL).DeepSeekV4TokenToKVPool) as sim, _launch({ONLINE_ENV: "1"}):
+            backend.online_c128_dspark, sim.compress = sim.controller, compress
+            prefill = PrefillPlan(128, torch.zeros(1, 16, dtype=torch.uint8), None, None)
+            compress(prefill, kv_score_buffer=sim.states[0].view(-1, 1, STATE_DIM),
+                     kv_score_input=torch.zeros(1, 2 * HEAD_DIM), ape=sim.apes[0].float())
+            if upstream != [prefill] or sim.ops.calls:
+                raise AssertionError("a prefill plan did not run upstream's compress_forward alone")
+            for slot, seq_len in zip(range(1, SLOTS), (1, 127, 128, 129, 255)) if on else ():
+                sim.prefill(slot, seq_len)
+            for slots, padded_bs, extra, compact in ([1, 2, 3, 4, 5], 6, 0, False), ([2, 4], 4, 3, True):
+                if on:  # a static verify, then a compact one
+                    sim.step(slots, padded_bs, compact, extra)
+            if len(upstream) != 1:
+                raise AssertionError("upstream's compress_forward ran for a DSPARK verify plan")
+    finally:
+        comp.compress_forward, comp.compress_norm_rope_store = kernels
+
+
 WORKER, STREAMS_ENV = "sglang.srt.speculative.dspark_components.dspark_worker_v2", "SGLANG_DSPARK_RECORD_VERIFY_STREAMS"
 
 
@@ -266,8 +314,6 @@ class _Streamed(torch.Tensor if torch else object):
 
 def _with_stand_ins(fn: Any, **keep: Any) -> Any:
     """``fn`` over its module's globals, those it reads MagicMocks but for envs, torch and ``keep``."""
-    from unittest import mock
-
     names, codes = set(), [fn.__code__]
     while codes:
         code = codes.pop()
@@ -280,8 +326,6 @@ def _with_stand_ins(fn: Any, **keep: Any) -> Any:
 def _worker_step(sim: Decode, compact: bool, attn_backend: Any) -> Tuple[Any, List[str]]:
     """One verify step of the tree's `DSparkWorkerV2._forward_decode`, its collaborators MagicMocks, the target's
     backend ``attn_backend``: (the batch, its events: accept, commit, commit_hidden in order)."""
-    from unittest import mock
-
     draft_input, events, as64 = type("DFlashDraftInputV2", (), {}), [], lambda v: torch.tensor(v).as_subclass(_Streamed)
     layout = sim.ragged.RaggedVerifyLayout.from_verify_lens_device(
         verify_lens=torch.tensor([3, 1, 4], dtype=torch.int32), graph_num_tokens=12) if compact else None
@@ -366,6 +410,7 @@ SCENARIOS = {  # name -> function(gates on)
     "decode": decode,
     "worker-commit": worker_commit,  # the worker's verify step: accept -> commit after accept
     "record-streams": record_streams,
+    "compressor-callback": compressor_callback,  # upstream's compressor calls our compress_fn; the pool's getters
 }
 
 
@@ -388,8 +433,10 @@ def culprit(scenario: str, exc: BaseException, tree: str, ours: List[str]) -> st
             where = "no source"
         theirs.append(f"{cls.__module__}.{cls.__qualname__} ({where})")
     said = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    line = linecache.getline(frames[-1][0].f_code.co_filename, frames[-1][1]).strip() if frames else ""
+    none = "definition: none in the traceback" + (f" (the failing line: {line})" if line else "")  # it names it
     return (f"scenario {scenario}: in {mine[-1] if mine else CONTROLLER + ' (its result)'}; upstream "
-            f"{theirs[-1] if theirs else 'definition: none in the traceback'}: {said}")
+            f"{theirs[-1] if theirs else none}: {said}")
 
 
 def _outcome(name: str, scenario: Any, on: bool, tree: str, ours: List[str]) -> Dict[str, str]:
@@ -406,6 +453,12 @@ def _outcome(name: str, scenario: Any, on: bool, tree: str, ours: List[str]) -> 
         return {"status": "failed", "detail": culprit(name, exc, tree, ours)}
 
 
-def run(gates: str, tree: str, ours: List[str]) -> Dict[str, Dict[str, str]]:
-    """Each scenario with the gates ``gates`` ("on" / "off"), on the tree at ``tree`` (its ``python`` folder)."""
-    return {name: _outcome(name, scenario, gates == "on", tree, ours) for name, scenario in SCENARIOS.items()}
+def run(gates: str, tree: str, ours: List[str]) -> Dict[str, Dict[str, Any]]:
+    """Each scenario with the gates ``gates`` ("on" / "off"), on the tree at ``tree`` (its ``python`` folder), with
+    the seconds it took (ci/bench/bench_tier.py's profile)."""
+    out = {}
+    for name, scenario in SCENARIOS.items():
+        started = time.perf_counter()
+        out[name] = {**_outcome(name, scenario, gates == "on", tree, ours),
+                     "seconds": round(time.perf_counter() - started, 3)}
+    return out
