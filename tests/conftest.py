@@ -32,20 +32,18 @@ _controller: list[bool] = []  # whether this process is the one that reports (no
 
 # The heavy tier (`-m heavy`): the README's test command deselects it, .ci/run runs it as well. The all-release
 # kernel compiles, the release matrices (test_rebase's spans, test_check_predicts' revs, and the older releases'
-# cases of the sweeps below; the newest release's stays in) and the slowest single tests.
+# cases of the sweeps below; the newest release's stays in) and the slowest single tests. Never a test that only
+# reads a module fixture the light tier builds whole (test_layers' example_path, test_reproducible's runs): the
+# heavy run would build it a second time for nothing.
 HEAVY_TESTS = {
     "test_compile_kernels.py::test_patched_kernels_and_probe_compile_for_sm90a_on_every_release",  # nvcc, 285 s
     "test_bench_variants.py::test_variants_compile_for_sm90a",  # nvcc
-    "test_reproducible.py::test_a_wheel_keeps_its_bytes_after_an_older_release_joins_the_cache",  # a 2nd history
     "test_env.py::test_the_v0_5_23_environment_builds_from_its_lock_and_every_module_imports",  # pip: ~3 min, 3 GB
     "test_env.py::test_requirements_that_do_not_resolve_are_one_line_and_unchecked",  # asks the package index
 }
 HEAVY_FILES = {"test_check_predicts.py", "test_scenarios.py"}  # the latter: the tier's real environment
 HEAVY_FIXTURES = {"rebased"}  # test_rebase's (from, onto) matrix, built whole for its first test
 HEAVY_SWEEPS = {
-    "test_layers.py::test_the_example_rebases_across_every_release_proven_equal_to_a_fresh_apply",
-    "test_layers.py::test_the_wheel_label_provenance_and_sbom_carry_the_layer",
-    "test_layers.py::test_verify_wheel_checks_every_layer_entry",
     "test_contract.py::test_the_contract_holds_on_every_supported_release",
     "test_contract.py::test_the_behavioural_tier_passes_where_it_can_check_on_every_release",
     "test_evidence.py::test_every_release_stages",
