@@ -13,6 +13,8 @@ from support import REPO_ROOT
 INNER = '''
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -40,6 +42,12 @@ def test_stopped(tmp_path):
         (tmp_path / "tree").write_text("x")
         os.kill(os.getpid(), signal.SIGTERM)
         threading.Event().wait(60)
+
+
+def test_burns():
+    if os.environ.get("BURN"):
+        subprocess.run([sys.executable, "-c", "import time\\nend = time.process_time() + 0.5\\n"
+                        "while time.process_time() < end: pass"], check=True)
 '''
 
 
@@ -71,6 +79,13 @@ def test_a_run_stopped_by_sigterm_leaves_nothing_in_the_temp_folder(tmp_path):
     proc, temp = inner_run(tmp_path, "-k", "test_stopped", env={"STOP": "1"})
     assert proc.returncode == 2 and "KeyboardInterrupt" in proc.stdout, proc.stdout + proc.stderr
     assert list(temp.iterdir()) == []
+
+
+def test_the_cpu_seconds_of_each_file_are_summed_over_the_workers_children_included(tmp_path):
+    proc, _ = inner_run(tmp_path, "-n", "1", "-k", "test_burns", env={"BURN": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = proc.stdout.split("CPU seconds by test file: ", 1)[1].splitlines()[1:2]
+    assert rows and rows[0].split()[1] == "test_inner.py" and float(rows[0].split()[0]) >= 0.5, proc.stdout
 
 
 def test_the_heavy_tier_holds_the_all_release_compile_and_the_older_releases_of_a_sweep():
