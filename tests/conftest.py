@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -29,23 +30,22 @@ _TORCH = re.compile(r"\btorch\b")
 _torch_skips: set[str] = set()
 _skips: Counter[str] = Counter()  # reason -> how many tests skipped for it, printed at the end
 _controller: list[bool] = []  # whether this process is the one that reports (not an xdist worker)
+_cpu_by_file: Counter[str] = Counter()  # test file -> CPU seconds of its tests, fixtures and their subprocesses
 
 # The heavy tier (`-m heavy`): the README's test command deselects it, .ci/run runs it as well. The all-release
 # kernel compiles, the release matrices (test_rebase's spans, test_check_predicts' revs, and the older releases'
-# cases of the sweeps below; the newest release's stays in) and the slowest single tests.
+# cases of the sweeps below; the newest release's stays in) and the slowest single tests. Never a test that only
+# reads a module fixture the light tier builds whole (test_layers' example_path, test_reproducible's runs): the
+# heavy run would build it a second time for nothing.
 HEAVY_TESTS = {
     "test_compile_kernels.py::test_patched_kernels_and_probe_compile_for_sm90a_on_every_release",  # nvcc, 285 s
     "test_bench_variants.py::test_variants_compile_for_sm90a",  # nvcc
-    "test_reproducible.py::test_a_wheel_keeps_its_bytes_after_an_older_release_joins_the_cache",  # a 2nd history
     "test_env.py::test_the_v0_5_23_environment_builds_from_its_lock_and_every_module_imports",  # pip: ~3 min, 3 GB
     "test_env.py::test_requirements_that_do_not_resolve_are_one_line_and_unchecked",  # asks the package index
 }
 HEAVY_FILES = {"test_check_predicts.py", "test_scenarios.py"}  # the latter: the tier's real environment
 HEAVY_FIXTURES = {"rebased"}  # test_rebase's (from, onto) matrix, built whole for its first test
 HEAVY_SWEEPS = {
-    "test_layers.py::test_the_example_rebases_across_every_release_proven_equal_to_a_fresh_apply",
-    "test_layers.py::test_the_wheel_label_provenance_and_sbom_carry_the_layer",
-    "test_layers.py::test_verify_wheel_checks_every_layer_entry",
     "test_contract.py::test_the_contract_holds_on_every_supported_release",
     "test_contract.py::test_the_behavioural_tier_passes_where_it_can_check_on_every_release",
     "test_evidence.py::test_every_release_stages",
@@ -96,7 +96,31 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _record_skip(report)
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and of the children it waited for (git, the tool's subprocesses)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    start = _cpu()
+    yield
+    _cpu_by_file[item.path.name] += _cpu() - start
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """xdist: a worker's CPU seconds by file reach the controller."""
+    _cpu_by_file.update(getattr(node, "workeroutput", {}).get("cpu_by_file", {}))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _cpu_by_file:
+        top = sorted(_cpu_by_file.items(), key=lambda kv: -kv[1])[:15]
+        terminalreporter.section(f"CPU seconds by test file: {sum(_cpu_by_file.values()):.0f} in all, the top 15")
+        for name, seconds in top:
+            terminalreporter.line(f"{seconds:7.1f}  {name}")
     if _skips:
         terminalreporter.section(f"{sum(_skips.values())} skipped, by reason")
         for reason, count in sorted(_skips.items(), key=lambda kv: (-kv[1], kv[0])):
@@ -104,6 +128,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["cpu_by_file"] = dict(_cpu_by_file)
     path = os.environ.get("C128PATCH_TORCH_SKIPS")
     if path and _controller and _controller[-1]:
         Path(path).write_text("".join(f"{nodeid}\n" for nodeid in sorted(_torch_skips)))

@@ -13,6 +13,8 @@ from support import REPO_ROOT
 INNER = '''
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -40,6 +42,12 @@ def test_stopped(tmp_path):
         (tmp_path / "tree").write_text("x")
         os.kill(os.getpid(), signal.SIGTERM)
         threading.Event().wait(60)
+
+
+def test_burns():
+    if os.environ.get("BURN"):
+        subprocess.run([sys.executable, "-c", "import time\\nend = time.process_time() + 0.5\\n"
+                        "while time.process_time() < end: pass"], check=True)
 '''
 
 
@@ -73,13 +81,30 @@ def test_a_run_stopped_by_sigterm_leaves_nothing_in_the_temp_folder(tmp_path):
     assert list(temp.iterdir()) == []
 
 
+def test_the_cpu_seconds_of_each_file_are_summed_over_the_workers_children_included(tmp_path):
+    proc, _ = inner_run(tmp_path, "-n", "1", "-k", "test_burns", env={"BURN": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = proc.stdout.split("CPU seconds by test file: ", 1)[1].splitlines()[1:2]
+    assert rows and rows[0].split()[1] == "test_inner.py" and float(rows[0].split()[0]) >= 0.5, proc.stdout
+
+
 def test_the_heavy_tier_holds_the_all_release_compile_and_the_older_releases_of_a_sweep():
     heavy = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q",
                             "--collect-only", "-m", "heavy", "tests/test_compile_kernels.py", "tests/test_rebase.py",
-                            "tests/test_layers.py"], cwd=REPO_ROOT, capture_output=True, text=True)
+                            "tests/test_contract.py", "tests/test_layers.py", "tests/test_reproducible.py"],
+                           cwd=REPO_ROOT, capture_output=True, text=True)
     ids = heavy.stdout.split()
     assert "tests/test_compile_kernels.py::test_patched_kernels_and_probe_compile_for_sm90a_on_every_release" in ids
     assert "tests/test_rebase.py::test_rebase_between_releases_needs_no_stop[v0.5.22->v0.5.23]" in ids
-    assert "tests/test_layers.py::test_verify_wheel_checks_every_layer_entry[v0.5.22]" in ids
-    assert "tests/test_layers.py::test_verify_wheel_checks_every_layer_entry[v0.5.23]" not in ids
+    assert "tests/test_contract.py::test_the_contract_holds_on_every_supported_release[v0.5.22]" in ids
+    assert "tests/test_contract.py::test_the_contract_holds_on_every_supported_release[v0.5.23]" not in ids
     assert "tests/test_compile_kernels.py::test_every_series_header_has_a_row" not in ids
+
+
+def test_the_heavy_tier_holds_no_test_that_only_reads_a_fixture_the_light_tier_builds_whole():
+    """test_layers' example_path and test_reproducible's runs build every release's results for their first test:
+    a heavy reader of them would make the heavy run build them again."""
+    heavy = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q",
+                            "--collect-only", "-m", "heavy", "tests/test_layers.py", "tests/test_reproducible.py"],
+                           cwd=REPO_ROOT, capture_output=True, text=True)
+    assert "no tests collected" in heavy.stdout, heavy.stdout
