@@ -147,9 +147,7 @@ class MergedCheck:
         if not ours:
             return []
         paths = sorted(ours)
-        touching = [c for c, files in self._touching.items() if set(paths) <= files]
-        self._upstream_ids(touching, paths)
-        for sha in touching:
+        for sha in [c for c, files in self._touching.items() if set(paths) <= files]:  # ids known: paths <= every
             if all(self._ids[sha].get(path) == pid for path, pid in ours.items()):
                 return [Signal("patch-id", f"upstream commit {sha[:12]} makes the same change to {', '.join(paths)}",
                                sha)]
