@@ -4,6 +4,8 @@ again when one moved: HEAD (an amend, a commit), the series (an entry's file, th
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,17 @@ def test_status_reads_the_proof_apply_recorded_without_replaying(applied, monkey
     text = status_of(series, tree, as_json=False)
     assert text.code == 0 and "equals the series: identical to a fresh apply" in text.text
     assert "(recorded proof)" in text.text
+
+
+def test_status_loads_no_replay_or_layer_module(applied):
+    """status reads: the modules that replay, lint or edit layers stay unimported (its start-up cost)."""
+    series, tree = applied
+    probe = ("import sys\nfrom c128patch.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in ('c128patch.ops.layer', 'c128patch.ops.replay', 'c128patch.ops.lint') "
+             "if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", probe, "status", "--json", "--tree", str(tree), "--series",
+                           str(series)], capture_output=True, text=True, check=False)
+    assert '"proof": "recorded"' in proc.stdout and proc.stdout.rstrip().endswith("[]"), proc.stdout + proc.stderr
 
 
 def test_prove_forces_the_replay_and_gives_the_recorded_verdict(applied):

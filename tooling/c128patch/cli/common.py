@@ -89,7 +89,7 @@ def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path
     ``repo``), else those the provenance of ``tree`` (else of the repository here) names; the layers in effect are
     said on stderr (unless named with --layer, or ``quiet``: --json), and in the --json report (``emit_json``)."""
     from c128patch.git import Git
-    from c128patch.ops.layer import tree_layers
+    from c128patch.ops.treestate import tree_layers  # not ops.layer: status stays light
     from c128patch.series.layers import get_series, lookup_layers
 
     def top(folder: Path) -> Path | None:  # the repository holding folder (a bare one: itself), no git run

@@ -7,7 +7,6 @@ one ``series.txn``, then linted. Every refusal comes before any write."""
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,24 +40,8 @@ class NewEntry:
 
 
 def remember_layers(git: Git, series: Series) -> None:
-    """Keep the layer folders a tree was applied with in its git dir, for ``tree_layers``."""
+    """Keep the layer folders a tree was applied with in its git dir, for ``treestate.tree_layers``."""
     write_json_atomic(c128_state_dir(git) / "layers.json", layer_folders(series))
-
-
-def tree_layers(git: Git) -> tuple[Path, ...]:
-    """The folders of the layers the tree's provenance names (``remember_layers``); () for none; one gone: an error."""
-    try:
-        names = [str(r.get("name")) for r in read_provenance(git.cwd).get("layers", [])]
-    except C128Error:
-        return ()  # no record, or a damaged one: the verb says so itself
-    if not names:
-        return ()
-    path = c128_state_dir(git) / "layers.json"
-    folders = [Path(f) for f in json.loads(path.read_text())] if path.is_file() else []
-    if len(folders) != len(names) or not all((f / MANIFEST).is_file() for f in folders):
-        raise C128Error(f"{git.cwd} was applied with layer(s) {', '.join(names)} (its provenance says so): name "
-                        "their folders (--layer DIR, or c128patch.toml); nothing was changed")
-    return tuple(folders)
 
 
 def new_layer(folder: Path, name: str, series: Series, base: str = "", version: str = "1") -> Series:

@@ -21,7 +21,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable, Literal, Sequence
 
 from unidiff import PatchSet, UnidiffParseError
 from unidiff.patch import Line
@@ -75,16 +75,17 @@ def per_commit_file_ids(git: Git, diffs: dict[str, str]) -> dict[str, dict[str, 
     return out
 
 
-def commit_diffs(git: Git, commits: list[str], *args: str) -> dict[str, str]:
-    """commit -> its diff (``git log -p ARGS``), for many commits in one git call."""
-    text = git.run("log", "--no-walk=unsorted", "-p", "--format=%x00%H", *args, *commits).stdout if commits else ""
+def commit_diffs(git: Git, commits: list[str], *args: str, paths: Sequence[str] = ()) -> dict[str, str]:
+    """commit -> its diff (``git log -p ARGS``, of ``paths`` only where given), for many commits in one git call."""
+    argv = ["log", "--no-walk=unsorted", "-p", "--format=%x00%H", *args, *commits, "--", *paths]
+    text = git.run(*argv).stdout if commits else ""
     return {c: "" for c in commits} | dict(part.partition("\n")[::2] for part in text.split("\0")[1:])
 
 
-def _show_ids(git: Git, commit: str, *paths: str) -> dict[str, str]:
-    """path -> per-file patch-id of ``commit``'s change (``--unified=0``: context and line numbers do not count)."""
-    diff = git.run("show", "--format=", "--unified=0", "--no-renames", "--full-index", commit, "--", *paths).stdout
-    return per_commit_file_ids(git, {"": diff})[""]
+def _file_ids(git: Git, commits: list[str], paths: Sequence[str] = ()) -> dict[str, dict[str, str]]:
+    """commit -> path -> per-file patch-id (``--unified=0``: context and line numbers do not count), in 2 git calls."""
+    return per_commit_file_ids(git, commit_diffs(git, commits, "--unified=0", "--no-renames", "--full-index",
+                                                 paths=paths))
 
 
 class MergedCheck:
@@ -117,13 +118,12 @@ class MergedCheck:
             out += self._patch_id(old_commit)
         return out
 
-    def _upstream_ids(self, commit: str, paths: list[str]) -> dict[str, str]:  # kept in ``cache`` ("": unchanged)
-        known = self._ids.setdefault(commit, {})
-        missing = [p for p in paths if p not in known]
+    def _upstream_ids(self, commits: list[str], paths: list[str]) -> None:  # kept in ``cache`` ("": unchanged)
+        missing = [c for c in commits if not set(paths) <= self._ids.get(c, {}).keys()]
         if missing:
-            known.update({p: "" for p in missing} | _show_ids(self.git, commit, *missing))
+            for commit, ids in _file_ids(self.git, missing, paths).items():
+                self._ids.setdefault(commit, {}).update({p: "" for p in paths} | ids)
             write_json_atomic(self.cache, self._ids)
-        return {p: known[p] for p in paths}
 
     def _pr_hint(self, number: str) -> list[Signal]:
         if number not in self._hints:
@@ -135,22 +135,20 @@ class MergedCheck:
 
     def _patch_id(self, old_commit: str) -> list[Signal]:
         if self._ours is None:
-            diffs = commit_diffs(self.git, self._old_commits, "--unified=0", "--no-renames", "--full-index")
-            self._ours = per_commit_file_ids(self.git, diffs)
+            self._ours = _file_ids(self.git, self._old_commits)
             every = sorted({path for ids in self._ours.values() for path in ids})
             if every:  # each range commit diffed once, for the files of every entry
                 log = self.git.out("log", "--format=%x00%H", "--name-only", f"{self.old}..{self.onto}", "--", *every)
                 for part in log.split("\0")[1:]:
                     sha, *files = part.split()
                     self._touching[sha] = set(files)
-                    self._upstream_ids(sha, every)
-        ours = self._ours.get(old_commit) or _show_ids(self.git, old_commit)
+                self._upstream_ids(list(self._touching), every)
+        ours = self._ours.get(old_commit) or _file_ids(self.git, [old_commit])[old_commit]
         if not ours:
             return []
         paths = sorted(ours)
-        for sha in [c for c, files in self._touching.items() if set(paths) <= files]:
-            theirs = self._upstream_ids(sha, paths)
-            if all(theirs.get(path) == pid for path, pid in ours.items()):
+        for sha in [c for c, files in self._touching.items() if set(paths) <= files]:  # ids known: paths <= every
+            if all(self._ids[sha].get(path) == pid for path, pid in ours.items()):
                 return [Signal("patch-id", f"upstream commit {sha[:12]} makes the same change to {', '.join(paths)}",
                                sha)]
         return []

@@ -30,6 +30,8 @@ from typing import Any, Iterator
 from c128patch.errors import C128Error
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git, stale_lock_message, user_can_commit
 from c128patch.progress import console
+from c128patch.series.manifest import MANIFEST
+from c128patch.series.provenance import read_provenance
 
 _GIT_BUSY = {"rebase-merge": "a git rebase", "rebase-apply": "a git am or rebase", "MERGE_HEAD": "a git merge",
              "CHERRY_PICK_HEAD": "a git cherry-pick", "REVERT_HEAD": "a git revert"}
@@ -47,6 +49,22 @@ def git_paths(git: Git, names: list[str], *more: str) -> list[Path]:
 
 def c128_state_dir(git: Git) -> Path:
     return git_paths(git, ["c128patch"])[0]
+
+
+def tree_layers(git: Git) -> tuple[Path, ...]:
+    """The folders of the layers the tree's provenance names (``remember_layers``); () for none; one gone: an error."""
+    try:
+        names = [str(r.get("name")) for r in read_provenance(git.cwd).get("layers", [])]
+    except C128Error:
+        return ()  # no record, or a damaged one: the verb says so itself
+    if not names:
+        return ()
+    path = c128_state_dir(git) / "layers.json"
+    folders = [Path(f) for f in json.loads(path.read_text())] if path.is_file() else []
+    if len(folders) != len(names) or not all((f / MANIFEST).is_file() for f in folders):
+        raise C128Error(f"{git.cwd} was applied with layer(s) {', '.join(names)} (its provenance says so): name "
+                        "their folders (--layer DIR, or c128patch.toml); nothing was changed")
+    return tuple(folders)
 
 
 def rebase_journal(git: Git) -> Path:
