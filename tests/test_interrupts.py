@@ -12,6 +12,7 @@ import time
 import pytest
 
 from c128patch.exitcodes import SIGNAL
+from support import default_signals
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
@@ -23,7 +24,7 @@ def test_a_signal_during_wheel_or_watch_leaves_no_scratch_and_claims_no_outcome(
     args = {"wheel": ["wheel", "--from-release", "0.5.23", "-o", out],
             "watch": ["watch", "--onto", "v0.5.21", "--repo", sglang_release_repo, "--out", out, "--no-run"]}[verb]
     proc = subprocess.Popen([sys.executable, "-m", "c128patch", *map(str, args)], env={**os.environ, "TMPDIR": str(
-        scratch)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        scratch)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     until = time.monotonic() + 300
     while not any(scratch.iterdir()) and proc.poll() is None and time.monotonic() < until:
         time.sleep(0.02)
