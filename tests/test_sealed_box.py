@@ -43,16 +43,18 @@ def test_the_target_sees_no_token_no_home_and_no_fake_torch(tmp_path, monkeypatc
     pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
     seen, marker = tmp_path / "seen.json", tmp_path / "ran.txt"
     tree = trapped_tree(tmp_path, marker, "import json, os, torch\n"
-                       f"open({str(seen)!r}, 'w').write(json.dumps({{'env': dict(os.environ), 'torch': torch.__file__, "
-                       "'json': json.__file__}))\n")
+                       f"open({str(seen)!r} + str(os.getpid()), 'w').write(json.dumps({{'env': dict(os.environ), "
+                       "'torch': torch.__file__, 'json': json.__file__}))\n")
     monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret")
     result = treecheck.run(SERIES, tree, [TRAP])
     assert [t.modules["sglang.trap"]["status"] for t in result.tiers] == ["ok", "ok"], result.to_json()
-    got = json.loads(seen.read_text())
-    assert "GITHUB_TOKEN" not in got["env"] and "ghp_secret" not in json.dumps(got)
-    assert got["env"]["HOME"] != os.environ["HOME"] and not Path(got["env"]["HOME"]).exists()
-    assert set(got["env"]) <= {*KEEP, "HOME", "TMPDIR", *treecheck._gates(SERIES)}, got["env"]
-    assert str(tree) not in got["torch"] and str(tree) not in got["json"]
+    files = list(tmp_path.glob("seen.json*"))  # one per gate child: they run side by side
+    assert len(files) == 2, files
+    for got in (json.loads(f.read_text()) for f in files):
+        assert "GITHUB_TOKEN" not in got["env"] and "ghp_secret" not in json.dumps(got)
+        assert got["env"]["HOME"] != os.environ["HOME"] and not Path(got["env"]["HOME"]).exists()
+        assert set(got["env"]) <= {*KEEP, "HOME", "TMPDIR", *treecheck._gates(SERIES)}, got["env"]
+        assert str(tree) not in got["torch"] and str(tree) not in got["json"]
     assert not marker.exists()
 
 
