@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tooling" / "c128patch"
 
 # group -> rank. A module may import its own group or any group of a lower rank.
 LAYERS: dict[str, int] = {
-    "c128patch": 0, "errors": 0, "exitcodes": 0, "progress": 0, "jsonio": 0, "textsafe": 0,  # base: plain helpers
+    "c128patch": 0, "errors": 0, "exitcodes": 0, "progress": 0, "jsonio": 0, "textsafe": 0, "procs": 0,  # base
     "git": 1,                                                   # our git wrapper
     "series": 2, "upstream": 2,                                 # the data model; where upstream comes from
     "ops": 3, "wheel": 3, "smoke": 3, "capacity": 3,            # what is done with them
@@ -95,7 +95,7 @@ def test_every_module_belongs_to_a_layer():
 
 def test_package_top_level_holds_only_the_base_modules():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "__main__", "errors", "exitcodes", "git", "jsonio", "progress", "textsafe"]
+    assert top == ["__init__", "__main__", "errors", "exitcodes", "git", "jsonio", "procs", "progress", "textsafe"]
 
 
 @pytest.mark.parametrize("edge, message", [

@@ -604,6 +604,28 @@ def test_a_truncated_wheel_is_one_line(tmp_path: Path, out: Path, wheel_series: 
             read(cut)
 
 
+def test_every_reader_of_a_wheel_says_a_truncated_or_corrupt_one_in_one_line(tmp_path: Path):
+    from c128patch.fit.env import wheel_requirements
+    from c128patch.smoke.trees import unpack_wheel
+    from c128patch.upstream.releases import WheelZip
+
+    whole, name = tmp_path / "sglang-0.0.1-py3-none-any.whl", "sglang/__init__.py"
+    with zipfile.ZipFile(whole, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr(name, "".join(f"x{i} = {i}\n" for i in range(2000)))
+    cut = tmp_path / "cut" / whole.name
+    cut.parent.mkdir()
+    cut.write_bytes(whole.read_bytes()[:200])
+    for read in (wheel_requirements, lambda w: unpack_wheel(w, tmp_path / "out"), lambda w: InWheel(w).__enter__()):
+        with pytest.raises(C128Error, match="is not a whole wheel") as exc:
+            read(cut)
+        assert str(cut) in exc.value.message and "\n" not in exc.value.message
+    data = bytearray(whole.read_bytes())
+    data[30 + len(name) + 40] ^= 0xFF  # inside the member's deflated bytes
+    whole.write_bytes(bytes(data))
+    with WheelZip(whole) as zf, pytest.raises(C128Error, match=f"member {name} cannot be read .* fetch it again"):
+        zf.read(name)
+
+
 def test_verify_refuses_an_edited_provenance_and_sbom_claiming_the_series(patched, tmp_path: Path,
                                                                          wheel_series: Path):
     """The entry claims a gate it does not have, in both the provenance and the SBOM, RECORD recomputed:

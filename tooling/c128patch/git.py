@@ -8,7 +8,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import threading
 import unicodedata
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence, TypeVar
 
+from c128patch import procs
 from c128patch.errors import C128Error
 
 # Fixed identity and environment so that commits we make are reproducible.
@@ -185,16 +185,7 @@ class Git:
         if timeout is None:
             proc = subprocess.run(cmd, cwd=self.cwd, env=env, input=input, capture_output=True, text=not binary)
         else:  # git and its helpers end together past ``timeout`` or on an interrupt
-            with subprocess.Popen(cmd, cwd=self.cwd, env=env, stdin=subprocess.PIPE if input is not None else None,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=not binary,
-                                  start_new_session=True) as popen:
-                try:
-                    out, err = popen.communicate(input, timeout=timeout)
-                except BaseException:
-                    os.killpg(popen.pid, signal.SIGKILL)
-                    popen.communicate()
-                    raise
-            proc = subprocess.CompletedProcess(cmd, popen.returncode, out, err)
+            proc = procs.run(cmd, timeout, input=input, text=not binary, cwd=self.cwd, env=env)
         err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
         dubious = _DUBIOUS.search(err) if proc.returncode != 0 else None
         if dubious and dubious.group(1) not in self._trusted:
@@ -210,10 +201,10 @@ class Git:
             return self._raw(args, env, [*settings, f"safe.directory={path}"], input, binary, timeout)
         return proc
 
-    def command(self, *args: str) -> tuple[list[str], dict[str, str]]:
-        """The argv and environment of a hardened git call, for callers that stream (Popen)."""
-        return ([git_executable(), *(x for s in self._settings() for x in ("-c", s)), *args],
-                self._base_env(transport=bool(args) and args[0] in _TRANSPORT))
+    def stream(self, *args: str) -> procs.Group:
+        """A hardened git call fed as it runs (``cat-file --batch``, ``fast-import``): stdin, stdout, stderr piped."""
+        return procs.Group([git_executable(), *(x for s in self._settings() for x in ("-c", s)), *args], cwd=self.cwd,
+                           env=self._base_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def run(self, *args: str, check: bool = True, input: str | bytes | None = None,
             env: Mapping[str, str] | None = None, binary: bool = False, transport: bool = False,
@@ -296,9 +287,7 @@ class BlobBatch:
     def read(self, spec: str) -> bytes | None:
         """The content of the object ``spec`` names (``rev:path``); None where there is none."""
         if self._proc is None:
-            argv, env = self.git.command("cat-file", "--batch")
-            self._proc = subprocess.Popen(argv, cwd=self.git.cwd, env=env, stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE)
+            self._proc = self.git.stream("cat-file", "--batch")
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._proc.stdin.write(f"{spec}\n".encode())
         self._proc.stdin.flush()

@@ -25,7 +25,7 @@ from c128patch.fit.sandbox import Sealed
 from c128patch.jsonio import write_atomic
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series, tomllib
-from c128patch.upstream.releases import cache_dir, ensure_folder, locked, wheel_for
+from c128patch.upstream.releases import WheelZip, cache_dir, ensure_folder, locked, wheel_for
 
 TORCH_PIN = "torch==2.13.0"  # the CPU build; the operator may name another: $C128PATCH_TORCH_PIN
 RESOLVE_TIMEOUT, INSTALL_TIMEOUT = 600.0, 1200.0  # seconds
@@ -79,7 +79,7 @@ def declared(tree: Path) -> tuple[list[str], str]:
 def wheel_requirements(wheel: Path) -> list[str]:
     """A wheel's ``Requires-Dist`` values."""
     try:
-        with zipfile.ZipFile(wheel) as zf:
+        with WheelZip(wheel) as zf:
             name = next(n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
             return email.message_from_bytes(zf.read(name)).get_all("Requires-Dist") or []
     except (zipfile.BadZipFile, StopIteration, OSError) as exc:

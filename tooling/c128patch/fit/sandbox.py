@@ -6,16 +6,15 @@ namespace) where the host allows it; ``isolation`` says whether it did."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 from pathlib import Path
 
 from c128patch.errors import C128Error
+from c128patch.procs import Group
 from c128patch.smoke.device import run_child
 
 # the environment the box keeps; the rest (tokens, credentials, PYTHON*) is dropped
@@ -64,9 +63,8 @@ class Sealed:
         self.out, self.err = (open(self.home / name, "w+b") for name in (".stdout", ".stderr"))  # noqa: SIM115
         cut = offline and not isolation().startswith("network not cut off")
         try:
-            self.proc = subprocess.Popen([*(_OFFLINE if cut else []), python, "-I", "-B", *args], env=scrubbed,
-                                         stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err, cwd=self.home,
-                                         start_new_session=True)
+            self.proc = Group([*(_OFFLINE if cut else []), python, "-I", "-B", *args], env=scrubbed,
+                              stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err, cwd=self.home)
         except OSError as exc:
             self.kill()
             raise C128Error(f"the target's code did not run: {exc}") from None
@@ -85,11 +83,8 @@ class Sealed:
 
     def kill(self) -> None:
         """Its process group killed (the leader's forks too), its files and ``HOME`` removed."""
-        proc = getattr(self, "proc", None)
-        if proc is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if hasattr(self, "proc"):
+            self.proc.end()
         for f in (self.out, self.err):
             f.close()
         shutil.rmtree(self.home, ignore_errors=True)

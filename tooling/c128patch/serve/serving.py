@@ -5,14 +5,14 @@ exits without its answer, dies or outlives its limit is an error (``Answer.error
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+from c128patch.procs import run
 
 # What the probe imports (a test points them at a stand-in where a real install cannot import).
 MODULES = {"package": "sglang", "server_args": "sglang.srt.server_args",
@@ -133,28 +133,19 @@ def ask(python: str, script: str, payload: Any, timeout: float) -> Answer:
     """Run ``script`` in ``python`` (its own process group, ended on return) and read its one answer line."""
     started = time.monotonic()
     try:
-        proc = subprocess.Popen([python, "-c", script, json.dumps(payload)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
+        proc = run([python, "-c", script, json.dumps(payload)], timeout)
     except OSError as exc:
         return Answer(error=f"cannot run {python}: {exc}")
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        stdout = None
-    finally:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it started
+        return Answer(error=f"it did not finish in {timeout:g} s", seconds=round(time.monotonic() - started, 1))
     seconds = round(time.monotonic() - started, 1)
-    if stdout is None:
-        proc.communicate()
-        return Answer(error=f"it did not finish in {timeout:g} s", seconds=seconds)
-    found = [line[len(_MARK):] for line in stdout.splitlines() if line.startswith(_MARK)]
+    found = [line[len(_MARK):] for line in proc.stdout.splitlines() if line.startswith(_MARK)]
     if found:
         return Answer(json.loads(found[-1]), seconds=seconds)
     if proc.returncode == 0:
         return Answer(error="it exited (status 0) without an answer: code it loaded ended the process",
                       seconds=seconds)
-    tail = (stderr or stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
     return Answer(error=f"the interpreter died ({tail[0]})", seconds=seconds)
 
 

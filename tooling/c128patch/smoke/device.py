@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from c128patch.errors import C128Error
+from c128patch.procs import run
 
 # Run by the suite's Python; prints one JSON object. Initialises CUDA only through torch.
 _PROBE = r"""
@@ -40,7 +41,7 @@ print(json.dumps(info))
 def run_child(argv: list[str], timeout: float) -> tuple[str, str]:
     """(stdout, "") of ``argv`` run under ``timeout``; ("", its last output line) where it exits non-zero."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout)
+        proc = run(argv, timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise C128Error(f"cannot run {argv[0]}: {exc}") from exc
     if proc.returncode == 0:

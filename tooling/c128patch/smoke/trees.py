@@ -58,10 +58,9 @@ def resolve_tree(path: Path, what: str = "--tree") -> Path:
 
 def unpack_wheel(wheel: Path, dest: Path) -> Path:
     """The ``sglang/`` package of a wheel, unpacked under ``dest``; returns ``dest``."""
-    if not zipfile.is_zipfile(wheel):
-        raise C128Error(f"--wheel: {wheel} is not a wheel (not a zip file)")
-    dest.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheel) as zf:
+    from c128patch.upstream.releases import WheelZip  # (packaging: only when a wheel is unpacked)
+
+    with WheelZip(wheel) as zf:
         members = [m for m in zf.namelist() if m.startswith("sglang/") and not m.endswith("/")]
         if not members:
             raise C128Error(f"--wheel: {wheel.name} has no sglang/ package")

@@ -204,20 +204,33 @@ def wheel_for(version: str, progress: Progress | None = None) -> Path:
     raise C128Error(f"unknown release 'v{version}': no sglang {version} wheel on the package index ({last})")
 
 
-@contextlib.contextmanager
-def _opened(wheel: Path) -> Iterator[zipfile.ZipFile]:
-    """The wheel as a zip; a truncated or corrupt one is one line naming it and how to fetch it again."""
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            yield zf
-    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-        raise C128Error(f"{wheel}: not a whole wheel ({exc}); remove it (rm {shlex.quote(str(wheel))}) and run "
-                        "again: it is downloaded again") from None
+class WheelZip(zipfile.ZipFile):
+    """A wheel's zip archive; truncated or corrupt (opened, or a member read): one line naming it and the ``fix``."""
+
+    def __init__(self, wheel: Path, fix: str = "a truncated download? delete it and fetch it again") -> None:
+        self.fix = fix
+        try:
+            super().__init__(wheel)
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise C128Error(f"not a wheel: {wheel} is not a whole wheel ({exc}); {fix}") from None
+
+    def read(self, name: str | zipfile.ZipInfo, pwd: bytes | None = None) -> bytes:
+        try:
+            return super().read(name, pwd)
+        except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
+            member = name.filename if isinstance(name, zipfile.ZipInfo) else name
+            raise C128Error(f"not a wheel: {self.filename}: member {member} cannot be read ({exc}); {self.fix}") \
+                from None
+
+
+def _cached(wheel: Path) -> WheelZip:
+    """A wheel of the cache: one the tool downloads again once removed."""
+    return WheelZip(wheel, f"remove it (rm {shlex.quote(str(wheel))}) and run again: it is downloaded again")
 
 
 def iter_wheel_sources(wheel: Path) -> Iterator[tuple[str, str, bytes]]:
     """(path, git mode, content) of each source file of an sglang wheel, as upstream's repository has it."""
-    with _opened(wheel) as zf:
+    with _cached(wheel) as zf:
         for info in sorted(zf.infolist(), key=lambda i: i.filename):
             name = info.filename
             if info.is_dir() or not name.startswith(f"{PACKAGE}/") or name.endswith(BINARY_SUFFIXES):
@@ -248,7 +261,7 @@ def wheel_tree(wheel: Path) -> str:
 
 def wheel_timestamp(wheel: Path) -> int:
     """The release time recorded in the wheel (its dist-info/WHEEL entry), as a UTC epoch."""
-    with _opened(wheel) as zf:
+    with _cached(wheel) as zf:
         for info in zf.infolist():
             if info.filename.endswith(".dist-info/WHEEL"):
                 return calendar.timegm((*info.date_time, 0, 0, 0))
@@ -295,23 +308,17 @@ def import_releases(dest: Path, versions: Iterable[str], reporter: Reporter = Nu
         git.run("config", "gc.auto", "0")
     tags = {v: git.rev_parse(f"refs/tags/{tag_for(v)}") for v in {*ordered, *DEFAULT_RELEASES}}
     present = {v: c for v, c in tags.items() if c and v not in ordered}
-    # --force: a tag written by an older layout moves (its old commit is kept, below)
-    argv, env = git.command("fast-import", "--quiet", "--done", "--force")
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=dest)
-    assert proc.stdin is not None
-    try:
-        for chunk in _fast_import_stream(ordered, wheels, present, reporter):
-            proc.stdin.write(chunk)
-        proc.stdin.write(b"done\n")
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
-    except BaseException:  # a wheel that cannot be read: fast-import ends without "done", writing no ref
-        proc.kill()
-        proc.wait()
-        raise
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if proc.wait() != 0:
+    # --force: a tag written by an older layout moves (its old commit is kept, below); a wheel that cannot be
+    # read: fast-import is killed without "done", writing no ref
+    with git.stream("fast-import", "--quiet", "--done", "--force") as proc:
+        with contextlib.suppress(BrokenPipeError):
+            for chunk in _fast_import_stream(ordered, wheels, present, reporter):
+                proc.stdin.write(chunk)
+            proc.stdin.write(b"done\n")
+            proc.stdin.close()
+        err = proc.stderr.read().decode(errors="replace")
+        proc.wait()  # (its refs written before the group is ended)
+    if proc.returncode != 0:
         raise C128Error(f"building the release history failed: {err.strip().splitlines()[-1:] or ''}")
     for v in ordered:  # keep what an older layout tagged: trees made from it still name it
         old, new = tags.get(v), git.rev_parse(f"refs/tags/{tag_for(v)}")

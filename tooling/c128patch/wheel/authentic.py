@@ -9,7 +9,6 @@ with those bytes, plus the provenance and SBOM. No file the series does not touc
 from __future__ import annotations
 
 import re
-import shutil
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from unidiff.errors import UnidiffParseError
 
 from c128patch.errors import C128Error
 from c128patch.series.manifest import sha256_file
-from c128patch.upstream.releases import PACKAGE, WheelTarget, local_wheels, pip_download
+from c128patch.upstream.releases import PACKAGE, WheelTarget, WheelZip, local_wheels, pip_download
 from c128patch.wheel.patch import WHEEL_PROVENANCE, loose_git
 from c128patch.wheel.rules import wheel_path
 from c128patch.wheel.sbom import SBOM_NAME
@@ -141,7 +140,7 @@ def check_authentic(wheel: Path, hashes: dict[str, str], dist_info: str, version
                     diffs: list[bytes], upstream_wheel: Path, found: str) -> Authenticity:
     """``wheel`` (its checked RECORD ``hashes``) is ``upstream_wheel`` + ``diffs`` + provenance and SBOM."""
     entries = record.get("entries", [])
-    with zipfile.ZipFile(upstream_wheel) as up:
+    with WheelZip(upstream_wheel) as up:
         check_archive(up.infolist(), upstream_wheel)
         expected = _expected(up, upstream_wheel, dist_info, version)
         with tempfile.TemporaryDirectory(prefix="c128patch-authentic-") as tmp:
@@ -158,8 +157,7 @@ def check_authentic(wheel: Path, hashes: dict[str, str], dist_info: str, version
                         continue
                     dest = scratch / path
                     dest.parent.mkdir(parents=True, exist_ok=True)
-                    with up.open(path) as src, open(dest, "wb") as out:
-                        shutil.copyfileobj(src, out, 1 << 20)
+                    dest.write_bytes(up.read(path))
                 touched |= set(paths)
                 proc = git.run("apply", "-p2", str(diff_file), check=False)
                 name = entries[i].get("name") if i < len(entries) else f"#{i + 1}"

@@ -34,7 +34,7 @@ from wheel.wheelfile import MINIMUM_TIMESTAMP, WHEEL_INFO_RE, WheelError, WheelF
 from c128patch import exitcodes
 from c128patch.errors import C128Error
 from c128patch.ops.treestate import fault_point
-from c128patch.upstream.releases import BINARY_SUFFIXES
+from c128patch.upstream.releases import BINARY_SUFFIXES, WheelZip
 
 
 @dataclass(frozen=True)
@@ -100,15 +100,6 @@ def check_archive(infos: list[zipfile.ZipInfo], wheel: Path, error: type[C128Err
         raise C128Error(f"{wheel.name}: unpacks to {total / 2**20:.0f} MiB from {size / 2**20:.1f} MiB "
                         f"({total / size:.0f}:1); the limits are {MAX_UNPACKED >> 30} GiB in total and {MAX_RATIO}:1 "
                         "(a zip bomb?)")
-
-
-def open_zip(wheel: Path) -> zipfile.ZipFile:
-    """The wheel as a zip archive; a truncated or corrupt one is one line naming it."""
-    try:
-        return zipfile.ZipFile(wheel)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise C128Error(f"not a wheel: {wheel} is not a readable zip archive ({exc}); "
-                        "a truncated download? delete it and fetch it again") from None
 
 
 def record_hash(data: bytes) -> str:
@@ -201,7 +192,7 @@ class InWheel:
         self.dist_info = ""
 
     def __enter__(self) -> "InWheel":
-        self._zip = open_zip(self.wheel)
+        self._zip = WheelZip(self.wheel)
         sweep_stale(Path(tempfile.gettempdir()), "c128patch-wheel-")
         self._tmp = Path(tempfile.mkdtemp(prefix=f"c128patch-wheel-{os.getpid()}-"))
         self.root = self._tmp / "wheel"  # the wheel as a folder
@@ -235,14 +226,7 @@ class InWheel:
         """A member's current bytes (the edited file if it was extracted)."""
         if name in self._extracted:
             return (self.root / name).read_bytes()
-        return self._read_zip(self._members[name])
-
-    def _read_zip(self, info: zipfile.ZipInfo) -> bytes:
-        try:
-            return self._zip.read(info)
-        except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
-            raise C128Error(f"not a wheel: {self.wheel}: member {info.filename} cannot be read ({exc}); "
-                            "a truncated download? delete it and fetch it again") from None
+        return self._zip.read(self._members[name])
 
     def extract(self, names: list[str]) -> None:
         """Bring these members out into ``root`` (names not in the wheel are skipped)."""
@@ -252,7 +236,7 @@ class InWheel:
                 continue
             dest = self.root / name
             dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(self._read_zip(info))
+            dest.write_bytes(self._zip.read(info))
             if (info.external_attr >> 16) & 0o111:  # executable in the archive
                 dest.chmod(0o755)
             self._extracted.add(name)
@@ -309,7 +293,7 @@ class InWheel:
         if name in self._extracted or name not in self._members or path.exists():
             return path.read_bytes(), bool(path.stat().st_mode & 0o111)
         info = self._members[name]
-        return self._read_zip(info), bool((info.external_attr >> 16) & 0o111)
+        return self._zip.read(info), bool((info.external_attr >> 16) & 0o111)
 
     def _write(self, path: Path, epoch: int) -> None:
         stamp = time.gmtime(max(epoch, MINIMUM_TIMESTAMP))[:6]
@@ -347,7 +331,7 @@ class RecordCheck:
 
 def check_record(wheel: Path) -> RecordCheck:
     """Every member is in RECORD with its sha256 (``WheelFile`` checks it) and size; every row is a member."""
-    open_zip(wheel).close()
+    WheelZip(wheel).close()
     try:
         wf = WheelFile(wheel)
     except WheelError as exc:

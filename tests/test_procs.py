@@ -1,0 +1,45 @@
+"""The one runner (``c128patch.procs``): a child's whole process group ends with it, on its exit and past its
+time limit, so that a fork of the child never outlives the call (device probes, git past a limit, doctor)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from c128patch import procs
+from c128patch.smoke.device import run_child
+
+# the child forks a grandchild that lets go of the output and sleeps 60 s, prints its pid, then waits ARGV[1] s
+FORKER = ("import os, sys, time\npid = os.fork()\nif pid == 0:\n    os.close(1); os.close(2); time.sleep(60)\n"
+          "    os._exit(0)\nprint(pid, flush=True)\ntime.sleep(float(sys.argv[1]))\n")
+
+
+def _gone(pid: int) -> bool:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_fork_of_the_child_ends_when_the_child_exits():
+    out, why = run_child([sys.executable, "-c", FORKER, "0"], 30)
+    assert not why and _gone(int(out))
+
+
+def test_past_its_limit_the_whole_group_is_killed():
+    with procs.Group([sys.executable, "-c", FORKER, "60"], stdout=subprocess.PIPE, text=True) as proc:
+        grandchild = int(proc.stdout.readline())
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.5)
+    assert proc.returncode == -9 and _gone(grandchild)
+    with pytest.raises(subprocess.TimeoutExpired):
+        procs.run([sys.executable, "-c", "import time; time.sleep(60)"], 0.5)

@@ -1,0 +1,38 @@
+"""The one way the tool starts a child it must be able to end: in a new session (its own process group), under
+an optional time limit, the whole group killed when it ends, times out or we are interrupted."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from typing import Any, Sequence
+
+
+class Group(subprocess.Popen):
+    """``Popen`` in a new session; ``end`` (and leaving its ``with`` block) kills its whole process group."""
+
+    def __init__(self, argv: Sequence[str], **kw: Any) -> None:
+        super().__init__(argv, start_new_session=True, **kw)
+
+    def end(self) -> None:
+        """SIGKILL to the group (the child's forks too), the child reaped."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.wait()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.end()
+        with contextlib.suppress(BrokenPipeError):  # input still buffered for the child just killed
+            super().__exit__(*exc)
+
+
+def run(argv: Sequence[str], timeout: float | None, *, input: str | bytes | None = None, text: bool = True,
+        **kw: Any) -> subprocess.CompletedProcess:
+    """``argv`` to its end (``TimeoutExpired`` past ``timeout`` s), its group killed; text decoded with "replace"."""
+    with Group(argv, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL, stdout=subprocess.PIPE,
+               stderr=subprocess.PIPE, text=text, errors="replace" if text else None, **kw) as proc:
+        out, err = proc.communicate(input, timeout=timeout)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
