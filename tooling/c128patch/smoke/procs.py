@@ -7,61 +7,28 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from c128patch import exitcodes
-
-
-class Interrupted(Exception):
-    """SIGTERM or SIGHUP arrived while a managed process ran."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"received {signal.Signals(signum).name}")
-        self.signum = signum
+from c128patch.procs import Group
 
 
 @contextlib.contextmanager
-def _handling(signals: tuple[int, ...], handler: Any) -> Iterator[None]:
-    """``handler`` for ``signals`` within the block; main thread only, elsewhere a no-op."""
+def _shielded() -> Iterator[None]:
+    """SIGINT/SIGTERM/SIGHUP held off while we clean up (a second Ctrl-C must not orphan children), then delivered;
+    main thread only, elsewhere a no-op. (SIGTERM/SIGHUP otherwise unwind a verb as Ctrl-C: ``cli.common``.)"""
+    got: list[int] = []
     previous: dict[int, Any] = {}
     with contextlib.suppress(ValueError):  # not the main thread
-        for sig in signals:
-            previous[sig] = signal.signal(sig, handler)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, lambda signum, _f: got.append(signum))
     try:
         yield
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-
-
-@contextlib.contextmanager
-def exits_on_signals() -> Iterator[None]:
-    """SIGTERM/SIGHUP raise :class:`Interrupted` in the block (it unwinds like Ctrl-C), then exit 128+N."""
-    from c128patch.progress import console
-
-    def handler(signum: int, _frame: object) -> None:
-        raise Interrupted(signum)
-
-    try:
-        with _handling((signal.SIGTERM, signal.SIGHUP), handler):
-            yield
-    except Interrupted as exc:
-        console().print(f"c128patch: {exc}; stopped what smoke started", markup=False)
-        sys.exit(exitcodes.SIGNAL + exc.signum)
-
-
-@contextlib.contextmanager
-def _shielded() -> Iterator[None]:
-    """SIGINT/SIGTERM/SIGHUP held off while we clean up (a second Ctrl-C must not orphan children), then delivered."""
-    got: list[int] = []
-    try:
-        with _handling((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), lambda signum, _f: got.append(signum)):
-            yield
-    finally:
         for signum in got[:1]:
             os.kill(os.getpid(), signum)
 
@@ -122,16 +89,14 @@ class Managed:
     def start(self) -> "Managed":
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=dict(self.env) if self.env is not None else None, cwd=self.cwd,
-                                         start_new_session=True)
+            self.proc = Group(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              env=dict(self.env) if self.env is not None else None, cwd=self.cwd)
         st = _stat(self.proc.pid)
         self.seen[self.proc.pid] = st.start if st else -1
         return self
 
     @property
     def pid(self) -> int:
-        assert self.proc is not None
         return self.proc.pid
 
     def _watch(self) -> None:
@@ -153,7 +118,6 @@ class Managed:
         return st is not None and st.state != "Z" and (self.seen.get(pid, -1) in (-1, st.start))
 
     def poll(self) -> int | None:
-        assert self.proc is not None
         self._watch()
         return self.proc.poll()
 
@@ -190,7 +154,6 @@ class Managed:
                     os.kill(pid, sig)
 
     def _remaining(self) -> list[int]:
-        assert self.proc is not None
         if self.proc.poll() is None:
             self._watch()
         return sorted({*group_members(self.pid), *(p for p in self.seen if self._ours(p))}

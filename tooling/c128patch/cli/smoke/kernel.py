@@ -30,7 +30,6 @@ def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, different
     nvcc, torch and tvm_ffi; optionally under compute-sanitizer and against the unpatched upstream
     sources (--differential)."""
     from c128patch.smoke import kernel, render
-    from c128patch.smoke.procs import exits_on_signals
 
     cli.check_outputs(out=fields["out"], stage=stage_dir)
     if fields["scale"] <= 0 or fields["sanitizer_scale"] <= 0:
@@ -40,11 +39,10 @@ def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, different
     opts = cli.kernel_options(fields, sanitizers=tuple(dict.fromkeys(sanitizers)), sanitizer_only=sanitizer_only,
                           differential=differential and not sanitizer_only)
     say = cli.progress(as_json)
-    with exits_on_signals():
-        if stage_dir is not None:
-            staged = kernel.stage_trees(opts, stage_dir, say)
-            up = ["--upstream-tree", staged["upstream"]["path"], "--differential"] if "upstream" in staged else []
-            cli.report_staged(staged, as_json, ["kernel", "--tree", staged["patched"]["path"], *up])
-            return
-        report, path = kernel.run(opts, cli.command_line(ctx), say)
+    if stage_dir is not None:
+        staged = kernel.stage_trees(opts, stage_dir, say)
+        up = ["--upstream-tree", staged["upstream"]["path"], "--differential"] if "upstream" in staged else []
+        cli.report_staged(staged, as_json, ["kernel", "--tree", staged["patched"]["path"], *up])
+        return
+    report, path = kernel.run(opts, cli.command_line(ctx), say)
     cli.finish(report, as_json, lambda: render.print_kernel(report, path))

@@ -61,15 +61,13 @@ def command(ctx: click.Context, out: Path | None, as_json: bool, **fields: Any) 
     with sglang's benchmark tools, crash watch, capacity from the log; then the same with the
     online-C128 envs off."""
     from c128patch.smoke import render
-    from c128patch.smoke.procs import exits_on_signals
     from c128patch.smoke.server import REPORT, ServerOptions, run_server_tier
     from c128patch.smoke.trees import out_dir
 
     cli.check_outputs(out=out)
     opts = ServerOptions(**fields, out=out_dir(out, "server"))
     try:
-        with exits_on_signals():
-            report = run_server_tier(opts, cli.command_line(ctx), cli.progress(as_json))
+        report = run_server_tier(opts, cli.command_line(ctx), cli.progress(as_json))
     except BaseException:
         if out is None and not (opts.out / REPORT).exists():
             shutil.rmtree(opts.out, ignore_errors=True)  # refused before any report: no temp folder left

@@ -25,17 +25,15 @@ def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, tests: Pa
     checkout, on the patched and on the unpatched tree side by side, with a verdict per test."""
     from c128patch.smoke import render
     from c128patch.smoke import upstream_suite as suite
-    from c128patch.smoke.procs import exits_on_signals
 
     cli.check_outputs(out=fields["out"], stage=stage_dir)
     opts = cli.kernel_options(fields)
     say = cli.progress(as_json)
-    with exits_on_signals():
-        if stage_dir is not None:
-            staged, selection = suite.stage_run(opts, tests, stage_dir, say)
-            cli.report_staged(staged, as_json, ["upstream", "--tree", staged["patched"]["path"], "--upstream-tree",
+    if stage_dir is not None:
+        staged, selection = suite.stage_run(opts, tests, stage_dir, say)
+        cli.report_staged(staged, as_json, ["upstream", "--tree", staged["patched"]["path"], "--upstream-tree",
                                             staged["upstream"]["path"], "--tests", str(stage_dir / suite.STAGED_TESTS)],
                           selection=selection)
-            return
-        report, path = suite.run(opts, tests, cli.command_line(ctx), say, parallel_trees)
+        return
+    report, path = suite.run(opts, tests, cli.command_line(ctx), say, parallel_trees)
     cli.finish(report, as_json, lambda: render.print_upstream(report, path, suite.RESULT))
