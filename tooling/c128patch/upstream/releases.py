@@ -204,11 +204,14 @@ def wheel_for(version: str, progress: Progress | None = None) -> Path:
     raise C128Error(f"unknown release 'v{version}': no sglang {version} wheel on the package index ({last})")
 
 
+CACHED = "remove it (rm {wheel}) and run again: it is downloaded again"  # WheelZip's fix for a wheel of the cache
+
+
 class WheelZip(zipfile.ZipFile):
     """A wheel's zip archive; truncated or corrupt (opened, or a member read): one line naming it and the ``fix``."""
 
     def __init__(self, wheel: Path, fix: str = "a truncated download? delete it and fetch it again") -> None:
-        self.fix = fix
+        self.fix = fix = fix.format(wheel=shlex.quote(str(wheel)))
         try:
             super().__init__(wheel)
         except (zipfile.BadZipFile, OSError) as exc:
@@ -219,18 +222,13 @@ class WheelZip(zipfile.ZipFile):
             return super().read(name, pwd)
         except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
             member = name.filename if isinstance(name, zipfile.ZipInfo) else name
-            raise C128Error(f"not a wheel: {self.filename}: member {member} cannot be read ({exc}); {self.fix}") \
-                from None
-
-
-def _cached(wheel: Path) -> WheelZip:
-    """A wheel of the cache: one the tool downloads again once removed."""
-    return WheelZip(wheel, f"remove it (rm {shlex.quote(str(wheel))}) and run again: it is downloaded again")
+            raise C128Error(f"not a wheel: {self.filename}: member {member} cannot be read ({exc}); "
+                            f"{self.fix}") from None
 
 
 def iter_wheel_sources(wheel: Path) -> Iterator[tuple[str, str, bytes]]:
     """(path, git mode, content) of each source file of an sglang wheel, as upstream's repository has it."""
-    with _cached(wheel) as zf:
+    with WheelZip(wheel, CACHED) as zf:
         for info in sorted(zf.infolist(), key=lambda i: i.filename):
             name = info.filename
             if info.is_dir() or not name.startswith(f"{PACKAGE}/") or name.endswith(BINARY_SUFFIXES):
@@ -261,7 +259,7 @@ def wheel_tree(wheel: Path) -> str:
 
 def wheel_timestamp(wheel: Path) -> int:
     """The release time recorded in the wheel (its dist-info/WHEEL entry), as a UTC epoch."""
-    with _cached(wheel) as zf:
+    with WheelZip(wheel, CACHED) as zf:
         for info in zf.infolist():
             if info.filename.endswith(".dist-info/WHEEL"):
                 return calendar.timegm((*info.date_time, 0, 0, 0))
