@@ -170,3 +170,11 @@ def test_a_copy_that_keeps_our_hooks_is_a_warning_printed_first_never_clean(remo
                                                                                   "; ".join(run.out["unchecked"][1:]))
     head = (tmp_path / "out" / "watch-report.md").read_text().split("\n## ", 1)[0]
     assert head.splitlines()[4] == f"**warning**: {inert(said)}"
+
+
+def test_watch_reads_the_hooks_from_the_branch_it_applied_without_replaying_the_series(remote, tmp_path, monkeypatch):
+    monkeypatch.setattr(copies, "patched", lambda *a, **k: pytest.fail("watch replayed the series to find our hooks"))
+    run = invoke("watch", "--onto", "hooked", "--repo", str(remote.git_dir), "--out", str(tmp_path / "out"),
+                 "--series", str(REPO_ROOT), "--no-run")
+    said = f"upstream copies {WORKER} as {FAST}, which has our hooks: check that the path selecting it runs them"
+    assert run.code == EXIT["unchecked"] and run.out["contract"]["copies"] == [said], (run.err, run.out.get("headline"))

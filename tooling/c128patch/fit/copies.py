@@ -82,9 +82,14 @@ def patched(series: Series, git: Git, rev: str, commit: str) -> list[Patched]:
     trees: dict[str, tuple[str, str]] = {}
     with tempfile.TemporaryDirectory(prefix="c128copies-") as tmp:
         _, planned = replay_in_index(series, git, rev, commit, Path(tmp) / "index", trees=trees)
+    return hooked(git, [trees[p.entry.name] for p in planned if p.patch is not None and p.entry.name in trees])
+
+
+def hooked(git: Git, changes: list[tuple[str, str]]) -> list[Patched]:
+    """The classes each patch entry's (before, after) change adds calls to, with those calls."""
     hooks: dict[tuple[str, str], dict[str, set[str]]] = {}
     methods: dict[tuple[str, str], frozenset[str]] = {}
-    for before, after in (trees[p.entry.name] for p in planned if p.patch is not None and p.entry.name in trees):
+    for before, after in changes:
         for pf in PatchSet(git.run("diff", "--no-color", "--no-renames", before, after, "--", "*.py").stdout):
             added = {ln.target_line_no for hunk in pf for ln in hunk if ln.is_added}
             for cls, (_, fns) in _defs(git.blob(after, pf.path)).items():

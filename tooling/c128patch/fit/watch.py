@@ -59,6 +59,7 @@ from c128patch.ops.lint import lint_stack
 from c128patch.ops.merged import CONTENT
 from c128patch.ops.rebase import Rebase
 from c128patch.ops.rebase_report import render_markdown
+from c128patch.ops.replay import branch_commits
 from c128patch.ops.treestate import git_command
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import layer_folders, layer_rows, stack
@@ -134,6 +135,7 @@ class Watch:
         self.upstream: Upstream | None = None
         self.contract: dict | None = None  # ops.contract on the carried tree (``_contract``)
         self.behaviour: dict | None = None  # ops.treecheck on the carried tree (``_start_tier``, ``_finish_tier``)
+        self.at_base: list[tuple[str, str]] = []  # each patch entry's (parent, commit) as applied at the base
 
     def step(self, message: str) -> None:
         """The reporter the steps get (apply's too): the last message is remembered for the timeout's."""
@@ -154,12 +156,14 @@ class Watch:
         series = self.series
         self._step(f"applying series {series.name} {series.version} at its base {series.base}")
         try:
-            Apply(git, mine, self).start(Target(series.base, base_commit, self.info["upstream"]["source"]),
-                                         branch=BRANCH, fresh_clone=True)
+            applied = Apply(git, mine, self).start(Target(series.base, base_commit, self.info["upstream"]["source"]),
+                                                   branch=BRANCH, fresh_clone=True)
         except C128Error as exc:
             return {**self._report("failed", [f"the series does not apply at its own base {series.base}: "
                                               f"{exc.message}"]), "json": {}}
 
+        patches = {e.name for e in series.entries if e.is_patch}  # what each patch entry changed at the base
+        self.at_base = [(c.parent, c.sha) for c in branch_commits(git, base_commit, applied.head) if c.entry in patches]
         self._step(f"rebasing onto {self.onto}")
         final, stops, unproven = self._rebase(Rebase(git, mine), onto_commit)
         steps = list(final["entries"])
@@ -234,8 +238,7 @@ class Watch:
         self._step(f"API contract, nvcc signature probe and copies of what we patch on {self.onto}")
         base = self.info["base"]["commit"]
         try:
-            fit = bisect_ops.fit_check(self.series, git, base, onto_commit, head,
-                                       copies.patched(self.series, git, self.series.base, base))
+            fit = bisect_ops.fit_check(self.series, git, base, onto_commit, head, copies.hooked(git, self.at_base))
         except C128Error as exc:
             return {"broken": True, "verdict": exc.message, "failing": [exc.message], "next": [], "json": {}}
         fix = f"c128patch contract {self.rev_args} --series {_q(self.series.root)}"  # see every item, then accept

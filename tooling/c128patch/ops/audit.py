@@ -94,6 +94,7 @@ def _is_gate_off(test: ast.expr, gate: str) -> bool:
 
 
 _EXITS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 @dataclass
@@ -124,7 +125,7 @@ class _Walker:
                 guarded = True  # `if not gate: return` -> the rest of the block needs the gate
 
     def stmt(self, stmt: ast.stmt, guarded: bool, fn: str | None) -> None:
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(stmt, _DEFS):
             defaults = [d for d in [*stmt.args.defaults, *stmt.args.kw_defaults] if d is not None]
             for expr in [*stmt.decorator_list, *defaults]:
                 self.expr(expr, guarded, fn)
@@ -191,8 +192,8 @@ def audit_patched_file(source: str, added_lines: set[int], gate: str, rules: Seq
     tree = ast.parse(source)
     calls = _Walker(tree, gate).calls
     external_effects = {} if index is None else index.imported_effects(
-        tree, {c.name for c in calls if added_lines.intersection(c.lines)}, index.depth)
-    local_defs = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        _froms(tree), {c.name for c in calls if added_lines.intersection(c.lines)}, index.depth)
+    local_defs = {n.name for n in ast.walk(tree) if isinstance(n, _DEFS)}
     effects = {**external_effects, **_local_effects(calls, rules, external_effects, local_defs)}
 
     def helper_fully_guarded(fn: str, seen: frozenset[str] = frozenset()) -> bool:
@@ -235,12 +236,23 @@ def _local_effects(calls: Sequence[_Call], rules: Sequence[Rule], effects: Mappi
 Reader = Callable[[str], "str | None"]  # tree-relative path -> text, None if absent
 
 
-class _HelperIndex:
-    """Side effects of functions in other modules of the patched tree, followed through imports."""
+def _froms(tree: ast.Module) -> list[ast.ImportFrom]:
+    """Its absolute ``from x import y`` statements, wherever they are."""
+    return [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level and n.module]
 
-    def __init__(self, read: Reader, gate: str, rules: Sequence[Rule], depth: int = 3):
+
+# path -> its calls (names only: any gate's walker), ``from`` imports and top-level functions
+Parsed = dict[str, tuple[list[_Call], list[ast.ImportFrom], set[str]]]
+
+
+class _HelperIndex:
+    """Side effects of functions in other modules of the patched tree, followed through imports; ``parsed``: the
+    helper files parsed so far, shared by every patch one audit reads them for."""
+
+    def __init__(self, read: Reader, gate: str, rules: Sequence[Rule], depth: int = 3, parsed: Parsed | None = None):
         self.read, self.gate, self.rules, self.depth = read, gate, rules, depth
         self._cache: dict[str, dict[str, str]] = {}
+        self.parsed = {} if parsed is None else parsed
 
     def module_file(self, module: str) -> str | None:
         base = "python/" + module.replace(".", "/")
@@ -249,20 +261,20 @@ class _HelperIndex:
     def effects_of_module(self, path: str, depth: int) -> dict[str, str]:
         if path not in self._cache:
             self._cache[path] = {}  # cycle guard
-            tree = ast.parse(self.read(path) or "")
-            calls = _Walker(tree, self.gate).calls
-            imported = self.imported_effects(tree, {c.name for c in calls}, depth - 1) if depth > 0 else {}
-            defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            if path not in self.parsed:
+                tree = ast.parse(self.read(path) or "")
+                defs = {n.name for n in tree.body if isinstance(n, _DEFS)}
+                self.parsed[path] = _Walker(tree, self.gate).calls, _froms(tree), defs
+            calls, froms, defs = self.parsed[path]
+            imported = self.imported_effects(froms, {c.name for c in calls}, depth - 1) if depth > 0 else {}
             self._cache[path] = _local_effects(calls, self.rules, imported, defs)
         return self._cache[path]
 
-    def imported_effects(self, tree: ast.Module, called: set[str], depth: int) -> dict[str, str]:
-        """Names as called in ``tree`` (``f`` / ``mod.f``) -> rule, for imported helpers."""
+    def imported_effects(self, froms: list[ast.ImportFrom], called: set[str], depth: int) -> dict[str, str]:
+        """Names as called (``f`` / ``mod.f``) in the module of ``froms`` -> rule, for imported helpers."""
         out: dict[str, str] = {}
         called_heads = {c.split(".", 1)[0] for c in called} | {c.rsplit(".", 1)[-1] for c in called}
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
-                continue
+        for node in froms:
             for alias in node.names:
                 local = alias.asname or alias.name
                 if local not in called_heads:
@@ -278,11 +290,12 @@ class _HelperIndex:
 
 
 def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Sequence[Rule] = RULES, *,
-                helpers: Reader | None = None) -> list[Finding]:
-    """Audit the ``.py`` files ``patch_text`` touches, as ``tree_root`` holds them; helpers read from ``helpers``."""
+                helpers: Reader | None = None, parsed: Parsed | None = None) -> list[Finding]:
+    """Audit the ``.py`` files ``patch_text`` touches, as ``tree_root`` holds them; helpers read from ``helpers``
+    (``parsed``: the helpers an earlier patch's audit parsed from the same reader)."""
     read = tree_root if not isinstance(tree_root, Path) else \
         lambda rel: (tree_root / rel).read_text() if (tree_root / rel).is_file() else None
-    index = _HelperIndex(helpers or read, gate, rules)
+    index = _HelperIndex(helpers or read, gate, rules, parsed=parsed)
     findings: list[Finding] = []
     for pf in sorted((pf for pf in PatchSet(patch_text) if not pf.is_removed_file), key=lambda pf: pf.path):
         added = {ln.target_line_no for hunk in pf for ln in hunk if ln.is_added and ln.target_line_no is not None}
@@ -292,17 +305,20 @@ def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Seq
 
 
 def audit_changes(git: Git, changes: Sequence[tuple[str, str, str, str]], final: str) -> list[Finding]:
-    """Findings of each (entry, gate, before, after) change, its helpers read at ``final`` (the whole series)."""
-    batch = BlobBatch(git)
+    """Findings of each (entry, gate, before, after) change, its helpers read at ``final`` (the whole series): each
+    file read and each helper parsed once."""
+    batch, texts, parsed = BlobBatch(git), {}, {}
 
     def read(rev: str, rel: str) -> str | None:
-        data = batch.read(f"{rev}:{rel}")
-        return None if data is None or b"\0" in data else data.decode(errors="replace")
+        if (rev, rel) not in texts:
+            data = batch.read(f"{rev}:{rel}")
+            texts[rev, rel] = None if data is None or b"\0" in data else data.decode(errors="replace")
+        return texts[rev, rel]
 
     try:
         return [replace(f, entry=name) for name, gate, before, after in changes
                 for f in audit_patch(git.run("diff", "--no-color", "--no-renames", before, after, "--", "*.py").stdout,
-                                     partial(read, after), gate, helpers=partial(read, final))]
+                                     partial(read, after), gate, helpers=partial(read, final), parsed=parsed)]
     finally:
         batch.close()
 
