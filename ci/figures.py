@@ -207,6 +207,15 @@ def _span(values: list[float]) -> str:
 TOOL_BENCHES = ("apply", "check", "layers", "rebase", "wheel", "startup")
 
 
+def _cpu_target(record: dict, name: str) -> str:
+    """The CPU ratio of ``name`` and its target, as README says them ("" where the record has none)."""
+    cpu = (record.get("ratios") or {}).get(name, {}).get("cpu")
+    hit = [t for t in record.get("targets", []) if t["what"] == name]
+    if cpu is None or not hit:
+        return ""
+    return f", {cpu:.2f}× in CPU (target ≤ {hit[0]['max']:g}×: {'*missed*' if hit[0]['missed'] else 'met'})"
+
+
 def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool]) -> str:
     """README's tool benchmark sentence from ci/bench/results/<TOOL_BENCHES>.json;
     ``current(data)`` says whether a file was measured on today's series (else *stale*)."""
@@ -235,7 +244,8 @@ def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool])
     if "rebase" in got:
         r = got["rebase"]
         parts.append(f"`rebase` {r['rebase']} {r['rebase_s']:.2f} s vs raw `git rebase` + trained rerere "
-                     f"{r['raw_git_rebase_rerere_s']:.2f} s ({r['ratio']:.2f}×; raw replays the old release's "
+                     f"{r['raw_git_rebase_rerere_s']:.2f} s ({r['ratio']:.2f}×{_cpu_target(r, 'rebase / raw')}; "
+                     f"raw replays the old release's "
                      f"commits and stops {r['raw_git_stops']} times, ours replays the new release's files, looks "
                      f"for merged-upstream evidence, proves the result and checks the API contract){mark('rebase')}")
     if "check" in got:

@@ -103,12 +103,12 @@ def _older_note(rev: str, oldest: str) -> str:
             f"with new variants: in that tree c128patch rebase --onto {rev}, then c128patch refresh --variant")
 
 
-def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
-    """The replay of the series on ``commit``, with what ``apply`` and ``wheel`` would do there."""
+def check_rev(series: Series, git: Git, rev: str, commit: str, hints: dict[str, str] | None = None) -> RevCheck:
+    """The replay of the series on ``commit``, with what ``apply`` and ``wheel`` would do there; ``hints``: a cache."""
     git = git if isinstance(git, ReadMemo) else ReadMemo(git)
     with tempfile.TemporaryDirectory(prefix="c128check-") as tmp:
         result, planned = replay_in_index(series, git, rev, commit, Path(tmp) / "index", keep_index=False)
-    by_name, cache = {p.entry.name: p for p in planned}, {}
+    by_name, cache = {p.entry.name: p for p in planned}, {} if hints is None else hints
     touched = [(p.entry.name, p.touched) for p in planned]
     every = sorted({path for _, paths in touched for path in paths})  # one log of the range serves every entry
     for row in result.entries:
@@ -130,9 +130,9 @@ def check_rev(series: Series, git: Git, rev: str, commit: str) -> RevCheck:
 def check_revs(series: Series, git: Git, targets: Sequence[Target], jobs: int | None = None) -> list[RevCheck]:
     """``check_rev`` for many targets, in parallel (git does the work; each has its own index)."""
     jobs = jobs or min(8, os.cpu_count() or 1)
-    shared = ReadMemo(git)  # the revs share rev names, ancestry and objects
+    shared, hints = ReadMemo(git), {}  # the revs share rev names, ancestry, objects and upstream commits' diffs
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(lambda t: check_rev(series, shared, t.rev, t.commit), targets))
+        return list(pool.map(lambda t: check_rev(series, shared, t.rev, t.commit, hints), targets))
 
 
 def check_upstream(series: Series, repo: str | None, revs: Sequence[str],

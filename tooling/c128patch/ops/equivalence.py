@@ -186,14 +186,15 @@ def compare_commits(series: Series, git: Git, base: str, head: str, scratch: Pat
 
 
 def fresh_replay(series: Series, git: Git, rev: str, commit: str, *, span: str = "",
-                 without: Sequence[str] = ()) -> tuple[RevCheck, str, Trees]:
-    """``prove``'s fresh replay (rows, tree, each entry's trees); it reads nothing of the branch, so may run first."""
+                 without: Sequence[str] = (), planned: list[Planned] | None = None) -> tuple[RevCheck, str, Trees]:
+    """``prove``'s fresh replay (rows, tree, each entry's trees); it reads nothing of the branch, so may run first;
+    ``planned``: the ``plan`` of ``series`` less ``without`` on ``commit``, made already."""
     series = series.without(set(without)) if without else series
     trees: Trees = {}
     with tempfile.TemporaryDirectory(prefix="c128fresh-") as tmp:
         index_file = Path(tmp) / "fresh.index"
         replay, _ = replay_in_index(series, git, rev, commit, index_file, ledger=Ledger(series), span=span,
-                                    trees=trees)
+                                    trees=trees, planned=planned)
         return replay, index_git(git, index_file).out("write-tree"), trees
 
 

@@ -177,6 +177,25 @@ def _hunk_names(files: PatchSet, kept: Callable[[Line], bool]) -> list[tuple[str
             for pf in files for hunk in pf]
 
 
+def _cached(git: Git, cache: dict[str, str], key: str, *args: str) -> str:
+    """``git args``' output, once per ``key`` (entries share one search of the range)."""
+    if key not in cache:
+        cache[key] = git.run(*args, check=False).stdout
+    return cache[key]
+
+
+def _range_diffs(git: Git, cache: dict[str, str], span: str, paths: list[str]) -> dict[str, tuple[str, str]]:
+    """sha -> (subject, its ``--unified=0`` diff of ``paths``) of each commit of ``span`` touching them, in order."""
+    log = _cached(git, cache, f"{span}:log:" + ",".join(paths), "log", "--reverse", "--format=%H%x00%s", span, "--",
+                  *paths)
+    commits = dict(line.split("\0", 1) for line in log.splitlines())
+    key = f"diff:{','.join(paths)}:"  # each commit diffed once for every range holding it (check's revs)
+    if missing := [sha for sha in commits if key + sha not in cache]:
+        diffs = commit_diffs(git, missing, "--unified=0", "--no-renames", paths=paths)
+        cache.update({key + sha: diff for sha, diff in diffs.items()})
+    return {sha: (subject, cache[key + sha]) for sha, subject in commits.items()}
+
+
 def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, onto: str,
                    renamed: dict[str, str] | None = None, cache: dict[str, str] | None = None,
                    every: list[str] | None = None) -> list[Hint]:
@@ -185,18 +204,12 @@ def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, on
         return []
     span = f"{old}..{onto}"
     cache = {} if cache is None else cache
-
-    def cached(key: str, *args: str) -> str:  # entries share one search of the range
-        if key not in cache:
-            cache[key] = git.run(*args, check=False).stdout
-        return cache[key]
-
-    if not cached(f"{span}:first", "rev-list", "-1", span):  # onto is old or one of its ancestors
+    if not _cached(git, cache, f"{span}:first", "rev-list", "-1", span):  # onto is old or one of its ancestors
         return []
     found: dict[str, Hint] = {}
     for number in dict.fromkeys(_PR.findall(entry.upstream or "") + _PR.findall(entry.drop_when or "")):
-        for line in cached(f"{span}#{number}", "log", "--reverse", "--format=%H%x00%s", "-E",
-                           f"--grep=#{number}([^0-9]|$)", span).splitlines():
+        for line in _cached(git, cache, f"{span}#{number}", "log", "--reverse", "--format=%H%x00%s", "-E",
+                            f"--grep=#{number}([^0-9]|$)", span).splitlines():
             sha, _, subject = line.partition("\0")
             found.setdefault(sha, Hint(sha, subject, f"names PR #{number}"))
     where: dict[str, dict[str, set[str]]] = {}  # path -> hunk header -> the names the hunk's removed lines use
@@ -204,11 +217,8 @@ def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, on
         if header and names:
             where.setdefault((renamed or {}).get(path, path), {}).setdefault(header, set()).update(names)
     if where:
-        shared = sorted(every) if every is not None and set(where) <= set(every) else None
-        log = cached(f"{span}:log:" + ",".join(shared or where), "log", "--reverse", "-p", "--unified=0",
-                     "--no-renames", "--format=%x00%H%x00%s", span, "--", *(shared or where))
-        parts = log.split("\0")  # per commit: sha, then subject and diff
-        for sha, (subject, _, diff) in zip(parts[1::2], (p.partition("\n") for p in parts[2::2])):
+        paths = sorted(every) if every is not None and set(where) <= set(every) else list(where)
+        for sha, (subject, diff) in _range_diffs(git, cache, span, paths).items():
             why = _same_function(diff, where)
             if why and sha not in found:
                 found[sha] = Hint(sha, subject, why)

@@ -47,6 +47,7 @@ class RebaseLoop:
         self._mails: dict[str, Future] = {}  # entry -> its patch file's (message, author), being read
         self._pool = ThreadPoolExecutor(max_workers=1)  # the proof's fresh replay, beside the rebase
         self._fresh: dict[tuple, Future] = {}
+        self._plans: dict[str, Future] = {}  # commit -> the series' plan there, made once for the loop and the proof
         self.on_tip: Callable[[str, str], object] | None = None  # called with (new base, new tip) once it is made
 
     def _advance(self, journal: Journal, tip: str = "") -> None:
@@ -87,15 +88,22 @@ class RebaseLoop:
 
     def _plan(self, journal: Journal) -> dict[str, Planned]:
         if self._planned is None:
-            self._planned = {p.entry.name: p for p in plan(self.series, self.git, journal.onto_commit)}
+            self._planned = {p.entry.name: p for p in self._planning(journal.onto_commit).result()}
         return self._planned
+
+    def _planning(self, commit: str) -> Future:
+        if commit not in self._plans:
+            self._plans[commit] = self._pool.submit(plan, self.series, self.git, commit)
+        return self._plans[commit]
 
     def _fresh_replay(self, rev: str, commit: str, span: str, without: list[str]) -> None:
         """The proof's fresh replay on the new base, started beside the rebase (``_finish`` takes it)."""
         key = (commit, span, tuple(sorted(without)))
+        made = None if without else self._planning(commit)  # (the pool runs it first; a refusal: the replay's)
         if key not in self._fresh:
-            self._fresh[key] = self._pool.submit(fresh_replay, self.series, self.git, rev, commit, span=span,
-                                                 without=list(without))
+            self._fresh[key] = self._pool.submit(lambda: fresh_replay(
+                self.series, self.git, rev, commit, span=span, without=list(without),
+                planned=None if made is None or made.exception() else made.result()))
 
     def _reset_index(self, journal: Journal) -> None:
         """The loop's index back at the tip's tree (it follows the tip while entries replay)."""

@@ -397,12 +397,13 @@ def replay_entry(git: Git, item: Planned, index_file: Path, present: set[str], *
 
 def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file: Path, *,
                     ledger: Ledger | None = None, span: str = "",
-                    trees: dict[str, tuple[str, str]] | None = None,
-                    keep_index: bool = True) -> tuple[RevCheck, list[Planned]]:
-    """The series on ``commit``; ``trees``: filled with entry -> (before, after); ``keep_index=False``: lazy."""
+                    trees: dict[str, tuple[str, str]] | None = None, keep_index: bool = True,
+                    planned: list[Planned] | None = None) -> tuple[RevCheck, list[Planned]]:
+    """The series on ``commit``; ``trees``: filled with entry -> (before, after); ``keep_index=False``: lazy;
+    ``planned``: the series' ``plan`` on ``commit``, made already."""
     result = RevCheck(rev, commit)
     try:
-        planned = plan(series, git, commit)
+        planned = plan(series, git, commit) if planned is None else planned
         present = check_paths_at(git, commit, [p for p in planned if p.patch is not None])
         targets = [p.entry.target for p in planned if p.patch is None]
         present |= set(git.out("ls-tree", "-r", "--name-only", commit, "--",
