@@ -70,9 +70,8 @@ class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def _probe(name, package=None, find_spec=importlib.util.find_spec):
-    """``importlib.util.find_spec`` to which a stand-in is absent, even once the tree loaded it: that one reads
-    ``sys.modules`` first, so a library's availability check (transformers' ``is_torchvision_available``) would
-    take the package as installed and use it."""
+    """``importlib.util.find_spec``, a stand-in absent to it even once loaded (it reads ``sys.modules`` first):
+    a library's availability check (transformers' ``is_torchvision_available``) must not take one as installed."""
     spec = find_spec(name, package)
     return None if spec is not None and isinstance(spec.loader, _StandIns) else spec
 
