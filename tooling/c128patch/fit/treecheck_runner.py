@@ -164,24 +164,19 @@ def _tier(gates: str, probes: list, scenarios: str, modules: list[str]) -> dict:
 
 
 def _stand_in_detail(exc: BaseException) -> str:
-    """Why ``exc`` is a CUDA-only package's doing: a stand-in used at import, or a library's ImportError naming one
-    the tree loaded (absent to the library's availability check: ``_probe``); "" when neither."""
-    cause = _stand_in_used(exc)
-    if cause:
+    """Why ``exc`` is a CUDA-only package's doing: a stand-in used at import (``exc`` or what it was raised while
+    handling), or a library's ImportError naming one the tree loaded (absent to ``_probe``); "" if neither."""
+    cause: BaseException | None = exc
+    for _ in range(20):
+        if cause is None or isinstance(cause, StandInUsed):
+            break
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, StandInUsed):
         return f"needs {cause.name} (CUDA-only, a stand-in here, used at import: {_where(exc)}{cause})"
     said = " ".join(str(exc).split()).split(". ")[0] if isinstance(exc, ImportError) else ""  # its first sentence
     top = next((t for t in STAND_INS if isinstance(sys.modules.get(t), _StandInModule)
                 and re.search(rf"\b{t}\b", said, re.I)), "")
     return top and f"needs {top} (CUDA-only, a stand-in here, absent to a library: {_where(exc)}{said})"
-
-
-def _stand_in_used(exc: BaseException) -> StandInUsed | None:
-    """The stand-in use that ``exc`` is, or was raised while handling."""
-    for _ in range(20):
-        if exc is None or isinstance(exc, StandInUsed):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
 
 
 def _where(exc: BaseException) -> str:
