@@ -148,6 +148,22 @@ def test_a_stand_in_imports_but_raises_on_use(tmp_path):
         "flashinfer.sampling: flashinfer is a stand-in (flashinfer-python: CUDA kernels" in said
 
 
+def test_a_loaded_stand_in_stays_absent_to_an_availability_probe(tmp_path):
+    """transformers' ``is_torchvision_available`` (``importlib.util.find_spec``, which reads ``sys.modules``
+    first) once sglang loaded the stand-in: absent, so the library takes its no-torchvision path; a library's
+    ImportError naming a loaded stand-in is not checked, not failed (v0.5.20, docs/watch.md)."""
+    pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
+    tree = tree_with(tmp_path, "import importlib.util\nimport flashinfer\n"
+                     "assert importlib.util.find_spec('flashinfer') is None\n"
+                     "assert importlib.util.find_spec('flashinfer.sampling') is None\n")
+    (tree / "python/sglang/lib.py").write_text("import deep_gemm\nraise ImportError('fp8_gemm requires the\\n"
+                                               "deep_gemm library but it was not found in your environment.')\n")
+    said = treecheck.run(SERIES, tree, [MODULE, "python/sglang/lib.py"]).modules()
+    assert said["sglang.probe"] == "imported with stand-ins (flashinfer)", said
+    assert said["sglang.lib"].startswith("not checked: needs deep_gemm (CUDA-only, a stand-in here, absent to a "
+                                         "library: sglang/lib.py:2: fp8_gemm requires the deep_gemm library but "), said
+
+
 def test_the_tier_has_no_network(tmp_path):
     if sandbox.isolation().startswith("network not cut off"):
         pytest.skip(sandbox.isolation())

@@ -16,8 +16,10 @@ import functools
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import json
 import os
+import re
 import runpy
 import sys
 import tempfile
@@ -47,14 +49,13 @@ class _StandInModule(types.ModuleType):
 
 class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Last on ``sys.meta_path``: a real package wins. Only an unguarded import statement of the tree gets one;
-    a guarded one (``try``), a ``find_spec`` probe and a library's import find the package absent, as it is."""
+    a guarded one (``try``) and a library's import find the package absent, as it is (a probe: ``_probe``)."""
 
     def find_spec(self, fullname, path, target=None):
-        top, frame, probe = fullname.split(".")[0], sys._getframe(1), False
+        top, frame = fullname.split(".")[0], sys._getframe(1)
         while frame and (frame.f_code.co_filename.startswith("<frozen") or "importlib" in frame.f_code.co_filename):
-            probe, frame = probe or frame.f_code.co_name == "find_spec" and "util" in frame.f_code.co_filename, \
-                frame.f_back
-        if top not in STAND_INS or probe:
+            frame = frame.f_back
+        if top not in STAND_INS:
             return None
         if isinstance(sys.modules.get(top), _StandInModule) and fullname != top or frame and \
                 frame.f_code.co_filename.startswith(TREE) and frame.f_lineno not in _guarded(frame.f_code.co_filename):
@@ -66,6 +67,13 @@ class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         module.__path__ = []
+
+
+def _probe(name, package=None, find_spec=importlib.util.find_spec):
+    """``importlib.util.find_spec``, a stand-in absent to it even once loaded (it reads ``sys.modules`` first):
+    a library's availability check (transformers' ``is_torchvision_available``) must not take one as installed."""
+    spec = find_spec(name, package)
+    return None if spec is not None and isinstance(spec.loader, _StandIns) else spec
 
 
 @functools.cache
@@ -131,11 +139,9 @@ def _tier(gates: str, probes: list, scenarios: str, modules: list[str]) -> dict:
             if missing:
                 out["modules"][name] = {"status": "not checked", "detail": f"needs {missing.split('.')[0]}"}
                 continue
-            cause = _stand_in_used(exc)
-            if cause:
-                out["modules"][name] = {"status": "not checked", "stand_ins": loaded, "detail":
-                                        f"needs {cause.name} (CUDA-only, a stand-in here, used at import: "
-                                        f"{_where(exc)}{cause})"}
+            why = _stand_in_detail(exc)
+            if why:
+                out["modules"][name] = {"status": "not checked", "stand_ins": loaded, "detail": why}
                 continue
             out["modules"][name] = {"status": "failed", "detail": f"{_where(exc)}{type(exc).__name__}: {exc}"}
     out["probes"] = {}
@@ -157,13 +163,20 @@ def _tier(gates: str, probes: list, scenarios: str, modules: list[str]) -> dict:
     return out
 
 
-def _stand_in_used(exc: BaseException) -> StandInUsed | None:
-    """The stand-in use that ``exc`` is, or was raised while handling."""
+def _stand_in_detail(exc: BaseException) -> str:
+    """Why ``exc`` is a CUDA-only package's doing: a stand-in used at import (``exc`` or what it was raised while
+    handling), or a library's ImportError naming one the tree loaded (absent to ``_probe``); "" if neither."""
+    cause: BaseException | None = exc
     for _ in range(20):
-        if exc is None or isinstance(exc, StandInUsed):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
+        if cause is None or isinstance(cause, StandInUsed):
+            break
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, StandInUsed):
+        return f"needs {cause.name} (CUDA-only, a stand-in here, used at import: {_where(exc)}{cause})"
+    said = " ".join(str(exc).split()).split(". ")[0] if isinstance(exc, ImportError) else ""  # its first sentence
+    top = next((t for t in STAND_INS if isinstance(sys.modules.get(t), _StandInModule)
+                and re.search(rf"\b{t}\b", said, re.I)), "")
+    return top and f"needs {top} (CUDA-only, a stand-in here, absent to a library: {_where(exc)}{said})"
 
 
 def _where(exc: BaseException) -> str:
@@ -194,6 +207,7 @@ def _fork(state: str, gates: list[str], probes: list, scenarios: str, modules: l
 def main() -> None:
     gates, probes, scenarios, modules = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[5], sys.argv[6:]
     out: dict = {"python": sys.executable, "torch": True, "tiers": {}}
+    importlib.util.find_spec = _probe  # first: a module that binds it at import (torch's) gets this one
     try:  # before the tree is on the path: a torch the tree holds is never the one imported
         import torch  # noqa: F401
     except ImportError:
