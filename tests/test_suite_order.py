@@ -4,6 +4,7 @@ xdist keeps that order."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -33,3 +34,15 @@ def test_the_collection_puts_the_slow_files_first():
     # the slow ones in SLOW_FIRST's order, then the rest by number of tests (test_cli_startup has the most)
     assert order == ["tests/test_compile_kernels.py", "tests/test_bench_variants.py", "tests/test_cli_startup.py",
                      "tests/test_layering.py"], proc.stdout[-2000:]
+
+
+def test_every_heavy_name_is_a_test_file_test_or_fixture_that_exists(pytestconfig):
+    """A renamed test or fixture would silently fall back into the default run (tests/conftest.py HEAVY_*)."""
+    heavy = pytestconfig.pluginmanager.get_plugin(str(REPO_ROOT / "tests" / "conftest.py"))
+    sources = {p.name: p.read_text() for p in (REPO_ROOT / "tests").glob("*.py")}
+    assert heavy.HEAVY_FILES <= set(sources)
+    for name in heavy.HEAVY_TESTS | heavy.HEAVY_SWEEPS:
+        file, func = name.split("::")
+        assert f"\ndef {func}(" in sources.get(file, ""), name
+    for fixture in heavy.HEAVY_FIXTURES:
+        assert any(re.search(rf"@pytest\.fixture.*\ndef {fixture}\(", text) for text in sources.values()), fixture
