@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from support import REPO_ROOT, SLOW_FIRST  # not from conftest: tests/gpu has its own
+from support import REPO_ROOT, SLOW_FIRST, Lazy  # not from conftest: tests/gpu has its own
 
 try:
     import tomllib
@@ -42,7 +42,14 @@ def test_every_heavy_name_is_a_test_file_test_or_fixture_that_exists(pytestconfi
     sources = {p.name: p.read_text() for p in (REPO_ROOT / "tests").glob("*.py")}
     assert heavy.HEAVY_FILES <= set(sources)
     for name in heavy.HEAVY_TESTS | heavy.HEAVY_SWEEPS:
-        file, func = name.split("::")
-        assert f"\ndef {func}(" in sources.get(file, ""), name
+        (file, func), case = name.split("[")[0].split("::"), name.partition("[")[2].rstrip("]")
+        assert f"\ndef {func}(" in sources.get(file, "") and f'"{case}"' in sources[file], name
     for fixture in heavy.HEAVY_FIXTURES:
         assert any(re.search(rf"@pytest\.fixture.*\ndef {fixture}\(", text) for text in sources.values()), fixture
+
+
+def test_a_fixture_of_every_release_makes_only_the_releases_read():
+    made = []
+    trees = Lazy(lambda tag: made.append(tag) or f"tree of {tag}")
+    assert trees["v0.5.23"] == trees["v0.5.23"] == "tree of v0.5.23" and trees.__getitem__("v0.5.22")
+    assert made == ["v0.5.23", "v0.5.22"]
