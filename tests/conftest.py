@@ -18,7 +18,7 @@ import pytest
 from c128patch import progress
 from c128patch.series.manifest import load_series
 from c128patch.upstream.releases import ReleaseHistory
-from support import RELEASES, REPO_ROOT, SLOW_FIRST, patched_tree, release_tree, series_paths
+from support import RELEASES, REPO_ROOT, SLOW_FIRST, Lazy, patched_tree, release_tree, series_paths
 
 # The commands the tests run in-process have their stderr compared line by line: on a busy machine a step
 # over the tool's 15 s beat would add a heartbeat line (tests/test_pipe_output.py tests the beat itself).
@@ -32,30 +32,44 @@ _skips: Counter[str] = Counter()  # reason -> how many tests skipped for it, pri
 _controller: list[bool] = []  # whether this process is the one that reports (not an xdist worker)
 _cpu_by_file: Counter[str] = Counter()  # test file -> CPU seconds of its tests, fixtures and their subprocesses
 
-# The heavy tier (`-m heavy`): the README's test command deselects it, .ci/run runs it as well. The all-release
-# kernel compiles, the release matrices (test_rebase's spans, test_check_predicts' revs, and the older releases'
-# cases of the sweeps below; the newest release's stays in) and the slowest single tests. Never a test that only
-# reads a module fixture the light tier builds whole (test_layers' example_path, test_reproducible's runs): the
-# heavy run would build it a second time for nothing.
-HEAVY_TESTS = {
+# The heavy tier (`-m heavy`): the README's test command deselects it, .ci/run runs it as well. The rule: heavy is
+# (a) what needs a real toolchain or environment (nvcc compiles, pip installs of sglang's lock, the package index);
+# (b) a test whose subject is the releases other than the newest: the walk across every release or (from, onto)
+# pair (a fixture that builds it whole; of a sweep, the older releases' cases), a series made at an older release,
+# an older release joining the cache; (c) a second end-to-end `watch`/`rebase` of an outcome another default case
+# already proves on v0.5.23 the same way. The default run keeps every unit-level test and, for every verb and
+# feature, an end-to-end test on v0.5.23 (or on upstream commits made on it). Never a test that only reads a
+# module fixture the default run builds whole: the heavy run would build it a second time for nothing.
+HEAVY_TESTS = {  # a test, or one case of it (name[id])
     "test_compile_kernels.py::test_patched_kernels_and_probe_compile_for_sm90a_on_every_release",  # nvcc, 285 s
     "test_bench_variants.py::test_variants_compile_for_sm90a",  # nvcc
     "test_env.py::test_the_v0_5_23_environment_builds_from_its_lock_and_every_module_imports",  # pip: ~3 min, 3 GB
     "test_env.py::test_requirements_that_do_not_resolve_are_one_line_and_unchecked",  # asks the package index
+    "test_layers.py::test_docs_layers_md_walked_as_printed_across_the_releases_with_check_at_each_step",  # (b)
+    "test_contract.py::test_watch_says_broken_naming_our_line_and_the_upstream_definition[renamed]",  # (c)
+    "test_watch_behaviour.py::test_without_torch_a_behavioural_break_is_not_called_clean_either",  # (c): unchecked,
+    # no torch, as test_without_torch_watch_is_unchecked_not_clean
 }
 HEAVY_FILES = {"test_check_predicts.py", "test_scenarios.py"}  # the latter: the tier's real environment
-HEAVY_FIXTURES = {"rebased"}  # test_rebase's (from, onto) matrix, built whole for its first test
+HEAVY_FIXTURES = {  # (b), built whole for their first test
+    "rebased",  # test_rebase's (from, onto) matrix
+    "example_path",  # test_layers: the example layer rebased across every release, a wheel of each
+    "series_022",  # test_watch: a series made at v0.5.22 watched onto v0.5.23 (refreshed, and without its ledger)
+    "runs",  # test_reproducible: 0.5.19 joins two caches
+}
 HEAVY_SWEEPS = {
     "test_contract.py::test_the_contract_holds_on_every_supported_release",
-    "test_contract.py::test_the_behavioural_tier_passes_where_it_can_check_on_every_release",
+    "test_contract.py::test_the_behavioural_tier_passes_only_where_every_module_imported_on_every_release",
     "test_evidence.py::test_every_release_stages",
+    "test_rebase.py::test_after_the_drop_apply_at_every_release_still_carries_every_entry",
 }
 
 
 def is_heavy(item: pytest.Item) -> bool:
     """Is ``item`` in the heavy tier (``HEAVY_*``; of a sweep, the cases of an older release than the newest)?"""
     name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
-    if item.path.name in HEAVY_FILES or name in HEAVY_TESTS or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+    if (item.path.name in HEAVY_FILES or {name, f"{item.path.name}::{item.name}"} & HEAVY_TESTS
+            or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))):
         return True
     params = item.callspec.params.values() if name in HEAVY_SWEEPS and hasattr(item, "callspec") else ()
     return any(isinstance(value, str) and value in RELEASES[:-1] for value in params)
@@ -200,9 +214,9 @@ def real_series():
 
 @pytest.fixture(scope="session")
 def release_trees(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """tag -> folder holding the kernel-tier part of that release's ``sglang/`` (unpatched)."""
+    """tag -> folder holding the kernel-tier part of that release's ``sglang/`` (unpatched), made when first read."""
     root = tmp_path_factory.mktemp("releases")
-    return {tag: release_tree(sglang_release_repo, tag, root / tag) for tag in RELEASES}
+    return Lazy(lambda tag: release_tree(sglang_release_repo, tag, root / tag))
 
 
 @pytest.fixture(scope="session")
@@ -213,10 +227,10 @@ def patched_tree_023(sglang_release_repo: Path, tmp_path_factory: pytest.TempPat
 
 @pytest.fixture(scope="session")
 def patched_trees(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """tag -> the kernel-tier part of that release with the product series applied (holds ``sglang/``).
-    Shared: do not write into them."""
+    """tag -> the kernel-tier part of that release with the product series applied (holds ``sglang/``), made when
+    first read. Shared: do not write into them."""
     root = tmp_path_factory.mktemp("patched-all")
-    return {tag: patched_tree(REPO_ROOT, sglang_release_repo, tag, root / tag) for tag in RELEASES}
+    return Lazy(lambda tag: patched_tree(REPO_ROOT, sglang_release_repo, tag, root / tag))
 
 
 @pytest.fixture(scope="session")

@@ -186,6 +186,19 @@ def series_paths(series: Series) -> list[str]:
     return sorted(paths)
 
 
+class Lazy(dict):
+    """key -> ``make(key)``, made when first asked for: a session fixture of every release costs only the ones
+    the selected tests read."""
+
+    def __init__(self, make) -> None:
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, key):
+        self[key] = value = self.make(key)
+        return value
+
+
 def release_tree(repo: Path, tag: str, dest: Path, paths: list[str] = KERNEL_TIER_PATHS) -> Path:
     """``paths`` (default: the kernel tier) of upstream release ``tag``; ``dest`` holds ``sglang/``."""
     return unpack_release(repo, tag, dest, paths)

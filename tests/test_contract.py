@@ -379,7 +379,7 @@ def test_a_rev_the_series_does_not_apply_to_is_refused_in_one_line(drift):
 @pytest.mark.parametrize("branch, says", [
     ("signature", f"{RECORD_STREAMS}:39: call sglang.srt.speculative.spec_utils.record_stream_for_v2_verify"),
     ("renamed", f"{KERNEL_OPS}:{MAKE_NAME_LINE}: sglang.kernels.ops.attention.dsv4.utils.make_name: no module"),
-])
+], ids=["signature", "renamed"])
 def test_watch_says_broken_naming_our_line_and_the_upstream_definition(drift, tmp_path, branch, says):
     run = invoke("watch", "--onto", branch, "--repo", str(drift.git_dir), "--out", str(tmp_path / "out"),
                  "--series", str(REPO_ROOT))

@@ -22,6 +22,7 @@ from c128patch.textsafe import md as inert
 from support import (
     RELEASES,
     REPO_ROOT,
+    Lazy,
     Run,
     cli_process,
     copy_series,
@@ -105,9 +106,10 @@ def series_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def fresh(sglang_release_repo: Path, series_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Git]:
-    """release -> a clone with the product series freshly applied there (shared: do not write)."""
+    """release -> a clone with the product series freshly applied there, when first asked for (shared: do not
+    write)."""
     root = tmp_path_factory.mktemp("fresh")
-    return {tag: apply_into(sglang_release_repo, root / tag, series_dir, tag) for tag in RELEASES}
+    return Lazy(lambda tag: apply_into(sglang_release_repo, root / tag, series_dir, tag))
 
 
 @pytest.fixture(scope="session")

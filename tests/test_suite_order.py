@@ -4,10 +4,11 @@ xdist keeps that order."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
-from support import REPO_ROOT, SLOW_FIRST  # not from conftest: tests/gpu has its own
+from support import REPO_ROOT, SLOW_FIRST, Lazy  # not from conftest: tests/gpu has its own
 
 try:
     import tomllib
@@ -33,3 +34,22 @@ def test_the_collection_puts_the_slow_files_first():
     # the slow ones in SLOW_FIRST's order, then the rest by number of tests (test_cli_startup has the most)
     assert order == ["tests/test_compile_kernels.py", "tests/test_bench_variants.py", "tests/test_cli_startup.py",
                      "tests/test_layering.py"], proc.stdout[-2000:]
+
+
+def test_every_heavy_name_is_a_test_file_test_or_fixture_that_exists(pytestconfig):
+    """A renamed test or fixture would silently fall back into the default run (tests/conftest.py HEAVY_*)."""
+    heavy = pytestconfig.pluginmanager.get_plugin(str(REPO_ROOT / "tests" / "conftest.py"))
+    sources = {p.name: p.read_text() for p in (REPO_ROOT / "tests").glob("*.py")}
+    assert heavy.HEAVY_FILES <= set(sources)
+    for name in heavy.HEAVY_TESTS | heavy.HEAVY_SWEEPS:
+        (file, func), case = name.split("[")[0].split("::"), name.partition("[")[2].rstrip("]")
+        assert f"\ndef {func}(" in sources.get(file, "") and f'"{case}"' in sources[file], name
+    for fixture in heavy.HEAVY_FIXTURES:
+        assert any(re.search(rf"@pytest\.fixture.*\ndef {fixture}\(", text) for text in sources.values()), fixture
+
+
+def test_a_fixture_of_every_release_makes_only_the_releases_read():
+    made = []
+    trees = Lazy(lambda tag: made.append(tag) or f"tree of {tag}")
+    assert trees["v0.5.23"] == trees["v0.5.23"] == "tree of v0.5.23" and trees.__getitem__("v0.5.22")
+    assert made == ["v0.5.23", "v0.5.22"]

@@ -4,6 +4,7 @@ every skip by reason; its heavy tier holds the all-release compile and the relea
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -103,8 +104,14 @@ def test_the_heavy_tier_holds_the_all_release_compile_and_the_older_releases_of_
 
 def test_the_heavy_tier_holds_no_test_that_only_reads_a_fixture_the_light_tier_builds_whole():
     """test_layers' example_path and test_reproducible's runs build every release's results for their first test:
-    a heavy reader of them would make the heavy run build them again."""
-    heavy = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q",
-                            "--collect-only", "-m", "heavy", "tests/test_layers.py", "tests/test_reproducible.py"],
-                           cwd=REPO_ROOT, capture_output=True, text=True)
-    assert "no tests collected" in heavy.stdout, heavy.stdout
+    all their readers are in one tier, or the heavy run would build them again."""
+    files = {"test_layers.py": "example_path", "test_reproducible.py": "runs"}
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q", "--collect-only", "-m"]
+    tiers = [subprocess.run([*argv, tier, *(f"tests/{f}" for f in files)], cwd=REPO_ROOT, capture_output=True,
+                            text=True).stdout.split() for tier in ("heavy", "not heavy")]
+    for file, fixture in files.items():
+        readers = set(re.findall(rf"\ndef (test_\w+)\([^)]*\b{fixture}\b", (REPO_ROOT / "tests" / file).read_text()))
+        assert len(readers) > 3, (file, readers)
+        read = [{i.split("::")[1].split("[")[0] for i in ids if i.startswith(f"tests/{file}::")} & readers
+                for ids in tiers]
+        assert read[0] | read[1] == readers and not (read[0] and read[1]), (file, read)
