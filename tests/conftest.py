@@ -83,10 +83,22 @@ def pytest_configure(config: pytest.Config) -> None:
     # the tier imports with this interpreter unless a test asks for the target's environment (tests/test_env.py)
     os.environ.setdefault("C128PATCH_TIER_PYTHON", sys.executable)
     if _controller[-1] and not os.environ.get("C128PATCH_TEST_TMP"):
-        root = tempfile.mkdtemp(prefix="c128patch-tests-")
+        root = tempfile.mkdtemp(prefix="c128patch-tests-", dir=_memory_folder())
         os.environ["C128PATCH_TEST_TMP"] = os.environ["TMPDIR"] = tempfile.tempdir = root
         config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
         signal.signal(signal.SIGTERM, _interrupted)  # a run stopped by `timeout` or a CI job cleans up too
+
+
+def _memory_folder() -> str | None:
+    """/dev/shm where TMPDIR is unset and it has 12 GiB free (a run peaks at ~7 GB): the tests write thousands of
+    sglang trees, 30-44 % faster there on two cores (.ci/run does the same for CI's clone); else the temp folder."""
+    if os.environ.get("TMPDIR"):
+        return None
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return "/dev/shm" if st.f_bavail * st.f_frsize > 12 * 2**30 and os.access("/dev/shm", os.W_OK) else None
 
 
 def _interrupted(signum: int, frame: object) -> None:
