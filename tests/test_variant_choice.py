@@ -73,7 +73,7 @@ def test_the_nearest_ancestor_search_reads_every_candidate_in_one_git_call(sglan
         tip = git.out("commit-tree", git.out("write-tree"), "-p", tip, input=f"upstream {i}")
     calls, raw = [], Git._raw
     monkeypatch.setattr(Git, "_raw", lambda self, args, *a, **k: calls.append(args[0]) or raw(self, args, *a, **k))
-    assert plan._distance(Git(git_dir=repo), variant, tip) == 7  # v0.5.21 changed the file too: 6 + 1
+    assert plan.base_distances(Git(git_dir=repo), [variant], tip)[variant] == 7  # v0.5.21 changed the file too: 6 + 1
     assert calls.count("cat-file") + calls.count("ls-tree") <= 2, calls  # not one per candidate commit
 
 

@@ -20,11 +20,12 @@ there; ``merged_entries`` lists it). Planning writes nothing but objects into th
 
 from __future__ import annotations
 
+import functools
 import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import Callable, Literal
 
 from c128patch.errors import C128Error
 from c128patch.git import Git, ReadMemo, blob_id, remembered
@@ -78,20 +79,16 @@ class LazyIndex:
         self._current([path])
         return bool(self.entries.get(path)) or any(p.startswith(path + "/") and e for p, e in self.entries.items())
 
-    def _file_at(self, folder: str) -> bool:
-        if folder in self.entries:
-            return bool(self.entries[folder])
-        return folder in self.kinds and self.kinds[folder] != "040000"
-
     def key(self, paths: list[str]) -> tuple:
         """What the index holds that a git call on ``paths`` reads."""
         self._current(paths)
         out = []
         for path in paths:
             folders = [str(p) for p in PurePosixPath(path).parents][:-1]
+            files = tuple(f for f in folders if (bool(self.entries[f]) if f in self.entries  # a file where a folder is
+                                                 else self.kinds.get(f, "040000") != "040000"))
             out.append((path, self.entries.get(path, ()),
-                        any(p.startswith(path + "/") and e for p, e in self.entries.items()),
-                        tuple(f for f in folders if self._file_at(f))))
+                        any(p.startswith(path + "/") and e for p, e in self.entries.items()), files))
         return tuple(out)
 
     def set(self, path: str, entries: Entries) -> None:
@@ -154,17 +151,18 @@ def index_git(git: Git, index_file: Path) -> Git:
 
 def sources_at(git: Git, commit: str, paths: list[str]) -> tuple[tuple[str, str], ...]:
     """(path, blob id | ``absent``) of ``paths`` at ``commit``, sorted: a base by content (``Variant.sources``)."""
-    return sources_of(git, [commit], paths)[commit]
+    found = _blobs(git, [(commit, p) for p in paths])
+    return tuple(sorted((p, found[(commit, p)]) for p in paths))
 
 
 _SOURCES: dict[tuple, str] = {}  # (repository, commit id, path) -> blob id or ABSENT: a commit never changes
 _COMMIT_ID = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
 
 
-def sources_of(git: Git, commits: list[str], paths: list[str]) -> dict[str, tuple[tuple[str, str], ...]]:
-    """``sources_at`` of each of ``commits``: those not read yet in one ``cat-file --batch-check``."""
+def _blobs(git: Git, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """(commit, path) -> blob id | ``absent``: those not read yet in one ``cat-file --batch-check``."""
     repo = (str(git.cwd), git.env.get("GIT_DIR", str(git.git_dir)))
-    found = {(*repo, c, p): _SOURCES.get((*repo, c, p)) for c in commits for p in paths}
+    found = {(*repo, c, p): _SOURCES.get((*repo, c, p)) for c, p in pairs}
     todo = [key for key, sha in found.items() if sha is None]
     if todo:
         out = git.out("cat-file", "--batch-check=%(objecttype) %(objectname)",
@@ -174,7 +172,7 @@ def sources_of(git: Git, commits: list[str], paths: list[str]) -> dict[str, tupl
             found[key] = sha if kind == "blob" else ABSENT
             if _COMMIT_ID.fullmatch(key[2]):  # (a name such as HEAD moves)
                 _SOURCES[key] = found[key]
-    return {c: tuple(sorted((p, found[(*repo, c, p)]) for p in paths)) for c in commits}
+    return {(c, p): sha for (*_, c, p), sha in found.items()}
 
 
 _WRITTEN: dict[tuple, str] = {}  # (repository, file, its content) -> the blob ``hash-object -w`` wrote for it
@@ -301,44 +299,60 @@ def _probe_apply(idx: Git, item: Planned) -> None:
 ANCESTOR_SEARCH = 200  # commits touching a variant's files searched back for its base's sources
 
 
-def _distance(git: Git, variant: Variant, target: str) -> int | None:
-    """Commits from ``variant``'s base to ``target`` (None: not an ancestor): the nearest ancestor holding
-    its recorded sources (searched back ``ANCESTOR_SEARCH`` commits), else its recorded commit, else its tag."""
-    if not variant.sources:
-        base = (git.rev_parse(variant.commit) if variant.commit else None) or git.rev_parse(variant.base)
-        return git.count(f"{base}..{target}") if base is not None and git.is_ancestor(base, target) else None
-    paths = [p for p, _ in variant.sources]
-    newer: str | None = None  # the newest touching commit after the candidate
-    touching = git.out("rev-list", f"--max-count={ANCESTOR_SEARCH}", target, "--", *paths).split()
-    walk = [c for c in [target, *touching] if not (c == target and touching and touching[0] == target)]
-    for chunk in (walk[:1], walk[1:]):  # the newest alone first (most often the answer), the rest in one read
-        found = sources_of(git, chunk, paths)
-        for commit in chunk:
-            if found[commit] == variant.sources:
-                return 0 if newer is None else git.count(f"{newer}..{target}") + 1
-            newer = commit if commit != target else newer
-    return None
+def _walks(git: Git, variants: list[Variant], target: str) -> dict[Variant, list[str]]:
+    """Each variant's candidates: ``target``, then ``rev-list --max-count=ANCESTOR_SEARCH TARGET -- its paths``
+    from one walk on all their paths where history is linear (at a merge, history simplifies per path)."""
+    paths = {v: [p for p, _ in v.sources] for v in variants}
+    union, limit = sorted({p for ps in paths.values() for p in ps}), ANCESTOR_SEARCH * len(variants)
+    linear = plain_paths(union) and not git.out("rev-list", "--merges", "--max-count=1", target)
+    # --no-renames: a file renamed away is named too; --root: the first commit's files; NUL: a commit's start
+    walk = [c.split() for c in git.out("log", "--format=%x00%H", "--name-only", "--no-renames", "--root",
+                                       f"--max-count={limit}", target, "--", *union).split("\0")[1:]] if linear else []
+    out = {v: [c for c, *files in walk if any(f == p or f.startswith(p + "/") for f in files for p in ps)]
+           for v, ps in paths.items()}
+    for v, ps in paths.items():  # (a walk cut at ``limit`` may miss older commits of a variant it holds few of)
+        if not linear or (len(walk) == limit and len(out[v]) < ANCESTOR_SEARCH):
+            out[v] = git.out("rev-list", f"--max-count={ANCESTOR_SEARCH}", target, "--", *ps).split()
+    return {v: [target, *t[:ANCESTOR_SEARCH]] if t[:1] != [target] else t[:ANCESTOR_SEARCH] for v, t in out.items()}
+
+
+def base_distances(git: Git, variants: list[Variant], target: str) -> dict[Variant, int | None]:
+    """Commits from each variant's base to ``target`` (None: not an ancestor): the nearest ancestor holding its
+    sources (``_walks``), else its recorded commit, else its tag; one walk and two source reads for them all."""
+    out: dict[Variant, int | None] = {}
+    for v in (v for v in variants if not v.sources):
+        base = (git.rev_parse(v.commit) if v.commit else None) or git.rev_parse(v.base)
+        out[v] = git.count(f"{base}..{target}") if base is not None and git.is_ancestor(base, target) else None
+    walks = _walks(git, [v for v in variants if v.sources], target)
+    for part in (slice(0, 1), slice(1, None)):  # the newest alone first (most often the answer), the rest in one read
+        todo = {v: walk[part] for v, walk in walks.items() if v not in out}
+        found = _blobs(git, [(c, p) for v, chunk in todo.items() for c in chunk for p, _ in v.sources])
+        for v, chunk in todo.items():
+            newer = walks[v][0] if part.start and walks[v][0] != target else None  # the newest touching one after
+            for commit in chunk:
+                if tuple(sorted((p, found[(commit, p)]) for p, _ in v.sources)) == v.sources:
+                    out[v] = 0 if newer is None else git.count(f"{newer}..{target}") + 1
+                    break
+                newer = commit if commit != target else newer
+    return {v: out.get(v) for v in variants}
 
 
 def select_variant(git: Git, entry: Entry, target: str, tree: ReplayedTree, patches: dict[Variant, PatchInfo],
-                   distances: dict[Variant, int | None] | None = None) -> Choice:
-    """The file ``entry`` takes on ``target`` as ``tree`` holds it (the module doc's rules); ``distances``: a cache."""
+                   distances: Callable[[], dict[Variant, int | None]] | None = None) -> Choice:
+    """The file ``entry`` takes on ``target`` as ``tree`` holds it (the module doc's rules); ``distances``: a plan's."""
     files = entry.patch_files()
     if len(files) == 1:
         return Choice(files[0], "only", "the entry's only file")
     score = {v: sum(tree.blob(path) == pre for path, (pre, _post) in patches[v].blobs.items()) for v in files}
     exact = [v for v in files if score[v] == len(patches[v].blobs) > 0]
     if len(exact) == 1:
-        n = score[exact[0]]
-        return Choice(exact[0], "exact", f"preimage blobs match ({n}/{n} files)")
+        return Choice(exact[0], "exact", "preimage blobs match ({0}/{0} files)".format(score[exact[0]]))
     tied = exact or [v for v in files if score[v] == max(score.values()) > 0]
     if len(tied) == 1:
         v = tied[0]
         return Choice(v, "most", f"most preimage blobs match ({score[v]}/{len(patches[v].blobs)} files)")
-    tied, cache = tied or files, {} if distances is None else distances
-    for v in tied:
-        if v not in cache:
-            cache[v] = _distance(git, v, target)
+    tied = tied or files
+    cache = distances() if distances is not None else base_distances(git, tied, target)
     near = {v: cache[v] for v in tied if cache[v] is not None}
     if near:
         best = min(near.values())
@@ -434,7 +448,8 @@ def plan(series: Series, git: Git, target: str) -> list[Planned]:
     paths = sorted({p for files in patches.values() for info in files.values() for p in info.files}
                    | {e.target for e in entries if not e.is_patch})
     out = []
-    distances: dict[Variant, int | None] = {}
+    tieable = [v for e in entries if len(e.patch_files()) > 1 for v in e.patch_files()]
+    distances = functools.cache(lambda: base_distances(git, tieable, target))
     with tempfile.TemporaryDirectory(prefix="c128plan-") as tmp:
         tree = ReplayedTree(git, target, paths, Path(tmp))
         for entry in entries:
