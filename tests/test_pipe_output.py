@@ -105,6 +105,19 @@ def test_a_step_left_open_prints_its_phase_and_elapsed_time_every_beat():
     assert out.getvalue() == settled
 
 
+def test_steps_begun_one_after_another_do_not_silence_the_beat():
+    """A cold apply's imports, entries and proof are steps shorter than a beat each, longer together (35 s of
+    silence piped, issue 37): the beat counts from the last line said, not from the last step begun."""
+    out = io.StringIO()
+    rep = PlainReporter(stream=out, beat=0.3)
+    for i in range(120):  # 1.2 s: four beats, a step every 10 ms
+        rep.step(f"importing part {i}")
+        threading.Event().wait(0.01)
+    rep.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 2 and all(re.fullmatch(r"importing part \d+: 0 s", line) for line in lines), lines
+
+
 def test_a_command_off_a_terminal_beats_every_15_seconds_until_it_ends(monkeypatch, capsys):
     """The tool's beat is 15 s (read in a fresh process: the tests' own is longer, conftest.py); a command's
     reporter off a terminal beats at it, and stops when the command ends."""
