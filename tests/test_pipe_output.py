@@ -84,7 +84,7 @@ def _wait_for(out: io.StringIO, lines: int) -> list[str]:
 
 
 def test_a_step_left_open_prints_its_phase_and_elapsed_time_every_beat():
-    """A piped run of long work is never silent longer than a beat (15 s in the tool): the open step and its
+    """A piped run of long work is never silent longer than a beat (10 s in the tool): the open step and its
     seconds, counted from that step; nothing after close, nothing before the first step."""
     out, now = io.StringIO(), [0.0]
     rep = PlainReporter(stream=out, clock=lambda: now[0], beat=0.01)
@@ -118,14 +118,14 @@ def test_steps_begun_one_after_another_do_not_silence_the_beat():
     assert len(lines) >= 2 and all(re.fullmatch(r"importing part \d+: 0 s", line) for line in lines), lines
 
 
-def test_a_command_off_a_terminal_beats_every_15_seconds_until_it_ends(monkeypatch, capsys):
-    """The tool's beat is 15 s (read in a fresh process: the tests' own is longer, conftest.py); a command's
+def test_a_command_off_a_terminal_beats_after_10_seconds_without_a_line_until_it_ends(monkeypatch, capsys):
+    """The tool's beat is 10 s (read in a fresh process: the tests' own is longer, conftest.py); a command's
     reporter off a terminal beats at it, and stops when the command ends."""
     from c128patch import progress
 
     shipped = subprocess.run([sys.executable, "-c", "from c128patch import progress; print(progress.BEAT)"],
                              capture_output=True, text=True, check=True).stdout
-    assert shipped == "15.0\n"
+    assert shipped == "10.0\n"
     monkeypatch.setattr(progress, "is_terminal", lambda stream: False)
     monkeypatch.setattr(progress, "BEAT", 0.01)
     with progress.reporter(True) as rep:

@@ -46,7 +46,7 @@ class RichReporter:
         self._progress.update(self._task, description=transfer_line(what, done, total, time.monotonic() - start))
 
 
-BEAT = 15.0  # seconds: a piped run of long work is never silent longer
+BEAT = 10.0  # seconds without a line: with start-up and a busy machine, a piped run is never silent 15 s
 
 
 class PlainReporter:
