@@ -598,6 +598,26 @@ def test_refresh_never_writes_a_layer_s_entry_into_our_series(tmp_path, sglang_r
     assert {p: p.read_bytes() for p in series.rglob("*") if p.is_file()} == before
 
 
+def test_apply_beside_a_branch_with_the_users_commit_prints_the_stack_it_was_asked_for(tmp_path, sglang_release_repo):
+    """Applied without the layer, a commit of the user's on top, then asked for the stack: refused, nothing changed,
+    no `branch -D`; the printed apply beside it names the layer (and the series), so it applies the stack asked."""
+    series, layer, tree = copy_series(tmp_path / "series"), tmp_path / "acme", tmp_path / "sglang"
+    shutil.copytree(EXAMPLE, layer)
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series).code == 0
+    (tree / "USER.txt").write_text("mine\n")
+    subprocess.run(["git", *ID, "-C", str(tree), "add", "USER.txt"], check=True)
+    subprocess.run(["git", *ID, "-C", str(tree), "commit", "-qm", "mine"], check=True)
+    res = invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series, "--layer", layer,
+                 as_json=False)
+    assert res.code == 2 and "branch -D" not in res.err, res.err
+    (line,) = [x for x in res.err.splitlines() if "keep it and apply beside it: " in x]
+    done = run_printed(line.split("keep it and apply beside it: ", 1)[1])
+    assert done.returncode == 0, done.stderr
+    git = Git(worktree=tree)
+    assert git.current_branch() == "c128/v0.5.23-acme" and "+ layer acme 1" in done.stdout, done.stdout
+    assert git.rev_parse("c128/v0.5.23") and "USER.txt" in git.out("ls-tree", "--name-only", "c128/v0.5.23")
+
+
 def doc_commands() -> list[str]:
     """docs/layers.md's workflow block: its commands as printed, continuation lines joined, comments left out."""
     block = (REPO_ROOT / "docs" / "layers.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
