@@ -580,6 +580,9 @@ def test_rebase_without_layer_takes_the_layers_from_the_tree_and_writes_nothing_
     (line,) = [x for x in res.text.splitlines() if x.startswith("report: ")]
     nxt = line.split("; next: ", 1)[1]
     assert f"--layer {layer.resolve()}" in nxt and "--series" not in nxt and str(series) not in nxt, line
+    check = invoke("refresh", "--check", "--tree", tree)  # trap 1: the layer's new variant file not there yet
+    assert check.code == 1 and check.out["changed"] == [str(layer.resolve() / "patches" / name) for name in (
+        "0001-acme-sps-env.v0.5.21.patch", "series.toml")], check.out
     done = run_printed(nxt)
     assert done.returncode == 0, done.stderr
     assert {p: p.read_bytes() for p in (series / "patches").rglob("*") if p.is_file()} == before
