@@ -394,6 +394,28 @@ def test_watch_carries_the_stack_and_refreshes_the_layer_into_its_own_folder(tmp
     assert any(adopt in step for step in res.out["next"]), res.out["next"]
 
 
+@pytest.mark.parametrize("installed", [False, True], ids=["checkout", "installed"])
+def test_watch_s_adopt_commands_write_our_series_only_in_a_checkout(tmp_path, monkeypatch, installed):
+    """Installed (pip), the tool's series is in site-packages: the commands that adopt a refreshed stack copy the
+    layer's folder only, no `rm -rf` of the package's patches nor a commit there."""
+    from c128patch.fit.watch import Watch
+
+    series, layer = copy_series(tmp_path / "series"), tmp_path / "acme"
+    shutil.copytree(EXAMPLE, layer)
+    if installed:
+        package = tmp_path / "site-packages" / "c128patch"
+        package.mkdir(parents=True)
+        (package / "_series").symlink_to(series)
+        monkeypatch.setattr("c128patch.series.manifest.PACKAGE_DIR", package)
+        series = package / "_series"
+    steps = Watch(stack(load_series(series), [layer]), None, "v0.5.21", tmp_path / "out")._next(
+        {"outcome": "refreshed", "refreshed": {"changed": []}})
+    expected = [["rm", "-rf", str(layer.resolve() / "patches")], ["c128patch", "lint", "--series"]]
+    if not installed:
+        expected = [["rm", "-rf", str(series / "patches")], *expected, ["git", "-C", str(series)]]
+    assert [s.split()[:3] for s in steps] == expected, steps
+
+
 def test_doctor_shows_the_layers_of_the_installed_build(example_path):
     """The layered 0.5.23 wheel installed into a fresh venv (no dependencies): its label checks, and
     the layer and its entries are listed."""
