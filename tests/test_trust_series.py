@@ -296,6 +296,25 @@ def test_a_truncated_cached_wheel_and_a_corrupt_pack_are_one_line_naming_the_cac
     assert f"rm -rf {root}" in exc.value.message
 
 
+@pytest.mark.parametrize("member", [
+    "sglang/a.py\ndata 0\n\ncommit refs/heads/injected\ncommitter a <a@b> 0 +0000",  # commands for fast-import
+    "sglang/../../x.py", "sglang/.GIT/hooks/post-checkout",
+], ids=["newline", "dotdot", "git-dir"])
+def test_a_release_wheels_member_names_are_confined_before_they_reach_the_history(fake_releases, tmp_path, member):
+    """A member name went into fast-import's stream as it was: a newline added a ref and moved what the tag
+    names, and the import recorded it as the release's tree."""
+    from c128patch.upstream.releases import ReleaseHistory
+
+    with zipfile.ZipFile(fake_releases["0.5.23"], "a") as zf:
+        zf.writestr(member, "x = 1\n")
+    with pytest.raises(C128Error, match="unsafe path in the wheel .*sglang-0.5.23-") as exc:
+        ReleaseHistory().ensure()
+    assert "\n" not in exc.value.message
+    refs = subprocess.run(["git", "--git-dir", str(tmp_path / "cache" / "sglang-releases.git"), "for-each-ref"],
+                          capture_output=True, text=True).stdout
+    assert refs == "", refs
+
+
 @pytest.mark.timeout(120)  # unbounded, it would hang: fail instead
 def test_check_on_a_server_that_never_answers_ends_in_time(tmp_path):
     server = socket.socket()
