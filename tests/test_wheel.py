@@ -626,6 +626,19 @@ def test_every_reader_of_a_wheel_says_a_truncated_or_corrupt_one_in_one_line(tmp
         zf.read(name)
 
 
+@pytest.mark.parametrize("member", ["sglang/../../x.py", "sglang/.git/hooks/post-checkout", "sglang/a\nb.py"])
+def test_smoke_unpacks_a_wheels_members_only_through_the_confinement_rule(tmp_path: Path, member: str):
+    from c128patch.smoke.trees import unpack_wheel
+
+    wheel = tmp_path / "sglang-0.0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("sglang/__init__.py", "")
+        zf.writestr(member, "x = 1\n")
+    with pytest.raises(C128Error, match=f"unsafe path in --wheel {wheel.name}: "):
+        unpack_wheel(wheel, tmp_path / "out")
+    assert not (tmp_path / "x.py").exists() and not list((tmp_path / "out").rglob("post-checkout"))
+
+
 def test_verify_refuses_an_edited_provenance_and_sbom_claiming_the_series(patched, tmp_path: Path,
                                                                          wheel_series: Path):
     """The entry claims a gate it does not have, in both the provenance and the SBOM, RECORD recomputed:
