@@ -18,7 +18,7 @@ import pytest
 
 from c128patch.errors import C128Error
 from c128patch.series import txn
-from c128patch.series.layers import CONFIG, ENV, find_layers, stack
+from c128patch.series.layers import CONFIG, ENV, lookup_layers, stack
 from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import load_series
 from c128patch.series.paths import confine
@@ -151,7 +151,7 @@ REVIEWED = {
     "series/txn.py": {"Path(part) / f",  # read only, to compare groups
                       "root / folder",  # folder: TXN or STAGING
                       "staging / 'files' / f'{i:05d}'", "root / TXN / 'files' / staged"},  # staged: checked
-    "series/layers.py": {"start / p"},  # the operator's env, resolved then checked (find_layers)
+    "series/layers.py": {"start / p"},  # the operator's env, resolved then checked (lookup_layers)
     "upstream/releases.py": {"dest / wheel.name"},  # a file pip wrote into our own folder
     "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')"},
 }
@@ -195,20 +195,20 @@ def hostile_upstream(tmp_path: Path) -> Path:
 def test_a_config_committed_by_upstream_is_never_read(tmp_path, monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     up = hostile_upstream(tmp_path)
-    assert find_layers((), cwd=up / "python" / "sglang") == ()
-    assert find_layers((), cwd=up) == ()
+    assert lookup_layers((), cwd=up / "python" / "sglang")[0] == ()
+    assert lookup_layers((), cwd=up)[0] == ()
     monkeypatch.chdir(up / "python")  # `status` run from inside the tree, as README says: the config is not read
     res = invoke("status", as_json=False)
     assert "evil" not in res.err + res.text and "layers from" not in res.err, (res.err, res.text)
     (tmp_path / "work" / CONFIG).write_text('[layers]\npaths = ["mine"]\n')  # the operator's, above the tree
-    assert find_layers((), cwd=up / "python") == ((tmp_path / "work" / "mine").resolve(),)
+    assert lookup_layers((), cwd=up / "python")[0] == ((tmp_path / "work" / "mine").resolve(),)
 
 
 def test_a_layer_folder_inside_a_tree_the_tool_patches_is_refused(tmp_path, monkeypatch):
     up = hostile_upstream(tmp_path)
     monkeypatch.setenv(ENV, str(up / "evil"))
     with pytest.raises(C128Error, match="a tree c128patch patches"):
-        find_layers((), cwd=tmp_path)
+        lookup_layers((), cwd=tmp_path)
 
 
 def test_a_config_of_another_user_is_refused_and_a_deeply_nested_one_is_one_line(tmp_path, monkeypatch):
@@ -216,12 +216,12 @@ def test_a_config_of_another_user_is_refused_and_a_deeply_nested_one_is_one_line
     (tmp_path / CONFIG).write_text('[layers]\npaths = []\n')
     monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path / CONFIG).st_uid + 1)
     with pytest.raises(C128Error, match="owned by another user"):
-        find_layers((), cwd=tmp_path)
+        lookup_layers((), cwd=tmp_path)
     monkeypatch.undo()
     monkeypatch.delenv(ENV, raising=False)
     (tmp_path / CONFIG).write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(C128Error, match="nested too deeply") as exc:
-        find_layers((), cwd=tmp_path)
+        lookup_layers((), cwd=tmp_path)
     assert "\n" not in exc.value.message
 
 
