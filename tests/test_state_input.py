@@ -9,9 +9,14 @@ from pathlib import Path
 import pytest
 
 from c128patch.errors import C128Error
+from c128patch.git import Git
+from c128patch.ops.applier import already_applied
+from c128patch.ops.apply import refuse_switching, refuse_taken_branch
 from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import load_series
-from support import copy_series, refused, small_clone, snapshot
+from c128patch.series.provenance import PROVENANCE_PATH
+from c128patch.upstream.source import Target
+from support import REPO_ROOT, copy_series, refused, small_clone, snapshot
 
 DEEP_TOML = "x = " + "[" * 100_000 + "]" * 100_000 + "\n"
 DEEP_JSON = "[" * 100_000 + "]" * 100_000
@@ -53,3 +58,22 @@ def test_a_malformed_resolution_ledger_is_one_line(tmp_path: Path, ledger: str, 
     assert "\n" not in err.value.message
     with pytest.raises(C128Error):
         Ledger(series).has("anything")  # what rebase asks first
+
+
+@pytest.mark.parametrize("record", ['{"upstream": []}', '{"upstream": "x"}', DEEP_JSON], ids=["list", "str", "deep"])
+def test_a_hostile_committed_provenance_is_no_record_to_apply_not_a_traceback(tmp_path: Path, record: str):
+    """apply reads the provenance a tree's branch commits (an upstream may commit one) in three places; each read
+    it its own way: an 'upstream' that is not an object, or one nested 100,000 deep, was a traceback."""
+    tree = tmp_path / "sglang"
+    (tree / PROVENANCE_PATH).parent.mkdir(parents=True)
+    (tree / PROVENANCE_PATH).write_text(record)
+    git = Git(worktree=tree)
+    git.run("init", "-q", "-b", "b")
+    git.run("add", "-A")
+    git.run("commit", "-q", "-m", "upstream: a provenance of its own")
+    git.run("commit", "-q", "--allow-empty", "-m", "a commit on top")
+    target, series = Target("v0.5.23", "0" * 40, "release"), load_series(REPO_ROOT)
+    with pytest.raises(C128Error, match=r"holds .* applying v0\.5\.23 there would switch it to a new branch b"):
+        refuse_switching(tree, target, "b")
+    assert already_applied(series, git, "b", target) is None
+    refuse_taken_branch(series, git, "b", target)  # no record: nothing it holds to protect
