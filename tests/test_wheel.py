@@ -587,6 +587,13 @@ def test_verify_names_a_symlink_or_device_member(patched, tmp_path: Path, mode: 
     verify_fails(_with_special_member(Path(patched.wheel), tmp_path, mode), f"member sglang/evil is {kind}")
 
 
+def test_verify_names_a_member_that_is_a_file_and_a_folder(patched, tmp_path: Path):
+    """``WHEEL`` and ``WHEEL/x`` both members, RECORD listing them: unpacking it was a FileExistsError traceback."""
+    src = Path(patched.wheel)
+    (wheel,) = [n for n in members(src) if n.endswith(".dist-info/WHEEL")]
+    verify_fails(tampered(src, tmp_path, {f"{wheel}/x": b"y"}), f"member {wheel} is a file and the folder of {wheel}/x")
+
+
 def test_from_wheel_refuses_a_symlink_member(tmp_path: Path, out: Path, wheel_series: Path, upstream_wheel: Path):
     bad = _with_special_member(upstream_wheel, tmp_path, 0o120000)
     refused(["wheel", "--from-wheel", str(bad), "--series", str(wheel_series)], out,
