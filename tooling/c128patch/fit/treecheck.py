@@ -194,9 +194,8 @@ def _answer(stdout: str, stderr: str, code: int, modules: list[str]) -> dict:
     the target's code shares its stdout (it may print a verdict and kill the runner, or outlive it and print last)."""
     try:
         data = json.loads(stdout.strip().splitlines()[-1]) if code == 0 else None
-        tiers = data["tiers"]
-        if not isinstance(data["torch"], bool) or set(tiers) != ({"off", "on"} if data["torch"] else set()) or any(
-                "error" not in t and sorted(t["modules"]) != modules for t in tiers.values()):
+        if set(data["tiers"]) != ({"off", "on"} if data["torch"] is True else set()) or any(
+                "error" not in t and sorted(t["modules"]) != modules for t in data["tiers"].values()):
             raise ValueError
     except (IndexError, ValueError, KeyError, TypeError, AttributeError):
         why = f"signal {-code}" if code < 0 else f"exit {code}" if code else "its answer is not the runner's"
