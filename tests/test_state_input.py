@@ -4,6 +4,7 @@ traceback (RecursionError included), and change nothing."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,20 @@ def test_a_hostile_committed_provenance_is_no_record_to_apply_not_a_traceback(tm
         refuse_switching(tree, target, "b")
     assert already_applied(series, git, "b", target) is None
     refuse_taken_branch(series, git, "b", target)  # no record: nothing it holds to protect
+
+
+@pytest.mark.parametrize("folders", ["[", "5", "[1]", DEEP_JSON, b"\xff"], ids=["bad", "int", "list", "deep", "bytes"])
+def test_an_unreadable_record_of_a_trees_layer_folders_is_one_line(tmp_path: Path, folders):
+    """Every verb in a layered tree reads the folders its layers were applied from (the git dir's layers.json):
+    one that is not a list of paths was a traceback (ValueError, TypeError, RecursionError, UnicodeDecodeError)."""
+    from c128patch.ops.treestate import c128_state_dir, tree_layers
+
+    record = {"layers": [{"name": "acme", "version": "1", "digest": "0" * 64}]}
+    (tmp_path / PROVENANCE_PATH).parent.mkdir(parents=True)
+    (tmp_path / PROVENANCE_PATH).write_text(json.dumps(record))
+    git = Git(worktree=tmp_path)
+    git.run("init", "-q")
+    c128_state_dir(git).mkdir()
+    (c128_state_dir(git) / "layers.json").write_bytes(folders if isinstance(folders, bytes) else folders.encode())
+    with pytest.raises(C128Error, match=r"was applied with layer\(s\) acme .*: name their folders"):
+        tree_layers(git)

@@ -60,7 +60,10 @@ def tree_layers(git: Git) -> tuple[Path, ...]:
     if not names:
         return ()
     path = c128_state_dir(git) / "layers.json"
-    folders = [Path(f) for f in json.loads(path.read_text())] if path.is_file() else []
+    try:  # (state in the git dir: input; unreadable, it names no folder)
+        folders = [Path(f) for f in json.loads(path.read_text())] if path.is_file() else []
+    except (OSError, ValueError, RecursionError, TypeError):
+        folders = []
     if len(folders) != len(names) or not all((f / MANIFEST).is_file() for f in folders):
         raise C128Error(f"{git.cwd} was applied with layer(s) {', '.join(names)} (its provenance says so): name "
                         "their folders (--layer DIR, or c128patch.toml); nothing was changed")
