@@ -95,3 +95,13 @@ def test_an_unreadable_record_of_a_trees_layer_folders_is_one_line(tmp_path: Pat
     (c128_state_dir(git) / "layers.json").write_bytes(folders if isinstance(folders, bytes) else folders.encode())
     with pytest.raises(C128Error, match=r"was applied with layer\(s\) acme .*: name their folders"):
         tree_layers(git)
+
+
+def test_a_damaged_patch_id_cache_is_read_as_empty(tmp_path: Path):
+    """rebase's cache of upstream patch ids (the git dir's patch-ids.json) is state, so input: a damaged one is
+    none (ids computed again), not a traceback."""
+    from c128patch.ops.merged import MergedCheck
+
+    for text in ("[", DEEP_JSON, '{"c": 5}', "[]"):
+        (tmp_path / "patch-ids.json").write_text(text)
+        assert MergedCheck(Git(worktree=tmp_path), "a", "b", tmp_path / "patch-ids.json", [])._ids == {}
