@@ -30,6 +30,8 @@ LAYERS: dict[str, int] = {
 ACROSS: dict[tuple[str, str], str] = {
     ("wheel", "ops"): "`build` applies the series to a checkout (ops.apply) before its PEP 517 build; `wheel` says "
                       "what `check` says of a rev older than the series (ops.check.release_support_note)",
+    ("upstream", "series"): "a release wheel's member names pass the one confinement rule (series.paths) before "
+                            "they reach the release history's git fast-import stream",
     ("errors", "exitcodes"): "an error's exit code comes from the one table of exit codes",
 }
 

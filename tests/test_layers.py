@@ -24,7 +24,7 @@ from c128patch.fit.contract import lock_items
 from c128patch.git import Git
 from c128patch.ops.refresh import format_patch, refresh_command
 from c128patch.series import txn
-from c128patch.series.layers import CONFIG, ENV, find_layers, stack
+from c128patch.series.layers import CONFIG, ENV, lookup_layers, stack
 from c128patch.series.manifest import load_series
 from c128patch.wheel.sbom import LAYER_PREFIX, indexed_properties
 from c128patch.wheel.tools import InWheel
@@ -115,11 +115,11 @@ def test_layer_flags_then_the_env_then_the_config_file_name_the_layers(tmp_path,
     (tmp_path / "repo" / "sub").mkdir(parents=True)
     (tmp_path / "repo" / CONFIG).write_text('[layers]\npaths = ["layers/acme", "layers/lab"]\n')
     monkeypatch.delenv(ENV, raising=False)
-    found = find_layers((), cwd=tmp_path / "repo" / "sub")  # the nearest config above
+    found = lookup_layers((), cwd=tmp_path / "repo" / "sub")[0]  # the nearest config above
     assert found == ((tmp_path / "repo/layers/acme").resolve(), (tmp_path / "repo/layers/lab").resolve())
     monkeypatch.setenv(ENV, "")  # the env, even empty, wins over the file
-    assert find_layers((), cwd=tmp_path / "repo") == ()
-    assert find_layers((Path("x"),), cwd=tmp_path / "repo") == (Path("x"),)
+    assert lookup_layers((), cwd=tmp_path / "repo")[0] == ()
+    assert lookup_layers((Path("x"),), cwd=tmp_path / "repo")[0] == (Path("x"),)
 
 
 def test_a_config_file_naming_a_folder_outside_it_is_refused(tmp_path, monkeypatch):

@@ -88,6 +88,17 @@ def test_a_fake_torch_in_the_tree_does_not_make_the_tier_pass(tmp_path):
     assert not result.to_json()["ok"] and not marker.exists()
 
 
+@pytest.mark.parametrize("answer", ['{"python": "x", "torch": true, "tiers": {}}', "[]"], ids=["passed", "garbage"])
+def test_a_target_that_prints_an_answer_and_kills_the_runner_is_one_line_not_a_verdict(tmp_path, answer):
+    """The target's code shares the runner's stdout: its own last line ("passed" with nothing checked, or a
+    shape the parser trips on) is not the runner's answer once the runner it kills exits non-zero."""
+    pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
+    tree = trapped_tree(tmp_path, tmp_path / "ran.txt", f"import os\nprint({answer!r}, flush=True)\n"
+                        "os.kill(os.getppid(), 9)\n")
+    with pytest.raises(C128Error, match=r"the behavioural tier's interpreter failed \(signal 9\)"):
+        treecheck.run(SERIES, tree, [TRAP])
+
+
 def test_no_run_runs_nothing_and_is_unchecked(tmp_path):
     marker = tmp_path / "ran.txt"
     result = treecheck.run(SERIES, trapped_tree(tmp_path, marker), [TRAP], run_code=False)

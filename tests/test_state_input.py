@@ -4,14 +4,20 @@ traceback (RecursionError included), and change nothing."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from c128patch.errors import C128Error
+from c128patch.git import Git
+from c128patch.ops.applier import already_applied
+from c128patch.ops.apply import refuse_switching, refuse_taken_branch
 from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import load_series
-from support import copy_series, refused, small_clone, snapshot
+from c128patch.series.provenance import PROVENANCE_PATH
+from c128patch.upstream.source import Target
+from support import REPO_ROOT, copy_series, refused, small_clone, snapshot
 
 DEEP_TOML = "x = " + "[" * 100_000 + "]" * 100_000 + "\n"
 DEEP_JSON = "[" * 100_000 + "]" * 100_000
@@ -53,3 +59,49 @@ def test_a_malformed_resolution_ledger_is_one_line(tmp_path: Path, ledger: str, 
     assert "\n" not in err.value.message
     with pytest.raises(C128Error):
         Ledger(series).has("anything")  # what rebase asks first
+
+
+@pytest.mark.parametrize("record", ['{"upstream": []}', '{"upstream": "x"}', DEEP_JSON], ids=["list", "str", "deep"])
+def test_a_hostile_committed_provenance_is_no_record_to_apply_not_a_traceback(tmp_path: Path, record: str):
+    """apply reads the provenance a tree's branch commits (an upstream may commit one) in three places; each read
+    it its own way: an 'upstream' that is not an object, or one nested 100,000 deep, was a traceback."""
+    tree = tmp_path / "sglang"
+    (tree / PROVENANCE_PATH).parent.mkdir(parents=True)
+    (tree / PROVENANCE_PATH).write_text(record)
+    git = Git(worktree=tree)
+    git.run("init", "-q", "-b", "b")
+    git.run("add", "-A")
+    git.run("commit", "-q", "-m", "upstream: a provenance of its own")
+    git.run("commit", "-q", "--allow-empty", "-m", "a commit on top")
+    target, series = Target("v0.5.23", "0" * 40, "release"), load_series(REPO_ROOT)
+    with pytest.raises(C128Error, match=r"holds .* applying v0\.5\.23 there would switch it to a new branch b"):
+        refuse_switching(tree, target, "b")
+    assert already_applied(series, git, "b", target) is None
+    refuse_taken_branch(series, git, "b", target)  # no record: nothing it holds to protect
+
+
+@pytest.mark.parametrize("folders", ["[", "5", "[1]", DEEP_JSON, b"\xff"], ids=["bad", "int", "list", "deep", "bytes"])
+def test_an_unreadable_record_of_a_trees_layer_folders_is_one_line(tmp_path: Path, folders):
+    """Every verb in a layered tree reads the folders its layers were applied from (the git dir's layers.json):
+    one that is not a list of paths was a traceback (ValueError, TypeError, RecursionError, UnicodeDecodeError)."""
+    from c128patch.ops.treestate import c128_state_dir, tree_layers
+
+    record = {"layers": [{"name": "acme", "version": "1", "digest": "0" * 64}]}
+    (tmp_path / PROVENANCE_PATH).parent.mkdir(parents=True)
+    (tmp_path / PROVENANCE_PATH).write_text(json.dumps(record))
+    git = Git(worktree=tmp_path)
+    git.run("init", "-q")
+    c128_state_dir(git).mkdir()
+    (c128_state_dir(git) / "layers.json").write_bytes(folders if isinstance(folders, bytes) else folders.encode())
+    with pytest.raises(C128Error, match=r"was applied with layer\(s\) acme .*: name their folders"):
+        tree_layers(git)
+
+
+def test_a_damaged_patch_id_cache_is_read_as_empty(tmp_path: Path):
+    """rebase's cache of upstream patch ids (the git dir's patch-ids.json) is state, so input: a damaged one is
+    none (ids computed again), not a traceback."""
+    from c128patch.ops.merged import MergedCheck
+
+    for text in ("[", DEEP_JSON, '{"c": 5}', "[]"):
+        (tmp_path / "patch-ids.json").write_text(text)
+        assert MergedCheck(Git(worktree=tmp_path), "a", "b", tmp_path / "patch-ids.json", [])._ids == {}

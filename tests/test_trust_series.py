@@ -18,7 +18,7 @@ import pytest
 
 from c128patch.errors import C128Error
 from c128patch.series import txn
-from c128patch.series.layers import CONFIG, ENV, find_layers, stack
+from c128patch.series.layers import CONFIG, ENV, lookup_layers, stack
 from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import load_series
 from c128patch.series.paths import confine
@@ -65,7 +65,7 @@ def test_confine_refuses_a_symlink_on_the_way_and_a_file_that_is_not_regular(tmp
     assert confine(tmp_path, "out/x", "input X") == tmp_path / "out" / "x"
 
 
-@pytest.mark.parametrize("how", ["absolute", "dotdot", "foreign-folder", "symlinked-journal", "not-a-group"])
+@pytest.mark.parametrize("how", ["absolute", "dotdot", "foreign-folder", "symlinked-journal", "not-a-group", "deep"])
 def test_a_hostile_journal_moves_and_deletes_nothing(tmp_path, how):
     """A leftover journal naming an absolute path, a ``../`` path or a foreign folder of its group, or
     a journal folder that is a symlink: every read of the series refuses it in one line; nothing moves."""
@@ -81,6 +81,9 @@ def test_a_hostile_journal_moves_and_deletes_nothing(tmp_path, how):
     elif how == "foreign-folder":
         journal(root, [["00000", "patches/x.patch"]], [], [os.path.realpath(root), str(foreign)])
         journal(foreign, [], ["patches/keep.patch"], ["/elsewhere"])  # a plan of another group
+    elif how == "deep":  # read back by the one reader of state files (jsonio.read_json): a RecursionError before
+        journal(root, [["00000", "patches/x.patch"]], [])
+        (root / txn.TXN / txn.PLAN).write_text("[" * 100_000 + "]" * 100_000)
     elif how == "not-a-group":
         journal(root, [["00000", "patches/x.patch"]], [])
         (root / txn.TXN / txn.PLAN).write_text(json.dumps({"moves": [["00000", "patches/x.patch"]], "deletes": [],
@@ -151,7 +154,7 @@ REVIEWED = {
     "series/txn.py": {"Path(part) / f",  # read only, to compare groups
                       "root / folder",  # folder: TXN or STAGING
                       "staging / 'files' / f'{i:05d}'", "root / TXN / 'files' / staged"},  # staged: checked
-    "series/layers.py": {"start / p"},  # the operator's env, resolved then checked (find_layers)
+    "series/layers.py": {"start / p"},  # the operator's env, resolved then checked (lookup_layers)
     "upstream/releases.py": {"dest / wheel.name"},  # a file pip wrote into our own folder
     "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')"},
 }
@@ -195,20 +198,20 @@ def hostile_upstream(tmp_path: Path) -> Path:
 def test_a_config_committed_by_upstream_is_never_read(tmp_path, monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     up = hostile_upstream(tmp_path)
-    assert find_layers((), cwd=up / "python" / "sglang") == ()
-    assert find_layers((), cwd=up) == ()
+    assert lookup_layers((), cwd=up / "python" / "sglang")[0] == ()
+    assert lookup_layers((), cwd=up)[0] == ()
     monkeypatch.chdir(up / "python")  # `status` run from inside the tree, as README says: the config is not read
     res = invoke("status", as_json=False)
     assert "evil" not in res.err + res.text and "layers from" not in res.err, (res.err, res.text)
     (tmp_path / "work" / CONFIG).write_text('[layers]\npaths = ["mine"]\n')  # the operator's, above the tree
-    assert find_layers((), cwd=up / "python") == ((tmp_path / "work" / "mine").resolve(),)
+    assert lookup_layers((), cwd=up / "python")[0] == ((tmp_path / "work" / "mine").resolve(),)
 
 
 def test_a_layer_folder_inside_a_tree_the_tool_patches_is_refused(tmp_path, monkeypatch):
     up = hostile_upstream(tmp_path)
     monkeypatch.setenv(ENV, str(up / "evil"))
     with pytest.raises(C128Error, match="a tree c128patch patches"):
-        find_layers((), cwd=tmp_path)
+        lookup_layers((), cwd=tmp_path)
 
 
 def test_a_config_of_another_user_is_refused_and_a_deeply_nested_one_is_one_line(tmp_path, monkeypatch):
@@ -216,12 +219,12 @@ def test_a_config_of_another_user_is_refused_and_a_deeply_nested_one_is_one_line
     (tmp_path / CONFIG).write_text('[layers]\npaths = []\n')
     monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path / CONFIG).st_uid + 1)
     with pytest.raises(C128Error, match="owned by another user"):
-        find_layers((), cwd=tmp_path)
+        lookup_layers((), cwd=tmp_path)
     monkeypatch.undo()
     monkeypatch.delenv(ENV, raising=False)
     (tmp_path / CONFIG).write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(C128Error, match="nested too deeply") as exc:
-        find_layers((), cwd=tmp_path)
+        lookup_layers((), cwd=tmp_path)
     assert "\n" not in exc.value.message
 
 
@@ -294,6 +297,25 @@ def test_a_truncated_cached_wheel_and_a_corrupt_pack_are_one_line_naming_the_cac
     with pytest.raises(C128Error, match="the release cache .* is corrupt") as exc:
         ReleaseHistory().ensure()
     assert f"rm -rf {root}" in exc.value.message
+
+
+@pytest.mark.parametrize("member", [
+    "sglang/a.py\ndata 0\n\ncommit refs/heads/injected\ncommitter a <a@b> 0 +0000",  # commands for fast-import
+    "sglang/../../x.py", "sglang/.GIT/hooks/post-checkout",
+], ids=["newline", "dotdot", "git-dir"])
+def test_a_release_wheels_member_names_are_confined_before_they_reach_the_history(fake_releases, tmp_path, member):
+    """A member name went into fast-import's stream as it was: a newline added a ref and moved what the tag
+    names, and the import recorded it as the release's tree."""
+    from c128patch.upstream.releases import ReleaseHistory
+
+    with zipfile.ZipFile(fake_releases["0.5.23"], "a") as zf:
+        zf.writestr(member, "x = 1\n")
+    with pytest.raises(C128Error, match="unsafe path in the wheel .*sglang-0.5.23-") as exc:
+        ReleaseHistory().ensure()
+    assert "\n" not in exc.value.message
+    refs = subprocess.run(["git", "--git-dir", str(tmp_path / "cache" / "sglang-releases.git"), "for-each-ref"],
+                          capture_output=True, text=True).stdout
+    assert refs == "", refs
 
 
 @pytest.mark.timeout(120)  # unbounded, it would hang: fail instead

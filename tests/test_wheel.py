@@ -587,6 +587,13 @@ def test_verify_names_a_symlink_or_device_member(patched, tmp_path: Path, mode: 
     verify_fails(_with_special_member(Path(patched.wheel), tmp_path, mode), f"member sglang/evil is {kind}")
 
 
+def test_verify_names_a_member_that_is_a_file_and_a_folder(patched, tmp_path: Path):
+    """``WHEEL`` and ``WHEEL/x`` both members, RECORD listing them: unpacking it was a FileExistsError traceback."""
+    src = Path(patched.wheel)
+    (wheel,) = [n for n in members(src) if n.endswith(".dist-info/WHEEL")]
+    verify_fails(tampered(src, tmp_path, {f"{wheel}/x": b"y"}), f"member {wheel} is a file and the folder of {wheel}/x")
+
+
 def test_from_wheel_refuses_a_symlink_member(tmp_path: Path, out: Path, wheel_series: Path, upstream_wheel: Path):
     bad = _with_special_member(upstream_wheel, tmp_path, 0o120000)
     refused(["wheel", "--from-wheel", str(bad), "--series", str(wheel_series)], out,
@@ -624,6 +631,19 @@ def test_every_reader_of_a_wheel_says_a_truncated_or_corrupt_one_in_one_line(tmp
     whole.write_bytes(bytes(data))
     with WheelZip(whole) as zf, pytest.raises(C128Error, match=f"member {name} cannot be read .* fetch it again"):
         zf.read(name)
+
+
+@pytest.mark.parametrize("member", ["sglang/../../x.py", "sglang/.git/hooks/post-checkout", "sglang/a\nb.py"])
+def test_smoke_unpacks_a_wheels_members_only_through_the_confinement_rule(tmp_path: Path, member: str):
+    from c128patch.smoke.trees import unpack_wheel
+
+    wheel = tmp_path / "sglang-0.0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("sglang/__init__.py", "")
+        zf.writestr(member, "x = 1\n")
+    with pytest.raises(C128Error, match=f"unsafe path in --wheel {wheel.name}: "):
+        unpack_wheel(wheel, tmp_path / "out")
+    assert not (tmp_path / "x.py").exists() and not list((tmp_path / "out").rglob("post-checkout"))
 
 
 def test_verify_refuses_an_edited_provenance_and_sbom_claiming_the_series(patched, tmp_path: Path,

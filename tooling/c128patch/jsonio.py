@@ -1,5 +1,5 @@
-"""Files (JSON or bytes) written atomically: a kill leaves the old file or the new one, never half of one; and
-the advisory lock that serialises their writers."""
+"""Files (JSON or bytes) written atomically: a kill leaves the old file or the new one, never half of one; the
+advisory lock that serialises their writers; and the one way to read back a state file, which is input."""
 
 from __future__ import annotations
 
@@ -46,3 +46,12 @@ def write_atomic(path: Path, data: bytes) -> Path:
 
 def write_json_atomic(path: Path, data: Any) -> Path:
     return write_atomic(path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+
+def read_json(path: Path, kind: type) -> Any:
+    """The JSON in ``path`` if it reads as a ``kind``, else None (missing, unreadable, too deep, another shape)."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, kind) else None

@@ -171,11 +171,7 @@ class Pending:
         if self.box is None:
             return TreecheckResult(imports=imports, ran=False, why=self.why)
         stdout, stderr = self.box.wait()
-        try:
-            data = json.loads(stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            raise C128Error("the behavioural tier's interpreter failed: "
-                            f"{(stderr.strip().splitlines() or ['?'])[-1]}") from None
+        data = _answer(stdout, stderr, self.box.proc.returncode, self.modules)
         result = TreecheckResult(imports=imports, env=self.env)
         for state in ("off", "on"):
             tier = data["tiers"].get(state, {})
@@ -191,6 +187,21 @@ class Pending:
     def kill(self) -> None:
         if self.box is not None:
             self.box.kill()
+
+
+def _answer(stdout: str, stderr: str, code: int, modules: list[str]) -> dict:
+    """The runner's last line, taken only from a runner that exited 0 and naming every module in each tier it ran:
+    the target's code shares its stdout (it may print a verdict and kill the runner, or outlive it and print last)."""
+    try:
+        data = json.loads(stdout.strip().splitlines()[-1]) if code == 0 else None
+        if set(data["tiers"]) != ({"off", "on"} if data["torch"] is True else set()) or any(
+                "error" not in t and sorted(t["modules"]) != modules for t in data["tiers"].values()):
+            raise ValueError
+    except (IndexError, ValueError, KeyError, TypeError, AttributeError):
+        why = f"signal {-code}" if code < 0 else f"exit {code}" if code else "its answer is not the runner's"
+        raise C128Error(f"the behavioural tier's interpreter failed ({why}): "
+                        f"{(stderr.strip().splitlines() or ['?'])[-1]}") from None
+    return data
 
 
 def run(series: Series, tree: Path, paths: list[str], *, python: str | None = None, timeout: float = 600,

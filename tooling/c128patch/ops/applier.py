@@ -17,7 +17,6 @@ written through a symlink, and patches may not create symlinks (``plan``).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import time
@@ -154,11 +153,8 @@ def already_applied(series: Series, git: Git, branch: str, target: Target) -> Ap
     if tip is None:
         return None
     prov_commit = git.out("log", "-1", "--format=%H", tip, "--", provenance.PROVENANCE_PATH)
-    try:
-        record = json.loads(git.blob(tip, provenance.PROVENANCE_PATH) or b"null") if prov_commit else None
-    except (ValueError, RecursionError):
-        return None
-    if provenance.record_problem(record) or provenance.applied_digest(record) != series.digest() or \
+    record = provenance.committed(git, tip) if prov_commit else None
+    if record is None or provenance.applied_digest(record) != series.digest() or \
             record.get("upstream", {}).get("commit") != target.commit:
         return None
     rows = [{"name": e["name"], "kind": e["kind"], "file": e.get("file", e.get("source", "")), "status": "applied",

@@ -3,8 +3,6 @@ proof, ``--abort`` (``Apply.abort``) and an apply in a tree the caller has (``Ap
 
 from __future__ import annotations
 
-import contextlib
-import json
 import shlex
 import shutil
 import tempfile
@@ -19,7 +17,7 @@ from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import describe, layer_args
 from c128patch.series.manifest import Series, default_series_root
 from c128patch.series.plan import check_paths_at, plan
-from c128patch.series.provenance import PROVENANCE_PATH, record_problem
+from c128patch.series.provenance import PROVENANCE_PATH, committed
 from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.source import Target, discard_fresh_tree, open_upstream, prepare_tree
 
@@ -87,11 +85,8 @@ def refuse_taken_branch(series: Series, git: Git, branch: str, target: Target) -
     mine = git.count(f"{prov}..{tip}") if prov else 0
     if not mine or already_applied(series, git, branch, target) is not None:
         return
-    try:
-        record = json.loads(git.blob(prov, PROVENANCE_PATH) or b"")
-    except ValueError:
-        return
-    if record_problem(record):
+    record = committed(git, prov)
+    if record is None:
         return
     ours = record.get("series", {})
     held = " + ".join([f"series {ours.get('name')} {ours.get('version')}",
@@ -113,10 +108,8 @@ def refuse_switching(tree: Path, target: Target, branch: str) -> None:
         return
     git = Git(worktree=tree)
     head = git.rev_parse("HEAD")
-    record = git.blob("HEAD", PROVENANCE_PATH) if head else None
-    upstream = {"commit": head, "rev": (head or "")[:12]}
-    with contextlib.suppress(ValueError, KeyError, TypeError):
-        upstream = json.loads(record)["upstream"] if record else upstream
+    record = committed(git, "HEAD") if head else None
+    upstream = (record or {}).get("upstream", {"commit": head, "rev": (head or "")[:12]})
     if head is None or upstream.get("commit") == target.commit:
         return
     on, rev = git.current_branch() or "", target.rev

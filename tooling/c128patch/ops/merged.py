@@ -17,7 +17,6 @@ patches, with a name the entry's removed lines use (``extend_len`` for an ``exte
 from __future__ import annotations
 
 import functools
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from unidiff import PatchSet, UnidiffParseError
 from unidiff.patch import Line
 
 from c128patch.git import Git, blob_id
-from c128patch.jsonio import write_json_atomic
+from c128patch.jsonio import read_json, write_json_atomic
 from c128patch.ops.replay import staged
 from c128patch.series.manifest import Entry
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo
@@ -93,7 +92,8 @@ class MergedCheck:
 
     def __init__(self, git: Git, old: str, onto: str, cache: Path, old_commits: list[str]) -> None:
         self.git, self.old, self.onto, self.cache = git, old, onto, cache
-        self._ids: dict[str, dict[str, str]] = json.loads(cache.read_text()) if cache.is_file() else {}
+        self._ids: dict[str, dict[str, str]] = {c: v for c, v in (read_json(cache, dict) or {}).items()
+                                                 if isinstance(v, dict)}
         self._old_commits = [c for c in old_commits if c]
         self._ours: dict[str, dict[str, str]] | None = None
         self._touching: dict[str, set[str]] = {}  # range commit -> the entries' files it changes

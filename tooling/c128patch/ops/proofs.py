@@ -5,12 +5,11 @@ differs in any field (another HEAD, series, upstream or tool version) is never r
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from c128patch import __version__
 from c128patch.git import Git
-from c128patch.jsonio import write_json_atomic
+from c128patch.jsonio import read_json, write_json_atomic
 from c128patch.series.manifest import Series
 
 PROOF = "proof.json"  # in the c128patch state dir (``treestate.c128_state_dir``), beside layers.json
@@ -32,11 +31,8 @@ def proof_key(git: Git, series: Series, rev: str, commit: str, head: str = "HEAD
 
 def recorded(state: Path, key: dict[str, str]) -> dict | None:
     """The proof recorded under ``key`` in the state dir ``state`` (None: none, another key's, or unreadable)."""
-    try:
-        data = json.loads((state / PROOF).read_bytes())
-    except (OSError, ValueError, RecursionError):
-        return None
-    proof = data.get("equivalence") if isinstance(data, dict) and data.get("key") == key else None
+    data = read_json(state / PROOF, dict) or {}
+    proof = data.get("equivalence") if data.get("key") == key else None
     ok = isinstance(proof, dict) and isinstance(proof.get("identical"), bool) and isinstance(proof.get("summary"), str)
     return proof if ok else None
 

@@ -29,6 +29,7 @@ from typing import Any, Iterator
 
 from c128patch.errors import C128Error
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git, stale_lock_message, user_can_commit
+from c128patch.jsonio import read_json
 from c128patch.progress import console
 from c128patch.series.manifest import MANIFEST
 from c128patch.series.provenance import read_provenance
@@ -60,7 +61,7 @@ def tree_layers(git: Git) -> tuple[Path, ...]:
     if not names:
         return ()
     path = c128_state_dir(git) / "layers.json"
-    folders = [Path(f) for f in json.loads(path.read_text())] if path.is_file() else []
+    folders = [Path(f) for f in read_json(path, list) or [] if isinstance(f, str)]
     if len(folders) != len(names) or not all((f / MANIFEST).is_file() for f in folders):
         raise C128Error(f"{git.cwd} was applied with layer(s) {', '.join(names)} (its provenance says so): name "
                         "their folders (--layer DIR, or c128patch.toml); nothing was changed")

@@ -196,14 +196,10 @@ def find_config(start: Path, exclude: Sequence[Path] = ()) -> Path | None:
     return config
 
 
-def find_layers(given: tuple[Path, ...] = (), cwd: Path | None = None) -> tuple[Path, ...]:
-    """The layer folders to use (see the module doc for the order)."""
-    return lookup_layers(given, cwd)[0]
-
-
 def lookup_layers(given: tuple[Path, ...] = (), cwd: Path | None = None,
                   exclude: Sequence[Path] = ()) -> tuple[tuple[Path, ...], str]:
-    """``find_layers``' folders and where they came from (--layer, the env, the config's path; "": nowhere)."""
+    """The layer folders to use (the module doc's order) and where they came from (--layer, the env, the config's
+    path; "": nowhere)."""
     env = os.environ.get(ENV)
     if given:
         return tuple(given), "--layer"
@@ -221,7 +217,7 @@ def lookup_layers(given: tuple[Path, ...] = (), cwd: Path | None = None,
 
 
 def get_series(series_dir: Path | None, layers: Sequence[Path] = (), exclude: Sequence[Path] = ()) -> Series:
-    """The series in ``series_dir`` (default: the tool's) with ``layers``, else ``find_layers``', stacked on it."""
+    """The series in ``series_dir`` (default: the tool's) with ``layers``, else ``lookup_layers``', stacked on it."""
     series = load_series(series_dir or default_series_root())
     return stack(series, lookup_layers(tuple(layers), exclude=exclude)[0])
 

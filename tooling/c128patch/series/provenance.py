@@ -73,6 +73,12 @@ def read_provenance(tree: Path) -> dict:
     return json.loads(data)
 
 
+def committed(git: Git, rev: str) -> dict | None:
+    """The record ``rev`` holds (a tree's state: input); None where it holds none or one ``_problem`` refuses."""
+    data = git.blob(rev, PROVENANCE_PATH)
+    return json.loads(data) if data is not None and _problem(data) is None else None
+
+
 def _problem(data: bytes) -> str | None:
     try:
         record = json.loads(data.decode("utf-8"))

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from c128patch.errors import C128Error
-from c128patch.jsonio import locked, write_atomic
+from c128patch.jsonio import locked, read_json, write_atomic
 from c128patch.series.paths import confine
 
 TXN = ".c128patch-txn"
@@ -96,11 +96,7 @@ def commit_all(parts: list[Part], fault: Callable[[str], None] = _no_fault) -> N
 
 
 def _read(folder: Path) -> dict | None:
-    try:
-        plan = json.loads((folder / PLAN).read_text())
-    except (OSError, ValueError):
-        return None
-    return plan if isinstance(plan, dict) else None
+    return read_json(folder / PLAN, dict)
 
 
 def _plan(root: Path, folder: str, group: bool = True) -> dict:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Iterator
 from c128patch import PACKAGE_DIR
 from c128patch.errors import C128Error
 from c128patch.git import Git, is_work_tree, toplevel
+from c128patch.series.paths import check_relpath
 from c128patch.series.provenance import PROVENANCE_PATH
 from c128patch.smoke import load_file
 
@@ -65,10 +66,7 @@ def unpack_wheel(wheel: Path, dest: Path) -> Path:
         if not members:
             raise C128Error(f"--wheel: {wheel.name} has no sglang/ package")
         for name in members:
-            parts = PurePosixPath(name).parts
-            if ".." in parts or name.startswith("/"):
-                raise C128Error(f"--wheel: unsafe path in {wheel.name}: {name!r}")
-            zf.extract(name, dest)
+            zf.extract(check_relpath(name, f"--wheel {wheel.name}"), dest)
     return dest
 
 

@@ -43,6 +43,7 @@ from c128patch.errors import C128Error
 from c128patch.git import Git, blob_id
 from c128patch.jsonio import write_atomic
 from c128patch.progress import NullReporter, Reporter, transfer
+from c128patch.series.paths import check_relpath
 
 DEFAULT_RELEASES: tuple[str, ...] = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 PACKAGE = "sglang"
@@ -233,6 +234,7 @@ def iter_wheel_sources(wheel: Path) -> Iterator[tuple[str, str, bytes]]:
             name = info.filename
             if info.is_dir() or not name.startswith(f"{PACKAGE}/") or name.endswith(BINARY_SUFFIXES):
                 continue
+            check_relpath(name, f"the wheel {wheel}")  # (a newline would write commands into fast-import's stream)
             executable = (info.external_attr >> 16) & 0o111
             yield TREE_PREFIX + name, "100755" if executable else "100644", zf.read(info)
 

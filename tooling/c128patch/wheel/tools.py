@@ -83,10 +83,13 @@ _FILE_TYPES = {stat.S_IFLNK: "a symlink", stat.S_IFCHR: "a character device", st
 def check_archive(infos: list[zipfile.ZipInfo], wheel: Path, error: type[C128Error] = C128Error) -> None:
     """Refuse members that are unsafe (outside the unpack folder, not plain), duplicate, or over the size limits."""
     seen: set[str] = set()
+    files = {i.filename for i in infos if not i.is_dir()}
     for info in infos:
         name = info.filename
         if not name or name.startswith("/") or "\\" in name or any(p in ("..", "") for p in PurePosixPath(name).parts):
             raise error(f"not a wheel: {wheel} has an unsafe member name {name!r}")
+        if clash := next((str(p) for p in PurePosixPath(name).parents if str(p) in files), None):
+            raise error(f"{wheel.name}: member {clash} is a file and the folder of {name}; refusing the wheel")
         kind = _FILE_TYPES.get(stat.S_IFMT(info.external_attr >> 16))
         if kind:
             raise error(f"{wheel.name}: member {name} is {kind}, not a regular file; refusing the wheel")
