@@ -21,7 +21,7 @@ from c128patch.upstream.releases import ReleaseHistory
 from support import RELEASES, REPO_ROOT, SLOW_FIRST, Lazy, patched_tree, release_tree, series_paths
 
 # The commands the tests run in-process have their stderr compared line by line: on a busy machine a step
-# over the tool's 15 s beat would add a heartbeat line (tests/test_pipe_output.py tests the beat itself).
+# over the tool's 10 s beat would add a heartbeat line (tests/test_pipe_output.py tests the beat itself).
 progress.BEAT = 3600.0
 
 # CI runs the suite twice, every test once (.ci/run): first without torch, writing the tests skipped for

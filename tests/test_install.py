@@ -7,10 +7,29 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from c128patch.evidence.results import RESULTS_UNDER
+from c128patch.fit.contract_cxx import PROBE
 from support import RELEASES, REPO_ROOT
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+
+def test_the_wheel_carries_every_series_file_the_tool_reads():
+    """Installed, the tool reads its series from c128patch/_series: what is not packaged there is missing (the C++
+    contract's probe was: `watch` from a pip install said unchecked, 'no ci/kernel_probe/upstream_signatures.cu in
+    the series', on a machine with nvcc)."""
+    wheel = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    packaged = {src: dest for src, dest in wheel["force-include"].items() if dest == f"c128patch/_series/{src}"}
+    for read in ("patches", "csrc", "overlay", "tests/gpu", PROBE, RESULTS_UNDER):
+        assert any(Path(read).is_relative_to(src) for src in packaged), read
+        assert (REPO_ROOT / read).exists(), read
 
 
 @pytest.mark.heavy  # a fresh venv and the tool's dependencies: a minute or more on a busy machine
@@ -32,3 +51,4 @@ def test_pip_install_of_the_repository_gives_a_working_c128patch(tmp_path):
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import c128patch; print(c128patch.__file__)"],
                            cwd=tmp_path, env=env, capture_output=True, text=True).stdout
     assert str(venv) in where and str(REPO_ROOT) not in where, where  # installed, not this checkout
+    assert (Path(where.strip()).parent / "_series" / PROBE).is_file()

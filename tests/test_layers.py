@@ -394,6 +394,28 @@ def test_watch_carries_the_stack_and_refreshes_the_layer_into_its_own_folder(tmp
     assert any(adopt in step for step in res.out["next"]), res.out["next"]
 
 
+@pytest.mark.parametrize("installed", [False, True], ids=["checkout", "installed"])
+def test_watch_s_adopt_commands_write_our_series_only_in_a_checkout(tmp_path, monkeypatch, installed):
+    """Installed (pip), the tool's series is in site-packages: the commands that adopt a refreshed stack copy the
+    layer's folder only, no `rm -rf` of the package's patches nor a commit there."""
+    from c128patch.fit.watch import Watch
+
+    series, layer = copy_series(tmp_path / "series"), tmp_path / "acme"
+    shutil.copytree(EXAMPLE, layer)
+    if installed:
+        package = tmp_path / "site-packages" / "c128patch"
+        package.mkdir(parents=True)
+        (package / "_series").symlink_to(series)
+        monkeypatch.setattr("c128patch.series.manifest.PACKAGE_DIR", package)
+        series = package / "_series"
+    steps = Watch(stack(load_series(series), [layer]), None, "v0.5.21", tmp_path / "out")._next(
+        {"outcome": "refreshed", "refreshed": {"changed": []}})
+    expected = [["rm", "-rf", str(layer.resolve() / "patches")], ["c128patch", "lint", "--series"]]
+    if not installed:
+        expected = [["rm", "-rf", str(series / "patches")], *expected, ["git", "-C", str(series)]]
+    assert [s.split()[:3] for s in steps] == expected, steps
+
+
 def test_doctor_shows_the_layers_of_the_installed_build(example_path):
     """The layered 0.5.23 wheel installed into a fresh venv (no dependencies): its label checks, and
     the layer and its entries are listed."""
@@ -580,6 +602,9 @@ def test_rebase_without_layer_takes_the_layers_from_the_tree_and_writes_nothing_
     (line,) = [x for x in res.text.splitlines() if x.startswith("report: ")]
     nxt = line.split("; next: ", 1)[1]
     assert f"--layer {layer.resolve()}" in nxt and "--series" not in nxt and str(series) not in nxt, line
+    check = invoke("refresh", "--check", "--tree", tree)  # trap 1: the layer's new variant file not there yet
+    assert check.code == 1 and check.out["changed"] == [str(layer.resolve() / "patches" / name) for name in (
+        "0001-acme-sps-env.v0.5.21.patch", "series.toml")], check.out
     done = run_printed(nxt)
     assert done.returncode == 0, done.stderr
     assert {p: p.read_bytes() for p in (series / "patches").rglob("*") if p.is_file()} == before
@@ -596,6 +621,26 @@ def test_refresh_never_writes_a_layer_s_entry_into_our_series(tmp_path, sglang_r
     assert res.code == 2 and "is entry 'acme/acme-sps-env' of layer acme" in res.err and "nothing was written" in \
         res.err, res.err
     assert {p: p.read_bytes() for p in series.rglob("*") if p.is_file()} == before
+
+
+def test_apply_beside_a_branch_with_the_users_commit_prints_the_stack_it_was_asked_for(tmp_path, sglang_release_repo):
+    """Applied without the layer, a commit of the user's on top, then asked for the stack: refused, nothing changed,
+    no `branch -D`; the printed apply beside it names the layer (and the series), so it applies the stack asked."""
+    series, layer, tree = copy_series(tmp_path / "series"), tmp_path / "acme", tmp_path / "sglang"
+    shutil.copytree(EXAMPLE, layer)
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series).code == 0
+    (tree / "USER.txt").write_text("mine\n")
+    subprocess.run(["git", *ID, "-C", str(tree), "add", "USER.txt"], check=True)
+    subprocess.run(["git", *ID, "-C", str(tree), "commit", "-qm", "mine"], check=True)
+    res = invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series, "--layer", layer,
+                 as_json=False)
+    assert res.code == 2 and "branch -D" not in res.err, res.err
+    (line,) = [x for x in res.err.splitlines() if "keep it and apply beside it: " in x]
+    done = run_printed(line.split("keep it and apply beside it: ", 1)[1])
+    assert done.returncode == 0, done.stderr
+    git = Git(worktree=tree)
+    assert git.current_branch() == "c128/v0.5.23-acme" and "+ layer acme 1" in done.stdout, done.stdout
+    assert git.rev_parse("c128/v0.5.23") and "USER.txt" in git.out("ls-tree", "--name-only", "c128/v0.5.23")
 
 
 def doc_commands() -> list[str]:

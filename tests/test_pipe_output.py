@@ -84,7 +84,7 @@ def _wait_for(out: io.StringIO, lines: int) -> list[str]:
 
 
 def test_a_step_left_open_prints_its_phase_and_elapsed_time_every_beat():
-    """A piped run of long work is never silent longer than a beat (15 s in the tool): the open step and its
+    """A piped run of long work is never silent longer than a beat (10 s in the tool): the open step and its
     seconds, counted from that step; nothing after close, nothing before the first step."""
     out, now = io.StringIO(), [0.0]
     rep = PlainReporter(stream=out, clock=lambda: now[0], beat=0.01)
@@ -105,14 +105,27 @@ def test_a_step_left_open_prints_its_phase_and_elapsed_time_every_beat():
     assert out.getvalue() == settled
 
 
-def test_a_command_off_a_terminal_beats_every_15_seconds_until_it_ends(monkeypatch, capsys):
-    """The tool's beat is 15 s (read in a fresh process: the tests' own is longer, conftest.py); a command's
+def test_steps_begun_one_after_another_do_not_silence_the_beat():
+    """A cold apply's imports, entries and proof are steps shorter than a beat each, longer together (35 s of
+    silence piped, issue 37): the beat counts from the last line said, not from the last step begun."""
+    out = io.StringIO()
+    rep = PlainReporter(stream=out, beat=0.3)
+    for i in range(120):  # 1.2 s: four beats, a step every 10 ms
+        rep.step(f"importing part {i}")
+        threading.Event().wait(0.01)
+    rep.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 2 and all(re.fullmatch(r"importing part \d+: 0 s", line) for line in lines), lines
+
+
+def test_a_command_off_a_terminal_beats_after_10_seconds_without_a_line_until_it_ends(monkeypatch, capsys):
+    """The tool's beat is 10 s (read in a fresh process: the tests' own is longer, conftest.py); a command's
     reporter off a terminal beats at it, and stops when the command ends."""
     from c128patch import progress
 
     shipped = subprocess.run([sys.executable, "-c", "from c128patch import progress; print(progress.BEAT)"],
                              capture_output=True, text=True, check=True).stdout
-    assert shipped == "15.0\n"
+    assert shipped == "10.0\n"
     monkeypatch.setattr(progress, "is_terminal", lambda stream: False)
     monkeypatch.setattr(progress, "BEAT", 0.01)
     with progress.reporter(True) as rep:

@@ -12,7 +12,7 @@ import click
 import pytest
 
 from c128patch.cli import COMMANDS, main
-from support import REPO_ROOT, invoke
+from support import RELEASES, REPO_ROOT, invoke
 
 DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 ENV = re.compile(r"[A-Z_][A-Z0-9_]*=\S*")
@@ -106,3 +106,10 @@ def test_the_readme_starts_with_the_job_and_gives_one_line_per_verb():
         assert sum(f"`{verb}" in row or f"/ `{verb}" in row for row in rows) == 1, verb
     block = text.split("\n## Development\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     assert block.splitlines()[-1] == 'python -m pytest -m "not heavy"'  # .ci/run reads it: its last line, the tests
+
+
+def test_check_alone_checks_every_release_the_series_supports(sglang_release_repo):
+    """docs/layers.md's `c128patch check` as written, in the default run (test_check_predicts, heavy, compares it
+    with apply too): no --sglang-rev, the four releases, oldest first."""
+    res = invoke("check")
+    assert res.code == 0 and [r["rev"] for r in res.out["revs"]] == list(RELEASES), res.err

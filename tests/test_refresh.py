@@ -264,3 +264,47 @@ def test_a_committed_refresh_is_finished_by_any_reader(applied, tmp_path: Path):
     assert not (series / ".c128patch-txn").exists()
     assert "amended" in (series / "patches" / "0001-test.patch").read_text()
     assert cli("refresh", "--tree", str(tree), "--series", str(series), "--check")[0] == 0
+
+
+def as_installed(series: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``series`` as the copy an installed tool carries (site-packages/c128patch/_series), the tool's own."""
+    package = tmp_path / "site-packages" / "c128patch"
+    package.mkdir(parents=True)
+    (package / "_series").symlink_to(series)
+    monkeypatch.setattr("c128patch.series.manifest.PACKAGE_DIR", package)
+    monkeypatch.delenv("C128PATCH_SERIES", raising=False)
+    return package / "_series"
+
+
+def test_refresh_never_writes_the_series_of_an_installed_tool(applied, tmp_path: Path, monkeypatch):
+    """`pip install` of the repository: the series is the package's (site-packages). A user's commit on the
+    patched branch, refreshed there, would become entry N of the installed series (issue 37's first day): refused,
+    nothing written; `--check` still says what would change. (The series stands in as the package's copy.)"""
+    series, tree = applied
+    package = as_installed(series, tmp_path, monkeypatch)
+    (tree / CUH).write_text((tree / CUH).read_text() + "// mine\n")
+    Git(worktree=tree).with_env(GIT_AUTHOR_NAME="me", GIT_AUTHOR_EMAIL="me@x.invalid", GIT_COMMITTER_NAME="me",
+                                GIT_COMMITTER_EMAIL="me@x.invalid").run("commit", "-qam", "mine")
+    before = files(series)
+    res = invoke("refresh", "--tree", str(tree), "--series", str(package), as_json=False)
+    assert res.code == 2 and res.err.startswith("c128patch: error: cannot refresh: it would write patches/") and \
+        "(a package, not a checkout)" in res.err and res.err.rstrip().endswith("nothing was written"), res.err
+    assert files(series) == before
+    assert cli("refresh", "--check", "--tree", str(tree), "--series", str(package))[0] == 1
+
+
+def test_a_rebase_needing_a_variant_prints_no_refresh_into_an_installed_tool(tmp_path: Path, sglang_release_repo,
+                                                                             upstream_clone: Path, monkeypatch):
+    """Installed, a rebase onto a release where an entry needs a 3-way merge (a v0.5.21 variant to make) prints a
+    note, not a `next: c128patch refresh` that would write into site-packages."""
+    old = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'  # where the example layer's entry needs a 3-way merge on 0.5.21
+    series = make_test_series(tmp_path / "series", sglang_release_repo,
+                              {"python/sglang/srt/environ.py": (old, f"{old}    SGLANG_MINE = EnvBool(False)\n")})
+    as_installed(series, tmp_path, monkeypatch)
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", str(upstream_clone)).code == 0
+    res = invoke("rebase", "--onto", "v0.5.21", "--tree", str(upstream_clone), as_json=False)
+    assert res.code == 0, res.err
+    (line,) = [x for x in res.text.splitlines() if x.startswith("report: ")]
+    assert "next: " not in line and line.endswith(f"note: series test (the tool's own, in {series}) would need files "
+                                                  "for v0.5.21: not refreshed from here, it would write there"), line
+    assert invoke("refresh", "--check", "--tree", str(upstream_clone)).code == 1  # as the note says: files needed

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from c128patch.evidence.keys import key_for
 from c128patch.evidence.matrix import release_note, verification_note
 from c128patch.fit.watch import EXIT
 from c128patch.git import Git
+from c128patch.ops.check import support_note
 from c128patch.series.manifest import load_series
 from support import RELEASES, REPO_ROOT, copy_series, invoke, tier_unchecked
 
@@ -178,3 +180,25 @@ def test_a_commit_whose_sources_differ_in_one_file_is_unverified_and_names_it(li
     assert max(len(line) for line in text.text.splitlines()) <= 100  # wrapped to 100 columns, words whole
     assert f"edited: not fully verified: 1 file differs from v0.5.22's evidenced sources: {EDITED}" in " ".join(
         text.text.split())
+
+
+def test_a_clone_without_the_release_tags_is_placed_by_content_not_called_older(sglang_release_repo: Path,
+                                                                                tmp_path: Path):
+    """Issue 37's clone of one's own: the releases re-committed with other ids and no tags. Its 0.5.22 holds the
+    files the series' variants were made on: no note sending the user to v0.5.20 or to new variants of our series
+    (apply printed one); a commit holding none of them still gets it."""
+    subprocess.run(["git", "init", "--quiet", "--bare", str(tmp_path / "mine.git")], check=True)
+    git = Git(git_dir=tmp_path / "mine.git")
+    git.run("fetch", "--quiet", "--no-tags", str(sglang_release_repo), "refs/tags/*:refs/theirs/*")  # objects only
+    mine = git.with_env(GIT_AUTHOR_NAME="me", GIT_AUTHOR_EMAIL="me@x.invalid", GIT_COMMITTER_NAME="me",
+                        GIT_COMMITTER_EMAIL="me@x.invalid")
+    ids, parent = {}, []
+    for tag in RELEASES:
+        tree = Git(git_dir=sglang_release_repo).out("rev-parse", f"{tag}^{{tree}}")
+        ids[tag] = mine.out("commit-tree", tree, *parent, "-m", f"my {tag}")
+        parent = ["-p", ids[tag]]
+    assert not git.out("tag") and git.rev_parse("v0.5.20") is None
+    series = load_series(REPO_ROOT)
+    assert support_note(series, git, "mine", ids["v0.5.22"]) == ""
+    empty = mine.out("commit-tree", git.out("hash-object", "-t", "tree", "-w", "--stdin", input=""), "-m", "none")
+    assert support_note(series, git, "none", empty).startswith("none is older than (or not descended from) every")

@@ -46,13 +46,13 @@ class RichReporter:
         self._progress.update(self._task, description=transfer_line(what, done, total, time.monotonic() - start))
 
 
-BEAT = 15.0  # seconds: a piped run of long work is never silent longer
+BEAT = 10.0  # seconds without a line: with start-up and a busy machine, a piped run is never silent 15 s
 
 
 class PlainReporter:
-    """Off a terminal, lines on stderr: ``<step>: <elapsed> s`` every ``beat`` (``BEAT``) s while a step is open (a
-    timer thread; none after the next step or ``close``); a transfer's line when it starts, every ``every`` s and at
-    its end (unknown bytes, ``done`` -1: none in its first ``every`` s)."""
+    """Off a terminal, lines on stderr: ``<step>: <elapsed> s`` of the open step after ``beat`` (``BEAT``) s with no
+    line, however many steps began in it (a timer thread, from the first step to ``close``); a transfer's line when
+    it starts, every ``every`` s and at its end (unknown bytes, ``done`` -1: none in its first ``every`` s)."""
 
     def __init__(self, stream: TextIO | None = None, every: float = 5.0,
                  clock: Callable[[], float] = time.monotonic, beat: float | None = None) -> None:
@@ -67,7 +67,6 @@ class PlainReporter:
         started, self._phase = self._phase, (message, self._clock())
         if started is None:
             threading.Thread(target=self._heartbeat, daemon=True).start()
-        self._wake.set()  # the beat counts from the new step
 
     def _heartbeat(self) -> None:
         while not self._closed:
@@ -94,6 +93,7 @@ class PlainReporter:
         if ended:
             self._ended.add(what)
         self._print(transfer_line(what, done, total, now - start))
+        self._wake.set()  # the beat counts from the last line said
 
 
 def transfer(reporter: Reporter, what: str, done: int, total: int | None) -> None:  # a download's bytes, if shown

@@ -63,7 +63,7 @@ from c128patch.ops.replay import branch_commits
 from c128patch.ops.treestate import git_command
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import layer_folders, layer_rows, stack
-from c128patch.series.manifest import Series, load_series
+from c128patch.series.manifest import Series, installed, load_series
 from c128patch.upstream.source import Target, Upstream, open_upstream
 
 EXIT: dict[str, int] = exitcodes.WATCH
@@ -438,6 +438,8 @@ class Watch:
                    f"{_q(layer.patches_dir)}" for layer in self.series.layers),
                  f"c128patch lint{self.series_args}",
                  f"git -C {_q(root)} add -A patches && {git_command(root)} commit -F {_q(out / 'commit-message.txt')}"]
+        if installed(root):  # an installed tool's series is not written from here (refresh refuses it too)
+            adopt = adopt[1:-1]
         outcome = report["outcome"]
         if outcome in ("refreshed", "merged") and report["refreshed"]:
             return adopt

@@ -14,8 +14,8 @@ from c128patch.ops.applier import Apply, ApplyJournal, ApplyResult, already_appl
 from c128patch.ops.check import support_note
 from c128patch.ops.layer import remember_layers
 from c128patch.progress import NullReporter, Reporter
-from c128patch.series.layers import describe
-from c128patch.series.manifest import Series
+from c128patch.series.layers import describe, layer_args
+from c128patch.series.manifest import Series, default_series_root
 from c128patch.series.plan import check_paths_at, plan
 from c128patch.series.provenance import PROVENANCE_PATH, committed
 from c128patch.upstream import DEFAULT_TREE
@@ -92,7 +92,9 @@ def refuse_taken_branch(series: Series, git: Git, branch: str, target: Target) -
     held = " + ".join([f"series {ours.get('name')} {ours.get('version')}",
                        *(f"layer {r['name']} {r['version']}" for r in record.get("layers", []))])
     beside = shlex.join(["c128patch", "apply", "--sglang-rev", target.rev, "--tree", str(git.cwd), "--branch",
-                         f"{branch}-{series.layers[-1].name if series.layers else 'new'}"])
+                         f"{branch}-{series.layers[-1].name if series.layers else 'new'}", *layer_args(series),
+                         *([] if series.ours.root == default_series_root().resolve() else
+                           ["--series", str(series.ours.root)])])
     raise C128Error(f"branch {branch} in {git.cwd} holds {held} on {record.get('upstream', {}).get('rev')} with "
                     f"{mine} commit(s) of yours on top, not {describe(series)} on {target.rev}; nothing was changed",
                     hint=f"  keep it and apply beside it: {beside}\n"

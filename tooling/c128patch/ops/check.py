@@ -22,7 +22,7 @@ from c128patch.ops.replay import FAILED, WS_MERGE, EntryCheck, RevCheck, Verdict
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import overlap_note
 from c128patch.series.manifest import Series
-from c128patch.series.plan import index_git, validate_files
+from c128patch.series.plan import base_distances, index_git, validate_files
 from c128patch.upstream.releases import release_version
 from c128patch.upstream.source import Target, Upstream, open_upstream
 
@@ -79,10 +79,12 @@ def supported_releases(series: Series) -> list[str]:
 def support_note(series: Series, git: Git, rev: str, commit: str) -> str:
     """A note when ``commit`` descends from none of the revs the series' files were made on."""
     bases = _bases(series)
-    for base, recorded in bases.items():
-        found = (git.rev_parse(recorded) if recorded else None) or git.rev_parse(base)
-        if found is not None and (found == commit or git.is_ancestor(found, commit)):
-            return ""
+    here = [c for b, recorded in bases.items() if (c := (recorded and git.rev_parse(recorded)) or git.rev_parse(b))]
+    if any(c == commit or git.is_ancestor(c, commit) for c in here):
+        return ""
+    variants = [v for e in series.entries for v in e.patch_files() if v.sources]
+    if not here and any(d is not None for d in base_distances(git, variants, commit).values()):
+        return ""  # none of them here by tag or commit (a clone of one's own): by a file's sources, as plan reads
     return _older_note(rev, min(bases, key=_by_version)) if bases else ""
 
 

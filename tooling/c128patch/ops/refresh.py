@@ -26,7 +26,7 @@ from c128patch.ops.treestate import c128_state_dir, ensure_clean, ensure_idle, f
 from c128patch.series import txn
 from c128patch.series.contract import LOCK_NAME, Lock, LockItem, lock_path, merged, read_lock
 from c128patch.series.layers import SEP, Stack, layer_args, layer_rows
-from c128patch.series.manifest import Entry, Series, Variant, default_series_root
+from c128patch.series.manifest import Entry, Series, Variant, default_series_root, installed
 from c128patch.series.patchfile import split_message
 from c128patch.series.paths import check_relpath
 from c128patch.series.plan import choose, merged_entries, sources_at
@@ -137,7 +137,8 @@ def refresh_command(git: Git, series: Series, report: dict, lock_items: LockItem
         return "", ""
     found = found if primary == (label == series.base) else changes(primary)
     own = series.ours.root == default_series_root().resolve()  # the tool's checkout or installed package
-    if own and (series.layers or label == onto[:12]) and any(not Path(c).is_absolute() for c in found):
+    if own and (series.layers or label == onto[:12] or installed(series.ours.root)) and any(
+            not Path(c).is_absolute() for c in found):
         return "", (f"series {series.ours.name} (the tool's own, in {series.ours.root}) would need files for "
                     f"{report['new_base']['rev']}: not refreshed from here, it would write there")
     return shlex.join(["c128patch", "refresh", "--primary" if primary else "--variant", "--tree", str(git.worktree),
@@ -153,6 +154,11 @@ def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | No
         ensure_clean(git, "refresh --check" if check else "refresh")
         result = export(series, git, primary=primary, version=version, lock_items=lock_items)
         changes = result.changes(series.root)
+        if not check and installed(series.ours.root) and (ours := [c for c in changes if not Path(c).is_absolute()]):
+            raise C128Error(f"cannot refresh: it would write {', '.join(ours)} of series {series.ours.name} as "
+                            f"installed in {series.ours.root} (a package, not a checkout); make your commits entries "
+                            f"of a layer (docs/layers.md: c128patch layer add-entry) or refresh a checkout of the "
+                            f"series (--series DIR); nothing was written")
         if not check:
             changes = write(series, result, accept_differences=accept_differences)
         if (proof := result.equivalence) and proof.identical and not proof.without and not changes:  # for status

@@ -269,6 +269,11 @@ def load_series(root: Path) -> Series:
                   _str(head, "base", where), entries, gates=parse_gates(doc.get("gates"), path))
 
 
+def installed(root: Path) -> bool:
+    """Is ``root`` the series packaged in an installed tool (``PACKAGE_DIR/_series``), never written?"""
+    return root.resolve() == (PACKAGE_DIR / "_series").resolve()
+
+
 def default_series_root() -> Path:
     """The series this tool carries: $C128PATCH_SERIES, the packaged copy, or the source checkout."""
     explicit = os.environ.get("C128PATCH_SERIES")
