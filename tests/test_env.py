@@ -115,15 +115,15 @@ def test_an_interrupted_build_leaves_nothing_that_looks_ready(tmp_path, monkeypa
 
     monkeypatch.setattr(env, "_pip", pip)
     with pytest.raises(C128Error, match="interrupted"):
-        env.build(lock)
+        env.build(lock, CUDA)
     envs = tmp_path / "cache" / "envs"
     assert sorted(p.name for p in envs.iterdir()) == [".lock"]  # no half-built venv left, none under its key
     (envs / ".build-leftover").mkdir()  # a build killed outright (no finally): removed by the next one
-    python, built = env.build(lock)
+    python, built = env.build(lock, CUDA)
     assert built and python.parent.parent.parent == envs and (python.parent.parent / "c128patch-ready").is_file()
     assert sorted(p.name for p in envs.iterdir()) == [".lock", python.parent.parent.name]
     assert "--require-hashes" in calls[-1] and "--no-deps" in calls[-1] and "--only-binary=:all:" in calls[-1]
-    assert env.build(lock) == (python, False) and len(calls) == 2  # cached
+    assert env.build(lock, CUDA) == (python, False) and len(calls) == 2  # cached
 
 
 def test_a_tried_package_that_does_not_import_is_uninstalled_and_stood_in_for(tmp_path, monkeypatch):
@@ -154,7 +154,7 @@ def test_a_tried_package_that_does_not_import_is_uninstalled_and_stood_in_for(tm
     tried = {"good": {"imports": ["good"], "tried": True, "reason": "x"},
              "bad": {"imports": ["bad"], "tried": True, "reason": "x"},
              "plain": {"imports": ["plain"], "reason": "never installed by a lock of ours"}}
-    python, built = env.build(lock, tried=tried)
+    python, built = env.build(lock, tried)
     site = next(python.parent.parent.glob("lib/python*/site-packages"))
     assert built and sorted(p.name for p in site.iterdir() if not p.name.startswith("_")) == [
         "good", "good-1.0.dist-info", "plain", "plain-1.0.dist-info"]

@@ -28,7 +28,7 @@ SERIES = load_series(REPO_ROOT)
 @pytest.fixture(scope="module")
 def tier_python() -> str:
     """The tier's interpreter: the v0.5.23 environment ``fit.env`` builds from its committed lock (cached; heavy)."""
-    return str(env.build((REPO_ROOT / "patches/env/v0.5.23.lock").read_text())[0])
+    return str(env.build((REPO_ROOT / "patches/env/v0.5.23.lock").read_text(), env.cuda_only(SERIES))[0])
 
 
 def scenarios(result: treecheck.TreecheckResult, gates: str) -> dict[str, dict]:

@@ -202,10 +202,10 @@ def _untried(venv: Path, tried: dict[str, dict], reporter: Reporter) -> dict[str
     return out
 
 
-def build(lock: str, reporter: Reporter = NullReporter(), timeout: float = INSTALL_TIMEOUT,
-          tried: dict[str, dict] | None = None) -> tuple[Path, bool]:
+def build(lock: str, cuda: dict[str, dict], reporter: Reporter = NullReporter(),
+          timeout: float = INSTALL_TIMEOUT) -> tuple[Path, bool]:
     """(the venv's python for ``lock``, whether it was built now): installed from the lock's hashes, cached; of
-    ``tried`` (``cuda_only``'s rows), those that do not import there uninstalled (``c128patch-untried.json``)."""
+    ``cuda``'s ``tried`` rows, those that do not import there uninstalled (``c128patch-untried.json``)."""
     root = cache_dir() / "envs"
     packages = "".join(line for line in lock.splitlines(keepends=True) if not line.startswith("#"))
     key = f"{hashlib.sha256(packages.encode()).hexdigest()[:16]}-{host()}"
@@ -222,7 +222,7 @@ def build(lock: str, reporter: Reporter = NullReporter(), timeout: float = INSTA
             args = ["--python", str(tmp / "venv/bin/python"), "install", "-q", "--no-deps", "--no-compile", "-r"]
             _pip(sys.executable, [*args, str(tmp / "lock.txt"), "--only-binary=:all:", "--require-hashes"], timeout,
                  reporter, f"building the tier's environment {key}: installing {packages.count(chr(10))} packages")
-            untried = _untried(tmp / "venv", {n: r for n, r in (tried or {}).items() if r.get("tried")}, reporter)
+            untried = _untried(tmp / "venv", {n: r for n, r in cuda.items() if r.get("tried")}, reporter)
             (tmp / "venv" / "c128patch-untried.json").write_text(json.dumps(untried))
             (tmp / "venv" / "c128patch-ready").write_text(lock)
             os.rename(tmp / "venv", final)
@@ -234,7 +234,7 @@ def build(lock: str, reporter: Reporter = NullReporter(), timeout: float = INSTA
 def tier_python(series: Series, tree: Path, reporter: Reporter = NullReporter()) -> tuple[str, dict]:
     """The interpreter the tier runs on ``tree`` with no ``--python``, and what to say about it (JSON)."""
     lock, source = lock_for(series, tree, reporter)
-    python, built = build(lock, reporter, tried=cuda_only(series))
+    python, built = build(lock, cuda_only(series), reporter)
     said = python.parent.parent / "c128patch-untried.json"  # absent in an environment built before it was written
     untried = json.loads(said.read_text()) if said.is_file() else {}
     dropped = lock.split("# dropped: ", 1)[1].split("\n", 1)[0].split()
