@@ -30,6 +30,7 @@ from c128patch.upstream.releases import WheelZip, cache_dir, ensure_folder, lock
 
 TORCH_PIN = "torch==2.13.0"  # the CPU build; the operator may name another: $C128PATCH_TORCH_PIN
 RESOLVE_TIMEOUT, INSTALL_TIMEOUT = 600.0, 1200.0  # seconds
+_IMPORT = "import importlib, sys\nfor n in sys.argv[1:]:\n    importlib.import_module(n)\n"  # the names: argv, not code
 _VERSION = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
 
 
@@ -190,13 +191,16 @@ def _untried(venv: Path, tried: dict[str, dict], reporter: Reporter) -> dict[str
     found = {canonicalize_name(p.name.split("-")[0]) for p in (venv / "lib").glob("python*/site-packages/*.dist-info")}
     out = {}
     for name, row in sorted(tried.items()):
-        code = "".join(f"import {module}\n" for module in row["imports"])
-        if name not in found or not code:
+        if name not in found or not row["imports"]:
             continue
-        box = Sealed(str(venv / "bin/python"), ["-c", code], 300, offline=True)
-        stderr = box.wait()[1]
-        if box.proc.returncode:
-            out[name] = ([ln.strip() for ln in stderr.splitlines() if ln.strip()] or ["?"])[-1]
+        box = Sealed(str(venv / "bin/python"), ["-c", _IMPORT, *row["imports"]], 300, offline=True)
+        try:
+            stderr = box.wait()[1]
+            why = box.proc.returncode and ([ln.strip() for ln in stderr.splitlines() if ln.strip()] or ["?"])[-1]
+        except C128Error as exc:  # a hang: past the limit
+            why = exc.message
+        if why:
+            out[name] = why
             _pip(sys.executable, ["--python", str(venv / "bin/python"), "uninstall", "-y", "-q", name], 300, reporter,
                  f"{name} does not import here ({out[name]}): uninstalled, a stand-in takes its place")
     return out
