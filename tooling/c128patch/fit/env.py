@@ -186,13 +186,10 @@ def lock_for(series: Series, tree: Path, reporter: Reporter = NullReporter()) ->
 
 
 def _untried(venv: Path, tried: dict[str, dict], reporter: Reporter) -> dict[str, str]:
-    """Each ``tried`` package of ``venv`` whose imports fail there (a CUDA build beside CPU torch), uninstalled:
-    name -> why (its last error line), so the runner's stand-in takes its place."""
-    found = {canonicalize_name(p.name.split("-")[0]) for p in (venv / "lib").glob("python*/site-packages/*.dist-info")}
+    """Each ``tried`` package (installed in ``venv``) whose imports fail there (a CUDA build beside CPU torch),
+    uninstalled: name -> why (its last error line), so the runner's stand-in takes its place."""
     out = {}
     for name, row in sorted(tried.items()):
-        if name not in found or not row["imports"]:
-            continue
         box = Sealed(str(venv / "bin/python"), ["-c", _IMPORT, *row["imports"]], 300, offline=True)
         try:
             stderr = box.wait()[1]
@@ -226,7 +223,8 @@ def build(lock: str, cuda: dict[str, dict], reporter: Reporter = NullReporter(),
             args = ["--python", str(tmp / "venv/bin/python"), "install", "-q", "--no-deps", "--no-compile", "-r"]
             _pip(sys.executable, [*args, str(tmp / "lock.txt"), "--only-binary=:all:", "--require-hashes"], timeout,
                  reporter, f"building the tier's environment {key}: installing {packages.count(chr(10))} packages")
-            untried = _untried(tmp / "venv", {n: r for n, r in cuda.items() if r.get("tried")}, reporter)
+            tried = {n: r for n, r in cuda.items() if r.get("tried") and r["imports"] and f"\n{n}==" in f"\n{packages}"}
+            untried = _untried(tmp / "venv", tried, reporter)
             (tmp / "venv" / "c128patch-untried.json").write_text(json.dumps(untried))
             (tmp / "venv" / "c128patch-ready").write_text(lock)
             os.rename(tmp / "venv", final)
