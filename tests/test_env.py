@@ -18,6 +18,7 @@ from support import RELEASES, REPO_ROOT, invoke
 
 SERIES = load_series(REPO_ROOT)
 CUDA = env.cuda_only(SERIES)
+TRIED = {name for name, row in CUDA.items() if row.get("tried")}  # installed, kept where they import
 MODULE = "python/sglang/probe.py"
 
 
@@ -33,12 +34,12 @@ def test_the_release_requirements_are_filtered_for_a_cpu_host():
     lines = env.wheel_requirements(wheel_for("0.5.23"))
     assert len(lines) == 139 and any("extra ==" in line for line in lines)
     keep, dropped = release_requirements("v0.5.23")
-    assert "torch" in keep and not any(r.startswith("torch") and r != "torch" for r in keep)  # pinned by constraint
-    assert {"flashinfer-python", "sglang-kernel", "cuda-python", "nvidia-cutlass-dsl", "torchvision",
+    assert [r for r in keep if r.startswith("torch")] == ["torch", "torchvision"]  # torch: pinned by constraint
+    assert {"flashinfer-python", "sglang-kernel", "cuda-python", "nvidia-cutlass-dsl",
             "torchaudio", "torchcodec", "deepseek-recipe", "tml-renderers", "py-spy"} <= set(dropped)
-    assert not set(dropped) - set(CUDA)
+    assert not set(dropped) - set(CUDA) and TRIED == {"torchvision"}
     names = {r.split("=")[0].split("<")[0].split(">")[0].lower() for r in keep}
-    assert not names & set(CUDA) and "av" not in names and "decord2" not in names  # aarch64 only
+    assert names & set(CUDA) == TRIED and "av" not in names and "decord2" not in names  # aarch64 only
     assert {"orjson", "psutil", "msgspec", "numpy", "transformers==5.19.0"} <= {*names, *keep}
     assert all("[" not in r and ";" not in r for r in keep)  # no extras, markers evaluated here
 
@@ -74,19 +75,21 @@ def test_each_committed_lock_is_what_the_script_writes_from_its_release(rev):
     rows = [line for line in text.splitlines() if not line.startswith("#")]
     assert len(rows) > 100 and all(" --hash=sha256:" in row and len(row.split(":")[-1]) == 64 for row in rows)
     locked = {row.split("==")[0] for row in rows}
-    assert not locked & set(CUDA) and "torch==2.13.0+cpu" in {row.split(" ")[0] for row in rows}
+    assert locked & set(CUDA) == TRIED and "torch==2.13.0+cpu" in {row.split(" ")[0] for row in rows}
     assert {"orjson", "psutil", "msgspec", "numpy", "triton", "huggingface-hub"} <= locked
 
 
 def test_a_lock_round_trips_through_pips_report_and_needs_every_hash():
-    head = env.header("a test", ["numpy", "torch"], ["torchvision"])
+    head = env.header("a test", ["numpy", "torch", "torchvision"], ["torchaudio"])
     report = {"install": [{"metadata": {"name": n, "version": v},
                            "download_info": {"archive_info": {"hashes": {"sha256": "ab" * 32}}}}
-                          for n, v in (("numpy", "2.3.5"), ("torch", "2.13.0+cpu"), ("torchvision", "0.28.0"))]}
+                          for n, v in (("numpy", "2.3.5"), ("torch", "2.13.0+cpu"), ("torchaudio", "2.13.0"),
+                                       ("torchvision", "0.28.0"))]}
     text = env.lock_text(report, head, CUDA)
-    assert lock_requirements(text) == ["numpy", "torch"]
-    assert [line for line in text.splitlines() if not line.startswith("#")] == [
-        f"numpy==2.3.5 --hash=sha256:{'ab' * 32}", f"torch==2.13.0+cpu --hash=sha256:{'ab' * 32}"]
+    assert lock_requirements(text) == ["numpy", "torch", "torchvision"]
+    assert [line for line in text.splitlines() if not line.startswith("#")] == [  # torchaudio: never installed
+        f"numpy==2.3.5 --hash=sha256:{'ab' * 32}", f"torch==2.13.0+cpu --hash=sha256:{'ab' * 32}",
+        f"torchvision==0.28.0 --hash=sha256:{'ab' * 32}"]
     del report["install"][0]["download_info"]["archive_info"]
     with pytest.raises(C128Error, match="no sha256 for numpy 2.3.5"):
         env.lock_text(report, head, CUDA)
@@ -112,15 +115,56 @@ def test_an_interrupted_build_leaves_nothing_that_looks_ready(tmp_path, monkeypa
 
     monkeypatch.setattr(env, "_pip", pip)
     with pytest.raises(C128Error, match="interrupted"):
-        env.build(lock)
+        env.build(lock, CUDA)
     envs = tmp_path / "cache" / "envs"
     assert sorted(p.name for p in envs.iterdir()) == [".lock"]  # no half-built venv left, none under its key
     (envs / ".build-leftover").mkdir()  # a build killed outright (no finally): removed by the next one
-    python, built = env.build(lock)
+    python, built = env.build(lock, CUDA)
     assert built and python.parent.parent.parent == envs and (python.parent.parent / "c128patch-ready").is_file()
     assert sorted(p.name for p in envs.iterdir()) == [".lock", python.parent.parent.name]
     assert "--require-hashes" in calls[-1] and "--no-deps" in calls[-1] and "--only-binary=:all:" in calls[-1]
-    assert env.build(lock) == (python, False) and len(calls) == 2  # cached
+    assert env.build(lock, CUDA) == (python, False) and len(calls) == 2  # cached
+
+
+def test_a_tried_package_that_does_not_import_is_uninstalled_and_stood_in_for(tmp_path, monkeypatch):
+    """torchvision is locked and installed like any requirement; the build imports each tried package in the
+    new environment (sealed, offline) and uninstalls the one that fails (PyPI's CUDA build beside CPU torch:
+    ``operator torchvision::nms does not exist``), saying why; one that imports (a CPU build) is kept."""
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    lock = "".join(f"{n}==1.0 --hash=sha256:{'ab' * 32}\n" for n in ("good", "bad", "plain"))
+    calls = []
+
+    def pip(python, args, timeout, reporter, what):  # installs the packages as files: no index needed
+        calls.append(args)
+        site = next(Path(args[args.index("--python") + 1]).parent.parent.glob("lib/python*/site-packages"))
+        if "uninstall" in args:
+            for name in args[args.index("-q") + 1:]:
+                for path in [site / name, *site.glob(f"{name}-*.dist-info")]:
+                    (path / "__init__.py").unlink(missing_ok=True) or (path / "METADATA").unlink(missing_ok=True)
+                    path.rmdir()
+            return
+        for name, body in (("good", ""), ("bad", "raise RuntimeError('operator bad::nms does not exist')\n"),
+                           ("plain", "raise SystemExit('a package not tried is never imported')\n")):
+            (site / name).mkdir()
+            (site / name / "__init__.py").write_text(body)
+            (site / f"{name}-1.0.dist-info").mkdir()
+            (site / f"{name}-1.0.dist-info" / "METADATA").write_text(f"Name: {name}\nVersion: 1.0\n")
+
+    monkeypatch.setattr(env, "_pip", pip)
+    tried = {"good": {"imports": ["good"], "tried": True, "reason": "x"},
+             "bad": {"imports": ["bad"], "tried": True, "reason": "x"},
+             "plain": {"imports": ["plain"], "reason": "never installed by a lock of ours"}}
+    python, built = env.build(lock, tried)
+    site = next(python.parent.parent.glob("lib/python*/site-packages"))
+    assert built and sorted(p.name for p in site.iterdir() if not p.name.startswith("_")) == [
+        "good", "good-1.0.dist-info", "plain", "plain-1.0.dist-info"]
+    untried = json.loads((python.parent.parent / "c128patch-untried.json").read_text())
+    assert untried == {"bad": "RuntimeError: operator bad::nms does not exist"}
+    assert [c[:4] for c in calls[1:]] == [["--python", str(calls[1][1]), "uninstall", "-y"]] and calls[1][-1] == "bad"
+    said = env.describe({"key": "k", "built": True, "lock": "l", "dropped": ["bad", "x"], "untried": untried,
+                         "isolation": "no network"})
+    assert said == ("behavioural tier environment k (built now; lock: l); stand-ins for bad, x; bad installed but "
+                    "stood in: it does not import here (RuntimeError: operator bad::nms does not exist); no network")
 
 
 def tree_with(tmp: Path, source: str) -> Path:
@@ -186,30 +230,39 @@ def test_no_environment_for_the_target_is_one_line_and_unchecked(tmp_path, monke
                                 "modules' sglang imports resolve on the tree's files")
 
 
+SCENARIOS = ["compressor-callback", "decode", "record-streams", "startup-rules", "verify-compact", "verify-static",
+             "worker-commit"]
+UNTRIED = {"torchvision": "RuntimeError: operator torchvision::nms does not exist"}  # the locked PyPI (CUDA 13) build
+
+
+def treecheck_in_its_own_environment(rev: str) -> dict:
+    run = invoke("treecheck", "--sglang-rev", rev, "--series", str(REPO_ROOT), env={"C128PATCH_TIER_PYTHON": None})
+    assert run.out["env"]["lock"] == f"patches/env/{rev}.lock" and run.out["env"]["key"], json.dumps(run.out)[:3000]
+    assert run.out["env"]["untried"] == UNTRIED and "torchvision" in run.out["env"]["dropped"]
+    assert len(run.out["modules"]) == len(run.out["tiers"][0]["modules"]) == 11, run.out["modules"]
+    return {"code": run.code, **run.out}
+
+
 def test_the_v0_5_23_environment_builds_from_its_lock_and_every_module_imports(tmp_path):
     """heavy: builds (or finds cached) the v0.5.23 environment: ~3 min and ~3 GB the first time."""
     start = time.monotonic()
-    run = invoke("treecheck", "--sglang-rev", "v0.5.23", "--series", str(REPO_ROOT),
-                 env={"C128PATCH_TIER_PYTHON": None})
-    assert run.code == 0 and run.out["ok"], json.dumps(run.out)[:3000]
-    assert run.out["env"]["lock"] == "patches/env/v0.5.23.lock" and run.out["env"]["key"]
-    modules = run.out["modules"]
-    assert len(modules) == len(run.out["tiers"][0]["modules"]) >= 10
-    assert all(said.startswith("imported") for said in modules.values()), modules
-    print(f"tier on v0.5.23: {time.monotonic() - start:.0f} s, env built now: {run.out['env']['built']}")
+    out = treecheck_in_its_own_environment("v0.5.23")
+    assert out["code"] == 0 and out["ok"], json.dumps(out)[:3000]
+    assert all(said.startswith("imported") for said in out["modules"].values()), out["modules"]
+    assert out["scenarios_passed"] == SCENARIOS
+    assert "scenarios: 7 passed, 0 failed, 0 not run; gates on: 12 ok" in out["verdict"], out["verdict"]
+    print(f"tier on v0.5.23: {time.monotonic() - start:.0f} s, env built now: {out['env']['built']}")
 
 
-def test_requirements_that_do_not_resolve_are_one_line_and_unchecked(tmp_path, monkeypatch):
-    """heavy: asks the package index."""
-    monkeypatch.delenv("C128PATCH_TIER_PYTHON")
-    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
-    tree = tree_with(tmp_path / "tree", "raise SystemExit('ran')\n")
-    (tree / "python" / "pyproject.toml").write_text('[project]\ndependencies = ["c128patch-no-such-package==1.0"]\n')
-    result = treecheck.run(SERIES, tree, [MODULE])
-    assert not result.ran and not result.to_json()["ok"] and "\n" not in result.verdict()
-    assert result.verdict() == ("unchecked: the target's code was not run: no environment for it (resolving the "
-                                "tier's environment (1 requirements): pip failed: ERROR: No matching distribution "
-                                "found for c128patch-no-such-package==1.0); imports: 1 of 1 modules' sglang imports "
-                                "resolve on the tree's files")
-    assert not (tmp_path / "cache" / "envs" / "locks").exists() or not any((tmp_path / "cache" / "envs" / "locks")
-                                                                            .iterdir())
+def test_the_v0_5_20_environment_lacks_an_importable_torchvision_so_the_tier_is_unchecked(tmp_path):
+    """heavy: v0.5.20's transformers 5.12.1 needs a real torchvision at import (docs/watch.md); the locked one is
+    the CUDA build, uninstalled as it does not import beside CPU torch: 5 of 11 modules, 4 of 7 scenarios."""
+    out = treecheck_in_its_own_environment("v0.5.20")
+    assert out["code"] == 8 and not out["ok"] and out["verdict"].startswith("unchecked: "), json.dumps(out)[:3000]
+    imported = sorted(m.rsplit(".", 1)[1] for m, said in out["modules"].items() if said.startswith("imported"))
+    assert imported == ["compressor_v2", "environ", "online_c128_dspark", "online_c128_dspark",
+                        "online_c128_dspark_rules"], out["modules"]
+    assert all(said.startswith("not checked: needs torchvision (") for said in out["modules"].values()
+               if not said.startswith("imported"))
+    assert out["scenarios_passed"] == ["decode", "startup-rules", "verify-compact", "verify-static"]
+    assert "scenarios: 4 passed, 0 failed, 3 not run; gates on: 6 ok, 0 failed, 6 not checked" in out["verdict"]

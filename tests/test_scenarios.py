@@ -28,7 +28,7 @@ SERIES = load_series(REPO_ROOT)
 @pytest.fixture(scope="module")
 def tier_python() -> str:
     """The tier's interpreter: the v0.5.23 environment ``fit.env`` builds from its committed lock (cached; heavy)."""
-    return str(env.build((REPO_ROOT / "patches/env/v0.5.23.lock").read_text())[0])
+    return str(env.build((REPO_ROOT / "patches/env/v0.5.23.lock").read_text(), env.cuda_only(SERIES))[0])
 
 
 def scenarios(result: treecheck.TreecheckResult, gates: str) -> dict[str, dict]:
@@ -40,7 +40,7 @@ def test_each_scenario_passes_on_the_release_patched(tag, tier_python, sglang_re
     git = Git(git_dir=sglang_release_repo)
     result = treecheck.run_rev(SERIES, git, tag, git.rev_parse(tag), python=tier_python)
     said = result.modules()  # every module imported, gates off and on (issue 38 item 7; v0.5.20 too, docs/watch.md)
-    assert len(said) >= 10 and all(s.startswith("imported") for s in said.values()), said
+    assert len(said) == 11 and all(s.startswith("imported") for s in said.values()), said
     for gates in ("off", "on"):
         assert {n: s["status"] for n, s in scenarios(result, gates).items()} == dict.fromkeys(SCENARIOS, "passed")
     assert result.to_json()["scenarios_passed"] == SCENARIOS and not result.failed and result.checked

@@ -32,7 +32,7 @@ def main() -> int:
     args = parser("tier").parse_args()
     series = load_series(default_series_root())
     started = time.perf_counter()
-    python = str(env.build((series.root / "patches" / "env" / f"{REV}.lock").read_text())[0])
+    python = str(env.build((series.root / "patches" / "env" / f"{REV}.lock").read_text(), env.cuda_only(series))[0])
     env_s = time.perf_counter() - started  # a lookup when cached
     git = ReleaseHistory().git
     base = git.rev_parse(REV)

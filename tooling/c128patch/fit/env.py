@@ -1,7 +1,8 @@
 """The behavioural tier's environment (docs/watch.md): a venv built from the target's own requirements (the
 tree's ``python/pyproject.toml``, else its release wheel's), untrusted input (``filtered``), the CUDA-only ones
-of ``patches/env/cuda-only.toml`` dropped, torch pinned CPU, locked with hashes (committed in ``patches/env/``,
-else resolved at run time), installed by pip in ``fit.sandbox``'s box into ``<cache>/envs/<key>``."""
+of ``patches/env/cuda-only.toml`` dropped (a ``tried`` one kept where its build imports), torch pinned CPU,
+locked with hashes (committed in ``patches/env/``, else resolved at run time), installed by pip in
+``fit.sandbox``'s box into ``<cache>/envs/<key>``."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from c128patch.upstream.releases import WheelZip, cache_dir, ensure_folder, lock
 
 TORCH_PIN = "torch==2.13.0"  # the CPU build; the operator may name another: $C128PATCH_TORCH_PIN
 RESOLVE_TIMEOUT, INSTALL_TIMEOUT = 600.0, 1200.0  # seconds
+_IMPORT = "import importlib, sys\nfor n in sys.argv[1:]:\n    importlib.import_module(n)\n"  # the names: argv, not code
 _VERSION = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
 
 
@@ -49,6 +51,11 @@ def cuda_only(series: Series) -> dict[str, dict]:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise C128Error(f"{path}: not TOML ({exc})") from None
     return {canonicalize_name(name): row for name, row in table.items()}
+
+
+def _dropped(cuda: dict[str, dict]) -> set[str]:
+    """The CUDA-only names never installed (a ``tried`` one is installed, and kept where it imports: ``build``)."""
+    return {name for name, row in cuda.items() if not row.get("tried")}
 
 
 def stand_ins(series: Series) -> dict[str, str]:
@@ -102,7 +109,7 @@ def filtered(lines: list[str], cuda: dict[str, dict]) -> tuple[list[str], list[s
             continue
         name = canonicalize_name(req.name)
         req.marker, req.extras = None, set()
-        if name in cuda:
+        if name in _dropped(cuda):
             dropped.append(name)
         else:  # torch: pinned by the constraint (``torch_pin``)
             keep.append("torch" if name == "torch" else str(req))
@@ -129,7 +136,7 @@ def lock_text(report: dict, head: str, cuda: dict[str, dict]) -> str:
         sha = item.get("download_info", {}).get("archive_info", {}).get("hashes", {}).get("sha256")
         if not sha:
             raise C128Error(f"pip's report gives no sha256 for {name} {version}: no lock without hashes")
-        if canonicalize_name(name) not in cuda:
+        if canonicalize_name(name) not in _dropped(cuda):
             rows.append(f"{canonicalize_name(name)}=={version} --hash=sha256:{sha}\n")
     return head + "".join(sorted(rows))
 
@@ -178,8 +185,28 @@ def lock_for(series: Series, tree: Path, reporter: Reporter = NullReporter()) ->
     return cached.read_text(), f"resolved at run time ({cached})"
 
 
-def build(lock: str, reporter: Reporter = NullReporter(), timeout: float = INSTALL_TIMEOUT) -> tuple[Path, bool]:
-    """(the venv's python for ``lock``, whether it was built now): installed from the lock's hashes, cached."""
+def _untried(venv: Path, tried: dict[str, dict], reporter: Reporter) -> dict[str, str]:
+    """Each ``tried`` package (installed in ``venv``) whose imports fail there (a CUDA build beside CPU torch),
+    uninstalled: name -> why (its last error line), so the runner's stand-in takes its place."""
+    out = {}
+    for name, row in sorted(tried.items()):
+        box = Sealed(str(venv / "bin/python"), ["-c", _IMPORT, *row["imports"]], 300, offline=True)
+        try:
+            stderr = box.wait()[1]
+            why = box.proc.returncode and ([ln.strip() for ln in stderr.splitlines() if ln.strip()] or ["?"])[-1]
+        except C128Error as exc:  # a hang: past the limit
+            why = exc.message
+        if why:
+            out[name] = why
+            _pip(sys.executable, ["--python", str(venv / "bin/python"), "uninstall", "-y", "-q", name], 300, reporter,
+                 f"{name} does not import here ({out[name]}): uninstalled, a stand-in takes its place")
+    return out
+
+
+def build(lock: str, cuda: dict[str, dict], reporter: Reporter = NullReporter(),
+          timeout: float = INSTALL_TIMEOUT) -> tuple[Path, bool]:
+    """(the venv's python for ``lock``, whether it was built now): installed from the lock's hashes, cached; of
+    ``cuda``'s ``tried`` rows, those that do not import there uninstalled (``c128patch-untried.json``)."""
     root = cache_dir() / "envs"
     packages = "".join(line for line in lock.splitlines(keepends=True) if not line.startswith("#"))
     key = f"{hashlib.sha256(packages.encode()).hexdigest()[:16]}-{host()}"
@@ -196,6 +223,9 @@ def build(lock: str, reporter: Reporter = NullReporter(), timeout: float = INSTA
             args = ["--python", str(tmp / "venv/bin/python"), "install", "-q", "--no-deps", "--no-compile", "-r"]
             _pip(sys.executable, [*args, str(tmp / "lock.txt"), "--only-binary=:all:", "--require-hashes"], timeout,
                  reporter, f"building the tier's environment {key}: installing {packages.count(chr(10))} packages")
+            tried = {n: r for n, r in cuda.items() if r.get("tried") and r["imports"] and f"\n{n}==" in f"\n{packages}"}
+            untried = _untried(tmp / "venv", tried, reporter)
+            (tmp / "venv" / "c128patch-untried.json").write_text(json.dumps(untried))
             (tmp / "venv" / "c128patch-ready").write_text(lock)
             os.rename(tmp / "venv", final)
         finally:
@@ -206,9 +236,12 @@ def build(lock: str, reporter: Reporter = NullReporter(), timeout: float = INSTA
 def tier_python(series: Series, tree: Path, reporter: Reporter = NullReporter()) -> tuple[str, dict]:
     """The interpreter the tier runs on ``tree`` with no ``--python``, and what to say about it (JSON)."""
     lock, source = lock_for(series, tree, reporter)
-    python, built = build(lock, reporter)
+    python, built = build(lock, cuda_only(series), reporter)
+    said = python.parent.parent / "c128patch-untried.json"  # absent in an environment built before it was written
+    untried = json.loads(said.read_text()) if said.is_file() else {}
+    dropped = lock.split("# dropped: ", 1)[1].split("\n", 1)[0].split()
     return str(python), {"key": python.parent.parent.name, "lock": source, "built": built, "python": str(python),
-                         "dropped": lock.split("# dropped: ", 1)[1].split("\n", 1)[0].split()}
+                         "dropped": sorted({*dropped, *untried}), "untried": untried}
 
 
 def describe(info: dict) -> str:
@@ -216,4 +249,6 @@ def describe(info: dict) -> str:
     if not info.get("key"):
         return f"behavioural tier: the interpreter given (--python); {info['isolation']}"
     return (f"behavioural tier environment {info['key']} ({'built now' if info['built'] else 'cached'}; lock: "
-            f"{info['lock']}); stand-ins for {', '.join(info['dropped']) or 'none'}; {info['isolation']}")
+            f"{info['lock']}); stand-ins for {', '.join(info['dropped']) or 'none'}; "
+            + "".join(f"{name} installed but stood in: it does not import here ({why}); "
+                      for name, why in info.get("untried", {}).items()) + info["isolation"])
