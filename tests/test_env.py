@@ -266,3 +266,19 @@ def test_the_v0_5_20_environment_lacks_an_importable_torchvision_so_the_tier_is_
                if not said.startswith("imported"))
     assert out["scenarios_passed"] == ["decode", "startup-rules", "verify-compact", "verify-static"]
     assert "scenarios: 4 passed, 0 failed, 3 not run; gates on: 6 ok, 0 failed, 6 not checked" in out["verdict"]
+
+
+def test_requirements_that_do_not_resolve_are_one_line_and_unchecked(tmp_path, monkeypatch):
+    """heavy: asks the package index."""
+    monkeypatch.delenv("C128PATCH_TIER_PYTHON")
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    tree = tree_with(tmp_path / "tree", "raise SystemExit('ran')\n")
+    (tree / "python" / "pyproject.toml").write_text('[project]\ndependencies = ["c128patch-no-such-package==1.0"]\n')
+    result = treecheck.run(SERIES, tree, [MODULE])
+    assert not result.ran and not result.to_json()["ok"] and "\n" not in result.verdict()
+    assert result.verdict() == ("unchecked: the target's code was not run: no environment for it (resolving the "
+                                "tier's environment (1 requirements): pip failed: ERROR: No matching distribution "
+                                "found for c128patch-no-such-package==1.0); imports: 1 of 1 modules' sglang imports "
+                                "resolve on the tree's files")
+    assert not (tmp_path / "cache" / "envs" / "locks").exists() or not any((tmp_path / "cache" / "envs" / "locks")
+                                                                            .iterdir())
