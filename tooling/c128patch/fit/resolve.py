@@ -273,7 +273,7 @@ class Upstream:
             return Def("unknown", attr, why="cyclic bases")
         seen.add(key)
         bound = [s for s in node.body if _binds(s, attr)]  # in the class body, else ``self.attr = ...`` in a method
-        for stmt in bound or [s for s in statements(node.body, None) if _sets_on_self(s, attr)]:
+        for stmt in bound or (s for s in statements(node.body, None) if _sets_on_self(s, attr)):
             if self.is_ours(cls.path, stmt.lineno):
                 return Def("ours", attr, cls.path, stmt.lineno)
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -490,23 +490,23 @@ def uses_in(path: str, tree: ast.Module, lines: set[int] | None) -> list[Use]:
                 uses.append(Use(node.lineno, bindings[chain[0]] + chain[1:]))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _ENV_NAME.match(node.value):
             uses.append(Use(node.lineno, ["sglang", "srt", "environ", "envs", node.value], kind="env"))
-    return [u for u in uses + _typed_uses(path, tree, bindings, mine) if u.chain and u.chain[0] == PACKAGE]
+    return [u for u in uses + _typed_uses(path, tree, bindings, lines) if u.chain and u.chain[0] == PACKAGE]
 
 
-def _typed_uses(path: str, tree: ast.Module, bindings: dict[str, list[str]],
-                mine: Callable[[ast.AST], bool]) -> list[Use]:
+def _typed_uses(path: str, tree: ast.Module, bindings: dict[str, list[str]], lines: set[int] | None) -> list[Use]:
     """[module, Class, attr] for each attribute our lines read on a receiver typed as upstream's class: a parameter
     annotated with an imported class (or its name in a string), ``self`` in a method of upstream's class."""
     uses = []
-    for owner in [n for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.ClassDef))]:
-        for fn in [s for s in owner.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+    for owner in [tree, *(s for s in statements(tree.body) if isinstance(s, ast.ClassDef))]:
+        for fn in [s for s in owner.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and (lines is None or not lines.isdisjoint(range(s.lineno, (s.end_lineno or s.lineno) + 1)))]:
             params = [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
             typed = {a.arg: _annotated(a.annotation, bindings) for a in params}
-            if isinstance(owner, ast.ClassDef) and params and not mine(owner):
+            if isinstance(owner, ast.ClassDef) and params and lines is not None and owner.lineno not in lines:
                 typed[params[0].arg] = [*(module_name(path) or "").split("."), owner.name]
             uses += [Use(node.lineno, typed[node.value.id] + [node.attr], kind="typed") for node in ast.walk(fn)
-                     if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and mine(node)
-                     and typed.get(getattr(node.value, "id", ""))]
+                     if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+                     and (lines is None or node.lineno in lines) and typed.get(getattr(node.value, "id", ""))]
     return uses
 
 
