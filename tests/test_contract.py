@@ -190,7 +190,7 @@ def test_the_contract_holds_on_every_supported_release(rev):
     [result] = run.out["revs"]
     assert result["verdict"].startswith("holds: ") and result["errors"] == result["warnings"] == 0
     kinds = {i["kind"] for i in result["items"]}
-    assert {"function", "class", "method", "env", "value", "header", "cxx", "callback", "member", "mirror",
+    assert {"function", "class", "method", "env", "value", "header", "cxx", "callback", "member", "typed", "mirror",
             "declared"} <= kinds
 
 

@@ -2,8 +2,9 @@
 the real v0.5.23 that used to leave the contract `holds` on a tree that crashes: a callback of ours that upstream
 calls with a new keyword, a getter of an untyped receiver turned property (another dropped), a field renamed on an
 untyped receiver, a new ragged-verify mode env, a renamed enum value the rules accept, the c4 ring size the rules
-mirror changed; each is `broken` naming the culprit. A renamed keyword we pass beside ``*args`` is an error at the
-call's line that ``--accept`` never turns into `holds`."""
+mirror changed, a field our patch reads on a typed parameter renamed, a property it reads on ``self`` renamed in the
+patched class's base; each is `broken` naming the culprit, as is a changed default of the env the rules read. A
+renamed keyword we pass beside ``*args`` is an error at the call's line that ``--accept`` never turns into `holds`."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ SPEC_INFO = "python/sglang/srt/speculative/spec_info.py"
 RAGGED = "python/sglang/srt/speculative/ragged_verify.py"
 ENVIRON = "python/sglang/srt/environ.py"
 LOADER = "python/sglang/kernels/jit/utils/compile/loader.py"
+CONFIGURATOR = "python/sglang/srt/mem_cache/kv_cache_configurator.py"
+POOL_CONFIG = "python/sglang/srt/model_executor/pool_configurator.py"
+BASE_WORKER = "python/sglang/srt/speculative/base_spec_worker.py"
+WORKER = "python/sglang/srt/speculative/dspark_components/dspark_worker_v2.py"
 
 
 def _replace(text: str, old: str, new: str) -> str:
@@ -88,9 +93,30 @@ def keyword_renamed(git: Git) -> str:
     return _edit(git, "loader: extra_cuda_flags", changes)
 
 
+def env_default(git: Git) -> str:
+    """The ragged-verify mode env the rules read defaults to "compact" instead of "static"."""
+    return _edit(git, "environ: compact by default", lambda text_of: {
+        ENVIRON: _replace(text_of(ENVIRON), 'SGLANG_RAGGED_VERIFY_MODE = EnvStr("static")',
+                          'SGLANG_RAGGED_VERIFY_MODE = EnvStr("compact")')})
+
+
+def typed_field_renamed(git: Git) -> str:
+    """KVCacheConfigurator.spec_algorithm -> speculative_algorithm (our patch reads ``kvc.spec_algorithm``)."""
+    return _edit(git, "kv_cache_configurator: rename spec_algorithm", lambda text_of: {
+        CONFIGURATOR: _replace(text_of(CONFIGURATOR), "    spec_algorithm: SpeculativeAlgorithm\n",
+                               "    speculative_algorithm: SpeculativeAlgorithm\n")})
+
+
+def self_property_renamed(git: Git) -> str:
+    """BaseSpecWorker.target_worker -> target_model_worker (our patch reads ``self.target_worker`` in the worker)."""
+    return _edit(git, "base_spec_worker: rename target_worker", lambda text_of: {
+        BASE_WORKER: _replace(text_of(BASE_WORKER), "def target_worker(self)", "def target_model_worker(self)")})
+
+
 CHANGES = {"callback-keyword": callback_keyword, "getter-property": getter_property, "field-renamed": field_renamed,
            "mode-env": mode_env, "enum-renamed": enum_renamed, "ring-changed": ring_changed,
-           "keyword-renamed": keyword_renamed}
+           "keyword-renamed": keyword_renamed, "env-default": env_default, "typed-field-renamed": typed_field_renamed,
+           "self-property-renamed": self_property_renamed}
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +188,27 @@ def test_a_changed_ring_size_the_rules_mirror_is_broken(names_drift):
     assert "return 16 if compress_ratio == 4 else 256" in error and "return 32 if compress_ratio == 4" in error
 
 
+def test_a_changed_default_of_the_env_the_rules_read_is_broken(names_drift):
+    [error] = _errors("env-default", names_drift)
+    assert error.startswith(f"{RULES}:{_line(RULES, 'RAGGED_ENV = ')}: sglang.srt.environ.envs."
+                            f"SGLANG_RAGGED_VERIFY_MODE changed since the lock: {ENVIRON}:"), error
+    assert error.endswith("`= EnvStr('compact')`") and "`= EnvStr('static')` at v0.5.23" in error, error
+
+
+def test_a_field_renamed_on_a_typed_parameter_is_broken(names_drift):
+    [error] = _errors("typed-field-renamed", names_drift)
+    assert re.match(rf"{POOL_CONFIG}:\d+: sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator."
+                    rf"spec_algorithm: class KVCacheConfigurator \({CONFIGURATOR}:\d+\) has no spec_algorithm$",
+                    error), error
+
+
+def test_a_property_renamed_in_the_base_of_the_class_we_patch_is_broken(names_drift):
+    [error] = _errors("self-property-renamed", names_drift)
+    assert re.match(rf"{WORKER}:\d+: sglang.srt.speculative.dspark_components.dspark_worker_v2.DSparkWorkerV2."
+                    rf"target_worker: class DSparkWorkerV2 \({WORKER}:\d+\) has no target_worker \(DSparkWorkerV2 "
+                    r"resolves names in __getattr__\)$", error), error
+
+
 def test_a_renamed_keyword_beside_star_args_is_an_error_at_the_call_and_never_accepted(names_drift, tmp_path):
     series = copy_series(tmp_path / "series")
     before = (series / "patches" / "contract.lock").read_text()
@@ -185,6 +232,8 @@ def test_the_lock_records_each_new_kind_at_the_base():
     assert "member  sglang.srt.speculative.spec_info.SpecInput.ragged_verify_layout  " in text
     assert "mirror  sglang.srt.speculative.ragged_verify.RaggedVerifyMode.COMPACT  " in text
     assert "declared  sglang.srt.speculative.spec_info.SpeculativeAlgorithm.DSPARK  " in text
+    assert (f"typed  sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.spec_algorithm  {POOL_CONFIG}:"
+            in text)
 
 
 def test_watch_says_broken_naming_the_callback_and_bisect_agrees(names_drift, tmp_path):

@@ -26,8 +26,8 @@ from c128patch.errors import C128Error
 @verb_options
 def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: bool, use_nvcc: bool | None,  # noqa: C901  one verb's flags
             verbose: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
-    """Does the series still fit each upstream? Resolve every upstream module, name, attribute (on untyped
-    receivers too) and call our code uses, bind each call to its definition and each upstream call of ours to
+    """Does the series still fit each upstream? Resolve every upstream module, name, attribute (on typed and
+    untyped receivers) and call our code uses, bind each call to its definition and each upstream call of ours to
     ours, and compare signatures, mirrored values and namespace members with patches/contract.lock. Exit 1 on
     an error or a changed signature."""
     from c128patch.fit import contract as core

@@ -121,9 +121,14 @@ def derive(series: Series, git: Git, upstream: str, head: str,
         uses += [(use, sources.get(names.RULES, names.RULES)) for use in mirrors]
         items += [Item(**fields) for fields in spaces]
         untyped = [(u, site) for u, site in uses if u.kind == "untyped"]
-        _resolve_all(up, [(u, site) for u, site in uses if u.kind != "untyped"], items, findings)
+        _resolve_all(up, [(u, site) for u, site in uses if u.kind not in ("untyped", "typed")], items, findings)
         # the untyped names: in the classes the lock records, else in those the uses above reached (the base)
         classes = lock.classes() if lock is not None else names.defining_classes(up, {u.chain[0] for u, _ in untyped})
+        recorded = lock.recorded() if lock is not None else {}
+        for use, site in [(u, site) for u, site in uses if u.kind == "typed"]:  # what resolves at the base (not a
+            got, found = _resolve_use(up, use, site)  # mixin's self.attr), then what the lock records
+            if got or ("typed", ".".join(use.chain)) in recorded:
+                items, findings = items + got, findings + found
         members = [(Use(u.line, [*c.split("."), *u.chain], kind="member"), site) for u, site in untyped
                    for c in classes.get(u.chain[0], [])]
         _resolve_all(up, members, items, findings)
@@ -177,7 +182,7 @@ def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], li
             break
         if nxt.kind == "missing":
             return [], [Finding("error", f"{site}: {'.'.join(chain)}: {nxt.why}", site, nxt.where, nxt.name)]
-        if nxt.kind == "unknown" and use.kind == "member" and attr == chain[-1]:  # the class defined it at the base
+        if nxt.kind == "unknown" and use.kind in ("member", "typed") and attr == chain[-1]:  # defined at the base
             return [], [Finding("error", f"{site}: {'.'.join(chain)}: class {chain[-2]} ({nxt.where}) has no {attr} "
                                          f"({nxt.why})", site, nxt.where, nxt.name)]
         if nxt.kind == "unknown":
@@ -187,14 +192,14 @@ def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], li
         current = nxt
         text, _ = up.signature(current)
         kind = {"instance": "value"}.get(current.kind, current.kind)
-        if use.kind and attr == chain[-1]:  # env, member, mirror
+        if use.kind and attr == chain[-1]:  # env, member, typed, mirror
             kind, text = use.kind, text + names.mirrored_values(current.node if use.kind == "mirror" else None)
         last = Item(kind, current.name, site, current.where, text)
     else:
         if use.call is not None and current.kind in ("function", "method", "class") and chain[at:]:
             _, sig = up.signature(current)
             findings += _bound(last, sig, use, f"call {current.name}")
-    return [last], findings
+    return [last] if use.kind != "typed" or last.kind == "typed" else [], findings  # typed: its attribute only
 
 
 def _bound(item: Item, sig: inspect.Signature | None, use: Use, call: str) -> list[Finding]:
@@ -213,7 +218,7 @@ def _bound(item: Item, sig: inspect.Signature | None, use: Use, call: str) -> li
                              f"{item.bind_error}", item.site, item.where, item.target, now=item.signature)]
 
 
-VALUE_KINDS = ("env", "mirror", "member", "declared")  # a change of these is an error until reviewed (--accept)
+VALUE_KINDS = ("env", "mirror", "member", "typed", "declared")  # a change of these: an error until reviewed (--accept)
 
 
 def compare(items: list[Item], lock: Lock | None) -> list[Finding]:

@@ -2,10 +2,10 @@
 (``our_lines``: what ``git diff`` against its upstream commit adds, parsed with unidiff) with upstream's
 numbering of the others (``upstream_line``); our uses of upstream in one Python file (``uses_in``: modules
 and names imported, through aliases and relative imports, ``importlib.import_module`` of a literal or a
-module constant, attribute chains from those bindings, the calls among them with their shape, and
-``SGLANG_*`` names in string literals); a dotted name to its definition (``Def``: a module, class,
-function, method, value or instance, with its file:line), through imports, re-exports, ``import *``,
-class bases and module-level instances, as static analysis (``ast``) sees them; and the signature a
+module constant, attribute chains from those bindings and from receivers typed as upstream's class, the calls
+among them with their shape, and ``SGLANG_*`` names in string literals); a dotted name to its definition (``Def``:
+a module, class, function, method, value or instance, with its file:line), through imports, re-exports, ``import *``,
+class bases, ``self.x =`` and module-level instances, as static analysis (``ast``) sees them; and the signature a
 call binds to (``signature_of``: an ``inspect.Signature`` built from the AST)."""
 
 from __future__ import annotations
@@ -272,19 +272,19 @@ class Upstream:
         if key in seen:
             return Def("unknown", attr, why="cyclic bases")
         seen.add(key)
-        for stmt in node.body:
-            if _binds(stmt, attr):
-                if self.is_ours(cls.path, stmt.lineno):
-                    return Def("ours", attr, cls.path, stmt.lineno)
-                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    decos = _decorators(stmt)
-                    kind = "attr" if "property" in decos or "cached_property" in decos else "method"
-                    return Def(kind, attr, cls.path, stmt.lineno, stmt, cls.module, static="staticmethod" in decos)
-                if isinstance(stmt, ast.ClassDef):
-                    return Def("class", attr, cls.path, stmt.lineno, stmt, cls.module)
-                found = self._value(stmt, attr, cls.path, cls.module, hops)
-                found.kind = "instance" if found.kind == "instance" else "attr"
-                return found
+        bound = [s for s in node.body if _binds(s, attr)]  # in the class body, else ``self.attr = ...`` in a method
+        for stmt in bound or (s for s in statements(node.body, None) if _sets_on_self(s, attr)):
+            if self.is_ours(cls.path, stmt.lineno):
+                return Def("ours", attr, cls.path, stmt.lineno)
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                decos = _decorators(stmt)
+                kind = "attr" if "property" in decos or "cached_property" in decos else "method"
+                return Def(kind, attr, cls.path, stmt.lineno, stmt, cls.module, static="staticmethod" in decos)
+            if isinstance(stmt, ast.ClassDef):
+                return Def("class", attr, cls.path, stmt.lineno, stmt, cls.module)
+            found = self._value(stmt, attr, cls.path, cls.module, hops)
+            found.kind = "instance" if found.kind == "instance" else "attr"
+            return found
         unknown = []
         for base in node.bases:
             got = self.expr(base, cls.module, hops + 1)
@@ -292,11 +292,11 @@ class Upstream:
                 found = self._class_member(got, attr, hops + 1, seen)
                 if found.kind != "missing":
                     return found
-            elif ast.unparse(base) not in ("object", "Generic") and not ast.unparse(base).startswith("Generic["):
+            elif ast.unparse(base) not in ("object", "ABC", "Generic") and not ast.unparse(base).startswith("Generic["):
                 unknown.append(ast.unparse(base))
         if unknown or any(_binds(s, "__getattr__") for s in node.body):
-            return Def("unknown", attr, cls.path, cls.line,
-                       why=f"{node.name} has bases outside sglang ({', '.join(unknown)})")
+            why = f"has bases outside sglang ({', '.join(unknown)})" if unknown else "resolves names in __getattr__"
+            return Def("unknown", attr, cls.path, cls.line, why=f"{node.name} {why}")
         return Def("missing", attr, cls.path, cls.line, why=f"class {node.name} ({cls.where}) has no {attr}")
 
     # -- expressions in an upstream module's context (bases, decorators, called classes)
@@ -368,6 +368,13 @@ def _unguarded(stmt: ast.AST) -> tuple[str, ...]:
     return ("orelse", "finalbody") if any(t is None or getattr(t, "id", "") in _GUARDS for t in types) else BODIES
 
 
+def _sets_on_self(stmt: ast.AST, name: str) -> bool:
+    """``self.name = ...`` (in a method)."""
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+    return isinstance(stmt, (ast.Assign, ast.AnnAssign)) and any(
+        isinstance(t, ast.Attribute) and t.attr == name and chain_of(t.value) == ["self"] for t in targets)
+
+
 def _binds(stmt: ast.stmt, name: str) -> bool:
     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return stmt.name == name
@@ -410,7 +417,7 @@ class Use:
     chain: list[str]  # [module-or-binding, attr, ...] already absolute: chain[0] is a module name
     call: tuple[int, tuple[str, ...]] | None = None  # (positional count, keywords); None: not called
     star: bool = False  # *args / **kwargs in the call: shape not checked
-    kind: str = ""  # env: an SGLANG_* literal; untyped: [attr] on a receiver with no type; member, mirror
+    kind: str = ""  # env: an SGLANG_* literal; untyped: [attr] on a receiver with no type; typed; member, mirror
 
 
 def nodes_on(tree: ast.Module, lines: set[int]) -> Iterator[ast.AST]:
@@ -483,4 +490,29 @@ def uses_in(path: str, tree: ast.Module, lines: set[int] | None) -> list[Use]:
                 uses.append(Use(node.lineno, bindings[chain[0]] + chain[1:]))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _ENV_NAME.match(node.value):
             uses.append(Use(node.lineno, ["sglang", "srt", "environ", "envs", node.value], kind="env"))
-    return [u for u in uses if u.chain and u.chain[0] == PACKAGE]
+    return [u for u in uses + _typed_uses(path, tree, bindings, lines) if u.chain and u.chain[0] == PACKAGE]
+
+
+def _typed_uses(path: str, tree: ast.Module, bindings: dict[str, list[str]], lines: set[int] | None) -> list[Use]:
+    """[module, Class, attr] for each attribute our lines read on a receiver typed as upstream's class: a parameter
+    annotated with an imported class (or its name in a string), ``self`` in a method of upstream's class."""
+    uses = []
+    for owner in [tree, *(s for s in statements(tree.body) if isinstance(s, ast.ClassDef))]:
+        for fn in [s for s in owner.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and (lines is None or not lines.isdisjoint(range(s.lineno, (s.end_lineno or s.lineno) + 1)))]:
+            params = [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
+            typed = {a.arg: _annotated(a.annotation, bindings) for a in params}
+            if isinstance(owner, ast.ClassDef) and params and lines is not None and owner.lineno not in lines:
+                typed[params[0].arg] = [*(module_name(path) or "").split("."), owner.name]
+            uses += [Use(node.lineno, typed[node.value.id] + [node.attr], kind="typed") for node in ast.walk(fn)
+                     if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+                     and (lines is None or node.lineno in lines) and typed.get(getattr(node.value, "id", ""))]
+    return uses
+
+
+def _annotated(node: ast.AST | None, bindings: dict[str, list[str]]) -> list[str]:
+    """The dotted chain an annotation names through the file's imports ([]: none, or not a plain name)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+        node = ast.Name(node.value)
+    chain = chain_of(node) if node is not None else []
+    return bindings[chain[0]] + chain[1:] if chain and chain[0] in bindings else []
