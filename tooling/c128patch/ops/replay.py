@@ -109,8 +109,7 @@ def staged(idx: Git, paths: list[str] | None = None) -> dict[str, tuple[str, str
 
 
 def stage(idx: Git, files: dict[str, tuple[str, str]], check: bool = True) -> bool:
-    """Put ``files`` (path -> (mode, blob)) in ``idx``'s index; False (``check=False``): git refused one (a file
-    under a file), the index unchanged."""
+    """Put ``files`` (path -> (mode, blob)) in ``idx``'s index; False: git refused one (``check=False``)."""
     return not files or idx.run("update-index", "--add", *[a for p, (mode, blob) in files.items()
                                                           for a in ("--cacheinfo", f"{mode},{blob},{p}")],
                                 check=check).returncode == 0

@@ -51,10 +51,9 @@ def ls_tree(git: Git, treeish: str, paths: list[str], *flags: str) -> dict[str, 
 
 class LazyIndex:
     """A replay's index held in memory for the series' paths (``check`` over many revs: ``ops.replay`` and
-    ``ReplayedTree``'s probe with a ``ReadMemo``): the commit's entries for the paths, the files at their
-    folders, plus the entries' changes, written (one ``update-index``) only before a git call reads the file, and
-    only what ``key`` says a git call on its paths reads there (``git apply`` on a 5,800-file index costs 3x one
-    on these); a call reading the whole index (``flush()``: ``write-tree``) gets the commit's tree under them.
+    ``ReplayedTree``'s probe with a ``ReadMemo``): only what ``key`` says a git call on the paths reads (``git apply``
+    on the whole 5,800-file tree costs 3x), the commit's plus the entries' changes, written (one ``update-index``)
+    only before a git call reads the file; ``flush()`` (``write-tree``) puts the commit's whole tree under them.
     ``key`` names what a replay of a patch reads, so its outcome is shared by every rev holding the same."""
 
     def __init__(self, git: Git, idx: Git, commit: str, paths: list[str]) -> None:
@@ -71,13 +70,9 @@ class LazyIndex:
         self.stale: set[str] = set()  # paths git changed in the file, not read back yet
         self.waiting: list[tuple[dict, list[str]]] = []  # (record, paths): filled with the paths' entries when read
 
-    @staticmethod
-    def _near(path: str, paths: list[str]) -> bool:
-        """Can a git call on ``paths`` see ``path``'s entry (one of them, a folder of one, a file under one)?"""
-        return any(path == p or p.startswith(path + "/") or path.startswith(p + "/") for p in paths)
-
     def _current(self, paths: list[str]) -> None:
-        if any(self._near(s, paths) for s in self.stale):
+        """Read back what git changed where a git call on ``paths`` looks (one of them, a folder of one, under one)."""
+        if any(s == p or p.startswith(s + "/") or s.startswith(p + "/") for s in self.stale for p in paths):
             self.reread()
 
     def holds(self, path: str) -> bool:
@@ -478,12 +473,6 @@ def prefixes(paths: list[str]) -> list[str]:
     return list(dict.fromkeys(f for p in paths for f in [*map(str, reversed(PurePosixPath(p).parents[:-1])), p]))
 
 
-def path_kinds(git: Git, treeish: str, planned: list[Planned]) -> dict[str, str]:
-    """The modes at ``treeish`` of the paths ``planned`` touches and of their folders."""
-    paths = [p for item in planned for p in (item.patch.paths if item.patch else item.touched)]
-    return tree_modes(git, treeish, prefixes(paths))
-
-
 def tree_modes(git: Git, treeish: str, paths: list[str]) -> dict[str, str]:
     """path -> mode at ``treeish`` of ``paths`` (not recursive: a folder is one entry)."""
     return {name: mode for name, (mode, _kind, _sha) in ls_tree(git, treeish, paths).items()}
@@ -491,7 +480,8 @@ def tree_modes(git: Git, treeish: str, paths: list[str]) -> dict[str, str]:
 
 def check_paths_at(git: Git, treeish: str, planned: list[Planned]) -> set[str]:
     """Refuse a path through an upstream symlink, an overlay on an upstream file; which touched paths exist."""
-    kinds = path_kinds(git, treeish, planned)
+    kinds = tree_modes(git, treeish, prefixes([p for item in planned for p in (item.patch.paths if item.patch
+                                                                               else item.touched)]))
     for item in planned:
         for path in item.patch.paths if item.patch else item.touched:
             for prefix in (p for p in prefixes([path]) if kinds.get(p) == "120000"):
