@@ -5,15 +5,17 @@ supported release and v0.5.19 (where entries conflict)."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from c128patch.git import Git
 from c128patch.ops.check import check_revs
+from c128patch.ops.lint import update_hashes
 from c128patch.ops.replay import RevCheck, replay_in_index
 from c128patch.series.manifest import default_series_root, load_series
 from c128patch.upstream.releases import ReleaseHistory
 from c128patch.upstream.source import Target
-from support import RELEASES
+from support import RELEASES, upstream_commit
 
 REVS = ("v0.5.19", *RELEASES)
 
@@ -46,3 +48,32 @@ def test_a_rev_replayed_already_costs_few_git_calls(sglang_release_repo: Path, m
     twice = check_revs(series, git, [rev, rev], jobs=1)
     assert twice[0] == twice[1]
     assert len(calls) - once <= 2, calls[once:]  # the second: git's answers and the replays remembered
+
+
+def test_a_file_where_an_entry_adds_a_folder_fails_as_on_a_real_index(sglang_release_repo: Path,
+                                                                      tmp_path: Path) -> None:
+    """The in-memory index holds only the series' paths; git refuses a file under a file (``a/b`` where ``a`` is
+    one) only if the file at the folder is there too."""
+    work = tmp_path / "up.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(sglang_release_repo), str(work)], check=True)
+    git, folder = Git(git_dir=work), "python/sglang/c128_new"
+    blob = git.out("hash-object", "-w", "--stdin", input="x\n")
+    commit = upstream_commit(git, "v0.5.23", "a file", lambda idx: idx.run(
+        "update-index", "--add", "--cacheinfo", f"100644,{blob},{folder}"))
+    (tmp_path / "s" / "patches").mkdir(parents=True)
+    (tmp_path / "s" / "patches" / "0001-add.patch").write_text(
+        f"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: t <t@t>\nSubject: [PATCH] "
+        f"add\n\ndiff --git a/{folder}/mod.py b/{folder}/mod.py\nnew file mode 100644\nindex "
+        f"0000000000000000000000000000000000000000..{blob}\n--- /dev/null\n+++ b/{folder}/mod.py\n@@ -0,0 +1 @@\n+x\n")
+    (tmp_path / "s" / "patches" / "series.toml").write_text(
+        '[series]\nname = "t"\nversion = "1"\nbase = "v0.5.23"\n\n[[entries]]\nname = "add"\nkind = "patch"\n'
+        'file = "0001-add.patch"\nwhy = "t"\nbase = "v0.5.23"\n')
+    update_hashes(load_series(tmp_path / "s"))
+    series = load_series(tmp_path / "s")
+    revs = [Target("v0.5.23", git.rev_parse("v0.5.23")), Target("file", commit)]
+    checked = check_revs(series, git, revs)
+    assert [r.ok for r in checked] == [True, False]
+    (tmp_path / "idx").mkdir()  # (a work tree above the clone would make git apply skip every path outside it)
+    for i, target in enumerate(revs):
+        plain, _ = replay_in_index(series, git, target.rev, target.commit, tmp_path / "idx" / f"{i}.index")
+        assert rows(checked[i]) == rows(plain), target.rev

@@ -31,6 +31,7 @@ FORCED_CONFIG = (
     ("tag.gpgSign", "false"),
     ("rerere.enabled", "false"),
     ("am.messageId", "false"),
+    ("maintenance.auto", "false"),  # no `git maintenance run --auto` after each of its commits (3 ms each)
 )
 # Test hook (as ops.treestate's C128PATCH_FAULT): a folder of hooks the tool's git runs instead of none,
 # so that a test can interrupt inside git itself. Unset (always, outside tests), no hook runs.

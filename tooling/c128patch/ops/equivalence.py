@@ -186,16 +186,17 @@ def compare_commits(series: Series, git: Git, base: str, head: str, scratch: Pat
 
 
 def fresh_replay(series: Series, git: Git, rev: str, commit: str, *, span: str = "",
-                 without: Sequence[str] = (), planned: list[Planned] | None = None) -> tuple[RevCheck, str, Trees]:
-    """``prove``'s fresh replay (rows, tree, each entry's trees); it reads nothing of the branch, so may run first;
-    ``planned``: the ``plan`` of ``series`` less ``without`` on ``commit``, made already."""
+                 without: Sequence[str] = (), planned: list[Planned] | None = None,
+                 each: bool = True) -> tuple[RevCheck, str, Trees]:
+    """``prove``'s fresh replay (rows, tree, each entry's trees: {} where not ``each``); it reads nothing of the
+    branch, so may run first; ``planned``: the ``plan`` of ``series`` less ``without`` on ``commit``, made already."""
     series = series.without(set(without)) if without else series
-    trees: Trees = {}
+    trees: Trees | None = {} if each else None
     with tempfile.TemporaryDirectory(prefix="c128fresh-") as tmp:
         index_file = Path(tmp) / "fresh.index"
         replay, _ = replay_in_index(series, git, rev, commit, index_file, ledger=Ledger(series), span=span,
                                     trees=trees, planned=planned)
-        return replay, index_git(git, index_file).out("write-tree"), trees
+        return replay, index_git(git, index_file).out("write-tree"), trees or {}
 
 
 def prove(series: Series, git: Git, rev: str, commit: str, head: str = "HEAD", *,
@@ -203,7 +204,8 @@ def prove(series: Series, git: Git, rev: str, commit: str, head: str = "HEAD", *
           fresh: tuple[RevCheck, str, Trees] | None = None) -> Equivalence:
     """``head`` against a fresh replay (module docstring); ``accept``: the edits that may explain a difference."""
     head = git.out("rev-parse", head)
-    replay, fresh_tree, trees = fresh or fresh_replay(series, git, rev, commit, span=span, without=without)
+    # each entry's trees (a write-tree per entry) only where the trees differ
+    replay, fresh_tree, trees = fresh or fresh_replay(series, git, rev, commit, span=span, without=without, each=False)
     series = series.without(set(without)) if without else series
     with tempfile.TemporaryDirectory(prefix="c128prove-") as tmp:
         scratch = Path(tmp)
@@ -212,6 +214,7 @@ def prove(series: Series, git: Git, rev: str, commit: str, head: str = "HEAD", *
                              without=list(without))
         if fresh_tree == tree:
             return result
+        trees = trees if fresh else fresh_replay(series, git, rev, commit, span=span)[2]  # (series: less without)
         verdicts = compare_commits(series, git, commit, head, scratch, trees)
         result.notes = [f"entry {v.commit.entry} (commit {v.commit.sha[:12]}) could not be compared with the "
                         f"series: {v.detail}" for v in verdicts if v.kind == "uncompared"]

@@ -44,7 +44,6 @@ from c128patch.series.plan import (
     check_paths_at,
     index_git,
     merged_entries,
-    path_kinds,
     plain_patch,
     plain_paths,
     plan,
@@ -109,11 +108,11 @@ def staged(idx: Git, paths: list[str] | None = None) -> dict[str, tuple[str, str
     return {r.split("\t", 1)[1]: (r.split()[0], r.split()[1]) for r in rows}
 
 
-def stage(idx: Git, files: dict[str, tuple[str, str]]) -> None:
-    """Put ``files`` (path -> (mode, blob)) in ``idx``'s index."""
-    if files:
-        idx.run("update-index", "--add", *[a for p, (mode, blob) in files.items()
-                                           for a in ("--cacheinfo", f"{mode},{blob},{p}")])
+def stage(idx: Git, files: dict[str, tuple[str, str]], check: bool = True) -> bool:
+    """Put ``files`` (path -> (mode, blob)) in ``idx``'s index; False: git refused one (``check=False``)."""
+    return not files or idx.run("update-index", "--add", *[a for p, (mode, blob) in files.items()
+                                                          for a in ("--cacheinfo", f"{mode},{blob},{p}")],
+                                check=check).returncode == 0
 
 
 def have_blobs(git: Git, blobs: Iterable[str]) -> bool:
@@ -216,8 +215,7 @@ def whitespace_merge(git: Git, info: PatchInfo, index_file: Path, patch: Path) -
     gone = [p for p in info.files if p not in merged]
     if gone:
         idx.run("update-index", "--force-remove", "--", *gone)
-    stage(idx, merged)
-    return True
+    return stage(idx, merged, check=False)  # (the caller restores the index where it fails)
 
 
 def rewrap_merge(git: Git, info: PatchInfo, index_file: Path) -> bool:
@@ -416,7 +414,7 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
     touched = sorted({p for item in planned for p in (item.patch.paths if item.patch else item.touched)})
     lazy = None
     if isinstance(git, ReadMemo) and not keep_index and ledger is None and trees is None and plain_paths(touched):
-        lazy = LazyIndex(git, idx, commit, touched, path_kinds(git, commit, [p for p in planned if p.patch]))
+        lazy = LazyIndex(git, idx, commit, touched)
     else:
         idx.run("read-tree", commit)
     tree = idx.out("write-tree") if trees is not None else ""

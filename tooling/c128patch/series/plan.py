@@ -51,27 +51,28 @@ def ls_tree(git: Git, treeish: str, paths: list[str], *flags: str) -> dict[str, 
 
 class LazyIndex:
     """A replay's index held in memory for the series' paths (``check`` over many revs: ``ops.replay`` and
-    ``ReplayedTree``'s probe with a ``ReadMemo``): the commit's tree plus the entries' changes, written
-    (``read-tree``, one ``update-index``) only before a git call reads the file. ``key`` names what a replay
-    of a patch reads there, so its outcome is shared by every rev holding the same (``git.remembered``)."""
+    ``ReplayedTree``'s probe with a ``ReadMemo``): only what ``key`` says a git call on the paths reads (``git apply``
+    on the whole 5,800-file tree costs 3x), the commit's plus the entries' changes, written (one ``update-index``)
+    only before a git call reads the file; ``flush()`` (``write-tree``) puts the commit's whole tree under them.
+    ``key`` names what a replay of a patch reads, so its outcome is shared by every rev holding the same."""
 
-    def __init__(self, git: Git, idx: Git, commit: str, paths: list[str], kinds: dict[str, str]) -> None:
-        """``idx``: ``git`` on the file; ``paths``: all a replay may touch; ``kinds``: their folders' modes."""
-        self.git, self.idx, self.commit, self.kinds = git, idx, commit, kinds
-        self.entries: dict[str, Entries] = {
-            name: ((mode, sha, "0"),) for name, (mode, _type, sha) in ls_tree(git, commit, paths, "-r").items()}
-        self.written = False
-        self.dirty: set[str] = set()  # entries the file does not hold yet
+    def __init__(self, git: Git, idx: Git, commit: str, paths: list[str]) -> None:
+        """``idx``: ``git`` on the file (emptied); ``paths``: all a replay may touch."""
+        self.git, self.idx, self.commit = git, idx, commit
+        folders = ls_tree(git, commit, prefixes(paths))  # a file there: git puts nothing under it (D/F)
+        self.kinds = {name: mode for name, (mode, _type, _sha) in folders.items()}
+        self.entries: dict[str, Entries] = {name: ((mode, sha, "0"),) for name, (mode, kind, sha) in
+                                            [*folders.items(), *ls_tree(git, commit, paths, "-r").items()]
+                                            if kind != "tree"}
+        Path(idx.env["GIT_INDEX_FILE"]).unlink(missing_ok=True)
+        self.full = False  # the file holds the commit's whole tree
+        self.dirty: set[str] = set(self.entries)  # entries the file does not hold yet
         self.stale: set[str] = set()  # paths git changed in the file, not read back yet
         self.waiting: list[tuple[dict, list[str]]] = []  # (record, paths): filled with the paths' entries when read
 
-    @staticmethod
-    def _near(path: str, paths: list[str]) -> bool:
-        """Can a git call on ``paths`` see ``path``'s entry (one of them, a folder of one, a file under one)?"""
-        return any(path == p or p.startswith(path + "/") or path.startswith(p + "/") for p in paths)
-
     def _current(self, paths: list[str]) -> None:
-        if any(self._near(s, paths) for s in self.stale):
+        """Read back what git changed where a git call on ``paths`` looks (one of them, a folder of one, under one)."""
+        if any(s == p or p.startswith(s + "/") or s.startswith(p + "/") for s in self.stale for p in paths):
             self.reread()
 
     def holds(self, path: str) -> bool:
@@ -97,11 +98,12 @@ class LazyIndex:
             self.dirty.add(path)
 
     def flush(self, paths: list[str] | None = None) -> Git:
-        """``git`` on the file, written as the entries say (only where a git call on ``paths`` looks)."""
-        if not self.written:
+        """``git`` on the file, written as the entries say; ``paths`` None: for a call reading it whole."""
+        if paths is None and not self.full:
+            self.reread()  # (what git changed, before read-tree replaces the file)
             self.idx.run("read-tree", self.commit)
-            self.written = True
-        due = sorted(p for p in self.dirty if paths is None or self._near(p, paths))
+            self.full, self.dirty = True, set(self.entries)
+        due = sorted(self.dirty)  # (all: one call now rather than one per later call)
         if due:
             lines = []
             for path in due:
@@ -213,7 +215,7 @@ class ReplayedTree:
             if entries or not held:  # else files under it: git's answer
                 self.blobs[path] = entries[0][1] if entries else NULL_BLOB
             else:
-                out = (lazy.flush() if lazy is not None else probe).out("ls-files", "-s", "--", path).split()
+                out = (lazy.flush([path]) if lazy is not None else probe).out("ls-files", "-s", "--", path).split()
                 self.blobs[path] = out[1] if out else NULL_BLOB
         return self.blobs.get(path) or NULL_BLOB
 
@@ -245,8 +247,7 @@ class ReplayedTree:
         if self._probe is None:
             self._probe = index_git(self.git, self.scratch / "probe.index")
             if isinstance(self.git, ReadMemo) and plain_paths(self.paths):
-                kinds = tree_modes(self.git, self.target, prefixes(self.paths))
-                self._lazy = LazyIndex(self.git, self._probe, self.target, self.paths, kinds)
+                self._lazy = LazyIndex(self.git, self._probe, self.target, self.paths)
             else:
                 self._probe.run("read-tree", self.target)
             for item in self.done:
@@ -472,12 +473,6 @@ def prefixes(paths: list[str]) -> list[str]:
     return list(dict.fromkeys(f for p in paths for f in [*map(str, reversed(PurePosixPath(p).parents[:-1])), p]))
 
 
-def path_kinds(git: Git, treeish: str, planned: list[Planned]) -> dict[str, str]:
-    """The modes at ``treeish`` of the paths ``planned`` touches and of their folders."""
-    paths = [p for item in planned for p in (item.patch.paths if item.patch else item.touched)]
-    return tree_modes(git, treeish, prefixes(paths))
-
-
 def tree_modes(git: Git, treeish: str, paths: list[str]) -> dict[str, str]:
     """path -> mode at ``treeish`` of ``paths`` (not recursive: a folder is one entry)."""
     return {name: mode for name, (mode, _kind, _sha) in ls_tree(git, treeish, paths).items()}
@@ -485,7 +480,8 @@ def tree_modes(git: Git, treeish: str, paths: list[str]) -> dict[str, str]:
 
 def check_paths_at(git: Git, treeish: str, planned: list[Planned]) -> set[str]:
     """Refuse a path through an upstream symlink, an overlay on an upstream file; which touched paths exist."""
-    kinds = path_kinds(git, treeish, planned)
+    kinds = tree_modes(git, treeish, prefixes([p for item in planned for p in (item.patch.paths if item.patch
+                                                                               else item.touched)]))
     for item in planned:
         for path in item.patch.paths if item.patch else item.touched:
             for prefix in (p for p in prefixes([path]) if kinds.get(p) == "120000"):
