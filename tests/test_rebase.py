@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from c128patch.git import Git
-from c128patch.ops import equivalence
+from c128patch.ops import equivalence, rebase_loop
+from c128patch.ops import rebase as rebase_ops
 from c128patch.ops.treestate import c128_state_dir, rebase_journal
 from c128patch.series.manifest import load_series
 from c128patch.textsafe import md as inert
@@ -207,6 +208,24 @@ def test_status_after_a_rebase_reads_the_proof_the_rebase_recorded(sglang_releas
     run = invoke("status", "--tree", str(r.git.worktree), "--series", str(series_dir))
     assert run.code == 0 and run.out["proof"] == "recorded" and run.out["equals_series"]
     assert run.out["equivalence"]["head"] == r.git.head() and run.out["equivalence"]["identical"]
+
+
+def test_a_rebase_of_the_series_alone_replays_it_only_in_its_loop(sglang_release_repo, series_dir, tmp_path,
+                                                                   monkeypatch):
+    """apply's proof recorded its replay's trees: the branch's commits are compared with them; on the new base the
+    loop's replay is the proof's fresh replay."""
+    git = apply_into(sglang_release_repo, tmp_path / "tree", series_dir, "v0.5.22")
+
+    def replayed(*args, **kw):
+        raise AssertionError("the series was replayed outside the rebase's loop")
+
+    for module in (rebase_ops, rebase_loop, equivalence):
+        monkeypatch.setattr(module, "replay_in_index" if module is rebase_ops else "fresh_replay", replayed)
+    run = rebase(git, series_dir, "--onto", "v0.5.23")
+    assert run.code == 0, run.err
+    assert run.out["equivalence"]["summary"] == f"identical to a fresh apply of series c128patch {V} on v0.5.23"
+    again = invoke("status", "--tree", str(git.worktree), "--series", str(series_dir))  # the proof it recorded
+    assert again.code == 0 and again.out["proof"] == "recorded" and again.out["equivalence"]["identical"]
 
 
 def test_next_refresh_is_printed_only_when_it_would_change_something(sglang_release_repo, series_dir, tmp_path):
@@ -611,8 +630,12 @@ def test_the_entry_upstream_holds_is_proposed_on_content_evidence(merged_stop):
 
 
 def test_continue_keeps_an_entry_proposed_as_merged_only_if_something_is_left_to_keep(sglang_release_repo,
-                                                                                       tmp_path):
+                                                                                       tmp_path, monkeypatch):
+    calls, raw = [], Git._raw
+    monkeypatch.setattr(Git, "_raw", lambda self, args, *a, **k: calls.append(args) or raw(self, args, *a, **k))
     m = merged_rebase(sglang_release_repo, tmp_path)
+    diffed = [args for args in calls if args[0] == "log" and "-p" in args and m.onto in args]
+    assert len(diffed) == 1, diffed  # the upstream commit diffed once, for the patch-id signal and the hints alike
     run = rebase(m.git, m.series, "--continue")
     assert run.code == 0, run.err
     step = next(e for e in run.out["entries"] if e["name"] == RS)

@@ -97,11 +97,15 @@ def test_an_unreadable_record_of_a_trees_layer_folders_is_one_line(tmp_path: Pat
         tree_layers(git)
 
 
-def test_a_damaged_patch_id_cache_is_read_as_empty(tmp_path: Path):
-    """rebase's cache of upstream patch ids (the git dir's patch-ids.json) is state, so input: a damaged one is
-    none (ids computed again), not a traceback."""
-    from c128patch.ops.merged import MergedCheck
+def test_damaged_trees_in_a_recorded_proof_are_none(tmp_path: Path):
+    """The fresh replay's trees a proof records (a rebase compares the branch's commits with them) are state, so
+    input: damaged, of another shape or under another key, they are none (the rebase replays), not a traceback."""
+    from c128patch.ops.proofs import PROOF, recorded_trees
 
-    for text in ("[", DEEP_JSON, '{"c": 5}', "[]"):
-        (tmp_path / "patch-ids.json").write_text(text)
-        assert MergedCheck(Git(worktree=tmp_path), "a", "b", tmp_path / "patch-ids.json", [])._ids == {}
+    key = {"head": "h"}
+    for text in ("[", DEEP_JSON, *(f'{{"key": {{"head": "h"}}, "trees": {t}}}' for t in
+                                   ("[]", '{"e": 5}', '{"e": ["a"]}', '{"e": [1, 2]}', DEEP_JSON))):
+        (tmp_path / PROOF).write_text(text)
+        assert recorded_trees(tmp_path, key) is None
+    (tmp_path / PROOF).write_text('{"key": {"head": "h"}, "trees": {"e": ["a", "b"]}}')
+    assert recorded_trees(tmp_path, key) == {"e": ("a", "b")} and recorded_trees(tmp_path, {"head": "x"}) is None

@@ -28,7 +28,7 @@ from c128patch.errors import C128Error, ConflictError, DifferenceError, Interrup
 from c128patch.git import Git, environment_problem
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops import proofs
-from c128patch.ops.equivalence import prove
+from c128patch.ops.equivalence import fresh_replay, prove
 from c128patch.ops.treestate import (
     RECOVERY_PREFIX,
     apply_commands,
@@ -330,7 +330,9 @@ class Apply:
         self.path.unlink()
         result = self._result(journal)
         self.reporter.step("proving the tree against a fresh replay of the series")
-        proof = prove(series, git, journal.rev, journal.upstream_commit, result.head, accept=lambda edit: False)
+        fresh = fresh_replay(series, git, journal.rev, journal.upstream_commit)
+        proof = prove(series, git, journal.rev, journal.upstream_commit, result.head, accept=lambda edit: False,
+                      fresh=fresh)
         result.equivalence = proof.to_json()
         if not proof.ok:
             shown = "\n".join(f"  {h.path} {h.header}" for d in proof.unattributed for h in d.hunks[:20])
@@ -340,7 +342,7 @@ class Apply:
                                        f"  undo: {self._undo_finished(journal)}", report=result.to_json())
         if proof.identical:  # recorded for `status` (identical whatever edits a caller accepts)
             key = proofs.proof_key(git, series, journal.rev, journal.upstream_commit, result.head)
-            proofs.record(self.path.parent, key, result.equivalence)
+            proofs.record(self.path.parent, key, result.equivalence, fresh[2])  # its trees: for a rebase
         return result
 
     def _dated(self, journal: ApplyJournal) -> Git:

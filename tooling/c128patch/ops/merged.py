@@ -3,8 +3,8 @@
 Signals for one entry on a new base (the earlier entries replayed on it): ``reverse-apply`` (the
 chosen file reverse-applies there); ``patch-id`` (one upstream commit of the range makes the same
 change to every file the entry's old commit changes: per-file ``git patch-id --stable`` of
-``--unified=0`` diffs, each upstream commit diffed once for every entry, the ids cached by commit in
-``.git/c128patch/patch-ids.json``); ``became-empty`` (the replay changes nothing); ``overlay-identical``
+``--unified=0`` diffs, each upstream commit diffed once for every entry and for the hints below);
+``became-empty`` (the replay changes nothing); ``overlay-identical``
 (the target exists upstream with our content); ``pr-hint`` (a subject names a PR of the entry's
 ``upstream``: never enough alone, a drop is proposed only with a content signal).
 
@@ -19,14 +19,12 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Literal, Sequence
 
 from unidiff import PatchSet, UnidiffParseError
 from unidiff.patch import Line
 
 from c128patch.git import Git, blob_id
-from c128patch.jsonio import read_json, write_json_atomic
 from c128patch.ops.replay import staged
 from c128patch.series.manifest import Entry
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo
@@ -88,15 +86,15 @@ def _file_ids(git: Git, commits: list[str], paths: Sequence[str] = ()) -> dict[s
 
 
 class MergedCheck:
-    """The signals for the entries of one rebase range ``old..onto``, each commit diffed once for all."""
+    """The signals for the entries of one rebase range ``old..onto``; ``cache``: ``upstream_hints``' searches (the
+    range's diffs of ``paths`` are read once for both), ``paths``: the files the entries touch."""
 
-    def __init__(self, git: Git, old: str, onto: str, cache: Path, old_commits: list[str]) -> None:
-        self.git, self.old, self.onto, self.cache = git, old, onto, cache
-        self._ids: dict[str, dict[str, str]] = {c: v for c, v in (read_json(cache, dict) or {}).items()
-                                                 if isinstance(v, dict)}
+    def __init__(self, git: Git, old: str, onto: str, old_commits: list[str], cache: dict[str, str],
+                 paths: Sequence[str]) -> None:
+        self.git, self.old, self.onto, self.cache, self.paths = git, old, onto, cache, paths
         self._old_commits = [c for c in old_commits if c]
         self._ours: dict[str, dict[str, str]] | None = None
-        self._touching: dict[str, set[str]] = {}  # range commit -> the entries' files it changes
+        self._ids: dict[str, dict[str, str]] = {}  # range commit -> path -> per-file patch-id, newest commit first
         self._hints: dict[str, list[Signal]] = {}
 
     def signals(self, item: Planned, old_commit: str, idx: Git, present: set[str]) -> list[Signal]:
@@ -118,13 +116,6 @@ class MergedCheck:
             out += self._patch_id(old_commit)
         return out
 
-    def _upstream_ids(self, commits: list[str], paths: list[str]) -> None:  # kept in ``cache`` ("": unchanged)
-        missing = [c for c in commits if not set(paths) <= self._ids.get(c, {}).keys()]
-        if missing:
-            for commit, ids in _file_ids(self.git, missing, paths).items():
-                self._ids.setdefault(commit, {}).update({p: "" for p in paths} | ids)
-            write_json_atomic(self.cache, self._ids)
-
     def _pr_hint(self, number: str) -> list[Signal]:
         if number not in self._hints:
             hit = self.git.out("log", "--format=%H %s", "-E", f"--grep=\\(#{number}\\)", f"{self.old}..{self.onto}")
@@ -136,21 +127,16 @@ class MergedCheck:
     def _patch_id(self, old_commit: str) -> list[Signal]:
         if self._ours is None:
             self._ours = _file_ids(self.git, self._old_commits)
-            every = sorted({path for ids in self._ours.values() for path in ids})
-            if every:  # each range commit diffed once, for the files of every entry
-                log = self.git.out("log", "--format=%x00%H", "--name-only", f"{self.old}..{self.onto}", "--", *every)
-                for part in log.split("\0")[1:]:
-                    sha, *files = part.split()
-                    self._touching[sha] = set(files)
-                self._upstream_ids(list(self._touching), every)
+            every = sorted({path for ids in self._ours.values() for path in ids} | set(self.paths))
+            diffs = _range_diffs(self.git, self.cache, f"{self.old}..{self.onto}", every) if every else {}
+            self._ids = per_commit_file_ids(self.git, {sha: diff for sha, (_, diff) in reversed(diffs.items())})
         ours = self._ours.get(old_commit) or _file_ids(self.git, [old_commit])[old_commit]
         if not ours:
             return []
-        paths = sorted(ours)
-        for sha in [c for c, files in self._touching.items() if set(paths) <= files]:  # ids known: paths <= every
-            if all(self._ids[sha].get(path) == pid for path, pid in ours.items()):
-                return [Signal("patch-id", f"upstream commit {sha[:12]} makes the same change to {', '.join(paths)}",
-                               sha)]
+        for sha, ids in self._ids.items():
+            if all(ids.get(path) == pid for path, pid in ours.items()):
+                paths = ", ".join(sorted(ours))
+                return [Signal("patch-id", f"upstream commit {sha[:12]} makes the same change to {paths}", sha)]
         return []
 
 
@@ -191,7 +177,7 @@ def _range_diffs(git: Git, cache: dict[str, str], span: str, paths: list[str]) -
     commits = dict(line.split("\0", 1) for line in log.splitlines())
     key = f"diff:{','.join(paths)}:"  # each commit diffed once for every range holding it (check's revs)
     if missing := [sha for sha in commits if key + sha not in cache]:
-        diffs = commit_diffs(git, missing, "--unified=0", "--no-renames", paths=paths)
+        diffs = commit_diffs(git, missing, "--unified=0", "--no-renames", "--full-index", paths=paths)
         cache.update({key + sha: diff for sha, diff in diffs.items()})
     return {sha: (subject, cache[key + sha]) for sha, subject in commits.items()}
 

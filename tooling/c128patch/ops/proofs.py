@@ -1,6 +1,9 @@
 """A tree's proof (``ops.equivalence``) recorded in its git dir (``c128patch/proof.json``) by apply, rebase,
-refresh and status, under a key of all it depends on. A user can forge it (it is in .git), but a record whose key
-differs in any field (another HEAD, series, upstream or tool version) is never read; one not parsing is a miss."""
+refresh and status, under a key of all it depends on, with the fresh replay's trees where apply or rebase made it (the
+next rebase compares the branch's commits with them instead of replaying the series on the old base). A user can forge
+it (it is in .git): forged trees can only make a rebase take an edited entry commit for the series' (the edit is not
+carried; the recovery ref keeps it); a record whose key differs in any field (another HEAD, series, upstream or tool
+version) is never read; one not parsing is a miss."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from c128patch.jsonio import read_json, write_json_atomic
 from c128patch.series.manifest import Series
 
 PROOF = "proof.json"  # in the c128patch state dir (``treestate.c128_state_dir``), beside layers.json
+Trees = dict[str, tuple[str, str]]  # entry -> (tree before it, tree after it): ``ops.equivalence.Trees``
 
 
 def proof_key(git: Git, series: Series, rev: str, commit: str, head: str = "HEAD", tree: str = "") -> dict[str, str]:
@@ -29,17 +33,32 @@ def proof_key(git: Git, series: Series, rev: str, commit: str, head: str = "HEAD
             "upstream": commit, "rev": rev, "tool": __version__}
 
 
+def _read(state: Path, key: dict[str, str], part: str) -> object:
+    """``part`` of the record in the state dir ``state`` if it is recorded under ``key`` (else None)."""
+    data = read_json(state / PROOF, dict) or {}
+    return data.get(part) if data.get("key") == key else None
+
+
 def recorded(state: Path, key: dict[str, str]) -> dict | None:
     """The proof recorded under ``key`` in the state dir ``state`` (None: none, another key's, or unreadable)."""
-    data = read_json(state / PROOF, dict) or {}
-    proof = data.get("equivalence") if data.get("key") == key else None
+    proof = _read(state, key, "equivalence")
     ok = isinstance(proof, dict) and isinstance(proof.get("identical"), bool) and isinstance(proof.get("summary"), str)
-    return proof if ok else None
+    return proof if ok else None  # type: ignore[return-value]
 
 
-def record(state: Path, key: dict[str, str], equivalence: dict) -> None:
-    """Record a proof; where it cannot be written (a read-only .git) the next status proves again."""
+def recorded_trees(state: Path, key: dict[str, str]) -> Trees | None:
+    """The fresh replay's trees recorded with the proof under ``key`` (a rebase compares the branch with them)."""
+    trees = _read(state, key, "trees")
+    ok = isinstance(trees, dict) and all(isinstance(v, list) and len(v) == 2 and all(isinstance(t, str) for t in v)
+                                         for v in trees.values())
+    return {name: (v[0], v[1]) for name, v in trees.items()} if ok else None  # type: ignore[union-attr]
+
+
+def record(state: Path, key: dict[str, str], equivalence: dict, trees: Trees | None = None) -> None:
+    """Record a proof (``trees``: its fresh replay's); where it cannot be written (a read-only .git) the next status
+    proves again."""
     try:
-        write_json_atomic(state / PROOF, {"key": key, "equivalence": equivalence})
+        extra = {"trees": trees} if trees else {}
+        write_json_atomic(state / PROOF, {"key": key, "equivalence": equivalence, **extra})
     except OSError:
         pass

@@ -17,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from c128patch.errors import C128Error
+from c128patch.ops import proofs
 from c128patch.ops.equivalence import compare_commits
 from c128patch.ops.merged import Signal, upstream_hints
 from c128patch.ops.rebase_journal import Journal, Paused, Step, saved_conflicts, tree_state
@@ -52,7 +53,7 @@ class Rebase(RebaseLoop):
             raise C128Error(f"cannot rebase: the upstream base recorded in {PROVENANCE_PATH} is not in this repository")
         head = git.head() or ""
         old_rev = old.get("rev", old["commit"][:12])
-        self._fresh_replay(onto_rev, onto_commit, f"{old_rev}..{onto_rev}", list(drop))
+        self._planning(onto_commit)  # (in the pool, beside the comparison of the branch's commits)
         steps = self._steps(old["commit"], head, record)
         if not any(s.sha for s in steps):
             raise C128Error("cannot rebase: no c128patch entries on this branch")
@@ -222,11 +223,13 @@ class Rebase(RebaseLoop):
 
     def _steps(self, old_commit: str, head: str, record: dict) -> list[Step]:
         """The entries in order, each with its commit and user edit; the user's commits after their entry."""
-        git = self.git
-        with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:
-            fresh: dict[str, tuple[str, str]] = {}
-            replay_in_index(self.series, git, record.get("upstream", {}).get("rev", old_commit), old_commit,
-                            Path(tmp) / "fresh.index", ledger=self.ledger, trees=fresh)
+        git, rev = self.git, record.get("upstream", {}).get("rev", old_commit)
+        with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:  # the replay the branch's proof recorded, else
+            fresh = proofs.recorded_trees(self.state, proofs.proof_key(git, self.series, rev, old_commit, head))
+            if fresh is None:  # one made now
+                fresh = {}
+                replay_in_index(self.series, git, rev, old_commit, Path(tmp) / "fresh.index", ledger=self.ledger,
+                                trees=fresh)
             verdicts = compare_commits(self.series, git, old_commit, head, Path(tmp), fresh)
         names = [v.commit.entry for v in verdicts if v.commit.entry]
         if twice := sorted({n for n in names if names.count(n) > 1}):

@@ -10,21 +10,22 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, NoReturn
 
-from c128patch.errors import ConflictError, DifferenceError
+from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git
 from c128patch.ops import proofs
 from c128patch.ops.conflicts import StopReport, analyze, taken
-from c128patch.ops.equivalence import apply_cached, fresh_replay, prove, tree_diff
+from c128patch.ops.equivalence import Equivalence, Trees, apply_cached, fresh_replay, prove, tree_diff
 from c128patch.ops.merged import MergedCheck, Signal, proposes_drop, upstream_hints
 from c128patch.ops.rebase_journal import DONE, Journal, Phase, Step, save_conflicts, tree_state
 from c128patch.ops.rebase_report import classify, range_diff_of, report_of, write_reports
-from c128patch.ops.replay import FAILED, renamed_patch_text, replay_entry, unmerged_paths
+from c128patch.ops.replay import FAILED, EntryCheck, RevCheck, renamed_patch_text, replay_entry, unmerged_paths
 from c128patch.ops.treestate import fault_point, rebase_command, rebase_journal
 from c128patch.series import provenance
 from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import Series
-from c128patch.series.plan import ENTRY_TRAILER, Planned, index_git, merged_entries, overlay_message, plan
+from c128patch.series.plan import Planned, check_paths_at, index_git, merged_entries, overlay_message, plan
 from c128patch.series.provenance import PROVENANCE_PATH
+from c128patch.series.trailers import ENTRY_TRAILER
 from c128patch.upstream.source import default_branch
 
 
@@ -45,9 +46,9 @@ class RebaseLoop:
         self._touched: list[str] = []
         self._hint_cache: dict[str, str] = {}
         self._mails: dict[str, Future] = {}  # entry -> its patch file's (message, author), being read
-        self._pool = ThreadPoolExecutor(max_workers=1)  # the proof's fresh replay, beside the rebase
-        self._fresh: dict[tuple, Future] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1)  # the plan on the new base, beside the rebase's start
         self._plans: dict[str, Future] = {}  # commit -> the series' plan there, made once for the loop and the proof
+        self._chain: list[tuple[str, EntryCheck, str, str]] = []  # (entry, row, tree before, after) of each replayed
         self.on_tip: Callable[[str, str], object] | None = None  # called with (new base, new tip) once it is made
 
     def _advance(self, journal: Journal, tip: str = "") -> None:
@@ -59,11 +60,10 @@ class RebaseLoop:
     def _run(self, journal: Journal, keep: bool = False) -> dict:
         git = self.git
         planned = self._plan(journal)
-        self._fresh_replay(journal.onto_rev, journal.onto_commit, journal.span, journal.left_out)
         merged_here = {e.name: e for e in merged_entries(self.series, git, journal.onto_commit)}
-        check = MergedCheck(git, journal.old_commit, journal.onto_commit, self.state / "patch-ids.json",
-                            [s.sha for s in journal.steps])
         self._reset_index(journal)
+        check = MergedCheck(git, journal.old_commit, journal.onto_commit, [s.sha for s in journal.steps],
+                            self._hint_cache, self._touched)
         with ThreadPoolExecutor(max_workers=1) as pool:  # the entries' commit messages are read beside the loop
             self._mails = {s.name: pool.submit(self._mail, p.path, p.entry.name) for s in journal.steps[journal.pos:]
                            if s.kind == "entry" and s.status == "pending" and not s.user_edit
@@ -95,15 +95,6 @@ class RebaseLoop:
         if commit not in self._plans:
             self._plans[commit] = self._pool.submit(plan, self.series, self.git, commit)
         return self._plans[commit]
-
-    def _fresh_replay(self, rev: str, commit: str, span: str, without: list[str]) -> None:
-        """The proof's fresh replay on the new base, started beside the rebase (``_finish`` takes it)."""
-        key = (commit, span, tuple(sorted(without)))
-        made = None if without else self._planning(commit)  # (the pool runs it first; a refusal: the replay's)
-        if key not in self._fresh:
-            self._fresh[key] = self._pool.submit(lambda: fresh_replay(
-                self.series, self.git, rev, commit, span=span, without=list(without),
-                planned=None if made is None or made.exception() else made.result()))
 
     def _reset_index(self, journal: Journal) -> None:
         """The loop's index back at the tip's tree (it follows the tip while entries replay)."""
@@ -139,6 +130,7 @@ class RebaseLoop:
         step.signals = [s for s in step.signals if s["kind"] != "pr-hint"]  # kept: a hint, not a drop signal
         if tree:
             step.applied, step.series_tree, step.detail = row.status, tree, row.detail
+            self._chain.append((step.name, row, self._tip_tree, tree))
             return self._carry(journal, step)
         text = item.path.read_text() if item.patch is not None else ""
         self._stop(journal, step, "series", renamed_patch_text(text, row.renamed) if row.renamed else text,
@@ -298,18 +290,24 @@ class RebaseLoop:
         if self.on_tip is not None:
             self.on_tip(journal.onto_commit, new_head)
         carried = {s.new_sha for s in journal.steps if s.new_sha and (s.kind == "commit" or s.user_edit)}
-        fresh = self._fresh.get((journal.onto_commit, journal.span, tuple(sorted(journal.left_out))))
+        known: list[tuple[RevCheck, str, Trees]] = []  # the fresh replay: the loop's own, else one made now
+
+        def proving() -> Equivalence:
+            known.append(self._chained(journal) or fresh_replay(
+                self.series, git, journal.onto_rev, journal.onto_commit, span=journal.span, without=journal.left_out,
+                planned=None if journal.left_out else list(self._plan(journal).values())))
+            return prove(self.series, git, journal.onto_rev, journal.onto_commit, new_head, fresh=known[0],
+                         accept=lambda e: e.commit.sha in carried, span=journal.span, without=journal.left_out)
+
         with ThreadPoolExecutor(max_workers=2) as pool:  # the proof reads objects only: it runs beside the checkout
-            proving = pool.submit(lambda: prove(self.series, git, journal.onto_rev, journal.onto_commit, new_head,
-                                                accept=lambda e: e.commit.sha in carried, span=journal.span,
-                                                without=journal.left_out, fresh=fresh.result() if fresh else None))
+            proof_made = pool.submit(proving)
             ranged = pool.submit(range_diff_of, git, journal, new_head)
             git.run("checkout", "--quiet", "--detach", new_head)  # the work tree is clean here
             renamed = self._move_branch(journal, new_head)
-            proof, range_diff = proving.result(), ranged.result()
+            proof, range_diff = proof_made.result(), ranged.result()
         if proof.identical and not journal.left_out:  # what `status` proves (the whole series): recorded for it
             proofs.record(self.state, proofs.proof_key(git, self.series, journal.onto_rev, journal.onto_commit,
-                                                       new_head), proof.to_json())
+                                                       new_head), proof.to_json(), known[0][2])
         if proof.ok and renamed and git.current_branch() != renamed:  # named after its new base; the old tip stays
             git.run("update-ref", "-m", f"c128patch rebase onto {journal.onto_rev}", f"refs/heads/{renamed}", new_head,
                     "0" * 40)  # at the recovery ref
@@ -327,6 +325,21 @@ class RebaseLoop:
             raise DifferenceError(f"rebase onto {journal.onto_rev} finished, but the tree is not proven: "
                                   f"{proof.summary()}", hint=f"{shown}\n  {kept}\n  undo: {undo}", report=report)
         return report
+
+    def _chained(self, journal: Journal) -> tuple[RevCheck, str, Trees] | None:
+        """``fresh_replay``'s answer from the loop's replay where this process replayed every entry of the series,
+        each on the series' tree the one before left, from the new base's (else None: the proof replays it)."""
+        planned, chain = self._plan(journal), self._chain
+        trees = [self.git.out("rev-parse", f"{journal.onto_commit}^{{tree}}")] + [after for *_, after in chain]
+        names, befores = [c[0] for c in chain], [c[2] for c in chain]
+        if names != [e.name for e in self.series.entries] or names != list(planned) or befores != trees[:-1]:
+            return None
+        try:  # what the fresh replay refuses, the proof does too
+            check_paths_at(self.git, journal.onto_commit, [p for p in planned.values() if p.patch is not None])
+        except C128Error as exc:
+            return RevCheck(journal.onto_rev, journal.onto_commit, ok=False, error=exc.message), trees[0], {}
+        return (RevCheck(journal.onto_rev, journal.onto_commit, entries=[c[1] for c in chain]), trees[-1],
+                {name: (before, after) for name, _, before, after in chain})
 
     def _forget(self) -> None:
         """The journal and the stop's saved conflicts gone: no rebase is in progress."""
