@@ -8,8 +8,11 @@ lacking one is ``broken`` (its path runs without ours); one that has them all is
 from __future__ import annotations
 
 import ast
+import io
 import re
 import tempfile
+import tokenize
+import unicodedata
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -66,6 +69,14 @@ def _parse(source: bytes | None) -> ast.Module:
         return ast.Module(body=[], type_ignores=[])
 
 
+def _names(source: bytes) -> str | None:
+    """``source`` as Python reads its names (its coding declaration, NFKC): any name it defines is in it."""
+    try:
+        return unicodedata.normalize("NFKC", source.decode(tokenize.detect_encoding(io.BytesIO(source).readline)[0]))
+    except (SyntaxError, LookupError, UnicodeDecodeError):
+        return None  # parsed, then
+
+
 def _defs(source: bytes | None) -> dict[str, tuple[set[str], dict[str, ast.AST]]]:
     """Class name (``""``: module level) -> its base names and its functions."""
     out: dict[str, tuple[set[str], dict[str, ast.AST]]] = {"": (set(), {})}
@@ -118,9 +129,10 @@ def find(git: Git, base: str, target: str, ours: list[Patched]) -> list[Copy]:
             dropped = {m for p in ours if p.file == source for m in p.hooks} - defined if defined else set()
             copies.append(Copy(source, path, tuple(sorted(hooks - _calls(_parse(text)))), (), tuple(sorted(dropped))))
             continue
-        if text.isascii() and not any(p.cls and (p.cls.encode() in text or sum(m.encode() in text for m in p.methods)
-                                                 >= .75 * len(p.methods)) for p in ours):
-            continue  # no class here can subclass or mirror one we patch: the names are not in the (ASCII) text
+        names = _names(text)
+        if names is not None and not any(p.cls and (p.cls in names or sum(m in names for m in p.methods)
+                                                    >= .75 * len(p.methods)) for p in ours):
+            continue  # no class here can subclass or mirror one we patch: not even the names are in its text
         known = set(_defs(read(base, source or path))) if status[0] in "MR" else set()
         for cls, (bases, fns) in _defs(text).items():
             for p in ours:  # a new class that subclasses one we patch, or has most of its methods (a near-copy)
