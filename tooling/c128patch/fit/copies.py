@@ -73,7 +73,7 @@ def _names(source: bytes) -> str | None:
     """``source`` as Python reads its names (its coding declaration, NFKC): any name it defines is in it."""
     try:
         return unicodedata.normalize("NFKC", source.decode(tokenize.detect_encoding(io.BytesIO(source).readline)[0]))
-    except (SyntaxError, LookupError, UnicodeDecodeError):
+    except (SyntaxError, LookupError, ValueError):  # a coding Python refuses, bytes it does not decode
         return None  # parsed, then
 
 
