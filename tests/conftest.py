@@ -79,12 +79,15 @@ def is_heavy(item: pytest.Item) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     """The controller puts every temporary file of the run (pytest's, the tool's, its subprocesses') in one
     folder of its own, removed when the run ends, passed, failed or stopped (SIGTERM, Ctrl-C); workers and nested
-    runs inherit it."""
+    runs inherit it. A run killed before its cleanup (SIGKILL: `timeout -k`, a CI runner's escalation after
+    SIGTERM while xdist waits for its workers) leaves it to the next run, which removes it."""
     _controller.append(not hasattr(config, "workerinput"))
     # the tier imports with this interpreter unless a test asks for the target's environment (tests/test_env.py)
     os.environ.setdefault("C128PATCH_TIER_PYTHON", sys.executable)
     if _controller[-1] and not os.environ.get("C128PATCH_TEST_TMP"):
-        root = tempfile.mkdtemp(prefix="c128patch-tests-", dir=_memory_folder())
+        parent = _memory_folder() or tempfile.gettempdir()
+        _remove_killed_runs(Path(parent))
+        root = tempfile.mkdtemp(prefix=f"{_ROOT_PREFIX}{os.getpid()}-", dir=parent)
         os.environ["C128PATCH_TEST_TMP"] = os.environ["TMPDIR"] = tempfile.tempdir = root
         config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
         signal.signal(signal.SIGTERM, _interrupted)  # a run stopped by `timeout` or a CI job cleans up too
@@ -100,6 +103,27 @@ def _memory_folder() -> str | None:
     except OSError:
         return None
     return "/dev/shm" if st.f_bavail * st.f_frsize > 12 * 2**30 and os.access("/dev/shm", os.W_OK) else None
+
+
+_ROOT_PREFIX = "c128patch-tests-"  # then the controller's pid
+
+
+def _remove_killed_runs(parent: Path) -> None:
+    """Remove the run folders in ``parent`` whose controller is gone (killed before its cleanup)."""
+    for path in parent.glob(f"{_ROOT_PREFIX}*-*"):
+        pid = path.name.removeprefix(_ROOT_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and path.is_dir() and not path.is_symlink() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def _interrupted(signum: int, frame: object) -> None:

@@ -6,6 +6,7 @@ A header change the nvcc probe rejects: watch is broken by the probe, and bisect
 from __future__ import annotations
 
 import ast
+import base64
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,24 @@ def test_a_near_copy_of_the_patched_worker_without_the_hooked_method_names_the_m
                          "record_decode_inputs")
     fourth = [n for n in cls.body if isinstance(n, ast.FunctionDef)][3]
     assert found("".join(lines[cls.lineno - 1:fourth.end_lineno])) == []  # four of its methods: not a near-copy
+
+
+def _utf7(name: str) -> str:
+    """``name`` in UTF-7's base64 form: none of its letters is a byte of the file."""
+    return "+" + base64.b64encode(name.encode("utf-16-be")).decode().rstrip("=") + "-"
+
+
+def test_a_near_copy_whose_names_are_no_bytes_of_its_file_is_found(remote, ours):
+    """A file in another coding (UTF-7, its names in base64) is read as Python reads it before it is passed over for
+    not holding the names of a class we patch."""
+    base = remote.rev_parse("v0.5.23")
+    (worker,) = [p for p in ours if p.cls == "DSparkWorkerV2"]
+    shadow = "# coding: utf-7\nclass DSparkShadowWorker:\n" + "".join(
+        f"    def {_utf7(m)}(self):\n        pass\n" for m in sorted(worker.methods))
+    assert not [m for m in worker.methods if m in shadow]
+    path = "python/sglang/srt/speculative/dspark_components/dspark_shadow.py"
+    [copy] = copies.find(remote, base, _commit(remote, base, "dspark: a shadow worker", {path: shadow}), ours)
+    assert (copy.copy, copy.missing) == (f"{path}:DSparkShadowWorker", ("commit_after_verify", "record_decode_inputs"))
 
 
 def test_a_copy_that_does_not_parse_is_named_not_a_crash(remote, ours):

@@ -381,9 +381,11 @@ def test_audit_runs_on_the_stack_and_counts_each_layer_s_gated_entries(sglang_re
 
 
 def test_watch_carries_the_stack_and_refreshes_the_layer_into_its_own_folder(tmp_path, sglang_release_repo):
+    """--no-run: the stack carried and its layer refreshed are the subject (the behavioural tier, watch's costliest
+    step, is test_watch_behaviour's); refreshed outranks the unchecked it leaves."""
     layer = tmp_path / "acme"
     shutil.copytree(EXAMPLE, layer)
-    res = invoke("watch", "--onto", "v0.5.21", "--out", tmp_path / "out", "--layer", layer)
+    res = invoke("watch", "--onto", "v0.5.21", "--out", tmp_path / "out", "--layer", layer, "--no-run")
     assert res.code == 3 and res.out["outcome"] == "refreshed", res.err
     assert res.out["needed_merge"] == ["acme/acme-sps-env"] and res.out["layers"][0]["name"] == "acme"
     refreshed = tmp_path / "out" / "series"

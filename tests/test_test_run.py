@@ -45,6 +45,12 @@ def test_stopped(tmp_path):
         threading.Event().wait(60)
 
 
+def test_killed(tmp_path):
+    if os.environ.get("KILL"):
+        (tmp_path / "tree").write_text("x")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def test_burns():
     if os.environ.get("BURN"):
         subprocess.run([sys.executable, "-c", "import time\\nend = time.process_time() + 0.5\\n"
@@ -55,10 +61,10 @@ def test_burns():
 def inner_run(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess,
                                                                                        Path]:
     """pytest on INNER with this conftest, its temp folder under a fresh TMPDIR (returned)."""
-    (tmp_path / "inner").mkdir()
+    (tmp_path / "inner").mkdir(exist_ok=True)
     (tmp_path / "inner" / "test_inner.py").write_text(INNER)
     temp = tmp_path / "temp"
-    temp.mkdir()
+    temp.mkdir(exist_ok=True)
     env = {**{k: v for k, v in os.environ.items() if k not in ("C128PATCH_TEST_TMP", "PYTEST_XDIST_WORKER")},
            **(env or {})}
     env.update(TMPDIR=str(temp), PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "tests"), env.get("PYTHONPATH", "")]))
@@ -80,6 +86,19 @@ def test_a_run_stopped_by_sigterm_leaves_nothing_in_the_temp_folder(tmp_path):
     proc, temp = inner_run(tmp_path, "-k", "test_stopped", env={"STOP": "1"})
     assert proc.returncode == 2 and "KeyboardInterrupt" in proc.stdout, proc.stdout + proc.stderr
     assert list(temp.iterdir()) == []
+
+
+def test_a_run_killed_before_its_cleanup_leaves_its_folder_to_the_next_run_which_removes_it(tmp_path):
+    """SIGKILL (`timeout -k`, a CI runner's escalation after SIGTERM, while xdist waits for its workers) leaves the
+    run's folder; the next run removes it, and keeps a live run's."""
+    proc, temp = inner_run(tmp_path, "-k", "test_killed", env={"KILL": "1"})
+    assert proc.returncode == -9, proc.stdout + proc.stderr
+    (left,) = temp.iterdir()
+    live = temp / f"c128patch-tests-{os.getpid()}-live"  # this run's controller is alive
+    live.mkdir()
+    proc, _ = inner_run(tmp_path, "-k", "test_no_gpu")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert list(temp.iterdir()) == [live], left
 
 
 def test_the_cpu_seconds_of_each_file_are_summed_over_the_workers_children_included(tmp_path):

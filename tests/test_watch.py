@@ -226,9 +226,12 @@ def test_watch_never_touches_the_user_s_clone(clean_022):
 # -- upstream commits made in the test on v0.5.23 --------------------------------------------
 
 
+# --no-run where the behavioural tier is not the subject (it is watch's costliest step: test_watch_behaviour's
+# subject, and `unrelated`'s below): refreshed, merged and failed outrank the unchecked it leaves.
 @pytest.fixture(scope="session")
 def renamed(stand_in, tmp_path_factory) -> Watched:
-    return watch(tmp_path_factory.mktemp("w-rename") / "out", REPO_ROOT, "rename", "--repo", remote(stand_in))
+    return watch(tmp_path_factory.mktemp("w-rename") / "out", REPO_ROOT, "rename", "--repo", remote(stand_in),
+                 "--no-run")
 
 
 def test_a_rename_in_a_hunk_s_context_is_refreshed_by_a_3way_merge(renamed):
@@ -301,7 +304,8 @@ def test_the_printed_commands_reproduce_the_stop(moved, tmp_path):
 
 @pytest.fixture(scope="session")
 def landed(stand_in, tmp_path_factory) -> Watched:
-    return watch(tmp_path_factory.mktemp("w-landed") / "out", REPO_ROOT, "landed", "--repo", remote(stand_in))
+    return watch(tmp_path_factory.mktemp("w-landed") / "out", REPO_ROOT, "landed", "--repo", remote(stand_in),
+                 "--no-run")
 
 
 def test_an_entry_upstream_landed_with_other_formatting_is_reported_merged(landed):
@@ -361,7 +365,7 @@ def test_a_series_that_carries_but_fails_a_check_is_failed_and_offers_nothing(st
     patch.write_text(patch.read_text().replace("C128patch-Gate: SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK (default off)",
                                                "C128patch-Gate: none (wrong)"))
     update_hashes(load_series(series))
-    w = watch(tmp_path / "out", series, "rename", "--repo", remote(stand_in))
+    w = watch(tmp_path / "out", series, "rename", "--repo", remote(stand_in), "--no-run")
     assert w.run.code == EXIT["failed"] == 6, w.run.err
     [problem] = w.report["problems"]
     assert problem == ("lint: c128-dspark-online-env: patches/0006-c128-dspark-online-env.patch: header must say "

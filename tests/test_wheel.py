@@ -218,14 +218,11 @@ def test_verify_ok(patched, wheel_series: Path):
     assert data["compiled"] == 2  # environ.py and the overlay
 
 
-def retouched(src: Path, dest_dir: Path, edit, names: list[str]) -> Path:
-    """A copy of ``src`` with ``edit(root, dist_info)`` applied to ``names`` and RECORD regenerated
-    (so RECORD stays valid and only the deeper checks can notice)."""
-    with InWheel(src) as iw:
-        iw.extract([n.replace("{dist}", iw.dist_info) for n in names])
-        edit(iw.root, iw.dist_info)
-        version = iw.name.version
-        return iw.save(dest_dir, version, 0)
+def retouched(src: Path, dest_dir: Path, suffix: str, edit) -> Path:
+    """A copy of ``src`` with the member whose name ends in ``suffix`` changed by ``edit(text) -> text`` and
+    RECORD regenerated (``tampered``: stored, fast), so RECORD stays valid and only the deeper checks can notice."""
+    (name,) = [n for n in members(src) if n == suffix or n.endswith(f"/{suffix}")]
+    return tampered(src, dest_dir, {name: edit(members(src)[name].decode()).encode()})
 
 
 def verify_fails(wheel: Path, contains: str, *extra: str) -> str:
@@ -238,47 +235,35 @@ def verify_fails(wheel: Path, contains: str, *extra: str) -> str:
 
 
 def test_verify_catches_a_reverted_patch(patched, tmp_path: Path):
-    def undo(root: Path, _dist: str) -> None:
-        path = root / "sglang/srt/environ.py"
-        path.write_text(path.read_text().replace(GATE_LINE, ""))
-
-    verify_fails(retouched(Path(patched.wheel), tmp_path, undo, ["sglang/srt/environ.py"]),
-                 "entry 'test-patch' is not in the wheel as recorded: sglang/srt/environ.py")
+    undo = retouched(Path(patched.wheel), tmp_path, "sglang/srt/environ.py", lambda text: text.replace(GATE_LINE, ""))
+    verify_fails(undo, "entry 'test-patch' is not in the wheel as recorded: sglang/srt/environ.py")
 
 
 def test_verify_catches_a_changed_overlay(patched, tmp_path: Path):
-    def edit(root: Path, _dist: str) -> None:
-        (root / OVERLAY).write_text("VALUE = 2\n")
-
-    verify_fails(retouched(Path(patched.wheel), tmp_path, edit, [OVERLAY]), "overlay 'test-overlay'")
+    verify_fails(retouched(Path(patched.wheel), tmp_path, OVERLAY, lambda _: "VALUE = 2\n"), "overlay 'test-overlay'")
 
 
 def test_verify_catches_sbom_drift(patched, tmp_path: Path):
-    def edit(root: Path, dist: str) -> None:
-        path = root / dist / "sboms" / "c128patch.cdx.json"
-        path.write_text(path.read_text().replace('"value": "test-patch"', '"value": "renamed"'))
-
-    verify_fails(retouched(Path(patched.wheel), tmp_path, edit, []), "SBOM entry 1 (renamed): name")
+    drift = retouched(Path(patched.wheel), tmp_path, "sboms/c128patch.cdx.json",
+                      lambda text: text.replace('"value": "test-patch"', '"value": "renamed"'))
+    verify_fails(drift, "SBOM entry 1 (renamed): name")
 
 
 def test_verify_catches_a_record_mismatch(patched, tmp_path: Path):
     bad = tmp_path / Path(patched.wheel).name
-    with zipfile.ZipFile(patched.wheel) as src, zipfile.ZipFile(bad, "w", zipfile.ZIP_DEFLATED) as dst:
+    with zipfile.ZipFile(patched.wheel) as src, zipfile.ZipFile(bad, "w") as dst:
         for info in src.infolist():
             data = src.read(info)
             if info.filename == "sglang/srt/environ.py":
                 data = data.replace(b"EnvBool(False)", b"EnvBool(True) ", 1)  # same size, other bytes
+            info.compress_type = zipfile.ZIP_STORED  # not deflated again: fast
             dst.writestr(info, data)
     verify_fails(bad, "RECORD hash mismatch")
 
 
 def test_verify_catches_a_syntax_error(patched, tmp_path: Path):
-    def edit(root: Path, _dist: str) -> None:
-        path = root / "sglang/srt/environ.py"
-        path.write_text(path.read_text() + "\ndef broken(:\n")
-
-    verify_fails(retouched(Path(patched.wheel), tmp_path, edit, ["sglang/srt/environ.py"]),
-                 "sglang/srt/environ.py does not compile")
+    broken = retouched(Path(patched.wheel), tmp_path, "sglang/srt/environ.py", lambda text: text + "\ndef broken(:\n")
+    verify_fails(broken, "sglang/srt/environ.py does not compile")
 
 
 def test_verify_against_another_series(patched, tmp_path: Path, sglang_release_repo: Path):
@@ -414,12 +399,12 @@ def test_refusal_rule_cases():
 
 def test_installs_and_uninstalls_cleanly(patched, tmp_path: Path):
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)  # no pip to install
     py = venv / "bin" / "python"
+    pip_in_venv = [sys.executable, "-m", "pip", "--python", str(py), "--disable-pip-version-check", "--no-input"]
 
     def pip(*args: str) -> str:
-        proc = subprocess.run([str(py), "-m", "pip", "--disable-pip-version-check", "--no-input", *args],
-                              capture_output=True, text=True)
+        proc = subprocess.run([*pip_in_venv, *args], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
 
@@ -444,7 +429,7 @@ def test_installs_and_uninstalls_cleanly(patched, tmp_path: Path):
     assert f"Version: {patched.version}" in pip("show", "sglang")
     # pip check parses every installed METADATA: the only complaints may be the requirements that
     # --no-deps left out (sglang's own Requires-Dist, intact), never invalid metadata or versions.
-    proc = subprocess.run([str(py), "-m", "pip", "check"], capture_output=True, text=True)
+    proc = subprocess.run([*pip_in_venv, "check"], capture_output=True, text=True)
     problems = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     assert problems and all(re.fullmatch(rf"sglang {re.escape(patched.version)} requires \S+, "
                                          r"which is not installed\.", ln)

@@ -8,14 +8,17 @@ lacking one is ``broken`` (its path runs without ours); one that has them all is
 from __future__ import annotations
 
 import ast
+import io
 import re
 import tempfile
+import tokenize
+import unicodedata
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from unidiff import PatchSet
 
-from c128patch.git import Git
+from c128patch.git import BlobBatch, Git
 from c128patch.ops.replay import replay_in_index
 from c128patch.series.manifest import Series
 
@@ -66,6 +69,14 @@ def _parse(source: bytes | None) -> ast.Module:
         return ast.Module(body=[], type_ignores=[])
 
 
+def _names(source: bytes) -> str | None:
+    """``source`` as Python reads its names (its coding declaration, NFKC): any name it defines is in it."""
+    try:
+        return unicodedata.normalize("NFKC", source.decode(tokenize.detect_encoding(io.BytesIO(source).readline)[0]))
+    except (SyntaxError, LookupError, ValueError):  # a coding Python refuses, bytes it does not decode
+        return None  # parsed, then
+
+
 def _defs(source: bytes | None) -> dict[str, tuple[set[str], dict[str, ast.AST]]]:
     """Class name (``""``: module level) -> its base names and its functions."""
     out: dict[str, tuple[set[str], dict[str, ast.AST]]] = {"": (set(), {})}
@@ -106,17 +117,23 @@ def find(git: Git, base: str, target: str, ours: list[Patched]) -> list[Copy]:
     words = git.out("diff", "--no-color", "--name-status", "-z", "-C", "--find-copies-harder", "--diff-filter=ACMR",
                     base, target, "--", "*.py").split("\0")
     copies: list[Copy] = []
+    batch = BlobBatch(git)  # one git for the range's every file (thousands between releases); a name with a newline
+    read = lambda rev, name: git.blob(rev, name) if "\n" in name else batch.read(f"{rev}:{name}")  # noqa: E731
     while len(words) > 1:
         status, path = words[0], words[1]
         source, path, words = (path, words[2], words[3:]) if status[0] in "CR" else ("", path, words[2:])
-        text = git.blob(target, path)
+        text = read(target, path) or b""
         if status[0] == "C" and any(p.file == source for p in ours):
             hooks = {h for p in ours if p.file == source for names in p.hooks.values() for h in names}
             defined = {f for _, fns in _defs(text).values() for f in fns}
             dropped = {m for p in ours if p.file == source for m in p.hooks} - defined if defined else set()
             copies.append(Copy(source, path, tuple(sorted(hooks - _calls(_parse(text)))), (), tuple(sorted(dropped))))
             continue
-        known = set(_defs(git.blob(base, source or path))) if status[0] in "MR" else set()
+        names = _names(text)
+        if names is not None and not any(p.cls and (p.cls in names or sum(m in names for m in p.methods)
+                                                    >= .75 * len(p.methods)) for p in ours):
+            continue  # no class here can subclass or mirror one we patch: not even the names are in its text
+        known = set(_defs(read(base, source or path))) if status[0] in "MR" else set()
         for cls, (bases, fns) in _defs(text).items():
             for p in ours:  # a new class that subclasses one we patch, or has most of its methods (a near-copy)
                 sub = p.cls in bases
@@ -127,6 +144,7 @@ def find(git: Git, base: str, target: str, ours: list[Patched]) -> list[Copy]:
                         for h in hs - have}  # an override calling super().m keeps ours
                     copies.append(Copy(f"{p.file}:{p.cls}", f"{path}:{cls}", tuple(sorted(missing)), (),
                                        tuple(sorted(dropped))))
+    batch.close()
     declared = git.run("diff", "--no-color", "-U0", base, target, "--", "*/environ.py").stdout
     new = set(re.findall(r"^\+\s*(SGLANG_\w+)\s*=", declared, re.M)) - set(re.findall(r"^-\s*(SGLANG_\w+)\s*=",
                                                                                         declared, re.M))
