@@ -10,7 +10,7 @@ from markdown_it import MarkdownIt
 
 from c128patch.fit import watch_report
 from c128patch.ops.rebase_report import render_markdown
-from c128patch.textsafe import md, plain
+from c128patch.textsafe import md, plain, some
 
 HOSTILE = ["<!-- the rest is hidden", "<img src=x onerror=alert(1)>", "[click me](javascript:alert(1))",
            "cc @maintainers please merge", "fixes #12", "\x1b[31mred\x1b[0m", "\x1b]8;;https://evil.example\x1b\\"
@@ -56,3 +56,9 @@ def test_rebase_reports_upstream_subjects_and_refs_as_data():
     text = render_markdown(report)
     _inert(text)
     assert "`@team`" in text and "- added: `fixes #12`" in text
+
+
+def test_some_names_the_first_n_then_counts_the_rest():
+    assert some(["a", "b", "c", "d"], 2) == "a, b and 2 more"
+    assert some(["a", "b"], 2) == "a, b"
+    assert some([], 3) == ""

@@ -14,6 +14,11 @@ def plain(text: str) -> str:
     return _CONTROLS.sub("", text)
 
 
+def some(items: list[str], n: int) -> str:
+    """The first ``n`` of ``items``, then how many more."""
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
 def md(text: str, lang: str | None = None) -> str:
     """``text`` as literal Markdown: a code span, or a fenced block (several lines, or a ``lang`` given); the
     fence is longer than any backtick run in it, so no HTML, link, @mention or #ref in it is live."""

@@ -177,7 +177,7 @@ def nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
-def probe(series_root: Path, git: Git, head: str, *, arch: str = "90a", cached: bool = True) -> tuple[bool | None, str]:
+def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tuple[bool | None, str]:
     """Compile the series' signature probe against ``head``'s headers: (ok, one line); ``ok`` None: not checked (no
     nvcc, no tvm-ffi, no probe in the series). A verdict is cached by the headers' tree id, the probe and nvcc."""
     source = series_root / PROBE
@@ -205,15 +205,14 @@ def probe(series_root: Path, git: Git, head: str, *, arch: str = "90a", cached: 
         except GitError:
             return False, f"the tree has no {INCLUDE_ROOT}: C++ contract broken"
         includes = [f"{tmp}/{INCLUDE_ROOT}", info.find_include_path(), info.find_dlpack_include_path()]
-        sm = re.match(r"\d+", arch).group(0)
-        cmd = [compiler, "-c", str(source), "-o", f"{tmp}/probe.o", f"-gencode=arch=compute_{arch},code=sm_{arch}",
-               f"-DSGL_CUDA_ARCH={int(sm) * 10}", "-std=c++20", "--expt-relaxed-constexpr",
+        cmd = [compiler, "-c", str(source), "-o", f"{tmp}/probe.o", "-gencode=arch=compute_90a,code=sm_90a",
+               "-DSGL_CUDA_ARCH=900", "-std=c++20", "--expt-relaxed-constexpr",
                *(f"-I{d}" for d in dict.fromkeys(includes))]
         proc = subprocess.run(cmd, capture_output=True, text=True)
     ok = proc.returncode == 0
     named = list(dict.fromkeys(re.findall(r'upstream signature changed: (.*?)"', proc.stdout + proc.stderr)))
     errors = [l for l in (proc.stdout + proc.stderr).splitlines() if "error" in l][:3]
-    line = f"nvcc signature probe compiles against the tree's headers (sm_{arch})" if ok else \
+    line = "nvcc signature probe compiles against the tree's headers (sm_90a)" if ok else \
         "nvcc signature probe fails: " + ("; ".join(named) if named else " | ".join(errors) or "nvcc failed")
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from c128patch.fit.env import describe
 from c128patch.fit.sandbox import NOTICE
 from c128patch.ops.conflicts import block_markdown
-from c128patch.textsafe import md, plain
+from c128patch.textsafe import md, plain, some
 
 WHAT = {
     "clean": "Nothing to do: every entry applies strictly.",
@@ -38,13 +38,9 @@ def where(report: dict) -> str:
     return f"{onto['rev']}@{onto['commit'][:12]}" if onto["commit"] else onto["rev"]
 
 
-def _names(items: list[str], n: int = 4) -> str:
-    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
-
-
 def _conflict_line(c: dict) -> str:
     files = sorted({b["path"] for b in c["blocks"]}) or c["unresolved"] or c.get("paths") or [c["file"]]
-    text = f"entry {c['entry']} conflicts in {_names(files, 2)}"
+    text = f"entry {c['entry']} conflicts in {some(files, 2)}"
     upstream = next((u for b in c["blocks"] for u in b["upstream"]), "")
     moved = next((b for b in c["blocks"] if b["moved_to"]), None)
     return text + (f" since upstream commit {upstream}" if upstream else "") + (
@@ -66,19 +62,19 @@ def headline(report: dict) -> str:
                if e["on_rev"].split(" (")[0] in ("3-way", "ledger", "whitespace-merged") or "(renamed: " in e["on_rev"]]
         new = report["refreshed"]
         return (f"{series} still applies on {at}: {len(how)} of {len(entries)} entries needed a 3-way merge or a "
-                f"recorded resolution ({_names(how)}); the refreshed series {s['name']} {new['version']} applies "
+                f"recorded resolution ({some(how, 4)}); the refreshed series {s['name']} {new['version']} applies "
                 f"strictly there")
     if outcome == "merged":
         first = report["merged"][0]
         content = [s for s in first["signals"] if s["kind"] != "pr-hint"]  # evidence, not a hint
         evidence = f"{content[0]['kind']}: {content[0]['detail']}" if content else ""
         return (f"upstream {at} holds {len(report['merged'])} entries of {series} on content evidence "
-                f"({_names([m['entry'] for m in report['merged']])}; {first['entry']}: {evidence}); "
+                f"({some([m['entry'] for m in report['merged']], 4)}; {first['entry']}: {evidence}); "
                 "review before dropping")
     if outcome == "conflict":
         first, rest = report["conflicts"][0], report["conflicts"][1:]
         text = _conflict_line(first).replace(" conflicts in ", f" conflicts on {at} in ", 1)
-        return text + (f"; {len(rest)} more: {_names([c['entry'] for c in rest])}" if rest else "")
+        return text + (f"; {len(rest)} more: {some([c['entry'] for c in rest], 4)}" if rest else "")
     if outcome == "failed":
         return f"{series} on {at}: {report['problems'][0]}"
     if outcome == "broken":

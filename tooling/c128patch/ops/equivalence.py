@@ -27,6 +27,7 @@ from c128patch.series.manifest import Series
 from c128patch.series.patchfile import hunk_header, read_patch
 from c128patch.series.plan import Planned, choose, index_git, merged_entries, verify_file
 from c128patch.series.provenance import PROVENANCE_PATH
+from c128patch.textsafe import some
 
 DifferenceKind = Literal["user-edit", "user-commit", "unattributed"]
 VerdictKind = Literal["series", "user-edit", "user-commit", "uncompared"]
@@ -95,17 +96,13 @@ class Equivalence:
         if self.identical:
             return f"identical to {fresh}"
         if not self.unattributed:
-            return f"equals {fresh} but for " + "; ".join(f"{d.label} ({_some(d.files)})" for d in self.differences)
+            return f"equals {fresh} but for " + "; ".join(f"{d.label} ({some(d.files, 3)})" for d in self.differences)
         first = self.unattributed[0].hunks[0]
-        return (f"differs from {fresh}: unattributed change in {_some(self.unattributed[0].files)} "
+        return (f"differs from {fresh}: unattributed change in {some(self.unattributed[0].files, 3)} "
                 f"(first: {first.path} {first.header})")
 
     def to_json(self) -> dict:
         return asdict(self) | {"summary": self.summary(), "identical": self.identical, "ok": self.ok}
-
-
-def _some(items: list[str], n: int = 3) -> str:
-    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
 def hunks_between(git: Git, before: str, after: str) -> list[Hunk]:

@@ -79,10 +79,9 @@ def commit_diffs(git: Git, commits: list[str], *args: str, paths: Sequence[str] 
     return {c: "" for c in commits} | dict(part.partition("\n")[::2] for part in text.split("\0")[1:])
 
 
-def _file_ids(git: Git, commits: list[str], paths: Sequence[str] = ()) -> dict[str, dict[str, str]]:
+def _file_ids(git: Git, commits: list[str]) -> dict[str, dict[str, str]]:
     """commit -> path -> per-file patch-id (``--unified=0``: context and line numbers do not count), in 2 git calls."""
-    return per_commit_file_ids(git, commit_diffs(git, commits, "--unified=0", "--no-renames", "--full-index",
-                                                 paths=paths))
+    return per_commit_file_ids(git, commit_diffs(git, commits, "--unified=0", "--no-renames", "--full-index"))
 
 
 class MergedCheck:

@@ -72,7 +72,7 @@ def pinned(record: dict, wheel: Path) -> tuple[str, str, Version]:
     return name, sha, ver
 
 
-def locate(record: dict, wheel: Path, given: Path | None, download: bool = True) -> tuple[Path, str]:
+def locate(record: dict, wheel: Path, given: Path | None) -> tuple[Path, str]:
     """The pinned upstream wheel (given, a wheelhouse's, or downloaded); another sha256 is a mismatch (exit 1)."""
     name, sha, version = pinned(record, wheel)
 
@@ -90,18 +90,16 @@ def locate(record: dict, wheel: Path, given: Path | None, download: bool = True)
     for path in local_wheels(str(version)):
         if path.name == name:
             return checked(path, "wheelhouse")
-    last = "downloads off"
-    if download:
-        _dist, _ver, _build, tags = parse_wheel_filename(name)
-        tag = sorted(tags, key=str)[0]
-        target = WheelTarget(tag.interpreter if tag.interpreter.startswith(("cp", "pp")) else None,
-                             None if tag.platform == "any" else tag.platform)
-        ok, last = pip_download(str(version), (*target.pip_args(), "--retries", "1", "--timeout", "15"))
-        for path in local_wheels(str(version)):
-            if path.name == name:
-                return checked(path, "downloaded")
+    _dist, _ver, _build, tags = parse_wheel_filename(name)
+    tag = sorted(tags, key=str)[0]
+    target = WheelTarget(tag.interpreter if tag.interpreter.startswith(("cp", "pp")) else None,
+                         None if tag.platform == "any" else tag.platform)
+    ok, last = pip_download(str(version), (*target.pip_args(), "--retries", "1", "--timeout", "15"))
+    for path in local_wheels(str(version)):
+        if path.name == name:
+            return checked(path, "downloaded")
     raise AuthenticityUnknown(f"cannot check authenticity: no upstream wheel {name} here (give --upstream-wheel PATH "
-                              f"or go online{'' if last == 'downloads off' else f'; pip download: {last}'}); "
+                              f"or go online; pip download: {last}); "
                               "--no-authenticity skips this check")
 
 

@@ -259,9 +259,8 @@ def _compile(iw: InWheel, names: list[str]) -> int:
 
 
 def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = False, *, authenticity: bool = False,
-                 upstream_wheel: Path | None = None, download: bool = True,
-                 known: Series | None = None) -> VerifyResult:
-    """Every check; authenticity against ``upstream_wheel``, a wheelhouse's, or one downloaded (``download``);
+                 upstream_wheel: Path | None = None, known: Series | None = None) -> VerifyResult:
+    """Every check; authenticity against ``upstream_wheel``, a wheelhouse's, or one downloaded;
     ``known``: this tool's series, which a wheel claiming its name and version must match."""
     if not wheel.is_file():
         raise C128Error(f"missing wheel: {wheel} does not exist")
@@ -287,7 +286,7 @@ def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = 
                 compiled = _compile(iw, iw.members())
             auth = None
             if authenticity:
-                path, found = locate(record, wheel, upstream_wheel, download)
+                path, found = locate(record, wheel, upstream_wheel)
                 auth = asdict(check_authentic(wheel, rec.hashes, iw.dist_info, version, record, diffs, path, found))
     return VerifyResult(str(wheel), str(version), record.get("upstream", {}), record.get("series", {}),
                         rec.files, rows, compiled, auth, layers=record.get("layers", []))
