@@ -104,8 +104,10 @@ def test_damaged_trees_in_a_recorded_proof_are_none(tmp_path: Path):
 
     key = {"head": "h"}
     for text in ("[", DEEP_JSON, *(f'{{"key": {{"head": "h"}}, "trees": {t}}}' for t in
-                                   ("[]", '{"e": 5}', '{"e": ["a"]}', '{"e": [1, 2]}', DEEP_JSON))):
+                                   ("[]", '{"e": 5}', '{"e": ["a"]}', '{"e": [1, 2]}', DEEP_JSON,
+                                    f'{{"e": ["--output=/tmp/x", "{"b" * 40}"]}}'))):
         (tmp_path / PROOF).write_text(text)
         assert recorded_trees(tmp_path, key) is None
-    (tmp_path / PROOF).write_text('{"key": {"head": "h"}, "trees": {"e": ["a", "b"]}}')
-    assert recorded_trees(tmp_path, key) == {"e": ("a", "b")} and recorded_trees(tmp_path, {"head": "x"}) is None
+    a, b = "a" * 40, "b" * 40
+    (tmp_path / PROOF).write_text(f'{{"key": {{"head": "h"}}, "trees": {{"e": ["{a}", "{b}"]}}}}')
+    assert recorded_trees(tmp_path, key) == {"e": (a, b)} and recorded_trees(tmp_path, {"head": "x"}) is None

@@ -8,6 +8,7 @@ version) is never read; one not parsing is a miss."""
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 from c128patch import __version__
@@ -16,6 +17,7 @@ from c128patch.jsonio import read_json, write_json_atomic
 from c128patch.series.manifest import Series
 
 PROOF = "proof.json"  # in the c128patch state dir (``treestate.c128_state_dir``), beside layers.json
+_OBJECT_ID = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
 Trees = dict[str, tuple[str, str]]  # entry -> (tree before it, tree after it): ``ops.equivalence.Trees``
 
 
@@ -49,8 +51,8 @@ def recorded(state: Path, key: dict[str, str]) -> dict | None:
 def recorded_trees(state: Path, key: dict[str, str]) -> Trees | None:
     """The fresh replay's trees recorded with the proof under ``key`` (a rebase compares the branch with them)."""
     trees = _read(state, key, "trees")
-    ok = isinstance(trees, dict) and all(isinstance(v, list) and len(v) == 2 and all(isinstance(t, str) for t in v)
-                                         for v in trees.values())
+    ok = isinstance(trees, dict) and all(isinstance(v, list) and len(v) == 2 and all(  # object ids, never options
+        isinstance(t, str) and _OBJECT_ID.fullmatch(t) for t in v) for v in trees.values())
     return {name: (v[0], v[1]) for name, v in trees.items()} if ok else None  # type: ignore[union-attr]
 
 
