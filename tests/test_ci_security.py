@@ -8,6 +8,8 @@ import json
 import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -41,9 +43,8 @@ def test_every_suppression_says_why(recipe):
 
 
 def test_zizmor_finds_nothing_unsuppressed(tmp_path):
-    zizmor = shutil.which("zizmor")
-    if zizmor is None:
-        pytest.skip("zizmor is not installed (it is in the [test] extra: pip install -e '.[test]')")
+    zizmor = shutil.which("zizmor", path=str(Path(sys.executable).parent)) or shutil.which("zizmor")  # venv unactivated
+    assert zizmor, "zizmor is not installed (it is in the [test] extra: pip install -e '.[test]')"
     workflows = tmp_path / ".github" / "workflows"
     workflows.mkdir(parents=True)
     for recipe in RECIPES:

@@ -11,6 +11,7 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -294,8 +295,9 @@ def test_the_other_entries_of_a_conflict_are_proven_without_it(moved):
 def test_the_printed_commands_reproduce_the_stop(moved, tmp_path):
     commands = moved.report["reproduce"]
     assert commands == moved.report["next"][:2] and "```sh\n" + "\n".join(commands) in moved.md
-    procs = [subprocess.run(shlex.split(c.replace("c128patch ", "python -m c128patch ", 1)), cwd=tmp_path,
-                            capture_output=True, text=True) for c in commands]
+    ours = f"{shlex.quote(sys.executable)} -m c128patch "  # this interpreter: the venv may not be activated
+    procs = [subprocess.run(shlex.split(c.replace("c128patch ", ours, 1)), cwd=tmp_path, capture_output=True,
+                            text=True) for c in commands]
     assert procs[0].returncode == 0, procs[0].stderr
     assert procs[1].returncode == 1
     assert procs[1].stderr.startswith(f"c128patch: error: entry '{RS}' conflicts on ")
