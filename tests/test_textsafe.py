@@ -4,6 +4,7 @@ watch's and rebase's Markdown reports as inert code spans and a terminal without
 from __future__ import annotations
 
 import html
+import re
 
 import pytest
 from markdown_it import MarkdownIt
@@ -14,8 +15,9 @@ from c128patch.textsafe import md, plain, some
 
 HOSTILE = ["<!-- the rest is hidden", "<img src=x onerror=alert(1)>", "[click me](javascript:alert(1))",
            "cc @maintainers please merge", "fixes #12", "\x1b[31mred\x1b[0m", "\x1b]8;;https://evil.example\x1b\\"
-           "a link\x1b]8;;\x1b\\", "ring\x07", "``` break the fence", "`tick` and ``two``", " ` "]
-CONTROLS = "\x1b\x07\x9b\r"
+           "a link\x1b]8;;\x1b\\", "ring\x07", "``` break the fence", "`tick` and ``two``", " ` ",
+           "fix \u202egnp.exe\u202c and \u2066@team\u2069"]
+CONTROLS = "\x1b\x07\x9b\r\u202e\u2066"
 
 
 @pytest.mark.parametrize("text", HOSTILE)
@@ -56,6 +58,29 @@ def test_rebase_reports_upstream_subjects_and_refs_as_data():
     text = render_markdown(report)
     _inert(text)
     assert "`@team`" in text and "- added: `fixes #12`" in text
+
+
+EVIL = "<img src=x onerror=alert(1)> @maintainers #12 [x](javascript:alert(1)) \u202e"
+
+
+def test_a_path_upstream_renamed_and_a_proof_quoting_upstream_are_data():
+    """An entry's file renamed upstream names upstream's path; the proof's summary and notes quote upstream's hunk
+    headers (its code) and commit subjects: all inert in both reports."""
+    entry = {"name": "c128-a", "on_rev": f"3-way (renamed: python/a.py -> python/{EVIL}.py)", "file": "p/0001.patch",
+             "chosen_by": "", "detail": "", "ledger": [], "renamed": {"python/a.py": f"python/{EVIL}.py"}, "hints": []}
+    proof = {"summary": f"differs from a fresh apply: unattributed change in python/x.py (first: python/x.py "
+                        f"@@ -1 +1 @@ {EVIL})", "notes": [f"user commit 0123456789ab '{EVIL}': does not replay"],
+             "replay": {"entries": []}, "differences": []}
+    watch = watch_report._entries({"entries": [entry], "conflicts": []}) + watch_report._proof(
+        {"equivalence": proof, "conflicts": []})
+    rebase = render_markdown({"old_base": {"rev": "v1", "commit": "a" * 40}, "new_base": {"rev": "v2", "commit":
+                              "b" * 40}, "direction": "forward", "upstream_commits_between": 0, "upstream_commits": [],
+                              "upstream_commits_removed": [], "entries": [], "equivalence": proof})
+    for text in ("\n".join(watch), rebase):
+        _inert(text)
+        rendered = MarkdownIt("commonmark").enable("table").render(text)
+        assert "@maintainers" in rendered and "@maintainers" not in re.sub("<code>.*?</code>", "", rendered), text
+    assert "| c128-a | `3-way (renamed: python/a.py -> python/<img" in watch[4], watch
 
 
 def test_some_names_the_first_n_then_counts_the_rest():

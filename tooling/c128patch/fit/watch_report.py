@@ -156,7 +156,8 @@ def _entries(report: dict) -> list[str]:
         chosen = e["chosen_by"].split(":", 1)[0]
         file = f"{e['file']} ({chosen})" if e["file"] and chosen else e["file"]
         detail = e["detail"] + (f" (ledger {', '.join(e['ledger'])})" if e["ledger"] else "")
-        lines.append(f"| {e['name']} | {e['on_rev']} | {_cell(file)} | {_cell(md(detail))} |")
+        how = md(e["on_rev"]) if e.get("renamed") else e["on_rev"]  # a rename names upstream's path: data
+        lines.append(f"| {e['name']} | {_cell(how)} | {_cell(file)} | {_cell(md(detail))} |")
     lines.append("")
     hinted = [(e["name"], h) for e in report["entries"] if e["name"] not in {c["entry"] for c in report["conflicts"]}
               for h in e.get("hints", [])]
@@ -207,7 +208,7 @@ def _proof(report: dict) -> list[str]:
     if not proof:
         return []
     carried = " (of the entries that carry; the conflicting ones left out)" if report["conflicts"] else ""
-    return [f"## Proof{carried}", "", proof["summary"], ""]
+    return [f"## Proof{carried}", "", md(proof["summary"]), ""]  # it quotes upstream's hunk headers and subjects
 
 
 def _checks(report: dict) -> list[str]:

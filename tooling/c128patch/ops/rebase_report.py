@@ -101,10 +101,10 @@ def render_markdown(report: dict) -> str:
             lines.append("- partly resolved by the ledger: " + ", ".join(f"{r['entry']}:{r['key']} ({r['path']})"
                                                                            for r in stop["resolved"]))
     if proof := report.get("equivalence"):
-        lines += ["", "## proof", "", proof["summary"]]
+        lines += ["", "## proof", "", md(proof["summary"])]  # it quotes upstream's hunk headers and subjects
         lines += [f"- ledger resolution `{r['entry']}:{r['key']}` ({r['path']}), recorded on {r['recorded']}"
                   + (" (reused)" if r["reused"] else "") for e in proof["replay"]["entries"] for r in e["resolutions"]]
-        lines += [f"- note: {n}" for n in proof["notes"]]
+        lines += [f"- note: {md(n)}" for n in proof["notes"]]
         for d in proof["differences"]:
             hunks = [f"{h['path']} {h['header']}" + ("\n" + h["text"].rstrip() if h["text"] else "")
                      for h in d["hunks"][:20]]
