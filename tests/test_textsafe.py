@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import html
 import re
+import subprocess
 
 import pytest
 from markdown_it import MarkdownIt
 
 from c128patch.fit import watch_report
+from c128patch.git import Git
 from c128patch.ops.rebase_report import render_markdown
 from c128patch.textsafe import md, plain, some
+from support import REPO_ROOT, invoke
+from test_upstream_changes import CUH, GUARD_NEW, GUARD_OLD, PLAN, commit_on, put
 
 HOSTILE = ["<!-- the rest is hidden", "<img src=x onerror=alert(1)>", "[click me](javascript:alert(1))",
            "cc @maintainers please merge", "fixes #12", "\x1b[31mred\x1b[0m", "\x1b]8;;https://evil.example\x1b\\"
@@ -87,3 +91,23 @@ def test_some_names_the_first_n_then_counts_the_rest():
     assert some(["a", "b", "c", "d"], 2) == "a, b and 2 more"
     assert some(["a", "b"], 2) == "a, b"
     assert some([], 3) == ""
+
+
+MARKUP = "deepseek_v4: zero rows, see [link=https://evil.example]docs[/link] [bold]x[/bold] [/x] (#35848)"
+
+
+def test_check_prints_an_upstream_subject_as_text_not_rich_markup(sglang_release_repo, tmp_path):
+    """An upstream commit fixing what an entry fixes, naming its PR, reaches check's table as a hint: its subject's
+    ``[/x]`` was a rich MarkupError (a traceback), its ``[link=...]`` a live link. Now literal text."""
+    dest = tmp_path / "sglang.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", str(sglang_release_repo), str(dest)], check=True)
+    git = Git(git_dir=dest)
+
+    def edit(idx: Git) -> None:
+        for path in (CUH, PLAN):
+            put(idx, path, git.blob("v0.5.23", path).decode().replace(GUARD_OLD, GUARD_NEW))
+
+    sha = commit_on(git, MARKUP, edit)
+    run = invoke("check", "--sglang-rev", sha, "--repo", dest, "--series", REPO_ROOT, as_json=False)
+    assert run.code == 1 and f"upstream may now handle this: {sha[:12]} {MARKUP!r}" in run.text.replace("\n", " "), \
+        run.text

@@ -15,6 +15,14 @@ def plain(text: str) -> str:
     return _CONTROLS.sub("", text)
 
 
+def text(value: str):  # -> rich.text.Text (rich is loaded only where a table prints)
+    """``value`` for a rich table cell or title: ``plain``, and literal (a subject holding ``[/x]`` or ``[link=...]``
+    is not markup: it would raise, or print a live link)."""
+    from rich.text import Text
+
+    return Text(plain(value))
+
+
 def some(items: list[str], n: int) -> str:
     """The first ``n`` of ``items``, then how many more."""
     return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
