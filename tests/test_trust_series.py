@@ -214,7 +214,7 @@ def test_a_layer_folder_inside_a_tree_the_tool_patches_is_refused(tmp_path, monk
         lookup_layers((), cwd=tmp_path)
 
 
-def test_a_config_of_another_user_is_refused_and_a_deeply_nested_one_is_one_line(tmp_path, monkeypatch):
+def test_a_config_of_another_user_or_symlinked_is_refused_and_a_deeply_nested_one_is_one_line(tmp_path, monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     (tmp_path / CONFIG).write_text('[layers]\npaths = []\n')
     monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path / CONFIG).st_uid + 1)
@@ -222,6 +222,12 @@ def test_a_config_of_another_user_is_refused_and_a_deeply_nested_one_is_one_line
         lookup_layers((), cwd=tmp_path)
     monkeypatch.undo()
     monkeypatch.delenv(ENV, raising=False)
+    (tmp_path / "mine").mkdir()  # a link in a shared folder to the operator's own config: its paths were read
+    (tmp_path / "mine" / CONFIG).write_text('[layers]\npaths = ["layer"]\n')  # under the link's folder
+    (tmp_path / "shared" / "work").mkdir(parents=True)
+    (tmp_path / "shared" / CONFIG).symlink_to(tmp_path / "mine" / CONFIG)
+    with pytest.raises(C128Error, match=f"{CONFIG} is a symlink"):
+        lookup_layers((), cwd=tmp_path / "shared" / "work")
     (tmp_path / CONFIG).write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(C128Error, match="nested too deeply") as exc:
         lookup_layers((), cwd=tmp_path)
