@@ -47,6 +47,8 @@ def journal(root: Path, moves: list, deletes: list, parts: list[str] | None = No
 @pytest.mark.parametrize("path, says", [
     ("/etc/passwd", "must be relative"), ("../x", "must be relative"), ("a/../../x", "must be relative"),
     (".GIT/config", "git's own folder"), ("a/.git./hooks/x", "git's own folder"), ("a/git~1/x", "git's own folder"),
+    ("a/.git::$INDEX_ALLOCATION/hooks/x", "git's own folder"), ("a/.Git . :$DATA/x", "git's own folder"),
+    ("a/.gitmodules:$DATA", "decides what git runs"),
 ])
 def test_confine_refuses_what_leaves_the_root(tmp_path, path, says):
     with pytest.raises(C128Error, match=says) as exc:
