@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from c128patch.exitcodes import FAILED, INTERRUPTED, USAGE
+import signal
+
+from c128patch.exitcodes import FAILED, INTERRUPTED, SIGNAL, USAGE
 
 
 class C128Error(Exception):
@@ -34,3 +36,16 @@ class Interrupted(C128Error):
     """A Ctrl-C stopped an operation; the message says how to resume or undo it."""
 
     exit_code = INTERRUPTED
+
+    @classmethod
+    def by(cls, stop: KeyboardInterrupt, then: str) -> "Interrupted":
+        """``interrupted (SIGTERM): <then>``, exit 128+N: the signal ``stop`` came from (``handles_errors``)."""
+        signum = signal_of(stop)
+        error = cls(f"interrupted ({signal.Signals(signum).name}): {then}")
+        error.exit_code = SIGNAL + signum
+        return error
+
+
+def signal_of(stop: KeyboardInterrupt) -> int:
+    """The signal that ``stop`` stands for: SIGTERM and SIGHUP raise it with their number, Ctrl-C without."""
+    return stop.args[0] if stop.args and isinstance(stop.args[0], int) else signal.SIGINT
