@@ -69,17 +69,22 @@ EVIL = "<img src=x onerror=alert(1)> @maintainers #12 [x](javascript:alert(1)) \
 
 def test_a_path_upstream_renamed_and_a_proof_quoting_upstream_are_data():
     """An entry's file renamed upstream names upstream's path; the proof's summary and notes quote upstream's hunk
-    headers (its code) and commit subjects: all inert in both reports."""
-    entry = {"name": "c128-a", "on_rev": f"3-way (renamed: python/a.py -> python/{EVIL}.py)", "file": "p/0001.patch",
+    headers (its code) and commit subjects; a series' file name (a pull request's) holds backticks: all inert in both
+    reports."""
+    entry = {"name": "c128-a", "on_rev": f"3-way (renamed: python/a.py -> python/{EVIL}.py)", "file": f"p/`{EVIL}`",
              "chosen_by": "", "detail": "", "ledger": [], "renamed": {"python/a.py": f"python/{EVIL}.py"}, "hints": []}
     proof = {"summary": f"differs from a fresh apply: unattributed change in python/x.py (first: python/x.py "
                         f"@@ -1 +1 @@ {EVIL})", "notes": [f"user commit 0123456789ab '{EVIL}': does not replay"],
              "replay": {"entries": []}, "differences": []}
+    conflict = {"entry": "c128-a", "file": f"p/`{EVIL}`", "chosen_by": "", "blocks": [], "unresolved": [],
+                "after_skipping": [], "resolved_by_ledger": [], "detail": "does not apply", "hints": []}
     watch = watch_report._entries({"entries": [entry], "conflicts": []}) + watch_report._proof(
-        {"equivalence": proof, "conflicts": []})
+        {"equivalence": proof, "conflicts": []}) + watch_report._conflicts({"conflicts": [conflict]})
     rebase = render_markdown({"old_base": {"rev": "v1", "commit": "a" * 40}, "new_base": {"rev": "v2", "commit":
                               "b" * 40}, "direction": "forward", "upstream_commits_between": 0, "upstream_commits": [],
-                              "upstream_commits_removed": [], "entries": [], "equivalence": proof})
+                              "upstream_commits_removed": [], "equivalence": proof, "entries": [
+                                  {**entry, "status": "failing", "kind": "patch", "signals": [], "stop": {
+                                      "phase": "series", "file": f"p/`{EVIL}`", "blocks": [], "resolved": []}}]})
     for text in ("\n".join(watch), rebase):
         _inert(text)
         rendered = MarkdownIt("commonmark").enable("table").render(text)

@@ -157,7 +157,7 @@ def _entries(report: dict) -> list[str]:
         file = f"{e['file']} ({chosen})" if e["file"] and chosen else e["file"]
         detail = e["detail"] + (f" (ledger {', '.join(e['ledger'])})" if e["ledger"] else "")
         how = md(e["on_rev"]) if e.get("renamed") else e["on_rev"]  # a rename names upstream's path: data
-        lines.append(f"| {e['name']} | {_cell(how)} | {_cell(file)} | {_cell(md(detail))} |")
+        lines.append(f"| {e['name']} | {_cell(how)} | {_cell(md(file))} | {_cell(md(detail))} |")
     lines.append("")
     hinted = [(e["name"], h) for e in report["entries"] if e["name"] not in {c["entry"] for c in report["conflicts"]}
               for h in e.get("hints", [])]
@@ -169,7 +169,7 @@ def _entries(report: dict) -> list[str]:
 def _conflicts(report: dict) -> list[str]:
     lines = []
     for c in report["conflicts"]:
-        lines += [f"## Conflict: {c['entry']}", "", md(_conflict_line(c) + "."), "", f"from `{c['file']}`"
+        lines += [f"## Conflict: {c['entry']}", "", md(_conflict_line(c) + "."), "", f"from {md(c['file'])}"
                   + (f" ({c['chosen_by']})" if c["chosen_by"] else ""), ""]
         if c["after_skipping"]:
             lines += [f"Reached after skipping {', '.join(c['after_skipping'])}: "

@@ -91,11 +91,12 @@ def render_markdown(report: dict) -> str:
             detail += "; **user edit carried**"
         if e["signals"]:
             detail += "; signals: " + "; ".join(f"{s['kind']}: {md(s['detail'])}" for s in e["signals"])
-        file = f"{e['file']} ({e['chosen_by']})" if e.get("file") else e.get("kind", "")
-        lines.append(f"| {e['name']} | {e['status']} | {file} | {detail.replace('|', chr(92) + '|')} |")
+        file = md(f"{e['file']} ({e['chosen_by']})" if e.get("file") else e.get("kind", ""))  # a series' file name
+        lines.append(f"| {e['name']} | {e['status']} | {file.replace('|', chr(92) + '|')} | "
+                     f"{detail.replace('|', chr(92) + '|')} |")
     for e in (e for e in report["entries"] if e.get("stop") and e["status"] == "failing"):  # the stop
         stop = e["stop"]
-        lines += ["", f"## stopped at {e['name']} ({stop['phase']})", "", f"from {stop['file']}", "",
+        lines += ["", f"## stopped at {e['name']} ({stop['phase']})", "", f"from {md(stop['file'])}", "",
                   *(block_markdown(b) for b in stop["blocks"])]
         if stop["resolved"]:
             lines.append("- partly resolved by the ledger: " + ", ".join(f"{r['entry']}:{r['key']} ({r['path']})"
