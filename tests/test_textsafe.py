@@ -85,7 +85,12 @@ def test_a_path_upstream_renamed_and_a_proof_quoting_upstream_are_data():
                               "upstream_commits_removed": [], "equivalence": proof, "entries": [
                                   {**entry, "status": "failing", "kind": "patch", "signals": [], "stop": {
                                       "phase": "series", "file": f"p/`{EVIL}`", "blocks": [], "resolved": []}}]})
-    for text in ("\n".join(watch), rebase):
+    head = watch_report._head({"series": {"name": "site", "version": "[x](javascript:alert(1))"}, "outcome": "clean",
+                               "base": {"rev": "<img/src=x>", "commit": "a" * 40}, "headline": "h", "exit_code": 0,
+                               "onto": {"rev": "v1", "commit": "b" * 40}, "upstream_commits_between": 0,
+                               "direction": "", "seconds": 1, "next": [], "problems": []})
+    assert "- series: site `[x](javascript:alert(1))`, base `<img/src=x>`" in "\n".join(head), head
+    for text in ("\n".join(watch + head), rebase):
         _inert(text)
         rendered = MarkdownIt("commonmark").enable("table").render(text)
         assert "@maintainers" in rendered and "@maintainers" not in re.sub("<code>.*?</code>", "", rendered), text

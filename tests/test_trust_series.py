@@ -453,3 +453,15 @@ def test_status_prints_a_hostile_commit_subject_without_its_controls(upstream_cl
     res = invoke("status", "--tree", upstream_clone, as_json=False)
     assert "evil ]8;;https://evil.invalid\\link]8;;\\ end" in res.text, res.text
     assert not any(c in res.text for c in "\x1b\x07"), res.text
+
+
+@pytest.mark.parametrize("key, value", [("base", "v0.5.23\x1b]8;;https://evil\x07"), ("base", "v0.5.23 [/x]"),
+                                        ("version", "1\u202e")])
+def test_a_series_base_or_version_that_is_not_one_printable_word_is_refused(tmp_path, key, value):
+    """The base reaches progress lines (rich markup there), reports and git; the version trailers and labels."""
+    folder = series_folder(tmp_path / "s")
+    manifest = folder / "patches" / "series.toml"
+    manifest.write_text(manifest.read_text().replace('version = "1"' if key == "version" else 'base = "v0.5.23"',
+                                                     f'{key} = {json.dumps(value)}'))
+    with pytest.raises(C128Error, match=f"unsafe {key}"):
+        load_series(folder)

@@ -104,7 +104,7 @@ def _head(report: dict) -> list[str]:
     warn = [f"**warning**: {md(w)}" for w in (report.get("contract") or {}).get("copies", [])]
     lines = [f"# c128patch watch: `{outcome}` on {where(report)}", "", f"**{md(report['headline'])}**", "",
              *(warn and [*warn, ""]),
-             f"- series: {s['name']} {s['version']}, base {base['rev']} (`{base['commit'][:12]}`)",
+             f"- series: {s['name']} {md(s['version'])}, base {md(base['rev'])} (`{base['commit'][:12]}`)",
              f"- upstream: {md(report['onto']['rev'])} = `{report['onto']['commit']}` "
              f"({report.get('upstream', {}).get('source', '?')}), {report['upstream_commits_between']} upstream "
              f"commit(s) since the base" + (f", {report['direction']}" if report["direction"] else ""),
