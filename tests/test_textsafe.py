@@ -79,7 +79,9 @@ def test_a_path_upstream_renamed_and_a_proof_quoting_upstream_are_data():
     conflict = {"entry": "c128-a", "file": f"p/`{EVIL}`", "chosen_by": "", "blocks": [], "unresolved": [],
                 "after_skipping": [], "resolved_by_ledger": [], "detail": "does not apply", "hints": []}
     watch = watch_report._entries({"entries": [entry], "conflicts": []}) + watch_report._proof(
-        {"equivalence": proof, "conflicts": []}) + watch_report._conflicts({"conflicts": [conflict]})
+        {"equivalence": proof, "conflicts": []}) + watch_report._conflicts({"conflicts": [conflict]}) + \
+        watch_report._fits({"contract": {"verdict": "v", "cxx_probe": f"failed to compile: {EVIL}", "failing": []},
+                            "unchecked": [f"C++: failed to compile: {EVIL}"]})  # a compiler quotes upstream
     rebase = render_markdown({"old_base": {"rev": "v1", "commit": "a" * 40}, "new_base": {"rev": "v2", "commit":
                               "b" * 40}, "direction": "forward", "upstream_commits_between": 0, "upstream_commits": [],
                               "upstream_commits_removed": [], "equivalence": proof, "entries": [

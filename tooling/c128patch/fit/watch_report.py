@@ -122,7 +122,8 @@ def _fits(report: dict) -> list[str]:
     lines = []
     contract = report.get("contract")
     if contract:
-        lines += ["## API contract", "", contract["verdict"], "", f"C++: {contract.get('cxx_probe', 'not run')}", ""]
+        probe = md(contract.get("cxx_probe", "not run"))  # a compiler's line: it quotes upstream's headers
+        lines += ["## API contract", "", contract["verdict"], "", f"C++: {probe}", ""]
         lines += [f"- {md(f)}" for f in contract["failing"]] + ([""] if contract["failing"] else [])
     tier = report.get("behaviour")
     if tier:
@@ -133,7 +134,7 @@ def _fits(report: dict) -> list[str]:
         lines += [f"- **failed**: {md(f)}" for f in tier["failed"]] + [f"- {md(n)}" for n in tier["not_checked"]]
         lines += [""] if tier["failed"] or tier["not_checked"] else []
     if report.get("unchecked"):
-        lines += ["## Not checked here", ""] + [f"- {u}" for u in report["unchecked"]] + [""]
+        lines += ["## Not checked here", ""] + [f"- {md(u)}" for u in report["unchecked"]] + [""]  # compiler lines
     return lines
 
 
