@@ -40,12 +40,7 @@ class Interrupted(C128Error):
     @classmethod
     def by(cls, stop: KeyboardInterrupt, then: str) -> "Interrupted":
         """``interrupted (SIGTERM): <then>``, exit 128+N: the signal ``stop`` came from (``handles_errors``)."""
-        signum = signal_of(stop)
+        signum = stop.args[0] if stop.args and isinstance(stop.args[0], int) else signal.SIGINT  # (``_stop``)
         error = cls(f"interrupted ({signal.Signals(signum).name}): {then}")
         error.exit_code = SIGNAL + signum
         return error
-
-
-def signal_of(stop: KeyboardInterrupt) -> int:
-    """The signal that ``stop`` stands for: SIGTERM and SIGHUP raise it with their number, Ctrl-C without."""
-    return stop.args[0] if stop.args and isinstance(stop.args[0], int) else signal.SIGINT

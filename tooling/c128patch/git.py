@@ -58,8 +58,7 @@ _HFS_IGNORED = dict.fromkeys([*range(0x200C, 0x2010), *range(0x202A, 0x202F), *r
 
 
 def folded_name(part: str) -> str:
-    """A file name as case-folding, dot-trimming file systems may see it (NTFS: ``.git::$INDEX_ALLOCATION`` is ``.git``,
-    as git's own ``protectNTFS`` reads it)."""
+    """A file name as case-folding, dot-trimming file systems (NTFS: ``.git::$INDEX_ALLOCATION``) may see it."""
     return unicodedata.normalize("NFC", part.translate(_HFS_IGNORED)).lower().split(":", 1)[0].rstrip(" .")
 
 

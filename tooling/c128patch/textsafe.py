@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import re
 
-# C0 controls but tab and newline, DEL, C1 controls: ESC (colours, OSC-8 links), BEL, CR, CSI...; and the bidi
-# controls that reorder what is shown (U+202E turns "txt.exe" around: Trojan Source)
+# C0 controls but tab and newline, DEL, C1 controls (ESC, BEL, CR, CSI...), bidi controls (U+202E: Trojan Source)
 _CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -16,8 +15,7 @@ def plain(text: str) -> str:
 
 
 def text(value: str):  # -> rich.text.Text (rich is loaded only where a table prints)
-    """``value`` for a rich table cell or title: ``plain``, and literal (a subject holding ``[/x]`` or ``[link=...]``
-    is not markup: it would raise, or print a live link)."""
+    """``value`` for a rich table cell or title: ``plain``, and literal (``[/x]`` raised, ``[link=...]`` was a link)."""
     from rich.text import Text
 
     return Text(plain(value))

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import click
 
 from c128patch import SCHEMA_VERSION, exitcodes
-from c128patch.errors import C128Error, signal_of
+from c128patch.errors import C128Error
 from c128patch.upstream import DEFAULT_TREE
 
 # A verb's module imports only click and this module at its top (a fast --help); the core in the bodies.
@@ -150,7 +150,7 @@ def handles_errors(fn: Callable) -> Callable:
             console().print(plain("\n".join(said)), markup=False)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt as exc:
-            signum = signal_of(exc)
+            signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
             console().print(f"c128patch: interrupted ({signal.Signals(signum).name}): no outcome; its scratch folders "
                             "are removed", markup=False)
             sys.exit(exitcodes.SIGNAL + signum)

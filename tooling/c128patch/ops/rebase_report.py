@@ -92,8 +92,7 @@ def render_markdown(report: dict) -> str:
         if e["signals"]:
             detail += "; signals: " + "; ".join(f"{s['kind']}: {md(s['detail'])}" for s in e["signals"])
         file = md(f"{e['file']} ({e['chosen_by']})" if e.get("file") else e.get("kind", ""))  # a series' file name
-        lines.append(f"| {e['name']} | {e['status']} | {file.replace('|', chr(92) + '|')} | "
-                     f"{detail.replace('|', chr(92) + '|')} |")
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in (e["name"], e["status"], file, detail)) + " |")
     for e in (e for e in report["entries"] if e.get("stop") and e["status"] == "failing"):  # the stop
         stop = e["stop"]
         lines += ["", f"## stopped at {e['name']} ({stop['phase']})", "", f"from {md(stop['file'])}", "",
