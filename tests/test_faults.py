@@ -114,7 +114,7 @@ def interrupt(args: list, tree: Path, fault: str, how: str) -> subprocess.Comple
         made.unlink()
     assert proc.returncode == code, (proc.returncode, proc.stderr)
     if how == "sigint":
-        assert "interrupted: the" in proc.stderr and "journal is intact" in proc.stderr, proc.stderr
+        assert "interrupted (SIGINT): the" in proc.stderr and "journal is intact" in proc.stderr, proc.stderr
     return proc
 
 

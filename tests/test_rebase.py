@@ -720,7 +720,7 @@ def test_an_interrupted_rebase_resumes_to_the_proven_tree(tmp_path, series_dir, 
     if how == "kill":
         assert proc.returncode == -9
     else:
-        assert proc.returncode == 130 and "interrupted: the rebase journal is intact" in proc.stderr
+        assert proc.returncode == 130 and "interrupted (SIGINT): the rebase journal is intact" in proc.stderr
     journal = json.loads(rebase_journal(git).read_text())
     assert (journal["pos"] == 3
             and [s["status"] for s in journal["steps"]][3:] == ["pending"] * (len(load_series(series_dir).entries) - 3))
