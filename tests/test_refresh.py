@@ -308,3 +308,18 @@ def test_a_rebase_needing_a_variant_prints_no_refresh_into_an_installed_tool(tmp
     assert "next: " not in line and line.endswith(f"note: series test (the tool's own, in {series}) would need files "
                                                   "for v0.5.21: not refreshed from here, it would write there"), line
     assert invoke("refresh", "--check", "--tree", str(upstream_clone)).code == 1  # as the note says: files needed
+
+
+@pytest.mark.parametrize("spelling", ["c128patch-entry: x", "C128patch-Entry : x", "C128PATCH-ENTRY:x"])
+def test_a_commit_whose_entry_trailer_is_spelled_otherwise_gets_no_second_one(tmp_path: Path, spelling: str):
+    """git reads each spelling as the entry trailer; format_patch must not add ours beside it."""
+    from c128patch.ops.refresh import format_patch
+    from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER, find_trailers
+    git = Git(worktree=tmp_path)
+    git.run("init", "-q")
+    (tmp_path / "f").write_text("a\n")
+    git.run("add", "f")
+    git.run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", f"s\n\nbody\n\n{spelling}")
+    head = format_patch(git, "HEAD", "x", gate="G").decode().split("\n---\n")[0]
+    assert [k for k, _ in find_trailers(head)] == [ENTRY_TRAILER]  # none added beside it, not even the gate's
+    assert GATE_TRAILER not in head

@@ -31,7 +31,7 @@ from c128patch.series.patchfile import split_message
 from c128patch.series.paths import check_relpath
 from c128patch.series.plan import choose, merged_entries, sources_at
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
-from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER
+from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER, find_trailers
 
 FIXED_DATE = "Thu, 1 Jan 1970 00:00:00 +0000"
 _DATE = re.compile(r"^Date: .*$", re.MULTILINE)
@@ -76,12 +76,13 @@ def format_patch(git: Git, commit: str, entry_name: str, gate: str = "") -> byte
                    "--no-stat", "--no-numbered", "--subject-prefix=PATCH", "--encode-email-headers", commit).stdout
     text = _DATE.sub(f"Date: {FIXED_DATE}", text, count=1)
     head, rest = split_message(text)
-    if f"\n{ENTRY_TRAILER}:" in head:
+    have = {name for name, _ in find_trailers(head)}  # in any spelling git reads as one
+    if ENTRY_TRAILER in have:
         return text.encode()
     mail, _, body = head.rstrip("\n").partition("\n\n")
     paragraphs = body.split("\n\n") if body.strip() else []
     trailers = bool(paragraphs) and all(re.match(r"^[A-Za-z0-9-]+: ", l) for l in paragraphs[-1].splitlines())
-    gate = f"{GATE_TRAILER}: {gate}\n" if gate and f"\n{GATE_TRAILER}:" not in head else ""
+    gate = f"{GATE_TRAILER}: {gate}\n" if gate and GATE_TRAILER not in have else ""
     body = body + ("\n" if trailers else "\n\n" if body else "") + f"{gate}{ENTRY_TRAILER}: {entry_name}"
     return f"{mail}\n\n{body}\n{rest}".encode()
 
