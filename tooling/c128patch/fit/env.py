@@ -30,9 +30,8 @@ from c128patch.upstream.releases import WheelZip, cache_dir, ensure_folder, lock
 
 TORCH_PIN = "torch==2.13.0"  # the CPU build; the operator may name another: $C128PATCH_TORCH_PIN
 RESOLVE_TIMEOUT, INSTALL_TIMEOUT = 600.0, 1200.0  # seconds
-# argv: the op schemas to define first (JSON, ``defines``), then the names: argv, not code
-_IMPORT = ("import importlib, json, sys\nops = json.loads(sys.argv[1])\nif ops:\n    import torch\n"
-           "libs = [torch.library.Library(op.split('::')[0], 'FRAGMENT') for op in ops]\n"
+_IMPORT = ("import importlib, json, sys\nops = json.loads(sys.argv[1])\n"  # argv: ops to define, then names
+           "libs = [__import__('torch').library.Library(op.split('::')[0], 'FRAGMENT') for op in ops]\n"
            "for lib, op in zip(libs, ops):\n    lib.define(op.split('::', 1)[1])\n"
            "for n in sys.argv[2:]:\n    importlib.import_module(n)\n")
 _VERSION = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
@@ -208,8 +207,7 @@ def _untried(venv: Path, tried: dict[str, dict], reporter: Reporter) -> tuple[di
     """Of the ``tried`` packages (installed in ``venv``) whose imports fail there (a CUDA build beside CPU torch):
     (those uninstalled, so the runner's stand-in takes their place; those that import once their ``defines`` are
     defined, kept without their ops): name -> why (the plain import's last error line)."""
-    out: dict[str, str] = {}
-    defined: dict[str, str] = {}
+    out, defined = {}, {}
     for name, row in sorted(tried.items()):
         why = _imports(venv, row["imports"], [])
         if why and row.get("defines") and not _imports(venv, row["imports"], row["defines"]):
