@@ -44,7 +44,7 @@ HEAVY_TESTS = {  # a test, or one case of it (name[id])
     "test_compile_kernels.py::test_patched_kernels_and_probe_compile_for_sm90a_on_every_release",  # nvcc, 285 s
     "test_bench_variants.py::test_variants_compile_for_sm90a",  # nvcc
     "test_env.py::test_the_v0_5_23_environment_builds_from_its_lock_and_every_module_imports",  # pip: ~3 min, 3 GB
-    "test_env.py::test_the_v0_5_20_environment_lacks_an_importable_torchvision_so_the_tier_is_unchecked",  # pip, (b)
+    "test_env.py::test_the_v0_5_20_environment_imports_every_module_with_torchvision_without_its_ops",  # pip, (b)
     "test_env.py::test_requirements_that_do_not_resolve_are_one_line_and_unchecked",  # asks the package index
     "test_layers.py::test_docs_layers_md_walked_as_printed_across_the_releases_with_check_at_each_step",  # (b)
     "test_contract.py::test_watch_says_broken_naming_our_line_and_the_upstream_definition[renamed]",  # (c)

@@ -129,10 +129,16 @@ def test_an_interrupted_build_leaves_nothing_that_looks_ready(tmp_path, monkeypa
 def test_a_tried_package_that_does_not_import_is_uninstalled_and_stood_in_for(tmp_path, monkeypatch):
     """torchvision is locked and installed like any requirement; the build imports each tried package in the
     new environment (sealed, offline) and uninstalls the one that fails (PyPI's CUDA build beside CPU torch:
-    ``operator torchvision::nms does not exist``), saying why; one that imports (a CPU build) is kept."""
+    ``operator torchvision::nms does not exist``), saying why; one that imports (a CPU build) is kept, and so is
+    one that imports once the ops of its row's ``defines`` are defined (no kernel), said as kept without its ops."""
     monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
-    lock = "".join(f"{n}==1.0 --hash=sha256:{'ab' * 32}\n" for n in ("good", "bad", "plain"))
+    lock = "".join(f"{n}==1.0 --hash=sha256:{'ab' * 32}\n" for n in ("good", "bad", "plain", "opsless", "torch"))
     calls = []
+    needs_op = "import torch\nif 'X::nms(Tensor x) -> Tensor' not in torch.library.DEFINED:\n" \
+               "    raise RuntimeError('operator X::nms does not exist')\n"
+    bodies = {"good": "", "bad": needs_op.replace("X", "bad"), "opsless": needs_op.replace("X", "opsless"),
+              "plain": "raise SystemExit('a package not tried is never imported')\n",
+              "torch": "from . import library\n"}  # a torch with just torch.library.Library(ns, kind).define
 
     def pip(python, args, timeout, reporter, what):  # installs the packages as files: no index needed
         calls.append(args)
@@ -143,28 +149,41 @@ def test_a_tried_package_that_does_not_import_is_uninstalled_and_stood_in_for(tm
                     (path / "__init__.py").unlink(missing_ok=True) or (path / "METADATA").unlink(missing_ok=True)
                     path.rmdir()
             return
-        for name, body in (("good", ""), ("bad", "raise RuntimeError('operator bad::nms does not exist')\n"),
-                           ("plain", "raise SystemExit('a package not tried is never imported')\n")):
+        for name, body in bodies.items():
             (site / name).mkdir()
             (site / name / "__init__.py").write_text(body)
             (site / f"{name}-1.0.dist-info").mkdir()
             (site / f"{name}-1.0.dist-info" / "METADATA").write_text(f"Name: {name}\nVersion: 1.0\n")
+        (site / "torch" / "library.py").write_text("DEFINED = set()\nclass Library:\n    def __init__(self, ns, kind):"
+                                                   "\n        self.ns = ns\n    def define(self, schema):\n"
+                                                   "        DEFINED.add(f'{self.ns}::{schema}')\n")
 
     monkeypatch.setattr(env, "_pip", pip)
     tried = {"good": {"imports": ["good"], "tried": True, "reason": "x"},
-             "bad": {"imports": ["bad"], "tried": True, "reason": "x"},
+             "bad": {"imports": ["bad"], "tried": True, "reason": "x", "defines": ["bad::other(Tensor x) -> Tensor"]},
+             "opsless": {"imports": ["opsless"], "tried": True, "reason": "x",
+                         "defines": ["opsless::nms(Tensor x) -> Tensor"]},
              "plain": {"imports": ["plain"], "reason": "never installed by a lock of ours"}}
     python, built = env.build(lock, tried)
     site = next(python.parent.parent.glob("lib/python*/site-packages"))
     assert built and sorted(p.name for p in site.iterdir() if not p.name.startswith("_")) == [
-        "good", "good-1.0.dist-info", "plain", "plain-1.0.dist-info"]
+        "good", "good-1.0.dist-info", "opsless", "opsless-1.0.dist-info", "plain", "plain-1.0.dist-info", "torch",
+        "torch-1.0.dist-info"]
     untried = json.loads((python.parent.parent / "c128patch-untried.json").read_text())
     assert untried == {"bad": "RuntimeError: operator bad::nms does not exist"}
+    defined = json.loads((python.parent.parent / "c128patch-defined.json").read_text())
+    assert defined == {"opsless": "RuntimeError: operator opsless::nms does not exist"}  # its plain import's error
     assert [c[:4] for c in calls[1:]] == [["--python", str(calls[1][1]), "uninstall", "-y"]] and calls[1][-1] == "bad"
     said = env.describe({"key": "k", "built": True, "lock": "l", "dropped": ["bad", "x"], "untried": untried,
-                         "isolation": "no network"})
+                         "defined": defined, "isolation": "no network"})
     assert said == ("behavioural tier environment k (built now; lock: l); stand-ins for bad, x; bad installed but "
-                    "stood in: it does not import here (RuntimeError: operator bad::nms does not exist); no network")
+                    "stood in: it does not import here (RuntimeError: operator bad::nms does not exist); opsless "
+                    "installed without its ops: its extension does not load here (RuntimeError: operator opsless::nms "
+                    "does not exist), the ops it registers at import defined with no kernel (each raises on use); "
+                    "no network")
+    tried["opsless"]["defines"] = ["opsless::nms(Tensor y) -> Tensor"]  # what the build keeps: a new environment
+    other, built = env.build(lock, tried)
+    assert built and other != python and json.loads((other.parent.parent / "c128patch-defined.json").read_text()) == {}
 
 
 def tree_with(tmp: Path, source: str) -> Path:
@@ -208,6 +227,24 @@ def test_a_loaded_stand_in_stays_absent_to_an_availability_probe(tmp_path):
                                          "library: sglang/lib.py:2: fp8_gemm requires the deep_gemm library but "), said
 
 
+def test_a_package_whose_extension_does_not_load_imports_without_its_ops(tmp_path, monkeypatch):
+    """torchvision's PyPI build beside CPU torch: its ``_C`` does not load, and its Python registers a fake for an
+    op only ``_C`` defines (``operator torchvision::nms does not exist``). With the environment's ``defines`` the
+    runner defines that op with no kernel first: the real package imports, the op raises on use, and each module
+    whose import loaded it says so."""
+    pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
+    tree = tree_with(tmp_path, "import torch\nimport tvx\ntry:\n    torch.ops.tvx.nms(torch.zeros(1))\n"
+                     "except NotImplementedError:\n    pass\nelse:\n    raise SystemExit('an op with a kernel')\n")
+    (tree / "python/tvx").mkdir()  # the package, beside sglang (the runner's path): its Python as shipped
+    (tree / "python/tvx/__init__.py").write_text("import torch\n\n\n@torch.library.register_fake('tvx::nms')\n"
+                                                  "def meta_nms(x):\n    return x\n")
+    defines = {"tvx": ["tvx::nms(Tensor x) -> Tensor"]}
+    for given, said in (({}, "failed: tvx/__init__.py:4: RuntimeError: operator tvx::nms does not exist"),
+                        (defines, "imported with stand-ins (tvx (without its ops))")):
+        monkeypatch.setattr(env, "defines", lambda series, d=given: d)
+        assert treecheck.run(SERIES, tree, [MODULE]).modules() == {"sglang.probe": said}
+
+
 def test_the_tier_has_no_network(tmp_path):
     if sandbox.isolation().startswith("network not cut off"):
         pytest.skip(sandbox.isolation())
@@ -232,40 +269,38 @@ def test_no_environment_for_the_target_is_one_line_and_unchecked(tmp_path, monke
 
 SCENARIOS = ["compressor-callback", "decode", "record-streams", "startup-rules", "verify-compact", "verify-static",
              "worker-commit"]
-UNTRIED = {"torchvision": "RuntimeError: operator torchvision::nms does not exist"}  # the locked PyPI (CUDA 13) build
+DEFINED = {"torchvision": "RuntimeError: operator torchvision::nms does not exist"}  # the locked PyPI (CUDA 13) build
 
 
-def treecheck_in_its_own_environment(rev: str) -> dict:
+def every_module_imports_in_its_own_environment(rev: str) -> None:
+    """``treecheck`` on ``rev`` in its own environment: ``passed``, all 11 modules imported and the 7 scenarios
+    passed, gates off and on; torchvision (the locked PyPI build) kept without its ops, not stood in for."""
+    start = time.monotonic()
     run = invoke("treecheck", "--sglang-rev", rev, "--series", str(REPO_ROOT), env={"C128PATCH_TIER_PYTHON": None})
-    assert run.out["env"]["lock"] == f"patches/env/{rev}.lock" and run.out["env"]["key"], json.dumps(run.out)[:3000]
-    assert run.out["env"]["untried"] == UNTRIED and "torchvision" in run.out["env"]["dropped"]
-    assert len(run.out["modules"]) == len(run.out["tiers"][0]["modules"]) == 11, run.out["modules"]
-    return {"code": run.code, **run.out}
+    out = run.out
+    assert out["env"]["lock"] == f"patches/env/{rev}.lock" and out["env"]["key"], json.dumps(out)[:3000]
+    assert out["env"]["defined"] == DEFINED and out["env"]["untried"] == {} and "torchvision" not in out["env"][
+        "dropped"], out["env"]
+    assert run.code == 0 and out["ok"], json.dumps(out)[:3000]
+    assert len(out["modules"]) == len(out["tiers"][0]["modules"]) == 11, out["modules"]
+    assert all(said.startswith("imported") for said in out["modules"].values()), out["modules"]
+    assert out["scenarios_passed"] == SCENARIOS
+    for gates in ("off", "on"):
+        assert f"gates {gates}: 12 ok, 0 failed, 0 not checked; scenarios: 7 passed, 0 failed, 0 not run" in \
+            out["verdict"], out["verdict"]
+    print(f"tier on {rev}: {time.monotonic() - start:.0f} s, env built now: {out['env']['built']}")
 
 
 def test_the_v0_5_23_environment_builds_from_its_lock_and_every_module_imports(tmp_path):
     """heavy: builds (or finds cached) the v0.5.23 environment: ~3 min and ~3 GB the first time."""
-    start = time.monotonic()
-    out = treecheck_in_its_own_environment("v0.5.23")
-    assert out["code"] == 0 and out["ok"], json.dumps(out)[:3000]
-    assert all(said.startswith("imported") for said in out["modules"].values()), out["modules"]
-    assert out["scenarios_passed"] == SCENARIOS
-    assert "scenarios: 7 passed, 0 failed, 0 not run; gates on: 12 ok" in out["verdict"], out["verdict"]
-    print(f"tier on v0.5.23: {time.monotonic() - start:.0f} s, env built now: {out['env']['built']}")
+    every_module_imports_in_its_own_environment("v0.5.23")
 
 
-def test_the_v0_5_20_environment_lacks_an_importable_torchvision_so_the_tier_is_unchecked(tmp_path):
-    """heavy: v0.5.20's transformers 5.12.1 needs a real torchvision at import (docs/watch.md); the locked one is
-    the CUDA build, uninstalled as it does not import beside CPU torch: 5 of 11 modules, 4 of 7 scenarios."""
-    out = treecheck_in_its_own_environment("v0.5.20")
-    assert out["code"] == 8 and not out["ok"] and out["verdict"].startswith("unchecked: "), json.dumps(out)[:3000]
-    imported = sorted(m.rsplit(".", 1)[1] for m, said in out["modules"].items() if said.startswith("imported"))
-    assert imported == ["compressor_v2", "environ", "online_c128_dspark", "online_c128_dspark",
-                        "online_c128_dspark_rules"], out["modules"]
-    assert all(said.startswith("not checked: needs torchvision (") for said in out["modules"].values()
-               if not said.startswith("imported"))
-    assert out["scenarios_passed"] == ["decode", "startup-rules", "verify-compact", "verify-static"]
-    assert "scenarios: 4 passed, 0 failed, 3 not run; gates on: 6 ok, 0 failed, 6 not checked" in out["verdict"]
+def test_the_v0_5_20_environment_imports_every_module_with_torchvision_without_its_ops(tmp_path):
+    """heavy: v0.5.20's transformers 5.12.1 needs a real torchvision at import (``AutoImageProcessor`` is a
+    placeholder without it, docs/watch.md); the locked CUDA build's Python imports once its two ops are defined:
+    11 of 11 modules, 7 of 7 scenarios (5 and 4 while it was uninstalled and stood in for)."""
+    every_module_imports_in_its_own_environment("v0.5.20")
 
 
 def test_requirements_that_do_not_resolve_are_one_line_and_unchecked(tmp_path, monkeypatch):

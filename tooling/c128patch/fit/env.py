@@ -30,7 +30,10 @@ from c128patch.upstream.releases import WheelZip, cache_dir, ensure_folder, lock
 
 TORCH_PIN = "torch==2.13.0"  # the CPU build; the operator may name another: $C128PATCH_TORCH_PIN
 RESOLVE_TIMEOUT, INSTALL_TIMEOUT = 600.0, 1200.0  # seconds
-_IMPORT = "import importlib, sys\nfor n in sys.argv[1:]:\n    importlib.import_module(n)\n"  # the names: argv, not code
+_IMPORT = ("import importlib, json, sys\nops = json.loads(sys.argv[1])\n"  # argv: ops to define, then names
+           "libs = [__import__('torch').library.Library(op.split('::')[0], 'FRAGMENT') for op in ops]\n"
+           "for lib, op in zip(libs, ops):\n    lib.define(op.split('::', 1)[1])\n"
+           "for n in sys.argv[2:]:\n    importlib.import_module(n)\n")
 _VERSION = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
 
 
@@ -61,6 +64,11 @@ def _dropped(cuda: dict[str, dict]) -> set[str]:
 def stand_ins(series: Series) -> dict[str, str]:
     """import name -> what it stands in for (``package: reason``), for the tier's runner."""
     return {name: f"{pkg}: {row['reason']}" for pkg, row in cuda_only(series).items() for name in row["imports"]}
+
+
+def defines(series: Series) -> dict[str, list[str]]:
+    """import name -> the op schemas its row ``defines``, for the tier's runner (defined where its import fails)."""
+    return {row["imports"][0]: row["defines"] for row in cuda_only(series).values() if row.get("defines")}
 
 
 def declared(tree: Path) -> tuple[list[str], str]:
@@ -185,31 +193,44 @@ def lock_for(series: Series, tree: Path, reporter: Reporter = NullReporter()) ->
     return cached.read_text(), f"resolved at run time ({cached})"
 
 
-def _untried(venv: Path, tried: dict[str, dict], reporter: Reporter) -> dict[str, str]:
-    """Each ``tried`` package (installed in ``venv``) whose imports fail there (a CUDA build beside CPU torch),
-    uninstalled: name -> why (its last error line), so the runner's stand-in takes its place."""
-    out = {}
+def _imports(venv: Path, names: list[str], ops: list[str]) -> str:
+    """Why ``names`` do not import in ``venv`` with ``ops`` defined first (its last error line); "" if they do."""
+    box = Sealed(str(venv / "bin/python"), ["-c", _IMPORT, json.dumps(ops), *names], 300, offline=True)
+    try:
+        stderr = box.wait()[1]
+        return box.proc.returncode and ([ln.strip() for ln in stderr.splitlines() if ln.strip()] or ["?"])[-1] or ""
+    except C128Error as exc:  # a hang: past the limit
+        return exc.message
+
+
+def _untried(venv: Path, tried: dict[str, dict], reporter: Reporter) -> tuple[dict[str, str], dict[str, str]]:
+    """Of the ``tried`` packages (installed in ``venv``) whose imports fail there (a CUDA build beside CPU torch):
+    (those uninstalled, so the runner's stand-in takes their place; those that import once their ``defines`` are
+    defined, kept without their ops): name -> why (the plain import's last error line)."""
+    out, defined = {}, {}
     for name, row in sorted(tried.items()):
-        box = Sealed(str(venv / "bin/python"), ["-c", _IMPORT, *row["imports"]], 300, offline=True)
-        try:
-            stderr = box.wait()[1]
-            why = box.proc.returncode and ([ln.strip() for ln in stderr.splitlines() if ln.strip()] or ["?"])[-1]
-        except C128Error as exc:  # a hang: past the limit
-            why = exc.message
-        if why:
+        why = _imports(venv, row["imports"], [])
+        if why and row.get("defines") and not _imports(venv, row["imports"], row["defines"]):
+            defined[name] = why
+        elif why:
             out[name] = why
             _pip(sys.executable, ["--python", str(venv / "bin/python"), "uninstall", "-y", "-q", name], 300, reporter,
                  f"{name} does not import here ({out[name]}): uninstalled, a stand-in takes its place")
-    return out
+    return out, defined
 
 
 def build(lock: str, cuda: dict[str, dict], reporter: Reporter = NullReporter(),
           timeout: float = INSTALL_TIMEOUT) -> tuple[Path, bool]:
     """(the venv's python for ``lock``, whether it was built now): installed from the lock's hashes, cached; of
-    ``cuda``'s ``tried`` rows, those that do not import there uninstalled (``c128patch-untried.json``)."""
+    ``cuda``'s ``tried`` rows, those that do not import there uninstalled (``c128patch-untried.json``) or, where
+    they import with their ``defines`` defined, kept without their ops (``c128patch-defined.json``)."""
     root = cache_dir() / "envs"
     packages = "".join(line for line in lock.splitlines(keepends=True) if not line.startswith("#"))
-    key = f"{hashlib.sha256(packages.encode()).hexdigest()[:16]}-{host()}"
+    tried = {n: r for n, r in cuda.items() if r.get("tried") and r["imports"] and f"\n{n}==" in f"\n{packages}"}
+    # which are tried (and the ops each defines) decides what the build keeps: part of the key (none: the key it had)
+    said = "".join(f"# tried: {n} {' '.join(r['imports'])}{''.join(f' | {op}' for op in r.get('defines', []))}\n"
+                   for n, r in sorted(tried.items()))
+    key = f"{hashlib.sha256((packages + said).encode()).hexdigest()[:16]}-{host()}"
     final = root / key
     with locked(root / ".lock"):
         if (final / "c128patch-ready").is_file():
@@ -223,9 +244,9 @@ def build(lock: str, cuda: dict[str, dict], reporter: Reporter = NullReporter(),
             args = ["--python", str(tmp / "venv/bin/python"), "install", "-q", "--no-deps", "--no-compile", "-r"]
             _pip(sys.executable, [*args, str(tmp / "lock.txt"), "--only-binary=:all:", "--require-hashes"], timeout,
                  reporter, f"building the tier's environment {key}: installing {packages.count(chr(10))} packages")
-            tried = {n: r for n, r in cuda.items() if r.get("tried") and r["imports"] and f"\n{n}==" in f"\n{packages}"}
-            untried = _untried(tmp / "venv", tried, reporter)
+            untried, defined = _untried(tmp / "venv", tried, reporter)
             (tmp / "venv" / "c128patch-untried.json").write_text(json.dumps(untried))
+            (tmp / "venv" / "c128patch-defined.json").write_text(json.dumps(defined))
             (tmp / "venv" / "c128patch-ready").write_text(lock)
             os.rename(tmp / "venv", final)
         finally:
@@ -237,11 +258,12 @@ def tier_python(series: Series, tree: Path, reporter: Reporter = NullReporter())
     """The interpreter the tier runs on ``tree`` with no ``--python``, and what to say about it (JSON)."""
     lock, source = lock_for(series, tree, reporter)
     python, built = build(lock, cuda_only(series), reporter)
-    said = python.parent.parent / "c128patch-untried.json"  # absent in an environment built before it was written
-    untried = json.loads(said.read_text()) if said.is_file() else {}
+    # each absent in an environment built before it was written
+    untried, defined = ({} if not (p := python.parent.parent / f"c128patch-{n}.json").is_file() else
+                        json.loads(p.read_text()) for n in ("untried", "defined"))
     dropped = lock.split("# dropped: ", 1)[1].split("\n", 1)[0].split()
     return str(python), {"key": python.parent.parent.name, "lock": source, "built": built, "python": str(python),
-                         "dropped": sorted({*dropped, *untried}), "untried": untried}
+                         "dropped": sorted({*dropped, *untried}), "untried": untried, "defined": defined}
 
 
 def describe(info: dict) -> str:
@@ -251,4 +273,7 @@ def describe(info: dict) -> str:
     return (f"behavioural tier environment {info['key']} ({'built now' if info['built'] else 'cached'}; lock: "
             f"{info['lock']}); stand-ins for {', '.join(info['dropped']) or 'none'}; "
             + "".join(f"{name} installed but stood in: it does not import here ({why}); "
-                      for name, why in info.get("untried", {}).items()) + info["isolation"])
+                      for name, why in info.get("untried", {}).items())
+            + "".join(f"{name} installed without its ops: its extension does not load here ({why}), the ops it "
+                      "registers at import defined with no kernel (each raises on use); "
+                      for name, why in info.get("defined", {}).items()) + info["isolation"])

@@ -163,7 +163,7 @@ class Pending:
         self.env["isolation"] = isolation()
         args = ["-c", RUNNER.read_text(), str((tree / PY_ROOT).resolve()), json.dumps(_gates(series)),
                 json.dumps([p for p in PROBES if p[0] in self.modules]), json.dumps(env_ops.stand_ins(series)),
-                str(SCENARIOS), *self.modules]
+                json.dumps(env_ops.defines(series)), str(SCENARIOS), *self.modules]
         self.box = Sealed(python, args, timeout, offline=True)
 
     def finish(self) -> TreecheckResult:

@@ -1,9 +1,12 @@
 """Run in a subprocess by ``fit.treecheck`` (no c128patch imports): import each module of a tree and
 say, per module, ok / not checked (a third-party package this interpreter lacks) / failed.
 
-argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON STAND_INS_JSON SCENARIOS_PY MODULE...; prints one JSON object.
-STAND_INS: import name -> what it stands in for (a CUDA-only package): a module found only where no real one is, that
-imports (its submodules too) but raises on use (attribute access); each module says which its import loaded.
+argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON STAND_INS_JSON DEFINES_JSON SCENARIOS_PY MODULE...; prints one JSON
+object. STAND_INS: import name -> what it stands in for (a CUDA-only package): a module found only where no real one
+is, that imports (its submodules too) but raises on use (attribute access); each module says which its import loaded.
+DEFINES: import name -> op schemas: an installed package whose import fails after torch's (its CUDA extension does not
+load here, and its Python registers those ops) has them defined with no kernel, then imports without its ops (each
+raises on use); each module whose import loaded it says so, as for a stand-in.
 Run in ``fit.sandbox``'s box (``python -I``). torch is imported once (before the tree is on the path), then one
 forked child per gate state (off: the gates unset; on: each set to 1) imports the modules from a clean slate and
 calls each probe (module, zero-argument function, what it must return with the gates on / off) where its module
@@ -28,6 +31,8 @@ import types
 
 TREE = sys.argv[1]  # run as `python -I -c SOURCE TREE ...`: no folder of ours on sys.path
 STAND_INS: dict = json.loads(sys.argv[4])
+DEFINES: dict = json.loads(sys.argv[5])
+WITHOUT_OPS: set = set()  # the names of DEFINES whose ops this run defined
 partial: dict = {}
 
 
@@ -88,8 +93,9 @@ def _guarded(path: str) -> frozenset:
 
 
 def _stand_ins(before: set) -> list:
-    """The stand-ins first loaded since ``before`` (the modules then)."""
-    return sorted({n.split(".")[0] for n in set(sys.modules) - before if isinstance(sys.modules[n], _StandInModule)})
+    """The stand-ins (and packages without their ops: ``DEFINES``) first loaded since ``before`` (the modules then)."""
+    return sorted({n.split(".")[0] for n in set(sys.modules) - before if isinstance(sys.modules[n], _StandInModule)}
+                  | {f"{n} (without its ops)" for n in WITHOUT_OPS if n in sys.modules and n not in before})
 
 
 def _third_party(exc: BaseException) -> str:
@@ -205,14 +211,25 @@ def _fork(state: str, gates: list[str], probes: list, scenarios: str, modules: l
 
 
 def main() -> None:
-    gates, probes, scenarios, modules = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[5], sys.argv[6:]
+    gates, probes, scenarios, modules = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[6], sys.argv[7:]
     out: dict = {"python": sys.executable, "torch": True, "tiers": {}}
     importlib.util.find_spec = _probe  # first: a module that binds it at import (torch's) gets this one
     try:  # before the tree is on the path: a torch the tree holds is never the one imported
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         out["torch"] = False
     sys.path.append(TREE)  # last: the tree shadows neither the stdlib nor an installed package
+    libs = []  # the ops of each package of DEFINES whose import fails here (alive while this runs)
+    for name, ops in DEFINES.items() if out["torch"] else ():
+        try:
+            importlib.import_module(name) if importlib.util.find_spec(name) else None
+        except Exception:  # noqa: BLE001
+            for stale in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
+                del sys.modules[stale]
+            libs += [torch.library.Library(op.split("::")[0], "FRAGMENT") for op in ops]
+            for lib, op in zip(libs[-len(ops):], ops):
+                lib.define(op.split("::", 1)[1])
+            WITHOUT_OPS.add(name)
     sys.meta_path.insert(0, _Finder())
     sys.meta_path.append(_StandIns())
     states = ("off", "on") if out["torch"] else ()
