@@ -326,6 +326,19 @@ def test_a_run_stops_at_the_entry_that_does_not_apply_naming_it_and_resumes_from
         assert not (git.worktree / ".git" / "rebase-apply").exists()
 
 
+def test_a_patch_file_of_two_messages_in_a_run_makes_both_commits_as_alone(sglang_release_repo, tmp_path):
+    """Not one commit per file: the run's entries go in one at a time, the entry's row naming its last commit."""
+    series = run_series(tmp_path / "series")
+    b = series / "patches" / "0002-run-b.patch"
+    b.write_text(b.read_text() + "\n" + b.read_text().replace("run_b", "run_b2").replace("run b", "run b2"))
+    update_hashes(load_series(series))
+    git = small_clone(sglang_release_repo, tmp_path / "t")
+    res = invoke("apply", "--sglang-rev", "v0.5.23", "--series", series, "--repo", git.worktree)
+    assert res.code == 0, res.err
+    assert git.out("log", "--format=%s", "v0.5.23..HEAD~").splitlines() == ["run c", "run b2", "run b", "run a"]
+    assert [e["commit"] for e in res.out["entries"]] == [git.rev_parse(f"HEAD~{n}") for n in (4, 2, 1)]
+
+
 def test_status_names_a_stale_index_lock_and_its_commands_then_work(sglang_release_repo, series, reference, tmp_path):
     """A kill -9 that also leaves ``.git/index.lock`` (git killed mid-write): `status` names the lock and
     prints the one command that clears it; after it, the resume command status prints works."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
@@ -180,17 +181,6 @@ def interrupts_said(tree: Path) -> Iterator[None]:
             from None
 
 
-def _ways_in(output: str) -> list[str]:
-    """How each patch ``git am`` took went in, from its lines: "3way" where it fell back to a 3-way merge."""
-    ways: list[str] = []
-    for line in output.splitlines():
-        if line.startswith("Applying: "):
-            ways.append("clean")
-        elif line.startswith("Falling back to patching base and 3-way") and ways:
-            ways[-1] = "3way"
-    return ways
-
-
 def _row(item: Planned, **more: str) -> dict:
     return {"name": item.entry.name, "kind": item.entry.kind, "file": item.label, **more}
 
@@ -204,7 +194,6 @@ class Apply:
         self.reporter = reporter
         self.path = apply_journal(git)
         self._hooks: str | None = None  # the tree's hooks folder (core.hooksPath) relative to it, "" when outside
-        self._runs = True  # entries may be applied a run at a time (``_run_at``)
 
     def start(self, target: Target, *, branch: str | None = None, fresh_clone: bool = False,
               planned: list[Planned] | None = None) -> ApplyResult:
@@ -390,7 +379,7 @@ class Apply:
         """The entries one step applies from ``planned[start]`` (module docstring)."""
         run: list[Planned] = []
         for item in planned[start:]:
-            joins = item.patch is not None and bool(item.patch.trailers.get(ENTRY_TRAILER)) and self._runs
+            joins = item.patch is not None and bool(item.patch.trailers.get(ENTRY_TRAILER))
             if run and (not joins or fault_named("before", item.entry.name)):
                 break
             run.append(item)
@@ -410,7 +399,8 @@ class Apply:
             made = branch_commits(git, journal.head_before)
             if [c.entry for c in made] == [i.patch.trailers[ENTRY_TRAILER] for i in run][:len(made)] and \
                     (proc.returncode == 0) == (len(made) == len(run)):  # one commit per file, as one by one
-                ways = _ways_in(proc.stdout)
+                ways = ["3way" if "\nFalling back to patching base and 3-way" in said else "clean"
+                        for said in re.split(r"^Applying: ", proc.stdout, flags=re.M)[1:]]  # what it says per patch
                 if proc.returncode == 0:
                     return [(ways[i], c.sha) for i, c in enumerate(made)]
                 git.run("am", "--quit")  # the commits made stay; the stopped patch's merge goes
@@ -418,10 +408,9 @@ class Apply:
                 self._reset("HEAD", failed.patch.paths if failed.patch else [])
                 if made:
                     return [(ways[i], c.sha) for i, c in enumerate(made)]
-            else:  # a file of several messages: one entry at a time, as before
+            else:  # not one commit per file (a file of several messages): its first entry alone, as before
                 git.run("am", "--abort", check=False)
                 self._reset(journal.head_before, journal.step_paths)
-                self._runs = False
         return [(self._apply_entry(journal, run[0], planned, dated), git.head() or "")]
 
     def _apply_entry(self, journal: ApplyJournal, item: Planned, planned: list[Planned], dated: Git) -> str:
