@@ -313,19 +313,16 @@ class Apply:
             journal.phase, journal.in_step, journal.head_before = "entries", False, git.head() or ""
             journal.save(self.path)
         if journal.phase == "entries":
-            alone = False  # the entry a run stopped at: applied alone
             while journal.done < len(planned):
-                run = [planned[journal.done]] if alone else self._run_at(planned, journal.done)
+                run = self._run_at(planned, journal.done)
                 fault_point("before", run[0].entry.name)
                 self.reporter.step(f"applying {run[0].entry.name}"
                                    + (f" .. {run[-1].entry.name} ({len(run)} entries)" if len(run) > 1 else ""))
                 self._begin(journal, [p for item in run for p in (item.patch.paths if item.patch else
                                                                    [item.entry.target])])
                 done = self._apply_run(journal, run, planned, dated)
-                if len(done) == len(run):
-                    fault_point("after", run[-1].entry.name)
+                fault_point("after", run[len(done) - 1].entry.name)  # (where a run stops early, none is named)
                 self._record(journal, run, done)
-                alone = len(done) < len(run)
             journal.phase = "provenance"
             journal.save(self.path)
         self.reporter.step("writing provenance")
@@ -401,11 +398,9 @@ class Apply:
                     (proc.returncode == 0) == (len(made) == len(run)):  # one commit per file, as one by one
                 ways = ["3way" if "\nFalling back to patching base and 3-way" in said else "clean"
                         for said in re.split(r"^Applying: ", proc.stdout, flags=re.M)[1:]]  # what it says per patch
-                if proc.returncode == 0:
-                    return [(ways[i], c.sha) for i, c in enumerate(made)]
-                git.run("am", "--quit")  # the commits made stay; the stopped patch's merge goes
-                failed = run[len(made)]
-                self._reset("HEAD", failed.patch.paths if failed.patch else [])
+                if proc.returncode != 0:
+                    git.run("am", "--quit")  # the commits made stay; the stopped patch's merge goes
+                    self._reset("HEAD", journal.step_paths)
                 if made:
                     return [(ways[i], c.sha) for i, c in enumerate(made)]
             else:  # not one commit per file (a file of several messages): its first entry alone, as before
