@@ -100,9 +100,12 @@ def test_two_layers_of_one_name_are_refused(tmp_path, sparse_clone):
             contains="named site")
 
 
-def test_layer_new_refuses_an_unknown_base_and_an_existing_layer(tmp_path):
+def test_layer_new_refuses_an_unknown_base_an_existing_layer_and_a_folder_it_cannot_make(tmp_path):
     refused(["layer", "new", tmp_path / "x", "--name", "site", "--base", "v0.4.0"], contains="nothing was written")
     assert not (tmp_path / "x").exists()
+    (tmp_path / "file").write_text("")  # a file on the way (a traceback before), as /proc/x or a read-only disk
+    refused(["layer", "new", tmp_path / "file" / "x", "--name", "site"],
+            contains="Not a directory; nothing was written")
     assert invoke("layer", "new", tmp_path / "y", "--name", "site").code == 0
     before = (tmp_path / "y" / "patches" / "series.toml").read_bytes()
     refused(["layer", "new", tmp_path / "y", "--name", "other"], contains="exists already")

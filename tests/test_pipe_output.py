@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from c128patch import progress
 from c128patch.progress import PlainReporter, transfer
 from c128patch.upstream.releases import _pip_reports_bytes, wheel_for
 from support import invoke
@@ -103,6 +104,24 @@ def test_a_step_left_open_prints_its_phase_and_elapsed_time_every_beat():
     settled = out.getvalue()
     threading.Event().wait(0.1)
     assert out.getvalue() == settled
+
+
+HOSTILE_STEP = "the gate audit on v0.5.23[/x] \x1b]8;;https://evil.example\x1b\\link\x1b]8;;\x1b\\\x07"
+
+
+def test_a_step_naming_input_is_plain_text_on_a_terminal_and_off_one(monkeypatch, capsys):
+    """A step names input (a series' base, a journal's branch): on a terminal rich's progress took it as markup
+    (``[/x]``: a MarkupError traceback), off one its ESC and BEL reached the terminal raw."""
+    out = io.StringIO()
+    rep = PlainReporter(stream=out, clock=lambda: 0.0, beat=0.01)
+    rep.step(HOSTILE_STEP)
+    assert _wait_for(out, 1)[0] == "the gate audit on v0.5.23[/x] ]8;;https://evil.example\\link]8;;\\: 0 s"
+    rep.close()
+    monkeypatch.setattr(progress, "is_terminal", lambda stream: True)
+    with progress.reporter(True, title="t") as rich_rep:
+        rich_rep.step(HOSTILE_STEP)
+        rich_rep.transfer(HOSTILE_STEP, 1, 2)
+    assert "\x1b]8;;https://evil" not in capsys.readouterr().err
 
 
 def test_steps_begun_one_after_another_do_not_silence_the_beat():

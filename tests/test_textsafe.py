@@ -4,18 +4,24 @@ watch's and rebase's Markdown reports as inert code spans and a terminal without
 from __future__ import annotations
 
 import html
+import re
+import subprocess
 
 import pytest
 from markdown_it import MarkdownIt
 
 from c128patch.fit import watch_report
+from c128patch.git import Git
 from c128patch.ops.rebase_report import render_markdown
 from c128patch.textsafe import md, plain, some
+from support import REPO_ROOT, invoke
+from test_upstream_changes import CUH, GUARD_NEW, GUARD_OLD, PLAN, commit_on, put
 
 HOSTILE = ["<!-- the rest is hidden", "<img src=x onerror=alert(1)>", "[click me](javascript:alert(1))",
            "cc @maintainers please merge", "fixes #12", "\x1b[31mred\x1b[0m", "\x1b]8;;https://evil.example\x1b\\"
-           "a link\x1b]8;;\x1b\\", "ring\x07", "``` break the fence", "`tick` and ``two``", " ` "]
-CONTROLS = "\x1b\x07\x9b\r"
+           "a link\x1b]8;;\x1b\\", "ring\x07", "``` break the fence", "`tick` and ``two``", " ` ",
+           "fix \u202egnp.exe\u202c and \u2066@team\u2069"]
+CONTROLS = "\x1b\x07\x9b\r\u202e\u2066"
 
 
 @pytest.mark.parametrize("text", HOSTILE)
@@ -58,7 +64,62 @@ def test_rebase_reports_upstream_subjects_and_refs_as_data():
     assert "`@team`" in text and "- added: `fixes #12`" in text
 
 
+EVIL = "<img src=x onerror=alert(1)> @maintainers #12 [x](javascript:alert(1)) \u202e"
+
+
+def test_a_path_upstream_renamed_and_a_proof_quoting_upstream_are_data():
+    """An entry's file renamed upstream names upstream's path; the proof's summary and notes quote upstream's hunk
+    headers (its code) and commit subjects; a series' file name (a pull request's) holds backticks: all inert in both
+    reports."""
+    entry = {"name": "c128-a", "on_rev": f"3-way (renamed: python/a.py -> python/{EVIL}.py)", "file": f"p/`{EVIL}`",
+             "chosen_by": "", "detail": "", "ledger": [], "renamed": {"python/a.py": f"python/{EVIL}.py"}, "hints": []}
+    proof = {"summary": f"differs from a fresh apply: unattributed change in python/x.py (first: python/x.py "
+                        f"@@ -1 +1 @@ {EVIL})", "notes": [f"user commit 0123456789ab '{EVIL}': does not replay"],
+             "replay": {"entries": []}, "differences": []}
+    conflict = {"entry": "c128-a", "file": f"p/`{EVIL}`", "chosen_by": "", "blocks": [], "unresolved": [],
+                "after_skipping": [], "resolved_by_ledger": [], "detail": "does not apply", "hints": []}
+    watch = watch_report._entries({"entries": [entry], "conflicts": []}) + watch_report._proof(
+        {"equivalence": proof, "conflicts": []}) + watch_report._conflicts({"conflicts": [conflict]}) + \
+        watch_report._fits({"contract": {"verdict": "v", "cxx_probe": f"failed to compile: {EVIL}", "failing": []},
+                            "unchecked": [f"C++: failed to compile: {EVIL}"]})  # a compiler quotes upstream
+    rebase = render_markdown({"old_base": {"rev": "v1", "commit": "a" * 40}, "new_base": {"rev": "v2", "commit":
+                              "b" * 40}, "direction": "forward", "upstream_commits_between": 0, "upstream_commits": [],
+                              "upstream_commits_removed": [], "equivalence": proof, "entries": [
+                                  {**entry, "status": "failing", "kind": "patch", "signals": [], "stop": {
+                                      "phase": "series", "file": f"p/`{EVIL}`", "blocks": [], "resolved": []}}]})
+    head = watch_report._head({"series": {"name": "site", "version": "[x](javascript:alert(1))"}, "outcome": "clean",
+                               "base": {"rev": "<img/src=x>", "commit": "a" * 40}, "headline": "h", "exit_code": 0,
+                               "onto": {"rev": "v1", "commit": "b" * 40}, "upstream_commits_between": 0,
+                               "direction": "", "seconds": 1, "next": [], "problems": []})
+    assert "- series: site `[x](javascript:alert(1))`, base `<img/src=x>`" in "\n".join(head), head
+    for text in ("\n".join(watch + head), rebase):
+        _inert(text)
+        rendered = MarkdownIt("commonmark").enable("table").render(text)
+        assert "@maintainers" in rendered and "@maintainers" not in re.sub("<code>.*?</code>", "", rendered), text
+    assert "| c128-a | `3-way (renamed: python/a.py -> python/<img" in watch[4], watch
+
+
 def test_some_names_the_first_n_then_counts_the_rest():
     assert some(["a", "b", "c", "d"], 2) == "a, b and 2 more"
     assert some(["a", "b"], 2) == "a, b"
     assert some([], 3) == ""
+
+
+MARKUP = "deepseek_v4: zero rows, see [link=https://evil.example]docs[/link] [bold]x[/bold] [/x] (#35848)"
+
+
+def test_check_prints_an_upstream_subject_as_text_not_rich_markup(sglang_release_repo, tmp_path):
+    """An upstream commit fixing what an entry fixes, naming its PR, reaches check's table as a hint: its subject's
+    ``[/x]`` was a rich MarkupError (a traceback), its ``[link=...]`` a live link. Now literal text."""
+    dest = tmp_path / "sglang.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", str(sglang_release_repo), str(dest)], check=True)
+    git = Git(git_dir=dest)
+
+    def edit(idx: Git) -> None:
+        for path in (CUH, PLAN):
+            put(idx, path, git.blob("v0.5.23", path).decode().replace(GUARD_OLD, GUARD_NEW))
+
+    sha = commit_on(git, MARKUP, edit)
+    run = invoke("check", "--sglang-rev", sha, "--repo", dest, "--series", REPO_ROOT, as_json=False)
+    assert run.code == 1 and f"upstream may now handle this: {sha[:12]} {MARKUP!r}" in run.text.replace("\n", " "), \
+        run.text

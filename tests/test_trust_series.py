@@ -47,6 +47,8 @@ def journal(root: Path, moves: list, deletes: list, parts: list[str] | None = No
 @pytest.mark.parametrize("path, says", [
     ("/etc/passwd", "must be relative"), ("../x", "must be relative"), ("a/../../x", "must be relative"),
     (".GIT/config", "git's own folder"), ("a/.git./hooks/x", "git's own folder"), ("a/git~1/x", "git's own folder"),
+    ("a/.git::$INDEX_ALLOCATION/hooks/x", "git's own folder"), ("a/.Git . :$DATA/x", "git's own folder"),
+    ("a/.gitmodules:$DATA", "decides what git runs"),
 ])
 def test_confine_refuses_what_leaves_the_root(tmp_path, path, says):
     with pytest.raises(C128Error, match=says) as exc:
@@ -214,7 +216,7 @@ def test_a_layer_folder_inside_a_tree_the_tool_patches_is_refused(tmp_path, monk
         lookup_layers((), cwd=tmp_path)
 
 
-def test_a_config_of_another_user_is_refused_and_a_deeply_nested_one_is_one_line(tmp_path, monkeypatch):
+def test_a_config_of_another_user_or_symlinked_is_refused_and_a_deeply_nested_one_is_one_line(tmp_path, monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     (tmp_path / CONFIG).write_text('[layers]\npaths = []\n')
     monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path / CONFIG).st_uid + 1)
@@ -222,6 +224,12 @@ def test_a_config_of_another_user_is_refused_and_a_deeply_nested_one_is_one_line
         lookup_layers((), cwd=tmp_path)
     monkeypatch.undo()
     monkeypatch.delenv(ENV, raising=False)
+    (tmp_path / "mine").mkdir()  # a link in a shared folder to the operator's own config: its paths were read
+    (tmp_path / "mine" / CONFIG).write_text('[layers]\npaths = ["layer"]\n')  # under the link's folder
+    (tmp_path / "shared" / "work").mkdir(parents=True)
+    (tmp_path / "shared" / CONFIG).symlink_to(tmp_path / "mine" / CONFIG)
+    with pytest.raises(C128Error, match=f"{CONFIG} is a symlink"):
+        lookup_layers((), cwd=tmp_path / "shared" / "work")
     (tmp_path / CONFIG).write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(C128Error, match="nested too deeply") as exc:
         lookup_layers((), cwd=tmp_path)
@@ -445,3 +453,15 @@ def test_status_prints_a_hostile_commit_subject_without_its_controls(upstream_cl
     res = invoke("status", "--tree", upstream_clone, as_json=False)
     assert "evil ]8;;https://evil.invalid\\link]8;;\\ end" in res.text, res.text
     assert not any(c in res.text for c in "\x1b\x07"), res.text
+
+
+@pytest.mark.parametrize("key, value", [("base", "v0.5.23\x1b]8;;https://evil\x07"), ("base", "v0.5.23 [/x]"),
+                                        ("version", "1\u202e")])
+def test_a_series_base_or_version_that_is_not_one_printable_word_is_refused(tmp_path, key, value):
+    """The base reaches progress lines (rich markup there), reports and git; the version trailers and labels."""
+    folder = series_folder(tmp_path / "s")
+    manifest = folder / "patches" / "series.toml"
+    manifest.write_text(manifest.read_text().replace('version = "1"' if key == "version" else 'base = "v0.5.23"',
+                                                     f'{key} = {json.dumps(value)}'))
+    with pytest.raises(C128Error, match=f"unsafe {key}"):
+        load_series(folder)

@@ -111,8 +111,8 @@ def test_the_refreshed_report_says_what_needed_a_merge_and_that_it_is_proven(ont
     assert (f"3 of {N} entries needed a 3-way merge or a recorded resolution ({RS} (ledger), {BACKEND} (ledger), "
             f"{COMMIT} (3-way)); the refreshed series c128patch {V + 2} applies strictly there"
             in onto_023.report["headline"])
-    assert f"| {COMMIT} | 3-way | patches/0010-c128-dspark-online-commit.patch (ancestor) |" in md
-    assert (f"## Proof\n\nidentical to a fresh apply of series c128patch {V + 1} on v0.5.23 with ledger resolutions"
+    assert f"| {COMMIT} | 3-way | `patches/0010-c128-dspark-online-commit.patch (ancestor)` |" in md
+    assert (f"## Proof\n\n`identical to a fresh apply of series c128patch {V + 1} on v0.5.23 with ledger resolutions"
             in md)
     assert "- applied fresh on v0.5.23@" in md and "every entry strictly, the same tree as the proven rebase; " \
                                                  "`refresh --check` there changes nothing" in md

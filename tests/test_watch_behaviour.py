@@ -130,7 +130,7 @@ def test_without_nvcc_watch_is_unchecked_not_clean(drift, tmp_path):
     assert report["headline"].endswith(f"(11 entries, proven) but is not checked here: {said}")
     assert report["behaviour"]["failed"] == [] and report["behaviour"]["ran"]
     md = (tmp_path / "out" / "watch-report.md").read_text()
-    assert "## Not checked here" in md and f"- {report['unchecked'][0]}" in md
+    assert "## Not checked here" in md and f"- `{report['unchecked'][0]}`" in md
 
 
 def test_without_torch_watch_is_unchecked_not_clean(drift, tmp_path):

@@ -44,6 +44,25 @@ def job_env(workspace: Path, upstream: str, targets: str) -> dict[str, str]:
             "GH_REPO": "maintainer/c128patch"}
 
 
+def test_the_body_is_cut_at_a_lines_end_so_no_code_span_of_upstreams_text_is_left_open(workflow, tmp_path):
+    """The report is cut to GitHub's body limit; a cut inside a code span (a long upstream subject) left it open, and
+    the rest of that line (``@maintainers``, ``<img ...>``) live in the issue."""
+    from markdown_it import MarkdownIt
+
+    report = next(s for s in workflow["jobs"]["watch"]["steps"] if s.get("name") == "Report")["run"]
+    (cut,) = [line.strip() for line in report.splitlines() if '> "$out/body.md"' in line]
+    hostile = "- `" + "y" * 60 + " cc @maintainers <img src=x onerror=alert(1)>`\n"
+    lines = ["# c128patch watch\n", *[f"- `{i:05d} an upstream commit`\n" for i in range(1800)]]
+    filler = sum(map(len, lines))
+    lines.append("- `" + "z" * (60000 - len(hostile) + 2 - filler - 5) + "`\n")  # byte 60000: before its closing `
+    (tmp_path / "watch-report.md").write_text("".join(lines) + hostile * 3)
+    subprocess.run(["bash", "-c", cut], env={**os.environ, "out": str(tmp_path)}, check=True)
+    body = (tmp_path / "body.md").read_text()
+    assert "".join(lines).startswith(body) and len(body.encode()) <= 60000 and body.endswith("`\n")
+    rendered = MarkdownIt("commonmark").render(body + "\n")
+    assert "<img" not in rendered and "@maintainers" not in rendered
+
+
 def test_it_runs_nightly_and_by_hand(workflow):
     triggers = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` key as true
     assert set(triggers) == {"schedule", "workflow_dispatch"} and triggers["schedule"][0]["cron"] == "41 4 * * *"

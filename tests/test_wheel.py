@@ -30,7 +30,7 @@ from c128patch.wheel.rules import refusal
 from c128patch.wheel.sbom import PROPERTY_PREFIX, PatchEntry, diff_bytes, indexed_properties, purl_pypi
 from c128patch.wheel.tools import InWheel, check_record
 from c128patch.wheel.verify import verify_wheel
-from support import invoke, make_test_series
+from support import REPO_ROOT, invoke, make_test_series
 
 ENVIRON = "python/sglang/srt/environ.py"
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
@@ -816,3 +816,35 @@ def test_verify_a_wheel_not_made_from_an_upstream_wheel_cannot_be_authenticated(
     (line,) = res.err.strip().splitlines()
     assert line.startswith("c128patch: error: cannot check authenticity: ") and "built from source" in line
     assert run_cli(["verify-wheel", str(bad), "--no-authenticity"]).code == 0
+
+
+def tiny_wheel(dest: Path, extra: dict[str, bytes]) -> Path:
+    """A small sglang 0.5.23 wheel holding ``extra``, its RECORD right: only the member checks can refuse it."""
+    from c128patch.wheel.authentic import record_hash
+
+    info = "sglang-0.5.23.dist-info"
+    files = {"sglang/__init__.py": b"", "sglang/srt/environ.py": b"X = 1\n", **extra,
+             f"{info}/METADATA": b"Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n",
+             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows([[n, record_hash(d), len(d)] for n, d in files.items()]
+                                                    + [[f"{info}/RECORD", "", ""]])
+    dest.mkdir(parents=True)
+    with zipfile.ZipFile(dest / "sglang-0.5.23-py3-none-any.whl", "w") as zf:
+        for name, data in {**files, f"{info}/RECORD": text.getvalue().encode()}.items():
+            zf.writestr(name, data)
+    return dest / "sglang-0.5.23-py3-none-any.whl"
+
+
+@pytest.mark.parametrize("extra, says", [
+    ({"sglang/srt/Environ.py": b"import os\n"}, "members 'sglang/srt/environ.py' and 'sglang/srt/Environ.py' differ "
+                                                "only in case"),
+    ({"sglang/srt/a\nb.py": b""}, "unsafe member name 'sglang/srt/a\\nb.py'"),
+    ({"sglang/srt/\x1b]8;;https://evil\x07x.py": b""}, "unsafe member name 'sglang/srt/\\x1b]8;;https://evil\\x07x.py'"),
+], ids=["case", "newline", "controls"])
+def test_a_member_that_differs_only_in_case_or_holds_a_control_is_refused_by_name(tmp_path: Path, extra, says):
+    """On a case-insensitive file system ``Environ.py`` unpacks over ``environ.py``; a newline in a name split the
+    refusal into two lines. verify-wheel and wheel --from-wheel refuse both, in one line, before any work."""
+    wheel = tiny_wheel(tmp_path / "w", extra)
+    verify_fails(wheel, says)
+    refused(["wheel", "--from-wheel", str(wheel), "--series", str(REPO_ROOT)], tmp_path / "out", says)

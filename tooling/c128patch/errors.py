@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from c128patch.exitcodes import FAILED, INTERRUPTED, USAGE
+import signal
+
+from c128patch.exitcodes import FAILED, INTERRUPTED, SIGNAL, USAGE
 
 
 class C128Error(Exception):
@@ -34,3 +36,11 @@ class Interrupted(C128Error):
     """A Ctrl-C stopped an operation; the message says how to resume or undo it."""
 
     exit_code = INTERRUPTED
+
+    @classmethod
+    def by(cls, stop: KeyboardInterrupt, then: str) -> "Interrupted":
+        """``interrupted (SIGTERM): <then>``, exit 128+N: the signal ``stop`` came from (``handles_errors``)."""
+        signum = stop.args[0] if stop.args and isinstance(stop.args[0], int) else signal.SIGINT  # (``_stop``)
+        error = cls(f"interrupted ({signal.Signals(signum).name}): {then}")
+        error.exit_code = SIGNAL + signum
+        return error

@@ -58,8 +58,8 @@ _HFS_IGNORED = dict.fromkeys([*range(0x200C, 0x2010), *range(0x202A, 0x202F), *r
 
 
 def folded_name(part: str) -> str:
-    """A file name as case-folding, dot-trimming file systems may see it."""
-    return unicodedata.normalize("NFC", part.translate(_HFS_IGNORED)).lower().rstrip(" .")
+    """A file name as case-folding, dot-trimming file systems (NTFS: ``.git::$INDEX_ALLOCATION``) may see it."""
+    return unicodedata.normalize("NFC", part.translate(_HFS_IGNORED)).lower().split(":", 1)[0].rstrip(" .")
 
 
 def is_git_dir_name(part: str) -> bool:

@@ -8,6 +8,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, TextIO
 
+from c128patch.textsafe import plain
+
 if TYPE_CHECKING:  # rich is imported where it prints: a command that prints no line (--json) never loads it
     from rich.console import Console
     from rich.progress import Progress
@@ -39,11 +41,11 @@ class RichReporter:
         self._started: dict[str, float] = {}
 
     def step(self, message: str) -> None:
-        self._progress.update(self._task, description=message, advance=1)
+        self._progress.update(self._task, description=plain(message), advance=1)
 
     def transfer(self, what: str, done: int, total: int | None) -> None:
         start = self._started.setdefault(what, time.monotonic())
-        self._progress.update(self._task, description=transfer_line(what, done, total, time.monotonic() - start))
+        self._progress.update(self._task, description=plain(transfer_line(what, done, total, time.monotonic() - start)))
 
 
 BEAT = 10.0  # seconds without a line: with start-up and a busy machine, a piped run is never silent 15 s
@@ -81,7 +83,7 @@ class PlainReporter:
         self._wake.set()
 
     def _print(self, line: str) -> None:
-        print(line, file=self._stream or sys.stderr, flush=True)
+        print(plain(line), file=self._stream or sys.stderr, flush=True)
 
     def transfer(self, what: str, done: int, total: int | None) -> None:
         now = self._clock()
@@ -124,7 +126,7 @@ def reporter(enabled: bool, total: int | None = None, title: str = "working") ->
         return
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+    prog = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(), TimeElapsedColumn(),
                     console=console(), transient=True)
     with prog:
         yield RichReporter(prog, prog.add_task(title, total=total))

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import re
 
-# C0 controls but tab and newline, DEL, C1 controls: ESC (colours, OSC-8 links), BEL, CR, CSI...
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# C0 controls but tab and newline, DEL, C1 controls (ESC, BEL, CR, CSI...), bidi controls (U+202E: Trojan Source)
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def plain(text: str) -> str:
-    """``text`` without the control characters a terminal acts on."""
+    """``text`` without the control characters a terminal acts on, nor bidi controls."""
     return _CONTROLS.sub("", text)
+
+
+def text(value: str):  # -> rich.text.Text (rich is loaded only where a table prints)
+    """``value`` for a rich table cell or title: ``plain``, and literal (``[/x]`` raised, ``[link=...]`` was a link)."""
+    from rich.text import Text
+
+    return Text(plain(value))
 
 
 def some(items: list[str], n: int) -> str:

@@ -72,6 +72,7 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
     from c128patch.ops.check import check_upstream, exact, supported_releases
     from c128patch.progress import console, reporter
     from c128patch.series.layers import describe, layer_rows
+    from c128patch.textsafe import text
 
     series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
     revs = revs or tuple(supported_releases(series))
@@ -91,7 +92,8 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
     table = Table("entry", *(r.rev for r in results), title=describe(series))
     rows = [{row.name: row for row in r.entries} for r in results]
     for entry in series.entries:
-        table.add_row(entry.name, *(_cell(entry, by[entry.name]) if entry.name in by else "error" for by in rows))
+        table.add_row(*map(text, [entry.name, *(_cell(entry, by[entry.name]) if entry.name in by else "error"
+                                                 for by in rows)]))
     console(stderr=False).print(table)
     for r in results:
         c = contracts.get(r.rev)

@@ -15,10 +15,10 @@ from c128patch.cli.common import emit_json, load_stack, verb_options
 def command(markdown: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """The env reference: every variable the series adds or reads, its default, what it does, what it conflicts with."""
     from rich.table import Table
-    from rich.text import Text
 
     from c128patch.progress import console
     from c128patch.series.gates import render_markdown
+    from c128patch.textsafe import text
 
     series = load_stack(series_dir, layer_dirs, quiet=as_json)
     entry_gates = {e.name: e.gate for e in series.entries}
@@ -37,5 +37,5 @@ def command(markdown: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...
         cells = (f"{g.name}\n({g.declared_by})", f"{g.default} ({g.type})",
                  g.enables + (f"\n{g.notes}" if g.notes else ""),
                  "\n".join(rel) or "-")
-        table.add_row(*(Text(c) for c in cells))  # plain text: [accept] is not markup
+        table.add_row(*map(text, cells))  # plain text: [accept] is not markup
     out.print(table)

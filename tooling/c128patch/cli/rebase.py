@@ -38,6 +38,7 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     from c128patch.git import Git
     from c128patch.ops.refresh import refresh_command
     from c128patch.progress import console
+    from c128patch.textsafe import text
 
     chosen = [n for n, on in (("onto", onto), ("continue", cont), ("skip", skip), ("abort", abort),
                               ("drop", drop and not onto)) if on]
@@ -59,15 +60,16 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     if report.get("aborted"):
         return say(f"rebase aborted: {report['branch'] or 'HEAD'} is back at {report['head'][:12]}"
                    + (f"; your uncommitted work is in stash {report['stash'][:12]}" if report["stash"] else ""))
+    old, new = report["old_base"]["rev"], report["new_base"]["rev"]
     table = Table("entry", "status", "file (chosen by)", "detail",
-                  title=f"rebase {report['old_base']['rev']} -> {report['new_base']['rev']} ({report['direction']}, "
-                        f"{report['upstream_commits_between']} upstream commits added, "
-                        f"{len(report['upstream_commits_removed'])} left behind)")
+                  title=text(f"rebase {old} -> {new} ({report['direction']}, "
+                             f"{report['upstream_commits_between']} upstream commits added, "
+                             f"{len(report['upstream_commits_removed'])} left behind)"))
     for e in report["entries"]:
         detail = e["detail"] + (f" [{', '.join(e['ledger'])}]" if e["ledger"] else "")
         detail += " [your edit carried]" if e.get("edit_from") else ""
         file = f"{e['file']} ({e['chosen_by'].split(':', 1)[0]})" if e.get("file") else e["kind"]
-        table.add_row(e["name"], e["status"], file, detail)
+        table.add_row(*map(text, (e["name"], e["status"], file, detail)))
     console(stderr=False).print(table)
     contract, renamed = report["contract"], report.get("renamed_branch")
     nxt, note = refresh_command(git, done.series, report, lock_items)

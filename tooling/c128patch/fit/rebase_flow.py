@@ -54,10 +54,10 @@ def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, dro
     try:
         with repo_lock(git, "rebase"):
             report = verbs[verb]()
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted: the rebase journal is intact; resume with "
-                          f"`{rebase_command(git.worktree, 'continue')}` or undo with "
-                          f"`{rebase_command(git.worktree, 'abort')}`") from None
+    except KeyboardInterrupt as stop:
+        raise Interrupted.by(stop, f"the rebase journal is intact; resume with "
+                                   f"`{rebase_command(git.worktree, 'continue')}` or undo with "
+                                   f"`{rebase_command(git.worktree, 'abort')}`") from None
     finally:  # at a stop too: the reports are written at every stop
         pool.shutdown(wait=True)
         if report_dir and verb != "abort":

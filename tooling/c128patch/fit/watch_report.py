@@ -104,7 +104,7 @@ def _head(report: dict) -> list[str]:
     warn = [f"**warning**: {md(w)}" for w in (report.get("contract") or {}).get("copies", [])]
     lines = [f"# c128patch watch: `{outcome}` on {where(report)}", "", f"**{md(report['headline'])}**", "",
              *(warn and [*warn, ""]),
-             f"- series: {s['name']} {s['version']}, base {base['rev']} (`{base['commit'][:12]}`)",
+             f"- series: {s['name']} {md(s['version'])}, base {md(base['rev'])} (`{base['commit'][:12]}`)",
              f"- upstream: {md(report['onto']['rev'])} = `{report['onto']['commit']}` "
              f"({report.get('upstream', {}).get('source', '?')}), {report['upstream_commits_between']} upstream "
              f"commit(s) since the base" + (f", {report['direction']}" if report["direction"] else ""),
@@ -122,7 +122,8 @@ def _fits(report: dict) -> list[str]:
     lines = []
     contract = report.get("contract")
     if contract:
-        lines += ["## API contract", "", contract["verdict"], "", f"C++: {contract.get('cxx_probe', 'not run')}", ""]
+        probe = md(contract.get("cxx_probe", "not run"))  # a compiler's line: it quotes upstream's headers
+        lines += ["## API contract", "", contract["verdict"], "", f"C++: {probe}", ""]
         lines += [f"- {md(f)}" for f in contract["failing"]] + ([""] if contract["failing"] else [])
     tier = report.get("behaviour")
     if tier:
@@ -133,7 +134,7 @@ def _fits(report: dict) -> list[str]:
         lines += [f"- **failed**: {md(f)}" for f in tier["failed"]] + [f"- {md(n)}" for n in tier["not_checked"]]
         lines += [""] if tier["failed"] or tier["not_checked"] else []
     if report.get("unchecked"):
-        lines += ["## Not checked here", ""] + [f"- {u}" for u in report["unchecked"]] + [""]
+        lines += ["## Not checked here", ""] + [f"- {md(u)}" for u in report["unchecked"]] + [""]  # compiler lines
     return lines
 
 
@@ -156,7 +157,8 @@ def _entries(report: dict) -> list[str]:
         chosen = e["chosen_by"].split(":", 1)[0]
         file = f"{e['file']} ({chosen})" if e["file"] and chosen else e["file"]
         detail = e["detail"] + (f" (ledger {', '.join(e['ledger'])})" if e["ledger"] else "")
-        lines.append(f"| {e['name']} | {e['on_rev']} | {_cell(file)} | {_cell(md(detail))} |")
+        how = md(e["on_rev"]) if e.get("renamed") else e["on_rev"]  # a rename names upstream's path: data
+        lines.append(f"| {e['name']} | {_cell(how)} | {_cell(md(file))} | {_cell(md(detail))} |")
     lines.append("")
     hinted = [(e["name"], h) for e in report["entries"] if e["name"] not in {c["entry"] for c in report["conflicts"]}
               for h in e.get("hints", [])]
@@ -168,7 +170,7 @@ def _entries(report: dict) -> list[str]:
 def _conflicts(report: dict) -> list[str]:
     lines = []
     for c in report["conflicts"]:
-        lines += [f"## Conflict: {c['entry']}", "", md(_conflict_line(c) + "."), "", f"from `{c['file']}`"
+        lines += [f"## Conflict: {c['entry']}", "", md(_conflict_line(c) + "."), "", f"from {md(c['file'])}"
                   + (f" ({c['chosen_by']})" if c["chosen_by"] else ""), ""]
         if c["after_skipping"]:
             lines += [f"Reached after skipping {', '.join(c['after_skipping'])}: "
@@ -207,7 +209,7 @@ def _proof(report: dict) -> list[str]:
     if not proof:
         return []
     carried = " (of the entries that carry; the conflicting ones left out)" if report["conflicts"] else ""
-    return [f"## Proof{carried}", "", proof["summary"], ""]
+    return [f"## Proof{carried}", "", md(proof["summary"]), ""]  # it quotes upstream's hunk headers and subjects
 
 
 def _checks(report: dict) -> list[str]:

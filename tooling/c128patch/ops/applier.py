@@ -175,9 +175,9 @@ def interrupts_said(tree: Path) -> Iterator[None]:
     """A Ctrl-C in the block becomes the error that says how to resume or undo the apply in ``tree``."""
     try:
         yield
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         resume, undo = apply_commands(tree)
-        raise Interrupted(f"interrupted: the apply journal is intact; resume with `{resume}` or undo with `{undo}`") \
+        raise Interrupted.by(stop, f"the apply journal is intact; resume with `{resume}` or undo with `{undo}`") \
             from None
 
 

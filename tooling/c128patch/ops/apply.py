@@ -42,8 +42,14 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
     ApplyJournal.new(series, target, branch or target.branch, planned, fresh_clone=True, tree_existed=existed,
                      source=source).save(template / "c128patch" / "apply.json")
     reporter.step(f"preparing the tree for {target.commit[:12]}")
+    dest = tree or DEFAULT_TREE
+    cloning = upstream.kind != "path" and (not existed or dest.is_dir() and not any(dest.iterdir()))
     try:
         worktree, fresh = prepare_tree(upstream, tree, target.commit, reporter, template=template)
+    except KeyboardInterrupt:  # git killed mid-clone leaves a half clone holding the journal: nothing of it stays
+        if cloning:
+            discard_fresh_tree(dest, existed)
+        raise
     finally:
         shutil.rmtree(template, ignore_errors=True)
     if not fresh:

@@ -54,8 +54,11 @@ def new_layer(folder: Path, name: str, series: Series, base: str = "", version: 
         raise C128Error(f"base {base!r} is not one the series {series.name} was made on "
                         f"({', '.join(known_bases(series))}); nothing was written")
     layer = Series(folder.resolve(), name, version, base, [])
-    (folder / "patches").mkdir(parents=True, exist_ok=True)
-    layer.save()
+    try:
+        (folder / "patches").mkdir(parents=True, exist_ok=True)
+        layer.save()
+    except OSError as exc:  # a file on the way, a read-only or full disk, /proc
+        raise C128Error(f"cannot make a layer in {folder}: {exc.strerror}; nothing was written") from None
     return load_layer(folder, series)
 
 

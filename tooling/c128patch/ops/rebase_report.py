@@ -91,20 +91,20 @@ def render_markdown(report: dict) -> str:
             detail += "; **user edit carried**"
         if e["signals"]:
             detail += "; signals: " + "; ".join(f"{s['kind']}: {md(s['detail'])}" for s in e["signals"])
-        file = f"{e['file']} ({e['chosen_by']})" if e.get("file") else e.get("kind", "")
-        lines.append(f"| {e['name']} | {e['status']} | {file} | {detail.replace('|', chr(92) + '|')} |")
+        file = md(f"{e['file']} ({e['chosen_by']})" if e.get("file") else e.get("kind", ""))  # a series' file name
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in (e["name"], e["status"], file, detail)) + " |")
     for e in (e for e in report["entries"] if e.get("stop") and e["status"] == "failing"):  # the stop
         stop = e["stop"]
-        lines += ["", f"## stopped at {e['name']} ({stop['phase']})", "", f"from {stop['file']}", "",
+        lines += ["", f"## stopped at {e['name']} ({stop['phase']})", "", f"from {md(stop['file'])}", "",
                   *(block_markdown(b) for b in stop["blocks"])]
         if stop["resolved"]:
             lines.append("- partly resolved by the ledger: " + ", ".join(f"{r['entry']}:{r['key']} ({r['path']})"
                                                                            for r in stop["resolved"]))
     if proof := report.get("equivalence"):
-        lines += ["", "## proof", "", proof["summary"]]
+        lines += ["", "## proof", "", md(proof["summary"])]  # it quotes upstream's hunk headers and subjects
         lines += [f"- ledger resolution `{r['entry']}:{r['key']}` ({r['path']}), recorded on {r['recorded']}"
                   + (" (reused)" if r["reused"] else "") for e in proof["replay"]["entries"] for r in e["resolutions"]]
-        lines += [f"- note: {n}" for n in proof["notes"]]
+        lines += [f"- note: {md(n)}" for n in proof["notes"]]
         for d in proof["differences"]:
             hunks = [f"{h['path']} {h['header']}" + ("\n" + h["text"].rstrip() if h["text"] else "")
                      for h in d["hunks"][:20]]

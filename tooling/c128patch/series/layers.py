@@ -190,6 +190,9 @@ def find_config(start: Path, exclude: Sequence[Path] = ()) -> Path | None:
                  default=0)
     last = min([i for i in tops if i >= inside], default=len(chain) - 1)
     config = next((f / CONFIG for f in chain[inside:last + 1] if (f / CONFIG).is_file()), None)
+    if config is not None and config.is_symlink():  # whoever made the link chose the folder its paths are under
+        raise C128Error(f"{config} is a symlink (-> {os.readlink(config)}): not read; put the file itself there, or "
+                        f"name the layers with --layer or {ENV}")
     if config is not None and config.stat().st_uid != os.getuid():
         raise C128Error(f"{config} is owned by another user (uid {config.stat().st_uid}): not read (as git's "
                         f"safe.directory); take it over (chown), or name the layers with --layer or {ENV}")

@@ -262,11 +262,12 @@ def load_series(root: Path) -> Series:
     if dupes:
         raise C128Error(f"{path}: duplicate entry name(s) {', '.join(dupes)}")
     where = f"{path} [series]"
-    version = _str(head, "version", where, required=True)
-    if not version.isprintable() or " " in version:  # it goes into commit trailers and wheel labels
-        raise C128Error(f"{where}: unsafe version {version!r} (one word, no spaces or control characters)")
-    return Series(root, check_entry_name(_str(head, "name", where, required=True), where), version,
-                  _str(head, "base", where), entries, gates=parse_gates(doc.get("gates"), path))
+    version, base = _str(head, "version", where, required=True), _str(head, "base", where)
+    for key, value in (("version", version), ("base", base)):  # into trailers, wheel labels, progress and reports
+        if not value.isprintable() or " " in value:
+            raise C128Error(f"{where}: unsafe {key} {value!r} (one word, no spaces or control characters)")
+    return Series(root, check_entry_name(_str(head, "name", where, required=True), where), version, base, entries,
+                  gates=parse_gates(doc.get("gates"), path))
 
 
 def installed(root: Path) -> bool:

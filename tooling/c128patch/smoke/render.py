@@ -10,6 +10,7 @@ from rich.table import Table
 from c128patch.progress import console
 from c128patch.smoke.device import describe
 from c128patch.smoke.passes import BAD
+from c128patch.textsafe import text
 
 STYLE = {"passed": "green", "failed": "red", "error": "red", "crashed": "bold red", "skipped": "yellow",
          "xfailed": "yellow", "xpassed": "red", "not run": "dim", "absent": "dim",
@@ -39,7 +40,7 @@ def _end(report: dict[str, Any], where: str, plain: list[str], table: Table | No
     for line in plain:
         out.print(line, markup=False)
     for problem in report["problems"]:
-        out.print(f"[red]problem:[/red] {problem}")
+        out.print("[red]problem:[/red]", text(problem))
     verdict = "[green]OK[/green]" if report["ok"] else "[red]NOT OK[/red]"
     out.print(f"{verdict}  report: {where}")
 
@@ -98,7 +99,7 @@ def print_kernel(report: dict[str, Any], path: Path) -> None:
         san_rows = {label: {t["nodeid"]: t["outcome"] for t in passes[label].get("tests_brief", [])}
                     for label in san_labels}
         for t in report.get("tests", []):
-            cells = [t["nodeid"], _styled(t["outcome"]), f"{t['seconds']:.1f}"]
+            cells = [text(t["nodeid"]), _styled(t["outcome"]), f"{t['seconds']:.1f}"]
             if diff:
                 cells += [_styled(t.get("upstream", "absent")), f"{t.get('upstream_seconds', 0.0):.1f}",
                           _styled(t.get("verdict", ""))]

@@ -84,10 +84,15 @@ def check_archive(infos: list[zipfile.ZipInfo], wheel: Path, error: type[C128Err
     """Refuse members that are unsafe (outside the unpack folder, not plain), duplicate, or over the size limits."""
     seen: set[str] = set()
     files = {i.filename for i in infos if not i.is_dir()}
+    folded: dict[str, str] = {}  # a case-insensitive file system (macOS, Windows) unpacks one over the other
     for info in infos:
         name = info.filename
-        if not name or name.startswith("/") or "\\" in name or any(p in ("..", "") for p in PurePosixPath(name).parts):
+        if not name or name.startswith("/") or "\\" in name or any(p in ("..", "") for p in PurePosixPath(name).parts) \
+                or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in name):
             raise error(f"not a wheel: {wheel} has an unsafe member name {name!r}")
+        if (other := folded.setdefault(name.rstrip("/").casefold(), name.rstrip("/"))) != name.rstrip("/"):
+            raise error(f"{wheel.name}: members {other!r} and {name!r} differ only in case (on a case-insensitive "
+                        "file system one overwrites the other); refusing the wheel")
         if clash := next((str(p) for p in PurePosixPath(name).parents if str(p) in files), None):
             raise error(f"{wheel.name}: member {clash} is a file and the folder of {name}; refusing the wheel")
         kind = _FILE_TYPES.get(stat.S_IFMT(info.external_attr >> 16))
