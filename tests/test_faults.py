@@ -8,11 +8,13 @@ The interruptions come from two places: ``C128PATCH_FAULT`` points in the tool (
 steps, after a commit the journal does not list yet, with the provenance file written but not
 committed, right after a fresh clone, inside a rebase's stop, after the rebased branch moved) and
 git hooks that signal the whole process group from inside git itself (during ``git am``; during the
-checkout that finishes a rebase).
+checkout that finishes a rebase). Patches carrying their entry trailer go in as a run, one ``git am``:
+killed inside it or stopped at one of its entries, the way out is the same.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -20,7 +22,9 @@ from pathlib import Path
 import pytest
 
 from c128patch.git import FAULT_HOOKS_ENV, Git
+from c128patch.ops.lint import update_hashes
 from c128patch.ops.treestate import apply_journal, rebase_journal
+from c128patch.series.manifest import load_series
 from support import cli_process, invoke, make_test_series, printed_command, run_printed, small_clone, snapshot
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
@@ -283,6 +287,77 @@ def test_a_rebase_interrupted_inside_its_stop_aborts_to_the_branch_as_it_was(app
     mine = lambda s: [r for r in s["refs"].splitlines() if "refs/c128patch/recovery" not in r]  # noqa: E731
     assert mine(after) == mine(before) and after["head"] == before["head"] and after["status"] == before["status"]
     assert_nothing_in_progress(git)
+
+
+# ---------------------------------------------------------------------------- a run of entries (one git am)
+def run_series(dest: Path, bad: str = "") -> Path:
+    """Entries run-a, run-b, run-c, each a patch carrying its entry trailer that adds a file; ``bad`` changes a
+    line python/sglang/__init__.py does not have instead: it does not apply."""
+    (dest / "patches").mkdir(parents=True)
+    rows = []
+    for i, x in enumerate("abc", 1):
+        name, path = f"run-{x}", f"python/sglang/c128_run_{x}.py"
+        diff = (f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+VALUE = {i}\n" if name != bad else
+                "--- a/python/sglang/__init__.py\n+++ b/python/sglang/__init__.py\n@@ -1 +1 @@\n-no such line\n+x\n")
+        path = path if name != bad else "python/sglang/__init__.py"
+        (dest / "patches" / f"000{i}-{name}.patch").write_text(
+            f"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: t <t@t>\nDate: Thu, 1 Jan "
+            f"1970 00:00:00 +0000\nSubject: [PATCH] run {x}\n\nC128patch-Entry: {name}\n---\n"
+            f"diff --git a/{path} b/{path}\n" + ("new file mode 100644\n" if name != bad else "") + diff)
+        rows.append(f'[[entries]]\nname = "{name}"\nkind = "patch"\nfile = "000{i}-{name}.patch"\nwhy = "test"\n'
+                    'base = "v0.5.23"\n')
+    (dest / "patches" / "series.toml").write_text('[series]\nname = "runs"\nversion = "1"\nbase = "v0.5.23"\n\n'
+                                                  + "\n".join(rows))
+    update_hashes(load_series(dest))
+    return dest
+
+
+def test_a_kill_inside_a_run_of_entries_resumes_to_the_uninterrupted_result(sglang_release_repo, tmp_path):
+    """Killed in the run's `git am` after its first commit: --continue redoes the run, giving the commits an
+    uninterrupted apply gives, one per entry."""
+    series, args = run_series(tmp_path / "series"), ["apply", "--sglang-rev", "v0.5.23", "--series"]
+    ref = small_clone(sglang_release_repo, tmp_path / "ref")
+    assert invoke(*args, tmp_path / "series", "--repo", ref.worktree, as_json=False).code == 0
+    git = small_clone(sglang_release_repo, tmp_path / "t")
+    hook = tmp_path / "hooks" / "pre-applypatch"  # the second patch's: the first is committed
+    hook.parent.mkdir()
+    hook.write_text('#!/bin/sh\n[ -f "$0.seen" ] && kill -KILL -$(ps -o pgid= $$ | tr -d " ") && sleep 5\n'
+                    'touch "$0.seen"\n')
+    hook.chmod(0o755)
+    proc = cli_process([*args, series, "--repo", git.worktree], {FAULT_HOOKS_ENV: str(hook.parent)})
+    assert proc.returncode == -9, proc.stderr
+    assert git.out("log", "--format=%s", "v0.5.23..HEAD") == "run a"
+    assert json.loads(apply_journal(git).read_text())["entries"] == []  # the run is one step: none recorded
+    done = invoke("apply", "--continue", "--tree", git.worktree, as_json=False)
+    assert done.code == 0, done.err
+    assert git.head() == ref.head() and git.out("log", "--format=%s", "v0.5.23..HEAD~").splitlines() == [
+        "run c", "run b", "run a"]
+    assert_nothing_in_progress(git)
+
+
+def test_a_run_stops_at_the_entry_that_does_not_apply_naming_it_and_resumes_from_it(sglang_release_repo, tmp_path):
+    git = small_clone(sglang_release_repo, tmp_path / "t")
+    res = invoke("apply", "--sglang-rev", "v0.5.23", "--series", run_series(tmp_path / "series", bad="run-b"),
+                 "--repo", git.worktree, as_json=False)
+    for stop in (res, invoke("apply", "--continue", "--tree", git.worktree, as_json=False)):
+        assert stop.code == 1 and "entry 'run-b'" in stop.err.splitlines()[0], stop.err
+        assert git.out("log", "--format=%s", "v0.5.23..HEAD") == "run a" and git.status_porcelain() == []
+        journal = json.loads(apply_journal(git).read_text())
+        assert [e["name"] for e in journal["entries"]] == ["run-a"] and journal["paused"] == "conflict"
+        assert not (git.worktree / ".git" / "rebase-apply").exists()
+
+
+def test_a_patch_file_of_two_messages_in_a_run_makes_both_commits_as_alone(sglang_release_repo, tmp_path):
+    """Not one commit per file: the run's entries go in one at a time, the entry's row naming its last commit."""
+    series = run_series(tmp_path / "series")
+    b = series / "patches" / "0002-run-b.patch"
+    b.write_text(b.read_text() + "\n" + b.read_text().replace("run_b", "run_b2").replace("run b", "run b2"))
+    update_hashes(load_series(series))
+    git = small_clone(sglang_release_repo, tmp_path / "t")
+    res = invoke("apply", "--sglang-rev", "v0.5.23", "--series", series, "--repo", git.worktree)
+    assert res.code == 0, res.err
+    assert git.out("log", "--format=%s", "v0.5.23..HEAD~").splitlines() == ["run c", "run b2", "run b", "run a"]
+    assert [e["commit"] for e in res.out["entries"]] == [git.rev_parse(f"HEAD~{n}") for n in (4, 2, 1)]
 
 
 def test_status_names_a_stale_index_lock_and_its_commands_then_work(sglang_release_repo, series, reference, tmp_path):

@@ -1,23 +1,27 @@
 """``apply``: check out an upstream rev on a new branch and replay the series, one commit per entry.
 
 Resumable and undoable like ``git am``. The journal (``<git dir>/c128patch/apply.json``) is saved
-before every step (``clone``, ``checkout``, one per entry, ``provenance``) and removed with the
-provenance commit. A step marks itself ``in_step`` before it touches anything, so what it left half
-done after a kill is known to be ours: ``apply --continue`` puts the tree back at the step's start
-and redoes it (fixed dates and identity: the same commit). ``apply --abort`` restores the original
-branch or HEAD, deletes the new branch, the recovery ref and a clone it made; changes that are not
-the interrupted step's own are stashed, never dropped. One operation per repository at a time
-(``treestate.repo_lock``). A finished apply must equal a fresh replay of the series
-(``ops.equivalence``), else it fails (exit 1) with the hunks and the undo. On a conflict the branch
-stays at the last entry that applied, the failing entry, file and hunk named; a resolution made
-with ``git am`` is taken by ``apply --continue`` as the entry (no conflict markers). Nothing is
-written through a symlink, and patches may not create symlinks (``plan``).
+before every step (``clone``, ``checkout``, one per run of entries, ``provenance``) and removed with
+the provenance commit. A run is one entry, or consecutive patches carrying their entry trailer up to
+a fault point (tests), applied by one ``git am``; where it stops, the entries before are recorded and
+the one it stopped at is applied alone, as any entry. A step marks itself ``in_step`` before it
+touches anything, so what it left half done after a kill is known to be ours: ``apply --continue``
+puts the tree back at the step's start and redoes it (fixed dates and identity: the same commits).
+``apply --abort`` restores the original branch or HEAD, deletes the new branch, the recovery ref
+and a clone it made; changes that are not the interrupted step's own are stashed, never dropped.
+One operation per repository at a time (``treestate.repo_lock``). A finished apply must equal a
+fresh replay of the series (``ops.equivalence``), else it fails (exit 1) with the hunks and the
+undo. On a conflict the branch stays at the last entry that applied, the failing entry, file and
+hunk named; a resolution made with ``git am`` is taken by ``apply --continue`` as the entry (no
+conflict markers). Nothing is written through a symlink, and patches may not create symlinks
+(``plan``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,6 +33,7 @@ from c128patch.git import Git, environment_problem
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops import proofs
 from c128patch.ops.equivalence import fresh_replay, prove
+from c128patch.ops.replay import branch_commits
 from c128patch.ops.treestate import (
     RECOVERY_PREFIX,
     apply_commands,
@@ -37,6 +42,7 @@ from c128patch.ops.treestate import (
     checked_fields,
     ensure_clean,
     ensure_idle,
+    fault_named,
     fault_point,
     git_command,
     git_paths,
@@ -307,13 +313,16 @@ class Apply:
             journal.phase, journal.in_step, journal.head_before = "entries", False, git.head() or ""
             journal.save(self.path)
         if journal.phase == "entries":
-            for item in planned[journal.done:]:
-                fault_point("before", item.entry.name)
-                self.reporter.step(f"applying {item.entry.name}")
-                self._begin(journal, item.patch.paths if item.patch else [item.entry.target])
-                applied = self._apply_entry(journal, item, planned, dated)
-                fault_point("after", item.entry.name)
-                self._record(journal, item, applied)
+            while journal.done < len(planned):
+                run = self._run_at(planned, journal.done)
+                fault_point("before", run[0].entry.name)
+                self.reporter.step(f"applying {run[0].entry.name}"
+                                   + (f" .. {run[-1].entry.name} ({len(run)} entries)" if len(run) > 1 else ""))
+                self._begin(journal, [p for item in run for p in (item.patch.paths if item.patch else
+                                                                   [item.entry.target])])
+                done = self._apply_run(journal, run, planned, dated)
+                fault_point("after", run[len(done) - 1].entry.name)  # (where a run stops early, none is named)
+                self._record(journal, run, done)
             journal.phase = "provenance"
             journal.save(self.path)
         self.reporter.step("writing provenance")
@@ -363,6 +372,42 @@ class Apply:
         back = [journal.orig_branch] if journal.orig_branch else ["--detach", journal.orig_head or "HEAD"]
         return f"{shlex.join([*g, 'checkout', *back])} && {shlex.join([*g, 'branch', '-D', journal.branch])}"
 
+    def _run_at(self, planned: list[Planned], start: int) -> list[Planned]:
+        """The entries one step applies from ``planned[start]`` (module docstring)."""
+        run: list[Planned] = []
+        for item in planned[start:]:
+            joins = item.patch is not None and bool(item.patch.trailers.get(ENTRY_TRAILER))
+            if run and (not joins or fault_named("before", item.entry.name)):
+                break
+            run.append(item)
+            if not joins or fault_named("after", item.entry.name):
+                break
+        return run
+
+    def _apply_run(self, journal: ApplyJournal, run: list[Planned], planned: list[Planned],
+                   dated: Git) -> list[tuple[str, str]]:
+        """(how it applied, its commit) of each entry of ``run`` applied, in order: all of them, or those before
+        the one ``git am`` stopped at, or, where it stopped at the first, that one applied alone."""
+        git = self.git
+        if len(run) > 1:
+            self._check_worktree_paths(run)
+            proc = dated.run("am", "--3way", "--committer-date-is-author-date", *(str(i.path) for i in run),
+                             check=False)
+            made = branch_commits(git, journal.head_before)
+            if [c.entry for c in made] == [i.patch.trailers[ENTRY_TRAILER] for i in run][:len(made)] and \
+                    (proc.returncode == 0) == (len(made) == len(run)):  # one commit per file, as one by one
+                ways = ["3way" if "\nFalling back to patching base and 3-way" in said else "clean"
+                        for said in re.split(r"^Applying: ", proc.stdout, flags=re.M)[1:]]  # what it says per patch
+                if proc.returncode != 0:
+                    git.run("am", "--quit")  # the commits made stay; the stopped patch's merge goes
+                    self._reset("HEAD", journal.step_paths)
+                if made:
+                    return [(ways[i], c.sha) for i, c in enumerate(made)]
+            else:  # not one commit per file (a file of several messages): its first entry alone, as before
+                git.run("am", "--abort", check=False)
+                self._reset(journal.head_before, journal.step_paths)
+        return [(self._apply_entry(journal, run[0], planned, dated), git.head() or "")]
+
     def _apply_entry(self, journal: ApplyJournal, item: Planned, planned: list[Planned], dated: Git) -> str:
         git, series = self.git, self.series
         assert series is not None
@@ -407,10 +452,11 @@ class Apply:
                     raise C128Error(f"unsafe path in entry '{item.entry.name}': {path} goes through the symlink "
                                     f"{link.relative_to(self.tree)} in {self.tree}; nothing was written through it")
 
-    def _record(self, journal: ApplyJournal, item: Planned, applied: str) -> None:
-        head = self.git.head() or ""
-        journal.entries.append(_row(item, applied=applied, status="applied", commit=head))
-        journal.head_before, journal.in_step, journal.paused = head, False, ""
+    def _record(self, journal: ApplyJournal, items: list[Planned], done: list[tuple[str, str]]) -> None:
+        """The entries of ``items`` ``done`` (how each applied, its commit) in the journal, the step ended."""
+        for item, (applied, commit) in zip(items, done):
+            journal.entries.append(_row(item, applied=applied, status="applied", commit=commit))
+        journal.head_before, journal.in_step, journal.paused = done[-1][1], False, ""
         journal.save(self.path)
 
     def _write(self, rel: str, data: bytes, what: str, failure: str) -> None:
@@ -493,7 +539,7 @@ class Apply:
             if f"{ENTRY_TRAILER}: {item.entry.name}" not in git.out("log", "-1", "--format=%B", head):
                 self._dated(journal).run("commit", "--quiet", "--amend", "--no-edit", "--no-verify", "--trailer",
                                          f"{ENTRY_TRAILER}: {item.entry.name}")
-            self._record(journal, item, "resolved")
+            self._record(journal, [item], [("resolved", git.head() or "")])
         ensure_clean(git, "continue the apply")
 
     def _result(self, journal: ApplyJournal) -> ApplyResult:

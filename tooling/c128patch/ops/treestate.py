@@ -273,3 +273,9 @@ def fault_point(where: str, name: str) -> None:
             os.kill(os.getpid(), sig)
     if f"fail-{where}:{name}" in wanted:
         raise OSError(errno.EIO, f"injected fault at {where}:{name}")
+
+
+def fault_named(where: str, name: str) -> bool:
+    """Is there a fault at this point (a step must end there for ``fault_point`` to act on it)?"""
+    wanted = os.environ.get(FAULT_ENV, "").split(",")
+    return any(f"{how}-{where}:{name}" in wanted for how in (*_SIGNALS, "fail"))
