@@ -141,12 +141,13 @@ def lock_text(report: dict, head: str, cuda: dict[str, dict]) -> str:
     return head + "".join(sorted(rows))
 
 
-def _pip(python: str, args: list[str], timeout: float, reporter: Reporter, what: str) -> None:
-    """``python -m pip ARGS`` in the sealed box (network kept: pip needs it) with the operator's settings."""
+def _pip(python: str, args: list[str], timeout: float, reporter: Reporter, what: str, into: Path) -> None:
+    """``python -m pip ARGS`` in the sealed box (network kept: pip needs it; writes to ``into`` only) with the
+    operator's settings."""
     reporter.step(what)
     # the operator's pip settings (``PIP_*``, proxies; its config files are read as usual); never the target's
     env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
-    box = Sealed(python, ["-m", "pip", "--disable-pip-version-check", *args], timeout, env=env)
+    box = Sealed(python, ["-m", "pip", "--disable-pip-version-check", *args], timeout, env=env, writable=(str(into),))
     try:
         stdout, stderr = box.wait()
     except C128Error as exc:
@@ -164,7 +165,7 @@ def resolve(head: str, requirements: list[str], cuda: dict[str, dict], reporter:
         (Path(tmp) / "pin.txt").write_text(f"{torch_pin()}\n")
         _pip(sys.executable, ["install", "--dry-run", "--ignore-installed", "--only-binary=:all:", "-q", "--report",
                               f"{tmp}/report.json", "-r", f"{tmp}/req.txt", "-c", f"{tmp}/pin.txt"], timeout, reporter,
-             f"resolving the tier's environment ({len(requirements)} requirements)")
+             f"resolving the tier's environment ({len(requirements)} requirements)", Path(tmp))
         return lock_text(json.loads((Path(tmp) / "report.json").read_text()), head, cuda)
 
 
@@ -199,7 +200,7 @@ def _untried(venv: Path, tried: dict[str, dict], reporter: Reporter) -> dict[str
         if why:
             out[name] = why
             _pip(sys.executable, ["--python", str(venv / "bin/python"), "uninstall", "-y", "-q", name], 300, reporter,
-                 f"{name} does not import here ({out[name]}): uninstalled, a stand-in takes its place")
+                 f"{name} does not import here ({out[name]}): uninstalled, a stand-in takes its place", venv)
     return out
 
 
@@ -219,10 +220,10 @@ def build(lock: str, cuda: dict[str, dict], reporter: Reporter = NullReporter(),
         tmp = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=root))
         try:
             (tmp / "lock.txt").write_text(lock)
-            Sealed(sys.executable, ["-m", "venv", "--without-pip", str(tmp / "venv")], 300).wait()
+            Sealed(sys.executable, ["-m", "venv", "--without-pip", str(tmp / "venv")], 300, writable=(str(tmp),)).wait()
             args = ["--python", str(tmp / "venv/bin/python"), "install", "-q", "--no-deps", "--no-compile", "-r"]
             _pip(sys.executable, [*args, str(tmp / "lock.txt"), "--only-binary=:all:", "--require-hashes"], timeout,
-                 reporter, f"building the tier's environment {key}: installing {packages.count(chr(10))} packages")
+                 reporter, f"building the tier's environment {key}: installing {packages.count(chr(10))} packages", tmp)
             tried = {n: r for n, r in cuda.items() if r.get("tried") and r["imports"] and f"\n{n}==" in f"\n{packages}"}
             untried = _untried(tmp / "venv", tried, reporter)
             (tmp / "venv" / "c128patch-untried.json").write_text(json.dumps(untried))
