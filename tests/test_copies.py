@@ -197,3 +197,17 @@ def test_watch_reads_the_hooks_from_the_branch_it_applied_without_replaying_the_
                  "--series", str(REPO_ROOT), "--no-run")
     said = f"upstream copies {WORKER} as {FAST}, which has our hooks: check that the path selecting it runs them"
     assert run.code == EXIT["unchecked"] and run.out["contract"]["copies"] == [said], (run.err, run.out.get("headline"))
+
+
+def test_the_blob_reader_is_closed_when_the_search_fails(remote, ours, monkeypatch):
+    """``find``'s ``git cat-file --batch`` ends with it, also when reading a file raises (it was left running)."""
+    closed, close = [], copies.BlobBatch.close
+    monkeypatch.setattr(copies.BlobBatch, "close", lambda self: closed.append(self._proc is not None) or close(self))
+
+    def boom(text):
+        raise RuntimeError("a file it cannot read")
+
+    monkeypatch.setattr(copies, "_names", boom)
+    with pytest.raises(RuntimeError, match="a file it cannot read"):
+        copies.find(remote, remote.rev_parse("v0.5.23"), remote.rev_parse("copied"), ours)
+    assert closed == [True]

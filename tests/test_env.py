@@ -167,6 +167,31 @@ def test_a_tried_package_that_does_not_import_is_uninstalled_and_stood_in_for(tm
                     "stood in: it does not import here (RuntimeError: operator bad::nms does not exist); no network")
 
 
+def test_which_packages_are_tried_is_part_of_the_environments_key(tmp_path, monkeypatch):
+    """A row made ``tried`` (or no longer) changes what the build uninstalls: not the environment built before."""
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(env, "_pip", lambda *a: None)
+    lock = f"good==1.0 --hash=sha256:{'ab' * 32}\n"
+    plain, tried = {"good": {"imports": ["good"], "reason": "x"}}, {"good": {"imports": ["good"], "tried": True,
+                                                                           "reason": "x"}}
+    monkeypatch.setattr(env, "_untried", lambda venv, rows, reporter: {n: "does not import" for n in rows})
+    first, second = env.build(lock, plain)[0], env.build(lock, tried)[0]
+    assert first != second and env.build(lock, plain) == (first, False)
+    assert json.loads((second.parent.parent / "c128patch-untried.json").read_text()) == {"good": "does not import"}
+
+
+@pytest.mark.parametrize("said", [b"{", b"\xff", b"[]", b'{"bad": 5}'], ids=["bad", "bytes", "list", "int"])
+def test_a_damaged_record_of_untried_packages_is_not_a_traceback(tmp_path, monkeypatch, said):
+    """The shared cache's ``c128patch-untried.json`` is input: damaged, it was a traceback (ValueError)."""
+    venv = tmp_path / "env"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "c128patch-untried.json").write_bytes(said)
+    monkeypatch.setattr(env, "lock_for", lambda *a: ("# dropped: x\n", "l"))
+    monkeypatch.setattr(env, "build", lambda *a: (venv / "bin" / "python", False))
+    info = env.tier_python(SERIES, tmp_path)[1]
+    assert info["untried"] == ({"bad": "5"} if said == b'{"bad": 5}' else {}) and "x" in info["dropped"]
+
+
 def tree_with(tmp: Path, source: str) -> Path:
     (tmp / "python" / "sglang").mkdir(parents=True)
     (tmp / "python" / "sglang" / "__init__.py").write_text("")

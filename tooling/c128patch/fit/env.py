@@ -23,7 +23,7 @@ from packaging.utils import canonicalize_name
 
 from c128patch.errors import C128Error
 from c128patch.fit.sandbox import Sealed
-from c128patch.jsonio import write_atomic
+from c128patch.jsonio import read_json, write_atomic
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series, tomllib
 from c128patch.upstream.releases import WheelZip, cache_dir, ensure_folder, locked, wheel_for
@@ -210,7 +210,10 @@ def build(lock: str, cuda: dict[str, dict], reporter: Reporter = NullReporter(),
     ``cuda``'s ``tried`` rows, those that do not import there uninstalled (``c128patch-untried.json``)."""
     root = cache_dir() / "envs"
     packages = "".join(line for line in lock.splitlines(keepends=True) if not line.startswith("#"))
-    key = f"{hashlib.sha256(packages.encode()).hexdigest()[:16]}-{host()}"
+    tried = {n: r for n, r in cuda.items() if r.get("tried") and r["imports"] and f"\n{n}==" in f"\n{packages}"}
+    # which are tried decides what the build uninstalls: part of the key (none tried: the key it always had)
+    said = "".join(f"# tried: {n} {' '.join(r['imports'])}\n" for n, r in sorted(tried.items()))
+    key = f"{hashlib.sha256((packages + said).encode()).hexdigest()[:16]}-{host()}"
     final = root / key
     with locked(root / ".lock"):
         if (final / "c128patch-ready").is_file():
@@ -224,7 +227,6 @@ def build(lock: str, cuda: dict[str, dict], reporter: Reporter = NullReporter(),
             args = ["--python", str(tmp / "venv/bin/python"), "install", "-q", "--no-deps", "--no-compile", "-r"]
             _pip(sys.executable, [*args, str(tmp / "lock.txt"), "--only-binary=:all:", "--require-hashes"], timeout,
                  reporter, f"building the tier's environment {key}: installing {packages.count(chr(10))} packages", tmp)
-            tried = {n: r for n, r in cuda.items() if r.get("tried") and r["imports"] and f"\n{n}==" in f"\n{packages}"}
             untried = _untried(tmp / "venv", tried, reporter)
             (tmp / "venv" / "c128patch-untried.json").write_text(json.dumps(untried))
             (tmp / "venv" / "c128patch-ready").write_text(lock)
@@ -239,7 +241,8 @@ def tier_python(series: Series, tree: Path, reporter: Reporter = NullReporter())
     lock, source = lock_for(series, tree, reporter)
     python, built = build(lock, cuda_only(series), reporter)
     said = python.parent.parent / "c128patch-untried.json"  # absent in an environment built before it was written
-    untried = json.loads(said.read_text()) if said.is_file() else {}
+    untried = read_json(said, dict) or {}  # input (the cache is shared): each value said as text
+    untried = {str(name): str(why) for name, why in untried.items()}
     dropped = lock.split("# dropped: ", 1)[1].split("\n", 1)[0].split()
     return str(python), {"key": python.parent.parent.name, "lock": source, "built": built, "python": str(python),
                          "dropped": sorted({*dropped, *untried}), "untried": untried}
