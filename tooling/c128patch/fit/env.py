@@ -241,8 +241,7 @@ def tier_python(series: Series, tree: Path, reporter: Reporter = NullReporter())
     lock, source = lock_for(series, tree, reporter)
     python, built = build(lock, cuda_only(series), reporter)
     said = python.parent.parent / "c128patch-untried.json"  # absent in an environment built before it was written
-    untried = read_json(said, dict) or {}  # input (the cache is shared): each value said as text
-    untried = {str(name): str(why) for name, why in untried.items()}
+    untried = {str(name): str(why) for name, why in (read_json(said, dict) or {}).items()}  # input: a shared cache
     dropped = lock.split("# dropped: ", 1)[1].split("\n", 1)[0].split()
     return str(python), {"key": python.parent.parent.name, "lock": source, "built": built, "python": str(python),
                          "dropped": sorted({*dropped, *untried}), "untried": untried}
