@@ -12,6 +12,13 @@ import textwrap
 from pathlib import Path
 
 from c128patch.series.provenance import PROVENANCE_PATH
+from c128patch.smoke import procs
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (Linux /proc: the tests' machines)."""
+    st = procs._stat(pid)
+    return st is not None and st.state != "Z"
 
 # What the GPU machine reports (docs/gpu-kernel-harness.md): used where a test must get past the
 # prerequisite check on this CPU machine.

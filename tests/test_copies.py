@@ -178,25 +178,20 @@ def test_bisect_runs_the_nvcc_probe_watch_judged_by(remote, tmp_path, monkeypatc
     assert (again["commit"], again["failing"]) == (found["commit"], found["failing"])
 
 
-def test_a_copy_that_keeps_our_hooks_is_a_warning_printed_first_never_clean(remote, ours, tmp_path):
+def test_a_copy_that_keeps_our_hooks_is_a_warning_printed_first_never_clean(remote, ours, tmp_path, monkeypatch):
+    """And watch reads the hooks from the branch it applied, without replaying the series (copies.patched)."""
     found = copies.find(remote, remote.rev_parse("v0.5.23"), remote.rev_parse("hooked"), ours)
     said = f"upstream copies {WORKER} as {FAST}, which has our hooks: check that the path selecting it runs them"
     assert [str(c) for c in found] == [said] and not found[0].missing
+    monkeypatch.setattr(copies, "patched", lambda *a, **k: pytest.fail("watch replayed the series to find our hooks"))
     run = invoke("watch", "--onto", "hooked", "--repo", str(remote.git_dir), "--out", str(tmp_path / "out"),
                  "--series", str(REPO_ROOT), "--no-run")
     assert run.code == EXIT["unchecked"] and run.out["unchecked"][0] == said, (run.err, run.out.get("headline"))
+    assert run.out["contract"]["copies"] == [said]
     assert run.out["contract"]["failing"] == [] and run.out["headline"].endswith(f"not checked here: {said}; " +
                                                                                   "; ".join(run.out["unchecked"][1:]))
     head = (tmp_path / "out" / "watch-report.md").read_text().split("\n## ", 1)[0]
     assert head.splitlines()[4] == f"**warning**: {inert(said)}"
-
-
-def test_watch_reads_the_hooks_from_the_branch_it_applied_without_replaying_the_series(remote, tmp_path, monkeypatch):
-    monkeypatch.setattr(copies, "patched", lambda *a, **k: pytest.fail("watch replayed the series to find our hooks"))
-    run = invoke("watch", "--onto", "hooked", "--repo", str(remote.git_dir), "--out", str(tmp_path / "out"),
-                 "--series", str(REPO_ROOT), "--no-run")
-    said = f"upstream copies {WORKER} as {FAST}, which has our hooks: check that the path selecting it runs them"
-    assert run.code == EXIT["unchecked"] and run.out["contract"]["copies"] == [said], (run.err, run.out.get("headline"))
 
 
 def test_the_blob_reader_is_closed_when_the_search_fails(remote, ours, monkeypatch):

@@ -53,19 +53,40 @@ def series(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 
 @pytest.fixture(scope="module")
-def reference(sglang_release_repo: Path, series: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """HEAD after uninterrupted runs: apply v0.5.22; apply into a fresh tree; that apply rebased onto v0.5.23."""
+def upstream(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The releases v0.5.22 and v0.5.23 (tags, v0.5.22 the parent) holding only the folder the series edits: what
+    ``apply --tree`` clones and checks out whole in the fresh-tree cases (the real tree is 20k files)."""
+    dest = tmp_path_factory.mktemp("upstream") / "sglang.git"
+    git = Git(git_dir=sglang_release_repo).with_env(GIT_INDEX_FILE=str(dest.parent / "index"))
+    subprocess.run(["git", "init", "--quiet", "--bare", str(dest)], check=True)
+    folder, parent = CUH.rsplit("/", 1)[0], []
+    for tag in ("v0.5.22", "v0.5.23"):
+        git.run("read-tree", "--empty")
+        git.run("update-index", "--index-info", input=git.out("ls-tree", "-r", tag, "--", folder) + "\n")
+        commit = git.out("commit-tree", git.out("write-tree"), *parent, "-m", f"sglang {tag}: {folder} alone")
+        git.run("push", "--quiet", str(dest), f"{commit}:refs/tags/{tag}")
+        parent = ["-p", commit]
+    return dest
+
+
+@pytest.fixture(scope="module")
+def reference(sglang_release_repo: Path, upstream: Path, series: Path, tmp_path_factory: pytest.TempPathFactory
+              ) -> dict[str, str]:
+    """HEAD after uninterrupted runs: apply v0.5.22; apply into a fresh tree (of ``upstream``); that apply rebased
+    onto v0.5.23. The local clone applied at v0.5.22 is kept (``applied`` copies it)."""
     root = tmp_path_factory.mktemp("reference")
     git = small_clone(sglang_release_repo, root / "local")
     assert invoke("apply", "--sglang-rev", "v0.5.22", "--repo", git.worktree, "--series", series,
                   as_json=False).code == 0
+    subprocess.run(["cp", "-a", str(git.worktree), str(root / "applied")], check=True)
     fresh = root / "fresh"
-    assert invoke("apply", "--sglang-rev", "v0.5.22", "--repo", sglang_release_repo, "--tree", fresh,
+    assert invoke("apply", "--sglang-rev", "v0.5.22", "--repo", upstream, "--tree", fresh,
                   "--series", series, as_json=False).code == 0
     applied = git.head()
     res = invoke("rebase", "--onto", "v0.5.23", "--tree", git.worktree, "--series", series, as_json=False)
     assert res.code == 0, res.err
-    return {"apply": applied, "fresh": Git(worktree=fresh).head(), "rebase": git.head()}
+    return {"apply": applied, "fresh": Git(worktree=fresh).head(), "rebase": git.head(),
+            "applied": str(root / "applied")}
 
 
 def hook(tree: Path, name: str, sig: str) -> Path:
@@ -150,9 +171,9 @@ def test_interrupted_apply_aborts_to_the_tree_as_it_was(sglang_release_repo, ser
 
 @pytest.mark.parametrize("how", SIGNALS)
 @pytest.mark.parametrize("phase", FRESH_PHASES)
-def test_interrupted_apply_into_a_fresh_tree_resumes(sglang_release_repo, series, reference, tmp_path, phase, how):
+def test_interrupted_apply_into_a_fresh_tree_resumes(upstream, series, reference, tmp_path, phase, how):
     tree = tmp_path / "fresh"
-    proc = interrupt(["apply", "--sglang-rev", "v0.5.22", "--repo", sglang_release_repo, "--tree", tree,
+    proc = interrupt(["apply", "--sglang-rev", "v0.5.22", "--repo", upstream, "--tree", tree,
                       "--series", series], tree, FRESH_PHASES[phase], how)
     done = run_printed(way_out(proc, tree, "continue", "apply"))
     assert done.returncode == 0, done.stderr
@@ -164,12 +185,11 @@ def test_interrupted_apply_into_a_fresh_tree_resumes(sglang_release_repo, series
 @pytest.mark.parametrize("how", SIGNALS)
 @pytest.mark.parametrize("phase, existed", [(p, False) for p in FRESH_PHASES] + [("after-clone", True)],
                          ids=[*FRESH_PHASES, "after-clone-into-an-empty-folder"])
-def test_interrupted_apply_into_a_fresh_tree_aborts_to_no_clone(sglang_release_repo, series, tmp_path, phase, how,
-                                                                 existed):
+def test_interrupted_apply_into_a_fresh_tree_aborts_to_no_clone(upstream, series, tmp_path, phase, how, existed):
     tree = tmp_path / "fresh"
     if existed:
         tree.mkdir()
-    proc = interrupt(["apply", "--sglang-rev", "v0.5.22", "--repo", sglang_release_repo, "--tree", tree,
+    proc = interrupt(["apply", "--sglang-rev", "v0.5.22", "--repo", upstream, "--tree", tree,
                       "--series", series], tree, FRESH_PHASES[phase], how)
     done = run_printed(way_out(proc, tree, "abort", "apply"))
     assert done.returncode == 0, done.stderr
@@ -179,10 +199,11 @@ def test_interrupted_apply_into_a_fresh_tree_aborts_to_no_clone(sglang_release_r
 
 # ---------------------------------------------------------------------------- rebase
 @pytest.fixture
-def applied(sglang_release_repo: Path, series: Path, tmp_path: Path) -> Git:
-    git = small_clone(sglang_release_repo, tmp_path / "t")
-    res = invoke("apply", "--sglang-rev", "v0.5.22", "--repo", git.worktree, "--series", series, as_json=False)
-    assert res.code == 0, res.err
+def applied(reference: dict[str, str], tmp_path: Path) -> Git:
+    """A copy (cp -a) of the local clone ``reference`` applied at v0.5.22."""
+    subprocess.run(["cp", "-a", reference["applied"], str(tmp_path / "t")], check=True)
+    git = Git(worktree=tmp_path / "t")
+    assert git.head() == reference["apply"] and git.current_branch() == "c128/v0.5.22"
     return git
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import json
 import shlex
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,14 @@ class Rebased:
 def apply_into(repo: Path, dest: Path, series: Path, rev: str) -> Git:
     run = invoke("apply", "--sglang-rev", rev, "--repo", str(repo), "--tree", str(dest), "--series", str(series))
     assert run.code == 0, run.err
+    return Git(worktree=dest)
+
+
+def copied(tree: Path, dest: Path) -> Git:
+    """A copy of a clone (a tree applied, stopped or rebased: its .git state with it): a test that changes it
+    starts from a state a session fixture made once, as if it had made it itself."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-a", str(tree), str(dest)], check=True)
     return Git(worktree=dest)
 
 
@@ -196,25 +205,11 @@ def test_the_rebased_provenance_keeps_every_field_of_the_upstream_record(rebased
         {k: v for k, v in before.items() if k not in ("rev", "commit")}
 
 
-def test_status_after_a_rebase_reads_the_proof_the_rebase_recorded(sglang_release_repo, series_dir, tmp_path,
-                                                                    monkeypatch):
-    r = rebased_from(sglang_release_repo, tmp_path, series_dir, "v0.5.22", "v0.5.23")
-    assert r.run.code == 0, r.run.err
-
-    def no_replay(*args, **kw):
-        raise AssertionError("status replayed the series where the rebase recorded its proof")
-
-    monkeypatch.setattr(equivalence, "prove", no_replay)
-    run = invoke("status", "--tree", str(r.git.worktree), "--series", str(series_dir))
-    assert run.code == 0 and run.out["proof"] == "recorded" and run.out["equals_series"]
-    assert run.out["equivalence"]["head"] == r.git.head() and run.out["equivalence"]["identical"]
-
-
-def test_a_rebase_of_the_series_alone_replays_it_only_in_its_loop(sglang_release_repo, series_dir, tmp_path,
-                                                                   monkeypatch):
+def test_a_rebase_of_the_series_alone_replays_it_only_in_its_loop_and_status_reads_its_proof(series_dir, tmp_path,
+                                                                                            fresh, monkeypatch):
     """apply's proof recorded its replay's trees: the branch's commits are compared with them; on the new base the
-    loop's replay is the proof's fresh replay."""
-    git = apply_into(sglang_release_repo, tmp_path / "tree", series_dir, "v0.5.22")
+    loop's replay is the proof's fresh replay. status after the rebase reads the proof the rebase recorded."""
+    git = copied(fresh["v0.5.22"].worktree, tmp_path / "tree")
 
     def replayed(*args, **kw):
         raise AssertionError("the series was replayed outside the rebase's loop")
@@ -224,8 +219,14 @@ def test_a_rebase_of_the_series_alone_replays_it_only_in_its_loop(sglang_release
     run = rebase(git, series_dir, "--onto", "v0.5.23")
     assert run.code == 0, run.err
     assert run.out["equivalence"]["summary"] == f"identical to a fresh apply of series c128patch {V} on v0.5.23"
+
+    def no_replay(*args, **kw):
+        raise AssertionError("status replayed the series where the rebase recorded its proof")
+
+    monkeypatch.setattr(equivalence, "prove", no_replay)
     again = invoke("status", "--tree", str(git.worktree), "--series", str(series_dir))  # the proof it recorded
-    assert again.code == 0 and again.out["proof"] == "recorded" and again.out["equivalence"]["identical"]
+    assert again.code == 0 and again.out["proof"] == "recorded" and again.out["equals_series"]
+    assert again.out["equivalence"]["head"] == git.head() and again.out["equivalence"]["identical"]
 
 
 def test_next_refresh_is_printed_only_when_it_would_change_something(sglang_release_repo, series_dir, tmp_path):
@@ -245,11 +246,11 @@ EDIT = ("    SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK = EnvBool(False)\n",
 
 
 @pytest.fixture(scope="session")
-def edited(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Rebased:
+def edited(fresh, tmp_path_factory: pytest.TempPathFactory) -> Rebased:
     """Applied at 0.5.22, the env entry's commit edited by hand, then rebased onto 0.5.23."""
     root = tmp_path_factory.mktemp("edited")
     series = copy_series(root / "series")
-    git = apply_into(sglang_release_repo, root / "tree", series, "v0.5.22")
+    git = copied(fresh["v0.5.22"].worktree, root / "tree")
     amend_entry(git, ENV_ENTRY, ENVIRON, *EDIT)
     before = snapshot(git.worktree)
     return Rebased(git, series, rebase(git, series, "--onto", "v0.5.23"), before)
@@ -295,10 +296,9 @@ def test_refresh_exports_the_user_edit_into_the_entry_s_file(edited, tmp_path):
 IMPORT = "from sglang.srt.environ import envs\n"
 
 
-def test_a_user_edit_that_conflicts_on_the_new_base_stops_and_is_carried_once_resolved(sglang_release_repo,
-                                                                                        tmp_path, fresh):
+def test_a_user_edit_that_conflicts_on_the_new_base_stops_and_is_carried_once_resolved(tmp_path, fresh):
     series = copy_series(tmp_path / "series")
-    git = apply_into(sglang_release_repo, tmp_path / "tree", series, "v0.5.22")
+    git = copied(fresh["v0.5.22"].worktree, tmp_path / "tree")
     amend_entry(git, RS, VERIFY, IMPORT, IMPORT.replace("envs", "envs  # the user's"))
     run = rebase(git, series, "--onto", "v0.5.23")
     assert run.code == 1
@@ -314,13 +314,22 @@ def test_a_user_edit_that_conflicts_on_the_new_base_stops_and_is_carried_once_re
 # -- stops: a series made before 0.5.23 meets the real conflicts its 0.5.23 file resolves ----
 
 
-def stop_at_rs(repo: Path, root: Path, forget: str | None = "all") -> Rebased:
-    """The series as it was before RS had a 0.5.23 file (its ledger rows for RS forgotten: all,
-    one file's, or none), applied at 0.5.22 and rebased onto 0.5.23."""
-    series = series_made_before(root / "series", RS, "v0.5.23")
+@pytest.fixture(scope="session")
+def before_023(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The series as it was before RS had a 0.5.23 file (``series``), applied at 0.5.22 (``tree``); copy it."""
+    root = tmp_path_factory.mktemp("before")
+    apply_into(sglang_release_repo, root / "tree", series_made_before(root / "series", RS, "v0.5.23"), "v0.5.22")
+    return root
+
+
+def stop_at_rs(before: Path, root: Path, forget: str | None = "all") -> Rebased:
+    """A copy of ``before_023`` (its ledger rows for RS forgotten: all, one file's, or none) rebased onto 0.5.23."""
+    series = Path(shutil.copytree(before / "series", root / "series"))
     if forget:
         forget_resolutions(series, RS, None if forget == "all" else forget)
-    return rebased_from(repo, root, series, "v0.5.22", "v0.5.23")
+    git = copied(before / "tree", root / "tree")
+    snap = snapshot(git.worktree)
+    return Rebased(git, series, rebase(git, series, "--onto", "v0.5.23"), snap)
 
 
 def resolve_like_023(stopped: Rebased, fresh023: Git) -> None:
@@ -332,15 +341,16 @@ def resolve_like_023(stopped: Rebased, fresh023: Git) -> None:
 
 
 @pytest.fixture(scope="session")
-def stop(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Rebased:
+def stop(before_023: Path, tmp_path_factory: pytest.TempPathFactory) -> Rebased:
     """A rebase stopped at RS's conflicts (shared: only read it)."""
-    return stop_at_rs(sglang_release_repo, tmp_path_factory.mktemp("stop"))
+    return stop_at_rs(before_023, tmp_path_factory.mktemp("stop"))
 
 
 @pytest.fixture
-def stopped(sglang_release_repo: Path, tmp_path: Path) -> Rebased:
-    """A rebase stopped at RS's conflicts, for one test to change."""
-    return stop_at_rs(sglang_release_repo, tmp_path)
+def stopped(stop: Rebased, tmp_path: Path) -> Rebased:
+    """A copy of ``stop`` (its tree, journal and series) for one test to change."""
+    series = Path(shutil.copytree(stop.series, tmp_path / "series"))
+    return Rebased(copied(stop.git.worktree, tmp_path / "tree"), series, stop.run, stop.before)
 
 
 def test_a_stop_names_the_entry_and_the_files_that_conflict(stop):
@@ -389,9 +399,9 @@ def test_continue_records_the_resolution_and_proves_the_result(stopped, fresh):
     assert f"with ledger resolutions {RS}:" in run.out["equivalence"]["summary"]
 
 
-def test_a_recorded_resolution_replays_on_another_machine(sglang_release_repo, tmp_path, fresh):
+def test_a_recorded_resolution_replays_on_another_machine(before_023, tmp_path, fresh):
     """The product ledger holds RS's resolutions: a series made before 0.5.23 needs no human."""
-    r = stop_at_rs(sglang_release_repo, tmp_path, forget=None)
+    r = stop_at_rs(before_023, tmp_path, forget=None)
     assert r.run.code == 0, r.run.err
     assert r.statuses[RS] == "resolved" and len(r.entry(RS)["ledger"]) == 2
     assert tree_of(r.git) == tree_of(fresh["v0.5.23"])
@@ -405,9 +415,9 @@ def test_a_resolution_is_reused_on_another_range_and_says_so(sglang_release_repo
     assert tree_of(r.git) == tree_of(fresh["v0.5.23"])
 
 
-def test_a_resolution_is_reused_when_the_region_differs_only_in_whitespace(sglang_release_repo, tmp_path):
-    series = series_made_before(tmp_path / "series", RS, "v0.5.23")
-    git = apply_into(sglang_release_repo, tmp_path / "tree", series, "v0.5.22")
+def test_a_resolution_is_reused_when_the_region_differs_only_in_whitespace(before_023, tmp_path):
+    series = Path(shutil.copytree(before_023 / "series", tmp_path / "series"))
+    git = copied(before_023 / "tree", tmp_path / "tree")
     line = "from sglang.kernels.ops.speculative.dspark.static_accept_tail import static_accept_tail\n"
 
     def respace(idx: Git) -> None:
@@ -423,8 +433,8 @@ def test_a_resolution_is_reused_when_the_region_differs_only_in_whitespace(sglan
     assert line.replace(" import ", "  import ") in (git.worktree / VERIFY).read_text()
 
 
-def test_a_partial_ledger_replay_is_listed_as_such(sglang_release_repo, tmp_path):
-    r = stop_at_rs(sglang_release_repo, tmp_path, forget=ENVIRON)
+def test_a_partial_ledger_replay_is_listed_as_such(before_023, tmp_path):
+    r = stop_at_rs(before_023, tmp_path, forget=ENVIRON)
     assert r.run.code == 1
     assert (f"partly resolved by the ledger: {RS}:" in r.run.err
             and f"({VERIFY}); still conflicted: {ENVIRON}" in r.run.err)
@@ -477,10 +487,10 @@ def test_continue_refuses_while_conflicts_remain(stopped):
     assert run.code == 2 and f"cannot continue: conflicts remain in {VERIFY}" in run.err
 
 
-def test_a_stop_says_where_upstream_moved_the_code_a_hunk_edits(sglang_release_repo, tmp_path, series_dir):
+def test_a_stop_says_where_upstream_moved_the_code_a_hunk_edits(tmp_path, series_dir, fresh):
     """Upstream moves the method RS's dspark_verify.py hunk edits (and touches a line next to its
     environ.py hunk, so the file cannot apply strictly): the stop points at the method's new home."""
-    git = apply_into(sglang_release_repo, tmp_path / "tree", series_dir, "v0.5.23")
+    git = copied(fresh["v0.5.23"].worktree, tmp_path / "tree")
     text = git.blob("v0.5.23", VERIFY).decode()
     lines = text.splitlines(keepends=True)
     cls = next(n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == "TargetVerifyExecutor")
@@ -544,10 +554,10 @@ def test_an_unproven_rebase_keeps_the_branch_and_its_printed_undo_works(unproven
 
 
 @pytest.fixture
-def later_edit(sglang_release_repo: Path, tmp_path: Path) -> tuple[Git, Path]:
+def later_edit(fresh, tmp_path: Path) -> tuple[Git, Path]:
     """Applied at 0.5.23; the provenance commit (the last one) amended to also change a patched file."""
     series = copy_series(tmp_path / "series")
-    git = apply_into(sglang_release_repo, tmp_path / "tree", series, "v0.5.23")
+    git = copied(fresh["v0.5.23"].worktree, tmp_path / "tree")
     file = git.worktree / ENVIRON
     file.write_text(file.read_text().replace("EnvBool(False)", "EnvBool(True)", 1))
     git.run("commit", "--quiet", "--all", "--amend", "--no-edit")
@@ -594,24 +604,30 @@ class Merged:
     series: Path
     onto: str  # the upstream commit holding RS's change and naming #32035
     run: Run
+    diffed: list  # the rebase's `git log -p` calls of that commit
 
 
-def merged_rebase(repo: Path, root: Path, *args: str) -> Merged:
+def merged_rebase(fresh023: Git, root: Path, *args: str) -> Merged:
     series = copy_series(root / "series")
-    git = apply_into(repo, root / "tree", series, "v0.5.23")
+    git = copied(fresh023.worktree, root / "tree")
     patch = series / "patches" / load_series(series).entry(RS).file
     onto = upstream_commit(git, "v0.5.23", MERGED_SUBJECT, lambda idx: idx.run("apply", "--cached", str(patch)))
-    return Merged(git, series, onto, rebase(git, series, "--onto", onto, *args))
+    calls, raw = [], Git._raw
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Git, "_raw", lambda self, argv, *a, **k: calls.append(argv) or raw(self, argv, *a, **k))
+        run = rebase(git, series, "--onto", onto, *args)
+    diffed = [argv for argv in calls if argv[0] == "log" and "-p" in argv and onto in argv]
+    return Merged(git, series, onto, run, diffed)
 
 
 @pytest.fixture(scope="session")
-def merged_stop(sglang_release_repo, tmp_path_factory) -> Merged:
-    return merged_rebase(sglang_release_repo, tmp_path_factory.mktemp("merged-stop"))
+def merged_stop(fresh, tmp_path_factory) -> Merged:
+    return merged_rebase(fresh["v0.5.23"], tmp_path_factory.mktemp("merged-stop"))
 
 
 @pytest.fixture(scope="session")
-def merged_dropped(sglang_release_repo, tmp_path_factory) -> Merged:
-    return merged_rebase(sglang_release_repo, tmp_path_factory.mktemp("merged-drop"), "--drop-merged")
+def merged_dropped(fresh, tmp_path_factory) -> Merged:
+    return merged_rebase(fresh["v0.5.23"], tmp_path_factory.mktemp("merged-drop"), "--drop-merged")
 
 
 @pytest.fixture(scope="session")
@@ -627,16 +643,13 @@ def test_the_entry_upstream_holds_is_proposed_on_content_evidence(merged_stop):
     signals = {s["kind"]
                for s in next(e for e in merged_stop.run.out["report"]["entries"] if e["name"] == RS)["signals"]}
     assert {"reverse-apply", "patch-id", "pr-hint"} <= signals
+    # the upstream commit diffed once, for the patch-id signal and the hints alike
+    assert len(merged_stop.diffed) == 1, merged_stop.diffed
 
 
-def test_continue_keeps_an_entry_proposed_as_merged_only_if_something_is_left_to_keep(sglang_release_repo,
-                                                                                       tmp_path, monkeypatch):
-    calls, raw = [], Git._raw
-    monkeypatch.setattr(Git, "_raw", lambda self, args, *a, **k: calls.append(args) or raw(self, args, *a, **k))
-    m = merged_rebase(sglang_release_repo, tmp_path)
-    diffed = [args for args in calls if args[0] == "log" and "-p" in args and m.onto in args]
-    assert len(diffed) == 1, diffed  # the upstream commit diffed once, for the patch-id signal and the hints alike
-    run = rebase(m.git, m.series, "--continue")
+def test_continue_keeps_an_entry_proposed_as_merged_only_if_something_is_left_to_keep(merged_stop, tmp_path):
+    git = copied(merged_stop.git.worktree, tmp_path / "tree")
+    run = rebase(git, Path(shutil.copytree(merged_stop.series, tmp_path / "series")), "--continue")
     assert run.code == 0, run.err
     step = next(e for e in run.out["entries"] if e["name"] == RS)
     assert step["status"] == "dropped-as-merged" and step["detail"] == "became empty on the new base"
@@ -700,8 +713,8 @@ def test_apply_skips_the_entry_where_its_merge_is_an_ancestor(refreshed, merged_
 
 
 @pytest.mark.parametrize("how", ["kill", "sigint"])
-def test_an_interrupted_rebase_resumes_to_the_proven_tree(sglang_release_repo, tmp_path, series_dir, fresh, how):
-    git = apply_into(sglang_release_repo, tmp_path / "tree", series_dir, "v0.5.22")
+def test_an_interrupted_rebase_resumes_to_the_proven_tree(tmp_path, series_dir, fresh, how):
+    git = copied(fresh["v0.5.22"].worktree, tmp_path / "tree")
     proc = cli_process(["rebase", "--onto", "v0.5.23", "--tree", git.worktree, "--series", series_dir],
                        {"C128PATCH_FAULT": f"{how}-before:c128-dspark-kernels-csrc"})  # SIGINT at its default
     if how == "kill":

@@ -16,9 +16,8 @@ import pytest
 
 from c128patch.smoke import device as smoke_device
 from c128patch.smoke import passes as smoke_pass
-from c128patch.smoke import procs as smoke_procs
 from c128patch.smoke import trees as smoke_trees
-from smoke_helpers import H200, make_suite, make_tree, one_line_error, provenance_record, signal_when_ready
+from smoke_helpers import H200, alive, make_suite, make_tree, one_line_error, provenance_record, signal_when_ready
 from support import invoke as run_cli
 
 TOOLING = Path(__file__).resolve().parents[1] / "tooling"
@@ -230,7 +229,7 @@ def test_timeout_kills_the_pass_and_leaves_nothing(tmp_path):
     assert res["timed_out"] and res["exit"] == "timed out after 2s"
     assert res["tests"][0]["outcome"] == "crashed" and res["tests"][0]["message"] == "killed at the pass timeout"
     pids = [int(p) for p in pidfile.read_text().split()]
-    assert not any(smoke_procs.alive(p) for p in pids), pids
+    assert not any(alive(p) for p in pids), pids
     assert "leftover_pids" not in res
 
 
@@ -589,9 +588,9 @@ def test_signal_stops_the_suite(tmp_path, sig, code):
                       lambda: pidfile.exists() and len(pidfile.read_text().split()) >= 2, sig, code)
     pids = [int(p) for p in pidfile.read_text().split()]
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(smoke_procs.alive(p) for p in pids):
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.05)
-    assert not any(smoke_procs.alive(p) for p in pids), pids
+    assert not any(alive(p) for p in pids), pids
 
 
 # --------------------------------------------------------------------------- the command's shape

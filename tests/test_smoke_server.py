@@ -19,7 +19,7 @@ import smoke_upstream_formats as up
 from c128patch.smoke import logs as smoke_logs
 from c128patch.smoke import procs as smoke_procs
 from c128patch.smoke import server as smoke_server
-from smoke_helpers import signal_when_ready
+from smoke_helpers import alive, signal_when_ready
 from support import invoke
 
 STANDINS = Path(__file__).parent / "smoke_standins"
@@ -226,9 +226,9 @@ def assert_all_gone(fake) -> None:
     pids = fake.pids()
     assert pids, "the stand-ins recorded no pids"
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(smoke_procs.alive(p) for _w, p in pids):
+    while time.monotonic() < deadline and any(alive(p) for _w, p in pids):
         time.sleep(0.05)
-    assert not [(w, p) for w, p in pids if smoke_procs.alive(p)]
+    assert not [(w, p) for w, p in pids if alive(p)]
 
 
 def test_on_off_run_reports_capacity_gain_and_cleans_up(fake):
@@ -389,7 +389,7 @@ def test_a_reused_pid_is_never_signalled(tmp_path):
     try:
         managed.seen[bystander.pid] = 1  # as if a process of ours had held this pid, started at tick 1
         managed.stop(grace=2)
-        assert not smoke_procs.alive(managed.pid) and managed.proc.returncode == -signal.SIGTERM
+        assert not alive(managed.pid) and managed.proc.returncode == -signal.SIGTERM
         assert bystander.poll() is None and managed.leftover == []
     finally:
         bystander.kill()

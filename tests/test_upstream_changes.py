@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -188,12 +189,30 @@ def remote(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) 
     return git
 
 
-def applied(remote: Git, root: Path, rev: str = "v0.5.23") -> tuple[Git, Path]:
+def apply_at(remote: Git, root: Path, rev: str) -> tuple[Git, Path]:
     series = copy_series(root / "series")
     run = invoke("apply", "--sglang-rev", rev, "--repo", str(remote.git_dir), "--tree", str(root / "tree"),
                  "--series", str(series))
     assert run.code == 0, run.err
     return Git(worktree=root / "tree"), series
+
+
+@pytest.fixture(scope="session")
+def at_023(remote: Git, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The product series applied at v0.5.23 from ``remote``: the clone each test copies (``applied``)."""
+    return apply_at(remote, tmp_path_factory.mktemp("at-023"), "v0.5.23")[0].worktree
+
+
+def copied(tree: Path, series: Path, root: Path) -> tuple[Git, Path]:
+    """A copy of a clone (cp -a: its .git state with it) and of its series, in ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-a", str(tree), str(root / "tree")], check=True)
+    return Git(worktree=root / "tree"), Path(shutil.copytree(series, root / "series"))
+
+
+def applied(at_023: Path, root: Path) -> tuple[Git, Path]:
+    """The product series applied at v0.5.23 (a copy of ``at_023``), with a series of its own."""
+    return copied(at_023, at_023.parent / "series", root)
 
 
 def rebase(git: Git, series: Path, *args: str) -> Run:
@@ -213,8 +232,8 @@ def check_row(remote: Git, series: Path, rev: str, name: str) -> dict:
 
 
 @pytest.fixture(scope="session")
-def reformat_rebased(remote: Git, tmp_path_factory: pytest.TempPathFactory) -> tuple[Git, Path, Run]:
-    git, series = applied(remote, tmp_path_factory.mktemp("reformat"))
+def reformat_rebased(remote: Git, at_023, tmp_path_factory: pytest.TempPathFactory) -> tuple[Git, Path, Run]:
+    git, series = applied(at_023, tmp_path_factory.mktemp("reformat"))
     return git, series, rebase(git, series, "--onto", remote.rev_parse("reformatted"))
 
 
@@ -242,8 +261,8 @@ def test_check_marks_the_whitespace_merge(remote, reformat_rebased):
 
 
 def test_a_reformat_next_to_other_upstream_lines_is_carried_by_a_whitespace_insensitive_3way_merge(
-        remote, tmp_path):
-    git, series = applied(remote, tmp_path)
+        remote, at_023, tmp_path):
+    git, series = applied(at_023, tmp_path)
     run = rebase(git, series, "--onto", remote.rev_parse("reformatted-more"))
     assert run.code == 0, run.err
     row = entry(run, ZERO)
@@ -256,8 +275,8 @@ def test_a_reformat_next_to_other_upstream_lines_is_carried_by_a_whitespace_inse
     assert verdict["exit"] == 1 and verdict["entry"] == ZERO
 
 
-def test_context_lines_a_formatter_joined_or_split_are_carried_with_no_stop(remote, tmp_path):
-    git, series = applied(remote, tmp_path)
+def test_context_lines_a_formatter_joined_or_split_are_carried_with_no_stop(remote, at_023, tmp_path):
+    git, series = applied(at_023, tmp_path)
     run = rebase(git, series, "--onto", remote.rev_parse("rewrapped"))
     assert run.code == 0, run.err
     for name in (STREAMS, BACKEND_ENTRY):  # strict, 3-way and whitespace-insensitive merges all fail them
@@ -282,8 +301,8 @@ def test_context_upstream_indented_otherwise_is_no_rewrap(remote, tmp_path):
 
 
 @pytest.fixture(scope="session")
-def moved_rebased(remote: Git, tmp_path_factory: pytest.TempPathFactory) -> tuple[Git, Path, Run]:
-    git, series = applied(remote, tmp_path_factory.mktemp("moved"))
+def moved_rebased(remote: Git, at_023, tmp_path_factory: pytest.TempPathFactory) -> tuple[Git, Path, Run]:
+    git, series = applied(at_023, tmp_path_factory.mktemp("moved"))
     return git, series, rebase(git, series, "--onto", remote.rev_parse("plan-moved"))
 
 
@@ -322,7 +341,7 @@ def test_apply_there_gives_the_rebased_tree_as_check_predicts(remote, reformat_r
     rebased, series, _ = reformat_rebased if rev == "reformatted" else moved_rebased
     run = invoke("check", "--sglang-rev", rev, "--repo", str(remote.git_dir), "--series", str(series))
     assert run.out["revs"][0]["apply"]["exit"] == 0 and run.out["revs"][0]["wheel"] is None
-    git, _ = applied(remote, tmp_path, rev)
+    git, _ = apply_at(remote, tmp_path, rev)
     assert tree_of(git) == tree_of(rebased)
 
 
@@ -330,8 +349,8 @@ def test_apply_there_gives_the_rebased_tree_as_check_predicts(remote, reformat_r
 
 
 @pytest.fixture(scope="session")
-def fixed_stop(remote: Git, tmp_path_factory: pytest.TempPathFactory) -> tuple[Git, Path, Run]:
-    git, series = applied(remote, tmp_path_factory.mktemp("fixed"))
+def fixed_stop(remote: Git, at_023, tmp_path_factory: pytest.TempPathFactory) -> tuple[Git, Path, Run]:
+    git, series = applied(at_023, tmp_path_factory.mktemp("fixed"))
     return git, series, rebase(git, series, "--onto", remote.rev_parse("fixed"))
 
 
@@ -408,9 +427,9 @@ def half_fixed_watch(remote: Git, tmp_path_factory: pytest.TempPathFactory) -> R
                   "--series", str(REPO_ROOT))
 
 
-def test_the_stop_and_watch_show_the_hint_of_an_upstream_fix(remote, half_fixed_watch, tmp_path):
+def test_the_stop_and_watch_show_the_hint_of_an_upstream_fix(remote, at_023, half_fixed_watch, tmp_path):
     sha = remote.rev_parse("half-fixed")
-    git, series = applied(remote, tmp_path)
+    git, series = applied(at_023, tmp_path)
     stop = rebase(git, series, "--onto", sha)
     assert stop.code == 1 and f"  upstream may now handle this: {sha[:12]} " in stop.err
     report = half_fixed_watch.out
@@ -427,8 +446,8 @@ def test_the_stop_and_watch_show_the_hint_of_an_upstream_fix(remote, half_fixed_
 # -- an overlay upstream adds byte for byte: merged beats lint -----------------------------------
 
 
-def test_the_printed_drop_of_an_entry_upstream_merged_works_and_records_merged_in(remote, tmp_path):
-    git, series = applied(remote, tmp_path)
+def test_the_printed_drop_of_an_entry_upstream_merged_works_and_records_merged_in(remote, at_023, tmp_path):
+    git, series = applied(at_023, tmp_path)
     stop = rebase(git, series, "--onto", remote.rev_parse("overlay-landed"))
     assert stop.code == 1 and f"entry '{HELPER}' looks merged upstream" in stop.err, stop.err
     [line] = [line for line in stop.err.splitlines() if line.startswith("  drop it: ")]
@@ -445,8 +464,8 @@ def test_the_printed_drop_of_an_entry_upstream_merged_works_and_records_merged_i
     assert load_series(series).entry(HELPER).merged_in == remote.rev_parse("overlay-landed")
 
 
-def test_drop_from_the_start_carries_no_stop_and_records_the_upstream_fix(remote, tmp_path):
-    git, series = applied(remote, tmp_path)
+def test_drop_from_the_start_carries_no_stop_and_records_the_upstream_fix(remote, at_023, tmp_path):
+    git, series = applied(at_023, tmp_path)
     run = rebase(git, series, "--onto", remote.rev_parse("fixed"), "--drop", ZERO)  # a conflict otherwise
     assert run.code == 0, run.err
     row = entry(run, ZERO)
@@ -458,8 +477,8 @@ def test_drop_from_the_start_carries_no_stop_and_records_the_upstream_fix(remote
     assert GUARD_NEW in (git.worktree / PLAN).read_text()
 
 
-def test_drop_refuses_an_unknown_entry_in_one_line_and_starts_nothing(remote, tmp_path):
-    git, series = applied(remote, tmp_path)
+def test_drop_refuses_an_unknown_entry_in_one_line_and_starts_nothing(remote, at_023, tmp_path):
+    git, series = applied(at_023, tmp_path)
     head, branch = git.head(), git.current_branch()
     run = rebase(git, series, "--onto", "v0.5.23", "--drop", "no-such-entry")
     assert run.code != 0
@@ -482,13 +501,20 @@ def test_an_overlay_upstream_holds_byte_for_byte_is_merged_not_failed(remote, tm
 # -- upstream creates its own file at an overlay's path: a stop that says who, and two ways through --
 
 
-def taken_stop(remote: Git, root: Path) -> tuple[Git, Path, Run]:
-    git, series = applied(remote, root)
+@pytest.fixture(scope="session")
+def taken(remote: Git, at_023: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Git, Path, Run]:
+    """A rebase onto rules-taken, stopped (shared: a test that changes it takes ``taken_stop``)."""
+    git, series = applied(at_023, tmp_path_factory.mktemp("taken"))
     return git, series, rebase(git, series, "--onto", remote.rev_parse("rules-taken"))
 
 
-def test_the_stop_names_the_upstream_commit_and_its_importers(remote, tmp_path):
-    _, _, run = taken_stop(remote, tmp_path)
+def taken_stop(taken: tuple[Git, Path, Run], root: Path) -> tuple[Git, Path, Run]:
+    """A copy of the stop ``taken`` (its journal with it), for one test to change."""
+    return *copied(taken[0].worktree, taken[1], root), taken[2]
+
+
+def test_the_stop_names_the_upstream_commit_and_its_importers(remote, taken):
+    _, _, run = taken
     assert run.code == 1 and run.err.startswith(f"c128patch: error: entry '{RULES}' conflicts on ")
     made = remote.out("log", "-1", "--format=%h %s", "rules-taken")
     assert f"  upstream created {RULES_TARGET} in {made}; imported upstream by {RULES_USER}\n" in run.err
@@ -496,8 +522,8 @@ def test_the_stop_names_the_upstream_commit_and_its_importers(remote, tmp_path):
 
 
 @pytest.mark.parametrize("way", [("--skip",), ("--drop", RULES)])
-def test_dropping_ours_as_superseded_is_proven(remote, tmp_path, way):
-    git, series, _ = taken_stop(remote, tmp_path)
+def test_dropping_ours_as_superseded_is_proven(remote, taken, tmp_path, way):
+    git, series, _ = taken_stop(taken, tmp_path)
     run = rebase(git, series, *way)
     assert run.code == 0, run.err
     assert run.out["equivalence"]["ok"] and f"without {RULES}" in run.out["equivalence"]["summary"]
@@ -508,8 +534,8 @@ def test_dropping_ours_as_superseded_is_proven(remote, tmp_path, way):
     assert load_series(series).entry(RULES).merged_in == remote.rev_parse("rules-taken")
 
 
-def test_renaming_our_target_is_proven(remote, tmp_path):
-    git, series, _ = taken_stop(remote, tmp_path)
+def test_renaming_our_target_is_proven(remote, taken, tmp_path):
+    git, series, _ = taken_stop(taken, tmp_path)
     manifest = series / "patches/series.toml"
     manifest.write_text(manifest.read_text().replace(f'target = "{RULES_TARGET}"',
                                                      f'target = "{RULES_TARGET[:-3]}_c128patch.py"'))

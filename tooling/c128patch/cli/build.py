@@ -37,6 +37,6 @@ def command(rev: str, repo: str | None, tree: Path | None, out_dir: Path, base_v
         result = build_wheel(series, upstream, rev, tree, out_dir, base_override=base_version,
                              no_isolation=no_isolation, reporter=rep)
     if as_json:
-        return emit_json({"ok": True, **result.to_json()}, series)
+        return emit_json({"ok": True, **vars(result)}, series)
     say(str(result.wheel), f"  sglang {result.version} built from {result.tree} ({rev} = "
                            f"{result.upstream_commit[:12]}) in {result.seconds:.0f} s")

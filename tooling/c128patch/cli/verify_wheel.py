@@ -43,7 +43,7 @@ def command(wheel: Path, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
     result = verify_wheel(wheel, series, compile_all, authenticity=not no_authenticity, upstream_wheel=upstream_wheel,
                           known=ours)
     if as_json:
-        return emit_json(result.to_json())
+        return emit_json(vars(result))
     s, u, a = result.series, result.upstream, result.authenticity
     say(f"{wheel.name}: OK",
         f"  sglang {result.version} = upstream {u.get('version')} + series {s.get('name')} {s.get('version')} "

@@ -42,7 +42,7 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
         result = patch_from(series, from_wheel, from_release, target, out_dir, rep)
     note = release_note(series.ours, result.upstream_version)
     if as_json:
-        return emit_json({"ok": True, **result.to_json(), "evidence_note": note}, series)
+        return emit_json({"ok": True, **vars(result), "evidence_note": note}, series)
     say(*(f"  applied {row['name']} ({row['file']})" for row in result.entries), f"{result.wheel}",
         f"  sglang {result.version} = {result.upstream_version} + {describe(series)} ({len(result.entries)} entries), "
         f"sha256 {result.sha256[:16]}…, {result.seconds:.1f} s",

@@ -124,6 +124,4 @@ def load_results(root: Path) -> list[Result]:
 
 
 def write_result(root: Path, rev: str, kind: Kind, data: dict[str, Any], label: str = "patched") -> Path:
-    path = result_path(root, rev, kind, label)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return write_json_atomic(path, data)
+    return write_json_atomic(result_path(root, rev, kind, label), data)  # (its folders made)

@@ -56,18 +56,6 @@ def _all_stats() -> dict[int, ProcStat]:
     return {pid: st for pid, st in stats.items() if st is not None}
 
 
-def alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    st = _stat(pid)
-    if st is None:
-        try:
-            os.kill(pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return not Path("/proc").is_dir()  # no /proc (not Linux): trust kill(0)
-    return st.state != "Z"
-
-
 def group_members(pgid: int) -> list[int]:
     return [pid for pid, st in _all_stats().items() if st.pgid == pgid and st.state != "Z"]
 

@@ -309,8 +309,8 @@ def import_releases(dest: Path, versions: Iterable[str], reporter: Reporter = Nu
     tags = {v: git.rev_parse(f"refs/tags/{tag_for(v)}") for v in {*ordered, *DEFAULT_RELEASES}}
     present = {v: c for v, c in tags.items() if c and v not in ordered}
     # --force: a tag written by an older layout moves (its old commit is kept, below); a wheel that cannot be
-    # read: fast-import is killed without "done", writing no ref
-    with git.stream("fast-import", "--quiet", "--done", "--force") as proc:
+    # read: fast-import is killed without "done", writing no ref. No deltas, zlib level 1: half the CPU, pack +13 %
+    with git.stream("-c", "pack.compression=1", "fast-import", "--quiet", "--done", "--force", "--depth=0") as proc:
         with contextlib.suppress(BrokenPipeError):
             for chunk in _fast_import_stream(ordered, wheels, present, reporter):
                 proc.stdin.write(chunk)

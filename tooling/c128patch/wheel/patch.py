@@ -10,7 +10,7 @@ is written reproducibly.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -58,9 +58,6 @@ class WheelResult:
     seconds: float = 0.0
     layers: list[dict] = field(default_factory=list)  # each layer: name, version, base, digest, entries
     support_note: str = ""  # the wheel is older than every release the series was made on
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def patched_version(base: Version, series_version: str, digest: str,

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -60,9 +60,6 @@ class BuildResult:
     command: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def base_version(git: Git, rev: str, commit: str, override: str | None = None) -> Version:

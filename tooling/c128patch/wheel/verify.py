@@ -58,9 +58,6 @@ class VerifyResult:
     ok: bool = True
     layers: list[dict] = field(default_factory=list)  # the provenance's layers (name, version, base, digest, entries)
 
-    def to_json(self) -> dict:
-        return asdict(self)
-
 
 def _mismatch(wheel: Path, what: str) -> WheelMismatch:
     return WheelMismatch(f"{wheel.name}: {what}")
