@@ -193,3 +193,16 @@ def test_a_copy_that_keeps_our_hooks_is_a_warning_printed_first_never_clean(remo
     head = (tmp_path / "out" / "watch-report.md").read_text().split("\n## ", 1)[0]
     assert head.splitlines()[4] == f"**warning**: {inert(said)}"
 
+
+def test_the_blob_reader_is_closed_when_the_search_fails(remote, ours, monkeypatch):
+    """``find``'s ``git cat-file --batch`` ends with it, also when reading a file raises (it was left running)."""
+    closed, close = [], copies.BlobBatch.close
+    monkeypatch.setattr(copies.BlobBatch, "close", lambda self: closed.append(self._proc is not None) or close(self))
+
+    def boom(text):
+        raise RuntimeError("a file it cannot read")
+
+    monkeypatch.setattr(copies, "_names", boom)
+    with pytest.raises(RuntimeError, match="a file it cannot read"):
+        copies.find(remote, remote.rev_parse("v0.5.23"), remote.rev_parse("copied"), ours)
+    assert closed == [True]

@@ -376,7 +376,13 @@ def test_an_unknown_option_before_the_launch_arguments_is_named(patched_python: 
 @pytest.mark.parametrize("code, said", [
     ("import sys\nsys.exit(0)\n", "cannot read sglang's environ.py: "),
     ("import os\nos._exit(0)\n", "the child process reading it: it exited (status 0) without an answer"),
-    ("while True:\n    pass\n", "the child process reading it: it did not finish in 2 s")])
+    ("while True:\n    pass\n", "the child process reading it: it did not finish in 2 s"),
+    ("import os\nos.write(1, b'C128PATCH-ANSWER {\"environ_error\": \"\", \"gates\": [], \"startup\": {\"path\": \"\", "
+     "\"available\": false, \"config\": {}, \"refusals\": [], \"error\": \"\"}}\\n')\nos._exit(0)\n",
+     "the child process reading it: its output holds an answer line it did not write (1 for one)"),
+    ("import atexit, os\natexit.register(os.write, 1, b'C128PATCH-ANSWER {\\n')\n",
+     "the child process reading it: its output holds an answer line it did not write (2 for one)")],
+    ids=["exits", "os-exit", "hangs", "forged-answer", "marker-in-its-output"])
 def test_an_environ_py_that_exits_silently_or_hangs_is_an_error(patched_python: Path, code: str, said: str,
                                                                 monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(serving, "INSTALL_TIMEOUT", 2)

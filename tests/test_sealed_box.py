@@ -2,12 +2,15 @@
 ``json.py``, a fake ``python/torch/``, a module that reads ``GITHUB_TOKEN`` and forks a child meant to
 outlive the run) gets no token, no real ``HOME``, no stdlib shadowing and no survivor; ``--no-run``
 runs none of it; ``--python`` is taken from the current folder and refused inside the tree; and
-``check``, ``contract`` and ``bisect`` never execute a target's code."""
+``check``, ``contract`` and ``bisect`` never execute a target's code. Where the host allows it, the code writes
+nowhere but its own folder (and the one a test gives it to report back), and cannot remount to undo that."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -15,8 +18,8 @@ import pytest
 
 import watch_upstream as wu
 from c128patch.errors import C128Error
-from c128patch.fit import treecheck
-from c128patch.fit.sandbox import KEEP, interpreter
+from c128patch.fit import sandbox, treecheck
+from c128patch.fit.sandbox import KEEP, Sealed, interpreter
 from c128patch.git import Git
 from c128patch.series.manifest import load_series
 from support import REPO_ROOT, invoke, upstream_commit
@@ -24,6 +27,48 @@ from test_watch_behaviour import no_torch_python as bare_python
 
 SERIES = load_series(REPO_ROOT)
 TRAP = "python/sglang/trap.py"
+
+
+@pytest.fixture(autouse=True)
+def reports_back(tmp_path, monkeypatch):
+    """The box may write to ``tmp_path`` (where the tests' traps report what they saw): the operator's scratch."""
+    monkeypatch.setattr(treecheck, "Sealed", functools.partial(Sealed, writable=(str(tmp_path),)))
+
+
+# tries to write outside its folder, then to remount / read-write and write again: prints each errno (0: written)
+ESCAPE = """import os, subprocess, sys
+for step in ("write", "remount"):
+    if step == "remount":
+        subprocess.run(["mount", "-o", "remount,rw", "/"], capture_output=True)
+        subprocess.run(["mount", "-o", "remount,bind,rw", sys.argv[1]], capture_output=True)
+    try:
+        open(os.path.join(sys.argv[1], step), "w").close()
+        print(step, 0)
+    except OSError as exc:
+        print(step, exc.errno)
+"""
+
+
+def test_the_targets_code_writes_nowhere_but_its_folder_and_cannot_remount(tmp_path_factory):
+    """The operator's clone, ``~/.bashrc``, the release cache: any folder but the box's own is read-only to it."""
+    clone = tmp_path_factory.mktemp("clone")
+    box = Sealed(sys.executable, ["-c", ESCAPE, str(clone)], 60, offline=True)
+    home = box.home
+    out, err = box.wait()
+    if "writes NOT confined" in sandbox.isolation():
+        assert sorted(p.name for p in clone.iterdir()) == ["remount", "write"]  # the host allows no seal: it says so
+        pytest.skip(sandbox.isolation())
+    assert (out, err) == ("write 30\nremount 30\n", "") and not any(clone.iterdir())  # EROFS
+    assert not home.exists()
+
+
+def test_where_the_host_refuses_the_seal_the_box_still_runs_and_says_what_is_not_confined(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "_cuts", lambda: ("no mount namespace or read-only remount here (refused)",
+                                                   "no network namespace here (refused)"))
+    box = Sealed(sys.executable, ["-c", ESCAPE, str(tmp_path)], 60, offline=True)
+    assert box.wait() == ("write 0\nremount 0\n", "")
+    assert sandbox.isolation() == ("writes NOT confined: no mount namespace or read-only remount here (refused); "
+                                   "network NOT cut off: no network namespace here (refused)")
 
 
 def trapped_tree(tmp: Path, marker: Path, module: str = "") -> Path:
@@ -39,10 +84,11 @@ def trapped_tree(tmp: Path, marker: Path, module: str = "") -> Path:
     return tree
 
 
-def test_the_target_sees_no_token_no_home_and_no_fake_torch(tmp_path, monkeypatch):
+def test_the_target_sees_no_token_no_home_and_no_fake_torch(tmp_path, tmp_path_factory, monkeypatch):
     pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
-    seen, marker = tmp_path / "seen.json", tmp_path / "ran.txt"
-    tree = trapped_tree(tmp_path, marker, "import json, os, torch\n"
+    seen, marker, clone = tmp_path / "seen.json", tmp_path / "ran.txt", tmp_path_factory.mktemp("clone")
+    tree = trapped_tree(tmp_path, marker, "import contextlib, json, os, torch\n"
+                       f"with contextlib.suppress(OSError):\n    open({str(clone / 'escaped')!r}, 'w')\n"
                        f"open({str(seen)!r} + str(os.getpid()), 'w').write(json.dumps({{'env': dict(os.environ), "
                        "'torch': torch.__file__, 'json': json.__file__}))\n")
     monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret")
@@ -56,6 +102,8 @@ def test_the_target_sees_no_token_no_home_and_no_fake_torch(tmp_path, monkeypatc
         assert set(got["env"]) <= {*KEEP, "HOME", "TMPDIR", *treecheck._gates(SERIES)}, got["env"]
         assert str(tree) not in got["torch"] and str(tree) not in got["json"]
     assert not marker.exists()
+    assert result.env["isolation"] == sandbox.isolation()
+    assert (clone / "escaped").exists() == ("writes NOT confined" in sandbox.isolation())
 
 
 def test_a_child_the_target_forks_does_not_outlive_the_run(tmp_path):
@@ -153,7 +201,9 @@ def test_the_trap_fires_when_the_targets_code_does_run(trapped_upstream):
     """The control: the tier (which runs the target's code, sealed) sets the trap off, so the test above can fail."""
     pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
     git, marker = trapped_upstream
-    run = invoke("treecheck", "--sglang-rev", "trap", "--repo", str(git.git_dir), "--series", str(REPO_ROOT))
+    with pytest.MonkeyPatch.context() as mp:  # the trap reports back beside the repository
+        mp.setattr(treecheck, "Sealed", functools.partial(Sealed, writable=(str(marker.parent),)))
+        run = invoke("treecheck", "--sglang-rev", "trap", "--repo", str(git.git_dir), "--series", str(REPO_ROOT))
     assert run.err.startswith("treecheck runs the target tree's code (imports its modules) in a sealed box")
     try:
         assert "python/sglang/__init__.py" in marker.read_text()

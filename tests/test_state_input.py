@@ -111,3 +111,82 @@ def test_damaged_trees_in_a_recorded_proof_are_none(tmp_path: Path):
     a, b = "a" * 40, "b" * 40
     (tmp_path / PROOF).write_text(f'{{"key": {{"head": "h"}}, "trees": {{"e": ["{a}", "{b}"]}}}}')
     assert recorded_trees(tmp_path, key) == {"e": (a, b)} and recorded_trees(tmp_path, {"head": "x"}) is None
+
+
+@pytest.mark.parametrize("text", ["[", DEEP_JSON, "{}", '[{"path": "a.py"}]',
+                                  '[{"path": 1, "key": "", "text": "", "match": ""}]',
+                                  *(f'[{{"path": "{p}", "key": "ab", "text": "", "match": ""}}]'
+                                    for p in ("../../victim", "/etc/passwd", ".git/hooks/post-commit"))],
+                         ids=["bad", "deep", "object", "short", "int", "dotdot", "absolute", "git"])
+def test_a_forged_or_damaged_conflicts_json_is_one_line_and_names_no_path_outside_the_tree(tmp_path: Path, text):
+    """``rebase --continue`` reads the conflicts a stop saved in the git dir: input. A damaged one was a traceback
+    (ValueError, TypeError); a path outside the tree reached the ledger's records."""
+    from c128patch.ops.rebase_journal import save_conflicts, saved_conflicts
+    from c128patch.series.ledger import Conflict
+
+    assert saved_conflicts(tmp_path) == []
+    saved = [Conflict.of("python/a.py", "<<<<<<<\nx\n=======\ny\n>>>>>>>\n")]
+    save_conflicts(tmp_path, saved)
+    assert saved_conflicts(tmp_path) == saved
+    (tmp_path / "conflicts.json").write_text(text)
+    with pytest.raises(C128Error, match=r"conflicts\.json"):
+        saved_conflicts(tmp_path)
+
+
+def test_a_trees_recorded_layer_folders_must_be_the_operators(tmp_path: Path):
+    """The git dir's layers.json (``remember_layers``) names the folders every verb in a layered tree loads: one
+    inside a tree the tool patches (the tree's own, a layer upstream committed) or relative is refused."""
+    from c128patch.ops.treestate import c128_state_dir, tree_layers
+    from c128patch.series.manifest import MANIFEST
+
+    tree, mine = tmp_path / "sglang", tmp_path / "mine"
+    (tree / PROVENANCE_PATH).parent.mkdir(parents=True)
+    (tree / PROVENANCE_PATH).write_text(json.dumps({"layers": [{"name": "acme", "version": "1", "digest": "0" * 64}]}))
+    for folder in (tree / "acme", mine):
+        (folder / MANIFEST).parent.mkdir(parents=True)
+        (folder / MANIFEST).write_text("")
+    git = Git(worktree=tree)
+    git.run("init", "-q")
+    c128_state_dir(git).mkdir()
+    for folders, refusal in (([str(mine)], None), (["../mine"], "name their folders"),
+                             ([str(tree / "acme")], "a tree c128patch patches: layers come from the operator")):
+        (c128_state_dir(git) / "layers.json").write_text(json.dumps(folders))
+        if refusal is None:
+            assert tree_layers(git) == (mine,)
+            continue
+        with pytest.raises(C128Error, match=refusal):
+            tree_layers(git)
+
+
+def test_a_forged_or_damaged_contract_probe_cache_entry_does_not_turn_the_verdict(tmp_path: Path, monkeypatch):
+    """The nvcc probe's verdict is cached by key in the shared cache: input. A damaged entry was a traceback; one
+    of another shape, another key or a line that is not its verdict's was taken as the verdict."""
+    from c128patch.fit import contract_cxx
+
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    nvcc = tmp_path / "nvcc"  # fails every compile, naming a changed signature
+    nvcc.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo fake 1.0; exit 0; }\n'
+                    'echo \'"upstream signature changed: f(int)"\' >&2; exit 1\n')
+    nvcc.chmod(0o755)
+    monkeypatch.setattr(contract_cxx, "nvcc", lambda: str(nvcc))
+    series, tree = tmp_path / "series", tmp_path / "tree"
+    (series / contract_cxx.PROBE).parent.mkdir(parents=True)
+    (series / contract_cxx.PROBE).write_text("// probe\n")
+    (tree / contract_cxx.INCLUDE_ROOT).mkdir(parents=True)
+    (tree / contract_cxx.INCLUDE_ROOT / "a.h").write_text("int f(int);\n")
+    git = Git(worktree=tree)
+    git.run("init", "-q")
+    git.run("add", "-A")
+    git.run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "headers")
+    pytest.importorskip("tvm_ffi", reason="the probe compiles only where tvm-ffi gives its headers")
+    failed = (False, "nvcc signature probe fails: f(int)")
+    assert contract_cxx.probe(series, git, "HEAD") == failed
+    (entry,) = (tmp_path / "cache" / "contract-probe").glob("*.json")
+    assert contract_cxx.probe(series, git, "HEAD") == (False, failed[1] + " (cached)")
+    compiles = "nvcc signature probe compiles against the tree's headers (sm_90a)"
+    for forged in ("{", DEEP_JSON, json.dumps([True, compiles]),
+                   json.dumps({"key": "0" * 24, "ok": True, "line": compiles}),
+                   json.dumps({"key": entry.stem, "ok": True, "line": "nvcc signature probe fails: x"}),
+                   json.dumps({"key": entry.stem, "ok": 1, "line": compiles})):
+        entry.write_text(forged)
+        assert contract_cxx.probe(series, git, "HEAD") == failed, forged

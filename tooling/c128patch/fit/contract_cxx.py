@@ -8,7 +8,6 @@ headers where nvcc exists, and says so where it does not.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ from typing import Callable
 
 from c128patch.fit.resolve import Reader
 from c128patch.git import Git, GitError
+from c128patch.jsonio import read_json, write_json_atomic
 from c128patch.upstream.releases import cache_dir
 
 INCLUDE_ROOT = "python/sglang/kernels/jit/include"
@@ -177,6 +177,9 @@ def nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
+_COMPILES, _FAILS = "nvcc signature probe compiles against the tree's headers (sm_90a)", "nvcc signature probe fails: "
+
+
 def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tuple[bool | None, str]:
     """Compile the series' signature probe against ``head``'s headers: (ok, one line); ``ok`` None: not checked (no
     nvcc, no tvm-ffi, no probe in the series). A verdict is cached by the headers' tree id, the probe and nvcc."""
@@ -192,8 +195,10 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
         key = hashlib.sha256("\0".join([headers, source.read_text(), compiler, version]).encode()).hexdigest()[:24]
         path = cache_dir() / "contract-probe" / f"{key}.json"
-        if path.is_file():
-            ok, line = json.loads(path.read_text())
+        entry = read_json(path, dict) or {}  # input: only an entry of this key whose line says its verdict counts
+        ok, line = entry.get("ok"), entry.get("line")
+        if entry.get("key") == key and isinstance(ok, bool) and isinstance(line, str) and (
+                line == _COMPILES if ok else line.startswith(_FAILS)):
             return ok, line + " (cached)"
     try:
         import tvm_ffi.libinfo as info  # apache-tvm-ffi, as sglang pins it
@@ -212,9 +217,7 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
     ok = proc.returncode == 0
     named = list(dict.fromkeys(re.findall(r'upstream signature changed: (.*?)"', proc.stdout + proc.stderr)))
     errors = [l for l in (proc.stdout + proc.stderr).splitlines() if "error" in l][:3]
-    line = "nvcc signature probe compiles against the tree's headers (sm_90a)" if ok else \
-        "nvcc signature probe fails: " + ("; ".join(named) if named else " | ".join(errors) or "nvcc failed")
+    line = _COMPILES if ok else _FAILS + ("; ".join(named) if named else " | ".join(errors) or "nvcc failed")
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps([ok, line]))
+        write_json_atomic(path, {"key": path.stem, "ok": ok, "line": line})
     return ok, line

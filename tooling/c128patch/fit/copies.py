@@ -119,32 +119,36 @@ def find(git: Git, base: str, target: str, ours: list[Patched]) -> list[Copy]:
     copies: list[Copy] = []
     batch = BlobBatch(git)  # one git for the range's every file (thousands between releases); a name with a newline
     read = lambda rev, name: git.blob(rev, name) if "\n" in name else batch.read(f"{rev}:{name}")  # noqa: E731
-    while len(words) > 1:
-        status, path = words[0], words[1]
-        source, path, words = (path, words[2], words[3:]) if status[0] in "CR" else ("", path, words[2:])
-        text = read(target, path) or b""
-        if status[0] == "C" and any(p.file == source for p in ours):
-            hooks = {h for p in ours if p.file == source for names in p.hooks.values() for h in names}
-            defined = {f for _, fns in _defs(text).values() for f in fns}
-            dropped = {m for p in ours if p.file == source for m in p.hooks} - defined if defined else set()
-            copies.append(Copy(source, path, tuple(sorted(hooks - _calls(_parse(text)))), (), tuple(sorted(dropped))))
-            continue
-        names = _names(text)
-        if names is not None and not any(p.cls and (p.cls in names or sum(m in names for m in p.methods)
-                                                    >= .75 * len(p.methods)) for p in ours):
-            continue  # no class here can subclass or mirror one we patch: not even the names are in its text
-        known = set(_defs(read(base, source or path))) if status[0] in "MR" else set()
-        for cls, (bases, fns) in _defs(text).items():
-            for p in ours:  # a new class that subclasses one we patch, or has most of its methods (a near-copy)
-                sub = p.cls in bases
-                if cls and p.cls and cls not in known and (sub or len(p.methods & set(fns)) >= .75 * len(p.methods)):
-                    dropped = set() if sub else set(p.hooks) - set(fns)  # a subclass inherits what it leaves out
-                    missing = {h for m in dropped for h in p.hooks[m]} | {
-                        h for m, hs in p.hooks.items() if m in fns and m not in (have := _calls(fns[m]))
-                        for h in hs - have}  # an override calling super().m keeps ours
-                    copies.append(Copy(f"{p.file}:{p.cls}", f"{path}:{cls}", tuple(sorted(missing)), (),
-                                       tuple(sorted(dropped))))
-    batch.close()
+    try:
+        while len(words) > 1:
+            status, path = words[0], words[1]
+            source, path, words = (path, words[2], words[3:]) if status[0] in "CR" else ("", path, words[2:])
+            text = read(target, path) or b""
+            if status[0] == "C" and any(p.file == source for p in ours):
+                hooks = {h for p in ours if p.file == source for names in p.hooks.values() for h in names}
+                defined = {f for _, fns in _defs(text).values() for f in fns}
+                dropped = {m for p in ours if p.file == source for m in p.hooks} - defined if defined else set()
+                copies.append(Copy(source, path, tuple(sorted(hooks - _calls(_parse(text)))), (),
+                                   tuple(sorted(dropped))))
+                continue
+            names = _names(text)
+            if names is not None and not any(p.cls and (p.cls in names or sum(m in names for m in p.methods)
+                                                        >= .75 * len(p.methods)) for p in ours):
+                continue  # no class here can subclass or mirror one we patch: not even the names are in its text
+            known = set(_defs(read(base, source or path))) if status[0] in "MR" else set()
+            for cls, (bases, fns) in _defs(text).items():
+                for p in ours:  # a new class that subclasses one we patch, or has most of its methods (a near-copy)
+                    sub = p.cls in bases
+                    if cls and p.cls and cls not in known and (sub or len(p.methods & set(fns))
+                                                               >= .75 * len(p.methods)):
+                        dropped = set() if sub else set(p.hooks) - set(fns)  # a subclass inherits what it leaves out
+                        missing = {h for m in dropped for h in p.hooks[m]} | {
+                            h for m, hs in p.hooks.items() if m in fns and m not in (have := _calls(fns[m]))
+                            for h in hs - have}  # an override calling super().m keeps ours
+                        copies.append(Copy(f"{p.file}:{p.cls}", f"{path}:{cls}", tuple(sorted(missing)), (),
+                                           tuple(sorted(dropped))))
+    finally:
+        batch.close()
     declared = git.run("diff", "--no-color", "-U0", base, target, "--", "*/environ.py").stdout
     new = set(re.findall(r"^\+\s*(SGLANG_\w+)\s*=", declared, re.M)) - set(re.findall(r"^-\s*(SGLANG_\w+)\s*=",
                                                                                         declared, re.M))

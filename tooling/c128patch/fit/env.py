@@ -23,7 +23,7 @@ from packaging.utils import canonicalize_name
 
 from c128patch.errors import C128Error
 from c128patch.fit.sandbox import Sealed
-from c128patch.jsonio import write_atomic
+from c128patch.jsonio import read_json, write_atomic
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series, tomllib
 from c128patch.upstream.releases import WheelZip, cache_dir, ensure_folder, locked, wheel_for
@@ -149,12 +149,13 @@ def lock_text(report: dict, head: str, cuda: dict[str, dict]) -> str:
     return head + "".join(sorted(rows))
 
 
-def _pip(python: str, args: list[str], timeout: float, reporter: Reporter, what: str) -> None:
-    """``python -m pip ARGS`` in the sealed box (network kept: pip needs it) with the operator's settings."""
+def _pip(python: str, args: list[str], timeout: float, reporter: Reporter, what: str, into: Path) -> None:
+    """``python -m pip ARGS`` in the sealed box (network kept: pip needs it; writes to ``into`` only) with the
+    operator's settings."""
     reporter.step(what)
     # the operator's pip settings (``PIP_*``, proxies; its config files are read as usual); never the target's
     env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
-    box = Sealed(python, ["-m", "pip", "--disable-pip-version-check", *args], timeout, env=env)
+    box = Sealed(python, ["-m", "pip", "--disable-pip-version-check", *args], timeout, env=env, writable=(str(into),))
     try:
         stdout, stderr = box.wait()
     except C128Error as exc:
@@ -172,7 +173,7 @@ def resolve(head: str, requirements: list[str], cuda: dict[str, dict], reporter:
         (Path(tmp) / "pin.txt").write_text(f"{torch_pin()}\n")
         _pip(sys.executable, ["install", "--dry-run", "--ignore-installed", "--only-binary=:all:", "-q", "--report",
                               f"{tmp}/report.json", "-r", f"{tmp}/req.txt", "-c", f"{tmp}/pin.txt"], timeout, reporter,
-             f"resolving the tier's environment ({len(requirements)} requirements)")
+             f"resolving the tier's environment ({len(requirements)} requirements)", Path(tmp))
         return lock_text(json.loads((Path(tmp) / "report.json").read_text()), head, cuda)
 
 
@@ -215,7 +216,7 @@ def _untried(venv: Path, tried: dict[str, dict], reporter: Reporter) -> tuple[di
         elif why:
             out[name] = why
             _pip(sys.executable, ["--python", str(venv / "bin/python"), "uninstall", "-y", "-q", name], 300, reporter,
-                 f"{name} does not import here ({out[name]}): uninstalled, a stand-in takes its place")
+                 f"{name} does not import here ({out[name]}): uninstalled, a stand-in takes its place", venv)
     return out, defined
 
 
@@ -240,10 +241,10 @@ def build(lock: str, cuda: dict[str, dict], reporter: Reporter = NullReporter(),
         tmp = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=root))
         try:
             (tmp / "lock.txt").write_text(lock)
-            Sealed(sys.executable, ["-m", "venv", "--without-pip", str(tmp / "venv")], 300).wait()
+            Sealed(sys.executable, ["-m", "venv", "--without-pip", str(tmp / "venv")], 300, writable=(str(tmp),)).wait()
             args = ["--python", str(tmp / "venv/bin/python"), "install", "-q", "--no-deps", "--no-compile", "-r"]
             _pip(sys.executable, [*args, str(tmp / "lock.txt"), "--only-binary=:all:", "--require-hashes"], timeout,
-                 reporter, f"building the tier's environment {key}: installing {packages.count(chr(10))} packages")
+                 reporter, f"building the tier's environment {key}: installing {packages.count(chr(10))} packages", tmp)
             untried, defined = _untried(tmp / "venv", tried, reporter)
             (tmp / "venv" / "c128patch-untried.json").write_text(json.dumps(untried))
             (tmp / "venv" / "c128patch-defined.json").write_text(json.dumps(defined))
@@ -258,9 +259,9 @@ def tier_python(series: Series, tree: Path, reporter: Reporter = NullReporter())
     """The interpreter the tier runs on ``tree`` with no ``--python``, and what to say about it (JSON)."""
     lock, source = lock_for(series, tree, reporter)
     python, built = build(lock, cuda_only(series), reporter)
-    # each absent in an environment built before it was written
-    untried, defined = ({} if not (p := python.parent.parent / f"c128patch-{n}.json").is_file() else
-                        json.loads(p.read_text()) for n in ("untried", "defined"))
+    # each absent in an environment built before it was written; input: a shared cache
+    untried, defined = ({str(k): str(v) for k, v in (read_json(python.parent.parent / f"c128patch-{n}.json", dict)
+                                                     or {}).items()} for n in ("untried", "defined"))
     dropped = lock.split("# dropped: ", 1)[1].split("\n", 1)[0].split()
     return str(python), {"key": python.parent.parent.name, "lock": source, "built": built, "python": str(python),
                          "dropped": sorted({*dropped, *untried}), "untried": untried, "defined": defined}

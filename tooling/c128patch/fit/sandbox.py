@@ -1,8 +1,9 @@
-"""The sealed box every run of a target's code goes through (the behavioural tier): an allow-listed
-environment (no tokens, ``HOME`` a fresh folder), isolated Python (``-I``: no current folder, user site
-or ``PYTHON*`` variables on the path), a time limit, and its own process group, killed whole on exit (a
-child it forks does not outlive it). ``offline``: no network but loopback (``unshare -rn``, a user and network
-namespace) where the host allows it; ``isolation`` says whether it did."""
+"""The sealed box every run of a target's code goes through (the behavioural tier, the tier's environment build):
+an allow-listed environment (no tokens, ``HOME`` a fresh folder), isolated Python (``-I``: no current folder, user
+site or ``PYTHON*`` variables on the path), a time limit, and its own process group, killed whole on exit (a child
+it forks does not outlive it). Where the host allows unprivileged user and mount namespaces, every mount is made
+read-only but ``HOME`` and the folders the caller names (``writable``), and the code runs with no capabilities (it
+cannot remount); ``offline``: no network but loopback. ``isolation`` says what the box cuts off here, and what not."""
 
 from __future__ import annotations
 
@@ -20,22 +21,61 @@ from c128patch.smoke.device import run_child
 # the environment the box keeps; the rest (tokens, credentials, PYTHON*) is dropped
 KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_VISIBLE_DEVICES")
 NOTICE = ("runs the target tree's code (imports its modules) in a sealed box: scrubbed environment, isolated "
-          "Python, no network where the host allows it, a time limit, its processes killed at the end; --no-run "
-          "skips it")
-# loopback up where ``ip`` is, then the command: run inside a fresh user and network namespace
-_OFFLINE = ["unshare", "--user", "--map-root-user", "--net", "sh", "-c",
-            'command -v ip >/dev/null && ip link set lo up; unset PWD OLDPWD SHLVL _; exec "$@"', "sh"]
+          "Python, no network and no writes outside its folder where the host allows it, a time limit, its processes "
+          "killed at the end; --no-run skips it")
+# loopback up where ``ip`` is (``$0``: offline), then the command
+_RUN = 'unset PWD OLDPWD SHLVL _; [ "$0" = offline ] && command -v ip >/dev/null && ip link set lo up\n'
+# the seal, run in a fresh user and mount (and network) namespace: each ``writable`` folder (``$1`` ... up to ``--``)
+# bound on itself, every other mount remounted read-only; then ``_RUN`` with no capabilities (it cannot remount)
+_SEAL = r"""w='
+'
+while [ "$1" != -- ]; do mount --bind "$1" "$1" || exit 125; w="$w$1
+"; shift; done; shift
+while read -r _ _ _ _ mp _; do
+  mp=$(printf '%b' "$mp")
+  case "$w" in *"
+$mp
+"*) continue;; esac
+  mount -o remount,bind,ro "$mp" 2>/dev/null || { echo "c128box: cannot make $mp read-only" >&2; exit 125; }
+done </proc/self/mountinfo
+""" + _RUN + 'exec setpriv --bounding-set=-all --inh-caps=-all -- "$@"'
+
+
+def _sealed(argv: list[str], writable: list[str], offline: bool) -> list[str]:
+    """``argv`` in the seal (``offline``: in its own network namespace too)."""
+    net = ["--net"] if offline else []
+    return ["unshare", "--user", "--map-root-user", "--mount", *net, "sh", "-c", _SEAL, "offline" if offline else "sh",
+            *writable, "--", *argv]
 
 
 @functools.cache
+def _cuts() -> tuple[str, str]:
+    """("", "") where the seal holds here (a write outside its folder refused), else why not: (writes, network)."""
+    with tempfile.TemporaryDirectory(prefix="c128box-probe-") as tmp:
+        inside, outside = (os.path.join(os.path.realpath(tmp), n) for n in ("in", "out"))
+        os.mkdir(inside), os.mkdir(outside)
+        probe = ['sh', '-c', 'touch "$1/x" && ! touch "$2/x" 2>/dev/null || { echo "a write outside was not refused"'
+                 ' >&2; exit 1; }', 'sh', inside, outside]
+        try:
+            why = run_child(_sealed(probe, [inside], True), 10)[1]
+        except C128Error as exc:
+            why = exc.message
+        if not why:
+            return "", ""
+        try:
+            net = run_child(["unshare", "--user", "--map-root-user", "--net", "true"], 10)[1]
+        except C128Error as exc:
+            net = exc.message
+        return f"no mount namespace or read-only remount here ({why})", net and f"no network namespace here ({net})"
+
+
 def isolation() -> str:
-    """How the box cuts the network off here, or why it cannot (said in the tier's output)."""
-    try:
-        why = run_child([*_OFFLINE, "true"], 10)[1]
-    except C128Error as exc:
-        why = exc.message
-    return f"network not cut off: no unprivileged network namespace here ({why})" if why else \
-        "no network (loopback only: unshare -rn)"
+    """What the box cuts off here, or why it cannot (said in the tier's output)."""
+    writes, net = _cuts()
+    said = ["writes only to its own folders (every other mount read-only)" if not writes else
+            f"writes NOT confined: {writes}",
+            "no network (loopback only)" if not net else f"network NOT cut off: {net}"]
+    return "; ".join(said)
 
 
 def interpreter(python: str, tree: Path | None = None) -> str:
@@ -54,17 +94,23 @@ class Sealed:
     """``python -I -B ARGS`` started in the box; ``wait`` gives (stdout, stderr); ``kill`` ends its whole group."""
 
     def __init__(self, python: str, args: list[str], timeout: float, *, env: dict[str, str] | None = None,
-                 offline: bool = False) -> None:
-        """``env``: variables the caller adds (the operator's, never the target's); ``offline``: ``isolation``."""
+                 offline: bool = False, writable: tuple[str, ...] = ()) -> None:
+        """``env``: variables the caller adds (the operator's, never the target's); ``offline``: no network;
+        ``writable``: folders besides its ``HOME`` it may write (the operator's scratch, never the target's)."""
         self.timeout = timeout
         self.home = Path(tempfile.mkdtemp(prefix="c128box-"))
         scrubbed = {k: os.environ[k] for k in KEEP if k in os.environ} | (env or {})
         scrubbed.update(HOME=str(self.home), TMPDIR=str(self.home))
         self.out, self.err = (open(self.home / name, "w+b") for name in (".stdout", ".stderr"))  # noqa: SIM115
-        cut = offline and not isolation().startswith("network not cut off")
+        argv = [python, "-I", "-B", *args]
+        writes, net = _cuts()
+        if not writes:
+            argv = _sealed(argv, [os.path.realpath(p) for p in (self.home, *writable)], offline)
+        elif offline and not net:  # the network cut off, the writes not
+            argv = ["unshare", "--user", "--map-root-user", "--net", "sh", "-c", _RUN + 'exec "$@"', "offline", *argv]
         try:
-            self.proc = Group([*(_OFFLINE if cut else []), python, "-I", "-B", *args], env=scrubbed,
-                              stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err, cwd=self.home)
+            self.proc = Group(argv, env=scrubbed, stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err,
+                              cwd=self.home)
         except OSError as exc:
             self.kill()
             raise C128Error(f"the target's code did not run: {exc}") from None

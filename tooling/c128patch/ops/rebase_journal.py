@@ -3,16 +3,16 @@ what it wrote in the work tree (``stop_state``) and the conflicts git left."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
-from c128patch.jsonio import write_json_atomic
+from c128patch.jsonio import read_json, write_json_atomic
 from c128patch.ops.treestate import changed_paths, checked_fields, corrupt_journal, read_journal
 from c128patch.series.ledger import Conflict
+from c128patch.series.paths import check_relpath
 
 StepKind = Literal["entry", "commit"]
 Status = Literal["pending", "replayed", "unchanged", "context-only", "content-changed", "new", "resolved",
@@ -118,9 +118,17 @@ def tree_state(git: Git) -> dict[str, str]:
 
 def save_conflicts(state: Path, conflicts: list[Conflict]) -> None:
     """Keep the conflicted files as git left them: --continue records the resolution against them."""
-    (state / "conflicts.json").write_text(json.dumps([asdict(c) for c in conflicts]))
+    write_json_atomic(state / "conflicts.json", [asdict(c) for c in conflicts])
 
 
 def saved_conflicts(state: Path) -> list[Conflict]:
+    """What ``save_conflicts`` kept: input (a file in the git dir), each a tree path and strings, else an error."""
     path = state / "conflicts.json"
-    return [Conflict(**c) for c in json.loads(path.read_text())] if path.is_file() else []
+    if not path.exists():
+        return []
+    rows, keys = read_json(path, list), ["path", "key", "text", "match"]
+    if rows is None or not all(isinstance(c, dict) and sorted(c) == sorted(keys) and all(isinstance(v, str) for v in
+                                                                                            c.values()) for c in rows):
+        raise C128Error(f"{path}: not the conflicts this rebase saved (damaged or edited); `c128patch rebase "
+                        "--abort` undoes the rebase")
+    return [Conflict(check_relpath(c["path"], str(path)), *(c[k] for k in keys[1:])) for c in rows]

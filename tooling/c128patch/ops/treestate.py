@@ -31,6 +31,7 @@ from c128patch.errors import C128Error
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git, stale_lock_message, user_can_commit
 from c128patch.jsonio import read_json
 from c128patch.progress import console
+from c128patch.series.layers import operators
 from c128patch.series.manifest import MANIFEST
 from c128patch.series.provenance import read_provenance
 
@@ -61,11 +62,12 @@ def tree_layers(git: Git) -> tuple[Path, ...]:
     if not names:
         return ()
     path = c128_state_dir(git) / "layers.json"
-    folders = [Path(f) for f in read_json(path, list) or [] if isinstance(f, str)]
-    if len(folders) != len(names) or not all((f / MANIFEST).is_file() for f in folders):
+    folders = [Path(f) for f in read_json(path, list) or [] if isinstance(f, str)]  # input: the git dir's
+    if len(folders) != len(names) or not all(f.is_absolute() and f.resolve() == f and (f / MANIFEST).is_file()
+                                             for f in folders):
         raise C128Error(f"{git.cwd} was applied with layer(s) {', '.join(names)} (its provenance says so): name "
                         "their folders (--layer DIR, or c128patch.toml); nothing was changed")
-    return tuple(folders)
+    return operators(folders, str(path))
 
 
 def rebase_journal(git: Git) -> Path:

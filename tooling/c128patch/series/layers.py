@@ -211,12 +211,17 @@ def lookup_layers(given: tuple[Path, ...] = (), cwd: Path | None = None,
     origin = f"${ENV}" if env is not None else str(config or "")
     folders = tuple((start / p).resolve() for p in (env or "").split(os.pathsep) if p) if env is not None \
         else read_config(config) if config else ()
+    return operators(folders, origin), origin
+
+
+def operators(folders: Sequence[Path], origin: str) -> tuple[Path, ...]:
+    """``folders`` (resolved) when none lies inside a tree the tool patches: layers come from the operator."""
     for folder in folders:
         top = next((f for f in [folder, *folder.parents] if _patched_top(f)), None)
         if top is not None:
             raise C128Error(f"layer folder {folder} (from {origin}) is inside {top}, a "
                             "tree c128patch patches: layers come from the operator, not from upstream")
-    return folders, origin
+    return tuple(folders)
 
 
 def get_series(series_dir: Path | None, layers: Sequence[Path] = (), exclude: Sequence[Path] = ()) -> Series:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -21,22 +22,22 @@ TIMEOUT = 300.0  # seconds: importing sglang (torch, CUDA) on a cold disk
 INSTALL_TIMEOUT = 60.0  # seconds: environ.py and the rules are stdlib-only
 ENVIRON = "sglang/srt/environ.py"
 ONLINE_C128_DSPARK_RULES = "sglang/srt/layers/attention/dsv4/online_c128_dspark_rules.py"
-_MARK = "C128PATCH-ANSWER "
+_MARK = "C128PATCH-ANSWER"  # then this run's secret (read from stdin before any installed code loads), the answer
 
 _COMMON = r'''
 import importlib, importlib.util, json, os, sys, warnings
 payload = json.loads(sys.argv[1])
-real_stdout, sys.stdout = sys.stdout, sys.stderr  # what the installed code prints is not the answer
+def answerer(mark, real_stdout):
+    return lambda out: real_stdout.write("%s %s\n" % (mark, json.dumps(out, default=repr)))
+answer, sys.stdout = answerer(sys.stdin.readline().strip(), sys.stdout), sys.stderr  # the code's prints: not it
 def why(e):
     return "%s: %s" % (type(e).__name__, e)
-def answer(out):
-    real_stdout.write("%s%s\n" % (MARK, json.dumps(out, default=repr)))
 def load(path, name):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-'''.replace("MARK", repr(_MARK))
+'''
 
 _SERVING = _COMMON + r'''
 import argparse
@@ -130,18 +131,25 @@ class Answer:
 
 
 def ask(python: str, script: str, payload: Any, timeout: float) -> Answer:
-    """Run ``script`` in ``python`` (its own process group, ended on return) and read its one answer line."""
-    started = time.monotonic()
+    """Run ``script`` in ``python`` (its own process group, ended on return) and read its one answer line: the
+    only line naming ``_MARK``, with this run's secret (the installed code, which shares its stdout, may print one)."""
+    started, mark = time.monotonic(), f"{_MARK}-{secrets.token_hex(16)} "
     try:
-        proc = run([python, "-c", script, json.dumps(payload)], timeout)
+        proc = run([python, "-c", script, json.dumps(payload)], timeout, input=mark + "\n")
     except OSError as exc:
         return Answer(error=f"cannot run {python}: {exc}")
     except subprocess.TimeoutExpired:
         return Answer(error=f"it did not finish in {timeout:g} s", seconds=round(time.monotonic() - started, 1))
     seconds = round(time.monotonic() - started, 1)
-    found = [line[len(_MARK):] for line in proc.stdout.splitlines() if line.startswith(_MARK)]
+    found = [line for line in proc.stdout.splitlines() if _MARK in line]
+    if len(found) > 1 or found and not found[0].startswith(mark):
+        return Answer(error=f"its output holds an answer line it did not write ({len(found)} for one): code it loaded "
+                            "forged one", seconds=seconds)
     if found:
-        return Answer(json.loads(found[-1]), seconds=seconds)
+        try:
+            return Answer(dict(json.loads(found[0][len(mark):])), seconds=seconds)
+        except (ValueError, TypeError, RecursionError):
+            return Answer(error="its answer line is not a JSON object", seconds=seconds)
     if proc.returncode == 0:
         return Answer(error="it exited (status 0) without an answer: code it loaded ended the process",
                       seconds=seconds)
