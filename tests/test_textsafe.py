@@ -123,3 +123,15 @@ def test_check_prints_an_upstream_subject_as_text_not_rich_markup(sglang_release
     run = invoke("check", "--sglang-rev", sha, "--repo", dest, "--series", REPO_ROOT, as_json=False)
     assert run.code == 1 and f"upstream may now handle this: {sha[:12]} {MARKUP!r}" in run.text.replace("\n", " "), \
         run.text
+
+
+def test_a_conflict_blocks_hunk_and_upstream_subjects_are_data():
+    """A stop's conflict block quotes upstream's code (its hunk header, a backtick in it) and upstream commit
+    subjects: inert in the report both verbs write."""
+    from c128patch.ops.conflicts import block_markdown
+    block = {"path": f"python/{EVIL}.py", "lines": [3, 4], "hunk": f"def f(): return `x` {EVIL}", "empty": False,
+             "moved_to": 0, "upstream": [f"0123456789ab {text}" for text in HOSTILE]}
+    line = block_markdown(block)
+    _inert(line)
+    rendered = MarkdownIt("commonmark").render(line)
+    assert "@maintainers" not in re.sub(r"<code>.*?</code>", "", rendered, flags=re.S)  # every mention in code

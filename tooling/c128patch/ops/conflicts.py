@@ -23,6 +23,7 @@ from c128patch.git import Git
 from c128patch.series.ledger import Resolution
 from c128patch.series.manifest import Entry, Series
 from c128patch.series.patchfile import hunk_header, read_patch
+from c128patch.textsafe import md
 
 TREE_ROOT = "python"
 _OURS, _SEP, _THEIRS = "<" * 7, "=" * 7, ">" * 7
@@ -141,10 +142,10 @@ def block_markdown(b: dict, empty_why: str = "") -> str:
     """One conflict block of a stop report (``Block.to_json``) as a Markdown list item."""
     first, last = b["lines"]
     where = f"lines {first}-{last}" if last >= first else f"after line {last}"
-    return (f"- `{b['path']}` {where} on the new base: hunk `{b['hunk'] or '?'}`"
+    return (f"- {md(b['path'])} {where} on the new base: hunk {md(b['hunk'] or '?')}"  # upstream's text: data
             + (f"; **the upstream side is empty**{empty_why}" if b["empty"] else "")
             + (f"; the code this hunk edits now lives at line {b['moved_to']}" if b["moved_to"] else "")
-            + (f"; upstream: {'; '.join(b['upstream'][:5])}" if b["upstream"] else ""))
+            + (f"; upstream: {'; '.join(map(md, b['upstream'][:5]))}" if b["upstream"] else ""))
 
 
 @dataclass
