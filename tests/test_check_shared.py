@@ -77,3 +77,23 @@ def test_a_file_where_an_entry_adds_a_folder_fails_as_on_a_real_index(sglang_rel
     for i, target in enumerate(revs):
         plain, _ = replay_in_index(series, git, target.rev, target.commit, tmp_path / "idx" / f"{i}.index")
         assert rows(checked[i]) == rows(plain), target.rev
+
+
+def test_what_the_plans_probe_applied_strictly_is_not_applied_again(sglang_release_repo: Path, tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    """Upstream changed a file two entries patch (away from their hunks): the first one's result is unknown to
+    variant choice, so the plan's probe replays the entries; the replay takes what the probe applied strictly."""
+    work = tmp_path / "up.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(sglang_release_repo), str(work)], check=True)
+    git, path = Git(git_dir=work), "python/sglang/srt/speculative/dspark_components/dspark_worker_v2.py"
+    blob = git.out("hash-object", "-w", "--stdin", input=git.blob("v0.5.23", path).decode() + "# upstream\n")
+    commit = upstream_commit(git, "v0.5.23", "a line at the end", lambda idx: idx.run(
+        "update-index", "--cacheinfo", f"100644,{blob},{path}"))
+    series, calls, raw = load_series(default_series_root()), [], Git._raw
+    monkeypatch.setattr(Git, "_raw", lambda self, args, *a, **k: calls.append(tuple(args)) or raw(self, args, *a, **k))
+    [checked] = check_revs(series, git, [Target("up", commit)], jobs=1)
+    applied = [args for args in calls if args[:2] == ("apply", "--cached")]
+    assert len(applied) >= 3 and len(set(applied)) == len(applied), applied  # the probe's, once each
+    (tmp_path / "idx").mkdir()
+    plain, _ = replay_in_index(series, git, "up", commit, tmp_path / "idx" / "index")
+    assert checked.ok and rows(checked) == rows(plain)

@@ -13,7 +13,7 @@ import threading
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from c128patch import procs
 from c128patch.errors import C128Error
@@ -381,6 +381,11 @@ def remembered(git: Git, key: tuple, compute: Callable[[], T]) -> T:
     if key not in git._memo:
         git._memo[key] = compute()  # type: ignore[assignment]
     return git._memo[key]  # type: ignore[return-value]
+
+
+def recalled(git: Git, key: tuple) -> Any:
+    """What ``remembered`` holds for ``key``; None: nothing (always, for a ``Git``)."""
+    return git._memo.get(key) if isinstance(git, ReadMemo) else None
 
 
 def work_tree_top(path: Path) -> Path | None:

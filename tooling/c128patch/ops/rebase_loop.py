@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, NoReturn
 
 from c128patch.errors import C128Error, ConflictError, DifferenceError
-from c128patch.git import BOT_EMAIL, BOT_NAME, Git
+from c128patch.git import BOT_EMAIL, BOT_NAME, Git, ReadMemo
 from c128patch.ops import proofs
 from c128patch.ops.conflicts import StopReport, analyze, taken
 from c128patch.ops.equivalence import Equivalence, Trees, apply_cached, fresh_replay, prove, tree_diff
@@ -93,7 +93,7 @@ class RebaseLoop:
 
     def _planning(self, commit: str) -> Future:
         if commit not in self._plans:
-            self._plans[commit] = self._pool.submit(plan, self.series, self.git, commit)
+            self._plans[commit] = self._pool.submit(plan, self.series, ReadMemo(self.git), commit)  # (probes in memory)
         return self._plans[commit]
 
     def _reset_index(self, journal: Journal) -> None:

@@ -32,7 +32,7 @@ from unidiff import PatchedFile
 
 from c128patch import exitcodes
 from c128patch.errors import C128Error
-from c128patch.git import Git, ReadMemo, remembered
+from c128patch.git import Git, ReadMemo, recalled, remembered
 from c128patch.series.ledger import Ledger, Resolution
 from c128patch.series.manifest import Series
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch
@@ -342,6 +342,9 @@ def replay_patch_shared(git: Git, item: Planned, index_file: Path, lazy: LazyInd
     found = tuple(have_blobs(git, [b]) for b, _ in item.patch.blobs.values() if b != NULL_BLOB)
 
     def replay() -> tuple:
+        probed = recalled(git, ("probe apply", *key[1:]))  # the plan's probe applied it strictly on the same paths
+        if probed is not None and probed["strict"] and probed["after"] is not None:
+            return "clean", "", [], probed, False
         lazy.flush(paths)
         row = replay_patch(git, item, index_file)
         record: dict = {"after": None}

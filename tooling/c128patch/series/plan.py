@@ -268,9 +268,8 @@ class ReplayedTree:
             found = tuple(self.git.ok("cat-file", "-e", f"{b}^{{blob}}") for b, _ in item.patch.blobs.values()
                           if b != NULL_BLOB)
 
-            def apply() -> dict:
-                _probe_apply(lazy.flush(paths), item)
-                record: dict = {"after": None}
+            def apply() -> dict:  # ("strict": what ``ops.replay`` reuses rather than apply it again)
+                record: dict = {"after": None, "strict": _probe_apply(lazy.flush(paths), item)}
                 lazy.changed(paths, record)
                 return record
 
@@ -289,12 +288,15 @@ def plain_patch(patch: PatchInfo) -> bool:
                for pf in patch.patchset)
 
 
-def _probe_apply(idx: Git, item: Planned) -> None:
+def _probe_apply(idx: Git, item: Planned) -> bool:
+    """``item`` on the probe; True: it applied strictly."""
     if item.patch is None:
         sha = idx.out("hash-object", "-w", "--", str(item.path))
         idx.run("update-index", "--add", "--cacheinfo", f"100644,{sha},{item.entry.target}")
     elif not idx.ok("apply", "--cached", str(item.path)):
         idx.run("apply", "--cached", "--3way", str(item.path), check=False)  # a conflict stays unknown
+        return False
+    return True
 
 
 ANCESTOR_SEARCH = 200  # commits touching a variant's files searched back for its base's sources
@@ -465,6 +467,8 @@ def plan(series: Series, git: Git, target: str) -> list[Planned]:
                 item = Planned(entry, None, verify_file(series, entry, None), None)
             tree.advance(item)
             out.append(item)
+        if tree._lazy is not None and tree._lazy.waiting:
+            tree._lazy.reread()  # what the probe applied, for the replay to reuse (``ops.replay``)
     return out
 
 
