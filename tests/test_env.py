@@ -193,7 +193,7 @@ def test_which_packages_are_tried_is_part_of_the_environments_key(tmp_path, monk
     lock = f"good==1.0 --hash=sha256:{'ab' * 32}\n"
     plain, tried = {"good": {"imports": ["good"], "reason": "x"}}, {"good": {"imports": ["good"], "tried": True,
                                                                            "reason": "x"}}
-    monkeypatch.setattr(env, "_untried", lambda venv, rows, reporter: {n: "does not import" for n in rows})
+    monkeypatch.setattr(env, "_untried", lambda venv, rows, reporter: ({n: "does not import" for n in rows}, {}))
     first, second = env.build(lock, plain)[0], env.build(lock, tried)[0]
     assert first != second and env.build(lock, plain) == (first, False)
     assert json.loads((second.parent.parent / "c128patch-untried.json").read_text()) == {"good": "does not import"}
