@@ -162,11 +162,11 @@ def _installed(up: Upstream, installs: list, lock: Lock | None, items: list[Item
         attr, sig = use.chain[0], signature_of(fn.args)
         for cls in [c for c in static or named if f"{c}.{attr}" in recorded or names.replaced(up, c, attr)]:
             got, found = _resolve_use(up, Use(use.line, [*cls.split("."), attr], kind="installed"), site)
-            theirs = names.replaced(up, cls, attr)
+            call = names.replaced(up, cls, attr)
             items += got
             findings += found
-            if got and theirs is not None:
-                findings += _bound(got[0], sig, names.full_call(theirs), f"upstream's call of {got[0].target}",
+            if got and call:
+                findings += _bound(got[0], sig, Use(use.line, [], call), f"upstream's call of {got[0].target}",
                                    f"our {fn.name} ({site}:{fn.lineno}) `def {fn.name}{sig}`")
 
 

@@ -144,43 +144,39 @@ def installs(up: Upstream, ours: dict[str, set[int] | None],
         if tree is None:
             continue
         tops = {s.name: s for s in tree.body if isinstance(s, ast.FunctionDef)}
-        bindings, _ = _imports(path, tree, lambda n: False)
-
-        def upstream(nodes: list[ast.AST]) -> list[str]:
-            chains = [chain_of(n) for n in nodes]
-            return [".".join(bindings[c[0]] + c[1:]) for c in chains if c and bindings.get(c[0], [""])[0] == "sglang"]
-
-        found = []  # (line, attr, the receivers' expressions, our function)
+        found = []  # (line, attr, the receivers' expressions, our function, a subclass: only of upstream's)
         for node in ast.walk(tree) if ours[path] is None else nodes_on(tree, ours[path]):
             func = chain_of(getattr(node, "func", None)) if isinstance(node, ast.Call) else []
             if func == ["type"] and len(node.args) == 3 and isinstance(node.args[2], ast.Dict):
                 bases = getattr(node.args[1], "elts", [])
-                found += [(v.lineno, k.value, bases, tops[v.id]) for k, v in zip(node.args[2].keys, node.args[2].values)
-                          if isinstance(k, ast.Constant) and getattr(v, "id", "") in tops]
+                found += [(v.lineno, k.value, bases, tops[v.id], False) for k, v in
+                          zip(node.args[2].keys, node.args[2].values) if isinstance(k, ast.Constant)
+                          and getattr(v, "id", "") in tops]
             elif func == ["setattr"] and len(node.args) == 3 and getattr(node.args[2], "id", "") in tops:
-                found.append((node.lineno, getattr(node.args[1], "value", None), node.args[:1], tops[node.args[2].id]))
+                found.append((node.lineno, getattr(node.args[1], "value", None), node.args[:1], tops[node.args[2].id],
+                              False))
             elif isinstance(node, ast.Assign) and getattr(node.value, "id", "") in tops:
-                found += [(node.lineno, t.attr, [t.value], tops[node.value.id]) for t in node.targets
+                found += [(node.lineno, t.attr, [t.value], tops[node.value.id], False) for t in node.targets
                           if isinstance(t, ast.Attribute) and chain_of(t.value)[:1] not in (["self"], ["cls"])]
-            elif isinstance(node, ast.ClassDef) and upstream(node.bases):
-                found += [(s.lineno, s.name, node.bases, s) for s in node.body if isinstance(s, ast.FunctionDef)]
-        out += [(Use(line, [attr], kind="installed"), sources.get(path, path), upstream(bases), fn)
-                for line, attr, bases, fn in found if isinstance(attr, str)]
+            elif isinstance(node, ast.ClassDef) and node.bases:
+                found += [(s.lineno, s.name, node.bases, s, True) for s in node.body if isinstance(s, ast.FunctionDef)]
+        bindings = _imports(path, tree, lambda n: False)[0] if found else {}
+        for line, attr, bases, fn, subclass in found:
+            classes = [".".join(bindings[c[0]] + c[1:]) for c in map(chain_of, bases)
+                       if c and bindings.get(c[0], [""])[0] == "sglang"]
+            if isinstance(attr, str) and (classes or not subclass):
+                out.append((Use(line, [attr], kind="installed"), sources.get(path, path), classes, fn))
     return out
 
 
-def replaced(up: Upstream, dotted: str, attr: str) -> ast.FunctionDef | None:
-    """The method ``attr`` of the upstream class ``dotted`` (None: not a plain method there)."""
+def replaced(up: Upstream, dotted: str, attr: str) -> tuple[int, tuple[str, ...]] | None:
+    """The call that passes every parameter of the method ``attr`` of the upstream class ``dotted`` (the receiver
+    included): what upstream's callers may pass (None: not a plain method there)."""
     module, _, name = dotted.rpartition(".")
     mod = up.module(module)
     cls = up.member(mod, name) if mod.kind == "module" else mod
     got = up.member(cls, attr) if cls.kind == "class" else cls
-    return got.node if got.kind == "method" and isinstance(got.node, ast.FunctionDef) else None
-
-
-def full_call(fn: ast.FunctionDef) -> Use:
-    """The call that passes every parameter of ``fn`` (the receiver included): what upstream's callers may pass."""
-    sig = signature_of(fn.args)
-    kinds = [p.kind for p in sig.parameters.values()]
-    return Use(fn.lineno, [], (sum(k <= inspect.Parameter.POSITIONAL_OR_KEYWORD for k in kinds),
-                               tuple(p.name for p in sig.parameters.values() if p.kind == p.KEYWORD_ONLY)))
+    if got.kind != "method" or not isinstance(got.node, ast.FunctionDef):
+        return None
+    ps = signature_of(got.node.args).parameters.values()
+    return sum(p.kind <= p.POSITIONAL_OR_KEYWORD for p in ps), tuple(p.name for p in ps if p.kind == p.KEYWORD_ONLY)
