@@ -191,7 +191,7 @@ def test_the_contract_holds_on_every_supported_release(rev):
     assert result["verdict"].startswith("holds: ") and result["errors"] == result["warnings"] == 0
     kinds = {i["kind"] for i in result["items"]}
     assert {"function", "class", "method", "env", "value", "header", "cxx", "callback", "member", "typed", "mirror",
-            "declared"} <= kinds
+            "declared", "installed"} <= kinds
 
 
 def test_the_committed_lock_is_what_refresh_records_at_the_base(sglang_release_repo):

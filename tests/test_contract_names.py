@@ -8,6 +8,7 @@ renamed keyword we pass beside ``*args`` is an error at the call's line that ``-
 
 from __future__ import annotations
 
+import ast
 import re
 
 import pytest
@@ -113,7 +114,26 @@ def self_property_renamed(git: Git) -> str:
         BASE_WORKER: _replace(text_of(BASE_WORKER), "def target_worker(self)", "def target_model_worker(self)")})
 
 
-CHANGES = {"callback-keyword": callback_keyword, "getter-property": getter_property, "field-renamed": field_renamed,
+PREFILL_COPY = "    def copy_(self, other) -> None:\n        assert isinstance(other, CompressorPrefillPlan)\n"
+METADATA = "python/sglang/srt/layers/attention/dsv4/metadata.py"
+
+
+def copy_renamed(git: Git) -> str:
+    """CompressorPrefillPlan.copy_ -> copy_from: the refusing copy_ we install on its DSPARK subclass goes uncalled."""
+    return _edit(git, "compress: copy_from", lambda text_of: {
+        COMPRESS: _replace(text_of(COMPRESS), PREFILL_COPY, PREFILL_COPY.replace("copy_(", "copy_from("))})
+
+
+def copy_arguments(git: Git) -> str:
+    """CompressorPrefillPlan.copy_ gains ``non_blocking`` and upstream's in-place copy passes it (positionally)."""
+    return _edit(git, "compress: non-blocking plan copies", lambda text_of: {
+        COMPRESS: _replace(text_of(COMPRESS), PREFILL_COPY,
+                           PREFILL_COPY.replace("other)", "other, non_blocking=False)")),
+        METADATA: _replace(text_of(METADATA), "        dst.copy_(src)\n", "        dst.copy_(src, True)\n")})
+
+
+CHANGES = {"callback-keyword": callback_keyword, "copy-renamed": copy_renamed, "copy-arguments": copy_arguments,
+           "getter-property": getter_property, "field-renamed": field_renamed,
            "mode-env": mode_env, "enum-renamed": enum_renamed, "ring-changed": ring_changed,
            "keyword-renamed": keyword_renamed, "env-default": env_default, "typed-field-renamed": typed_field_renamed,
            "self-property-renamed": self_property_renamed}
@@ -140,6 +160,40 @@ def test_upstream_calling_our_callback_with_a_new_keyword_is_broken(names_drift)
                     rf"bind to {CONTROLLER}:{_line(CONTROLLER, 'def _verify_compress(')} "
                     r"`def _verify_compress\(verify_plan, owned, \*, kv_score_buffer, .*, is_online=True\)`: "
                     "got an unexpected keyword argument 'enable_pdl'$", error), error
+
+
+def test_a_renamed_method_we_install_in_upstreams_place_is_broken_at_the_install(names_drift):
+    """Broken at the install, and where our plan calls it on a field the class annotates (``prefill_plan:
+    CompressorPrefillPlan``, read as ``self.prefill_plan.copy_``: typed on the class, not on a parameter)."""
+    called, installed = sorted(_errors("copy-renamed", names_drift))  # overlay/sglang/kernels/... sorts first
+    for error, path, text in ((installed, CONTROLLER, '"copy_": _refuse_copy'),
+                              (called, KERNEL_OPS, "self.prefill_plan.copy_(other.prefill_plan)")):
+        assert re.match(rf"{path}:{_line(path, text)}: sglang.kernels.ops.attention.dsv4.compress.CompressorPrefillPlan"
+                        rf".copy_: class CompressorPrefillPlan \({COMPRESS}:\d+\) has no copy_\b", error), error
+
+
+def test_upstream_passing_more_to_a_method_we_install_in_its_place_does_not_bind_to_ours(names_drift):
+    errors = _errors("copy-arguments", names_drift)
+    line, ours = _line(CONTROLLER, '"copy_": _refuse_copy'), _line(CONTROLLER, "def _refuse_copy(")
+    plan = "sglang.kernels.ops.attention.dsv4.compress.CompressorPrefillPlan"
+    assert f"{CONTROLLER}:{line}: upstream's call of {plan}.copy_(arg1, arg2, arg3) does not bind to our " \
+           f"_refuse_copy ({CONTROLLER}:{ours}) `def _refuse_copy(self, other)`: too many positional arguments" \
+        in errors, errors
+    assert any(e.startswith(f"{CONTROLLER}:{line}: {plan}.copy_ changed since the lock: {COMPRESS}:") and
+               e.endswith("`def copy_(self, other, non_blocking=False)`") for e in errors), errors
+    assert len(errors) == 3, errors  # and where our plan calls it (typed): changed since the lock
+
+
+@pytest.mark.parametrize("annotation", ["Plan", "Optional[Plan]", "Plan | None", "None | Plan", "'Optional[Plan]'",
+                                        "m.Plan"])
+def test_a_receiver_typed_through_optional_a_union_with_none_or_a_string_is_typed(annotation):
+    from c128patch.fit.resolve import uses_in
+
+    source = ("from sglang.x import m\nfrom sglang.x.m import Plan\n"
+              f"def f(p: {annotation}):\n    return p.plan_c\n"
+              f"class C:\n    q: {annotation}\n    def g(self):\n        return self.q.plan_w\n")
+    typed = [u.chain for u in uses_in("python/sglang/y.py", ast.parse(source), None) if u.kind == "typed"]
+    assert typed == [["sglang", "x", "m", "Plan", "plan_c"], ["sglang", "x", "m", "Plan", "plan_w"]]
 
 
 def test_a_getter_turned_property_and_a_dropped_one_on_an_untyped_pool_are_broken(names_drift):
@@ -230,6 +284,9 @@ def test_the_lock_records_each_new_kind_at_the_base():
     assert (f"callback  sglang.srt.layers.attention.dsv4.online_c128_dspark._verify_compress  {COMPRESSOR}:"
             in text)
     assert "member  sglang.srt.speculative.spec_info.SpecInput.ragged_verify_layout  " in text
+    install = _line(CONTROLLER, '"copy_": _refuse_copy')
+    assert (f"installed  sglang.kernels.ops.attention.dsv4.compress.CompressorPrefillPlan.copy_  "
+            f"{CONTROLLER}:{install}  {COMPRESS}:") in text
     assert "mirror  sglang.srt.speculative.ragged_verify.RaggedVerifyMode.COMPACT  " in text
     assert "declared  sglang.srt.speculative.spec_info.SpeculativeAlgorithm.DSPARK  " in text
     assert (f"typed  sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.spec_algorithm  {POOL_CONFIG}:"

@@ -17,7 +17,7 @@ from pathlib import Path
 from c128patch.errors import C128Error
 from c128patch.fit import contract_cxx as cxx
 from c128patch.fit import contract_names as names
-from c128patch.fit.resolve import PY_ROOT, TreeReader, Upstream, Use, our_lines, upstream_line, uses_in
+from c128patch.fit.resolve import PY_ROOT, TreeReader, Upstream, Use, our_lines, signature_of, upstream_line, uses_in
 from c128patch.git import Git
 from c128patch.ops.replay import FAILED, replay_in_index
 from c128patch.series.contract import Lock, LockItem, read_lock, sig_hash
@@ -132,6 +132,7 @@ def derive(series: Series, git: Git, upstream: str, head: str,
         members = [(Use(u.line, [*c.split("."), *u.chain], kind="member"), site) for u, site in untyped
                    for c in classes.get(u.chain[0], [])]
         _resolve_all(up, members, items, findings)
+        _installed(up, names.installs(up, ours, sources), lock, items, findings)
         for fields, call, sig in names.callbacks(up, ours, sources):
             items.append(Item(**fields))
             findings += _bound(items[-1], sig, call, f"upstream's call of our {items[-1].target}")
@@ -149,6 +150,24 @@ def derive(series: Series, git: Git, upstream: str, head: str,
             item.where = f"{path}:{upstream_line(hunks[path], int(line))}"
     unique = {(i.kind, i.target, i.site): i for i in items}
     return sorted(unique.values(), key=lambda i: (i.kind, i.target, i.site)), findings
+
+
+def _installed(up: Upstream, installs: list, lock: Lock | None, items: list[Item], findings: list[Finding]) -> None:
+    """The methods of upstream's classes our functions replace, each resolved (on the install's static bases, else on
+    the classes our code names: those the lock records replaced or defining it now), and upstream's full call of it
+    bound to ours."""
+    named = sorted({i.target for i in items if i.kind == "class"})
+    recorded = {i.target for i in lock.items if i.kind == "installed"} if lock is not None else set()
+    for use, site, static, fn in installs:
+        attr, sig = use.chain[0], signature_of(fn.args)
+        for cls in [c for c in static or named if f"{c}.{attr}" in recorded or names.replaced(up, c, attr)]:
+            got, found = _resolve_use(up, Use(use.line, [*cls.split("."), attr], kind="installed"), site)
+            call = names.replaced(up, cls, attr)
+            items += got
+            findings += found
+            if got and call:
+                findings += _bound(got[0], sig, Use(use.line, [], call), f"upstream's call of {got[0].target}",
+                                   f"our {fn.name} ({site}:{fn.lineno}) `def {fn.name}{sig}`")
 
 
 def _resolve_all(up: Upstream, uses: list[tuple[Use, str]], items: list[Item], findings: list[Finding]) -> None:
@@ -182,7 +201,7 @@ def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], li
             break
         if nxt.kind == "missing":
             return [], [Finding("error", f"{site}: {'.'.join(chain)}: {nxt.why}", site, nxt.where, nxt.name)]
-        if nxt.kind == "unknown" and use.kind in ("member", "typed") and attr == chain[-1]:  # defined at the base
+        if nxt.kind == "unknown" and use.kind in ("member", "typed", "installed") and attr == chain[-1]:  # at the base
             return [], [Finding("error", f"{site}: {'.'.join(chain)}: class {chain[-2]} ({nxt.where}) has no {attr} "
                                          f"({nxt.why})", site, nxt.where, nxt.name)]
         if nxt.kind == "unknown":
@@ -199,11 +218,12 @@ def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], li
         if use.call is not None and current.kind in ("function", "method", "class") and chain[at:]:
             _, sig = up.signature(current)
             findings += _bound(last, sig, use, f"call {current.name}")
-    return [last] if use.kind != "typed" or last.kind == "typed" else [], findings  # typed: its attribute only
+    return [last] if use.kind not in ("typed", "installed") or last.kind == use.kind else [], findings  # its attr
 
 
-def _bound(item: Item, sig: inspect.Signature | None, use: Use, call: str) -> list[Finding]:
-    """The call's shape on ``item``; an error where it does not bind to ``sig`` (beside ``*args``: its keywords)."""
+def _bound(item: Item, sig: inspect.Signature | None, use: Use, call: str, to: str = "") -> list[Finding]:
+    """The call's shape on ``item``; an error where it does not bind to ``sig`` (beside ``*args``: its keywords);
+    ``to``: ``sig``'s file:line and text when not the item's (ours, installed in upstream's place)."""
     item.shape = f"{use.call[0]}" + "".join(f",{k}=" for k in use.call[1]) + (",*" if use.star else "")
     try:
         if sig is not None and use.star:
@@ -214,11 +234,12 @@ def _bound(item: Item, sig: inspect.Signature | None, use: Use, call: str) -> li
     except TypeError as exc:
         item.bind_error = str(exc)
     args = ", ".join([*(f"arg{i + 1}" for i in range(use.call[0])), *(f"{k}=..." for k in use.call[1])])
-    return [Finding("error", f"{item.site}: {call}({args}) does not bind to {item.where} `{item.signature}`: "
+    to = to or f"{item.where} `{item.signature}`"
+    return [Finding("error", f"{item.site}: {call}({args}) does not bind to {to}: "
                              f"{item.bind_error}", item.site, item.where, item.target, now=item.signature)]
 
 
-VALUE_KINDS = ("env", "mirror", "member", "typed", "declared")  # a change of these: an error until reviewed (--accept)
+VALUE_KINDS = ("env", "mirror", "member", "typed", "declared", "installed")  # a change: an error until --accept
 
 
 def compare(items: list[Item], lock: Lock | None) -> list[Finding]:

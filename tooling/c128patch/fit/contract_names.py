@@ -1,5 +1,6 @@
 """What the contract sees besides our calls into upstream (issue 38): the callables of ours upstream calls
-(``callbacks``: a function a method of ours returns, called through the name upstream's code stores it in),
+(``callbacks``: a function a method of ours returns, called through the name upstream's code stores it in;
+``installs``: a function of ours put in the place of an upstream class's method, which upstream's callers call),
 the members we use on untyped receivers (``untyped_uses``: resolved by name against the classes that define them,
 found at the base and recorded in the lock), the upstream values the startup rules mirror (``MIRRORS``) and
 the namespaces whose every member the rules decide (``NAMESPACES``: a member the lock does not list is new)."""
@@ -10,7 +11,7 @@ import ast
 import inspect
 import re
 
-from c128patch.fit.resolve import Upstream, Use, chain_of, module_name, nodes_on, signature_of, statements
+from c128patch.fit.resolve import Upstream, Use, _imports, chain_of, module_name, nodes_on, signature_of, statements
 
 RULES = "python/sglang/srt/layers/attention/dsv4/online_c128_dspark_rules.py"
 MIRRORS = (  # our name in RULES, the upstream definition whose values it mirrors
@@ -129,3 +130,53 @@ def callbacks(up: Upstream, ours: dict[str, set[int] | None],
                             Use(call.lineno, [], (len(call.args), tuple(k.arg for k in call.keywords if k.arg)), star),
                             full.replace(parameters=list(full.parameters.values())[bound:])))
     return out
+
+
+def installs(up: Upstream, ours: dict[str, set[int] | None],
+             sources: dict[str, str]) -> list[tuple[Use, str, list[str], ast.FunctionDef]]:
+    """Each function of ours our lines install as an attribute in upstream's place: a ``type(name, bases, {"attr":
+    fn})`` namespace, ``setattr(x, "attr", fn)``, ``x.attr = fn`` (not on ``self``/``cls``), a method of our subclass
+    of an upstream class: (the use ``[attr]`` at our line, our site file, the upstream classes the bases or ``x``
+    name through imports ([]: not static), our function)."""
+    out = []
+    for path in [p for p in sorted(ours) if p.endswith(".py")]:
+        tree = up.parse(path)
+        if tree is None:
+            continue
+        tops = {s.name: s for s in tree.body if isinstance(s, ast.FunctionDef)}
+        found = []  # (line, attr, the receivers' expressions, our function, a subclass: only of upstream's)
+        for node in ast.walk(tree) if ours[path] is None else nodes_on(tree, ours[path]):
+            func = chain_of(getattr(node, "func", None)) if isinstance(node, ast.Call) else []
+            if func == ["type"] and len(node.args) == 3 and isinstance(node.args[2], ast.Dict):
+                bases = getattr(node.args[1], "elts", [])
+                found += [(v.lineno, k.value, bases, tops[v.id], False) for k, v in
+                          zip(node.args[2].keys, node.args[2].values) if isinstance(k, ast.Constant)
+                          and getattr(v, "id", "") in tops]
+            elif func == ["setattr"] and len(node.args) == 3 and getattr(node.args[2], "id", "") in tops:
+                found.append((node.lineno, getattr(node.args[1], "value", None), node.args[:1], tops[node.args[2].id],
+                              False))
+            elif isinstance(node, ast.Assign) and getattr(node.value, "id", "") in tops:
+                found += [(node.lineno, t.attr, [t.value], tops[node.value.id], False) for t in node.targets
+                          if isinstance(t, ast.Attribute) and chain_of(t.value)[:1] not in (["self"], ["cls"])]
+            elif isinstance(node, ast.ClassDef) and node.bases:
+                found += [(s.lineno, s.name, node.bases, s, True) for s in node.body if isinstance(s, ast.FunctionDef)]
+        bindings = _imports(path, tree, lambda n: False)[0] if found else {}
+        for line, attr, bases, fn, subclass in found:
+            classes = [".".join(bindings[c[0]] + c[1:]) for c in map(chain_of, bases)
+                       if c and bindings.get(c[0], [""])[0] == "sglang"]
+            if isinstance(attr, str) and (classes or not subclass):
+                out.append((Use(line, [attr], kind="installed"), sources.get(path, path), classes, fn))
+    return out
+
+
+def replaced(up: Upstream, dotted: str, attr: str) -> tuple[int, tuple[str, ...]] | None:
+    """The call that passes every parameter of the method ``attr`` of the upstream class ``dotted`` (the receiver
+    included): what upstream's callers may pass (None: not a plain method there)."""
+    module, _, name = dotted.rpartition(".")
+    mod = up.module(module)
+    cls = up.member(mod, name) if mod.kind == "module" else mod
+    got = up.member(cls, attr) if cls.kind == "class" else cls
+    if got.kind != "method" or not isinstance(got.node, ast.FunctionDef):
+        return None
+    ps = signature_of(got.node.args).parameters.values()
+    return sum(p.kind <= p.POSITIONAL_OR_KEYWORD for p in ps), tuple(p.name for p in ps if p.kind == p.KEYWORD_ONLY)

@@ -495,24 +495,44 @@ def uses_in(path: str, tree: ast.Module, lines: set[int] | None) -> list[Use]:
 
 def _typed_uses(path: str, tree: ast.Module, bindings: dict[str, list[str]], lines: set[int] | None) -> list[Use]:
     """[module, Class, attr] for each attribute our lines read on a receiver typed as upstream's class: a parameter
-    annotated with an imported class (or its name in a string), ``self`` in a method of upstream's class."""
+    annotated with an imported class, ``self`` in a method of upstream's class, ``self.x`` where the class annotates
+    ``x`` (in its body or ``self.x: X = ...`` in ``__init__``)."""
     uses = []
     for owner in [tree, *(s for s in statements(tree.body) if isinstance(s, ast.ClassDef))]:
-        for fn in [s for s in owner.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
-                   and (lines is None or not lines.isdisjoint(range(s.lineno, (s.end_lineno or s.lineno) + 1)))]:
+        fns = [s for s in owner.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and (lines is None or not lines.isdisjoint(range(s.lineno, (s.end_lineno or s.lineno) + 1)))]
+        inits = [ast.walk(s) for s in owner.body if getattr(s, "name", "") == "__init__" and fns and owner is not tree]
+        fields = {t.attr if isinstance(t, ast.Attribute) else t.id: _annotated(a.annotation, bindings)
+                  for a in [*(owner.body if owner is not tree else []), *(n for i in inits for n in i)]
+                  if isinstance(a, ast.AnnAssign) for t in [a.target]
+                  if isinstance(t, ast.Name) and a in owner.body or chain_of(t)[:1] == ["self"]}
+        for fn in fns:
             params = [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
             typed = {a.arg: _annotated(a.annotation, bindings) for a in params}
             if isinstance(owner, ast.ClassDef) and params and lines is not None and owner.lineno not in lines:
                 typed[params[0].arg] = [*(module_name(path) or "").split("."), owner.name]
-            uses += [Use(node.lineno, typed[node.value.id] + [node.attr], kind="typed") for node in ast.walk(fn)
+            if isinstance(owner, ast.ClassDef) and params:
+                typed |= {f"{params[0].arg}.{name}": chain for name, chain in fields.items()}
+            uses += [Use(node.lineno, typed[key] + [node.attr], kind="typed") for node in ast.walk(fn)
                      if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
-                     and (lines is None or node.lineno in lines) and typed.get(getattr(node.value, "id", ""))]
+                     and (lines is None or node.lineno in lines) for value in [node.value]
+                     for key in [getattr(value, "id", None) or f"{getattr(value.value, 'id', '')}.{value.attr}"
+                                 if isinstance(value, (ast.Name, ast.Attribute)) else ""] if typed.get(key)]
     return uses
 
 
 def _annotated(node: ast.AST | None, bindings: dict[str, list[str]]) -> list[str]:
-    """The dotted chain an annotation names through the file's imports ([]: none, or not a plain name)."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
-        node = ast.Name(node.value)
+    """The dotted chain an annotation names through the file's imports ([]: none, or not one class): ``X``, ``a.X``,
+    ``Optional[X]``, ``X | None``, any of them in a string."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        try:
+            node = ast.parse(node.value, mode="eval").body
+        except SyntaxError:
+            return []
+    if isinstance(node, ast.Subscript) and chain_of(node.value)[-1:] == ["Optional"]:
+        node = node.slice
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        rest = [n for n in (node.left, node.right) if not (isinstance(n, ast.Constant) and n.value is None)]
+        node = rest[0] if len(rest) == 1 else None
     chain = chain_of(node) if node is not None else []
     return bindings[chain[0]] + chain[1:] if chain and chain[0] in bindings else []

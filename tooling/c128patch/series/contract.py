@@ -20,7 +20,8 @@ HEADER = ("# c128patch API contract: the upstream surface this series uses, one 
           "# Written by `c128patch refresh` from the patched tree at the series base; checked by "
           "`c128patch contract`.\n"
           "# kind  upstream-name  our-site  upstream-definition  sig=HASH[,ACCEPTED...]  [call=SHAPE]  # signature\n"
-          "# (callback: ours called by upstream, site = upstream's call; member: on an untyped receiver; typed: on "
+          "# (callback: ours called by upstream, site = upstream's call; installed: upstream's method ours replaces; "
+          "member: on an untyped receiver; typed: on "
           "a receiver typed as upstream's class; mirror: a value the rules copy; declared: a namespace member the "
           "rules decide)\n")
 
@@ -32,7 +33,7 @@ def sig_hash(text: str) -> str:
 
 @dataclass(frozen=True)
 class LockItem:
-    kind: str  # module function class method attr value env header cxx; member typed mirror declared callback
+    kind: str  # module function class method attr value env header cxx; member typed mirror declared callback installed
     target: str
     site: str  # our file:line
     where: str  # upstream path:line at the base
