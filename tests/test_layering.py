@@ -33,6 +33,8 @@ ACROSS: dict[tuple[str, str], str] = {
     ("upstream", "series"): "a release wheel's member names pass the one confinement rule (series.paths) before "
                             "they reach the release history's git fast-import stream",
     ("errors", "exitcodes"): "an error's exit code comes from the one table of exit codes",
+    ("progress", "textsafe"): "a progress line names input (a path, a subject): made plain text by the one function "
+                              "that strips what a terminal acts on",
 }
 
 
