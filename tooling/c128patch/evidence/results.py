@@ -8,16 +8,16 @@ repository; ci/gpu/collect_results.py writes them from a GPU run, never a hand.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from c128patch.errors import C128Error
 from c128patch.evidence.keys import EvidenceKey
 from c128patch.jsonio import write_json_atomic
 from c128patch.series.manifest import Series
 from c128patch.smoke.passes import BAD
+from c128patch.smoke.trees import read_json
+from c128patch.textsafe import some
 
 Kind = Literal["compile", "suite", "differential", "memcheck", "racecheck", "initcheck", "synccheck",
                "upstream-suite", "simulation", "kernel-bench"]
@@ -61,7 +61,7 @@ def _failing(data: dict[str, Any], counted: int) -> str:
     hidden = sum(t.get("verdict") == "same" for t in rows)
     if not (names or counted):
         return ""
-    shown = f" ({', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''})" if names else ""
+    shown = f" ({some(names, 3)})" if names else ""
     both = f", {hidden} of them on both: same" if hidden else ""
     return f"{len(names) or counted} FAIL on the patched tree{shown}{both}: "
 
@@ -114,10 +114,7 @@ def load_results(root: Path) -> list[Result]:
     for rev_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         for folder, label in [(rev_dir, "patched"), *((d, d.name) for d in sorted(rev_dir.iterdir()) if d.is_dir())]:
             for path in (p for p in sorted(folder.glob("*.json")) if p.stem in KINDS):
-                try:
-                    data = json.loads(path.read_text())
-                except json.JSONDecodeError as exc:
-                    raise C128Error(f"{path}: not valid JSON ({exc.msg})") from exc
+                data = read_json(path) or {}
                 out.append(Result(rev_dir.name, path.stem, label, EvidenceKey.from_json(data.get("key")),
                                   bool(data.get("ok")), summarize(path.stem, data), path, data))
     return out

@@ -20,7 +20,7 @@ from c128patch.git import Git
 from c128patch.ops.check import index_git, replay_in_index
 from c128patch.series import provenance
 from c128patch.series.manifest import Series, load_series
-from c128patch.smoke.trees import extract_python
+from c128patch.smoke.trees import extract_python, read_json
 from c128patch.smoke.trees import stage as stage_subsets
 
 SERIES_PATHS = ("patches", "csrc", "overlay")
@@ -79,7 +79,7 @@ def stage_release(series: Series, git: Git, rev: str, dest: Path, suite: Path, *
     staged: dict[str, Any] = {"rev": rev, "commit": commit, "trees": {}}
     for label, info in sizes.items():
         record_path = dest / rev / label / Path(provenance.PROVENANCE_PATH).relative_to("python")
-        key = key_from_provenance(json.loads(record_path.read_text()) if record_path.is_file() else None)
+        key = key_from_provenance(read_json(record_path))
         staged["trees"][label] = {"path": f"{rev}/{label}", "files": info["files"], "bytes": info["bytes"],
                                   **({"key": key.to_json()} if key else {})}  # the patched and before trees'
     return staged
@@ -101,7 +101,7 @@ def stage(series: Series, git: Git, revs: list[str], dest: Path, suite: Path, *,
 
 
 def read_manifest(dest: Path) -> dict[str, Any]:
-    path = dest / MANIFEST
-    if not path.is_file():
+    manifest = read_json(dest / MANIFEST)
+    if manifest is None:
         raise C128Error(f"no {MANIFEST} in {dest}: stage it first (python ci/gpu/prepare.py)")
-    return json.loads(path.read_text())
+    return manifest

@@ -28,6 +28,7 @@ from c128patch.fit.sandbox import Sealed, interpreter, isolation
 from c128patch.git import Git
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series
+from c128patch.textsafe import some
 
 RUNNER = Path(__file__).with_name("treecheck_runner.py")
 SCENARIOS = Path(__file__).with_name("scenarios_runner.py")  # the series' DSPARK scenarios, run after the imports
@@ -146,8 +147,7 @@ class Pending:
             raise C128Error(f"{tree} holds no {PY_ROOT}/sglang: pass the top of a patched sglang tree")
         missing = [p for p in paths if not (tree / p).is_file()]
         if missing:
-            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-            raise C128Error(f"{tree} lacks {missing[0]}{more}, which the series writes: apply the series there first")
+            raise C128Error(f"{tree} lacks {some(missing, 1)}, which the series writes: apply the series there first")
         self.tree, self.modules = tree, sorted({m for p in paths if (m := module_name(p))})
         self.box: Sealed | None = None  # None: not run (``why``)
         self.why, self.env = TreecheckResult.why, {}

@@ -34,6 +34,7 @@ from c128patch.progress import console
 from c128patch.series.layers import operators
 from c128patch.series.manifest import MANIFEST
 from c128patch.series.provenance import read_provenance
+from c128patch.textsafe import some
 
 _GIT_BUSY = {"rebase-merge": "a git rebase", "rebase-apply": "a git am or rebase", "MERGE_HEAD": "a git merge",
              "CHERRY_PICK_HEAD": "a git cherry-pick", "REVERT_HEAD": "a git revert"}
@@ -152,11 +153,9 @@ def ensure_clean(git: Git, action: str) -> None:
     """Refuse uncommitted or untracked files: nothing of the user's may be lost."""
     changes = git.status_porcelain()
     if changes:
-        sample = ", ".join(line[3:] for line in changes[:3])
-        more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
         stash = shlex.join(["git", "-C", str(git.worktree), "stash", "-u"])
-        raise C128Error(f"cannot {action}: {git.worktree} has uncommitted changes ({sample}{more}); "
-                        f"commit or stash them ({stash}) and retry; nothing was changed")
+        raise C128Error(f"cannot {action}: {git.worktree} has uncommitted changes ({some([c[3:] for c in changes], 3)}"
+                        f"); commit or stash them ({stash}) and retry; nothing was changed")
 
 
 def read_journal(git: Git, path: Path, what: str) -> dict:

@@ -22,6 +22,7 @@ from c128patch.serve.install import Dist, Interpreter, installer, probe
 from c128patch.serve.serving import ONLINE_C128_DSPARK_RULES, Serving, probe_install, probe_serving
 from c128patch.smoke.device import nvidia_smi, probe_nvcc
 from c128patch.smoke.trees import read_json
+from c128patch.textsafe import some
 from c128patch.wheel.patch import LOCAL_TAG, WHEEL_PROVENANCE, record_version
 from c128patch.wheel.sbom import SBOM_NAME, purl_pypi
 from c128patch.wheel.tools import record_hash, record_hashes
@@ -228,9 +229,8 @@ def _record(report: Report, sg: Dist) -> None:
     if not bad:
         report.add("ok", "record", f"{len(listed)} installed files match RECORD")
     else:
-        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
         report.add("error", "record", f"{len(bad)} of {len(listed)} installed files differ from RECORD: "
-                                      f"{', '.join(bad[:3])}{more}; reinstall the wheel")
+                                      f"{some(bad, 3)}; reinstall the wheel")
 
 
 def _env(report: Report, data: dict, error: str, gates: list[Gate], is_build: bool) -> list[EnvReading]:

@@ -10,7 +10,7 @@ from rich.table import Table
 from c128patch.progress import console
 from c128patch.smoke.device import describe
 from c128patch.smoke.passes import BAD
-from c128patch.textsafe import text
+from c128patch.textsafe import some, text
 
 STYLE = {"passed": "green", "failed": "red", "error": "red", "crashed": "bold red", "skipped": "yellow",
          "xfailed": "yellow", "xpassed": "red", "not run": "dim", "absent": "dim",
@@ -49,9 +49,8 @@ def print_failing(tests: list[tuple[str, str]]) -> None:
     """The headline of a run with failures (``tests``: id, patched outcome): a tree's verdict is its failures."""
     failing = [nodeid for nodeid, outcome in tests if outcome in BAD]
     if failing:
-        more = f" and {len(failing) - 5} more" if len(failing) > 5 else ""
         console(stderr=False).print(f"FAILING: {len(failing)} of {len(tests)} test(s) fail on the patched tree: "
-                                    f"{', '.join(failing[:5])}{more}", markup=False, style="bold red")
+                                    f"{some(failing, 5)}", markup=False, style="bold red")
 
 
 def _kernel_lines(report: dict[str, Any]) -> list[str]:
