@@ -86,7 +86,8 @@ for path in sys.argv[1:]:
 
 def test_the_targets_code_reads_no_secret_of_the_operators_home_tmp_or_etc(tmp_path_factory, monkeypatch):
     """``~/.ssh``, ``~/.netrc``, ``~/.git-credentials``, the release cache, another clone in ``/tmp``, ``/etc/shadow``:
-    hidden from the code, while the interpreter and the folders it is given stay readable."""
+    hidden from the code, even through the operator's process's ``/proc/PID/root`` (the namespace before the seal),
+    while the interpreter and the folders it is given stay readable."""
     home, clone, tree = (tmp_path_factory.mktemp(n) for n in ("home", "clone", "tree"))
     secrets = [home / ".ssh" / "id_ed25519", home / ".netrc", home / ".git-credentials",
                home / ".cache" / "c128patch" / "token", clone / ".git" / "config"]
@@ -95,7 +96,7 @@ def test_the_targets_code_reads_no_secret_of_the_operators_home_tmp_or_etc(tmp_p
         path.write_text(f"secret-{i}-c128")
     (tree / "mod.py").write_text("needed-c128")
     monkeypatch.setenv("HOME", str(home))
-    peek = [*map(str, secrets), "/etc/shadow", str(tree / "mod.py")]
+    peek = [*map(str, secrets), f"/proc/{os.getpid()}/root{secrets[0]}", "/etc/shadow", str(tree / "mod.py")]
     out, err = Sealed(sys.executable, ["-c", PEEK, *peek], 60, offline=True, readable=(str(tree),)).wait()
     assert "needed-c128" in out and err == "", (out, err)  # what it is given it reads: the probe can see
     if "reads NOT confined" in sandbox.isolation():
