@@ -342,3 +342,18 @@ def test_requirements_that_do_not_resolve_are_one_line_and_unchecked(tmp_path, m
                                 "resolve on the tree's files")
     assert not (tmp_path / "cache" / "envs" / "locks").exists() or not any((tmp_path / "cache" / "envs" / "locks")
                                                                             .iterdir())
+
+
+def test_pip_in_the_box_reads_the_operators_own_pip_config(tmp_path, monkeypatch):
+    # HOME is hidden from the box (and replaced): the operator's pip.conf (a private index, say) is handed in
+    import sys
+
+    home = tmp_path / "home"
+    (home / ".config" / "pip").mkdir(parents=True)
+    (home / ".config" / "pip" / "pip.conf").write_text("[global]\ntimeout = notanumber\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("PIP_CONFIG_FILE", raising=False)
+    with pytest.raises(C128Error, match="notanumber"):
+        env._pip(sys.executable, ["install", "--dry-run", "--no-index", "nothing-here"], 120, env.NullReporter(),
+                 "probing", tmp_path)
