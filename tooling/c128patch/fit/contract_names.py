@@ -124,11 +124,9 @@ def callbacks(up: Upstream, ours: dict[str, set[int] | None],
             for call in [c for c in ast.walk(fn) if isinstance(c, ast.Call) and getattr(c.func, "id", "") in stored]:
                 target, ours_fn, bound, where = stored[call.func.id]
                 full = signature_of(ours_fn.args)
-                star = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
                 out.append(({"kind": "callback", "target": target, "site": f"{sources.get(path, path)}:{call.lineno}",
                              "where": where, "signature": f"def {ours_fn.name}{full}"},
-                            Use(call.lineno, [], (len(call.args), tuple(k.arg for k in call.keywords if k.arg)), star),
-                            full.replace(parameters=list(full.parameters.values())[bound:])))
+                            _call_use(call), full.replace(parameters=list(full.parameters.values())[bound:])))
     return out
 
 
@@ -198,7 +196,7 @@ def installed_calls(up: Upstream, ours: dict[str, set[int] | None], dotted: str,
                    and _names_class(up, module, s.annotation, dotted)} if assigned else set()
         for call in [c for c in ast.walk(tree) if isinstance(c, ast.Call)] if holders else []:
             if chain_of(call.func)[-2:-1] and chain_of(call.func)[-2] in holders and call.func.attr == attr:
-                out.append((path, _call_use(call)))
+                out.append((path, _call_use(call, 1)))
             passed = [(i, a) for i, a in enumerate(call.args)] + [(k.arg, k.value) for k in call.keywords]
             for at in [at for at, arg in passed if isinstance(arg, ast.Attribute) and arg.attr in holders]:
                 fn = up.member(up.module(module), call.func.id) if isinstance(call.func, ast.Name) else None
@@ -206,14 +204,15 @@ def installed_calls(up: Upstream, ours: dict[str, set[int] | None], dotted: str,
                     continue
                 params = [a.arg for a in [*fn.node.args.posonlyargs, *fn.node.args.args, *fn.node.args.kwonlyargs]]
                 name = params[at] if isinstance(at, int) and at < len(params) else at
-                out += [(fn.path, _call_use(c)) for c in ast.walk(fn.node) if isinstance(c, ast.Call)
+                out += [(fn.path, _call_use(c, 1)) for c in ast.walk(fn.node) if isinstance(c, ast.Call)
                         and chain_of(c.func) == [name, attr]]
     return list({(p, u.line): (p, u) for p, u in out}.values())
 
 
-def _call_use(call: ast.Call) -> Use:
+def _call_use(call: ast.Call, receiver: int = 0) -> Use:
+    """The call's shape (``receiver``: 1 where the callable is a method reached through its instance)."""
     star = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
-    return Use(call.lineno, [], (len(call.args) + 1, tuple(k.arg for k in call.keywords if k.arg)), star)
+    return Use(call.lineno, [], (len(call.args) + receiver, tuple(k.arg for k in call.keywords if k.arg)), star)
 
 
 def _names_class(up: Upstream, module: str, node: ast.AST, dotted: str, hops: int = 4) -> bool:
