@@ -330,12 +330,15 @@ def test_the_lock_records_each_new_kind_at_the_base():
             in text)
 
 
-def test_watch_says_broken_naming_the_callback_and_bisect_agrees(names_drift, tmp_path):
+@pytest.mark.parametrize("change, path, keyword", [("callback-keyword", COMPRESSOR, "enable_pdl"),
+                                                   ("copy-keyword", METADATA, "non_blocking")],
+                         ids=["callback", "installed-call"])
+def test_watch_says_broken_naming_the_callback_and_bisect_agrees(names_drift, tmp_path, change, path, keyword):
     from c128patch.fit.watch import EXIT
     from support import invoke
 
-    run = invoke("watch", "--onto", "callback-keyword", "--repo", str(names_drift.git_dir), "--out",
+    run = invoke("watch", "--onto", change, "--repo", str(names_drift.git_dir), "--out",
                  str(tmp_path / "out"), "--series", str(REPO_ROOT))
     assert run.code == EXIT["broken"], run.err
-    assert any(f.startswith(f"{COMPRESSOR}:") and "enable_pdl" in f for f in run.out["contract"]["failing"])
-    assert run.out["bisect"]["found"] and run.out["bisect"]["commit"] == names_drift.rev_parse("callback-keyword")
+    assert any(f.startswith(f"{path}:") and keyword in f for f in run.out["contract"]["failing"])
+    assert run.out["bisect"]["found"] and run.out["bisect"]["commit"] == names_drift.rev_parse(change)
