@@ -148,7 +148,7 @@ def _fields_signature(cls: ast.ClassDef) -> inspect.Signature:
     return inspect.Signature(params)
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=64)  # one tree's files (a derivation reads ~36, ~1.4 MB each): ~90 MB at most
 def syntax_tree(text: str, path: str) -> ast.Module:
     """``text`` parsed, once per process for the same text (read only: a rebase's contract on its tip and its
     closing ``refresh --check`` read the same files; a changed file is another text, parsed again)."""
