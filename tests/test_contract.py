@@ -381,8 +381,10 @@ def test_a_rev_the_series_does_not_apply_to_is_refused_in_one_line(drift):
     ("renamed", f"{KERNEL_OPS}:{MAKE_NAME_LINE}: sglang.kernels.ops.attention.dsv4.utils.make_name: no module"),
 ], ids=["signature", "renamed"])
 def test_watch_says_broken_naming_our_line_and_the_upstream_definition(drift, tmp_path, branch, says):
+    # --no-run: the contract is the subject (the behavioural tier is test_watch_behaviour's); broken outranks the
+    # unchecked a tier not run leaves
     run = invoke("watch", "--onto", branch, "--repo", str(drift.git_dir), "--out", str(tmp_path / "out"),
-                 "--series", str(REPO_ROOT))
+                 "--series", str(REPO_ROOT), "--no-run")
     assert run.code == EXIT["broken"] == 7, run.err
     report = run.out
     assert report["outcome"] == "broken" and not report["ok"]
