@@ -3,6 +3,8 @@ only (stdlib only: reading a layer must not pull in the diff parser)."""
 
 from __future__ import annotations
 
+import email
+import email.policy
 import re
 
 ENTRY_TRAILER = "C128patch-Entry"  # the entry a commit or patch file is ("<layer>/<entry>" for a layer's)
@@ -17,3 +19,16 @@ def find_trailers(text: str) -> list[tuple[str, str]]:
     """(name, value) of every ``C128patch-*`` trailer line in ``text``, in order, in any spelling git
     takes for one (case, blanks before the colon), named as defined here."""
     return [(_NAMES.get(name.lower(), name), value) for name, value in _TRAILER.findall(text)]
+
+
+def message_trailers(data: bytes) -> list[tuple[str, str]]:
+    """``find_trailers`` of a patch file's message as ``git am`` reads it (its transfer encoding, quoted-printable
+    or base64, decoded); a file ``git am`` would split into several messages (a ``From `` line after the first)
+    or a multipart one refused (ValueError)."""
+    if any(line.startswith(b"From ") for line in data.split(b"\n")[1:]):
+        raise ValueError("it holds more than one message (a 'From ' line after the first)")
+    msg = email.message_from_bytes(data.split(b"\n", 1)[-1] if data.startswith(b"From ") else data,
+                                   policy=email.policy.compat32)
+    if msg.is_multipart():
+        raise ValueError("it is a multipart message")
+    return find_trailers(msg.get_payload(decode=True).split(b"\n---\n", 1)[0].decode("utf-8", errors="replace"))
