@@ -342,3 +342,30 @@ def test_requirements_that_do_not_resolve_are_one_line_and_unchecked(tmp_path, m
                                 "resolve on the tree's files")
     assert not (tmp_path / "cache" / "envs" / "locks").exists() or not any((tmp_path / "cache" / "envs" / "locks")
                                                                             .iterdir())
+
+
+@pytest.mark.parametrize("row", [
+    'imports = "torchvision", reason = "a string, not a list"',
+    'imports = ["tv"], defines = "tv::nms(Tensor a) -> Tensor", reason = "a string: each character an op"',
+    'imports = [], defines = ["tv::nms(Tensor a) -> Tensor"], reason = "no import name to key the ops by"',
+    'imports = ["tv", "os; import x"], reason = "not an import name"',
+    'imports = ["tv"], tried = "yes", reason = "not a bool"',
+    'imports = ["tv"], tried = true, defines = ["tv::a() -> () | tv::b() -> ()"], reason = "two ops as one"',
+    'imports = ["tv"], tried = true, defines = ["tv::a() -> ()\\n# tried: other x"], reason = "a forged key line"',
+    'imports = ["tv"], defines = ["import os; os.system(\'x\')"], reason = "Python, not a schema"',
+    'imports = ["tv"], reason = 5',
+    None,  # not a table
+])
+def test_a_hostile_cuda_only_row_is_refused_in_one_line(tmp_path, row):
+    """``patches/env/cuda-only.toml`` is input: a row of the wrong shape was a traceback (or a character per op);
+    a ``defines`` entry holding ``" | "`` or a newline gave the key of another table (a poisoned build reused)."""
+    (tmp_path / "patches" / "env").mkdir(parents=True)
+    (tmp_path / "patches" / "series.toml").write_text('[series]\nname = "s"\nversion = "1"\nbase = "v0.5.23"\n')
+    (tmp_path / "patches" / "env" / "cuda-only.toml").write_text(f"tv = {{ {row} }}\n" if row else "tv = 'x'\n")
+    with pytest.raises(C128Error, match=r"cuda-only\.toml: row 'tv'") as exc:
+        env.cuda_only(load_series(tmp_path))
+    assert "\n" not in exc.value.message
+
+
+def test_the_committed_cuda_only_table_is_taken():
+    assert CUDA["torchvision"]["defines"] and env.defines(SERIES) == {"torchvision": CUDA["torchvision"]["defines"]}

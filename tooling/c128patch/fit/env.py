@@ -34,6 +34,7 @@ _IMPORT = ("import importlib, json, sys\nops = json.loads(sys.argv[1])\n"  # arg
            "libs = [__import__('torch').library.Library(op.split('::')[0], 'FRAGMENT') for op in ops]\n"
            "for lib, op in zip(libs, ops):\n    lib.define(op.split('::', 1)[1])\n"
            "for n in sys.argv[2:]:\n    importlib.import_module(n)\n")
+_SCHEMA = re.compile(r"[A-Za-z_]\w*::[A-Za-z_][\w.]*\([^\x00-\x1f|]*\) -> [^\x00-\x1f|]+")  # an op, one line, no "|"
 _VERSION = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
 
 
@@ -53,6 +54,14 @@ def cuda_only(series: Series) -> dict[str, dict]:
         table = tomllib.loads(path.read_text()) if path.is_file() else {}
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise C128Error(f"{path}: not TOML ({exc})") from None
+    for name, row in table.items():  # input: a row of another shape, or a key line ("said") forged in ``build``
+        imports, ops = (row.get("imports"), row.get("defines", [])) if isinstance(row, dict) else (None, None)
+        if not (isinstance(imports, list) and all(isinstance(n, str) and all(p.isidentifier() for p in n.split("."))
+                                                  for n in imports) and isinstance(row.get("reason"), str)
+                and isinstance(row.get("tried", False), bool) and isinstance(ops, list) and (imports or not ops)
+                and all(isinstance(op, str) and _SCHEMA.fullmatch(op) for op in ops)):
+            raise C128Error(f"{path}: row {name!r} is not {{ imports = [import names], reason = \"...\", tried = "
+                            "true|false, defines = [\"ns::op(args) -> ret\" op schemas, one line each] }")
     return {canonicalize_name(name): row for name, row in table.items()}
 
 
