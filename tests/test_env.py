@@ -369,3 +369,18 @@ def test_a_hostile_cuda_only_row_is_refused_in_one_line(tmp_path, row):
 
 def test_the_committed_cuda_only_table_is_taken():
     assert CUDA["torchvision"]["defines"] and env.defines(SERIES) == {"torchvision": CUDA["torchvision"]["defines"]}
+
+
+@pytest.mark.parametrize("name", ["cuda-only.toml", "v0.5.23.lock"])
+def test_a_symlinked_cuda_only_table_or_lock_in_the_series_is_refused(tmp_path, monkeypatch, name):
+    """The series folder is input: its env files go through the confinement rule (a link read any file here)."""
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(env, "resolve", lambda *a: pytest.fail("resolved: the link was taken"))
+    (tmp_path / "patches" / "env").mkdir(parents=True)
+    (tmp_path / "patches" / "series.toml").write_text('[series]\nname = "s"\nversion = "1"\nbase = "v0.5.23"\n')
+    (tmp_path / "secret").write_text("# c128patch tier environment lock\n")
+    (tmp_path / "patches" / "env" / name).symlink_to(tmp_path / "secret")
+    (tmp_path / "tree" / "python").mkdir(parents=True)
+    (tmp_path / "tree" / "python" / "pyproject.toml").write_text('[project]\ndependencies = []\n')
+    with pytest.raises(C128Error, match=f"unsafe path in .*patches/env/{name} goes through the symlink"):
+        env.lock_for(load_series(tmp_path), tmp_path / "tree")

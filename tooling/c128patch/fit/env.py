@@ -26,6 +26,7 @@ from c128patch.fit.sandbox import Sealed
 from c128patch.jsonio import read_json, write_atomic
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series, tomllib
+from c128patch.series.paths import confine
 from c128patch.upstream.releases import WheelZip, cache_dir, ensure_folder, locked, wheel_for
 
 TORCH_PIN = "torch==2.13.0"  # the CPU build; the operator may name another: $C128PATCH_TORCH_PIN
@@ -49,7 +50,7 @@ def torch_pin() -> str:
 
 def cuda_only(series: Series) -> dict[str, dict]:
     """The series' table of CUDA-only requirements: name -> {"imports": [...], "reason": ...}."""
-    path = series.patches_dir / "env" / "cuda-only.toml"
+    path = confine(series.root, "patches/env/cuda-only.toml", "the series' CUDA-only table")
     try:
         table = tomllib.loads(path.read_text()) if path.is_file() else {}
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -193,7 +194,8 @@ def lock_for(series: Series, tree: Path, reporter: Reporter = NullReporter()) ->
     requirements, dropped = filtered(lines, cuda)
     head = header(source, requirements, dropped)
     for path in sorted((series.patches_dir / "env").glob("*.lock")):
-        text = path.read_text(errors="replace")
+        text = confine(series.root, f"patches/env/{path.name}", "the series' locks", regular=True).read_text(
+            errors="replace")
         if _resolved_from(text) == _resolved_from(head):
             return text, str(path.relative_to(series.root))
     name = hashlib.sha256(_resolved_from(head).encode()).hexdigest()[:16]
