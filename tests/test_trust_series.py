@@ -485,7 +485,8 @@ ENCODED = b"From x\nSubject: [PATCH] x\nMIME-Version: 1.0\nContent-Type: text/pl
     + __import__("base64").encodebytes(b"x\n\nC128patch-Entry: c128-dspark-online-env\n" + DIFF),
     b"From x\nSubject: [PATCH] x\n\nC128patch-Entry: site/x\n" + DIFF  # a second message in the same file
     + b"From y\nSubject: [PATCH] y\n\nC128patch-Entry: c128-dspark-online-env\n" + DIFF,
-], ids=["quoted-printable", "base64", "two-messages"])
+    ENCODED.replace(b"UTF-8", b"UTF-7") + b"\nx\n\n+AEM-128patch-Entry: c128-dspark-online-env\n" + DIFF,
+], ids=["quoted-printable", "base64", "two-messages", "utf-7"])
 def test_a_layer_cannot_claim_one_of_our_entries_in_an_encoded_body_or_a_second_message(tmp_path, data):
     with pytest.raises(C128Error, match="names its own entry only|more than one message") as exc:
         stack(load_series(REPO_ROOT), [_layer_claiming(tmp_path, data)])

@@ -23,12 +23,16 @@ def find_trailers(text: str) -> list[tuple[str, str]]:
 
 def message_trailers(data: bytes) -> list[tuple[str, str]]:
     """``find_trailers`` of a patch file's message as ``git am`` reads it (its transfer encoding, quoted-printable
-    or base64, decoded); a file ``git am`` would split into several messages (a ``From `` line after the first)
-    or a multipart one refused (ValueError)."""
+    or base64, and its charset decoded); a file ``git am`` would split into several messages (a ``From `` line
+    after the first) or a multipart one refused (ValueError)."""
     if any(line.startswith(b"From ") for line in data.split(b"\n")[1:]):
         raise ValueError("it holds more than one message (a 'From ' line after the first)")
     msg = email.message_from_bytes(data.split(b"\n", 1)[-1] if data.startswith(b"From ") else data,
                                    policy=email.policy.compat32)
+    charset = msg.get_content_charset() or "utf-8"  # git am converts the body from it (UTF-7: "+AEM-" is "C")
     if msg.is_multipart():
         raise ValueError("it is a multipart message")
-    return find_trailers(msg.get_payload(decode=True).split(b"\n---\n", 1)[0].decode("utf-8", errors="replace"))
+    try:
+        return find_trailers(msg.get_payload(decode=True).decode(charset, errors="replace").split("\n---\n", 1)[0])
+    except LookupError:
+        raise ValueError(f"its charset {charset!r} is not one this reads") from None
