@@ -384,3 +384,17 @@ def test_a_symlinked_cuda_only_table_or_lock_in_the_series_is_refused(tmp_path, 
     (tmp_path / "tree" / "python" / "pyproject.toml").write_text('[project]\ndependencies = []\n')
     with pytest.raises(C128Error, match=f"unsafe path in .*patches/env/{name} goes through the symlink"):
         env.lock_for(load_series(tmp_path), tmp_path / "tree")
+
+
+@pytest.mark.parametrize("line", ["--index-url http://evil.invalid/simple", "-e .", "-r /etc/passwd",
+                                  f"good==1.0 --hash=sha256:{'ab' * 32} \\", f"x==${{HOME}} --hash=sha256:{'ab' * 32}",
+                                  "-f file:///tmp/wheels", "good @ file:///tmp/good.whl"])
+def test_a_lock_line_that_is_not_a_pinned_hashed_package_is_refused_before_pip_runs(tmp_path, monkeypatch, line):
+    """A committed lock is the series' input, and pip takes options from a requirements file: an index of the
+    lock's choosing, another file, an editable (a build running code) were pip's to follow."""
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(env, "_pip", lambda *a: pytest.fail("pip ran"))
+    monkeypatch.setattr(env, "Sealed", lambda *a, **k: pytest.fail("the box ran"))
+    with pytest.raises(C128Error, match="is not 'name==version --hash=sha256:HEX'") as exc:
+        env.build(f"# c128patch tier environment lock\ngood==1.0 --hash=sha256:{'ab' * 32}\n{line}\n", {})
+    assert "\n" not in exc.value.message

@@ -36,6 +36,7 @@ _IMPORT = ("import importlib, json, sys\nops = json.loads(sys.argv[1])\n"  # arg
            "for lib, op in zip(libs, ops):\n    lib.define(op.split('::', 1)[1])\n"
            "for n in sys.argv[2:]:\n    importlib.import_module(n)\n")
 _SCHEMA = re.compile(r"[A-Za-z_]\w*::[A-Za-z_][\w.]*\([^\x00-\x1f|]*\) -> [^\x00-\x1f|]+")  # an op, one line, no "|"
+_LOCKED = re.compile(r"[a-z0-9][a-z0-9._-]*==[A-Za-z0-9.+!_-]+ --hash=sha256:[0-9a-f]{64}")  # a lock's package line
 _VERSION = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
 
 
@@ -238,6 +239,9 @@ def build(lock: str, cuda: dict[str, dict], reporter: Reporter = NullReporter(),
     they import with their ``defines`` defined, kept without their ops (``c128patch-defined.json``)."""
     root = cache_dir() / "envs"
     packages = "".join(line for line in lock.splitlines(keepends=True) if not line.startswith("#"))
+    for line in (ln for ln in packages.splitlines() if ln.strip() and not _LOCKED.fullmatch(ln)):  # pip takes options
+        raise C128Error(f"a line of the tier's lock is not 'name==version --hash=sha256:HEX': {line!r} (no option, "
+                        "file, path or index is taken from a lock)")
     tried = {n: r for n, r in cuda.items() if r.get("tried") and r["imports"] and f"\n{n}==" in f"\n{packages}"}
     # which are tried (and the ops each defines) decides what the build keeps: part of the key (none: the key it had)
     said = "".join(f"# tried: {n} {' '.join(r['imports'])}{''.join(f' | {op}' for op in r.get('defines', []))}\n"
