@@ -484,7 +484,8 @@ ENCODED = b"From x\nSubject: [PATCH] x\nMIME-Version: 1.0\nContent-Type: text/pl
     ENCODED + b"Content-Transfer-Encoding: base64\n\n"
     + __import__("base64").encodebytes(b"x\n\nC128patch-Entry: c128-dspark-online-env\n" + DIFF),
     b"From x\nSubject: [PATCH] x\n\nC128patch-Entry: site/x\n" + DIFF  # a second message in the same file
-    + b"From y\nSubject: [PATCH] y\n\nC128patch-Entry: c128-dspark-online-env\n" + DIFF,
+    + b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] y\n\n"
+    b"C128patch-Entry: c128-dspark-online-env\n" + DIFF,
     ENCODED.replace(b"UTF-8", b"UTF-7") + b"\nx\n\n+AEM-128patch-Entry: c128-dspark-online-env\n" + DIFF,
 ], ids=["quoted-printable", "base64", "two-messages", "utf-7"])
 def test_a_layer_cannot_claim_one_of_our_entries_in_an_encoded_body_or_a_second_message(tmp_path, data):
@@ -494,5 +495,6 @@ def test_a_layer_cannot_claim_one_of_our_entries_in_an_encoded_body_or_a_second_
 
 
 def test_a_layer_patch_in_quoted_printable_naming_its_own_entry_is_taken(tmp_path):
-    data = ENCODED + b"Content-Transfer-Encoding: quoted-printable\n\nx=\n y\n\nC128patch-Entry: site/x\n" + DIFF
+    data = ENCODED + b"Content-Transfer-Encoding: quoted-printable\n\nx=\n y\nFrom the docs: 1:2\n\n" \
+        b"C128patch-Entry: site/x\n" + DIFF  # a "From " line git does not split at: one message
     assert [e.name for e in stack(load_series(REPO_ROOT), [_layer_claiming(tmp_path, data)]).entries][-1] == "site/x"

@@ -21,12 +21,22 @@ def find_trailers(text: str) -> list[tuple[str, str]]:
     return [(_NAMES.get(name.lower(), name), value) for name, value in _TRAILER.findall(text)]
 
 
+def _splits(line: bytes) -> bool:
+    """Does ``git mailsplit`` start a message at ``line`` (its ``is_from_line``: ``From `` ... ``D:DD:DD YEAR``, the
+    last colon's, a year past 90)?"""
+    colon = line.rfind(b":", 5, len(line) - 1)
+    year = re.match(rb"\s*(\d+)", line[colon + 3:])
+    return len(line) >= 19 and line.startswith(b"From ") and colon > 8 and year is not None and \
+        int(year.group(1)) > 90 and all(line[i:i + 1].isdigit() for i in (colon - 4, colon - 2, colon - 1, colon + 1,
+                                                                           colon + 2))
+
+
 def message_trailers(data: bytes) -> list[tuple[str, str]]:
     """``find_trailers`` of a patch file's message as ``git am`` reads it (its transfer encoding, quoted-printable
-    or base64, and its charset decoded); a file ``git am`` would split into several messages (a ``From `` line
-    after the first) or a multipart one refused (ValueError)."""
-    if any(line.startswith(b"From ") for line in data.split(b"\n")[1:]):
-        raise ValueError("it holds more than one message (a 'From ' line after the first)")
+    or base64, and its charset decoded); a file ``git am`` would split into several messages (``_splits``) or a
+    multipart one refused (ValueError)."""
+    if any(_splits(line) for line in data.split(b"\n")[1:]):
+        raise ValueError("it holds more than one message (a 'From ... HH:MM:SS YEAR' line after the first)")
     msg = email.message_from_bytes(data.split(b"\n", 1)[-1] if data.startswith(b"From ") else data,
                                    policy=email.policy.compat32)
     charset = msg.get_content_charset() or "utf-8"  # git am converts the body from it (UTF-7: "+AEM-" is "C")
