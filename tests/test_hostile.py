@@ -119,8 +119,8 @@ def test_an_entry_whose_message_claims_another_entry_is_refused_and_not_kept(tre
     patch.write_text(patch.read_text().replace("C128patch-Gate: none (test)", f"C128patch-Gate: none (test)\n{forged}"))
     update_hashes(load_series(series))
     res = invoke(*apply_args(tree, series), as_json=False)
-    assert res.code == 2 and "entry 'test-patch': its patch made 1 commit(s) carrying C128patch-Entry " \
-        "'test-overlay', not one carrying 'test-patch'" in res.err, res.err
+    assert res.code == 2 and "entry 'test-patch': its patch made commit(s) carrying C128patch-Entry " \
+        "'test-overlay', not 'test-patch' only; nothing of it was kept" in res.err, res.err
     git = Git(worktree=tree)
     assert "test-overlay" not in git.out("log", "-3", "--format=%(trailers:key=C128patch-Entry,valueonly)")
 

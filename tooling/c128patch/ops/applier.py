@@ -440,14 +440,15 @@ class Apply:
         return "whitespace" if loose else "3way" if "Falling back to patching base and 3-way" in output else "clean"
 
     def _claims(self, journal: ApplyJournal, item: Planned, resolved: bool = False) -> None:
-        """The step made one commit, carrying ``item``'s entry trailer only, as git reads it (whatever the patch's
-        message said, in any spelling or encoding); else refused, nothing of it kept (a hand resolution: kept)."""
+        """Each commit the step made (one per message of the file) carries ``item``'s entry trailer only, as git reads
+        it (whatever the patch's message said, in any spelling or encoding); else refused, nothing of it kept (a hand
+        resolution: kept)."""
         made = branch_commits(self.git, journal.head_before)
-        if [c.entry for c in made] != [item.entry.name]:
+        if not made or any(c.entry != item.entry.name for c in made):
             if not resolved:
                 self._reset(journal.head_before, journal.step_paths)
-            raise C128Error(f"entry '{item.entry.name}': its patch made {len(made)} commit(s) carrying {ENTRY_TRAILER} "
-                            f"{', '.join(repr(c.entry) for c in made)}, not one carrying '{item.entry.name}'; "
+            raise C128Error(f"entry '{item.entry.name}': its patch made commit(s) carrying {ENTRY_TRAILER} "
+                            f"{', '.join(repr(c.entry) for c in made)}, not '{item.entry.name}' only; "
                             + ("fix its message, then resume" if resolved else "nothing of it was kept"))
 
     def _check_worktree_paths(self, planned: list[Planned]) -> None:
