@@ -132,7 +132,16 @@ def copy_arguments(git: Git) -> str:
         METADATA: _replace(text_of(METADATA), "        dst.copy_(src)\n", "        dst.copy_(src, True)\n")})
 
 
+def copy_keyword(git: Git) -> str:
+    """Upstream's in-place copy passes ``non_blocking=True`` and CompressorPrefillPlan.copy_ takes ``**kwargs``: the
+    method still takes every call upstream's class shape allows, but the call reaches our refusing copy_ too."""
+    return _edit(git, "metadata: non-blocking in-place copies", lambda text_of: {
+        COMPRESS: _replace(text_of(COMPRESS), PREFILL_COPY, PREFILL_COPY.replace("other)", "other, **kwargs)")),
+        METADATA: _replace(text_of(METADATA), "dst.copy_(src)\n", "dst.copy_(src, non_blocking=True)\n")})
+
+
 CHANGES = {"callback-keyword": callback_keyword, "copy-renamed": copy_renamed, "copy-arguments": copy_arguments,
+           "copy-keyword": copy_keyword,
            "getter-property": getter_property, "field-renamed": field_renamed,
            "mode-env": mode_env, "enum-renamed": enum_renamed, "ring-changed": ring_changed,
            "keyword-renamed": keyword_renamed, "env-default": env_default, "typed-field-renamed": typed_field_renamed,
@@ -181,7 +190,35 @@ def test_upstream_passing_more_to_a_method_we_install_in_its_place_does_not_bind
         in errors, errors
     assert any(e.startswith(f"{CONTROLLER}:{line}: {plan}.copy_ changed since the lock: {COMPRESS}:") and
                e.endswith("`def copy_(self, other, non_blocking=False)`") for e in errors), errors
-    assert len(errors) == 3, errors  # and where our plan calls it (typed): changed since the lock
+    call = _upstream_line(names_drift, "copy-arguments", METADATA, "dst.copy_(src, True)")
+    assert f"{METADATA}:{call}: upstream's call of {plan}.copy_(arg1, arg2, arg3) does not bind to our _refuse_copy " \
+           f"({CONTROLLER}:{ours}) `def _refuse_copy(self, other)`: too many positional arguments" in errors, errors
+    assert len(errors) == 4, errors  # and where our plan calls it (typed): changed since the lock
+
+
+def _upstream_line(git: Git, rev: str, path: str, text: str) -> int:
+    [line] = [i for i, s in enumerate(git.blob(rev, path).decode().splitlines(), 1) if text in s]
+    return line
+
+
+def test_upstream_calling_a_method_we_install_with_a_new_keyword_is_broken_at_the_call(names_drift, tmp_path):
+    """Upstream's own call of the plan's copy_ (``maybe_copy_inplace``, reached with the field the backend keeps our
+    plan in, ``c128_compress_metadata: Optional[FusedCompressMetadata]``, an alias of a Union naming the class) is
+    bound to our refusing copy_: a keyword it does not take is an error at that call, which --accept never records
+    (the install's own check sees only the class's signature, which ``**kwargs`` keeps open)."""
+    series = copy_series(tmp_path / "series")
+    run = run_contract("copy-keyword", "--accept", repo=names_drift, series=series)
+    assert run.code == 1 and run.out["revs"][0]["verdict"].startswith("broken: ")
+    before = (REPO_ROOT / "patches" / "contract.lock").read_text()
+    assert run.out["accepted"] == 0 and (series / "patches" / "contract.lock").read_text() == before
+    error, *changed = findings(run, "error")  # and the two installs' "changed since the lock" (**kwargs)
+    assert len(changed) == 2 and all(" changed since the lock: " in e for e in changed), changed
+    call = _upstream_line(names_drift, "copy-keyword", METADATA, "non_blocking=True")
+    ours = _line(CONTROLLER, "def _refuse_copy(")
+    assert error == (f"{METADATA}:{call}: upstream's call of sglang.kernels.ops.attention.dsv4.compress."
+                     "CompressorPrefillPlan.copy_(arg1, arg2, non_blocking=...) does not bind to our _refuse_copy "
+                     f"({CONTROLLER}:{ours}) `def _refuse_copy(self, other)`: got an unexpected keyword argument "
+                     "'non_blocking'"), error
 
 
 @pytest.mark.parametrize("annotation", ["Plan", "Optional[Plan]", "Plan | None", "None | Plan", "'Optional[Plan]'",
@@ -293,12 +330,15 @@ def test_the_lock_records_each_new_kind_at_the_base():
             in text)
 
 
-def test_watch_says_broken_naming_the_callback_and_bisect_agrees(names_drift, tmp_path):
+@pytest.mark.parametrize("change, path, keyword", [("callback-keyword", COMPRESSOR, "enable_pdl"),
+                                                   ("copy-keyword", METADATA, "non_blocking")],
+                         ids=["callback", "installed-call"])
+def test_watch_says_broken_naming_the_callback_and_bisect_agrees(names_drift, tmp_path, change, path, keyword):
     from c128patch.fit.watch import EXIT
     from support import invoke
 
-    run = invoke("watch", "--onto", "callback-keyword", "--repo", str(names_drift.git_dir), "--out",
+    run = invoke("watch", "--onto", change, "--repo", str(names_drift.git_dir), "--out",
                  str(tmp_path / "out"), "--series", str(REPO_ROOT))
     assert run.code == EXIT["broken"], run.err
-    assert any(f.startswith(f"{COMPRESSOR}:") and "enable_pdl" in f for f in run.out["contract"]["failing"])
-    assert run.out["bisect"]["found"] and run.out["bisect"]["commit"] == names_drift.rev_parse("callback-keyword")
+    assert any(f.startswith(f"{path}:") and keyword in f for f in run.out["contract"]["failing"])
+    assert run.out["bisect"]["found"] and run.out["bisect"]["commit"] == names_drift.rev_parse(change)

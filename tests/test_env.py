@@ -398,3 +398,18 @@ def test_a_lock_line_that_is_not_a_pinned_hashed_package_is_refused_before_pip_r
     with pytest.raises(C128Error, match="is not 'name==version --hash=sha256:HEX'") as exc:
         env.build(f"# c128patch tier environment lock\ngood==1.0 --hash=sha256:{'ab' * 32}\n{line}\n", {})
     assert "\n" not in exc.value.message
+
+
+def test_pip_in_the_box_reads_the_operators_own_pip_config(tmp_path, monkeypatch):
+    # HOME is hidden from the box (and replaced): the operator's pip.conf (a private index, say) is handed in
+    import sys
+
+    home = tmp_path / "home"
+    (home / ".config" / "pip").mkdir(parents=True)
+    (home / ".config" / "pip" / "pip.conf").write_text("[global]\ntimeout = notanumber\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("PIP_CONFIG_FILE", raising=False)
+    with pytest.raises(C128Error, match="notanumber"):
+        env._pip(sys.executable, ["install", "--dry-run", "--no-index", "nothing-here"], 120, env.NullReporter(),
+                 "probing", tmp_path)

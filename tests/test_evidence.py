@@ -661,3 +661,24 @@ def test_bench_dry_run_resolves_each_release_and_collects_nothing(tmp_path: Path
                            "--dest", str(tmp_path / "r"), "--allow-dry-run"], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "r/v0.5.21/kernel-bench.json").exists()
+
+
+def test_the_watch_records_say_clean_in_each_releases_own_environment():
+    """ci/watch/results/releases.json (``python ci/watch/record.py``): the latest run of `watch --onto REV --json`
+    with no other options, per release, is clean, exit 0, in the environment of REV's committed lock, every module
+    the series adds or changes imported and every scenario passed, gates off and on; its paths repo-relative."""
+    text = (REPO_ROOT / "ci" / "watch" / "results" / "releases.json").read_text()
+    latest = {r["onto"]["rev"]: r for r in json.loads(text)["history"]}
+    assert {"v0.5.21", "v0.5.22", "v0.5.23"} <= set(latest) <= set(RELEASES)
+    ours = {e.target[len("python/"):-3].replace("/", ".") for e in load_series(REPO_ROOT).entries
+            if not e.is_patch and e.target.endswith(".py")}  # the overlays; the patched modules besides
+    for rev, run in latest.items():
+        assert run["command"] == f"c128patch watch --onto {rev} --json", run["command"]
+        assert (run["outcome"], run["exit_code"], run["unchecked"]) == ("clean", 0, []), (rev, run["unchecked"])
+        assert run["env"]["lock"] == f"patches/env/{rev}.lock" and (REPO_ROOT / run["env"]["lock"]).is_file()
+        assert set(run["gates"]) == {"off", "on"}
+        for state in run["gates"].values():
+            assert len(state["imported"]) == state["modules"] and ours < set(state["imported"]), (rev, state)
+            assert state["imported"] == run["gates"]["off"]["imported"]
+            assert len(state["scenarios_passed"]) == state["scenarios"] == 7, (rev, state)
+    assert not re.search(r'"/|/root|/home|/tmp', text)

@@ -1,9 +1,11 @@
 """SIGINT, SIGTERM and SIGHUP during a real `wheel` or `watch` (issue 36.6): the run unwinds as Ctrl-C does, leaves
-no scratch folder in the temp folder or --out, writes no report or wheel, claims no outcome, exits 128+N."""
+no scratch folder in the temp folder or --out, writes no report or wheel, claims no outcome, exits 128+N. During
+`refresh` and `layer add-entry`: the series or layer as it was, or (past the commit point) whole, never half."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +15,10 @@ import pytest
 
 from c128patch.exitcodes import SIGNAL
 from c128patch.git import FAULT_HOOKS_ENV
+from c128patch.ops.treestate import FAULT_ENV
+from c128patch.series.manifest import load_series
 from support import cli_process, copy_series, default_signals, invoke
+from test_refresh import applied  # noqa: F401 (a fixture)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
@@ -64,3 +69,58 @@ def test_sigterm_during_apply_says_its_signal_and_exits_with_it(sglang_release_r
     assert proc.returncode == SIGNAL + signal.SIGTERM, proc.stderr
     assert "interrupted (SIGTERM): the apply journal is intact; resume with" in proc.stderr, proc.stderr
     assert invoke("apply", "--continue", "--tree", tree).code == 0
+
+
+def _signalled(args: list, sig: signal.Signals, point: str, scratch) -> subprocess.CompletedProcess:
+    """``args`` run with ``sig`` sent to the tool at the transaction's ``point`` (``ops.treestate``'s fault hook)."""
+    scratch.mkdir(exist_ok=True)
+    return cli_process(args, {FAULT_ENV: f"{sig.name.lower()}-at:{point}", "TMPDIR": str(scratch)})
+
+
+def _no_leftovers(proc: subprocess.CompletedProcess, sig: signal.Signals, folder, scratch) -> None:
+    assert proc.returncode == SIGNAL + sig, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr and not list(scratch.iterdir()), proc.stderr
+    assert not list(folder.glob(".c128patch-txn*")), list(folder.glob(".c128patch-txn*"))  # no reader finished it
+
+
+def test_a_signal_during_refresh_leaves_the_old_or_the_whole_new_series_and_no_scratch(applied, tmp_path):
+    """Before the commit point: the series as it was, no outcome. Past it (the first file moved in, the manifest not
+    yet): the signal waits until the series is whole, then says so; no journal is left for a reader to finish."""
+    from test_refresh import amend_entry, files
+
+    series, tree = applied
+    amend_entry(tree)
+    old, saved = files(series), tmp_path / "saved"
+    shutil.copytree(series, saved)
+    assert invoke("refresh", "--tree", tree, "--series", series).code == 0
+    new = files(series)
+    for sig, point, after in ((signal.SIGTERM, "refresh-staged:0", old), (signal.SIGHUP, "refresh-moved:0", new)):
+        shutil.rmtree(series)
+        shutil.copytree(saved, series)
+        proc = _signalled(["refresh", "--tree", tree, "--series", series], sig, point, tmp_path / "tmp")
+        _no_leftovers(proc, sig, series, tmp_path / "tmp")
+        assert files(series) == after, point
+        said = "no outcome" if after is old else f"the write into {series} was whole before it stopped"
+        assert f"interrupted ({sig.name}): {said}" in proc.stderr, proc.stderr
+
+
+def test_a_signal_during_layer_add_entry_leaves_the_layer_as_it_was_or_whole(tmp_path, upstream_clone):
+    from test_layers import ENV_PY, commit_on
+
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
+    anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    sha = commit_on(upstream_clone, ENV_PY, anchor, anchor + "    SGLANG_ACME_X = EnvBool(False)\n", "acme: x")
+    layer = tmp_path / "acme"
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0
+    before = {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()}
+    add = ["layer", "add-entry", "--layer", layer, "--from-commit", sha, "--tree", upstream_clone, "--why", "w"]
+    for sig, point in ((signal.SIGHUP, "refresh-staged:0"), (signal.SIGTERM, "refresh-moved:0")):
+        proc = _signalled(add, sig, point, tmp_path / "tmp")
+        _no_leftovers(proc, sig, layer, tmp_path / "tmp")
+        entries = [e.name for e in load_series(layer).entries]
+        if point == "refresh-staged:0":
+            assert "no outcome" in proc.stderr and entries == [], proc.stderr
+            assert {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()} == before
+        else:
+            assert entries == ["acme-x"] and (layer / "patches" / "0001-acme-x.patch").is_file(), proc.stderr
+            assert f"interrupted ({sig.name}): the write into {layer} was whole" in proc.stderr, proc.stderr

@@ -239,6 +239,33 @@ def test_next_refresh_is_printed_only_when_it_would_change_something(sglang_rele
     assert "the series is up to date (refresh --check changes nothing)" in text
 
 
+
+def test_the_closing_check_says_the_series_is_not_up_to_date_when_upstream_changed_a_name_the_lock_records(
+        sglang_release_repo, tmp_path):
+    """The closing ``refresh --check`` derives the contract on the new tip (each file parsed once per process, as
+    its text): onto a v0.5.23 whose record_stream_for_v2_verify gained a parameter, the lock would change, so the
+    next refresh is printed, never "up to date"."""
+    series = copy_series(tmp_path / "series")
+    git = apply_into(sglang_release_repo, tmp_path / "tree", series, "v0.5.22")
+    spec_utils = "python/sglang/srt/speculative/spec_utils.py"
+    old = "def record_stream_for_v2_verify(batch, verify_input, fwd_stream):"
+    text = git.blob("v0.5.23", spec_utils).decode()
+    assert old in text  # the lock records it (called with 3 positional arguments: a defaulted one still binds)
+    assert "record_stream_for_v2_verify" in (series / "patches" / "contract.lock").read_text()
+    before = invoke("contract", "--sglang-rev", "v0.5.23", "--repo", str(git.worktree), "--series", str(series),
+                    "--no-nvcc")  # v0.5.23's own spec_utils parsed in this process first
+    assert before.code == 0, before.out
+    blob = git.out("hash-object", "-w", "--stdin", input=text.replace(old, old.replace("):", ", note=None):")))
+    changed = upstream_commit(git, "v0.5.23", "spec_utils: a parameter added", lambda idx: idx.run(
+        "update-index", "--cacheinfo", f"100644,{blob},{spec_utils}"))
+    git.run("tag", "-f", "v0.5.23", changed)  # this clone's v0.5.23 is the changed one: the series base
+    run = invoke("rebase", "--onto", "v0.5.23", "--tree", str(git.worktree), "--series", str(series), as_json=False)
+    assert run.code == 0, run.err
+    text = " ".join(run.text.split())
+    assert "up to date" not in text and "next: c128patch refresh --primary" in text, text
+    check = invoke("refresh", "--check", "--tree", str(git.worktree), "--series", str(series))
+    assert check.code == 1 and check.out["changed"] == ["patches/contract.lock"], check.out
+
 # -- a user edit on an entry commit ---------------------------------------------------
 
 EDIT = ("    SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK = EnvBool(False)\n",

@@ -50,9 +50,10 @@ for step in ("write", "remount"):
 
 
 def test_the_targets_code_writes_nowhere_but_its_folder_and_cannot_remount(tmp_path_factory):
-    """The operator's clone, ``~/.bashrc``, the release cache: any folder but the box's own is read-only to it."""
+    """The operator's clone, ``~/.bashrc``, the release cache: any folder but the box's own is read-only to it (even
+    one it is given to read; the others it does not even see)."""
     clone = tmp_path_factory.mktemp("clone")
-    box = Sealed(sys.executable, ["-c", ESCAPE, str(clone)], 60, offline=True)
+    box = Sealed(sys.executable, ["-c", ESCAPE, str(clone)], 60, offline=True, readable=(str(clone),))  # seen
     home = box.home
     out, err = box.wait()
     if "writes NOT confined" in sandbox.isolation():
@@ -64,10 +65,12 @@ def test_the_targets_code_writes_nowhere_but_its_folder_and_cannot_remount(tmp_p
 
 def test_where_the_host_refuses_the_seal_the_box_still_runs_and_says_what_is_not_confined(tmp_path, monkeypatch):
     monkeypatch.setattr(sandbox, "_cuts", lambda: ("no mount namespace or read-only remount here (refused)",
+                                                   "no mount namespace or empty mounts here (refused)",
                                                    "no network namespace here (refused)"))
     box = Sealed(sys.executable, ["-c", ESCAPE, str(tmp_path)], 60, offline=True)
     assert box.wait() == ("write 0\nremount 0\n", "")
     assert sandbox.isolation() == ("writes NOT confined: no mount namespace or read-only remount here (refused); "
+                                   "reads NOT confined: no mount namespace or empty mounts here (refused); "
                                    "network NOT cut off: no network namespace here (refused)")
 
 
@@ -75,15 +78,47 @@ def test_bisect_behaviour_says_it_runs_the_targets_code_and_what_the_host_does_n
     """Each bisect step runs the tier: it said nothing, the box unconfined or not (watch and treecheck say it)."""
     from c128patch.fit import bisect
 
-    monkeypatch.setattr(sandbox, "_cuts", lambda: ("no mount namespace here (refused)", ""))
+    monkeypatch.setattr(sandbox, "_cuts", lambda: ("no mount namespace here (refused)", "the same", ""))
     monkeypatch.setattr(bisect, "bisect", lambda *a, **k: dict(found=False, summary="fits", failing=[], commit="",
                                                                  subject=""))
     run = invoke("bisect", "--onto", "x", "--behaviour", "--series", str(REPO_ROOT), as_json=False)
     assert run.code == 0, run.err
     assert run.err.startswith("bisect --behaviour runs the target tree's code at each step, in the sealed box (leave "
                               "out --behaviour to run none): writes NOT confined: no mount namespace here (refused); "
-                              "no network (loopback only)\n"), run.err
+                              "reads NOT confined: the same; no network (loopback only)\n"), run.err
     assert "NOT confined" not in invoke("bisect", "--onto", "x", "--series", str(REPO_ROOT), as_json=False).err
+
+
+# reads each file it is given and prints what it read (or why not)
+PEEK = """import sys
+for path in sys.argv[1:]:
+    try:
+        print(path, open(path).read())
+    except OSError as exc:
+        print(path, exc.strerror)
+"""
+
+
+def test_the_targets_code_reads_no_secret_of_the_operators_home_tmp_or_etc(tmp_path_factory, monkeypatch):
+    """``~/.ssh``, ``~/.netrc``, ``~/.git-credentials``, the release cache, another clone in ``/tmp``, ``/etc/shadow``:
+    hidden from the code, even through the operator's process's ``/proc/PID/root`` (the namespace before the seal),
+    while the interpreter and the folders it is given stay readable."""
+    home, clone, tree = (tmp_path_factory.mktemp(n) for n in ("home", "clone", "tree"))
+    secrets = [home / ".ssh" / "id_ed25519", home / ".netrc", home / ".git-credentials",
+               home / ".cache" / "c128patch" / "token", clone / ".git" / "config"]
+    for i, path in enumerate(secrets):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"secret-{i}-c128")
+    (tree / "mod.py").write_text("needed-c128")
+    monkeypatch.setenv("HOME", str(home))
+    peek = [*map(str, secrets), f"/proc/{os.getpid()}/root{secrets[0]}", "/etc/shadow", str(tree / "mod.py")]
+    out, err = Sealed(sys.executable, ["-c", PEEK, *peek], 60, offline=True, readable=(str(tree),)).wait()
+    assert "needed-c128" in out and err == "", (out, err)  # what it is given it reads: the probe can see
+    if "reads NOT confined" in sandbox.isolation():
+        assert "secret-0-c128" in out  # the host allows no hiding: it says so
+        pytest.skip(sandbox.isolation())
+    assert "-c128\n" not in out.replace("needed-c128\n", ""), out
+    assert f"{secrets[0]} No such file or directory" in out and "root:" not in out, out
 
 
 def trapped_tree(tmp: Path, marker: Path, module: str = "") -> Path:

@@ -38,10 +38,17 @@ def workflow() -> dict:
 
 
 def job_env(workspace: Path, upstream: str, targets: str) -> dict[str, str]:
-    """What GitHub gives the job's env for this repository (one key per key of the workflow's)."""
+    """What GitHub gives the job's env for this repository (one key per key of the workflow's); the variable
+    C128PATCH_PIP_EXTRA_INDEX_URL set to this machine's own extra index (pip's configuration here)."""
     return {"PYTHON": sys.executable, "UPSTREAM": upstream, "TARGETS": targets, "WATCH_TIMEOUT": "900",
             "WATCH_DIR": ".c128patch-watch", "BASE_BRANCH": "main", "C128PATCH_CACHE": f"{workspace}/.c128patch-cache",
-            "GH_REPO": "maintainer/c128patch"}
+            "GH_REPO": "maintainer/c128patch", "PIP_EXTRA_INDEX_URL": local_extra_index()}
+
+
+def local_extra_index() -> str:
+    proc = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.extra-index-url"],
+                          capture_output=True, text=True)
+    return os.environ.get("PIP_EXTRA_INDEX_URL") or (proc.stdout.strip() if proc.returncode == 0 else "")
 
 
 def test_the_body_is_cut_at_a_lines_end_so_no_code_span_of_upstreams_text_is_left_open(workflow, tmp_path):
@@ -72,7 +79,8 @@ def test_the_behavioural_tier_builds_its_own_environment_from_the_committed_lock
     job = workflow["jobs"]["watch"]
     watch = next(s for s in job["steps"] if s.get("id") == "watch")
     assert "c128patch watch --onto" in watch["run"] and "--python" not in watch["run"]  # watch builds the env
-    assert watch["env"]["PIP_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"  # the CPU torch the locks pin
+    assert job["env"]["PIP_EXTRA_INDEX_URL"] == (  # the CPU torch the locks pin, or the operator's mirror
+        "${{ vars.C128PATCH_PIP_EXTRA_INDEX_URL || 'https://download.pytorch.org/whl/cpu' }}")
     setup = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/setup-python@"))
     cp = "cp" + setup["with"]["python-version"].replace(".", "")
     locks = sorted((REPO_ROOT / "patches" / "env").glob("v*.lock"))
@@ -148,6 +156,7 @@ class Actions:
     root: Path
     upstream: Git
     runs: list[Run] = field(default_factory=list)
+    own_env: bool = False  # the tier in the environment watch builds (as on a runner), not the test's interpreter
 
     @property
     def workspace(self) -> Path:
@@ -178,7 +187,8 @@ class Actions:
         """``canned``: the Watch step stood in by last night's reports with these outcomes (the recipe's branch
         for an outcome no interpreter here reaches: ``clean`` needs every module imported)."""
         job = self.workflow["jobs"]["watch"]
-        env = {**os.environ, **job_env(self.workspace, str(self.upstream.git_dir), targets),
+        environ = {k: v for k, v in os.environ.items() if not (self.own_env and k == "C128PATCH_TIER_PYTHON")}
+        env = {**environ, **job_env(self.workspace, str(self.upstream.git_dir), targets),
                "PATH": f"{self.root / 'bin'}{os.pathsep}{os.environ['PATH']}", "GH_STUB_DIR": str(self.root / "gh"),
                "GITHUB_SHA": Git(worktree=self.workspace).out("rev-parse", "HEAD"),
                "GITHUB_WORKSPACE": str(self.workspace)}
@@ -324,3 +334,27 @@ def test_a_clean_night_closes_the_open_issue(actions):
     assert verbs(sixth) == ["pr list", "issue list", "issue close"]
     [issue] = main_issues(sixth)
     assert issue["state"] == "closed" and issue["comment"].startswith("The series applies strictly on main@")
+
+
+def test_the_recipe_as_written_builds_the_tiers_environment_and_is_clean_on_the_newest_release(workflow,
+                                                                                            sglang_release_repo,
+                                                                                            tmp_path):
+    """The recipe's shell steps as written, on a fresh workspace (its own empty C128PATCH_CACHE), the tier not pointed
+    at the test's interpreter: watch builds v0.5.23's environment from the committed lock with the operator's pip
+    settings (C128PATCH_PIP_EXTRA_INDEX_URL: this machine's index) and the night is clean, exit 0, every module the
+    series adds or changes imported and every scenario passed, gates off and on; nothing opened. Skipped here: the
+    Install step (the fork's checkout here holds the series, not the package; the test's interpreter has it) and
+    the upload of the reports (an action, not a shell step)."""
+    act = Actions(workflow, tmp_path, wu.stand_in(sglang_release_repo, tmp_path / "upstream.git"), own_env=True)
+    act.setup()
+    run = act.run("release")
+    assert "release: c128patch watch --onto v0.5.23 exited 0" in run.steps["Watch"].stdout
+    report = json.loads((run.reports / "release" / "watch-report.json").read_text())
+    assert report["outcome"] == "clean" and report["unchecked"] == [], report["unchecked"]
+    tier = report["behaviour"]
+    assert tier["env"]["built"] and tier["env"]["lock"] == "patches/env/v0.5.23.lock"
+    assert tier["env"]["python"].startswith(f"{act.workspace}/.c128patch-cache/envs/")
+    for gates in tier["json"]["tiers"]:
+        assert len(gates["modules"]) == 11 and all(m["status"] == "ok" for m in gates["modules"].values()), gates
+        assert len(gates["scenarios"]) == 7 and all(s["status"] == "passed" for s in gates["scenarios"].values())
+    assert verbs(run) == ["pr list", "issue list"]

@@ -585,6 +585,20 @@ def test_from_wheel_refuses_a_symlink_member(tmp_path: Path, out: Path, wheel_se
             "member sglang/evil is a symlink, not a regular file")
 
 
+def test_from_wheel_refuses_a_member_the_release_does_not_hold(tmp_path: Path, out: Path, wheel_series: Path,
+                                                               upstream_wheel: Path):
+    """A ``.pth`` runs at every interpreter start, ``.data/scripts`` land on PATH: passed through, they were in the
+    patched wheel, its RECORD and SBOM listing them as upstream's."""
+    bad = tmp_path / upstream_wheel.name
+    for member in ("sglang-evil.pth", "sglang/.git/config", "sglang-0.5.23.data/scripts/sglang-x",
+                   "sglang/srt/not_in_the_release.py", "sglang-0.5.23.dist-info/extra/RECORD"):
+        shutil.copyfile(upstream_wheel, bad)
+        with zipfile.ZipFile(bad, "a") as zf:
+            zf.writestr(member, "import os; os.system('touch /tmp/pwned')\n")
+        refused(["wheel", "--from-wheel", str(bad), "--series", str(wheel_series)], out,
+                f"{bad.name}: member {member} is not a file of sglang 0.5.23's release")
+
+
 def test_a_truncated_wheel_is_one_line(tmp_path: Path, out: Path, wheel_series: Path, upstream_wheel: Path):
     from c128patch.upstream.releases import iter_wheel_sources, wheel_timestamp
 

@@ -132,7 +132,7 @@ def derive(series: Series, git: Git, upstream: str, head: str,
         members = [(Use(u.line, [*c.split("."), *u.chain], kind="member"), site) for u, site in untyped
                    for c in classes.get(u.chain[0], [])]
         _resolve_all(up, members, items, findings)
-        _installed(up, names.installs(up, ours, sources), lock, items, findings)
+        _installed(up, names.installs(up, ours, sources), lock, items, findings, ours, sources)
         for fields, call, sig in names.callbacks(up, ours, sources):
             items.append(Item(**fields))
             findings += _bound(items[-1], sig, call, f"upstream's call of our {items[-1].target}")
@@ -155,10 +155,11 @@ def derive(series: Series, git: Git, upstream: str, head: str,
     return sorted(unique.values(), key=lambda i: (i.kind, i.target, i.site)), findings
 
 
-def _installed(up: Upstream, installs: list, lock: Lock | None, items: list[Item], findings: list[Finding]) -> None:
+def _installed(up: Upstream, installs: list, lock: Lock | None, items: list[Item], findings: list[Finding],
+               ours: dict[str, set[int] | None], sources: dict[str, str]) -> None:
     """The methods of upstream's classes our functions replace, each resolved (on the install's static bases, else on
     the classes our code names: those the lock records replaced or defining it now), and upstream's full call of it
-    bound to ours."""
+    bound to ours, as is each call upstream's code makes of it (``names.installed_calls``: an error at its line)."""
     named = sorted({i.target for i in items if i.kind == "class"})
     recorded = {i.target for i in lock.items if i.kind == "installed"} if lock is not None else set()
     for use, site, static, fn in installs:
@@ -170,6 +171,10 @@ def _installed(up: Upstream, installs: list, lock: Lock | None, items: list[Item
             findings += found
             if got and call:
                 findings += _bound(got[0], sig, Use(use.line, [], call), f"upstream's call of {got[0].target}",
+                                   f"our {fn.name} ({site}:{fn.lineno}) `def {fn.name}{sig}`")
+            for path, at in names.installed_calls(up, ours, cls, attr) if got else []:
+                called = Item("installed", got[0].target, f"{sources.get(path, path)}:{at.line}", got[0].where)
+                findings += _bound(called, sig, at, f"upstream's call of {got[0].target}",
                                    f"our {fn.name} ({site}:{fn.lineno}) `def {fn.name}{sig}`")
 
 

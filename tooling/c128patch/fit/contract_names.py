@@ -124,11 +124,9 @@ def callbacks(up: Upstream, ours: dict[str, set[int] | None],
             for call in [c for c in ast.walk(fn) if isinstance(c, ast.Call) and getattr(c.func, "id", "") in stored]:
                 target, ours_fn, bound, where = stored[call.func.id]
                 full = signature_of(ours_fn.args)
-                star = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
                 out.append(({"kind": "callback", "target": target, "site": f"{sources.get(path, path)}:{call.lineno}",
                              "where": where, "signature": f"def {ours_fn.name}{full}"},
-                            Use(call.lineno, [], (len(call.args), tuple(k.arg for k in call.keywords if k.arg)), star),
-                            full.replace(parameters=list(full.parameters.values())[bound:])))
+                            _call_use(call), full.replace(parameters=list(full.parameters.values())[bound:])))
     return out
 
 
@@ -180,3 +178,56 @@ def replaced(up: Upstream, dotted: str, attr: str) -> tuple[int, tuple[str, ...]
         return None
     ps = signature_of(got.node.args).parameters.values()
     return sum(p.kind <= p.POSITIONAL_OR_KEYWORD for p in ps), tuple(p.name for p in ps if p.kind == p.KEYWORD_ONLY)
+
+
+def installed_calls(up: Upstream, ours: dict[str, set[int] | None], dotted: str, attr: str) -> list[tuple[str, Use]]:
+    """Upstream's calls of the method ``attr`` we install on our subclass of the upstream class ``dotted``, found
+    through the field upstream keeps our object in: in each file our patch changes, a name our lines assign (our
+    object, which upstream then stores in the field of that name) that a class there annotates with a type naming
+    ``dotted`` (through imports and type aliases); ``x.FIELD.attr(...)``, or ``x.FIELD`` passed to a function whose
+    parameter it calls ``attr`` on: (the call's file, the call, the receiver counted as its first argument)."""
+    out: list[tuple[str, Use]] = []
+    for path, lines in sorted((p, ls) for p, ls in ours.items() if ls is not None and p.endswith(".py")):
+        tree, module = up.parse(path), module_name(path) or ""
+        assigned = {t.id for n in nodes_on(tree, lines) if isinstance(n, ast.Assign) for t in n.targets
+                    if isinstance(t, ast.Name)} if tree else set()
+        holders = {s.target.id for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for s in c.body
+                   if isinstance(s, ast.AnnAssign) and getattr(s.target, "id", "") in assigned
+                   and _names_class(up, module, s.annotation, dotted)} if assigned else set()
+        for call in [c for c in ast.walk(tree) if isinstance(c, ast.Call)] if holders else []:
+            if chain_of(call.func)[-2:-1] and chain_of(call.func)[-2] in holders and call.func.attr == attr:
+                out.append((path, _call_use(call, 1)))
+            passed = [(i, a) for i, a in enumerate(call.args)] + [(k.arg, k.value) for k in call.keywords]
+            for at in [at for at, arg in passed if isinstance(arg, ast.Attribute) and arg.attr in holders]:
+                fn = up.member(up.module(module), call.func.id) if isinstance(call.func, ast.Name) else None
+                if fn is None or fn.kind != "function" or not isinstance(fn.node, ast.FunctionDef):
+                    continue
+                params = [a.arg for a in [*fn.node.args.posonlyargs, *fn.node.args.args, *fn.node.args.kwonlyargs]]
+                name = params[at] if isinstance(at, int) and at < len(params) else at
+                out += [(fn.path, _call_use(c, 1)) for c in ast.walk(fn.node) if isinstance(c, ast.Call)
+                        and chain_of(c.func) == [name, attr]]
+    return list({(p, u.line): (p, u) for p, u in out}.values())
+
+
+def _call_use(call: ast.Call, receiver: int = 0) -> Use:
+    """The call's shape (``receiver``: 1 where the callable is a method reached through its instance)."""
+    star = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
+    return Use(call.lineno, [], (len(call.args) + receiver, tuple(k.arg for k in call.keywords if k.arg)), star)
+
+
+def _names_class(up: Upstream, module: str, node: ast.AST, dotted: str, hops: int = 4) -> bool:
+    """Whether the annotation ``node`` (read in ``module``) names the class ``dotted``, through the module's imports
+    and type aliases (``X: TypeAlias = Union[A, B]``), ``hops`` deep."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        try:
+            node = ast.parse(node.value, mode="eval").body
+        except SyntaxError:
+            return False
+    for name in {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}:
+        got = up.member(up.module(module), name)
+        if got.kind == "class" and got.name == dotted:
+            return True
+        value = getattr(got.node, "value", None)
+        if got.kind == "value" and value is not None and hops and _names_class(up, got.module, value, dotted, hops - 1):
+            return True
+    return False

@@ -160,19 +160,35 @@ def lock_text(report: dict, head: str, cuda: dict[str, dict]) -> str:
     return head + "".join(sorted(rows))
 
 
+def _pip_config() -> str:
+    """The operator's own pip config file (``PIP_CONFIG_FILE``, else the user's), read in the box where ``HOME`` is
+    hidden; "" if none."""
+    home = os.path.expanduser("~")
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    for path in (os.environ.get("PIP_CONFIG_FILE"), os.path.join(xdg, "pip", "pip.conf"),
+                 os.path.join(home, ".pip", "pip.conf")):
+        if path and path != os.devnull and os.path.isfile(path):
+            return os.path.realpath(path)
+    return ""
+
+
 def _pip(python: str, args: list[str], timeout: float, reporter: Reporter, what: str, into: Path) -> None:
     """``python -m pip ARGS`` in the sealed box (network kept: pip needs it; writes to ``into`` only) with the
     operator's settings."""
     reporter.step(what)
-    # the operator's pip settings (``PIP_*``, proxies; its config files are read as usual); never the target's
+    # the operator's pip settings (``PIP_*``, proxies, its own config file); never the target's
     env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
-    box = Sealed(python, ["-m", "pip", "--disable-pip-version-check", *args], timeout, env=env, writable=(str(into),))
+    config = _pip_config()
+    env.update({"PIP_CONFIG_FILE": config} if config else {})
+    box = Sealed(python, ["-m", "pip", "--disable-pip-version-check", *args], timeout, env=env, writable=(str(into),),
+                 readable=(os.path.dirname(config),) if config else ())
     try:
         stdout, stderr = box.wait()
     except C128Error as exc:
         raise C128Error(f"{what}: {exc.message}") from None
     if box.proc.returncode:
-        last = [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("WARNING:")] or ["?"]
+        said = stderr if stderr.strip() else stdout  # pip says some errors on stdout
+        last = [ln for ln in said.splitlines() if ln.strip() and not ln.startswith("WARNING:")] or ["?"]
         raise C128Error(f"{what}: pip failed: {last[-1].strip()}")
 
 

@@ -11,6 +11,7 @@ call binds to (``signature_of``: an ``inspect.Signature`` built from the AST).""
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 from dataclasses import dataclass
@@ -147,6 +148,13 @@ def _fields_signature(cls: ast.ClassDef) -> inspect.Signature:
     return inspect.Signature(params)
 
 
+@functools.lru_cache(maxsize=64)  # one tree's files (a derivation reads ~36, ~1.4 MB each): ~90 MB at most
+def syntax_tree(text: str, path: str) -> ast.Module:
+    """``text`` parsed, once per process for the same text (read only: a rebase's contract on its tip and its
+    closing ``refresh --check`` read the same files; a changed file is another text, parsed again)."""
+    return ast.parse(text, path)
+
+
 class Upstream:
     """Resolves dotted names on one tree; ``ours``: path -> our lines (None: the whole file)."""
 
@@ -169,7 +177,7 @@ class Upstream:
             tree = None
             if text is not None:
                 try:
-                    tree = ast.parse(text, path)
+                    tree = syntax_tree(text, path)
                 except (SyntaxError, ValueError) as exc:
                     self.errors[path] = (f"{path}:{getattr(exc, 'lineno', 0) or 0}: does not parse: "
                                          f"{getattr(exc, 'msg', exc)}")

@@ -164,7 +164,7 @@ class Pending:
         args = ["-c", RUNNER.read_text(), str((tree / PY_ROOT).resolve()), json.dumps(_gates(series)),
                 json.dumps([p for p in PROBES if p[0] in self.modules]), json.dumps(env_ops.stand_ins(series)),
                 json.dumps(env_ops.defines(series)), str(SCENARIOS), *self.modules]
-        self.box = Sealed(python, args, timeout, offline=True)
+        self.box = Sealed(python, args, timeout, offline=True, readable=(str(tree / PY_ROOT), str(SCENARIOS.parent)))
 
     def finish(self) -> TreecheckResult:
         imports = check_imports(self.tree, self.modules)  # while the box runs

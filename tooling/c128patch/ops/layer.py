@@ -16,7 +16,7 @@ from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops.lint import Finding, lint_series
 from c128patch.ops.refresh import base_label, format_patch, slug
-from c128patch.ops.treestate import c128_state_dir
+from c128patch.ops.treestate import c128_state_dir, fault_point
 from c128patch.series import txn
 from c128patch.series.layers import SEP, check_layer_name, known_bases, layer_folders, load_layer
 from c128patch.series.manifest import MANIFEST, Entry, Series, load_series
@@ -108,5 +108,5 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
                   file=file)
     updated = Series(layer.root, layer.name, layer.version, layer.base, [*layer.entries, entry], gates=layer.gates)
     txn.commit_all([(layer.root, {layer.patches_dir / file: data, layer.manifest_path: updated.to_toml().encode()},
-                     [], layer.manifest_path)])
+                     [], layer.manifest_path)], fault=lambda point: fault_point("at", point))
     return NewEntry(layer.name, full, f"patches/{file}", sha, gate, touched, lint_series(load_series(layer.root)))

@@ -7,9 +7,10 @@ the dead holder, which is how the takeover is noticed and reported). While held,
 which operation and pid hold it; a second operation refuses at once and names them.
 
 ``fault_point`` is a test hook: it interrupts this process at a named point, as a crash or a Ctrl-C would.
-``C128PATCH_FAULT=<how>-<where>:<name>`` (comma-separated): ``how`` is ``kill`` (SIGKILL), ``sigint``, ``sigterm``
-or ``fail`` (an ``OSError``, as a full disk raises); ``where:name`` a point the operations declare: ``before:<entry>``,
-``after:<entry>`` (its commit made, the journal not saying so yet), ``at:clone``, ``at:provenance``. Unset: nothing.
+``C128PATCH_FAULT=<how>-<where>:<name>`` (comma-separated): ``how`` is ``kill`` (SIGKILL), ``sigint``, ``sigterm``,
+``sighup`` or ``fail`` (an ``OSError``, as a full disk raises); ``where:name`` a point the operations declare:
+``before:<entry>``, ``after:<entry>`` (its commit made, the journal not saying so yet), ``at:clone``,
+``at:provenance``. Unset: nothing.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ _GIT_BUSY = {"rebase-merge": "a git rebase", "rebase-apply": "a git am or rebase
 RECOVERY_PREFIX = "refs/c128patch/recovery"  # HEAD before an apply or rebase
 LOCK_NAME = "c128patch.lock"
 FAULT_ENV = "C128PATCH_FAULT"
-_SIGNALS = {"kill": signal.SIGKILL, "sigint": signal.SIGINT, "sigterm": signal.SIGTERM}
+_SIGNALS = {"kill": signal.SIGKILL, "sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sighup": signal.SIGHUP}
 
 
 def git_paths(git: Git, names: list[str], *more: str) -> list[Path]:

@@ -2,7 +2,8 @@
 rename, roll forward. ``commit_all(parts)`` stages each part's files and a plan (moves, deletes, the
 group of folders written together) under ``<root>/.c128patch-txn-staging/``; a failure there removes
 every staging folder: nothing changed. Renaming the first part's staging to ``.c128patch-txn`` is the
-one commit point; then every part is swapped in and moved into place (the manifest last). ``recover``
+one commit point; then every part is swapped in and moved into place (the manifest last), SIGINT, SIGTERM and
+SIGHUP held until it is done (then said: exit 128+N). ``recover``
 (run by ``load_series``) finishes a committed plan after a kill and drops an uncommitted one. A plan is
 input: ``_plan`` checks it before anything moves (its paths ``paths.confine``d, every folder of its
 group holding a plan of that group). ``locked`` serialises the writers of one folder."""
@@ -15,10 +16,11 @@ import json
 import os
 import re
 import shutil
+import signal
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from c128patch.errors import C128Error
+from c128patch.errors import C128Error, Interrupted
 from c128patch.jsonio import locked, read_json, write_atomic
 from c128patch.series.paths import confine
 
@@ -26,6 +28,7 @@ TXN = ".c128patch-txn"
 STAGING = ".c128patch-txn-staging"
 PLAN = "plan.json"
 _STAGED = re.compile(r"\d{5}")
+_STOPS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 Part = tuple[Path, dict[Path, bytes], list[Path], "Path | None"]  # root, files, deletes, last
 F = TypeVar("F", bound=Callable)
@@ -89,10 +92,18 @@ def commit_all(parts: list[Part], fault: Callable[[str], None] = _no_fault) -> N
                 raise C128Error(f"cannot stage the refresh ({exc}); nothing was changed in "
                                 f"{', '.join(map(str, roots))}") from None
             raise
-        os.replace(roots[0] / STAGING, roots[0] / TXN)  # the commit point: the first part's plan names the group
-        _fsync_dir(roots[0])
-        fault("refresh-committed")
-        _finish(group, fault)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)  # from the commit point on, a signal waits for the end
+        try:
+            os.replace(roots[0] / STAGING, roots[0] / TXN)  # the commit point: the first part's plan names the group
+            _fsync_dir(roots[0])
+            fault("refresh-committed")
+            _finish(group, fault)
+        finally:
+            try:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)  # (a signal that came is raised here)
+            except KeyboardInterrupt as stop:
+                raise Interrupted.by(stop, f"the write into {', '.join(map(str, roots))} was whole before it stopped "
+                                           "(the signal came past its commit point)") from None
 
 
 def _read(folder: Path) -> dict | None:

@@ -25,9 +25,11 @@ from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
 from c128patch.series.layers import layer_rows, overlap_note
 from c128patch.series.manifest import Series, sha256_file
-from c128patch.series.paths import confine
+from c128patch.series.paths import check_relpath, confine
 from c128patch.series.plan import Planned, plan, validate_files
 from c128patch.upstream.releases import (
+    BINARY_SUFFIXES,
+    TREE_PREFIX,
     ReleaseHistory,
     WheelTarget,
     release_version,
@@ -100,6 +102,20 @@ def apply_failure(stderr: str, hunk_at: Callable[[str, int], tuple[int, str] | N
 def loose_git(root: Path) -> Git:
     """git run in ``root`` as a plain folder (never a repository found above it)."""
     return Git(worktree=root).with_env(GIT_CEILING_DIRECTORIES=str(root.parent))
+
+
+def refuse_foreign(iw: InWheel, git: Git, commit: str, label: str) -> None:
+    """Refuse a member the release's own wheel does not hold (a ``.pth`` run at every interpreter start, a ``.git/``
+    folder, ``*.data/scripts``): each must be a source file of the release (its history commit), a compiled
+    extension of the package (the history leaves those out), or a file of the wheel's own ``.dist-info``."""
+    sources = set(git.out("ls-tree", "-r", "--name-only", "-z", commit, "--", TREE_PREFIX + PACKAGE).split("\0"))
+    for name in iw.members():
+        folder, _, rest = name.partition("/")
+        if TREE_PREFIX + name in sources or (folder == iw.dist_info and "/" not in rest.removeprefix("licenses/")) or \
+                (folder == PACKAGE and name.endswith(BINARY_SUFFIXES) and check_relpath(name, label)):
+            continue
+        raise C128Error(f"{label}: member {name} is not a file of sglang {iw.name.version}'s release (its sources, "
+                        "compiled extensions or .dist-info); refusing the wheel")
 
 
 def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Reporter, series: Series) -> list[dict]:
@@ -190,6 +206,7 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
         if commit is None:
             raise C128Error(f"unknown release '{tag}' (the release source knows "
                             f"{', '.join('v' + v for v in history.versions())})")
+        refuse_foreign(iw, git, commit, wheel.name)
         planned = plan(series, git, commit)
         tree = git.out("rev-parse", f"{commit}^{{tree}}")  # upstream by content, unlike the cache's commit
         check_wheel_patchable(planned, binary_dirs(iw.members()))
