@@ -13,6 +13,7 @@ GATE_TRAILER = "C128patch-Gate"  # the env gate that turns the entry on ("none (
 _NAMES = {name.lower(): name for name in (ENTRY_TRAILER, SERIES_TRAILER, GATE_TRAILER)}
 # as git reads a trailer: the name in any case, blanks before the colon
 _TRAILER = re.compile(r"^(c128patch-[a-z-]+)[ \t]*:[ \t]*(.*)$", re.MULTILINE | re.IGNORECASE)
+_FROM = re.compile(rb"From .*\d.\d\d:\d\d\s*(\d+)[^:]*", re.DOTALL)  # the last colon's digits, then a year
 
 
 def find_trailers(text: str) -> list[tuple[str, str]]:
@@ -22,13 +23,8 @@ def find_trailers(text: str) -> list[tuple[str, str]]:
 
 
 def _splits(line: bytes) -> bool:
-    """Does ``git mailsplit`` start a message at ``line`` (its ``is_from_line``: ``From `` ... ``D:DD:DD YEAR``, the
-    last colon's, a year past 90)?"""
-    colon = line.rfind(b":", 5, len(line) - 1)
-    year = re.match(rb"\s*(\d+)", line[colon + 3:])
-    return len(line) >= 19 and line.startswith(b"From ") and colon > 8 and year is not None and \
-        int(year.group(1)) > 90 and all(line[i:i + 1].isdigit() for i in (colon - 4, colon - 2, colon - 1, colon + 1,
-                                                                           colon + 2))
+    """Does ``git mailsplit`` start a message at ``line`` (its ``is_from_line``: ``From `` ... ``D:DD:DD YEAR``)?"""
+    return bool((m := _FROM.fullmatch(line)) and len(line) >= 19 and int(m.group(1)) > 90)
 
 
 def message_trailers(data: bytes) -> list[tuple[str, str]]:
