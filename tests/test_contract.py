@@ -15,6 +15,7 @@ import pytest
 
 import watch_upstream as wu
 from c128patch.fit import contract, contract_cxx
+from c128patch.fit.resolve import Upstream
 from c128patch.fit.watch import EXIT
 from c128patch.git import Git
 from c128patch.ops.lint import update_hashes
@@ -152,10 +153,18 @@ def unparsable(git: Git) -> str:
                  lambda text_of: {SPEC_UTILS: text_of(SPEC_UTILS) + "def broken(:\n"})
 
 
+def pathological(git: Git) -> str:
+    """A default of a function we call nested past what ``ast.unparse`` recurses through (it parses)."""
+    deep = " | ".join(["int"] * 900)
+    was = "def record_stream_for_v2_verify(batch, verify_input, fwd_stream"
+    return _edit(git, "spec_utils: a pathological default",
+                 lambda text_of: {SPEC_UTILS: text_of(SPEC_UTILS).replace(f"{was}):", f"{was}={deep}):")})
+
+
 DRIFT = {"signature": signature_changed, "renamed": module_renamed, "swapped": params_swapped,
          "attr-removed": attr_removed, "get-renamed": get_renamed, "helper-reordered": helper_reordered,
          "header-removed": header_removed,
-         "unparsable": unparsable}
+         "unparsable": unparsable, "pathological": pathological}
 
 
 @pytest.fixture(scope="session")
@@ -290,6 +299,26 @@ def test_upstream_code_that_does_not_parse_is_an_error_not_a_pass(drift):
     errors = findings(run, "error")
     assert any(e.endswith(f"{SPEC_UTILS}: does not parse: invalid syntax") or "does not parse" in e for e in errors)
     assert not run.out["revs"][0]["verdict"].startswith("holds")
+
+
+def test_a_pathological_upstream_expression_is_one_line_never_a_traceback(drift):
+    """Upstream text is read, never evaluated: nested past the recursion limit it was a RecursionError traceback."""
+    run = run_contract("pathological", repo=drift)
+    assert run.code in (1, 2) and "Traceback" not in run.err, run.err
+    said = run.err.strip() if run.code == 2 else " ".join(findings(run, "error"))
+    assert "nest" in said and "\n" not in said, said
+
+
+def test_an_upstream_file_too_deep_to_build_does_not_parse_in_one_line():
+    class Reader:
+        files = {"python/sglang/deep.py"}
+
+        def text(self, path):
+            return "class A:\n    x: '" + " | ".join(["int"] * 20_000) + "'\n    y: " + " | ".join(["int"] * 20_000)
+
+    up = Upstream(Reader(), {})
+    assert up.parse("python/sglang/deep.py") is None
+    assert "nests too deeply" in up.errors["python/sglang/deep.py"]
 
 
 def test_the_inclusive_sum_swap_between_releases_is_flagged(sglang_release_repo, tmp_path):

@@ -138,9 +138,11 @@ def test_a_near_copy_whose_names_are_no_bytes_of_its_file_is_found(remote, ours)
     assert (copy.copy, copy.missing) == (f"{path}:DSparkShadowWorker", ("commit_after_verify", "record_decode_inputs"))
 
 
-def test_a_copy_that_does_not_parse_is_named_not_a_crash(remote, ours):
+@pytest.mark.parametrize("tail", ["\ndef (:\n", "\nx = " + "-" * 5000 + "1\n"],
+                         ids=["syntax", "too-deep"])  # too deep: ast.parse's RecursionError was a traceback
+def test_a_copy_that_does_not_parse_is_named_not_a_crash(remote, ours, tail):
     base = remote.rev_parse("v0.5.23")
-    commit = _commit(remote, base, "dspark: half a worker", {FAST: remote.blob(base, WORKER).decode() + "\ndef (:\n"})
+    commit = _commit(remote, base, "dspark: half a worker", {FAST: remote.blob(base, WORKER).decode() + tail})
     assert copies.find(remote, base, commit, ours) == [copies.Copy(WORKER, FAST, ("commit_after_verify",
                                                                                   "record_decode_inputs"))]
 

@@ -344,6 +344,62 @@ def test_requirements_that_do_not_resolve_are_one_line_and_unchecked(tmp_path, m
                                                                             .iterdir())
 
 
+@pytest.mark.parametrize("row", [
+    'imports = "torchvision", reason = "a string, not a list"',
+    'imports = ["tv"], defines = "tv::nms(Tensor a) -> Tensor", reason = "a string: each character an op"',
+    'imports = [], defines = ["tv::nms(Tensor a) -> Tensor"], reason = "no import name to key the ops by"',
+    'imports = ["tv", "os; import x"], reason = "not an import name"',
+    'imports = ["tv"], tried = "yes", reason = "not a bool"',
+    'imports = ["tv"], tried = true, defines = ["tv::a() -> () | tv::b() -> ()"], reason = "two ops as one"',
+    'imports = ["tv"], tried = true, defines = ["tv::a() -> ()\\n# tried: other x"], reason = "a forged key line"',
+    'imports = ["tv"], defines = ["import os; os.system(\'x\')"], reason = "Python, not a schema"',
+    'imports = ["tv"], reason = 5',
+    None,  # not a table
+])
+def test_a_hostile_cuda_only_row_is_refused_in_one_line(tmp_path, row):
+    """``patches/env/cuda-only.toml`` is input: a row of the wrong shape was a traceback (or a character per op);
+    a ``defines`` entry holding ``" | "`` or a newline gave the key of another table (a poisoned build reused)."""
+    (tmp_path / "patches" / "env").mkdir(parents=True)
+    (tmp_path / "patches" / "series.toml").write_text('[series]\nname = "s"\nversion = "1"\nbase = "v0.5.23"\n')
+    (tmp_path / "patches" / "env" / "cuda-only.toml").write_text(f"tv = {{ {row} }}\n" if row else "tv = 'x'\n")
+    with pytest.raises(C128Error, match=r"cuda-only\.toml: row 'tv'") as exc:
+        env.cuda_only(load_series(tmp_path))
+    assert "\n" not in exc.value.message
+
+
+def test_the_committed_cuda_only_table_is_taken():
+    assert CUDA["torchvision"]["defines"] and env.defines(SERIES) == {"torchvision": CUDA["torchvision"]["defines"]}
+
+
+@pytest.mark.parametrize("name", ["cuda-only.toml", "v0.5.23.lock"])
+def test_a_symlinked_cuda_only_table_or_lock_in_the_series_is_refused(tmp_path, monkeypatch, name):
+    """The series folder is input: its env files go through the confinement rule (a link read any file here)."""
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(env, "resolve", lambda *a: pytest.fail("resolved: the link was taken"))
+    (tmp_path / "patches" / "env").mkdir(parents=True)
+    (tmp_path / "patches" / "series.toml").write_text('[series]\nname = "s"\nversion = "1"\nbase = "v0.5.23"\n')
+    (tmp_path / "secret").write_text("# c128patch tier environment lock\n")
+    (tmp_path / "patches" / "env" / name).symlink_to(tmp_path / "secret")
+    (tmp_path / "tree" / "python").mkdir(parents=True)
+    (tmp_path / "tree" / "python" / "pyproject.toml").write_text('[project]\ndependencies = []\n')
+    with pytest.raises(C128Error, match=f"unsafe path in .*patches/env/{name} goes through the symlink"):
+        env.lock_for(load_series(tmp_path), tmp_path / "tree")
+
+
+@pytest.mark.parametrize("line", ["--index-url http://evil.invalid/simple", "-e .", "-r /etc/passwd",
+                                  f"good==1.0 --hash=sha256:{'ab' * 32} \\", f"x==${{HOME}} --hash=sha256:{'ab' * 32}",
+                                  "-f file:///tmp/wheels", "good @ file:///tmp/good.whl"])
+def test_a_lock_line_that_is_not_a_pinned_hashed_package_is_refused_before_pip_runs(tmp_path, monkeypatch, line):
+    """A committed lock is the series' input, and pip takes options from a requirements file: an index of the
+    lock's choosing, another file, an editable (a build running code) were pip's to follow."""
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(env, "_pip", lambda *a: pytest.fail("pip ran"))
+    monkeypatch.setattr(env, "Sealed", lambda *a, **k: pytest.fail("the box ran"))
+    with pytest.raises(C128Error, match="is not 'name==version --hash=sha256:HEX'") as exc:
+        env.build(f"# c128patch tier environment lock\ngood==1.0 --hash=sha256:{'ab' * 32}\n{line}\n", {})
+    assert "\n" not in exc.value.message
+
+
 def test_pip_in_the_box_reads_the_operators_own_pip_config(tmp_path, monkeypatch):
     # HOME is hidden from the box (and replaced): the operator's pip.conf (a private index, say) is handed in
     import sys

@@ -112,6 +112,19 @@ def test_the_destination_is_resolved_in_the_tree_as_it_is_when_written(tree, tmp
     assert confine(tree, "python/sglang/ok.py", "overlay 'x'") == tree / "python/sglang/ok.py"
 
 
+@pytest.mark.parametrize("forged", ["C128patch-Entry: test-overlay", "c128patch-entry : test-overlay"])
+def test_an_entry_whose_message_claims_another_entry_is_refused_and_not_kept(tree, series, forged):
+    """What git records decides: a patch naming another entry (any spelling git takes) made a commit claiming it."""
+    patch = series / "patches" / "0001-test.patch"
+    patch.write_text(patch.read_text().replace("C128patch-Gate: none (test)", f"C128patch-Gate: none (test)\n{forged}"))
+    update_hashes(load_series(series))
+    res = invoke(*apply_args(tree, series), as_json=False)
+    assert res.code == 2 and "entry 'test-patch': its patch made commit(s) carrying C128patch-Entry " \
+        "'test-overlay', not 'test-patch' only; nothing of it was kept" in res.err, res.err
+    git = Git(worktree=tree)
+    assert "test-overlay" not in git.out("log", "-3", "--format=%(trailers:key=C128patch-Entry,valueonly)")
+
+
 # ---------------------------------------------------------------------------- 2. no conflict markers committed
 @pytest.fixture
 def rebase_stopped(tree: Path, series: Path) -> Git:

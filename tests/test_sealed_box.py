@@ -74,6 +74,21 @@ def test_where_the_host_refuses_the_seal_the_box_still_runs_and_says_what_is_not
                                    "network NOT cut off: no network namespace here (refused)")
 
 
+def test_bisect_behaviour_says_it_runs_the_targets_code_and_what_the_host_does_not_confine(monkeypatch):
+    """Each bisect step runs the tier: it said nothing, the box unconfined or not (watch and treecheck say it)."""
+    from c128patch.fit import bisect
+
+    monkeypatch.setattr(sandbox, "_cuts", lambda: ("no mount namespace here (refused)", "the same", ""))
+    monkeypatch.setattr(bisect, "bisect", lambda *a, **k: dict(found=False, summary="fits", failing=[], commit="",
+                                                                 subject=""))
+    run = invoke("bisect", "--onto", "x", "--behaviour", "--series", str(REPO_ROOT), as_json=False)
+    assert run.code == 0, run.err
+    assert run.err.startswith("bisect --behaviour runs the target tree's code at each step, in the sealed box (leave "
+                              "out --behaviour to run none): writes NOT confined: no mount namespace here (refused); "
+                              "reads NOT confined: the same; no network (loopback only)\n"), run.err
+    assert "NOT confined" not in invoke("bisect", "--onto", "x", "--series", str(REPO_ROOT), as_json=False).err
+
+
 # reads each file it is given and prints what it read (or why not)
 PEEK = """import sys
 for path in sys.argv[1:]:

@@ -465,3 +465,36 @@ def test_a_series_base_or_version_that_is_not_one_printable_word_is_refused(tmp_
                                                      f'{key} = {json.dumps(value)}'))
     with pytest.raises(C128Error, match=f"unsafe {key}"):
         load_series(folder)
+
+
+def _layer_claiming(tmp_path: Path, data: bytes) -> Path:
+    layer = series_folder(tmp_path / "layer")
+    (layer / "patches" / "0001-x.patch").write_bytes(data)
+    with (layer / "patches" / "series.toml").open("a") as fh:
+        fh.write('\n[[entries]]\nname = "x"\nkind = "patch"\nfile = "0001-x.patch"\nwhy = "w"\nbase = "v0.5.23"\n')
+    return layer
+
+
+DIFF = b"---\n f | 2 +-\n\ndiff --git a/f b/f\n--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n"
+ENCODED = b"From x\nSubject: [PATCH] x\nMIME-Version: 1.0\nContent-Type: text/plain; charset=UTF-8\n"
+
+
+@pytest.mark.parametrize("data", [  # each as git am reads it: the message carries our entry's trailer
+    ENCODED + b"Content-Transfer-Encoding: quoted-printable\n\nx\n\n=43128patch-Entry: c128-dspark-online-env\n" + DIFF,
+    ENCODED + b"Content-Transfer-Encoding: base64\n\n"
+    + __import__("base64").encodebytes(b"x\n\nC128patch-Entry: c128-dspark-online-env\n" + DIFF),
+    b"From x\nSubject: [PATCH] x\n\nC128patch-Entry: site/x\n" + DIFF  # a second message in the same file
+    + b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] y\n\n"
+    b"C128patch-Entry: c128-dspark-online-env\n" + DIFF,
+    ENCODED.replace(b"UTF-8", b"UTF-7") + b"\nx\n\n+AEM-128patch-Entry: c128-dspark-online-env\n" + DIFF,
+], ids=["quoted-printable", "base64", "two-messages", "utf-7"])
+def test_a_layer_cannot_claim_one_of_our_entries_in_an_encoded_body_or_a_second_message(tmp_path, data):
+    with pytest.raises(C128Error, match="names its own entry only|more than one message") as exc:
+        stack(load_series(REPO_ROOT), [_layer_claiming(tmp_path, data)])
+    assert "\n" not in exc.value.message
+
+
+def test_a_layer_patch_in_quoted_printable_naming_its_own_entry_is_taken(tmp_path):
+    data = ENCODED + b"Content-Transfer-Encoding: quoted-printable\n\nx=\n y\nFrom the docs: 1:2\n\n" \
+        b"C128patch-Entry: site/x\n" + DIFF  # a "From " line git does not split at: one message
+    assert [e.name for e in stack(load_series(REPO_ROOT), [_layer_claiming(tmp_path, data)]).entries][-1] == "site/x"

@@ -142,6 +142,9 @@ def derive(series: Series, git: Git, upstream: str, head: str,
         c_items, c_findings = cxx.derive(reader, ours, lambda p: sources.get(p, p))
         items += [Item(**i) for i in c_items]
         findings += [Finding(**f) for f in c_findings]
+    except RecursionError:  # input: an expression that parses but nests past what reading it back recurses through
+        raise C128Error(f"upstream code on {head} nests too deeply to read (past Python's recursion limit): no "
+                        "contract derived") from None
     finally:
         reader.close()
     for item in items:  # upstream's definitions as upstream numbers them: our patches shift no lock line

@@ -65,7 +65,7 @@ def _parse(source: bytes | None) -> ast.Module:
     """The module; one that does not parse holds nothing here (the tree checks report it)."""
     try:
         return ast.parse(source or b"")
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # RecursionError: nested too deeply to build
         return ast.Module(body=[], type_ignores=[])
 
 

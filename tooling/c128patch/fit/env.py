@@ -26,6 +26,7 @@ from c128patch.fit.sandbox import Sealed
 from c128patch.jsonio import read_json, write_atomic
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series, tomllib
+from c128patch.series.paths import confine
 from c128patch.upstream.releases import WheelZip, cache_dir, ensure_folder, locked, wheel_for
 
 TORCH_PIN = "torch==2.13.0"  # the CPU build; the operator may name another: $C128PATCH_TORCH_PIN
@@ -34,6 +35,8 @@ _IMPORT = ("import importlib, json, sys\nops = json.loads(sys.argv[1])\n"  # arg
            "libs = [__import__('torch').library.Library(op.split('::')[0], 'FRAGMENT') for op in ops]\n"
            "for lib, op in zip(libs, ops):\n    lib.define(op.split('::', 1)[1])\n"
            "for n in sys.argv[2:]:\n    importlib.import_module(n)\n")
+_SCHEMA = re.compile(r"[A-Za-z_]\w*::[A-Za-z_][\w.]*\([^\x00-\x1f|]*\) -> [^\x00-\x1f|]+")  # an op, one line, no "|"
+_LOCKED = re.compile(r"[a-z0-9][a-z0-9._-]*==[A-Za-z0-9.+!_-]+ --hash=sha256:[0-9a-f]{64}")  # a lock's package line
 _VERSION = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
 
 
@@ -48,11 +51,19 @@ def torch_pin() -> str:
 
 def cuda_only(series: Series) -> dict[str, dict]:
     """The series' table of CUDA-only requirements: name -> {"imports": [...], "reason": ...}."""
-    path = series.patches_dir / "env" / "cuda-only.toml"
+    path = confine(series.root, "patches/env/cuda-only.toml", "the series' CUDA-only table")
     try:
         table = tomllib.loads(path.read_text()) if path.is_file() else {}
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise C128Error(f"{path}: not TOML ({exc})") from None
+    for name, row in table.items():  # input: a row of another shape, or a key line ("said") forged in ``build``
+        imports, ops = (row.get("imports"), row.get("defines", [])) if isinstance(row, dict) else (None, None)
+        if not (isinstance(imports, list) and all(isinstance(n, str) and all(p.isidentifier() for p in n.split("."))
+                                                  for n in imports) and isinstance(row.get("reason"), str)
+                and isinstance(row.get("tried", False), bool) and isinstance(ops, list) and (imports or not ops)
+                and all(isinstance(op, str) and _SCHEMA.fullmatch(op) for op in ops)):
+            raise C128Error(f"{path}: row {name!r} is not {{ imports = [import names], reason = \"...\", tried = "
+                            "true|false, defines = [\"ns::op(args) -> ret\" op schemas, one line each] }")
     return {canonicalize_name(name): row for name, row in table.items()}
 
 
@@ -200,7 +211,8 @@ def lock_for(series: Series, tree: Path, reporter: Reporter = NullReporter()) ->
     requirements, dropped = filtered(lines, cuda)
     head = header(source, requirements, dropped)
     for path in sorted((series.patches_dir / "env").glob("*.lock")):
-        text = path.read_text(errors="replace")
+        text = confine(series.root, f"patches/env/{path.name}", "the series' locks", regular=True).read_text(
+            errors="replace")
         if _resolved_from(text) == _resolved_from(head):
             return text, str(path.relative_to(series.root))
     name = hashlib.sha256(_resolved_from(head).encode()).hexdigest()[:16]
@@ -243,6 +255,9 @@ def build(lock: str, cuda: dict[str, dict], reporter: Reporter = NullReporter(),
     they import with their ``defines`` defined, kept without their ops (``c128patch-defined.json``)."""
     root = cache_dir() / "envs"
     packages = "".join(line for line in lock.splitlines(keepends=True) if not line.startswith("#"))
+    for line in (ln for ln in packages.splitlines() if ln.strip() and not _LOCKED.fullmatch(ln)):  # pip takes options
+        raise C128Error(f"a line of the tier's lock is not 'name==version --hash=sha256:HEX': {line!r} (no option, "
+                        "file, path or index is taken from a lock)")
     tried = {n: r for n, r in cuda.items() if r.get("tried") and r["imports"] and f"\n{n}==" in f"\n{packages}"}
     # which are tried (and the ops each defines) decides what the build keeps: part of the key (none: the key it had)
     said = "".join(f"# tried: {n} {' '.join(r['imports'])}{''.join(f' | {op}' for op in r.get('defines', []))}\n"

@@ -181,6 +181,8 @@ class Upstream:
                 except (SyntaxError, ValueError) as exc:
                     self.errors[path] = (f"{path}:{getattr(exc, 'lineno', 0) or 0}: does not parse: "
                                          f"{getattr(exc, 'msg', exc)}")
+                except (RecursionError, MemoryError):  # input: a union of 20,000 names parses, but not into an AST
+                    self.errors[path] = f"{path}: does not parse: it nests too deeply to read"
             self._parsed[path] = tree
         return self._parsed[path]
 

@@ -394,7 +394,7 @@ class Apply:
             proc = dated.run("am", "--3way", "--committer-date-is-author-date", *(str(i.path) for i in run),
                              check=False)
             made = branch_commits(git, journal.head_before)
-            if [c.entry for c in made] == [i.patch.trailers[ENTRY_TRAILER] for i in run][:len(made)] and \
+            if [c.entry for c in made] == [i.entry.name for i in run][:len(made)] and \
                     (proc.returncode == 0) == (len(made) == len(run)):  # one commit per file, as one by one
                 ways = ["3way" if "\nFalling back to patching base and 3-way" in said else "clean"
                         for said in re.split(r"^Applying: ", proc.stdout, flags=re.M)[1:]]  # what it says per patch
@@ -436,7 +436,20 @@ class Apply:
         if not item.patch.trailers.get(ENTRY_TRAILER):
             dated.run("commit", "--quiet", "--amend", "--no-edit", "--no-verify",
                       "--trailer", f"{ENTRY_TRAILER}: {item.entry.name}")
+        self._claims(journal, item)
         return "whitespace" if loose else "3way" if "Falling back to patching base and 3-way" in output else "clean"
+
+    def _claims(self, journal: ApplyJournal, item: Planned, resolved: bool = False) -> None:
+        """Each commit the step made (one per message of the file) carries ``item``'s entry trailer only, as git reads
+        it (whatever the patch's message said, in any spelling or encoding); else refused, nothing of it kept (a hand
+        resolution: kept)."""
+        made = branch_commits(self.git, journal.head_before)
+        if not made or any(c.entry != item.entry.name for c in made):
+            if not resolved:
+                self._reset(journal.head_before, journal.step_paths)
+            raise C128Error(f"entry '{item.entry.name}': its patch made commit(s) carrying {ENTRY_TRAILER} "
+                            f"{', '.join(repr(c.entry) for c in made)}, not '{item.entry.name}' only; "
+                            + ("fix its message, then resume" if resolved else "nothing of it was kept"))
 
     def _check_worktree_paths(self, planned: list[Planned]) -> None:
         """Refuse a path through a symlink in the tree as it is now, or under the operator's ``core.hooksPath``."""
@@ -539,6 +552,7 @@ class Apply:
             if f"{ENTRY_TRAILER}: {item.entry.name}" not in git.out("log", "-1", "--format=%B", head):
                 self._dated(journal).run("commit", "--quiet", "--amend", "--no-edit", "--no-verify", "--trailer",
                                          f"{ENTRY_TRAILER}: {item.entry.name}")
+            self._claims(journal, item, resolved=True)
             self._record(journal, [item], [("resolved", git.head() or "")])
         ensure_clean(git, "continue the apply")
 

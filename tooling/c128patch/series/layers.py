@@ -27,7 +27,7 @@ from c128patch.series.manifest import (
     read_toml,
 )
 from c128patch.series.paths import confine, duplicates
-from c128patch.series.trailers import ENTRY_TRAILER, find_trailers
+from c128patch.series.trailers import ENTRY_TRAILER, message_trailers
 
 LAYER_NAME = re.compile(r"[a-z][a-z0-9]{0,31}")
 LAYER_NAME_RULE = "1-32 characters of a-z 0-9, starting with a letter (it goes into the wheel's PEP 440 label)"
@@ -67,9 +67,12 @@ def load_layer(folder: Path, series: Series) -> Series:
         raise C128Error(f"{where}: base {layer.base!r} is not one the series {series.name} was made on "
                         f"({', '.join(bases)}); make the layer on one of them")
     for e, path in ((e, layer.file_of(e, v)) for e in layer.entries for v in e.patch_files()):
-        head = path.read_bytes().split(b"\n---\n", 1)[0].decode("utf-8", errors="replace") if path.is_file() else ""
+        try:
+            found = message_trailers(path.read_bytes()) if path.is_file() else []
+        except ValueError as exc:
+            raise C128Error(f"{where}: {path.name} is not one patch message: {exc}") from None
         name = f"{layer.name}{SEP}{e.name}"
-        for value in (v.strip() for k, v in find_trailers(head) if k == ENTRY_TRAILER and v.strip() != name):
+        for value in (v.strip() for k, v in found if k == ENTRY_TRAILER and v.strip() != name):
             raise C128Error(f"{where}: {path.name} carries '{ENTRY_TRAILER}: {value}', not '{ENTRY_TRAILER}: {name}' "
                             "(a layer's patch names its own entry only)")
     return layer
