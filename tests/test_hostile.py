@@ -114,14 +114,17 @@ def test_the_destination_is_resolved_in_the_tree_as_it_is_when_written(tree, tmp
 
 @pytest.mark.parametrize("forged", ["C128patch-Entry: test-overlay", "c128patch-entry : test-overlay"])
 def test_an_entry_whose_message_claims_another_entry_is_refused_and_not_kept(tree, series, forged):
-    """What git records decides: a patch naming another entry (any spelling git takes) made a commit claiming it."""
+    """A patch naming another entry (any spelling git takes) is refused by the plan, before anything is written: apply,
+    and rebase, which commits the file's own message (apply also checks what git recorded: test_trust_series)."""
     patch = series / "patches" / "0001-test.patch"
     patch.write_text(patch.read_text().replace("C128patch-Gate: none (test)", f"C128patch-Gate: none (test)\n{forged}"))
     update_hashes(load_series(series))
-    res = invoke(*apply_args(tree, series), as_json=False)
-    assert res.code == 2 and "entry 'test-patch': its patch made commit(s) carrying C128patch-Entry " \
-        "'test-overlay', not 'test-patch' only; nothing of it was kept" in res.err, res.err
     git = Git(worktree=tree)
+    before = git.head()
+    res = invoke(*apply_args(tree, series), as_json=False)
+    assert res.code == 2 and "entry 'test-patch': 0001-test.patch carries 'C128patch-Entry: test-overlay', not " \
+        "'test-patch': fix its message" in res.err, res.err
+    assert git.head() == before
     assert "test-overlay" not in git.out("log", "-3", "--format=%(trailers:key=C128patch-Entry,valueonly)")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from c128patch.errors import C128Error
 from c128patch.smoke import device as smoke_device
 from c128patch.smoke import upstream_select as sel
 from c128patch.smoke import upstream_standins
@@ -620,3 +621,11 @@ def test_a_standin_package_keeps_the_trees_other_submodules(checkout, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == [f"['{tree / 'sglang/srt/utils'}']", "True",
                                    str(tree / "sglang/srt/utils/custom_op.py")]
+
+
+@pytest.mark.parametrize("source", ["x = " + "(" * 1000 + ")" * 1000 + "\n", "x = [" + "-" * 100_000 + "1]\n",
+                                    "def (:\n"])
+def test_an_upstream_file_that_does_not_parse_is_one_line_naming_it(source):
+    # input: a file of the target tree nested past the parser's limits, or broken, is never a traceback
+    with pytest.raises(C128Error, match=r"^x\.py: (does not parse|nested too deeply to parse)"):
+        sel.parse_imports(source, "x.py", "sglang")

@@ -116,8 +116,8 @@ def test_damaged_trees_in_a_recorded_proof_are_none(tmp_path: Path):
 @pytest.mark.parametrize("text", ["[", DEEP_JSON, "{}", '[{"path": "a.py"}]',
                                   '[{"path": 1, "key": "", "text": "", "match": ""}]',
                                   *(f'[{{"path": "{p}", "key": "ab", "text": "", "match": ""}}]'
-                                    for p in ("../../victim", "/etc/passwd", ".git/hooks/post-commit"))],
-                         ids=["bad", "deep", "object", "short", "int", "dotdot", "absolute", "git"])
+                                    for p in ("../../victim", "/etc/passwd", ".git/hooks/post-commit", "python/a.py"))],
+                         ids=["bad", "deep", "object", "short", "int", "dotdot", "absolute", "git", "another-key"])
 def test_a_forged_or_damaged_conflicts_json_is_one_line_and_names_no_path_outside_the_tree(tmp_path: Path, text):
     """``rebase --continue`` reads the conflicts a stop saved in the git dir: input. A damaged one was a traceback
     (ValueError, TypeError); a path outside the tree reached the ledger's records."""

@@ -462,3 +462,24 @@ def test_docs_and_help_give_every_outcome_its_exit_code():
         assert f"{outcome} {code}" in help_text
         in_readme = rf"timed out \({code}\)" if outcome == "timeout" else rf"`{outcome}` \((exit )?{code}\b"
         assert re.search(in_readme, readme), outcome
+
+
+
+@pytest.mark.parametrize("run_code", [True, False])
+def test_the_tier_step_says_whether_the_targets_code_runs(tmp_path, run_code):
+    from c128patch.errors import C128Error
+    from c128patch.fit.watch import Watch
+
+    class Steps(list):
+        def step(self, message: str) -> None:
+            self.append(message)
+
+    class NoCheckout:  # the tier's start stops at the checkout: only its first line is the subject
+        def run(self, *args: str) -> None:
+            raise C128Error("no checkout here")
+
+    said = Steps()
+    w = Watch(load_series(REPO_ROOT), None, "v0.5.23", tmp_path, run_code=run_code, reporter=said)
+    assert w._start_tier(NoCheckout(), w.series, "", "") == "no checkout here"
+    assert ("runs the target tree's code" in said[0]) is run_code, said
+    assert ("--no-run, the target's code is not run (unchecked)" in said[0]) is not run_code, said

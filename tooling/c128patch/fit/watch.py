@@ -248,7 +248,8 @@ class Watch:
 
     def _start_tier(self, git: Git, series: Series, onto_commit: str, head: str) -> tier_ops.Pending | str:
         """``fit.treecheck`` (gates off and on) on the carried tree, started; a str says why it did not start."""
-        self._step(f"behavioural tier on {self.onto} (started): it {NOTICE}")
+        self._step(f"behavioural tier on {self.onto} (started): it {NOTICE}" if self.run_code else
+                   f"behavioural tier on {self.onto}: --no-run, the target's code is not run (unchecked)")
         try:
             git.run("checkout", "--quiet", "--force", "--detach", head)
             return tier_ops.Pending(series, git.worktree, git.changed_files(onto_commit, head), python=self.python,

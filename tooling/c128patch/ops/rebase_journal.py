@@ -127,8 +127,9 @@ def saved_conflicts(state: Path) -> list[Conflict]:
     if not path.exists():
         return []
     rows, keys = read_json(path, list), ["path", "key", "text", "match"]
-    if rows is None or not all(isinstance(c, dict) and sorted(c) == sorted(keys) and all(isinstance(v, str) for v in
-                                                                                            c.values()) for c in rows):
+    made = [Conflict.of(check_relpath(c["path"], str(path)), c["text"]) for c in rows or []
+            if isinstance(c, dict) and sorted(c) == sorted(keys) and all(isinstance(v, str) for v in c.values())]
+    if rows is None or [asdict(c) for c in made] != rows:  # each key is its text's: none filed under another's
         raise C128Error(f"{path}: not the conflicts this rebase saved (damaged or edited); `c128patch rebase "
                         "--abort` undoes the rebase")
-    return [Conflict(check_relpath(c["path"], str(path)), *(c[k] for k in keys[1:])) for c in rows]
+    return made

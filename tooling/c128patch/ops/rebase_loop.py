@@ -25,7 +25,7 @@ from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import Series
 from c128patch.series.plan import Planned, check_paths_at, index_git, merged_entries, overlay_message, plan
 from c128patch.series.provenance import PROVENANCE_PATH
-from c128patch.series.trailers import ENTRY_TRAILER
+from c128patch.series.trailers import ENTRY_TRAILER, find_trailers
 from c128patch.upstream.source import default_branch
 
 
@@ -212,7 +212,7 @@ class RebaseLoop:
             body = Path(tmp, "msg").read_text()
         fields = dict(line.split(": ", 1) for line in info.splitlines() if ": " in line)
         message = git.run("stripspace", input=f"{fields.get('Subject', name)}\n\n{body}").stdout
-        if f"\n{ENTRY_TRAILER}: " not in message:
+        if not any(k == ENTRY_TRAILER for k, _ in find_trailers(message)):  # in any spelling git reads (plan: ours)
             message += f"\n{ENTRY_TRAILER}: {name}\n"
         return message, (fields.get("Author", "c128patch"), fields.get("Email", ""), fields.get("Date", ""))
 

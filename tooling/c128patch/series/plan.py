@@ -32,7 +32,7 @@ from c128patch.git import Git, ReadMemo, blob_id, remembered
 from c128patch.series.manifest import ABSENT, Entry, Series, Variant, sha256_file
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch, read_patches
 from c128patch.series.paths import symlink_on_path
-from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER, SERIES_TRAILER
+from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER, SERIES_TRAILER, find_trailers
 
 Rule = Literal["only", "exact", "most", "ancestor", "strict", "primary"]
 Entries = tuple[tuple[str, str, str], ...]  # (mode, blob, stage) of one path; () where the index has none
@@ -445,6 +445,11 @@ def plan(series: Series, git: Git, target: str) -> list[Planned]:
     files = {e.name: {v: verify_file(series, e, v) for v in e.patch_files()} for e in entries}
     read_patches([path for by_variant in files.values() for path in by_variant.values()])  # one git call
     patches = {name: {v: read_patch(path) for v, path in by_variant.items()} for name, by_variant in files.items()}
+    for name, by_variant in patches.items():  # a file claiming another entry, in any spelling git reads
+        for info in by_variant.values():
+            if claims := [v.strip() for k, v in find_trailers(info.body) if k == ENTRY_TRAILER and v.strip() != name]:
+                raise C128Error(f"entry '{name}': {info.path.name} carries '{ENTRY_TRAILER}: {claims[0]}', not "
+                                f"'{name}': fix its message")
     if isinstance(git, ReadMemo):  # which preimage blobs the repository has, in one call
         git.find_blobs([b for by_variant in patches.values() for info in by_variant.values()
                         for b, _ in info.blobs.values() if b != NULL_BLOB])

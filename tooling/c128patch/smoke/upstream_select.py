@@ -59,6 +59,16 @@ class Imp:
     lazy: bool  # inside a function
 
 
+def _parse(source: str, filename: str) -> ast.Module:
+    """``source`` parsed; one that does not parse (or nests past the parser's limits: input) is a one-line error."""
+    try:
+        return ast.parse(source, filename)
+    except (SyntaxError, ValueError) as exc:
+        raise C128Error(f"{filename}: does not parse ({type(exc).__name__}: {exc})") from None
+    except (RecursionError, MemoryError):
+        raise C128Error(f"{filename}: nested too deeply to parse") from None
+
+
 def parse_imports(source: str, filename: str, package: str | None) -> list[Imp]:
     """Every import in ``source`` (``package``: where relative imports resolve from)."""
     out: list[Imp] = []
@@ -84,7 +94,7 @@ def parse_imports(source: str, filename: str, package: str | None) -> list[Imp]:
                 out.append(Imp(base, tuple(a.name for a in child.names), child.lineno, lazy))
             visit(child, inner)
 
-    visit(ast.parse(source, filename), False)
+    visit(_parse(source, filename), False)
     return out
 
 
@@ -96,7 +106,7 @@ def _star_chain(index: "ModuleIndex", modules: Iterable[str]) -> dict[Path, list
         path = index.file(todo.pop())
         if path is None or path in out:
             continue
-        out[path] = ast.parse(path.read_text(errors="replace")).body
+        out[path] = _parse(path.read_text(errors="replace"), str(path)).body
         todo += [n.module for n in out[path] if isinstance(n, ast.ImportFrom) and n.module
                  and n.module.startswith("sglang") and any(a.name == "*" for a in n.names)]
     return out
@@ -247,7 +257,7 @@ class TestFile:
     @classmethod
     def read(cls, path: Path, root: Path) -> "TestFile":
         source = path.read_text(errors="replace")
-        tree = ast.parse(source, str(path))
+        tree = _parse(source, str(path))
         names = [path.stem] + [n.name for n in ast.walk(tree)
                                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                                and n.name.lower().startswith("test")]
@@ -322,7 +332,7 @@ def closure(index: ModuleIndex, tests: list[TestFile], standins: set[str]) -> Cl
                         done[edge.module] = eager
                         path = index.file(edge.module)
                         if path is not None:  # the csrc folders it names ("deepseek_v4/c128_v2.cuh")
-                            nodes = ast.walk(ast.parse(path.read_text(errors="replace")))
+                            nodes = ast.walk(_parse(path.read_text(errors="replace"), str(path)))
                             out.csrc_dirs |= {n.value.split("/")[0] for n in nodes if isinstance(n, ast.Constant)
                                               and isinstance(n.value, str) and _CSRC_LITERAL.match(n.value)}
                         queue.append((index.imports(edge.module), edge.module, False, eager))
