@@ -8,7 +8,6 @@ import click
 
 from c128patch.cli.common import DEFAULT_TREE, emit_json, exit_unless, locate_tree, tree_option, verb_options
 from c128patch.errors import C128Error
-from c128patch.textsafe import some
 
 
 @click.command("status")
@@ -92,6 +91,8 @@ def _applied(info: dict) -> list[str]:
             verdict = "equals the series" if proof["identical"] else "differs"
         lines.append(f"  {verdict}: {proof['summary']} ({info['proof']} proof)")
     if uncommitted:
+        from c128patch.textsafe import some
+
         lines.append(f"  uncommitted: {some(uncommitted, 5)}")
     if not info["drift"]:
         lines.append("  no drift: patched and overlaid files are as applied")
