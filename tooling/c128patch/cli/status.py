@@ -31,7 +31,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
 
     root = locate_tree(tree)
     try:
-        series = load_stack(series_dir, layer_dirs, tree, quiet=as_json)
+        series = load_stack(series_dir, layer_dirs, root, quiet=as_json)  # ./sglang from above: its layers
     except C128Error:
         series = None
     try:
