@@ -236,9 +236,28 @@ def test_add_entry_makes_the_example_layers_first_entry_from_a_commit(tmp_path, 
     made = (layer / "patches" / "0001-acme-sps-env.patch").read_bytes()
     assert made == (EXAMPLE / "patches" / "0001-acme-sps-env.patch").read_bytes()
     assert load_series(layer).entries[0].sha256 == hashlib.sha256(made).hexdigest()
-    again = invoke("layer", "add-entry", "--layer", layer, "--from-commit", sha, "--tree", upstream_clone,
+    other = commit_on(upstream_clone, ENV_PY, anchor, anchor + "    SGLANG_ACME_OTHER = EnvBool(False)\n", "other")
+    again = invoke("layer", "add-entry", "--layer", layer, "--from-commit", other, "--tree", upstream_clone,
                    "--name", "acme-sps-env", "--why", "again", as_json=False)
     assert again.code == 2 and "has an entry 'acme-sps-env' already" in again.err
+
+
+def test_add_entry_run_again_on_the_same_commit_names_the_entry_it_is_and_adds_no_second_one(tmp_path, upstream_clone):
+    """A user re-runs the add-entry they ran (issue 37's walk): refused, naming the entry the commit is already, and
+    no `pass --name`, which made a second entry of the same change that no apply can replay."""
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
+    anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    sha = commit_on(upstream_clone, ENV_PY, anchor, anchor + "    # acme: the site's note\n", "acme: the site's note")
+    layer = tmp_path / "acme"
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0
+    add = ["layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", upstream_clone, "--why", "w"]
+    assert invoke(*add).code == 0
+    files = {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()}
+    for extra in ([], ["--name", "second"]):
+        line = refused([*add, *extra], upstream_clone,
+                       f"commit {sha[:12]} is entry 'acme/acme-the-site-s-note' of layer acme already")
+        assert "--name" not in line and "nothing was written" in line, line
+    assert {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()} == files
 
 
 # ---------------------------------------------------------------------------- the example, the whole way
