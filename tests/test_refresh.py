@@ -328,8 +328,9 @@ def test_a_users_commit_rebased_on_an_installed_tool_is_pointed_at_a_layer_by_re
     res = invoke("rebase", "--onto", "v0.5.21", "--tree", str(upstream_clone), as_json=False)
     assert res.code == 0, res.err
     (line,) = [x for x in res.text.splitlines() if x.startswith("report: ")]
-    assert "next: " not in line and line.endswith("; your commits on the branch go into a layer of yours: "
-                                                  "c128patch layer add-entry (docs/layers.md)"), line
+    assert "next: " not in line and line.endswith("would take your commit(s) on the branch as new entries: not "
+                                                  "refreshed from here, it would write there; make them entries of a "
+                                                  "layer of yours: c128patch layer add-entry (docs/layers.md)"), line
     before = files(series)
     check = invoke("refresh", "--check", "--tree", str(upstream_clone), as_json=False)
     assert check.code == 1, check.err

@@ -145,10 +145,11 @@ def refresh_command(git: Git, series: Series, report: dict, lock_items: LockItem
     own = series.ours.root == default_series_root().resolve()  # the tool's checkout or installed package
     if own and (series.layers or label == onto[:12] or installed(series.ours.root)) and any(
             not Path(c).is_absolute() for c in found):
-        return "", (f"series {series.ours.name} (the tool's own, in {series.ours.root}) would need files for "
-                    f"{report['new_base']['rev']}: not refreshed from here, it would write there"
-                    + ("; your commits on the branch go into a layer of yours: c128patch layer add-entry "
-                       "(docs/layers.md)" if new_entry else ""))
+        what = ("would take your commit(s) on the branch as new entries" if new_entry else
+                f"would need files for {report['new_base']['rev']}")
+        return "", (f"series {series.ours.name} (the tool's own, in {series.ours.root}) {what}: not refreshed from "
+                    "here, it would write there" + ("; make them entries of a layer of yours: c128patch layer "
+                                                    "add-entry (docs/layers.md)" if new_entry else ""))
     return shlex.join(["c128patch", "refresh", "--primary" if primary else "--variant", "--tree", str(git.worktree),
                        *([] if own else ["--series", str(series.ours.root)]), *layer_args(series)]), ""
 
