@@ -704,6 +704,29 @@ def test_apply_beside_a_branch_with_the_users_commit_prints_the_stack_it_was_ask
     assert git.rev_parse("c128/v0.5.23") and "USER.txt" in git.out("ls-tree", "--name-only", "c128/v0.5.23")
 
 
+def test_a_users_commit_carried_by_a_rebase_is_still_theirs_when_apply_is_run_again(tmp_path, sglang_release_repo):
+    """Issue 37's walk: apply, a commit of the user's, rebase (which carries it below the new provenance commit),
+    then apply on the rebased branch again. Without the layer: it holds the series and the user's commit, said;
+    with the layer: refused naming the commit, no `branch -D` (it was advised), and the printed apply beside it
+    runs, leaving the user's commit where it is."""
+    series, layer, tree = copy_series(tmp_path / "series"), tmp_path / "acme", tmp_path / "sglang"
+    shutil.copytree(EXAMPLE, layer)
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series).code == 0
+    (tree / "USER.txt").write_text("mine\n")
+    subprocess.run(["git", *ID, "-C", str(tree), "add", "USER.txt"], check=True)
+    subprocess.run(["git", *ID, "-C", str(tree), "commit", "-qm", "mine"], check=True)
+    assert invoke("rebase", "--onto", "v0.5.22", "--tree", tree, "--series", series).code == 0
+    res = invoke("apply", "--sglang-rev", "v0.5.22", "--tree", tree, "--series", series, as_json=False)
+    assert res.code == 0 and "1 commit(s) of yours on top): nothing to do" in res.text, res.text
+    res = invoke("apply", "--sglang-rev", "v0.5.22", "--tree", tree, "--series", series, "--layer", layer,
+                 as_json=False)
+    assert res.code == 2 and "branch -D" not in res.err and "with 1 commit(s) of yours on top" in res.err, res.err
+    (line,) = [x for x in res.err.splitlines() if "keep it and apply beside it: " in x]
+    done = run_printed(line.split("keep it and apply beside it: ", 1)[1])
+    assert done.returncode == 0, done.stderr
+    assert "USER.txt" in Git(worktree=tree).out("ls-tree", "--name-only", "c128/v0.5.22")
+
+
 def doc_commands() -> list[str]:
     """docs/layers.md's workflow block: its commands as printed, continuation lines joined, comments left out."""
     block = (REPO_ROOT / "docs" / "layers.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
