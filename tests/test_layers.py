@@ -727,6 +727,27 @@ def test_a_users_commit_carried_by_a_rebase_is_still_theirs_when_apply_is_run_ag
     assert "USER.txt" in Git(worktree=tree).out("ls-tree", "--name-only", "c128/v0.5.22")
 
 
+def test_add_entry_with_a_lint_error_says_the_entry_is_written_and_prints_the_lint_to_run_after_the_fix(
+        tmp_path, upstream_clone):
+    """docs/layers.md's add-entry before the layer's [[gates]] describe the env: exit 1 on lint's finding. The user
+    is told the entry is written (running add-entry again would only be refused) and which lint to run once the
+    gate is described; that lint then passes."""
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
+    anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    commit_on(upstream_clone, ENV_PY, anchor, anchor + "    SGLANG_ACME_SPS_FLOOR = EnvBool(False)\n", "acme: env")
+    layer = tmp_path / "acme"
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0
+    res = invoke("layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", upstream_clone,
+                 "--gate", "SGLANG_ACME_SPS_FLOOR", "--why", "w", as_json=False)
+    assert res.code == 1 and "lint error: acme-env: SGLANG_ACME_SPS_FLOOR" in res.text, res.text
+    (line,) = [x for x in res.text.splitlines() if "the entry is written" in x]
+    manifest = layer / "patches" / "series.toml"
+    gates = (EXAMPLE / "patches" / "series.toml").read_text().split("[[gates]]", 1)[1]
+    manifest.write_text(f"{manifest.read_text()}\n[[gates]]{gates}")
+    done = run_printed(line.split("then: ", 1)[1])
+    assert done.returncode == 0, (done.stdout, done.stderr)
+
+
 def doc_commands() -> list[str]:
     """docs/layers.md's workflow block: its commands as printed, continuation lines joined, comments left out."""
     block = (REPO_ROOT / "docs" / "layers.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
