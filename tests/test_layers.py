@@ -748,6 +748,30 @@ def test_add_entry_with_a_lint_error_says_the_entry_is_written_and_prints_the_li
     assert done.returncode == 0, (done.stdout, done.stderr)
 
 
+def test_status_of_the_tree_whose_commit_became_the_layer_says_what_is_so(tmp_path, sglang_release_repo, monkeypatch):
+    """docs/layers.md's path, then its table with c128patch.toml, from the same folder: ./sglang holds the series and
+    the commit add-entry took. status said "the series has changed since (now 4)" (it is 4) and "the working tree
+    does not (uncommitted changes)" with nothing uncommitted; it names the stack now asked and the commits."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    tree, layer = tmp_path / "sglang", tmp_path / "layers" / "acme"
+    assert invoke("apply", "--sglang-rev", "v0.5.23").code == 0
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0
+    gates = (EXAMPLE / "patches" / "series.toml").read_text().split("[[gates]]", 1)[1]
+    (layer / "patches" / "series.toml").write_text((layer / "patches" / "series.toml").read_text() + "\n[[gates]]" +
+                                                   gates)
+    Git(worktree=tree).run("apply", str(EXAMPLE / "patches" / "0001-acme-sps-env.patch"))
+    subprocess.run(["git", *ID, "-C", str(tree), "commit", "-qam", "acme: the sps floor env"], check=True)
+    assert invoke("layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", tree, "--gate",
+                  "SGLANG_ACME_SPS_FLOOR", "--why", "w").code == 0
+    (tmp_path / CONFIG).write_text('[layers]\npaths = ["layers/acme"]\n')
+    res = invoke("status", as_json=False)
+    assert res.code == 1 and "uncommitted" not in res.text, res.text
+    assert "  the series has changed since (now series c128patch 4 + layer acme 1): re-apply or rebase" in res.text
+    assert "  HEAD equals the series by its files, through commit(s) made since the apply: identical to a fresh " \
+        "apply of series c128patch 4 + layer acme 1 on v0.5.23" in res.text, res.text
+
+
 def doc_commands() -> list[str]:
     """docs/layers.md's workflow block: its commands as printed, continuation lines joined, comments left out."""
     block = (REPO_ROOT / "docs" / "layers.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]

@@ -81,13 +81,15 @@ def _applied(info: dict) -> list[str]:
               for layer in info.get("layers", [])]
     cur = info.get("series_current")
     if cur and not cur["up_to_date"]:
-        lines.append(f"  the series has changed since (now {cur['version']}): re-apply or rebase")
+        lines.append(f"  the series has changed since (now {cur.get('stack') or cur['version']}): re-apply or rebase")
     if info["commits_since"]:
         lines.append(f"  {info['commits_since']} commit(s) on top of the applied series")
     proof, uncommitted = info.get("equivalence"), info.get("uncommitted") or []
     if proof:
-        if proof["identical"] and (uncommitted or info["drift"]):
+        if proof["identical"] and uncommitted:
             verdict = "HEAD equals the series, the working tree does not (uncommitted changes)"
+        elif proof["identical"] and info["drift"]:  # the commits since the apply make it so: not as applied
+            verdict = "HEAD equals the series by its files, through commit(s) made since the apply"
         else:
             verdict = "equals the series" if proof["identical"] else "differs"
         lines.append(f"  {verdict}: {proof['summary']} ({info['proof']} proof)")
