@@ -775,6 +775,28 @@ def test_status_of_the_tree_whose_commit_became_the_layer_says_what_is_so(tmp_pa
         "apply of series c128patch 4 + layer acme 1 on v0.5.23" in res.text, res.text
 
 
+def test_rebase_with_the_layer_the_users_commit_became_replays_that_commit_as_the_entry(tmp_path,
+                                                                                       sglang_release_repo):
+    """docs/layers.md's path, then its table's rebase on ./sglang (the series and the commit add-entry took) with
+    the layer named: the commit is that entry, replayed as it (issue 37's walk: carried first, the entry then
+    "looks merged upstream", a stop with a false reason). The result is the stack, proven."""
+    series, tree, layer = copy_series(tmp_path / "series"), tmp_path / "sglang", tmp_path / "acme"
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series).code == 0
+    assert invoke("layer", "new", layer, "--name", "acme", "--series", series).code == 0
+    gates = (EXAMPLE / "patches" / "series.toml").read_text().split("[[gates]]", 1)[1]
+    (layer / "patches" / "series.toml").write_text((layer / "patches" / "series.toml").read_text() + "\n[[gates]]" +
+                                                   gates)
+    Git(worktree=tree).run("apply", str(EXAMPLE / "patches" / "0001-acme-sps-env.patch"))
+    subprocess.run(["git", *ID, "-C", str(tree), "commit", "-qam", "acme: the sps floor env"], check=True)
+    assert invoke("layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", tree, "--series", series,
+                  "--gate", "SGLANG_ACME_SPS_FLOOR", "--why", "w").code == 0
+    res = invoke("rebase", "--onto", "v0.5.22", "--tree", tree, "--series", series, "--layer", layer)
+    assert res.code == 0, res.out.get("error") or res.err
+    assert res.out["equivalence"]["summary"] == \
+        "identical to a fresh apply of series c128patch 4 + layer acme 1 on v0.5.22", res.out["equivalence"]
+    assert [e["name"] for e in res.out["entries"]][-1] == "acme/acme-the-sps-floor-env", res.out["entries"]
+
+
 def doc_commands() -> list[str]:
     """docs/layers.md's workflow block: its commands as printed, continuation lines joined, comments left out."""
     block = (REPO_ROOT / "docs" / "layers.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]

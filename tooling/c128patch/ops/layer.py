@@ -15,6 +15,7 @@ from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops.lint import Finding, lint_series
+from c128patch.ops.merged import entry_making
 from c128patch.ops.refresh import base_label, format_patch, slug
 from c128patch.ops.treestate import c128_state_dir, fault_point
 from c128patch.series import txn
@@ -89,7 +90,7 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
                         "written")
     if trailer := git.out("log", "-1", f"--format=%(trailers:key={ENTRY_TRAILER},valueonly)", sha).strip():
         raise C128Error(f"commit {sha[:12]} is entry '{trailer}' already ({ENTRY_TRAILER}); nothing was written")
-    if same := _entry_with_change(git, layer, sha):
+    if same := entry_making(git, layer, sha):
         raise C128Error(f"commit {sha[:12]} is entry '{layer.name}{SEP}{same}' of layer {layer.name} already (the "
                         "same change); nothing was written")
     name = check_entry_name(name or slug(git.out("log", "-1", "--format=%s", sha)), "layer add-entry --name")
@@ -114,18 +115,3 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
                      [], layer.manifest_path)], fault=lambda point: fault_point("at", point))
     return NewEntry(layer.name, full, f"patches/{file}", sha, gate, touched, lint_series(load_series(layer.root)))
 
-
-def _entry_with_change(git: Git, layer: Series, sha: str) -> str:
-    """The layer's entry one of whose files makes the change ``sha`` makes (``git patch-id --stable``: context, line
-    numbers and whitespace aside), or "": a second ``add-entry`` of one commit is not a second entry."""
-    files = [(e.name, layer.patches_dir / v.file) for e in layer.entries for v in e.patch_files()]
-    diffs = [(i, path.read_text(errors="replace").partition("\ndiff --git ")[2])
-             for i, (_, path) in enumerate(files) if path.is_file()]
-    if not any(diff for _, diff in diffs):
-        return ""
-    # one git call for all files: each under a made-up commit id, its index in ``files``
-    theirs = git.run("patch-id", "--stable",
-                     input="".join(f"commit {i:040x}\ndiff --git {diff}" for i, diff in diffs if diff)).stdout
-    mine = git.run("patch-id", "--stable", input=git.out("show", "--format=commit %H", "--full-index", sha)).stdout
-    return next((files[int(fake, 16)][0] for pid, fake in (line.split() for line in theirs.splitlines())
-                 if mine.split() and pid == mine.split()[0]), "")
