@@ -654,6 +654,9 @@ def test_status_and_refresh_from_the_folder_apply_ran_in_take_the_layers_of_the_
         res = invoke(*verb, as_json=False)
         assert res.code == 0 and said in res.err, (verb, res.text, res.err)
         assert invoke(*verb).out["layers_in_effect"]["from"] == "the tree's provenance", verb
+    lines = invoke("status", as_json=False).text.splitlines()  # ours counted as ours, the layer's beside them
+    assert lines[1:3] == ["  series c128patch 4 (11 entries) on upstream v0.5.23 (1310711270cf)",
+                          "  + layer acme 1 (3 entries)"], lines
 
 
 def test_rebase_json_carries_the_layers_in_effect_and_the_refresh_it_prints(tmp_path, sglang_release_repo,

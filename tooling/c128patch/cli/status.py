@@ -74,8 +74,9 @@ def _state(info: dict) -> list[str]:
 
 def _applied(info: dict) -> list[str]:
     s, u = info["series"], info["upstream"]
+    ours = [e for e in info["entries"] if "/" not in e["name"]]  # a layer's are <layer>/<entry>, counted below
     lines = [f"{info['tree']} on {info['branch'] or 'detached HEAD'}",
-             f"  series {s.get('name')} {s.get('version')} ({len(info['entries'])} entries) on upstream "
+             f"  series {s.get('name')} {s.get('version')} ({len(ours)} entries) on upstream "
              f"{u.get('rev')} ({str(u.get('commit', ''))[:12]})"]
     lines += [f"  + layer {layer.get('name')} {layer.get('version')} ({len(layer.get('entries', []))} entries)"
               for layer in info.get("layers", [])]
