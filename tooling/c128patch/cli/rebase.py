@@ -56,9 +56,8 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     done = rebase(git, chosen[0], onto=onto or "", repo=repo, drop_merged=drop_merged,  # type: ignore[arg-type]
                   drop=drop, series_dir=series_dir, layer_dirs=layer_dirs, report_dir=report_dir)
     report = done.report
-    if as_json:  # the refresh the text prints, and where the layers came from (docs/schemas)
-        nxt, note = ("", "") if report.get("aborted") else refresh_command(git, done.series, report, lock_items)
-        return emit_json({**report, "next": nxt, "next_note": note}, stack if onto else done.series)
+    if as_json:  # where the layers came from (docs/schemas); no refresh_command: it replays the series again
+        return emit_json(report, stack if onto else done.series)
     if report.get("aborted"):
         return say(f"rebase aborted: {report['branch'] or 'HEAD'} is back at {report['head'][:12]}"
                    + (f"; your uncommitted work is in stash {report['stash'][:12]}" if report["stash"] else ""))
