@@ -244,3 +244,27 @@ def test_reapplying_on_a_branch_carrying_a_users_commit_keeps_it_and_never_advis
     assert code == 2 and "not this series" not in err and "branch -D" not in err, err
     assert "holds series test 1 on v0.5.22 with 1 commit(s) of yours on top, not series test 2" in err
     assert "--branch c128/v0.5.22-new" in err and snapshot(upstream_clone) == before
+
+
+def test_apply_into_your_own_clone_from_elsewhere_prints_how_status_finds_it(
+        tmp_path: Path, upstream_clone: Path, portable_series: Path, monkeypatch):
+    """README's main job with `--repo PATH`, run from a working folder: the branch is made in the clone, where
+    status, rebase and refresh, run from that folder, do not look (issue 37's walk: `no sglang tree here`). The
+    output names the tree for them, and the `next:` it prints runs."""
+    from support import run_printed
+
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    res = invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone, "--series", portable_series,
+                 as_json=False)
+    assert res.code == 0, res.err
+    (line,) = [x for x in res.text.splitlines() if "next: " in x]
+    assert line == "  from here, status, rebase and refresh need --tree; next: c128patch status --tree " \
+        f"{upstream_clone} --series {portable_series}", line
+    done = run_printed(line.split("next: ", 1)[1], elsewhere)
+    assert done.returncode == 0, done.stderr
+    monkeypatch.chdir(upstream_clone)  # run in the tree: no such line
+    again = invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone, "--series", portable_series,
+                   as_json=False)
+    assert again.code == 0 and "next:" not in again.text, again.text

@@ -236,9 +236,28 @@ def test_add_entry_makes_the_example_layers_first_entry_from_a_commit(tmp_path, 
     made = (layer / "patches" / "0001-acme-sps-env.patch").read_bytes()
     assert made == (EXAMPLE / "patches" / "0001-acme-sps-env.patch").read_bytes()
     assert load_series(layer).entries[0].sha256 == hashlib.sha256(made).hexdigest()
-    again = invoke("layer", "add-entry", "--layer", layer, "--from-commit", sha, "--tree", upstream_clone,
+    other = commit_on(upstream_clone, ENV_PY, anchor, anchor + "    SGLANG_ACME_OTHER = EnvBool(False)\n", "other")
+    again = invoke("layer", "add-entry", "--layer", layer, "--from-commit", other, "--tree", upstream_clone,
                    "--name", "acme-sps-env", "--why", "again", as_json=False)
     assert again.code == 2 and "has an entry 'acme-sps-env' already" in again.err
+
+
+def test_add_entry_run_again_on_the_same_commit_names_the_entry_it_is_and_adds_no_second_one(tmp_path, upstream_clone):
+    """A user re-runs the add-entry they ran (issue 37's walk): refused, naming the entry the commit is already, and
+    no `pass --name`, which made a second entry of the same change that no apply can replay."""
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
+    anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    sha = commit_on(upstream_clone, ENV_PY, anchor, anchor + "    # acme: the site's note\n", "acme: the site's note")
+    layer = tmp_path / "acme"
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0
+    add = ["layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", upstream_clone, "--why", "w"]
+    assert invoke(*add).code == 0
+    files = {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()}
+    for extra in ([], ["--name", "second"]):
+        line = refused([*add, *extra], upstream_clone,
+                       f"commit {sha[:12]} is entry 'acme/acme-the-site-s-note' of layer acme already")
+        assert "--name" not in line and "nothing was written" in line, line
+    assert {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()} == files
 
 
 # ---------------------------------------------------------------------------- the example, the whole way
@@ -416,7 +435,10 @@ def test_watch_s_adopt_commands_write_our_series_only_in_a_checkout(tmp_path, mo
     steps = Watch(stack(load_series(series), [layer]), None, "v0.5.21", tmp_path / "out")._next(
         {"outcome": "refreshed", "refreshed": {"changed": []}})
     expected = [["rm", "-rf", str(layer.resolve() / "patches")], ["c128patch", "lint", "--series"]]
-    if not installed:
+    if installed:  # the lint names no --series: the tool's own (issue 37's walk: it named site-packages)
+        expected = [expected[0], ["c128patch", "lint", "--layer"]]
+        assert "site-packages" not in " ".join(steps[1:]), steps
+    else:
         expected = [["rm", "-rf", str(series / "patches")], *expected, ["git", "-C", str(series)]]
     assert [s.split()[:3] for s in steps] == expected, steps
 
@@ -616,6 +638,42 @@ def test_rebase_without_layer_takes_the_layers_from_the_tree_and_writes_nothing_
     assert [v.base for v in load_series(layer).entry("acme-sps-env").variants] == ["v0.5.21"]
 
 
+def test_status_and_refresh_from_the_folder_apply_ran_in_take_the_layers_of_the_sglang_tree_there(
+        tmp_path, sglang_release_repo, monkeypatch):
+    """README: `status`, `rebase`, `refresh` find ./sglang from the folder `apply` ran in. With no config and no env
+    there, each takes the layers that tree was applied with, as `rebase` does, and says so: no "the series has
+    changed" from status, no refusal from refresh (issue 37's walk)."""
+    series, layer = copy_series(tmp_path / "series"), tmp_path / "acme"
+    shutil.copytree(EXAMPLE, layer)
+    monkeypatch.setenv("C128PATCH_SERIES", str(series))
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--layer", layer).code == 0
+    said = f"layers from the tree's provenance: {layer.resolve()}"
+    for verb in (["status"], ["refresh", "--check"]):
+        res = invoke(*verb, as_json=False)
+        assert res.code == 0 and said in res.err, (verb, res.text, res.err)
+        assert invoke(*verb).out["layers_in_effect"]["from"] == "the tree's provenance", verb
+    lines = invoke("status", as_json=False).text.splitlines()  # ours counted as ours, the layer's beside them
+    assert lines[1:3] == ["  series c128patch 4 (11 entries) on upstream v0.5.23 (1310711270cf)",
+                          "  + layer acme 1 (3 entries)"], lines
+
+
+def test_rebase_json_carries_the_layers_in_effect(tmp_path, sglang_release_repo, monkeypatch):
+    """`rebase --onto --json` on a tree applied with a layer, none named: its report says where the layers came
+    from (docs/schemas: every verb that reads a series)."""
+    series, layer, tree = copy_series(tmp_path / "series"), tmp_path / "acme", tmp_path / "sglang"
+    shutil.copytree(EXAMPLE, layer)
+    monkeypatch.setenv("C128PATCH_SERIES", str(series))
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--layer", layer).code == 0
+    res = invoke("rebase", "--onto", "v0.5.21")
+    assert res.code == 0, res.err
+    assert res.out["layers_in_effect"]["from"] == "the tree's provenance", sorted(res.out)
+    assert [r["name"] for r in res.out["layers_in_effect"]["layers"]] == ["acme"]
+
+
 def test_refresh_never_writes_a_layer_s_entry_into_our_series(tmp_path, sglang_release_repo):
     """Named without its layer, a tree carrying a layer's commits is refused: nothing is written."""
     series, layer, tree = copy_series(tmp_path / "series"), tmp_path / "acme", tmp_path / "sglang"
@@ -646,6 +704,96 @@ def test_apply_beside_a_branch_with_the_users_commit_prints_the_stack_it_was_ask
     git = Git(worktree=tree)
     assert git.current_branch() == "c128/v0.5.23-acme" and "+ layer acme 1" in done.stdout, done.stdout
     assert git.rev_parse("c128/v0.5.23") and "USER.txt" in git.out("ls-tree", "--name-only", "c128/v0.5.23")
+
+
+def test_a_users_commit_carried_by_a_rebase_is_still_theirs_when_apply_is_run_again(tmp_path, sglang_release_repo):
+    """Issue 37's walk: apply, a commit of the user's, rebase (which carries it below the new provenance commit),
+    then apply on the rebased branch again. Without the layer: it holds the series and the user's commit, said;
+    with the layer: refused naming the commit, no `branch -D` (it was advised), and the printed apply beside it
+    runs, leaving the user's commit where it is."""
+    series, layer, tree = copy_series(tmp_path / "series"), tmp_path / "acme", tmp_path / "sglang"
+    shutil.copytree(EXAMPLE, layer)
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series).code == 0
+    (tree / "USER.txt").write_text("mine\n")
+    subprocess.run(["git", *ID, "-C", str(tree), "add", "USER.txt"], check=True)
+    subprocess.run(["git", *ID, "-C", str(tree), "commit", "-qm", "mine"], check=True)
+    assert invoke("rebase", "--onto", "v0.5.22", "--tree", tree, "--series", series).code == 0
+    res = invoke("apply", "--sglang-rev", "v0.5.22", "--tree", tree, "--series", series, as_json=False)
+    assert res.code == 0 and "1 commit(s) of yours on top): nothing to do" in res.text, res.text
+    res = invoke("apply", "--sglang-rev", "v0.5.22", "--tree", tree, "--series", series, "--layer", layer,
+                 as_json=False)
+    assert res.code == 2 and "branch -D" not in res.err and "with 1 commit(s) of yours on top" in res.err, res.err
+    (line,) = [x for x in res.err.splitlines() if "keep it and apply beside it: " in x]
+    done = run_printed(line.split("keep it and apply beside it: ", 1)[1])
+    assert done.returncode == 0, done.stderr
+    assert "USER.txt" in Git(worktree=tree).out("ls-tree", "--name-only", "c128/v0.5.22")
+
+
+def test_add_entry_with_a_lint_error_says_the_entry_is_written_and_prints_the_lint_to_run_after_the_fix(
+        tmp_path, upstream_clone):
+    """docs/layers.md's add-entry before the layer's [[gates]] describe the env: exit 1 on lint's finding. The user
+    is told the entry is written (running add-entry again would only be refused) and which lint to run once the
+    gate is described; that lint then passes."""
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
+    anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    commit_on(upstream_clone, ENV_PY, anchor, anchor + "    SGLANG_ACME_SPS_FLOOR = EnvBool(False)\n", "acme: env")
+    layer = tmp_path / "acme"
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0
+    res = invoke("layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", upstream_clone,
+                 "--gate", "SGLANG_ACME_SPS_FLOOR", "--why", "w", as_json=False)
+    assert res.code == 1 and "lint error: acme-env: SGLANG_ACME_SPS_FLOOR" in res.text, res.text
+    (line,) = [x for x in res.text.splitlines() if "the entry is written" in x]
+    manifest = layer / "patches" / "series.toml"
+    gates = (EXAMPLE / "patches" / "series.toml").read_text().split("[[gates]]", 1)[1]
+    manifest.write_text(f"{manifest.read_text()}\n[[gates]]{gates}")
+    done = run_printed(line.split("then: ", 1)[1])
+    assert done.returncode == 0, (done.stdout, done.stderr)
+
+
+def test_status_of_the_tree_whose_commit_became_the_layer_says_what_is_so(tmp_path, sglang_release_repo, monkeypatch):
+    """docs/layers.md's path, then its table with c128patch.toml, from the same folder: ./sglang holds the series and
+    the commit add-entry took. status said "the series has changed since (now 4)" (it is 4) and "the working tree
+    does not (uncommitted changes)" with nothing uncommitted; it names the stack now asked and the commits."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    tree, layer = tmp_path / "sglang", tmp_path / "layers" / "acme"
+    assert invoke("apply", "--sglang-rev", "v0.5.23").code == 0
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0
+    gates = (EXAMPLE / "patches" / "series.toml").read_text().split("[[gates]]", 1)[1]
+    (layer / "patches" / "series.toml").write_text((layer / "patches" / "series.toml").read_text() + "\n[[gates]]" +
+                                                   gates)
+    Git(worktree=tree).run("apply", str(EXAMPLE / "patches" / "0001-acme-sps-env.patch"))
+    subprocess.run(["git", *ID, "-C", str(tree), "commit", "-qam", "acme: the sps floor env"], check=True)
+    assert invoke("layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", tree, "--gate",
+                  "SGLANG_ACME_SPS_FLOOR", "--why", "w").code == 0
+    (tmp_path / CONFIG).write_text('[layers]\npaths = ["layers/acme"]\n')
+    res = invoke("status", as_json=False)
+    assert res.code == 1 and "uncommitted" not in res.text, res.text
+    assert "  the series has changed since (now series c128patch 4 + layer acme 1): re-apply or rebase" in res.text
+    assert "  HEAD equals the series by its files, through commit(s) made since the apply: identical to a fresh " \
+        "apply of series c128patch 4 + layer acme 1 on v0.5.23" in res.text, res.text
+
+
+def test_rebase_with_the_layer_the_users_commit_became_replays_that_commit_as_the_entry(tmp_path,
+                                                                                       sglang_release_repo):
+    """docs/layers.md's path, then its table's rebase on ./sglang (the series and the commit add-entry took) with
+    the layer named: the commit is that entry, replayed as it (issue 37's walk: carried first, the entry then
+    "looks merged upstream", a stop with a false reason). The result is the stack, proven."""
+    series, tree, layer = copy_series(tmp_path / "series"), tmp_path / "sglang", tmp_path / "acme"
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series).code == 0
+    assert invoke("layer", "new", layer, "--name", "acme", "--series", series).code == 0
+    gates = (EXAMPLE / "patches" / "series.toml").read_text().split("[[gates]]", 1)[1]
+    (layer / "patches" / "series.toml").write_text((layer / "patches" / "series.toml").read_text() + "\n[[gates]]" +
+                                                   gates)
+    Git(worktree=tree).run("apply", str(EXAMPLE / "patches" / "0001-acme-sps-env.patch"))
+    subprocess.run(["git", *ID, "-C", str(tree), "commit", "-qam", "acme: the sps floor env"], check=True)
+    assert invoke("layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", tree, "--series", series,
+                  "--gate", "SGLANG_ACME_SPS_FLOOR", "--why", "w").code == 0
+    res = invoke("rebase", "--onto", "v0.5.22", "--tree", tree, "--series", series, "--layer", layer)
+    assert res.code == 0, res.out.get("error") or res.err
+    assert res.out["equivalence"]["summary"] == \
+        "identical to a fresh apply of series c128patch 4 + layer acme 1 on v0.5.22", res.out["equivalence"]
+    assert [e["name"] for e in res.out["entries"]][-1] == "acme/acme-the-sps-floor-env", res.out["entries"]
 
 
 def doc_commands() -> list[str]:

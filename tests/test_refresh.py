@@ -310,6 +310,35 @@ def test_a_rebase_needing_a_variant_prints_no_refresh_into_an_installed_tool(tmp
     assert invoke("refresh", "--check", "--tree", str(upstream_clone)).code == 1  # as the note says: files needed
 
 
+def test_a_users_commit_rebased_on_an_installed_tool_is_pointed_at_a_layer_by_rebase_and_refresh_check(
+        tmp_path: Path, sglang_release_repo, upstream_clone: Path, monkeypatch):
+    """Issue 37's walk: `pip install`ed, applied into one's own clone, a commit of one's own on the branch, rebased.
+    The rebase's note and `refresh --check` both say refresh will not write the installed series and name
+    `layer add-entry`, instead of "would need files" / "would change patches/..." that `refresh` then refuses."""
+    old = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    series = make_test_series(tmp_path / "series", sglang_release_repo,
+                              {"python/sglang/srt/environ.py": (old, f"{old}    SGLANG_MINE = EnvBool(False)\n")})
+    as_installed(series, tmp_path, monkeypatch)
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", str(upstream_clone)).code == 0
+    (upstream_clone / "USER.txt").write_text("mine\n")
+    git = Git(worktree=upstream_clone).with_env(GIT_AUTHOR_NAME="me", GIT_AUTHOR_EMAIL="me@x.invalid",
+                                                GIT_COMMITTER_NAME="me", GIT_COMMITTER_EMAIL="me@x.invalid")
+    git.run("add", "USER.txt")
+    git.run("commit", "-qm", "site: mine")
+    res = invoke("rebase", "--onto", "v0.5.21", "--tree", str(upstream_clone), as_json=False)
+    assert res.code == 0, res.err
+    (line,) = [x for x in res.text.splitlines() if x.startswith("report: ")]
+    assert "next: " not in line and line.endswith("would take your commit(s) on the branch as new entries: not "
+                                                  "refreshed from here, it would write there; make them entries of a "
+                                                  "layer of yours: c128patch layer add-entry (docs/layers.md)"), line
+    before = files(series)
+    check = invoke("refresh", "--check", "--tree", str(upstream_clone), as_json=False)
+    assert check.code == 1, check.err
+    (note,) = [x for x in check.text.splitlines() if x.startswith("note: refresh will not write ")]
+    assert "as installed in " in note and "(a package, not a checkout)" in note and "layer add-entry" in note, note
+    assert files(series) == before
+
+
 @pytest.mark.parametrize("spelling", ["c128patch-entry: x", "C128patch-Entry : x", "C128PATCH-ENTRY:x"])
 def test_a_commit_whose_entry_trailer_is_spelled_otherwise_gets_no_second_one(tmp_path: Path, spelling: str):
     """git reads each spelling as the entry trailer; format_patch must not add ours beside it."""

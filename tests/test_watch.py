@@ -483,3 +483,14 @@ def test_the_tier_step_says_whether_the_targets_code_runs(tmp_path, run_code):
     assert w._start_tier(NoCheckout(), w.series, "", "") == "no checkout here"
     assert ("runs the target tree's code" in said[0]) is run_code, said
     assert ("--no-run, the target's code is not run (unchecked)" in said[0]) is not run_code, said
+
+
+def test_watch_off_a_terminal_prints_its_report_with_no_line_padded(tmp_path):
+    """Issue 37's walk: `c128patch watch --onto REV > log` printed each paragraph of its Markdown report padded with
+    spaces to a million columns (15 MB of log). Off a terminal the report is printed as written."""
+    res = invoke("watch", "--onto", "v0.5.23", "--no-run", "--out", str(tmp_path / "out"), as_json=False)
+    assert res.code in (EXIT["clean"], EXIT["unchecked"]), res.err
+    lines = res.text.splitlines()
+    assert lines[-1] == f"report: {tmp_path / 'out' / 'watch-report.md'} (exit {res.code})", lines[-1]
+    assert all(line == line.rstrip() for line in lines) and max(map(len, lines)) < 1000, max(map(len, lines))
+    assert res.text.startswith((tmp_path / "out" / "watch-report.md").read_text().rstrip("\n"))

@@ -86,7 +86,7 @@ def _report(r: ApplyResult, series: Series, as_json: bool, older: str = "") -> N
         on_top = f", {r.commits_on_top} commit(s) of yours on top" if r.commits_on_top else ""
         where = "" if r.checked_out else f"; not checked out: {shlex.join(['git', '-C', r.tree, 'checkout', r.branch])}"
         return say(f"{r.tree}: {r.branch} already holds {r.rev} + {describe(series)} (at {r.head[:12]}{on_top}): "
-                   f"nothing to do{where}")
+                   f"nothing to do{where}", *_found_from_here(r, series))
     how = {"3way": " (needed a 3-way merge)", "resolved": " (resolved by hand)"}
     lines = [f"  skipped {row['name']} ({row['detail']})" if row.get("status") == "skipped"
              else f"  applied {row['name']}{how.get(row.get('applied', ''), '')}" for row in r.entries]
@@ -101,4 +101,19 @@ def _report(r: ApplyResult, series: Series, as_json: bool, older: str = "") -> N
                      f"branch holds; they are kept at {r.recovery_ref} (on a branch: {keep})")
     elif r.orig_head:
         lines.append(f"  HEAD was detached at {r.orig_head[:12]} (recovery ref {r.recovery_ref})")
-    say(*lines)
+    say(*lines, *_found_from_here(r, series))
+
+
+def _found_from_here(r: ApplyResult, series: Series) -> list[str]:
+    """A tree status, rebase and refresh do not find from here (a local --repo, a --tree elsewhere): how to name it."""
+    from c128patch.series.manifest import default_series_root
+
+    try:
+        found: Path | None = locate_tree(None)
+    except C128Error:
+        found = None
+    if found is not None and found.resolve() == Path(r.tree).resolve():
+        return []
+    own = series.ours.root == default_series_root().resolve()
+    status = ["c128patch", "status", "--tree", r.tree, *([] if own else ["--series", str(series.ours.root)])]
+    return [f"  from here, status, rebase and refresh need --tree; next: {shlex.join(status)}"]

@@ -61,6 +61,8 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
     if as_json:
         emit_json({"ok": not errors, **vars(done), "findings": [vars(f) for f in done.findings]})
     else:
+        lint = shlex.join(["c128patch", "lint", "--layer", str(folder)])
         say(f"entry {done.entry} ({done.file} in {folder}) from commit {done.commit[:12]}: {', '.join(done.files)}; "
-            f"gate {done.gate or 'none'}", *(f"  lint {f.level}: {f.entry}: {f.message}" for f in done.findings))
+            f"gate {done.gate or 'none'}", *(f"  lint {f.level}: {f.entry}: {f.message}" for f in done.findings),
+            *([f"  the entry is written (not again: it is one); fix the layer, then: {lint}"] if errors else []))
     exit_unless(not errors)

@@ -49,14 +49,15 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     git = Git(worktree=locate_tree(tree))
     if report_dir is not None:
         check_output_dir(report_dir, "--report")
+    stack = None
     if onto:
         stack = load_stack(series_dir, layer_dirs, git.worktree, repo, quiet=as_json)
         layer_dirs = tuple(layer.root for layer in stack.layers)
     done = rebase(git, chosen[0], onto=onto or "", repo=repo, drop_merged=drop_merged,  # type: ignore[arg-type]
                   drop=drop, series_dir=series_dir, layer_dirs=layer_dirs, report_dir=report_dir)
     report = done.report
-    if as_json:
-        return emit_json(report)
+    if as_json:  # where the layers came from (docs/schemas); no refresh_command: it replays the series again
+        return emit_json(report, stack if onto else done.series)
     if report.get("aborted"):
         return say(f"rebase aborted: {report['branch'] or 'HEAD'} is back at {report['head'][:12]}"
                    + (f"; your uncommitted work is in stash {report['stash'][:12]}" if report["stash"] else ""))

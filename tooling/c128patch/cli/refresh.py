@@ -28,8 +28,9 @@ def command(tree: Path | None, check_only: bool, primary: bool | None, version: 
     from c128patch.ops.refresh import refresh
     from c128patch.series.layers import describe
 
-    series = load_stack(series_dir, layer_dirs, tree, quiet=as_json)
-    done = refresh(series, Git(worktree=locate_tree(tree)), check=check_only, primary=primary, version=version,
+    root = locate_tree(tree)  # ./sglang from the folder above it: that tree's layers, as rebase takes them
+    series = load_stack(series_dir, layer_dirs, root, quiet=as_json)
+    done = refresh(series, Git(worktree=root), check=check_only, primary=primary, version=version,
                    accept_differences=accept_differences, lock_items=lock_items)
     new, verb = done.result.series, "would change" if check_only else "changed"
     if as_json:

@@ -30,7 +30,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
 
     root = locate_tree(tree)
     try:
-        series = load_stack(series_dir, layer_dirs, tree, quiet=as_json)
+        series = load_stack(series_dir, layer_dirs, root, quiet=as_json)  # ./sglang from above: its layers
     except C128Error:
         series = None
     try:
@@ -73,20 +73,23 @@ def _state(info: dict) -> list[str]:
 
 def _applied(info: dict) -> list[str]:
     s, u = info["series"], info["upstream"]
+    ours = [e for e in info["entries"] if "/" not in e["name"]]  # a layer's are <layer>/<entry>, counted below
     lines = [f"{info['tree']} on {info['branch'] or 'detached HEAD'}",
-             f"  series {s.get('name')} {s.get('version')} ({len(info['entries'])} entries) on upstream "
+             f"  series {s.get('name')} {s.get('version')} ({len(ours)} entries) on upstream "
              f"{u.get('rev')} ({str(u.get('commit', ''))[:12]})"]
     lines += [f"  + layer {layer.get('name')} {layer.get('version')} ({len(layer.get('entries', []))} entries)"
               for layer in info.get("layers", [])]
     cur = info.get("series_current")
     if cur and not cur["up_to_date"]:
-        lines.append(f"  the series has changed since (now {cur['version']}): re-apply or rebase")
+        lines.append(f"  the series has changed since (now {cur.get('stack') or cur['version']}): re-apply or rebase")
     if info["commits_since"]:
         lines.append(f"  {info['commits_since']} commit(s) on top of the applied series")
     proof, uncommitted = info.get("equivalence"), info.get("uncommitted") or []
     if proof:
-        if proof["identical"] and (uncommitted or info["drift"]):
+        if proof["identical"] and uncommitted:
             verdict = "HEAD equals the series, the working tree does not (uncommitted changes)"
+        elif proof["identical"] and info["drift"]:  # the commits since the apply make it so: not as applied
+            verdict = "HEAD equals the series by its files, through commit(s) made since the apply"
         else:
             verdict = "equals the series" if proof["identical"] else "differs"
         lines.append(f"  {verdict}: {proof['summary']} ({info['proof']} proof)")

@@ -40,7 +40,7 @@ def command(onto: str, repo: str | None, out: Path, timeout: float, primary: boo
 
     from c128patch.fit import watch as core
     from c128patch.fit.watch_report import render
-    from c128patch.progress import console, reporter
+    from c128patch.progress import console, is_terminal, reporter
     from c128patch.series.plan import validate_files
     from c128patch.textsafe import plain
 
@@ -52,8 +52,12 @@ def command(onto: str, repo: str | None, out: Path, timeout: float, primary: boo
                             run_code=not no_run, reporter=rep)
     if as_json:
         emit_json(report, series)
-    else:  # the Markdown report, as a terminal shows it
-        text = console(stderr=False)
-        text.print(Markdown(plain(render(report))))
-        text.print(f"report: {Path(report['out']) / 'watch-report.md'} (exit {report['exit_code']})", markup=False)
+    else:  # the Markdown report, as a terminal shows it; off one (a log, a pipe) as written: rich would pad each
+        # paragraph to the console's width, a million columns there (progress.console)
+        body = plain(render(report))
+        if is_terminal(sys.stdout):
+            console(stderr=False).print(Markdown(body))
+        else:
+            click.echo(body.rstrip("\n") + "\n")
+        click.echo(f"report: {Path(report['out']) / 'watch-report.md'} (exit {report['exit_code']})")
     sys.exit(report["exit_code"])

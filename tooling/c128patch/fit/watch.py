@@ -126,8 +126,10 @@ class Watch:
                  python: str | None = None, run_code: bool = True, reporter: Reporter = NullReporter()) -> None:
         self.series, self.repo, self.onto, self.out, self.python = series, repo, onto, out, python
         self.run_code, self.primary, self.inner, self.last = run_code, primary, reporter, ""
-        # the series and REV as a command names them: its folder and its layers; the rev and its repository
-        self.series_args = f" --series {_q(series.root)}" + "".join(f" --layer {_q(x.root)}" for x in series.layers)
+        # the series and REV as a command names them: its folder (not an installed tool's: the command's default,
+        # never a site-packages path) and its layers; the rev and its repository
+        self.series_args = ("" if installed(series.ours.root) else f" --series {_q(series.root)}") + "".join(
+            f" --layer {_q(x.root)}" for x in series.layers)
         self.rev_args = f"--sglang-rev {_q(onto)}" + (f" --repo {_q(repo)}" if repo else "")
         self.phase = "starting"
         self.started = time.monotonic()

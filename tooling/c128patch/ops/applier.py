@@ -166,8 +166,14 @@ def already_applied(series: Series, git: Git, branch: str, target: Target) -> Ap
     rows = [{"name": e["name"], "kind": e["kind"], "file": e.get("file", e.get("source", "")), "status": "applied",
              "applied": e.get("applied", ""), "commit": e.get("commit", "")} for e in record.get("entries", [])]
     return ApplyResult(str(git.worktree), target.rev, target.commit, branch, head=tip, entries=rows,
-                       already_applied=True, commits_on_top=git.count(f"{prov_commit}..{tip}"),
+                       already_applied=True, commits_on_top=users_commits(git, prov_commit, tip, record),
                        checked_out=git.current_branch() == branch)
+
+
+def users_commits(git: Git, prov_commit: str, tip: str, record: dict) -> int:
+    """The user's commits on a patched branch: above its provenance commit, and those a rebase carried below it
+    (its record's ``carried``: commits and entries with an edit of the user's folded in)."""
+    return git.count(f"{prov_commit}..{tip}") + len(record.get("carried") or [])
 
 
 @contextlib.contextmanager

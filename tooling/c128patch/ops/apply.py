@@ -10,7 +10,14 @@ from pathlib import Path
 
 from c128patch.errors import C128Error, ConflictError, Interrupted
 from c128patch.git import Git, is_work_tree, refuse_git_dir
-from c128patch.ops.applier import Apply, ApplyJournal, ApplyResult, already_applied, interrupts_said
+from c128patch.ops.applier import (
+    Apply,
+    ApplyJournal,
+    ApplyResult,
+    already_applied,
+    interrupts_said,
+    users_commits,
+)
 from c128patch.ops.check import support_note
 from c128patch.ops.layer import remember_layers
 from c128patch.progress import NullReporter, Reporter
@@ -88,11 +95,9 @@ def refuse_taken_branch(series: Series, git: Git, branch: str, target: Target) -
     """Refuse a ``branch`` holding another apply with the user's commits on it: say how to apply beside it."""
     tip = git.rev_parse(f"refs/heads/{branch}")
     prov = git.out("log", "-1", "--format=%H", tip, "--", PROVENANCE_PATH) if tip else ""
-    mine = git.count(f"{prov}..{tip}") if prov else 0
-    if not mine or already_applied(series, git, branch, target) is not None:
-        return
-    record = committed(git, prov)
-    if record is None:
+    record = committed(git, prov) if prov and tip else None
+    mine = users_commits(git, prov, tip or "", record) if record is not None else 0
+    if record is None or not mine or already_applied(series, git, branch, target) is not None:
         return
     ours = record.get("series", {})
     held = " + ".join([f"series {ours.get('name')} {ours.get('version')}",

@@ -15,6 +15,7 @@ from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops.lint import Finding, lint_series
+from c128patch.ops.merged import entry_making
 from c128patch.ops.refresh import base_label, format_patch, slug
 from c128patch.ops.treestate import c128_state_dir, fault_point
 from c128patch.series import txn
@@ -89,6 +90,9 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
                         "written")
     if trailer := git.out("log", "-1", f"--format=%(trailers:key={ENTRY_TRAILER},valueonly)", sha).strip():
         raise C128Error(f"commit {sha[:12]} is entry '{trailer}' already ({ENTRY_TRAILER}); nothing was written")
+    if same := entry_making(git, layer, sha):
+        raise C128Error(f"commit {sha[:12]} is entry '{layer.name}{SEP}{same}' of layer {layer.name} already (the "
+                        "same change); nothing was written")
     name = check_entry_name(name or slug(git.out("log", "-1", "--format=%s", sha)), "layer add-entry --name")
     if any(e.name == name for e in layer.entries):
         raise C128Error(f"layer {layer.name} has an entry '{name}' already; pass --name; nothing was written")
@@ -110,3 +114,4 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
     txn.commit_all([(layer.root, {layer.patches_dir / file: data, layer.manifest_path: updated.to_toml().encode()},
                      [], layer.manifest_path)], fault=lambda point: fault_point("at", point))
     return NewEntry(layer.name, full, f"patches/{file}", sha, gate, touched, lint_series(load_series(layer.root)))
+

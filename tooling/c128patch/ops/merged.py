@@ -19,14 +19,14 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Callable, Collection, Literal, Sequence
 
 from unidiff import PatchSet, UnidiffParseError
 from unidiff.patch import Line
 
 from c128patch.git import Git, blob_id
 from c128patch.ops.replay import staged
-from c128patch.series.manifest import Entry
+from c128patch.series.manifest import Entry, Series
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo
 from c128patch.series.plan import Planned
 
@@ -70,6 +70,24 @@ def per_commit_file_ids(git: Git, diffs: dict[str, str]) -> dict[str, dict[str, 
             commit, path = where[int(fake, 16)]
             out[commit][path] = pid
     return out
+
+
+def entry_making(git: Git, series: Series, sha: str, names: Collection[str] | None = None) -> str:
+    """The entry of ``series`` (of ``names`` only, where given) one of whose patch files makes the change commit
+    ``sha`` makes (``git patch-id --stable``: context, line numbers and whitespace aside), else "": a commit of the
+    user's that is an entry already (``layer add-entry`` run twice; a layer's entry committed by hand)."""
+    files = [(e.name, series.file_of(e, v)) for e in series.entries if e.is_patch
+             and (names is None or e.name in names) for v in e.patch_files()]
+    diffs = [(i, path.read_text(errors="replace").partition("\ndiff --git ")[2])
+             for i, (_, path) in enumerate(files) if path.is_file()]
+    if not any(diff for _, diff in diffs):
+        return ""
+    # one git call for all files: each under a made-up commit id, its index in ``files``
+    theirs = git.run("patch-id", "--stable",
+                     input="".join(f"commit {i:040x}\ndiff --git {diff}" for i, diff in diffs if diff)).stdout
+    mine = git.run("patch-id", "--stable", input=git.out("show", "--format=commit %H", "--full-index", sha)).stdout
+    return next((files[int(fake, 16)][0] for pid, fake in (line.split() for line in theirs.splitlines())
+                 if mine.split() and pid == mine.split()[0]), "")
 
 
 def commit_diffs(git: Git, commits: list[str], *args: str, paths: Sequence[str] = ()) -> dict[str, str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from c128patch.errors import C128Error
 from c128patch.ops import proofs
 from c128patch.ops.equivalence import compare_commits
-from c128patch.ops.merged import Signal, upstream_hints
+from c128patch.ops.merged import Signal, entry_making, upstream_hints
 from c128patch.ops.rebase_journal import Journal, Paused, Step, saved_conflicts, tree_state
 from c128patch.ops.rebase_loop import RebaseLoop
 from c128patch.ops.replay import replay_in_index, unmerged_paths
@@ -247,6 +247,14 @@ class Rebase(RebaseLoop):
             after.setdefault(last, []).append(Step(c.entry or c.subject, "commit", c.sha, c.subject, applied="carried",
                                                    detail="your commit, carried" if v.kind == "user-commit"
                                                    else f"carried as it is: {v.detail}"))
+        # an entry new to the branch whose change a commit of the user's makes (a layer's entry taken from it by
+        # add-entry): that commit is the entry's, replayed as it, not carried before it (which empties the entry)
+        new = {e.name for e in self.series.entries if e.name not in applied and e.name not in by_entry}
+        for v in verdicts if new else []:
+            if v.kind == "user-commit" and (name := entry_making(git, self.series, v.commit.sha, new)):
+                by_entry[name] = v
+                new.discard(name)
+                after = {k: [c for c in carried if c.sha != v.commit.sha] for k, carried in after.items()}
         steps = after.get("", [])
         for entry in self.series.entries:
             v = by_entry.get(entry.name)

@@ -127,11 +127,16 @@ def refresh_command(git: Git, series: Series, report: dict, lock_items: LockItem
     primary = (report["direction"] == "forward" and label != onto[:12]
                and (base is None or git.is_ancestor(base, onto)))
 
+    new_entry = False  # a commit of the user's, with no entry trailer, that would become an entry of ours
+
     def changes(primary: bool | None) -> list[str]:
+        nonlocal new_entry
         try:
-            return export(series, git, primary=primary, lock_items=lock_items).changes(series.root)
+            done = export(series, git, primary=primary, lock_items=lock_items)
         except C128Error:
             return ["?"]  # refresh itself will say why
+        new_entry = any(note.startswith("new entry ") for note in done.notes)
+        return done.changes(series.root)
 
     found = changes(None)  # what ``refresh --check`` says
     if not found:
@@ -140,8 +145,11 @@ def refresh_command(git: Git, series: Series, report: dict, lock_items: LockItem
     own = series.ours.root == default_series_root().resolve()  # the tool's checkout or installed package
     if own and (series.layers or label == onto[:12] or installed(series.ours.root)) and any(
             not Path(c).is_absolute() for c in found):
-        return "", (f"series {series.ours.name} (the tool's own, in {series.ours.root}) would need files for "
-                    f"{report['new_base']['rev']}: not refreshed from here, it would write there")
+        what = ("would take your commit(s) on the branch as new entries" if new_entry else
+                f"would need files for {report['new_base']['rev']}")
+        return "", (f"series {series.ours.name} (the tool's own, in {series.ours.root}) {what}: not refreshed from "
+                    "here, it would write there" + ("; make them entries of a layer of yours: c128patch layer "
+                                                    "add-entry (docs/layers.md)" if new_entry else ""))
     return shlex.join(["c128patch", "refresh", "--primary" if primary else "--variant", "--tree", str(git.worktree),
                        *([] if own else ["--series", str(series.ours.root)]), *layer_args(series)]), ""
 
@@ -155,11 +163,13 @@ def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | No
         ensure_clean(git, "refresh --check" if check else "refresh")
         result = export(series, git, primary=primary, version=version, lock_items=lock_items)
         changes = result.changes(series.root)
-        if not check and installed(series.ours.root) and (ours := [c for c in changes if not Path(c).is_absolute()]):
-            raise C128Error(f"cannot refresh: it would write {', '.join(ours)} of series {series.ours.name} as "
-                            f"installed in {series.ours.root} (a package, not a checkout); make your commits entries "
-                            f"of a layer (docs/layers.md: c128patch layer add-entry) or refresh a checkout of the "
-                            f"series (--series DIR); nothing was written")
+        if installed(series.ours.root) and (ours := [c for c in changes if not Path(c).is_absolute()]):
+            why = (f"series {series.ours.name} as installed in {series.ours.root} (a package, not a checkout); make "
+                   "your commits entries of a layer (docs/layers.md: c128patch layer add-entry) or refresh a "
+                   "checkout of the series (--series DIR)")
+            if not check:
+                raise C128Error(f"cannot refresh: it would write {', '.join(ours)} of {why}; nothing was written")
+            result.notes.append(f"refresh will not write {', '.join(ours)}: they are of {why}")  # --check: so say
         if not check:
             changes = write(series, result, accept_differences=accept_differences)
         if (proof := result.equivalence) and proof.identical and not proof.without and not changes:  # for status

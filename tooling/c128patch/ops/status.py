@@ -12,6 +12,7 @@ from pathlib import Path
 from c128patch.git import Git
 from c128patch.ops import proofs
 from c128patch.ops.treestate import RECOVERY_PREFIX, apply_commands, git_paths, rebase_command, running, worktree_state
+from c128patch.series.layers import describe
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, read_provenance
 
@@ -113,7 +114,7 @@ def tree_status(git: Git, series: Series | None = None, prove_again: bool = Fals
         commit = str(out["upstream"].get("commit") or "")
         rev = str(out["upstream"].get("rev") or "") or commit[:12]
         key = proofs.proof_key(git, series, rev, commit, headers["branch.oid"], "" if since else prov_tree)
-        out["series_current"] = {"version": series.version, "digest": key["digest"],
+        out["series_current"] = {"version": series.version, "digest": key["digest"], "stack": describe(series),
                                  "up_to_date": applied_digest(record) == key["digest"]}
         out.update(_proof(git, series, state, key, prove_again))
         identical = out.get("equivalence", {}).get("identical") is True

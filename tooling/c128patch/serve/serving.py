@@ -137,7 +137,7 @@ def ask(python: str, script: str, payload: Any, timeout: float) -> Answer:
     try:
         proc = run([python, "-c", script, json.dumps(payload)], timeout, input=mark + "\n")
     except OSError as exc:
-        return Answer(error=f"cannot run {python}: {exc}")
+        return Answer(error=f"cannot run {python}: {exc.strerror or exc}")  # (the path once, not again in exc)
     except subprocess.TimeoutExpired:
         return Answer(error=f"it did not finish in {timeout:g} s", seconds=round(time.monotonic() - started, 1))
     seconds = round(time.monotonic() - started, 1)

@@ -43,7 +43,8 @@ def run_child(argv: list[str], timeout: float) -> tuple[str, str]:
     try:
         proc = run(argv, timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise C128Error(f"cannot run {argv[0]}: {exc}") from exc
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc  # (the path once, not in exc too)
+        raise C128Error(f"cannot run {argv[0]}: {why}") from exc
     if proc.returncode == 0:
         return proc.stdout, ""
     return "", ((proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"])[0]
