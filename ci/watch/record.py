@@ -16,6 +16,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,7 +27,9 @@ RESULTS = ROOT / "ci" / "watch" / "results" / "releases.json"
 def record(rev: str) -> dict:
     command = ["c128patch", "watch", "--onto", rev, "--json"]
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "c128patch", *command[1:]], capture_output=True, text=True, cwd=ROOT)
+    with tempfile.TemporaryDirectory() as here:  # watch's report folder (./c128patch-watch) lands there, not in ROOT
+        proc = subprocess.run([sys.executable, "-m", "c128patch", *command[1:]], capture_output=True, text=True,
+                              cwd=here)
     wall = round(time.perf_counter() - started, 1)
     report = json.loads(proc.stdout)
     tier = report["behaviour"]
