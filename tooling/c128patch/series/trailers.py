@@ -3,8 +3,6 @@ only (stdlib only: reading a layer must not pull in the diff parser)."""
 
 from __future__ import annotations
 
-import email
-import email.policy
 import re
 
 ENTRY_TRAILER = "C128patch-Entry"  # the entry a commit or patch file is ("<layer>/<entry>" for a layer's)
@@ -31,6 +29,9 @@ def message_trailers(data: bytes) -> list[tuple[str, str]]:
     """``find_trailers`` of a patch file's message as ``git am`` reads it (its transfer encoding, quoted-printable
     or base64, and its charset decoded); a file ``git am`` would split into several messages (``_splits``) or a
     multipart one refused (ValueError)."""
+    import email  # ~20 ms: only where a layer's patch is read (not status on a tree without layers)
+    import email.policy
+
     if any(_splits(line) for line in data.split(b"\n")[1:]):
         raise ValueError("it holds more than one message (a 'From ... HH:MM:SS YEAR' line after the first)")
     msg = email.message_from_bytes(data.split(b"\n", 1)[-1] if data.startswith(b"From ") else data,
