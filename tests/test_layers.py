@@ -686,15 +686,21 @@ def test_refresh_never_writes_a_layer_s_entry_into_our_series(tmp_path, sglang_r
     assert {p: p.read_bytes() for p in series.rglob("*") if p.is_file()} == before
 
 
-def test_apply_beside_a_branch_with_the_users_commit_prints_the_stack_it_was_asked_for(tmp_path, sglang_release_repo):
-    """Applied without the layer, a commit of the user's on top, then asked for the stack: refused, nothing changed,
-    no `branch -D`; the printed apply beside it names the layer (and the series), so it applies the stack asked."""
+def _applied_with_a_users_commit(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """Our series applied to v0.5.23 (no layer), then a commit of the user's on the branch; the example layer beside."""
     series, layer, tree = copy_series(tmp_path / "series"), tmp_path / "acme", tmp_path / "sglang"
     shutil.copytree(EXAMPLE, layer)
     assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series).code == 0
     (tree / "USER.txt").write_text("mine\n")
     subprocess.run(["git", *ID, "-C", str(tree), "add", "USER.txt"], check=True)
     subprocess.run(["git", *ID, "-C", str(tree), "commit", "-qm", "mine"], check=True)
+    return series, layer, tree
+
+
+def test_apply_beside_a_branch_with_the_users_commit_prints_the_stack_it_was_asked_for(tmp_path, sglang_release_repo):
+    """Applied without the layer, a commit of the user's on top, then asked for the stack: refused, nothing changed,
+    no `branch -D`; the printed apply beside it names the layer (and the series), so it applies the stack asked."""
+    series, layer, tree = _applied_with_a_users_commit(tmp_path)
     res = invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series, "--layer", layer,
                  as_json=False)
     assert res.code == 2 and "branch -D" not in res.err, res.err
@@ -711,12 +717,7 @@ def test_a_users_commit_carried_by_a_rebase_is_still_theirs_when_apply_is_run_ag
     then apply on the rebased branch again. Without the layer: it holds the series and the user's commit, said;
     with the layer: refused naming the commit, no `branch -D` (it was advised), and the printed apply beside it
     runs, leaving the user's commit where it is."""
-    series, layer, tree = copy_series(tmp_path / "series"), tmp_path / "acme", tmp_path / "sglang"
-    shutil.copytree(EXAMPLE, layer)
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series).code == 0
-    (tree / "USER.txt").write_text("mine\n")
-    subprocess.run(["git", *ID, "-C", str(tree), "add", "USER.txt"], check=True)
-    subprocess.run(["git", *ID, "-C", str(tree), "commit", "-qm", "mine"], check=True)
+    series, layer, tree = _applied_with_a_users_commit(tmp_path)
     assert invoke("rebase", "--onto", "v0.5.22", "--tree", tree, "--series", series).code == 0
     res = invoke("apply", "--sglang-rev", "v0.5.22", "--tree", tree, "--series", series, as_json=False)
     assert res.code == 0 and "1 commit(s) of yours on top): nothing to do" in res.text, res.text
