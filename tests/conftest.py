@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import resource
@@ -96,6 +97,7 @@ def pytest_configure(config: pytest.Config) -> None:
     runs inherit it. A run killed before its cleanup (SIGKILL: `timeout -k`, a CI runner's escalation after
     SIGTERM while xdist waits for its workers) leaves it to the next run, which removes it."""
     _controller.append(not hasattr(config, "workerinput"))
+    gc.set_threshold(100_000, 50, 100)  # as the CLI's entry (c128patch.__main__) has it for the commands run here
     # the tier imports with this interpreter unless a test asks for the target's environment (tests/test_env.py)
     os.environ.setdefault("C128PATCH_TIER_PYTHON", sys.executable)
     if _controller[-1] and not os.environ.get("C128PATCH_TEST_TMP"):

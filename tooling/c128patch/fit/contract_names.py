@@ -8,6 +8,7 @@ the namespaces whose every member the rules decide (``NAMESPACES``: a member the
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 
@@ -189,12 +190,11 @@ def installed_calls(up: Upstream, ours: dict[str, set[int] | None], dotted: str,
     out: list[tuple[str, Use]] = []
     for path, lines in sorted((p, ls) for p, ls in ours.items() if ls is not None and p.endswith(".py")):
         tree, module = up.parse(path), module_name(path) or ""
-        assigned = {t.id for n in nodes_on(tree, lines) if isinstance(n, ast.Assign) for t in n.targets
-                    if isinstance(t, ast.Name)} if tree else set()
-        holders = {s.target.id for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for s in c.body
+        assigned = _assigned(tree, frozenset(lines)) if tree else set()
+        holders = {s.target.id for c in _walked(tree, ast.ClassDef) for s in c.body
                    if isinstance(s, ast.AnnAssign) and getattr(s.target, "id", "") in assigned
                    and _names_class(up, module, s.annotation, dotted)} if assigned else set()
-        for call in [c for c in ast.walk(tree) if isinstance(c, ast.Call)] if holders else []:
+        for call in _walked(tree, ast.Call) if holders else []:
             if chain_of(call.func)[-2:-1] and chain_of(call.func)[-2] in holders and call.func.attr == attr:
                 out.append((path, _call_use(call, 1)))
             passed = [(i, a) for i, a in enumerate(call.args)] + [(k.arg, k.value) for k in call.keywords]
@@ -207,6 +207,19 @@ def installed_calls(up: Upstream, ours: dict[str, set[int] | None], dotted: str,
                 out += [(fn.path, _call_use(c, 1)) for c in ast.walk(fn.node) if isinstance(c, ast.Call)
                         and chain_of(c.func) == [name, attr]]
     return list({(p, u.line): (p, u) for p, u in out}.values())
+
+
+@functools.lru_cache(maxsize=256)  # installed_calls asks once per method we install, of the same files
+def _walked(tree: ast.Module, kind: type) -> list:
+    """The nodes of ``kind`` in ``tree``."""
+    return [n for n in ast.walk(tree) if isinstance(n, kind)]
+
+
+@functools.lru_cache(maxsize=256)
+def _assigned(tree: ast.Module, lines: frozenset[int]) -> frozenset[str]:
+    """The names our ``lines`` assign."""
+    return frozenset(t.id for n in nodes_on(tree, set(lines)) if isinstance(n, ast.Assign) for t in n.targets
+                     if isinstance(t, ast.Name))
 
 
 def _call_use(call: ast.Call, receiver: int = 0) -> Use:

@@ -11,6 +11,7 @@ call binds to (``signature_of``: an ``inspect.Signature`` built from the AST).""
 from __future__ import annotations
 
 import ast
+import bisect
 import functools
 import inspect
 import re
@@ -432,17 +433,24 @@ class Use:
 
 def nodes_on(tree: ast.Module, lines: set[int]) -> Iterator[ast.AST]:
     """The nodes of the statements that touch ``lines`` (a compound statement: its own expressions only)."""
-    for stmt in statements(tree.body, None):
-        if not any(n in lines for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)):
-            continue
-        if any(getattr(stmt, part, None) for part in BODIES):
+    ordered = sorted(lines)
+
+    def on(body: list) -> Iterator[ast.AST]:
+        for stmt in body:
+            at = bisect.bisect_left(ordered, stmt.lineno)  # a statement's nested ones lie within its lines
+            if at == len(ordered) or ordered[at] > (stmt.end_lineno or stmt.lineno):
+                continue
+            if not any(getattr(stmt, part, None) for part in BODIES):
+                yield from ast.walk(stmt)
+                continue
             for name, value in ast.iter_fields(stmt):
-                if name not in BODIES:
-                    for child in value if isinstance(value, list) else [value]:
-                        if isinstance(child, ast.AST):
-                            yield from ast.walk(child)
-        else:
-            yield from ast.walk(stmt)
+                for child in value if isinstance(value, list) else [value]:
+                    if name not in BODIES and isinstance(child, ast.AST):
+                        yield from ast.walk(child)
+            for part in BODIES:
+                yield from on(getattr(stmt, part, None) or [])
+
+    return on(tree.body)
 
 
 def _imports(path: str, tree: ast.Module, mine: Callable[[ast.AST], bool]) -> tuple[dict[str, list[str]], list[Use]]:
