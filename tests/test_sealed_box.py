@@ -66,11 +66,13 @@ def test_the_targets_code_writes_nowhere_but_its_folder_and_cannot_remount(tmp_p
 def test_where_the_host_refuses_the_seal_the_box_still_runs_and_says_what_is_not_confined(tmp_path, monkeypatch):
     monkeypatch.setattr(sandbox, "_cuts", lambda: ("no mount namespace or read-only remount here (refused)",
                                                    "no mount namespace or empty mounts here (refused)",
-                                                   "no network namespace here (refused)"))
+                                                   "no network namespace here (refused)",
+                                                   "no pid namespace with a fresh /proc here (refused)"))
     box = Sealed(sys.executable, ["-c", ESCAPE, str(tmp_path)], 60, offline=True)
     assert box.wait() == ("write 0\nremount 0\n", "")
     assert sandbox.isolation() == ("writes NOT confined: no mount namespace or read-only remount here (refused); "
                                    "reads NOT confined: no mount namespace or empty mounts here (refused); "
+                                   "processes NOT isolated: no pid namespace with a fresh /proc here (refused); "
                                    "network NOT cut off: no network namespace here (refused)")
 
 
@@ -78,14 +80,15 @@ def test_bisect_behaviour_says_it_runs_the_targets_code_and_what_the_host_does_n
     """Each bisect step runs the tier: it said nothing, the box unconfined or not (watch and treecheck say it)."""
     from c128patch.fit import bisect
 
-    monkeypatch.setattr(sandbox, "_cuts", lambda: ("no mount namespace here (refused)", "the same", ""))
+    monkeypatch.setattr(sandbox, "_cuts", lambda: ("no mount namespace here (refused)", "the same", "", "the same"))
     monkeypatch.setattr(bisect, "bisect", lambda *a, **k: dict(found=False, summary="fits", failing=[], commit="",
                                                                  subject=""))
     run = invoke("bisect", "--onto", "x", "--behaviour", "--series", str(REPO_ROOT), as_json=False)
     assert run.code == 0, run.err
     assert run.err.startswith("bisect --behaviour runs the target tree's code at each step, in the sealed box (leave "
                               "out --behaviour to run none): writes NOT confined: no mount namespace here (refused); "
-                              "reads NOT confined: the same; no network (loopback only)\n"), run.err
+                              "reads NOT confined: the same; processes NOT isolated: the same; no network (loopback "
+                              "only)\n"), run.err
     assert "NOT confined" not in invoke("bisect", "--onto", "x", "--series", str(REPO_ROOT), as_json=False).err
 
 
