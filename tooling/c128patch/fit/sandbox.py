@@ -1,7 +1,7 @@
 """The sealed box every run of a target's code goes through (the behavioural tier, the tier's environment build):
 an allow-listed environment (no tokens, ``HOME`` a fresh folder), isolated Python (``-I``: no current folder, user
 site or ``PYTHON*`` variables on the path), a time limit, its own process group, killed whole on exit (a child
-it forks does not outlive it), and limits (``Sealed``'s ``memory``: 16 GiB of data a process, ``RLIMIT_DATA``;
+it forks does not outlive it), and limits (``Sealed``'s ``memory``: 8 GiB of data a process, ``RLIMIT_DATA``;
 ``files``: 256 MiB a file it writes, its output included, ``RLIMIT_FSIZE``; ``output``: 16 MiB of its stdout and of
 its stderr read back; past one, a one-line error). Where the host allows unprivileged user, mount and pid
 namespaces, it sees only the system's top-level folders of ``/`` (``SYSTEM``): every other entry (``/work``,
@@ -41,7 +41,9 @@ NOTICE = ("runs the target tree's code (imports its modules) in a sealed box: sc
 SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "dev", "proc", "sys", "nix", "snap")
 # hidden in the system's: ssh's keys, shared memory (a scratch folder, a clone); a file is covered by /dev/null
 HIDDEN = ("/etc/ssh", "/dev/shm", "/etc/shadow", "/etc/gshadow", "/etc/sudoers")
-MEMORY, FILES, OUTPUT = 16 << 30, 256 << 20, 16 << 20  # bytes: data a process, a file it writes, output read back
+# bytes: of data a process (the tier on v0.5.23, torch CPU and sglang's modules: fails at 512 MiB, passes at 768),
+# of a file it writes, of its stdout and of its stderr read back
+MEMORY, FILES, OUTPUT = 8 << 30, 256 << 20, 16 << 20
 # the last line of a process out of memory (Python's, C++'s, ENOMEM's)
 _NOMEM = re.compile(r"^MemoryError\b|std::bad_alloc|Cannot allocate memory")
 # loopback up where ``ip`` is (``$0``: offline), then the command
