@@ -39,8 +39,9 @@ NOTICE = ("runs the target tree's code (imports its modules) in a sealed box: sc
 # them, world-readable by design); every other one (/work, /opt, /srv, /mnt, /var, a file; /run: sockets, secrets)
 # is hidden, what the run needs bound back
 SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "dev", "proc", "sys", "nix", "snap")
-# hidden in the system's: ssh's keys, shared memory (a scratch folder, a clone); a file is covered by /dev/null
-HIDDEN = ("/etc/ssh", "/dev/shm", "/etc/shadow", "/etc/gshadow", "/etc/sudoers")
+# hidden in the system's: ssh's keys, shared memory (a scratch folder, a clone), the nix daemon's socket and
+# profiles (its store stays); a file is covered by /dev/null
+HIDDEN = ("/etc/ssh", "/dev/shm", "/nix/var", "/etc/shadow", "/etc/gshadow", "/etc/sudoers")
 # bytes: of data a process (the tier on v0.5.23, torch CPU and sglang's modules: fails at 512 MiB, passes at 768),
 # of a file it writes, of its stdout and of its stderr read back
 MEMORY, FILES, OUTPUT = 8 << 30, 256 << 20, 16 << 20
