@@ -400,6 +400,26 @@ def test_a_lock_line_that_is_not_a_pinned_hashed_package_is_refused_before_pip_r
     assert "\n" not in exc.value.message
 
 
+def test_pip_in_the_box_reads_the_local_folders_the_operators_pip_settings_name(tmp_path, monkeypatch):
+    """The box hides every folder outside the system's: a find-links folder the operator's ``PIP_FIND_LINKS`` names
+    (here under the hidden temporary folder, as ``/opt/wheels`` would be) is bound back for pip to read."""
+    import sys
+    import zipfile
+
+    wheels, into = tmp_path / "wheels", tmp_path / "into"  # (pip writes only to ``into``)
+    wheels.mkdir(), into.mkdir()
+    with zipfile.ZipFile(wheels / "c128tiny-1.0-py3-none-any.whl", "w") as whl:
+        whl.writestr("c128tiny/__init__.py", "")
+        whl.writestr("c128tiny-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: c128tiny\nVersion: 1.0\n")
+        whl.writestr("c128tiny-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\n"
+                     "Tag: py3-none-any\n")
+        whl.writestr("c128tiny-1.0.dist-info/RECORD", "")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    assert str(wheels) in env._pip_folders("")
+    env._pip(sys.executable, ["install", "--dry-run", "--no-index", "--no-deps", "c128tiny"], 120, env.NullReporter(),
+             "probing", into)
+
+
 def test_pip_in_the_box_reads_the_operators_own_pip_config(tmp_path, monkeypatch):
     # HOME is hidden from the box (and replaced): the operator's pip.conf (a private index, say) is handed in
     import sys

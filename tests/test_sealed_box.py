@@ -66,11 +66,13 @@ def test_the_targets_code_writes_nowhere_but_its_folder_and_cannot_remount(tmp_p
 def test_where_the_host_refuses_the_seal_the_box_still_runs_and_says_what_is_not_confined(tmp_path, monkeypatch):
     monkeypatch.setattr(sandbox, "_cuts", lambda: ("no mount namespace or read-only remount here (refused)",
                                                    "no mount namespace or empty mounts here (refused)",
-                                                   "no network namespace here (refused)"))
+                                                   "no network namespace here (refused)",
+                                                   "no pid namespace with a fresh /proc here (refused)"))
     box = Sealed(sys.executable, ["-c", ESCAPE, str(tmp_path)], 60, offline=True)
     assert box.wait() == ("write 0\nremount 0\n", "")
     assert sandbox.isolation() == ("writes NOT confined: no mount namespace or read-only remount here (refused); "
                                    "reads NOT confined: no mount namespace or empty mounts here (refused); "
+                                   "processes NOT isolated: no pid namespace with a fresh /proc here (refused); "
                                    "network NOT cut off: no network namespace here (refused)")
 
 
@@ -78,14 +80,15 @@ def test_bisect_behaviour_says_it_runs_the_targets_code_and_what_the_host_does_n
     """Each bisect step runs the tier: it said nothing, the box unconfined or not (watch and treecheck say it)."""
     from c128patch.fit import bisect
 
-    monkeypatch.setattr(sandbox, "_cuts", lambda: ("no mount namespace here (refused)", "the same", ""))
+    monkeypatch.setattr(sandbox, "_cuts", lambda: ("no mount namespace here (refused)", "the same", "", "the same"))
     monkeypatch.setattr(bisect, "bisect", lambda *a, **k: dict(found=False, summary="fits", failing=[], commit="",
                                                                  subject=""))
     run = invoke("bisect", "--onto", "x", "--behaviour", "--series", str(REPO_ROOT), as_json=False)
     assert run.code == 0, run.err
     assert run.err.startswith("bisect --behaviour runs the target tree's code at each step, in the sealed box (leave "
                               "out --behaviour to run none): writes NOT confined: no mount namespace here (refused); "
-                              "reads NOT confined: the same; no network (loopback only)\n"), run.err
+                              "reads NOT confined: the same; processes NOT isolated: the same; no network (loopback "
+                              "only)\n"), run.err
     assert "NOT confined" not in invoke("bisect", "--onto", "x", "--series", str(REPO_ROOT), as_json=False).err
 
 
@@ -120,6 +123,124 @@ def test_the_targets_code_reads_no_secret_of_the_operators_home_tmp_or_etc(tmp_p
     assert "-c128\n" not in out.replace("needed-c128\n", ""), out
     assert f"{secrets[0]} No such file or directory" in out and "root:" not in out, out
 
+
+
+# for each path it is given: a folder's names, a file's first bytes, or why not
+LOOK = """import json, os, sys
+seen = {}
+for path in sys.argv[1:]:
+    try:
+        seen[path] = sorted(os.listdir(path)) if os.path.isdir(path) else open(path, "rb").read(64).decode("latin-1")
+    except OSError as exc:
+        seen[path] = exc.strerror
+print(json.dumps(seen))
+"""
+
+
+def test_the_targets_code_sees_only_the_systems_top_level_folders_and_what_it_runs():
+    """Every top-level entry of / but the system's (``/work``, ``/opt``, ``/srv``, ``/mnt``, ``/var``, ``/run``, a
+    file at the top) is empty to the code, but for the way to what it runs (the interpreter's prefixes, its own
+    folder): the tool's own checkout, a file the test puts in the first such folder it may write, and one in shared
+    memory are unseen."""
+    planted = [Path(d) / f"c128box-test-{os.getpid()}" for d in ("/srv", "/mnt", "/opt", "/media", "/var")
+               if os.path.isdir(d) and os.access(d, os.W_OK)][:1]
+    planted += [Path("/dev/shm") / f"c128box-test-{os.getpid()}"] if os.access("/dev/shm", os.W_OK) else []
+    top = [f"/{e}" for e in os.listdir("/") if Path(os.path.realpath(f"/{e}")).parts[1:2] != ()
+           and Path(os.path.realpath(f"/{e}")).parts[1] not in sandbox.SYSTEM]
+    try:
+        for path in planted:
+            path.write_text("secret-c128")
+        files = [*map(str, planted), str(REPO_ROOT / "pyproject.toml")]
+        box = Sealed(sys.executable, ["-c", LOOK, *top, *files], 60, offline=True)
+        kept = [*sandbox._kept(sys.executable, ()), os.path.realpath(box.home)]
+        out, err = box.wait()
+    finally:
+        for path in planted:
+            path.unlink()
+    seen = json.loads(out)
+    if "reads NOT confined" in sandbox.isolation():
+        assert "[project]" in seen[files[-1]]  # the host allows no hiding: it says so
+        pytest.skip(sandbox.isolation())
+    assert {seen[f] for f in files} == {"No such file or directory"}, (seen, err)
+    for path in top:
+        real = Path(os.path.realpath(path))
+        way = {Path(k).relative_to(real).parts[0] for k in kept if Path(k).is_relative_to(real) and Path(k) != real}
+        assert set(seen[path]) <= way if real.is_dir() else seen[path] == "", (path, seen[path], way)
+    assert any(seen[p] == [] for p in top if os.path.isdir(p) and os.listdir(p)), seen  # full outside, empty inside
+
+
+# its own pid, the pids its /proc lists, and whether it may signal the pid it is given (the operator's)
+PIDS = """import json, os, sys
+try:
+    os.kill(int(sys.argv[1]), 0)
+    signalled = "yes"
+except OSError as exc:
+    signalled = exc.strerror
+print(json.dumps({"me": os.getpid(), "proc": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+                  "signalled": signalled}))
+"""
+
+
+def test_the_targets_code_sees_and_signals_none_of_the_operators_processes(monkeypatch):
+    """In its own pid namespace under a fresh /proc it lists only itself and its namespace's first process (the
+    seal's shell), and the operator's process it started from is no such process; where the host refuses the
+    namespace, the box runs without one and says so."""
+    got = json.loads(Sealed(sys.executable, ["-c", PIDS, str(os.getpid())], 60, offline=True).wait()[0])
+    if "processes NOT isolated" in sandbox.isolation():
+        assert got["signalled"] == "yes"  # the host allows no pid namespace: it says so
+        pytest.skip(sandbox.isolation())
+    assert got["signalled"] == "No such process" and got["proc"] == [1, got["me"]], got
+    monkeypatch.setattr(sandbox, "_cuts", lambda c=sandbox._cuts(): (*c[:3], "no pid namespace here (refused)"))
+    got = json.loads(Sealed(sys.executable, ["-c", PIDS, str(os.getpid())], 60, offline=True).wait()[0])
+    assert got["signalled"] == "yes" and os.getpid() in got["proc"], got
+    assert "processes NOT isolated: no pid namespace here (refused)" in sandbox.isolation()
+
+
+# forks a child that leaves the box's session (and so its process group) and appends a dot to a file every 50 ms
+# for 5 s; exits once the child has begun
+SURVIVOR = """import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    for _ in range(100):
+        with open(sys.argv[1], "a") as f:
+            f.write(".")
+        time.sleep(0.05)
+    os._exit(0)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+"""
+
+
+def test_a_child_that_leaves_the_boxs_process_group_dies_with_the_box(tmp_path):
+    trace = tmp_path / "trace"
+    Sealed(sys.executable, ["-c", SURVIVOR, str(trace)], 60, offline=True, writable=(str(tmp_path),)).wait()
+    size = trace.stat().st_size
+    time.sleep(0.5)
+    if "processes NOT isolated" in sandbox.isolation():
+        pytest.skip(sandbox.isolation())  # (it lives on its 5 s)
+    assert trace.stat().st_size == size, "the child outlived the box"
+
+
+def test_a_memory_hog_is_stopped_in_one_line():
+    """Past ``memory`` bytes of data a process (2 GiB asked, 1 GiB allowed), the run is one line saying so."""
+    with pytest.raises(C128Error, match=r"^the target's code ran out of memory \(the box allows 1 GiB of data a "
+                                        r"process\): MemoryError$"):
+        Sealed(sys.executable, ["-c", "b = bytearray(2 << 30)"], 60, offline=True, memory=1 << 30).wait()
+
+
+def test_a_flood_of_output_or_a_file_past_the_limit_is_cut_off(tmp_path):
+    """8 MiB printed with 1 MiB read back is one line, none of it taken; a file written past ``files`` (4 MiB) stops
+    there (the write fails: "File too large")."""
+    flood = "import sys\nfor _ in range(128):\n    sys.stdout.write('x' * 65536)\n"
+    with pytest.raises(C128Error, match=r"^the target's code wrote more than 1 MiB to its stdout \(the box's "
+                                        r"limit\): none of it is taken$"):
+        Sealed(sys.executable, ["-c", flood], 60, offline=True, output=1 << 20, files=4 << 20).wait()
+    big = tmp_path / "big"
+    write = "import sys\nwith open(sys.argv[1], 'wb') as f:\n    for _ in range(128):\n        f.write(b'x' * 65536)\n"
+    box = Sealed(sys.executable, ["-c", write, str(big)], 60, offline=True, files=4 << 20, writable=(str(tmp_path),))
+    err = box.wait()[1]
+    assert big.stat().st_size == 4 << 20 and err.rstrip().endswith("File too large"), (big.stat().st_size, err)
+    assert box.returncode == 1
 
 def trapped_tree(tmp: Path, marker: Path, module: str = "") -> Path:
     """A tree whose ``json.py``, ``python/json.py`` and ``python/torch`` write ``marker`` when run."""

@@ -6,6 +6,8 @@ locked with hashes (committed in ``patches/env/``, else resolved at run time), i
 
 from __future__ import annotations
 
+import configparser
+import contextlib
 import email
 import hashlib
 import json
@@ -31,6 +33,7 @@ from c128patch.upstream.releases import WheelZip, cache_dir, ensure_folder, lock
 
 TORCH_PIN = "torch==2.13.0"  # the CPU build; the operator may name another: $C128PATCH_TORCH_PIN
 RESOLVE_TIMEOUT, INSTALL_TIMEOUT = 600.0, 1200.0  # seconds
+PIP_FILES = 8 << 30  # bytes of a file pip writes in the box (a wheel, a library: libtorch_cpu.so is 434 MB)
 _IMPORT = ("import importlib, json, sys\nops = json.loads(sys.argv[1])\n"  # argv: ops to define, then names
            "libs = [__import__('torch').library.Library(op.split('::')[0], 'FRAGMENT') for op in ops]\n"
            "for lib, op in zip(libs, ops):\n    lib.define(op.split('::', 1)[1])\n"
@@ -172,6 +175,21 @@ def _pip_config() -> str:
     return ""
 
 
+def _pip_folders(config: str) -> list[str]:
+    """The local folders the operator's pip settings name (its ``PIP_*`` variables, its config file, the site's:
+    a find-links folder, a ``file://`` index, a constraints file's folder), its config file's too: read in the box,
+    which hides every folder outside the system's."""
+    dirs = (os.environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":")
+    parser = configparser.RawConfigParser()
+    with contextlib.suppress(configparser.Error, UnicodeDecodeError):
+        parser.read([*([config] if config else []), "/etc/pip.conf", *(os.path.join(d, "pip/pip.conf") for d in dirs)])
+    values = [*(v for k, v in os.environ.items() if k.startswith("PIP_")),
+              *(v for s in parser.sections() for v in parser[s].values())]
+    paths = {t.removeprefix("file://") for v in values for t in v.split()} | ({config} if config else set())
+    return sorted({p if os.path.isdir(p) else os.path.dirname(p) for p in paths
+                   if os.path.isabs(p) and os.path.exists(p)})
+
+
 def _pip(python: str, args: list[str], timeout: float, reporter: Reporter, what: str, into: Path) -> None:
     """``python -m pip ARGS`` in the sealed box (network kept: pip needs it; writes to ``into`` only) with the
     operator's settings."""
@@ -181,12 +199,12 @@ def _pip(python: str, args: list[str], timeout: float, reporter: Reporter, what:
     config = _pip_config()
     env.update({"PIP_CONFIG_FILE": config} if config else {})
     box = Sealed(python, ["-m", "pip", "--disable-pip-version-check", *args], timeout, env=env, writable=(str(into),),
-                 readable=(os.path.dirname(config),) if config else ())
+                 readable=tuple(_pip_folders(config)), files=PIP_FILES)
     try:
         stdout, stderr = box.wait()
     except C128Error as exc:
         raise C128Error(f"{what}: {exc.message}") from None
-    if box.proc.returncode:
+    if box.returncode:
         said = stderr if stderr.strip() else stdout  # pip says some errors on stdout
         last = [ln for ln in said.splitlines() if ln.strip() and not ln.startswith("WARNING:")] or ["?"]
         raise C128Error(f"{what}: pip failed: {last[-1].strip()}")
@@ -227,7 +245,7 @@ def _imports(venv: Path, names: list[str], ops: list[str]) -> str:
     box = Sealed(str(venv / "bin/python"), ["-c", _IMPORT, json.dumps(ops), *names], 300, offline=True)
     try:
         stderr = box.wait()[1]
-        return box.proc.returncode and ([ln.strip() for ln in stderr.splitlines() if ln.strip()] or ["?"])[-1] or ""
+        return box.returncode and ([ln.strip() for ln in stderr.splitlines() if ln.strip()] or ["?"])[-1] or ""
     except C128Error as exc:  # a hang: past the limit
         return exc.message
 

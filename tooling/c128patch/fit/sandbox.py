@@ -1,21 +1,29 @@
 """The sealed box every run of a target's code goes through (the behavioural tier, the tier's environment build):
 an allow-listed environment (no tokens, ``HOME`` a fresh folder), isolated Python (``-I``: no current folder, user
-site or ``PYTHON*`` variables on the path), a time limit, and its own process group, killed whole on exit (a child
-it forks does not outlive it). Where the host allows unprivileged user and mount namespaces, the places secrets live
-(the operator's ``HOME``, ``/root``, ``/home``, ``/tmp``, the cache, ``/etc``'s password and ssh files) are hidden
-under empty mounts but for what the run needs (its folders, the interpreter's prefix, the folders the caller names:
-``readable``), every mount is made read-only but ``HOME`` and the folders the caller names (``writable``), and the
-code runs with no capabilities (it cannot remount); ``offline``: no network but loopback. ``isolation`` says what the
-box cuts off here, and what not."""
+site or ``PYTHON*`` variables on the path), a time limit, its own process group, killed whole on exit (a child
+it forks does not outlive it), and limits (``Sealed``'s ``memory``: 8 GiB of data a process, ``RLIMIT_DATA``;
+``files``: 256 MiB a file it writes, its output included, ``RLIMIT_FSIZE``; ``output``: 16 MiB of its stdout and of
+its stderr read back; past one, a one-line error). Where the host allows unprivileged user, mount and pid
+namespaces, it sees only the system's top-level folders of ``/`` (``SYSTEM``): every other entry (``/work``,
+``/opt``, ``/srv``, ``/home``, ``/root``, ``/tmp``, ``/var``, ``/run``, ...) is hidden under an empty mount, as are
+``HIDDEN`` (``/etc``'s password and ssh files, ``/dev/shm``) and the operator's ``HOME``, temporary folder and
+cache, but for what the run needs (its folders, the interpreter's prefixes, the folders the caller names:
+``readable``); every mount is made read-only but ``HOME`` and the folders the caller names (``writable``); it runs
+in its own pid namespace under a fresh ``/proc`` (it sees and signals none of the operator's processes, and all it
+forks die with it) with no capabilities (it cannot remount); ``offline``: no network but loopback. ``isolation``
+says what the box cuts off here, and what not."""
 
 from __future__ import annotations
 
 import functools
 import os
+import re
+import resource
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import IO
 
 from c128patch.errors import C128Error
 from c128patch.procs import Group
@@ -24,20 +32,31 @@ from c128patch.smoke.device import run_child
 # the environment the box keeps; the rest (tokens, credentials, PYTHON*) is dropped
 KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_VISIBLE_DEVICES")
 NOTICE = ("runs the target tree's code (imports its modules) in a sealed box: scrubbed environment, isolated "
-          "Python, no network, no writes outside its folder, no reads of HOME, /tmp or secrets where the host "
-          "allows it, a time limit, its processes killed at the end; --no-run skips it")
-# hidden from the code (an empty mount over each, what it needs bound back): where secrets and other clones live
-HIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/run/user", "/etc/ssh")
-SECRET_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
+          "Python, no network, no writes outside its folder, no reads outside the system's folders and what it "
+          "runs, its own processes only, where the host allows it, memory, file and time limits, its processes "
+          "killed at the end; --no-run skips it")
+# the top-level entries of / the code sees: the system's (/nix and /snap hold installed programs, an interpreter among
+# them, world-readable by design); every other one (/work, /opt, /srv, /mnt, /var, a file; /run: sockets, secrets)
+# is hidden, what the run needs bound back
+SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "dev", "proc", "sys", "nix", "snap")
+# hidden in the system's: ssh's keys, shared memory (a scratch folder, a clone), the nix daemon's socket and
+# profiles (its store stays); a file is covered by /dev/null
+HIDDEN = ("/etc/ssh", "/dev/shm", "/nix/var", "/etc/shadow", "/etc/gshadow", "/etc/sudoers")
+# bytes: of data a process (the tier on v0.5.23, torch CPU and sglang's modules: fails at 512 MiB, passes at 768),
+# of a file it writes, of its stdout and of its stderr read back
+MEMORY, FILES, OUTPUT = 8 << 30, 256 << 20, 16 << 20
+# the last line of a process out of memory (Python's, C++'s, ENOMEM's)
+_NOMEM = re.compile(r"^MemoryError\b|std::bad_alloc|Cannot allocate memory")
 # loopback up where ``ip`` is (``$0``: offline), then the command
 _RUN = 'unset PWD OLDPWD SHLVL _; [ "$0" = offline ] && command -v ip >/dev/null && ip link set lo up\n'
-# the seal, run in a fresh user and mount (and network) namespace: each ``writable`` folder (``$1`` ... up to ``--``)
-# bound on itself; each place to hide (after the ``readable`` folders, up to ``--``; outermost first) covered by an
-# empty tmpfs, made aside and moved in, with the folders kept beneath it bound back; each secret file covered by
-# /dev/null; every other mount remounted read-only; then ``_RUN`` with no capabilities (it cannot remount)
+# the seal, run in a fresh user and mount (and pid, and network) namespace: each ``writable`` folder (``$1`` ... up
+# to ``--``) bound on itself; each place to hide (after the ``readable`` folders, up to ``--``; outermost first): a
+# file covered by /dev/null, a folder by an empty tmpfs, made aside and moved in, with the folders kept beneath it
+# bound back; every other mount remounted read-only; a fresh /proc, read-only, where it is the pid namespace's first
+# process; then ``_RUN`` with no capabilities (it cannot remount), waited for there (all else dies when it exits)
 _SEAL = r"""w='
 '
-while [ "$1" != -- ]; do mount --bind "$1" "$1" || exit 125; w="$w$1
+while [ "$1" != -- ]; do mount -n --bind "$1" "$1" || exit 125; w="$w$1
 "; shift; done; shift
 k=$w
 while [ "$1" != -- ]; do k="$k$1
@@ -45,44 +64,74 @@ while [ "$1" != -- ]; do k="$k$1
 n=0; set -f; IFS='
 '
 while [ "$1" != -- ]; do
-  h=$1; shift; [ -d "$h" ] || continue
-  n=$((n+1)); s="$HOME/.seal/$n"; mkdir -p "$s" && mount -t tmpfs -o mode=755 c128box "$s" || exit 125
-  for p in $k; do case "$p" in "$h"|"$h"/*) mkdir -p "$s${p#"$h"}" && mount --bind "$p" "$s${p#"$h"}" || exit 125;;
+  h=$1; shift
+  if [ ! -d "$h" ]; then [ ! -e "$h" ] || mount -n --bind /dev/null "$h" || exit 125; continue; fi
+  n=$((n+1)); s="$HOME/.seal/$n"; mkdir -p "$s" && mount -n -t tmpfs -o mode=755 c128box "$s" || exit 125
+  for p in $k; do case "$p" in "$h"|"$h"/*) mkdir -p "$s${p#"$h"}" && mount -n --bind "$p" "$s${p#"$h"}" || exit 125;;
   esac; done
-  mount --move "$s" "$h" || exit 125
+  mount -n --move "$s" "$h" || exit 125
 done; shift; unset IFS
-while [ "$1" != -- ]; do [ ! -f "$1" ] || mount --bind /dev/null "$1" || exit 125; shift; done; shift
 while read -r _ _ _ _ mp _; do
   mp=$(printf '%b' "$mp"); [ -e "$mp" ] || continue  # (a mount in a hidden place)
   case "$w" in *"
 $mp
 "*) continue;; esac
-  mount -o remount,bind,ro "$mp" 2>/dev/null || { echo "c128box: cannot make $mp read-only" >&2; exit 125; }
+  mount -n -o remount,bind,ro "$mp" 2>/dev/null || { echo "c128box: cannot make $mp read-only" >&2; exit 125; }
 done </proc/self/mountinfo
-""" + _RUN + 'exec setpriv --bounding-set=-all --inh-caps=-all -- "$@"'
+[ $$ != 1 ] || mount -n -t proc -o ro,nosuid,nodev,noexec c128box /proc || exit 125
+""" + _RUN + 'set -- setpriv --bounding-set=-all --inh-caps=-all -- "$@"; [ $$ = 1 ] || exec "$@"; "$@"'
 
 
 def _sealed(argv: list[str], writable: list[str], offline: bool, readable: list[str] = (),
-            hidden: list[str] | None = None) -> list[str]:
-    """``argv`` in the seal (``offline``: in its own network namespace too); ``hidden``: the places to hide (``None``:
-    none, nor the secret files), ``readable`` kept in them (``writable`` too)."""
-    net = ["--net"] if offline else []
-    hide = [] if hidden is None else [*readable, "--", *hidden, "--", *SECRET_FILES]
-    return ["unshare", "--user", "--map-root-user", "--mount", *net, "sh", "-c", _SEAL, "offline" if offline else "sh",
-            *writable, "--", *(hide or ["--", "--"]), "--", *argv]
+            hidden: list[str] | None = None, pids: bool = False) -> list[str]:
+    """``argv`` in the seal (``offline``: in its own network namespace too; ``pids``: in its own pid namespace);
+    ``hidden``: the places to hide (``None``: none), ``readable`` kept in them (``writable`` too)."""
+    ns = [*(["--pid", "--fork"] if pids else []), *(["--net"] if offline else [])]
+    return ["unshare", "--user", "--map-root-user", "--mount", *ns, "sh", "-c", _SEAL, "offline" if offline else "sh",
+            *writable, "--", *readable, "--", *(hidden or ()), "--", *argv]
 
 
 def _hidden(*more: str) -> list[str]:
-    """The places to hide, outermost first: ``HIDDEN``, the operator's ``HOME``, temporary folder and cache."""
+    """The places to hide, outermost first: each top-level entry of / but ``SYSTEM`` (and a link into it),
+    ``HIDDEN``, the operator's ``HOME``, temporary folder and cache."""
+    system = [Path(os.path.realpath(f"/{name}")) for name in SYSTEM]
+    top = {p for e in os.scandir("/") if e.name not in SYSTEM
+           if not any(Path(p := os.path.realpath(e.path)).is_relative_to(s) for s in system)}
     mine = [os.environ.get(k) for k in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "C128PATCH_CACHE")]
-    return sorted({os.path.realpath(p) for p in (*HIDDEN, *mine, tempfile.gettempdir(), *more) if p} - {"/"},
+    return sorted(({os.path.realpath(p) for p in (*HIDDEN, *mine, tempfile.gettempdir(), *more) if p} | top) - {"/"},
                   key=lambda p: (p.count("/"), p))
 
 
 def _kept(python: str, folders: tuple[str, ...]) -> list[str]:
-    """The folders the run reads: ``folders`` and the interpreter's prefix (the named path's and the real one's)."""
-    prefixes = {str(Path(p).parent.parent) for p in (os.path.abspath(python), os.path.realpath(python))}
-    return sorted({os.path.realpath(p) for p in (*folders, *prefixes) if os.path.isdir(p)})
+    """The folders the run reads: ``folders``; the interpreter's prefixes (the named path's, the real one's and, of a
+    venv, its base's: ``home`` in ``pyvenv.cfg``, a copy's too); the libraries ``LD_LIBRARY_PATH`` and ``CUDA_HOME``
+    name; the folder ``/etc/resolv.conf`` resolves into (on ``/run`` with systemd: pip's DNS)."""
+    bins = {os.path.dirname(p) for p in (os.path.abspath(python), os.path.realpath(python))}
+    for cfg in [Path(b).parent / "pyvenv.cfg" for b in bins]:
+        try:
+            home = re.search(r"^home\s*=\s*(.+?)\s*$", cfg.read_text(errors="replace"), re.M)
+        except OSError:
+            continue
+        bins |= {home[1], os.path.realpath(home[1])} if home else set()
+    libs = [p for p in (*os.environ.get("LD_LIBRARY_PATH", "").split(":"), os.environ.get("CUDA_HOME", ""))
+            if os.path.isabs(p)]
+    return sorted({os.path.realpath(p) for p in (*folders, *(str(Path(b).parent) for b in bins), *libs,
+                                                 os.path.dirname(os.path.realpath("/etc/resolv.conf")))
+                   if os.path.isdir(p)})
+
+
+def _limited(argv: list[str], memory: int, files: int) -> list[str]:
+    """``argv`` under ``prlimit``: ``memory`` bytes of data a process, ``files`` bytes a file (no more than the hard
+    limits we run under: those we cannot raise)."""
+    caps = []
+    for name, limit, n in (("data", resource.RLIMIT_DATA, memory), ("fsize", resource.RLIMIT_FSIZE, files)):
+        hard = resource.getrlimit(limit)[1]
+        caps.append(f"--{name}={n if hard == resource.RLIM_INFINITY else min(n, hard)}")
+    return ["prlimit", *caps, "--", *argv]
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):g} GiB" if n >= 1 << 30 else f"{n / (1 << 20):g} MiB"
 
 
 def _probe(argv: list[str]) -> str:
@@ -94,32 +143,38 @@ def _probe(argv: list[str]) -> str:
 
 
 @functools.cache
-def _cuts() -> tuple[str, str, str]:
-    """("", "", "") where the seal holds here (a write outside its folder refused, a file in a hidden place unseen),
-    else why not: (writes, reads, network)."""
+def _cuts() -> tuple[str, str, str, str]:
+    """("", "", "", "") where the seal holds here (a write outside its folder refused, a file in a hidden place unseen,
+    a pid namespace of its own), else why not: (writes, reads, network, processes)."""
     with tempfile.TemporaryDirectory(prefix="c128box-probe-") as tmp:
         inside, outside = (os.path.join(os.path.realpath(tmp), n) for n in ("in", "out"))
         os.mkdir(inside), os.mkdir(outside)
         Path(outside, "secret").write_text("")
         probe = ['sh', '-c', 'touch "$1/x" && ! touch "$2/x" 2>/dev/null || { echo "a write outside was not refused"'
                  ' >&2; exit 1; }; [ "$3" = writes ] || [ ! -e "$2/secret" ] || { echo "a hidden file was seen" >&2;'
-                 ' exit 1; }', 'sh', inside, outside]
-        reads = _probe(_sealed([*probe, "reads"], [inside], True, [], _hidden(outside)))
-        if not reads:
-            return "", "", ""
-        writes = _probe(_sealed([*probe, "writes"], [inside], True))
+                 ' exit 1; }; [ -z "$4" ] || [ "$(readlink /proc/self/ns/pid)" != "$4" ] || { echo "its pid '
+                 'namespace was the operator\'s" >&2; exit 1; }', 'sh', inside, outside]
+        ours = os.readlink("/proc/self/ns/pid")
+        pids = _probe(_sealed([*probe, "reads", ours], [inside], True, [], _hidden(outside), pids=True))
+        if not pids:
+            return "", "", "", ""
+        reads = _probe(_sealed([*probe, "reads", ""], [inside], True, [], _hidden(outside)))
+        writes = reads and _probe(_sealed([*probe, "writes", ""], [inside], True))
         net = _probe(["unshare", "--user", "--map-root-user", "--net", "true"]) if writes else ""
         return (writes and f"no mount namespace or read-only remount here ({writes})",
-                f"no mount namespace or empty mounts here ({reads})", net and f"no network namespace here ({net})")
+                reads and f"no mount namespace or empty mounts here ({reads})", net and f"no network namespace here "
+                f"({net})", f"no pid namespace with a fresh /proc here ({pids})")
 
 
 def isolation() -> str:
     """What the box cuts off here, or why it cannot (said in the tier's output)."""
-    writes, reads, net = _cuts()
+    writes, reads, net, pids = _cuts()
     said = ["writes only to its own folders (every other mount read-only)" if not writes else
             f"writes NOT confined: {writes}",
-            "no reads of HOME, /root, /home, /tmp, the cache or /etc's secrets (only what it runs kept)"
-            if not reads else f"reads NOT confined: {reads}",
+            "reads only the system's folders and what it runs (HOME, /tmp, /work, /opt, the cache, /etc's secrets "
+            "and every other top-level folder hidden)" if not reads else f"reads NOT confined: {reads}",
+            "its own processes only (a pid namespace: it sees and signals none of the operator's; all it forks die "
+            "with it)" if not pids else f"processes NOT isolated: {pids}",
             "no network (loopback only)" if not net else f"network NOT cut off: {net}"]
     return "; ".join(said)
 
@@ -140,37 +195,60 @@ class Sealed:
     """``python -I -B ARGS`` started in the box; ``wait`` gives (stdout, stderr); ``kill`` ends its whole group."""
 
     def __init__(self, python: str, args: list[str], timeout: float, *, env: dict[str, str] | None = None,
-                 offline: bool = False, writable: tuple[str, ...] = (), readable: tuple[str, ...] = ()) -> None:
+                 offline: bool = False, writable: tuple[str, ...] = (), readable: tuple[str, ...] = (),
+                 memory: int = MEMORY, files: int = FILES, output: int = OUTPUT) -> None:
         """``env``: variables the caller adds (the operator's, never the target's); ``offline``: no network;
         ``writable``: folders besides its ``HOME`` it may write (the operator's scratch, never the target's);
-        ``readable``: folders in hidden places it reads (the target's tree; the interpreter's prefix is kept)."""
-        self.timeout = timeout
+        ``readable``: folders in hidden places it reads (the target's tree, the tool's files it runs; the
+        interpreter's prefixes are kept); ``memory``: bytes of data each of its processes may hold; ``files``: bytes
+        of a file it writes (its output included); ``output``: bytes of its stdout and of its stderr read back."""
+        self.timeout, self.memory, self.files, self.output = timeout, memory, files, output
         self.home = Path(tempfile.mkdtemp(prefix="c128box-"))
         scrubbed = {k: os.environ[k] for k in KEEP if k in os.environ} | (env or {})
         scrubbed.update(HOME=str(self.home), TMPDIR=str(self.home))
         self.out, self.err = (open(self.home / name, "w+b") for name in (".stdout", ".stderr"))  # noqa: SIM115
         argv = [python, "-I", "-B", *args]
-        writes, reads, net = _cuts()
+        writes, reads, net, pids = _cuts()
+        self.pids = not pids  # its own pid namespace (only with the whole seal)
         if not writes:
-            hidden = None if reads else _hidden()
             argv = _sealed(argv, [os.path.realpath(p) for p in (self.home, *writable)], offline,
-                           _kept(python, readable), hidden)
+                           _kept(python, readable), None if reads else _hidden(), self.pids)
         elif offline and not net:  # the network cut off, the writes not
             argv = ["unshare", "--user", "--map-root-user", "--net", "sh", "-c", _RUN + 'exec "$@"', "offline", *argv]
         try:
-            self.proc = Group(argv, env=scrubbed, stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err,
-                              cwd=self.home)
+            self.proc = Group(_limited(argv, memory, files), env=scrubbed, stdin=subprocess.DEVNULL, stdout=self.out,
+                              stderr=self.err, cwd=self.home)
         except OSError as exc:
             self.kill()
             raise C128Error(f"the target's code did not run: {exc}") from None
 
+    @property
+    def returncode(self) -> int:
+        """Its exit status, negative for the signal that ended it (which a pid namespace's first process, a shell,
+        says as 128 + the signal)."""
+        code = self.proc.returncode
+        return 128 - code if self.pids and 128 < code <= 128 + 64 else code
+
+    def _read(self, f: IO[bytes], name: str) -> str:
+        """What it wrote to ``name``; past ``output`` (or cut off at ``files``), a one-line error."""
+        size = os.fstat(f.fileno()).st_size
+        if size > self.output or size >= self.files:
+            raise C128Error(f"the target's code wrote more than {_size(min(self.output, self.files))} to its {name} "
+                            "(the box's limit): none of it is taken")
+        f.seek(0)
+        return f.read(size).decode(errors="replace")
+
     def wait(self) -> tuple[str, str]:
-        """What it printed, once it exits (not its children: they are killed); past the limit, an error."""
+        """What it printed, once it exits (not its children: they are killed); past the time limit, past the output
+        limit, or out of memory (a failure whose last line says so), an error."""
         try:
             self.proc.wait(timeout=self.timeout)
-            for f in (self.out, self.err):
-                f.seek(0)
-            return self.out.read().decode(errors="replace"), self.err.read().decode(errors="replace")
+            out, err = self._read(self.out, "stdout"), self._read(self.err, "stderr")
+            last = ([ln.strip() for ln in err.splitlines() if ln.strip()] or [""])[-1]
+            if self.returncode and _NOMEM.search(last):
+                raise C128Error(f"the target's code ran out of memory (the box allows {_size(self.memory)} of data a "
+                                f"process): {last[:200]}")
+            return out, err
         except subprocess.TimeoutExpired:
             raise C128Error(f"the target's code did not finish in {self.timeout:g} s") from None
         finally:

@@ -171,7 +171,7 @@ class Pending:
         if self.box is None:
             return TreecheckResult(imports=imports, ran=False, why=self.why)
         stdout, stderr = self.box.wait()
-        data = _answer(stdout, stderr, self.box.proc.returncode, self.modules)
+        data = _answer(stdout, stderr, self.box.returncode, self.modules)
         result = TreecheckResult(imports=imports, env=self.env)
         for state in ("off", "on"):
             tier = data["tiers"].get(state, {})
