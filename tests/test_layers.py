@@ -638,11 +638,12 @@ def test_rebase_without_layer_takes_the_layers_from_the_tree_and_writes_nothing_
     assert [v.base for v in load_series(layer).entry("acme-sps-env").variants] == ["v0.5.21"]
 
 
-def test_status_and_refresh_from_the_folder_apply_ran_in_take_the_layers_of_the_sglang_tree_there(
+def test_verbs_run_from_the_folder_apply_ran_in_take_the_layers_of_the_sglang_tree_there(
         tmp_path, sglang_release_repo, monkeypatch):
     """README: `status`, `rebase`, `refresh` find ./sglang from the folder `apply` ran in. With no config and no env
     there, each takes the layers that tree was applied with, as `rebase` does, and says so: no "the series has
-    changed" from status, no refusal from refresh (issue 37's walk)."""
+    changed" from status, no refusal from refresh (issue 37's walk); `check` and `lint` check the stack that tree
+    carries, not our series alone."""
     series, layer = copy_series(tmp_path / "series"), tmp_path / "acme"
     shutil.copytree(EXAMPLE, layer)
     monkeypatch.setenv("C128PATCH_SERIES", str(series))
@@ -650,7 +651,7 @@ def test_status_and_refresh_from_the_folder_apply_ran_in_take_the_layers_of_the_
     monkeypatch.chdir(tmp_path)
     assert invoke("apply", "--sglang-rev", "v0.5.23", "--layer", layer).code == 0
     said = f"layers from the tree's provenance: {layer.resolve()}"
-    for verb in (["status"], ["refresh", "--check"]):
+    for verb in (["status"], ["refresh", "--check"], ["check", "--sglang-rev", "v0.5.23"], ["lint", "--offline"]):
         res = invoke(*verb, as_json=False)
         assert res.code == 0 and said in res.err, (verb, res.text, res.err)
         assert invoke(*verb).out["layers_in_effect"]["from"] == "the tree's provenance", verb

@@ -86,7 +86,8 @@ def locate_tree(tree: Path | None) -> Path:
 def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path | None = None,
                repo: str | None = None, *, quiet: bool = False) -> Any:
     """``get_series`` with the layers named, else the operator's (the env, a c128patch.toml outside ``tree`` and
-    ``repo``), else those the provenance of ``tree`` (else of the repository here) names; the layers in effect are
+    ``repo``), else those the provenance of ``tree`` (else of the repository here, else of ./sglang, where ``apply``
+    makes its tree) names; the layers in effect are
     said on stderr (unless named with --layer, or ``quiet``: --json), and in the --json report (``emit_json``)."""
     from c128patch.git import Git
     from c128patch.ops.treestate import tree_layers  # not ops.layer: status stays light
@@ -98,7 +99,8 @@ def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path
 
     pointed = [t for t in (top(Path(p)) for p in (tree, repo) if p and Path(p).is_dir()) if t]
     folders, origin = lookup_layers(layer_dirs, exclude=pointed)
-    if not origin and (here := top(tree or Path.cwd())) and (folders := tree_layers(Git(worktree=here))):
+    here = top(tree) if tree else top(Path.cwd()) or top(Path.cwd() / DEFAULT_TREE)
+    if not origin and here and (folders := tree_layers(Git(worktree=here))):
         origin = "the tree's provenance"
     series = get_series(series_dir, folders, exclude=pointed)
     if series.layers:
