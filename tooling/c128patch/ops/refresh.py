@@ -193,8 +193,10 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     left_out = [d["name"] for d in record.get("dropped", []) if d.get("status") in ("dropped-as-merged", "skipped")]
     commits = [(c.sha, c.entry or slug(c.subject)) for c in branch_commits(git, base_commit)
                if c.entry != "provenance"]  # oldest first
-    empty = {name: sha for sha, name in commits if name in {e.name for e in series.entries if e.is_patch}
-             and git.out("rev-parse", f"{sha}^{{tree}}") == git.out("rev-parse", f"{sha}~1^{{tree}}")}
+    patches = [(sha, name) for sha, name in commits if name in {e.name for e in series.entries if e.is_patch}]
+    trees = git.out("rev-parse", *(f"{sha}{up}^{{tree}}" for sha, _ in patches for up in ("", "~1"))).split() \
+        if patches else []
+    empty = {name: sha for (sha, name), tree, parent in zip(patches, trees[::2], trees[1::2]) if tree == parent}
     result = Export(equivalence=prove(series, git, base_rev or label, base_commit, without=left_out + list(empty)))
     exported: dict[str, Entry] = {}
     for sha, name in commits:
