@@ -8,7 +8,9 @@ the ones a rebase stop records). Still conflicted, the patch is retried ignoring
 upstream reformat of the lines it touches is carried, marked ``whitespace``. A file the patch
 needs that upstream renamed (deleted in the target's history, found again by git's copy detection
 of its preimage blob) is patched at its new path. An overlay is added whole; it collides with a
-file upstream already has. ``replay_in_index`` replays the whole series on one upstream commit.
+file upstream already has. ``replay_in_index`` replays the whole series on one upstream commit; consecutive plain
+patches go into one ``git apply --cached`` (``replay_run``: git applies each on the ones before, all or nothing),
+each replayed alone as above where that refuses them.
 
 Re-wrapped context (``rewrapped``: lines upstream joined or split, as black joins a call onto one line or splits one
 over several): each hunk is found in upstream's file by its preimage with every whitespace character left out, line
