@@ -865,3 +865,61 @@ def test_apply_with_a_local_repo_and_contract_take_the_layers_that_tree_was_appl
     assert res.out["layers_in_effect"]["from"] == "the tree's provenance", res.out
     assert [r["name"] for r in res.out["layers_in_effect"]["layers"]] == ["acme"], res.out
     assert said in invoke("contract", "--tree", upstream_clone, "--no-nvcc", as_json=False).err
+
+
+def test_the_fresh_replay_takes_a_branch_s_trees_only_where_each_is_its_entry_s_own_change(
+        tmp_path, sglang_release_repo, monkeypatch):
+    """apply's proof replays a run of plain patches in one git apply and takes each entry's trees from the branch it
+    made (``known``) only where the pairs chain from the replay's tree and each one's diff is its entry's change: the
+    trees are those of one write-tree per entry, whatever the branch says (an entry whose file another one changes
+    starts a new run)."""
+    from c128patch.ops.replay import replay_in_index
+
+    def blob(text: str) -> str:
+        return hashlib.sha1(b"blob %d\0" % len(text) + text.encode()).hexdigest()
+
+    changes = [("site_a.py", "", "A = 1\n"), ("site_b.py", "", "B = 1\n"), ("site_a.py", "A = 1\n", "A = 2\n"),
+               ("site_c.py", "", "C = 1\n")]
+    entries, files = "", {}
+    for i, (name, old, new) in enumerate(changes):
+        path = f"python/sglang/{name}"
+        head = (f"new file mode 100644\nindex {'0' * 40}..{blob(new)}\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n"
+                if not old else f"index {blob(old)}..{blob(new)} 100644\n--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n"
+                f"-{old}")
+        data = (f"From {'0' * 40} Mon Sep 17 00:00:00 2001\nFrom: t <t@t>\nSubject: [PATCH] e{i}\n\n---\n"
+                f"diff --git a/{path} b/{path}\n{head}+{new}").encode()
+        entries += patch_entry(f"e{i}", f"{i + 1:04d}-e{i}.patch", data)
+        files[f"patches/{i + 1:04d}-e{i}.patch"] = data
+    series = stack(load_series(REPO_ROOT), [write_layer(tmp_path / "site", entries=entries, files=files)])
+    git = Git(git_dir=sglang_release_repo)
+    commit = git.rev_parse("v0.5.23")
+    calls: list[str] = []
+    raw = Git._raw
+    monkeypatch.setattr(Git, "_raw", lambda self, args, *a, **k: calls.append(args[0]) or raw(self, args, *a, **k))
+
+    def replayed(name: str, known: dict | None = None) -> tuple[dict, list, int]:
+        (tmp_path / name).mkdir()
+        trees: dict = {}
+        calls.clear()
+        result, _ = replay_in_index(series, git, "v0.5.23", commit, tmp_path / name / "index", trees=trees,
+                                    known=known)
+        assert result.ok
+        return trees, [(e.name, e.status) for e in result.entries], calls.count("apply") + calls.count("write-tree")
+
+    each, rows, calls_each = replayed("each")
+    taken, taken_rows, calls_taken = replayed("taken", each)
+    assert taken == each and taken_rows == rows and calls_taken < calls_each
+    idx = Git(git_dir=sglang_release_repo, env={"GIT_INDEX_FILE": str(tmp_path / "forge.index"),
+                                                "GIT_WORK_TREE": str(tmp_path)})
+    extra = git.out("hash-object", "-w", "--stdin", input="x\n")
+    with_extra = {}
+    for name in ("site/e0", "site/e1"):  # each tree with a user's file more
+        idx.run("read-tree", each[name][1])
+        idx.run("update-index", "--add", "--cacheinfo", f"100644,{extra},python/sglang/site_x.py")
+        with_extra[name] = idx.out("write-tree")
+    amended = {**each, "site/e0": (each["site/e0"][0], with_extra["site/e0"]),  # the file amended into e0
+               "site/e1": (with_extra["site/e0"], with_extra["site/e1"])}
+    on_another = {**each, "site/e1": (with_extra["site/e0"], with_extra["site/e1"])}  # e1's change, on another tree
+    shifted = {**each, "site/e0": (each["site/e0"][0], each["site/e1"][1])}  # another entry's tree
+    for name, known in (("amended", amended), ("on-another", on_another), ("shifted", shifted)):
+        assert replayed(name, known)[:2] == (each, rows), name

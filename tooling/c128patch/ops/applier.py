@@ -32,7 +32,7 @@ from c128patch.errors import C128Error, ConflictError, DifferenceError, Interrup
 from c128patch.git import Git, environment_problem
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops import proofs
-from c128patch.ops.equivalence import fresh_replay, prove
+from c128patch.ops.equivalence import entry_trees, fresh_replay, prove
 from c128patch.ops.replay import branch_commits
 from c128patch.ops.treestate import (
     RECOVERY_PREFIX,
@@ -345,7 +345,8 @@ class Apply:
         self.path.unlink()
         result = self._result(journal)
         self.reporter.step("proving the tree against a fresh replay of the series")
-        fresh = fresh_replay(series, git, journal.rev, journal.upstream_commit)
+        fresh = fresh_replay(series, git, journal.rev, journal.upstream_commit,  # its trees: the branch's, checked
+                             known=entry_trees(git, journal.upstream_commit, result.head))
         proof = prove(series, git, journal.rev, journal.upstream_commit, result.head, accept=lambda edit: False,
                       fresh=fresh)
         result.equivalence = proof.to_json()

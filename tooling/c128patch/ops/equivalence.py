@@ -20,7 +20,15 @@ from typing import Callable, Literal, Sequence
 from unidiff import PatchSet
 
 from c128patch.git import Git
-from c128patch.ops.replay import FAILED, BranchCommit, RevCheck, branch_commits, replay_entry, replay_in_index
+from c128patch.ops.replay import (
+    FAILED,
+    BranchCommit,
+    RevCheck,
+    Trees,
+    branch_commits,
+    replay_entry,
+    replay_in_index,
+)
 from c128patch.series.layers import describe
 from c128patch.series.ledger import Ledger, Resolution
 from c128patch.series.manifest import Series
@@ -31,7 +39,6 @@ from c128patch.textsafe import some
 
 DifferenceKind = Literal["user-edit", "user-commit", "unattributed"]
 VerdictKind = Literal["series", "user-edit", "user-commit", "uncompared"]
-Trees = dict[str, tuple[str, str]]  # entry -> (tree before it, tree after it)
 
 
 @dataclass(frozen=True)
@@ -182,17 +189,27 @@ def compare_commits(series: Series, git: Git, base: str, head: str, scratch: Pat
     return out
 
 
+def entry_trees(git: Git, base: str, head: str) -> Trees:
+    """Each entry commit of ``base..head`` (its name on one commit only): (its parent's tree, its tree)."""
+    commits = branch_commits(git, base, head)
+    trees = {base: git.out("rev-parse", f"{base}^{{tree}}"), **{c.sha: c.tree for c in commits}}
+    names = [c.entry for c in commits]
+    return {c.entry: (trees[c.parent], c.tree) for c in commits
+            if c.entry and names.count(c.entry) == 1 and c.parent in trees}
+
+
 def fresh_replay(series: Series, git: Git, rev: str, commit: str, *, span: str = "",
                  without: Sequence[str] = (), planned: list[Planned] | None = None,
-                 each: bool = True) -> tuple[RevCheck, str, Trees]:
+                 each: bool = True, known: Trees | None = None) -> tuple[RevCheck, str, Trees]:
     """``prove``'s fresh replay (rows, tree, each entry's trees: {} where not ``each``); it reads nothing of the
-    branch, so may run first; ``planned``: the ``plan`` of ``series`` less ``without`` on ``commit``, made already."""
+    branch, so may run first; ``planned``: the ``plan`` of ``series`` less ``without`` on ``commit``, made already;
+    ``known``: a branch's ``entry_trees``, taken where its content is the replay's (``ops.replay.replay_run``)."""
     series = series.without(set(without)) if without else series
     trees: Trees | None = {} if each else None
     with tempfile.TemporaryDirectory(prefix="c128fresh-") as tmp:
         index_file = Path(tmp) / "fresh.index"
         replay, _ = replay_in_index(series, git, rev, commit, index_file, ledger=Ledger(series), span=span,
-                                    trees=trees, planned=planned)
+                                    trees=trees, planned=planned, known=known)
         return replay, index_git(git, index_file).out("write-tree"), trees or {}
 
 

@@ -8,7 +8,9 @@ the ones a rebase stop records). Still conflicted, the patch is retried ignoring
 upstream reformat of the lines it touches is carried, marked ``whitespace``. A file the patch
 needs that upstream renamed (deleted in the target's history, found again by git's copy detection
 of its preimage blob) is patched at its new path. An overlay is added whole; it collides with a
-file upstream already has. ``replay_in_index`` replays the whole series on one upstream commit.
+file upstream already has. ``replay_in_index`` replays the whole series on one upstream commit; consecutive plain
+patches go into one ``git apply --cached`` (``replay_run``: git applies each on the ones before, all or nothing),
+each replayed alone as above where that refuses them.
 
 Re-wrapped context (``rewrapped``: lines upstream joined or split, as black joins a call onto one line or splits one
 over several): each hunk is found in upstream's file by its preimage with every whitespace character left out, line
@@ -52,6 +54,7 @@ from c128patch.series.plan import (
 
 Outcome = Literal["clean", "3way", "ledger", "whitespace", "conflict", "collision", "skipped"]
 FAILED: tuple[Outcome, ...] = ("conflict", "collision")
+Trees = dict[str, tuple[str, str]]  # entry -> (tree before it, tree after it)
 _DROPPED = re.compile(r",(?=[)\]}])")  # a comma before a closing bracket (``rewrapped``)
 
 
@@ -396,12 +399,72 @@ def replay_entry(git: Git, item: Planned, index_file: Path, present: set[str], *
     return row
 
 
+def _run_from(items: list[Planned | None], present: set[str], known: Trees | None) -> list[Planned]:
+    """The entries from ``items[0]`` that ``replay_run`` may take together: plain patches whose files are there (no
+    rename to follow); with ``known``, each with its trees there and no path of an earlier one."""
+    run: list[Planned] = []
+    seen, here = set(), set(present)
+    for item in items:
+        patch = item.patch if item is not None else None
+        if item is None or patch is None or not plain_patch(patch) or not plain_paths(patch.paths) or \
+                any(p not in here for p in patch.needs) or \
+                known is not None and (item.entry.name not in known or not seen.isdisjoint(patch.paths)):
+            break
+        run.append(item)
+        seen.update(patch.paths)
+        here.update(item.touched)
+    return run
+
+
+def _raw_lines(text: str) -> dict[tuple[str, ...], dict[str, str]]:
+    """path -> raw line of each tree pair ``diff-tree --stdin`` printed (``()``: lines before any pair)."""
+    out: dict[tuple[str, ...], dict[str, str]] = {(): {}}
+    pair: tuple[str, ...] = ()
+    for line in text.splitlines():
+        if line.startswith(":"):
+            out.setdefault(pair, {})[line.split("\t", 1)[-1]] = line
+        else:
+            pair = tuple(line.split())
+    return out
+
+
+def replay_run(git: Git, run: list[Planned], index_file: Path, tree: str,
+               known: Trees | None) -> list[tuple[str, str]] | None:
+    """``run``'s patches by one ``git apply --cached`` (it applies each file on the ones before, all or nothing: each
+    as ``replay_patch`` applies it strictly). With ``known``, each entry's (before, after) from it, where the first
+    starts at ``tree`` (the index's before the run), each the one before's after, and its diff is the entry's own
+    change in the index, which changes no path but the run's: each a tree the replay would write. None: not so,
+    the index as it was. (Two calls for the run, not two per entry.)"""
+    idx = index_git(git, index_file)
+    saved = index_file.read_bytes()
+    if idx.ok("apply", "--cached", *(str(item.path) for item in run)):
+        if known is None:
+            return [("", "")] * len(run)
+        pairs = [known[item.entry.name] for item in run]
+        owner = {p: item.entry.name for item in run for p in item.patch.paths}  # type: ignore[union-attr]
+        made = _raw_lines(idx.out("diff-index", "--cached", "-r", "--no-renames", tree))[()]
+        said = git.run("diff-tree", "--stdin", "-r", "--no-renames", input="".join(f"{b} {a}\n" for b, a in pairs),
+                       check=False)
+        if said.returncode == 0 and set(made) <= set(owner):
+            told, before = _raw_lines(said.stdout), tree
+            for item, (b, a) in zip(run, pairs):
+                mine = {p: line for p, line in made.items() if owner[p] == item.entry.name}
+                if b != before or told.get((b, a), {}) != mine:
+                    break
+                before = a
+            else:
+                return pairs
+    index_file.write_bytes(saved)
+    return None
+
+
 def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file: Path, *,
                     ledger: Ledger | None = None, span: str = "",
-                    trees: dict[str, tuple[str, str]] | None = None, keep_index: bool = True,
-                    planned: list[Planned] | None = None) -> tuple[RevCheck, list[Planned]]:
+                    trees: Trees | None = None, keep_index: bool = True, planned: list[Planned] | None = None,
+                    known: Trees | None = None) -> tuple[RevCheck, list[Planned]]:
     """The series on ``commit``; ``trees``: filled with entry -> (before, after); ``keep_index=False``: lazy;
-    ``planned``: the series' ``plan`` on ``commit``, made already."""
+    ``planned``: the series' ``plan`` on ``commit``, made already; ``known``: trees a caller holds (a branch's), taken
+    into ``trees`` where ``replay_run`` finds them the replay's own."""
     result = RevCheck(rev, commit)
     try:
         planned = plan(series, git, commit) if planned is None else planned
@@ -422,11 +485,26 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
         idx.run("read-tree", commit)
     tree = idx.out("write-tree") if trees is not None else ""
     by_name = {p.entry.name: p for p in planned}
-    for entry in series.entries:
+    todo, alone = list(series.entries), 0  # alone: entries left of a run replay_run did not take
+    wanted = None if trees is None else known or {}
+    while todo:
+        entry = todo.pop(0)
         if entry.name in merged:
             result.entries.append(EntryCheck(entry.name, entry.kind, "", "skipped",
                                              f"merged upstream in {entry.merged_in[:12]}"))
             continue
+        run = [] if lazy is not None or alone else _run_from([by_name.get(e.name) for e in [entry, *todo]], present,
+                                                              wanted)
+        pairs = replay_run(git, run, index_file, tree, wanted) if len(run) > 1 else None
+        if pairs is not None:  # each entry applied strictly, as one by one
+            del todo[:len(run) - 1]
+            for item, pair in zip(run, pairs):
+                result.entries.append(EntryCheck.of(item, "clean"))
+                present.update(item.touched)
+                if trees is not None:
+                    trees[item.entry.name], tree = pair, pair[1]
+            continue
+        alone = max(alone - 1, len(run) - 1, 0)
         row = replay_entry(git, by_name[entry.name], index_file, present, ledger=ledger, span=span, at=commit,
                            lazy=lazy)
         result.entries.append(row)
