@@ -3,6 +3,8 @@ time limit, so that a fork of the child never outlives the call (device probes, 
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -43,3 +45,27 @@ def test_past_its_limit_the_whole_group_is_killed():
     assert proc.returncode == -9 and _gone(grandchild)
     with pytest.raises(subprocess.TimeoutExpired):
         procs.run([sys.executable, "-c", "import time; time.sleep(60)"], 0.5)
+
+
+def test_a_groups_child_dies_with_the_tool_even_by_sigkill():
+    """kill -9 of the tool (no cleanup runs) still ends its Group's child: it cannot write on into a folder the
+    next run removes (a killed first mirror clone, tests/test_apply.py). Without PR_SET_PDEATHSIG it sleeps on."""
+    code = ("import time; from c128patch import procs; g = procs.Group(['sleep', '30']); print(g.pid, flush=True); "
+            "time.sleep(60)")
+    tool = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(tool.stdout.readline())
+    tool.kill()
+    tool.wait()
+    deadline = time.monotonic() + 10
+    state = ""
+    while time.monotonic() < deadline:
+        try:
+            state = next(ln for ln in Path(f"/proc/{child}/status").read_text().splitlines() if ln.startswith("State"))
+        except FileNotFoundError:
+            state = "gone"
+        if "Z" in state.split(":", 1)[-1] or state == "gone":
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+    assert state == "gone" or "zombie" in state, state
