@@ -4,6 +4,7 @@ an optional time limit, the whole group killed when it ends, times out or we are
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -30,6 +31,7 @@ class Group(subprocess.Popen):
             super().__exit__(*exc)
 
 
+@functools.cache  # libc loaded once: git.stream starts a Group per batch reader
 def _die_with_parent() -> Any:
     """The child's first step: SIGKILL when its parent dies (Linux; elsewhere None: nothing)."""
     import ctypes  # here, not in the child after the fork
