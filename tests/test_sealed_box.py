@@ -7,9 +7,12 @@ nowhere but its own folder (and the one a test gives it to report back), and can
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import functools
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -194,6 +197,32 @@ def test_the_targets_code_sees_and_signals_none_of_the_operators_processes(monke
     got = json.loads(Sealed(sys.executable, ["-c", PIDS, str(os.getpid())], 60, offline=True).wait()[0])
     assert got["signalled"] == "yes" and os.getpid() in got["proc"], got
     assert "processes NOT isolated: no pid namespace here (refused)" in sandbox.isolation()
+
+
+# System V shared memory by key (argv[1]): the segment's id, or the errno of looking it up
+SHM = """import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.shmget(int(sys.argv[1]), 0, 0), ctypes.get_errno())
+"""
+
+
+def test_the_targets_code_sees_none_of_the_operators_system_v_shared_memory():
+    """A segment the operator holds (made here by key) is found from a plain child, not from the box: it has its own
+    IPC namespace (with the pid namespace: where the host refuses that, it says so)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = 0x0C128000 + os.getpid() % 4096
+    shm = libc.shmget(key, 4096, 0o600 | 0o1000)  # IPC_CREAT
+    assert shm >= 0, os.strerror(ctypes.get_errno())
+    try:
+        outside = subprocess.run([sys.executable, "-c", SHM, str(key)], capture_output=True, text=True, check=True)
+        assert outside.stdout.split() == [str(shm), "0"]  # the probe finds it where it is shared
+        inside = Sealed(sys.executable, ["-c", SHM, str(key)], 60, offline=True).wait()[0].split()
+    finally:
+        libc.shmctl(shm, 0, None)  # IPC_RMID
+    if "processes NOT isolated" in sandbox.isolation():
+        assert inside[0] == str(shm)  # the host allows no namespace: it says so
+        pytest.skip(sandbox.isolation())
+    assert inside == ["-1", str(errno.ENOENT)], inside
 
 
 # forks a child that leaves the box's session (and so its process group) and appends a dot to a file every 50 ms

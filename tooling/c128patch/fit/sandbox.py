@@ -10,7 +10,8 @@ namespaces, it sees only the system's top-level folders of ``/`` (``SYSTEM``): e
 cache, but for what the run needs (its folders, the interpreter's prefixes, the folders the caller names:
 ``readable``); every mount is made read-only but ``HOME`` and the folders the caller names (``writable``); it runs
 in its own pid namespace under a fresh ``/proc`` (it sees and signals none of the operator's processes, and all it
-forks die with it) with no capabilities (it cannot remount); ``offline``: no network but loopback. ``isolation``
+forks die with it) and its own IPC namespace (none of the operator's System V shared memory, semaphores or message
+queues) with no capabilities (it cannot remount); ``offline``: no network but loopback. ``isolation``
 says what the box cuts off here, and what not."""
 
 from __future__ import annotations
@@ -84,9 +85,10 @@ done </proc/self/mountinfo
 
 def _sealed(argv: list[str], writable: list[str], offline: bool, readable: list[str] = (),
             hidden: list[str] | None = None, pids: bool = False) -> list[str]:
-    """``argv`` in the seal (``offline``: in its own network namespace too; ``pids``: in its own pid namespace);
+    """``argv`` in the seal (``offline``: in its own network namespace too; ``pids``: in its own pid and IPC
+    namespaces);
     ``hidden``: the places to hide (``None``: none), ``readable`` kept in them (``writable`` too)."""
-    ns = [*(["--pid", "--fork"] if pids else []), *(["--net"] if offline else [])]
+    ns = [*(["--pid", "--fork", "--ipc"] if pids else []), *(["--net"] if offline else [])]
     return ["unshare", "--user", "--map-root-user", "--mount", *ns, "sh", "-c", _SEAL, "offline" if offline else "sh",
             *writable, "--", *readable, "--", *(hidden or ()), "--", *argv]
 
@@ -173,8 +175,9 @@ def isolation() -> str:
             f"writes NOT confined: {writes}",
             "reads only the system's folders and what it runs (HOME, /tmp, /work, /opt, the cache, /etc's secrets "
             "and every other top-level folder hidden)" if not reads else f"reads NOT confined: {reads}",
-            "its own processes only (a pid namespace: it sees and signals none of the operator's; all it forks die "
-            "with it)" if not pids else f"processes NOT isolated: {pids}",
+            "its own processes only (a pid namespace: it sees and signals none of the operator's, all it forks die "
+            "with it; an IPC namespace: none of their System V shared memory, semaphores or queues)" if not pids
+            else f"processes NOT isolated: {pids}",
             "no network (loopback only)" if not net else f"network NOT cut off: {net}"]
     return "; ".join(said)
 
