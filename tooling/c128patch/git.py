@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -57,6 +58,7 @@ _GIT_DIRS = (".git", "git~1")
 _HFS_IGNORED = dict.fromkeys([*range(0x200C, 0x2010), *range(0x202A, 0x202F), *range(0x206A, 0x2070), 0xFEFF])
 
 
+@functools.lru_cache(maxsize=4096)  # a series' paths share their folders: status checks ~1000 parts
 def folded_name(part: str) -> str:
     """A file name as case-folding, dot-trimming file systems (NTFS: ``.git::$INDEX_ALLOCATION``) may see it."""
     return unicodedata.normalize("NFC", part.translate(_HFS_IGNORED)).lower().split(":", 1)[0].rstrip(" .")

@@ -17,6 +17,7 @@ from c128patch.git import folded_name, is_git_dir_name
 ENTRY_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,79}")
 ENTRY_NAME_RULE = "1-80 characters of a-z 0-9 . _ -, starting with a letter or digit"
 _GIT_FILES = (".gitattributes", ".gitmodules")  # the files that name programs and URLs for git
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _unsafe(path: str, what: str, why: str) -> C128Error:
@@ -26,7 +27,7 @@ def _unsafe(path: str, what: str, why: str) -> C128Error:
 def check_relpath(path: str, what: str) -> str:
     """``path`` when a series may name it: relative, inside the tree, no control character, and
     nothing of git's own (a ``.git`` folder, ``.gitattributes``, ``.gitmodules``)."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+    if _CONTROL.search(path):
         raise _unsafe(path, what, "it holds a control character")
     parts = PurePosixPath(path).parts
     if not path or path.startswith(("/", "~")) or "\\" in path or path.endswith("/") or "//" in path or \

@@ -76,6 +76,7 @@ def dist_info_dir(name: str, version: Version) -> str:
 MAX_EPOCH = 4354819199  # 2107-12-31 23:59:59 UTC: the zip format's last date
 MAX_UNPACKED = 2 << 30  # bytes: sglang 0.5.23 unpacks to 123 MB
 MAX_RATIO = 100  # unpacked / archive size: sglang wheels are ~3.3:1
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1
 _FILE_TYPES = {stat.S_IFLNK: "a symlink", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
                stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
 
@@ -87,13 +88,14 @@ def check_archive(infos: list[zipfile.ZipInfo], wheel: Path, error: type[C128Err
     folded: dict[str, str] = {}  # a case-insensitive file system (macOS, Windows) unpacks one over the other
     for info in infos:
         name = info.filename
-        if not name or name.startswith("/") or "\\" in name or any(p in ("..", "") for p in PurePosixPath(name).parts) \
-                or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in name):
+        parts = [p for p in name.split("/") if p not in ("", ".")]  # as PurePosixPath(name).parts has them
+        if not name or name.startswith("/") or "\\" in name or ".." in parts or _CONTROL.search(name):
             raise error(f"not a wheel: {wheel} has an unsafe member name {name!r}")
         if (other := folded.setdefault(name.rstrip("/").casefold(), name.rstrip("/"))) != name.rstrip("/"):
             raise error(f"{wheel.name}: members {other!r} and {name!r} differ only in case (on a case-insensitive "
                         "file system one overwrites the other); refusing the wheel")
-        if clash := next((str(p) for p in PurePosixPath(name).parents if str(p) in files), None):
+        folders = ["/".join(parts[:n]) for n in range(len(parts) - 1, 0, -1)] + (["."] if parts else [])  # parents
+        if clash := next((folder for folder in folders if folder in files), None):
             raise error(f"{wheel.name}: member {clash} is a file and the folder of {name}; refusing the wheel")
         kind = _FILE_TYPES.get(stat.S_IFMT(info.external_attr >> 16))
         if kind:
