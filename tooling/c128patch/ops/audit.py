@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import ast
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -109,6 +110,9 @@ class _Call:
         return range(self.node.lineno, (self.node.end_lineno or self.node.lineno) + 1)
 
 
+_LEAVES = (ast.Name, ast.Constant)  # expressions that hold no call
+
+
 class _Walker:
     """Collects every call with whether a gate guard covers it (within its own function)."""
 
@@ -142,11 +146,15 @@ class _Walker:
             self.fields(stmt, guarded, fn)
 
     def fields(self, node: ast.AST, guarded: bool, fn: str | None) -> None:
-        for _, value in ast.iter_fields(node):
-            if isinstance(value, list) and value and all(isinstance(v, ast.stmt) for v in value):
-                self.block(value, guarded, fn)
-                continue
-            for v in value if isinstance(value, list) else [value]:
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                if value and isinstance(value[0], ast.stmt):  # (a list field holds one kind of node)
+                    self.block(value, guarded, fn)
+                    continue
+            else:
+                value = [value]
+            for v in value:
                 if isinstance(v, ast.expr):
                     self.expr(v, guarded, fn)
                 elif isinstance(v, ast.stmt):
@@ -155,6 +163,8 @@ class _Walker:
                     self.fields(v, guarded, fn)
 
     def expr(self, node: ast.expr, guarded: bool, fn: str | None) -> None:
+        if isinstance(node, _LEAVES):
+            return
         if isinstance(node, ast.Lambda):
             self.expr(node.body, False, None)
         elif isinstance(node, ast.IfExp):
@@ -193,7 +203,7 @@ def audit_patched_file(source: str, added_lines: set[int], gate: str, rules: Seq
     calls = _Walker(tree, gate).calls
     external_effects = {} if index is None else index.imported_effects(
         _froms(tree), {c.name for c in calls if added_lines.intersection(c.lines)}, index.depth)
-    local_defs = {n.name for n in ast.walk(tree) if isinstance(n, _DEFS)}
+    local_defs = {n.name for n in _statements(tree) if isinstance(n, _DEFS)}
     effects = {**external_effects, **_local_effects(calls, rules, external_effects, local_defs)}
 
     def helper_fully_guarded(fn: str, seen: frozenset[str] = frozenset()) -> bool:
@@ -238,7 +248,19 @@ Reader = Callable[[str], "str | None"]  # tree-relative path -> text, None if ab
 
 def _froms(tree: ast.Module) -> list[ast.ImportFrom]:
     """Its absolute ``from x import y`` statements, wherever they are."""
-    return [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level and n.module]
+    return [n for n in _statements(tree) if isinstance(n, ast.ImportFrom) and not n.level and n.module]
+
+
+_HOLDERS = (ast.stmt, ast.excepthandler, ast.match_case)
+
+
+def _statements(tree: ast.AST) -> Iterator[ast.AST]:
+    """``ast.walk``'s nodes that hold or are statements, in its order (an expression holds none: not entered)."""
+    todo = deque([tree])
+    while todo:
+        node = todo.popleft()
+        todo.extend(c for c in ast.iter_child_nodes(node) if isinstance(c, _HOLDERS))
+        yield node
 
 
 # path -> its calls (names only: any gate's walker), ``from`` imports and top-level functions
