@@ -111,6 +111,15 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGTERM, _interrupted)  # a run stopped by `timeout` or a CI job cleans up too
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker more than the cores this run may use (``--maxprocesses`` caps it); a worker often
+    waits on the git and c128patch processes its test starts, and on a machine busy with other work the run gets a
+    larger share. PYTEST_XDIST_AUTO_NUM_WORKERS still decides where it is set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return len(os.sched_getaffinity(0)) + 1
+
+
 def _memory_folder() -> str | None:
     """/dev/shm where TMPDIR is unset and it has 12 GiB free (a run peaks at ~7 GB): the tests write thousands of
     sglang trees, 30-44 % faster there on two cores (.ci/run does the same for CI's clone); else the temp folder."""
