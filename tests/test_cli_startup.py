@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -40,13 +41,13 @@ print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stder
 """
 
 
-def loaded(*args: str) -> tuple[set[str], str]:
-    """The modules loaded by the console entry run with ``args`` (exit 0), and its stdout."""
+def loaded(*args: str, code: int = 0) -> tuple[set[str], str]:
+    """The modules loaded by the console entry run with ``args`` (exit ``code``), and its stdout."""
     proc = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "COLUMNS": "80"})
     report = json.loads(proc.stderr.strip().splitlines()[-1])
-    assert report["code"] == 0, proc.stderr
-    return set(report["modules"]), proc.stdout
+    assert report["code"] == code, proc.stderr
+    return set(report["modules"]), proc.stdout + proc.stderr.rsplit("\n", 2)[0]
 
 
 def test_the_table_names_every_command_module():
@@ -89,6 +90,16 @@ def test_a_smoke_subcommands_help_imports_that_subcommand_only(sub):
     assert ours - LIGHT == {"c128patch.cli.smoke", f"c128patch.cli.smoke.{sub}"} | SMOKE[sub], ours
     assert not [m for m in modules if m.split(".")[0] in HEAVY]
     assert out.startswith(f"Usage: c128patch smoke {sub} [OPTIONS]")
+
+
+def test_an_error_and_the_lines_a_verb_says_load_no_rich(tmp_path):
+    """rich draws (a progress bar on a terminal, tables, styled lines); an error and plain lines print without it."""
+    modules, out = loaded("status", "--tree", str(tmp_path), code=2)
+    assert out.startswith(f"c128patch: error: not a git repository: {tmp_path}")
+    assert not [m for m in modules if m.startswith("rich")]
+    modules, out = loaded("lint", "--offline")
+    assert re.search(r"\d+ entries, 0 error\(s\)", out) and "c128patch.series.manifest" in modules
+    assert not [m for m in modules if m.startswith("rich")]
 
 
 def test_smoke_help_lists_its_subcommands_from_the_table():

@@ -106,6 +106,12 @@ def is_terminal(stream: Any) -> bool:
     return bool(getattr(stream, "isatty", lambda: False)())
 
 
+def echo(text: str, stderr: bool = True) -> None:
+    """``text`` as it is (``textsafe.plain``), flushed: what rich prints with no markup and no wrap, without its
+    import (a tenth of a second of start-up on a slow host); ``console`` is for tables and styled lines."""
+    print(plain(text), file=sys.stderr if stderr else sys.stdout, flush=True)
+
+
 def console(stderr: bool = True) -> Console:
     """Off a terminal (a pipe, a file) a line is as long as its content: no table cut to a width nobody sees."""
     from rich.console import Console

@@ -26,14 +26,14 @@ def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python
     clone. Print it, its subject and what fails there."""
     from c128patch.fit.bisect import bisect
     from c128patch.fit.sandbox import isolation
-    from c128patch.progress import console, reporter
+    from c128patch.progress import echo, reporter
     from c128patch.series.plan import validate_files
 
     series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
     validate_files(series)
     if behaviour:  # as watch and treecheck say it: what the box cuts off here, or why it cannot
-        console().print("bisect --behaviour runs the target tree's code at each step, in the sealed box (leave out "
-                        f"--behaviour to run none): {isolation()}", markup=False)
+        echo("bisect --behaviour runs the target tree's code at each step, in the sealed box (leave out --behaviour "
+             f"to run none): {isolation()}")
     with reporter(not as_json, title="bisect") as rep:
         report = bisect(series, repo, onto, timeout=timeout, behaviour=behaviour, python=python, reporter=rep)
     if as_json:

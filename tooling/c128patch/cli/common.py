@@ -48,10 +48,9 @@ def verb_options(fn: Callable) -> Callable:
 
 def say(*lines: str) -> None:
     """Lines on stdout, without rich markup or the controls a terminal acts on (``textsafe.plain``)."""
-    from c128patch.progress import console
-    from c128patch.textsafe import plain
+    from c128patch.progress import echo
 
-    console(stderr=False).print(plain("\n".join(lines)), markup=False)
+    echo("\n".join(lines), stderr=False)
 
 
 def exit_unless(ok: bool) -> None:
@@ -137,8 +136,7 @@ def handles_errors(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from c128patch.progress import console
-        from c128patch.textsafe import plain
+        from c128patch.progress import echo
 
         main = threading.current_thread() is threading.main_thread()
         held = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
@@ -149,12 +147,11 @@ def handles_errors(fn: Callable) -> Callable:
                 emit_json({"ok": False, "error": exc.message, **({"hint": exc.hint} if exc.hint else {}),
                            **({"report": exc.report} if getattr(exc, "report", None) else {})})
             said = filter(None, (f"c128patch: error: {exc.message}", exc.hint))
-            console().print(plain("\n".join(said)), markup=False)
+            echo("\n".join(said))
             sys.exit(exc.exit_code)
         except KeyboardInterrupt as exc:
             signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
-            console().print(f"c128patch: interrupted ({signal.Signals(signum).name}): no outcome; its scratch folders "
-                            "are removed", markup=False)
+            echo(f"c128patch: interrupted ({signal.Signals(signum).name}): no outcome; its scratch folders are removed")
             sys.exit(exitcodes.SIGNAL + signum)
         finally:
             for sig, handler in held.items():

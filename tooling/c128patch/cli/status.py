@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import DEFAULT_TREE, emit_json, exit_unless, locate_tree, tree_option, verb_options
+from c128patch.cli.common import DEFAULT_TREE, emit_json, exit_unless, locate_tree, say, tree_option, verb_options
 from c128patch.errors import C128Error
 
 
@@ -26,7 +26,6 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
     from c128patch.cli.common import load_stack
     from c128patch.git import Git
     from c128patch.ops.status import tree_status
-    from c128patch.textsafe import plain
 
     root = locate_tree(tree)
     try:
@@ -46,7 +45,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
     elif lines := [*_state(info), *(_applied(info) if "series" in info else []),
                    *([f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):"]
                      [:len(refs)]), *(f"    {r['ref']} {r['commit'][:12]} {r['subject']}" for r in refs[:10])]:
-        click.echo(plain("\n".join(lines)))  # as `say` prints them, without loading rich
+        say(*lines)
     exit_unless(info.get("equals_series"))
 
 

@@ -38,7 +38,7 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
     from c128patch.fit.env import describe
     from c128patch.fit.sandbox import NOTICE, interpreter
     from c128patch.git import Git, toplevel
-    from c128patch.progress import console, reporter
+    from c128patch.progress import echo, reporter
     from c128patch.series.plan import validate_files
     from c128patch.upstream.source import open_upstream
 
@@ -48,7 +48,7 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
         raise C128Error("pass --tree DIR or --sglang-rev X (one of them)")
     python = interpreter(python, tree) if python else None
     if not no_run:
-        console().print(f"treecheck {NOTICE}", markup=False)
+        echo(f"treecheck {NOTICE}")
     with reporter(not as_json, title="treecheck") as rep:
         if tree is not None:
             git = Git(worktree=toplevel(tree))

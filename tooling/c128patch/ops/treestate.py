@@ -31,7 +31,7 @@ from typing import Any, Iterator
 from c128patch.errors import C128Error
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git, stale_lock_message, user_can_commit
 from c128patch.jsonio import read_json
-from c128patch.progress import console
+from c128patch.progress import echo
 from c128patch.series.layers import operators
 from c128patch.series.manifest import MANIFEST
 from c128patch.series.provenance import read_provenance
@@ -245,8 +245,8 @@ def repo_lock(git: Git, action: str) -> Iterator[None]:
     try:
         yield
         if stale is not None:  # said once the operation went through (a refusal says what matters)
-            console().print(f"c128patch: note: took over the lock {path} of c128patch {stale.action} (pid "
-                            f"{stale.pid}, since {stale.since}), which is no longer running", markup=False)
+            echo(f"c128patch: note: took over the lock {path} of c128patch {stale.action} (pid {stale.pid}, since "
+                 f"{stale.since}), which is no longer running")
     finally:
         os.ftruncate(fd, 0)
         fcntl.flock(fd, fcntl.LOCK_UN)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from c128patch.errors import C128Error
 from c128patch.git import Git, GitError, is_work_tree, refuse_git_dir
-from c128patch.progress import NullReporter, Reporter, console
+from c128patch.progress import NullReporter, Reporter, echo
 from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, cache_dir, locked, release_version
 
@@ -121,12 +121,11 @@ def _open_url(url: str, reporter: Reporter) -> Upstream:
     mirror = cache_dir() / "remotes" / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
     with locked(Path(str(mirror) + ".lock")):
         for stale in mirror.parent.glob(mirror.name + ".part-*"):  # we hold the lock: no clone is running
-            console().print(f"c128patch: note: removing {stale}, a half-made mirror of {url} (an interrupted clone)",
-                            markup=False)
+            echo(f"c128patch: note: removing {stale}, a half-made mirror of {url} (an interrupted clone)")
             shutil.rmtree(stale, ignore_errors=True)
         if mirror.exists() and not (mirror / MIRROR_DONE).is_file():
-            console().print(f"c128patch: note: removing {mirror}, a half-made mirror of {url} (an interrupted clone): "
-                            "cloning it again", markup=False)
+            echo(f"c128patch: note: removing {mirror}, a half-made mirror of {url} (an interrupted clone): cloning it "
+                 "again")
             shutil.rmtree(mirror)
         if not mirror.exists():
             reporter.step(f"cloning {url} (once, into {mirror})")

@@ -45,10 +45,9 @@ def command_line(ctx: click.Context) -> str:
 
 def progress(as_json: bool) -> Callable[[str], None]:
     """Progress lines on stderr (none for --json)."""
-    from c128patch.progress import console
+    from c128patch.progress import echo
 
-    err = console()
-    return (lambda m: None) if as_json else (lambda m: err.print(m, markup=False))
+    return (lambda m: None) if as_json else echo
 
 
 def report_staged(staged: dict[str, Any], as_json: bool, then: list[str], **extra: Any) -> None:
