@@ -86,8 +86,7 @@ done </proc/self/mountinfo
 def _sealed(argv: list[str], writable: list[str], offline: bool, readable: list[str] = (),
             hidden: list[str] | None = None, pids: bool = False) -> list[str]:
     """``argv`` in the seal (``offline``: in its own network namespace too; ``pids``: in its own pid and IPC
-    namespaces);
-    ``hidden``: the places to hide (``None``: none), ``readable`` kept in them (``writable`` too)."""
+    namespaces); ``hidden``: the places to hide (``None``: none), ``readable`` kept in them (``writable`` too)."""
     ns = [*(["--pid", "--fork", "--ipc"] if pids else []), *(["--net"] if offline else [])]
     return ["unshare", "--user", "--map-root-user", "--mount", *ns, "sh", "-c", _SEAL, "offline" if offline else "sh",
             *writable, "--", *readable, "--", *(hidden or ()), "--", *argv]
