@@ -218,6 +218,24 @@ def tree_with(tmp: Path, source: str) -> Path:
     return tmp
 
 
+def test_the_tier_preloads_what_a_module_surely_imports_outside_sglang(tmp_path):
+    """``treecheck.preloads``: the imports that start a line, of the module, of the sglang modules they reach (a
+    relative one, a submodule named in a parenthesized list) and of their packages; none under an ``if``, a ``try``
+    or in a function (the runner imports each once for both gate states: nothing a gate state might not import)."""
+    tree = tree_with(tmp_path, "import os.path\nfrom sglang import helper\nfrom sglang.pkg import (\n    sub,\n"
+                     "    CONST,\n)\nif False:\n    import never_branch\ntry:\n    import never_guarded\n"
+                     "except ImportError:\n    pass\n\n\ndef f():\n    import never_function\n")
+    files = {"__init__.py": "import json\n", "helper.py": "from numpy import linalg\nfrom . import sibling\n",
+             "sibling.py": "import decimal\n", "pkg/__init__.py": "CONST = 1\nimport fractions\n",
+             "pkg/sub.py": "import statistics, \\\n    heapq\n"}
+    for name, text in files.items():
+        (tree / "python/sglang" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / "python/sglang" / name).write_text(text)
+    assert treecheck.preloads(tree, ["sglang.probe", "sglang.sibling"]) == {
+        "sglang.probe": ["decimal", "fractions", "heapq", "json", "numpy", "os.path", "statistics"],
+        "sglang.sibling": ["decimal", "json"]}
+
+
 def test_a_stand_in_imports_but_raises_on_use(tmp_path):
     pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
     ok = tree_with(tmp_path / "ok", "import flashinfer\nfrom cutlass import cute\nfrom sgl_kernel.x import y\n")

@@ -163,7 +163,8 @@ class Pending:
         self.env["isolation"] = isolation()
         args = ["-c", RUNNER.read_text(), str((tree / PY_ROOT).resolve()), json.dumps(_gates(series)),
                 json.dumps([p for p in PROBES if p[0] in self.modules]), json.dumps(env_ops.stand_ins(series)),
-                json.dumps(env_ops.defines(series)), str(SCENARIOS), *self.modules]
+                json.dumps(env_ops.defines(series)), json.dumps(preloads(tree, self.modules)), str(SCENARIOS),
+                *self.modules]
         self.box = Sealed(python, args, timeout, offline=True, readable=(str(tree / PY_ROOT), str(SCENARIOS.parent)))
 
     def finish(self) -> TreecheckResult:
@@ -270,6 +271,68 @@ def check_imports(top: Path, modules: list[str]) -> dict[str, dict]:
         problems = [f"{path}:{line}: " + (f"from {name} import {', '.join(names)}" if names else f"import {name}")
                     + f": {said}" for line, name, names in uses if (said := _problem(up, name, names))]
         out[module] = {"status": "failed" if problems else "ok", "detail": "; ".join(problems), "imports": len(uses)}
+    return out
+
+
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _top_imports(text: str) -> list[ast.stmt]:
+    """The import statements that start a line (none in an ``if``, ``try`` or function), each parsed by itself: a
+    file's whole syntax tree costs ten times as much, and a tier reaches hundreds of sglang's files."""
+    lines, found, i = text.splitlines(), [], 0
+    while i < len(lines):
+        line, i = lines[i], i + 1
+        if line.startswith(("import ", "from ")):
+            statement = [line]
+            while i < len(lines) and (statement[-1].rstrip().endswith("\\") or
+                                      "(" in line and ")" not in "".join(statement)):
+                statement.append(lines[i])
+                i += 1
+            try:
+                found += ast.parse("\n".join(statement)).body
+            except (SyntaxError, ValueError):
+                continue
+    return [s for s in found if isinstance(s, (ast.Import, ast.ImportFrom))]
+
+
+def preloads(top: Path, modules: list[str]) -> dict[str, list[str]]:
+    """module -> the modules outside sglang that importing it imports (static): the import statements that start a
+    line of its file, of the tree's sglang modules those reach and of their packages' ``__init__`` (none under an
+    ``if``, a platform's branch, or an import guard). The runner imports them once for both gate states."""
+    reader = _FolderReader(top)
+    up = Upstream(reader, {})
+    direct: dict[str, tuple[set[str], set[str]]] = {}  # sglang module -> (its sglang imports, the others)
+
+    def imports(module: str) -> tuple[set[str], set[str]]:
+        if module not in direct:
+            parts = module.split(".")
+            ours, others = {".".join(parts[:i]) for i in range(1, len(parts))}, set()
+            path = up.module_path(module) or "/"
+            mod = Def("module", module, path, module=module)
+            for node in _top_imports(reader.text(path) or "") if path.endswith(".py") else []:
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif source := absolute(node, mod):
+                    names = [source, *(f"{source}.{a.name}" for a in node.names if source.split(".")[0] == PACKAGE
+                                       and up.module_path(f"{source}.{a.name}"))]  # a submodule of ours
+                else:
+                    continue
+                for name in names:
+                    (ours if name.split(".")[0] == PACKAGE else others).add(name)
+            direct[module] = ours, {n for n in others if _DOTTED.fullmatch(n) and n != "__future__"}
+        return direct[module]
+
+    out = {}
+    for module in modules:
+        seen, todo, found = set(), [module], set()
+        while todo:
+            if (name := todo.pop()) not in seen:
+                seen.add(name)
+                ours, others = imports(name)
+                todo += ours
+                found |= others
+        out[module] = sorted(found)
     return out
 
 

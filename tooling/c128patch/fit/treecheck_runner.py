@@ -1,17 +1,20 @@
 """Run in a subprocess by ``fit.treecheck`` (no c128patch imports): import each module of a tree and
 say, per module, ok / not checked (a third-party package this interpreter lacks) / failed.
 
-argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON STAND_INS_JSON DEFINES_JSON SCENARIOS_PY MODULE...; prints one JSON
-object. STAND_INS: import name -> what it stands in for (a CUDA-only package): a module found only where no real one
-is, that imports (its submodules too) but raises on use (attribute access); each module says which its import loaded.
-DEFINES: import name -> op schemas: an installed package whose import fails after torch's (its CUDA extension does not
-load here, and its Python registers those ops) has them defined with no kernel, then imports without its ops (each
-raises on use); each module whose import loaded it says so, as for a stand-in.
-Run in ``fit.sandbox``'s box (``python -I``). torch is imported once (before the tree is on the path), then one
-forked child per gate state (off: the gates unset; on: each set to 1) imports the modules from a clean slate and
-calls each probe (module, zero-argument function, what it must return with the gates on / off) where its module
-imported, then runs the series' DSPARK scenarios (``SCENARIOS_PY``: our file, not the target's; "": none). A
-package ``__init__`` that stops on a missing third-party package is kept as far as it ran.
+argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON STAND_INS_JSON DEFINES_JSON PRELOAD_JSON SCENARIOS_PY MODULE...; prints
+one JSON object. STAND_INS: import name -> what it stands in for (a CUDA-only package): a module found only where no
+real one is, that imports (its submodules too) but raises on use (attribute access); each module says which its import
+loaded. DEFINES: import name -> op schemas: an installed package whose import fails after torch's (its CUDA extension
+does not load here, and its Python registers those ops) has them defined with no kernel, then imports without its ops
+(each raises on use); each module whose import loaded it says so, as for a stand-in. PRELOAD: module -> the modules
+outside sglang it imports (``fit.treecheck.preloads``): imported once, before the forks (torch's and transformers'
+submodules: a third of a gate state's CPU), but none of the tree's, and none that reaches for sglang (that one is left
+to the gate states); what they loaded of STAND_INS and DEFINES the first module whose preloads name them says as its
+own. Run in ``fit.sandbox``'s box (``python -I``). torch is imported once (before the tree is on the path), DEFINES
+and PRELOAD after it, then one forked child per gate state (off: the gates unset; on: each set to 1) imports sglang's
+modules from a clean slate and calls each probe (module, zero-argument function, what it must return with the gates on
+/ off) where its module imported, then runs the series' DSPARK scenarios (``SCENARIOS_PY``: our file, not the
+target's; "": none). A package ``__init__`` that stops on a missing third-party package is kept as far as it ran.
 """
 
 import ast
@@ -32,6 +35,8 @@ import types
 TREE = sys.argv[1]  # run as `python -I -c SOURCE TREE ...`: no folder of ours on sys.path
 STAND_INS: dict = json.loads(sys.argv[4])
 DEFINES: dict = json.loads(sys.argv[5])
+PRELOAD: dict = json.loads(sys.argv[6])
+LOADED_BY: dict = {}  # a preloaded module -> the stand-ins and packages without ops its import loaded
 WITHOUT_OPS: set = set()  # the names of DEFINES whose ops this run defined
 partial: dict = {}
 
@@ -127,15 +132,49 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
+class _NeedsTree(BaseException):
+    """sglang asked for while preloading (not an ImportError: no ``except ImportError`` takes it for absent)."""
+
+
+class _NoTree(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname == "sglang" or fullname.startswith("sglang."):
+            raise _NeedsTree(fullname)
+        return None
+
+
+def _preload() -> None:
+    """PRELOAD's modules, imported once for both gate states; one that fails, or reaches for sglang, is left to each
+    gate state's own import (a failed import leaves no module of its own behind)."""
+    sys.meta_path.insert(0, _NoTree())
+    try:
+        for name in sorted({n for names in PRELOAD.values() for n in names}):
+            top = name.split(".")[0]
+            spec = importlib.machinery.PathFinder.find_spec(top) if top not in sys.modules else None
+            where = [*(spec.submodule_search_locations or []), spec.origin or ""] if spec else []
+            if top not in STAND_INS and top not in DEFINES and not any(str(w).startswith(TREE) for w in where):
+                before = set(sys.modules)
+                try:
+                    importlib.import_module(name)
+                except BaseException:  # noqa: BLE001
+                    pass
+                LOADED_BY[name] = _stand_ins(before)
+    finally:
+        del sys.meta_path[0]
+
+
 def _tier(gates: str, probes: list, scenarios: str, modules: list[str]) -> dict:
     out: dict = {"modules": {}}
+    said: set = set()  # what preloads loaded, said by the first module that imports them
     for name in modules:
         before = set(sys.modules)
+        preloaded = set().union(*(LOADED_BY.get(p, ()) for p in PRELOAD.get(name, ()))) - said
+        said |= preloaded
         try:
             importlib.import_module(name)
-            out["modules"][name] = {"status": "ok", "stand_ins": _stand_ins(before)}
+            out["modules"][name] = {"status": "ok", "stand_ins": sorted(set(_stand_ins(before)) | preloaded)}
         except BaseException as exc:  # noqa: BLE001
-            loaded = _stand_ins(before)
+            loaded = sorted(set(_stand_ins(before)) | preloaded)
             for stale in set(sys.modules) - before:  # the next import starts clean, not from half-run modules
                 if stale == "sglang" or stale.startswith("sglang."):
                     del sys.modules[stale]
@@ -211,7 +250,7 @@ def _fork(state: str, gates: list[str], probes: list, scenarios: str, modules: l
 
 
 def main() -> None:
-    gates, probes, scenarios, modules = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[6], sys.argv[7:]
+    gates, probes, scenarios, modules = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[7], sys.argv[8:]
     out: dict = {"python": sys.executable, "torch": True, "tiers": {}}
     importlib.util.find_spec = _probe  # first: a module that binds it at import (torch's) gets this one
     try:  # before the tree is on the path: a torch the tree holds is never the one imported
@@ -230,6 +269,8 @@ def main() -> None:
             for lib, op in zip(libs[-len(ops):], ops):
                 lib.define(op.split("::", 1)[1])
             WITHOUT_OPS.add(name)
+    if out["torch"]:
+        _preload()
     sys.meta_path.insert(0, _Finder())
     sys.meta_path.append(_StandIns())
     states = ("off", "on") if out["torch"] else ()
