@@ -5,6 +5,7 @@ cut off from the network (issue 36 item 3)."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -234,6 +235,18 @@ def test_the_tier_preloads_what_a_module_surely_imports_outside_sglang(tmp_path)
     assert treecheck.preloads(tree, ["sglang.probe", "sglang.sibling"]) == {
         "sglang.probe": ["decimal", "fractions", "heapq", "json", "numpy", "os.path", "statistics"],
         "sglang.sibling": ["decimal", "json"]}
+
+
+def test_preloads_past_an_arguments_limit_are_left_to_each_gate_state(tmp_path, monkeypatch):
+    """The preload list is the tree's (input) and goes to the runner as one argument, which the kernel caps at
+    128 KiB: past 64 KiB none is passed (each gate state imports its own), so a hostile tree cannot stop the tier."""
+    started = []
+    monkeypatch.setattr(treecheck, "Sealed", lambda python, args, *a, **kw: started.append(args))
+    for n, taken in ((3, True), (8000, False)):
+        tree = tree_with(tmp_path / str(n), "".join(f"import m{i:05d}\n" for i in range(n)))
+        treecheck.Pending(SERIES, tree, [MODULE], python=sys.executable)
+        preload = started[-1][started[-1].index(str(treecheck.SCENARIOS)) - 1]
+        assert preload == (json.dumps({"sglang.probe": [f"m{i:05d}" for i in range(n)]}) if taken else "{}")
 
 
 def test_a_stand_in_imports_but_raises_on_use(tmp_path):

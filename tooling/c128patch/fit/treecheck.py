@@ -161,10 +161,11 @@ class Pending:
             self.why = f"the target's code was not run: no environment for it ({exc.message})"
             return
         self.env["isolation"] = isolation()
+        preload = json.dumps(preloads(tree, self.modules))  # the tree's: past 64 KiB (one argument's limit is
+        preload = preload if len(preload) <= 1 << 16 else "{}"  # 128 KiB) none, each gate state imports its own
         args = ["-c", RUNNER.read_text(), str((tree / PY_ROOT).resolve()), json.dumps(_gates(series)),
                 json.dumps([p for p in PROBES if p[0] in self.modules]), json.dumps(env_ops.stand_ins(series)),
-                json.dumps(env_ops.defines(series)), json.dumps(preloads(tree, self.modules)), str(SCENARIOS),
-                *self.modules]
+                json.dumps(env_ops.defines(series)), preload, str(SCENARIOS), *self.modules]
         self.box = Sealed(python, args, timeout, offline=True, readable=(str(tree / PY_ROOT), str(SCENARIOS.parent)))
 
     def finish(self) -> TreecheckResult:
