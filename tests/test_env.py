@@ -431,24 +431,51 @@ def test_a_lock_line_that_is_not_a_pinned_hashed_package_is_refused_before_pip_r
     assert "\n" not in exc.value.message
 
 
-def test_pip_in_the_box_reads_the_local_folders_the_operators_pip_settings_name(tmp_path, monkeypatch):
-    """The box hides every folder outside the system's: a find-links folder the operator's ``PIP_FIND_LINKS`` names
-    (here under the hidden temporary folder, as ``/opt/wheels`` would be) is bound back for pip to read."""
-    import sys
+def _tiny_wheel(folder: Path) -> Path:
+    """A one-module wheel, c128tiny 1.0, written in ``folder``."""
     import zipfile
 
-    wheels, into = tmp_path / "wheels", tmp_path / "into"  # (pip writes only to ``into``)
-    wheels.mkdir(), into.mkdir()
-    with zipfile.ZipFile(wheels / "c128tiny-1.0-py3-none-any.whl", "w") as whl:
+    folder.mkdir(parents=True)
+    with zipfile.ZipFile(folder / "c128tiny-1.0-py3-none-any.whl", "w") as whl:
         whl.writestr("c128tiny/__init__.py", "")
         whl.writestr("c128tiny-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: c128tiny\nVersion: 1.0\n")
         whl.writestr("c128tiny-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\n"
                      "Tag: py3-none-any\n")
         whl.writestr("c128tiny-1.0.dist-info/RECORD", "")
+    return folder / "c128tiny-1.0-py3-none-any.whl"
+
+
+def test_pip_in_the_box_reads_the_local_folders_the_operators_pip_settings_name(tmp_path, monkeypatch):
+    """The box hides every folder outside the system's: a find-links folder the operator's ``PIP_FIND_LINKS`` names
+    (here under the hidden temporary folder, as ``/opt/wheels`` would be) is bound back for pip to read."""
+    import sys
+
+    wheels, into = tmp_path / "wheels", tmp_path / "into"  # (pip writes only to ``into``)
+    _tiny_wheel(wheels), into.mkdir()
     monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
     assert str(wheels) in env._pip_folders("")
     env._pip(sys.executable, ["install", "--dry-run", "--no-index", "--no-deps", "c128tiny"], 120, env.NullReporter(),
              "probing", into)
+
+
+def test_pip_in_the_box_reads_a_local_index_whose_pages_link_to_files_beside_it(tmp_path, monkeypatch):
+    """A local mirror lays its wheels beside its ``simple/`` (bandersnatch: web/simple + web/packages; this machine's
+    /opt/pypi/simple + /opt/pypi/files), its pages linking ``../../files/x.whl``: the index's parent is bound too (an
+    operator's pip.conf naming /opt/pypi/simple failed every tier environment with "No such file or directory")."""
+    import sys
+
+    mirror, into = tmp_path / "mirror", tmp_path / "into"
+    whl = _tiny_wheel(mirror / "files")
+    (mirror / "simple" / "c128tiny").mkdir(parents=True), into.mkdir()
+    (mirror / "simple" / "c128tiny" / "index.html").write_text(f'<a href="../../files/{whl.name}">{whl.name}</a>\n')
+    monkeypatch.setenv("PIP_INDEX_URL", (mirror / "simple").as_uri())
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    env._pip(sys.executable, ["install", "--dry-run", "--no-deps", "c128tiny"], 120, env.NullReporter(), "probing",
+             into)
+    monkeypatch.setenv("PIP_INDEX_URL", Path("/simple").as_uri())  # never / itself, nor HOME or above it
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", (Path.home() / "simple").as_uri())
+    assert not {"/", str(Path.home())} & set(env._pip_folders(""))
 
 
 def test_pip_in_the_box_reads_the_operators_own_pip_config(tmp_path, monkeypatch):

@@ -183,9 +183,16 @@ def _pip_folders(config: str) -> list[str]:
     parser = configparser.RawConfigParser()
     with contextlib.suppress(configparser.Error, UnicodeDecodeError):
         parser.read([*([config] if config else []), "/etc/pip.conf", *(os.path.join(d, "pip/pip.conf") for d in dirs)])
-    values = [*(v for k, v in os.environ.items() if k.startswith("PIP_")),
-              *(v for s in parser.sections() for v in parser[s].values())]
-    paths = {t.removeprefix("file://") for v in values for t in v.split()} | ({config} if config else set())
+    settings = [*((k.lower(), v) for k, v in os.environ.items() if k.startswith("PIP_")),
+                *((k.lower(), v) for s in parser.sections() for k, v in parser[s].items())]
+    paths = {t.removeprefix("file://") for _, v in settings for t in v.split()} | ({config} if config else set())
+    # a local index's pages link to files beside it (bandersnatch's web/simple + web/packages, /opt/pypi/simple +
+    # /opt/pypi/files: `../../files/x.whl`): its parent too, never / or HOME or above it
+    home = os.path.realpath(os.path.expanduser("~"))
+    paths |= {parent for k, v in settings if k.replace("_", "-").endswith("index-url") for t in v.split()
+              if t.startswith("file:///")
+              and (parent := os.path.dirname(os.path.normpath(t.removeprefix("file://")))) != "/"
+              and not Path(home).is_relative_to(os.path.realpath(parent))}
     return sorted({p if os.path.isdir(p) else os.path.dirname(p) for p in paths
                    if os.path.isabs(p) and os.path.exists(p)})
 
