@@ -127,6 +127,41 @@ def test_an_interrupted_build_leaves_nothing_that_looks_ready(tmp_path, monkeypa
     assert env.build(lock, CUDA) == (python, False) and len(calls) == 2  # cached
 
 
+def test_the_environment_is_compiled_when_built_and_one_built_before_on_its_next_use(tmp_path, monkeypatch):
+    """The tier reads its environment but cannot write to it: the build writes the bytecode of what it installed
+    (``c128patch-compiled``), and an environment built before that is compiled when next used, once."""
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    lock = "# c128patch tier environment lock\nnumpy==2.3.5 --hash=sha256:" + "ab" * 32 + "\n"
+
+    def pip(python, args, timeout, reporter, what, into):  # installs one module
+        (site,) = Path(args[1]).parent.parent.glob("lib/python*/site-packages")
+        (site / "c128mod.py").write_text("VALUE = 1\n")
+
+    monkeypatch.setattr(env, "_pip", pip)
+    python, built = env.build(lock, CUDA)
+    venv = python.parent.parent
+    (module,) = venv.glob("lib/python*/site-packages/c128mod.py")
+    pyc = module.parent / "__pycache__" / f"c128mod.{sys.implementation.cache_tag}.pyc"  # the box's: no prefix
+    assert built and pyc.is_file() and (venv / "c128patch-compiled").is_file()
+    pyc.unlink(), (venv / "c128patch-compiled").unlink()  # as an older build left it
+    assert env.build(lock, CUDA) == (python, False) and pyc.is_file() and (venv / "c128patch-compiled").is_file()
+    pyc.unlink()
+    assert env.build(lock, CUDA) == (python, False) and not pyc.exists()  # compiled once, not on every use
+
+
+def test_the_gate_states_run_the_code_the_runner_compiled_once_for_both(tmp_path):
+    """The tree has no bytecode: its files the modules reach (``treecheck.reach``) are compiled once before the
+    fork, and each gate state imports that code (the runner's ``COMPILED``: the runner is ``__main__``)."""
+    pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
+    tree = tree_with(tmp_path, "import __main__\nimport sys\nfrom sglang import helper\n"
+                               "assert __main__.COMPILED[__file__][1] is sys._getframe().f_code, 'compiled again'\n"
+                               "assert __main__.COMPILED[helper.__file__][1].co_filename == helper.__file__\n")
+    (tree / "python/sglang/helper.py").write_text("import sys\n")
+    assert treecheck.reach(tree, ["sglang.probe"])[1] == ["sglang/__init__.py", "sglang/helper.py", "sglang/probe.py"]
+    result = treecheck.run(SERIES, tree, [MODULE])
+    assert result.modules() == {"sglang.probe": "imported"}, result.to_json()
+
+
 def test_a_tried_package_that_does_not_import_is_uninstalled_and_stood_in_for(tmp_path, monkeypatch):
     """torchvision is locked and installed like any requirement; the build imports each tried package in the
     new environment (sealed, offline) and uninstalls the one that fails (PyPI's CUDA build beside CPU torch:
@@ -245,7 +280,7 @@ def test_preloads_past_an_arguments_limit_are_left_to_each_gate_state(tmp_path, 
     for n, taken in ((3, True), (8000, False)):
         tree = tree_with(tmp_path / str(n), "".join(f"import m{i:05d}\n" for i in range(n)))
         treecheck.Pending(SERIES, tree, [MODULE], python=sys.executable)
-        preload = started[-1][started[-1].index(str(treecheck.SCENARIOS)) - 1]
+        preload = started[-1][started[-1].index(str(treecheck.SCENARIOS)) - 2]
         assert preload == (json.dumps({"sglang.probe": [f"m{i:05d}" for i in range(n)]}) if taken else "{}")
 
 
