@@ -131,9 +131,6 @@ class TreecheckResult:
                 "scenarios_passed": self.passed(), "tiers": [asdict(t) for t in self.tiers], "imports": self.imports}
 
 
-_ARG = 1 << 16  # the most a list of the tree's passes to the runner as one argument
-
-
 def _gates(series: Series) -> list[str]:
     return sorted({e.gate for e in series.entries if e.gate} | {r for g in series.gates for r in g.requires})
 
@@ -164,15 +161,11 @@ class Pending:
             self.why = f"the target's code was not run: no environment for it ({exc.message})"
             return
         self.env["isolation"] = isolation()
-        # the tree's, each one argument (the kernel caps one at 128 KiB): past 64 KiB no preloads (each gate state
-        # imports its own), and of the files to compile as many as fit
-        preloaded, files = reach(tree, self.modules)
-        preload, compiled = json.dumps(preloaded), "\n".join(files)
+        preload = json.dumps(preloads(tree, self.modules))  # the tree's: past 64 KiB (one argument's limit is
+        preload = preload if len(preload) <= 1 << 16 else "{}"  # 128 KiB) none, each gate state imports its own
         args = ["-c", RUNNER.read_text(), str((tree / PY_ROOT).resolve()), json.dumps(_gates(series)),
                 json.dumps([p for p in PROBES if p[0] in self.modules]), json.dumps(env_ops.stand_ins(series)),
-                json.dumps(env_ops.defines(series)), preload if len(preload) <= _ARG else "{}",
-                compiled if len(compiled) <= _ARG else compiled[:_ARG].rpartition("\n")[0], str(SCENARIOS),
-                *self.modules]
+                json.dumps(env_ops.defines(series)), preload, str(SCENARIOS), *self.modules]
         self.box = Sealed(python, args, timeout, offline=True, readable=(str(tree / PY_ROOT), str(SCENARIOS.parent)))
 
     def finish(self) -> TreecheckResult:
@@ -308,12 +301,6 @@ def preloads(top: Path, modules: list[str]) -> dict[str, list[str]]:
     """module -> the modules outside sglang that importing it imports (static): the import statements that start a
     line of its file, of the tree's sglang modules those reach and of their packages' ``__init__`` (none under an
     ``if``, a platform's branch, or an import guard). The runner imports them once for both gate states."""
-    return reach(top, modules)[0]
-
-
-def reach(top: Path, modules: list[str]) -> tuple[dict[str, list[str]], list[str]]:
-    """(``preloads``, the files under ``top/python`` of the tree's sglang modules those imports reach: the runner
-    compiles them once for both gate states)."""
     reader = _FolderReader(top)
     up = Upstream(reader, {})
     direct: dict[str, tuple[set[str], set[str]]] = {}  # sglang module -> (its sglang imports, the others)
@@ -347,9 +334,7 @@ def reach(top: Path, modules: list[str]) -> tuple[dict[str, list[str]], list[str
                 todo += ours
                 found |= others
         out[module] = sorted(found)
-    files = sorted(path.removeprefix(f"{PY_ROOT}/") for m in direct if (path := up.module_path(m) or "")
-                   .startswith(f"{PY_ROOT}/") and path.endswith(".py"))
-    return out, files
+    return out
 
 
 # ---------------------------------------------------------------------------- the CPU tree checks

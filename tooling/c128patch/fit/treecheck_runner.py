@@ -1,22 +1,19 @@
 """Run in a subprocess by ``fit.treecheck`` (no c128patch imports): import each module of a tree and
 say, per module, ok / not checked (a third-party package this interpreter lacks) / failed.
 
-argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON STAND_INS_JSON DEFINES_JSON PRELOAD_JSON COMPILE SCENARIOS_PY MODULE...;
-prints one JSON object. STAND_INS: import name -> what it stands in for (a CUDA-only package): a module found only where
-no real one is, that imports (its submodules too) but raises on use (attribute access); each module says which its
-import loaded. DEFINES: import name -> op schemas: an installed package whose import fails after torch's (its CUDA
-extension does not load here, and its Python registers those ops) has them defined with no kernel, then imports without
-its ops (each raises on use); each module whose import loaded it says so, as for a stand-in. PRELOAD: module -> the
-modules outside sglang it imports (``fit.treecheck.preloads``): imported once, before the forks (torch's and
-transformers' submodules: a third of a gate state's CPU), but none of the tree's, and none that reaches for sglang (that
-one is left to the gate states); what they loaded of STAND_INS and DEFINES the first module whose preloads name them
-says as its own. COMPILE: the tree's files (one a line, under TREE_PYTHON_DIR) those modules reach
-(``fit.treecheck.reach``): compiled once before the forks (the tree has no bytecode: each gate state compiled ~1000 of
-them again, a quarter of its CPU); a gate state uses a file's code where it reads the same bytes, else compiles it as
-Python does. Run in ``fit.sandbox``'s box (``python -I``). torch is imported once (before the tree is on the path),
-DEFINES and PRELOAD after it, then one forked child per gate state (off: the gates unset; on: each set to 1) imports
-sglang's modules from a clean slate and calls each probe (module, zero-argument function, what it must return with the
-gates on / off) where its module imported, then runs the series' DSPARK scenarios (``SCENARIOS_PY``: our file, not the
+argv: TREE_PYTHON_DIR GATES_JSON PROBES_JSON STAND_INS_JSON DEFINES_JSON PRELOAD_JSON SCENARIOS_PY MODULE...; prints
+one JSON object. STAND_INS: import name -> what it stands in for (a CUDA-only package): a module found only where no
+real one is, that imports (its submodules too) but raises on use (attribute access); each module says which its import
+loaded. DEFINES: import name -> op schemas: an installed package whose import fails after torch's (its CUDA extension
+does not load here, and its Python registers those ops) has them defined with no kernel, then imports without its ops
+(each raises on use); each module whose import loaded it says so, as for a stand-in. PRELOAD: module -> the modules
+outside sglang it imports (``fit.treecheck.preloads``): imported once, before the forks (torch's and transformers'
+submodules: a third of a gate state's CPU), but none of the tree's, and none that reaches for sglang (that one is left
+to the gate states); what they loaded of STAND_INS and DEFINES the first module whose preloads name them says as its
+own. Run in ``fit.sandbox``'s box (``python -I``). torch is imported once (before the tree is on the path), DEFINES
+and PRELOAD after it, then one forked child per gate state (off: the gates unset; on: each set to 1) imports sglang's
+modules from a clean slate and calls each probe (module, zero-argument function, what it must return with the gates on
+/ off) where its module imported, then runs the series' DSPARK scenarios (``SCENARIOS_PY``: our file, not the
 target's; "": none). A package ``__init__`` that stops on a missing third-party package is kept as far as it ran.
 """
 
@@ -39,7 +36,6 @@ TREE = sys.argv[1]  # run as `python -I -c SOURCE TREE ...`: no folder of ours o
 STAND_INS: dict = json.loads(sys.argv[4])
 DEFINES: dict = json.loads(sys.argv[5])
 PRELOAD: dict = json.loads(sys.argv[6])
-COMPILED: dict = {}  # a file of the tree -> (its bytes, their code), compiled once for both gate states
 LOADED_BY: dict = {}  # a preloaded module -> the stand-ins and packages without ops its import loaded
 WITHOUT_OPS: set = set()  # the names of DEFINES whose ops this run defined
 partial: dict = {}
@@ -167,29 +163,6 @@ def _preload() -> None:
         del sys.meta_path[0]
 
 
-def _precompile(files: list) -> None:
-    """COMPILE's files, compiled as an import would (one that does not compile is left to the gate states)."""
-    for name in files:
-        if re.fullmatch(r"[\w.-]+(/[\w.-]+)*\.py", name) and ".." not in name.split("/"):
-            path = os.path.join(TREE, name)
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-                COMPILED[path] = data, compile(data, path, "exec", dont_inherit=True)
-            except Exception:  # noqa: BLE001
-                pass
-
-
-_source_to_code = importlib.machinery.SourceFileLoader.source_to_code
-
-
-def _compiled(self, data, path, *, _optimize=-1):
-    """An import's code: the one compiled before the fork where the file holds the same bytes."""
-    hit = COMPILED.get(path)
-    return hit[1] if hit and hit[0] == data and _optimize == -1 else _source_to_code(self, data, path,
-                                                                                       _optimize=_optimize)
-
-
 def _tier(gates: str, probes: list, scenarios: str, modules: list[str]) -> dict:
     out: dict = {"modules": {}}
     said: set = set()  # what preloads loaded, said by the first module that imports them
@@ -277,7 +250,7 @@ def _fork(state: str, gates: list[str], probes: list, scenarios: str, modules: l
 
 
 def main() -> None:
-    gates, probes, scenarios, modules = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[8], sys.argv[9:]
+    gates, probes, scenarios, modules = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[7], sys.argv[8:]
     out: dict = {"python": sys.executable, "torch": True, "tiers": {}}
     importlib.util.find_spec = _probe  # first: a module that binds it at import (torch's) gets this one
     try:  # before the tree is on the path: a torch the tree holds is never the one imported
@@ -298,8 +271,6 @@ def main() -> None:
             WITHOUT_OPS.add(name)
     if out["torch"]:
         _preload()
-        _precompile(sys.argv[7].splitlines())
-        importlib.machinery.SourceFileLoader.source_to_code = _compiled
     sys.meta_path.insert(0, _Finder())
     sys.meta_path.append(_StandIns())
     states = ("off", "on") if out["torch"] else ()
