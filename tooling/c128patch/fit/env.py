@@ -277,7 +277,7 @@ def _untried(venv: Path, tried: dict[str, dict], reporter: Reporter) -> tuple[di
 # a file that does not compile for this Python (torch's 3.12-only test helpers) is left to its import
 _COMPILE = """import compileall, contextlib, os, sys
 files = sorted(os.path.join(d, f) for d, _, fs in os.walk(sys.argv[1]) for f in fs if f.endswith(".py"))
-n, kids = len(os.sched_getaffinity(0)), []
+n, kids = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, []
 for i in range(n):
     kids.append(os.fork())
     if not kids[-1]:
