@@ -149,6 +149,14 @@ def test_the_environment_is_compiled_when_built_and_one_built_before_on_its_next
     assert env.build(lock, CUDA) == (python, False) and not pyc.exists()  # compiled once, not on every use
 
 
+def test_a_compile_that_fails_is_said_and_left_for_the_next_use(tmp_path):
+    said = []
+    (tmp_path / "venv" / "bin").mkdir(parents=True)  # no python in it: the compile cannot run
+    env._compile(tmp_path / "venv", type("R", (), {"step": lambda self, m: said.append(m)})(), 60)
+    assert not (tmp_path / "venv" / "c128patch-compiled").exists()
+    assert said[-1].startswith("the tier's environment was not compiled (") and "compiled on its next use" in said[-1]
+
+
 def test_a_tried_package_that_does_not_import_is_uninstalled_and_stood_in_for(tmp_path, monkeypatch):
     """torchvision is locked and installed like any requirement; the build imports each tried package in the
     new environment (sealed, offline) and uninstalls the one that fails (PyPI's CUDA build beside CPU torch:

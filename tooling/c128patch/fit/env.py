@@ -291,15 +291,19 @@ sys.exit(any(os.waitpid(pid, 0)[1] for pid in kids))
 
 def _compile(venv: Path, reporter: Reporter, timeout: float) -> None:
     """The bytecode of every module ``venv`` installed, written once: the tier reads the environment but cannot write
-    to it, so each gate state of each run compiled every module it imported again (half the tier's CPU). One that
-    fails is tried again on the next use (no ``c128patch-compiled``): the tier runs as well without it, only slower."""
+    to it, so each gate state of each run compiled every module it imported again (about 40 % of the tier's CPU on
+    v0.5.23). One that fails is said and tried again on the next use (no ``c128patch-compiled``): the tier runs as
+    well without it, only slower."""
     reporter.step("compiling the bytecode of the tier's environment")
     box = Sealed(str(venv / "bin" / "python"), ["-c", _COMPILE, str(venv / "lib")], timeout, writable=(str(venv),))
     try:
         box.wait()
-    except C128Error:
-        return
-    if box.returncode == 0:
+        failed = f"exit {box.returncode}" if box.returncode else ""
+    except C128Error as exc:
+        failed = exc.message
+    if failed:
+        reporter.step(f"the tier's environment was not compiled ({failed}): it runs slower, compiled on its next use")
+    else:
         (venv / "c128patch-compiled").write_text("")
 
 
