@@ -492,8 +492,6 @@ def test_pip_in_the_box_reads_a_local_index_whose_pages_link_to_files_beside_it(
     """A local mirror lays its wheels beside its ``simple/`` (bandersnatch: web/simple + web/packages; this machine's
     /opt/pypi/simple + /opt/pypi/files), its pages linking ``../../files/x.whl``: the index's parent is bound too (an
     operator's pip.conf naming /opt/pypi/simple failed every tier environment with "No such file or directory")."""
-    import sys
-
     mirror, into = tmp_path / "mirror", tmp_path / "into"
     whl = _tiny_wheel(mirror / "files")
     (mirror / "simple" / "c128tiny").mkdir(parents=True), into.mkdir()
