@@ -136,6 +136,7 @@ def test_the_environment_is_compiled_when_built_and_one_built_before_on_its_next
     def pip(python, args, timeout, reporter, what, into):  # installs one module
         (site,) = Path(args[1]).parent.parent.glob("lib/python*/site-packages")
         (site / "c128mod.py").write_text("VALUE = 1\n")
+        (site / "c128hook.pth").write_text(f"import pathlib; pathlib.Path({str(site / 'ran')!r}).touch()\n")
 
     monkeypatch.setattr(env, "_pip", pip)
     python, built = env.build(lock, CUDA)
@@ -143,6 +144,7 @@ def test_the_environment_is_compiled_when_built_and_one_built_before_on_its_next
     (module,) = venv.glob("lib/python*/site-packages/c128mod.py")
     pyc = module.parent / "__pycache__" / f"c128mod.{sys.implementation.cache_tag}.pyc"  # the box's: no prefix
     assert built and pyc.is_file() and (venv / "c128patch-compiled").is_file()
+    assert not (module.parent / "ran").exists()  # nothing installed runs while the environment is writable
     pyc.unlink(), (venv / "c128patch-compiled").unlink()  # as an older build left it
     assert env.build(lock, CUDA) == (python, False) and pyc.is_file() and (venv / "c128patch-compiled").is_file()
     pyc.unlink()

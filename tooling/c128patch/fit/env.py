@@ -295,7 +295,9 @@ def _compile(venv: Path, reporter: Reporter, timeout: float) -> None:
     v0.5.23). One that fails is said and tried again on the next use (no ``c128patch-compiled``): the tier runs as
     well without it, only slower."""
     reporter.step("compiling the bytecode of the tier's environment")
-    box = Sealed(str(venv / "bin" / "python"), ["-c", _COMPILE, str(venv / "lib")], timeout, writable=(str(venv),))
+    # -S: no site-packages, so no installed ``.pth`` runs while the environment is writable
+    box = Sealed(str(venv / "bin" / "python"), ["-S", "-c", _COMPILE, str(venv / "lib")], timeout,
+                 writable=(str(venv),))
     try:
         box.wait()
         failed = f"exit {box.returncode}" if box.returncode else ""
