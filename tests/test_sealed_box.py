@@ -12,8 +12,10 @@ import errno
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -76,7 +78,13 @@ def test_where_the_host_refuses_the_seal_the_box_still_runs_and_says_what_is_not
     assert sandbox.isolation() == ("writes NOT confined: no mount namespace or read-only remount here (refused); "
                                    "reads NOT confined: no mount namespace or empty mounts here (refused); "
                                    "processes NOT isolated: no pid namespace with a fresh /proc here (refused); "
+                                   "no count of its processes (no user namespace here); "
                                    "network NOT cut off: no network namespace here (refused)")
+
+
+# what the box says of its process count, in a user namespace of its own
+CAPPED = ("no count of its processes (the kernel exempts root from it)" if os.geteuid() == 0 else
+          f"at most {sandbox.PROCS} processes and threads at once")
 
 
 def test_bisect_behaviour_says_it_runs_the_targets_code_and_what_the_host_does_not_confine(monkeypatch):
@@ -90,8 +98,8 @@ def test_bisect_behaviour_says_it_runs_the_targets_code_and_what_the_host_does_n
     assert run.code == 0, run.err
     assert run.err.startswith("bisect --behaviour runs the target tree's code at each step, in the sealed box (leave "
                               "out --behaviour to run none): writes NOT confined: no mount namespace here (refused); "
-                              "reads NOT confined: the same; processes NOT isolated: the same; no network (loopback "
-                              "only)\n"), run.err
+                              "reads NOT confined: the same; processes NOT isolated: the same; "
+                              f"{CAPPED}; no network (loopback only)\n"), run.err
     assert "NOT confined" not in invoke("bisect", "--onto", "x", "--series", str(REPO_ROOT), as_json=False).err
 
 
@@ -248,6 +256,65 @@ def test_a_child_that_leaves_the_boxs_process_group_dies_with_the_box(tmp_path):
     if "processes NOT isolated" in sandbox.isolation():
         pytest.skip(sandbox.isolation())  # (it lives on its 5 s)
     assert trace.stat().st_size == size, "the child outlived the box"
+
+
+# run by an unprivileged user (the kernel exempts root from the count): holds 50 processes of its own outside the box,
+# then a fork bomb in a box allowed 40 (argv[1]: a copy of the package); prints what the bomb and the box said
+BOMB_DRIVER = """import json, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+from c128patch.fit.sandbox import Sealed, isolation
+BOMB = '''import os, time
+n = 0
+try:
+    while n < 500:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        n += 1
+    print(n, 0)
+except OSError as exc:
+    print(n, exc.errno)
+'''
+outside = [subprocess.Popen(["sleep", "60"]) for _ in range(50)]
+try:
+    out, err = Sealed(sys.executable, ["-c", BOMB], 60, offline=True, procs=40).wait()
+finally:
+    for p in outside:
+        p.kill()
+print(json.dumps({"out": out, "err": err, "isolation": isolation()}))
+"""
+
+
+def _unprivileged() -> tuple[list[str], str]:
+    """How to run a program as an unprivileged user (nothing if we are one; else ``nobody`` through ``setpriv``), and
+    an interpreter that user can run; skips where there is none."""
+    if os.geteuid() != 0:
+        return [], sys.executable
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+    reaches = "import os, sys; sys.exit(not os.path.isdir(os.path.dirname(os.path.realpath(sys.executable))))"
+    for python in ("/usr/bin/python3", "/usr/local/bin/python3", os.path.realpath(sys.executable)):
+        if subprocess.run([*as_nobody, python, "-S", "-c", reaches], capture_output=True).returncode == 0:
+            return as_nobody, python
+    pytest.skip("no interpreter the unprivileged user nobody can run")
+
+
+def test_a_fork_bomb_is_capped_counting_the_boxs_processes_alone():
+    """``procs``: a fork bomb in the box stops at the cap, set in its own user namespace, so the operator's other
+    processes (50 here) do not count against it (set before the namespace, they would: it could not fork at all)."""
+    as_user, python = _unprivileged()
+    with tempfile.TemporaryDirectory(prefix="c128box-nproc-", dir="/tmp") as tmp:  # /tmp: the user reaches it
+        shutil.copytree(REPO_ROOT / "tooling/c128patch", Path(tmp, "pkg/c128patch"))
+        for d, _, _ in os.walk(tmp):
+            os.chmod(d, 0o777)
+        env = {"PATH": os.environ["PATH"], "HOME": tmp, "TMPDIR": tmp}
+        proc = subprocess.run([*as_user, python, "-S", "-c", BOMB_DRIVER, str(Path(tmp, "pkg"))], env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)
+    if "processes and threads" not in got["isolation"]:
+        pytest.skip(got["isolation"])
+    forked, error = map(int, got["out"].split())
+    assert error == errno.EAGAIN and 30 <= forked < 40, got
 
 
 def test_a_memory_hog_is_stopped_in_one_line():

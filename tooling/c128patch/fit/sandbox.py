@@ -46,6 +46,8 @@ HIDDEN = ("/etc/ssh", "/dev/shm", "/nix/var", "/etc/shadow", "/etc/gshadow", "/e
 # bytes: of data a process (the tier on v0.5.23, torch CPU and sglang's modules: fails at 512 MiB, passes at 768),
 # of a file it writes, of its stdout and of its stderr read back
 MEMORY, FILES, OUTPUT = 8 << 30, 256 << 20, 16 << 20
+# processes and threads in the box (torch starts a thread a core in each of the tier's three processes)
+PROCS = max(4096, 16 * (os.cpu_count() or 1))
 # the last line of a process out of memory (Python's, C++'s, ENOMEM's)
 _NOMEM = re.compile(r"^MemoryError\b|std::bad_alloc|Cannot allocate memory")
 # loopback up where ``ip`` is (``$0``: offline), then the command
@@ -124,11 +126,14 @@ def _kept(python: str, folders: tuple[str, ...]) -> list[str]:
 def _limited(argv: list[str], memory: int, files: int) -> list[str]:
     """``argv`` under ``prlimit``: ``memory`` bytes of data a process, ``files`` bytes a file (no more than the hard
     limits we run under: those we cannot raise)."""
-    caps = []
-    for name, limit, n in (("data", resource.RLIMIT_DATA, memory), ("fsize", resource.RLIMIT_FSIZE, files)):
-        hard = resource.getrlimit(limit)[1]
-        caps.append(f"--{name}={n if hard == resource.RLIM_INFINITY else min(n, hard)}")
-    return ["prlimit", *caps, "--", *argv]
+    return ["prlimit", f"--data={_capped(resource.RLIMIT_DATA, memory)}",
+            f"--fsize={_capped(resource.RLIMIT_FSIZE, files)}", "--", *argv]
+
+
+def _capped(limit: int, n: int) -> int:
+    """``n``, no more than the hard ``limit`` we run under (which we cannot raise)."""
+    hard = resource.getrlimit(limit)[1]
+    return n if hard == resource.RLIM_INFINITY else min(n, hard)
 
 
 def _size(n: int) -> str:
@@ -177,6 +182,9 @@ def isolation() -> str:
             "its own processes only (a pid namespace: it sees and signals none of the operator's, all it forks die "
             "with it; an IPC namespace: none of their System V shared memory, semaphores or queues)" if not pids
             else f"processes NOT isolated: {pids}",
+            "no count of its processes (no user namespace here)" if writes and net else
+            "no count of its processes (the kernel exempts root from it)" if os.geteuid() == 0 else
+            f"at most {_capped(resource.RLIMIT_NPROC, PROCS)} processes and threads at once",
             "no network (loopback only)" if not net else f"network NOT cut off: {net}"]
     return "; ".join(said)
 
@@ -198,12 +206,14 @@ class Sealed:
 
     def __init__(self, python: str, args: list[str], timeout: float, *, env: dict[str, str] | None = None,
                  offline: bool = False, writable: tuple[str, ...] = (), readable: tuple[str, ...] = (),
-                 memory: int = MEMORY, files: int = FILES, output: int = OUTPUT) -> None:
+                 memory: int = MEMORY, files: int = FILES, output: int = OUTPUT, procs: int = PROCS) -> None:
         """``env``: variables the caller adds (the operator's, never the target's); ``offline``: no network;
         ``writable``: folders besides its ``HOME`` it may write (the operator's scratch, never the target's);
         ``readable``: folders in hidden places it reads (the target's tree, the tool's files it runs; the
         interpreter's prefixes are kept); ``memory``: bytes of data each of its processes may hold; ``files``: bytes
-        of a file it writes (its output included); ``output``: bytes of its stdout and of its stderr read back."""
+        of a file it writes (its output included); ``output``: bytes of its stdout and of its stderr read back;
+        ``procs``: processes and threads it may run at once, counted in its own user namespace (set there, so the
+        operator's other processes do not count; the kernel exempts root), where the host gives it one."""
         self.timeout, self.memory, self.files, self.output = timeout, memory, files, output
         self.home = Path(tempfile.mkdtemp(prefix="c128box-"))
         scrubbed = {k: os.environ[k] for k in KEEP if k in os.environ} | (env or {})
@@ -212,6 +222,8 @@ class Sealed:
         argv = [python, "-I", "-B", *args]
         writes, reads, net, pids = _cuts()
         self.pids = not pids  # its own pid namespace (only with the whole seal)
+        if not writes or (offline and not net):  # in a user namespace of its own
+            argv = ["prlimit", f"--nproc={_capped(resource.RLIMIT_NPROC, procs)}", "--", *argv]
         if not writes:
             argv = _sealed(argv, [os.path.realpath(p) for p in (self.home, *writable)], offline,
                            _kept(python, readable), None if reads else _hidden(), self.pids)
