@@ -5,6 +5,8 @@ cut off from the network (issue 36 item 3)."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -109,7 +111,7 @@ def test_an_interrupted_build_leaves_nothing_that_looks_ready(tmp_path, monkeypa
     lock = "# c128patch tier environment lock\nnumpy==2.3.5 --hash=sha256:" + "ab" * 32 + "\n"
     calls = []
 
-    def pip(python, args, timeout, reporter, what, into):
+    def pip(python, args, timeout, reporter, what, into, reads=()):
         calls.append(args)
         if len(calls) == 1:
             raise C128Error(f"{what}: interrupted")
@@ -121,8 +123,8 @@ def test_an_interrupted_build_leaves_nothing_that_looks_ready(tmp_path, monkeypa
     assert sorted(p.name for p in envs.iterdir()) == [".lock"]  # no half-built venv left, none under its key
     (envs / ".build-leftover").mkdir()  # a build killed outright (no finally): removed by the next one
     python, built = env.build(lock, CUDA)
-    assert built and python.parent.parent.parent == envs and (python.parent.parent / "c128patch-ready").is_file()
-    assert sorted(p.name for p in envs.iterdir()) == [".lock", python.parent.parent.name]
+    assert built and python.parents[3] == envs and (python.parents[2] / "c128patch-ready").is_file()
+    assert sorted(p.name for p in envs.iterdir()) == [".lock", python.parents[2].name]
     assert "--require-hashes" in calls[-1] and "--no-deps" in calls[-1] and "--only-binary=:all:" in calls[-1]
     assert env.build(lock, CUDA) == (python, False) and len(calls) == 2  # cached
 
@@ -133,29 +135,68 @@ def test_the_environment_is_compiled_when_built_and_one_built_before_on_its_next
     monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
     lock = "# c128patch tier environment lock\nnumpy==2.3.5 --hash=sha256:" + "ab" * 32 + "\n"
 
-    def pip(python, args, timeout, reporter, what, into):  # installs one module
+    def pip(python, args, timeout, reporter, what, into, reads=()):  # installs one module
         (site,) = Path(args[1]).parent.parent.glob("lib/python*/site-packages")
         (site / "c128mod.py").write_text("VALUE = 1\n")
         (site / "c128hook.pth").write_text(f"import pathlib; pathlib.Path({str(site / 'ran')!r}).touch()\n")
 
     monkeypatch.setattr(env, "_pip", pip)
     python, built = env.build(lock, CUDA)
-    venv = python.parent.parent
+    venv, state = python.parents[1], python.parents[2]
     (module,) = venv.glob("lib/python*/site-packages/c128mod.py")
     pyc = module.parent / "__pycache__" / f"c128mod.{sys.implementation.cache_tag}.pyc"  # the box's: no prefix
-    assert built and pyc.is_file() and (venv / "c128patch-compiled").is_file()
+    assert built and pyc.is_file() and (state / "c128patch-compiled").is_file()
     assert not (module.parent / "ran").exists()  # nothing installed runs while the environment is writable
-    pyc.unlink(), (venv / "c128patch-compiled").unlink()  # as an older build left it
-    assert env.build(lock, CUDA) == (python, False) and pyc.is_file() and (venv / "c128patch-compiled").is_file()
+    pyc.unlink(), (state / "c128patch-compiled").unlink()  # as an older build left it
+    assert env.build(lock, CUDA) == (python, False) and pyc.is_file() and (state / "c128patch-compiled").is_file()
     pyc.unlink()
     assert env.build(lock, CUDA) == (python, False) and not pyc.exists()  # compiled once, not on every use
+
+
+@pytest.mark.parametrize("how", ["script", "link", "pyvenv"])
+def test_a_package_that_replaces_the_environments_interpreter_is_refused_and_nothing_written_through_a_link(
+        tmp_path, monkeypatch, how):
+    """A wheel's ``.data/scripts/python`` (or ``.data/data/pyvenv.cfg``) lands on the environment's interpreter, which
+    the build runs next with the environment writable: refused, nothing kept. And the build's markers live beside
+    the environment, where no box writes: a link the box leaves at their old place is never written through."""
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    lock = "# c128patch tier environment lock\nnumpy==2.3.5 --hash=sha256:" + "ab" * 32 + "\n"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the operator's")
+
+    def pip(python, args, timeout, reporter, what, into, reads=()):
+        venv = Path(args[1]).parent.parent
+        for name in ("c128patch-ready", "c128patch-compiled", "c128patch-untried.json"):
+            (venv / name).symlink_to(victim)
+        if how == "script":
+            (venv / "bin" / "python").unlink()
+            (venv / "bin" / "python").write_text("#!/bin/sh\nexec python3 \"$@\"\n")
+        elif how == "link":
+            (venv / "bin" / "python").unlink()
+            (venv / "bin" / "python").symlink_to("/bin/sh")
+        else:
+            cfg = venv / "pyvenv.cfg"
+            cfg.write_text(f"home = {tmp_path}\n" + cfg.read_text())
+
+    monkeypatch.setattr(env, "_pip", pip)
+    with pytest.raises(C128Error, match=r"^building the tier's environment: installing the lock changed its "
+                                        r"interpreter \((python|pyvenv\.cfg)\b.*: refused, nothing was kept$"):
+        env.build(lock, CUDA)
+    assert victim.read_text() == "the operator's"
+    assert sorted(p.name for p in (tmp_path / "cache" / "envs").iterdir()) == [".lock"]
+    monkeypatch.setattr(env, "_pip", lambda *a, **k: None)
+    for name in ("c128patch-ready", "c128patch-compiled"):  # a box of a build that passes: links left where they were
+        monkeypatch.setattr(env, "_compile", lambda venv, *a: (venv / name).symlink_to(victim) or True)
+        python, built = env.build(lock, CUDA)
+        assert built and victim.read_text() == "the operator's" and (python.parents[2] / name).is_file()
+        assert not (python.parents[2] / name).is_symlink()
+        shutil.rmtree(python.parents[2])
 
 
 def test_a_compile_that_fails_is_said_and_left_for_the_next_use(tmp_path):
     said = []
     (tmp_path / "venv" / "bin").mkdir(parents=True)  # no python in it: the compile cannot run
-    env._compile(tmp_path / "venv", type("R", (), {"step": lambda self, m: said.append(m)})(), 60)
-    assert not (tmp_path / "venv" / "c128patch-compiled").exists()
+    assert not env._compile(tmp_path / "venv", type("R", (), {"step": lambda self, m: said.append(m)})(), 60)
     assert said[-1].startswith("the tier's environment was not compiled (") and "compiled on its next use" in said[-1]
 
 
@@ -167,26 +208,26 @@ def test_a_tried_package_that_does_not_import_is_uninstalled_and_stood_in_for(tm
     monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
     lock = "".join(f"{n}==1.0 --hash=sha256:{'ab' * 32}\n" for n in ("good", "bad", "plain", "opsless", "torch"))
     calls = []
+    (tmp_path / "victim.txt").write_text("the operator's")
     needs_op = "import torch\nif 'X::nms(Tensor x) -> Tensor' not in torch.library.DEFINED:\n" \
                "    raise RuntimeError('operator X::nms does not exist')\n"
     bodies = {"good": "", "bad": needs_op.replace("X", "bad"), "opsless": needs_op.replace("X", "opsless"),
               "plain": "raise SystemExit('a package not tried is never imported')\n",
               "torch": "from . import library\n"}  # a torch with just torch.library.Library(ns, kind).define
 
-    def pip(python, args, timeout, reporter, what, into):  # installs the packages as files: no index needed
+    def pip(python, args, timeout, reporter, what, into, reads=()):  # installs the packages as files, no index
         calls.append(args)
         site = next(Path(args[args.index("--python") + 1]).parent.parent.glob("lib/python*/site-packages"))
-        if "uninstall" in args:
-            for name in args[args.index("-q") + 1:]:
-                for path in [site / name, *site.glob(f"{name}-*.dist-info")]:
-                    (path / "__init__.py").unlink(missing_ok=True) or (path / "METADATA").unlink(missing_ok=True)
-                    path.rmdir()
-            return
         for name, body in bodies.items():
             (site / name).mkdir()
             (site / name / "__init__.py").write_text(body)
-            (site / f"{name}-1.0.dist-info").mkdir()
-            (site / f"{name}-1.0.dist-info" / "METADATA").write_text(f"Name: {name}\nVersion: 1.0\n")
+            info = site / f"{name}-1.0.dist-info"
+            info.mkdir()
+            (info / "METADATA").write_text(f"Name: {name}\nVersion: 1.0\n")
+            # a RECORD as a hostile wheel may write it: a path outside the environment, one through a link
+            (info / "RECORD").write_text(f"{name}/__init__.py,,\n{info.name}/METADATA,,\n{info.name}/RECORD,,\n"
+                                         "../../../../../../../victim.txt,,\nlinked/victim.txt,,\n")
+        (site / "linked").symlink_to(tmp_path)
         (site / "torch" / "library.py").write_text("DEFINED = set()\nclass Library:\n    def __init__(self, ns, kind):"
                                                    "\n        self.ns = ns\n    def define(self, schema):\n"
                                                    "        DEFINED.add(f'{self.ns}::{schema}')\n")
@@ -200,13 +241,14 @@ def test_a_tried_package_that_does_not_import_is_uninstalled_and_stood_in_for(tm
     python, built = env.build(lock, tried)
     site = next(python.parent.parent.glob("lib/python*/site-packages"))
     assert built and sorted(p.name for p in site.iterdir() if not p.name.startswith("_")) == [
-        "good", "good-1.0.dist-info", "opsless", "opsless-1.0.dist-info", "plain", "plain-1.0.dist-info", "torch",
-        "torch-1.0.dist-info"]
-    untried = json.loads((python.parent.parent / "c128patch-untried.json").read_text())
+        "good", "good-1.0.dist-info", "linked", "opsless", "opsless-1.0.dist-info", "plain", "plain-1.0.dist-info",
+        "torch", "torch-1.0.dist-info"]
+    untried = json.loads((python.parents[2] / "c128patch-untried.json").read_text())
     assert untried == {"bad": "RuntimeError: operator bad::nms does not exist"}
-    defined = json.loads((python.parent.parent / "c128patch-defined.json").read_text())
+    defined = json.loads((python.parents[2] / "c128patch-defined.json").read_text())
     assert defined == {"opsless": "RuntimeError: operator opsless::nms does not exist"}  # its plain import's error
-    assert [c[:4] for c in calls[1:]] == [["--python", str(calls[1][1]), "uninstall", "-y"]] and calls[1][-1] == "bad"
+    assert len(calls) == 1 and (tmp_path / "victim.txt").is_file()  # no pip (it would run the environment's
+    # interpreter, its .pth files, writable and online): its RECORD's files removed by us, in the environment only
     said = env.describe({"key": "k", "built": True, "lock": "l", "dropped": ["bad", "x"], "untried": untried,
                          "defined": defined, "isolation": "no network"})
     assert said == ("behavioural tier environment k (built now; lock: l); stand-ins for bad, x; bad installed but "
@@ -216,30 +258,30 @@ def test_a_tried_package_that_does_not_import_is_uninstalled_and_stood_in_for(tm
                     "no network")
     tried["opsless"]["defines"] = ["opsless::nms(Tensor y) -> Tensor"]  # what the build keeps: a new environment
     other, built = env.build(lock, tried)
-    assert built and other != python and json.loads((other.parent.parent / "c128patch-defined.json").read_text()) == {}
+    assert built and other != python and json.loads((other.parents[2] / "c128patch-defined.json").read_text()) == {}
 
 
 def test_which_packages_are_tried_is_part_of_the_environments_key(tmp_path, monkeypatch):
     """A row made ``tried`` (or no longer) changes what the build uninstalls: not the environment built before."""
     monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(env, "_pip", lambda *a: None)
+    monkeypatch.setattr(env, "_pip", lambda *a, **k: None)
     lock = f"good==1.0 --hash=sha256:{'ab' * 32}\n"
     plain, tried = {"good": {"imports": ["good"], "reason": "x"}}, {"good": {"imports": ["good"], "tried": True,
                                                                            "reason": "x"}}
     monkeypatch.setattr(env, "_untried", lambda venv, rows, reporter: ({n: "does not import" for n in rows}, {}))
     first, second = env.build(lock, plain)[0], env.build(lock, tried)[0]
     assert first != second and env.build(lock, plain) == (first, False)
-    assert json.loads((second.parent.parent / "c128patch-untried.json").read_text()) == {"good": "does not import"}
+    assert json.loads((second.parents[2] / "c128patch-untried.json").read_text()) == {"good": "does not import"}
 
 
 @pytest.mark.parametrize("said", [b"{", b"\xff", b"[]", b'{"bad": 5}'], ids=["bad", "bytes", "list", "int"])
 def test_a_damaged_record_of_untried_packages_is_not_a_traceback(tmp_path, monkeypatch, said):
     """The shared cache's ``c128patch-untried.json`` is input: damaged, it was a traceback (ValueError)."""
-    venv = tmp_path / "env"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "c128patch-untried.json").write_bytes(said)
+    state = tmp_path / "env"
+    (state / "venv" / "bin").mkdir(parents=True)
+    (state / "c128patch-untried.json").write_bytes(said)
     monkeypatch.setattr(env, "lock_for", lambda *a: ("# dropped: x\n", "l"))
-    monkeypatch.setattr(env, "build", lambda *a: (venv / "bin" / "python", False))
+    monkeypatch.setattr(env, "build", lambda *a: (state / "venv" / "bin" / "python", False))
     info = env.tier_python(SERIES, tmp_path)[1]
     assert info["untried"] == ({"bad": "5"} if said == b'{"bad": 5}' else {}) and "x" in info["dropped"]
 
@@ -279,6 +321,33 @@ def test_preloads_past_an_arguments_limit_are_left_to_each_gate_state(tmp_path, 
         treecheck.Pending(SERIES, tree, [MODULE], python=sys.executable)
         preload = started[-1][started[-1].index(str(treecheck.SCENARIOS)) - 1]
         assert preload == (json.dumps({"sglang.probe": [f"m{i:05d}" for i in range(n)]}) if taken else "{}")
+
+
+# the runner's definitions (not its main), its argv as treecheck gives it, a namespace package ``nsp`` already
+# imported from the environment; then its preload of ``nsp.evil``, which only the tree has
+PRELOAD_RUN = """import json, sys
+tree, site, runner = sys.argv[1:4]
+sys.argv = ["-c", tree, "[]", "[]", "{}", "{}", json.dumps({"sglang.probe": ["nsp.evil"]})]
+sys.path[:0] = [site, tree]
+import nsp.a
+exec(compile(open(runner).read().rsplit("main()", 1)[0], runner, "exec"))
+_preload()
+print("nsp.evil" in sys.modules)
+"""
+
+
+def test_the_preload_runs_nothing_of_the_trees_through_a_namespace_package_already_imported(tmp_path):
+    """The preload imports, before the fork and with the gates unset, what the tree's modules surely import outside
+    sglang: never a module of the tree's own folder, a namespace package's portion there included."""
+    site, tree = tmp_path / "site", tmp_path / "tree" / "python"
+    (site / "nsp").mkdir(parents=True)
+    (site / "nsp" / "a.py").write_text("")
+    (tree / "nsp").mkdir(parents=True)
+    (tree / "nsp" / "evil.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    runner = Path(treecheck.__file__).with_name("treecheck_runner.py")
+    proc = subprocess.run([sys.executable, "-I", "-c", PRELOAD_RUN, str(tree), str(site), str(runner)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["False"] and not (tmp_path / "ran").exists(), proc.stderr[-2000:]
 
 
 def test_a_stand_in_imports_but_raises_on_use(tmp_path):

@@ -41,7 +41,16 @@ def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
     from c128patch.cli.common import emit_json
 
     message = " ".join(exc.format_message().split())
-    verb = exc.ctx.command_path.removeprefix(exc.ctx.find_root().info_name).strip() if exc.ctx is not None else ""
+    if exc.ctx is not None:
+        verb = exc.ctx.command_path.removeprefix(exc.ctx.find_root().info_name).strip()
+    else:  # click's parser names no command (an option without its value): the verb is the leading words
+        words, command = [], main
+        for word in argv:
+            command = command.get_command(None, word) if isinstance(command, click.Group) else None
+            if command is None:
+                break
+            words.append(word)
+        verb = " ".join(words)
     line = f"{message} (see `{f'c128patch {verb}' if verb else 'c128patch'} --help`)"
     if "--json" in (argv[: argv.index("--")] if "--" in argv else argv):
         emit_json({"ok": False, "error": line, "usage_error": True})

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import configparser
 import contextlib
+import csv
 import email
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -197,16 +199,17 @@ def _pip_folders(config: str) -> list[str]:
                    if os.path.isabs(p) and os.path.exists(p)})
 
 
-def _pip(python: str, args: list[str], timeout: float, reporter: Reporter, what: str, into: Path) -> None:
-    """``python -m pip ARGS`` in the sealed box (network kept: pip needs it; writes to ``into`` only) with the
-    operator's settings."""
+def _pip(python: str, args: list[str], timeout: float, reporter: Reporter, what: str, into: Path,
+         reads: tuple[str, ...] = ()) -> None:
+    """``python -m pip ARGS`` in the sealed box (network kept: pip needs it; writes to ``into`` only, reads ``reads``
+    too) with the operator's settings."""
     reporter.step(what)
     # the operator's pip settings (``PIP_*``, proxies, its own config file); never the target's
     env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
     config = _pip_config()
     env.update({"PIP_CONFIG_FILE": config} if config else {})
     box = Sealed(python, ["-m", "pip", "--disable-pip-version-check", *args], timeout, env=env, writable=(str(into),),
-                 readable=tuple(_pip_folders(config)), files=PIP_FILES)
+                 readable=(*_pip_folders(config), *reads), files=PIP_FILES)
     try:
         stdout, stderr = box.wait()
     except C128Error as exc:
@@ -268,9 +271,48 @@ def _untried(venv: Path, tried: dict[str, dict], reporter: Reporter) -> tuple[di
             defined[name] = why
         elif why:
             out[name] = why
-            _pip(sys.executable, ["--python", str(venv / "bin/python"), "uninstall", "-y", "-q", name], 300, reporter,
-                 f"{name} does not import here ({out[name]}): uninstalled, a stand-in takes its place", venv)
+            reporter.step(f"{name} does not import here ({why}): uninstalled, a stand-in takes its place")
+            _uninstall(venv, name)
     return out, defined
+
+
+def _uninstall(venv: Path, name: str) -> None:
+    """The files ``name``'s RECORD lists, removed by us (``pip --python`` would start the environment's interpreter,
+    its installed ``.pth`` files run, with the environment writable and the network on); one outside ``venv`` or
+    through a link is left."""
+    site = next(venv.glob("lib/python*/site-packages"))
+    dist = next((d for d in importlib.metadata.distributions(path=[str(site)])
+                 if canonicalize_name(d.metadata["Name"] or "") == name), None)
+    if dist is None:
+        raise C128Error(f"the tier's environment: {name} is not installed in {venv}, so it cannot be uninstalled")
+    info, folders = Path(dist._path), set()  # its .dist-info; the folders its files were in
+    for row in csv.reader((dist.read_text("RECORD") or "").splitlines()):
+        rel = os.path.relpath(os.path.normpath(info.parent / row[0]), venv) if row else ".."
+        with contextlib.suppress(C128Error, OSError):
+            if not rel.startswith(".."):
+                confine(venv, rel, f"{name}'s RECORD").unlink(missing_ok=True)
+                folders.add(Path(rel).parent)
+    shutil.rmtree(info, ignore_errors=True)
+    for folder in sorted(folders, key=lambda f: -len(f.parts)):  # left empty, as pip leaves none
+        with contextlib.suppress(OSError):
+            (venv / folder).rmdir()
+
+
+def _interpreter(venv: Path) -> dict[str, str]:
+    """What ``venv``'s interpreter is: its ``bin/python*`` links and its ``pyvenv.cfg``; a package that replaces one
+    (a wheel's ``.data/scripts/python``) would run in its place, where the environment is writable too."""
+    said = {p.name: f"-> {os.readlink(p)}" if p.is_symlink() else f"a file of {p.stat().st_size} bytes"
+            for p in sorted((venv / "bin").glob("python*"))}
+    return {**said, "pyvenv.cfg": (venv / "pyvenv.cfg").read_text(errors="replace")}
+
+
+def _unchanged(venv: Path, made: dict[str, str], step: str) -> None:
+    """Refuses the environment where ``step`` changed its interpreter (``_interpreter``) from what ``venv`` made."""
+    now = _interpreter(venv)
+    changed = sorted(k for k in {*made, *now} if made.get(k) != now.get(k))
+    if changed:
+        raise C128Error(f"building the tier's environment: {step} changed its interpreter ({', '.join(changed)}: "
+                        "a package of the lock installs a file in its place): refused, nothing was kept")
 
 
 # every .py under argv[1] compiled by one forked child a core (the box has no /dev/shm for compileall's process pool);
@@ -289,11 +331,11 @@ sys.exit(any(os.waitpid(pid, 0)[1] for pid in kids))
 """
 
 
-def _compile(venv: Path, reporter: Reporter, timeout: float) -> None:
+def _compile(venv: Path, reporter: Reporter, timeout: float) -> bool:
     """The bytecode of every module ``venv`` installed, written once: the tier reads the environment but cannot write
     to it, so each gate state of each run compiled every module it imported again (about 40 % of the tier's CPU on
-    v0.5.23). One that fails is said and tried again on the next use (no ``c128patch-compiled``): the tier runs as
-    well without it, only slower."""
+    v0.5.23). Whether it was; one that fails is said and tried again on the next use (no ``c128patch-compiled``):
+    the tier runs as well without it, only slower."""
     reporter.step("compiling the bytecode of the tier's environment")
     # -S: no site-packages, so no installed ``.pth`` runs while the environment is writable
     box = Sealed(str(venv / "bin" / "python"), ["-S", "-c", _COMPILE, str(venv / "lib")], timeout,
@@ -305,8 +347,7 @@ def _compile(venv: Path, reporter: Reporter, timeout: float) -> None:
         failed = exc.message
     if failed:
         reporter.step(f"the tier's environment was not compiled ({failed}): it runs slower, compiled on its next use")
-    else:
-        (venv / "c128patch-compiled").write_text("")
+    return not failed
 
 
 def build(lock: str, cuda: dict[str, dict], reporter: Reporter = NullReporter(),
@@ -324,30 +365,38 @@ def build(lock: str, cuda: dict[str, dict], reporter: Reporter = NullReporter(),
     said = "".join(f"# tried: {n} {' '.join(r['imports'])}{''.join(f' | {op}' for op in r.get('defines', []))}\n"
                    for n, r in sorted(tried.items()))
     key = f"{hashlib.sha256((packages + said).encode()).hexdigest()[:16]}-{host()}"
+    # ours: the lock, what the build found, its markers; ``venv/``: the environment, the only folder a box writes
     final = root / key
     with locked(root / ".lock"):
-        if (final / "c128patch-ready").is_file():
-            if not (final / "c128patch-compiled").is_file():  # built before its bytecode was
-                _compile(final, reporter, timeout)
-            return final / "bin" / "python", False
-        for stale in [*root.glob(".build-*"), final]:  # an interrupted build (never marked ready)
+        if (final / "c128patch-ready").is_file() and (final / "venv").is_dir():
+            if not (final / "c128patch-compiled").is_file() and _compile(final / "venv", reporter, timeout):
+                (final / "c128patch-compiled").write_text("")  # built before its bytecode was
+            return final / "venv" / "bin" / "python", False
+        for stale in [*root.glob(".build-*"), final]:  # an interrupted build (never marked ready), an older layout
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=root))
+        venv = tmp / "venv"
         try:
-            (tmp / "lock.txt").write_text(lock)
-            Sealed(sys.executable, ["-m", "venv", "--without-pip", str(tmp / "venv")], 300, writable=(str(tmp),)).wait()
-            args = ["--python", str(tmp / "venv/bin/python"), "install", "-q", "--no-deps", "--no-compile", "-r"]
-            _pip(sys.executable, [*args, str(tmp / "lock.txt"), "--only-binary=:all:", "--require-hashes"], timeout,
-                 reporter, f"building the tier's environment {key}: installing {packages.count(chr(10))} packages", tmp)
-            untried, defined = _untried(tmp / "venv", tried, reporter)
-            (tmp / "venv" / "c128patch-untried.json").write_text(json.dumps(untried))
-            (tmp / "venv" / "c128patch-defined.json").write_text(json.dumps(defined))
-            _compile(tmp / "venv", reporter, timeout)
-            (tmp / "venv" / "c128patch-ready").write_text(lock)
-            os.rename(tmp / "venv", final)
+            Sealed(sys.executable, ["-m", "venv", "--without-pip", str(venv)], 300, writable=(str(tmp),)).wait()
+            made = _interpreter(venv)
+            with tempfile.TemporaryDirectory(prefix="c128env-lock-") as reqs:
+                (Path(reqs) / "lock.txt").write_text(lock)
+                args = ["--python", str(venv / "bin/python"), "install", "-q", "--no-deps", "--no-compile", "-r"]
+                _pip(sys.executable, [*args, f"{reqs}/lock.txt", "--only-binary=:all:", "--require-hashes"], timeout,
+                     reporter, f"building the tier's environment {key}: installing {packages.count(chr(10))} "
+                     "packages", venv, reads=(reqs,))
+            _unchanged(venv, made, "installing the lock")
+            untried, defined = _untried(venv, tried, reporter)
+            (tmp / "c128patch-untried.json").write_text(json.dumps(untried))
+            (tmp / "c128patch-defined.json").write_text(json.dumps(defined))
+            if _compile(venv, reporter, timeout):
+                (tmp / "c128patch-compiled").write_text("")
+            _unchanged(venv, made, "compiling its bytecode")
+            (tmp / "c128patch-ready").write_text(lock)
+            os.rename(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return final / "bin" / "python", True
+    return final / "venv" / "bin" / "python", True
 
 
 def tier_python(series: Series, tree: Path, reporter: Reporter = NullReporter()) -> tuple[str, dict]:
@@ -355,10 +404,11 @@ def tier_python(series: Series, tree: Path, reporter: Reporter = NullReporter())
     lock, source = lock_for(series, tree, reporter)
     python, built = build(lock, cuda_only(series), reporter)
     # each absent in an environment built before it was written; input: a shared cache
-    untried, defined = ({str(k): str(v) for k, v in (read_json(python.parent.parent / f"c128patch-{n}.json", dict)
+    state = python.parents[2]  # the build's folder, beside its ``venv/``
+    untried, defined = ({str(k): str(v) for k, v in (read_json(state / f"c128patch-{n}.json", dict)
                                                      or {}).items()} for n in ("untried", "defined"))
     dropped = lock.split("# dropped: ", 1)[1].split("\n", 1)[0].split()
-    return str(python), {"key": python.parent.parent.name, "lock": source, "built": built, "python": str(python),
+    return str(python), {"key": state.name, "lock": source, "built": built, "python": str(python),
                          "dropped": sorted({*dropped, *untried}), "untried": untried, "defined": defined}
 
 

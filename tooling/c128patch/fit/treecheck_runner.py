@@ -137,8 +137,15 @@ class _NeedsTree(BaseException):
 
 
 class _NoTree(importlib.abc.MetaPathFinder):
+    """While preloading: sglang, or any module found in the tree's folder (a namespace package's portion there too),
+    is left to the gate states."""
+
     def find_spec(self, fullname, path, target=None):
         if fullname == "sglang" or fullname.startswith("sglang."):
+            raise _NeedsTree(fullname)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and any(str(w).startswith(TREE)
+                                    for w in [*(spec.submodule_search_locations or []), spec.origin or ""]):
             raise _NeedsTree(fullname)
         return None
 
