@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import re
 
+import pytest
+
 from c128patch import exitcodes
 from c128patch.errors import C128Error, ConflictError, Interrupted
 from c128patch.fit.watch import EXIT, WatchTimeout
@@ -64,3 +66,11 @@ def test_a_verb_mistyped_is_a_usage_error_naming_the_verb_meant():
 def test_a_verb_like_no_other_gets_no_suggestion():
     line = refused(["zzzz"], code=exitcodes.USAGE)
     assert line == "c128patch: error: No such command 'zzzz'. (see `c128patch --help`)"
+
+
+@pytest.mark.parametrize("argv, verb", [(["apply", "--sglang-rev"], "apply"),
+                                        (["layer", "add-entry", "--layer"], "layer add-entry")])
+def test_an_option_missing_its_value_points_at_the_verbs_own_help(argv, verb):
+    """click's parser says it without naming the command: the verb is taken from the words before the option."""
+    line = refused(argv, code=exitcodes.USAGE)
+    assert line == f"c128patch: error: Option '{argv[-1]}' requires an argument. (see `c128patch {verb} --help`)"
