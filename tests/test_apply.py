@@ -81,6 +81,12 @@ def test_apply_from_release_source_into_new_tree(tmp_path: Path, portable_series
     assert Git(worktree=tree).current_branch() == "c128/v0.5.23"
     assert (tree / "python/sglang/srt/environ.py").is_file()
     assert not list(tree.rglob("*.so"))
+    # run again from inside that tree (its python/ folder): that tree, as status takes it, not ./sglang inside it
+    monkeypatch.chdir(tree / "python")
+    code, out, err = run("apply", "--sglang-rev", "v0.5.23", "--series", str(portable_series))
+    assert code == 0 and f"applying in the tree you are in, {tree} (pass --tree DIR for another)" in out, err
+    assert "already holds v0.5.23" in out + err and not (tree / "python" / "sglang" / ".git").exists()
+    assert not Git(worktree=tree).out("status", "--porcelain")
 
 
 def test_apply_conflict_leaves_branch_at_last_good_entry(upstream_clone: Path, drifting_series: Path):

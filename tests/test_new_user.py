@@ -15,7 +15,7 @@ from smoke_helpers import make_tree, one_line_error
 from support import REPO_ROOT, invoke
 
 USAGE_ERRORS = [
-    (["check", "--deep=yes"], "Option '--deep' does not take a value", "c128patch --help"),
+    (["check", "--deep=yes"], "Option '--deep' does not take a value", "c128patch check --help"),
     (["capacity", "--preset", "nope"], "Invalid value for '--preset': 'nope' is not one of",
      "c128patch capacity --help"),
     (["apply", "--no-such-flag"], "No such option '--no-such-flag'", "c128patch apply --help"),

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from c128patch.cli.common import emit_json, load_stack, locate_tree, repo_option, say, verb_options
+from c128patch.cli.common import applied_here, emit_json, load_stack, locate_tree, repo_option, say, verb_options
 from c128patch.errors import C128Error
 
 if TYPE_CHECKING:
@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 @repo_option
 @click.option("--branch", default=None, help="Branch to create (default: c128/<rev>).")
 @click.option("--tree", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Working tree to patch when upstream is a URL or the releases (default: ./sglang). With a local "
+              help="Working tree to patch when upstream is a URL or the releases (default: the patched tree you "
+                   "are in, else ./sglang). With a local "
                    "--repo, the repo is the tree. With --continue/--abort: the tree the apply stopped in "
                    "(default: the current directory).")
 @click.option("--continue", "cont", is_flag=True,
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | None, cont: bool, abort: bool,
             series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Check out REV on a new branch and apply the series, one commit per entry."""
-    from c128patch.git import Git
+    from c128patch.git import Git, work_tree_top
     from c128patch.ops.applier import Apply
     from c128patch.ops.apply import apply_rev, continue_apply
     from c128patch.progress import reporter
@@ -44,6 +45,10 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     if sum(map(bool, (rev, cont, abort))) != 1:
         raise C128Error("give exactly one of --sglang-rev REV, --continue, --abort")
     local = Path(repo) if repo and not is_url(repo) else None  # a local --repo is the tree
+    if rev is not None and tree is None and local is None and applied_here(top := work_tree_top(Path.cwd())):
+        tree = top  # run from a patched tree: that tree, as status takes it, not a new ./sglang inside it
+        if not as_json:
+            say(f"applying in the tree you are in, {top} (pass --tree DIR for another)")
     if rev is not None:
         series = load_stack(series_dir, layer_dirs, tree or local, repo, quiet=as_json)
         with reporter(not as_json, title="apply") as rep:

@@ -59,19 +59,26 @@ def exit_unless(ok: bool) -> None:
         sys.exit(exitcodes.FAILED)
 
 
-def locate_tree(tree: Path | None) -> Path:
-    """The tree verbs work on: ``--tree``; else the repository here if c128patch is in it; else ./sglang; else here."""
-    from c128patch.git import Git, refuse_git_dir, toplevel, work_tree_top
+def applied_here(top: Path | None) -> bool:
+    """Did c128patch apply (or is it rebasing) in the repository ``top`` (its ``work_tree_top``)?"""
+    from c128patch.git import Git
     from c128patch.ops.treestate import c128_state_dir
     from c128patch.series.provenance import PROVENANCE_PATH
+
+    return top is not None and ((top / PROVENANCE_PATH).is_file() or c128_state_dir(Git(worktree=top)).is_dir())
+
+
+def locate_tree(tree: Path | None) -> Path:
+    """The tree verbs work on: ``--tree``; else the repository here if c128patch is in it; else ./sglang; else here."""
+    from c128patch.git import refuse_git_dir, toplevel, work_tree_top
 
     if tree is not None:
         refuse_git_dir(tree)
         return toplevel(tree)
     here = Path.cwd()
     top = work_tree_top(here)
-    if top is not None and ((top / PROVENANCE_PATH).is_file() or c128_state_dir(Git(worktree=top)).is_dir()):
-        return top  # c128patch applied (or is rebasing) here
+    if applied_here(top):
+        return top
     default = here / DEFAULT_TREE
     default_top = work_tree_top(default)
     if default_top is not None and default_top.resolve() == default.resolve():  # its own repository
