@@ -240,6 +240,25 @@ def test_next_refresh_is_printed_only_when_it_would_change_something(sglang_rele
 
 
 
+def test_a_rebase_onto_the_rev_it_is_on_with_the_same_series_rewrites_nothing(fresh, series_dir, tmp_path):
+    """As ``git rebase`` onto the base it is on: the branch, the user's commit on it and the recovery refs stay; a
+    series that changed since is replayed there (how a tree takes a new series version)."""
+    git = copied(fresh["v0.5.23"].worktree, tmp_path / "tree")
+    git.run("-c", "user.name=u", "-c", "user.email=u@x", "commit", "--quiet", "--allow-empty", "-m", "mine")
+    head, refs = git.head(), git.out("for-each-ref", "refs/c128patch")
+    run = invoke("rebase", "--onto", "v0.5.23", "--tree", str(git.worktree), "--series", str(series_dir),
+                 as_json=False)
+    assert run.code == 0 and run.text.strip() == (f"{git.worktree}: c128/v0.5.23 is already on v0.5.23 + series "
+                                                  f"c128patch 4 (at {head[:12]}): nothing to do"), run.err
+    assert git.head() == head and git.out("for-each-ref", "refs/c128patch") == refs
+    newer = copy_series(tmp_path / "newer")
+    manifest = newer / "patches" / "series.toml"
+    manifest.write_text(manifest.read_text().replace('version = "4"', 'version = "5"', 1))
+    run = rebase(git, newer, "--onto", "v0.5.23")
+    assert run.code == 0 and not run.out.get("already_on") and run.out["new_base"]["rev"] == "v0.5.23", run.err
+    assert git.head() != head and "mine" in git.out("log", "-3", "--format=%s").splitlines()
+
+
 def test_the_closing_check_says_the_series_is_not_up_to_date_when_upstream_changed_a_name_the_lock_records(
         sglang_release_repo, tmp_path):
     """The closing ``refresh --check`` derives the contract on the new tip (each file parsed once per process, as

@@ -11,7 +11,9 @@ from c128patch.errors import C128Error
 
 
 @click.command("rebase")
-@click.option("--onto", "onto", default=None, help="Upstream revision to move the patched branch onto.")
+@click.option("--onto", "onto", default=None,
+              help="Upstream revision to move the patched branch onto (the one it is on, with the series it has: "
+                   "nothing to do).")
 @click.option("--continue", "cont", is_flag=True, help="Go on after resolving (and staging) a conflict.")
 @click.option("--skip", is_flag=True, help="Drop the entry that stopped the rebase.")
 @click.option("--abort", is_flag=True, help="Restore the branch as it was before the rebase.")
@@ -58,6 +60,9 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     report = done.report
     if as_json:  # where the layers came from (docs/schemas); no refresh_command: it replays the series again
         return emit_json(report, stack if onto else done.series)
+    if report.get("already_on"):
+        return say(f"{git.worktree}: {report['branch'] or 'HEAD'} is already on {report['rev']} + {report['stack']} "
+                   f"(at {report['head'][:12]}): nothing to do")
     if report.get("aborted"):
         return say(f"rebase aborted: {report['branch'] or 'HEAD'} is back at {report['head'][:12]}"
                    + (f"; your uncommitted work is in stash {report['stash'][:12]}" if report["stash"] else ""))

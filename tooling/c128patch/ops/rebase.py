@@ -31,9 +31,9 @@ from c128patch.ops.treestate import (
     rebase_command,
     refuse_conflict_markers,
 )
-from c128patch.series.layers import layer_folders
+from c128patch.series.layers import describe, layer_folders
 from c128patch.series.plan import ENTRY_TRAILER
-from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
+from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, read_provenance
 
 
 class Rebase(RebaseLoop):
@@ -68,6 +68,16 @@ class Rebase(RebaseLoop):
             self._drop(journal, step, "")
         journal.save(self.path)
         return self._run(journal)
+
+    def already_on(self, onto_rev: str, onto_commit: str) -> dict | None:
+        """What ``start`` would give on a branch already on ``onto_commit`` with this series (as ``git rebase``:
+        nothing to rewrite), else None."""
+        record = read_provenance(self.git.worktree)  # type: ignore[arg-type]
+        base = str(record.get("upstream", {}).get("commit") or "")
+        if not base or self.git.rev_parse(base) != onto_commit or applied_digest(record) != self.series.digest():
+            return None
+        return {"ok": True, "already_on": True, "branch": self.git.current_branch(), "head": self.git.head() or "",
+                "rev": onto_rev, "commit": onto_commit, "stack": describe(self.series)}
 
     def resume(self) -> dict:
         journal = Journal.load(self.path, self.git)
