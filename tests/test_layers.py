@@ -13,6 +13,7 @@ import errno
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,17 @@ from c128patch.series.layers import CONFIG, ENV, lookup_layers, stack
 from c128patch.series.manifest import load_series
 from c128patch.wheel.sbom import LAYER_PREFIX, indexed_properties
 from c128patch.wheel.tools import InWheel
-from support import RELEASES, REPO_ROOT, copy_series, invoke, refused, run_printed, small_clone, snapshot
+from support import (
+    RELEASES,
+    REPO_ROOT,
+    copy_series,
+    invoke,
+    printed_command,
+    refused,
+    run_printed,
+    small_clone,
+    snapshot,
+)
 
 EXAMPLE = REPO_ROOT / "docs" / "examples" / "acme-layer"
 ID = ["-c", "user.name=acme-dev", "-c", "user.email=dev@acme.invalid"]
@@ -251,7 +262,14 @@ def test_add_entry_run_again_on_the_same_commit_names_the_entry_it_is_and_adds_n
     layer = tmp_path / "acme"
     assert invoke("layer", "new", layer, "--name", "acme").code == 0
     add = ["layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", upstream_clone, "--why", "w"]
-    assert invoke(*add).code == 0
+    first = invoke(*add, as_json=False)
+    assert first.code == 0, first.err
+    # the next step it prints, run as printed: the stack applied beside the branch, which keeps the commit
+    nxt = printed_command(first.text, "c128patch apply ")
+    assert nxt == shlex.join(["c128patch", "apply", "--sglang-rev", "v0.5.23", "--layer", str(layer), "--tree",
+                              f"{upstream_clone}-acme"]) and f"  next: {nxt}" in first.text
+    ran = run_printed(nxt, cwd=tmp_path)
+    assert ran.returncode == 0 and "acme/acme-the-site-s-note" in ran.stdout, ran.stderr[-2000:]
     files = {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()}
     for extra in ([], ["--name", "second"]):
         line = refused([*add, *extra], upstream_clone,

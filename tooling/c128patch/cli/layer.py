@@ -54,6 +54,8 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
     from c128patch.git import Git
     from c128patch.ops.layer import add_entry as add
     from c128patch.series.manifest import default_series_root, load_series
+    from c128patch.series.provenance import read_provenance
+    from c128patch.upstream.releases import release_version
 
     git = Git(worktree=locate_tree(tree))
     done = add(folder, load_series(series_dir or default_series_root()), git, commit, why, gate, name)
@@ -62,7 +64,11 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
         emit_json({"ok": not errors, **vars(done), "findings": [vars(f) for f in done.findings]})
     else:
         lint = shlex.join(["c128patch", "lint", "--layer", str(folder)])
+        rev = str(read_provenance(git.worktree).get("upstream", {}).get("rev") or "")  # the layer's base
+        stack = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--layer", str(folder), "--tree",
+                            f"{git.worktree}-{done.layer}"])  # beside the branch, which keeps the commit
         say(f"entry {done.entry} ({done.file} in {folder}) from commit {done.commit[:12]}: {', '.join(done.files)}; "
             f"gate {done.gate or 'none'}", *(f"  lint {f.level}: {f.entry}: {f.message}" for f in done.findings),
-            *([f"  the entry is written (not again: it is one); fix the layer, then: {lint}"] if errors else []))
+            *([f"  the entry is written (not again: it is one); fix the layer, then: {lint}"] if errors else
+              [f"  next: {stack}"] if release_version(rev) else []))
     exit_unless(not errors)
