@@ -5,9 +5,11 @@ cut off from the network (issue 36 item 3)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -575,6 +577,9 @@ def test_pip_in_the_box_reads_a_local_index_whose_pages_link_to_files_beside_it(
     monkeypatch.setenv("PIP_INDEX_URL", Path("/simple").as_uri())  # never / itself, nor HOME or above it
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", (Path.home() / "simple").as_uri())
     assert not {"/", str(Path.home())} & set(env._pip_folders(""))
+    tmp = os.path.realpath(tempfile.gettempdir())  # nor the temporary folder: other runs' boxes and clones
+    monkeypatch.setenv("PIP_INDEX_URL", Path(tmp, "simple").as_uri())
+    assert tmp not in env._pip_folders("")
 
 
 def test_pip_in_the_box_reads_the_operators_own_pip_config(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
+import importlib.util
 import json
 import os
 import shutil
@@ -349,6 +350,22 @@ def trapped_tree(tmp: Path, marker: Path, module: str = "") -> Path:
     (tree / "python" / "sglang" / "__init__.py").write_text("")
     (tree / TRAP).write_text(module or trap)
     return tree
+
+
+def test_a_package_of_defines_the_tree_holds_is_never_imported_from_it_before_the_fork(tmp_path):
+    """The series' ``defines`` packages (torchvision) are imported before the fork, with the gates unset, where this
+    interpreter has them: never the tree's copy (a ``python/torchvision/`` it commits), as torch is not."""
+    pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed here: the tree's copy is shadowed either way")
+    marker = tmp_path / "ran.txt"
+    tree = trapped_tree(tmp_path, marker, "VALUE = 1\n")
+    (tree / "python" / "torchvision").mkdir()
+    (tree / "python" / "torchvision" / "__init__.py").write_text(f"open({str(marker)!r}, 'a').write('torchvision')\n")
+    assert "torchvision" in treecheck.env_ops.defines(SERIES)
+    result = treecheck.run(SERIES, tree, [TRAP])
+    assert [t.modules["sglang.trap"]["status"] for t in result.tiers] == ["ok", "ok"], result.to_json()
+    assert not marker.exists(), marker.read_text()
 
 
 def test_the_target_sees_no_token_no_home_and_no_fake_torch(tmp_path, tmp_path_factory, monkeypatch):

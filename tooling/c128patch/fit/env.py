@@ -189,12 +189,13 @@ def _pip_folders(config: str) -> list[str]:
                 *((k.lower(), v) for s in parser.sections() for k, v in parser[s].items())]
     paths = {t.removeprefix("file://") for _, v in settings for t in v.split()} | ({config} if config else set())
     # a local index's pages link to files beside it (bandersnatch's web/simple + web/packages, /opt/pypi/simple +
-    # /opt/pypi/files: `../../files/x.whl`): its parent too, never / or HOME or above it
-    home = os.path.realpath(os.path.expanduser("~"))
+    # /opt/pypi/files: `../../files/x.whl`): its parent too, never /, HOME, the temporary folder (other runs' scratch)
+    # or a folder above one
+    mine = [os.path.realpath(p) for p in (os.path.expanduser("~"), tempfile.gettempdir())]
     paths |= {parent for k, v in settings if k.replace("_", "-").endswith("index-url") for t in v.split()
               if t.startswith("file:///")
               and (parent := os.path.dirname(os.path.normpath(t.removeprefix("file://")))) != "/"
-              and not Path(home).is_relative_to(os.path.realpath(parent))}
+              and not any(Path(m).is_relative_to(os.path.realpath(parent)) for m in mine)}
     return sorted({p if os.path.isdir(p) else os.path.dirname(p) for p in paths
                    if os.path.isabs(p) and os.path.exists(p)})
 

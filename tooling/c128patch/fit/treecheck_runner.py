@@ -10,8 +10,8 @@ does not load here, and its Python registers those ops) has them defined with no
 outside sglang it imports (``fit.treecheck.preloads``): imported once, before the forks (torch's and transformers'
 submodules: a third of a gate state's CPU), but none of the tree's, and none that reaches for sglang (that one is left
 to the gate states); what they loaded of STAND_INS and DEFINES the first module whose preloads name them says as its
-own. Run in ``fit.sandbox``'s box (``python -I``). torch is imported once (before the tree is on the path), DEFINES
-and PRELOAD after it, then one forked child per gate state (off: the gates unset; on: each set to 1) imports sglang's
+own. Run in ``fit.sandbox``'s box (``python -I``). torch and DEFINES are imported once, before the tree is on the path,
+PRELOAD after it, then one forked child per gate state (off: the gates unset; on: each set to 1) imports sglang's
 modules from a clean slate and calls each probe (module, zero-argument function, what it must return with the gates on
 / off) where its module imported, then runs the series' DSPARK scenarios (``SCENARIOS_PY``: our file, not the
 target's; "": none). A package ``__init__`` that stops on a missing third-party package is kept as far as it ran.
@@ -264,7 +264,6 @@ def main() -> None:
         import torch
     except ImportError:
         out["torch"] = False
-    sys.path.append(TREE)  # last: the tree shadows neither the stdlib nor an installed package
     libs = []  # the ops of each package of DEFINES whose import fails here (alive while this runs)
     for name, ops in DEFINES.items() if out["torch"] else ():
         try:
@@ -276,6 +275,7 @@ def main() -> None:
             for lib, op in zip(libs[-len(ops):], ops):
                 lib.define(op.split("::", 1)[1])
             WITHOUT_OPS.add(name)
+    sys.path.append(TREE)  # after DEFINES, last: it shadows neither the stdlib nor an installed package
     if out["torch"]:
         _preload()
     sys.meta_path.insert(0, _Finder())
