@@ -595,3 +595,9 @@ def test_pip_in_the_box_reads_the_operators_own_pip_config(tmp_path, monkeypatch
     with pytest.raises(C128Error, match="notanumber"):
         env._pip(sys.executable, ["install", "--dry-run", "--no-index", "nothing-here"], 120, env.NullReporter(),
                  "probing", tmp_path)
+    (home / "pip.conf").write_text("[global]\ntimeout = alsonotanumber\n")  # one right in HOME: HOME not bound
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(home / "pip.conf"))
+    assert str(home) not in env._pip_folders(str(home / "pip.conf"))
+    with pytest.raises(C128Error, match="alsonotanumber"):
+        env._pip(sys.executable, ["install", "--dry-run", "--no-index", "nothing-here"], 120, env.NullReporter(),
+                 "probing", tmp_path)

@@ -179,15 +179,15 @@ def _pip_config() -> str:
 
 def _pip_folders(config: str) -> list[str]:
     """The local folders the operator's pip settings name (its ``PIP_*`` variables, its config file, the site's:
-    a find-links folder, a ``file://`` index, a constraints file's folder), its config file's too: read in the box,
-    which hides every folder outside the system's."""
+    a find-links folder, a ``file://`` index, a constraints file's folder): read in the box, which hides every folder
+    outside the system's (the config file itself is handed in as a copy: ``_pip``)."""
     dirs = (os.environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":")
     parser = configparser.RawConfigParser()
     with contextlib.suppress(configparser.Error, UnicodeDecodeError):
         parser.read([*([config] if config else []), "/etc/pip.conf", *(os.path.join(d, "pip/pip.conf") for d in dirs)])
-    settings = [*((k.lower(), v) for k, v in os.environ.items() if k.startswith("PIP_")),
+    settings = [*((k.lower(), v) for k, v in os.environ.items() if k.startswith("PIP_") and k != "PIP_CONFIG_FILE"),
                 *((k.lower(), v) for s in parser.sections() for k, v in parser[s].items())]
-    paths = {t.removeprefix("file://") for _, v in settings for t in v.split()} | ({config} if config else set())
+    paths = {t.removeprefix("file://") for _, v in settings for t in v.split()}
     # a local index's pages link to files beside it (bandersnatch's web/simple + web/packages, /opt/pypi/simple +
     # /opt/pypi/files: `../../files/x.whl`): its parent too, never /, HOME, the temporary folder (other runs' scratch)
     # or a folder above one
@@ -208,13 +208,15 @@ def _pip(python: str, args: list[str], timeout: float, reporter: Reporter, what:
     # the operator's pip settings (``PIP_*``, proxies, its own config file); never the target's
     env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
     config = _pip_config()
-    env.update({"PIP_CONFIG_FILE": config} if config else {})
-    box = Sealed(python, ["-m", "pip", "--disable-pip-version-check", *args], timeout, env=env, writable=(str(into),),
-                 readable=(*_pip_folders(config), *reads), files=PIP_FILES)
-    try:
-        stdout, stderr = box.wait()
-    except C128Error as exc:
-        raise C128Error(f"{what}: {exc.message}") from None
+    with tempfile.TemporaryDirectory(prefix="c128env-pipconf-") as conf:  # a copy: never its folder (HOME, say)
+        if config:
+            env["PIP_CONFIG_FILE"] = shutil.copyfile(config, os.path.join(conf, "pip.conf"))
+        box = Sealed(python, ["-m", "pip", "--disable-pip-version-check", *args], timeout, env=env,
+                     writable=(str(into),), readable=(*_pip_folders(config), conf, *reads), files=PIP_FILES)
+        try:
+            stdout, stderr = box.wait()
+        except C128Error as exc:
+            raise C128Error(f"{what}: {exc.message}") from None
     if box.returncode:
         said = stderr if stderr.strip() else stdout  # pip says some errors on stdout
         last = [ln for ln in said.splitlines() if ln.strip() and not ln.startswith("WARNING:")] or ["?"]
