@@ -318,6 +318,17 @@ def test_a_fork_bomb_is_capped_counting_the_boxs_processes_alone():
     assert error == errno.EAGAIN and 30 <= forked < 40, got
 
 
+def test_a_folder_to_keep_that_is_a_hidden_place_itself_is_one_line_not_a_failed_seal(tmp_path, monkeypatch):
+    """A kept folder that is a place the seal hides (``LD_LIBRARY_PATH=/opt``, a Python in ``~/bin``: HOME) cannot be
+    shown without all of it: one line saying what to move, not exit 125 from the seal."""
+    if "writes NOT confined" in sandbox.isolation() or "reads NOT confined" in sandbox.isolation():
+        pytest.skip(sandbox.isolation())
+    monkeypatch.setattr(sandbox, "_hidden", lambda *more: [str(tmp_path)])
+    with pytest.raises(C128Error, match=rf"^the sealed box would have to show all of {tmp_path}, a place it hides "):
+        Sealed(sys.executable, ["-c", "pass"], 60, offline=True, readable=(str(tmp_path),))
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_memory_hog_is_stopped_in_one_line():
     """Past ``memory`` bytes of data a process (2 GiB asked, 1 GiB allowed), the run is one line saying so."""
     with pytest.raises(C128Error, match=r"^the target's code ran out of memory \(the box allows 1 GiB of data a "

@@ -225,8 +225,15 @@ class Sealed:
         if not writes or (offline and not net):  # in a user namespace of its own
             argv = ["prlimit", f"--nproc={_capped(resource.RLIMIT_NPROC, procs)}", "--", *argv]
         if not writes:
-            argv = _sealed(argv, [os.path.realpath(p) for p in (self.home, *writable)], offline,
-                           _kept(python, readable), None if reads else _hidden(), self.pids)
+            kept, hidden = _kept(python, readable), None if reads else _hidden()
+            if whole := sorted(set(kept) & set(hidden or ())):  # the seal shows what it keeps inside a hidden place
+                self.kill()
+                raise C128Error(f"the sealed box would have to show all of {whole[0]}, a place it hides (HOME, the "
+                                f"temporary folder or a top-level folder), to run {python}: keep what it needs (the "
+                                "interpreter's prefix, a folder in LD_LIBRARY_PATH or one a pip setting names) in a "
+                                f"folder below {whole[0]}, not in it")
+            argv = _sealed(argv, [os.path.realpath(p) for p in (self.home, *writable)], offline, kept, hidden,
+                           self.pids)
         elif offline and not net:  # the network cut off, the writes not
             argv = ["unshare", "--user", "--map-root-user", "--net", "sh", "-c", _RUN + 'exec "$@"', "offline", *argv]
         try:
