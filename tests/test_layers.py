@@ -789,9 +789,15 @@ def test_status_of_the_tree_whose_commit_became_the_layer_says_what_is_so(tmp_pa
     (tmp_path / CONFIG).write_text('[layers]\npaths = ["layers/acme"]\n')
     res = invoke("status", as_json=False)
     assert res.code == 1 and "uncommitted" not in res.text, res.text
-    assert "  the series has changed since (now series c128patch 4 + layer acme 1): re-apply or rebase" in res.text
+    nxt = shlex.join(["c128patch", "rebase", "--onto", "v0.5.23", "--tree", str(tree)])
+    assert ("  the series has changed since (now series c128patch 4 + layer acme 1): to take it here, next: "
+            f"{nxt}") in res.text, res.text
     assert "  HEAD equals the series by its files, through commit(s) made since the apply: identical to a fresh " \
         "apply of series c128patch 4 + layer acme 1 on v0.5.23" in res.text, res.text
+    ran = run_printed(printed_command(res.text, "c128patch rebase "), cwd=tmp_path)  # as printed, from there
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    res = invoke("status", as_json=False)
+    assert res.code == 0 and "has changed since" not in res.text, res.text
 
 
 def test_rebase_with_the_layer_the_users_commit_became_replays_that_commit_as_the_entry(tmp_path,

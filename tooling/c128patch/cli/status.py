@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -40,9 +41,11 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
                         "or pass --tree DIR")
         raise
     refs = info.get("recovery_refs") or []
+    again = ["c128patch", "rebase", "--onto", str(info.get("upstream", {}).get("rev") or ""), "--tree", str(root),
+             *(["--series", str(series_dir)] if series_dir else []), *(a for d in layer_dirs for a in ("--layer", d))]
     if as_json:
         emit_json(info, series)
-    elif lines := [*_state(info), *(_applied(info) if "series" in info else []),
+    elif lines := [*_state(info), *(_applied(info, shlex.join(map(str, again))) if "series" in info else []),
                    *([f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):"]
                      [:len(refs)]), *(f"    {r['ref']} {r['commit'][:12]} {r['subject']}" for r in refs[:10])]:
         say(*lines)
@@ -70,7 +73,8 @@ def _state(info: dict) -> list[str]:
     return lines
 
 
-def _applied(info: dict) -> list[str]:
+def _applied(info: dict, again: str) -> list[str]:
+    """``again``: the command that takes the series as it is now onto the rev the tree is on."""
     s, u = info["series"], info["upstream"]
     ours = [e for e in info["entries"] if "/" not in e["name"]]  # a layer's are <layer>/<entry>, counted below
     lines = [f"{info['tree']} on {info['branch'] or 'detached HEAD'}",
@@ -80,7 +84,8 @@ def _applied(info: dict) -> list[str]:
               for layer in info.get("layers", [])]
     cur = info.get("series_current")
     if cur and not cur["up_to_date"]:
-        lines.append(f"  the series has changed since (now {cur.get('stack') or cur['version']}): re-apply or rebase")
+        lines.append(f"  the series has changed since (now {cur.get('stack') or cur['version']}): to take it here, "
+                     f"next: {again}")
     if info["commits_since"]:
         lines.append(f"  {info['commits_since']} commit(s) on top of the applied series")
     proof, uncommitted = info.get("equivalence"), info.get("uncommitted") or []
