@@ -155,7 +155,7 @@ def test_the_environment_is_compiled_when_built_and_one_built_before_on_its_next
     assert env.build(lock, CUDA) == (python, False) and not pyc.exists()  # compiled once, not on every use
 
 
-@pytest.mark.parametrize("how", ["script", "link", "pyvenv"])
+@pytest.mark.parametrize("how", ["script", "link", "pyvenv", "fifo"])
 def test_a_package_that_replaces_the_environments_interpreter_is_refused_and_nothing_written_through_a_link(
         tmp_path, monkeypatch, how):
     """A wheel's ``.data/scripts/python`` (or ``.data/data/pyvenv.cfg``) lands on the environment's interpreter, which
@@ -176,9 +176,12 @@ def test_a_package_that_replaces_the_environments_interpreter_is_refused_and_not
         elif how == "link":
             (venv / "bin" / "python").unlink()
             (venv / "bin" / "python").symlink_to("/bin/sh")
-        else:
+        elif how == "pyvenv":
             cfg = venv / "pyvenv.cfg"
             cfg.write_text(f"home = {tmp_path}\n" + cfg.read_text())
+        else:  # read as a file, it would never end
+            (venv / "pyvenv.cfg").unlink()
+            os.mkfifo(venv / "pyvenv.cfg")
 
     monkeypatch.setattr(env, "_pip", pip)
     with pytest.raises(C128Error, match=r"^building the tier's environment: installing the lock changed its "

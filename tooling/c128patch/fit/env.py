@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import configparser
 import contextlib
-import csv
 import email
 import hashlib
 import importlib.metadata
@@ -17,6 +16,7 @@ import os
 import platform
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import zipfile
@@ -288,15 +288,13 @@ def _uninstall(venv: Path, name: str) -> None:
                  if canonicalize_name(d.metadata["Name"] or "") == name), None)
     if dist is None:
         raise C128Error(f"the tier's environment: {name} is not installed in {venv}, so it cannot be uninstalled")
-    info, folders = Path(dist._path), set()  # its .dist-info; the folders its files were in
-    for row in csv.reader((dist.read_text("RECORD") or "").splitlines()):
-        rel = os.path.relpath(os.path.normpath(info.parent / row[0]), venv) if row else ".."
+    folders = set()  # those its files were in: removed where left empty, as pip leaves none
+    for rel in (os.path.relpath(os.path.normpath(site / str(f)), venv) for f in dist.files or ()):
         with contextlib.suppress(C128Error, OSError):
             if not rel.startswith(".."):
                 confine(venv, rel, f"{name}'s RECORD").unlink(missing_ok=True)
                 folders.add(Path(rel).parent)
-    shutil.rmtree(info, ignore_errors=True)
-    for folder in sorted(folders, key=lambda f: -len(f.parts)):  # left empty, as pip leaves none
+    for folder in sorted(folders, key=lambda f: -len(f.parts)):
         with contextlib.suppress(OSError):
             (venv / folder).rmdir()
 
@@ -304,9 +302,14 @@ def _uninstall(venv: Path, name: str) -> None:
 def _interpreter(venv: Path) -> dict[str, str]:
     """What ``venv``'s interpreter is: its ``bin/python*`` links and its ``pyvenv.cfg``; a package that replaces one
     (a wheel's ``.data/scripts/python``) would run in its place, where the environment is writable too."""
-    said = {p.name: f"-> {os.readlink(p)}" if p.is_symlink() else f"a file of {p.stat().st_size} bytes"
-            for p in sorted((venv / "bin").glob("python*"))}
-    return {**said, "pyvenv.cfg": (venv / "pyvenv.cfg").read_text(errors="replace")}
+    said = {}
+    for path in [*sorted((venv / "bin").glob("python*")), venv / "pyvenv.cfg"]:
+        mode = os.lstat(path).st_mode if os.path.lexists(path) else 0
+        said[path.name] = (f"-> {os.readlink(path)}" if stat.S_ISLNK(mode) else "none" if not mode else
+                           f"a special file ({stat.filemode(mode)})" if not stat.S_ISREG(mode) else
+                           path.open("rb").read(4096).decode(errors="replace") if path.name == "pyvenv.cfg" else
+                           f"a file of {os.lstat(path).st_size} bytes")
+    return said
 
 
 def _unchanged(venv: Path, made: dict[str, str], step: str) -> None:
