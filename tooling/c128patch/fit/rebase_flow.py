@@ -73,10 +73,12 @@ def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, dro
 
 
 def _onto(rb: Rebase, rev: str, commit: str, drop_merged: bool, drop: tuple[str, ...]) -> dict:
-    """``--onto``: nothing to do on a clean branch already there with this series, else the rebase started."""
+    """``--onto``: nothing to do on a clean branch already there with this series (and no entry to drop), else the
+    rebase started."""
     ensure_idle(rb.git, "rebase")
     ensure_clean(rb.git, "rebase")
-    return rb.already_on(rev, commit) or rb.start(rev, commit, drop_merged=drop_merged, drop=drop)
+    done = None if drop or drop_merged else rb.already_on(rev, commit)
+    return done or rb.start(rev, commit, drop_merged=drop_merged, drop=drop)
 
 
 def _series(git: Git, verb: Verb, series_dir: Path | None, layer_dirs: tuple[Path, ...]) -> Series:
