@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -395,16 +396,26 @@ def test_a_package_whose_extension_does_not_load_imports_without_its_ops(tmp_pat
     runner defines that op with no kernel first: the real package imports, the op raises on use, and each module
     whose import loaded it says so."""
     pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
-    tree = tree_with(tmp_path, "import torch\nimport tvx\ntry:\n    torch.ops.tvx.nms(torch.zeros(1))\n"
+    tree = tree_with(tmp_path / "t", "import torch\nimport tvx\ntry:\n    torch.ops.tvx.nms(torch.zeros(1))\n"
                      "except NotImplementedError:\n    pass\nelse:\n    raise SystemExit('an op with a kernel')\n")
-    (tree / "python/tvx").mkdir()  # the package, beside sglang (the runner's path): its Python as shipped
-    (tree / "python/tvx/__init__.py").write_text("import torch\n\n\n@torch.library.register_fake('tvx::nms')\n"
-                                                  "def meta_nms(x):\n    return x\n")
+    # the package installed (never the tree's: those are the gate states'), its Python as shipped: an interpreter
+    # whose site-packages holds it and reaches this one's (torch), both shown to the box
+    venv, installed = tmp_path / "venv", tmp_path / "installed"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (installed / "tvx").mkdir(parents=True)
+    (installed / "tvx" / "__init__.py").write_text("import torch\n\n\n@torch.library.register_fake('tvx::nms')\n"
+                                                   "def meta_nms(x):\n    return x\n")
+    purelib = sysconfig.get_paths()["purelib"]
+    next(venv.glob("lib/python*/site-packages")).joinpath("c128-test.pth").write_text(f"{purelib}\n{installed}\n")
+    sealed = treecheck.Sealed
+    monkeypatch.setattr(treecheck, "Sealed", lambda *a, readable=(), **k: sealed(
+        *a, readable=(*readable, purelib, str(installed)), **k))
     defines = {"tvx": ["tvx::nms(Tensor x) -> Tensor"]}
-    for given, said in (({}, "failed: tvx/__init__.py:4: RuntimeError: operator tvx::nms does not exist"),
+    for given, said in (({}, "failed: sglang/probe.py:2: RuntimeError: operator tvx::nms does not exist"),
                         (defines, "imported with stand-ins (tvx (without its ops))")):
         monkeypatch.setattr(env, "defines", lambda series, d=given: d)
-        assert treecheck.run(SERIES, tree, [MODULE]).modules() == {"sglang.probe": said}
+        assert treecheck.run(SERIES, tree, [MODULE], python=str(venv / "bin" / "python")).modules() == {
+            "sglang.probe": said}
 
 
 def test_the_tier_has_no_network(tmp_path):
