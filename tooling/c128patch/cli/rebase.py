@@ -62,7 +62,7 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
         return emit_json(report, stack if onto else done.series)
     if report.get("already_on"):
         return say(f"{git.worktree}: {report['branch'] or 'HEAD'} is already on {report['rev']} + {report['stack']} "
-                   f"(at {report['head'][:12]}): nothing to do")
+                   f"(at {report['head'][:12]}): nothing to do" + ("; no report written" if report_dir else ""))
     if report.get("aborted"):
         return say(f"rebase aborted: {report['branch'] or 'HEAD'} is back at {report['head'][:12]}"
                    + (f"; your uncommitted work is in stash {report['stash'][:12]}" if report["stash"] else ""))

@@ -14,7 +14,7 @@ from c128patch.errors import C128Error, Interrupted
 from c128patch.fit import contract as contract_ops
 from c128patch.git import Git
 from c128patch.ops.rebase import Journal, Rebase
-from c128patch.ops.treestate import ensure_clean, ensure_idle, rebase_command, rebase_journal, repo_lock
+from c128patch.ops.treestate import rebase_command, rebase_journal, repo_lock
 from c128patch.progress import reporter
 from c128patch.series.layers import get_series, stack
 from c128patch.series.manifest import Series, load_series
@@ -49,7 +49,8 @@ def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, dro
     pool = ThreadPoolExecutor(max_workers=1)  # the contract is checked on the new tip beside the checkout and proof
     contracts: dict[str, Future] = {}
     rb.on_tip = lambda base, head: contracts.setdefault(head, pool.submit(contract_row, series, git, base, head))
-    verbs = {"onto": lambda: _onto(rb, onto, onto_commit(git, onto, repo), drop_merged, drop),
+    verbs = {"onto": lambda: rb.start(onto, onto_commit(git, onto, repo), drop_merged=drop_merged, drop=drop,
+                                      if_needed=True),
              "continue": rb.resume, "skip": rb.skip, "drop": lambda: rb.skip(drop[0]), "abort": rb.abort}
     try:
         with repo_lock(git, "rebase"):
@@ -70,15 +71,6 @@ def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, dro
         report["contract"] = (contracts[head].result() if head in contracts
                               else contract_row(series, git, report["new_base"]["commit"], head))
     return Rebased(git, series, report)
-
-
-def _onto(rb: Rebase, rev: str, commit: str, drop_merged: bool, drop: tuple[str, ...]) -> dict:
-    """``--onto``: nothing to do on a clean branch already there with this series (and no entry to drop), else the
-    rebase started."""
-    ensure_idle(rb.git, "rebase")
-    ensure_clean(rb.git, "rebase")
-    done = None if drop or drop_merged else rb.already_on(rev, commit)
-    return done or rb.start(rev, commit, drop_merged=drop_merged, drop=drop)
 
 
 def _series(git: Git, verb: Verb, series_dir: Path | None, layer_dirs: tuple[Path, ...]) -> Series:

@@ -39,8 +39,11 @@ from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, read_pr
 class Rebase(RebaseLoop):
     """The verbs: ``start`` (``--onto``), ``resume`` (``--continue``), ``skip``, ``drop``, ``abort``."""
 
-    def start(self, onto_rev: str, onto_commit: str, *, drop_merged: bool = False, drop: tuple[str, ...] = ()) -> dict:
-        """``drop``: entries upstream holds, dropped from the start (recorded with ``merged_in``)."""
+    def start(self, onto_rev: str, onto_commit: str, *, drop_merged: bool = False, drop: tuple[str, ...] = (),
+              if_needed: bool = False) -> dict:
+        """``drop``: entries upstream holds, dropped from the start (recorded with ``merged_in``); ``if_needed``:
+        a branch already on ``onto_commit`` with this series (and nothing to drop) is left as it is (``already_on``:
+        as ``git rebase``, nothing to rewrite)."""
         git = self.git
         if unknown := [name for name in drop if name not in {e.name for e in self.series.entries}]:
             raise C128Error(f"cannot rebase: --drop {unknown[0]}: the series has no such entry "
@@ -53,6 +56,10 @@ class Rebase(RebaseLoop):
             raise C128Error(f"cannot rebase: the upstream base recorded in {PROVENANCE_PATH} is not in this repository")
         head = git.head() or ""
         old_rev = old.get("rev", old["commit"][:12])
+        if (if_needed and not drop and not drop_merged and git.rev_parse(old["commit"]) == onto_commit
+                and applied_digest(record) == self.series.digest()):
+            return {"ok": True, "already_on": True, "branch": git.current_branch(), "head": head, "rev": onto_rev,
+                    "commit": onto_commit, "stack": describe(self.series)}
         self._planning(onto_commit)  # (in the pool, beside the comparison of the branch's commits)
         steps = self._steps(old["commit"], head, record)
         if not any(s.sha for s in steps):
@@ -68,16 +75,6 @@ class Rebase(RebaseLoop):
             self._drop(journal, step, "")
         journal.save(self.path)
         return self._run(journal)
-
-    def already_on(self, onto_rev: str, onto_commit: str) -> dict | None:
-        """What ``start`` would give on a branch already on ``onto_commit`` with this series (as ``git rebase``:
-        nothing to rewrite), else None."""
-        record = read_provenance(self.git.worktree)  # type: ignore[arg-type]
-        base = str(record.get("upstream", {}).get("commit") or "")
-        if not base or self.git.rev_parse(base) != onto_commit or applied_digest(record) != self.series.digest():
-            return None
-        return {"ok": True, "already_on": True, "branch": self.git.current_branch(), "head": self.git.head() or "",
-                "rev": onto_rev, "commit": onto_commit, "stack": describe(self.series)}
 
     def resume(self) -> dict:
         journal = Journal.load(self.path, self.git)
