@@ -510,3 +510,28 @@ def test_treecheck_no_run_is_unchecked_exit_8_and_says_nothing_ran(sglang_releas
     run = invoke("treecheck", "--sglang-rev", "v0.5.23", "--no-run", "--series", str(REPO_ROOT))
     assert run.code == 8 and run.out["verdict"].startswith("unchecked: the target's code was not run (--no-run)")
     assert run.out["tiers"] == [] and "sealed box" not in run.err
+
+
+def test_the_static_import_check_reads_no_file_through_a_symlink_of_the_tree(tmp_path):
+    """The tree is input: a module that is a link (to any file of the machine) or sits in a linked folder is not read,
+    and a ``python/sglang`` that is itself a link gives no files at all (its walk would cover the link's target)."""
+    secret = tmp_path / "outside"
+    (secret / "pkg").mkdir(parents=True)
+    (secret / "secret.py").write_text("from sglang.srt.gone import X\n")
+    (secret / "pkg" / "inner.py").write_text("from sglang.srt.gone import X\n")
+    top = tmp_path / "tree"
+    srt = top / "python" / "sglang" / "srt"
+    srt.mkdir(parents=True)
+    (top / "python" / "sglang" / "__init__.py").write_text("")
+    (srt / "__init__.py").write_text("")
+    (srt / "real.py").write_text("from sglang.srt.gone import X\n")
+    (srt / "linked.py").symlink_to(secret / "secret.py")
+    (srt / "pkg").symlink_to(secret / "pkg")
+    found = treecheck.check_imports(top, ["sglang.srt.real", "sglang.srt.linked", "sglang.srt.pkg.inner"])
+    assert found["sglang.srt.real"]["status"] == "failed" and found["sglang.srt.real"]["imports"] == 1  # it reads
+    assert [found[m]["imports"] for m in ("sglang.srt.linked", "sglang.srt.pkg.inner")] == [0, 0]
+    assert all("no file" in found[m]["detail"] for m in ("sglang.srt.linked", "sglang.srt.pkg.inner"))
+    shutil.rmtree(top / "python")
+    (top / "python").mkdir()
+    (top / "python" / "sglang").symlink_to(secret)
+    assert treecheck.check_imports(top, ["sglang.secret"])["sglang.secret"]["imports"] == 0

@@ -28,6 +28,7 @@ from c128patch.fit.sandbox import Sealed, interpreter, isolation
 from c128patch.git import Git
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series
+from c128patch.series.paths import symlink_on_path
 from c128patch.textsafe import some
 
 RUNNER = Path(__file__).with_name("treecheck_runner.py")
@@ -230,11 +231,14 @@ def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | No
 
 # ---------------------------------------------------------------------------- the static import check
 class _FolderReader:
-    """The files of a tree's ``python/sglang`` on disk, read as ``fit.resolve.Upstream`` reads a tree-ish."""
+    """The files of a tree's ``python/sglang`` on disk, read as ``fit.resolve.Upstream`` reads a tree-ish: regular
+    files only, none through a symlink (the tree is input: a link may name any file of the machine)."""
 
     def __init__(self, top: Path) -> None:
-        self.top = top
-        self.files = {p.relative_to(top).as_posix() for p in (top / PY_ROOT / PACKAGE).rglob("*") if p.is_file()}
+        self.top, package = top, top / PY_ROOT / PACKAGE
+        linked = symlink_on_path(top, package) if package.exists() or package.is_symlink() else None
+        self.files = set() if linked else {p.relative_to(top).as_posix() for p in package.rglob("*")
+                                           if not p.is_symlink() and p.is_file()}  # rglob enters no linked folder
 
     def text(self, path: str) -> str | None:
         return (self.top / path).read_text(errors="replace") if path in self.files else None
