@@ -160,8 +160,11 @@ def test_rebase_then_refresh_writes_the_variant_an_older_base_needs(tmp_path: Pa
     assert code == 0 and out["revs"][0]["entries"][0]["status"] == "3way"  # only with a 3-way merge: needs a variant
     code, report = cli("rebase", "--onto", "v0.5.20", "--tree", str(tree), "--series", str(series))
     assert code == 0 and report["entries"][0]["status"] == "context-only", report
+    said = invoke("refresh", "--tree", tree, "--series", series, "--variant", "--check", as_json=False)
+    assert said.code == 1 and "(base v0.5.23), from a tree on v0.5.20 as its variants: 2 file(s) would change" \
+        in said.text, said.text  # the tree's base named, never "on v0.5.23" alone
     code, out = cli("refresh", "--tree", str(tree), "--series", str(series), "--variant")
-    assert code == 0, out
+    assert code == 0 and (out["tree_base"], out["written_as"]) == ("v0.5.20", "variants"), out
     s = load_series(series)
     entry = s.entries[0]
     assert entry.base == "v0.5.23" and [v.base for v in entry.variants] == ["v0.5.20"] and s.base == "v0.5.23"

@@ -38,6 +38,7 @@ def command(tree: Path | None, check_only: bool, primary: bool | None, version: 
     else:
         say(f"tree: {done.result.equivalence.summary()}",  # type: ignore[union-attr]
             *(f"note: {note}" for note in done.result.notes), *(f"  {verb} {path}" for path in done.changes),
-            f"{describe(new)} on {new.base}: {len(done.changes)} file(s) {verb}"  # type: ignore[union-attr,arg-type]
+            f"{describe(new)} (base {new.base}), from a tree on {done.result.tree_base} as "  # type: ignore[union-attr]
+            f"{'the primary files' if done.result.primary else 'its variants'}: {len(done.changes)} file(s) {verb}"
             if done.changes else "series is up to date with the branch")
     exit_unless(not done.failed)

@@ -47,6 +47,8 @@ class Export:
     notes: list[str] = field(default_factory=list)
     equivalence: Equivalence | None = None  # the tree against a fresh apply of the series (before the export)
     layers: list[Series] = field(default_factory=list)  # a stack's layers as exported (each written to its folder)
+    tree_base: str = ""  # the tree's upstream base (its label)
+    primary: bool = True  # its patches written as the primary files, else as the variants of ``tree_base``
 
     def changes(self, root: Path) -> list[str]:
         """Paths the export changes, relative to ``root`` (a layer's in full)."""
@@ -115,6 +117,7 @@ class Refreshed:
         return {"ok": not self.failed, "check": self.check, "changed": self.changes, "notes": self.result.notes,
                 "equivalence": proof.to_json(), "tree": proof.summary(),
                 "series": {"name": series.name, "version": series.version, "base": series.base},
+                "tree_base": self.result.tree_base, "written_as": "primary" if self.result.primary else "variants",
                 "layers": layer_rows(self.given if self.check else series)}
 
 
@@ -197,7 +200,8 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     trees = git.out("rev-parse", *(f"{sha}{up}^{{tree}}" for sha, _ in patches for up in ("", "~1"))).split() \
         if patches else []
     empty = {name: sha for (sha, name), tree, parent in zip(patches, trees[::2], trees[1::2]) if tree == parent}
-    result = Export(equivalence=prove(series, git, base_rev or label, base_commit, without=left_out + list(empty)))
+    result = Export(equivalence=prove(series, git, base_rev or label, base_commit, without=left_out + list(empty)),
+                    tree_base=label, primary=primary)
     exported: dict[str, Entry] = {}
     for sha, name in commits:
         if name in empty:  # an empty patch is no patch: upstream holds the entry here (kept with merged_in)
