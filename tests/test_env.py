@@ -330,30 +330,31 @@ def test_preloads_past_an_arguments_limit_are_left_to_each_gate_state(tmp_path, 
 
 
 # the runner's definitions (not its main), its argv as treecheck gives it, a namespace package ``nsp`` already
-# imported from the environment; then its preload of ``nsp.evil``, which only the tree has
+# imported from the environment; then its preload of ``nsp.evil`` and of ``evil_top``, which only the tree has
 PRELOAD_RUN = """import json, sys
 tree, site, runner = sys.argv[1:4]
-sys.argv = ["-c", tree, "[]", "[]", "{}", "{}", json.dumps({"sglang.probe": ["nsp.evil"]})]
+sys.argv = ["-c", tree, "[]", "[]", "{}", "{}", json.dumps({"sglang.probe": ["evil_top", "nsp.evil"]})]
 sys.path[:0] = [site, tree]
 import nsp.a
 exec(compile(open(runner).read().rsplit("main()", 1)[0], runner, "exec"))
 _preload()
-print("nsp.evil" in sys.modules)
+print("nsp.evil" in sys.modules, "evil_top" in sys.modules)
 """
 
 
 def test_the_preload_runs_nothing_of_the_trees_through_a_namespace_package_already_imported(tmp_path):
     """The preload imports, before the fork and with the gates unset, what the tree's modules surely import outside
-    sglang: never a module of the tree's own folder, a namespace package's portion there included."""
+    sglang: never a module of the tree's own folder (a top-level one, a namespace package's portion there)."""
     site, tree = tmp_path / "site", tmp_path / "tree" / "python"
     (site / "nsp").mkdir(parents=True)
     (site / "nsp" / "a.py").write_text("")
     (tree / "nsp").mkdir(parents=True)
     (tree / "nsp" / "evil.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    (tree / "evil_top.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
     runner = Path(treecheck.__file__).with_name("treecheck_runner.py")
     proc = subprocess.run([sys.executable, "-I", "-c", PRELOAD_RUN, str(tree), str(site), str(runner)],
                           capture_output=True, text=True, timeout=60)
-    assert proc.stdout.split() == ["False"] and not (tmp_path / "ran").exists(), proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "False"] and not (tmp_path / "ran").exists(), proc.stderr[-2000:]
 
 
 def test_a_stand_in_imports_but_raises_on_use(tmp_path):

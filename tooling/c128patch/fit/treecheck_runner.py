@@ -156,13 +156,10 @@ def _preload() -> None:
     sys.meta_path.insert(0, _NoTree())
     try:
         for name in sorted({n for names in PRELOAD.values() for n in names}):
-            top = name.split(".")[0]
-            spec = importlib.machinery.PathFinder.find_spec(top) if top not in sys.modules else None
-            where = [*(spec.submodule_search_locations or []), spec.origin or ""] if spec else []
-            if top not in STAND_INS and top not in DEFINES and not any(str(w).startswith(TREE) for w in where):
+            if name.split(".")[0] not in STAND_INS and name.split(".")[0] not in DEFINES:
                 before = set(sys.modules)
                 try:
-                    importlib.import_module(name)
+                    importlib.import_module(name)  # one found in the tree: _NoTree refuses it
                 except BaseException:  # noqa: BLE001
                     pass
                 LOADED_BY[name] = _stand_ins(before)
