@@ -179,6 +179,45 @@ def test_a_repository_whose_config_names_a_merge_program_is_refused(series, tree
     assert not mark.exists()
 
 
+@pytest.mark.parametrize("how", ["name-with-equals", "on-a-branch"])
+def test_a_filter_the_tool_cannot_turn_off_is_refused_before_anything_runs(series, tree, marker, tmp_path, how):
+    """``-c filter.x=y.clean=`` sets ``filter.x`` (git splits at the first ``=``), so a filter named ``x=y`` cannot be
+    turned off; a filter in a file the config includes on a branch turns on when apply checks out ``c128/...``,
+    after the check. Both are refused in one line, before any git call that reads a file."""
+    prog, mark = marker
+    config = ["git", "-C", str(tree), "config"]
+    if how == "name-with-equals":
+        for key in ("clean", "smudge"):
+            subprocess.run([*config, f"filter.x=y.{key}", str(prog)], check=True)
+        attribute, said = "* filter=x=y\n", "names a program under a name c128patch cannot turn off (filter.x=y."
+    else:
+        (tmp_path / "evil.inc").write_text(f'[filter "evil"]\n\tsmudge = {prog}\n\tclean = {prog}\n')
+        subprocess.run([*config, "includeIf.onbranch:c128/**.path", str(tmp_path / "evil.inc")], check=True)
+        attribute, said = "* filter=evil\n", "names settings of a branch, which a checkout turns on after this check"
+    (tree / ".git" / "info").mkdir(exist_ok=True)
+    (tree / ".git" / "info" / "attributes").write_text(attribute)
+    refs = ["git", "-C", str(tree), "for-each-ref", "--format=%(refname) %(objectname)"]  # (git status would run it)
+    before = subprocess.run(refs, capture_output=True, text=True, check=True).stdout
+    for verb in (["check", "--sglang-rev", "v0.5.23", "--repo", tree, "--series", series], apply_args(tree, series),
+                 ["status", "--tree", tree, "--series", series]):
+        refused(verb, contains=said)
+    assert subprocess.run(refs, capture_output=True, text=True, check=True).stdout == before and not mark.exists()
+
+
+def test_a_textconv_program_of_the_trees_config_never_runs_in_a_rebase(series, tree, marker):
+    """The rebase report's ``git range-diff`` runs a ``git log -p`` of its own, which takes no ``--no-textconv``: the
+    tree's textconv programs are set to ``cat`` (and their cache off) for every call instead."""
+    prog, mark = marker
+    assert invoke(*apply_args(tree, series)).code == 0
+    subprocess.run(["git", "-C", str(tree), "config", "diff.evil.textconv", str(prog)], check=True)
+    subprocess.run(["git", "-C", str(tree), "config", "diff.evil.cachetextconv", "true"], check=True)
+    (tree / ".git" / "info").mkdir(exist_ok=True)
+    (tree / ".git" / "info" / "attributes").write_text("* diff=evil\n")
+    res = invoke("rebase", "--onto", "v0.5.22", "--tree", tree, "--series", series)
+    assert res.code == 0 and res.out["range_diff"], res.err
+    assert not mark.exists() and not Git(worktree=tree).out("for-each-ref", "refs/notes")
+
+
 # ---------------------------------------------------------------------------- 3. the operator's own settings
 def test_the_operators_global_settings_and_git_variables_change_nothing(series, tree, marker, sglang_release_repo,
                                                                         tmp_path):

@@ -47,7 +47,8 @@ _TRANSPORT = ("clone", "fetch", "ls-remote")
 # options that keep a diff from running a program the config names (an external diff, a textconv filter)
 _NO_PROGRAMS = {**dict.fromkeys(("diff", "log", "show", "range-diff"), ("--no-ext-diff", "--no-textconv")),
                 "blame": ("--no-textconv",)}
-_DRIVERS = re.compile(r"^(filter|merge)\.(.+)\.(clean|smudge|process|driver)$")
+_DRIVERS = re.compile(r"^(filter|merge|diff)\.(.+)\.(clean|smudge|process|driver|textconv)$")
+_BY_BRANCH = r"includeif\.onbranch:"  # a config file included on a branch: it may name a filter once checked out
 _FILTERS: dict[tuple, tuple[list[str], str]] = {}  # (cwd, git dir, config stamp) -> (-c settings, refusal)
 _DUBIOUS = re.compile(r"detected dubious ownership in repository at '([^']+)'")
 
@@ -154,7 +155,9 @@ class Git:
         return [*forced, *self.filters_off, *(f"safe.directory={p}" for p in self._trusted)]
 
     def _filters_off(self) -> list[str]:
-        """``-c`` settings turning off the config's filters (a merge program is refused); once per config state."""
+        """``-c`` settings turning off the config's filters and textconv programs (``cat`` for one: range-diff's own
+        ``git log`` takes no ``--no-textconv``); a merge program, or a driver ``-c`` cannot name (its name holds
+        ``=``), is refused; once per config state."""
         git_dir = self.env.get("GIT_DIR") or self.git_dir
         config = Path(git_dir) / "config" if git_dir else self.cwd / ".git" / "config"
         try:  # (not a plain repository top: ask every time)
@@ -164,18 +167,22 @@ class Git:
             stamp = None
         key = (str(self.cwd), str(git_dir), stamp)  # (a changed config: another key)
         if stamp is None or key not in _FILTERS:
-            proc = self._raw(["config", "--get-regexp", r"^(filter|merge)\..*\.(clean|smudge|process|driver)$"],
-                             self._base_env(), [f"{k}={v}" for k, v in FORCED_CONFIG])
+            proc = self._raw(["config", "-z", "--get-regexp", f"{_DRIVERS.pattern}|^{_BY_BRANCH}"], self._base_env(),
+                             [f"{k}={v}" for k, v in FORCED_CONFIG])
             off, refusal = [], ""
-            for line in proc.stdout.splitlines():
-                name, _, value = line.partition(" ")
+            for item in filter(None, proc.stdout.split("\0")):
+                name, _, value = item.partition("\n")  # (a name may hold a space)
                 m = _DRIVERS.match(name)
-                if m and m.group(1) == "merge" and value.strip() and not refusal:
-                    refusal = (f"{self.cwd}: its git config names a merge program ({name} = {value}); c128patch "
-                               "runs no program from a repository's config: remove that setting, or use a clone "
-                               "without it")
+                what = "a merge program" if m and m.group(1) == "merge" and value.strip() else \
+                    "a program under a name c128patch cannot turn off" if m and "=" in m.group(2) else \
+                    "settings of a branch, which a checkout turns on after this check" if not m else ""
+                if what and not refusal:
+                    refusal = (f"{self.cwd}: its git config names {what} ({name} = {value}); c128patch runs no "
+                               "program from a repository's config: remove that setting, or use a clone without it")
                 elif m and m.group(1) == "filter":
                     off += [f"filter.{m.group(2)}.{k}" for k in ("clean=", "smudge=", "process=", "required=false")]
+                elif m and m.group(1) == "diff":  # (its cache would write notes into the repository)
+                    off += [f"diff.{m.group(2)}.textconv=cat", f"diff.{m.group(2)}.cachetextconv=false"]
             _FILTERS[key] = (off, refusal)
         off, refusal = _FILTERS[key]
         if refusal:
