@@ -22,7 +22,7 @@ from c128patch.series.ledger import Conflict, Ledger
 from c128patch.series.manifest import load_series
 from c128patch.upstream.releases import cache_dir
 from small_series import CUH, EDIT, LINE, series, tree  # noqa: F401 (fixtures)
-from support import invoke, printed_command, refused, run_printed, small_clone, snapshot
+from support import invoke, printed_command, refused, run_printed, small_clone, snapshot, upstream_commit
 
 OVERLAY = "python/sglang/c128_test_overlay.py"
 HOOKS = ("pre-commit", "prepare-commit-msg", "commit-msg", "post-commit", "applypatch-msg", "pre-applypatch",
@@ -216,6 +216,39 @@ def test_a_textconv_program_of_the_trees_config_never_runs_in_a_rebase(series, t
     res = invoke("rebase", "--onto", "v0.5.22", "--tree", tree, "--series", series)
     assert res.code == 0 and res.out["range_diff"], res.err
     assert not mark.exists() and not Git(worktree=tree).out("for-each-ref", "refs/notes")
+
+
+def test_a_trees_config_redirecting_the_fetch_or_naming_an_alternate_refs_command_runs_nothing(series, marker,
+                                                                                             sglang_release_repo,
+                                                                                             tmp_path):
+    """apply into an existing tree, and rebase onto a commit the tree lacks, fetch from the source into the tree: a
+    ``url.<x>.insteadOf`` in the tree's config could send that fetch to ``ext::`` or to ssh with its
+    ``core.sshCommand``, an ``core.alternateRefsCommand`` runs during it. The fetch reads none of the tree's config."""
+    prog, mark = marker
+    source = tmp_path / "source.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(sglang_release_repo), str(source)], check=True)
+    other = tmp_path / "other"
+    subprocess.run(["git", "init", "--quiet", str(other)], check=True)
+    subprocess.run(["git", "-C", str(other), "commit", "--quiet", "--allow-empty", "-m", "x"], check=True)
+    tree = tmp_path / "tree"
+    subprocess.run(["git", "init", "--quiet", str(tree)], check=True)
+    subprocess.run(["git", "-C", str(tree), "commit", "--quiet", "--allow-empty", "-m", "init"], check=True)
+    (tree / ".git" / "objects" / "info" / "alternates").write_text(f"{other / '.git' / 'objects'}\n")
+    for key, value in (("core.alternateRefsCommand", str(prog)), ("protocol.ext.allow", "always"),
+                       (f"url.ext::sh -c {prog}% #.insteadOf", str(source)), ("core.sshCommand", str(prog))):
+        subprocess.run(["git", "-C", str(tree), "config", key, value], check=True)
+    res = invoke("apply", "--sglang-rev", "v0.5.23", "--repo", source, "--tree", tree, "--series", series)
+    assert res.code == 0 and not mark.exists(), res.err
+    assert Git(worktree=tree).out("tag", "--list", "v0.5.2*").split() == ["v0.5.20", "v0.5.21", "v0.5.22", "v0.5.23"]
+
+    def add_file(idx: Git) -> None:
+        blob = idx.out("hash-object", "-w", "--stdin", input="new\n")
+        idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},python/NEW.txt")
+
+    newer = upstream_commit(Git(git_dir=source), "v0.5.23", "upstream work", add_file)
+    assert Git(worktree=tree).rev_parse(newer) is None
+    res = invoke("rebase", "--onto", newer, "--repo", source, "--tree", tree, "--series", series)
+    assert res.code == 0 and not mark.exists(), res.err
 
 
 # ---------------------------------------------------------------------------- 3. the operator's own settings

@@ -19,7 +19,7 @@ from c128patch.progress import reporter
 from c128patch.series.layers import get_series, stack
 from c128patch.series.manifest import Series, load_series
 from c128patch.upstream.releases import release_version
-from c128patch.upstream.source import open_upstream
+from c128patch.upstream.source import fetch_into, open_upstream
 
 Verb = Literal["onto", "continue", "skip", "drop", "abort"]
 
@@ -97,7 +97,7 @@ def onto_commit(git: Git, rev: str, repo: str | None) -> str:
         upstream = open_upstream(repo, [rev] if repo is None else [], rep)
         commit = upstream.resolve(rev)
         if git.rev_parse(commit) is None:
-            git.run("fetch", "--quiet", str(upstream.git.git_dir or upstream.git.worktree), commit)
+            fetch_into(git, str(upstream.git.git_dir or upstream.git.worktree), commit)
     return commit
 
 

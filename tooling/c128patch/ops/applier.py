@@ -57,7 +57,7 @@ from c128patch.series.manifest import Series, load_series
 from c128patch.series.patchfile import PatchInfo
 from c128patch.series.paths import check_under, confine, symlink_on_path
 from c128patch.series.plan import ENTRY_TRAILER, Planned, check_paths_at, merged_entries, overlay_message, plan
-from c128patch.upstream.source import Target, discard_fresh_tree
+from c128patch.upstream.source import Target, discard_fresh_tree, fetch_into
 
 PHASES = ("clone", "checkout", "entries", "provenance")
 
@@ -307,7 +307,7 @@ class Apply:
         if journal.phase == "clone":
             fault_point("at", "clone")
             if git.rev_parse(journal.upstream_commit) is None:  # the clone was cut short: fetch what it lacks
-                git.run("fetch", "--quiet", journal.source, journal.upstream_commit)
+                fetch_into(git, journal.source, journal.upstream_commit)
             journal.phase = "checkout"
             journal.save(self.path)
         if journal.phase == "checkout":

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -185,5 +186,20 @@ def prepare_tree(upstream: Upstream, tree: Path | None, commit: str, reporter: R
     git = Git(worktree=tree)
     if git.rev_parse(commit) is None:
         reporter.step(f"fetching {commit[:12]} into {tree}")
-        git.run("fetch", "--quiet", source, commit, "+refs/tags/*:refs/tags/*")
+        fetch_into(git, source, commit, tags=True)
     return tree, False
+
+
+def fetch_into(git: Git, source: str, commit: str, tags: bool = False) -> None:
+    """``commit`` (and ``source``'s tags) into the repository of ``git``, by a fetch that reads none of its config (a
+    url rewrite, a transport's program, an alternate-refs command would run a program there): run in an empty
+    repository whose object store is the tree's, the tags then written by ``update-ref``."""
+    objects = git.cwd / git.out("rev-parse", "--git-path", "objects")
+    with tempfile.TemporaryDirectory(prefix="c128patch-fetch-") as empty:
+        Git().run("init", "--quiet", "--bare", empty)
+        shim = Git(git_dir=Path(empty), env={"GIT_OBJECT_DIRECTORY": str(objects.resolve())})
+        shim.run("fetch", "--quiet", "--no-write-fetch-head", "--", source, commit,
+                 *(["+refs/tags/*:refs/tags/*"] if tags else []))
+        updates = shim.out("for-each-ref", "--format=update %(refname) %(objectname)", "refs/tags")
+    if updates:
+        git.run("update-ref", "--stdin", input=updates + "\n")
