@@ -208,3 +208,15 @@ def test_the_blob_reader_is_closed_when_the_search_fails(remote, ours, monkeypat
     with pytest.raises(RuntimeError, match="a file it cannot read"):
         copies.find(remote, remote.rev_parse("v0.5.23"), remote.rev_parse("copied"), ours)
     assert closed == [True]
+
+
+def test_an_env_declared_with_its_type_is_named_as_the_switch(remote, ours):
+    """``SGLANG_X: EnvBool = EnvBool(False)`` declares an env as ``SGLANG_X = EnvBool(False)`` does."""
+    base = remote.rev_parse("v0.5.23")
+    worker, environ = remote.blob(base, WORKER).decode(), remote.blob(base, ENVIRON).decode()
+    anchor = "    SGLANG_DSPARK_SIMULATE_FOLD = EnvBool(False)\n"
+    commit = _commit(remote, base, "dspark: a fast worker behind a typed env", {
+        FAST: worker.replace("class DSparkWorkerV2(", "class DSparkFastWorker("),
+        ENVIRON: environ.replace(anchor, anchor + "    SGLANG_DSPARK_FAST_WORKER: EnvBool = EnvBool(False)\n", 1)})
+    [copy] = copies.find(remote, base, commit, ours)
+    assert copy.switches == ("SGLANG_DSPARK_FAST_WORKER",)

@@ -149,7 +149,15 @@ def find(git: Git, base: str, target: str, ours: list[Patched]) -> list[Copy]:
                                            tuple(sorted(dropped))))
     finally:
         batch.close()
+    switches = _switches(git, base, target) if copies else ()
+    return [replace(c, switches=switches) for c in copies]
+
+
+ENV = r"^{}\s*(SGLANG_\w+)\s*(?::[^=\n]*)?=(?!=)"  # ``X = EnvBool(..)`` or annotated, ``X: EnvBool = EnvBool(..)``
+
+
+def _switches(git: Git, base: str, target: str) -> tuple[str, ...]:
+    """The envs ``base..target`` declares in an ``environ.py``: what may select a copy."""
     declared = git.run("diff", "--no-color", "-U0", base, target, "--", "*/environ.py").stdout
-    new = set(re.findall(r"^\+\s*(SGLANG_\w+)\s*=", declared, re.M)) - set(re.findall(r"^-\s*(SGLANG_\w+)\s*=",
-                                                                                        declared, re.M))
-    return [replace(c, switches=tuple(sorted(new))) for c in copies]
+    new = set(re.findall(ENV.format(r"\+"), declared, re.M)) - set(re.findall(ENV.format("-"), declared, re.M))
+    return tuple(sorted(new))
