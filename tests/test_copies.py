@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import ast
 import base64
+import textwrap
 from pathlib import Path
 
 import pytest
 
 import watch_upstream as wu
 from c128patch.fit import bisect as bisect_ops
-from c128patch.fit import contract_cxx, copies
+from c128patch.fit import contract, contract_cxx, copies
 from c128patch.fit.watch import EXIT
 from c128patch.git import Git
 from c128patch.series.manifest import load_series
@@ -220,3 +221,72 @@ def test_an_env_declared_with_its_type_is_named_as_the_switch(remote, ours):
         ENVIRON: environ.replace(anchor, anchor + "    SGLANG_DSPARK_FAST_WORKER: EnvBool = EnvBool(False)\n", 1)})
     [copy] = copies.find(remote, base, commit, ours)
     assert copy.switches == ("SGLANG_DSPARK_FAST_WORKER",)
+
+
+COMPRESSOR = "python/sglang/srt/layers/attention/dsv4/compressor_v2.py"
+FUSED = "python/sglang/srt/layers/attention/dsv4/compressor_fused.py"
+
+
+def _function(source: str, cls: str, name: str) -> ast.FunctionDef:
+    """``cls.name`` (``cls`` ``""``: module level) in ``source``."""
+    body = ast.parse(source).body
+    scope = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body if cls else body
+    return next(n for n in scope if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def _text(source: str, fn: ast.FunctionDef) -> str:
+    return "".join(source.splitlines(keepends=True)[fn.lineno - 1:fn.end_lineno])
+
+
+def test_a_method_copy_in_the_patched_class_behind_a_new_env_is_broken_and_bisect_finds_it(remote, ours, tmp_path):
+    """Upstream adds ``_forward_decode_pipelined``, a copy of the hooked ``_forward_decode`` in its own class, which
+    hands off to it when a new (typed) env is on: no new file or class, yet its path runs without our hooks."""
+    base = remote.rev_parse("v0.5.23")
+    worker, environ = remote.blob(base, WORKER).decode(), remote.blob(base, ENVIRON).decode()
+    fn = _function(worker, "DSparkWorkerV2", "_forward_decode")
+    original = _text(worker, fn)
+    copy = original.replace("def _forward_decode(", "def _forward_decode_pipelined(", 1)
+    first = ast.unparse(fn.body[0]).splitlines()[0]
+    hand_off = original.replace(f"        {first}\n", "        if envs.SGLANG_PIPELINED_SPEC_DECODE.get():\n"
+                                "            return self._forward_decode_pipelined(batch)\n"
+                                f"        {first}\n", 1)
+    assert hand_off != original
+    text = worker.replace(original, hand_off + "\n" + copy, 1)
+    anchor = "    SGLANG_DSPARK_SIMULATE_FOLD = EnvBool(False)\n"
+    commit = _commit(remote, base, "dspark worker: pipelined decode step behind SGLANG_PIPELINED_SPEC_DECODE", {
+        WORKER: text, ENVIRON: environ.replace(anchor, anchor + "    SGLANG_PIPELINED_SPEC_DECODE: EnvBool = "
+                                                               "EnvBool(False)\n", 1)})
+    at = _function(text, "DSparkWorkerV2", "_forward_decode_pipelined").lineno
+    hooks = ("commit_after_verify", "record_decode_inputs")
+    said = (f"upstream copies {WORKER}:{fn.lineno}:DSparkWorkerV2._forward_decode as "
+            f"{WORKER}:{at}:DSparkWorkerV2._forward_decode_pipelined (the range adds SGLANG_PIPELINED_SPEC_DECODE), "
+            f"which lacks our hook(s) {', '.join(hooks)}")
+    assert [str(c) for c in copies.find(remote, base, commit, ours)] == [said]
+    wu.set_branch(remote, "pipelined", wu.unrelated(remote, commit))
+    run = invoke("watch", "--onto", "pipelined", "--repo", str(remote.git_dir), "--out", str(tmp_path / "out"),
+                 "--series", str(REPO_ROOT), "--no-run")
+    assert run.code == EXIT["broken"] and run.out["contract"]["failing"][0] == said, (run.err, run.out["headline"])
+    assert (run.out["bisect"]["commit"], run.out["bisect"]["failing"][0]) == (commit, said), run.out["bisect"]
+
+
+def test_a_module_level_function_copy_of_a_patched_method_is_broken(remote, ours):
+    """Upstream adds ``compressor_fused.forward_compress_fused``, the hooked ``_forward_compress_all_in_one`` as a
+    free function (``self`` its first argument) behind a new env; fit_check (each bisect step) is broken by it."""
+    base = remote.rev_parse("v0.5.23")
+    compressor, environ = remote.blob(base, COMPRESSOR).decode(), remote.blob(base, ENVIRON).decode()
+    fn = _function(compressor, "CompressorBackendMixin", "_forward_compress_all_in_one")
+    free = textwrap.dedent(_text(compressor, fn)).replace("def _forward_compress_all_in_one(",
+                                                           "def forward_compress_fused(", 1)
+    module = '"""The compressor\'s all-in-one step as one free function."""\n\nfrom __future__ import annotations\n\n\n'
+    anchor = "    SGLANG_DSPARK_SIMULATE_FOLD = EnvBool(False)\n"
+    commit = _commit(remote, base, "dsv4 compressor: fused free-function path", {
+        FUSED: module + free,
+        ENVIRON: environ.replace(anchor, anchor + "    SGLANG_OPT_FUSED_COMPRESS_PATH = EnvBool(False)\n", 1)})
+    at = _function(module + free, "", "forward_compress_fused").lineno
+    said = (f"upstream copies {COMPRESSOR}:{fn.lineno}:CompressorBackendMixin._forward_compress_all_in_one as "
+            f"{FUSED}:{at}:forward_compress_fused (the range adds SGLANG_OPT_FUSED_COMPRESS_PATH), which lacks our "
+            "hook(s) compress_fn")
+    assert [str(c) for c in copies.find(remote, base, commit, ours)] == [said]
+    fit = bisect_ops.fit_check(SERIES, remote, base, commit, contract.patched_tree(SERIES, remote, "fused", commit),
+                               ours)
+    assert fit["broken"] and fit["failing"][0] == said, fit["failing"]
