@@ -115,23 +115,24 @@ def derive(series: Series, git: Git, upstream: str, head: str,
             if tree is None:
                 findings.append(Finding("error", up.errors.get(path, f"{path}: unreadable"), site=path))
                 continue
-            found = uses_in(path, tree, ours[path]) + names.untyped_uses(tree, ours[path])
+            found = uses_in(path, tree, ours[path]) + names.untyped_uses(tree, ours[path], path)
             uses += [(use, sources.get(path, path)) for use in found]
         mirrors, spaces = names.rules(up, ours, sources)
         uses += [(use, sources.get(names.RULES, names.RULES)) for use in mirrors]
         items += [Item(**fields) for fields in spaces]
         untyped = [(u, site) for u, site in uses if u.kind == "untyped"]
         _resolve_all(up, [(u, site) for u, site in uses if u.kind not in ("untyped", "typed")], items, findings)
-        # the untyped names: in the classes the lock records, else in those the uses above reached (the base)
-        classes = lock.classes() if lock is not None else names.defining_classes(up, {u.chain[0] for u, _ in untyped})
+        # the untyped names: in the classes the lock records, else in those defining them at the base, narrowed
+        # by the names each receiver reads
+        definers = names.lock_definers(lock.classes()) if lock is not None else \
+            names.defining_classes(up, {u.chain[0] for u, _ in untyped})
+        classes = names.narrowed(definers, [u for u, _ in untyped])
         recorded = lock.recorded() if lock is not None else {}
         for use, site in [(u, site) for u, site in uses if u.kind == "typed"]:  # what resolves at the base (not a
             got, found = _resolve_use(up, use, site)  # mixin's self.attr), then what the lock records
             if got or ("typed", ".".join(use.chain)) in recorded:
                 items, findings = items + got, findings + found
-        members = [(Use(u.line, [*c.split("."), *u.chain], kind="member"), site) for u, site in untyped
-                   for c in classes.get(u.chain[0], [])]
-        _resolve_all(up, members, items, findings)
+        _resolve_members(up, untyped, classes, items, findings)
         _installed(up, names.installs(up, ours, sources), lock, items, findings, ours, sources)
         for fields, call, sig in names.callbacks(up, ours, sources):
             items.append(Item(**fields))
@@ -176,6 +177,20 @@ def _installed(up: Upstream, installs: list, lock: Lock | None, items: list[Item
                 called = Item("installed", got[0].target, f"{sources.get(path, path)}:{at.line}", got[0].where)
                 findings += _bound(called, sig, at, f"upstream's call of {got[0].target}",
                                    f"our {fn.name} ({site}:{fn.lineno}) `def {fn.name}{sig}`")
+
+
+def _resolve_members(up: Upstream, untyped: list[tuple[Use, str]], classes: dict[tuple[str, str], list[str]],
+                     items: list[Item], findings: list[Finding]) -> None:
+    """Each untyped use's name on each class it may be read on (``classes``): an error where one of them no longer
+    defines it; a class gone altogether is a note where another of them still defines it."""
+    for use, site in untyped:
+        recorded = classes.get((use.receiver, use.chain[0]), [])
+        got = [_resolve_use(up, Use(use.line, [*c.split("."), *use.chain], kind="member"), site) for c in recorded]
+        held = any(found_items and not any(f.level == "error" for f in found) for found_items, found in got)
+        for cls, (found_items, found) in zip(recorded, got):
+            gone = [f for f in found if f.level == "error" and f.target != f"{cls}.{use.chain[0]}"]
+            items += found_items
+            findings += [replace(f, level="note") if held and f in gone else f for f in found]
 
 
 def _resolve_all(up: Upstream, uses: list[tuple[Use, str]], items: list[Item], findings: list[Finding]) -> None:

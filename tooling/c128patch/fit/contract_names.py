@@ -11,6 +11,7 @@ import ast
 import functools
 import inspect
 import re
+from dataclasses import dataclass, field
 
 from c128patch.fit.resolve import Upstream, Use, _imports, chain_of, module_name, nodes_on, signature_of, statements
 
@@ -26,7 +27,7 @@ NAMESPACES = (  # our name in RULES that decides it, the upstream class, which o
     ("_SHOWN_RAGGED_MODES", "sglang.srt.speculative.ragged_verify.RaggedVerifyMode", ""),
     ("RAGGED_ENV", "sglang.srt.environ.Envs", r"^SGLANG_\w*(DSPARK|RAGGED_VERIFY)"),
 )
-_MAX_CLASSES = 2  # a name more classes define is too common to tell which one we use
+_MAX_CLASSES = 2  # a name more of the classes a receiver may be define is too common to tell which one we use
 
 
 def mirrored_values(node: ast.AST | None) -> str:
@@ -63,10 +64,10 @@ def declared(up: Upstream, dotted: str, pattern: str) -> list[tuple[str, str]]:
             if isinstance(t, ast.Name) and re.search(pattern, t.id)]
 
 
-def untyped_uses(tree: ast.Module, lines: set[int] | None) -> list[Use]:
+def untyped_uses(tree: ast.Module, lines: set[int] | None, path: str = "") -> list[Use]:
     """[attr] where our code reads an attribute (or ``getattr``/``hasattr`` a literal) of a receiver with no
     type: a parameter without annotation or annotated ``Any``, a local; not an import, a module-level name,
-    a typed parameter nor ``self.attr``."""
+    a typed parameter nor ``self.attr``. Each use names its receiver (``_receiver``)."""
     typed = {"self", "cls"}
     for stmt in statements(tree.body):
         if isinstance(stmt, (ast.Import, ast.ImportFrom)):
@@ -81,23 +82,138 @@ def untyped_uses(tree: ast.Module, lines: set[int] | None) -> list[Use]:
         elif lines is not None and getattr(node, "lineno", 0) not in lines:
             continue
         elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("getattr", "hasattr") and node.args[1:]:
-            found.append((node.lineno, chain_of(node.args[0]), getattr(node.args[1], "value", None)))
+            found.append((node, chain_of(node.args[0]), getattr(node.args[1], "value", None)))
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
-            found.append((node.lineno, chain_of(node.value), node.attr))
-    return [Use(line, [name], kind="untyped") for line, chain, name in found if isinstance(name, str) and chain
+            found.append((node, chain_of(node.value), node.attr))
+    classes = _classes(tree) if found else {}
+    return [Use(node.lineno, [name], kind="untyped", receiver=_receiver(path, classes.get(id(node), 0), chain))
+            for node, chain, name in found if isinstance(name, str) and chain
             and (chain[0] not in typed or chain[0] in ("self", "cls") and chain[1:])]
 
 
-def defining_classes(up: Upstream, names: set[str]) -> dict[str, list[str]]:
-    """name -> the upstream classes defining it as a method or a class-level field, in the files our uses reached."""
-    out: dict[str, list[str]] = {}
-    for path, tree in sorted(up.parsed().items()):
+def _classes(tree: ast.Module) -> dict[int, int]:
+    """id(node) -> the line of its innermost class (0: none)."""
+    out: dict[int, int] = {}
+    todo: list[tuple[ast.AST, int]] = [(tree, 0)]
+    while todo:  # not recursive: a file's nesting is input
+        node, cls = todo.pop()
+        for child in ast.iter_child_nodes(node):
+            out[id(child)] = cls
+            todo.append((child, child.lineno if isinstance(child, ast.ClassDef) else cls))
+    return out
+
+
+def _receiver(path: str, cls: int, chain: list[str]) -> str:
+    """The receiver's key: ``self.x`` is one object in its class; another chain names one kind of object in its
+    file (``backend.model_runner`` in each function of ours that takes a ``backend``)."""
+    return f"{path}:{cls if chain[0] in ('self', 'cls') else ''}:{'.'.join(chain)}"
+
+
+@dataclass
+class Definers:
+    """Who defines the names our code reads on untyped receivers."""
+
+    owners: dict[str, dict[str, str]]  # class -> name -> the class it takes it from
+    near: dict[str, dict[str, str]]  # the same, of the names the classes of the files our uses reached declare
+    ours: set[str] = field(default_factory=set)  # names our lines define in upstream's classes: not upstream's
+    strict: bool = True  # a receiver is told by a class defining every name read on it (else: those it knows)
+
+
+def narrowed(definers: Definers, uses: list[Use]) -> dict[tuple[str, str], list[str]]:
+    """(receiver, name) -> the classes the use may read it on: a receiver read for several names that classes
+    define all of (``self.x = ...`` included) is one of them; else the name is read on any near class declaring it;
+    none where more than ``_MAX_CLASSES`` remain (too common to tell which one we use)."""
+    read: dict[str, set[str]] = {}
+    for use in uses:
+        read.setdefault(use.receiver, set()).add(use.chain[0])
+    owners = definers.owners
+    out: dict[tuple[str, str], list[str]] = {}
+    for receiver, names in read.items():
+        wanted = names - definers.ours if definers.strict else {n for n in names
+                                                                 if any(n in d for d in owners.values())}
+        common = [c for c in sorted(owners) if wanted <= owners[c].keys()] if len(wanted) > 1 else []
+        for name in names - definers.ours:
+            told = {owners[c][name] for c in common if name in owners[c]} or \
+                {d[name] for d in definers.near.values() if name in d}
+            out[(receiver, name)] = sorted(told) if len(told) <= _MAX_CLASSES else []
+    return out
+
+
+def lock_definers(by_name: dict[str, list[str]]) -> Definers:
+    """The definers the lock records (name -> classes): a receiver is told by the names it records."""
+    owners: dict[str, dict[str, str]] = {}
+    for name, classes in by_name.items():
+        for cls in classes:
+            owners.setdefault(cls, {})[name] = cls
+    return Definers(owners, owners, strict=False)
+
+
+def defining_classes(up: Upstream, names: set[str]) -> Definers:
+    """Of ``names``, who defines each: the upstream classes of the files our uses reached (near: what their body
+    declares) and of the upstream modules our files import (their body, ``self.name = ...`` in their methods, a
+    base's)."""
+    reached = set(up.parsed())
+    found = Definers({}, {})
+    seen: dict[str, dict[str, str]] = {}
+    for path, tree in sorted(_searched(up).items()):
         for cls in [s for s in tree.body if isinstance(s, ast.ClassDef)] if not up.is_ours(path, 0) else []:
-            for stmt in cls.body:
-                name = getattr(stmt, "name", None) or getattr(getattr(stmt, "target", None), "id", None)
-                if name in names and not up.is_ours(path, stmt.lineno):
-                    out.setdefault(name, []).append(f"{module_name(path)}.{cls.name}")
-    return {name: classes for name, classes in out.items() if len(classes) <= _MAX_CLASSES}
+            module = module_name(path) or ""
+            dotted = f"{module}.{cls.name}"
+            defined = {n: c for n, c in _defined(up, path, module, cls, seen).items() if n in names}
+            found.ours |= {n for n, c in defined.items() if not c}
+            found.owners[dotted] = {n: c for n, c in defined.items() if c}
+            declared = {getattr(s, "name", None) or getattr(getattr(s, "target", None), "id", None): s.lineno
+                        for s in cls.body} if path in reached else {}
+            found.near[dotted] = {n: dotted for n, line in declared.items() if n in names
+                                  and not up.is_ours(path, line)}
+    return found
+
+
+def _searched(up: Upstream) -> dict[str, ast.Module]:
+    """The upstream files our uses reached, and the sglang modules our files import (``TYPE_CHECKING`` too)."""
+    for path in [p for p in sorted(up.ours) if p.endswith(".py")]:
+        tree = up.parse(path)
+        for chain in _imports(path, tree, lambda n: False)[0].values() if tree else []:
+            at = next((chain[:i] for i in range(len(chain), 0, -1) if up.module_path(".".join(chain[:i]))), [])
+            found = up.module_path(".".join(at)) if at and at[0] == "sglang" else None
+            if found and found.endswith(".py"):
+                up.parse(found)
+    return up.parsed()
+
+
+def _defined(up: Upstream, path: str, module: str, cls: ast.ClassDef,
+             seen: dict[str, dict[str, str]]) -> dict[str, str]:
+    """name -> the class ``cls`` takes it from: its body's and ``self.x = ...`` in its methods (itself; "": on our
+    lines), else its bases'."""
+    key = f"{path}:{cls.lineno}"
+    if key in seen:
+        return seen[key]
+    seen[key] = {}  # a cycle of bases ends here
+    names: dict[str, str] = {}
+    for base in reversed(cls.bases):  # the first base wins
+        got = up.expr(base, module)
+        if got.kind == "class" and isinstance(got.node, ast.ClassDef):
+            names.update(_defined(up, got.path, got.module, got.node, seen))
+    own = [(n, s.lineno) for s in cls.body for n in _bound_names(s)]
+    own += [(t.attr, s.lineno) for s in statements(cls.body, None) if isinstance(s, (ast.Assign, ast.AnnAssign))
+            for t in _targets(s) if isinstance(t, ast.Attribute) and chain_of(t.value) == ["self"]]
+    for name, line in sorted(own, key=lambda o: not up.is_ours(path, o[1])):  # upstream's own definition wins
+        names[name] = "" if up.is_ours(path, line) else f"{module}.{cls.name}"
+    seen[key] = names
+    return names
+
+
+def _bound_names(stmt: ast.stmt) -> list[str]:
+    """The names a statement of a class body defines: a method, a nested class, a field (annotated or not)."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt.name]
+    return [t.id for t in _targets(stmt) if isinstance(t, ast.Name)] if isinstance(stmt, (ast.Assign, ast.AnnAssign)) \
+        else []
+
+
+def _targets(stmt: ast.Assign | ast.AnnAssign) -> list[ast.AST]:
+    """What an assignment binds (as ``resolve`` reads it: no tuple unpacked)."""
+    return list(stmt.targets) if isinstance(stmt, ast.Assign) else [stmt.target]
 
 
 def callbacks(up: Upstream, ours: dict[str, set[int] | None],

@@ -429,6 +429,7 @@ class Use:
     call: tuple[int, tuple[str, ...]] | None = None  # (positional count, keywords); None: not called
     star: bool = False  # *args / **kwargs in the call: shape not checked
     kind: str = ""  # env: an SGLANG_* literal; untyped: [attr] on a receiver with no type; typed; member, mirror
+    receiver: str = ""  # untyped: the receiver (file, scope, chain): the names read on it narrow its classes
 
 
 def nodes_on(tree: ast.Module, lines: set[int]) -> Iterator[ast.AST]:
