@@ -120,19 +120,18 @@ def derive(series: Series, git: Git, upstream: str, head: str,
         mirrors, spaces = names.rules(up, ours, sources)
         uses += [(use, sources.get(names.RULES, names.RULES)) for use in mirrors]
         items += [Item(**fields) for fields in spaces]
-        untyped = [(u, site) for u, site in uses if u.kind == "untyped"]
+        typed = {(site, u.line, u.chain[-1]) for u, site in uses if u.kind == "typed"}  # ``self.x.y``, ``x`` typed
+        untyped = [(u, site) for u, site in uses if u.kind == "untyped" and (site, u.line, u.chain[0]) not in typed]
         _resolve_all(up, [(u, site) for u, site in uses if u.kind not in ("untyped", "typed")], items, findings)
         # the untyped names: in the classes the lock records, else in those defining them at the base, narrowed
         # by the names each receiver reads
-        definers = names.lock_definers(lock.classes()) if lock is not None else \
-            names.defining_classes(up, {u.chain[0] for u, _ in untyped})
-        classes = names.narrowed(definers, [u for u, _ in untyped])
+        told = _told(up, untyped, lock, set(sources.values()))
         recorded = lock.recorded() if lock is not None else {}
         for use, site in [(u, site) for u, site in uses if u.kind == "typed"]:  # what resolves at the base (not a
             got, found = _resolve_use(up, use, site)  # mixin's self.attr), then what the lock records
             if got or ("typed", ".".join(use.chain)) in recorded:
                 items, findings = items + got, findings + found
-        _resolve_members(up, untyped, classes, items, findings)
+        _resolve_members(up, untyped, told, items, findings)
         _installed(up, names.installs(up, ours, sources), lock, items, findings, ours, sources)
         for fields, call, sig in names.callbacks(up, ours, sources):
             items.append(Item(**fields))
@@ -179,12 +178,26 @@ def _installed(up: Upstream, installs: list, lock: Lock | None, items: list[Item
                                    f"our {fn.name} ({site}:{fn.lineno}) `def {fn.name}{sig}`")
 
 
-def _resolve_members(up: Upstream, untyped: list[tuple[Use, str]], classes: dict[tuple[str, str], list[str]],
+def _told(up: Upstream, untyped: list[tuple[Use, str]], lock: Lock | None, stable: set[str]) -> list[list[str]]:
+    """The classes each untyped use may read its name on: told by its receiver among those defining it at the base,
+    or those the lock records; in the files of ``stable`` (our overlays, whose lines do not move) the classes the
+    lock records at its line."""
+    definers = names.lock_definers(lock.classes()) if lock is not None else \
+        names.defining_classes(up, {u.chain[0] for u, _ in untyped})
+    classes = names.narrowed(definers, [u for u, _ in untyped])
+    at: dict[tuple[str, str], list[str]] = {}
+    for item in [i for i in lock.items if i.kind == "member"] if lock is not None else []:
+        cls, _, name = item.target.rpartition(".")
+        at.setdefault((item.site, name), []).append(cls)
+    return [at.get((f"{site}:{u.line}", u.chain[0]), []) if lock is not None and site in stable
+            else classes.get((u.receiver, u.chain[0]), []) for u, site in untyped]
+
+
+def _resolve_members(up: Upstream, untyped: list[tuple[Use, str]], told: list[list[str]],
                      items: list[Item], findings: list[Finding]) -> None:
-    """Each untyped use's name on each class it may be read on (``classes``): an error where one of them no longer
+    """Each untyped use's name on each class it may be read on (``told``): an error where one of them no longer
     defines it; a class gone altogether is a note where another of them still defines it."""
-    for use, site in untyped:
-        recorded = classes.get((use.receiver, use.chain[0]), [])
+    for (use, site), recorded in zip(untyped, told):
         got = [_resolve_use(up, Use(use.line, [*c.split("."), *use.chain], kind="member"), site) for c in recorded]
         held = any(found_items and not any(f.level == "error" for f in found) for found_items, found in got)
         for cls, (found_items, found) in zip(recorded, got):

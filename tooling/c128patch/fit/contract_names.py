@@ -132,11 +132,19 @@ def narrowed(definers: Definers, uses: list[Use]) -> dict[tuple[str, str], list[
         wanted = names - definers.ours if definers.strict else {n for n in names
                                                                  if any(n in d for d in owners.values())}
         common = [c for c in sorted(owners) if wanted <= owners[c].keys()] if len(wanted) > 1 else []
+        common = [c for c in common if _named(c, receiver)] or common
+        common = common if len(common) <= _MAX_CLASSES else []  # names many classes define all of tell nothing
         for name in names - definers.ours:
             told = {owners[c][name] for c in common if name in owners[c]} or \
                 {d[name] for d in definers.near.values() if name in d}
             out[(receiver, name)] = sorted(told) if len(told) <= _MAX_CLASSES else []
     return out
+
+
+def _named(cls: str, receiver: str) -> bool:
+    """Whether the receiver's name names the class (``backend.model_runner``: ``...ModelRunner``)."""
+    last = receiver.rsplit(".", 1)[-1].rsplit(":", 1)[-1].replace("_", "").lower()
+    return len(last) > 2 and cls.rsplit(".", 1)[-1].lower().endswith(last)
 
 
 def lock_definers(by_name: dict[str, list[str]]) -> Definers:
