@@ -140,7 +140,38 @@ def copy_keyword(git: Git) -> str:
         METADATA: _replace(text_of(METADATA), "dst.copy_(src)\n", "dst.copy_(src, non_blocking=True)\n")})
 
 
-CHANGES = {"callback-keyword": callback_keyword, "copy-renamed": copy_renamed, "copy-arguments": copy_arguments,
+COMPRESS_STATE = "python/sglang/srt/mem_cache/deepseek_v4_compress_state.py"
+BACKEND = "python/sglang/srt/layers/attention/deepseek_v4_backend.py"
+MODEL_RUNNER = "python/sglang/srt/model_executor/model_runner.py"
+
+
+def pool_online_renamed(git: Git) -> str:
+    """CompressStatePool.online (``self.online = online`` in ``__init__``) -> is_online: ``p.online`` reads it."""
+    return _edit(git, "compress state: is_online", lambda text_of: {
+        COMPRESS_STATE: re.sub(r"\bself\.online\b", "self.is_online", text_of(COMPRESS_STATE)),
+        POOL: re.sub(r"\.online\b", ".is_online", text_of(POOL))})
+
+
+def rawverify_field_renamed(git: Git) -> str:
+    """DSV4RawVerifyMetadata.extend_start_loc (a field three more classes define) -> verify_start_loc."""
+    def changes(text_of):
+        text = _replace(text_of(BACKEND), "    extend_start_loc: Optional[torch.Tensor] = None\n",
+                        "    verify_start_loc: Optional[torch.Tensor] = None\n")
+        return {BACKEND: _replace(text, "self.extend_start_loc = other.extend_start_loc",
+                                  "self.verify_start_loc = other.verify_start_loc")}
+    return _edit(git, "backend: verify_start_loc", changes)
+
+
+def draft_worker_renamed(git: Git) -> str:
+    """ModelRunner.is_draft_worker (set in ``__init__``) -> is_draft_model_runner: ``getattr(backend.model_runner,
+    "is_draft_worker", False)`` is always False."""
+    return _edit(git, "model runner: is_draft_model_runner", lambda text_of: {
+        MODEL_RUNNER: re.sub(r"\bis_draft_worker\b", "is_draft_model_runner", text_of(MODEL_RUNNER))})
+
+
+CHANGES = {"pool-online-renamed": pool_online_renamed, "rawverify-field-renamed": rawverify_field_renamed,
+           "draft-worker-renamed": draft_worker_renamed, "callback-keyword": callback_keyword,
+           "copy-renamed": copy_renamed, "copy-arguments": copy_arguments,
            "copy-keyword": copy_keyword,
            "getter-property": getter_property, "field-renamed": field_renamed,
            "mode-env": mode_env, "enum-renamed": enum_renamed, "ring-changed": ring_changed,
@@ -342,3 +373,42 @@ def test_watch_says_broken_naming_the_callback_and_bisect_agrees(names_drift, tm
     assert run.code == EXIT["broken"], run.err
     assert any(f.startswith(f"{path}:") and keyword in f for f in run.out["contract"]["failing"])
     assert run.out["bisect"]["found"] and run.out["bisect"]["commit"] == names_drift.rev_parse(change)
+
+
+def test_an_instance_attribute_renamed_on_an_untyped_receiver_is_broken(names_drift):
+    """``self.online = online`` in CompressStatePool.__init__: the pools ``p`` our controller reads ``p.ratio``,
+    ``p.online`` and ``p.kv_score_buffer`` on are the class defining all three."""
+    [error] = _errors("pool-online-renamed", names_drift)
+    line = _line(CONTROLLER, "p.ratio == 128 and p.online")
+    assert re.match(rf"{CONTROLLER}:{line}: sglang.srt.mem_cache.deepseek_v4_compress_state.CompressStatePool.online: "
+                    rf"class CompressStatePool \({COMPRESS_STATE}:\d+\) has no online$", error), error
+
+
+def test_a_field_more_classes_define_renamed_on_the_receivers_class_is_broken(names_drift):
+    """extend_start_loc is a field of four classes; ``raw_metadata`` is read for seq_lens, verify_lens,
+    extend_start_loc and req_pool_indices too, which only DSV4RawVerifyMetadata defines all of."""
+    [error] = _errors("rawverify-field-renamed", names_drift)
+    line = _line(CONTROLLER, "extend_start_loc = raw_metadata.extend_start_loc")
+    assert re.match(rf"{CONTROLLER}:{line}: sglang.srt.layers.attention.deepseek_v4_backend.DSV4RawVerifyMetadata."
+                    rf"extend_start_loc: class DSV4RawVerifyMetadata \({BACKEND}:\d+\) has no extend_start_loc$",
+                    error), error
+
+
+def test_a_name_read_with_getattr_and_a_default_renamed_is_broken(names_drift):
+    [error] = _errors("draft-worker-renamed", names_drift)
+    line = _line(CONTROLLER, '"is_draft_worker", False')
+    assert re.match(rf"{CONTROLLER}:{line}: sglang.srt.model_executor.model_runner.ModelRunner.is_draft_worker: "
+                    rf"class ModelRunner \({MODEL_RUNNER}:\d+\) has no is_draft_worker$", error), error
+
+
+def test_watch_says_broken_naming_a_renamed_instance_attribute_and_bisect_agrees(names_drift, tmp_path):
+    from c128patch.fit.watch import EXIT
+    from support import invoke
+
+    run = invoke("watch", "--onto", "pool-online-renamed", "--repo", str(names_drift.git_dir), "--out",
+                 str(tmp_path / "out"), "--series", str(REPO_ROOT), "--no-run")
+    assert run.code == EXIT["broken"], run.err
+    line = _line(CONTROLLER, "p.ratio == 128 and p.online")
+    assert any(f.startswith(f"{CONTROLLER}:{line}:") and "CompressStatePool.online" in f
+               for f in run.out["contract"]["failing"]), run.out["contract"]
+    assert run.out["bisect"]["found"] and run.out["bisect"]["commit"] == names_drift.rev_parse("pool-online-renamed")
