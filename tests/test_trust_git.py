@@ -379,8 +379,26 @@ def test_a_patch_with_a_bad_rename_header_is_refused_as_corrupt_not_as_a_conflic
     update_hashes(load_series(series))
     args = apply_args(tree, series) if verb == "apply" else ["check", "--sglang-rev", "v0.5.23", "--repo", tree,
                                                             "--series", series]
-    line = refused(args, tree, "corrupt patch 0001-test.patch: git apply: bad git-diff - inconsistent old filename")
+    line = refused(args, tree, "corrupt patch 0001-test.patch: 'rename from python/sglang/elsewhere.cuh' names "
+                               "another path than its diff header")
     assert "does not apply" not in line and "conflict" not in line
+
+
+@pytest.mark.parametrize("moved", ["copy to .githooks/post-checkout", "copy to .gitattributes",
+                                   "rename to python/sglang/x.py"])
+def test_a_hunkless_copy_or_rename_to_another_path_than_its_header_is_refused(series, tree, moved):
+    """git applies a ``copy to``/``rename to`` line where it says, and with no hunk never checks it against the
+    ``diff --git`` header, which unidiff and so every path rule read: such a patch is refused before anything."""
+    patch = series / "patches" / "0001-test.patch"
+    text = patch.read_text()
+    cut = text.index("diff --git ")
+    kind = moved.split()[0]
+    section = (f"diff --git a/{CUH} b/{CUH}\nsimilarity index 100%\n{kind} from {CUH}\n{moved}\n")
+    patch.write_text(text[:cut] + section + text[cut:])
+    update_hashes(load_series(series))
+    for args in (apply_args(tree, series), ["check", "--sglang-rev", "v0.5.23", "--repo", tree, "--series", series]):
+        refused(args, tree, f"corrupt patch 0001-test.patch: '{moved}' names another path than its diff header")
+    assert not (tree / ".githooks").exists() and not (tree / ".gitattributes").exists()
 
 
 def test_an_entry_named_escape_in_a_rebase_journal_never_reaches_the_ledger_through_continue(series, tree):

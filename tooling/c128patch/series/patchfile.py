@@ -18,6 +18,7 @@ from c128patch.series.paths import check_relpath
 from c128patch.series.trailers import find_trailers
 
 _INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: \d+)?$")
+_MOVED = re.compile(r"^(rename|copy) (from|to) (.*)$")  # git reads these paths, unidiff the header's
 NULL_BLOB = "0" * 40
 
 
@@ -80,6 +81,18 @@ def _strip(path: str) -> str:
     return path[2:] if path.startswith(("a/", "b/")) else path
 
 
+def _moved_elsewhere(pf) -> str | None:
+    """A ``rename``/``copy`` ``from``/``to`` line of the file's extended header naming another path than its
+    ``diff --git`` header: git applies it there, unidiff (and so every path check) reads the header."""
+    lines = [str(line).rstrip("\n") for line in pf.patch_info]
+    start = max((i for i, line in enumerate(lines) if line.startswith("diff --git ")), default=len(lines))
+    for line in lines[start + 1:]:
+        m = _MOVED.match(line)
+        if m and m.group(3) != _strip(pf.source_file if m.group(2) == "from" else pf.target_file):
+            return line
+    return None
+
+
 def split_message(text: str) -> tuple[str, str]:
     """(mail header + message, rest) of a format-patch text; rest starts at '---' or the diff."""
     cut = min([i for i in (text.find("\n---\n"), text.find("\ndiff --git ")) if i >= 0], default=len(text))
@@ -132,6 +145,10 @@ def _parse(path: Path, raw: bytes, git_parsed: bool = False) -> PatchInfo:
         raise C128Error(f"corrupt patch {path.name}: no diff in it")
     info = PatchInfo(path, subject, body.strip(), dict(find_trailers(body)), [_strip(pf.path) for pf in patchset],
                      patchset)
+    for pf in patchset:
+        if line := _moved_elsewhere(pf):
+            raise C128Error(f"corrupt patch {path.name}: '{line}' names another path than its diff header "
+                            f"({pf.source_file} -> {pf.target_file}), the one every check reads")
     for side in info.paths:  # the path rules first: an unsafe patch is refused as such, whatever else it is
         check_relpath(side, f"patch {path.name}")
     # git's own parser is stricter than unidiff about stray lines between hunks.
