@@ -17,7 +17,8 @@ from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import load_series
 from c128patch.series.provenance import PROVENANCE_PATH
 from c128patch.upstream.source import Target
-from support import REPO_ROOT, copy_series, refused, small_clone, snapshot
+from small_series import series, tree  # noqa: F401 (fixtures)
+from support import REPO_ROOT, copy_series, invoke, refused, small_clone, snapshot
 
 DEEP_TOML = "x = " + "[" * 100_000 + "]" * 100_000 + "\n"
 DEEP_JSON = "[" * 100_000 + "]" * 100_000
@@ -190,3 +191,15 @@ def test_a_forged_or_damaged_contract_probe_cache_entry_does_not_turn_the_verdic
                    json.dumps({"key": entry.stem, "ok": 1, "line": compiles})):
         entry.write_text(forged)
         assert contract_cxx.probe(series, git, "HEAD") == failed, forged
+
+
+def test_a_committed_provenance_whose_upstream_commit_is_a_number_is_one_line_to_every_verb(series, tree):
+    """A field of 'upstream', 'series' or 'tool' that is not a string (a branch can commit such a record) reached
+    git as an int: rebase, refresh --check and contract each ended in a traceback."""
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", tree, "--series", series).code == 0
+    record = json.loads((tree / PROVENANCE_PATH).read_text())
+    record["upstream"]["commit"] = 123456789
+    (tree / PROVENANCE_PATH).write_text(json.dumps(record))
+    Git(worktree=tree).run("commit", "-q", "-am", "a record of its own")
+    for verb in (["rebase", "--onto", "v0.5.22"], ["refresh", "--check"], ["contract"], ["status"]):
+        refused([*verb, "--tree", tree, "--series", series], tree, "'upstream.commit' is not a string")

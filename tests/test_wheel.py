@@ -670,6 +670,11 @@ def test_verify_refuses_deeply_nested_provenance(patched, tmp_path: Path):
     verify_fails(with_provenance(patched, tmp_path, b"[" * 100_000 + b"]" * 100_000), "nested too deeply")
 
 
+def test_verify_refuses_a_provenance_holding_an_integer_past_pythons_digit_limit(patched, tmp_path: Path):
+    """``json.loads`` raises a plain ValueError for an integer of more than 4300 digits: one line, not a traceback."""
+    verify_fails(with_provenance(patched, tmp_path, b'{"zz": 1' + b"0" * 5000 + b"}"), "is not valid JSON (Exceeds")
+
+
 def test_verify_refuses_a_wrong_shaped_sbom(patched, tmp_path: Path):
     src = Path(patched.wheel)
     (name,) = [n for n in members(src) if n.endswith("sboms/c128patch.cdx.json")]

@@ -97,6 +97,8 @@ def record_problem(record: Any) -> str | None:
     for key in ("series", "upstream", "tool"):
         if not isinstance(record.get(key, {}), dict):
             return f"'{key}' is not an object"
+        if bad := next((k for k, v in record.get(key, {}).items() if not isinstance(v, str) and v is not None), None):
+            return f"'{key}.{bad}' is not a string"
     layers = record.get("layers", [])
     if not isinstance(layers, list) or not all(isinstance(r, dict) and all(isinstance(r.get(k), str) for k in
                                                ("name", "version", "digest")) for r in layers):

@@ -68,7 +68,7 @@ def _json(iw: InWheel, name: str, what: str) -> dict:
         raise _mismatch(iw.wheel, f"no {what} ({name}); not a wheel made by c128patch")
     try:
         doc = json.loads(iw.read(name))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer past Python's digit limit
         raise _mismatch(iw.wheel, f"{name} is not valid JSON ({exc})") from exc
     except RecursionError as exc:
         raise _mismatch(iw.wheel, f"{name} is nested too deeply to read") from exc
