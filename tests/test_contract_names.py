@@ -169,7 +169,24 @@ def draft_worker_renamed(git: Git) -> str:
         MODEL_RUNNER: re.sub(r"\bis_draft_worker\b", "is_draft_model_runner", text_of(MODEL_RUNNER))})
 
 
-CHANGES = {"pool-online-renamed": pool_online_renamed, "rawverify-field-renamed": rawverify_field_renamed,
+def backend_local_renamed(git: Git) -> str:
+    """A local of the backend's target-verify graph replay, ``ragged_layout``, -> ``verify_layout``: our added
+    ``prepare_verify(..., ragged_layout=ragged_layout)`` there reads a name nothing binds (a NameError, gates off
+    too)."""
+    return _edit(git, "backend: verify_layout", lambda text_of: {BACKEND: _replace(_replace(
+        text_of(BACKEND),
+        "            ragged_layout = self._resolve_verify_layout(forward_batch, bs=bs)\n            graph_key, "
+        "num_tokens_v = self._target_verify_graph_key(\n                bs=bs, ragged_layout=ragged_layout\n",
+        "            verify_layout = self._resolve_verify_layout(forward_batch, bs=bs)\n            graph_key, "
+        "num_tokens_v = self._target_verify_graph_key(\n                bs=bs, ragged_layout=verify_layout\n"),
+        "                ragged_layout=ragged_layout,\n            )\n            if self._uses_early_verify_metadata("
+        "ragged_layout=ragged_layout):",
+        "                ragged_layout=verify_layout,\n            )\n            if self._uses_early_verify_metadata("
+        "ragged_layout=verify_layout):")})
+
+
+CHANGES = {"backend-local-renamed": backend_local_renamed, "pool-online-renamed": pool_online_renamed,
+           "rawverify-field-renamed": rawverify_field_renamed,
            "draft-worker-renamed": draft_worker_renamed, "callback-keyword": callback_keyword,
            "copy-renamed": copy_renamed, "copy-arguments": copy_arguments,
            "copy-keyword": copy_keyword,
@@ -412,3 +429,26 @@ def test_watch_says_broken_naming_a_renamed_instance_attribute_and_bisect_agrees
     assert any(f.startswith(f"{CONTROLLER}:{line}:") and "CompressStatePool.online" in f
                for f in run.out["contract"]["failing"]), run.out["contract"]
     assert run.out["bisect"]["found"] and run.out["bisect"]["commit"] == names_drift.rev_parse("pool-online-renamed")
+
+
+def test_a_local_our_added_line_reads_renamed_upstream_is_broken_at_our_line(names_drift):
+    """No use resolves against a class here: the name is a local of upstream's function, which our hunk reads; after
+    the rename nothing binds it there (Python's symtable: a global the module lacks)."""
+    [error] = _errors("backend-local-renamed", names_drift)
+    assert re.match(rf"{BACKEND}:\d+: our line reads ragged_layout, which neither init_forward_metadata_out_graph nor "
+                    r"its module binds on this tree \(a NameError when the line runs\)$", error), error
+
+
+def test_names_bound_by_a_closure_a_comprehension_a_global_or_the_module_are_not_unbound():
+    import ast
+
+    from c128patch.fit.unbound import unbound
+
+    text = ("import os\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from x import Hint\nLIMIT = 1\n\n"
+            "def setup():\n    global LATER\n    LATER = 2\n\n"
+            "def f(a: Hint) -> Hint:\n    b = [a + c for c in range(LIMIT)]\n    g = lambda d: d + b[0]\n"
+            "    def inner():\n        return a + LATER + len(os.sep)\n    return g(inner()) + gone + __name__\n")
+    assert unbound(ast.parse(text), text, "m.py", None) == [(16, "gone", "f")]
+    assert unbound(ast.parse(text), text, "m.py", {12, 13, 15}) == []  # only the lines given
+    starred = "from x import *\n\ndef f():\n    return gone\n"
+    assert unbound(ast.parse(starred), starred, "m.py", None) == []  # a * import binds names nobody can list

@@ -18,6 +18,7 @@ from c128patch.errors import C128Error
 from c128patch.fit import contract_cxx as cxx
 from c128patch.fit import contract_names as names
 from c128patch.fit.resolve import PY_ROOT, TreeReader, Upstream, Use, our_lines, signature_of, upstream_line, uses_in
+from c128patch.fit.unbound import unbound
 from c128patch.git import Git
 from c128patch.ops.replay import FAILED, replay_in_index
 from c128patch.series.contract import Lock, LockItem, read_lock, sig_hash
@@ -117,6 +118,10 @@ def derive(series: Series, git: Git, upstream: str, head: str,
                 continue
             found = uses_in(path, tree, ours[path]) + names.untyped_uses(tree, ours[path], path)
             uses += [(use, sources.get(path, path)) for use in found]
+            findings += [Finding("error", f"{sources.get(path, path)}:{line}: our line reads {name}, which neither "
+                                 f"{fn} nor its module binds on this tree (a NameError when the line runs)",
+                                 site=f"{sources.get(path, path)}:{line}", target=name)
+                         for line, name, fn in unbound(tree, up.reader.text(path) or "", path, ours[path])]
         mirrors, spaces = names.rules(up, ours, sources)
         uses += [(use, sources.get(names.RULES, names.RULES)) for use in mirrors]
         items += [Item(**fields) for fields in spaces]
