@@ -17,6 +17,7 @@ from c128patch.git import folded_name, is_git_dir_name
 ENTRY_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,79}")
 ENTRY_NAME_RULE = "1-80 characters of a-z 0-9 . _ -, starting with a letter or digit"
 _GIT_FILES = (".gitattributes", ".gitmodules")  # the files that name programs and URLs for git
+_GIT_FILES_83 = re.compile(r"(gitmod|gi7eba|gitatt|gi7d29)~[1-9]")  # their NTFS short names, as git itself checks
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -36,7 +37,7 @@ def check_relpath(path: str, what: str) -> str:
     for part in parts:
         if is_git_dir_name(part):
             raise _unsafe(path, what, "git's own folder: a series may not write into it")
-        if folded_name(part) in _GIT_FILES:
+        if folded_name(part) in _GIT_FILES or _GIT_FILES_83.fullmatch(folded_name(part)):
             raise _unsafe(path, what, f"{part} decides what git runs and fetches: a series may not carry one")
     return path
 
