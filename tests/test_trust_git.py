@@ -229,10 +229,11 @@ def test_a_trees_config_redirecting_the_fetch_or_naming_an_alternate_refs_comman
     subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(sglang_release_repo), str(source)], check=True)
     other = tmp_path / "other"
     subprocess.run(["git", "init", "--quiet", str(other)], check=True)
-    subprocess.run(["git", "-C", str(other), "commit", "--quiet", "--allow-empty", "-m", "x"], check=True)
+    me = ["-c", "user.name=t", "-c", "user.email=t@t.invalid"]  # (CI has no git identity)
+    subprocess.run(["git", "-C", str(other), *me, "commit", "--quiet", "--allow-empty", "-m", "x"], check=True)
     tree = tmp_path / "tree"
     subprocess.run(["git", "init", "--quiet", str(tree)], check=True)
-    subprocess.run(["git", "-C", str(tree), "commit", "--quiet", "--allow-empty", "-m", "init"], check=True)
+    subprocess.run(["git", "-C", str(tree), *me, "commit", "--quiet", "--allow-empty", "-m", "init"], check=True)
     (tree / ".git" / "objects" / "info" / "alternates").write_text(f"{other / '.git' / 'objects'}\n")
     for key, value in (("core.alternateRefsCommand", str(prog)), ("protocol.ext.allow", "always"),
                        (f"url.ext::sh -c {prog}% #.insteadOf", str(source)), ("core.sshCommand", str(prog))):

@@ -158,7 +158,9 @@ REVIEWED = {
                       "staging / 'files' / f'{i:05d}'", "root / TXN / 'files' / staged"},  # staged: checked
     "series/layers.py": {"start / p"},  # the operator's env, resolved then checked (lookup_layers)
     "upstream/releases.py": {"dest / wheel.name"},  # a file pip wrote into our own folder
-    "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')"},
+    "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')",
+                           # git's own answer for the tree the operator named (its object store), not a tree's file
+                           "git.cwd / git.out('rev-parse', '--git-path', 'objects')"},
 }
 _CONSTANT = ("TXN", "STAGING", "PLAN", "MANIFEST", "CONFIG", "LOCK_NAME", "PROVENANCE_PATH", "MIRROR_DONE",
              "UPSTREAM_PACKAGE")

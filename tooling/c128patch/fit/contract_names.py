@@ -85,21 +85,24 @@ def untyped_uses(tree: ast.Module, lines: set[int] | None, path: str = "") -> li
             found.append((node, chain_of(node.args[0]), getattr(node.args[1], "value", None)))
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
             found.append((node, chain_of(node.value), node.attr))
-    classes = _classes(tree) if found else {}
-    return [Use(node.lineno, [name], kind="untyped", receiver=_receiver(path, classes.get(id(node), 0), chain))
+    spans = _class_spans(tree) if found else []
+    return [Use(node.lineno, [name], kind="untyped", receiver=_receiver(path, max(
+                (start for start, end in spans if start <= node.lineno <= end), default=0), chain))
             for node, chain, name in found if isinstance(name, str) and chain
             and (chain[0] not in typed or chain[0] in ("self", "cls") and chain[1:])]
 
 
-def _classes(tree: ast.Module) -> dict[int, int]:
-    """id(node) -> the line of its innermost class (0: none)."""
-    out: dict[int, int] = {}
-    todo: list[tuple[ast.AST, int]] = [(tree, 0)]
+def _class_spans(tree: ast.Module) -> list[tuple[int, int]]:
+    """(first, last line) of each class, found through statements alone (a node's innermost class: the one of these
+    holding its line that starts last)."""
+    out: list[tuple[int, int]] = []
+    todo: list[ast.AST] = list(tree.body)
     while todo:  # not recursive: a file's nesting is input
-        node, cls = todo.pop()
-        for child in ast.iter_child_nodes(node):
-            out[id(child)] = cls
-            todo.append((child, child.lineno if isinstance(child, ast.ClassDef) else cls))
+        stmt = todo.pop()
+        if isinstance(stmt, ast.ClassDef):
+            out.append((stmt.lineno, stmt.end_lineno or stmt.lineno))
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            todo += [c for c in getattr(stmt, field, None) or [] if isinstance(c, ast.AST)]
     return out
 
 
@@ -163,7 +166,10 @@ def defining_classes(up: Upstream, names: set[str]) -> Definers:
     reached = set(up.parsed())
     found = Definers({}, {})
     seen: dict[str, dict[str, str]] = {}
-    for path, tree in sorted(_searched(up).items()):
+    held = {n for path, tree in up.parsed().items() if not up.is_ours(path, 0)
+            for cls in tree.body if isinstance(cls, ast.ClassDef)
+            for n in _defined(up, path, module_name(path) or "", cls, seen)}
+    for path, tree in sorted(_searched(up, names - held).items()):  # what no class reached defines, in the imports
         for cls in [s for s in tree.body if isinstance(s, ast.ClassDef)] if not up.is_ours(path, 0) else []:
             module = module_name(path) or ""
             dotted = f"{module}.{cls.name}"
@@ -177,14 +183,17 @@ def defining_classes(up: Upstream, names: set[str]) -> Definers:
     return found
 
 
-def _searched(up: Upstream) -> dict[str, ast.Module]:
-    """The upstream files our uses reached, and the sglang modules our files import (``TYPE_CHECKING`` too)."""
+def _searched(up: Upstream, names: set[str]) -> dict[str, ast.Module]:
+    """The upstream files our uses reached, and the sglang modules our files import (``TYPE_CHECKING`` too) whose text
+    may define one of ``names`` (a method, ``self.name =``, a field: parsing every one cost seconds)."""
+    alt = "|".join(sorted(map(re.escape, names))) or "(?!)"
+    defines = re.compile(rf"\bdef ({alt})\b|\bself\.({alt})\s*(:[^=\n]*)?=(?!=)|^\s+({alt})\s*[:=]", re.M)
     for path in [p for p in sorted(up.ours) if p.endswith(".py")]:
         tree = up.parse(path)
         for chain in _imports(path, tree, lambda n: False)[0].values() if tree else []:
             at = next((chain[:i] for i in range(len(chain), 0, -1) if up.module_path(".".join(chain[:i]))), [])
             found = up.module_path(".".join(at)) if at and at[0] == "sglang" else None
-            if found and found.endswith(".py"):
+            if found and found.endswith(".py") and defines.search(up.reader.text(found) or ""):
                 up.parse(found)
     return up.parsed()
 

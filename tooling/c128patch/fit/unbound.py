@@ -6,6 +6,7 @@ binds, an enclosing one binds, or it takes from its module."""
 from __future__ import annotations
 
 import ast
+import bisect
 import builtins
 import symtable
 
@@ -21,7 +22,9 @@ def unbound(tree: ast.Module, text: str, path: str, lines: set[int] | None) -> l
     """(line, name, function) for each name a function reads on ``lines`` (None: every line) that neither it, an
     enclosing function, its module nor the builtins bind; none in a module with a ``*`` import (it binds names
     nobody can list)."""
-    if any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in ast.walk(tree)):
+    reads = _reads(tree, sorted(lines) if lines is not None else None)
+    if not reads or "import *" in text and any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)
+                                               for n in ast.walk(tree)):
         return []
     try:
         top = symtable.symtable(text, path, "exec")
@@ -40,28 +43,35 @@ def unbound(tree: ast.Module, text: str, path: str, lines: set[int] | None) -> l
                 s.get_name() for s in table.get_symbols()
                 if s.is_referenced() and s.is_global() and not s.is_declared_global())
     found = []
-    for scope, name in _reads(tree, lines):
+    for scope, name in reads:
         key = (getattr(scope, "name", None) or _TABLE_NAMES[type(scope)], scope.lineno)
         if name.id not in known and name.id in missing.get(key, ()):
             found.append((name.lineno, name.id, key[0]))
     return sorted(set(found))
 
 
-def _reads(tree: ast.Module, lines: set[int] | None) -> list[tuple[ast.AST, ast.Name]]:
-    """(innermost function scope, name) of each name read on ``lines`` inside a function, annotations left out (they
-    are not run under ``from __future__ import annotations``)."""
+def _reads(tree: ast.Module, lines: list[int] | None) -> list[tuple[ast.AST, ast.Name]]:
+    """(innermost function scope, name) of each name read on ``lines`` (sorted) inside a function, annotations left
+    out (they are not run under ``from __future__ import annotations``); no subtree without one of ``lines`` is
+    walked."""
     out, todo = [], [(tree, None)]
     while todo:  # not recursive: a file's nesting is input
         node, scope = todo.pop()
         skip = {id(a) for a in _annotations(node)}
         for child in ast.iter_child_nodes(node):
-            if id(child) in skip:
+            if id(child) in skip or lines is not None and hasattr(child, "lineno") and not _spans(child, lines):
                 continue
             if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Load) and scope is not None \
                     and (lines is None or child.lineno in lines):
                 out.append((scope, child))
             todo.append((child, child if isinstance(child, _SCOPES) else scope))
     return out
+
+
+def _spans(node: ast.AST, lines: list[int]) -> bool:
+    """Does ``node`` hold one of ``lines`` (sorted)?"""
+    at = bisect.bisect_left(lines, node.lineno)
+    return at < len(lines) and lines[at] <= (getattr(node, "end_lineno", None) or node.lineno)
 
 
 def _annotations(node: ast.AST) -> list[ast.AST]:
