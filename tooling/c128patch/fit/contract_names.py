@@ -185,16 +185,20 @@ def defining_classes(up: Upstream, names: set[str]) -> Definers:
 
 def _searched(up: Upstream, names: set[str]) -> dict[str, ast.Module]:
     """The upstream files our uses reached, and the sglang modules our files import (``TYPE_CHECKING`` too) whose text
-    may define one of ``names`` (a method, ``self.name =``, a field: parsing every one cost seconds)."""
+    sets one of ``names`` on ``self`` (an instance attribute: parsing every one cost seconds)."""
     alt = "|".join(sorted(map(re.escape, names))) or "(?!)"
-    defines = re.compile(rf"\bdef ({alt})\b|\bself\.({alt})\s*(:[^=\n]*)?=(?!=)|^\s+({alt})\s*[:=]", re.M)
+    defines = re.compile(rf"\bself\.(?:{alt})\s*(?::[^=\n]*)?=(?!=)")
+    imported: set[str] = set()
     for path in [p for p in sorted(up.ours) if p.endswith(".py")]:
         tree = up.parse(path)
         for chain in _imports(path, tree, lambda n: False)[0].values() if tree else []:
             at = next((chain[:i] for i in range(len(chain), 0, -1) if up.module_path(".".join(chain[:i]))), [])
             found = up.module_path(".".join(at)) if at and at[0] == "sglang" else None
-            if found and found.endswith(".py") and defines.search(up.reader.text(found) or ""):
-                up.parse(found)
+            if found and found.endswith(".py"):
+                imported.add(found)
+    for found in sorted(imported - set(up.parsed())):
+        if defines.search(up.reader.text(found) or ""):
+            up.parse(found)
     return up.parsed()
 
 
@@ -212,12 +216,16 @@ def _defined(up: Upstream, path: str, module: str, cls: ast.ClassDef,
         if got.kind == "class" and isinstance(got.node, ast.ClassDef):
             names.update(_defined(up, got.path, got.module, got.node, seen))
     own = [(n, s.lineno) for s in cls.body for n in _bound_names(s)]
-    own += [(t.attr, s.lineno) for s in statements(cls.body, None) if isinstance(s, (ast.Assign, ast.AnnAssign))
-            for t in _targets(s) if isinstance(t, ast.Attribute) and chain_of(t.value) == ["self"]]
+    lines = (up.reader.text(path) or "").splitlines()[cls.lineno - 1:cls.end_lineno]  # its methods' self.x = ...:
+    own += [(m.group(1), cls.lineno + i) for i, line in enumerate(lines)  # a scan of its lines, not of its statements
+            for m in _SELF_SET.finditer(line)]
     for name, line in sorted(own, key=lambda o: not up.is_ours(path, o[1])):  # upstream's own definition wins
         names[name] = "" if up.is_ours(path, line) else f"{module}.{cls.name}"
     seen[key] = names
     return names
+
+
+_SELF_SET = re.compile(r"\bself\.([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)")  # ``self.x = ...``, ``self.x: T = ...``
 
 
 def _bound_names(stmt: ast.stmt) -> list[str]:
