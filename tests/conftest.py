@@ -53,6 +53,8 @@ HEAVY_TESTS = {  # a test, or one case of it (name[id])
     "test_contract.py::test_watch_says_broken_naming_our_line_and_the_upstream_definition[renamed]",  # (c)
     "test_contract_names.py::test_watch_says_broken_naming_the_callback_and_bisect_agrees[installed-call]",  # (c)
     "test_contract_names.py::test_watch_says_broken_naming_a_renamed_instance_attribute_and_bisect_agrees",  # (c)
+    "test_copies.py::test_a_method_copy_in_the_patched_class_behind_a_new_env_is_broken_and_bisect_finds_it",  # (c):
+    # watch and bisect on a copy run by default on a file copy; the method copy's detection by its module-level twin
     "test_watch_behaviour.py::test_without_torch_a_behavioural_break_is_not_called_clean_either",  # (c): unchecked,
     # no torch, as test_without_torch_watch_is_unchecked_not_clean
     # (b): the custom op only 0.5.20-0.5.22 register (a smoke run of both trees per release); v0.5.22's stays
