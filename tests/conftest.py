@@ -51,7 +51,8 @@ HEAVY_TESTS = {  # a test, or one case of it (name[id])
     # pip: the recipe's own environment, built on a fresh workspace
     "test_layers.py::test_docs_layers_md_walked_as_printed_across_the_releases_with_check_at_each_step",  # (b)
     "test_contract.py::test_watch_says_broken_naming_our_line_and_the_upstream_definition[renamed]",  # (c)
-    "test_contract_names.py::test_watch_says_broken_naming_the_callback_and_bisect_agrees[installed-call]",  # (c)
+    "test_contract_names.py::test_watch_says_broken_naming_the_callback_and_bisect_agrees",  # (c): watch and bisect on
+    # a contract break run by default in test_contract.py's [signature]; each case's contract finding by default here
     "test_contract_names.py::test_watch_says_broken_naming_a_renamed_instance_attribute_and_bisect_agrees",  # (c)
     "test_copies.py::test_a_method_copy_in_the_patched_class_behind_a_new_env_is_broken_and_bisect_finds_it",  # (c):
     # watch and bisect on a copy run by default on a file copy; the method copy's detection by its module-level twin
