@@ -156,8 +156,8 @@ class Git:
 
     def _filters_off(self) -> list[str]:
         """``-c`` settings turning off the config's filters and textconv programs (``cat`` for one: range-diff's own
-        ``git log`` takes no ``--no-textconv``); a merge program, or a driver ``-c`` cannot name (its name holds
-        ``=``), is refused; once per config state."""
+        ``git log`` takes no ``--no-textconv``); a merge program, a driver ``-c`` cannot name (its name holds ``=``)
+        or a config included on a branch (``includeIf.onbranch:``) is refused; once per config state."""
         git_dir = self.env.get("GIT_DIR") or self.git_dir
         config = Path(git_dir) / "config" if git_dir else self.cwd / ".git" / "config"
         try:  # (not a plain repository top: ask every time)
