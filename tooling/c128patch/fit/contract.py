@@ -17,7 +17,8 @@ from pathlib import Path
 from c128patch.errors import C128Error
 from c128patch.fit import contract_cxx as cxx
 from c128patch.fit import contract_names as names
-from c128patch.fit.resolve import PY_ROOT, TreeReader, Upstream, Use, our_lines, signature_of, upstream_line, uses_in
+from c128patch.fit.resolve import (PY_ROOT, TreeReader, Upstream, Use, collector_held, our_lines, signature_of,
+                                   upstream_line, uses_in)
 from c128patch.fit.unbound import unbound
 from c128patch.git import Git
 from c128patch.ops.replay import FAILED, replay_in_index
@@ -98,6 +99,12 @@ def derive(series: Series, git: Git, upstream: str, head: str,
            lock: Lock | None = None) -> tuple[list[Item], list[Finding]]:
     """Every use of upstream by our code on ``head`` (a patched tree-ish over ``upstream``), resolved there;
     a member used on an untyped receiver in the classes ``lock`` records (None: those defining it on ``head``)."""
+    with collector_held():
+        return _derive(series, git, upstream, head, lock)
+
+
+def _derive(series: Series, git: Git, upstream: str, head: str,
+            lock: Lock | None) -> tuple[list[Item], list[Finding]]:
     reader = TreeReader(git, head)
     sources = {e.target: e.source for e in reversed(series.entries) if not e.is_patch}  # an overlay: ours, its source
     try:

@@ -7,6 +7,7 @@ headers where nvcc exists, and says so where it does not.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import shutil
@@ -73,8 +74,10 @@ _AFTER = re.compile(r"\s*(?:const\b\s*)?(?:&&|&)?\s*(?:noexcept\b(?:\([^)]*\))?\
                     r"(?:override\b\s*)?(?:->\s*[^{;]+?)?\s*([{;:])")
 
 
+@functools.lru_cache(maxsize=128)  # each of our files reads the headers it includes: mostly the same ones
 def declarations(text: str) -> dict[str, list[tuple[int, str, str]]]:
-    """name -> [(line, declaration, "name" | "member" | "function")] of what the header ``text`` declares (by regex)."""
+    """name -> [(line, declaration, "name" | "member" | "function")] of what the header ``text`` declares (by regex;
+    read only: shared by the callers of the same text)."""
     raw = text
     text = strip(text)
     out: dict[str, list[tuple[int, str, str]]] = {}

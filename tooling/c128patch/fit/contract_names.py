@@ -13,7 +13,8 @@ import inspect
 import re
 from dataclasses import dataclass, field
 
-from c128patch.fit.resolve import Upstream, Use, _imports, chain_of, module_name, nodes_on, signature_of, statements
+from c128patch.fit.resolve import (Upstream, Use, _imports, chain_of, module_name, nodes, nodes_on, signature_of,
+                                   statements, walk)
 
 RULES = "python/sglang/srt/layers/attention/dsv4/online_c128_dspark_rules.py"
 MIRRORS = (  # our name in RULES, the upstream definition whose values it mirrors
@@ -73,9 +74,9 @@ def untyped_uses(tree: ast.Module, lines: set[int] | None, path: str = "") -> li
         if isinstance(stmt, (ast.Import, ast.ImportFrom)):
             typed |= {(a.asname or a.name).split(".")[0] for a in stmt.names}
         elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-            typed |= {t.id for t in ast.walk(stmt) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+            typed |= {t.id for t in walk(stmt) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
     found = []
-    for node in ast.walk(tree) if lines is None else nodes_on(tree, lines):  # a patch's lines: their statements
+    for node in nodes(tree) if lines is None else nodes_on(tree, lines):  # a patch's lines: their statements
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             params = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
             typed |= {a.arg for a in params if a.annotation is not None and "Any" not in ast.unparse(a.annotation)}
@@ -250,8 +251,8 @@ def callbacks(up: Upstream, ours: dict[str, set[int] | None],
     for path in [p for p, lines in ours.items() if lines is None and "partial(" in (up.reader.text(p) or "")]:
         tree = up.parse(path)
         tops = {s.name: s for s in (tree.body if tree else []) if isinstance(s, ast.FunctionDef)}
-        for method in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)] if tree else []:
-            for ret in [r for r in ast.walk(method) if isinstance(r, ast.Return) and isinstance(r.value, ast.Call)]:
+        for method in [n for n in nodes(tree) if isinstance(n, ast.FunctionDef)] if tree else []:
+            for ret in [r for r in walk(method) if isinstance(r, ast.Return) and isinstance(r.value, ast.Call)]:
                 call = ret.value
                 if chain_of(call.func)[-1:] == ["partial"] and call.args and getattr(call.args[0], "id", "") in tops:
                     fn = tops[call.args[0].id]
@@ -259,11 +260,11 @@ def callbacks(up: Upstream, ours: dict[str, set[int] | None],
                                            f"{sources.get(path, path)}:{fn.lineno}")
     out = []
     for path in [p for p in sorted(ours) if any(f".{m}(" in (up.reader.text(p) or "") for m in handed)]:
-        for fn in [n for n in ast.walk(up.parse(path) or ast.Module([], [])) if isinstance(n, ast.FunctionDef)]:
-            stored = {t.id: handed[chain_of(a.value.func)[-1]] for a in ast.walk(fn) if isinstance(a, ast.Assign)
+        for fn in [n for n in nodes(up.parse(path) or ast.Module([], [])) if isinstance(n, ast.FunctionDef)]:
+            stored = {t.id: handed[chain_of(a.value.func)[-1]] for a in walk(fn) if isinstance(a, ast.Assign)
                       and isinstance(a.value, ast.Call) and chain_of(a.value.func)[-1:] and
                       chain_of(a.value.func)[-1] in handed for t in a.targets if isinstance(t, ast.Name)}
-            for call in [c for c in ast.walk(fn) if isinstance(c, ast.Call) and getattr(c.func, "id", "") in stored]:
+            for call in [c for c in walk(fn) if isinstance(c, ast.Call) and getattr(c.func, "id", "") in stored]:
                 target, ours_fn, bound, where = stored[call.func.id]
                 full = signature_of(ours_fn.args)
                 out.append(({"kind": "callback", "target": target, "site": f"{sources.get(path, path)}:{call.lineno}",
@@ -285,7 +286,7 @@ def installs(up: Upstream, ours: dict[str, set[int] | None],
             continue
         tops = {s.name: s for s in tree.body if isinstance(s, ast.FunctionDef)}
         found = []  # (line, attr, the receivers' expressions, our function, a subclass: only of upstream's)
-        for node in ast.walk(tree) if ours[path] is None else nodes_on(tree, ours[path]):
+        for node in nodes(tree) if ours[path] is None else nodes_on(tree, ours[path]):
             func = chain_of(getattr(node, "func", None)) if isinstance(node, ast.Call) else []
             if func == ["type"] and len(node.args) == 3 and isinstance(node.args[2], ast.Dict):
                 bases = getattr(node.args[1], "elts", [])
@@ -345,7 +346,7 @@ def installed_calls(up: Upstream, ours: dict[str, set[int] | None], dotted: str,
                     continue
                 params = [a.arg for a in [*fn.node.args.posonlyargs, *fn.node.args.args, *fn.node.args.kwonlyargs]]
                 name = params[at] if isinstance(at, int) and at < len(params) else at
-                out += [(fn.path, _call_use(c, 1)) for c in ast.walk(fn.node) if isinstance(c, ast.Call)
+                out += [(fn.path, _call_use(c, 1)) for c in walk(fn.node) if isinstance(c, ast.Call)
                         and chain_of(c.func) == [name, attr]]
     return list({(p, u.line): (p, u) for p, u in out}.values())
 
@@ -353,7 +354,7 @@ def installed_calls(up: Upstream, ours: dict[str, set[int] | None], dotted: str,
 @functools.lru_cache(maxsize=256)  # installed_calls asks once per method we install, of the same files
 def _walked(tree: ast.Module, kind: type) -> list:
     """The nodes of ``kind`` in ``tree``."""
-    return [n for n in ast.walk(tree) if isinstance(n, kind)]
+    return [n for n in nodes(tree) if isinstance(n, kind)]
 
 
 @functools.lru_cache(maxsize=256)

@@ -10,6 +10,8 @@ import bisect
 import builtins
 import symtable
 
+from c128patch.fit.resolve import nodes
+
 _MODULE = {"__name__", "__file__", "__doc__", "__spec__", "__loader__", "__package__", "__builtins__", "__path__",
            "__annotations__", "__dict__"}
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
@@ -24,7 +26,7 @@ def unbound(tree: ast.Module, text: str, path: str, lines: set[int] | None) -> l
     nobody can list)."""
     reads = _reads(tree, sorted(lines) if lines is not None else None)
     if not reads or "import *" in text and any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)
-                                               for n in ast.walk(tree)):
+                                               for n in nodes(tree)):
         return []
     try:
         top = symtable.symtable(text, path, "exec")
