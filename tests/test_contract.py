@@ -7,6 +7,8 @@ broken, naming our line and upstream's definition; `watch` says `broken` (exit 7
 
 from __future__ import annotations
 
+import ast
+import gc
 import importlib.util
 import re
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 
 import watch_upstream as wu
 from c128patch.fit import contract, contract_cxx
-from c128patch.fit.resolve import Upstream
+from c128patch.fit.resolve import Upstream, walk
 from c128patch.fit.watch import EXIT
 from c128patch.git import Git
 from c128patch.ops.lint import update_hashes
@@ -214,6 +216,24 @@ def test_the_committed_lock_is_what_refresh_records_at_the_base(sglang_release_r
     line = next(i for i in old.items if i.target.endswith("record_stream_for_v2_verify") and i.shape)
     assert (line.site, line.where, line.shape) == (f"{RECORD_STREAMS}:39", f"{SPEC_UTILS}:369", "3")
     assert line.signature == "def record_stream_for_v2_verify(batch, verify_input, fwd_stream)"
+
+
+def test_the_derivation_leaves_the_collector_as_it_was_and_walks_in_ast_walks_order(sglang_release_repo):
+    """The derivation holds Python's cyclic collector off and freezes what it built (a third of its time went to the
+    collector's passes): on or off before, it is the same after; ``walk`` lists ``ast.walk``'s nodes in its order."""
+    series = load_series(REPO_ROOT)
+    git = Git(git_dir=sglang_release_repo)
+    commit = git.rev_parse(series.base)
+    head = contract.patched_tree(series, git, series.base, commit)
+    for before in (False, True):
+        (gc.enable if before else gc.disable)()
+        try:
+            contract.derive(series, git, commit, head)
+            assert gc.isenabled() is before
+        finally:
+            gc.enable()
+    tree = ast.parse(git.blob(commit, SPEC_UTILS).decode())
+    assert all(a is b for a, b in zip(walk(tree), ast.walk(tree), strict=True))
 
 
 def test_refresh_check_keeps_the_lock_a_fixed_point_and_rewrites_a_stale_one(sglang_release_repo, tmp_path):
