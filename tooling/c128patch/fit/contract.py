@@ -17,8 +17,17 @@ from pathlib import Path
 from c128patch.errors import C128Error
 from c128patch.fit import contract_cxx as cxx
 from c128patch.fit import contract_names as names
-from c128patch.fit.resolve import (PY_ROOT, TreeReader, Upstream, Use, collector_held, our_lines, signature_of,
-                                   upstream_line, uses_in)
+from c128patch.fit.resolve import (
+    PY_ROOT,
+    TreeReader,
+    Upstream,
+    Use,
+    collector_held,
+    our_lines,
+    signature_of,
+    upstream_line,
+    uses_in,
+)
 from c128patch.fit.unbound import unbound
 from c128patch.git import Git
 from c128patch.ops.replay import FAILED, replay_in_index

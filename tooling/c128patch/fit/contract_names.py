@@ -13,8 +13,18 @@ import inspect
 import re
 from dataclasses import dataclass, field
 
-from c128patch.fit.resolve import (Upstream, Use, _imports, chain_of, module_name, nodes, nodes_on, signature_of,
-                                   statements, walk)
+from c128patch.fit.resolve import (
+    Upstream,
+    Use,
+    _imports,
+    chain_of,
+    module_name,
+    nodes,
+    nodes_on,
+    signature_of,
+    statements,
+    walk,
+)
 
 RULES = "python/sglang/srt/layers/attention/dsv4/online_c128_dspark_rules.py"
 MIRRORS = (  # our name in RULES, the upstream definition whose values it mirrors
