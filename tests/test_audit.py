@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import textwrap
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from c128patch.ops.audit import RULES, Rule, audit_patch, audit_patched_file
+from c128patch.ops.audit import RULES, Rule, _HelperIndex, audit_patch, audit_patched_file
 from c128patch.series.manifest import load_series
 from support import RELEASES, invoke, unpack_release
 
@@ -195,6 +196,59 @@ def test_plain_calls_are_not_findings():
         record(batch)
     """
     assert audit(src) == []
+
+
+def _index(files: dict[str, str]) -> _HelperIndex:
+    """Helper modules of a made-up tree (``python/<path>``), read as the audit reads the patched tree."""
+    texts = {f"python/{path}": textwrap.dedent(text) for path, text in files.items()}
+    return _HelperIndex(texts.get, GATE, RULES)
+
+
+def test_a_helper_module_is_followed_as_far_as_our_added_lines_reach():
+    index = _index({
+        "pkg/streams.py": """
+            from pkg.deep import deeper_copy
+            from pkg.unrelated import nothing
+
+            def record_all(t, s):
+                t.record_stream(s)
+
+            def copy_all(dst, src):
+                deeper_copy(dst, src)
+
+            def unused():
+                nothing()
+            """,
+        "pkg/deep.py": "def deeper_copy(dst, src):\n    dst.copy_(src)\n",
+        "pkg/unrelated.py": "def nothing():\n    pass\n",
+        "pkg/other.py": "from pkg.unrelated import nothing\n\ndef g():\n    nothing()\n"})
+    src = textwrap.dedent("""
+        from pkg.streams import record_all, copy_all
+        from pkg.other import g
+
+        def _local(t, s):
+            copy_all(t, s)
+
+        def f(t, s):
+            record_all(t, s)
+            _local(t, s)
+            g()
+        """)
+    findings = audit_patched_file(src, {9, 10}, GATE, RULES, index=index)
+    # a local helper of the patched file that calls an imported one counts too (``_reached``)
+    assert rules_hit(findings) == [(9, "record_stream"), (10, "tensor_copy_")]
+    # g is not called on the added lines, nor ``unused`` by what they call: their modules are never read
+    assert set(index.parsed) == {"python/pkg/streams.py", "python/pkg/deep.py"}
+
+
+def test_a_helper_reached_first_at_the_last_depth_is_followed_deeper_when_reached_sooner():
+    chain = {f"pkg/m{i}.py": f"from pkg.m{i + 1} import h{i + 1}\n\ndef h{i}(t):\n    h{i + 1}(t)\n" for i in range(3)}
+    index = _index({**chain, "pkg/m3.py": "def h3(t):\n    t.copy_(t)\n"})
+    # m2.h2 first asked three modules down: h3 lies past the depth there
+    assert index.imported_effects([ast.parse("from pkg.m2 import h2").body[0]], {"h2"}, 0) == {}
+    # asked at the top: m0 -> m1 -> m2 -> m3 is within the depth, whatever was asked before
+    top = index.imported_effects([ast.parse("from pkg.m0 import h0").body[0]], {"h0"}, index.depth)
+    assert top == {"h0": "tensor_copy_"}
 
 
 # ----------------------------------------------------------------------------- real patch

@@ -201,9 +201,9 @@ def audit_patched_file(source: str, added_lines: set[int], gate: str, rules: Seq
     side effects ``index`` finds in them (only they can make a finding)."""
     tree = ast.parse(source)
     calls = _Walker(tree, gate).calls
-    external_effects = {} if index is None else index.imported_effects(
-        _froms(tree), {c.name for c in calls if added_lines.intersection(c.lines)}, index.depth)
     local_defs = {n.name for n in _statements(tree) if isinstance(n, _DEFS)}
+    external_effects = {} if index is None else index.imported_effects(
+        _froms(tree), _reached(calls, added_lines, local_defs), index.depth)
     effects = {**external_effects, **_local_effects(calls, rules, external_effects, local_defs)}
 
     def helper_fully_guarded(fn: str, seen: frozenset[str] = frozenset()) -> bool:
@@ -224,6 +224,23 @@ def audit_patched_file(source: str, added_lines: set[int], gate: str, rules: Seq
         findings.append(Finding(file, call.node.lineno, rule, f"added call {call.name}(...) {where} runs with "
                                                               f"{gate} off (not under `if envs.{gate}.get():`)"))
     return findings
+
+
+def _reached(calls: Sequence[_Call], lines: set[int], local_defs: set[str]) -> set[str]:
+    """The names called on ``lines`` and in the functions of this module those calls reach (``f``, ``x.f``)."""
+    by_function: dict[str, list[_Call]] = {}
+    for call in calls:
+        by_function.setdefault(call.function or "", []).append(call)
+    names = {c.name for c in calls if lines.intersection(c.lines)}
+    todo, seen = list(names), set()
+    while todo:
+        fn = todo.pop().rsplit(".", 1)[-1]
+        if fn in local_defs and fn not in seen:
+            seen.add(fn)
+            fresh = {c.name for c in by_function.get(fn, [])} - names
+            names |= fresh
+            todo += fresh
+    return names
 
 
 def _local_effects(calls: Sequence[_Call], rules: Sequence[Rule], effects: Mapping[str, str],
@@ -263,52 +280,88 @@ def _statements(tree: ast.AST) -> Iterator[ast.AST]:
         yield node
 
 
-# path -> its calls (names only: any gate's walker), ``from`` imports and top-level functions
-Parsed = dict[str, tuple[list[_Call], list[ast.ImportFrom], set[str]]]
+# path -> its top-level functions' calls (names only: any gate's walker), ``from`` imports and top-level functions
+Parsed = dict[str, tuple[dict[str, list[_Call]], list[ast.ImportFrom], set[str]]]
 
 
 class _HelperIndex:
-    """Side effects of functions in other modules of the patched tree, followed through imports; ``parsed``: the
-    helper files parsed so far, shared by every patch one audit reads them for."""
+    """Side effects of functions in other modules of the patched tree, followed through imports ``depth`` modules
+    down and asked for by name: only the helpers our added lines reach are parsed. ``parsed``: the helper files
+    parsed so far, shared by every patch one audit reads them for."""
 
     def __init__(self, read: Reader, gate: str, rules: Sequence[Rule], depth: int = 3, parsed: Parsed | None = None):
         self.read, self.gate, self.rules, self.depth = read, gate, rules, depth
-        self._cache: dict[str, dict[str, str]] = {}
+        self._rules: dict[tuple[str, str, int], str | None] = {}
         self.parsed = {} if parsed is None else parsed
 
     def module_file(self, module: str) -> str | None:
         base = "python/" + module.replace(".", "/")
         return next((cand for cand in (f"{base}.py", f"{base}/__init__.py") if self.read(cand) is not None), None)
 
-    def effects_of_module(self, path: str, depth: int) -> dict[str, str]:
-        if path not in self._cache:
-            self._cache[path] = {}  # cycle guard
-            if path not in self.parsed:
-                tree = ast.parse(self.read(path) or "")
-                defs = {n.name for n in tree.body if isinstance(n, _DEFS)}
-                self.parsed[path] = _Walker(tree, self.gate).calls, _froms(tree), defs
-            calls, froms, defs = self.parsed[path]
-            imported = self.imported_effects(froms, {c.name for c in calls}, depth - 1) if depth > 0 else {}
-            self._cache[path] = _local_effects(calls, self.rules, imported, defs)
-        return self._cache[path]
+    def _module(self, path: str) -> tuple[dict[str, list[_Call]], list[ast.ImportFrom], set[str]]:
+        if path not in self.parsed:
+            tree = ast.parse(self.read(path) or "")
+            by_function: dict[str, list[_Call]] = {}
+            for call in _Walker(tree, self.gate).calls:
+                if call.function is not None:
+                    by_function.setdefault(call.function, []).append(call)
+            self.parsed[path] = by_function, _froms(tree), {n.name for n in tree.body if isinstance(n, _DEFS)}
+        return self.parsed[path]
 
-    def imported_effects(self, froms: list[ast.ImportFrom], called: set[str], depth: int) -> dict[str, str]:
-        """Names as called (``f`` / ``mod.f``) in the module of ``froms`` -> rule, for imported helpers."""
-        out: dict[str, str] = {}
-        called_heads = {c.split(".", 1)[0] for c in called} | {c.rsplit(".", 1)[-1] for c in called}
-        for node in froms:
-            for alias in node.names:
-                local = alias.asname or alias.name
-                if local not in called_heads:
+    def rule_of_function(self, path: str, name: str, depth: int, seen: frozenset = frozenset()) -> str | None:
+        """The rule top-level function ``name`` of module ``path`` makes: a rule call in its body, or a call of a
+        function of its module or (``depth`` > 0) of one it imports that makes one."""
+        key = (path, name, depth)
+        if key not in self._rules:
+            if (path, name) in seen:
+                return None  # a cycle: its first visit answers
+            by_function, froms, defs = self._module(path)
+            calls = by_function.get(name, []) if name in defs else []
+            inner = seen | {(path, name)}
+            self._rules[key] = next((r for c in calls if (r := self._rule_of_call(path, c.name, froms, defs, depth,
+                                                                                   inner))), None)
+        return self._rules[key]
+
+    def _rule_of_call(self, path: str, name: str, froms: list[ast.ImportFrom], defs: set[str], depth: int,
+                      seen: frozenset) -> str | None:
+        """A call ``name`` in module ``path``: a rule's, else a local function's (``f``, ``x.f``), else an imported
+        one's (``f``, ``x.f``, ``mod.f``)."""
+        direct = next((rule.name for rule in self.rules if rule.matches(name)), None)
+        if direct:
+            return direct
+        for key in dict.fromkeys((name, name.rsplit(".", 1)[-1])):
+            found = (self.rule_of_function(path, key, depth, seen) if key in defs else None) or \
+                (self.imported_rule(froms, key, depth - 1, seen) if depth > 0 else None)
+            if found:
+                return found
+        return None
+
+    def imported_rule(self, froms: list[ast.ImportFrom], called: str, depth: int,
+                      seen: frozenset = frozenset()) -> str | None:
+        """The rule a name as called (``f``: ``from m import f``; ``mod.f``: ``from pkg import mod``) makes; the
+        last import of the name decides."""
+        local, _, fn = called.partition(".")
+        if "." in fn:
+            return None
+        for node in reversed(froms):
+            for alias in reversed(node.names):
+                if (alias.asname or alias.name) != local:
                     continue
                 sub = self.module_file(f"{node.module}.{alias.name}")
                 if sub is not None:  # `from pkg import module`
-                    out.update({f"{local}.{fn}": rule for fn, rule in self.effects_of_module(sub, depth).items()})
-                elif (mod := self.module_file(node.module)) is not None:
-                    rule = self.effects_of_module(mod, depth).get(alias.name)
-                    if rule is not None:
-                        out[local] = rule
-        return out
+                    found = self.rule_of_function(sub, fn, depth, seen) if fn else None
+                elif not fn and (mod := self.module_file(node.module)) is not None:
+                    found = self.rule_of_function(mod, alias.name, depth, seen)
+                else:
+                    found = None
+                if found:
+                    return found
+        return None
+
+    def imported_effects(self, froms: list[ast.ImportFrom], called: set[str], depth: int) -> dict[str, str]:
+        """Names as called (``f`` / ``mod.f``, and the last part of a dotted name) -> rule, for imported helpers."""
+        names = {n for c in called for n in (c, c.rsplit(".", 1)[-1])}
+        return {name: rule for name in sorted(names) if (rule := self.imported_rule(froms, name, depth))}
 
 
 def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Sequence[Rule] = RULES, *,
