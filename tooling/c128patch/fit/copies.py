@@ -224,6 +224,8 @@ def find(git: Git, base: str, target: str, ours: list[Patched]) -> list[Copy]:
     words = git.out("diff", "--no-color", "--name-status", "-z", "-C", "--find-copies-harder", "--diff-filter=ACMR",
                     base, target, "--", "*.py").split("\0")
     copies: list[Copy] = []
+    if len(words) < 2:
+        return copies
     originals = _originals(git, base, ours)
     batch = BlobBatch(git)  # one git for the range's every file (thousands between releases); a name with a newline
     read = lambda rev, name: git.blob(rev, name) if "\n" in name else batch.read(f"{rev}:{name}")  # noqa: E731

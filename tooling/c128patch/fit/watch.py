@@ -240,7 +240,8 @@ class Watch:
         self._step(f"API contract, nvcc signature probe and copies of what we patch on {self.onto}")
         base = self.info["base"]["commit"]
         try:
-            fit = bisect_ops.fit_check(self.series, git, base, onto_commit, head, copies.hooked(git, self.at_base))
+            ours = copies.hooked(git, self.at_base) if onto_commit != base else []  # (no range: no copies)
+            fit = bisect_ops.fit_check(self.series, git, base, onto_commit, head, ours)
         except C128Error as exc:
             return {"broken": True, "verdict": exc.message, "failing": [exc.message], "next": [], "json": {}}
         fix = f"c128patch contract {self.rev_args} --series {_q(self.series.root)}"  # see every item, then accept
