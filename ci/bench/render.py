@@ -49,7 +49,9 @@ def latest(rec: dict) -> list[str]:
         ours, raw = sides[""], sides["raw "]
         lines.append(f"- {what}, fitted per unit (least squares): {ours['cpu'] * 1e3:.1f} ms CPU / "
                      f"{ours['wall'] * 1e3:.1f} ms wall; raw git {raw['cpu'] * 1e3:.1f} ms CPU / "
-                     f"{raw['wall'] * 1e3:.1f} ms wall")
+                     f"{raw['wall'] * 1e3:.1f} ms wall" + "".join(
+                         f"; {side.strip()} git {v['cpu'] * 1e3:.1f} ms CPU / {v['wall'] * 1e3:.1f} ms wall"
+                         for side, v in sides.items() if side not in ("", "raw ")))
     for t in rec.get("targets", []):
         lines.append(f"- target {t['what']} ({t['on']}): {t['value']:g} ≤ {t['max']:g}: "
                      f"{'**missed**' if t['missed'] else 'met'}")
