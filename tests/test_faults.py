@@ -23,6 +23,7 @@ import pytest
 
 from c128patch.git import FAULT_HOOKS_ENV, Git
 from c128patch.ops.lint import update_hashes
+from c128patch.ops.rebase_journal import Journal
 from c128patch.ops.treestate import apply_journal, rebase_journal
 from c128patch.series.manifest import load_series
 from support import cli_process, invoke, make_test_series, printed_command, run_printed, small_clone, snapshot
@@ -237,6 +238,68 @@ def test_interrupted_rebase_aborts_to_the_branch_as_it_was(applied, series, phas
     mine = lambda s: [r for r in s["refs"].splitlines() if "refs/c128patch/recovery" not in r]  # noqa: E731
     assert mine(after) == mine(before) and after["head"] == before["head"] and after["status"] == before["status"]
     assert_nothing_in_progress(git)
+
+
+def half_a_checkout(git: Git, target: str) -> list[str]:
+    """What a ``git checkout`` killed inside it leaves: half of the paths that differ from ``target`` written as
+    ``target`` has them (a new file untracked, a file it lacks removed), the last file it wrote cut short after
+    half its bytes, the one after removed but not written yet; HEAD and the index not moved."""
+    rows = [line.split("\t") for line in git.out("diff", "--name-status", "--no-renames", "HEAD", target).splitlines()]
+    added = [path for status, path in rows if status == "A"]
+    assert added, "the new tip adds no file: a cut checkout would leave nothing untracked"
+    present = [row for row in rows if row[0] != "A" and (git.worktree / row[1]).exists()]  # (a sparse clone)
+    done = present[: len(present) // 2] + [["A", added[0]]]
+    cut, unwritten = [path for status, path in present[len(done):] if status == "M"][:2]
+    for status, path in done:
+        file = git.worktree / path
+        if status == "D":
+            file.unlink()
+        else:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_bytes(git.blob(target, path))
+    content = git.blob(target, cut)
+    (git.worktree / cut).write_bytes(content[: len(content) // 2])
+    (git.worktree / unwritten).unlink()
+    return [path for _, path in done] + [cut, unwritten]
+
+
+@pytest.mark.parametrize("verb", ["continue", "abort"])
+def test_a_checkout_of_the_new_tip_cut_short_is_finished_or_undone_as_printed(applied, series, reference, verb):
+    """Ctrl-C inside the checkout that finishes a rebase: ``status``'s commands work as printed; the half
+    checkout is the tool's own (no stash of it on --abort); --skip has nothing to skip and says so."""
+    git = applied
+    before = snapshot(git.worktree)
+    interrupt(["rebase", "--onto", "v0.5.23", "--tree", git.worktree, "--series", series], git.worktree,
+              "at:rebase-checkout", "kill")
+    written = half_a_checkout(git, Journal.load(rebase_journal(git), git).head_before)
+    assert len(written) > 5 and git.status_porcelain()
+    listed = invoke("status", "--tree", git.worktree, as_json=False)
+    assert "skip:" not in listed.text, listed.text  # every entry is done: nothing to skip
+    skip = invoke("rebase", "--skip", "--tree", git.worktree, as_json=False)
+    assert skip.code == 2 and "cannot skip: every entry is done" in skip.err and "Traceback" not in skip.err
+    done = run_printed(way_out(subprocess.CompletedProcess([], -9), git.worktree, verb, "rebase"))
+    assert done.returncode == 0, done.stderr
+    if verb == "continue":
+        assert git.head() == reference["rebase"] and git.current_branch() == "c128/v0.5.23"
+    else:
+        after = snapshot(git.worktree)
+        assert after["head"] == before["head"] and after["status"] == before["status"] == ""
+        assert git.out("stash", "list") == "" and "uncommitted work" not in done.stdout  # nothing of the user's
+    assert_nothing_in_progress(git)
+
+
+def test_a_cut_checkout_with_a_file_of_the_users_since_is_not_thrown_away(applied, series):
+    git = applied
+    interrupt(["rebase", "--onto", "v0.5.23", "--tree", git.worktree, "--series", series], git.worktree,
+              "at:rebase-checkout", "kill")
+    half_a_checkout(git, Journal.load(rebase_journal(git), git).head_before)
+    (git.worktree / "notes.txt").write_text("mine\n")
+    res = invoke("rebase", "--continue", "--tree", git.worktree, as_json=False)
+    assert res.code == 2 and "changed since the rebase was cut short, not by it (notes.txt)" in res.err, res.err
+    assert (git.worktree / "notes.txt").read_text() == "mine\n"
+    undone = invoke("rebase", "--abort", "--tree", git.worktree, as_json=False)
+    assert undone.code == 0 and git.out("stash", "list").count("\n") == 0 and "stash" in undone.text
+    assert git.out("stash", "show", "--include-untracked", "--name-only", "stash@{0}").split() == ["notes.txt"]
 
 
 def test_a_kill_after_the_branch_moved_only_finishes_the_report(applied, series, reference):

@@ -69,7 +69,7 @@ def _state(info: dict) -> list[str]:
         r = info["rebase"]
         lines.append(f"{tree}: c128patch rebase {r['from']} -> {r['onto']} in progress, {r['done']}/{r['total']} "
                      "entries done" + (f", stopped at {r['current_entry']} ({r['paused']})" if r["paused"] else ""))
-        lines += [f"  {label + ':':7} {r[label]}" for label in ("resume", "skip", "undo")]
+        lines += [f"  {label + ':':7} {r[label]}" for label in ("resume", "skip", "undo") if r[label]]
     return lines
 
 

@@ -32,7 +32,7 @@ from c128patch.ops.treestate import (
     refuse_conflict_markers,
 )
 from c128patch.series.layers import describe, layer_folders
-from c128patch.series.plan import ENTRY_TRAILER
+from c128patch.series.plan import ENTRY_TRAILER, ls_tree
 from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, read_provenance
 
 
@@ -79,9 +79,13 @@ class Rebase(RebaseLoop):
     def resume(self) -> dict:
         journal = Journal.load(self.path, self.git)
         git = self.git
-        if journal.pos >= len(journal.steps):  # cut short while finishing: what is in the tree is its checkout
-            if git.status_porcelain():
-                git.run("reset", "--quiet", "--hard")
+        if journal.pos >= len(journal.steps):  # cut short while finishing: the tree may hold half a checkout
+            theirs, mine = self._cut_checkout(journal)
+            if mine:
+                raise C128Error(f"cannot continue: {len(mine)} path(s) changed since the rebase was cut short, "
+                                f"not by it ({', '.join(mine[:3])}); move them away (git -C "
+                                f"{shlex.quote(str(git.worktree))} stash -u), then run this again")
+            self._put_back(theirs)
             return self._run(journal)
         step = journal.steps[journal.pos]
         if journal.paused == "merged":  # the user keeps an entry that looked merged
@@ -163,6 +167,9 @@ class Rebase(RebaseLoop):
         """``--skip``: the stopped step skipped; ``--drop NAME`` (``drop``): dropped as merged upstream; it goes on."""
         verb, journal = "skip" if drop is None else "drop", Journal.load(self.path, self.git)
         step = journal.steps[journal.pos] if journal.pos < len(journal.steps) else None
+        if step is None and verb == "skip":
+            raise C128Error("cannot skip: every entry is done (the rebase was cut short while finishing): resume with "
+                            f"`{rebase_command(self.git.cwd, 'continue')}`")
         if verb == "drop" and (step is None or not journal.paused or step.kind != "entry" or step.name != drop):
             at = f"stopped at entry '{step.name}'" if step is not None and journal.paused else "not stopped at an entry"
             raise C128Error(f"cannot drop '{drop}': the rebase is {at}; alone, --drop names the entry the rebase "
@@ -204,14 +211,14 @@ class Rebase(RebaseLoop):
         if journal.pos < len(journal.steps) and self._stop_cut_short(journal):
             git.run("reset", "--quiet", "--hard")  # the cut-short stop's conflict state: the tool's own
         state, stopped = tree_state(git), journal.stop_state  # the user's paths: all, or those changed since the stop
-        mine = (sorted(p for p in set(state) | set(stopped) if state.get(p) != stopped.get(p))
-                if journal.paused == "conflict" else sorted(state))
-        theirs = sorted(set(state) - set(mine))  # the tool's own changes: conflict markers, files it added
+        if journal.pos >= len(journal.steps):  # cut short while finishing: half a checkout of the new tip is ours
+            theirs, mine = self._cut_checkout(journal)
+        else:
+            mine = (sorted(p for p in set(state) | set(stopped) if state.get(p) != stopped.get(p))
+                    if journal.paused == "conflict" else sorted(state))
+            theirs = sorted(set(state) - set(mine))  # the tool's own changes: conflict markers, files it added
         git.run("reset", "--quiet")  # unmerged entries out of the way; the work tree stays
-        if tracked := [p for p in theirs if git.out("ls-tree", "HEAD", "--", p)]:
-            git.run("checkout", "--quiet", "HEAD", "--", *tracked)
-        for path in set(theirs) - set(tracked):
-            (git.worktree / path).unlink(missing_ok=True)  # type: ignore[operator]
+        self._put_back(theirs)
         stash = ""
         if mine:  # never throw away what the user typed mid-rebase
             git.run("add", "--all", "--", *mine)
@@ -227,6 +234,33 @@ class Rebase(RebaseLoop):
         self._forget()
         return {"ok": True, "aborted": True, "branch": journal.orig_branch, "head": journal.orig_head,
                 "recovery_ref": journal.recovery_ref, "stash": stash, "stashed": mine}
+
+    def _cut_checkout(self, journal: Journal) -> tuple[list[str], list[str]]:
+        """The changed paths of a tree whose rebase was cut short while finishing (it was clean before): (those the
+        checkout of the new tip left, the rest: the user's). The checkout's: on a path it changes, the new tip's
+        content, a file missing (removed, or not written yet) or the start of the new tip's content (cut while
+        writing it); the provenance."""
+        git, state = self.git, tree_state(self.git)
+        changes = set(git.out("diff", "--name-only", "--no-renames", "-z", "HEAD", journal.head_before).split("\0"))
+        tip = {path: sha for path, (*_, sha) in ls_tree(git, journal.head_before, sorted(state), "-r").items()}
+
+        def written(path: str, blob: str) -> bool:
+            if path == PROVENANCE_PATH or blob == tip.get(path, ""):
+                return True
+            if path not in changes or not blob or path not in tip or (git.worktree / path).is_symlink():
+                return not blob and path in changes
+            return (git.blob(journal.head_before, path) or b"").startswith((git.worktree / path).read_bytes())
+
+        theirs = sorted(p for p, blob in state.items() if written(p, blob))
+        return theirs, sorted(set(state) - set(theirs))
+
+    def _put_back(self, paths: list[str]) -> None:
+        """``paths`` as HEAD has them (the tool's own changes): checked out where HEAD has them, else removed."""
+        git = self.git
+        if tracked := sorted(ls_tree(git, "HEAD", paths)) if paths else []:
+            git.run("checkout", "--quiet", "HEAD", "--", *tracked)
+        for path in set(paths) - set(tracked):
+            (git.worktree / path).unlink(missing_ok=True)  # type: ignore[operator]
 
     def _steps(self, old_commit: str, head: str, record: dict) -> list[Step]:
         """The entries in order, each with its commit and user edit; the user's commits after their entry."""

@@ -302,6 +302,7 @@ class RebaseLoop:
         with ThreadPoolExecutor(max_workers=2) as pool:  # the proof reads objects only: it runs beside the checkout
             proof_made = pool.submit(proving)
             ranged = pool.submit(range_diff_of, git, journal, new_head)
+            fault_point("at", "rebase-checkout")
             git.run("checkout", "--quiet", "--detach", new_head)  # the work tree is clean here
             renamed = self._move_branch(journal, new_head)
             proof, range_diff = proof_made.result(), ranged.result()

@@ -25,7 +25,8 @@ def rebase_status(git: Git, path: Path) -> dict:
     return {"onto": j.onto_rev, "from": j.old_rev, "done": j.pos, "total": len(j.steps),
             "current_entry": j.steps[j.pos].name if j.pos < len(j.steps) else None, "paused": j.paused,
             "branch": j.orig_branch, "resume": rebase_command(git.cwd, "continue"),
-            "skip": rebase_command(git.cwd, "skip"), "undo": rebase_command(git.cwd, "abort")}
+            "skip": rebase_command(git.cwd, "skip") if j.pos < len(j.steps) else None,  # (finishing: none to skip)
+            "undo": rebase_command(git.cwd, "abort")}
 
 
 def apply_status(git: Git, path: Path) -> dict:
