@@ -15,7 +15,7 @@ import pytest
 
 import upstream_like
 from c128patch.evidence.keys import key_for
-from c128patch.evidence.matrix import release_note, verification_note
+from c128patch.evidence.matrix import KINDS, release_note, verification_note
 from c128patch.fit.watch import EXIT
 from c128patch.git import Git
 from c128patch.ops.check import support_note
@@ -202,3 +202,26 @@ def test_a_clone_without_the_release_tags_is_placed_by_content_not_called_older(
     assert support_note(series, git, "mine", ids["v0.5.22"]) == ""
     empty = mine.out("commit-tree", git.out("hash-object", "-t", "tree", "-w", "--stdin", input=""), "-m", "none")
     assert support_note(series, git, "none", empty).startswith("none is older than (or not descended from) every")
+
+
+def test_a_root_commit_with_a_release_s_files_names_each_state_as_apply_does(sglang_release_repo: Path,
+                                                                             tmp_path: Path, series: Path):
+    """A clone whose one commit holds v0.5.22's files and no history: where the series picks other variant files
+    there than on the release, the same evidence reads the same in `matrix` as in apply's note (it read
+    "unverified" in one and "stale" in the other)."""
+    subprocess.run(["git", "init", "--quiet", "--bare", str(tmp_path / "mine.git")], check=True)
+    git = Git(git_dir=tmp_path / "mine.git")
+    git.run("fetch", "--quiet", "--no-tags", str(sglang_release_repo), "refs/tags/v0.5.22:refs/theirs/v0.5.22")
+    tree = git.out("rev-parse", "refs/theirs/v0.5.22^{tree}")
+    commit = git.with_env(GIT_AUTHOR_NAME="me", GIT_AUTHOR_EMAIL="me@x.invalid", GIT_COMMITTER_NAME="me",
+                          GIT_COMMITTER_EMAIL="me@x.invalid").out("commit-tree", tree, "-m", "my 0.5.22")
+    git.run("update-ref", "refs/heads/mine", commit)
+    res = invoke("matrix", "--repo", str(git.git_dir), "--sglang-rev", "mine", "--series", str(series))
+    assert res.code == 0, res.err
+    missing = res.out["releases"][0]["missing"]
+    note = verification_note(load_series(series), git, commit, "mine")
+    states = {m.rsplit(" ", 1)[1] for m in missing if m.split(" ", 1)[0] in KINDS}
+    assert states <= {"verified", "failed", "stale"}  # the release's own results, under another key: stale
+    assert (note is None) == (not missing)
+    if note is not None:
+        assert all(m in note for m in missing), (note, missing)

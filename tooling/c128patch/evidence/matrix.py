@@ -80,6 +80,13 @@ class ReleaseRow:
                 "differs": asdict(self.differs) if self.differs else None}
 
 
+def evidenced_rev(results: list[Result], key: EvidenceKey | None, rev: str = "") -> str:
+    """The release whose evidence was taken on ``key``'s sources (``rev`` itself first): a clone's commit with a
+    release's files reads that release's older results as ``stale``, as the release does."""
+    same = [r.rev for r in results if key is not None and r.key is not None and r.key.sources == key.sources]
+    return rev if rev in same or not same else same[0]
+
+
 def cell_for(results: list[Result], rev: str, kind: str, key: EvidenceKey | None, root: Path) -> Cell:
     """The cell of ``kind``: the result under ``key`` (any rev folder), else the rev's own file."""
     mine = [r for r in results if r.kind == kind and r.label == "patched"]
@@ -120,7 +127,8 @@ def build_matrix(series: Series, git: Git, revs: list[str], root: Path) -> list[
             row.key = key_for(series, git, commit)
         except C128Error as exc:
             row.apply_error = row.apply_error or exc.message
-        row.cells = {kind: cell_for(results, rev, kind, row.key, root) for kind in KINDS}
+        row.cells = {kind: cell_for(results, evidenced_rev(results, row.key, rev), kind, row.key, root)
+                     for kind in KINDS}
         row.differs = sources_diff(git, results, row.key, rev)
         rows.append(row)
     return rows
@@ -151,9 +159,7 @@ def verification_note(series: Series, git: Git, commit: str, label: str, root: P
     except C128Error:
         return f"note: {label} + this series is unverified (the series does not plan on it); see `c128patch matrix`"
     results = load_results(root)
-    # The release whose evidenced sources are these: its older results read "stale", as in `matrix`.
-    rev = next((r.rev for r in results if r.key is not None and r.key.sources == key.sources), "")
-    cells = {kind: cell_for(results, rev, kind, key, root) for kind in KINDS}
+    cells = {kind: cell_for(results, evidenced_rev(results, key), kind, key, root) for kind in KINDS}
     missing = [f"{kind} {cell.state}" for kind, cell in cells.items() if cell.state != "verified"]
     if not missing:
         return None
