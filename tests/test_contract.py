@@ -562,3 +562,22 @@ def test_a_renamed_imported_module_is_caught_by_the_tier_without_importing(drift
     assert (f"imports: sglang.kernels.ops.attention.dsv4.online_c128_dspark: python/sglang/kernels/ops/attention/dsv4/"
             f"online_c128_dspark.py:{MAKE_NAME_LINE}: from sglang.kernels.ops.attention.dsv4.utils import make_name: "
             "no module sglang.kernels.ops.attention.dsv4.utils on this tree") in run.out["failed"], run.out["failed"]
+
+
+def test_run_bare_in_a_patched_tree_contract_and_treecheck_take_that_tree(upstream_clone, monkeypatch, tmp_path):
+    """README lists both bare, as status: from inside the tree `apply` made they check it (and say so); elsewhere
+    the one-line refusal names the flags."""
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone, "--series", REPO_ROOT).code == 0
+    monkeypatch.chdir(upstream_clone / "python")
+    run = invoke("contract", "--series", REPO_ROOT, "--no-nvcc", as_json=False)
+    assert run.code == 0 and f"contract: on the patched tree here, {upstream_clone}" in run.err, run.err
+    assert "contract holds" in run.text
+    checked = invoke("treecheck", "--series", REPO_ROOT, "--no-run")
+    assert checked.code == 8 and f"treecheck: on the patched tree here, {upstream_clone}" in checked.err
+    assert "11 of 11 modules' sglang imports resolve" in checked.out["verdict"], checked.out
+    monkeypatch.chdir(tmp_path)  # where ``apply`` made ./sglang: that one
+    assert f"on the patched tree here, {upstream_clone}" in invoke("contract", "--series", REPO_ROOT, "--no-nvcc").err
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    refused = invoke("contract", "--series", REPO_ROOT, "--no-nvcc", as_json=False)
+    assert refused.code == 2 and "--tree DIR (default: the patched tree here)" in refused.err

@@ -89,6 +89,21 @@ def locate_tree(tree: Path | None) -> Path:
                     "`c128patch apply` makes its tree) is not one; run from the tree, or pass --tree DIR")
 
 
+def applied_tree_here(verb: str) -> Path | None:
+    """For a verb whose --tree is optional: the tree ``apply`` made that this folder is in (else ./sglang), said
+    on stderr (--json too: the report does not name it); None where there is none."""
+    from c128patch.progress import echo
+
+    try:
+        top = locate_tree(None)
+    except C128Error:
+        return None
+    if not applied_here(top):
+        return None
+    echo(f"{verb}: on the patched tree here, {top} (--tree {top})", stderr=True)
+    return top
+
+
 def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path | None = None,
                repo: str | None = None, *, quiet: bool = False) -> Any:
     """``get_series`` with the layers named, else the operator's (the env, a c128patch.toml outside ``tree`` and

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, exit_unless, load_stack, repo_option, say, verb_options
+from c128patch.cli.common import (
+    applied_tree_here,
+    emit_json,
+    exit_unless,
+    load_stack,
+    repo_option,
+    say,
+    verb_options,
+)
 from c128patch.errors import C128Error
 
 
@@ -14,7 +22,8 @@ from c128patch.errors import C128Error
 @click.option("--sglang-rev", "revs", multiple=True,
               help="Upstream revision(s): the series is replayed there in a temporary index (nothing checked out).")
 @click.option("--tree", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="A tree c128patch applied the series in (its HEAD against the upstream commit it records).")
+              help="A tree c128patch applied the series in (its HEAD against the upstream commit it records); "
+                   "default, without --sglang-rev: the one here (else ./sglang).")
 @repo_option
 @click.option("--accept", is_flag=True,
               help="Record the changed signatures and values, and new namespace members, found as accepted in "
@@ -38,10 +47,13 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     from c128patch.series.plan import validate_files
     from c128patch.upstream.source import open_upstream
 
+    if not revs and tree is None:
+        tree = applied_tree_here("contract")
     series = load_stack(series_dir, layer_dirs, tree, repo, quiet=as_json)
     validate_files(series)
     if bool(revs) == (tree is not None):
-        raise C128Error("pass --sglang-rev X (one or more) or --tree DIR, not both and not neither")
+        raise C128Error("pass --sglang-rev X (one or more) or --tree DIR (default: the patched tree here), not both "
+                        "and not neither")
     lock = read_lock(series.patches_dir)
     if accept and lock is None:
         raise C128Error(f"{series.patches_dir}/contract.lock does not exist: write it with `c128patch refresh` "

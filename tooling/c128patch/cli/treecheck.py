@@ -8,13 +8,14 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json, load_stack, repo_option, say, verb_options
+from c128patch.cli.common import applied_tree_here, emit_json, load_stack, repo_option, say, verb_options
 from c128patch.errors import C128Error
 
 
 @click.command("treecheck")
 @click.option("--tree", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="A tree c128patch applied the series in (its files on disk).")
+              help="A tree c128patch applied the series in (its files on disk); default, without --sglang-rev: "
+                   "the one here (else ./sglang).")
 @click.option("--sglang-rev", "rev", default=None, help="An upstream revision: the series is replayed there and "
               "the result unpacked into a temporary folder.")
 @repo_option
@@ -42,10 +43,12 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
     from c128patch.series.plan import validate_files
     from c128patch.upstream.source import open_upstream
 
+    if rev is None and tree is None:
+        tree = applied_tree_here("treecheck")
     series = load_stack(series_dir, layer_dirs, tree, repo, quiet=as_json)
     validate_files(series)
     if (rev is None) == (tree is None):
-        raise C128Error("pass --tree DIR or --sglang-rev X (one of them)")
+        raise C128Error("pass --tree DIR (default: the patched tree here) or --sglang-rev X (one of them)")
     python = interpreter(python, tree) if python else None
     if not no_run:
         echo(f"treecheck {NOTICE}")
