@@ -606,5 +606,11 @@ def test_each_subcommand_takes_only_its_own_options(sub, own, foreign):
     one_line_error(run_cli("smoke", sub, foreign, "x", as_json=False), f"No such option '{foreign}'")
 
 
-def test_smoke_without_a_subcommand_is_a_one_line_usage_error():
-    one_line_error(run_cli("smoke", as_json=False), "Missing command.")
+@pytest.mark.parametrize("group", [[], ["layer"], ["smoke"]], ids=["c128patch", "layer", "smoke"])
+def test_a_group_run_without_a_verb_prints_its_help_as_it_reads(group):
+    """Bare `c128patch` printed its whole help squashed into one error line; `smoke` said "Missing command."."""
+    res = run_cli(*group, as_json=False)
+    assert res.code == 2 and not res.err, res.err
+    usage = res.text.splitlines()[0]  # (in process, click calls the program "main")
+    assert usage.startswith("Usage: ") and usage.endswith(" ".join([*group, "[OPTIONS] COMMAND [ARGS]..."]))
+    assert "\nCommands:\n" in res.text and len(res.text.splitlines()) > 6

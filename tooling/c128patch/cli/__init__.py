@@ -40,6 +40,9 @@ def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
     from c128patch import exitcodes
     from c128patch.cli.common import emit_json
 
+    if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())) and exc.ctx is not None:
+        click.echo(exc.ctx.get_help())  # a group run bare (`c128patch`, `c128patch layer`): its help, as it reads
+        sys.exit(exitcodes.USAGE)
     message = " ".join(exc.format_message().split())
     if exc.ctx is not None:
         verb = exc.ctx.command_path.removeprefix(exc.ctx.find_root().info_name).strip()

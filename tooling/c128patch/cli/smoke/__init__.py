@@ -26,7 +26,7 @@ class _Subcommands(VerbTable):
     table, package = SUBCOMMANDS, "c128patch.cli.smoke"
 
 
-@click.group("smoke", cls=_Subcommands, no_args_is_help=False)
+@click.group("smoke", cls=_Subcommands)
 def command() -> None:
     """GPU smoke tests of a patched build (docs/smoke.md)."""
 
