@@ -29,6 +29,14 @@ def test_unknown_rev_is_named(sparse_clone: Path, series: Path):
             sparse_clone, "unknown rev 'deadbeef'")
 
 
+def test_a_release_version_without_its_v_is_named_with_its_tag(sparse_clone: Path, series: Path):
+    refused(["apply", "--sglang-rev", "0.5.23", "--series", str(series)], None,
+            "unknown rev '0.5.23' in the sglang release wheels (the release source knows v0.5.")
+    refused(["apply", "--sglang-rev", "0.5.23", "--series", str(series)], None, "; did you mean 'v0.5.23'?")
+    refused(["check", "--sglang-rev", "0.5.22", "--repo", str(sparse_clone), "--series", str(series)], sparse_clone,
+            "; did you mean 'v0.5.22'?")
+
+
 def test_non_release_rev_without_repo(series: Path):
     refused(["check", "--sglang-rev", "main", "--series", str(series)], None, "unknown rev 'main'")
 

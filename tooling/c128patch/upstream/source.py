@@ -47,7 +47,9 @@ class Upstream:
         if commit is None:
             known = "" if self.kind != "release" else \
                 f" (the release source knows {', '.join('v' + v for v in ReleaseHistory().versions())})"
-            raise C128Error(f"unknown rev '{shown(rev)}' in {self.describe()}{known}")
+            tag = f"v{rev}"  # a version for its tag (wheel --from-release takes both)
+            meant = f"; did you mean '{tag}'?" if rev[:1].isdigit() and self.git.rev_parse(tag) else ""
+            raise C128Error(f"unknown rev '{shown(rev)}' in {self.describe()}{known}{meant}")
         return commit
 
     def update(self) -> None:
