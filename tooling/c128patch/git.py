@@ -108,9 +108,22 @@ def environment_problem(text: str) -> str | None:
 
 class GitError(C128Error):
     def __init__(self, args: Sequence[str], returncode: int, stderr: str, stdout: str = "") -> None:
-        locked, last = _LOCKED.search(stderr), (stderr or stdout).strip().splitlines()[-1:] or [f"exit {returncode}"]
-        detail = stale_lock_message(locked.group(1)) if locked else environment_problem(stderr) or last[0]
+        locked = _LOCKED.search(stderr)
+        detail = stale_lock_message(locked.group(1)) if locked else environment_problem(stderr) or \
+            git_reason(stderr or stdout) or f"exit {returncode}"
         super().__init__(f"git {' '.join(args[:3])} failed: {detail}")
+
+
+def git_reason(text: str) -> str:
+    """git's reason in one line: its first ``error:``/``fatal:`` line with the first path it lists after it (git
+    ends with a bare "Aborting"), else its last line."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    first = next((i for i, line in enumerate(lines) if line.startswith(("error: ", "fatal: "))), None)
+    if first is None:
+        return lines[-1].strip() if lines else ""
+    listed = [line.strip() for line in lines[first + 1:] if line[:1].isspace()]
+    more = f" (and {len(listed) - 1} more)" if len(listed) > 1 else ""
+    return lines[first].strip() + (f" {listed[0]}{more}" if listed else "")
 
 
 @dataclass
