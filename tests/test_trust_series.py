@@ -7,6 +7,7 @@ import ast
 import json
 import multiprocessing
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from c128patch.series.layers import CONFIG, ENV, lookup_layers, stack
 from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import load_series
 from c128patch.series.paths import confine
-from support import REPO_ROOT, invoke, refused
+from support import REPO_ROOT, cli_process, invoke, refused
 from test_sealed_box import trapped_upstream  # noqa: F401 (a fixture)
 
 SERIES = '[series]\nname = "{name}"\nversion = "1"\nbase = "v0.5.23"\n'
@@ -100,6 +101,26 @@ def test_a_hostile_journal_moves_and_deletes_nothing(tmp_path, how):
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
     assert victim.read_text() == "keep" and not outside.exists()
     assert (foreign / "patches" / "keep.patch").read_text() == "keep"
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "fifo", "outside-plan"])
+def test_a_journal_or_manifest_that_is_a_link_is_refused_before_it_is_read(tmp_path, target):
+    """A layer can commit links: a plan linked to /dev/zero ran every reader out of memory (a FIFO: hung it); a
+    manifest linked to a file of the machine was read. Each is one line now, nothing read through the link."""
+    if target == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "outside-plan").write_text("{}")
+    where = tmp_path / target if target != "/dev/zero" else Path(target)
+    layer = series_folder(tmp_path / "layer")
+    (layer / txn.TXN).mkdir()
+    (layer / txn.TXN / txn.PLAN).symlink_to(where)
+    refused(["lint", "--offline", "--layer", layer], contains="a symbolic link; the tool writes a plain file there")
+    shutil.rmtree(layer / txn.TXN)
+    manifest = layer / "patches" / "series.toml"
+    (tmp_path / "outside.toml").write_text(manifest.read_text())
+    manifest.unlink()
+    manifest.symlink_to(tmp_path / "outside.toml")
+    refused(["lint", "--offline", "--layer", layer], contains="goes through the symlink patches/series.toml")
 
 
 def test_lint_with_a_hostile_layer_journal_exits_non_zero_and_writes_nothing(tmp_path):
@@ -416,6 +437,16 @@ def test_watch_refuses_a_read_only_out_before_any_work(tmp_path):
     assert not list((tmp_path / "ro").iterdir())
 
 
+def test_watch_says_first_on_stderr_that_it_runs_the_targets_code_on_a_terminal_or_not(tmp_path):
+    """Off a terminal (CI) the tier's step line showed only at the reporter's heartbeat: a short tier never said
+    it ran the target's code. Said first now (here before a refusal of the rev), never with --no-run."""
+    ran = cli_process(["watch", "--onto", "no-such-rev", "--out", tmp_path / "out", "--json"])
+    assert ran.returncode == 2 and ran.stderr.startswith("watch runs the target tree's code"), ran.stderr
+    assert "--no-run skips it" in ran.stderr.splitlines()[0]
+    skipped = cli_process(["watch", "--onto", "no-such-rev", "--out", tmp_path / "out", "--no-run", "--json"])
+    assert skipped.returncode == 2 and "target tree's code" not in skipped.stderr, skipped.stderr
+
+
 def test_a_full_disk_while_watch_writes_its_report_is_one_line_and_leaves_no_report(tmp_path, monkeypatch):
     import errno
 
@@ -489,7 +520,10 @@ ENCODED = b"From x\nSubject: [PATCH] x\nMIME-Version: 1.0\nContent-Type: text/pl
     + b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] y\n\n"
     b"C128patch-Entry: c128-dspark-online-env\n" + DIFF,
     ENCODED.replace(b"UTF-8", b"UTF-7") + b"\nx\n\n+AEM-128patch-Entry: c128-dspark-online-env\n" + DIFF,
-], ids=["quoted-printable", "base64", "two-messages", "utf-7"])
+    # git am decodes base64 and quoted-printable only: a uuencoded body is read as text, its trailer with it
+    ENCODED + b"Content-Transfer-Encoding: x-uuencode\n\nbegin 644 x\n`\nend\n\nx\n\n"
+    b"C128patch-Entry: c128-dspark-online-env\n" + DIFF,
+], ids=["quoted-printable", "base64", "two-messages", "utf-7", "x-uuencode"])
 def test_a_layer_cannot_claim_one_of_our_entries_in_an_encoded_body_or_a_second_message(tmp_path, data):
     with pytest.raises(C128Error, match="names its own entry only|more than one message") as exc:
         stack(load_series(REPO_ROOT), [_layer_claiming(tmp_path, data)])

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from packaging.utils import parse_wheel_filename
@@ -664,6 +665,25 @@ def test_verify_refuses_an_edited_provenance_and_sbom_claiming_the_series(patche
     with pytest.raises(C128Error, match="entry 'test-patch': its file or gate is not series .* edited"):
         verify_wheel(bad, authenticity=False, known=load_series(wheel_series))
     verify_wheel(src, authenticity=False, known=load_series(wheel_series))
+
+
+def test_a_layer_row_of_the_provenance_cannot_take_an_entry_of_the_series_it_claims(patched, wheel_series: Path):
+    """A wheel claiming the series (name, version, digest) lists one of its entries under a made-up layer: that row
+    was not checked against the series (an outside check passed a wheel whose overlay was edited this way)."""
+    from c128patch.wheel.verify import _check_known
+
+    known, iw = load_series(wheel_series), SimpleNamespace(wheel=Path(patched.wheel))
+    good = json.loads(members(Path(patched.wheel))["sglang/c128patch_provenance.json"])
+    _check_known(iw, good, known)
+    layer = {"name": "x", "version": "1", "base": "v0.5.23", "digest": "ab" * 32}
+    claimed = {**good, "entries": [{**good["entries"][0], "gate": "SGLANG_OPT_IN"}, *good["entries"][1:]],
+               "layers": [{**layer, "entries": ["test-patch"]}]}
+    with pytest.raises(C128Error, match="layer 'x' lists entries not named '<layer>/<entry>'"):
+        _check_known(iw, claimed, known)
+    moved = {**good, "entries": [{**good["entries"][0], "name": "x/test-patch"}, *good["entries"][1:]],
+             "layers": [{**layer, "entries": ["x/test-patch"]}]}
+    with pytest.raises(C128Error, match="claims series test 1, but lists no entry 'test-patch'"):
+        _check_known(iw, moved, known)
 
 
 def test_verify_refuses_deeply_nested_provenance(patched, tmp_path: Path):

@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -48,10 +49,18 @@ def write_json_atomic(path: Path, data: Any) -> Path:
     return write_atomic(path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
 
 
+MAX_JSON = 64 << 20  # the journals, plans and records the tool writes are far smaller
+
+
 def read_json(path: Path, kind: type) -> Any:
-    """The JSON in ``path`` if it reads as a ``kind``, else None (missing, unreadable, too deep, another shape)."""
+    """The JSON in ``path`` if it reads as a ``kind``, else None (missing, unreadable, too deep, another shape; not a
+    regular file (a link to /dev/zero or a FIFO: never read), or over ``MAX_JSON``)."""
     try:
-        data = json.loads(path.read_bytes())
+        with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK)) as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_JSON:
+                return None
+            data = json.loads(f.read(MAX_JSON + 1))
     except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, kind) else None

@@ -19,7 +19,7 @@ from c128patch.errors import C128Error
 from c128patch.jsonio import write_atomic
 from c128patch.series import txn
 from c128patch.series.gates import Gate, parse_gates
-from c128patch.series.paths import check_entry_name, check_relpath, duplicates
+from c128patch.series.paths import check_entry_name, check_relpath, confine, duplicates
 
 MANIFEST = "patches/series.toml"
 KINDS = ("patch", "overlay")
@@ -248,8 +248,9 @@ def load_series(root: Path) -> Series:
     root = root.resolve()
     path = root / MANIFEST
     txn.recover(root)  # a refresh killed after its commit point is finished, one killed before it dropped
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise C128Error(f"no series manifest at {path}")
+    confine(root, MANIFEST, f"the series manifest {path}", regular=True)  # not through a link, not a device
     doc = read_toml(path, f"{path}: not a series manifest")
     head = doc.get("series")
     if not isinstance(head, dict):

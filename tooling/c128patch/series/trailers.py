@@ -39,7 +39,10 @@ def message_trailers(data: bytes) -> list[tuple[str, str]]:
     charset = msg.get_content_charset() or "utf-8"  # git am converts the body from it (UTF-7: "+AEM-" is "C")
     if msg.is_multipart():
         raise ValueError("it is a multipart message")
+    coded = (msg.get("Content-Transfer-Encoding") or "").strip().lower() in ("base64", "quoted-printable")
+    body = msg.get_payload(decode=coded)  # as git am: those two decoded, any other (x-uuencode: its text kept) not
+    body = body if isinstance(body, bytes) else body.encode("ascii", "surrogateescape")
     try:
-        return find_trailers(msg.get_payload(decode=True).decode(charset, errors="replace").split("\n---\n", 1)[0])
+        return find_trailers(body.decode(charset, errors="replace").split("\n---\n", 1)[0])
     except LookupError:
         raise ValueError(f"its charset {charset!r} is not one this reads") from None

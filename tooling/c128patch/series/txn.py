@@ -107,7 +107,11 @@ def commit_all(parts: list[Part], fault: Callable[[str], None] = _no_fault) -> N
 
 
 def _read(folder: Path) -> dict | None:
-    return read_json(folder / PLAN, dict)
+    """The plan in ``folder``: a regular file there, none through a link (it could name any file of the machine)."""
+    path = folder / PLAN
+    if os.path.islink(folder) or os.path.islink(path):
+        raise C128Error(f"the interrupted refresh {path}: a symbolic link; the tool writes a plain file there")
+    return read_json(path, dict)
 
 
 def _plan(root: Path, folder: str, group: bool = True) -> dict:

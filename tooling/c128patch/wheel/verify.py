@@ -190,8 +190,20 @@ def _check_known(iw: InWheel, record: dict, known: Series) -> None:
     if s.get("digest") != known.digest():
         raise _mismatch(iw.wheel, f"claims series {known.name} {known.version}, but its digest "
                                   f"{str(s.get('digest'))[:8]} is not that series' ({known.digest()[:8]})")
-    layered = {n for r in record.get("layers", []) for n in r.get("entries", [])}
     entries = {e.name: e for e in known.entries}
+    layered = set()  # a layer's entries are "<layer>/<entry>": a name of ours listed under a layer is still ours
+    for r in record.get("layers", []):
+        names = r.get("entries", [])
+        if not isinstance(names, list) or not all(isinstance(n, str) and n.startswith(f"{r.get('name')}/")
+                                                  and n not in entries for n in names):
+            raise _mismatch(iw.wheel, f"layer {str(r.get('name'))!r} lists entries not named '<layer>/<entry>' "
+                                      "(the provenance was edited)")
+        layered |= set(names)
+    rows = {r.get("name") for r in record.get("entries", [])} | {d.get("name") for d in record.get("dropped", [])
+                                                                 if isinstance(d, dict)}
+    if missing := [name for name in entries if name not in rows]:
+        raise _mismatch(iw.wheel, f"claims series {known.name} {known.version}, but lists no entry {missing[0]!r} "
+                                  "(the provenance was edited)")
     for row in (r for r in record.get("entries", []) if r.get("name") not in layered):
         e = entries.get(row.get("name"))
         files = ({v.sha256 for v in e.patch_files()} | {e.sha256}) - {""} if e is not None else set()
