@@ -57,3 +57,25 @@ def test_every_verb_reading_a_tree_applied_with_layers_takes_them_from_its_prove
     res = invoke("check", "--sglang-rev", "v0.5.23", as_json=False)
     assert res.code == 0 and said in res.err and "acme/acme-sps-floor" in res.text, (res.err, res.text)
     assert {p: p.read_bytes() for p in series.rglob("*") if p.is_file()} == before
+
+
+def test_a_layer_a_rebase_took_from_the_operators_config_is_the_trees_from_anywhere(
+        tmp_path, sglang_release_repo, monkeypatch):
+    """Applied without layers, then taken onto the stack a c128patch.toml names (`rebase`, as status prints it):
+    from a folder without that config, every verb reading the tree takes its layers from its provenance. The
+    rebase did not record their folders (apply did), so status said nothing and exit 1 there, and contract,
+    rebase and refresh refused."""
+    series, work = copy_series(tmp_path / "series"), tmp_path / "work"
+    shutil.copytree(EXAMPLE, work / "layers" / "acme")
+    monkeypatch.setenv("C128PATCH_SERIES", str(series))
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(work)
+    assert invoke("apply", "--sglang-rev", "v0.5.23").code == 0
+    (work / CONFIG).write_text('[layers]\npaths = ["layers/acme"]\n')
+    assert invoke("rebase", "--onto", "v0.5.23", "--tree", work / "sglang").code == 0
+    monkeypatch.chdir(tmp_path)  # no config here
+    res = invoke("status", "--tree", work / "sglang")
+    assert res.code == 0 and res.out["equals_series"], (res.err, res.out)
+    assert res.out["layers_in_effect"]["from"] == "the tree's provenance"
+    res = invoke("refresh", "--check", "--tree", work / "sglang")
+    assert res.code == 0 and res.out["changed"] == [], (res.err, res.out)

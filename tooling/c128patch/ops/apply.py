@@ -19,7 +19,7 @@ from c128patch.ops.applier import (
     users_commits,
 )
 from c128patch.ops.check import support_note
-from c128patch.ops.layer import remember_layers
+from c128patch.ops.treestate import remember_layers
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import describe, layer_args
 from c128patch.series.manifest import Series, default_series_root

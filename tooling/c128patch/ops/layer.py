@@ -13,13 +13,12 @@ from pathlib import Path
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
-from c128patch.jsonio import write_json_atomic
 from c128patch.ops.lint import Finding, lint_series
 from c128patch.ops.merged import entry_making
 from c128patch.ops.refresh import base_label, format_patch, slug
-from c128patch.ops.treestate import c128_state_dir, fault_point
+from c128patch.ops.treestate import fault_point
 from c128patch.series import txn
-from c128patch.series.layers import SEP, check_layer_name, known_bases, layer_folders, load_layer
+from c128patch.series.layers import SEP, check_layer_name, known_bases, load_layer
 from c128patch.series.manifest import MANIFEST, Entry, Series, load_series
 from c128patch.series.paths import check_entry_name, check_relpath
 from c128patch.series.plan import sources_at
@@ -38,11 +37,6 @@ class NewEntry:
     gate: str
     files: list[str]
     findings: list[Finding] = field(default_factory=list)
-
-
-def remember_layers(git: Git, series: Series) -> None:
-    """Keep the layer folders a tree was applied with in its git dir, for ``treestate.tree_layers``."""
-    write_json_atomic(c128_state_dir(git) / "layers.json", layer_folders(series))
 
 
 def new_layer(folder: Path, name: str, series: Series, base: str = "", version: str = "1") -> Series:

@@ -19,7 +19,7 @@ from c128patch.ops.merged import MergedCheck, Signal, proposes_drop, upstream_hi
 from c128patch.ops.rebase_journal import DONE, Journal, Phase, Step, save_conflicts, tree_state
 from c128patch.ops.rebase_report import classify, range_diff_of, report_of, write_reports
 from c128patch.ops.replay import FAILED, EntryCheck, RevCheck, renamed_patch_text, replay_entry, unmerged_paths
-from c128patch.ops.treestate import fault_point, rebase_command, rebase_journal
+from c128patch.ops.treestate import fault_point, rebase_command, rebase_journal, remember_layers
 from c128patch.series import provenance
 from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import Series
@@ -318,6 +318,7 @@ class RebaseLoop:
         if renamed and git.current_branch() == renamed:
             report["branch"], report["renamed_branch"] = renamed, {"from": journal.orig_branch, "to": renamed}
         write_reports(self.state, report)
+        remember_layers(git, self.series)  # the stack the new tip's provenance names (a c128patch.toml's too)
         self._forget()
         if not proof.ok:
             shown = "\n".join(f"  {h.path} {h.header}" for d in proof.unattributed for h in d.hunks[:20])

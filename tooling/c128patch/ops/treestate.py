@@ -30,10 +30,10 @@ from typing import Any, Iterator
 
 from c128patch.errors import C128Error
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git, stale_lock_message, user_can_commit
-from c128patch.jsonio import read_json
+from c128patch.jsonio import read_json, write_json_atomic
 from c128patch.progress import echo
-from c128patch.series.layers import operators
-from c128patch.series.manifest import MANIFEST
+from c128patch.series.layers import layer_folders, operators
+from c128patch.series.manifest import MANIFEST, Series
 from c128patch.series.provenance import read_provenance
 from c128patch.textsafe import some
 
@@ -53,6 +53,11 @@ def git_paths(git: Git, names: list[str], *more: str) -> list[Path]:
 
 def c128_state_dir(git: Git) -> Path:
     return git_paths(git, ["c128patch"])[0]
+
+
+def remember_layers(git: Git, series: Series) -> None:
+    """Keep the layer folders a tree was applied or rebased with in its git dir, for ``tree_layers``."""
+    write_json_atomic(c128_state_dir(git) / "layers.json", layer_folders(series))
 
 
 def tree_layers(git: Git) -> tuple[Path, ...]:
