@@ -76,7 +76,7 @@ def test_a_hostile_committed_provenance_is_no_record_to_apply_not_a_traceback(tm
     git.run("commit", "-q", "--allow-empty", "-m", "a commit on top")
     target, series = Target("v0.5.23", "0" * 40, "release"), load_series(REPO_ROOT)
     with pytest.raises(C128Error, match=r"holds .* applying v0\.5\.23 there would switch it to a new branch b"):
-        refuse_switching(tree, target, "b")
+        refuse_switching(tree, target, "b", series)
     assert already_applied(series, git, "b", target) is None
     refuse_taken_branch(series, git, "b", target)  # no record: nothing it holds to protect
 

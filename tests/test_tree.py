@@ -6,13 +6,14 @@ fix a message prints is run."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from c128patch.git import Git
-from support import Run, invoke, make_test_series, snapshot
+from support import REPO_ROOT, Run, invoke, make_test_series, run_printed, snapshot
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +161,18 @@ def test_another_rev_in_the_default_tree_is_refused_and_both_fixes_work(workdir:
     assert ran.code == 0, ran.err
     clone = Git(worktree=tmp_path / "sglang")
     assert clone.current_branch() == "c128/v0.5.22" and clone.rev_parse("refs/heads/c128/v0.5.23")
+
+
+def test_the_fixes_for_another_rev_in_the_default_tree_keep_the_layers_named(tmp_path: Path):
+    """`apply --layer L` into the default tree holding another rev: both printed commands carry --layer L (they
+    dropped it, and the one run as printed applied the series alone)."""
+    layer, workdir = (REPO_ROOT / "docs" / "examples" / "acme-layer").resolve(), tmp_path
+    assert in_dir(workdir, "apply", "--sglang-rev", "v0.5.23").code == 0
+    res = in_dir(workdir, "apply", "--sglang-rev", "v0.5.22", "--layer", str(layer))
+    assert res.code == 2, res.err
+    switch, beside = (line.split(": ", 1)[1] for line in res.err.strip().splitlines()[1:])
+    assert switch.endswith(f"--tree sglang --layer {layer}") and beside.endswith(f"--layer {layer}"), res.err
+    ran = run_printed(beside, cwd=workdir)
+    assert ran.returncode == 0, ran.stderr
+    record = json.loads((workdir / "sglang-v0.5.22" / "python/sglang/c128patch_provenance.json").read_text())
+    assert [r["name"] for r in record["layers"]] == ["acme"]

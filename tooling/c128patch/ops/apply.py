@@ -42,7 +42,7 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
     planned = plan(series, upstream.git, target.commit)
     check_paths_at(upstream.git, target.commit, planned)
     if tree is None and upstream.kind != "path":
-        refuse_switching(DEFAULT_TREE, target, branch or target.branch)
+        refuse_switching(DEFAULT_TREE, target, branch or target.branch, series, repo)
     existed = (tree or DEFAULT_TREE).exists()
     template = Path(tempfile.mkdtemp(prefix="c128patch-template-"))  # for git clone --template: the journal, first
     source = str(upstream.git.git_dir or upstream.git.worktree)
@@ -113,8 +113,9 @@ def refuse_taken_branch(series: Series, git: Git, branch: str, target: Target) -
                          "(docs/layers.md)")
 
 
-def refuse_switching(tree: Path, target: Target, branch: str) -> None:
-    """Refuse to switch the default tree holding another upstream commit unasked (``--tree`` asks)."""
+def refuse_switching(tree: Path, target: Target, branch: str, series: Series, repo: str | None = None) -> None:
+    """Refuse to switch the default tree holding another upstream commit unasked (``--tree`` asks); the commands it
+    prints name the same stack and upstream."""
     if not tree.is_dir() or not is_work_tree(tree):
         return
     git = Git(worktree=tree)
@@ -125,8 +126,10 @@ def refuse_switching(tree: Path, target: Target, branch: str) -> None:
         return
     on, rev = git.current_branch() or "", target.rev
     held = f"{upstream.get('rev')}" + (f" + series (branch {on})" if record and on else f" (branch {on})" if on else "")
-    switch = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--tree", str(tree)])
-    beside = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--tree", f"{tree}-{rev}"])
+    same = [*(["--repo", repo] if repo else []), *layer_args(series),
+            *([] if series.ours.root == default_series_root().resolve() else ["--series", str(series.ours.root)])]
+    switch = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--tree", str(tree), *same])
+    beside = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--tree", f"{tree}-{rev}", *same])
     raise C128Error(f"./{tree} holds {held}: applying {rev} there would switch it to a new branch {branch}; "
                     "say which you want",
                     hint=f"  switch ./{tree} (its branch stays): {switch}\n  a second tree beside it: {beside}")
