@@ -342,6 +342,29 @@ def test_a_users_commit_rebased_on_an_installed_tool_is_pointed_at_a_layer_by_re
     assert files(series) == before
 
 
+def test_a_users_commit_rebased_with_the_tools_own_checkout_is_pointed_at_a_layer_too(
+        tmp_path: Path, sglang_release_repo, upstream_clone: Path, monkeypatch):
+    """The README's development install (`pip install -e`): the tool's series is its checkout. A rebase printed
+    `next: c128patch refresh ...` there, which took the user's commit into our series as a new entry; the next:
+    never writes the tool's own series (docs/layers.md), it points at a layer."""
+    old = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    series = make_test_series(tmp_path / "series", sglang_release_repo,
+                              {"python/sglang/srt/environ.py": (old, f"{old}    SGLANG_MINE = EnvBool(False)\n")})
+    monkeypatch.setenv("C128PATCH_SERIES", str(series))  # the tool's own series, a checkout
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", str(upstream_clone)).code == 0
+    (upstream_clone / "USER.txt").write_text("mine\n")
+    git = Git(worktree=upstream_clone).with_env(GIT_AUTHOR_NAME="me", GIT_AUTHOR_EMAIL="me@x.invalid",
+                                                GIT_COMMITTER_NAME="me", GIT_COMMITTER_EMAIL="me@x.invalid")
+    git.run("add", "USER.txt")
+    git.run("commit", "-qm", "site: mine")
+    before = files(series)
+    res = invoke("rebase", "--onto", "v0.5.22", "--tree", str(upstream_clone), as_json=False)
+    assert res.code == 0, res.err
+    (line,) = [x for x in res.text.splitlines() if x.startswith("report: ")]
+    assert "next: " not in line and "would take your commit(s) on the branch as new entries" in line, line
+    assert "c128patch layer add-entry" in line and files(series) == before
+
+
 @pytest.mark.parametrize("spelling", ["c128patch-entry: x", "C128patch-Entry : x", "C128PATCH-ENTRY:x"])
 def test_a_commit_whose_entry_trailer_is_spelled_otherwise_gets_no_second_one(tmp_path: Path, spelling: str):
     """git reads each spelling as the entry trailer; format_patch must not add ours beside it."""

@@ -146,7 +146,7 @@ def refresh_command(git: Git, series: Series, report: dict, lock_items: LockItem
         return "", ""
     found = found if primary == (label == series.base) else changes(primary)
     own = series.ours.root == default_series_root().resolve()  # the tool's checkout or installed package
-    if own and (series.layers or label == onto[:12] or installed(series.ours.root)) and any(
+    if own and (series.layers or new_entry or label == onto[:12] or installed(series.ours.root)) and any(
             not Path(c).is_absolute() for c in found):
         what = ("would take your commit(s) on the branch as new entries" if new_entry else
                 f"would need files for {report['new_base']['rev']}")
