@@ -343,3 +343,18 @@ def test_ci_capacity_table_writes_json(tmp_path: Path) -> None:
         assert (row["off"]["full_tokens"], row["on"]["full_tokens"]) == (expect.off.full_tokens, expect.on.full_tokens)
     assert (data["pr_row"]["off"]["full_tokens"], data["pr_row"]["on"]["full_tokens"]) == (2_553_344, 3_167_232)
     assert "2,553,344" in proc.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--budget-gib", "inf"], "--budget-gib inf: give a finite number"),
+    (["--budget-gib", "nan"], "--budget-gib nan: give a finite number"),
+    (["--gpu-gib", "inf", "--mem-fraction-static", "0.85", "--non-kv-gib", "1"], "--gpu-gib inf: give a finite"),
+    (["--budget-gib", "1e21"], "GiB on one GPU: not one this models"),
+    (["--budget-bytes", str(10**24)], "GiB on one GPU: not one this models"),
+])
+def test_a_budget_not_finite_or_past_any_gpu_is_one_line(args, says) -> None:
+    """An outside first-day walk: `inf` was a traceback (OverflowError), 1e21 GiB ran for minutes (the search is
+    linear in the tokens it fits)."""
+    result = _run(*args)
+    assert result.code == 2 and says in result.err and "Traceback" not in result.err, result.err
+    assert len(result.err.strip().splitlines()) == 1

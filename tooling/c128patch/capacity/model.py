@@ -118,6 +118,9 @@ def max_running_requests(value: str) -> tuple[Optional[int], str]:
     return n, "given"
 
 
+MAX_BUDGET = 1 << 50  # 1 PiB on one GPU
+
+
 def kv_budget(budget_gib: Optional[float], budget_bytes: Optional[int], gpu_gib: Optional[float],
               mem_fraction_static: Optional[float], non_kv_gib: Optional[float]) -> int:
     """The KV byte budget the configurator divides (one GPU), given one of three ways."""
@@ -125,6 +128,10 @@ def kv_budget(budget_gib: Optional[float], budget_bytes: Optional[int], gpu_gib:
     if [budget_gib is not None, budget_bytes is not None, any(v is not None for v in derived)].count(True) != 1:
         raise ValueError("give the KV budget one way: --budget-gib, --budget-bytes, or "
                          "--gpu-gib with --mem-fraction-static and --non-kv-gib")
+    named = {"--budget-gib": budget_gib, "--gpu-gib": gpu_gib, "--mem-fraction-static": mem_fraction_static,
+             "--non-kv-gib": non_kv_gib}
+    if bad := next((f"{k} {v}" for k, v in named.items() if v is not None and not math.isfinite(v)), None):
+        raise ValueError(f"{bad}: give a finite number")
     if budget_bytes is not None:
         budget = budget_bytes
     elif budget_gib is not None:
@@ -135,6 +142,8 @@ def kv_budget(budget_gib: Optional[float], budget_bytes: Optional[int], gpu_gib:
         budget = int((gpu_gib * mem_fraction_static - non_kv_gib) * (1 << 30))
     if budget <= 0:
         raise ValueError(f"the KV budget must be positive, got {budget} bytes")
+    if budget > MAX_BUDGET:  # the search is linear in the tokens it fits
+        raise ValueError(f"the KV budget {budget} bytes is past {MAX_BUDGET >> 30} GiB on one GPU: not one this models")
     return budget
 
 
