@@ -156,6 +156,21 @@ def test_a_command_off_a_terminal_beats_after_10_seconds_without_a_line_until_it
     assert said and set(said) == {"lint: 0 s"} and capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("terminal", [False, True], ids=["piped", "terminal"])
+def test_with_json_a_long_step_still_beats_on_stderr_off_a_terminal(monkeypatch, capsys, terminal):
+    """--json (a reporter not enabled) keeps stdout for its JSON; off a terminal (CI piping the nightly watch) its
+    long steps still say where they are on stderr; on a terminal it stays quiet as before."""
+    from c128patch import progress
+
+    monkeypatch.setattr(progress, "is_terminal", lambda stream: terminal)
+    monkeypatch.setattr(progress, "BEAT", 0.01)
+    with progress.reporter(False) as rep:
+        rep.step("the behavioural tier")
+        threading.Event().wait(0.2)
+    out = capsys.readouterr()
+    assert out.out == "" and (out.err == "" if terminal else "the behavioural tier: 0 s" in out.err), out
+
+
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         return None

@@ -122,8 +122,9 @@ def console(stderr: bool = True) -> Console:
 
 @contextlib.contextmanager
 def reporter(enabled: bool, total: int | None = None, title: str = "working") -> Iterator[Reporter]:
-    """A progress bar on a terminal's stderr, plain lines off one (``PlainReporter``), nothing for --json."""
-    if not enabled:
+    """A progress bar on a terminal's stderr, plain lines off one (``PlainReporter``). Not ``enabled`` (--json):
+    nothing on a terminal; off one (CI's log) still the plain lines, on stderr: a long step is never silent."""
+    if not enabled and is_terminal(sys.stderr):
         yield NullReporter()
         return
     if not is_terminal(sys.stderr):
