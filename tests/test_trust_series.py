@@ -23,7 +23,7 @@ from c128patch.series.layers import CONFIG, ENV, lookup_layers, stack
 from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import load_series
 from c128patch.series.paths import confine
-from support import REPO_ROOT, cli_process, invoke, refused
+from support import REPO_ROOT, invoke, refused
 from test_sealed_box import trapped_upstream  # noqa: F401 (a fixture)
 
 SERIES = '[series]\nname = "{name}"\nversion = "1"\nbase = "v0.5.23"\n'
@@ -435,16 +435,6 @@ def test_watch_refuses_a_read_only_out_before_any_work(tmp_path):
                 contains=f"--out {tmp_path / 'ro' / 'out'}: {tmp_path / 'ro'} is not writable")
         assert time.monotonic() - started < 30  # refused up front: no clone, no carry
     assert not list((tmp_path / "ro").iterdir())
-
-
-def test_watch_says_first_on_stderr_that_it_runs_the_targets_code_on_a_terminal_or_not(tmp_path):
-    """Off a terminal (CI) the tier's step line showed only at the reporter's heartbeat: a short tier never said
-    it ran the target's code. Said first now (here before a refusal of the rev), never with --no-run."""
-    ran = cli_process(["watch", "--onto", "no-such-rev", "--out", tmp_path / "out", "--json"])
-    assert ran.returncode == 2 and ran.stderr.startswith("watch runs the target tree's code"), ran.stderr
-    assert "--no-run skips it" in ran.stderr.splitlines()[0]
-    skipped = cli_process(["watch", "--onto", "no-such-rev", "--out", tmp_path / "out", "--no-run", "--json"])
-    assert skipped.returncode == 2 and "target tree's code" not in skipped.stderr, skipped.stderr
 
 
 def test_a_full_disk_while_watch_writes_its_report_is_one_line_and_leaves_no_report(tmp_path, monkeypatch):

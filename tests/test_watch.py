@@ -98,6 +98,14 @@ def onto_023(series_022: Path, tmp_path_factory: pytest.TempPathFactory) -> Watc
     return watch(tmp_path_factory.mktemp("w023") / "out", series_022, "v0.5.23")
 
 
+def test_watch_says_on_stderr_that_it_runs_the_targets_code_on_a_terminal_or_not(onto_023: Watched, tmp_path):
+    """Off a terminal (CI, and here) the tier's step line showed only at the reporter's beat: a short tier never
+    said it ran the target's code. Said as the tier starts now; a refusal before any work stays one line."""
+    assert "watch runs the target tree's code" in onto_023.run.err and "--no-run skips it" in onto_023.run.err
+    refused = watch(tmp_path / "out", REPO_ROOT, "no-such-rev")
+    assert refused.run.code == 2 and refused.run.err.startswith("c128patch: error: unknown rev 'no-such-rev'")
+
+
 def test_a_series_made_at_v0_5_22_is_refreshed_onto_v0_5_23(onto_023):
     assert onto_023.run.code == EXIT["refreshed"] == 3, onto_023.run.err
     assert onto_023.report["outcome"] == "refreshed"

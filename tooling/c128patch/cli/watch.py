@@ -39,17 +39,14 @@ def command(onto: str, repo: str | None, out: Path, timeout: float, primary: boo
     from rich.markdown import Markdown
 
     from c128patch.fit import watch as core
-    from c128patch.fit.sandbox import NOTICE
     from c128patch.fit.watch_report import render
-    from c128patch.progress import console, echo, is_terminal, reporter
+    from c128patch.progress import console, is_terminal, reporter
     from c128patch.series.plan import validate_files
     from c128patch.textsafe import plain
 
     series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
     validate_files(series)
     check_output_dir(out, "--out")
-    if not no_run:  # said first, on a terminal or not (a step line off one shows only every few seconds)
-        echo(f"watch {NOTICE}")
     with reporter(not as_json, title="watch") as rep:
         report = core.watch(series, repo, onto, out, timeout=timeout, primary=primary, python=python,
                             run_code=not no_run, reporter=rep)

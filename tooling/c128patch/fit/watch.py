@@ -61,7 +61,7 @@ from c128patch.ops.rebase import Rebase
 from c128patch.ops.rebase_report import render_markdown
 from c128patch.ops.replay import branch_commits
 from c128patch.ops.treestate import git_command
-from c128patch.progress import NullReporter, Reporter
+from c128patch.progress import NullReporter, Reporter, echo
 from c128patch.series.layers import layer_folders, layer_rows, stack
 from c128patch.series.manifest import Series, installed, load_series
 from c128patch.upstream.source import Target, Upstream, open_upstream
@@ -251,6 +251,8 @@ class Watch:
 
     def _start_tier(self, git: Git, series: Series, onto_commit: str, head: str) -> tier_ops.Pending | str:
         """``fit.treecheck`` (gates off and on) on the carried tree, started; a str says why it did not start."""
+        if self.run_code:  # said as it starts, on a terminal or not (a step line off one shows only at the beat)
+            echo(f"watch {NOTICE}")
         self._step(f"behavioural tier on {self.onto} (started): it {NOTICE}" if self.run_code else
                    f"behavioural tier on {self.onto}: --no-run, the target's code is not run (unchecked)")
         try:
