@@ -10,9 +10,10 @@ import pytest
 
 from c128patch.git import Git
 from c128patch.ops import equivalence
+from c128patch.ops.lint import update_hashes
 from c128patch.ops.proofs import PROOF
 from c128patch.series.manifest import load_series
-from support import invoke, make_test_series, refused, upstream_commit
+from support import copy_series, invoke, make_test_series, refused, run_printed, upstream_commit
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",
@@ -378,3 +379,27 @@ def test_a_commit_whose_entry_trailer_is_spelled_otherwise_gets_no_second_one(tm
     head = format_patch(git, "HEAD", "x", gate="G").decode().split("\n---\n")[0]
     assert [k for k, _ in find_trailers(head)] == [ENTRY_TRAILER]  # none added beside it, not even the gate's
     assert GATE_TRAILER not in head
+
+
+def test_refresh_in_a_tree_applied_before_the_stack_gained_an_entry_points_at_rebase(tmp_path, sglang_release_repo,
+                                                                                    monkeypatch):
+    """A tree applied with an older stack (a layer's folder gained entries since, through another tree): refresh
+    exported the branch and dropped the new entries from the stack, and offered --accept-differences to do so.
+    It refuses now, naming them, with the rebase that takes them; after it, refresh --check changes nothing."""
+    series = copy_series(tmp_path / "series")
+    monkeypatch.setenv("C128PATCH_SERIES", str(series))
+    tree = tmp_path / "sglang"
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree).code == 0
+    (series / "overlay" / "sglang" / "late.py").write_text("LATE = 1\n")
+    with (series / "patches" / "series.toml").open("a") as fh:
+        fh.write('\n[[entries]]\nname = "late"\nkind = "overlay"\nsource = "overlay/sglang/late.py"\n'
+                 'target = "python/sglang/late.py"\nwhy = "added after the tree was applied"\nbase = "v0.5.23"\n')
+    update_hashes(load_series(series))
+    before = files(series)
+    res = invoke("refresh", "--check", "--tree", tree, as_json=False)
+    assert res.code == 2 and "entries this tree was never applied with (late)" in res.err, res.err
+    again = res.err.split("take them into the tree first: ", 1)[1].strip()
+    assert again == f"c128patch rebase --onto v0.5.23 --tree {tree}" and files(series) == before
+    assert run_printed(again).returncode == 0
+    done = invoke("refresh", "--check", "--tree", tree)
+    assert done.code == 0 and done.out["changed"] == [], done.out

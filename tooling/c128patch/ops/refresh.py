@@ -212,6 +212,14 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
             raise C128Error(f"cannot refresh: two commits carry '{ENTRY_TRAILER}: {name}'; squash them first")
         else:
             exported[name] = _export_commit(series, git, sha, name, exported, (label, base_commit, primary), result)
+    recorded = {str(r.get("name")) for key in ("entries", "dropped") for r in record.get(key, [])
+                if isinstance(r, dict)} | {e.name for e in merged_entries(series, git, base_commit)}
+    if newer := [e.name for e in series.entries if e.name not in exported and e.name not in recorded]:
+        again = shlex.join(["c128patch", "rebase", "--onto", base_rev or label, "--tree", str(git.worktree),
+                            *layer_args(series)])
+        raise C128Error(f"cannot refresh: the stack has entries this tree was never applied with ({', '.join(newer)}); "
+                        "exported from here they would be dropped from it; nothing was written",
+                        hint=f"  take them into the tree first: {again}")
     entries = list(exported.values())  # branch order, each kept entry right after its predecessor in the series
     names = [e.name for e in series.entries]
     for name, entry in _kept_without_commit(series, git, record, base_commit, exported, result).items():
