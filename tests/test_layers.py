@@ -947,3 +947,26 @@ def test_the_fresh_replay_takes_a_branch_s_trees_only_where_each_is_its_entry_s_
     shifted = {**each, "site/e0": (each["site/e0"][0], each["site/e1"][1])}  # another entry's tree
     for name, known in (("amended", amended), ("on-another", on_another), ("shifted", shifted)):
         assert replayed(name, known)[:2] == (each, rows), name
+
+
+def test_the_second_add_entry_prints_a_next_that_works_where_the_first_ones_tree_is(tmp_path, upstream_clone):
+    """The first entry's next: `apply ... --tree <tree>-acme` makes the stacked tree; the second's was the same
+    apply, which then refused (the branch there exists) advising `git branch -D`. It takes the tree that exists:
+    a rebase onto the same base, which replays the grown layer; each as printed."""
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
+    layer = tmp_path / "acme"
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0
+    anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    nexts = []
+    for name in ("one", "two"):
+        sha = commit_on(upstream_clone, ENV_PY, anchor, f"{anchor}    # acme: {name}\n", f"acme: {name}")
+        anchor += f"    # acme: {name}\n"
+        res = invoke("layer", "add-entry", "--layer", layer, "--from-commit", sha, "--tree", upstream_clone,
+                     "--name", name, "--why", "w", as_json=False)
+        assert res.code == 0, res.text
+        nexts.append(res.text.split("  next: ", 1)[1].strip())
+        ran = run_printed(nexts[-1])
+        assert ran.returncode == 0, (nexts[-1], ran.stderr)
+    assert nexts[0].startswith("c128patch apply ") and nexts[1].startswith("c128patch rebase --onto v0.5.23 ")
+    stacked = Git(worktree=Path(f"{upstream_clone}-acme"))
+    assert [c for c in stacked.out("log", "--format=%s", "-3").splitlines()][1:] == ["acme: two", "acme: one"]

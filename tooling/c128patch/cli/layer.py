@@ -7,7 +7,16 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, exit_unless, json_verb, locate_tree, say, series_dir_option, tree_option
+from c128patch.cli.common import (
+    applied_here,
+    emit_json,
+    exit_unless,
+    json_verb,
+    locate_tree,
+    say,
+    series_dir_option,
+    tree_option,
+)
 
 
 @click.group("layer")
@@ -65,8 +74,10 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
     else:
         lint = shlex.join(["c128patch", "lint", "--layer", str(folder)])
         rev = str(read_provenance(git.worktree).get("upstream", {}).get("rev") or "")  # the layer's base
-        stack = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--layer", str(folder), "--tree",
-                            f"{git.worktree}-{done.layer}"])  # beside the branch, which keeps the commit
+        beside = Path(f"{git.worktree}-{done.layer}")  # beside the branch, which keeps the commit
+        stack = shlex.join(["c128patch", "rebase", "--onto", rev, "--tree", str(beside), "--layer", str(folder)]
+                           if beside.is_dir() and applied_here(beside) else  # the first next made it: it takes this
+                           ["c128patch", "apply", "--sglang-rev", rev, "--layer", str(folder), "--tree", str(beside)])
         say(f"entry {done.entry} ({done.file} in {folder}) from commit {done.commit[:12]}: {', '.join(done.files)}; "
             f"gate {done.gate or 'none'}", *(f"  lint {f.level}: {f.entry}: {f.message}" for f in done.findings),
             *([f"  the entry is written (not again: it is one); fix the layer, then: {lint}"] if errors else
