@@ -968,5 +968,6 @@ def test_the_second_add_entry_prints_a_next_that_works_where_the_first_ones_tree
         ran = run_printed(nexts[-1])
         assert ran.returncode == 0, (nexts[-1], ran.stderr)
     assert nexts[0].startswith("c128patch apply ") and nexts[1].startswith("c128patch rebase --onto v0.5.23 ")
+    assert load_series(layer).version == "2"  # two stacks, two names: the second entry bumped it (both read "1")
     stacked = Git(worktree=Path(f"{upstream_clone}-acme"))
     assert [c for c in stacked.out("log", "--format=%s", "-3").splitlines()][1:] == ["acme: two", "acme: one"]

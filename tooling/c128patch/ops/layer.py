@@ -15,7 +15,7 @@ from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.ops.lint import Finding, lint_series
 from c128patch.ops.merged import entry_making
-from c128patch.ops.refresh import base_label, format_patch, slug
+from c128patch.ops.refresh import base_label, bumped, format_patch, slug
 from c128patch.ops.treestate import fault_point
 from c128patch.series import txn
 from c128patch.series.layers import SEP, check_layer_name, known_bases, load_layer
@@ -104,7 +104,8 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
                   base_commit=base_commit if label == base_commit[:12] else "",
                   base_sources=sources_at(git, base_commit, touched), sha256=hashlib.sha256(data).hexdigest(),
                   file=file)
-    updated = Series(layer.root, layer.name, layer.version, layer.base, [*layer.entries, entry], gates=layer.gates)
+    version = bumped(layer.version) if layer.entries else layer.version  # a new stack: its name and version say so
+    updated = Series(layer.root, layer.name, version, layer.base, [*layer.entries, entry], gates=layer.gates)
     txn.commit_all([(layer.root, {layer.patches_dir / file: data, layer.manifest_path: updated.to_toml().encode()},
                      [], layer.manifest_path)], fault=lambda point: fault_point("at", point))
     return NewEntry(layer.name, full, f"patches/{file}", sha, gate, touched, lint_series(load_series(layer.root)))

@@ -181,6 +181,12 @@ def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | No
     return Refreshed(result, changes, check, series)
 
 
+def bumped(version: str) -> str:
+    """A part's next version: its last number up by one, else ".1" added."""
+    m = re.match(r"^(.*?)(\d+)$", version)
+    return f"{m.group(1)}{int(m.group(2)) + 1}" if m else f"{version}.1"
+
+
 def export(series: Series, git: Git, *, primary: bool | None = None, version: str | None = None,
            lock_items: LockItems | None = None) -> Export:
     """patches/ and the manifest refreshed from the branch in ``git``: ``primary`` (default: the tree is on the
@@ -234,9 +240,7 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
         changed = part.to_toml() != old.to_toml() or any(_differs(p, d)
                                                           for p, d in _files_of(old, series, result.files).items())
         want = version if old is series.ours else None
-        m = re.match(r"^(.*?)(\d+)$", old.version)  # bumped: its last number up by one, else ".1" added
-        bumped = f"{m.group(1)}{int(m.group(2)) + 1}" if m else f"{old.version}.1"
-        parts.append(replace(part, version=want or (bumped if changed else old.version)))
+        parts.append(replace(part, version=want or (bumped(old.version) if changed else old.version)))
     result.series = Stack(parts[0], parts[1:]) if stacked else parts[0]
     result.manifest, result.layers = parts[0].to_toml(), parts[1:]
     if primary and stacked:  # our lock is our series' own, made on a tree without layers: it is not rewritten here
