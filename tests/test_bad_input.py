@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from support import make_test_series, refused
+from c128patch.git import Git
+from support import invoke, make_test_series, refused
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",
@@ -178,3 +179,12 @@ def test_refused_apply_into_a_new_tree_clones_nothing(tmp_path: Path, sglang_rel
     refused(["apply", "--sglang-rev", "v0.5.23", "--repo", str(sglang_release_repo), "--tree", str(tree),
              "--series", str(series)], contains="sha256 does not match")
     assert tree.is_dir() == existed and (not existed or not any(tree.iterdir()))
+
+
+def test_a_rev_no_branch_name_can_hold_gets_a_branch_named_after_its_commit(upstream_clone: Path, series: Path):
+    """`--sglang-rev main~1` (any commit-ish works with --repo, --help says) was refused as "invalid branch name:
+    'c128/main~1'", with no word of --branch."""
+    res = invoke("apply", "--sglang-rev", "main~1", "--repo", str(upstream_clone), "--series", str(series))
+    commit = Git(worktree=upstream_clone).rev_parse("main~1")
+    assert res.code == 0, res.err
+    assert Git(worktree=upstream_clone).current_branch() == f"c128/{commit[:12]}"

@@ -118,6 +118,7 @@ def git_reason(text: str) -> str:
     """git's reason in one line: its first ``error:``/``fatal:`` line with the first path it lists after it (git
     ends with a bare "Aborting"), else its last line."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith("hint: ")] or lines  # git's advice, not its reason
     first = next((i for i, line in enumerate(lines) if line.startswith(("error: ", "fatal: "))), None)
     if first is None:
         return lines[-1].strip() if lines else ""

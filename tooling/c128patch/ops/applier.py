@@ -207,7 +207,7 @@ class Apply:
         assert series is not None
         branch = branch or target.branch
         if not git.ok("check-ref-format", "--branch", branch):
-            raise C128Error(f"invalid branch name: {branch!r}")
+            raise C128Error(f"invalid branch name: {branch!r}; pass one with --branch NAME")
         with repo_lock(git, "apply"):
             seeded = fresh_clone and self.path.is_file()
             if not fresh_clone:

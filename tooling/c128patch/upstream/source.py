@@ -65,6 +65,9 @@ class Upstream:
         return {"release": "the sglang release wheels", "path": self.location, "url": self.location}[self.kind]
 
 
+_NOT_IN_A_REF = re.compile(r"\.\.|[\x00-\x20\x7f~^:?*\[\\]|@\{|//|/\.|^\.|\.lock$|/$|\.$|^@$")  # git check-ref-format
+
+
 def default_branch(rev: str) -> str:
     """The branch ``apply`` makes for ``rev`` (``rebase`` renames it after the new base)."""
     return f"c128/{rev}"
@@ -92,7 +95,8 @@ class Target:
 
     @property
     def branch(self) -> str:
-        return default_branch(self.rev)
+        """``c128/<rev>``; for a rev no branch name can hold (``main~1``, ``HEAD^``, ``main@{0}``) its commit's."""
+        return default_branch(self.rev if not _NOT_IN_A_REF.search(self.rev) else self.commit[:12])
 
 
 def open_upstream(repo: str | None, revs: list[str], reporter: Reporter = NullReporter()) -> Upstream:
