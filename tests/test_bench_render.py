@@ -74,7 +74,7 @@ def test_growth_targets_hold_ours_to_a_multiple_of_raw_even_when_raw_does_not_gr
     per_unit = {what: {"": {"cpu": 0.02}, "raw ": {"cpu": -0.0001}} for what in ("check", "rebase", "apply")}
     per_unit["rebase"]["raw plain "] = {"cpu": -0.0001}  # rebase's comparator: ``git rebase syn-K`` as typed
     said = {t["what"]: t["missed"] for t in bench_growth.targets(per_unit, 0.1, 0.11)}
-    rebase = "rebase per commit, ours - 3x raw plain `git rebase syn-K`'s (s)"
+    rebase = "rebase per commit, ours - 3x raw plain `git rebase syn-K`'s (ms)"
     assert said == {"check per rev, 16-64 / 1-16 (CPU)": False, "check per rev, ours - raw's (s)": True,
                     rebase: True, "apply per layer entry (s)": False}
     per_unit["rebase"]["raw plain "] = {"cpu": 0.007}  # 3x 7 ms >= ours' 20 ms
