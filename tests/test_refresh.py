@@ -314,6 +314,16 @@ def test_a_rebase_needing_a_variant_prints_no_refresh_into_an_installed_tool(tmp
     assert invoke("refresh", "--check", "--tree", str(upstream_clone)).code == 1  # as the note says: files needed
 
 
+def applied_with_a_commit_of_the_users(tree: Path) -> None:
+    """``apply`` of v0.5.23 into ``tree`` (the user's clone), then a commit of the user's on the branch."""
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", str(tree)).code == 0
+    (tree / "USER.txt").write_text("mine\n")
+    git = Git(worktree=tree).with_env(GIT_AUTHOR_NAME="me", GIT_AUTHOR_EMAIL="me@x.invalid", GIT_COMMITTER_NAME="me",
+                                      GIT_COMMITTER_EMAIL="me@x.invalid")
+    git.run("add", "USER.txt")
+    git.run("commit", "-qm", "site: mine")
+
+
 def test_a_users_commit_rebased_on_an_installed_tool_is_pointed_at_a_layer_by_rebase_and_refresh_check(
         tmp_path: Path, sglang_release_repo, upstream_clone: Path, monkeypatch):
     """Issue 37's walk: `pip install`ed, applied into one's own clone, a commit of one's own on the branch, rebased.
@@ -323,12 +333,7 @@ def test_a_users_commit_rebased_on_an_installed_tool_is_pointed_at_a_layer_by_re
     series = make_test_series(tmp_path / "series", sglang_release_repo,
                               {"python/sglang/srt/environ.py": (old, f"{old}    SGLANG_MINE = EnvBool(False)\n")})
     as_installed(series, tmp_path, monkeypatch)
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", str(upstream_clone)).code == 0
-    (upstream_clone / "USER.txt").write_text("mine\n")
-    git = Git(worktree=upstream_clone).with_env(GIT_AUTHOR_NAME="me", GIT_AUTHOR_EMAIL="me@x.invalid",
-                                                GIT_COMMITTER_NAME="me", GIT_COMMITTER_EMAIL="me@x.invalid")
-    git.run("add", "USER.txt")
-    git.run("commit", "-qm", "site: mine")
+    applied_with_a_commit_of_the_users(upstream_clone)
     res = invoke("rebase", "--onto", "v0.5.21", "--tree", str(upstream_clone), as_json=False)
     assert res.code == 0, res.err
     (line,) = [x for x in res.text.splitlines() if x.startswith("report: ")]
@@ -352,12 +357,7 @@ def test_a_users_commit_rebased_with_the_tools_own_checkout_is_pointed_at_a_laye
     series = make_test_series(tmp_path / "series", sglang_release_repo,
                               {"python/sglang/srt/environ.py": (old, f"{old}    SGLANG_MINE = EnvBool(False)\n")})
     monkeypatch.setenv("C128PATCH_SERIES", str(series))  # the tool's own series, a checkout
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", str(upstream_clone)).code == 0
-    (upstream_clone / "USER.txt").write_text("mine\n")
-    git = Git(worktree=upstream_clone).with_env(GIT_AUTHOR_NAME="me", GIT_AUTHOR_EMAIL="me@x.invalid",
-                                                GIT_COMMITTER_NAME="me", GIT_COMMITTER_EMAIL="me@x.invalid")
-    git.run("add", "USER.txt")
-    git.run("commit", "-qm", "site: mine")
+    applied_with_a_commit_of_the_users(upstream_clone)
     before = files(series)
     res = invoke("rebase", "--onto", "v0.5.22", "--tree", str(upstream_clone), as_json=False)
     assert res.code == 0, res.err
