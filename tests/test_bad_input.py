@@ -188,3 +188,14 @@ def test_a_rev_no_branch_name_can_hold_gets_a_branch_named_after_its_commit(upst
     commit = Git(worktree=upstream_clone).rev_parse("main~1")
     assert res.code == 0, res.err
     assert Git(worktree=upstream_clone).current_branch() == f"c128/{commit[:12]}"
+
+
+def test_a_git_failure_is_said_by_gits_reason_not_its_last_line():
+    """A checkout in the way of untracked files ended "git checkout --quiet --detach failed: Aborting"."""
+    from c128patch.git import git_reason
+
+    said = ("error: The following untracked working tree files would be overwritten by checkout:\n\tpython/a.py\n"
+            "\tpython/b.py\nPlease move or remove them before you switch branches.\nAborting\n")
+    assert git_reason(said) == ("error: The following untracked working tree files would be overwritten by checkout: "
+                                "python/a.py (and 1 more)")
+    assert git_reason("some line\nhint: try this\n") == "some line" and git_reason("fatal: no\n") == "fatal: no"
