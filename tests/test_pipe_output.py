@@ -226,3 +226,15 @@ def _download_lines(env: dict, tmp_path: Path) -> tuple[list[str], str]:
     assert "progress" not in res.text.lower() and "downloading" not in res.text  # stdout: the result only
     assert list((tmp_path / "dist").glob("sglang-0.5.20+c128.*.whl"))
     return lines, mb
+
+
+def test_a_reader_that_stops_reading_does_not_change_the_exit_code(real_series, sglang_release_repo):
+    """``c128patch check | head -1``: click exits 1 at the first write to the closed pipe; the command's own code
+    (0: it applies) and an empty stderr are what a shell with ``pipefail`` must see."""
+    for args in (["check", "--sglang-rev", "v0.5.23"], ["check", "--sglang-rev", "v0.5.23", "--json"]):
+        proc = subprocess.Popen([sys.executable, "-m", "c128patch", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        proc.stdout.close()  # gone before the first line: every write meets a closed pipe
+        err = proc.stderr.read()
+        assert proc.wait(timeout=120) == 0, err
+        assert err == ""
