@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from c128patch.git import Git
-from support import invoke, make_test_series, refused
+from support import invoke, make_test_series, printed_command, refused, run_printed
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",
@@ -199,3 +199,14 @@ def test_a_git_failure_is_said_by_gits_reason_not_its_last_line():
     assert git_reason(said) == ("error: The following untracked working tree files would be overwritten by checkout: "
                                 "python/a.py (and 1 more)")
     assert git_reason("some line\nhint: try this\n") == "some line" and git_reason("fatal: no\n") == "fatal: no"
+
+
+def test_doctor_given_a_launch_argument_before_the_dashes_prints_the_command_with_them():
+    """``doctor --tp 8`` is a launch argument in doctor's place: the error prints the command with ``--``, doctor's
+    own flags kept before it, and that command runs as printed (no usage error: doctor's verdict, exit 0 or 1)."""
+    line = refused(["doctor", "--tp", "8", "--json"], code=2)
+    command = printed_command(line, "c128patch doctor --json")
+    assert command == "c128patch doctor --json -- --tp 8", line
+    ran = run_printed(command)
+    assert ran.returncode in (0, 1), ran.stderr
+    assert "No such option" not in ran.stderr + ran.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import shlex
 import sys
 from typing import Any, NoReturn
 
@@ -55,6 +56,12 @@ def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
             words.append(word)
         verb = " ".join(words)
     line = f"{message} (see `{f'c128patch {verb}' if verb else 'c128patch'} --help`)"
+    if isinstance(exc, click.NoSuchOption) and exc.ctx is not None and "--" not in argv and exc.option_name in argv \
+            and any(getattr(p, "nargs", 1) == -1 for p in exc.ctx.command.params):  # doctor's launch arguments
+        at = argv.index(exc.option_name)
+        flags = {n for p in exc.ctx.command.params if getattr(p, "is_flag", False) for n in p.opts}  # --json stays
+        ours, theirs = [*argv[:at], *(a for a in argv[at:] if a in flags)], [a for a in argv[at:] if a not in flags]
+        line += f"; launch arguments go after `--`: {shlex.join(['c128patch', *ours, '--', *theirs])}"
     if "--json" in (argv[: argv.index("--")] if "--" in argv else argv):
         emit_json({"ok": False, "error": line, "usage_error": True})
     click.echo(f"c128patch: error: {line}", err=True)
