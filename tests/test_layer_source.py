@@ -79,3 +79,19 @@ def test_a_layer_a_rebase_took_from_the_operators_config_is_the_trees_from_anywh
     assert res.out["layers_in_effect"]["from"] == "the tree's provenance"
     res = invoke("refresh", "--check", "--tree", work / "sglang")
     assert res.code == 0 and res.out["changed"] == [], (res.err, res.out)
+
+
+def test_an_empty_env_switches_the_configs_layers_off_and_says_so(tmp_path, monkeypatch):
+    """``C128PATCH_LAYERS=`` beside a config naming a layer: no layers (docs/layers.md), said on stderr and in
+    the --json report, never silently."""
+    shutil.copytree(EXAMPLE, tmp_path / "layers" / "acme")
+    (tmp_path / CONFIG).write_text('[layers]\npaths = ["layers/acme"]\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(ENV, "")
+    res = invoke("gates", as_json=False)
+    assert res.code == 0 and "acme" not in res.text, res.text
+    assert f"layers: none (${ENV} is set and empty" in res.err, res.err
+    res = invoke("gates")
+    assert res.out["layers_in_effect"] == {"from": f"${ENV}", "layers": []}, res.out
+    monkeypatch.delenv(ENV)
+    assert invoke("gates").out["layers_in_effect"]["from"] == str(tmp_path / CONFIG)

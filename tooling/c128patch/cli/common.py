@@ -112,7 +112,7 @@ def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path
     said on stderr (unless named with --layer, or ``quiet``: --json), and in the --json report (``emit_json``)."""
     from c128patch.git import Git
     from c128patch.ops.treestate import tree_layers  # not ops.layer: status stays light
-    from c128patch.series.layers import get_series, lookup_layers
+    from c128patch.series.layers import ENV, get_series, lookup_layers
 
     def top(folder: Path) -> Path | None:  # the repository holding folder (a bare one: itself), no git run
         chain = [folder.resolve(), *folder.resolve().parents]
@@ -128,6 +128,11 @@ def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path
         series.origin = origin
         if origin != "--layer" and not quiet:  # named on the command line: known
             click.echo(f"layers from {origin}: {', '.join(map(str, folders))}", err=True)
+    elif origin == f"${ENV}":  # set and empty: no layers, whatever c128patch.toml or the tree says (docs/layers.md)
+        series.origin = origin
+        if not quiet:
+            click.echo(f"layers: none (${ENV} is set and empty; unset it to take c128patch.toml's or the tree's)",
+                       err=True)
     return series
 
 
@@ -149,7 +154,7 @@ def emit_json(data: dict[str, Any], series: Any = None) -> None:
     from c128patch.series.layers import layer_rows
 
     effect = {"layers_in_effect": {"from": getattr(series, "origin", "--layer"), "layers": layer_rows(series)}} \
-        if getattr(series, "layers", None) else {}
+        if getattr(series, "layers", None) or getattr(series, "origin", "") else {}
     click.echo(json.dumps({**effect, **data, "schema": SCHEMA_VERSION}, indent=2, sort_keys=True, default=str))
 
 
