@@ -357,7 +357,7 @@ def test_an_upstream_commit_the_series_does_not_meet_is_clean_where_every_module
 
 
 def test_clean_writes_the_reports_and_nothing_else(unrelated):
-    assert sorted(p.name for p in unrelated.out.iterdir()) == ["rebase-report.json", "rebase-report.md",
+    assert sorted(p.name for p in unrelated.out.iterdir()) == [".gitignore", "rebase-report.json", "rebase-report.md",
                                                                  "watch-report.json", "watch-report.md"]
     assert json.loads((unrelated.out / "watch-report.json").read_text()) == unrelated.report
 
@@ -502,3 +502,19 @@ def test_watch_off_a_terminal_prints_its_report_with_no_line_padded(tmp_path):
     assert lines[-1] == f"report: {tmp_path / 'out' / 'watch-report.md'} (exit {res.code})", lines[-1]
     assert all(line == line.rstrip() for line in lines) and max(map(len, lines)) < 1000, max(map(len, lines))
     assert res.text.startswith((tmp_path / "out" / "watch-report.md").read_text().rstrip("\n"))
+
+
+def test_watch_run_inside_a_patched_tree_leaves_it_clean_for_the_next_rebase(sglang_release_repo, tmp_path,
+                                                                             monkeypatch):
+    """From inside the tree apply made, watch's default ./c128patch-watch lands in it: the folder ignores itself,
+    so the tree stays clean and the rebase the user runs next is not refused for untracked files."""
+    tree = tmp_path / "sglang"
+    assert apply_into(sglang_release_repo, tree, REPO_ROOT, "v0.5.23").code == 0
+    monkeypatch.chdir(tree)
+    ran = invoke("watch", "--onto", "v0.5.23", "--repo", str(sglang_release_repo), "--no-run")
+    assert ran.code == EXIT["unchecked"], ran.err
+    assert (tree / "c128patch-watch" / "watch-report.json").is_file()
+    assert Git(worktree=tree).out("status", "--porcelain", "--untracked-files=all") == ""
+    moved = invoke("rebase", "--onto", "v0.5.22")
+    assert moved.code == 0, moved.err
+    assert (tree / "c128patch-watch" / "watch-report.json").is_file()

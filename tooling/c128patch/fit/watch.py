@@ -68,7 +68,8 @@ from c128patch.upstream.source import Target, Upstream, open_upstream
 
 EXIT: dict[str, int] = exitcodes.WATCH
 REPORT = "watch-report.json"
-WRITTEN = ("watch-report.md", REPORT, "rebase-report.md", "rebase-report.json", "commit-message.txt", "series")
+WRITTEN = ("watch-report.md", REPORT, "rebase-report.md", "rebase-report.json", "commit-message.txt", "series",
+           ".gitignore")
 BISECT_TIMEOUT = 300.0  # seconds `watch` gives `bisect` for a conflict or broken outcome
 WORK_TREE = "sglang-watch"  # where the printed reproduce commands put their tree
 BRANCH, VERIFY_BRANCH = "c128patch-watch", "c128patch-watch-verify"
@@ -466,6 +467,8 @@ class Watch:
         try:
             out.mkdir(parents=True, exist_ok=True)
             self._clear()
+            # git ignores the folder, wherever it is: run in a tree (./c128patch-watch), it is no change of the user's
+            (out / ".gitignore").write_text("# c128patch watch's reports: never part of a tree\n*\n")
             if report["refreshed"] is not None and tmp is not None:
                 shutil.copytree(tmp / "refreshed", out / "series", symlinks=True)
                 (out / "commit-message.txt").write_text(commit_message(report))
