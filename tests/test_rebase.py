@@ -30,6 +30,8 @@ from support import (
     copy_series,
     forget_resolutions,
     invoke,
+    printed_command,
+    run_printed,
     series_made_before,
     snapshot,
     tree_of,
@@ -192,6 +194,24 @@ def test_a_rebased_branch_is_named_after_its_new_base(rebased):
     assert r.run.out["renamed_branch"] == {"from": "c128/v0.5.22", "to": "c128/v0.5.23"}
     old = r.before["refs"].split("refs/heads/c128/v0.5.22 ")[1].split()[0]
     assert r.git.rev_parse(r.run.out["recovery_ref"]) == r.git.rev_parse(old)  # the old tip, kept
+
+
+def test_a_branch_of_the_users_name_naming_the_old_base_keeps_it_and_the_rename_printed_works(
+        sglang_release_repo, series_dir, tmp_path):
+    """``apply --branch c128/v0.5.22-acme``, rebased onto v0.5.23: the user's name is kept (never renamed behind
+    their back), and the line says it names v0.5.22, with the command that renames it; run as printed, it does."""
+    run = invoke("apply", "--sglang-rev", "v0.5.22", "--repo", str(sglang_release_repo), "--tree", str(tmp_path / "t"),
+                 "--series", str(series_dir), "--branch", "c128/v0.5.22-acme")
+    assert run.code == 0, run.err
+    git = Git(worktree=tmp_path / "t")
+    moved = invoke("rebase", "--onto", "v0.5.23", "--tree", str(git.worktree), "--series", str(series_dir),
+                   as_json=False)
+    assert moved.code == 0 and git.current_branch() == "c128/v0.5.22-acme", moved.err
+    assert "branch c128/v0.5.22-acme keeps its name, which names v0.5.22; to rename it: git -C" in moved.text
+    ran = run_printed(printed_command(moved.text, "git -C"))
+    assert ran.returncode == 0, ran.stderr
+    assert git.current_branch() == "c128/v0.5.23-acme" and git.rev_parse("refs/heads/c128/v0.5.22-acme") is None
+    assert invoke("status", "--tree", str(git.worktree)).out["equals_series"]
 
 
 def test_the_rebased_provenance_keeps_every_field_of_the_upstream_record(rebased):

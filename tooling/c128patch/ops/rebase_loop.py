@@ -317,6 +317,8 @@ class RebaseLoop:
         report = report_of(git, journal, new_head, proof, range_diff)
         if renamed and git.current_branch() == renamed:
             report["branch"], report["renamed_branch"] = renamed, {"from": journal.orig_branch, "to": renamed}
+        elif proof.ok and (rename := self._rename_hint(journal)):
+            report["branch_keeps_name"] = rename
         write_reports(self.state, report)
         remember_layers(git, self.series)  # the stack the new tip's provenance names (a c128patch.toml's too)
         self._forget()
@@ -381,6 +383,17 @@ class RebaseLoop:
             fault_point("after", "rebase-branch")
             self._attach(journal, journal.orig_branch)
         return renamed
+
+    def _rename_hint(self, journal: Journal) -> str:
+        """A branch of the user's name holding the old base's (``c128/v0.5.23-acme``) keeps it: the command that
+        renames it after the new base, where that name is free (else "")."""
+        old, rev, git = journal.orig_branch, journal.old_rev, self.git
+        if not old or not rev or rev not in old or rev == journal.onto_rev or old == default_branch(rev):
+            return ""
+        new = old.replace(rev, journal.onto_rev)
+        if not git.ok("check-ref-format", "--branch", new) or git.rev_parse(f"refs/heads/{new}") is not None:
+            return ""
+        return shlex.join(["git", "-C", str(git.worktree), "branch", "-m", old, new])
 
     def _attach(self, journal: Journal, branch: str) -> None:
         """HEAD onto ``branch`` (at the same commit): a checkout without its pass over the work tree."""
