@@ -135,6 +135,14 @@ def test_status_reports_series_and_drift(upstream_clone: Path, portable_series: 
     code, out, _ = run("status", "--tree", str(upstream_clone), "--series", str(portable_series), "--json")
     drift = {d["entry"]: d["files"] for d in out["drift"]}
     assert drift == {"test-patch": {CUH: "modified"}, "test-overlay": {"python/sglang/c128_test_overlay.py": "deleted"}}
+    text = invoke("status", "--tree", str(upstream_clone), "--series", str(portable_series), as_json=False).text
+    assert f"drift in test-patch: {CUH} (modified)" in text, text
+    git = Git(worktree=upstream_clone)  # the edit committed, as docs/layers.md has the user do: their work
+    git.run("-c", "user.name=u", "-c", "user.email=u@example.invalid", "commit", "-qm", "mine", "--", CUH)
+    text = invoke("status", "--tree", str(upstream_clone), "--series", str(portable_series), as_json=False).text
+    assert f"changed by the commit(s) on top, in test-patch: {CUH} (modified)" in text, text
+    assert "drift in test-overlay: python/sglang/c128_test_overlay.py (deleted)" in text
+    assert "drift in test-patch" not in text
 
 
 def test_apply_is_reproducible(tmp_path: Path, sglang_release_repo: Path, portable_series: Path):

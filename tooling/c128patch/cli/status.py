@@ -103,6 +103,12 @@ def _applied(info: dict, again: str) -> list[str]:
         lines.append(f"  uncommitted: {some(uncommitted, 5)}")
     if not info["drift"]:
         lines.append("  no drift: patched and overlaid files are as applied")
-    return lines + [f"  drift in {d['entry']}: " + ", ".join(f"{p} ({how})" for p, how in d["files"].items())
-                    for d in info["drift"]]
+    loose = set(uncommitted)
+    for d in info["drift"]:  # a file only commits on the branch changed is the user's work, not drift
+        for committed, files in ((False, {p: h for p, h in d["files"].items() if p in loose}),
+                                 (True, {p: h for p, h in d["files"].items() if p not in loose})):
+            if files:
+                lead = f"changed by the commit(s) on top, in {d['entry']}" if committed else f"drift in {d['entry']}"
+                lines.append(f"  {lead}: " + ", ".join(f"{p} ({how})" for p, how in files.items()))
+    return lines
 
