@@ -146,6 +146,14 @@ def test_check_strict_fails_where_wheel_would(three_way_only: Path, checked):
     assert code == 1 and revs["v0.5.19"]["ok"] is True  # apply would; a wheel would not
 
 
+def test_the_closing_line_says_where_the_wheel_stops_though_all_apply(three_way_only: Path, checked):
+    """The last line a user reads never says "all apply" alone while a row says the wheel stops."""
+    run = invoke("check", "--sglang-rev", "v0.5.19", "--series", str(three_way_only), as_json=False)
+    last = run.text.strip().splitlines()[-1]
+    assert run.code == 0 and "v0.5.19: apply: applies; wheel: stops at" in run.text, run.text
+    assert last.startswith("all apply; the wheel stops on v0.5.19 (its line above; --strict makes that an exit 1)")
+
+
 def test_check_alone_checks_every_release_the_series_supports(checked):
     """README's `c128patch check`, as written: no --sglang-rev, the four releases, oldest first."""
     res = invoke("check")

@@ -103,5 +103,7 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
             *([f"{r.rev}: contract {c['verdict']}" + "".join(f"\n  {f}" for f in c["failing"])] if c else []))
     verdict = "all apply" + (" with exact context" if strict else "") if ok else "NOT all apply" + (
         " with exact context" if strict and all(r.ok for r in results) else "")
+    if stops := [r.rev for r in results if r.ok and r.wheel is not None and r.wheel.exit != exitcodes.OK]:
+        verdict += f"; the wheel stops on {', '.join(stops)} (its line above; --strict makes that an exit 1)"
     say(f"{verdict} ({elapsed:.2f} s for {len(results)} rev(s))")
     exit_unless(ok)
