@@ -12,7 +12,7 @@ import pytest
 
 from c128patch.series.manifest import load_series
 from c128patch.upstream.releases import ReleaseHistory
-from support import RELEASES, REPO_ROOT, invoke
+from support import RELEASES, REPO_ROOT, copy_series, invoke, run_printed
 
 REVS = ("v0.5.19", *RELEASES)
 
@@ -96,6 +96,26 @@ def test_a_rev_older_than_the_series_releases_gets_a_note_naming_the_oldest(chec
     note = checked["v0.5.19"]["note"]
     assert note.startswith("v0.5.19 is older than (or not descended from) every release the series was made on; "
                            "the oldest is v0.5.20: use v0.5.20 or newer")
+
+
+def test_installed_the_note_carries_back_through_a_copy_of_the_series_made_as_printed(
+        sglang_release_repo, tmp_path, monkeypatch):
+    """Installed (pip), the series is a package refresh never writes (it refuses): the note's refresh names a copy,
+    made by the command the note prints; run as printed, the copy is a series lint accepts."""
+    package = tmp_path / "site-packages" / "c128patch"
+    package.mkdir(parents=True)
+    copy_series(package / "_series")
+    monkeypatch.setattr("c128patch.series.manifest.PACKAGE_DIR", package)
+    monkeypatch.delenv("C128PATCH_SERIES", raising=False)
+    run = invoke("check", "--sglang-rev", "v0.5.19", "--series", str(package / "_series"))
+    assert "revs" in run.out, (run.out, run.err)
+    note = run.out["revs"][0]["note"]
+    copy = f"cp -R {package / '_series'} ~/c128patch-series"
+    assert note.endswith(f"then {copy} && c128patch refresh --variant --series ~/c128patch-series"), note
+    home = tmp_path / "home"
+    home.mkdir()
+    assert run_printed(f"HOME={home} && {copy}").returncode == 0
+    assert invoke("lint", "--offline", "--series", str(home / "c128patch-series")).code == 0
 
 
 @pytest.mark.parametrize("rev", RELEASES)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import shlex
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from c128patch.ops.merged import upstream_hints
 from c128patch.ops.replay import FAILED, WS_MERGE, EntryCheck, RevCheck, Verdict, replay_in_index
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import overlap_note
-from c128patch.series.manifest import Series
+from c128patch.series.manifest import Series, installed
 from c128patch.series.plan import base_distances, index_git, validate_files
 from c128patch.upstream.releases import release_version
 from c128patch.upstream.source import Target, Upstream, open_upstream
@@ -85,7 +86,7 @@ def support_note(series: Series, git: Git, rev: str, commit: str) -> str:
     variants = [v for e in series.entries for v in e.patch_files() if v.sources]
     if not here and any(d is not None for d in base_distances(git, variants, commit).values()):
         return ""  # none of them here by tag or commit (a clone of one's own): by a file's sources, as plan reads
-    return _older_note(rev, min(bases, key=_by_version)) if bases else ""
+    return _older_note(series, rev, min(bases, key=_by_version)) if bases else ""
 
 
 def release_support_note(series: Series, version: str) -> str:
@@ -96,13 +97,16 @@ def release_support_note(series: Series, version: str) -> str:
         return ""
     if Version(release_version(version)) >= min(Version(v) for v in versions if v):
         return ""
-    return _older_note(f"v{release_version(version)}", min(bases, key=_by_version))
+    return _older_note(series, f"v{release_version(version)}", min(bases, key=_by_version))
 
 
-def _older_note(rev: str, oldest: str) -> str:
+def _older_note(series: Series, rev: str, oldest: str) -> str:
+    where = getattr(series, "ours", series).root  # installed, a package refresh never writes: a copy of it
+    copy = f"cp -R {shlex.quote(str(where.resolve()))} ~/c128patch-series && " if installed(where) else ""
     return (f"{rev} is older than (or not descended from) every release the series was made on; the oldest is "
             f"{oldest}: use {oldest} or newer (c128patch apply --sglang-rev {oldest}), or carry the series back "
-            f"with new variants: in that tree c128patch rebase --onto {rev}, then c128patch refresh --variant")
+            f"with new variants: in that tree c128patch rebase --onto {rev}, then {copy}c128patch refresh --variant"
+            + (" --series ~/c128patch-series" if copy else ""))
 
 
 def check_rev(series: Series, git: Git, rev: str, commit: str, hints: dict[str, str] | None = None) -> RevCheck:
