@@ -686,6 +686,25 @@ def test_a_layer_row_of_the_provenance_cannot_take_an_entry_of_the_series_it_cla
         _check_known(iw, moved, known)
 
 
+def test_a_wheel_claiming_the_series_may_leave_out_only_an_entry_the_series_records_merged(patched, wheel_series):
+    """Helper 93's attack: the entry moved from "entries" to "dropped" under our exact label: every check passed and
+    the wheel lacked a fix. Our digest vouches for every entry; one left out only where the series records it merged
+    upstream. A "dropped" that is not a list of records is one line, not a TypeError."""
+    from c128patch.wheel.verify import _check_known
+
+    known, iw = load_series(wheel_series), SimpleNamespace(wheel=Path(patched.wheel))
+    good = json.loads(members(Path(patched.wheel))["sglang/c128patch_provenance.json"])
+    first = good["entries"][0]["name"]
+    left = {**good, "entries": good["entries"][1:], "dropped": [{"name": first, "status": "dropped-as-merged"}]}
+    with pytest.raises(C128Error, match=f"leaves out entry '{first}', which that series records no upstream merge"):
+        _check_known(iw, left, known)
+    known.entries[0].merged_in = "0" * 40  # the series says upstream holds it: leaving it out is what apply does
+    _check_known(iw, left, known)
+    for bad in (5, [5], "x"):
+        with pytest.raises(C128Error, match="entries or dropped entries are not a list of records"):
+            _check_known(iw, {**good, "dropped": bad}, known)
+
+
 def test_verify_refuses_deeply_nested_provenance(patched, tmp_path: Path):
     verify_fails(with_provenance(patched, tmp_path, b"[" * 100_000 + b"]" * 100_000), "nested too deeply")
 

@@ -199,11 +199,19 @@ def _check_known(iw: InWheel, record: dict, known: Series) -> None:
             raise _mismatch(iw.wheel, f"layer {str(r.get('name'))!r} lists entries not named '<layer>/<entry>' "
                                       "(the provenance was edited)")
         layered |= set(names)
-    rows = {r.get("name") for r in record.get("entries", [])} | {d.get("name") for d in record.get("dropped", [])
-                                                                 if isinstance(d, dict)}
-    if missing := [name for name in entries if name not in rows]:
+    listed, dropped = record.get("entries", []), record.get("dropped", [])
+    if not all(isinstance(x, list) and all(isinstance(r, dict) for r in x) for x in (listed, dropped)):
+        raise _mismatch(iw.wheel, "its provenance's entries or dropped entries are not a list of records (the "
+                                  "provenance was edited)")
+    rows = {r.get("name") for r in listed}
+    if missing := [name for name in entries if name not in rows | {d.get("name") for d in dropped}]:
         raise _mismatch(iw.wheel, f"claims series {known.name} {known.version}, but lists no entry {missing[0]!r} "
                                   "(the provenance was edited)")
+    if unmerged := [name for name in entries if name not in rows and not entries[name].merged_in]:
+        # our digest vouches for every entry: one left out is vouched for only where the series records it upstream
+        raise _mismatch(iw.wheel, f"claims series {known.name} {known.version}, but leaves out entry {unmerged[0]!r}, "
+                                  "which that series records no upstream merge of (a wheel of a tree a rebase dropped "
+                                  "it from: refresh the series, which records the merge, then build again)")
     for row in (r for r in record.get("entries", []) if r.get("name") not in layered):
         e = entries.get(row.get("name"))
         files = ({v.sha256 for v in e.patch_files()} | {e.sha256}) - {""} if e is not None else set()
