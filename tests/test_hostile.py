@@ -73,6 +73,20 @@ def test_lint_reports_a_patch_that_creates_a_symlink(sglang_release_repo, tmp_pa
         "(a later write through it could leave the tree)"]
 
 
+def test_a_symlink_mode_in_another_spelling_is_a_symlink_too(sglang_release_repo, tree, tmp_path):
+    """Helper 93: git reads a mode by its type bits, so `new file mode 120644` makes a symlink; lint and apply
+    compared the text with "120000" and committed a link to a host path."""
+    s = make_test_series(tmp_path / "s", sglang_release_repo, EDIT, links={"python/sglang/evil": "/tmp"})
+    (patch,) = (s / "patches").glob("0001-*.patch")
+    assert "new file mode 120000\n" in patch.read_text()
+    patch.write_text(patch.read_text().replace("new file mode 120000\n", "new file mode 120644\n"))
+    update_hashes(load_series(s))
+    res = invoke("lint", "--offline", "--series", s, "--json")
+    assert res.code == 1 and any("creates the symlink python/sglang/evil" in f["message"]
+                                 for f in res.out["findings"]), res.out
+    refused(apply_args(tree, s), tree, "patches/0001-test.patch creates the symlink python/sglang/evil; ")
+
+
 @pytest.mark.parametrize("points_to", ["absolute", "dotdot"])
 def test_an_overlay_source_that_is_a_symlink_is_refused(tree, series, tmp_path, points_to):
     secret = tmp_path / "secret.py"

@@ -61,8 +61,9 @@ class PatchInfo:
 
     @property
     def symlinks(self) -> list[str]:
-        """Paths the patch makes into symlinks (new or by a mode change)."""
-        return [_strip(pf.target_file) for pf in self.patchset if pf.target_mode == "120000"]
+        """Paths the patch makes into symlinks (new or by a mode change): by the mode's type bits, as git reads a mode
+        (``120644`` is a symlink to git, as ``120000`` is)."""
+        return [_strip(pf.target_file) for pf in self.patchset if _is_link(pf.target_mode)]
 
     @property
     def needs(self) -> list[str]:
@@ -75,6 +76,13 @@ class PatchInfo:
             before = [(i, hunk) for i, hunk in enumerate(pf, 1) if hunk.source_start <= line]  # hunks go in order
             return (before[-1][0], hunk_header(before[-1][1], section=True)) if before else None
         return None
+
+
+def _is_link(mode: str | None) -> bool:
+    try:
+        return int(mode or "0", 8) & 0o170000 == 0o120000
+    except ValueError:
+        return False
 
 
 def _strip(path: str) -> str:
