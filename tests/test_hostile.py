@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -19,11 +20,13 @@ from c128patch.errors import C128Error
 from c128patch.git import FAULT_HOOKS_ENV, Git
 from c128patch.ops.lint import update_hashes
 from c128patch.ops.treestate import apply_journal, rebase_journal
+from c128patch.series.layers import stack
 from c128patch.series.manifest import load_series
 from c128patch.series.paths import confine
 from c128patch.series.provenance import PROVENANCE_PATH
 from small_series import CUH, EDIT, LINE, series, tree  # noqa: F401 (fixtures)
 from support import (
+    REPO_ROOT,
     cli_process,
     default_signals,
     invoke,
@@ -222,6 +225,36 @@ def _hand_resolution(git: Git, stderr: str, keep_markers: bool) -> None:
     (git.worktree / VERIFY).write_text(text)
     git.run("add", VERIFY)
     git.run("am", "--continue")
+
+
+def test_apply_continue_loads_no_layer_its_journal_names_inside_the_tree(apply_stopped):
+    """Helper 93: apply.json (a state file: input) named a layer folder inside the tree, git-ignored; --continue
+    applied it and called the tree a fresh apply of the stack. Layers come from the operator, journals included."""
+    git, _ = apply_stopped
+    shutil.copytree(REPO_ROOT / "docs" / "examples" / "acme-layer", git.worktree / "evil-layer")
+    (git.worktree / ".git" / "info" / "exclude").write_text("evil-layer/\n")
+    journal = json.loads(apply_journal(git).read_text())
+    layer = git.worktree / "evil-layer"
+    digest = stack(load_series(Path(journal["series_root"])), [layer]).digest()  # as the attacker sets it
+    apply_journal(git).write_text(json.dumps({**journal, "layers": [str(layer)], "series_digest": digest}))
+    head = git.head()
+    refused(["apply", "--continue", "--tree", git.worktree], contains="is inside")
+    assert git.head() == head and "evil" not in git.out("log", "--format=%B", "-3")
+
+
+def test_apply_abort_never_removes_a_tree_holding_work_whatever_the_journal_says(apply_stopped):
+    """Helper 93: apply.json claimed the tree was a clone the apply made (fresh_clone): --abort removed the whole
+    repository, uncommitted work and .git included. A tree holding changes not the apply's is kept, the work
+    stashed."""
+    git, _ = apply_stopped
+    journal = json.loads(apply_journal(git).read_text())
+    apply_journal(git).write_text(json.dumps({**journal, "fresh_clone": True, "tree_existed": True}))
+    (git.worktree / "mywork.txt").write_text("mine\n")
+    res = invoke("apply", "--abort", "--tree", git.worktree)
+    assert res.code == 0 and not res.out["removed_clone"], res.out
+    assert (git.worktree / ".git").is_dir() and "c128patch apply --abort" in git.out("stash", "list")
+    git.run("stash", "pop", "--quiet")
+    assert (git.worktree / "mywork.txt").read_text() == "mine\n"
 
 
 def test_apply_continue_refuses_a_hand_resolution_with_conflict_markers(apply_stopped):

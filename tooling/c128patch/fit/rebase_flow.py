@@ -16,8 +16,8 @@ from c128patch.git import Git
 from c128patch.ops.rebase import Journal, Rebase
 from c128patch.ops.treestate import rebase_command, rebase_journal, repo_lock
 from c128patch.progress import reporter
-from c128patch.series.layers import get_series, stack
-from c128patch.series.manifest import Series, load_series
+from c128patch.series.layers import get_series, recorded_stack
+from c128patch.series.manifest import Series
 from c128patch.upstream.releases import release_version
 from c128patch.upstream.source import fetch_into, open_upstream
 
@@ -79,10 +79,9 @@ def _series(git: Git, verb: Verb, series_dir: Path | None, layer_dirs: tuple[Pat
     if verb == "onto" or not journal.is_file():
         return get_series(series_dir, layer_dirs)
     started = Journal.load(journal, git)
-    series_dir = series_dir or Path(started.series_root)
-    if layer_dirs:
-        return get_series(series_dir, layer_dirs)
-    return stack(load_series(series_dir), [Path(p) for p in started.layers])
+    root = str(series_dir or started.series_root)
+    return get_series(recorded_stack(root, [], journal).root, layer_dirs) if layer_dirs else \
+        recorded_stack(root, started.layers, journal)
 
 
 def onto_commit(git: Git, rev: str, repo: str | None) -> str:

@@ -52,8 +52,8 @@ from c128patch.ops.treestate import (
 )
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
-from c128patch.series.layers import layer_folders, overlap_note, stack
-from c128patch.series.manifest import Series, load_series
+from c128patch.series.layers import layer_folders, overlap_note, recorded_stack
+from c128patch.series.manifest import Series
 from c128patch.series.patchfile import PatchInfo
 from c128patch.series.paths import check_under, confine, symlink_on_path
 from c128patch.series.plan import ENTRY_TRAILER, Planned, check_paths_at, merged_entries, overlay_message, plan
@@ -247,7 +247,7 @@ class Apply:
         git = self.git
         with interrupts_said(self.tree), repo_lock(git, "apply"):
             journal = ApplyJournal.load(git, self.path)
-            series = self.series or stack(load_series(Path(journal.series_root)), [Path(p) for p in journal.layers])
+            series = self.series or recorded_stack(journal.series_root, journal.layers, self.path)
             self.series = series
             if series.digest() != journal.series_digest:
                 _resume, undo = apply_commands(self.tree)
@@ -264,13 +264,13 @@ class Apply:
         git = self.git
         with interrupts_said(self.tree), repo_lock(git, "apply"):
             journal = ApplyJournal.load(git, self.path)
-            done = {"ok": True, "aborted": True, "tree": str(self.tree), "removed_clone": journal.fresh_clone}
-            if journal.fresh_clone:
-                discard_fresh_tree(self.tree, journal.tree_existed)
-                return done | {"branch": None, "head": None, "stash": ""}
+            done = {"ok": True, "aborted": True, "tree": str(self.tree), "removed_clone": False}
             git.run("am", "--abort", check=False)  # (none in progress: git refuses, changing nothing)
             ours = set(journal.step_paths) if journal.in_step else set()
             theirs = [p for p in changed_paths(git) if p not in ours]
+            if journal.fresh_clone and not theirs:  # (the journal is input: a tree holding work is never removed)
+                discard_fresh_tree(self.tree, journal.tree_existed)
+                return done | {"removed_clone": True, "branch": None, "head": None, "stash": ""}
             stash = ""
             if theirs:  # never throw away what the user typed
                 git.run("stash", "push", "--include-untracked", "--quiet", "-m",

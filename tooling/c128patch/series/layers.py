@@ -233,6 +233,13 @@ def get_series(series_dir: Path | None, layers: Sequence[Path] = (), exclude: Se
     return stack(series, lookup_layers(tuple(layers), exclude=exclude)[0])
 
 
+def recorded_stack(series_root: str, layers: Sequence[str], journal: Path) -> Series:
+    """The stack an apply or rebase ``journal`` (a state file: input) names, its folders the operator's (``operators``:
+    none inside a tree the tool patches)."""
+    root, *folders = operators([Path(p).resolve() for p in [series_root, *layers]], str(journal))
+    return stack(load_series(root), folders)
+
+
 def stack(series: Series, folders: tuple[Path, ...] | list[Path]) -> Series:
     """``series`` with the layers in ``folders``; ``series`` itself when there are none."""
     return Stack(series, [load_layer(Path(f), series) for f in folders]) if folders else series
