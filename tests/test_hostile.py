@@ -591,3 +591,17 @@ def test_git_names_a_lock_file_it_cannot_take(tree):
     with pytest.raises(C128Error, match=f"{lock} exists: .* remove it \\(rm -f {lock}\\)"):
         Git(worktree=tree).run("update-ref", "refs/heads/main", "v0.5.22")
     assert os.path.exists(lock)
+
+
+def test_a_subject_holding_unicode_line_separators_is_one_commit(tree, series):
+    """Helper 93: a commit whose subject holds U+2028 made status and refresh --check fail with a traceback:
+    ``str.splitlines`` cut its log record in two. git's records are split at "\\n" only."""
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", tree, "--series", series).code == 0
+    git = Git(worktree=tree)
+    (tree / CUH).write_text((tree / CUH).read_text() + "// mine\n")
+    git.run("-c", "user.name=u", "-c", "user.email=u@example.invalid", "commit", "-qam",
+            "mine\u2028second\x1cthird\x85fourth")
+    status = invoke("status", "--tree", tree, "--series", series)
+    assert status.code == 1 and status.out["commits_since"] == 1, (status.err, status.out)
+    check = invoke("refresh", "--check", "--tree", tree, "--series", series)
+    assert check.code in (0, 1) and "Traceback" not in check.err and "error" not in check.out, (check.err, check.out)

@@ -365,6 +365,15 @@ def test_check_on_a_server_that_never_answers_ends_in_time(tmp_path):
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "1e400", "-1", "0", "abc"])
+def test_a_network_time_limit_that_is_no_number_of_seconds_is_one_line(tmp_path, value):
+    """Helper 93: nan, inf and 1e400 gave a ValueError/OverflowError traceback, -1 "no answer within -1 s"."""
+    res = invoke("check", "--repo", "http://127.0.0.1:9/sglang.git", "--sglang-rev", "main", as_json=False,
+                 env={"C128PATCH_NET_TIMEOUT": value, "C128PATCH_CACHE": str(tmp_path / "cache")})
+    assert res.code == 2 and res.err.startswith(f"c128patch: error: C128PATCH_NET_TIMEOUT='{value}' is not a number"), \
+        res.err
+
+
 # ------------------------------------------------------------------------------------- concurrent writers: the lock
 @txn.serialised  # what `layer add-entry` does: load, change, commit, one writer at a time
 def _add(folder: Path, name: str, hold: float) -> None:

@@ -243,6 +243,12 @@ class Git:
     def out(self, *args: str, **kw) -> str:
         return self.run(*args, **kw).stdout.strip()
 
+    def lines(self, *args: str, **kw) -> list[str]:
+        """``out``'s lines, split at "\n" only: a subject may hold U+2028, \x1c-\x1e or \x85, which
+        ``str.splitlines`` also splits at (a commit's record cut in two)."""
+        text = self.out(*args, **kw)
+        return text.split("\n") if text else []
+
     def ok(self, *args: str, **kw) -> bool:
         return self.run(*args, check=False, **kw).returncode == 0
 

@@ -104,7 +104,7 @@ def analyze(git: Git, path: str, text: str, diff: str, *, head: str, old: str, o
     forward = git.is_ancestor(old, onto)
     span = f"{old}..{onto}" if forward else f"{onto}..{old}"
     in_range = set(git.out("rev-list", span, "--", path).splitlines())
-    touched = tuple(git.out("log", "--format=%h %s", span, "--", path).splitlines())
+    touched = tuple(git.lines("log", "--format=%h %s", span, "--", path))
     try:
         hunks = [h for pf in PatchSet(diff) if pf.path.removeprefix("a/").removeprefix("b/") == path for h in pf]
     except UnidiffParseError:
@@ -124,7 +124,7 @@ def analyze(git: Git, path: str, text: str, diff: str, *, head: str, old: str, o
             blame = git.out("blame", "--porcelain", "-L", f"{first},{last}", head, "--", path, check=False)
             shas = {line.split()[0] for line in blame.splitlines() if len(line.split()[0]) == 40 and " " in line}
             hits = [c for c in shas if c in in_range]
-            upstream = tuple(git.out("log", "--no-walk", "--format=%h %s", *hits).splitlines()) if hits else ()
+            upstream = tuple(git.lines("log", "--no-walk", "--format=%h %s", *hits)) if hits else ()
         end = start + len(ours) + len(theirs) + 3
         # its hunk: the one sharing the most lines with the block and the lines around it; of equals, the nearest
         block = {line.strip() for line in merged_lines[max(0, start - 3): end + 3]

@@ -136,7 +136,7 @@ class MergedCheck:
     def _pr_hint(self, number: str) -> list[Signal]:
         if number not in self._hints:
             hit = self.git.out("log", "--format=%H %s", "-E", f"--grep=\\(#{number}\\)", f"{self.old}..{self.onto}")
-            sha, _, subject = (hit.splitlines() or [""])[0].partition(" ")
+            sha, _, subject = hit.split("\n")[0].partition(" ")
             self._hints[number] = [Signal("pr-hint", f"upstream commit {sha[:12]} {subject!r} names PR #{number}",
                                           sha)] if sha else []
         return self._hints[number]
@@ -191,7 +191,7 @@ def _range_diffs(git: Git, cache: dict[str, str], span: str, paths: list[str]) -
     """sha -> (subject, its ``--unified=0`` diff of ``paths``) of each commit of ``span`` touching them, in order."""
     log = _cached(git, cache, f"{span}:log:" + ",".join(paths), "log", "--reverse", "--format=%H%x00%s", span, "--",
                   *paths)
-    commits = dict(line.split("\0", 1) for line in log.splitlines())
+    commits = dict(line.split("\0", 1) for line in log.split("\n") if line)
     key = f"diff:{','.join(paths)}:"  # each commit diffed once for every range holding it (check's revs)
     if missing := [sha for sha in commits if key + sha not in cache]:
         diffs = commit_diffs(git, missing, "--unified=0", "--no-renames", "--full-index", paths=paths)
@@ -211,8 +211,8 @@ def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, on
         return []
     found: dict[str, Hint] = {}
     for number in dict.fromkeys(_PR.findall(entry.upstream or "") + _PR.findall(entry.drop_when or "")):
-        for line in _cached(git, cache, f"{span}#{number}", "log", "--reverse", "--format=%H%x00%s", "-E",
-                            f"--grep=#{number}([^0-9]|$)", span).splitlines():
+        for line in filter(None, _cached(git, cache, f"{span}#{number}", "log", "--reverse", "--format=%H%x00%s",
+                                         "-E", f"--grep=#{number}([^0-9]|$)", span).split("\n")):
             sha, _, subject = line.partition("\0")
             found.setdefault(sha, Hint(sha, subject, f"names PR #{number}"))
     where: dict[str, dict[str, set[str]]] = {}  # path -> hunk header -> the names the hunk's removed lines use

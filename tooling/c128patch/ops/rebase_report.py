@@ -21,8 +21,8 @@ from c128patch.textsafe import md
 def report_of(git: Git, journal: Journal, new_head: str | None = None, proof: Equivalence | None = None,
            range_diff: list[str] | None = None) -> dict:
     """The report of ``journal`` (at a stop: without ``new_head``, ``proof`` and the range-diff)."""
-    added = git.out("log", "--format=%h %s", f"{journal.old_commit}..{journal.onto_commit}").splitlines()
-    removed = git.out("log", "--format=%h %s", f"{journal.onto_commit}..{journal.old_commit}").splitlines()
+    added = git.lines("log", "--format=%h %s", f"{journal.old_commit}..{journal.onto_commit}")
+    removed = git.lines("log", "--format=%h %s", f"{journal.onto_commit}..{journal.old_commit}")
     out = {
         "ok": new_head is not None and (proof is None or proof.ok),
         "old_base": {"rev": journal.old_rev, "commit": journal.old_commit},

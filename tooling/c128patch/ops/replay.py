@@ -533,7 +533,7 @@ def branch_commits(git: Git, base: str, head: str = "HEAD") -> list[BranchCommit
     """The commits of ``base..head``, oldest first (provenance commits included, as ``entry`` says)."""
     fmt = f"%H%x00%T%x00%P%x00%(trailers:key={ENTRY_TRAILER},valueonly,separator=%x20)%x00%s"
     out = []
-    for line in git.out("log", "--reverse", f"--format={fmt}", f"{base}..{head}").splitlines():
+    for line in git.lines("log", "--reverse", f"--format={fmt}", f"{base}..{head}"):
         sha, tree, parents, name, subject = line.split("\0")
         out.append(BranchCommit(sha, name.strip(), subject, tree, parents.split(" ")[0]))
     return out

@@ -152,7 +152,10 @@ def _network(git: Git, url: str, *args: str, check: bool = True) -> None:
     try:
         limit = float(os.environ.get(NET_TIMEOUT_ENV) or 600)
     except ValueError:
-        raise C128Error(f"{NET_TIMEOUT_ENV}={os.environ[NET_TIMEOUT_ENV]!r} is not a number of seconds") from None
+        limit = float("nan")
+    if not 0 < limit <= 86_400:  # (nan, inf and 1e400 too: subprocess would raise on them)
+        raise C128Error(f"{NET_TIMEOUT_ENV}={os.environ[NET_TIMEOUT_ENV]!r} is not a number of seconds from 0 to "
+                        "86400 (a day)") from None
     try:
         git.run(*args, check=check, transport=True, timeout=limit)
     except GitError as exc:
