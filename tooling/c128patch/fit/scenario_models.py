@@ -77,10 +77,13 @@ def _fold(run: Optional[Tuple], score: torch.Tensor, value: torch.Tensor):
 
 
 class ReferenceOps:
-    """Torch model of `sglang.kernels.ops.attention.dsv4.online_c128_dspark` (the .cuh's clamps); records calls."""
+    """Torch model of `sglang.kernels.ops.attention.dsv4.online_c128_dspark` (the .cuh's clamps); records calls.
+    ``plan_type``: the plan type it returns, as the real op does (the tier: the target's `CompressorPrefillPlan`, so
+    upstream code that inspects the plan's type sees what it sees on a GPU)."""
 
-    def __init__(self) -> None:
+    def __init__(self, plan_type: Any = PrefillPlan) -> None:
         self.calls: List[Tuple[str, Dict[str, Any]]] = []
+        self.plan_type = plan_type
 
     @staticmethod
     def _window(seq, lens, start, rid, b, num_banks, num_tokens, num_slots):
@@ -110,7 +113,8 @@ class ReferenceOps:
                 seg_begin = max(last - (CHUNK - 1), s)
                 rows.append((last + 1, st + last - s, last - seg_begin + 1, r + state_slot_offset, r))
         device = seq_lens.device
-        plan = PrefillPlan(128, encode_plans(rows, num_q_tokens, device), encode_plans([], num_q_tokens, device), None)
+        plan = self.plan_type(128, encode_plans(rows, num_q_tokens, device), encode_plans([], num_q_tokens, device),
+                              None)
         as_i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
         return RefVerifyPlan(plan, as_i32(row_emit), as_i32(row_len), seq_lens, extend_start_loc, req_pool_indices,
                              num_banks, state_slot_offset, max_num_reqs)

@@ -30,14 +30,15 @@ _spec = importlib.util.spec_from_file_location("c128patch_scenario_models", os.p
     os.path.dirname(os.path.abspath(__file__)), "scenario_models.py"))
 _models = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_models)
-(CHUNK, HEAD_DIM, STATE_DIM, RUNTIME_CONTEXT, FakeKVPool, PrefillPlan, ReferenceOps, Spec, chunk_state, decode_plans,
+(CHUNK, HEAD_DIM, STATE_DIM, RUNTIME_CONTEXT, FakeKVPool, ReferenceOps, Spec, chunk_state, decode_plans,
  fake_backend, launch_namespaces, runtime_context_standin) = (getattr(_models, name) for name in (
-    "CHUNK HEAD_DIM STATE_DIM RUNTIME_CONTEXT FakeKVPool PrefillPlan ReferenceOps Spec chunk_state decode_plans "
+    "CHUNK HEAD_DIM STATE_DIM RUNTIME_CONTEXT FakeKVPool ReferenceOps Spec chunk_state decode_plans "
     "fake_backend launch_namespaces runtime_context_standin").split())
 
 # -- the scenarios -----------------------------------------------------------------------
 
 CONTROLLER = "sglang.srt.layers.attention.dsv4.online_c128_dspark"
+PLANS = "sglang.kernels.ops.attention.dsv4.compress"  # upstream's CompressorPrefillPlan
 RAGGED = "sglang.srt.speculative.ragged_verify"
 GATE_ENV, ONLINE_ENV = "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK", "SGLANG_OPT_USE_ONLINE_COMPRESS"
 MTP_ENV, RAGGED_ENV = "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP", "SGLANG_RAGGED_VERIFY_MODE"
@@ -114,7 +115,8 @@ class Decode:
 
     def __init__(self, ctl: types.ModuleType, ragged: Optional[types.ModuleType], pool_class: Any = None,
                  layers: int = 2) -> None:
-        self.ctl, self.ragged, self.ops = ctl, ragged, ReferenceOps()
+        self.ctl, self.ragged = ctl, ragged
+        self.ops = ReferenceOps(_module(PLANS).CompressorPrefillPlan)  # the real op's plan type: the target's
         self.gen = torch.Generator().manual_seed(0)
         self.stride = SLOTS + 2
         self.states = [torch.full(((1 + W) * self.stride, STATE_DIM), float("nan")) for _ in range(layers)]
@@ -144,7 +146,7 @@ class Decode:
 
     def prefill(self, slot: int, seq_len: int) -> None:
         """A prefill between verify steps: upstream's compress for its plan, bank 0 the state of its open chunk."""
-        plan = PrefillPlan(128, torch.zeros(1, 16, dtype=torch.uint8), None, None)
+        plan = self.ops.plan_type(128, torch.zeros(1, 16, dtype=torch.uint8), None, None)
         if self.controller.compress_fn(plan, _upstream_compress) is not _upstream_compress:
             raise AssertionError("a prefill plan was not left to upstream's compress")
         self.seq[slot], base = seq_len, ((seq_len - 1) // CHUNK) * CHUNK
@@ -267,9 +269,17 @@ def compressor_callback(on: bool) -> None:
     """Upstream's compressor (`CompressorBackendMixin._forward_compress_all_in_one`) calls the controller's
     `compress_fn` for its verify plans, over upstream's pool class (its `get_online_c128_*` getters), checked as in
     `_steps`; prefill plans, and all with the gates off, go to upstream's. Stood in: the CUDA kernels."""
-    comp, stored, upstream = _module(COMPRESSOR), [], []
+    comp, stored, upstream, verifying = _module(COMPRESSOR), [], [], []
     kernels = comp.compress_forward, comp.compress_norm_rope_store
-    comp.compress_forward = lambda **kw: (upstream.append(kw["plan"]), kw["kv_score_input"])[1]
+
+    def forward(**kw: Any) -> Any:  # upstream's, for prefill plans only: its caller is named when a verify gets it
+        if verifying:
+            raise AssertionError(f"upstream's compress_forward ran for a DSPARK verify plan (it got a "
+                                 f"{type(kw['plan']).__module__}.{type(kw['plan']).__qualname__})")
+        upstream.append(kw["plan"])
+        return kw["kv_score_input"]
+
+    comp.compress_forward = forward
     comp.compress_norm_rope_store = lambda kv, plan, **kw: stored.append(kv)
     backend = type("DeepseekV4AttnBackend", (comp.CompressorBackendMixin,), {})()
 
@@ -284,18 +294,17 @@ def compressor_callback(on: bool) -> None:
     try:
         with _decode(on, True, _module(POOL).DeepSeekV4TokenToKVPool) as sim, _launch({ONLINE_ENV: "1"}):
             backend.online_c128_dspark, sim.compress = sim.controller, compress
-            prefill = PrefillPlan(128, torch.zeros(1, 16, dtype=torch.uint8), None, None)
+            prefill = sim.ops.plan_type(128, torch.zeros(1, 16, dtype=torch.uint8), None, None)
             compress(prefill, kv_score_buffer=sim.states[0].view(-1, 1, STATE_DIM),
                      kv_score_input=torch.zeros(1, 2 * HEAD_DIM), ape=sim.apes[0].float())
             if upstream != [prefill] or sim.ops.calls:
                 raise AssertionError("a prefill plan did not run upstream's compress_forward alone")
             for slot, seq_len in zip(range(1, SLOTS), (1, 127, 128, 129, 255)) if on else ():
                 sim.prefill(slot, seq_len)
+            verifying.append(True)  # from here, every plan is a DSPARK verify plan
             for slots, padded_bs, extra, compact in ([1, 2, 3, 4, 5], 6, 0, False), ([2, 4], 4, 3, True):
                 if on:  # a static verify, then a compact one
                     sim.step(slots, padded_bs, compact, extra)
-            if len(upstream) != 1:
-                raise AssertionError("upstream's compress_forward ran for a DSPARK verify plan")
     finally:
         comp.compress_forward, comp.compress_norm_rope_store = kernels
 
