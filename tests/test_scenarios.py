@@ -136,6 +136,24 @@ def test_upstreams_compressor_calling_our_compress_fn_fails_on_a_changed_call_or
     assert result.verdict().startswith("failed") and not result.to_json()["ok"]
 
 
+def test_upstream_taking_a_new_spelling_of_a_gate_env_fails_the_startup_rules(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Helper 92's case 5: upstream's EnvBool also takes "on"; the rules, which mirror its parser, refused it, so a
+    launch with the gate "on" crashed at startup, and the tier said clean."""
+    git = Git(git_dir=sglang_release_repo)
+    base, head = patched_copy(git, tmp_path, "python/sglang/srt/environ.py",
+                              '        if value in ["true", "1", "yes", "y"]:\n',
+                              '        if value in ["true", "1", "yes", "y", "on"]:\n')
+    result = treecheck.run(SERIES, tmp_path, git.changed_files(base, head), python=tier_python)
+    for gates in ("off", "on"):  # the rules' reading is the same either way
+        failed = {n: s["detail"] for n, s in scenarios(result, gates).items() if s["status"] != "passed"}
+        assert list(failed) == ["startup-rules"], failed
+        assert failed["startup-rules"].endswith(
+            "AssertionError: SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK='on': upstream's EnvBool.parse reads True, the "
+            "rules ValueError"), failed
+    assert not result.to_json()["ok"]
+
+
 def test_a_scenario_whose_module_did_not_import_is_not_run_and_unchecked(
         tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
     git = Git(git_dir=sglang_release_repo)

@@ -80,9 +80,46 @@ def _launch(env: Dict[str, Optional[str]], **flags: Any):
                 sys.modules[RUNTIME_CONTEXT] = context
 
 
+RULES, ENVIRON = "sglang.srt.layers.attention.dsv4.online_c128_dspark_rules", "sglang.srt.environ"
+SPELLINGS = ("1", "0", "true", "false", "True", "FALSE", "yes", "no", "y", "n", "Y", "on", "off", "t", "f",
+             "enable", "disable", "", " 1", "2", "-1")  # the vocabularies of both, and words either may take next
+
+
+def _read(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except ValueError:
+        return ValueError
+
+
+def _default(field: Any) -> Any:
+    return field.default() if callable(field.default) else field.default
+
+
+def env_reading(rules: types.ModuleType, environ: types.ModuleType) -> None:
+    """The rules read the gate envs as upstream's `EnvBool` parses them (every spelling: the same value, or both
+    refuse it) and take upstream's defaults (helper 92's case 5: upstream took "on", the rules refused it)."""
+    for name in (GATE_ENV, ONLINE_ENV, MTP_ENV):
+        field = getattr(environ.envs, name)
+        for word in SPELLINGS:
+            theirs, mine = _read(field.parse, word), _read(rules.env_bool, {name: word}, name)
+            if theirs != mine:
+                raise AssertionError(f"{name}={word!r}: upstream's {type(field).__name__}.parse reads "
+                                     f"{getattr(theirs, '__name__', theirs)}, the rules "
+                                     f"{getattr(mine, '__name__', mine)}")
+        if rules.env_bool({}, name) != _default(field):
+            raise AssertionError(f"{name} unset: upstream's default is {_default(field)!r}, the rules' False")
+    default = _default(getattr(environ.envs, RAGGED_ENV))
+    if rules.env_config({})["ragged_verify_mode"] != default:
+        raise AssertionError(f"{RAGGED_ENV} unset: upstream's default is {default!r}, the rules' "
+                             f"{rules.env_config({})['ragged_verify_mode']!r}")
+
+
 def startup_rules(on: bool) -> None:
-    """The startup rules over launch flags and envs: gate off = upstream; DSPARK admitted; refused otherwise."""
+    """The startup rules over launch flags and envs: gate off = upstream; DSPARK admitted; refused otherwise; the
+    envs read as upstream reads them (``env_reading``)."""
     ctl, on_env = _module(CONTROLLER), {GATE_ENV: "1", ONLINE_ENV: "1", MTP_ENV: None, RAGGED_ENV: None}
+    env_reading(_module(RULES), _module(ENVIRON))
     off_env = {GATE_ENV: None, ONLINE_ENV: None, MTP_ENV: None, RAGGED_ENV: None}
     cases = [  # (env, launch flags, algorithm, banks, a word of the refusal; None: not refused)
         (off_env, {}, Spec(False), 4, None), (off_env, {"enable_two_batch_overlap": True}, Spec(), 64, None),
