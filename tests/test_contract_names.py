@@ -114,6 +114,13 @@ def self_property_renamed(git: Git) -> str:
         BASE_WORKER: _replace(text_of(BASE_WORKER), "def target_worker(self)", "def target_model_worker(self)")})
 
 
+def state_pools_renamed(git: Git) -> str:
+    """DeepSeekV4TokenToKVPool.compress_state_pools -> c128_state_pools in its file (helper 92's case 4: its getters
+    still work; the controller reads it with getattr on an untyped local, so the lock had no row)."""
+    return _edit(git, "pool: c128_state_pools", lambda text_of: {
+        POOL: re.sub(r"\bself\.compress_state_pools\b", "self.c128_state_pools", text_of(POOL))})
+
+
 PREFILL_COPY = "    def copy_(self, other) -> None:\n        assert isinstance(other, CompressorPrefillPlan)\n"
 METADATA = "python/sglang/srt/layers/attention/dsv4/metadata.py"
 
@@ -193,7 +200,7 @@ CHANGES = {"backend-local-renamed": backend_local_renamed, "pool-online-renamed"
            "getter-property": getter_property, "field-renamed": field_renamed,
            "mode-env": mode_env, "enum-renamed": enum_renamed, "ring-changed": ring_changed,
            "keyword-renamed": keyword_renamed, "env-default": env_default, "typed-field-renamed": typed_field_renamed,
-           "self-property-renamed": self_property_renamed}
+           "self-property-renamed": self_property_renamed, "state-pools-renamed": state_pools_renamed}
 
 
 @pytest.fixture(scope="module")
@@ -299,6 +306,15 @@ def test_a_field_renamed_on_an_untyped_spec_info_is_broken(names_drift):
     line = _line(CONTROLLER, '"ragged_verify_layout"')
     assert re.match(rf"{CONTROLLER}:{line}: sglang.srt.speculative.spec_info.SpecInput.ragged_verify_layout: "
                     rf"class SpecInput \({SPEC_INFO}:\d+\) has no ragged_verify_layout\b", error), error
+
+
+def test_an_instance_attribute_read_by_getattr_on_an_untyped_local_is_broken_when_renamed(names_drift):
+    [error] = _errors("state-pools-renamed", names_drift)
+    line = _line(CONTROLLER, 'getattr(kv_pool, "compress_state_pools", None)')
+    assert re.match(rf"{CONTROLLER}:{line}: sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4TokenToKVPool."
+                    r"compress_state_pools: class DeepSeekV4TokenToKVPool "
+                    r"\(python/sglang/srt/mem_cache/[\w/]+\.py:\d+\) has no compress_state_pools",
+                    error), error
 
 
 def test_a_new_ragged_verify_mode_env_is_broken_until_reviewed(names_drift, tmp_path):

@@ -148,9 +148,10 @@ def narrowed(definers: Definers, uses: list[Use]) -> dict[tuple[str, str], list[
         common = [c for c in sorted(owners) if wanted <= owners[c].keys()] if len(wanted) > 1 else []
         common = [c for c in common if _named(c, receiver)] or common
         common = common if len(common) <= _MAX_CLASSES else []  # names many classes define all of tell nothing
-        for name in names - definers.ours:
+        for name in names - definers.ours:  # then an instance attribute (``self.name = ...``) of a class it names
             told = {owners[c][name] for c in common if name in owners[c]} or \
-                {d[name] for d in definers.near.values() if name in d}
+                {d[name] for d in definers.near.values() if name in d} or \
+                {d[name] for c, d in owners.items() if name in d and _named(c, receiver)}
             out[(receiver, name)] = sorted(told) if len(told) <= _MAX_CLASSES else []
     return out
 
