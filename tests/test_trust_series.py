@@ -311,6 +311,31 @@ def test_a_moved_tag_in_the_release_cache_is_refused_saying_how_to_rebuild(fake_
         ReleaseHistory().ensure()
 
 
+def test_a_changed_wheel_in_the_cache_is_refused_before_it_is_patched_or_trusted(tmp_path, monkeypatch):
+    """Helper 93: a payload added to the cached release wheel (its RECORD fixed) went into `wheel --from-release`'s
+    output and `verify-wheel` called that "authentic". A cache wheel is checked against its bytes as downloaded and,
+    with that record gone too, against the tree the release history recorded for it (cache-mechanics stand-in
+    wheels, as the tests above)."""
+    from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, cached_wheel
+
+    monkeypatch.delenv("C128PATCH_WHEELHOUSE", raising=False)
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "wheels"
+    folder.mkdir(parents=True)
+    wheel = {v: fake_wheel(folder, v) for v in DEFAULT_RELEASES}["0.5.23"]
+    ReleaseHistory().ensure()  # records each release wheel's tree
+    assert cached_wheel(wheel) == wheel and (folder / "SHA256SUMS").is_file()  # first use: its bytes recorded
+    fake_wheel(folder, "0.5.23", text="import os\nos.system('touch /tmp/PWNED')\n")
+    with pytest.raises(C128Error, match="changed since it was downloaded") as exc:
+        cached_wheel(wheel)
+    assert f"rm {wheel}" in exc.value.message
+    run = invoke("wheel", "--from-release", "0.5.23", "-o", str(tmp_path / "out"), as_json=False)
+    assert run.code == 2 and "changed since it was downloaded" in run.err and not (tmp_path / "out").exists(), run.err
+    (folder / "SHA256SUMS").unlink()  # that record gone too: the history says what the wheel must give
+    with pytest.raises(C128Error, match="does not give the sources the release history recorded for sglang 0.5.23"):
+        cached_wheel(wheel)
+
+
 def test_a_truncated_cached_wheel_and_a_corrupt_pack_are_one_line_naming_the_cache(fake_releases, tmp_path):
     from c128patch.upstream.releases import ReleaseHistory
 

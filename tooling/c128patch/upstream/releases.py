@@ -156,8 +156,53 @@ def pip_download(version: str, extra: tuple[str, ...] = (), progress: Progress |
         ok, last = _pip_download_into(Path(tmp), version, extra, progress)
         if ok:
             for wheel in Path(tmp).glob("*.whl"):
+                _record_sum(dest, wheel.name, _sha256(wheel))
                 os.replace(wheel, dest / wheel.name)
     return ok, last
+
+
+SUMS = "SHA256SUMS"  # the cache's wheels as downloaded (``sha256sum`` lines)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _sums(folder: Path) -> dict[str, str]:
+    text = (folder / SUMS).read_text(errors="replace") if (folder / SUMS).is_file() else ""
+    return {name: digest for digest, _, name in (line.partition("  ") for line in text.split("\n")) if name}
+
+
+def _record_sum(folder: Path, name: str, digest: str) -> None:
+    sums = {**_sums(folder), name: digest}
+    write_atomic(folder / SUMS, "".join(f"{d}  {n}\n" for n, d in sorted(sums.items())).encode())
+
+
+def cached_wheel(wheel: Path) -> Path:
+    """A wheel of the cache, checked before use: its bytes as downloaded (``SHA256SUMS``; one the record does not
+    name yet is recorded now), and a release's canonical wheel giving the tree the release history recorded for it
+    (``c128patch-trees``); else one line naming it and the fix. An operator's wheelhouse is theirs: not checked."""
+    folder = cache_dir() / "wheels"
+    if wheel.parent.resolve() != folder.resolve():
+        return wheel
+    fix = f"remove it (rm {shlex.quote(str(wheel))}) and run again: it is downloaded again"
+    have, recorded = _sha256(wheel), _sums(folder).get(wheel.name)
+    if recorded is not None and recorded != have:
+        raise C128Error(f"the cached wheel {wheel} changed since it was downloaded (sha256 {have[:16]}…, recorded "
+                        f"{recorded[:16]}…); {fix}")
+    trees = ReleaseHistory()._trees_file
+    if (parsed := parsed_name(wheel)) and wheel_tags(wheel) == HISTORY_TAGS and trees.is_file():
+        tree = dict(line.split(" ", 1) for line in trees.read_text().split("\n") if " " in line).get(str(parsed[1]))
+        if tree and wheel_tree(wheel) != tree:
+            raise C128Error(f"the cached wheel {wheel} does not give the sources the release history recorded for "
+                            f"sglang {parsed[1]} (a changed wheel); {fix}")
+    if recorded is None:
+        _record_sum(folder, wheel.name, have)
+    return wheel
 
 
 def _pip_download_into(dest: Path, version: str, extra: tuple[str, ...], progress: Progress | None) -> tuple[bool, str]:
@@ -486,7 +531,7 @@ def release_wheel_for(version: str, target: WheelTarget, reporter: Reporter = Nu
         ok, last = pip_download(version, target.pip_args(), lambda done, total: transfer(reporter, what, done, total))
         found = best_local(version, target) if ok else None
     if found is not None:
-        return found
+        return cached_wheel(found)
     names, note = available(version)
     if not names:
         raise C128Error(f"unknown release 'v{version}': no sglang {version} wheel in {note} ({last})")

@@ -21,7 +21,7 @@ from unidiff.errors import UnidiffParseError
 
 from c128patch.errors import C128Error
 from c128patch.series.manifest import sha256_file
-from c128patch.upstream.releases import PACKAGE, WheelTarget, WheelZip, local_wheels, pip_download
+from c128patch.upstream.releases import PACKAGE, WheelTarget, WheelZip, cached_wheel, local_wheels, pip_download
 from c128patch.wheel.patch import WHEEL_PROVENANCE, loose_git
 from c128patch.wheel.rules import wheel_path
 from c128patch.wheel.sbom import SBOM_NAME
@@ -89,7 +89,7 @@ def locate(record: dict, wheel: Path, given: Path | None) -> tuple[Path, str]:
         return checked(given, "given")
     for path in local_wheels(str(version)):
         if path.name == name:
-            return checked(path, "wheelhouse")
+            return checked(cached_wheel(path), "wheelhouse")
     _dist, _ver, _build, tags = parse_wheel_filename(name)
     tag = sorted(tags, key=str)[0]
     target = WheelTarget(tag.interpreter if tag.interpreter.startswith(("cp", "pp")) else None,
@@ -97,7 +97,7 @@ def locate(record: dict, wheel: Path, given: Path | None) -> tuple[Path, str]:
     ok, last = pip_download(str(version), (*target.pip_args(), "--retries", "1", "--timeout", "15"))
     for path in local_wheels(str(version)):
         if path.name == name:
-            return checked(path, "downloaded")
+            return checked(cached_wheel(path), "downloaded")
     raise AuthenticityUnknown(f"cannot check authenticity: no upstream wheel {name} here (give --upstream-wheel PATH "
                               f"or go online; pip download: {last}); "
                               "--no-authenticity skips this check")
