@@ -19,8 +19,8 @@ from c128patch.git import Git
 from c128patch.series.manifest import load_series
 from support import RELEASES, REPO_ROOT, upstream_commit
 
-SCENARIOS = ["compressor-callback", "decode", "record-streams", "startup-rules", "verify-compact", "verify-static",
-             "worker-commit"]
+SCENARIOS = ["backend-verify-metadata", "compressor-callback", "decode", "record-streams", "startup-rules",
+             "verify-compact", "verify-static", "worker-commit"]
 RAGGED = "python/sglang/srt/speculative/ragged_verify.py"
 SERIES = load_series(REPO_ROOT)
 
@@ -70,7 +70,7 @@ def test_a_broken_upstream_change_fails_naming_scenario_our_module_and_upstream(
     result = treecheck.run_rev(SERIES, git, change[:12], change, python=tier_python)
     on = scenarios(result, "on")
     assert {n for n, s in on.items() if s["status"] == "failed"} == {"verify-compact", "decode", "worker-commit",
-                                                                     "compressor-callback"}
+                                                                     "compressor-callback", "backend-verify-metadata"}
     assert re.fullmatch(
         r"scenario verify-compact: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.commit_after_verify "
         r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.speculative\."
@@ -154,6 +154,26 @@ def test_upstream_taking_a_new_spelling_of_a_gate_env_fails_the_startup_rules(
     assert not result.to_json()["ok"]
 
 
+def test_upstream_planning_c128_for_every_online_verify_fails_backend_verify_metadata(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Helper 92's case 3: upstream builds its own c128 verify plan for any online-compress verify, not only MTP's;
+    the metadata takes it before the controller's, so our plan and kernels never run, and the tier said clean."""
+    git = Git(git_dir=sglang_release_repo)
+    base, head = patched_copy(git, tmp_path, "python/sglang/srt/layers/attention/deepseek_v4_backend.py",
+                              "        if not self.has_c128 or not self.online_c128_mtp.enabled():\n",
+                              "        if not self.has_c128 or not envs.SGLANG_OPT_USE_ONLINE_COMPRESS.get():\n")
+    result = treecheck.run(SERIES, tmp_path, git.changed_files(base, head), python=tier_python)
+    on = scenarios(result, "on")
+    assert {n: s["status"] for n, s in on.items() if s["status"] != "passed"} == {"backend-verify-metadata": "failed"}
+    backend = r"sglang\.srt\.layers\.attention\.deepseek_v4_backend"
+    assert re.search(r"AssertionError: upstream's target-verify metadata \(static\) holds a c128 plan of its own with "
+                     rf"the gates on \(made in {backend}\.DeepseekV4AttnBackend\._make_target_verify_c128_metadata "
+                     r"\(sglang/srt/layers/attention/deepseek_v4_backend\.py:\d+\)\): the controller's verify plan is "
+                     r"never built$", on["backend-verify-metadata"]["detail"]), on
+    assert all(s["status"] == "passed" for s in scenarios(result, "off").values())  # upstream's own choice, gates off
+    assert not result.to_json()["ok"]
+
+
 def test_a_scenario_whose_module_did_not_import_is_not_run_and_unchecked(
         tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
     git = Git(git_dir=sglang_release_repo)
@@ -164,12 +184,13 @@ def test_a_scenario_whose_module_did_not_import_is_not_run_and_unchecked(
     data = result.to_json()
     for gates in ("off", "on"):
         said = {n: s for n, s in scenarios(result, gates).items() if s["status"] != "passed"}
-        assert sorted(said) == ["compressor-callback", "decode", "record-streams", "verify-compact", "worker-commit"]
+        assert sorted(said) == ["backend-verify-metadata"] * (gates == "on") + [
+            "compressor-callback", "decode", "record-streams", "verify-compact", "worker-commit"]  # (off: upstream's)
         assert said["decode"]["status"] == "not run"
         assert said["decode"]["detail"].startswith("sglang.srt.speculative.ragged_verify did not import (Module")
     assert not result.checked and not data["ok"] and not result.failed
     assert "scenario decode: not run: sglang.srt.speculative.ragged_verify did not import" in " ".join(
         data["not_checked"])
-    assert "scenarios not run: compressor-callback, decode, record-streams, verify-compact, worker-commit" in data[
-        "verdict"]
+    assert ("scenarios not run: backend-verify-metadata, compressor-callback, decode, record-streams, verify-compact, "
+            "worker-commit") in data["verdict"]
     assert data["scenarios_passed"] == ["startup-rules", "verify-static"]

@@ -38,7 +38,6 @@ _spec.loader.exec_module(_models)
 # -- the scenarios -----------------------------------------------------------------------
 
 CONTROLLER = "sglang.srt.layers.attention.dsv4.online_c128_dspark"
-PLANS = "sglang.kernels.ops.attention.dsv4.compress"  # upstream's CompressorPrefillPlan
 RAGGED = "sglang.srt.speculative.ragged_verify"
 GATE_ENV, ONLINE_ENV = "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK", "SGLANG_OPT_USE_ONLINE_COMPRESS"
 MTP_ENV, RAGGED_ENV = "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP", "SGLANG_RAGGED_VERIFY_MODE"
@@ -151,9 +150,9 @@ class Decode:
     """Requests with float64 histories; a step (prepare, plan, compress, accept, commit) checked against them."""
 
     def __init__(self, ctl: types.ModuleType, ragged: Optional[types.ModuleType], pool_class: Any = None,
-                 layers: int = 2) -> None:
+                 layers: int = 2, plan_type: Any = None) -> None:
         self.ctl, self.ragged = ctl, ragged
-        self.ops = ReferenceOps(_module(PLANS).CompressorPrefillPlan)  # the real op's plan type: the target's
+        self.ops = ReferenceOps(*[plan_type] if plan_type else [])  # where upstream code sees it: the target's type
         self.gen = torch.Generator().manual_seed(0)
         self.stride = SLOTS + 2
         self.states = [torch.full(((1 + W) * self.stride, STATE_DIM), float("nan")) for _ in range(layers)]
@@ -264,11 +263,11 @@ def _close(got: Any, want: Any, what: str) -> None:
 
 
 @contextlib.contextmanager
-def _decode(on: bool, compact: bool, pool_class: Any = None):
+def _decode(on: bool, compact: bool, pool_class: Any = None, plan_type: Any = None):
     """The tree's controller over a DSPARK backend, its kernels the torch models; inert with the gates off."""
     ctl, ragged = _module(CONTROLLER), _module(RAGGED) if compact else None
     with _launch({}):
-        sim = Decode(ctl, ragged, pool_class)
+        sim = Decode(ctl, ragged, pool_class, plan_type=plan_type)
     if sim.controller.enabled() != on or not on and sim.controller.compress_fn(None, _close) is not _close:
         raise AssertionError(f"the controller is {'dis' if on else 'en'}abled with the gates {'on' if on else 'off'}")
     kernels, ctl._ops = ctl._ops, lambda: sim.ops
@@ -329,7 +328,10 @@ def compressor_callback(on: bool) -> None:
         return stored.pop()
 
     try:
-        with _decode(on, True, _module(POOL).DeepSeekV4TokenToKVPool) as sim, _launch({ONLINE_ENV: "1"}):
+        # the model of our op returns the plan type the compressor knows, as the op does (upstream code there may
+        # look at the plan's type: helper 92's case 6)
+        with _decode(on, True, _module(POOL).DeepSeekV4TokenToKVPool, comp.CompressorPrefillPlan) as sim, \
+                _launch({ONLINE_ENV: "1"}):
             backend.online_c128_dspark, sim.compress = sim.controller, compress
             prefill = sim.ops.plan_type(128, torch.zeros(1, 16, dtype=torch.uint8), None, None)
             compress(prefill, kv_score_buffer=sim.states[0].view(-1, 1, STATE_DIM),
@@ -344,6 +346,55 @@ def compressor_callback(on: bool) -> None:
                     sim.step(slots, padded_bs, compact, extra)
     finally:
         comp.compress_forward, comp.compress_norm_rope_store = kernels
+
+
+BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend"
+
+
+def backend_verify_metadata(on: bool) -> None:
+    """Upstream's target-verify metadata (`DeepseekV4AttnBackend.init_forward_metadata_target_verify`, static and
+    compact, its instance made without `__init__` over the scenario's backend) leaves the c128 plan to the controller
+    with the gates on: a plan of upstream's own there and the controller's verify plan is never built (the metadata
+    takes the raw one first), so our kernels never run (helper 92's case 3). Stood in: `create_paged_compressor_data`
+    (CUDA), which records that upstream planned. Gates off it is upstream's own path, with nothing of ours to check."""
+    if not on:
+        return
+    mod, planned = _module(BACKEND), []
+    kernels = mod.create_paged_compressor_data
+
+    def plan(**kw: Any) -> Any:  # upstream's c128 plan: where it was asked for is the culprit
+        caller = sys._getframe(1)
+        name = getattr(caller.f_code, "co_qualname", caller.f_code.co_name)
+        path = caller.f_code.co_filename
+        planned.append(f"{caller.f_globals.get('__name__')}.{name} ({path[path.rfind('/sglang/') + 1:]}:"
+                       f"{caller.f_lineno})")
+        return SimpleNamespace(upstreams=True)
+
+    mod.create_paged_compressor_data = plan
+    try:
+        with _decode(on, True) as sim:
+            backend = mod.DeepseekV4AttnBackend.__new__(mod.DeepseekV4AttnBackend)
+            rows = 4
+            backend.__dict__.update(vars(sim.backend), present_ratios=(4, 128), has_c4=True, has_c128=True,
+                                    needs_cpu_seq_lens=True,
+                                    mtp_enabled=False, extend_seq_lens_buffer=torch.zeros(rows, dtype=torch.int32),
+                                    extend_start_loc_buffer=torch.zeros(rows, dtype=torch.int32))
+            backend.online_c128_mtp = mod.OnlineC128MTPController(backend)  # the one the backend makes
+            layout = sim.ragged.RaggedVerifyLayout.from_verify_lens_device(
+                verify_lens=torch.tensor([3, 1, 4, 2], dtype=torch.int32), graph_num_tokens=12)
+            for ragged in (None, layout):
+                with _launch({GATE_ENV: "1", ONLINE_ENV: "1"}):
+                    raw = backend.init_forward_metadata_target_verify(
+                        max_seq_len=512, req_pool_indices=torch.arange(rows), seq_lens=torch.tensor([130, 7, 255, 9]),
+                        seq_lens_cpu=torch.tensor([130, 7, 255, 9]), out_cache_loc=torch.zeros(rows * W),
+                        use_prefill_cuda_graph=False, online_c128_state_slot_offset=SLOTS + 2, ragged_layout=ragged)
+                if raw.c128_compress_metadata is not None or planned:
+                    raise AssertionError(f"upstream's target-verify metadata ({'compact' if ragged else 'static'}) "
+                                         "holds a c128 plan of its own with the gates on (made in "
+                                         f"{planned[0] if planned else 'no create_paged_compressor_data call'}): the "
+                                         "controller's verify plan is never built")
+    finally:
+        mod.create_paged_compressor_data = kernels
 
 
 WORKER, STREAMS_ENV = "sglang.srt.speculative.dspark_components.dspark_worker_v2", "SGLANG_DSPARK_RECORD_VERIFY_STREAMS"
@@ -457,6 +508,7 @@ SCENARIOS = {  # name -> function(gates on)
     "worker-commit": worker_commit,  # the worker's verify step: accept -> commit after accept
     "record-streams": record_streams,
     "compressor-callback": compressor_callback,  # upstream's compressor calls our compress_fn; the pool's getters
+    "backend-verify-metadata": backend_verify_metadata,  # upstream's verify metadata leaves the c128 plan to ours
 }
 
 
