@@ -971,3 +971,27 @@ def test_the_second_add_entry_prints_a_next_that_works_where_the_first_ones_tree
     assert load_series(layer).version == "2"  # two stacks, two names: the second entry bumped it (both read "1")
     stacked = Git(worktree=Path(f"{upstream_clone}-acme"))
     assert [c for c in stacked.out("log", "--format=%s", "-3").splitlines()][1:] == ["acme: two", "acme: one"]
+
+
+def test_a_layered_trees_commit_without_an_entry_gets_refreshs_own_refusal_with_the_add_entry_that_works(
+        sglang_release_repo, tmp_path):
+    """After a rebase of a layered tree holding a commit of the user's, the note said our series "would need files
+    for v0.5.23" (refresh itself refuses, for another reason); it now says refresh's reason, and the add-entry it
+    names (the tree's layer, the commit's subject) runs as printed."""
+    series, layer, tree = copy_series(tmp_path / "series"), tmp_path / "acme", tmp_path / "t"
+    shutil.copytree(EXAMPLE, layer)
+    assert invoke("apply", "--sglang-rev", "v0.5.22", "--repo", str(sglang_release_repo), "--tree", str(tree),
+                  "--series", str(series), "--layer", str(layer)).code == 0
+    git = Git(worktree=tree)
+    path = tree / "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
+    path.write_text(path.read_text() + "# ours\n")
+    git.run(*ID, "commit", "-qam", "acme: a pool note")
+    moved = invoke("rebase", "--onto", "v0.5.23", "--tree", str(tree), "--series", str(series), "--layer", str(layer),
+                   as_json=False)
+    assert moved.code == 0, moved.err
+    assert "note: refresh would refuse: commit " in moved.text and "would need files" not in moved.text, moved.text
+    add = printed_command(moved.text, "c128patch layer add-entry")
+    assert shlex.split(add)[:5] == ["c128patch", "layer", "add-entry", "--layer", str(layer)], add
+    ran = run_printed(add)
+    assert ran.returncode == 0, ran.stderr
+    assert [e.name for e in load_series(layer).entries][-1] == "acme-a-pool-note"

@@ -131,19 +131,23 @@ def refresh_command(git: Git, series: Series, report: dict, lock_items: LockItem
                and (base is None or git.is_ancestor(base, onto)))
 
     new_entry = False  # a commit of the user's, with no entry trailer, that would become an entry of ours
+    refused = ""  # why refresh itself would refuse
 
     def changes(primary: bool | None) -> list[str]:
-        nonlocal new_entry
+        nonlocal new_entry, refused
         try:
             done = export(series, git, primary=primary, lock_items=lock_items)
-        except C128Error:
-            return ["?"]  # refresh itself will say why
+        except C128Error as exc:
+            refused = exc.message.removeprefix("cannot refresh: ")
+            return ["?"]
         new_entry = any(note.startswith("new entry ") for note in done.notes)
         return done.changes(series.root)
 
     found = changes(None)  # what ``refresh --check`` says
     if not found:
         return "", ""
+    if refused:
+        return "", f"refresh would refuse: {refused}"
     found = found if primary == (label == series.base) else changes(primary)
     own = series.ours.root == default_series_root().resolve()  # the tool's checkout or installed package
     if own and (series.layers or new_entry or label == onto[:12] or installed(series.ours.root)) and any(
@@ -259,9 +263,10 @@ def _export_commit(series: Series, git: Git, sha: str, name: str, exported: dict
         raise C128Error(f"cannot refresh: commit {sha[:12]} is entry '{name}' of layer {name.split(SEP)[0]}, not in "
                         f"the series given; name the layer (--layer DIR or c128patch.toml); nothing was written")
     if old is None and isinstance(series, Stack):  # whose entry would it be? the team says, with add-entry
+        add = shlex.join(["c128patch", "layer", "add-entry", "--layer", str(series.layers[-1].root), "--from-commit",
+                          sha[:12], "--why", git.out("log", "-1", "--format=%s", sha), "--tree", str(git.worktree)])
         raise C128Error(f"cannot refresh: commit {sha[:12]} carries no {ENTRY_TRAILER} trailer; make it an entry of "
-                        f"a layer (c128patch layer add-entry --layer DIR --from-commit {sha[:12]} --why TEXT) "
-                        "or of the series, then refresh")
+                        f"a layer ({add}, or another layer's folder) or of the series, then refresh")
     if old is None:
         result.notes.append(f"new entry '{name}' from commit {sha[:12]}")
         old = Entry(name=name, kind="patch", why=git.out("log", "-1", "--format=%s", sha), base=label)
