@@ -288,6 +288,31 @@ def test_a_checkout_of_the_new_tip_cut_short_is_finished_or_undone_as_printed(ap
     assert_nothing_in_progress(git)
 
 
+@pytest.mark.parametrize("verb", ["continue", "abort"])
+def test_a_checkout_of_the_release_cut_short_inside_apply_is_finished_or_undone_as_printed(
+        sglang_release_repo, series, tmp_path, verb):
+    """Ctrl-C inside apply's own checkout of the release: --abort stashed the half checkout as "your work in
+    progress"; it is the tool's own (``treestate.cut_checkout``, as for rebase): undone, no stash."""
+    git = small_clone(sglang_release_repo, tmp_path / "t")
+    git.run("checkout", "--quiet", "-b", "work", "v0.5.22")
+    before = snapshot(git.worktree)
+    proc = interrupt(["apply", "--sglang-rev", "v0.5.23", "--repo", git.worktree, "--series", series], git.worktree,
+                     "at:apply-checkout", "kill")
+    written = half_a_checkout(git, git.rev_parse("v0.5.23"))
+    assert len(written) > 3 and git.status_porcelain()
+    done = run_printed(way_out(proc, git.worktree, verb, "apply"))
+    assert done.returncode == 0, done.stderr
+    if verb == "abort":
+        assert snapshot(git.worktree) == before and git.out("stash", "list") == "", done.stdout
+    else:
+        plain = small_clone(sglang_release_repo, tmp_path / "plain")  # the same apply, uninterrupted
+        plain.run("checkout", "--quiet", "-b", "work", "v0.5.22")
+        ran = invoke("apply", "--sglang-rev", "v0.5.23", "--repo", plain.worktree, "--series", series)
+        assert ran.code == 0, (ran.code, ran.err)
+        assert git.current_branch() == "c128/v0.5.23" and git.rev_parse("HEAD^{tree}") == plain.rev_parse("HEAD^{tree}")
+    assert_nothing_in_progress(git)
+
+
 def test_a_cut_checkout_with_a_file_of_the_users_since_is_not_thrown_away(applied, series):
     git = applied
     interrupt(["rebase", "--onto", "v0.5.23", "--tree", git.worktree, "--series", series], git.worktree,

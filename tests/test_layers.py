@@ -428,6 +428,8 @@ def test_watch_carries_the_stack_and_refreshes_the_layer_into_its_own_folder(tmp
     res = invoke("watch", "--onto", "v0.5.21", "--out", tmp_path / "out", "--layer", layer, "--no-run")
     assert res.code == 3 and res.out["outcome"] == "refreshed", res.err
     assert res.out["needed_merge"] == ["acme/acme-sps-env"] and res.out["layers"][0]["name"] == "acme"
+    new = load_series(tmp_path / "out" / "series" / "layers" / "acme").version
+    assert res.out["headline"].endswith(f"the refreshed layer acme {new} applies strictly there"), res.out["headline"]
     refreshed = tmp_path / "out" / "series"
     assert (refreshed / "layers/acme/patches/0001-acme-sps-env.v0.5.21.patch").is_file()
     assert sorted(p.name for p in (refreshed / "patches").glob("*.patch")) == \

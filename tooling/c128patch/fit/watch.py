@@ -326,6 +326,11 @@ class Watch:
             return info, target
         new = stack(load_series(target.root), layer_folders(target))
         info.update(version=new.version, base=new.base, layers=layer_rows(new))
+        changed = [target.root / c for c in info["changed"]]  # (relative to the copy's root, a layer's under it)
+        theirs = [layer for layer in new.layers if any(c.is_relative_to(layer.root) for c in changed)]
+        info["parts"] = [f"series {new.name} {new.version}"] * any(
+            not any(c.is_relative_to(layer.root) for layer in new.layers) for c in changed) + [
+            f"layer {layer.name} {layer.version}" for layer in theirs]
 
         self._step(f"verifying the refreshed series on {self.onto}")
         problems = info["problems"]

@@ -61,9 +61,10 @@ def headline(report: dict) -> str:
         how = [f"{e['name']} ({e['on_rev']})" for e in entries
                if e["on_rev"].split(" (")[0] in ("3-way", "ledger", "whitespace-merged") or "(renamed: " in e["on_rev"]]
         new = report["refreshed"]
+        parts = new.get("parts") or [f"series {s['name']} {new['version']}"]  # (what changed: ours, a layer or both)
         return (f"{series} still applies on {at}: {len(how)} of {len(entries)} entries needed a 3-way merge or a "
-                f"recorded resolution ({some(how, 4)}); the refreshed series {s['name']} {new['version']} applies "
-                f"strictly there")
+                f"recorded resolution ({some(how, 4)}); the refreshed {' and '.join(parts)} "
+                f"appl{'ies' if len(parts) == 1 else 'y'} strictly there")
     if outcome == "merged":
         first = report["merged"][0]
         content = [s for s in first["signals"] if s["kind"] != "pr-hint"]  # evidence, not a hint

@@ -40,6 +40,7 @@ from c128patch.ops.treestate import (
     apply_journal,
     changed_paths,
     checked_fields,
+    cut_checkout,
     ensure_clean,
     ensure_idle,
     fault_named,
@@ -267,6 +268,8 @@ class Apply:
             done = {"ok": True, "aborted": True, "tree": str(self.tree), "removed_clone": False}
             git.run("am", "--abort", check=False)  # (none in progress: git refuses, changing nothing)
             ours = set(journal.step_paths) if journal.in_step else set()
+            if journal.in_step and journal.phase == "checkout":  # cut short inside it: half a checkout is ours
+                ours |= set(cut_checkout(git, journal.upstream_commit)[0])
             theirs = [p for p in changed_paths(git) if p not in ours]
             if journal.fresh_clone and not theirs:  # (the journal is input: a tree holding work is never removed)
                 discard_fresh_tree(self.tree, journal.tree_existed)
@@ -314,6 +317,7 @@ class Apply:
             self.reporter.step(f"checking out {journal.rev} on {journal.branch}")
             redo = journal.in_step  # cut short before: what is there is ours
             self._begin(journal, [])
+            fault_point("at", "apply-checkout")  # C128PATCH_FAULT=kill-at:apply-checkout (ops.treestate)
             git.run("checkout", "--quiet", *(["--force", "-B"] if redo else ["-b"]), journal.branch,
                     journal.upstream_commit)
             journal.phase, journal.in_step, journal.head_before = "entries", False, git.head() or ""

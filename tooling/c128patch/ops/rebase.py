@@ -26,6 +26,7 @@ from c128patch.ops.replay import replay_in_index, unmerged_paths
 from c128patch.ops.treestate import (
     RECOVERY_PREFIX,
     changed_paths,
+    cut_checkout,
     ensure_clean,
     ensure_idle,
     rebase_command,
@@ -80,7 +81,7 @@ class Rebase(RebaseLoop):
         journal = Journal.load(self.path, self.git)
         git = self.git
         if journal.pos >= len(journal.steps):  # cut short while finishing: the tree may hold half a checkout
-            theirs, mine = self._cut_checkout(journal)
+            theirs, mine = cut_checkout(self.git, journal.head_before)
             if mine:
                 raise C128Error(f"cannot continue: {len(mine)} path(s) changed since the rebase was cut short, "
                                 f"not by it ({', '.join(mine[:3])}); move them away (git -C "
@@ -212,7 +213,7 @@ class Rebase(RebaseLoop):
             git.run("reset", "--quiet", "--hard")  # the cut-short stop's conflict state: the tool's own
         state, stopped = tree_state(git), journal.stop_state  # the user's paths: all, or those changed since the stop
         if journal.pos >= len(journal.steps):  # cut short while finishing: half a checkout of the new tip is ours
-            theirs, mine = self._cut_checkout(journal)
+            theirs, mine = cut_checkout(self.git, journal.head_before)
         else:
             mine = (sorted(p for p in set(state) | set(stopped) if state.get(p) != stopped.get(p))
                     if journal.paused == "conflict" else sorted(state))
@@ -234,25 +235,6 @@ class Rebase(RebaseLoop):
         self._forget()
         return {"ok": True, "aborted": True, "branch": journal.orig_branch, "head": journal.orig_head,
                 "recovery_ref": journal.recovery_ref, "stash": stash, "stashed": mine}
-
-    def _cut_checkout(self, journal: Journal) -> tuple[list[str], list[str]]:
-        """The changed paths of a tree whose rebase was cut short while finishing (it was clean before): (those the
-        checkout of the new tip left, the rest: the user's). The checkout's: on a path it changes, the new tip's
-        content, a file missing (removed, or not written yet) or the start of the new tip's content (cut while
-        writing it); the provenance."""
-        git, state = self.git, tree_state(self.git)
-        changes = set(git.out("diff", "--name-only", "--no-renames", "-z", "HEAD", journal.head_before).split("\0"))
-        tip = {path: sha for path, (*_, sha) in ls_tree(git, journal.head_before, sorted(state), "-r").items()}
-
-        def written(path: str, blob: str) -> bool:
-            if path == PROVENANCE_PATH or blob == tip.get(path, ""):
-                return True
-            if path not in changes or not blob or path not in tip or (git.worktree / path).is_symlink():
-                return not blob and path in changes
-            return (git.blob(journal.head_before, path) or b"").startswith((git.worktree / path).read_bytes())
-
-        theirs = sorted(p for p, blob in state.items() if written(p, blob))
-        return theirs, sorted(set(state) - set(theirs))
 
     def _put_back(self, paths: list[str]) -> None:
         """``paths`` as HEAD has them (the tool's own changes): checked out where HEAD has them, else removed."""

@@ -10,7 +10,7 @@ from typing import Literal
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.jsonio import read_json, write_json_atomic
-from c128patch.ops.treestate import changed_paths, checked_fields, corrupt_journal, read_journal
+from c128patch.ops.treestate import checked_fields, corrupt_journal, read_journal, tree_state  # noqa: F401
 from c128patch.series.ledger import Conflict
 from c128patch.series.paths import check_relpath
 
@@ -106,14 +106,6 @@ class Journal:
 
     def save(self, path: Path) -> None:
         write_json_atomic(path, asdict(self))
-
-
-def tree_state(git: Git) -> dict[str, str]:
-    """path -> blob id of each changed or untracked path of the work tree ("" when deleted)."""
-    paths = changed_paths(git)
-    present = [p for p in paths if (git.worktree / p).is_file()]  # type: ignore[operator]
-    ids = git.out("hash-object", "--", *present).splitlines() if present else []
-    return {**{p: "" for p in paths}, **dict(zip(present, ids))}
 
 
 def save_conflicts(state: Path, conflicts: list[Conflict]) -> None:

@@ -34,7 +34,8 @@ from c128patch.jsonio import read_json, write_json_atomic
 from c128patch.progress import echo
 from c128patch.series.layers import layer_folders, operators
 from c128patch.series.manifest import MANIFEST, Series
-from c128patch.series.provenance import read_provenance
+from c128patch.series.plan import ls_tree
+from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 from c128patch.textsafe import some
 
 _GIT_BUSY = {"rebase-merge": "a git rebase", "rebase-apply": "a git am or rebase", "MERGE_HEAD": "a git merge",
@@ -286,3 +287,31 @@ def fault_named(where: str, name: str) -> bool:
     """Is there a fault at this point (a step must end there for ``fault_point`` to act on it)?"""
     wanted = os.environ.get(FAULT_ENV, "").split(",")
     return any(f"{how}-{where}:{name}" in wanted for how in (*_SIGNALS, "fail"))
+
+
+def tree_state(git: Git) -> dict[str, str]:
+    """path -> blob id of each changed or untracked path of the work tree ("" when deleted)."""
+    paths = changed_paths(git)
+    present = [p for p in paths if (git.worktree / p).is_file()]  # type: ignore[operator]
+    ids = git.out("hash-object", "--", *present).splitlines() if present else []
+    return {**{p: "" for p in paths}, **dict(zip(present, ids))}
+
+
+def cut_checkout(git: Git, target: str) -> tuple[list[str], list[str]]:
+    """The changed paths of a tree (clean before) whose checkout of ``target`` was cut short, HEAD not moved yet:
+    (those the checkout left, the rest: the user's). The checkout's: on a path it changes, ``target``'s content, a
+    file missing (removed, or not written yet) or the start of ``target``'s content (cut while writing it); the
+    provenance."""
+    state = tree_state(git)
+    changes = set(git.out("diff", "--name-only", "--no-renames", "-z", "HEAD", target).split("\0"))
+    tip = {path: sha for path, (*_, sha) in ls_tree(git, target, sorted(state), "-r").items()}
+
+    def written(path: str, blob: str) -> bool:
+        if path == PROVENANCE_PATH or blob == tip.get(path, ""):
+            return True
+        if path not in changes or not blob or path not in tip or (git.worktree / path).is_symlink():
+            return not blob and path in changes
+        return (git.blob(target, path) or b"").startswith((git.worktree / path).read_bytes())
+
+    theirs = sorted(p for p, blob in state.items() if written(p, blob))
+    return theirs, sorted(set(state) - set(theirs))
