@@ -184,7 +184,7 @@ REVIEWED = {
                            "git.cwd / git.out('rev-parse', '--git-path', 'objects')"},
 }
 _CONSTANT = ("TXN", "STAGING", "PLAN", "MANIFEST", "CONFIG", "LOCK_NAME", "PROVENANCE_PATH", "MIRROR_DONE",
-             "UPSTREAM_PACKAGE")
+             "UPSTREAM_PACKAGE", "SUMS")
 
 
 def unreviewed_joins(source: str, reviewed: set[str]) -> list[str]:
