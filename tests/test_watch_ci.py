@@ -356,5 +356,5 @@ def test_the_recipe_as_written_builds_the_tiers_environment_and_is_clean_on_the_
     assert tier["env"]["python"].startswith(f"{act.workspace}/.c128patch-cache/envs/")
     for gates in tier["json"]["tiers"]:
         assert len(gates["modules"]) == 11 and all(m["status"] == "ok" for m in gates["modules"].values()), gates
-        assert len(gates["scenarios"]) == 7 and all(s["status"] == "passed" for s in gates["scenarios"].values())
+        assert len(gates["scenarios"]) == 8 and all(s["status"] == "passed" for s in gates["scenarios"].values())
     assert verbs(run) == ["pr list", "issue list"]
