@@ -20,7 +20,7 @@ from c128patch.errors import C128Error
 from c128patch.ops import proofs
 from c128patch.ops.equivalence import compare_commits
 from c128patch.ops.merged import Signal, entry_making, upstream_hints
-from c128patch.ops.rebase_journal import Journal, Paused, Step, saved_conflicts, tree_state
+from c128patch.ops.rebase_journal import Journal, Paused, Step, saved_conflicts
 from c128patch.ops.rebase_loop import RebaseLoop
 from c128patch.ops.replay import replay_in_index, unmerged_paths
 from c128patch.ops.treestate import (
@@ -31,6 +31,7 @@ from c128patch.ops.treestate import (
     ensure_idle,
     rebase_command,
     refuse_conflict_markers,
+    tree_state,
 )
 from c128patch.series.layers import describe, layer_folders
 from c128patch.series.plan import ENTRY_TRAILER, ls_tree

@@ -10,7 +10,7 @@ from typing import Literal
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.jsonio import read_json, write_json_atomic
-from c128patch.ops.treestate import checked_fields, corrupt_journal, read_journal, tree_state  # noqa: F401
+from c128patch.ops.treestate import checked_fields, corrupt_journal, read_journal
 from c128patch.series.ledger import Conflict
 from c128patch.series.paths import check_relpath
 

@@ -16,10 +16,10 @@ from c128patch.ops import proofs
 from c128patch.ops.conflicts import StopReport, analyze, taken
 from c128patch.ops.equivalence import Equivalence, Trees, apply_cached, fresh_replay, prove, tree_diff
 from c128patch.ops.merged import MergedCheck, Signal, proposes_drop, upstream_hints
-from c128patch.ops.rebase_journal import DONE, Journal, Phase, Step, save_conflicts, tree_state
+from c128patch.ops.rebase_journal import DONE, Journal, Phase, Step, save_conflicts
 from c128patch.ops.rebase_report import classify, range_diff_of, report_of, write_reports
 from c128patch.ops.replay import FAILED, EntryCheck, RevCheck, renamed_patch_text, replay_entry, unmerged_paths
-from c128patch.ops.treestate import fault_point, rebase_command, rebase_journal, remember_layers
+from c128patch.ops.treestate import fault_point, rebase_command, rebase_journal, remember_layers, tree_state
 from c128patch.series import provenance
 from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import Series
