@@ -11,7 +11,13 @@ change to every file the entry's old commit changes: per-file ``git patch-id --s
 Hints (``upstream_hints``) are never evidence: lines for the stop, ``check`` and ``watch`` naming upstream commits
 of ``old..onto`` that may now do what an entry does: a commit whose message names a PR of the entry's ``upstream`` or
 ``drop_when``, or that changes a function one of the entry's hunks edits (git's hunk header) in a file the entry
-patches, with a name the entry's removed lines use (``extend_len`` for an ``extend_len == 0`` guard).
+patches, with a name the entry's removed lines use (``extend_len`` for an ``extend_len == 0`` guard), where the
+range's net change does so too (a change upstream made and took back is no hint; one diff finds the ranges worth
+reading commit by commit).
+
+Cost: a commit is diffed only where it could matter: for ``patch-id``, if it changes every file of one of our
+commits; for the hints, if the net change qualifies. Which files a commit changes comes from one log that reads no
+file contents.
 """
 
 from __future__ import annotations
@@ -111,7 +117,8 @@ class MergedCheck:
         self.git, self.old, self.onto, self.cache, self.paths = git, old, onto, cache, paths
         self._old_commits = [c for c in old_commits if c]
         self._ours: dict[str, dict[str, str]] | None = None
-        self._ids: dict[str, dict[str, str]] = {}  # range commit -> path -> per-file patch-id, newest commit first
+        self._ids: dict[str, dict[str, str]] = {}  # range commit -> path -> per-file patch-id
+        self._every: list[str] = []
         self._hints: dict[str, list[Signal]] = {}
 
     def signals(self, item: Planned, old_commit: str, idx: Git, present: set[str]) -> list[Signal]:
@@ -142,19 +149,30 @@ class MergedCheck:
         return self._hints[number]
 
     def _patch_id(self, old_commit: str) -> list[Signal]:
+        span = f"{self.old}..{self.onto}"
         if self._ours is None:
             self._ours = _file_ids(self.git, self._old_commits)
-            every = sorted({path for ids in self._ours.values() for path in ids} | set(self.paths))
-            diffs = _range_diffs(self.git, self.cache, f"{self.old}..{self.onto}", every) if every else {}
-            self._ids = per_commit_file_ids(self.git, {sha: diff for sha, (_, diff) in reversed(diffs.items())})
+            self._every = sorted({path for ids in self._ours.values() for path in ids} | set(self.paths))
+            self._read(span, [set(ids) for ids in self._ours.values() if ids])
         ours = self._ours.get(old_commit) or _file_ids(self.git, [old_commit])[old_commit]
         if not ours:
             return []
-        for sha, ids in self._ids.items():
-            if all(ids.get(path) == pid for path, pid in ours.items()):
+        for sha in reversed(self._read(span, [set(ours)])):  # newest first
+            if all(self._ids[sha].get(path) == pid for path, pid in ours.items()):
                 paths = ", ".join(sorted(ours))
                 return [Signal("patch-id", f"upstream commit {sha[:12]} makes the same change to {paths}", sha)]
         return []
+
+    def _read(self, span: str, wanted: list[set[str]]) -> list[str]:
+        """The commits of ``span`` changing every file of one of ``wanted``, in order, their per-file ids read."""
+        if not self._every:
+            return []
+        touching = _touching(self.git, self.cache, span, self._every)
+        shas = [sha for sha, (_, files) in touching.items() if any(want <= files for want in wanted)]
+        if missing := [sha for sha in shas if sha not in self._ids]:
+            diffs = _diffs(self.git, self.cache, missing, self._every)
+            self._ids.update(per_commit_file_ids(self.git, {sha: diffs[sha] for sha in missing}))
+        return shas
 
 
 @dataclass(frozen=True)
@@ -187,16 +205,22 @@ def _cached(git: Git, cache: dict[str, str], key: str, *args: str) -> str:
     return cache[key]
 
 
-def _range_diffs(git: Git, cache: dict[str, str], span: str, paths: list[str]) -> dict[str, tuple[str, str]]:
-    """sha -> (subject, its ``--unified=0`` diff of ``paths``) of each commit of ``span`` touching them, in order."""
-    log = _cached(git, cache, f"{span}:log:" + ",".join(paths), "log", "--reverse", "--format=%H%x00%s", span, "--",
-                  *paths)
-    commits = dict(line.split("\0", 1) for line in log.split("\n") if line)
-    key = f"diff:{','.join(paths)}:"  # each commit diffed once for every range holding it (check's revs)
-    if missing := [sha for sha in commits if key + sha not in cache]:
+def _touching(git: Git, cache: dict[str, str], span: str, paths: list[str]) -> dict[str, tuple[str, frozenset[str]]]:
+    """sha -> (subject, the files of ``paths`` it changes) of each commit of ``span`` changing one, in order."""
+    log = _cached(git, cache, f"{span}:names:" + ",".join(paths), "log", "--reverse", "--no-renames",
+                  "--format=%x00%H%x00%s", "--name-only", span, "--", *paths)
+    parts = log.split("\0")[1:]
+    return {sha: (subject.partition("\n")[0], frozenset(filter(None, subject.partition("\n")[2].split("\n"))))
+            for sha, subject in zip(parts[::2], parts[1::2])}
+
+
+def _diffs(git: Git, cache: dict[str, str], shas: list[str], paths: list[str]) -> dict[str, str]:
+    """sha -> its ``--unified=0`` diff of ``paths``, each commit diffed once for every range holding it."""
+    key = f"diff:{','.join(paths)}:"
+    if missing := [sha for sha in shas if key + sha not in cache]:
         diffs = commit_diffs(git, missing, "--unified=0", "--no-renames", "--full-index", paths=paths)
         cache.update({key + sha: diff for sha, diff in diffs.items()})
-    return {sha: (subject, cache[key + sha]) for sha, subject in commits.items()}
+    return {sha: cache[key + sha] for sha in shas}
 
 
 def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, onto: str,
@@ -221,10 +245,14 @@ def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, on
             where.setdefault((renamed or {}).get(path, path), {}).setdefault(header, set()).update(names)
     if where:
         paths = sorted(every) if every is not None and set(where) <= set(every) else list(where)
-        for sha, (subject, diff) in _range_diffs(git, cache, span, paths).items():
+        net = _cached(git, cache, f"{span}:net:" + ",".join(paths), "diff", "--unified=0", "--no-renames",
+                      "--full-index", "--no-color", old, onto, "--", *paths)
+        touching = _touching(git, cache, span, paths) if _same_function(net, where) else {}
+        shas = [sha for sha, (_, files) in touching.items() if not files.isdisjoint(where)]
+        for sha, diff in _diffs(git, cache, shas, paths).items():
             why = _same_function(diff, where)
             if why and sha not in found:
-                found[sha] = Hint(sha, subject, why)
+                found[sha] = Hint(sha, touching[sha][0], why)
     return list(found.values())
 
 
