@@ -171,6 +171,39 @@ def test_a_repository_whose_config_names_programs_runs_none_of_them(series, tree
     assert invoke("status", "--tree", tree, "--series", series).code == 0 and not mark.exists()
 
 
+def signed_commit(repo: Path) -> str:
+    """A commit on HEAD with a (fake) signature header: what makes ``log.showSignature`` call the gpg program."""
+    git = Git(worktree=repo)
+    body = (f"tree {git.out('rev-parse', 'HEAD^{tree}')}\nparent {git.head()}\nauthor A <a@b> 1700000000 +0000\n"
+            "committer A <a@b> 1700000000 +0000\ngpgsig -----BEGIN PGP SIGNATURE-----\n \n iQEz\n"
+            " -----END PGP SIGNATURE-----\n\nsigned\n")
+    sha = git.out("hash-object", "-t", "commit", "-w", "--stdin", input=body)
+    git.run("update-ref", "HEAD", sha)
+    return sha
+
+
+def test_a_config_that_shows_signatures_runs_no_gpg_program(series, tree, marker, sglang_release_repo, tmp_path):
+    """log.showSignature with gpg.program (and its ssh and x509 kin): every log of a signed commit would run it."""
+    prog, mark = marker
+    assert invoke(*apply_args(tree, series)).code == 0
+    user = small_clone(sglang_release_repo, tmp_path / "user").worktree
+    shas = {}
+    for repo in (tree, user):
+        for key, value in (("gpg.program", prog), ("gpg.ssh.program", prog), ("gpg.x509.program", prog),
+                           ("log.showSignature", "true")):
+            subprocess.run(["git", "-C", str(repo), "config", key, str(value)], check=True)
+        shas[repo] = signed_commit(repo)
+    subprocess.run(["git", "-C", str(tree), "log", "-1"], capture_output=True)
+    assert mark.exists(), "the trap does not fire for a plain git log"
+    mark.unlink()
+    for as_json in (True, False):
+        assert invoke("status", "--tree", tree, "--series", series, as_json=as_json).code == 0
+    assert not mark.exists(), "status ran the gpg program the tree's config names"
+    res = invoke("apply", "--sglang-rev", shas[user], "--repo", user, "--series", series)
+    assert res.code == 0, res.err
+    assert not mark.exists(), "apply --repo ran the gpg program the repository's config names"
+
+
 def test_a_repository_whose_config_names_a_merge_program_is_refused(series, tree, marker):
     prog, mark = marker
     subprocess.run(["git", "-C", str(tree), "config", "merge.evil.driver", f"{prog} %A"], check=True)

@@ -33,6 +33,9 @@ FORCED_CONFIG = (
     ("rerere.enabled", "false"),
     ("am.messageId", "false"),
     ("maintenance.auto", "false"),  # no `git maintenance run --auto` after each of its commits (3 ms each)
+    ("log.showSignature", "false"),  # a signed commit in a log would run the config's gpg program
+    ("merge.verifySignatures", "false"),
+    ("gpg.program", "false"), ("gpg.ssh.program", "false"), ("gpg.x509.program", "false"),
 )
 # Test hook (as ops.treestate's C128PATCH_FAULT): a folder of hooks the tool's git runs instead of none,
 # so that a test can interrupt inside git itself. Unset (always, outside tests), no hook runs.
