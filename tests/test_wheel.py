@@ -705,6 +705,54 @@ def test_a_wheel_claiming_the_series_may_leave_out_only_an_entry_the_series_reco
             _check_known(iw, {**good, "dropped": bad}, known)
 
 
+def test_an_overlays_diff_may_add_its_one_file_and_nothing_else(patched, tmp_path: Path, wheel_series: Path):
+    """Helper 95's attack: a second file section in an overlay's SBOM diff (a payload in another module of the wheel)
+    and that file added to the entry's files, RECORD recomputed: every check passed, --series too, since an overlay's
+    diff is not hashed (a git diff of the file as built)."""
+    import difflib
+
+    src = Path(patched.wheel)
+    (sbom,) = [n for n in members(src) if n.endswith("sboms/c128patch.cdx.json")]
+    record, doc = (json.loads(members(src)[n]) for n in ("sglang/c128patch_provenance.json", sbom))
+    victim = "sglang/srt/environ.py"
+    old = members(src)[victim].decode()
+    new = old + "import os; os.system('touch /tmp/PWNED')\n"
+    payload = f"diff --git a/python/{victim} b/python/{victim}\n" + "".join(difflib.unified_diff(
+        old.splitlines(True), new.splitlines(True), f"a/python/{victim}", f"b/python/{victim}"))
+    (i,) = [i for i, e in enumerate(record["entries"]) if e["kind"] == "overlay"]
+    record["entries"][i]["files"].append(f"python/{victim}")
+    doc["metadata"]["component"]["pedigree"]["patches"][i]["diff"]["text"]["content"] += payload
+    # the payload on top of the patch entry's edit: the patch's diff still reverse-applies beneath it
+    bad = tampered(src, tmp_path, {"sglang/c128patch_provenance.json": json.dumps(record).encode(),
+                                   sbom: json.dumps(doc).encode(), victim: new.encode()})
+    for extra in ((), ("--series", str(wheel_series))):
+        verify_fails(bad, "overlay 'test-overlay': its diff or files name more than the new file", *extra)
+
+
+@pytest.mark.parametrize("claim", [{"name": "TEST"}, {"version": "01"}, {"name": "Test", "version": "1.0"},
+                                   {"name": "other", "version": "9"}])
+def test_a_wheel_claims_the_series_in_any_spelling_its_label_hides_or_by_its_digest(patched, wheel_series, claim):
+    """Helper 95: our digest under the name in another case, or version 04 (the wheel's label prints 4, and leaves the
+    name out): the same file name as ours, and verify-wheel said OK without checking it against the series."""
+    from c128patch.wheel.verify import _check_known
+
+    known, iw = load_series(wheel_series), SimpleNamespace(wheel=Path(patched.wheel))
+    good = json.loads(members(Path(patched.wheel))["sglang/c128patch_provenance.json"])
+    renamed = {**good, "series": {**good["series"], **claim}}
+    if claim.get("version") == "1.0":  # not the label's spelling of 1: a claim only by the digest
+        renamed["series"]["digest"] = "ab" * 32
+        _check_known(iw, renamed, known)
+        return
+    with pytest.raises(C128Error, match=r"claims series test 1 as '.*' '.*' \(the provenance was edited\)"):
+        _check_known(iw, renamed, known)
+    forged = {**renamed, "series": {**renamed["series"], "digest": "ab" * 32}}
+    if claim.get("name") == "other":  # neither name nor version: another series, unless it takes our digest
+        _check_known(iw, forged, known)
+    else:
+        with pytest.raises(C128Error, match="claims series test 1 as"):
+            _check_known(iw, forged, known)
+
+
 def test_verify_refuses_deeply_nested_provenance(patched, tmp_path: Path):
     verify_fails(with_provenance(patched, tmp_path, b"[" * 100_000 + b"]" * 100_000), "nested too deeply")
 

@@ -182,11 +182,26 @@ def _check_series(iw: InWheel, record: dict, series: Series) -> None:
             raise _mismatch(iw.wheel, f"entry '{e.name}': its file's sha256 differs from the manifest's")
 
 
+def _claims(s: dict, known: Series) -> bool:
+    if s.get("digest") == known.digest():
+        return True
+    try:
+        same = Version(f"0+{s.get('version')}") == Version(f"0+{known.version}")
+    except InvalidVersion:
+        same = s.get("version") == known.version
+    return same and str(s.get("name")).casefold() == known.name.casefold()
+
+
 def _check_known(iw: InWheel, record: dict, known: Series) -> None:
-    """A wheel claiming this tool's series (its name and version) carries that series' digest, files and gates."""
+    """A wheel claiming this tool's series carries that series' digest, files and gates. It claims it by its name
+    and version in any spelling a reader could take for them (the case of the name, which the wheel's version label
+    leaves out; ``04`` for ``4``, which the label prints as ``4``), or by its digest."""
     s = record.get("series", {})
-    if (s.get("name"), s.get("version")) != (known.name, known.version):
+    if not _claims(s, known):
         return
+    if (s.get("name"), s.get("version")) != (known.name, known.version):
+        raise _mismatch(iw.wheel, f"claims series {known.name} {known.version} as {str(s.get('name'))!r} "
+                                  f"{str(s.get('version'))!r} (the provenance was edited)")
     if s.get("digest") != known.digest():
         raise _mismatch(iw.wheel, f"claims series {known.name} {known.version}, but its digest "
                                   f"{str(s.get('digest'))[:8]} is not that series' ({known.digest()[:8]})")
@@ -236,12 +251,17 @@ def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[
     entries = record.get("entries", [])
     touched = sorted({wheel_path(p) for e in entries for p in e.get("files", [])})
     iw.extract(touched)
-    for e in (e for e in entries if e.get("kind") == "overlay"):
+    for i, e in ((i, e) for i, e in enumerate(entries) if e.get("kind") == "overlay"):
         target = wheel_path(e["target"])
         if target not in iw.members():
             raise _mismatch(iw.wheel, f"overlay '{e['name']}': {target} is missing from the wheel")
         if hashlib.sha256((iw.root / target).read_bytes()).hexdigest() != e.get("sha256"):
             raise _mismatch(iw.wheel, f"overlay '{e['name']}': {target} differs from the recorded sha256")
+        # its diff is not hashed (a git diff of the file as built): it may add that one file and nothing else
+        sides = _diff_sides(diffs[i])
+        if sides != [("/dev/null", f"b/python/{target}")] or [wheel_path(f) for f in e.get("files", [])] != [target]:
+            raise _mismatch(iw.wheel, f"overlay '{e['name']}': its diff or files name more than the new file {target}"
+                                      " (the SBOM or the provenance was edited)")
     compiled = _compile(iw, [p for p in touched if p in iw.members()])
     rows = []
     with tempfile.TemporaryDirectory(prefix="c128patch-verify-") as tmp:
@@ -262,6 +282,14 @@ def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[
                                           f"{apply_failure(proc.stderr, partial(_post_image_hunk, diffs[i]))}")
             rows.append({"name": e["name"], "kind": e.get("kind"), "status": "present"})
     return list(reversed(rows)), compiled
+
+
+def _diff_sides(diff: bytes) -> list[tuple[str, str]]:
+    """(source, target) of each file of ``diff`` (none when it does not parse)."""
+    try:
+        return [(pf.source_file, pf.target_file) for pf in PatchSet(diff.decode("utf-8", errors="replace"))]
+    except UnidiffParseError:
+        return []
 
 
 def _compile(iw: InWheel, names: list[str]) -> int:
