@@ -89,9 +89,10 @@ def test_a_path_upstream_renamed_and_a_proof_quoting_upstream_are_data():
                                       "phase": "series", "file": f"p/`{EVIL}`", "blocks": [], "resolved": []}}]})
     head = watch_report._head({"series": {"name": "site", "version": "[x](javascript:alert(1))"}, "outcome": "clean",
                                "base": {"rev": "<img/src=x>", "commit": "a" * 40}, "headline": "h", "exit_code": 0,
-                               "onto": {"rev": "v1", "commit": "b" * 40}, "upstream_commits_between": 0,
+                               "onto": {"rev": EVIL, "commit": "b" * 40}, "upstream_commits_between": 0,
                                "direction": "", "seconds": 1, "next": [], "problems": []})
-    assert "- series: site `[x](javascript:alert(1))`, base `<img/src=x>`" in "\n".join(head), head
+    assert "- series: `site` `[x](javascript:alert(1))`, base `<img/src=x>`" in "\n".join(head), head
+    assert head[0].startswith("# c128patch watch: `clean` on `<img"), head[0]  # the tag a hostile upstream names
     for text in ("\n".join(watch + head), rebase):
         _inert(text)
         rendered = MarkdownIt("commonmark").enable("table").render(text)

@@ -115,14 +115,14 @@ def test_a_series_made_at_v0_5_22_is_refreshed_onto_v0_5_23(onto_023):
 
 def test_the_refreshed_report_says_what_needed_a_merge_and_that_it_is_proven(onto_023):
     md = onto_023.md
-    assert md.startswith("# c128patch watch: `refreshed` on v0.5.23@")
+    assert md.startswith("# c128patch watch: `refreshed` on `v0.5.23@")
     assert (f"3 of {N} entries needed a 3-way merge or a recorded resolution ({RS} (ledger), {BACKEND} (ledger), "
             f"{COMMIT} (3-way)); the refreshed series c128patch {V + 2} applies strictly there"
             in onto_023.report["headline"])
     assert f"| {COMMIT} | 3-way | `patches/0010-c128-dspark-online-commit.patch (ancestor)` |" in md
     assert (f"## Proof\n\n`identical to a fresh apply of series c128patch {V + 1} on v0.5.23 with ledger resolutions"
             in md)
-    assert "- applied fresh on v0.5.23@" in md and "every entry strictly, the same tree as the proven rebase; " \
+    assert "- applied fresh on `v0.5.23@" in md and "every entry strictly, the same tree as the proven rebase; " \
                                                  "`refresh --check` there changes nothing" in md
 
 

@@ -285,7 +285,7 @@ def test_a_refreshed_target_opens_one_pull_request_with_the_report_as_its_body(a
     assert argv[argv.index("--head") + 1] == "c128patch-watch/main" and argv[argv.index("--base") + 1] == "main"
     assert argv[argv.index("--title") + 1].startswith("c128patch watch (main): refreshed on main@")
     report = (first.reports / "main" / "watch-report.md").read_text()
-    assert create["body"] == report and report.startswith("# c128patch watch: `refreshed` on main@")
+    assert create["body"] == report and report.startswith("# c128patch watch: `refreshed` on `main@")
 
 
 def test_a_clean_target_opens_nothing_and_an_unchecked_one_its_issue(actions):

@@ -103,9 +103,9 @@ def render(report: dict) -> str:
 def _head(report: dict) -> list[str]:
     s, outcome, base = report["series"], report["outcome"], report["base"]
     warn = [f"**warning**: {md(w)}" for w in (report.get("contract") or {}).get("copies", [])]
-    lines = [f"# c128patch watch: `{outcome}` on {where(report)}", "", f"**{md(report['headline'])}**", "",
+    lines = [f"# c128patch watch: `{outcome}` on {md(where(report))}", "", f"**{md(report['headline'])}**", "",
              *(warn and [*warn, ""]),
-             f"- series: {s['name']} {md(s['version'])}, base {md(base['rev'])} (`{base['commit'][:12]}`)",
+             f"- series: {md(s['name'])} {md(s['version'])}, base {md(base['rev'])} (`{base['commit'][:12]}`)",
              f"- upstream: {md(report['onto']['rev'])} = `{report['onto']['commit']}` "
              f"({report.get('upstream', {}).get('source', '?')}), {report['upstream_commits_between']} upstream "
              f"commit(s) since the base" + (f", {report['direction']}" if report["direction"] else ""),
@@ -229,9 +229,9 @@ def _refreshed(report: dict) -> list[str]:
     if not new:
         return []
     lines = [f"## The {'refreshed' if report['outcome'] != 'merged' else 'proposed'} series", "",
-             f"- {s['name']} {new['version']} in `{report['out']}/series/` ({new['mode']} files for "
+             f"- {md(s['name'])} {md(new['version'])} in {md(report['out'] + '/series/')} ({new['mode']} files for "
              f"{new['label']}; base {new['base']})",
-             f"- applied fresh on {where(report)}: "
+             f"- applied fresh on {md(where(report))}: "
              + ("every entry strictly" if new["applies_strictly"] else "**not strictly**")
              + (", the same tree as the proven rebase" if new["same_tree"] else ", **a different tree**")
              + ("; `refresh --check` there changes nothing" if new["fixed_point"] else "; **refresh --check fails**")]
