@@ -225,6 +225,7 @@ def test_an_env_declared_with_its_type_is_named_as_the_switch(remote, ours):
 
 COMPRESSOR = "python/sglang/srt/layers/attention/dsv4/compressor_v2.py"
 FUSED = "python/sglang/srt/layers/attention/dsv4/compressor_fused.py"
+BACKEND = "python/sglang/srt/layers/attention/deepseek_v4_backend.py"
 
 
 def _function(source: str, cls: str, name: str) -> ast.FunctionDef:
@@ -290,3 +291,25 @@ def test_a_module_level_function_copy_of_a_patched_method_is_broken(remote, ours
     fit = bisect_ops.fit_check(SERIES, remote, base, commit, contract.patched_tree(SERIES, remote, "fused", commit),
                                ours)
     assert fit["broken"] and fit["failing"][0] == said, fit["failing"]
+
+
+def test_a_copy_put_above_the_patched_method_takes_our_hunk_and_the_original_is_named(remote, ours):
+    """Helper 94's c2: upstream copies ``_build_forward_metadata`` as ``_build_forward_metadata_legacy`` right above
+    it; git applies our hunk at an offset, into the copy. The copy was said to lack our hook (the wrong fix): it is
+    the original, the one that runs, that lacks it."""
+    base = remote.rev_parse("v0.5.23")
+    backend = remote.blob(base, BACKEND).decode()
+    fn = _function(backend, "DeepseekV4AttnBackend", "_build_forward_metadata")
+    original = _text(backend, fn)
+    legacy = original.replace("def _build_forward_metadata(", "def _build_forward_metadata_legacy(", 1)
+    commit = _commit(remote, base, "dsv4 backend: keep the legacy metadata builder",
+                     {BACKEND: backend.replace(original, legacy + "\n" + original, 1)})
+    head = contract.patched_tree(SERIES, remote, "legacy", commit)
+    fit = bisect_ops.fit_check(SERIES, remote, base, commit, head, ours)
+    assert fit["broken"], fit
+    said = [f for f in fit["failing"] if "_build_forward_metadata_legacy" in f]
+    assert len(said) == 1 and said[0].startswith("our hook(s) prepare_verify landed in upstream's copy "
+                                                 f"{BACKEND}:{fn.lineno}:DeepseekV4AttnBackend._build_forward_metadata"
+                                                 "_legacy (the patch applied at an offset into it), not in "
+                                                 f"{BACKEND}:{fn.lineno}:DeepseekV4AttnBackend._build_forward_metadata,"
+                                                 ), said

@@ -26,7 +26,7 @@ def fit_check(series: Series, git: Git, base: str, commit: str, head: str, ours:
     probe (where nvcc is) and the copies ``base..commit`` adds of what we patch; ``failing`` says what breaks it."""
     result = contract.check(series, git, commit, head)
     probe_ok, probe = cxx.probe(series.root, git, head)
-    found = copies.find(git, base, commit, ours)
+    found = copies.landed(git, head, copies.find(git, base, commit, ours))
     failing = [str(c) for c in found if c.missing] + [f.message for f in result.errors + result.warnings]
     failing += [f"C++: {probe}"] if probe_ok is False else []
     return {"broken": bool(failing), "verdict": result.verdict(), "failing": failing, "cxx_probe": probe,

@@ -45,8 +45,12 @@ class Copy:
     missing: tuple[str, ...]
     switches: tuple[str, ...] = ()  # the envs the range declares: what may select the copy
     dropped: tuple[str, ...] = ()  # the methods we patch that the copy does not have
+    landed: str = ""  # the copy as the carried tree holds it, where our patch put the hooks into it instead
 
     def __str__(self) -> str:
+        if self.landed:
+            return (f"our hook(s) {', '.join(self.missing)} landed in upstream's copy {self.landed} (the patch "
+                    f"applied at an offset into it), not in {self.original}, which now runs without them")
         said = f"upstream copies {self.original} as {self.copy}" + (
             f" (the range adds {', '.join(self.switches)})" if self.switches else "")
         drops = f"drops our patched method(s) {', '.join(self.dropped)} and " if self.dropped else ""
@@ -247,6 +251,28 @@ def find(git: Git, base: str, target: str, ours: list[Patched]) -> list[Copy]:
         batch.close()
     switches = _switches(git, base, target) if copies else ()
     return [replace(c, switches=switches) for c in copies]
+
+
+def landed(git: Git, head: str, found: list[Copy]) -> list[Copy]:
+    """``found``, each function copy whose hooks the carried tree ``head`` holds in the copy, not the original, so
+    marked: upstream put the copy above the original and git applied our hunk there, at an offset."""
+    out = []
+    for c in found:
+        sides = [where.rsplit(":", 2) for where in (c.original, c.copy)]
+        if c.missing and all(len(side) == 3 for side in sides):
+            (opath, _, oname), (cpath, _, cname) = sides
+            calls = [_qualified(git.blob(head, path), name) for path, name in ((opath, oname), (cpath, cname))]
+            if calls[1] is not None and set(c.missing) <= calls[1] and not set(c.missing) <= (calls[0] or set()):
+                c = replace(c, landed=c.copy)
+        out.append(c)
+    return out
+
+
+def _qualified(source: bytes | None, name: str) -> set[str] | None:
+    """The calls of function ``name`` (``Class.method`` or a module's function) in ``source``; None: no such one."""
+    cls, _, fn = name.rpartition(".")
+    node = _defs(source).get(cls, (set(), {}))[1].get(fn)
+    return None if node is None else _calls(node)
 
 
 ENV = r"^{}\s*(SGLANG_\w+)\s*(?::[^=\n]*)?=(?!=)"  # ``X = EnvBool(..)`` or annotated, ``X: EnvBool = EnvBool(..)``
