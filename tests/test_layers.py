@@ -114,6 +114,8 @@ def test_two_layers_of_one_name_are_refused(tmp_path, sparse_clone):
 def test_layer_new_refuses_an_unknown_base_an_existing_layer_and_a_folder_it_cannot_make(tmp_path):
     refused(["layer", "new", tmp_path / "x", "--name", "site", "--base", "v0.4.0"], contains="nothing was written")
     assert not (tmp_path / "x").exists()
+    refused(["layer", "new", tmp_path / "x", "--name", "c128patch"], contains="that is the series' own name")
+    assert not (tmp_path / "x").exists()  # (helper 96: made, then every verb refused the stack)
     (tmp_path / "file").write_text("")  # a file on the way (a traceback before), as /proc/x or a read-only disk
     refused(["layer", "new", tmp_path / "file" / "x", "--name", "site"],
             contains="Not a directory; nothing was written")
@@ -122,6 +124,13 @@ def test_layer_new_refuses_an_unknown_base_an_existing_layer_and_a_folder_it_can
     refused(["layer", "new", tmp_path / "y", "--name", "other"], contains="exists already")
     assert (tmp_path / "y" / "patches" / "series.toml").read_bytes() == before
     assert load_series(tmp_path / "y").base == load_series(REPO_ROOT).base
+
+
+def test_status_refuses_a_layer_folder_it_is_named_that_is_not_one(tmp_path, sparse_clone):
+    """Helper 96: ``status --layer /nonexistent`` dropped the folder, the proof line with it, and exited 1 saying
+    nothing; check refuses it in one line, and so does status now."""
+    refused(["status", "--tree", sparse_clone, "--layer", tmp_path / "nothere"], contains="nothere")
+    refused(["status", "--tree", sparse_clone, "--series", tmp_path / "nothere"], contains="nothere")
 
 
 # ---------------------------------------------------------------------------- which layers

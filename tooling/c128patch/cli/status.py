@@ -32,6 +32,8 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
     try:
         series = load_stack(series_dir, layer_dirs, root, quiet=as_json)  # ./sglang from above: its layers
     except C128Error:
+        if series_dir or layer_dirs:  # named: a folder that is not one is the user's to fix, not silently dropped
+            raise
         series = None
     try:
         info = tree_status(Git(worktree=root), series, prove_again=prove)

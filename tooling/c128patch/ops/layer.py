@@ -42,6 +42,9 @@ class NewEntry:
 def new_layer(folder: Path, name: str, series: Series, base: str = "", version: str = "1") -> Series:
     """An empty layer in ``folder`` on ``base`` (default: the series base)."""
     check_layer_name(name, "layer new --name")
+    if name == series.name:  # (every verb refuses such a stack later: say so before writing anything)
+        raise C128Error(f"layer new --name {name}: that is the series' own name; a layer needs its own; nothing was "
+                        "written")
     if (folder / MANIFEST).exists():
         raise C128Error(f"{folder / MANIFEST} exists already: {folder} holds a layer or a series; nothing was written")
     base = base or series.base
