@@ -136,3 +136,10 @@ def test_a_conflict_blocks_hunk_and_upstream_subjects_are_data():
     _inert(line)
     rendered = MarkdownIt("commonmark").render(line)
     assert "@maintainers" not in re.sub(r"<code>.*?</code>", "", rendered, flags=re.S)  # every mention in code
+
+
+def test_count_says_one_entry_and_two_entries():
+    from c128patch.textsafe import count
+
+    assert [count(1, "entry"), count(2, "entry"), count(0, "upstream commit"), count(1, "upstream commit"),
+            count(5, "key")] == ["1 entry", "2 entries", "0 upstream commits", "1 upstream commit", "5 keys"]

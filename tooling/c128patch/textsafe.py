@@ -21,6 +21,15 @@ def text(value: str):  # -> rich.text.Text (rich is loaded only where a table pr
     return Text(plain(value))
 
 
+def count(n: int, noun: str) -> str:
+    """``1 entry``, ``2 entries``, ``1 upstream commit``: ``noun`` singular, its plural by English's plain rules."""
+    if n == 1:
+        return f"1 {noun}"
+    head, last = noun.rsplit(" ", 1) if " " in noun else ("", noun)
+    plural = last[:-1] + "ies" if last.endswith("y") and last[-2:-1] not in "aeiou" else last + "s"
+    return f"{n} {head + ' ' if head else ''}{plural}"
+
+
 def some(items: list[str], n: int) -> str:
     """The first ``n`` of ``items``, then how many more."""
     return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")

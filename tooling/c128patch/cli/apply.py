@@ -10,6 +10,7 @@ import click
 
 from c128patch.cli.common import applied_here, emit_json, load_stack, locate_tree, repo_option, say, verb_options
 from c128patch.errors import C128Error
+from c128patch.textsafe import count
 
 if TYPE_CHECKING:
     from c128patch.ops.apply import ApplyResult
@@ -95,7 +96,8 @@ def _report(r: ApplyResult, series: Series, as_json: bool, older: str = "") -> N
     how = {"3way": " (needed a 3-way merge)", "resolved": " (resolved by hand)"}
     lines = [f"  skipped {row['name']} ({row['detail']})" if row.get("status") == "skipped"
              else f"  applied {row['name']}{how.get(row.get('applied', ''), '')}" for row in r.entries]
-    lines += [f"{r.tree}: {r.branch} = {r.rev} + {describe(series)} ({len(r.entries)} entries), HEAD {r.head[:12]}",
+    lines += [f"{r.tree}: {r.branch} = {r.rev} + {describe(series)} ({count(len(r.entries), 'entry')}), "
+              f"HEAD {r.head[:12]}",
               f"  {r.equivalence['summary']}", *([note] if note else []), *([f"note: {older}"] if older else [])]
     if r.orig_head and r.orig_branch:
         lines.append(f"  your branch {r.orig_branch} is untouched at {r.orig_head[:12]} "

@@ -40,7 +40,7 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     from c128patch.git import Git
     from c128patch.ops.refresh import refresh_command
     from c128patch.progress import console
-    from c128patch.textsafe import text
+    from c128patch.textsafe import count, text
 
     chosen = [n for n, on in (("onto", onto), ("continue", cont), ("skip", skip), ("abort", abort),
                               ("drop", drop and not onto)) if on]
@@ -69,7 +69,7 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     old, new = report["old_base"]["rev"], report["new_base"]["rev"]
     table = Table("entry", "status", "file (chosen by)", "detail",
                   title=text(f"rebase {old} -> {new} ({report['direction']}, "
-                             f"{report['upstream_commits_between']} upstream commits added, "
+                             f"{count(report['upstream_commits_between'], 'upstream commit')} added, "
                              f"{len(report['upstream_commits_removed'])} left behind)"))
     for e in report["entries"]:
         detail = e["detail"] + (f" [{', '.join(e['ledger'])}]" if e["ledger"] else "")

@@ -9,6 +9,7 @@ import click
 
 from c128patch.cli.common import DEFAULT_TREE, emit_json, exit_unless, locate_tree, say, tree_option, verb_options
 from c128patch.errors import C128Error
+from c128patch.textsafe import count
 
 
 @click.command("status")
@@ -80,9 +81,9 @@ def _applied(info: dict, again: str) -> list[str]:
     s, u = info["series"], info["upstream"]
     ours = [e for e in info["entries"] if "/" not in e["name"]]  # a layer's are <layer>/<entry>, counted below
     lines = [f"{info['tree']} on {info['branch'] or 'detached HEAD'}",
-             f"  series {s.get('name')} {s.get('version')} ({len(ours)} entries) on upstream "
+             f"  series {s.get('name')} {s.get('version')} ({count(len(ours), 'entry')}) on upstream "
              f"{u.get('rev')} ({str(u.get('commit', ''))[:12]})"]
-    lines += [f"  + layer {layer.get('name')} {layer.get('version')} ({len(layer.get('entries', []))} entries)"
+    lines += [f"  + layer {layer.get('name')} {layer.get('version')} ({count(len(layer.get('entries', [])), 'entry')})"
               for layer in info.get("layers", [])]
     cur = info.get("series_current")
     if cur and not cur["up_to_date"]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from c128patch.fit.env import describe
 from c128patch.fit.sandbox import NOTICE
 from c128patch.ops.conflicts import block_markdown
-from c128patch.textsafe import md, plain, some
+from c128patch.textsafe import count, md, plain, some
 
 WHAT = {
     "clean": "Nothing to do: every entry applies strictly.",
@@ -53,9 +53,9 @@ def headline(report: dict) -> str:
     outcome = report["outcome"]
     entries = report["entries"]
     if outcome == "clean":
-        return f"{series} applies strictly on {at} ({len(entries)} entries, proven); nothing to do"
+        return f"{series} applies strictly on {at} ({count(len(entries), 'entry')}, proven); nothing to do"
     if outcome == "unchecked":
-        return (f"{series} applies strictly on {at} ({len(entries)} entries, proven) but is not checked here: "
+        return (f"{series} applies strictly on {at} ({count(len(entries), 'entry')}, proven) but is not checked here: "
                 + "; ".join(report["unchecked"]))
     if outcome == "refreshed":
         how = [f"{e['name']} ({e['on_rev']})" for e in entries

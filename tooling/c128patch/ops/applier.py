@@ -502,14 +502,15 @@ class Apply:
         result.entries += [{"name": p.entry.name, "kind": p.entry.kind,
                             "status": "not-reached"} for p in planned[i + 1:]]
         resume, undo = apply_commands(self.tree)
-        back = journal.orig_branch or (journal.orig_head or "")[:12] or "(none)"
+        back = journal.orig_branch or (journal.orig_head or "")[:12]  # none in a clone the apply made
         g = git_command(self.tree)
         return ConflictError(
             f"entry '{item.entry.name}' ({item.label}) does not apply to {journal.rev}: {path} {hunk}"
             + overlap_note(self.series, [(p.entry.name, p.touched) for p in planned[:i]], item.entry.name,
                            [path, *item.touched]),
             hint=(
-                f"{journal.branch} is left at the last good entry ({last}); your branch {back} is untouched.\n"
+                f"{journal.branch} is left at the last good entry ({last})"
+                + (f"; your branch {back} is untouched.\n" if back else ".\n") +
                 f"  inspect: {g} am -3 {q}   (then {g} status; {g} am --abort)\n"
                 f"  resolve: {g} am -3 {q}, edit the files, {g} add them, {g} am --continue; then "
                 f"{resume}\n"

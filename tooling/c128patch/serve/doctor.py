@@ -22,7 +22,7 @@ from c128patch.serve.install import Dist, Interpreter, installer, probe
 from c128patch.serve.serving import ONLINE_C128_DSPARK_RULES, Serving, probe_install, probe_serving
 from c128patch.smoke.device import nvidia_smi, probe_nvcc
 from c128patch.smoke.trees import read_json
-from c128patch.textsafe import some
+from c128patch.textsafe import count, some
 from c128patch.wheel.patch import LOCAL_TAG, WHEEL_PROVENANCE, record_version
 from c128patch.wheel.sbom import SBOM_NAME, purl_pypi
 from c128patch.wheel.tools import record_hash, record_hashes
@@ -168,7 +168,7 @@ def _build(report: Report, sg: Dist, series: Series | None) -> dict | None:
     for layer in layers:
         report.add("info", "layer", f"layer {layer.get('name')} {layer.get('version')} (digest "
                                     f"{str(layer.get('digest', ''))[:8]}, base {layer.get('base')}): "
-                                    f"{len(layer.get('entries', []))} entries, after the series")
+                                    f"{count(len(layer.get('entries', [])), 'entry')}, after the series")
     if series is not None:
         if s.get("digest") == series.ours.digest():
             report.add("ok", "series", f"the build carries this tool's series {series.name} {series.version}")

@@ -10,7 +10,7 @@ from rich.table import Table
 from c128patch.progress import console
 from c128patch.smoke.device import describe
 from c128patch.smoke.passes import BAD
-from c128patch.textsafe import some, text
+from c128patch.textsafe import count, some, text
 
 STYLE = {"passed": "green", "failed": "red", "error": "red", "crashed": "bold red", "skipped": "yellow",
          "xfailed": "yellow", "xpassed": "red", "not run": "dim", "absent": "dim",
@@ -58,7 +58,7 @@ def _kernel_lines(report: dict[str, Any]) -> list[str]:
     prov = report.get("provenance")
     if prov:
         s, u = prov["series"], prov["upstream"]
-        lines.append(f"series {s.get('name')} {s.get('version')} ({len(prov['entries'])} entries) on upstream "
+        lines.append(f"series {s.get('name')} {s.get('version')} ({count(len(prov['entries']), 'entry')}) on upstream "
                      f"{u.get('rev')} {str(u.get('commit', ''))[:12]}")
     lines += [f"note: {note}" for note in report.get("notes", [])]
     for label, p in report["passes"].items():

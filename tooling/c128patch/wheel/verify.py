@@ -172,7 +172,9 @@ def _check_series(iw: InWheel, record: dict, series: Series) -> None:
     layers = [(r.get("name"), r.get("version"), str(r.get("digest", ""))[:8]) for r in record.get("layers", [])]
     want = [(r["name"], r["version"], r["digest"][:8]) for r in layer_rows(series)]
     if layers != want:
-        raise _mismatch(iw.wheel, f"made with the layers {_names(layers)}, not {_names(want)} (name, version, digest)")
+        said = [f"the layers {_names(rows)} (name, version, digest)" if rows else "no layers"
+                for rows in (layers, want)]
+        raise _mismatch(iw.wheel, f"made with {said[0]}, not {said[1]}")
     for entry in record.get("entries", []):
         e = series.entry(entry["name"])
         want = e.sha256
