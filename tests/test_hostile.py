@@ -264,7 +264,8 @@ def test_apply_continue_refuses_a_hand_resolution_with_conflict_markers(apply_st
             f"cannot continue: {VERIFY} still holds a conflict marker at line")
 
 
-def test_apply_continue_takes_a_hand_resolution_as_the_entry_and_says_it_is_not_the_series(apply_stopped):
+def test_apply_continue_takes_a_hand_resolution_as_the_entry_and_says_it_is_not_the_series(apply_stopped,
+                                                                                            drifting_series):
     git, stderr = apply_stopped
     _hand_resolution(git, stderr, keep_markers=False)
     done = run_printed(printed_command(stderr.split("resolve:", 1)[1], "c128patch apply --continue"))
@@ -274,6 +275,13 @@ def test_apply_continue_takes_a_hand_resolution_as_the_entry_and_says_it_is_not_
     record = json.loads((git.worktree / PROVENANCE_PATH).read_text())
     assert [(e["name"], e["applied"]) for e in record["entries"]] == [("test-patch", "resolved")]
     assert not apply_journal(git).exists() and git.status_porcelain() == []
+    keep = printed_command(done.stderr.split("keep your resolution of test-patch as its file for v0.5.20:", 1)[1],
+                           "c128patch refresh")  # (helper 96: undo was all it said)
+    assert "--accept-differences --variant" in keep, done.stderr
+    kept = run_printed(keep)
+    assert kept.returncode == 0, kept.stderr
+    proven = invoke("status", "--tree", git.worktree, "--series", drifting_series, "--prove")
+    assert proven.code == 0 and proven.out["equals_series"], proven.out
     undo = run_printed(printed_command(done.stderr.split("undo:", 1)[1], "git -C"))  # the printed undo works
     assert undo.returncode == 0, undo.stderr
     assert git.current_branch() == "main" and git.rev_parse("refs/heads/c128/v0.5.20") is None

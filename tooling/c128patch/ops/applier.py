@@ -53,8 +53,8 @@ from c128patch.ops.treestate import (
 )
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series import provenance
-from c128patch.series.layers import layer_folders, overlap_note, recorded_stack
-from c128patch.series.manifest import Series
+from c128patch.series.layers import SEP, layer_args, layer_folders, overlap_note, recorded_stack
+from c128patch.series.manifest import Series, default_series_root
 from c128patch.series.patchfile import PatchInfo
 from c128patch.series.paths import check_under, confine, symlink_on_path
 from c128patch.series.plan import ENTRY_TRAILER, Planned, check_paths_at, merged_entries, overlay_message, plan
@@ -359,7 +359,8 @@ class Apply:
             raise DifferenceError(f"applied to {journal.rev}, but the tree is not what the series says: "
                                   f"{proof.summary()}",
                                   hint=f"{shown}\n  {journal.branch} is kept as it is for inspection\n"
-                                       f"  undo: {self._undo_finished(journal)}", report=result.to_json())
+                                       + self._keep(journal, series)
+                                       + f"  undo: {self._undo_finished(journal)}", report=result.to_json())
         if proof.identical:  # recorded for `status` (identical whatever edits a caller accepts)
             key = proofs.proof_key(git, series, journal.rev, journal.upstream_commit, result.head)
             proofs.record(self.path.parent, key, result.equivalence, fresh[2])  # its trees: for a rebase
@@ -374,6 +375,22 @@ class Apply:
         """A step starts: marked before it touches anything, so what it leaves half done is known to be ours."""
         journal.head_before, journal.in_step, journal.step_paths = self.git.head() or "", True, paths
         journal.save(self.path)
+
+    def _keep(self, journal: ApplyJournal, series: Series) -> str:
+        """How a hand resolution becomes the series' file for the rev (a variant): refresh, which writes a copy of the
+        tool's own series, never the tool's checkout or installed package (its entries resolved by hand)."""
+        resolved = [e["name"] for e in journal.entries if e.get("applied") == "resolved"]
+        if not resolved:
+            return ""
+        own = series.ours.root == default_series_root().resolve() and any(SEP not in n for n in resolved)
+        copy = "~/c128patch-series"
+        keep = shlex.join(["c128patch", "refresh", "--accept-differences", "--variant", "--tree", str(self.tree),
+                           *(["--series", str(series.ours.root)] if series.ours.root != default_series_root().resolve()
+                             else []), *layer_args(series)])
+        if own:  # a copy of the tool's series takes the variant: refresh never writes the tool's own
+            keep = (f"cp -R {shlex.quote(str(series.ours.root))} {copy} && "
+                    + keep.replace(" --variant ", f" --variant --series {copy} ", 1))
+        return f"  keep your resolution of {', '.join(resolved)} as its file for {journal.rev}:\n    {keep}\n"
 
     def _undo_finished(self, journal: ApplyJournal) -> str:
         """The commands that take a finished apply away (its journal is gone)."""

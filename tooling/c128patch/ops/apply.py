@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from c128patch.errors import C128Error, ConflictError, Interrupted
+from c128patch.errors import C128Error, ConflictError, DifferenceError, Interrupted
 from c128patch.git import Git, is_work_tree, refuse_git_dir
 from c128patch.ops.applier import (
     Apply,
@@ -85,7 +85,12 @@ def continue_apply(git: Git, series: Series | None = None,
                    reporter: Reporter = NullReporter()) -> tuple[ApplyResult, Series]:
     """Finish the apply that stopped in the tree of ``git``; ``series``: None for the one its journal names."""
     op = Apply(git, series, reporter)
-    result = op.resume()
+    try:
+        result = op.resume()
+    except DifferenceError:  # finished but unproven (a hand resolution): the tree names its layers as any other
+        if op.series is not None:
+            remember_layers(git, op.series)
+        raise
     assert op.series is not None
     remember_layers(git, op.series)
     return result, op.series
