@@ -463,6 +463,18 @@ def test_python_is_taken_from_the_current_folder_and_refused_inside_the_tree(tmp
     assert run.code == 2 and "--python ./pyx lies inside the target tree" in run.err
 
 
+def test_a_python_hard_linked_to_a_file_of_the_tree_is_refused(tmp_path):
+    """Helper 95: a hard link outside the tree to a script inside it passed as --python (the tree's script ran)."""
+    tree = trapped_tree(tmp_path, tmp_path / "ran.txt")
+    (tree / "python" / "evilpy").write_text("#!/bin/sh\ntouch ran\n")
+    (tree / "python" / "evilpy").chmod(0o755)
+    (tmp_path / "bin").mkdir()
+    os.link(tree / "python" / "evilpy", tmp_path / "bin" / "python")
+    with pytest.raises(C128Error, match="is a hard link to a file of the target tree"):
+        interpreter(str(tmp_path / "bin" / "python"), tree)
+    assert interpreter(os.path.realpath(bare_python(tmp_path)), tree)  # an interpreter of its own is taken
+
+
 @pytest.fixture(scope="module")
 def trapped_upstream(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Git, Path]:
     """v0.5.23 with a commit whose every runnable file (``json.py``, a fake torch, sglang's own

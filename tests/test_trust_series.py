@@ -259,6 +259,26 @@ def test_a_config_of_another_user_or_symlinked_is_refused_and_a_deeply_nested_on
     assert "\n" not in exc.value.message
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_a_config_in_a_folder_of_another_user_or_naming_a_layer_of_another_user_is_refused(tmp_path, monkeypatch):
+    """Helper 95: our own c128patch.toml in a folder another user owns (they may swap the file), or naming a layer
+    folder they own, was read: git's safe.directory rule is about the folder."""
+    monkeypatch.delenv(ENV, raising=False)
+    shared = tmp_path / "shared"
+    (shared / "sub").mkdir(parents=True)
+    (shared / CONFIG).write_text('[layers]\npaths = ["lay"]\n')
+    (shared / "lay").mkdir()
+    os.chown(shared, 65534, 65534)
+    with pytest.raises(C128Error, match=f"{shared} is owned by another user"):
+        lookup_layers((), cwd=shared / "sub")
+    os.chown(shared, 0, 0)
+    os.chown(shared / "lay", 65534, 65534)
+    with pytest.raises(C128Error, match=r"names layer .*lay, owned by another user"):
+        lookup_layers((), cwd=shared / "sub")
+    os.chown(shared / "lay", 0, 0)
+    assert lookup_layers((), cwd=shared / "sub")[0] == ((shared / "lay").resolve(),)
+
+
 # ------------------------------------------------------------------------------------------ item 4: forged trailers
 @pytest.mark.parametrize("spelling", ["c128patch-entry: ", "C128patch-Entry : ", "C128PATCH-ENTRY\t: "])
 def test_a_layer_cannot_claim_one_of_our_entries_in_any_spelling(tmp_path, spelling):

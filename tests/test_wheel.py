@@ -596,8 +596,9 @@ def test_from_wheel_refuses_a_member_the_release_does_not_hold(tmp_path: Path, o
         shutil.copyfile(upstream_wheel, bad)
         with zipfile.ZipFile(bad, "a") as zf:
             zf.writestr(member, "import os; os.system('touch /tmp/pwned')\n")
-        refused(["wheel", "--from-wheel", str(bad), "--series", str(wheel_series)], out,
+        says = (f"has an unsafe member name {member!r}" if "/.git/" in member else  # any .git: check_archive's
                 f"{bad.name}: member {member} is not a file of sglang 0.5.23's release")
+        refused(["wheel", "--from-wheel", str(bad), "--series", str(wheel_series)], out, says)
 
 
 def test_a_truncated_wheel_is_one_line(tmp_path: Path, out: Path, wheel_series: Path, upstream_wheel: Path):
@@ -818,6 +819,24 @@ def test_real_wheels_pass_the_caps():
         assert sum(i.file_size for i in infos) < tools.MAX_RATIO * wheel.stat().st_size / 10  # 10x margin
 
 
+@pytest.mark.parametrize("names, says", [
+    (["sglang/caf\u00e9.py", "sglang/cafe\u0301.py"], "are one file on some file systems"),  # NFC and NFD
+    (["sglang/version.py", "sglang/version.py."], "are one file on some file systems"),
+    (["sglang/version.py", "sglang/version.py "], "are one file on some file systems"),
+    (["sglang/A.py", "sglang/a.py"], "are one file on some file systems"),
+    (["sglang/.GIT/hooks/x"], "unsafe member name"), (["sglang/GIT~1/config"], "unsafe member name"),
+    (["sglang/x.py::$DATA"], "unsafe member name"), (["sglang/a\u2028b.py"], "unsafe member name"),
+    (["sglang/\u202ey.py"], "unsafe member name"),
+], ids=["nfc-nfd", "trailing-dot", "trailing-space", "case", "dot-git-upper", "git-8.3", "ntfs-stream",
+        "line-separator", "bidi"])
+def test_check_archive_refuses_names_a_file_system_folds_together_or_to_git(tmp_path: Path, names, says):
+    """Helper 95: these passed check_archive (case folding only), so verify-wheel --no-authenticity took them."""
+    from c128patch.wheel.tools import check_archive
+
+    with pytest.raises(C128Error, match=says):
+        check_archive([zipfile.ZipInfo(n) for n in names], tmp_path / "x.whl")
+
+
 @pytest.fixture(scope="module")
 def stored_copy(tmp_path_factory: pytest.TempPathFactory, upstream_wheel: Path):
     """The real 0.5.23 wheel's members (read once) and a writer of edited copies (stored: fast)."""
@@ -943,8 +962,8 @@ def tiny_wheel(dest: Path, extra: dict[str, bytes]) -> Path:
 
 
 @pytest.mark.parametrize("extra, says", [
-    ({"sglang/srt/Environ.py": b"import os\n"}, "members 'sglang/srt/environ.py' and 'sglang/srt/Environ.py' differ "
-                                                "only in case"),
+    ({"sglang/srt/Environ.py": b"import os\n"}, "members 'sglang/srt/environ.py' and 'sglang/srt/Environ.py' are "
+                                                "one file on some file systems (case"),
     ({"sglang/srt/a\nb.py": b""}, "unsafe member name 'sglang/srt/a\\nb.py'"),
     ({"sglang/srt/\x1b]8;;https://evil\x07x.py": b""}, "unsafe member name 'sglang/srt/\\x1b]8;;https://evil\\x07x.py'"),
 ], ids=["case", "newline", "controls"])

@@ -198,7 +198,27 @@ def interpreter(python: str, tree: Path | None = None) -> str:
                                 for t in (os.path.abspath(tree), os.path.realpath(tree))):
         raise C128Error(f"--python {python} lies inside the target tree {tree}: it would run the tree's own program; "
                         "pass an interpreter outside it")
+    if tree is not None and _linked_into(os.path.realpath(found), Path(tree)):
+        raise C128Error(f"--python {python} is a hard link to a file of the target tree {tree}: it would run the "
+                        "tree's own program; pass an interpreter outside it")
     return found
+
+
+def _linked_into(path: str, tree: Path) -> bool:
+    """Is ``path`` a hard link to a file of ``tree`` (only looked for where the file has other links: rare)."""
+    st = os.stat(path)
+    if st.st_nlink < 2:
+        return False
+    for folder, dirs, files in os.walk(tree):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        for name in files:
+            try:
+                other = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+                return True
+    return False
 
 
 class Sealed:

@@ -176,7 +176,11 @@ def read_config(path: Path) -> tuple[Path, ...]:
     paths = layers.get("paths", [])
     if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
         raise C128Error(f"{path}: [layers] paths must be an array of folder names")
-    return tuple(confine(path.parent.resolve(), p, f"{path} [layers] paths").resolve() for p in paths)
+    folders = tuple(confine(path.parent.resolve(), p, f"{path} [layers] paths").resolve() for p in paths)
+    for folder in (f for f in folders if f.exists() and f.stat().st_uid != os.getuid()):
+        raise C128Error(f"{path} names layer {folder}, owned by another user (uid {folder.stat().st_uid}): not read "
+                        f"(as git's safe.directory); take it over (chown), or name it with --layer or {ENV}")
+    return folders
 
 
 def _patched_top(folder: Path) -> bool:
@@ -196,9 +200,10 @@ def find_config(start: Path, exclude: Sequence[Path] = ()) -> Path | None:
     if config is not None and config.is_symlink():  # whoever made the link chose the folder its paths are under
         raise C128Error(f"{config} is a symlink (-> {os.readlink(config)}): not read; put the file itself there, or "
                         f"name the layers with --layer or {ENV}")
-    if config is not None and config.stat().st_uid != os.getuid():
-        raise C128Error(f"{config} is owned by another user (uid {config.stat().st_uid}): not read (as git's "
-                        f"safe.directory); take it over (chown), or name the layers with --layer or {ENV}")
+    for path in (config, config.parent) if config is not None else ():  # whoever owns the folder may swap the file
+        if path.stat().st_uid != os.getuid():
+            raise C128Error(f"{config}: {path} is owned by another user (uid {path.stat().st_uid}): not read (as "
+                            f"git's safe.directory); take it over (chown), or name the layers with --layer or {ENV}")
     return config
 
 

@@ -33,6 +33,7 @@ from wheel.wheelfile import MINIMUM_TIMESTAMP, WHEEL_INFO_RE, WheelError, WheelF
 
 from c128patch import exitcodes
 from c128patch.errors import C128Error
+from c128patch.git import folded_name, is_git_dir_name
 from c128patch.ops.treestate import fault_point
 from c128patch.upstream.releases import BINARY_SUFFIXES, WheelZip
 
@@ -76,7 +77,8 @@ def dist_info_dir(name: str, version: Version) -> str:
 MAX_EPOCH = 4354819199  # 2107-12-31 23:59:59 UTC: the zip format's last date
 MAX_UNPACKED = 2 << 30  # bytes: sglang 0.5.23 unpacks to 123 MB
 MAX_RATIO = 100  # unpacked / archive size: sglang wheels are ~3.3:1
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1
+# C0, DEL, C1, line and paragraph separators, bidi controls
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _FILE_TYPES = {stat.S_IFLNK: "a symlink", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
                stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
 
@@ -89,11 +91,14 @@ def check_archive(infos: list[zipfile.ZipInfo], wheel: Path, error: type[C128Err
     for info in infos:
         name = info.filename
         parts = [p for p in name.split("/") if p not in ("", ".")]  # as PurePosixPath(name).parts has them
-        if not name or name.startswith("/") or "\\" in name or ".." in parts or _CONTROL.search(name):
+        if (not name or name.startswith("/") or "\\" in name or ":" in name or ".." in parts or _CONTROL.search(name)
+                or any(is_git_dir_name(p) for p in parts)):  # (":": an NTFS stream, ``x.py::$DATA``)
             raise error(f"not a wheel: {wheel} has an unsafe member name {name!r}")
-        if (other := folded.setdefault(name.rstrip("/").casefold(), name.rstrip("/"))) != name.rstrip("/"):
-            raise error(f"{wheel.name}: members {other!r} and {name!r} differ only in case (on a case-insensitive "
-                        "file system one overwrites the other); refusing the wheel")
+        key = "/".join(folded_name(p) for p in parts)  # case, NFC, trailing dots and spaces: one file to some
+        if (other := folded.setdefault(key, name.rstrip("/"))) != name.rstrip("/"):
+            raise error(f"{wheel.name}: members {other!r} and {name!r} are one file on some file systems (case, "
+                        "Unicode normalisation or trailing dots and spaces: one overwrites the other); refusing the "
+                        "wheel")
         folders = ["/".join(parts[:n]) for n in range(len(parts) - 1, 0, -1)] + (["."] if parts else [])  # parents
         if clash := next((folder for folder in folders if folder in files), None):
             raise error(f"{wheel.name}: member {clash} is a file and the folder of {name}; refusing the wheel")
