@@ -712,6 +712,9 @@ def test_an_overlays_diff_may_add_its_one_file_and_nothing_else(patched, tmp_pat
     diff is not hashed (a git diff of the file as built)."""
     import difflib
 
+    from c128patch.wheel.tools import WheelMismatch
+    from c128patch.wheel.verify import _check_series
+
     src = Path(patched.wheel)
     (sbom,) = [n for n in members(src) if n.endswith("sboms/c128patch.cdx.json")]
     record, doc = (json.loads(members(src)[n]) for n in ("sglang/c128patch_provenance.json", sbom))
@@ -728,6 +731,9 @@ def test_an_overlays_diff_may_add_its_one_file_and_nothing_else(patched, tmp_pat
                                    sbom: json.dumps(doc).encode(), victim: new.encode()})
     for extra in ((), ("--series", str(wheel_series))):
         verify_fails(bad, "overlay 'test-overlay': its diff or files name more than the new file", *extra)
+    record["entries"].append({**record["entries"][0], "name": "evil"})  # an entry the series has not: exit 1, not 2
+    with pytest.raises(WheelMismatch, match=f"entry 'evil' is not one of {wheel_series}"):
+        _check_series(SimpleNamespace(wheel=src), record, load_series(wheel_series))
 
 
 @pytest.mark.parametrize("claim", [{"name": "TEST"}, {"version": "01"}, {"name": "Test", "version": "1.0"},

@@ -175,7 +175,10 @@ def _check_series(iw: InWheel, record: dict, series: Series) -> None:
         said = [f"the layers {_names(rows)} (name, version, digest)" if rows else "no layers"
                 for rows in (layers, want)]
         raise _mismatch(iw.wheel, f"made with {said[0]}, not {said[1]}")
+    names = {e.name for e in series.entries}
     for entry in record.get("entries", []):
+        if entry.get("name") not in names:  # a mismatch of the wheel (exit 1), not bad input
+            raise _mismatch(iw.wheel, f"entry {str(entry.get('name'))!r} is not one of {series.root}'s")
         e = series.entry(entry["name"])
         want = e.sha256
         if entry.get("file"):
