@@ -273,6 +273,24 @@ def test_matrix_cell_is_stale_when_the_series_files_changed(real_series, history
     assert cell.state == "stale" and "key" in cell.detail
 
 
+def test_matrix_with_a_layer_keys_the_cells_by_the_series_and_says_the_layer_is_not_covered(
+        real_series, history: Git, results: Path, tmp_path: Path):
+    """Helper 96: with a layer in effect every cell read "stale" (the stack's key), and nothing said the evidence
+    is of the series alone. The cells are the series' evidence; the layer is named as what it does not cover."""
+    from c128patch.series.layers import stack
+
+    key = key_for(real_series, history, history.rev_parse("v0.5.21"))
+    write_result(results, "v0.5.21", "suite", _result(key, True))
+    (tmp_path / "layer" / "patches").mkdir(parents=True)
+    (tmp_path / "layer" / "patches" / "series.toml").write_text('[series]\nname = "site"\nversion = "1"\n'
+                                                                 'base = "v0.5.23"\n')
+    layered = stack(real_series, [tmp_path / "layer"])
+    row = _row(layered, history, results)
+    assert row.cells["suite"].state == "verified", row.cells["suite"]
+    assert f"layer(s) site not covered (the evidence is of series {real_series.name} {real_series.version} alone)" \
+        in row.missing(), row.missing()
+
+
 def test_apply_and_wheel_name_a_stale_result_as_the_matrix_does(real_series, history: Git, results: Path):
     key = key_for(real_series, history, history.rev_parse("v0.5.21"))
     write_result(results, "v0.5.21", "suite", _result(replace(key, series_hash="0" * 64), True))

@@ -56,6 +56,7 @@ class ReleaseRow:
     apply_error: str = ""
     cells: dict[str, Cell] = field(default_factory=dict)  # kind -> cell
     differs: SourcesDiff | None = None  # no evidence under these sources: how they differ from the nearest
+    uncovered: str = ""  # the layers in effect, which the series' evidence says nothing of
 
     @property
     def applies_summary(self) -> str:
@@ -71,6 +72,7 @@ class ReleaseRow:
         """Why this release is not fully verified (empty: it is)."""
         out = [f"applies {self.applies_summary}"] if self.applies_summary != "strict" else []
         out += [self.differs.text()] if self.differs else []
+        out += [self.uncovered] if self.uncovered else []
         return out + [f"{kind} {cell.state}" for kind, cell in self.cells.items() if cell.state != "verified"]
 
     def to_json(self) -> dict[str, Any]:
@@ -123,8 +125,12 @@ def build_matrix(series: Series, git: Git, revs: list[str], root: Path) -> list[
             raise C128Error(f"unknown upstream revision {rev!r}")
         check = check_rev(series, git, rev, commit)
         row = ReleaseRow(rev, commit, None, {e.name: e.status for e in check.entries}, check.error)
+        ours, layers = getattr(series, "ours", series), getattr(series, "layers", [])
+        if layers:  # the evidence is of our series: its cells say so, the layers' entries have none of their own
+            row.uncovered = (f"layer(s) {', '.join(layer.name for layer in layers)} not covered (the evidence is of "
+                             f"series {ours.name} {ours.version} alone)")
         try:
-            row.key = key_for(series, git, commit)
+            row.key = key_for(ours, git, commit)
         except C128Error as exc:
             row.apply_error = row.apply_error or exc.message
         row.cells = {kind: cell_for(results, evidenced_rev(results, row.key, rev), kind, row.key, root)
