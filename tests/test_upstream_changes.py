@@ -151,6 +151,14 @@ def half_fixed(git: Git) -> str:
                      lambda idx: put(idx, PLAN, text.replace(GUARD_OLD, GUARD_NEW, 1)))
 
 
+def half_fixed_then_reverted(git: Git) -> str:
+    """``half_fixed``, then a commit taking it back: upstream's net change over the range leaves the function as it
+    was, so no hint (what upstream made and took back does not handle anything now)."""
+    text = git.blob("v0.5.23", PLAN).decode()
+    return commit_on(git, "Revert: skip empty rows (#36002)", lambda idx: put(idx, PLAN, text),
+                     parent=half_fixed(git))
+
+
 def overlay_landed(git: Git) -> str:
     """Upstream adds the record-streams helper module, byte for byte ours."""
 
@@ -184,7 +192,8 @@ def remote(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) 
                          ("rewrapped", rewrapped),
                          ("reindented", reindented),
                          ("plan-moved", plan_moved), ("fixed", fixed_upstream), ("half-fixed", half_fixed),
-                         ("overlay-landed", overlay_landed), ("rules-taken", rules_taken)):
+                         ("half-fixed-reverted", half_fixed_then_reverted), ("overlay-landed", overlay_landed),
+                         ("rules-taken", rules_taken)):
         git.run("update-ref", f"refs/heads/{branch}", make(git))
     return git
 
@@ -418,6 +427,14 @@ def test_check_shows_the_hint_of_an_upstream_fix_in_the_same_function(remote, tm
     [hint] = row["hints"]
     assert hint.startswith(f"upstream may now handle this: {sha[:12]} ")
     assert "changes plan_compress_prefill() as this entry does (extend_len" in hint
+
+
+def test_a_fix_upstream_made_and_took_back_in_the_range_is_no_hint(remote, tmp_path):
+    """The hints read the range's net change first (one diff), then only its commits where that touches one of the
+    entry's functions with its names: a rebase diffs far fewer commits (issue 35), and a fix reverted is none."""
+    series = copy_series(tmp_path / "series")
+    assert check_row(remote, series, "half-fixed", ZERO)["hints"]
+    assert check_row(remote, series, "half-fixed-reverted", ZERO)["hints"] == []
 
 
 @pytest.fixture(scope="session")
