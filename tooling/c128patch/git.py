@@ -73,6 +73,12 @@ def is_git_dir_name(part: str) -> bool:
     return folded_name(part) in _GIT_DIRS
 
 
+def ls_tree(git: "Git", treeish: str, paths: list[str], *flags: str) -> dict[str, tuple[str, ...]]:
+    """path -> (mode, type, object id) of ``git ls-tree FLAGS TREEISH -- PATHS`` ({} for no paths)."""
+    lines = git.out("ls-tree", *flags, treeish, "--", *paths).splitlines() if paths else []
+    return {name: tuple(meta.split()) for meta, name in (line.split("\t", 1) for line in lines)}
+
+
 def blob_id(data: bytes) -> str:
     """git's blob id of ``data`` (what ``git hash-object`` prints), without writing it."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 (git's id, not security)

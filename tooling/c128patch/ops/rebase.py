@@ -17,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from c128patch.errors import C128Error
+from c128patch.git import ls_tree
 from c128patch.ops import proofs
 from c128patch.ops.equivalence import compare_commits
 from c128patch.ops.merged import Signal, entry_making, upstream_hints
@@ -34,7 +35,7 @@ from c128patch.ops.treestate import (
     tree_state,
 )
 from c128patch.series.layers import describe, layer_folders
-from c128patch.series.plan import ENTRY_TRAILER, ls_tree
+from c128patch.series.plan import ENTRY_TRAILER
 from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, read_provenance
 
 

@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from c128patch.errors import C128Error
-from c128patch.git import BOT_EMAIL, BOT_NAME, Git, stale_lock_message, user_can_commit
+from c128patch.git import BOT_EMAIL, BOT_NAME, Git, ls_tree, stale_lock_message, user_can_commit
 from c128patch.jsonio import read_json, write_json_atomic
 from c128patch.progress import echo
 from c128patch.series.layers import layer_folders, operators
 from c128patch.series.manifest import MANIFEST, Series
-from c128patch.series.plan import ls_tree
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 from c128patch.textsafe import some
 

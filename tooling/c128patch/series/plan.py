@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import Callable, Literal
 
 from c128patch.errors import C128Error
-from c128patch.git import Git, ReadMemo, blob_id, remembered
+from c128patch.git import Git, ReadMemo, blob_id, ls_tree, remembered
 from c128patch.series.manifest import ABSENT, Entry, Series, Variant, sha256_file
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch, read_patches
 from c128patch.series.paths import symlink_on_path
@@ -41,12 +41,6 @@ _PLAIN = re.compile(r"[A-Za-z0-9_./+@-]+")  # a path git neither quotes nor read
 
 def plain_paths(paths: list[str]) -> bool:
     return all(_PLAIN.fullmatch(p) for p in paths)
-
-
-def ls_tree(git: Git, treeish: str, paths: list[str], *flags: str) -> dict[str, tuple[str, ...]]:
-    """path -> (mode, type, object id) of ``git ls-tree FLAGS TREEISH -- PATHS`` ({} for no paths)."""
-    lines = git.out("ls-tree", *flags, treeish, "--", *paths).splitlines() if paths else []
-    return {name: tuple(meta.split()) for meta, name in (line.split("\t", 1) for line in lines)}
 
 
 class LazyIndex:
