@@ -287,6 +287,21 @@ def test_add_entry_run_again_on_the_same_commit_names_the_entry_it_is_and_adds_n
     assert {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()} == files
 
 
+def test_add_entry_on_a_tree_of_another_base_prints_an_apply_that_works_as_printed(tmp_path, upstream_clone):
+    """Helper 96: the refusal's apply had no --tree; from the folder above it took ./sglang, this very tree, and
+    refused. It now names a tree beside this one, at the layer's base, with the layer."""
+    assert invoke("apply", "--sglang-rev", "v0.5.22", "--repo", upstream_clone).code == 0
+    anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    commit_on(upstream_clone, ENV_PY, anchor, anchor + "    # acme: the site's note\n", "acme: the site's note")
+    layer = tmp_path / "acme"
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0  # on the series base, v0.5.23
+    line = refused(["layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", upstream_clone,
+                    "--why", "w"], upstream_clone, "the tree is on v0.5.22, the layer acme on v0.5.23")
+    ran = run_printed(printed_command(line, "c128patch apply "), cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert Path(f"{upstream_clone}-v0.5.23", "python").is_dir()
+
+
 # ---------------------------------------------------------------------------- the example, the whole way
 @pytest.fixture(scope="module")
 def example_path(tmp_path_factory: pytest.TempPathFactory, sglang_release_repo: Path) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,9 +83,10 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
                         f"upstream base {rev or base_commit[:12]}, below HEAD); nothing was written")
     label = base_label(git, base_commit, rev)
     if label != layer.base:
+        at = shlex.join(["c128patch", "apply", "--sglang-rev", layer.base, "--layer", str(folder), "--tree",
+                         f"{tree}-{layer.base}"])  # beside this tree: ./sglang (the default) may be this one
         raise C128Error(f"the tree is on {label}, the layer {layer.name} on {layer.base}: add entries on a tree at the "
-                        f"layer's base (c128patch apply --sglang-rev {layer.base} --layer {folder}); nothing was "
-                        "written")
+                        f"layer's base ({at}); nothing was written")
     if trailer := git.out("log", "-1", f"--format=%(trailers:key={ENTRY_TRAILER},valueonly)", sha).strip():
         raise C128Error(f"commit {sha[:12]} is entry '{trailer}' already ({ENTRY_TRAILER}); nothing was written")
     if same := entry_making(git, layer, sha):
