@@ -328,7 +328,10 @@ def test_a_conflict_stop_is_reported_by_status_and_undone_by_abort(sglang_releas
     assert invoke("apply", "--sglang-rev", "v0.5.20", "--repo", git.worktree, "--series", drifting_series,
                   as_json=False).code == 1
     res = invoke("status", "--tree", git.worktree, as_json=False)
-    assert "an apply stopped at a conflict after entry 0 of 1; next: test-patch" in res.text
+    assert "an apply stopped at a conflict after entry 0 of 1; next: test-patch; resume prints how to resolve" \
+        in res.text
+    steps = run_printed(res.text.split("resume:", 1)[1].splitlines()[0])  # run bare: the conflict and its steps
+    assert steps.returncode != 0 and "resolve: git -C" in steps.stderr, steps.stderr
     done = run_printed(res.text.split("undo:", 1)[1].splitlines()[0])
     assert done.returncode == 0, done.stderr
     assert snapshot(git.worktree) == before

@@ -43,7 +43,9 @@ def apply_status(git: Git, path: Path) -> dict:
             "next_entry": nxt, "fresh_clone": j.fresh_clone, "orig_branch": j.orig_branch, "orig_head": j.orig_head,
             "recovery_ref": j.recovery_ref,
             "summary": f"an apply {how} after entry {j.done} of {j.total}{where}"
-                       + (f"; next: {nxt}" if nxt and j.phase == "entries" else ""),
+                       + (f"; next: {nxt}" if nxt and j.phase == "entries" else "")
+                       + ("; resume prints how to resolve it (git am -3, edit, add, am --continue) until it is"
+                          if j.paused == "conflict" else ""),
             "resume": resume, "undo": undo}
 
 
