@@ -138,7 +138,8 @@ def test_an_import_that_does_not_finish_is_an_error(patched_python: Path):
     code, _, topics = doctor(patched_python, standin="c128patch_standin_slow", timeout=3)
     assert code == 1 and topics["import"] == [
         ("error", f"`import sglang` fails in {patched_python}: it did not finish in 3 s; the server cannot start there "
-                  "(install sglang with its dependencies, then the patched wheel over it: docs/deploy.md)")]
+                  "(install sglang with its dependencies, then the patched wheel over it: docs/deploy.md in "
+                  "c128patch's repository)")]
 
 
 def test_the_dspark_gate_without_a_gpu_is_an_error(patched_python: Path, monkeypatch: pytest.MonkeyPatch):

@@ -10,8 +10,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -206,7 +208,8 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
     try:
         import tvm_ffi.libinfo as info  # apache-tvm-ffi, as sglang pins it
     except ImportError:
-        return None, "tvm-ffi not installed: C++ contract not compiled (pip install apache-tvm-ffi)"
+        return None, ("tvm-ffi not installed: C++ contract not compiled "
+                      f"({shlex.join([sys.executable, '-m', 'pip', 'install', 'apache-tvm-ffi'])})")
     with tempfile.TemporaryDirectory(prefix="c128contract-") as tmp:
         try:
             git.extract(head, INCLUDE_ROOT, Path(tmp))

@@ -82,8 +82,10 @@ def diagnose(python: str, launch_args: Sequence[str], series: Series | None) -> 
     sg = interp.dists.get("sglang")
     readings: list[EnvReading] = []
     if sg is None:
-        report.add("error", "sglang", f"no sglang is installed for {interp.executable} (docs/deploy.md: install the "
-                                      "patched wheel into the serving venv)")
+        pip = shlex.join([interp.executable, "-m", "pip", "install"])
+        report.add("error", "sglang", f"no sglang is installed for {interp.executable}: install the patched wheel "
+                                      f"into the serving venv ({pip} sglang-<version>+c128...whl; docs/deploy.md in "
+                                      "c128patch's repository)")
     else:
         package = sg.site / "sglang"
         report.sglang = {"version": sg.version, "path": str(package), "installer": installer(sg),
@@ -115,7 +117,7 @@ def _serving(report: Report, interp: Interpreter, launch_args: Sequence[str]) ->
     if sv.import_error:
         report.add("error", "import", f"`import sglang` fails in {interp.executable}: {sv.import_error}; the server "
                                       "cannot start there (install sglang with its dependencies, then the patched "
-                                      "wheel over it: docs/deploy.md)")
+                                      "wheel over it: docs/deploy.md in c128patch's repository)")
     else:
         report.add("ok", "import", f"`import sglang` works in {interp.executable} ({sv.seconds:.1f} s)")
     given = f"`{shlex.join(launch_args)}`" if launch_args else "no launch arguments"
