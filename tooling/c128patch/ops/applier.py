@@ -33,7 +33,7 @@ from c128patch.git import Git, environment_problem
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops import proofs
 from c128patch.ops.equivalence import entry_trees, fresh_replay, prove
-from c128patch.ops.replay import branch_commits
+from c128patch.ops.replay import branch_commits, have_blobs, preimages, write_preimages
 from c128patch.ops.treestate import (
     RECOVERY_PREFIX,
     apply_commands,
@@ -447,6 +447,10 @@ class Apply:
             return "clean"
         self._check_worktree_paths([item])
         proc = dated.run("am", "--3way", "--committer-date-is-author-date", str(item.path), check=False)
+        if proc.returncode != 0 and not have_blobs(git, preimages(item.patch)) and \
+                write_preimages(series, git, item):  # its 3-way merge's base, as check has it (ops.replay)
+            git.run("am", "--abort", check=False)
+            proc = dated.run("am", "--3way", "--committer-date-is-author-date", str(item.path), check=False)
         output = proc.stdout + proc.stderr
         loose = False
         if proc.returncode != 0:  # as ``check`` replays it: again, ignoring whitespace changes upstream made

@@ -179,7 +179,7 @@ def compare_commits(series: Series, git: Git, base: str, head: str, scratch: Pat
         item = Planned(entry, variant, path, read_patch(path) if entry.is_patch else None)
         index_git(git, index_file).run("read-tree", c.parent)
         present = set(git.out("ls-tree", "-r", "--name-only", c.parent, "--", *item.touched).splitlines())
-        row = replay_entry(git, item, index_file, present, ledger=ledger, at=c.parent)
+        row = replay_entry(git, item, index_file, present, ledger=ledger, at=c.parent, series=series)
         if row.status in FAILED:
             out.append(Verdict(c, "uncompared", "", c.tree,
                                f"{item.label} does not replay on the commit's parent: {row.detail}"))

@@ -112,7 +112,7 @@ class RebaseLoop:
         step.file, step.chosen_by = item.label, item.chosen_by
         signals = [] if keep else check.signals(item, step.sha, idx, self._present)
         row = replay_entry(self.git, item, Path(idx.env["GIT_INDEX_FILE"]), self._present, ledger=self.ledger,
-                           span=journal.span, at=journal.onto_commit)
+                           span=journal.span, at=journal.onto_commit, series=self.series)
         tree = idx.out("write-tree") if row.status not in FAILED else ""
         if tree and tree == self._tip_tree:
             signals.append(Signal("became-empty", "replaying it on the new base changes nothing"))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Literal
@@ -136,9 +137,45 @@ WS_MERGE = "a 3-way merge ignoring whitespace changes"
 REWRAP = "its context lines upstream re-wrapped (joined or split) were matched ignoring line breaks"
 
 
+def preimages(patch: PatchInfo) -> list[str]:
+    """The blobs a 3-way merge of ``patch`` reads as its base (its ``index`` lines' preimages; none for a new file)."""
+    return sorted({b for b, _ in patch.blobs.values() if b != NULL_BLOB})
+
+
+def write_preimages(series: Series, git: Git, item: Planned) -> bool:
+    """Write into ``git``'s objects the preimage blobs of ``item``'s patch (``preimages``) it lacks, made the one way
+    they were: the entries of ``series`` before ``item``'s replayed on the commit its file was made on (its variant's
+    ``commit``, else ``base``), in a scratch index. A layer entry made on v0.5.23 reads environ.py as our series leaves
+    it there; that blob was in the release cache only once something had replayed the series on v0.5.23, so a 3-way
+    merge on an older release applied or stopped by what the cache held. True: ``git`` holds them all now."""
+    if item.patch is None or item.variant is None:
+        return True
+    wanted = preimages(item.patch)
+    if have_blobs(git, wanted):
+        return True
+    names = [e.name for e in series.entries]
+    if item.entry.name not in names:
+        return False
+    variant = item.variant
+
+    def write() -> bool:
+        base = (variant.commit and git.rev_parse(variant.commit)) or git.rev_parse(variant.base)
+        if not base:
+            return False
+        earlier = series.without(set(names[names.index(item.entry.name):]))
+        if earlier.entries:
+            with tempfile.TemporaryDirectory(prefix="c128pre-") as tmp:  # (its blobs stay in git's objects)
+                replay_in_index(earlier, git, variant.base, base, Path(tmp) / "index")
+        return have_blobs(git, wanted)
+
+    return remembered(git, ("preimages", item.entry.name, str(item.path), blob_id(item.path.read_bytes())), write)
+
+
 def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | None = None,
-                 span: str = "", renamed: dict[str, str] | None = None) -> EntryCheck:
-    """``item`` on the index (module docstring); a failure leaves the index as it was before the entry."""
+                 span: str = "", renamed: dict[str, str] | None = None, series: Series | None = None) -> EntryCheck:
+    """``item`` on the index (module docstring); a failure leaves the index as it was before the entry. ``series``
+    (the one ``item`` is of): its preimages written before a 3-way merge (``write_preimages``), so the merge's
+    outcome is the same whatever ``git`` held."""
     assert item.patch is not None
     idx = index_git(git, index_file)
     row = EntryCheck.of(item, "clean", renamed=dict(renamed or {}))
@@ -151,6 +188,8 @@ def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | 
     if strict.returncode == 0:
         return row
     saved = index_file.read_bytes()
+    if series is not None:
+        write_preimages(series, git, item)
     three = idx.run("apply", "--cached", "--3way", str(patch), check=False)
     if three.returncode == 0:
         row.status, row.detail = "3way", "applies only with a 3-way merge"
@@ -338,7 +377,8 @@ def follow_renames(git: Git, item: Planned, index_file: Path, missing: list[str]
     return found if len(found) == len(missing) else {}
 
 
-def replay_patch_shared(git: Git, item: Planned, index_file: Path, lazy: LazyIndex) -> EntryCheck:
+def replay_patch_shared(git: Git, item: Planned, index_file: Path, lazy: LazyIndex,
+                        series: Series | None = None) -> EntryCheck:
     """``replay_patch`` on the index in memory, its outcome shared by every rev whose index holds the same there."""
     assert item.patch is not None
     paths = item.patch.paths
@@ -349,7 +389,7 @@ def replay_patch_shared(git: Git, item: Planned, index_file: Path, lazy: LazyInd
         if probed is not None and probed["strict"] and probed["after"] is not None:
             return "clean", "", [], probed, False
         lazy.flush(paths)
-        row = replay_patch(git, item, index_file)
+        row = replay_patch(git, item, index_file, series=series)
         record: dict = {"after": None}
         if row.status not in FAILED:  # a failure leaves the index as it was
             lazy.changed(paths, record)
@@ -367,19 +407,23 @@ def replay_patch_shared(git: Git, item: Planned, index_file: Path, lazy: LazyInd
 
 
 def replay_entry(git: Git, item: Planned, index_file: Path, present: set[str], *, ledger: Ledger | None = None,
-                 span: str = "", at: str = "", lazy: LazyIndex | None = None) -> EntryCheck:
-    """One entry on the index; ``present``: a superset of its paths (kept up to date); ``at``: its upstream commit."""
+                 span: str = "", at: str = "", lazy: LazyIndex | None = None,
+                 series: Series | None = None) -> EntryCheck:
+    """One entry on the index; ``present``: a superset of its paths (kept up to date); ``at``: its upstream commit;
+    ``series``: the one it is of (``replay_patch``)."""
     missing = [f for f in item.patch.needs if f not in present] if item.patch is not None else []
+    if missing and series is not None:  # renames are found by the preimages' content
+        write_preimages(series, git, item)
     renamed = follow_renames(git, item, index_file, missing, at, lazy) if missing else {}
     if missing and not renamed:  # not even a 3-way merge can patch a file that is not there
         row = EntryCheck.of(item, "conflict", f"{missing[0]}: does not exist", conflicts=missing[:1])
     elif item.patch is not None:
         if lazy is not None and not renamed and plain_patch(item.patch):
-            row = replay_patch_shared(git, item, index_file, lazy)
+            row = replay_patch_shared(git, item, index_file, lazy, series)
         else:
             if lazy is not None:
                 lazy.flush()
-            row = replay_patch(git, item, index_file, ledger=ledger, span=span, renamed=renamed)
+            row = replay_patch(git, item, index_file, ledger=ledger, span=span, renamed=renamed, series=series)
             if lazy is not None:
                 lazy.changed([renamed.get(p, p) for p in item.patch.paths])
         if renamed:
@@ -506,7 +550,7 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
             continue
         alone = max(alone - 1, len(run) - 1, 0)
         row = replay_entry(git, by_name[entry.name], index_file, present, ledger=ledger, span=span, at=commit,
-                           lazy=lazy)
+                           lazy=lazy, series=series)
         result.entries.append(row)
         if row.status in FAILED:
             result.ok = False
