@@ -50,7 +50,7 @@ def apply_status(git: Git, path: Path) -> dict:
 
 
 def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
-    """Per entry, its files changed since the provenance commit (an overlay also by its bytes)."""
+    """Per entry, its files changed since the provenance commit (an overlay no later entry edits also by its bytes)."""
     paths = sorted({p for e in entries for p in e.get("files", [])})
     changed: dict[str, str] = {}
     if prov_commit and paths:
@@ -58,9 +58,10 @@ def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
             status, name = line.split("\t", 1)
             changed[name] = {"M": "modified", "D": "deleted", "A": "added"}.get(status[0], status)
     drift = []
-    for e in entries:
+    for i, e in enumerate(entries):
         files = {p: changed[p] for p in e.get("files", []) if p in changed}
-        if e.get("kind") == "overlay":
+        if e.get("kind") == "overlay" and not any(e.get("target") in x.get("files", []) for x in entries[i + 1:]):
+            # (an overlay a later entry edits, a layer's, holds its bytes only before that entry: as a fresh apply)
             target = git.cwd / e["target"]
             if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() != e.get("sha256"):
                 files.setdefault(e["target"], "modified")

@@ -9,6 +9,7 @@ is written reproducibly.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -148,6 +149,22 @@ def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Rep
     return rows
 
 
+def _overlay_diff(root: Path, target: str, source: Path | None) -> bytes:
+    """A git new-file diff adding ``target`` as ``root`` holds it; with ``source`` (an overlay a later entry, a layer's,
+    edits), as the overlay writes it: the chain's step (verify-wheel takes the later diffs back, then hashes it)."""
+    with tempfile.TemporaryDirectory(prefix="c128patch-overlay-") as tmp:
+        if source is not None:
+            root = Path(tmp)
+            (root / target).parent.mkdir(parents=True)
+            (root / target).write_bytes(source.read_bytes())
+        proc = loose_git(root).run("diff", "--no-index", "--binary", "--full-index", "--no-color",
+                                   "--src-prefix=a/python/", "--dst-prefix=b/python/", "/dev/null", target,
+                                   check=False, binary=True)
+    if proc.returncode not in (0, 1) or not proc.stdout:
+        raise C128Error(f"cannot describe overlay {target}: {proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout
+
+
 def finish(iw: InWheel, series: Series, planned: list[Planned], rows: list[dict], *, upstream: dict, ancestor: Ancestor,
            base: Version, epoch: int, out_dir: Path, build: str) -> tuple[Path, Version]:
     """Write provenance and SBOM, give the wheel its patched version, save it into ``out_dir``."""
@@ -157,8 +174,8 @@ def finish(iw: InWheel, series: Series, planned: list[Planned], rows: list[dict]
     prov = iw.root / WHEEL_PROVENANCE
     prov.parent.mkdir(parents=True, exist_ok=True)
     prov.write_text(provenance.dumps(record))
-    entries = []  # each entry's diff: its patch file, or a git new-file diff adding the overlay as in the wheel
-    for item in planned:
+    entries = []  # each entry's diff: its patch file, or a git new-file diff adding the overlay's file
+    for i, item in enumerate(planned):
         e = item.entry
         diff = item.path.read_bytes()
         if item.patch is None:
@@ -166,12 +183,8 @@ def finish(iw: InWheel, series: Series, planned: list[Planned], rows: list[dict]
             iw.extract([target])
             if not (iw.root / target).is_file():
                 raise C128Error(f"overlay '{e.name}': {target} is not in the wheel (left out by the build?)")
-            proc = loose_git(iw.root).run("diff", "--no-index", "--binary", "--full-index", "--no-color",
-                                          "--src-prefix=a/python/", "--dst-prefix=b/python/", "/dev/null", target,
-                                          check=False, binary=True)
-            if proc.returncode not in (0, 1) or not proc.stdout:
-                raise C128Error(f"cannot describe overlay {target}: {proc.stderr.decode(errors='replace').strip()}")
-            diff = proc.stdout
+            diff = _overlay_diff(iw.root, target, item.path if any(
+                e.target in p.touched for p in planned[i + 1:]) else None)
         entries.append(PatchEntry(e.name, e.kind, e.gate, e.upstream, e.upstream_status,
                                   item.variant.file if item.variant else e.source, sha256_file(item.path), diff, e.why))
     dist_info = iw.rename_dist_info(version)

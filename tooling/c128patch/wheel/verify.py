@@ -3,9 +3,10 @@
 Checks, stopping at the first mismatch (one line, exit 1; bad input exits 2): RECORD and WHEEL's tags;
 identity (METADATA, ``.dist-info`` and file name agree on the version its provenance implies); the
 CycloneDX SBOM against the provenance, entry by entry (each patch's diff hashes to its sha256); every
-entry's effect (overlays hash as recorded, the diffs reverse-apply last to first, touched ``.py``
-compile); with ``--series``/``--layer``, exactly that series and those layers; authenticity
-(``wheel.authentic``: upstream's pinned wheel plus the declared diffs, else "cannot check", exit 2).
+entry's effect (overlays hash as recorded at their place in the chain: where a later entry, a layer's, edits one,
+its file with the later diffs taken back; the diffs reverse-apply last to first, touched ``.py`` compile); with
+``--series``/``--layer``, exactly that series and those layers; authenticity (``wheel.authentic``: upstream's
+pinned wheel plus the declared diffs, else "cannot check", exit 2).
 """
 
 from __future__ import annotations
@@ -252,16 +253,40 @@ def _post_image_hunk(diff: bytes, path: str, num: int) -> tuple[int, str] | None
     return None
 
 
+def _edited_later(entries: list[dict]) -> dict[int, str]:
+    """Overlay index -> the name of the first later entry whose files hold its target (a layer's edit of our file)."""
+    out = {}
+    for i, e in enumerate(entries):
+        if e.get("kind") == "overlay":
+            later = next((x for x in entries[i + 1:] if e.get("target") in x.get("files", [])), None)
+            if later is not None:
+                out[i] = str(later.get("name"))
+    return out
+
+
+def _overlay_hash(iw: InWheel, e: dict, path: Path, later: str = "") -> None:
+    """The overlay's file ``path`` (the wheel's, or as the chain has it before ``later``'s edit) hashes as recorded."""
+    where = f" (as the wheel has it before the entries from '{later}' on)" if later else ""
+    if not path.is_file():
+        raise _mismatch(iw.wheel, f"overlay '{e['name']}': {wheel_path(e['target'])}{where} is missing from the wheel")
+    if hashlib.sha256(path.read_bytes()).hexdigest() != e.get("sha256"):
+        raise _mismatch(iw.wheel, f"overlay '{e['name']}': {wheel_path(e['target'])}{where} differs from the "
+                                  "recorded sha256")
+
+
 def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[dict], int]:
+    """Each entry present: an overlay's file hashes as recorded at its place in the chain (the wheel's file, or, where a
+    later entry edits it, that file with the later entries' diffs taken back), the diffs reverse-apply last to first."""
     entries = record.get("entries", [])
     touched = sorted({wheel_path(p) for e in entries for p in e.get("files", [])})
     iw.extract(touched)
+    later = _edited_later(entries)
     for i, e in ((i, e) for i, e in enumerate(entries) if e.get("kind") == "overlay"):
         target = wheel_path(e["target"])
-        if target not in iw.members():
-            raise _mismatch(iw.wheel, f"overlay '{e['name']}': {target} is missing from the wheel")
-        if hashlib.sha256((iw.root / target).read_bytes()).hexdigest() != e.get("sha256"):
-            raise _mismatch(iw.wheel, f"overlay '{e['name']}': {target} differs from the recorded sha256")
+        if i not in later:
+            if target not in iw.members():
+                raise _mismatch(iw.wheel, f"overlay '{e['name']}': {target} is missing from the wheel")
+            _overlay_hash(iw, e, iw.root / target)
         # its diff is not hashed (a git diff of the file as built): it may add that one file and nothing else
         sides = _diff_sides(diffs[i])
         if sides != [("/dev/null", f"b/python/{target}")] or [wheel_path(f) for f in e.get("files", [])] != [target]:
@@ -279,6 +304,8 @@ def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[
         git = loose_git(scratch)
         for i in reversed(range(len(entries))):
             e = entries[i]
+            if i in later:  # every later entry's diff taken back: the file as this overlay wrote it
+                _overlay_hash(iw, e, scratch / wheel_path(e["target"]), later[i])
             diff_file = Path(tmp) / f"{i:03d}.diff"  # outside the scratch tree
             diff_file.write_bytes(diffs[i])
             proc = git.run("apply", "-R", "-p2", str(diff_file), check=False)
