@@ -48,7 +48,8 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
              *(["--series", str(series_dir)] if series_dir else []), *(a for d in layer_dirs for a in ("--layer", d))]
     if as_json:
         emit_json(info, series)
-    elif lines := [*_state(info), *(_applied(info, shlex.join(map(str, again))) if "series" in info else []),
+    elif lines := [*_state(info), *(_applied(info, shlex.join(map(str, again)), _own_layers(root, series, info))
+                                    if "series" in info else []),
                    *([f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):"]
                      [:len(refs)]), *(f"    {r['ref']} {r['commit'][:12]} {r['subject']}" for r in refs[:10])]:
         say(*lines)
@@ -76,8 +77,30 @@ def _state(info: dict) -> list[str]:
     return lines
 
 
-def _applied(info: dict, again: str) -> list[str]:
-    """``again``: the command that takes the series as it is now onto the rev the tree is on."""
+def _own_layers(root: Path, series: object, info: dict) -> str:
+    """Where the layers in effect leave out or reorder the tree's: what says so, with the status that takes the tree's
+    own (a rebase with them would rewrite the tree's stack: its layer entries carried as commits of the user's)."""
+    from c128patch.git import Git
+    from c128patch.ops.treestate import tree_layers
+    from c128patch.series.layers import describe
+
+    origin = getattr(series, "origin", "") or "nowhere"
+    try:
+        folders = tree_layers(Git(worktree=root))
+    except C128Error:
+        folders = ()
+    named = " ".join(shlex.quote(str(a)) for f in folders for a in ("--layer", f))
+    theirs = " + ".join(f"layer {r.get('name')} {r.get('version')}" for r in info.get("layers", [])) or "none"
+    return (f"the layers in effect ({describe(series).partition(' + ')[2] or 'none'}, from {origin}) differ from the "
+            f"tree's ({theirs}): a rebase with them would carry the tree's layer entries as commits of yours, so none "
+            "is proposed" + (f"; the tree against its own: c128patch status --tree {shlex.quote(str(root))} {named}"
+                             if folders else "")
+            + ("" if origin in ("--layer", "nowhere") else f"; or make {origin} name the tree's layers first"))
+
+
+def _applied(info: dict, again: str, own: str = "") -> list[str]:
+    """``again``: the command that takes the series as it is now onto the rev the tree is on; ``own``: what
+    ``_own_layers`` says where the layers in effect are not the tree's."""
     s, u = info["series"], info["upstream"]
     ours = [e for e in info["entries"] if "/" not in e["name"]]  # a layer's are <layer>/<entry>, counted below
     lines = [f"{info['tree']} on {info['branch'] or 'detached HEAD'}",
@@ -86,7 +109,9 @@ def _applied(info: dict, again: str) -> list[str]:
     lines += [f"  + layer {layer.get('name')} {layer.get('version')} ({count(len(layer.get('entries', [])), 'entry')})"
               for layer in info.get("layers", [])]
     cur = info.get("series_current")
-    if cur and not cur["up_to_date"]:
+    if cur and cur.get("layers_differ"):
+        lines.append(f"  {own}")
+    elif cur and not cur["up_to_date"]:
         lines.append(f"  the series has changed since (now {cur.get('stack') or cur['version']}): to take it here, "
                      f"next: {again}")
     if info["commits_since"]:

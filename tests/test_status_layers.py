@@ -1,0 +1,37 @@
+"""``status`` where the layers in effect are not the tree's (docs/layers.md, "Which layers"): a c128patch.toml naming
+another layer than the tree's provenance records. Before, status printed "the series has changed since ...: next:
+c128patch rebase ...", a rebase that silently swapped the tree's layer stack (the tree's layer entries carried as
+user commits); refresh already refuses there. It now says the layers differ and proposes no rebase; the status it
+prints with the tree's own layers runs as printed. (A tree without layers and a config adding one still gets the
+rebase: tests/test_layers.py::test_status_of_the_tree_whose_commit_became_the_layer_says_what_is_so.)"""
+
+from __future__ import annotations
+
+import shutil
+
+from c128patch.series.layers import CONFIG, ENV
+from c128patch.series.manifest import load_series
+from support import invoke, printed_command, run_printed
+from test_layers import EXAMPLE
+
+
+def test_status_with_a_config_naming_other_layers_than_the_trees_proposes_no_rebase(
+        tmp_path, sglang_release_repo, monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(EXAMPLE, tmp_path / "layers" / "acme")
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--layer", "layers/acme", "--tree", "sglang-acme").code == 0
+    assert invoke("layer", "new", "layers/other", "--name", "other").code == 0
+    (tmp_path / CONFIG).write_text('[layers]\npaths = ["layers/other"]\n')
+
+    version = load_series(EXAMPLE).version
+    res = invoke("status", "--tree", "sglang-acme", as_json=False)
+    assert res.code == 1, res.text
+    assert "c128patch rebase" not in res.text and "has changed since" not in res.text, res.text
+    assert (f"the layers in effect (layer other 1, from {tmp_path / CONFIG}) differ from the tree's (layer acme "
+            f"{version}): a rebase with them would carry the tree's layer entries as commits of yours, so none is "
+            "proposed") in res.text, res.text
+    assert invoke("status", "--tree", "sglang-acme").out["series_current"]["layers_differ"] is True
+
+    ran = run_printed(printed_command(res.text, "c128patch status "), cwd=tmp_path)  # the tree against its own
+    assert ran.returncode == 0 and "equals the series" in ran.stdout, ran.stdout + ran.stderr
