@@ -168,7 +168,17 @@ def write_preimages(series: Series, git: Git, item: Planned) -> bool:
                 replay_in_index(earlier, git, variant.base, base, Path(tmp) / "index")
         return have_blobs(git, wanted)
 
-    return remembered(git, ("preimages", item.entry.name, str(item.path), blob_id(item.path.read_bytes())), write)
+    key = (str(git.git_dir or git.worktree), series.digest(), item.entry.name, str(item.path),
+           blob_id(item.path.read_bytes()))
+    if key in _UNMADE:  # (a replay that could not make them is not tried again by this process)
+        return False
+    made = remembered(git, ("preimages", *key), write)
+    if not made:
+        _UNMADE.add(key)
+    return made
+
+
+_UNMADE: set[tuple] = set()
 
 
 def replay_patch(git: Git, item: Planned, index_file: Path, *, ledger: Ledger | None = None,
