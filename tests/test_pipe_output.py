@@ -238,12 +238,3 @@ def test_a_reader_that_stops_reading_does_not_change_the_exit_code(real_series, 
         err = proc.stderr.read()
         assert proc.wait(timeout=120) == 0, err
         assert err == ""
-
-
-@pytest.mark.parametrize("columns, width", [("", 1_000_000), ("100", 100), ("12", 1_000_000), ("x", 1_000_000)])
-def test_a_piped_table_is_as_wide_as_its_content_unless_columns_says(monkeypatch, columns, width):
-    """Helper 96: COLUMNS=100 was honoured by matrix only; check, rebase and gates printed 140-265 columns to a pipe."""
-    from c128patch.progress import console
-
-    monkeypatch.setenv("COLUMNS", columns)
-    assert console(stderr=False).width == width  # (pytest's stdout is no terminal)

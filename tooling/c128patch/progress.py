@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
@@ -114,13 +113,10 @@ def echo(text: str, stderr: bool = True) -> None:
 
 
 def console(stderr: bool = True) -> Console:
-    """Off a terminal (a pipe, a file) a line is as long as its content (no table cut to a width nobody sees),
-    unless ``COLUMNS`` says how wide (``COLUMNS=100 c128patch check | less``)."""
+    """Off a terminal (a pipe, a file) a line is as long as its content: no table cut to a width nobody sees."""
     from rich.console import Console
 
-    columns = os.environ.get("COLUMNS", "")
-    width = (None if is_terminal(sys.stderr if stderr else sys.stdout)
-             else int(columns) if columns.isdigit() and int(columns) >= 40 else 1_000_000)
+    width = None if is_terminal(sys.stderr if stderr else sys.stdout) else 1_000_000
     return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
 
 
