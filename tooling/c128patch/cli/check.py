@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 
 def _cell(entry: Entry, e: EntryCheck) -> str:
     """What happened, then which file (the primary, or the variant of a base) and by which rule."""
-    what = {"clean": "ok", "3way": "ok (3-way: tree only)", "ledger": "ok (ledger)",
-            "whitespace": "ok (whitespace-merged: tree only)"}.get(e.status, f"{e.status}: {e.detail}")
+    what = {"clean": "strict", "3way": "3-way (tree only)", "ledger": "ledger",  # (the names matrix and watch use)
+            "whitespace": "whitespace-merged (tree only)"}.get(e.status, f"{e.status}: {e.detail}")
     what += "".join(f"\nfollowed rename {a} -> {b}" for a, b in e.renamed.items())
     what += "".join(f"\n{h}" for h in e.hints)
     if not entry.is_patch or not e.file:
