@@ -194,3 +194,57 @@ def test_a_scenario_whose_module_did_not_import_is_not_run_and_unchecked(
     assert ("scenarios not run: backend-verify-metadata, compressor-callback, decode, record-streams, verify-compact, "
             "worker-commit") in data["verdict"]
     assert data["scenarios_passed"] == ["startup-rules", "verify-static"]
+
+
+# -- helper 97: single upstream commits on the real v0.5.23 that break the series with the gates on, where the tier
+# said clean: each scenario now drives what it skipped, and names the culprit
+
+SPEC = "python/sglang/srt/speculative/"
+WORKER = SPEC + "dspark_components/dspark_worker_v2.py"
+
+
+def landed(git: Git, subject: str, changes: dict, parent: str = "v0.5.23") -> str:
+    """An upstream commit on ``parent``: ``changes`` maps a path to a function of its text (each must change it)."""
+    def edit(idx: Git) -> None:
+        for path, change in changes.items():
+            text = git.blob(parent, path).decode()
+            new = change(text)
+            assert new != text, path
+            wu._put(idx, path, new)
+
+    return upstream_commit(git, parent, subject, edit)
+
+
+def failed_with_the_gates_on(tier_python: str, git: Git, change: str) -> dict[str, str]:
+    """The tier on ``change``: the scenarios failed with the gates on (name -> detail); gates off all passed."""
+    result = treecheck.run_rev(SERIES, git, change[:12], change, python=tier_python)
+    assert all(s["status"] == "passed" for s in scenarios(result, "off").values())  # upstream's own path
+    assert not result.to_json()["ok"] and result.verdict().startswith("failed")
+    return {n: s["detail"] for n, s in scenarios(result, "on").items() if s["status"] != "passed"}
+
+
+def test_upstream_making_the_draft_token_getter_one_larger_fails_the_kernel_bank_check(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Helper 97's case c6: the pool's `get_online_c128_mtp_max_draft_tokens()` returns N+1; the controller passes
+    N+1 banks over state rows laid out for N, which the CUDA kernels' `check_banks` refuses at the first verify. The
+    torch models did not check it, and the tier said clean; they now raise where the kernels do, naming the getter
+    that handed our controller the refused value."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    line = re.compile(r"^( {16}return int\(pool\.online_mtp_max_draft_tokens\))$", re.M)
+
+    def one_more(text: str) -> str:
+        assert len(line.findall(text)) == 1
+        return line.sub(r"\1  + 1", text)
+
+    change = landed(git, "memory pool: one more MTP draft token", {
+        "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py": one_more})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    pool = r"sglang\.srt\.mem_cache\.deepseek_v4_memory_pool\.DeepSeekV4TokenToKVPool"
+    assert list(failed) == ["compressor-callback"], failed  # the one scenario over upstream's pool class
+    assert re.fullmatch(
+        r"scenario compressor-callback: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\._verify_compress "
+        r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream "
+        rf"{pool}\.get_online_c128_mtp_max_draft_tokens \(sglang/srt/mem_cache/deepseek_v4_memory_pool\.py:\d+\): "
+        r"RuntimeError: dspark c128: state has 72 rows but 10 banks of stride 8 need 80 \(num_banks 9 as "
+        r"DeepSeekV4TokenToKVPool\.get_online_c128_mtp_max_draft_tokens returned it; state_slot_stride 8 as "
+        r"DeepSeekV4TokenToKVPool\.get_online_c128_mtp_state_slot_offset returned it\)", failed["compressor-callback"])

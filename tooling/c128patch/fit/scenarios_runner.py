@@ -517,8 +517,34 @@ def _where(frame: Any, line: int, tree: str) -> str:
     return f"{frame.f_globals.get('__name__', '?')}.{name} ({frame.f_code.co_filename[len(tree) + 1:]}:{line})"
 
 
-def culprit(scenario: str, exc: BaseException, tree: str, ours: List[str]) -> str:
-    """What failed: our module's frame, the upstream definition involved, the scenario."""
+def _handed(tree: str, ours: List[str]) -> Tuple[Any, Dict[int, List[Tuple[str, str]]]]:
+    """A trace function recording the ints another module of the tree returns to a frame of our modules (a pool's
+    getter to the controller ...): value -> [(the definition that returned it, its qualname)], so a kernel check
+    refusing a value names where our code got it."""
+    handed: Dict[int, List[Tuple[str, str]]] = {}
+
+    def ret(frame: Any, event: str, value: Any) -> Any:
+        if event == "return" and type(value) is int:
+            code = frame.f_code
+            handed.setdefault(value, []).append((_where(frame, code.co_firstlineno, tree),
+                                                 getattr(code, "co_qualname", code.co_name)))
+        return ret
+
+    def call(frame: Any, event: str, arg: Any) -> Any:
+        back, name = frame.f_back, frame.f_globals.get("__name__")
+        if back is None or back.f_globals.get("__name__") not in ours or name == back.f_globals.get("__name__") \
+                or not frame.f_code.co_filename.startswith(tree + os.sep):
+            return None
+        frame.f_trace_lines = False
+        return ret
+
+    return call, handed
+
+
+def culprit(scenario: str, exc: BaseException, tree: str, ours: List[str],
+            handed: Optional[Dict[int, List[Tuple[str, str]]]] = None) -> str:
+    """What failed: our module's frame, the upstream definition involved, the scenario. A kernel check's refusal
+    (the models' `KernelCheck`) names the tree's definition that handed our code the value refused (``handed``)."""
     frames = [(f, n) for f, n in traceback.walk_tb(exc.__traceback__) if f.f_code.co_filename.startswith(tree + os.sep)]
     mine = [_where(f, n, tree) for f, n in frames if f.f_globals.get("__name__") in ours]
     theirs = [_where(f, n, tree) for f, n in frames if f.f_globals.get("__name__") not in ours]
@@ -530,7 +556,12 @@ def culprit(scenario: str, exc: BaseException, tree: str, ours: List[str]) -> st
         except (OSError, TypeError):  # a class without Python source
             where = "no source"
         theirs.append(f"{cls.__module__}.{cls.__qualname__} ({where})")
-    said = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    checked = isinstance(exc, _models.KernelCheck)  # raised as the kernel raises it: a RuntimeError
+    said = f"RuntimeError: {exc}" if checked else traceback.format_exception_only(type(exc), exc)[-1].strip()
+    sources = [(k, v, (handed or {}).get(v)) for k, v in exc.values.items()] if checked else []
+    if any(where for _, _, where in sources):
+        theirs.append(next(where[-1][0] for _, _, where in sources if where))
+        said += " (" + "; ".join(f"{k} {v} as {where[-1][1]} returned it" for k, v, where in sources if where) + ")"
     line = linecache.getline(frames[-1][0].f_code.co_filename, frames[-1][1]).strip() if frames else ""
     none = "definition: none in the traceback" + (f" (the failing line: {line})" if line else "")  # it names it
     return (f"scenario {scenario}: in {mine[-1] if mine else CONTROLLER + ' (its result)'}; upstream "
@@ -538,8 +569,13 @@ def culprit(scenario: str, exc: BaseException, tree: str, ours: List[str]) -> st
 
 
 def _outcome(name: str, scenario: Any, on: bool, tree: str, ours: List[str]) -> Dict[str, str]:
+    trace, handed = _handed(tree, ours)
     try:
-        scenario(on)
+        sys.settrace(trace)
+        try:
+            scenario(on)
+        finally:
+            sys.settrace(None)
         return {"status": "passed", "detail": ""}
     except NotRun as exc:
         return {"status": "not run", "detail": str(exc)}
@@ -548,7 +584,7 @@ def _outcome(name: str, scenario: Any, on: bool, tree: str, ours: List[str]) -> 
         if missing and missing.split(".")[0] != "sglang":  # a package the tree imports lazily, missing here
             where = [f.f_globals.get("__name__") for f, _ in traceback.walk_tb(exc.__traceback__)]
             return {"status": "not run", "detail": f"{where[-1]} did not import (needs {missing})"}
-        return {"status": "failed", "detail": culprit(name, exc, tree, ours)}
+        return {"status": "failed", "detail": culprit(name, exc, tree, ours, handed)}
 
 
 def run(gates: str, tree: str, ours: List[str]) -> Dict[str, Dict[str, Any]]:
