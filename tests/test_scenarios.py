@@ -248,3 +248,45 @@ def test_upstream_making_the_draft_token_getter_one_larger_fails_the_kernel_bank
         r"RuntimeError: dspark c128: state has 72 rows but 10 banks of stride 8 need 80 \(num_banks 9 as "
         r"DeepSeekV4TokenToKVPool\.get_online_c128_mtp_max_draft_tokens returned it; state_slot_stride 8 as "
         r"DeepSeekV4TokenToKVPool\.get_online_c128_mtp_state_slot_offset returned it\)", failed["compressor-callback"])
+
+
+def test_upstream_routing_online_c128_layers_past_the_callback_fails_compressor_callback(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Helper 97's case c1b: `forward_unified` routes online c128 layers to a new method that calls
+    `compress_forward` itself, so a DSPARK verify plan never reaches our `compress_fn`. The scenario called
+    `_forward_compress_all_in_one` directly and said clean; it now enters where the model does
+    (`forward_core_compressor`)."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    method = '''    def _forward_compress_online_c128(self, *, state_pool, kv_score_input, compressor, kv_cache,
+            page_size, out_loc):
+        head_dim, plan = compressor.head_dim, self._get_paged_compress_metadata(128)
+        pooled = compress_forward(kv_score_buffer=state_pool.kv_score_buffer.kv_score.view(-1, 1, 3 * head_dim),
+            kv_score_input=kv_score_input, ape=compressor.ape.view(-1, head_dim), plan=plan,
+            compress_ratio=128, head_dim=head_dim, is_online=True)
+        compress_norm_rope_store(pooled, plan, norm_weight=compressor.norm.weight,
+            norm_eps=compressor.norm.variance_epsilon, freq_cis=compressor.freqs_cis, out_loc=out_loc,
+            kvcache=kv_cache.view(dtype=torch.uint8), page_size=page_size)
+
+'''
+    call = "        self._forward_compress_all_in_one(\n            kv_score_buffer=state_pool"
+
+    def routed(text: str) -> str:
+        assert text.count(call) == 1
+        at = text.index("    def forward_unified(")
+        text = text[:at] + method + text[at:]
+        return text.replace(call, (
+            "        if _use_online_compress(compressor.ratio) and not compressor.is_in_indexer:\n"
+            "            return self._forward_compress_online_c128(state_pool=state_pool,\n"
+            "                kv_score_input=kv_score_input, compressor=compressor, kv_cache=kv_cache,\n"
+            "                page_size=page_size, out_loc=out_loc)\n") + call, 1)
+
+    change = landed(git, "compressor: online c128 layers take their own path", {
+        "python/sglang/srt/layers/attention/dsv4/compressor_v2.py": routed})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    assert list(failed) == ["compressor-callback"], failed
+    assert re.fullmatch(
+        r"scenario compressor-callback: in sglang\.srt\.layers\.attention\.dsv4\.compressor_v2\.CompressorBackendMixin"
+        r"\._forward_compress_online_c128 \(sglang/srt/layers/attention/dsv4/compressor_v2\.py:\d+\); upstream "
+        r"definition: none in the traceback \(the failing line: pooled = compress_forward\(.*\): AssertionError: "
+        r"upstream's compress_forward ran for a DSPARK verify plan \(it got a sglang\.srt\.layers\.attention\.dsv4\."
+        r"online_c128_dspark\.DsparkVerifyPrefillPlan\)", failed["compressor-callback"])

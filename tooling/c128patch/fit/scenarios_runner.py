@@ -217,13 +217,14 @@ class Decode:
                 new_kv, new_score = self._randn(real[b], HEAD_DIM), self._randn(real[b], HEAD_DIM, scale=2.0)
                 self.hist[layer, slot] = (base, torch.cat([kv, new_kv]), torch.cat([score, new_score]))
                 x[starts[b]:starts[b] + real[b]] = torch.cat([new_kv, new_score], dim=1)
-            out = self.compress(plan, kv_score_buffer=state.view(-1, 1, STATE_DIM), kv_score_input=x.float(),
-                                ape=self.apes[layer].float())
+            out = self.compress(plan, layer=layer, kv_score_buffer=state.view(-1, 1, STATE_DIM),
+                                kv_score_input=x.float(), ape=self.apes[layer].float())
             self._check_emits(layer, slots, starts, seq, emits, out)
         self._accept_and_commit(slots, real, seq, live)
 
-    def compress(self, plan: Any, **tensors: Any) -> Any:
-        """A c128 layer's compress step as upstream's compressor calls it (``compressor_callback`` runs that one)."""
+    def compress(self, plan: Any, layer: int, **tensors: Any) -> Any:
+        """Layer ``layer``'s c128 compress step as upstream's compressor calls it (``compressor_callback`` runs the
+        compressor's own)."""
         return self.controller.compress_fn(plan, _upstream_compress)(
             **tensors, plan=plan, compress_ratio=128, head_dim=HEAD_DIM, out=None, is_online=True)
 
@@ -302,9 +303,13 @@ COMPRESSOR, POOL = "sglang.srt.layers.attention.dsv4.compressor_v2", "sglang.srt
 
 
 def compressor_callback(on: bool) -> None:
-    """Upstream's compressor (`CompressorBackendMixin._forward_compress_all_in_one`) calls the controller's
-    `compress_fn` for its verify plans, over upstream's pool class (its `get_online_c128_*` getters), checked as in
-    `_steps`; prefill plans, and all with the gates off, go to upstream's. Stood in: the CUDA kernels."""
+    """Upstream's compressor, entered where the model enters it (the backend's `forward_core_compressor`, the
+    compressor mixin's), calls the controller's `compress_fn` for its verify plans, over upstream's pool class (its
+    `get_online_c128_*` getters, its per-layer getters), checked as in `_steps`; prefill plans, and all with the gates
+    off, go to upstream's. A c128 layer routed anywhere but through our `compress_fn` (helper 97's case c1b: a new
+    method calling `compress_forward` itself) runs upstream's compress for a DSPARK verify plan and fails. Stood in:
+    the CUDA kernels, the compressor module (its projection: `compute_kv_score` hands back the step's kv|score rows;
+    the layer's ape, norm and state pool as the scenario keeps them) and the KV cache pages."""
     comp, stored, upstream, verifying = _module(COMPRESSOR), [], [], []
     kernels = comp.compress_forward, comp.compress_norm_rope_store
 
@@ -318,13 +323,22 @@ def compressor_callback(on: bool) -> None:
     comp.compress_forward = forward
     comp.compress_norm_rope_store = lambda kv, plan, **kw: stored.append(kv)
     backend = type("DeepseekV4AttnBackend", (comp.CompressorBackendMixin,), {})()
+    entry = getattr(backend, "forward_core_compressor", None) or backend.forward_unified  # the model's call
+    layer_ids: List[int] = []
 
-    def compress(plan: Any, **tensors: Any) -> Any:
-        backend.forward_metadata = SimpleNamespace(c128_compress_metadata=plan)
-        backend._forward_compress_all_in_one(
-            **tensors, head_dim=HEAD_DIM, norm=SimpleNamespace(weight=None, variance_epsilon=1e-6),
-            freqs_cis_cache=None, kv_cache=None, is_indexer=False, rotate=False, compress_ratio=128, page_size=1,
-            out_loc=None)
+    def compress(plan: Any, layer: int, kv_score_input: Any, **_: Any) -> Any:
+        backend.forward_metadata = SimpleNamespace(c128_compress_metadata=plan,
+                                                   core_metadata=SimpleNamespace(c128_out_loc=None))
+        compressor = SimpleNamespace(
+            ratio=128, head_dim=HEAD_DIM, is_in_indexer=False, rotate=False, layer_id=layer_ids[layer],
+            ape=backend.apes[layer], norm=SimpleNamespace(weight=None, variance_epsilon=1e-6), freqs_cis=None,
+            compute_kv_score=lambda x, forward_batch: x,
+            get_state_pool=lambda attn_backend: attn_backend.token_to_kv_pool.get_attention_compress_states(
+                layer_ids[layer]))
+        batch = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False))
+        entry(kv_score_input, batch, layer_ids[layer], compressor)
+        if len(stored) != 1:
+            raise AssertionError(f"upstream's compressor stored {len(stored)} compressed rows for a c128 layer")
         return stored.pop()
 
     try:
@@ -332,10 +346,16 @@ def compressor_callback(on: bool) -> None:
         # look at the plan's type: helper 92's case 6)
         with _decode(on, True, _module(POOL).DeepSeekV4TokenToKVPool, comp.CompressorPrefillPlan) as sim, \
                 _launch({ONLINE_ENV: "1"}):
-            backend.online_c128_dspark, sim.compress = sim.controller, compress
+            pool = backend.token_to_kv_pool = sim.backend.token_to_kv_pool  # upstream's class over the scenario's
+            layer_ids[:] = [i for i, state in enumerate(pool.compress_state_pools) if state is not None]
+            pages = SimpleNamespace(page_size=1, kv_layout=getattr(getattr(comp, "KVLayout", None), "V4", None),
+                                    get_key_buffer=lambda layer_id: torch.zeros(16, dtype=torch.uint8))
+            pool.__dict__.update(uniform_fp8=False, layer_transfer_counter=None, start_layer=0,
+                                 layer_mapping={i: (None, i, pages) for i in layer_ids})
+            backend.online_c128_dspark, backend.apes, sim.compress = sim.controller, [a.float() for a in sim.apes], \
+                compress
             prefill = sim.ops.plan_type(128, torch.zeros(1, 16, dtype=torch.uint8), None, None)
-            compress(prefill, kv_score_buffer=sim.states[0].view(-1, 1, STATE_DIM),
-                     kv_score_input=torch.zeros(1, 2 * HEAD_DIM), ape=sim.apes[0].float())
+            compress(prefill, 0, torch.zeros(1, 2 * HEAD_DIM))
             if upstream != [prefill] or sim.ops.calls:
                 raise AssertionError("a prefill plan did not run upstream's compress_forward alone")
             for slot, seq_len in zip(range(1, SLOTS), (1, 127, 128, 129, 255)) if on else ():
