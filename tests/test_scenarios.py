@@ -290,3 +290,35 @@ def test_upstream_routing_online_c128_layers_past_the_callback_fails_compressor_
         r"definition: none in the traceback \(the failing line: pooled = compress_forward\(.*\): AssertionError: "
         r"upstream's compress_forward ran for a DSPARK verify plan \(it got a sglang\.srt\.layers\.attention\.dsv4\."
         r"online_c128_dspark\.DsparkVerifyPrefillPlan\)", failed["compressor-callback"])
+
+
+def test_upstream_returning_early_from_the_sampling_accept_region_fails_worker_commit(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Helper 97's case c9: the worker step returns from the sampling-accept region's branch before our commit
+    after accept (the banks are never committed). The scenario ran only the eager accept and said clean; it now
+    runs each accept branch of the tree's step and names the line the step returned from."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    hook = ("        self._commit_target_mamba_states_after_verify(\n            batch=batch,\n"
+            "            seq_lens_pre_verify=prefix_lens,")
+
+    def early_return(text: str) -> str:
+        assert text.count(hook) == 1
+        return text.replace(hook, (
+            "        if region_accept is not None and self._sampling_accept_graph.committed_all:\n"
+            "            return self._sampling_accept_graph.finish_step(\n"
+            "                batch=batch, accept=accept, logits_output=logits_output,\n"
+            "                can_run_cuda_graph=can_run_cuda_graph,\n            )\n") + hook, 1)
+
+    change = landed(git, "dspark: finish a fully committed sampling-accept step early", {WORKER: early_return})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    assert list(failed) == ["worker-commit"], failed
+    found = re.fullmatch(
+        r"scenario worker-commit: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.commit_after_verify "
+        r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.speculative\."
+        r"dspark_components\.dspark_worker_v2\.DSparkWorkerV2\._forward_decode \(sglang/srt/speculative/"
+        r"dspark_components/dspark_worker_v2\.py:(\d+)\): AssertionError: the worker's step \(sampling-accept region, "
+        r"static\) ran \['accept'\] and returned at line (\d+): 0 commits, not a commit after accept",
+        failed["worker-commit"])
+    assert found and found[1] == found[2], failed
+    patched = git.blob(patched_tree(SERIES, git, change[:12], change), WORKER).decode().splitlines()
+    assert patched[int(found[1]) - 1].strip() == "return self._sampling_accept_graph.finish_step("  # upstream's

@@ -440,9 +440,42 @@ def _with_stand_ins(fn: Any, **keep: Any) -> Any:
     return types.FunctionType(fn.__code__, {**ns, **keep}, fn.__name__, fn.__defaults__)
 
 
-def _worker_step(sim: Decode, compact: bool, attn_backend: Any) -> Tuple[Any, List[str]]:
+def _defined(obj: Any, line: Optional[int] = None) -> str:
+    """``module.qualname (sglang/...py:line)`` of a function or class of the tree (a decorated one: its own
+    source); ``line``: a line inside it instead of its first."""
+    obj = inspect.unwrap(obj) if callable(obj) and not isinstance(obj, type) else obj
+    try:
+        path, first = inspect.getsourcefile(obj), inspect.getsourcelines(obj)[1]
+    except (OSError, TypeError):
+        return f"{obj.__module__}.{obj.__qualname__} (no source)"
+    return f"{obj.__module__}.{obj.__qualname__} ({path[path.rfind('/sglang/') + 1:]}:{line or first})"
+
+
+class Blame(AssertionError):
+    """A scenario's finding where no frame of the tree is in the traceback (something did not happen): ``ours`` and
+    ``theirs`` name our definition and the upstream one involved, as `culprit` names them from frames."""
+
+    def __init__(self, message: str, *, ours: str, theirs: str) -> None:
+        super().__init__(message)
+        self.ours, self.theirs = ours, theirs
+
+
+# the branches of the worker's accept (the tree's own: the eager accept, the verify graph's folded accept, the
+# sampling-accept region replayed after a static verify graph): (name, compact, folded proposal, greedy sampling,
+# verify epilogue, sampling region eligible)
+ACCEPTS = [("eager accept, compact", True, False, True, False, False),
+           ("eager accept, static", False, False, True, False, False),
+           ("folded accept, compact", True, True, True, True, False),
+           ("folded accept, static", False, True, True, True, False),
+           ("sampling-accept region, static", False, True, False, True, True)]
+
+
+def _worker_step(sim: Decode, compact: bool, attn_backend: Any, branch: Tuple = ACCEPTS[0]) -> Tuple[Any, List[Any]]:
     """One verify step of the tree's `DSparkWorkerV2._forward_decode`, its collaborators MagicMocks, the target's
-    backend ``attn_backend``: (the batch, its events: accept, commit, commit_hidden in order)."""
+    backend ``attn_backend``, the accept branch ``branch`` (`ACCEPTS`: its proposal, sampling, epilogue and region
+    eligibility): (the batch, its events: accept, commit, commit_hidden in order, and last ("returned", the line the
+    step returned from, its result, the accept))."""
+    _, _, folded, greedy, with_epilogue, region = branch
     draft_input, events, as64 = type("DFlashDraftInputV2", (), {}), [], lambda v: torch.tensor(v).as_subclass(_Streamed)
     layout = sim.ragged.RaggedVerifyLayout.from_verify_lens_device(
         verify_lens=torch.tensor([3, 1, 4], dtype=torch.int32), graph_num_tokens=12) if compact else None
@@ -451,52 +484,76 @@ def _worker_step(sim: Decode, compact: bool, attn_backend: Any) -> Tuple[Any, Li
                              cap_trim_lens=torch.zeros(3, dtype=torch.int64), bonus=torch.zeros(3, dtype=torch.int64))
     worker = mock.MagicMock(name="worker", device="cpu", verify_num_draft_tokens=W, _verify_inputs_ready=None,
                             _prepare_inputs_once=False, _sim_draw_ahead=False, _simulate_acc_greedy=False,
-                            _draft_is_moe=False)
+                            _simulate_acc_len=-1.0, _draft_is_moe=False)  # (SGLANG_SIMULATE_ACC_LEN's default)
     worker._proposer.propose.return_value = SimpleNamespace(
-        draft_block_ids=torch.zeros((3, 1), dtype=torch.int64), verify_ids=None, folded=False, confidence=None,
+        draft_block_ids=torch.zeros((3, 1), dtype=torch.int64), verify_ids=None, folded=folded, confidence=None,
         draft_block=SimpleNamespace(draft_tokens=torch.zeros((3, W - 1), dtype=torch.int64), greedy_mask=None),
         confidence_raw=None, draft_hidden=None, confidence_tap=None)
     planner, executor = worker._verify_planner, worker._verify_executor
     planner.schedule_layout.return_value, planner.should_run_compact.return_value = layout, compact
-    planner.mode_value, executor.verify_epilogue = "compact" if compact else "static", None  # no in-graph accept
+    planner.mode_value = "compact" if compact else "static"
+    executor.verify_epilogue = mock.MagicMock(name="verify_epilogue", simulate_fold=False, future_relay=None) \
+        if with_epilogue else None  # None: no in-graph accept
     verified = SimpleNamespace(logits_output=mock.MagicMock(name="logits_output"), can_run_cuda_graph=True)
     executor.run_compact.return_value, executor.run_non_compact.return_value = (verified, None), verified
-    worker._sampling_graph_eligible.return_value, worker._future_relay_in_graph.return_value = False, None
+    worker._sampling_graph_eligible.return_value, worker._future_relay_in_graph.return_value = region, None
     executor.accept_and_finalize.side_effect = lambda **kw: (events.append("accept"), accept)[1]
+    worker._sampling_accept_graph.run.side_effect = lambda **kw: (events.append("accept"), accept)[1]
     executor.commit_hidden.side_effect = lambda **kw: events.append("commit_hidden")
     worker.target_worker.model_runner.attn_backend = attn_backend
     batch = mock.MagicMock(name="batch", seq_lens=as64([130, 7, 255]), req_pool_indices=as64([3, 1, 5]),
                            input_ids=as64([0]), out_cache_loc=as64([0]), has_grammar=False, return_logprob=False,
-                           spec_info=mock.MagicMock(spec=draft_input))
+                           spec_info=mock.MagicMock(spec=draft_input),
+                           sampling_info=mock.MagicMock(name="sampling_info", is_all_greedy=greedy,
+                                                        is_any_greedy=greedy, need_top_k_sampling=False,
+                                                        need_top_p_sampling=False, need_min_p_sampling=False))
     batch.forward_mode.is_idle.return_value = False
     commit, _Streamed.records[:] = sim.ops.dspark_commit, []
     sim.ops.dspark_commit = lambda *a, **k: (events.append("commit"), commit(*a, **k))[1]
     step = _with_stand_ins(_module(WORKER).DSparkWorkerV2._forward_decode, DFlashDraftInputV2=draft_input,
                            get_parallel=lambda: mock.MagicMock(attn_dp_enabled=False), GenerationBatchResult=dict)
-    if step(worker, batch, None)["new_seq_lens"] is not accept.new_seq_lens:
-        raise AssertionError("the step's result does not carry the accepted lengths")
-    return batch, events
+    returned: List[int] = []
+
+    def where(frame: Any, event: str, arg: Any) -> None:  # the line the step returned from
+        if event == "return" and frame.f_code is step.__code__:
+            returned.append(frame.f_lineno)
+
+    sys.setprofile(where)
+    try:
+        result = step(worker, batch, None)
+    finally:
+        sys.setprofile(None)
+    return batch, events + [("returned", returned[-1], result, accept)]
 
 
 def worker_commit(on: bool) -> None:
-    """The tree's DSPARK worker step: gates on, the controller commits right after accept (the step's pre-verify
-    lengths, accepted lengths, slots, layout) and a backend with no controller fails the step; off, no commit."""
-    for compact in (True, False):
+    """The tree's DSPARK worker step over each branch of its accept (`ACCEPTS`): gates on, the controller commits
+    right after accept (the step's pre-verify lengths, accepted lengths, slots, layout) before the step returns, and
+    a backend with no controller fails the step; off, no commit. A branch that returns after accept without the
+    commit (helper 97's case c9: an early return of the sampling-accept region) names the line it returned from."""
+    for branch in ACCEPTS:
+        name, compact = branch[:2]
         with _decode(on, True) as sim:
-            _, events = _worker_step(sim, compact, sim.backend)
-        commits = [args for name, args in sim.ops.calls if name == "commit"]
+            _, events = _worker_step(sim, compact, sim.backend, branch)
+        (_, line, result, accept), events = events[-1], events[:-1]
+        commits = [args for kind, args in sim.ops.calls if kind == "commit"]
         if not on and (commits or "commit" in events):
-            raise AssertionError("the worker committed with the gates off")
-        if not on:
-            continue
-        if events[:2] != ["accept", "commit"] or len(commits) != 1:
-            raise AssertionError(f"the worker's step ran {events}, {len(commits)} commits: not a commit after accept")
-        want = dict(seq_lens=[130, 7, 255], new_seq_lens=[132, 8, 257], req_pool_indices=[3, 1, 5],
-                    verify_lens=[3, 1, 4] if compact else [W] * 3,
-                    extend_start_loc=[0, 3, 4] if compact else [0, W, 2 * W])
-        got = {k: commits[0][k].tolist() for k in want}
-        if got != want or commits[0]["num_q_tokens"] != (12 if compact else 3 * W):
-            raise AssertionError(f"the commit after accept got {got}, num_q_tokens {commits[0]['num_q_tokens']}")
+            raise AssertionError(f"the worker committed with the gates off ({name})")
+        if on and (events[:2] != ["accept", "commit"] or len(commits) != 1):
+            step = _module(WORKER).DSparkWorkerV2._forward_decode
+            raise Blame(f"the worker's step ({name}) ran {events} and returned at line {line}: "
+                        f"{len(commits)} commits, not a commit after accept",
+                        ours=_defined(_module(CONTROLLER).commit_after_verify), theirs=_defined(step, line))
+        if on:
+            want = dict(seq_lens=[130, 7, 255], new_seq_lens=[132, 8, 257], req_pool_indices=[3, 1, 5],
+                        verify_lens=[3, 1, 4] if compact else [W] * 3,
+                        extend_start_loc=[0, 3, 4] if compact else [0, W, 2 * W])
+            got = {k: commits[0][k].tolist() for k in want}
+            if got != want or commits[0]["num_q_tokens"] != (12 if compact else 3 * W):
+                raise AssertionError(f"the commit after accept ({name}) got {got}, num_q_tokens "
+                                     f"{commits[0]['num_q_tokens']}")
+        if isinstance(result, dict) and result["new_seq_lens"] is not accept.new_seq_lens:  # (dict: ours stands in)
+            raise AssertionError(f"the step's result ({name}) does not carry the accepted lengths")
     with _decode(on, True) as sim:
         try:
             _worker_step(sim, True, type("TboAttnBackend", (), {})())  # two-batch overlap's wrapper backend
@@ -568,6 +625,8 @@ def culprit(scenario: str, exc: BaseException, tree: str, ours: List[str],
     frames = [(f, n) for f, n in traceback.walk_tb(exc.__traceback__) if f.f_code.co_filename.startswith(tree + os.sep)]
     mine = [_where(f, n, tree) for f, n in frames if f.f_globals.get("__name__") in ours]
     theirs = [_where(f, n, tree) for f, n in frames if f.f_globals.get("__name__") not in ours]
+    if isinstance(exc, Blame):  # a scenario's finding: what it names
+        mine, theirs = mine + [exc.ours], theirs + [exc.theirs]
     obj = getattr(exc, "obj", None) if isinstance(exc, AttributeError) else None
     if obj is not None:  # an attribute our code reads on an upstream object
         cls = type(obj)
@@ -577,7 +636,8 @@ def culprit(scenario: str, exc: BaseException, tree: str, ours: List[str],
             where = "no source"
         theirs.append(f"{cls.__module__}.{cls.__qualname__} ({where})")
     checked = isinstance(exc, _models.KernelCheck)  # raised as the kernel raises it: a RuntimeError
-    said = f"RuntimeError: {exc}" if checked else traceback.format_exception_only(type(exc), exc)[-1].strip()
+    said = f"{'AssertionError' if isinstance(exc, Blame) else 'RuntimeError'}: {exc}" if checked or isinstance(
+        exc, Blame) else traceback.format_exception_only(type(exc), exc)[-1].strip()
     sources = [(k, v, (handed or {}).get(v)) for k, v in exc.values.items()] if checked else []
     if any(where for _, _, where in sources):
         theirs.append(next(where[-1][0] for _, _, where in sources if where))
