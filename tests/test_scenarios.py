@@ -322,3 +322,42 @@ def test_upstream_returning_early_from_the_sampling_accept_region_fails_worker_c
     assert found and found[1] == found[2], failed
     patched = git.blob(patched_tree(SERIES, git, change[:12], change), WORKER).decode().splitlines()
     assert patched[int(found[1]) - 1].strip() == "return self._sampling_accept_graph.finish_step("  # upstream's
+
+
+def test_upstream_turning_the_record_helper_into_a_context_manager_fails_record_streams(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Helper 97's case c4: `record_stream_for_v2_verify` becomes a context manager (its callers use `with`); our
+    `record_verify_inputs` calls it bare, so with SGLANG_DSPARK_RECORD_VERIFY_STREAMS=1 the verify records nothing.
+    The scenario ran only the decode side and said clean; it now runs the tree's verify step through our recording
+    and upstream's helper, and requires the record_stream calls."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+
+    def context_manager(text: str) -> str:
+        text = text.replace("def record_stream_for_v2_verify(",
+                            "@contextlib.contextmanager\ndef record_stream_for_v2_verify(", 1)
+        at = text.index("def record_stream_for_v2_verify(")
+        end = text.index("\ndef ", at + 10)
+        return (text[:at] + text[at:end].rstrip("\n") + "\n    yield\n"
+                "    record_stream_each((batch.input_ids, batch.out_cache_loc), fwd_stream)\n\n" + text[end:])
+
+    def with_block(call: str):
+        def change(text: str) -> str:
+            indent = call[:len(call) - len(call.lstrip())]
+            assert text.count(call) == 1
+            return text.replace(call, f"{indent}with {call.strip()}:\n{indent}    pass\n", 1)
+        return change
+
+    eagle, ngram = "    record_stream_for_v2_verify(batch, verify_input, fwd_stream)\n", \
+        "        record_stream_for_v2_verify(batch, None, fwd_stream)\n"
+    change = landed(git, "spec_utils: record_stream_for_v2_verify as a context manager", {
+        SPEC + "spec_utils.py": context_manager, SPEC + "eagle_worker_common.py": with_block(eagle),
+        SPEC + "ngram_worker.py": with_block(ngram)})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    assert list(failed) == ["record-streams"], failed
+    assert re.fullmatch(
+        r"scenario record-streams: in sglang\.srt\.speculative\.dspark_components\.c128_record_streams\."
+        r"record_verify_inputs \(sglang/srt/speculative/dspark_components/c128_record_streams\.py:\d+\); upstream "
+        r"sglang\.srt\.speculative\.spec_utils\.record_stream_for_v2_verify \(sglang/srt/speculative/spec_utils\.py:"
+        r"\d+\): AssertionError: SGLANG_DSPARK_RECORD_VERIFY_STREAMS on: the verify step recorded 0 tensors before "
+        r"prepare_for_verify, expected 7 \(seq_lens, req_pool_indices, input_ids, out_cache_loc, draft_token, "
+        r"positions, custom_mask\)", failed["record-streams"])

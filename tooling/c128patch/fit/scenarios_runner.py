@@ -460,6 +460,14 @@ class Blame(AssertionError):
         self.ours, self.theirs = ours, theirs
 
 
+def _upstream_callees(fn: Any) -> List[Any]:
+    """The tree's functions of other modules that ``fn`` (ours) calls by a global name: the upstream helpers it
+    delegates to."""
+    found = [fn.__globals__.get(name) for name in fn.__code__.co_names]
+    return [f for f in found if callable(f) and getattr(f, "__module__", "").startswith("sglang.")
+            and f.__module__ != fn.__module__]
+
+
 # the branches of the worker's accept (the tree's own: the eager accept, the verify graph's folded accept, the
 # sampling-accept region replayed after a static verify graph): (name, compact, folded proposal, greedy sampling,
 # verify epilogue, sampling region eligible)
@@ -565,14 +573,60 @@ def worker_commit(on: bool) -> None:
                 raise AssertionError("a target backend with no controller did not fail the step")
 
 
+VERIFY, RECORD = "sglang.srt.speculative.dspark_components.dspark_verify", \
+    "sglang.srt.speculative.dspark_components.c128_record_streams"
+
+
+def _verify_step() -> Tuple[List[Any], List[Any]]:
+    """The tree's `TargetVerifyExecutor._forward_prepared_verify` (its collaborators MagicMocks): (the tensors it
+    recorded before `prepare_for_verify` rebinds the batch's, the verify inputs EAGLE's set names: the batch's four and
+    the verify input's draft tokens, positions and mask)."""
+    as_streamed = lambda *v: torch.tensor(v).as_subclass(_Streamed)  # noqa: E731
+    batch = mock.MagicMock(name="batch", seq_lens=as_streamed(130, 7), req_pool_indices=as_streamed(3, 1),
+                           input_ids=as_streamed(0, 0), out_cache_loc=as_streamed(0, 0))
+    before: List[Any] = []
+
+    def prepare_for_verify(batch_: Any, target_worker: Any) -> Tuple[Any, None]:
+        before[:] = list(_Streamed.records)
+        batch_.input_ids, batch_.out_cache_loc = torch.zeros(2 * W), torch.zeros(2 * W)  # upstream rebinds them
+        return mock.MagicMock(name="verify_forward_batch"), None
+
+    verify_input = SimpleNamespace(draft_token=as_streamed(*range(2 * W)), positions=as_streamed(*range(2 * W)),
+                                   custom_mask=as_streamed(1, 1), live_seq_lens_cpu=torch.tensor([130, 7]),
+                                   prepare_for_verify=prepare_for_verify)
+    executor = mock.MagicMock(name="executor", verify_num_draft_tokens=W, _target_is_dsv41=False)
+    want = [batch.seq_lens, batch.req_pool_indices, batch.input_ids, batch.out_cache_loc, verify_input.draft_token,
+            verify_input.positions, verify_input.custom_mask]
+    _Streamed.records[:] = []
+    step = _with_stand_ins(_module(VERIFY).TargetVerifyExecutor._forward_prepared_verify)
+    step(executor, batch=batch, verify_input=verify_input, seq_lens_cpu_backup=None, seq_lens_sum_backup=0)
+    return before, want
+
+
 def record_streams(on: bool) -> None:
-    """The worker step's record_stream calls: gate off, upstream's (seq_lens only); on, the verify inputs too."""
+    """The record_stream calls of the worker step (gate off, upstream's: seq_lens only; on, the decode inputs too)
+    and of the verify step (`_forward_prepared_verify`; gate off none, on our `record_verify_inputs` through the
+    tree's own helper: every verify input, before `prepare_for_verify` rebinds the batch's). A helper whose call no
+    longer records (helper 97's case c4: it became a context manager) fails, naming it."""
     with _decode(on, False) as sim, _launch({STREAMS_ENV: "1" if on else None}):
         batch, _ = _worker_step(sim, False, sim.backend)
     want = [batch.seq_lens] + ([batch.req_pool_indices, batch.input_ids, batch.out_cache_loc] if on else [])
     if [id(t) for t in _Streamed.records] != [id(t) for t in want]:
         raise AssertionError(f"{STREAMS_ENV} {'on' if on else 'off'}: {len(_Streamed.records)} record_stream calls, "
                              f"expected {len(want)} (seq_lens{', the verify inputs' if on else ''})")
+    with _launch({STREAMS_ENV: "1" if on else None}):
+        recorded, inputs = _verify_step()
+    want = inputs if on else []
+    if sorted(map(id, recorded)) != sorted(map(id, want)):
+        names = "seq_lens, req_pool_indices, input_ids, out_cache_loc, draft_token, positions, custom_mask"
+        said = (f"{STREAMS_ENV} {'on' if on else 'off'}: the verify step recorded {len(recorded)} tensors before "
+                f"prepare_for_verify, expected {len(want)}{f' ({names})' if on else ''}")
+        if not on:
+            raise AssertionError(said)
+        ours = _module(RECORD).record_verify_inputs
+        helpers = _upstream_callees(ours)
+        raise Blame(said, ours=_defined(ours),
+                    theirs=_defined(helpers[0]) if helpers else "definition: none (it calls no upstream helper)")
 
 
 SCENARIOS = {  # name -> function(gates on)
