@@ -113,4 +113,4 @@ def test_check_shows_the_file_and_rule_in_its_table(sglang_release_repo, series_
     lines = res.text.splitlines()
     row = next(line for line in lines if COMMIT in line)
     below = lines[lines.index(row) + 1]
-    assert "ok" in row and "v0.5.20 variant (ancestor)" in below
+    assert "strict" in row and "v0.5.20 variant (ancestor)" in below

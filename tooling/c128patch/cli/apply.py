@@ -10,7 +10,6 @@ import click
 
 from c128patch.cli.common import applied_here, emit_json, load_stack, locate_tree, repo_option, say, verb_options
 from c128patch.errors import C128Error
-from c128patch.textsafe import count
 
 if TYPE_CHECKING:
     from c128patch.ops.apply import ApplyResult
@@ -83,6 +82,7 @@ def _report(r: ApplyResult, series: Series, as_json: bool, older: str = "") -> N
     from c128patch.evidence.matrix import verification_note
     from c128patch.git import Git
     from c128patch.series.layers import describe, layer_rows
+    from c128patch.textsafe import count
 
     note = verification_note(series.ours, Git(worktree=Path(r.tree)), r.upstream_commit, r.rev)
     if as_json:

@@ -9,7 +9,6 @@ import click
 
 from c128patch.cli.common import DEFAULT_TREE, emit_json, exit_unless, locate_tree, say, tree_option, verb_options
 from c128patch.errors import C128Error
-from c128patch.textsafe import count
 
 
 @click.command("status")
@@ -101,6 +100,8 @@ def _own_layers(root: Path, series: object, info: dict) -> str:
 def _applied(info: dict, again: str, own: str = "") -> list[str]:
     """``again``: the command that takes the series as it is now onto the rev the tree is on; ``own``: what
     ``_own_layers`` says where the layers in effect are not the tree's."""
+    from c128patch.textsafe import count
+
     s, u = info["series"], info["upstream"]
     ours = [e for e in info["entries"] if "/" not in e["name"]]  # a layer's are <layer>/<entry>, counted below
     lines = [f"{info['tree']} on {info['branch'] or 'detached HEAD'}",
