@@ -382,14 +382,14 @@ class Apply:
         resolved = [e["name"] for e in journal.entries if e.get("applied") == "resolved"]
         if not resolved:
             return ""
-        own = series.ours.root == default_series_root().resolve() and any(SEP not in n for n in resolved)
+        tools = series.ours.root == default_series_root().resolve()  # the tool's checkout or installed package
+        own = tools and any(SEP not in n for n in resolved)  # a copy of it takes the variant: refresh never writes it
         copy = "~/c128patch-series"
+        where = [] if tools and not own else ["--series", copy if own else str(series.ours.root)]
         keep = shlex.join(["c128patch", "refresh", "--accept-differences", "--variant", "--tree", str(self.tree),
-                           *(["--series", str(series.ours.root)] if series.ours.root != default_series_root().resolve()
-                             else []), *layer_args(series)])
-        if own:  # a copy of the tool's series takes the variant: refresh never writes the tool's own
-            keep = (f"cp -R {shlex.quote(str(series.ours.root))} {copy} && "
-                    + keep.replace(" --variant ", f" --variant --series {copy} ", 1))
+                           *where, *layer_args(series)])
+        if own:  # (the copy's ``~`` unquoted: the shell expands it)
+            keep = f"cp -R {shlex.quote(str(series.ours.root))} {copy} && " + keep.replace(f"'{copy}'", copy)
         return f"  keep your resolution of {', '.join(resolved)} as its file for {journal.rev}:\n    {keep}\n"
 
     def _undo_finished(self, journal: ApplyJournal) -> str:
