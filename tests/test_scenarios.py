@@ -154,26 +154,6 @@ def test_upstream_taking_a_new_spelling_of_a_gate_env_fails_the_startup_rules(
     assert not result.to_json()["ok"]
 
 
-def test_upstream_planning_c128_for_every_online_verify_fails_backend_verify_metadata(
-        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
-    """Helper 92's case 3: upstream builds its own c128 verify plan for any online-compress verify, not only MTP's;
-    the metadata takes it before the controller's, so our plan and kernels never run, and the tier said clean."""
-    git = Git(git_dir=sglang_release_repo)
-    base, head = patched_copy(git, tmp_path, "python/sglang/srt/layers/attention/deepseek_v4_backend.py",
-                              "        if not self.has_c128 or not self.online_c128_mtp.enabled():\n",
-                              "        if not self.has_c128 or not envs.SGLANG_OPT_USE_ONLINE_COMPRESS.get():\n")
-    result = treecheck.run(SERIES, tmp_path, git.changed_files(base, head), python=tier_python)
-    on = scenarios(result, "on")
-    assert {n: s["status"] for n, s in on.items() if s["status"] != "passed"} == {"backend-verify-metadata": "failed"}
-    backend = r"sglang\.srt\.layers\.attention\.deepseek_v4_backend"
-    assert re.search(r"AssertionError: upstream's target-verify metadata \(static\) holds a c128 plan of its own with "
-                     rf"the gates on \(made in {backend}\.DeepseekV4AttnBackend\._make_target_verify_c128_metadata "
-                     r"\(sglang/srt/layers/attention/deepseek_v4_backend\.py:\d+\)\): the controller's verify plan is "
-                     r"never built$", on["backend-verify-metadata"]["detail"]), on
-    assert all(s["status"] == "passed" for s in scenarios(result, "off").values())  # upstream's own choice, gates off
-    assert not result.to_json()["ok"]
-
-
 def test_a_scenario_whose_module_did_not_import_is_not_run_and_unchecked(
         tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
     git = Git(git_dir=sglang_release_repo)
@@ -223,33 +203,6 @@ def failed_with_the_gates_on(tier_python: str, git: Git, change: str) -> dict[st
     return {n: s["detail"] for n, s in scenarios(result, "on").items() if s["status"] != "passed"}
 
 
-def test_upstream_making_the_draft_token_getter_one_larger_fails_the_kernel_bank_check(
-        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
-    """Helper 97's case c6: the pool's `get_online_c128_mtp_max_draft_tokens()` returns N+1; the controller passes
-    N+1 banks over state rows laid out for N, which the CUDA kernels' `check_banks` refuses at the first verify. The
-    torch models did not check it, and the tier said clean; they now raise where the kernels do, naming the getter
-    that handed our controller the refused value."""
-    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
-    line = re.compile(r"^( {16}return int\(pool\.online_mtp_max_draft_tokens\))$", re.M)
-
-    def one_more(text: str) -> str:
-        assert len(line.findall(text)) == 1
-        return line.sub(r"\1  + 1", text)
-
-    change = landed(git, "memory pool: one more MTP draft token", {
-        "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py": one_more})
-    failed = failed_with_the_gates_on(tier_python, git, change)
-    pool = r"sglang\.srt\.mem_cache\.deepseek_v4_memory_pool\.DeepSeekV4TokenToKVPool"
-    assert list(failed) == ["compressor-callback"], failed  # the one scenario over upstream's pool class
-    assert re.fullmatch(
-        r"scenario compressor-callback: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\._verify_compress "
-        r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream "
-        rf"{pool}\.get_online_c128_mtp_max_draft_tokens \(sglang/srt/mem_cache/deepseek_v4_memory_pool\.py:\d+\): "
-        r"RuntimeError: dspark c128: state has 72 rows but 10 banks of stride 8 need 80 \(num_banks 9 as "
-        r"DeepSeekV4TokenToKVPool\.get_online_c128_mtp_max_draft_tokens returned it; state_slot_stride 8 as "
-        r"DeepSeekV4TokenToKVPool\.get_online_c128_mtp_state_slot_offset returned it\)", failed["compressor-callback"])
-
-
 def test_upstream_routing_online_c128_layers_past_the_callback_fails_compressor_callback(
         tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
     """Helper 97's case c1b: `forward_unified` routes online c128 layers to a new method that calls
@@ -292,27 +245,83 @@ def test_upstream_routing_online_c128_layers_past_the_callback_fails_compressor_
         r"online_c128_dspark\.DsparkVerifyPrefillPlan\)", failed["compressor-callback"])
 
 
-def test_upstream_returning_early_from_the_sampling_accept_region_fails_worker_commit(
-        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+# four upstream changes, each breaking one scenario only (one tier run for them all: each ran the whole tier alone,
+# 25-33 s a run in CI's heavy tier)
+
+def one_more_draft_token(text: str) -> str:
+    """Helper 97's case c6: the pool's `get_online_c128_mtp_max_draft_tokens()` returns N+1; the controller passes
+    N+1 banks over state rows laid out for N, which the CUDA kernels' `check_banks` refuses at the first verify."""
+    line = re.compile(r"^( {16}return int\(pool\.online_mtp_max_draft_tokens\))$", re.M)
+    assert len(line.findall(text)) == 1
+    return line.sub(r"\1  + 1", text)
+
+
+def early_return(text: str) -> str:
     """Helper 97's case c9: the worker step returns from the sampling-accept region's branch before our commit
-    after accept (the banks are never committed). The scenario ran only the eager accept and said clean; it now
-    runs each accept branch of the tree's step and names the line the step returned from."""
-    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    after accept (the banks are never committed)."""
     hook = ("        self._commit_target_mamba_states_after_verify(\n            batch=batch,\n"
             "            seq_lens_pre_verify=prefix_lens,")
+    assert text.count(hook) == 1
+    return text.replace(hook, (
+        "        if region_accept is not None and self._sampling_accept_graph.committed_all:\n"
+        "            return self._sampling_accept_graph.finish_step(\n"
+        "                batch=batch, accept=accept, logits_output=logits_output,\n"
+        "                can_run_cuda_graph=can_run_cuda_graph,\n            )\n") + hook, 1)
 
-    def early_return(text: str) -> str:
-        assert text.count(hook) == 1
-        return text.replace(hook, (
-            "        if region_accept is not None and self._sampling_accept_graph.committed_all:\n"
-            "            return self._sampling_accept_graph.finish_step(\n"
-            "                batch=batch, accept=accept, logits_output=logits_output,\n"
-            "                can_run_cuda_graph=can_run_cuda_graph,\n            )\n") + hook, 1)
 
-    change = landed(git, "dspark: finish a fully committed sampling-accept step early", {WORKER: early_return})
+def record_helper_as_context_manager(text: str) -> str:
+    """Helper 97's case c4: `record_stream_for_v2_verify` becomes a context manager (its callers use `with`); our
+    `record_verify_inputs` calls it bare, so with SGLANG_DSPARK_RECORD_VERIFY_STREAMS=1 the verify records nothing."""
+    text = text.replace("def record_stream_for_v2_verify(",
+                        "@contextlib.contextmanager\ndef record_stream_for_v2_verify(", 1)
+    at = text.index("def record_stream_for_v2_verify(")
+    end = text.index("\ndef ", at + 10)
+    return (text[:at] + text[at:end].rstrip("\n") + "\n    yield\n"
+            "    record_stream_each((batch.input_ids, batch.out_cache_loc), fwd_stream)\n\n" + text[end:])
+
+
+def with_block(call: str):
+    def change(text: str) -> str:
+        indent = call[:len(call) - len(call.lstrip())]
+        assert text.count(call) == 1
+        return text.replace(call, f"{indent}with {call.strip()}:\n{indent}    pass\n", 1)
+    return change
+
+
+def c128_plan_for_every_online_verify(text: str) -> str:
+    """Helper 92's case 3: upstream builds its own c128 verify plan for any online-compress verify, not only MTP's;
+    the metadata takes it before the controller's, so our plan and kernels never run."""
+    old = "        if not self.has_c128 or not self.online_c128_mtp.enabled():\n"
+    assert text.count(old) == 1
+    return text.replace(old, "        if not self.has_c128 or not envs.SGLANG_OPT_USE_ONLINE_COMPRESS.get():\n")
+
+
+def test_four_upstream_changes_in_one_commit_each_fail_their_own_scenario_naming_the_culprit(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """One upstream commit on the real v0.5.23 with four independent breaks, each the tier once called clean: the
+    scenario each one breaks fails (and no other), naming our code and the upstream definition involved; with the
+    gates off every scenario passes (upstream's own path). c6: the kernel models raise where the kernels' host checks
+    do, naming the getter that handed our controller the refused value; c9: `worker-commit` runs each accept branch
+    of the tree's step and names the line it returned from; c4: `record-streams` runs the tree's verify step through
+    our recording and upstream's helper; case 3: `backend-verify-metadata` finds upstream's own plan."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    eagle, ngram = "    record_stream_for_v2_verify(batch, verify_input, fwd_stream)\n", \
+        "        record_stream_for_v2_verify(batch, None, fwd_stream)\n"
+    change = landed(git, "four upstream changes", {
+        POOL: one_more_draft_token, WORKER: early_return, SPEC + "spec_utils.py": record_helper_as_context_manager,
+        SPEC + "eagle_worker_common.py": with_block(eagle), SPEC + "ngram_worker.py": with_block(ngram),
+        "python/sglang/srt/layers/attention/deepseek_v4_backend.py": c128_plan_for_every_online_verify})
     failed = failed_with_the_gates_on(tier_python, git, change)
-    assert list(failed) == ["worker-commit"], failed
-    found = re.fullmatch(
+    assert sorted(failed) == ["backend-verify-metadata", "compressor-callback", "record-streams", "worker-commit"]
+    pool = r"sglang\.srt\.mem_cache\.deepseek_v4_memory_pool\.DeepSeekV4TokenToKVPool"
+    assert re.fullmatch(  # c6
+        r"scenario compressor-callback: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\._verify_compress "
+        r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream "
+        rf"{pool}\.get_online_c128_mtp_max_draft_tokens \(sglang/srt/mem_cache/deepseek_v4_memory_pool\.py:\d+\): "
+        r"RuntimeError: dspark c128: state has 72 rows but 10 banks of stride 8 need 80 \(num_banks 9 as "
+        r"DeepSeekV4TokenToKVPool\.get_online_c128_mtp_max_draft_tokens returned it; state_slot_stride 8 as "
+        r"DeepSeekV4TokenToKVPool\.get_online_c128_mtp_state_slot_offset returned it\)", failed["compressor-callback"])
+    found = re.fullmatch(  # c9
         r"scenario worker-commit: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.commit_after_verify "
         r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.speculative\."
         r"dspark_components\.dspark_worker_v2\.DSparkWorkerV2\._forward_decode \(sglang/srt/speculative/"
@@ -322,42 +331,15 @@ def test_upstream_returning_early_from_the_sampling_accept_region_fails_worker_c
     assert found and found[1] == found[2], failed
     patched = git.blob(patched_tree(SERIES, git, change[:12], change), WORKER).decode().splitlines()
     assert patched[int(found[1]) - 1].strip() == "return self._sampling_accept_graph.finish_step("  # upstream's
-
-
-def test_upstream_turning_the_record_helper_into_a_context_manager_fails_record_streams(
-        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
-    """Helper 97's case c4: `record_stream_for_v2_verify` becomes a context manager (its callers use `with`); our
-    `record_verify_inputs` calls it bare, so with SGLANG_DSPARK_RECORD_VERIFY_STREAMS=1 the verify records nothing.
-    The scenario ran only the decode side and said clean; it now runs the tree's verify step through our recording
-    and upstream's helper, and requires the record_stream calls."""
-    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
-
-    def context_manager(text: str) -> str:
-        text = text.replace("def record_stream_for_v2_verify(",
-                            "@contextlib.contextmanager\ndef record_stream_for_v2_verify(", 1)
-        at = text.index("def record_stream_for_v2_verify(")
-        end = text.index("\ndef ", at + 10)
-        return (text[:at] + text[at:end].rstrip("\n") + "\n    yield\n"
-                "    record_stream_each((batch.input_ids, batch.out_cache_loc), fwd_stream)\n\n" + text[end:])
-
-    def with_block(call: str):
-        def change(text: str) -> str:
-            indent = call[:len(call) - len(call.lstrip())]
-            assert text.count(call) == 1
-            return text.replace(call, f"{indent}with {call.strip()}:\n{indent}    pass\n", 1)
-        return change
-
-    eagle, ngram = "    record_stream_for_v2_verify(batch, verify_input, fwd_stream)\n", \
-        "        record_stream_for_v2_verify(batch, None, fwd_stream)\n"
-    change = landed(git, "spec_utils: record_stream_for_v2_verify as a context manager", {
-        SPEC + "spec_utils.py": context_manager, SPEC + "eagle_worker_common.py": with_block(eagle),
-        SPEC + "ngram_worker.py": with_block(ngram)})
-    failed = failed_with_the_gates_on(tier_python, git, change)
-    assert list(failed) == ["record-streams"], failed
-    assert re.fullmatch(
+    assert re.fullmatch(  # c4
         r"scenario record-streams: in sglang\.srt\.speculative\.dspark_components\.c128_record_streams\."
         r"record_verify_inputs \(sglang/srt/speculative/dspark_components/c128_record_streams\.py:\d+\); upstream "
         r"sglang\.srt\.speculative\.spec_utils\.record_stream_for_v2_verify \(sglang/srt/speculative/spec_utils\.py:"
         r"\d+\): AssertionError: SGLANG_DSPARK_RECORD_VERIFY_STREAMS on: the verify step recorded 0 tensors before "
         r"prepare_for_verify, expected 7 \(seq_lens, req_pool_indices, input_ids, out_cache_loc, draft_token, "
         r"positions, custom_mask\)", failed["record-streams"])
+    backend = r"sglang\.srt\.layers\.attention\.deepseek_v4_backend"
+    assert re.search(r"AssertionError: upstream's target-verify metadata \(static\) holds a c128 plan of its own with "
+                     rf"the gates on \(made in {backend}\.DeepseekV4AttnBackend\._make_target_verify_c128_metadata "
+                     r"\(sglang/srt/layers/attention/deepseek_v4_backend\.py:\d+\)\): the controller's verify plan is "
+                     r"never built$", failed["backend-verify-metadata"]), failed
