@@ -13,7 +13,7 @@ of ``old..onto`` that may now do what an entry does: a commit whose message name
 ``drop_when``, or that changes a function one of the entry's hunks edits (git's hunk header) in a file the entry
 patches, with a name the entry's removed lines use (``extend_len`` for an ``extend_len == 0`` guard), where the
 range's net change does so too (a change upstream made and took back is no hint; one diff finds the ranges worth
-reading commit by commit).
+reading commit by commit; each file's net change is diffed once per pair of contents, however many revs share it).
 
 Cost: a commit is diffed only where it could matter: for ``patch-id``, if it changes every file of one of our
 commits; for the hints, if the net change qualifies. Which files a commit changes comes from one log that reads no
@@ -245,15 +245,41 @@ def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, on
             where.setdefault((renamed or {}).get(path, path), {}).setdefault(header, set()).update(names)
     if where:
         paths = sorted(every) if every is not None and set(where) <= set(every) else list(where)
-        net = _cached(git, cache, f"{span}:net:" + ",".join(paths), "diff", "--unified=0", "--no-renames",
-                      "--full-index", "--no-color", old, onto, "--", *paths)
-        touching = _touching(git, cache, span, paths) if _same_function(net, where) else {}
+        net = _net_hunks(git, cache, old, onto, paths)
+        touching = _touching(git, cache, span, paths) if _shared_names(net, where) else {}
         shas = [sha for sha, (_, files) in touching.items() if not files.isdisjoint(where)]
         for sha, diff in _diffs(git, cache, shas, paths).items():
             why = _same_function(diff, where)
             if why and sha not in found:
                 found[sha] = Hint(sha, touching[sha][0], why)
     return list(found.values())
+
+
+def _net_hunks(git: Git, cache: dict, old: str, onto: str, paths: list[str]) -> list[tuple[str, str, frozenset[str]]]:
+    """``_hunks`` of ``old..onto``'s net change to ``paths``, a file's once per (path, old blob, new blob): revs of one
+    range share most pairs, so each rev diffs only the files whose content is new to the cache (``check`` over 64
+    revs diffed up to every patched file for each, its cost per rev growing with the distance from the base)."""
+    raw = _cached(git, cache, f"{old}..{onto}:raw:" + ",".join(paths), "diff", "--raw", "--no-renames",
+                  "--full-index", "-z", old, onto, "--", *paths).split("\0")
+    pairs = {path: f"net:{path}:{meta.split()[2]}:{meta.split()[3]}" for meta, path in zip(raw[::2], raw[1::2])
+             if meta.endswith(" M")}  # an added file holds none of an entry's functions, a deleted one keeps none
+    if missing := [path for path, key in pairs.items() if key not in cache]:
+        out = git.run("diff", "--unified=0", "--no-renames", "--full-index", "--no-color", old, onto, "--", *missing,
+                      check=False).stdout
+        starts = [m.start() for m in _DIFF.finditer(out)] + [len(out)]
+        by_path = {m.group(2): out[a:b] for m, a, b in zip(_DIFF.finditer(out), starts, starts[1:])}
+        cache.update({pairs[path]: _hunks(by_path.get(path, "")) for path in missing})
+    return [hunk for key in pairs.values() for hunk in cache[key]]
+
+
+def _shared_names(hunks: list[tuple[str, str, frozenset[str]]], where: dict[str, dict[str, set[str]]]) -> str:
+    """Why ``hunks`` change one of ``where``'s functions with a name the entry's removed lines use ("": not)."""
+    for path, header, changed in hunks:
+        names = where.get(path, {}).get(header)
+        shared = sorted(names & changed) if names else []
+        if shared:
+            return f"changes {header.split('(')[0].split()[-1]}() as this entry does ({', '.join(shared[:3])})"
+    return ""
 
 
 @functools.lru_cache(maxsize=4096)  # entries sharing one log read each commit's diff once
@@ -265,10 +291,5 @@ def _hunks(diff: str) -> tuple[tuple[str, str, frozenset[str]], ...]:
 
 
 def _same_function(diff: str, where: dict[str, dict[str, set[str]]]) -> str:
-    """Why ``diff`` changes one of ``where``'s functions with a name the entry's removed lines use ("": not)."""
-    for path, header, changed in _hunks(diff):
-        names = where.get(path, {}).get(header)
-        shared = sorted(names & changed) if names else []
-        if shared:
-            return f"changes {header.split('(')[0].split()[-1]}() as this entry does ({', '.join(shared[:3])})"
-    return ""
+    """``_shared_names`` of one commit's ``diff``."""
+    return _shared_names(list(_hunks(diff)), where)
