@@ -18,6 +18,7 @@ import pytest
 
 from c128patch.errors import C128Error
 from c128patch.fit import env, sandbox, treecheck
+from c128patch.progress import NullReporter
 from c128patch.series.manifest import load_series
 from c128patch.upstream.releases import wheel_for
 from support import RELEASES, REPO_ROOT, invoke
@@ -130,6 +131,25 @@ def test_an_interrupted_build_leaves_nothing_that_looks_ready(tmp_path, monkeypa
     assert sorted(p.name for p in envs.iterdir()) == [".lock", python.parents[2].name]
     assert "--require-hashes" in calls[-1] and "--no-deps" in calls[-1] and "--only-binary=:all:" in calls[-1]
     assert env.build(lock, CUDA) == (python, False) and len(calls) == 2  # cached
+
+
+def test_building_an_environment_removes_those_unused_for_two_weeks(tmp_path, monkeypatch):
+    """~3 GB each: a nightly watch of upstream main builds one per change of its requirements. A use keeps one."""
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(env, "_pip", lambda *a, **k: None)
+    locks = ["# c128patch tier environment lock\nnumpy==2.3.%d --hash=sha256:%s\n" % (i, "ab" * 32) for i in range(4)]
+    old, used, recent = (env.build(lock, CUDA)[0].parents[2] for lock in locks[:3])
+    stale = time.time() - (env.UNUSED_DAYS + 1) * 86400
+    for folder in (old, used):
+        os.utime(folder / "c128patch-ready", (stale, stale))
+    os.utime(recent / "c128patch-ready", (time.time() - (env.UNUSED_DAYS - 1) * 86400,) * 2)
+    assert env.build(locks[1], CUDA)[1] is False  # cached: its use counts
+    steps = []
+    reporter = type("R", (NullReporter,), {"step": lambda self, text: steps.append(text)})()
+    new = env.build(locks[3], CUDA, reporter)[0].parents[2]
+    left = sorted(p.name for p in (tmp_path / "cache" / "envs").iterdir())
+    assert left == sorted([".lock", used.name, recent.name, new.name]), left
+    assert steps[-1] == f"removed 1 tier environment(s) unused for {env.UNUSED_DAYS} days: {old.name}"
 
 
 def test_the_environment_is_compiled_when_built_and_one_built_before_on_its_next_use(tmp_path, monkeypatch):

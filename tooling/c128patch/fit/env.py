@@ -19,6 +19,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from c128patch.upstream.releases import WheelZip, cache_dir, ensure_folder, lock
 
 TORCH_PIN = "torch==2.13.0"  # the CPU build; the operator may name another: $C128PATCH_TORCH_PIN
 RESOLVE_TIMEOUT, INSTALL_TIMEOUT = 600.0, 1200.0  # seconds
+UNUSED_DAYS = 14  # an environment not used for as long is removed when another is built (``_prune``)
 PIP_FILES = 8 << 30  # bytes of a file pip writes in the box (a wheel, a library: libtorch_cpu.so is 434 MB)
 _IMPORT = ("import importlib, json, sys\nops = json.loads(sys.argv[1])\n"  # argv: ops to define, then names
            "libs = [__import__('torch').library.Library(op.split('::')[0], 'FRAGMENT') for op in ops]\n"
@@ -375,6 +377,8 @@ def build(lock: str, cuda: dict[str, dict], reporter: Reporter = NullReporter(),
     final = root / key
     with locked(root / ".lock"):
         if (final / "c128patch-ready").is_file() and (final / "venv").is_dir():
+            with contextlib.suppress(OSError):  # its last use, for ``_prune`` (a read-only cache: never pruned)
+                os.utime(final / "c128patch-ready")
             if not (final / "c128patch-compiled").is_file() and _compile(final / "venv", reporter, timeout):
                 (final / "c128patch-compiled").write_text("")  # built before its bytecode was
             return final / "venv" / "bin" / "python", False
@@ -402,7 +406,22 @@ def build(lock: str, cuda: dict[str, dict], reporter: Reporter = NullReporter(),
             os.rename(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        _prune(root, final, reporter)
     return final / "venv" / "bin" / "python", True
+
+
+def _prune(root: Path, kept: Path, reporter: Reporter) -> None:
+    """Remove the environments of ``root`` not used for ``UNUSED_DAYS`` (~3 GB each: a nightly watch of upstream
+    ``main`` builds one per change of its requirements), when ``kept`` was built; under the cache's lock."""
+    now, gone = time.time(), []
+    for folder in root.iterdir():
+        ready = folder / "c128patch-ready"
+        if folder != kept and ready.is_file() and not folder.is_symlink() and \
+                now - ready.stat().st_mtime > UNUSED_DAYS * 86400:
+            shutil.rmtree(folder, ignore_errors=True)
+            gone.append(folder.name)
+    if gone:
+        reporter.step(f"removed {len(gone)} tier environment(s) unused for {UNUSED_DAYS} days: {', '.join(gone)}")
 
 
 def tier_python(series: Series, tree: Path, reporter: Reporter = NullReporter()) -> tuple[str, dict]:
