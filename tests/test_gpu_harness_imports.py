@@ -98,9 +98,11 @@ def test_install_twice_same_tree_ok_other_tree_raises(release_root, tmp_path: Pa
     tree_subset.copy_subset(release_root("v0.5.23"), a)
     tree_subset.copy_subset(release_root("v0.5.23"), b)
     code = f"""
-import pathlib, os
+import pathlib, os, tempfile
 harness.install_sglang(pathlib.Path({str(a)!r}))
-assert os.environ["SGLANG_JIT_CACHE_DIR"].startswith("/tmp/")
+# the run's temporary folder (a test run's own, removed at its end), not /tmp's
+assert os.environ["SGLANG_JIT_CACHE_DIR"].startswith(tempfile.gettempdir() + "/c128patch-jit/"), tempfile.gettempdir()
+assert tempfile.gettempdir() != "/tmp"  # the run's (tests/conftest.py)
 try:
     harness.install_sglang(pathlib.Path({str(b)!r}))
 except RuntimeError as e:

@@ -38,7 +38,7 @@ from c128patch.upstream.releases import ReleaseHistory  # noqa: E402
 RESULT = "upstream-suite.json"
 PROVENANCE = Path("patched") / "sglang" / "c128patch_provenance.json"
 BAD = ("failed", "error", "crashed")
-JIT_CACHE = re.compile(r"/tmp/c128patch-jit/[0-9a-f]{12}")
+JIT_CACHE = re.compile(r"(?<![\w.<>$-])/[^\s'\"():,]*/c128patch-jit/[0-9a-f]{12}")  # under the temporary folder
 MACHINE_PATH = re.compile(r"(?<![\w.<>$-])/(?:root|home|tmp|opt|work|mnt|srv|var|scratch)/[^\s'\"():,]*")
 
 

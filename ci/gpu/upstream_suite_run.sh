@@ -3,7 +3,7 @@
 # ci/gpu/stage_upstream_suite.py staged, patched vs unpatched, all at once: one smoke per release,
 # each running its two trees at the same time (--parallel-trees), so 8 pytest passes share the
 # GPU and the cores. Each tree builds its own JIT modules into its own cache (tests/gpu/harness.py:
-# /tmp/c128patch-jit/<hash of the tree's path>); SGLANG_JIT_CACHE_DIR is unset so no two trees share one.
+# $TMPDIR or /tmp, then c128patch-jit/<hash of the tree's path>); SGLANG_JIT_CACHE_DIR is unset so no two trees share one.
 #
 #   ci/gpu/upstream_suite_run.sh [--list]        (--list: collect only; no GPU needed)
 #

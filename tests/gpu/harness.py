@@ -30,6 +30,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import types
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -199,9 +200,10 @@ def _set_cuda_home() -> None:
 
 
 def default_jit_cache_dir(tree: Path) -> Path:
-    """One cache per tree, so a patched and an unpatched tree never share a build."""
+    """One cache per tree, so a patched and an unpatched tree never share a build; in the temporary folder (a test
+    run's own, removed when it ends: a CPU run left its empty caches in /tmp)."""
     digest = hashlib.sha256(str(tree.resolve()).encode()).hexdigest()[:12]
-    return Path("/tmp") / "c128patch-jit" / digest
+    return Path(tempfile.gettempdir()) / "c128patch-jit" / digest
 
 
 def install_sglang(tree: Path, standins: dict[str, dict[str, Any]] | None = None,
