@@ -466,6 +466,19 @@ def test_bisect_names_the_commit_where_the_series_stops_applying(drift):
     assert run.out["failing"][0].startswith("the series does not apply on ")
 
 
+def test_bisect_checks_each_commit_once(drift, monkeypatch):
+    """The found commit was checked by a step already (over one commit: the target, checked first); checked again, a
+    watch's bisect with the behavioural tier ran it twice (73 s over one commit)."""
+    from c128patch.fit import bisect as bisect_ops
+
+    checked, real = [], bisect_ops._what_fails
+    monkeypatch.setattr(bisect_ops, "_what_fails", lambda s, g, b, commit, *a: (checked.append(commit), real(
+        s, g, b, commit, *a))[1])
+    run = invoke("bisect", "--onto", "moved", "--repo", str(drift.git_dir), "--series", str(REPO_ROOT))
+    assert run.code == 0 and run.out["commit"] == drift.rev_parse("moved"), run.err
+    assert sorted(checked) == sorted([drift.rev_parse("moved"), drift.rev_parse("v0.5.23")])  # target, base
+
+
 def test_bisect_on_an_upstream_the_series_fits_says_so(drift):
     run = invoke("bisect", "--onto", "v0.5.23", "--repo", str(drift.git_dir), "--series", str(REPO_ROOT),
                  as_json=False)

@@ -63,8 +63,12 @@ def bisect(series: Series, repo: str | None, onto: str, *, timeout: float = 600,
     reporter.step(f"checking {onto}")
     ours = copies.patched(series, git, series.base, base)
 
+    seen: dict[str, list[str]] = {}  # the found commit is one checked already (the target, for one commit)
+
     def fails(commit: str) -> list[str]:
-        return _what_fails(series, git, base, commit, ours, behaviour, python)
+        if commit not in seen:
+            seen[commit] = _what_fails(series, git, base, commit, ours, behaviour, python)
+        return seen[commit]
 
     if not fails(target):
         report["summary"] = f"the series applies and fits {onto}: nothing to bisect"
