@@ -35,3 +35,23 @@ def test_status_with_a_config_naming_other_layers_than_the_trees_proposes_no_reb
 
     ran = run_printed(printed_command(res.text, "c128patch status "), cwd=tmp_path)  # the tree against its own
     assert ran.returncode == 0 and "equals the series" in ran.stdout, ran.stdout + ran.stderr
+
+
+def test_status_of_a_tree_whose_layer_folder_moved_says_it_was_not_compared(tmp_path, sglang_release_repo, monkeypatch):
+    """Helper 101: the layer folder the tree's provenance names moved away; status was a traceback (AttributeError
+    in the line on the layers in effect) and --json exited 1 without a word."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(EXAMPLE, tmp_path / "layers" / "acme")
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--layer", "layers/acme", "--tree", "sglang-acme").code == 0
+    (tmp_path / "layers" / "acme").rename(tmp_path / "layers" / "acme-moved")
+    monkeypatch.chdir(tmp_path / "sglang-acme")
+    res = invoke("status", as_json=False)
+    assert res.code == 1 and "+ layer acme" in res.text, res.text
+    said = ("not compared with a series: " f"{tmp_path / 'sglang-acme'} was applied with layer(s) acme (its "
+            "provenance says so): name their folders (--layer DIR, or c128patch.toml)")
+    assert said in res.text, res.text
+    data = invoke("status").out
+    assert data["series_error"].startswith(said.split(": ", 1)[1]) and data["equals_series"] is False
+    moved = invoke("status", "--layer", str(tmp_path / "layers" / "acme-moved"), as_json=False)
+    assert moved.code == 0 and "equals the series" in moved.text, moved.text  # the fix it names, taken

@@ -29,12 +29,13 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
     from c128patch.ops.status import tree_status
 
     root = locate_tree(tree)
+    unloaded = ""  # why the series the tree is compared with could not be loaded (its layer folder moved, say)
     try:
         series = load_stack(series_dir, layer_dirs, root, quiet=as_json)  # ./sglang from above: its layers
-    except C128Error:
+    except C128Error as exc:
         if series_dir or layer_dirs:  # named: a folder that is not one is the user's to fix, not silently dropped
             raise
-        series = None
+        series, unloaded = None, exc.message
     try:
         info = tree_status(Git(worktree=root), series, prove_again=prove)
     except C128Error as exc:
@@ -42,12 +43,15 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
             exc.hint = (f"`c128patch apply` makes its tree in ./{DEFAULT_TREE} (or --tree DIR): run status there, "
                         "or pass --tree DIR")
         raise
+    if unloaded:
+        info["series_error"] = unloaded
     refs = info.get("recovery_refs") or []
     again = ["c128patch", "rebase", "--onto", str(info.get("upstream", {}).get("rev") or ""), "--tree", str(root),
              *(["--series", str(series_dir)] if series_dir else []), *(a for d in layer_dirs for a in ("--layer", d))]
     if as_json:
         emit_json(info, series)
-    elif lines := [*_state(info), *(_applied(info, shlex.join(map(str, again)), _own_layers(root, series, info))
+    elif lines := [*_state(info), *(_applied(info, shlex.join(map(str, again)), _own_layers(root, series, info)
+                                            if info.get("series_current", {}).get("layers_differ") else "")
                                     if "series" in info else []),
                    *([f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):"]
                      [:len(refs)]), *(f"    {r['ref']} {r['commit'][:12]} {r['subject']}" for r in refs[:10])]:
@@ -110,6 +114,7 @@ def _applied(info: dict, again: str, own: str = "") -> list[str]:
     lines += [f"  + layer {layer.get('name')} {layer.get('version')} ({count(len(layer.get('entries', [])), 'entry')})"
               for layer in info.get("layers", [])]
     cur = info.get("series_current")
+    lines += [f"  not compared with a series: {why}" for why in [info.get("series_error")] if why]
     if cur and cur.get("layers_differ"):
         lines.append(f"  {own}")
     elif cur and not cur["up_to_date"]:
