@@ -7,10 +7,13 @@ rebase: tests/test_layers.py::test_status_of_the_tree_whose_commit_became_the_la
 
 from __future__ import annotations
 
+import json
 import shutil
 
+from c128patch.git import Git
 from c128patch.series.layers import CONFIG, ENV
 from c128patch.series.manifest import load_series
+from c128patch.series.provenance import PROVENANCE_PATH
 from support import invoke, printed_command, run_printed
 from test_layers import EXAMPLE
 
@@ -55,3 +58,26 @@ def test_status_of_a_tree_whose_layer_folder_moved_says_it_was_not_compared(tmp_
     assert data["series_error"].startswith(said.split(": ", 1)[1]) and data["equals_series"] is False
     moved = invoke("status", "--layer", str(tmp_path / "layers" / "acme-moved"), as_json=False)
     assert moved.code == 0 and "equals the series" in moved.text, moved.text  # the fix it names, taken
+
+
+def test_rebase_with_a_config_naming_other_layers_than_the_trees_is_refused_and_the_fix_runs(
+        tmp_path, sglang_release_repo, monkeypatch):
+    """Helper 101: status proposed no rebase there, but `rebase --onto` went ahead with the config's layers: the tree's
+    layer entries carried as "your commit" and its record rewritten to name the other stack."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(EXAMPLE, tmp_path / "layers" / "acme")
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--layer", "layers/acme", "--tree", "sglang-acme").code == 0
+    assert invoke("layer", "new", "layers/other", "--name", "other").code == 0
+    (tmp_path / CONFIG).write_text('[layers]\npaths = ["layers/other"]\n')
+    tree = Git(worktree=tmp_path / "sglang-acme")
+    head = tree.head()
+    for named in ((), ("--layer", "layers/other")):  # from the config, or named: the same trap
+        res = invoke("rebase", "--onto", "v0.5.22", "--tree", "sglang-acme", *named, as_json=False)
+        assert res.code == 2 and "cannot rebase: the tree carries layer(s) acme, the layers in effect are other: " \
+            "the rebase would carry the tree's layer entries as commits of yours" in res.err, res.err
+        assert tree.head() == head and not tree.status_porcelain()  # nothing was changed
+    ran = run_printed(printed_command(res.err, "c128patch rebase "), cwd=tmp_path)  # the tree's own
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    record = json.loads((tmp_path / "sglang-acme" / PROVENANCE_PATH).read_text())
+    assert [layer["name"] for layer in record["layers"]] == ["acme"] and record["upstream"]["rev"] == "v0.5.22"

@@ -32,6 +32,7 @@ from c128patch.ops.treestate import (
     ensure_idle,
     rebase_command,
     refuse_conflict_markers,
+    tree_layers,
     tree_state,
 )
 from c128patch.series.layers import describe, layer_folders
@@ -54,6 +55,7 @@ class Rebase(RebaseLoop):
         ensure_idle(git, "rebase")
         ensure_clean(git, "rebase")
         record = read_provenance(git.worktree)  # type: ignore[arg-type]
+        self._same_layers(record, onto_rev)
         old = record.get("upstream", {})
         if not old.get("commit") or git.rev_parse(old["commit"]) is None:
             raise C128Error(f"cannot rebase: the upstream base recorded in {PROVENANCE_PATH} is not in this repository")
@@ -78,6 +80,23 @@ class Rebase(RebaseLoop):
             self._drop(journal, step, "")
         journal.save(self.path)
         return self._run(journal)
+
+    def _same_layers(self, record: dict, onto_rev: str) -> None:
+        """Refuse a stack that leaves out or reorders the tree's layers (a ``c128patch.toml`` naming others, say): the
+        rebase would carry their entries as commits of the user's and record the other stack (helper 101)."""
+        applied = [str(r.get("name")) for r in record.get("layers", []) if isinstance(r, dict)]
+        effect = [layer.name for layer in self.series.layers]
+        if applied == effect[:len(applied)]:  # the tree's, maybe with more on top
+            return
+        folders, ours = tree_layers(self.git), getattr(self.series, "ours", self.series)
+        own = shlex.join(["c128patch", "rebase", "--onto", onto_rev, "--tree", str(self.git.worktree), "--series",
+                          str(ours.root), *(a for f in folders for a in ("--layer", str(f)))])
+        raise C128Error(f"cannot rebase: the tree carries layer(s) {', '.join(applied)}, the layers in effect are "
+                        f"{', '.join(effect) or 'none'}: the rebase would carry the tree's layer entries as commits of "
+                        "yours. Rebase with the tree's own" + (f": {own}" if folders else " (name their folders with "
+                                                               "--layer DIR)")
+                        + "; for another stack, apply it on a new tree (c128patch apply --layer DIR --tree NEW); "
+                        "nothing was changed")
 
     def resume(self) -> dict:
         journal = Journal.load(self.path, self.git)
