@@ -420,13 +420,39 @@ def backend_verify_metadata(on: bool) -> None:
 WORKER, STREAMS_ENV = "sglang.srt.speculative.dspark_components.dspark_worker_v2", "SGLANG_DSPARK_RECORD_VERIFY_STREAMS"
 
 
-class _Streamed(torch.Tensor if torch else object):
-    """A batch tensor recording its `record_stream` calls (on the CPU, as if it were CUDA)."""
+_IN_PLACE = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+             "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"}
 
-    is_cuda, records = True, []
+
+def _tree_caller(depth: int) -> str:
+    """The innermost frame of the tree (a module of ``sglang``) from ``depth`` outward: ``module.qualname
+    (sglang/...py:line)``."""
+    frame = sys._getframe(depth + 1)
+    while frame is not None and not frame.f_globals.get("__name__", "").startswith("sglang."):
+        frame = frame.f_back
+    if frame is None:
+        return "no frame of the tree"
+    path, name = frame.f_code.co_filename, getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+    return f"{frame.f_globals['__name__']}.{name} ({path[path.rfind('/sglang/') + 1:]}:{frame.f_lineno})"
+
+
+class _Streamed(torch.Tensor if torch else object):
+    """A batch tensor recording its `record_stream` calls (on the CPU, as if it were CUDA) and the in-place writes
+    into it (``writes``: (the tensor, the op, the tree's function that wrote it))."""
+
+    is_cuda, records, writes = True, [], []
 
     def record_stream(self, stream: Any) -> None:
         _Streamed.records.append(self)
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Tuple = (), kwargs: Optional[Dict] = None) -> Any:
+        kwargs, name = kwargs or {}, getattr(func, "__name__", "")
+        written = kwargs.get("out") if "out" in kwargs else args[0] if args and (
+            name in _IN_PLACE or name.endswith("_") and not name.endswith("__")) else None
+        if isinstance(written, _Streamed):
+            cls.writes.append((written, name, _tree_caller(1)))
+        return super().__torch_function__(func, types, args, kwargs)
 
 
 def _with_stand_ins(fn: Any, **keep: Any) -> Any:
@@ -482,14 +508,21 @@ def _worker_step(sim: Decode, compact: bool, attn_backend: Any, branch: Tuple = 
     """One verify step of the tree's `DSparkWorkerV2._forward_decode`, its collaborators MagicMocks, the target's
     backend ``attn_backend``, the accept branch ``branch`` (`ACCEPTS`: its proposal, sampling, epilogue and region
     eligibility): (the batch, its events: accept, commit, commit_hidden in order, and last ("returned", the line the
-    step returned from, its result, the accept))."""
+    step returned from, its result, the accept, the in-place writes into the batch's `seq_lens` before the commit:
+    (op, the tree's function)))."""
     _, _, folded, greedy, with_epilogue, region = branch
     draft_input, events, as64 = type("DFlashDraftInputV2", (), {}), [], lambda v: torch.tensor(v).as_subclass(_Streamed)
     layout = sim.ragged.RaggedVerifyLayout.from_verify_lens_device(
         verify_lens=torch.tensor([3, 1, 4], dtype=torch.int32), graph_num_tokens=12) if compact else None
+    # the target's greedy predictions (zero drafts): 1, 0 and 1 drafts accepted, then the bonus token 5
+    predict = torch.full((3, W), 5, dtype=torch.int64)
+    predict[0, 0] = predict[2, 0] = 0
+    correct = torch.tensor([1, 0, 1])
+    out_tokens = torch.zeros(3, W, dtype=torch.int64).scatter_(1, correct[:, None], 5)
     accept = SimpleNamespace(new_seq_lens=torch.tensor([132, 8, 257]), commit_lens=torch.tensor([2, 1, 2]),
-                             out_tokens=torch.zeros(3, W, dtype=torch.int64), correct_len=None,
-                             cap_trim_lens=torch.zeros(3, dtype=torch.int64), bonus=torch.zeros(3, dtype=torch.int64))
+                             out_tokens=out_tokens, correct_len=correct,
+                             cap_trim_lens=torch.zeros(3, dtype=torch.int32),
+                             bonus=torch.full((3,), 5, dtype=torch.int64))  # the graphs' accept buffers
     worker = mock.MagicMock(name="worker", device="cpu", verify_num_draft_tokens=W, _verify_inputs_ready=None,
                             _prepare_inputs_once=False, _sim_draw_ahead=False, _simulate_acc_greedy=False,
                             _simulate_acc_len=-1.0, _draft_is_moe=False)  # (SGLANG_SIMULATE_ACC_LEN's default)
@@ -502,10 +535,34 @@ def _worker_step(sim: Decode, compact: bool, attn_backend: Any, branch: Tuple = 
     planner.mode_value = "compact" if compact else "static"
     executor.verify_epilogue = mock.MagicMock(name="verify_epilogue", simulate_fold=False, future_relay=None) \
         if with_epilogue else None  # None: no in-graph accept
-    verified = SimpleNamespace(logits_output=mock.MagicMock(name="logits_output"), can_run_cuda_graph=True)
+    verified = SimpleNamespace(logits_output=mock.MagicMock(name="logits_output", next_token_logits=torch.nn.functional
+                                                            .one_hot(predict.view(-1), 8).float() * 100),
+                               can_run_cuda_graph=True)
     executor.run_compact.return_value, executor.run_non_compact.return_value = (verified, None), verified
     worker._sampling_graph_eligible.return_value, worker._future_relay_in_graph.return_value = region, None
-    executor.accept_and_finalize.side_effect = lambda **kw: (events.append("accept"), accept)[1]
+    # the tree's own accept (`TargetVerifyExecutor.accept_and_finalize`: eager, its kernels' CPU paths, but for a
+    # sampled batch's draw, a triton kernel, stood in by the tree's greedy accept, which the peaked logits make the
+    # same; folded, the verify graph's buffers, which the epilogue stands in for); the sampling-accept region is a
+    # CUDA graph's replay
+    verify = _module(VERIFY)
+    drafts = verify.accept_draft_tokens
+    tree = verify.TargetVerifyExecutor(
+        target_worker=mock.MagicMock(name="target_worker"), gamma=W - 1, verify_num_draft_tokens=W,
+        model_runner=mock.MagicMock(name="model_runner"), kv_injector=mock.MagicMock(name="kv_injector"),
+        tp_sync=mock.MagicMock(name="tp_sync"))  # (one rank: the TP broadcast does nothing)
+    tree.verify_epilogue = executor.verify_epilogue
+    if with_epilogue:
+        executor.verify_epilogue.read_accept.return_value = accept
+    accepted: List[Any] = []
+
+    def accept_and_finalize(**kw: Any) -> Any:
+        events.append("accept")
+        with contextlib.nullcontext() if greedy else mock.patch.object(
+                verify, "accept_draft_tokens", lambda **k: drafts(**{**k, "sampling_info": None})):
+            accepted.append(tree.accept_and_finalize(**kw))
+        return accepted[-1]
+
+    executor.accept_and_finalize.side_effect = accept_and_finalize
     worker._sampling_accept_graph.run.side_effect = lambda **kw: (events.append("accept"), accept)[1]
     executor.commit_hidden.side_effect = lambda **kw: events.append("commit_hidden")
     worker.target_worker.model_runner.attn_backend = attn_backend
@@ -516,8 +573,14 @@ def _worker_step(sim: Decode, compact: bool, attn_backend: Any, branch: Tuple = 
                                                         is_any_greedy=greedy, need_top_k_sampling=False,
                                                         need_top_p_sampling=False, need_min_p_sampling=False))
     batch.forward_mode.is_idle.return_value = False
-    commit, _Streamed.records[:] = sim.ops.dspark_commit, []
-    sim.ops.dspark_commit = lambda *a, **k: (events.append("commit"), commit(*a, **k))[1]
+    commit, _Streamed.records[:], _Streamed.writes[:], written = sim.ops.dspark_commit, [], [], []
+
+    def committed(*a: Any, **k: Any) -> Any:  # and what the step had written into the batch's tensors by then
+        events.append("commit")
+        written[:] = [(name, where) for t, name, where in _Streamed.writes if t is batch.seq_lens]
+        return commit(*a, **k)
+
+    sim.ops.dspark_commit = committed
     step = _with_stand_ins(_module(WORKER).DSparkWorkerV2._forward_decode, DFlashDraftInputV2=draft_input,
                            get_parallel=lambda: mock.MagicMock(attn_dp_enabled=False), GenerationBatchResult=dict)
     returned: List[int] = []
@@ -531,19 +594,21 @@ def _worker_step(sim: Decode, compact: bool, attn_backend: Any, branch: Tuple = 
         result = step(worker, batch, None)
     finally:
         sys.setprofile(None)
-    return batch, events + [("returned", returned[-1], result, accept)]
+    return batch, events + [("returned", returned[-1], result, accepted[-1] if accepted else accept, written)]
 
 
 def worker_commit(on: bool) -> None:
     """The tree's DSPARK worker step over each branch of its accept (`ACCEPTS`): gates on, the controller commits
     right after accept (the step's pre-verify lengths, accepted lengths, slots, layout) before the step returns, and
     a backend with no controller fails the step; off, no commit. A branch that returns after accept without the
-    commit (helper 97's case c9: an early return of the sampling-accept region) names the line it returned from."""
+    commit (helper 97's case c9: an early return of the sampling-accept region) names the line it returned from; the
+    eager branches run the tree's own accept, and a commit given other lengths than the pre-verify ones names the
+    tree's function that wrote the batch's `seq_lens` in place (an accept advancing them), else the step."""
     for branch in ACCEPTS:
         name, compact = branch[:2]
         with _decode(on, True) as sim:
             _, events = _worker_step(sim, compact, sim.backend, branch)
-        (_, line, result, accept), events = events[-1], events[:-1]
+        (_, line, result, accept, written), events = events[-1], events[:-1]
         commits = [args for kind, args in sim.ops.calls if kind == "commit"]
         if not on and (commits or "commit" in events):
             raise AssertionError(f"the worker committed with the gates off ({name})")
@@ -557,6 +622,13 @@ def worker_commit(on: bool) -> None:
                         verify_lens=[3, 1, 4] if compact else [W] * 3,
                         extend_start_loc=[0, 3, 4] if compact else [0, W, 2 * W])
             got = {k: commits[0][k].tolist() for k in want}
+            if got["seq_lens"] != want["seq_lens"]:  # what the tree's accept (or step) left of the pre-verify lengths
+                step = _module(WORKER).DSparkWorkerV2._forward_decode
+                raise Blame(f"the commit after accept ({name}) got seq_lens {got['seq_lens']}, not the step's "
+                            f"pre-verify {want['seq_lens']}" + (f": the batch's seq_lens were written in place "
+                                                                f"({written[0][0]}) before it" if written else ""),
+                            ours=_defined(_module(CONTROLLER).commit_after_verify),
+                            theirs=written[0][1] if written else _defined(step))
             if got != want or commits[0]["num_q_tokens"] != (12 if compact else 3 * W):
                 raise AssertionError(f"the commit after accept ({name}) got {got}, num_q_tokens "
                                      f"{commits[0]['num_q_tokens']}")
