@@ -343,3 +343,35 @@ def test_four_upstream_changes_in_one_commit_each_fail_their_own_scenario_naming
                      rf"the gates on \(made in {backend}\.DeepseekV4AttnBackend\._make_target_verify_c128_metadata "
                      r"\(sglang/srt/layers/attention/deepseek_v4_backend\.py:\d+\)\): the controller's verify plan is "
                      r"never built$", failed["backend-verify-metadata"]), failed
+
+
+def test_upstream_advancing_the_lengths_in_place_in_the_accept_fails_worker_commit(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Upstream's accept (`build_accept_outs`) advances the prefix lengths it is given in place: the eager accept's
+    are the batch's `seq_lens`, which the worker's commit after accept reads as the pre-verify lengths, so our
+    controller commits the banks at the post-verify lengths. The scenario stood in a fixed accept for the tree's and
+    said clean; it now runs the tree's own accept (its kernels' CPU paths) and names the function that wrote the
+    batch's lengths."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    finalize = ("    finalized = FinalizeAcceptLens.execute(\n        correct_len=correct_len,\n"
+                "        cap_trim_lens=cap_trim_lens,\n        prefix_lens=prefix_lens,\n    )\n")
+
+    def in_place(text: str) -> str:
+        assert text.count(finalize) == 1
+        return text.replace(finalize, finalize + "    prefix_lens.copy_(finalized.new_seq_lens)\n", 1)
+
+    change = landed(git, "dspark: the accept advances the batch's lengths in place", {
+        SPEC + "dspark_components/dspark_verify.py": in_place})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    assert list(failed) == ["worker-commit"], failed
+    found = re.fullmatch(
+        r"scenario worker-commit: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.commit_after_verify "
+        r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.speculative\."
+        r"dspark_components\.dspark_verify\.build_accept_outs \(sglang/srt/speculative/dspark_components/"
+        r"dspark_verify\.py:(\d+)\): AssertionError: the commit after accept \(eager accept, compact\) got seq_lens "
+        r"\[132, 8, 257\], not the step's pre-verify \[130, 7, 255\]: the batch's seq_lens were written in place "
+        r"\(copy_\) before it", failed["worker-commit"])
+    assert found, failed
+    patched = git.blob(patched_tree(SERIES, git, change[:12], change),
+                       SPEC + "dspark_components/dspark_verify.py").decode().splitlines()
+    assert patched[int(found[1]) - 1].strip() == "prefix_lens.copy_(finalized.new_seq_lens)"  # upstream's new line
