@@ -2,7 +2,11 @@
 """The API contract's cost: the check over the whole series on one patched tree, per supported release
 (target <= 2 s), and `watch` on an unchanged release in three modes, N runs interleaved: without the
 contract and the behavioural tier, with the contract alone (watch before the tier joined it), and with
-both (today's watch); targets in wall time: contract / neither <= 1.5x, both / contract alone <= 1.5x.
+both (today's watch); targets in wall time: contract / neither <= 1.5x, and the tier's share of watch (both minus
+the contract alone) within its budget, 60 s a tree (issue 38; bench_tier.py times the tier alone). Until
+2026-12-06 the second target was both / contract <= 1.5x, set when the tier imported 4 of the 11 modules; since it
+imports every one in the target's environment and runs the 8 scenarios it missed it (2.4-3.7x), as the history
+keeps.
 The nvcc signature probe and the tier are timed once each (the probe's result is cached by the headers'
 tree id, so an unchanged upstream compiles it once).
   python ci/bench/bench_contract.py [--runs 3] [--out ci/bench/results/contract.json]
@@ -55,6 +59,7 @@ def main() -> int:
     neither, alone, both = modes
     r, tier_r = ratio(modes, alone, neither), ratio(modes, both, alone)
     worst = max(f["wall"]["median"] for f in per_rev.values())
+    both_s, alone_s = (modes[name]["wall"]["median"] for name in (both, alone))
     table({**per_rev, **modes})
     print(f"nvcc signature probe (v0.5.23): {probe_s:.2f} s, {probe_line}\nbehavioural tier alone: {tier_s:.2f} s, "
           f"{tier.verdict()}")
@@ -62,7 +67,7 @@ def main() -> int:
                                                                              "both / contract": tier_r},
               "targets": [target("contract, worst release (s)", worst, 2.0),
                           target("watch: contract / neither", r["wall"], 1.5),
-                          target("watch: both / contract", tier_r["wall"], 1.5)],
+                          target("watch: both - contract alone (s)", both_s - alone_s, 60.0)],
               "uses": {rev: len(res.items) for rev, res in zip(RELEASES, results.values())},
               "contract_ok": all(res.ok for res in results.values()), "contract_max_median_s": worst,
               "nvcc_probe_s": round(probe_s, 2), "nvcc_probe": probe_line, "nvcc_probe_ok": probe_ok,
