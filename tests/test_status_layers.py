@@ -81,3 +81,30 @@ def test_rebase_with_a_config_naming_other_layers_than_the_trees_is_refused_and_
     assert ran.returncode == 0, ran.stdout + ran.stderr
     record = json.loads((tmp_path / "sglang-acme" / PROVENANCE_PATH).read_text())
     assert [layer["name"] for layer in record["layers"]] == ["acme"] and record["upstream"]["rev"] == "v0.5.22"
+
+
+def test_a_commit_made_an_entry_on_a_tree_with_its_layer_is_taken_by_the_rebase_printed(
+        tmp_path, sglang_release_repo, monkeypatch):
+    """Helper 101: on a tree applied with the layer, `layer add-entry`'s next was an apply of a third tree
+    (`sglang-acme-acme`), and `refresh --check` went on advising the add-entry that had been run (which then failed:
+    the commit is an entry already). Both now print the rebase that takes the commit as the entry, which runs."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(EXAMPLE, tmp_path / "layers" / "acme")
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--layer", "layers/acme", "--tree", "sglang-acme").code == 0
+    tree = Git(worktree=tmp_path / "sglang-acme")
+    version = tmp_path / "sglang-acme" / "python/sglang/version.py"
+    version.write_text(version.read_text() + "# a site note\n")
+    tree.run("-c", "user.name=u", "-c", "user.email=u@example.invalid", "commit", "-qam", "site note")
+    added = invoke("layer", "add-entry", "--layer", "layers/acme", "--from-commit", "HEAD", "--why", "a note",
+                   "--tree", "sglang-acme", as_json=False)
+    rebase = printed_command(added.text, "c128patch rebase ")
+    assert added.code == 0 and rebase == (f"c128patch rebase --onto v0.5.23 --tree {tmp_path / 'sglang-acme'} "
+                                          f"--layer {tmp_path / 'layers' / 'acme'}"), added.text
+    check = invoke("refresh", "--check", "--tree", "sglang-acme", as_json=False)
+    assert check.code == 2 and "is entry 'acme/site-note' of layer acme already" in check.err, check.err
+    assert printed_command(check.err, "c128patch rebase ") == rebase and "add-entry" not in check.err
+    ran = run_printed(rebase, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert invoke("refresh", "--check", "--tree", "sglang-acme").code == 0
+    assert invoke("status", "--tree", "sglang-acme").out["equals_series"] is True

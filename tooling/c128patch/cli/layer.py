@@ -62,6 +62,7 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
     row, hash, lint. The branch is not changed; exit 1 when the layer's lint finds an error."""
     from c128patch.git import Git
     from c128patch.ops.layer import add_entry as add
+    from c128patch.ops.treestate import tree_layers
     from c128patch.series.manifest import default_series_root, load_series
     from c128patch.series.provenance import read_provenance
     from c128patch.upstream.releases import release_version
@@ -73,10 +74,16 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
         emit_json({"ok": not errors, **vars(done), "findings": [vars(f) for f in done.findings]})
     else:
         lint = shlex.join(["c128patch", "lint", "--layer", str(folder)])
-        rev = str(read_provenance(git.worktree).get("upstream", {}).get("rev") or "")  # the layer's base
-        beside = Path(f"{git.worktree}-{done.layer}")  # beside the branch, which keeps the commit
-        stack = shlex.join(["c128patch", "rebase", "--onto", rev, "--tree", str(beside), "--layer", str(folder)]
-                           if beside.is_dir() and applied_here(beside) else  # the first next made it: it takes this
+        record = read_provenance(git.worktree)
+        rev = str(record.get("upstream", {}).get("rev") or "")  # the layer's base
+        carried = done.layer in {str(r.get("name")) for r in record.get("layers", []) if isinstance(r, dict)}
+        # a tree applied with the layer takes its new entry in place (a rebase makes the commit the entry); else
+        # beside the branch, which keeps the commit
+        beside = git.worktree if carried else Path(f"{git.worktree}-{done.layer}")
+        layers = [str(f) for f in tree_layers(git)] if carried else [str(folder)]  # the tree's whole stack
+        stack = shlex.join(["c128patch", "rebase", "--onto", rev, "--tree", str(beside),
+                            *(a for f in layers for a in ("--layer", f))]
+                           if carried or beside.is_dir() and applied_here(beside) else  # a first next made it
                            ["c128patch", "apply", "--sglang-rev", rev, "--layer", str(folder), "--tree", str(beside)])
         say(f"entry {done.entry} ({done.file} in {folder}) from commit {done.commit[:12]}: {', '.join(done.files)}; "
             f"gate {done.gate or 'none'}", *(f"  lint {f.level}: {f.entry}: {f.message}" for f in done.findings),

@@ -254,6 +254,20 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     return result
 
 
+def _made_an_entry(series: Stack, git: Git, sha: str, label: str) -> None:
+    """Refuse a commit that ``layer add-entry`` made an entry already (the same change): a rebase onto the same rev
+    takes it in the tree as that entry (the advice to add it again failed: it is one; helper 101)."""
+    from c128patch.ops.merged import entry_making  # only for a commit of no entry, on a tree with layers
+
+    for layer in series.layers:
+        if same := entry_making(git, layer, sha):
+            rebase = shlex.join(["c128patch", "rebase", "--onto", label, "--tree", str(git.worktree),
+                                 *layer_args(series)])
+            raise C128Error(f"cannot refresh: commit {sha[:12]} is entry '{layer.name}{SEP}{same}' of layer "
+                            f"{layer.name} already (the same change, not yet taken in this tree as it): {rebase}, "
+                            "then refresh; nothing was written")
+
+
 def _export_commit(series: Series, git: Git, sha: str, name: str, exported: dict[str, Entry],
                    base: tuple[str, str, bool], result: Export) -> Entry:
     """One commit's entry (a new one numbered last), its file in ``result``; ``base``: (label, commit, primary)."""
@@ -262,6 +276,8 @@ def _export_commit(series: Series, git: Git, sha: str, name: str, exported: dict
     if old is None and SEP in name:  # a layer's entry is never written into our series
         raise C128Error(f"cannot refresh: commit {sha[:12]} is entry '{name}' of layer {name.split(SEP)[0]}, not in "
                         f"the series given; name the layer (--layer DIR or c128patch.toml); nothing was written")
+    if old is None and isinstance(series, Stack):
+        _made_an_entry(series, git, sha, label)
     if old is None and isinstance(series, Stack):  # whose entry would it be? the team says, with add-entry
         add = shlex.join(["c128patch", "layer", "add-entry", "--layer", str(series.layers[-1].root), "--from-commit",
                           sha[:12], "--why", git.out("log", "-1", "--format=%s", sha), "--tree", str(git.worktree)])
