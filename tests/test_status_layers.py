@@ -108,3 +108,25 @@ def test_a_commit_made_an_entry_on_a_tree_with_its_layer_is_taken_by_the_rebase_
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert invoke("refresh", "--check", "--tree", "sglang-acme").code == 0
     assert invoke("status", "--tree", "sglang-acme").out["equals_series"] is True
+
+
+def test_add_entry_refuses_a_commit_lint_would_reject_and_writes_nothing(tmp_path, sglang_release_repo, monkeypatch):
+    """Helper 101: a commit changing README.md (outside python/) was written as an entry, then reported as a lint
+    error, with no way back but editing series.toml by hand."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(EXAMPLE, tmp_path / "layers" / "acme")
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--layer", "layers/acme", "--tree", "sglang-acme").code == 0
+    tree = Git(worktree=tmp_path / "sglang-acme")
+    (tmp_path / "sglang-acme" / "NOTES.md").write_text("site notes\n")
+    tree.run("add", "NOTES.md")
+    tree.run("-c", "user.name=u", "-c", "user.email=u@example.invalid", "commit", "-qm", "site notes")
+    before = {p: p.read_bytes() for p in (tmp_path / "layers" / "acme").rglob("*") if p.is_file()}
+    res = invoke("layer", "add-entry", "--layer", "layers/acme", "--from-commit", "HEAD", "--why", "notes", "--tree",
+                 "sglang-acme", as_json=False)
+    assert res.code == 2 and res.err.startswith(
+        f"c128patch: error: commit {tree.head()[:12]} cannot be an entry of layer acme: patches/0004-site-notes.patch "
+        "touches NOTES.md, outside python/ (lint); change the commit (git commit --amend), then add it; nothing was "
+        "written"), res.err
+    assert {p: p.read_bytes() for p in (tmp_path / "layers" / "acme").rglob("*") if p.is_file()} == before
+    assert invoke("lint", "--offline", "--layer", "layers/acme").code == 0

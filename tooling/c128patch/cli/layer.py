@@ -59,7 +59,8 @@ def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bo
 def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: Path | None, series_dir: Path | None,
               as_json: bool) -> None:
     """Turn a commit of the patched branch into a layer entry: format-patch --full-index, manifest
-    row, hash, lint. The branch is not changed; exit 1 when the layer's lint finds an error."""
+    row, hash, lint. A commit lint would refuse as an entry is refused, nothing written; the branch is not
+    changed; exit 1 when the layer's lint finds an error in another entry."""
     from c128patch.git import Git
     from c128patch.ops.layer import add_entry as add
     from c128patch.ops.treestate import tree_layers

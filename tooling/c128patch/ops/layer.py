@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +63,20 @@ def new_layer(folder: Path, name: str, series: Series, base: str = "", version: 
     return load_layer(folder, series)
 
 
+def _refuse_unsound(layer: Series, updated: Series, name: str, files: dict[str, bytes], sha: str) -> None:
+    """Lint the layer as ``updated`` in a scratch copy: an error about the new entry ``name`` refuses it before
+    anything is written (it was written, then reported, with no way back but editing the manifest; helper 101)."""
+    with tempfile.TemporaryDirectory(prefix="c128layer-") as tmp:
+        trial = Path(tmp) / "layer"
+        shutil.copytree(layer.root, trial, symlinks=True, ignore=shutil.ignore_patterns(".git", txn.TXN, txn.STAGING))
+        for rel, data in {**files, MANIFEST: updated.to_toml().encode()}.items():
+            (trial / rel).write_bytes(data)
+        errors = [f for f in lint_series(load_series(trial)) if f.level == "error" and f.entry in (name, "")]
+    if errors:
+        raise C128Error(f"commit {sha[:12]} cannot be an entry of layer {layer.name}: {errors[0].message} (lint); "
+                        "change the commit (git commit --amend), then add it; nothing was written")
+
+
 @txn.serialised  # two add-entry runs on one layer: one after the other
 def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gate: str = "",
               name: str = "") -> NewEntry:
@@ -111,6 +127,7 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
                   file=file)
     version = bumped(layer.version) if layer.entries else layer.version  # a new stack: its name and version say so
     updated = Series(layer.root, layer.name, version, layer.base, [*layer.entries, entry], gates=layer.gates)
+    _refuse_unsound(layer, updated, name, {f"patches/{file}": data}, sha)
     txn.commit_all([(layer.root, {layer.patches_dir / file: data, layer.manifest_path: updated.to_toml().encode()},
                      [], layer.manifest_path)], fault=lambda point: fault_point("at", point))
     return NewEntry(layer.name, full, f"patches/{file}", sha, gate, touched, lint_series(load_series(layer.root)))
