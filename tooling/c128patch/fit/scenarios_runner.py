@@ -163,9 +163,8 @@ class Decode:
                 state.online_mtp_state_slot_offset, state.online_mtp_max_draft_tokens = self.stride, W
             pool, fields = pool_class.__new__(pool_class), vars(pool)  # no __init__: it allocates device buffers
             pool.__dict__.update(fields, online_c128_state_num_req_slots=SLOTS)
-        self.backend = fake_backend(pool, width=W, device="cpu")
-        self.controller = ctl.OnlineC128DsparkController(self.backend)
-        self.backend.online_c128_dspark = self.controller
+        self.backend = _target_backend(pool, ctl)
+        self.controller = self.backend.online_c128_dspark
         self.seq: Dict[int, int] = {}
         self.hist: Dict[Tuple[int, int], Tuple[int, Any, Any]] = {}  # (layer, slot) -> (base, kv, score)
 
@@ -191,7 +190,9 @@ class Decode:
             self.hist[layer, slot] = (base, kv, score)
             state[slot] = torch.cat(self._state(layer, slot, seq_len)).float() if seq_len % CHUNK else float("nan")
 
-    def step(self, slots: List[int], padded_bs: int, compact: bool, extra: int = 0) -> None:
+    def step(self, slots: List[int], padded_bs: int, compact: bool, extra: int = 0, replay: bool = False) -> None:
+        """One verify step; its metadata (our `prepare_verify`, then our plan) as the model runner asks the tree's
+        backend for it: eager, or ``replay`` a CUDA-graph replay (`_verify_metadata`)."""
         real = [self._randint(1, W) if compact else W for _ in slots]
         live = padded = None
         tokens = min(sum(real) + extra, padded_bs * W) if compact else padded_bs * W
@@ -201,14 +202,7 @@ class Decode:
             padded = live.padded_to_bucket(padded_bs=padded_bs)
         starts = padded.extend_start_loc.tolist() if compact else [b * W for b in range(padded_bs)]
         seq = [self.seq[s] for s in slots] + [1] * (padded_bs - len(slots))
-        as64 = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
-        fb = SimpleNamespace(spec_info=SimpleNamespace(ragged_verify_layout=live))
-        self.controller.prepare_verify(fb, bs=padded_bs, verify_bs=len(slots), ragged_layout=padded)
-        raw = SimpleNamespace(seq_lens=as64(seq), req_pool_indices=as64(slots + [0] * (padded_bs - len(slots))),
-                              verify_lens=None, extend_start_loc=None)
-        if compact:
-            raw.verify_lens, raw.extend_start_loc = padded.verify_lens, padded.extend_start_loc
-        plan = self.controller.build_verify_plan(raw, num_q_tokens=tokens)
+        plan = _verify_metadata(self.backend, slots, seq, tokens, live, replay)
         emits = decode_plans(plan.plan_c)
         for layer, state in enumerate(self.states):
             x = torch.full((tokens, 2 * HEAD_DIM), float("nan"), dtype=torch.float64)
@@ -257,6 +251,102 @@ class Decode:
             self.seq[slot] = new[b]
 
 
+FORWARD = "sglang.srt.model_executor.forward_batch_info"
+
+
+def _target_backend(pool: Any, ctl: types.ModuleType) -> Any:
+    """The tree's `DeepseekV4AttnBackend` of a DSPARK target over ``pool``, made without `__init__` (it reads the
+    model and allocates device buffers): what `__init__` sets that the verify metadata reads, for a DSPARK launch
+    (no EAGLE top-k: `mtp_enabled` False), and the two online c128 controllers built as `__init__` builds them, the
+    tree's `OnlineC128MTPController` first, then ours over the backend (its startup check asks the MTP one). Stood in
+    (CUDA): the core attention and indexer metadata, the token expansion, upstream's compressor plans, the graph
+    metadata copy of a replay and the pool's full-to-SWA translation."""
+    mod = _module(BACKEND)
+    backend = mod.DeepseekV4AttnBackend.__new__(mod.DeepseekV4AttnBackend)
+    fake = fake_backend(pool, width=W, device="cpu")
+    rows = fake.req_to_token.shape[0]
+    del fake.online_c128_mtp  # the tree's own, below
+    backend.__dict__.update(
+        vars(fake), page_size=256, swa_page_size=256, MAX_SEQ_LEN_FOR_CAPTURE=fake.req_to_token.shape[1],
+        req_to_token_pool=SimpleNamespace(req_to_token=fake.req_to_token), topk=0, mtp_enabled=False,
+        speculative_num_steps=0, speculative_step_id=0, is_dspark_draft=False, is_draft_runner=False,
+        needs_cpu_seq_lens=False, present_ratios=(128,), low_ratios=(), has_c4=False, has_c128=True,
+        trtllm_attn=False, forward_metadata=None, tail_forward_metadata=None, enable_decoder_swa_bounded_replay=False,
+        builds_verify_metadata_early=False, _early_verify_metadata_ids=set(), encoder_replay=False,
+        encoder_row_floor=None, cuda_int32_kwargs={"device": fake.device, "dtype": torch.int32},
+        extend_seq_lens_buffer=torch.full((rows,), W, dtype=torch.int32),
+        extend_start_loc_buffer=torch.zeros(rows, dtype=torch.int32),
+        make_core_attn_metadata=lambda **kw: SimpleNamespace(low_ratios=(), swa_out_cache_loc=None),
+        expand_extend_with_same_length=lambda **kw: (None, None),
+        _expand_prefill_casually_vectorized=lambda **kw: (None, None),
+        init_forward_metadata_indexer=lambda *a, **kw: None,
+        replay_cuda_graph_metadata_from=lambda bs, temp_metadata, bucket: setattr(
+            backend, "forward_metadata", temp_metadata))
+    backend.model_runner.attn_backend = backend
+    pool.__dict__.update(request_window=None, swa_req_ring_size=None, translate_loc_from_full_to_swa=lambda loc: loc)
+    backend.online_c128_mtp = mod.OnlineC128MTPController(backend)
+    backend.online_c128_dspark = ctl.OnlineC128DsparkController(backend)
+    return backend
+
+
+def _verify_metadata(backend: Any, slots: List[int], seq: List[int], tokens: int, live: Any, replay: bool) -> Any:
+    """A target-verify batch's metadata from the tree's backend where the model runner asks for it: eager,
+    `init_forward_metadata`; a CUDA-graph replay, `init_forward_metadata_out_graph` (the replay prep), then
+    `init_forward_metadata_in_graph` as the graph recorded it. Returns the c128 plan upstream's metadata holds. Our
+    `prepare_verify` gets what upstream's code hands it: the rows it must be given are the batch's (static: every
+    real row verifies W tokens; compact: the batch's layout); else the step fails naming our hook and the upstream
+    definition that called it (helper 103's case c07: `verify_bs` 0 unless online MTP, so no bank was written)."""
+    mod, padded_bs = _module(BACKEND), len(seq)
+    as64 = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    fb = SimpleNamespace(
+        forward_mode=_module(FORWARD).ForwardMode.TARGET_VERIFY, batch_size=padded_bs, seq_lens=as64(seq),
+        seq_lens_cpu=as64(seq), seq_lens_sum=sum(seq), req_pool_indices=as64(slots + [0] * (padded_bs - len(slots))),
+        out_cache_loc=torch.zeros(tokens, dtype=torch.int64), positions=torch.zeros(tokens, dtype=torch.int64),
+        spec_info=SimpleNamespace(draft_token=torch.zeros(len(slots) * W, dtype=torch.int64), draft_token_num=W,
+                                  ragged_verify_layout=live),
+        encoder_swa_replay=False, encoder_swa_row_floor=None, encoder_swa_compress_rows=None,
+        max_seq_len_override=None)
+    controller, calls = backend.online_c128_dspark, []
+
+    def prepare_verify(forward_batch: Any, **kw: Any) -> None:  # ours, recording who called it with what
+        calls.append((kw, sys._getframe(1)))
+        return type(controller).prepare_verify(controller, forward_batch, **kw)
+
+    context = runtime_context_standin(launch_namespaces())
+    getters = {n: getattr(context, n) for n in ("get_parallel", "get_exec") if hasattr(mod, n)}
+    controller.prepare_verify = prepare_verify
+    try:
+        with mock.patch.multiple(mod, create_paged_compressor_data=lambda **kw: SimpleNamespace(upstreams=True),
+                                 **getters), _launch({RAGGED_ENV: "compact" if live is not None else None}):
+            if replay:
+                backend.init_forward_metadata_out_graph(fb)
+                backend.init_forward_metadata_in_graph(fb)
+            else:
+                backend.init_forward_metadata(fb)
+    finally:
+        del controller.prepare_verify
+    path = "replay" if replay else "eager"
+    if len(calls) != 1:
+        entry = type(backend).init_forward_metadata_out_graph if replay else type(backend).init_forward_metadata
+        raise Blame(f"the {path} target-verify metadata called prepare_verify {len(calls)} times, not once",
+                    ours=_defined(type(controller).prepare_verify), theirs=_defined(entry))
+    [(kw, caller)] = calls
+    layout = kw.get("ragged_layout")
+    if kw.get("bs") != padded_bs or (live is None) != (layout is None) or live is None and kw.get(
+            "verify_bs") != len(slots) or live is not None and int(layout.bs) != padded_bs:
+        said = {k: v if k != "ragged_layout" or v is None else f"a layout of {int(v.bs)} rows" for k, v in kw.items()}
+        raise Blame(f"the {path} target-verify metadata ({'compact' if live is not None else 'static'}) called "
+                    f"prepare_verify with {said} for a batch of {len(slots)} verify rows in {padded_bs}",
+                    ours=_defined(type(controller).prepare_verify), theirs=_where_called(caller))
+    return backend.forward_metadata.c128_compress_metadata
+
+
+def _where_called(frame: Any) -> str:
+    name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+    path = frame.f_code.co_filename
+    return f"{frame.f_globals.get('__name__')}.{name} ({path[path.rfind('/sglang/') + 1:]}:{frame.f_lineno})"
+
+
 def _close(got: Any, want: Any, what: str) -> None:
     err = float((got.double() - want).abs().max())
     if not err <= 1e-4 * (1 + float(want.abs().max())):
@@ -267,6 +357,7 @@ def _close(got: Any, want: Any, what: str) -> None:
 def _decode(on: bool, compact: bool, pool_class: Any = None, plan_type: Any = None):
     """The tree's controller over a DSPARK backend, its kernels the torch models; inert with the gates off."""
     ctl, ragged = _module(CONTROLLER), _module(RAGGED) if compact else None
+    _module(BACKEND)  # imported as a launch imports it, before the runtime context stands in
     with _launch({}):
         sim = Decode(ctl, ragged, pool_class, plan_type=plan_type)
     if sim.controller.enabled() != on or not on and sim.controller.compress_fn(None, _close) is not _close:
@@ -294,7 +385,7 @@ def decode(on: bool) -> None:
             sim.prefill(slot, seq_len)
         for step in range(6) if on else ():
             slots = sorted({1 + (step + k) % (SLOTS - 1) for k in range(1 + step % 4)})
-            sim.step(slots, len(slots) + step % 3, step % 2 == 0, extra=step)
+            sim.step(slots, len(slots) + step % 3, step % 2 == 0, extra=step, replay=step % 3 == 1)
             if step == 3:
                 sim.prefill(slots[0], CHUNK * 2 - 3)  # a finished request's slot serves a new one
 
@@ -362,8 +453,8 @@ def compressor_callback(on: bool) -> None:
                 sim.prefill(slot, seq_len)
             verifying.append(True)  # from here, every plan is a DSPARK verify plan
             for slots, padded_bs, extra, compact in ([1, 2, 3, 4, 5], 6, 0, False), ([2, 4], 4, 3, True):
-                if on:  # a static verify, then a compact one
-                    sim.step(slots, padded_bs, compact, extra)
+                if on:  # a static verify (eager), then a compact one (a graph replay)
+                    sim.step(slots, padded_bs, compact, extra, replay=compact)
     finally:
         comp.compress_forward, comp.compress_norm_rope_store = kernels
 
@@ -720,17 +811,27 @@ def _where(frame: Any, line: int, tree: str) -> str:
     return f"{frame.f_globals.get('__name__', '?')}.{name} ({frame.f_code.co_filename[len(tree) + 1:]}:{line})"
 
 
+ASKED = "asked"  # ``_handed``'s key of the predicates our functions asked
+
+
 def _handed(tree: str, ours: List[str]) -> Tuple[Any, Dict[int, List[Tuple[str, str]]]]:
     """A trace function recording the ints another module of the tree returns to a frame of our modules (a pool's
     getter to the controller ...): value -> [(the definition that returned it, its qualname)], so a kernel check
-    refusing a value names where our code got it."""
+    refusing a value names where our code got it; and under ``ASKED`` the last bool each of our functions got from
+    one (code -> (definition, qualname, value)), so a refusal our code raises on upstream's answer (helper 103's case
+    c06: the tree's MTP controller says enabled for DSPARK, our startup check refuses both) names that predicate."""
     handed: Dict[int, List[Tuple[str, str]]] = {}
+    asked: Dict[Any, Tuple[str, str, bool]] = {}
+    handed[ASKED] = asked  # type: ignore[assignment]
 
     def ret(frame: Any, event: str, value: Any) -> Any:
-        if event == "return" and type(value) is int:
+        if event == "return" and type(value) in (int, bool):
             code = frame.f_code
-            handed.setdefault(value, []).append((_where(frame, code.co_firstlineno, tree),
-                                                 getattr(code, "co_qualname", code.co_name)))
+            said = (_where(frame, code.co_firstlineno, tree), getattr(code, "co_qualname", code.co_name))
+            if type(value) is int:
+                handed.setdefault(value, []).append(said)
+            elif frame.f_back is not None:  # a predicate: the last one each of our functions asked
+                asked[frame.f_back.f_code] = (*said, value)
         return ret
 
     def call(frame: Any, event: str, arg: Any) -> Any:
@@ -769,6 +870,10 @@ def culprit(scenario: str, exc: BaseException, tree: str, ours: List[str],
         theirs.append(next(where[-1][0] for _, _, where in sources if where))
         said += " (" + "; ".join(f"{k} {v} as {where[-1][1]} returned it" for k, v, where in sources if where) + ")"
     line = linecache.getline(frames[-1][0].f_code.co_filename, frames[-1][1]).strip() if frames else ""
+    asked = (handed or {}).get(ASKED, {}).get(frames[-1][0].f_code) if frames and not theirs else None
+    if asked and frames[-1][0].f_globals.get("__name__") in ours and line.startswith("raise "):
+        theirs.append(asked[0])  # our code refused on an upstream predicate's answer
+        said += f" ({asked[1]} returned {asked[2]})"
     none = "definition: none in the traceback" + (f" (the failing line: {line})" if line else "")  # it names it
     return (f"scenario {scenario}: in {mine[-1] if mine else CONTROLLER + ' (its result)'}; upstream "
             f"{theirs[-1] if theirs else none}: {said}")
