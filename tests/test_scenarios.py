@@ -164,16 +164,16 @@ def test_a_scenario_whose_module_did_not_import_is_not_run_and_unchecked(
     data = result.to_json()
     for gates in ("off", "on"):
         said = {n: s for n, s in scenarios(result, gates).items() if s["status"] != "passed"}
-        assert sorted(said) == ["backend-verify-metadata"] * (gates == "on") + [
-            "compressor-callback", "decode", "record-streams", "verify-compact", "worker-commit"]  # (off: upstream's)
+        assert sorted(said) == ["backend-verify-metadata"] * (gates == "on") + [  # (off: upstream's)
+            "compressor-callback", "decode", "record-streams", "verify-compact", "verify-static", "worker-commit"]
         assert said["decode"]["status"] == "not run"
         assert said["decode"]["detail"].startswith("sglang.srt.speculative.ragged_verify did not import (Module")
     assert not result.checked and not data["ok"] and not result.failed
     assert "scenario decode: not run: sglang.srt.speculative.ragged_verify did not import" in " ".join(
         data["not_checked"])
     assert ("scenarios not run: backend-verify-metadata, compressor-callback, decode, record-streams, verify-compact, "
-            "worker-commit") in data["verdict"]
-    assert data["scenarios_passed"] == ["startup-rules", "verify-static"]
+            "verify-static, worker-commit") in data["verdict"]  # verify-static: the backend imports ragged_verify
+    assert data["scenarios_passed"] == ["startup-rules"]
 
 
 # -- helper 97: single upstream commits on the real v0.5.23 that break the series with the gates on, where the tier
@@ -375,3 +375,66 @@ def test_upstream_advancing_the_lengths_in_place_in_the_accept_fails_worker_comm
     patched = git.blob(patched_tree(SERIES, git, change[:12], change),
                        SPEC + "dspark_components/dspark_verify.py").decode().splitlines()
     assert patched[int(found[1]) - 1].strip() == "prefix_lens.copy_(finalized.new_seq_lens)"  # upstream's new line
+# -- helper 103: the scenarios enter the tree's backend where the model runner does, over its own MTP controller
+
+BACKEND_PY, MTP = "python/sglang/srt/layers/attention/deepseek_v4_backend.py", \
+    "python/sglang/srt/layers/attention/dsv4/online_c128_mtp.py"
+OURS = r"sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.OnlineC128DsparkController"
+
+
+def verify_bs_only_for_mtp(text: str) -> str:
+    """Helper 103's case c07: the eager metadata computes `verify_bs` only for online MTP (0 otherwise), so a static
+    DSPARK verify hands our `prepare_verify` 0 rows: no bank is written and the commit copies unwritten banks."""
+    old = "        verify_bs = _get_target_verify_bs(forward_batch)\n        online_c128_state_slot_offset"
+    assert text.count(old) == 1
+    return text.replace(old, "        verify_bs = (\n            _get_target_verify_bs(forward_batch)\n"
+                             "            if self.online_c128_mtp.enabled()\n            else 0\n        )\n"
+                             "        online_c128_state_slot_offset", 1)
+
+
+def mtp_enabled_for_dspark(text: str) -> str:
+    """Helper 103's case c06: upstream's online c128 MTP controller is on for DSPARK too (no MTP env): our
+    controller's startup check refuses a DSPARK target with both on, so every launch with the gates on fails."""
+    old = ("            and envs.SGLANG_EXPERIMENTAL_ONLINE_C128_MTP.get()\n"
+           "            and self.backend.mtp_enabled\n")
+    assert text.count(old) == 1
+    return text.replace(old, "            and (\n                self.backend.mtp_enabled\n                or "
+                             "self.backend.model_runner.spec_algorithm.is_dspark()\n            )\n", 1)
+
+
+def test_upstream_handing_prepare_verify_no_rows_in_an_eager_verify_fails_naming_the_caller(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """c07: the scenarios called `prepare_verify` themselves and said clean; each verify step now asks the tree's
+    backend for its metadata (`init_forward_metadata`, or a graph replay's `init_forward_metadata_out_graph`), so the
+    eager static steps fail, naming our hook and upstream's caller; the replayed and compact steps pass."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    change = landed(git, "dsv4 backend: compute verify_bs only for online c128 MTP",
+                    {BACKEND_PY: verify_bs_only_for_mtp})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    assert sorted(failed) == ["compressor-callback", "decode", "verify-static"], failed
+    assert re.fullmatch(
+        rf"scenario verify-static: in {OURS}\.prepare_verify "
+        r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.layers\.attention\."
+        r"deepseek_v4_backend\.DeepseekV4AttnBackend\._build_forward_metadata "
+        r"\(sglang/srt/layers/attention/deepseek_v4_backend\.py:\d+\): AssertionError: the eager target-verify "
+        r"metadata \(static\) called prepare_verify with \{'bs': 6, 'verify_bs': 0, 'ragged_layout': None\} for a "
+        r"batch of 5 verify rows in 6", failed["verify-static"])
+
+
+def test_upstreams_mtp_controller_on_for_dspark_fails_our_startup_check_naming_its_enabled(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """c06: the scenarios' backend had a stand-in MTP controller (never enabled); it is now the tree's own, built
+    before ours as the backend builds them, so our controller's startup check refuses where a launch would, naming
+    upstream's `enabled` (the predicate it refused on)."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    change = landed(git, "online c128 MTP: enable by default, DSPARK included", {MTP: mtp_enabled_for_dspark})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    assert sorted(failed) == sorted(set(SCENARIOS) - {"startup-rules"}), failed
+    for name, detail in failed.items():
+        assert re.fullmatch(
+            rf"scenario {name}: in {OURS}\.__init__ \(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); "
+            r"upstream sglang\.srt\.layers\.attention\.dsv4\.online_c128_mtp\.OnlineC128MTPController\.enabled "
+            r"\(sglang/srt/layers/attention/dsv4/online_c128_mtp\.py:\d+\): RuntimeError: online c128: "
+            r"SGLANG_EXPERIMENTAL_ONLINE_C128_MTP and SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK are both set for a "
+            r"DSPARK target; set only the DSPARK one\. \(OnlineC128MTPController\.enabled returned True\)",
+            detail), detail
