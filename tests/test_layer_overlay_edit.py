@@ -34,11 +34,12 @@ def test_a_layer_entry_editing_our_overlays_file_goes_from_commit_to_a_verified_
     add = printed_command(refresh.err, "c128patch layer add-entry")
     ran = run_printed(add, cwd=tmp_path)
     assert ran.returncode == 0, (add, ran.stderr)
-    apply = printed_command(ran.stdout + ran.stderr, "c128patch apply ")
-    ran = run_printed(apply, cwd=tmp_path)
-    assert ran.returncode == 0, (apply, ran.stderr)
-    stacked = Path(apply.split("--tree ", 1)[1].split()[0])
-    assert stacked != tree and (stacked / OURS).read_text() == (tree / OURS).read_text()
+    edited = (tree / OURS).read_text()
+    rebase = printed_command(ran.stdout + ran.stderr, "c128patch rebase ")  # the tree carries the layer: in place
+    ran = run_printed(rebase, cwd=tmp_path)
+    assert ran.returncode == 0, (rebase, ran.stderr)
+    stacked = Path(rebase.split("--tree ", 1)[1].split()[0])
+    assert stacked == tree and (stacked / OURS).read_text() == edited
 
     status = run_printed("c128patch status --json", cwd=stacked)
     assert status.returncode == 0, status.stdout
