@@ -14,7 +14,7 @@ from c128patch.git import Git
 from c128patch.series.layers import CONFIG, ENV
 from c128patch.series.manifest import load_series
 from c128patch.series.provenance import PROVENANCE_PATH
-from support import invoke, printed_command, run_printed
+from support import REPO_ROOT, invoke, printed_command, run_printed
 from test_layers import EXAMPLE
 
 
@@ -130,3 +130,26 @@ def test_add_entry_refuses_a_commit_lint_would_reject_and_writes_nothing(tmp_pat
         "written"), res.err
     assert {p: p.read_bytes() for p in (tmp_path / "layers" / "acme").rglob("*") if p.is_file()} == before
     assert invoke("lint", "--offline", "--layer", "layers/acme").code == 0
+
+
+def test_apply_over_a_branch_of_an_earlier_version_of_the_stack_prints_the_rebase_status_does(
+        tmp_path, sglang_release_repo, monkeypatch):
+    """Helper 101: with no commit of the user's on it, apply advised `git branch -D` for a branch holding an earlier
+    version of the same layer, while status proposed a rebase; both now propose the rebase, which runs."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(EXAMPLE, tmp_path / "layers" / "acme")
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--layer", "layers/acme", "--tree", "sglang-acme").code == 0
+    layer = load_series(tmp_path / "layers" / "acme")
+    layer.version = str(int(layer.version) + 1)  # the layer changed since (a new entry would bump it)
+    layer.save()
+    res = invoke("apply", "--sglang-rev", "v0.5.23", "--layer", "layers/acme", "--tree", "sglang-acme",
+                 as_json=False)
+    assert res.code == 2 and "branch -D" not in res.err, res.err
+    assert f"holds series c128patch {load_series(REPO_ROOT).version} + layer acme " in res.err
+    rebase = printed_command(res.err, "c128patch rebase ")
+    assert rebase == (f"c128patch rebase --onto v0.5.23 --tree {tmp_path / 'sglang-acme'} --layer "
+                      f"{tmp_path / 'layers' / 'acme'}"), res.err
+    ran = run_printed(rebase, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert invoke("status", "--tree", "sglang-acme").out["equals_series"] is True

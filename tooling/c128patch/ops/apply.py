@@ -102,11 +102,23 @@ def refuse_taken_branch(series: Series, git: Git, branch: str, target: Target) -
     prov = git.out("log", "-1", "--format=%H", tip, "--", PROVENANCE_PATH) if tip else ""
     record = committed(git, prov) if prov and tip else None
     mine = users_commits(git, prov, tip or "", record) if record is not None else 0
-    if record is None or not mine or already_applied(series, git, branch, target) is not None:
+    if record is None or already_applied(series, git, branch, target) is not None:
         return
     ours = record.get("series", {})
     held = " + ".join([f"series {ours.get('name')} {ours.get('version')}",
                        *(f"layer {r['name']} {r['version']}" for r in record.get("layers", []))])
+    applied = [str(r.get("name")) for r in record.get("layers", []) if isinstance(r, dict)]
+    if not mine and ours.get("name") == series.ours.name and applied == [
+            layer.name for layer in series.layers][:len(applied)]:  # an earlier version of this stack: as status
+        rebase = shlex.join(["c128patch", "rebase", "--onto", target.rev, "--tree", str(Path(git.cwd).resolve()),
+                             *layer_args(series),
+                             *([] if series.ours.root == default_series_root().resolve() else
+                               ["--series", str(series.ours.root)])])  # advice, as a rebase would keep it (helper 101)
+        raise C128Error(f"branch {branch} in {git.cwd} holds {held} on {record.get('upstream', {}).get('rev')}, not "
+                        f"{describe(series)} on {target.rev}: take it there with {rebase}; or pass --branch NAME; "
+                        "nothing was changed")
+    if not mine:
+        return
     beside = shlex.join(["c128patch", "apply", "--sglang-rev", target.rev, "--tree", str(git.cwd), "--branch",
                          f"{branch}-{series.layers[-1].name if series.layers else 'new'}", *layer_args(series),
                          *([] if series.ours.root == default_series_root().resolve() else
