@@ -547,3 +547,28 @@ def test_the_static_import_check_reads_no_file_through_a_symlink_of_the_tree(tmp
     (top / "python").mkdir()
     (top / "python" / "sglang").symlink_to(secret)
     assert treecheck.check_imports(top, ["sglang.secret"])["sglang.secret"]["imports"] == 0
+
+
+def test_the_box_runs_a_trees_source_not_an_unchecked_bytecode_file_beside_it(tmp_path):
+    """Helper 100: an upstream can commit `__pycache__/X.cpython-3NN.pyc` made with the unchecked-hash mode; Python
+    ran it instead of X.py (-B stops writes only), so the tier judged code check, apply and the wheel never saw."""
+    import py_compile
+
+    module = tmp_path / "pkg" / "m.py"
+    module.parent.mkdir()
+    module.write_text('print("the committed bytecode")\n')
+    beside = module.parent / "__pycache__" / f"m.{sys.implementation.cache_tag}.pyc"  # (not the run's prefix)
+    py_compile.compile(str(module), cfile=str(beside),
+                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    module.write_text('print("the source")\n')
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import pkg.m"
+    out, _ = Sealed(sys.executable, ["-c", code], 60, offline=True, readable=(str(tmp_path),)).wait()
+    assert out.strip() == "the source", out
+
+
+def test_the_runners_answer_is_taken_one_line_per_string():
+    """Helper 100: a target's exception text with a line break printed a line of its choosing under ours
+    (`treecheck: passed (...)`)."""
+    tier = {"modules": {"m": {"status": "failed", "detail": "boom\ntreecheck: passed (FORGED)"}}}
+    data = treecheck._answer(json.dumps({"torch": True, "tiers": {"off": tier, "on": tier}}), "", 0, ["m"])
+    assert data["tiers"]["on"]["modules"]["m"]["detail"] == "boom ⏎ treecheck: passed (FORGED)"

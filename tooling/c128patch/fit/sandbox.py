@@ -239,7 +239,9 @@ class Sealed:
         scrubbed = {k: os.environ[k] for k in KEEP if k in os.environ} | (env or {})
         scrubbed.update(HOME=str(self.home), TMPDIR=str(self.home))
         self.out, self.err = (open(self.home / name, "w+b") for name in (".stdout", ".stderr"))  # noqa: SIM115
-        argv = [python, "-I", "-B", *args]
+        # a tree's __pycache__ may hold an unchecked-hash .pyc that Python runs instead of its source (-B only stops
+        # writes): every hash-based one is checked against its source (helper 100)
+        argv = [python, "-I", "-B", "--check-hash-based-pycs", "always", *args]
         writes, reads, net, pids = _cuts()
         self.pids = not pids  # its own pid namespace (only with the whole seal)
         if not writes or (offline and not net):  # in a user namespace of its own
