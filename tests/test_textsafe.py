@@ -13,7 +13,7 @@ from markdown_it import MarkdownIt
 from c128patch.fit import watch_report
 from c128patch.git import Git
 from c128patch.ops.rebase_report import render_markdown
-from c128patch.textsafe import md, plain, some
+from c128patch.textsafe import md, one_line, plain, some
 from support import REPO_ROOT, invoke
 from test_upstream_changes import CUH, GUARD_NEW, GUARD_OLD, PLAN, commit_on, put
 
@@ -34,6 +34,22 @@ def test_md_of_several_lines_is_a_fence_no_line_closes():
     text = "a\n```\n<img src=x>\n````"
     want = f'<pre><code class="language-diff">{html.escape(text, quote=False)}\n</code></pre>\n'
     assert MarkdownIt().render(md(text, "diff")) == want
+
+
+def test_md_of_several_lines_inside_a_line_stays_one_inert_span():
+    """Helper 100: a target's exception text with blank lines reached watch's report inside a list item and the
+    headline as a fence; a fence that starts mid-line is none, so its <img> and links were live."""
+    text = "boom\n\n<img src=x onerror=alert(1)> @admin #1 [click](https://evil.example)\n- item"
+    for markdown in (f"- **failed**: {md(text)}", f"**{md(text)}**", f"- {md('name')}: {md(text)}"):
+        rendered = MarkdownIt("commonmark").render(markdown)
+        assert "<img" not in rendered and "<a " not in rendered and rendered.count("<code>") >= 1, rendered
+        assert "\n" not in md(text) and "boom ⏎  ⏎ <img" in md(text)
+
+
+def test_zero_width_characters_are_stripped_and_line_breaks_shown():
+    assert plain("c128patch\u200b \u2060x\ufeff") == "c128patch x"
+    assert one_line("treecheck: failed\ntreecheck: passed (FORGED)\r\n") == "treecheck: failed ⏎ treecheck: " \
+        "passed (FORGED) ⏎ "  # (a CR alone: plain's)
 
 
 def test_plain_strips_what_a_terminal_acts_on():

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import re
 
-# C0 controls but tab and newline, DEL, C1 controls (ESC, BEL, CR, CSI...), bidi controls (U+202E: Trojan Source)
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C0 controls but tab and newline, DEL, C1 controls (ESC, BEL, CR, CSI...), bidi controls (U+202E: Trojan Source),
+# zero-width characters (a name spelled with U+200B reads as ours)
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
 
 
 def plain(text: str) -> str:
     """``text`` without the control characters a terminal acts on, nor bidi controls."""
     return _CONTROLS.sub("", text)
+
+
+def one_line(text: str) -> str:
+    """``plain`` ``text`` on one line: a line break shown as ``⏎`` (text from a target or a wheel cannot forge a line
+    of ours)."""
+    return re.sub(r"\r\n|[\r\n\u2028\u2029]", " ⏎ ", plain(str(text)))
 
 
 def text(value: str):  # -> rich.text.Text (rich is loaded only where a table prints)
@@ -36,11 +43,12 @@ def some(items: list[str], n: int) -> str:
 
 
 def md(text: str, lang: str | None = None) -> str:
-    """``text`` as literal Markdown: a code span, or a fenced block (several lines, or a ``lang`` given); the
-    fence is longer than any backtick run in it, so no HTML, link, @mention or #ref in it is live."""
-    text = plain(str(text))
+    """``text`` as literal Markdown: a code span on one line (``one_line``: it sits inside a line, a list item, a
+    table cell), or with a ``lang`` a fenced block; the fence is longer than any backtick run in it, so no HTML,
+    link, @mention or #ref in it is live."""
+    text = plain(str(text)) if lang is not None else one_line(text)
     runs = max(map(len, re.findall(r"`+", text)), default=0)
-    if "\n" in text or lang is not None:
+    if lang is not None:
         fence = "`" * max(3, runs + 1)
         return f"{fence}{lang or ''}\n{text.rstrip(chr(10))}\n{fence}"
     if not text:

@@ -44,12 +44,16 @@ def command(wheel: Path, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
                           known=ours)
     if as_json:
         return emit_json(vars(result))
+    from c128patch.textsafe import one_line as o  # the wheel's strings: one line each, never a line of ours
+
     s, u, a = result.series, result.upstream, result.authenticity
     say(f"{wheel.name}: OK",
-        f"  sglang {result.version} = upstream {u.get('version')} + series {s.get('name')} {s.get('version')} "
-        f"({str(s.get('digest', ''))[:12]}); {result.files} files match RECORD; {result.compiled} .py compiled",
-        *(f"  + layer {layer['name']} {layer['version']} ({str(layer['digest'])[:12]})" for layer in result.layers),
-        *(f"  {row['name']} ({row['kind']}): present" for row in result.entries),
+        f"  sglang {result.version} = upstream {o(u.get('version'))} + series {o(s.get('name'))} "
+        f"{o(s.get('version'))} ({o(str(s.get('digest', ''))[:12])}); {result.files} files match RECORD; "
+        f"{result.compiled} .py compiled",
+        *(f"  + layer {o(layer['name'])} {o(layer['version'])} ({o(str(layer['digest'])[:12])})"
+          for layer in result.layers),
+        *(f"  {o(row['name'])} ({o(row['kind'])}): present" for row in result.entries),
         "  authenticity NOT checked (--no-authenticity)" if a is None else
         f"  authentic: {a['identical']} files byte-identical to upstream's {a['upstream_wheel']} "
         f"({a['found']}), {a['derived']} made by the declared diffs")

@@ -19,6 +19,7 @@ import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from c128patch.errors import C128Error
 from c128patch.fit import env as env_ops
@@ -29,7 +30,7 @@ from c128patch.git import Git
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series
 from c128patch.series.paths import symlink_on_path
-from c128patch.textsafe import some
+from c128patch.textsafe import one_line, some
 
 RUNNER = Path(__file__).with_name("treecheck_runner.py")
 SCENARIOS = Path(__file__).with_name("scenarios_runner.py")  # the series' DSPARK scenarios, run after the imports
@@ -204,7 +205,17 @@ def _answer(stdout: str, stderr: str, code: int, modules: list[str]) -> dict:
         why = f"signal {-code}" if code < 0 else f"exit {code}" if code else "its answer is not the runner's"
         raise C128Error(f"the behavioural tier's interpreter failed ({why}): "
                         f"{(stderr.strip().splitlines() or ['?'])[-1]}") from None
-    return data
+    return _one_line(data)
+
+
+def _one_line(value: Any) -> Any:
+    """The runner's answer with each string on one line: its details quote the target's exceptions, which could
+    print a line of ours (``treecheck: passed``; helper 100)."""
+    if isinstance(value, str):
+        return one_line(value)
+    if isinstance(value, dict):
+        return {_one_line(k): _one_line(v) for k, v in value.items()}
+    return [_one_line(v) for v in value] if isinstance(value, list) else value
 
 
 def run(series: Series, tree: Path, paths: list[str], *, python: str | None = None, timeout: float = 600,
