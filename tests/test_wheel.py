@@ -760,6 +760,23 @@ def test_a_wheel_claims_the_series_in_any_spelling_its_label_hides_or_by_its_dig
             _check_known(iw, forged, known)
 
 
+@pytest.mark.parametrize("claim", [{"name": "evil", "digest": "prefix"}, {"name": "test\u200b"},
+                                   {"name": "test ", "version": "1"}, {"version": "1.0", "digest": "prefix"}])
+def test_a_wheel_claims_the_series_by_the_digest_its_label_shows_or_a_name_that_reads_as_it(
+        patched, wheel_series, claim):
+    """Helper 100: another name (evil, or ours with a zero-width space or a trailing space) over a digest whose first
+    8 characters are ours: the wheel's label (``+c128.1.<8>``) and file name are ours, and verify-wheel said OK."""
+    from c128patch.wheel.verify import _check_known
+
+    known, iw = load_series(wheel_series), SimpleNamespace(wheel=Path(patched.wheel))
+    good = json.loads(members(Path(patched.wheel))["sglang/c128patch_provenance.json"])
+    digest = known.digest()[:8] + "f" * 56 if claim.get("digest") == "prefix" else "ab" * 32
+    forged = {**good, "series": {**good["series"], **claim, "digest": digest}}
+    with pytest.raises(C128Error, match=r"claims series test 1 (as '.*' '.*' \(the provenance was edited\)|, but its "
+                                        rf"digest f*{known.digest()[:8]}f+ is not that series' \({known.digest()}\))"):
+        _check_known(iw, forged, known)
+
+
 def test_verify_refuses_deeply_nested_provenance(patched, tmp_path: Path):
     verify_fails(with_provenance(patched, tmp_path, b"[" * 100_000 + b"]" * 100_000), "nested too deeply")
 
@@ -833,10 +850,14 @@ def test_real_wheels_pass_the_caps():
     (["sglang/.GIT/hooks/x"], "unsafe member name"), (["sglang/GIT~1/config"], "unsafe member name"),
     (["sglang/x.py::$DATA"], "unsafe member name"), (["sglang/a\u2028b.py"], "unsafe member name"),
     (["sglang/\u202ey.py"], "unsafe member name"),
+    (["sglang/srt/environ.py", "sglang-0.5.23.data/purelib/sglang/srt/environ.py"], "are one file on some file"),
+    (["sglang/x.py", "sglang-0.5.23.data/platlib/sglang/X.py"], "are one file on some file"),
+    (["sglang/srt/a.py", "\u017fglang/srt/a.py"], "are one file on some file"),  # long s: casefold, not lower
 ], ids=["nfc-nfd", "trailing-dot", "trailing-space", "case", "dot-git-upper", "git-8.3", "ntfs-stream",
-        "line-separator", "bidi"])
+        "line-separator", "bidi", "data-purelib", "data-platlib", "long-s"])
 def test_check_archive_refuses_names_a_file_system_folds_together_or_to_git(tmp_path: Path, names, says):
-    """Helper 95: these passed check_archive (case folding only), so verify-wheel --no-authenticity took them."""
+    """Helper 95 (and 100: .data/purelib, the long s): these passed check_archive, so verify-wheel --no-authenticity
+    took them."""
     from c128patch.wheel.tools import check_archive
 
     with pytest.raises(C128Error, match=says):

@@ -94,7 +94,11 @@ def check_archive(infos: list[zipfile.ZipInfo], wheel: Path, error: type[C128Err
         if (not name or name.startswith("/") or "\\" in name or ":" in name or ".." in parts or _CONTROL.search(name)
                 or any(is_git_dir_name(p) for p in parts)):  # (":": an NTFS stream, ``x.py::$DATA``)
             raise error(f"not a wheel: {wheel} has an unsafe member name {name!r}")
-        key = "/".join(folded_name(p) for p in parts)  # case, NFC, trailing dots and spaces: one file to some
+        # case, NFC, trailing dots and spaces: one file to some file systems; pip installs <dist>.data/purelib/X
+        # (and platlib/) at X: one file with the member X (helper 100: a payload over a file the series patches)
+        installed = parts[2:] if len(parts) > 2 and parts[0].endswith(".data") and parts[1] in ("purelib", "platlib") \
+            else parts
+        key = "/".join(folded_name(p) for p in installed)
         if (other := folded.setdefault(key, name.rstrip("/"))) != name.rstrip("/"):
             raise error(f"{wheel.name}: members {other!r} and {name!r} are one file on some file systems (case, "
                         "Unicode normalisation or trailing dots and spaces: one overwrites the other); refusing the "

@@ -15,6 +15,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+import unicodedata
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -30,6 +31,7 @@ from c128patch.series.layers import layer_rows
 from c128patch.series.manifest import Series
 from c128patch.series.patchfile import hunk_header
 from c128patch.series.provenance import record_problem
+from c128patch.textsafe import plain
 from c128patch.wheel.authentic import check_authentic, locate
 from c128patch.wheel.patch import PACKAGE, WHEEL_PROVENANCE, apply_failure, loose_git, record_version
 from c128patch.wheel.rules import wheel_path
@@ -189,19 +191,22 @@ def _check_series(iw: InWheel, record: dict, series: Series) -> None:
 
 
 def _claims(s: dict, known: Series) -> bool:
-    if s.get("digest") == known.digest():
+    """Does the record ``s`` claim ``known``: by the digest the wheel's version label shows (its first 8 characters:
+    a series of another name but that prefix read as ours, helper 100), or by its name as a reader sees it (any case,
+    no zero-width characters, NFKC) and its version as the label prints it."""
+    if str(s.get("digest", ""))[:8] == known.digest()[:8]:
         return True
     try:
         same = Version(f"0+{s.get('version')}") == Version(f"0+{known.version}")
     except InvalidVersion:
         same = s.get("version") == known.version
-    return same and str(s.get("name")).casefold() == known.name.casefold()
+    seen = unicodedata.normalize("NFKC", plain(str(s.get("name")))).strip().casefold()
+    return same and seen == known.name.casefold()
 
 
 def _check_known(iw: InWheel, record: dict, known: Series) -> None:
-    """A wheel claiming this tool's series carries that series' digest, files and gates. It claims it by its name
-    and version in any spelling a reader could take for them (the case of the name, which the wheel's version label
-    leaves out; ``04`` for ``4``, which the label prints as ``4``), or by its digest."""
+    """A wheel claiming this tool's series (``_claims``: by the digest its version label shows, or by its name and
+    version as a reader takes them) carries that series' digest, files and gates."""
     s = record.get("series", {})
     if not _claims(s, known):
         return
@@ -209,8 +214,9 @@ def _check_known(iw: InWheel, record: dict, known: Series) -> None:
         raise _mismatch(iw.wheel, f"claims series {known.name} {known.version} as {str(s.get('name'))!r} "
                                   f"{str(s.get('version'))!r} (the provenance was edited)")
     if s.get("digest") != known.digest():
-        raise _mismatch(iw.wheel, f"claims series {known.name} {known.version}, but its digest "
-                                  f"{str(s.get('digest'))[:8]} is not that series' ({known.digest()[:8]})")
+        raise _mismatch(iw.wheel, f"claims series {known.name} {known.version}, but its digest "  # (in full: the
+                                  f"{plain(str(s.get('digest')))} is not that series' ({known.digest()})")  # label's 8
+        # characters may be the same)
     entries = {e.name: e for e in known.entries}
     layered = set()  # a layer's entries are "<layer>/<entry>": a name of ours listed under a layer is still ours
     for r in record.get("layers", []):
