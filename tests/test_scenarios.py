@@ -438,3 +438,34 @@ def test_upstreams_mtp_controller_on_for_dspark_fails_our_startup_check_naming_i
             r"SGLANG_EXPERIMENTAL_ONLINE_C128_MTP and SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK are both set for a "
             r"DSPARK target; set only the DSPARK one\. \(OnlineC128MTPController\.enabled returned True\)",
             detail), detail
+def draft_banks_only_under_mtp_env(text: str) -> str:
+    """Helper 104's case c12: the compress state pool allocates its draft banks only with
+    SGLANG_EXPERIMENTAL_ONLINE_C128_MTP set. Under DSPARK (that env unset) the pool holds bank 0 alone and reports 0
+    draft banks: the launch failed at startup with advice about the block size (a verify width of 0), and the
+    scenarios, which made the pool without its `__init__` and passed the bank count themselves, said clean."""
+    old = "            if online_mtp_max_draft_tokens > 0:\n"
+    assert text.count(old) == 1
+    constants = "from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE\n"
+    text = text.replace(constants, constants + "from sglang.srt.environ import envs\n", 1)
+    return text.replace(old, "            if (\n                online_mtp_max_draft_tokens > 0\n"
+                             "                and envs.SGLANG_EXPERIMENTAL_ONLINE_C128_MTP.get()\n            ):\n", 1)
+
+
+def test_upstream_allocating_draft_banks_only_for_mtp_fails_naming_the_allocation(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """The scenarios build the tree's own pool (`DeepSeekV4TokenToKVPool`'s state pools, `CompressStatePool.__init__`)
+    under the gates for a DSPARK launch: a pool that allocates fewer draft banks than the verify width fails
+    `startup-rules` and `compressor-callback`, naming upstream's allocation and our controller, which needs them."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    change = landed(git, "compress state: draft banks only for online c128 MTP", {
+        "python/sglang/srt/mem_cache/deepseek_v4_compress_state.py": draft_banks_only_under_mtp_env})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    assert sorted(failed) == ["compressor-callback", "startup-rules"], failed
+    for name in failed:
+        assert re.fullmatch(
+            rf"scenario {name}: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.OnlineC128DsparkController"
+            r"\.__init__ \(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\."
+            r"mem_cache\.deepseek_v4_compress_state\.CompressStatePool\.__init__ \(sglang/srt/mem_cache/"
+            r"deepseek_v4_compress_state\.py:\d+\): AssertionError: the tree's pool, built for a DSPARK launch of "
+            r"verify width 8 with the gates on, holds 0 draft banks \(CompressStatePool\.__init__ was asked for 8\)"
+            r": the controller's verify writes 8 .*", failed[name]), failed

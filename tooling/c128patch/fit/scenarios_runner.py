@@ -140,6 +140,81 @@ def startup_rules(on: bool) -> None:
                 continue
         if refusal is not None:
             raise AssertionError(f"{case}: admitted, expected a refusal naming {refusal!r}")
+    if on:  # the banks of the tree's own pool, built as a DSPARK launch builds it: our controller admits them
+        with _launch(on_env):
+            ctl.OnlineC128DsparkController(fake_backend(tree_pool(), width=W, device="cpu"))
+
+
+# -- the tree's own pool (helper 104's case c12) -------------------------------------------
+
+POOL_LAYERS = [0, 128, 0, 128, 0]  # two c128 layers (1 and 3) among uncompressed ones, as `FakeKVPool` lays them
+
+
+def _asked_for_banks(calls: List[Tuple[Any, int]]) -> Any:
+    """A profile function recording each call of a function of the tree that takes ``online_mtp_max_draft_tokens``
+    (the bank count) as an argument: (its code, the count it was asked for)."""
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        code = frame.f_code
+        if event == "call" and "online_mtp_max_draft_tokens" in code.co_varnames[:code.co_argcount +
+                                                                                   code.co_kwonlyargcount]:
+            calls.append((frame.f_globals.get("__name__"), code, frame.f_locals["online_mtp_max_draft_tokens"]))
+    return profile
+
+
+def tree_pool(pool_class: Any = None) -> Any:
+    """The tree's DSV4 pool for a DSPARK launch of verify width ``W`` with the gates on, its state pools built by the
+    tree: an instance of its `DeepSeekV4TokenToKVPool` (or ``pool_class``) made without `__init__` (which sizes the
+    SWA and KV pages of a GPU), holding the bank count the pool configurator and the KV cache configurator hand the
+    pool (`max_speculative_num_draft_tokens()`: ``W``) and what its state-pool construction reads, then its own
+    `_init_paged_compress_states` (its `_make_compress_state_pool`, `CompressStatePool.__init__`) on the CPU: ``SLOTS``
+    request rows of float32 state per c128 layer (`POOL_LAYERS`), its banks, rows and slot offset the tree's. A pool
+    holding fewer draft banks than ``W`` fails (helper 104's case c12: banks allocated only under the MTP env),
+    naming the function of the tree that was asked for ``W`` banks and allocated fewer, and our controller, which needs
+    them (what its startup check then says)."""
+    mod, ctl = _module(POOL), _module(CONTROLLER)
+    pool_class = pool_class or mod.DeepSeekV4TokenToKVPool
+    pool, calls = pool_class.__new__(pool_class), []
+    pool.__dict__.update(
+        compressed_pool_configs={128: SimpleNamespace(kv_size=SLOTS, state_size=SLOTS, state_dtype=torch.float32,
+                                                      indexer_size=None)},
+        compression_ratios=list(POOL_LAYERS), _stage_start=0, _stage_end=len(POOL_LAYERS), index_pools={},
+        sources_by_ratio={}, qk_nope_head_dim=HEAD_DIM - 64, qk_rope_head_dim=64, indexer_head_dim=128,
+        device="cpu", swa_page_size=CHUNK, online_mtp_max_draft_tokens=W, online_c128_state_num_req_slots=SLOTS,
+        num_slots=SLOTS, layer_transfer_counter=None)
+    spec = SimpleNamespace(speculative_algorithm="DSPARK", speculative_num_draft_tokens=W)
+    with mock.patch.object(mod, "get_spec", lambda: spec, create=True):
+        sys.setprofile(_asked_for_banks(calls))
+        try:
+            pool._init_paged_compress_states(False)
+        finally:
+            sys.setprofile(None)
+    banks = int(pool.get_online_c128_mtp_max_draft_tokens())
+    if banks != W:
+        asked = [code for name, code, count in calls if count == W and (name or "").startswith("sglang.")]
+        theirs = _defined_code(asked[-1]) if asked else _defined(pool_class._make_compress_state_pool)
+        try:
+            with _launch({GATE_ENV: "1", ONLINE_ENV: "1", MTP_ENV: None}):
+                ctl.OnlineC128DsparkController(fake_backend(pool, width=W, device="cpu"))
+            said = "its startup check admitted it"
+        except (ValueError, RuntimeError) as exc:
+            said = "its startup check says: " + " ".join(str(exc).split())
+        name = getattr(asked[-1], "co_qualname", asked[-1].co_name) if asked else "the pool's state-pool factory"
+        raise Blame(f"the tree's pool, built for a DSPARK launch of verify width {W} with the gates on, holds {banks} "
+                    f"draft banks ({name} was asked for {W}): the controller's verify writes {W} banks a request, "
+                    f"one a verify token ({said})", ours=_defined(ctl.OnlineC128DsparkController.__init__),
+                    theirs=theirs)
+    for state in pool.compress_state_pools:
+        if state is not None:
+            state.kv_score_buffer.kv_score.fill_(float("nan"))  # read before written: NaN in the checks
+    return pool
+
+
+def _defined_code(code: Any) -> str:
+    """``module.qualname (sglang/...py:line)`` of a code object of the tree."""
+    path = code.co_filename
+    module = path[path.rfind("/sglang/") + 1:-3].replace("/", ".")
+    return f"{module}.{getattr(code, 'co_qualname', code.co_name)} ({path[path.rfind('/sglang/') + 1:]}:" \
+           f"{code.co_firstlineno})"
 
 
 def _upstream_compress(**kwargs: Any) -> None:
@@ -158,7 +233,10 @@ class Decode:
         self.states = [torch.full(((1 + W) * self.stride, STATE_DIM), float("nan")) for _ in range(layers)]
         self.apes = [self._randn(CHUNK, HEAD_DIM) for _ in range(layers)]
         pool = FakeKVPool(self.states, SLOTS, W)
-        if pool_class is not None:  # upstream's pool class over the same state pools: its own getters read them
+        if pool_class is not None and getattr(sys.modules.get(POOL), "ONLINE_C128", False):  # the gates on
+            pool = tree_pool(pool_class)  # upstream's pool, its state pools as it builds them: their banks, layout
+            self.states = [state.kv_score_buffer.kv_score for state in pool.compress_state_pools if state is not None]
+        elif pool_class is not None:  # upstream's pool class over the same state pools: its own getters read them
             for state in pool.compress_state_pools[1::2]:
                 state.online_mtp_state_slot_offset, state.online_mtp_max_draft_tokens = self.stride, W
             pool, fields = pool_class.__new__(pool_class), vars(pool)  # no __init__: it allocates device buffers
