@@ -125,13 +125,15 @@ POOL = "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
 ], ids=["compress-fn-gains-a-keyword", "pool-getter-becomes-a-property", "plan-subclass-rebuilt"])
 def test_upstreams_compressor_calling_our_compress_fn_fails_on_a_changed_call_or_getter(
         path, old, new, said, tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
-    """Only ``compressor-callback`` drives upstream's own call site and pool class: the other scenarios pass."""
+    """Only ``compressor-callback`` drives upstream's own call site and pool class, and ``startup-rules`` our
+    controller over upstream's pool (a getter of the pool fails both): the other scenarios pass."""
     git = Git(git_dir=sglang_release_repo)
     base, head = patched_copy(git, tmp_path, path, old, new)
     result = treecheck.run(SERIES, tmp_path, git.changed_files(base, head), python=tier_python)
-    on = scenarios(result, "on")
-    assert {n: s["status"] for n, s in on.items() if s["status"] != "passed"} == {"compressor-callback": "failed"}
-    assert re.fullmatch(f"scenario compressor-callback: {said}", on["compressor-callback"]["detail"]), on
+    on, failing = scenarios(result, "on"), ["compressor-callback"] + ["startup-rules"] * (path == POOL)
+    assert {n: s["status"] for n, s in on.items() if s["status"] != "passed"} == dict.fromkeys(failing, "failed")
+    for name in failing:
+        assert re.fullmatch(f"scenario {name}: {said}", on[name]["detail"]), on
     assert all(s["status"] == "passed" for s in scenarios(result, "off").values())  # upstream's compress_forward
     assert result.verdict().startswith("failed") and not result.to_json()["ok"]
 

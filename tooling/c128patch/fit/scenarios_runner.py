@@ -167,10 +167,10 @@ def tree_pool(pool_class: Any = None) -> Any:
     SWA and KV pages of a GPU), holding the bank count the pool configurator and the KV cache configurator hand the
     pool (`max_speculative_num_draft_tokens()`: ``W``) and what its state-pool construction reads, then its own
     `_init_paged_compress_states` (its `_make_compress_state_pool`, `CompressStatePool.__init__`) on the CPU: ``SLOTS``
-    request rows of float32 state per c128 layer (`POOL_LAYERS`), its banks, rows and slot offset the tree's. A pool
-    holding fewer draft banks than ``W`` fails (helper 104's case c12: banks allocated only under the MTP env),
-    naming the function of the tree that was asked for ``W`` banks and allocated fewer, and our controller, which needs
-    them (what its startup check then says)."""
+    request rows of float32 state per c128 layer (`POOL_LAYERS`), its banks, rows and slot offset the tree's. A
+    pool whose state rows hold fewer draft banks than ``W`` fails (helper 104's case c12: banks allocated only under
+    the MTP env), naming the function of the tree that was asked for ``W`` banks and allocated fewer, and our
+    controller, which needs them (what its startup check then says)."""
     mod, ctl = _module(POOL), _module(CONTROLLER)
     pool_class = pool_class or mod.DeepSeekV4TokenToKVPool
     pool, calls = pool_class.__new__(pool_class), []
@@ -188,8 +188,11 @@ def tree_pool(pool_class: Any = None) -> Any:
             pool._init_paged_compress_states(False)
         finally:
             sys.setprofile(None)
-    banks = int(pool.get_online_c128_mtp_max_draft_tokens())
-    if banks != W:
+    states = [state for state in pool.compress_state_pools if state is not None]
+    # the draft banks each state allocated: its rows over a bank's (bank 0, the committed state, is not a draft bank)
+    banks = min(int(s.kv_score_buffer.kv_score.shape[0]) // (getattr(s, "_logical_size", 0) or SLOTS + 2) - 1
+                for s in states)
+    if banks < W:
         asked = [code for name, code, count in calls if count == W and (name or "").startswith("sglang.")]
         theirs = _defined_code(asked[-1]) if asked else _defined(pool_class._make_compress_state_pool)
         try:
@@ -203,9 +206,8 @@ def tree_pool(pool_class: Any = None) -> Any:
                     f"draft banks ({name} was asked for {W}): the controller's verify writes {W} banks a request, "
                     f"one a verify token ({said})", ours=_defined(ctl.OnlineC128DsparkController.__init__),
                     theirs=theirs)
-    for state in pool.compress_state_pools:
-        if state is not None:
-            state.kv_score_buffer.kv_score.fill_(float("nan"))  # read before written: NaN in the checks
+    for state in states:
+        state.kv_score_buffer.kv_score.fill_(float("nan"))  # read before written: NaN in the checks
     return pool
 
 
