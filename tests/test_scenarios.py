@@ -48,7 +48,11 @@ def test_each_scenario_passes_on_the_release_patched(tag, tier_python, sglang_re
 
 
 def graph_tokens_renamed(git: Git, parent: str = "v0.5.23") -> str:
-    """Upstream renames ``RaggedVerifyLayout.graph_num_tokens`` (field, reads, constructor keyword) in its file."""
+    """Upstream renames ``RaggedVerifyLayout.graph_num_tokens`` (field, reads, constructor keyword) in its file, and
+    its read in the backend's target-verify metadata (which the scenarios enter since helper 103)."""
+    backend = "python/sglang/srt/layers/attention/deepseek_v4_backend.py"
+    read = git.blob(parent, backend).decode()
+    assert read.count("ragged_layout.graph_num_tokens") == 1
     text = git.blob(parent, RAGGED).decode()
     new = text.replace("    graph_num_tokens: int\n", "    num_graph_tokens: int\n", 1)
     new = new.replace("self.graph_num_tokens", "self.num_graph_tokens")
@@ -57,8 +61,8 @@ def graph_tokens_renamed(git: Git, parent: str = "v0.5.23") -> str:
     assert new.count("num_graph_tokens") == 8  # the field, its 6 reads, the constructor's keyword
 
     def edit(idx: Git) -> None:
-        blob = idx.out("hash-object", "-w", "--stdin", input=new)
-        idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{RAGGED}")
+        wu._put(idx, RAGGED, new)
+        wu._put(idx, backend, read.replace("ragged_layout.graph_num_tokens", "ragged_layout.num_graph_tokens"))
 
     return upstream_commit(git, parent, "ragged_verify: graph_num_tokens -> num_graph_tokens", edit)
 
@@ -70,7 +74,7 @@ def test_a_broken_upstream_change_fails_naming_scenario_our_module_and_upstream(
     result = treecheck.run_rev(SERIES, git, change[:12], change, python=tier_python)
     on = scenarios(result, "on")
     assert {n for n, s in on.items() if s["status"] == "failed"} == {"verify-compact", "decode", "worker-commit",
-                                                                     "compressor-callback", "backend-verify-metadata"}
+                                                                     "compressor-callback"}  # (the metadata: static)
     assert re.fullmatch(
         r"scenario verify-compact: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.commit_after_verify "
         r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.speculative\."
@@ -247,8 +251,8 @@ def test_upstream_routing_online_c128_layers_past_the_callback_fails_compressor_
         r"online_c128_dspark\.DsparkVerifyPrefillPlan\)", failed["compressor-callback"])
 
 
-# four upstream changes, each breaking one scenario only (one tier run for them all: each ran the whole tier alone,
-# 25-33 s a run in CI's heavy tier)
+# upstream changes each breaking one scenario only, in one commit (one tier run for them all: each ran the whole tier
+# alone, 25-33 s a run in CI's heavy tier)
 
 def one_more_draft_token(text: str) -> str:
     """Helper 97's case c6: the pool's `get_online_c128_mtp_max_draft_tokens()` returns N+1; the controller passes
@@ -298,23 +302,22 @@ def c128_plan_for_every_online_verify(text: str) -> str:
     return text.replace(old, "        if not self.has_c128 or not envs.SGLANG_OPT_USE_ONLINE_COMPRESS.get():\n")
 
 
-def test_four_upstream_changes_in_one_commit_each_fail_their_own_scenario_naming_the_culprit(
+def test_three_upstream_changes_in_one_commit_each_fail_their_own_scenario_naming_the_culprit(
         tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
-    """One upstream commit on the real v0.5.23 with four independent breaks, each the tier once called clean: the
+    """One upstream commit on the real v0.5.23 with three independent breaks, each the tier once called clean: the
     scenario each one breaks fails (and no other), naming our code and the upstream definition involved; with the
     gates off every scenario passes (upstream's own path). c6: the kernel models raise where the kernels' host checks
     do, naming the getter that handed our controller the refused value; c9: `worker-commit` runs each accept branch
     of the tree's step and names the line it returned from; c4: `record-streams` runs the tree's verify step through
-    our recording and upstream's helper; case 3: `backend-verify-metadata` finds upstream's own plan."""
+    our recording and upstream's helper."""
     git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
     eagle, ngram = "    record_stream_for_v2_verify(batch, verify_input, fwd_stream)\n", \
         "        record_stream_for_v2_verify(batch, None, fwd_stream)\n"
-    change = landed(git, "four upstream changes", {
+    change = landed(git, "three upstream changes", {
         POOL: one_more_draft_token, WORKER: early_return, SPEC + "spec_utils.py": record_helper_as_context_manager,
-        SPEC + "eagle_worker_common.py": with_block(eagle), SPEC + "ngram_worker.py": with_block(ngram),
-        "python/sglang/srt/layers/attention/deepseek_v4_backend.py": c128_plan_for_every_online_verify})
+        SPEC + "eagle_worker_common.py": with_block(eagle), SPEC + "ngram_worker.py": with_block(ngram)})
     failed = failed_with_the_gates_on(tier_python, git, change)
-    assert sorted(failed) == ["backend-verify-metadata", "compressor-callback", "record-streams", "worker-commit"]
+    assert sorted(failed) == ["compressor-callback", "record-streams", "worker-commit"], failed
     pool = r"sglang\.srt\.mem_cache\.deepseek_v4_memory_pool\.DeepSeekV4TokenToKVPool"
     assert re.fullmatch(  # c6
         r"scenario compressor-callback: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\._verify_compress "
@@ -340,11 +343,26 @@ def test_four_upstream_changes_in_one_commit_each_fail_their_own_scenario_naming
         r"\d+\): AssertionError: SGLANG_DSPARK_RECORD_VERIFY_STREAMS on: the verify step recorded 0 tensors before "
         r"prepare_for_verify, expected 7 \(seq_lens, req_pool_indices, input_ids, out_cache_loc, draft_token, "
         r"positions, custom_mask\)", failed["record-streams"])
+
+
+def test_upstream_planning_c128_for_every_online_verify_fails_backend_verify_metadata(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Helper 92's case 3 (one commit on v0.5.23): backend-verify-metadata names upstream's own plan; the verify
+    scenarios, which enter the backend's metadata since helper 103, stop in upstream's MTP plan too (a separate
+    test since: in one commit with the three other changes it failed the scenarios they break)."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    change = landed(git, "backend: a c128 plan for every online verify", {
+        "python/sglang/srt/layers/attention/deepseek_v4_backend.py": c128_plan_for_every_online_verify})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    assert sorted(failed) == ["backend-verify-metadata", "compressor-callback", "decode", "verify-compact",
+                              "verify-static"], failed  # startup, the worker's commit and its streams: upstream's
     backend = r"sglang\.srt\.layers\.attention\.deepseek_v4_backend"
     assert re.search(r"AssertionError: upstream's target-verify metadata \(static\) holds a c128 plan of its own with "
                      rf"the gates on \(made in {backend}\.DeepseekV4AttnBackend\._make_target_verify_c128_metadata "
                      r"\(sglang/srt/layers/attention/deepseek_v4_backend\.py:\d+\)\): the controller's verify plan is "
                      r"never built$", failed["backend-verify-metadata"]), failed
+    plan = "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend._make_target_verify_c128_metadata"
+    assert all(plan in failed[n] for n in ("verify-static", "verify-compact", "decode")), failed
 
 
 def test_upstream_advancing_the_lengths_in_place_in_the_accept_fails_worker_commit(
