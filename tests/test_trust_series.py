@@ -232,6 +232,18 @@ def test_a_config_committed_by_upstream_is_never_read(tmp_path, monkeypatch):
     assert lookup_layers((), cwd=up / "python")[0] == ((tmp_path / "work" / "mine").resolve(),)
 
 
+def test_a_config_shipped_in_an_upstream_tree_without_git_is_never_read(tmp_path, monkeypatch):
+    """Helper 100: a tarball or sdist of sglang (no .git) shipping c128patch.toml and its layer: it was read and stacked
+    ("c128patch 4 + layer evil 1"); a tree in upstream's layout is one the tool patches, repository or not."""
+    monkeypatch.delenv(ENV, raising=False)
+    up = hostile_upstream(tmp_path)
+    shutil.rmtree(up / ".git")
+    assert lookup_layers((), cwd=up / "python" / "sglang")[0] == () and lookup_layers((), cwd=up)[0] == ()
+    monkeypatch.setenv(ENV, str(up / "evil"))
+    with pytest.raises(C128Error, match="a tree c128patch patches"):
+        lookup_layers((), cwd=tmp_path)
+
+
 def test_a_layer_folder_inside_a_tree_the_tool_patches_is_refused(tmp_path, monkeypatch):
     up = hostile_upstream(tmp_path)
     monkeypatch.setenv(ENV, str(up / "evil"))

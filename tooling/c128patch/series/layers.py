@@ -184,8 +184,9 @@ def read_config(path: Path) -> tuple[Path, ...]:
 
 
 def _patched_top(folder: Path) -> bool:
-    """Is ``folder`` the top of a tree the tool patches (a repository in upstream's layout)?"""
-    return (folder / ".git").exists() and (folder / UPSTREAM_PACKAGE).is_dir()
+    """Is ``folder`` the top of a tree the tool patches (upstream's layout; a repository or not: a tarball or an sdist
+    has no ``.git``, helper 100)?"""
+    return (folder / UPSTREAM_PACKAGE).is_dir()
 
 
 def find_config(start: Path, exclude: Sequence[Path] = ()) -> Path | None:
@@ -193,8 +194,7 @@ def find_config(start: Path, exclude: Sequence[Path] = ()) -> Path | None:
     ``exclude`` (the repositories a verb was pointed at)."""
     chain = [start, *start.parents]
     tops = [i for i, folder in enumerate(chain) if (folder / ".git").exists()]
-    inside = max([i + 1 for i in tops if _patched_top(chain[i])] + [i + 1 for i, f in enumerate(chain) if f in exclude],
-                 default=0)
+    inside = max([i + 1 for i, f in enumerate(chain) if _patched_top(f) or f in exclude], default=0)
     last = min([i for i in tops if i >= inside], default=len(chain) - 1)
     config = next((f / CONFIG for f in chain[inside:last + 1] if (f / CONFIG).is_file()), None)
     if config is not None and config.is_symlink():  # whoever made the link chose the folder its paths are under
