@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 from c128patch.git import Git
 from c128patch.series.layers import CONFIG, ENV
@@ -153,3 +154,18 @@ def test_apply_over_a_branch_of_an_earlier_version_of_the_stack_prints_the_rebas
     ran = run_printed(rebase, cwd=tmp_path)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert invoke("status", "--tree", "sglang-acme").out["equals_series"] is True
+
+
+def test_a_wheel_made_beside_another_of_its_release_says_to_install_it_by_name(tmp_path, monkeypatch):
+    """Helper 101: after docs/layers.md, README's wheel line in the same folder took the layer from ./sglang's record
+    (as it says) and dist/ held both wheels: README's install pattern matched two (pip: ResolutionImpossible)."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(EXAMPLE, tmp_path / "layers" / "acme")
+    plain = invoke("wheel", "--from-release", "0.5.23", "-o", "dist")
+    assert plain.code == 0 and plain.out["beside"] == [], plain.err
+    res = invoke("wheel", "--from-release", "0.5.23", "-o", "dist", "--layer", "layers/acme", as_json=False)
+    made = Path(next(line for line in res.text.splitlines() if line.endswith(".whl") and not line.startswith(" ")))
+    assert res.code == 0 and ".acme." in made.name, res.text
+    assert f"note: dist also holds {Path(plain.out['wheel']).name}: install this wheel by its name ({made.name}), " \
+        "not by a pattern" in res.text, res.text

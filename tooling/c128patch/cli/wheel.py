@@ -28,6 +28,7 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
     from c128patch.evidence.matrix import release_note
     from c128patch.progress import reporter
     from c128patch.series.layers import describe
+    from c128patch.textsafe import some
     from c128patch.upstream.releases import WheelTarget
     from c128patch.wheel.patch import patch_from
 
@@ -41,9 +42,13 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
     with reporter(not as_json, title="wheel") as rep:
         result = patch_from(series, from_wheel, from_release, target, out_dir, rep)
     note = release_note(series.ours, result.upstream_version)
+    made = Path(result.wheel)  # others of this release there: an install line's glob (README's) takes them too
+    beside = sorted(p.name for p in made.parent.glob(f"sglang-{result.upstream_version}+*.whl") if p != made)
     if as_json:
-        return emit_json({"ok": True, **vars(result), "evidence_note": note}, series)
+        return emit_json({"ok": True, **vars(result), "evidence_note": note, "beside": beside}, series)
     say(*(f"  applied {row['name']} ({row['file']})" for row in result.entries), f"{result.wheel}",
         f"  sglang {result.version} = {result.upstream_version} + {describe(series)} ({len(result.entries)} entries), "
         f"sha256 {result.sha256[:16]}…, {result.seconds:.1f} s",
-        *filter(None, (note, result.support_note and f"note: {result.support_note}")))
+        *filter(None, (note, result.support_note and f"note: {result.support_note}")),
+        *([f"note: {made.parent} also holds {some(beside, 2)}: install this wheel by its name ({made.name}), not by "
+           "a pattern"] if beside else []))
