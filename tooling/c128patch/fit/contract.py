@@ -259,8 +259,9 @@ def _resolve_use(up: Upstream, use: Use, site_file: str) -> tuple[list[Item], li
         if nxt.kind == "missing":
             return [], [Finding("error", f"{site}: {'.'.join(chain)}: {nxt.why}", site, nxt.where, nxt.name)]
         if nxt.kind == "unknown" and use.kind in ("member", "typed", "installed") and attr == chain[-1]:  # at the base
-            return [], [Finding("error", f"{site}: {'.'.join(chain)}: class {chain[-2]} ({nxt.where}) has no {attr} "
-                                         f"({nxt.why})", site, nxt.where, nxt.name)]
+            where = current.where if current.kind == "class" else nxt.where  # the class's own (nxt's: a base's)
+            return [], [Finding("error", f"{site}: {'.'.join(chain)}: class {chain[-2]} ({where}) has no {attr} "
+                                         f"({nxt.why})", site, where, nxt.name)]
         if nxt.kind == "unknown":
             findings.append(Finding("note", f"{site}: {nxt.name}: not resolved statically ({nxt.why})", site, nxt.where,
                                     nxt.name))
