@@ -19,14 +19,24 @@ from support import REPO_ROOT, invoke, printed_command, run_printed
 from test_layers import EXAMPLE
 
 
-def test_status_with_a_config_naming_other_layers_than_the_trees_proposes_no_rebase(
-        tmp_path, sglang_release_repo, monkeypatch):
+def acme_tree(tmp_path: Path, monkeypatch) -> None:
+    """docs/layers.md's example layer in ./layers/acme, applied on v0.5.23 in ./sglang-acme (the folder: tmp_path)."""
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.chdir(tmp_path)
     shutil.copytree(EXAMPLE, tmp_path / "layers" / "acme")
     assert invoke("apply", "--sglang-rev", "v0.5.23", "--layer", "layers/acme", "--tree", "sglang-acme").code == 0
+
+
+def other_layer_in_config(tmp_path: Path) -> None:
+    """A c128patch.toml naming another layer than the tree's."""
     assert invoke("layer", "new", "layers/other", "--name", "other").code == 0
     (tmp_path / CONFIG).write_text('[layers]\npaths = ["layers/other"]\n')
+
+
+def test_status_with_a_config_naming_other_layers_than_the_trees_proposes_no_rebase(
+        tmp_path, sglang_release_repo, monkeypatch):
+    acme_tree(tmp_path, monkeypatch)
+    other_layer_in_config(tmp_path)
 
     version = load_series(EXAMPLE).version
     res = invoke("status", "--tree", "sglang-acme", as_json=False)
@@ -44,10 +54,7 @@ def test_status_with_a_config_naming_other_layers_than_the_trees_proposes_no_reb
 def test_status_of_a_tree_whose_layer_folder_moved_says_it_was_not_compared(tmp_path, sglang_release_repo, monkeypatch):
     """Helper 101: the layer folder the tree's provenance names moved away; status was a traceback (AttributeError
     in the line on the layers in effect) and --json exited 1 without a word."""
-    monkeypatch.delenv(ENV, raising=False)
-    monkeypatch.chdir(tmp_path)
-    shutil.copytree(EXAMPLE, tmp_path / "layers" / "acme")
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--layer", "layers/acme", "--tree", "sglang-acme").code == 0
+    acme_tree(tmp_path, monkeypatch)
     (tmp_path / "layers" / "acme").rename(tmp_path / "layers" / "acme-moved")
     monkeypatch.chdir(tmp_path / "sglang-acme")
     res = invoke("status", as_json=False)
@@ -65,12 +72,8 @@ def test_rebase_with_a_config_naming_other_layers_than_the_trees_is_refused_and_
         tmp_path, sglang_release_repo, monkeypatch):
     """Helper 101: status proposed no rebase there, but `rebase --onto` went ahead with the config's layers: the tree's
     layer entries carried as "your commit" and its record rewritten to name the other stack."""
-    monkeypatch.delenv(ENV, raising=False)
-    monkeypatch.chdir(tmp_path)
-    shutil.copytree(EXAMPLE, tmp_path / "layers" / "acme")
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--layer", "layers/acme", "--tree", "sglang-acme").code == 0
-    assert invoke("layer", "new", "layers/other", "--name", "other").code == 0
-    (tmp_path / CONFIG).write_text('[layers]\npaths = ["layers/other"]\n')
+    acme_tree(tmp_path, monkeypatch)
+    other_layer_in_config(tmp_path)
     tree = Git(worktree=tmp_path / "sglang-acme")
     head = tree.head()
     for named in ((), ("--layer", "layers/other")):  # from the config, or named: the same trap
@@ -89,10 +92,7 @@ def test_a_commit_made_an_entry_on_a_tree_with_its_layer_is_taken_by_the_rebase_
     """Helper 101: on a tree applied with the layer, `layer add-entry`'s next was an apply of a third tree
     (`sglang-acme-acme`), and `refresh --check` went on advising the add-entry that had been run (which then failed:
     the commit is an entry already). Both now print the rebase that takes the commit as the entry, which runs."""
-    monkeypatch.delenv(ENV, raising=False)
-    monkeypatch.chdir(tmp_path)
-    shutil.copytree(EXAMPLE, tmp_path / "layers" / "acme")
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--layer", "layers/acme", "--tree", "sglang-acme").code == 0
+    acme_tree(tmp_path, monkeypatch)
     tree = Git(worktree=tmp_path / "sglang-acme")
     version = tmp_path / "sglang-acme" / "python/sglang/version.py"
     version.write_text(version.read_text() + "# a site note\n")
@@ -114,10 +114,7 @@ def test_a_commit_made_an_entry_on_a_tree_with_its_layer_is_taken_by_the_rebase_
 def test_add_entry_refuses_a_commit_lint_would_reject_and_writes_nothing(tmp_path, sglang_release_repo, monkeypatch):
     """Helper 101: a commit changing README.md (outside python/) was written as an entry, then reported as a lint
     error, with no way back but editing series.toml by hand."""
-    monkeypatch.delenv(ENV, raising=False)
-    monkeypatch.chdir(tmp_path)
-    shutil.copytree(EXAMPLE, tmp_path / "layers" / "acme")
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--layer", "layers/acme", "--tree", "sglang-acme").code == 0
+    acme_tree(tmp_path, monkeypatch)
     tree = Git(worktree=tmp_path / "sglang-acme")
     (tmp_path / "sglang-acme" / "NOTES.md").write_text("site notes\n")
     tree.run("add", "NOTES.md")
@@ -137,10 +134,7 @@ def test_apply_over_a_branch_of_an_earlier_version_of_the_stack_prints_the_rebas
         tmp_path, sglang_release_repo, monkeypatch):
     """Helper 101: with no commit of the user's on it, apply advised `git branch -D` for a branch holding an earlier
     version of the same layer, while status proposed a rebase; both now propose the rebase, which runs."""
-    monkeypatch.delenv(ENV, raising=False)
-    monkeypatch.chdir(tmp_path)
-    shutil.copytree(EXAMPLE, tmp_path / "layers" / "acme")
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--layer", "layers/acme", "--tree", "sglang-acme").code == 0
+    acme_tree(tmp_path, monkeypatch)
     layer = load_series(tmp_path / "layers" / "acme")
     layer.version = str(int(layer.version) + 1)  # the layer changed since (a new entry would bump it)
     layer.save()
