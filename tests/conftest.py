@@ -68,7 +68,7 @@ HEAVY_TESTS = {  # a test, or one case of it (name[id])
     "test_smoke_upstream_suite.py::test_direct_register_custom_op_is_listed_as_a_standin_taken_inside_a_function"
     "[v0.5.21]",
 }
-HEAVY_FILES = {"test_check_predicts.py", "test_scenarios.py"}  # the latter: the tier's real environment
+HEAVY_FILES = {"test_check_predicts.py", "test_scenarios.py", "test_scenarios_upstream.py"}  # the tier's real env
 HEAVY_FIXTURES = {  # (b), built whole for their first test
     "rebased",  # test_rebase's (from, onto) matrix
     "example_path",  # test_layers: the example layer rebased across every release, a wheel of each

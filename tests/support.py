@@ -326,8 +326,9 @@ def workflow_commands(script: str, sample: dict[str, str] | None = None) -> list
 # the tests pass 1 skipped for lack of torch; test_scenarios is all heavy): with --dist loadfile a long file
 # handed out last is the run's tail (the heavy tier's was test_scenarios, ~80 s of one worker alone), and xdist
 # alone would order the files by their number of tests (pyproject's addopts: --no-loadscope-reorder keeps the
-# order given here).
-SLOW_FIRST = ("test_compile_kernels.py", "test_scenarios.py", "test_smoke_upstream_suite.py", "test_watch_ci.py",
+# order given here). The tier's scenario tests are two files (~10 and ~7 tier runs) so both workers share them.
+SLOW_FIRST = ("test_scenarios.py", "test_compile_kernels.py", "test_scenarios_upstream.py",
+              "test_smoke_upstream_suite.py", "test_watch_ci.py",
               "test_rebase.py", "test_watch.py", "test_layers.py", "test_planner_host_cpu.py",
               "test_watch_behaviour.py", "test_env.py", "test_reproducible.py", "test_deploy.py",
               "test_bench_variants.py")

@@ -1,0 +1,315 @@
+"""The scenarios' tier on single upstream commits made here on the real v0.5.23 that break the series with the gates
+on, each once called clean: each names the failed scenario, our code and the upstream definition involved (split
+from test_scenarios.py so that CI's two workers share the tier's runs: --dist loadfile keeps a file on one)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import watch_upstream as wu
+from c128patch.fit import treecheck
+from c128patch.fit.contract import patched_tree
+from c128patch.git import Git
+from support import upstream_commit
+from test_scenarios import POOL, SCENARIOS, SERIES, scenarios, tier_python  # noqa: F401 (tier_python: a fixture)
+
+# -- helper 97: single upstream commits on the real v0.5.23 that break the series with the gates on, where the tier
+# said clean: each scenario now drives what it skipped, and names the culprit
+
+SPEC = "python/sglang/srt/speculative/"
+WORKER = SPEC + "dspark_components/dspark_worker_v2.py"
+
+
+def landed(git: Git, subject: str, changes: dict, parent: str = "v0.5.23") -> str:
+    """An upstream commit on ``parent``: ``changes`` maps a path to a function of its text (each must change it)."""
+    def edit(idx: Git) -> None:
+        for path, change in changes.items():
+            text = git.blob(parent, path).decode()
+            new = change(text)
+            assert new != text, path
+            wu._put(idx, path, new)
+
+    return upstream_commit(git, parent, subject, edit)
+
+
+def failed_with_the_gates_on(tier_python: str, git: Git, change: str) -> dict[str, str]:
+    """The tier on ``change``: the scenarios failed with the gates on (name -> detail); gates off all passed."""
+    result = treecheck.run_rev(SERIES, git, change[:12], change, python=tier_python)
+    assert all(s["status"] == "passed" for s in scenarios(result, "off").values())  # upstream's own path
+    assert not result.to_json()["ok"] and result.verdict().startswith("failed")
+    return {n: s["detail"] for n, s in scenarios(result, "on").items() if s["status"] != "passed"}
+
+
+def test_upstream_routing_online_c128_layers_past_the_callback_fails_compressor_callback(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Helper 97's case c1b: `forward_unified` routes online c128 layers to a new method that calls
+    `compress_forward` itself, so a DSPARK verify plan never reaches our `compress_fn`. The scenario called
+    `_forward_compress_all_in_one` directly and said clean; it now enters where the model does
+    (`forward_core_compressor`)."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    method = '''    def _forward_compress_online_c128(self, *, state_pool, kv_score_input, compressor, kv_cache,
+            page_size, out_loc):
+        head_dim, plan = compressor.head_dim, self._get_paged_compress_metadata(128)
+        pooled = compress_forward(kv_score_buffer=state_pool.kv_score_buffer.kv_score.view(-1, 1, 3 * head_dim),
+            kv_score_input=kv_score_input, ape=compressor.ape.view(-1, head_dim), plan=plan,
+            compress_ratio=128, head_dim=head_dim, is_online=True)
+        compress_norm_rope_store(pooled, plan, norm_weight=compressor.norm.weight,
+            norm_eps=compressor.norm.variance_epsilon, freq_cis=compressor.freqs_cis, out_loc=out_loc,
+            kvcache=kv_cache.view(dtype=torch.uint8), page_size=page_size)
+
+'''
+    call = "        self._forward_compress_all_in_one(\n            kv_score_buffer=state_pool"
+
+    def routed(text: str) -> str:
+        assert text.count(call) == 1
+        at = text.index("    def forward_unified(")
+        text = text[:at] + method + text[at:]
+        return text.replace(call, (
+            "        if _use_online_compress(compressor.ratio) and not compressor.is_in_indexer:\n"
+            "            return self._forward_compress_online_c128(state_pool=state_pool,\n"
+            "                kv_score_input=kv_score_input, compressor=compressor, kv_cache=kv_cache,\n"
+            "                page_size=page_size, out_loc=out_loc)\n") + call, 1)
+
+    change = landed(git, "compressor: online c128 layers take their own path", {
+        "python/sglang/srt/layers/attention/dsv4/compressor_v2.py": routed})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    assert list(failed) == ["compressor-callback"], failed
+    assert re.fullmatch(
+        r"scenario compressor-callback: in sglang\.srt\.layers\.attention\.dsv4\.compressor_v2\.CompressorBackendMixin"
+        r"\._forward_compress_online_c128 \(sglang/srt/layers/attention/dsv4/compressor_v2\.py:\d+\); upstream "
+        r"definition: none in the traceback \(the failing line: pooled = compress_forward\(.*\): AssertionError: "
+        r"upstream's compress_forward ran for a DSPARK verify plan \(it got a sglang\.srt\.layers\.attention\.dsv4\."
+        r"online_c128_dspark\.DsparkVerifyPrefillPlan\)", failed["compressor-callback"])
+
+
+# upstream changes each breaking one scenario only, in one commit (one tier run for them all: each ran the whole tier
+# alone, 25-33 s a run in CI's heavy tier)
+
+def one_more_draft_token(text: str) -> str:
+    """Helper 97's case c6: the pool's `get_online_c128_mtp_max_draft_tokens()` returns N+1; the controller passes
+    N+1 banks over state rows laid out for N, which the CUDA kernels' `check_banks` refuses at the first verify."""
+    line = re.compile(r"^( {16}return int\(pool\.online_mtp_max_draft_tokens\))$", re.M)
+    assert len(line.findall(text)) == 1
+    return line.sub(r"\1  + 1", text)
+
+
+def early_return(text: str) -> str:
+    """Helper 97's case c9: the worker step returns from the sampling-accept region's branch before our commit
+    after accept (the banks are never committed)."""
+    hook = ("        self._commit_target_mamba_states_after_verify(\n            batch=batch,\n"
+            "            seq_lens_pre_verify=prefix_lens,")
+    assert text.count(hook) == 1
+    return text.replace(hook, (
+        "        if region_accept is not None and self._sampling_accept_graph.committed_all:\n"
+        "            return self._sampling_accept_graph.finish_step(\n"
+        "                batch=batch, accept=accept, logits_output=logits_output,\n"
+        "                can_run_cuda_graph=can_run_cuda_graph,\n            )\n") + hook, 1)
+
+
+def record_helper_as_context_manager(text: str) -> str:
+    """Helper 97's case c4: `record_stream_for_v2_verify` becomes a context manager (its callers use `with`); our
+    `record_verify_inputs` calls it bare, so with SGLANG_DSPARK_RECORD_VERIFY_STREAMS=1 the verify records nothing."""
+    text = text.replace("def record_stream_for_v2_verify(",
+                        "@contextlib.contextmanager\ndef record_stream_for_v2_verify(", 1)
+    at = text.index("def record_stream_for_v2_verify(")
+    end = text.index("\ndef ", at + 10)
+    return (text[:at] + text[at:end].rstrip("\n") + "\n    yield\n"
+            "    record_stream_each((batch.input_ids, batch.out_cache_loc), fwd_stream)\n\n" + text[end:])
+
+
+def with_block(call: str):
+    def change(text: str) -> str:
+        indent = call[:len(call) - len(call.lstrip())]
+        assert text.count(call) == 1
+        return text.replace(call, f"{indent}with {call.strip()}:\n{indent}    pass\n", 1)
+    return change
+
+
+def c128_plan_for_every_online_verify(text: str) -> str:
+    """Helper 92's case 3: upstream builds its own c128 verify plan for any online-compress verify, not only MTP's;
+    the metadata takes it before the controller's, so our plan and kernels never run."""
+    old = "        if not self.has_c128 or not self.online_c128_mtp.enabled():\n"
+    assert text.count(old) == 1
+    return text.replace(old, "        if not self.has_c128 or not envs.SGLANG_OPT_USE_ONLINE_COMPRESS.get():\n")
+
+
+def test_three_upstream_changes_in_one_commit_each_fail_their_own_scenario_naming_the_culprit(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """One upstream commit on the real v0.5.23 with three independent breaks, each the tier once called clean: the
+    scenario each one breaks fails (and no other), naming our code and the upstream definition involved; with the
+    gates off every scenario passes (upstream's own path). c6: the kernel models raise where the kernels' host checks
+    do, naming the getter that handed our controller the refused value; c9: `worker-commit` runs each accept branch
+    of the tree's step and names the line it returned from; c4: `record-streams` runs the tree's verify step through
+    our recording and upstream's helper."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    eagle, ngram = "    record_stream_for_v2_verify(batch, verify_input, fwd_stream)\n", \
+        "        record_stream_for_v2_verify(batch, None, fwd_stream)\n"
+    change = landed(git, "three upstream changes", {
+        POOL: one_more_draft_token, WORKER: early_return, SPEC + "spec_utils.py": record_helper_as_context_manager,
+        SPEC + "eagle_worker_common.py": with_block(eagle), SPEC + "ngram_worker.py": with_block(ngram)})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    assert sorted(failed) == ["compressor-callback", "record-streams", "worker-commit"], failed
+    pool = r"sglang\.srt\.mem_cache\.deepseek_v4_memory_pool\.DeepSeekV4TokenToKVPool"
+    assert re.fullmatch(  # c6
+        r"scenario compressor-callback: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\._verify_compress "
+        r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream "
+        rf"{pool}\.get_online_c128_mtp_max_draft_tokens \(sglang/srt/mem_cache/deepseek_v4_memory_pool\.py:\d+\): "
+        r"RuntimeError: dspark c128: state has 72 rows but 10 banks of stride 8 need 80 \(num_banks 9 as "
+        r"DeepSeekV4TokenToKVPool\.get_online_c128_mtp_max_draft_tokens returned it; state_slot_stride 8 as "
+        r"DeepSeekV4TokenToKVPool\.get_online_c128_mtp_state_slot_offset returned it\)", failed["compressor-callback"])
+    found = re.fullmatch(  # c9
+        r"scenario worker-commit: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.commit_after_verify "
+        r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.speculative\."
+        r"dspark_components\.dspark_worker_v2\.DSparkWorkerV2\._forward_decode \(sglang/srt/speculative/"
+        r"dspark_components/dspark_worker_v2\.py:(\d+)\): AssertionError: the worker's step \(sampling-accept region, "
+        r"static\) ran \['accept'\] and returned at line (\d+): 0 commits, not a commit after accept",
+        failed["worker-commit"])
+    assert found and found[1] == found[2], failed
+    patched = git.blob(patched_tree(SERIES, git, change[:12], change), WORKER).decode().splitlines()
+    assert patched[int(found[1]) - 1].strip() == "return self._sampling_accept_graph.finish_step("  # upstream's
+    assert re.fullmatch(  # c4
+        r"scenario record-streams: in sglang\.srt\.speculative\.dspark_components\.c128_record_streams\."
+        r"record_verify_inputs \(sglang/srt/speculative/dspark_components/c128_record_streams\.py:\d+\); upstream "
+        r"sglang\.srt\.speculative\.spec_utils\.record_stream_for_v2_verify \(sglang/srt/speculative/spec_utils\.py:"
+        r"\d+\): AssertionError: SGLANG_DSPARK_RECORD_VERIFY_STREAMS on: the verify step recorded 0 tensors before "
+        r"prepare_for_verify, expected 7 \(seq_lens, req_pool_indices, input_ids, out_cache_loc, draft_token, "
+        r"positions, custom_mask\)", failed["record-streams"])
+
+
+def test_upstream_planning_c128_for_every_online_verify_fails_backend_verify_metadata(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Helper 92's case 3 (one commit on v0.5.23): backend-verify-metadata names upstream's own plan; the verify
+    scenarios, which enter the backend's metadata since helper 103, stop in upstream's MTP plan too (a separate
+    test since: in one commit with the three other changes it failed the scenarios they break)."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    change = landed(git, "backend: a c128 plan for every online verify", {
+        "python/sglang/srt/layers/attention/deepseek_v4_backend.py": c128_plan_for_every_online_verify})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    assert sorted(failed) == ["backend-verify-metadata", "compressor-callback", "decode", "verify-compact",
+                              "verify-static"], failed  # startup, the worker's commit and its streams: upstream's
+    backend = r"sglang\.srt\.layers\.attention\.deepseek_v4_backend"
+    assert re.search(r"AssertionError: upstream's target-verify metadata \(static\) holds a c128 plan of its own with "
+                     rf"the gates on \(made in {backend}\.DeepseekV4AttnBackend\._make_target_verify_c128_metadata "
+                     r"\(sglang/srt/layers/attention/deepseek_v4_backend\.py:\d+\)\): the controller's verify plan is "
+                     r"never built$", failed["backend-verify-metadata"]), failed
+    plan = "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend._make_target_verify_c128_metadata"
+    assert all(plan in failed[n] for n in ("verify-static", "verify-compact", "decode")), failed
+
+
+def test_upstream_advancing_lengths_in_the_accept_or_allocating_banks_only_for_mtp_fails_naming_each(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Two upstream changes in one commit (one tier run), each once called clean. c01: upstream's accept
+    (`build_accept_outs`) advances the prefix lengths it is given in place: the eager accept's are the batch's
+    `seq_lens`, which the worker's commit after accept reads as the pre-verify lengths, so our controller commits the
+    banks at the post-verify lengths; `worker-commit` runs the tree's own accept (its kernels' CPU paths) and names
+    the function that wrote the batch's lengths. c12: the scenarios build the tree's own pool
+    (`DeepSeekV4TokenToKVPool`'s state pools, `CompressStatePool.__init__`) under the gates for a DSPARK launch: a
+    pool that allocates fewer draft banks than the verify width fails `startup-rules` and `compressor-callback`,
+    naming upstream's allocation and our controller, which needs them."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    finalize = ("    finalized = FinalizeAcceptLens.execute(\n        correct_len=correct_len,\n"
+                "        cap_trim_lens=cap_trim_lens,\n        prefix_lens=prefix_lens,\n    )\n")
+
+    def in_place(text: str) -> str:
+        assert text.count(finalize) == 1
+        return text.replace(finalize, finalize + "    prefix_lens.copy_(finalized.new_seq_lens)\n", 1)
+
+    change = landed(git, "dspark: the accept advances the lengths; draft banks only for online c128 MTP", {
+        SPEC + "dspark_components/dspark_verify.py": in_place,
+        "python/sglang/srt/mem_cache/deepseek_v4_compress_state.py": draft_banks_only_under_mtp_env})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    assert sorted(failed) == ["compressor-callback", "startup-rules", "worker-commit"], failed
+    found = re.fullmatch(
+        r"scenario worker-commit: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.commit_after_verify "
+        r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.speculative\."
+        r"dspark_components\.dspark_verify\.build_accept_outs \(sglang/srt/speculative/dspark_components/"
+        r"dspark_verify\.py:(\d+)\): AssertionError: the commit after accept \(eager accept, compact\) got seq_lens "
+        r"\[132, 8, 257\], not the step's pre-verify \[130, 7, 255\]: the batch's seq_lens were written in place "
+        r"\(copy_\) before it", failed["worker-commit"])
+    assert found, failed
+    patched = git.blob(patched_tree(SERIES, git, change[:12], change),
+                       SPEC + "dspark_components/dspark_verify.py").decode().splitlines()
+    assert patched[int(found[1]) - 1].strip() == "prefix_lens.copy_(finalized.new_seq_lens)"  # upstream's new line
+    for name in ("compressor-callback", "startup-rules"):
+        assert re.fullmatch(
+            rf"scenario {name}: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.OnlineC128DsparkController"
+            r"\.__init__ \(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\."
+            r"mem_cache\.deepseek_v4_compress_state\.CompressStatePool\.__init__ \(sglang/srt/mem_cache/"
+            r"deepseek_v4_compress_state\.py:\d+\): AssertionError: the tree's pool, built for a DSPARK launch of "
+            r"verify width 8 with the gates on, holds 0 draft banks \(CompressStatePool\.__init__ was asked for 8\)"
+            r": the controller's verify writes 8 .*", failed[name]), failed
+# -- helper 103: the scenarios enter the tree's backend where the model runner does, over its own MTP controller
+
+BACKEND_PY, MTP = "python/sglang/srt/layers/attention/deepseek_v4_backend.py", \
+    "python/sglang/srt/layers/attention/dsv4/online_c128_mtp.py"
+OURS = r"sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.OnlineC128DsparkController"
+
+
+def verify_bs_only_for_mtp(text: str) -> str:
+    """Helper 103's case c07: the eager metadata computes `verify_bs` only for online MTP (0 otherwise), so a static
+    DSPARK verify hands our `prepare_verify` 0 rows: no bank is written and the commit copies unwritten banks."""
+    old = "        verify_bs = _get_target_verify_bs(forward_batch)\n        online_c128_state_slot_offset"
+    assert text.count(old) == 1
+    return text.replace(old, "        verify_bs = (\n            _get_target_verify_bs(forward_batch)\n"
+                             "            if self.online_c128_mtp.enabled()\n            else 0\n        )\n"
+                             "        online_c128_state_slot_offset", 1)
+
+
+def mtp_enabled_for_dspark(text: str) -> str:
+    """Helper 103's case c06: upstream's online c128 MTP controller is on for DSPARK too (no MTP env): our
+    controller's startup check refuses a DSPARK target with both on, so every launch with the gates on fails."""
+    old = ("            and envs.SGLANG_EXPERIMENTAL_ONLINE_C128_MTP.get()\n"
+           "            and self.backend.mtp_enabled\n")
+    assert text.count(old) == 1
+    return text.replace(old, "            and (\n                self.backend.mtp_enabled\n                or "
+                             "self.backend.model_runner.spec_algorithm.is_dspark()\n            )\n", 1)
+
+
+def test_upstream_handing_prepare_verify_no_rows_in_an_eager_verify_fails_naming_the_caller(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """c07: the scenarios called `prepare_verify` themselves and said clean; each verify step now asks the tree's
+    backend for its metadata (`init_forward_metadata`, or a graph replay's `init_forward_metadata_out_graph`), so the
+    eager static steps fail, naming our hook and upstream's caller; the replayed and compact steps pass."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    change = landed(git, "dsv4 backend: compute verify_bs only for online c128 MTP",
+                    {BACKEND_PY: verify_bs_only_for_mtp})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    assert sorted(failed) == ["compressor-callback", "decode", "verify-static"], failed
+    assert re.fullmatch(
+        rf"scenario verify-static: in {OURS}\.prepare_verify "
+        r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.layers\.attention\."
+        r"deepseek_v4_backend\.DeepseekV4AttnBackend\._build_forward_metadata "
+        r"\(sglang/srt/layers/attention/deepseek_v4_backend\.py:\d+\): AssertionError: the eager target-verify "
+        r"metadata \(static\) called prepare_verify with \{'bs': 6, 'verify_bs': 0, 'ragged_layout': None\} for a "
+        r"batch of 5 verify rows in 6", failed["verify-static"])
+
+
+def test_upstreams_mtp_controller_on_for_dspark_fails_our_startup_check_naming_its_enabled(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """c06: the scenarios' backend had a stand-in MTP controller (never enabled); it is now the tree's own, built
+    before ours as the backend builds them, so our controller's startup check refuses where a launch would, naming
+    upstream's `enabled` (the predicate it refused on)."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    change = landed(git, "online c128 MTP: enable by default, DSPARK included", {MTP: mtp_enabled_for_dspark})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    assert sorted(failed) == sorted(set(SCENARIOS) - {"startup-rules"}), failed
+    for name, detail in failed.items():
+        assert re.fullmatch(
+            rf"scenario {name}: in {OURS}\.__init__ \(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); "
+            r"upstream sglang\.srt\.layers\.attention\.dsv4\.online_c128_mtp\.OnlineC128MTPController\.enabled "
+            r"\(sglang/srt/layers/attention/dsv4/online_c128_mtp\.py:\d+\): RuntimeError: online c128: "
+            r"SGLANG_EXPERIMENTAL_ONLINE_C128_MTP and SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK are both set for a "
+            r"DSPARK target; set only the DSPARK one\. \(OnlineC128MTPController\.enabled returned True\)",
+            detail), detail
+def draft_banks_only_under_mtp_env(text: str) -> str:
+    """Helper 104's case c12: the compress state pool allocates its draft banks only with
+    SGLANG_EXPERIMENTAL_ONLINE_C128_MTP set. Under DSPARK (that env unset) the pool holds bank 0 alone and reports 0
+    draft banks: the launch failed at startup with advice about the block size (a verify width of 0), and the
+    scenarios, which made the pool without its `__init__` and passed the bank count themselves, said clean."""
+    old = "            if online_mtp_max_draft_tokens > 0:\n"
+    assert text.count(old) == 1
+    constants = "from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE\n"
+    text = text.replace(constants, constants + "from sglang.srt.environ import envs\n", 1)
+    return text.replace(old, "            if (\n                online_mtp_max_draft_tokens > 0\n"
+                             "                and envs.SGLANG_EXPERIMENTAL_ONLINE_C128_MTP.get()\n            ):\n", 1)
