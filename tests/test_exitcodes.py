@@ -68,6 +68,14 @@ def test_a_verb_like_no_other_gets_no_suggestion():
     assert line == "c128patch: error: No such command 'zzzz'. (see `c128patch --help`)"
 
 
+def test_an_option_of_another_verb_names_the_verb_that_has_it_not_help():
+    """click's nearest option was `--help` (`rebase --check`; helper 101): never advice, the verb that has it is."""
+    line = refused(["rebase", "--check"], code=exitcodes.USAGE)
+    assert line == "c128patch: error: No such option: --check; refresh has it (see `c128patch rebase --help`)"
+    line = refused(["status", "--chekc"], code=exitcodes.USAGE)
+    assert line == "c128patch: error: No such option: --chekc (see `c128patch status --help`)"
+
+
 @pytest.mark.parametrize("argv, verb", [(["apply", "--sglang-rev"], "apply"),
                                         (["layer", "add-entry", "--layer"], "layer add-entry")])
 def test_an_option_missing_its_value_points_at_the_verbs_own_help(argv, verb):

@@ -55,6 +55,8 @@ def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
                 break
             words.append(word)
         verb = " ".join(words)
+    if isinstance(exc, click.NoSuchOption) and exc.possibilities == ["--help"]:  # click's nearest, not a fix
+        message = f"No such option: {exc.option_name}{_verbs_with(exc.option_name)}"
     line = f"{message} (see `{f'c128patch {verb}' if verb else 'c128patch'} --help`)"
     if isinstance(exc, click.NoSuchOption) and exc.ctx is not None and "--" not in argv and exc.option_name in argv \
             and any(getattr(p, "nargs", 1) == -1 for p in exc.ctx.command.params):  # doctor's launch arguments
@@ -66,6 +68,12 @@ def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
         emit_json({"ok": False, "error": line, "usage_error": True})
     click.echo(f"c128patch: error: {line}", err=True)
     sys.exit(exitcodes.USAGE)
+
+
+def _verbs_with(option: str) -> str:
+    """``; VERB has it`` for the verbs that take ``option`` (`rebase --check`: refresh has it), or ""."""
+    verbs = [name for name in COMMANDS if any(option in p.opts for p in main.get_command(None, name).params)]
+    return f"; {' and '.join(verbs[:3])} {'has' if len(verbs) == 1 else 'have'} it" if verbs else ""
 
 
 class VerbTable(click.Group):
