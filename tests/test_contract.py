@@ -11,6 +11,7 @@ import ast
 import gc
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -408,6 +409,17 @@ def test_no_nvcc_is_said_in_one_line(sglang_release_repo, monkeypatch, tmp_path)
     assert "  C++: nvcc not found: C++ contract not checked (only the header text was compared)\n" in run.text
     forced = invoke("contract", "--sglang-rev", "v0.5.23", "--nvcc", "--series", str(REPO_ROOT), as_json=False)
     assert forced.code == 2 and forced.err.startswith("c128patch: error: nvcc not found: C++ contract not checked")
+
+
+def test_no_tvm_ffi_names_the_install_at_the_version_the_tree_pins(sglang_release_repo, monkeypatch):
+    """The fix printed installs the tvm-ffi sglang pins (v0.5.23's lock: its wheel's Requires-Dist), not the newest."""
+    monkeypatch.setattr(contract_cxx, "nvcc", lambda: "/bin/echo")  # a compiler that is never reached
+    monkeypatch.setitem(sys.modules, "tvm_ffi", None)  # not installed
+    pin = next(line.split(" ", 1)[0] for line in (REPO_ROOT / "patches/env/v0.5.23.lock").read_text().splitlines()
+               if line.startswith("apache-tvm-ffi=="))
+    ok, line = contract_cxx.probe(REPO_ROOT, Git(sglang_release_repo), "v0.5.23", cached=False)
+    assert ok is None and line == ("tvm-ffi not installed: C++ contract not compiled "
+                                   f"({sys.executable} -m pip install {pin})")
 
 
 def test_a_tree_without_provenance_is_refused_in_one_line(upstream_clone):

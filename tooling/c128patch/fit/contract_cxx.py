@@ -26,6 +26,7 @@ from c128patch.upstream.releases import cache_dir
 INCLUDE_ROOT = "python/sglang/kernels/jit/include"
 UPSTREAM_PREFIX = "sgl_kernel/"
 PROBE = "ci/kernel_probe/upstream_signatures.cu"
+TVM_FFI = "apache-tvm-ffi"  # as sglang requires it
 SOURCES = (".cuh", ".cu", ".h", ".hpp", ".cpp")
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
@@ -185,6 +186,32 @@ def nvcc() -> str | None:
 _COMPILES, _FAILS = "nvcc signature probe compiles against the tree's headers (sm_90a)", "nvcc signature probe fails: "
 
 
+def tvm_ffi_pin(series_root: Path, git: Git, head: str) -> str:
+    """The requirement ``head`` pins tvm-ffi at: its ``python/pyproject.toml``'s, else the series' lock of its
+    release (``patches/env/vX.lock``); unpinned where neither says."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    from c128patch.fit.env import _VERSION
+    from c128patch.series.manifest import tomllib
+
+    def ours(line: str) -> bool:
+        try:
+            return Requirement(line).name.lower().replace("_", "-") == TVM_FFI
+        except InvalidRequirement:
+            return False
+
+    text = (git.blob(head, "python/pyproject.toml") or b"").decode(errors="replace")
+    try:
+        lines = tomllib.loads(text).get("project", {}).get("dependencies", []) if text else []
+    except tomllib.TOMLDecodeError:
+        lines = []
+    if not lines and (found := _VERSION.search((git.blob(head, "python/sglang/_version.py") or b"").decode(
+            errors="replace"))) and (lock := series_root / "patches" / "env" / f"v{found[1]}.lock").is_file():
+        lines = [line.split(" --hash", 1)[0] for line in lock.read_text(errors="replace").splitlines()]
+    pins = [line.split(";", 1)[0].strip() for line in lines if isinstance(line, str) and ours(line)]
+    return pins[0] if pins else TVM_FFI
+
+
 def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tuple[bool | None, str]:
     """Compile the series' signature probe against ``head``'s headers: (ok, one line); ``ok`` None: not checked (no
     nvcc, no tvm-ffi, no probe in the series). A verdict is cached by the headers' tree id, the probe and nvcc."""
@@ -209,7 +236,7 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
         import tvm_ffi.libinfo as info  # apache-tvm-ffi, as sglang pins it
     except ImportError:
         return None, ("tvm-ffi not installed: C++ contract not compiled "
-                      f"({shlex.join([sys.executable, '-m', 'pip', 'install', 'apache-tvm-ffi'])})")
+                      f"({shlex.join([sys.executable, '-m', 'pip', 'install', tvm_ffi_pin(series_root, git, head)])})")
     with tempfile.TemporaryDirectory(prefix="c128contract-") as tmp:
         try:
             git.extract(head, INCLUDE_ROOT, Path(tmp))
