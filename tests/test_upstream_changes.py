@@ -572,3 +572,28 @@ def test_watch_says_which_way_through(remote, tmp_path):
     assert run.out["headline"].startswith(f"entry {RULES} conflicts on rules-taken@")
     assert f" in {RULES_TARGET}" in run.out["headline"]
     assert "way through: **rename our target**" in (tmp_path / "out/watch-report.md").read_text()
+
+
+def test_files_whose_paths_git_quotes_are_each_their_own_in_the_per_file_ids_and_the_hints(tmp_path):
+    """A ``diff --git`` line C-quotes a path outside plain ASCII (and one with a quote or a tab): each such file is
+    its own part of a commit's diff, under its real path, not glued to the file before it (a wrong patch-id) nor
+    left out of the hints (``_net_hunks``)."""
+    from c128patch.ops.merged import _hunks, _net_hunks, commit_diffs, per_commit_file_ids
+
+    git = Git(tmp_path)
+    git.run("init", "-q")
+    paths = ["a.py", 'p\u00e9 "q".py', "sp b/x.py", "z\tt.py"]
+    for i, text in enumerate(["def f():\n    return 1\n", "def f():\n    return 2\n"]):
+        for path in paths:
+            (tmp_path / path).parent.mkdir(exist_ok=True)
+            (tmp_path / path).write_text(text.replace("f(", f"f_{len(path)}("))
+        git.run("add", "-A")
+        git.run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", f"c{i}")
+    old, new = git.rev_parse("HEAD~1"), git.rev_parse("HEAD")
+    ids = per_commit_file_ids(git, commit_diffs(git, [new], "--unified=0", "--no-renames", "--full-index"))[new]
+    alone = {path: git.run("patch-id", "--stable", input=git.out("diff", "--unified=0", "--full-index", old, new,
+                                                                   "--", path)).stdout.split()[0] for path in paths}
+    assert ids == alone
+    _hunks.cache_clear()
+    hunks = _net_hunks(git, {}, old, new, paths)
+    assert sorted(path for path, _, _ in hunks) == sorted(paths)

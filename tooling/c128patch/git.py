@@ -84,6 +84,34 @@ def blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 (git's id, not security)
 
 
+# a patch's ``diff --git`` line, its paths plain (``a/x b/x``) or C-quoted (``"a/\303\251" "b/\303\251"``)
+_QUOTED = r'"{0}/(?P<q{0}>(?:[^"\\]|\\.)*)"'
+DIFF_HEADER = re.compile(rf"^diff --git (?:a/(?P<a>.*?)|{_QUOTED.format('a')}) (?:b/(?P<b>.*)|{_QUOTED.format('b')})$",
+                         re.M)
+_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+
+
+def header_path(match: re.Match) -> str:
+    """The new path of a ``DIFF_HEADER`` match, unquoted."""
+    if match["b"] is None:
+        return unquote(f'"{match["qb"]}"')
+    rest = match[0].removeprefix("diff --git ")  # "a/X b/X": X may hold " b/" (no renames: both halves alike)
+    half = (len(rest) - 1) // 2
+    return rest[2:half] if rest[half] == " " and rest[2:half] == rest[half + 3:] else match["b"]
+
+
+def unquote(path: str) -> str:
+    """A path as git prints it: C-quoted where it holds a quote, a backslash, a control character or (core.quotePath)
+    a byte past ASCII; a plain one never starts with a quote."""
+    if not (len(path) >= 2 and path[0] == path[-1] == '"'):
+        return path
+    out = bytearray()
+    for plain, octal, char in re.findall(r'([^\\]+)|\\([0-7]{3})|\\(.)', path[1:-1]):
+        out += plain.encode("utf-8", "surrogateescape") if plain else bytes([int(octal, 8) if octal else
+                                                                              _ESCAPES.get(char, ord(char))])
+    return out.decode("utf-8", "surrogateescape")
+
+
 _WHICH: dict[str | None, str | None] = {}  # PATH -> the git on it
 
 

@@ -30,7 +30,7 @@ from typing import Callable, Collection, Literal, Sequence
 from unidiff import PatchSet, UnidiffParseError
 from unidiff.patch import Line
 
-from c128patch.git import Git, blob_id
+from c128patch.git import DIFF_HEADER, Git, blob_id, header_path, unquote
 from c128patch.ops.replay import staged
 from c128patch.series.manifest import Entry, Series
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo
@@ -39,7 +39,6 @@ from c128patch.series.plan import Planned
 SignalKind = Literal["reverse-apply", "patch-id", "became-empty", "overlay-identical", "pr-hint"]
 CONTENT: tuple[SignalKind, ...] = ("reverse-apply", "patch-id", "became-empty", "overlay-identical")
 _PR = re.compile(r"#(\d+)")
-_DIFF = re.compile(r"^diff --git a/(.*?) b/(.*)$", re.M)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{3,}")
 _COMMON = {"const", "auto", "return", "static_cast", "uint32_t", "int32_t", "int64_t", "size_t", "self", "None",
            "True", "False", "else", "elif", "import", "from", "static", "inline", "void", "bool", "float", "double",
@@ -64,10 +63,10 @@ def per_commit_file_ids(git: Git, diffs: dict[str, str]) -> dict[str, dict[str, 
     """commit -> path -> ``git patch-id --stable`` of that file's part of its diff, in one git call."""
     chunks, where = [], []
     for commit, diff in diffs.items():
-        starts = [m.start() for m in _DIFF.finditer(diff)]
+        starts = [m.start() for m in DIFF_HEADER.finditer(diff)]
         for start, end in zip(starts, [*starts[1:], len(diff)]):
             part = diff[start:end]
-            where.append((commit, _DIFF.match(part).group(2)))  # type: ignore[union-attr]
+            where.append((commit, header_path(DIFF_HEADER.match(part))))  # type: ignore[arg-type]
             chunks.append(f"commit {len(chunks):040x}\n{part}")
     out: dict[str, dict[str, str]] = {commit: {} for commit in diffs}
     if chunks:
@@ -210,8 +209,8 @@ def _touching(git: Git, cache: dict[str, str], span: str, paths: list[str]) -> d
     log = _cached(git, cache, f"{span}:names:" + ",".join(paths), "log", "--reverse", "--no-renames",
                   "--format=%x00%H%x00%s", "--name-only", span, "--", *paths)
     parts = log.split("\0")[1:]
-    return {sha: (subject.partition("\n")[0], frozenset(filter(None, subject.partition("\n")[2].split("\n"))))
-            for sha, subject in zip(parts[::2], parts[1::2])}
+    return {sha: (subject, frozenset(map(unquote, filter(None, names.split("\n")))))
+            for sha, (subject, _, names) in zip(parts[::2], (part.partition("\n") for part in parts[1::2]))}
 
 
 def _diffs(git: Git, cache: dict[str, str], shas: list[str], paths: list[str]) -> dict[str, str]:
@@ -266,8 +265,8 @@ def _net_hunks(git: Git, cache: dict, old: str, onto: str, paths: list[str]) -> 
     if missing := [path for path, key in pairs.items() if key not in cache]:
         out = git.run("diff", "--unified=0", "--no-renames", "--full-index", "--no-color", old, onto, "--", *missing,
                       check=False).stdout
-        starts = [m.start() for m in _DIFF.finditer(out)] + [len(out)]
-        by_path = {m.group(2): out[a:b] for m, a, b in zip(_DIFF.finditer(out), starts, starts[1:])}
+        starts = [m.start() for m in DIFF_HEADER.finditer(out)] + [len(out)]
+        by_path = {header_path(m): out[a:b] for m, a, b in zip(DIFF_HEADER.finditer(out), starts, starts[1:])}
         cache.update({pairs[path]: _hunks(by_path.get(path, "")) for path in missing})
     return [hunk for key in pairs.values() for hunk in cache[key]]
 
@@ -284,10 +283,20 @@ def _shared_names(hunks: list[tuple[str, str, frozenset[str]]], where: dict[str,
 
 @functools.lru_cache(maxsize=4096)  # entries sharing one log read each commit's diff once
 def _hunks(diff: str) -> tuple[tuple[str, str, frozenset[str]], ...]:
-    try:
-        return tuple(_hunk_names(PatchSet(diff), lambda line: line.is_added or line.is_removed))
-    except UnidiffParseError:  # a hint is never evidence: a diff it cannot read gives none
-        return ()
+    """``_hunk_names`` of each file of ``diff``, its path read from its ``diff --git`` line: unidiff reads a path git
+    quotes with its quotes, and one holding a space not at all. A hint is never evidence: a file it cannot read gives
+    none."""
+    heads = [(m.start(), header_path(m)) for m in DIFF_HEADER.finditer(diff)]
+    out = []
+    for (start, path), (end, _) in zip(heads, [*heads[1:], (len(diff), "")]):
+        hunks = diff[start:end].partition("\n@@ ")[2]
+        try:
+            files = PatchSet(f"--- a/f\n+++ b/f\n@@ {hunks}") if hunks else []
+        except UnidiffParseError:
+            continue
+        out += [(path, header, names) for _, header, names in
+                _hunk_names(files, lambda line: line.is_added or line.is_removed)]
+    return tuple(out)
 
 
 def _same_function(diff: str, where: dict[str, dict[str, set[str]]]) -> str:
