@@ -212,6 +212,20 @@ def test_a_repository_whose_config_names_a_merge_program_is_refused(series, tree
     assert not mark.exists()
 
 
+def test_a_trees_config_moving_its_worktree_elsewhere_is_refused_and_the_printed_fix_works(series, tree, tmp_path):
+    """``core.worktree`` in the tree's config: git would check out and commit in that folder, not the tree given
+    (helper 100). Refused before anything is written there or in the tree; the printed unset works as printed."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    before = snapshot(tree)
+    subprocess.run(["git", "-C", str(tree), "config", "core.worktree", str(elsewhere)], check=True)
+    line = refused(apply_args(tree, series), contains="its git config sets core.worktree = ")
+    assert list(elsewhere.iterdir()) == []
+    assert run_printed(printed_command(line, "git -C ")).returncode == 0
+    assert snapshot(tree) == before
+    assert invoke(*apply_args(tree, series)).code == 0
+
+
 @pytest.mark.parametrize("how", ["name-with-equals", "on-a-branch"])
 def test_a_filter_the_tool_cannot_turn_off_is_refused_before_anything_runs(series, tree, marker, tmp_path, how):
     """``-c filter.x=y.clean=`` sets ``filter.x`` (git splits at the first ``=``), so a filter named ``x=y`` cannot be

@@ -218,11 +218,20 @@ class Git:
             stamp = None
         key = (str(self.cwd), str(git_dir), stamp)  # (a changed config: another key)
         if stamp is None or key not in _FILTERS:
-            proc = self._raw(["config", "-z", "--get-regexp", f"{_DRIVERS.pattern}|^{_BY_BRANCH}"], self._base_env(),
-                             [f"{k}={v}" for k, v in FORCED_CONFIG])
+            forced = [f"{k}={v}" for k, v in FORCED_CONFIG]
+            proc = self._raw(["config", "-z", "--get-regexp", f"{_DRIVERS.pattern}|^{_BY_BRANCH}|^core\\.worktree$"],
+                             self._base_env(), forced)
             off, refusal = [], ""
             for item in filter(None, proc.stdout.split("\0")):
                 name, _, value = item.partition("\n")  # (a name may hold a space)
+                if name == "core.worktree":  # git would work in that folder, not in the one given
+                    top = self._raw(["rev-parse", "--show-toplevel"], self._base_env(), forced).stdout.strip()
+                    if self.worktree is not None and (not top or Path(top).resolve() != self.worktree.resolve()):
+                        refusal = refusal or (
+                            f"{self.cwd}: its git config sets core.worktree = {value}, another folder than this "
+                            f"one; c128patch works only in the tree it is given: "
+                            f"{shlex.join(['git', '-C', str(self.cwd), 'config', '--unset', 'core.worktree'])}")
+                    continue
                 m = _DRIVERS.match(name)
                 what = "a merge program" if m and m.group(1) == "merge" and value.strip() else \
                     "a program under a name c128patch cannot turn off" if m and "=" in m.group(2) else \
