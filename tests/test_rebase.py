@@ -439,7 +439,7 @@ def test_every_stop_writes_the_markdown_and_json_report(stop):
     assert report["paused"] == "conflict"
     assert ({b["path"] for b in next(e for e in report["entries"] if e["name"] == RS)["stop"]["blocks"]}
             == set(CONFLICTED))
-    assert f"## stopped at {RS} (series)" in (state / "rebase-report.md").read_text()
+    assert f"## stopped at `{RS}` (series)" in (state / "rebase-report.md").read_text()
 
 
 def test_conflicted_files_carry_markers_without_labels(stop):

@@ -116,6 +116,23 @@ def test_a_path_upstream_renamed_and_a_proof_quoting_upstream_are_data():
     assert "| c128-a | `3-way (renamed: python/a.py -> python/<img" in watch[4], watch
 
 
+def test_a_carried_commits_subject_is_data_in_the_rebase_reports_table_stop_and_resolutions():
+    """A commit of the user's (a teammate's, a contributor's cherry-pick) is an entry named by its subject (helper
+    107: live HTML, a remote image, a mention in the table and the stop's heading)."""
+    resolution = {"entry": EVIL, "key": "k", "path": f"python/{EVIL}.py", "recorded": EVIL, "reused": False}
+    entry = {"name": EVIL, "status": "failing", "kind": "commit", "detail": "", "ledger": [], "signals": [],
+             "stop": {"phase": "series", "file": "x", "blocks": [], "resolved": [resolution]}}
+    text = render_markdown({"old_base": {"rev": "v1", "commit": "a" * 40},
+                            "new_base": {"rev": "v2", "commit": "b" * 40}, "direction": "forward",
+                            "upstream_commits_between": 0, "upstream_commits": [], "upstream_commits_removed": [],
+                            "entries": [entry], "equivalence": {
+                                "summary": "s", "notes": [], "differences": [],
+                                "replay": {"entries": [{"resolutions": [resolution]}]}}})
+    _inert(text)
+    rendered = MarkdownIt("commonmark").enable("table").render(text)
+    assert rendered.count("@maintainers") == 7 and "@maintainers" not in re.sub("<code>.*?</code>", "", rendered)
+
+
 def test_some_names_the_first_n_then_counts_the_rest():
     assert some(["a", "b", "c", "d"], 2) == "a, b and 2 more"
     assert some(["a", "b"], 2) == "a, b"

@@ -77,6 +77,10 @@ def _changed_lines(diff: str) -> list[tuple[tuple[str, str], tuple[str, ...]]]:
                          if line.is_added or line.is_removed)) for pf in PatchSet(diff))
 
 
+def _resolution(r: dict) -> str:
+    return f"{md(r['entry'] + ':' + r['key'])} ({md(r['path'])})"
+
+
 def render_markdown(report: dict) -> str:
     old, new = report["old_base"], report["new_base"]
     lines = [f"# c128patch rebase: {md(old['rev'])} → {md(new['rev'])} ({report['direction']})", ""]
@@ -92,17 +96,17 @@ def render_markdown(report: dict) -> str:
         if e["signals"]:
             detail += "; signals: " + "; ".join(f"{s['kind']}: {md(s['detail'])}" for s in e["signals"])
         file = md(f"{e['file']} ({e['chosen_by']})" if e.get("file") else e.get("kind", ""))  # a series' file name
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in (e["name"], e["status"], file, detail)) + " |")
+        cells = (md(e["name"]), e["status"], file, detail)  # a carried commit's name is its subject
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     for e in (e for e in report["entries"] if e.get("stop") and e["status"] == "failing"):  # the stop
         stop = e["stop"]
-        lines += ["", f"## stopped at {e['name']} ({stop['phase']})", "", f"from {md(stop['file'])}", "",
+        lines += ["", f"## stopped at {md(e['name'])} ({stop['phase']})", "", f"from {md(stop['file'])}", "",
                   *(block_markdown(b) for b in stop["blocks"])]
         if stop["resolved"]:
-            lines.append("- partly resolved by the ledger: " + ", ".join(f"{r['entry']}:{r['key']} ({r['path']})"
-                                                                           for r in stop["resolved"]))
+            lines.append("- partly resolved by the ledger: " + ", ".join(_resolution(r) for r in stop["resolved"]))
     if proof := report.get("equivalence"):
         lines += ["", "## proof", "", md(proof["summary"])]  # it quotes upstream's hunk headers and subjects
-        lines += [f"- ledger resolution `{r['entry']}:{r['key']}` ({r['path']}), recorded on {r['recorded']}"
+        lines += [f"- ledger resolution {_resolution(r)}, recorded on {md(r['recorded'])}"
                   + (" (reused)" if r["reused"] else "") for e in proof["replay"]["entries"] for r in e["resolutions"]]
         lines += [f"- note: {md(n)}" for n in proof["notes"]]
         for d in proof["differences"]:
