@@ -432,6 +432,35 @@ def test_a_patch_with_a_bad_rename_header_is_refused_as_corrupt_not_as_a_conflic
     assert "does not apply" not in line and "conflict" not in line
 
 
+@pytest.mark.parametrize("encoding", ["quoted-printable", "format=flowed"])
+def test_a_series_patch_whose_mail_git_am_decodes_is_refused_before_anything_is_written(series, tree, encoding):
+    """Our own series' patch file, its mail quoted-printable (or flowed): a file diff (a .gitattributes) the raw text
+    hides, git am decodes. ``patchfile._parse`` (every diff reader) refuses it through ``trailers.check_message``."""
+    patch = series / "patches" / "0001-test.patch"
+    text = patch.read_text()
+    hidden = ("diff --git a/python/.gitattributes b/python/.gitattributes\nnew file mode 100644\n--- /dev/null\n"
+              "+++ b/python/.gitattributes\n@@ -0,0 +1 @@\n+* filter=evil\n")
+    if encoding == "quoted-printable":
+        header, lines = "Content-Transfer-Encoding: quoted-printable", [f"={ord(x[0]):02X}{x[1:]}" for x in
+                                                                         hidden.splitlines()]
+    else:
+        header, lines = "Content-Type: text/plain; charset=UTF-8; format=flowed", [f" {x}" for x in hidden.splitlines()]
+    head, blank, rest = text.partition("\n\n")
+    head = "\n".join(line for line in head.split("\n") if not line.lower().startswith(("content-type",
+                                                                                      "content-transfer")))
+    patch.write_text(f"{head}\n{header}{blank}{rest}" + "\n".join(lines) + "\n")
+    update_hashes(load_series(series))
+    says = "format=flowed" if encoding == "format=flowed" else "transfer encoding 'quoted-printable'"
+    for args in (apply_args(tree, series), ["check", "--sglang-rev", "v0.5.23", "--repo", tree, "--series", series]):
+        line = refused(args, tree, contains="corrupt patch 0001-test.patch: ")
+        assert says in line, line
+    res = invoke("lint", "--offline", "--series", series, as_json=False)  # lint lists it as one of its errors
+    assert res.code == 1 and "error: test-patch: corrupt patch 0001-test.patch: " in res.text, res.text
+    assert says in res.text, res.text
+    assert not (tree / "python" / ".gitattributes").exists()
+    assert Git(worktree=tree).rev_parse("refs/heads/c128/v0.5.23") is None
+
+
 @pytest.mark.parametrize("moved", ["copy to .githooks/post-checkout", "copy to .gitattributes",
                                    "rename to python/sglang/x.py"])
 def test_a_hunkless_copy_or_rename_to_another_path_than_its_header_is_refused(series, tree, moved):

@@ -4,6 +4,8 @@ and 5; docs/security.md): each rule refused from a hostile input of our own, not
 from __future__ import annotations
 
 import ast
+import base64
+import hashlib
 import json
 import multiprocessing
 import os
@@ -18,11 +20,14 @@ from pathlib import Path
 import pytest
 
 from c128patch.errors import C128Error
+from c128patch.git import Git
 from c128patch.series import txn
 from c128patch.series.layers import CONFIG, ENV, lookup_layers, stack
 from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import load_series
+from c128patch.series.patchfile import read_patch
 from c128patch.series.paths import confine
+from small_series import tree  # noqa: F401 (a fixture)
 from support import REPO_ROOT, invoke, refused
 from test_sealed_box import trapped_upstream  # noqa: F401 (a fixture)
 
@@ -581,12 +586,97 @@ ENCODED = b"From x\nSubject: [PATCH] x\nMIME-Version: 1.0\nContent-Type: text/pl
     b"C128patch-Entry: c128-dspark-online-env\n" + DIFF,
 ], ids=["quoted-printable", "base64", "two-messages", "utf-7", "x-uuencode"])
 def test_a_layer_cannot_claim_one_of_our_entries_in_an_encoded_body_or_a_second_message(tmp_path, data):
-    with pytest.raises(C128Error, match="names its own entry only|more than one message") as exc:
+    with pytest.raises(C128Error, match="names its own entry only|more than one message|transfer encoding") as exc:
         stack(load_series(REPO_ROOT), [_layer_claiming(tmp_path, data)])
     assert "\n" not in exc.value.message
 
 
-def test_a_layer_patch_in_quoted_printable_naming_its_own_entry_is_taken(tmp_path):
-    data = ENCODED + b"Content-Transfer-Encoding: quoted-printable\n\nx=\n y\nFrom the docs: 1:2\n\n" \
+def test_a_layer_patch_in_8bit_naming_its_own_entry_is_taken(tmp_path):
+    data = ENCODED + b"Content-Transfer-Encoding: 8bit\n\nx\nFrom the docs: 1:2\n\n" \
         b"C128patch-Entry: site/x\n" + DIFF  # a "From " line git does not split at: one message
     assert [e.name for e in stack(load_series(REPO_ROOT), [_layer_claiming(tmp_path, data)]).entries][-1] == "site/x"
+
+
+# ------------------------------------------------ item 4b: the patch git am reads is the text every check reads
+MAIL = (b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: x <x@x.invalid>\n"
+        b"Date: Thu, 1 Jan 1970 00:00:00 +0000\nSubject: [PATCH] q\nMIME-Version: 1.0\n")
+SHOWN = (b"diff --git a/python/sglang/ok.py b/python/sglang/ok.py\nnew file mode 100644\n--- /dev/null\n"
+         b"+++ b/python/sglang/ok.py\n@@ -0,0 +1 @@\n+x = 1\n")  # the one diff the raw text shows
+HIDDEN = (b"diff --git a/python/.gitattributes b/python/.gitattributes\nnew file mode 100644\n--- /dev/null\n"
+          b"+++ b/python/.gitattributes\n@@ -0,0 +1 @@\n+* filter=evil\n"
+          b"diff --git a/python/sglang/keys b/python/sglang/keys\nnew file mode 120000\n--- /dev/null\n"
+          b"+++ b/python/sglang/keys\n@@ -0,0 +1 @@\n+/root/.ssh\n\\ No newline at end of file\n"
+          b"diff --git a/python/.gitmodules b/python/.gitmodules\nnew file mode 100644\n--- /dev/null\n"
+          b"+++ b/python/.gitmodules\n@@ -0,0 +1,2 @@\n+[submodule \"x\"]\n+\turl = ext::sh -c touch% /tmp/pwned\n")
+MESSAGE = b"C128patch-Gate: none (x)\nC128patch-Entry: evil/q\n\n---\n"
+
+
+def _quoted_printable(diff: bytes) -> bytes:
+    """Each line's first character as =XX: the raw text holds no 'diff --git' line, git am decodes one."""
+    return b"".join(b"=%02X" % line[0] + line[1:] + b"\n" if line else b"" for line in diff.split(b"\n"))
+
+
+HOSTILE = {  # a whole file diff (a .gitattributes, a symlink to /root/.ssh, a .gitmodules) the raw text hides
+    "quoted-printable": MAIL + b"Content-Type: text/plain; charset=UTF-8\nContent-Transfer-Encoding: quoted-printable"
+    b"\n\n" + MESSAGE + SHOWN + _quoted_printable(HIDDEN),
+    "base64": MAIL + b"Content-Type: text/plain; charset=UTF-8\nContent-Transfer-Encoding: base64\n\n"
+    + base64.encodebytes(MESSAGE + HIDDEN) + b"\n" + SHOWN,
+    "base64-folded": MAIL + b"Content-Type: text/plain; charset=UTF-8\nContent-transfer-encoding:\n\tBASE64\n\n"
+    + base64.encodebytes(MESSAGE + HIDDEN) + b"\n" + SHOWN,
+    "8bit-then-base64": MAIL + b"Content-Transfer-Encoding: 8bit\nContent-Transfer-Encoding: base64\n\n"
+    + base64.encodebytes(MESSAGE + HIDDEN) + b"\n" + SHOWN,
+    # git mailinfo unstuffs (drops a leading blank of) every line of a flowed message, its diff's too
+    "format-flowed": MAIL + b"Content-Type: text/plain; charset=UTF-8; format=flowed\n\n" + MESSAGE + SHOWN
+    + b"".join(b" " + line + b"\n" for line in HIDDEN.split(b"\n") if line),
+    "multipart": MAIL + b'Content-Type: multipart/mixed; boundary="b"\n\n--b\nContent-Type: text/plain\n'
+    b"Content-Transfer-Encoding: base64\n\n" + base64.encodebytes(MESSAGE + HIDDEN) + b"--b--\n"
+    + SHOWN,
+}
+
+
+def hostile_layer(folder: Path, data: bytes) -> Path:
+    """A layer ``evil`` of one patch entry ``q`` made on v0.5.23 whose file is ``data`` (its hash recorded)."""
+    layer = series_folder(folder, "evil")
+    (layer / "patches" / "0001-q.patch").write_bytes(data)
+    with (layer / "patches" / "series.toml").open("a") as fh:
+        fh.write('\n[[entries]]\nname = "q"\nkind = "patch"\nfile = "0001-q.patch"\nwhy = "w"\nbase = "v0.5.23"\n'
+                 f'sha256 = "{hashlib.sha256(data).hexdigest()}"\n\n[entries.base_sources]\n'
+                 '"python/sglang/ok.py" = "absent"\n')
+    return layer
+
+
+@pytest.mark.parametrize("how", list(HOSTILE))
+def test_a_layer_patch_whose_mail_git_am_decodes_is_refused_by_every_verb_before_any_write(tmp_path, tree, how):
+    """Helper 107's holes 1-3: a quoted-printable or base64 body (or a flowed or multipart mail) hid a whole file
+    diff from every path rule (they read the raw text); git am decoded it and committed a symlink to /root/.ssh,
+    a .gitattributes or a .gitmodules on the branch. ``trailers.check_message`` refuses the file, in one line, in
+    ``load_layer``: every verb, before any write."""
+    layer = hostile_layer(tmp_path / "L", HOSTILE[how])
+    says = "format=flowed" if how == "format-flowed" else "multipart" if how == "multipart" else "transfer encoding"
+    fresh = tmp_path / "fresh"
+    for verb in (["lint", "--offline"], ["check", "--sglang-rev", "v0.5.23"],
+                 ["apply", "--sglang-rev", "v0.5.23", "--tree", fresh],
+                 ["wheel", "--from-release", "0.5.23", "-o", tmp_path / "dist"]):
+        line = refused([*verb, "--layer", layer], contains=says)
+        assert "0001-q.patch" in line, line
+    assert not fresh.exists() and not (tmp_path / "dist").exists()
+    for verb in (["apply", "--sglang-rev", "v0.5.23", "--repo", tree], ["refresh", "--check", "--tree", tree],
+                 ["refresh", "--tree", tree],
+                 ["layer", "add-entry", "--from-commit", "HEAD", "--why", "w", "--tree", tree]):
+        refused([*verb, "--layer", layer], tree, contains=says)
+    assert Git(worktree=tree).rev_parse("refs/heads/c128/v0.5.23") is None
+    assert not any(os.path.lexists(tree / p) for p in ("python/sglang/keys", "python/.gitattributes",
+                                                      "python/.gitmodules"))
+    with pytest.raises(C128Error, match=f"corrupt patch 0001-q.patch: .*{says}") as exc:  # the diff parser's own
+        read_patch(layer / "patches" / "0001-q.patch")
+    assert "\n" not in exc.value.message
+
+
+@pytest.mark.parametrize("encoding", ["7bit", "8bit", "binary", " 8BIT "])
+def test_a_patch_in_a_plain_transfer_encoding_is_read(tmp_path, encoding):
+    """git format-patch writes 8bit (a non-ASCII message): git am reads those as they are; nothing is refused."""
+    data = MAIL + f"Content-Type: text/plain; charset=UTF-8\nContent-Transfer-Encoding:{encoding}\n\n".encode() \
+        + b"C128patch-Entry: evil/q\n\n---\n" + SHOWN
+    layer = hostile_layer(tmp_path / "L", data)
+    assert stack(load_series(REPO_ROOT), [layer]).entries[-1].name == "evil/q"
+    assert read_patch(layer / "patches" / "0001-q.patch").files == ["python/sglang/ok.py"]

@@ -70,7 +70,7 @@ def load_layer(folder: Path, series: Series) -> Series:
         try:
             found = message_trailers(path.read_bytes()) if path.is_file() else []
         except ValueError as exc:
-            raise C128Error(f"{where}: {path.name} is not one patch message: {exc}") from None
+            raise C128Error(f"{where}: patch {path.name} is refused: {exc}") from None
         name = f"{layer.name}{SEP}{e.name}"
         for value in (v.strip() for k, v in found if k == ENTRY_TRAILER and v.strip() != name):
             raise C128Error(f"{where}: {path.name} carries '{ENTRY_TRAILER}: {value}', not '{ENTRY_TRAILER}: {name}' "

@@ -15,7 +15,7 @@ from unidiff.errors import UnidiffParseError
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.paths import check_relpath
-from c128patch.series.trailers import find_trailers
+from c128patch.series.trailers import check_message, find_trailers
 
 _INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: \d+)?$")
 _MOVED = re.compile(r"^(rename|copy) (from|to) (.*)$")  # git reads these paths, unidiff the header's
@@ -138,6 +138,10 @@ def read_patches(paths: list[Path]) -> list[PatchInfo]:
 
 
 def _parse(path: Path, raw: bytes, git_parsed: bool = False) -> PatchInfo:
+    try:  # first: every check below reads the text as it is, git am reads the message it decodes
+        check_message(raw)
+    except ValueError as exc:
+        raise C128Error(f"corrupt patch {path.name}: {exc}") from None
     text = raw.decode("utf-8", errors="replace")
     head, sep = split_message(text)
     if not sep or not text.startswith("From "):

@@ -25,22 +25,55 @@ def _splits(line: bytes) -> bool:
     return bool((m := _FROM.fullmatch(line)) and len(line) >= 19 and int(m.group(1)) > 90)
 
 
+PLAIN_ENCODINGS = ("7bit", "8bit", "binary")  # the transfer encodings git am reads as they are
+
+
+def _headers(data: bytes) -> list[tuple[str, str]]:
+    """(name lowered, value) of each header of a patch file's mail, folded lines joined: every line up to the first
+    blank one (git mailinfo stops there or sooner, at a line that is no header: this reads at least its headers)."""
+    out: list[tuple[str, str]] = []
+    for line in (data.split(b"\n", 1)[-1] if data.startswith(b"From ") else data).split(b"\n"):
+        text = line.decode("utf-8", errors="replace")
+        if text[:1] in (" ", "\t") and out:  # a folded line: git joins it to the header before, blank or not
+            out[-1] = (out[-1][0], f"{out[-1][1]} {text.strip()}")
+            continue
+        if not text.strip():
+            break
+        name, _, value = text.partition(":")
+        out.append((name.strip().lower(), value.strip()))
+    return out
+
+
+def check_message(data: bytes) -> None:
+    """Refuse (ValueError) a patch file ``git am`` would read otherwise than its text says: a body in a transfer
+    encoding (quoted-printable, base64: git am decodes it, so a diff no check reads could be in it), a multipart or
+    ``format=flowed`` message (git mailinfo unwraps and unstuffs every line of a flowed one, its diff too), or one
+    ``git am`` would split into several messages (``_splits``). Every reader of a patch file calls it
+    (``message_trailers``: ``load_layer``; ``patchfile._parse``: every diff reader)."""
+    for name, value in _headers(data):
+        if name == "content-transfer-encoding" and value.lower() not in PLAIN_ENCODINGS:
+            raise ValueError(f"its body is in transfer encoding {value!r}, which git am decodes and no check reads "
+                             f"(only {', '.join(PLAIN_ENCODINGS)}: make it with git format-patch)")
+        if name == "content-type" and any(word in value.lower() for word in ("multipart", "boundary=", "flowed")):
+            raise ValueError(f"it is a {'format=flowed' if 'flowed' in value.lower() else 'multipart'} message "
+                             f"(Content-Type: {value}), which git am rewraps or splits and no check reads")
+    if any(_splits(line) for line in data.split(b"\n")[1:]):
+        raise ValueError("it holds more than one message (a 'From ... HH:MM:SS YEAR' line after the first)")
+
+
 def message_trailers(data: bytes) -> list[tuple[str, str]]:
-    """``find_trailers`` of a patch file's message as ``git am`` reads it (its transfer encoding, quoted-printable
-    or base64, and its charset decoded); a file ``git am`` would split into several messages (``_splits``) or a
-    multipart one refused (ValueError)."""
+    """``find_trailers`` of a patch file's message as ``git am`` reads it (its charset decoded); a file
+    ``check_message`` refuses is a ValueError (so no transfer encoding is left to decode)."""
     import email  # ~20 ms: only where a layer's patch is read (not status on a tree without layers)
     import email.policy
 
-    if any(_splits(line) for line in data.split(b"\n")[1:]):
-        raise ValueError("it holds more than one message (a 'From ... HH:MM:SS YEAR' line after the first)")
+    check_message(data)
     msg = email.message_from_bytes(data.split(b"\n", 1)[-1] if data.startswith(b"From ") else data,
                                    policy=email.policy.compat32)
     charset = msg.get_content_charset() or "utf-8"  # git am converts the body from it (UTF-7: "+AEM-" is "C")
-    if msg.is_multipart():
+    if msg.is_multipart():  # (check_message refused it by its header already)
         raise ValueError("it is a multipart message")
-    coded = (msg.get("Content-Transfer-Encoding") or "").strip().lower() in ("base64", "quoted-printable")
-    body = msg.get_payload(decode=coded)  # as git am: those two decoded, any other (x-uuencode: its text kept) not
+    body = msg.get_payload()
     body = body if isinstance(body, bytes) else body.encode("ascii", "surrogateescape")
     try:
         return find_trailers(body.decode(charset, errors="replace").split("\n---\n", 1)[0])
