@@ -680,3 +680,24 @@ def test_a_patch_in_a_plain_transfer_encoding_is_read(tmp_path, encoding):
     layer = hostile_layer(tmp_path / "L", data)
     assert stack(load_series(REPO_ROOT), [layer]).entries[-1].name == "evil/q"
     assert read_patch(layer / "patches" / "0001-q.patch").files == ["python/sglang/ok.py"]
+
+
+def test_a_huge_patch_file_is_refused_in_one_line_unread(tmp_path):
+    """Helper 107's minor 32: a 20 GB sparse patch file in a layer was read whole (a MemoryError traceback). Every
+    file a series carries is checked against ``manifest.MAX_SERIES_FILE`` by its size before it is read."""
+    layer = hostile_layer(tmp_path / "L", b"")
+    os.truncate(layer / "patches" / "0001-q.patch", 20 << 30)
+    fresh = tmp_path / "fresh"
+    for verb in (["lint", "--offline"], ["check", "--sglang-rev", "v0.5.23"],
+                 ["apply", "--sglang-rev", "v0.5.23", "--tree", fresh]):
+        line = refused([*verb, "--layer", layer], contains="0001-q.patch is 21474836480 bytes, over the 64 MiB")
+        assert "Traceback" not in line and "MemoryError" not in line
+    assert not fresh.exists()
+    with pytest.raises(C128Error, match="over the 64 MiB"):
+        read_patch(layer / "patches" / "0001-q.patch")
+    link = series_folder(tmp_path / "linked", "linked")  # a link to it: readers follow links
+    (link / "patches" / "0001-q.patch").symlink_to(layer / "patches" / "0001-q.patch")
+    (link / "patches" / "series.toml").write_text((layer / "patches" / "series.toml").read_text()
+                                                  .replace('"evil"', '"linked"'))
+    with pytest.raises(C128Error, match="over the 64 MiB"):
+        load_series(link)

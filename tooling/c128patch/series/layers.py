@@ -24,6 +24,7 @@ from c128patch.series.manifest import (
     Variant,
     default_series_root,
     load_series,
+    read_series_file,
     read_toml,
 )
 from c128patch.series.paths import confine, duplicates
@@ -68,7 +69,7 @@ def load_layer(folder: Path, series: Series) -> Series:
                         f"({', '.join(bases)}); make the layer on one of them")
     for e, path in ((e, layer.file_of(e, v)) for e in layer.entries for v in e.patch_files()):
         try:
-            found = message_trailers(path.read_bytes()) if path.is_file() else []
+            found = message_trailers(read_series_file(path)) if path.is_file() else []
         except ValueError as exc:
             raise C128Error(f"{where}: patch {path.name} is refused: {exc}") from None
         name = f"{layer.name}{SEP}{e.name}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,10 +28,25 @@ _ENTRY_TEXT_FIELDS = ("why", "gate", "upstream", "upstream_status", "drop_when",
 # Written only when set, so that series without them keep their manifest byte for byte.
 _ENTRY_OPTIONAL_FIELDS = ("base_commit", "merged_in")
 ABSENT = "absent"  # a file a patch creates: not in its base's sources
+MAX_SERIES_FILE = 64 << 20  # a patch or overlay a series carries: ours are under 1 MiB; a bigger one is not read
+
+
+def check_size(path: Path, size: int) -> None:
+    """Refuse a file a series carries over ``MAX_SERIES_FILE`` (a 20 GB sparse one ran every reader out of memory)."""
+    if size > MAX_SERIES_FILE:
+        raise C128Error(f"series file {path} is {size} bytes, over the {MAX_SERIES_FILE >> 20} MiB a patch or overlay "
+                        "may be: not read")
+
+
+def read_series_file(path: Path) -> bytes:
+    """The bytes of a file a series carries (``check_size`` on the open file first; a FIFO does not hang the open)."""
+    with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK)) as fh:
+        check_size(path, os.fstat(fh.fileno()).st_size)
+        return fh.read(MAX_SERIES_FILE + 1)
 
 
 def sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(read_series_file(path)).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -144,7 +160,7 @@ class Series:
         for e in self.entries:
             h.update(f"{e.name}\0{e.kind}\0{e.target}\0{e.gate}\0".encode())
             for v in e.patch_files() or [Variant(e.source, e.base)]:
-                h.update(self.file_of(e, v if e.is_patch else None).read_bytes())
+                h.update(read_series_file(self.file_of(e, v if e.is_patch else None)))
         return h.hexdigest()
 
     def to_toml(self) -> str:
@@ -267,8 +283,16 @@ def load_series(root: Path) -> Series:
     for key, value in (("version", version), ("base", base)):  # into trailers, wheel labels, progress and reports
         if not value.isprintable() or " " in value:
             raise C128Error(f"{where}: unsafe {key} {value!r} (one word, no spaces or control characters)")
-    return Series(root, check_entry_name(_str(head, "name", where, required=True), where), version, base, entries,
-                  gates=parse_gates(doc.get("gates"), path))
+    series = Series(root, check_entry_name(_str(head, "name", where, required=True), where), version, base, entries,
+                    gates=parse_gates(doc.get("gates"), path))
+    for file in (series.file_of(e, v) for e in entries for v in e.patch_files() or [None]):
+        try:
+            st = file.stat()  # (a link followed: readers follow it; a missing file is each verb's to report)
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISREG(st.st_mode):
+            check_size(file, st.st_size)
+    return series
 
 
 def installed(root: Path) -> bool:

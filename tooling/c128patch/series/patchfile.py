@@ -14,6 +14,7 @@ from unidiff.errors import UnidiffParseError
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
+from c128patch.series.manifest import read_series_file
 from c128patch.series.paths import check_relpath
 from c128patch.series.trailers import check_message, find_trailers
 
@@ -113,7 +114,7 @@ _GIT_PARSED: set[tuple[Path, bytes]] = set()  # files git's parser took in one c
 
 def _read(path: Path) -> tuple[tuple[Path, bytes], bytes]:
     try:
-        raw = path.read_bytes()
+        raw = read_series_file(path)
     except OSError as exc:
         raise C128Error(f"cannot read patch {path}: {exc.strerror}") from exc
     return (path.resolve(), hashlib.sha256(raw).digest()), raw
