@@ -72,10 +72,16 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "entry"
 
 
+# what a tree's ``format.*`` config would add (a multipart mail the reader refuses, a sign-off, headers, notes)
+_NOT_FROM_CONFIG = ("--no-attach", "--no-thread", "--no-notes", "--no-to", "--no-cc", "--no-add-header", "--no-base",
+                    "--no-signoff", "--no-cover-letter")
+
+
 def format_patch(git: Git, commit: str, entry_name: str, gate: str = "") -> bytes:
     """One commit as a normalized patch; adds the entry trailer (after ``gate``'s, unless given) if it lacks it."""
     text = git.run("format-patch", "-1", "--stdout", "--full-index", "--zero-commit", "--no-signature",
-                   "--no-stat", "--no-numbered", "--subject-prefix=PATCH", "--encode-email-headers", commit).stdout
+                   "--no-stat", "--no-numbered", "--subject-prefix=PATCH", "--encode-email-headers",
+                   *_NOT_FROM_CONFIG, commit).stdout
     text = _DATE.sub(f"Date: {FIXED_DATE}", text, count=1)
     head, rest = split_message(text)
     have = {name for name, _ in find_trailers(head)}  # in any spelling git reads as one
