@@ -212,6 +212,19 @@ def test_a_repository_whose_config_names_a_merge_program_is_refused(series, tree
     assert not mark.exists()
 
 
+@pytest.mark.parametrize("key", ["trailer.x.command", "trailer.x.cmd"])
+def test_a_repository_whose_config_names_a_trailer_program_is_refused(series, tree, marker, key):
+    """git runs ``trailer.<token>.command``/``cmd`` on every ``commit --trailer``, which apply runs for a patch without
+    its entry trailer (the test series' has none): refused in one line like a merge program, before any commit."""
+    prog, mark = marker
+    before = snapshot(tree)  # (the tool's git refuses the tree while the setting is there)
+    subprocess.run(["git", "-C", str(tree), "config", key, f"{prog} </dev/null; echo v"], check=True)
+    refused(apply_args(tree, series), contains=f"its git config names a trailer program ({key} = ")
+    assert not mark.exists()
+    subprocess.run(["git", "-C", str(tree), "config", "--unset", key], check=True)
+    assert snapshot(tree) == before
+
+
 def test_a_trees_config_moving_its_worktree_elsewhere_is_refused_and_the_printed_fix_works(series, tree, tmp_path):
     """``core.worktree`` in the tree's config: git would check out and commit in that folder, not the tree given
     (helper 100). Refused before anything is written there or in the tree; the printed unset works as printed."""

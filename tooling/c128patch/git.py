@@ -52,6 +52,7 @@ _NO_PROGRAMS = {**dict.fromkeys(("diff", "log", "show", "range-diff"), ("--no-ex
                 "blame": ("--no-textconv",)}
 _DRIVERS = re.compile(r"^(filter|merge|diff)\.(.+)\.(clean|smudge|process|driver|textconv)$")
 _BY_BRANCH = r"includeif\.onbranch:"  # a config file included on a branch: it may name a filter once checked out
+_TRAILERS = re.compile(r"^trailer\..+\.(command|cmd)$")  # a program `commit --trailer` runs
 _FILTERS: dict[tuple, tuple[list[str], str]] = {}  # (cwd, git dir, config stamp) -> (-c settings, refusal)
 _DUBIOUS = re.compile(r"detected dubious ownership in repository at '([^']+)'")
 
@@ -208,7 +209,8 @@ class Git:
     def _filters_off(self) -> list[str]:
         """``-c`` settings turning off the config's filters and textconv programs (``cat`` for one: range-diff's own
         ``git log`` takes no ``--no-textconv``); a merge program, a driver ``-c`` cannot name (its name holds ``=``)
-        or a config included on a branch (``includeIf.onbranch:``) is refused; once per config state."""
+        a config included on a branch (``includeIf.onbranch:``) or a trailer program (``trailer.<token>.command``,
+        ``.cmd``) is refused; once per config state."""
         git_dir = self.env.get("GIT_DIR") or self.git_dir
         config = Path(git_dir) / "config" if git_dir else self.cwd / ".git" / "config"
         try:  # (not a plain repository top: ask every time)
@@ -219,7 +221,8 @@ class Git:
         key = (str(self.cwd), str(git_dir), stamp)  # (a changed config: another key)
         if stamp is None or key not in _FILTERS:
             forced = [f"{k}={v}" for k, v in FORCED_CONFIG]
-            proc = self._raw(["config", "-z", "--get-regexp", f"{_DRIVERS.pattern}|^{_BY_BRANCH}|^core\\.worktree$"],
+            proc = self._raw(["config", "-z", "--get-regexp",
+                              f"{_DRIVERS.pattern}|^{_BY_BRANCH}|{_TRAILERS.pattern}|^core\\.worktree$"],
                              self._base_env(), forced)
             off, refusal = [], ""
             for item in filter(None, proc.stdout.split("\0")):
@@ -235,6 +238,7 @@ class Git:
                 m = _DRIVERS.match(name)
                 what = "a merge program" if m and m.group(1) == "merge" and value.strip() else \
                     "a program under a name c128patch cannot turn off" if m and "=" in m.group(2) else \
+                    "a trailer program" if _TRAILERS.match(name) else \
                     "settings of a branch, which a checkout turns on after this check" if not m else ""
                 if what and not refusal:
                     refusal = (f"{self.cwd}: its git config names {what} ({name} = {value}); c128patch runs no "
