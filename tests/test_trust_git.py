@@ -212,6 +212,31 @@ def test_a_repository_whose_config_names_a_merge_program_is_refused(series, tree
     assert not mark.exists()
 
 
+@pytest.mark.parametrize("key", ["include.path", "includeIf.gitdir:**/.path"])
+def test_a_repository_whose_config_includes_a_file_is_refused_before_the_file_can_change(series, tree, marker, key):
+    """The config includes ``../evil.cfg``, a file of the work tree absent at HEAD that the upstream rev being applied
+    adds (with a filter and a ``.gitattributes`` naming it): once checked out, every later git call would run that
+    filter, and the config check (cached by .git/config's stat) would not see it. Any include is refused, one line."""
+    prog, mark = marker
+    git = Git(worktree=tree)
+
+    def add_config(idx: Git) -> None:
+        for path, text in (("evil.cfg", f'[filter "x"]\n\tclean = {prog}\n\tsmudge = {prog}\n'),
+                           (".gitattributes", "* filter=x\n")):
+            blob = idx.out("hash-object", "-w", "--stdin", input=text)
+            idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{path}")
+
+    rev = upstream_commit(git, "v0.5.23", "upstream: a config file", add_config)
+    before = snapshot(tree)
+    subprocess.run(["git", "-C", str(tree), "config", key, "../evil.cfg"], check=True)
+    for verb in (apply_args(tree, series, rev), ["status", "--tree", tree, "--series", series]):
+        refused(verb, contains=f"its git config names another config file to include, which may change after this "
+                f"check ({key.lower()} = ../evil.cfg)")  # (git prints a section's name in lower case)
+    assert not mark.exists()
+    subprocess.run(["git", "-C", str(tree), "config", "--unset", key], check=True)
+    assert snapshot(tree) == before
+
+
 @pytest.mark.parametrize("key", ["trailer.x.command", "trailer.x.cmd"])
 def test_a_repository_whose_config_names_a_trailer_program_is_refused(series, tree, marker, key):
     """git runs ``trailer.<token>.command``/``cmd`` on every ``commit --trailer``, which apply runs for a patch without
@@ -253,7 +278,7 @@ def test_a_filter_the_tool_cannot_turn_off_is_refused_before_anything_runs(serie
     else:
         (tmp_path / "evil.inc").write_text(f'[filter "evil"]\n\tsmudge = {prog}\n\tclean = {prog}\n')
         subprocess.run([*config, "includeIf.onbranch:c128/**.path", str(tmp_path / "evil.inc")], check=True)
-        attribute, said = "* filter=evil\n", "names settings of a branch, which a checkout turns on after this check"
+        attribute, said = "* filter=evil\n", "another config file to include, which may change after this check"
     (tree / ".git" / "info").mkdir(exist_ok=True)
     (tree / ".git" / "info" / "attributes").write_text(attribute)
     refs = ["git", "-C", str(tree), "for-each-ref", "--format=%(refname) %(objectname)"]  # (git status would run it)

@@ -51,7 +51,9 @@ _TRANSPORT = ("clone", "fetch", "ls-remote")
 _NO_PROGRAMS = {**dict.fromkeys(("diff", "log", "show", "range-diff"), ("--no-ext-diff", "--no-textconv")),
                 "blame": ("--no-textconv",)}
 _DRIVERS = re.compile(r"^(filter|merge|diff)\.(.+)\.(clean|smudge|process|driver|textconv)$")
-_BY_BRANCH = r"includeif\.onbranch:"  # a config file included on a branch: it may name a filter once checked out
+# another file the config includes: the check below sees .git/config change, never that file (a checkout may write
+# it, a branch may turn it on)
+_INCLUDES = r"^include\.path$|^includeif\..+\.path$"
 _TRAILERS = re.compile(r"^trailer\..+\.(command|cmd)$")  # a program `commit --trailer` runs
 _FILTERS: dict[tuple, tuple[list[str], str]] = {}  # (cwd, git dir, config stamp) -> (-c settings, refusal)
 _DUBIOUS = re.compile(r"detected dubious ownership in repository at '([^']+)'")
@@ -209,8 +211,8 @@ class Git:
     def _filters_off(self) -> list[str]:
         """``-c`` settings turning off the config's filters and textconv programs (``cat`` for one: range-diff's own
         ``git log`` takes no ``--no-textconv``); a merge program, a driver ``-c`` cannot name (its name holds ``=``)
-        a config included on a branch (``includeIf.onbranch:``) or a trailer program (``trailer.<token>.command``,
-        ``.cmd``) is refused; once per config state."""
+        another config file included (``include.path``, ``includeIf.<cond>.path``) or a trailer program
+        (``trailer.<token>.command``, ``.cmd``) is refused; once per config state."""
         git_dir = self.env.get("GIT_DIR") or self.git_dir
         config = Path(git_dir) / "config" if git_dir else self.cwd / ".git" / "config"
         try:  # (not a plain repository top: ask every time)
@@ -222,7 +224,7 @@ class Git:
         if stamp is None or key not in _FILTERS:
             forced = [f"{k}={v}" for k, v in FORCED_CONFIG]
             proc = self._raw(["config", "-z", "--get-regexp",
-                              f"{_DRIVERS.pattern}|^{_BY_BRANCH}|{_TRAILERS.pattern}|^core\\.worktree$"],
+                              f"{_DRIVERS.pattern}|{_INCLUDES}|{_TRAILERS.pattern}|^core\\.worktree$"],
                              self._base_env(), forced)
             off, refusal = [], ""
             for item in filter(None, proc.stdout.split("\0")):
@@ -239,7 +241,7 @@ class Git:
                 what = "a merge program" if m and m.group(1) == "merge" and value.strip() else \
                     "a program under a name c128patch cannot turn off" if m and "=" in m.group(2) else \
                     "a trailer program" if _TRAILERS.match(name) else \
-                    "settings of a branch, which a checkout turns on after this check" if not m else ""
+                    "another config file to include, which may change after this check" if not m else ""
                 if what and not refusal:
                     refusal = (f"{self.cwd}: its git config names {what} ({name} = {value}); c128patch runs no "
                                "program from a repository's config: remove that setting, or use a clone without it")
