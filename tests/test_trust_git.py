@@ -212,6 +212,59 @@ def test_a_repository_whose_config_names_a_merge_program_is_refused(series, tree
     assert not mark.exists()
 
 
+def test_a_submodules_own_filter_never_runs_and_status_still_sees_the_trees_own_changes(series, tree, marker,
+                                                                                       tmp_path):
+    """A tree holding a submodule whose own config names a clean and a smudge filter; the tree's config asks git into
+    it (``submodule.recurse``, the submodule's ``ignore = none``, which beats ``diff.ignoreSubmodules``), so does
+    .gitmodules. git's status, diff, commit and stash would run the clean filter on a touched file there, a checkout
+    moving the submodule to the rev's commit the smudge: the tool's git never enters a submodule (apply, status,
+    commit, stash), and status still lists the tree's own change and the submodule left at another commit."""
+    prog, mark = marker
+    me = ["-c", "user.name=t", "-c", "user.email=t@t.invalid"]
+    sub = tmp_path / "subsrc"
+    subprocess.run(["git", "init", "--quiet", str(sub)], check=True)
+    (sub / ".gitattributes").write_text("*.txt filter=y\n")
+    for text in ("a\n", "b\n"):
+        (sub / "f.txt").write_text(text)
+        subprocess.run(["git", "-C", str(sub), "add", "."], check=True)
+        subprocess.run(["git", "-C", str(sub), *me, "commit", "--quiet", "-m", text], check=True)
+    path = str(Path(CUH).parent / "sub")
+    git = ["git", "-C", str(tree)]
+    subprocess.run([*git, "-c", "protocol.file.allow=always", "submodule", "--quiet", "add", str(sub), path],
+                   check=True)
+    subprocess.run([*git, "config", "-f", ".gitmodules", f"submodule.{path}.ignore", "none"], check=True)
+    subprocess.run([*git, "add", ".gitmodules"], check=True)
+    subprocess.run([*git, *me, "commit", "--quiet", "-m", "upstream: a submodule"], check=True)
+    rev = Git(worktree=tree).head()  # the rev applied: the submodule at its second commit, the tree at its first
+    subprocess.run(["git", "-C", str(tree / path), "checkout", "--quiet", "HEAD~"], check=True)
+    subprocess.run([*git, *me, "commit", "--quiet", "-am", "mine: the submodule's first commit"], check=True)
+    for key, value in (("submodule.recurse", "true"), (f"submodule.{path}.ignore", "none")):
+        subprocess.run([*git, "config", key, value], check=True)
+    for key in ("clean", "smudge"):
+        subprocess.run(["git", "-C", str(tree / path), "config", f"filter.y.{key}", str(prog)], check=True)
+
+    def touch() -> None:  # the submodule's file no longer matches its index: its status would clean it again
+        os.utime(tree / path / "f.txt", (1, 1))
+
+    touch()
+    res = invoke(*apply_args(tree, series, rev))
+    assert res.code == 0 and not mark.exists(), res.err
+    touch()
+    (tree / CUH).write_text((tree / CUH).read_text() + "// mine\n")
+    res = invoke("status", "--tree", tree, "--series", series)
+    assert res.code == 1 and res.out["uncommitted"] == [CUH, path] and not mark.exists(), res.err  # (1: not clean)
+    for command in (["commit", "--quiet", "-m", "x"], ["stash", "create", "x"]):  # (nothing staged: a status)
+        touch()
+        Git(worktree=tree).run(*command, check=False)
+        assert not mark.exists(), command
+    subprocess.run([*git, "rm", "--quiet", ".gitmodules"], check=True)  # a submodule .gitmodules does not name
+    subprocess.run([*git, *me, "commit", "--quiet", "-m", "no .gitmodules"], check=True)
+    mark.unlink(missing_ok=True)  # (the user's own git, not the tool's)
+    touch()
+    Git(worktree=tree).run("commit", "--quiet", "-m", "x", check=False)
+    assert not mark.exists()
+
+
 @pytest.mark.parametrize("key", ["include.path", "includeIf.gitdir:**/.path"])
 def test_a_repository_whose_config_includes_a_file_is_refused_before_the_file_can_change(series, tree, marker, key):
     """The config includes ``../evil.cfg``, a file of the work tree absent at HEAD that the upstream rev being applied

@@ -36,6 +36,9 @@ FORCED_CONFIG = (
     ("log.showSignature", "false"),  # a signed commit in a log would run the config's gpg program
     ("merge.verifySignatures", "false"),
     ("gpg.program", "false"), ("gpg.ssh.program", "false"), ("gpg.x509.program", "false"),
+    # never into a submodule's work tree, where its own config's filters run: a checkout's, a diff's inside a command
+    # (a submodule's own ``ignore`` setting beats the second: _NO_PROGRAMS, Git._submodules_still)
+    ("submodule.recurse", "false"), ("diff.ignoreSubmodules", "dirty"),
 )
 # Test hook (as ops.treestate's C128PATCH_FAULT): a folder of hooks the tool's git runs instead of none,
 # so that a test can interrupt inside git itself. Unset (always, outside tests), no hook runs.
@@ -47,9 +50,12 @@ _KEPT_ENV = ("GIT_TRACE", "GIT_SSH", "GIT_ASKPASS", "GIT_SSL_", "GIT_HTTP_", "GI
              "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM")
 # git subcommands that keep the operator's global and system config (proxies, credentials, insteadOf)
 _TRANSPORT = ("clone", "fetch", "ls-remote")
-# options that keep a diff from running a program the config names (an external diff, a textconv filter)
-_NO_PROGRAMS = {**dict.fromkeys(("diff", "log", "show", "range-diff"), ("--no-ext-diff", "--no-textconv")),
-                "blame": ("--no-textconv",)}
+# options that keep a diff from running a program the config names (an external diff, a textconv filter), or git in a
+# submodule's work tree (the option beats the submodule's own ``ignore`` setting, which beats diff.ignoreSubmodules)
+_NO_PROGRAMS = {"diff": ("--no-ext-diff", "--no-textconv", "--ignore-submodules=dirty"),
+                **dict.fromkeys(("log", "show", "range-diff"), ("--no-ext-diff", "--no-textconv")),
+                "blame": ("--no-textconv",),
+                **dict.fromkeys(("status", "diff-index", "diff-files"), ("--ignore-submodules=dirty",))}
 _DRIVERS = re.compile(r"^(filter|merge|diff)\.(.+)\.(clean|smudge|process|driver|textconv)$")
 # another file the config includes: the check below sees .git/config change, never that file (a checkout may write
 # it, a branch may turn it on)
@@ -255,6 +261,20 @@ class Git:
             raise C128Error(refusal)
         return list(off)
 
+    def _submodules_still(self) -> list[str]:
+        """``submodule.<name>.ignore=dirty`` for each submodule a .gitmodules (work tree, index, HEAD) names: a commit
+        or stash takes no ``--ignore-submodules``, and that setting (config, else .gitmodules) beats
+        ``diff.ignoreSubmodules``."""
+        names = set()
+        for source in (["--file", ".gitmodules"], ["--blob", ":.gitmodules"], ["--blob", "HEAD:.gitmodules"]):
+            proc = self._raw(["config", "-z", "--name-only", *source, "--get-regexp", r"^submodule\..+\."],
+                             self._base_env(), self._settings())
+            names |= {key.split(".", 1)[1].rsplit(".", 1)[0] for key in proc.stdout.split("\0") if key}
+        if odd := next((n for n in sorted(names) if "=" in n or "\n" in n), None):
+            raise C128Error(f"{self.cwd}: .gitmodules names a submodule {odd!r}, which c128patch cannot keep git out "
+                            "of; rename it there, or use a clone without it")
+        return [f"submodule.{name}.ignore=dirty" for name in sorted(names)]
+
     def _raw(self, args: list[str], env: dict[str, str], settings: list[str], input=None, binary: bool = False,
              timeout: float | None = None) -> subprocess.CompletedProcess:
         cmd = [git_executable(), *(x for s in settings for x in ("-c", s)), *args]
@@ -289,7 +309,8 @@ class Git:
         full_env = {**self._base_env(transport=transport and bool(args) and args[0] in _TRANSPORT), **(env or {})}
         argv = [*args[:1], *_NO_PROGRAMS.get(args[0] if args else "", ()), *args[1:]]
         data = input.encode() if isinstance(input, str) and binary else input
-        proc = self._raw(argv, full_env, self._settings(), data, binary, timeout)
+        settings = [*self._settings(), *(self._submodules_still() if args[:1] in (("commit",), ("stash",)) else ())]
+        proc = self._raw(argv, full_env, settings, data, binary, timeout)
         return _checked(args, proc) if check else proc
 
     def out(self, *args: str, **kw) -> str:
