@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import zipfile
@@ -18,7 +19,7 @@ from c128patch.git import Git
 from c128patch.series.layers import stack
 from c128patch.series.manifest import load_series
 from c128patch.upstream.source import open_upstream
-from c128patch.wheel.srcbuild import PRETEND_ENV, base_version, build_command, build_env, build_wheel
+from c128patch.wheel.srcbuild import NOTICE, PRETEND_ENV, base_version, build_command, build_env, build_wheel
 from c128patch.wheel.tools import InWheel
 from support import REPO_ROOT, invoke, make_test_series, series_paths
 
@@ -152,6 +153,7 @@ def test_real_source_build(tmp_path: Path, source_repo: Path, series: Path):
     assert data["base_version"] == f"0.5.24.dev1+g{head[:9]}"
     assert data["version"] == f"0.5.24.dev1+g{head[:9]}.c128.{s.version}.{s.digest()[:8]}"
     assert data["env"][PRETEND_ENV] == data["base_version"] and data["applied"] is True
+    assert data["runs_target_code"] == NOTICE and f"build {NOTICE}" in res.err.splitlines()  # the backend: the box's
     wheel = Path(data["wheel"])
     assert wheel.parent == out and sorted(p.name for p in out.iterdir()) == [wheel.name]
     with zipfile.ZipFile(wheel) as zf:
@@ -238,3 +240,60 @@ def test_build_with_a_layer_labels_the_wheel_and_its_provenance_with_the_layer(t
     assert f"is patched with series c128patch {ours.version} + layer acme {layer.version} on " in alone.err
     assert f"not series c128patch {ours.version} on " in alone.err
     assert not (tmp_path / "alone").exists()
+
+
+# A hostile upstream build backend (attack h107/04): it says what it sees, then tries to write outside its folder.
+HOSTILE_BACKEND = """\
+import json, os, sys
+seen = {k: v for k, v in os.environ.items() if "TOKEN" in k or "SECRET" in k}
+home = os.environ.get("HOME", "")
+try:
+    operators = sorted(os.listdir(OPERATOR_HOME))
+except OSError as exc:
+    operators = str(exc)
+wrote = []
+for path in (MARKER, os.path.join(OPERATOR_HOME, "c128-pwned")):
+    try:
+        with open(path, "w") as f:
+            f.write("pwned")
+        wrote.append(path)
+    except OSError:
+        pass
+print("SEEN " + json.dumps({"tokens": seen, "home": home, "operators_home": operators, "wrote": wrote}),
+      file=sys.stderr, flush=True)
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    raise SystemExit("stop")
+"""
+
+
+@pytest.mark.parametrize("isolation", [False, True], ids=["no-isolation", "isolation"])
+def test_the_upstream_build_backend_runs_in_the_sealed_box_and_build_says_so(tmp_path: Path, source_repo: Path,
+                                                                              series: Path, isolation: bool):
+    """`build` runs the target tree's PEP 517 backend (its code) in fit/sandbox.py's box: no token of the operator's,
+    HOME a scratch folder, the operator's HOME unseen, nothing written outside its build folder; and it says so on
+    stderr, with --json too."""
+    marker, home = tmp_path / "PWNED", tmp_path / "operator-home"
+    home.mkdir()
+    (home / ".git-credentials").write_text("https://u:secret@example.invalid\n")
+    (source_repo / "python/pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "evilbackend"\nbackend-path = ["."]\n')
+    (source_repo / "python/evilbackend.py").write_text(
+        f"MARKER, OPERATOR_HOME = {str(marker)!r}, {str(home)!r}\n" + HOSTILE_BACKEND)
+    git(source_repo, "add", "-A")
+    git(source_repo, "commit", "-qm", "upstream: its own build backend")
+    out = tmp_path / "dist"
+    res = invoke("build", "--sglang-rev", "main", "--repo", str(source_repo), "--series", str(series), "-o", str(out),
+                 *([] if isolation else ["--no-isolation"]),
+                 env={"GITHUB_TOKEN": "ghp_FAKE", "AWS_SECRET_ACCESS_KEY": "FAKE_AWS", "HF_TOKEN": "hf_FAKE",
+                      "HOME": str(home)})
+    assert res.code != 0 and "the source build failed" in res.err, res.err
+    log = Path(re.search(r"full log: (\S+)", res.err)[1])
+    seen = json.loads(next(ln for ln in log.read_text().splitlines() if ln.startswith("SEEN "))[5:])
+    assert seen["tokens"] == {}, seen  # no token of the operator's
+    assert seen["home"] and not Path(seen["home"]).is_relative_to(home), seen  # HOME a scratch folder
+    assert ".git-credentials" not in str(seen["operators_home"]), seen  # the operator's HOME unseen
+    assert seen["wrote"] == [] and not marker.exists() and not (home / "c128-pwned").exists(), seen
+    assert not out.exists()
+    assert f"build {NOTICE}" in res.err.splitlines()  # said with --json too

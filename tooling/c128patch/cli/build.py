@@ -25,7 +25,11 @@ def command(rev: str, repo: str | None, tree: Path | None, out_dir: Path, base_v
     """Source-build a patched sglang wheel (PEP 517), for commits that have no release wheel.
 
     Applies the series first unless the tree already is REV + this series; the wheel gets the same
-    version label, provenance and SBOM as `c128patch wheel`."""
+    version label, provenance and SBOM as `c128patch wheel`.
+
+    It runs the target tree's build backend (its code) in the sealed box (fit/sandbox.py): scrubbed
+    environment, HOME a scratch folder, writes only to its build folder; the network and your pip
+    settings only with build isolation (not with --no-isolation)."""
     from c128patch.progress import reporter
     from c128patch.upstream.source import open_upstream
     from c128patch.wheel.srcbuild import build_wheel

@@ -202,19 +202,25 @@ def _pip_folders(config: str) -> list[str]:
                    if os.path.isabs(p) and os.path.exists(p)})
 
 
+def pip_settings(conf: str) -> tuple[dict[str, str], list[str]]:
+    """The operator's pip settings for a box (never the target's): (its ``PIP_*`` and proxy variables, its own config
+    file copied into ``conf``; the folders the box must read for them, ``conf`` among them)."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
+    config = _pip_config()
+    if config:
+        env["PIP_CONFIG_FILE"] = shutil.copyfile(config, os.path.join(conf, "pip.conf"))
+    return env, [*_pip_folders(config), conf]
+
+
 def _pip(python: str, args: list[str], timeout: float, reporter: Reporter, what: str, into: Path,
          reads: tuple[str, ...] = ()) -> None:
     """``python -m pip ARGS`` in the sealed box (network kept: pip needs it; writes to ``into`` only, reads ``reads``
     too) with the operator's settings."""
     reporter.step(what)
-    # the operator's pip settings (``PIP_*``, proxies, its own config file); never the target's
-    env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
-    config = _pip_config()
     with tempfile.TemporaryDirectory(prefix="c128env-pipconf-") as conf:  # a copy: never its folder (HOME, say)
-        if config:
-            env["PIP_CONFIG_FILE"] = shutil.copyfile(config, os.path.join(conf, "pip.conf"))
+        env, folders = pip_settings(conf)
         box = Sealed(python, ["-m", "pip", "--disable-pip-version-check", *args], timeout, env=env,
-                     writable=(str(into),), readable=(*_pip_folders(config), conf, *reads), files=PIP_FILES)
+                     writable=(str(into),), readable=(*folders, *reads), files=PIP_FILES)
         try:
             stdout, stderr = box.wait()
         except C128Error as exc:

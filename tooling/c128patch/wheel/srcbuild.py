@@ -5,7 +5,8 @@ series on this commit, committed and clean (any other patched tree is refused); 
 ``python/pyproject.toml``. The version is forced through setuptools-scm's
 ``SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG``: ``X.Y.Z`` at a release tag, else the guess-next-dev
 ``X.Y.(Z+1).devN+g<sha>`` (or ``--base-version``). ``python -m build --wheel`` runs on HEAD exported
-with ``git archive`` at the commit's time, must yield that version, and the wheel then gets
+with ``git archive`` at the commit's time, in ``fit/sandbox.py``'s sealed box (it runs the tree's build backend:
+``run_build``), must yield that version, and the wheel then gets
 ``wheel``'s label, provenance and SBOM and passes ``verify-wheel``'s checks before it is moved out.
 """
 
@@ -15,7 +16,6 @@ import importlib.util
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +28,7 @@ from packaging.version import InvalidVersion, Version
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.ops.applier import Apply
-from c128patch.progress import NullReporter, Reporter
+from c128patch.progress import NullReporter, Reporter, echo
 from c128patch.series import provenance
 from c128patch.series.layers import describe
 from c128patch.series.manifest import Series, sha256_file
@@ -43,6 +43,21 @@ from c128patch.wheel.verify import verify_wheel
 PYPROJECT = "python/pyproject.toml"
 PRETEND_ENV = "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG"
 _DESCRIBE = re.compile(r"^v(?P<tag>\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?)-(?P<n>\d+)-g(?P<sha>[0-9a-f]+)$")
+
+# the build front end in the box: its stdout and stderr into the log (the box reads back only 16 MiB), run from the
+# source folder: ``-c DRIVER LOG CWD BUILD-ARGS...``
+_DRIVER = """import os, runpy, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.dup2(fd, 1); os.dup2(fd, 2); os.chdir(sys.argv[2])
+sys.argv = ["build", *sys.argv[3:]]
+runpy.run_module("build", run_name="__main__", alter_sys=True)
+"""
+BUILD_TIMEOUT = 3600.0  # seconds a source build may take in the box
+NOTICE = ("runs the target tree's PEP 517 build backend (its code: python -m build) in a sealed box: scrubbed "
+          "environment (HOME a scratch folder, no token), isolated Python, no writes outside its build folder, no "
+          "reads outside the system's folders and what it builds, its own processes only, where the host allows it; "
+          "with build isolation it has the network and your pip settings (to install the build requirements), with "
+          "--no-isolation neither")
 
 Runner = Callable[[list[str], dict[str, str], Path, Path], int]
 
@@ -60,6 +75,7 @@ class BuildResult:
     command: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    runs_target_code: str = NOTICE  # what the build ran of the target's, and how
 
 
 def base_version(git: Git, rev: str, commit: str, override: str | None = None) -> Version:
@@ -91,8 +107,32 @@ def build_env(version: Version, epoch: int) -> dict[str, str]:
 
 
 def run_build(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> int:
-    with open(log, "wb") as out:
-        return subprocess.run(cmd, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT).returncode
+    """``python -m build`` (``cmd``) run in ``fit/sandbox.py``'s sealed box: it runs the target tree's PEP 517 backend.
+    Its environment is the box's allow-list and ``env`` (no token; ``HOME`` a scratch folder), it writes only its
+    build folder (``log``'s: the exported tree, the wheel, the log) and reads only the system's folders and what it
+    runs. ``--no-isolation``: offline, none of the operator's pip settings; else the network and the operator's pip
+    settings, which pip needs to install the build requirements (the backend sees them too)."""
+    from c128patch.fit.env import PIP_FILES, pip_settings
+    from c128patch.fit.sandbox import Sealed
+
+    if cmd[:3] != [sys.executable, "-m", "build"]:
+        raise C128Error(f"not a build command: {cmd[:3]}")
+    offline, work = "--no-isolation" in cmd, log.parent
+    with tempfile.TemporaryDirectory(prefix="c128build-pipconf-") as conf:
+        pip_env, reads = ({}, []) if offline else pip_settings(conf)
+        try:
+            box = Sealed(sys.executable, ["-c", _DRIVER, str(log), str(cwd), *cmd[3:]], BUILD_TIMEOUT,
+                         env={**pip_env, **env}, offline=offline, writable=(str(work),), readable=tuple(reads),
+                         files=PIP_FILES)
+            _, err = box.wait()
+        except C128Error as exc:  # did not start, ran past its time, wrote past its limits
+            with open(log, "a") as out:
+                out.write(f"\n{exc.message}\n")
+            return 1
+    if box.returncode and err.strip():  # what it said before its output went to the log (an interpreter's error)
+        with open(log, "a") as out:
+            out.write(err)
+    return box.returncode
 
 
 def _patched_state(git: Git, tree: Path, series: Series, commit: str) -> dict | None:
@@ -144,7 +184,8 @@ def _run_build(git: Git, work: Path, base: Version, epoch: int, no_isolation: bo
     python_dir = work / "src" / "python"
     dist_dir = work / "dist"
     cmd, env = build_command(python_dir, dist_dir, no_isolation), build_env(base, epoch)
-    reporter.step(f"building sglang {base} from {python_dir} (python -m build --wheel)")
+    echo(f"build {NOTICE}")  # said as it starts, on stderr, on a terminal or not, with --json too (runs_target_code)
+    reporter.step(f"building sglang {base} from {python_dir} (python -m build --wheel, in the sealed box)")
     log = work / "build.log"
     code = runner(cmd, env, python_dir, log)
     if code != 0:
