@@ -373,6 +373,35 @@ def test_a_changed_wheel_in_the_cache_is_refused_before_it_is_patched_or_trusted
         cached_wheel(wheel)
 
 
+def test_a_cached_wheel_that_is_a_link_a_device_or_a_pipe_is_refused_in_one_line_not_read(tmp_path, monkeypatch):
+    """h107 attack 10: a cached release wheel symlinked to /dev/zero hung `wheel --from-release` (its sha256 read
+    through the link to no end). A cache wheel is read only if it is a regular file, never through a link; any wheel
+    the tool opens (WheelZip) only if it leads to a regular file."""
+    from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, WheelZip, cached_wheel
+
+    monkeypatch.delenv("C128PATCH_WHEELHOUSE", raising=False)
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "wheels"
+    folder.mkdir(parents=True)
+    wheel = {v: fake_wheel(folder, v) for v in DEFAULT_RELEASES}["0.5.23"]
+    ReleaseHistory().ensure()
+    (tmp_path / "elsewhere").mkdir()
+    real = wheel.rename(tmp_path / "elsewhere" / wheel.name)
+    wheel.symlink_to(real)  # a link to a whole wheel first: the old code read through it and took it
+    for make in (lambda: None, lambda: (wheel.unlink(), wheel.symlink_to("/dev/zero")),
+                 lambda: (wheel.unlink(), os.mkfifo(wheel))):
+        make()
+        with pytest.raises(C128Error, match="is not a regular file") as exc:
+            cached_wheel(wheel)
+        assert f"in the cache {folder}" in exc.value.message and f"rm {wheel}" in exc.value.message
+        assert "\n" not in exc.value.message
+    run = invoke("wheel", "--from-release", "0.5.23", "-o", str(tmp_path / "out"), as_json=False)  # the FIFO
+    assert run.code == 2 and len(run.err.strip().splitlines()) == 1 and "is not a regular file" in run.err, run.err
+    for odd in ("/dev/zero", wheel):  # through WheelZip (any reader: --from-wheel, verify-wheel), by any path
+        with pytest.raises(C128Error, match="is not a regular file"):
+            WheelZip(Path(odd))
+
+
 def test_a_truncated_cached_wheel_and_a_corrupt_pack_are_one_line_naming_the_cache(fake_releases, tmp_path):
     from c128patch.upstream.releases import ReleaseHistory
 

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shlex
+import stat
 import subprocess
 import sys
 import tempfile
@@ -190,6 +191,13 @@ def cached_wheel(wheel: Path) -> Path:
     if wheel.parent.resolve() != folder.resolve():
         return wheel
     fix = f"remove it (rm {shlex.quote(str(wheel))}) and run again: it is downloaded again"
+    try:  # never read through a link, from a device or a pipe (/dev/zero, a FIFO: an endless read)
+        regular = stat.S_ISREG(os.lstat(wheel).st_mode)
+    except OSError as exc:
+        raise C128Error(f"the cached wheel {wheel} cannot be read ({exc.strerror}); {fix}") from None
+    if not regular:
+        raise C128Error(f"the cached wheel {wheel} in the cache {folder} is not a regular file (a link, a device or a "
+                        f"pipe); {fix}")
     have, recorded = _sha256(wheel), _sums(folder).get(wheel.name)
     if recorded is not None and recorded != have:
         raise C128Error(f"the cached wheel {wheel} changed since it was downloaded (sha256 {have[:16]}…, recorded "
@@ -258,6 +266,9 @@ class WheelZip(zipfile.ZipFile):
 
     def __init__(self, wheel: Path, fix: str = "a truncated download? delete it and fetch it again") -> None:
         self.fix = fix = fix.format(wheel=shlex.quote(str(wheel)))
+        with contextlib.suppress(OSError):  # (a missing one: zipfile says so below)
+            if not stat.S_ISREG(os.stat(wheel).st_mode):  # a device or a pipe (/dev/zero, a FIFO): an endless read
+                raise C128Error(f"not a wheel: {wheel} is not a regular file (a device or a pipe); {fix}")
         try:
             super().__init__(wheel)
         except (zipfile.BadZipFile, OSError) as exc:
