@@ -601,6 +601,54 @@ def test_from_wheel_refuses_a_member_the_release_does_not_hold(tmp_path: Path, o
         refused(["wheel", "--from-wheel", str(bad), "--series", str(wheel_series)], out, says)
 
 
+def _with_changed_member(wheel: Path, dest: Path, member: str, text: str) -> Path:
+    """``wheel`` with ``member``'s text replaced, its RECORD row recomputed (a consistent wheel, not a torn one)."""
+    from c128patch.wheel.tools import record_hash
+
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as zf:
+        record = next(i.filename for i in src.infolist() if i.filename.endswith(".dist-info/RECORD"))
+        for info in src.infolist():
+            data = text.encode() if info.filename == member else src.read(info)
+            if info.filename == record:
+                rows = list(csv.reader(io.StringIO(data.decode(), newline="")))
+                rows = [[r[0], record_hash(text.encode()), str(len(text.encode()))] if r and r[0] == member else r
+                        for r in rows]
+                out = io.StringIO(newline="")
+                csv.writer(out, lineterminator="\n").writerows(rows)
+                data = out.getvalue().encode()
+            zf.writestr(info, data)
+    return dest
+
+
+def test_from_wheel_refuses_a_release_wheel_whose_content_is_not_the_releases(tmp_path: Path, out: Path,
+                                                                             wheel_series: Path, upstream_wheel: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch):
+    """h107 attack 09: a release wheel with a changed sglang/version.py (RECORD recomputed) came out labelled
+    "0.5.23 + series", its provenance recording the release's source tree as if the content were that tree. Its bytes
+    are checked against the cache's record of the wheel as downloaded, and its sources against the release's."""
+    from c128patch.git import Git
+    from c128patch.upstream import releases
+    from c128patch.upstream.releases import ReleaseHistory, check_release_content
+
+    sums = {upstream_wheel.name: sha256_file(upstream_wheel)}  # the cache's record, as a download makes it
+    monkeypatch.setattr(releases, "_sums", lambda folder: sums)
+    with zipfile.ZipFile(upstream_wheel) as zf:
+        version_py = zf.read("sglang/version.py").decode()
+    evil = version_py + "import os; os.system('id > /tmp/pwned')\n"
+    same_name = _with_changed_member(upstream_wheel, tmp_path / upstream_wheel.name, "sglang/version.py", evil)
+    refused(["wheel", "--from-wheel", str(same_name), "--series", str(wheel_series)], out,
+            f"is not sglang 0.5.23's release wheel {upstream_wheel.name}: its sha256 is")
+    # a wheel of the release the cache never downloaded (no record of its bytes): its sources tell
+    other = same_name.rename(tmp_path / "sglang-0.5.23-cp313-cp313-manylinux_2_34_x86_64.whl")
+    said = refused(["wheel", "--from-wheel", str(other), "--series", str(wheel_series)], out,
+                   "is not sglang 0.5.23's release wheel: sglang/version.py differs from the release's sources")
+    assert "c128patch wheel --from-release 0.5.23" in said and "c128patch build" in said
+    # the release's own bytes under that name (only the executable bits may differ across a release's wheels): taken
+    shutil.copyfile(upstream_wheel, other)
+    git = Git(git_dir=ReleaseHistory().ensure(["0.5.23"]))
+    check_release_content(other, git, git.rev_parse("v0.5.23"), "0.5.23")
+
+
 def test_a_truncated_wheel_is_one_line(tmp_path: Path, out: Path, wheel_series: Path, upstream_wheel: Path):
     from c128patch.upstream.releases import iter_wheel_sources, wheel_timestamp
 

@@ -213,6 +213,30 @@ def cached_wheel(wheel: Path) -> Path:
     return wheel
 
 
+def check_release_content(wheel: Path, git: Git, commit: str, version: str) -> None:
+    """``wheel``, taken as sglang ``version``'s release wheel, checked against what is known of that release: its bytes
+    against the cache's record of the wheel of that name as downloaded (``SHA256SUMS``), and its sources byte for byte
+    against the release history's ``commit`` (any platform's wheel of the release has the same sources; only their
+    executable bits may differ); else one line. Its compiled extensions are checked only by that record."""
+    fix = (f"start from sglang {version}'s own wheel (c128patch wheel --from-release {version}, or pip download "
+           f"sglang=={version}); to label a changed sglang, build it from source (c128patch build)")
+    recorded = _sums(cache_dir() / "wheels").get(wheel.name)
+    if recorded is not None and (digest := _sha256(wheel)) != recorded:
+        raise C128Error(f"{wheel} is not sglang {version}'s release wheel {wheel.name}: its sha256 is {digest[:16]}…, "
+                        f"the one downloaded into the cache {recorded[:16]}…; {fix}")
+    want = {}
+    for row in git.out("ls-tree", "-r", "-z", commit, "--", TREE_PREFIX + PACKAGE).split("\0"):
+        if row:
+            meta, _, path = row.partition("\t")
+            want[path] = meta.split()[-1]
+    have = {path: blob_id(data) for path, _, data in iter_wheel_sources(wheel)}
+    changed = sorted(p for p in want.keys() | have.keys() if want.get(p) != have.get(p))
+    if changed:
+        more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+        raise C128Error(f"{wheel} is not sglang {version}'s release wheel: {changed[0].removeprefix(TREE_PREFIX)}"
+                        f"{more} {'differ' if more else 'differs'} from the release's sources; {fix}")
+
+
 def _pip_download_into(dest: Path, version: str, extra: tuple[str, ...], progress: Progress | None) -> tuple[bool, str]:
     base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), *extra]
     last = ""
