@@ -192,7 +192,30 @@ def backend_local_renamed(git: Git) -> str:
         "ragged_layout=verify_layout):")})
 
 
-CHANGES = {"backend-local-renamed": backend_local_renamed, "pool-online-renamed": pool_online_renamed,
+RUNTIME_CONTEXT = "python/sglang/srt/runtime_context.py"
+DISAGG_FIELDS = "python/sglang/srt/arg_groups/fields/disagg.py"
+SP_FLAGS = 'class SpFlags(_FlagGroupBase):\n    """LayerNorm sequence-parallelism flags, materialized by\n'
+
+
+def sp_enabled_renamed(git: Git) -> str:
+    """SpFlags.enabled -> active (layernorm sequence parallelism, helper 106's case 12): nothing of ours reads it;
+    ``self.online_c128_dspark.enabled()`` (our controller) was read as ``SpFlags.enabled``/``DpFlags.enabled``."""
+    def changes(text_of):
+        head, _, tail = text_of(RUNTIME_CONTEXT).partition(SP_FLAGS)
+        return {RUNTIME_CONTEXT: head + SP_FLAGS + tail.replace("    enabled: bool = False\n",
+                                                                "    active: bool = False\n", 1)}
+    return _edit(git, "runtime_context: SpFlags.active", changes)
+
+
+def pdmux_renamed(git: Git) -> str:
+    """The config leaf disagg.enable_pdmux -> enable_pd_multiplexing (helper 106's case 3 moves it to exec.overlap):
+    the rules read ``disagg.enable_pdmux`` on the namespace ``get_disagg()`` gives, not on a Scheduler."""
+    return _edit(git, "disagg: enable_pd_multiplexing", lambda text_of: {
+        DISAGG_FIELDS: _replace(text_of(DISAGG_FIELDS), "    enable_pdmux: A[", "    enable_pd_multiplexing: A[")})
+
+
+CHANGES = {"sp-enabled-renamed": sp_enabled_renamed, "pdmux-renamed": pdmux_renamed,
+           "backend-local-renamed": backend_local_renamed, "pool-online-renamed": pool_online_renamed,
            "rawverify-field-renamed": rawverify_field_renamed,
            "draft-worker-renamed": draft_worker_renamed, "callback-keyword": callback_keyword,
            "copy-renamed": copy_renamed, "copy-arguments": copy_arguments,
@@ -469,3 +492,46 @@ def test_names_bound_by_a_closure_a_comprehension_a_global_or_the_module_are_not
     assert unbound(ast.parse(text), text, "m.py", {12, 13, 15}) == []  # only the lines given
     starred = "from x import *\n\ndef f():\n    return gone\n"
     assert unbound(ast.parse(starred), starred, "m.py", None) == []  # a * import binds names nobody can list
+
+
+def test_a_renamed_flag_our_controller_shares_a_name_with_is_not_broken(names_drift):
+    """Helper 106's case 12: ``self.online_c128_dspark.enabled()`` (and ``controller.enabled()``,
+    ``backend.online_c128_mtp.enabled()``) is on an object whose type the contract does not determine; DpFlags and
+    SpFlags both declare ``enabled``: the use is unresolved (a note), never read on either of them."""
+    run = run_contract("sp-enabled-renamed", repo=names_drift)
+    assert run.code == 0 and run.out["ok"], findings(run, "error")
+    [result] = run.out["revs"]
+    assert not [i for i in result["items"] if i["target"].endswith("Flags.enabled")]
+
+
+def test_a_name_several_near_classes_declare_on_a_receiver_nothing_tells_is_unresolved():
+    from c128patch.fit import contract_names as names
+    from c128patch.fit.resolve import Use
+
+    flags = {"sglang.srt.runtime_context.DpFlags": {"enabled": "sglang.srt.runtime_context.DpFlags"},
+             "sglang.srt.runtime_context.SpFlags": {"enabled": "sglang.srt.runtime_context.SpFlags"}}
+    pool = {"sglang.srt.mem_cache.pool.Pool": {"online": "sglang.srt.mem_cache.pool.Pool"}}
+    uses = [Use(1, ["enabled"], kind="untyped", receiver=f"{BACKEND}:9:self.online_c128_dspark"),
+            Use(2, ["online"], kind="untyped", receiver=f"{BACKEND}::p")]
+    unresolved: dict = {}
+    told = names.narrowed(names.Definers({**flags, **pool}, {**flags, **pool}), uses, unresolved)
+    assert told == {(f"{BACKEND}:9:self.online_c128_dspark", "enabled"): [],
+                    (f"{BACKEND}::p", "online"): ["sglang.srt.mem_cache.pool.Pool"]}
+    assert unresolved == {(f"{BACKEND}:9:self.online_c128_dspark", "enabled"): sorted(flags)}
+
+
+def test_an_untyped_receiver_is_not_attributed_to_a_class_that_happens_to_define_its_names(names_drift):
+    """The rules' ``disagg`` (``Any``: ``get_disagg()``'s namespace) was read as a Scheduler (which assigns
+    ``self.enable_pdmux`` and ``self.disaggregation_mode``); it is the config namespace ``disagg``: the lock records
+    its leaves (kind ``config``) and a renamed leaf names the namespace, never Scheduler."""
+    lock = (REPO_ROOT / "patches" / "contract.lock").read_text()
+    assert "Scheduler" not in lock and "Flags.enabled" not in lock
+    for target in ("disagg.enable_pdmux", "disagg.disaggregation_mode", "exec.overlap.enable_two_batch_overlap",
+                   "exec.kernel.attention_backend", "device.device", "parallel.attn_dp_size"):
+        assert re.search(rf"^config  {re.escape(target)}  {RULES}:\d+  python/sglang/srt/arg_groups/fields/\S+  sig=-$",
+                         lock, re.M), target
+    [error] = _errors("pdmux-renamed", names_drift)
+    line = _line(RULES, "disagg.enable_pdmux")
+    assert error.startswith(f"{RULES}:{line}: disagg.enable_pdmux: the config namespace disagg "
+                            f"(sglang.srt.arg_groups.fields.disagg.Disagg, {DISAGG_FIELDS}:"), error
+    assert "Scheduler" not in error and "an AttributeError at startup" in error, error

@@ -141,12 +141,17 @@ def _derive(series: Series, git: Git, upstream: str, head: str,
         mirrors, spaces = names.rules(up, ours, sources)
         uses += [(use, sources.get(names.RULES, names.RULES)) for use in mirrors]
         items += [Item(**fields) for fields in spaces]
+        context: set[int] = set()  # the lines of the rules' function reading the config namespaces
+        config_items, config_findings = names.context_reads(up, ours, sources, context)
+        items += [Item(**fields) for fields in config_items]
+        findings += [Finding(**fields) for fields in config_findings]
+        uses = [(u, site) for u, site in uses if u.kind != "untyped" or not names.in_context(u, context)]
         typed = {(site, u.line, u.chain[-1]) for u, site in uses if u.kind == "typed"}  # ``self.x.y``, ``x`` typed
         untyped = [(u, site) for u, site in uses if u.kind == "untyped" and (site, u.line, u.chain[0]) not in typed]
         _resolve_all(up, [(u, site) for u, site in uses if u.kind not in ("untyped", "typed")], items, findings)
         # the untyped names: in the classes the lock records, else in those defining them at the base, narrowed
         # by the names each receiver reads
-        told = _told(up, untyped, lock, set(sources.values()))
+        told = _told(up, untyped, lock, set(sources.values()), findings)
         recorded = lock.recorded() if lock is not None else {}
         for use, site in [(u, site) for u, site in uses if u.kind == "typed"]:  # what resolves at the base (not a
             got, found = _resolve_use(up, use, site)  # mixin's self.attr), then what the lock records
@@ -199,13 +204,23 @@ def _installed(up: Upstream, installs: list, lock: Lock | None, items: list[Item
                                    f"our {fn.name} ({site}:{fn.lineno}) `def {fn.name}{sig}`")
 
 
-def _told(up: Upstream, untyped: list[tuple[Use, str]], lock: Lock | None, stable: set[str]) -> list[list[str]]:
+def _told(up: Upstream, untyped: list[tuple[Use, str]], lock: Lock | None, stable: set[str],
+          findings: list[Finding]) -> list[list[str]]:
     """The classes each untyped use may read its name on: told by its receiver among those defining it at the base,
     or those the lock records; in the files of ``stable`` (our overlays, whose lines do not move) the classes the
-    lock records at its line."""
+    lock records at its line. A use whose receiver's type is not determined (several classes declare the name and
+    nothing tells which) is read on none: a note says so (unresolved, not guessed)."""
     definers = names.lock_definers(lock.classes()) if lock is not None else \
         names.defining_classes(up, {u.chain[0] for u, _ in untyped})
-    classes = names.narrowed(definers, [u for u, _ in untyped])
+    unresolved: dict[tuple[str, str], list[str]] = {}
+    classes = names.narrowed(definers, [u for u, _ in untyped], unresolved)
+    for use, site in untyped:
+        if (use.receiver, use.chain[0]) in unresolved:
+            receiver = use.receiver.rsplit(":", 1)[-1]
+            findings.append(Finding(
+                "note", f"{site}:{use.line}: {receiver}.{use.chain[0]}: the receiver's type is not determined "
+                        f"({', '.join(unresolved[(use.receiver, use.chain[0])])} declare {use.chain[0]}): unresolved, "
+                        "not checked", f"{site}:{use.line}", "", use.chain[0]))
     at: dict[tuple[str, str], list[str]] = {}
     for item in [i for i in lock.items if i.kind == "member"] if lock is not None else []:
         cls, _, name = item.target.rpartition(".")

@@ -23,6 +23,7 @@ from c128patch.fit.resolve import (
     nodes_on,
     signature_of,
     statements,
+    syntax_tree,
     walk,
 )
 
@@ -38,6 +39,11 @@ NAMESPACES = (  # our name in RULES that decides it, the upstream class, which o
     ("_SHOWN_RAGGED_MODES", "sglang.srt.speculative.ragged_verify.RaggedVerifyMode", ""),
     ("RAGGED_ENV", "sglang.srt.environ.Envs", r"^SGLANG_\w*(DSPARK|RAGGED_VERIFY)"),
 )
+CONTEXT = ("config_from_context", {"exec_": "exec", "disagg": "disagg", "device": "device", "parallel": "parallel"})
+# the function of RULES reading the live config namespaces, its parameter -> the namespace the caller passes it
+# (``runtime_context.get_exec()``, ``get_disagg()``, ``get_device()``, ``get_parallel()``); upstream's
+# ``_build_config_bags`` projects each namespace's leaves from the classes under FIELDS that declare its ``_NS_PATH``
+FIELDS = "python/sglang/srt/arg_groups/fields/"
 _MAX_CLASSES = 2  # a name more of the classes a receiver may be define is too common to tell which one we use
 
 
@@ -61,6 +67,63 @@ def rules(up: Upstream, ours: dict[str, set[int] | None], sources: dict[str, str
     spaces = [(lines[name], cls, pattern) for name, cls, pattern in NAMESPACES if name in lines]
     return mirrors, [{"kind": "declared", "target": target, "site": f"{site}:{line}", "where": where}
                      for line, cls, pattern in spaces for target, where in declared(up, cls, pattern)]
+
+
+def namespaces(up: Upstream) -> dict[str, tuple[str, str, dict[str, int]]]:
+    """Each config namespace path -> (the class declaring it, its file:line, its leaves -> their lines): the classes
+    under FIELDS whose body sets ``_NS_PATH`` (a field annotated or a ``Derived`` assigned in the body is a leaf)."""
+    out: dict[str, tuple[str, str, dict[str, int]]] = {}
+    for path in sorted(p for p in up.reader.files if p.startswith(FIELDS) and p.endswith(".py")):
+        try:
+            tree = syntax_tree(up.reader.text(path) or "", path)
+        except (SyntaxError, ValueError):
+            continue  # the parse error is upstream's: the tier's import check names it
+        for cls in [s for s in tree.body if isinstance(s, ast.ClassDef)]:
+            ns = next((s.value.value for s in cls.body if isinstance(s, ast.Assign)
+                       and isinstance(s.value, ast.Constant)
+                       and [getattr(t, "id", "") for t in s.targets] == ["_NS_PATH"]), None)
+            if isinstance(ns, str):
+                leaves = {n: s.lineno for s in cls.body for n in _bound_names(s) if not n.startswith("_")}
+                out[ns] = (f"{module_name(path)}.{cls.name}", f"{path}:{cls.lineno}", leaves)
+    return out
+
+
+def context_reads(up: Upstream, ours: dict[str, set[int] | None], sources: dict[str, str],
+                  context_lines: set[int]) -> tuple[list[dict], list[dict]]:
+    """The config namespace leaves RULES' ``CONTEXT`` function reads (``exec_.overlap.enable_two_batch_overlap``:
+    the leaf ``enable_two_batch_overlap`` of ``exec.overlap``), each resolved against the namespaces the tree declares
+    (``namespaces``): lock items (kind ``config``) and, for a leaf its namespace no longer declares, an error (the
+    read is an AttributeError when the startup rules run) naming the namespace that declares it now, if one does;
+    ``context_lines`` gets the function's lines (its parameters are these namespaces, not untyped receivers)."""
+    tree = up.parse(RULES) if RULES in ours else None
+    fn = next((s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == CONTEXT[0]), None) if tree else None
+    if fn is None:
+        return [], []
+    context_lines.update(range(fn.lineno, (fn.end_lineno or fn.lineno) + 1))
+    inner = {id(n.value) for n in walk(fn) if isinstance(n, ast.Attribute)}
+    reads = sorted({(n.lineno, tuple(chain_of(n))) for n in walk(fn) if isinstance(n, ast.Attribute)
+                    and isinstance(n.ctx, ast.Load) and id(n) not in inner and chain_of(n)[:1]
+                    and chain_of(n)[0] in CONTEXT[1]})
+    declared_now = namespaces(up) if reads else {}
+    site_file = sources.get(RULES, RULES)
+    items, findings = [], []
+    for line, chain in reads:
+        ns, leaf = ".".join([CONTEXT[1][chain[0]], *chain[1:-1]]), chain[-1]
+        site, target = f"{site_file}:{line}", f"{ns}.{leaf}"
+        got = declared_now.get(ns)
+        if got is not None and leaf in got[2]:
+            items.append({"kind": "config", "target": target, "site": site,
+                          "where": f"{got[1].rpartition(':')[0]}:{got[2][leaf]}"})
+            continue
+        elsewhere = [f"{other} ({cls}, {where.rpartition(':')[0]}:{leaves[leaf]})"
+                     for other, (cls, where, leaves) in sorted(declared_now.items()) if leaf in leaves]
+        why = (f"the config namespace {ns} ({got[0]}, {got[1]}) declares no {leaf}" if got is not None else
+               f"no config namespace {ns} on this tree (no class under {FIELDS} sets _NS_PATH = {ns!r})")
+        now = f"; upstream declares {leaf} in {', '.join(elsewhere)} now" if elsewhere else ""
+        findings.append({"level": "error", "message": f"{site}: {'.'.join(chain)}: {why}{now} (the startup rules read "
+                         f"it through runtime_context.get_{chain[0].rstrip('_')}(): an AttributeError at startup)",
+                         "site": site, "where": got[1] if got is not None else "", "target": target})
+    return items, findings
 
 
 def declared(up: Upstream, dotted: str, pattern: str) -> list[tuple[str, str]]:
@@ -133,10 +196,14 @@ class Definers:
     strict: bool = True  # a receiver is told by a class defining every name read on it (else: those it knows)
 
 
-def narrowed(definers: Definers, uses: list[Use]) -> dict[tuple[str, str], list[str]]:
+def narrowed(definers: Definers, uses: list[Use],
+             unresolved: dict[tuple[str, str], list[str]] | None = None) -> dict[tuple[str, str], list[str]]:
     """(receiver, name) -> the classes the use may read it on: a receiver read for several names that classes
-    define all of (``self.x = ...`` included) is one of them; else the name is read on any near class declaring it;
-    none where more than ``_MAX_CLASSES`` remain (too common to tell which one we use)."""
+    define all of (``self.x = ...`` included) is one of them; else the one near class declaring the name; else the
+    classes the receiver's name names; none where more than ``_MAX_CLASSES`` remain (too common to tell which one
+    we use). A name several near classes declare, on a receiver nothing else tells, is read on none of them: its
+    type is not determined (``our_controller.enabled()`` is not ``DpFlags.enabled`` nor ``SpFlags.enabled``);
+    ``unresolved`` gets those (receiver, name) -> the classes it could not choose between."""
     read: dict[str, set[str]] = {}
     for use in uses:
         read.setdefault(use.receiver, set()).add(use.chain[0])
@@ -149,10 +216,12 @@ def narrowed(definers: Definers, uses: list[Use]) -> dict[tuple[str, str], list[
         common = [c for c in common if _named(c, receiver)] or common
         common = common if len(common) <= _MAX_CLASSES else []  # names many classes define all of tell nothing
         for name in names - definers.ours:  # then an instance attribute (``self.name = ...``) of a class it names
-            told = {owners[c][name] for c in common if name in owners[c]} or \
-                {d[name] for d in definers.near.values() if name in d} or \
-                {d[name] for c, d in owners.items() if name in d and _named(c, receiver)}
+            near = {d[name] for d in definers.near.values() if name in d}
+            told = {owners[c][name] for c in common if name in owners[c]} or (near if len(near) == 1 else set()) \
+                or {d[name] for c, d in owners.items() if name in d and _named(c, receiver)}
             out[(receiver, name)] = sorted(told) if len(told) <= _MAX_CLASSES else []
+            if not out[(receiver, name)] and len(near) > 1 and unresolved is not None:
+                unresolved[(receiver, name)] = sorted(near)
     return out
 
 
@@ -397,3 +466,9 @@ def _names_class(up: Upstream, module: str, node: ast.AST, dotted: str, hops: in
         if got.kind == "value" and value is not None and hops and _names_class(up, got.module, value, dotted, hops - 1):
             return True
     return False
+
+
+def in_context(use: Use, lines: set[int]) -> bool:
+    """Whether an untyped use is a read of a config namespace parameter of RULES' ``CONTEXT`` function."""
+    path, _, chain = use.receiver.rpartition(":")
+    return path.startswith(f"{RULES}:") and use.line in lines and chain.split(".")[0] in CONTEXT[1]

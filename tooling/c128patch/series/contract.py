@@ -23,7 +23,7 @@ HEADER = ("# c128patch API contract: the upstream surface this series uses, one 
           "# (callback: ours called by upstream, site = upstream's call; installed: upstream's method ours replaces; "
           "member: on an untyped receiver; typed: on "
           "a receiver typed as upstream's class; mirror: a value the rules copy; declared: a namespace member the "
-          "rules decide)\n")
+          "rules decide; config: a leaf of a config namespace the rules read)\n")
 
 
 def sig_hash(text: str) -> str:
@@ -33,7 +33,8 @@ def sig_hash(text: str) -> str:
 
 @dataclass(frozen=True)
 class LockItem:
-    kind: str  # module function class method attr value env header cxx; member typed mirror declared callback installed
+    kind: str  # module function class method attr value env header cxx; member typed mirror declared config callback
+    # installed
     target: str
     site: str  # our file:line
     where: str  # upstream path:line at the base
