@@ -101,6 +101,13 @@ def env_default(git: Git) -> str:
                           'SGLANG_RAGGED_VERIFY_MODE = EnvStr("compact")')})
 
 
+def env_default_refused(git: Git) -> str:
+    """The ragged-verify mode env defaults to "tree", a mode the rules refuse (their copy of the default: static)."""
+    return _edit(git, "environ: tree by default", lambda text_of: {
+        ENVIRON: _replace(text_of(ENVIRON), 'SGLANG_RAGGED_VERIFY_MODE = EnvStr("static")',
+                          'SGLANG_RAGGED_VERIFY_MODE = EnvStr("tree")')})
+
+
 def typed_field_renamed(git: Git) -> str:
     """KVCacheConfigurator.spec_algorithm -> speculative_algorithm (our patch reads ``kvc.spec_algorithm``)."""
     return _edit(git, "kv_cache_configurator: rename spec_algorithm", lambda text_of: {
@@ -222,7 +229,8 @@ CHANGES = {"sp-enabled-renamed": sp_enabled_renamed, "pdmux-renamed": pdmux_rena
            "copy-keyword": copy_keyword,
            "getter-property": getter_property, "field-renamed": field_renamed,
            "mode-env": mode_env, "enum-renamed": enum_renamed, "ring-changed": ring_changed,
-           "keyword-renamed": keyword_renamed, "env-default": env_default, "typed-field-renamed": typed_field_renamed,
+           "keyword-renamed": keyword_renamed, "env-default": env_default,
+           "env-default-refused": env_default_refused, "typed-field-renamed": typed_field_renamed,
            "self-property-renamed": self_property_renamed, "state-pools-renamed": state_pools_renamed}
 
 
@@ -367,11 +375,19 @@ def test_a_changed_ring_size_the_rules_mirror_is_broken(names_drift):
     assert "return 16 if compress_ratio == 4 else 256" in error and "return 32 if compress_ratio == 4" in error
 
 
-def test_a_changed_default_of_the_env_the_rules_read_is_broken(names_drift):
-    [error] = _errors("env-default", names_drift)
-    assert error.startswith(f"{RULES}:{_line(RULES, 'RAGGED_ENV = ')}: sglang.srt.environ.envs."
-                            f"SGLANG_RAGGED_VERIFY_MODE changed since the lock: {ENVIRON}:"), error
-    assert error.endswith("`= EnvStr('compact')`") and "`= EnvStr('static')` at v0.5.23" in error, error
+def test_a_changed_default_of_the_env_the_rules_read_is_broken_only_where_the_rules_decide_it_differently(
+        names_drift):
+    """Helper 106's case 9: static -> compact, both admitted: the rules' copy of the default decides as upstream's (a
+    note, holds); a default the rules refuse (their copy admitted) is broken, saying why."""
+    run = run_contract("env-default", "--verbose", repo=names_drift)
+    assert run.code == 0 and run.out["ok"], findings(run, "error")
+    [note] = [n for n in findings(run, "note") if "SGLANG_RAGGED_VERIFY_MODE changed since the lock" in n]
+    assert note.startswith(f"{RULES}:{_line(RULES, 'RAGGED_ENV = ')}: sglang.srt.environ.envs."
+                           f"SGLANG_RAGGED_VERIFY_MODE changed since the lock: {ENVIRON}:"), note
+    assert "`= EnvStr('compact')`: the rules admit both 'static' and 'compact'" in note, note
+    [error] = _errors("env-default-refused", names_drift)
+    assert "`= EnvStr('static')` at v0.5.23" in error and "`= EnvStr('tree')`: the rules refuse upstream's new " \
+        "default 'tree' but admit their copy 'static'" in error, error
 
 
 def test_a_field_renamed_on_a_typed_parameter_is_broken(names_drift):

@@ -344,12 +344,28 @@ def compare(items: list[Item], lock: Lock | None) -> list[Finding]:
     return out
 
 
+def _judged_defaults(series: Series, findings: list[Finding]) -> list[Finding]:
+    """A changed default of an env the rules judge by the values they admit (``names.admitted_default``): a note
+    where the rules decide the new default as the old, else the error says why it matters."""
+    source = next((e.source for e in series.entries if not e.is_patch and e.target == names.RULES), "")
+    path = series.root / source if source else None
+    text = path.read_text(errors="replace") if path is not None and path.is_file() else ""
+    out = []
+    for f in findings:
+        judged = names.admitted_default(text, f.target, f.recorded, f.now) \
+            if text and f.level == "error" and f.acceptable and f.recorded.startswith("= ") else None
+        if judged is not None:
+            f = replace(f, level="note" if judged[0] else "error", message=f"{f.message}: {judged[1]}")
+        out.append(f)
+    return out
+
+
 def check(series: Series, git: Git, upstream: str, head: str, *, lock: Lock | None = None) -> ContractResult:
     """The contract on ``head`` (a patched tree-ish over the upstream commit ``upstream``)."""
     start = time.perf_counter()
     lock = lock if lock is not None else read_lock(series.patches_dir)
     items, findings = derive(series, git, upstream, head, lock)
-    findings = findings + compare(items, lock)
+    findings = _judged_defaults(series, findings + compare(items, lock))
     order = {"error": 0, "warning": 1, "note": 2}
     return ContractResult(items, sorted(findings, key=lambda f: order[f.level]), seconds=time.perf_counter() - start)
 

@@ -44,6 +44,8 @@ CONTEXT = ("config_from_context", {"exec_": "exec", "disagg": "disagg", "device"
 # (``runtime_context.get_exec()``, ``get_disagg()``, ``get_device()``, ``get_parallel()``); upstream's
 # ``_build_config_bags`` projects each namespace's leaves from the classes under FIELDS that declare its ``_NS_PATH``
 FIELDS = "python/sglang/srt/arg_groups/fields/"
+ADMITTED = (("RAGGED_ENV", "_SHOWN_RAGGED_MODES"),)  # our name in RULES holding an env's name, the values of it the
+# rules admit: a changed upstream default the rules admit as they admitted the old one decides nothing differently
 _MAX_CLASSES = 2  # a name more of the classes a receiver may be define is too common to tell which one we use
 
 
@@ -472,3 +474,42 @@ def in_context(use: Use, lines: set[int]) -> bool:
     """Whether an untyped use is a read of a config namespace parameter of RULES' ``CONTEXT`` function."""
     path, _, chain = use.receiver.rpartition(":")
     return path.startswith(f"{RULES}:") and use.line in lines and chain.split(".")[0] in CONTEXT[1]
+
+
+def admitted_default(rules_text: str, target: str, old: str, new: str) -> tuple[bool, str] | None:
+    """For an env default the rules judge by the values they admit (``ADMITTED``; ``old``/``new``: the lock's and the
+    tree's ``= EnvStr('x')``): (whether the change decides nothing differently, why); None where this is not one.
+    The rules keep a copy of the default (``env_config``'s fallback, which ``c128patch doctor`` uses) while the live
+    startup reads upstream's: both admitted (``static`` -> ``compact``) is harmless; else they disagree."""
+    try:
+        tree = ast.parse(rules_text)
+    except SyntaxError:
+        return None
+    consts = {t.id: s.value for s in tree.body if isinstance(s, ast.Assign)
+              for t in s.targets if isinstance(t, ast.Name)}
+    values = []
+    for text in (old, new):
+        m = re.fullmatch(r"= \w+\((.*)\)", text.strip())
+        try:
+            values.append(ast.literal_eval(m.group(1)) if m else None)
+        except (ValueError, SyntaxError):
+            values.append(None)
+    for env_name, admitted_name in ADMITTED:
+        env, admitted = consts.get(env_name), consts.get(admitted_name)
+        if not (isinstance(env, ast.Constant) and target.endswith(f".{env.value}") and admitted is not None):
+            continue
+        try:
+            shown = ast.literal_eval(admitted)
+        except ValueError:
+            return None
+        if not all(isinstance(v, str) for v in values):
+            return None
+        was, now = (v in shown for v in values)
+        if was == now:
+            return True, (f"the rules admit both {values[0]!r} and {values[1]!r} ({admitted_name}): their copy of the "
+                          "default decides as upstream's does")
+        return False, (f"the rules {'admit' if now else 'refuse'} upstream's new default {values[1]!r} but "
+                       f"{'admit' if was else 'refuse'} their copy {values[0]!r} ({admitted_name}; env_config's "
+                       "fallback, which the startup check and `c128patch doctor` judge a launch by): a launch leaving "
+                       f"{env.value} unset is judged as the mode it does not run")
+    return None
