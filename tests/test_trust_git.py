@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 
 from c128patch.errors import C128Error
-from c128patch.git import Git
+from c128patch.git import Git, GitError
 from c128patch.ops.lint import update_hashes
 from c128patch.series.ledger import Conflict, Ledger
 from c128patch.series.manifest import load_series
@@ -618,3 +618,35 @@ def test_a_bare_repositorys_config_and_hooks_run_nothing_in_the_clone_apply_make
     subprocess.run(["git", "--git-dir", str(bare), "--work-tree", str(tmp_path / "w"), "checkout", "v0.5.23", "--",
                     CUH], capture_output=True)
     assert mark.exists()
+
+
+def test_extract_writes_a_trees_files_at_their_paths_and_no_symlink(tmp_path):
+    """``Git.extract`` (the tier's tree, the contract's headers, build's sources): git's own checkout into a private
+    index; a symlink the tree holds, pointing out of the folder, is written as a file holding its target, the
+    repository's index is untouched, a path the rev lacks is a GitError."""
+    repo = tmp_path / "r"
+    git = Git(worktree=repo)
+    repo.mkdir()
+    git.run("init", "-q")
+    (repo / "python" / "sglang").mkdir(parents=True)
+    (repo / "python" / "sglang" / "a.py").write_text("A = 1\n")
+    (repo / "python" / "sglang" / "run.sh").write_text("#!/bin/sh\n")
+    (repo / "python" / "sglang" / "run.sh").chmod(0o755)
+    (repo / "python" / "sglang" / "keys").symlink_to("/root/.ssh")
+    git.run("add", "-A")
+    git.run("commit", "-qm", "c")
+    (repo / "python" / "sglang" / "a.py").write_text("A = 2\n")  # a change of the work tree: not extracted
+    index = (repo / ".git" / "index").read_bytes()
+    dest = tmp_path / "out"
+    git.extract("HEAD", "python/sglang", dest)
+    files = {str(p.relative_to(dest)) for p in dest.rglob("*") if not p.is_dir()}
+    assert files == {"python/sglang/a.py", "python/sglang/run.sh", "python/sglang/keys"}
+    assert (dest / "python/sglang/a.py").read_text() == "A = 1\n"
+    assert os.access(dest / "python/sglang/run.sh", os.X_OK)
+    link = dest / "python/sglang/keys"
+    assert not link.is_symlink() and link.read_text() == "/root/.ssh"
+    git.extract("HEAD", "python/sglang/a.py", tmp_path / "one")
+    assert [p.name for p in (tmp_path / "one").rglob("*") if p.is_file()] == ["a.py"]
+    assert (repo / ".git" / "index").read_bytes() == index
+    with pytest.raises(GitError):
+        git.extract("HEAD", "python/nothing", tmp_path / "none")

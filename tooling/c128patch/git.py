@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import os
 import re
 import shlex
@@ -330,12 +329,27 @@ class Git:
         return self.out("diff", "--name-only", "--no-renames", "--diff-filter=AM", base, head).splitlines()
 
     def extract(self, rev: str, path: str, dest: Path) -> None:
-        """``path`` of tree-ish ``rev`` unpacked under ``dest`` (``git archive``: nothing checked out)."""
-        import tarfile  # only here: status and the other light verbs never pay for it
+        """``path`` (a folder, a file or ".") of tree-ish ``rev`` written under ``dest`` at its own path, by git's own
+        checkout into a private index: nothing of the repository's changes, no symlink is made (one is written as a
+        file holding its target), no path leaves ``dest`` (git's checkout refuses one). A third of the CPU of
+        ``git archive`` unpacked by ``tarfile`` (5772 files of sglang: ~0.7 s against ~2.5 s)."""
+        import tempfile  # only here: status and the other light verbs never pay for it
 
-        data = self.run("archive", "--format=tar", rev, path, binary=True).stdout
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            tar.extractall(dest, filter="data")
+        kind = self.run("cat-file", "-t", f"{rev}:{path}" if path != "." else rev, check=False).stdout.strip()
+        if kind not in ("tree", "blob", "commit"):
+            raise GitError(["extract", rev, path], 128, f"fatal: path '{path}' does not exist in '{rev}'")
+        if kind == "blob":
+            target = dest / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(self.run("cat-file", "blob", f"{rev}:{path}", binary=True).stdout)
+            return
+        dest.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="c128extract-") as tmp:
+            private = self.with_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
+            prefix = [] if path == "." else [f"--prefix={path.rstrip('/')}/"]
+            top = ["-c", "core.symlinks=false", "--work-tree", str(dest.resolve())]
+            private.run(*top, "read-tree", *prefix, rev if path == "." else f"{rev}:{path}")
+            private.run(*top, "checkout-index", "-a", "-f")
 
     def operator_hooks_dir(self) -> Path | None:
         """The folder the operator's own git runs this repository's hooks from (the tool's calls run none)."""

@@ -185,7 +185,7 @@ def prepare(opts: KernelOptions, progress: Callable[[str], None] = lambda _m: No
 
 
 def extract_python(git: Git, ref: str, workdir: Path, paths: tuple[str, ...]) -> Path:
-    """``git archive`` of ``paths`` of ``ref`` under ``workdir/upstream``; its python/ folder (holding sglang/)."""
+    """``paths`` of ``ref`` under ``workdir/upstream`` (``Git.extract``); its python/ folder (holding sglang/)."""
     for path in paths:
         git.extract(ref, path, workdir / "upstream")
     return workdir / "upstream" / "python"
