@@ -796,6 +796,24 @@ def test_an_interrupted_rebase_resumes_to_the_proven_tree(tmp_path, series_dir, 
     assert tree_of(git) == tree_of(fresh["v0.5.23"])
 
 
+def test_a_rebase_interrupted_before_its_journal_claims_no_outcome_and_leaves_the_tree_as_it_was(
+        tmp_path, series_dir, fresh):
+    """Finding 01 (helper 108): a Ctrl-C in `rebase --onto` before the journal is written said "the rebase journal is
+    intact; resume with `rebase --continue` or undo with `rebase --abort`", both of which answered "no c128patch rebase
+    is in progress". It says "no outcome", as apply and wheel do, leaves no recovery ref; the rebase starts again."""
+    git = copied(fresh["v0.5.22"].worktree, tmp_path / "tree")
+    head, branch, refs = git.head(), git.current_branch(), git.out("for-each-ref", "refs/c128patch")
+    proc = cli_process(["rebase", "--onto", "v0.5.23", "--tree", git.worktree, "--series", series_dir],
+                       {"C128PATCH_FAULT": "sigint-at:rebase-start"})  # the recovery ref made, the journal not yet
+    assert proc.returncode == 130, proc.stderr
+    assert "c128patch: interrupted (SIGINT): no outcome" in proc.stderr and "journal" not in proc.stderr, proc.stderr
+    assert not rebase_journal(git).exists() and not git.status_porcelain()
+    assert (git.head(), git.current_branch(), git.out("for-each-ref", "refs/c128patch")) == (head, branch, refs)
+    run = rebase(git, series_dir, "--onto", "v0.5.23")
+    assert run.code == 0, run.err
+    assert tree_of(git) == tree_of(fresh["v0.5.23"])
+
+
 def test_a_rebase_onto_the_users_own_commit_proposes_no_primary_refresh_and_names_the_branch_after_it(
         sglang_release_repo, tmp_path):
     """Layer trap 4: a clone whose releases have other commit ids (no tags). Onto the user's 0.5.23 commit the

@@ -4,6 +4,7 @@ checkout and the proof; the refresh to run next is ``ops.refresh.refresh_command
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,13 +53,14 @@ def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, dro
     verbs = {"onto": lambda: rb.start(onto, onto_commit(git, onto, repo), drop_merged=drop_merged, drop=drop,
                                       if_needed=True),
              "continue": rb.resume, "skip": rb.skip, "drop": lambda: rb.skip(drop[0]), "abort": rb.abort}
+    head = git.head()
     try:
         with repo_lock(git, "rebase"):
             report = verbs[verb]()
     except KeyboardInterrupt as stop:
-        raise Interrupted.by(stop, f"the rebase journal is intact; resume with "
-                                   f"`{rebase_command(git.worktree, 'continue')}` or undo with "
-                                   f"`{rebase_command(git.worktree, 'abort')}`") from None
+        if not rb.path.is_file() and verb == "onto" and git.head() == head:
+            raise  # before the journal was written: no rebase was started ("no outcome", as apply says)
+        raise _interrupted(stop, git, verb, rb.path.is_file()) from None
     finally:  # at a stop too: the reports are written at every stop
         pool.shutdown(wait=True)
         if report_dir and verb != "abort" and not report.get("already_on"):  # (a report there is an older one)
@@ -71,6 +73,18 @@ def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, dro
         report["contract"] = (contracts[head].result() if head in contracts
                               else contract_row(series, git, report["new_base"]["commit"], head))
     return Rebased(git, series, report)
+
+
+def _interrupted(stop: KeyboardInterrupt, git: Git, verb: Verb, journal: bool) -> Interrupted:
+    """What a signal in ``verb`` left: a journal to resume or undo, else a rebase finished or undone just before."""
+    assert git.worktree is not None
+    if journal:
+        return Interrupted.by(stop, f"the rebase journal is intact; resume with "
+                                    f"`{rebase_command(git.worktree, 'continue')}` or undo with "
+                                    f"`{rebase_command(git.worktree, 'abort')}`")
+    status = shlex.join(["c128patch", "status", "--tree", str(git.worktree.resolve())])
+    return Interrupted.by(stop, f"the rebase was {'undone' if verb == 'abort' else 'finished'} before it stopped; "
+                                f"`{status}` says where the tree is")
 
 
 def _series(git: Git, verb: Verb, series_dir: Path | None, layer_dirs: tuple[Path, ...]) -> Series:

@@ -30,6 +30,7 @@ from c128patch.ops.treestate import (
     cut_checkout,
     ensure_clean,
     ensure_idle,
+    fault_point,
     rebase_command,
     refuse_conflict_markers,
     tree_layers,
@@ -78,7 +79,13 @@ class Rebase(RebaseLoop):
         self.state.mkdir(parents=True, exist_ok=True)
         for step in (s for s in steps if s.kind == "entry" and s.name in drop):
             self._drop(journal, step, "")
-        journal.save(self.path)
+        try:
+            fault_point("at", "rebase-start")
+            journal.save(self.path)
+        except BaseException:  # (a Ctrl-C, say) no rebase was started: no recovery point of one stays
+            if not self.path.is_file():
+                git.run("update-ref", "-d", recovery, head)
+            raise
         return self._run(journal)
 
     def _same_layers(self, record: dict, onto_rev: str) -> None:
