@@ -10,7 +10,7 @@ import pytest
 
 from c128patch.git import Git
 from c128patch.series.provenance import PROVENANCE_PATH
-from support import RELEASES, invoke, make_test_series, snapshot
+from support import RELEASES, invoke, make_test_series, printed_command, run_printed, snapshot
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 VERIFY = "python/sglang/srt/speculative/dspark_components/dspark_verify.py"
@@ -282,3 +282,39 @@ def test_apply_into_your_own_clone_from_elsewhere_prints_how_status_finds_it(
     again = invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone, "--series", portable_series,
                    as_json=False)
     assert again.code == 0 and "next:" not in again.text, again.text
+
+
+def test_abort_of_a_new_clone_holding_your_edit_keeps_it_clean_at_the_rev_and_its_printed_commands_work(
+        tmp_path: Path, sglang_release_repo: Path, drifting_series: Path):
+    """Finding 03 (helper 108): `apply --abort` of an apply into a new --tree, stopped at a conflict, with an edit of
+    the user's there, said "back on detached HEAD at None", left the tree on the half-applied branch (status: "no
+    c128patch series is applied"; apply again: "branch ... already exists"). The clone is kept (it holds the edit,
+    stashed), at the rev with no branch of the series; the line says so and every command it prints works."""
+    upstream = tmp_path / "sglang.git"  # v0.5.20 and v0.5.23 of VERIFY's folder alone: a cheap clone
+    git = Git(git_dir=sglang_release_repo).with_env(GIT_INDEX_FILE=str(tmp_path / "index"))
+    subprocess.run(["git", "init", "--quiet", "--bare", str(upstream)], check=True)
+    for tag in ("v0.5.20", "v0.5.23"):
+        git.run("read-tree", "--empty")
+        git.run("update-index", "--index-info", input=git.out("ls-tree", "-r", tag, "--", str(Path(VERIFY).parent)))
+        git.run("push", "--quiet", str(upstream), f"{git.out('commit-tree', git.out('write-tree'), '-m', tag)}:"
+                f"refs/tags/{tag}")
+    tree = tmp_path / "new"
+    stopped = invoke("apply", "--sglang-rev", "v0.5.20", "--repo", upstream, "--tree", tree, "--series",
+                     drifting_series, as_json=False)
+    assert stopped.code == 1 and Git(worktree=tree).current_branch() == "c128/v0.5.20", stopped.err
+    (tree / "notes.txt").write_text("my wip\n")
+    res = invoke("apply", "--abort", "--tree", tree, as_json=False)
+    assert res.code == 0, res.err
+    line = res.text.strip()
+    assert "\n" not in line and "None" not in line and f"the clone {tree} it made is kept" in line, line
+    clone = Git(worktree=tree)
+    assert (clone.current_branch(), clone.head()) == (None, Git(git_dir=upstream).rev_parse("v0.5.20"))
+    assert clone.rev_parse("refs/heads/c128/v0.5.20") is None and clone.status_porcelain() == []
+    listing = run_printed(printed_command(line, "git -C"))
+    assert listing.returncode == 0 and "c128patch apply --abort: work in progress" in listing.stdout, listing
+    assert clone.out("show", "refs/stash^3:notes.txt") == "my wip"
+    assert "no c128patch series is applied" in invoke("status", "--tree", tree).err  # the rev as upstream has it
+    again = run_printed(printed_command(line, "c128patch apply"))  # the same conflict, in the kept clone
+    assert again.returncode == 1 and "test-patch" in again.stderr and "already exists" not in again.stderr, again
+    assert invoke("apply", "--abort", "--tree", tree).code == 0 and clone.current_branch() is None
+    assert run_printed(printed_command(line, "rm -rf")).returncode == 0 and not tree.exists()

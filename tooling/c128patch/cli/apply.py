@@ -30,7 +30,8 @@ if TYPE_CHECKING:
               help="Finish an apply that stopped: after a kill or Ctrl-C, or a conflict resolved with git am.")
 @click.option("--abort", is_flag=True,
               help="Undo an apply that stopped: back to the original branch or HEAD; the new branch (or the clone "
-                   "it made) is removed.")
+                   "it made) is removed. Changes of yours in the tree are stashed, never dropped; a clone it made "
+                   "that holds some is kept, at REV with no branch of the series.")
 @verb_options
 def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | None, cont: bool, abort: bool,
             series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
@@ -69,6 +70,13 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
         return emit_json(aborted)
     if aborted["removed_clone"]:
         done = f"apply aborted: the clone {aborted['tree']} it made was removed"
+    elif aborted["kept_clone"]:  # it holds the user's changes: at the rev, clean, the changes stashed (one line)
+        listing = shlex.join(["git", "-C", aborted["tree"], "stash", "list"])
+        remove = shlex.join(["rm", "-rf", aborted["tree"]])
+        done = (f"apply aborted: the clone {aborted['tree']} it made is kept, as it holds changes of yours: they are "
+                f"in stash {aborted['stash'][:12]} ({listing}); it is back at {aborted['rev']} "
+                f"({str(aborted['head'])[:12]}, detached, none of the series applied); apply again: "
+                f"{aborted['reapply']}; or remove the clone, your stash with it: {remove}")
     else:
         where_to = aborted["branch"] or f"detached HEAD at {str(aborted['head'])[:12]}"
         done = f"apply aborted: {aborted['tree']} is back on {where_to}"

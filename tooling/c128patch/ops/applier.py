@@ -8,7 +8,8 @@ the one it stopped at is applied alone, as any entry. A step marks itself ``in_s
 touches anything, so what it left half done after a kill is known to be ours: ``apply --continue``
 puts the tree back at the step's start and redoes it (fixed dates and identity: the same commits).
 ``apply --abort`` restores the original branch or HEAD, deletes the new branch, the recovery ref
-and a clone it made; changes that are not the interrupted step's own are stashed, never dropped.
+and a clone it made; changes that are not the interrupted step's own are stashed, never dropped (a clone it
+made holding some is kept, detached at the rev, the new branch deleted).
 One operation per repository at a time (``treestate.repo_lock``). A finished apply must equal a
 fresh replay of the series (``ops.equivalence``), else it fails (exit 1) with the hunks and the
 undo. On a conflict the branch stays at the last entry that applied, the failing entry, file and
@@ -273,23 +274,39 @@ class Apply:
             theirs = [p for p in changed_paths(git) if p not in ours]
             if journal.fresh_clone and not theirs:  # (the journal is input: a tree holding work is never removed)
                 discard_fresh_tree(self.tree, journal.tree_existed)
-                return done | {"removed_clone": True, "branch": None, "head": None, "stash": ""}
+                return done | {"removed_clone": True, "branch": None, "head": None, "stash": "", "kept_clone": False,
+                               "rev": journal.rev, "reapply": ""}
             stash = ""
             if theirs:  # never throw away what the user typed
                 git.run("stash", "push", "--include-untracked", "--quiet", "-m",
                         "c128patch apply --abort: work in progress", "--", *theirs)
                 stash = git.out("rev-parse", "refs/stash")
             self._reset("HEAD", sorted(ours))
+            kept = journal.fresh_clone and not journal.orig_head  # a clone it made, kept for the work stashed
             if journal.orig_branch:
                 git.run("checkout", "--quiet", journal.orig_branch)
-            elif journal.orig_head:
-                git.run("checkout", "--quiet", "--detach", journal.orig_head)
+            elif journal.orig_head or kept:  # (the kept clone: at the rev, clean, none of the series applied)
+                git.run("checkout", "--quiet", "--detach", journal.orig_head or journal.upstream_commit)
             if git.rev_parse(f"refs/heads/{journal.branch}") and git.current_branch() != journal.branch:
                 git.run("update-ref", "-d", f"refs/heads/{journal.branch}")
             if journal.recovery_ref:
                 git.run("update-ref", "-d", journal.recovery_ref)
             self.path.unlink()
-            return done | {"branch": journal.orig_branch, "head": journal.orig_head, "stash": stash}
+            return done | {"branch": journal.orig_branch, "head": git.head() if kept else journal.orig_head,
+                           "stash": stash, "kept_clone": kept, "rev": journal.rev,
+                           "reapply": self._reapply(journal) if kept else ""}
+
+    def _reapply(self, journal: ApplyJournal) -> str:
+        """The command that applies the stack of ``journal`` again, into this tree, from the same upstream."""
+        info = journal.upstream_info
+        repo = {"url": info.get("url") or "", "path": journal.source}.get(str(info.get("source")), "")
+        target = Target(journal.rev, journal.upstream_commit)
+        series = Path(journal.series_root)
+        own = series.resolve() == default_series_root().resolve()
+        return shlex.join(["c128patch", "apply", "--sglang-rev", journal.rev, *(["--repo", repo] if repo else []),
+                           *(["--branch", journal.branch] if journal.branch != target.branch else []),
+                           "--tree", str(self.tree), *([] if own else ["--series", str(series)]),
+                           *(a for layer in journal.layers for a in ("--layer", layer))])
 
     def _guarded(self, journal: ApplyJournal, planned: list[Planned]) -> ApplyResult:
         """Run the rest; a failure other than a conflict says how to resume or undo (the journal stays)."""
