@@ -1021,3 +1021,90 @@ def test_a_layered_trees_commit_without_an_entry_gets_refreshs_own_refusal_with_
     ran = run_printed(add)
     assert ran.returncode == 0, ran.stderr
     assert [e.name for e in load_series(layer).entries][-1] == "acme-a-pool-note"
+
+
+# ------------------------------------------------- left out on an older release than its own base: never "merged"
+ZMQ = ('    SGLANG_ZMQ_SOURCE_IP = EnvStr(None)\n', '    SGLANG_ZMQ_SOURCE_IP = EnvStr("10.0.0.1")\n')
+
+
+@pytest.fixture
+def zmq_stack(tmp_path: Path, sglang_release_repo: Path) -> tuple[Path, Path, Path]:
+    """Finding 07's layer: one entry made on v0.5.23 (a line upstream added after v0.5.21), applied with our series
+    (a copy) in a tree on v0.5.23; (series, layer, tree)."""
+    scratch = small_clone(sglang_release_repo, tmp_path / "scratch", "python/sglang/srt/speculative").worktree
+    sha = commit_on(scratch, ENV_PY, *ZMQ, "zmq source ip")
+    data = format_patch(Git(worktree=scratch), sha, "conf/zmq-source-ip", "SGLANG_ZMQ_SOURCE_IP")
+    gate = ('\n[[gates]]\nname = "SGLANG_ZMQ_SOURCE_IP"\ndeclared_by = "series"\ntype = "str"\n'
+            'default = "\\"10.0.0.1\\""\nenables = "site: zmq source ip"\n')
+    layer = write_layer(tmp_path / "conf", name="conf", gates=gate, files={"patches/0001-zmq-source-ip.patch": data},
+                        entries=patch_entry("zmq-source-ip", "0001-zmq-source-ip.patch", data, "SGLANG_ZMQ_SOURCE_IP"))
+    series, tree = copy_series(tmp_path / "series"), tmp_path / "sglang-conf"
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", sglang_release_repo, "--tree", tree,
+                  "--series", series, "--layer", layer).code == 0
+    return series, layer, tree
+
+
+def zmq_row(series: Path, layer: Path, rev: str) -> dict:
+    res = invoke("check", "--sglang-rev", rev, "--series", series, "--layer", layer)
+    return next(e for e in res.out["revs"][0]["entries"] if e["name"] == "conf/zmq-source-ip")
+
+
+def test_a_skip_on_a_backward_rebase_never_records_the_entry_merged_upstream(zmq_stack):
+    """Finding 07: the stop of `rebase --onto v0.5.21` (an ancestor of the entry's base v0.5.23) offers to leave it
+    out there (no "merged upstream" way); the printed skip, then what the rebase prints next, run as printed, record
+    no merged_in: the entry still applies on its own base (it was "skipped: merged upstream" there, and the wheel
+    for 0.5.23 lost it)."""
+    series, layer, tree = zmq_stack
+    stopped = invoke("rebase", "--onto", "v0.5.21", "--tree", tree, as_json=False)
+    assert stopped.code == 1 and "  merged upstream: " not in stopped.err and "rebase --drop" not in stopped.err
+    assert "  leave it out on v0.5.21 (older than its base v0.5.23; not merged upstream" in stopped.err, stopped.err
+    skipped = run_printed(printed_command(stopped.err, "c128patch rebase --skip"))
+    assert skipped.returncode == 0, skipped.stderr
+    (line,) = [x for x in skipped.stdout.splitlines() if x.startswith("report: ")]
+    assert "older than its base v0.5.23" in skipped.stdout and "merged_in = " not in skipped.stdout, skipped.stdout
+    if "; next: " in line:  # whatever comes next, as printed, does not make it merged
+        assert run_printed(line.split("; next: ", 1)[1]).returncode == 0
+    assert "not recorded as merged upstream" in line or "; next: " in line, line
+    if "where it applies: " in line:
+        shown = run_printed(printed_command(line, "c128patch check"))
+        assert "conf/zmq-source-ip" in shown.stdout and "Usage:" not in shown.stderr, shown.stderr
+    refreshed = run_printed(shlex.join(["c128patch", "refresh", "--variant", "--tree", str(tree), "--series",
+                                        str(series), "--layer", str(layer)]))
+    assert refreshed.returncode == 0 and "not recorded as merged upstream" in refreshed.stdout, refreshed.stdout
+    assert "merged_in" not in (layer / "patches" / "series.toml").read_text()
+    assert zmq_row(series, layer, "v0.5.23")["status"] == "clean"
+
+
+def test_resolved_to_upstream_s_side_on_an_older_release_is_left_out_there_not_merged(zmq_stack):
+    """Finding 07 by the other way: the conflict resolved wholly to upstream's side on v0.5.21, `--continue`: the
+    entry is left out there ("skipped"), not "dropped-as-merged"; refresh records no merged_in; `--drop` at such a
+    stop is refused in one line naming the skip."""
+    series, layer, tree = zmq_stack
+    assert invoke("rebase", "--onto", "v0.5.21", "--tree", tree).code == 1
+    drop = invoke("rebase", "--drop", "conf/zmq-source-ip", "--tree", tree, as_json=False)
+    assert drop.code == 2 and "older than its base v0.5.23" in drop.err, drop.err
+    assert len(drop.err.strip().splitlines()) == 1 and "c128patch rebase --skip" in drop.err, drop.err
+    git = Git(worktree=tree)
+    git.run("checkout", "HEAD", "--", ENV_PY)
+    git.run("add", "--", ENV_PY)
+    done = invoke("rebase", "--continue", "--tree", tree)
+    assert done.code == 0, done.err
+    row = next(e for e in done.out["entries"] if e["name"] == "conf/zmq-source-ip")
+    assert row["status"] == "skipped" and "older than its base v0.5.23" in row["detail"], row
+    refreshed = invoke("refresh", "--variant", "--tree", tree, "--series", series, "--layer", layer)
+    assert refreshed.code == 0, refreshed.err
+    assert "merged_in" not in (layer / "patches" / "series.toml").read_text()
+    assert zmq_row(series, layer, "v0.5.23")["status"] == "clean"
+
+
+def test_a_hand_written_merged_in_that_the_entry_s_own_base_contains_is_ignored_and_a_lint_error(
+        zmq_stack, sglang_release_repo):
+    """Defence in depth: merged_in naming v0.5.21 (an ancestor of the entry's base v0.5.23) cannot be true; check
+    (as apply and wheel, which plan the same way) still applies the entry on v0.5.23, and lint fails naming it."""
+    series, layer, _ = zmq_stack
+    old = Git(git_dir=sglang_release_repo).rev_parse("v0.5.21")
+    manifest = layer / "patches" / "series.toml"
+    manifest.write_text(manifest.read_text().replace('kind = "patch"\n', f'kind = "patch"\nmerged_in = "{old}"\n'))
+    assert zmq_row(series, layer, "v0.5.23")["status"] == "clean"
+    lint = invoke("lint", "--series", series, "--layer", layer, "--repo", sglang_release_repo, as_json=False)
+    assert lint.code == 1 and f"merged_in = {old[:12]} is in v0.5.23" in lint.text + lint.err, lint.text

@@ -12,7 +12,7 @@ from c128patch.series.gates import ENVIRON_PATH, SeriesText, declaration_problem
 from c128patch.series.manifest import Entry, Series, Variant, sha256_file
 from c128patch.series.patchfile import read_patch
 from c128patch.series.paths import symlink_on_path
-from c128patch.series.plan import merged_entries, prefixes, sources_at, symlink_refusal, tree_modes
+from c128patch.series.plan import base_holding, merged_entries, prefixes, sources_at, symlink_refusal, tree_modes
 from c128patch.series.trailers import GATE_TRAILER
 
 OVERLAY_ROOTS = ("csrc", "overlay")
@@ -88,7 +88,21 @@ def lint_series(series: Series, upstream: Git | None = None) -> list[Finding]:
                   gate_problems(series.gates, {e.name: e.gate for e in series.entries}, text)]
     if upstream is not None:
         found += _upstream_collisions(series, upstream) + _upstream_gates(series, upstream)
-        found += _variant_bases(series, upstream)
+        found += _variant_bases(series, upstream) + _merged_at_a_base(series, upstream)
+    return found
+
+
+def _merged_at_a_base(series: Series, git: Git) -> list[Finding]:
+    """A ``merged_in`` commit that a base of the entry's own files contains: upstream did not hold the entry there
+    (its file changes something there). ``merged_entries`` ignores it, so no wheel loses the entry; an error here,
+    as a hand edit (or an older refresh after a backward rebase's skip) wrote what cannot be true."""
+    found = []
+    for e in (e for e in series.entries if e.merged_in):
+        commit = git.rev_parse(e.merged_in)
+        if commit is not None and (label := base_holding(git, e, commit)):
+            found.append(Finding(e.name, f"merged_in = {e.merged_in[:12]} is in {label}, a release this entry has a "
+                                         "file made on: upstream does not hold it there (apply, check and wheel "
+                                         "ignore it); remove the merged_in line from series.toml"))
     return found
 
 

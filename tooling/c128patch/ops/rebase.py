@@ -161,6 +161,12 @@ class Rebase(RebaseLoop):
         if retarget:  # the series gave the overlay another target: replay it
             step.status, step.stop, step.detail = "pending", {}, ""
             journal.save(self.path)
+        elif upstream_side and not found and (older := self._older_than_its_base(step.name, journal.onto_commit)):
+            step.status, step.applied = "skipped", ""  # on a release its own base contains: left out, not merged
+            step.detail = (f"left out: its conflict was resolved to upstream's side on {journal.onto_rev}, older than "
+                           f"its base {older} (not merged upstream: kept for the releases it applies to)")
+            step.signals.append(asdict(Signal("became-empty", "resolved to upstream's side, it changes nothing")))
+            self._advance(journal)
         elif upstream_side:  # resolved to upstream's side: nothing of ours is left
             step.status, step.applied = "dropped-as-merged", ""
             step.detail = ("empty: its conflict was resolved to upstream's side, so upstream holds it (merged)"
@@ -204,6 +210,11 @@ class Rebase(RebaseLoop):
             raise C128Error(f"cannot drop '{drop}': the rebase is {at}; alone, --drop names the entry the rebase "
                             f"stopped at (with --onto, the entries to drop from the start)")
         assert step is not None
+        older = self._older_than_its_base(step.name, journal.onto_commit) if step.kind == "entry" else ""
+        if verb == "drop" and older and journal.paused == "conflict":
+            raise C128Error(f"cannot drop '{drop}' as merged upstream: {journal.onto_rev} is older than its base "
+                            f"{older}, which needs it (merged_in there would drop it from {older} too); leave it out "
+                            f"on {journal.onto_rev} instead: {rebase_command(self.git.cwd, 'skip')}")
         if journal.paused == "conflict":  # the stop's conflict state undone (what the rebase wrote)
             self.git.run("reset", "--quiet", "--hard", "HEAD")
         elif self.git.status_porcelain():
@@ -212,7 +223,8 @@ class Rebase(RebaseLoop):
             self._drop(journal, step, journal.paused)
         else:
             step.status = "dropped-as-merged" if journal.paused == "merged" else "skipped"
-            step.detail = step.detail if journal.paused == "merged" else "skipped by the user"
+            step.detail = step.detail if journal.paused == "merged" else "skipped by the user" + (
+                f" (older than its base {older}: not merged upstream)" if older else "")
             step.phase = ""
         self._advance(journal)
         return self._run(journal)

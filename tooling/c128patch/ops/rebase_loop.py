@@ -23,7 +23,15 @@ from c128patch.ops.treestate import fault_point, rebase_command, rebase_journal,
 from c128patch.series import provenance
 from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import Series
-from c128patch.series.plan import Planned, check_paths_at, index_git, merged_entries, overlay_message, plan
+from c128patch.series.plan import (
+    Planned,
+    base_holding,
+    check_paths_at,
+    index_git,
+    merged_entries,
+    overlay_message,
+    plan,
+)
 from c128patch.series.provenance import PROVENANCE_PATH
 from c128patch.series.trailers import ENTRY_TRAILER, find_trailers
 from c128patch.upstream.source import default_branch
@@ -85,6 +93,12 @@ class RebaseLoop:
                     self._replay(journal, step, planned[step.name], check, keep)
                 keep = False
         return self._finish(journal)
+
+    def _older_than_its_base(self, name: str, onto_commit: str) -> str:
+        """The base of entry ``name``'s own files that contains ``onto_commit`` (a backward rebase), else "": left out
+        there, the entry is not merged upstream (``merged_in`` there would drop it from that base too)."""
+        entry = next((e for e in self.series.entries if e.name == name), None)
+        return base_holding(self.git, entry, onto_commit) if entry is not None else ""
 
     def _plan(self, journal: Journal) -> dict[str, Planned]:
         if self._planned is None:
@@ -257,6 +271,7 @@ class RebaseLoop:
         journal.save(self.path)
         report = write_reports(self.state, report_of(git, journal))
         tree, where = git.worktree, "\n".join(f"  {line}" for line in stop.lines() + extra)
+        older = self._older_than_its_base(step.name, journal.onto_commit) if phase == "series" else ""
         raise ConflictError(  # where it conflicts and what the user can do next
             f"entry '{step.name}' conflicts on {journal.onto_rev}"
             + (f" in {', '.join(left)}" if left else f": {step.detail}")
@@ -264,9 +279,11 @@ class RebaseLoop:
             hint=((where + "\n") if where else "")
             + f"  resolve: edit the files, `{shlex.join(['git', '-C', str(tree), 'add'])}` them, then "
               f"{rebase_command(tree, 'continue')}\n"
-              f"  drop it: {rebase_command(tree, 'skip')}\n"
+            + (f"  leave it out on {journal.onto_rev} (older than its base {older}; not merged upstream, it is kept "
+               f"for the releases it applies to): {rebase_command(tree, 'skip')}\n" if older else
+               f"  drop it: {rebase_command(tree, 'skip')}\n")
             + (f"  merged upstream: {rebase_command(tree, 'drop', step.name)} (drops it as merged, with merged_in)\n"
-               if step.hints and phase == "series" else "")
+               if step.hints and phase == "series" and not older else "")
             + f"  undo:    {rebase_command(tree, 'abort')} (back to {journal.orig_branch or journal.orig_head[:12]})\n"
               f"  report:  {self.state / 'rebase-report.md'}",
             report=report)

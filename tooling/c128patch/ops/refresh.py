@@ -29,7 +29,7 @@ from c128patch.series.layers import SEP, Stack, layer_args, layer_rows
 from c128patch.series.manifest import Entry, Series, Variant, default_series_root, installed
 from c128patch.series.patchfile import split_message
 from c128patch.series.paths import check_relpath
-from c128patch.series.plan import choose, merged_entries, sources_at
+from c128patch.series.plan import base_holding, choose, merged_entries, sources_at
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER, find_trailers
 
@@ -49,6 +49,7 @@ class Export:
     layers: list[Series] = field(default_factory=list)  # a stack's layers as exported (each written to its folder)
     tree_base: str = ""  # the tree's upstream base (its label)
     primary: bool = True  # its patches written as the primary files, else as the variants of ``tree_base``
+    not_merged: list[str] = field(default_factory=list)  # entries left out below their own base: why kept as is
 
     def changes(self, root: Path) -> list[str]:
         """Paths the export changes, relative to ``root`` (a layer's in full)."""
@@ -138,20 +139,22 @@ def refresh_command(git: Git, series: Series, report: dict, lock_items: LockItem
 
     new_entry = False  # a commit of the user's, with no entry trailer, that would become an entry of ours
     refused = ""  # why refresh itself would refuse
+    not_merged: list[str] = []  # entries left out below their own base (a backward rebase's skip): kept as they are
 
     def changes(primary: bool | None) -> list[str]:
-        nonlocal new_entry, refused
+        nonlocal new_entry, refused, not_merged
         try:
             done = export(series, git, primary=primary, lock_items=lock_items)
         except C128Error as exc:
             refused = exc.message.removeprefix("cannot refresh: ")
             return ["?"]
         new_entry = any(note.startswith("new entry ") for note in done.notes)
+        not_merged = done.not_merged
         return done.changes(series.root)
 
     found = changes(None)  # what ``refresh --check`` says
     if not found:
-        return "", ""
+        return "", "; ".join(not_merged)
     if refused:
         return "", f"refresh would refuse: {refused}"
     found = found if primary == (label == series.base) else changes(primary)
@@ -341,7 +344,11 @@ def _kept_without_commit(series: Series, git: Git, record: dict, base_commit: st
         if e.name in exported:
             continue
         why = dropped.get(e.name, {})
-        if why.get("status") == "dropped-as-merged" and why.get("merged_in"):
+        if why.get("merged_in") and (held := _held_by_a_base(git, e, why["merged_in"])):
+            kept[e.name] = e  # left out on an older release than its own: not merged (that would drop it there too)
+            result.not_merged.append(_not_merged_note(series, git, e, held, result.tree_base))
+            result.notes.append(result.not_merged[-1])
+        elif why.get("status") == "dropped-as-merged" and why.get("merged_in"):
             kept[e.name] = replace(e, merged_in=why["merged_in"])
             result.notes.append(f"entry '{e.name}' is merged upstream in {why['merged_in'][:12]} "
                                 f"({why.get('detail', '')}): kept for the revisions without that commit (merged_in)")
@@ -363,6 +370,23 @@ def _kept_without_commit(series: Series, git: Git, record: dict, base_commit: st
             path = series.file_of(e, variant)
             result.files[path] = path.read_bytes()
     return kept
+
+
+def _held_by_a_base(git: Git, entry: Entry, merged_in: str) -> str:
+    """The entry's own base that contains ``merged_in`` (``plan.base_holding``), else ""."""
+    commit = git.rev_parse(merged_in)
+    return base_holding(git, entry, commit) if commit else ""
+
+
+def _not_merged_note(series: Series, git: Git, entry: Entry, held: str, label: str) -> str:
+    """Why an entry left out on ``label`` (an older release than its base ``held``) is not recorded as merged."""
+    check = shlex.join(["c128patch", "check", "--sglang-rev", label,
+                        *([] if series.ours.root == default_series_root().resolve() else
+                          ["--series", str(series.ours.root)]), *layer_args(series)])
+    return (f"entry '{entry.name}' was left out on {label}, " + ("its own base" if label == held else
+                                                                   f"an older release than its own base {held}")
+            + f": not recorded as merged upstream (merged_in there would drop it from {held} too); kept as it is, "
+              f"without a file for {label} (where it applies: {check})")
 
 
 def _fallback_gives_same_tree(series: Series, old: Entry, git: Git, sha: str, base_rev: str) -> bool:

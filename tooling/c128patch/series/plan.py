@@ -421,9 +421,24 @@ def validate_files(series: Series) -> None:
 
 
 def merged_entries(series: Series, git: Git, target: str) -> list[Entry]:
-    """Entries upstream holds at ``target``: their ``merged_in`` commit is an ancestor of it."""
+    """Entries upstream holds at ``target``: their ``merged_in`` commit is an ancestor of it, and of none of the
+    entry's own bases (a file made on a release that has that commit changes something there: upstream does not
+    hold it; such a ``merged_in`` is ignored here, and ``lint`` says so)."""
     return [e for e in series.entries
-            if e.merged_in and (commit := git.rev_parse(e.merged_in)) is not None and git.is_ancestor(commit, target)]
+            if e.merged_in and (commit := git.rev_parse(e.merged_in)) is not None and git.is_ancestor(commit, target)
+            and not base_holding(git, e, commit)]
+
+
+def base_holding(git: Git, entry: Entry, commit: str) -> str:
+    """The base (label) of one of ``entry``'s files whose release contains ``commit``, else "": such a commit cannot
+    be where upstream took the entry (its file was made there, and changes something there)."""
+    bases = [(v.commit, v.base) for v in entry.patch_files()] or [(entry.base_commit, entry.base)]
+    for at, label in bases:
+        base = (git.rev_parse(at) if at else None) or (
+            git.rev_parse(f"refs/tags/{label}") or git.rev_parse(label) if label else None)
+        if base is not None and git.is_ancestor(commit, base):
+            return label or base[:12]
+    return ""
 
 
 def symlink_refusal(entry: Entry, label: str, info: PatchInfo) -> str | None:
