@@ -14,7 +14,7 @@ from c128patch.ops import equivalence
 from c128patch.ops.lint import update_hashes
 from c128patch.ops.proofs import PROOF
 from c128patch.series.manifest import load_series
-from support import copy_series, invoke, make_test_series, refused, run_printed, upstream_commit
+from support import copy_series, invoke, make_test_series, printed_command, refused, run_printed, upstream_commit
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",
@@ -419,3 +419,51 @@ def test_refresh_in_a_tree_applied_before_the_stack_gained_an_entry_points_at_re
     assert run_printed(again).returncode == 0
     done = invoke("refresh", "--check", "--tree", tree)
     assert done.code == 0 and done.out["changed"] == [], done.out
+
+
+ME = {"GIT_AUTHOR_NAME": "me", "GIT_AUTHOR_EMAIL": "me@x.invalid", "GIT_COMMITTER_NAME": "me",
+      "GIT_COMMITTER_EMAIL": "me@x.invalid"}
+
+
+def a_commit_of_mine(tree: Path, message: str) -> None:
+    (tree / CUH).write_text((tree / CUH).read_text() + "// mine\n")
+    Git(worktree=tree).with_env(**ME).run("commit", "-qam", message)
+
+
+def test_a_plain_commit_is_no_new_entry_without_the_gate_trailer_lint_requires(applied, monkeypatch):
+    """Finding 06: `refresh --series DIR` made a plain commit entry 0002 with no C128patch-Gate trailer, exit 0, and
+    `lint` then failed on it while rebase, status and wheel went through. Refused before writing, in one line naming
+    the trailer and the amend that adds it; that amend, run as printed, makes the refresh write an entry lint
+    passes."""
+    series, tree = applied
+    a_commit_of_mine(tree, "mine")
+    before = files(series)
+    res = invoke("refresh", "--tree", str(tree), "--series", str(series), as_json=False)
+    assert res.code == 2 and "without a 'C128patch-Gate:' trailer, which lint requires" in res.err, res.err
+    assert res.err.rstrip().endswith("nothing was written") and len(res.err.strip().splitlines()) == 1, res.err
+    assert files(series) == before
+    check = invoke("refresh", "--check", "--tree", str(tree), "--series", str(series))
+    assert check.code == 1 and any(n.startswith("refresh will refuse: commit ") for n in check.out["notes"])
+    for key, value in ME.items():  # the amend as a user runs it (an identity of their own)
+        monkeypatch.setenv(key, value)
+    amend = run_printed(printed_command(res.err, "git -C "))
+    assert amend.returncode == 0, amend.stderr
+    done = invoke("refresh", "--tree", str(tree), "--series", str(series))
+    assert done.code == 0 and done.out["lint_errors"] == [], done.out
+    assert load_series(series).entries[-1].gate == ""
+    assert invoke("lint", "--series", str(series), "--offline").code == 0
+
+
+def test_a_commit_gated_by_an_undescribed_variable_is_written_and_refresh_exits_1_with_lint_s_finding(applied):
+    """The commit's own gate trailer becomes the new entry's gate; a gate the series' [[gates]] does not describe is
+    lint's error on what was written: refresh says it and the lint to run after the fix, and exits 1."""
+    series, tree = applied
+    a_commit_of_mine(tree, "mine\n\nC128patch-Gate: SGLANG_MINE_ON")
+    res = invoke("refresh", "--tree", str(tree), "--series", str(series), as_json=False)
+    assert res.code == 1, res.err
+    assert "  lint error: " in res.text and "SGLANG_MINE_ON" in res.text, res.text
+    lint = printed_command(res.text, "c128patch lint")
+    assert lint == f"c128patch lint --series {series}", res.text
+    assert load_series(series).entries[-1].gate == "SGLANG_MINE_ON"
+    shown = run_printed(lint)
+    assert shown.returncode == 1 and "SGLANG_MINE_ON" in shown.stdout + shown.stderr, shown.stdout + shown.stderr

@@ -25,7 +25,7 @@ def command(tree: Path | None, check_only: bool, primary: bool | None, version: 
     """Export the patched branch back into patches/ and the manifest."""
     from c128patch.fit.contract import lock_items
     from c128patch.git import Git
-    from c128patch.ops.refresh import refresh
+    from c128patch.ops.refresh import lint_command, refresh
     from c128patch.series.layers import describe
 
     root = locate_tree(tree)  # ./sglang from the folder above it: that tree's layers, as rebase takes them
@@ -40,5 +40,8 @@ def command(tree: Path | None, check_only: bool, primary: bool | None, version: 
             *(f"note: {note}" for note in done.result.notes), *(f"  {verb} {path}" for path in done.changes),
             f"{describe(new)} (base {new.base}), from a tree on {done.result.tree_base} as "  # type: ignore[union-attr]
             f"{'the primary files' if done.result.primary else 'its variants'}: {len(done.changes)} file(s) {verb}"
-            if done.changes else "series is up to date with the branch")
+            if done.changes else "series is up to date with the branch",
+            *(f"  lint error: {finding}" for finding in done.result.lint_errors),
+            *([f"  written, but lint fails on it: fix the series, then: {lint_command(new)}"]  # type: ignore[arg-type]
+              if done.result.lint_errors else []))
     exit_unless(not done.failed)

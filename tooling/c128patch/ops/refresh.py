@@ -50,6 +50,8 @@ class Export:
     tree_base: str = ""  # the tree's upstream base (its label)
     primary: bool = True  # its patches written as the primary files, else as the variants of ``tree_base``
     not_merged: list[str] = field(default_factory=list)  # entries left out below their own base: why kept as is
+    ungated: list[tuple[str, str]] = field(default_factory=list)  # new entries whose commit has no gate trailer
+    lint_errors: list[str] = field(default_factory=list)  # lint's errors on what was written ("entry: message")
 
     def changes(self, root: Path) -> list[str]:
         """Paths the export changes, relative to ``root`` (a layer's in full)."""
@@ -115,13 +117,15 @@ class Refreshed:
 
     @property
     def failed(self) -> bool:
-        """``--check`` found something to change, or a tree it cannot prove."""
-        return self.check and (bool(self.changes) or not self.result.equivalence.ok)  # type: ignore[union-attr]
+        """``--check`` found something to change, or a tree it cannot prove; or lint has errors in what it wrote."""
+        return bool(self.result.lint_errors) or self.check and (
+            bool(self.changes) or not self.result.equivalence.ok)  # type: ignore[union-attr]
 
     def to_json(self) -> dict:
         proof, series = self.result.equivalence, self.result.series
         assert proof is not None and series is not None
         return {"ok": not self.failed, "check": self.check, "changed": self.changes, "notes": self.result.notes,
+                "lint_errors": self.result.lint_errors,
                 "equivalence": proof.to_json(), "tree": proof.summary(),
                 "series": {"name": series.name, "version": series.version, "base": series.base},
                 "tree_base": self.result.tree_base, "written_as": "primary" if self.result.primary else "variants",
@@ -186,8 +190,17 @@ def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | No
             if not check:
                 raise C128Error(f"cannot refresh: it would write {', '.join(ours)} of {why}; nothing was written")
             result.notes.append(f"refresh will not write {', '.join(ours)}: they are of {why}")  # --check: so say
+        if result.ungated:
+            why = _ungated(git, result.ungated)
+            if not check:
+                raise C128Error(f"cannot refresh: {why}; nothing was written")
+            result.notes.append(f"refresh will refuse: {why}")
         if not check:
             changes = write(series, result, accept_differences=accept_differences)
+        if changes and not check and result.series is not None:  # what was written, linted as `lint` would
+            from c128patch.ops.lint import lint_stack
+
+            result.lint_errors = [f"{f.entry}: {f.message}" for f in lint_stack(result.series) if f.level == "error"]
         if (proof := result.equivalence) and proof.identical and not proof.without and not changes:  # for status
             key = proofs.proof_key(git, series, proof.rev, proof.commit, proof.head)
             proofs.record(c128_state_dir(git), key, proof.to_json())
@@ -294,7 +307,11 @@ def _export_commit(series: Series, git: Git, sha: str, name: str, exported: dict
                         f"a layer ({add}, or another layer's folder) or of the series, then refresh")
     if old is None:
         result.notes.append(f"new entry '{name}' from commit {sha[:12]}")
-        old = Entry(name=name, kind="patch", why=git.out("log", "-1", "--format=%s", sha), base=label)
+        gates = [v.split() for k, v in find_trailers(git.out("log", "-1", "--format=%B", sha)) if k == GATE_TRAILER]
+        if not gates or not gates[-1]:
+            result.ungated.append((name, sha))  # lint refuses its header: ``refresh`` says so before writing
+        gate = gates[-1][0] if gates and gates[-1] and gates[-1][0] != "none" else ""  # the commit's own gate
+        old = Entry(name=name, kind="patch", why=git.out("log", "-1", "--format=%s", sha), base=label, gate=gate)
         number = max((int(m.group(1)) for e in [*series.entries, *exported.values()]
                       if (m := re.match(r"^(\d+)-", e.file or ""))), default=0) + 1
         stem = f"{number:04d}-{name}"
@@ -370,6 +387,27 @@ def _kept_without_commit(series: Series, git: Git, record: dict, base_commit: st
             path = series.file_of(e, variant)
             result.files[path] = path.read_bytes()
     return kept
+
+
+def lint_command(series: Series) -> str:
+    """The ``lint`` of ``series`` (its folder unless the tool's own, and its layers), as a user runs it."""
+    own = series.ours.root == default_series_root().resolve()
+    return shlex.join(["c128patch", "lint", *([] if own else ["--series", str(series.ours.root)]),
+                       *layer_args(series)])
+
+
+def _ungated(git: Git, ungated: list[tuple[str, str]]) -> str:
+    """Why new entries made of commits without a gate trailer are not written (lint refuses their header), and the
+    command that adds one to the first (``HEAD``: an amend; deeper: a reword)."""
+    name, sha = ungated[0]
+    trailer = f"{GATE_TRAILER}: none (<why it needs no gate>)"
+    fix = (shlex.join(["git", "-C", str(git.worktree), "commit", "--amend", "--no-edit", "--trailer", trailer])
+           if sha == git.head() else f"reword commit {sha[:12]} (git rebase -i) to end with '{trailer}'")
+    return (f"commit {sha[:12]} would be new entry '{name}' without a '{GATE_TRAILER}:' trailer, which lint requires "
+            f"of its header ('{GATE_TRAILER}: none (<why>)', or the env gate that turns it on, described in "
+            f"[[gates]]); add it: {fix}, then refresh"
+            + (f" ({len(ungated) - 1} more such commit(s): {', '.join(s[:12] for _, s in ungated[1:])})"
+               if len(ungated) > 1 else ""))
 
 
 def _held_by_a_base(git: Git, entry: Entry, merged_in: str) -> str:
