@@ -194,7 +194,7 @@ def clashing_layer(tmp_path: Path, sglang_release_repo: Path) -> Path:
 
 
 BOTH = ("it conflicts with entry 'c128-dspark-online-env' of series c128patch, "
-        "which changes python/sglang/srt/environ.py")
+        "which changes lines it edits in python/sglang/srt/environ.py")
 
 
 def test_check_names_both_entries_of_a_conflict(clashing_layer, sglang_release_repo):
@@ -219,6 +219,36 @@ def test_wheel_refuses_a_conflicting_layer_entry_naming_both(clashing_layer, tmp
     res = invoke("wheel", "--from-release", "0.5.23", "-o", tmp_path / "dist", "--layer", clashing_layer, as_json=False)
     assert res.code == 1 and "entry 'site/site-env'" in res.err and BOTH in res.err, res.err
     assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
+
+
+@pytest.fixture
+def newer_line_layer(tmp_path: Path, sglang_release_repo: Path) -> Path:
+    """A layer entry made on v0.5.23 editing SGLANG_ZMQ_SOURCE_IP, a line v0.5.20-22 lack (helper 108's case 02); our
+    c128-dspark-online-env changes the same file ~1460 lines away."""
+    scratch = small_clone(sglang_release_repo, tmp_path / "scratch", "python/sglang/srt/speculative").worktree
+    sha = commit_on(scratch, ENV_PY, "SGLANG_ZMQ_SOURCE_IP = EnvStr(None)", 'SGLANG_ZMQ_SOURCE_IP = EnvStr("10.0.0.1")',
+                    "zmq source ip")
+    data = format_patch(Git(worktree=scratch), sha, "conf/zmq-source-ip")
+    return write_layer(tmp_path / "conf", name="conf", entries=patch_entry("zmq-source-ip", "0001-zmq.patch", data),
+                       files={"patches/0001-zmq.patch": data})
+
+
+LACKS = ("v0.5.22 has no line `SGLANG_ZMQ_SOURCE_IP = EnvStr(None)` that its hunk in python/sglang/srt/environ.py "
+         "edits (nor does an entry before it add it)")
+
+
+def test_a_layer_entry_on_a_line_the_rev_lacks_blames_upstream_not_an_entry_of_ours(newer_line_layer, tmp_path):
+    """Helper 108's case 02: check, apply and wheel said "it conflicts with entry 'c128-dspark-online-env'", whose
+    only hunk is far from the layer's; they share the file only. They now say what the rev lacks."""
+    res = invoke("check", "--sglang-rev", "v0.5.22", "--sglang-rev", "v0.5.23", "--layer", newer_line_layer)
+    old, new = res.out["revs"]
+    row = next(e for e in old["entries"] if e["name"] == "conf/zmq-source-ip")
+    assert row["status"] == "conflict" and LACKS in row["detail"] and "conflicts with entry" not in row["detail"], row
+    assert new["apply"]["exit"] == 0, new["apply"]
+    wheel = invoke("wheel", "--from-release", "0.5.22", "-o", tmp_path / "dist", "--layer", newer_line_layer,
+                   as_json=False)
+    assert wheel.code == 1 and "conflicts with entry" not in wheel.err, wheel.err
+    assert "sglang 0.5.22 has no line `SGLANG_ZMQ_SOURCE_IP = EnvStr(None)`" in wheel.err, wheel.err
 
 
 # ---------------------------------------------------------------------------- layer add-entry

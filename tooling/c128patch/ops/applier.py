@@ -544,8 +544,8 @@ class Apply:
         g = git_command(self.tree)
         return ConflictError(
             f"entry '{item.entry.name}' ({item.label}) does not apply to {journal.rev}: {path} {hunk}"
-            + overlap_note(self.series, [(p.entry.name, p.touched) for p in planned[:i]], item.entry.name,
-                           [path, *item.touched]),
+            + overlap_note(self.series, planned[:i], item, [path, *item.touched], journal.rev,
+                           lambda rel: (self.git.blob("HEAD", rel) or b"").decode(errors="replace")),
             hint=(
                 f"{journal.branch} is left at the last good entry ({last})"
                 + (f"; your branch {back} is untouched.\n" if back else ".\n") +

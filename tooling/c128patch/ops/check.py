@@ -23,7 +23,7 @@ from c128patch.ops.replay import FAILED, WS_MERGE, EntryCheck, RevCheck, Verdict
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import overlap_note
 from c128patch.series.manifest import Series, installed
-from c128patch.series.plan import base_distances, index_git, validate_files
+from c128patch.series.plan import Planned, base_distances, index_git, validate_files
 from c128patch.upstream.releases import release_version
 from c128patch.upstream.source import Target, Upstream, open_upstream
 
@@ -109,6 +109,15 @@ def _older_note(series: Series, rev: str, oldest: str) -> str:
             + (" --series ~/c128patch-series" if copy else ""))
 
 
+def _as_replayed(git: Git, commit: str, before: list[Planned], path: str) -> str:
+    """``path`` at ``commit`` with the lines the entries ``before`` write there (enough to tell a line it lacks)."""
+    upstream = (git.blob(commit, path) or b"").decode(errors="replace")
+    added = [line for p in before if p.patch is not None for pf in p.patch.patchset
+             if pf.target_file.removeprefix("b/") == path for h in pf for line in (x.value for x in h if x.is_added)]
+    made = [p.path.read_text(errors="replace") for p in before if p.patch is None and p.entry.target == path]
+    return "\n".join([upstream, *added, *made])
+
+
 def check_rev(series: Series, git: Git, rev: str, commit: str, hints: dict[str, str] | None = None) -> RevCheck:
     """The replay of the series on ``commit``, with what ``apply`` and ``wheel`` would do there; ``hints``: a cache."""
     git = git if isinstance(git, ReadMemo) else ReadMemo(git)
@@ -119,9 +128,10 @@ def check_rev(series: Series, git: Git, rev: str, commit: str, hints: dict[str, 
     every = sorted({path for _, paths in touched for path in paths})  # one log of the range serves every entry
     for row in result.entries:
         item = by_name.get(row.name)
-        if item is not None and row.status in FAILED:  # a layer entry on a file one of ours changed: name both
-            before = touched[: planned.index(item)]
-            row.detail += overlap_note(series, before, row.name, [*row.conflicts, *item.touched])
+        if item is not None and row.status in FAILED:  # a layer entry: an entry changing its lines, or upstream's
+            before = planned[: planned.index(item)]
+            row.detail += overlap_note(series, before, item, [*row.conflicts, *item.touched], rev,
+                                       lambda path, b=before: _as_replayed(git, commit, b, path))
         if item is not None and item.patch is not None and item.variant is not None:
             old = ((git.rev_parse(item.variant.commit) if item.variant.commit else None)
                    or git.rev_parse(item.variant.base))

@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from c128patch.errors import C128Error
 from c128patch.git import is_git_dir_name
@@ -27,8 +27,12 @@ from c128patch.series.manifest import (
     read_series_file,
     read_toml,
 )
+from c128patch.series.patchfile import PatchInfo, read_patch
 from c128patch.series.paths import confine, duplicates
 from c128patch.series.trailers import ENTRY_TRAILER, message_trailers
+
+if TYPE_CHECKING:
+    from c128patch.series.plan import Planned
 
 LAYER_NAME = re.compile(r"[a-z][a-z0-9]{0,31}")
 LAYER_NAME_RULE = "1-32 characters of a-z 0-9, starting with a letter (it goes into the wheel's PEP 440 label)"
@@ -154,18 +158,64 @@ def layer_args(series: Series) -> list[str]:
     return [arg for layer in series.layers for arg in ("--layer", str(layer.root))]
 
 
-def overlap_note(series: Series, earlier: list[tuple[str, list[str]]], name: str, paths: list[str]) -> str:
-    """"; it conflicts with ..." naming an earlier entry of another part changing a ``paths`` file ("": none)."""
-    mine = series.part(name)[0]
+def overlap_note(series: Series, earlier: Sequence[Planned], item: Planned, paths: Sequence[str], rev: str,
+                 text: Callable[[str], str | None]) -> str:
+    """"; it conflicts with ..." naming an earlier entry of another part that changed the lines a layer entry
+    ``item`` edits in a ``paths`` file (a hunk of it where the entry's hunk is, or lines the entry's hunk needs and
+    the file now lacks, or an overlay making the file); else "; REV has no line ..." when the file ``text`` gives
+    (as it stood when ``item`` failed; None: unknown) lacks a line the entry's hunk edits that no earlier entry
+    touches: upstream's, not ours ("": none, or an entry of our series)."""
+    mine = series.part(item.entry.name)[0]
     if mine is series.ours:
         return ""
-    for path in paths:
-        for other, touched in reversed(earlier):
-            part = series.part(other)[0]
-            if part is not mine and path in touched:
-                owner = f"series {part.name}" if part is series.ours else f"layer {part.name}"
-                return f"; it conflicts with entry '{other}' of {owner}, which changes {path} before it"
+    missing: dict[str, list[str]] = {}
+    for path in dict.fromkeys(paths):
+        here = text(path)
+        lines = {line.strip() for line in here.splitlines()} if here is not None else None
+        gone = [v for v in _preimage(item, path) if lines is not None and v.strip() and v.strip() not in lines]
+        for other in reversed(earlier):
+            part = series.part(other.entry.name)[0]
+            if part is mine or path not in other.touched or not _changes_for(series, item, other, path, gone):
+                continue
+            owner = f"series {part.name}" if part is series.ours else f"layer {part.name}"
+            return f"; it conflicts with entry '{other.entry.name}' of {owner}, which changes lines it edits in {path}"
+        if gone:
+            missing[path] = gone
+    for path, gone in missing.items():
+        shown = next((v.strip() for v in gone if len(v.strip()) >= 8), gone[0].strip())
+        return (f"; {rev} has no line `{shown[:80]}` that its hunk in {path} edits (nor does an entry before it add "
+                f"it): upstream's {path} differs there, not an entry of ours")
     return ""
+
+
+def _hunks(patch: PatchInfo, path: str, side: str) -> list:
+    return [h for pf in patch.patchset if getattr(pf, side).removeprefix("a/").removeprefix("b/") == path for h in pf]
+
+
+def _preimage(item: Planned, path: str) -> list[str]:
+    """The lines ``item``'s hunks of ``path`` need there: those they remove (the lines they edit), then context."""
+    lines = [line for h in (_hunks(item.patch, path, "source_file") if item.patch else []) for line in h]
+    needed = sorted((x for x in lines if not x.is_added), key=lambda x: x.is_context)  # stable: removed first
+    return [line.value.rstrip("\n") for line in needed]
+
+
+def _changes_for(series: Series, item: Planned, other: Planned, path: str, gone: list[str]) -> bool:
+    """Does ``other`` (an earlier entry changing ``path``) change what ``item``'s hunks there edit: an overlay making
+    the file, a hunk of it where one of ``item``'s is (on the side each reads), or lines it adds or removes (in any
+    of its files: ``item`` may have been made on another) that ``item`` needs and the file lacks (``gone``)?"""
+    if other.patch is None or item.patch is None:
+        return True
+    theirs = _hunks(other.patch, path, "target_file")
+    if gone:
+        files = {series.file_of(other.entry, v) for v in other.entry.patch_files()} - {other.path}
+        patches = [other.patch, *(read_patch(f) for f in sorted(files) if f.is_file())]
+        changed = {line.value.strip() for pt in patches for h in _hunks(pt, path, "target_file") for line in h
+                   if line.is_added or line.is_removed}
+        if any(v.strip() in changed for v in gone):
+            return True
+    spans = [(h.target_start, h.target_start + max(h.target_length, 1)) for h in theirs]
+    return any(a < h.source_start + max(h.source_length, 1) and h.source_start < b
+               for h in _hunks(item.patch, path, "source_file") for a, b in spans)
 
 
 def read_config(path: Path) -> tuple[Path, ...]:

@@ -137,8 +137,8 @@ def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Rep
             proc = git.run("apply", "-p2", "--verbose", str(item.path.resolve()), check=False)
             if proc.returncode != 0:
                 why = apply_failure(proc.stderr, lambda path, n: item.patch.hunk_at("python/" + path, n))
-                overlap = overlap_note(series, [(p.entry.name, p.touched) for p in planned[:i]], item.entry.name,
-                                       item.touched)
+                overlap = overlap_note(series, planned[:i], item, item.touched, f"sglang {iw.name.version}",
+                                       lambda rel: _member_text(iw.root, wheel_path(rel)))
                 raise ConflictError(f"entry '{item.entry.name}' ({item.label}) does not apply to {label}: {why}"
                                     f"{overlap}; no wheel was written")
         else:
@@ -148,6 +148,14 @@ def apply_entries(iw: InWheel, planned: list[Planned], label: str, reporter: Rep
             dest.write_bytes(item.path.read_bytes())
         rows.append({"name": item.entry.name, "kind": item.entry.kind, "file": item.label, "applied": "clean"})
     return rows
+
+
+def _member_text(root: Path, rel: str) -> str | None:
+    """A wheel member's text as extracted and patched so far (None: not extracted)."""
+    try:
+        return (root / rel).read_text(errors="replace")
+    except (OSError, ValueError):
+        return None
 
 
 def _overlay_diff(root: Path, target: str, source: Path | None) -> bytes:
