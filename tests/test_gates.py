@@ -79,6 +79,23 @@ def test_an_upstream_gate_has_the_default_upstream_declares(tmp_path: Path, sgla
         'the reference says "compact"']
 
 
+def test_a_str_default_written_without_its_quotes_says_exactly_what_to_write(tmp_path: Path, sglang_release_repo: Path):
+    """Helper 108's case 05: `default = "static"` for a str env said 'declares the default "static", the reference
+    says static' (the two look the same). It says the row to write; written as said, lint is clean."""
+    from c128patch.git import Git
+
+    root = edited_series(tmp_path, 'default = "\\"static\\""', 'default = "static"')
+    upstream = Git(git_dir=sglang_release_repo)
+    [line] = messages(root, upstream)
+    assert line.startswith('gate SGLANG_RAGGED_VERIFY_MODE: python/sglang/srt/environ.py at v0.5.23 declares the '
+                           'default "static", the reference says static; ')
+    row = line.split("write ", 1)[1].split(" in its [[gates]] row")[0]
+    assert row == "default = '\"static\"'", line
+    manifest = root / "patches" / "series.toml"
+    manifest.write_text(manifest.read_text().replace('default = "static"', row, 1))
+    assert messages(root, upstream) == []
+
+
 def test_a_malformed_gate_is_one_line_naming_it(tmp_path: Path):
     root = edited_series(tmp_path, 'declared_by = "series"', 'declared_by = "somebody"')
     with pytest.raises(C128Error, match="gate SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK: declared_by must be one of "

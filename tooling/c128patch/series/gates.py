@@ -24,6 +24,8 @@ way. ``render_markdown`` is the table docs/gates.md carries (a test keeps the tw
 
 from __future__ import annotations
 
+import ast
+import json
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -116,8 +118,23 @@ def declaration_problems(gate: Gate, declared: dict[str, tuple[str, str]], where
     if cls != TYPES[gate.type]:
         problems.append(f"gate {gate.name}: {where} declares it as {cls}, the reference says {gate.type}")
     if default != gate.default:
-        problems.append(f"gate {gate.name}: {where} declares the default {default}, the reference says {gate.default}")
+        problems.append(f"gate {gate.name}: {where} declares the default {default}, the reference says {gate.default}"
+                        + _quoting_hint(default, gate.default))
     return problems
+
+
+def _quoting_hint(declared: str, reference: str) -> str:
+    """What to write when ``reference`` is ``declared``'s string without its quotes (``INFO`` for ``"INFO"``): the
+    reference holds the default as ``environ.py`` writes it, a Python literal (``None`` is not ``"None"``)."""
+    try:
+        value = ast.literal_eval(declared)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return ""
+    if not isinstance(value, str) or value != reference:
+        return ""
+    toml = f"'{declared}'" if "'" not in declared else json.dumps(declared)  # a TOML literal string, else basic
+    return (f"; the reference holds the default as environ.py writes it, a Python literal with its quotes: write "
+            f"default = {toml} in its [[gates]] row")
 
 
 @dataclass
