@@ -214,6 +214,29 @@ def test_a_branch_of_the_users_name_naming_the_old_base_keeps_it_and_the_rename_
     assert invoke("status", "--tree", str(git.worktree)).out["equals_series"]
 
 
+def test_a_branch_whose_new_name_is_taken_says_so_and_the_rename_printed_works(
+        sglang_release_repo, series_dir, tmp_path):
+    """Helper 108's case 08b: with c128/v0.5.23 already a branch (left from an earlier apply), the rebase of
+    c128/v0.5.22 onto v0.5.23 kept its name and said nothing. It says so in one line, with commands that work."""
+    run = invoke("apply", "--sglang-rev", "v0.5.22", "--repo", str(sglang_release_repo), "--tree", str(tmp_path / "t"),
+                 "--series", str(series_dir))
+    assert run.code == 0, run.err
+    git = Git(worktree=tmp_path / "t")
+    other = git.rev_parse("HEAD~1")
+    git.run("branch", "c128/v0.5.23", other)
+    moved = invoke("rebase", "--onto", "v0.5.23", "--tree", str(git.worktree), "--series", str(series_dir),
+                   as_json=False)
+    assert moved.code == 0 and git.current_branch() == "c128/v0.5.22", moved.err
+    line = next(x for x in moved.text.splitlines() if "keeps its name" in x)
+    assert line.startswith("branch c128/v0.5.22 keeps its name, which names v0.5.22 (c128/v0.5.23 is another branch "
+                           "already, left as it is); to rename it: git -C"), line
+    ran = run_printed(printed_command(line, "git -C"))
+    assert ran.returncode == 0, ran.stderr
+    assert git.current_branch() == "c128/v0.5.23" and git.rev_parse("refs/heads/c128/v0.5.22") is None
+    assert git.rev_parse("refs/heads/c128/v0.5.23-old") == other  # the other branch kept, under a name said
+    assert invoke("status", "--tree", str(git.worktree)).out["equals_series"]
+
+
 def test_the_rebased_provenance_keeps_every_field_of_the_upstream_record(rebased):
     from c128patch.series.provenance import PROVENANCE_PATH
 

@@ -83,7 +83,9 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
         + "".join(f"\n  {f}" for f in contract["failing"]),
         *([f"branch {renamed['from']} is now {renamed['to']} (the old tip: {report['recovery_ref']})"]
           if renamed else []),
-        *([f"branch {report['branch']} keeps its name, which names {report['old_base']['rev']}; to rename it: "
-           f"{report['branch_keeps_name']}"] if report.get("branch_keeps_name") else []),
+        *([f"branch {report['branch']} keeps its name, which names {report['old_base']['rev']}"
+           + (f" ({report['branch_name_taken']} is another branch already, left as it is)"
+              if report.get("branch_name_taken") else "")
+           + f"; to rename it: {report['branch_keeps_name']}"] if report.get("branch_keeps_name") else []),
         f"report: {done.report_md}" + (f"; next: {nxt}" if nxt else f"; note: {note}" if note else
                                        "; the series is up to date (refresh --check changes nothing)"))

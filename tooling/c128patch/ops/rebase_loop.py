@@ -336,6 +336,8 @@ class RebaseLoop:
             report["branch"], report["renamed_branch"] = renamed, {"from": journal.orig_branch, "to": renamed}
         elif proof.ok and (rename := self._rename_hint(journal)):
             report["branch_keeps_name"] = rename
+        elif proof.ok and (taken := self._taken_hint(journal)):  # c128/<new base> is another branch: not moved
+            report["branch_name_taken"], report["branch_keeps_name"] = taken
         write_reports(self.state, report)
         remember_layers(git, self.series)  # the stack the new tip's provenance names (a c128patch.toml's too)
         self._forget()
@@ -411,6 +413,19 @@ class RebaseLoop:
         if not git.ok("check-ref-format", "--branch", new) or git.rev_parse(f"refs/heads/{new}") is not None:
             return ""
         return shlex.join(["git", "-C", str(git.worktree), "branch", "-m", old, new])
+
+    def _taken_hint(self, journal: Journal) -> tuple[str, str] | None:
+        """A branch ``apply`` named ``c128/<old base>`` keeps it where ``c128/<new base>`` is another branch already
+        (``_move_branch`` leaves that one alone): (that name, the commands that set it aside and rename this one)."""
+        old, git = journal.orig_branch, self.git
+        new = default_branch(journal.onto_rev)
+        if not old or old != default_branch(journal.old_rev) or new == old or git.current_branch() != old \
+                or not git.ok("check-ref-format", "--branch", new) or git.rev_parse(f"refs/heads/{new}") is None:
+            return None
+        names = (f"{new}-old" + (str(i) if i > 1 else "") for i in range(1, 1000))
+        aside = next(name for name in names if git.rev_parse(f"refs/heads/{name}") is None)
+        g = ["git", "-C", str(git.worktree), "branch", "-m"]
+        return new, f"{shlex.join([*g, new, aside])} && {shlex.join([*g, old, new])}"
 
     def _attach(self, journal: Journal, branch: str) -> None:
         """HEAD onto ``branch`` (at the same commit): a checkout without its pass over the work tree."""
