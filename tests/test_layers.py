@@ -251,6 +251,19 @@ def test_a_layer_entry_on_a_line_the_rev_lacks_blames_upstream_not_an_entry_of_o
     assert "sglang 0.5.22 has no line `SGLANG_ZMQ_SOURCE_IP = EnvStr(None)`" in wheel.err, wheel.err
 
 
+def test_a_backward_rebase_stopping_on_code_the_older_rev_lacks_says_so(newer_line_layer, tmp_path, monkeypatch):
+    """Helper 108's case 08a: rebased back onto v0.5.22, the stop said "the upstream side is empty (upstream removed
+    the code this hunk edits)"; v0.5.22 never had SGLANG_ZMQ_SOURCE_IP. It says the older rev lacks it yet."""
+    monkeypatch.delenv(ENV, raising=False)
+    tree = tmp_path / "sglang"
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--layer", newer_line_layer).code == 0
+    stop = invoke("rebase", "--onto", "v0.5.22", "--tree", tree, as_json=False)
+    assert stop.code == 1, stop.err
+    [hint] = [line for line in stop.err.splitlines() if line.startswith(f"  {ENV_PY}")]
+    assert "the upstream side is empty (v0.5.22 does not have the code this hunk edits yet)" in hint, hint
+    assert "upstream removed" not in stop.err
+
+
 # ---------------------------------------------------------------------------- layer add-entry
 def full_disk(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,7 @@ class Block:
     upstream: tuple[str, ...]  # "abc123456789 subject"
     moved_to: int | None
     empty: bool
+    behind: str = ""  # a backward rebase: the rev it goes to (an ancestor of the old base), which may lack code yet
 
     def describe(self) -> str:
         first, last = self.lines
@@ -45,9 +46,15 @@ class Block:
                  else f"{self.path}: after line {last}")
         more = " ..." if len(self.upstream) > 3 else ""
         return (f"{where}: hunk {self.hunk or '(not matched)'}"
-                + ("; the upstream side is empty (upstream removed the code this hunk edits)" if self.empty else "")
+                + (f"; the upstream side is empty ({empty_why(self.behind)})" if self.empty else "")
                 + (f"; the code this hunk edits now lives at line {self.moved_to}" if self.moved_to else "")
                 + (f"; upstream: {'; '.join(self.upstream[:3])}{more}" if self.upstream else ""))
+
+
+def empty_why(behind: str) -> str:
+    """Why a block's upstream side is empty: an older rev (``behind``) lacks the code yet, else upstream removed it."""
+    return (f"{behind} does not have the code this hunk edits yet" if behind
+            else "upstream removed the code this hunk edits")
 
 
 @dataclass
@@ -98,10 +105,13 @@ def _moved(head: list[str], hunk, at: int, span: int) -> int | None:
     return best + 1
 
 
-def analyze(git: Git, path: str, text: str, diff: str, *, head: str, old: str, onto: str) -> list[Block]:
-    """The blocks of ``path``'s conflicted ``text``, ``diff`` being what was merged into HEAD."""
+def analyze(git: Git, path: str, text: str, diff: str, *, head: str, old: str, onto: str,
+            rev: str = "") -> list[Block]:
+    """The blocks of ``path``'s conflicted ``text``, ``diff`` being what was merged into HEAD (``rev``: ``onto``'s
+    name)."""
     head_lines = (git.blob(head, path) or b"").decode(errors="replace").splitlines()
     forward = git.is_ancestor(old, onto)
+    behind = (rev or onto[:12]) if not forward and git.is_ancestor(onto, old) else ""
     span = f"{old}..{onto}" if forward else f"{onto}..{old}"
     in_range = set(git.out("rev-list", span, "--", path).splitlines())
     touched = tuple(git.lines("log", "--format=%h %s", span, "--", path))
@@ -134,16 +144,17 @@ def analyze(git: Git, path: str, text: str, diff: str, *, head: str, old: str, o
         hunk = hunks[best[2]] if best[0] else None
         moved = _moved(head_lines, hunk, pos, len(ours) + len(theirs) + 6) if hunk is not None else None
         header = hunk_header(hunk, section=True) if hunk is not None else ""
-        out.append(Block(path, (first, last), header, upstream, moved, not ours))
+        out.append(Block(path, (first, last), header, upstream, moved, not ours, behind if not ours else ""))
     return out
 
 
-def block_markdown(b: dict, empty_why: str = "") -> str:
+def block_markdown(b: dict, why: str = "") -> str:
     """One conflict block of a stop report (``Block.to_json``) as a Markdown list item."""
     first, last = b["lines"]
     where = f"lines {first}-{last}" if last >= first else f"after line {last}"
     return (f"- {md(b['path'])} {where} on the new base: hunk {md(b['hunk'] or '?')}"  # upstream's text: data
-            + (f"; **the upstream side is empty**{empty_why}" if b["empty"] else "")
+            + (f"; **the upstream side is empty** ({empty_why(b['behind'])})" if b["empty"] and b.get("behind")
+               else f"; **the upstream side is empty**{why}" if b["empty"] else "")
             + (f"; the code this hunk edits now lives at line {b['moved_to']}" if b["moved_to"] else "")
             + (f"; upstream: {'; '.join(map(md, b['upstream'][:5]))}" if b["upstream"] else ""))
 

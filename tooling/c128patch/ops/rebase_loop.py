@@ -249,7 +249,7 @@ class RebaseLoop:
         for c in conflicts:
             if c.path in left:
                 stop.blocks += analyze(git, c.path, c.text, diff, head=journal.head_before, old=journal.old_commit,
-                                       onto=journal.onto_commit)
+                                       onto=journal.onto_commit, rev=journal.onto_rev)
         step.stop, step.phase, step.status = asdict(stop), phase, "failing"
         step.ledger = [r.ref for r in resolved]
         step.upstream_commits = sorted({u for b in stop.blocks for u in b.upstream})
