@@ -60,10 +60,14 @@ def test_status_of_a_tree_whose_layer_folder_moved_says_it_was_not_compared(tmp_
     res = invoke("status", as_json=False)
     assert res.code == 1 and "+ layer acme" in res.text, res.text
     said = ("not compared with a series: " f"{tmp_path / 'sglang-acme'} was applied with layer(s) acme (its "
-            "provenance says so): name their folders (--layer DIR, or c128patch.toml)")
-    assert said in res.text, res.text
+            f"provenance says so); the folder it was applied with, {tmp_path / 'layers' / 'acme'} (layer acme) is "
+            "gone (moved or removed): name their folders as they are now (--layer DIR, or c128patch.toml)")
+    assert said in " ".join(res.text.split()), res.text  # helper 108's case 08c: which folder, and that it is gone
     data = invoke("status").out
     assert data["series_error"].startswith(said.split(": ", 1)[1]) and data["equals_series"] is False
+    for verb in (["rebase", "--onto", "v0.5.22"], ["refresh", "--check"]):  # the same line from the verbs that move
+        other = invoke(*verb, as_json=False)
+        assert other.code == 2 and said.split(": ", 1)[1] in " ".join(other.err.split()), (verb, other.err)
     moved = invoke("status", "--layer", str(tmp_path / "layers" / "acme-moved"), as_json=False)
     assert moved.code == 0 and "equals the series" in moved.text, moved.text  # the fix it names, taken
 

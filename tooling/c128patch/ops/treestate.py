@@ -70,10 +70,14 @@ def tree_layers(git: Git) -> tuple[Path, ...]:
         return ()
     path = c128_state_dir(git) / "layers.json"
     folders = [Path(f) for f in read_json(path, list) or [] if isinstance(f, str)]  # input: the git dir's
-    if len(folders) != len(names) or not all(f.is_absolute() and f.resolve() == f and (f / MANIFEST).is_file()
-                                             for f in folders):
-        raise C128Error(f"{git.cwd} was applied with layer(s) {', '.join(names)} (its provenance says so): name "
-                        "their folders (--layer DIR, or c128patch.toml); nothing was changed")
+    usable = [f.is_absolute() and f.resolve() == f and (f / MANIFEST).is_file() for f in folders]
+    if len(folders) != len(names) or not all(usable):
+        gone = [f"{f} (layer {name}) " + ("is gone (moved or removed)" if not f.exists() else f"holds no {MANIFEST}")
+                for f, name, ok in zip(folders, names, usable) if not ok and f.is_absolute()]
+        where = (f"; the folder it was applied with, {', '.join(gone)}" if len(gone) == 1 else
+                 f"; the folders it was applied with: {'; '.join(gone)}" if gone else "")
+        raise C128Error(f"{git.cwd} was applied with layer(s) {', '.join(names)} (its provenance says so){where}: "
+                        "name their folders as they are now (--layer DIR, or c128patch.toml); nothing was changed")
     return operators(folders, str(path))
 
 
