@@ -330,9 +330,47 @@ def test_add_entry_run_again_on_the_same_commit_names_the_entry_it_is_and_adds_n
     assert {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()} == files
 
 
-def test_add_entry_on_a_tree_of_another_base_prints_an_apply_that_works_as_printed(tmp_path, upstream_clone):
+def test_a_commit_carried_by_a_rebase_becomes_a_layer_entry_by_the_commands_printed(tmp_path, upstream_clone):
+    """Helper 108's case 04: (a) the rebase's note named `c128patch layer add-entry` with no arguments, and add-entry
+    on the rebased tree printed an apply that made a new tree without the commit; (b) back on the layer's base,
+    `--from-commit HEAD` named the rebase's provenance record ("is entry 'provenance' already"). Each printed
+    sequence now carries the commit and works as printed; HEAD takes the user's commit below the record."""
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
+    anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    commit_on(upstream_clone, ENV_PY, anchor, anchor + "    # site: the note\n", "site fix")
+    back = invoke("rebase", "--onto", "v0.5.22", "--tree", upstream_clone, as_json=False)
+    assert back.code == 0, back.err
+    made = run_printed(printed_command(back.text, "c128patch layer new "))  # a layer on the tree's base, the entry
+    assert made.returncode == 0, made.stdout + made.stderr
+    local = load_series(tmp_path / "layers" / "local")
+    assert local.base == "v0.5.22" and [e.name for e in local.entries] == ["site-fix"], made.stdout
+
+    site = tmp_path / "site"
+    assert invoke("layer", "new", site, "--name", "site").code == 0  # on the series base, v0.5.23
+    mine = Git(worktree=upstream_clone).rev_parse("HEAD~1")  # below the rebase's provenance record
+    line = refused(["layer", "add-entry", "--layer", site, "--from-commit", mine[:12], "--tree", upstream_clone,
+                    "--why", "site fix"], upstream_clone, "the tree is on v0.5.22, the layer site on v0.5.23")
+    ran = run_printed(printed_command(line, "c128patch rebase "), cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    [entry] = load_series(site).entries
+    assert entry.name == "site-fix" and "+    # site: the note" in (site / "patches" / entry.file).read_text()
+
+    other = tmp_path / "other"
+    assert invoke("layer", "new", other, "--name", "other").code == 0
+    head = invoke("layer", "add-entry", "--layer", other, "--from-commit", "HEAD", "--tree", upstream_clone,
+                  "--why", "w", as_json=False)
+    git = Git(worktree=upstream_clone)
+    assert head.code == 0, head.err
+    assert (f"HEAD ({git.rev_parse('HEAD')[:12]}) is c128patch's provenance record, not a change of yours: took your "
+            f"commit {git.rev_parse('HEAD~1')[:12]} (site fix) below it") in head.text, head.text
+    assert [e.name for e in load_series(other).entries] == ["site-fix"]
+
+
+def test_add_entry_on_a_tree_of_another_base_prints_a_rebase_and_add_entry_that_work_as_printed(
+        tmp_path, upstream_clone):
     """Helper 96: the refusal's apply had no --tree; from the folder above it took ./sglang, this very tree, and
-    refused. It now names a tree beside this one, at the layer's base, with the layer."""
+    refused. Helper 108 (case 04): a tree beside this one had no commit of the user's to add. It now rebases this
+    tree (named) onto the layer's base and adds the commit there, as printed."""
     assert invoke("apply", "--sglang-rev", "v0.5.22", "--repo", upstream_clone).code == 0
     anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
     commit_on(upstream_clone, ENV_PY, anchor, anchor + "    # acme: the site's note\n", "acme: the site's note")
@@ -340,9 +378,9 @@ def test_add_entry_on_a_tree_of_another_base_prints_an_apply_that_works_as_print
     assert invoke("layer", "new", layer, "--name", "acme").code == 0  # on the series base, v0.5.23
     line = refused(["layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", upstream_clone,
                     "--why", "w"], upstream_clone, "the tree is on v0.5.22, the layer acme on v0.5.23")
-    ran = run_printed(printed_command(line, "c128patch apply "), cwd=tmp_path)
+    ran = run_printed(printed_command(line, "c128patch rebase "), cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-2000:]
-    assert Path(f"{upstream_clone}-v0.5.23", "python").is_dir()
+    assert [e.name for e in load_series(layer).entries] == ["acme-the-site-s-note"], ran.stdout
 
 
 # ---------------------------------------------------------------------------- the example, the whole way

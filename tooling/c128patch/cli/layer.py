@@ -86,7 +86,8 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
                             *(a for f in layers for a in ("--layer", f))]
                            if carried or beside.is_dir() and applied_here(beside) else  # a first next made it
                            ["c128patch", "apply", "--sglang-rev", rev, "--layer", str(folder), "--tree", str(beside)])
-        say(f"entry {done.entry} ({done.file} in {folder}) from commit {done.commit[:12]}: {', '.join(done.files)}; "
+        say(*([done.took] if done.took else []),
+            f"entry {done.entry} ({done.file} in {folder}) from commit {done.commit[:12]}: {', '.join(done.files)}; "
             f"gate {done.gate or 'none'}", *(f"  lint {f.level}: {f.entry}: {f.message}" for f in done.findings),
             *([f"  the entry is written (not again: it is one); fix the layer, then: {lint}"] if errors else
               [f"  next: {stack}"] if release_version(rev) else []))

@@ -40,6 +40,7 @@ class NewEntry:
     gate: str
     files: list[str]
     findings: list[Finding] = field(default_factory=list)
+    took: str = ""  # why ``commit`` is not the one named (the tool's provenance record was named: the one below)
 
 
 def new_layer(folder: Path, name: str, series: Series, base: str = "", version: str = "1") -> Series:
@@ -94,6 +95,7 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
     sha = git.rev_parse(f"{commit}^{{commit}}")
     if sha is None:
         raise C128Error(f"no commit {commit!r} in {tree}; nothing was written")
+    sha, took = _below_provenance(git, sha, commit)
     if not base_commit or git.rev_parse(base_commit) is None:
         raise C128Error(f"the upstream base recorded in {PROVENANCE_PATH} is not in {tree}; nothing was written")
     parents = git.out("rev-list", "--parents", "-n", "1", sha).split()[1:]
@@ -102,10 +104,16 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
                         f"upstream base {rev or base_commit[:12]}, below HEAD); nothing was written")
     label = base_label(git, base_commit, rev)
     if label != layer.base:
-        at = shlex.join(["c128patch", "apply", "--sglang-rev", layer.base, "--layer", str(folder), "--tree",
-                         f"{tree}-{layer.base}"])  # beside this tree: ./sglang (the default) may be this one
+        # the commit goes with the tree: rebased onto the layer's base, the provenance record on top, the user's
+        # commits below it in their order (the commit's id changes: named from HEAD)
+        above = [c for c in git.lines("rev-list", f"{sha}..HEAD") if _entry_of(git, c) != "provenance"]
+        back = shlex.join(["c128patch", "rebase", "--onto", layer.base, "--tree", str(tree)])
+        again = shlex.join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit",
+                            f"HEAD~{len(above) + 1}", "--tree", str(tree), "--why", why,
+                            *(["--gate", gate] if gate else []), *(["--name", name] if name else [])])
         raise C128Error(f"the tree is on {label}, the layer {layer.name} on {layer.base}: add entries on a tree at the "
-                        f"layer's base ({at}); nothing was written")
+                        f"layer's base; to take this commit there, rebase this tree back and add it ({back} && "
+                        f"{again}); nothing was written")
     if trailer := git.out("log", "-1", f"--format=%(trailers:key={ENTRY_TRAILER},valueonly)", sha).strip():
         raise C128Error(f"commit {sha[:12]} is entry '{trailer}' already ({ENTRY_TRAILER}); nothing was written")
     if same := entry_making(git, layer, sha):
@@ -133,4 +141,27 @@ def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gat
     _refuse_unsound(layer, updated, name, {f"patches/{file}": data}, sha)
     txn.commit_all([(layer.root, {layer.patches_dir / file: data, layer.manifest_path: updated.to_toml().encode()},
                      [], layer.manifest_path)], fault=lambda point: fault_point("at", point))
-    return NewEntry(layer.name, full, f"patches/{file}", sha, gate, touched, lint_series(load_series(layer.root)))
+    return NewEntry(layer.name, full, f"patches/{file}", sha, gate, touched, lint_series(load_series(layer.root)),
+                    took)
+
+
+def _entry_of(git: Git, sha: str) -> str:
+    """A commit's entry trailer ("provenance": the tool's record; "": a commit of the user's)."""
+    return git.out("log", "-1", f"--format=%(trailers:key={ENTRY_TRAILER},valueonly)", sha).strip()
+
+
+def _below_provenance(git: Git, sha: str, named: str) -> tuple[str, str]:
+    """``sha``, or where it is the tool's provenance record (``--from-commit HEAD`` after a rebase, which writes it
+    on top), the user's commit below it, with a line saying so; none of the user's there: refused, saying which."""
+    if _entry_of(git, sha) != "provenance":
+        return sha, ""
+    below = sha
+    while _entry_of(git, below) == "provenance" and (parent := git.rev_parse(f"{below}^")):
+        below = parent
+    if (entry := _entry_of(git, below)) or below == sha:
+        raise C128Error(f"commit {sha[:12]} ({named}) is c128patch's provenance record, not a change of yours, and "
+                        f"no commit of yours is below it (the one below is entry '{entry}'); commit your change on "
+                        "the branch, then add it; nothing was written")
+    subject = git.out("log", "-1", "--format=%s", below)
+    return below, (f"{named} ({sha[:12]}) is c128patch's provenance record, not a change of yours: took your commit "
+                   f"{below[:12]} ({subject}) below it")

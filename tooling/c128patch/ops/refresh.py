@@ -168,10 +168,34 @@ def refresh_command(git: Git, series: Series, report: dict, lock_items: LockItem
         what = ("would take your commit(s) on the branch as new entries" if new_entry else
                 f"would need files for {report['new_base']['rev']}")
         return "", (f"series {series.ours.name} (the tool's own, in {series.ours.root}) {what}: not refreshed from "
-                    "here, it would write there" + ("; make them entries of a layer of yours: c128patch layer "
-                                                    "add-entry (docs/layers.md)" if new_entry else ""))
+                    "here, it would write there" + (f"; make them entries of a layer of yours: "
+                                                    f"{_as_layer_entries(git, series, report, label)}"
+                                                    if new_entry else ""))
     return shlex.join(["c128patch", "refresh", "--primary" if primary else "--variant", "--tree", str(git.worktree),
                        *([] if own else ["--series", str(series.ours.root)]), *layer_args(series)]), ""
+
+
+def _as_layer_entries(git: Git, series: Series, report: dict, label: str) -> str:
+    """The commands that make the user's commits the rebase carried entries of a layer on this tree's base: of the
+    stack's last layer there, else of a new one (``layers/local`` beside the tree) on ``label`` where a layer may
+    start; else where to go (docs/layers.md)."""
+    from c128patch.series.layers import known_bases
+
+    commits = [e["new_sha"] for e in report.get("entries", []) if e.get("kind") == "commit" and e.get("new_sha")]
+    tree = Path(str(git.worktree))
+    layer = next((x for x in reversed(getattr(series, "layers", [])) if x.base == label), None)
+    made: list[str] = []
+    if layer is not None:
+        folder = layer.root
+    elif label in known_bases(getattr(series, "ours", series)):
+        folder = next(f for i in range(1, 1000) if not (f := tree.parent / "layers" / f"local{i if i > 1 else ''}")
+                      .exists())
+        made = [shlex.join(["c128patch", "layer", "new", str(folder), "--name", folder.name, "--base", label])]
+    else:
+        return f"c128patch layer add-entry on a tree at a base of the series ({label} is none; docs/layers.md)"
+    adds = [shlex.join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit", sha[:12],
+                        "--tree", str(tree), "--why", git.out("log", "-1", "--format=%s", sha)]) for sha in commits]
+    return " && ".join([*made, *adds]) if adds else "c128patch layer add-entry (docs/layers.md)"
 
 
 def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | None = None, version: str | None = None,
