@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -353,15 +354,24 @@ def test_a_users_commit_rebased_on_an_installed_tool_is_pointed_at_a_layer_by_re
     res = invoke("rebase", "--onto", "v0.5.21", "--tree", str(upstream_clone), as_json=False)
     assert res.code == 0, res.err
     (line,) = [x for x in res.text.splitlines() if x.startswith("report: ")]
-    assert "next: " not in line and line.endswith("would take your commit(s) on the branch as new entries: not "
-                                                  "refreshed from here, it would write there; make them entries of a "
-                                                  "layer of yours: c128patch layer add-entry (docs/layers.md)"), line
+    assert "next: " not in line and "would take your commit(s) on the branch as new entries: not refreshed from " \
+        "here, it would write there; make them entries of a layer of yours: c128patch layer new " in line, line
+    layer = tmp_path / "layers" / "local"  # v0.5.21 is no base of this series: back to its base, then the entry
+    assert line.endswith(shlex.join(["c128patch", "layer", "add-entry", "--layer", str(layer), "--from-commit",
+                                     "HEAD~1", "--tree", str(upstream_clone), "--why", "site: mine"])), line
     before = files(series)
     check = invoke("refresh", "--check", "--tree", str(upstream_clone), as_json=False)
     assert check.code == 1, check.err
     (note,) = [x for x in check.text.splitlines() if x.startswith("note: refresh will not write ")]
     assert "as installed in " in note and "(a package, not a checkout)" in note and "layer add-entry" in note, note
     assert files(series) == before
+    *steps, add = printed_command(line, "c128patch layer new ").split(" && ")  # as printed (helper 108's case 04),
+    for step in steps:  # in this process: the installed series stands in here
+        done = invoke(*shlex.split(step)[1:], as_json=False)
+        assert done.code == 0, (step, done.err)
+    done = invoke(*shlex.split(add)[1:], as_json=False)  # the user's commit reached (its USER.txt is no entry's)
+    assert done.code == 2 and "cannot be an entry of layer local: patches/0001-site-mine.patch" in done.err, done.err
+    assert "USER.txt, outside python/" in done.err and files(series) == before
 
 
 def test_a_users_commit_rebased_with_the_tools_own_checkout_is_pointed_at_a_layer_too(

@@ -176,26 +176,34 @@ def refresh_command(git: Git, series: Series, report: dict, lock_items: LockItem
 
 
 def _as_layer_entries(git: Git, series: Series, report: dict, label: str) -> str:
-    """The commands that make the user's commits the rebase carried entries of a layer on this tree's base: of the
-    stack's last layer there, else of a new one (``layers/local`` beside the tree) on ``label`` where a layer may
-    start; else where to go (docs/layers.md)."""
+    """The commands that make the user's commits the rebase carried entries of a layer: of the stack's last layer on
+    this tree's base, else of a new one (``layers/local`` beside the tree) on ``label`` where a layer may start, else
+    on the series' base, the tree rebased back there first (its provenance record then on top of the commits)."""
     from c128patch.series.layers import known_bases
 
+    ours = getattr(series, "ours", series)
     commits = [e["new_sha"] for e in report.get("entries", []) if e.get("kind") == "commit" and e.get("new_sha")]
+    if not commits:
+        return "c128patch layer add-entry (docs/layers.md)"
     tree = Path(str(git.worktree))
     layer = next((x for x in reversed(getattr(series, "layers", [])) if x.base == label), None)
-    made: list[str] = []
+    steps: list[str] = []
+    refs = [sha[:12] for sha in commits]
     if layer is not None:
         folder = layer.root
-    elif label in known_bases(getattr(series, "ours", series)):
+    else:
         folder = next(f for i in range(1, 1000) if not (f := tree.parent / "layers" / f"local{i if i > 1 else ''}")
                       .exists())
-        made = [shlex.join(["c128patch", "layer", "new", str(folder), "--name", folder.name, "--base", label])]
-    else:
-        return f"c128patch layer add-entry on a tree at a base of the series ({label} is none; docs/layers.md)"
-    adds = [shlex.join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit", sha[:12],
-                        "--tree", str(tree), "--why", git.out("log", "-1", "--format=%s", sha)]) for sha in commits]
-    return " && ".join([*made, *adds]) if adds else "c128patch layer add-entry (docs/layers.md)"
+        here = label in known_bases(ours)
+        steps.append(shlex.join(["c128patch", "layer", "new", str(folder), "--name", folder.name,
+                                 *(["--base", label] if here else [])]))
+        if not here:  # a layer starts on a base of ours: the tree goes back to the series' (ids change: from HEAD)
+            steps.append(shlex.join(["c128patch", "rebase", "--onto", ours.base, "--tree", str(tree)]))
+            refs = [f"HEAD~{len(commits) - i}" for i in range(len(commits))]
+    steps += [shlex.join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit", ref,
+                          "--tree", str(tree), "--why", git.out("log", "-1", "--format=%s", sha)])
+              for ref, sha in zip(refs, commits)]
+    return " && ".join(steps)
 
 
 def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | None = None, version: str | None = None,
