@@ -13,6 +13,7 @@ import inspect
 import linecache
 import os
 import sys
+import tempfile
 import time
 import traceback
 import types
@@ -142,11 +143,182 @@ def env_reading(rules: types.ModuleType, environ: types.ModuleType) -> None:
                              "mode it does not run")
 
 
+# -- the launch startup-rules models: the tree's own server-argument resolution and runtime context ---------------
+
+SERVER_ARGS, DSV4_CONFIG = "sglang.srt.server_args", "sglang.srt.configs.deepseek_v4"
+RUNTIME_CONTEXT_MODULE = "sglang.srt.runtime_context"  # the tree's own (``RUNTIME_CONTEXT``: the stand-in's name)
+LAUNCH = f"--speculative-algorithm DSPARK --speculative-dspark-block-size {W - 1} --device cuda"  # said in findings
+
+
+def _checkpoint(folder: str) -> str:
+    """``folder``, given the config.json of a DeepSeek-V4 checkpoint: the tree's own `DeepSeekV4Config` defaults, its
+    architecture, a c4/c128 layer pattern and the sliding window (the model config reads it); no weights."""
+    import dataclasses
+    import json
+
+    fields = dataclasses.fields(_module(DSV4_CONFIG).DeepSeekV4Config)
+    config = {f.name: f.default for f in fields
+              if f.default is not dataclasses.MISSING and isinstance(f.default, (bool, int, float, str, type(None)))}
+    layers = int(config.get("num_hidden_layers") or 43)
+    config.update(architectures=["DeepseekV4ForCausalLM"], compress_ratios=[(4, 128)[i % 2] for i in range(layers)],
+                  sliding_window=config.get("window_size", 128))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    return folder
+
+
+@contextlib.contextmanager
+def _process(env: Dict[str, Optional[str]]):
+    """``env`` over the process's, on a CUDA build of torch (both back on the way out)."""
+    with mock.patch.dict(os.environ), mock.patch.multiple(torch.version, cuda=torch.version.cuda or "12.8", hip=None):
+        for name, value in env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+
+
+def _raised_at(exc: BaseException) -> str:
+    """``module.qualname (sglang/...py:line)`` of the tree's frame that raised ``exc`` ("": none)."""
+    frames = [(f, n) for f, n in traceback.walk_tb(exc.__traceback__)
+              if (f.f_globals.get("__name__") or "").startswith("sglang.")]
+    if not frames:
+        return ""
+    frame, line = frames[-1]
+    path = frame.f_code.co_filename
+    return f"{frame.f_globals['__name__']}.{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)} " \
+           f"({path[path.rfind('/sglang/') + 1:]}:{line})"
+
+
+def _resolved(env: Dict[str, Optional[str]], folder: str) -> Any:
+    """The tree's `ServerArgs` of the scenario's DeepSeek-V4 DSPARK launch (``LAUNCH``, the draft beside the target),
+    resolved by its own `resolve_once` (the resolution pipeline: `apply_deepseek_v4_defaults`, the speculative
+    decoding handlers ...) under ``env``; what the resolution raises, raised. Run untraced, its output dropped."""
+    import io
+
+    server_args = _module(SERVER_ARGS).ServerArgs(
+        model_path=folder, speculative_algorithm="DSPARK", speculative_dspark_block_size=W - 1,
+        speculative_draft_model_path=folder, device="cuda")
+    trace = sys.gettrace()
+    sys.settrace(None)
+    try:
+        with _process(env), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            resolve = getattr(server_args, "resolve_once", None)
+            if resolve is not None:  # (a tree whose __post_init__ resolves has resolved)
+                resolve()
+    finally:
+        sys.settrace(trace)
+    return server_args
+
+
+def tree_launch_context(on: bool, folder: str) -> Tuple[types.ModuleType, Any, Any]:
+    """The tree's own runtime context of the scenario's launch (gates on: `GATE_ENV` and `ONLINE_ENV` set): its
+    `ServerArgs` resolved as the launcher resolves them (``_resolved``) and projected into its config bags by its own
+    `create_context` (a tree without it: `RuntimeContext.set_server_args`, what `publish` does). The resolution
+    refusing the launch with the gates on but not with them off fails, naming the tree's function that refused and
+    our startup check, which admits it; refusing it either way, the scenario's model of the launch is stale: not run.
+    ``folder``: the checkpoint's (``_checkpoint``). -> (the tree's runtime_context module, the context, the resolved
+    ServerArgs)."""
+    rc = _module(RUNTIME_CONTEXT_MODULE)
+    gates = {GATE_ENV: "1" if on else None, ONLINE_ENV: "1" if on else None, MTP_ENV: None, RAGGED_ENV: None}
+    try:
+        server_args = _resolved(gates, folder)
+    except NotRun:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        said = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        plain = None
+        if on:
+            try:
+                _resolved({**gates, GATE_ENV: None, ONLINE_ENV: None}, folder)
+            except Exception as again:  # noqa: BLE001
+                plain = again
+        if not on or plain is not None:
+            raise NotRun(f"the tree's server-argument resolution refused the scenario's DeepSeek-V4 launch ({LAUNCH}) "
+                         f"with the gates off too, in {_raised_at(plain or exc) or 'no function of the tree'}: "
+                         f"{type(plain or exc).__name__}: {' '.join(str(plain or exc).split())}") from None
+        raise Blame(f"the tree's server-argument resolution refuses the DeepSeek-V4 launch {LAUNCH} with the gates on "
+                    f"({GATE_ENV}=1 {ONLINE_ENV}=1), which it takes with them off: {said}",
+                    ours=_defined(_module(CONTROLLER).check_online_c128_dspark_startup),
+                    theirs=_raised_at(exc) or _defined(_module(SERVER_ARGS).ServerArgs)) from None
+    if hasattr(rc, "create_context"):
+        context = rc.create_context(server_args, role="scheduler")
+    else:
+        context = rc.RuntimeContext(parallel=rc.ParallelContext())
+        context.set_server_args(server_args)
+    return rc, context, server_args
+
+
+def _leaf(server_args: Any, name: str) -> Tuple[str, Any]:
+    """(the namespace path, the tree's namespace class) of the config field ``name`` ((``""``, None): none)."""
+    path = _module("sglang.srt.arg_groups.arg_utils").namespace_of(type(server_args)).get(name, "")
+    for cls in getattr(type(server_args), "_NAMESPACES", ()):
+        if getattr(cls, "_NS_PATH", None) == path and name in getattr(cls, "__annotations__", {}):
+            return path, cls
+    return path, None
+
+
+@contextlib.contextmanager
+def _tree_launch(tree: Tuple[types.ModuleType, Any, Any], env: Dict[str, Optional[str]], **flags: Any):
+    """A launch on a CUDA build of torch: ``env`` over the process's, the tree's runtime context (``tree``) the one
+    in effect, ``flags`` set on its config bags where the tree keeps them (its scoped `override`), all undone after.
+    A flag the tree's config no longer has: the scenario's model of the launch is stale (not run)."""
+    rc, context, server_args = tree
+    with _process(env), mock.patch.multiple(rc, _CONTEXT=context, _PARALLEL=context.parallel), \
+            contextlib.ExitStack() as stack:
+        for name, value in flags.items():
+            path, _ = _leaf(server_args, name)
+            if not path:
+                raise NotRun(f"the tree's config has no field {name!r}, which the scenario sets for a launch with "
+                             f"--{name.replace('_', '-')}")
+            bag = context.config_bag(path.split(".")[0])
+            for sub in path.split(".")[1:]:
+                bag = getattr(bag, sub)
+            stack.enter_context(bag.override(**{name: value}))
+        yield
+
+
+def _config_read(exc: AttributeError, server_args: Any) -> Optional[Blame]:
+    """Our code read a field of the tree's runtime config where the tree does not keep it (its bags' `__getattr__`
+    refused it): a Blame naming our reading line and where the tree keeps that field now (None: not that)."""
+    frames = list(traceback.walk_tb(exc.__traceback__))
+    mine = [i for i, (f, _) in enumerate(frames) if f.f_globals.get("__name__") in (RULES, CONTROLLER)]
+    theirs = [f for f, _ in frames[mine[-1] + 1:] if (f.f_globals.get("__name__") or "").startswith("sglang.")
+              and isinstance(f.f_locals.get("name"), str) and "self" in f.f_locals] if mine else []
+    if not theirs:  # not a read of ours the tree's config refused (its bag's `__getattr__`, `ParallelContext._read`)
+        return None
+    name, bag = theirs[-1].f_locals["name"], theirs[-1].f_locals["self"]
+    try:
+        where = object.__getattribute__(bag, "_path")
+    except AttributeError:
+        where = type(bag).__name__
+    frame, line = frames[mine[-1]]
+    read = linecache.getline(frame.f_code.co_filename, line).strip()
+    path, cls = _leaf(server_args, name)
+    now = f"the tree keeps it at {path}" if path else "the tree's config has no such field"
+    ours = f"{frame.f_globals['__name__']}.{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)} " \
+           f"({frame.f_code.co_filename[frame.f_code.co_filename.rfind('/sglang/') + 1:]}:{line})"
+    return Blame(f"our code reads {name!r} of the tree's config namespace {where!r} ({read}), which has none: {now} "
+                 f"(the DeepSeek-V4 launch {LAUNCH}, resolved by the tree)",
+                 ours=ours, theirs=_defined(cls) if cls is not None else _raised_at(exc))
+
+
 def startup_rules(on: bool) -> None:
-    """The startup rules over launch flags and envs: gate off = upstream; DSPARK admitted; refused otherwise; the
-    envs read as upstream reads them (``env_reading``)."""
-    ctl, on_env = _module(CONTROLLER), {GATE_ENV: "1", ONLINE_ENV: "1", MTP_ENV: None, RAGGED_ENV: None}
+    """The startup rules over launch flags and envs, read through the tree's own runtime context of a resolved
+    DeepSeek-V4 DSPARK launch (``tree_launch_context``: a launch the tree's resolution refuses with the gates on fails
+    here): gate off = upstream; DSPARK admitted; refused otherwise; a config field our code reads where the tree does
+    not keep it fails, naming where it does; the envs read as upstream reads them (``env_reading``)."""
+    ctl = _module(CONTROLLER)
     env_reading(_module(RULES), _module(ENVIRON))
+    with tempfile.TemporaryDirectory(prefix="c128-dsv4-") as folder:
+        tree = tree_launch_context(on, _checkpoint(folder))
+        _startup_cases(on, ctl, tree)
+
+
+def _startup_cases(on: bool, ctl: types.ModuleType, tree: Tuple[types.ModuleType, Any, Any]) -> None:
+    """`startup_rules`' cases, under the tree's own runtime context of the launch (``tree``)."""
+    on_env = {GATE_ENV: "1", ONLINE_ENV: "1", MTP_ENV: None, RAGGED_ENV: None}
     off_env = {GATE_ENV: None, ONLINE_ENV: None, MTP_ENV: None, RAGGED_ENV: None}
     cases = [  # (env, launch flags, algorithm, banks, a word of the refusal; None: not refused)
         (off_env, {}, Spec(False), 4, None), (off_env, {"enable_two_batch_overlap": True}, Spec(), 64, None),
@@ -156,7 +328,7 @@ def startup_rules(on: bool) -> None:
     ]
     for env, flags, spec, banks, refusal in cases:
         case = f"{spec.name}, {banks} banks, {flags or 'default launch'}, env {env}"
-        with _launch(env, **flags):
+        with _tree_launch(tree, env, **flags):
             try:
                 if env[GATE_ENV] is None:  # the pool configurator asks only with the gate set
                     ctl.refuse_unsupported(spec_algorithm=spec, num_draft_tokens=banks)
@@ -166,10 +338,17 @@ def startup_rules(on: bool) -> None:
                 if refusal is None or refusal not in str(exc):
                     raise AssertionError(f"{case}: refused: {exc}") from exc
                 continue
+            except AttributeError as exc:
+                blame = _config_read(exc, tree[2])
+                if blame is None:
+                    raise
+                if not on or env[GATE_ENV] is None:  # no launch without the gates reads it (the pool configurator,
+                    continue                         # the controller): the run with the gates on says it
+                raise blame from None
         if refusal is not None:
             raise AssertionError(f"{case}: admitted, expected a refusal naming {refusal!r}")
     if on:  # the banks of the tree's own pool, built as a DSPARK launch builds it: our controller admits them
-        with _launch(on_env):
+        with _tree_launch(tree, on_env):
             ctl.OnlineC128DsparkController(fake_backend(tree_pool(), width=W, device="cpu"))
 
 
