@@ -270,12 +270,21 @@ def test_upstream_handing_prepare_verify_no_rows_in_an_eager_verify_fails_naming
         tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
     """c07: the scenarios called `prepare_verify` themselves and said clean; each verify step now asks the tree's
     backend for its metadata (`init_forward_metadata`, or a graph replay's `init_forward_metadata_out_graph`), so the
-    eager static steps fail, naming our hook and upstream's caller; the replayed and compact steps pass."""
+    eager static steps fail, naming our hook and upstream's caller; the replayed and compact steps pass. In the same
+    commit (one tier run), case 03 (helper 112): the PD-multiplexing flags move to `exec.overlap`; `startup-rules`,
+    which reads the rules through the tree's own config bags of a launch it resolved, names our reading line and
+    the tree's namespace that holds `enable_pdmux` now (`pdmux_out_of_disagg`)."""
     git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
-    change = landed(git, "dsv4 backend: compute verify_bs only for online c128 MTP",
-                    {BACKEND_PY: verify_bs_only_for_mtp})
+    change = landed(git, "dsv4 backend: compute verify_bs only for online c128 MTP; PD-multiplexing under exec.overlap",
+                    {BACKEND_PY: verify_bs_only_for_mtp, FIELDS + "disagg.py": pdmux_out_of_disagg,
+                     FIELDS + "exec_.py": pdmux_into_overlap})
     failed = failed_with_the_gates_on(tier_python, git, change)
-    assert sorted(failed) == ["compressor-callback", "decode", "verify-static"], failed
+    assert sorted(failed) == ["compressor-callback", "decode", "startup-rules", "verify-static"], failed
+    assert re.fullmatch(  # case 03, in the same commit (one tier run)
+        rf"scenario startup-rules: in {RULES_OURS}; upstream sglang\.srt\.arg_groups\.fields\.exec_\.ExecOverlap "
+        r"\(sglang/srt/arg_groups/fields/exec_\.py:\d+\): AssertionError: our code reads 'enable_pdmux' of the "
+        r"tree's config namespace 'disagg' \(\"enable_pdmux\": bool\(disagg\.enable_pdmux\),\), which has none: the "
+        rf"tree keeps it at exec\.overlap \({LAUNCH}, resolved by the tree\)", failed["startup-rules"]), failed
     assert re.fullmatch(
         rf"scenario verify-static: in {OURS}\.prepare_verify "
         r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.layers\.attention\."
@@ -289,11 +298,24 @@ def test_upstreams_mtp_controller_on_for_dspark_fails_our_startup_check_naming_i
         tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
     """c06: the scenarios' backend had a stand-in MTP controller (never enabled); it is now the tree's own, built
     before ours as the backend builds them, so our controller's startup check refuses where a launch would, naming
-    upstream's `enabled` (the predicate it refused on)."""
+    upstream's `enabled` (the predicate it refused on). In the same commit (one tier run), case 02 (helper 112):
+    `apply_deepseek_v4_defaults` refuses online compress with DSPARK at launch; `startup-rules`, which runs the tree's
+    own server-argument resolution of the launch, names it and our startup check (`online_compress_only_with_eagle`)."""
     git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
-    change = landed(git, "online c128 MTP: enable by default, DSPARK included", {MTP: mtp_enabled_for_dspark})
+    change = landed(git, "online c128 MTP: enable by default, DSPARK included; online compress with EAGLE only", {
+        MTP: mtp_enabled_for_dspark,
+        "python/sglang/srt/arg_groups/deepseek_v4_hook.py": online_compress_only_with_eagle})
     failed = failed_with_the_gates_on(tier_python, git, change)
-    assert sorted(failed) == sorted(set(SCENARIOS) - {"startup-rules"}), failed
+    assert sorted(failed) == sorted(SCENARIOS), failed
+    assert re.fullmatch(  # case 02, in the same commit (one tier run)
+        r"scenario startup-rules: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\."
+        r"check_online_c128_dspark_startup \(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream "
+        r"sglang\.srt\.arg_groups\.deepseek_v4_hook\.apply_deepseek_v4_defaults \(sglang/srt/arg_groups/"
+        r"deepseek_v4_hook\.py:\d+\): AssertionError: the tree's server-argument resolution refuses the DeepSeek-V4 "
+        r"launch --speculative-algorithm DSPARK --speculative-dspark-block-size 7 --device cuda with the gates on "
+        r"\(SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK=1 SGLANG_OPT_USE_ONLINE_COMPRESS=1\), which it takes with them "
+        r"off: ValueError: SGLANG_OPT_USE_ONLINE_COMPRESS supports speculative decoding only with EAGLE, got "
+        r"--speculative-algorithm DSPARK for DeepseekV4ForCausalLM", failed.pop("startup-rules")), failed
     for name, detail in failed.items():
         assert re.fullmatch(
             rf"scenario {name}: in {OURS}\.__init__ \(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); "
@@ -313,3 +335,93 @@ def draft_banks_only_under_mtp_env(text: str) -> str:
     text = text.replace(constants, constants + "from sglang.srt.environ import envs\n", 1)
     return text.replace(old, "            if (\n                online_mtp_max_draft_tokens > 0\n"
                              "                and envs.SGLANG_EXPERIMENTAL_ONLINE_C128_MTP.get()\n            ):\n", 1)
+
+
+# -- helper 112: `startup-rules` reads the rules through the tree's own runtime context of a DeepSeek-V4 DSPARK launch
+# resolved by the tree's own server-argument resolution (it stood in both: the checker's cases 11, 03 and 02)
+
+FIELDS = "python/sglang/srt/arg_groups/fields/"
+RULES_OURS = r"sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark_rules\.config_from_context " \
+    r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark_rules\.py:\d+\)"
+LAUNCH = r"the DeepSeek-V4 launch --speculative-algorithm DSPARK --speculative-dspark-block-size 7 --device cuda"
+
+
+def attention_backends_in_their_own_namespace(text: str) -> str:
+    """Case 11: the attention-backend flags move from `exec.kernel` to a new namespace `exec.attention` (class
+    `ExecAttention`; the readers follow: `runtime_context.attention_backends`, below). Our rules' `config_from_context`
+    reads `exec_.kernel.attention_backend`: AttributeError at startup, gates on."""
+    head = 'class ExecKernel(msgspec.Struct):\n    """Namespace ``exec.kernel``."""\n\n    _NS_PATH = "exec.kernel"\n'
+    prefill = re.search(r"    prefill_attention_backend: A\[\n.*?\n    \] = None\n", text, re.S)[0]
+    lean = "    enable_lean_attention: A[\n"
+    assert text.count(head) == text.count(lean) == 1
+    text = text.replace(prefill, "", 1).replace(head, head.replace("Kernel", "Attention").replace(
+        "kernel", "attention"), 1)
+    return text.replace(lean, prefill + "\n\n" + head + lean, 1)
+
+
+def namespaces_with_attention(text: str) -> str:
+    assert text.count("    ExecKernel,\n") == 2
+    return text.replace("    ExecKernel,\n", "    ExecAttention,\n    ExecKernel,\n")
+
+
+def reads_exec_attention(text: str) -> str:
+    return text.replace("get_exec().kernel.attention_backend", "get_exec().attention.attention_backend").replace(
+        "attention_backends_of(get_exec().kernel)", "attention_backends_of(get_exec().attention)")
+
+
+def test_upstream_moving_the_attention_backends_to_their_own_namespace_fails_startup_rules_naming_where(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Case 11: `startup-rules` stood in `sglang.srt.runtime_context` with the namespaces as the series' base has them,
+    so our rules read `exec.kernel.attention_backend` there and passed; it now reads the tree's own config bags of a
+    launch the tree resolved, and names our reading line and the tree's namespace that holds the field now."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    srt = "python/sglang/srt/"
+    change = landed(git, "args: attention backend choice under its own namespace exec.attention", {
+        FIELDS + "exec_.py": attention_backends_in_their_own_namespace,
+        srt + "server_args.py": namespaces_with_attention,
+        **{srt + path: reads_exec_attention for path in ("runtime_context.py", "mem_cache/kv_cache_configurator.py",
+                                                         "models/gpt_oss.py", "models/granite.py")}})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    assert list(failed) == ["startup-rules"], failed
+    assert re.fullmatch(
+        rf"scenario startup-rules: in {RULES_OURS}; upstream sglang\.srt\.arg_groups\.fields\.exec_\.ExecAttention "
+        r"\(sglang/srt/arg_groups/fields/exec_\.py:\d+\): AssertionError: our code reads 'attention_backend' of the "
+        r"tree's config namespace 'exec\.kernel' \(exec_\.kernel\.attention_backend,\), which has none: the tree keeps "
+        rf"it at exec\.attention \({LAUNCH}, resolved by the tree\)", failed["startup-rules"]), failed
+
+
+PDMUX = ("    # -------------------------------------------------------------------------\n    # PD-Multiplexing\n"
+         "    # -------------------------------------------------------------------------\n    enable_pdmux: A[\n"
+         "        bool,\n        \"Enable PD-Multiplexing, PD running on greenctx stream.\",\n    ] = False\n"
+         "    pdmux_config_path: A[\n        Optional[str],\n"
+         "        \"The path of the PD-Multiplexing config file.\",\n    ] = None\n"
+         "    sm_group_num: A[int, \"Number of sm partition groups.\"] = 8\n")
+
+
+def pdmux_out_of_disagg(text: str) -> str:
+    """Case 03: the PD-multiplexing flags move from namespace `disagg` to `exec.overlap` (scheduling, not
+    disaggregation; the readers follow, none of which the tier runs). Our rules' `config_from_context` reads
+    `disagg.enable_pdmux`: AttributeError at startup, gates on."""
+    assert text.count("\n" + PDMUX) == 1
+    return text.replace("\n" + PDMUX, "", 1)
+
+
+def pdmux_into_overlap(text: str) -> str:
+    tbo = "    ] = 0.48\n\n\nclass ExecOffload("
+    assert text.count(tbo) == 1
+    return text.replace(tbo, "    ] = 0.48\n\n" + PDMUX + "\n\nclass ExecOffload(", 1)
+
+
+def online_compress_only_with_eagle(text: str) -> str:
+    """Case 02: `apply_deepseek_v4_defaults` refuses SGLANG_OPT_USE_ONLINE_COMPRESS with any speculative algorithm
+    but EAGLE at launch (the check our startup patch relaxes, moved into the server-argument resolution): a DSPARK
+    launch with the gates on fails before our code runs."""
+    old = ('                f"Only EAGLE speculative algorithm with topk == 1 is supported for {model_arch}"\n'
+           "            )\n")
+    assert text.count(old) == 1
+    return text.replace(old, old + (
+        '        if envs.SGLANG_OPT_USE_ONLINE_COMPRESS.get() and cfg.speculative_algorithm != "EAGLE":\n'
+        "            raise ValueError(\n"
+        '                "SGLANG_OPT_USE_ONLINE_COMPRESS supports speculative decoding only with EAGLE, "\n'
+        '                f"got --speculative-algorithm {cfg.speculative_algorithm} for {model_arch}"\n'
+        "            )\n"), 1)
