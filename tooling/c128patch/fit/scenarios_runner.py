@@ -265,6 +265,9 @@ def _tree_launch(tree: Tuple[types.ModuleType, Any, Any], env: Dict[str, Optiona
     in effect, ``flags`` set on its config bags where the tree keeps them (its scoped `override`), all undone after.
     A flag the tree's config no longer has: the scenario's model of the launch is stale (not run)."""
     rc, context, server_args = tree
+    if not all(hasattr(rc, name) for name in ("_CONTEXT", "_PARALLEL")):  # what its getters read (`use_context`)
+        raise NotRun(f"{rc.__name__} keeps its context elsewhere than _CONTEXT and _PARALLEL, where the scenario puts "
+                     "the launch's")
     with _process(env), mock.patch.multiple(rc, _CONTEXT=context, _PARALLEL=context.parallel), \
             contextlib.ExitStack() as stack:
         for name, value in flags.items():
