@@ -129,12 +129,13 @@ POOL = "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
 ], ids=["compress-fn-gains-a-keyword", "pool-getter-becomes-a-property", "plan-subclass-rebuilt"])
 def test_upstreams_compressor_calling_our_compress_fn_fails_on_a_changed_call_or_getter(
         path, old, new, said, tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
-    """Only ``compressor-callback`` drives upstream's own call site and pool class, and ``startup-rules`` our
-    controller over upstream's pool (a getter of the pool fails both): the other scenarios pass."""
+    """Only ``compressor-callback`` drives upstream's own call site, and it, ``startup-rules``, ``decode`` and the
+    verify scenarios our controller over upstream's pool (a getter of the pool fails them all): the others pass."""
     git = Git(git_dir=sglang_release_repo)
     base, head = patched_copy(git, tmp_path, path, old, new)
     result = treecheck.run(SERIES, tmp_path, git.changed_files(base, head), python=tier_python)
-    on, failing = scenarios(result, "on"), ["compressor-callback"] + ["startup-rules"] * (path == POOL)
+    on, failing = scenarios(result, "on"), ["compressor-callback"] + [
+        "startup-rules", "decode", "verify-compact", "verify-static"] * (path == POOL)
     assert {n: s["status"] for n, s in on.items() if s["status"] != "passed"} == dict.fromkeys(failing, "failed")
     for name in failing:
         assert re.fullmatch(f"scenario {name}: {said}", on[name]["detail"]), on

@@ -149,15 +149,17 @@ def test_three_upstream_changes_in_one_commit_each_fail_their_own_scenario_namin
         POOL: one_more_draft_token, WORKER: early_return, SPEC + "spec_utils.py": record_helper_as_context_manager,
         SPEC + "eagle_worker_common.py": with_block(eagle), SPEC + "ngram_worker.py": with_block(ngram)})
     failed = failed_with_the_gates_on(tier_python, git, change)
-    assert sorted(failed) == ["compressor-callback", "record-streams", "worker-commit"], failed
+    assert sorted(failed) == ["compressor-callback", "decode", "record-streams", "verify-compact", "verify-static",
+                              "worker-commit"], failed  # c6: every scenario over the tree's pool (helper 106)
     pool = r"sglang\.srt\.mem_cache\.deepseek_v4_memory_pool\.DeepSeekV4TokenToKVPool"
-    assert re.fullmatch(  # c6
-        r"scenario compressor-callback: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\._verify_compress "
-        r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream "
-        rf"{pool}\.get_online_c128_mtp_max_draft_tokens \(sglang/srt/mem_cache/deepseek_v4_memory_pool\.py:\d+\): "
-        r"RuntimeError: dspark c128: state has 72 rows but 10 banks of stride 8 need 80 \(num_banks 9 as "
-        r"DeepSeekV4TokenToKVPool\.get_online_c128_mtp_max_draft_tokens returned it; state_slot_stride 8 as "
-        r"DeepSeekV4TokenToKVPool\.get_online_c128_mtp_state_slot_offset returned it\)", failed["compressor-callback"])
+    for name in ("compressor-callback", "decode", "verify-compact", "verify-static"):
+        assert re.fullmatch(  # c6
+            rf"scenario {name}: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\._verify_compress "
+            r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream "
+            rf"{pool}\.get_online_c128_mtp_max_draft_tokens \(sglang/srt/mem_cache/deepseek_v4_memory_pool\.py:\d+\)"
+            r": RuntimeError: dspark c128: state has 72 rows but 10 banks of stride 8 need 80 \(num_banks 9 as "
+            r"DeepSeekV4TokenToKVPool\.get_online_c128_mtp_max_draft_tokens returned it; state_slot_stride 8 as "
+            r"DeepSeekV4TokenToKVPool\.get_online_c128_mtp_state_slot_offset returned it\)", failed[name]), failed[name]
     found = re.fullmatch(  # c9
         r"scenario worker-commit: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.commit_after_verify "
         r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.speculative\."
@@ -219,7 +221,8 @@ def test_upstream_advancing_lengths_in_the_accept_or_allocating_banks_only_for_m
         SPEC + "dspark_components/dspark_verify.py": in_place,
         "python/sglang/srt/mem_cache/deepseek_v4_compress_state.py": draft_banks_only_under_mtp_env})
     failed = failed_with_the_gates_on(tier_python, git, change)
-    assert sorted(failed) == ["compressor-callback", "startup-rules", "worker-commit"], failed
+    assert sorted(failed) == ["compressor-callback", "decode", "startup-rules", "verify-compact", "verify-static",
+                              "worker-commit"], failed  # c12: every scenario over the tree's pool (helper 106)
     found = re.fullmatch(
         r"scenario worker-commit: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.commit_after_verify "
         r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.speculative\."
@@ -231,7 +234,7 @@ def test_upstream_advancing_lengths_in_the_accept_or_allocating_banks_only_for_m
     patched = git.blob(patched_tree(SERIES, git, change[:12], change),
                        SPEC + "dspark_components/dspark_verify.py").decode().splitlines()
     assert patched[int(found[1]) - 1].strip() == "prefix_lens.copy_(finalized.new_seq_lens)"  # upstream's new line
-    for name in ("compressor-callback", "startup-rules"):
+    for name in ("compressor-callback", "decode", "startup-rules", "verify-compact", "verify-static"):
         assert re.fullmatch(
             rf"scenario {name}: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\.OnlineC128DsparkController"
             r"\.__init__ \(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\."
@@ -425,3 +428,79 @@ def online_compress_only_with_eagle(text: str) -> str:
         '                "SGLANG_OPT_USE_ONLINE_COMPRESS supports speculative decoding only with EAGLE, "\n'
         '                f"got --speculative-algorithm {cfg.speculative_algorithm} for {model_arch}"\n'
         "            )\n"), 1)
+
+
+# -- helper 106: the verify graphs' capture, and the pool's request slots as the tree's __init__ sets them
+
+POOL_PY = "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
+CAPTURE_BRANCH = '''        elif bucket == _GraphBucket.TARGET_VERIFY and in_capture:
+            assert out_cache_loc is not None
+            temp_metadata, graph_key = self._capture_target_verify_metadata(
+                forward_batch, bs=bs, max_seq_len=chosen_max_seq_len, req_pool_indices=req_pool_indices,
+                seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu, out_cache_loc=out_cache_loc)
+'''
+CAPTURE_HELPER = '''    def _capture_target_verify_metadata(self, forward_batch, *, bs, max_seq_len, req_pool_indices,
+            seq_lens, seq_lens_cpu, out_cache_loc):
+        """Raw verify metadata for a capture batch (no host prep)."""
+        ragged_layout = self._resolve_verify_layout(forward_batch, bs=bs)
+        graph_key, num_tokens_v = self._target_verify_graph_key(bs=bs, ragged_layout=ragged_layout)
+        out_cache_loc_padded = torch.nn.functional.pad(out_cache_loc, pad=(0, num_tokens_v - len(out_cache_loc)),
+            mode="constant", value=0)
+        temp_metadata = self.init_forward_metadata_target_verify(max_seq_len=max_seq_len,
+            req_pool_indices=req_pool_indices, seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu,
+            out_cache_loc=out_cache_loc_padded, use_prefill_cuda_graph=True,
+            online_c128_state_slot_offset=self.online_c128_mtp.state_slot_offset(), ragged_layout=ragged_layout)
+        return temp_metadata, graph_key
+
+'''
+
+
+def capture_without_host_prep(text: str) -> str:
+    """Helper 106's case 01: the backend's capture of a target-verify graph (`init_forward_metadata_out_graph(...,
+    in_capture=True)`) goes through a new helper that skips the per-step host prep, where our `prepare_verify` sits:
+    the in-graph upgrade then builds our plan without it and raises, so the server does not start with CUDA graphs."""
+    branch = ("        elif bucket == _GraphBucket.TARGET_VERIFY:\n"
+              "            verify_bs = _get_target_verify_bs(")
+    entry = "    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:\n"
+    assert text.count(branch) == 1 and text.count(entry) == 1
+    return text.replace(branch, CAPTURE_BRANCH + branch, 1).replace(entry, CAPTURE_HELPER + entry, 1)
+
+
+def req_slots_only_for_mtp(text: str) -> str:
+    """Helper 106's case 04: the pool's online c128 request-slot bound is 0 unless the MTP env is set: our kernels get
+    `max_num_reqs=0` and skip every row silently (no emit, no bank, no commit)."""
+    old = "        self.online_c128_state_num_req_slots = c128_state_pool_size\n"
+    assert text.count(old) == 1
+    return text.replace(old, "        self.online_c128_state_num_req_slots = (\n            c128_state_pool_size\n"
+                             "            if ONLINE_C128 and envs.SGLANG_EXPERIMENTAL_ONLINE_C128_MTP.get()\n"
+                             "            else 0\n        )\n", 1)
+
+
+def test_upstream_capturing_verify_graphs_past_our_hook_or_giving_no_request_slots_fails_naming_each(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Two upstream changes in one commit (one tier run), each once called clean. c01: the scenarios replayed verify
+    graphs but never captured them; `decode` and `compressor-callback` now capture the graphs they replay as the decode
+    CUDA-graph runner does at startup (`init_forward_metadata_out_graph(fb, in_capture=True)`, then the in-graph
+    upgrade), naming the capture helper that skipped our `prepare_verify`. c04: the scenarios set the pool's request
+    slots by hand; the pool is now the tree's own `__init__`'s, and a request-slot bound that leaves a verify row out
+    (the kernels skip it silently) names the getter that handed it to our controller."""
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    change = landed(git, "dsv4: capture verify metadata without the host prep; request slots only for online MTP", {
+        BACKEND_PY: capture_without_host_prep, POOL_PY: req_slots_only_for_mtp})
+    failed = failed_with_the_gates_on(tier_python, git, change)
+    assert sorted(failed) == ["compressor-callback", "decode", "verify-compact", "verify-static"], failed
+    for name in ("decode", "compressor-callback"):  # c01: captured at startup, before any step
+        assert re.fullmatch(
+            rf"scenario {name}: in {OURS}\.prepare_verify \(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:"
+            r"\d+\); upstream sglang\.srt\.layers\.attention\.deepseek_v4_backend\.DeepseekV4AttnBackend\."
+            r"_capture_target_verify_metadata \(sglang/srt/layers/attention/deepseek_v4_backend\.py:\d+\): "
+            r"AssertionError: the capture target-verify metadata \((static|compact), \d+ rows\) called prepare_verify "
+            r"0 times, not once", failed[name]), failed[name]
+    for name in ("verify-static", "verify-compact"):  # c04
+        assert re.fullmatch(
+            rf"scenario {name}: in {OURS}\.build_verify_plan \(sglang/srt/layers/attention/dsv4/"
+            r"online_c128_dspark\.py:\d+\); upstream sglang\.srt\.mem_cache\.deepseek_v4_memory_pool\."
+            r"DeepSeekV4TokenToKVPool\.get_online_c128_state_num_req_slots \(sglang/srt/mem_cache/deepseek_v4_memory_"
+            r"pool\.py:\d+\): AssertionError: dspark c128 verify plan: max_num_reqs 0 leaves out the rows of "
+            r"request slots \[[\d, ]+\], which the kernel skips .* \(max_num_reqs 0 as DeepSeekV4TokenToKVPool\."
+            r"get_online_c128_state_num_req_slots returned it\)", failed[name]), failed[name]

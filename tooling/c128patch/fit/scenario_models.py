@@ -378,13 +378,14 @@ class Spec:
 
 
 def fake_backend(pool: FakeKVPool, *, width: int, device: Any, draft: bool = False, dspark: bool = True,
-                 mtp_enabled: bool = False) -> SimpleNamespace:
-    """What the controller reads of a DSV4 backend and its model runner, over ``pool``."""
+                 mtp_enabled: bool = False, rows: Optional[int] = None) -> SimpleNamespace:
+    """What the controller reads of a DSV4 backend and its model runner, over ``pool`` (``rows``: the request rows
+    of its `req_to_token`, by default the fake pool's slots and 8)."""
     backend = SimpleNamespace(
         token_to_kv_pool=pool,
         speculative_num_draft_tokens=width,
         # Verify buckets never exceed the request rows (max_bs <= max running requests).
-        req_to_token=torch.zeros((pool.num_slots + 8, 4), dtype=torch.int32, device=device),
+        req_to_token=torch.zeros((pool.num_slots + 8 if rows is None else rows, 4), dtype=torch.int32, device=device),
         device=torch.device(device),
         online_c128_mtp=SimpleNamespace(enabled=lambda: mtp_enabled),
     )

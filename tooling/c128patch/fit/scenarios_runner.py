@@ -352,7 +352,7 @@ def _startup_cases(on: bool, ctl: types.ModuleType, tree: Tuple[types.ModuleType
             raise AssertionError(f"{case}: admitted, expected a refusal naming {refusal!r}")
     if on:  # the banks of the tree's own pool, built as a DSPARK launch builds it: our controller admits them
         with _tree_launch(tree, on_env):
-            ctl.OnlineC128DsparkController(fake_backend(tree_pool(), width=W, device="cpu"))
+            ctl.OnlineC128DsparkController(fake_backend(tree_pool(), width=W, device="cpu", rows=SLOTS + 8))
 
 
 # -- the tree's own pool (helper 104's case c12) -------------------------------------------
@@ -371,31 +371,48 @@ def _asked_for_banks(calls: List[Tuple[Any, int]]) -> Any:
     return profile
 
 
+def _pool_launch() -> Dict[str, Any]:
+    """What the tree's `DeepSeekV4TokenToKVPool.__init__` reads of the runtime context for a DSPARK launch of verify
+    width ``W`` with the defaults (`get_exec`, `get_spec`: the pool module's own names, bound at its import)."""
+    return dict(
+        get_exec=lambda: SimpleNamespace(
+            kernel=SimpleNamespace(dsv4_attn_backend="flashmla", enable_deepseek_v4_fp4_indexer=False),
+            features=SimpleNamespace(enable_encoder_swa_bounded_replay=False)),
+        get_spec=lambda: SimpleNamespace(speculative_algorithm="DSPARK", speculative_num_draft_tokens=W))
+
+
 def tree_pool(pool_class: Any = None) -> Any:
-    """The tree's DSV4 pool for a DSPARK launch of verify width ``W`` with the gates on, its state pools built by the
-    tree: an instance of its `DeepSeekV4TokenToKVPool` (or ``pool_class``) made without `__init__` (which sizes the
-    SWA and KV pages of a GPU), holding the bank count the pool configurator and the KV cache configurator hand the
-    pool (`max_speculative_num_draft_tokens()`: ``W``) and what its state-pool construction reads, then its own
-    `_init_paged_compress_states` (its `_make_compress_state_pool`, `CompressStatePool.__init__`) on the CPU: ``SLOTS``
-    request rows of float32 state per c128 layer (`POOL_LAYERS`), its banks, rows and slot offset the tree's. A
-    pool whose state rows hold fewer draft banks than ``W`` fails (helper 104's case c12: banks allocated only under
-    the MTP env), naming the function of the tree that was asked for ``W`` banks and allocated fewer, and our
-    controller, which needs them (what its startup check then says)."""
+    """The tree's DSV4 pool for a DSPARK launch of verify width ``W`` with the gates on, built by the tree: its
+    `DeepSeekV4TokenToKVPool.__init__` (or ``pool_class``'s) on the CPU, given what the pool configurator and the KV
+    cache configurator hand it for ``SLOTS - 1`` running requests (the c128 state pool one row a request slot, the
+    bank count `max_speculative_num_draft_tokens()`: ``W``), two c128 layers (`POOL_LAYERS`) of float32 state, tiny
+    KV pages; so its request slots, banks, rows and slot offset are the tree's (`_init_paged_compress_states` ->
+    `CompressStatePool.__init__`). A pool whose state rows hold fewer draft banks than ``W`` fails (helper 104's case
+    c12: banks allocated only under the MTP env), naming the function of the tree that was asked for ``W`` banks and
+    allocated fewer, and our controller, which needs them (what its startup check then says); one whose request-slot
+    bound leaves a request's rows out fails at the controller's first plan or commit (`_slot_bound`, helper 106's
+    case 04). A field the pool reads that the launch's stand-in (`_pool_launch`) lacks: not run (the scenario models
+    the series' base)."""
     mod, ctl = _module(POOL), _module(CONTROLLER)
-    pool_class = pool_class or mod.DeepSeekV4TokenToKVPool
-    pool, calls = _bare(pool_class), []
-    pool.__dict__.update(
-        compressed_pool_configs={128: SimpleNamespace(kv_size=SLOTS, state_size=SLOTS, state_dtype=torch.float32,
-                                                      indexer_size=None)},
-        compression_ratios=list(POOL_LAYERS), _stage_start=0, _stage_end=len(POOL_LAYERS), index_pools={},
-        sources_by_ratio={}, qk_nope_head_dim=HEAD_DIM - 64, qk_rope_head_dim=64, indexer_head_dim=128,
-        device="cpu", swa_page_size=CHUNK, online_mtp_max_draft_tokens=W, online_c128_state_num_req_slots=SLOTS,
-        num_slots=SLOTS, layer_transfer_counter=None)
-    spec = SimpleNamespace(speculative_algorithm="DSPARK", speculative_num_draft_tokens=W)
-    with mock.patch.object(mod, "get_spec", lambda: spec, create=True):
+    pool_class, calls, launch = pool_class or mod.DeepSeekV4TokenToKVPool, [], _pool_launch()
+    with mock.patch.multiple(mod, **launch, create=True):
         sys.setprofile(_asked_for_banks(calls))
         try:
-            pool._init_paged_compress_states(False)
+            pool = pool_class(
+                max_num_reqs=SLOTS - 1, swa_size=2 * 256, c4_size=256, c128_size=256, c4_state_pool_size=0,
+                c128_state_pool_size=SLOTS, page_size=256, swa_page_size=256, dtype=torch.float8_e4m3fn,
+                c4_state_dtype=torch.float32, c128_state_dtype=torch.float32, qk_nope_head_dim=HEAD_DIM - 64,
+                qk_rope_head_dim=64, indexer_head_dim=128, layer_num=len(POOL_LAYERS), device="cpu",
+                enable_memory_saver=False, compression_ratios=list(POOL_LAYERS), online_mtp_max_draft_tokens=W)
+        except AttributeError as exc:
+            stand_in = getattr(exc, "obj", None)
+            if not isinstance(stand_in, SimpleNamespace):
+                raise
+            frames = [(f, n) for f, n in traceback.walk_tb(exc.__traceback__)
+                      if f.f_globals.get("__name__", "").startswith("sglang.")]
+            raise NotRun(f"the scenario's launch stand-in has no {exc.name!r}, which "
+                         f"{_where_called(frames[-1][0]) if frames else 'the pool'} reads (upstream changed it; the "
+                         "scenario models the series' base)") from None
         finally:
             sys.setprofile(None)
     states = [state for state in pool.compress_state_pools if state is not None]
@@ -407,7 +424,7 @@ def tree_pool(pool_class: Any = None) -> Any:
         theirs = _defined_code(asked[-1]) if asked else _defined(pool_class._make_compress_state_pool)
         try:
             with _launch({GATE_ENV: "1", ONLINE_ENV: "1", MTP_ENV: None}):
-                ctl.OnlineC128DsparkController(fake_backend(pool, width=W, device="cpu"))
+                ctl.OnlineC128DsparkController(fake_backend(pool, width=W, device="cpu", rows=SLOTS + 8))
             said = "its startup check admitted it"
         except (ValueError, RuntimeError) as exc:
             said = "its startup check says: " + " ".join(str(exc).split())
@@ -419,6 +436,29 @@ def tree_pool(pool_class: Any = None) -> Any:
     for state in states:
         state.kv_score_buffer.kv_score.fill_(float("nan"))  # read before written: NaN in the checks
     return pool
+
+
+def _slot_bound(op: Any, name: str, pool: Any) -> Any:
+    """``op`` (a kernel's model), refusing a call whose ``max_num_reqs`` leaves out a row that has tokens to verify or
+    commit: the kernels skip such a row without a word (no bank written, no chunk emitted, no commit; helper 106's
+    case 04: the pool's request-slot bound 0 unless the MTP env). The finding names our call and the tree's function
+    that returned the bound to our code (`culprit`'s ``handed``), else the pool's `__init__`."""
+    signature = inspect.signature(op)
+
+    def bounded(*args: Any, **kw: Any) -> Any:
+        got = signature.bind(*args, **kw).arguments
+        bound, rows = int(got["max_num_reqs"]), got["req_pool_indices"].tolist()
+        lens = got["verify_lens"] if name == "dspark_verify_plan" else got["new_seq_lens"] - got["seq_lens"]
+        left = sorted({int(r) for r, n in zip(rows, lens.tolist()) if n > 0 and not 0 <= int(r) < bound})
+        if left:
+            what = "verify plan" if name == "dspark_verify_plan" else "commit"
+            raise Blame(f"dspark c128 {what}: max_num_reqs {bound} leaves out the rows of request slots {left}, which "
+                        f"the kernel skips (no bank written, no chunk emitted, nothing committed); the tree's pool, "
+                        f"built by {type(pool).__qualname__}.__init__ for {SLOTS - 1} running requests, has request "
+                        f"slots 0..{SLOTS - 1}", ours=_tree_caller(1),
+                        theirs=_defined(type(pool).__init__), values={"max_num_reqs": bound})
+        return op(*args, **kw)
+    return bounded
 
 
 def _defined_code(code: Any) -> str:
@@ -437,7 +477,7 @@ class Decode:
     """Requests with float64 histories; a step (prepare, plan, compress, accept, commit) checked against them."""
 
     def __init__(self, ctl: types.ModuleType, ragged: Optional[types.ModuleType], pool_class: Any = None,
-                 layers: int = 2, plan_type: Any = None) -> None:
+                 layers: int = 2, plan_type: Any = None, own_pool: bool = True) -> None:
         self.ctl, self.ragged = ctl, ragged
         self.ops = ReferenceOps(*[plan_type] if plan_type else [])  # where upstream code sees it: the target's type
         self.gen = torch.Generator().manual_seed(0)
@@ -445,8 +485,8 @@ class Decode:
         self.states = [torch.full(((1 + W) * self.stride, STATE_DIM), float("nan")) for _ in range(layers)]
         self.apes = [self._randn(CHUNK, HEAD_DIM) for _ in range(layers)]
         pool = FakeKVPool(self.states, SLOTS, W)
-        if pool_class is not None and getattr(sys.modules.get(POOL), "ONLINE_C128", False):  # the gates on
-            pool = tree_pool(pool_class)  # upstream's pool, its state pools as it builds them: their banks, layout
+        if own_pool and getattr(sys.modules.get(POOL), "ONLINE_C128", False):  # the gates on
+            pool = tree_pool(pool_class)  # upstream's pool as its __init__ builds it: its request slots, banks, layout
             self.states = [state.kv_score_buffer.kv_score for state in pool.compress_state_pools if state is not None]
         elif pool_class is not None:  # upstream's pool class over the same state pools: its own getters read them
             for state in pool.compress_state_pools[1::2]:
@@ -455,7 +495,10 @@ class Decode:
             pool.__dict__.update(fields, online_c128_state_num_req_slots=SLOTS)
         self.backend = _target_backend(pool, ctl)
         self.controller = self.backend.online_c128_dspark
+        for op in ("dspark_verify_plan", "dspark_commit"):  # the kernels skip the rows past their slot bound
+            setattr(self.ops, op, _slot_bound(getattr(self.ops, op), op, pool))
         self.seq: Dict[int, int] = {}
+        self.captured: set = set()  # the verify graphs captured: (rows, tokens, compact)
         self.hist: Dict[Tuple[int, int], Tuple[int, Any, Any]] = {}  # (layer, slot) -> (base, kv, score)
 
     def _randn(self, *shape: int, scale: float = 1.0) -> Any:
@@ -492,6 +535,8 @@ class Decode:
             padded = live.padded_to_bucket(padded_bs=padded_bs)
         starts = padded.extend_start_loc.tolist() if compact else [b * W for b in range(padded_bs)]
         seq = [self.seq[s] for s in slots] + [1] * (padded_bs - len(slots))
+        if replay:  # its graph, as the runner captured it at startup
+            self.capture(padded_bs, compact, tokens)
         plan = _verify_metadata(self.backend, slots, seq, tokens, live, replay)
         emits = decode_plans(plan.plan_c)
         for layer, state in enumerate(self.states):
@@ -505,6 +550,14 @@ class Decode:
                                 kv_score_input=x.float(), ape=self.apes[layer].float())
             self._check_emits(layer, slots, starts, seq, emits, out)
         self._accept_and_commit(slots, real, seq, live)
+
+    def capture(self, padded_bs: int, compact: bool, tokens: Optional[int] = None) -> None:
+        """The target-verify graph of ``padded_bs`` rows and ``tokens`` tokens (default: every row ``W``), captured
+        as the decode CUDA-graph runner captures it (`_capture_verify`), once."""
+        key = (padded_bs, padded_bs * W if tokens is None else tokens, compact)
+        if key not in self.captured:
+            self.captured.add(key)
+            _capture_verify(self.backend, *key)
 
     def compress(self, plan: Any, layer: int, **tensors: Any) -> Any:
         """Layer ``layer``'s c128 compress step as upstream's compressor calls it (``compressor_callback`` runs the
@@ -553,7 +606,7 @@ def _target_backend(pool: Any, ctl: types.ModuleType) -> Any:
     metadata copy of a replay and the pool's full-to-SWA translation."""
     mod = _module(BACKEND)
     backend = _bare(mod.DeepseekV4AttnBackend)
-    fake = fake_backend(pool, width=W, device="cpu")
+    fake = fake_backend(pool, width=W, device="cpu", rows=SLOTS + 8)
     rows = fake.req_to_token.shape[0]
     del fake.online_c128_mtp  # the tree's own, below
     backend.__dict__.update(
@@ -579,6 +632,93 @@ def _target_backend(pool: Any, ctl: types.ModuleType) -> Any:
     return backend
 
 
+def _verify_batch(backend: Any, slots: List[int], seq: List[int], tokens: int, live: Any,
+                  capture: bool = False) -> Any:
+    """A target-verify `ForwardBatch` as the model runner hands it to the backend: a step's (``slots`` real rows of
+    ``seq`` in ``len(seq)``, ``tokens`` tokens, the layout ``live``), or ``capture`` the decode CUDA-graph runner's
+    capture batch (`capture_prepare`: every row the fill length, request slot 0, no draft tokens)."""
+    padded_bs = len(seq)
+    as64 = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    return SimpleNamespace(
+        forward_mode=_module(FORWARD).ForwardMode.TARGET_VERIFY, batch_size=padded_bs, seq_lens=as64(seq),
+        seq_lens_cpu=as64(seq), seq_lens_sum=sum(seq), req_pool_indices=as64(slots + [0] * (padded_bs - len(slots))),
+        out_cache_loc=torch.zeros(tokens, dtype=torch.int64), positions=torch.zeros(tokens, dtype=torch.int64),
+        spec_info=SimpleNamespace(draft_token=None if capture else torch.zeros(len(slots) * W, dtype=torch.int64),
+                                  draft_token_num=W, ragged_verify_layout=live),
+        encoder_swa_replay=False, encoder_swa_row_floor=None, encoder_swa_compress_rows=None,
+        max_seq_len_override=None)
+
+
+@contextlib.contextmanager
+def _metadata_calls(backend: Any, live: Any):
+    """The backend asked for verify metadata: yields the calls of our `prepare_verify` ((kwargs, the calling frame))
+    and of upstream's raw builder `init_forward_metadata_target_verify` (its calling frames)."""
+    mod, controller, calls, raw = _module(BACKEND), backend.online_c128_dspark, [], []
+
+    def prepare_verify(forward_batch: Any, **kw: Any) -> None:  # ours, recording who called it with what
+        calls.append((kw, sys._getframe(1)))
+        return type(controller).prepare_verify(controller, forward_batch, **kw)
+
+    def target_verify(*args: Any, **kw: Any) -> Any:
+        raw.append(sys._getframe(1))
+        return type(backend).init_forward_metadata_target_verify(backend, *args, **kw)
+
+    context = runtime_context_standin(launch_namespaces())
+    getters = {n: getattr(context, n) for n in ("get_parallel", "get_exec") if hasattr(mod, n)}
+    controller.prepare_verify, backend.init_forward_metadata_target_verify = prepare_verify, target_verify
+    try:
+        with mock.patch.multiple(mod, create_paged_compressor_data=lambda **kw: SimpleNamespace(upstreams=True),
+                                 **getters), _launch({RAGGED_ENV: "compact" if live is not None else None}):
+            yield calls, raw
+    finally:
+        del controller.prepare_verify, backend.init_forward_metadata_target_verify
+
+
+def _prepared(backend: Any, path: str, calls: List[Any], raw: List[Any], entry: Any, rows: int, padded_bs: int,
+              live: Any) -> None:
+    """Our `prepare_verify` was called once, with the batch's rows (static: ``rows`` verify rows; compact: the
+    layout's), where upstream's metadata ``path`` built the raw verify metadata; else the finding names our hook and
+    the upstream definition that skipped it (the caller of the raw builder) or called it with other rows."""
+    controller, compact = backend.online_c128_dspark, live is not None
+    if len(calls) != 1:
+        theirs = _where_called(raw[-1]) if raw and not calls else _defined(entry)
+        raise Blame(f"the {path} target-verify metadata ({'compact' if compact else 'static'}, {padded_bs} rows) "
+                    f"called prepare_verify {len(calls)} times, not once",
+                    ours=_defined(type(controller).prepare_verify), theirs=theirs)
+    [(kw, caller)] = calls
+    layout = kw.get("ragged_layout")
+    if kw.get("bs") != padded_bs or compact != (layout is not None) or not compact and kw.get(
+            "verify_bs") != rows or compact and int(layout.bs) != padded_bs:
+        said = {k: v if k != "ragged_layout" or v is None else f"a layout of {int(v.bs)} rows" for k, v in kw.items()}
+        raise Blame(f"the {path} target-verify metadata ({'compact' if compact else 'static'}) called "
+                    f"prepare_verify with {said} for a batch of {rows} verify rows in {padded_bs}",
+                    ours=_defined(type(controller).prepare_verify), theirs=_where_called(caller))
+
+
+def _capture_verify(backend: Any, padded_bs: int, tokens: int, compact: bool) -> None:
+    """The decode CUDA-graph runner's capture of a target-verify graph of ``padded_bs`` rows and ``tokens`` tokens
+    (`capture_one_batch_size`): `init_forward_metadata_out_graph(fb, in_capture=True)` over its capture batch
+    (compact: the layout `build_capture_verify_lens` packs), then, recorded in the graph,
+    `init_forward_metadata_in_graph`, whose Raw->Full upgrade builds our plan. A capture path that skips our
+    `prepare_verify` (helper 106's case 01: a capture-only helper without the host prep) fails naming it: the server
+    would not start with CUDA graphs."""
+    live = None
+    if compact:
+        ragged = _module(RAGGED)
+        lens = ragged.build_capture_verify_lens(num_tokens=tokens, num_slots=min(tokens, padded_bs),
+                                                num_draft_tokens=W)
+        live = ragged.RaggedVerifyLayout.from_verify_lens(verify_lens_cpu=lens, device=torch.device("cpu"),
+                                                          grid=[tokens])
+    fill = int(backend.get_cuda_graph_seq_len_fill_value())
+    fb = _verify_batch(backend, [], [fill] * padded_bs, tokens, live, capture=True)
+    fb.req_pool_indices = torch.zeros(padded_bs, dtype=torch.int64)
+    with _metadata_calls(backend, live) as (calls, raw):
+        backend.init_forward_metadata_out_graph(fb, in_capture=True)
+        _prepared(backend, "capture", calls, raw, type(backend).init_forward_metadata_out_graph, padded_bs,
+                  padded_bs, live)
+        backend.init_forward_metadata_in_graph(fb)
+
+
 def _verify_metadata(backend: Any, slots: List[int], seq: List[int], tokens: int, live: Any, replay: bool) -> Any:
     """A target-verify batch's metadata from the tree's backend where the model runner asks for it: eager,
     `init_forward_metadata`; a CUDA-graph replay, `init_forward_metadata_out_graph` (the replay prep), then
@@ -586,48 +726,16 @@ def _verify_metadata(backend: Any, slots: List[int], seq: List[int], tokens: int
     `prepare_verify` gets what upstream's code hands it: the rows it must be given are the batch's (static: every
     real row verifies W tokens; compact: the batch's layout); else the step fails naming our hook and the upstream
     definition that called it (helper 103's case c07: `verify_bs` 0 unless online MTP, so no bank was written)."""
-    mod, padded_bs = _module(BACKEND), len(seq)
-    as64 = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
-    fb = SimpleNamespace(
-        forward_mode=_module(FORWARD).ForwardMode.TARGET_VERIFY, batch_size=padded_bs, seq_lens=as64(seq),
-        seq_lens_cpu=as64(seq), seq_lens_sum=sum(seq), req_pool_indices=as64(slots + [0] * (padded_bs - len(slots))),
-        out_cache_loc=torch.zeros(tokens, dtype=torch.int64), positions=torch.zeros(tokens, dtype=torch.int64),
-        spec_info=SimpleNamespace(draft_token=torch.zeros(len(slots) * W, dtype=torch.int64), draft_token_num=W,
-                                  ragged_verify_layout=live),
-        encoder_swa_replay=False, encoder_swa_row_floor=None, encoder_swa_compress_rows=None,
-        max_seq_len_override=None)
-    controller, calls = backend.online_c128_dspark, []
-
-    def prepare_verify(forward_batch: Any, **kw: Any) -> None:  # ours, recording who called it with what
-        calls.append((kw, sys._getframe(1)))
-        return type(controller).prepare_verify(controller, forward_batch, **kw)
-
-    context = runtime_context_standin(launch_namespaces())
-    getters = {n: getattr(context, n) for n in ("get_parallel", "get_exec") if hasattr(mod, n)}
-    controller.prepare_verify = prepare_verify
-    try:
-        with mock.patch.multiple(mod, create_paged_compressor_data=lambda **kw: SimpleNamespace(upstreams=True),
-                                 **getters), _launch({RAGGED_ENV: "compact" if live is not None else None}):
-            if replay:
-                backend.init_forward_metadata_out_graph(fb)
-                backend.init_forward_metadata_in_graph(fb)
-            else:
-                backend.init_forward_metadata(fb)
-    finally:
-        del controller.prepare_verify
-    path = "replay" if replay else "eager"
-    if len(calls) != 1:
-        entry = type(backend).init_forward_metadata_out_graph if replay else type(backend).init_forward_metadata
-        raise Blame(f"the {path} target-verify metadata called prepare_verify {len(calls)} times, not once",
-                    ours=_defined(type(controller).prepare_verify), theirs=_defined(entry))
-    [(kw, caller)] = calls
-    layout = kw.get("ragged_layout")
-    if kw.get("bs") != padded_bs or (live is None) != (layout is None) or live is None and kw.get(
-            "verify_bs") != len(slots) or live is not None and int(layout.bs) != padded_bs:
-        said = {k: v if k != "ragged_layout" or v is None else f"a layout of {int(v.bs)} rows" for k, v in kw.items()}
-        raise Blame(f"the {path} target-verify metadata ({'compact' if live is not None else 'static'}) called "
-                    f"prepare_verify with {said} for a batch of {len(slots)} verify rows in {padded_bs}",
-                    ours=_defined(type(controller).prepare_verify), theirs=_where_called(caller))
+    fb, path = _verify_batch(backend, slots, seq, tokens, live), "replay" if replay else "eager"
+    with _metadata_calls(backend, live) as (calls, raw):
+        if replay:
+            backend.init_forward_metadata_out_graph(fb)
+            _prepared(backend, path, calls, raw, type(backend).init_forward_metadata_out_graph, len(slots), len(seq),
+                      live)
+            backend.init_forward_metadata_in_graph(fb)
+        else:
+            backend.init_forward_metadata(fb)
+            _prepared(backend, path, calls, raw, type(backend).init_forward_metadata, len(slots), len(seq), live)
     return backend.forward_metadata.c128_compress_metadata
 
 
@@ -644,12 +752,14 @@ def _close(got: Any, want: Any, what: str) -> None:
 
 
 @contextlib.contextmanager
-def _decode(on: bool, compact: bool, pool_class: Any = None, plan_type: Any = None):
-    """The tree's controller over a DSPARK backend, its kernels the torch models; inert with the gates off."""
+def _decode(on: bool, compact: bool, pool_class: Any = None, plan_type: Any = None, own_pool: bool = True):
+    """The tree's controller over a DSPARK backend, its kernels the torch models; inert with the gates off. Gates on,
+    over the tree's own pool (`tree_pool`) unless ``own_pool`` is False (the scenarios of the worker's step and of
+    upstream's metadata, which read no bank: the scenario's `FakeKVPool`, so a pool's fault fails those that use it)."""
     ctl, ragged = _module(CONTROLLER), _module(RAGGED) if compact else None
     _module(BACKEND)  # imported as a launch imports it, before the runtime context stands in
     with _launch({}):
-        sim = Decode(ctl, ragged, pool_class, plan_type=plan_type)
+        sim = Decode(ctl, ragged, pool_class, plan_type=plan_type, own_pool=own_pool)
     if sim.controller.enabled() != on or not on and sim.controller.compress_fn(None, _close) is not _close:
         raise AssertionError(f"the controller is {'dis' if on else 'en'}abled with the gates {'on' if on else 'off'}")
     kernels, ctl._ops = ctl._ops, lambda: sim.ops
@@ -670,11 +780,14 @@ def _steps(on: bool, compact: bool, plan: List[Tuple[List[int], int, int]]) -> N
 
 def decode(on: bool) -> None:
     """Several steps, compact and static, with prefills between them, checked against float64."""
+    steps = [(sorted({1 + (step + k) % (SLOTS - 1) for k in range(1 + step % 4)}), step) for step in range(6)]
     with _decode(on, True) as sim:
+        for slots, step in steps if on else ():  # the graphs the steps replay, captured at startup
+            if step % 3 == 1:
+                sim.capture(len(slots) + step % 3, step % 2 == 0)
         for slot, seq_len in zip(range(1, SLOTS), (1, 120, 128, 250, 381)) if on else ():
             sim.prefill(slot, seq_len)
-        for step in range(6) if on else ():
-            slots = sorted({1 + (step + k) % (SLOTS - 1) for k in range(1 + step % 4)})
+        for slots, step in steps if on else ():
             sim.step(slots, len(slots) + step % 3, step % 2 == 0, extra=step, replay=step % 3 == 1)
             if step == 3:
                 sim.prefill(slots[0], CHUNK * 2 - 3)  # a finished request's slot serves a new one
@@ -739,6 +852,8 @@ def compressor_callback(on: bool) -> None:
             compress(prefill, 0, torch.zeros(1, 2 * HEAD_DIM))
             if upstream != [prefill] or sim.ops.calls:
                 raise AssertionError("a prefill plan did not run upstream's compress_forward alone")
+            if on:  # the compact verify graph the second step replays, captured at startup
+                sim.capture(4, True)
             for slot, seq_len in zip(range(1, SLOTS), (1, 127, 128, 129, 255)) if on else ():
                 sim.prefill(slot, seq_len)
             verifying.append(True)  # from here, every plan is a DSPARK verify plan
@@ -773,7 +888,7 @@ def backend_verify_metadata(on: bool) -> None:
 
     mod.create_paged_compressor_data = plan
     try:
-        with _decode(on, True) as sim:
+        with _decode(on, True, own_pool=False) as sim:
             backend = _bare(mod.DeepseekV4AttnBackend)
             rows = 4
             backend.__dict__.update(vars(sim.backend), present_ratios=(4, 128), has_c4=True, has_c128=True,
@@ -862,9 +977,9 @@ class Blame(AssertionError):
     """A scenario's finding where no frame of the tree is in the traceback (something did not happen): ``ours`` and
     ``theirs`` name our definition and the upstream one involved, as `culprit` names them from frames."""
 
-    def __init__(self, message: str, *, ours: str, theirs: str) -> None:
+    def __init__(self, message: str, *, ours: str, theirs: str, values: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(message)
-        self.ours, self.theirs = ours, theirs
+        self.ours, self.theirs, self.values = ours, theirs, values or {}  # values: as a `KernelCheck`'s
 
 
 def _upstream_callees(fn: Any) -> List[Any]:
@@ -987,7 +1102,7 @@ def worker_commit(on: bool) -> None:
     tree's function that wrote the batch's `seq_lens` in place (an accept advancing them), else the step."""
     for branch in ACCEPTS:
         name, compact = branch[:2]
-        with _decode(on, True) as sim:
+        with _decode(on, True, own_pool=False) as sim:
             _, events = _worker_step(sim, compact, sim.backend, branch)
         (_, line, result, accept, written), events = events[-1], events[:-1]
         commits = [args for kind, args in sim.ops.calls if kind == "commit"]
@@ -1015,7 +1130,7 @@ def worker_commit(on: bool) -> None:
                                      f"{commits[0]['num_q_tokens']}")
         if isinstance(result, dict) and result["new_seq_lens"] is not accept.new_seq_lens:  # (dict: ours stands in)
             raise AssertionError(f"the step's result ({name}) does not carry the accepted lengths")
-    with _decode(on, True) as sim:
+    with _decode(on, True, own_pool=False) as sim:
         try:
             _worker_step(sim, True, type("TboAttnBackend", (), {})())  # two-batch overlap's wrapper backend
         except RuntimeError as exc:
@@ -1061,7 +1176,7 @@ def record_streams(on: bool) -> None:
     and of the verify step (`_forward_prepared_verify`; gate off none, on our `record_verify_inputs` through the
     tree's own helper: every verify input, before `prepare_for_verify` rebinds the batch's). A helper whose call no
     longer records (helper 97's case c4: it became a context manager) fails, naming it."""
-    with _decode(on, False) as sim, _launch({STREAMS_ENV: "1" if on else None}):
+    with _decode(on, False, own_pool=False) as sim, _launch({STREAMS_ENV: "1" if on else None}):
         batch, _ = _worker_step(sim, False, sim.backend)
     want = [batch.seq_lens] + ([batch.req_pool_indices, batch.input_ids, batch.out_cache_loc] if on else [])
     if [id(t) for t in _Streamed.records] != [id(t) for t in want]:
@@ -1155,7 +1270,8 @@ def culprit(scenario: str, exc: BaseException, tree: str, ours: List[str],
     checked = isinstance(exc, _models.KernelCheck)  # raised as the kernel raises it: a RuntimeError
     said = f"{'AssertionError' if isinstance(exc, Blame) else 'RuntimeError'}: {exc}" if checked or isinstance(
         exc, Blame) else traceback.format_exception_only(type(exc), exc)[-1].strip()
-    sources = [(k, v, (handed or {}).get(v)) for k, v in exc.values.items()] if checked else []
+    sources = [(k, v, (handed or {}).get(v)) for k, v in exc.values.items()] if checked or isinstance(
+        exc, Blame) else []
     if any(where for _, _, where in sources):
         theirs.append(next(where[-1][0] for _, _, where in sources if where))
         said += " (" + "; ".join(f"{k} {v} as {where[-1][1]} returned it" for k, v, where in sources if where) + ")"
