@@ -523,15 +523,16 @@ def test_a_patch_with_a_bad_rename_header_is_refused_as_corrupt_not_as_a_conflic
     assert "does not apply" not in line and "conflict" not in line
 
 
-@pytest.mark.parametrize("encoding", ["quoted-printable", "format=flowed"])
+@pytest.mark.parametrize("encoding", ["quoted-printable", "format=flowed", "quoted-printable, a second message"])
 def test_a_series_patch_whose_mail_git_am_decodes_is_refused_before_anything_is_written(series, tree, encoding):
-    """Our own series' patch file, its mail quoted-printable (or flowed): a file diff (a .gitattributes) the raw text
+    """Our own series' patch file, its mail quoted-printable (or flowed; or a second message of the file, which git am
+    splits off and reads as its own mail: a series' file may hold several): a file diff (a .gitattributes) the raw text
     hides, git am decodes. ``patchfile._parse`` (every diff reader) refuses it through ``trailers.check_message``."""
     patch = series / "patches" / "0001-test.patch"
     text = patch.read_text()
     hidden = ("diff --git a/python/.gitattributes b/python/.gitattributes\nnew file mode 100644\n--- /dev/null\n"
               "+++ b/python/.gitattributes\n@@ -0,0 +1 @@\n+* filter=evil\n")
-    if encoding == "quoted-printable":
+    if encoding.startswith("quoted-printable"):
         header, lines = "Content-Transfer-Encoding: quoted-printable", [f"={ord(x[0]):02X}{x[1:]}" for x in
                                                                          hidden.splitlines()]
     else:
@@ -539,7 +540,8 @@ def test_a_series_patch_whose_mail_git_am_decodes_is_refused_before_anything_is_
     head, blank, rest = text.partition("\n\n")
     head = "\n".join(line for line in head.split("\n") if not line.lower().startswith(("content-type",
                                                                                       "content-transfer")))
-    patch.write_text(f"{head}\n{header}{blank}{rest}" + "\n".join(lines) + "\n")
+    first = f"{text}\n" if encoding.endswith("a second message") else ""
+    patch.write_text(f"{first}{head}\n{header}{blank}{rest}" + "\n".join(lines) + "\n")
     update_hashes(load_series(series))
     says = "format=flowed" if encoding == "format=flowed" else "transfer encoding 'quoted-printable'"
     for args in (apply_args(tree, series), ["check", "--sglang-rev", "v0.5.23", "--repo", tree, "--series", series]):

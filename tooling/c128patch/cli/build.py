@@ -30,6 +30,7 @@ def command(rev: str, repo: str | None, tree: Path | None, out_dir: Path, base_v
     It runs the target tree's build backend (its code) in the sealed box (fit/sandbox.py): scrubbed
     environment, HOME a scratch folder, writes only to its build folder; the network and your pip
     settings only with build isolation (not with --no-isolation)."""
+    from c128patch.fit.build_box import run_build
     from c128patch.progress import reporter
     from c128patch.upstream.source import open_upstream
     from c128patch.wheel.srcbuild import build_wheel
@@ -38,7 +39,7 @@ def command(rev: str, repo: str | None, tree: Path | None, out_dir: Path, base_v
     series = load_stack(series_dir, layer_dirs, tree, repo, quiet=as_json)
     with reporter(not as_json, title="build") as rep:
         upstream = open_upstream(repo, [rev], rep)
-        result = build_wheel(series, upstream, rev, tree, out_dir, base_override=base_version,
+        result = build_wheel(series, upstream, rev, tree, out_dir, runner=run_build, base_override=base_version,
                              no_isolation=no_isolation, reporter=rep)
     if as_json:
         return emit_json({"ok": True, **vars(result)}, series)

@@ -140,7 +140,7 @@ def read_patches(paths: list[Path]) -> list[PatchInfo]:
 
 def _parse(path: Path, raw: bytes, git_parsed: bool = False) -> PatchInfo:
     try:  # first: every check below reads the text as it is, git am reads the message it decodes
-        check_message(raw)
+        check_message(raw, several=True)  # a run's file may hold several commits (test_faults)
     except ValueError as exc:
         raise C128Error(f"corrupt patch {path.name}: {exc}") from None
     text = raw.decode("utf-8", errors="replace")

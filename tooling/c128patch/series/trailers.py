@@ -44,21 +44,25 @@ def _headers(data: bytes) -> list[tuple[str, str]]:
     return out
 
 
-def check_message(data: bytes) -> None:
-    """Refuse (ValueError) a patch file ``git am`` would read otherwise than its text says: a body in a transfer
-    encoding (quoted-printable, base64: git am decodes it, so a diff no check reads could be in it), a multipart or
-    ``format=flowed`` message (git mailinfo unwraps and unstuffs every line of a flowed one, its diff too), or one
-    ``git am`` would split into several messages (``_splits``). Every reader of a patch file calls it
-    (``message_trailers``: ``load_layer``; ``patchfile._parse``: every diff reader)."""
-    for name, value in _headers(data):
-        if name == "content-transfer-encoding" and value.lower() not in PLAIN_ENCODINGS:
-            raise ValueError(f"its body is in transfer encoding {value!r}, which git am decodes and no check reads "
-                             f"(only {', '.join(PLAIN_ENCODINGS)}: make it with git format-patch)")
-        if name == "content-type" and any(word in value.lower() for word in ("multipart", "boundary=", "flowed")):
-            raise ValueError(f"it is a {'format=flowed' if 'flowed' in value.lower() else 'multipart'} message "
-                             f"(Content-Type: {value}), which git am rewraps or splits and no check reads")
-    if any(_splits(line) for line in data.split(b"\n")[1:]):
+def check_message(data: bytes, *, several: bool = False) -> None:
+    """Refuse (ValueError) a patch file ``git am`` would read otherwise than its text says: a message whose body is in
+    a transfer encoding (quoted-printable, base64: git am decodes it, so a diff no check reads could be in it), a
+    multipart or ``format=flowed`` one (git mailinfo unwraps and unstuffs every line of a flowed one, its diff too);
+    and, unless ``several``, a file ``git am`` splits into several messages (``_splits``: a layer's entry is one
+    message, its trailers the first's). Every reader of a patch file calls it (``message_trailers``: ``load_layer``;
+    ``patchfile._parse``, each message of a series' file: every diff reader)."""
+    lines = data.split(b"\n")
+    starts = [0, *(i for i, line in enumerate(lines) if i and _splits(line))]
+    if len(starts) > 1 and not several:
         raise ValueError("it holds more than one message (a 'From ... HH:MM:SS YEAR' line after the first)")
+    for start, end in zip(starts, [*starts[1:], len(lines)]):
+        for name, value in _headers(b"\n".join(lines[start:end])):
+            if name == "content-transfer-encoding" and value.lower() not in PLAIN_ENCODINGS:
+                raise ValueError(f"its body is in transfer encoding {value!r}, which git am decodes and no check "
+                                 f"reads (only {', '.join(PLAIN_ENCODINGS)}: make it with git format-patch)")
+            if name == "content-type" and any(word in value.lower() for word in ("multipart", "boundary=", "flowed")):
+                raise ValueError(f"it is a {'format=flowed' if 'flowed' in value.lower() else 'multipart'} message "
+                                 f"(Content-Type: {value}), which git am rewraps or splits and no check reads")
 
 
 def message_trailers(data: bytes) -> list[tuple[str, str]]:

@@ -5,8 +5,8 @@ series on this commit, committed and clean (any other patched tree is refused); 
 ``python/pyproject.toml``. The version is forced through setuptools-scm's
 ``SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG``: ``X.Y.Z`` at a release tag, else the guess-next-dev
 ``X.Y.(Z+1).devN+g<sha>`` (or ``--base-version``). ``python -m build --wheel`` runs on HEAD exported
-with ``git archive`` at the commit's time, in ``fit/sandbox.py``'s sealed box (it runs the tree's build backend:
-``run_build``), must yield that version, and the wheel then gets
+with ``Git.extract`` at the commit's time, by the ``runner`` it is handed (``cli/build.py``: the sealed box,
+``fit.build_box.run_build``: it runs the tree's build backend), must yield that version, and the wheel then gets
 ``wheel``'s label, provenance and SBOM and passes ``verify-wheel``'s checks before it is moved out.
 """
 
@@ -44,15 +44,6 @@ PYPROJECT = "python/pyproject.toml"
 PRETEND_ENV = "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG"
 _DESCRIBE = re.compile(r"^v(?P<tag>\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?)-(?P<n>\d+)-g(?P<sha>[0-9a-f]+)$")
 
-# the build front end in the box: its stdout and stderr into the log (the box reads back only 16 MiB), run from the
-# source folder: ``-c DRIVER LOG CWD BUILD-ARGS...``
-_DRIVER = """import os, runpy, sys
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-os.dup2(fd, 1); os.dup2(fd, 2); os.chdir(sys.argv[2])
-sys.argv = ["build", *sys.argv[3:]]
-runpy.run_module("build", run_name="__main__", alter_sys=True)
-"""
-BUILD_TIMEOUT = 3600.0  # seconds a source build may take in the box
 NOTICE = ("runs the target tree's PEP 517 build backend (its code: python -m build) in a sealed box: scrubbed "
           "environment (HOME a scratch folder, no token), isolated Python, no writes outside its build folder, no "
           "reads outside the system's folders and what it builds, its own processes only, where the host allows it; "
@@ -106,35 +97,6 @@ def build_env(version: Version, epoch: int) -> dict[str, str]:
     return {PRETEND_ENV: str(version), "SOURCE_DATE_EPOCH": str(epoch)}
 
 
-def run_build(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> int:
-    """``python -m build`` (``cmd``) run in ``fit/sandbox.py``'s sealed box: it runs the target tree's PEP 517 backend.
-    Its environment is the box's allow-list and ``env`` (no token; ``HOME`` a scratch folder), it writes only its
-    build folder (``log``'s: the exported tree, the wheel, the log) and reads only the system's folders and what it
-    runs. ``--no-isolation``: offline, none of the operator's pip settings; else the network and the operator's pip
-    settings, which pip needs to install the build requirements (the backend sees them too)."""
-    from c128patch.fit.env import PIP_FILES, pip_settings
-    from c128patch.fit.sandbox import Sealed
-
-    if cmd[:3] != [sys.executable, "-m", "build"]:
-        raise C128Error(f"not a build command: {cmd[:3]}")
-    offline, work = "--no-isolation" in cmd, log.parent
-    with tempfile.TemporaryDirectory(prefix="c128build-pipconf-") as conf:
-        pip_env, reads = ({}, []) if offline else pip_settings(conf)
-        try:
-            box = Sealed(sys.executable, ["-c", _DRIVER, str(log), str(cwd), *cmd[3:]], BUILD_TIMEOUT,
-                         env={**pip_env, **env}, offline=offline, writable=(str(work),), readable=tuple(reads),
-                         files=PIP_FILES)
-            _, err = box.wait()
-        except C128Error as exc:  # did not start, ran past its time, wrote past its limits
-            with open(log, "a") as out:
-                out.write(f"\n{exc.message}\n")
-            return 1
-    if box.returncode and err.strip():  # what it said before its output went to the log (an interpreter's error)
-        with open(log, "a") as out:
-            out.write(err)
-    return box.returncode
-
-
 def _patched_state(git: Git, tree: Path, series: Series, commit: str) -> dict | None:
     """The provenance of a tree patched with this series on ``commit`` (clean, at HEAD); None: unpatched."""
     path = tree / provenance.PROVENANCE_PATH
@@ -170,7 +132,7 @@ def _validate(series: Series, upstream: Upstream, target: Target, base_override:
         hint = f"; to patch that release, use c128patch wheel --from-release {rel}" if rel else ""
         raise C128Error(f"{PYPROJECT} is missing at {rev} in {upstream.describe()}: a source build needs an upstream "
                         f"source checkout (the release-wheel history has no build files){hint}")
-    if importlib.util.find_spec("build") is None and runner is run_build:
+    if importlib.util.find_spec("build") is None:
         raise C128Error("the PEP 517 front end 'build' is not installed (pip install build)")
     return base_version(upstream.git, rev, commit, base_override), plan(series, upstream.git, commit)
 
@@ -222,7 +184,7 @@ def _label_and_verify(built: Path, out_dir: Path, series: Series, planned: list[
 
 
 def build_wheel(series: Series, upstream: Upstream, rev: str, tree: Path | None, out_dir: Path, *,
-                base_override: str | None = None, no_isolation: bool = False, runner: Runner = run_build,
+                runner: Runner, base_override: str | None = None, no_isolation: bool = False,
                 reporter: Reporter = NullReporter()) -> BuildResult:
     """Patch (unless done) and source-build ``rev``; the labelled, verified wheel goes to ``out_dir``."""
     start = time.perf_counter()
