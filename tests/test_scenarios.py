@@ -172,12 +172,13 @@ def test_a_scenario_whose_module_did_not_import_is_not_run_and_unchecked(
     for gates in ("off", "on"):
         said = {n: s for n, s in scenarios(result, gates).items() if s["status"] != "passed"}
         assert sorted(said) == ["backend-verify-metadata"] * (gates == "on") + [  # (off: upstream's)
-            "compressor-callback", "decode", "record-streams", "verify-compact", "verify-static", "worker-commit"]
+            "compressor-callback", "decode", "record-streams", "startup-rules", "verify-compact", "verify-static",
+            "worker-commit"]  # startup-rules: the tree's own server-argument resolution imports it
         assert said["decode"]["status"] == "not run"
         assert said["decode"]["detail"].startswith("sglang.srt.speculative.ragged_verify did not import (Module")
     assert not result.checked and not data["ok"] and not result.failed
     assert "scenario decode: not run: sglang.srt.speculative.ragged_verify did not import" in " ".join(
         data["not_checked"])
-    assert ("scenarios not run: backend-verify-metadata, compressor-callback, decode, record-streams, verify-compact, "
-            "verify-static, worker-commit") in data["verdict"]  # verify-static: the backend imports ragged_verify
-    assert data["scenarios_passed"] == ["startup-rules"]
+    assert ("scenarios not run: backend-verify-metadata, compressor-callback, decode, record-streams, startup-rules, "
+            "verify-compact, verify-static, worker-commit") in data["verdict"]  # the backend imports ragged_verify
+    assert data["scenarios_passed"] == []
