@@ -86,13 +86,7 @@ def _module(name: str) -> types.ModuleType:
 def _launch(env: Dict[str, Optional[str]], **flags: Any):
     """A launch on a CUDA build of torch: ``env`` over the process's, the runtime context serving ``flags``."""
     context = sys.modules.get(RUNTIME_CONTEXT)
-    # the process's envs and torch's build back on the way out
-    with mock.patch.dict(os.environ), mock.patch.multiple(torch.version, cuda=torch.version.cuda or "12.8", hip=None):
-        for name, value in env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with _process(env):
         sys.modules[RUNTIME_CONTEXT] = runtime_context_standin(launch_namespaces(**flags))
         try:
             yield
