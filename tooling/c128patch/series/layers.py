@@ -27,11 +27,11 @@ from c128patch.series.manifest import (
     read_series_file,
     read_toml,
 )
-from c128patch.series.patchfile import PatchInfo, read_patch
 from c128patch.series.paths import confine, duplicates
 from c128patch.series.trailers import ENTRY_TRAILER, message_trailers
 
 if TYPE_CHECKING:
+    from c128patch.series.patchfile import PatchInfo
     from c128patch.series.plan import Planned
 
 LAYER_NAME = re.compile(r"[a-z][a-z0-9]{0,31}")
@@ -207,6 +207,8 @@ def _changes_for(series: Series, item: Planned, other: Planned, path: str, gone:
         return True
     theirs = _hunks(other.patch, path, "target_file")
     if gone:
+        from c128patch.series.patchfile import read_patch  # unidiff: smoke imports this module without it
+
         files = {series.file_of(other.entry, v) for v in other.entry.patch_files()} - {other.path}
         patches = [other.patch, *(read_patch(f) for f in sorted(files) if f.is_file())]
         changed = {line.value.strip() for pt in patches for h in _hunks(pt, path, "target_file") for line in h
