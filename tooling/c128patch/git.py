@@ -265,7 +265,8 @@ class Git:
         or stash takes no ``--ignore-submodules``, and that setting (config, else .gitmodules) beats
         ``diff.ignoreSubmodules``."""
         names = set()
-        for source in (["--file", ".gitmodules"], ["--blob", ":.gitmodules"], ["--blob", "HEAD:.gitmodules"]):
+        here = [["--file", ".gitmodules"]] if (self.cwd / ".gitmodules").is_file() else []  # none: nothing to read
+        for source in (*here, ["--blob", ":.gitmodules"], ["--blob", "HEAD:.gitmodules"]):
             proc = self._raw(["config", "-z", "--name-only", *source, "--get-regexp", r"^submodule\..+\."],
                              self._base_env(), self._settings())
             names |= {key.split(".", 1)[1].rsplit(".", 1)[0] for key in proc.stdout.split("\0") if key}
