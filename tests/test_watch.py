@@ -166,6 +166,19 @@ def test_the_refresh_change_comes_with_its_commit_message(onto_023):
             and f"Series c128patch {V + 1} -> {V + 2} (primary files for v0.5.23)." in message)
 
 
+@pytest.mark.parametrize("outcome", ["broken", "failed"])
+def test_a_refreshed_series_that_does_not_fit_comes_with_no_commit_message(onto_023, tmp_path, outcome):
+    """The refreshed series stays under ``series/`` for the report, but no message proposes committing it (it said
+    "propose entries merged upstream" on any outcome other than ``refreshed``)."""
+    from c128patch.fit.watch import Watch
+
+    report = {**json.loads(json.dumps(onto_023.report)), "outcome": outcome, "json": {}}
+    subprocess.run(["cp", "-R", str(onto_023.out / "series"), str(tmp_path / "refreshed")], check=True)
+    out = tmp_path / "out"
+    Watch(load_series(onto_023.series), None, "v0.5.23", out).write(report, tmp_path)
+    assert (out / "series" / "patches" / "series.toml").is_file() and not (out / "commit-message.txt").exists()
+
+
 # -- conflict, on the real releases: the same series without its ledger ---------------------
 
 

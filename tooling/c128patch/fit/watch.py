@@ -476,7 +476,8 @@ class Watch:
             (out / ".gitignore").write_text("# c128patch watch's reports: never part of a tree\n*\n")
             if report["refreshed"] is not None and tmp is not None:
                 shutil.copytree(tmp / "refreshed", out / "series", symlinks=True)
-                (out / "commit-message.txt").write_text(commit_message(report))
+                if report["outcome"] in ("refreshed", "merged"):  # a series to adopt: else no message proposes it
+                    (out / "commit-message.txt").write_text(commit_message(report))
             if rebase_json:
                 write_json_atomic(out / "rebase-report.json", rebase_json)
                 (out / "rebase-report.md").write_text(render_markdown(rebase_json))
