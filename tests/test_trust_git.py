@@ -523,11 +523,14 @@ def test_a_patch_with_a_bad_rename_header_is_refused_as_corrupt_not_as_a_conflic
     assert "does not apply" not in line and "conflict" not in line
 
 
-@pytest.mark.parametrize("encoding", ["quoted-printable", "format=flowed", "quoted-printable, a second message"])
+@pytest.mark.parametrize("encoding", ["quoted-printable", "format=flowed", "quoted-printable, a second message",
+                                      "quoted-printable, a second message from 'From c128 1x00:00 2001:'",
+                                      "quoted-printable, a second message from 'From c128patch 0 00:00+2001'"])
 def test_a_series_patch_whose_mail_git_am_decodes_is_refused_before_anything_is_written(series, tree, encoding):
     """Our own series' patch file, its mail quoted-printable (or flowed; or a second message of the file, which git am
-    splits off and reads as its own mail: a series' file may hold several): a file diff (a .gitattributes) the raw text
-    hides, git am decodes. ``patchfile._parse`` (every diff reader) refuses it through ``trailers.check_message``."""
+    splits off and reads as its own mail: a series' file may hold several, from any line git's ``is_from_line`` takes,
+    a colon after the year, no blank before it): a file diff (a .gitattributes) the raw text hides, git am decodes.
+    ``patchfile._parse`` (every diff reader) refuses it through ``trailers.check_message``."""
     patch = series / "patches" / "0001-test.patch"
     text = patch.read_text()
     hidden = ("diff --git a/python/.gitattributes b/python/.gitattributes\nnew file mode 100644\n--- /dev/null\n"
@@ -540,7 +543,9 @@ def test_a_series_patch_whose_mail_git_am_decodes_is_refused_before_anything_is_
     head, blank, rest = text.partition("\n\n")
     head = "\n".join(line for line in head.split("\n") if not line.lower().startswith(("content-type",
                                                                                       "content-transfer")))
-    first = f"{text}\n" if encoding.endswith("a second message") else ""
+    first = f"{text}\n" if "a second message" in encoding else ""
+    if "from '" in encoding:  # that message's mbox line: one git splits at, not the usual date
+        head = encoding.split("'")[1] + head[head.index("\n"):]
     patch.write_text(f"{first}{head}\n{header}{blank}{rest}" + "\n".join(lines) + "\n")
     update_hashes(load_series(series))
     says = "format=flowed" if encoding == "format=flowed" else "transfer encoding 'quoted-printable'"

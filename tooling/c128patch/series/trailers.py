@@ -11,7 +11,7 @@ GATE_TRAILER = "C128patch-Gate"  # the env gate that turns the entry on ("none (
 _NAMES = {name.lower(): name for name in (ENTRY_TRAILER, SERIES_TRAILER, GATE_TRAILER)}
 # as git reads a trailer: the name in any case, blanks before the colon
 _TRAILER = re.compile(r"^(c128patch-[a-z-]+)[ \t]*:[ \t]*(.*)$", re.MULTILINE | re.IGNORECASE)
-_FROM = re.compile(rb"From .*\d.\d\d:\d\d\s*(\d+)[^:]*", re.DOTALL)  # the last colon's digits, then a year
+_YEAR = re.compile(rb"[ \t\n\v\f\r]*([+-]?\d+)")  # strtol's reading: blanks, a sign, digits
 
 
 def find_trailers(text: str) -> list[tuple[str, str]]:
@@ -21,8 +21,16 @@ def find_trailers(text: str) -> list[tuple[str, str]]:
 
 
 def _splits(line: bytes) -> bool:
-    """Does ``git mailsplit`` start a message at ``line`` (its ``is_from_line``: ``From `` ... ``D:DD:DD YEAR``)?"""
-    return bool((m := _FROM.fullmatch(line)) and len(line) >= 19 and int(m.group(1)) > 90)
+    """Does ``git mailsplit`` start a message at ``line``, with its CR or without (``is_from_line``: ``From ``, then the
+    last colon but the line's final character, digits at -4, -2, -1, +1 and +2 of it and strtol's year at +3 past 90:
+    no blank before the year needed, a sign or a colon after it taken)?"""
+    for text in {line, line.removesuffix(b"\r")}:  # (git am strips the CR of a CRLF line unless am.keepcr)
+        colon = text.rfind(b":", 5, len(text) - 1)
+        digits = [text[colon + i:colon + i + 1] for i in (-4, -2, -1, 1, 2)]
+        if (text.startswith(b"From ") and len(text) >= 19 and colon > 4 and all(d.isdigit() for d in digits)
+                and (year := _YEAR.match(text, colon + 3)) and int(year.group(1)) > 90):
+            return True
+    return False
 
 
 PLAIN_ENCODINGS = ("7bit", "8bit", "binary")  # the transfer encodings git am reads as they are
