@@ -6,6 +6,7 @@ written outside the tree or the series folder, and a refusal is one clear line w
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -525,7 +526,8 @@ def test_a_patch_with_a_bad_rename_header_is_refused_as_corrupt_not_as_a_conflic
 
 @pytest.mark.parametrize("encoding", ["quoted-printable", "format=flowed", "quoted-printable, a second message",
                                       "quoted-printable, a second message from 'From c128 1x00:00 2001:'",
-                                      "quoted-printable, a second message from 'From c128patch 0 00:00+2001'"])
+                                      "quoted-printable, a second message from 'From c128patch 0 00:00+2001'",
+                                      "multipart, its Content-Type an RFC 2047 encoded word"])
 def test_a_series_patch_whose_mail_git_am_decodes_is_refused_before_anything_is_written(series, tree, encoding):
     """Our own series' patch file, its mail quoted-printable (or flowed; or a second message of the file, which git am
     splits off and reads as its own mail: a series' file may hold several, from any line git's ``is_from_line`` takes,
@@ -538,6 +540,10 @@ def test_a_series_patch_whose_mail_git_am_decodes_is_refused_before_anything_is_
     if encoding.startswith("quoted-printable"):
         header, lines = "Content-Transfer-Encoding: quoted-printable", [f"={ord(x[0]):02X}{x[1:]}" for x in
                                                                          hidden.splitlines()]
+    elif encoding.startswith("multipart"):  # git mailinfo decodes the header first, then reads the part's base64
+        word = base64.b64encode(b'multipart/mixed; boundary="ZZ"').decode()
+        header, lines = f"Content-Type: =?us-ascii?b?{word}?=", ["--ZZ", "Content-Transfer-Encoding: base64", "",
+                                                                base64.b64encode(hidden.encode()).decode(), "--ZZ--"]
     else:
         header, lines = "Content-Type: text/plain; charset=UTF-8; format=flowed", [f" {x}" for x in hidden.splitlines()]
     head, blank, rest = text.partition("\n\n")
@@ -548,7 +554,8 @@ def test_a_series_patch_whose_mail_git_am_decodes_is_refused_before_anything_is_
         head = encoding.split("'")[1] + head[head.index("\n"):]
     patch.write_text(f"{first}{head}\n{header}{blank}{rest}" + "\n".join(lines) + "\n")
     update_hashes(load_series(series))
-    says = "format=flowed" if encoding == "format=flowed" else "transfer encoding 'quoted-printable'"
+    says = "format=flowed" if encoding == "format=flowed" else "RFC 2047" if encoding.startswith("multipart") else \
+        "transfer encoding 'quoted-printable'"
     for args in (apply_args(tree, series), ["check", "--sglang-rev", "v0.5.23", "--repo", tree, "--series", series]):
         line = refused(args, tree, contains="corrupt patch 0001-test.patch: ")
         assert says in line, line

@@ -68,6 +68,9 @@ def check_message(data: bytes, *, several: bool = False) -> None:
             if name == "content-transfer-encoding" and value.lower() not in PLAIN_ENCODINGS:
                 raise ValueError(f"its body is in transfer encoding {value!r}, which git am decodes and no check "
                                  f"reads (only {', '.join(PLAIN_ENCODINGS)}: make it with git format-patch)")
+            if name == "content-type" and "=?" in value:  # git mailinfo decodes it first: a multipart one hid there
+                raise ValueError(f"its Content-Type holds an RFC 2047 encoded word ({value}), which git am decodes "
+                                 "before it reads it and no check reads")
             if name == "content-type" and any(word in value.lower() for word in ("multipart", "boundary=", "flowed")):
                 raise ValueError(f"it is a {'format=flowed' if 'flowed' in value.lower() else 'multipart'} message "
                                  f"(Content-Type: {value}), which git am rewraps or splits and no check reads")
