@@ -297,3 +297,38 @@ def test_the_upstream_build_backend_runs_in_the_sealed_box_and_build_says_so(tmp
     assert seen["wrote"] == [] and not marker.exists() and not (home / "c128-pwned").exists(), seen
     assert not out.exists()
     assert f"build {NOTICE}" in res.err.splitlines()  # said with --json too
+
+
+LINKING_BACKEND = """\
+import os
+log = os.path.join(os.getcwd(), "..", "..", "build.log")  # the build folder's log, which the box may write
+os.unlink(log)
+os.symlink(VICTIM, log)
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    raise SystemExit(3)
+"""
+
+
+@pytest.mark.parametrize("victim", ["secret", "/dev/zero"])
+def test_a_build_that_replaces_its_log_with_a_link_has_the_tool_read_nothing_through_it(tmp_path: Path,
+                                                                                         source_repo: Path,
+                                                                                         series: Path, victim: str):
+    """The box writes its build folder, the log too: a backend that leaves a link there, to a file of the operator's it
+    cannot read itself (a token) or to /dev/zero, has the failed build say that the log is not read, never the
+    file's last line (the token printed in build's error) nor an endless read."""
+    secret = tmp_path / "operator-home" / ".git-credentials"
+    secret.parent.mkdir()
+    secret.write_text("https://u:ghp_SECRETTOKEN@github.com\n")
+    target = str(secret) if victim == "secret" else victim
+    (source_repo / "python/pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "evilbackend"\nbackend-path = ["."]\n')
+    (source_repo / "python/evilbackend.py").write_text(f"VICTIM = {target!r}\n" + LINKING_BACKEND)
+    git(source_repo, "add", "-A")
+    git(source_repo, "commit", "-qm", "upstream: a backend that links its log elsewhere")
+    res = invoke("build", "--sglang-rev", "main", "--repo", str(source_repo), "--series", str(series), "-o",
+                 str(tmp_path / "dist"), "--no-isolation", as_json=False)
+    assert res.code != 0 and "the source build failed" in res.err, res.err
+    assert "ghp_SECRETTOKEN" not in res.err and "its log is gone or a link: not read" in res.err, res.err
+    assert secret.read_text() == "https://u:ghp_SECRETTOKEN@github.com\n"

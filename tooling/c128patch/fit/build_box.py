@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -39,10 +41,19 @@ def run_build(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> int:
                          files=PIP_FILES)
             _, err = box.wait()
         except C128Error as exc:  # did not start, ran past its time, wrote past its limits
-            with open(log, "a") as out:
-                out.write(f"\n{exc.message}\n")
+            _append(log, f"\n{exc.message}\n")
             return 1
     if box.returncode and err.strip():  # what it said before its output went to the log (an interpreter's error)
-        with open(log, "a") as out:
-            out.write(err)
+        _append(log, err)
     return box.returncode
+
+
+def _append(log: Path, text: str) -> None:
+    """``text`` added to the build's log, never through a link the box left in its place (nor into a FIFO)."""
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError:
+        return
+    with os.fdopen(fd, "a") as out:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            out.write(text)

@@ -16,6 +16,7 @@ import importlib.util
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -137,6 +138,21 @@ def _validate(series: Series, upstream: Upstream, target: Target, base_override:
     return base_version(upstream.git, rev, commit, base_override), plan(series, upstream.git, commit)
 
 
+def _log_tail(log: Path) -> str:
+    """The last line of the build's log (its last 64 KiB read), only where it is still a regular file: the box writes
+    that folder, and a link it left there (to a file of the operator's it cannot read, to /dev/zero) is not followed."""
+    try:
+        fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return "(its log is gone or a link: not read)" if os.path.lexists(log) else ""
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return "(its log is not a regular file: not read)"
+        f.seek(max(0, info.st_size - 65536))
+        return (f.read(65536).decode(errors="replace").strip().splitlines() or ["(no output)"])[-1]
+
+
 def _run_build(git: Git, work: Path, base: Version, epoch: int, no_isolation: bool, runner: Runner,
                reporter: Reporter) -> tuple[Path, list[str], dict[str, str]]:
     """HEAD exported into ``work`` and built: (the one wheel built, the command, its env)."""
@@ -151,7 +167,7 @@ def _run_build(git: Git, work: Path, base: Version, epoch: int, no_isolation: bo
     log = work / "build.log"
     code = runner(cmd, env, python_dir, log)
     if code != 0:
-        tail = (log.read_text(errors="replace").strip().splitlines() or ["(no output)"])[-1] if log.exists() else ""
+        tail = _log_tail(log)
         raise _BuildFailed(f"the source build failed (exit {code}): {tail}", hint=f"full log: {log}")
     built = sorted(dist_dir.glob("*.whl"))
     if len(built) != 1:
