@@ -625,7 +625,8 @@ def test_from_wheel_refuses_a_release_wheel_whose_content_is_not_the_releases(tm
                                                                              monkeypatch: pytest.MonkeyPatch):
     """h107 attack 09: a release wheel with a changed sglang/version.py (RECORD recomputed) came out labelled
     "0.5.23 + series", its provenance recording the release's source tree as if the content were that tree. Its bytes
-    are checked against the cache's record of the wheel as downloaded, and its sources against the release's."""
+    are checked against the cache's record of the wheel as downloaded, and its sources against the release's, its
+    .dist-info (a Requires-Dist added: h119) against the release wheel's."""
     from c128patch.git import Git
     from c128patch.upstream import releases
     from c128patch.upstream.releases import ReleaseHistory, check_release_content
@@ -643,6 +644,15 @@ def test_from_wheel_refuses_a_release_wheel_whose_content_is_not_the_releases(tm
     said = refused(["wheel", "--from-wheel", str(other), "--series", str(wheel_series)], out,
                    "is not sglang 0.5.23's release wheel: sglang/version.py differs from the release's sources")
     assert "c128patch wheel --from-release 0.5.23" in said and "c128patch build" in said
+    # its sources the release's, its METADATA requiring one more package (pip would install it with the wheel)
+    metadata = "sglang-0.5.23.dist-info/METADATA"
+    with zipfile.ZipFile(upstream_wheel) as zf:
+        text = zf.read(metadata).decode()
+    more = text.replace("\nRequires-Dist:", "\nRequires-Dist: evil-typosquat>=6.6\nRequires-Dist:", 1)
+    assert more != text
+    _with_changed_member(upstream_wheel, other, metadata, more)
+    refused(["wheel", "--from-wheel", str(other), "--series", str(wheel_series)], out,
+            f"is not sglang 0.5.23's release wheel: {metadata} differs from the release's wheel")
     # the release's own bytes under that name (only the executable bits may differ across a release's wheels): taken
     shutil.copyfile(upstream_wheel, other)
     git = Git(git_dir=ReleaseHistory().ensure(["0.5.23"]))

@@ -234,10 +234,27 @@ def check_release_content(wheel: Path, git: Git, commit: str, version: str) -> N
             want[path] = meta.split()[-1]
     have = {path: blob_id(data) for path, _, data in iter_wheel_sources(wheel)}
     changed = sorted(p for p in want.keys() | have.keys() if want.get(p) != have.get(p))
+    if not changed:  # its metadata (Requires-Dist: what pip installs with it; entry points) the release wheel's
+        if (release := find_wheel(version)) is None:
+            raise C128Error(f"{wheel}: no wheel of sglang {version} in the cache to check its .dist-info against "
+                            f"(c128patch wheel --from-release {version} downloads it)")
+        have, want = _metadata(wheel), _metadata(cached_wheel(release))
+        changed = sorted(p for p in want.keys() | have.keys() if want.get(p) != have.get(p))
     if changed:
         more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
         raise C128Error(f"{wheel} is not sglang {version}'s release wheel: {changed[0].removeprefix(TREE_PREFIX)}"
-                        f"{more} {'differ' if more else 'differs'} from the release's sources; {fix}")
+                        f"{more} {'differ' if more else 'differs'} from the release's "
+                        f"{'sources' if changed[0].startswith(TREE_PREFIX) else 'wheel'}; {fix}")
+
+
+_PER_WHEEL = ("RECORD", "WHEEL")  # .dist-info files a release's wheels differ in (hashes, tags)
+
+
+def _metadata(wheel: Path) -> dict[str, str]:
+    """name -> blob id of each file of a wheel's .dist-info but ``_PER_WHEEL``."""
+    with WheelZip(wheel) as zf:
+        return {i.filename: blob_id(zf.read(i)) for i in zf.infolist() if not i.is_dir()
+                and i.filename.split("/")[0].endswith(".dist-info") and i.filename.rsplit("/")[-1] not in _PER_WHEEL}
 
 
 def _pip_download_into(dest: Path, version: str, extra: tuple[str, ...], progress: Progress | None) -> tuple[bool, str]:
