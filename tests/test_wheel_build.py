@@ -332,3 +332,34 @@ def test_a_build_that_replaces_its_log_with_a_link_has_the_tool_read_nothing_thr
     assert res.code != 0 and "the source build failed" in res.err, res.err
     assert "ghp_SECRETTOKEN" not in res.err and "its log is gone or a link: not read" in res.err, res.err
     assert secret.read_text() == "https://u:ghp_SECRETTOKEN@github.com\n"
+
+
+LINKED_WHEEL_BACKEND = """\
+import os
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    name = "sglang-" + os.environ["SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG"] + "-py3-none-any.whl"
+    os.symlink(OUTSIDE, os.path.join(wheel_directory, name))  # a wheel of the operator's, which the box cannot read
+    return name
+"""
+
+
+def test_a_build_whose_wheel_is_a_link_out_of_its_folder_is_refused_unread(tmp_path: Path, source_repo: Path,
+                                                                          series: Path):
+    """The box writes its build folder: a backend that leaves as its wheel a link to a file outside (a wheel of the
+    operator's it cannot read itself) is refused in one line; the tool reads nothing through it, writes no wheel."""
+    outside = tmp_path / "operator-home" / "private.whl"
+    outside.parent.mkdir()
+    with zipfile.ZipFile(outside, "w") as zf:
+        zf.writestr("private/secret.py", "TOKEN = 'ghp_SECRETTOKEN'\n")
+    (source_repo / "python/pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "evilbackend"\nbackend-path = ["."]\n')
+    (source_repo / "python/evilbackend.py").write_text(f"OUTSIDE = {str(outside)!r}\n" + LINKED_WHEEL_BACKEND)
+    git(source_repo, "add", "-A")
+    git(source_repo, "commit", "-qm", "upstream: a backend whose wheel is a link")
+    out = tmp_path / "dist"
+    res = invoke("build", "--sglang-rev", "main", "--repo", str(source_repo), "--series", str(series), "-o", str(out),
+                 "--no-isolation", as_json=False)
+    assert res.code != 0 and "is a link, not a wheel it wrote" in res.err.splitlines()[-1], res.err
+    assert not out.exists()

@@ -172,6 +172,9 @@ def _run_build(git: Git, work: Path, base: Version, epoch: int, no_isolation: bo
     built = sorted(dist_dir.glob("*.whl"))
     if len(built) != 1:
         raise C128Error(f"the source build produced {len(built)} wheels, expected one")
+    if dist_dir.is_symlink() or not stat.S_ISREG(os.lstat(built[0]).st_mode):  # the box writes that folder
+        raise C128Error(f"the source build's wheel {built[0].name} is a link, not a wheel it wrote (or not a regular "
+                        "file): nothing is read through it")
     name = WheelName.parse(built[0])
     if name.name != PACKAGE or name.version != base:
         raise C128Error(f"the source build produced {built[0].name}, not sglang {base}: {PRETEND_ENV} was not "
