@@ -653,6 +653,12 @@ def test_from_wheel_refuses_a_release_wheel_whose_content_is_not_the_releases(tm
     _with_changed_member(upstream_wheel, other, metadata, more)
     refused(["wheel", "--from-wheel", str(other), "--series", str(wheel_series)], out,
             f"is not sglang 0.5.23's release wheel: {metadata} differs from the release's wheel")
+    # its sources and metadata the release's, one more compiled module (imported in the place of scheduler.py)
+    shutil.copyfile(upstream_wheel, other)
+    with zipfile.ZipFile(other, "a") as zf:
+        zf.writestr("sglang/srt/managers/scheduler.cpython-313-x86_64-linux-gnu.so", b"\x7fELF")
+    refused(["wheel", "--from-wheel", str(other), "--series", str(wheel_series)], out,
+            "is not sglang 0.5.23's release wheel: sglang/srt/managers/scheduler differs from the release's wheel")
     # the release's own bytes under that name (only the executable bits may differ across a release's wheels): taken
     shutil.copyfile(upstream_wheel, other)
     git = Git(git_dir=ReleaseHistory().ensure(["0.5.23"]))

@@ -238,7 +238,7 @@ def check_release_content(wheel: Path, git: Git, commit: str, version: str) -> N
         if (release := find_wheel(version)) is None:
             raise C128Error(f"{wheel}: no wheel of sglang {version} in the cache to check its .dist-info against "
                             f"(c128patch wheel --from-release {version} downloads it)")
-        have, want = _metadata(wheel), _metadata(cached_wheel(release))
+        have, want = _metadata(wheel), _metadata(cached_wheel(release))  # and its compiled modules the release's
         changed = sorted(p for p in want.keys() | have.keys() if want.get(p) != have.get(p))
     if changed:
         more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
@@ -251,10 +251,14 @@ _PER_WHEEL = ("RECORD", "WHEEL")  # .dist-info files a release's wheels differ i
 
 
 def _metadata(wheel: Path) -> dict[str, str]:
-    """name -> blob id of each file of a wheel's .dist-info but ``_PER_WHEEL``."""
+    """name -> blob id of each file of a wheel's .dist-info but ``_PER_WHEEL``, and the module each compiled extension
+    is (its name up to the first dot: a release's wheels differ in its ABI tag and bytes, never in the modules: one
+    more, ``server_args.cpython-313-x86_64-linux-gnu.so``, is imported in the place of ``server_args.py``)."""
     with WheelZip(wheel) as zf:
-        return {i.filename: blob_id(zf.read(i)) for i in zf.infolist() if not i.is_dir()
-                and i.filename.split("/")[0].endswith(".dist-info") and i.filename.rsplit("/")[-1] not in _PER_WHEEL}
+        modules = {name.split(".")[0]: "compiled" for name in zf.namelist() if name.endswith(BINARY_SUFFIXES)}
+        return modules | {i.filename: blob_id(zf.read(i)) for i in zf.infolist() if not i.is_dir()
+                          and i.filename.split("/")[0].endswith(".dist-info")
+                          and i.filename.rsplit("/")[-1] not in _PER_WHEEL}
 
 
 def _pip_download_into(dest: Path, version: str, extra: tuple[str, ...], progress: Progress | None) -> tuple[bool, str]:
