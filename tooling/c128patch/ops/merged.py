@@ -248,7 +248,7 @@ def upstream_hints(git: Git, entry: Entry, patch: PatchInfo | None, old: str, on
         touching = _touching(git, cache, span, paths) if _shared_names(net, where) else {}
         shas = [sha for sha, (_, files) in touching.items() if not files.isdisjoint(where)]
         for sha, diff in _diffs(git, cache, shas, paths).items():
-            why = _same_function(diff, where)
+            why = _shared_names(list(_hunks(diff)), where)
             if why and sha not in found:
                 found[sha] = Hint(sha, touching[sha][0], why)
     return list(found.values())
@@ -297,8 +297,3 @@ def _hunks(diff: str) -> tuple[tuple[str, str, frozenset[str]], ...]:
         out += [(path, header, names) for _, header, names in
                 _hunk_names(files, lambda line: line.is_added or line.is_removed)]
     return tuple(out)
-
-
-def _same_function(diff: str, where: dict[str, dict[str, set[str]]]) -> str:
-    """``_shared_names`` of one commit's ``diff``."""
-    return _shared_names(list(_hunks(diff)), where)
