@@ -315,13 +315,10 @@ def _bound_names(stmt: ast.stmt) -> list[str]:
     """The names a statement of a class body defines: a method, a nested class, a field (annotated or not)."""
     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return [stmt.name]
-    return [t.id for t in _targets(stmt) if isinstance(t, ast.Name)] if isinstance(stmt, (ast.Assign, ast.AnnAssign)) \
-        else []
-
-
-def _targets(stmt: ast.Assign | ast.AnnAssign) -> list[ast.AST]:
-    """What an assignment binds (as ``resolve`` reads it: no tuple unpacked)."""
-    return list(stmt.targets) if isinstance(stmt, ast.Assign) else [stmt.target]
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):  # as ``resolve`` reads it: no tuple unpacked
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        return [t.id for t in targets if isinstance(t, ast.Name)]
+    return []
 
 
 def callbacks(up: Upstream, ours: dict[str, set[int] | None],
