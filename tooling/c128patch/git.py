@@ -533,11 +533,11 @@ def user_can_commit(tree: Path) -> bool:
         return False
     return proc.returncode == 0
 
-def refuse_git_dir(tree: Path, option: str = "--tree") -> None:
+def refuse_git_dir(tree: Path) -> None:
     """Refuse, before anything is written, a tree inside a git dir (``R/.git/new``, a bare repository:
     git's own files) or one that looks like an option (``--tree=--bare``: git would read it as one)."""
     if str(tree).startswith("-"):
-        raise C128Error(f"{option} {tree} looks like an option, not a folder; for a folder of that name pass ./{tree}")
+        raise C128Error(f"--tree {tree} looks like an option, not a folder; for a folder of that name pass ./{tree}")
     absolute = tree.absolute()
     probe = absolute
     while not probe.is_dir() and probe.parent != probe:
@@ -545,5 +545,5 @@ def refuse_git_dir(tree: Path, option: str = "--tree") -> None:
     inside = any(is_git_dir_name(p) for p in absolute.parts) or \
         Git(worktree=probe).out("rev-parse", "--is-inside-git-dir", check=False) == "true"
     if inside:
-        raise C128Error(f"{option} {tree} is inside a git dir (git's own files, not a work tree); pass the work "
+        raise C128Error(f"--tree {tree} is inside a git dir (git's own files, not a work tree); pass the work "
                         "tree itself or a new folder outside any .git")
