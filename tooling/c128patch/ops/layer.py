@@ -43,7 +43,7 @@ class NewEntry:
     took: str = ""  # why ``commit`` is not the one named (the tool's provenance record was named: the one below)
 
 
-def new_layer(folder: Path, name: str, series: Series, base: str = "", version: str = "1") -> Series:
+def new_layer(folder: Path, name: str, series: Series, base: str = "") -> Series:
     """An empty layer in ``folder`` on ``base`` (default: the series base)."""
     check_layer_name(name, "layer new --name")
     if name == series.name:  # (every verb refuses such a stack later: say so before writing anything)
@@ -55,7 +55,7 @@ def new_layer(folder: Path, name: str, series: Series, base: str = "", version: 
     if base not in known_bases(series):
         raise C128Error(f"base {base!r} is not one the series {series.name} was made on "
                         f"({', '.join(known_bases(series))}); nothing was written")
-    layer = Series(folder.resolve(), name, version, base, [])
+    layer = Series(folder.resolve(), name, "1", base, [])
     try:
         (folder / "patches").mkdir(parents=True, exist_ok=True)
         layer.save()
