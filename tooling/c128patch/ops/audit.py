@@ -364,18 +364,18 @@ class _HelperIndex:
         return {name: rule for name in sorted(names) if (rule := self.imported_rule(froms, name, depth))}
 
 
-def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, rules: Sequence[Rule] = RULES, *,
+def audit_patch(patch_text: str, tree_root: Path | Reader, gate: str, *,
                 helpers: Reader | None = None, parsed: Parsed | None = None) -> list[Finding]:
     """Audit the ``.py`` files ``patch_text`` touches, as ``tree_root`` holds them; helpers read from ``helpers``
     (``parsed``: the helpers an earlier patch's audit parsed from the same reader)."""
     read = tree_root if not isinstance(tree_root, Path) else \
         lambda rel: (tree_root / rel).read_text() if (tree_root / rel).is_file() else None
-    index = _HelperIndex(helpers or read, gate, rules, parsed=parsed)
+    index = _HelperIndex(helpers or read, gate, RULES, parsed=parsed)
     findings: list[Finding] = []
     for pf in sorted((pf for pf in PatchSet(patch_text) if not pf.is_removed_file), key=lambda pf: pf.path):
         added = {ln.target_line_no for hunk in pf for ln in hunk if ln.is_added and ln.target_line_no is not None}
         if pf.path.endswith(".py") and added:  # the post-image lines it adds there
-            findings += audit_patched_file(read(pf.path) or "", added, gate, rules, file=pf.path, index=index)
+            findings += audit_patched_file(read(pf.path) or "", added, gate, RULES, file=pf.path, index=index)
     return findings
 
 
