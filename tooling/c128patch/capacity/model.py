@@ -80,13 +80,13 @@ PRO = Layout("pro", (128, 128) + (4, 128) * 29 + (4,), 1_048_576,
 PRESETS: dict[str, Layout] = {FLASH.name: FLASH, PRO.name: PRO}
 
 
-def custom_layout(compress_ratios: list[int], context_len: int = 1_048_576) -> Layout:
+def custom_layout(compress_ratios: list[int]) -> Layout:
     bad = sorted({r for r in compress_ratios if r not in (0, 4, 128)})
     if bad:
         raise ValueError(f"unsupported compress ratios {bad}; this tool models 0, 4 and 128")
     if not compress_ratios:
         raise ValueError("compress_ratios is empty")
-    return Layout("custom", tuple(compress_ratios), context_len, "user-given compress_ratios")
+    return Layout("custom", tuple(compress_ratios), 1_048_576, "user-given compress_ratios")
 
 
 def layouts(presets: tuple[str, ...], compress_ratios: Optional[str] = None,
