@@ -449,7 +449,7 @@ def _slot_bound(op: Any, name: str, pool: Any) -> Any:
             raise Blame(f"dspark c128 {what}: max_num_reqs {bound} leaves out the rows of request slots {left}, which "
                         f"the kernel skips (no bank written, no chunk emitted, nothing committed); the tree's pool, "
                         f"built by {type(pool).__qualname__}.__init__ for {SLOTS - 1} running requests, has request "
-                        f"slots 0..{SLOTS - 1}", ours=_tree_caller(1),
+                        f"slots 0..{SLOTS - 1}", ours=_tree_caller(),
                         theirs=_defined(type(pool).__init__), values={"max_num_reqs": bound})
         return op(*args, **kw)
     return bounded
@@ -914,10 +914,10 @@ _IN_PLACE = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", 
              "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"}
 
 
-def _tree_caller(depth: int) -> str:
-    """The innermost frame of the tree (a module of ``sglang``) from ``depth`` outward: ``module.qualname
+def _tree_caller() -> str:
+    """The innermost frame of the tree (a module of ``sglang``) from our caller's outward: ``module.qualname
     (sglang/...py:line)``."""
-    frame = sys._getframe(depth + 1)
+    frame = sys._getframe(2)
     while frame is not None and not frame.f_globals.get("__name__", "").startswith("sglang."):
         frame = frame.f_back
     if frame is None:
@@ -941,7 +941,7 @@ class _Streamed(torch.Tensor if torch else object):
         written = kwargs.get("out") if "out" in kwargs else args[0] if args and (
             name in _IN_PLACE or name.endswith("_") and not name.endswith("__")) else None
         if isinstance(written, _Streamed):
-            cls.writes.append((written, name, _tree_caller(1)))
+            cls.writes.append((written, name, _tree_caller()))
         return super().__torch_function__(func, types, args, kwargs)
 
 
