@@ -150,10 +150,10 @@ def compare(patched: dict[str, Any], upstream: dict[str, Any] | None, plan: Plan
     return rows
 
 
-def _group(rows: list[dict[str, Any]], key: str) -> dict[str, list[str]]:
+def _group(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for r in rows:
-        out.setdefault(r.get(key) or r.get("upstream_message") or "", []).append(r["id"])
+        out.setdefault(r.get("patched_message") or r.get("upstream_message") or "", []).append(r["id"])
     return out
 
 
@@ -174,9 +174,9 @@ def _findings(rows: list[dict[str, Any]], collect_only: bool) -> tuple[list[str]
                 line + ("" if collect_only else " (install it where the tests run)"))
         else:
             notes.append(f"{r['id']}: not applicable to this tree: {r['reason']}")
-    for message, ids in _group([r for r in rows if r["verdict"] == "both fail"], "patched_message").items():
+    for message, ids in _group([r for r in rows if r["verdict"] == "both fail"]).items():
         notes.append(f"both fail ({len(ids)}): {message} [{', '.join(ids[:4])}{' ...' if len(ids) > 4 else ''}]")
-    for message, ids in _group([r for r in rows if r["verdict"] == "both skipped"], "patched_message").items():
+    for message, ids in _group([r for r in rows if r["verdict"] == "both skipped"]).items():
         notes.append(f"both skipped ({len(ids)}): {message}")
     for v in ("fixed", "differs"):
         ids = [r["id"] for r in rows if r["verdict"] == v]
