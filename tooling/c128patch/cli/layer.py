@@ -65,7 +65,7 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
     from c128patch.ops.layer import add_entry as add
     from c128patch.ops.treestate import tree_layers
     from c128patch.series.manifest import default_series_root, load_series
-    from c128patch.series.provenance import read_provenance
+    from c128patch.series.provenance import applied_layers, read_provenance
     from c128patch.upstream.releases import release_version
 
     git = Git(worktree=locate_tree(tree))
@@ -77,7 +77,7 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
         lint = shlex.join(["c128patch", "lint", "--layer", str(folder)])
         record = read_provenance(git.worktree)
         rev = str(record.get("upstream", {}).get("rev") or "")  # the layer's base
-        carried = done.layer in {str(r.get("name")) for r in record.get("layers", []) if isinstance(r, dict)}
+        carried = done.layer in applied_layers(record)
         # a tree applied with the layer takes its new entry in place (a rebase makes the commit the entry); else
         # beside the branch, which keeps the commit
         beside = git.worktree if carried else Path(f"{git.worktree}-{done.layer}")

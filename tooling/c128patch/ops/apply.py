@@ -24,7 +24,7 @@ from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import describe, layer_args
 from c128patch.series.manifest import Series, default_series_root
 from c128patch.series.plan import check_paths_at, plan
-from c128patch.series.provenance import PROVENANCE_PATH, committed
+from c128patch.series.provenance import PROVENANCE_PATH, committed, starts_stack
 from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.source import Target, discard_fresh_tree, open_upstream, prepare_tree
 
@@ -107,9 +107,8 @@ def refuse_taken_branch(series: Series, git: Git, branch: str, target: Target) -
     ours = record.get("series", {})
     held = " + ".join([f"series {ours.get('name')} {ours.get('version')}",
                        *(f"layer {r['name']} {r['version']}" for r in record.get("layers", []))])
-    applied = [str(r.get("name")) for r in record.get("layers", []) if isinstance(r, dict)]
-    if not mine and ours.get("name") == series.ours.name and applied == [
-            layer.name for layer in series.layers][:len(applied)]:  # an earlier version of this stack: as status
+    if not mine and ours.get("name") == series.ours.name and starts_stack(record, series):  # an earlier version
+        # of this stack: as status
         rebase = shlex.join(["c128patch", "rebase", "--onto", target.rev, "--tree", str(Path(git.cwd).resolve()),
                              *layer_args(series),
                              *([] if series.ours.root == default_series_root().resolve() else

@@ -38,7 +38,13 @@ from c128patch.ops.treestate import (
 )
 from c128patch.series.layers import describe, layer_folders
 from c128patch.series.plan import ENTRY_TRAILER
-from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, read_provenance
+from c128patch.series.provenance import (
+    PROVENANCE_PATH,
+    applied_digest,
+    applied_layers,
+    read_provenance,
+    starts_stack,
+)
 
 
 class Rebase(RebaseLoop):
@@ -91,10 +97,9 @@ class Rebase(RebaseLoop):
     def _same_layers(self, record: dict, onto_rev: str) -> None:
         """Refuse a stack that leaves out or reorders the tree's layers (a ``c128patch.toml`` naming others, say): the
         rebase would carry their entries as commits of the user's and record the other stack (helper 101)."""
-        applied = [str(r.get("name")) for r in record.get("layers", []) if isinstance(r, dict)]
-        effect = [layer.name for layer in self.series.layers]
-        if applied == effect[:len(applied)]:  # the tree's, maybe with more on top
+        if starts_stack(record, self.series):  # the tree's, maybe with more on top
             return
+        applied, effect = applied_layers(record), [layer.name for layer in self.series.layers]
         folders, ours = tree_layers(self.git), getattr(self.series, "ours", self.series)
         own = shlex.join(["c128patch", "rebase", "--onto", onto_rev, "--tree", str(self.git.worktree), "--series",
                           str(ours.root), *(a for f in folders for a in ("--layer", str(f)))])

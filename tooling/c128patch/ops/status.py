@@ -14,7 +14,7 @@ from c128patch.ops import proofs
 from c128patch.ops.treestate import RECOVERY_PREFIX, apply_commands, git_paths, rebase_command, running, worktree_state
 from c128patch.series.layers import describe
 from c128patch.series.manifest import Series
-from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, read_provenance
+from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, read_provenance, starts_stack
 
 
 def rebase_status(git: Git, path: Path) -> dict:
@@ -118,12 +118,11 @@ def tree_status(git: Git, series: Series | None = None, prove_again: bool = Fals
         commit = str(out["upstream"].get("commit") or "")
         rev = str(out["upstream"].get("rev") or "") or commit[:12]
         key = proofs.proof_key(git, series, rev, commit, headers["branch.oid"], "" if since else prov_tree)
-        applied = [str(r.get("name")) for r in record.get("layers", []) if isinstance(r, dict)]
         out["series_current"] = {"version": series.version, "digest": key["digest"], "stack": describe(series),
                                  "up_to_date": applied_digest(record) == key["digest"],
                                  # the layers in effect do not start with the tree's (a c128patch.toml naming
                                  # others): a rebase with them would make the tree's layer entries the user's commits
-                                 "layers_differ": applied != [layer.name for layer in series.layers][:len(applied)]}
+                                 "layers_differ": not starts_stack(record, series)}
         out.update(_proof(git, series, state, key, prove_again))
         identical = out.get("equivalence", {}).get("identical") is True
         out["equals_series"] = identical and not out["uncommitted"] and not out["drift"]

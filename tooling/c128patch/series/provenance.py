@@ -52,6 +52,17 @@ def applied_digest(record: dict) -> str:
     return str(record.get("series", {}).get("digest", ""))
 
 
+def applied_layers(record: dict) -> list[str]:
+    """The names of the layers a record says were applied, in order."""
+    return [str(r.get("name")) for r in record.get("layers", []) if isinstance(r, dict)]
+
+
+def starts_stack(record: dict, series: Series) -> bool:
+    """Does the stack in effect start with the layers ``record`` says were applied (maybe with more on top)?"""
+    applied = applied_layers(record)
+    return applied == [layer.name for layer in series.layers][:len(applied)]
+
+
 def dumps(record: dict) -> str:
     return json.dumps(record, indent=2, sort_keys=True) + "\n"
 
