@@ -28,6 +28,11 @@ def text(value: str):  # -> rich.text.Text (rich is loaded only where a table pr
     return Text(plain(value))
 
 
+def cell(text: str) -> str:
+    """``text`` for a Markdown table cell: its ``|`` escaped, its line breaks spaces."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
 def count(n: int, noun: str) -> str:
     """``1 entry``, ``2 entries``, ``1 upstream commit``: ``noun`` singular, its plural by English's plain rules."""
     if n == 1:

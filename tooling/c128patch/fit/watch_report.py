@@ -7,7 +7,7 @@ from __future__ import annotations
 from c128patch.fit.env import describe
 from c128patch.fit.sandbox import NOTICE
 from c128patch.ops.conflicts import block_markdown
-from c128patch.textsafe import count, md, plain, some
+from c128patch.textsafe import cell, count, md, plain, some
 
 WHAT = {
     "clean": "Nothing to do: every entry applies strictly.",
@@ -86,10 +86,6 @@ def headline(report: dict) -> str:
     return report["problems"][0] if report["problems"] else f"{series} on {at}: {outcome}"
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def render(report: dict) -> str:
     """The Markdown report: the head and what to do, then one section per part of the run that has something."""
     lines = _head(report)
@@ -159,7 +155,7 @@ def _entries(report: dict) -> list[str]:
         file = f"{e['file']} ({chosen})" if e["file"] and chosen else e["file"]
         detail = e["detail"] + (f" (ledger {', '.join(e['ledger'])})" if e["ledger"] else "")
         how = md(e["on_rev"]) if e.get("renamed") else e["on_rev"]  # a rename names upstream's path: data
-        lines.append(f"| {e['name']} | {_cell(how)} | {_cell(md(file))} | {_cell(md(detail))} |")
+        lines.append(f"| {e['name']} | {cell(how)} | {cell(md(file))} | {cell(md(detail))} |")
     lines.append("")
     hinted = [(e["name"], h) for e in report["entries"] if e["name"] not in {c["entry"] for c in report["conflicts"]}
               for h in e.get("hints", [])]
@@ -220,7 +216,7 @@ def _checks(report: dict) -> list[str]:
     for c in report["checks"]:
         result = "not run" if c.get("skipped") else "ok" if c["ok"] else "**FAILED**"
         said = c["findings"][:5] + c["notes"][:3]
-        lines.append(f"| {c['name']} | {result} | {_cell(md('; '.join(said)))} |")
+        lines.append(f"| {c['name']} | {result} | {cell(md('; '.join(said)))} |")
     return lines + [""]
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from c128patch.errors import C128Error
 from c128patch.series.paths import duplicates
+from c128patch.textsafe import cell
 
 DECLARERS = ("series", "upstream")
 TYPES = {"bool": "EnvBool", "str": "EnvStr", "int": "EnvInt", "float": "EnvFloat"}
@@ -168,10 +169,6 @@ def gate_problems(gates: list[Gate], entry_gates: dict[str, str], text: SeriesTe
     return found
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def render_markdown(gates: list[Gate], entry_gates: dict[str, str]) -> str:
     """The env reference as a Markdown table (docs/gates.md carries it; `c128patch gates --markdown`)."""
     lines = ["| variable | declared by | default | what setting it does | needs | conflicts with | entries | notes |",
@@ -179,7 +176,7 @@ def render_markdown(gates: list[Gate], entry_gates: dict[str, str]) -> str:
     for g in gates:
         entries = ", ".join(f"`{e}`" for e, gate in entry_gates.items() if gate == g.name) or "-"
         lines.append("| " + " | ".join([
-            f"`{g.name}`", g.declared_by, f"`{g.default}` ({g.type})", _cell(g.enables),
+            f"`{g.name}`", g.declared_by, f"`{g.default}` ({g.type})", cell(g.enables),
             ", ".join(f"`{n}`" for n in g.requires) or "-", ", ".join(f"`{n}`" for n in g.conflicts) or "-",
-            entries, _cell(g.notes) or "-"]) + " |")
+            entries, cell(g.notes) or "-"]) + " |")
     return "\n".join(lines) + "\n"
