@@ -125,7 +125,7 @@ def build_matrix(series: Series, git: Git, revs: list[str], root: Path) -> list[
             raise C128Error(f"unknown upstream revision {rev!r}")
         check = check_rev(series, git, rev, commit)
         row = ReleaseRow(rev, commit, None, {e.name: e.status for e in check.entries}, check.error)
-        ours, layers = getattr(series, "ours", series), getattr(series, "layers", [])
+        ours, layers = series.ours, series.layers
         if layers:  # the evidence is of our series: its cells say so, the layers' entries have none of their own
             row.uncovered = (f"layer(s) {', '.join(layer.name for layer in layers)} not covered (the evidence is of "
                              f"series {ours.name} {ours.version} alone)")

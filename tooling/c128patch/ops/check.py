@@ -101,7 +101,7 @@ def release_support_note(series: Series, version: str) -> str:
 
 
 def _older_note(series: Series, rev: str, oldest: str) -> str:
-    where = getattr(series, "ours", series).root  # installed, a package refresh never writes: a copy of it
+    where = series.ours.root  # installed, a package refresh never writes: a copy of it
     copy = f"cp -R {shlex.quote(str(where.resolve()))} ~/c128patch-series && " if installed(where) else ""
     return (f"{rev} is older than (or not descended from) every release the series was made on; the oldest is "
             f"{oldest}: use {oldest} or newer (c128patch apply --sglang-rev {oldest}), or carry the series back "

@@ -100,7 +100,7 @@ class Rebase(RebaseLoop):
         if starts_stack(record, self.series):  # the tree's, maybe with more on top
             return
         applied, effect = applied_layers(record), [layer.name for layer in self.series.layers]
-        folders, ours = tree_layers(self.git), getattr(self.series, "ours", self.series)
+        folders, ours = tree_layers(self.git), self.series.ours
         own = shlex.join(["c128patch", "rebase", "--onto", onto_rev, "--tree", str(self.git.worktree), "--series",
                           str(ours.root), *(a for f in folders for a in ("--layer", str(f)))])
         raise C128Error(f"cannot rebase: the tree carries layer(s) {', '.join(applied)}, the layers in effect are "

@@ -181,12 +181,12 @@ def _as_layer_entries(git: Git, series: Series, report: dict, label: str) -> str
     on the series' base, the tree rebased back there first (its provenance record then on top of the commits)."""
     from c128patch.series.layers import known_bases
 
-    ours = getattr(series, "ours", series)
+    ours = series.ours
     commits = [e["new_sha"] for e in report.get("entries", []) if e.get("kind") == "commit" and e.get("new_sha")]
     if not commits:
         return "c128patch layer add-entry (docs/layers.md)"
     tree = Path(str(git.worktree))
-    layer = next((x for x in reversed(getattr(series, "layers", [])) if x.base == label), None)
+    layer = next((x for x in reversed(series.layers) if x.base == label), None)
     steps: list[str] = []
     refs = [sha[:12] for sha in commits]
     if layer is not None:
