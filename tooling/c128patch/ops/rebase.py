@@ -38,13 +38,7 @@ from c128patch.ops.treestate import (
 )
 from c128patch.series.layers import describe, layer_folders
 from c128patch.series.plan import ENTRY_TRAILER
-from c128patch.series.provenance import (
-    PROVENANCE_PATH,
-    applied_digest,
-    applied_layers,
-    read_provenance,
-    starts_stack,
-)
+from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, applied_layers, read_provenance, starts_stack
 
 
 class Rebase(RebaseLoop):
