@@ -664,3 +664,17 @@ def test_extract_writes_a_trees_files_at_their_paths_and_no_symlink(tmp_path):
     assert (repo / ".git" / "index").read_bytes() == index
     with pytest.raises(GitError):
         git.extract("HEAD", "python/nothing", tmp_path / "none")
+
+
+def test_a_trees_diff_settings_do_not_change_the_diffs_the_tool_reads(tree):
+    """diff.noprefix / mnemonicPrefix / srcPrefix, diff.context and color.ui=always in the tree's own config changed
+    the headers and hunks the tool parses (merged-upstream detection found nothing, refresh wrote other patches)."""
+    git = Git(worktree=tree)
+    plain, mail = git.out("diff", "HEAD~1", "HEAD"), git.out("format-patch", "--stdout", "-1", "HEAD")
+    for key, value in [("diff.noprefix", "true"), ("diff.mnemonicPrefix", "true"), ("diff.srcPrefix", "x/"),
+                       ("diff.dstPrefix", "y/"), ("diff.context", "1"), ("color.ui", "always"),
+                       ("color.diff", "always"), ("diff.algorithm", "patience"), ("diff.suppressBlankEmpty", "true")]:
+        subprocess.run(["git", "-C", str(tree), "config", key, value], check=True)
+    said = git.out("diff", "HEAD~1", "HEAD")
+    assert said == plain and said.startswith("diff --git a/") and "\x1b[" not in said
+    assert git.out("format-patch", "--stdout", "-1", "HEAD") == mail

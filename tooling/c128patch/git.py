@@ -38,6 +38,11 @@ FORCED_CONFIG = (
     # never into a submodule's work tree, where its own config's filters run: a checkout's, a diff's inside a command
     # (a submodule's own ``ignore`` setting beats the second: _NO_PROGRAMS, Git._submodules_still)
     ("submodule.recurse", "false"), ("diff.ignoreSubmodules", "dirty"),
+    # the diffs it parses and the patches refresh writes: git's defaults, whatever the repository's config says
+    ("diff.noprefix", "false"), ("diff.mnemonicPrefix", "false"), ("diff.srcPrefix", "a/"), ("diff.dstPrefix", "b/"),
+    ("diff.context", "3"), ("diff.interHunkContext", "0"), ("diff.algorithm", "myers"),
+    ("diff.indentHeuristic", "true"), ("diff.suppressBlankEmpty", "false"), ("diff.relative", "false"),
+    ("color.ui", "false"), ("color.diff", "false"),
 )
 # Test hook (as ops.treestate's C128PATCH_FAULT): a folder of hooks the tool's git runs instead of none,
 # so that a test can interrupt inside git itself. Unset (always, outside tests), no hook runs.
