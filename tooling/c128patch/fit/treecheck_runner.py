@@ -14,7 +14,9 @@ own. Run in ``fit.sandbox``'s box (``python -I``). torch and DEFINES are importe
 PRELOAD after it, then one forked child per gate state (off: the gates unset; on: each set to 1) imports sglang's
 modules from a clean slate and calls each probe (module, zero-argument function, what it must return with the gates on
 / off) where its module imported, then runs the series' DSPARK scenarios (``SCENARIOS_PY``: our file, not the
-target's; "": none). A package ``__init__`` that stops on a missing third-party package is kept as far as it ran.
+target's; "": none). The gates-on child is forked once the gates-off one has imported: it reads the code that one
+compiled (``_Compiled``), and its imports overlap the other's scenarios. A package ``__init__`` that stops on a
+missing third-party package is kept as far as it ran.
 """
 
 import ast
@@ -24,9 +26,11 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
+import marshal
 import os
 import re
 import runpy
+import select
 import sys
 import tempfile
 import traceback
@@ -36,6 +40,7 @@ TREE = sys.argv[1]  # run as `python -I -c SOURCE TREE ...`: no folder of ours o
 STAND_INS: dict = json.loads(sys.argv[4])
 DEFINES: dict = json.loads(sys.argv[5])
 PRELOAD: dict = json.loads(sys.argv[6])
+COMPILED = tempfile.mkdtemp(prefix="tier-compiled-")  # in the box's own folder (its TMPDIR)
 LOADED_BY: dict = {}  # a preloaded module -> the stand-ins and packages without ops its import loaded
 WITHOUT_OPS: set = set()  # the names of DEFINES whose ops this run defined
 partial: dict = {}
@@ -122,11 +127,36 @@ class _Tolerant(importlib.abc.Loader):
             partial[module.__name__] = missing
 
 
+class _Compiled(importlib.machinery.SourceFileLoader):
+    """A tree module's code compiled once per run: the first gate state writes it to the box's own folder (``-B``
+    and the read-only tree keep Python from writing a .pyc), the second, forked once those imports are done, reads
+    it. Keyed by the source's path: the tree does not change while the tier runs."""
+
+    def get_code(self, fullname):
+        cached = os.path.join(COMPILED, self.path.replace("/", "%"))
+        try:
+            with open(cached, "rb") as f:
+                return marshal.load(f)
+        except (OSError, EOFError, ValueError, TypeError):
+            pass
+        code = super().get_code(fullname)
+        try:
+            fd, tmp = tempfile.mkstemp(dir=COMPILED)
+            with os.fdopen(fd, "wb") as f:
+                marshal.dump(code, f)
+            os.replace(tmp, cached)
+        except OSError:
+            pass
+        return code
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname != "sglang" and not fullname.startswith("sglang."):
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path or [TREE])
+        if spec is not None and type(spec.loader) is importlib.machinery.SourceFileLoader:
+            spec.loader = _Compiled(fullname, spec.loader.path)
         if spec is not None and spec.submodule_search_locations is not None and spec.loader is not None:
             spec.loader = _Tolerant(spec.loader)
         return spec
@@ -167,7 +197,7 @@ def _preload() -> None:
         del sys.meta_path[0]
 
 
-def _tier(gates: str, probes: list, scenarios: str, modules: list[str]) -> dict:
+def _tier(gates: str, probes: list, scenarios: str, modules: list[str], imported=lambda: None) -> dict:
     out: dict = {"modules": {}}
     said: set = set()  # what preloads loaded, said by the first module that imports them
     for name in modules:
@@ -193,6 +223,7 @@ def _tier(gates: str, probes: list, scenarios: str, modules: list[str]) -> dict:
                 out["modules"][name] = {"status": "not checked", "stand_ins": loaded, "detail": why}
                 continue
             out["modules"][name] = {"status": "failed", "detail": f"{_where(exc)}{type(exc).__name__}: {exc}"}
+    imported()
     out["probes"] = {}
     for module, function, on, off in probes:
         key = f"{module}.{function}()"
@@ -235,21 +266,35 @@ def _where(exc: BaseException) -> str:
 
 def _fork(state: str, gates: list[str], probes: list, scenarios: str, modules: list[str]) -> tuple[int, str]:
     """A child that runs the tier for ``state`` and writes its JSON to the returned file (not a pipe: a
-    process the target forks would hold a pipe open, and the box kills it once this runner exits)."""
+    process the target forks would hold a pipe open, and the box kills it once this runner exits). Returns once
+    the child has imported the modules (or exited): the next one reads the code it compiled (``_Compiled``)."""
     fd, path = tempfile.mkstemp(prefix=f"tier-{state}-")
+    ready, said = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child
+        os.close(ready)
+
+        def imported() -> None:
+            os.write(said, b"1")
+            os.close(said)
+
         code = 0
         try:
             for g in gates:  # off: unset; on: each set to 1
                 os.environ.pop(g, None)
             os.environ.update(dict.fromkeys(gates, "1") if state == "on" else {})
-            data = json.dumps(_tier(state, probes, scenarios, modules)).encode()
+            data = json.dumps(_tier(state, probes, scenarios, modules, imported)).encode()
         except BaseException as exc:  # noqa: BLE001
             data, code = json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode(), 1
         os.write(fd, data)
         os._exit(code)
     os.close(fd)
+    os.close(said)
+    # a process the child forks may hold the pipe open: its exit is looked for too
+    while not select.select([ready], [], [], 0.2)[0] and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG |
+                                                                     os.WNOWAIT) is None:
+        pass
+    os.close(ready)
     return pid, path
 
 
