@@ -271,7 +271,10 @@ class Git:
         ``diff.ignoreSubmodules``."""
         names = set()
         here = [["--file", ".gitmodules"]] if (self.cwd / ".gitmodules").is_file() else []  # none: nothing to read
-        for source in (*here, ["--blob", ":.gitmodules"], ["--blob", "HEAD:.gitmodules"]):
+        found = self._raw(["cat-file", "--batch-check=%(objectname) %(objecttype)"], self._base_env(),
+                          self._settings(), input=":.gitmodules\nHEAD:.gitmodules\n").stdout.split()
+        blobs = [found[i] for i in range(0, len(found) - 1, 2) if found[i + 1] == "blob"]  # (one call where none is)
+        for source in (*here, *(["--blob", blob] for blob in blobs)):
             proc = self._raw(["config", "-z", "--name-only", *source, "--get-regexp", r"^submodule\..+\."],
                              self._base_env(), self._settings())
             names |= {key.split(".", 1)[1].rsplit(".", 1)[0] for key in proc.stdout.split("\0") if key}

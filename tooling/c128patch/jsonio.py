@@ -29,15 +29,19 @@ def locked(path: Path) -> Iterator[None]:
         os.close(_HELD.pop(key))  # (releases the lock)
 
 
-def write_atomic(path: Path, data: bytes) -> Path:
-    """``data`` into ``path`` through a temporary file beside it (this process's own), then renamed."""
+def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> Path:
+    """``data`` into ``path`` through a temporary file beside it (this process's own), synced (``sync``), then
+    renamed. ``sync=False``: a state file in a tree's git dir, written as git writes its index (renamed into place,
+    not synced: git syncs none of the loose objects of the commits such a file stands for); a kill still leaves the
+    old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -45,8 +49,8 @@ def write_atomic(path: Path, data: bytes) -> Path:
     return path
 
 
-def write_json_atomic(path: Path, data: Any) -> Path:
-    return write_atomic(path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
+def write_json_atomic(path: Path, data: Any, *, sync: bool = True) -> Path:
+    return write_atomic(path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode(), sync=sync)
 
 
 MAX_JSON = 64 << 20  # the journals, plans and records the tool writes are far smaller

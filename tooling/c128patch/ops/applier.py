@@ -127,7 +127,7 @@ class ApplyJournal:
         return journal
 
     def save(self, path: Path) -> None:
-        write_json_atomic(path, asdict(self))
+        write_json_atomic(path, asdict(self), sync=False)  # in the git dir (jsonio.write_atomic)
 
     @property
     def done(self) -> int:
@@ -340,16 +340,18 @@ class Apply:
             journal.phase, journal.in_step, journal.head_before = "entries", False, git.head() or ""
             journal.save(self.path)
         if journal.phase == "entries":
+            head = None  # what the last step of this loop committed
             while journal.done < len(planned):
                 run = self._run_at(planned, journal.done)
                 fault_point("before", run[0].entry.name)
                 self.reporter.step(f"applying {run[0].entry.name}"
                                    + (f" .. {run[-1].entry.name} ({len(run)} entries)" if len(run) > 1 else ""))
                 self._begin(journal, [p for item in run for p in (item.patch.paths if item.patch else
-                                                                   [item.entry.target])])
+                                                                   [item.entry.target])], head)
                 done = self._apply_run(journal, run, planned, dated)
                 fault_point("after", run[len(done) - 1].entry.name)  # (where a run stops early, none is named)
                 self._record(journal, run, done)
+                head = done[-1][1]
             journal.phase = "provenance"
             journal.save(self.path)
         self.reporter.step("writing provenance")
@@ -388,9 +390,11 @@ class Apply:
         date = self.git.out("log", "-1", "--format=%cI", journal.upstream_commit)
         return self.git.with_env(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
 
-    def _begin(self, journal: ApplyJournal, paths: list[str]) -> None:
-        """A step starts: marked before it touches anything, so what it leaves half done is known to be ours."""
-        journal.head_before, journal.in_step, journal.step_paths = self.git.head() or "", True, paths
+    def _begin(self, journal: ApplyJournal, paths: list[str], head: str | None = None) -> None:
+        """A step starts: marked before it touches anything, so what it leaves half done is known to be ours.
+        ``head``: HEAD as the step before, in this process, left it (None: read it)."""
+        head = self.git.head() or "" if head is None else head
+        journal.head_before, journal.in_step, journal.step_paths = head, True, paths
         journal.save(self.path)
 
     def _keep(self, journal: ApplyJournal, series: Series) -> str:

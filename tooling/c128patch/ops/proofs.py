@@ -61,6 +61,6 @@ def record(state: Path, key: dict[str, str], equivalence: dict, trees: Trees | N
     proves again."""
     try:
         extra = {"trees": trees} if trees else {}
-        write_json_atomic(state / PROOF, {"key": key, "equivalence": equivalence, **extra})
+        write_json_atomic(state / PROOF, {"key": key, "equivalence": equivalence, **extra}, sync=False)
     except OSError:
         pass

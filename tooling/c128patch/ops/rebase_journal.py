@@ -105,7 +105,7 @@ class Journal:
         return journal
 
     def save(self, path: Path) -> None:
-        write_json_atomic(path, asdict(self))
+        write_json_atomic(path, asdict(self), sync=False)  # in the git dir (jsonio.write_atomic)
 
 
 def save_conflicts(state: Path, conflicts: list[Conflict]) -> None:

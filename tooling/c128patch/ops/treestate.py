@@ -57,7 +57,7 @@ def c128_state_dir(git: Git) -> Path:
 
 def remember_layers(git: Git, series: Series) -> None:
     """Keep the layer folders a tree was applied or rebased with in its git dir, for ``tree_layers``."""
-    write_json_atomic(c128_state_dir(git) / "layers.json", layer_folders(series))
+    write_json_atomic(c128_state_dir(git) / "layers.json", layer_folders(series), sync=False)
 
 
 def tree_layers(git: Git) -> tuple[Path, ...]:
