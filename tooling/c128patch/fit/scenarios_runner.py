@@ -72,6 +72,10 @@ class NotRun(Exception):
     """A module the scenario needs did not import."""
 
 
+class HarnessError(NotRun):
+    """The scenario's own machinery could not drive the tree (not a finding on the tree's code or ours)."""
+
+
 def _module(name: str) -> types.ModuleType:
     before = set(sys.modules)
     try:
@@ -946,14 +950,50 @@ class _Streamed(torch.Tensor if torch else object):
 
 
 def _with_stand_ins(fn: Any, **keep: Any) -> Any:
-    """``fn`` over its module's globals, those it reads MagicMocks but for envs, torch and ``keep``."""
-    names, codes = set(), [fn.__code__]
+    """``fn`` over its module's globals, those it reads MagicMocks but for envs, torch and ``keep``. A decorated
+    ``fn`` (``functools.wraps``'s ``__wrapped__``: ``@torch.no_grad()`` ...): its own body so, under the same
+    decorators, each wrapper rebuilt over its own globals with its closure's cell of the function it wraps holding
+    the rebuilt one; a wrapper that cannot be rebuilt so raises `HarnessError` (the scenario does not run the tree)."""
+    layers = [fn]
+    while hasattr(layers[-1], "__wrapped__") and len(layers) < 64:
+        layers.append(layers[-1].__wrapped__)
+    inner = layers[-1]
+    if not isinstance(inner, types.FunctionType):
+        raise HarnessError(f"the scenario harness (_with_stand_ins) cannot rebuild {_defined(fn)} over its "
+                           f"stand-ins: its body is a {type(inner).__name__}, not a Python function")
+    names, codes = set(), [inner.__code__]
     while codes:
         code = codes.pop()
         names |= set(code.co_names)
         codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-    ns = {**fn.__globals__, **{n: mock.MagicMock(name=n) for n in names & set(fn.__globals__) - {"envs", "torch"}}}
-    return types.FunctionType(fn.__code__, {**ns, **keep}, fn.__name__, fn.__defaults__)
+    ns = {**inner.__globals__,
+          **{n: mock.MagicMock(name=n) for n in names & set(inner.__globals__) - {"envs", "torch"}}}
+    made = _rebuilt(inner, {**ns, **keep}, inner.__closure__)
+    for wrapper, wrapped in zip(reversed(layers[:-1]), reversed(layers[1:])):
+        cells = (wrapper.__closure__ or ()) if isinstance(wrapper, types.FunctionType) else ()
+        if not any(_holds(c, wrapped) for c in cells):
+            raise HarnessError(f"the scenario harness (_with_stand_ins) cannot rebuild {_defined(fn)} over its "
+                               f"stand-ins: its decorator's wrapper ({type(wrapper).__name__} "
+                               f"{getattr(wrapper, '__qualname__', '?')}) holds the function it wraps other than in "
+                               "its closure")
+        made = _rebuilt(wrapper, wrapper.__globals__, tuple(
+            types.CellType(made) if _holds(c, wrapped) else c for c in cells), __wrapped__=made)
+    return made
+
+
+def _holds(cell: Any, value: Any) -> bool:
+    try:
+        return cell.cell_contents is value
+    except ValueError:  # an empty cell
+        return False
+
+
+def _rebuilt(fn: Any, globals_: Dict[str, Any], closure: Optional[Tuple], **attrs: Any) -> Any:
+    """``fn``'s code over ``globals_`` and ``closure``, its defaults, names and attributes (``attrs`` over them)."""
+    out = types.FunctionType(fn.__code__, globals_, fn.__name__, fn.__defaults__, closure)
+    out.__kwdefaults__, out.__qualname__, out.__module__ = fn.__kwdefaults__, fn.__qualname__, fn.__module__
+    out.__dict__.update({**fn.__dict__, **attrs})
+    return out
 
 
 def _defined(obj: Any, line: Optional[int] = None) -> str:
@@ -1076,7 +1116,7 @@ def _worker_step(sim: Decode, compact: bool, attn_backend: Any, branch: Tuple = 
     returned: List[int] = []
 
     def where(frame: Any, event: str, arg: Any) -> None:  # the line the step returned from
-        if event == "return" and frame.f_code is step.__code__:
+        if event == "return" and frame.f_code is inspect.unwrap(step).__code__:  # (its body, under decorators)
             returned.append(frame.f_lineno)
 
     sys.setprofile(where)
@@ -1301,7 +1341,29 @@ def _outcome(name: str, scenario: Any, on: bool, tree: str, ours: List[str]) -> 
         if stale:  # gates off our code is not run: the scenario's model of upstream is stale, not a finding
             return {"status": "not run", "detail": f"{stale} (upstream changed it; the scenario models the series' "
                                                    "base)"}
+        harness = _harness(exc, frames)
+        if harness:  # the scenario's machinery failed: the tree's code (ours too) was never on the stack
+            return {"status": "not run", "detail": harness}
         return {"status": "failed", "detail": culprit(name, exc, tree, ours, handed)}
+
+
+def _upstreams(obj: Any) -> bool:
+    """Is ``obj`` of a class of the tree, not one the scenario made (its stand-in, a mock, a class of its own)?"""
+    return not _stand_in(obj) and type(obj).__module__.split(".")[0] == "sglang"
+
+
+def _harness(exc: BaseException, frames: List[Tuple[Any, int]]) -> str:
+    """Where ``exc``, with no frame of the tree (``frames``) in its traceback, is the scenario harness's own error,
+    not a finding: what it raised and where ("": a scenario's finding, an `AssertionError` or a kernel model's
+    check, or an attribute the tree's object lacks, which `culprit` and `_stale` name)."""
+    if frames or isinstance(exc, (AssertionError, _models.KernelCheck)) or exc.__traceback__ is None or (
+            isinstance(exc, AttributeError) and _upstreams(getattr(exc, "obj", None))):
+        return ""
+    frame, line = list(traceback.walk_tb(exc.__traceback__))[-1]  # where it was raised
+    code = frame.f_code
+    return (f"the scenario harness failed, not the tree's code nor ours (no frame of the tree in its traceback): "
+            f"{traceback.format_exception_only(type(exc), exc)[-1].strip()} (in "
+            f"{getattr(code, 'co_qualname', code.co_name)}, {os.path.basename(code.co_filename)}:{line})")
 
 
 def _stale(exc: BaseException, frames: List[Tuple[Any, int]], tree: str) -> str:
