@@ -2,7 +2,8 @@
 worker's `_forward_decode` with `@torch.no_grad()` (harmless) made the tier say `broken`, gates off and on, blaming
 our controller: `_with_stand_ins` rebuilt the decorator's wrapper with no closure ("arg 5 (closure) must be
 tuple"). A decorated function is rebuilt with its own body over the stand-ins, under the same decorators; an error
-of the harness itself is `not run`, naming the harness, never a failure of our code."""
+of the harness itself is `not run`, naming the harness, never a failure of our code; and an attribute the tree
+reads on a scenario's stand-in names the tree's function, never the stand-in, as the upstream definition."""
 
 from __future__ import annotations
 
@@ -107,3 +108,13 @@ def test_an_error_of_the_harness_is_not_run_naming_it_never_a_failure_of_ours(tm
     assert said["status"] == "not run" and said["detail"].startswith(
         "the scenario harness (_with_stand_ins) cannot rebuild sglang.worker.kept (sglang/worker.py:"), said
 
+
+def test_an_attribute_the_tree_reads_on_a_stand_in_names_the_trees_function_not_the_stand_in(tmp_path):
+    """Helper 122's b1: upstream's `record_stream_for_v2_verify` took the stream first; our call, in the old order,
+    read `seq_lens` on the scenario's stream: the detail named the scenario's SimpleNamespace as upstream's."""
+    tree = tree_module(tmp_path)
+    root = str(tmp_path / "python")
+    for stream in (runner.SimpleNamespace(), mock.MagicMock(spec=[]), type("Stream", (), {})()):
+        said = runner._outcome("record-streams", lambda on: tree.read(None, stream), True, root, [])
+        assert said["status"] == "failed" and " upstream sglang.worker.read (sglang/worker.py:29): AttributeError: " \
+            in said["detail"], said

@@ -1294,7 +1294,8 @@ def culprit(scenario: str, exc: BaseException, tree: str, ours: List[str],
     if isinstance(exc, Blame):  # a scenario's finding: what it names
         mine, theirs = mine + [exc.ours], theirs + [exc.theirs]
     obj = getattr(exc, "obj", None) if isinstance(exc, AttributeError) else None
-    if obj is not None:  # an attribute our code reads on an upstream object
+    if obj is not None and _upstreams(obj):  # an attribute our code reads on an upstream object (never one the
+        # scenario made: the upstream function in the traceback, if any, is named then)
         cls = type(obj)
         try:
             where = f"{inspect.getsourcefile(cls)[len(tree) + 1:]}:{inspect.getsourcelines(cls)[1]}"
