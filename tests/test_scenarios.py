@@ -182,3 +182,59 @@ def test_a_scenario_whose_module_did_not_import_is_not_run_and_unchecked(
     assert ("scenarios not run: backend-verify-metadata, compressor-callback, decode, record-streams, startup-rules, "
             "verify-compact, verify-static, worker-commit") in data["verdict"]  # the backend imports ragged_verify
     assert data["scenarios_passed"] == []
+
+
+def patched_copy_with(git: Git, dest: Path, edits: dict[str, list[tuple[str, str]]]) -> tuple[str, str]:
+    """``patched_copy`` of several edits: per path, each ``old`` replaced by its ``new`` once."""
+    base = git.rev_parse("v0.5.23")
+    head = patched_tree(SERIES, git, "v0.5.23", base)
+    git.extract(head, f"{PY_ROOT}/sglang", dest)
+    for path, pairs in edits.items():
+        text = (dest / path).read_text()
+        for old, new in pairs:
+            assert text.count(old) == 1, (path, old)
+            text = text.replace(old, new)
+        (dest / path).write_text(text)
+    return base, head
+
+
+BF16 = '    if dtype_name in ("bfloat16", "bf16"):\n        return {}\n'
+FP16 = '    if dtype_name in ("float16", "fp16"):\n        return {}\n'
+# helper 122's b4-state-fp16 (/tmp/h122cases/build.py): float16 compress state supported, and the default
+STATE_FP16 = {
+    "python/sglang/srt/environ.py": [('SGLANG_DSV4_COMPRESS_STATE_DTYPE = EnvStr("float32")',
+                                      'SGLANG_DSV4_COMPRESS_STATE_DTYPE = EnvStr("float16")')],
+    "python/sglang/srt/model_executor/pool_configurator.py": [
+        (BF16.format("2, 2"), BF16.format("2, 2") + FP16.format("2, 2"))],
+    "python/sglang/srt/mem_cache/kv_cache_configurator.py": [
+        (BF16.format("torch.bfloat16, torch.bfloat16"),
+         BF16.format("torch.bfloat16, torch.bfloat16") + FP16.format("torch.float16, torch.float16"))],
+}
+
+
+@pytest.mark.parametrize("edits, failing, said", [
+    # every scenario over the tree's own pool fails where it is built, naming the configurator's choice; the
+    # scenarios had built it of float32 state whatever the tree chose
+    (STATE_FP16, ["compressor-callback", "decode", "startup-rules", "verify-compact", "verify-static"],
+     r"in sglang\.kernels\.ops\.attention\.dsv4\.online_c128_dspark\._module "
+     r"\(sglang/kernels/ops/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.mem_cache\."
+     r"kv_cache_configurator\._get_dsv4_compress_state_dtypes \(sglang/srt/mem_cache/kv_cache_configurator\.py:\d+\): "
+     r"AssertionError: the tree's pool, built for a default DSPARK launch with the gates on "
+     r"\(SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK=1 SGLANG_OPT_USE_ONLINE_COMPRESS=1, SGLANG_DSV4_COMPRESS_STATE_DTYPE "
+     r"unset\), holds torch\.float16 c128 compress state, as _get_dsv4_compress_state_dtypes chose it \(c4 "
+     r"torch\.float16, c128 torch\.float16\): our ops refuse it at the first DSPARK verify: online c128 state dtype "
+     r"must be float32 or bfloat16, got torch\.float16"),
+], ids=["state-dtype-fp16-default"])
+def test_a_dtype_upstream_chooses_that_our_ops_refuse_fails_naming_where_it_was_chosen(
+        edits, failing, said, tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Helper 122's b4, called clean: the scenarios built the pool of float32 state whatever the tree's
+    configurator chose."""
+    git = Git(git_dir=sglang_release_repo)
+    base, head = patched_copy_with(git, tmp_path, edits)
+    result = treecheck.run(SERIES, tmp_path, git.changed_files(base, head), python=tier_python)
+    on = scenarios(result, "on")
+    assert {n: s["status"] for n, s in on.items() if s["status"] != "passed"} == dict.fromkeys(failing, "failed"), on
+    for name in failing:
+        assert re.fullmatch(f"scenario {name}: {said}", on[name]["detail"]), on[name]["detail"]
+    assert all(s["status"] == "passed" for s in scenarios(result, "off").values())  # (no state of ours; upstream's)
+    assert result.verdict().startswith("failed") and not result.to_json()["ok"]

@@ -383,15 +383,18 @@ def tree_pool(pool_class: Any = None) -> Any:
     """The tree's DSV4 pool for a DSPARK launch of verify width ``W`` with the gates on, built by the tree: its
     `DeepSeekV4TokenToKVPool.__init__` (or ``pool_class``'s) on the CPU, given what the pool configurator and the KV
     cache configurator hand it for ``SLOTS - 1`` running requests (the c128 state pool one row a request slot, the
-    bank count `max_speculative_num_draft_tokens()`: ``W``), two c128 layers (`POOL_LAYERS`) of float32 state, tiny
-    KV pages; so its request slots, banks, rows and slot offset are the tree's (`_init_paged_compress_states` ->
+    bank count `max_speculative_num_draft_tokens()`: ``W``), two c128 layers (`POOL_LAYERS`) of the compress-state
+    dtypes the tree's KV cache configurator chooses for the launch (`tree_state_dtypes`), tiny KV pages; so its
+    request slots, banks, rows, slot offset and state dtype are the tree's (`_init_paged_compress_states` ->
     `CompressStatePool.__init__`). A pool whose state rows hold fewer draft banks than ``W`` fails (helper 104's case
     c12: banks allocated only under the MTP env), naming the function of the tree that was asked for ``W`` banks and
     allocated fewer, and our controller, which needs them (what its startup check then says); one whose request-slot
     bound leaves a request's rows out fails at the controller's first plan or commit (`_slot_bound`, helper 106's
     case 04). A field the pool reads that the launch's stand-in (`_pool_launch`) lacks: not run (the scenario models
-    the series' base)."""
+    the series' base). A state dtype our ops refuse (helper 124's case B4: float16, made upstream's default) fails,
+    naming the tree's function that chose it and our op's check."""
     mod, ctl = _module(POOL), _module(CONTROLLER)
+    (c4_dtype, c128_dtype), chooser = tree_state_dtypes()
     pool_class, calls, launch = pool_class or mod.DeepSeekV4TokenToKVPool, [], _pool_launch()
     with mock.patch.multiple(mod, **launch, create=True):
         sys.setprofile(_asked_for_banks(calls))
@@ -399,7 +402,7 @@ def tree_pool(pool_class: Any = None) -> Any:
             pool = pool_class(
                 max_num_reqs=SLOTS - 1, swa_size=2 * 256, c4_size=256, c128_size=256, c4_state_pool_size=0,
                 c128_state_pool_size=SLOTS, page_size=256, swa_page_size=256, dtype=torch.float8_e4m3fn,
-                c4_state_dtype=torch.float32, c128_state_dtype=torch.float32, qk_nope_head_dim=HEAD_DIM - 64,
+                c4_state_dtype=c4_dtype, c128_state_dtype=c128_dtype, qk_nope_head_dim=HEAD_DIM - 64,
                 qk_rope_head_dim=64, indexer_head_dim=128, layer_num=len(POOL_LAYERS), device="cpu",
                 enable_memory_saver=False, compression_ratios=list(POOL_LAYERS), online_mtp_max_draft_tokens=W)
         except AttributeError as exc:
@@ -431,9 +434,35 @@ def tree_pool(pool_class: Any = None) -> Any:
                     f"draft banks ({name} was asked for {W}): the controller's verify writes {W} banks a request, "
                     f"one a verify token ({said})", ours=_defined(ctl.OnlineC128DsparkController.__init__),
                     theirs=theirs)
+    for dtype in sorted({s.kv_score_buffer.kv_score.dtype for s in states}, key=str):
+        try:
+            _models._state_dtype(dtype)  # the op's `_module(state_dtype)`, which the first verify plan calls
+        except TypeError as exc:
+            raise Blame(f"the tree's pool, built for a default DSPARK launch with the gates on ({GATE_ENV}=1 "
+                        f"{ONLINE_ENV}=1, {STATE_DTYPE_ENV} unset), holds {dtype} c128 compress state, as "
+                        f"{chooser.__qualname__} chose it (c4 {c4_dtype}, c128 {c128_dtype}): our ops refuse it at "
+                        f"the first DSPARK verify: {exc}", ours=_defined(_module(KERNEL_OPS)._module),
+                        theirs=_defined(chooser)) from None
     for state in states:
         state.kv_score_buffer.kv_score.fill_(float("nan"))  # read before written: NaN in the checks
     return pool
+
+
+CONFIGURATOR, STATE_DTYPE_ENV = "sglang.srt.mem_cache.kv_cache_configurator", "SGLANG_DSV4_COMPRESS_STATE_DTYPE"
+KERNEL_OPS = "sglang.kernels.ops.attention.dsv4.online_c128_dspark"
+
+
+def tree_state_dtypes() -> Tuple[Tuple[Any, Any], Any]:
+    """((c4, c128) compress-state dtypes, the function that chose them): what the tree's KV cache configurator hands
+    the DSV4 pool of a default launch (its `_get_dsv4_compress_state_dtypes`, which sizes the pools it builds), read
+    with the gates on and ``STATE_DTYPE_ENV`` unset, as a default DSPARK launch reads it. A tree without that
+    function: not run (the scenario models the series' base), never a dtype of the scenario's own choosing."""
+    chooser = getattr(_module(CONFIGURATOR), "_get_dsv4_compress_state_dtypes", None)
+    if not callable(chooser):
+        raise NotRun(f"{CONFIGURATOR} has no _get_dsv4_compress_state_dtypes, which chooses the compress-state dtypes "
+                     "of the pool the scenario builds (upstream changed it; the scenario models the series' base)")
+    with _process({GATE_ENV: "1", ONLINE_ENV: "1", MTP_ENV: None, STATE_DTYPE_ENV: None}):
+        return tuple(chooser()), chooser
 
 
 def _slot_bound(op: Any, name: str, pool: Any) -> Any:
