@@ -210,6 +210,14 @@ STATE_FP16 = {
         (BF16.format("torch.bfloat16, torch.bfloat16"),
          BF16.format("torch.bfloat16, torch.bfloat16") + FP16.format("torch.float16, torch.float16"))],
 }
+# helper 122's b5-kvscore-bf16: upstream's compressor hands the online c128 compress a bf16 kv_score
+KV_SCORE_BF16 = {"python/sglang/srt/layers/attention/dsv4/compressor.py": [
+    ("                torch.cuda.current_stream(),\n            )\n        return kv_score\n",
+     "                torch.cuda.current_stream(),\n            )\n"
+     "        if self.ratio == 128 and envs.SGLANG_OPT_USE_ONLINE_COMPRESS.get():\n"
+     "            kv_score = kv_score.to(torch.bfloat16)\n        return kv_score\n"),
+    ("from sglang.srt.configs.deepseek_v4 import DeepSeekV4Config\n",
+     "from sglang.srt.configs.deepseek_v4 import DeepSeekV4Config\nfrom sglang.srt.environ import envs\n")]}
 
 
 @pytest.mark.parametrize("edits, failing, said", [
@@ -224,11 +232,20 @@ STATE_FP16 = {
      r"unset\), holds torch\.float16 c128 compress state, as _get_dsv4_compress_state_dtypes chose it \(c4 "
      r"torch\.float16, c128 torch\.float16\): our ops refuse it at the first DSPARK verify: online c128 state dtype "
      r"must be float32 or bfloat16, got torch\.float16"),
-], ids=["state-dtype-fp16-default"])
+    # only compressor-callback runs upstream's compressor: its compute_kv_score, no longer stood in, is named
+    (KV_SCORE_BF16, ["compressor-callback"],
+     r"in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\._verify_compress "
+     r"\(sglang/srt/layers/attention/dsv4/online_c128_dspark\.py:\d+\); upstream sglang\.srt\.layers\.attention\.dsv4\."
+     r"compressor\.Compressor\.compute_kv_score \(sglang/srt/layers/attention/dsv4/compressor\.py:\d+\): "
+     r"AssertionError: dspark c128: kv_score_input has dtype torch\.bfloat16, expected torch\.float32: upstream's "
+     r"Compressor\.compute_kv_score returned a torch\.bfloat16 \[\d+, 1024\] kv_score for a c128 layer \(online "
+     r"compress on\), which its compressor hands our verify compress as it is"),
+], ids=["state-dtype-fp16-default", "kv-score-bf16"])
 def test_a_dtype_upstream_chooses_that_our_ops_refuse_fails_naming_where_it_was_chosen(
         edits, failing, said, tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
-    """Helper 122's b4, called clean: the scenarios built the pool of float32 state whatever the tree's
-    configurator chose."""
+    """Helper 122's b4 and b5, called clean: the scenarios built the pool of float32 state whatever the tree's
+    configurator chose, and stood in upstream's compressor (`compute_kv_score` handed back the step's float32 rows).
+    (One tree each: b4 fails compressor-callback before b5 would.)"""
     git = Git(git_dir=sglang_release_repo)
     base, head = patched_copy_with(git, tmp_path, edits)
     result = treecheck.run(SERIES, tmp_path, git.changed_files(base, head), python=tier_python)

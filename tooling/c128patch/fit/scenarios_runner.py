@@ -828,10 +828,15 @@ def compressor_callback(on: bool) -> None:
     compressor mixin's), calls the controller's `compress_fn` for its verify plans, over upstream's pool class (its
     `get_online_c128_*` getters, its per-layer getters), checked as in `_steps`; prefill plans, and all with the gates
     off, go to upstream's. A c128 layer routed anywhere but through our `compress_fn` (helper 97's case c1b: a new
-    method calling `compress_forward` itself) runs upstream's compress for a DSPARK verify plan and fails. Stood in:
-    the CUDA kernels, the compressor module (its projection: `compute_kv_score` hands back the step's kv|score rows;
-    the layer's ape, norm and state pool as the scenario keeps them) and the KV cache pages."""
+    method calling `compress_forward` itself) runs upstream's compress for a DSPARK verify plan and fails. The layer's
+    compressor is upstream's own `Compressor` (`_tree_compressor`): what its `compute_kv_score` returns is what our
+    verify compress gets, so a dtype or shape our kernel refuses fails, naming it (helper 124's case B5: bf16 kv_score
+    for online c128). Stood in: the CUDA kernels (`compress_forward`, `compress_norm_rope_store`: the torch models),
+    the model's hidden states (float32 rows its projection maps onto the step's kv|score rows), the KV cache pages,
+    the launch's parallel context (one GPU); gates off, the compressor's `get_state_pool` (the scenario's state pools
+    are not the tree's there)."""
     comp, stored, upstream, verifying = _module(COMPRESSOR), [], [], []
+    core, rc = _module(CORE_COMPRESSOR), _module(RUNTIME_CONTEXT_MODULE)  # the tree's (before `_launch`'s)
     kernels = comp.compress_forward, comp.compress_norm_rope_store
 
     def forward(**kw: Any) -> Any:  # upstream's, for prefill plans only: its caller is named when a verify gets it
@@ -847,17 +852,34 @@ def compressor_callback(on: bool) -> None:
     entry = getattr(backend, "forward_core_compressor", None) or backend.forward_unified  # the model's call
     layer_ids: List[int] = []
 
+    compressors: List[Tuple[Any, Any]] = []  # per c128 layer: upstream's Compressor, its hidden states of kv|score
+
     def compress(plan: Any, layer: int, kv_score_input: Any, **_: Any) -> Any:
         backend.forward_metadata = SimpleNamespace(c128_compress_metadata=plan,
                                                    core_metadata=SimpleNamespace(c128_out_loc=None))
-        compressor = SimpleNamespace(
-            ratio=128, head_dim=HEAD_DIM, is_in_indexer=False, rotate=False, layer_id=layer_ids[layer],
-            ape=backend.apes[layer], norm=SimpleNamespace(weight=None, variance_epsilon=1e-6), freqs_cis=None,
-            compute_kv_score=lambda x, forward_batch: x,
-            get_state_pool=lambda attn_backend: attn_backend.token_to_kv_pool.get_attention_compress_states(
-                layer_ids[layer]))
-        batch = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False))
-        entry(kv_score_input, batch, layer_ids[layer], compressor)
+        compressor, hidden = compressors[layer]
+        batch = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False,
+                                                             is_context_parallel_extend=lambda: False),
+                                attn_cp_metadata=None)
+        returned, calls = [], len(sim.ops.calls)
+        compressor.compute_kv_score = lambda x, forward_batch: returned.append(
+            type(compressor).compute_kv_score(compressor, x, forward_batch)) or returned[-1]
+        try:
+            # the model's forward runs under inference mode; the launch's parallel context (one GPU) is the one its
+            # `get_parallel` reads (`compute_kv_score`'s prefill context-parallel check)
+            with torch.no_grad(), mock.patch.object(rc, "_PARALLEL", launch_namespaces()["parallel"]):
+                entry(hidden(kv_score_input), batch, layer_ids[layer], compressor)
+        except _models.KernelCheck as exc:  # refused what upstream's compute_kv_score made: it is named
+            got = sim.ops.calls[calls:][-1][1].get("kv_score_input") if sim.ops.calls[calls:] else None
+            if "kv_score_input" not in str(exc) or not returned or got is not returned[-1]:
+                raise
+            raise Blame(f"{exc}: upstream's {type(compressor).__qualname__}.compute_kv_score returned a "
+                        f"{returned[-1].dtype} {list(returned[-1].shape)} kv_score for a c128 layer (online "
+                        f"compress on), which its compressor hands our verify compress as it is",
+                        ours=_defined(_module(CONTROLLER)._verify_compress),
+                        theirs=_defined(type(compressor).compute_kv_score)) from None
+        finally:
+            del compressor.compute_kv_score
         if len(stored) != 1:
             raise AssertionError(f"upstream's compressor stored {len(stored)} compressed rows for a c128 layer")
         return stored.pop()
@@ -869,12 +891,12 @@ def compressor_callback(on: bool) -> None:
                 _launch({ONLINE_ENV: "1"}):
             pool = backend.token_to_kv_pool = sim.backend.token_to_kv_pool  # upstream's class over the scenario's
             layer_ids[:] = [i for i, state in enumerate(pool.compress_state_pools) if state is not None]
+            compressors[:] = [_tree_compressor(core, i, sim.apes[n], on) for n, i in enumerate(layer_ids)]
             pages = SimpleNamespace(page_size=1, kv_layout=getattr(getattr(comp, "KVLayout", None), "V4", None),
                                     get_key_buffer=lambda layer_id: torch.zeros(16, dtype=torch.uint8))
             pool.__dict__.update(uniform_fp8=False, layer_transfer_counter=None, start_layer=0,
                                  layer_mapping={i: (None, i, pages) for i in layer_ids})
-            backend.online_c128_dspark, backend.apes, sim.compress = sim.controller, [a.float() for a in sim.apes], \
-                compress
+            backend.online_c128_dspark, sim.compress = sim.controller, compress
             prefill = sim.ops.plan_type(128, torch.zeros(1, 16, dtype=torch.uint8), None, None)
             compress(prefill, 0, torch.zeros(1, 2 * HEAD_DIM))
             if upstream != [prefill] or sim.ops.calls:
@@ -889,6 +911,43 @@ def compressor_callback(on: bool) -> None:
                     sim.step(slots, padded_bs, compact, extra, replay=compact)
     finally:
         comp.compress_forward, comp.compress_norm_rope_store = kernels
+
+
+CORE_COMPRESSOR = "sglang.srt.layers.attention.dsv4.compressor"
+
+
+def _tree_compressor(core: types.ModuleType, layer_id: int, ape: Any, on: bool) -> Tuple[Any, Any]:
+    """Upstream's own c128 `Compressor` of layer ``layer_id`` (its `__init__`, on the CPU, tiny: hidden size
+    ``2 * HEAD_DIM``; of its `DeepSeekV4Config`, which needs a checkpoint's quantization config, what it reads: the
+    hidden size and the tree's defaults of the rest), its ape the scenario's, its `wkv_gate` weight a random signed
+    permutation (bf16, exact), and the hidden states that its projection (`compute_kv_score`: `linear_bf16_fp32`,
+    its CPU path) maps onto given kv|score rows exactly, so the step's rows are still checked against float64. Gates
+    off, its `get_state_pool` stood in: the scenario's state pools are not the tree's there (its isinstance check)."""
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(_module(DSV4_CONFIG).DeepSeekV4Config)}
+    config = SimpleNamespace(hidden_size=2 * HEAD_DIM, rms_norm_eps=defaults["rms_norm_eps"],
+                             qk_rope_head_dim=defaults.get("qk_rope_head_dim", 64))  # what `__init__` reads
+    compressor = core.Compressor(config, layer_id=layer_id, is_in_indexer=False, freqs_cis=None, compress_ratio=128,
+                                 head_dim=HEAD_DIM, rotate=False)
+    gen = torch.Generator().manual_seed(layer_id)
+    perm = torch.randperm(2 * HEAD_DIM, generator=gen)
+    sign = torch.randint(0, 2, (2 * HEAD_DIM,), generator=gen).float() * 2 - 1
+    with torch.no_grad():
+        compressor.ape.copy_(ape.float().view_as(compressor.ape))
+        weight = compressor.wkv_gate.weight
+        weight.zero_()
+        weight[torch.arange(2 * HEAD_DIM), perm] = sign.to(weight.dtype)  # kv_score[:, i] = sign[i] * x[:, perm[i]]
+
+    def hidden(rows: Any) -> Any:
+        x = torch.empty_like(rows)
+        x[:, perm] = rows * sign
+        return x
+
+    if not on:
+        compressor.get_state_pool = lambda attn_backend: attn_backend.token_to_kv_pool.get_attention_compress_states(
+            layer_id)
+    return compressor, hidden
 
 
 BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend"
