@@ -392,6 +392,32 @@ def test_a_users_commit_rebased_with_the_tools_own_checkout_is_pointed_at_a_laye
     assert "c128patch layer add-entry" in line and files(series) == before
 
 
+def test_a_rebases_layer_commands_leave_out_an_empty_commit_of_the_users(
+        tmp_path: Path, sglang_release_repo, upstream_clone: Path, monkeypatch):
+    """An empty commit of the user's (`commit --allow-empty`) carried by a rebase: its note printed an `add-entry`
+    for it, which add-entry refuses ("changes nothing"), so the `&&` chain stopped before the user's real commit.
+    The note names the commits that change something; its commands run as printed, the real commit an entry."""
+    old = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    series = make_test_series(tmp_path / "series", sglang_release_repo,
+                              {"python/sglang/srt/environ.py": (old, f"{old}    SGLANG_MINE = EnvBool(False)\n")})
+    monkeypatch.setenv("C128PATCH_SERIES", str(series))  # the tool's own series, a checkout
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", str(upstream_clone)).code == 0
+    git = Git(worktree=upstream_clone).with_env(GIT_AUTHOR_NAME="me", GIT_AUTHOR_EMAIL="me@x.invalid",
+                                                GIT_COMMITTER_NAME="me", GIT_COMMITTER_EMAIL="me@x.invalid")
+    git.run("commit", "-q", "--allow-empty", "-m", "site: nothing")
+    (upstream_clone / CUH).write_text((upstream_clone / CUH).read_text() + "// mine\n")
+    git.run("commit", "-qam", "site: mine")
+    res = invoke("rebase", "--onto", "v0.5.22", "--tree", str(upstream_clone), as_json=False)
+    assert res.code == 0, res.err
+    (line,) = [x for x in res.text.splitlines() if x.startswith("report: ")]
+    printed = printed_command(line, "c128patch layer new ")
+    assert "site: nothing" not in printed and printed.count("layer add-entry") == 1, printed
+    done = run_printed(printed, cwd=tmp_path)
+    assert done.returncode == 0, (printed, done.stderr)
+    layer = load_series(tmp_path / "layers" / "local")
+    assert [e.name for e in layer.entries] == ["site-mine"]
+
+
 @pytest.mark.parametrize("spelling", ["c128patch-entry: x", "C128patch-Entry : x", "C128PATCH-ENTRY:x"])
 def test_a_commit_whose_entry_trailer_is_spelled_otherwise_gets_no_second_one(tmp_path: Path, spelling: str):
     """git reads each spelling as the entry trailer; format_patch must not add ours beside it."""

@@ -200,9 +200,14 @@ def _as_layer_entries(git: Git, series: Series, report: dict, label: str) -> str
         if not here:  # a layer starts on a base of ours: the tree goes back to the series' (ids change: from HEAD)
             steps.append(shlex.join(["c128patch", "rebase", "--onto", ours.base, "--tree", str(tree)]))
             refs = [f"HEAD~{len(commits) - i}" for i in range(len(commits))]
+    # an empty commit is no entry (add-entry refuses it, which stopped the && chain before the commits after it)
+    kept = [(ref, sha) for ref, sha in zip(refs, commits)
+            if git.out("diff-tree", "-r", "--name-only", "--no-commit-id", sha).strip()]
+    if not kept:
+        return "c128patch layer add-entry (docs/layers.md)"
     steps += [shlex.join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit", ref,
                           "--tree", str(tree), "--why", git.out("log", "-1", "--format=%s", sha)])
-              for ref, sha in zip(refs, commits)]
+              for ref, sha in kept]
     return " && ".join(steps)
 
 
