@@ -43,7 +43,8 @@ APPLY_PHASES = {
     "provenance-written": "at:provenance",
     "provenance-committed": "after:provenance",
 }
-FRESH_PHASES = {"after-clone": "at:clone", "first-entry-in-fresh-tree": "before:test-patch"}
+FRESH_PHASES = {"after-clone": "at:clone", "checkout-in-fresh-tree": "at:apply-checkout",
+                "first-entry-in-fresh-tree": "before:test-patch"}
 REBASE_PHASES = {
     "between-entries": "before:test-overlay",
     "finishing-checkout": "hook:post-checkout",  # the new tip checked out, the branch not moved yet

@@ -270,7 +270,9 @@ class Apply:
             git.run("am", "--abort", check=False)  # (none in progress: git refuses, changing nothing)
             ours = set(journal.step_paths) if journal.in_step else set()
             if journal.in_step and journal.phase == "checkout":  # cut short inside it: half a checkout is ours
-                ours |= set(cut_checkout(git, journal.upstream_commit)[0])
+                empty = journal.fresh_clone and not journal.orig_head  # a clone it made: checked out into nothing
+                since = git.out("hash-object", "-t", "tree", "/dev/null") if empty else "HEAD"
+                ours |= set(cut_checkout(git, journal.upstream_commit, since)[0])
             theirs = [p for p in changed_paths(git) if p not in ours]
             if journal.fresh_clone and not theirs:  # (the journal is input: a tree holding work is never removed)
                 discard_fresh_tree(self.tree, journal.tree_existed)

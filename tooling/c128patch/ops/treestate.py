@@ -300,13 +300,13 @@ def tree_state(git: Git) -> dict[str, str]:
     return {**{p: "" for p in paths}, **dict(zip(present, ids))}
 
 
-def cut_checkout(git: Git, target: str) -> tuple[list[str], list[str]]:
+def cut_checkout(git: Git, target: str, since: str = "HEAD") -> tuple[list[str], list[str]]:
     """The changed paths of a tree (clean before) whose checkout of ``target`` was cut short, HEAD not moved yet:
     (those the checkout left, the rest: the user's). The checkout's: on a path it changes, ``target``'s content, a
     file missing (removed, or not written yet) or the start of ``target``'s content (cut while writing it); the
-    provenance."""
+    provenance. ``since``: what the tree held before (a clone made with no checkout: the empty tree)."""
     state = tree_state(git)
-    changes = set(git.out("diff", "--name-only", "--no-renames", "-z", "HEAD", target).split("\0"))
+    changes = set(git.out("diff", "--name-only", "--no-renames", "-z", since, target).split("\0"))
     tip = {path: sha for path, (*_, sha) in ls_tree(git, target, sorted(state), "-r").items()}
 
     def written(path: str, blob: str) -> bool:
