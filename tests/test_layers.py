@@ -1156,6 +1156,18 @@ def test_a_skip_on_a_backward_rebase_never_records_the_entry_merged_upstream(zmq
     assert zmq_row(series, layer, "v0.5.23")["status"] == "clean"
 
 
+def test_status_after_a_skip_on_a_backward_rebase_proves_the_tree_less_the_entry_left_out(zmq_stack):
+    """The rebase and refresh --check say the tree is a fresh apply without the skipped entry; status replayed the
+    whole stack, said "differs: cannot prove: the series does not replay" and exited 1 (it reads the provenance's
+    left-out entries as refresh does)."""
+    series, layer, tree = zmq_stack
+    assert invoke("rebase", "--onto", "v0.5.21", "--tree", tree).code == 1
+    assert invoke("rebase", "--skip", "--tree", tree).code == 0
+    res = invoke("status", "--prove", "--tree", tree, "--series", series, "--layer", layer, as_json=False)
+    assert res.code == 0 and "equals the series: identical to a fresh apply of " in res.text, res.text
+    assert "without conf/zmq-source-ip on v0.5.21" in res.text and "cannot prove" not in res.text, res.text
+
+
 def test_resolved_to_upstream_s_side_on_an_older_release_is_left_out_there_not_merged(zmq_stack):
     """Finding 07 by the other way: the conflict resolved wholly to upstream's side on v0.5.21, `--continue`: the
     entry is left out there ("skipped"), not "dropped-as-merged"; refresh records no merged_in; `--drop` at such a

@@ -70,14 +70,16 @@ def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
     return drift
 
 
-def _proof(git: Git, series: Series, state: Path, key: dict[str, str], prove_again: bool) -> dict:
-    """``equivalence`` (HEAD against ``series`` on the upstream ``key`` names) and ``proof``: "recorded", or
-    "computed" (and recorded); nothing when the upstream commit is not in the repository."""
+def _proof(git: Git, series: Series, state: Path, key: dict[str, str], prove_again: bool,
+           without: list[str]) -> dict:
+    """``equivalence`` (HEAD against ``series`` on the upstream ``key`` names, less the entries ``without`` that the
+    provenance says a rebase left out) and ``proof``: "recorded", or "computed" (and recorded); nothing when the
+    upstream commit is not in the repository."""
     proof = None if prove_again else proofs.recorded(state, key)
     if proof is None and key["upstream"] and git.rev_parse(key["upstream"]):
         from c128patch.ops.equivalence import prove  # the replay: only on a miss
 
-        proof = prove(series, git, key["rev"], key["upstream"], key["head"]).to_json()
+        proof = prove(series, git, key["rev"], key["upstream"], key["head"], without=without).to_json()
         proofs.record(state, key, proof)
         return {"equivalence": proof, "proof": "computed"}
     return {"equivalence": proof, "proof": "recorded"} if proof else {}
@@ -123,7 +125,9 @@ def tree_status(git: Git, series: Series | None = None, prove_again: bool = Fals
                                  # the layers in effect do not start with the tree's (a c128patch.toml naming
                                  # others): a rebase with them would make the tree's layer entries the user's commits
                                  "layers_differ": not starts_stack(record, series)}
-        out.update(_proof(git, series, state, key, prove_again))
+        left_out = [str(d.get("name")) for d in record.get("dropped", [])  # as refresh proves it (a rebase's skip)
+                    if isinstance(d, dict) and d.get("status") in ("dropped-as-merged", "skipped")]
+        out.update(_proof(git, series, state, key, prove_again, left_out))
         identical = out.get("equivalence", {}).get("identical") is True
         out["equals_series"] = identical and not out["uncommitted"] and not out["drift"]
     return out
