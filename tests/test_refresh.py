@@ -490,6 +490,22 @@ def test_a_plain_commit_is_no_new_entry_without_the_gate_trailer_lint_requires(a
     assert invoke("lint", "--series", str(series), "--offline").code == 0
 
 
+def test_the_printed_amend_that_adds_the_gate_trailer_runs_as_printed_with_no_git_identity(applied, monkeypatch):
+    """A new user's machine has no git identity: the printed `git -C TREE commit --amend --trailer ...` failed
+    ("Committer identity unknown"); it names one, as the tool's other printed commits do (treestate.git_command)."""
+    series, tree = applied
+    a_commit_of_mine(tree, "mine")
+    for key in [*ME, "EMAIL"]:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", "/dev/null")
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    res = invoke("refresh", "--tree", str(tree), "--series", str(series), as_json=False)
+    assert res.code == 2, res.err
+    amend = run_printed(printed_command(res.err, "git -C "))
+    assert amend.returncode == 0, (res.err, amend.stderr)
+    assert invoke("refresh", "--tree", str(tree), "--series", str(series)).code == 0
+
+
 def test_a_commit_gated_by_an_undescribed_variable_is_written_and_refresh_exits_1_with_lint_s_finding(applied):
     """The commit's own gate trailer becomes the new entry's gate; a gate the series' [[gates]] does not describe is
     lint's error on what was written: refresh says it and the lint to run after the fix, and exits 1."""

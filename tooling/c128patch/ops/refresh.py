@@ -22,7 +22,7 @@ from c128patch.git import Git
 from c128patch.ops import proofs
 from c128patch.ops.equivalence import Equivalence, prove
 from c128patch.ops.replay import branch_commits
-from c128patch.ops.treestate import c128_state_dir, ensure_clean, ensure_idle, fault_point, repo_lock
+from c128patch.ops.treestate import c128_state_dir, ensure_clean, ensure_idle, fault_point, git_command, repo_lock
 from c128patch.series import txn
 from c128patch.series.contract import LOCK_NAME, Lock, LockItem, lock_path, merged, read_lock
 from c128patch.series.layers import SEP, Stack, layer_args, layer_rows
@@ -438,7 +438,8 @@ def _ungated(git: Git, ungated: list[tuple[str, str]]) -> str:
     command that adds one to the first (``HEAD``: an amend; deeper: a reword)."""
     name, sha = ungated[0]
     trailer = f"{GATE_TRAILER}: none (<why it needs no gate>)"
-    fix = (shlex.join(["git", "-C", str(git.worktree), "commit", "--amend", "--no-edit", "--trailer", trailer])
+    fix = (f"{git_command(Path(str(git.worktree)))} "  # (with an identity where git has none: it runs as printed)
+           + shlex.join(["commit", "--amend", "--no-edit", "--trailer", trailer])
            if sha == git.head() else f"reword commit {sha[:12]} (git rebase -i) to end with '{trailer}'")
     return (f"commit {sha[:12]} would be new entry '{name}' without a '{GATE_TRAILER}:' trailer, which lint requires "
             f"of its header ('{GATE_TRAILER}: none (<why>)', or the env gate that turns it on, described in "
