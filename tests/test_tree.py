@@ -83,6 +83,20 @@ def test_outside_any_repository_the_error_says_which_folder_to_use(tmp_path: Pat
         "`c128patch apply` makes its tree) is not one; run from the tree, or pass --tree DIR")
 
 
+def test_status_on_a_checkout_below_the_record_names_the_patched_branch_to_check_out(workdir: Path, tmp_path: Path):
+    """In ./sglang, HEAD detached below the provenance commit (git checkout HEAD~2): status said "`c128patch apply`
+    makes its tree in ./sglang: run status there", the folder the user is in; it names the branch that is applied
+    and the checkout that goes back to it, which runs as printed."""
+    subprocess.run(["cp", "-a", str(workdir / "sglang"), str(tmp_path / "sglang")], check=True)
+    tree = tmp_path / "sglang"
+    subprocess.run(["git", "-C", str(tree), "checkout", "--quiet", "--detach", "HEAD~2"], check=True)
+    res = in_dir(tree, "status")
+    assert res.code == 2 and "makes its tree in" not in res.err, res.err
+    assert "HEAD is not a patched commit; branch c128/v0.5.23 is: git -C " in res.err, res.err
+    assert run_printed(res.err.split(" is: ", 1)[1].strip()).returncode == 0
+    assert in_dir(tree, "status").code == 0
+
+
 def test_status_in_a_repository_without_a_series_points_at_apply_s_tree(tmp_path: Path):
     subprocess.run(["git", "init", "--quiet", str(tmp_path)], check=True)
     res = in_dir(tmp_path, "status")

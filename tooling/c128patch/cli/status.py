@@ -39,7 +39,10 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
     try:
         info = tree_status(Git(worktree=root), series, prove_again=prove)
     except C128Error as exc:
-        if tree is None and exc.hint is None:
+        if exc.message.startswith("no c128patch series is applied") and (held := _patched_branches(root)):
+            exc.hint = (f"HEAD is not a patched commit; branch {held[0]} is: "  # (a checkout below the record)
+                        + shlex.join(["git", "-C", str(root), "checkout", held[0]]))
+        elif tree is None and exc.hint is None:
             exc.hint = (f"`c128patch apply` makes its tree in ./{DEFAULT_TREE} (or --tree DIR): run status there, "
                         "or pass --tree DIR")
         raise
@@ -57,6 +60,18 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
                      [:len(refs)]), *(f"    {r['ref']} {r['commit'][:12]} {r['subject']}" for r in refs[:10])]:
         say(*lines)
     exit_unless(info.get("equals_series"))
+
+
+def _patched_branches(root: Path) -> list[str]:
+    """The branches of the repository at ``root`` whose tip holds a provenance record (the newest first)."""
+    from c128patch.git import Git
+    from c128patch.series.provenance import PROVENANCE_PATH
+
+    git = Git(worktree=root)
+    if git.run("rev-parse", "--git-dir", check=False).returncode != 0:
+        return []
+    names = git.out("for-each-ref", "--sort=-committerdate", "--format=%(refname:short)", "refs/heads/").split()
+    return [b for b in names if git.run("cat-file", "-e", f"{b}:{PROVENANCE_PATH}", check=False).returncode == 0]
 
 
 def _state(info: dict) -> list[str]:
