@@ -271,6 +271,17 @@ def full_disk(path: Path, data: bytes) -> None:
     raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
 
+def test_add_entry_to_a_folder_that_is_not_there_is_one_line_naming_layer_new(tmp_path, upstream_clone):
+    """A mistyped --layer (or a layer not made yet): a FileNotFoundError traceback from the layer's lock; it is one
+    line naming `layer new`, nothing written."""
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
+    res = invoke("layer", "add-entry", "--layer", tmp_path / "nowhere", "--from-commit", "HEAD", "--tree",
+                 upstream_clone, "--why", "w", as_json=False)
+    assert res.code == 2 and "Traceback" not in res.err and len(res.err.strip().splitlines()) == 1, res.err
+    assert f"no layer at {tmp_path / 'nowhere'}" in res.err and "c128patch layer new " in res.err, res.err
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_add_entry_makes_the_example_layers_first_entry_from_a_commit(tmp_path, upstream_clone, monkeypatch):
     """The example's first entry was made by `layer add-entry`; the same commit gives the same file."""
     assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0

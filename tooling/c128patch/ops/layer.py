@@ -81,10 +81,16 @@ def _refuse_unsound(layer: Series, updated: Series, name: str, files: dict[str, 
                         "change the commit (git commit --amend), then add it; nothing was written")
 
 
-@txn.serialised  # two add-entry runs on one layer: one after the other
 def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gate: str = "",
               name: str = "") -> NewEntry:
     """Commit ``commit`` of the patched tree in ``git`` as a new entry of the layer in ``folder``."""
+    load_layer(folder, series)  # no layer there: its one line (the lock below opened the folder: a traceback)
+    return _add_entry(folder, series, git, commit, why, gate, name)
+
+
+@txn.serialised  # two add-entry runs on one layer: one after the other
+def _add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gate: str = "",
+               name: str = "") -> NewEntry:
     layer, tree = load_layer(folder, series), git.cwd
     if not why.strip() or not why.isprintable():
         raise C128Error("--why must say, on one line, why the layer carries this commit; nothing was written")
