@@ -1179,6 +1179,19 @@ def test_status_after_a_skip_on_a_backward_rebase_proves_the_tree_less_the_entry
     assert "without conf/zmq-source-ip on v0.5.21" in res.text and "cannot prove" not in res.text, res.text
 
 
+def test_a_rebase_stop_s_error_object_and_the_skip_s_report_say_where_their_layers_came_from(zmq_stack):
+    """docs/schemas: every report and error object of a verb that reads a series carries layers_in_effect. A stop's
+    error object had none (the layers from the tree's provenance); `--skip`, whose stack is the journal's, said
+    "from": "--layer", an option nobody passed."""
+    _, _, tree = zmq_stack
+    stopped = invoke("rebase", "--onto", "v0.5.21", "--tree", tree)
+    assert stopped.code == 1 and "error" in stopped.out, stopped.out
+    assert stopped.out["layers_in_effect"]["from"] == "the tree's provenance", sorted(stopped.out)
+    assert [r["name"] for r in stopped.out["layers_in_effect"]["layers"]] == ["conf"]
+    skipped = invoke("rebase", "--skip", "--tree", tree)
+    assert skipped.code == 0 and skipped.out["layers_in_effect"]["from"] == "the rebase journal", skipped.out
+
+
 def test_resolved_to_upstream_s_side_on_an_older_release_is_left_out_there_not_merged(zmq_stack):
     """Finding 07 by the other way: the conflict resolved wholly to upstream's side on v0.5.21, `--continue`: the
     entry is left out there ("skipped"), not "dropped-as-merged"; refresh records no merged_in; `--drop` at such a

@@ -104,6 +104,9 @@ def applied_tree_here(verb: str) -> Path | None:
     return top
 
 
+_IN_EFFECT: list[Any] = []  # the stack ``load_stack`` gave this run: its layers in an error object too
+
+
 def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path | None = None,
                repo: str | None = None, *, quiet: bool = False) -> Any:
     """``get_series`` with the layers named, else the operator's (the env, a c128patch.toml outside ``tree`` and
@@ -124,6 +127,7 @@ def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path
     if not origin and here and (folders := tree_layers(Git(worktree=here))):
         origin = "the tree's provenance"
     series = get_series(series_dir, folders, exclude=pointed)
+    _IN_EFFECT[:] = [series]
     if series.layers:
         series.origin = origin
         if origin != "--layer" and not quiet:  # named on the command line: known
@@ -167,12 +171,14 @@ def handles_errors(fn: Callable) -> Callable:
 
         main = threading.current_thread() is threading.main_thread()
         held = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
+        _IN_EFFECT.clear()
         try:
             return fn(*args, **kwargs)
         except C128Error as exc:
-            if kwargs.get("as_json", False):
+            if kwargs.get("as_json", False):  # (docs/schemas/README.md: an error object carries the layers too)
                 emit_json({"ok": False, "error": exc.message, **({"hint": exc.hint} if exc.hint else {}),
-                           **({"report": exc.report} if getattr(exc, "report", None) else {})})
+                           **({"report": exc.report} if getattr(exc, "report", None) else {})},
+                          _IN_EFFECT[0] if _IN_EFFECT else None)
             said = filter(None, (f"c128patch: error: {exc.message}", exc.hint))
             echo("\n".join(said))
             sys.exit(exc.exit_code)

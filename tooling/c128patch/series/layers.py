@@ -295,7 +295,10 @@ def recorded_stack(series_root: str, layers: Sequence[str], journal: Path) -> Se
     """The stack an apply or rebase ``journal`` (a state file: input) names, its folders the operator's (``operators``:
     none inside a tree the tool patches)."""
     root, *folders = operators([Path(p).resolve() for p in [series_root, *layers]], str(journal))
-    return stack(load_series(root), folders)
+    made = stack(load_series(root), folders)
+    if made.layers:  # (--json's layers_in_effect: from the journal, not "--layer", which nobody passed)
+        made.origin = f"the {journal.stem} journal"  # type: ignore[attr-defined]
+    return made
 
 
 def stack(series: Series, folders: tuple[Path, ...] | list[Path]) -> Series:
