@@ -1192,6 +1192,28 @@ def test_a_rebase_stop_s_error_object_and_the_skip_s_report_say_where_their_laye
     assert skipped.code == 0 and skipped.out["layers_in_effect"]["from"] == "the rebase journal", skipped.out
 
 
+def test_an_entry_skipped_on_an_older_release_comes_back_below_the_users_commit(zmq_stack):
+    """A commit of the user's on the branch, a rebase onto v0.5.21 that skips the layer's entry, then back onto
+    v0.5.23: the entry was replayed above the user's commit (after the branch's last entry, where the commit sat), so
+    the printed `layer add-entry --from-commit HEAD~1` named the layer's entry ("is entry ... already"). The user's
+    commits stay on top of the stack."""
+    _, layer, tree = zmq_stack
+    git = Git(worktree=tree)
+    cuh = tree / "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
+    cuh.write_text(cuh.read_text() + "// site\n")
+    git.run(*ID, "commit", "-qam", "site: a note")
+    assert invoke("rebase", "--onto", "v0.5.21", "--tree", tree).code == 1
+    assert invoke("rebase", "--skip", "--tree", tree).code == 0
+    back = invoke("rebase", "--onto", "v0.5.23", "--tree", tree)
+    assert back.code == 0, back.err
+    assert git.out("log", "-1", "--format=%s", "HEAD~1") == "site: a note", git.out("log", "--oneline", "-4")
+    assert git.out("log", "-1", "--format=%(trailers:key=C128patch-Entry,valueonly)", "HEAD~2").strip() == \
+        "conf/zmq-source-ip"
+    add = invoke("layer", "add-entry", "--layer", layer, "--from-commit", "HEAD~1", "--tree", tree, "--why", "w",
+                 as_json=False)
+    assert "is entry 'conf/zmq-source-ip' already" not in add.err, add.err
+
+
 def test_resolved_to_upstream_s_side_on_an_older_release_is_left_out_there_not_merged(zmq_stack):
     """Finding 07 by the other way: the conflict resolved wholly to upstream's side on v0.5.21, `--continue`: the
     entry is left out there ("skipped"), not "dropped-as-merged"; refresh records no merged_in; `--drop` at such a

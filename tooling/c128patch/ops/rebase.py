@@ -317,6 +317,9 @@ class Rebase(RebaseLoop):
                 by_entry[name] = v
                 new.discard(name)
                 after = {k: [c for c in carried if c.sha != v.commit.sha] for k, carried in after.items()}
+        # the commits above the branch's last entry stay above every entry (one left out before, a skip, and
+        # replayed now, goes below them: the printed `add-entry --from-commit HEAD~N` counts on it)
+        tail = after.pop(last, []) if last else []
         steps = after.get("", [])
         for entry in self.series.entries:
             v = by_entry.get(entry.name)
@@ -333,4 +336,4 @@ class Rebase(RebaseLoop):
             else:
                 steps.append(Step(entry.name, detail="new in the series since the branch was made"))
             steps += after.get(entry.name, [])
-        return steps
+        return steps + tail
