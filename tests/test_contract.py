@@ -11,6 +11,8 @@ import ast
 import gc
 import importlib.util
 import re
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from c128patch.fit.resolve import Upstream, walk
 from c128patch.fit.watch import EXIT
 from c128patch.git import Git
 from c128patch.ops.lint import update_hashes
-from c128patch.series.contract import Lock, lock_path, merged, read_lock
+from c128patch.series.contract import Lock, LockItem, lock_path, merged, read_lock
 from c128patch.series.manifest import load_series
 from support import RELEASES, REPO_ROOT, copy_series, invoke, tier_unchecked, upstream_commit
 
@@ -34,6 +36,9 @@ VEC_CUH = "python/sglang/kernels/jit/include/sgl_kernel/vec.cuh"
 RECORD_STREAMS = "overlay/sglang/srt/speculative/dspark_components/c128_record_streams.py"
 KERNEL_OPS = "overlay/sglang/kernels/ops/attention/dsv4/online_c128_dspark.py"
 CUH = "csrc/deepseek_v4/online_c128_dspark.cuh"
+C128_ONLINE = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
+C128_MTP = "python/sglang/kernels/jit/csrc/deepseek_v4/online_c128_mtp.cuh"
+STATE_ROW = "the online c128 state row [max | sum | kv] our kernel reads and writes"
 
 
 def _line(path: str, text: str) -> int:
@@ -164,10 +169,32 @@ def pathological(git: Git) -> str:
                  lambda text_of: {SPEC_UTILS: text_of(SPEC_UTILS).replace(f"{was}):", f"{was}={deep}):")})
 
 
+def row_reordered(git: Git) -> str:
+    """Upstream's online c128 state row becomes ``[kv | max | sum]``: only the literal slot offsets of its kernel
+    body say so (helper 106's case 5): nothing the contract resolves changes."""
+    def changes(text_of):
+        text = text_of(C128_ONLINE)
+        for old, new in (("max_score_vec = gmem.load(kv_load_buf, 0)", "max_score_vec = gmem.load(kv_load_buf, 1)"),
+                         ("sum_score_vec = gmem.load(kv_load_buf, 1)", "sum_score_vec = gmem.load(kv_load_buf, 2)"),
+                         ("old_kv_vec = gmem.load(kv_load_buf, 2)", "old_kv_vec = gmem.load(kv_load_buf, 0)"),
+                         ("gmem.store(kv_store_buf, out_max_vec, 0)", "gmem.store(kv_store_buf, out_max_vec, 1)"),
+                         ("gmem.store(kv_store_buf, out_sum_vec, 1)", "gmem.store(kv_store_buf, out_sum_vec, 2)"),
+                         ("gmem.store(kv_store_buf, out_kv_vec, 2)", "gmem.store(kv_store_buf, out_kv_vec, 0)")):
+            assert text.count(old) == 1, old
+            text = text.replace(old, new)
+        return {C128_ONLINE: text}
+    return _edit(git, "c128 online: the state row as [kv | max | sum]", changes)
+
+
+def mtp_removed(git: Git) -> str:
+    return _edit(git, "drop online_c128_mtp.cuh", lambda text_of: {C128_MTP: None})
+
+
 DRIFT = {"signature": signature_changed, "renamed": module_renamed, "swapped": params_swapped,
          "attr-removed": attr_removed, "get-renamed": get_renamed, "helper-reordered": helper_reordered,
          "header-removed": header_removed,
-         "unparsable": unparsable, "pathological": pathological}
+         "unparsable": unparsable, "pathological": pathological, "row-reordered": row_reordered,
+         "mtp-removed": mtp_removed}
 
 
 @pytest.fixture(scope="session")
@@ -200,10 +227,12 @@ def test_the_contract_holds_on_every_supported_release(rev):
     run = run_contract(rev)
     assert run.code == 0, (run.err, findings(run, "error"), findings(run, "warning"))
     [result] = run.out["revs"]
-    assert result["verdict"].startswith("holds: ") and result["errors"] == result["warnings"] == 0
+    assert result["verdict"].startswith("holds: ")
+    assert result["errors"] == result["warnings"] == result["unchecked"] == 0
     kinds = {i["kind"] for i in result["items"]}
     assert {"function", "class", "method", "env", "value", "header", "cxx", "callback", "member", "typed", "mirror",
-            "declared", "installed"} <= kinds
+            "declared", "installed", "file"} <= kinds
+    assert {i["target"] for i in result["items"] if i["kind"] == "file"} == {C128_ONLINE, C128_MTP}
 
 
 def test_the_committed_lock_is_what_refresh_records_at_the_base(sglang_release_repo):
@@ -455,6 +484,51 @@ def test_watch_says_broken_naming_our_line_and_the_upstream_definition(drift, tm
     assert report["bisect"]["found"] and report["bisect"]["commit"] == drift.rev_parse(branch)
     md = (tmp_path / "out" / "watch-report.md").read_text()
     assert "## API contract" in md and says in md
+
+
+# -- an upstream file our kernel mirrors with nothing to check (lock kind file) -------------------------------
+
+
+def test_a_reordered_state_row_is_not_checked_until_its_diff_is_reviewed_and_accepted(drift, tmp_path):
+    series = copy_series(tmp_path / "series")
+    run = run_contract("row-reordered", repo=drift, series=series)
+    assert run.code == 1 and not run.out["ok"], run.err
+    [rev] = run.out["revs"]
+    assert rev["verdict"].startswith("not checked: 1 upstream file(s) our code mirrors changed since the lock")
+    assert rev["errors"] == rev["warnings"] == 0 and rev["unchecked"] == 1
+    [line] = findings(run, "unchecked")
+    assert line.startswith(f"{C128_ONLINE}: changed upstream since the lock (") and STATE_ROW in line
+    assert f"our {CUH}:{_line(CUH, '[max | sum | kv]')} mirrors" in line
+    diff, accept = re.search(r"review `(git [^`]+)`, then `(c128patch contract [^`]+)`$", line).groups()
+    shown = subprocess.run(shlex.split(diff), capture_output=True, text=True, check=True).stdout  # as printed
+    assert "-      max_score_vec = gmem.load(kv_load_buf, 0);" in shown
+    assert "+      max_score_vec = gmem.load(kv_load_buf, 1);" in shown
+    assert shlex.split(accept) == ["c128patch", "contract", "--sglang-rev", "row-reordered", "--repo",
+                                   str(drift.git_dir), "--series", str(series), "--accept"]
+    text = invoke("contract", "--sglang-rev", "row-reordered", "--repo", str(drift.git_dir), "--series", str(series),
+                  "--no-nvcc", as_json=False)
+    assert text.code == 1 and f"  not checked: {line}\n" in text.text
+    run = invoke(*shlex.split(accept)[1:])  # as printed
+    assert run.code == 0 and run.out["accepted"] == 1, run.out
+    row = next(i for i in read_lock(series / "patches").items if i.kind == "file" and i.target == C128_ONLINE)
+    assert row.sigs[1:] == (*row.sigs[1:-1], drift.out("rev-parse", f"row-reordered:{C128_ONLINE}"))
+    run = run_contract("row-reordered", repo=drift, series=series)
+    assert run.code == 0 and run.out["revs"][0]["verdict"].startswith("holds: ")
+
+
+def test_a_mirrored_upstream_file_gone_is_broken(drift):
+    run = run_contract("mtp-removed", repo=drift)
+    assert run.code == 1
+    assert any(e.startswith(f"{CUH}:") and f"{C128_MTP} is gone from this tree" in e and STATE_ROW in e
+               for e in findings(run, "error")), findings(run, "error")
+
+
+def test_refresh_keeps_a_mirrored_files_reviewed_blobs_and_adds_none():
+    """Only ``contract --accept``, after the diff is shown, records a mirrored file's new blob: never refresh."""
+    row = LockItem("file", C128_ONLINE, f"{CUH}:19", C128_ONLINE, ("a" * 40, "c" * 40), signature=STATE_ROW)
+    at_new_base = LockItem("file", C128_ONLINE, f"{CUH}:19", C128_ONLINE, ("b" * 40,), signature=STATE_ROW)
+    assert merged([at_new_base], Lock(Path("contract.lock"), [row], "v0.5.23")) == [row]
+    assert merged([at_new_base], None) == [at_new_base]  # a new row: the base's blob
 
 
 # -- bisect -------------------------------------------------------------------------------------

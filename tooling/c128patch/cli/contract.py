@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -16,6 +17,8 @@ from c128patch.cli.common import (
     verb_options,
 )
 from c128patch.errors import C128Error
+
+LEVELS = {"unchecked": "not checked"}  # a finding's level as the text output says it
 
 
 @click.command("contract")
@@ -37,8 +40,9 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
             verbose: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Does the series still fit each upstream? Resolve every upstream module, name, attribute (on typed and
     untyped receivers) and call our code uses, bind each call to its definition and each upstream call of ours to
-    ours, and compare signatures, mirrored values and namespace members with patches/contract.lock. Exit 1 on
-    an error or a changed signature."""
+    ours, and compare signatures, mirrored values and namespace members with patches/contract.lock; an upstream
+    file our code mirrors with nothing to check (the online c128 state row) that changed since the lock is not
+    checked until reviewed and accepted. Exit 1 on an error, a changed signature or a file not checked."""
     from c128patch.fit import contract as core
     from c128patch.fit import contract_cxx as cxx
     from c128patch.git import Git, toplevel
@@ -58,26 +62,34 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     if accept and lock is None:
         raise C128Error(f"{series.patches_dir}/contract.lock does not exist: write it with `c128patch refresh` "
                         "on a tree at the series base first")
-    runs: list[tuple[str, object, str, str]] = []
+    runs: list[tuple[str, object, str, str, core.Review]] = []
+    flags = (f" --series {shlex.quote(str(series_dir))}" if series_dir else "") + "".join(
+        f" --layer {shlex.quote(str(x))}" for x in layer_dirs)  # the series as this command was given it
     if tree is not None:
         git = Git(worktree=toplevel(tree))
-        runs.append((str(tree), git, core.tree_base(git), "HEAD"))
+        base = core.tree_base(git)
+        runs.append((str(tree), git, base, "HEAD", core.Review(
+            str(git.cwd), base[:12], f"c128patch contract --tree {shlex.quote(str(tree))}{flags} --accept")))
     else:
         with reporter(not as_json, total=len(revs), title="contract") as rep:
             upstream = open_upstream(repo, list(revs), rep)
             for rev in revs:
                 commit = upstream.resolve(rev)
                 rep.step(f"replaying the series on {rev}")
-                runs.append((rev, upstream.git, commit, core.patched_tree(series, upstream.git, rev, commit)))
-    results = [(label, core.check(series, git, base, head, lock=lock),
-                None if use_nvcc is False else cxx.probe(series.root, git, head)) for label, git, base, head in runs]
+                accepting = (f"c128patch contract --sglang-rev {shlex.quote(rev)}"
+                             + (f" --repo {shlex.quote(repo)}" if repo else "") + f"{flags} --accept")
+                runs.append((rev, upstream.git, commit, core.patched_tree(series, upstream.git, rev, commit),
+                             core.Review(str(upstream.git.cwd), commit[:12], accepting)))
+    results = [(label, core.check(series, git, base, head, lock=lock, review=review),
+                None if use_nvcc is False else cxx.probe(series.root, git, head))
+               for label, git, base, head, review in runs]
     for _, _, probe in results:
         if use_nvcc and probe[0] is None:  # --nvcc asked for it: not checked is an error
             raise C128Error(probe[1])
     accepted = sum(core.accept(lock, result) for _, result, _ in results) if accept else 0
     # after --accept the accepted changes hold; an error it cannot accept (a call that no longer binds) never does
     ok = all(not [e for e in r.errors if not (accept and e.acceptable)] and (accept or not r.warnings)
-             and (p is None or p[0] is not False) for _, r, p in results)
+             and (accept or not r.unchecked) and (p is None or p[0] is not False) for _, r, p in results)
     if as_json:
         emit_json({"ok": ok, "accepted": accepted, "series": {"name": series.name, "version": series.version},
                    "revs": [{"rev": label, **r.to_json(), "cxx_probe": p[1] if p else "not run",
@@ -85,7 +97,8 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     else:
         for label, result, probe in results:
             notes = 0 if verbose else sum(f.level == "note" for f in result.findings)
-            say(*(f"  {f.level}: {f.message}" for f in result.findings if f.level != "note" or verbose),
+            say(*(f"  {LEVELS.get(f.level, f.level)}: {f.message}" for f in result.findings
+                  if f.level != "note" or verbose),
                 *([f"  {notes} note(s) (--verbose lists them)"] if notes else []),
                 *([f"  C++: {probe[1]}"] if probe is not None else []),
                 f"{label}: contract {result.verdict()} ({result.seconds:.2f} s)")

@@ -3,16 +3,20 @@ uses, derived from a patched tree and checked on any tree (``fit.resolve`` colle
 them, ``fit.contract_names`` the other direction and the names, ``fit.contract_cxx`` the CUDA headers). A missing
 module, name, attribute or header is an error; so is a call either way that does not bind (``Signature.bind``)
 and a change of a ``VALUE_KINDS`` item; another signature the lock did not record at the base (or accept since)
-is a warning (a same-arity parameter swap is caught here). Each finding names our file:line, upstream's file:line
-and both sides."""
+is a warning (a same-arity parameter swap is caught here). An upstream file our code mirrors with nothing to check
+(``contract_cxx.MIRRORED``, lock kind ``file``) whose blob the lock did not record (nor accept since) is not checked
+(``unchecked``: never ``holds`` until reviewed and accepted); one gone is an error. Each finding names our file:line,
+upstream's file:line and both sides."""
 
 from __future__ import annotations
 
 import inspect
+import shlex
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from c128patch.errors import C128Error
 from c128patch.fit import contract_cxx as cxx
@@ -48,10 +52,11 @@ class Item:
     signature: str = ""
     shape: str = ""
     bind_error: str = ""
+    blob: str = ""  # kind file: the upstream file's blob id (the signature says why we mirror it)
 
     @property
     def sig(self) -> str:
-        return sig_hash(self.signature)
+        return self.blob or sig_hash(self.signature)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -60,7 +65,7 @@ class Item:
 
 @dataclass
 class Finding:
-    level: str  # error | warning | note
+    level: str  # error | warning | unchecked | note
     message: str
     site: str = ""
     where: str = ""
@@ -85,8 +90,12 @@ class ContractResult:
         return [f for f in self.findings if f.level == "warning"]
 
     @property
+    def unchecked(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "unchecked"]
+
+    @property
     def ok(self) -> bool:
-        return not self.errors and not self.warnings
+        return not self.errors and not self.warnings and not self.unchecked
 
     def verdict(self) -> str:
         n = len({(i.kind, i.target) for i in self.items})
@@ -96,12 +105,15 @@ class ContractResult:
         if self.warnings:
             return (f"changed: {len(self.warnings)} upstream signature(s) differ from the lock "
                     f"({n} definition(s) checked)")
+        if self.unchecked:
+            return (f"not checked: {len(self.unchecked)} upstream file(s) our code mirrors changed since the lock "
+                    f"(review each, then --accept; {n} definition(s) checked)")
         return f"holds: {n} upstream definition(s) resolved and bound"
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "verdict": self.verdict(), "errors": len(self.errors), "warnings": len(self.warnings),
-                "findings": [asdict(f) for f in self.findings], "items": [asdict(i) for i in self.items],
-                "seconds": round(self.seconds, 3)}
+                "unchecked": len(self.unchecked), "findings": [asdict(f) for f in self.findings],
+                "items": [asdict(i) for i in self.items], "seconds": round(self.seconds, 3)}
 
 
 def derive(series: Series, git: Git, upstream: str, head: str,
@@ -168,6 +180,9 @@ def _derive(series: Series, git: Git, upstream: str, head: str,
         c_items, c_findings = cxx.derive(reader, ours, lambda p: sources.get(p, p))
         items += [Item(**i) for i in c_items]
         findings += [Finding(**f) for f in c_findings]
+        f_items, f_findings = cxx.mirrored(git, upstream, reader, ours, lambda p: sources.get(p, p))
+        items += [Item(**i) for i in f_items]
+        findings += [Finding(**f) for f in f_findings]
     except RecursionError:  # input: an expression that parses but nests past what reading it back recurses through
         raise C128Error(f"upstream code on {head} nests too deeply to read (past Python's recursion limit): no "
                         "contract derived") from None
@@ -315,9 +330,18 @@ def _bound(item: Item, sig: inspect.Signature | None, use: Use, call: str, to: s
 VALUE_KINDS = ("env", "mirror", "member", "typed", "declared", "installed")  # a change: an error until --accept
 
 
-def compare(items: list[Item], lock: Lock | None) -> list[Finding]:
+class Review(NamedTuple):
+    """How a finding's commands name the target: the repository ``git -C`` diffs in, the rev, the accept command."""
+
+    repo: str
+    rev: str
+    accept: str
+
+
+def compare(items: list[Item], lock: Lock | None, review: Review | None = None) -> list[Finding]:
     """Warnings for definitions whose signature the lock did not record (nor accept since); errors for the values
-    and names of ``VALUE_KINDS`` and a namespace member the lock does not list."""
+    and names of ``VALUE_KINDS`` and a namespace member the lock does not list; a mirrored upstream file (kind
+    ``file``) whose blob the lock does not hold is not checked (``unchecked``), with the commands of ``review``."""
     if lock is None:
         return [Finding("warning", "the series has no patches/contract.lock: nothing to compare the signatures "
                                    "with (c128patch refresh writes it)")]
@@ -334,6 +358,8 @@ def compare(items: list[Item], lock: Lock | None) -> list[Finding]:
         elif key not in accepted:
             out.append(Finding("note", f"{item.site}: {item.target} is not in {lock.path.name} (checked, not compared)",
                                item.site, item.where, item.target, now=item.signature))
+        elif item.kind == "file" and item.sig not in accepted[key]:
+            out.append(_file_changed(item, recorded[key].sigs[0], lock.base, review))
         elif item.sig not in accepted[key]:
             old = recorded[key]
             out.append(Finding(
@@ -342,6 +368,17 @@ def compare(items: list[Item], lock: Lock | None) -> list[Finding]:
                 f"{lock.base or 'the base'}, now {item.where} `{item.signature}`", item.site, item.where,
                 item.target, recorded=old.signature, now=item.signature, acceptable=True))
     return out
+
+
+def _file_changed(item: Item, old: str, base: str, review: Review | None) -> Finding:
+    """A mirrored upstream file whose blob the lock does not hold: not checked, one line with the diff to review (from
+    the blob the lock records at its base) and the command that then accepts it."""
+    review = review or Review(".", "REV", "c128patch contract --sglang-rev REV --accept")
+    diff = f"git -C {shlex.quote(review.repo)} diff {old} {shlex.quote(f'{review.rev}:{item.target}')}"
+    return Finding("unchecked", f"{item.target}: changed upstream since the lock ({old[:12]} at {base or 'the base'}, "
+                                f"now {item.blob[:12]}), and nothing checks what our {item.site} mirrors of it: "
+                                f"{item.signature}; review `{diff}`, then `{review.accept}`",
+                   item.site, item.where, item.target, recorded=old, now=item.blob, acceptable=True)
 
 
 def _judged_defaults(series: Series, findings: list[Finding]) -> list[Finding]:
@@ -360,13 +397,16 @@ def _judged_defaults(series: Series, findings: list[Finding]) -> list[Finding]:
     return out
 
 
-def check(series: Series, git: Git, upstream: str, head: str, *, lock: Lock | None = None) -> ContractResult:
-    """The contract on ``head`` (a patched tree-ish over the upstream commit ``upstream``)."""
+def check(series: Series, git: Git, upstream: str, head: str, *, lock: Lock | None = None,
+          review: Review | None = None) -> ContractResult:
+    """The contract on ``head`` (a patched tree-ish over the upstream commit ``upstream``); ``review``: how the
+    commands a finding prints name the repository and the rev (default: ``git``'s folder, the commit)."""
     start = time.perf_counter()
     lock = lock if lock is not None else read_lock(series.patches_dir)
     items, findings = derive(series, git, upstream, head, lock)
-    findings = _judged_defaults(series, findings + compare(items, lock))
-    order = {"error": 0, "warning": 1, "note": 2}
+    review = review or Review(str(git.cwd), upstream[:12], f"c128patch contract --sglang-rev {upstream[:12]} --accept")
+    findings = _judged_defaults(series, findings + compare(items, lock, review))
+    order = {"error": 0, "warning": 1, "unchecked": 2, "note": 3}
     return ContractResult(items, sorted(findings, key=lambda f: order[f.level]), seconds=time.perf_counter() - start)
 
 
@@ -414,7 +454,8 @@ def accept(lock: Lock, result: ContractResult) -> int:
     added = 0
     for i, item in enumerate(lock.items):
         current = by_key.get(item.key)
-        if current is not None and (item.target, current.signature) in now and current.sig not in item.sigs:
+        if current is not None and (item.target, current.blob or current.signature) in now \
+                and current.sig not in item.sigs:
             lock.items[i] = replace(item, sigs=item.sigs + (current.sig,))
             added += 1
     new = [i for i in result.items if i.kind == "declared" and i.key not in known and (i.target, i.signature) in now]

@@ -28,6 +28,14 @@ UPSTREAM_PREFIX = "sgl_kernel/"
 PROBE = "ci/kernel_probe/upstream_signatures.cu"
 TVM_FFI = "apache-tvm-ffi"  # as sglang requires it
 SOURCES = (".cuh", ".cu", ".h", ".hpp", ".cpp")
+STATE_ROW = "the online c128 state row [max | sum | kv] our kernel reads and writes"
+MIRRORED = (  # our file, the text of its line that says what it mirrors, the upstream file whose content it mirrors
+    # with nothing checkable (literal slot offsets in kernel bodies), why: lock kind ``file``, its blob id
+    ("python/sglang/kernels/jit/csrc/deepseek_v4/online_c128_dspark.cuh", "[max | sum | kv]",
+     "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh", STATE_ROW),
+    ("python/sglang/kernels/jit/csrc/deepseek_v4/online_c128_dspark.cuh", "[max | sum | kv]",
+     "python/sglang/kernels/jit/csrc/deepseek_v4/online_c128_mtp.cuh", STATE_ROW),
+)
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
 _NOT_DECL = {"if", "for", "while", "switch", "return", "sizeof", "alignof", "decltype", "static_assert", "catch",
@@ -176,6 +184,29 @@ def derive(reader: Reader, ours: dict[str, set[int] | None],  # noqa: C901  one 
             signature = " | ".join(sorted({d for _, _, d in decls}))
             items.append({"kind": "cxx", "target": name, "site": f"{site_file}:{number}", "where": f"{header}:{line}",
                           "signature": signature})
+    return items, findings
+
+
+def mirrored(git: Git, upstream: str, reader: Reader, ours: dict[str, set[int] | None],
+             site_of: Callable[[str], str]) -> tuple[list[dict], list[dict]]:
+    """The upstream files our code mirrors with nothing to check (``MIRRORED``, where our file is in the tree): lock
+    items (kind ``file``: the file's blob id on ``upstream``, why as the signature); one gone there is an error."""
+    rows = [row for row in MIRRORED if row[0] in ours]
+    if not rows:
+        return [], []
+    listed = git.out("ls-tree", "-z", upstream, "--", *sorted({path for _, _, path, _ in rows})).split("\0")
+    blobs = {entry.split("\t", 1)[1]: entry.split()[2] for entry in listed if "\t" in entry}
+    items, findings = [], []
+    for path, mark, theirs, why in rows:
+        line = next((n for n, text in enumerate((reader.text(path) or "").splitlines(), 1) if mark in text), 1)
+        site = f"{site_of(path)}:{line}"
+        if theirs in blobs:
+            items.append({"kind": "file", "target": theirs, "site": site, "where": theirs, "signature": why,
+                          "blob": blobs[theirs]})
+        else:
+            findings.append({"level": "error", "message": f"{site}: {theirs} is gone from this tree: our code mirrors "
+                             f"what it held ({why}), which nothing upstream states now", "site": site,
+                             "where": theirs, "target": theirs})
     return items, findings
 
 

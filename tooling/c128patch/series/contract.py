@@ -23,7 +23,9 @@ HEADER = ("# c128patch API contract: the upstream surface this series uses, one 
           "# (callback: ours called by upstream, site = upstream's call; installed: upstream's method ours replaces; "
           "member: on an untyped receiver; typed: on "
           "a receiver typed as upstream's class; mirror: a value the rules copy; declared: a namespace member the "
-          "rules decide; config: a leaf of a config namespace the rules read)\n")
+          "rules decide; config: a leaf of a config namespace the rules read; file: an upstream file our code mirrors "
+          "with nothing to check, sig = its blob ids (recorded, then reviewed: `contract --accept`; refresh adds "
+          "none), the signature says why)\n")
 
 
 def sig_hash(text: str) -> str:
@@ -34,7 +36,7 @@ def sig_hash(text: str) -> str:
 @dataclass(frozen=True)
 class LockItem:
     kind: str  # module function class method attr value env header cxx; member typed mirror declared config callback
-    # installed
+    # installed file
     target: str
     site: str  # our file:line
     where: str  # upstream path:line at the base
@@ -113,9 +115,12 @@ def read_lock(patches_dir: Path) -> Lock | None:
 
 def merged(new: list[LockItem], old: Lock | None) -> list[LockItem]:
     """``new`` with the signatures ``old`` accepted for the same (kind, name) kept after the base's, and the
-    namespace members ``old`` lists as reviewed that the base does not declare."""
+    namespace members ``old`` lists as reviewed that the base does not declare; a mirrored file (kind ``file``) the
+    lock has keeps the blobs it holds, the new base's not added: only ``contract --accept`` adds one, after review."""
     accepted = old.accepted() if old is not None else {}
     keys = {item.key for item in new}
     kept = [i for i in (old.items if old is not None else []) if i.kind == "declared" and i.key not in keys]
-    return [replace(item, sigs=item.sigs + tuple(sorted(accepted.get(item.key, set()) - set(item.sigs))))
+    files = {i.key: i.sigs for i in (old.items if old is not None else []) if i.kind == "file"}
+    return [replace(item, sigs=files[item.key]) if item.key in files else
+            replace(item, sigs=item.sigs + tuple(sorted(accepted.get(item.key, set()) - set(item.sigs))))
             for item in new] + kept
