@@ -531,6 +531,19 @@ def test_refresh_keeps_a_mirrored_files_reviewed_blobs_and_adds_none():
     assert merged([at_new_base], None) == [at_new_base]  # a new row: the base's blob
 
 
+def test_watch_says_unchecked_naming_the_reordered_state_row(drift, tmp_path):
+    run = invoke("watch", "--onto", "row-reordered", "--repo", str(drift.git_dir), "--out", str(tmp_path / "out"),
+                 "--series", str(REPO_ROOT), "--no-run")
+    assert run.code == EXIT["unchecked"] == 8, run.err
+    [line] = [u for u in run.out["unchecked"] if u.startswith(f"{C128_ONLINE}: changed upstream since the lock")]
+    assert STATE_ROW in line and line.endswith(f"--repo {drift.git_dir} --series {REPO_ROOT} --accept`")
+    assert run.out["contract"]["unchecked"] == [line] and not run.out["contract"]["broken"]
+    diff = re.search(r"review `(git [^`]+)`", line)[1]
+    assert "gmem.load(kv_load_buf, 1)" in subprocess.run(shlex.split(diff), capture_output=True, text=True,
+                                                         check=True).stdout
+    assert line in (tmp_path / "out" / "watch-report.md").read_text()
+
+
 # -- bisect -------------------------------------------------------------------------------------
 
 

@@ -21,15 +21,19 @@ from c128patch.series.manifest import Series
 from c128patch.upstream.source import open_upstream
 
 
-def fit_check(series: Series, git: Git, base: str, commit: str, head: str, ours: list[copies.Patched]) -> dict:
+def fit_check(series: Series, git: Git, base: str, commit: str, head: str, ours: list[copies.Patched],
+              review: contract.Review | None = None) -> dict:
     """Does the series, carried to ``commit`` as ``head``, fit it: the contract against the lock, the nvcc signature
-    probe (where nvcc is) and the copies ``base..commit`` adds of what we patch; ``failing`` says what breaks it."""
-    result = contract.check(series, git, commit, head)
+    probe (where nvcc is) and the copies ``base..commit`` adds of what we patch; ``failing`` says what breaks it,
+    ``unchecked`` what the contract could not check (an upstream file we mirror changed since the lock: not a
+    break, never clean); ``review``: how those lines name the repository and the rev."""
+    result = contract.check(series, git, commit, head, review=review)
     probe_ok, probe = cxx.probe(series.root, git, head)
     found = copies.landed(git, head, copies.find(git, base, commit, ours))
     failing = [str(c) for c in found if c.missing] + [f.message for f in result.errors + result.warnings]
     failing += [f"C++: {probe}"] if probe_ok is False else []
-    return {"broken": bool(failing), "verdict": result.verdict(), "failing": failing, "cxx_probe": probe,
+    return {"broken": bool(failing), "verdict": result.verdict(), "failing": failing,
+            "unchecked": [f.message for f in result.unchecked], "cxx_probe": probe,
             "cxx_probe_ok": probe_ok, "copies": [str(c) for c in found if not c.missing], "json": result.to_json()}
 
 

@@ -19,7 +19,8 @@ the behavioural tier (``fit.treecheck``, in its sealed box; ``run=False`` skips 
   changed since the lock), the nvcc probe, a copy upstream made of what we patch without our hooks
   (``fit.copies``; ``fit.bisect.fit_check`` runs these three) or the behavioural tier fails on REV;
 * ``unchecked`` (8): it would be ``clean`` but the C++ side or the behavioural tier was not checked here,
-  or upstream copied what we patch (with our hooks: a warning, printed first).
+  upstream copied what we patch (with our hooks: a warning, printed first), or changed a file our code mirrors
+  with nothing to check (the lock's kind ``file``: until reviewed and accepted).
 
 Conflict > broken > failed > merged > refreshed > unchecked. For ``conflict`` and ``broken``, ``bisect``
 (``fit.bisect``, at most ``BISECT_TIMEOUT`` s) names the first upstream commit that broke it. Every
@@ -240,12 +241,13 @@ class Watch:
         """``fit.bisect.fit_check`` on the carried tree (what each bisect step runs), with the commands for it."""
         self._step(f"API contract, nvcc signature probe and copies of what we patch on {self.onto}")
         base = self.info["base"]["commit"]
+        fix = f"c128patch contract {self.rev_args} --series {_q(self.series.root)}"  # see every item, then accept
+        review = contract_ops.Review(str(self.source), onto_commit[:12], f"{fix} --accept")  # (the scratch clone goes)
         try:
             ours = copies.hooked(git, self.at_base) if onto_commit != base else []  # (no range: no copies)
-            fit = bisect_ops.fit_check(self.series, git, base, onto_commit, head, ours)
+            fit = bisect_ops.fit_check(self.series, git, base, onto_commit, head, ours, review)
         except C128Error as exc:
             return {"broken": True, "verdict": exc.message, "failing": [exc.message], "next": [], "json": {}}
-        fix = f"c128patch contract {self.rev_args} --series {_q(self.series.root)}"  # see every item, then accept
         nxt = [f"{fix} --verbose", "# fix what it names (a copy of a file we patch: carry our hooks there too); for "
                "a changed signature that still fits, after review:", f"{fix} --accept"]
         return {**fit, "next": nxt if fit["failing"] else []}
@@ -280,11 +282,12 @@ class Watch:
                 "modules": data["modules"], "json": data}
 
     def unchecked(self) -> list[str]:
-        """What could not be checked here, one line each (a copy of what we patch, no nvcc, no torch, the tier did
-        not run): never clean."""
+        """What could not be checked here, one line each (a copy of what we patch, an upstream file we mirror changed
+        since the lock, no nvcc, no torch, the tier did not run): never clean."""
         probe = [f"C++: {self.contract.get('cxx_probe', 'not checked')}"] if self.contract and self.contract.get(
             "cxx_probe_ok") is None else []
-        return [*(self.contract or {}).get("copies", []), *probe, *(self.behaviour or {}).get("unchecked", [])]
+        return [*(self.contract or {}).get("copies", []), *(self.contract or {}).get("unchecked", []), *probe,
+                *(self.behaviour or {}).get("unchecked", [])]
 
     def _rebase(self, rb: Rebase, onto_commit: str) -> tuple[dict, list[dict], str]:
         """Rebase with every entry upstream holds dropped; past each stop, skip and go on."""
