@@ -457,7 +457,15 @@ def tree_state_dtypes() -> Tuple[Tuple[Any, Any], Any]:
     the DSV4 pool of a default launch (its `_get_dsv4_compress_state_dtypes`, which sizes the pools it builds), read
     with the gates on and ``STATE_DTYPE_ENV`` unset, as a default DSPARK launch reads it. A tree without that
     function: not run (the scenario models the series' base), never a dtype of the scenario's own choosing."""
-    chooser = getattr(_module(CONFIGURATOR), "_get_dsv4_compress_state_dtypes", None)
+    held = sys.modules.get(RUNTIME_CONTEXT)
+    standin = held is not None and getattr(held, "__file__", None) is None  # a launch's (``_launch``)
+    if standin:  # imported with the tree's own runtime context: the stand-in has no get_model, which it imports
+        del sys.modules[RUNTIME_CONTEXT]
+    try:
+        chooser = getattr(_module(CONFIGURATOR), "_get_dsv4_compress_state_dtypes", None)
+    finally:
+        if standin:
+            sys.modules[RUNTIME_CONTEXT] = held
     if not callable(chooser):
         raise NotRun(f"{CONFIGURATOR} has no _get_dsv4_compress_state_dtypes, which chooses the compress-state dtypes "
                      "of the pool the scenario builds (upstream changed it; the scenario models the series' base)")
