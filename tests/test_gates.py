@@ -61,6 +61,13 @@ def test_a_gate_names_only_gates_of_the_reference(tmp_path: Path):
             "which is not in the env reference") in found
 
 
+def test_a_gate_a_patch_declares_but_the_reference_gives_to_upstream_says_what_to_write(tmp_path: Path):
+    root = edited_series(tmp_path, 'name = "SGLANG_DSPARK_RECORD_VERIFY_STREAMS"\ndeclared_by = "series"',
+                         'name = "SGLANG_DSPARK_RECORD_VERIFY_STREAMS"\ndeclared_by = "upstream"')
+    assert ("gate SGLANG_DSPARK_RECORD_VERIFY_STREAMS is declared_by upstream but a patch of the series declares it: "
+            'write declared_by = "series" in its [[gates]] row of the manifest') in messages(root)
+
+
 def test_a_series_gate_has_the_default_its_patch_declares(tmp_path: Path):
     root = edited_series(tmp_path, 'name = "SGLANG_DSPARK_RECORD_VERIFY_STREAMS"\ndeclared_by = "series"\n'
                                    'type = "bool"\ndefault = "False"',

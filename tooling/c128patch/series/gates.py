@@ -165,7 +165,8 @@ def gate_problems(gates: list[Gate], entry_gates: dict[str, str], text: SeriesTe
         if gate.declared_by == "series":
             found += [(gate.name, p) for p in declaration_problems(gate, added, "a patch of the series")]
         elif gate.name in added:
-            found.append((gate.name, f"gate {gate.name} is declared_by upstream but a patch of the series declares it"))
+            found.append((gate.name, f"gate {gate.name} is declared_by upstream but a patch of the series declares it: "
+                                     f'write declared_by = "series" in its [[gates]] row of the manifest'))
     return found
 
 
