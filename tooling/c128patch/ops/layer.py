@@ -84,7 +84,8 @@ def _refuse_unsound(layer: Series, updated: Series, name: str, files: dict[str, 
 def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gate: str = "",
               name: str = "") -> NewEntry:
     """Commit ``commit`` of the patched tree in ``git`` as a new entry of the layer in ``folder``."""
-    load_layer(folder, series)  # no layer there: its one line (the lock below opened the folder: a traceback)
+    if not folder.is_dir():  # no layer there: its one line (the lock below opens the folder: a traceback)
+        load_layer(folder, series)
     return _add_entry(folder, series, git, commit, why, gate, name)
 
 
