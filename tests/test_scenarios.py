@@ -255,3 +255,18 @@ def test_a_dtype_upstream_chooses_that_our_ops_refuse_fails_naming_where_it_was_
         assert re.fullmatch(f"scenario {name}: {said}", on[name]["detail"]), on[name]["detail"]
     assert all(s["status"] == "passed" for s in scenarios(result, "off").values())  # (no state of ours; upstream's)
     assert result.verdict().startswith("failed") and not result.to_json()["ok"]
+
+
+def test_a_bfloat16_state_upstream_makes_the_default_is_taken_and_every_scenario_passes(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Helper 126's case d: a bfloat16 c128 state our ops take (as upstream's own bf16 choice rounds it) was `broken`,
+    every scenario over the tree's pool off the float64 reference by float32's tolerance (0.005-0.016)."""
+    git = Git(git_dir=sglang_release_repo)
+    default = 'SGLANG_DSV4_COMPRESS_STATE_DTYPE = EnvStr("{}")'
+    base, head = patched_copy_with(git, tmp_path, {"python/sglang/srt/environ.py": [
+        (default.format("float32"), default.format("bfloat16"))]})
+    result = treecheck.run(SERIES, tmp_path, git.changed_files(base, head), python=tier_python)
+    for gates in ("off", "on"):
+        assert {n: s["status"] for n, s in scenarios(result, gates).items()} == dict.fromkeys(SCENARIOS, "passed"), (
+            gates, {n: s.get("detail") for n, s in scenarios(result, gates).items() if s["status"] != "passed"})
+    assert result.checked and not result.failed
