@@ -331,6 +331,7 @@ def test_a_build_that_replaces_its_log_with_a_link_has_the_tool_read_nothing_thr
                  str(tmp_path / "dist"), "--no-isolation", as_json=False)
     assert res.code != 0 and "the source build failed" in res.err, res.err
     assert "ghp_SECRETTOKEN" not in res.err and "its log is gone or a link: not read" in res.err, res.err
+    assert "full log:" not in res.err, res.err  # (the link is not a log to read)
     assert secret.read_text() == "https://u:ghp_SECRETTOKEN@github.com\n"
 
 

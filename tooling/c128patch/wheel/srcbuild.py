@@ -168,7 +168,8 @@ def _run_build(git: Git, work: Path, base: Version, epoch: int, no_isolation: bo
     code = runner(cmd, env, python_dir, log)
     if code != 0:
         tail = _log_tail(log)
-        raise _BuildFailed(f"the source build failed (exit {code}): {tail}", hint=f"full log: {log}")
+        kept = not tail.startswith("(its log ")  # a link or not a file: nothing to point the operator at
+        raise _BuildFailed(f"the source build failed (exit {code}): {tail}", hint=f"full log: {log}" if kept else None)
     built = sorted(dist_dir.glob("*.whl"))
     if len(built) != 1:
         raise C128Error(f"the source build produced {len(built)} wheels, expected one")
