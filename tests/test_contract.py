@@ -1,9 +1,10 @@
 """The series' API contract (c128patch contract; ops.contract): on the four real releases it holds
 against the committed lock, which refresh keeps a fixed point; on upstream drift built in the test
 as commits on top of the real v0.5.23 (a callee's signature changed with upstream's callers
-updated, an imported module renamed, two same-kind parameters swapped, an env attribute we read
-removed, a device helper's parameters reordered, a header removed, code that does not parse) it is
-broken, naming our line and upstream's definition; `watch` says `broken` (exit 7)."""
+updated, an imported module renamed, two same-kind parameters swapped or a NamedTuple's fields reordered (our
+positional call's arguments land elsewhere), an env attribute we read removed, a device helper's parameters
+reordered, a header removed, code that does not parse) it is broken, naming our line and upstream's definition;
+`watch` says `broken` (exit 7); a parameter added with a default is a note, a renamed one a warning to review."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ UTILS_CUH = "python/sglang/kernels/jit/include/sgl_kernel/utils.cuh"
 VEC_CUH = "python/sglang/kernels/jit/include/sgl_kernel/vec.cuh"
 RECORD_STREAMS = "overlay/sglang/srt/speculative/dspark_components/c128_record_streams.py"
 KERNEL_OPS = "overlay/sglang/kernels/ops/attention/dsv4/online_c128_dspark.py"
+COMPRESS_OPS = "python/sglang/kernels/ops/attention/dsv4/compress.py"
 CUH = "csrc/deepseek_v4/online_c128_dspark.cuh"
 C128_ONLINE = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 C128_MTP = "python/sglang/kernels/jit/csrc/deepseek_v4/online_c128_mtp.cuh"
@@ -125,6 +127,30 @@ def params_swapped(git: Git) -> str:
     return _edit(git, "spec_utils: record_stream_each takes the stream first", changes)
 
 
+def param_renamed(git: Git) -> str:
+    """record_stream_each(tensors, stream) -> (tensors, cuda_stream): our positional call lands as before."""
+    return _edit(git, "spec_utils: record_stream_each's stream is cuda_stream", lambda text_of: {
+        SPEC_UTILS: text_of(SPEC_UTILS).replace("def record_stream_each(tensors, stream):",
+                                                "def record_stream_each(tensors, cuda_stream):").replace(
+            "        t.record_stream(stream)", "        t.record_stream(cuda_stream)")})
+
+
+def param_added(git: Git) -> str:
+    """record_stream_for_v2_verify gains a trailing ``extra_tensors=()`` (helper 130's H1): harmless to our call."""
+    return _edit(git, "spec_utils: record_stream_for_v2_verify takes extra tensors", lambda text_of: {
+        SPEC_UTILS: text_of(SPEC_UTILS).replace("def record_stream_for_v2_verify(batch, verify_input, fwd_stream):",
+                                                "def record_stream_for_v2_verify(batch, verify_input, fwd_stream, "
+                                                "extra_tensors=()):")})
+
+
+def fields_reordered(git: Git) -> str:
+    """CompressorPrefillPlan's plan_c and plan_w fields swap (helper 130's B3): our op builds it by position."""
+    lines = ("    plan_c: torch.Tensor  # [num_q_tokens, 16] uint8 --- CompressPlan\n",
+             "    plan_w: torch.Tensor  # [num_q_tokens,  8] uint8 --- WritePlan\n")
+    return _edit(git, "compress: plan_w before plan_c", lambda text_of: {
+        COMPRESS_OPS: text_of(COMPRESS_OPS).replace(lines[0] + lines[1], lines[1] + lines[0])})
+
+
 def attr_removed(git: Git) -> str:
     """SGLANG_RAGGED_VERIFY_MODE is no longer declared on envs."""
     return _edit(git, "environ: drop SGLANG_RAGGED_VERIFY_MODE", lambda text_of: {
@@ -194,7 +220,8 @@ DRIFT = {"signature": signature_changed, "renamed": module_renamed, "swapped": p
          "attr-removed": attr_removed, "get-renamed": get_renamed, "helper-reordered": helper_reordered,
          "header-removed": header_removed,
          "unparsable": unparsable, "pathological": pathological, "row-reordered": row_reordered,
-         "mtp-removed": mtp_removed}
+         "mtp-removed": mtp_removed, "param-renamed": param_renamed, "param-added": param_added,
+         "fields-reordered": fields_reordered}
 
 
 @pytest.fixture(scope="session")
@@ -307,14 +334,46 @@ def test_a_renamed_imported_module_is_missing(drift):
     assert said in errors
 
 
-def test_two_swapped_parameters_of_the_same_arity_are_flagged(drift):
+def test_two_swapped_parameters_of_the_same_arity_are_an_error_at_our_call(drift):
+    """Our positional call still binds, each argument to the other parameter: an error at the call (not the import),
+    which --accept never records (test_accept_never_records_a_call_whose_arguments_land_elsewhere)."""
     run = run_contract("swapped", repo=drift)
+    assert run.code == 1 and findings(run, "warning") == []
+    [error] = findings(run, "error")
+    call = _line(RECORD_STREAMS, "    record_stream_each(")  # the call, not the import
+    assert error.startswith(f"{RECORD_STREAMS}:{call}: our call of sglang.srt.speculative.spec_utils."
+                            "record_stream_each binds differently now (arg1 went to tensors, now to stream; "
+                            "change our call): "
+                            f"sglang.srt.speculative.spec_utils.record_stream_each changed since the lock: "
+                            f"{SPEC_UTILS}:358 `def record_stream_each(tensors, stream)` at v0.5.23, "
+                            f"now {SPEC_UTILS}:358 `def record_stream_each(stream, tensors)`"), error
+
+
+def test_a_named_tuples_reordered_fields_are_an_error_where_our_op_builds_it_by_position(drift):
+    run = run_contract("fields-reordered", repo=drift)
+    assert run.code == 1
+    [error] = findings(run, "error")
+    assert error.startswith(f"{KERNEL_OPS}:207: our call of sglang.kernels.ops.attention.dsv4.compress."
+                            "CompressorPrefillPlan binds differently now (arg2 went to plan_c, now to plan_w; "
+                            "change our call): "), error
+
+
+def test_a_parameter_added_with_a_default_is_a_note_and_the_contract_holds(drift):
+    """Helper 130's H1 was `broken`: a trailing parameter with a default changes nothing our calls bind."""
+    run = run_contract("param-added", repo=drift)
+    assert run.code == 0 and run.out["ok"], run.out
+    assert findings(run, "error") == findings(run, "warning") == []
+    [note] = [n for n in findings(run, "note") if "record_stream_for_v2_verify changed since the lock" in n]
+    assert note.endswith("`def record_stream_for_v2_verify(batch, verify_input, fwd_stream, extra_tensors=())`: "
+                         "parameters only added, with defaults (each call binds as at the base)"), note
+
+
+def test_a_renamed_parameter_our_call_passes_by_position_is_a_warning_to_review(drift):
+    run = run_contract("param-renamed", repo=drift)
     assert run.code == 1 and findings(run, "error") == []
     [warning] = findings(run, "warning")
-    call = _line(RECORD_STREAMS, "    record_stream_each(")  # the call, not the import
-    assert warning.startswith(f"{RECORD_STREAMS}:{call}: sglang.srt.speculative.spec_utils.record_stream_each changed "
-                              f"since the lock: {SPEC_UTILS}:358 `def record_stream_each(tensors, stream)` at v0.5.23, "
-                              f"now {SPEC_UTILS}:358 `def record_stream_each(stream, tensors)`")
+    assert "`def record_stream_each(tensors, stream)` at v0.5.23, now" in warning, warning
+    assert "`def record_stream_each(tensors, cuda_stream)`" in warning, warning
 
 
 def test_an_env_attribute_we_read_that_upstream_removed_is_an_error(drift):
@@ -400,10 +459,21 @@ def test_the_inclusive_sum_swap_between_releases_is_flagged(sglang_release_repo,
 
 def test_accept_records_a_reviewed_change_and_the_contract_holds_again(drift, tmp_path):
     series = copy_series(tmp_path / "series")
-    assert run_contract("swapped", repo=drift, series=series).code == 1
-    run = run_contract("swapped", "--accept", repo=drift, series=series)
+    assert run_contract("param-renamed", repo=drift, series=series).code == 1
+    run = run_contract("param-renamed", "--accept", repo=drift, series=series)
     assert run.code == 0 and run.out["accepted"] >= 1
-    assert run_contract("swapped", repo=drift, series=series).code == 0
+    assert run_contract("param-renamed", repo=drift, series=series).code == 0
+
+
+@pytest.mark.parametrize("branch", ["swapped", "fields-reordered"])
+def test_accept_never_records_a_call_whose_arguments_land_elsewhere(drift, tmp_path, branch):
+    """Helper 130's B3: accepted, the reordered plan fields were `refreshed`, our op building the plan wrong."""
+    series = copy_series(tmp_path / "series")
+    before = (series / "patches" / "contract.lock").read_text()
+    run = run_contract(branch, "--accept", repo=drift, series=series)
+    assert run.code == 1 and not run.out["ok"] and run.out["accepted"] == 0
+    assert "binds differently now" in findings(run, "error")[0]
+    assert (series / "patches" / "contract.lock").read_text() == before
 
 
 def test_accept_never_turns_a_call_that_no_longer_binds_into_holds(drift, tmp_path):
@@ -423,7 +493,7 @@ def test_accept_refuses_a_symlinked_lock_and_writes_nothing(drift, tmp_path):
     victim.write_text(lock.read_text())
     lock.unlink()
     lock.symlink_to(victim)
-    run = run_contract("swapped", "--accept", repo=drift, series=series)
+    run = run_contract("param-renamed", "--accept", repo=drift, series=series)
     assert run.code == 2 and run.err.count("\n") <= 3 and "goes through the symlink patches/contract.lock" in run.err
     assert victim.read_text() == (REPO_ROOT / "patches" / "contract.lock").read_text() and lock.is_symlink()
 

@@ -30,7 +30,8 @@ LEVELS = {"unchecked": "not checked"}  # a finding's level as the text output sa
 @repo_option
 @click.option("--accept", is_flag=True,
               help="Record the changed signatures and values, and new namespace members, found as accepted in "
-                   "patches/contract.lock (after review); a call that does not bind is never accepted.")
+                   "patches/contract.lock (after review); a call that does not bind, or binds an argument "
+                   "elsewhere, is never accepted.")
 @click.option("--nvcc/--no-nvcc", "use_nvcc", default=None,
               help="Compile the nvcc signature probe against the tree's headers (default: where nvcc is on PATH).")
 @click.option("--verbose", is_flag=True,
@@ -42,7 +43,9 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     untyped receivers) and call our code uses, bind each call to its definition and each upstream call of ours to
     ours, and compare signatures, mirrored values and namespace members with patches/contract.lock; an upstream
     file our code mirrors with nothing to check (the online c128 state row) that changed since the lock is not
-    checked until reviewed and accepted. Exit 1 on an error, a changed signature or a file not checked."""
+    checked until reviewed and accepted. A positional argument of ours that lands on another parameter than at the
+    base (a reorder) is an error; parameters only added with defaults, a note. Exit 1 on an error, a changed
+    signature or a file not checked."""
     from c128patch.fit import contract as core
     from c128patch.fit import contract_cxx as cxx
     from c128patch.git import Git, toplevel

@@ -2,11 +2,12 @@
 uses, derived from a patched tree and checked on any tree (``fit.resolve`` collects the uses and resolves
 them, ``fit.contract_names`` the other direction and the names, ``fit.contract_cxx`` the CUDA headers). A missing
 module, name, attribute or header is an error; so is a call either way that does not bind (``Signature.bind``)
-and a change of a ``VALUE_KINDS`` item; another signature the lock did not record at the base (or accept since)
-is a warning (a same-arity parameter swap is caught here). An upstream file our code mirrors with nothing to check
-(``contract_cxx.MIRRORED``, lock kind ``file``) whose blob the lock did not record (nor accept since) is not checked
-(``unchecked``: never ``holds`` until reviewed and accepted); one gone is an error. Each finding names our file:line,
-upstream's file:line and both sides."""
+and a change of a ``VALUE_KINDS`` item, and a changed signature where our positional argument now lands on another
+parameter (``fit.compat``: a same-arity swap, a NamedTuple's fields reordered); parameters only added with defaults
+are a note; another signature the lock did not record at the base (or accept since) is a warning. An upstream file
+our code mirrors with nothing to check (``contract_cxx.MIRRORED``, lock kind ``file``) whose blob the lock did not
+record (nor accept since) is not checked (``unchecked``: never ``holds`` until reviewed and accepted); one gone is an
+error. Each finding names our file:line, upstream's file:line and both sides."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from c128patch.errors import C128Error
+from c128patch.fit import compat
 from c128patch.fit import contract_cxx as cxx
 from c128patch.fit import contract_names as names
 from c128patch.fit.resolve import (
@@ -361,13 +363,31 @@ def compare(items: list[Item], lock: Lock | None, review: Review | None = None) 
         elif item.kind == "file" and item.sig not in accepted[key]:
             out.append(_file_changed(item, recorded[key].sigs[0], lock.base, review))
         elif item.sig not in accepted[key]:
-            old = recorded[key]
-            out.append(Finding(
-                "error" if item.kind in VALUE_KINDS else "warning",
-                f"{item.site}: {item.target} changed since the lock: {old.where} `{old.signature}` at "
-                f"{lock.base or 'the base'}, now {item.where} `{item.signature}`", item.site, item.where,
-                item.target, recorded=old.signature, now=item.signature, acceptable=True))
+            out.append(_changed(item, recorded[key], lock.base, [i for i in items if i.key == key and i.shape]))
     return out
+
+
+def _changed(item: Item, old: LockItem, base: str, calls: list[Item]) -> Finding:
+    """A signature the lock does not hold: an error for a value (``VALUE_KINDS``) and, never acceptable, for a call of
+    ours whose positional argument now lands on another parameter (``compat.moved``); a note where parameters were
+    only added with defaults (``compat.compatible``); else a warning to review."""
+    said = (f"{item.target} changed since the lock: {old.where} `{old.signature}` at {base or 'the base'}, now "
+            f"{item.where} `{item.signature}`")
+    if item.kind in VALUE_KINDS:
+        return Finding("error", f"{item.site}: {said}", item.site, item.where, item.target, recorded=old.signature,
+                       now=item.signature, acceptable=True)
+    offset = {"function": 0, "class": int(": __init__(" in old.signature)}.get(item.kind)  # (self: binding's)
+    for call in calls if offset is not None else []:  # (one that does not bind is an error already)
+        if not call.bind_error and (why := compat.moved(old.signature, item.signature, call.shape, offset)):
+            return Finding("error", f"{call.site}: our call of {item.target} binds differently now ({why}; change "
+                                    f"our call): {said}", call.site, item.where, item.target, recorded=old.signature,
+                           now=item.signature)
+    if compat.compatible(old.signature, item.signature):
+        return Finding("note", f"{item.site}: {said}: parameters only added, with defaults (each call binds as at "
+                               "the base)", item.site, item.where, item.target, recorded=old.signature,
+                       now=item.signature, acceptable=True)
+    return Finding("warning", f"{item.site}: {said}", item.site, item.where, item.target, recorded=old.signature,
+                   now=item.signature, acceptable=True)
 
 
 def _file_changed(item: Item, old: str, base: str, review: Review | None) -> Finding:
