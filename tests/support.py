@@ -78,6 +78,13 @@ def run_printed(command: str, cwd: Path | None = None) -> subprocess.CompletedPr
     return subprocess.run(["bash", "-c", command], cwd=cwd or _SHIM[0], env=env, capture_output=True, text=True)
 
 
+def table_column(text: str, index: int) -> str:
+    """Column ``index`` of the rich table(s) in ``text`` as one string: its cells' lines joined by spaces (a table
+    fits 100 columns, its cells wrapped: issue 37)."""
+    rows = [line.split("│")[1:-1] for line in text.splitlines() if line.startswith("│")]
+    return " ".join(cell.strip() for row in rows if len(row) > index for cell in [row[index]] if cell.strip())
+
+
 def printed_command(text: str, start: str) -> str:
     """The shell command in ``text`` that begins with ``start``: up to the first ``)``, ``,``, ``;``,
     backtick or line end outside single quotes (how the tool embeds commands in its messages)."""

@@ -44,6 +44,19 @@ def test_check_off_a_terminal_cuts_no_entry_name(real_series, sglang_release_rep
     assert "…" not in res.text
 
 
+@pytest.mark.parametrize("columns", ["100", "400"])
+def test_check_table_fits_100_columns_piped_or_wide(real_series, sglang_release_repo, columns):
+    """Issue 37: output a person reads. check's table was 140-190 columns piped (one line per row, as wide as its
+    longest cell); like matrix's, it fits 100, its cells wrapped, no entry name cut (the details: --json)."""
+    res = invoke("check", as_json=False, env={"COLUMNS": columns})
+    assert res.code == 0, res.err
+    table = [line.rstrip() for line in res.text.splitlines() if line[:1] in "┏┃┡│└"]
+    assert table and max(map(len, table)) <= 100, max(map(len, table))
+    names = [row.split("│")[1].strip() for row in table if row.startswith("│") and row.split("│")[1].strip()]
+    assert names == [e.name for e in real_series.entries]
+    assert "…" not in res.text and "v0.5.20" in res.text and "v0.5.23" in res.text
+
+
 def test_a_long_transfer_prints_a_line_every_few_seconds_and_at_its_end():
     out, now = io.StringIO(), [100.0]
     rep = PlainReporter(stream=out, every=5.0, clock=lambda: now[0])

@@ -302,6 +302,23 @@ def test_a_rebase_onto_the_rev_it_is_on_with_the_same_series_rewrites_nothing(fr
     assert git.head() != head and "mine" in git.out("log", "-3", "--format=%s").splitlines()
 
 
+def test_the_rebase_table_fits_100_columns_piped(sglang_release_repo, series_dir, tmp_path):
+    """Issue 37: output a person reads. rebase's table was ~150 columns piped (its file column the whole overlay
+    path on one line); it fits 100, as matrix's does, each entry name whole and every file still there, folded."""
+    git = apply_into(sglang_release_repo, tmp_path / "t", series_dir, "v0.5.22")
+    run = invoke("rebase", "--onto", "v0.5.23", "--tree", str(git.worktree), "--series", str(series_dir),
+                 as_json=False, env={"COLUMNS": "400"})
+    assert run.code == 0, run.err
+    table = [line.rstrip() for line in run.text.splitlines() if line[:1] in "┏┃┡│└"]
+    assert table and max(map(len, table)) <= 100, max(map(len, table))
+    cells = [[c.strip() for c in row.split("│")[1:-1]] for row in table if row.startswith("│")]
+    names = [c[0] for c in cells if c[0]]
+    assert names == [e.name for e in load_series(series_dir).entries]
+    files = "".join(c[2] for c in cells).replace(" ", "")  # a cell's lines joined: its words, the spaces gone
+    assert all(e.source in files for e in load_series(series_dir).entries if not e.is_patch)
+    assert "…" not in run.text
+
+
 def test_the_closing_check_says_the_series_is_not_up_to_date_when_upstream_changed_a_name_the_lock_records(
         sglang_release_repo, tmp_path):
     """The closing ``refresh --check`` derives the contract on the new tip (each file parsed once per process, as

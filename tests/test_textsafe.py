@@ -14,7 +14,7 @@ from c128patch.fit import watch_report
 from c128patch.git import Git
 from c128patch.ops.rebase_report import render_markdown
 from c128patch.textsafe import md, one_line, plain, some
-from support import REPO_ROOT, invoke
+from support import REPO_ROOT, invoke, table_column
 from test_upstream_changes import CUH, GUARD_NEW, GUARD_OLD, PLAN, commit_on, put
 
 HOSTILE = ["<!-- the rest is hidden", "<img src=x onerror=alert(1)>", "[click me](javascript:alert(1))",
@@ -155,7 +155,7 @@ def test_check_prints_an_upstream_subject_as_text_not_rich_markup(sglang_release
 
     sha = commit_on(git, MARKUP, edit)
     run = invoke("check", "--sglang-rev", sha, "--repo", dest, "--series", REPO_ROOT, as_json=False)
-    assert run.code == 1 and f"upstream may now handle this: {sha[:12]} {MARKUP!r}" in run.text.replace("\n", " "), \
+    assert run.code == 1 and f"upstream may now handle this: {sha[:12]} {MARKUP!r}" in table_column(run.text, 1), \
         run.text
 
 

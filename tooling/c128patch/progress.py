@@ -120,6 +120,21 @@ def console(stderr: bool = True) -> Console:
     return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
 
 
+WIDTH = 100  # a table a person reads (issue 37): its width piped, and the most a terminal's takes
+
+
+def table_console(stderr: bool = False) -> Console:
+    """A table at most ``WIDTH`` columns wide (a narrower terminal's width on one), piped too: its cells wrap (a
+    column made ``overflow="fold"`` folds a long word), nothing is cut; the details are in the verb's ``--json``."""
+    import shutil
+
+    from rich.console import Console
+
+    on_terminal = is_terminal(sys.stderr if stderr else sys.stdout)
+    width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns) if on_terminal else WIDTH
+    return Console(stderr=stderr, width=width, highlight=False, soft_wrap=False)
+
+
 @contextlib.contextmanager
 def reporter(enabled: bool, total: int | None = None, title: str = "working") -> Iterator[Reporter]:
     """A progress bar on a terminal's stderr, plain lines off one (``PlainReporter``). Not ``enabled`` (--json):

@@ -70,7 +70,7 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
     from rich.table import Table
 
     from c128patch.ops.check import check_upstream, exact, supported_releases
-    from c128patch.progress import console, reporter
+    from c128patch.progress import reporter, table_console
     from c128patch.series.layers import describe, layer_rows
     from c128patch.textsafe import text
 
@@ -89,12 +89,15 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
                    "revs": [{**r.to_json(), **({"contract": contracts[r.rev]} if deep else {})} for r in results]},
                   series)
         return exit_unless(ok)
-    table = Table("entry", *(r.rev for r in results), title=describe(series))
+    table = Table(title=describe(series))  # within 100 columns, piped too (issue 37; every detail in --json)
+    table.add_column("entry", no_wrap=True)  # a name whole, the cells wrapped beside it
+    for r in results:
+        table.add_column(r.rev, overflow="fold")
     rows = [{row.name: row for row in r.entries} for r in results]
     for entry in series.entries:
         table.add_row(*map(text, [entry.name, *(_cell(entry, by[entry.name]) if entry.name in by else "error"
                                                  for by in rows)]))
-    console(stderr=False).print(table)
+    table_console().print(table)
     for r in results:
         c = contracts.get(r.rev)
         say(*([f"{r.rev}: {r.error}"] if r.error else []),

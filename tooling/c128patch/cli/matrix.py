@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import sys
 from pathlib import Path
 
 import click
@@ -16,7 +14,6 @@ HEADINGS = {"compile": "compiles sm_90a", "suite": "GPU suite", "memcheck": "mem
             "upstream-suite": "upstream's own tests", "simulation": "DSPARK simulation",
             "kernel-bench": "kernel benchmark"}
 APPLY_STYLE = {"clean": "strict", "3way": "3-way", "conflict": "CONFLICT", "collision": "COLLISION"}
-WIDTH = 100  # piped output, and the most a terminal table takes
 
 
 @click.command("matrix")
@@ -33,12 +30,11 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
             series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """What the committed results prove per release: applies strict / 3-way, compiles for sm_90a, GPU
     suite, sanitizers, differential, upstream's own tests; stale or missing evidence says so."""
-    from rich.console import Console
     from rich.table import Table
 
     from c128patch.evidence.matrix import markdown, matrix_for
     from c128patch.evidence.results import KINDS, results_root
-    from c128patch.progress import reporter
+    from c128patch.progress import reporter, table_console
 
     series = load_stack(series_dir, layer_dirs, quiet=as_json)
     root = results_dir or results_root(series)
@@ -49,8 +45,7 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
                           "results": str(root), "releases": [r.to_json() for r in rows]}, series)
     if as_markdown:
         return click.echo(markdown(rows), nl=False)
-    width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns) if sys.stdout.isatty() else WIDTH
-    out = Console(width=width, highlight=False, soft_wrap=False)
+    out = table_console()
     # evidence kinds x releases, one state per cell (the details are in --markdown / --json); entries x releases
     evidence = Table(title="evidence per release (details: --markdown, --json)")
     entries = Table(title="entries x releases: applies (replayed now)")

@@ -32,14 +32,14 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
             layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Move the patched branch onto another upstream rev: each entry replays the file the series
     chooses there, your edits are carried, the result is proven equal to a fresh apply."""
-    from rich.table import Table
+    from rich.table import Column, Table
 
     from c128patch.cli.common import load_stack
     from c128patch.fit.contract import lock_items
     from c128patch.fit.rebase_flow import rebase
     from c128patch.git import Git
     from c128patch.ops.refresh import refresh_command
-    from c128patch.progress import console
+    from c128patch.progress import table_console
     from c128patch.textsafe import count, text
 
     chosen = [n for n, on in (("onto", onto), ("continue", cont), ("skip", skip), ("abort", abort),
@@ -67,7 +67,8 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
         return say(f"rebase aborted: {report['branch'] or 'HEAD'} is back at {report['head'][:12]}"
                    + (f"; your uncommitted work is in stash {report['stash'][:12]}" if report["stash"] else ""))
     old, new = report["old_base"]["rev"], report["new_base"]["rev"]
-    table = Table("entry", "status", "file (chosen by)", "detail",
+    table = Table(Column("entry", no_wrap=True), *(Column(h, overflow="fold") for h in ("status", "file (chosen by)",
+                                                                                       "detail")),
                   title=text(f"rebase {old} -> {new} ({report['direction']}, "
                              f"{count(report['upstream_commits_between'], 'upstream commit')} added, "
                              f"{len(report['upstream_commits_removed'])} left behind)"))
@@ -76,7 +77,7 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
         detail += " [your edit carried]" if e.get("edit_from") else ""
         file = f"{e['file']} ({e['chosen_by'].split(':', 1)[0]})" if e.get("file") else e["kind"]
         table.add_row(*map(text, (e["name"], e["status"], file, detail)))
-    console(stderr=False).print(table)
+    table_console().print(table)  # within 100 columns, piped too (issue 37; every detail in --json)
     contract, renamed = report["contract"], report.get("renamed_branch")
     nxt, note = refresh_command(git, done.series, report, lock_items)
     say(report["equivalence"]["summary"], f"contract on {report['new_base']['rev']}: {contract['verdict']}"
