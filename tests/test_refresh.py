@@ -519,3 +519,22 @@ def test_a_commit_gated_by_an_undescribed_variable_is_written_and_refresh_exits_
     assert load_series(series).entries[-1].gate == "SGLANG_MINE_ON"
     shown = run_printed(lint)
     assert shown.returncode == 1 and "SGLANG_MINE_ON" in shown.stdout + shown.stderr, shown.stdout + shown.stderr
+
+
+def test_refresh_keeps_the_users_text_of_the_values_it_does_not_change(applied):
+    """A gate row the user wrote as docs/layers.md says (`default = '"INFO"'`, a TOML literal string, a comment after
+    it) came back from a refresh that added an entry as `default = "\\"INFO\\""`, the comment gone: what refresh does
+    not change keeps the user's text; what it changes (the entries, the version) is written as before."""
+    series, tree = applied
+    manifest = series / "patches" / "series.toml"
+    row = ("[[gates]]\nname = 'SGLANG_MINE_ON'\ndeclared_by = \"upstream\"\ntype = 'str'\n"
+           "default = '\"INFO\"'   # as environ.py writes it\nenables = 'my probe, on cold clocks'\n")
+    manifest.write_text(manifest.read_text() + "\n" + row)
+    a_commit_of_mine(tree, "mine\n\nC128patch-Gate: SGLANG_MINE_ON")
+    res = invoke("refresh", "--tree", str(tree), "--series", str(series))
+    assert "patches/series.toml" in res.out["changed"], res.out
+    written = load_series(series)
+    assert written.entries[-1].gate == "SGLANG_MINE_ON" and written.gates[-1].default == '"INFO"'
+    assert row in manifest.read_text(), manifest.read_text()
+    assert invoke("refresh", "--check", "--tree", str(tree), "--series", str(series)).out["changed"] == []
+

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -171,10 +172,50 @@ class Series:
             doc["entries"] = [e.to_toml() for e in self.entries]
         if self.gates:
             doc["gates"] = [g.to_toml() for g in self.gates]
-        return tomli_w.dumps(doc)
+        text = tomli_w.dumps(doc)
+        try:  # a value the file holds already keeps the text it was written in (a user's quoting, a trailing comment)
+            return keep_written(self.manifest_path.read_text("utf-8"), text)
+        except (OSError, UnicodeDecodeError):
+            return text
 
     def save(self) -> None:
         write_atomic(self.manifest_path, self.to_toml().encode())
+
+
+def _statements(text: str) -> Iterator[tuple[int, int, str]]:
+    """Each ``key = value`` of TOML ``text``: its first line, the line after its last, and what it says (the one
+    key and value it parses to, as JSON): a value over several lines (an array, a multi-line string) is one."""
+    lines, i = text.splitlines(keepends=True), 0
+    while i < len(lines):
+        if lines[i].strip() and not lines[i].lstrip().startswith(("#", "[")):
+            for j in range(i + 1, len(lines) + 1):
+                try:
+                    said = tomllib.loads("".join(lines[i:j]))
+                except tomllib.TOMLDecodeError as exc:
+                    if "at end of document" in str(exc):
+                        continue  # not closed yet: the next line is part of it
+                    break  # not TOML there: not one to keep
+                yield i, j, json.dumps(said, sort_keys=True, default=repr)
+                i = j - 1
+                break
+        i += 1
+
+
+def keep_written(old: str, new: str) -> str:
+    """``new`` (tomli_w's rendering) with each ``key = value`` that ``old`` holds the same (key and value) taken as
+    ``old`` writes it: a user's ``default = '"INFO"'`` is not re-quoted ``"\\"INFO\\""`` by a rewrite that left it as
+    it was (the k-th such statement of ``new`` takes the k-th of ``old``). The rest is tomli_w's."""
+    if old == new:  # (a file the tool wrote: the common case, at no cost)
+        return new
+    written: dict[str, list[str]] = {}
+    lines = old.splitlines(keepends=True)
+    for i, j, said in _statements(old):
+        written.setdefault(said, []).append("".join(lines[i:j]).rstrip("\n") + "\n")
+    out, lines, at = [], new.splitlines(keepends=True), 0
+    for i, j, said in _statements(new):
+        out += lines[at:i] + [written[said].pop(0) if written.get(said) else "".join(lines[i:j])]
+        at = j
+    return "".join(out + lines[at:])
 
 
 def read_toml(path: Path, bad: str) -> dict[str, Any]:
