@@ -538,3 +538,17 @@ def test_refresh_keeps_the_users_text_of_the_values_it_does_not_change(applied):
     assert row in manifest.read_text(), manifest.read_text()
     assert invoke("refresh", "--check", "--tree", str(tree), "--series", str(series)).out["changed"] == []
 
+
+@pytest.mark.parametrize("flags", [("--primary", "--variant"), ("--variant", "--primary")], ids=["pv", "vp"])
+def test_primary_and_variant_together_are_a_usage_error_not_the_last_one_winning(applied, flags, tmp_path):
+    """`refresh --primary --variant` ran as --variant (the last of one --primary/--variant option won, silently):
+    one line naming both, exit 2, nothing written; `watch` took the same option, and refuses the same way."""
+    series, tree = applied
+    before = files(series)
+    line = refused(["refresh", *flags, "--tree", tree, "--series", series], tree,
+                   "--primary and --variant together: give one of them, or neither")
+    assert line.endswith("(see `c128patch refresh --help`)"), line
+    assert files(series) == before
+    refused(["watch", "--onto", "v0.5.23", *flags, "--out", tmp_path / "w", "--series", series], None,
+            "--primary and --variant together")
+    assert not (tmp_path / "w").exists()

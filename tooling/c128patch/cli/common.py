@@ -36,6 +36,14 @@ tree_option = click.option(
          "where apply makes it).")
 
 
+def primary_or_variant(as_primary: bool, as_variant: bool, default: str) -> bool | None:
+    """``--primary`` (True), ``--variant`` (False) or neither (None); both: a usage error (one ``--primary/--variant``
+    option let the last one win, silently)."""
+    if as_primary and as_variant:
+        raise click.UsageError(f"--primary and --variant together: give one of them, or neither ({default})")
+    return True if as_primary else False if as_variant else None
+
+
 def json_verb(fn: Callable) -> Callable:
     """A verb's body with --json, its errors handled (``handles_errors``)."""
     return json_option(handles_errors(fn))

@@ -6,23 +6,35 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, exit_unless, load_stack, locate_tree, say, tree_option, verb_options
+from c128patch.cli.common import (
+    emit_json,
+    exit_unless,
+    load_stack,
+    locate_tree,
+    primary_or_variant,
+    say,
+    tree_option,
+    verb_options,
+)
 
 
 @click.command("refresh")
 @tree_option
 @click.option("--check", "check_only", is_flag=True, help="Change nothing; exit 1 if refreshing would change any file.")
-@click.option("--primary/--variant", default=None,
-              help="Make the branch's patches the primary files (series base moves to the tree's base), or the "
-                   "variants for the tree's base. Default: primary when the tree's base is the series base.")
+@click.option("--primary", "as_primary", is_flag=True,
+              help="Make the branch's patches the primary files (series base moves to the tree's base). Default "
+                   "(neither this nor --variant): primary when the tree's base is the series base.")
+@click.option("--variant", "as_variant", is_flag=True,
+              help="Make the branch's patches the variants for the tree's base.")
 @click.option("--version", "version", default=None,
               help="Series version to record (default: bumped when anything changed).")
 @click.option("--accept-differences", is_flag=True,
               help="Export even when the tree differs from the series in ways no edit on the branch explains.")
 @verb_options
-def command(tree: Path | None, check_only: bool, primary: bool | None, version: str | None, accept_differences: bool,
-            series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+def command(tree: Path | None, check_only: bool, as_primary: bool, as_variant: bool, version: str | None,
+            accept_differences: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """Export the patched branch back into patches/ and the manifest."""
+    primary = primary_or_variant(as_primary, as_variant, "primary when the tree's base is the series base")
     from c128patch.fit.contract import lock_items
     from c128patch.git import Git
     from c128patch.ops.refresh import lint_command, refresh

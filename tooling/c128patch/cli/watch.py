@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import check_output_dir, emit_json, load_stack, repo_option, verb_options
+from c128patch.cli.common import check_output_dir, emit_json, load_stack, primary_or_variant, repo_option, verb_options
 
 EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items())
 
@@ -22,17 +22,19 @@ EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items()
                    "(default: ./c128patch-watch).")
 @click.option("--timeout", type=click.FloatRange(min=1), default=1800.0, show_default=True,
               help="Give up after this many seconds (exit 124, the report says where it was).")
-@click.option("--primary/--variant", default=None,
-              help="A refreshed series takes REV's files as its primary files (base moves to REV) or as variants "
-                   "for REV. Default: primary when REV is a release tag ahead of the series base.")
+@click.option("--primary", "as_primary", is_flag=True,
+              help="A refreshed series takes REV's files as its primary files (base moves to REV). Default (neither "
+                   "this nor --variant): primary when REV is a release tag ahead of the series base.")
+@click.option("--variant", "as_variant", is_flag=True, help="A refreshed series takes REV's files as variants for REV.")
 @click.option("--python", "python", default=None, help="The interpreter the behavioural tier imports the carried "
               "tree with, a path from the current folder or a name on PATH (one with torch and sglang's "
               "dependencies checks the most; default: this one).")
 @click.option("--no-run", "no_run", is_flag=True, help="Run none of the target's code: the behavioural tier is "
               "skipped (then unchecked at best).")
 @verb_options
-def command(onto: str, repo: str | None, out: Path, timeout: float, primary: bool | None, python: str | None,
-            no_run: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+def command(onto: str, repo: str | None, out: Path, timeout: float, as_primary: bool, as_variant: bool,
+            python: str | None, no_run: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...],
+            as_json: bool) -> None:
     """Carry the series onto REV in a scratch clone (never your tree), prove and check the result, and
     say which of clean / refreshed / merged / conflict / failed / broken / unchecked it is, with a report under
     --out."""
@@ -44,6 +46,7 @@ def command(onto: str, repo: str | None, out: Path, timeout: float, primary: boo
     from c128patch.series.plan import validate_files
     from c128patch.textsafe import plain
 
+    primary = primary_or_variant(as_primary, as_variant, "primary when REV is a release tag ahead of the series base")
     series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
     validate_files(series)
     check_output_dir(out, "--out")
