@@ -24,9 +24,7 @@ def _cell(entry: Entry, e: EntryCheck) -> str:
     what += "".join(f"\n{h}" for h in e.hints)
     if not entry.is_patch or not e.file:
         return what
-    variant = next(v for v in entry.patch_files() if f"patches/{v.file}" == e.file)
-    which = "primary" if variant.file == entry.file else f"{variant.base} variant"
-    return f"{what}\n{which} ({e.chosen_by.split(':', 1)[0]})"
+    return f"{what}\n{entry.role(e.file)} ({e.chosen_by.split(':', 1)[0]})"
 
 
 def _contract(series: Series, git: Git, r: RevCheck) -> dict:

@@ -72,10 +72,13 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
                   title=text(f"rebase {old} -> {new} ({report['direction']}, "
                              f"{count(report['upstream_commits_between'], 'upstream commit')} added, "
                              f"{len(report['upstream_commits_removed'])} left behind)"))
+    ours = {entry.name: entry for entry in done.series.entries}  # a file named as check names it (the path: --json)
     for e in report["entries"]:
         detail = e["detail"] + (f" [{', '.join(e['ledger'])}]" if e["ledger"] else "")
         detail += " [your edit carried]" if e.get("edit_from") else ""
-        file = f"{e['file']} ({e['chosen_by'].split(':', 1)[0]})" if e.get("file") else e["kind"]
+        entry, chosen = ours.get(e["name"]), e.get("chosen_by", "").split(":", 1)[0]
+        file = e["kind"] if not e.get("file") else chosen if entry and not entry.is_patch else \
+            f"{entry.role(e['file']) if entry else e['file']} ({chosen})"
         table.add_row(*map(text, (e["name"], e["status"], file, detail)))
     table_console().print(table)  # within 100 columns, piped too (issue 37; every detail in --json)
     contract, renamed = report["contract"], report.get("renamed_branch")

@@ -91,6 +91,12 @@ class Entry:
             return []
         return [Variant(self.file, self.base, self.sha256, self.base_commit, self.base_sources), *self.variants]
 
+    def role(self, path: str) -> str:
+        """Which of its files ``path`` (``patches/<file>``) is, in ``check``'s words: ``primary`` or ``<base>
+        variant`` (``path`` itself where it is none of them)."""
+        variant = next((v for v in self.patch_files() if f"patches/{v.file}" == path), None)
+        return path if variant is None else "primary" if variant.file == self.file else f"{variant.base} variant"
+
     def to_toml(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "kind": self.kind,
                                **({"file": self.file} if self.is_patch
