@@ -470,3 +470,38 @@ def test_status_names_a_stale_index_lock_and_its_commands_then_work(sglang_relea
     assert git.head() == reference["apply"] and git.current_branch() == "c128/v0.5.22"
     assert_nothing_in_progress(git)
     assert "left over" not in invoke("status", "--tree", git.worktree, as_json=False).text
+
+
+# ---------------------------------------------------------------------------- Ctrl-C while git holds the index
+@pytest.mark.parametrize("way", ["continue", "abort"])
+@pytest.mark.parametrize("verb", ["apply", "rebase"])
+def test_a_ctrl_c_while_git_writes_the_index_leaves_no_lock_and_the_printed_way_out_runs(
+        sglang_release_repo, series, reference, tmp_path, verb, way):
+    """A new user's Ctrl-C during apply's checkout: the tool ends its git with SIGKILL (procs.Group), which leaves
+    ``.git/index.lock``; the `apply --continue` it printed then failed on that lock. A git hook takes the lock as git
+    does while writing the index, then Ctrl-Cs the tool: the lock is the run's own, removed; the printed way out
+    runs as printed (and a lock that was there before is not touched: ``own_index_lock``)."""
+    if verb == "apply":
+        git = small_clone(sglang_release_repo, tmp_path / "t")
+        args, name = ["apply", "--sglang-rev", "v0.5.22", "--repo", git.worktree, "--series", series], "pre-applypatch"
+    else:
+        subprocess.run(["cp", "-a", reference["applied"], str(tmp_path / "t")], check=True)
+        git = Git(worktree=tmp_path / "t")
+        args, name = ["rebase", "--onto", "v0.5.23", "--tree", git.worktree, "--series", series], "post-checkout"
+    before = snapshot(git.worktree)
+    made = tmp_path / "hooks" / name
+    made.parent.mkdir()
+    made.write_text('#!/bin/sh\n: > "$(git rev-parse --git-path index.lock)"\n'
+                    'kill -INT "$(ps -o ppid= $PPID | tr -d " ")"\nsleep 5\n')
+    made.chmod(0o755)
+    proc = cli_process(args, {FAULT_HOOKS_ENV: str(made.parent)})
+    made.unlink()
+    assert proc.returncode == 130 and "journal is intact" in proc.stderr, (proc.returncode, proc.stderr)
+    assert not (git.worktree / ".git" / "index.lock").exists()
+    done = run_printed(printed_command(proc.stderr, f"c128patch {verb} --{way}"))
+    assert done.returncode == 0, done.stderr
+    if way == "continue":
+        assert git.head() == reference[verb]
+    else:
+        assert snapshot(git.worktree)["head"] == before["head"]
+    assert_nothing_in_progress(git)

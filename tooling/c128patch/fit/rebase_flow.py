@@ -15,7 +15,7 @@ from c128patch.errors import C128Error, Interrupted
 from c128patch.fit import contract as contract_ops
 from c128patch.git import Git
 from c128patch.ops.rebase import Journal, Rebase
-from c128patch.ops.treestate import rebase_command, rebase_journal, repo_lock
+from c128patch.ops.treestate import own_index_lock, rebase_command, rebase_journal, repo_lock
 from c128patch.progress import reporter
 from c128patch.series.layers import get_series, recorded_stack
 from c128patch.series.manifest import Series
@@ -55,7 +55,7 @@ def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, dro
              "continue": rb.resume, "skip": rb.skip, "drop": lambda: rb.skip(drop[0]), "abort": rb.abort}
     head = git.head()
     try:
-        with repo_lock(git, "rebase"):
+        with own_index_lock(git.worktree or Path.cwd()), repo_lock(git, "rebase"):
             report = verbs[verb]()
     except KeyboardInterrupt as stop:
         if not rb.path.is_file() and verb == "onto" and git.head() == head:

@@ -48,6 +48,7 @@ from c128patch.ops.treestate import (
     fault_point,
     git_command,
     git_paths,
+    own_index_lock,
     read_journal,
     refuse_conflict_markers,
     repo_lock,
@@ -182,7 +183,8 @@ def users_commits(git: Git, prov_commit: str, tip: str, record: dict) -> int:
 def interrupts_said(tree: Path) -> Iterator[None]:
     """A Ctrl-C in the block becomes the error that says how to resume or undo the apply in ``tree``."""
     try:
-        yield
+        with own_index_lock(tree):
+            yield
     except KeyboardInterrupt as stop:
         resume, undo = apply_commands(tree)
         raise Interrupted.by(stop, f"the apply journal is intact; resume with `{resume}` or undo with `{undo}`") \

@@ -51,6 +51,32 @@ def git_paths(git: Git, names: list[str], *more: str) -> list[Path]:
     return [(git.worktree or Path.cwd()) / rel for rel in rels]  # (an absolute one stays as it is)
 
 
+def _index_lock(tree: Path) -> Path | None:
+    """``tree``'s ``index.lock`` path, None where ``tree`` is no repository (yet)."""
+    if not (tree / ".git").exists():
+        return None
+    try:
+        return git_paths(Git(worktree=tree), ["index.lock"])[0]
+    except C128Error:
+        return None
+
+
+@contextlib.contextmanager
+def own_index_lock(tree: Path) -> Iterator[None]:
+    """On a signal in the block (``KeyboardInterrupt``), the ``index.lock`` the run's own git left: ended with its
+    group (``procs.Group``: SIGKILL, after which git cannot remove its lock), it stayed, and the resume or undo the
+    tool printed then failed on it. Removed; a lock that was there when the block began is not the run's, and stays."""
+    lock = _index_lock(tree)
+    had = lock is not None and lock.exists()
+    try:
+        yield
+    except KeyboardInterrupt:
+        lock = _index_lock(tree)
+        if lock is not None and not had:
+            lock.unlink(missing_ok=True)
+        raise
+
+
 def c128_state_dir(git: Git) -> Path:
     return git_paths(git, ["c128patch"])[0]
 
