@@ -21,17 +21,22 @@ import pytest
 from c128patch import progress
 from c128patch.progress import PlainReporter, transfer
 from c128patch.upstream.releases import _pip_reports_bytes, wheel_for
-from support import invoke
+from support import invoke, table_column
 
 
-def test_gates_off_a_terminal_cuts_no_cell(real_series):
-    res = invoke("gates", as_json=False, env={"COLUMNS": "80"})
+@pytest.mark.parametrize("columns", ["80", "400"])
+def test_gates_fits_100_columns_piped_and_cuts_no_cell(real_series, columns):
+    """Issue 37: output a person reads. gates' table was 411 columns piped (each cell on one line); it fits 100,
+    as matrix's does, every cell's text still there whole (its lines joined), no name cut (the rows: --markdown)."""
+    res = invoke("gates", as_json=False, env={"COLUMNS": columns})
     assert res.code == 0, res.err
-    lines = res.text.splitlines()
+    table = [line.rstrip() for line in res.text.splitlines() if line[:1] in "┏┃┡│└"]
+    assert table and max(map(len, table)) <= 100, max(map(len, table))
+    names, what = table_column(res.text, 0), table_column(res.text, 1)
     for g in real_series.gates:
-        for cell in (g.name, f"({g.declared_by})", f"{g.default} ({g.type})", *g.enables.splitlines(),
-                     *(g.notes or "").splitlines()):
-            assert any(cell in line for line in lines), cell
+        assert f"{g.name} ({g.declared_by}) {g.default} ({g.type})" in names, names
+        for part in (g.enables, g.notes, *(f"needs {n}" for n in g.requires), *(f"not with {n}" for n in g.conflicts)):
+            assert " ".join(part.split()) in what, part
     assert "…" not in res.text
 
 

@@ -14,9 +14,9 @@ from c128patch.cli.common import emit_json, load_stack, verb_options
 @verb_options
 def command(markdown: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
     """The env reference: every variable the series adds or reads, its default, what it does, what it conflicts with."""
-    from rich.table import Table
+    from rich.table import Column, Table
 
-    from c128patch.progress import console
+    from c128patch.progress import console, table_console
     from c128patch.series.gates import render_markdown
     from c128patch.textsafe import text
 
@@ -27,15 +27,17 @@ def command(markdown: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...
                           "gates": [{**g.to_toml(), "requires": list(g.requires), "conflicts": list(g.conflicts),
                                      "entries": [e for e, gate in entry_gates.items() if gate == g.name]}
                                     for g in series.gates]}, series)
-    out = console(stderr=False)
     if markdown:
-        return out.print(render_markdown(series.gates, entry_gates), markup=False, end="", soft_wrap=True)
-    table = Table("variable", "default", "what setting it does", "needs / conflicts with",
+        return console(stderr=False).print(render_markdown(series.gates, entry_gates), markup=False, end="",
+                                           soft_wrap=True)
+    # within 100 columns, piped too (issue 37; the rows whole: --markdown, --json): its default under its name (whole),
+    # what it needs or does not go with under what it does
+    table = Table(Column("variable (declared by) default", no_wrap=True),
+                  Column("what setting it does; needs / not with", overflow="fold"),
                   title=f"env reference of series {series.name} {series.version}")
     for g in series.gates:
         rel = [*(f"needs {n}" for n in g.requires), *(f"not with {n}" for n in g.conflicts)]
-        cells = (f"{g.name}\n({g.declared_by})", f"{g.default} ({g.type})",
-                 g.enables + (f"\n{g.notes}" if g.notes else ""),
-                 "\n".join(rel) or "-")
+        cells = (f"{g.name}\n({g.declared_by}) {g.default} ({g.type})",
+                 "\n".join([g.enables, *([g.notes] if g.notes else []), *rel]))
         table.add_row(*map(text, cells))  # plain text: [accept] is not markup
-    out.print(table)
+    table_console().print(table)
