@@ -317,6 +317,19 @@ def test_cli_table_and_errors() -> None:
     _refused(_run("--budget-gib", "40", "--compress-ratios", "0,2,4"), "unsupported compress ratios [2]")
 
 
+@pytest.mark.parametrize("args", [["--budget-gib", "39.04"], ["--budget-gib", "39.04", "--explain-pr"],
+                                  ["--preset", "pro", "--formula", "0.5.20", "--draft-tokens", "6", "--budget-gib",
+                                   "39.04"]])
+def test_cli_tables_fit_100_columns_piped(args) -> None:
+    """Issue 37: output a person reads. README's capacity command printed a 129-column table piped (233 with its
+    notes on one line each); it fits 100, as matrix's does, every number whole (the rows: --markdown, --json)."""
+    result = invoke("capacity", *args, as_json=False, env={"COLUMNS": "400"})
+    assert result.code == 0, result.err
+    assert max(len(line.rstrip()) for line in result.text.splitlines()) <= 100
+    for r in json.loads(invoke("capacity", *args).text)["results"]:
+        assert f"{r['off']['full_tokens']:,}" in result.text and f"{r['on']['full_tokens']:,}" in result.text
+
+
 def _refused(result, message: str) -> None:
     """A usage error: exit 2, one line on stderr naming the problem and pointing to --help."""
     assert result.code == 2, result.text

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Optional
 
-from rich.console import Console
 from rich.table import Table
 
 from c128patch.capacity import model as cap
@@ -61,10 +59,9 @@ def report_json(results: list[cap.CapacityResult], r_mode: str, explained: Optio
 
 def print_report(results: list[cap.CapacityResult], r_mode: str, explained: Optional[dict]) -> None:
     """The table, what R is, each refusal, the notes and (``explained``) PR #32035's numbers."""
-    from c128patch.progress import console as plain_console
+    from c128patch.progress import table_console
 
-    # A pipe or a file gets the whole table rather than 80 wrapped columns.
-    console = Console() if sys.stdout.isatty() else plain_console(stderr=False)
+    console = table_console()  # within 100 columns, piped too (issue 37; the rows whole: --markdown, --json)
     inp = results[0].inputs
     title = (f"KV budget {cap.gib(inp.budget_bytes):.2f} GiB/GPU, TP{inp.tp_size}, formula {inp.formula}, "
              f"swa ratio {inp.swa_full_tokens_ratio}, {inp.state_dtype} state, "
