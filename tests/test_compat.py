@@ -1,7 +1,7 @@
 """fit.compat: a changed upstream signature read from the lock's texts: parameters only added with defaults mean the
 same to every call; a positional argument of ours landing on another parameter the base had does not (a reorder, not
-a rename); anything else (``*args``/``**kwargs`` at the base, a new required parameter, a changed default or bases)
-is left to review."""
+a rename), nor a keyword of ours only ``**kwargs`` takes now; anything else (``*args``/``**kwargs`` at the base, a new
+required parameter, a changed default or bases) is left to review."""
 
 from __future__ import annotations
 
@@ -43,7 +43,12 @@ def test_compatible_only_where_parameters_were_added_with_defaults(old: str, new
     ("def f(tensors, stream)", "def f(tensors, cuda_stream)", "2", 0, ""),  # a rename: a warning, not this
     ("def f(a, b, c)", "def f(a, c, b)", "1", 0, ""),  # only arg1 passed: it lands where it did
     ("def f(a, b)", "def f(b, a)", "0,a=,b=", 0, ""),  # keywords bind by name
-    ("def f(a, b)", "def f(b, a)", "2,*", 0, ""),  # a starred call: unknown, left to the warning
+    ("def f(a, b)", "def f(b, a)", "2,*", 0, ""),  # a starred call's positions: unknown, left to the warning
+    # helper 131's C5: load_jit's cuda_wrappers= renamed cuda_exports= beside a new **options, our call starred
+    ("def load_jit(*names, cuda_files=(), cuda_wrappers=())", "def load_jit(*names, cuda_files=(), cuda_exports=(), "
+     "**options)", "2,cuda_files=,cuda_wrappers=,*", 0, "cuda_wrappers= went to cuda_wrappers, now to **options"),
+    ("def f(a, **kw)", "def f(a, b=0, **kw)", "1,k=", 0, ""),  # k= went to **kw at the base too
+    ("def f(a, k=0)", "def f(a, j=0)", "1,k=", 0, ""),  # k= does not bind now: an error of its own (not this)
 ])
 def test_moved_names_a_positional_argument_landing_on_another_parameter(old, new, shape, offset, said) -> None:
     assert moved(old, new, shape, offset) == said

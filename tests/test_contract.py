@@ -151,6 +151,17 @@ def fields_reordered(git: Git) -> str:
         COMPRESS_OPS: text_of(COMPRESS_OPS).replace(lines[0] + lines[1], lines[1] + lines[0])})
 
 
+def keyword_swallowed(git: Git) -> str:
+    """load_jit's cuda_wrappers= renamed cuda_exports=, beside a new **options (helper 131's C5): our call binds, its
+    cuda_wrappers= dropped into **options (a JIT module with no exports)."""
+    loader = "python/sglang/kernels/jit/utils/compile/loader.py"
+    return _edit(git, "jit loader: cuda_exports, **options", lambda text_of: {
+        loader: text_of(loader).replace("    cuda_wrappers: List[Tuple[str, str]] | None = None,\n",
+                                        "    cuda_exports: List[Tuple[str, str]] | None = None,\n", 1).replace(
+            "    header_only: bool = True,\n) -> Module:",
+            "    header_only: bool = True,\n    **options,\n) -> Module:", 1)})
+
+
 def attr_removed(git: Git) -> str:
     """SGLANG_RAGGED_VERIFY_MODE is no longer declared on envs."""
     return _edit(git, "environ: drop SGLANG_RAGGED_VERIFY_MODE", lambda text_of: {
@@ -221,7 +232,7 @@ DRIFT = {"signature": signature_changed, "renamed": module_renamed, "swapped": p
          "header-removed": header_removed,
          "unparsable": unparsable, "pathological": pathological, "row-reordered": row_reordered,
          "mtp-removed": mtp_removed, "param-renamed": param_renamed, "param-added": param_added,
-         "fields-reordered": fields_reordered}
+         "fields-reordered": fields_reordered, "keyword-swallowed": keyword_swallowed}
 
 
 @pytest.fixture(scope="session")
@@ -465,7 +476,16 @@ def test_accept_records_a_reviewed_change_and_the_contract_holds_again(drift, tm
     assert run_contract("param-renamed", repo=drift, series=series).code == 0
 
 
-@pytest.mark.parametrize("branch", ["swapped", "fields-reordered"])
+def test_a_keyword_of_ours_only_kwargs_takes_now_is_an_error_at_our_call(drift):
+    run = run_contract("keyword-swallowed", repo=drift)
+    assert run.code == 1
+    [error] = findings(run, "error")
+    assert error.startswith(f"{KERNEL_OPS}:69: our call of sglang.kernels.jit.utils.compile.loader.load_jit binds "
+                            "differently now (cuda_wrappers= went to cuda_wrappers, now to **options; change our "
+                            "call): "), error
+
+
+@pytest.mark.parametrize("branch", ["swapped", "fields-reordered", "keyword-swallowed"])
 def test_accept_never_records_a_call_whose_arguments_land_elsewhere(drift, tmp_path, branch):
     """Helper 130's B3: accepted, the reordered plan fields were `refreshed`, our op building the plan wrong."""
     series = copy_series(tmp_path / "series")

@@ -44,8 +44,8 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     ours, and compare signatures, mirrored values and namespace members with patches/contract.lock; an upstream
     file our code mirrors with nothing to check (the online c128 state row) that changed since the lock is not
     checked until reviewed and accepted. A positional argument of ours that lands on another parameter than at the
-    base (a reorder) is an error; parameters only added with defaults, a note. Exit 1 on an error, a changed
-    signature or a file not checked."""
+    base (a reorder), or a keyword only **kwargs takes now, is an error; parameters only added with defaults, a
+    note. Exit 1 on an error, a changed signature or a file not checked."""
     from c128patch.fit import contract as core
     from c128patch.fit import contract_cxx as cxx
     from c128patch.git import Git, toplevel

@@ -1,7 +1,8 @@
 """Does a changed upstream signature still mean the same to our code? Read from the lock's signature texts
 (``fit.resolve``'s ``def f(a, b=1)``, ``class C(B): __init__(self, a)``, ``class C(B): (a, b)``): parameters only
 added with defaults mean the same to every call; one of our positional arguments landing on another parameter than at
-the base (a reorder, a parameter inserted before it) does not, though the call still binds."""
+the base (a reorder, a parameter inserted before it), or a keyword of ours that only ``**kwargs`` takes now (a
+renamed parameter beside a new ``**kwargs``: silently dropped there), does not, though the call still binds."""
 
 from __future__ import annotations
 
@@ -51,15 +52,22 @@ def compatible(old: str, new: str) -> bool:
 
 
 def moved(old: str, new: str, shape: str, offset: int) -> str:
-    """Where a positional argument of a call of ``shape`` (``fit.contract``'s ``N,kw=,...``; ``,*`` unknown) now lands
-    on another parameter that ``old`` has (a reorder, not a rename): "arg2 went to b, now to c"; "" where none does.
-    ``offset``: the parameters binding takes (``self`` of a class's ``__init__``)."""
+    """Where an argument of a call of ``shape`` (``fit.contract``'s ``N,kw=,...``, ``,*``: what a star passes unknown)
+    now lands elsewhere: a positional one on another parameter that ``old`` has (a reorder, not a rename): "arg2 went
+    to b, now to c"; a keyword that bound a named parameter now only into ``**kwargs``, which may drop it: "k= went
+    to k, now to **options"; "" where none does. ``offset``: the parameters binding takes (``self`` of ``__init__``)."""
     a, b = parse(old), parse(new)
-    if a is None or b is None or shape.endswith(",*") or not shape.split(",")[0].isdigit():
+    if a is None or b is None or not shape.split(",")[0].isdigit():
         return ""
+    parts = shape.split(",")
     was = [p.name for p in a[1].parameters.values() if p.kind in _POSITIONAL][offset:]
     now = [p.name for p in b[1].parameters.values() if p.kind in _POSITIONAL][offset:]
-    for i in range(min(int(shape.split(",")[0]), len(was), len(now))):
+    for i in range(0 if parts[-1] == "*" else min(int(parts[0]), len(was), len(now))):
         if was[i] != now[i] and now[i] in was:
             return f"arg{i + 1} went to {was[i]}, now to {now[i]}"
+    named = {p.name for p in b[1].parameters.values() if p.kind not in (P.VAR_POSITIONAL, P.VAR_KEYWORD)}
+    rest = next((p.name for p in b[1].parameters.values() if p.kind == P.VAR_KEYWORD), None)
+    for key in (k[:-1] for k in parts[1:] if k.endswith("=")):
+        if key in a[1].parameters and a[1].parameters[key].kind != P.VAR_KEYWORD and key not in named and rest:
+            return f"{key}= went to {key}, now to **{rest}"
     return ""
