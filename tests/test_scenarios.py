@@ -270,3 +270,30 @@ def test_a_bfloat16_state_upstream_makes_the_default_is_taken_and_every_scenario
         assert {n: s["status"] for n, s in scenarios(result, gates).items()} == dict.fromkeys(SCENARIOS, "passed"), (
             gates, {n: s.get("detail") for n, s in scenarios(result, gates).items() if s["status"] != "passed"})
     assert result.checked and not result.failed
+
+
+def test_a_backend_field_upstream_turns_into_a_method_fails_at_our_read_of_it(
+        tier_python, sglang_release_repo: Path, tmp_path: Path) -> None:
+    """Helper 131's C1: `DeepseekV4AttnBackend.speculative_num_draft_tokens` becomes a method, upstream's readers
+    call it. The scenarios set the field on the tree's bare backend, which hid the method: upstream's own new calls
+    failed first ('int' object is not callable) and our controller's read (`int(...)` of a method) was never named."""
+    git = Git(git_dir=sglang_release_repo)
+    base = git.rev_parse("v0.5.23")
+    head = patched_tree(SERIES, git, "v0.5.23", base)
+    git.extract(head, f"{PY_ROOT}/sglang", tmp_path)
+    backend = tmp_path / "python/sglang/srt/layers/attention/deepseek_v4_backend.py"
+    text = backend.read_text()
+    field = "        self.speculative_num_draft_tokens: int = get_spec().speculative_num_draft_tokens\n"
+    assert text.count(field) == 1
+    text = re.sub(r"self\.speculative_num_draft_tokens\b(?!\()", "self.speculative_num_draft_tokens()",
+                  text.replace(field, field.replace("self.speculative_num_draft_tokens", "self._num_draft_tokens")))
+    at = text.index("    def __init__(", text.index("class DeepseekV4AttnBackend("))
+    backend.write_text(text[:at] + "    def speculative_num_draft_tokens(self):\n        return self._num_draft_tokens"
+                                   "\n\n" + text[at:])
+    result = treecheck.run(SERIES, tmp_path, git.changed_files(base, head), python=tier_python)
+    on = scenarios(result, "on")
+    assert on["verify-static"]["status"] == "failed"
+    assert re.match(r"scenario verify-static: in sglang\.srt\.layers\.attention\.dsv4\.online_c128_dspark\."
+                    r"OnlineC128DsparkController\._verify_width \(sglang/srt/layers/attention/dsv4/online_c128_dspark"
+                    r"\.py:\d+\); .*TypeError: int\(\) argument must be", on["verify-static"]["detail"]), on
+    assert result.verdict().startswith("failed")

@@ -634,6 +634,15 @@ class Decode:
 FORWARD = "sglang.srt.model_executor.forward_batch_info"
 
 
+def _fields(obj: Any, values: Dict[str, Any]) -> None:
+    """The model's fields set on the tree's bare ``obj``, less those its class now defines as a method (helper 131's
+    C1: a field turned method; set, the value hid the method, and upstream's own new calls of it failed first, not
+    our read of it): the tree's method stays, and what reads it as the field gets the method."""
+    kept = {name: value for name, value in values.items()
+            if not inspect.isfunction(inspect.getattr_static(type(obj), name, None))}
+    obj.__dict__.update(kept)
+
+
 def _target_backend(pool: Any, ctl: types.ModuleType) -> Any:
     """The tree's `DeepseekV4AttnBackend` of a DSPARK target over ``pool``, made without `__init__` (it reads the
     model and allocates device buffers): what `__init__` sets that the verify metadata reads, for a DSPARK launch
@@ -646,8 +655,9 @@ def _target_backend(pool: Any, ctl: types.ModuleType) -> Any:
     fake = fake_backend(pool, width=W, device="cpu", rows=SLOTS + 8)
     rows = fake.req_to_token.shape[0]
     del fake.online_c128_mtp  # the tree's own, below
+    _fields(backend, vars(fake))
     backend.__dict__.update(
-        vars(fake), page_size=256, swa_page_size=256, MAX_SEQ_LEN_FOR_CAPTURE=fake.req_to_token.shape[1],
+        page_size=256, swa_page_size=256, MAX_SEQ_LEN_FOR_CAPTURE=fake.req_to_token.shape[1],
         req_to_token_pool=SimpleNamespace(req_to_token=fake.req_to_token), topk=0, mtp_enabled=False,
         speculative_num_steps=0, speculative_step_id=0, is_dspark_draft=False, is_draft_runner=False,
         needs_cpu_seq_lens=False, present_ratios=(128,), low_ratios=(), has_c4=False, has_c128=True,
