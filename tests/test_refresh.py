@@ -524,18 +524,25 @@ def test_a_commit_gated_by_an_undescribed_variable_is_written_and_refresh_exits_
 def test_refresh_keeps_the_users_text_of_the_values_it_does_not_change(applied):
     """A gate row the user wrote as docs/layers.md says (`default = '"INFO"'`, a TOML literal string, a comment after
     it) came back from a refresh that added an entry as `default = "\\"INFO\\""`, the comment gone: what refresh does
-    not change keeps the user's text; what it changes (the entries, the version) is written as before."""
+    not change keeps the user's text; what it changes (the entries, the version) is written as before; the user's
+    comment lines stay above what they were above (a header; a value refresh changed) and at the end (helper 129)."""
     series, tree = applied
     manifest = series / "patches" / "series.toml"
-    row = ("[[gates]]\nname = 'SGLANG_MINE_ON'\ndeclared_by = \"upstream\"\ntype = 'str'\n"
+    row = ("# our site's envs: ask ops before changing one\n[[gates]]\nname = 'SGLANG_MINE_ON'\n"
+           "declared_by = \"upstream\"\ntype = 'str'\n"
            "default = '\"INFO\"'   # as environ.py writes it\nenables = 'my probe, on cold clocks'\n")
-    manifest.write_text(manifest.read_text() + "\n" + row)
+    text = manifest.read_text()
+    assert text.count('\nversion = "') == 1
+    text = text.replace('\nversion = "', '\n# bumped by refresh\nversion = "')  # a value refresh changes
+    manifest.write_text(text + "\n" + row + "# the end\n")
     a_commit_of_mine(tree, "mine\n\nC128patch-Gate: SGLANG_MINE_ON")
     res = invoke("refresh", "--tree", str(tree), "--series", str(series))
     assert "patches/series.toml" in res.out["changed"], res.out
     written = load_series(series)
     assert written.entries[-1].gate == "SGLANG_MINE_ON" and written.gates[-1].default == '"INFO"'
-    assert row in manifest.read_text(), manifest.read_text()
+    assert row in manifest.read_text(), manifest.read_text()  # the comment above its header too
+    assert re.search(r'\n# bumped by refresh\nversion = "\d+"\n', manifest.read_text()), manifest.read_text()
+    assert manifest.read_text().endswith("# the end\n") and manifest.read_text().count("# the end") == 1
     assert invoke("refresh", "--check", "--tree", str(tree), "--series", str(series)).out["changed"] == []
 
 

@@ -188,12 +188,16 @@ class Series:
         write_atomic(self.manifest_path, self.to_toml().encode())
 
 
-def _statements(text: str) -> Iterator[tuple[int, int, str]]:
-    """Each ``key = value`` of TOML ``text``: its first line, the line after its last, and what it says (the one
-    key and value it parses to, as JSON): a value over several lines (an array, a multi-line string) is one."""
-    lines, i = text.splitlines(keepends=True), 0
+def _units(text: str) -> Iterator[tuple[int, int, str]]:
+    """Each ``key = value`` and table header of TOML ``text``: its first line, the line after its last, and what it
+    says: a statement the one key and value it parses to, as JSON (a value over several lines, an array or a
+    multi-line string, is one); a header its text after a ``[``, and the first statement under it."""
+    lines, i, out = text.splitlines(keepends=True), 0, []
     while i < len(lines):
-        if lines[i].strip() and not lines[i].lstrip().startswith(("#", "[")):
+        line = lines[i].strip()
+        if line.startswith("["):
+            out.append((i, i + 1, "[" + line))
+        elif line and not line.startswith("#"):
             for j in range(i + 1, len(lines) + 1):
                 try:
                     said = tomllib.loads("".join(lines[i:j]))
@@ -201,27 +205,55 @@ def _statements(text: str) -> Iterator[tuple[int, int, str]]:
                     if "at end of document" in str(exc):
                         continue  # not closed yet: the next line is part of it
                     break  # not TOML there: not one to keep
-                yield i, j, json.dumps(said, sort_keys=True, default=repr)
+                out.append((i, j, json.dumps(said, sort_keys=True, default=repr)))
                 i = j - 1
                 break
         i += 1
+    for n, (i, j, said) in enumerate(out):
+        after = out[n + 1][2] if n + 1 < len(out) else ""
+        yield i, j, said + "\0" + after * (not after.startswith("[")) if said.startswith("[") else said
+
+
+def _comments_above(lines: list[str], i: int) -> str:
+    """The comment lines right above line ``i`` (blank lines among and below them kept, none above the first)."""
+    j = i
+    while j and (not lines[j - 1].strip() or lines[j - 1].lstrip().startswith("#")):
+        j -= 1
+    while j < i and not lines[j].lstrip().startswith("#"):
+        j += 1
+    return "".join(lines[j:i])
 
 
 def keep_written(old: str, new: str) -> str:
     """``new`` (tomli_w's rendering) with each ``key = value`` that ``old`` holds the same (key and value) taken as
-    ``old`` writes it: a user's ``default = '"INFO"'`` is not re-quoted ``"\\"INFO\\""`` by a rewrite that left it as
-    it was (the k-th such statement of ``new`` takes the k-th of ``old``). The rest is tomli_w's."""
+    ``old`` writes it: a user's ``default = '"INFO"'`` is not re-quoted ``"\\"INFO\\""`` by a rewrite that left it
+    as it was (the k-th such statement of ``new`` takes the k-th of ``old``); and the comments above a statement or
+    a table header, and at the end, kept above the same (a statement whose value changed: above the next one of its
+    key still without them). The rest is tomli_w's."""
     if old == new:  # (a file the tool wrote: the common case, at no cost)
         return new
+    lines, units = old.splitlines(keepends=True), list(_units(old))
     written: dict[str, list[str]] = {}
-    lines = old.splitlines(keepends=True)
-    for i, j, said in _statements(old):
-        written.setdefault(said, []).append("".join(lines[i:j]).rstrip("\n") + "\n")
+    comments: list[str] = []
+    by: dict[str, list[int]] = {}  # a unit's text, or "=" and a statement's key -> its comments (indexes)
+    for i, j, said in units:
+        if not said.startswith("["):
+            written.setdefault(said, []).append("".join(lines[i:j]).rstrip("\n") + "\n")
+        if text := _comments_above(lines, i):
+            comments.append(text)
+            for key in [said] + ([] if said.startswith("[") else ["=" + next(iter(json.loads(said)), "")]):
+                by.setdefault(key, []).append(len(comments) - 1)
+    tail = _comments_above(lines + [""], len(lines)) if not units or units[-1][1] < len(lines) else ""
+    used: set[int] = set()
     out, lines, at = [], new.splitlines(keepends=True), 0
-    for i, j, said in _statements(new):
-        out += lines[at:i] + [written[said].pop(0) if written.get(said) else "".join(lines[i:j])]
+    for i, j, said in _units(new):
+        keys = [said] + ([] if said.startswith("[") else ["=" + next(iter(json.loads(said)), "")])
+        found = next((n for key in keys for n in by.get(key, ()) if n not in used), None)
+        used.add(found if found is not None else -1)
+        out += lines[at:i] + [comments[found] if found is not None else "",
+                              written[said].pop(0) if written.get(said) else "".join(lines[i:j])]
         at = j
-    return "".join(out + lines[at:])
+    return "".join(out + lines[at:]) + tail
 
 
 def read_toml(path: Path, bad: str) -> dict[str, Any]:
