@@ -430,6 +430,26 @@ def test_the_operators_global_settings_and_git_variables_change_nothing(series, 
     assert snapshot(decoy) == decoy_state
 
 
+def test_the_operators_attributes_and_ignore_files_change_nothing(series, tree, sglang_release_repo, tmp_path):
+    """git reads $XDG_CONFIG_HOME/git/attributes and .../ignore whatever GIT_CONFIG_GLOBAL says: `* -diff` made
+    refresh write binary hunks, `eol=crlf` checked the tree out with CRLF, an ignored provenance file failed apply's
+    `git add`. With them: the same commits as with none, LF files, the series up to date."""
+    clean = small_clone(sglang_release_repo, tmp_path / "clean").worktree
+    xdg = tmp_path / "xdg"
+    (xdg / "git").mkdir(parents=True)
+    (xdg / "git" / "attributes").write_text("* -diff\n*.cuh eol=crlf\n")
+    (xdg / "git" / "ignore").write_text("*.json\n")
+    env = {"XDG_CONFIG_HOME": str(xdg)}
+    res = invoke(*apply_args(tree, series, "v0.5.22"), env=env)
+    assert res.code == 0, res.err
+    assert invoke(*apply_args(clean, series, "v0.5.22")).code == 0
+    ours, theirs = Git(worktree=tree), Git(worktree=clean)
+    assert ours.out("log", "--format=%H", "v0.5.22..HEAD") == theirs.out("log", "--format=%H", "v0.5.22..HEAD")
+    assert b"\r\n" not in (tree / CUH).read_bytes()
+    res = invoke("refresh", "--check", "--tree", tree, "--series", series, env=env)
+    assert res.code == 0, res.err + res.stdout
+
+
 # ---------------------------------------------------------------------------- 4. --tree values
 @pytest.mark.parametrize("value", ["--bare", "--template={tmp}/tpl", "--upload-pack=touch {tmp}/MARKER-RAN"])
 def test_an_option_like_tree_never_reaches_git(series, tmp_path, monkeypatch, value):

@@ -27,6 +27,9 @@ BOT_EMAIL = "c128patch@noreply.invalid"
 FORCED_CONFIG = (
     ("core.fsmonitor", "false"),
     ("core.hooksPath", os.devnull),
+    # no attributes file of the operator's ($XDG_CONFIG_HOME/git/attributes: `* -diff` made refresh write binary
+    # hunks, `eol=crlf` a tree of CRLF files); GIT_ATTR_NOSYSTEM below for the system's
+    ("core.attributesFile", os.devnull),
     ("commit.gpgSign", "false"),
     ("tag.gpgSign", "false"),
     ("rerere.enabled", "false"),
@@ -196,7 +199,8 @@ class Git:
             env.update({"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"})
             env.pop("GIT_CONFIG_SYSTEM", None)
         env.update(GIT_AUTHOR_NAME=BOT_NAME, GIT_AUTHOR_EMAIL=BOT_EMAIL, GIT_COMMITTER_NAME=BOT_NAME,
-                   GIT_COMMITTER_EMAIL=BOT_EMAIL, GIT_TERMINAL_PROMPT="0", GIT_NO_REPLACE_OBJECTS="1", LC_ALL="C")
+                   GIT_COMMITTER_EMAIL=BOT_EMAIL, GIT_TERMINAL_PROMPT="0", GIT_NO_REPLACE_OBJECTS="1", LC_ALL="C",
+                   GIT_ATTR_NOSYSTEM="1")
         if self.git_dir is not None:
             env["GIT_DIR"] = str(self.git_dir)
         env.update(self.env)

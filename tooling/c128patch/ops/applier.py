@@ -364,7 +364,7 @@ class Apply:
         self._write(provenance.PROVENANCE_PATH, provenance.dumps(record).encode(), "the provenance record",
                     f"cannot write {provenance.PROVENANCE_PATH} in {self.tree}")
         fault_point("at", "provenance")
-        git.run("add", "--", provenance.PROVENANCE_PATH)
+        git.run("add", "--force", "--", provenance.PROVENANCE_PATH)  # an ignore file of the tree's or the operator's
         dated.run("commit", "--quiet", "--no-verify", "-m",
                   f"c128patch: provenance (series {series.name} {series.version} on {journal.rev})\n\n"
                   f"{ENTRY_TRAILER}: provenance\n")
@@ -467,7 +467,7 @@ class Apply:
         if item.patch is None:
             self._write(item.entry.target, item.path.read_bytes(), f"overlay '{item.entry.name}'",
                         f"cannot apply entry '{item.entry.name}' in {self.tree}: cannot write {item.entry.target}")
-            git.run("add", "--", item.entry.target)
+            git.run("add", "--force", "--", item.entry.target)  # whatever an ignore file says
             dated.run("commit", "--quiet", "--no-verify", "-m", overlay_message(item.entry, series))
             return "clean"
         self._check_worktree_paths([item])
