@@ -630,6 +630,35 @@ def test_an_entry_named_escape_in_a_rebase_journal_never_reaches_the_ledger_thro
     assert not (series / "patches" / "resolutions").exists()
 
 
+@pytest.mark.parametrize("how", ["attributes", "config"])
+def test_an_upstream_union_merge_attribute_never_turns_a_conflict_into_an_applied_entry(series, tree, how):
+    """Upstream edits the line our entry edits and commits `*.cuh merge=union` (or the tree's config says
+    `merge.default = union`): git's 3-way merge kept both lines, and apply said "identical to a fresh apply", rebase
+    "clean", of a file that no longer compiles. Both stop at the conflict, as without it."""
+    git = Git(worktree=tree)
+
+    def edit(idx: Git) -> None:
+        text = git.blob("v0.5.23", CUH).decode().replace(LINE, LINE.rstrip("\n") + "  // upstream's change\n")
+        files = {CUH: text, **({".gitattributes": "*.cuh merge=union\n"} if how == "attributes" else {})}
+        for path, body in files.items():
+            blob = idx.out("hash-object", "-w", "--stdin", input=body)
+            idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{path}")
+
+    onto = upstream_commit(git, "v0.5.23", "upstream edits the same line", edit)
+    if how == "config":
+        git.run("config", "merge.default", "union")
+    res = invoke(*apply_args(tree, series, onto), as_json=False)
+    assert res.code == 1, res.err
+    head = git.blob("HEAD", CUH).decode()
+    assert "upstream's change" in head and "c128patch test" not in head
+    assert invoke("apply", "--abort", "--tree", tree, as_json=False).code == 0
+    git.run("checkout", "--quiet", "main")
+    assert invoke(*apply_args(tree, series), as_json=False).code == 0
+    res = invoke("rebase", "--onto", onto, "--tree", tree, "--series", series, as_json=False)
+    assert res.code == 1, res.err
+    assert "<<<<<<<" in (tree / CUH).read_text()
+
+
 def test_a_bare_repositorys_config_and_hooks_run_nothing_in_the_clone_apply_makes(series, marker, sglang_release_repo,
                                                                                  tmp_path):
     prog, mark = marker

@@ -24,6 +24,7 @@ BOT_EMAIL = "c128patch@noreply.invalid"
 
 # docs/security.md: the tool's own git calls run no program that a config names and sign nothing,
 # whoever set it (a repository's config, the operator's, or a series that tried to write one).
+UNION_AS_TEXT = "git merge-file --marker-size=%L %A %O %B"
 FORCED_CONFIG = (
     ("core.fsmonitor", "false"),
     ("core.hooksPath", os.devnull),
@@ -46,6 +47,10 @@ FORCED_CONFIG = (
     ("diff.context", "3"), ("diff.interHunkContext", "0"), ("diff.algorithm", "myers"),
     ("diff.indentHeuristic", "true"), ("diff.suppressBlankEmpty", "false"), ("diff.relative", "false"),
     ("color.ui", "false"), ("color.diff", "false"),
+    # a 3-way merge (am -3, apply --3way) is git's text merge whatever a tree's attributes say: `merge=union` in an
+    # upstream's .gitattributes turned a conflict into both sides kept, reported applied and proven identical;
+    # git looks a driver up in the config before its built-ins, and `merge-file` is the text merge itself
+    ("merge.default", "text"), ("merge.union.driver", UNION_AS_TEXT),
 )
 # Test hook (as ops.treestate's C128PATCH_FAULT): a folder of hooks the tool's git runs instead of none,
 # so that a test can interrupt inside git itself. Unset (always, outside tests), no hook runs.
@@ -252,6 +257,8 @@ class Git:
                             f"{shlex.join(['git', '-C', str(self.cwd), 'config', '--unset', 'core.worktree'])}")
                     continue
                 m = _DRIVERS.match(name)
+                if name == "merge.union.driver" and value == UNION_AS_TEXT:  # (ours, FORCED_CONFIG)
+                    continue
                 what = "a merge program" if m and m.group(1) == "merge" and value.strip() else \
                     "a program under a name c128patch cannot turn off" if m and "=" in m.group(2) else \
                     "a trailer program" if _TRAILERS.match(name) else \
