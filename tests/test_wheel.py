@@ -542,6 +542,34 @@ def test_verify_refuses_duplicate_members(patched, tmp_path: Path):
     verify_fails(bad, "duplicate archive member 'sglang/srt/environ.py'")
 
 
+@pytest.mark.parametrize("where", ["none", "before", "between"])
+def test_verify_refuses_a_wheel_holding_an_archive_its_central_directory_skips(patched, tmp_path: Path, where):
+    """A zip of a `.pth` put before the wheel (or its local record between two members): zipfile reads the central
+    directory at the end and never sees it, a reader going from the start (`jar t < wheel`, a streaming installer)
+    sees it first. Refused in one line, before anything else; the same wheel without it verifies."""
+    hidden = io.BytesIO()
+    with zipfile.ZipFile(hidden, "w") as zf:
+        zf.writestr("zzz-evil.pth", "import os; os.system('true')\n")
+    local = hidden.getvalue()[: hidden.getvalue().index(b"PK\x01\x02")]  # its member's local record alone
+    bad = tmp_path / Path(patched.wheel).name
+    with zipfile.ZipFile(patched.wheel) as src, open(bad, "wb") as out:
+        if where == "before":
+            out.write(hidden.getvalue())
+        with zipfile.ZipFile(out, "w") as dst:
+            for n, info in enumerate(src.infolist()):
+                dst.writestr(info, src.read(info))
+                if n == 0 and where == "between":
+                    assert dst.fp is not None
+                    dst.fp.write(local)
+                    dst.start_dir = dst.fp.tell()  # (zipfile writes the next member where the last one ended)
+    res = run_cli(["verify-wheel", str(bad)])
+    if where == "none":
+        assert res.code == 0, res.err
+        return
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1, res.err
+    assert "that no member of its central directory accounts for" in res.err, res.err
+
+
 def with_provenance(patched, dest: Path, text: bytes) -> Path:
     return tampered(Path(patched.wheel), dest, {"sglang/c128patch_provenance.json": text})
 

@@ -26,6 +26,7 @@ import os
 import re
 import shlex
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -319,8 +320,35 @@ class WheelZip(zipfile.ZipFile):
                 raise C128Error(f"not a wheel: {wheel} is not a regular file (a device or a pipe); {fix}")
         try:
             super().__init__(wheel)
-        except (zipfile.BadZipFile, OSError) as exc:
+            at = self._stray_bytes()
+        except (zipfile.BadZipFile, OSError, struct.error) as exc:
+            self.close()
             raise C128Error(f"not a wheel: {wheel} is not a whole wheel ({exc}); {fix}") from None
+        if at is not None:
+            self.close()
+            raise C128Error(f"not a wheel: {wheel} holds bytes at offset {at} that no member of its central "
+                            "directory accounts for (another archive, which a reader going from the start, as some "
+                            f"installers do, would unpack instead); {fix}")
+
+    def _stray_bytes(self) -> int | None:
+        """Where the members' local records stop tiling the file from its first byte to the central directory
+        (zipfile reads the directory at the end and skips whatever lies before or between): None when they do."""
+        pos, fp = 0, self.fp
+        assert fp is not None
+        for info in sorted(self.infolist(), key=lambda i: i.header_offset):
+            if info.header_offset != pos:
+                return pos
+            fp.seek(pos)
+            head = fp.read(30)
+            if len(head) < 30 or head[:4] != b"PK\x03\x04":
+                return pos
+            name, extra = struct.unpack("<HH", head[26:30])
+            pos += 30 + name + extra + info.compress_size
+            if info.flag_bits & 0x08:  # a data descriptor: its signature optional, its sizes 8 bytes each in zip64
+                fp.seek(pos)
+                pos += (4 if fp.read(4) == b"PK\x07\x08" else 0) + \
+                    (20 if max(info.compress_size, info.file_size) >= 0xFFFFFFFF else 12)
+        return None if pos == self.start_dir else pos
 
     def read(self, name: str | zipfile.ZipInfo, pwd: bytes | None = None) -> bytes:
         try:
