@@ -711,6 +711,20 @@ def test_a_patch_in_a_plain_transfer_encoding_is_read(tmp_path, encoding):
     assert read_patch(layer / "patches" / "0001-q.patch").files == ["python/sglang/ok.py"]
 
 
+@pytest.mark.parametrize("lost", ["patches/0003-c128-dspark-record-streams.v0.5.20.patch",
+                                  "overlay/sglang/srt/speculative/dspark_components/c128_record_streams.py"])
+def test_a_series_that_lost_a_file_is_one_line_for_status(tmp_path, lost):
+    """A series (a pull request's) whose manifest names a variant or an overlay file it no longer holds: `status` of a
+    patched tree hashed the series' files for its proof key and printed a FileNotFoundError traceback."""
+    from support import copy_series
+
+    tree = tmp_path / "t"
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", REPO_ROOT).code == 0
+    series = copy_series(tmp_path / "series")
+    (series / lost).unlink()
+    refused(["status", "--tree", tree, "--series", series], tree, contains=f"{series / lost} cannot be read")
+
+
 def test_a_huge_patch_file_is_refused_in_one_line_unread(tmp_path):
     """Helper 107's minor 32: a 20 GB sparse patch file in a layer was read whole (a MemoryError traceback). Every
     file a series carries is checked against ``manifest.MAX_SERIES_FILE`` by its size before it is read."""

@@ -167,7 +167,11 @@ class Series:
         for e in self.entries:
             h.update(f"{e.name}\0{e.kind}\0{e.target}\0{e.gate}\0".encode())
             for v in e.patch_files() or [Variant(e.source, e.base)]:
-                h.update(read_series_file(self.file_of(e, v if e.is_patch else None)))
+                path = self.file_of(e, v if e.is_patch else None)
+                try:
+                    h.update(read_series_file(path))
+                except OSError as exc:  # (a series from a pull request that lost a variant: status's traceback)
+                    raise C128Error(f"entry '{e.name}': {path} cannot be read ({exc.strerror or exc})") from None
         return h.hexdigest()
 
     def to_toml(self) -> str:
