@@ -402,6 +402,24 @@ def test_a_cached_wheel_that_is_a_link_a_device_or_a_pipe_is_refused_in_one_line
             WheelZip(Path(odd))
 
 
+@pytest.mark.parametrize("name, text", [("c128patch-versions", b"0.5.20\n0.5.23\nnot-a-version\n"),
+                                        ("c128patch-trees", b"0.5.20 \xff\xfe\n"), ("c128patch-layout", b"\xff\n")],
+                         ids=["versions", "trees", "layout"])
+def test_a_damaged_state_file_of_the_release_cache_is_one_line_saying_how_to_rebuild(sglang_release_repo, tmp_path,
+                                                                                     monkeypatch, name, text):
+    """The real history copied, one of its state files damaged: `check` printed InvalidVersion's or
+    UnicodeDecodeError's traceback."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    shutil.copytree(sglang_release_repo, cache / sglang_release_repo.name)
+    (cache / "wheels").symlink_to(sglang_release_repo.parent / "wheels")
+    (cache / sglang_release_repo.name / name).write_bytes(text)
+    monkeypatch.setenv("C128PATCH_CACHE", str(cache))
+    line = refused(["check", "--sglang-rev", "v0.5.23", "--series", REPO_ROOT],
+                   contains=f"the release cache {cache / sglang_release_repo.name}: {name}")
+    assert f"rm -rf {cache / sglang_release_repo.name}" in line
+
+
 def test_a_truncated_cached_wheel_and_a_corrupt_pack_are_one_line_naming_the_cache(fake_releases, tmp_path):
     from c128patch.upstream.releases import ReleaseHistory
 

@@ -474,11 +474,28 @@ class ReleaseHistory:
     def git(self) -> Git:
         return Git(git_dir=self.root)
 
+    def _state(self, path: Path) -> str:
+        """A state file of the history ("" when there is none); one that cannot be read: one line saying how to
+        rebuild the cache."""
+        try:
+            return path.read_text(encoding="utf-8") if path.is_file() else ""
+        except (OSError, UnicodeDecodeError) as exc:
+            raise C128Error(f"the release cache {self.root}: {path.name} cannot be read ({exc}); rebuild it: "
+                            f"rm -rf {shlex.quote(str(self.root))} (the next run imports the releases again)") from None
+
     def versions(self) -> list[str]:
-        return self._versions_file.read_text().split() if self._versions_file.is_file() else []
+        found = self._state(self._versions_file).split()
+        for v in found:  # (a damaged file: InvalidVersion's traceback where the versions are sorted)
+            try:
+                Version(v)
+            except (InvalidVersion, ValueError):
+                raise C128Error(f"the release cache {self.root}: {self._versions_file.name} holds {v!r}, not a "
+                                f"release version; rebuild it: rm -rf {shlex.quote(str(self.root))} (the next run "
+                                "imports the releases again)") from None
+        return found
 
     def layout(self) -> str:
-        return self._layout_file.read_text().strip() if self._layout_file.is_file() else "1"
+        return self._state(self._layout_file).strip() or "1"
 
     def ensure(self, extra: Iterable[str] = (), reporter: Reporter = NullReporter()) -> Path:
         """The history's path, holding the default releases and ``extra`` (only missing ones imported)."""
@@ -507,7 +524,7 @@ class ReleaseHistory:
         if proc.returncode != 0:
             raise C128Error(f"the release cache {self.root} is corrupt ({proc.stderr.strip()[-200:]}); {rebuild}")
         trees = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
-        lines = self._trees_file.read_text().split("\n") if self._trees_file.is_file() else []
+        lines = self._state(self._trees_file).split("\n")
         recorded = {**dict(line.split(" ", 1) for line in lines if " " in line),
                     **{v: trees.get(tag_for(v), "") for v in fresh}}
         for v in sorted(versions - set(recorded), key=Version):
