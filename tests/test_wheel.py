@@ -570,6 +570,29 @@ def test_verify_refuses_a_wheel_holding_an_archive_its_central_directory_skips(p
     assert "that no member of its central directory accounts for" in res.err, res.err
 
 
+@pytest.mark.parametrize("how", ["method", "encrypted"])
+def test_verify_names_a_member_zipfile_cannot_read(patched, tmp_path: Path, how):
+    """A member marked encrypted, or compressed by a method zipfile lacks (99: AES): verify-wheel printed
+    RuntimeError's or NotImplementedError's traceback where it read it. Refused by name, in one line."""
+    import struct
+
+    data = bytearray(Path(patched.wheel).read_bytes())
+    with zipfile.ZipFile(patched.wheel) as zf:
+        info = zf.getinfo("sglang/srt/environ.py")
+        pos = zf.start_dir
+    while data[pos + 46: pos + 46 + len(info.filename)] != info.filename.encode():  # its central directory record
+        pos += 46 + sum(struct.unpack("<HHH", data[pos + 28: pos + 34]))
+    if how == "method":
+        struct.pack_into("<H", data, pos + 10, 99)
+        struct.pack_into("<H", data, info.header_offset + 8, 99)
+    else:
+        struct.pack_into("<H", data, pos + 8, info.flag_bits | 1)
+        struct.pack_into("<H", data, info.header_offset + 6, info.flag_bits | 1)
+    bad = tmp_path / Path(patched.wheel).name
+    bad.write_bytes(bytes(data))
+    verify_fails(bad, "member sglang/srt/environ.py is encrypted or compressed by a method zipfile cannot read")
+
+
 def with_provenance(patched, dest: Path, text: bytes) -> Path:
     return tampered(Path(patched.wheel), dest, {"sglang/c128patch_provenance.json": text})
 

@@ -353,7 +353,8 @@ class WheelZip(zipfile.ZipFile):
     def read(self, name: str | zipfile.ZipInfo, pwd: bytes | None = None) -> bytes:
         try:
             return super().read(name, pwd)
-        except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
+        # (NotImplementedError, RuntimeError: a compression method zipfile lacks, an encrypted member)
+        except (zipfile.BadZipFile, EOFError, zlib.error, NotImplementedError, RuntimeError) as exc:
             member = name.filename if isinstance(name, zipfile.ZipInfo) else name
             raise C128Error(f"not a wheel: {self.filename}: member {member} cannot be read ({exc}); "
                             f"{self.fix}") from None

@@ -79,6 +79,7 @@ MAX_UNPACKED = 2 << 30  # bytes: sglang 0.5.23 unpacks to 123 MB
 MAX_RATIO = 100  # unpacked / archive size: sglang wheels are ~3.3:1
 # C0, DEL, C1, line and paragraph separators, bidi controls
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_READABLE = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)  # what zipfile reads
 _FILE_TYPES = {stat.S_IFLNK: "a symlink", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
                stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
 
@@ -106,6 +107,9 @@ def check_archive(infos: list[zipfile.ZipInfo], wheel: Path, error: type[C128Err
         folders = ["/".join(parts[:n]) for n in range(len(parts) - 1, 0, -1)] + (["."] if parts else [])  # parents
         if clash := next((folder for folder in folders if folder in files), None):
             raise error(f"{wheel.name}: member {clash} is a file and the folder of {name}; refusing the wheel")
+        if info.flag_bits & 0x1 or info.compress_type not in _READABLE:  # (a traceback where it was read)
+            raise error(f"{wheel.name}: member {name} is encrypted or compressed by a method zipfile cannot read "
+                        f"(flags {info.flag_bits:#x}, method {info.compress_type}); refusing the wheel")
         kind = _FILE_TYPES.get(stat.S_IFMT(info.external_attr >> 16))
         if kind:
             raise error(f"{wheel.name}: member {name} is {kind}, not a regular file; refusing the wheel")
