@@ -743,6 +743,26 @@ def test_a_series_that_lost_a_file_is_one_line_for_status(tmp_path, lost):
     refused(["status", "--tree", tree, "--series", series], tree, contains=f"{series / lost} cannot be read")
 
 
+def test_a_link_at_the_temporary_name_of_a_write_is_never_written_through(tmp_path):
+    """A series folder (a pull request's) holding a link at `patches/.series.toml.<pid>.tmp` (one for each likely
+    pid): `lint --update-hashes` wrote the manifest into the link's target outside the folder, made series.toml that
+    link, and said "nothing was written". The link is removed, the manifest written in the folder."""
+    from support import copy_series
+
+    series = copy_series(tmp_path / "series")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    manifest = series / "patches" / "series.toml"
+    (series / "patches" / f".series.toml.{os.getpid()}.tmp").symlink_to(victim)  # (invoke runs in this process)
+    text = manifest.read_text()
+    sha = text.split('sha256 = "', 1)[1][:64]
+    manifest.write_text(text.replace(sha, "0" * 64, 1))
+    run = invoke("lint", "--offline", "--update-hashes", "--series", series, as_json=False)
+    assert run.code == 0, run.err
+    assert victim.read_text() == "precious\n"
+    assert not manifest.is_symlink() and sha in manifest.read_text()
+
+
 def test_a_huge_patch_file_is_refused_in_one_line_unread(tmp_path):
     """Helper 107's minor 32: a 20 GB sparse patch file in a layer was read whole (a MemoryError traceback). Every
     file a series carries is checked against ``manifest.MAX_SERIES_FILE`` by its size before it is read."""

@@ -36,8 +36,11 @@ def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> Path:
     old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # a name anyone can guess: a link a series folder (a pull request) holds under it for each likely pid was written
+    # through (`lint --update-hashes` wrote the manifest over the link's target): removed, then made anew, no link
+    tmp.unlink(missing_ok=True)
     try:
-        with open(tmp, "wb") as fh:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), "wb") as fh:
             fh.write(data)
             if sync:
                 fh.flush()
