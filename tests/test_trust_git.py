@@ -659,6 +659,38 @@ def test_an_upstream_union_merge_attribute_never_turns_a_conflict_into_an_applie
     assert "<<<<<<<" in (tree / CUH).read_text()
 
 
+@pytest.mark.parametrize("link", ["patches/resolutions", "patches/resolutions/test-patch"])
+def test_a_ledger_folder_that_is_a_link_is_never_written_through(series, tree, tmp_path, link):
+    """The series (a pull request's) holds `patches/resolutions` (or its entry's folder) as a link out of it: the
+    resolution `rebase --continue` records was written through it, outside the series folder. Refused in one line;
+    nothing is written there."""
+    git = Git(worktree=tree)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (series / link).parent.mkdir(parents=True, exist_ok=True)
+    (series / link).symlink_to(outside)
+    assert invoke(*apply_args(tree, series), as_json=False).code == 0
+    idx = git.with_env(GIT_INDEX_FILE=str(tree / ".git" / "other.index"))
+    idx.run("read-tree", "v0.5.23")
+    text = git.blob("v0.5.23", CUH).decode().replace(LINE, LINE.rstrip("\n") + "  // upstream's change\n")
+    idx.run("update-index", "--cacheinfo", f"100644,{git.out('hash-object', '-w', '--stdin', input=text)},{CUH}")
+    onto = git.out("commit-tree", idx.out("write-tree"), "-p", "v0.5.23", "-m", "upstream edits the same line")
+    head = git.head()
+    res = invoke("rebase", "--onto", onto, "--tree", tree, "--series", series, as_json=False)
+    if link == "patches/resolutions":  # (its ledger is read first: refused before anything moves)
+        assert res.code == 2 and "goes through the symlink" in res.err and list(outside.rglob("*")) == [], res.err
+        assert git.head() == head and not git.status_porcelain()
+        return
+    assert res.code == 1, res.err
+    text = (tree / CUH).read_text()
+    start, end = text.index("<<<<<<<"), text.index(">>>>>>>")
+    (tree / CUH).write_text(text[:start] + LINE.rstrip("\n") + "  // resolved\n" + text[text.index("\n", end) + 1:])
+    git.run("add", CUH)
+    res = invoke("rebase", "--continue", "--tree", tree, as_json=False)
+    assert list(outside.rglob("*")) == [], res.err
+    assert res.code == 2 and "goes through the symlink" in res.err, res.err
+
+
 def test_a_bare_repositorys_config_and_hooks_run_nothing_in_the_clone_apply_makes(series, marker, sglang_release_repo,
                                                                                  tmp_path):
     prog, mark = marker

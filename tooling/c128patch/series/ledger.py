@@ -26,7 +26,7 @@ from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.jsonio import write_atomic
 from c128patch.series.manifest import Series, read_toml
-from c128patch.series.paths import check_entry_name
+from c128patch.series.paths import check_entry_name, confine
 
 _KEY = re.compile(r"[0-9a-f]{1,64}")
 _MARKER = re.compile(r"^(<{7}|={7}|>{7}|\|{7})(?: .*)?$", re.M)
@@ -97,7 +97,7 @@ class Ledger:
 
     def rows(self) -> list[dict]:
         """The ledger's rows; a ledger that is not one (bad TOML, wrong shape) is a one-line error."""
-        if not self.index.is_file():
+        if not self._confined("ledger.toml").is_file():  # (read through no link of the series')
             return []
         bad = f"{self.index}: not a resolution ledger"
         doc = read_toml(self.index, bad)
@@ -119,7 +119,12 @@ class Ledger:
         """Built from a name ``_of`` checked and a checked key: both come from files a pull request can change."""
         if not _KEY.fullmatch(str(key)):
             raise C128Error(f"unsafe ledger key in {self.index}: {key!r} (a key is 1-64 hex digits)")
-        return self.root / check_entry_name(entry, "the ledger") / f"{key}.diff"
+        return self._confined(f"{check_entry_name(entry, 'the ledger')}/{key}.diff")
+
+    def _confined(self, name: str) -> Path:
+        """``patches/resolutions/<name>`` through the confinement rule: a series (a pull request's) holding that folder
+        or an entry's as a link had ``record`` write through it, outside the series."""
+        return confine(self.series.root, f"patches/resolutions/{name}", f"the ledger of {self.series.root}")
 
     @staticmethod
     def conflicts(git: Git, paths: list[str]) -> list[Conflict]:
@@ -170,5 +175,5 @@ class Ledger:
             refs.append(f"{entry}:{c.key}")
         if refs:
             rows.sort(key=lambda r: (r["entry"], r["file"], r["key"]))
-            write_atomic(ledger.index, tomli_w.dumps({"resolutions": rows}).encode())
+            write_atomic(ledger._confined("ledger.toml"), tomli_w.dumps({"resolutions": rows}).encode())
         return refs
