@@ -593,6 +593,21 @@ def test_verify_names_a_member_zipfile_cannot_read(patched, tmp_path: Path, how)
     verify_fails(bad, "member sglang/srt/environ.py is encrypted or compressed by a method zipfile cannot read")
 
 
+@pytest.mark.parametrize("digits", [300, 5000])
+def test_a_series_version_too_long_for_a_wheels_name_is_one_line(wheel_series, upstream_wheel, tmp_path, digits):
+    """A series (a pull request's) whose version is 300 digits: `wheel` printed OSError's "File name too long"
+    traceback renaming the .dist-info; 5000 digits: ValueError's (Python's int conversion limit) in packaging."""
+    series = tmp_path / "series"
+    shutil.copytree(wheel_series, series)
+    manifest = series / "patches" / "series.toml"
+    text = manifest.read_text()
+    version = text.split('version = "', 1)[1].split('"', 1)[0]
+    manifest.write_text(text.replace(f'version = "{version}"', f'version = "{"9" * digits}"', 1))
+    line = refused(["wheel", "--from-wheel", str(upstream_wheel), "--series", str(series)], tmp_path / "out",
+                   contains="characters long, over the 160 its file and .dist-info names can hold")
+    assert "9" * 41 not in line
+
+
 def with_provenance(patched, dest: Path, text: bytes) -> Path:
     return tampered(Path(patched.wheel), dest, {"sglang/c128patch_provenance.json": text})
 

@@ -64,15 +64,21 @@ class WheelResult:
     support_note: str = ""  # the wheel is older than every release the series was made on
 
 
+MAX_VERSION = 160  # characters: the wheel's file name (version, tags, platform) within a file system's 255 bytes
+
+
 def patched_version(base: Version, series_version: str, digest: str,
                     layers: Sequence[tuple[str, str]] = ()) -> Version:
     """``X.Y.Z+c128.<series version>.<digest[:8]>`` then ``.<layer>.<digest[:8]>`` per (name, digest)."""
     label = f"{LOCAL_TAG}.{series_version}.{digest[:8]}" + "".join(f".{name}.{d[:8]}" for name, d in layers)
     if base.local:
         label = f"{base.local}.{label}"
+    if (length := len(f"{base.public}+{label}")) > MAX_VERSION:  # (a file name holds 255 bytes: a traceback)
+        raise C128Error(f"series version {series_version[:40]!r}... makes the wheel's version {length} characters "
+                        f"long, over the {MAX_VERSION} its file and .dist-info names can hold")
     try:
         return Version(f"{base.public}+{label}")
-    except InvalidVersion as exc:
+    except (InvalidVersion, ValueError) as exc:  # (ValueError: a digit run over Python's int conversion limit)
         raise C128Error(f"series version {series_version!r} cannot go into a PEP 440 local label "
                         "(use letters, digits and dots)") from exc
 
