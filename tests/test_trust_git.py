@@ -691,6 +691,26 @@ def test_a_ledger_folder_that_is_a_link_is_never_written_through(series, tree, t
     assert res.code == 2 and "goes through the symlink" in res.err, res.err
 
 
+def test_an_upstream_attribute_marking_files_binary_never_makes_refresh_write_a_binary_hunk(series, tree):
+    """Upstream commits `*.cuh -diff`: the patch refresh wrote for a commit of the user's on the patched branch was
+    "Binary files ... differ", a corrupt patch written into the series ("written, but lint fails on it")."""
+    git = Git(worktree=tree)
+
+    def attributes(idx: Git) -> None:
+        blob = idx.out("hash-object", "-w", "--stdin", input="*.cuh -diff\n")
+        idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},.gitattributes")
+
+    rev = upstream_commit(git, "v0.5.23", "upstream: attributes", attributes)
+    assert invoke(*apply_args(tree, series, rev), as_json=False).code == 0
+    (tree / CUH).write_text((tree / CUH).read_text() + "// the user's edit\n")
+    git.run("commit", "--quiet", "-am", "my edit\n\nC128patch-Gate: none (a comment)")
+    res = invoke("refresh", "--tree", tree, "--series", series, as_json=False)
+    assert res.code == 0, res.err
+    written = [p.read_text() for p in (series / "patches").glob("*.patch")]
+    assert not [t for t in written if "Binary files" in t]
+    assert any("+// the user's edit" in t for t in written)
+
+
 def test_a_bare_repositorys_config_and_hooks_run_nothing_in_the_clone_apply_makes(series, marker, sglang_release_repo,
                                                                                  tmp_path):
     prog, mark = marker

@@ -82,7 +82,9 @@ _NOT_FROM_CONFIG = ("--no-attach", "--no-thread", "--no-notes", "--no-to", "--no
 
 def format_patch(git: Git, commit: str, entry_name: str, gate: str = "") -> bytes:
     """One commit as a normalized patch; adds the entry trailer (after ``gate``'s, unless given) if it lacks it."""
-    text = git.run("format-patch", "-1", "--stdout", "--full-index", "--zero-commit", "--no-signature",
+    # --text: a tree's `.gitattributes` (`*.py -diff`, `binary`) made this a "Binary files differ" hunk, a corrupt
+    # patch written into the series (the series carries text patches only)
+    text = git.run("format-patch", "-1", "--stdout", "--text", "--full-index", "--zero-commit", "--no-signature",
                    "--no-stat", "--no-numbered", "--subject-prefix=PATCH", "--encode-email-headers",
                    *_NOT_FROM_CONFIG, commit).stdout
     text = _DATE.sub(f"Date: {FIXED_DATE}", text, count=1)
