@@ -711,6 +711,27 @@ def test_an_upstream_attribute_marking_files_binary_never_makes_refresh_write_a_
     assert any("+// the user's edit" in t for t in written)
 
 
+def test_an_upstream_attribute_marking_files_binary_never_hides_a_conflict_marker_from_continue(series, tree):
+    """Upstream edits the line our entry edits and commits `*.cuh -diff`: `git diff --check` skips a file it takes
+    for binary, so `rebase --continue` with the conflict's markers still in the file took them as the resolution
+    (committed, and recorded in the series' ledger). Refused, naming the file and line, as without the attribute."""
+    git = Git(worktree=tree)
+
+    def edit(idx: Git) -> None:
+        text = git.blob("v0.5.23", CUH).decode().replace(LINE, LINE.rstrip("\n") + "  // upstream's change\n")
+        for path, body in ((CUH, text), (".gitattributes", "*.cuh -diff\n")):
+            blob = idx.out("hash-object", "-w", "--stdin", input=body)
+            idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{path}")
+
+    onto = upstream_commit(git, "v0.5.23", "upstream edits the same line", edit)
+    assert invoke(*apply_args(tree, series), as_json=False).code == 0
+    assert invoke("rebase", "--onto", onto, "--tree", tree, "--series", series, as_json=False).code == 1
+    assert "<<<<<<<" in (tree / CUH).read_text()
+    git.run("add", CUH)  # the markers left in
+    refused(["rebase", "--continue", "--tree", tree], contains=f"{CUH} still holds a conflict marker at line")
+    assert not (series / "patches" / "resolutions").exists()
+
+
 def test_a_bare_repositorys_config_and_hooks_run_nothing_in_the_clone_apply_makes(series, marker, sglang_release_repo,
                                                                                  tmp_path):
     prog, mark = marker

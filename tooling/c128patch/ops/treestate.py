@@ -21,6 +21,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shlex
 import signal
 import time
@@ -174,11 +175,33 @@ def changed_paths(git: Git) -> list[str]:
     return worktree_state(git)[1]
 
 
+_MARKER = re.compile(r"^([<=>|])\1{6}(\s|$)")  # git's own rule at the default marker size
+
+
+def _added_markers(diff: str) -> list[str]:
+    """``path:line`` of each added line of a ``--unified=0`` diff that is a conflict marker."""
+    found, path, number, prev = [], "", 0, ""
+    for line in diff.splitlines():
+        header, prev = prev.startswith("--- ") and line.startswith("+++ "), line  # (not an added "++ " line)
+        if header:
+            path = line[6:] if line.startswith("+++ b/") else ""
+        elif line.startswith("@@ ") and (m := re.match(r"@@ -\S+ \+(\d+)", line)):
+            number = int(m.group(1))
+        elif line.startswith("+") and path:
+            if _MARKER.match(line[1:]):
+                found.append(f"{path}:{number}")
+            number += 1
+    return found
+
+
 def refuse_conflict_markers(git: Git, base: str, target: str | None, action: str,
                             fix: str = "resolve it, `git add` the file, and retry") -> None:
     """Refuse conflict markers added from ``base`` to ``target`` (None: the index), by ``git diff --check``."""
     proc = git.run("diff", "--check", base, *([target] if target else ["--cached"]), check=False)
     found = [line.rsplit(":", 1)[0] for line in proc.stdout.splitlines() if line.endswith(": leftover conflict marker")]
+    if not found:  # --check skips a file the tree's .gitattributes calls binary (`-diff`): its added lines, as text
+        found = _added_markers(git.run("diff", "--text", "--unified=0", "--no-color", "--no-renames", base,
+                                       *([target] if target else ["--cached"]), check=False).stdout)
     if found:
         path, _, line = found[0].rpartition(":")
         more = f" (and {len(found) - 1} more marker line(s))" if len(found) > 1 else ""
