@@ -218,6 +218,22 @@ def test_a_value_sglang_cannot_parse_is_an_error_with_sglangs_warning(patched_py
                      '"maybe" is not a valid boolean value, using default "False"') in topics["env"]
 
 
+def test_a_gate_value_sglang_cannot_parse_is_what_startup_refuses_not_arguments_doctor_could_not_check(
+        patched_python: Path):
+    """The build's startup check reads the envs strictly where its gate is on (sglang: a warning and the default):
+    that is its refusal at launch. With the gate off (unset, or itself unparsable: sglang reads the default) the
+    check does not run, and doctor never said `cannot check the launch arguments` for an env value."""
+    args = ("--speculative-algorithm", "DSPARK")
+    code, _, topics = doctor(patched_python, *args, env={**ON, "SGLANG_OPT_USE_ONLINE_COMPRESS": "on"})
+    assert code == 1
+    assert topics["startup"] == [("error", "startup would refuse for `--speculative-algorithm DSPARK`: "
+                                           'SGLANG_OPT_USE_ONLINE_COMPRESS="on" is not a valid boolean value')]
+    for env in ({"SGLANG_OPT_USE_ONLINE_COMPRESS": "on"}, {**ON, "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK": "on"}):
+        _, _, topics = doctor(patched_python, env=env)
+        assert [level for level, _ in topics["startup"]] == ["ok"], topics["startup"]
+        assert any(level == "error" and "is not a valid boolean value" in m for level, m in topics["env"])
+
+
 @contextlib.contextmanager
 def without_startup_rules(python: Path) -> Iterator[None]:
     """The patched install as a build without startup rules: its rules module moved aside meanwhile."""

@@ -265,12 +265,21 @@ def _env(report: Report, data: dict, error: str, gates: list[Gate], is_build: bo
     return readings
 
 
+def _env_refusal(st: dict, readings: list[EnvReading]) -> dict:
+    """An env value the build's startup check cannot parse (``env_error``) is what it raises at launch, where its gate
+    is on as sglang reads it; with the gate off the check does not run and refuses nothing."""
+    if not st.get("env_error"):
+        return st
+    gate_on = any(r.on for r in readings if r.gate.name == st.get("gate"))
+    return {**st, "refusals": [st["env_error"]] if gate_on else []}
+
+
 def _startup(report: Report, st: dict | None, error: str, launch_args: Sequence[str], readings: list[EnvReading],
              is_build: bool, parsed: bool) -> None:
     """What the build's rules refuse; ``ok`` only for launch arguments sglang's own parser read (``parsed``)."""
     st = st or {"path": "", "available": True, "config": {}, "refusals": [],
                 "error": f"the child process running the rules: {error}"}
-    report.startup = st
+    report.startup = st = _env_refusal(st, readings)
     level: Level = "info" if st["available"] else "error"  # the env reference's needs: the build's rules say them
     on = {r.gate.name for r in readings if r.on}
     for r in (r for r in readings if r.on):

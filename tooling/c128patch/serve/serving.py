@@ -114,9 +114,17 @@ if st["available"]:
     except BaseException as e:
         st["error"] = "%s does not load here: %s" % (rules_path, why(e))
     else:
+        # the build's startup check reads the envs itself, strictly, where its gate is on (as sglang reads it):
+        # a value it cannot parse is what that check raises at launch, not arguments doctor could not check
+        st["gate"] = getattr(rules, "GATE_ENV", "")
         try:
-            st["config"] = dict(rules.config_from_args(list(argv), dict(os.environ)))
-            st["refusals"] = [str(line) for line in rules.startup_refusals(st["config"])]
+            getattr(rules, "env_config", lambda environ: None)(dict(os.environ))
+        except ValueError as e:
+            st["env_error"] = str(e)
+        try:
+            if not st.get("env_error"):
+                st["config"] = dict(rules.config_from_args(list(argv), dict(os.environ)))
+                st["refusals"] = [str(line) for line in rules.startup_refusals(st["config"])]
         except BaseException as e:
             st["error"] = why(e)
 answer(out)
