@@ -317,6 +317,13 @@ def test_cli_table_and_errors() -> None:
     _refused(_run("--budget-gib", "40", "--compress-ratios", "0,2,4"), "unsupported compress ratios [2]")
 
 
+@pytest.mark.parametrize("value, said", [("0", "must be >= 1"), ("lots", "expected an integer")])
+def test_a_bad_max_running_requests_names_the_option(value: str, said: str) -> None:
+    """`--max-running-requests 0` said only `Invalid value: must be >= 1`: which value, of the many options?"""
+    _refused(_run("--budget-gib", "40", "--max-running-requests", value),
+             f"Invalid value for --max-running-requests: {said}")
+
+
 @pytest.mark.parametrize("args", [["--budget-gib", "39.04"], ["--budget-gib", "39.04", "--explain-pr"],
                                   ["--preset", "pro", "--formula", "0.5.20", "--draft-tokens", "6", "--budget-gib",
                                    "39.04"]])

@@ -50,7 +50,7 @@ def command(presets: tuple[str, ...], compress_ratios: Optional[str], context_le
     try:
         r, r_mode = cap.max_running_requests(max_rr)
     except ValueError as e:
-        raise click.BadParameter(str(e))
+        raise click.BadParameter(str(e), param_hint="--max-running-requests")
     try:
         layouts = cap.layouts(presets, compress_ratios, context_len)
     except ValueError as e:
