@@ -47,6 +47,7 @@ def invoke(args: list[str], device: dict | None = None, monkeypatch: pytest.Monk
     ({"nvcc_version": "12.8"}, "torch is built for CUDA 13.0 but nvcc is 12.8"),
     ({"tvm_ffi": None, "tvm_ffi_error": "ModuleNotFoundError: No module named 'tvm_ffi'"}, "tvm_ffi does not import"),
     ({"python_error": "/nope/python: No such file"}, "cannot run the suite's Python"),
+    ({"pytest_error": "ModuleNotFoundError: No module named 'pytest'"}, "pytest does not import"),
 ])
 def test_missing_prerequisite_is_one_line_and_nothing_runs(tmp_path, monkeypatch, change, contains):
     suite = make_suite(tmp_path / "suite", {"test_a.py": "def test_a():\n    raise SystemExit('must not run')\n"})
@@ -68,6 +69,18 @@ def test_sanitizer_needs_compute_sanitizer(tmp_path, monkeypatch):
 def test_h200_description_passes_the_check():
     assert smoke_device.prerequisite_problem(H200) is None
     assert smoke_device.prerequisite_problem({**H200, "compute_sanitizer": "/x/cs"}, ("memcheck",)) is None
+
+
+def test_the_probe_says_when_pytest_does_not_import_in_the_suites_python(tmp_path, monkeypatch):
+    """The suite runs as `python -m pytest`: a --python without pytest (a serving venv, the behavioural tier's
+    environment) ran nothing, and `--list` said only "collected no test" with no reason."""
+    blocker = tmp_path / "no-pytest"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text("import sys\nsys.modules['pytest'] = None  # as if not installed\n")
+    monkeypatch.setenv("PYTHONPATH", str(blocker))
+    probe = smoke_device.probe_python(sys.executable)
+    assert "pytest" in probe["pytest_error"]
+    assert smoke_device.prerequisite_problem({**H200, **probe}).startswith("pytest does not import")
 
 
 def test_real_probe_of_this_machine():

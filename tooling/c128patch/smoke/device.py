@@ -30,6 +30,11 @@ try:
 except Exception as e:
     info["torch_error"] = "%s: %s" % (type(e).__name__, e)
 try:
+    import pytest
+    info["pytest"] = pytest.__version__
+except Exception as e:
+    info["pytest_error"] = "%s: %s" % (type(e).__name__, e)
+try:
     import tvm_ffi
     info["tvm_ffi"] = getattr(tvm_ffi, "__version__", "unknown")
 except Exception as e:
@@ -51,7 +56,7 @@ def run_child(argv: list[str], timeout: float) -> tuple[str, str]:
 
 
 def probe_python(python: str) -> dict[str, Any]:
-    """torch, CUDA and tvm_ffi as the suite's Python sees them."""
+    """torch, CUDA, pytest and tvm_ffi as the suite's Python sees them."""
     try:
         out, why = run_child([python, "-c", _PROBE], 300)
     except C128Error as exc:
@@ -112,6 +117,9 @@ def prerequisite_problem(device: dict[str, Any], sanitizers: tuple[str, ...] = (
     """None when the kernel tier can run here; else one line saying what is missing."""
     if "python_error" in device:
         return f"cannot run the suite's Python: {device['python_error']}"
+    if "pytest_error" in device:
+        return (f"pytest does not import ({device['pytest_error']}); the suite runs as `python -m pytest`: install "
+                "pytest for the suite's Python")
     if "torch_error" in device:
         return f"torch does not import ({device['torch_error']}); the kernel tier needs a CUDA build of torch"
     if not device.get("torch_cuda"):

@@ -180,6 +180,8 @@ def run(opts: KernelOptions, command: str, progress: Progress) -> tuple[dict[str
         if opts.collect_only and not report.get("tests"):
             probe = probe_python(opts.python)
             why = (f": torch does not import in {opts.python} ({probe['torch_error']}) and the suite's files skip "
-                   "without it" if "torch_error" in probe else "")
+                   "without it" if "torch_error" in probe else
+                   f": pytest does not import in {opts.python} ({probe['pytest_error']}); the suite runs as "
+                   "`python -m pytest`" if "pytest_error" in probe else "")
             raise C128Error(f"--list collected no test of {prep.suite} on {prep.patched}{why}")
     return report, path
