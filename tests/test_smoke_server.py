@@ -369,6 +369,44 @@ def test_refuses_an_unpatched_install(tmp_path, monkeypatch):
     assert smoke_server.installed_sglang(sys.executable)["patched"]
 
 
+def test_a_checkout_folder_named_sglang_is_not_an_install(tmp_path, monkeypatch):
+    """Run where `apply` made ./sglang (a folder without __init__.py), `python -c` found it as a namespace
+    package: smoke said "<cwd>/sglang is not a c128patch build (no provenance record)" of a patched checkout."""
+    (tmp_path / "sglang" / "python" / "sglang").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    res = invoke("smoke", "server", "--model-path", "/m", "--port", str(free_port()),
+                 "--out", str(tmp_path / "o"), as_json=False)
+    assert res.code == 2, res.err
+    assert res.err.strip() == (f"c128patch: error: sglang is not installed for {sys.executable} ({tmp_path / 'sglang'} "
+                               "is a folder, not the package): install the patched build (c128patch wheel) first")
+
+
+def test_no_gpu_is_a_missing_prerequisite_and_nothing_starts(tmp_path, monkeypatch):
+    """docs/smoke.md: a missing prerequisite is one line, exit 2, nothing started. On a GPU-less machine smoke
+    started the real server twice (on, off), each died, and it said `crashed`, exit 1."""
+    pkg = tmp_path / "site" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise SystemExit('must not be imported')\n")
+    (pkg / "c128patch_provenance.json").write_text(json.dumps({"series": {"name": "c128"}, "upstream": {},
+                                                               "entries": []}))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    started = []
+
+    def run_mode(opts, mode, progress):
+        started.append(mode)
+        raise KeyboardInterrupt  # as if stopped at once: the server would have started here
+
+    monkeypatch.setattr(smoke_server, "run_mode", run_mode)
+    for gpus, why, said in (([], "nvidia-smi not found", "no NVIDIA GPU here (nvidia-smi not found)"),
+                            ([("H200", "143771 MiB")], "", "nvidia-smi lists 1")):
+        monkeypatch.setattr(smoke_server, "nvidia_smi", lambda fields, rows=gpus, why=why: (rows, why), raising=False)
+        res = invoke("smoke", "server", "--model-path", "/m", "--tp", "4", "--port", str(free_port()),
+                     "--out", str(tmp_path / "o"), as_json=False)
+        assert res.code == 2 and res.err.strip() == f"c128patch: error: the server needs 4 GPU(s) (--tp 4); {said}"
+    assert not started and not (tmp_path / "o").exists()
+
+
 def test_server_options_refused(tmp_path):
     def refused(args, text):
         res = invoke("smoke", "server", *args, as_json=False)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from c128patch import SCHEMA_VERSION
 from c128patch.errors import C128Error
 from c128patch.jsonio import write_json_atomic
-from c128patch.smoke.device import run_child
+from c128patch.smoke.device import nvidia_smi, run_child
 from c128patch.smoke.logs import ServerLog, Tail, load_summary
 from c128patch.smoke.presets import LOAD_TOOLS, PRESETS
 from c128patch.smoke.procs import Managed, exit_description
@@ -158,11 +158,13 @@ def port_free(port: int) -> bool:
 def installed_sglang(python: str) -> dict[str, Any]:
     """Where ``python`` imports sglang from (its __init__ not run) and the provenance recorded there."""
     code = ("import importlib.util, json; s = importlib.util.find_spec('sglang'); "
-            "print(json.dumps(list(s.submodule_search_locations or []) if s else None))")
+            "print(json.dumps([s.origin is None, list(s.submodule_search_locations or [])] if s else None))")
     out = run_child([python, "-c", code], 120)[0].strip()
-    found = json.loads(out.splitlines()[-1]) if out else None
-    if not found:
-        raise C128Error(f"sglang is not installed for {python}: install the patched build (c128patch wheel) first")
+    namespace, found = (json.loads(out.splitlines()[-1]) if out else None) or (False, None)
+    if not found or namespace:  # a folder named sglang with no __init__.py (apply's ./sglang checkout, say)
+        here = f" ({', '.join(found)} is a folder, not the package)" if found else ""
+        raise C128Error(f"sglang is not installed for {python}{here}: install the patched build (c128patch wheel) "
+                        "first")
     root = Path(found[0]).parent
     record = read_provenance(root)
     return {"package": found[0], "provenance": series_info(record), "patched": record is not None}
@@ -342,6 +344,10 @@ def run_server_tier(opts: ServerOptions, command: str, progress: Progress = lamb
         if not report["install"]["patched"] and not opts.allow_unpatched:
             raise C128Error(f"{report['install']['package']} is not a c128patch build (no provenance record); "
                             "pass --allow-unpatched to smoke an upstream install")
+        gpus, why = nvidia_smi("name,memory.total")  # a prerequisite: refused before any server starts
+        if len(gpus) < opts.tp:
+            raise C128Error(f"the server needs {opts.tp} GPU(s) (--tp {opts.tp}); "
+                            + (f"nvidia-smi lists {len(gpus)}" if gpus else f"no NVIDIA GPU here ({why})"))
     try:
         for mode in opts.modes:
             report["modes"][mode] = run_mode(opts, mode, progress)
