@@ -296,6 +296,17 @@ def test_a_python_without_sglang_is_an_error(tmp_path: Path):
     assert topics["sglang"][0][0] == "error" and topics["sglang"][0][1].startswith("no sglang is installed for ")
 
 
+def test_a_venv_folder_given_as_python_names_its_interpreter(tmp_path: Path):
+    """`--python /opt/sglang` (the venv, not its bin/python) said only "cannot run /opt/sglang: Permission denied"."""
+    venv = tmp_path / "sglang"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    res = invoke("doctor", "--python", str(venv), as_json=False)
+    assert res.code == 2
+    assert res.err.strip() == (f"c128patch: error: {venv} is a folder, not a Python: pass --python the serving "
+                               f"interpreter ({venv / 'bin' / 'python'})")
+
+
 def test_a_python_that_does_not_run_is_one_line(tmp_path: Path):
     """README's doctor line on a host without /opt/sglang (issue 37's walk): the path once, then why."""
     res = invoke("doctor", "--python", str(tmp_path / "nope"), as_json=False)

@@ -58,6 +58,10 @@ class Interpreter:
 
 def probe(python: str) -> Interpreter:
     """Ask ``python`` what it has installed (one subprocess, stdlib only)."""
+    if Path(python).is_dir():  # a venv's folder, say: running it said only "Permission denied"
+        inside = Path(python) / "bin" / "python"
+        raise C128Error(f"{python} is a folder, not a Python: pass --python the serving interpreter"
+                        + (f" ({inside})" if inside.is_file() else ", e.g. /path/to/venv/bin/python"))
     out, why = run_child([python, "-c", PROBE], 120)
     lines = out.strip().splitlines()
     if not lines:
