@@ -400,6 +400,12 @@ def test_startup_is_not_ok_for_arguments_sglangs_parser_could_not_read(rules_pyt
 def test_an_unknown_option_before_the_launch_arguments_is_named(patched_python: Path):
     res = invoke("doctor", "--python", str(patched_python), "--pyhton", "x", as_json=False)
     assert res.code == 2 and "No such option '--pyhton'. Did you mean '--python'?" in res.err
+    # a misspelt option of doctor's own is not moved after `--` as a launch argument (it said
+    # "launch arguments go after `--`: c128patch doctor -- --pyhton x"); an unknown one still is
+    assert "after `--`" not in res.err, res.err
+    res = invoke("doctor", "--python", str(patched_python), "--tp", "8", as_json=False)
+    assert res.code == 2 and res.err.strip().endswith(
+        f"launch arguments go after `--`: c128patch doctor --python {patched_python} -- --tp 8"), res.err
 
 
 @pytest.mark.parametrize("code, said", [

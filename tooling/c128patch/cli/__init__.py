@@ -59,7 +59,8 @@ def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
         message = f"No such option: {exc.option_name}{_verbs_with(exc.option_name)}"
     line = f"{message} (see `{f'c128patch {verb}' if verb else 'c128patch'} --help`)"
     if isinstance(exc, click.NoSuchOption) and exc.ctx is not None and "--" not in argv and exc.option_name in argv \
-            and any(getattr(p, "nargs", 1) == -1 for p in exc.ctx.command.params):  # doctor's launch arguments
+            and any(getattr(p, "nargs", 1) == -1 for p in exc.ctx.command.params) \
+            and not set(exc.possibilities or ()) - {"--help"}:  # doctor's launch arguments; not a misspelt own option
         at = argv.index(exc.option_name)
         flags = {n for p in exc.ctx.command.params if getattr(p, "is_flag", False) for n in p.opts}  # --json stays
         ours, theirs = [*argv[:at], *(a for a in argv[at:] if a in flags)], [a for a in argv[at:] if a not in flags]
