@@ -69,3 +69,18 @@ def test_a_groups_child_dies_with_the_tool_even_by_sigkill():
     else:
         os.kill(child, signal.SIGKILL)
     assert state == "gone" or "zombie" in state, state
+
+
+def test_ending_a_child_whose_wait_an_interrupt_left_holding_its_lock_does_not_hang():
+    """`watch` interrupted (Ctrl-C) in its behavioural tier hung for ever: the SIGINT, taken by the progress thread,
+    was handled in the main thread right after ``Popen.wait(timeout)``'s ``_waitpid_lock.acquire(False)``, before
+    its ``try``; the lock stayed held, and the cleanup's ``end()`` blocked on it (the box a zombie, unreaped)."""
+    import threading
+
+    proc = procs.Group([sys.executable, "-c", "import time; time.sleep(60)"])
+    proc._waitpid_lock.acquire()  # what the interrupted wait left behind
+    ender = threading.Thread(target=proc.end, daemon=True)
+    ender.start()
+    ender.join(15)
+    assert not ender.is_alive(), "end() blocked on the lock an interrupted wait left held"
+    assert proc.returncode == -signal.SIGKILL and _gone(proc.pid)

@@ -23,6 +23,13 @@ class Group(subprocess.Popen):
         """SIGKILL to the group (the child's forks too), the child reaped."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
+        # Ctrl-C handled right after ``wait(timeout)``'s ``_waitpid_lock.acquire(False)``, before its ``try`` (a
+        # signal another thread took, the progress heartbeat's, is handled there), leaves the lock held: ``wait``
+        # then blocked for ever (`watch` interrupted in its behavioural tier). One thread waits on a Group: held
+        # past a moment, it is that stale hold.
+        lock = self._waitpid_lock  # type: ignore[attr-defined]
+        lock.acquire(timeout=2)  # ours, or past 2 s (the child is dead) the stale hold: released either way
+        lock.release()
         self.wait()
 
     def __exit__(self, *exc: Any) -> None:
