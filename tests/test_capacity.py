@@ -363,6 +363,8 @@ def test_ci_capacity_table_writes_json(tmp_path: Path) -> None:
         assert (row["off"]["full_tokens"], row["on"]["full_tokens"]) == (expect.off.full_tokens, expect.on.full_tokens)
     assert (data["pr_row"]["off"]["full_tokens"], data["pr_row"]["on"]["full_tokens"]) == (2_553_344, 3_167_232)
     assert "2,553,344" in proc.stdout
+    # docs/capacity.md's command, piped: within 100 columns as `c128patch capacity`'s tables (it printed 115)
+    assert max(len(line.rstrip()) for line in proc.stdout.splitlines()) <= 100, proc.stdout
 
 
 @pytest.mark.parametrize("args, says", [

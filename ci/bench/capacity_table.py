@@ -18,11 +18,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tooling"))
 
 import click  # noqa: E402
-from rich.console import Console  # noqa: E402
 
 from c128patch.capacity import model as cap  # noqa: E402
 from c128patch.capacity import pr as capacity_pr  # noqa: E402
 from c128patch.capacity.tables import render_pr, render_table  # noqa: E402
+from c128patch.progress import table_console  # noqa: E402
 
 R_VALUES = (
     (cap.DSPARK_DEFAULT_MAX_RUNNING_REQUESTS, "DSPARK default (non-DSV4 targets)"),
@@ -60,7 +60,7 @@ def main(budget_gib: float | None, draft_tokens: int, formula: str, out: Path | 
     budget = int(budget_gib * (1 << 30)) if budget_gib else pr_result.inputs.budget_bytes
     rows = build_rows(budget, draft_tokens, formula)
 
-    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console = table_console()  # within 100 columns, piped too, as `c128patch capacity`'s (issue 37)
     console.print(render_table([r for _, r in rows],
                                f"online C128 off/on, {cap.gib(budget):.2f} GiB KV budget per GPU, "
                                f"formula {formula}, W={draft_tokens}, fp32 state, swa ratio 0.1"))
