@@ -228,6 +228,9 @@ def test_a_gate_value_sglang_cannot_parse_is_what_startup_refuses_not_arguments_
     assert code == 1
     assert topics["startup"] == [("error", "startup would refuse for `--speculative-algorithm DSPARK`: "
                                            'SGLANG_OPT_USE_ONLINE_COMPRESS="on" is not a valid boolean value')]
+    assert ("info", "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK needs SGLANG_OPT_USE_ONLINE_COMPRESS, which is off here "
+                    "(SGLANG_OPT_USE_ONLINE_COMPRESS=on): without it SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK does "
+                    "nothing") in topics["env"]  # it said "which is not set" of a variable set to "on"
     for env in ({"SGLANG_OPT_USE_ONLINE_COMPRESS": "on"}, {**ON, "SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK": "on"}):
         _, _, topics = doctor(patched_python, env=env)
         assert [level for level, _ in topics["startup"]] == ["ok"], topics["startup"]

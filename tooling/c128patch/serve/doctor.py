@@ -282,10 +282,12 @@ def _startup(report: Report, st: dict | None, error: str, launch_args: Sequence[
     report.startup = st = _env_refusal(st, readings)
     level: Level = "info" if st["available"] else "error"  # the env reference's needs: the build's rules say them
     on = {r.gate.name for r in readings if r.on}
+    raw = {r.gate.name: r.raw for r in readings}
     for r in (r for r in readings if r.on):
         for need in r.gate.requires:
             if need not in on:
-                report.add(level, "env", f"{r.gate.name} needs {need}, which is not set: without it {r.gate.name} "
+                state = "not set" if raw.get(need) is None else f"off here ({need}={raw[need]})"
+                report.add(level, "env", f"{r.gate.name} needs {need}, which is {state}: without it {r.gate.name} "
                                          "does nothing")
         for other in r.gate.conflicts:
             if other in on:
