@@ -603,6 +603,15 @@ def test_a_hunkless_copy_or_rename_to_another_path_than_its_header_is_refused(se
     assert not (tree / ".githooks").exists() and not (tree / ".gitattributes").exists()
 
 
+def upstream_edits_the_same_line(git: Git, tree: Path) -> str:
+    """A commit on v0.5.23 editing the line an entry edits in ``CUH``: a rebase onto it stops at a conflict."""
+    idx = git.with_env(GIT_INDEX_FILE=str(tree / ".git" / "other.index"))
+    idx.run("read-tree", "v0.5.23")
+    text = git.blob("v0.5.23", CUH).decode().replace(LINE, LINE.rstrip("\n") + "  // upstream's change\n")
+    idx.run("update-index", "--cacheinfo", f"100644,{git.out('hash-object', '-w', '--stdin', input=text)},{CUH}")
+    return git.out("commit-tree", idx.out("write-tree"), "-p", "v0.5.23", "-m", "upstream edits the same line")
+
+
 def test_an_entry_named_escape_in_a_rebase_journal_never_reaches_the_ledger_through_continue(series, tree):
     """A rebase stopped at a conflict, its journal's entry renamed ``../../../ESCAPE``, the conflict resolved:
     `rebase --continue` refuses the name in one line; no ESCAPE path is made and the ledger records nothing."""
@@ -610,11 +619,7 @@ def test_an_entry_named_escape_in_a_rebase_journal_never_reaches_the_ledger_thro
 
     git = Git(worktree=tree)
     assert invoke(*apply_args(tree, series), as_json=False).code == 0
-    idx = git.with_env(GIT_INDEX_FILE=str(tree / ".git" / "other.index"))
-    idx.run("read-tree", "v0.5.23")
-    text = git.blob("v0.5.23", CUH).decode().replace(LINE, LINE.rstrip("\n") + "  // upstream's change\n")
-    idx.run("update-index", "--cacheinfo", f"100644,{git.out('hash-object', '-w', '--stdin', input=text)},{CUH}")
-    onto = git.out("commit-tree", idx.out("write-tree"), "-p", "v0.5.23", "-m", "upstream edits the same line")
+    onto = upstream_edits_the_same_line(git, tree)
     assert invoke("rebase", "--onto", onto, "--tree", tree, "--series", series, as_json=False).code == 1
     path = rebase_journal(git)
     data = json.loads(path.read_text())
@@ -670,11 +675,7 @@ def test_a_ledger_folder_that_is_a_link_is_never_written_through(series, tree, t
     (series / link).parent.mkdir(parents=True, exist_ok=True)
     (series / link).symlink_to(outside)
     assert invoke(*apply_args(tree, series), as_json=False).code == 0
-    idx = git.with_env(GIT_INDEX_FILE=str(tree / ".git" / "other.index"))
-    idx.run("read-tree", "v0.5.23")
-    text = git.blob("v0.5.23", CUH).decode().replace(LINE, LINE.rstrip("\n") + "  // upstream's change\n")
-    idx.run("update-index", "--cacheinfo", f"100644,{git.out('hash-object', '-w', '--stdin', input=text)},{CUH}")
-    onto = git.out("commit-tree", idx.out("write-tree"), "-p", "v0.5.23", "-m", "upstream edits the same line")
+    onto = upstream_edits_the_same_line(git, tree)
     head = git.head()
     res = invoke("rebase", "--onto", onto, "--tree", tree, "--series", series, as_json=False)
     if link == "patches/resolutions":  # (its ledger is read first: refused before anything moves)
