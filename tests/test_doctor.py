@@ -218,6 +218,17 @@ def test_a_value_sglang_cannot_parse_is_an_error_with_sglangs_warning(patched_py
                      '"maybe" is not a valid boolean value, using default "False"') in topics["env"]
 
 
+def test_a_value_outside_a_gates_choices_is_an_error_without_launch_arguments(patched_python: Path):
+    """sglang reads any text for SGLANG_RAGGED_VERIFY_MODE and refuses all but its modes at launch: doctor said
+    `ok env SGLANG_RAGGED_VERIFY_MODE=bogus` where no launch arguments were given."""
+    code, _, topics = doctor(patched_python, env={"SGLANG_RAGGED_VERIFY_MODE": "bogus"})
+    assert code == 1
+    assert ("error", "SGLANG_RAGGED_VERIFY_MODE=bogus: sglang takes only static, cap-accept, compact and refuses "
+                     "anything else at launch") in topics["env"]
+    _, _, topics = doctor(patched_python, env={"SGLANG_RAGGED_VERIFY_MODE": "compact"})
+    assert [level for level, m in topics["env"] if m.startswith("SGLANG_RAGGED_VERIFY_MODE=")] == ["ok"]
+
+
 def test_a_gate_value_sglang_cannot_parse_is_what_startup_refuses_not_arguments_doctor_could_not_check(
         patched_python: Path):
     """The build's startup check reads the envs strictly where its gate is on (sglang: a warning and the default):

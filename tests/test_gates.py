@@ -110,6 +110,19 @@ def test_a_malformed_gate_is_one_line_naming_it(tmp_path: Path):
         load_series(root)
 
 
+def test_a_gates_choices_hold_its_default_and_belong_to_a_str_gate(tmp_path: Path):
+    choices = 'choices = ["static", "cap-accept", "compact"]'
+    root = edited_series(tmp_path / "a", choices, 'choices = ["cap-accept", "compact"]')
+    assert 'gate SGLANG_RAGGED_VERIFY_MODE: its default "static" is not one of its choices (cap-accept, compact)' \
+        in messages(root)
+    root = edited_series(tmp_path / "b", 'type = "str"', 'type = "int"')
+    with pytest.raises(C128Error, match="gate SGLANG_RAGGED_VERIFY_MODE: 'choices' is for a str gate, not a int one"):
+        load_series(root)
+    root = edited_series(tmp_path / "c", choices, 'choices = ["static", ""]')
+    with pytest.raises(C128Error, match="'choices' must be a list of non-empty strings"):
+        load_series(root)
+
+
 def test_saving_the_manifest_keeps_the_reference(tmp_path: Path):
     root = edited_series(tmp_path, "", "")
     series = load_series(root)

@@ -12,6 +12,7 @@ Kept in the manifest as ``[[gates]]`` tables (patches/series.toml), one per vari
 | requires | gates that must be set for it to do anything |
 | conflicts | gates that must not be set with it |
 | notes | the launch flags it acts with, limits, what else it does not go with |
+| choices | a ``str`` gate's only values sglang takes (it refuses any other at launch) |
 
 The reference is documentation: it is not part of the series digest (changing a sentence does not
 change a wheel). ``gate_problems`` is what ``lint`` checks against the series' own files: every
@@ -54,6 +55,7 @@ class Gate:
     requires: tuple[str, ...] = ()
     conflicts: tuple[str, ...] = ()
     notes: str = ""
+    choices: tuple[str, ...] = ()
 
     def to_toml(self) -> dict[str, Any]:
         """Its table: the optional fields only when set."""
@@ -75,6 +77,21 @@ def _names(raw: dict, key: str, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _choices(raw: dict, where: str) -> tuple[str, ...]:
+    value = raw.get("choices", [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.isprintable() and v for v in value):
+        raise C128Error(f"{where}: 'choices' must be a list of non-empty strings")
+    return tuple(value)
+
+
+def default_value(gate: Gate) -> Any:
+    """The default as a value (``"static"`` for the text ``\"static\"``); None where it is no literal."""
+    try:
+        return ast.literal_eval(gate.default)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
 def parse_gates(raw: Any, path: Path) -> list[Gate]:
     """The ``[[gates]]`` tables of a manifest, validated (one line naming the gate and the field)."""
     if raw is None:
@@ -94,10 +111,13 @@ def parse_gates(raw: Any, path: Path) -> list[Gate]:
         if unknown:
             raise C128Error(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
         gate = Gate(*(_text(item, key, where) for key in _REQUIRED), _names(item, "requires", where),
-                    _names(item, "conflicts", where), _text(item, "notes", where, required=False))
+                    _names(item, "conflicts", where), _text(item, "notes", where, required=False),
+                    _choices(item, where))
         for key, allowed in (("declared_by", DECLARERS), ("type", TYPES)):
             if getattr(gate, key) not in allowed:
                 raise C128Error(f"{where}: {key} must be one of {', '.join(allowed)}, not {getattr(gate, key)!r}")
+        if gate.choices and gate.type != "str":
+            raise C128Error(f"{where}: 'choices' is for a str gate, not a {gate.type} one")
         gates.append(gate)
     dupes = duplicates(g.name for g in gates)
     if dupes:
@@ -162,6 +182,9 @@ def gate_problems(gates: list[Gate], entry_gates: dict[str, str], text: SeriesTe
         for other in (*gate.requires, *gate.conflicts):
             if other not in known:
                 found.append((gate.name, f"gate {gate.name} names {other}, which is not in the env reference"))
+        if gate.choices and default_value(gate) not in (None, *gate.choices):  # None: the default's own line says
+            found.append((gate.name, f"gate {gate.name}: its default {gate.default} is not one of its choices "
+                                     f"({', '.join(gate.choices)})"))
         if gate.declared_by == "series":
             found += [(gate.name, p) for p in declaration_problems(gate, added, "a patch of the series")]
         elif gate.name in added:
@@ -177,7 +200,12 @@ def render_markdown(gates: list[Gate], entry_gates: dict[str, str]) -> str:
     for g in gates:
         entries = ", ".join(f"`{e}`" for e, gate in entry_gates.items() if gate == g.name) or "-"
         lines.append("| " + " | ".join([
-            f"`{g.name}`", g.declared_by, f"`{g.default}` ({g.type})", cell(g.enables),
+            f"`{g.name}`", g.declared_by, f"`{g.default}` ({_kind(g)})", cell(g.enables),
             ", ".join(f"`{n}`" for n in g.requires) or "-", ", ".join(f"`{n}`" for n in g.conflicts) or "-",
             entries, cell(g.notes) or "-"]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _kind(gate: Gate) -> str:
+    """``str``, or ``str: static, compact`` for a gate with choices."""
+    return f"{gate.type}: one of " + ", ".join(f"`{c}`" for c in gate.choices) if gate.choices else gate.type

@@ -258,6 +258,9 @@ def _env(report: Report, data: dict, error: str, gates: list[Gate], is_build: bo
                                        "nothing here")
         elif r.problem:
             report.add("error", "env", f"{name}={r.raw}: {r.problem}")
+        elif r.gate.choices and r.value not in r.gate.choices:
+            report.add("error", "env", f"{name}={r.raw}: sglang takes only {', '.join(r.gate.choices)} and refuses "
+                                       "anything else at launch")
         elif r.on:
             report.add("ok", "env", f"{name}={r.raw}: {r.gate.enables}")
         else:
