@@ -324,6 +324,20 @@ def test_a_bad_max_running_requests_names_the_option(value: str, said: str) -> N
              f"Invalid value for --max-running-requests: {said}")
 
 
+@pytest.mark.parametrize("option, value, said", [
+    ("--dp", "0", "Invalid value for '--dp': 0 is not in the range x>=1."),
+    ("--tp", "0", "Invalid value for '--tp': 0 is not in the range x>=1."),
+    ("--draft-tokens", "0", "Invalid value for '--draft-tokens': 0 is not in the range x>=1."),
+    ("--swa-full-tokens-ratio", "-1", "Invalid value for '--swa-full-tokens-ratio': -1.0 is not in the range 0<x<=1."),
+    ("--context-len", "0", "Invalid value for '--context-len': 0 is not in the range x>=1."),
+    ("--compress-ratios", "4,x", "Invalid value for --compress-ratios: 'x' is not a ratio"),
+])
+def test_a_value_out_of_range_names_its_option(option: str, value: str, said: str) -> None:
+    """Helper 132: `--dp 0` said `attn_dp_size and tp_size must be >= 1`, the model's field names, not the options;
+    `--compress-ratios x` said `invalid literal for int() with base 10`; `--context-len 0` was taken."""
+    _refused(_run("--budget-gib", "40", option, value), said)
+
+
 @pytest.mark.parametrize("args", [["--budget-gib", "39.04"], ["--budget-gib", "39.04", "--explain-pr"],
                                   ["--preset", "pro", "--formula", "0.5.20", "--draft-tokens", "6", "--budget-gib",
                                    "39.04"]])

@@ -93,7 +93,11 @@ def layouts(presets: tuple[str, ...], compress_ratios: Optional[str] = None,
             context_len: Optional[int] = None) -> list[Layout]:
     """The presets (default flash and pro), or one layout of comma-separated ratios."""
     if compress_ratios:
-        chosen = [custom_layout([int(x) for x in compress_ratios.replace(" ", "").split(",") if x])]
+        words = [x for x in compress_ratios.replace(" ", "").split(",") if x]
+        bad = [x for x in words if not x.isdigit()]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a ratio: give comma-separated integers, such as 0,4,128")
+        chosen = [custom_layout([int(x) for x in words])]
     else:
         chosen = [PRESETS[p] for p in (presets or ("flash", "pro"))]
     return [replace(lt, context_len=context_len) for lt in chosen] if context_len is not None else chosen

@@ -9,29 +9,34 @@ import click
 from c128patch.capacity import model as cap
 from c128patch.cli.common import emit_json
 
+_POSITIVE = click.FloatRange(0, min_open=True)
+_FRACTION = click.FloatRange(0, 1, min_open=True)
+
 
 @click.command("capacity")
 @click.option("--preset", "presets", type=click.Choice(sorted(cap.PRESETS)), multiple=True,
               help="Layer layout preset(s); default flash and pro.")
 @click.option("--compress-ratios", help="Comma-separated per-layer ratios (0/4/128); replaces --preset.")
-@click.option("--context-len", type=int, help="Context length for the estimate path (default 1,048,576).")
-@click.option("--budget-gib", type=float, help="KV budget per GPU in GiB (what the configurator divides).")
-@click.option("--budget-bytes", type=int, help="KV budget per GPU in bytes.")
-@click.option("--gpu-gib", type=float, help="GPU memory in GiB (with --mem-fraction-static, --non-kv-gib).")
-@click.option("--mem-fraction-static", type=float, help="Static memory fraction.")
-@click.option("--non-kv-gib", type=float, help="Weights and other non-KV use inside the static fraction, GiB.")
-@click.option("--tp", "tp_size", type=int, default=8, show_default=True,
+@click.option("--context-len", type=click.IntRange(min=1),
+              help="Context length for the estimate path (default 1,048,576).")
+@click.option("--budget-gib", type=_POSITIVE, help="KV budget per GPU in GiB (what the configurator divides).")
+@click.option("--budget-bytes", type=click.IntRange(min=1), help="KV budget per GPU in bytes.")
+@click.option("--gpu-gib", type=_POSITIVE, help="GPU memory in GiB (with --mem-fraction-static, --non-kv-gib).")
+@click.option("--mem-fraction-static", type=_FRACTION, help="Static memory fraction.")
+@click.option("--non-kv-gib", type=click.FloatRange(min=0),
+              help="Weights and other non-KV use inside the static fraction, GiB.")
+@click.option("--tp", "tp_size", type=click.IntRange(min=1), default=8, show_default=True,
               help="Tensor parallel size (recorded; the DSV4 latent is replicated per rank).")
-@click.option("--dp", "attn_dp_size", type=int, default=1, show_default=True,
+@click.option("--dp", "attn_dp_size", type=click.IntRange(min=1), default=1, show_default=True,
               help="Attention DP size; R is per DP worker (R // dp).")
-@click.option("--swa-full-tokens-ratio", type=float, default=cap.DEFAULT_SWA_FULL_TOKENS_RATIO, show_default=True)
+@click.option("--swa-full-tokens-ratio", type=_FRACTION, default=cap.DEFAULT_SWA_FULL_TOKENS_RATIO, show_default=True)
 @click.option("--max-running-requests", "max_rr", default="auto", show_default=True,
               help="INT, auto (256: a DSV4 target's default), dspark (48: DSPARK's default, "
                    "non-DSV4 targets only) or estimate (the configurator's unset path).")
-@click.option("--draft-tokens", "num_draft_tokens", type=int, default=cap.DSPARK_DEFAULT_DRAFT_TOKENS,
+@click.option("--draft-tokens", "num_draft_tokens", type=click.IntRange(min=1), default=cap.DSPARK_DEFAULT_DRAFT_TOKENS,
               show_default=True, help="W = gamma + 1 (DSPARK default gamma 7; DSV4 DSpark checkpoints set 5).")
 @click.option("--state-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True)
-@click.option("--page-size", type=int, default=cap.DSV4_PAGE_SIZE, show_default=True)
+@click.option("--page-size", type=click.IntRange(min=1), default=cap.DSV4_PAGE_SIZE, show_default=True)
 @click.option("--speculative/--no-speculative", default=True, show_default=True)
 @click.option("--formula", type=click.Choice(list(cap.FORMULAS)), default="0.5.23", show_default=True,
               help="Release whose arithmetic to mirror; 0.5.20 is also PR #32035's July base.")
