@@ -102,6 +102,7 @@ def test_watch_says_on_stderr_that_it_runs_the_targets_code_on_a_terminal_or_not
     """Off a terminal (CI, and here) the tier's step line showed only at the reporter's beat: a short tier never
     said it ran the target's code. Said as the tier starts now; a refusal before any work stays one line."""
     assert "watch runs the target tree's code" in onto_023.run.err and "--no-run skips it" in onto_023.run.err
+    assert onto_023.run.err.count("runs the target tree's code") == 1, onto_023.run.err  # the beat's step line too
     refused = watch(tmp_path / "out", REPO_ROOT, "no-such-rev")
     assert refused.run.code == 2 and refused.run.err.startswith("c128patch: error: unknown rev 'no-such-rev'")
 

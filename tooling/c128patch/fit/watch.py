@@ -256,7 +256,7 @@ class Watch:
         """``fit.treecheck`` (gates off and on) on the carried tree, started; a str says why it did not start."""
         if self.run_code:  # said as it starts, on a terminal or not (a step line off one shows only at the beat)
             echo(f"watch {NOTICE}")
-        self._step(f"behavioural tier on {self.onto} (started): it {NOTICE}" if self.run_code else
+        self._step(f"behavioural tier on {self.onto} (started, in the sealed box)" if self.run_code else
                    f"behavioural tier on {self.onto}: --no-run, the target's code is not run (unchecked)")
         try:
             git.run("checkout", "--quiet", "--force", "--detach", head)
