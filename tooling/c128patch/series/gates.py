@@ -34,7 +34,7 @@ from typing import Any
 
 from c128patch.errors import C128Error
 from c128patch.series.paths import duplicates
-from c128patch.textsafe import cell
+from c128patch.textsafe import cell, md
 
 DECLARERS = ("series", "upstream")
 TYPES = {"bool": "EnvBool", "str": "EnvStr", "int": "EnvInt", "float": "EnvFloat"}
@@ -208,4 +208,4 @@ def render_markdown(gates: list[Gate], entry_gates: dict[str, str]) -> str:
 
 def _kind(gate: Gate) -> str:
     """``str``, or ``str: static, compact`` for a gate with choices."""
-    return f"{gate.type}: one of " + ", ".join(f"`{c}`" for c in gate.choices) if gate.choices else gate.type
+    return f"{gate.type}: one of " + ", ".join(cell(md(c)) for c in gate.choices) if gate.choices else gate.type
