@@ -17,6 +17,7 @@ from typing import Iterator
 import pytest
 
 from c128patch.errors import C128Error
+from c128patch.fit import copies
 from c128patch.git import Git, GitError
 from c128patch.ops.lint import update_hashes
 from c128patch.series.ledger import Conflict, Ledger
@@ -801,3 +802,25 @@ def test_a_trees_diff_settings_do_not_change_the_diffs_the_tool_reads(tree):
     said = git.out("diff", "HEAD~1", "HEAD")
     assert said == plain and said.startswith("diff --git a/") and "\x1b[" not in said
     assert git.out("format-patch", "--stdout", "-1", "HEAD") == mail
+
+
+@pytest.mark.parametrize("moved", ["c128_online_v2\n+.cuh", "c128_online_v2\udcff.cuh"], ids=["newline", "not-utf8"])
+def test_a_path_upstream_moves_our_file_to_that_no_patch_can_name_is_one_answer_not_a_traceback(series, tree, moved):
+    """Upstream moves the file our entry patches to a name holding a newline (the renamed patch check wrote carried
+    the name's second line as a line of its own: "corrupt patch", no answer) or a byte that is not UTF-8 (git's
+    output read as UTF-8: a UnicodeDecodeError traceback, from check, and from bisect and watch on any upstream
+    adding such a file): the move is not followed, the entry is a conflict, each verb answers."""
+    git = Git(worktree=tree)
+    dest = f"{CUH.rsplit('/', 1)[0]}/{moved}"  # a surrogate: its byte, as git is handed it (os.fsencode)
+
+    def move(idx: Git) -> None:
+        idx.run("update-index", "--force-remove", CUH)
+        blob = git.out("rev-parse", f"v0.5.23:{CUH}")
+        for path in (dest, f"python/sglang/{moved}.py"):
+            idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{path}")
+
+    onto = upstream_commit(git, "v0.5.23", "upstream moves the file", move)
+    res = invoke("check", "--sglang-rev", onto, "--repo", tree, "--series", series)
+    assert res.code == 1, (res.code, res.err)
+    assert f"{CUH}: does not exist" in json.dumps(res.out), res.out
+    assert copies.find(git, git.rev_parse("v0.5.23"), onto, []) == []  # watch's and bisect's look for copies

@@ -39,6 +39,7 @@ from c128patch.git import Git, ReadMemo, recalled, remembered
 from c128patch.series.ledger import Ledger, Resolution
 from c128patch.series.manifest import Series
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch
+from c128patch.series.paths import check_relpath
 from c128patch.series.plan import (
     ENTRY_TRAILER,
     LazyIndex,
@@ -383,8 +384,17 @@ def follow_renames(git: Git, item: Planned, index_file: Path, missing: list[str]
                      probe.out("write-tree")).split("\0")
     found = {fields[i + 2]: fields[i + 1] for i, meta in enumerate(fields)
              if meta.startswith(":") and meta.split()[-1].startswith("C") and i + 2 < len(fields)
-             and fields[i + 2] in pre and fields[i + 1] not in pre}
+             and fields[i + 2] in pre and fields[i + 1] not in pre and _followable(fields[i + 1])}
     return found if len(found) == len(missing) else {}
+
+
+def _followable(path: str) -> bool:
+    """A path upstream moved a file to that a patch may name: ``check_relpath``'s rules (a newline in it wrote lines
+    of its own into the renamed patch), and UTF-8 (``Git.run`` reads other bytes as U+FFFD: no path git has)."""
+    try:
+        return "\ufffd" not in check_relpath(path, "a path upstream moved a file to")
+    except C128Error:
+        return False
 
 
 def replay_patch_shared(git: Git, item: Planned, index_file: Path, lazy: LazyIndex,
