@@ -824,3 +824,25 @@ def test_a_path_upstream_moves_our_file_to_that_no_patch_can_name_is_one_answer_
     assert res.code == 1, (res.code, res.err)
     assert f"{CUH}: does not exist" in json.dumps(res.out), res.out
     assert copies.find(git, git.rev_parse("v0.5.23"), onto, []) == []  # watch's and bisect's look for copies
+
+
+def test_the_commands_watch_prints_to_reproduce_a_stop_work_as_printed_whatever_the_tag_holds(series, tree, tmp_path):
+    """A tag upstream names with what a report or a terminal cannot show (a C1 control, a bidi override, a
+    zero-width space: stripped where printed) is reproduced by its commit: the rebase command watch printed named a
+    tag that does not exist (``unknown revision``)."""
+    git = Git(worktree=tree)
+    tag = "v0.5.24-\x9b31m\u202e\u200b$(touch${IFS}PWNED)`id`<b>"
+    git.run("tag", tag, upstream_edits_the_same_line(git, tree))
+    out = tmp_path / "out"
+    res = invoke("watch", "--onto", tag, "--repo", tree, "--series", series, "--out", out, "--no-run", as_json=False)
+    assert res.code == 5, (res.code, res.err)
+    report = (out / "watch-report.md").read_text()
+    rebase = printed_command(report, "c128patch rebase --onto")
+    assert rebase in res.text
+    work = tmp_path / "work"
+    work.mkdir()
+    apply = printed_command(report, "c128patch apply --sglang-rev")
+    assert run_printed(apply, work).returncode == 0
+    done = run_printed(rebase, work)
+    assert done.returncode == 1 and "conflicts on" in done.stderr, done.stderr
+    assert not list(tmp_path.rglob("PWNED"))

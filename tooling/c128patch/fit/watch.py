@@ -65,6 +65,7 @@ from c128patch.ops.treestate import git_command
 from c128patch.progress import NullReporter, Reporter, echo
 from c128patch.series.layers import layer_folders, layer_rows, stack
 from c128patch.series.manifest import Series, installed, load_series
+from c128patch.textsafe import one_line
 from c128patch.upstream.source import Target, Upstream, open_upstream
 
 EXIT: dict[str, int] = exitcodes.WATCH
@@ -390,7 +391,8 @@ class Watch:
         where = upstream.location if upstream.kind == "url" else self.source
         repo = f" --repo {_q(where)}" if upstream.kind != "release" else ""
         tagged = onto["rev"] in upstream.git.out("tag", "--points-at", onto["commit"]).split()
-        target = onto["rev"] if tagged else onto["commit"]
+        shown = one_line(onto["rev"]) == onto["rev"]  # a tag holding what no report shows (U+202E) is its commit
+        target = onto["rev"] if tagged and shown else onto["commit"]
         return [f"c128patch apply --sglang-rev {_q(self.series.base)}{repo} --tree {WORK_TREE}{self.series_args}",
                 f"c128patch rebase --onto {_q(target)}{repo} --tree {WORK_TREE}{self.series_args}"]
 
