@@ -67,7 +67,9 @@ def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
         line += f"; launch arguments go after `--`: {shlex.join(['c128patch', *ours, '--', *theirs])}"
     if "--json" in (argv[: argv.index("--")] if "--" in argv else argv):
         emit_json({"ok": False, "error": line, "usage_error": True})
-    click.echo(f"c128patch: error: {line}", err=True)
+    from c128patch.textsafe import one_line  # an argument's controls and newlines (click quotes only its own)
+
+    click.echo(f"c128patch: error: {one_line(line)}", err=True)
     sys.exit(exitcodes.USAGE)
 
 

@@ -183,11 +183,13 @@ def handles_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except C128Error as exc:
+            from c128patch.textsafe import one_line
+
             if kwargs.get("as_json", False):  # (docs/schemas/README.md: an error object carries the layers too)
                 emit_json({"ok": False, "error": exc.message, **({"hint": exc.hint} if exc.hint else {}),
                            **({"report": exc.report} if getattr(exc, "report", None) else {})},
                           _IN_EFFECT[0] if _IN_EFFECT else None)
-            said = filter(None, (f"c128patch: error: {exc.message}", exc.hint))
+            said = filter(None, (f"c128patch: error: {one_line(exc.message)}", exc.hint))  # a newline of an input
             echo("\n".join(said))
             sys.exit(exc.exit_code)
         except KeyboardInterrupt as exc:
