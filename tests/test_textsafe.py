@@ -189,3 +189,13 @@ def test_an_error_stays_one_line_without_controls_whatever_an_argument_holds(tmp
         lines = res.err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("c128patch: error: ") and "⏎" in lines[0], res.err
         assert not any(c in res.err for c in CONTROLS), res.err
+
+
+def test_the_layers_in_effect_are_said_on_one_line_without_controls(tmp_path):
+    """The line naming the layers in effect printed their folders raw: a folder the tree's provenance, the
+    environment or a config names (``lay\\x1b[31mer\\u202e\\nforged``) wrote its controls and a second line."""
+    folder = tmp_path / "lay\x1b[31mer\u202e\nforged"
+    assert invoke("layer", "new", folder, "--name", "evil", as_json=False).code == 0
+    res = invoke("lint", "--offline", as_json=False, env={"C128PATCH_LAYERS": str(folder)})
+    said = [line for line in res.err.splitlines() if "forged" in line]
+    assert said == [f"layers from $C128PATCH_LAYERS: {tmp_path}/lay[31mer ⏎ forged"], res.err

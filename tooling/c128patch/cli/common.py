@@ -124,6 +124,7 @@ def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path
     from c128patch.git import Git
     from c128patch.ops.treestate import tree_layers  # not ops.layer: status stays light
     from c128patch.series.layers import ENV, get_series, lookup_layers
+    from c128patch.textsafe import one_line
 
     def top(folder: Path) -> Path | None:  # the repository holding folder (a bare one: itself), no git run
         chain = [folder.resolve(), *folder.resolve().parents]
@@ -139,7 +140,7 @@ def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path
     if series.layers:
         series.origin = origin
         if origin != "--layer" and not quiet:  # named on the command line: known
-            click.echo(f"layers from {origin}: {', '.join(map(str, folders))}", err=True)
+            click.echo(one_line(f"layers from {origin}: {', '.join(map(str, folders))}"), err=True)  # a tree's
     elif origin == f"${ENV}":  # set and empty: no layers, whatever c128patch.toml or the tree says (docs/layers.md)
         series.origin = origin
         if not quiet:
