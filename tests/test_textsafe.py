@@ -199,3 +199,17 @@ def test_the_layers_in_effect_are_said_on_one_line_without_controls(tmp_path):
     res = invoke("lint", "--offline", as_json=False, env={"C128PATCH_LAYERS": str(folder)})
     said = [line for line in res.err.splitlines() if "forged" in line]
     assert said == [f"layers from $C128PATCH_LAYERS: {tmp_path}/lay[31mer ⏎ forged"], res.err
+
+
+def test_matrix_shows_a_repos_revision_as_data_on_a_terminal_and_in_markdown(sglang_release_repo):
+    """A --repo revision is any commit-ish (``^{/regex}`` holds what a tag may not): matrix made it a rich column's
+    markup (``[/x]``: a MarkupError traceback) and put it raw in its Markdown row (its ``|`` split the row, its
+    ``<b>`` and ``@x`` were live)."""
+    res = invoke("matrix", "--repo", sglang_release_repo, "--sglang-rev", "v0.5.23^{/[/x]?sglang}", as_json=False)
+    assert res.code == 0 and "[/x]" in res.text, (res.code, res.err)
+    rev = "v0.5.23^{/sglang|`<b>@x}"
+    res = invoke("matrix", "--repo", sglang_release_repo, "--sglang-rev", rev, "--markdown", as_json=False)
+    assert res.code == 0, (res.code, res.err)
+    row = res.text.splitlines()[2]
+    assert row.startswith("| ``v0.5.23^{/sglang\\|`<b>@x}`` | strict |"), row
+    _inert(res.text)

@@ -35,6 +35,7 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
     from c128patch.evidence.matrix import markdown, matrix_for
     from c128patch.evidence.results import KINDS, results_root
     from c128patch.progress import reporter, table_console
+    from c128patch.textsafe import one_line, text
 
     series = load_stack(series_dir, layer_dirs, quiet=as_json)
     root = results_dir or results_root(series)
@@ -52,7 +53,7 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
     for table, first in ((evidence, "evidence"), (entries, "entry")):
         table.add_column(first, overflow="fold")
         for row in rows:
-            table.add_column(row.rev, overflow="fold" if table is evidence else "ellipsis")
+            table.add_column(text(row.rev), overflow="fold" if table is evidence else "ellipsis")  # not markup
     evidence.add_row("applies", *[row.applies_summary for row in rows])
     for kind in KINDS:
         states = [row.cells[kind].state for row in rows]
@@ -64,5 +65,5 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
     out.print(entries)
     for row in rows:
         missing = row.missing()
-        out.print(f"{row.rev}: " + ("fully verified" if not missing else "not fully verified: " + ", ".join(missing)),
-                  markup=False)
+        out.print(one_line(f"{row.rev}: " + ("fully verified" if not missing else "not fully verified: "
+                                             + ", ".join(missing))), markup=False)

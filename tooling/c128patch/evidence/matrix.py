@@ -7,6 +7,7 @@ evidenced ones; elsewhere the files that differ from the nearest evidenced relea
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +19,7 @@ from c128patch.git import Git
 from c128patch.ops.check import check_rev
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series
+from c128patch.textsafe import cell, md, plain
 from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version, tag_for
 from c128patch.upstream.source import open_upstream
 
@@ -191,5 +193,6 @@ def markdown(rows: list[ReleaseRow]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in rows:
         cells = [f"{c.state}" + (f" ({c.detail})" if c.detail else "") for c in (row.cells[k] for k in KINDS)]
-        lines.append("| " + " | ".join([row.rev, row.applies_summary, *cells]) + " |")
+        rev = row.rev if re.fullmatch(r"[\w.+-]+", row.rev) else md(row.rev)  # a --repo's rev (`^{/<b>|@x}`): data
+        lines.append("| " + " | ".join(cell(plain(c)) for c in [rev, row.applies_summary, *cells]) + " |")
     return "\n".join(lines) + "\n"
