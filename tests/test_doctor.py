@@ -6,6 +6,7 @@ process would)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -520,3 +521,19 @@ def test_a_provenance_that_is_not_one_is_an_error_not_a_traceback(patched_python
     assert code == 1
     ((level, message),) = topics["build"]
     assert level == "error" and said in message, message
+
+
+def test_what_the_serving_python_answers_is_printed_as_data(tmp_path: Path):
+    """The serving python's answer (its executable, version, platform, sglang's version and site) reached the
+    terminal raw: an OSC-8 link, a CSI clearing the screen, U+202E, and a newline forging a line of doctor's."""
+    fake = tmp_path / "python"
+    answer = {"executable": "/usr/bin/py\x1b]8;;http://evil.example\x07thon\u202e",
+              "version": "3.11.7\x1b[2J\nforged: ok", "tag": "cp311\x9b", "platform": "linux\x1b[31m",
+              "import_path": None, "dists": {"sglang": {"version": "0.5.23\x1b]8;;http://e\x07+c128\u202e",
+                                                        "dist_info": None, "site": "/site\x1b[5m", "requires": []}}}
+    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(answer)}\nEOF\n")
+    fake.chmod(0o755)
+    res = invoke("doctor", "--python", fake, as_json=False)
+    assert res.code == 1 and "Python 3.11.7[2J ⏎ forged: ok" in res.text, (res.code, res.err, res.text)
+    assert not any(c in res.text for c in "\x1b\x07\x9b\u202e"), res.text
+    assert not any(line.startswith("forged") for line in res.text.splitlines())

@@ -32,6 +32,7 @@ def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
     """
     from c128patch.progress import console
     from c128patch.serve.doctor import diagnose
+    from c128patch.textsafe import one_line
 
     try:
         series = load_stack(series_dir, layer_dirs, quiet=as_json)
@@ -50,5 +51,5 @@ def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
         out.print(f"doctor: {errors} error(s), {warnings} warning(s): {verdict}", markup=False)
         for f in report.findings:
             out.print(f"[{_STYLE[f.level]}]{f.level:<5}[/] {f.topic:<8} ", end="")
-            out.print(f.message, markup=False)
+            out.print(one_line(f.message), markup=False)  # what the serving python and the env say: data
     exit_unless(report.ok)
