@@ -627,3 +627,23 @@ def test_a_group_run_without_a_verb_prints_its_help_as_it_reads(group):
     usage = res.text.splitlines()[0]  # (in process, click calls the program "main")
     assert usage.startswith("Usage: ") and usage.endswith(" ".join([*group, "[OPTIONS] COMMAND [ARGS]..."]))
     assert "\nCommands:\n" in res.text and len(res.text.splitlines()) > 6
+
+
+def test_the_lines_smoke_prints_of_the_targets_text_are_data(capsys):
+    """smoke printed its plain lines with rich's console, which drops BEL and CR but not ESC: a test's id, the tail of
+    a pytest pass's log (the target's output), a sanitizer's report and a tree's provenance wrote their escapes."""
+    from c128patch.smoke import render
+
+    evil = "\x1b]8;;http://evil.example\x07x\x1b]8;;\x07\x1b[2J\u202e\nforged: OK"
+    provenance = {"series": {"name": evil, "version": "1"}, "upstream": {"rev": evil}, "entries": []}
+    patched = {"counts": {"passed": 1}, "exit": 0, "seconds": 1.0, "scale": 1, "log_tail": [evil]}
+    report = {"mode": "collect-only", "suite": "suite", "device": {"gpu": evil}, "provenance": provenance,
+              "notes": [evil], "passes": {"patched": patched},
+              "sanitizer": {"runs": [{"tool": "memcheck", "errors": 1, "processes": 1, "reports": [evil]}]},
+              "tests": [{"nodeid": f"test_x.py::test[{evil}]", "outcome": "passed", "seconds": 1.0}],
+              "problems": [], "ok": True}
+    render.print_kernel(report, Path("/tmp/report.json"))
+    render.print_failing([(f"test_x.py::test[{evil}]", "failed")])
+    out = capsys.readouterr().out
+    assert "forged: OK" in out and not any(c in out for c in "\x1b\x07\u202e"), out
+    assert not any(line.lstrip(" |").startswith("forged") for line in out.splitlines()), out

@@ -10,7 +10,7 @@ from rich.table import Table
 from c128patch.progress import console
 from c128patch.smoke.device import describe
 from c128patch.smoke.passes import BAD
-from c128patch.textsafe import count, some, text
+from c128patch.textsafe import count, one_line, some, text
 
 STYLE = {"passed": "green", "failed": "red", "error": "red", "crashed": "bold red", "skipped": "yellow",
          "xfailed": "yellow", "xpassed": "red", "not run": "dim", "absent": "dim",
@@ -37,8 +37,8 @@ def _end(report: dict[str, Any], where: str, plain: list[str], table: Table | No
     out = console(stderr=False)
     if table is not None:
         out.print(table)
-    for line in plain:
-        out.print(line, markup=False)
+    for line in plain:  # a test's id, its log's tail, a sanitizer's report, a tree's provenance: the target's text
+        out.print(one_line(line), markup=False)
     for problem in report["problems"]:
         out.print("[red]problem:[/red]", text(problem))
     verdict = "[green]OK[/green]" if report["ok"] else "[red]NOT OK[/red]"
@@ -49,8 +49,8 @@ def print_failing(tests: list[tuple[str, str]]) -> None:
     """The headline of a run with failures (``tests``: id, patched outcome): a tree's verdict is its failures."""
     failing = [nodeid for nodeid, outcome in tests if outcome in BAD]
     if failing:
-        console(stderr=False).print(f"FAILING: {len(failing)} of {len(tests)} test(s) fail on the patched tree: "
-                                    f"{some(failing, 5)}", markup=False, style="bold red")
+        console(stderr=False).print(one_line(f"FAILING: {len(failing)} of {len(tests)} test(s) fail on the patched "
+                                             f"tree: {some(failing, 5)}"), markup=False, style="bold red")
 
 
 def _kernel_lines(report: dict[str, Any]) -> list[str]:
