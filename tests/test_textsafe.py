@@ -213,3 +213,20 @@ def test_matrix_shows_a_repos_revision_as_data_on_a_terminal_and_in_markdown(sgl
     row = res.text.splitlines()[2]
     assert row.startswith("| ``v0.5.23^{/sglang\\|`<b>@x}`` | strict |"), row
     _inert(res.text)
+
+
+def test_a_series_version_and_a_repos_revision_are_no_markup_in_a_table_title_or_column(tmp_path, sglang_release_repo):
+    """A version may hold ``[/x]`` (one word): check's and gates' table titles were rich markup (a MarkupError
+    traceback), as was check's column of a --repo revision (``^{/[/x]...}``)."""
+    from small_series import EDIT
+    from support import make_test_series
+
+    series = make_test_series(tmp_path / "series", sglang_release_repo, EDIT)
+    manifest = series / "patches" / "series.toml"
+    manifest.write_text(manifest.read_text().replace('version = "1"', 'version = "1[/x]"', 1))
+    assert 'version = "1[/x]"' in manifest.read_text()
+    res = invoke("gates", "--series", series, as_json=False)
+    assert res.code == 0 and "1[/x]" in res.text, (res.code, res.err)
+    res = invoke("check", "--series", series, "--repo", sglang_release_repo, "--sglang-rev", "v0.5.23^{/[/x]?sglang}",
+                 as_json=False)
+    assert res.code in (0, 1) and "series" in res.text and "1[/x]" in res.text and "[/x]?sglang" in res.text, res

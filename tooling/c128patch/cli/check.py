@@ -87,10 +87,10 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
                    "revs": [{**r.to_json(), **({"contract": contracts[r.rev]} if deep else {})} for r in results]},
                   series)
         return exit_unless(ok)
-    table = Table(title=describe(series))  # within 100 columns, piped too (issue 37; every detail in --json)
+    table = Table(title=text(describe(series)))  # within 100 columns, piped too (issue 37; every detail in --json)
     table.add_column("entry", no_wrap=True)  # a name whole, the cells wrapped beside it
     for r in results:
-        table.add_column(r.rev, overflow="fold")
+        table.add_column(text(r.rev), overflow="fold")  # a --repo rev (`^{/[/x]}`) and a version are not markup
     rows = [{row.name: row for row in r.entries} for r in results]
     for entry in series.entries:
         table.add_row(*map(text, [entry.name, *(_cell(entry, by[entry.name]) if entry.name in by else "error"

@@ -34,7 +34,7 @@ def command(markdown: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...
     # what it needs or does not go with under what it does
     table = Table(Column("variable (declared by) default", no_wrap=True),
                   Column("what setting it does; needs / not with", overflow="fold"),
-                  title=f"env reference of series {series.name} {series.version}")
+                  title=text(f"env reference of series {series.name} {series.version}"))  # a version's [/x]
     for g in series.gates:
         rel = [*(f"needs {n}" for n in g.requires), *(f"not with {n}" for n in g.conflicts)]
         cells = (f"{g.name}\n({g.declared_by}) {g.default} ({g.type})",
