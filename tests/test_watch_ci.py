@@ -358,3 +358,18 @@ def test_the_recipe_as_written_builds_the_tiers_environment_and_is_clean_on_the_
         assert len(gates["modules"]) == 11 and all(m["status"] == "ok" for m in gates["modules"].values()), gates
         assert len(gates["scenarios"]) == 8 and all(s["status"] == "passed" for s in gates["scenarios"].values())
     assert verbs(run) == ["pr list", "issue list"]
+
+
+def test_no_line_watch_prints_is_read_as_a_workflow_command(workflow):
+    """Watch prints what upstream wrote (subjects, paths, the code of a hunk's context: C++'s ``::ns::f();`` starts
+    a line): the runner read such a line as a workflow command (``::error::``, ``::add-mask::``, ``::set-output``).
+    The Watch step stops commands around every watch it runs, with a token no output can guess, then resumes them."""
+    run = next(s for s in workflow["jobs"]["watch"]["steps"] if s.get("id") == "watch")["run"]
+    lines = [line.strip() for line in run.splitlines()]
+    start, watch, end = (next(i for i, line in enumerate(lines) if mark in line)
+                         for mark in ('echo "::stop-commands::$stop"', "-m c128patch watch", 'echo "::$stop::"'))
+    assert start < watch < end, run
+    (token,) = [line for line in lines[:start] if line.startswith("stop=")]
+    made = {subprocess.run(["bash", "-c", f'PYTHON={sys.executable}; {token}; echo "$stop"'], capture_output=True,
+                           text=True, check=True).stdout.strip() for _ in range(2)}
+    assert len(made) == 2 and all(re.fullmatch("[0-9a-f]{32}", t) for t in made), made
