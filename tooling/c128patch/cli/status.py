@@ -27,6 +27,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
     from c128patch.cli.common import load_stack
     from c128patch.git import Git
     from c128patch.ops.status import tree_status
+    from c128patch.textsafe import one_line
 
     root = locate_tree(tree)
     unloaded = ""  # why the series the tree is compared with could not be loaded (its layer folder moved, say)
@@ -58,7 +59,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
                                     if "series" in info else []),
                    *([f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):"]
                      [:len(refs)]), *(f"    {r['ref']} {r['commit'][:12]} {r['subject']}" for r in refs[:10])]:
-        say(*lines)
+        say(*map(one_line, lines))  # each a line: what the tree's provenance and its commits say is data
     exit_unless(info.get("equals_series"))
 
 
