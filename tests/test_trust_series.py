@@ -596,9 +596,9 @@ def test_status_prints_a_hostile_commit_subject_without_its_controls(upstream_cl
     assert not any(c in res.text for c in "\x1b\x07"), res.text
 
 
-def test_status_prints_what_a_trees_provenance_says_on_its_own_lines(upstream_clone):
+def test_status_and_refresh_print_what_a_trees_provenance_says_on_its_own_lines(upstream_clone):
     """The provenance a tree commits is the tree's: a newline in its series name, version or upstream rev split
-    status's lines, the rest (``forged: ok``) a line of its own."""
+    status's and refresh's lines, the rest (``forged: ok``) a line of its own."""
     assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
     path = upstream_clone / "python" / "sglang" / "c128patch_provenance.json"
     record = json.loads(path.read_text())
@@ -607,9 +607,10 @@ def test_status_prints_what_a_trees_provenance_says_on_its_own_lines(upstream_cl
     path.write_text(json.dumps(record))
     subprocess.run(["git", "-C", str(upstream_clone), "-c", "user.name=u", "-c", "user.email=u@x.invalid", "commit",
                     "-qam", "the tree's own provenance"], check=True)
-    res = invoke("status", "--tree", upstream_clone, as_json=False)
-    assert "⏎ forged: ok" in res.text and not any(c in res.text for c in "\x1b\x07\u202e"), res.text
-    assert not any(line.startswith("forged") for line in res.text.splitlines()), res.text
+    for verb in ("status", "refresh"):  # refresh --check: its proof's summary names the rev
+        res = invoke(verb, "--tree", upstream_clone, *(["--check"] if verb == "refresh" else []), as_json=False)
+        assert "⏎ forged: ok" in res.text and not any(c in res.text for c in "\x1b\x07\u202e"), res.text
+        assert not any(line.startswith("forged") for line in res.text.splitlines()), res.text
 
 
 @pytest.mark.parametrize("key, value", [("base", "v0.5.23\x1b]8;;https://evil\x07"), ("base", "v0.5.23 [/x]"),

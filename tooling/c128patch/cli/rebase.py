@@ -40,7 +40,7 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     from c128patch.git import Git
     from c128patch.ops.refresh import refresh_command
     from c128patch.progress import table_console
-    from c128patch.textsafe import count, text
+    from c128patch.textsafe import count, one_line, text
 
     chosen = [n for n, on in (("onto", onto), ("continue", cont), ("skip", skip), ("abort", abort),
                               ("drop", drop and not onto)) if on]
@@ -83,7 +83,7 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     table_console().print(table)  # within 100 columns, piped too (issue 37; every detail in --json)
     contract, renamed = report["contract"], report.get("renamed_branch")
     nxt, note = refresh_command(git, done.series, report, lock_items)
-    say(report["equivalence"]["summary"], f"contract on {report['new_base']['rev']}: {contract['verdict']}"
+    say(one_line(report["equivalence"]["summary"]), f"contract on {report['new_base']['rev']}: {contract['verdict']}"
         + "".join(f"\n  {f}" for f in contract["failing"]),
         *([f"branch {renamed['from']} is now {renamed['to']} (the old tip: {report['recovery_ref']})"]
           if renamed else []),

@@ -39,6 +39,7 @@ def command(tree: Path | None, check_only: bool, as_primary: bool, as_variant: b
     from c128patch.git import Git
     from c128patch.ops.refresh import lint_command, refresh
     from c128patch.series.layers import describe
+    from c128patch.textsafe import one_line
 
     root = locate_tree(tree)  # ./sglang from the folder above it: that tree's layers, as rebase takes them
     series = load_stack(series_dir, layer_dirs, root, quiet=as_json)
@@ -48,7 +49,7 @@ def command(tree: Path | None, check_only: bool, as_primary: bool, as_variant: b
     if as_json:
         emit_json(done.to_json(), series)
     else:
-        say(f"tree: {done.result.equivalence.summary()}",  # type: ignore[union-attr]
+        say(one_line(f"tree: {done.result.equivalence.summary()}"),  # type: ignore[union-attr]  # the tree's rev
             *(f"note: {note}" for note in done.result.notes), *(f"  {verb} {path}" for path in done.changes),
             f"{describe(new)} (base {new.base}), from a tree on {done.result.tree_base} as "  # type: ignore[union-attr]
             f"{'the primary files' if done.result.primary else 'its variants'}: {len(done.changes)} file(s) {verb}"
