@@ -846,3 +846,25 @@ def test_the_commands_watch_prints_to_reproduce_a_stop_work_as_printed_whatever_
     done = run_printed(rebase, work)
     assert done.returncode == 1 and "conflicts on" in done.stderr, done.stderr
     assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_a_rebase_journals_revs_reach_the_terminal_one_line_each(series, tree):
+    """The rebase journal is the tree's (``rebase.json``): a newline in its old or new rev split the lines rebase
+    prints when it goes on (its table's title, the contract's line, the report's), the rest a line of its own."""
+    from c128patch.ops.treestate import rebase_journal
+
+    git = Git(worktree=tree)
+    assert invoke(*apply_args(tree, series), as_json=False).code == 0
+    onto = upstream_edits_the_same_line(git, tree)
+    assert invoke("rebase", "--onto", onto, "--tree", tree, "--series", series, as_json=False).code == 1
+    path = rebase_journal(git)
+    data = json.loads(path.read_text())
+    data["old_rev"] += "\nforged: ok"
+    data["onto_rev"] += "\x1b]8;;https://evil.invalid\x07\nforged: ok"
+    path.write_text(json.dumps(data))
+    res = invoke("rebase", "--skip", "--tree", tree, as_json=False)
+    said = res.text + res.err
+    assert "\x1b" not in said and "\x07" not in said, said
+    (contract,) = [line for line in said.splitlines() if line.startswith("contract on ")]
+    assert "⏎ forged: ok" in contract, said  # (the table's title wraps where its width says: a line of its own)
+    assert not any(line.strip().startswith("forged: ok:") for line in said.splitlines()), said

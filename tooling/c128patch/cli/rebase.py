@@ -66,7 +66,7 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     if report.get("aborted"):
         return say(f"rebase aborted: {report['branch'] or 'HEAD'} is back at {report['head'][:12]}"
                    + (f"; your uncommitted work is in stash {report['stash'][:12]}" if report["stash"] else ""))
-    old, new = report["old_base"]["rev"], report["new_base"]["rev"]
+    old, new = one_line(report["old_base"]["rev"]), one_line(report["new_base"]["rev"])  # a tree's journal: data
     table = Table(Column("entry", no_wrap=True), *(Column(h, overflow="fold") for h in ("status", "file (chosen by)",
                                                                                        "detail")),
                   title=text(f"rebase {old} -> {new} ({report['direction']}, "
@@ -83,13 +83,13 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     table_console().print(table)  # within 100 columns, piped too (issue 37; every detail in --json)
     contract, renamed = report["contract"], report.get("renamed_branch")
     nxt, note = refresh_command(git, done.series, report, lock_items)
-    say(one_line(report["equivalence"]["summary"]), f"contract on {report['new_base']['rev']}: {contract['verdict']}"
+    say(one_line(report["equivalence"]["summary"]), f"contract on {new}: {contract['verdict']}"
         + "".join(f"\n  {f}" for f in contract["failing"]),
         *([f"branch {renamed['from']} is now {renamed['to']} (the old tip: {report['recovery_ref']})"]
           if renamed else []),
-        *([f"branch {report['branch']} keeps its name, which names {report['old_base']['rev']}"
+        *([f"branch {report['branch']} keeps its name, which names {old}"
            + (f" ({report['branch_name_taken']} is another branch already, left as it is)"
               if report.get("branch_name_taken") else "")
            + f"; to rename it: {report['branch_keeps_name']}"] if report.get("branch_keeps_name") else []),
-        f"report: {done.report_md}" + (f"; next: {nxt}" if nxt else f"; note: {note}" if note else
-                                       "; the series is up to date (refresh --check changes nothing)"))
+        one_line(f"report: {done.report_md}" + (f"; next: {nxt}" if nxt else f"; note: {note}" if note else
+                                                "; the series is up to date (refresh --check changes nothing)")))
