@@ -270,7 +270,7 @@ def test_a_config_of_another_user_or_symlinked_is_refused_and_a_deeply_nested_on
     (tmp_path / "shared" / CONFIG).symlink_to(tmp_path / "mine" / CONFIG)
     with pytest.raises(C128Error, match=f"{CONFIG} is a symlink"):
         lookup_layers((), cwd=tmp_path / "shared" / "work")
-    (tmp_path / CONFIG).write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    (tmp_path / CONFIG).write_text("x = " + "[" * 20_000 + "]" * 20_000 + "\n")  # within MAX_CONFIG
     with pytest.raises(C128Error, match="nested too deeply") as exc:
         lookup_layers((), cwd=tmp_path)
     assert "\n" not in exc.value.message
@@ -294,6 +294,42 @@ def test_a_config_in_a_folder_of_another_user_or_naming_a_layer_of_another_user_
         lookup_layers((), cwd=shared / "sub")
     os.chown(shared / "lay", 0, 0)
     assert lookup_layers((), cwd=shared / "sub")[0] == ((shared / "lay").resolve(),)
+
+
+def test_a_config_or_layer_folder_others_may_write_is_refused(tmp_path, monkeypatch):
+    """Helper 134: a c128patch.toml writable by others (mode 666), or in a folder they may write (777, no sticky bit:
+    they may swap the file), or naming a layer folder they may write, was read and its layers stacked."""
+    monkeypatch.delenv(ENV, raising=False)
+    (tmp_path / "op" / "lay").mkdir(parents=True)
+    config = tmp_path / "op" / CONFIG
+    config.write_text('[layers]\npaths = ["lay"]\n')
+    for path, mode in ((config, 0o666), (config.parent, 0o777), (config.parent / "lay", 0o777)):
+        old = path.stat().st_mode
+        path.chmod(mode)
+        with pytest.raises(C128Error, match="writable by others: not read") as exc:
+            lookup_layers((), cwd=config.parent)
+        assert "\n" not in exc.value.message
+        path.chmod(old)
+    config.parent.chmod(0o1777)  # as /tmp: the sticky bit lets no other user replace the file
+    assert lookup_layers((), cwd=config.parent)[0] == ((config.parent / "lay").resolve(),)
+
+
+def test_a_huge_config_or_one_naming_a_folder_twice_is_one_line_at_once(tmp_path, monkeypatch):
+    """Helper 134: a 10 MB c128patch.toml naming one layer 2,000,000 times ran for many minutes (each loaded);
+    $C128PATCH_LAYERS naming one twice loaded it twice."""
+    monkeypatch.delenv(ENV, raising=False)
+    (tmp_path / "lay").mkdir()
+    (tmp_path / CONFIG).write_text("[layers]\npaths = [" + '"lay",' * 2_000_000 + "]\n")
+    started = time.monotonic()
+    with pytest.raises(C128Error, match="over 64 KiB"):
+        lookup_layers((), cwd=tmp_path)
+    assert time.monotonic() - started < 5
+    (tmp_path / CONFIG).write_text('[layers]\npaths = ["lay", "lay"]\n')
+    with pytest.raises(C128Error, match="is named twice"):
+        lookup_layers((), cwd=tmp_path)
+    monkeypatch.setenv(ENV, f"lay{os.pathsep}{os.pathsep}{tmp_path / 'lay'}")
+    with pytest.raises(C128Error, match=f"lay \\(from \\${ENV}\\) is named twice"):
+        lookup_layers((), cwd=tmp_path)
 
 
 # ------------------------------------------------------------------------------------------ item 4: forged trailers

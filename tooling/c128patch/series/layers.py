@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -40,6 +41,7 @@ SEP = "/"  # <layer>/<entry>
 CONFIG = "c128patch.toml"
 UPSTREAM_PACKAGE = "python/sglang"  # a tree in upstream's layout: one the tool patches
 ENV = "C128PATCH_LAYERS"
+MAX_CONFIG = 64 << 10  # bytes of a c128patch.toml: a few folder names (10 MB of them ran for minutes)
 
 
 def check_layer_name(name: str, where: str) -> str:
@@ -221,7 +223,10 @@ def _changes_for(series: Series, item: Planned, other: Planned, path: str, gone:
 
 
 def read_config(path: Path) -> tuple[Path, ...]:
-    """The layer folders ``path`` (a c128patch.toml) names, each inside the file's folder."""
+    """The layer folders ``path`` (a c128patch.toml) names, each inside the file's folder, once."""
+    if path.stat().st_size > MAX_CONFIG:
+        raise C128Error(f"{path}: not a valid c128patch config (over {MAX_CONFIG >> 10} KiB: it names a few layer "
+                        "folders)")
     doc = read_toml(path, f"{path}: not a valid c128patch config")
     layers = doc.get("layers", {})
     if set(doc) - {"layers"} or not isinstance(layers, dict) or set(layers) - {"paths"}:
@@ -233,7 +238,21 @@ def read_config(path: Path) -> tuple[Path, ...]:
     for folder in (f for f in folders if f.exists() and f.stat().st_uid != os.getuid()):
         raise C128Error(f"{path} names layer {folder}, owned by another user (uid {folder.stat().st_uid}): not read "
                         f"(as git's safe.directory); take it over (chown), or name it with --layer or {ENV}")
+    for folder in (f for f in folders if f.exists() and _others_write(f)):
+        raise C128Error(f"{path} names layer {folder}, {_others_write(folder)}: not read (another user may change "
+                        f"it); chmod go-w it, or name it with --layer or {ENV}")
     return folders
+
+
+def _others_write(path: Path) -> str:
+    """"writable by others" or "by group G" when a user other than the owner may write ``path`` (a folder with the
+    sticky bit, as /tmp, lets none of them replace an entry it holds), else ""; a group that is the user's own (a
+    user private group, umask 002) is theirs."""
+    st = path.stat()
+    if path.is_dir() and st.st_mode & stat.S_ISVTX:
+        return ""
+    return "writable by others" if st.st_mode & stat.S_IWOTH else f"writable by group {st.st_gid}" \
+        if st.st_mode & stat.S_IWGRP and st.st_gid != os.getgid() else ""
 
 
 def _patched_top(folder: Path) -> bool:
@@ -257,6 +276,9 @@ def find_config(start: Path, exclude: Sequence[Path] = ()) -> Path | None:
         if path.stat().st_uid != os.getuid():
             raise C128Error(f"{config}: {path} is owned by another user (uid {path.stat().st_uid}): not read (as "
                             f"git's safe.directory); take it over (chown), or name the layers with --layer or {ENV}")
+        if why := _others_write(path):  # as another owner: whoever may write it (or swap the file) chooses the layers
+            raise C128Error(f"{config}: {path} is {why}: not read (another user may change it); chmod go-w it, or "
+                            f"name the layers with --layer or {ENV}")
     return config
 
 
@@ -276,7 +298,10 @@ def lookup_layers(given: tuple[Path, ...] = (), cwd: Path | None = None,
 
 
 def operators(folders: Sequence[Path], origin: str) -> tuple[Path, ...]:
-    """``folders`` (resolved) when none lies inside a tree the tool patches: layers come from the operator."""
+    """``folders`` (resolved) when none lies inside a tree the tool patches (layers come from the operator) and each
+    is named once (20,000 times one folder loaded it as many times: minutes)."""
+    if dupes := duplicates(map(str, folders)):
+        raise C128Error(f"layer folder {dupes[0]} (from {origin}) is named twice: name each layer folder once")
     for folder in folders:
         top = next((f for f in [folder, *folder.parents] if _patched_top(f)), None)
         if top is not None:
