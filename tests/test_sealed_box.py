@@ -504,6 +504,30 @@ def test_check_contract_and_bisect_never_run_the_targets_code(trapped_upstream, 
     assert not marker.exists(), marker.read_text()
 
 
+@pytest.mark.parametrize("entry", [".", "", "bin"])
+def test_a_git_or_unshare_in_the_current_folder_never_runs_through_a_relative_path_entry(tmp_path, monkeypatch, entry):
+    """Helper 134: `PATH=.:$PATH c128patch status` run from a tree holding an executable `git` ran the tree's `./git`
+    (then a FileNotFoundError traceback); the tool takes its programs from PATH's absolute entries only."""
+    from c128patch import git as gitmod
+
+    tree = tmp_path / "tree"
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    marker = tmp_path / "ran.txt"
+    for name in ("git", "unshare", "prlimit", "sh"):
+        (tree / entry / name).parent.mkdir(exist_ok=True)
+        (tree / entry / name).write_text(f"#!/bin/sh\necho {name} >> {marker}\n")
+        (tree / entry / name).chmod(0o755)
+    path = f"{entry}{os.pathsep}{os.environ['PATH']}"
+    for verb in (["status"], ["lint", "--offline"], ["treecheck", "--tree", ".", "--no-run"]):
+        run = subprocess.run([sys.executable, "-m", "c128patch", *verb], cwd=tree, env={**os.environ, "PATH": path},
+                             capture_output=True, text=True, timeout=300)
+        assert "Traceback" not in run.stderr, (verb, run.stderr)
+        assert not marker.exists(), (verb, marker.read_text())
+    monkeypatch.chdir(tree)
+    monkeypatch.setenv("PATH", path)
+    assert os.path.isabs(gitmod.git_executable()) and not gitmod.git_executable().startswith(str(tree))
+
+
 def test_the_trap_fires_when_the_targets_code_does_run(trapped_upstream):
     """The control: the tier (which runs the target's code, sealed) sets the trap off, so the test above can fail."""
     pytest.importorskip("torch", reason="the tier imports modules only where torch imports")

@@ -139,7 +139,8 @@ _WHICH: dict[str | None, str | None] = {}  # PATH -> the git on it
 def git_executable() -> str:
     path = os.environ.get("PATH")
     if path not in _WHICH:
-        _WHICH[path] = shutil.which("git")
+        absolute = os.pathsep.join(p for p in (path or os.defpath).split(os.pathsep) if os.path.isabs(p))
+        _WHICH[path] = shutil.which("git", path=absolute)  # never a relative entry: the current folder's (a tree's)
     exe = _WHICH[path]
     if exe is None:
         raise C128Error("git not found on PATH; install git (>= 2.30) and retry")
@@ -547,7 +548,7 @@ def toplevel(path: Path) -> Path:
 def user_can_commit(tree: Path) -> bool:
     """Has git, as the user runs it in ``tree``, an identity to commit with (a printed command must work)?"""
     try:
-        proc = subprocess.run(["git", "-C", str(tree), "var", "GIT_COMMITTER_IDENT"], capture_output=True,
+        proc = subprocess.run([git_executable(), "-C", str(tree), "var", "GIT_COMMITTER_IDENT"], capture_output=True,
                               env={**os.environ, "GIT_TERMINAL_PROMPT": "0"}, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return False
