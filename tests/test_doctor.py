@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -537,3 +538,17 @@ def test_what_the_serving_python_answers_is_printed_as_data(tmp_path: Path):
     assert res.code == 1 and "Python 3.11.7[2J ⏎ forged: ok" in res.text, (res.code, res.err, res.text)
     assert not any(c in res.text for c in "\x1b\x07\x9b\u202e"), res.text
     assert not any(line.startswith("forged") for line in res.text.splitlines())
+
+
+def test_a_probe_that_floods_its_output_or_leaves_a_child_holding_it_is_answered_at_once(tmp_path: Path):
+    """Helper 134: a probe printing 3 GB held 9 GB of the tool's memory (and ran past its limit); one that answered
+    and left a child in a session of its own holding its stdout was "did not finish in 300 s"."""
+    flood = "import sys\nsys.stdin.readline()\nfor i in range(3000): sys.stdout.write('x' * (1 << 20))\n"
+    started = time.monotonic()
+    got = serving.ask(sys.executable, flood, [], 60)
+    assert "more than 16 MiB to its stdout" in got.error and time.monotonic() - started < 20, got
+    left = ("import os, sys, time\nmark = sys.stdin.readline().strip()\nif os.fork() == 0:\n    os.setsid()\n"
+            "    time.sleep(30)\n    os._exit(0)\nprint(mark, '{\"ok\": 1}', flush=True)\n")
+    started = time.monotonic()
+    got = serving.ask(sys.executable, left, [], 20)
+    assert got.data == {"ok": 1} and not got.error and time.monotonic() - started < 10, got

@@ -5,21 +5,24 @@ exits without its answer, dies or outlives its limit is an error (``Answer.error
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import selectors
 import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from c128patch.procs import run
+from c128patch.procs import Group
 
 # What the probe imports (a test points them at a stand-in where a real install cannot import).
 MODULES = {"package": "sglang", "server_args": "sglang.srt.server_args",
            "config": "sglang.srt.utils.server_args_config_parser"}
 TIMEOUT = 300.0  # seconds: importing sglang (torch, CUDA) on a cold disk
 INSTALL_TIMEOUT = 60.0  # seconds: environ.py and the rules are stdlib-only
+OUTPUT = 16 << 20  # bytes of a probe's stdout and of its stderr read back (as the sealed box's)
 ENVIRON = "sglang/srt/environ.py"
 ONLINE_C128_DSPARK_RULES = "sglang/srt/layers/attention/dsv4/online_c128_dspark_rules.py"
 _MARK = "C128PATCH-ANSWER"  # then this run's secret (read from stdin before any installed code loads), the answer
@@ -143,12 +146,15 @@ def ask(python: str, script: str, payload: Any, timeout: float) -> Answer:
     only line naming ``_MARK``, with this run's secret (the installed code, which shares its stdout, may print one)."""
     started, mark = time.monotonic(), f"{_MARK}-{secrets.token_hex(16)} "
     try:
-        proc = run([python, "-c", script, json.dumps(payload)], timeout, input=mark + "\n")
+        proc = _run(python, [script, json.dumps(payload)], timeout, mark + "\n")
     except OSError as exc:
         return Answer(error=f"cannot run {python}: {exc.strerror or exc}")  # (the path once, not again in exc)
     except subprocess.TimeoutExpired:
         return Answer(error=f"it did not finish in {timeout:g} s", seconds=round(time.monotonic() - started, 1))
     seconds = round(time.monotonic() - started, 1)
+    if proc is None:
+        return Answer(error=f"it wrote more than {OUTPUT >> 20} MiB to its stdout or stderr: none of it is taken",
+                      seconds=seconds)
     found = [line for line in proc.stdout.splitlines() if _MARK in line]
     if len(found) > 1 or found and not found[0].startswith(mark):
         return Answer(error=f"its output holds an answer line it did not write ({len(found)} for one): code it loaded "
@@ -163,6 +169,37 @@ def ask(python: str, script: str, payload: Any, timeout: float) -> Answer:
                       seconds=seconds)
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
     return Answer(error=f"the interpreter died ({tail[0]})", seconds=seconds)
+
+
+def _run(python: str, args: list[str], timeout: float, line: str) -> subprocess.CompletedProcess | None:
+    """``python -c ARGS`` given ``line`` on stdin, read until it exits (not until its pipes close: a child it forked
+    into a session of its own may hold them, helper 134) within ``timeout`` s, its group ended; None past ``OUTPUT``
+    bytes of its stdout or stderr (3 GB printed held 9 GB of the tool's memory)."""
+    deadline, got = time.monotonic() + timeout, {1: bytearray(), 2: bytearray()}
+    with Group([python, "-c", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.write(line.encode())
+            proc.stdin.close()
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ, got[1])
+            sel.register(proc.stderr, selectors.EVENT_READ, got[2])
+            while sel.get_map():
+                exited = proc.poll() is not None
+                ready = sel.select(0 if exited else min(0.5, max(0.0, deadline - time.monotonic())))
+                for key, _ in ready:
+                    chunk = os.read(key.fd, 1 << 16)
+                    key.data.extend(chunk)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                    if len(key.data) > OUTPUT:
+                        return None
+                if exited and not ready:
+                    break  # what it wrote before it exited is read; a survivor holding the pipe is not waited for
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(python, timeout)
+        code = proc.wait(max(0.0, deadline - time.monotonic()))
+    text = [bytes(got[n]).decode(errors="replace") for n in (1, 2)]
+    return subprocess.CompletedProcess([python], code, *text)
 
 
 @dataclass
