@@ -137,6 +137,25 @@ def test_the_targets_code_reads_no_secret_of_the_operators_home_tmp_or_etc(tmp_p
 
 
 
+def test_the_targets_code_reads_no_site_pip_config_but_pip_in_the_box_does(tmp_path_factory, monkeypatch):
+    """Helper 134: the site's pip config (``/etc/pip.conf``, ``$XDG_CONFIG_DIRS/pip/pip.conf``: an index URL with its
+    credentials) was read by the tier's code; only a box that runs pip (``Sealed(pip=True)``) reads it now."""
+    site, tree = tmp_path_factory.mktemp("xdg"), tmp_path_factory.mktemp("tree")
+    (site / "pip").mkdir()
+    (site / "pip" / "pip.conf").write_text("[global]\nindex-url = https://user:secret-c128@index.invalid/simple\n")
+    (tree / "mod.py").write_text("needed-c128")
+    monkeypatch.setenv("XDG_CONFIG_DIRS", str(site))
+    peek = [str(site / "pip" / "pip.conf"), str(tree / "mod.py")]
+    out = Sealed(sys.executable, ["-c", PEEK, *peek], 60, offline=True, readable=(str(site), str(tree))).wait()[0]
+    assert "needed-c128" in out, out
+    if "reads NOT confined" in sandbox.isolation():
+        pytest.skip(sandbox.isolation())
+    assert "secret-c128" not in out, out
+    out = Sealed(sys.executable, ["-c", PEEK, *peek], 60, offline=True, readable=(str(site), str(tree)),
+                 pip=True).wait()[0]
+    assert "secret-c128" in out, out
+
+
 # for each path it is given: a folder's names, a file's first bytes, or why not
 LOOK = """import json, os, sys
 seen = {}

@@ -38,7 +38,7 @@ def run_build(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> int:
         try:
             box = Sealed(sys.executable, ["-c", _DRIVER, str(log), str(cwd), *cmd[3:]], BUILD_TIMEOUT,
                          env={**pip_env, **env}, offline=offline, writable=(str(work),), readable=tuple(reads),
-                         files=PIP_FILES)
+                         files=PIP_FILES, pip=not offline)
             _, err = box.wait()
         except C128Error as exc:  # did not start, ran past its time, wrote past its limits
             _append(log, f"\n{exc.message}\n")

@@ -220,7 +220,7 @@ def _pip(python: str, args: list[str], timeout: float, reporter: Reporter, what:
     with tempfile.TemporaryDirectory(prefix="c128env-pipconf-") as conf:  # a copy: never its folder (HOME, say)
         env, folders = pip_settings(conf)
         box = Sealed(python, ["-m", "pip", "--disable-pip-version-check", *args], timeout, env=env,
-                     writable=(str(into),), readable=(*folders, *reads), files=PIP_FILES)
+                     writable=(str(into),), readable=(*folders, *reads), files=PIP_FILES, pip=True)
         try:
             stdout, stderr = box.wait()
         except C128Error as exc:

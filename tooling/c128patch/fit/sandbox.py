@@ -43,6 +43,9 @@ SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "dev",
 # hidden in the system's: ssh's keys, shared memory (a scratch folder, a clone), the nix daemon's socket and
 # profiles (its store stays); a file is covered by /dev/null
 HIDDEN = ("/etc/ssh", "/dev/shm", "/nix/var", "/etc/shadow", "/etc/gshadow", "/etc/sudoers")
+# the site's pip config files (pip reads them wherever HOME is; one may hold an index URL's credentials): hidden but
+# where the box runs pip (``Sealed(pip=True)``)
+SITE_PIP = ("/etc/pip.conf", "pip/pip.conf")  # the second under each of $XDG_CONFIG_DIRS (/etc/xdg)
 # bytes: of data a process (the tier on v0.5.23, torch CPU and sglang's modules: fails at 512 MiB, passes at 768),
 # of a file it writes, of its stdout and of its stderr read back
 MEMORY, FILES, OUTPUT = 8 << 30, 256 << 20, 16 << 20
@@ -103,6 +106,12 @@ def _hidden(*more: str) -> list[str]:
     mine = [os.environ.get(k) for k in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "C128PATCH_CACHE")]
     return sorted(({os.path.realpath(p) for p in (*HIDDEN, *mine, tempfile.gettempdir(), *more) if p} | top) - {"/"},
                   key=lambda p: (p.count("/"), p))
+
+
+def _site_pip() -> list[str]:
+    """The site's pip config files (``SITE_PIP``)."""
+    dirs = (os.environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":")
+    return [SITE_PIP[0], *(os.path.join(d, SITE_PIP[1]) for d in dirs if os.path.isabs(d))]
 
 
 def _kept(python: str, folders: tuple[str, ...]) -> list[str]:
@@ -226,14 +235,16 @@ class Sealed:
 
     def __init__(self, python: str, args: list[str], timeout: float, *, env: dict[str, str] | None = None,
                  offline: bool = False, writable: tuple[str, ...] = (), readable: tuple[str, ...] = (),
-                 memory: int = MEMORY, files: int = FILES, output: int = OUTPUT, procs: int = PROCS) -> None:
+                 memory: int = MEMORY, files: int = FILES, output: int = OUTPUT, procs: int = PROCS,
+                 pip: bool = False) -> None:
         """``env``: variables the caller adds (the operator's, never the target's); ``offline``: no network;
         ``writable``: folders besides its ``HOME`` it may write (the operator's scratch, never the target's);
         ``readable``: folders in hidden places it reads (the target's tree, the tool's files it runs; the
         interpreter's prefixes are kept); ``memory``: bytes of data each of its processes may hold; ``files``: bytes
         of a file it writes (its output included); ``output``: bytes of its stdout and of its stderr read back;
         ``procs``: processes and threads it may run at once, counted in its own user namespace (set there, so the
-        operator's other processes do not count; the kernel exempts root), where the host gives it one."""
+        operator's other processes do not count; the kernel exempts root), where the host gives it one; ``pip``: it
+        runs pip, which reads the site's pip config files (else hidden: ``SITE_PIP``)."""
         self.timeout, self.memory, self.files, self.output = timeout, memory, files, output
         self.home = Path(tempfile.mkdtemp(prefix="c128box-"))
         scrubbed = {k: os.environ[k] for k in KEEP if k in os.environ} | (env or {})
@@ -247,7 +258,7 @@ class Sealed:
         if not writes or (offline and not net):  # in a user namespace of its own
             argv = ["prlimit", f"--nproc={_capped(resource.RLIMIT_NPROC, procs)}", "--", *argv]
         if not writes:
-            kept, hidden = _kept(python, readable), None if reads else _hidden()
+            kept, hidden = _kept(python, readable), None if reads else _hidden(*([] if pip else _site_pip()))
             if whole := sorted(set(kept) & set(hidden or ())):  # the seal shows what it keeps inside a hidden place
                 self.kill()
                 raise C128Error(f"the sealed box would have to show all of {whole[0]}, a place it hides (HOME, the "
