@@ -552,3 +552,16 @@ def test_a_probe_that_floods_its_output_or_leaves_a_child_holding_it_is_answered
     started = time.monotonic()
     got = serving.ask(sys.executable, left, [], 20)
     assert got.data == {"ok": 1} and not got.error and time.monotonic() - started < 10, got
+
+
+def test_a_probe_sees_no_token_of_the_operators_environment(monkeypatch: pytest.MonkeyPatch):
+    """Helper 134: doctor's probes (the installed sglang, its environ.py) saw every variable of the operator's
+    environment: HF_TOKEN, AWS_SECRET_ACCESS_KEY, SSH_AUTH_SOCK, a *_PASSWORD; they keep the install's own only."""
+    secrets_ = {"HF_TOKEN": "hf_c128", "AWS_SECRET_ACCESS_KEY": "aws_c128", "SSH_AUTH_SOCK": "/tmp/agent.c128",
+                "DB_PASSWORD": "pw_c128", "GITHUB_TOKEN": "ghp_c128"}
+    for name, value in {**secrets_, "SGLANG_OPT_USE_ONLINE_COMPRESS": "1", "CUDA_HOME": "/usr/local/cuda"}.items():
+        monkeypatch.setenv(name, value)
+    tell = "import os, sys, json\nmark = sys.stdin.readline().strip()\nprint(mark, json.dumps(dict(os.environ)))\n"
+    got = serving.ask(sys.executable, tell, [], 30)
+    assert not got.error and not set(secrets_) & set(got.data), got
+    assert got.data["SGLANG_OPT_USE_ONLINE_COMPRESS"] == "1" and got.data["CUDA_HOME"] == "/usr/local/cuda", got

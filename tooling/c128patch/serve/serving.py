@@ -23,6 +23,11 @@ MODULES = {"package": "sglang", "server_args": "sglang.srt.server_args",
 TIMEOUT = 300.0  # seconds: importing sglang (torch, CUDA) on a cold disk
 INSTALL_TIMEOUT = 60.0  # seconds: environ.py and the rules are stdlib-only
 OUTPUT = 16 << 20  # bytes of a probe's stdout and of its stderr read back (as the sealed box's)
+# the environment a probe keeps: what finds and configures the install (its gates, sglang's, CUDA's, torch's, the
+# paths); the rest (HF_TOKEN, AWS_*, SSH_AUTH_SOCK, *_PASSWORD, ...) is dropped: it answers without them
+KEEP = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_", "TZ", "TMPDIR", "XDG_", "LD_LIBRARY_PATH", "PYTHONPATH",
+        "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "SGLANG_", "SGL_", "CUDA_", "NCCL_", "NVIDIA_", "NVCC_", "TORCH",
+        "PYTORCH_", "TRITON_", "FLASHINFER_", "HF_HOME", "HF_HUB_OFFLINE", "OMP_", "MKL_")
 ENVIRON = "sglang/srt/environ.py"
 ONLINE_C128_DSPARK_RULES = "sglang/srt/layers/attention/dsv4/online_c128_dspark_rules.py"
 _MARK = "C128PATCH-ANSWER"  # then this run's secret (read from stdin before any installed code loads), the answer
@@ -172,11 +177,14 @@ def ask(python: str, script: str, payload: Any, timeout: float) -> Answer:
 
 
 def _run(python: str, args: list[str], timeout: float, line: str) -> subprocess.CompletedProcess | None:
-    """``python -c ARGS`` given ``line`` on stdin, read until it exits (not until its pipes close: a child it forked
-    into a session of its own may hold them, helper 134) within ``timeout`` s, its group ended; None past ``OUTPUT``
-    bytes of its stdout or stderr (3 GB printed held 9 GB of the tool's memory)."""
+    """``python -c ARGS`` given ``line`` on stdin, with the environment's ``KEEP`` only, read until it exits (not
+    until its pipes close: a child it forked into a session of its own may hold them, helper 134) within ``timeout``
+    s, its group ended; None past ``OUTPUT`` bytes of its stdout or stderr (3 GB printed held 9 GB of the tool's
+    memory)."""
     deadline, got = time.monotonic() + timeout, {1: bytearray(), 2: bytearray()}
-    with Group([python, "-c", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+    env = {k: v for k, v in os.environ.items() if k.startswith(KEEP)}
+    with Group([python, "-c", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+               env=env) as proc:
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.write(line.encode())
             proc.stdin.close()
