@@ -547,6 +547,36 @@ def test_a_git_or_unshare_in_the_current_folder_never_runs_through_a_relative_pa
     assert os.path.isabs(gitmod.git_executable()) and not gitmod.git_executable().startswith(str(tree))
 
 
+@pytest.mark.skipif(not shutil.which("cc") or not shutil.which("ldd"), reason="needs a C compiler and ldd")
+def test_a_library_in_the_current_folder_never_loads_through_an_empty_library_path_entry(tmp_path, monkeypatch):
+    """Helper 134: `LD_LIBRARY_PATH=:/opt/x` (an unset variable extended) run from a tree holding a library git loads
+    (`libpcre2-8.so.0`, `libz.so.1`) loaded the tree's into every git the tool ran: its constructor ran."""
+    from c128patch.git import git_executable
+
+    tree, marker = tmp_path / "tree", tmp_path / "ran.txt"
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    (tmp_path / "evil.c").write_text('#include <stdio.h>\n__attribute__((constructor)) static void boom(void) '
+                                     f'{{ FILE *f = fopen("{marker}", "a"); if (f) fclose(f); }}\n')
+    found = subprocess.run(["ldd", git_executable()], capture_output=True, text=True).stdout
+    # git's own, not one Python loads too (libz: the loader reads LD_LIBRARY_PATH as the tool's process starts)
+    libs = [(line.split()[0], line.split()[2]) for line in found.splitlines() if line.split()[0].startswith("libpcre")]
+    if not libs:
+        pytest.skip("a git without libpcre")
+    for name, real in libs:  # each one: a filter on the real library, its constructor writing the marker
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tree / name), str(tmp_path / "evil.c"),
+                        f"-Wl,--filter={real}", f"-Wl,-soname,{name}"], check=True)
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{os.pathsep}/nonexistent"}
+    run = subprocess.run([sys.executable, "-m", "c128patch", "status"], cwd=tree, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert "Traceback" not in run.stderr and not marker.exists(), run.stderr
+    monkeypatch.chdir(tree)
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{os.pathsep}/nonexistent")
+    Git(worktree=tree).run("status")
+    assert not marker.exists()
+    subprocess.run(["git", "status"], cwd=tree, env=env, capture_output=True)  # the control: git alone loads it
+    assert marker.exists()
+
+
 def test_the_trap_fires_when_the_targets_code_does_run(trapped_upstream):
     """The control: the tier (which runs the target's code, sealed) sets the trap off, so the test above can fail."""
     pytest.importorskip("torch", reason="the tier imports modules only where torch imports")

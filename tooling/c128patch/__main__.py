@@ -39,13 +39,15 @@ class ReaderGone:
 
 
 def main() -> None:
-    """One short-lived process, whose programs (git, unshare, prlimit, the box's PATH) are taken from the absolute
-    entries of ``PATH`` only (``PATH=.:$PATH`` run from a tree ran the tree's ``./git``); the cyclic collector runs
+    """One short-lived process, whose programs (git, unshare, prlimit, the box's PATH) and their libraries are taken
+    from the absolute entries of ``PATH`` and ``LD_LIBRARY_PATH`` only (``PATH=.:$PATH`` run from a tree ran the
+    tree's ``./git``, ``LD_LIBRARY_PATH=:/x`` loaded its ``libpcre2-8.so.0`` into git); the cyclic collector runs
     less often (it walks every parsed syntax tree the contract keeps: derive ~15 % less CPU); cycles are still
     collected."""
     gc.set_threshold(100_000, 50, 100)
-    if "PATH" in os.environ:  # a relative entry ("", ".", "bin") finds programs in the current folder: a tree's
-        os.environ["PATH"] = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if os.path.isabs(p))
+    for name in ("PATH", "LD_LIBRARY_PATH"):  # a relative entry ("", ".", "bin") finds programs or libraries in the
+        if name in os.environ:  # current folder: a tree's (":/opt/x", an unset variable extended, loaded its .so)
+            os.environ[name] = os.pathsep.join(p for p in os.environ[name].split(os.pathsep) if os.path.isabs(p))
     if sys.stdout is not None:
         sys.stdout = ReaderGone(sys.stdout)  # type: ignore[assignment]
     cli.main()  # click exits with the command's code

@@ -201,6 +201,9 @@ class Git:
 
     def _base_env(self, transport: bool = False) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k.startswith(_KEPT_ENV)}
+        if "LD_LIBRARY_PATH" in env:  # git runs in the tree: a relative entry ("", ".") loads the tree's libraries
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in env["LD_LIBRARY_PATH"].split(os.pathsep)
+                                                     if os.path.isabs(p))
         if not transport:  # the operator's global and system config change nothing the tool does
             env.update({"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"})
             env.pop("GIT_CONFIG_SYSTEM", None)
