@@ -542,16 +542,23 @@ def test_what_the_serving_python_answers_is_printed_as_data(tmp_path: Path):
 
 def test_a_probe_that_floods_its_output_or_leaves_a_child_holding_it_is_answered_at_once(tmp_path: Path):
     """Helper 134: a probe printing 3 GB held 9 GB of the tool's memory (and ran past its limit); one that answered
-    and left a child in a session of its own holding its stdout was "did not finish in 300 s"."""
+    and left a child in a session of its own holding its stdout was "did not finish in 300 s", the child left
+    running after doctor."""
     flood = "import sys\nsys.stdin.readline()\nfor i in range(3000): sys.stdout.write('x' * (1 << 20))\n"
     started = time.monotonic()
     got = serving.ask(sys.executable, flood, [], 60)
     assert "more than 16 MiB to its stdout" in got.error and time.monotonic() - started < 20, got
+    pids = tmp_path / "pids"
     left = ("import os, sys, time\nmark = sys.stdin.readline().strip()\nif os.fork() == 0:\n    os.setsid()\n"
-            "    time.sleep(30)\n    os._exit(0)\nprint(mark, '{\"ok\": 1}', flush=True)\n")
+            "    if os.fork() == 0:\n"
+            f"        open({str(pids)!r}, 'a').write('%d\\n' % os.getpid())\n        time.sleep(30)\n"
+            "    os._exit(0)\ntime.sleep(0.5)\nprint(mark, '{\"ok\": 1}', flush=True)\n")
     started = time.monotonic()
     got = serving.ask(sys.executable, left, [], 20)
     assert got.data == {"ok": 1} and not got.error and time.monotonic() - started < 10, got
+    (pid,) = map(int, pids.read_text().split())  # the daemon it left (a double fork, a session of its own): ended
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
 
 
 def test_a_probe_sees_no_token_of_the_operators_environment(monkeypatch: pytest.MonkeyPatch):

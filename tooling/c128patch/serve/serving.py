@@ -6,14 +6,16 @@ exits without its answer, dies or outlives its limit is an error (``Answer.error
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import secrets
 import selectors
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from c128patch.procs import Group
 
@@ -183,7 +185,7 @@ def _run(python: str, args: list[str], timeout: float, line: str) -> subprocess.
     memory)."""
     deadline, got = time.monotonic() + timeout, {1: bytearray(), 2: bytearray()}
     env = {k: v for k, v in os.environ.items() if k.startswith(KEEP)}
-    with Group([python, "-c", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    with _reaping(), Group([python, "-c", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                env=env) as proc:
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.write(line.encode())
@@ -208,6 +210,44 @@ def _run(python: str, args: list[str], timeout: float, line: str) -> subprocess.
         code = proc.wait(max(0.0, deadline - time.monotonic()))
     text = [bytes(got[n]).decode(errors="replace") for n in (1, 2)]
     return subprocess.CompletedProcess([python], code, *text)
+
+
+@contextlib.contextmanager
+def _reaping() -> Iterator[None]:
+    """While a probe runs, this process is the subreaper of what it forks (Linux): a child that left its session
+    (``setsid``, a daemon's double fork) comes back to us when its parent dies, and is killed with the probe, not
+    left running after doctor (helper 134); children we had before are left alone."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        yield
+        return
+    before, subreaper = _children(), prctl(36, 1) == 0  # PR_SET_CHILD_SUBREAPER
+    try:
+        yield
+    finally:
+        for _ in range(100) if subreaper else ():  # a killed one's own children come back to us in turn
+            left = _children() - before
+            if not left:
+                break
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+        if subreaper:
+            prctl(36, 0)
+
+
+def _children() -> set[int]:
+    """The processes whose parent is this one."""
+    me, found = str(os.getpid()), set()
+    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else ()):
+        with contextlib.suppress(OSError, IndexError):
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[1].decode() == me:
+                    found.add(int(pid))
+    return found
 
 
 @dataclass
