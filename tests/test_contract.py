@@ -15,6 +15,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -780,3 +781,23 @@ def test_run_bare_in_a_patched_tree_contract_and_treecheck_take_that_tree(upstre
     monkeypatch.chdir(tmp_path / "elsewhere")
     refused = invoke("contract", "--series", REPO_ROOT, "--no-nvcc", as_json=False)
     assert refused.code == 2 and "--tree DIR (default: the patched tree here)" in refused.err
+
+
+def test_a_header_that_never_ends_stops_the_nvcc_probe_in_its_time_limit(sglang_release_repo, monkeypatch, tmp_path):
+    """Helper 134: a header of the tree's that `#include "/dev/zero"` has the host compiler read for ever: the probe
+    (no time limit) hung `contract` and `watch`; past ``PROBE_TIMEOUT`` nvcc and its children are ended, a failure."""
+    import types
+
+    nvcc = tmp_path / "nvcc"  # one that reads for ever, as the host compiler does there, its child too
+    nvcc.write_text("#!/bin/sh\ncat /dev/zero > /dev/null &\nexec cat /dev/zero > /dev/null\n")
+    nvcc.chmod(0o755)
+    info = types.ModuleType("tvm_ffi.libinfo")
+    info.find_include_path = info.find_dlpack_include_path = lambda: str(tmp_path)
+    monkeypatch.setitem(sys.modules, "tvm_ffi", types.ModuleType("tvm_ffi"))
+    monkeypatch.setitem(sys.modules, "tvm_ffi.libinfo", info)
+    monkeypatch.setattr(contract_cxx, "nvcc", lambda: str(nvcc))
+    monkeypatch.setattr(contract_cxx, "PROBE_TIMEOUT", 2)
+    started = time.monotonic()
+    ok, line = contract_cxx.probe(REPO_ROOT, Git(sglang_release_repo), "v0.5.23", cached=False)
+    assert ok is False and line.endswith("nvcc did not finish in 2 s (a header it reads that never ends?)"), line
+    assert time.monotonic() - started < 30

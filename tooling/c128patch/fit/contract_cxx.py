@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from c128patch import procs
 from c128patch.fit.resolve import Reader
 from c128patch.git import Git, GitError
 from c128patch.jsonio import read_json, write_json_atomic
@@ -26,6 +27,9 @@ from c128patch.upstream.releases import cache_dir
 INCLUDE_ROOT = "python/sglang/kernels/jit/include"
 UPSTREAM_PREFIX = "sgl_kernel/"
 PROBE = "ci/kernel_probe/upstream_signatures.cu"
+# seconds nvcc may take for the probe: a header of the tree's may `#include "/dev/zero"` (the host compiler reads it
+# for ever, its memory growing: contract hung)
+PROBE_TIMEOUT = 900.0
 TVM_FFI = "apache-tvm-ffi"  # as sglang requires it
 SOURCES = (".cuh", ".cu", ".h", ".hpp", ".cpp")
 STATE_ROW = "the online c128 state row [max | sum | kv] our kernel reads and writes"
@@ -277,7 +281,10 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
         cmd = [compiler, "-c", str(source), "-o", f"{tmp}/probe.o", "-gencode=arch=compute_90a,code=sm_90a",
                "-DSGL_CUDA_ARCH=900", "-std=c++20", "--expt-relaxed-constexpr",
                *(f"-I{d}" for d in dict.fromkeys(includes))]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            proc = procs.run(cmd, PROBE_TIMEOUT)
+        except subprocess.TimeoutExpired:  # (not cached: a loaded machine may be slow)
+            return False, f"{_FAILS}nvcc did not finish in {PROBE_TIMEOUT:g} s (a header it reads that never ends?)"
     ok = proc.returncode == 0
     named = list(dict.fromkeys(re.findall(r'upstream signature changed: (.*?)"', proc.stdout + proc.stderr)))
     errors = [l for l in (proc.stdout + proc.stderr).splitlines() if "error" in l][:3]
