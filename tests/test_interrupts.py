@@ -5,6 +5,8 @@ no scratch folder in the temp folder or --out, writes no report or wheel, claims
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -17,7 +19,7 @@ from c128patch.exitcodes import SIGNAL
 from c128patch.git import FAULT_HOOKS_ENV
 from c128patch.ops.treestate import FAULT_ENV
 from c128patch.series.manifest import load_series
-from support import cli_process, copy_series, default_signals, invoke
+from support import cli_process, copy_series, default_signals, invoke, run_printed
 from test_refresh import applied  # noqa: F401 (a fixture)
 
 
@@ -69,6 +71,20 @@ def test_sigterm_during_apply_says_its_signal_and_exits_with_it(sglang_release_r
     assert proc.returncode == SIGNAL + signal.SIGTERM, proc.stderr
     assert "interrupted (SIGTERM): the apply journal is intact; resume with" in proc.stderr, proc.stderr
     assert invoke("apply", "--continue", "--tree", tree).code == 0
+
+
+def test_a_signal_during_applys_proof_says_what_works_not_a_journal_that_is_gone(sglang_release_repo, tmp_path):
+    """Past its provenance commit the apply journal is gone and the proof runs: a signal there had said "the apply
+    journal is intact; resume with apply --continue", which then answered "no apply is in progress". It says the
+    series is applied and unproven, with a command that proves it and one that undoes it, both working as printed."""
+    series, tree = copy_series(tmp_path / "series"), tmp_path / "tree"
+    proc = cli_process(["apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series],
+                       {"C128PATCH_FAULT": "sigterm-at:proof", "TMPDIR": str(tmp_path)})
+    assert proc.returncode == SIGNAL + signal.SIGTERM, proc.stderr
+    assert "journal is intact" not in proc.stderr and "proof was cut short (no outcome)" in proc.stderr, proc.stderr
+    prove, undo = re.findall(r"`([^`]+)`", proc.stderr.splitlines()[-1])
+    assert invoke(*shlex.split(prove)[1:], "--series", series).out["equals_series"] is True
+    assert run_printed(undo).returncode == 0 and not tree.exists()
 
 
 def _signalled(args: list, sig: signal.Signals, point: str, scratch) -> subprocess.CompletedProcess:

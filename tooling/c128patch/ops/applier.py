@@ -186,6 +186,12 @@ def interrupts_said(tree: Path) -> Iterator[None]:
         with own_index_lock(tree):
             yield
     except KeyboardInterrupt as stop:
+        try:
+            kept = apply_journal(Git(worktree=tree)).is_file()
+        except (C128Error, OSError):  # (a clone an abort removed)
+            kept = False
+        if not kept:  # not begun (nothing changed), or an abort done: no journal to resume by
+            raise
         resume, undo = apply_commands(tree)
         raise Interrupted.by(stop, f"the apply journal is intact; resume with `{resume}` or undo with `{undo}`") \
             from None
@@ -372,10 +378,17 @@ class Apply:
         self.path.unlink()
         result = self._result(journal)
         self.reporter.step("proving the tree against a fresh replay of the series")
-        fresh = fresh_replay(series, git, journal.rev, journal.upstream_commit,  # its trees: the branch's, checked
-                             known=entry_trees(git, journal.upstream_commit, result.head))
-        proof = prove(series, git, journal.rev, journal.upstream_commit, result.head, accept=lambda edit: False,
-                      fresh=fresh)
+        try:  # the journal is gone: a signal here has nothing to resume or undo by it
+            fault_point("at", "proof")
+            fresh = fresh_replay(series, git, journal.rev, journal.upstream_commit,  # its trees: the branch's, checked
+                                 known=entry_trees(git, journal.upstream_commit, result.head))
+            proof = prove(series, git, journal.rev, journal.upstream_commit, result.head, accept=lambda edit: False,
+                          fresh=fresh)
+        except KeyboardInterrupt as stop:
+            raise Interrupted.by(stop, f"the series is applied on {journal.branch} in {self.tree} but its proof was "
+                                       "cut short (no outcome); prove it with "
+                                       f"`{shlex.join(['c128patch', 'status', '--tree', str(self.tree)])}`, or undo it "
+                                       f"with `{self._undo_finished(journal)}`") from None
         result.equivalence = proof.to_json()
         if not proof.ok:
             shown = "\n".join(f"  {h.path} {h.header}" for d in proof.unattributed for h in d.hunks[:20])
