@@ -256,3 +256,15 @@ def test_a_reader_that_stops_reading_does_not_change_the_exit_code(real_series, 
         err = proc.stderr.read()
         assert proc.wait(timeout=120) == 0, err
         assert err == ""
+
+
+@pytest.mark.parametrize("args", [["gates"], ["gates", "--json"]], ids=["table", "json"])
+def test_output_to_a_full_disk_is_one_line_and_never_exit_0(args):
+    """``c128patch gates > /dev/full`` (a report redirected onto a full disk): rich's or click's write raised a
+    traceback (ENOSPC) after the work; it is one line on stderr and exit 2, never the work's 0."""
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "c128patch", *args], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == "c128patch: error: its output could not be written to stdout (No space left on device): " \
+                          "what it said is lost\n", proc.stderr

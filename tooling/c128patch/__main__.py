@@ -11,12 +11,16 @@ from c128patch import cli
 class ReaderGone:
     """``sys.stdout`` for a reader that may stop reading (``c128patch check | head -1``): once a write meets a closed
     pipe, the rest of the output goes to /dev/null and the command finishes with its own exit code (click would
-    exit 1 at that write, in the middle of the work)."""
+    exit 1 at that write, in the middle of the work). Output that cannot be written (a full disk, ``> /dev/full``: a
+    traceback) goes there too, and is said at the end (``lost``): one line, never an exit 0."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
+        self.lost = ""  # why output was lost, where that is not a reader gone
 
-    def _gone(self) -> None:
+    def _gone(self, exc: OSError) -> None:
+        if not isinstance(exc, BrokenPipeError):
+            self.lost = self.lost or (exc.strerror or str(exc))
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, self._stream.fileno())  # what the stream still buffers is flushed there, at exit too
         os.close(null)
@@ -24,15 +28,15 @@ class ReaderGone:
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except BrokenPipeError:
-            self._gone()
+        except OSError as exc:
+            self._gone(exc)
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
-            self._gone()
+        except OSError as exc:
+            self._gone(exc)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -48,9 +52,17 @@ def main() -> None:
     for name in ("PATH", "LD_LIBRARY_PATH"):  # a relative entry ("", ".", "bin") finds programs or libraries in the
         if name in os.environ:  # current folder: a tree's (":/opt/x", an unset variable extended, loaded its .so)
             os.environ[name] = os.pathsep.join(p for p in os.environ[name].split(os.pathsep) if os.path.isabs(p))
-    if sys.stdout is not None:
-        sys.stdout = ReaderGone(sys.stdout)  # type: ignore[assignment]
-    cli.main()  # click exits with the command's code
+    out = sys.stdout = ReaderGone(sys.stdout) if sys.stdout is not None else None  # type: ignore[assignment]
+    try:
+        cli.main()  # click exits with the command's code
+    except SystemExit as done:
+        if out is not None:
+            out.flush()
+        if out is not None and out.lost:
+            print(f"c128patch: error: its output could not be written to stdout ({out.lost}): what it said is lost",
+                  file=sys.stderr)
+            raise SystemExit(done.code or 2) from None  # (exitcodes.USAGE: the machine's failure, not the work's)
+        raise
 
 
 if __name__ == "__main__":
