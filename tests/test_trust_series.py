@@ -589,6 +589,17 @@ def test_a_non_utf8_argv_is_taken_or_refused_in_one_line(tmp_path):
     assert bad.stderr.strip().endswith("(see `c128patch gates --help`)") and "\n" not in bad.stderr.strip()
 
 
+@pytest.mark.parametrize("args", [["gates"], ["status", "--json"], ["lint", "--offline"]])
+def test_a_current_folder_that_was_removed_is_one_line(tmp_path, args):
+    """A shell still in a folder removed under it: ``Path.cwd()`` (the layers' lookup, the tree) was a traceback."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    proc = subprocess.run(["bash", "-c", f'cd "{gone}" && rmdir "{gone}" && exec "$0" -m c128patch "$@"',
+                           sys.executable, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "c128patch: error: the current folder was removed" in proc.stderr.splitlines()[-1], proc.stderr
+
+
 def test_watch_refuses_a_read_only_out_before_any_work(tmp_path):
     from test_trust_git import read_only
 

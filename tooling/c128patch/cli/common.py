@@ -182,6 +182,7 @@ def handles_errors(fn: Callable) -> Callable:
         held = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
         _IN_EFFECT.clear()
         try:
+            _here()
             return fn(*args, **kwargs)
         except C128Error as exc:
             from c128patch.textsafe import one_line
@@ -202,6 +203,15 @@ def handles_errors(fn: Callable) -> Callable:
                 signal.signal(sig, handler)
 
     return wrapper
+
+
+def _here() -> None:
+    """The current folder must exist: every verb reads it (``Path.cwd()``: a traceback in a folder removed)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise C128Error("the current folder was removed (the shell is still in it); cd into a folder that exists and "
+                        "run it again; nothing was done") from None
 
 
 def _stop(signum: int, _frame: object) -> None:
