@@ -87,6 +87,20 @@ def test_a_signal_during_applys_proof_says_what_works_not_a_journal_that_is_gone
     assert run_printed(undo).returncode == 0 and not tree.exists()
 
 
+def test_a_signal_after_the_rebase_is_done_says_it_finished_not_no_outcome(sglang_release_repo, tmp_path):
+    """Past the rebase's end (its contract checked, the refresh check after the table) a signal said "no outcome;
+    its scratch folders are removed" over a branch already moved: it says the rebase finished, with a status that
+    works as printed."""
+    series, tree = copy_series(tmp_path / "series"), tmp_path / "tree"
+    assert invoke("apply", "--sglang-rev", "v0.5.22", "--tree", tree, "--series", series).code == 0
+    proc = cli_process(["rebase", "--onto", "v0.5.23", "--tree", tree, "--series", series],
+                       {"C128PATCH_FAULT": "sigterm-at:rebase-done", "TMPDIR": str(tmp_path)})
+    assert proc.returncode == SIGNAL + signal.SIGTERM, proc.stderr
+    assert "no outcome" not in proc.stderr and "the rebase was finished before it stopped" in proc.stderr, proc.stderr
+    status = run_printed(re.findall(r"`([^`]+)`", proc.stderr.splitlines()[-1])[0] + " --series " + str(series))
+    assert status.returncode == 0 and "on c128/v0.5.23" in status.stdout, status.stdout + status.stderr
+
+
 def _signalled(args: list, sig: signal.Signals, point: str, scratch) -> subprocess.CompletedProcess:
     """``args`` run with ``sig`` sent to the tool at the transaction's ``point`` (``ops.treestate``'s fault hook)."""
     scratch.mkdir(exist_ok=True)

@@ -36,7 +36,7 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
 
     from c128patch.cli.common import load_stack
     from c128patch.fit.contract import lock_items
-    from c128patch.fit.rebase_flow import rebase
+    from c128patch.fit.rebase_flow import rebase, said_finished
     from c128patch.git import Git
     from c128patch.ops.refresh import refresh_command
     from c128patch.progress import table_console
@@ -82,7 +82,8 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
         table.add_row(*map(text, (e["name"], e["status"], file, detail)))
     table_console().print(table)  # within 100 columns, piped too (issue 37; every detail in --json)
     contract, renamed = report["contract"], report.get("renamed_branch")
-    nxt, note = refresh_command(git, done.series, report, lock_items)
+    with said_finished(git, chosen[0]):  # the rebase is done: a signal in the refresh check is no "no outcome"
+        nxt, note = refresh_command(git, done.series, report, lock_items)
     say(one_line(report["equivalence"]["summary"]), f"contract on {new}: {contract['verdict']}"
         + "".join(f"\n  {f}" for f in contract["failing"]),
         *([f"branch {renamed['from']} is now {renamed['to']} (the old tip: {report['recovery_ref']})"]

@@ -4,18 +4,19 @@ checkout and the proof; the refresh to run next is ``ops.refresh.refresh_command
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Iterator, Literal
 
 from c128patch.errors import C128Error, Interrupted
 from c128patch.fit import contract as contract_ops
 from c128patch.git import Git
 from c128patch.ops.rebase import Journal, Rebase
-from c128patch.ops.treestate import own_index_lock, rebase_command, rebase_journal, repo_lock
+from c128patch.ops.treestate import fault_point, own_index_lock, rebase_command, rebase_journal, repo_lock
 from c128patch.progress import reporter
 from c128patch.series.layers import get_series, recorded_stack
 from c128patch.series.manifest import Series
@@ -70,9 +71,21 @@ def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, dro
                     shutil.copyfile(rb.state / name, report_dir / name)
     if not report.get("aborted") and not report.get("already_on") and report.get("head"):
         head = report["head"]
-        report["contract"] = (contracts[head].result() if head in contracts
-                              else contract_row(series, git, report["new_base"]["commit"], head))
+        with said_finished(git, verb):
+            fault_point("at", "rebase-done")  # C128PATCH_FAULT=sigterm-at:rebase-done (ops.treestate)
+            report["contract"] = (contracts[head].result() if head in contracts
+                                  else contract_row(series, git, report["new_base"]["commit"], head))
     return Rebased(git, series, report)
+
+
+@contextlib.contextmanager
+def said_finished(git: Git, verb: Verb) -> Iterator[None]:
+    """A signal past ``verb``'s end (the contract checked, the report said) is no "no outcome": the rebase finished
+    (or was undone), or stopped with its journal to resume, and the line says which."""
+    try:
+        yield
+    except KeyboardInterrupt as stop:
+        raise _interrupted(stop, git, verb, rebase_journal(git).is_file()) from None
 
 
 def _interrupted(stop: KeyboardInterrupt, git: Git, verb: Verb, journal: bool) -> Interrupted:
