@@ -884,3 +884,17 @@ def test_a_rebase_onto_the_users_own_commit_proposes_no_primary_refresh_and_name
     check = invoke("refresh", "--check", "--tree", clone, "--series", series)
     assert check.code == 0 and check.out["changed"] == [], check.out
     assert "the series is up to date (refresh --check changes nothing)" in res.text
+
+
+def test_a_report_folder_that_cannot_take_the_report_is_one_line_and_leaves_nothing_half_written(
+        sglang_release_repo, series_dir, fresh, tmp_path):
+    """``--report DIR`` where the copy fails (a full disk; here the report's name taken by a folder): the copy was a
+    traceback after the rebase, and on a full disk left an empty report there. One line naming where the report
+    is; nothing half written in DIR."""
+    git = copied(fresh["v0.5.22"].worktree, tmp_path / "tree")
+    report_dir = tmp_path / "reports"
+    (report_dir / "rebase-report.md").mkdir(parents=True)
+    run = rebase(git, series_dir, "--onto", "v0.5.23", "--report", str(report_dir))
+    assert run.code == 2, run.err
+    assert f"cannot write the rebase report into {report_dir} (" in run.out["error"], run.out
+    assert sorted(p.name for p in report_dir.iterdir()) == ["rebase-report.md"], list(report_dir.iterdir())

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Iterator, Literal
 from c128patch.errors import C128Error, Interrupted
 from c128patch.fit import contract as contract_ops
 from c128patch.git import Git
+from c128patch.jsonio import write_atomic
 from c128patch.ops.rebase import Journal, Rebase
 from c128patch.ops.treestate import fault_point, own_index_lock, rebase_command, rebase_journal, repo_lock
 from c128patch.progress import reporter
@@ -65,10 +65,7 @@ def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, dro
     finally:  # at a stop too: the reports are written at every stop
         pool.shutdown(wait=True)
         if report_dir and verb != "abort" and not report.get("already_on"):  # (a report there is an older one)
-            report_dir.mkdir(parents=True, exist_ok=True)
-            for name in ("rebase-report.md", "rebase-report.json"):
-                if (rb.state / name).is_file():
-                    shutil.copyfile(rb.state / name, report_dir / name)
+            _copy_reports(git, rb.state, report_dir)
     if not report.get("aborted") and not report.get("already_on") and report.get("head"):
         head = report["head"]
         with said_finished(git, verb):
@@ -86,6 +83,21 @@ def said_finished(git: Git, verb: Verb) -> Iterator[None]:
         yield
     except KeyboardInterrupt as stop:
         raise _interrupted(stop, git, verb, rebase_journal(git).is_file()) from None
+
+
+def _copy_reports(git: Git, state: Path, report_dir: Path) -> None:
+    """The reports copied into ``report_dir``, each whole or not at all; a full disk or a folder that cannot be
+    written is one line (a traceback, an empty report left there, before)."""
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("rebase-report.md", "rebase-report.json"):
+            if (state / name).is_file():
+                write_atomic(report_dir / name, (state / name).read_bytes())
+    except OSError as exc:
+        status = shlex.join(["c128patch", "status", "--tree", str(git.cwd.resolve())])
+        raise C128Error(f"cannot write the rebase report into {report_dir} ({exc.strerror or exc}); nothing half "
+                        f"written is left there; the report is {state / 'rebase-report.md'}, and `{status}` says "
+                        "where the rebase is") from None
 
 
 def _interrupted(stop: KeyboardInterrupt, git: Git, verb: Verb, journal: bool) -> Interrupted:
