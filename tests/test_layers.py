@@ -127,6 +127,20 @@ def test_layer_new_refuses_an_unknown_base_an_existing_layer_and_a_folder_it_can
     assert load_series(tmp_path / "y").base == load_series(REPO_ROOT).base
 
 
+def test_layer_new_on_a_full_disk_leaves_no_folder_behind(tmp_path, monkeypatch):
+    """"nothing was written" over the empty folders it had made (``x/y/patches``) before the manifest failed."""
+    from c128patch.series.manifest import Series
+
+    def full(self: Series) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Series, "save", full)
+    (tmp_path / "here").mkdir()
+    refused(["layer", "new", tmp_path / "here" / "x" / "y", "--name", "site"],
+            contains="No space left on device; nothing was written")
+    assert list((tmp_path / "here").iterdir()) == []
+
+
 def test_status_refuses_a_layer_folder_it_is_named_that_is_not_one(tmp_path, sparse_clone):
     """Helper 96: ``status --layer /nonexistent`` dropped the folder, the proof line with it, and exited 1 saying
     nothing; check refuses it in one line, and so does status now."""

@@ -6,7 +6,9 @@ one ``series.txn``, then linted. Every refusal comes before any write."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import re
 import shlex
 import shutil
@@ -56,10 +58,14 @@ def new_layer(folder: Path, name: str, series: Series, base: str = "") -> Series
         raise C128Error(f"base {base!r} is not one the series {series.name} was made on "
                         f"({', '.join(known_bases(series))}); nothing was written")
     layer = Series(folder.resolve(), name, "1", base, [])
+    made = [p for p in (folder / "patches", *(folder / "patches").parents) if not os.path.lexists(p)]
     try:
         (folder / "patches").mkdir(parents=True, exist_ok=True)
         layer.save()
     except OSError as exc:  # a file on the way, a read-only or full disk, /proc
+        for path in made:  # the folders it made, empty (a full disk): taken back
+            with contextlib.suppress(OSError):
+                path.rmdir()
         raise C128Error(f"cannot make a layer in {folder}: {exc.strerror}; nothing was written") from None
     return load_layer(folder, series)
 
