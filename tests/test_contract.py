@@ -9,14 +9,17 @@ reordered, a header removed, code that does not parse) it is broken, naming our 
 from __future__ import annotations
 
 import ast
+import contextlib
 import gc
 import importlib.util
+import os
 import re
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -514,6 +517,48 @@ def test_accept_refuses_a_symlinked_lock_and_writes_nothing(drift, tmp_path):
     run = run_contract("param-renamed", "--accept", repo=drift, series=series)
     assert run.code == 2 and run.err.count("\n") <= 3 and "goes through the symlink patches/contract.lock" in run.err
     assert victim.read_text() == (REPO_ROOT / "patches" / "contract.lock").read_text() and lock.is_symlink()
+
+
+@contextlib.contextmanager
+def unwritable(path: Path) -> Iterator[None]:
+    """``path`` (a file of a series) not writable in place nor replaceable: the immutable flag for root, else the
+    file and its folder read-only (skipped where neither can be had)."""
+    if os.geteuid() == 0:
+        if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+            pytest.skip("root, and chattr +i is not available here")
+        undo = [["chattr", "-i", str(path)]]
+    else:
+        path.chmod(0o444)
+        path.parent.chmod(0o555)
+        undo = [["chmod", "755", str(path.parent)], ["chmod", "644", str(path)]]
+    try:
+        yield
+    finally:
+        for argv in undo:
+            subprocess.run(argv, check=True)
+
+
+def test_accept_into_a_lock_that_cannot_be_written_is_one_line_and_leaves_it_whole(drift, tmp_path):
+    """A read-only (or full) series folder: ``--accept`` wrote the lock in place (``write_text``: a traceback, and on a
+    full disk a cut lock); it is written whole or not at all, the failure one line."""
+    series = copy_series(tmp_path / "series")
+    lock = series / "patches" / "contract.lock"
+    before = lock.read_bytes()
+    with unwritable(lock):
+        run = run_contract("param-renamed", "--accept", repo=drift, series=series)
+    assert run.code == 2 and run.out["error"].startswith(f"cannot write {lock} ("), run.out
+    assert lock.read_bytes() == before and sorted(p.name for p in lock.parent.iterdir()) == \
+        sorted(p.name for p in (REPO_ROOT / "patches").iterdir())
+
+
+def test_update_hashes_into_a_manifest_that_cannot_be_written_is_one_line(tmp_path):
+    series = copy_series(tmp_path / "series")
+    manifest = series / "patches" / "series.toml"
+    before = manifest.read_bytes()
+    with unwritable(manifest):
+        run = invoke("lint", "--offline", "--update-hashes", "--series", series)
+    assert run.code == 2 and run.out["error"].startswith(f"cannot write {manifest} ("), run.out
+    assert manifest.read_bytes() == before
 
 
 # -- bad input ----------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from c128patch.fit.resolve import (
 )
 from c128patch.fit.unbound import unbound
 from c128patch.git import Git
+from c128patch.jsonio import write_atomic
 from c128patch.ops.replay import FAILED, replay_in_index
 from c128patch.series.contract import Lock, LockItem, read_lock, sig_hash
 from c128patch.series.manifest import Series
@@ -480,5 +481,8 @@ def accept(lock: Lock, result: ContractResult) -> int:
             added += 1
     new = [i for i in result.items if i.kind == "declared" and i.key not in known and (i.target, i.signature) in now]
     lock.items += [LockItem(i.kind, i.target, i.site, i.where, (i.sig,)) for i in new]
-    lock.path.write_text(lock.text())
+    try:  # whole or not at all: a full disk or a signal mid-write had left a cut lock
+        write_atomic(lock.path, lock.text().encode())
+    except OSError as exc:
+        raise C128Error(f"cannot write {lock.path} ({exc.strerror or exc}); it is as it was") from None
     return added + len(new)

@@ -182,5 +182,8 @@ def update_hashes(series: Series) -> int:
     for e in series.entries:
         e.variants = [replace(v, sha256=sha256_file(series.file_of(e, v))) for v in e.variants]
         e.sha256 = sha256_file(series.file_of(e))
-    series.save()
+    try:
+        series.save()
+    except OSError as exc:  # a read-only or full series folder
+        raise C128Error(f"cannot write {series.manifest_path} ({exc.strerror or exc}); it is as it was") from None
     return sum(a != b for a, b in zip(before, hashes()))
