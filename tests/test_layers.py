@@ -297,6 +297,21 @@ def test_add_entry_to_a_folder_that_is_not_there_is_one_line_naming_layer_new(tm
     assert not (tmp_path / "nowhere").exists()
 
 
+def test_a_layer_entry_adding_non_ascii_text_is_taken_and_loads(tmp_path, upstream_clone):
+    """A commit adding "# café → naïve" (UTF-8) to a file: add-entry said it made the entry, then every verb refused the
+    layer ("patch ... is refused: 'ascii' codec can't encode characters"): the email parser had decoded the diff's
+    bytes before the trailers were read from them."""
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
+    anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    sha = commit_on(upstream_clone, ENV_PY, anchor, anchor + "    # acme: café → naïve\n", "acme: a comment")
+    layer = tmp_path / "acme"
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0
+    add = invoke("layer", "add-entry", "--layer", layer, "--from-commit", sha, "--tree", upstream_clone, "--why", "w")
+    assert add.code == 0, add.out
+    lint = invoke("lint", "--offline", "--layer", layer)
+    assert lint.code == 0 and lint.out["ok"] is True, lint.out
+
+
 def test_add_entry_makes_the_example_layers_first_entry_from_a_commit(tmp_path, upstream_clone, monkeypatch):
     """The example's first entry was made by `layer add-entry`; the same commit gives the same file."""
     assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0

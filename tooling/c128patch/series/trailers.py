@@ -88,8 +88,8 @@ def message_trailers(data: bytes) -> list[tuple[str, str]]:
     charset = msg.get_content_charset() or "utf-8"  # git am converts the body from it (UTF-7: "+AEM-" is "C")
     if msg.is_multipart():  # (check_message refused it by its header already)
         raise ValueError("it is a multipart message")
-    body = msg.get_payload()
-    body = body if isinstance(body, bytes) else body.encode("ascii", "surrogateescape")
+    body = msg.get_payload(decode=True)  # its bytes (no transfer encoding is left): not decoded by the parser, which
+    # had decoded a non-ASCII character of the diff already and refused the layer over it ('ascii' codec can't encode)
     try:
         return find_trailers(body.decode(charset, errors="replace").split("\n---\n", 1)[0])
     except LookupError:
