@@ -868,3 +868,54 @@ def test_a_rebase_journals_revs_reach_the_terminal_one_line_each(series, tree):
     (contract,) = [line for line in said.splitlines() if line.startswith("contract on ")]
     assert "⏎ forged: ok" in contract, said  # (the table's title wraps where its width says: a line of its own)
     assert not any(line.strip().startswith("forged: ok:") for line in said.splitlines()), said
+
+
+def _commit_bytes(tree: Path, path: bytes, data: bytes, subject: str) -> str:
+    """A commit adding ``data`` to (or making) the file ``path`` of ``tree``, its name and content bytes as given."""
+    file = os.fsencode(tree) + b"/" + path
+    with open(file, "ab") as fh:
+        fh.write(data)
+    ident = ["-c", "user.name=t", "-c", "user.email=t@t.invalid"]
+    subprocess.run(["git", "-C", str(tree), "add", "--", os.fsdecode(path)], check=True)
+    subprocess.run(["git", *ident, "-C", str(tree), "commit", "-q", "-m", subject], check=True)
+    return Git(worktree=tree).head() or ""
+
+
+def test_a_user_commit_adding_bytes_that_are_not_utf8_is_proven_refreshed_and_added_byte_for_byte(
+        upstream_clone, tmp_path):
+    """A Latin-1 "# caf\\xe9" added to a patched file (an old editor): git's output of it (the proof's diff, the
+    commit's patch) was decoded strictly, a UnicodeDecodeError traceback in status, refresh and layer add-entry. The
+    bytes are kept as git gave them: status proves the tree, the refreshed or added patch holds them exactly."""
+    from support import copy_series
+
+    series = copy_series(tmp_path / "series")
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone, "--series", series).code == 0
+    sha = _commit_bytes(upstream_clone, b"python/sglang/srt/environ.py", b"\n# caf\xe9\n",
+                        "acme: a comment\n\nC128patch-Gate: none (a comment)")
+    status = invoke("status", "--tree", upstream_clone, "--series", series)
+    assert status.code in (0, 1) and "error" not in status.out, status.out
+    layer = tmp_path / "acme"
+    assert invoke("layer", "new", layer, "--name", "acme", "--series", series).code == 0
+    add = invoke("layer", "add-entry", "--layer", layer, "--from-commit", sha, "--tree", upstream_clone, "--why", "w",
+                 "--series", series)
+    assert add.code == 0, add.out
+    assert b"+# caf\xe9\n" in (layer / "patches" / "0001-acme-a-comment.patch").read_bytes()
+    refresh = invoke("refresh", "--tree", upstream_clone, "--series", series)
+    assert refresh.code == 0, refresh.out
+    assert any(b"+# caf\xe9\n" in p.read_bytes() for p in (series / "patches").glob("*.patch"))
+
+
+def test_a_user_commit_naming_a_file_that_is_not_utf8_is_one_line(upstream_clone, tmp_path):
+    """A file name in Latin-1 no manifest (UTF-8 TOML) can hold: refresh and layer add-entry say so in one line."""
+    from support import copy_series
+
+    series = copy_series(tmp_path / "series")
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone, "--series", series).code == 0
+    sha = _commit_bytes(upstream_clone, b"python/sglang/caf\xe9.txt", b"x\n",
+                        "acme: a file\n\nC128patch-Gate: none (a file)")
+    layer = tmp_path / "acme"
+    assert invoke("layer", "new", layer, "--name", "acme", "--series", series).code == 0
+    for args in (["layer", "add-entry", "--layer", layer, "--from-commit", sha, "--tree", upstream_clone, "--why", "w",
+                  "--series", series], ["refresh", "--tree", upstream_clone, "--series", series]):
+        run = invoke(*args)
+        assert run.code == 2 and "(its name is not UTF-8)" in run.out["error"], (args, run.out)

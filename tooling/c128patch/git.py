@@ -303,7 +303,7 @@ class Git:
         cmd = [git_executable(), *(x for s in settings for x in ("-c", s)), *args]
         if timeout is None:
             proc = subprocess.run(cmd, cwd=self.cwd, env=env, input=input, capture_output=True, text=not binary,
-                                  errors=None if binary else "replace")  # a path or name that is not UTF-8: one line
+                                  errors=None if binary else "surrogateescape")  # bytes that are not UTF-8: kept
         else:  # git and its helpers end together past ``timeout`` or on an interrupt
             proc = procs.run(cmd, timeout, input=input, text=not binary, cwd=self.cwd, env=env)
         err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")

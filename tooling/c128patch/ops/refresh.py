@@ -91,13 +91,13 @@ def format_patch(git: Git, commit: str, entry_name: str, gate: str = "") -> byte
     head, rest = split_message(text)
     have = {name for name, _ in find_trailers(head)}  # in any spelling git reads as one
     if ENTRY_TRAILER in have:
-        return text.encode()
+        return text.encode(errors="surrogateescape")  # (a file's bytes that are not UTF-8: as git gave them)
     mail, _, body = head.rstrip("\n").partition("\n\n")
     paragraphs = body.split("\n\n") if body.strip() else []
     trailers = bool(paragraphs) and all(re.match(r"^[A-Za-z0-9-]+: ", l) for l in paragraphs[-1].splitlines())
     gate = f"{GATE_TRAILER}: {gate}\n" if gate and GATE_TRAILER not in have else ""
     body = body + ("\n" if trailers else "\n\n" if body else "") + f"{gate}{ENTRY_TRAILER}: {entry_name}"
-    return f"{mail}\n\n{body}\n{rest}".encode()
+    return f"{mail}\n\n{body}\n{rest}".encode(errors="surrogateescape")
 
 
 def base_label(git: Git, commit: str, rev: str) -> str:
@@ -369,6 +369,8 @@ def _export_commit(series: Series, git: Git, sha: str, name: str, exported: dict
     if not primary and old.file and _fallback_gives_same_tree(series, old, git, sha, label):
         data = None  # the file chosen without a variant for this base already makes this commit
     touched = [p for p in git.out("diff-tree", "-r", "-z", "--name-only", "--no-commit-id", sha).split("\0") if p]
+    for path in touched:  # (a name that is not UTF-8 no manifest can hold: one line, as layer add-entry says)
+        check_relpath(path, f"commit {sha[:12]}")
     sources = sources_at(git, base_commit, touched)
     _export_patch(series.part(name)[0], old, entry, data, stem,
                   (label, base_commit if label == base_commit[:12] else "", sources), primary, result)

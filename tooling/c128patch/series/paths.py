@@ -19,6 +19,7 @@ ENTRY_NAME_RULE = "1-80 characters of a-z 0-9 . _ -, starting with a letter or d
 _GIT_FILES = (".gitattributes", ".gitmodules")  # the files that name programs and URLs for git
 _GIT_FILES_83 = re.compile(r"(gitmod|gi7eba|gitatt|gi7d29)~[1-9]")  # their NTFS short names, as git itself checks
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
 
 
 def _unsafe(path: str, what: str, why: str) -> C128Error:
@@ -30,6 +31,8 @@ def check_relpath(path: str, what: str) -> str:
     nothing of git's own (a ``.git`` folder, ``.gitattributes``, ``.gitmodules``)."""
     if _CONTROL.search(path):
         raise _unsafe(path, what, "it holds a control character")
+    if _NOT_UTF8.search(path):  # (git's bytes kept as surrogates, ``git.Git._raw``): no manifest can name it
+        raise _unsafe(path, what, "its name is not UTF-8")
     parts = PurePosixPath(path).parts
     if not path or path.startswith(("/", "~")) or "\\" in path or path.endswith("/") or "//" in path or \
             any(p in ("..", ".", "") for p in parts):
