@@ -606,6 +606,29 @@ def test_signal_stops_the_suite(tmp_path, sig, code):
     assert not any(alive(p) for p in pids), pids
 
 
+def test_a_signal_leaves_no_temporary_out_folder(tmp_path):
+    """Without --out the run's folder is the tool's own scratch (a temporary folder): a signal said "its scratch
+    folders are removed" over a c128patch-smoke-kernel-* folder left in the temp folder, its report of passes that
+    never ended in it."""
+    pidfile, scratch = tmp_path / "pids", tmp_path / "tmp"
+    scratch.mkdir()
+    suite = make_suite(tmp_path / "suite", {"test_hang.py": f'''
+        import os, time
+        def test_hangs(patched_tree):
+            open({str(pidfile)!r}, "w").write(str(os.getpid()))
+            time.sleep(300)
+    '''})
+    code_ = ("from c128patch.smoke import device as smoke_device\n"
+             f"smoke_device.probe_device = lambda python: {H200!r}\n"
+             "from c128patch.cli import main\n"
+             "main()\n")
+    err = signal_when_ready([sys.executable, "-c", code_, "smoke", "kernel", "--tree", str(make_tree(tmp_path / "t")),
+                             "--suite", str(suite)], {**os.environ, "PYTHONPATH": str(TOOLING), "TMPDIR": str(scratch)},
+                            pidfile.exists, 15, 143)
+    assert "interrupted (SIGTERM): no outcome; its scratch folders are removed" in err, err
+    assert list(scratch.iterdir()) == [], list(scratch.iterdir())
+
+
 # --------------------------------------------------------------------------- the command's shape
 
 

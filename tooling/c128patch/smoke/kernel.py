@@ -16,7 +16,16 @@ from c128patch.errors import C128Error
 from c128patch.jsonio import write_json_atomic
 from c128patch.smoke.device import probe_python, require_device
 from c128patch.smoke.passes import ABSENT, BAD, PassSpec, pass_problems, run_passes
-from c128patch.smoke.trees import KernelOptions, Prepared, out_dir, prepare, series_info, stage, validate
+from c128patch.smoke.trees import (
+    KernelOptions,
+    Prepared,
+    interrupted_out,
+    out_dir,
+    prepare,
+    series_info,
+    stage,
+    validate,
+)
 from c128patch.smoke.upstream_select import ModuleIndex
 
 Progress = Callable[[str], None]
@@ -164,8 +173,8 @@ def run(opts: KernelOptions, command: str, progress: Progress) -> tuple[dict[str
             what = f" under compute-sanitizer {spec.sanitizer}" if spec.sanitizer else ""
             progress(f"running the GPU suite on {spec.label} ({spec.tree}){what}, scale {spec.scale}")
 
-    with prepare(opts, progress) as prep:
-        opts = replace(opts, out=out_dir(opts.out, "kernel"))
+    with prepare(opts, progress) as prep, interrupted_out(out := out_dir(opts.out, "kernel"), opts.out):
+        opts = replace(opts, out=out)
         common = dict(timeout=opts.timeout, keyword=opts.keyword, collect_only=opts.collect_only)
         specs = [] if opts.sanitizer_only and not opts.collect_only else [
             PassSpec("patched", prep.patched, prep.upstream, opts.scale, **common)]

@@ -44,6 +44,18 @@ def out_dir(out: Path | None, tier: str) -> Path:
     return (out if out is not None else Path(tempfile.mkdtemp(prefix=f"c128patch-smoke-{tier}-"))).resolve()
 
 
+@contextlib.contextmanager
+def interrupted_out(out: Path, given: Path | None) -> Iterator[None]:
+    """On a signal in the block, ``out`` removed where the tool made it (no ``--out``): "its scratch folders are
+    removed", no report of a run that did not end left in a temporary folder."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if given is None:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
 def resolve_tree(path: Path, what: str = "--tree") -> Path:
     """The folder holding ``sglang/``: ``<checkout>/python``, or the folder itself."""
     path = path.expanduser()

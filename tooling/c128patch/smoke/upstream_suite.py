@@ -21,7 +21,17 @@ from c128patch.smoke import upstream_select as sel
 from c128patch.smoke.device import describe, require_device
 from c128patch.smoke.kernel import NO_RECORD, Passes, Progress, paired, report_head, run_groups
 from c128patch.smoke.passes import BAD, PassSpec, pass_problems
-from c128patch.smoke.trees import KernelOptions, Prepared, copy_files, out_dir, prepare, resolve_tree, stage, validate
+from c128patch.smoke.trees import (
+    KernelOptions,
+    Prepared,
+    copy_files,
+    interrupted_out,
+    out_dir,
+    prepare,
+    resolve_tree,
+    stage,
+    validate,
+)
 from c128patch.smoke.upstream_standins import HARNESS_ENV, PLAN_ENV
 
 BOOT_PLUGIN = "c128patch.smoke.upstream_standins"
@@ -303,8 +313,8 @@ def run(opts: KernelOptions, tests: Path | None, command: str, progress: Progres
         progress(f"{verb} upstream's tests on " + " and, at the same time, ".join(f"{s.label} ({s.tree})"
                                                                                  for s in group))
 
-    with _prepared(opts, root, progress) as (prep, plan):
+    with _prepared(opts, root, progress) as (prep, plan), \
+            interrupted_out(out := out_dir(opts.out, "upstream-suite"), opts.out):
         specs = [pass_spec(plan, label, opts) for label in ("patched", "upstream")]
-        return run_groups([specs] if parallel_trees else [[s] for s in specs], plan.root, opts.python,
-                          out_dir(opts.out, "upstream-suite"), announce,
+        return run_groups([specs] if parallel_trees else [[s] for s in specs], plan.root, opts.python, out, announce,
                           lambda passes: build_report(command, plan, prep, device, passes, opts.collect_only), write)

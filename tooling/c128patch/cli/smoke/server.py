@@ -68,8 +68,8 @@ def command(ctx: click.Context, out: Path | None, as_json: bool, **fields: Any) 
     opts = ServerOptions(**fields, out=out_dir(out, "server"))
     try:
         report = run_server_tier(opts, cli.command_line(ctx), cli.progress(as_json))
-    except BaseException:
-        if out is None and not (opts.out / REPORT).exists():
-            shutil.rmtree(opts.out, ignore_errors=True)  # refused before any report: no temp folder left
+    except BaseException as exc:
+        if out is None and (isinstance(exc, KeyboardInterrupt) or not (opts.out / REPORT).exists()):
+            shutil.rmtree(opts.out, ignore_errors=True)  # refused before any report, or interrupted: no temp folder
         raise
     cli.finish(report, as_json, lambda: render.print_server(report, opts.out / REPORT))
