@@ -55,7 +55,8 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     if onto:
         stack = load_stack(series_dir, layer_dirs, git.worktree, repo, quiet=as_json)
         layer_dirs = tuple(layer.root for layer in stack.layers)
-    done = rebase(git, chosen[0], onto=onto or "", repo=repo, drop_merged=drop_merged,  # type: ignore[arg-type]
+    verb = chosen[0]  # (``chosen`` is a column's below)
+    done = rebase(git, verb, onto=onto or "", repo=repo, drop_merged=drop_merged,  # type: ignore[arg-type]
                   drop=drop, series_dir=series_dir, layer_dirs=layer_dirs, report_dir=report_dir)
     report = done.report
     if as_json:  # where the layers came from (docs/schemas); no refresh_command: it replays the series again
@@ -82,7 +83,7 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
         table.add_row(*map(text, (e["name"], e["status"], file, detail)))
     table_console().print(table)  # within 100 columns, piped too (issue 37; every detail in --json)
     contract, renamed = report["contract"], report.get("renamed_branch")
-    with said_finished(git, chosen[0]):  # the rebase is done: a signal in the refresh check is no "no outcome"
+    with said_finished(git, verb):  # the rebase is done: a signal in the refresh check is no "no outcome"
         nxt, note = refresh_command(git, done.series, report, lock_items)
     say(one_line(report["equivalence"]["summary"]), f"contract on {new}: {contract['verdict']}"
         + "".join(f"\n  {f}" for f in contract["failing"]),
