@@ -919,3 +919,24 @@ def test_a_user_commit_naming_a_file_that_is_not_utf8_is_one_line(upstream_clone
                   "--series", series], ["refresh", "--tree", upstream_clone, "--series", series]):
         run = invoke(*args)
         assert run.code == 2 and "(its name is not UTF-8)" in run.out["error"], (args, run.out)
+
+
+def test_too_few_open_files_for_git_is_one_line(sglang_release_repo, tmp_path):
+    """``ulimit -n 10``: the pipes of a git call could not be made, an OSError (EMFILE) traceback mid-apply; one line
+    naming the limit, and what became of the clone it made said truly ("was removed" had been said over a clone
+    rmtree could not remove)."""
+    import resource
+    import sys
+
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (10, 10))
+
+    tree = tmp_path / "tree"
+    proc = subprocess.run([sys.executable, "-m", "c128patch", "apply", "--sglang-rev", "v0.5.23", "--tree", str(tree)],
+                          capture_output=True, text=True, timeout=300, preexec_fn=low)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("c128patch: error: cannot run git: Too many open files (the limit of open files, "
+                                  "ulimit -n 10, is too low)"), proc.stderr
+    # the clone it made is removed, or (rmtree needs files open too) said not to be: never "removed" over one left
+    assert ("was removed)" in proc.stderr) == (not tree.exists()), proc.stderr
+    assert tree.exists() == ("could not be removed: remove it by hand)" in proc.stderr), proc.stderr

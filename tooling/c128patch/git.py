@@ -301,11 +301,21 @@ class Git:
     def _raw(self, args: list[str], env: dict[str, str], settings: list[str], input=None, binary: bool = False,
              timeout: float | None = None) -> subprocess.CompletedProcess:
         cmd = [git_executable(), *(x for s in settings for x in ("-c", s)), *args]
-        if timeout is None:
-            proc = subprocess.run(cmd, cwd=self.cwd, env=env, input=input, capture_output=True, text=not binary,
-                                  errors=None if binary else "surrogateescape")  # bytes that are not UTF-8: kept
-        else:  # git and its helpers end together past ``timeout`` or on an interrupt
-            proc = procs.run(cmd, timeout, input=input, text=not binary, cwd=self.cwd, env=env)
+        try:
+            if timeout is None:
+                proc = subprocess.run(cmd, cwd=self.cwd, env=env, input=input, capture_output=True, text=not binary,
+                                      errors=None if binary else "surrogateescape")  # bytes that are not UTF-8: kept
+            else:  # git and its helpers end together past ``timeout`` or on an interrupt
+                proc = procs.run(cmd, timeout, input=input, text=not binary, cwd=self.cwd, env=env)
+        except OSError as exc:  # (no pipe for git: ``ulimit -n`` too low, a traceback before)
+            import errno
+            import resource
+
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            raise C128Error(f"cannot run git: {exc.strerror} (the limit of open files, ulimit -n "
+                            f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}, is too low); raise it and run again"
+                            ) from None
         err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
         dubious = _DUBIOUS.search(err) if proc.returncode != 0 else None
         if dubious and dubious.group(1) not in self._trusted:

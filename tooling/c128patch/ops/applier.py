@@ -283,7 +283,9 @@ class Apply:
                 ours |= set(cut_checkout(git, journal.upstream_commit, since)[0])
             theirs = [p for p in changed_paths(git) if p not in ours]
             if journal.fresh_clone and not theirs:  # (the journal is input: a tree holding work is never removed)
-                discard_fresh_tree(self.tree, journal.tree_existed)
+                if not discard_fresh_tree(self.tree, journal.tree_existed):
+                    raise C128Error(f"the clone {self.tree} this apply made could not be removed whole (too few open "
+                                    "files, a read-only disk?): remove it by hand")
                 return done | {"removed_clone": True, "branch": None, "head": None, "stash": "", "kept_clone": False,
                                "rev": journal.rev, "reapply": ""}
             stash = ""

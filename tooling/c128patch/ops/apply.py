@@ -73,8 +73,8 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
         raise
     except C128Error as exc:
         if fresh:  # any other failure in a clone made just now leaves nothing behind
-            discard_fresh_tree(worktree, existed)
-            exc.message += f" (the new clone {worktree} was removed)"
+            exc.message += f" (the new clone {worktree} was removed)" if discard_fresh_tree(worktree, existed) else \
+                f" (the new clone {worktree} could not be removed: remove it by hand)"
             exc.hint = None  # nothing is left to resume or undo
         raise
     remember_layers(Git(worktree=worktree), series)

@@ -165,13 +165,18 @@ def _network(git: Git, url: str, *args: str, check: bool = True) -> None:
                         f"set {NET_TIMEOUT_ENV} to wait longer)") from None
 
 
-def discard_fresh_tree(tree: Path, existed: bool) -> None:
-    """Undo a fresh clone of ``prepare_tree``: ``tree`` removed, or emptied where it ``existed`` (empty)."""
-    for child in tree.iterdir() if existed else [tree]:
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child, ignore_errors=True)
-        else:
-            child.unlink(missing_ok=True)
+def discard_fresh_tree(tree: Path, existed: bool) -> bool:
+    """Undo a fresh clone of ``prepare_tree``: ``tree`` removed, or emptied where it ``existed`` (empty); whether it
+    is (a removal can fail: too few open files, a read-only disk)."""
+    try:
+        for child in list(tree.iterdir()) if existed else [tree]:
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+        return not any(tree.iterdir()) if existed else not os.path.lexists(tree)
+    except OSError:
+        return False
 
 
 def prepare_tree(upstream: Upstream, tree: Path | None, commit: str, reporter: Reporter = NullReporter(),
