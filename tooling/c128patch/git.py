@@ -441,7 +441,7 @@ class BlobBatch:
         if self._proc is None:
             self._proc = self.git.stream("cat-file", "--batch")
         assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._proc.stdin.write(f"{spec}\n".encode())
+        self._proc.stdin.write(f"{spec}\n".encode(errors="surrogateescape"))  # a path as git gave it
         self._proc.stdin.flush()
         header = self._proc.stdout.readline().split()  # "<sha> <type> <size>", or "<spec> missing"
         return self._proc.stdout.read(int(header[2]) + 1)[:-1] if len(header) == 3 else None

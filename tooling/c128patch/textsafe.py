@@ -10,9 +10,13 @@ import re
 _CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
 
 
+_UNDECODED = re.compile("[\udc80-\udcff]")  # a byte git gave that is not UTF-8 (``Git.run``: surrogateescape)
+
+
 def plain(text: str) -> str:
-    """``text`` without the control characters a terminal acts on, nor bidi controls."""
-    return _CONTROLS.sub("", text)
+    """``text`` without the control characters a terminal acts on, nor bidi controls; a byte that is not UTF-8 is
+    U+FFFD (no stream can write it)."""
+    return _UNDECODED.sub("\ufffd", _CONTROLS.sub("", text))
 
 
 def one_line(text: str) -> str:

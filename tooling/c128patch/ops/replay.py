@@ -390,9 +390,9 @@ def follow_renames(git: Git, item: Planned, index_file: Path, missing: list[str]
 
 def _followable(path: str) -> bool:
     """A path upstream moved a file to that a patch may name: ``check_relpath``'s rules (a newline in it wrote lines
-    of its own into the renamed patch), and UTF-8 (``Git.run`` reads other bytes as U+FFFD: no path git has)."""
+    of its own into the renamed patch; a byte that is not UTF-8 no manifest can hold)."""
     try:
-        return "\ufffd" not in check_relpath(path, "a path upstream moved a file to")
+        return bool(check_relpath(path, "a path upstream moved a file to"))
     except C128Error:
         return False
 
