@@ -485,6 +485,25 @@ def test_a_truncated_cached_wheel_and_a_corrupt_pack_are_one_line_naming_the_cac
     assert f"rm -rf {root}" in exc.value.message
 
 
+@pytest.mark.parametrize("make", ["fifo", "dangling-link", "link-to-dev-zero", "folder"])
+def test_a_lock_file_of_the_cache_that_is_no_regular_file_is_one_line_never_a_hang_or_a_write_elsewhere(
+        fake_releases, tmp_path, make):
+    """h133: the cache's lock file was opened with O_CREAT through whatever stood at its name: a FIFO there hung every
+    verb (opening a pipe for writing waits for a reader), a dangling link made its target outside the cache."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    lock, outside = cache / "sglang-releases.lock", tmp_path / "outside" / "made-here"
+    outside.parent.mkdir()
+    {"fifo": lambda: os.mkfifo(lock), "dangling-link": lambda: lock.symlink_to(outside),
+     "link-to-dev-zero": lambda: lock.symlink_to("/dev/zero"), "folder": lock.mkdir}[make]()
+    run = subprocess.run([sys.executable, "-m", "c128patch", "check", "--sglang-rev", "v0.5.23"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "C128PATCH_CACHE": str(cache)})
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
+        f"c128patch: error: the lock file {lock} of the cache {cache} is not a regular file (a link, a pipe or a "
+        f"folder): not used; remove it (rm -r {lock}) and run again"], run.stderr
+    assert not outside.exists() and not (cache / "sglang-releases.git").exists()
+
+
 @pytest.mark.parametrize("member", [
     "sglang/a.py\ndata 0\n\ncommit refs/heads/injected\ncommitter a <a@b> 0 +0000",  # commands for fast-import
     "sglang/../../x.py", "sglang/.GIT/hooks/post-checkout",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import errno
 import hashlib
 import importlib.metadata
 import json
@@ -89,10 +90,17 @@ def unwritable(folder: Path, exc: OSError) -> C128Error:
 def locked(path: Path) -> contextlib.AbstractContextManager[None]:
     """``jsonio.locked`` on the lock file ``path`` (made here), so parallel runs don't build the same cache twice."""
     ensure_folder(path.parent)
-    try:
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    try:  # never through a link (a dangling one made its target, anywhere), nor a pipe (opening one waited forever)
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        os.close(fd)
     except OSError as exc:
-        raise unwritable(path.parent, exc) from None
+        if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise unwritable(path.parent, exc) from None
+        regular = False
+    if not regular:
+        raise C128Error(f"the lock file {path} of the cache {path.parent} is not a regular file (a link, a pipe or a "
+                        f"folder): not used; remove it (rm -r {shlex.quote(str(path))}) and run again")
     return jsonio.locked(path)
 
 
