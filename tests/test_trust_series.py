@@ -485,6 +485,28 @@ def test_a_truncated_cached_wheel_and_a_corrupt_pack_are_one_line_naming_the_cac
     assert f"rm -rf {root}" in exc.value.message
 
 
+@pytest.mark.parametrize("folder", ["", "wheels", "sglang-releases.git"], ids=["cache", "wheels", "history"])
+def test_a_cache_folder_everyone_may_write_or_another_user_owns_is_refused_in_one_line(fake_releases, tmp_path,
+                                                                                     folder):
+    """h133: a cache folder (or its wheels or history) writable by every user, or another user's, was used as it was:
+    whoever could write it chose the wheel `wheel --from-release` patched and the history taken as upstream's."""
+    from c128patch.upstream.releases import ReleaseHistory
+
+    ReleaseHistory().ensure()
+    target = tmp_path / "cache" / folder
+    target.mkdir(exist_ok=True)  # (wheels/: the stand-ins come from a wheelhouse)
+    target.chmod(0o1777)
+    line = refused(["check", "--sglang-rev", "v0.5.23"],
+                   contains=f"the cache folder {target} is writable by every user")
+    assert "set C128PATCH_CACHE to a folder of your own" in line
+    target.chmod(0o755)
+    run = invoke("check", "--sglang-rev", "v0.5.23", as_json=False)  # (stand-in wheels: the series does not fit them)
+    assert run.code == 1 and "the cache folder" not in run.err, run.err
+    if os.getuid() == 0:  # (chown needs root)
+        os.chown(target, 65534, -1)
+        refused(["check", "--sglang-rev", "v0.5.23"], contains=f"the cache folder {target} is owned by another user")
+
+
 @pytest.mark.parametrize("make", ["fifo", "dangling-link", "link-to-dev-zero", "folder"])
 def test_a_lock_file_of_the_cache_that_is_no_regular_file_is_one_line_never_a_hang_or_a_write_elsewhere(
         fake_releases, tmp_path, make):

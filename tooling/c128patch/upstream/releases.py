@@ -70,7 +70,23 @@ def cache_dir() -> Path:
                 else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "c128patch")
     except RuntimeError as exc:  # no HOME and no passwd entry
         raise C128Error(f"cannot find a cache folder ({exc}); set C128PATCH_CACHE to a writable folder") from None
-    return ensure_folder(root)
+    ensure_folder(root)
+    for folder in (root, root / "wheels", root / "sglang-releases.git"):
+        _owned(folder)
+    return root
+
+
+def _owned(folder: Path) -> None:
+    """Refuse a folder of the cache that another user may change: owned by another user (root aside), or writable
+    by everyone (whoever can change it swaps the wheels and the history the tool patches and calls upstream's)."""
+    try:
+        st = os.stat(folder)
+    except OSError:  # (not made yet: made by us)
+        return
+    if st.st_uid not in (os.getuid(), 0) or st.st_mode & stat.S_IWOTH:
+        whose = "writable by every user" if st.st_mode & stat.S_IWOTH else f"owned by another user (uid {st.st_uid})"
+        raise C128Error(f"the cache folder {folder} is {whose}: not used (whoever can change it chooses the wheels "
+                        "and the history the tool takes as upstream's); set C128PATCH_CACHE to a folder of your own")
 
 
 def ensure_folder(folder: Path) -> Path:
