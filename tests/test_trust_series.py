@@ -897,3 +897,28 @@ def test_a_huge_patch_file_is_refused_in_one_line_unread(tmp_path):
                                                   .replace('"evil"', '"linked"'))
     with pytest.raises(C128Error, match="over the 64 MiB"):
         load_series(link)
+
+
+def test_a_provenance_record_that_is_huge_or_a_link_is_refused_in_one_line_unread(tmp_path, monkeypatch):
+    """h133: a tree's `python/sglang/c128patch_provenance.json` was read whole, through whatever stood there: an 8 GB
+    sparse file was read into memory (MemoryError's traceback for `status`), a link out of the tree read its target
+    as the tree's record; a committed record blob was read whole too (zeros compress to nothing)."""
+    from c128patch.series import provenance
+
+    tree = tmp_path / "t"
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", REPO_ROOT).code == 0
+    record = tree / provenance.PROVENANCE_PATH
+    good = record.rename(tmp_path / "record.json")
+    record.symlink_to(good)  # a whole record, outside the tree
+    refused(["status", "--tree", tree], contains=f"{provenance.PROVENANCE_PATH} goes through the symlink")
+    record.unlink()
+    with open(record, "wb") as f:
+        f.truncate(8 << 30)  # sparse: no disk used
+    refused(["status", "--tree", tree], contains="provenance file is 8589934592 bytes")
+    record.unlink()
+    shutil.copy(good, record)
+    git = Git(worktree=tree)
+    assert provenance.committed(git, "HEAD") is not None
+    monkeypatch.setattr(provenance, "MAX_JSON", 100)  # the committed record is now "too big": never read
+    monkeypatch.setattr(Git, "blob", lambda *args: pytest.fail("a record bigger than any was read"))
+    assert provenance.committed(git, "HEAD") is None

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 from c128patch import __version__
 from c128patch.errors import C128Error
 from c128patch.git import Git
+from c128patch.jsonio import MAX_JSON
 from c128patch.series.layers import layer_rows
 from c128patch.series.manifest import Series, sha256_file
-from c128patch.series.paths import inside
+from c128patch.series.paths import confine, inside
 
 if TYPE_CHECKING:  # series.plan pulls unidiff; reading a provenance record must not need it
     from c128patch.series.plan import Planned
@@ -70,12 +71,14 @@ def dumps(record: dict) -> str:
 def read_provenance(tree: Path) -> dict:
     """The record in ``tree``; one that is not a c128patch record is a one-line error saying how to restore it."""
     path = tree / PROVENANCE_PATH
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():
         raise C128Error(f"no c128patch series is applied in {tree} (no {PROVENANCE_PATH})")
-    data = path.read_bytes()
-    problem = _problem(data)
+    confine(tree, PROVENANCE_PATH, f"the tree {tree}", regular=True)  # never through a link, a pipe or a device
+    size = path.stat().st_size
+    data = path.read_bytes() if size <= MAX_JSON else b""
+    problem = _problem(data) if size <= MAX_JSON else f"provenance file is {size} bytes (a record is far smaller)"
     if problem:
-        committed = Git(worktree=tree).blob("HEAD", PROVENANCE_PATH)
+        committed = _blob(Git(worktree=tree), "HEAD")
         if committed is not None and committed != data and _problem(committed) is None:
             fix = "restore it (" + shlex.join(["git", "-C", str(tree), "checkout", "HEAD", "--", PROVENANCE_PATH]) + ")"
         else:
@@ -86,8 +89,14 @@ def read_provenance(tree: Path) -> dict:
 
 def committed(git: Git, rev: str) -> dict | None:
     """The record ``rev`` holds (a tree's state: input); None where it holds none or one ``_problem`` refuses."""
-    data = git.blob(rev, PROVENANCE_PATH)
+    data = _blob(git, rev)
     return json.loads(data) if data is not None and _problem(data) is None else None
+
+
+def _blob(git: Git, rev: str) -> bytes | None:
+    """The record file ``rev`` holds, unless it is bigger than any record (a blob of zeros compresses to nothing)."""
+    size = git.run("cat-file", "-s", f"{rev}:{PROVENANCE_PATH}", check=False).stdout.strip()
+    return git.blob(rev, PROVENANCE_PATH) if size.isdigit() and int(size) <= MAX_JSON else None
 
 
 def _problem(data: bytes) -> str | None:
