@@ -485,6 +485,31 @@ def test_a_truncated_cached_wheel_and_a_corrupt_pack_are_one_line_naming_the_cac
     assert f"rm -rf {root}" in exc.value.message
 
 
+@pytest.mark.parametrize("make", ["not-utf8", "link", "fifo", "huge"])
+def test_a_state_file_of_the_cache_not_utf8_a_link_a_pipe_or_huge_is_one_line_for_every_reader(tmp_path, monkeypatch,
+                                                                                             make):
+    """h133: `wheel --from-release` and `verify-wheel` read `c128patch-trees` on their own (`cached_wheel`): a byte that
+    is not UTF-8 was UnicodeDecodeError's traceback there; and every reader of a state file read it through a link and
+    whole (a sparse file of gigabytes into memory). Now each is read as one small regular file, else one line."""
+    from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, cached_wheel
+
+    monkeypatch.delenv("C128PATCH_WHEELHOUSE", raising=False)
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "wheels"
+    folder.mkdir(parents=True)
+    wheel = {v: fake_wheel(folder, v) for v in DEFAULT_RELEASES}["0.5.23"]
+    root = ReleaseHistory().ensure()
+    trees = root / "c128patch-trees"
+    kept = trees.rename(tmp_path / "trees")
+    {"not-utf8": lambda: trees.write_bytes(kept.read_bytes() + b"0.5.19 \xff\n"),
+     "link": lambda: trees.symlink_to(kept), "fifo": lambda: os.mkfifo(trees),
+     "huge": lambda: trees.write_bytes(kept.read_bytes() + b" " * (2 << 20))}[make]()
+    for read in (lambda: cached_wheel(wheel), ReleaseHistory().ensure):
+        with pytest.raises(C128Error, match=f"the release cache {root}: c128patch-trees cannot be read") as exc:
+            read()
+        assert f"rm -rf {root}" in exc.value.message and "\n" not in exc.value.message
+
+
 @pytest.mark.parametrize("folder", ["", "wheels", "sglang-releases.git"], ids=["cache", "wheels", "history"])
 def test_a_cache_folder_everyone_may_write_or_another_user_owns_is_refused_in_one_line(fake_releases, tmp_path,
                                                                                      folder):

@@ -227,9 +227,10 @@ def cached_wheel(wheel: Path) -> Path:
     if recorded is not None and recorded != have:
         raise C128Error(f"the cached wheel {wheel} changed since it was downloaded (sha256 {have[:16]}…, recorded "
                         f"{recorded[:16]}…); {fix}")
-    trees = ReleaseHistory()._trees_file
-    if (parsed := parsed_name(wheel)) and wheel_tags(wheel) == HISTORY_TAGS and trees.is_file():
-        tree = dict(line.split(" ", 1) for line in trees.read_text().split("\n") if " " in line).get(str(parsed[1]))
+    history = ReleaseHistory()
+    if (parsed := parsed_name(wheel)) and wheel_tags(wheel) == HISTORY_TAGS:
+        lines = history._state(history._trees_file).split("\n")  # (a damaged one: one line, not a traceback)
+        tree = dict(line.split(" ", 1) for line in lines if " " in line).get(str(parsed[1]))
         if tree and wheel_tree(wheel) != tree:
             raise C128Error(f"the cached wheel {wheel} does not give the sources the release history recorded for "
                             f"sglang {parsed[1]} (a changed wheel); {fix}")
@@ -502,10 +503,22 @@ class ReleaseHistory:
     def _state(self, path: Path) -> str:
         """A state file of the history ("" when there is none); one that cannot be read: one line saying how to
         rebuild the cache."""
+        try:  # never through a link, nor a pipe or a device; a state file is a few lines
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return ""
+        except OSError as exc:
+            raise C128Error(f"the release cache {self.root}: {path.name} cannot be read ({exc.strerror}); rebuild it: "
+                            f"rm -rf {shlex.quote(str(self.root))} (the next run imports the releases again)") from None
         try:
-            return path.read_text(encoding="utf-8") if path.is_file() else ""
+            with open(fd, "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+                    raise OSError(0, "not a regular file of at most 1 MiB")
+                return f.read().decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise C128Error(f"the release cache {self.root}: {path.name} cannot be read ({exc}); rebuild it: "
+            why = exc.strerror if isinstance(exc, OSError) else exc
+            raise C128Error(f"the release cache {self.root}: {path.name} cannot be read ({why}); rebuild it: "
                             f"rm -rf {shlex.quote(str(self.root))} (the next run imports the releases again)") from None
 
     def versions(self) -> list[str]:
