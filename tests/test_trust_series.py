@@ -947,3 +947,24 @@ def test_a_provenance_record_that_is_huge_or_a_link_is_refused_in_one_line_unrea
     monkeypatch.setattr(provenance, "MAX_JSON", 100)  # the committed record is now "too big": never read
     monkeypatch.setattr(Git, "blob", lambda *args: pytest.fail("a record bigger than any was read"))
     assert provenance.committed(git, "HEAD") is None
+
+
+def test_an_apply_or_rebase_journal_that_is_huge_or_a_link_is_one_line_unread(tmp_path):
+    """h133: a tree's `.git/c128patch/apply.json` or `rebase.json` was read whole, through whatever stood there: an 8 GB
+    sparse file was read into memory (MemoryError's traceback for `status` and `apply --continue`), a link out of the
+    tree read its target as the tree's journal."""
+    tree = tmp_path / "t"
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", REPO_ROOT).code == 0
+    (tmp_path / "elsewhere.json").write_text("{}")
+    for name in ("apply", "rebase"):
+        journal = tree / ".git" / "c128patch" / f"{name}.json"
+        journal.symlink_to(tmp_path / "elsewhere.json")
+        refused(["status", "--tree", tree],
+                contains=f"cannot read the c128patch {name} journal {journal} (Too many levels of symbolic links)")
+        journal.unlink()
+        with open(journal, "wb") as f:
+            f.truncate(8 << 30)  # sparse: no disk used
+        for verb in (["status"], [name, "--continue"]):
+            refused([*verb, "--tree", tree], contains=f"cannot read the c128patch {name} journal {journal} "
+                                                       "(not a regular file of at most 64 MB)")
+        journal.unlink()

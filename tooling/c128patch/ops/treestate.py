@@ -24,6 +24,7 @@ import os
 import re
 import shlex
 import signal
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any, Iterator
 
 from c128patch.errors import C128Error
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git, ls_tree, stale_lock_message, user_can_commit
-from c128patch.jsonio import read_json, write_json_atomic
+from c128patch.jsonio import MAX_JSON, read_json, write_json_atomic
 from c128patch.progress import echo
 from c128patch.series.layers import layer_folders, operators
 from c128patch.series.manifest import MANIFEST, Series
@@ -219,10 +220,15 @@ def ensure_clean(git: Git, action: str) -> None:
 
 def read_journal(git: Git, path: Path, what: str) -> dict:
     """The JSON object in a journal; an unreadable one is a one-line error that says how to forget it."""
-    try:
-        data = json.loads(path.read_text())
+    try:  # never through a link, a pipe or a device, nor a file bigger than any journal (read whole: MemoryError)
+        with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK)) as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_JSON:
+                raise ValueError(f"not a regular file of at most {MAX_JSON >> 20} MB")
+            data = json.loads(f.read().decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        why = "nested too deeply to read" if isinstance(exc, RecursionError) else str(getattr(exc, "msg", None) or exc)
+        why = "nested too deeply to read" if isinstance(exc, RecursionError) else \
+            str(getattr(exc, "msg", None) or getattr(exc, "strerror", None) or exc)
         raise corrupt_journal(git, path, what, why) from None
     if not isinstance(data, dict):
         raise corrupt_journal(git, path, what, f"a JSON {type(data).__name__}, not an object")
