@@ -968,3 +968,28 @@ def test_an_apply_or_rebase_journal_that_is_huge_or_a_link_is_one_line_unread(tm
             refused([*verb, "--tree", tree], contains=f"cannot read the c128patch {name} journal {journal} "
                                                        "(not a regular file of at most 64 MB)")
         journal.unlink()
+
+
+def test_a_manifest_config_or_ledger_that_is_huge_is_one_line_unread(tmp_path, monkeypatch):
+    """h133: `read_toml` read the whole file: an 8 GB sparse `patches/series.toml`, `c128patch.toml` or the resolution
+    ledger's `ledger.toml` ran `lint` (and every verb reading them) out of memory, MemoryError's traceback."""
+    def huge(path: Path) -> Path:
+        path.unlink(missing_ok=True)
+        with open(path, "wb") as f:
+            f.truncate(8 << 30)  # sparse: no disk used
+        return path
+
+    series = series_folder(tmp_path / "s")
+    huge(series / "patches" / "series.toml")
+    refused(["lint", "--series", series], contains="not a series manifest (not a regular file of at most 64 MiB")
+    operator = tmp_path / "op"
+    operator.mkdir()
+    huge(operator / CONFIG)
+    monkeypatch.chdir(operator)
+    monkeypatch.delenv(ENV, raising=False)
+    refused(["lint", "--series", REPO_ROOT], contains="not a valid c128patch config (not a regular file of at most")
+    ledger = series_folder(tmp_path / "l")
+    (ledger / "patches" / "resolutions").mkdir()
+    huge(ledger / "patches" / "resolutions" / "ledger.toml")
+    with pytest.raises(C128Error, match="not a resolution ledger \\(not a regular file of at most 64 MiB"):
+        Ledger(load_series(ledger)).rows()
