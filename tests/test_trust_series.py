@@ -993,3 +993,21 @@ def test_a_manifest_config_or_ledger_that_is_huge_is_one_line_unread(tmp_path, m
     huge(ledger / "patches" / "resolutions" / "ledger.toml")
     with pytest.raises(C128Error, match="not a resolution ledger \\(not a regular file of at most 64 MiB"):
         Ledger(load_series(ledger)).rows()
+
+
+def test_status_never_reads_an_overlay_target_bigger_than_any_overlay(tmp_path, monkeypatch):
+    """h133: `status` hashed each overlay's target in the tree read whole: an 8 GB sparse file there ran it out of
+    memory (MemoryError's traceback). A file bigger than any overlay may be is drift, unread."""
+    from c128patch.series.manifest import MAX_SERIES_FILE
+
+    tree = tmp_path / "t"
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", REPO_ROOT).code == 0
+    target = "python/sglang/srt/speculative/dspark_components/c128_record_streams.py"
+    (tree / target).unlink()
+    with open(tree / target, "wb") as f:
+        f.truncate(8 << 30)  # sparse: no disk used
+    read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: (read_bytes(self) if self.stat().st_size <= MAX_SERIES_FILE
+                                                          else pytest.fail(f"{self} read whole")))
+    run = invoke("status", "--tree", tree)
+    assert {"entry": "c128-dspark-record-streams-helper", "files": {target: "modified"}} in run.out["drift"], run.out

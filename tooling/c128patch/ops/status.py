@@ -13,7 +13,7 @@ from c128patch.git import Git
 from c128patch.ops import proofs
 from c128patch.ops.treestate import RECOVERY_PREFIX, apply_commands, git_paths, rebase_command, running, worktree_state
 from c128patch.series.layers import describe
-from c128patch.series.manifest import Series
+from c128patch.series.manifest import MAX_SERIES_FILE, Series
 from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, read_provenance, starts_stack
 
 
@@ -63,7 +63,8 @@ def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
         if e.get("kind") == "overlay" and not any(e.get("target") in x.get("files", []) for x in entries[i + 1:]):
             # (an overlay a later entry edits, a layer's, holds its bytes only before that entry: as a fresh apply)
             target = git.cwd / e["target"]
-            if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() != e.get("sha256"):
+            if target.is_file() and (target.stat().st_size > MAX_SERIES_FILE  # (no overlay is that big: not read)
+                                     or hashlib.sha256(target.read_bytes()).hexdigest() != e.get("sha256")):
                 files.setdefault(e["target"], "modified")
         if files:
             drift.append({"entry": e["name"], "files": files})
