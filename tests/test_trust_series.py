@@ -510,6 +510,31 @@ def test_a_state_file_of_the_cache_not_utf8_a_link_a_pipe_or_huge_is_one_line_fo
         assert f"rm -rf {root}" in exc.value.message and "\n" not in exc.value.message
 
 
+@pytest.mark.parametrize("make", ["huge", "link", "fifo"])
+def test_the_caches_record_of_its_wheels_huge_a_link_or_a_pipe_is_one_line_unread(tmp_path, monkeypatch, make):
+    """h133: `wheels/SHA256SUMS` was read whole through whatever stood there: an 8 GB sparse one ran `wheel
+    --from-release` and `verify-wheel` out of memory (MemoryError's traceback)."""
+    from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, cached_wheel
+
+    monkeypatch.delenv("C128PATCH_WHEELHOUSE", raising=False)
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "wheels"
+    folder.mkdir(parents=True)
+    wheel = {v: fake_wheel(folder, v) for v in DEFAULT_RELEASES}["0.5.23"]
+    ReleaseHistory().ensure()
+    assert cached_wheel(wheel) == wheel  # its sum recorded
+    sums = folder / "SHA256SUMS"
+    kept = sums.rename(tmp_path / "sums")
+    {"huge": lambda: (sums.touch(), os.truncate(sums, 8 << 30)),  # (sparse: no disk used)
+     "link": lambda: sums.symlink_to(kept), "fifo": lambda: os.mkfifo(sums)}[make]()
+    read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: pytest.fail(f"{self} read whole")
+                        if self.name == "SHA256SUMS" else read_bytes(self).decode())
+    with pytest.raises(C128Error, match=f"the cache's record of its wheels {sums} cannot be read") as exc:
+        cached_wheel(wheel)
+    assert f"rm -rf {folder}" in exc.value.message
+
+
 @pytest.mark.parametrize("folder", ["", "wheels", "sglang-releases.git"], ids=["cache", "wheels", "history"])
 def test_a_cache_folder_everyone_may_write_or_another_user_owns_is_refused_in_one_line(fake_releases, tmp_path,
                                                                                      folder):

@@ -199,7 +199,19 @@ def _sha256(path: Path) -> str:
 
 
 def _sums(folder: Path) -> dict[str, str]:
-    text = (folder / SUMS).read_text(errors="replace") if (folder / SUMS).is_file() else ""
+    path = folder / SUMS
+    try:  # never through a link, a pipe or a device, nor a file bigger than any record (read whole: MemoryError)
+        with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK)) as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+                raise OSError(0, "not a regular file of at most 1 MiB")
+            text = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        text = ""
+    except OSError as exc:
+        raise C128Error(f"the cache's record of its wheels {path} cannot be read ({exc.strerror}); remove the "
+                        f"wheels and it (rm -rf {shlex.quote(str(folder))}) and run again: they are downloaded "
+                        "again") from None
     return {name: digest for digest, _, name in (line.partition("  ") for line in text.split("\n")) if name}
 
 
