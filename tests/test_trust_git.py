@@ -940,3 +940,19 @@ def test_too_few_open_files_for_git_is_one_line(sglang_release_repo, tmp_path):
     # the clone it made is removed, or (rmtree needs files open too) said not to be: never "removed" over one left
     assert ("was removed)" in proc.stderr) == (not tree.exists()), proc.stderr
     assert tree.exists() == ("could not be removed: remove it by hand)" in proc.stderr), proc.stderr
+
+
+def test_a_trees_own_info_attributes_change_no_contract_row_and_no_verdict(tmp_path):
+    """h133: a tree's `.git/info/attributes` (never committed, git reads it always) holding `*.cuh -diff` or `* binary`
+    made `git diff -U0` say "Binary files differ": the contract rows of the calls the series adds there were dropped,
+    `refresh --check` said contract.lock would change (exit 1) and `refresh` wrote the lock without them, so `contract`
+    no longer checked those calls. Every diff whose lines the tool reads is taken with --text."""
+    from support import copy_series
+
+    tree, series = tmp_path / "t", copy_series(tmp_path / "series")
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series).code == 0
+    for attributes in ("*.cuh -diff\n", "* binary\n"):
+        (tree / ".git" / "info").mkdir(exist_ok=True)
+        (tree / ".git" / "info" / "attributes").write_text(attributes)
+        run = invoke("refresh", "--check", "--tree", tree, "--series", series)
+        assert run.code == 0 and run.out["changed"] == [], (attributes, run.out.get("changed"), run.err)

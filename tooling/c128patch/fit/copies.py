@@ -110,7 +110,7 @@ def hooked(git: Git, changes: list[tuple[str, str]]) -> list[Patched]:
     hooks: dict[tuple[str, str], dict[str, set[str]]] = {}
     methods: dict[tuple[str, str], frozenset[str]] = {}
     for before, after in changes:
-        for pf in PatchSet(git.run("diff", "--no-color", "--no-renames", before, after, "--", "*.py").stdout):
+        for pf in PatchSet(git.run("diff", "--text", "--no-color", "--no-renames", before, after, "--", "*.py").stdout):
             added = {ln.target_line_no for hunk in pf for ln in hunk if ln.is_added}
             for cls, (_, fns) in _defs(git.blob(after, pf.path)).items():
                 for name, fn in fns.items():
@@ -280,6 +280,6 @@ ENV = r"^{}\s*(SGLANG_\w+)\s*(?::[^=\n]*)?=(?!=)"  # ``X = EnvBool(..)`` or anno
 
 def _switches(git: Git, base: str, target: str) -> tuple[str, ...]:
     """The envs ``base..target`` declares in an ``environ.py``: what may select a copy."""
-    declared = git.run("diff", "--no-color", "-U0", base, target, "--", "*/environ.py").stdout
+    declared = git.run("diff", "--text", "--no-color", "-U0", base, target, "--", "*/environ.py").stdout
     new = set(re.findall(ENV.format(r"\+"), declared, re.M)) - set(re.findall(ENV.format("-"), declared, re.M))
     return tuple(sorted(new))

@@ -73,7 +73,9 @@ def our_lines(git: Git, upstream: str, head: str,
     """path -> the lines on ``head`` that ``upstream..head`` adds (``git diff -U0``); path -> its hunks."""
     if not paths:
         return {}, {}
-    diff = git.run("diff", "-U0", "--no-renames", "--no-color", upstream, head, "--", *paths).stdout
+    # --text: a tree's attributes (`*.cuh -diff`, .git/info/attributes too) made a file "Binary files differ": its
+    # lines, and the contract rows of the calls on them, were dropped from contract.lock
+    diff = git.run("diff", "--text", "-U0", "--no-renames", "--no-color", upstream, head, "--", *paths).stdout
     files = [f for f in PatchSet(diff) if len(f)]  # a binary or mode-only change: no lines
     return ({f.path: {line.target_line_no for hunk in f for line in hunk if line.is_added} for f in files},
             {f.path: list(f) for f in files})

@@ -392,7 +392,8 @@ def audit_changes(git: Git, changes: Sequence[tuple[str, str, str, str]], final:
 
     try:
         return [replace(f, entry=name) for name, gate, before, after in changes
-                for f in audit_patch(git.run("diff", "--no-color", "--no-renames", before, after, "--", "*.py").stdout,
+                for f in audit_patch(git.run("diff", "--text", "--no-color", "--no-renames", before, after, "--",
+                                             "*.py").stdout,  # --text: a tree's `*.py -diff` hid every added line
                                      partial(read, after), gate, helpers=partial(read, final), parsed=parsed)]
     finally:
         batch.close()

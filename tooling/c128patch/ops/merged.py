@@ -97,7 +97,7 @@ def entry_making(git: Git, series: Series, sha: str, names: Collection[str] | No
 
 def commit_diffs(git: Git, commits: list[str], *args: str, paths: Sequence[str] = ()) -> dict[str, str]:
     """commit -> its diff (``git log -p ARGS``, of ``paths`` only where given), for many commits in one git call."""
-    argv = ["log", "--no-walk=unsorted", "-p", "--format=%x00%H", *args, *commits, "--", *paths]
+    argv = ["log", "--no-walk=unsorted", "-p", "--text", "--format=%x00%H", *args, *commits, "--", *paths]
     text = git.run(*argv).stdout if commits else ""
     return {c: "" for c in commits} | dict(part.partition("\n")[::2] for part in text.split("\0")[1:])
 
@@ -263,8 +263,8 @@ def _net_hunks(git: Git, cache: dict, old: str, onto: str, paths: list[str]) -> 
     pairs = {path: f"net:{path}:{meta.split()[2]}:{meta.split()[3]}" for meta, path in zip(raw[::2], raw[1::2])
              if meta.endswith(" M")}  # an added file holds none of an entry's functions, a deleted one keeps none
     if missing := [path for path, key in pairs.items() if key not in cache]:
-        out = git.run("diff", "--unified=0", "--no-renames", "--full-index", "--no-color", old, onto, "--", *missing,
-                      check=False).stdout
+        out = git.run("diff", "--text", "--unified=0", "--no-renames", "--full-index", "--no-color", old, onto, "--",
+                      *missing, check=False).stdout
         starts = [m.start() for m in DIFF_HEADER.finditer(out)] + [len(out)]
         by_path = {header_path(m): out[a:b] for m, a, b in zip(DIFF_HEADER.finditer(out), starts, starts[1:])}
         cache.update({pairs[path]: _hunks(by_path.get(path, "")) for path in missing})
