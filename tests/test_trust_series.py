@@ -1036,3 +1036,25 @@ def test_status_never_reads_an_overlay_target_bigger_than_any_overlay(tmp_path, 
                                                           else pytest.fail(f"{self} read whole")))
     run = invoke("status", "--tree", tree)
     assert {"entry": "c128-dspark-record-streams-helper", "files": {target: "modified"}} in run.out["drift"], run.out
+
+
+def test_a_pack_of_the_release_cache_damaged_past_its_refs_is_one_line_saying_how_to_rebuild(sglang_release_repo,
+                                                                                            tmp_path, monkeypatch):
+    """h133: bytes of the release history's pack damaged where no tag or commit lies (a disk error, a bad copy): the
+    cache's check reads refs and commits only, so `apply` cloned it and failed at the checkout with git's "inflate:
+    data stream error", the clone removed, never naming the cache nor how to rebuild it."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    root = cache / sglang_release_repo.name
+    shutil.copytree(sglang_release_repo, root)
+    (cache / "wheels").symlink_to(sglang_release_repo.parent / "wheels")
+    for pack in (root / "objects" / "pack").glob("*.pack"):
+        pack.chmod(0o644)
+        with open(pack, "r+b") as f:
+            for at in range(pack.stat().st_size // 3, pack.stat().st_size // 3 + 50 * 4096, 4096):
+                f.seek(at)
+                f.write(b"\xde\xad\xbe\xef" * 4)
+    monkeypatch.setenv("C128PATCH_CACHE", str(cache))
+    line = refused(["apply", "--sglang-rev", "v0.5.23", "--tree", tmp_path / "t"],
+                   contains=f"the release cache {root} is damaged: rebuild it: rm -rf {root}")
+    assert not (tmp_path / "t").exists(), line

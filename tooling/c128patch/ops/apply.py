@@ -3,6 +3,7 @@ proof, ``--abort`` (``Apply.abort``) and an apply in a tree the caller has (``Ap
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import tempfile
@@ -27,6 +28,8 @@ from c128patch.series.plan import check_paths_at, plan
 from c128patch.series.provenance import PROVENANCE_PATH, committed, starts_stack
 from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.source import Target, discard_fresh_tree, open_upstream, prepare_tree
+
+_DAMAGED = re.compile(r"inflate|corrupt|bad object|unable to read|invalid object|packed object|loose object")  # git's
 
 
 def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None = None, branch: str | None = None,
@@ -76,6 +79,9 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
             exc.message += f" (the new clone {worktree} was removed)" if discard_fresh_tree(worktree, existed) else \
                 f" (the new clone {worktree} could not be removed: remove it by hand)"
             exc.hint = None  # nothing is left to resume or undo
+            if upstream.kind == "release" and _DAMAGED.search(exc.message):  # (its objects are the cache's)
+                exc.message += (f"; the release cache {upstream.location} is damaged: rebuild it: rm -rf "
+                                f"{shlex.quote(upstream.location)} (the next run imports the releases again)")
         raise
     remember_layers(Git(worktree=worktree), series)
     return result, older
