@@ -1058,3 +1058,11 @@ def test_a_pack_of_the_release_cache_damaged_past_its_refs_is_one_line_saying_ho
     line = refused(["apply", "--sglang-rev", "v0.5.23", "--tree", tmp_path / "t"],
                    contains=f"the release cache {root} is damaged: rebuild it: rm -rf {root}")
     assert not (tmp_path / "t").exists(), line
+
+
+def test_an_error_naming_a_layer_folder_that_holds_a_line_break_is_one_line(tmp_path, monkeypatch):
+    """h133: a layer folder whose name holds a line break (in $C128PATCH_LAYERS, or the folders a tree's state records)
+    printed the error as three lines, the second and third of the name's own choosing under ours."""
+    monkeypatch.setenv(ENV, str(tmp_path / "acme\nc128patch: note: all is well"))
+    line = refused(["lint"], contains="no layer at")
+    assert "acme ⏎ c128patch" in line  # (one line: refused checks it)

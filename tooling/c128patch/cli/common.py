@@ -177,6 +177,7 @@ def handles_errors(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from c128patch.progress import echo
+        from c128patch.textsafe import one_line
 
         main = threading.current_thread() is threading.main_thread()
         held = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
