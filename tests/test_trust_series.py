@@ -1066,3 +1066,26 @@ def test_an_error_naming_a_layer_folder_that_holds_a_line_break_is_one_line(tmp_
     monkeypatch.setenv(ENV, str(tmp_path / "acme\nc128patch: note: all is well"))
     line = refused(["lint"], contains="no layer at")
     assert "acme ⏎ c128patch" in line  # (one line: refused checks it)
+
+
+def test_a_huge_contract_lock_or_cuda_only_table_is_one_line_unread(tmp_path, monkeypatch):
+    """h133: `patches/contract.lock` (`lint`, `contract`) and `patches/env/cuda-only.toml` (the tier's environment) were
+    read whole: an 8 GB sparse one ran the verb out of memory (MemoryError's traceback). Read as every series file is:
+    at most 64 MiB, else one line naming it."""
+    from c128patch.fit.env import cuda_only
+    from c128patch.series.contract import read_lock
+
+    def unread(self: Path, *args, **kwargs):
+        pytest.fail(f"{self} read whole")
+
+    monkeypatch.setattr(Path, "read_bytes", unread)
+    monkeypatch.setattr(Path, "read_text", unread)
+    series = series_folder(tmp_path / "s")
+    (series / "patches" / "env").mkdir()
+    for name in ("contract.lock", "env/cuda-only.toml"):
+        with open(series / "patches" / name, "wb") as f:
+            f.truncate(8 << 30)  # sparse: no disk used
+    with pytest.raises(C128Error, match="contract.lock is 8589934592 bytes, over the 64 MiB"):
+        read_lock(series / "patches")
+    with pytest.raises(C128Error, match="cuda-only.toml is 8589934592 bytes, over the 64 MiB"):
+        cuda_only(load_series(series))

@@ -30,7 +30,7 @@ from c128patch.errors import C128Error
 from c128patch.fit.sandbox import Sealed
 from c128patch.jsonio import read_json, write_atomic
 from c128patch.progress import NullReporter, Reporter
-from c128patch.series.manifest import Series, tomllib
+from c128patch.series.manifest import Series, read_series_file, tomllib
 from c128patch.series.paths import confine
 from c128patch.upstream.releases import WheelZip, cache_dir, ensure_folder, locked, wheel_for
 
@@ -60,7 +60,7 @@ def cuda_only(series: Series) -> dict[str, dict]:
     """The series' table of CUDA-only requirements: name -> {"imports": [...], "reason": ...}."""
     path = confine(series.root, "patches/env/cuda-only.toml", "the series' CUDA-only table")
     try:
-        table = tomllib.loads(path.read_text()) if path.is_file() else {}
+        table = tomllib.loads(read_series_file(path).decode("utf-8")) if path.is_file() else {}  # (64 MiB at most)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise C128Error(f"{path}: not TOML ({exc})") from None
     for name, row in table.items():  # input: a row of another shape, or a key line ("said") forged in ``build``

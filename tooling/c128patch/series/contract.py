@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from c128patch.errors import C128Error
+from c128patch.series.manifest import read_series_file
 from c128patch.series.paths import confine
 
 LOCK_NAME = "contract.lock"
@@ -94,7 +95,7 @@ def read_lock(patches_dir: Path) -> Lock | None:
     confine(patches_dir.parent, f"{patches_dir.name}/{LOCK_NAME}", "the contract lock", regular=True)
     lock = Lock(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_series_file(path).decode("utf-8")  # (over 64 MiB: one line, never read into memory)
     except UnicodeDecodeError as exc:
         raise C128Error(f"{path}: not UTF-8 (at byte {exc.start}); rewrite it with `c128patch refresh`") from None
     for number, raw in enumerate(text.splitlines(), 1):
