@@ -1072,14 +1072,13 @@ def test_a_huge_contract_lock_or_cuda_only_table_is_one_line_unread(tmp_path, mo
     """h133: `patches/contract.lock` (`lint`, `contract`) and `patches/env/cuda-only.toml` (the tier's environment) were
     read whole: an 8 GB sparse one ran the verb out of memory (MemoryError's traceback). Read as every series file is:
     at most 64 MiB, else one line naming it."""
-    from c128patch.fit.env import cuda_only
+    from c128patch.fit.env import cuda_only, lock_for
     from c128patch.series.contract import read_lock
 
-    def unread(self: Path, *args, **kwargs):
-        pytest.fail(f"{self} read whole")
-
-    monkeypatch.setattr(Path, "read_bytes", unread)
-    monkeypatch.setattr(Path, "read_text", unread)
+    for method in ("read_bytes", "read_text"):
+        def unread(self: Path, *args, _read=getattr(Path, method), **kwargs):
+            return _read(self, *args, **kwargs) if self.stat().st_size < 1 << 26 else pytest.fail(f"{self} read whole")
+        monkeypatch.setattr(Path, method, unread)
     series = series_folder(tmp_path / "s")
     (series / "patches" / "env").mkdir()
     for name in ("contract.lock", "env/cuda-only.toml"):
@@ -1089,3 +1088,11 @@ def test_a_huge_contract_lock_or_cuda_only_table_is_one_line_unread(tmp_path, mo
         read_lock(series / "patches")
     with pytest.raises(C128Error, match="cuda-only.toml is 8589934592 bytes, over the 64 MiB"):
         cuda_only(load_series(series))
+    (series / "patches" / "env" / "cuda-only.toml").unlink()
+    with open(series / "patches" / "env" / "torch.lock", "wb") as f:  # a committed lock of the tier's environment
+        f.truncate(8 << 30)
+    tree = tmp_path / "tree"
+    (tree / "python").mkdir(parents=True)
+    (tree / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\ndependencies = ["numpy"]\n')
+    with pytest.raises(C128Error, match="torch.lock is 8589934592 bytes, over the 64 MiB"):
+        lock_for(load_series(series), tree)

@@ -250,8 +250,8 @@ def lock_for(series: Series, tree: Path, reporter: Reporter = NullReporter()) ->
     requirements, dropped = filtered(lines, cuda)
     head = header(source, requirements, dropped)
     for path in sorted((series.patches_dir / "env").glob("*.lock")):
-        text = confine(series.root, f"patches/env/{path.name}", "the series' locks", regular=True).read_text(
-            errors="replace")
+        text = read_series_file(confine(series.root, f"patches/env/{path.name}", "the series' locks", regular=True)
+                                ).decode(errors="replace")  # (64 MiB at most)
         if _resolved_from(text) == _resolved_from(head):
             return text, str(path.relative_to(series.root))
     name = hashlib.sha256(_resolved_from(head).encode()).hexdigest()[:16]
