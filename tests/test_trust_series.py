@@ -1096,3 +1096,21 @@ def test_a_huge_contract_lock_or_cuda_only_table_is_one_line_unread(tmp_path, mo
     (tree / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\ndependencies = ["numpy"]\n')
     with pytest.raises(C128Error, match="torch.lock is 8589934592 bytes, over the 64 MiB"):
         lock_for(load_series(series), tree)
+
+
+@pytest.mark.parametrize("make", ["link", "file"])
+def test_a_mirror_in_the_cache_that_is_a_link_or_a_file_is_one_line_and_nothing_removed(tmp_path, monkeypatch, make):
+    """h133: a `--repo URL`'s mirror in the cache (`remotes/<hash>.git`) that is a link (or a file) and holds no marker
+    of a finished clone was removed with rmtree: OSError's (NotADirectoryError's) traceback."""
+    import hashlib
+
+    url = "file:///nonexistent/upstream.git"
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    mirror = tmp_path / "cache" / "remotes" / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
+    mirror.parent.mkdir(parents=True)
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "kept").write_text("x")
+    mirror.symlink_to(tmp_path / "victim") if make == "link" else mirror.write_text("x")
+    refused(["check", "--repo", url, "--sglang-rev", "v0.5.23"],
+            contains=f"the mirror {mirror} of {url} in the cache is not a folder (a link or a file): not used")
+    assert (tmp_path / "victim" / "kept").is_file() and (mirror.is_symlink() or mirror.is_file())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -130,6 +131,9 @@ def _open_url(url: str, reporter: Reporter) -> Upstream:
         for stale in mirror.parent.glob(mirror.name + ".part-*"):  # we hold the lock: no clone is running
             echo(f"c128patch: note: removing {stale}, a half-made mirror of {url} (an interrupted clone)")
             shutil.rmtree(stale, ignore_errors=True)
+        if mirror.is_symlink() or mirror.exists() and not mirror.is_dir():  # (rmtree below: OSError's traceback)
+            raise C128Error(f"the mirror {mirror} of {url} in the cache is not a folder (a link or a file): not used; "
+                            f"remove it (rm {shlex.quote(str(mirror))}) and run again: it is cloned again")
         if mirror.exists() and not (mirror / MIRROR_DONE).is_file():
             echo(f"c128patch: note: removing {mirror}, a half-made mirror of {url} (an interrupted clone): cloning it "
                  "again")
