@@ -182,9 +182,11 @@ def test_an_error_stays_one_line_without_controls_whatever_an_argument_holds(tmp
     """A newline in an argument split the error line (``unknown rev 'v9`` then a line ``c128patch: ok forged'``), and
     a usage error quoted a launch argument's ESC, OSC-8 link and newline raw (doctor's `launch arguments go after
     --`): each is one line, its controls gone, the line break shown as ``⏎``."""
-    for args in (["check", "--sglang-rev", "v9\nc128patch: ok forged"], ["check", "--layer", tmp_path / "no\nforged"],
-                 ["doctor", "--model-path", "x", "\x1b]8;;http://evil.example\x07a\x9b\u202e\nforged"]):
-        res = invoke(*args, as_json=False)
+    for args, env in ((["check", "--sglang-rev", "v9\nc128patch: ok forged"], {}),
+                      (["check", "--layer", tmp_path / "no\nforged"], {}),
+                      (["lint"], {"C128PATCH_LAYERS": str(tmp_path / "no\nc128patch: note: all is well")}),
+                      (["doctor", "--model-path", "x", "\x1b]8;;http://evil.example\x07a\x9b\u202e\nforged"], {})):
+        res = invoke(*args, as_json=False, env=env)
         assert res.code == 2, (res.code, res.err)
         lines = res.err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("c128patch: error: ") and "⏎" in lines[0], res.err

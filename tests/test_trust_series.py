@@ -332,16 +332,6 @@ def test_a_huge_config_or_one_naming_a_folder_twice_is_one_line_at_once(tmp_path
         lookup_layers((), cwd=tmp_path)
 
 
-def test_a_layer_folder_named_with_a_line_break_is_refused_in_one_line(tmp_path, monkeypatch):
-    """Helper 134: `$C128PATCH_LAYERS` (or `--layer`) naming a folder whose name holds a line break printed the refusal
-    over two lines, the second one free text (a forged "c128patch: ..." line); a line break is shown as one now."""
-    monkeypatch.chdir(tmp_path)
-    for env, args in (({ENV: "lay\nc128patch all ok"}, ()), ({ENV: ""}, ("--layer", "lay\nc128patch all ok"))):
-        res = invoke("lint", *args, as_json=False, env=env)
-        assert res.code == 2 and len(res.err.strip().splitlines()) == 1, res.err
-        assert res.err.startswith("c128patch: error: no layer at ") and " ⏎ c128patch all ok" in res.err, res.err
-
-
 # ------------------------------------------------------------------------------------------ item 4: forged trailers
 @pytest.mark.parametrize("spelling", ["c128patch-entry: ", "C128patch-Entry : ", "C128PATCH-ENTRY\t: "])
 def test_a_layer_cannot_claim_one_of_our_entries_in_any_spelling(tmp_path, spelling):
@@ -1058,14 +1048,6 @@ def test_a_pack_of_the_release_cache_damaged_past_its_refs_is_one_line_saying_ho
     line = refused(["apply", "--sglang-rev", "v0.5.23", "--tree", tmp_path / "t"],
                    contains=f"the release cache {root} is damaged: rebuild it: rm -rf {root}")
     assert not (tmp_path / "t").exists(), line
-
-
-def test_an_error_naming_a_layer_folder_that_holds_a_line_break_is_one_line(tmp_path, monkeypatch):
-    """h133: a layer folder whose name holds a line break (in $C128PATCH_LAYERS, or the folders a tree's state records)
-    printed the error as three lines, the second and third of the name's own choosing under ours."""
-    monkeypatch.setenv(ENV, str(tmp_path / "acme\nc128patch: note: all is well"))
-    line = refused(["lint"], contains="no layer at")
-    assert "acme ⏎ c128patch" in line  # (one line: refused checks it)
 
 
 def test_a_huge_contract_lock_or_cuda_only_table_is_one_line_unread(tmp_path, monkeypatch):
