@@ -1002,7 +1002,7 @@ def test_a_manifest_config_or_ledger_that_is_huge_is_one_line_unread(tmp_path, m
     huge(operator / CONFIG)
     monkeypatch.chdir(operator)
     monkeypatch.delenv(ENV, raising=False)
-    refused(["lint", "--series", REPO_ROOT], contains="not a valid c128patch config (not a regular file of at most")
+    refused(["lint", "--series", REPO_ROOT], contains="not a valid c128patch config (over 64 KiB")
     ledger = series_folder(tmp_path / "l")
     (ledger / "patches" / "resolutions").mkdir()
     huge(ledger / "patches" / "resolutions" / "ledger.toml")
