@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import tomli_w
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
@@ -168,6 +169,25 @@ def test_an_entry_name_from_a_journal_never_reaches_the_ledger_as_a_path(tmp_pat
     with pytest.raises(C128Error, match="unsafe entry name"):
         Ledger(series).record(None, "../../../ESCAPE", "a", "b", [])  # type: ignore[arg-type]
     assert not list(tmp_path.rglob("ESCAPE*"))
+
+
+@pytest.mark.parametrize("field, value", [("from", "v0.5.22\n- merged: all clean"), ("onto", "\x1b[2J\x1b]0;x\x07"),
+                                          ("from", "@maintainer"), ("onto", "closes #12"), ("from", "a" * 201),
+                                          ("onto", "v0.5.23\u202e")])
+def test_a_ledger_row_whose_range_is_not_a_rev_is_refused_when_read(tmp_path, field, value):
+    """A row's ``from``/``onto`` (a pull request's text) reached "reused from ..." and the rebase report as it was:
+    a newline forged a line, ESC drove the terminal, ``@x``/``#12`` were live. Now one line naming the ledger and
+    the row."""
+    series = load_series(series_folder(tmp_path / "s"))
+    row = {"entry": "e", "key": "ab", "file": "f", "from": "v0.5.22", "onto": "v0.5.23", field: value}
+    (tmp_path / "s/patches/resolutions").mkdir()
+    (tmp_path / "s/patches/resolutions/ledger.toml").write_text(tomli_w.dumps({"resolutions": [row]}))
+    with pytest.raises(C128Error, match="resolution #1: " + field + " = .* is not a git rev name") as exc:
+        Ledger(series).rows()
+    assert "ledger.toml" in exc.value.message and "\n" not in exc.value.message and "\x1b" not in exc.value.message
+    row[field] = "v0.5.21-rc1"
+    (tmp_path / "s/patches/resolutions/ledger.toml").write_text(tomli_w.dumps({"resolutions": [row]}))
+    assert Ledger(series).rows() == [row]
 
 
 # Every join of a path taken from input goes through ``confine`` (or ``check_relpath``/``check_entry_name``

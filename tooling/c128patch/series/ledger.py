@@ -29,6 +29,7 @@ from c128patch.series.manifest import Series, read_toml
 from c128patch.series.paths import check_entry_name, confine
 
 _KEY = re.compile(r"[0-9a-f]{1,64}")
+_REV = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]{0,199}")  # a row's ``from``/``onto``: a git rev name, shown in reports
 _MARKER = re.compile(r"^(<{7}|={7}|>{7}|\|{7})(?: .*)?$", re.M)
 
 
@@ -108,6 +109,9 @@ class Ledger:
             if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("entry", "key", "file")) \
                     or not all(isinstance(row.get(k, ""), str) for k in ("match", "from", "onto")):
                 raise C128Error(f"{bad} (resolution #{i} needs string fields entry, key and file)")
+            for k in ("from", "onto"):  # free text of a pull request's that reaches "reused from ..." and reports
+                if row.get(k) and not _REV.fullmatch(row[k]):
+                    raise C128Error(f"{bad} (resolution #{i}: {k} = {row[k]!r} is not a git rev name)")
         return list(rows)
 
     def has(self, entry: str) -> bool:
