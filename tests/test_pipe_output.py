@@ -268,3 +268,14 @@ def test_output_to_a_full_disk_is_one_line_and_never_exit_0(args):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == "c128patch: error: its output could not be written to stdout (No space left on device): " \
                           "what it said is lost\n", proc.stderr
+
+
+@pytest.mark.parametrize("args", [["gates"], ["lint", "--json"]])
+def test_output_to_a_closed_stdout_is_one_line_and_never_exit_0(args):
+    """``c128patch lint --json >&-``: python had no stdout, the report went nowhere and the command exited 0; it is
+    one line on stderr and exit 2, as for a full disk (and fd 1 is no file the tool opens next)."""
+    proc = subprocess.run(["sh", "-c", 'exec "$0" -m c128patch "$@" >&-', sys.executable, *args],
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == "c128patch: error: its output could not be written to stdout (stdout is closed): " \
+                          "what it said is lost\n", proc.stderr

@@ -14,9 +14,10 @@ class ReaderGone:
     exit 1 at that write, in the middle of the work). Output that cannot be written (a full disk, ``> /dev/full``: a
     traceback) goes there too, and is said at the end (``lost``): one line, never an exit 0."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, closed: bool = False) -> None:
         self._stream = stream
         self.lost = ""  # why output was lost, where that is not a reader gone
+        self._closed = closed  # stdout was closed (``c128patch lint >&-``): what is written is lost
 
     def _gone(self, exc: OSError) -> None:
         if not isinstance(exc, BrokenPipeError):
@@ -26,6 +27,8 @@ class ReaderGone:
         os.close(null)
 
     def write(self, text: str) -> int:
+        if self._closed and text:
+            self.lost = self.lost or "stdout is closed"
         try:
             return self._stream.write(text)
         except OSError as exc:
@@ -42,6 +45,23 @@ class ReaderGone:
         return getattr(self._stream, name)
 
 
+def _reopen_closed() -> dict[int, bool]:
+    """Which of stdout and stderr were closed (``>&-``), each now /dev/null: else the next file the tool opened (a
+    lock, a report) took its number, and a child's output went into it."""
+    closed = {}
+    for fd in (1, 2):
+        try:
+            os.fstat(fd)
+            closed[fd] = False
+        except OSError:
+            null = os.open(os.devnull, os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            closed[fd] = True
+    return closed
+
+
 def main() -> None:
     """One short-lived process, whose programs (git, unshare, prlimit, the box's PATH) and their libraries are taken
     from the absolute entries of ``PATH`` and ``LD_LIBRARY_PATH`` only (``PATH=.:$PATH`` run from a tree ran the
@@ -52,7 +72,12 @@ def main() -> None:
     for name in ("PATH", "LD_LIBRARY_PATH"):  # a relative entry ("", ".", "bin") finds programs or libraries in the
         if name in os.environ:  # current folder: a tree's (":/opt/x", an unset variable extended, loaded its .so)
             os.environ[name] = os.pathsep.join(p for p in os.environ[name].split(os.pathsep) if os.path.isabs(p))
-    out = sys.stdout = ReaderGone(sys.stdout) if sys.stdout is not None else None  # type: ignore[assignment]
+    closed = _reopen_closed()
+    if closed[1]:  # (python made sys.stdout None: the report went nowhere, exit 0)
+        sys.stdout = open(1, "w", closefd=False)  # (fd 1 is /dev/null now)
+    if closed[2]:
+        sys.stderr = open(2, "w", closefd=False)
+    out = sys.stdout = ReaderGone(sys.stdout, closed[1]) if sys.stdout is not None else None  # type: ignore[assignment]
     try:
         cli.main()  # click exits with the command's code
     except SystemExit as done:
