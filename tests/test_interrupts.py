@@ -19,7 +19,7 @@ from c128patch.exitcodes import SIGNAL
 from c128patch.git import FAULT_HOOKS_ENV
 from c128patch.ops.treestate import FAULT_ENV
 from c128patch.series.manifest import load_series
-from support import cli_process, copy_series, default_signals, invoke, run_printed
+from support import REPO_ROOT, cli_process, copy_series, default_signals, invoke, run_printed
 from test_refresh import applied  # noqa: F401 (a fixture)
 
 
@@ -85,6 +85,20 @@ def test_a_signal_during_applys_proof_says_what_works_not_a_journal_that_is_gone
     prove, undo = re.findall(r"`([^`]+)`", proc.stderr.splitlines()[-1])
     assert invoke(*shlex.split(prove)[1:], "--series", series).out["equals_series"] is True
     assert run_printed(undo).returncode == 0 and not tree.exists()
+
+
+def test_a_signal_during_a_layered_applys_proof_leaves_a_tree_whose_status_finds_its_layers(sglang_release_repo,
+                                                                                             tmp_path):
+    """The tree's layer folders were kept only after the proof: a layered apply cut short in it left a tree whose
+    `status` (the command the signal's line prints) refused it, asking for `--layer`. They are kept before it."""
+    series, tree, layer = copy_series(tmp_path / "series"), tmp_path / "tree", tmp_path / "acme"
+    shutil.copytree(REPO_ROOT / "docs" / "examples" / "acme-layer", layer)
+    proc = cli_process(["apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series, "--layer", layer],
+                       {"C128PATCH_FAULT": "sigterm-at:proof", "TMPDIR": str(tmp_path)})
+    assert proc.returncode == SIGNAL + signal.SIGTERM, proc.stderr
+    prove = re.findall(r"`([^`]+)`", proc.stderr.splitlines()[-1])[0]
+    res = invoke(*shlex.split(prove)[1:], "--series", series)
+    assert res.code == 0 and res.out["equals_series"] is True, res.err
 
 
 def test_a_signal_after_the_rebase_is_done_says_it_finished_not_no_outcome(sglang_release_repo, tmp_path):

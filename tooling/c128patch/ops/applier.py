@@ -51,6 +51,7 @@ from c128patch.ops.treestate import (
     own_index_lock,
     read_journal,
     refuse_conflict_markers,
+    remember_layers,
     repo_lock,
 )
 from c128patch.progress import NullReporter, Reporter
@@ -377,6 +378,7 @@ class Apply:
                   f"c128patch: provenance (series {series.name} {series.version} on {journal.rev})\n\n"
                   f"{ENTRY_TRAILER}: provenance\n")
         fault_point("after", "provenance")
+        remember_layers(git, series)  # before the proof: a signal in it leaves a tree whose status finds its layers
         self.path.unlink()
         result = self._result(journal)
         self.reporter.step("proving the tree against a fresh replay of the series")

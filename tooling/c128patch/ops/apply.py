@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from c128patch.errors import C128Error, ConflictError, DifferenceError, Interrupted
+from c128patch.errors import C128Error, ConflictError, Interrupted
 from c128patch.git import Git, is_work_tree, refuse_git_dir
 from c128patch.ops.applier import (
     Apply,
@@ -20,7 +20,6 @@ from c128patch.ops.applier import (
     users_commits,
 )
 from c128patch.ops.check import support_note
-from c128patch.ops.treestate import remember_layers
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import describe, layer_args
 from c128patch.series.manifest import Series, default_series_root
@@ -83,7 +82,6 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
                 exc.message += (f"; the release cache {upstream.location} is damaged: rebuild it: rm -rf "
                                 f"{shlex.quote(upstream.location)} (the next run imports the releases again)")
         raise
-    remember_layers(Git(worktree=worktree), series)
     return result, older
 
 
@@ -91,14 +89,8 @@ def continue_apply(git: Git, series: Series | None = None,
                    reporter: Reporter = NullReporter()) -> tuple[ApplyResult, Series]:
     """Finish the apply that stopped in the tree of ``git``; ``series``: None for the one its journal names."""
     op = Apply(git, series, reporter)
-    try:
-        result = op.resume()
-    except DifferenceError:  # finished but unproven (a hand resolution): the tree names its layers as any other
-        if op.series is not None:
-            remember_layers(git, op.series)
-        raise
+    result = op.resume()  # (``Apply._run`` keeps its layers, before the proof: proven, unproven or cut short)
     assert op.series is not None
-    remember_layers(git, op.series)
     return result, op.series
 
 
