@@ -11,7 +11,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +170,33 @@ def test_a_signal_during_layer_add_entry_leaves_the_layer_as_it_was_or_whole(tmp
         else:
             assert entries == ["acme-x"] and (layer / "patches" / "0001-acme-x.patch").is_file(), proc.stderr
             assert f"interrupted ({sig.name}): the write into {layer} was whole" in proc.stderr, proc.stderr
+
+
+def test_a_sigkilled_runs_scratch_in_tmpdir_is_swept_by_pid_only_ours(sglang_release_repo, tmp_path, monkeypatch):
+    """SIGKILL leaves `apply`'s, watch's and the box's folders in TMPDIR (`c128fresh-*`, `c128prove-*`,
+    `c128watch-*`, `c128box-*`): nothing swept them, unlike wheel's. The next run of the same kind removes those whose
+    recorded pid is dead, and only those: a live run's, a link, another name stay."""
+    from c128patch.procs import scratch_dir
+
+    tmp, victim = tmp_path / "tmp", tmp_path / "victim"
+    tmp.mkdir()
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    stale = [tmp / f"{p}{dead.pid}-abc" for p in ("c128fresh-", "c128prove-", "c128box-", "c128watch-")]
+    for folder in stale:
+        (folder / "sub").mkdir(parents=True)
+    kept = [tmp / f"c128fresh-{os.getpid()}-live", tmp / "c128fresh-abc", tmp / f"c128prove-{dead.pid}-link"]
+    kept[0].mkdir()
+    kept[1].mkdir()
+    kept[2].symlink_to(victim)
+    series, tree = copy_series(tmp_path / "series"), tmp_path / "tree"
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series).code == 0
+    assert not stale[0].exists() and not stale[1].exists() and all(os.path.lexists(k) for k in kept)
+    assert (victim / "keep").exists()
+    for prefix, folder in (("c128box-", stale[2]), ("c128watch-", stale[3])):
+        made = Path(scratch_dir(prefix))
+        assert not folder.exists() and made.name.startswith(f"{prefix}{os.getpid()}-")
+        made.rmdir()

@@ -6,8 +6,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shutil
 import signal
+import stat
 import subprocess
+import tempfile
+from pathlib import Path
 from typing import Any, Sequence
 
 
@@ -58,3 +62,37 @@ def run(argv: Sequence[str], timeout: float | None, *, input: str | bytes | None
         out, err = proc.communicate(input, timeout=timeout)
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
+
+
+def sweep_stale(folder: Path, prefix: str) -> None:
+    """Remove ``<prefix><pid>-*`` folders in ``folder`` whose process is gone (a killed run's), only ours: a real
+    folder (no link) the current user owns."""
+    try:
+        candidates = list(folder.glob(f"{prefix}*-*"))
+    except OSError:
+        return
+    for path in candidates:
+        pid = path.name.removeprefix(prefix).split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                st = path.lstat()
+                if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+                    shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
+
+
+def scratch_dir(prefix: str) -> str:
+    """A new folder ``$TMPDIR/<prefix><pid>-*``, a SIGKILLed run's of that ``prefix`` (its pid dead) swept first."""
+    sweep_stale(Path(tempfile.gettempdir()), prefix)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+
+
+def scratch(prefix: str) -> tempfile.TemporaryDirectory:
+    """``scratch_dir`` as a ``TemporaryDirectory`` (removed on leaving its ``with``)."""
+    sweep_stale(Path(tempfile.gettempdir()), prefix)
+    return tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from c128patch.errors import C128Error
-from c128patch.procs import Group
+from c128patch.procs import Group, scratch_dir
 from c128patch.smoke.device import run_child
 
 # the environment the box keeps; the rest (tokens, credentials, PYTHON*) is dropped
@@ -246,7 +246,7 @@ class Sealed:
         operator's other processes do not count; the kernel exempts root), where the host gives it one; ``pip``: it
         runs pip, which reads the site's pip config files (else hidden: ``SITE_PIP``)."""
         self.timeout, self.memory, self.files, self.output = timeout, memory, files, output
-        self.home = Path(tempfile.mkdtemp(prefix="c128box-"))
+        self.home = Path(scratch_dir("c128box-"))  # (a SIGKILLed run's swept by pid)
         scrubbed = {k: os.environ[k] for k in KEEP if k in os.environ} | (env or {})
         scrubbed.update(HOME=str(self.home), TMPDIR=str(self.home))
         self.out, self.err = (open(self.home / name, "w+b") for name in (".stdout", ".stderr"))  # noqa: SIM115

@@ -35,7 +35,6 @@ import contextlib
 import shlex
 import shutil
 import signal
-import tempfile
 import threading
 import time
 from dataclasses import asdict
@@ -62,6 +61,7 @@ from c128patch.ops.rebase import Rebase
 from c128patch.ops.rebase_report import render_markdown
 from c128patch.ops.replay import branch_commits
 from c128patch.ops.treestate import git_command
+from c128patch.procs import scratch
 from c128patch.progress import NullReporter, Reporter, echo
 from c128patch.series.layers import layer_folders, layer_rows, stack
 from c128patch.series.manifest import Series, installed, load_series
@@ -513,7 +513,7 @@ def watch(series: Series, repo: str | None, onto: str, out: Path, *, timeout: fl
                         "folder (nothing was written)")
     python = interpreter(python) if python else None  # from the current folder, before the work moves
     run = Watch(series, repo, onto, out, primary=primary, python=python, run_code=run_code, reporter=reporter)
-    with tempfile.TemporaryDirectory(prefix="c128watch-") as tmp:
+    with scratch("c128watch-") as tmp:
         try:
             with deadline(timeout, run.where):
                 report = run.work(Path(tmp))

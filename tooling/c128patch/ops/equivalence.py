@@ -12,13 +12,13 @@ the branch had before it started); a refused edit stays in the unattributed rest
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Literal, Sequence
 
 from unidiff import PatchSet
 
+from c128patch import procs
 from c128patch.git import Git
 from c128patch.ops.replay import (
     FAILED,
@@ -206,7 +206,7 @@ def fresh_replay(series: Series, git: Git, rev: str, commit: str, *, span: str =
     ``known``: a branch's ``entry_trees``, taken where its content is the replay's (``ops.replay.replay_run``)."""
     series = series.without(set(without)) if without else series
     trees: Trees | None = {} if each else None
-    with tempfile.TemporaryDirectory(prefix="c128fresh-") as tmp:
+    with procs.scratch("c128fresh-") as tmp:
         index_file = Path(tmp) / "fresh.index"
         replay, _ = replay_in_index(series, git, rev, commit, index_file, ledger=Ledger(series), span=span,
                                     trees=trees, planned=planned, known=known)
@@ -221,7 +221,7 @@ def prove(series: Series, git: Git, rev: str, commit: str, head: str = "HEAD", *
     # each entry's trees (a write-tree per entry) only where the trees differ
     replay, fresh_tree, trees = fresh or fresh_replay(series, git, rev, commit, span=span, without=without, each=False)
     series = series.without(set(without)) if without else series
-    with tempfile.TemporaryDirectory(prefix="c128prove-") as tmp:
+    with procs.scratch("c128prove-") as tmp:
         scratch = Path(tmp)
         tree = tree_without_provenance(git, head, scratch / "head.index")
         result = Equivalence(describe(series).removeprefix("series "), rev, commit, head, fresh_tree, tree, replay,

@@ -35,6 +35,7 @@ from c128patch import exitcodes
 from c128patch.errors import C128Error
 from c128patch.git import folded_name, is_git_dir_name
 from c128patch.ops.treestate import fault_point
+from c128patch.procs import sweep_stale
 from c128patch.upstream.releases import BINARY_SUFFIXES, WheelZip
 
 
@@ -179,24 +180,6 @@ def disk_errors(what: str) -> Iterator[None]:
 
 
 TEMP_PREFIX = ".c128patch-"
-
-
-def sweep_stale(folder: Path, prefix: str) -> None:
-    """Remove ``<prefix><pid>-*`` folders in ``folder`` whose process is gone (a killed run's)."""
-    try:
-        candidates = list(folder.glob(f"{prefix}*-*"))
-    except OSError:
-        return
-    for path in candidates:
-        pid = path.name.removeprefix(prefix).split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except OSError:
-            continue
 
 
 class InWheel:
