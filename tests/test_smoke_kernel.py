@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -81,6 +82,20 @@ def test_the_probe_says_when_pytest_does_not_import_in_the_suites_python(tmp_pat
     probe = smoke_device.probe_python(sys.executable)
     assert "pytest" in probe["pytest_error"]
     assert smoke_device.prerequisite_problem({**H200, **probe}).startswith("pytest does not import")
+
+
+def test_a_list_that_collects_no_test_leaves_no_temporary_folder(tmp_path, monkeypatch):
+    """``smoke kernel --list`` that collects nothing (a suite with no test, or torch missing) failed in one line and
+    left the temporary folder it made, unsaid. It is removed; a folder given with --out stays."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    suite, tree = make_suite(tmp_path / "suite", {"test_a.py": "X = 1\n"}), make_tree(tmp_path / "tree")
+    one_line_error(invoke(["--list", "--tree", str(tree), "--suite", str(suite)]), "--list collected no test")
+    assert list(scratch.iterdir()) == []
+    one_line_error(invoke(["--list", "--tree", str(tree), "--suite", str(suite), "--out", str(tmp_path / "out")]),
+                   "--list collected no test")
+    assert (tmp_path / "out").is_dir()
 
 
 def test_real_probe_of_this_machine():

@@ -7,6 +7,7 @@ Inputs (smoke.trees), one pytest pass each (smoke.passes), here: which passes, a
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -173,6 +174,7 @@ def run(opts: KernelOptions, command: str, progress: Progress) -> tuple[dict[str
             what = f" under compute-sanitizer {spec.sanitizer}" if spec.sanitizer else ""
             progress(f"running the GPU suite on {spec.label} ({spec.tree}){what}, scale {spec.scale}")
 
+    given = opts.out
     with prepare(opts, progress) as prep, interrupted_out(out := out_dir(opts.out, "kernel"), opts.out):
         opts = replace(opts, out=out)
         common = dict(timeout=opts.timeout, keyword=opts.keyword, collect_only=opts.collect_only)
@@ -192,5 +194,7 @@ def run(opts: KernelOptions, command: str, progress: Progress) -> tuple[dict[str
                    "without it" if "torch_error" in probe else
                    f": pytest does not import in {opts.python} ({probe['pytest_error']}); the suite runs as "
                    "`python -m pytest`" if "pytest_error" in probe else "")
+            if given is None:  # the folder it made holds nothing to keep (--out DIR keeps its logs)
+                shutil.rmtree(out, ignore_errors=True)
             raise C128Error(f"--list collected no test of {prep.suite} on {prep.patched}{why}")
     return report, path
