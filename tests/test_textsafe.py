@@ -116,6 +116,24 @@ def test_a_path_upstream_renamed_and_a_proof_quoting_upstream_are_data():
     assert "| c128-a | `3-way (renamed: python/a.py -> python/<img" in watch[4], watch
 
 
+@pytest.mark.parametrize("outcome", ["refreshed", "merged"])
+def test_the_commit_message_watch_writes_carries_upstreams_text_inert(outcome):
+    """`commit-message.txt` (the CI workflow commits it; the pull request's merge reads it) carried upstream's renamed
+    paths and a "merged" outcome's evidence as they were: `fixes #1.py` or `closes #12` closed an issue of the fork
+    when the pull request merged, `@someone` pinged, a newline forged a trailer. Each stays one line, none live."""
+    evil = "x; fixes #1.py closes GH-7, https://github.com/o/r/issues/3 @someone\nSigned-off-by: x <x@y>\x1b[2J"
+    report = {"outcome": outcome, "series": {"name": "c128patch", "version": "4"},
+              "refreshed": {"version": "5", "mode": "primary", "label": "v0.5.23"},
+              "onto": {"rev": "v0.5.23", "commit": "b" * 40}, "headline": f"upstream holds it ({evil})",
+              "entries": [{"name": "c128-a", "on_rev": f"3-way (renamed: python/a.py -> python/{evil}.py)"}],
+              "equivalence": {"summary": f"identical ({evil})"}}
+    message = watch_report.commit_message(report)
+    assert message.startswith("patches: ") and "v0.5.23@bbbbbbbbbbbb" in message  # ours as it was
+    assert not re.search(r"(?<!\w)@\w|#\d|(?i:gh-\d)|://|\x1b", message), message
+    assert not any(line.startswith("Signed-off-by") for line in message.splitlines()), message
+    assert "\uff03" "1.py" in message and "\uff20someone" in message
+
+
 def test_a_carried_commits_subject_is_data_in_the_rebase_reports_table_stop_and_resolutions():
     """A commit of the user's (a teammate's, a contributor's cherry-pick) is an entry named by its subject (helper
     107: live HTML, a remote image, a mention in the table and the stop's heading)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from c128patch.fit.env import describe
 from c128patch.fit.sandbox import NOTICE
 from c128patch.ops.conflicts import block_markdown
-from c128patch.textsafe import cell, count, md, plain, some
+from c128patch.textsafe import cell, count, inert, md, one_line, plain, some
 
 WHAT = {
     "clean": "Nothing to do: every entry applies strictly.",
@@ -247,8 +247,8 @@ def _commits(report: dict) -> list[str]:
 def commit_message(report: dict) -> str:
     s, new = report["series"], report["refreshed"]
     verb = "refresh" if report["outcome"] == "refreshed" else "propose entries merged upstream in"
-    lines = [f"patches: {verb} the series for upstream {where(report)}", "", report["headline"] + ".", ""]
-    lines += [f"{e['name']}: {e['on_rev']}" for e in report["entries"] if e["on_rev"] != "strict"]
+    lines = [f"patches: {verb} the series for upstream {where(report)}", "", one_line(report["headline"]) + ".", ""]
+    lines += [one_line(f"{e['name']}: {e['on_rev']}") for e in report["entries"] if e["on_rev"] != "strict"]
     lines += ["", f"Series {s['name']} {s['version']} -> {new['version']} ({new['mode']} files for {new['label']}).",
-              f"Proof: {report['equivalence'].get('summary', '')}.", "", "Made by c128patch watch."]
-    return plain("\n".join(lines)) + "\n"
+              one_line(f"Proof: {report['equivalence'].get('summary', '')}."), "", "Made by c128patch watch."]
+    return inert(plain("\n".join(lines))) + "\n"  # upstream's paths and evidence: no mention, no issue it closes
