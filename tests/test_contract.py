@@ -519,6 +519,38 @@ def test_accept_refuses_a_symlinked_lock_and_writes_nothing(drift, tmp_path):
     assert victim.read_text() == (REPO_ROOT / "patches" / "contract.lock").read_text() and lock.is_symlink()
 
 
+def test_accept_waits_for_the_series_lock_and_keeps_the_change_another_writer_made(drift, tmp_path):
+    """``contract --accept`` read the lock, checked, and wrote it back without the series folder's lock: another
+    ``--accept`` or a ``refresh`` writing it meanwhile lost its change. It waits for the lock (``series.txn``'s) and
+    adds its change to the lock as it is then."""
+    series = copy_series(tmp_path / "series")
+    lock = series / "patches" / "contract.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.readline()",
+                               str(series)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        accept = subprocess.Popen([sys.executable, "-m", "c128patch", "contract", "--sglang-rev", "param-renamed",
+                                   "--repo", str(drift.git_dir), "--series", str(series), "--no-nvcc", "--accept"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 240
+        while not any(f" {accept.pid} " in line and "->" in line  # (its wait for the lock)
+                      for line in Path("/proc/locks").read_text().splitlines()) and accept.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert accept.poll() is None, "--accept wrote the lock while another writer held the series"
+        text = lock.read_text()  # another writer's change, made while --accept waits
+        lock.write_text(re.sub(r"(?m)^(config  device\.device  .*  sig=-)", r"\1,0123456789ab", text, count=1))
+    finally:
+        holder.communicate("\n", timeout=30)
+    out, err = accept.communicate(timeout=240)
+    assert accept.returncode == 0, err
+    after = lock.read_text()
+    assert re.search(r"(?m)^config  device\.device  .*  sig=-,0123456789ab", after), after[:2000]
+    assert after != text  # its own change too
+    assert run_contract("param-renamed", repo=drift, series=series).code == 0
+
+
 @contextlib.contextmanager
 def unwritable(path: Path) -> Iterator[None]:
     """``path`` (a file of a series) not writable in place nor replaceable: the immutable flag for root, else the

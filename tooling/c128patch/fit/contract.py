@@ -36,7 +36,7 @@ from c128patch.fit.resolve import (
 )
 from c128patch.fit.unbound import unbound
 from c128patch.git import Git
-from c128patch.jsonio import write_atomic
+from c128patch.jsonio import locked, write_atomic
 from c128patch.ops.replay import FAILED, replay_in_index
 from c128patch.series.contract import Lock, LockItem, read_lock, sig_hash
 from c128patch.series.manifest import Series
@@ -468,6 +468,15 @@ def accept(lock: Lock, result: ContractResult) -> int:
     if lock.path.is_symlink():
         raise C128Error(f"{lock.path} is a symbolic link: --accept writes only a regular file in the series; "
                         "nothing was written")
+    with locked(lock.path.parent.parent):  # the series folder's writers one at a time (``series.txn``: refresh)
+        return _accept(lock, result)
+
+
+def _accept(lock: Lock, result: ContractResult) -> int:
+    fresh = read_lock(lock.path.parent)  # as it is now: another --accept or a refresh may have written it since
+    if fresh is None:
+        raise C128Error(f"{lock.path} was removed while the contract was checked; nothing was written")
+    lock.items, lock.base = fresh.items, fresh.base
     unbound = {f.target for f in result.errors if not f.acceptable}
     now = {(f.target, f.now) for f in result.findings if f.acceptable and f.target not in unbound}
     by_key = {(i.kind, i.target): i for i in result.items}

@@ -9,6 +9,7 @@ explains is refused unless ``accept_differences``. Layers: each part in its fold
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import shlex
@@ -19,6 +20,7 @@ from typing import Callable
 
 from c128patch.errors import C128Error, DifferenceError
 from c128patch.git import Git
+from c128patch.jsonio import locked
 from c128patch.ops import proofs
 from c128patch.ops.equivalence import Equivalence, prove
 from c128patch.ops.replay import branch_commits
@@ -216,7 +218,8 @@ def _as_layer_entries(git: Git, series: Series, report: dict, label: str) -> str
 def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | None = None, version: str | None = None,
             accept_differences: bool = False, lock_items: LockItems | None = None) -> Refreshed:
     """``export`` and (unless ``check``) ``write``, locked, on an idle tree with nothing uncommitted."""
-    with repo_lock(git, "refresh"):
+    # the series folder locked from export's read of contract.lock to the write (``fit.contract.accept``'s lock)
+    with repo_lock(git, "refresh"), contextlib.nullcontext() if check else locked(series.ours.root):
         ensure_idle(git, "refresh")
         read_provenance(git.worktree)  # type: ignore[arg-type]  # a damaged record is said as such first
         ensure_clean(git, "refresh --check" if check else "refresh")
