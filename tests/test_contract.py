@@ -878,3 +878,46 @@ def test_a_header_that_never_ends_stops_the_nvcc_probe_in_its_time_limit(sglang_
     ok, line = contract_cxx.probe(REPO_ROOT, Git(sglang_release_repo), "v0.5.23", cached=False)
     assert ok is False and line.endswith("nvcc did not finish in 2 s (a header it reads that never ends?)"), line
     assert time.monotonic() - started < 30
+
+
+def test_the_nvcc_probe_runs_sealed_and_shows_no_line_of_a_file_a_header_includes(sglang_release_repo, monkeypatch,
+                                                                                   tmp_path):
+    """Helper 137: nvcc ran with the operator's environment and files, and the probe's line kept its first three raw
+    error lines: a header of the tree's that includes ``~/.netrc`` (or /proc/self/environ) put the secret's words
+    into contract's line, --json and watch's report. Now nvcc runs in the sealed box (the secret unseen, the env
+    scrubbed) and an error in a file outside the tree's headers and the probe is said as that, never its text."""
+    import types
+
+    secret = tmp_path / "home" / ".netrc"
+    secret.parent.mkdir()
+    secret.write_text("ghp_FILESECRET\n")
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text(f'#!/bin/sh\necho "{secret}(1): error: identifier \\"$(cat {secret} 2>/dev/null)$TOKEN\\" is '
+                    'undefined" >&2\necho "$(cat ' + str(secret) + ' 2>/dev/null)$TOKEN" >&2\n'
+                    'echo "$2(73): error: static assertion failed with '
+                    '\\"upstream signature changed: helper_x\\"" >&2\n'
+                    'echo "$2(74): error: static assertion failed with '
+                    '\\"upstream signature changed: helper_y\\"" >&2\n'
+                    'exit 1\n')
+    nvcc.chmod(0o755)
+    (tmp_path / "tvm").mkdir()
+    info = types.ModuleType("tvm_ffi.libinfo")
+    info.find_include_path = info.find_dlpack_include_path = lambda: str(tmp_path / "tvm")
+    monkeypatch.setitem(sys.modules, "tvm_ffi", types.ModuleType("tvm_ffi"))
+    monkeypatch.setitem(sys.modules, "tvm_ffi.libinfo", info)
+    monkeypatch.setattr(contract_cxx, "nvcc", lambda: str(nvcc))
+    monkeypatch.setenv("TOKEN", "ghp_ENVSECRET")
+    ok, line = contract_cxx.probe(REPO_ROOT, Git(sglang_release_repo), "v0.5.23", cached=False)
+    assert ok is False and line == "nvcc signature probe fails: helper_x; helper_y", line
+    nvcc.write_text(nvcc.read_text().replace("upstream signature changed", "something else"))
+    ok, line = contract_cxx.probe(REPO_ROOT, Git(sglang_release_repo), "v0.5.23", cached=False)
+    assert ok is False and "ghp_" not in line, line
+    assert line.startswith("nvcc signature probe fails: an error in a file outside the tree's headers"), line
+    assert f"{contract_cxx.PROBE}:73: static assertion failed with \"something else: helper_x\"" in line, line
+    from c128patch.fit import sandbox
+
+    if not any(sandbox._cuts()[:2]):  # where the host allows the seal, the file is not even seen
+        nvcc.write_text(f'#!/bin/sh\n[ -e {secret} ] && echo "$2(1): error: seen $TOKEN" >&2; exit 1\n')
+        assert contract_cxx.probe(REPO_ROOT, Git(sglang_release_repo), "v0.5.23", cached=False) == (
+            False, "nvcc signature probe fails: nvcc failed")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
 import shlex
 import shutil
@@ -18,8 +19,9 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from c128patch import procs
+from c128patch.errors import C128Error
 from c128patch.fit.resolve import Reader
+from c128patch.fit.sandbox import Sealed
 from c128patch.git import Git, GitError
 from c128patch.jsonio import read_json, write_json_atomic
 from c128patch.upstream.releases import cache_dir
@@ -281,14 +283,44 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
         cmd = [compiler, "-c", str(source), "-o", f"{tmp}/probe.o", "-gencode=arch=compute_90a,code=sm_90a",
                "-DSGL_CUDA_ARCH=900", "-std=c++20", "--expt-relaxed-constexpr",
                *(f"-I{d}" for d in dict.fromkeys(includes))]
-        try:
-            proc = procs.run(cmd, PROBE_TIMEOUT)
-        except subprocess.TimeoutExpired:  # (not cached: a loaded machine may be slow)
-            return False, f"{_FAILS}nvcc did not finish in {PROBE_TIMEOUT:g} s (a header it reads that never ends?)"
-    ok = proc.returncode == 0
-    named = list(dict.fromkeys(re.findall(r'upstream signature changed: (.*?)"', proc.stdout + proc.stderr)))
-    errors = [l for l in (proc.stdout + proc.stderr).splitlines() if "error" in l][:3]
-    line = _COMPILES if ok else _FAILS + ("; ".join(named) if named else " | ".join(errors) or "nvcc failed")
+        try:  # in the sealed box: a header of the tree's may include a secret of the operator's (HOME, /proc, /etc)
+            box = Sealed(sys.executable, ["-c", "import os, sys; os.execv(sys.argv[1], sys.argv[1:])", *cmd],
+                         PROBE_TIMEOUT, offline=True, writable=(tmp,), readable=(str(source.parent), *includes[1:],
+                                                           *_prefixes(compiler)))
+            out, err = box.wait()
+        except C128Error as exc:  # (not cached: a loaded machine may be slow)
+            return False, _FAILS + (f"nvcc did not finish in {PROBE_TIMEOUT:g} s (a header it reads that never ends?)"
+                                    if "did not finish" in exc.message else exc.message)
+        ok = box.returncode == 0
+        line = _COMPILES if ok else _FAILS + _failure(out + err, tmp, source)
     if path is not None:
         write_json_atomic(path, {"key": path.stem, "ok": ok, "line": line})
     return ok, line
+
+
+def _prefixes(compiler: str) -> set[str]:
+    """The folders nvcc runs from (its ``bin``'s parent, of the path named and of the real one: /opt/cuda, say)."""
+    return {os.path.dirname(os.path.dirname(p)) for p in (os.path.abspath(compiler), os.path.realpath(compiler))}
+
+
+# an error line of nvcc's front end (``FILE(LINE): error: ...``) or of the host compiler (``FILE:LINE:COL: error:``)
+_ERROR = re.compile(r"^(.+?)(?:\((\d+)\)|:(\d+):\d+):\s*(?:fatal |catastrophic )?error\b:?\s*(.*)$")
+
+
+def _failure(text: str, tmp: str, source: Path) -> str:
+    """What a failed probe says: the helpers whose signature changed (the probe's own messages), else where its first
+    errors are, in the probe or the tree's headers, with their messages; an error in any other file (one a header
+    includes: it may be a secret of the operator's) only as that, never its text."""
+    named, sites = [], []
+    own = os.path.realpath(tmp) + os.sep
+    for m in filter(None, map(_ERROR.match, text.splitlines())):
+        where, number, message = m[1], m[2] or m[3], m[4]
+        real = os.path.realpath(where)
+        name = PROBE if real == os.path.realpath(source) else real[len(own):] if real.startswith(own) else None
+        if name is None:
+            sites.append("an error in a file outside the tree's headers and the probe (one a header includes?)")
+        elif changed := re.search(r'upstream signature changed: ([^"]*)"', message):
+            named.append(changed[1])
+        else:
+            sites.append(f"{name}:{number}: {message}")
+    return "; ".join(dict.fromkeys(named)) or " | ".join(list(dict.fromkeys(sites))[:3]) or "nvcc failed"
