@@ -165,9 +165,10 @@ def test_a_forged_or_damaged_contract_probe_cache_entry_does_not_turn_the_verdic
     from c128patch.fit import contract_cxx
 
     monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
-    nvcc = tmp_path / "nvcc"  # fails every compile, naming a changed signature
+    nvcc = tmp_path / "nvcc"  # fails every compile, naming a changed signature (at the probe's line, as nvcc does)
     nvcc.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo fake 1.0; exit 0; }\n'
-                    'echo \'"upstream signature changed: f(int)"\' >&2; exit 1\n')
+                    'echo "$2(1): error: static assertion failed with \\"upstream signature changed: f(int)\\"" >&2; '
+                    'exit 1\n')
     nvcc.chmod(0o755)
     monkeypatch.setattr(contract_cxx, "nvcc", lambda: str(nvcc))
     series, tree = tmp_path / "series", tmp_path / "tree"
