@@ -956,3 +956,38 @@ def test_a_trees_own_info_attributes_change_no_contract_row_and_no_verdict(tmp_p
         (tree / ".git" / "info" / "attributes").write_text(attributes)
         run = invoke("refresh", "--check", "--tree", tree, "--series", series)
         assert run.code == 0 and run.out["changed"] == [], (attributes, run.out.get("changed"), run.err)
+
+
+def test_no_git_variable_runs_a_program_of_the_tree_git_works_in(tmp_path: Path, monkeypatch):
+    """Helper 137: git runs in the tree, and the tool's git kept the operator's GIT_EXEC_PATH (git puts it first on
+    PATH), GIT_SSH, GIT_PROXY_COMMAND, ... and PATH as they were: a relative value (`.`, `./x`) ran a program the tree
+    holds (its `git-upload-pack` on a fetch of a local path, its `evil` as the ssh or proxy program). Now
+    GIT_EXEC_PATH is dropped, a program variable reaches only a clone or fetch and a relative one is one line,
+    PATH's relative entries are dropped, and no editor or pager is run."""
+    src, tree, pwned = tmp_path / "src", tmp_path / "tree", tmp_path / "pwned"
+    for repo in (src, tree):
+        subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "x"], check=True)
+    for name in ("git-upload-pack", "ssh", "evil"):
+        (tree / name).write_text(f"#!/bin/sh\necho {name} >> {pwned}\nexit 1\n")
+        (tree / name).chmod(0o755)
+    git = Git(worktree=tree)
+    monkeypatch.setenv("GIT_EXEC_PATH", ".")
+    monkeypatch.setenv("PATH", ".:" + os.environ["PATH"])
+    for transport in (False, True):
+        assert git.run("fetch", "-q", str(src), check=False, transport=transport).returncode == 0
+        git.run("fetch", "-q", "ssh://localhost.invalid/x", check=False, transport=transport)
+    for name, value, url in (("GIT_SSH", "./evil", "ssh://localhost.invalid/x"),
+                             ("GIT_SSH_COMMAND", "./evil -v", "ssh://localhost.invalid/x"),
+                             ("GIT_PROXY_COMMAND", "./evil", "git://localhost.invalid/x"),
+                             ("GIT_ASKPASS", "sub/evil", "ssh://localhost.invalid/x")):
+        with monkeypatch.context() as env:
+            env.setenv(name, value)
+            git.run("fetch", "-q", url, check=False)  # not a transport: the variable does not reach git
+            with pytest.raises(C128Error, match=rf"^\${name} is '{value}', a relative path: .* absolute path$"):
+                git.run("fetch", "-q", url, check=False, transport=True)
+    monkeypatch.setenv("EDITOR", "./evil")
+    monkeypatch.setenv("VISUAL", "./evil")
+    git.run("commit", "-q", "--allow-empty", check=False)  # (an editor git would start for the message)
+    assert not pwned.exists(), pwned.read_text()

@@ -58,8 +58,13 @@ FAULT_HOOKS_ENV = "C128PATCH_FAULT_HOOKS"
 # Of the operator's GIT_* variables only these reach git (transport, tracing, git's own test knobs): the tool
 # names its repository, index and identity itself (git sets GIT_DIR/GIT_INDEX_FILE for hooks, where it may run).
 _KEPT_ENV = ("GIT_TRACE", "GIT_SSH", "GIT_ASKPASS", "GIT_SSL_", "GIT_HTTP_", "GIT_PROXY_", "GIT_CURL_",
-             "GIT_EXEC_PATH", "GIT_TEST_", "GIT_CEILING_DIRECTORIES", "GIT_DISCOVERY_ACROSS_FILESYSTEM",
+             "GIT_TEST_", "GIT_CEILING_DIRECTORIES", "GIT_DISCOVERY_ACROSS_FILESYSTEM",
              "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM")
+# the variables that name a program git runs (or a config file that may name one): only a clone or fetch keeps them,
+# and only as an absolute path or a bare name looked up on PATH: git runs in the tree, where a relative one
+# (`GIT_SSH=./x`) is the tree's own program (GIT_EXEC_PATH, which git puts first on PATH, is never kept)
+_PROGRAM_ENV = ("GIT_SSH", "GIT_SSH_COMMAND", "GIT_ASKPASS", "SSH_ASKPASS", "GIT_PROXY_COMMAND", "GIT_CONFIG_GLOBAL",
+                "GIT_CONFIG_SYSTEM")
 # git subcommands that keep the operator's global and system config (proxies, credentials, insteadOf)
 _TRANSPORT = ("clone", "fetch", "ls-remote")
 # options that keep a diff from running a program the config names (an external diff, a textconv filter), or git in a
@@ -201,15 +206,22 @@ class Git:
 
     def _base_env(self, transport: bool = False) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k.startswith(_KEPT_ENV)}
-        if "LD_LIBRARY_PATH" in env:  # git runs in the tree: a relative entry ("", ".") loads the tree's libraries
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in env["LD_LIBRARY_PATH"].split(os.pathsep)
-                                                     if os.path.isabs(p))
+        for key in ("LD_LIBRARY_PATH", "PATH"):  # git runs in the tree: a relative entry ("", ".") is the tree's
+            if key in env:
+                env[key] = os.pathsep.join(p for p in env[key].split(os.pathsep) if os.path.isabs(p))
+        for key in (k for k in _PROGRAM_ENV if k in env):
+            program = (env[key].split() or [""])[0] if key.endswith("_COMMAND") else env[key]
+            if not transport:
+                env.pop(key)
+            elif "/" in program and not os.path.isabs(program):
+                raise C128Error(f"${key} is {env[key]!r}, a relative path: git runs in the tree it works on, where "
+                                "that is the tree's own file; give its absolute path")
         if not transport:  # the operator's global and system config change nothing the tool does
             env.update({"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"})
             env.pop("GIT_CONFIG_SYSTEM", None)
         env.update(GIT_AUTHOR_NAME=BOT_NAME, GIT_AUTHOR_EMAIL=BOT_EMAIL, GIT_COMMITTER_NAME=BOT_NAME,
                    GIT_COMMITTER_EMAIL=BOT_EMAIL, GIT_TERMINAL_PROMPT="0", GIT_NO_REPLACE_OBJECTS="1", LC_ALL="C",
-                   GIT_ATTR_NOSYSTEM="1")
+                   GIT_ATTR_NOSYSTEM="1", GIT_EDITOR=":", GIT_SEQUENCE_EDITOR=":", GIT_PAGER="cat")  # no $EDITOR
         if self.git_dir is not None:
             env["GIT_DIR"] = str(self.git_dir)
         env.update(self.env)
