@@ -334,6 +334,40 @@ def test_a_config_or_layer_folder_others_may_write_is_refused(tmp_path, monkeypa
     assert lookup_layers((), cwd=config.parent)[0] == ((config.parent / "lay").resolve(),)
 
 
+def test_a_layer_folder_a_trees_record_or_a_journal_names_is_held_to_the_configs_rule(tmp_path):
+    """Helper 137: the layer folders a tree's git dir records (``layers.json``, which every verb in a layered tree
+    loads) or an apply/rebase journal names had no owner check and no others-may-write check, unlike those
+    c128patch.toml names: a folder another user may write (777), or owns, was stacked. Now the same rule."""
+    from c128patch.ops.treestate import c128_state_dir, tree_layers
+    from c128patch.series.layers import recorded_stack
+    from c128patch.series.manifest import MANIFEST
+    from c128patch.series.provenance import PROVENANCE_PATH
+
+    tree, lay = tmp_path / "sglang", tmp_path / "lay"
+    (tree / PROVENANCE_PATH).parent.mkdir(parents=True)
+    (tree / PROVENANCE_PATH).write_text(json.dumps({"layers": [{"name": "acme", "version": "1", "digest": "0" * 64}]}))
+    (lay / MANIFEST).parent.mkdir(parents=True)
+    (lay / MANIFEST).write_text("")
+    git = Git(worktree=tree)
+    git.run("init", "-q")
+    c128_state_dir(git).mkdir()
+    record = c128_state_dir(git) / "layers.json"
+    record.write_text(json.dumps([str(lay)]))
+    journal = c128_state_dir(git) / "apply.json"
+    assert tree_layers(git) == (lay,)
+    changes = [(lambda: lay.chmod(0o777), lambda: lay.chmod(0o755), "writable by others: not read")]
+    if os.geteuid() == 0:
+        changes.append((lambda: os.chown(lay, 65534, 65534), lambda: os.chown(lay, 0, 0), "owned by another user"))
+    for change, undo, why in changes:
+        change()
+        with pytest.raises(C128Error, match=rf"^{record} names layer {lay}, {why}") as exc:
+            tree_layers(git)
+        assert "\n" not in exc.value.message
+        with pytest.raises(C128Error, match=rf"^{journal} names layer {lay}, {why}"):
+            recorded_stack(str(REPO_ROOT), [str(lay)], journal)
+        undo()
+
+
 def test_a_huge_config_or_one_naming_a_folder_twice_is_one_line_at_once(tmp_path, monkeypatch):
     """Helper 134: a 10 MB c128patch.toml naming one layer 2,000,000 times ran for many minutes (each loaded);
     $C128PATCH_LAYERS naming one twice loaded it twice."""

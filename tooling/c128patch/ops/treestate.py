@@ -34,7 +34,7 @@ from c128patch.errors import C128Error
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git, ls_tree, stale_lock_message, user_can_commit
 from c128patch.jsonio import MAX_JSON, read_json, write_json_atomic
 from c128patch.progress import echo
-from c128patch.series.layers import layer_folders, operators
+from c128patch.series.layers import layer_folders, operators, owned
 from c128patch.series.manifest import MANIFEST, Series
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 from c128patch.textsafe import some
@@ -106,7 +106,7 @@ def tree_layers(git: Git) -> tuple[Path, ...]:
                  f"; the folders it was applied with: {'; '.join(gone)}" if gone else "")
         raise C128Error(f"{git.cwd} was applied with layer(s) {', '.join(names)} (its provenance says so){where}: "
                         "name their folders as they are now (--layer DIR, or c128patch.toml); nothing was changed")
-    return operators(folders, str(path))
+    return owned(operators(folders, str(path)), str(path))
 
 
 def rebase_journal(git: Git) -> Path:

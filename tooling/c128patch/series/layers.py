@@ -234,12 +234,18 @@ def read_config(path: Path) -> tuple[Path, ...]:
     paths = layers.get("paths", [])
     if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
         raise C128Error(f"{path}: [layers] paths must be an array of folder names")
-    folders = tuple(confine(path.parent.resolve(), p, f"{path} [layers] paths").resolve() for p in paths)
+    return owned(tuple(confine(path.parent.resolve(), p, f"{path} [layers] paths").resolve() for p in paths),
+                 str(path))
+
+
+def owned(folders: tuple[Path, ...], origin: str) -> tuple[Path, ...]:
+    """``folders`` when each is the user's and no other user may write it (the rule for a layer folder a file names:
+    the operator's ``c128patch.toml``, a tree's record of its layers); --layer and the env are the operator's word."""
     for folder in (f for f in folders if f.exists() and f.stat().st_uid != os.getuid()):
-        raise C128Error(f"{path} names layer {folder}, owned by another user (uid {folder.stat().st_uid}): not read "
+        raise C128Error(f"{origin} names layer {folder}, owned by another user (uid {folder.stat().st_uid}): not read "
                         f"(as git's safe.directory); take it over (chown), or name it with --layer or {ENV}")
     for folder in (f for f in folders if f.exists() and _others_write(f)):
-        raise C128Error(f"{path} names layer {folder}, {_others_write(folder)}: not read (another user may change "
+        raise C128Error(f"{origin} names layer {folder}, {_others_write(folder)}: not read (another user may change "
                         f"it); chmod go-w it, or name it with --layer or {ENV}")
     return folders
 
@@ -320,6 +326,7 @@ def recorded_stack(series_root: str, layers: Sequence[str], journal: Path) -> Se
     """The stack an apply or rebase ``journal`` (a state file: input) names, its folders the operator's (``operators``:
     none inside a tree the tool patches)."""
     root, *folders = operators([Path(p).resolve() for p in [series_root, *layers]], str(journal))
+    owned(tuple(folders), str(journal))
     made = stack(load_series(root), folders)
     if made.layers:  # (--json's layers_in_effect: from the journal, not "--layer", which nobody passed)
         made.origin = f"the {journal.stem} journal"  # type: ignore[attr-defined]
