@@ -368,6 +368,27 @@ def test_a_layer_folder_a_trees_record_or_a_journal_names_is_held_to_the_configs
         undo()
 
 
+def test_apply_continue_and_rebase_onto_read_no_config_of_the_tree_they_were_pointed_at(tmp_path, monkeypatch):
+    """Helper 137: `apply --continue --series DIR` and rebase's series loading called ``get_series``, which read
+    c128patch.toml from the current folder excluding neither the tree nor the repository (`rebase --onto` looked
+    the config up again where ``load_stack``, excluding them, had found none): run in a tree without upstream's
+    layout, its own config's layer was loaded. Now both take the stack ``load_stack`` finds (rule 2)."""
+    monkeypatch.delenv(ENV, raising=False)
+    tree = tmp_path / "t"
+    (tree / "evil" / "patches").mkdir(parents=True)
+    (tree / "evil" / "patches" / "series.toml").write_text("bogus\n")
+    (tree / CONFIG).write_text('[layers]\npaths = ["evil"]\n')
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    subprocess.run(["git", "-C", str(tree), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+                   check=True)
+    monkeypatch.chdir(tree)
+    for args, said in ((["apply", "--continue", "--series", REPO_ROOT, "--tree", tree], "no c128patch apply is in"),
+                       (["rebase", "--onto", "v0.5.22", "--tree", tree], "no c128patch series is applied in")):
+        line = refused(args, tree)
+        assert said in line and "evil" not in line, line
+
+
 def test_a_huge_config_or_one_naming_a_folder_twice_is_one_line_at_once(tmp_path, monkeypatch):
     """Helper 134: a 10 MB c128patch.toml naming one layer 2,000,000 times ran for many minutes (each loaded);
     $C128PATCH_LAYERS naming one twice loaded it twice."""

@@ -40,7 +40,6 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     from c128patch.ops.applier import Apply
     from c128patch.ops.apply import apply_rev, continue_apply
     from c128patch.progress import reporter
-    from c128patch.series.layers import get_series
     from c128patch.upstream.source import is_url
 
     if sum(map(bool, (rev, cont, abort))) != 1:
@@ -63,7 +62,8 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     git = Git(worktree=locate_tree(where))
     if cont:
         with reporter(not as_json, title="apply") as rep:
-            result, series = continue_apply(git, get_series(series_dir, layer_dirs) if series_dir else None, rep)
+            result, series = continue_apply(git, load_stack(series_dir, layer_dirs, git.worktree, quiet=as_json)
+                                            if series_dir else None, rep)
         return _report(result, series, as_json)
     aborted = Apply(git).abort()
     if as_json:

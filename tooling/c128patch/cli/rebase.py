@@ -57,7 +57,7 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
         layer_dirs = tuple(layer.root for layer in stack.layers)
     verb = chosen[0]  # (``chosen`` is a column's below)
     done = rebase(git, verb, onto=onto or "", repo=repo, drop_merged=drop_merged,  # type: ignore[arg-type]
-                  drop=drop, series_dir=series_dir, layer_dirs=layer_dirs, report_dir=report_dir)
+                  drop=drop, series_dir=series_dir, layer_dirs=layer_dirs, report_dir=report_dir, stack=stack)
     report = done.report
     if as_json:  # where the layers came from (docs/schemas); no refresh_command: it replays the series again
         return emit_json(report, stack if onto else done.series)

@@ -41,11 +41,12 @@ class Rebased:
 
 def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, drop_merged: bool = False,
            drop: tuple[str, ...] = (), series_dir: Path | None = None, layer_dirs: tuple[Path, ...] = (),
-           report_dir: Path | None = None) -> Rebased:
+           report_dir: Path | None = None, stack: Series | None = None) -> Rebased:
     """``verb`` on ``git``'s tree. Past ``onto`` a verb goes on with the series (and layers) the rebase
     started with, unless others are given; ``drop``: with ``onto`` the entries dropped from the start,
-    else the one the rebase stopped at; ``report_dir``: the reports copied there (at a stop too)."""
-    series = _series(git, verb, series_dir, layer_dirs)
+    else the one the rebase stopped at; ``report_dir``: the reports copied there (at a stop too); ``stack``: the
+    series ``onto`` uses, as the caller found it (``cli.common.load_stack``: not looked up again here)."""
+    series = stack if verb == "onto" and stack is not None else _series(git, verb, series_dir, layer_dirs)
     rb = Rebase(git, series)
     report: dict = {}
     pool = ThreadPoolExecutor(max_workers=1)  # the contract is checked on the new tip beside the checkout and proof
