@@ -10,6 +10,7 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -991,3 +992,17 @@ def test_no_git_variable_runs_a_program_of_the_tree_git_works_in(tmp_path: Path,
     monkeypatch.setenv("VISUAL", "./evil")
     git.run("commit", "-q", "--allow-empty", check=False)  # (an editor git would start for the message)
     assert not pwned.exists(), pwned.read_text()
+
+
+@pytest.mark.skipif(not shutil.which("cc"), reason="needs a C compiler to build the tree's library")
+def test_a_relative_ld_preload_loads_no_library_of_the_tree_into_git(tmp_path: Path, monkeypatch):
+    """Helper 137: LD_PRELOAD reached the tool's git as it was; git runs in the tree, so `./evil.so` loaded the tree's
+    library into git (as a relative LD_LIBRARY_PATH entry did before). Now its relative entries are dropped."""
+    tree, pwned = tmp_path / "tree", tmp_path / "pwned"
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    (tree / "evil.c").write_text('#include <stdio.h>\n__attribute__((constructor)) static void x(void) '
+                                 f'{{ FILE *f = fopen("{pwned}", "a"); if (f) fclose(f); }}\n')
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tree / "evil.so"), str(tree / "evil.c")], check=True)
+    monkeypatch.setenv("LD_PRELOAD", "./evil.so")
+    Git(worktree=tree).run("status", check=False)
+    assert not pwned.exists()

@@ -209,6 +209,9 @@ class Git:
         for key in ("LD_LIBRARY_PATH", "PATH"):  # git runs in the tree: a relative entry ("", ".") is the tree's
             if key in env:
                 env[key] = os.pathsep.join(p for p in env[key].split(os.pathsep) if os.path.isabs(p))
+        if "LD_PRELOAD" in env:  # a relative library (./x.so) is the tree's, loaded into git; a bare name is searched
+            env["LD_PRELOAD"] = " ".join(p for p in re.split(r"[: ]", env["LD_PRELOAD"])
+                                         if p and ("/" not in p or os.path.isabs(p)))
         for key in (k for k in _PROGRAM_ENV if k in env):
             program = (env[key].split() or [""])[0] if key.endswith("_COMMAND") else env[key]
             if not transport:
