@@ -921,3 +921,34 @@ def test_the_nvcc_probe_runs_sealed_and_shows_no_line_of_a_file_a_header_include
         nvcc.write_text(f'#!/bin/sh\n[ -e {secret} ] && echo "$2(1): error: seen $TOKEN" >&2; exit 1\n')
         assert contract_cxx.probe(REPO_ROOT, Git(sglang_release_repo), "v0.5.23", cached=False) == (
             False, "nvcc signature probe fails: nvcc failed")
+
+
+def test_a_probe_verdict_cached_before_the_probe_ran_sealed_is_compiled_again(sglang_release_repo, monkeypatch,
+                                                                              tmp_path):
+    """Helper 137: a failure's line cached before the probe ran sealed may hold a secret's words (its raw error
+    lines); it was served again "(cached)" under the same key. The key now says how the probe runs."""
+    import hashlib
+    import json
+    import types
+
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text('#!/bin/sh\n[ "$1" = --version ] && echo fake 1.0\nexit 0\n')
+    nvcc.chmod(0o755)
+    (tmp_path / "tvm").mkdir()
+    info = types.ModuleType("tvm_ffi.libinfo")
+    info.find_include_path = info.find_dlpack_include_path = lambda: str(tmp_path / "tvm")
+    monkeypatch.setitem(sys.modules, "tvm_ffi", types.ModuleType("tvm_ffi"))
+    monkeypatch.setitem(sys.modules, "tvm_ffi.libinfo", info)
+    monkeypatch.setattr(contract_cxx, "nvcc", lambda: str(nvcc))
+    git = Git(sglang_release_repo)
+    headers = git.out("rev-parse", f"v0.5.23:{contract_cxx.INCLUDE_ROOT}").strip()
+    old = hashlib.sha256("\0".join([headers, (REPO_ROOT / contract_cxx.PROBE).read_text(), str(nvcc),
+                                    "fake 1.0\n"]).encode()).hexdigest()[:24]
+    entry = tmp_path / "cache" / "contract-probe" / f"{old}.json"
+    entry.parent.mkdir(parents=True)
+    entry.write_text(json.dumps({"key": old, "ok": False, "line": "nvcc signature probe fails: /root/.netrc(1): "
+                                 'error: identifier "ghp_CACHED" is undefined'}))
+    ok, line = contract_cxx.probe(REPO_ROOT, git, "v0.5.23")
+    assert ok is True and "ghp_" not in line, line

@@ -32,6 +32,7 @@ PROBE = "ci/kernel_probe/upstream_signatures.cu"
 # seconds nvcc may take for the probe: a header of the tree's may `#include "/dev/zero"` (the host compiler reads it
 # for ever, its memory growing: contract hung)
 PROBE_TIMEOUT = 900.0
+SEALED = "sealed 1"  # the probe's way of running (fit.sandbox.Sealed) and of saying a failure, in its cache key
 TVM_FFI = "apache-tvm-ffi"  # as sglang requires it
 SOURCES = (".cuh", ".cu", ".h", ".hpp", ".cpp")
 STATE_ROW = "the online c128 state row [max | sum | kv] our kernel reads and writes"
@@ -262,7 +263,9 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
     path = None
     if cached and headers:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-        key = hashlib.sha256("\0".join([headers, source.read_text(), compiler, version]).encode()).hexdigest()[:24]
+        # (SEALED: a verdict from before the probe ran sealed, whose line may hold a file's text, is compiled again)
+        key = hashlib.sha256("\0".join([headers, source.read_text(), compiler, version, SEALED]).encode()
+                             ).hexdigest()[:24]
         path = cache_dir() / "contract-probe" / f"{key}.json"
         entry = read_json(path, dict) or {}  # input: only an entry of this key whose line says its verdict counts
         ok, line = entry.get("ok"), entry.get("line")
