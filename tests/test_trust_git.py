@@ -981,6 +981,7 @@ def test_no_git_variable_runs_a_program_of_the_tree_git_works_in(tmp_path: Path,
         git.run("fetch", "-q", "ssh://localhost.invalid/x", check=False, transport=transport)
     for name, value, url in (("GIT_SSH", "./evil", "ssh://localhost.invalid/x"),
                              ("GIT_SSH_COMMAND", "./evil -v", "ssh://localhost.invalid/x"),
+                             ("GIT_SSH_COMMAND", "sh -c ./evil", "ssh://localhost.invalid/x"),
                              ("GIT_PROXY_COMMAND", "./evil", "git://localhost.invalid/x"),
                              ("GIT_ASKPASS", "sub/evil", "ssh://localhost.invalid/x")):
         with monkeypatch.context() as env:

@@ -213,10 +213,10 @@ class Git:
             env["LD_PRELOAD"] = " ".join(p for p in re.split(r"[: ]", env["LD_PRELOAD"])
                                          if p and ("/" not in p or os.path.isabs(p)))
         for key in (k for k in _PROGRAM_ENV if k in env):
-            program = (env[key].split() or [""])[0] if key.endswith("_COMMAND") else env[key]
+            words = env[key].split() if key.endswith("_COMMAND") else [env[key]]  # (a shell's: `sh -c ./x` too)
             if not transport:
                 env.pop(key)
-            elif "/" in program and not os.path.isabs(program):
+            elif any("/" in w and not w.startswith(("/", "~", "-", "$")) for w in words):
                 raise C128Error(f"${key} is {env[key]!r}, a relative path: git runs in the tree it works on, where "
                                 "that is the tree's own file; give its absolute path")
         if not transport:  # the operator's global and system config change nothing the tool does
