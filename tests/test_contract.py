@@ -886,7 +886,6 @@ def test_the_nvcc_probe_runs_sealed_and_shows_no_line_of_a_file_a_header_include
     error lines: a header of the tree's that includes ``~/.netrc`` (or /proc/self/environ) put the secret's words
     into contract's line, --json and watch's report. Now nvcc runs in the sealed box (the secret unseen, the env
     scrubbed) and an error in a file outside the tree's headers and the probe is said as that, never its text."""
-    import types
 
     secret = tmp_path / "home" / ".netrc"
     secret.parent.mkdir()
@@ -901,12 +900,7 @@ def test_the_nvcc_probe_runs_sealed_and_shows_no_line_of_a_file_a_header_include
                     '\\"upstream signature changed: helper_y\\"" >&2\n'
                     'exit 1\n')
     nvcc.chmod(0o755)
-    (tmp_path / "tvm").mkdir()
-    info = types.ModuleType("tvm_ffi.libinfo")
-    info.find_include_path = info.find_dlpack_include_path = lambda: str(tmp_path / "tvm")
-    monkeypatch.setitem(sys.modules, "tvm_ffi", types.ModuleType("tvm_ffi"))
-    monkeypatch.setitem(sys.modules, "tvm_ffi.libinfo", info)
-    monkeypatch.setattr(contract_cxx, "nvcc", lambda: str(nvcc))
+    _fake_toolchain(monkeypatch, tmp_path, nvcc)
     monkeypatch.setenv("TOKEN", "ghp_ENVSECRET")
     ok, line = contract_cxx.probe(REPO_ROOT, Git(sglang_release_repo), "v0.5.23", cached=False)
     assert ok is False and line == "nvcc signature probe fails: helper_x; helper_y", line
@@ -923,25 +917,31 @@ def test_the_nvcc_probe_runs_sealed_and_shows_no_line_of_a_file_a_header_include
             False, "nvcc signature probe fails: nvcc failed")
 
 
-def test_a_probe_verdict_cached_before_the_probe_ran_sealed_is_compiled_again(sglang_release_repo, monkeypatch,
-                                                                              tmp_path):
-    """Helper 137: a failure's line cached before the probe ran sealed may hold a secret's words (its raw error
-    lines); it was served again "(cached)" under the same key. The key now says how the probe runs."""
-    import hashlib
-    import json
+def _fake_toolchain(monkeypatch, tmp_path: Path, nvcc: Path) -> None:
+    """``nvcc`` as the probe's compiler, a tvm_ffi whose include folders are an empty one."""
     import types
 
-    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
-    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
-    nvcc.parent.mkdir(parents=True)
-    nvcc.write_text('#!/bin/sh\n[ "$1" = --version ] && echo fake 1.0\nexit 0\n')
-    nvcc.chmod(0o755)
     (tmp_path / "tvm").mkdir()
     info = types.ModuleType("tvm_ffi.libinfo")
     info.find_include_path = info.find_dlpack_include_path = lambda: str(tmp_path / "tvm")
     monkeypatch.setitem(sys.modules, "tvm_ffi", types.ModuleType("tvm_ffi"))
     monkeypatch.setitem(sys.modules, "tvm_ffi.libinfo", info)
     monkeypatch.setattr(contract_cxx, "nvcc", lambda: str(nvcc))
+
+
+def test_a_probe_verdict_cached_before_the_probe_ran_sealed_is_compiled_again(sglang_release_repo, monkeypatch,
+                                                                              tmp_path):
+    """Helper 137: a failure's line cached before the probe ran sealed may hold a secret's words (its raw error
+    lines); it was served again "(cached)" under the same key. The key now says how the probe runs."""
+    import hashlib
+    import json
+
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text('#!/bin/sh\n[ "$1" = --version ] && echo fake 1.0\nexit 0\n')
+    nvcc.chmod(0o755)
+    _fake_toolchain(monkeypatch, tmp_path, nvcc)
     git = Git(sglang_release_repo)
     headers = git.out("rev-parse", f"v0.5.23:{contract_cxx.INCLUDE_ROOT}").strip()
     old = hashlib.sha256("\0".join([headers, (REPO_ROOT / contract_cxx.PROBE).read_text(), str(nvcc),

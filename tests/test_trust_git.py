@@ -614,9 +614,9 @@ def upstream_edits_the_same_line(git: Git, tree: Path) -> str:
     return git.out("commit-tree", idx.out("write-tree"), "-p", "v0.5.23", "-m", "upstream edits the same line")
 
 
-def test_an_entry_named_escape_in_a_rebase_journal_never_reaches_the_ledger_through_continue(series, tree):
-    """A rebase stopped at a conflict, its journal's entry renamed ``../../../ESCAPE``, the conflict resolved:
-    `rebase --continue` refuses the name in one line; no ESCAPE path is made and the ledger records nothing."""
+def stopped_rebase(series, tree) -> tuple[Git, Path, dict]:
+    """The series applied on ``tree``, a rebase onto an upstream edit of our line stopped at its conflict: the git,
+    the rebase journal's path and its data."""
     from c128patch.ops.treestate import rebase_journal
 
     git = Git(worktree=tree)
@@ -624,7 +624,13 @@ def test_an_entry_named_escape_in_a_rebase_journal_never_reaches_the_ledger_thro
     onto = upstream_edits_the_same_line(git, tree)
     assert invoke("rebase", "--onto", onto, "--tree", tree, "--series", series, as_json=False).code == 1
     path = rebase_journal(git)
-    data = json.loads(path.read_text())
+    return git, path, json.loads(path.read_text())
+
+
+def test_an_entry_named_escape_in_a_rebase_journal_never_reaches_the_ledger_through_continue(series, tree):
+    """A rebase stopped at a conflict, its journal's entry renamed ``../../../ESCAPE``, the conflict resolved:
+    `rebase --continue` refuses the name in one line; no ESCAPE path is made and the ledger records nothing."""
+    git, path, data = stopped_rebase(series, tree)
     assert data["steps"][data["pos"]]["name"] == "test-patch"
     data["steps"][data["pos"]]["name"] = "../../../ESCAPE"
     path.write_text(json.dumps(data))
@@ -852,14 +858,7 @@ def test_the_commands_watch_prints_to_reproduce_a_stop_work_as_printed_whatever_
 def test_a_rebase_journals_revs_reach_the_terminal_one_line_each(series, tree):
     """The rebase journal is the tree's (``rebase.json``): a newline in its old or new rev split the lines rebase
     prints when it goes on (its table's title, the contract's line, the report's), the rest a line of its own."""
-    from c128patch.ops.treestate import rebase_journal
-
-    git = Git(worktree=tree)
-    assert invoke(*apply_args(tree, series), as_json=False).code == 0
-    onto = upstream_edits_the_same_line(git, tree)
-    assert invoke("rebase", "--onto", onto, "--tree", tree, "--series", series, as_json=False).code == 1
-    path = rebase_journal(git)
-    data = json.loads(path.read_text())
+    git, path, data = stopped_rebase(series, tree)
     data["old_rev"] += "\nforged: ok"
     data["onto_rev"] += "\x1b]8;;https://evil.invalid\x07\nforged: ok"
     path.write_text(json.dumps(data))

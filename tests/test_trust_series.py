@@ -458,19 +458,26 @@ def test_a_moved_tag_in_the_release_cache_is_refused_saying_how_to_rebuild(fake_
     with pytest.raises(C128Error, match="tag v0.5.23 does not name the sources"):
         ReleaseHistory().ensure()
 
+def fake_release_cache(monkeypatch, tmp_path: Path) -> tuple[Path, Path]:
+    """A release cache under ``tmp_path`` of fake release wheels (``fake_wheel``): its wheels folder and 0.5.23's."""
+    from c128patch.upstream.releases import DEFAULT_RELEASES
+
+    monkeypatch.delenv("C128PATCH_WHEELHOUSE", raising=False)
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "wheels"
+    folder.mkdir(parents=True)
+    return folder, {v: fake_wheel(folder, v) for v in DEFAULT_RELEASES}["0.5.23"]
+
+
 
 def test_a_changed_wheel_in_the_cache_is_refused_before_it_is_patched_or_trusted(tmp_path, monkeypatch):
     """Helper 93: a payload added to the cached release wheel (its RECORD fixed) went into `wheel --from-release`'s
     output and `verify-wheel` called that "authentic". A cache wheel is checked against its bytes as downloaded and,
     with that record gone too, against the tree the release history recorded for it (cache-mechanics stand-in
     wheels, as the tests above)."""
-    from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, cached_wheel
+    from c128patch.upstream.releases import ReleaseHistory, cached_wheel
 
-    monkeypatch.delenv("C128PATCH_WHEELHOUSE", raising=False)
-    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
-    folder = tmp_path / "cache" / "wheels"
-    folder.mkdir(parents=True)
-    wheel = {v: fake_wheel(folder, v) for v in DEFAULT_RELEASES}["0.5.23"]
+    folder, wheel = fake_release_cache(monkeypatch, tmp_path)
     ReleaseHistory().ensure()  # records each release wheel's tree
     assert cached_wheel(wheel) == wheel and (folder / "SHA256SUMS").is_file()  # first use: its bytes recorded
     fake_wheel(folder, "0.5.23", text="import os\nos.system('touch /tmp/PWNED')\n")
@@ -488,13 +495,9 @@ def test_a_cached_wheel_that_is_a_link_a_device_or_a_pipe_is_refused_in_one_line
     """h107 attack 10: a cached release wheel symlinked to /dev/zero hung `wheel --from-release` (its sha256 read
     through the link to no end). A cache wheel is read only if it is a regular file, never through a link; any wheel
     the tool opens (WheelZip) only if it leads to a regular file."""
-    from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, WheelZip, cached_wheel
+    from c128patch.upstream.releases import ReleaseHistory, WheelZip, cached_wheel
 
-    monkeypatch.delenv("C128PATCH_WHEELHOUSE", raising=False)
-    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
-    folder = tmp_path / "cache" / "wheels"
-    folder.mkdir(parents=True)
-    wheel = {v: fake_wheel(folder, v) for v in DEFAULT_RELEASES}["0.5.23"]
+    folder, wheel = fake_release_cache(monkeypatch, tmp_path)
     ReleaseHistory().ensure()
     (tmp_path / "elsewhere").mkdir()
     real = wheel.rename(tmp_path / "elsewhere" / wheel.name)
@@ -556,13 +559,9 @@ def test_a_state_file_of_the_cache_not_utf8_a_link_a_pipe_or_huge_is_one_line_fo
     """h133: `wheel --from-release` and `verify-wheel` read `c128patch-trees` on their own (`cached_wheel`): a byte that
     is not UTF-8 was UnicodeDecodeError's traceback there; and every reader of a state file read it through a link and
     whole (a sparse file of gigabytes into memory). Now each is read as one small regular file, else one line."""
-    from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, cached_wheel
+    from c128patch.upstream.releases import ReleaseHistory, cached_wheel
 
-    monkeypatch.delenv("C128PATCH_WHEELHOUSE", raising=False)
-    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
-    folder = tmp_path / "cache" / "wheels"
-    folder.mkdir(parents=True)
-    wheel = {v: fake_wheel(folder, v) for v in DEFAULT_RELEASES}["0.5.23"]
+    folder, wheel = fake_release_cache(monkeypatch, tmp_path)
     root = ReleaseHistory().ensure()
     trees = root / "c128patch-trees"
     kept = trees.rename(tmp_path / "trees")
@@ -579,13 +578,9 @@ def test_a_state_file_of_the_cache_not_utf8_a_link_a_pipe_or_huge_is_one_line_fo
 def test_the_caches_record_of_its_wheels_huge_a_link_or_a_pipe_is_one_line_unread(tmp_path, monkeypatch, make):
     """h133: `wheels/SHA256SUMS` was read whole through whatever stood there: an 8 GB sparse one ran `wheel
     --from-release` and `verify-wheel` out of memory (MemoryError's traceback)."""
-    from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, cached_wheel
+    from c128patch.upstream.releases import ReleaseHistory, cached_wheel
 
-    monkeypatch.delenv("C128PATCH_WHEELHOUSE", raising=False)
-    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
-    folder = tmp_path / "cache" / "wheels"
-    folder.mkdir(parents=True)
-    wheel = {v: fake_wheel(folder, v) for v in DEFAULT_RELEASES}["0.5.23"]
+    folder, wheel = fake_release_cache(monkeypatch, tmp_path)
     ReleaseHistory().ensure()
     assert cached_wheel(wheel) == wheel  # its sum recorded
     sums = folder / "SHA256SUMS"
