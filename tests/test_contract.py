@@ -917,6 +917,31 @@ def test_the_nvcc_probe_runs_sealed_and_shows_no_line_of_a_file_a_header_include
             False, "nvcc signature probe fails: nvcc failed")
 
 
+def test_an_nvcc_the_box_cannot_run_is_not_checked_never_a_failure(sglang_release_repo, monkeypatch, tmp_path):
+    """Helper 139: nvcc at ``$HOME/bin/nvcc`` (its prefix HOME, which the box hides) or found through a relative PATH
+    entry (``bin``, resolved in the box's folder) never ran, yet the probe said "fails": contract broken, watch 7.
+    The first is not checked (nothing ran); the second runs the nvcc of the current folder."""
+    nvcc = tmp_path / "home" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text('#!/bin/sh\nexit 0\n')
+    nvcc.chmod(0o755)
+    _fake_toolchain(monkeypatch, tmp_path, nvcc)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    ok, line = contract_cxx.probe(REPO_ROOT, Git(sglang_release_repo), "v0.5.23", cached=False)
+    from c128patch.fit import sandbox
+
+    if any(sandbox._cuts()[:2]):  # no seal here: nothing hidden, it runs
+        assert ok is True, line
+    else:
+        assert ok is None and line.startswith("nvcc signature probe not run (the sealed box would have to show all "
+                                              f"of {tmp_path / 'home'}") and line.endswith("contract not checked"), line
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path / "home")
+    monkeypatch.setattr(contract_cxx, "nvcc", lambda: "bin/nvcc")  # as shutil.which finds it through PATH=bin:...
+    assert contract_cxx.probe(REPO_ROOT, Git(sglang_release_repo), "v0.5.23", cached=False) == (
+        True, "nvcc signature probe compiles against the tree's headers (sm_90a)")
+
+
 def _fake_toolchain(monkeypatch, tmp_path: Path, nvcc: Path) -> None:
     """``nvcc`` as the probe's compiler, a tvm_ffi whose include folders are an empty one."""
     import types

@@ -259,6 +259,7 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
     compiler = nvcc()
     if compiler is None:
         return None, "nvcc not found: C++ contract not checked (only the header text was compared)"
+    compiler = os.path.abspath(compiler)  # a relative PATH entry names a folder of here, not of the box's
     headers = git.run("rev-parse", "--verify", "--quiet", f"{head}:{INCLUDE_ROOT}", check=False).stdout.strip()
     path = None
     if cached and headers:
@@ -290,6 +291,9 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
             box = Sealed(sys.executable, ["-c", "import os, sys; os.execv(sys.argv[1], sys.argv[1:])", *cmd],
                          PROBE_TIMEOUT, offline=True, writable=(tmp,), readable=(str(source.parent), *includes[1:],
                                                            *_prefixes(compiler)))
+        except C128Error as exc:  # the box did not start (nvcc in a place it hides): nothing ran, no verdict
+            return None, f"nvcc signature probe not run ({exc.message}): C++ contract not checked"
+        try:
             out, err = box.wait()
         except C128Error as exc:  # (not cached: a loaded machine may be slow)
             return False, _FAILS + (f"nvcc did not finish in {PROBE_TIMEOUT:g} s (a header it reads that never ends?)"
