@@ -572,3 +572,20 @@ def test_a_probe_sees_no_token_of_the_operators_environment(monkeypatch: pytest.
     got = serving.ask(sys.executable, tell, [], 30)
     assert not got.error and not set(secrets_) & set(got.data), got
     assert got.data["SGLANG_OPT_USE_ONLINE_COMPRESS"] == "1" and got.data["CUDA_HOME"] == "/usr/local/cuda", got
+
+
+def test_a_probe_keeps_no_credential_a_kept_name_begins_or_a_family_holds(monkeypatch: pytest.MonkeyPatch):
+    """Helper 139: the list was of prefixes: "HOME" kept HOMEBREW_GITHUB_API_TOKEN, "LANG" LANGCHAIN_API_KEY, "USER"
+    USER_PASSWORD, "SGLANG_" sglang's own SGLANG_PRECISION_HF_TOKEN, "NVIDIA_" NVIDIA_API_KEY. A gate whose name says
+    TOKENS is still the install's."""
+    secrets_ = {"HOMEBREW_GITHUB_API_TOKEN": "ghp_c128", "LANGCHAIN_API_KEY": "ls_c128", "USER_PASSWORD": "pw_c128",
+                "PATHWAY_SECRET": "pw_c128", "SGLANG_PRECISION_HF_TOKEN": "hf_c128", "NVIDIA_API_KEY": "nv_c128",
+                "TORCH_HUB_TOKEN": "t_c128", "XDG_AUTH": "x_c128"}
+    kept = {"SGLANG_OPT_DSV4_NONPAGED_INDEXER_MIN_QUERY_TOKENS": "64", "HOME": "/home/op", "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8", "TORCH_CUDA_ARCH_LIST": "9.0"}
+    for name, value in {**secrets_, **kept}.items():
+        monkeypatch.setenv(name, value)
+    tell = "import os, sys, json\nmark = sys.stdin.readline().strip()\nprint(mark, json.dumps(dict(os.environ)))\n"
+    got = serving.ask(sys.executable, tell, [], 30)
+    assert not got.error and not set(secrets_) & set(got.data), got
+    assert {k: got.data.get(k) for k in kept} == kept, got

@@ -9,6 +9,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import secrets
 import selectors
 import signal
@@ -27,9 +28,13 @@ INSTALL_TIMEOUT = 60.0  # seconds: environ.py and the rules are stdlib-only
 OUTPUT = 16 << 20  # bytes of a probe's stdout and of its stderr read back (as the sealed box's)
 # the environment a probe keeps: what finds and configures the install (its gates, sglang's, CUDA's, torch's, the
 # paths); the rest (HF_TOKEN, AWS_*, SSH_AUTH_SOCK, *_PASSWORD, ...) is dropped: it answers without them
-KEEP = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_", "TZ", "TMPDIR", "XDG_", "LD_LIBRARY_PATH", "PYTHONPATH",
-        "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "SGLANG_", "SGL_", "CUDA_", "NCCL_", "NVIDIA_", "NVCC_", "TORCH",
-        "PYTORCH_", "TRITON_", "FLASHINFER_", "HF_HOME", "HF_HUB_OFFLINE", "OMP_", "MKL_")
+# (names whole: a prefix "HOME" kept HOMEBREW_GITHUB_API_TOKEN, "LANG" LANGCHAIN_API_KEY; of a family, none naming a
+# credential: SGLANG_PRECISION_HF_TOKEN, NVIDIA_API_KEY)
+KEEP = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME",
+        "VIRTUAL_ENV", "CONDA_PREFIX", "HF_HOME", "HF_HUB_OFFLINE")
+FAMILIES = ("LC_", "XDG_", "SGLANG_", "SGL_", "CUDA_", "NCCL_", "NVIDIA_", "NVCC_", "TORCH", "PYTORCH_", "TRITON_",
+            "FLASHINFER_", "OMP_", "MKL_")
+_CREDENTIAL = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?|API_?KEY|ACCESS_KEY|PRIVATE_KEY|AUTH)(_|$)")
 ENVIRON = "sglang/srt/environ.py"
 ONLINE_C128_DSPARK_RULES = "sglang/srt/layers/attention/dsv4/online_c128_dspark_rules.py"
 _MARK = "C128PATCH-ANSWER"  # then this run's secret (read from stdin before any installed code loads), the answer
@@ -184,7 +189,7 @@ def _run(python: str, args: list[str], timeout: float, line: str) -> subprocess.
     s, its group ended; None past ``OUTPUT`` bytes of its stdout or stderr (3 GB printed held 9 GB of the tool's
     memory)."""
     deadline, got = time.monotonic() + timeout, {1: bytearray(), 2: bytearray()}
-    env = {k: v for k, v in os.environ.items() if k.startswith(KEEP)}
+    env = {k: v for k, v in os.environ.items() if k in KEEP or k.startswith(FAMILIES) and not _CREDENTIAL.search(k)}
     with _reaping(), Group([python, "-c", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                env=env) as proc:
         with contextlib.suppress(BrokenPipeError):
