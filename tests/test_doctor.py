@@ -561,6 +561,32 @@ def test_a_probe_that_floods_its_output_or_leaves_a_child_holding_it_is_answered
         os.kill(pid, 0)
 
 
+def test_the_first_probe_what_is_installed_has_the_probes_guarantees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Helper 139: doctor's first question (``install.probe``: where sglang is installed) ran the serving Python with
+    the operator's whole environment, read until its pipes closed and kept all it printed: a site hook of the venv
+    (a ``.pth``; here a wrapper) saw HF_TOKEN, a daemon it left holding stdout held doctor 120 s ("timed out", the
+    script's text in the line) and outlived it. It runs as the other probes do now."""
+    from c128patch.errors import C128Error
+    from c128patch.serve import install
+
+    monkeypatch.setenv("HF_TOKEN", "hf_c128")
+    pids, seen = tmp_path / "pids", tmp_path / "seen"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "${{HF_TOKEN:-none}}" > {seen}\n'
+                      f'setsid sh -c \'echo $$ >> {pids}; exec sleep 30\' &\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    started = time.monotonic()
+    found = install.probe(str(python))
+    assert found.version and time.monotonic() - started < 20 and seen.read_text() == "none\n"
+    time.sleep(0.2)
+    for pid in map(int, pids.read_text().split()):  # the daemon it left: ended with the probe
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    python.write_text(f"#!/bin/sh\nhead -c 20000000 /dev/zero\nexec {sys.executable} \"$@\"\n")
+    with pytest.raises(C128Error, match="cannot ask .* what it has installed: it wrote more than 16 MiB"):
+        install.probe(str(python))
+
+
 def test_a_probe_sees_no_token_of_the_operators_environment(monkeypatch: pytest.MonkeyPatch):
     """Helper 134: doctor's probes (the installed sglang, its environ.py) saw every variable of the operator's
     environment: HF_TOKEN, AWS_SECRET_ACCESS_KEY, SSH_AUTH_SOCK, a *_PASSWORD; they keep the install's own only."""

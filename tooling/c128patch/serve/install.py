@@ -1,5 +1,6 @@
 """Where sglang is installed for a Python and what its ``.dist-info`` says, asked in a stdlib-only subprocess
-(``PROBE``: no sglang code runs), so doctor inspects any venv without running in it."""
+(``PROBE``: no sglang code runs, but the venv's site hooks do: run as doctor's probes are, ``serving.output``), so
+doctor inspects any venv without running in it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from c128patch.errors import C128Error
-from c128patch.smoke.device import run_child
+from c128patch.serve.serving import output
 
 PROBE = r"""
 import importlib.util, json, platform, sys, sysconfig
@@ -62,7 +63,7 @@ def probe(python: str) -> Interpreter:
         inside = Path(python) / "bin" / "python"
         raise C128Error(f"{python} is a folder, not a Python: pass --python the serving interpreter"
                         + (f" ({inside})" if inside.is_file() else ", e.g. /path/to/venv/bin/python"))
-    out, why = run_child([python, "-c", PROBE], 120)
+    out, why = output(python, PROBE, 120)  # as doctor's other probes: site hooks (a .pth) run there
     lines = out.strip().splitlines()
     if not lines:
         raise C128Error(f"cannot ask {python} what it has installed: {why or 'it printed nothing'}")

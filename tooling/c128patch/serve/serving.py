@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
+from c128patch.errors import C128Error
 from c128patch.procs import Group
 
 # What the probe imports (a test points them at a stand-in where a real install cannot import).
@@ -181,6 +182,21 @@ def ask(python: str, script: str, payload: Any, timeout: float) -> Answer:
                       seconds=seconds)
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
     return Answer(error=f"the interpreter died ({tail[0]})", seconds=seconds)
+
+
+def output(python: str, script: str, timeout: float) -> tuple[str, str]:
+    """``python -c script`` run as a probe is (``_run``): (its stdout, "") where it exits 0, else ("", why)."""
+    try:
+        proc = _run(python, [script], timeout, "")
+    except OSError as exc:
+        raise C128Error(f"cannot run {python}: {exc.strerror or exc}") from None
+    except subprocess.TimeoutExpired:
+        return "", f"it did not finish in {timeout:g} s"
+    if proc is None:
+        return "", f"it wrote more than {OUTPUT >> 20} MiB to its stdout or stderr"
+    if proc.returncode == 0:
+        return proc.stdout, ""
+    return "", ((proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"])[0]
 
 
 def _run(python: str, args: list[str], timeout: float, line: str) -> subprocess.CompletedProcess | None:
