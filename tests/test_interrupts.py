@@ -176,7 +176,7 @@ def test_a_sigkilled_runs_scratch_in_tmpdir_is_swept_by_pid_only_ours(sglang_rel
     """SIGKILL leaves `apply`'s, watch's and the box's folders in TMPDIR (`c128fresh-*`, `c128prove-*`,
     `c128watch-*`, `c128box-*`): nothing swept them, unlike wheel's. The next run of the same kind removes those whose
     recorded pid is dead, and only those: a live run's, a link, another name stay."""
-    from c128patch.procs import scratch_dir
+    from c128patch.procs import run_tag, scratch_dir
 
     tmp, victim = tmp_path / "tmp", tmp_path / "victim"
     tmp.mkdir()
@@ -184,10 +184,11 @@ def test_a_sigkilled_runs_scratch_in_tmpdir_is_swept_by_pid_only_ours(sglang_rel
     (victim / "keep").write_text("x")
     dead = subprocess.Popen([sys.executable, "-c", ""])
     dead.wait()
-    stale = [tmp / f"{p}{dead.pid}-abc" for p in ("c128fresh-", "c128prove-", "c128box-", "c128watch-")]
+    stale = [tmp / f"{p}{dead.pid}-{run_tag()}-abc" for p in ("c128fresh-", "c128prove-", "c128box-", "c128watch-")]
     for folder in stale:
         (folder / "sub").mkdir(parents=True)
-    kept = [tmp / f"c128fresh-{os.getpid()}-live", tmp / "c128fresh-abc", tmp / f"c128prove-{dead.pid}-link"]
+    kept = [tmp / f"c128fresh-{os.getpid()}-{run_tag()}-live", tmp / "c128fresh-abc",
+            tmp / f"c128prove-{dead.pid}-{run_tag()}-link"]
     kept[0].mkdir()
     kept[1].mkdir()
     kept[2].symlink_to(victim)
@@ -200,3 +201,21 @@ def test_a_sigkilled_runs_scratch_in_tmpdir_is_swept_by_pid_only_ours(sglang_rel
         made = Path(scratch_dir(prefix))
         assert not folder.exists() and made.name.startswith(f"{prefix}{os.getpid()}-")
         made.rmdir()
+
+
+def test_a_scratch_folder_of_another_pid_namespace_or_host_is_not_swept(tmp_path, monkeypatch):
+    """Helper 139: a TMPDIR shared with a container (its own pid namespace) or another host holds folders named by
+    pids that are not ours: a live run's ``c128watch-302-*`` there was swept by a run here, where 302 was dead. Only
+    a folder named with this host's boot and pid namespace (``procs.run_tag``) is ours to sweep."""
+    from c128patch.procs import run_tag, scratch_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    theirs = [tmp_path / f"c128watch-{dead.pid}-{'0' * 8}-live", tmp_path / f"c128watch-{dead.pid}-live"]
+    ours = tmp_path / f"c128watch-{dead.pid}-{run_tag()}-dead"
+    for folder in (*theirs, ours):
+        folder.mkdir()
+    made = Path(scratch_dir("c128watch-"))
+    assert made.name.startswith(f"c128watch-{os.getpid()}-{run_tag()}-")
+    assert all(f.is_dir() for f in theirs) and not ours.exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 import shutil
 import signal
@@ -64,16 +65,37 @@ def run(argv: Sequence[str], timeout: float | None, *, input: str | bytes | None
 
 
 
+@functools.cache
+def run_tag() -> str:
+    """Where a pid names a process of ours: this host's boot and pid namespace, hashed. A TMPDIR shared with a
+    container (its own pid namespace) or another host holds pids that are not ours to test (helper 139: a live run's
+    folder there was swept as dead)."""
+    seen = []
+    for read in (lambda: Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+                 lambda: os.readlink("/proc/self/ns/pid")):
+        try:
+            seen.append(read())
+        except OSError:
+            seen.append("")
+    return hashlib.sha256("\0".join(seen).encode()).hexdigest()[:8]
+
+
+def named(prefix: str) -> str:
+    """The start of a scratch name: ``<prefix><pid>-<run_tag>-`` (``sweep_stale`` reads it back)."""
+    return f"{prefix}{os.getpid()}-{run_tag()}-"
+
+
 def sweep_stale(folder: Path, prefix: str) -> None:
-    """Remove ``<prefix><pid>-*`` folders in ``folder`` whose process is gone (a killed run's), only ours: a real
-    folder (no link) the current user owns."""
+    """Remove ``<prefix><pid>-<run_tag>-*`` folders in ``folder`` whose process is gone (a killed run's), only ours:
+    of this host and pid namespace, a real folder (no link) the current user owns."""
     try:
         candidates = list(folder.glob(f"{prefix}*-*"))
     except OSError:
         return
+    tag = run_tag()
     for path in candidates:
-        pid = path.name.removeprefix(prefix).split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
+        pid, _, rest = path.name.removeprefix(prefix).partition("-")
+        if not pid.isdigit() or int(pid) == os.getpid() or not rest.startswith(f"{tag}-"):
             continue
         try:
             os.kill(int(pid), 0)
@@ -87,12 +109,13 @@ def sweep_stale(folder: Path, prefix: str) -> None:
 
 
 def scratch_dir(prefix: str) -> str:
-    """A new folder ``$TMPDIR/<prefix><pid>-*``, a SIGKILLed run's of that ``prefix`` (its pid dead) swept first."""
+    """A new folder ``$TMPDIR/<prefix><pid>-<run_tag>-*``, a SIGKILLed run's of that ``prefix`` (its pid dead) swept
+    first."""
     sweep_stale(Path(tempfile.gettempdir()), prefix)
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+    return tempfile.mkdtemp(prefix=named(prefix))
 
 
 def scratch(prefix: str) -> tempfile.TemporaryDirectory:
     """``scratch_dir`` as a ``TemporaryDirectory`` (removed on leaving its ``with``)."""
     sweep_stale(Path(tempfile.gettempdir()), prefix)
-    return tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-")
+    return tempfile.TemporaryDirectory(prefix=named(prefix))

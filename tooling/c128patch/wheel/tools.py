@@ -35,7 +35,7 @@ from c128patch import exitcodes
 from c128patch.errors import C128Error
 from c128patch.git import folded_name, is_git_dir_name
 from c128patch.ops.treestate import fault_point
-from c128patch.procs import sweep_stale
+from c128patch.procs import named, sweep_stale
 from c128patch.upstream.releases import BINARY_SUFFIXES, WheelZip
 
 
@@ -200,7 +200,7 @@ class InWheel:
     def __enter__(self) -> "InWheel":
         self._zip = WheelZip(self.wheel)
         sweep_stale(Path(tempfile.gettempdir()), "c128patch-wheel-")
-        self._tmp = Path(tempfile.mkdtemp(prefix=f"c128patch-wheel-{os.getpid()}-"))
+        self._tmp = Path(tempfile.mkdtemp(prefix=named("c128patch-wheel-")))
         self.root = self._tmp / "wheel"  # the wheel as a folder
         try:
             check_archive(self._zip.infolist(), self.wheel)
@@ -277,7 +277,7 @@ class InWheel:
         created = not dest_dir.exists()
         dest_dir.mkdir(parents=True, exist_ok=True)
         sweep_stale(dest_dir, TEMP_PREFIX)  # a killed run's partial wheel
-        work = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=dest_dir))
+        work = Path(tempfile.mkdtemp(prefix=named(TEMP_PREFIX), dir=dest_dir))
         try:
             part = work / dest.name  # WheelFile takes the .dist-info name from the file name
             self._write(part, epoch)
