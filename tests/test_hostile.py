@@ -616,3 +616,44 @@ def test_a_subject_holding_unicode_line_separators_is_one_commit(tree, series):
     assert status.code == 1 and status.out["commits_since"] == 1, (status.err, status.out)
     check = invoke("refresh", "--check", "--tree", tree, "--series", series)
     assert check.code in (0, 1) and "Traceback" not in check.err and "error" not in check.out, (check.err, check.out)
+
+
+def test_a_small_address_space_reads_the_series_and_running_out_is_one_line(tmp_path, monkeypatch):
+    """Helper 139: under ``ulimit -v`` each read of a patch took 64 MiB first (``read(MAX_SERIES_FILE + 1)``): apply
+    under ~100 MB died of MemoryError with a traceback, rebase under 200 MB of "can't start new thread". A patch is
+    read in pieces; memory or threads running out anywhere else is one line, exit 2."""
+    import resource
+    import textwrap
+
+    from c128patch.series import manifest
+
+    script = textwrap.dedent(f"""
+        import resource, sys
+        from c128patch.series.manifest import read_series_file
+        size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (size + (24 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+        sys.stdout.write(str(len(read_series_file(__import__("pathlib").Path({str(REPO_ROOT / "patches")!r}) /
+                                                  "0001-c128-plan-zero-rows.patch"))))
+        """)
+    if resource.getrlimit(resource.RLIMIT_AS)[1] != resource.RLIM_INFINITY:
+        pytest.skip("an address-space limit is already set")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and int(proc.stdout) > 0, proc.stderr[-300:]
+
+    def starved(path):
+        raise MemoryError
+
+    monkeypatch.setattr(manifest, "read_series_file", starved)
+    monkeypatch.setattr(manifest, "sha256_file", starved)
+    res = invoke("lint", "--offline", "--series", REPO_ROOT, as_json=False)
+    (line,) = res.err.strip().splitlines()
+    assert res.code == 2 and line.startswith("c128patch: error: out of memory"), res.err
+
+    def no_thread(path):  # rebase's range-diff thread under ulimit -v 200000: a traceback
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(manifest, "read_series_file", no_thread)
+    monkeypatch.setattr(manifest, "sha256_file", no_thread)
+    res = invoke("lint", "--offline", "--series", REPO_ROOT, as_json=False)
+    (line,) = res.err.strip().splitlines()
+    assert res.code == 2 and line.startswith("c128patch: error: out of memory or threads"), res.err

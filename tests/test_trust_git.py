@@ -1006,3 +1006,43 @@ def test_a_relative_ld_preload_loads_no_library_of_the_tree_into_git(tmp_path: P
     monkeypatch.setenv("LD_PRELOAD", "./evil.so")
     Git(worktree=tree).run("status", check=False)
     assert not pwned.exists()
+
+
+@pytest.mark.parametrize("fails, said", [
+    ('*" am "*', "fatal: unable to create threaded lstat: Resource temporarily unavailable"),
+    ('*" apply --cached /"*', "fatal: Out of memory, malloc failed (tried to allocate 131278 bytes)")],
+    ids=["apply-am", "check-apply"])
+def test_a_git_starved_of_memory_or_threads_is_a_machine_failure_not_a_conflict(series, tree, tmp_path, monkeypatch,
+                                                                                fails, said):
+    """Helper 139: under ``ulimit -v`` git's ``am`` or ``apply --cached`` failed for want of memory or threads:
+    ``apply`` said the entry "does not apply" (a conflict to resolve by hand, exit 1) and ``check`` that the wheel
+    "stops at" an entry; neither is the series'. A git that says so (``git._STARVED``) is one line, exit 2."""
+    real = shutil.which("git")
+    fake = tmp_path / "bin" / "git"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\ncase " $* " in {fails}) echo "{said}" >&2; exit 128;; esac\nexec {real} "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    args = apply_args(tree, series) if " am " in fails else ["check", "--sglang-rev", "v0.5.23", "--repo", tree,
+                                                           "--series", series]
+    res = invoke(*args, as_json=False)
+    first = (res.err.strip().splitlines() or [res.text])[0]
+    assert res.code == 2 and first.startswith("c128patch: error: ") and said in first, res.err
+    assert "does not apply" not in res.err and "stops at" not in res.text + res.err and "conflict" not in first
+
+
+def test_a_release_cache_git_cannot_map_for_want_of_memory_is_not_called_corrupt(tmp_path, monkeypatch):
+    """Helper 139: ``ulimit -v`` too low to map the release cache's pack: "the release cache is corrupt; rebuild it:
+    rm -rf ..." (its 130 MB imported again, for nothing). It is the machine's failure, said as such."""
+    real = shutil.which("git")
+    fake = tmp_path / "bin" / "git"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = for-each-ref ] && { echo "fatal: packfile x.pack cannot be '
+                    'mapped, check sys.vm.max_map_count and/or RLIMIT_DATA: Cannot allocate memory" >&2; exit 128; }; '
+                    f'done\nexec {real} "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    res = invoke("check", "--sglang-rev", "v0.5.23", as_json=False)
+    (line,) = res.err.strip().splitlines()
+    assert res.code == 2 and line.startswith("c128patch: error: ") and "Cannot allocate memory" in line and \
+        "rm -rf" not in line and "corrupt" not in line, res.err

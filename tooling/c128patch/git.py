@@ -161,8 +161,11 @@ def stale_lock_message(path: str) -> str:
             f"if none is running, remove it (rm -f {shlex.quote(path)}) and retry")
 
 
+# git out of memory, threads or files (ulimit -v, -u, -n): never an answer ("does not apply" under ulimit -v)
+_STARVED = (r"Out of memory|Cannot allocate memory|unable to create thread|Resource temporarily unavailable|"
+            r"Too many open files")
 _ENVIRONMENT = re.compile(r"Permission denied|Operation not permitted|Read-only file system|No space left on device|"
-                          r"Disk quota exceeded|File too large")
+                          r"Disk quota exceeded|File too large|" + _STARVED)
 
 
 def environment_problem(text: str) -> str | None:
@@ -360,7 +363,9 @@ class Git:
         data = input.encode() if isinstance(input, str) and binary else input
         settings = [*self._settings(), *(self._submodules_still() if args[:1] in (("commit",), ("stash",)) else ())]
         proc = self._raw(argv, full_env, settings, data, binary, timeout)
-        return _checked(args, proc) if check else proc
+        # a git starved of memory, threads or files gives no answer a caller may read as "no" (does not apply); ``am``
+        # is aborted and said by its caller (``ops.applier``)
+        return _checked(args, proc) if check or args[:1] != ("am",) and _starved(proc) else proc
 
     def out(self, *args: str, **kw) -> str:
         return self.run(*args, **kw).stdout.strip()
@@ -434,6 +439,12 @@ class Git:
     def blob(self, rev: str, path: str) -> bytes | None:
         proc = self.run("cat-file", "blob", f"{rev}:{path}", check=False, binary=True)
         return proc.stdout if proc.returncode == 0 else None
+
+
+def _starved(proc: subprocess.CompletedProcess) -> bool:
+    """Did git fail for want of memory, threads or files (``_STARVED``)."""
+    err = proc.stderr if isinstance(proc.stderr, str) else (proc.stderr or b"").decode(errors="replace")
+    return proc.returncode != 0 and re.search(_STARVED, err) is not None
 
 
 def _checked(args: Sequence[str], proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

@@ -195,6 +195,12 @@ def handles_errors(fn: Callable) -> Callable:
             said = filter(None, (f"c128patch: error: {one_line(exc.message)}", exc.hint))  # a newline of an input
             echo("\n".join(said))
             sys.exit(exc.exit_code)
+        except (MemoryError, RuntimeError) as exc:  # (ulimit -v, -u, a full machine): one line, never a traceback
+            if isinstance(exc, RuntimeError) and "can't start new thread" not in str(exc):
+                raise
+            echo("c128patch: error: out of memory or threads (its limits, ulimit -v and -u, or the machine's): it "
+                 "stopped there (c128patch status says what is left in a tree); raise the limit and run it again")
+            sys.exit(exitcodes.USAGE)
         except KeyboardInterrupt as exc:
             signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
             echo(f"c128patch: interrupted ({signal.Signals(signum).name}): no outcome; its scratch folders are removed")

@@ -43,7 +43,11 @@ def read_series_file(path: Path) -> bytes:
     """The bytes of a file a series carries (``check_size`` on the open file first; a FIFO does not hang the open)."""
     with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK)) as fh:
         check_size(path, os.fstat(fh.fileno()).st_size)
-        return fh.read(MAX_SERIES_FILE + 1)
+        parts, left = [], MAX_SERIES_FILE + 1  # in pieces: ``read(n)`` takes n bytes of memory first (a 64 MiB
+        while left > 0 and (part := fh.read(min(left, 1 << 20))):  # buffer a patch: MemoryError under ulimit -v)
+            parts.append(part)
+            left -= len(part)
+        return b"".join(parts)
 
 
 def sha256_file(path: Path) -> str:
