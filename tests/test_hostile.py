@@ -657,3 +657,18 @@ def test_a_small_address_space_reads_the_series_and_running_out_is_one_line(tmp_
     res = invoke("lint", "--offline", "--series", REPO_ROOT, as_json=False)
     (line,) = res.err.strip().splitlines()
     assert res.code == 2 and line.startswith("c128patch: error: out of memory or threads"), res.err
+
+
+def test_an_environment_that_leaves_no_room_for_a_child_is_one_line(monkeypatch):
+    """Helper 139: an environment near the system's limit (2 MiB of variables) left git, started with the tool's
+    own settings and variables added, no room: ``OSError: [Errno 7] Argument list too long`` and a traceback."""
+    import errno
+
+    def too_big(*args, **kw):
+        raise OSError(errno.E2BIG, "Argument list too long", "/usr/bin/git")
+
+    monkeypatch.setattr(subprocess, "run", too_big)
+    res = invoke("lint", "--series", REPO_ROOT, as_json=False)
+    (line,) = res.err.strip().splitlines()
+    assert res.code == 2 and line.startswith("c128patch: error: cannot start /usr/bin/git: Argument list too long "
+                                             "(the environment holds "), res.err

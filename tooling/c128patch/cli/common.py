@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -195,6 +196,14 @@ def handles_errors(fn: Callable) -> Callable:
             said = filter(None, (f"c128patch: error: {one_line(exc.message)}", exc.hint))  # a newline of an input
             echo("\n".join(said))
             sys.exit(exc.exit_code)
+        except OSError as exc:  # a child the environment leaves no room for (E2BIG): one line
+            if exc.errno != errno.E2BIG:
+                raise
+            size = sum(len(k) + len(v) + 2 for k, v in os.environ.items())
+            echo(f"c128patch: error: cannot start {exc.filename or 'a child process'}: {exc.strerror} (the environment "
+                 f"holds {size} bytes, near the system's limit for a program's arguments and environment); unset "
+                 "large variables and run it again")
+            sys.exit(exitcodes.USAGE)
         except (MemoryError, RuntimeError) as exc:  # (ulimit -v, -u, a full machine): one line, never a traceback
             if isinstance(exc, RuntimeError) and "can't start new thread" not in str(exc):
                 raise
