@@ -219,3 +219,19 @@ def test_a_scratch_folder_of_another_pid_namespace_or_host_is_not_swept(tmp_path
     made = Path(scratch_dir("c128watch-"))
     assert made.name.startswith(f"c128watch-{os.getpid()}-{run_tag()}-")
     assert all(f.is_dir() for f in theirs) and not ours.exists()
+
+
+def test_a_sigkilled_treechecks_unpacked_tree_is_swept_by_the_next_run(sglang_release_repo, tmp_path, monkeypatch):
+    """Helper 139: SIGKILL during ``treecheck --sglang-rev`` left its unpacked tree (87 MB of sglang,
+    ``c128treecheck-*``) and git's private index (``c128extract-*``) in TMPDIR, named by no pid: never swept."""
+    from c128patch.procs import run_tag
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    stale = [tmp_path / f"{p}{dead.pid}-{run_tag()}-x" for p in ("c128treecheck-", "c128extract-")]
+    for folder in stale:
+        (folder / "python").mkdir(parents=True)
+    run = invoke("treecheck", "--sglang-rev", "v0.5.23", "--no-run", "--series", REPO_ROOT, as_json=False)
+    assert run.code == 8, run.err
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())

@@ -16,7 +16,6 @@ import ast
 import json
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from c128patch.fit.contract import patched_tree
 from c128patch.fit.resolve import PACKAGE, PY_ROOT, Def, Upstream, absolute, module_name, statements
 from c128patch.fit.sandbox import Sealed, interpreter, isolation
 from c128patch.git import Git
+from c128patch.procs import scratch
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series
 from c128patch.series.paths import symlink_on_path
@@ -232,7 +232,7 @@ def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | No
             run_code: bool = True, reporter: Reporter = NullReporter()) -> TreecheckResult:
     """The tier on the series replayed at ``commit`` (``fit.contract.patched_tree``), unpacked in a temporary folder."""
     head = patched_tree(series, git, rev, commit)
-    with tempfile.TemporaryDirectory(prefix="c128treecheck-") as tmp:
+    with scratch("c128treecheck-") as tmp:  # 87 MB of sglang: a SIGKILLed run's swept by pid
         git.extract(head, f"{PY_ROOT}/sglang", Path(tmp))
         if git.blob(head, f"{PY_ROOT}/pyproject.toml") is not None:  # the requirements of ``fit.env``
             git.extract(head, f"{PY_ROOT}/pyproject.toml", Path(tmp))

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Iterator
 from c128patch import PACKAGE_DIR
 from c128patch.errors import C128Error
 from c128patch.git import Git, is_work_tree, toplevel
+from c128patch.procs import scratch_dir
 from c128patch.series.paths import check_relpath
 from c128patch.series.provenance import PROVENANCE_PATH
 from c128patch.smoke import load_file
@@ -174,7 +175,7 @@ def validate(opts: KernelOptions) -> Path:
 def prepare(opts: KernelOptions, progress: Callable[[str], None] = lambda _m: None) -> Iterator[Prepared]:
     """Resolve the suite and the trees (unpacking a wheel, deriving upstream when asked); temp folders removed after."""
     suite = validate(opts)
-    work = Path(tempfile.mkdtemp(prefix="c128patch-smoke-"))
+    work = Path(scratch_dir("c128patch-smoke-"))  # (a SIGKILLed run's swept by pid)
     try:
         if opts.wheel is not None:
             progress(f"unpacking {opts.wheel.name}")

@@ -29,6 +29,7 @@ from packaging.version import InvalidVersion, Version
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.ops.applier import Apply
+from c128patch.procs import scratch_dir
 from c128patch.progress import NullReporter, Reporter, echo
 from c128patch.series import provenance
 from c128patch.series.layers import describe
@@ -219,7 +220,7 @@ def build_wheel(series: Series, upstream: Upstream, rev: str, tree: Path | None,
             else record.get("entries", []))
     info = {**target.to_json(), "version": str(base), "build": "source"}  # how it was made
     epoch = int(git.out("show", "-s", "--format=%ct", commit))
-    work = Path(tempfile.mkdtemp(prefix="c128patch-build-"))
+    work = Path(scratch_dir("c128patch-build-"))  # (a SIGKILLed run's swept by pid)
     created, keep_log = not out_dir.exists(), False
     try:
         built, cmd, env = _run_build(git, work, base, epoch, no_isolation, runner, reporter)
