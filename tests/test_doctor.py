@@ -186,6 +186,22 @@ def test_the_installed_files_are_checked_against_record(patched_python: Path):
     assert level == "ok" and message.endswith(" installed files match RECORD")
 
 
+@pytest.mark.parametrize("record", ["", "sglang/__init__.py,,\n", "sglang/__init__.py,md5=x,1\n"])
+def test_a_record_listing_no_hashed_file_is_not_a_match(tmp_path: Path, record: str):
+    """Helper 139: a RECORD emptied (or with no sha256 row) was "ok: 0 installed files match RECORD": a check that
+    checked nothing said it held."""
+    from c128patch.serve.install import Dist
+
+    info = tmp_path / "sglang-0.5.23.dist-info"
+    info.mkdir()
+    (info / "RECORD").write_text(record)
+    report = doctor_module.Report()
+    doctor_module._record(report, Dist("0.5.23", info, tmp_path))
+    ((finding),) = report.findings
+    assert finding.level == "warn" and finding.message.endswith("lists no file with a hash: the installed files "
+                                                                "cannot be checked"), finding
+
+
 def test_a_modified_installed_file_is_an_error_naming_it(patched_python: Path):
     target = next(patched_python.parent.parent.glob("lib/python*/site-packages/sglang/srt/environ.py"))
     original = target.read_bytes()
@@ -585,6 +601,25 @@ def test_the_first_probe_what_is_installed_has_the_probes_guarantees(tmp_path: P
     python.write_text(f"#!/bin/sh\nhead -c 20000000 /dev/zero\nexec {sys.executable} \"$@\"\n")
     with pytest.raises(C128Error, match="cannot ask .* what it has installed: it wrote more than 16 MiB"):
         install.probe(str(python))
+
+
+def test_no_probe_runs_a_module_of_the_current_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Helper 139: ``python -c`` puts the current folder first on sys.path: doctor run in an upstream tree whose top
+    level holds ``json.py`` ran it in each of its three probes (the probes' own ``import json``). None runs it now;
+    an ``sglang`` there that would shadow the install at a launch from here is still found."""
+    from c128patch.serve import install
+
+    marker = tmp_path / "RAN"
+    for name in ("json", "platform", "warnings"):
+        (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r})\nraise SystemExit(3)\n")
+    monkeypatch.chdir(tmp_path)
+    tell = "answer({'ok': 1})\n"
+    got = serving.ask(sys.executable, serving._COMMON + tell, [], 30)
+    assert got.data == {"ok": 1} and not got.error, got
+    assert install.probe(sys.executable).version and not marker.exists()
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "__init__.py").write_text(f"open({str(marker)!r}, 'a').write('sglang')\n")
+    assert install.probe(sys.executable).import_path == tmp_path / "sglang" and not marker.exists()
 
 
 def test_a_probe_sees_no_token_of_the_operators_environment(monkeypatch: pytest.MonkeyPatch):

@@ -224,6 +224,10 @@ def _record(report: Report, sg: Dist) -> None:
         report.add("warn", "record", f"{sg.dist_info} has no RECORD: the installed files cannot be checked")
         return
     listed = record_hashes(text)
+    if not listed:  # nothing to check: not "0 installed files match"
+        report.add("warn", "record", f"{sg.dist_info}/RECORD lists no file with a hash: the installed files cannot be "
+                                     "checked")
+        return
     missing = [name for name in listed if not (sg.site / name).is_file()]
     bad = [f"{name} (modified)" for name, digest in listed.items()
            if name not in missing and record_hash((sg.site / name).read_bytes()) != digest]

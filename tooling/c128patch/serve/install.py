@@ -13,7 +13,10 @@ from c128patch.errors import C128Error
 from c128patch.serve.serving import output
 
 PROBE = r"""
-import importlib.util, json, platform, sys, sysconfig
+import sys
+here = sys.path[:1] == [""]  # the current folder (``python -c``): none of its files imported (a tree's json.py)
+sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+import importlib.util, json, platform, sysconfig
 from importlib import metadata
 def dist(name):
     try:
@@ -23,13 +26,16 @@ def dist(name):
     path = getattr(d, "_path", None)
     return {"version": d.version, "dist_info": str(path) if path else None, "site": str(d.locate_file("")),
             "requires": list(d.requires or [])}
+dists = {n: dist(n) for n in ("sglang", "torch", "apache-tvm-ffi", "c128patch")}
+sys.path[:0] = [""] if here else []  # where `import sglang` resolves at a launch from here (find_spec runs nothing)
 spec = importlib.util.find_spec("sglang")
+sys.path[:] = [p for p in sys.path if p != ""]
 print(json.dumps({
     "executable": sys.executable, "version": platform.python_version(),
     "tag": "%s%d%d" % ({"cpython": "cp", "pypy": "pp"}.get(sys.implementation.name, "py"), *sys.version_info[:2]),
     "platform": sysconfig.get_platform(),
     "import_path": (list(spec.submodule_search_locations or [None])[0] if spec else None),
-    "dists": {n: dist(n) for n in ("sglang", "torch", "apache-tvm-ffi", "c128patch")},
+    "dists": dists,
 }))
 """
 

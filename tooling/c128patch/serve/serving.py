@@ -40,8 +40,12 @@ ENVIRON = "sglang/srt/environ.py"
 ONLINE_C128_DSPARK_RULES = "sglang/srt/layers/attention/dsv4/online_c128_dspark_rules.py"
 _MARK = "C128PATCH-ANSWER"  # then this run's secret (read from stdin before any installed code loads), the answer
 
+# (first: ``python -c`` puts the current folder first on sys.path; the probe's own imports, json's say, would run a
+# json.py there, an upstream tree's top level when doctor runs in it, helper 139)
 _COMMON = r'''
-import importlib, importlib.util, json, os, sys, warnings
+import sys
+sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+import importlib, importlib.util, json, os, warnings
 payload = json.loads(sys.argv[1])
 def answerer(mark, real_stdout):
     return lambda out: real_stdout.write("%s %s\n" % (mark, json.dumps(out, default=repr)))
