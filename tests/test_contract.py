@@ -15,6 +15,7 @@ import importlib.util
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -919,8 +920,9 @@ def test_the_nvcc_probe_runs_sealed_and_shows_no_line_of_a_file_a_header_include
 
 def test_an_nvcc_the_box_cannot_run_is_not_checked_never_a_failure(sglang_release_repo, monkeypatch, tmp_path):
     """Helper 139: nvcc at ``$HOME/bin/nvcc`` (its prefix HOME, which the box hides) or found through a relative PATH
-    entry (``bin``, resolved in the box's folder) never ran, yet the probe said "fails": contract broken, watch 7.
-    The first is not checked (nothing ran); the second runs the nvcc of the current folder."""
+    entry (``bin``, resolved in the box's folder), at ``$HOME/nvcc``, or whose interpreter the box hides never ran, yet
+    the probe said "fails": contract broken, watch 7. Those are not checked (nothing ran); the relative one runs the
+    nvcc of the current folder."""
     nvcc = tmp_path / "home" / "bin" / "nvcc"
     nvcc.parent.mkdir(parents=True)
     nvcc.write_text('#!/bin/sh\nexit 0\n')
@@ -940,6 +942,22 @@ def test_an_nvcc_the_box_cannot_run_is_not_checked_never_a_failure(sglang_releas
     monkeypatch.setattr(contract_cxx, "nvcc", lambda: "bin/nvcc")  # as shutil.which finds it through PATH=bin:...
     assert contract_cxx.probe(REPO_ROOT, Git(sglang_release_repo), "v0.5.23", cached=False) == (
         True, "nvcc signature probe compiles against the tree's headers (sm_90a)")
+    shell = tmp_path / "elsewhere" / "sh"  # nvcc's interpreter in a place the box hides: it cannot start there
+    shell.parent.mkdir()
+    shutil.copy("/bin/sh", shell)
+    nvcc.write_text(f"#!{shell}\nexit 0\n")
+    ok, line = contract_cxx.probe(REPO_ROOT, Git(sglang_release_repo), "v0.5.23", cached=False)
+    if not any(sandbox._cuts()[:2]):
+        assert ok is None and line.startswith(f"nvcc signature probe not run ({tmp_path / 'home' / 'bin' / 'nvcc'} "
+                                              "cannot be run in the sealed box: "), line
+    nvcc = tmp_path / "home2" / "nvcc"  # in HOME itself: its bin's parent holds HOME
+    nvcc.parent.mkdir()
+    nvcc.write_text("#!/bin/sh\nexit 0\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("HOME", str(nvcc.parent))
+    monkeypatch.setattr(contract_cxx, "nvcc", lambda: str(nvcc))
+    ok, line = contract_cxx.probe(REPO_ROOT, Git(sglang_release_repo), "v0.5.23", cached=False)
+    assert ok is (True if any(sandbox._cuts()[:2]) else None), line
 
 
 def _fake_toolchain(monkeypatch, tmp_path: Path, nvcc: Path) -> None:

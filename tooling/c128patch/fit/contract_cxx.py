@@ -288,7 +288,7 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
                "-DSGL_CUDA_ARCH=900", "-std=c++20", "--expt-relaxed-constexpr",
                *(f"-I{d}" for d in dict.fromkeys(includes))]
         try:  # in the sealed box: a header of the tree's may include a secret of the operator's (HOME, /proc, /etc)
-            box = Sealed(sys.executable, ["-c", "import os, sys; os.execv(sys.argv[1], sys.argv[1:])", *cmd],
+            box = Sealed(sys.executable, ["-c", _EXEC, *cmd],
                          PROBE_TIMEOUT, offline=True, writable=(tmp,), readable=(str(source.parent), *includes[1:],
                                                            *_prefixes(compiler)))
         except C128Error as exc:  # the box did not start (nvcc in a place it hides): nothing ran, no verdict
@@ -298,6 +298,9 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
         except C128Error as exc:  # (not cached: a loaded machine may be slow)
             return False, _FAILS + (f"nvcc did not finish in {PROBE_TIMEOUT:g} s (a header it reads that never ends?)"
                                     if "did not finish" in exc.message else exc.message)
+        if box.returncode == _NO_EXEC and err.startswith(_NO_EXEC_SAID):  # nvcc never started: no verdict
+            return None, (f"nvcc signature probe not run ({compiler} cannot be run in the sealed box: "
+                          f"{err[len(_NO_EXEC_SAID):].strip()[:200]}): C++ contract not checked")
         ok = box.returncode == 0
         line = _COMPILES if ok else _FAILS + _failure(out + err, tmp, source)
     if path is not None:
@@ -306,8 +309,16 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
 
 
 def _prefixes(compiler: str) -> set[str]:
-    """The folders nvcc runs from (its ``bin``'s parent, of the path named and of the real one: /opt/cuda, say)."""
-    return {os.path.dirname(os.path.dirname(p)) for p in (os.path.abspath(compiler), os.path.realpath(compiler))}
+    """The folders nvcc runs from (its ``bin``'s parent, of the path named and of the real one: /opt/cuda, say; its
+    own folder too, where that parent holds a place the box hides: ``$HOME/nvcc``)."""
+    return {d for p in (os.path.abspath(compiler), os.path.realpath(compiler))
+            for d in (os.path.dirname(p), os.path.dirname(os.path.dirname(p)))}
+
+
+# the box's first step: nvcc in place of itself, or (exit ``_NO_EXEC``) why it cannot start there: not nvcc's verdict
+_NO_EXEC, _NO_EXEC_SAID = 126, "c128probe: cannot start nvcc:"
+_EXEC = ("import os, sys\ntry:\n    os.execv(sys.argv[1], sys.argv[1:])\nexcept OSError as e:\n"
+         f"    sys.stderr.write('{_NO_EXEC_SAID} %s\\n' % e)\n    sys.exit({_NO_EXEC})\n")
 
 
 # an error line of nvcc's front end (``FILE(LINE): error: ...``) or of the host compiler (``FILE:LINE:COL: error:``)
