@@ -1010,8 +1010,10 @@ def test_a_relative_ld_preload_loads_no_library_of_the_tree_into_git(tmp_path: P
 
 @pytest.mark.parametrize("fails, said", [
     ('*" am "*', "fatal: unable to create threaded lstat: Resource temporarily unavailable"),
-    ('*" apply --cached /"*', "fatal: Out of memory, malloc failed (tried to allocate 131278 bytes)")],
-    ids=["apply-am", "check-apply"])
+    ('*" apply --cached /"*', "fatal: Out of memory, malloc failed (tried to allocate 131278 bytes)"),
+    ('*" am "*', "fatal: sha1 file '.git/index.lock' write error. Out of diskspace"),
+    ('*" apply --cached /"*', "fatal: sha1 file '/tmp/c128check-x/index.lock' write error. Out of diskspace")],
+    ids=["apply-am", "check-apply", "apply-am-disk", "check-apply-disk"])
 def test_a_git_starved_of_memory_or_threads_is_a_machine_failure_not_a_conflict(series, tree, tmp_path, monkeypatch,
                                                                                 fails, said):
     """Helper 139: under ``ulimit -v`` git's ``am`` or ``apply --cached`` failed for want of memory or threads:

@@ -161,11 +161,10 @@ def stale_lock_message(path: str) -> str:
             f"if none is running, remove it (rm -f {shlex.quote(path)}) and retry")
 
 
-# git out of memory, threads or files (ulimit -v, -u, -n): never an answer ("does not apply" under ulimit -v)
+# git out of memory, threads, files or disk (ulimit -v, -u, -n, a full TMPDIR): never an answer ("does not apply")
 _STARVED = (r"Out of memory|Cannot allocate memory|unable to create thread|Resource temporarily unavailable|"
-            r"Too many open files")
-_ENVIRONMENT = re.compile(r"Permission denied|Operation not permitted|Read-only file system|No space left on device|"
-                          r"Disk quota exceeded|File too large|" + _STARVED)
+            r"Too many open files|No space left on device|Out of diskspace|Disk quota exceeded")
+_ENVIRONMENT = re.compile(r"Permission denied|Operation not permitted|Read-only file system|File too large|" + _STARVED)
 
 
 def environment_problem(text: str) -> str | None:
