@@ -1048,3 +1048,22 @@ def test_a_release_cache_git_cannot_map_for_want_of_memory_is_not_called_corrupt
     (line,) = res.err.strip().splitlines()
     assert res.code == 2 and line.startswith("c128patch: error: ") and "Cannot allocate memory" in line and \
         "rm -rf" not in line and "corrupt" not in line, res.err
+
+
+def test_a_trees_crlf_settings_and_sparse_checkout_neither_stop_apply_half_done(series, tree, sglang_release_repo,
+                                                                               tmp_path):
+    """h140: a tree with `core.autocrlf=true` and `core.safecrlf=true` (git's advice on Windows): the overlay's `git
+    add` died ("LF would be replaced by CRLF"); a sparse checkout whose cone leaves out the overlay and the provenance:
+    `git add` (git >= 2.34) refused them. Both stopped apply half done; now the same commits as in a plain clone."""
+    clean = small_clone(sglang_release_repo, tmp_path / "clean").worktree
+    assert invoke(*apply_args(clean, series, "v0.5.23")).code == 0
+    git = Git(worktree=tree)
+    subprocess.run(["git", "-C", str(tree), "config", "core.autocrlf", "true"], check=True)
+    subprocess.run(["git", "-C", str(tree), "config", "core.safecrlf", "true"], check=True)
+    subprocess.run(["git", "-C", str(tree), "sparse-checkout", "set", "--no-cone",
+                    "/python/sglang/kernels/jit/csrc/deepseek_v4/"], check=True)
+    res = invoke(*apply_args(tree, series, "v0.5.23"))
+    assert res.code == 0, res.err
+    assert git.out("log", "--format=%H", "v0.5.23..HEAD") == \
+        Git(worktree=clean).out("log", "--format=%H", "v0.5.23..HEAD")
+    assert invoke("status", "--tree", tree, "--series", series).code == 0

@@ -31,6 +31,7 @@ FORCED_CONFIG = (
     # no attributes file of the operator's ($XDG_CONFIG_HOME/git/attributes: `* -diff` made refresh write binary
     # hunks, `eol=crlf` a tree of CRLF files); GIT_ATTR_NOSYSTEM below for the system's
     ("core.attributesFile", os.devnull),
+    ("core.safeCRLF", "false"),  # (with core.autocrlf=true, `add` of an overlay died: "LF would be replaced by CRLF")
     ("commit.gpgSign", "false"),
     ("tag.gpgSign", "false"),
     ("rerere.enabled", "false"),
@@ -73,6 +74,9 @@ _NO_PROGRAMS = {"diff": ("--no-ext-diff", "--no-textconv", "--ignore-submodules=
                 **dict.fromkeys(("log", "show", "range-diff"), ("--no-ext-diff", "--no-textconv")),
                 "blame": ("--no-textconv",),
                 **dict.fromkeys(("status", "diff-index", "diff-files"), ("--ignore-submodules=dirty",))}
+# a sparse checkout's `add` (git >= 2.34) refuses a path outside its cone (an overlay, the provenance): apply stopped
+# half done; `-c` here, not FORCED_CONFIG: a checkout would fill the tree in
+_PER_COMMAND = {"add": ("core.sparseCheckout=false",)}
 _DRIVERS = re.compile(r"^(filter|merge|diff)\.(.+)\.(clean|smudge|process|driver|textconv)$")
 # another file the config includes: the check below sees .git/config change, never that file (a checkout may write
 # it, a branch may turn it on)
@@ -360,7 +364,8 @@ class Git:
         full_env = {**self._base_env(transport=transport and bool(args) and args[0] in _TRANSPORT), **(env or {})}
         argv = [*args[:1], *_NO_PROGRAMS.get(args[0] if args else "", ()), *args[1:]]
         data = input.encode() if isinstance(input, str) and binary else input
-        settings = [*self._settings(), *(self._submodules_still() if args[:1] in (("commit",), ("stash",)) else ())]
+        settings = [*self._settings(), *(self._submodules_still() if args[:1] in (("commit",), ("stash",)) else ()),
+                    *_PER_COMMAND.get(args[0] if args else "", ())]
         proc = self._raw(argv, full_env, settings, data, binary, timeout)
         # a git starved of memory, threads or files gives no answer a caller may read as "no" (does not apply); ``am``
         # is aborted and said by its caller (``ops.applier``)
