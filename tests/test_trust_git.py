@@ -1067,3 +1067,22 @@ def test_a_trees_crlf_settings_and_sparse_checkout_neither_stop_apply_half_done(
     assert git.out("log", "--format=%H", "v0.5.23..HEAD") == \
         Git(worktree=clean).out("log", "--format=%H", "v0.5.23..HEAD")
     assert invoke("status", "--tree", tree, "--series", series).code == 0
+
+
+def test_the_operators_remote_settings_never_keep_a_url_mirror_from_fetching_a_new_rev(series, sglang_release_repo,
+                                                                                       tmp_path):
+    """h140: `clone.defaultRemoteName = up` (or a `remote.origin.*` of their own) in the operator's global config named
+    the `--repo URL` mirror's remote `up`; its later `fetch origin` failed, unsaid, and a rev upstream added after the
+    first clone was an "unknown rev" for ever. The mirror is fetched from its URL now, whatever its remote is named."""
+    source = tmp_path / "upstream.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(sglang_release_repo), str(source)], check=True)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text('[clone]\n\tdefaultRemoteName = up\n[remote "origin"]\n\ttagOpt = --no-tags\n')
+    env = {"HOME": str(home), "GIT_CONFIG_GLOBAL": None, "C128PATCH_CACHE": str(tmp_path / "cache")}
+    url = source.as_uri()
+    res = invoke("check", "--sglang-rev", "v0.5.23", "--repo", url, "--series", series, env=env)
+    assert res.code == 0, res.err
+    subprocess.run(["git", "-C", str(source), "tag", "v9-new", "v0.5.23"], check=True)
+    res = invoke("check", "--sglang-rev", "v9-new", "--repo", url, "--series", series, env=env)
+    assert res.code == 0, res.err

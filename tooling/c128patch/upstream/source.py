@@ -60,7 +60,9 @@ class Upstream:
 
     def _fetch(self, check: bool) -> None:
         with locked(Path(str(self.git.git_dir) + ".lock")):
-            _network(self.git, self.location, "fetch", "--quiet", "--prune", "--tags", "origin", check=check)
+            # from its URL, not the remote "origin": the operator's `clone.defaultRemoteName` names it otherwise
+            _network(self.git, self.location, "fetch", "--quiet", "--prune", "--", self.location, "+refs/*:refs/*",
+                     check=check)
 
     def describe(self) -> str:
         return {"release": "the sglang release wheels", "path": self.location, "url": self.location}[self.kind]
