@@ -1086,3 +1086,29 @@ def test_the_operators_remote_settings_never_keep_a_url_mirror_from_fetching_a_n
     subprocess.run(["git", "-C", str(source), "tag", "v9-new", "v0.5.23"], check=True)
     res = invoke("check", "--sglang-rev", "v9-new", "--repo", url, "--series", series, env=env)
     assert res.code == 0, res.err
+
+
+def test_a_partial_clone_whose_remote_names_a_program_runs_nothing_on_a_missing_object(series, marker,
+                                                                                        sglang_release_repo, tmp_path):
+    """h140: a `--repo` that is a partial clone (`--filter=blob:none`: remote.origin.promisor) with
+    `remote.origin.uploadpack = <program>`: `check` read a blob it lacks, git fetched it lazily from the promisor remote
+    and ran the program. Now refused in one line; and no call of the tool's but a clone or fetch reaches a remote at
+    all (`protocol.*.allow=never`), whatever the repository's own `protocol.file.allow` says."""
+    prog, mark = marker
+    server = tmp_path / "server.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(sglang_release_repo), str(server)], check=True)
+    subprocess.run(["git", "-C", str(server), "config", "uploadpack.allowFilter", "true"], check=True)
+    partial = tmp_path / "partial.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", "--filter=blob:none", server.as_uri(), str(partial)],
+                   check=True)
+    for key, value in (("remote.origin.uploadpack", f"{prog} </dev/null; git-upload-pack"),
+                       ("protocol.file.allow", "always")):
+        subprocess.run(["git", "-C", str(partial), "config", key, value], check=True)
+    refused(["check", "--sglang-rev", "v0.5.23", "--repo", partial, "--series", series], None,
+            "a partial clone's remote")
+    refused(["apply", "--sglang-rev", "v0.5.23", "--repo", partial, "--tree", tmp_path / "t", "--series", series], None,
+            "(remote.origin.promisor = true)")
+    # past the refusal (as a promisor remote the check did not see would be): the missing blob is missing, nothing ran
+    git = Git(git_dir=partial, filters_off=[])
+    assert git.blob("v0.5.23", CUH) is None
+    assert not mark.exists() and not (tmp_path / "t").exists()

@@ -68,6 +68,12 @@ _PROGRAM_ENV = ("GIT_SSH", "GIT_SSH_COMMAND", "GIT_ASKPASS", "SSH_ASKPASS", "GIT
                 "GIT_CONFIG_SYSTEM")
 # git subcommands that keep the operator's global and system config (proxies, credentials, insteadOf)
 _TRANSPORT = ("clone", "fetch", "ls-remote")
+# every other call reaches no remote: a partial clone's lazy fetch of an object it lacks ran the program its config
+# names for its promisor remote (`remote.<name>.uploadpack`, `core.sshCommand`); the command line's setting beats the
+# repository's `protocol.<name>.allow` (GIT_NO_LAZY_FETCH: git >= 2.45 only)
+_NO_REMOTE = (*(f"protocol.{p}.allow=never" for p in ("file", "git", "ssh", "http", "https", "ext")),
+              "protocol.allow=never")
+_PROMISOR = r"^extensions\.partialclone$|^remote\..+\.promisor$"
 # options that keep a diff from running a program the config names (an external diff, a textconv filter), or git in a
 # submodule's work tree (the option beats the submodule's own ``ignore`` setting, which beats diff.ignoreSubmodules)
 _NO_PROGRAMS = {"diff": ("--no-ext-diff", "--no-textconv", "--ignore-submodules=dirty"),
@@ -230,7 +236,8 @@ class Git:
             env.pop("GIT_CONFIG_SYSTEM", None)
         env.update(GIT_AUTHOR_NAME=BOT_NAME, GIT_AUTHOR_EMAIL=BOT_EMAIL, GIT_COMMITTER_NAME=BOT_NAME,
                    GIT_COMMITTER_EMAIL=BOT_EMAIL, GIT_TERMINAL_PROMPT="0", GIT_NO_REPLACE_OBJECTS="1", LC_ALL="C",
-                   GIT_ATTR_NOSYSTEM="1", GIT_EDITOR=":", GIT_SEQUENCE_EDITOR=":", GIT_PAGER="cat")  # no $EDITOR
+                   GIT_ATTR_NOSYSTEM="1", GIT_NO_LAZY_FETCH="1", GIT_EDITOR=":", GIT_SEQUENCE_EDITOR=":",
+                   GIT_PAGER="cat")  # no $EDITOR
         if self.git_dir is not None:
             env["GIT_DIR"] = str(self.git_dir)
         env.update(self.env)
@@ -243,14 +250,16 @@ class Git:
     def cwd(self) -> Path:
         return self.worktree if self.worktree is not None else (self.git_dir or Path.cwd())
 
-    def _settings(self) -> list[str]:
-        """``-c`` options: FORCED_CONFIG, the repository's filters off, the folders the operator trusts."""
+    def _settings(self, remote: bool = False) -> list[str]:
+        """``-c`` options: FORCED_CONFIG, the repository's filters off, the folders the operator trusts; no remote
+        reached unless ``remote`` (a clone or fetch)."""
         if self.filters_off is None:
             self.filters_off = self._filters_off() if self.worktree is not None or self.git_dir is not None else []
         forced = [f"{k}={v}" for k, v in FORCED_CONFIG]
         if os.environ.get(FAULT_HOOKS_ENV):
             forced.append(f"core.hooksPath={os.environ[FAULT_HOOKS_ENV]}")
-        return [*forced, *self.filters_off, *(f"safe.directory={p}" for p in self._trusted)]
+        return [*forced, *(() if remote else _NO_REMOTE), *self.filters_off,
+                *(f"safe.directory={p}" for p in self._trusted)]
 
     def _filters_off(self) -> list[str]:
         """``-c`` settings turning off the config's filters and textconv programs (``cat`` for one: range-diff's own
@@ -268,7 +277,7 @@ class Git:
         if stamp is None or key not in _FILTERS:
             forced = [f"{k}={v}" for k, v in FORCED_CONFIG]
             proc = self._raw(["config", "-z", "--get-regexp",
-                              f"{_DRIVERS.pattern}|{_INCLUDES}|{_TRAILERS.pattern}|^core\\.worktree$"],
+                              f"{_DRIVERS.pattern}|{_INCLUDES}|{_TRAILERS.pattern}|{_PROMISOR}|^core\\.worktree$"],
                              self._base_env(), forced)
             off, refusal = [], ""
             for item in filter(None, proc.stdout.split("\0")):
@@ -281,12 +290,16 @@ class Git:
                             f"one; c128patch works only in the tree it is given: "
                             f"{shlex.join(['git', '-C', str(self.cwd), 'config', '--unset', 'core.worktree'])}")
                     continue
+                if re.match(_PROMISOR, name) and value.strip().lower() in ("false", "no", "off", "0"):
+                    continue
                 m = _DRIVERS.match(name)
                 if name == "merge.union.driver" and value == UNION_AS_TEXT:  # (ours, FORCED_CONFIG)
                     continue
                 what = "a merge program" if m and m.group(1) == "merge" and value.strip() else \
                     "a program under a name c128patch cannot turn off" if m and "=" in m.group(2) else \
                     "a trailer program" if _TRAILERS.match(name) else \
+                    "a partial clone's remote, which git fetches the objects it lacks from with the programs the " \
+                    "config names" if re.match(_PROMISOR, name) else \
                     "another config file to include, which may change after this check" if not m else ""
                 if what and not refusal:
                     refusal = (f"{self.cwd}: its git config names {what} ({name} = {value}); c128patch runs no "
@@ -364,7 +377,8 @@ class Git:
         full_env = {**self._base_env(transport=transport and bool(args) and args[0] in _TRANSPORT), **(env or {})}
         argv = [*args[:1], *_NO_PROGRAMS.get(args[0] if args else "", ()), *args[1:]]
         data = input.encode() if isinstance(input, str) and binary else input
-        settings = [*self._settings(), *(self._submodules_still() if args[:1] in (("commit",), ("stash",)) else ()),
+        settings = [*self._settings(bool(args) and args[0] in (*_TRANSPORT, "push")),
+                    *(self._submodules_still() if args[:1] in (("commit",), ("stash",)) else ()),
                     *_PER_COMMAND.get(args[0] if args else "", ())]
         proc = self._raw(argv, full_env, settings, data, binary, timeout)
         # a git starved of memory, threads or files gives no answer a caller may read as "no" (does not apply); ``am``
