@@ -1112,3 +1112,20 @@ def test_a_partial_clone_whose_remote_names_a_program_runs_nothing_on_a_missing_
     git = Git(git_dir=partial, filters_off=[])
     assert git.blob("v0.5.23", CUH) is None
     assert not mark.exists() and not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("how", ["fix", "error-all"])
+def test_a_trees_whitespace_settings_never_change_or_refuse_the_series_commits(series, tree, sglang_release_repo,
+                                                                              tmp_path, how):
+    """h140: the tree's `apply.whitespace = fix` with `core.whitespace = indent-with-non-tab` had `git am` re-indent the
+    series' added lines with tabs (Python with a TabError), and apply still said "identical to a fresh apply";
+    `error-all` made the entry a conflict. Now the same commits as in a plain clone, the line as the patch has it."""
+    clean = small_clone(sglang_release_repo, tmp_path / "clean").worktree
+    assert invoke(*apply_args(clean, series, "v0.5.23")).code == 0
+    for key, value in {"core.whitespace": "indent-with-non-tab,tabwidth=4", "apply.whitespace": how}.items():
+        subprocess.run(["git", "-C", str(tree), "config", key, value], check=True)
+    res = invoke(*apply_args(tree, series, "v0.5.23"))
+    assert res.code == 0, res.err
+    assert Git(worktree=tree).out("log", "--format=%H", "v0.5.23..HEAD") == \
+        Git(worktree=clean).out("log", "--format=%H", "v0.5.23..HEAD")
+    assert EDIT[CUH][1] in (tree / CUH).read_text()

@@ -31,6 +31,9 @@ FORCED_CONFIG = (
     # no attributes file of the operator's ($XDG_CONFIG_HOME/git/attributes: `* -diff` made refresh write binary
     # hunks, `eol=crlf` a tree of CRLF files); GIT_ATTR_NOSYSTEM below for the system's
     ("core.attributesFile", os.devnull),
+    # a patch applies as it is: `apply.whitespace=fix` with `core.whitespace=indent-with-non-tab` made `am` indent the
+    # series' Python with tabs, then "identical to a fresh apply"; `error-all` made every entry a conflict
+    ("apply.whitespace", "warn"), ("apply.ignoreWhitespace", "no"),
     ("core.safeCRLF", "false"),  # (with core.autocrlf=true, `add` of an overlay died: "LF would be replaced by CRLF")
     ("commit.gpgSign", "false"),
     ("tag.gpgSign", "false"),
