@@ -55,13 +55,14 @@ def test_refresh_is_a_fixed_point(applied):
 
 
 def test_the_trees_format_patch_settings_change_nothing_refresh_writes(applied):
-    """A tree's ``format.*`` config (an attached mail the reader refuses, a sign-off, headers, notes, a base) is not
-    the series': refresh --check after it still changes nothing, and refresh writes the same bytes."""
+    """A tree's ``format.*`` config (an attached mail the reader refuses, a sign-off, headers, notes, a base, another
+    sender: h140, `format.from` wrote every patch From: it) is not the series': refresh --check after it still changes
+    nothing, and refresh writes the same bytes."""
     series, tree = applied
     before = files(series)
     for key, value in (("format.attach", "true"), ("format.signOff", "true"), ("format.headers", "X-Site: 1"),
                        ("format.notes", "true"), ("format.to", "x@example.invalid"), ("format.useAutoBase", "true"),
-                       ("format.thread", "shallow")):
+                       ("format.thread", "shallow"), ("format.from", "Someone Else <else@example.invalid>")):
         subprocess.run(["git", "-C", str(tree), "config", key, value], check=True)
     code, out = cli("refresh", "--tree", str(tree), "--series", str(series), "--check")
     assert code == 0 and out["changed"] == [], out

@@ -79,7 +79,7 @@ def slug(text: str) -> str:
 
 # what a tree's ``format.*`` config would add (a multipart mail the reader refuses, a sign-off, headers, notes)
 _NOT_FROM_CONFIG = ("--no-attach", "--no-thread", "--no-notes", "--no-to", "--no-cc", "--no-add-header", "--no-base",
-                    "--no-signoff", "--no-cover-letter")
+                    "--no-signoff", "--no-cover-letter", "--no-from")
 
 
 def format_patch(git: Git, commit: str, entry_name: str, gate: str = "") -> bytes:
