@@ -1129,3 +1129,31 @@ def test_a_trees_whitespace_settings_never_change_or_refuse_the_series_commits(s
     assert Git(worktree=tree).out("log", "--format=%H", "v0.5.23..HEAD") == \
         Git(worktree=clean).out("log", "--format=%H", "v0.5.23..HEAD")
     assert EDIT[CUH][1] in (tree / CUH).read_text()
+
+
+@pytest.mark.parametrize("settings", [
+    {"commit.cleanup": "strip", "core.commentChar": "C"},
+    {"trailer.where": "start", "trailer.ifexists": "replace", "trailer.separators": "#"},
+    {"i18n.commitEncoding": "latin1", "am.threeWay": "true", "mailinfo.scissors": "true"},
+], ids=["cleanup", "trailers", "encoding"])
+def test_a_trees_commit_settings_never_change_the_tools_commits(series, tree, sglang_release_repo, tmp_path, settings):
+    """h140: the tree's `commit.cleanup = strip` with `core.commentChar = C` stripped the `C128patch-Entry` trailer
+    `commit --trailer` adds, `trailer.where`/`ifexists` moved or replaced it: apply refused its own commit, half done;
+    `i18n.commitEncoding = latin1` gave every commit an `encoding` header, other ids. Now the same commits as in a
+    plain clone; a setting aimed at the tool's own trailer (`trailer.<x>.key = C128patch-Entry`) is one line."""
+    clean = small_clone(sglang_release_repo, tmp_path / "clean").worktree
+    assert invoke(*apply_args(clean, series, "v0.5.23")).code == 0
+    for key, value in settings.items():
+        subprocess.run(["git", "-C", str(tree), "config", key, value], check=True)
+    res = invoke(*apply_args(tree, series, "v0.5.23"))
+    assert res.code == 0, res.err
+    assert Git(worktree=tree).out("log", "--format=%H", "v0.5.23..HEAD") == \
+        Git(worktree=clean).out("log", "--format=%H", "v0.5.23..HEAD")
+    if "trailer.where" in settings:
+        Git(worktree=tree).run("checkout", "-q", "main")
+        subprocess.run(["git", "-C", str(tree), "config", "trailer.x.key", "C128patch-Entry"], check=True)
+        refs = subprocess.run(["git", "-C", str(tree), "show-ref", "--head"], capture_output=True, text=True).stdout
+        refused([*apply_args(tree, series, "v0.5.23"), "--branch", "again"], None,
+                "how git writes c128patch's own trailer (trailer.x.key = C128patch-Entry)")
+        assert subprocess.run(["git", "-C", str(tree), "show-ref", "--head"], capture_output=True, text=True).stdout \
+            == refs

@@ -35,6 +35,13 @@ FORCED_CONFIG = (
     # series' Python with tabs, then "identical to a fresh apply"; `error-all` made every entry a conflict
     ("apply.whitespace", "warn"), ("apply.ignoreWhitespace", "no"),
     ("core.safeCRLF", "false"),  # (with core.autocrlf=true, `add` of an overlay died: "LF would be replaced by CRLF")
+    # the tool's commits are the same whatever the tree's config: `i18n.commitEncoding` wrote an `encoding` header
+    # (other ids); `commit.cleanup=strip` with `core.commentChar=C`, or `trailer.ifExists=replace`/`trailer.where`,
+    # dropped or moved the entry trailer `commit --trailer` adds (apply refused its own commit); `am.threeWay` made its
+    # loose retry a 3-way merge
+    ("i18n.commitEncoding", "UTF-8"), ("commit.cleanup", "default"), ("core.commentChar", "#"),
+    ("trailer.where", "end"), ("trailer.ifExists", "addIfDifferentNeighbor"), ("trailer.ifMissing", "add"),
+    ("trailer.separators", ":"), ("am.threeWay", "false"), ("am.keepCR", "false"), ("mailinfo.scissors", "false"),
     ("commit.gpgSign", "false"),
     ("tag.gpgSign", "false"),
     ("rerere.enabled", "false"),
@@ -91,6 +98,8 @@ _DRIVERS = re.compile(r"^(filter|merge|diff)\.(.+)\.(clean|smudge|process|driver
 # it, a branch may turn it on)
 _INCLUDES = r"^include\.path$|^includeif\..+\.path$"
 _TRAILERS = re.compile(r"^trailer\..+\.(command|cmd)$")  # a program `commit --trailer` runs
+# a trailer setting git applies to the tool's own (`C128patch-Entry`): its name or its key starts with the token
+_OUR_TRAILER = re.compile(r"^trailer\.(?:c128patch-[^\n]*\.[a-z]+\n.*|[^\n]+\.key\nc128patch-.*)$", re.I | re.S)
 _FILTERS: dict[tuple, tuple[list[str], str]] = {}  # (cwd, git dir, config stamp) -> (-c settings, refusal)
 _DUBIOUS = re.compile(r"detected dubious ownership in repository at '([^']+)'")
 
@@ -280,7 +289,7 @@ class Git:
         if stamp is None or key not in _FILTERS:
             forced = [f"{k}={v}" for k, v in FORCED_CONFIG]
             proc = self._raw(["config", "-z", "--get-regexp",
-                              f"{_DRIVERS.pattern}|{_INCLUDES}|{_TRAILERS.pattern}|{_PROMISOR}|^core\\.worktree$"],
+                              f"{_DRIVERS.pattern}|{_INCLUDES}|^trailer\\.|{_PROMISOR}|^core\\.worktree$"],
                              self._base_env(), forced)
             off, refusal = [], ""
             for item in filter(None, proc.stdout.split("\0")):
@@ -301,12 +310,15 @@ class Git:
                 what = "a merge program" if m and m.group(1) == "merge" and value.strip() else \
                     "a program under a name c128patch cannot turn off" if m and "=" in m.group(2) else \
                     "a trailer program" if _TRAILERS.match(name) else \
+                    "how git writes c128patch's own trailer" if _OUR_TRAILER.match(item) else \
                     "a partial clone's remote, which git fetches the objects it lacks from with the programs the " \
                     "config names" if re.match(_PROMISOR, name) else \
-                    "another config file to include, which may change after this check" if not m else ""
+                    "another config file to include, which may change after this check" if re.match(_INCLUDES, name) \
+                    else ""
                 if what and not refusal:
-                    refusal = (f"{self.cwd}: its git config names {what} ({name} = {value}); c128patch runs no "
-                               "program from a repository's config: remove that setting, or use a clone without it")
+                    refusal = (f"{self.cwd}: its git config names {what} ({name} = {value}); c128patch takes no "
+                               "program, nor a setting of its own commits, from a repository's config: remove that "
+                               "setting, or use a clone without it")
                 elif m and m.group(1) == "filter":
                     off += [f"filter.{m.group(2)}.{k}" for k in ("clean=", "smudge=", "process=", "required=false")]
                 elif m and m.group(1) == "diff":  # (its cache would write notes into the repository)
