@@ -1157,3 +1157,20 @@ def test_a_trees_commit_settings_never_change_the_tools_commits(series, tree, sg
                 "how git writes c128patch's own trailer (trailer.x.key = C128patch-Entry)")
         assert subprocess.run(["git", "-C", str(tree), "show-ref", "--head"], capture_output=True, text=True).stdout \
             == refs
+
+
+def test_a_sha256_upstream_is_one_line_for_check_and_apply_alike(series, tmp_path):
+    """h140: a `--repo` whose objects are SHA-256 (`git init --object-format=sha256`): `check` printed every entry as
+    `error` ("git update-index --index-info failed: malformed index info 0 0000...": a SHA-1 id) and predicted apply
+    to be refused, while apply went on. Both are one line now, nothing made."""
+    repo = tmp_path / "sha256.git"
+    subprocess.run(["git", "init", "--quiet", "--bare", "--object-format=sha256", str(repo)], check=True)
+    empty = subprocess.run(["git", "-C", str(repo), "mktree"], input="", capture_output=True, text=True,
+                           check=True).stdout.strip()
+    commit = subprocess.run(["git", "-C", str(repo), "-c", "user.name=u", "-c", "user.email=u@x.invalid", "commit-tree",
+                             empty, "-m", "x"], capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run(["git", "-C", str(repo), "tag", "v0.5.23", commit], check=True)
+    for args in (["check", "--sglang-rev", "v0.5.23", "--repo", repo, "--series", series],
+                 ["apply", "--sglang-rev", "v0.5.23", "--repo", repo, "--tree", tmp_path / "t", "--series", series]):
+        refused(args, None, "its objects are named by sha256 (extensions.objectFormat)")
+    assert not (tmp_path / "t").exists()

@@ -289,18 +289,13 @@ class Git:
         if stamp is None or key not in _FILTERS:
             forced = [f"{k}={v}" for k, v in FORCED_CONFIG]
             proc = self._raw(["config", "-z", "--get-regexp",
-                              f"{_DRIVERS.pattern}|{_INCLUDES}|^trailer\\.|{_PROMISOR}|^core\\.worktree$"],
+                              f"{_DRIVERS.pattern}|{_INCLUDES}|^trailer\\.|{_PROMISOR}|^core\\.worktree$|^extensions\\.objectformat$"],
                              self._base_env(), forced)
             off, refusal = [], ""
             for item in filter(None, proc.stdout.split("\0")):
                 name, _, value = item.partition("\n")  # (a name may hold a space)
-                if name == "core.worktree":  # git would work in that folder, not in the one given
-                    top = self._raw(["rev-parse", "--show-toplevel"], self._base_env(), forced).stdout.strip()
-                    if self.worktree is not None and (not top or Path(top).resolve() != self.worktree.resolve()):
-                        refusal = refusal or (
-                            f"{self.cwd}: its git config sets core.worktree = {value}, another folder than this "
-                            f"one; c128patch works only in the tree it is given: "
-                            f"{shlex.join(['git', '-C', str(self.cwd), 'config', '--unset', 'core.worktree'])}")
+                if name in ("core.worktree", "extensions.objectformat"):  # (where and how it is, not a program)
+                    refusal = refusal or self._layout_refusal(name, value, forced)
                     continue
                 if re.match(_PROMISOR, name) and value.strip().lower() in ("false", "no", "off", "0"):
                     continue
@@ -328,6 +323,19 @@ class Git:
         if refusal:
             raise C128Error(refusal)
         return list(off)
+
+    def _layout_refusal(self, name: str, value: str, forced: list[str]) -> str:
+        """Why c128patch cannot work in this repository as its config lays it out ("": it can)."""
+        if name == "extensions.objectformat":  # the series' patches and check's index name SHA-1 ids
+            return "" if value.strip().lower() == "sha1" else (
+                f"{self.cwd}: its objects are named by {value} (extensions.objectFormat), not SHA-1 as sglang's are; "
+                "the series' patches and c128patch's checks name SHA-1 ids: use a SHA-1 clone of upstream")
+        top = self._raw(["rev-parse", "--show-toplevel"], self._base_env(), forced).stdout.strip()
+        if self.worktree is not None and (not top or Path(top).resolve() != self.worktree.resolve()):
+            return (f"{self.cwd}: its git config sets core.worktree = {value}, another folder than this one; "
+                    f"c128patch works only in the tree it is given: "
+                    f"{shlex.join(['git', '-C', str(self.cwd), 'config', '--unset', 'core.worktree'])}")
+        return ""
 
     def _submodules_still(self) -> list[str]:
         """``submodule.<name>.ignore=dirty`` for each submodule a .gitmodules (work tree, index, HEAD) names: a commit
