@@ -1174,3 +1174,16 @@ def test_a_sha256_upstream_is_one_line_for_check_and_apply_alike(series, tmp_pat
                  ["apply", "--sglang-rev", "v0.5.23", "--repo", repo, "--tree", tmp_path / "t", "--series", series]):
         refused(args, None, "its objects are named by sha256 (extensions.objectFormat)")
     assert not (tmp_path / "t").exists()
+
+
+def test_a_folder_inside_a_work_tree_is_no_repo_and_no_tree_to_apply_to(series, tree, sglang_release_repo):
+    """h140: `apply --repo R/python` (a folder inside the work tree R) took that folder for the tree: git ran from the
+    top but the overlay was written at R/python/python/sglang/..., the apply stopped half done. `--repo` and an
+    existing `--tree` name a work tree's top now, else one line naming it."""
+    inside = tree / "python"
+    for args in (apply_args(inside, series, "v0.5.23"),
+                 ["apply", "--sglang-rev", "v0.5.23", "--repo", sglang_release_repo, "--tree", inside,
+                  "--series", series],
+                 ["check", "--sglang-rev", "v0.5.23", "--repo", inside, "--series", series]):
+        refused(args, tree, f"is a folder inside the work tree {tree}, not its top")
+    assert not (inside / "python").exists()

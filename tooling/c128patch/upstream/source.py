@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from c128patch.errors import C128Error
-from c128patch.git import Git, GitError, is_work_tree, refuse_git_dir
+from c128patch.git import Git, GitError, refuse_git_dir, work_tree_top
 from c128patch.progress import NullReporter, Reporter, echo
 from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, cache_dir, locked, release_version
@@ -102,6 +102,15 @@ class Target:
         return default_branch(self.rev if not _NOT_IN_A_REF.search(self.rev) else self.commit[:12])
 
 
+def own_work_tree(path: Path, option: str) -> bool:
+    """Is ``path`` the top of a work tree? A folder inside one is refused: git works from the top (the series' paths),
+    the tool wrote an overlay under the folder given (``--repo R/python``: ``R/python/python/sglang/...``)."""
+    top = work_tree_top(path)
+    if top is not None and top.resolve() != path.resolve():
+        raise C128Error(f"{option} {path} is a folder inside the work tree {top}, not its top; pass {option} {top}")
+    return top is not None
+
+
 def open_upstream(repo: str | None, revs: list[str], reporter: Reporter = NullReporter()) -> Upstream:
     """Open the upstream named by ``--repo`` (path or URL), or the release history by default."""
     if repo is None:
@@ -116,7 +125,7 @@ def open_upstream(repo: str | None, revs: list[str], reporter: Reporter = NullRe
     path = Path(repo).expanduser().absolute()  # git runs in the repo: a relative bare path would not resolve there
     if not path.exists():
         raise C128Error(f"missing repo: {path} does not exist")
-    git = Git(worktree=path) if is_work_tree(path) else Git(git_dir=path)
+    git = Git(worktree=path) if own_work_tree(path, "--repo") else Git(git_dir=path)
     if not git.ok("rev-parse", "--git-dir"):
         raise C128Error(f"not a git repository: {path}")
     return Upstream("path", git, str(path.resolve()))
@@ -201,7 +210,7 @@ def prepare_tree(upstream: Upstream, tree: Path | None, commit: str, reporter: R
         extra = [f"--template={template}"] if template is not None else []
         Git().run("clone", "--quiet", "--no-checkout", *extra, "--", source, str(tree))
         return tree, True
-    if not is_work_tree(tree):
+    if not own_work_tree(tree, "--tree"):
         raise C128Error(f"not a git repository: {tree} (pass --tree to a git work tree, or to a new or empty folder)")
     git = Git(worktree=tree)
     if git.rev_parse(commit) is None:
