@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import difflib
 import json
 import os
 import shutil
@@ -698,6 +699,43 @@ def test_a_ledger_folder_that_is_a_link_is_never_written_through(series, tree, t
     res = invoke("rebase", "--continue", "--tree", tree, as_json=False)
     assert list(outside.rglob("*")) == [], res.err
     assert res.code == 2 and "goes through the symlink" in res.err, res.err
+
+
+@pytest.mark.parametrize("how", ["honest", "another-file", "symlink"])
+def test_a_ledger_rows_diff_changes_its_own_files_lines_and_nothing_else(series, tree, how):
+    """A ledger row (a pull request's) whose diff resolves its conflict and also writes another file, or turns the
+    file into a symlink: `git apply` took it whole, in the tree at a stop (an untracked `evil.py` beside the
+    conflict) and in the loop, where the symlink (which no series may carry) was committed. Such a row does not fit:
+    the rebase stops at the conflict, nothing else written; the honest row still resolves it."""
+    git, path, data = stopped_rebase(series, tree)
+    conflict = Conflict.of(CUH, (tree / CUH).read_text())
+    start, end = conflict.text.index("<<<<<<<"), conflict.text.index(">>>>>>>")
+    resolved = (conflict.text[:start] + LINE.rstrip("\n") + "  // resolved\n"
+                + conflict.text[conflict.text.index("\n", end) + 1:])
+    diff = "".join(difflib.unified_diff(conflict.text.splitlines(keepends=True), resolved.splitlines(keepends=True),
+                                        f"a/{CUH}", f"b/{CUH}"))
+    if how == "another-file":
+        diff += "--- /dev/null\n+++ b/python/sglang/evil.py\n@@ -0,0 +1 @@\n+import os\n"
+    if how == "symlink":
+        lines = conflict.text.splitlines(keepends=True)
+        diff = (f"diff --git a/{CUH} b/{CUH}\ndeleted file mode 100644\n--- a/{CUH}\n+++ /dev/null\n"
+                f"@@ -1,{len(lines)} +0,0 @@\n" + "".join("-" + line for line in lines)
+                + f"diff --git a/{CUH} b/{CUH}\nnew file mode 120000\n--- /dev/null\n+++ b/{CUH}\n@@ -0,0 +1 @@\n"
+                "+/etc/passwd\n\\ No newline at end of file\n")
+    ledger = series / "patches" / "resolutions"
+    (ledger / "test-patch").mkdir(parents=True)
+    (ledger / "test-patch" / f"{conflict.key}.diff").write_text(diff)
+    (ledger / "ledger.toml").write_text(f'[[resolutions]]\nentry = "test-patch"\nkey = "{conflict.key}"\n'
+                                        f'match = "{conflict.match}"\nfile = "{CUH}"\nfrom = "a"\nonto = "b"\n')
+    assert invoke("rebase", "--abort", "--tree", tree, as_json=False).code == 0
+    res = invoke("rebase", "--onto", data["onto_commit"], "--tree", tree, "--series", series, as_json=False)
+    assert not (tree / "python/sglang/evil.py").exists() and not (tree / CUH).is_symlink()
+    assert git.out("ls-tree", "-r", "HEAD", "--", CUH).startswith("100644 ")
+    if how == "honest":
+        assert res.code == 0 and "  // resolved" in (tree / CUH).read_text(), res.err
+        return
+    assert res.code == 1 and "<<<<<<<" in (tree / CUH).read_text(), res.err
+    assert [line for line in git.lines("status", "--porcelain") if not line.startswith("??")] == [f"UU {CUH}"]
 
 
 def test_an_upstream_attribute_marking_files_binary_never_makes_refresh_write_a_binary_hunk(series, tree):

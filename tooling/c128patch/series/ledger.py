@@ -125,6 +125,16 @@ class Ledger:
             raise C128Error(f"unsafe ledger key in {self.index}: {key!r} (a key is 1-64 hex digits)")
         return self._confined(f"{check_entry_name(entry, 'the ledger')}/{key}.diff")
 
+    @staticmethod
+    def _only(git: Git, diff: Path, path: str) -> bool:
+        """Does ``diff`` (a pull request's) change ``path``'s lines and nothing else, as git reads it? Else the row
+        does not fit: one that also wrote other files in the tree, or made the file a symlink, was applied (and the
+        symlink committed, which no series may carry)."""
+        stat = git.run("apply", "--numstat", "-z", str(diff), check=False)
+        summary = git.run("apply", "--summary", str(diff), check=False)
+        return (stat.returncode == summary.returncode == 0 and not summary.stdout.strip()
+                and re.fullmatch(r"(\d+|-)\t(\d+|-)\t" + re.escape(path) + "\0", stat.stdout) is not None)
+
     def _confined(self, name: str) -> Path:
         """``patches/resolutions/<name>`` through the confinement rule: a series (a pull request's) holding that folder
         or an entry's as a link had ``record`` write through it, outside the series."""
@@ -151,7 +161,7 @@ class Ledger:
             near = [r for r in rows if r.get("match") == c.match and r["file"] == c.path and r not in exact]
             for row, flags in [*((r, ()) for r in exact), *((r, ("--ignore-whitespace",)) for r in near)]:
                 diff = ledger._diff_path(local, row["key"])
-                if diff.is_file() and git.ok("apply", *flags, str(diff)):
+                if diff.is_file() and Ledger._only(git, diff, c.path) and git.ok("apply", *flags, str(diff)):
                     git.run("add", "--", c.path)
                     recorded = f"{row['from']}..{row['onto']}"
                     used.append(Resolution(entry, row["key"], c.path, recorded,
