@@ -738,6 +738,31 @@ def test_a_ledger_rows_diff_changes_its_own_files_lines_and_nothing_else(series,
     assert [line for line in git.lines("status", "--porcelain") if not line.startswith("??")] == [f"UU {CUH}"]
 
 
+def test_a_refusal_past_the_rebase_journals_first_write_says_the_rebase_is_in_progress_and_its_way_out(series, tree):
+    """A ledger row the loop reads only at the conflict (`from = "a b"`): `rebase --onto` said only "not a resolution
+    ledger", exit 2, as a refusal that changed nothing, and left its journal (every later verb "a rebase is in
+    progress"). The line now says the rebase is in progress with the commands that finish or undo it, which work as
+    printed."""
+    from c128patch.ops.treestate import rebase_command
+
+    git = Git(worktree=tree)
+    (series / "patches" / "resolutions").mkdir(parents=True)
+    ledger = series / "patches" / "resolutions" / "ledger.toml"
+    ledger.write_text(f'[[resolutions]]\nentry = "test-patch"\nkey = "0"\nfile = "{CUH}"\nfrom = "a b"\n')
+    assert invoke(*apply_args(tree, series), as_json=False).code == 0
+    head, onto = git.head(), upstream_edits_the_same_line(git, tree)
+    res = invoke("rebase", "--onto", onto, "--tree", tree, "--series", series, as_json=False)
+    assert res.code == 2 and "not a resolution ledger" in res.err and "in progress" in res.err, res.err
+    again = invoke("rebase", "--onto", onto, "--tree", tree, "--series", series, as_json=False).err  # (printed
+    for verb in ("continue", "skip", "abort"):  # "(... --continue --tree T / --skip)": no command as printed)
+        assert printed_command(again, f"c128patch rebase --{verb}") == rebase_command(tree, verb), again
+    ledger.unlink()
+    done = run_printed(printed_command(res.err, "c128patch rebase --continue"))
+    assert done.returncode == 1 and "<<<<<<<" in (tree / CUH).read_text(), done.stderr  # the conflict, for a human
+    undone = run_printed(printed_command(res.err, "c128patch rebase --abort"))
+    assert undone.returncode == 0 and git.head() == head and not git.status_porcelain(), undone.stderr
+
+
 def test_an_upstream_attribute_marking_files_binary_never_makes_refresh_write_a_binary_hunk(series, tree):
     """Upstream commits `*.cuh -diff`: the patch refresh wrote for a commit of the user's on the patched branch was
     "Binary files ... differ", a corrupt patch written into the series ("written, but lint fails on it")."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Literal
 
-from c128patch.errors import C128Error, Interrupted
+from c128patch.errors import C128Error, ConflictError, Interrupted
 from c128patch.fit import contract as contract_ops
 from c128patch.git import Git
 from c128patch.jsonio import write_atomic
@@ -55,10 +55,18 @@ def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, dro
     verbs = {"onto": lambda: rb.start(onto, onto_commit(git, onto, repo), drop_merged=drop_merged, drop=drop,
                                       if_needed=True),
              "continue": rb.resume, "skip": rb.skip, "drop": lambda: rb.skip(drop[0]), "abort": rb.abort}
-    head = git.head()
+    head, started = git.head(), rb.path.is_file()
     try:
         with own_index_lock(git.worktree or Path.cwd()), repo_lock(git, "rebase"):
             report = verbs[verb]()
+    except C128Error as exc:  # refused past the journal's first write (a ledger the loop reads): said, with the way out
+        if verb == "onto" and not started and rb.path.is_file() and not isinstance(exc, ConflictError):
+            assert git.worktree is not None
+            exc.hint = "\n".join(filter(None, (exc.hint, (
+                f"  the rebase is in progress (its journal kept); fix that, then "
+                f"`{rebase_command(git.worktree, 'continue')}`, or undo it: "
+                f"`{rebase_command(git.worktree, 'abort')}`"))))
+        raise
     except KeyboardInterrupt as stop:
         if not rb.path.is_file() and verb == "onto" and git.head() == head:
             raise  # before the journal was written: no rebase was started ("no outcome", as apply says)

@@ -147,7 +147,8 @@ def ensure_idle(git: Git, action: str) -> None:
                         f"or undo it ({undo})")
     if (state / "rebase.json").is_file():
         raise C128Error(f"cannot {action}: a c128patch rebase is in progress in {tree}; finish it "
-                        f"({rebase_command(where, 'continue')} / --skip) or undo it ({rebase_command(where, 'abort')})")
+                        f"(`{rebase_command(where, 'continue')}`, or `{rebase_command(where, 'skip')}` to drop the "
+                        f"entry it stopped at) or undo it (`{rebase_command(where, 'abort')}`)")
     for path, what in zip(busy, _GIT_BUSY.values()):
         if path.exists():
             raise C128Error(f"cannot {action}: {what} is in progress in {tree}; finish or abort it first")
