@@ -207,7 +207,8 @@ def test_an_error_stays_one_line_without_controls_whatever_an_argument_holds(tmp
         res = invoke(*args, as_json=False, env=env)
         assert res.code == 2, (res.code, res.err)
         lines = res.err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("c128patch: error: ") and "⏎" in lines[0], res.err
+        shown = "⏎" in lines[0] or r"$'\x1b]8;;http://evil.example\x07a\xc2\x9b\xe2\x80\xae\x0aforged'" in lines[0]
+        assert len(lines) == 1 and lines[0].startswith("c128patch: error: ") and shown, res.err  # (a command: $'')
         assert not any(c in res.err for c in CONTROLS), res.err
 
 

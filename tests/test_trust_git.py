@@ -22,11 +22,12 @@ from c128patch.errors import C128Error
 from c128patch.fit import copies
 from c128patch.git import Git, GitError
 from c128patch.ops.lint import update_hashes
+from c128patch.ops.treestate import rebase_command, rebase_journal
 from c128patch.series.ledger import Conflict, Ledger
 from c128patch.series.manifest import load_series
 from c128patch.upstream.releases import cache_dir
 from small_series import CUH, EDIT, LINE, series, tree  # noqa: F401 (fixtures)
-from support import invoke, printed_command, refused, run_printed, small_clone, snapshot, upstream_commit
+from support import cli_process, invoke, printed_command, refused, run_printed, small_clone, snapshot, upstream_commit
 
 OVERLAY = "python/sglang/c128_test_overlay.py"
 HOOKS = ("pre-commit", "prepare-commit-msg", "commit-msg", "post-commit", "applypatch-msg", "pre-applypatch",
@@ -743,8 +744,6 @@ def test_a_refusal_past_the_rebase_journals_first_write_says_the_rebase_is_in_pr
     ledger", exit 2, as a refusal that changed nothing, and left its journal (every later verb "a rebase is in
     progress"). The line now says the rebase is in progress with the commands that finish or undo it, which work as
     printed."""
-    from c128patch.ops.treestate import rebase_command
-
     git = Git(worktree=tree)
     (series / "patches" / "resolutions").mkdir(parents=True)
     ledger = series / "patches" / "resolutions" / "ledger.toml"
@@ -761,6 +760,27 @@ def test_a_refusal_past_the_rebase_journals_first_write_says_the_rebase_is_in_pr
     assert done.returncode == 1 and "<<<<<<<" in (tree / CUH).read_text(), done.stderr  # the conflict, for a human
     undone = run_printed(printed_command(res.err, "c128patch rebase --abort"))
     assert undone.returncode == 0 and git.head() == head and not git.status_porcelain(), undone.stderr
+
+
+def test_the_commands_a_rebase_stop_prints_work_as_printed_for_a_tree_path_no_line_shows_as_it_is(
+        series, sglang_release_repo, tmp_path):
+    """A tree whose path holds a newline, a byte that is not UTF-8, U+202E and shell words (`$x`, a quote): the
+    commands the stop printed were quoted, then made plain (the byte as U+FFFD, U+202E gone), so `--tree` named a
+    folder that does not exist. Each is now `$'...'` with those bytes escaped, and works pasted into bash."""
+    tree = small_clone(sglang_release_repo, tmp_path / "t \n\udcff\u202e $x 'q").worktree
+    assert tree is not None
+    git = Git(worktree=tree)
+    assert cli_process(apply_args(tree, series)).returncode == 0
+    res = cli_process(["rebase", "--onto", upstream_edits_the_same_line(git, tree), "--tree", tree, "--series", series])
+    assert res.returncode == 1, res.stderr
+    text = (tree / CUH).read_text()
+    start, end = text.index("<<<<<<<"), text.index(">>>>>>>")
+    (tree / CUH).write_text(text[:start] + LINE.rstrip("\n") + "  // resolved\n" + text[text.index("\n", end) + 1:])
+    added = run_printed(f"{printed_command(res.stderr, 'git -C')} {CUH}")
+    assert added.returncode == 0, added.stderr
+    done = run_printed(printed_command(res.stderr, "c128patch rebase --continue"))
+    assert done.returncode == 0 and not rebase_journal(git).is_file(), done.stderr
+    assert "  // resolved" in git.blob("HEAD", CUH).decode()
 
 
 def test_an_upstream_attribute_marking_files_binary_never_makes_refresh_write_a_binary_hunk(series, tree):

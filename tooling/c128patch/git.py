@@ -6,7 +6,6 @@ import functools
 import hashlib
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import threading
@@ -17,6 +16,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from c128patch import procs
 from c128patch.errors import C128Error
+from c128patch.textsafe import shell_join, shell_quote
 
 # Fixed identity and environment so that commits we make are reproducible.
 BOT_NAME = "c128patch"
@@ -180,7 +180,7 @@ _LOCKED = re.compile(r"Unable to create '([^']+\.lock)': File exists")
 def stale_lock_message(path: str) -> str:
     """What to say about a git lock file that is in the way (git itself only says "remove the file")."""
     return (f"{path} exists: another git process is running in this repository, or one was killed; "
-            f"if none is running, remove it (rm -f {shlex.quote(path)}) and retry")
+            f"if none is running, remove it (rm -f {shell_quote(path)}) and retry")
 
 
 # git out of memory, threads, files or disk (ulimit -v, -u, -n, a full TMPDIR): never an answer ("does not apply")
@@ -334,7 +334,7 @@ class Git:
         if self.worktree is not None and (not top or Path(top).resolve() != self.worktree.resolve()):
             return (f"{self.cwd}: its git config sets core.worktree = {value}, another folder than this one; "
                     f"c128patch works only in the tree it is given: "
-                    f"{shlex.join(['git', '-C', str(self.cwd), 'config', '--unset', 'core.worktree'])}")
+                    f"{shell_join(['git', '-C', str(self.cwd), 'config', '--unset', 'core.worktree'])}")
         return ""
 
     def _submodules_still(self) -> list[str]:
@@ -383,7 +383,7 @@ class Git:
             if probe.returncode != 0:
                 raise C128Error(f"git refuses {path}: it is owned by another user (git's safe.directory check: "
                                 "\"detected dubious ownership\"); if you trust it, run: "
-                                f"{shlex.join(['git', 'config', '--global', '--add', 'safe.directory', path])}")
+                                f"{shell_join(['git', 'config', '--global', '--add', 'safe.directory', path])}")
             self._trusted = (*self._trusted, path)
             return self._raw(args, env, [*settings, f"safe.directory={path}"], input, binary, timeout)
         return proc
@@ -608,8 +608,9 @@ def work_tree_top(path: Path) -> Path | None:
     """The top of the work tree ``path`` is in (one git call); None where it is in none."""
     if not path.is_dir():
         return None
-    lines = Git(worktree=path).out("rev-parse", "--is-inside-work-tree", "--show-toplevel", check=False).splitlines()
-    return Path(lines[1]) if len(lines) == 2 and lines[0] == "true" else None
+    said = Git(worktree=path).run("rev-parse", "--is-inside-work-tree", "--show-toplevel", check=False).stdout
+    inside, _, top = said.partition("\n")  # (a top holding a newline, its own line break kept: one path)
+    return Path(top.removesuffix("\n")) if inside == "true" and top.strip() else None
 
 
 def is_work_tree(path: Path) -> bool:

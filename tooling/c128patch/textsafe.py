@@ -25,6 +25,27 @@ def one_line(text: str) -> str:
     return re.sub(r"\r\n|[\r\n\u2028\u2029]", " ⏎ ", plain(str(text)))
 
 
+_UNSHOWN = re.compile(_CONTROLS.pattern[:-1] + r"\n\r\u2028\u2029\t'\\\\\udc80-\udcff]")  # what a line of ours changes
+
+
+def shell_quote(word: object) -> str:
+    """``shlex.quote``, but a word holding what a printed line cannot show as it is (a newline, a control, a bidi or
+    zero-width character, a byte that is not UTF-8: ``plain`` and ``one_line`` change them) in bash's ``$'...'``, each
+    such character as its bytes (``\\xHH``): a command printed for a tree path holding one works as printed."""
+    import os
+    from shlex import quote
+
+    word = str(word)
+    if not _UNSHOWN.search(word.replace("'", "").replace("\\", "")):
+        return quote(word)
+    return "$'" + _UNSHOWN.sub(lambda m: "".join(f"\\x{b:02x}" for b in os.fsencode(m.group(0))), word) + "'"
+
+
+def shell_join(words: "list[object] | tuple[object, ...]") -> str:
+    """``shlex.join`` of ``words``, each through ``shell_quote``."""
+    return " ".join(shell_quote(w) for w in words)
+
+
 def text(value: str):  # -> rich.text.Text (rich is loaded only where a table prints)
     """``value`` for a rich table cell or title: ``plain``, and literal (``[/x]`` raised, ``[link=...]`` was a link)."""
     from rich.text import Text

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import shlex
 import sys
 from typing import Any, NoReturn
 
@@ -40,6 +39,7 @@ def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
     """A usage error (bad option, choice, flag or verb) as any error: one line, a JSON one with --json, exit 2."""
     from c128patch import exitcodes
     from c128patch.cli.common import emit_json
+    from c128patch.textsafe import shell_join
 
     if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())) and exc.ctx is not None:
         click.echo(exc.ctx.get_help())  # a group run bare (`c128patch`, `c128patch layer`): its help, as it reads
@@ -64,7 +64,7 @@ def report_usage_error(exc: click.UsageError, argv: list[str]) -> NoReturn:
         at = argv.index(exc.option_name)
         flags = {n for p in exc.ctx.command.params if getattr(p, "is_flag", False) for n in p.opts}  # --json stays
         ours, theirs = [*argv[:at], *(a for a in argv[at:] if a in flags)], [a for a in argv[at:] if a not in flags]
-        line += f"; launch arguments go after `--`: {shlex.join(['c128patch', *ours, '--', *theirs])}"
+        line += f"; launch arguments go after `--`: {shell_join(['c128patch', *ours, '--', *theirs])}"
     if "--json" in (argv[: argv.index("--")] if "--" in argv else argv):
         emit_json({"ok": False, "error": line, "usage_error": True})
     from c128patch.textsafe import one_line  # an argument's controls and newlines (click quotes only its own)

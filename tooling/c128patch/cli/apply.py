@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +39,7 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     from c128patch.ops.applier import Apply
     from c128patch.ops.apply import apply_rev, continue_apply
     from c128patch.progress import reporter
+    from c128patch.textsafe import shell_join
     from c128patch.upstream.source import is_url
 
     if sum(map(bool, (rev, cont, abort))) != 1:
@@ -71,8 +71,8 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     if aborted["removed_clone"]:
         done = f"apply aborted: the clone {aborted['tree']} it made was removed"
     elif aborted["kept_clone"]:  # it holds the user's changes: at the rev, clean, the changes stashed (one line)
-        listing = shlex.join(["git", "-C", aborted["tree"], "stash", "list"])
-        remove = shlex.join(["rm", "-rf", aborted["tree"]])
+        listing = shell_join(["git", "-C", aborted["tree"], "stash", "list"])
+        remove = shell_join(["rm", "-rf", aborted["tree"]])
         done = (f"apply aborted: the clone {aborted['tree']} it made is kept, as it holds changes of yours: they are "
                 f"in stash {aborted['stash'][:12]} ({listing}); it is back at {aborted['rev']} "
                 f"({str(aborted['head'])[:12]}, detached, none of the series applied); apply again: "
@@ -81,7 +81,7 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
         where_to = aborted["branch"] or f"detached HEAD at {str(aborted['head'])[:12]}"
         done = f"apply aborted: {aborted['tree']} is back on {where_to}"
         if aborted["stash"]:
-            listing = shlex.join(["git", "-C", aborted["tree"], "stash", "list"])
+            listing = shell_join(["git", "-C", aborted["tree"], "stash", "list"])
             done += f"; uncommitted changes are in stash {aborted['stash'][:12]} ({listing})"
     say(done)
 
@@ -90,7 +90,7 @@ def _report(r: ApplyResult, series: Series, as_json: bool, older: str = "") -> N
     from c128patch.evidence.matrix import verification_note
     from c128patch.git import Git
     from c128patch.series.layers import describe, layer_rows
-    from c128patch.textsafe import count
+    from c128patch.textsafe import count, shell_join
 
     note = verification_note(series.ours, Git(worktree=Path(r.tree)), r.upstream_commit, r.rev)
     if as_json:
@@ -98,7 +98,7 @@ def _report(r: ApplyResult, series: Series, as_json: bool, older: str = "") -> N
                           "layers": layer_rows(series)}, series)
     if r.already_applied:
         on_top = f", {r.commits_on_top} commit(s) of yours on top" if r.commits_on_top else ""
-        where = "" if r.checked_out else f"; not checked out: {shlex.join(['git', '-C', r.tree, 'checkout', r.branch])}"
+        where = "" if r.checked_out else f"; not checked out: {shell_join(['git', '-C', r.tree, 'checkout', r.branch])}"
         return say(f"{r.tree}: {r.branch} already holds {r.rev} + {describe(series)} (at {r.head[:12]}{on_top}): "
                    f"nothing to do{where}", *_found_from_here(r, series))
     how = {"3way": " (needed a 3-way merge)", "resolved": " (resolved by hand)"}
@@ -111,7 +111,7 @@ def _report(r: ApplyResult, series: Series, as_json: bool, older: str = "") -> N
         lines.append(f"  your branch {r.orig_branch} is untouched at {r.orig_head[:12]} "
                      f"(recovery ref {r.recovery_ref})")
     elif r.orig_head and r.orig_unreachable:
-        keep = shlex.join(["git", "-C", r.tree, "branch", f"c128patch-saved-{r.orig_head[:8]}", r.recovery_ref])
+        keep = shell_join(["git", "-C", r.tree, "branch", f"c128patch-saved-{r.orig_head[:8]}", r.recovery_ref])
         lines.append(f"  note: HEAD was detached at {r.orig_head[:12]} with {r.orig_unreachable} commit(s) that no "
                      f"branch holds; they are kept at {r.recovery_ref} (on a branch: {keep})")
     elif r.orig_head:
@@ -122,6 +122,7 @@ def _report(r: ApplyResult, series: Series, as_json: bool, older: str = "") -> N
 def _found_from_here(r: ApplyResult, series: Series) -> list[str]:
     """A tree status, rebase and refresh do not find from here (a local --repo, a --tree elsewhere): how to name it."""
     from c128patch.series.manifest import default_series_root
+    from c128patch.textsafe import shell_join
 
     try:
         found: Path | None = locate_tree(None)
@@ -131,4 +132,4 @@ def _found_from_here(r: ApplyResult, series: Series) -> list[str]:
         return []
     own = series.ours.root == default_series_root().resolve()
     status = ["c128patch", "status", "--tree", r.tree, *([] if own else ["--series", str(series.ours.root)])]
-    return [f"  from here, status, rebase and refresh need --tree; next: {shlex.join(status)}"]
+    return [f"  from here, status, rebase and refresh need --tree; next: {shell_join(status)}"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import click
@@ -52,6 +51,7 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     from c128patch.progress import reporter
     from c128patch.series.contract import read_lock
     from c128patch.series.plan import validate_files
+    from c128patch.textsafe import shell_quote
     from c128patch.upstream.source import open_upstream
 
     if not revs and tree is None:
@@ -66,21 +66,21 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
         raise C128Error(f"{series.patches_dir}/contract.lock does not exist: write it with `c128patch refresh` "
                         "on a tree at the series base first")
     runs: list[tuple[str, object, str, str, core.Review]] = []
-    flags = (f" --series {shlex.quote(str(series_dir))}" if series_dir else "") + "".join(
-        f" --layer {shlex.quote(str(x))}" for x in layer_dirs)  # the series as this command was given it
+    flags = (f" --series {shell_quote(str(series_dir))}" if series_dir else "") + "".join(
+        f" --layer {shell_quote(str(x))}" for x in layer_dirs)  # the series as this command was given it
     if tree is not None:
         git = Git(worktree=toplevel(tree))
         base = core.tree_base(git)
         runs.append((str(tree), git, base, "HEAD", core.Review(
-            str(git.cwd), base[:12], f"c128patch contract --tree {shlex.quote(str(tree))}{flags} --accept")))
+            str(git.cwd), base[:12], f"c128patch contract --tree {shell_quote(str(tree))}{flags} --accept")))
     else:
         with reporter(not as_json, total=len(revs), title="contract") as rep:
             upstream = open_upstream(repo, list(revs), rep)
             for rev in revs:
                 commit = upstream.resolve(rev)
                 rep.step(f"replaying the series on {rev}")
-                accepting = (f"c128patch contract --sglang-rev {shlex.quote(rev)}"
-                             + (f" --repo {shlex.quote(repo)}" if repo else "") + f"{flags} --accept")
+                accepting = (f"c128patch contract --sglang-rev {shell_quote(rev)}"
+                             + (f" --repo {shell_quote(repo)}" if repo else "") + f"{flags} --accept")
                 runs.append((rev, upstream.git, commit, core.patched_tree(series, upstream.git, rev, commit),
                              core.Review(str(upstream.git.cwd), commit[:12], accepting)))
     results = [(label, core.check(series, git, base, head, lock=lock, review=review),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import click
@@ -35,12 +34,13 @@ def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bo
     """Make an empty layer in FOLDER (FOLDER/patches/series.toml)."""
     from c128patch.ops.layer import new_layer
     from c128patch.series.manifest import default_series_root, load_series
+    from c128patch.textsafe import shell_join
 
     layer = new_layer(folder, name, load_series(series_dir or default_series_root()), base)
     if as_json:
         return emit_json({"ok": True, "layer": {"name": layer.name, "version": layer.version,
                                                 "base": layer.base, "path": str(layer.root)}})
-    add = shlex.join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit", "COMMIT", "--why",
+    add = shell_join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit", "COMMIT", "--why",
                       "WHY"])
     say(f"layer {layer.name} {layer.version} on {layer.base} in {layer.root}",
         f"  next: commit your change on a patched branch, then {add}")
@@ -66,6 +66,7 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
     from c128patch.ops.treestate import tree_layers
     from c128patch.series.manifest import default_series_root, load_series
     from c128patch.series.provenance import applied_layers, read_provenance
+    from c128patch.textsafe import shell_join
     from c128patch.upstream.releases import release_version
 
     git = Git(worktree=locate_tree(tree))
@@ -74,7 +75,7 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
     if as_json:
         emit_json({"ok": not errors, **vars(done), "findings": [vars(f) for f in done.findings]})
     else:
-        lint = shlex.join(["c128patch", "lint", "--layer", str(folder)])
+        lint = shell_join(["c128patch", "lint", "--layer", str(folder)])
         record = read_provenance(git.worktree)
         rev = str(record.get("upstream", {}).get("rev") or "")  # the layer's base
         carried = done.layer in applied_layers(record)
@@ -82,7 +83,7 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
         # beside the branch, which keeps the commit
         beside = git.worktree if carried else Path(f"{git.worktree}-{done.layer}")
         layers = [str(f) for f in tree_layers(git)] if carried else [str(folder)]  # the tree's whole stack
-        stack = shlex.join(["c128patch", "rebase", "--onto", rev, "--tree", str(beside),
+        stack = shell_join(["c128patch", "rebase", "--onto", rev, "--tree", str(beside),
                             *(a for f in layers for a in ("--layer", f))]
                            if carried or beside.is_dir() and applied_here(beside) else  # a first next made it
                            ["c128patch", "apply", "--sglang-rev", rev, "--layer", str(folder), "--tree", str(beside)])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import click
@@ -27,7 +26,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
     from c128patch.cli.common import load_stack
     from c128patch.git import Git
     from c128patch.ops.status import tree_status
-    from c128patch.textsafe import one_line
+    from c128patch.textsafe import one_line, shell_join
 
     root = locate_tree(tree)
     unloaded = ""  # why the series the tree is compared with could not be loaded (its layer folder moved, say)
@@ -42,7 +41,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
     except C128Error as exc:
         if exc.message.startswith("no c128patch series is applied") and (held := _patched_branches(root)):
             exc.hint = (f"HEAD is not a patched commit; branch {held[0]} is: "  # (a checkout below the record)
-                        + shlex.join(["git", "-C", str(root), "checkout", held[0]]))
+                        + shell_join(["git", "-C", str(root), "checkout", held[0]]))
         elif tree is None and exc.hint is None:
             exc.hint = (f"`c128patch apply` makes its tree in ./{DEFAULT_TREE} (or --tree DIR): run status there, "
                         "or pass --tree DIR")
@@ -54,7 +53,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
              *(["--series", str(series_dir)] if series_dir else []), *(a for d in layer_dirs for a in ("--layer", d))]
     if as_json:
         emit_json(info, series)
-    elif lines := [*_state(info), *(_applied(info, shlex.join(map(str, again)), _own_layers(root, series, info)
+    elif lines := [*_state(info), *(_applied(info, shell_join(map(str, again)), _own_layers(root, series, info)
                                             if info.get("series_current", {}).get("layers_differ") else "")
                                     if "series" in info else []),
                    *([f"  recovery refs (where HEAD was before an apply or rebase; newest first, {len(refs)}):"]
@@ -102,17 +101,18 @@ def _own_layers(root: Path, series: object, info: dict) -> str:
     from c128patch.git import Git
     from c128patch.ops.treestate import tree_layers
     from c128patch.series.layers import describe
+    from c128patch.textsafe import shell_quote
 
     origin = getattr(series, "origin", "") or "nowhere"
     try:
         folders = tree_layers(Git(worktree=root))
     except C128Error:
         folders = ()
-    named = " ".join(shlex.quote(str(a)) for f in folders for a in ("--layer", f))
+    named = " ".join(shell_quote(str(a)) for f in folders for a in ("--layer", f))
     theirs = " + ".join(f"layer {r.get('name')} {r.get('version')}" for r in info.get("layers", [])) or "none"
     return (f"the layers in effect ({describe(series).partition(' + ')[2] or 'none'}, from {origin}) differ from the "
             f"tree's ({theirs}): a rebase with them would carry the tree's layer entries as commits of yours, so none "
-            "is proposed" + (f"; the tree against its own: c128patch status --tree {shlex.quote(str(root))} {named}"
+            "is proposed" + (f"; the tree against its own: c128patch status --tree {shell_quote(str(root))} {named}"
                              if folders else "")
             + ("" if origin in ("--layer", "nowhere") else f"; or make {origin} name the tree's layers first"))
 

@@ -12,7 +12,6 @@ error. Each finding names our file:line, upstream's file:line and both sides."""
 from __future__ import annotations
 
 import inspect
-import shlex
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -42,6 +41,7 @@ from c128patch.series.contract import Lock, LockItem, read_lock, sig_hash
 from c128patch.series.manifest import Series
 from c128patch.series.plan import index_git
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
+from c128patch.textsafe import shell_quote
 
 
 @dataclass
@@ -395,7 +395,7 @@ def _file_changed(item: Item, old: str, base: str, review: Review | None) -> Fin
     """A mirrored upstream file whose blob the lock does not hold: not checked, one line with the diff to review (from
     the blob the lock records at its base) and the command that then accepts it."""
     review = review or Review(".", "REV", "c128patch contract --sglang-rev REV --accept")
-    diff = f"git -C {shlex.quote(review.repo)} diff {old} {shlex.quote(f'{review.rev}:{item.target}')}"
+    diff = f"git -C {shell_quote(review.repo)} diff {old} {shell_quote(f'{review.rev}:{item.target}')}"
     return Finding("unchecked", f"{item.target}: changed upstream since the lock ({old[:12]} at {base or 'the base'}, "
                                 f"now {item.blob[:12]}), and nothing checks what our {item.site} mirrors of it: "
                                 f"{item.signature}; review `{diff}`, then `{review.accept}`",

@@ -11,7 +11,6 @@ import functools
 import hashlib
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from c128patch.fit.resolve import Reader
 from c128patch.fit.sandbox import Sealed
 from c128patch.git import Git, GitError
 from c128patch.jsonio import read_json, write_json_atomic
+from c128patch.textsafe import shell_join
 from c128patch.upstream.releases import cache_dir
 
 INCLUDE_ROOT = "python/sglang/kernels/jit/include"
@@ -277,7 +277,7 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
         import tvm_ffi.libinfo as info  # apache-tvm-ffi, as sglang pins it
     except ImportError:
         return None, ("tvm-ffi not installed: C++ contract not compiled "
-                      f"({shlex.join([sys.executable, '-m', 'pip', 'install', tvm_ffi_pin(series_root, git, head)])})")
+                      f"({shell_join([sys.executable, '-m', 'pip', 'install', tvm_ffi_pin(series_root, git, head)])})")
     with tempfile.TemporaryDirectory(prefix="c128contract-") as tmp:
         try:
             git.extract(head, INCLUDE_ROOT, Path(tmp))

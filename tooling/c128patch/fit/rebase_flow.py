@@ -5,7 +5,6 @@ checkout and the proof; the refresh to run next is ``ops.refresh.refresh_command
 from __future__ import annotations
 
 import contextlib
-import shlex
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from c128patch.ops.treestate import fault_point, own_index_lock, rebase_command,
 from c128patch.progress import reporter
 from c128patch.series.layers import get_series, recorded_stack
 from c128patch.series.manifest import Series
+from c128patch.textsafe import shell_join
 from c128patch.upstream.releases import release_version
 from c128patch.upstream.source import fetch_into, open_upstream
 
@@ -103,7 +103,7 @@ def _copy_reports(git: Git, state: Path, report_dir: Path) -> None:
             if (state / name).is_file():
                 write_atomic(report_dir / name, (state / name).read_bytes())
     except OSError as exc:
-        status = shlex.join(["c128patch", "status", "--tree", str(git.cwd.resolve())])
+        status = shell_join(["c128patch", "status", "--tree", str(git.cwd.resolve())])
         raise C128Error(f"cannot write the rebase report into {report_dir} ({exc.strerror or exc}); nothing half "
                         f"written is left there; the report is {state / 'rebase-report.md'}, and `{status}` says "
                         "where the rebase is") from None
@@ -116,7 +116,7 @@ def _interrupted(stop: KeyboardInterrupt, git: Git, verb: Verb, journal: bool) -
         return Interrupted.by(stop, f"the rebase journal is intact; resume with "
                                     f"`{rebase_command(git.worktree, 'continue')}` or undo with "
                                     f"`{rebase_command(git.worktree, 'abort')}`")
-    status = shlex.join(["c128patch", "status", "--tree", str(git.worktree.resolve())])
+    status = shell_join(["c128patch", "status", "--tree", str(git.worktree.resolve())])
     return Interrupted.by(stop, f"the rebase was {'undone' if verb == 'abort' else 'finished'} before it stopped; "
                                 f"`{status}` says where the tree is")
 

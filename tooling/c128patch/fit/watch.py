@@ -32,7 +32,6 @@ raised. Bad input raises before anything is written (exit 2).
 from __future__ import annotations
 
 import contextlib
-import shlex
 import shutil
 import signal
 import threading
@@ -65,7 +64,7 @@ from c128patch.procs import scratch
 from c128patch.progress import NullReporter, Reporter, echo
 from c128patch.series.layers import layer_folders, layer_rows, stack
 from c128patch.series.manifest import Series, installed, load_series
-from c128patch.textsafe import one_line
+from c128patch.textsafe import one_line, shell_quote
 from c128patch.upstream.source import Target, Upstream, open_upstream
 
 EXIT: dict[str, int] = exitcodes.WATCH
@@ -121,7 +120,7 @@ def copy_series_root(series: Series, dest: Path) -> Series:
 
 
 def _q(value: object) -> str:
-    return shlex.quote(str(value))
+    return shell_quote(str(value))
 
 
 class Watch:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shlex
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -61,6 +60,7 @@ from c128patch.series.manifest import Series, default_series_root
 from c128patch.series.patchfile import PatchInfo
 from c128patch.series.paths import check_under, confine, symlink_on_path
 from c128patch.series.plan import ENTRY_TRAILER, Planned, check_paths_at, merged_entries, overlay_message, plan
+from c128patch.textsafe import shell_join, shell_quote
 from c128patch.upstream.source import Target, discard_fresh_tree, fetch_into
 
 PHASES = ("clone", "checkout", "entries", "provenance")
@@ -229,9 +229,9 @@ class Apply:
                 ensure_clean(git, "apply")
             if git.rev_parse(f"refs/heads/{branch}"):
                 checked_out, g = git.current_branch() == branch, ["git", "-C", str(self.tree)]
-                delete = shlex.join([*g, "branch", "-D", branch])
+                delete = shell_join([*g, "branch", "-D", branch])
                 if checked_out:  # a checked-out branch cannot be deleted: the fix detaches first
-                    delete = shlex.join([*g, "checkout", "--quiet", "--detach"]) + " && " + delete
+                    delete = shell_join([*g, "checkout", "--quiet", "--detach"]) + " && " + delete
                 raise C128Error(f"branch {branch} already exists in {self.tree} (not this series on {target.rev}"
                                 f"{'; it is checked out' if checked_out else ''}); pass --branch NAME or delete it "
                                 f"({delete}); nothing was changed")
@@ -316,7 +316,7 @@ class Apply:
         target = Target(journal.rev, journal.upstream_commit)
         series = Path(journal.series_root)
         own = series.resolve() == default_series_root().resolve()
-        return shlex.join(["c128patch", "apply", "--sglang-rev", journal.rev, *(["--repo", repo] if repo else []),
+        return shell_join(["c128patch", "apply", "--sglang-rev", journal.rev, *(["--repo", repo] if repo else []),
                            *(["--branch", journal.branch] if journal.branch != target.branch else []),
                            "--tree", str(self.tree), *([] if own else ["--series", str(series)]),
                            *(a for layer in journal.layers for a in ("--layer", layer))])
@@ -391,7 +391,7 @@ class Apply:
         except KeyboardInterrupt as stop:
             raise Interrupted.by(stop, f"the series is applied on {journal.branch} in {self.tree} but its proof was "
                                        "cut short (no outcome); prove it with "
-                                       f"`{shlex.join(['c128patch', 'status', '--tree', str(self.tree)])}`, or undo it "
+                                       f"`{shell_join(['c128patch', 'status', '--tree', str(self.tree)])}`, or undo it "
                                        f"with `{self._undo_finished(journal)}`") from None
         result.equivalence = proof.to_json()
         if not proof.ok:
@@ -428,19 +428,19 @@ class Apply:
         own = tools and any(SEP not in n for n in resolved)  # a copy of it takes the variant: refresh never writes it
         copy = "~/c128patch-series"
         where = [] if tools and not own else ["--series", copy if own else str(series.ours.root)]
-        keep = shlex.join(["c128patch", "refresh", "--accept-differences", "--variant", "--tree", str(self.tree),
+        keep = shell_join(["c128patch", "refresh", "--accept-differences", "--variant", "--tree", str(self.tree),
                            *where, *layer_args(series)])
         if own:  # (the copy's ``~`` unquoted: the shell expands it)
-            keep = f"cp -R {shlex.quote(str(series.ours.root))} {copy} && " + keep.replace(f"'{copy}'", copy)
+            keep = f"cp -R {shell_quote(str(series.ours.root))} {copy} && " + keep.replace(f"'{copy}'", copy)
         return f"  keep your resolution of {', '.join(resolved)} as its file for {journal.rev}:\n    {keep}\n"
 
     def _undo_finished(self, journal: ApplyJournal) -> str:
         """The commands that take a finished apply away (its journal is gone)."""
         if journal.fresh_clone:
-            return shlex.join(["rm", "-rf", str(self.tree)])
+            return shell_join(["rm", "-rf", str(self.tree)])
         g = ["git", "-C", str(self.tree)]
         back = [journal.orig_branch] if journal.orig_branch else ["--detach", journal.orig_head or "HEAD"]
-        return f"{shlex.join([*g, 'checkout', *back])} && {shlex.join([*g, 'branch', '-D', journal.branch])}"
+        return f"{shell_join([*g, 'checkout', *back])} && {shell_join([*g, 'branch', '-D', journal.branch])}"
 
     def _run_at(self, planned: list[Planned], start: int) -> list[Planned]:
         """The entries one step applies from ``planned[start]`` (module docstring)."""
@@ -556,7 +556,7 @@ class Apply:
 
     def _conflict(self, journal: ApplyJournal, item: Planned, planned: list[Planned], output: str) -> ConflictError:
         path, hunk = _failure_detail(self.git, item, output)
-        i, q = journal.done, shlex.quote(str(item.path))
+        i, q = journal.done, shell_quote(str(item.path))
         journal.in_step, journal.paused = False, "conflict"
         journal.save(self.path)
         last = planned[i - 1].entry.name if i else f"upstream {journal.rev}"
@@ -599,7 +599,7 @@ class Apply:
         ours = journal.step_paths
         theirs = [p for p in changed_paths(git) if p not in ours]
         if theirs:
-            stash = shlex.join(["git", "-C", str(self.tree), "stash", "-u"])
+            stash = shell_join(["git", "-C", str(self.tree), "stash", "-u"])
             raise C128Error(f"cannot continue: {self.tree} has changes the interrupted step did not make "
                             f"({', '.join(theirs[:3])}); stash them ({stash}) and retry")
         self._reset(journal.head_before, ours)

@@ -4,7 +4,6 @@ proof, ``--abort`` (``Apply.abort``) and an apply in a tree the caller has (``Ap
 from __future__ import annotations
 
 import re
-import shlex
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,6 +24,7 @@ from c128patch.series.layers import describe, layer_args
 from c128patch.series.manifest import Series, default_series_root
 from c128patch.series.plan import check_paths_at, plan
 from c128patch.series.provenance import PROVENANCE_PATH, committed, starts_stack
+from c128patch.textsafe import shell_join, shell_quote
 from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.source import Target, discard_fresh_tree, open_upstream, prepare_tree
 
@@ -80,7 +80,7 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
             exc.hint = None  # nothing is left to resume or undo
             if upstream.kind == "release" and _DAMAGED.search(exc.message):  # (its objects are the cache's)
                 exc.message += (f"; the release cache {upstream.location} is damaged: rebuild it: rm -rf "
-                                f"{shlex.quote(upstream.location)} (the next run imports the releases again)")
+                                f"{shell_quote(upstream.location)} (the next run imports the releases again)")
         raise
     return result, older
 
@@ -107,7 +107,7 @@ def refuse_taken_branch(series: Series, git: Git, branch: str, target: Target) -
                        *(f"layer {r['name']} {r['version']}" for r in record.get("layers", []))])
     if not mine and ours.get("name") == series.ours.name and starts_stack(record, series):  # an earlier version
         # of this stack: as status
-        rebase = shlex.join(["c128patch", "rebase", "--onto", target.rev, "--tree", str(Path(git.cwd).resolve()),
+        rebase = shell_join(["c128patch", "rebase", "--onto", target.rev, "--tree", str(Path(git.cwd).resolve()),
                              *layer_args(series),
                              *([] if series.ours.root == default_series_root().resolve() else
                                ["--series", str(series.ours.root)])])  # advice, as a rebase would keep it (helper 101)
@@ -116,7 +116,7 @@ def refuse_taken_branch(series: Series, git: Git, branch: str, target: Target) -
                         "nothing was changed")
     if not mine:
         return
-    beside = shlex.join(["c128patch", "apply", "--sglang-rev", target.rev, "--tree", str(git.cwd), "--branch",
+    beside = shell_join(["c128patch", "apply", "--sglang-rev", target.rev, "--tree", str(git.cwd), "--branch",
                          f"{branch}-{series.layers[-1].name if series.layers else 'new'}", *layer_args(series),
                          *([] if series.ours.root == default_series_root().resolve() else
                            ["--series", str(series.ours.root)])])
@@ -142,8 +142,8 @@ def refuse_switching(tree: Path, target: Target, branch: str, series: Series, re
     held = f"{upstream.get('rev')}" + (f" + series (branch {on})" if record and on else f" (branch {on})" if on else "")
     same = [*(["--repo", repo] if repo else []), *layer_args(series),
             *([] if series.ours.root == default_series_root().resolve() else ["--series", str(series.ours.root)])]
-    switch = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--tree", str(tree), *same])
-    beside = shlex.join(["c128patch", "apply", "--sglang-rev", rev, "--tree", f"{tree}-{rev}", *same])
+    switch = shell_join(["c128patch", "apply", "--sglang-rev", rev, "--tree", str(tree), *same])
+    beside = shell_join(["c128patch", "apply", "--sglang-rev", rev, "--tree", f"{tree}-{rev}", *same])
     raise C128Error(f"./{tree} holds {held}: applying {rev} there would switch it to a new branch {branch}; "
                     "say which you want",
                     hint=f"  switch ./{tree} (its branch stays): {switch}\n  a second tree beside it: {beside}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import shlex
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from c128patch.progress import NullReporter, Reporter
 from c128patch.series.layers import overlap_note
 from c128patch.series.manifest import Series, installed
 from c128patch.series.plan import Planned, base_distances, index_git, validate_files
+from c128patch.textsafe import shell_quote
 from c128patch.upstream.releases import release_version
 from c128patch.upstream.source import Target, Upstream, open_upstream
 
@@ -102,7 +102,7 @@ def release_support_note(series: Series, version: str) -> str:
 
 def _older_note(series: Series, rev: str, oldest: str) -> str:
     where = series.ours.root  # installed, a package refresh never writes: a copy of it
-    copy = f"cp -R {shlex.quote(str(where.resolve()))} ~/c128patch-series && " if installed(where) else ""
+    copy = f"cp -R {shell_quote(str(where.resolve()))} ~/c128patch-series && " if installed(where) else ""
     return (f"{rev} is older than (or not descended from) every release the series was made on; the oldest is "
             f"{oldest}: use {oldest} or newer (c128patch apply --sglang-rev {oldest}), or carry the series back "
             f"with new variants: in that tree c128patch rebase --onto {rev}, then {copy}c128patch refresh --variant"

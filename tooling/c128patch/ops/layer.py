@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import os
 import re
-import shlex
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from c128patch.series.paths import check_entry_name, check_relpath
 from c128patch.series.plan import sources_at
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 from c128patch.series.trailers import ENTRY_TRAILER
+from c128patch.textsafe import shell_join
 
 _ENV = re.compile(r"[A-Z][A-Z0-9_]{0,127}")
 
@@ -120,8 +120,8 @@ def _add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, ga
         # the commit goes with the tree: rebased onto the layer's base, the provenance record on top, the user's
         # commits below it in their order (the commit's id changes: named from HEAD)
         above = [c for c in git.lines("rev-list", f"{sha}..HEAD") if _entry_of(git, c) != "provenance"]
-        back = shlex.join(["c128patch", "rebase", "--onto", layer.base, "--tree", str(tree)])
-        again = shlex.join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit",
+        back = shell_join(["c128patch", "rebase", "--onto", layer.base, "--tree", str(tree)])
+        again = shell_join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit",
                             f"HEAD~{len(above) + 1}", "--tree", str(tree), "--why", why,
                             *(["--gate", gate] if gate else []), *(["--name", name] if name else [])])
         raise C128Error(f"the tree is on {label}, the layer {layer.name} on {layer.base}: add entries on a tree at the "

@@ -10,7 +10,6 @@ to a fresh apply but for what was carried (``ops.equivalence``); else exit 1, th
 
 from __future__ import annotations
 
-import shlex
 import tempfile
 import time
 from dataclasses import asdict
@@ -39,6 +38,7 @@ from c128patch.ops.treestate import (
 from c128patch.series.layers import describe, layer_folders
 from c128patch.series.plan import ENTRY_TRAILER
 from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, applied_layers, read_provenance, starts_stack
+from c128patch.textsafe import shell_join, shell_quote
 
 
 class Rebase(RebaseLoop):
@@ -95,7 +95,7 @@ class Rebase(RebaseLoop):
             return
         applied, effect = applied_layers(record), [layer.name for layer in self.series.layers]
         folders, ours = tree_layers(self.git), self.series.ours
-        own = shlex.join(["c128patch", "rebase", "--onto", onto_rev, "--tree", str(self.git.worktree), "--series",
+        own = shell_join(["c128patch", "rebase", "--onto", onto_rev, "--tree", str(self.git.worktree), "--series",
                           str(ours.root), *(a for f in folders for a in ("--layer", str(f)))])
         raise C128Error(f"cannot rebase: the tree carries layer(s) {', '.join(applied)}, the layers in effect are "
                         f"{', '.join(effect) or 'none'}: the rebase would carry the tree's layer entries as commits of "
@@ -112,7 +112,7 @@ class Rebase(RebaseLoop):
             if mine:
                 raise C128Error(f"cannot continue: {len(mine)} path(s) changed since the rebase was cut short, "
                                 f"not by it ({', '.join(mine[:3])}); move them away (git -C "
-                                f"{shlex.quote(str(git.worktree))} stash -u), then run this again")
+                                f"{shell_quote(str(git.worktree))} stash -u), then run this again")
             self._put_back(theirs)
             return self._run(journal)
         step = journal.steps[journal.pos]
@@ -132,7 +132,7 @@ class Rebase(RebaseLoop):
         elif self._stop_cut_short(journal):  # its conflict state is ours: the stop is made again
             git.run("reset", "--quiet", "--hard")
         elif git.status_porcelain():
-            stash = shlex.join(["git", "-C", str(git.worktree), "stash", "-u"])
+            stash = shell_join(["git", "-C", str(git.worktree), "stash", "-u"])
             raise C128Error("cannot continue: the tree has changes but no entry is stopped; "
                             f"stash them ({stash}) or undo with `{rebase_command(git.worktree, 'abort')}`")
         return self._run(journal)

@@ -3,7 +3,6 @@ commit dated as the new base; the branch and the work tree move only at a stop o
 
 from __future__ import annotations
 
-import shlex
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
@@ -34,6 +33,7 @@ from c128patch.series.plan import (
 )
 from c128patch.series.provenance import PROVENANCE_PATH
 from c128patch.series.trailers import ENTRY_TRAILER, find_trailers
+from c128patch.textsafe import shell_join
 from c128patch.upstream.source import default_branch
 
 
@@ -277,7 +277,7 @@ class RebaseLoop:
             + (f" in {', '.join(left)}" if left else f": {step.detail}")
             + (f" ({'your edit' if phase == 'user-edit' else 'your commit'})" if phase != "series" else ""),
             hint=((where + "\n") if where else "")
-            + f"  resolve: edit the files, `{shlex.join(['git', '-C', str(tree), 'add'])}` them, then "
+            + f"  resolve: edit the files, `{shell_join(['git', '-C', str(tree), 'add'])}` them, then "
               f"{rebase_command(tree, 'continue')}\n"
             + (f"  leave it out on {journal.onto_rev} (older than its base {older}; not merged upstream, it is kept "
                f"for the releases it applies to): {rebase_command(tree, 'skip')}\n" if older else
@@ -343,7 +343,7 @@ class RebaseLoop:
         self._forget()
         if not proof.ok:
             shown = "\n".join(f"  {h.path} {h.header}" for d in proof.unattributed for h in d.hunks[:20])
-            undo = shlex.join(["git", "-C", str(git.worktree), "reset", "--hard", journal.recovery_ref])
+            undo = shell_join(["git", "-C", str(git.worktree), "reset", "--hard", journal.recovery_ref])
             kept = f"{journal.orig_branch or 'HEAD'} is kept as it is (report: {self.state / 'rebase-report.md'})"
             raise DifferenceError(f"rebase onto {journal.onto_rev} finished, but the tree is not proven: "
                                   f"{proof.summary()}", hint=f"{shown}\n  {kept}\n  undo: {undo}", report=report)
@@ -412,7 +412,7 @@ class RebaseLoop:
         new = old.replace(rev, journal.onto_rev)
         if not git.ok("check-ref-format", "--branch", new) or git.rev_parse(f"refs/heads/{new}") is not None:
             return ""
-        return shlex.join(["git", "-C", str(git.worktree), "branch", "-m", old, new])
+        return shell_join(["git", "-C", str(git.worktree), "branch", "-m", old, new])
 
     def _taken_hint(self, journal: Journal) -> tuple[str, str] | None:
         """A branch ``apply`` named ``c128/<old base>`` keeps it where ``c128/<new base>`` is another branch already
@@ -425,7 +425,7 @@ class RebaseLoop:
         names = (f"{new}-old" + (str(i) if i > 1 else "") for i in range(1, 1000))
         aside = next(name for name in names if git.rev_parse(f"refs/heads/{name}") is None)
         g = ["git", "-C", str(git.worktree), "branch", "-m"]
-        return new, f"{shlex.join([*g, new, aside])} && {shlex.join([*g, old, new])}"
+        return new, f"{shell_join([*g, new, aside])} && {shell_join([*g, old, new])}"
 
     def _attach(self, journal: Journal, branch: str) -> None:
         """HEAD onto ``branch`` (at the same commit): a checkout without its pass over the work tree."""

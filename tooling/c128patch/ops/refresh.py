@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-import shlex
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,6 +33,7 @@ from c128patch.series.paths import check_relpath
 from c128patch.series.plan import base_holding, choose, merged_entries, sources_at
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER, find_trailers
+from c128patch.textsafe import shell_join
 
 FIXED_DATE = "Thu, 1 Jan 1970 00:00:00 +0000"
 _DATE = re.compile(r"^Date: .*$", re.MULTILINE)
@@ -175,7 +175,7 @@ def refresh_command(git: Git, series: Series, report: dict, lock_items: LockItem
                     "here, it would write there" + (f"; make them entries of a layer of yours: "
                                                     f"{_as_layer_entries(git, series, report, label)}"
                                                     if new_entry else ""))
-    return shlex.join(["c128patch", "refresh", "--primary" if primary else "--variant", "--tree", str(git.worktree),
+    return shell_join(["c128patch", "refresh", "--primary" if primary else "--variant", "--tree", str(git.worktree),
                        *([] if own else ["--series", str(series.ours.root)]), *layer_args(series)]), ""
 
 
@@ -199,17 +199,17 @@ def _as_layer_entries(git: Git, series: Series, report: dict, label: str) -> str
         folder = next(f for i in range(1, 1000) if not (f := tree.parent / "layers" / f"local{i if i > 1 else ''}")
                       .exists())
         here = label in known_bases(ours)
-        steps.append(shlex.join(["c128patch", "layer", "new", str(folder), "--name", folder.name,
+        steps.append(shell_join(["c128patch", "layer", "new", str(folder), "--name", folder.name,
                                  *(["--base", label] if here else [])]))
         if not here:  # a layer starts on a base of ours: the tree goes back to the series' (ids change: from HEAD)
-            steps.append(shlex.join(["c128patch", "rebase", "--onto", ours.base, "--tree", str(tree)]))
+            steps.append(shell_join(["c128patch", "rebase", "--onto", ours.base, "--tree", str(tree)]))
             refs = [f"HEAD~{len(commits) - i}" for i in range(len(commits))]
     # an empty commit is no entry (add-entry refuses it, which stopped the && chain before the commits after it)
     kept = [(ref, sha) for ref, sha in zip(refs, commits)
             if git.out("diff-tree", "-r", "--name-only", "--no-commit-id", sha).strip()]
     if not kept:
         return "c128patch layer add-entry (docs/layers.md)"
-    steps += [shlex.join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit", ref,
+    steps += [shell_join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit", ref,
                           "--tree", str(tree), "--why", git.out("log", "-1", "--format=%s", sha)])
               for ref, sha in kept]
     return " && ".join(steps)
@@ -289,7 +289,7 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
     recorded = {str(r.get("name")) for key in ("entries", "dropped") for r in record.get(key, [])
                 if isinstance(r, dict)} | {e.name for e in merged_entries(series, git, base_commit)}
     if newer := [e.name for e in series.entries if e.name not in exported and e.name not in recorded]:
-        again = shlex.join(["c128patch", "rebase", "--onto", base_rev or label, "--tree", str(git.worktree),
+        again = shell_join(["c128patch", "rebase", "--onto", base_rev or label, "--tree", str(git.worktree),
                             *layer_args(series)])
         raise C128Error(f"cannot refresh: the stack has entries this tree was never applied with ({', '.join(newer)}); "
                         "exported from here they would be dropped from it; nothing was written",
@@ -325,7 +325,7 @@ def _made_an_entry(series: Stack, git: Git, sha: str, label: str) -> None:
 
     for layer in series.layers:
         if same := entry_making(git, layer, sha):
-            rebase = shlex.join(["c128patch", "rebase", "--onto", label, "--tree", str(git.worktree),
+            rebase = shell_join(["c128patch", "rebase", "--onto", label, "--tree", str(git.worktree),
                                  *layer_args(series)])
             raise C128Error(f"cannot refresh: commit {sha[:12]} is entry '{layer.name}{SEP}{same}' of layer "
                             f"{layer.name} already (the same change, not yet taken in this tree as it): {rebase}, "
@@ -343,7 +343,7 @@ def _export_commit(series: Series, git: Git, sha: str, name: str, exported: dict
     if old is None and isinstance(series, Stack):
         _made_an_entry(series, git, sha, label)
     if old is None and isinstance(series, Stack):  # whose entry would it be? the team says, with add-entry
-        add = shlex.join(["c128patch", "layer", "add-entry", "--layer", str(series.layers[-1].root), "--from-commit",
+        add = shell_join(["c128patch", "layer", "add-entry", "--layer", str(series.layers[-1].root), "--from-commit",
                           sha[:12], "--why", git.out("log", "-1", "--format=%s", sha), "--tree", str(git.worktree)])
         raise C128Error(f"cannot refresh: commit {sha[:12]} carries no {ENTRY_TRAILER} trailer; make it an entry of "
                         f"a layer ({add}, or another layer's folder) or of the series, then refresh")
@@ -436,7 +436,7 @@ def _kept_without_commit(series: Series, git: Git, record: dict, base_commit: st
 def lint_command(series: Series) -> str:
     """The ``lint`` of ``series`` (its folder unless the tool's own, and its layers), as a user runs it."""
     own = series.ours.root == default_series_root().resolve()
-    return shlex.join(["c128patch", "lint", *([] if own else ["--series", str(series.ours.root)]),
+    return shell_join(["c128patch", "lint", *([] if own else ["--series", str(series.ours.root)]),
                        *layer_args(series)])
 
 
@@ -446,7 +446,7 @@ def _ungated(git: Git, ungated: list[tuple[str, str]]) -> str:
     name, sha = ungated[0]
     trailer = f"{GATE_TRAILER}: none (<why it needs no gate>)"
     fix = (f"{git_command(Path(str(git.worktree)))} "  # (with an identity where git has none: it runs as printed)
-           + shlex.join(["commit", "--amend", "--no-edit", "--trailer", trailer])
+           + shell_join(["commit", "--amend", "--no-edit", "--trailer", trailer])
            if sha == git.head() else f"reword commit {sha[:12]} (git rebase -i) to end with '{trailer}'")
     return (f"commit {sha[:12]} would be new entry '{name}' without a '{GATE_TRAILER}:' trailer, which lint requires "
             f"of its header ('{GATE_TRAILER}: none (<why>)', or the env gate that turns it on, described in "
@@ -463,7 +463,7 @@ def _held_by_a_base(git: Git, entry: Entry, merged_in: str) -> str:
 
 def _not_merged_note(series: Series, git: Git, entry: Entry, held: str, label: str) -> str:
     """Why an entry left out on ``label`` (an older release than its base ``held``) is not recorded as merged."""
-    check = shlex.join(["c128patch", "check", "--sglang-rev", label,
+    check = shell_join(["c128patch", "check", "--sglang-rev", label,
                         *([] if series.ours.root == default_series_root().resolve() else
                           ["--series", str(series.ours.root)]), *layer_args(series)])
     return (f"entry '{entry.name}' was left out on {label}, " + ("its own base" if label == held else

@@ -5,7 +5,6 @@ read from its record (``ops.proofs``) while its key holds, else (or ``prove_agai
 from __future__ import annotations
 
 import hashlib
-import shlex
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from c128patch.ops.treestate import RECOVERY_PREFIX, apply_commands, git_paths, 
 from c128patch.series.layers import describe
 from c128patch.series.manifest import MAX_SERIES_FILE, Series
 from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, read_provenance, starts_stack
+from c128patch.textsafe import shell_join
 
 
 def rebase_status(git: Git, path: Path) -> dict:
@@ -99,7 +99,7 @@ def tree_status(git: Git, series: Series | None = None, prove_again: bool = Fals
                    RECOVERY_PREFIX).splitlines()  # HEAD before an apply or rebase, newest first
     out = {
         "index_lock": {"path": str(lock), "c128patch_running": holder is not None,  # left by a killed run
-                       "clear": shlex.join(["rm", "-f", str(lock)])} if lock.exists() else None,
+                       "clear": shell_join(["rm", "-f", str(lock)])} if lock.exists() else None,
         "tree": str(tree), "branch": None if branch == "(detached)" else branch,
         "running": asdict(holder) if holder else None,
         "apply_in_progress": apply is not None, "apply": apply, "rebase_in_progress": rebase is not None,

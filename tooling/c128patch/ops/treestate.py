@@ -22,7 +22,6 @@ import fcntl
 import json
 import os
 import re
-import shlex
 import signal
 import stat
 import time
@@ -37,7 +36,7 @@ from c128patch.progress import echo
 from c128patch.series.layers import layer_folders, operators, owned
 from c128patch.series.manifest import MANIFEST, Series
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
-from c128patch.textsafe import some
+from c128patch.textsafe import shell_join, some
 
 _GIT_BUSY = {"rebase-merge": "a git rebase", "rebase-apply": "a git am or rebase", "MERGE_HEAD": "a git merge",
              "CHERRY_PICK_HEAD": "a git cherry-pick", "REVERT_HEAD": "a git revert"}
@@ -120,8 +119,8 @@ def apply_journal(git: Git) -> Path:
 def apply_commands(tree: Path) -> tuple[str, str]:
     """(resume, undo): the commands that finish or undo an apply stopped in ``tree``."""
     where = str(Path(tree).resolve())
-    return (shlex.join(["c128patch", "apply", "--continue", "--tree", where]),
-            shlex.join(["c128patch", "apply", "--abort", "--tree", where]))
+    return (shell_join(["c128patch", "apply", "--continue", "--tree", where]),
+            shell_join(["c128patch", "apply", "--abort", "--tree", where]))
 
 
 def git_command(tree: Path) -> str:
@@ -129,12 +128,12 @@ def git_command(tree: Path) -> str:
     words = ["git", "-C", str(tree)]
     if not user_can_commit(tree):
         words += ["-c", f"user.name={BOT_NAME}", "-c", f"user.email={BOT_EMAIL}"]
-    return shlex.join(words)
+    return shell_join(words)
 
 
 def rebase_command(tree: Path, verb: str, *args: str) -> str:
     """``c128patch rebase --<verb> [ARGS]`` for ``tree`` (the journal names the series)."""
-    return shlex.join(["c128patch", "rebase", f"--{verb}", *args, "--tree", str(Path(tree).resolve())])
+    return shell_join(["c128patch", "rebase", f"--{verb}", *args, "--tree", str(Path(tree).resolve())])
 
 
 def ensure_idle(git: Git, action: str) -> None:
@@ -214,7 +213,7 @@ def ensure_clean(git: Git, action: str) -> None:
     """Refuse uncommitted or untracked files: nothing of the user's may be lost."""
     changes = git.status_porcelain()
     if changes:
-        stash = shlex.join(["git", "-C", str(git.worktree), "stash", "-u"])
+        stash = shell_join(["git", "-C", str(git.worktree), "stash", "-u"])
         raise C128Error(f"cannot {action}: {git.worktree} has uncommitted changes ({some([c[3:] for c in changes], 3)}"
                         f"); commit or stash them ({stash}) and retry; nothing was changed")
 
@@ -264,10 +263,10 @@ def corrupt_journal(git: Git, path: Path, what: str, reason: str) -> C128Error:
     previous = git.out("rev-parse", "--symbolic-full-name", "@{-1}", check=False)  # a failure prints no ref
     if (what == "apply" or git.current_branch() is None) and previous.startswith("refs/heads/"):
         back = ("; the branch you started from is untouched: "
-                + shlex.join(["git", "-C", str(git.worktree), "checkout", previous.removeprefix("refs/heads/")]))
+                + shell_join(["git", "-C", str(git.worktree), "checkout", previous.removeprefix("refs/heads/")]))
     return C128Error(
         f"cannot read the c128patch {what} journal {path} ({reason}); nothing was changed; to forget the {what} "
-        f"(HEAD, index and files stay as they are): {shlex.join(['rm', '-f', str(path)])}{back}"
+        f"(HEAD, index and files stay as they are): {shell_join(['rm', '-f', str(path)])}{back}"
     )
 
 

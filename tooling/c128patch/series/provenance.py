@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +13,7 @@ from c128patch.jsonio import MAX_JSON
 from c128patch.series.layers import layer_rows
 from c128patch.series.manifest import Series, sha256_file
 from c128patch.series.paths import confine, inside
+from c128patch.textsafe import shell_join
 
 if TYPE_CHECKING:  # series.plan pulls unidiff; reading a provenance record must not need it
     from c128patch.series.plan import Planned
@@ -80,7 +80,7 @@ def read_provenance(tree: Path) -> dict:
     if problem:
         committed = _blob(Git(worktree=tree), "HEAD")
         if committed is not None and committed != data and _problem(committed) is None:
-            fix = "restore it (" + shlex.join(["git", "-C", str(tree), "checkout", "HEAD", "--", PROVENANCE_PATH]) + ")"
+            fix = "restore it (" + shell_join(["git", "-C", str(tree), "checkout", "HEAD", "--", PROVENANCE_PATH]) + ")"
         else:
             fix = "HEAD holds the same; apply the series again (c128patch apply) on a new branch"
         raise C128Error(f"{path}: {problem}; {fix}")

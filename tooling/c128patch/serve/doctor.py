@@ -7,7 +7,6 @@ only where the build has no startup rules to say it. ``Report.ok`` (exit 0): no 
 from __future__ import annotations
 
 import os
-import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Sequence
 
@@ -22,7 +21,7 @@ from c128patch.serve.install import Dist, Interpreter, installer, probe
 from c128patch.serve.serving import ONLINE_C128_DSPARK_RULES, Serving, probe_install, probe_serving
 from c128patch.smoke.device import nvidia_smi, probe_nvcc
 from c128patch.smoke.trees import read_json
-from c128patch.textsafe import count, some
+from c128patch.textsafe import count, shell_join, some
 from c128patch.wheel.patch import LOCAL_TAG, WHEEL_PROVENANCE, record_version
 from c128patch.wheel.sbom import SBOM_NAME, purl_pypi
 from c128patch.wheel.tools import record_hash, record_hashes
@@ -82,7 +81,7 @@ def diagnose(python: str, launch_args: Sequence[str], series: Series | None) -> 
     sg = interp.dists.get("sglang")
     readings: list[EnvReading] = []
     if sg is None:
-        pip = shlex.join([interp.executable, "-m", "pip", "install"])
+        pip = shell_join([interp.executable, "-m", "pip", "install"])
         report.add("error", "sglang", f"no sglang is installed for {interp.executable}: install the patched wheel "
                                       f"into the serving venv ({pip} sglang-<version>+c128...whl; docs/deploy.md in "
                                       "c128patch's repository)")
@@ -120,7 +119,7 @@ def _serving(report: Report, interp: Interpreter, launch_args: Sequence[str]) ->
                                       "wheel over it: docs/deploy.md in c128patch's repository)")
     else:
         report.add("ok", "import", f"`import sglang` works in {interp.executable} ({sv.seconds:.1f} s)")
-    given = f"`{shlex.join(launch_args)}`" if launch_args else "no launch arguments"
+    given = f"`{shell_join(launch_args)}`" if launch_args else "no launch arguments"
     missing = f"; not given: {', '.join(sv.required_missing)} (needed at launch)" if sv.required_missing else ""
     if sv.args_checked:
         report.add("ok", "args", f"sglang's own server-arguments parser accepts {given}{missing}")
@@ -299,7 +298,7 @@ def _startup(report: Report, st: dict | None, error: str, launch_args: Sequence[
         for other in r.gate.conflicts:
             if other in on:
                 report.add(level, "env", f"{r.gate.name} and {other} are both set: they do not go together")
-    args = f" for `{shlex.join(launch_args)}`" if launch_args else ""
+    args = f" for `{shell_join(launch_args)}`" if launch_args else ""
     if not st["available"]:
         if is_build:
             report.add("warn", "startup", f"this build carries no startup rules ({ONLINE_C128_DSPARK_RULES}): what "

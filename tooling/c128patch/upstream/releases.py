@@ -25,7 +25,6 @@ import importlib.metadata
 import json
 import os
 import re
-import shlex
 import stat
 import struct
 import subprocess
@@ -47,6 +46,7 @@ from c128patch.git import Git, blob_id
 from c128patch.jsonio import write_atomic
 from c128patch.progress import NullReporter, Reporter, transfer
 from c128patch.series.paths import check_relpath
+from c128patch.textsafe import shell_quote
 
 DEFAULT_RELEASES: tuple[str, ...] = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 PACKAGE = "sglang"
@@ -116,7 +116,7 @@ def locked(path: Path) -> contextlib.AbstractContextManager[None]:
         regular = False
     if not regular:
         raise C128Error(f"the lock file {path} of the cache {path.parent} is not a regular file (a link, a pipe or a "
-                        f"folder): not used; remove it (rm -r {shlex.quote(str(path))}) and run again")
+                        f"folder): not used; remove it (rm -r {shell_quote(str(path))}) and run again")
     return jsonio.locked(path)
 
 
@@ -210,7 +210,7 @@ def _sums(folder: Path) -> dict[str, str]:
         text = ""
     except OSError as exc:
         raise C128Error(f"the cache's record of its wheels {path} cannot be read ({exc.strerror}); remove the "
-                        f"wheels and it (rm -rf {shlex.quote(str(folder))}) and run again: they are downloaded "
+                        f"wheels and it (rm -rf {shell_quote(str(folder))}) and run again: they are downloaded "
                         "again") from None
     return {name: digest for digest, _, name in (line.partition("  ") for line in text.split("\n")) if name}
 
@@ -227,7 +227,7 @@ def cached_wheel(wheel: Path) -> Path:
     folder = cache_dir() / "wheels"
     if wheel.parent.resolve() != folder.resolve():
         return wheel
-    fix = f"remove it (rm {shlex.quote(str(wheel))}) and run again: it is downloaded again"
+    fix = f"remove it (rm {shell_quote(str(wheel))}) and run again: it is downloaded again"
     try:  # never read through a link, from a device or a pipe (/dev/zero, a FIFO: an endless read)
         regular = stat.S_ISREG(os.lstat(wheel).st_mode)
     except OSError as exc:
@@ -351,7 +351,7 @@ class WheelZip(zipfile.ZipFile):
     """A wheel's zip archive; truncated or corrupt (opened, or a member read): one line naming it and the ``fix``."""
 
     def __init__(self, wheel: Path, fix: str = "a truncated download? delete it and fetch it again") -> None:
-        self.fix = fix = fix.format(wheel=shlex.quote(str(wheel)))
+        self.fix = fix = fix.format(wheel=shell_quote(str(wheel)))
         with contextlib.suppress(OSError):  # (a missing one: zipfile says so below)
             if not stat.S_ISREG(os.stat(wheel).st_mode):  # a device or a pipe (/dev/zero, a FIFO): an endless read
                 raise C128Error(f"not a wheel: {wheel} is not a regular file (a device or a pipe); {fix}")
@@ -521,7 +521,7 @@ class ReleaseHistory:
             return ""
         except OSError as exc:
             raise C128Error(f"the release cache {self.root}: {path.name} cannot be read ({exc.strerror}); rebuild it: "
-                            f"rm -rf {shlex.quote(str(self.root))} (the next run imports the releases again)") from None
+                            f"rm -rf {shell_quote(str(self.root))} (the next run imports the releases again)") from None
         try:
             with open(fd, "rb") as f:
                 st = os.fstat(f.fileno())
@@ -531,7 +531,7 @@ class ReleaseHistory:
         except (OSError, UnicodeDecodeError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else exc
             raise C128Error(f"the release cache {self.root}: {path.name} cannot be read ({why}); rebuild it: "
-                            f"rm -rf {shlex.quote(str(self.root))} (the next run imports the releases again)") from None
+                            f"rm -rf {shell_quote(str(self.root))} (the next run imports the releases again)") from None
 
     def versions(self) -> list[str]:
         found = self._state(self._versions_file).split()
@@ -540,7 +540,7 @@ class ReleaseHistory:
                 Version(v)
             except (InvalidVersion, ValueError):
                 raise C128Error(f"the release cache {self.root}: {self._versions_file.name} holds {v!r}, not a "
-                                f"release version; rebuild it: rm -rf {shlex.quote(str(self.root))} (the next run "
+                                f"release version; rebuild it: rm -rf {shell_quote(str(self.root))} (the next run "
                                 "imports the releases again)") from None
         return found
 
@@ -569,7 +569,7 @@ class ReleaseHistory:
 
     def _check(self, versions: set[str], fresh: set[str]) -> None:
         """Refuse (saying how to rebuild) a corrupt pack or a tag not naming its release wheel's sources."""
-        rebuild = f"rebuild it: rm -rf {shlex.quote(str(self.root))} (the next run imports the releases again)"
+        rebuild = f"rebuild it: rm -rf {shell_quote(str(self.root))} (the next run imports the releases again)"
         proc = self.git.run("for-each-ref", "--format=%(refname:strip=2) %(tree)", "refs/tags", check=False)
         if proc.returncode != 0:
             raise C128Error(f"the release cache {self.root} is corrupt ({proc.stderr.strip()[-200:]}); {rebuild}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -16,6 +15,7 @@ from pathlib import Path
 from c128patch.errors import C128Error
 from c128patch.git import Git, GitError, refuse_git_dir, work_tree_top
 from c128patch.progress import NullReporter, Reporter, echo
+from c128patch.textsafe import shell_quote
 from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, cache_dir, locked, release_version
 
@@ -144,7 +144,7 @@ def _open_url(url: str, reporter: Reporter) -> Upstream:
             shutil.rmtree(stale, ignore_errors=True)
         if mirror.is_symlink() or mirror.exists() and not mirror.is_dir():  # (rmtree below: OSError's traceback)
             raise C128Error(f"the mirror {mirror} of {url} in the cache is not a folder (a link or a file): not used; "
-                            f"remove it (rm {shlex.quote(str(mirror))}) and run again: it is cloned again")
+                            f"remove it (rm {shell_quote(str(mirror))}) and run again: it is cloned again")
         if mirror.exists() and not (mirror / MIRROR_DONE).is_file():
             echo(f"c128patch: note: removing {mirror}, a half-made mirror of {url} (an interrupted clone): cloning it "
                  "again")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import shlex
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -40,7 +39,9 @@ class Recording(click.Command):
 
 
 def command_line(ctx: click.Context) -> str:
-    return f"c128patch smoke {ctx.info_name} " + shlex.join(ctx.meta.get("c128patch.args", []))
+    from c128patch.textsafe import shell_join
+
+    return f"c128patch smoke {ctx.info_name} " + shell_join(ctx.meta.get("c128patch.args", []))
 
 
 def progress(as_json: bool) -> Callable[[str], None]:
@@ -58,7 +59,9 @@ def report_staged(staged: dict[str, Any], as_json: bool, then: list[str], **extr
     say = progress(as_json)
     for label, info in staged.items():
         say(f"{label}: {info['files']} files, {info['bytes'] / 1e6:.2f} MB -> {info['path']}")
-    say("on the GPU machine: " + shlex.join(["python", "-m", "c128patch", "smoke", *then]))
+    from c128patch.textsafe import shell_join
+
+    say("on the GPU machine: " + shell_join(["python", "-m", "c128patch", "smoke", *then]))
 
 
 def finish(report: dict[str, Any], as_json: bool, show: Callable[[], None]) -> None:
