@@ -783,6 +783,28 @@ def test_the_commands_a_rebase_stop_prints_work_as_printed_for_a_tree_path_no_li
     assert "  // resolved" in git.blob("HEAD", CUH).decode()
 
 
+def test_a_verb_taking_its_layers_from_a_journal_says_them_as_onto_does(series, tree, tmp_path):
+    """`rebase --continue`/`--skip`/`--drop` and `apply --continue` take the layers the journal names, which nobody
+    passed: they were said in --json only (and not in apply's error object), never on stderr, as every other verb
+    says a stack it did not get from --layer. Now one line each, and in the error object too."""
+    git, layer = Git(worktree=tree), tmp_path / "our layer"
+    assert invoke("layer", "new", layer, "--name", "ours", "--series", series, as_json=False).code == 0
+    onto = upstream_edits_the_same_line(git, tree)
+    said = f"layers from the apply journal: {layer}"
+    assert invoke(*apply_args(tree, series, onto, "--layer", layer), as_json=False).code == 1
+    res = invoke("apply", "--continue", "--tree", tree, as_json=False)
+    assert res.code == 1 and said in res.err.splitlines(), res.err
+    res = invoke("apply", "--continue", "--tree", tree)
+    assert res.out["layers_in_effect"]["from"] == "the apply journal" and said not in res.err, res.err
+    assert invoke("apply", "--abort", "--tree", tree, as_json=False).code == 0
+    git.run("checkout", "--quiet", "main")
+    assert invoke(*apply_args(tree, series, "v0.5.23", "--layer", layer), as_json=False).code == 0
+    res = invoke("rebase", "--onto", onto, "--tree", tree, "--series", series, "--layer", layer, as_json=False)
+    assert res.code == 1, res.err
+    res = invoke("rebase", "--skip", "--tree", tree, as_json=False)
+    assert res.code == 0 and f"layers from the rebase journal: {layer}" in res.err.splitlines(), res.err
+
+
 def test_an_upstream_attribute_marking_files_binary_never_makes_refresh_write_a_binary_hunk(series, tree):
     """Upstream commits `*.cuh -diff`: the patch refresh wrote for a commit of the user's on the patched branch was
     "Binary files ... differ", a corrupt patch written into the series ("written, but lint fails on it")."""

@@ -7,7 +7,16 @@ from typing import TYPE_CHECKING
 
 import click
 
-from c128patch.cli.common import applied_here, emit_json, load_stack, locate_tree, repo_option, say, verb_options
+from c128patch.cli.common import (
+    applied_here,
+    emit_json,
+    load_stack,
+    locate_tree,
+    recorded_layers_said,
+    repo_option,
+    say,
+    verb_options,
+)
 from c128patch.errors import C128Error
 
 if TYPE_CHECKING:
@@ -63,7 +72,8 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     if cont:
         with reporter(not as_json, title="apply") as rep:
             result, series = continue_apply(git, load_stack(series_dir, layer_dirs, git.worktree, quiet=as_json)
-                                            if series_dir else None, rep)
+                                            if series_dir else recorded_layers_said(Apply(git).recorded(), as_json),
+                                            rep)
         return _report(result, series, as_json)
     aborted = Apply(git).abort()
     if as_json:

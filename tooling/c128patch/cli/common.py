@@ -150,6 +150,19 @@ def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path
     return series
 
 
+def recorded_layers_said(series: Any, quiet: bool = False) -> Any:
+    """``series``, taken from an apply or rebase journal (``--continue``, ``--skip``, ``--drop``): its layers said as
+    ``load_stack`` says them (on stderr, unless ``quiet``: --json, whose report and error object carry them)."""
+    from c128patch.textsafe import one_line
+
+    _IN_EFFECT[:] = [series]
+    origin = getattr(series, "origin", "")
+    if series.layers and origin and origin != "--layer" and not quiet:
+        click.echo(one_line(f"layers from {origin}: {', '.join(str(layer.root) for layer in series.layers)}"),
+                   err=True)
+    return series
+
+
 def check_output_dir(path: Path, option: str) -> Path:
     """Refuse, before any work, an output folder that cannot be made or written (a file on its way, no write)."""
     probe = path

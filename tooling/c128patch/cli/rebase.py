@@ -34,9 +34,9 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     chooses there, your edits are carried, the result is proven equal to a fresh apply."""
     from rich.table import Column, Table
 
-    from c128patch.cli.common import load_stack
+    from c128patch.cli.common import load_stack, recorded_layers_said
     from c128patch.fit.contract import lock_items
-    from c128patch.fit.rebase_flow import rebase, said_finished
+    from c128patch.fit.rebase_flow import rebase, said_finished, series_of
     from c128patch.git import Git
     from c128patch.ops.refresh import refresh_command
     from c128patch.progress import table_console
@@ -55,6 +55,8 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
     if onto:
         stack = load_stack(series_dir, layer_dirs, git.worktree, repo, quiet=as_json)
         layer_dirs = tuple(layer.root for layer in stack.layers)
+    elif not abort:  # the journal's layers (or those named): said as --onto says them
+        stack = recorded_layers_said(series_of(git, "continue", series_dir, layer_dirs), quiet=as_json)
     verb = chosen[0]  # (``chosen`` is a column's below)
     done = rebase(git, verb, onto=onto or "", repo=repo, drop_merged=drop_merged,  # type: ignore[arg-type]
                   drop=drop, series_dir=series_dir, layer_dirs=layer_dirs, report_dir=report_dir, stack=stack)

@@ -45,8 +45,9 @@ def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, dro
     """``verb`` on ``git``'s tree. Past ``onto`` a verb goes on with the series (and layers) the rebase
     started with, unless others are given; ``drop``: with ``onto`` the entries dropped from the start,
     else the one the rebase stopped at; ``report_dir``: the reports copied there (at a stop too); ``stack``: the
-    series ``onto`` uses, as the caller found it (``cli.common.load_stack``: not looked up again here)."""
-    series = stack if verb == "onto" and stack is not None else _series(git, verb, series_dir, layer_dirs)
+    series the verb uses, as the caller found it (``cli.common.load_stack``, or ``series_of`` past ``onto``: not looked
+    up again here)."""
+    series = stack if stack is not None else series_of(git, verb, series_dir, layer_dirs)
     rb = Rebase(git, series)
     report: dict = {}
     pool = ThreadPoolExecutor(max_workers=1)  # the contract is checked on the new tip beside the checkout and proof
@@ -121,7 +122,7 @@ def _interrupted(stop: KeyboardInterrupt, git: Git, verb: Verb, journal: bool) -
                                 f"`{status}` says where the tree is")
 
 
-def _series(git: Git, verb: Verb, series_dir: Path | None, layer_dirs: tuple[Path, ...]) -> Series:
+def series_of(git: Git, verb: Verb, series_dir: Path | None, layer_dirs: tuple[Path, ...]) -> Series:
     """The series given, or (past ``onto``) the one in the journal, with its layers unless others are given."""
     journal = rebase_journal(git)
     if verb == "onto" or not journal.is_file():

@@ -254,6 +254,11 @@ class Apply:
                 git.run("update-ref", "-m", "c128patch apply: recovery point", journal.recovery_ref, journal.orig_head)
             return self._guarded(journal, planned)
 
+    def recorded(self) -> Series:
+        """The stack the journal names (``resume``'s without a series given): the CLI says its layers first."""
+        journal = ApplyJournal.load(self.git, self.path)
+        return recorded_stack(journal.series_root, journal.layers, self.path)
+
     def resume(self) -> ApplyResult:
         git = self.git
         with interrupts_said(self.tree), repo_lock(git, "apply"):
