@@ -805,6 +805,24 @@ def test_a_verb_taking_its_layers_from_a_journal_says_them_as_onto_does(series, 
     assert res.code == 0 and f"layers from the rebase journal: {layer}" in res.err.splitlines(), res.err
 
 
+def test_a_rebase_onto_an_upstream_symlinking_a_folder_the_series_writes_is_refused_before_its_journal(
+        series, tree, tmp_path):
+    """Upstream makes a folder an entry writes into a symlink (out of the tree): `rebase --onto` wrote its journal, then
+    failed half way on git's "appears as both a file and as a directory", its rebase left in progress. Now one line
+    naming the entry and the symlink, before anything is written."""
+    git, folder = Git(worktree=tree), "python/sglang/kernels/jit/csrc/deepseek_v4"
+    assert invoke(*apply_args(tree, series), as_json=False).code == 0
+
+    def symlinked(idx: Git) -> None:
+        idx.run("rm", "-r", "-q", "--cached", "--force", "--", folder)
+        blob = idx.out("hash-object", "-w", "--stdin", input=str(tmp_path / "elsewhere"))
+        idx.run("update-index", "--add", "--cacheinfo", f"120000,{blob},{folder}")
+
+    onto = upstream_commit(git, "v0.5.23", "upstream: a folder is a symlink", symlinked)
+    refused(["rebase", "--onto", onto, "--tree", tree, "--series", series], tree, "goes through the symlink")
+    assert not (tree / ".git" / "c128patch" / "rebase.json").exists()
+
+
 def test_an_upstream_attribute_marking_files_binary_never_makes_refresh_write_a_binary_hunk(series, tree):
     """Upstream commits `*.cuh -diff`: the patch refresh wrote for a commit of the user's on the patched branch was
     "Binary files ... differ", a corrupt patch written into the series ("written, but lint fails on it")."""

@@ -496,8 +496,9 @@ def tree_modes(git: Git, treeish: str, paths: list[str]) -> dict[str, str]:
     return {name: mode for name, (mode, _kind, _sha) in ls_tree(git, treeish, paths).items()}
 
 
-def check_paths_at(git: Git, treeish: str, planned: list[Planned]) -> set[str]:
-    """Refuse a path through an upstream symlink, an overlay on an upstream file; which touched paths exist."""
+def refuse_symlinks_at(git: Git, treeish: str, planned: list[Planned]) -> dict[str, str]:
+    """Refuse a path through an upstream symlink (``rebase --onto`` before its journal: an overlay's was a git error
+    half way, its journal left); path -> mode of the touched paths and their folders there."""
     kinds = tree_modes(git, treeish, prefixes([p for item in planned for p in (item.patch.paths if item.patch
                                                                                else item.touched)]))
     for item in planned:
@@ -505,6 +506,13 @@ def check_paths_at(git: Git, treeish: str, planned: list[Planned]) -> set[str]:
             for prefix in (p for p in prefixes([path]) if kinds.get(p) == "120000"):
                 raise C128Error(f"unsafe path in entry '{item.entry.name}': {path} goes through the symlink {prefix} "
                                 "upstream")
+    return kinds
+
+
+def check_paths_at(git: Git, treeish: str, planned: list[Planned]) -> set[str]:
+    """Refuse a path through an upstream symlink, an overlay on an upstream file; which touched paths exist."""
+    kinds = refuse_symlinks_at(git, treeish, planned)
+    for item in planned:
         if not item.entry.is_patch and item.entry.target in kinds:
             raise C128Error(f"overlay '{item.entry.name}' collides with upstream: {item.entry.target} already exists "
                             f"at {treeish[:12]}")
