@@ -30,6 +30,7 @@ from c128patch.series.paths import check_entry_name, confine
 
 _KEY = re.compile(r"[0-9a-f]{1,64}")
 _REV = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]{0,199}")  # a row's ``from``/``onto``: a git rev name, shown in reports
+_PARSED: dict[bytes, dict] = {}  # ledger.toml's content digest -> its TOML (``read_toml``; rows are handed out copied)
 _MARKER = re.compile(r"^(<{7}|={7}|>{7}|\|{7})(?: .*)?$", re.M)
 
 
@@ -97,11 +98,12 @@ class Ledger:
         return Ledger(part), check_entry_name(local, f"the ledger {self.index}")
 
     def rows(self) -> list[dict]:
-        """The ledger's rows; a ledger that is not one (bad TOML, wrong shape) is a one-line error."""
+        """The ledger's rows; a ledger that is not one (bad TOML, wrong shape) is a one-line error. Parsed once per
+        content (a pull request's 64 MiB of rows was parsed again at every conflicting entry, loop and proof)."""
         if not self._confined("ledger.toml").is_file():  # (read through no link of the series')
             return []
         bad = f"{self.index}: not a resolution ledger"
-        doc = read_toml(self.index, bad)
+        doc = read_toml(self.index, bad, _PARSED)
         rows = doc.get("resolutions", [])
         if not isinstance(rows, list):
             raise C128Error(f"{bad} ('resolutions' must be an array of tables)")
@@ -112,7 +114,7 @@ class Ledger:
             for k in ("from", "onto"):  # free text of a pull request's that reaches "reused from ..." and reports
                 if row.get(k) and not _REV.fullmatch(row[k]):
                     raise C128Error(f"{bad} (resolution #{i}: {k} = {row[k]!r} is not a git rev name)")
-        return list(rows)
+        return [dict(row) for row in rows]
 
     def has(self, entry: str) -> bool:
         """Does the ledger hold any resolution for ``entry``?"""
