@@ -823,6 +823,30 @@ def test_a_rebase_onto_an_upstream_symlinking_a_folder_the_series_writes_is_refu
     assert not (tree / ".git" / "c128patch" / "rebase.json").exists()
 
 
+def test_a_tag_too_long_for_a_variants_file_name_is_one_line_for_rebase_and_refresh(series, tree):
+    """A 240-character tag (git takes up to 255 bytes): `rebase --continue` recorded the resolution in a ledger row
+    whose `onto` its own reader refuses (every later rebase of the series: "not a resolution ledger"); the rebase's
+    next-step line (what refresh would write) died on OSError's "File name too long" for `<stem>.<tag>.patch`, as did
+    `refresh --variant`. Now the row names the commit, the rebase says refresh would refuse, and refresh refuses in
+    one line, nothing written."""
+    git = Git(worktree=tree)
+    assert invoke(*apply_args(tree, series), as_json=False).code == 0
+    tag = "v0.5.24-" + "a" * 232
+    git.run("tag", tag, upstream_edits_the_same_line(git, tree))
+    assert invoke("rebase", "--onto", tag, "--tree", tree, "--series", series, as_json=False).code == 1
+    text = (tree / CUH).read_text()
+    start, end = text.index("<<<<<<<"), text.index(">>>>>>>")
+    (tree / CUH).write_text(text[:start] + LINE.rstrip("\n") + "  // resolved\n" + text[text.index("\n", end) + 1:])
+    git.run("add", CUH)
+    res = invoke("rebase", "--continue", "--tree", tree, as_json=False)
+    assert res.code == 0 and "refresh would refuse" in res.err + res.text and "255" in res.err + res.text, res.err
+    (row,) = Ledger(load_series(series)).rows()  # (the ledger the tool wrote was one it refused: "not a git rev name")
+    assert row["onto"] == git.rev_parse(tag)[:12] and row["from"] == "v0.5.23", row
+    before = {p: p.read_bytes() for p in series.rglob("*") if p.is_file()}
+    refused(["refresh", "--variant", "--tree", tree, "--series", series], contains="a file name holds at most 255")
+    assert {p: p.read_bytes() for p in series.rglob("*") if p.is_file()} == before
+
+
 def test_an_upstream_attribute_marking_files_binary_never_makes_refresh_write_a_binary_hunk(series, tree):
     """Upstream commits `*.cuh -diff`: the patch refresh wrote for a commit of the user's on the patched branch was
     "Binary files ... differ", a corrupt patch written into the series ("written, but lint fails on it")."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -504,6 +505,10 @@ def _export_patch(series: Series, old: Entry, entry: Entry, data: bytes | None, 
     for name in sorted(variants):
         source, source_commit, source_sources = variants[name]
         path = series.patches_dir / check_relpath(f"{stem}.{name.replace('/', '-')}.patch", f"entry '{entry.name}'")
+        if len(os.fsencode(path.name)) > 255:  # a 240-character tag: OSError's "File name too long", a traceback
+            raise C128Error(f"cannot refresh: entry '{entry.name}''s patch for {name} would be named {path.name} "
+                            f"({len(os.fsencode(path.name))} bytes; a file name holds at most 255): rebase onto a "
+                            "shorter tag or the commit itself; nothing was written")
         content = data if source is None else source.read_bytes()
         result.files[path] = content
         entry.variants.append(Variant(path.name, name, hashlib.sha256(content).hexdigest(), source_commit,

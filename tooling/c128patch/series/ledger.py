@@ -34,6 +34,12 @@ _PARSED: dict[bytes, dict] = {}  # ledger.toml's content digest -> its TOML (``r
 _MARKER = re.compile(r"^(<{7}|={7}|>{7}|\|{7})(?: .*)?$", re.M)
 
 
+def _rev_name(git: Git, rev: str) -> str:
+    """``rev`` as a row's ``from``/``onto`` may hold it (``_REV``), else its commit's short id: a 240-character tag or
+    `--onto v0.5.23~0` made ``record`` write a ledger ``rows`` refuses, every later rebase of the series refused."""
+    return rev if _REV.fullmatch(rev) else (git.rev_parse(rev) or "0" * 12)[:12]
+
+
 def normalize_markers(text: str) -> str:
     """Conflict markers without their labels (which name commits)."""
     return _MARKER.sub(lambda m: m.group(1), text)
@@ -187,7 +193,7 @@ class Ledger:
             write_atomic(target, diff.encode())
             rows.append({"entry": local, "key": c.key,
                          "match": c.match or conflict_key(c.path, c.text, whitespace=False),
-                         "file": c.path, "from": from_rev, "onto": onto_rev})
+                         "file": c.path, "from": _rev_name(git, from_rev), "onto": _rev_name(git, onto_rev)})
             refs.append(f"{entry}:{c.key}")
         if refs:
             rows.sort(key=lambda r: (r["entry"], r["file"], r["key"]))
