@@ -123,15 +123,18 @@ def test_a_forged_or_damaged_conflicts_json_is_one_line_and_names_no_path_outsid
     """``rebase --continue`` reads the conflicts a stop saved in the git dir: input. A damaged one was a traceback
     (ValueError, TypeError); a path outside the tree reached the ledger's records."""
     from c128patch.ops.rebase_journal import save_conflicts, saved_conflicts
+    from c128patch.ops.treestate import rebase_command
     from c128patch.series.ledger import Conflict
 
-    assert saved_conflicts(tmp_path) == []
+    tree = tmp_path / "a tree"  # the undo it says names it (a bare `c128patch rebase --abort` works only inside it)
+    assert saved_conflicts(tmp_path, tree) == []
     saved = [Conflict.of("python/a.py", "<<<<<<<\nx\n=======\ny\n>>>>>>>\n")]
     save_conflicts(tmp_path, saved)
-    assert saved_conflicts(tmp_path) == saved
+    assert saved_conflicts(tmp_path, tree) == saved
     (tmp_path / "conflicts.json").write_text(text)
-    with pytest.raises(C128Error, match=r"conflicts\.json"):
-        saved_conflicts(tmp_path)
+    with pytest.raises(C128Error, match=r"conflicts\.json") as exc:
+        saved_conflicts(tmp_path, tree)
+    assert f"`{rebase_command(tree, 'abort')}` undoes the rebase" in exc.value.message
 
 
 def test_a_trees_recorded_layer_folders_must_be_the_operators(tmp_path: Path):

@@ -155,7 +155,8 @@ class Rebase(RebaseLoop):
         retarget = phase == "series" and found and item is not None and item.touched != [found["target"]]
         upstream_side = (phase == "series" and not step.user_edit
                          and tree == git.out("rev-parse", f"{journal.head_before}^{{tree}}"))
-        recorded = (self.ledger.record(git, step.name, journal.old_rev, journal.onto_rev, saved_conflicts(self.state))
+        recorded = (self.ledger.record(git, step.name, journal.old_rev, journal.onto_rev,
+                                       saved_conflicts(self.state, git.worktree))  # type: ignore[arg-type]
                     if phase == "series" and not retarget and not upstream_side else [])
         git.run("reset", "--quiet", "--hard", "HEAD")  # what is kept of the resolution is ``tree``
         if retarget:  # the series gave the overlay another target: replay it

@@ -10,7 +10,7 @@ from typing import Literal
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.jsonio import read_json, write_json_atomic
-from c128patch.ops.treestate import checked_fields, corrupt_journal, read_journal
+from c128patch.ops.treestate import checked_fields, corrupt_journal, read_journal, rebase_command
 from c128patch.series.ledger import Conflict
 from c128patch.series.paths import check_relpath
 
@@ -113,15 +113,19 @@ def save_conflicts(state: Path, conflicts: list[Conflict]) -> None:
     write_json_atomic(state / "conflicts.json", [asdict(c) for c in conflicts])
 
 
-def saved_conflicts(state: Path) -> list[Conflict]:
-    """What ``save_conflicts`` kept: input (a file in the git dir), each a tree path and strings, else an error."""
+def saved_conflicts(state: Path, tree: Path) -> list[Conflict]:
+    """What ``save_conflicts`` kept: input (a file in the git dir), each a tree path and strings, else an error (with
+    the undo for ``tree``: a bare `c128patch rebase --abort` works only from inside it)."""
     path = state / "conflicts.json"
     if not path.exists():
         return []
     rows, keys = read_json(path, list), ["path", "key", "text", "match"]
-    made = [Conflict.of(check_relpath(c["path"], str(path)), c["text"]) for c in rows or []
-            if isinstance(c, dict) and sorted(c) == sorted(keys) and all(isinstance(v, str) for v in c.values())]
+    undo = f"`{rebase_command(tree, 'abort')}` undoes the rebase"
+    try:
+        made = [Conflict.of(check_relpath(c["path"], str(path)), c["text"]) for c in rows or []
+                if isinstance(c, dict) and sorted(c) == sorted(keys) and all(isinstance(v, str) for v in c.values())]
+    except C128Error as exc:
+        raise C128Error(f"{exc.message}; {undo}") from None
     if rows is None or [asdict(c) for c in made] != rows:  # each key is its text's: none filed under another's
-        raise C128Error(f"{path}: not the conflicts this rebase saved (damaged or edited); `c128patch rebase "
-                        "--abort` undoes the rebase")
+        raise C128Error(f"{path}: not the conflicts this rebase saved (damaged or edited); {undo}")
     return made
