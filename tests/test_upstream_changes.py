@@ -571,7 +571,9 @@ def test_watch_says_which_way_through(remote, tmp_path):
     assert conflict["taken"]["way"] == "rename" and conflict["taken"]["importers"] == [RULES_USER]
     assert run.out["headline"].startswith(f"entry {RULES} conflicts on rules-taken@")
     assert f" in {RULES_TARGET}" in run.out["headline"]
-    assert "way through: **rename our target**" in (tmp_path / "out/watch-report.md").read_text()
+    report = (tmp_path / "out/watch-report.md").read_text()  # its command names the reproduce commands' tree (a
+    assert "way through: **rename our target**" in report  # bare `rebase --continue` there looks for ./sglang)
+    assert "then `c128patch rebase --continue --tree sglang-watch`" in report
 
 
 def test_files_whose_paths_git_quotes_are_each_their_own_in_the_per_file_ids_and_the_hints(tmp_path):

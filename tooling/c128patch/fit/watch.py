@@ -47,7 +47,7 @@ from c128patch.fit import contract as contract_ops
 from c128patch.fit import copies
 from c128patch.fit import treecheck as tier_ops
 from c128patch.fit.sandbox import NOTICE, interpreter
-from c128patch.fit.watch_report import commit_message, headline, render
+from c128patch.fit.watch_report import WORK_TREE, commit_message, headline, render
 from c128patch.git import Git
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops import refresh as refresh_ops
@@ -72,7 +72,6 @@ REPORT = "watch-report.json"
 WRITTEN = ("watch-report.md", REPORT, "rebase-report.md", "rebase-report.json", "commit-message.txt", "series",
            ".gitignore")
 BISECT_TIMEOUT = 300.0  # seconds `watch` gives `bisect` for a conflict or broken outcome
-WORK_TREE = "sglang-watch"  # where the printed reproduce commands put their tree
 BRANCH, VERIFY_BRANCH = "c128patch-watch", "c128patch-watch-verify"
 
 

@@ -9,6 +9,8 @@ from c128patch.fit.sandbox import NOTICE
 from c128patch.ops.conflicts import block_markdown
 from c128patch.textsafe import cell, count, inert, md, one_line, plain, some
 
+WORK_TREE = "sglang-watch"  # where the printed reproduce commands put their tree (a bare verb finds ./sglang)
+
 WHAT = {
     "clean": "Nothing to do: every entry applies strictly.",
     "refreshed": "Review the refreshed series and adopt it: in CI the pull request carries it; by hand, the commands "
@@ -186,9 +188,10 @@ def _conflicts(report: dict) -> list[str]:
                       + (f"; imported upstream by {', '.join(md(i) for i in t['importers'][:5])}"
                          if t["importers"] else ""),
                       f"- way through: **rename our target** (entries {', '.join(t['ours'])} import ours): another "
-                      "`target` in series.toml, those entries pointed at it, then `c128patch rebase --continue`"
+                      "`target` in series.toml, those entries pointed at it, then "
+                      f"`c128patch rebase --continue --tree {WORK_TREE}`"
                       if t["way"] == "rename" else "- way through: **drop ours as superseded** (nothing of ours "
-                      f"imports it): `c128patch rebase --drop {c['entry']}`"]
+                      f"imports it): `c128patch rebase --drop {c['entry']} --tree {WORK_TREE}`"]  # (the reproduce tree)
         lines.append("")
     return lines
 
