@@ -18,7 +18,7 @@ from c128patch.ops.rebase import Journal, Rebase
 from c128patch.ops.treestate import fault_point, own_index_lock, rebase_command, rebase_journal, repo_lock
 from c128patch.progress import reporter
 from c128patch.series.layers import get_series, recorded_stack
-from c128patch.series.manifest import Series
+from c128patch.series.manifest import Series, default_series_root, load_series
 from c128patch.textsafe import shell_join
 from c128patch.upstream.releases import release_version
 from c128patch.upstream.source import fetch_into, open_upstream
@@ -47,7 +47,8 @@ def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, dro
     else the one the rebase stopped at; ``report_dir``: the reports copied there (at a stop too); ``stack``: the
     series the verb uses, as the caller found it (``cli.common.load_stack``, or ``series_of`` past ``onto``: not looked
     up again here)."""
-    series = stack if stack is not None else series_of(git, verb, series_dir, layer_dirs)
+    series = stack if stack is not None else _undoing(git) if verb == "abort" else \
+        series_of(git, verb, series_dir, layer_dirs)
     rb = Rebase(git, series)
     report: dict = {}
     pool = ThreadPoolExecutor(max_workers=1)  # the contract is checked on the new tip beside the checkout and proof
@@ -120,6 +121,16 @@ def _interrupted(stop: KeyboardInterrupt, git: Git, verb: Verb, journal: bool) -
     status = shell_join(["c128patch", "status", "--tree", str(git.worktree.resolve())])
     return Interrupted.by(stop, f"the rebase was {'undone' if verb == 'abort' else 'finished'} before it stopped; "
                                 f"`{status}` says where the tree is")
+
+
+def _undoing(git: Git) -> Series:
+    """The series ``abort`` goes with: none of it is read (the journal's, else the tool's own, which always loads): a
+    series or layer folder the journal names, moved or removed since, refused the undo ("no layer at ..."), the
+    rebase left in progress for good."""
+    try:
+        return series_of(git, "abort", None, ())
+    except C128Error:
+        return load_series(default_series_root())
 
 
 def series_of(git: Git, verb: Verb, series_dir: Path | None, layer_dirs: tuple[Path, ...]) -> Series:
