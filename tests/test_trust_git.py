@@ -851,7 +851,7 @@ def test_a_tag_too_long_for_a_variants_file_name_is_one_line_for_rebase_and_refr
 def test_rebase_abort_undoes_a_rebase_whose_series_or_layer_folder_was_moved_since(series, tree, tmp_path, gone):
     """`rebase --abort` loaded the series and layers the journal names, which it never uses: one moved or removed
     since the stop refused the undo ("no layer at ...: make one with c128patch layer new"), the rebase in progress
-    for good (status still printed that undo). It undoes the rebase now."""
+    for good (status still printed that undo). It undoes the rebase now, and `--continue` says so."""
     git, layer = Git(worktree=tree), tmp_path / "layer"
     assert invoke("layer", "new", layer, "--name", "ours", "--series", series, as_json=False).code == 0
     assert invoke(*apply_args(tree, series, "v0.5.23", "--layer", layer), as_json=False).code == 0
@@ -859,6 +859,8 @@ def test_rebase_abort_undoes_a_rebase_whose_series_or_layer_folder_was_moved_sin
     assert invoke("rebase", "--onto", onto, "--tree", tree, "--series", series, "--layer", layer).code == 1
     moved = layer if gone == "layer" else series
     moved.rename(tmp_path / "moved")
+    refused(["rebase", "--continue", "--tree", tree], tree, f"put it back, or undo the rebase: "
+                                                            f"`{rebase_command(tree, 'abort')}`")  # (not "layer new")
     res = invoke("rebase", "--abort", "--tree", tree, as_json=False)
     assert res.code == 0 and git.head() == head and not git.status_porcelain(), res.err
     assert not (tree / ".git" / "c128patch" / "rebase.json").exists()

@@ -140,8 +140,13 @@ def series_of(git: Git, verb: Verb, series_dir: Path | None, layer_dirs: tuple[P
         return get_series(series_dir, layer_dirs)
     started = Journal.load(journal, git)
     root = str(series_dir or started.series_root)
-    return get_series(recorded_stack(root, [], journal).root, layer_dirs) if layer_dirs else \
-        recorded_stack(root, started.layers, journal)
+    try:
+        return get_series(recorded_stack(root, [], journal).root, layer_dirs) if layer_dirs else \
+            recorded_stack(root, started.layers, journal)
+    except C128Error as exc:  # (a folder moved since the stop: "make one with layer new" is no way on)
+        assert git.worktree is not None
+        raise C128Error(f"{exc.message}; the rebase in {git.worktree} goes on with the series and layers its journal "
+                        f"names: put it back, or undo the rebase: `{rebase_command(git.worktree, 'abort')}`") from None
 
 
 def onto_commit(git: Git, rev: str, repo: str | None) -> str:

@@ -257,7 +257,11 @@ class Apply:
     def recorded(self) -> Series:
         """The stack the journal names (``resume``'s without a series given): the CLI says its layers first."""
         journal = ApplyJournal.load(self.git, self.path)
-        return recorded_stack(journal.series_root, journal.layers, self.path)
+        try:
+            return recorded_stack(journal.series_root, journal.layers, self.path)
+        except C128Error as exc:  # (a folder moved since the stop: "make one with layer new" is no way on)
+            raise C128Error(f"{exc.message}; the apply in {self.tree} goes on with the series and layers its journal "
+                            f"names: put it back, or undo the apply: `{apply_commands(self.tree)[1]}`") from None
 
     def resume(self) -> ApplyResult:
         git = self.git
