@@ -866,6 +866,22 @@ def test_rebase_abort_undoes_a_rebase_whose_series_or_layer_folder_was_moved_sin
     assert not (tree / ".git" / "c128patch" / "rebase.json").exists()
 
 
+@pytest.mark.parametrize("field, value", [("orig_branch", "--orphan=pwned"), ("orig_branch", "-Bmain"),
+                                          ("orig_head", "--orphan=pwned"), ("recovery_ref", "--stdin")])
+def test_a_journal_field_git_would_read_as_an_option_is_refused_before_git_runs(series, tree, field, value):
+    """The rebase journal is the tree's (input): `orig_branch = "--orphan=pwned"` made `rebase --abort` run
+    `git checkout --quiet --orphan=pwned`, the tree left on a new unborn branch ("-Bmain" resets the user's main).
+    A field git takes as a word of its command line that starts with '-' is a corrupt journal: one line, nothing
+    changed."""
+    git, path, data = stopped_rebase(series, tree)
+    data[field] = value
+    path.write_text(json.dumps(data))
+    before = git.out("for-each-ref", "--format=%(refname) %(objectname)")
+    for verb in ("--abort", "--continue", "--skip"):
+        refused(["rebase", verb, "--tree", tree], tree, f"{field!r} starts with '-'")
+    assert git.out("for-each-ref", "--format=%(refname) %(objectname)") == before and git.current_branch() != "pwned"
+
+
 def test_an_upstream_attribute_marking_files_binary_never_makes_refresh_write_a_binary_hunk(series, tree):
     """Upstream commits `*.cuh -diff`: the patch refresh wrote for a commit of the user's on the patched branch was
     "Binary files ... differ", a corrupt patch written into the series ("written, but lint fails on it")."""

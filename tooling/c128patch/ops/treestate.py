@@ -254,7 +254,15 @@ def checked_fields(cls: type, data: dict, git: Git, path: Path, what: str) -> di
         known = len(allowed) == len(names)  # else an alias: the dataclass's own business
         if known and (not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)):
             raise corrupt_journal(git, path, what, f"{f.name!r} is a {type(value).__name__}")
+        if f.name in _GIT_WORDS and isinstance(value, str) and value.startswith("-"):
+            raise corrupt_journal(git, path, what, f"{f.name!r} starts with '-' (git would take it for an option)")
     return dict(data)
+
+
+# a journal's fields that reach git as a word of its command line (`checkout ORIG_BRANCH`: `--orphan=x`, `-Bmain`)
+_GIT_WORDS = {"onto_rev", "onto_commit", "old_rev", "old_commit", "orig_branch", "orig_head", "recovery_ref",
+              "head_before", "sha", "new_sha", "edit_from", "edit_to", "series_tree", "rev", "upstream_commit",
+              "branch"}
 
 
 def corrupt_journal(git: Git, path: Path, what: str, reason: str) -> C128Error:
