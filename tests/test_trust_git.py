@@ -739,10 +739,12 @@ def test_a_ledger_rows_diff_changes_its_own_files_lines_and_nothing_else(series,
     assert [line for line in git.lines("status", "--porcelain") if not line.startswith("??")] == [f"UU {CUH}"]
 
 
-def test_a_refusal_past_the_rebase_journals_first_write_says_the_rebase_is_in_progress_and_its_way_out(series, tree):
-    """A ledger row the loop reads only at the conflict (`from = "a b"`): `rebase --onto` said only "not a resolution
+def test_a_refusal_past_the_rebase_journals_first_write_says_the_rebase_is_in_progress_and_its_way_out(
+        series, tree, tmp_path):
+    """A ledger row the loop read only at the conflict (`from = "a b"`): `rebase --onto` said only "not a resolution
     ledger", exit 2, as a refusal that changed nothing, and left its journal (every later verb "a rebase is in
-    progress"). The line now says the rebase is in progress with the commands that finish or undo it, which work as
+    progress"). Every ledger is now read before the journal (nothing changed); what is found only at the conflict
+    (the row's diff a link) says the rebase is in progress with the commands that finish or undo it, which work as
     printed."""
     git = Git(worktree=tree)
     (series / "patches" / "resolutions").mkdir(parents=True)
@@ -750,12 +752,22 @@ def test_a_refusal_past_the_rebase_journals_first_write_says_the_rebase_is_in_pr
     ledger.write_text(f'[[resolutions]]\nentry = "test-patch"\nkey = "0"\nfile = "{CUH}"\nfrom = "a b"\n')
     assert invoke(*apply_args(tree, series), as_json=False).code == 0
     head, onto = git.head(), upstream_edits_the_same_line(git, tree)
+    refused(["rebase", "--onto", onto, "--tree", tree, "--series", series], tree, "not a resolution ledger")
+    assert not rebase_journal(git).is_file()
+    ledger.unlink()
+    assert invoke("rebase", "--onto", onto, "--tree", tree, "--series", series, as_json=False).code == 1
+    key = Conflict.of(CUH, (tree / CUH).read_text()).key
+    assert invoke("rebase", "--abort", "--tree", tree, as_json=False).code == 0
+    ledger.write_text(f'[[resolutions]]\nentry = "test-patch"\nkey = "{key}"\nfile = "{CUH}"\n')
+    (series / "patches" / "resolutions" / "test-patch").mkdir()
+    diff = series / "patches" / "resolutions" / "test-patch" / f"{key}.diff"
+    diff.symlink_to(tmp_path / "elsewhere.diff")
     res = invoke("rebase", "--onto", onto, "--tree", tree, "--series", series, as_json=False)
-    assert res.code == 2 and "not a resolution ledger" in res.err and "in progress" in res.err, res.err
+    assert res.code == 2 and "goes through the symlink" in res.err and "in progress" in res.err, res.err
     again = invoke("rebase", "--onto", onto, "--tree", tree, "--series", series, as_json=False).err  # (printed
     for verb in ("continue", "skip", "abort"):  # "(... --continue --tree T / --skip)": no command as printed)
         assert printed_command(again, f"c128patch rebase --{verb}") == rebase_command(tree, verb), again
-    ledger.unlink()
+    diff.unlink()
     done = run_printed(printed_command(res.err, "c128patch rebase --continue"))
     assert done.returncode == 1 and "<<<<<<<" in (tree / CUH).read_text(), done.stderr  # the conflict, for a human
     undone = run_printed(printed_command(res.err, "c128patch rebase --abort"))

@@ -71,6 +71,7 @@ class Rebase(RebaseLoop):
         if not any(s.sha for s in steps):
             raise C128Error("cannot rebase: no c128patch entries on this branch")
         refuse_symlinks_at(git, onto_commit, self._planning(onto_commit).result())  # before anything is written
+        self.ledger.check()  # (its rows are read only at a conflict, past the journal's first write)
         recovery = f"{RECOVERY_PREFIX}/{time.strftime('%Y%m%dT%H%M%S')}-{head[:8]}"
         git.run("update-ref", "-m", "c128patch rebase: recovery point", recovery, head)
         journal = Journal(onto_rev, onto_commit, old_rev, old["commit"], git.current_branch(), head, recovery,

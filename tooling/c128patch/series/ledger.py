@@ -117,10 +117,17 @@ class Ledger:
             if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("entry", "key", "file")) \
                     or not all(isinstance(row.get(k, ""), str) for k in ("match", "from", "onto")):
                 raise C128Error(f"{bad} (resolution #{i} needs string fields entry, key and file)")
+            if not _KEY.fullmatch(row["key"]):  # (a file's name: refused as read, before a rebase writes its journal)
+                raise C128Error(f"unsafe ledger key in {self.index}: {row['key']!r} (a key is 1-64 hex digits)")
             for k in ("from", "onto"):  # free text of a pull request's that reaches "reused from ..." and reports
                 if row.get(k) and not _REV.fullmatch(row[k]):
                     raise C128Error(f"{bad} (resolution #{i}: {k} = {row[k]!r} is not a git rev name)")
         return [dict(row) for row in rows]
+
+    def check(self) -> None:
+        """Every ledger of the stack read (``rows``): a bad one refused before a rebase writes its journal."""
+        for part in (self.series.ours, *self.series.layers):
+            Ledger(part).rows()
 
     def has(self, entry: str) -> bool:
         """Does the ledger hold any resolution for ``entry``?"""
