@@ -667,6 +667,21 @@ def test_from_wheel_refuses_a_member_the_release_does_not_hold(tmp_path: Path, o
         refused(["wheel", "--from-wheel", str(bad), "--series", str(wheel_series)], out, says)
 
 
+def test_a_wheel_whose_file_name_claims_other_tags_than_its_wheel_file_is_refused(tmp_path: Path, out: Path,
+                                                                                   wheel_series: Path,
+                                                                                   upstream_wheel: Path, patched):
+    """A manylinux_2_34 build renamed manylinux_2_28 (an older glibc) was patched and labelled so, a wheel
+    verify-wheel then refused; a WHEEL ``Tag:`` line that is no tag was a ValueError traceback in verify-wheel."""
+    renamed = tmp_path / upstream_wheel.name.replace("manylinux_2_34", "manylinux_2_28")
+    renamed.symlink_to(upstream_wheel)  # (a link of the operator's: its target is read)
+    refused(["wheel", "--from-wheel", str(renamed), "--series", str(wheel_series)], out,
+            "WHEEL differ from its file name's")
+    src = Path(patched.wheel)
+    (name,) = [n for n in members(src) if n.endswith(".dist-info/WHEEL")]
+    verify_fails(tampered(src, tmp_path / "bad", {name: members(src)[name] + b"Tag: garbage\n"}),
+                 "the WHEEL file's tags differ from the file name's", "--no-authenticity")
+
+
 def _with_changed_member(wheel: Path, dest: Path, member: str, text: str) -> Path:
     """``wheel`` with ``member``'s text replaced, its RECORD row recomputed (a consistent wheel, not a torn one)."""
     from c128patch.wheel.tools import record_hash
@@ -684,6 +699,15 @@ def _with_changed_member(wheel: Path, dest: Path, member: str, text: str) -> Pat
                 data = out.getvalue().encode()
             zf.writestr(info, data)
     return dest
+
+
+def _cp313(wheel: Path, dest: Path) -> Path:
+    """``wheel`` as a cp313 wheel of the release: its WHEEL's tag as its file name's (else refused before its
+    content)."""
+    name = "sglang-0.5.23.dist-info/WHEEL"
+    with zipfile.ZipFile(wheel) as zf:
+        text = zf.read(name).decode()
+    return _with_changed_member(wheel, dest, name, text.replace("cp311-cp311", "cp313-cp313"))
 
 
 def test_from_wheel_refuses_a_release_wheel_whose_content_is_not_the_releases(tmp_path: Path, out: Path,
@@ -706,7 +730,7 @@ def test_from_wheel_refuses_a_release_wheel_whose_content_is_not_the_releases(tm
     refused(["wheel", "--from-wheel", str(same_name), "--series", str(wheel_series)], out,
             f"is not sglang 0.5.23's release wheel {upstream_wheel.name}: its sha256 is")
     # a wheel of the release the cache never downloaded (no record of its bytes): its sources tell
-    other = same_name.rename(tmp_path / "sglang-0.5.23-cp313-cp313-manylinux_2_34_x86_64.whl")
+    other = _cp313(same_name, tmp_path / "sglang-0.5.23-cp313-cp313-manylinux_2_34_x86_64.whl")
     said = refused(["wheel", "--from-wheel", str(other), "--series", str(wheel_series)], out,
                    "is not sglang 0.5.23's release wheel: sglang/version.py differs from the release's sources")
     assert "c128patch wheel --from-release 0.5.23" in said and "c128patch build" in said
@@ -716,11 +740,11 @@ def test_from_wheel_refuses_a_release_wheel_whose_content_is_not_the_releases(tm
         text = zf.read(metadata).decode()
     more = text.replace("\nRequires-Dist:", "\nRequires-Dist: evil-typosquat>=6.6\nRequires-Dist:", 1)
     assert more != text
-    _with_changed_member(upstream_wheel, other, metadata, more)
+    _cp313(_with_changed_member(upstream_wheel, tmp_path / "more.whl", metadata, more), other)
     refused(["wheel", "--from-wheel", str(other), "--series", str(wheel_series)], out,
             f"is not sglang 0.5.23's release wheel: {metadata} differs from the release's wheel")
     # its sources and metadata the release's, one more compiled module (imported in the place of scheduler.py)
-    shutil.copyfile(upstream_wheel, other)
+    _cp313(upstream_wheel, other)
     with zipfile.ZipFile(other, "a") as zf:
         zf.writestr("sglang/srt/managers/scheduler.cpython-313-x86_64-linux-gnu.so", b"\x7fELF")
     refused(["wheel", "--from-wheel", str(other), "--series", str(wheel_series)], out,

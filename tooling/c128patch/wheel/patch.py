@@ -220,6 +220,9 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
             raise C128Error(f"not an sglang wheel: {wheel.name} is {meta.name} {meta.version}")
         if Version(str(meta.version)) != upstream_version:
             raise C128Error(f"{wheel.name}: METADATA says version {meta.version}, the file name {upstream_version}")
+        if not iw.tags_match():  # (a 2_34 build renamed manylinux_2_28: its label would claim an older glibc)
+            raise C128Error(f"{wheel.name}: the tags of its {iw.dist_info}/WHEEL differ from its file name's (a "
+                            "renamed wheel?); start from the wheel as it was published")
         if WHEEL_PROVENANCE in iw.members():
             raise C128Error(f"{wheel.name} is already patched by c128patch (it has {WHEEL_PROVENANCE}); "
                             "start from the upstream wheel")

@@ -27,6 +27,7 @@ from typing import Iterator
 from unittest import mock
 
 from packaging.metadata import InvalidMetadata, Metadata, parse_email
+from packaging.tags import parse_tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 from wheel.wheelfile import MINIMUM_TIMESTAMP, WHEEL_INFO_RE, WheelError, WheelFile
@@ -246,6 +247,16 @@ class InWheel:
             if (info.external_attr >> 16) & 0o111:  # executable in the archive
                 dest.chmod(0o755)
             self._extracted.add(name)
+
+    def tags_match(self) -> bool:
+        """Do the WHEEL file's ``Tag:`` lines name exactly the file name's tags (a renamed wheel claims a platform or
+        interpreter its build is not for)?"""
+        text = self.read(f"{self.dist_info}/WHEEL").decode("utf-8", errors="replace")
+        try:
+            tags = {t for line in text.splitlines() if line.startswith("Tag:") for t in parse_tag(line[4:].strip())}
+        except ValueError:
+            return False
+        return tags == set(parse_wheel_filename(self.wheel.name)[3])
 
     def metadata(self) -> Metadata:
         """METADATA parsed, with a Name and a valid Version (a bad one is a one-line error)."""

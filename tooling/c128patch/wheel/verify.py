@@ -20,8 +20,6 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
-from packaging.tags import parse_tag
-from packaging.utils import parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
@@ -81,9 +79,7 @@ def _json(iw: InWheel, name: str, what: str) -> dict:
 
 
 def _check_identity(iw: InWheel, record: dict) -> Version:
-    text = iw.read(f"{iw.dist_info}/WHEEL").decode("utf-8", errors="replace")
-    tags = {t for line in text.splitlines() if line.startswith("Tag:") for t in parse_tag(line[4:].strip())}
-    if tags != set(parse_wheel_filename(iw.wheel.name)[3]):
+    if not iw.tags_match():
         raise _mismatch(iw.wheel, "the WHEEL file's tags differ from the file name's")
     meta = iw.metadata()
     if str(meta.name).lower() != PACKAGE:
