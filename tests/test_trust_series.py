@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -13,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -689,6 +691,38 @@ def test_check_on_a_server_that_never_answers_ends_in_time(tmp_path):
         server.close()
     assert res.code == 2 and "no answer within 3 s" in res.err, res.err
     assert time.monotonic() - start < 60
+
+
+def _trickle(server: socket.socket) -> None:
+    """An HTTP server that answers one byte at a time, never finishing."""
+    with contextlib.suppress(OSError):
+        while True:
+            conn, _ = server.accept()
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-git-upload-pack-advertisement\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n1\r\n0\r\n")
+
+
+@pytest.mark.parametrize("how", ["silent", "trickle"])
+@pytest.mark.parametrize("verb", [["treecheck", "--no-run", "--sglang-rev", "main"], ["bisect", "--onto", "main"],
+                                  ["matrix"]])
+def test_every_verb_on_a_server_that_never_answers_or_trickles_ends_in_time_in_one_line(tmp_path, verb, how):
+    """Helper 142: ``treecheck --repo URL`` opened the URL with no reporter: AttributeError's traceback."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)  # silent: accepts, never answers
+    if how == "trickle":
+        threading.Thread(target=_trickle, args=(server,), daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/sglang.git"
+    start = time.monotonic()
+    try:
+        res = invoke(*verb, "--repo", url, as_json=False,
+                     env={"C128PATCH_NET_TIMEOUT": "1", "C128PATCH_CACHE": str(tmp_path / "cache")})
+    finally:
+        server.close()
+    said = f"c128patch: error: cannot clone {url}: no answer within 1 s (a server that does not answer; set "
+    assert res.code == 2 and res.err.strip() == said + "C128PATCH_NET_TIMEOUT to wait longer)", res.err
+    assert time.monotonic() - start < 30
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "1e400", "-1", "0", "abc"])

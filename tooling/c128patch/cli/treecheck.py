@@ -58,7 +58,7 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
             result = treecheck.run(series, git.worktree, git.changed_files(contract.tree_base(git), "HEAD"),
                                    python=python, run_code=not no_run, reporter=rep)
         else:
-            upstream = open_upstream(repo, [rev], None)
+            upstream = open_upstream(repo, [rev], rep)
             result = treecheck.run_rev(series, upstream.git, rev, upstream.resolve(rev), python=python,
                                        run_code=not no_run, reporter=rep)
     payload = result.to_json()
