@@ -210,3 +210,14 @@ def test_doctor_given_a_launch_argument_before_the_dashes_prints_the_command_wit
     ran = run_printed(command)
     assert ran.returncode in (0, 1), ran.stderr
     assert "No such option" not in ran.stderr + ran.stdout
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e300", "-1"])
+@pytest.mark.parametrize("verb", [["watch", "--onto", "v0.5.23", "--no-run"], ["bisect", "--onto", "v0.5.23"]])
+def test_a_time_limit_that_is_no_number_of_seconds_is_one_line(tmp_path, monkeypatch, verb, value):
+    """Helper 142: ``watch --timeout nan`` was ValueError's traceback, ``inf`` and ``1e300`` OverflowError's; ``bisect
+    --timeout nan`` passed FloatRange's bounds and ran with no limit."""
+    monkeypatch.chdir(tmp_path)
+    res = invoke(*verb, "--timeout", value, as_json=False)
+    assert res.code == 2 and res.err.startswith("c128patch: error: Invalid value for '--timeout': "), res.err
+    assert len(res.err.strip().splitlines()) == 1 and not (tmp_path / "c128patch-watch").exists()

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, load_stack, repo_option, say, verb_options
+from c128patch.cli.common import Seconds, emit_json, load_stack, repo_option, say, verb_options
 
 
 @click.command("bisect")
 @click.option("--onto", required=True, help="The upstream revision the series does not fit.")
 @repo_option
-@click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
+@click.option("--timeout", type=Seconds(), default=600.0, show_default=True,
               help="Give up after this many seconds.")
 @click.option("--behaviour", is_flag=True, help="Each step also runs the behavioural tier (c128patch treecheck): "
               "finds a commit that breaks a module's import or behaviour the contract does not see.")

@@ -31,6 +31,24 @@ layer_option = click.option(
          "provenance names; always said; docs/layers.md).")
 repo_option = click.option("--repo", default=None, help="Upstream: a local clone (PATH) or a git URL (cloned once "
                                                         "into the cache). Default: the sglang release wheels.")
+
+
+class Seconds(click.FloatRange):
+    """A time limit: a finite number of seconds from ``min`` to a week (``nan`` passed FloatRange's bounds: watch's
+    ValueError traceback, bisect with no limit; ``inf`` or ``1e300``: watch's OverflowError traceback)."""
+
+    name = "seconds"
+
+    def __init__(self, min: float = 1) -> None:  # noqa: A002 (FloatRange's own word)
+        super().__init__(min=min, max=7 * 86_400)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if seconds != seconds:  # nan: every comparison with a bound is false
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return seconds
+
+
 tree_option = click.option(
     "--tree", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
     help=f"The patched sglang tree (default: the repository you are in when it is one, else ./{DEFAULT_TREE}, "

@@ -8,7 +8,15 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import check_output_dir, emit_json, load_stack, primary_or_variant, repo_option, verb_options
+from c128patch.cli.common import (
+    Seconds,
+    check_output_dir,
+    emit_json,
+    load_stack,
+    primary_or_variant,
+    repo_option,
+    verb_options,
+)
 
 EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items())
 
@@ -20,7 +28,7 @@ EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items()
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("c128patch-watch"),
               help="Where the report (and a refreshed series) go: a new or empty folder, or an earlier watch's "
                    "(default: ./c128patch-watch).")
-@click.option("--timeout", type=click.FloatRange(min=1), default=1800.0, show_default=True,
+@click.option("--timeout", type=Seconds(), default=1800.0, show_default=True,
               help="Give up after this many seconds (exit 124, the report says where it was).")
 @click.option("--primary", "as_primary", is_flag=True,
               help="A refreshed series takes REV's files as its primary files (base moves to REV). Default (neither "
