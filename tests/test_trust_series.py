@@ -356,6 +356,29 @@ def test_a_config_or_layer_folder_others_may_write_is_refused(tmp_path, monkeypa
     assert lookup_layers((), cwd=config.parent)[0] == ((config.parent / "lay").resolve(),)
 
 
+def test_what_a_config_named_layer_folder_holds_is_held_to_the_configs_rule(tmp_path, monkeypatch):
+    """Helper 142: only the layer folder itself was checked: its ``patches/`` or ``patches/series.toml`` owned by
+    another user, or writable by others, was read and stacked (that user chose the layer's patches)."""
+    monkeypatch.delenv(ENV, raising=False)
+    config = tmp_path / "op" / CONFIG
+    manifest = config.parent / "lay" / "patches" / "series.toml"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text("")
+    config.write_text('[layers]\npaths = ["lay"]\n')
+    for path in (manifest, manifest.parent):
+        old = path.stat().st_mode
+        path.chmod(old | 0o002)
+        with pytest.raises(C128Error, match=f"\\(its {path.relative_to(config.parent / 'lay')}\\), writable by others"):
+            lookup_layers((), cwd=config.parent)
+        path.chmod(old)
+        if os.geteuid() == 0:
+            os.chown(path, 12345, -1)
+            with pytest.raises(C128Error, match="owned by another user \\(uid 12345\\): not read"):
+                lookup_layers((), cwd=config.parent)
+            os.chown(path, 0, -1)
+    assert lookup_layers((), cwd=config.parent)[0] == ((config.parent / "lay").resolve(),)
+
+
 def test_a_layer_folder_a_trees_record_or_a_journal_names_is_held_to_the_configs_rule(tmp_path):
     """Helper 137: the layer folders a tree's git dir records (``layers.json``, which every verb in a layered tree
     loads) or an apply/rebase journal names had no owner check and no others-may-write check, unlike those

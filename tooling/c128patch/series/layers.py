@@ -14,7 +14,7 @@ import re
 import stat
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from c128patch.errors import C128Error
 from c128patch.git import is_git_dir_name
@@ -241,13 +241,30 @@ def read_config(path: Path) -> tuple[Path, ...]:
 def owned(folders: tuple[Path, ...], origin: str) -> tuple[Path, ...]:
     """``folders`` when each is the user's and no other user may write it (the rule for a layer folder a file names:
     the operator's ``c128patch.toml``, a tree's record of its layers); --layer and the env are the operator's word."""
-    for folder in (f for f in folders if f.exists() and f.stat().st_uid != os.getuid()):
-        raise C128Error(f"{origin} names layer {folder}, owned by another user (uid {folder.stat().st_uid}): not read "
-                        f"(as git's safe.directory); take it over (chown), or name it with --layer or {ENV}")
-    for folder in (f for f in folders if f.exists() and _others_write(f)):
-        raise C128Error(f"{origin} names layer {folder}, {_others_write(folder)}: not read (another user may change "
-                        f"it); chmod go-w it, or name it with --layer or {ENV}")
+    for folder in (f for f in folders if f.exists()):
+        for path in _inside(folder):  # (its patches/ or series.toml another's: they choose what the layer holds)
+            at = "" if path == folder else f" (its {path.relative_to(folder)})"
+            if (uid := path.lstat().st_uid) != os.getuid():
+                raise C128Error(f"{origin} names layer {folder}{at}, owned by another user (uid {uid}): not read (as "
+                                f"git's safe.directory); take it over (chown), or name it with --layer or {ENV}")
+            if not path.is_symlink() and (why := _others_write(path)):
+                raise C128Error(f"{origin} names layer {folder}{at}, {why}: not read (another user may change it); "
+                                f"chmod go-w it, or name it with --layer or {ENV}")
     return folders
+
+
+MAX_LAYER_WALK = 10_000  # entries of a layer folder checked for their owner (a layer holds a few dozen)
+
+
+def _inside(folder: Path) -> Iterator[Path]:
+    """``folder``, then what it holds (links not followed), at most ``MAX_LAYER_WALK`` entries."""
+    yield folder
+    count = 0
+    for top, dirs, files in os.walk(folder):
+        for name in (*dirs, *files):
+            if (count := count + 1) > MAX_LAYER_WALK:
+                raise C128Error(f"layer folder {folder} holds over {MAX_LAYER_WALK} files: not a layer")
+            yield Path(top) / name
 
 
 def _others_write(path: Path) -> str:
