@@ -700,3 +700,20 @@ def test_the_watch_records_say_clean_in_each_releases_own_environment():
             assert state["imported"] == run["gates"]["off"]["imported"]
             assert len(state["scenarios_passed"]) == state["scenarios"] == 8, (rev, state)  # (tests/test_env's list)
     assert not re.search(r'"/|/root|/home|/tmp', text)
+
+
+def test_a_huge_results_file_is_one_line_unread(tmp_path):
+    """Helper 142: ``matrix --results DIR`` read a results file whole (smoke.trees.read_json): an 8 GB sparse
+    ``suite.json`` hung matrix past a minute, reading it into memory. Now one line, unread; a FIFO is no result."""
+    results = tmp_path / "results"
+    shutil.copytree(REPO_ROOT / "ci" / "gpu" / "results", results)
+    suite = results / "v0.5.23" / "suite.json"
+    suite.unlink()
+    os.mkfifo(suite)
+    assert load_results(results)  # a FIFO: no result, never waited on
+    suite.unlink()
+    with suite.open("wb") as fh:
+        fh.truncate(8 << 30)
+    res = invoke("matrix", "--results", str(results), "--sglang-rev", "v0.5.23", as_json=False)
+    assert res.code == 2 and res.err.strip() == f"c128patch: error: {suite}: {8 << 30} bytes, over the 64 MiB a JSON " \
+        "file of ours may hold; not read", res.err

@@ -32,6 +32,8 @@ ACROSS: dict[tuple[str, str], str] = {
                       "what `check` says of a rev older than the series (ops.check.release_support_note)",
     ("upstream", "series"): "a release wheel's member names pass the one confinement rule (series.paths) before "
                             "they reach the release history's git fast-import stream",
+    ("smoke", "wheel"): "`smoke --wheel` unpacks a wheel through the one check of its members and sizes "
+                        "(wheel.tools.check_archive)",
     ("errors", "exitcodes"): "an error's exit code comes from the one table of exit codes",
     ("progress", "textsafe"): "a progress line names input (a path, a subject): made plain text by the one function "
                               "that strips what a terminal acts on",
@@ -104,7 +106,7 @@ def test_package_top_level_holds_only_the_base_modules():
 
 @pytest.mark.parametrize("edge, message", [
     (("c128patch.series.plan", 3, "c128patch.ops.apply"), "up: series -> ops"),
-    (("c128patch.smoke.kernel", 3, "c128patch.wheel.patch"), "across: smoke -> wheel"),
+    (("c128patch.smoke.kernel", 3, "c128patch.capacity.model"), "across: smoke -> capacity"),
     (("c128patch.ops.apply", 3, "c128patch.cli.common"), "up: ops -> cli"),
     (("c128patch.git", 3, "c128patch.series.manifest"), "up: git -> series"),
     (("c128patch.ops.apply", 3, "<relative import: level 1>"), "write imports absolute"),

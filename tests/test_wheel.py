@@ -801,6 +801,26 @@ def test_smoke_unpacks_a_wheels_members_only_through_the_confinement_rule(tmp_pa
     assert not (tmp_path / "x.py").exists() and not list((tmp_path / "out").rglob("post-checkout"))
 
 
+@pytest.mark.parametrize("how", ["bomb", "symlink"])
+def test_smoke_unpacks_no_zip_bomb_and_no_special_member(tmp_path: Path, how: str):
+    """Helper 142: ``smoke kernel --wheel`` unpacked a 1000:1 member whole (a 1 GiB one from a 1 MiB wheel: a disk
+    filled) and a symlink member as a file: the size, ratio and member checks of --from-wheel, verify-wheel now."""
+    from c128patch.smoke.trees import unpack_wheel
+
+    wheel = tmp_path / "sglang-0.0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("sglang/__init__.py", "")
+        if how == "bomb":
+            zf.writestr("sglang/bomb.bin", b"\0" * (16 << 20))
+        else:
+            info = zipfile.ZipInfo("sglang/link.py")
+            info.external_attr = 0o120777 << 16
+            zf.writestr(info, "/etc/passwd")
+    with pytest.raises(C128Error, match="a zip bomb" if how == "bomb" else "member sglang/link.py is a symlink"):
+        unpack_wheel(wheel, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_verify_refuses_an_edited_provenance_and_sbom_claiming_the_series(patched, tmp_path: Path,
                                                                          wheel_series: Path):
     """The entry claims a gate it does not have, in both the provenance and the SBOM, RECORD recomputed:

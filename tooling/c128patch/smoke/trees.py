@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import zipfile
@@ -73,22 +74,33 @@ def resolve_tree(path: Path, what: str = "--tree") -> Path:
 def unpack_wheel(wheel: Path, dest: Path) -> Path:
     """The ``sglang/`` package of a wheel, unpacked under ``dest``; returns ``dest``."""
     from c128patch.upstream.releases import WheelZip  # (packaging: only when a wheel is unpacked)
+    from c128patch.wheel.tools import check_archive
 
     with WheelZip(wheel) as zf:
-        members = [m for m in zf.namelist() if m.startswith("sglang/") and not m.endswith("/")]
+        members = [check_relpath(m, f"--wheel {wheel.name}") for m in zf.namelist()
+                   if m.startswith("sglang/") and not m.endswith("/")]
         if not members:
             raise C128Error(f"--wheel: {wheel.name} has no sglang/ package")
+        check_archive(zf.infolist(), wheel)  # (a 1000:1 bomb was unpacked whole: a disk filled)
         for name in members:
-            zf.extract(check_relpath(name, f"--wheel {wheel.name}"), dest)
+            zf.extract(name, dest)
     return dest
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path`` (None: no such file), else a one-line error."""
+    from c128patch.jsonio import MAX_JSON
+
     if not path.is_file():
         return None
-    try:
-        doc = json.loads(path.read_bytes().decode("utf-8"))
+    try:  # (a FIFO swapped in after the check: never waited on)
+        with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK)) as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
+            if (size := os.fstat(fh.fileno()).st_size) > MAX_JSON:  # (an 8 GB sparse one was read into memory)
+                raise C128Error(f"{path}: {size} bytes, over the {MAX_JSON >> 20} MiB a JSON file of ours may hold; "
+                                "not read")
+            doc = json.loads(fh.read(MAX_JSON + 1).decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise C128Error(f"{path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     except json.JSONDecodeError as exc:
