@@ -236,6 +236,26 @@ def test_matrix_shows_a_repos_revision_as_data_on_a_terminal_and_in_markdown(sgl
     _inert(res.text)
 
 
+def test_matrix_shows_a_test_id_of_a_results_file_as_data_in_markdown(tmp_path):
+    """Helper 142: an upstream test's id is any string (a parametrize id) and smoke records it; matrix --markdown (the
+    README's table) put it raw in a cell: its ``<img>``, ``@octocat``, ``#12``, code span and link were live."""
+    import json
+    import shutil
+
+    results = tmp_path / "results"
+    shutil.copytree(REPO_ROOT / "ci" / "gpu" / "results", results)
+    suite = results / "v0.5.23" / "upstream-suite.json"
+    data = json.loads(suite.read_text())
+    bad = next(t for t in data["tests"] if t.get("patched") in ("failed", "error"))
+    bad["nodeid"] = "test_x.py::t[" + EVIL + " `x` www.evil.example]"
+    suite.write_text(json.dumps(data))
+    res = invoke("matrix", "--results", results, "--sglang-rev", "v0.5.23", "--markdown", as_json=False)
+    assert res.code == 0 and "@maintainers" not in res.text and "#12" not in res.text and "`x`" not in res.text, res
+    _inert(res.text)
+    rendered = MarkdownIt("commonmark").enable("table").render(res.text)
+    assert "<a " not in rendered and "<code>" not in rendered and "&lt;img src=x" in rendered, rendered
+
+
 def test_a_series_version_and_a_repos_revision_are_no_markup_in_a_table_title_or_column(tmp_path, sglang_release_repo):
     """A version may hold ``[/x]`` (one word): check's and gates' table titles were rich markup (a MarkupError
     traceback), as was check's column of a --repo revision (``^{/[/x]...}``)."""

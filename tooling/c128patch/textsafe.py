@@ -58,6 +58,17 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+_MD_LIVE = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "@": "&#64;", "#": "&#35;", "`": "&#96;"}
+
+
+def md_cell(text: str) -> str:
+    """``text`` for a Markdown table cell, reading as it is: ``plain``, its ``|`` escaped, and no HTML, code span,
+    @mention, #ref, link or URL in it live (character references stand for ``< > & @ # ` `` and ``](``, ``://``)."""
+    text = re.sub(r"[&<>@#`]", lambda m: _MD_LIVE[m.group(0)], plain(str(text)))
+    return cell(re.sub(r"(?i)www\.", lambda m: m.group(0)[:3] + "&#46;", text).replace("](", "]&#40;")
+                .replace("://", ":&#47;&#47;"))
+
+
 def count(n: int, noun: str) -> str:
     """``1 entry``, ``2 entries``, ``1 upstream commit``: ``noun`` singular, its plural by English's plain rules."""
     if n == 1:

@@ -19,7 +19,7 @@ from c128patch.git import Git
 from c128patch.ops.check import check_rev
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series
-from c128patch.textsafe import cell, md, plain
+from c128patch.textsafe import cell, md, md_cell, plain
 from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, release_version, tag_for
 from c128patch.upstream.source import open_upstream
 
@@ -194,5 +194,6 @@ def markdown(rows: list[ReleaseRow]) -> str:
     for row in rows:
         cells = [f"{c.state}" + (f" ({c.detail})" if c.detail else "") for c in (row.cells[k] for k in KINDS)]
         rev = row.rev if re.fullmatch(r"[\w.+-]+", row.rev) else md(row.rev)  # a --repo's rev (`^{/<b>|@x}`): data
-        lines.append("| " + " | ".join(cell(plain(c)) for c in [rev, row.applies_summary, *cells]) + " |")
+        # (a cell quotes a results file: an upstream test's id is any string, ``t[<img src=x> @x #12]``)
+        lines.append("| " + " | ".join([cell(plain(rev)), *(md_cell(c) for c in [row.applies_summary, *cells])]) + " |")
     return "\n".join(lines) + "\n"
