@@ -376,6 +376,10 @@ def test_what_a_config_named_layer_folder_holds_is_held_to_the_configs_rule(tmp_
             with pytest.raises(C128Error, match="owned by another user \\(uid 12345\\): not read"):
                 lookup_layers((), cwd=config.parent)
             os.chown(path, 0, -1)
+    git_file = config.parent / "lay" / ".git" / "objects" / "ab"  # a layer kept in its own repository: git's folder
+    git_file.parent.mkdir(parents=True)                           # is not what the tool reads
+    git_file.write_text("")
+    git_file.chmod(0o666)
     assert lookup_layers((), cwd=config.parent)[0] == ((config.parent / "lay").resolve(),)
 
 

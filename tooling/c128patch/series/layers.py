@@ -257,10 +257,12 @@ MAX_LAYER_WALK = 10_000  # entries of a layer folder checked for their owner (a 
 
 
 def _inside(folder: Path) -> Iterator[Path]:
-    """``folder``, then what it holds (links not followed), at most ``MAX_LAYER_WALK`` entries."""
+    """``folder``, then what it holds (links not followed; a ``.git`` folder, as a layer kept in its own repository
+    has, is not read), at most ``MAX_LAYER_WALK`` entries."""
     yield folder
     count = 0
     for top, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not is_git_dir_name(d)]
         for name in (*dirs, *files):
             if (count := count + 1) > MAX_LAYER_WALK:
                 raise C128Error(f"layer folder {folder} holds over {MAX_LAYER_WALK} files: not a layer")
