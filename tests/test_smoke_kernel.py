@@ -685,3 +685,15 @@ def test_the_lines_smoke_prints_of_the_targets_text_are_data(capsys):
     out = capsys.readouterr().out
     assert "forged: OK" in out and not any(c in out for c in "\x1b\x07\u202e"), out
     assert not any(line.lstrip(" |").startswith("forged") for line in out.splitlines()), out
+
+
+@pytest.mark.parametrize("value", ["nan", "0", "-5", "inf"])
+@pytest.mark.parametrize("argv", [["smoke", "kernel", "--timeout"], ["smoke", "upstream", "--timeout"],
+                                  ["smoke", "server", "--model-path", "m", "--health-timeout"],
+                                  ["smoke", "server", "--model-path", "m", "--duration"]])
+def test_a_time_limit_that_is_no_number_of_seconds_is_refused_before_anything_runs(argv, value):
+    """Helper 142: ``smoke kernel --timeout nan`` ran the suite, then "timed out after %ds" % nan was ValueError's
+    traceback; 0 and -5 ran the suite and cut every pass at once (exit 1, a report of nothing)."""
+    res = run_cli(*argv, value, as_json=False)
+    assert res.code == 2 and res.err.startswith("c128patch: error: Invalid value for '--"), res.err
+    assert len(res.err.strip().splitlines()) == 1

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import click
 
 from c128patch.cli import VerbTable
-from c128patch.cli.common import check_output_dir, emit_json, exit_unless, json_verb, locate_tree
+from c128patch.cli.common import Seconds, check_output_dir, emit_json, exit_unless, json_verb, locate_tree
 from c128patch.errors import C128Error
 
 # One module per subcommand (cli/smoke/<name>.py, exposing `command`) and the line `smoke --help` lists (cli.VerbTable).
@@ -96,7 +96,7 @@ _TREE_OPTIONS = (
     click.option("-k", "keyword", help="Only tests matching this pytest -k expression."),
     click.option("--suite", type=click.Path(file_okay=False, path_type=Path),
                  help="The GPU suite (default: the one this tool carries)."),
-    click.option("--timeout", type=float, default=1800.0, show_default=True, help="Seconds per pytest pass."),
+    click.option("--timeout", type=Seconds(), default=1800.0, show_default=True, help="Seconds per pytest pass."),
     click.option("--stage", "stage_dir", type=click.Path(file_okay=False, path_type=Path),
                  help="Copy what the tests read from the trees into DIR (to carry to a GPU machine) and stop."),
 )

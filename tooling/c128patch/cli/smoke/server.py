@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from c128patch.cli import smoke as cli
+from c128patch.cli.common import Seconds
 from c128patch.smoke.presets import LOAD_TOOLS, PRESETS
 
 
@@ -31,7 +32,7 @@ def _argv(_ctx: click.Context, _param: click.Parameter, value: str | None) -> li
 @click.option("--model-path", required=True, help="The model (DeepSeek-V4 with a DSPARK draft).")
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor parallel size.")
 @click.option("--port", type=int, default=30001, show_default=True, help="Port on 127.0.0.1.")
-@click.option("--duration", type=float, default=900.0, show_default=True, help="Load seconds per mode.")
+@click.option("--duration", type=Seconds(), default=900.0, show_default=True, help="Load seconds per mode.")
 @click.option("--max-requests", type=int, help="At most this many requests per mode (default: the soak's 64 x 30).")
 @click.option("--compact", is_flag=True, help="SGLANG_RAGGED_VERIFY_MODE=compact (PR bug 1).")
 @click.option("--load", type=click.Choice(list(LOAD_TOOLS)), default="serving", show_default=True,
@@ -48,8 +49,9 @@ def _argv(_ctx: click.Context, _param: click.Parameter, value: str | None) -> li
 @click.option("--env", multiple=True, callback=_kv, help="KEY=VALUE for the server, both modes (repeatable).")
 @click.option("--modes", default="on,off", show_default=True, help="Which of on,off to run, in order.",
               callback=lambda _c, _p, value: tuple(m.strip() for m in value.split(",") if m.strip()))
-@click.option("--health-timeout", type=float, default=1800.0, show_default=True, help="Seconds to wait for /health.")
-@click.option("--grace", type=float, default=30.0, show_default=True,
+@click.option("--health-timeout", type=Seconds(), default=1800.0, show_default=True,
+              help="Seconds to wait for /health.")
+@click.option("--grace", type=Seconds(min=0), default=30.0, show_default=True,
               help="Seconds from SIGTERM to SIGKILL when the server and the load are stopped.")
 @click.option("--launcher", callback=_argv, help="Server command (default: PYTHON -m sglang.launch_server).")
 @click.option("--load-cmd", callback=_argv, help="Load tool command replacing the default prefix.")
