@@ -960,6 +960,23 @@ def test_an_nvcc_the_box_cannot_run_is_not_checked_never_a_failure(sglang_releas
     assert ok is (True if any(sandbox._cuts()[:2]) else None), line
 
 
+def test_an_nvcc_whose_version_never_comes_is_not_checked_in_its_time_limit(sglang_release_repo, monkeypatch,
+                                                                           tmp_path):
+    """Helper 139: the probe's cache key asks ``nvcc --version`` with no time limit: a wrapper nvcc that never
+    answers (a license or network wait) hung contract and watch for ever. Past its limit: not checked."""
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text('#!/bin/sh\n[ "$1" = --version ] && exec sleep 60\nexit 0\n')
+    nvcc.chmod(0o755)
+    _fake_toolchain(monkeypatch, tmp_path, nvcc)
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(contract_cxx, "VERSION_TIMEOUT", 1)
+    started = time.monotonic()
+    ok, line = contract_cxx.probe(REPO_ROOT, Git(sglang_release_repo), "v0.5.23")
+    assert ok is None and line.startswith("nvcc --version did not answer (") and line.endswith("not checked"), line
+    assert time.monotonic() - started < 20
+
+
 def _fake_toolchain(monkeypatch, tmp_path: Path, nvcc: Path) -> None:
     """``nvcc`` as the probe's compiler, a tvm_ffi whose include folders are an empty one."""
     import types

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from c128patch import procs
 from c128patch.errors import C128Error
 from c128patch.fit.resolve import Reader
 from c128patch.fit.sandbox import Sealed
@@ -32,6 +33,7 @@ PROBE = "ci/kernel_probe/upstream_signatures.cu"
 # seconds nvcc may take for the probe: a header of the tree's may `#include "/dev/zero"` (the host compiler reads it
 # for ever, its memory growing: contract hung)
 PROBE_TIMEOUT = 900.0
+VERSION_TIMEOUT = 60.0  # seconds ``nvcc --version`` may take (the probe's cache key)
 SEALED = "sealed 1"  # the probe's way of running (fit.sandbox.Sealed) and of saying a failure, in its cache key
 TVM_FFI = "apache-tvm-ffi"  # as sglang requires it
 SOURCES = (".cuh", ".cu", ".h", ".hpp", ".cpp")
@@ -263,7 +265,10 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
     headers = git.run("rev-parse", "--verify", "--quiet", f"{head}:{INCLUDE_ROOT}", check=False).stdout.strip()
     path = None
     if cached and headers:
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+        try:  # (bounded: a wrapper nvcc that never answers hung contract and watch)
+            version = procs.run([compiler, "--version"], VERSION_TIMEOUT).stdout
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, f"nvcc --version did not answer ({exc}): C++ contract not checked"
         # (SEALED: a verdict from before the probe ran sealed, whose line may hold a file's text, is compiled again)
         key = hashlib.sha256("\0".join([headers, source.read_text(), compiler, version, SEALED]).encode()
                              ).hexdigest()[:24]
