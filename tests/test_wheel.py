@@ -701,6 +701,14 @@ def _with_changed_member(wheel: Path, dest: Path, member: str, text: str) -> Pat
     return dest
 
 
+@pytest.mark.parametrize("source", [b"x = " + b"1+" * 200_000 + b"1\n", b"x = " + b"-" * 500_000 + b"1\n"])
+def test_verify_compile_all_says_a_module_nested_too_deeply_in_one_line(patched, tmp_path: Path, source: bytes):
+    """Helper 142: ``verify-wheel --compile-all`` on a wheel holding a module nested past what compile() recurses
+    through was RecursionError's (or the parser's MemoryError's) traceback."""
+    bad = tampered(Path(patched.wheel), tmp_path, {"sglang/deep.py": source})
+    verify_fails(bad, "sglang/deep.py does not compile: nested too deeply", "--no-authenticity", "--compile-all")
+
+
 def _cp313(wheel: Path, dest: Path) -> Path:
     """``wheel`` as a cp313 wheel of the release: its WHEEL's tag as its file name's (else refused before its
     content)."""

@@ -334,6 +334,8 @@ def _compile(iw: InWheel, names: list[str]) -> int:
             compile(iw.read(name), name, "exec", dont_inherit=True)
         except (SyntaxError, ValueError) as exc:
             raise _mismatch(iw.wheel, f"{name} does not compile: {exc}") from exc
+        except (RecursionError, MemoryError) as exc:  # (``1+1+...`` 200,000 deep: a traceback with --compile-all)
+            raise _mismatch(iw.wheel, f"{name} does not compile: nested too deeply ({type(exc).__name__})") from None
     return len(sources)
 
 
