@@ -289,7 +289,8 @@ class Git:
         if stamp is None or key not in _FILTERS:
             forced = [f"{k}={v}" for k, v in FORCED_CONFIG]
             proc = self._raw(["config", "-z", "--get-regexp",
-                              f"{_DRIVERS.pattern}|{_INCLUDES}|^trailer\\.|{_PROMISOR}|^core\\.worktree$|^extensions\\.objectformat$"],
+                              f"{_DRIVERS.pattern}|{_INCLUDES}|^trailer\\.|{_PROMISOR}|^core\\.worktree$"
+                              "|^extensions\\.objectformat$"],
                              self._base_env(), forced)
             off, refusal = [], ""
             for item in filter(None, proc.stdout.split("\0")):
