@@ -224,7 +224,8 @@ REVIEWED = {
     "series/txn.py": {"Path(part) / f",  # read only, to compare groups
                       "root / folder",  # folder: TXN or STAGING
                       "staging / 'files' / f'{i:05d}'", "root / TXN / 'files' / staged"},  # staged: checked
-    "series/layers.py": {"start / p"},  # the operator's env, resolved then checked (lookup_layers)
+    "series/layers.py": {"start / p",  # the operator's env, resolved then checked (lookup_layers)
+                         "Path(top) / name"},  # os.walk of a layer folder, only stat'd for its owner (_inside)
     "upstream/releases.py": {"dest / wheel.name"},  # a file pip wrote into our own folder
     "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')",
                            # git's own answer for the tree the operator named (its object store), not a tree's file
