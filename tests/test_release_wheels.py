@@ -79,3 +79,17 @@ def test_this_interpreter_is_a_target_pip_needs_no_options_for():
 def test_a_target_refuses_a_tag_in_the_constructor():
     with pytest.raises(C128Error, match="expected an interpreter tag"):
         WheelTarget("python3")
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--python-tag", "cp3" + "1" * 240), ("--python-tag", "cp311\n"), ("--python-tag", "x" * 300),
+    ("--platform", "manylinux_2_34_x86_64\n"), ("--platform", "x" * 300),
+], ids=["240-digits", "python-newline", "python-300", "platform-newline", "platform-300"])
+def test_an_absurd_tag_is_refused_in_one_line_before_any_download(option, value, tmp_path: Path, monkeypatch):
+    import c128patch.upstream.releases as releases
+
+    monkeypatch.setattr(releases, "pip_download", lambda *a, **k: pytest.fail("downloaded"))
+    res = invoke("wheel", "--from-release", "0.5.23", option, value, "-o", str(tmp_path / "dist"), as_json=False)
+    assert res.code == 2 and len(res.err.splitlines()) == 1, res.err
+    assert res.err.startswith(f"c128patch: error: {option} ") and "expected a" in res.err and len(res.err) < 200
+    assert not (tmp_path / "dist").exists()

@@ -588,9 +588,13 @@ class ReleaseHistory:
             write_atomic(self._trees_file, "".join(f"{v} {t}\n" for v, t in sorted(recorded.items())).encode())
 
 
-_PYTHON_TAG = re.compile(r"^(cp|pp)(\d)(\d*)$")
-_PLATFORM_TAG = re.compile(r"^[a-z0-9_]+$")
+_PYTHON_TAG = re.compile(r"(cp|pp)(\d)(\d{0,2})")  # fullmatch: cp3, cp312 (pip's --python-version 3.12)
+_PLATFORM_TAG = re.compile(r"[a-z0-9_]{1,80}")  # fullmatch: no trailing newline, no 300-character tag
 DEFAULT_INDEX = "https://pypi.org/simple"
+
+
+def _shown(value: str) -> str:
+    return repr(value[:40]) + ("… (%d characters)" % len(value) if len(value) > 40 else "")
 
 
 @dataclass(frozen=True)
@@ -601,10 +605,11 @@ class WheelTarget:
     platform: str | None = None
 
     def __post_init__(self) -> None:
-        if self.python_tag is not None and not _PYTHON_TAG.match(self.python_tag):
-            raise C128Error(f"--python-tag {self.python_tag!r}: expected an interpreter tag such as cp312")
-        if self.platform is not None and not _PLATFORM_TAG.match(self.platform):
-            raise C128Error(f"--platform {self.platform!r}: expected a platform tag such as manylinux_2_34_x86_64")
+        if self.python_tag is not None and not _PYTHON_TAG.fullmatch(self.python_tag):
+            raise C128Error(f"--python-tag {_shown(self.python_tag)}: expected an interpreter tag such as cp312")
+        if self.platform is not None and not _PLATFORM_TAG.fullmatch(self.platform):
+            raise C128Error(f"--platform {_shown(self.platform)}: expected a platform tag such as "
+                            "manylinux_2_34_x86_64")
 
     @property
     def is_here(self) -> bool:
@@ -636,7 +641,7 @@ class WheelTarget:
         if self.is_here:
             return ()
         here = list(sys_tags())
-        tag = _PYTHON_TAG.match(self.python_tag or here[0].interpreter)  # this interpreter's: cp311, pp310
+        tag = _PYTHON_TAG.fullmatch(self.python_tag or here[0].interpreter)  # this interpreter's: cp311, pp310
         impl, major, minor = tag.groups()  # type: ignore[union-attr]
         args = ["--implementation", impl, "--python-version", f"{major}.{minor}" if minor else major]
         for platform in [self.platform] if self.platform else dict.fromkeys(t.platform for t in here):
