@@ -221,3 +221,24 @@ def test_a_time_limit_that_is_no_number_of_seconds_is_one_line(tmp_path, monkeyp
     res = invoke(*verb, "--timeout", value, as_json=False)
     assert res.code == 2 and res.err.startswith("c128patch: error: Invalid value for '--timeout': "), res.err
     assert len(res.err.strip().splitlines()) == 1 and not (tmp_path / "c128patch-watch").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device-link", "dangling-link"])
+def test_a_path_that_is_no_regular_file_is_said_to_be_what_it_is_not_missing(tmp_path: Path, kind: str):
+    """Helper 144: ``verify-wheel FIFO`` said "does not exist"; --series/--layer FIFO "no manifest"; ``matrix
+    --results FIFO`` printed an empty table. Each says what the path is, in one line, and never opens it."""
+    path = tmp_path / "thing"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/null" if kind == "device-link" else tmp_path / "nowhere")
+    said = {"fifo": "a pipe (FIFO)", "device-link": "a character device (through a link)",
+            "dangling-link": "a link to nothing"}[kind]
+    for args, message in [(["verify-wheel", str(path)], f"not a wheel: {path} is {said}, not a regular file"),
+                          (["wheel", "--from-wheel", str(path), "-o", str(tmp_path / "o")],
+                           f"not a wheel: {path} is {said}, not a regular file"),
+                          (["lint", "--series", str(path)], f"--series {path} is {said}, not a folder"),
+                          (["lint", "--layer", str(path)], f"--layer {path} is {said}, not a folder"),
+                          (["matrix", "--results", str(path)], f"--results {path} is {said}, not a folder")]:
+        res = invoke(*args, as_json=False)
+        assert res.code == 2 and res.err == f"c128patch: error: {message}\n", (args, res.err)

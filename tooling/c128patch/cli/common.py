@@ -15,7 +15,7 @@ from typing import Any, Callable
 import click
 
 from c128patch import SCHEMA_VERSION, exitcodes
-from c128patch.errors import C128Error
+from c128patch.errors import C128Error, what_is
 from c128patch.upstream import DEFAULT_TREE
 
 # A verb's module imports only click and this module at its top (a fast --help); the core in the bodies.
@@ -149,6 +149,9 @@ def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path
         chain = [folder.resolve(), *folder.resolve().parents]
         return next((f for f in chain if (f / ".git").exists() or (f / "HEAD").is_file()), None)
 
+    for option, folder in [("--series", series_dir), *(("--layer", f) for f in layer_dirs)]:
+        if folder is not None and os.path.lexists(folder) and not Path(folder).is_dir():  # (a FIFO: "no manifest")
+            raise C128Error(f"{option} {folder} is {what_is(folder)}, not a folder")
     pointed = [t for t in (top(Path(p)) for p in (tree, repo) if p and Path(p).is_dir()) if t]
     folders, origin = lookup_layers(layer_dirs, exclude=pointed)
     here = top(tree) if tree else top(Path.cwd()) or top(Path.cwd() / DEFAULT_TREE)

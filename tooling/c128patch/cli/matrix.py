@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
 
 from c128patch.cli.common import emit_json, load_stack, verb_options
+from c128patch.errors import C128Error, what_is
 
 STYLE = {"verified": "green", "failed": "red", "stale": "yellow", "unverified": "dim"}
 HEADINGS = {"compile": "compiles sm_90a", "suite": "GPU suite", "memcheck": "memcheck", "racecheck": "racecheck",
@@ -37,6 +39,8 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
     from c128patch.progress import reporter, table_console
     from c128patch.textsafe import one_line, text
 
+    if results_dir is not None and os.path.lexists(results_dir) and not results_dir.is_dir():  # (a FIFO: no table)
+        raise C128Error(f"--results {results_dir} is {what_is(results_dir)}, not a folder")
     series = load_stack(series_dir, layer_dirs, quiet=as_json)
     root = results_dir or results_root(series)
     with reporter(not (as_json or as_markdown), title="matrix") as rep:

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Iterator
 
 from c128patch import PACKAGE_DIR
-from c128patch.errors import C128Error
+from c128patch.errors import C128Error, need_file
 from c128patch.git import Git, is_work_tree, toplevel
 from c128patch.procs import scratch_dir
 from c128patch.series.paths import check_relpath
@@ -174,8 +174,7 @@ def validate(opts: KernelOptions) -> Path:
             raise C128Error("--differential: the tree has no provenance record naming its upstream; "
                             "pass --upstream-tree")
     if opts.wheel is not None:
-        if not opts.wheel.is_file():
-            raise C128Error(f"--wheel: {opts.wheel} does not exist")
+        need_file(opts.wheel, "--wheel", "--wheel")
         if not zipfile.is_zipfile(opts.wheel):
             raise C128Error(f"--wheel: {opts.wheel} is not a wheel (not a zip file)")
     if opts.upstream_tree is not None:

@@ -33,7 +33,7 @@ from packaging.version import Version
 from wheel.wheelfile import MINIMUM_TIMESTAMP, WHEEL_INFO_RE, WheelError, WheelFile
 
 from c128patch import exitcodes
-from c128patch.errors import C128Error
+from c128patch.errors import C128Error, need_file
 from c128patch.git import folded_name, is_git_dir_name
 from c128patch.ops.treestate import fault_point
 from c128patch.procs import named, sweep_stale
@@ -189,9 +189,7 @@ class InWheel:
     member extracted and then deleted is dropped."""
 
     def __init__(self, wheel: Path) -> None:
-        if not wheel.is_file():
-            raise C128Error(f"missing wheel: {wheel} does not exist" if not wheel.exists()
-                            else f"not a wheel: {wheel} is not a file")
+        need_file(wheel, "missing wheel", "not a wheel")
         self.wheel = wheel
         self.name = WheelName.parse(wheel)
         self._members: dict[str, zipfile.ZipInfo] = {}

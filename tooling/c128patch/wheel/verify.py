@@ -24,7 +24,7 @@ from packaging.version import InvalidVersion, Version
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
-from c128patch.errors import C128Error
+from c128patch.errors import C128Error, need_file
 from c128patch.series.layers import layer_rows
 from c128patch.series.manifest import Series
 from c128patch.series.patchfile import hunk_header
@@ -343,8 +343,7 @@ def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = 
                  upstream_wheel: Path | None = None, known: Series | None = None) -> VerifyResult:
     """Every check; authenticity against ``upstream_wheel``, a wheelhouse's, or one downloaded;
     ``known``: this tool's series, which a wheel claiming its name and version must match."""
-    if not wheel.is_file():
-        raise C128Error(f"missing wheel: {wheel} does not exist")
+    need_file(wheel, "missing wheel", "not a wheel")
     with disk_errors(f"verifying {wheel.name}"):
         rec = check_record(wheel)
         with InWheel(wheel) as iw:
