@@ -763,6 +763,37 @@ def test_from_wheel_refuses_a_release_wheel_whose_content_is_not_the_releases(tm
     check_release_content(other, git, git.rev_parse("v0.5.23"), "0.5.23")
 
 
+def test_from_wheel_compares_compiled_files_and_wheel_root_with_the_releases(tmp_path: Path, upstream_wheel: Path):
+    """Helper 144: ``_bench.abi3.so`` beside the release's ``_bench.cpython-311-...so`` passed (only module names were
+    compared; Python imports the abi3 one where the other is missing or fails), and so did a WHEEL saying
+    ``Root-Is-Purelib: true`` (WHEEL was skipped whole: pip installs such a wheel into purelib)."""
+    from c128patch.git import Git
+    from c128patch.upstream.releases import ReleaseHistory, _metadata, check_release_content
+
+    name = "sglang-0.5.23.dist-info/WHEEL"
+
+    def cp313(dest: Path, root: str = "false", extra: str = "") -> Path:  # stored, not deflated: fast
+        with zipfile.ZipFile(upstream_wheel) as src, zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as zf:
+            for info in src.infolist():
+                data = src.read(info)
+                if info.filename == name:
+                    data = data.decode().replace("cp311-cp311", "cp313-cp313").replace(
+                        "Root-Is-Purelib: false", f"Root-Is-Purelib: {root}").encode()
+                info.compress_type = zipfile.ZIP_STORED
+                zf.writestr(info, data)
+            if extra:
+                zf.writestr(extra, b"\x7fELF")
+        return dest
+
+    git = Git(git_dir=ReleaseHistory().ensure(["0.5.23"]))
+    other = cp313(tmp_path / "sglang-0.5.23-cp313-cp313-manylinux_2_34_x86_64.whl",
+                  extra="sglang/srt/rust_extensions/_bench.abi3.so")
+    with pytest.raises(C128Error, match="sglang/srt/rust_extensions/_bench differs from the release's wheel"):
+        check_release_content(other, git, git.rev_parse("v0.5.23"), "0.5.23")
+    want, have = _metadata(upstream_wheel), _metadata(cp313(other, root="true"))  # what check_release_content compares
+    assert sorted(k for k in want.keys() | have.keys() if want.get(k) != have.get(k)) == [f"{name} Root-Is-Purelib"]
+
+
 def test_a_truncated_wheel_is_one_line(tmp_path: Path, out: Path, wheel_series: Path, upstream_wheel: Path):
     from c128patch.upstream.releases import iter_wheel_sources, wheel_timestamp
 

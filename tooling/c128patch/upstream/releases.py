@@ -289,14 +289,26 @@ _PER_WHEEL = ("RECORD", "WHEEL")  # .dist-info files a release's wheels differ i
 
 
 def _metadata(wheel: Path) -> dict[str, str]:
-    """name -> blob id of each file of a wheel's .dist-info but ``_PER_WHEEL``, and the module each compiled extension
-    is (its name up to the first dot: a release's wheels differ in its ABI tag and bytes, never in the modules: one
-    more, ``server_args.cpython-313-x86_64-linux-gnu.so``, is imported in the place of ``server_args.py``)."""
+    """name -> blob id of each file of a wheel's .dist-info but ``_PER_WHEEL``, WHEEL's ``Root-Is-Purelib`` and
+    ``Wheel-Version`` (where pip installs it: h144), and the module each compiled extension is (its name up to the
+    first dot) with the kinds of its files (``cpython.so``, ``abi3.so``: a release's wheels differ in the ABI tag and
+    bytes, never in the modules: one more, ``server_args.cpython-313-x86_64-linux-gnu.so``, is imported in the place of
+    ``server_args.py``; ``_bench.abi3.so`` beside ``_bench.cpython-311-...so`` is a second file of that module)."""
+    modules: dict[str, set[str]] = {}
     with WheelZip(wheel) as zf:
-        modules = {name.split(".")[0]: "compiled" for name in zf.namelist() if name.endswith(BINARY_SUFFIXES)}
-        return modules | {i.filename: blob_id(zf.read(i)) for i in zf.infolist() if not i.is_dir()
-                          and i.filename.split("/")[0].endswith(".dist-info")
-                          and i.filename.rsplit("/")[-1] not in _PER_WHEEL}
+        for name in zf.namelist():
+            if name.endswith(BINARY_SUFFIXES):
+                suffix = name.rsplit("/", 1)[-1].partition(".")[2]
+                modules.setdefault(name.split(".")[0], set()).add(re.sub(r"^(cpython|cp|pypy)[-\w]*", r"\1", suffix))
+        infos = [i for i in zf.infolist() if not i.is_dir() and i.filename.split("/")[0].endswith(".dist-info")]
+        found = {i.filename: blob_id(zf.read(i)) for i in infos if i.filename.rsplit("/")[-1] not in _PER_WHEEL}
+        for i in infos:
+            if i.filename.count("/") == 1 and i.filename.endswith("/WHEEL"):
+                fields = [line.partition(":") for line in zf.read(i).decode(errors="replace").splitlines()]
+                for key in ("Root-Is-Purelib", "Wheel-Version"):
+                    found[f"{i.filename} {key}"] = "|".join(v.strip().lower() for k, _, v in fields
+                                                            if k.strip().lower() == key.lower())
+    return {m: "compiled " + " ".join(sorted(kinds)) for m, kinds in modules.items()} | found
 
 
 def _pip_download_into(dest: Path, version: str, extra: tuple[str, ...], progress: Progress | None) -> tuple[bool, str]:
