@@ -202,6 +202,36 @@ def test_a_record_listing_no_hashed_file_is_not_a_match(tmp_path: Path, record: 
                                                                 "cannot be checked"), finding
 
 
+def test_a_record_row_naming_a_huge_or_special_file_is_not_read_whole(tmp_path: Path, monkeypatch):
+    """Helper 144: doctor hashed every file RECORD names with ``read_bytes``: a row naming a 10 GB sparse file (or,
+    as root, ``../../proc/kcore``) was read whole into memory. Only regular files are read, never past RECORD's size
+    nor 1 GiB; a FIFO is named, not opened."""
+    from c128patch.errors import C128Error
+    from c128patch.serve.install import Dist
+
+    info = tmp_path / "sglang-0.5.23.dist-info"
+    info.mkdir()
+    with open(tmp_path / "big.so", "wb") as f:
+        f.truncate(10 << 30)  # sparse: no disk
+    os.mkfifo(tmp_path / "pipe.py")
+    (tmp_path / "small.py").write_bytes(b"x = 1\n")
+    (info / "RECORD").write_text(f"big.so,sha256=AAAA,{10 << 30}\npipe.py,sha256=AAAA,3\nsmall.py,sha256=AAAA,999\n"
+                                 "small.py,sha256=AAAA,\n")
+    read_whole = pytest.fail  # the old check: (site / name).read_bytes()
+    monkeypatch.setattr(Path, "read_bytes", lambda self: read_whole(f"read whole: {self}"))
+    report = doctor_module.Report()
+    doctor_module._record(report, Dist("0.5.23", info, tmp_path))
+    ((finding),) = report.findings
+    assert finding.level == "error", finding
+    assert "big.so (over 1 GiB: not read)" in finding.message and "pipe.py (not a regular file)" in finding.message
+    assert "small.py (modified)" in finding.message
+    (info / "RECORD").unlink()
+    (info / "RECORD").symlink_to(tmp_path / "big.so")  # RECORD itself: a link to a huge file
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: read_whole(f"read whole: {self}"))
+    with pytest.raises(C128Error, match="RECORD is over 16 MiB: not an installer's file"):
+        doctor_module._record(doctor_module.Report(), Dist("0.5.23", info, tmp_path))
+
+
 def test_a_modified_installed_file_is_an_error_naming_it(patched_python: Path):
     target = next(patched_python.parent.parent.glob("lib/python*/site-packages/sglang/srt/environ.py"))
     original = target.read_bytes()

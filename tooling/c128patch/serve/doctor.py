@@ -6,8 +6,15 @@ only where the build has no startup rules to say it. ``Report.ok`` (exit 0): no 
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import csv
+import hashlib
+import io
 import os
+import stat
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -24,7 +31,7 @@ from c128patch.smoke.trees import read_json
 from c128patch.textsafe import count, shell_join, some
 from c128patch.wheel.patch import LOCAL_TAG, WHEEL_PROVENANCE, record_version
 from c128patch.wheel.sbom import SBOM_NAME, purl_pypi
-from c128patch.wheel.tools import record_hash, record_hashes
+from c128patch.wheel.tools import record_hashes
 
 Level = Literal["ok", "info", "warn", "error"]
 EVIDENCE_ARCHS = {"9.0": "H200"}  # where the series' GPU evidence was recorded (ci/gpu/results/)
@@ -227,15 +234,44 @@ def _record(report: Report, sg: Dist) -> None:
         report.add("warn", "record", f"{sg.dist_info}/RECORD lists no file with a hash: the installed files cannot be "
                                      "checked")
         return
-    missing = [name for name in listed if not (sg.site / name).is_file()]
-    bad = [f"{name} (modified)" for name, digest in listed.items()
-           if name not in missing and record_hash((sg.site / name).read_bytes()) != digest]
-    bad += [f"{name} (missing)" for name in missing]
+    sizes = {row[0]: row[2] for row in csv.reader(io.StringIO(text, newline="")) if len(row) >= 3}
+    why = {name: _unlike_record(sg.site / name, digest, sizes.get(name, "")) for name, digest in listed.items()}
+    bad = [f"{name} ({what})" for name, what in why.items() if what and what != "missing"]
+    bad += [f"{name} (missing)" for name, what in why.items() if what == "missing"]
     if not bad:
         report.add("ok", "record", f"{len(listed)} installed files match RECORD")
     else:
         report.add("error", "record", f"{len(bad)} of {len(listed)} installed files differ from RECORD: "
                                       f"{some(bad, 3)}; reinstall the wheel")
+
+
+MAX_RECORDED = 1 << 30  # bytes: a file RECORD names is hashed only up to this (sglang's largest is ~25 MB)
+
+
+def _unlike_record(path: Path, digest: str, size: str) -> str:
+    """How the file at ``path`` differs from its RECORD row ("": it matches), never reading more than RECORD's size
+    of it nor ``MAX_RECORDED``, nor anything but a regular file (a row naming ``../../proc/kcore`` or a 10 GB sparse
+    file was read whole into memory)."""
+    try:
+        st = path.stat()
+    except (OSError, ValueError):
+        return "missing"
+    if not stat.S_ISREG(st.st_mode):
+        return "missing" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+    if size.isdigit() and int(size) != st.st_size:
+        return "modified"
+    if st.st_size > MAX_RECORDED:
+        return f"over {MAX_RECORDED >> 30} GiB: not read"
+    sha, left = hashlib.sha256(), st.st_size  # (0: not opened; /proc's files say 0 and some block: /proc/kmsg)
+    try:
+        with path.open("rb") if left else contextlib.nullcontext() as f:
+            while left > 0 and (chunk := f.read(min(left, 1 << 20))):
+                sha.update(chunk)
+                left -= len(chunk)
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}"
+    got = "sha256=" + base64.urlsafe_b64encode(sha.digest()).rstrip(b"=").decode()
+    return "" if got == digest else "modified"
 
 
 def _env(report: Report, data: dict, error: str, gates: list[Gate], is_build: bool) -> list[EnvReading]:

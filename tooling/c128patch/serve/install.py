@@ -12,6 +12,8 @@ from typing import Any
 from c128patch.errors import C128Error
 from c128patch.serve.serving import output
 
+MAX_DIST_FILE = 16 << 20  # bytes: a .dist-info file (sglang's RECORD: ~2 MB)
+
 PROBE = r"""
 import sys
 here = sys.path[:1] == [""]  # the current folder (``python -c``): none of its files imported (a tree's json.py)
@@ -50,7 +52,15 @@ class Dist:
     def read(self, name: str) -> str | None:
         """A file of the ``.dist-info`` folder (None when missing)."""
         path = self.dist_info / name if self.dist_info else None
-        return path.read_text(errors="replace") if path and path.is_file() else None
+        if not (path and path.is_file()):
+            return None
+        size = path.stat().st_size
+        if size > MAX_DIST_FILE:  # (a RECORD linked to /proc/kcore: read whole)
+            raise C128Error(f"{path} is over {MAX_DIST_FILE >> 20} MiB: not an installer's file; reinstall the wheel")
+        if not size:  # not opened: /proc's files say 0, and some block (/proc/kmsg)
+            return ""
+        with path.open("rb") as f:
+            return f.read(size).decode(errors="replace")
 
 
 @dataclass
