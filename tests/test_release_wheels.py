@@ -83,8 +83,8 @@ def test_a_target_refuses_a_tag_in_the_constructor():
 
 @pytest.mark.parametrize("option, value", [
     ("--python-tag", "cp3" + "1" * 240), ("--python-tag", "cp311\n"), ("--python-tag", "x" * 300),
-    ("--platform", "manylinux_2_34_x86_64\n"), ("--platform", "x" * 300),
-], ids=["240-digits", "python-newline", "python-300", "platform-newline", "platform-300"])
+    ("--python-tag", "cp3\u0661\u0661"), ("--platform", "manylinux_2_34_x86_64\n"), ("--platform", "x" * 300),
+], ids=["240-digits", "python-newline", "python-300", "arabic-indic-digits", "platform-newline", "platform-300"])
 def test_an_absurd_tag_is_refused_in_one_line_before_any_download(option, value, tmp_path: Path, monkeypatch):
     import c128patch.upstream.releases as releases
 

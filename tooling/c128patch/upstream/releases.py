@@ -600,7 +600,7 @@ class ReleaseHistory:
             write_atomic(self._trees_file, "".join(f"{v} {t}\n" for v, t in sorted(recorded.items())).encode())
 
 
-_PYTHON_TAG = re.compile(r"(cp|pp)(\d)(\d{0,2})")  # fullmatch: cp3, cp312 (pip's --python-version 3.12)
+_PYTHON_TAG = re.compile(r"(cp|pp)([0-9])([0-9]{0,2})")  # fullmatch: cp3, cp312 (pip's --python-version 3.12)
 _PLATFORM_TAG = re.compile(r"[a-z0-9_]{1,80}")  # fullmatch: no trailing newline, no 300-character tag
 DEFAULT_INDEX = "https://pypi.org/simple"
 
