@@ -674,6 +674,27 @@ def test_an_upstream_union_merge_attribute_never_turns_a_conflict_into_an_applie
     assert "<<<<<<<" in (tree / CUH).read_text()
 
 
+@pytest.mark.parametrize("how", ["upstream", "info"])
+def test_a_working_tree_encoding_attribute_is_refused_by_check_and_apply_alike(series, tree, how):
+    """Upstream's .gitattributes (or the tree's .git/info/attributes) says `*.cuh working-tree-encoding=UTF-16LE`:
+    check said "all apply" (its index takes the series' bytes as they are), apply stopped at `git add` ("failed to
+    encode"). Both refuse that rev up front in one line; nothing changes."""
+    git = Git(worktree=tree)
+    rev = "v0.5.23"
+    if how == "upstream":
+        def edit(idx: Git) -> None:
+            blob = idx.out("hash-object", "-w", "--stdin", input="*.cuh working-tree-encoding=UTF-16LE\n")
+            idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},.gitattributes")
+        rev = upstream_commit(git, "v0.5.23", "upstream re-encodes its headers", edit)
+    else:
+        (tree / ".git" / "info").mkdir(exist_ok=True)
+        (tree / ".git" / "info" / "attributes").write_text("*.cuh working-tree-encoding=UTF-16LE\n")
+    res = invoke("check", "--sglang-rev", rev, "--repo", tree, "--series", series)
+    assert res.code != 0 and not res.out["ok"], res.text
+    assert "working-tree-encoding=UTF-16LE" in res.out["revs"][0]["apply"]["detail"], res.text
+    refused(apply_args(tree, series, rev), tree, f"{CUH} has the attribute working-tree-encoding=UTF-16LE")
+
+
 @pytest.mark.parametrize("link", ["patches/resolutions", "patches/resolutions/test-patch"])
 def test_a_ledger_folder_that_is_a_link_is_never_written_through(series, tree, tmp_path, link):
     """The series (a pull request's) holds `patches/resolutions` (or its entry's folder) as a link out of it: the

@@ -16,6 +16,7 @@ from c128patch.git import folded_name, is_git_dir_name
 
 ENTRY_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,79}")
 ENTRY_NAME_RULE = "1-80 characters of a-z 0-9 . _ -, starting with a letter or digit"
+PROVENANCE_PATH = "python/sglang/c128patch_provenance.json"  # (series.provenance's; here for series.plan)
 _GIT_FILES = (".gitattributes", ".gitmodules")  # the files that name programs and URLs for git
 _GIT_FILES_83 = re.compile(r"(gitmod|gi7eba|gitatt|gi7d29)~[1-9]")  # their NTFS short names, as git itself checks
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")

@@ -31,8 +31,9 @@ from c128patch.errors import C128Error
 from c128patch.git import Git, ReadMemo, blob_id, ls_tree, remembered
 from c128patch.series.manifest import ABSENT, Entry, Series, Variant, sha256_file
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch, read_patches
-from c128patch.series.paths import symlink_on_path
+from c128patch.series.paths import PROVENANCE_PATH, symlink_on_path
 from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER, SERIES_TRAILER, find_trailers
+from c128patch.textsafe import one_line
 
 Rule = Literal["only", "exact", "most", "ancestor", "strict", "primary"]
 Entries = tuple[tuple[str, str, str], ...]  # (mode, blob, stage) of one path; () where the index has none
@@ -509,9 +510,32 @@ def refuse_symlinks_at(git: Git, treeish: str, planned: list[Planned]) -> dict[s
     return kinds
 
 
+def refuse_encoding_at(git: Git, treeish: str, paths: list[str]) -> None:
+    """Refuse a path whose attributes at ``treeish`` (its .gitattributes, the repository's info/attributes) name a
+    ``working-tree-encoding``: check's index took the series' bytes as they are, apply's ``git add`` failed to encode
+    them ("all apply", then apply stopped)."""
+    names = [f"{d}/.gitattributes" if d != "." else ".gitattributes"
+             for d in dict.fromkeys(str(PurePosixPath(p).parent) for p in prefixes(paths))]
+    found = ls_tree(git, treeish, names)
+    with tempfile.TemporaryDirectory(prefix="c128attr-") as tmp:  # those files alone, in a private index
+        idx = git.with_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
+        cacheinfo = [a for n, m in found.items() if m[1] == "blob" for a in ("--cacheinfo", f"{m[0]},{m[2]},{n}")]
+        if cacheinfo:  # (arguments, no stdin: one pipe fewer; `ulimit -n` low is refused after the clone)
+            idx.run("update-index", "--add", *cacheinfo)
+        out = idx.out("check-attr", "--cached", "-z", "working-tree-encoding", "--", *paths).split("\0")
+    for path, _attr, value in zip(out[0::3], out[1::3], out[2::3]):
+        if value not in ("unspecified", "unset"):
+            raise C128Error(f"{path} has the attribute working-tree-encoding={one_line(value)} at {treeish[:12]} (its "
+                            ".gitattributes or the repository's info/attributes): git would re-encode the series' "
+                            "UTF-8 files there; c128patch does not patch such a tree")
+
+
 def check_paths_at(git: Git, treeish: str, planned: list[Planned]) -> set[str]:
-    """Refuse a path through an upstream symlink, an overlay on an upstream file; which touched paths exist."""
+    """Refuse a path through an upstream symlink, an overlay on an upstream file, a path git re-encodes; which touched
+    paths exist."""
     kinds = refuse_symlinks_at(git, treeish, planned)
+    refuse_encoding_at(git, treeish, sorted({PROVENANCE_PATH, *(p for item in planned for p in (
+        item.patch.paths if item.patch else item.touched))}))
     for item in planned:
         if not item.entry.is_patch and item.entry.target in kinds:
             raise C128Error(f"overlay '{item.entry.name}' collides with upstream: {item.entry.target} already exists "

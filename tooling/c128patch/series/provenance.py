@@ -12,13 +12,12 @@ from c128patch.git import Git
 from c128patch.jsonio import MAX_JSON
 from c128patch.series.layers import layer_rows
 from c128patch.series.manifest import Series, sha256_file
-from c128patch.series.paths import confine, inside
+from c128patch.series.paths import PROVENANCE_PATH, confine, inside
 from c128patch.textsafe import shell_join
 
 if TYPE_CHECKING:  # series.plan pulls unidiff; reading a provenance record must not need it
     from c128patch.series.plan import Planned
 
-PROVENANCE_PATH = "python/sglang/c128patch_provenance.json"
 SCHEMA = 1
 
 
