@@ -493,13 +493,26 @@ def test_a_repository_owned_by_another_user_is_named_as_such_and_the_printed_fix
     monkeypatch.setenv("C128PATCH_CACHE", str(cache_dir()))  # before HOME moves
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
-    monkeypatch.setenv("GIT_TEST_ASSUME_DIFFERENT_OWNER", "1")  # git's own knob: as if another user owned it
+    if os.geteuid() != 0:  # (git's GIT_TEST_ASSUME_DIFFERENT_OWNER never reaches the tool's git)
+        pytest.skip("needs root, to give the tree to another user")
+    monkeypatch.delenv("SUDO_UID", raising=False)  # (root under sudo: git takes SUDO_UID for the owner)
+    for folder in (tree, tree / ".git"):
+        os.chown(folder, 54321, 54321)
     line = refused(["status", "--tree", tree], contains="it is owned by another user")
     assert "not a git repository" not in line and "dubious ownership" in line
     fix = printed_command(line, "git config --global")
     assert run_printed(fix).returncode == 0
     res = invoke("status", "--tree", tree, as_json=False)
     assert "owned by another user" not in res.err and "no c128patch series is applied in" in res.err, res.err
+
+
+def test_gits_test_knobs_never_reach_the_tools_git(series, tree, monkeypatch):
+    """GIT_TEST_ASSUME_DIFFERENT_OWNER=1 exported (git's own test knob) made every repository "owned by another
+    user", a line whose printed fix changed nothing; GIT_TEST_* never reaches the tool's git."""
+    monkeypatch.setenv("GIT_TEST_ASSUME_DIFFERENT_OWNER", "1")
+    res = invoke(*apply_args(tree, series), as_json=False)
+    assert res.code == 0 and "owned by another user" not in res.err, res.err
+    assert invoke("status", "--tree", tree, "--series", series).code == 0
 
 
 @contextlib.contextmanager

@@ -66,10 +66,11 @@ FORCED_CONFIG = (
 # Test hook (as ops.treestate's C128PATCH_FAULT): a folder of hooks the tool's git runs instead of none,
 # so that a test can interrupt inside git itself. Unset (always, outside tests), no hook runs.
 FAULT_HOOKS_ENV = "C128PATCH_FAULT_HOOKS"
-# Of the operator's GIT_* variables only these reach git (transport, tracing, git's own test knobs): the tool
-# names its repository, index and identity itself (git sets GIT_DIR/GIT_INDEX_FILE for hooks, where it may run).
+# Of the operator's GIT_* variables only these reach git (transport, tracing): the tool names its repository, index
+# and identity itself (git sets GIT_DIR/GIT_INDEX_FILE for hooks, where it may run); git's test knobs never
+# (GIT_TEST_ASSUME_DIFFERENT_OWNER=1 made every repository "owned by another user")
 _KEPT_ENV = ("GIT_TRACE", "GIT_SSH", "GIT_ASKPASS", "GIT_SSL_", "GIT_HTTP_", "GIT_PROXY_", "GIT_CURL_",
-             "GIT_TEST_", "GIT_CEILING_DIRECTORIES", "GIT_DISCOVERY_ACROSS_FILESYSTEM",
+             "GIT_CEILING_DIRECTORIES", "GIT_DISCOVERY_ACROSS_FILESYSTEM",
              "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM")
 # the variables that name a program git runs (or a config file that may name one): only a clone or fetch keeps them,
 # and only as an absolute path or a bare name looked up on PATH: git runs in the tree, where a relative one
