@@ -1297,6 +1297,26 @@ def test_a_trees_crlf_settings_and_sparse_checkout_neither_stop_apply_half_done(
     assert invoke("status", "--tree", tree, "--series", series).code == 0
 
 
+def test_a_rebase_in_a_sparse_checkout_is_refused_with_a_fix_that_works(series, tree):
+    """h140 case 35: in a sparse tree, rebase's checkout of its result left the provenance outside the cone (not on
+    disk): status said "no c128patch series is applied" and advised checking out the branch already checked out.
+    Refused up front in one line, nothing changed; the printed `sparse-checkout disable`, then the rebase, works."""
+    git = Git(worktree=tree)
+    subprocess.run(["git", "-C", str(tree), "sparse-checkout", "set", "--no-cone", "/*.md"], check=True)
+    assert invoke(*apply_args(tree, series, "v0.5.23")).code == 0
+
+    def edit(idx: Git) -> None:
+        blob = idx.out("hash-object", "-w", "--stdin", input="upstream\n")
+        idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},UPSTREAM.md")
+
+    onto = upstream_commit(git, "v0.5.23", "upstream adds a file", edit)
+    line = refused(["rebase", "--onto", onto, "--tree", tree, "--series", series], tree, "sparse checkout")
+    assert run_printed(printed_command(line, "git -C")).returncode == 0
+    res = invoke("rebase", "--onto", onto, "--tree", tree, "--series", series)
+    assert res.code == 0, res.err
+    assert invoke("status", "--tree", tree, "--series", series).code == 0
+
+
 def test_the_operators_remote_settings_never_keep_a_url_mirror_from_fetching_a_new_rev(series, sglang_release_repo,
                                                                                        tmp_path):
     """h140: `clone.defaultRemoteName = up` (or a `remote.origin.*` of their own) in the operator's global config named
