@@ -55,11 +55,6 @@ class Rebase(RebaseLoop):
                             f"(its entries: {', '.join(e.name for e in self.series.entries)})")
         ensure_idle(git, "rebase")
         ensure_clean(git, "rebase")
-        if git.out("config", "--bool", "core.sparseCheckout", check=False) == "true":  # (h140, case 35)
-            raise C128Error(f"cannot rebase in a sparse checkout: its checkout of the result would leave "
-                            f"{PROVENANCE_PATH} outside the cone, and the tree would read as unpatched; turn it off "
-                            f"first ({shell_join(['git', '-C', str(git.worktree), 'sparse-checkout', 'disable'])}); "
-                            "nothing was changed")
         record = read_provenance(git.worktree)  # type: ignore[arg-type]
         self._same_layers(record, onto_rev)
         old = record.get("upstream", {})

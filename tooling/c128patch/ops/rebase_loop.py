@@ -321,6 +321,11 @@ class RebaseLoop:
             ranged = pool.submit(range_diff_of, git, journal, new_head)
             fault_point("at", "rebase-checkout")
             git.run("checkout", "--quiet", "--detach", new_head)  # the work tree is clean here
+            if git.out("ls-files", "-t", "--", PROVENANCE_PATH).startswith("S "):  # (h140 case 35)
+                # a sparse checkout left the provenance out of the tree (status: "no series applied"): written, as
+                # apply's `add` leaves it
+                git.run("update-index", "--no-skip-worktree", "--", PROVENANCE_PATH)
+                git.run("checkout-index", "--force", "--", PROVENANCE_PATH)
             renamed = self._move_branch(journal, new_head)
             proof, range_diff = proof_made.result(), ranged.result()
         if proof.identical and not journal.left_out:  # what `status` proves (the whole series): recorded for it
