@@ -691,7 +691,8 @@ def test_an_upstream_union_merge_attribute_never_turns_a_conflict_into_an_applie
 def test_a_working_tree_encoding_attribute_is_refused_by_check_and_apply_alike(series, tree, how):
     """Upstream's .gitattributes (or the tree's .git/info/attributes) says `*.cuh working-tree-encoding=UTF-16LE`:
     check said "all apply" (its index takes the series' bytes as they are), apply stopped at `git add` ("failed to
-    encode"). Both refuse that rev up front in one line; nothing changes."""
+    encode"); rebase onto it moved the branch, then could not prove it. All refuse up front in one line; nothing
+    changes; `working-tree-encoding=UTF-8` (git's no-op) is no refusal."""
     git = Git(worktree=tree)
     rev = "v0.5.23"
     if how == "upstream":
@@ -706,6 +707,13 @@ def test_a_working_tree_encoding_attribute_is_refused_by_check_and_apply_alike(s
     assert res.code != 0 and not res.out["ok"], res.text
     assert "working-tree-encoding=UTF-16LE" in res.out["revs"][0]["apply"]["detail"], res.text
     refused(apply_args(tree, series, rev), tree, f"{CUH} has the attribute working-tree-encoding=UTF-16LE")
+    if how == "upstream":  # rebase onto it: its loop wrote the commits, moved the branch, then could not prove them
+        assert invoke(*apply_args(tree, series)).code == 0
+        refused(["rebase", "--onto", rev, "--tree", tree, "--series", series], tree, "working-tree-encoding=UTF-16LE")
+    else:
+        (tree / ".git" / "info" / "attributes").write_text("*.cuh working-tree-encoding=utf-8\n")
+        res = invoke("check", "--sglang-rev", rev, "--repo", tree, "--series", series)
+        assert res.code == 0, res.text
 
 
 @pytest.mark.parametrize("link", ["patches/resolutions", "patches/resolutions/test-patch"])

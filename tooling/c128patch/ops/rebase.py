@@ -36,7 +36,7 @@ from c128patch.ops.treestate import (
     tree_state,
 )
 from c128patch.series.layers import describe, layer_folders
-from c128patch.series.plan import ENTRY_TRAILER, refuse_symlinks_at
+from c128patch.series.plan import ENTRY_TRAILER, refuse_encoding_at, refuse_symlinks_at, written_paths
 from c128patch.series.provenance import PROVENANCE_PATH, applied_digest, applied_layers, read_provenance, starts_stack
 from c128patch.textsafe import shell_join, shell_quote
 
@@ -70,7 +70,9 @@ class Rebase(RebaseLoop):
         steps = self._steps(old["commit"], head, record)
         if not any(s.sha for s in steps):
             raise C128Error("cannot rebase: no c128patch entries on this branch")
-        refuse_symlinks_at(git, onto_commit, self._planning(onto_commit).result())  # before anything is written
+        planned = self._planning(onto_commit).result()
+        refuse_symlinks_at(git, onto_commit, planned)  # before anything is written
+        refuse_encoding_at(git, onto_commit, written_paths(planned))  # (the loop's check_paths_at: past its journal)
         self.ledger.check()  # (its rows are read only at a conflict, past the journal's first write)
         recovery = f"{RECOVERY_PREFIX}/{time.strftime('%Y%m%dT%H%M%S')}-{head[:8]}"
         git.run("update-ref", "-m", "c128patch rebase: recovery point", recovery, head)

@@ -510,6 +510,12 @@ def refuse_symlinks_at(git: Git, treeish: str, planned: list[Planned]) -> dict[s
     return kinds
 
 
+def written_paths(planned: list[Planned]) -> list[str]:
+    """The paths the series writes in a tree: its patches', its overlays', the provenance."""
+    return sorted({PROVENANCE_PATH, *(p for item in planned for p in (item.patch.paths if item.patch
+                                                                      else item.touched))})
+
+
 def refuse_encoding_at(git: Git, treeish: str, paths: list[str]) -> None:
     """Refuse a path whose attributes at ``treeish`` (its .gitattributes, the repository's info/attributes) name a
     ``working-tree-encoding``: check's index took the series' bytes as they are, apply's ``git add`` failed to encode
@@ -524,7 +530,7 @@ def refuse_encoding_at(git: Git, treeish: str, paths: list[str]) -> None:
             idx.run("update-index", "--add", *cacheinfo)
         out = idx.out("check-attr", "--cached", "-z", "working-tree-encoding", "--", *paths).split("\0")
     for path, _attr, value in zip(out[0::3], out[1::3], out[2::3]):
-        if value not in ("unspecified", "unset"):
+        if value not in ("unspecified", "unset") and value.lower() not in ("utf-8", "utf8"):  # (git: no encoding)
             raise C128Error(f"{path} has the attribute working-tree-encoding={one_line(value)} at {treeish[:12]} (its "
                             ".gitattributes or the repository's info/attributes): git would re-encode the series' "
                             "UTF-8 files there; c128patch does not patch such a tree")
@@ -534,8 +540,7 @@ def check_paths_at(git: Git, treeish: str, planned: list[Planned]) -> set[str]:
     """Refuse a path through an upstream symlink, an overlay on an upstream file, a path git re-encodes; which touched
     paths exist."""
     kinds = refuse_symlinks_at(git, treeish, planned)
-    refuse_encoding_at(git, treeish, sorted({PROVENANCE_PATH, *(p for item in planned for p in (
-        item.patch.paths if item.patch else item.touched))}))
+    refuse_encoding_at(git, treeish, written_paths(planned))
     for item in planned:
         if not item.entry.is_patch and item.entry.target in kinds:
             raise C128Error(f"overlay '{item.entry.name}' collides with upstream: {item.entry.target} already exists "
