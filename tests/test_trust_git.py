@@ -1033,6 +1033,32 @@ def test_extract_writes_a_trees_files_at_their_paths_and_no_symlink(tmp_path):
         git.extract("HEAD", "python/nothing", tmp_path / "none")
 
 
+def test_extract_writes_the_committed_bytes_whatever_the_attributes_and_config(tmp_path):
+    """A tree's `.git/info/attributes` (`* text eol=crlf`), its committed `.gitattributes` (`*.py ident`, and
+    `*.h working-tree-encoding=UTF-16LE`) and `core.autocrlf=true` made `Git.extract` (git's checkout) write other
+    bytes than the commit holds: the tier's files, the contract's headers, a source build's wheel changed with the
+    operator's settings. It writes the blobs as committed, `.gitattributes` too."""
+    repo = tmp_path / "r"
+    git = Git(worktree=repo)
+    repo.mkdir()
+    git.run("init", "-q")
+    pkg = repo / "python" / "sglang"
+    pkg.mkdir(parents=True)
+    files = {"python/sglang/a.py": b"# $Id$\nA = 1\n", "python/sglang/b.h": b"int b;\n",
+             "python/sglang/.gitattributes": b"*.py ident\n*.h working-tree-encoding=UTF-16LE\n"}
+    for name, data in files.items():  # (the attributes last: git add would encode b.h)
+        (repo / name).write_bytes(data)
+        git.run("add", name)
+    git.run("commit", "-qm", "c")
+    (repo / ".git" / "info").mkdir(exist_ok=True)
+    (repo / ".git" / "info" / "attributes").write_text("* text eol=crlf\n")
+    git.run("config", "core.autocrlf", "true")
+    for path, dest in (("python/sglang", tmp_path / "out"), (".", tmp_path / "all")):
+        git.extract("HEAD", path, dest)
+        got = {str(p.relative_to(dest)): p.read_bytes() for p in dest.rglob("*") if p.is_file()}
+        assert got == files, got
+
+
 def test_a_trees_diff_settings_do_not_change_the_diffs_the_tool_reads(tree):
     """diff.noprefix / mnemonicPrefix / srcPrefix, diff.context and color.ui=always in the tree's own config changed
     the headers and hunks the tool parses (merged-upstream detection found nothing, refresh wrote other patches)."""

@@ -439,13 +439,31 @@ class Git:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(self.run("cat-file", "blob", f"{rev}:{path}", binary=True).stdout)
             return
+        tree = self.out("rev-parse", "--verify", f"{rev}^{{tree}}" if path == "." else f"{rev}:{path}")
+        objects = Path(self.out("rev-parse", "--git-path", "objects"))
         dest.mkdir(parents=True, exist_ok=True)
         with procs.scratch("c128extract-") as tmp:  # (a SIGKILLed run's swept by pid)
-            private = self.with_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
+            # the committed bytes, whatever the repository says: an empty git dir borrowing its objects (no config:
+            # core.autocrlf; no info/attributes), the trees' .gitattributes out of the index (eol, ident,
+            # working-tree-encoding changed what the tier, the contract and a source build read), written raw
+            shell = Path(tmp) / "git"
+            (shell / "objects" / "info").mkdir(parents=True)
+            (shell / "refs").mkdir()
+            (shell / "HEAD").write_text("ref: refs/heads/none\n")
+            (shell / "objects" / "info" / "alternates").write_text(f"{(self.cwd / objects).resolve()}\n")
+            private = Git(git_dir=shell, env={"GIT_INDEX_FILE": str(Path(tmp) / "index")})
             prefix = [] if path == "." else [f"--prefix={path.rstrip('/')}/"]
             top = ["-c", "core.symlinks=false", "--work-tree", str(dest.resolve())]
-            private.run(*top, "read-tree", *prefix, rev if path == "." else f"{rev}:{path}")
+            private.run(*top, "read-tree", *prefix, tree)
+            attrs = [(meta.split()[1], name) for meta, _, name in (e.partition("\t") for e in private.out(
+                "ls-files", "-s", "-z").split("\0") if e) if name.rsplit("/", 1)[-1] == ".gitattributes"
+                     and not meta.startswith("160000")]
+            if attrs:
+                private.run("update-index", "--force-remove", "--", *(n for _, n in attrs))
             private.run(*top, "checkout-index", "-a", "-f")
+            for blob, name in attrs:
+                (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                (dest / name).write_bytes(private.run("cat-file", "blob", blob, binary=True).stdout)
 
     def operator_hooks_dir(self) -> Path | None:
         """The folder the operator's own git runs this repository's hooks from (the tool's calls run none)."""
