@@ -923,10 +923,7 @@ def test_an_nvcc_the_box_cannot_run_is_not_checked_never_a_failure(sglang_releas
     entry (``bin``, resolved in the box's folder), at ``$HOME/nvcc``, or whose interpreter the box hides never ran, yet
     the probe said "fails": contract broken, watch 7. Those are not checked (nothing ran); the relative one runs the
     nvcc of the current folder."""
-    nvcc = tmp_path / "home" / "bin" / "nvcc"
-    nvcc.parent.mkdir(parents=True)
-    nvcc.write_text('#!/bin/sh\nexit 0\n')
-    nvcc.chmod(0o755)
+    nvcc = _program(tmp_path / "home" / "bin" / "nvcc", "#!/bin/sh\nexit 0\n")
     _fake_toolchain(monkeypatch, tmp_path, nvcc)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     ok, line = contract_cxx.probe(REPO_ROOT, Git(sglang_release_repo), "v0.5.23", cached=False)
@@ -964,10 +961,7 @@ def test_an_nvcc_whose_version_never_comes_is_not_checked_in_its_time_limit(sgla
                                                                            tmp_path):
     """Helper 139: the probe's cache key asks ``nvcc --version`` with no time limit: a wrapper nvcc that never
     answers (a license or network wait) hung contract and watch for ever. Past its limit: not checked."""
-    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
-    nvcc.parent.mkdir(parents=True)
-    nvcc.write_text('#!/bin/sh\n[ "$1" = --version ] && exec sleep 60\nexit 0\n')
-    nvcc.chmod(0o755)
+    nvcc = _program(tmp_path / "cuda" / "bin" / "nvcc", '#!/bin/sh\n[ "$1" = --version ] && exec sleep 60\nexit 0\n')
     _fake_toolchain(monkeypatch, tmp_path, nvcc)
     monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(contract_cxx, "VERSION_TIMEOUT", 1)
@@ -975,6 +969,14 @@ def test_an_nvcc_whose_version_never_comes_is_not_checked_in_its_time_limit(sgla
     ok, line = contract_cxx.probe(REPO_ROOT, Git(sglang_release_repo), "v0.5.23")
     assert ok is None and line.startswith("nvcc --version did not answer (") and line.endswith("not checked"), line
     assert time.monotonic() - started < 20
+
+
+def _program(path: Path, text: str) -> Path:
+    """``path``, an executable script holding ``text`` (its folders made)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
 
 
 def _fake_toolchain(monkeypatch, tmp_path: Path, nvcc: Path) -> None:
