@@ -1386,13 +1386,32 @@ def test_a_partial_clone_whose_remote_names_a_program_runs_nothing_on_a_missing_
                        ("protocol.file.allow", "always")):
         subprocess.run(["git", "-C", str(partial), "config", key, value], check=True)
     refused(["check", "--sglang-rev", "v0.5.23", "--repo", partial, "--series", series], None,
-            "a partial clone's remote")
+            "a partial clone (remote.origin.promisor = true)")
     refused(["apply", "--sglang-rev", "v0.5.23", "--repo", partial, "--tree", tmp_path / "t", "--series", series], None,
             "(remote.origin.promisor = true)")
     # past the refusal (as a promisor remote the check did not see would be): the missing blob is missing, nothing ran
     git = Git(git_dir=partial, filters_off=[])
     assert git.blob("v0.5.23", CUH) is None
     assert not mark.exists() and not (tmp_path / "t").exists()
+
+
+def test_the_full_clone_a_partial_clones_refusal_prints_is_taken_as_printed(series, sglang_release_repo, tmp_path):
+    """The refusal of a partial clone names a command making a full one from its remote: run as printed (bash), then
+    `check --repo` on what it made."""
+    server = tmp_path / "server.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(sglang_release_repo), str(server)], check=True)
+    subprocess.run(["git", "-C", str(server), "config", "uploadpack.allowFilter", "true"], check=True)
+    partial = tmp_path / "my sglang"
+    subprocess.run(["git", "clone", "--quiet", "--filter=blob:none", "--no-checkout", server.as_uri(), str(partial)],
+                   check=True)
+    line = refused(["check", "--sglang-rev", "v0.5.23", "--repo", partial, "--series", series], None,
+                   "use a full clone: ")
+    command, _, repo = line.split("use a full clone: ", 1)[1].rpartition(", then --repo ")
+    assert run_printed(command, tmp_path).returncode == 0
+    full = run_printed(f"printf %s {repo}").stdout
+    assert full == f"{partial}-full"
+    res = invoke("check", "--sglang-rev", "v0.5.23", "--repo", full, "--series", str(series))
+    assert res.code == 0, res.err
 
 
 @pytest.mark.parametrize("how", ["fix", "error-all"])

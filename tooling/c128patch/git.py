@@ -308,11 +308,12 @@ class Git:
                     "a program under a name c128patch cannot turn off" if m and "=" in m.group(2) else \
                     "a trailer program" if _TRAILERS.match(name) else \
                     "how git writes c128patch's own trailer" if _OUR_TRAILER.match(item) else \
-                    "a partial clone's remote, which git fetches the objects it lacks from with the programs the " \
-                    "config names" if re.match(_PROMISOR, name) else \
+                    "a partial clone" if re.match(_PROMISOR, name) else \
                     "another config file to include, which may change after this check" if re.match(_INCLUDES, name) \
                     else ""
-                if what and not refusal:
+                if what and not refusal and re.match(_PROMISOR, name):
+                    refusal = self._partial_refusal(name, value)
+                elif what and not refusal:
                     refusal = (f"{self.cwd}: its git config names {what} ({name} = {value}); c128patch takes no "
                                "program, nor a setting of its own commits, from a repository's config: remove that "
                                "setting, or use a clone without it")
@@ -338,6 +339,15 @@ class Git:
                     f"c128patch works only in the tree it is given: "
                     f"{shell_join(['git', '-C', str(self.cwd), 'config', '--unset', 'core.worktree'])}")
         return ""
+
+    def _partial_refusal(self, name: str, value: str) -> str:
+        """A partial clone: what it is, and a full clone made from its remote, as a command."""
+        remote = value.strip() if name == "extensions.partialclone" else name.split(".", 1)[1].rsplit(".", 1)[0]
+        url = shell_join(["git", "-C", str(self.cwd), "remote", "get-url", remote])
+        full = f"{self.cwd}-full"
+        return (f"{self.cwd}: a partial clone ({name} = {value}): git fetches the objects it lacks with the programs "
+                f"its config names, and c128patch takes no program from a repository's config; use a full clone: "
+                f'git clone "$({url})" {shell_quote(full)}, then --repo {shell_quote(full)}')
 
     def _submodules_still(self) -> list[str]:
         """``submodule.<name>.ignore=dirty`` for each submodule a .gitmodules (work tree, index, HEAD) names: a commit
