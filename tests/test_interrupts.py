@@ -235,3 +235,69 @@ def test_a_sigkilled_treechecks_unpacked_tree_is_swept_by_the_next_run(sglang_re
     run = invoke("treecheck", "--sglang-rev", "v0.5.23", "--no-run", "--series", REPO_ROOT, as_json=False)
     assert run.code == 8, run.err
     assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
+# every call of tempfile that makes a folder or file; (module under tooling/c128patch, call) -> how many are reviewed
+_MAKERS = {"TemporaryDirectory", "mkdtemp", "mkstemp", "NamedTemporaryFile", "TemporaryFile", "SpooledTemporaryFile",
+           "mktemp"}
+_REVIEWED_TEMPFILE = {
+    ("procs.py", "mkdtemp"): 1, ("procs.py", "TemporaryDirectory"): 1,  # the one function that names them
+    ("upstream/releases.py", "TemporaryFile"): 1,  # unlinked when made (no name): a SIGKILL leaves nothing
+    # the box's own runner (no c128patch imports): its TMPDIR is the box's scratch folder, removed with the box
+    ("fit/treecheck_runner.py", "mkdtemp"): 1, ("fit/treecheck_runner.py", "mkstemp"): 2,
+    ("fit/scenarios_runner.py", "TemporaryDirectory"): 1,
+    ("smoke/trees.py", "mkdtemp"): 1,  # smoke's report folder without --out: output the user reads, not scratch
+}
+
+
+def tempfile_calls(source: str) -> list[str]:
+    """The tempfile makers ``source`` calls (``tempfile.X(...)`` or ``X(...)`` imported from tempfile)."""
+    import ast
+
+    tree, found = ast.parse(source), []
+    imported = {a.asname or a.name: a.name for n in ast.walk(tree)
+                if isinstance(n, ast.ImportFrom) and n.module == "tempfile" for a in n.names}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr in _MAKERS:
+            found.append(f.attr)
+        elif isinstance(f, ast.Name) and imported.get(f.id) in _MAKERS:
+            found.append(imported[f.id])
+    return found
+
+
+def test_no_scratch_bypasses_procs():
+    """About 18 scratch prefixes (``c128check-``, ``c128plan-``, ``c128rebase-``, apply's ``c128patch-template-``...)
+    were plain ``tempfile`` folders named by no pid: a SIGKILL left them for ever. Every one now comes from
+    ``procs.scratch``/``procs.scratch_dir`` (named by pid, a dead run's swept); this walks the code for a call that
+    does not, outside a reviewed few."""
+    root = REPO_ROOT / "tooling" / "c128patch"
+    seen: dict[tuple[str, str], int] = {}
+    for path in sorted(root.rglob("*.py")):
+        for name in tempfile_calls(path.read_text()):
+            key = (str(path.relative_to(root)), name)
+            seen[key] = seen.get(key, 0) + 1
+    assert seen == _REVIEWED_TEMPFILE
+    assert tempfile_calls("import tempfile\ntempfile.mkdtemp(prefix='x')\n") == ["mkdtemp"]
+    assert tempfile_calls("from tempfile import TemporaryDirectory as T\nT()\n") == ["TemporaryDirectory"]
+
+
+def test_a_sigkilled_applys_template_and_plan_folders_are_swept_by_the_next_apply(sglang_release_repo, tmp_path):
+    """SIGKILL during `apply`'s clone left its ``c128patch-template-*`` folder (the journal of the clone) in TMPDIR,
+    named by no pid: no run removed it. A git hook kills the tool (SIGKILL) while git clone writes its refs; the next
+    apply sweeps it."""
+    scratch, hooks = tmp_path / "tmp", tmp_path / "hooks"
+    scratch.mkdir()
+    hooks.mkdir()
+    (hooks / "reference-transaction").write_text("#!/bin/sh\nkill -KILL $(ps -o ppid= $PPID | tr -d ' ')\nsleep 2\n")
+    (hooks / "reference-transaction").chmod(0o755)
+    series = copy_series(tmp_path / "series")
+    args = ["apply", "--sglang-rev", "v0.5.23", "--series", series]
+    killed = cli_process([*args, "--tree", tmp_path / "t1"], {FAULT_HOOKS_ENV: str(hooks), "TMPDIR": str(scratch)})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("c128patch-template-")], list(scratch.iterdir())
+    again = cli_process([*args, "--tree", tmp_path / "t2"], {"TMPDIR": str(scratch)})
+    assert again.returncode == 0, again.stderr
+    assert list(scratch.iterdir()) == [], list(scratch.iterdir())

@@ -108,14 +108,17 @@ def sweep_stale(folder: Path, prefix: str) -> None:
             continue
 
 
-def scratch_dir(prefix: str) -> str:
-    """A new folder ``$TMPDIR/<prefix><pid>-<run_tag>-*``, a SIGKILLed run's of that ``prefix`` (its pid dead) swept
-    first."""
-    sweep_stale(Path(tempfile.gettempdir()), prefix)
-    return tempfile.mkdtemp(prefix=named(prefix))
+def scratch_dir(prefix: str, folder: str | Path | None = None) -> str:
+    """A new folder ``<folder>/<prefix><pid>-<run_tag>-*`` (``folder``: ``$TMPDIR``), a SIGKILLed run's of that
+    ``prefix`` (its pid dead) swept first. Every scratch folder the tool makes comes from here or ``scratch``
+    (``tests/test_interrupts.py::test_no_scratch_bypasses_procs`` walks the code for one that does not)."""
+    where = Path(folder) if folder is not None else Path(tempfile.gettempdir())
+    sweep_stale(where, prefix)
+    return tempfile.mkdtemp(prefix=named(prefix), dir=where)
 
 
-def scratch(prefix: str) -> tempfile.TemporaryDirectory:
+def scratch(prefix: str, folder: str | Path | None = None) -> tempfile.TemporaryDirectory:
     """``scratch_dir`` as a ``TemporaryDirectory`` (removed on leaving its ``with``)."""
-    sweep_stale(Path(tempfile.gettempdir()), prefix)
-    return tempfile.TemporaryDirectory(prefix=named(prefix))
+    where = Path(folder) if folder is not None else Path(tempfile.gettempdir())
+    sweep_stale(where, prefix)
+    return tempfile.TemporaryDirectory(prefix=named(prefix), dir=where)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from c128patch import procs
 from c128patch.errors import C128Error
 from c128patch.evidence.keys import KERNEL_TIER_PATHS, key_from_provenance, planned_key
 from c128patch.git import Git
@@ -34,7 +34,7 @@ def patched_sources(series: Series, git: Git, rev: str, dest: Path, paths: tuple
     if commit is None:
         raise C128Error(f"unknown upstream revision {rev!r}")
     dest.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="c128stage-") as tmp:
+    with procs.scratch("c128stage-") as tmp:
         index_file = Path(tmp) / "index"
         result, planned = replay_in_index(series, git, rev, commit, index_file)
         if not result.ok:
@@ -68,7 +68,7 @@ def stage_release(series: Series, git: Git, rev: str, dest: Path, suite: Path, *
                   before: Series | None = None) -> dict[str, Any]:
     """Stage one release under ``dest/<rev>`` (see the module docstring); returns its manifest entry."""
     commit = git.rev_parse(rev)  # patched_sources refuses an unknown one first
-    with tempfile.TemporaryDirectory(prefix="c128stage-") as tmp:
+    with procs.scratch("c128stage-") as tmp:
         work = Path(tmp)
         patched = patched_sources(series, git, rev, work / "patched")
         present = git.out("ls-tree", "--name-only", str(commit), "--", *KERNEL_TIER_PATHS).split()

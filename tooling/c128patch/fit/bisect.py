@@ -7,10 +7,10 @@ judges by: the contract, the nvcc probe where nvcc is, copies of what we patch; 
 from __future__ import annotations
 
 import re
-import tempfile
 import time
 from pathlib import Path
 
+from c128patch import procs
 from c128patch.errors import C128Error
 from c128patch.fit import contract, copies, treecheck
 from c128patch.fit import contract_cxx as cxx
@@ -82,7 +82,7 @@ def bisect(series: Series, repo: str | None, onto: str, *, timeout: float = 600,
                         f"--sglang-rev {series.base})")
     reporter.step(f"git bisect over {report['commits_between']} upstream commit(s)")
     end = time.monotonic() + timeout
-    with tempfile.TemporaryDirectory(prefix="c128bisect-") as tmp:
+    with procs.scratch("c128bisect-") as tmp:
         scratch = Path(tmp) / "upstream.git"  # git bisect keeps its state there, not in the user's repository
         source = git.git_dir or Path(git.out("rev-parse", "--absolute-git-dir"))
         Git().run("clone", "--quiet", "--bare", "--shared", str(source), str(scratch))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import stat
 import sys
-import tempfile
 from pathlib import Path
 
+from c128patch import procs
 from c128patch.errors import C128Error
 from c128patch.fit.env import PIP_FILES, pip_settings
 from c128patch.fit.sandbox import Sealed
@@ -33,7 +33,7 @@ def run_build(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> int:
     if cmd[:3] != [sys.executable, "-m", "build"]:
         raise C128Error(f"not a build command: {cmd[:3]}")
     offline, work = "--no-isolation" in cmd, log.parent
-    with tempfile.TemporaryDirectory(prefix="c128build-pipconf-") as conf:
+    with procs.scratch("c128build-pipconf-") as conf:
         pip_env, reads = ({}, []) if offline else pip_settings(conf)
         try:
             box = Sealed(sys.executable, ["-c", _DRIVER, str(log), str(cwd), *cmd[3:]], BUILD_TIMEOUT,

@@ -12,12 +12,12 @@ error. Each finding names our file:line, upstream's file:line and both sides."""
 from __future__ import annotations
 
 import inspect
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
+from c128patch import procs
 from c128patch.errors import C128Error
 from c128patch.fit import compat
 from c128patch.fit import contract_cxx as cxx
@@ -443,7 +443,7 @@ def lock_items(series: Series, git: Git, upstream: str, head: str) -> list[LockI
 
 def patched_tree(series: Series, git: Git, rev: str, commit: str) -> str:
     """The tree id of the series replayed on ``commit`` in a temporary index (nothing checked out)."""
-    with tempfile.TemporaryDirectory(prefix="c128contract-") as tmp:
+    with procs.scratch("c128contract-") as tmp:
         result, _ = replay_in_index(series, git, rev, commit, Path(tmp) / "index")
         if not result.ok:
             failing = next((e for e in result.entries if e.status in FAILED), None)

@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -283,7 +282,7 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
     except ImportError:
         return None, ("tvm-ffi not installed: C++ contract not compiled "
                       f"({shell_join([sys.executable, '-m', 'pip', 'install', tvm_ffi_pin(series_root, git, head)])})")
-    with tempfile.TemporaryDirectory(prefix="c128contract-") as tmp:
+    with procs.scratch("c128contract-") as tmp:
         try:
             git.extract(head, INCLUDE_ROOT, Path(tmp))
         except GitError:

@@ -14,7 +14,6 @@ import difflib
 import functools
 import io
 import re
-import tempfile
 import tokenize
 import unicodedata
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from unidiff import PatchSet
 
+from c128patch import procs
 from c128patch.git import BlobBatch, Git
 from c128patch.ops.replay import replay_in_index
 from c128patch.series.manifest import Series
@@ -100,7 +100,7 @@ def _defs(source: bytes | None) -> dict[str, tuple[set[str], dict[str, ast.AST]]
 def patched(series: Series, git: Git, rev: str, commit: str) -> list[Patched]:
     """The classes each patch entry adds calls to, with those calls, from the series replayed on ``commit``."""
     trees: dict[str, tuple[str, str]] = {}
-    with tempfile.TemporaryDirectory(prefix="c128copies-") as tmp:
+    with procs.scratch("c128copies-") as tmp:
         _, planned = replay_in_index(series, git, rev, commit, Path(tmp) / "index", trees=trees)
     return hooked(git, [trees[p.entry.name] for p in planned if p.patch is not None and p.entry.name in trees])
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from c128patch import procs
 from c128patch.errors import C128Error
 from c128patch.fit.sandbox import Sealed
 from c128patch.jsonio import read_json, write_atomic
@@ -217,7 +218,7 @@ def _pip(python: str, args: list[str], timeout: float, reporter: Reporter, what:
     """``python -m pip ARGS`` in the sealed box (network kept: pip needs it; writes to ``into`` only, reads ``reads``
     too) with the operator's settings."""
     reporter.step(what)
-    with tempfile.TemporaryDirectory(prefix="c128env-pipconf-") as conf:  # a copy: never its folder (HOME, say)
+    with procs.scratch("c128env-pipconf-") as conf:  # a copy: never its folder (HOME, say)
         env, folders = pip_settings(conf)
         box = Sealed(python, ["-m", "pip", "--disable-pip-version-check", *args], timeout, env=env,
                      writable=(str(into),), readable=(*folders, *reads), files=PIP_FILES, pip=True)
@@ -234,7 +235,7 @@ def _pip(python: str, args: list[str], timeout: float, reporter: Reporter, what:
 def resolve(head: str, requirements: list[str], cuda: dict[str, dict], reporter: Reporter = NullReporter(),
             timeout: float = RESOLVE_TIMEOUT) -> str:
     """The lock of ``requirements`` (pip's resolver, wheels only, torch pinned), with its ``header``."""
-    with tempfile.TemporaryDirectory(prefix="c128env-resolve-") as tmp:
+    with procs.scratch("c128env-resolve-") as tmp:
         (Path(tmp) / "req.txt").write_text("".join(f"{r}\n" for r in requirements))
         (Path(tmp) / "pin.txt").write_text(f"{torch_pin()}\n")
         _pip(sys.executable, ["install", "--dry-run", "--ignore-installed", "--only-binary=:all:", "-q", "--report",
@@ -390,12 +391,12 @@ def build(lock: str, cuda: dict[str, dict], reporter: Reporter = NullReporter(),
             return final / "venv" / "bin" / "python", False
         for stale in [*root.glob(".build-*"), final]:  # an interrupted build (never marked ready), an older layout
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=root))
+        tmp = Path(procs.scratch_dir(f".build-{key}-", root))
         venv = tmp / "venv"
         try:
             Sealed(sys.executable, ["-m", "venv", "--without-pip", str(venv)], 300, writable=(str(tmp),)).wait()
             made = _interpreter(venv)
-            with tempfile.TemporaryDirectory(prefix="c128env-lock-") as reqs:
+            with procs.scratch("c128env-lock-") as reqs:
                 (Path(reqs) / "lock.txt").write_text(lock)
                 args = ["--python", str(venv / "bin/python"), "install", "-q", "--no-deps", "--no-compile", "-r"]
                 _pip(sys.executable, [*args, f"{reqs}/lock.txt", "--only-binary=:all:", "--require-hashes"], timeout,

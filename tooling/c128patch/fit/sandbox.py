@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
+from c128patch import procs
 from c128patch.errors import C128Error
 from c128patch.procs import Group, scratch_dir
 from c128patch.smoke.device import run_child
@@ -161,7 +162,7 @@ def _probe(argv: list[str]) -> str:
 def _cuts() -> tuple[str, str, str, str]:
     """("", "", "", "") where the seal holds here (a write outside its folder refused, a file in a hidden place unseen,
     a pid namespace of its own), else why not: (writes, reads, network, processes)."""
-    with tempfile.TemporaryDirectory(prefix="c128box-probe-") as tmp:
+    with procs.scratch("c128box-probe-") as tmp:
         inside, outside = (os.path.join(os.path.realpath(tmp), n) for n in ("in", "out"))
         os.mkdir(inside), os.mkdir(outside)
         Path(outside, "secret").write_text("")

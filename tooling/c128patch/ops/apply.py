@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
+from c128patch import procs
 from c128patch.errors import C128Error, ConflictError, Interrupted
 from c128patch.git import Git, is_work_tree, refuse_git_dir
 from c128patch.ops.applier import (
@@ -46,7 +46,7 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
     if tree is None and upstream.kind != "path":
         refuse_switching(DEFAULT_TREE, target, branch or target.branch, series, repo)
     existed = (tree or DEFAULT_TREE).exists()
-    template = Path(tempfile.mkdtemp(prefix="c128patch-template-"))  # for git clone --template: the journal, first
+    template = Path(procs.scratch_dir("c128patch-template-"))  # for git clone --template: the journal, first
     source = str(upstream.git.git_dir or upstream.git.worktree)
     ApplyJournal.new(series, target, branch or target.branch, planned, fresh_clone=True, tree_existed=existed,
                      source=source).save(template / "c128patch" / "apply.json")

@@ -28,7 +28,6 @@ testing the variable is not recognised (the audit reports the call as unguarded)
 from __future__ import annotations
 
 import ast
-import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,6 +36,7 @@ from pathlib import Path
 
 from unidiff import PatchSet
 
+from c128patch import procs
 from c128patch.errors import C128Error
 from c128patch.git import BlobBatch, Git
 from c128patch.ops.replay import FAILED, branch_commits, replay_in_index
@@ -402,7 +402,7 @@ def audit_changes(git: Git, changes: Sequence[tuple[str, str, str, str]], final:
 def audit_series(series: Series, git: Git, rev: str, commit: str) -> list[Finding]:
     """Findings for every gated patch entry of the series replayed on ``commit`` (its trees before and after)."""
     trees: dict[str, tuple[str, str]] = {}
-    with tempfile.TemporaryDirectory(prefix="c128audit-") as tmp:
+    with procs.scratch("c128audit-") as tmp:
         result, planned = replay_in_index(series, git, rev, commit, Path(tmp) / "index", trees=trees)
         if not result.ok:
             failed = result.error or next(f"{e.name}: {e.detail}" for e in result.entries if e.status in FAILED)

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
 
 from packaging.version import Version
 
-from c128patch import exitcodes
+from c128patch import exitcodes, procs
 from c128patch.git import Git, ReadMemo
 from c128patch.ops.merged import upstream_hints
 from c128patch.ops.replay import FAILED, WS_MERGE, EntryCheck, RevCheck, Verdict, replay_in_index
@@ -121,7 +120,7 @@ def _as_replayed(git: Git, commit: str, before: list[Planned], path: str) -> str
 def check_rev(series: Series, git: Git, rev: str, commit: str, hints: dict[str, str] | None = None) -> RevCheck:
     """The replay of the series on ``commit``, with what ``apply`` and ``wheel`` would do there; ``hints``: a cache."""
     git = git if isinstance(git, ReadMemo) else ReadMemo(git)
-    with tempfile.TemporaryDirectory(prefix="c128check-") as tmp:
+    with procs.scratch("c128check-") as tmp:
         result, planned = replay_in_index(series, git, rev, commit, Path(tmp) / "index", keep_index=False)
     by_name, cache = {p.entry.name: p for p in planned}, {} if hints is None else hints
     touched = [(p.entry.name, p.touched) for p in planned]

@@ -11,10 +11,10 @@ import hashlib
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from c128patch import procs
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.ops.lint import Finding, lint_series
@@ -74,7 +74,7 @@ def _refuse_unsound(layer: Series, updated: Series, name: str, files: dict[str, 
     """Lint the layer as ``updated`` in a scratch copy: an error about the new entry's patch file (what the commit
     changes) refuses it before anything is written (it was written, then reported, with no way back but editing the
     manifest; helper 101)."""
-    with tempfile.TemporaryDirectory(prefix="c128layer-") as tmp:
+    with procs.scratch("c128layer-") as tmp:
         trial = Path(tmp) / "layer"
         shutil.copytree(layer.root, trial, symlinks=True, ignore=shutil.ignore_patterns(".git", txn.TXN, txn.STAGING))
         for rel, data in {**files, MANIFEST: updated.to_toml().encode()}.items():

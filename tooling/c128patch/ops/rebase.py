@@ -10,11 +10,11 @@ to a fresh apply but for what was carried (``ops.equivalence``); else exit 1, th
 
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+from c128patch import procs
 from c128patch.errors import C128Error
 from c128patch.git import ls_tree
 from c128patch.ops import proofs
@@ -291,7 +291,7 @@ class Rebase(RebaseLoop):
     def _steps(self, old_commit: str, head: str, record: dict) -> list[Step]:
         """The entries in order, each with its commit and user edit; the user's commits after their entry."""
         git, rev = self.git, record.get("upstream", {}).get("rev", old_commit)
-        with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:  # the replay the branch's proof recorded, else
+        with procs.scratch("c128rebase-") as tmp:  # the replay the branch's proof recorded, else
             fresh = proofs.recorded_trees(self.state, proofs.proof_key(git, self.series, rev, old_commit, head))
             if fresh is None:  # one made now
                 fresh = {}

@@ -3,12 +3,12 @@ commit dated as the new base; the branch and the work tree move only at a stop o
 
 from __future__ import annotations
 
-import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, NoReturn
 
+from c128patch import procs
 from c128patch.errors import C128Error, ConflictError, DifferenceError
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git, ReadMemo
 from c128patch.ops import proofs
@@ -174,7 +174,7 @@ class RebaseLoop:
         delta = (tree_diff(self.git, step.edit_from, step.edit_to) if step.user_edit
                  else "" if entry else tree_diff(self.git, f"{step.sha}^", step.sha))
         if delta:  # applied to ``tree`` in an index of its own (strict, else 3-way); "" when it conflicts
-            with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:
+            with procs.scratch("c128rebase-") as tmp:
                 idx = index_git(self.git, Path(tmp) / "index")
                 idx.run("read-tree", tree)
                 tree = idx.out("write-tree") if apply_cached(idx, delta) else ""
@@ -221,7 +221,7 @@ class RebaseLoop:
     def _mail(self, path: Path, name: str) -> tuple[str, tuple[str, str, str]]:
         """The message (with the entry trailer) and author ``git am`` would give the patch file at ``path``."""
         git = self.git
-        with tempfile.TemporaryDirectory(prefix="c128mail-") as tmp:
+        with procs.scratch("c128mail-") as tmp:
             info = git.run("mailinfo", f"{tmp}/msg", f"{tmp}/patch", input=path.read_text()).stdout
             body = Path(tmp, "msg").read_text()
         fields = dict(line.split(": ", 1) for line in info.splitlines() if ": " in line)
@@ -294,7 +294,7 @@ class RebaseLoop:
         git = self.git
         classify(git, journal.steps)
         blob = git.out("hash-object", "-w", "--stdin", input=provenance.dumps(self._record(journal)))
-        with tempfile.TemporaryDirectory(prefix="c128rebase-") as tmp:  # the provenance commit, the work tree untouched
+        with procs.scratch("c128rebase-") as tmp:  # the provenance commit, the work tree untouched
             idx = index_git(git, Path(tmp) / "index")
             idx.run("read-tree", journal.head_before)
             idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{PROVENANCE_PATH}")

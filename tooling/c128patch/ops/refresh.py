@@ -13,11 +13,11 @@ import contextlib
 import hashlib
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from c128patch import procs
 from c128patch.errors import C128Error, DifferenceError
 from c128patch.git import Git
 from c128patch.jsonio import locked
@@ -477,7 +477,7 @@ def _fallback_gives_same_tree(series: Series, old: Entry, git: Git, sha: str, ba
     """Does the file ``apply`` chooses for ``base_rev`` without its variant make this commit, strictly?"""
     others = replace(old, variants=[v for v in old.variants if v.base != base_rev])
     fallback = choose(series, git, others, git.out("rev-parse", f"{sha}^")).variant
-    with tempfile.TemporaryDirectory(prefix="c128refresh-") as tmp:
+    with procs.scratch("c128refresh-") as tmp:
         idx = git.with_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
         idx.run("read-tree", f"{sha}^")
         if not idx.ok("apply", "--cached", str(series.file_of(old, fallback))):

@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Literal
 
 from unidiff import PatchedFile
 
-from c128patch import exitcodes
+from c128patch import exitcodes, procs
 from c128patch.errors import C128Error
 from c128patch.git import Git, ReadMemo, recalled, remembered
 from c128patch.series.ledger import Ledger, Resolution
@@ -165,7 +164,7 @@ def write_preimages(series: Series, git: Git, item: Planned) -> bool:
             return False
         earlier = series.without(set(names[names.index(item.entry.name):]))
         if earlier.entries:
-            with tempfile.TemporaryDirectory(prefix="c128pre-") as tmp:  # (its blobs stay in git's objects)
+            with procs.scratch("c128pre-") as tmp:  # (its blobs stay in git's objects)
                 replay_in_index(earlier, git, variant.base, base, Path(tmp) / "index")
         return have_blobs(git, wanted)
 

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import functools
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable, Literal
 
+from c128patch import procs
 from c128patch.errors import C128Error
 from c128patch.git import Git, ReadMemo, blob_id, ls_tree, remembered
 from c128patch.series.manifest import ABSENT, Entry, Series, Variant, sha256_file
@@ -369,7 +369,7 @@ def choose(series: Series, git: Git, entry: Entry, target: str) -> Choice:
     """``select_variant`` for one entry on commit ``target``'s tree (the earlier entries already in it)."""
     patches = {v: read_patch(verify_file(series, entry, v)) for v in entry.patch_files()}
     paths = sorted({p for info in patches.values() for p in info.files})
-    with tempfile.TemporaryDirectory(prefix="c128plan-") as tmp:
+    with procs.scratch("c128plan-") as tmp:
         return select_variant(git, entry, target, ReplayedTree(git, target, paths, Path(tmp)), patches)
 
 
@@ -468,7 +468,7 @@ def plan(series: Series, git: Git, target: str) -> list[Planned]:
     out = []
     tieable = [v for e in entries if len(e.patch_files()) > 1 for v in e.patch_files()]
     distances = functools.cache(lambda: base_distances(git, tieable, target))
-    with tempfile.TemporaryDirectory(prefix="c128plan-") as tmp:
+    with procs.scratch("c128plan-") as tmp:
         tree = ReplayedTree(git, target, paths, Path(tmp))
         for entry in entries:
             if entry.is_patch:
@@ -523,7 +523,7 @@ def refuse_encoding_at(git: Git, treeish: str, paths: list[str]) -> None:
     names = [f"{d}/.gitattributes" if d != "." else ".gitattributes"
              for d in dict.fromkeys(str(PurePosixPath(p).parent) for p in prefixes(paths))]
     found = ls_tree(git, treeish, names)
-    with tempfile.TemporaryDirectory(prefix="c128attr-") as tmp:  # those files alone, in a private index
+    with procs.scratch("c128attr-") as tmp:  # those files alone, in a private index
         idx = git.with_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
         cacheinfo = [a for n, m in found.items() if m[1] == "blob" for a in ("--cacheinfo", f"{m[0]},{m[2]},{n}")]
         if cacheinfo:  # (arguments, no stdin: one pipe fewer; `ulimit -n` low is refused after the clone)

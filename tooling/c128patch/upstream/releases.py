@@ -40,7 +40,7 @@ from packaging.tags import Tag, sys_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from c128patch import jsonio
+from c128patch import jsonio, procs
 from c128patch.errors import C128Error
 from c128patch.git import Git, blob_id
 from c128patch.jsonio import write_atomic
@@ -178,7 +178,7 @@ def pip_download(version: str, extra: tuple[str, ...] = (), progress: Progress |
     """``pip download`` one sglang wheel into the cache; (ok, pip's last line); ``progress`` hears the bytes."""
     dest = ensure_folder(cache_dir() / "wheels")
     # each finished wheel renamed in from a folder of its own: a killed download leaves no partial wheel
-    with tempfile.TemporaryDirectory(prefix=".download-", dir=dest) as tmp:
+    with procs.scratch(".download-", dest) as tmp:
         ok, last = _pip_download_into(Path(tmp), version, extra, progress)
         if ok:
             for wheel in Path(tmp).glob("*.whl"):

@@ -8,10 +8,10 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from c128patch import procs
 from c128patch.errors import C128Error
 from c128patch.git import Git, GitError, refuse_git_dir, work_tree_top
 from c128patch.progress import NullReporter, Reporter, echo
@@ -224,7 +224,7 @@ def fetch_into(git: Git, source: str, commit: str, tags: bool = False) -> None:
     url rewrite, a transport's program, an alternate-refs command would run a program there): run in an empty
     repository whose object store is the tree's, the tags then written by ``update-ref``."""
     objects = git.cwd / git.out("rev-parse", "--git-path", "objects")
-    with tempfile.TemporaryDirectory(prefix="c128patch-fetch-") as empty:
+    with procs.scratch("c128patch-fetch-") as empty:
         Git().run("init", "--quiet", "--bare", empty)
         shim = Git(git_dir=Path(empty), env={"GIT_OBJECT_DIRECTORY": str(objects.resolve())})
         shim.run("fetch", "--quiet", "--no-write-fetch-head", "--", source, commit,

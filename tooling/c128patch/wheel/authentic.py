@@ -9,7 +9,6 @@ with those bytes, plus the provenance and SBOM. No file the series does not touc
 from __future__ import annotations
 
 import re
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from packaging.version import InvalidVersion, Version
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
+from c128patch import procs
 from c128patch.errors import C128Error
 from c128patch.series.manifest import sha256_file
 from c128patch.upstream.releases import PACKAGE, WheelTarget, WheelZip, cached_wheel, local_wheels, pip_download
@@ -141,7 +141,7 @@ def check_authentic(wheel: Path, hashes: dict[str, str], dist_info: str, version
     with WheelZip(upstream_wheel) as up:
         check_archive(up.infolist(), upstream_wheel)
         expected = _expected(up, upstream_wheel, dist_info, version)
-        with tempfile.TemporaryDirectory(prefix="c128patch-authentic-") as tmp:
+        with procs.scratch("c128patch-authentic-") as tmp:
             scratch = Path(tmp) / "tree"
             scratch.mkdir()
             git = loose_git(scratch)

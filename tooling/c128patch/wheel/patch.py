@@ -9,7 +9,6 @@ is written reproducibly.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Callable, Sequence
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from c128patch import exitcodes
+from c128patch import exitcodes, procs
 from c128patch.errors import C128Error, ConflictError
 from c128patch.git import Git
 from c128patch.ops.check import release_support_note
@@ -167,7 +166,7 @@ def _member_text(root: Path, rel: str) -> str | None:
 def _overlay_diff(root: Path, target: str, source: Path | None) -> bytes:
     """A git new-file diff adding ``target`` as ``root`` holds it; with ``source`` (an overlay a later entry, a layer's,
     edits), as the overlay writes it: the chain's step (verify-wheel takes the later diffs back, then hashes it)."""
-    with tempfile.TemporaryDirectory(prefix="c128patch-overlay-") as tmp:
+    with procs.scratch("c128patch-overlay-") as tmp:
         if source is not None:
             root = Path(tmp)
             (root / target).parent.mkdir(parents=True)

@@ -18,7 +18,6 @@ import re
 import shutil
 import stat
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Callable
 
 from packaging.version import InvalidVersion, Version
 
+from c128patch import procs
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.ops.applier import Apply
@@ -189,7 +189,7 @@ def _label_and_verify(built: Path, out_dir: Path, series: Series, planned: list[
     """The built wheel given its label, provenance and SBOM, verified, then moved into ``out_dir``."""
     reporter.step("adding provenance and SBOM")
     out_dir.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".c128patch-stage-", dir=out_dir))
+    stage = Path(procs.scratch_dir(".c128patch-stage-", out_dir))
     try:
         with InWheel(built) as iw:
             ancestor = Ancestor(PACKAGE, str(base), commit=info["commit"])

@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 import time
 import zipfile
 import zlib
@@ -36,7 +35,7 @@ from c128patch import exitcodes
 from c128patch.errors import C128Error, need_file
 from c128patch.git import folded_name, is_git_dir_name
 from c128patch.ops.treestate import fault_point
-from c128patch.procs import named, sweep_stale
+from c128patch.procs import scratch_dir
 from c128patch.upstream.releases import BINARY_SUFFIXES, WheelZip
 
 
@@ -198,8 +197,7 @@ class InWheel:
 
     def __enter__(self) -> "InWheel":
         self._zip = WheelZip(self.wheel)
-        sweep_stale(Path(tempfile.gettempdir()), "c128patch-wheel-")
-        self._tmp = Path(tempfile.mkdtemp(prefix=named("c128patch-wheel-")))
+        self._tmp = Path(scratch_dir("c128patch-wheel-"))
         self.root = self._tmp / "wheel"  # the wheel as a folder
         try:
             check_archive(self._zip.infolist(), self.wheel)
@@ -285,8 +283,7 @@ class InWheel:
         dest = dest_dir / self.name.filename(version)
         created = not dest_dir.exists()
         dest_dir.mkdir(parents=True, exist_ok=True)
-        sweep_stale(dest_dir, TEMP_PREFIX)  # a killed run's partial wheel
-        work = Path(tempfile.mkdtemp(prefix=named(TEMP_PREFIX), dir=dest_dir))
+        work = Path(scratch_dir(TEMP_PREFIX, dest_dir))  # a killed run's partial wheel swept first
         try:
             part = work / dest.name  # WheelFile takes the .dist-info name from the file name
             self._write(part, epoch)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
 import unicodedata
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -24,6 +23,7 @@ from packaging.version import InvalidVersion, Version
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
+from c128patch import procs
 from c128patch.errors import C128Error, need_file
 from c128patch.series.layers import layer_rows
 from c128patch.series.manifest import Series
@@ -296,7 +296,7 @@ def _check_effects(iw: InWheel, record: dict, diffs: list[bytes]) -> tuple[list[
                                       " (the SBOM or the provenance was edited)")
     compiled = _compile(iw, [p for p in touched if p in iw.members()])
     rows = []
-    with tempfile.TemporaryDirectory(prefix="c128patch-verify-") as tmp:
+    with procs.scratch("c128patch-verify-") as tmp:
         scratch = Path(tmp) / "tree"  # a copy: the reverse chain must not change the wheel's view
         for path in touched:
             if (iw.root / path).is_file():
