@@ -597,12 +597,13 @@ def test_a_probe_that_floods_its_output_or_leaves_a_child_holding_it_is_answered
     pids = tmp_path / "pids"
     left = ("import os, sys, time\nmark = sys.stdin.readline().strip()\nif os.fork() == 0:\n    os.setsid()\n"
             "    if os.fork() == 0:\n"
-            f"        open({str(pids)!r}, 'a').write('%d\\n' % os.getpid())\n        time.sleep(30)\n"
+            f"        open({str(pids)!r}, 'a').write(os.readlink('/proc/self') + '\\n')\n        time.sleep(30)\n"
             "    os._exit(0)\ntime.sleep(0.5)\nprint(mark, '{\"ok\": 1}', flush=True)\n")
     started = time.monotonic()
     got = serving.ask(sys.executable, left, [], 20)
     assert got.data == {"ok": 1} and not got.error and time.monotonic() - started < 10, got
     (pid,) = map(int, pids.read_text().split())  # the daemon it left (a double fork, a session of its own): ended
+    # (its pid as the host's /proc says it: in the probe's pid namespace, os.getpid() is that namespace's)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
 
@@ -619,7 +620,8 @@ def test_the_first_probe_what_is_installed_has_the_probes_guarantees(tmp_path: P
     pids, seen = tmp_path / "pids", tmp_path / "seen"
     python = tmp_path / "python"
     python.write_text(f'#!/bin/sh\necho "${{HF_TOKEN:-none}}" > {seen}\n'
-                      f'setsid sh -c \'echo $$ >> {pids}; exec sleep 30\' &\nexec {sys.executable} "$@"\n')
+                      f'setsid sh -c \'read -r p _ < /proc/self/stat; echo $p >> {pids}; exec sleep 30\' &\n'
+                      f'exec {sys.executable} "$@"\n')  # (its pid as the host's /proc says it)
     python.chmod(0o755)
     started = time.monotonic()
     found = install.probe(str(python))
@@ -680,3 +682,39 @@ def test_a_probe_keeps_no_credential_a_kept_name_begins_or_a_family_holds(monkey
     got = serving.ask(sys.executable, tell, [], 30)
     assert not got.error and not set(secrets_) & set(got.data), got
     assert {k: got.data.get(k) for k in kept} == kept, got
+
+
+def test_a_daemon_a_probe_forks_dies_when_doctor_is_sigkilled(tmp_path: Path):
+    """A probe that forks a daemon (double fork, ``setsid``) then doctor SIGKILLed: the daemon ran on (``_reaping``
+    ends it only while doctor lives; no pid namespace). The probe now runs as the first process of a pid namespace
+    of its own (``serving.contained``): killing doctor kills it, and it all it forked."""
+    if serving.contained()[1]:
+        pytest.skip(f"no pid namespace here: {serving.contained()[1]}")
+    pids = tmp_path / "pids"
+    left = ("import os, sys, time\nsys.stdin.readline()\nif os.fork() == 0:\n    os.setsid()\n"
+            "    if os.fork() == 0:\n"
+            f"        open({str(pids)!r}, 'a').write(os.readlink('/proc/self') + '\\n')\n        time.sleep(60)\n"
+            "    os._exit(0)\ntime.sleep(60)\n")
+    doctor = subprocess.Popen([sys.executable, "-c", "import sys; from c128patch.serve import serving; "
+                               "serving.ask(sys.executable, sys.argv[1], [], 120)", left])
+    until = time.monotonic() + 60
+    while not (pids.exists() and pids.read_text().endswith("\n")) and time.monotonic() < until:
+        time.sleep(0.05)
+    doctor.kill()
+    doctor.wait()
+    found = pids.read_text().split()  # (its pid as this namespace's /proc says it: /proc/self)
+    assert found, "the probe forked no daemon"
+    for _ in range(50):  # the namespace's processes are killed as its first one dies
+        found = [p for p in found if Path(f"/proc/{p}").exists()]
+        if not found:
+            break
+        time.sleep(0.1)
+    assert found == [], found
+
+
+def test_where_the_probes_cannot_have_a_pid_namespace_doctor_says_so(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(doctor_module, "contained", lambda: ([], "unshare: Operation not permitted"))
+    res = invoke("doctor", "--python", sys.executable, as_json=False)
+    assert ("the probes run without a pid namespace of their own here (unshare: Operation not permitted)"
+            in res.text), res.text

@@ -25,7 +25,7 @@ from c128patch.series.gates import Gate
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import record_problem
 from c128patch.serve.install import Dist, Interpreter, installer, probe
-from c128patch.serve.serving import ONLINE_C128_DSPARK_RULES, Serving, probe_install, probe_serving
+from c128patch.serve.serving import ONLINE_C128_DSPARK_RULES, Serving, contained, probe_install, probe_serving
 from c128patch.smoke.device import nvidia_smi, probe_nvcc
 from c128patch.smoke.trees import read_json
 from c128patch.textsafe import count, shell_join, some
@@ -85,6 +85,10 @@ def diagnose(python: str, launch_args: Sequence[str], series: Series | None) -> 
     interp = probe(python)
     report.python = {k: getattr(interp, k) for k in ("executable", "version", "tag", "platform")}
     report.add("ok", "python", f"{interp.executable}: Python {interp.version} ({interp.tag}, {interp.platform})")
+    if contained()[1]:
+        report.add("warn", "probes", f"the probes run without a pid namespace of their own here ({contained()[1]}): "
+                                     "a process the install forks into a session of its own is ended when a probe "
+                                     "ends, but outlives doctor if doctor is killed (SIGKILL)")
     sg = interp.dists.get("sglang")
     readings: list[EnvReading] = []
     if sg is None:

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import functools
 import json
 import os
 import re
 import secrets
 import selectors
+import shutil
 import signal
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -210,8 +214,13 @@ def _run(python: str, args: list[str], timeout: float, line: str) -> subprocess.
     memory)."""
     deadline, got = time.monotonic() + timeout, {1: bytearray(), 2: bytearray()}
     env = {k: v for k, v in os.environ.items() if k in KEEP or k.startswith(FAMILIES) and not _CREDENTIAL.search(k)}
-    with _reaping(), Group([python, "-c", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-               env=env) as proc:
+    prefix = contained()[0]
+    if prefix:  # what Popen says of a program it cannot run (``unshare`` would run, then fail to)
+        path = python if "/" in python else shutil.which(python) or python
+        if not stat.S_ISREG(os.stat(path).st_mode) or not os.access(path, os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    with _reaping(), Group([*prefix, python, "-c", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, env=env) as proc:
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.write(line.encode())
             proc.stdin.close()
@@ -235,6 +244,30 @@ def _run(python: str, args: list[str], timeout: float, line: str) -> subprocess.
         code = proc.wait(max(0.0, deadline - time.monotonic()))
     text = [bytes(got[n]).decode(errors="replace") for n in (1, 2)]
     return subprocess.CompletedProcess([python], code, *text)
+
+
+@functools.cache
+def contained() -> tuple[list[str], str]:
+    """(the prefix that runs a probe as the first process of a pid namespace of its own, ""), or ([], why not here).
+    In one, all the probe forks dies with it, a daemon (double fork, ``setsid``) too, even when doctor is SIGKILLed
+    (``unshare`` dies with us: ``procs.Group``; its child, the namespace's first process, with it: ``--kill-child``);
+    without, ``_reaping`` ends them only while doctor lives."""
+    why = "no unshare"
+    for user in ((), ("--user", "--map-current-user"), ("--user", "--map-root-user")):
+        if not user and os.geteuid() != 0:
+            continue
+        argv = ["unshare", *user, "--pid", "--fork", "--kill-child"]
+        try:
+            with Group([*argv, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE) as proc:
+                _, err = proc.communicate(timeout=10)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            why = str(exc)
+            continue
+        if proc.returncode == 0:
+            return argv, ""
+        why = (err.decode(errors="replace").strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+    return [], why
 
 
 @contextlib.contextmanager
