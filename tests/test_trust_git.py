@@ -1487,3 +1487,47 @@ def test_a_folder_inside_a_work_tree_is_no_repo_and_no_tree_to_apply_to(series, 
                  ["check", "--sglang-rev", "v0.5.23", "--repo", inside, "--series", series]):
         refused(args, tree, f"is a folder inside the work tree {tree}, not its top")
     assert not (inside / "python").exists()
+
+
+def test_an_overlay_file_is_staged_as_its_bytes_whatever_the_trees_attributes(tmp_path):
+    """`plan.written_blob` and `plan._probe_apply` ran `git hash-object -w -- FILE` without `--no-filters`: the target
+    tree's committed `.gitattributes` (`* text ident`), its `.git/info/attributes` or `core.autocrlf=true` (an upstream
+    commits one, or the operator's clone has it) turned an overlay file's CRLF into LF and its `$Id: ...$` into
+    `$Id$`: the commit and the probe held other bytes than the series' file. Staged as its bytes now."""
+    from types import SimpleNamespace
+
+    from c128patch.git import blob_id
+    from c128patch.series.plan import _probe_apply, written_blob
+
+    repo = tmp_path / "r"
+    git = Git(worktree=repo)
+    repo.mkdir()
+    git.run("init", "-q")
+    (repo / ".gitattributes").write_bytes(b"* text ident\n")
+    git.run("add", ".gitattributes")
+    git.run("commit", "-qm", "c")
+    (repo / ".git" / "info").mkdir(exist_ok=True)
+    (repo / ".git" / "info" / "attributes").write_text("* text eol=crlf\n")
+    git.run("config", "core.autocrlf", "true")
+    overlay = tmp_path / "series" / "overlay.py"
+    overlay.parent.mkdir()
+    overlay.write_bytes(b"# $Id: 0123456789 $\r\nA = 1\r\n")
+    want = blob_id(overlay.read_bytes())
+    assert written_blob(git, overlay) == want
+    idx = git.with_env(GIT_INDEX_FILE=str(tmp_path / "probe.index"))
+    _probe_apply(idx, SimpleNamespace(patch=None, path=overlay, entry=SimpleNamespace(target="python/overlay.py")))
+    assert idx.out("ls-files", "-s").split()[1] == want
+
+
+def test_extract_from_a_repository_whose_path_holds_a_newline(tmp_path):
+    """`Git.extract` borrowed the objects through an alternates file, one path a line: a repository (or the release
+    cache) whose path holds a newline was "object directory ... does not exist". GIT_OBJECT_DIRECTORY names it."""
+    repo = tmp_path / "a\nb" / "r"
+    repo.mkdir(parents=True)
+    git = Git(worktree=repo)
+    git.run("init", "-q")
+    (repo / "a.txt").write_bytes(b"hi\n")
+    git.run("add", "a.txt")
+    git.run("commit", "-qm", "c")
+    git.extract("HEAD", ".", tmp_path / "out")
+    assert (tmp_path / "out" / "a.txt").read_bytes() == b"hi\n"

@@ -460,8 +460,9 @@ class Git:
             (shell / "objects" / "info").mkdir(parents=True)
             (shell / "refs").mkdir()
             (shell / "HEAD").write_text("ref: refs/heads/none\n")
-            (shell / "objects" / "info" / "alternates").write_text(f"{(self.cwd / objects).resolve()}\n")
-            private = Git(git_dir=shell, env={"GIT_INDEX_FILE": str(Path(tmp) / "index")})
+            # its objects named by GIT_OBJECT_DIRECTORY, not an alternates file (a path holding a newline broke it)
+            private = Git(git_dir=shell, env={"GIT_INDEX_FILE": str(Path(tmp) / "index"),
+                                              "GIT_OBJECT_DIRECTORY": str((self.cwd / objects).resolve())})
             prefix = [] if path == "." else [f"--prefix={path.rstrip('/')}/"]
             top = ["-c", "core.symlinks=false", "--work-tree", str(dest.resolve())]
             private.run(*top, "read-tree", *prefix, tree)

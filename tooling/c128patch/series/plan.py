@@ -179,7 +179,7 @@ def written_blob(git: Git, path: Path) -> str:
     """``git hash-object -w`` of ``path``, once per process for the same content."""
     key = (str(git.cwd), git.env.get("GIT_DIR", str(git.git_dir)), str(path), blob_id(path.read_bytes()))
     if key not in _WRITTEN:
-        _WRITTEN[key] = git.out("hash-object", "-w", "--", str(path))
+        _WRITTEN[key] = git.out("hash-object", "-w", "--no-filters", "--", str(path))
     return _WRITTEN[key]
 
 
@@ -286,7 +286,7 @@ def plain_patch(patch: PatchInfo) -> bool:
 def _probe_apply(idx: Git, item: Planned) -> bool:
     """``item`` on the probe; True: it applied strictly."""
     if item.patch is None:
-        sha = idx.out("hash-object", "-w", "--", str(item.path))
+        sha = idx.out("hash-object", "-w", "--no-filters", "--", str(item.path))
         idx.run("update-index", "--add", "--cacheinfo", f"100644,{sha},{item.entry.target}")
     elif not idx.ok("apply", "--cached", str(item.path)):
         idx.run("apply", "--cached", "--3way", str(item.path), check=False)  # a conflict stays unknown
