@@ -1531,3 +1531,34 @@ def test_extract_from_a_repository_whose_path_holds_a_newline(tmp_path):
     git.run("commit", "-qm", "c")
     git.extract("HEAD", ".", tmp_path / "out")
     assert (tmp_path / "out" / "a.txt").read_bytes() == b"hi\n"
+
+
+def test_extract_onto_a_full_disk_says_so(tmp_path, monkeypatch):
+    """`treecheck` with TMPDIR on a nearly full disk (2 MiB of room for sglang's 87 MB): "git -c core.symlinks=false
+    --work-tree failed: error: unable to write file python/...": git names no errno. It says the disk is full."""
+    import collections
+
+    import c128patch.git as git_module
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git = Git(worktree=repo)
+    git.run("init", "-q")
+    (repo / "python").mkdir()
+    (repo / "python" / "a.py").write_bytes(b"A = 1\n")
+    git.run("add", "python/a.py")
+    git.run("commit", "-qm", "c")
+    dest = tmp_path / "out"
+    dest.mkdir()
+    real = Git.run
+
+    def run(self, *args, **kw):  # git's own words on a full disk
+        if "checkout-index" in args:
+            raise GitError(["git", *args], 128, "error: unable to write file python/a.py\n")
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Git, "run", run)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(git_module.shutil, "disk_usage", lambda p: usage(1 << 30, 1 << 30, 4096))
+    with pytest.raises(C128Error, match=r"cannot write the files into .*out: no space left on its disk \(4 KiB free\)"):
+        git.extract("HEAD", ".", dest)

@@ -203,6 +203,18 @@ class GitError(C128Error):
         super().__init__(f"git {' '.join(args[:3])} failed: {detail}")
 
 
+def _full(exc: GitError, dest: Path) -> C128Error:
+    """git's "unable to write file" said as what it is where the disk holding ``dest`` is full (git names no errno)."""
+    try:
+        free = shutil.disk_usage(dest).free
+    except OSError:
+        return exc
+    if free >= 1 << 20:
+        return exc
+    return C128Error(f"cannot write the files into {dest}: no space left on its disk ({free >> 10} KiB free); "
+                     "free some, or point TMPDIR at a folder with room where it is a scratch folder")
+
+
 def git_reason(text: str) -> str:
     """git's reason in one line: its first ``error:``/``fatal:`` line with the first path it lists after it (git
     ends with a bare "Aborting"), else its last line."""
@@ -471,7 +483,10 @@ class Git:
                      and not meta.startswith("160000")]
             if attrs:
                 private.run("update-index", "--force-remove", "--", *(n for _, n in attrs))
-            private.run(*top, "checkout-index", "-a", "-f")
+            try:
+                private.run(*top, "checkout-index", "-a", "-f")
+            except GitError as exc:
+                raise _full(exc, dest) from None
             for blob, name in attrs:
                 (dest / name).parent.mkdir(parents=True, exist_ok=True)
                 (dest / name).write_bytes(private.run("cat-file", "blob", blob, binary=True).stdout)
