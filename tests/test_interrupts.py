@@ -301,3 +301,19 @@ def test_a_sigkilled_applys_template_and_plan_folders_are_swept_by_the_next_appl
     again = cli_process([*args, "--tree", tmp_path / "t2"], {"TMPDIR": str(scratch)})
     assert again.returncode == 0, again.stderr
     assert list(scratch.iterdir()) == [], list(scratch.iterdir())
+
+
+@pytest.mark.parametrize("point", ["at:proof", "after:provenance"])
+def test_a_signal_during_watchs_apply_at_its_base_claims_no_outcome(sglang_release_repo, tmp_path, point):
+    """SIGHUP while watch's apply at the base proved its tree (6 s in): watch caught the apply's "interrupted
+    (SIGHUP): the series is applied ... but its proof was cut short; prove it with `c128patch status --tree
+    <scratch>`" as a finding, reported `failed` (exit 6) and wrote watch-report.md naming a tree it then removed."""
+    scratch, out = tmp_path / "tmp", tmp_path / "out"
+    scratch.mkdir()
+    proc = cli_process(["watch", "--onto", "v0.5.21", "--repo", sglang_release_repo, "--out", out, "--no-run"],
+                       {"TMPDIR": str(scratch), FAULT_ENV: f"sighup-{point}"})
+    assert proc.returncode == SIGNAL + signal.SIGHUP, (proc.returncode, proc.stderr)
+    assert "c128patch: interrupted (SIGHUP): no outcome" in proc.stderr, proc.stderr
+    assert "failed" not in proc.stdout + proc.stderr, (proc.stdout, proc.stderr)
+    assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()], list(out.rglob("*"))
+    assert list(scratch.iterdir()) == [], list(scratch.iterdir())

@@ -45,6 +45,11 @@ class Interrupted(C128Error):
         error.exit_code = SIGNAL + signum
         return error
 
+    def stop(self) -> KeyboardInterrupt:
+        """The signal this stands for: a caller that ran the interrupted work in a scratch folder of its own
+        (``watch``) unwinds by it, "no outcome", never a finding naming a folder that goes."""
+        return KeyboardInterrupt(self.exit_code - SIGNAL if self.exit_code > SIGNAL else signal.SIGINT)
+
 
 def what_is(path: object) -> str:
     """What is at ``path`` when it is not a regular file (for a one-line error): it never opens it (a FIFO: no hang)."""

@@ -41,7 +41,7 @@ from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
 from c128patch import SCHEMA_VERSION, exitcodes
-from c128patch.errors import C128Error, ConflictError, DifferenceError
+from c128patch.errors import C128Error, ConflictError, DifferenceError, Interrupted
 from c128patch.fit import bisect as bisect_ops
 from c128patch.fit import contract as contract_ops
 from c128patch.fit import copies
@@ -162,6 +162,7 @@ class Watch:
             applied = Apply(git, mine, self).start(Target(series.base, base_commit, self.info["upstream"]["source"]),
                                                    branch=BRANCH, fresh_clone=True)
         except C128Error as exc:
+            _not_a_signal(exc)
             return {**self._report("failed", [f"the series does not apply at its own base {series.base}: "
                                               f"{exc.message}"]), "json": {}}
 
@@ -190,6 +191,7 @@ class Watch:
                 found = bisect_ops.bisect(series, self.repo, self.onto, timeout=BISECT_TIMEOUT, behaviour=behaviour,
                                           python=self.python)
             except C128Error as exc:
+                _not_a_signal(exc)
                 found = {"found": False, "summary": f"bisect: {exc.message}"}
             report["bisect"] = {**found, "bound_s": BISECT_TIMEOUT}
         report["json"] = final
@@ -246,6 +248,7 @@ class Watch:
             ours = copies.hooked(git, self.at_base) if onto_commit != base else []  # (no range: no copies)
             fit = bisect_ops.fit_check(self.series, git, base, onto_commit, head, ours, review)
         except C128Error as exc:
+            _not_a_signal(exc)
             return {"broken": True, "verdict": exc.message, "failing": [exc.message], "next": [], "json": {}}
         nxt = [f"{fix} --verbose", "# fix what it names (a copy of a file we patch: carry our hooks there too); for "
                "a changed signature that still fits, after review:", f"{fix} --accept"]
@@ -262,6 +265,7 @@ class Watch:
             return tier_ops.Pending(series, git.worktree, git.changed_files(onto_commit, head), python=self.python,
                                     run_code=self.run_code, reporter=self)
         except C128Error as exc:
+            _not_a_signal(exc)
             return exc.message
 
     def _finish_tier(self, pending: tier_ops.Pending | str | None) -> dict:
@@ -272,6 +276,7 @@ class Watch:
                 raise C128Error(pending or "not started")
             result = pending.finish()
         except C128Error as exc:
+            _not_a_signal(exc)
             return {"ok": False, "ran": False, "verdict": f"not run: {exc.message}", "failed": [], "not_checked": [],
                     "unchecked": [f"behavioural tier: not run: {exc.message}"], "json": {}}
         data = result.to_json()
@@ -324,6 +329,7 @@ class Watch:
             export = refresh_ops.export(target, git, primary=primary, lock_items=contract_ops.lock_items)
             info["changed"], info["notes"] = refresh_ops.write(target, export), export.notes
         except C128Error as exc:
+            _not_a_signal(exc)
             info["problems"].append(f"refresh of the rebased branch refused: {exc.message}")
             return info, target
         new = stack(load_series(target.root), layer_folders(target))
@@ -339,6 +345,7 @@ class Watch:
         try:
             applied = Apply(git, new).start(Target(self.onto, onto_commit), branch=VERIFY_BRANCH)
         except C128Error as exc:
+            _not_a_signal(exc)
             problems.append(f"the refreshed series does not apply on {self.onto}: {exc.message}")
             return info, new
         loose = [r["name"] for r in applied.entries if r["status"] != "skipped" and r.get("applied") != "clean"]
@@ -374,6 +381,7 @@ class Watch:
         try:
             audit = [str(f) for f in audit_branch(series, git, onto_commit, head)]
         except C128Error as exc:
+            _not_a_signal(exc)
             audit = [exc.message]
         out.append({"name": "audit", "ok": not audit, "findings": audit, "notes": []})
         self._step("tree checks")
@@ -523,4 +531,12 @@ def watch(series: Series, repo: str | None, onto: str, out: Path, *, timeout: fl
             raise exc from None
         run.write(report, Path(tmp))
     return report
+
+
+def _not_a_signal(exc: C128Error) -> None:
+    """A signal inside an apply or a series write of watch's own scratch (``Interrupted``: "the series is applied
+    ... prove it with status --tree <scratch>") is the signal, not a finding: watch had reported `failed` (exit 6)
+    naming a tree it then removed."""
+    if isinstance(exc, Interrupted):
+        raise exc.stop() from None
 
