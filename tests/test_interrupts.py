@@ -4,6 +4,7 @@ no scratch folder in the temp folder or --out, writes no report or wheel, claims
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -317,3 +318,46 @@ def test_a_signal_during_watchs_apply_at_its_base_claims_no_outcome(sglang_relea
     assert "failed" not in proc.stdout + proc.stderr, (proc.stdout, proc.stderr)
     assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()], list(out.rglob("*"))
     assert list(scratch.iterdir()) == [], list(scratch.iterdir())
+
+
+def test_a_sigkilled_check_leaves_no_git_remote_helper_on_a_server_that_never_answers(tmp_path):
+    """`check --repo http://HOST/x.git` on a server that accepts and never answers, the tool SIGKILLed: git clone died
+    with it (PR_SET_PDEATHSIG) but its child `git remote-http` ran on for ever, stuck on the socket. A network git runs
+    as the first process of a pid namespace of its own (``procs.Group(contained=True)``): all of it dies with us."""
+    import socket
+
+    from c128patch.procs import contained_prefix
+
+    if contained_prefix()[1]:
+        pytest.skip(f"no pid namespace here: {contained_prefix()[1]}")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/c128-{os.getpid()}.git"
+    proc = subprocess.Popen([sys.executable, "-m", "c128patch", "check", "--repo", url, "--sglang-rev", "v0.5.23"],
+                            env={**os.environ, "C128PATCH_CACHE": str(tmp_path / "cache")}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def helpers(kind: bytes = b"") -> list[str]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError):
+                line = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if url.encode() in line and kind in line:
+                    found.append(pid)
+        return found
+
+    try:
+        until = time.monotonic() + 60
+        while not helpers(b"remote-http") and time.monotonic() < until:
+            time.sleep(0.05)
+        assert helpers(), "git never reached the server"
+        proc.kill()
+        proc.wait()
+        for _ in range(50):
+            if not helpers():
+                break
+            time.sleep(0.1)
+        assert helpers() == []
+    finally:
+        server.close()

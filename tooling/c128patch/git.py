@@ -386,8 +386,8 @@ class Git:
             if timeout is None:
                 proc = subprocess.run(cmd, cwd=self.cwd, env=env, input=input, capture_output=True, text=not binary,
                                       errors=None if binary else "surrogateescape")  # bytes that are not UTF-8: kept
-            else:  # git and its helpers end together past ``timeout`` or on an interrupt
-                proc = procs.run(cmd, timeout, input=input, text=not binary, cwd=self.cwd, env=env)
+            else:  # git and its helpers end together past ``timeout``, on an interrupt, or (contained) when we die
+                proc = procs.run(cmd, timeout, input=input, text=not binary, cwd=self.cwd, env=env, contained=True)
         except OSError as exc:  # (no pipe for git: ``ulimit -n`` too low, a traceback before)
             import errno
             import resource

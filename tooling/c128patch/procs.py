@@ -21,7 +21,11 @@ class Group(subprocess.Popen):
     the child is killed when the tool dies, even by SIGKILL (``PR_SET_PDEATHSIG``): a killed run's clone does not
     write on into the folder the next run removes."""
 
-    def __init__(self, argv: Sequence[str], **kw: Any) -> None:
+    def __init__(self, argv: Sequence[str], *, contained: bool = False, **kw: Any) -> None:
+        """``contained``: ``argv`` the first process of a pid namespace of its own where the host allows it
+        (``contained()``): what it forks dies with it even when we are SIGKILLed (git's remote helper, stuck on a
+        server that never answers, had run on for ever)."""
+        argv = [*contained_prefix()[0], *argv] if contained else argv
         super().__init__(argv, start_new_session=True, preexec_fn=_die_with_parent(), **kw)
 
     def end(self) -> None:
@@ -53,6 +57,30 @@ def _die_with_parent() -> Any:
     except (OSError, AttributeError):
         return None
     return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@functools.cache
+def contained_prefix() -> tuple[list[str], str]:
+    """(the prefix that runs a command as the first process of a pid namespace of its own, ""), or ([], why not here).
+    In one, all it forks (a daemon's double fork, ``setsid``, git's remote helper) dies with it, even when we are
+    SIGKILLed: ``unshare`` dies with us (``Group``), its child, the namespace's first process, with it
+    (``--kill-child``), and the kernel kills the rest of the namespace."""
+    why = "no unshare"
+    for user in ((), ("--user", "--map-current-user"), ("--user", "--map-root-user")):
+        if not user and os.geteuid() != 0:
+            continue
+        argv = ["unshare", *user, "--pid", "--fork", "--kill-child"]
+        try:
+            with Group([*argv, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE) as proc:
+                _, err = proc.communicate(timeout=10)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            why = str(exc)
+            continue
+        if proc.returncode == 0:
+            return argv, ""
+        why = (err.decode(errors="replace").strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+    return [], why
 
 
 def run(argv: Sequence[str], timeout: float | None, *, input: str | bytes | None = None, text: bool = True,

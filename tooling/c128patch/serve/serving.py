@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import functools
 import json
 import os
 import re
@@ -23,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from c128patch.errors import C128Error
-from c128patch.procs import Group
+from c128patch.procs import Group, contained_prefix
 
 # What the probe imports (a test points them at a stand-in where a real install cannot import).
 MODULES = {"package": "sglang", "server_args": "sglang.srt.server_args",
@@ -246,28 +245,7 @@ def _run(python: str, args: list[str], timeout: float, line: str) -> subprocess.
     return subprocess.CompletedProcess([python], code, *text)
 
 
-@functools.cache
-def contained() -> tuple[list[str], str]:
-    """(the prefix that runs a probe as the first process of a pid namespace of its own, ""), or ([], why not here).
-    In one, all the probe forks dies with it, a daemon (double fork, ``setsid``) too, even when doctor is SIGKILLed
-    (``unshare`` dies with us: ``procs.Group``; its child, the namespace's first process, with it: ``--kill-child``);
-    without, ``_reaping`` ends them only while doctor lives."""
-    why = "no unshare"
-    for user in ((), ("--user", "--map-current-user"), ("--user", "--map-root-user")):
-        if not user and os.geteuid() != 0:
-            continue
-        argv = ["unshare", *user, "--pid", "--fork", "--kill-child"]
-        try:
-            with Group([*argv, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE) as proc:
-                _, err = proc.communicate(timeout=10)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            why = str(exc)
-            continue
-        if proc.returncode == 0:
-            return argv, ""
-        why = (err.decode(errors="replace").strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-    return [], why
+contained = contained_prefix  # (doctor's probes: the one probe of the host, procs')
 
 
 @contextlib.contextmanager
