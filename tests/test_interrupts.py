@@ -361,3 +361,19 @@ def test_a_sigkilled_check_leaves_no_git_remote_helper_on_a_server_that_never_an
         assert helpers() == []
     finally:
         server.close()
+
+
+def test_an_interrupted_json_run_prints_its_one_error_object(sglang_release_repo, tmp_path):
+    """docs/schemas/README.md: every `--json` run prints one JSON object on stdout. An interrupted one ("no outcome")
+    printed nothing there (the line on stderr only): a consumer read an empty stdout."""
+    series, tree, hooks = copy_series(tmp_path / "series"), tmp_path / "tree", tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "reference-transaction").write_text("#!/bin/sh\nkill -TERM $(ps -o ppid= $PPID | tr -d ' ')\nsleep 2\n")
+    (hooks / "reference-transaction").chmod(0o755)
+    proc = cli_process(["apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", series, "--json"],
+                       {FAULT_HOOKS_ENV: str(hooks)})
+    assert proc.returncode == SIGNAL + signal.SIGTERM, proc.stderr
+    import json
+
+    said = json.loads(proc.stdout)
+    assert said["ok"] is False and said["error"].startswith("interrupted (SIGTERM): no outcome") and said["schema"]

@@ -132,6 +132,7 @@ def applied_tree_here(verb: str) -> Path | None:
 
 
 _IN_EFFECT: list[Any] = []  # the stack ``load_stack`` gave this run: its layers in an error object too
+_EMITTED: list[bool] = []  # a --json object printed this run (an interrupt after it prints no second one)
 
 
 def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path | None = None,
@@ -203,6 +204,7 @@ def emit_json(data: dict[str, Any], series: Any = None) -> None:
 
     effect = {"layers_in_effect": {"from": getattr(series, "origin", "--layer"), "layers": layer_rows(series)}} \
         if getattr(series, "layers", None) or getattr(series, "origin", "") else {}
+    _EMITTED.append(True)
     click.echo(json.dumps({**effect, **data, "schema": SCHEMA_VERSION}, indent=2, sort_keys=True, default=str))
 
 
@@ -217,6 +219,7 @@ def handles_errors(fn: Callable) -> Callable:
         main = threading.current_thread() is threading.main_thread()
         held = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
         _IN_EFFECT.clear()
+        _EMITTED.clear()
         try:
             _here()
             return fn(*args, **kwargs)
@@ -246,7 +249,10 @@ def handles_errors(fn: Callable) -> Callable:
             sys.exit(exitcodes.USAGE)
         except KeyboardInterrupt as exc:
             signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
-            echo(f"c128patch: interrupted ({signal.Signals(signum).name}): no outcome; its scratch folders are removed")
+            said = f"interrupted ({signal.Signals(signum).name}): no outcome; its scratch folders are removed"
+            if kwargs.get("as_json", False) and not _EMITTED:  # every --json run prints one object (schemas/README)
+                emit_json({"ok": False, "error": said}, _IN_EFFECT[0] if _IN_EFFECT else None)
+            echo(f"c128patch: {said}")
             sys.exit(exitcodes.SIGNAL + signum)
         finally:
             for sig, handler in held.items():
