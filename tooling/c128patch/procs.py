@@ -66,7 +66,8 @@ def contained_prefix() -> tuple[list[str], str]:
     SIGKILLed: ``unshare`` dies with us (``Group``), its child, the namespace's first process, with it
     (``--kill-child``), and the kernel kills the rest of the namespace."""
     why = "no unshare"
-    for user in ((), ("--user", "--map-current-user"), ("--user", "--map-root-user")):
+    # (never --map-root-user: root inside, ssh reads root's ~/.ssh, not the operator's, and a probe sees euid 0)
+    for user in ((), ("--user", "--map-current-user")):
         if not user and os.geteuid() != 0:
             continue
         argv = ["unshare", *user, "--pid", "--fork", "--kill-child"]
