@@ -114,9 +114,16 @@ def named(prefix: str) -> str:
     return f"{prefix}{os.getpid()}-{run_tag()}-"
 
 
+_SWEPT: set[tuple[str, str]] = set()
+
+
 def sweep_stale(folder: Path, prefix: str) -> None:
     """Remove ``<prefix><pid>-<run_tag>-*`` folders in ``folder`` whose process is gone (a killed run's), only ours:
-    of this host and pid namespace, a real folder (no link) the current user owns."""
+    of this host and pid namespace, a real folder (no link) the current user owns; once per folder and prefix in a
+    process (``check`` makes three scratch folders per rev)."""
+    if (str(folder), prefix) in _SWEPT:
+        return
+    _SWEPT.add((str(folder), prefix))
     try:
         candidates = list(folder.glob(f"{prefix}*-*"))
     except OSError:
