@@ -271,3 +271,31 @@ def test_a_series_version_and_a_repos_revision_are_no_markup_in_a_table_title_or
     res = invoke("check", "--series", series, "--repo", sglang_release_repo, "--sglang-rev", "v0.5.23^{/[/x]?sglang}",
                  as_json=False)
     assert res.code in (0, 1) and "series" in res.text and "1[/x]" in res.text and "[/x]?sglang" in res.text, res
+
+
+def test_gates_markdown_shows_a_series_gates_text_as_data(tmp_path):
+    """Helper 147: a series' (or layer's) ``[[gates]]`` text (``enables``, ``notes``, ``default``) reached
+    ``gates --markdown`` (docs/gates.md's table) through ``cell`` alone: its ESC/OSC-8, ``<!--``, ``<img>``,
+    ``@mention``, ``#ref`` and link were live, and a backtick in its default closed the code span."""
+    import shutil
+
+    from c128patch.series.gates import Gate, render_markdown
+
+    series = tmp_path / "s"
+    shutil.copytree(REPO_ROOT / "patches", series / "patches")
+    for part in ("overlay", "csrc"):
+        if (REPO_ROOT / part).exists():
+            shutil.copytree(REPO_ROOT / part, series / part)
+    manifest = series / "patches" / "series.toml"
+    evil = " ".join(HOSTILE).replace("\\", "\\\\").replace('"', '\\"')
+    text = manifest.read_text()
+    manifest.write_text(text.replace('notes = "acts with', 'notes = "' + "".join(
+        f"\\u{ord(c):04x}" if ord(c) < 32 or 0x7f <= ord(c) < 0xa0 else c for c in evil) + ' acts with', 1))
+    assert manifest.read_text() != text
+    res = invoke("gates", "--series", series, "--markdown", as_json=False)
+    assert res.code == 0 and "@maintainers" not in res.text and "fixes #12" not in res.text, res
+    _inert(res.text)
+    gate = Gate("SGLANG_X", "series", "str", '"`x` <img src=x onerror=alert(1)>"', "<!-- @a #1", notes="x | y")
+    _inert(rendered := render_markdown([gate], {}))
+    assert rendered.count(" | ") == render_markdown([Gate("SGLANG_X", "series", "str", '"a"', "b", notes="c")],
+                                                     {}).count(" | "), rendered

@@ -34,7 +34,7 @@ from typing import Any
 
 from c128patch.errors import C128Error
 from c128patch.series.paths import duplicates
-from c128patch.textsafe import cell, md
+from c128patch.textsafe import cell, md, md_cell
 
 DECLARERS = ("series", "upstream")
 TYPES = {"bool": "EnvBool", "str": "EnvStr", "int": "EnvInt", "float": "EnvFloat"}
@@ -200,9 +200,9 @@ def render_markdown(gates: list[Gate], entry_gates: dict[str, str]) -> str:
     for g in gates:
         entries = ", ".join(f"`{e}`" for e, gate in entry_gates.items() if gate == g.name) or "-"
         lines.append("| " + " | ".join([
-            f"`{g.name}`", g.declared_by, f"`{g.default}` ({_kind(g)})", cell(g.enables),
+            f"`{g.name}`", g.declared_by, f"{cell(md(g.default))} ({_kind(g)})", md_cell(g.enables),
             ", ".join(f"`{n}`" for n in g.requires) or "-", ", ".join(f"`{n}`" for n in g.conflicts) or "-",
-            entries, cell(g.notes) or "-"]) + " |")
+            entries, md_cell(g.notes) or "-"]) + " |")  # a series' or layer's text is data (docs/security.md)
     return "\n".join(lines) + "\n"
 
 
