@@ -299,3 +299,21 @@ def test_gates_markdown_shows_a_series_gates_text_as_data(tmp_path):
     _inert(rendered := render_markdown([gate], {}))
     assert rendered.count(" | ") == render_markdown([Gate("SGLANG_X", "series", "str", '"a"', "b", notes="c")],
                                                      {}).count(" | "), rendered
+
+
+def test_smoke_upstreams_table_shows_a_tests_id_and_exception_text_as_data(capsys):
+    """Helper 147: ``smoke upstream``'s table put an upstream test's id and its exception text (the target's) in rich
+    cells as markup: ``[link=...]`` was a live link, ``[bold]`` styled, ESC/OSC-8 and U+202E reached the terminal."""
+    from pathlib import Path
+
+    from c128patch.smoke.render import print_upstream
+
+    evil = "t[\x1b]8;;http://evil\x1b\\x\x1b]8;;\x1b\\ [link=http://evil.example]click[/link] [bold]B[/bold] \u202e]"
+    report = {"tree": "T[/x]", "upstream_tree": "U", "selection": {"selected": [1], "scanned": 1, "scope": "x"},
+              "tests": [{"id": "test_a.py::" + evil, "patched": "failed", "upstream": "passed", "verdict": "regressed",
+                         "reason": None, "patched_message": "AssertionError: " + evil}],
+              "trees": {}, "device": {}, "counts": {"regressed": 1}, "notes": [], "problems": [], "ok": False}
+    print_upstream(report, Path("r.json"), "r.txt")
+    out = capsys.readouterr().out
+    assert not any(c in out for c in CONTROLS), out
+    assert out.count("[link=http://evil.example]click[/link] [bold]B[/bold]") == 3 and "T[/x] vs U" in out, out

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from c128patch.progress import console
 from c128patch.smoke.device import describe
@@ -23,7 +24,7 @@ def _styled(text: str) -> str:
     return f"[{style}]{text}[/{style}]" if style else text
 
 
-def _table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> Table:
+def _table(title: "str | Text", columns: tuple[str, ...], rows: "list[list[str | Text]]") -> Table:
     table = Table(title=title)
     for col in columns:
         table.add_column(col, overflow="fold")
@@ -91,7 +92,7 @@ def print_kernel(report: dict[str, Any], path: Path) -> None:
         diff = "differential" in report
         columns = ("test", "patched", "s", *(("upstream", "s", "verdict") if diff else ()),
                    *(label.removeprefix("patched-") for label in san_labels))
-        table = Table(title=f"GPU suite: {report['tree']}")
+        table = Table(title=text(f"GPU suite: {report['tree']}"))
         for col in columns:  # the times right-aligned, the test ids folded
             table.add_column(col, justify="right" if col == "s" else "left",
                              overflow="fold" if col == "test" else "ellipsis")
@@ -109,10 +110,11 @@ def print_kernel(report: dict[str, Any], path: Path) -> None:
 
 def print_upstream(report: dict[str, Any], path: Path, result: str) -> None:
     print_failing([(r["id"], r["patched"]) for r in report["tests"]])
-    rows = [[r["id"], _styled(r["patched"]), _styled(r["upstream"]), _styled(r["verdict"] or ""),
-             (r.get("reason") or ("" if r["verdict"] == "same" else r.get("patched_message")
-                                  or r.get("upstream_message", "")))[:160]] for r in report["tests"]]
-    table = _table(f"upstream's own tests: {report['tree']} vs {report['upstream_tree']}",
+    # a test's id and its exception text are the target's: literal, no control (``[link=...]`` was a live link)
+    rows = [[text(r["id"]), _styled(r["patched"]), _styled(r["upstream"]), _styled(r["verdict"] or ""),
+             text((r.get("reason") or ("" if r["verdict"] == "same" else r.get("patched_message")
+                                       or r.get("upstream_message", "")))[:160])] for r in report["tests"]]
+    table = _table(text(f"upstream's own tests: {report['tree']} vs {report['upstream_tree']}"),
                    ("test", "patched", "unpatched", "verdict", "why"), rows)
     s = report["selection"]
     lines = [f"selected {len(s['selected'])} of {s['scanned']} test files under {s['scope']}"]
