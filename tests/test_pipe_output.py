@@ -279,3 +279,20 @@ def test_output_to_a_closed_stdout_is_one_line_and_never_exit_0(args):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == "c128patch: error: its output could not be written to stdout (stdout is closed): " \
                           "what it said is lost\n", proc.stderr
+
+
+def test_pythoninspect_in_the_operators_environment_keeps_each_verbs_exit_code(tmp_path):
+    """Helper 147: with ``PYTHONINSPECT=1`` in the environment the interpreter takes no ``SystemExit``: every verb
+    exited 1 with a SystemExit traceback (``capacity`` and a refused ``check`` alike: the verbs' codes, watch's
+    verdicts, were lost) and, on a terminal, opened a prompt where ``PYTHONSTARTUP`` ran."""
+    startup, ran = tmp_path / "startup.py", tmp_path / "ran.txt"
+    startup.write_text(f"open({str(ran)!r}, 'w').write('ran')\n")
+    env = {**os.environ, "PYTHONINSPECT": "1", "PYTHONSTARTUP": str(startup)}
+    for verb, code in ((["capacity", "--budget-gib", "10"], 0), (["check", "--sglang-rev", "no-such-rev"], 2),
+                       (["lint", "--offline", "--series", str(tmp_path / "none")], 2)):
+        run = subprocess.run([sys.executable, "-m", "c128patch", *verb], env=env, capture_output=True, text=True,
+                             timeout=120, stdin=subprocess.DEVNULL, cwd=tmp_path)
+        assert run.returncode == code and "Traceback" not in run.stderr and "SystemExit" not in run.stderr, (
+            verb, run.returncode, run.stderr)
+        assert code == 0 or run.stderr.startswith("c128patch: error: "), (verb, run.stderr)
+    assert not ran.exists()

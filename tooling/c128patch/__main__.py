@@ -78,16 +78,37 @@ def main() -> None:
     if closed[2]:
         sys.stderr = open(2, "w", closefd=False)
     out = sys.stdout = ReaderGone(sys.stdout, closed[1]) if sys.stdout is not None else None  # type: ignore[assignment]
+    inspected = sys.flags.inspect and os.environ.pop("PYTHONINSPECT", "")  # the operator's environment, not ``-i``
     try:
-        cli.main()  # click exits with the command's code
+        try:
+            cli.main()  # click exits with the command's code
+        except SystemExit as done:
+            if out is not None:
+                out.flush()
+            if out is not None and out.lost:
+                print(f"c128patch: error: its output could not be written to stdout ({out.lost}): what it said is lost",
+                      file=sys.stderr)
+                raise SystemExit(done.code or 2) from None  # (exitcodes.USAGE: the machine's failure, not the work's)
+            raise
     except SystemExit as done:
-        if out is not None:
-            out.flush()
-        if out is not None and out.lost:
-            print(f"c128patch: error: its output could not be written to stdout ({out.lost}): what it said is lost",
-                  file=sys.stderr)
-            raise SystemExit(done.code or 2) from None  # (exitcodes.USAGE: the machine's failure, not the work's)
+        if inspected:
+            _exit_now(done.code)
         raise
+
+
+def _exit_now(code: object) -> None:
+    """Exit with ``code`` as ``SystemExit`` would, where ``PYTHONINSPECT`` is set: the interpreter then takes no
+    ``SystemExit`` (every verb exited 1 with its traceback, the verb's code lost) and opens its prompt on a terminal
+    (where ``PYTHONSTARTUP`` runs)."""
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":
