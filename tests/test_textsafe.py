@@ -317,3 +317,19 @@ def test_smoke_upstreams_table_shows_a_tests_id_and_exception_text_as_data(capsy
     out = capsys.readouterr().out
     assert not any(c in out for c in CONTROLS), out
     assert out.count("[link=http://evil.example]click[/link] [bold]B[/bold]") == 3 and "T[/x] vs U" in out, out
+
+
+def test_watchs_contract_verdict_and_ledger_paths_are_data():
+    """Helper 147: watch's report put the contract's verdict (an error's text where the check could not run: it
+    quotes a replay's detail) and a partly resolved conflict's ledger rows and still conflicted paths (the ledger's and
+    upstream's file names: ``check_relpath`` takes ``<img ...>.py``) raw in its Markdown (rebase's quoted them)."""
+    conflict = {"entry": "c128-a", "file": "p/x.patch", "chosen_by": "", "blocks": [], "after_skipping": [],
+                "resolved_by_ledger": [{"entry": "c128-a", "key": "k1", "path": f"python/{EVIL}.py"}],
+                "unresolved": [f"python/{EVIL}.py", "python/`x`.py"], "detail": "does not apply", "hints": []}
+    lines = watch_report._conflicts({"conflicts": [conflict]}) + watch_report._fits(
+        {"contract": {"verdict": f"the series does not apply on v: c128-a: {EVIL}", "cxx_probe": "ok", "failing": []}})
+    text = "\n".join(lines)
+    _inert(text)
+    rendered = MarkdownIt("commonmark").enable("table").render(text)
+    assert "@maintainers" in rendered and "@maintainers" not in re.sub("<code>.*?</code>", "", rendered), text
+    assert "<code>python/`x`.py</code>" in rendered, rendered

@@ -122,7 +122,7 @@ def _fits(report: dict) -> list[str]:
     contract = report.get("contract")
     if contract:
         probe = md(contract.get("cxx_probe", "not run"))  # a compiler's line: it quotes upstream's headers
-        lines += ["## API contract", "", contract["verdict"], "", f"C++: {probe}", ""]
+        lines += ["## API contract", "", md(contract["verdict"]), "", f"C++: {probe}", ""]  # an error's text: data
         lines += [f"- {md(f)}" for f in contract["failing"]] + ([""] if contract["failing"] else [])
     tier = report.get("behaviour")
     if tier:
@@ -176,9 +176,9 @@ def _conflicts(report: dict) -> list[str]:
                       "it may conflict only because of that.", ""]
         lines += [block_markdown(b, " (upstream removed or moved this code)") for b in c["blocks"]]
         if c["resolved_by_ledger"]:
-            lines.append("- partly resolved by the ledger: " + ", ".join(
-                f"{r['entry']}:{r['key']} ({r['path']})" for r in c["resolved_by_ledger"])
-                + f"; still conflicted: {', '.join(c['unresolved'])}")
+            lines.append("- partly resolved by the ledger: " + ", ".join(  # the ledger's and upstream's paths: data
+                f"{md(r['entry'] + ':' + r['key'])} ({md(r['path'])})" for r in c["resolved_by_ledger"])
+                + f"; still conflicted: {', '.join(map(md, c['unresolved']))}")
         if not c["blocks"]:
             lines.append(f"- {md(c['detail'])}")
         lines += [f"- {md(h['line'])}" for h in c.get("hints", [])]
