@@ -333,3 +333,23 @@ def test_watchs_contract_verdict_and_ledger_paths_are_data():
     rendered = MarkdownIt("commonmark").enable("table").render(text)
     assert "@maintainers" in rendered and "@maintainers" not in re.sub("<code>.*?</code>", "", rendered), text
     assert "<code>python/`x`.py</code>" in rendered, rendered
+
+
+def test_matrix_shows_a_refusal_quoting_upstreams_attributes_as_data(sparse_clone):
+    """Helper 147: matrix's terminal table put a release's "applies" refusal in a rich cell as markup: upstream's
+    ``.gitattributes`` value it quotes (``working-tree-encoding=[/x]...``) was a MarkupError traceback, a
+    ``[link=...]`` a live link. It is literal now (its Markdown was md_cell's already)."""
+    from support import upstream_commit
+
+    value = "[/x][link=http://evil.example/]UTF-16[/link]"
+
+    def edit(idx: Git) -> None:
+        blob = idx.out("hash-object", "-w", "--stdin", input=f"python/sglang/srt/environ.py working-tree-encoding="
+                                                              f"{value}\n")
+        idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},.gitattributes")
+
+    rev = upstream_commit(Git(worktree=sparse_clone), "v0.5.23", "upstream re-encodes", edit)
+    res = invoke("matrix", "--repo", sparse_clone, "--sglang-rev", rev, as_json=False)
+    assert res.code == 0 and "Traceback" not in res.err, (res.code, res.err)
+    assert "refused:" in res.text and "[/x][link=http://evil.example/]UTF-16[/link]" in res.text.replace("│", "") \
+        .replace("\n", "").replace(" ", ""), res.text

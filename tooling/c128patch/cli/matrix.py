@@ -58,7 +58,7 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
         table.add_column(first, overflow="fold")
         for row in rows:
             table.add_column(text(row.rev), overflow="fold" if table is evidence else "ellipsis")  # not markup
-    evidence.add_row("applies", *[row.applies_summary for row in rows])
+    evidence.add_row("applies", *[text(row.applies_summary) for row in rows])  # a refusal quotes upstream: data
     for kind in KINDS:
         states = [row.cells[kind].state for row in rows]
         evidence.add_row(HEADINGS[kind], *[f"[{STYLE[s]}]{s}[/{STYLE[s]}]" for s in states])
