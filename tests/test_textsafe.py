@@ -313,10 +313,11 @@ def test_smoke_upstreams_table_shows_a_tests_id_and_exception_text_as_data(capsy
               "tests": [{"id": "test_a.py::" + evil, "patched": "failed", "upstream": "passed", "verdict": "regressed",
                          "reason": None, "patched_message": "AssertionError: " + evil}],
               "trees": {}, "device": {}, "counts": {"regressed": 1}, "notes": [], "problems": [], "ok": False}
-    print_upstream(report, Path("r.json"), "r.txt")
+    print_upstream(report, Path("out[/x]") / "r.json", "r.txt")
     out = capsys.readouterr().out
     assert not any(c in out for c in CONTROLS), out
     assert out.count("[link=http://evil.example]click[/link] [bold]B[/bold]") == 3 and "T[/x] vs U" in out, out
+    assert "NOT OK  report: out[/x]/r.json (result: out[/x]/r.txt)" in out, out
 
 
 def test_watchs_contract_verdict_and_ledger_paths_are_data():

@@ -43,7 +43,8 @@ def _end(report: dict[str, Any], where: str, plain: list[str], table: Table | No
     for problem in report["problems"]:
         out.print("[red]problem:[/red]", text(problem))
     verdict = "[green]OK[/green]" if report["ok"] else "[red]NOT OK[/red]"
-    out.print(f"{verdict}  report: {where}")
+    out.print(verdict, end="")
+    out.print(f"  report: {where}", markup=False)  # (a folder's name: [/x] is no markup)
 
 
 def print_failing(tests: list[tuple[str, str]]) -> None:
