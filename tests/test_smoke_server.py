@@ -485,3 +485,22 @@ def test_grace_is_an_option_of_smoke_server_with_the_options_default():
 
     grace = next(p for p in command.params if p.name == "grace")
     assert grace.default == next(f.default for f in fields(smoke_server.ServerOptions) if f.name == "grace") == 30.0
+
+
+def test_smokes_unsealed_children_see_no_credential_of_the_operator(monkeypatch, tmp_path):
+    """Helper 147: smoke runs the patched tree's code as the operator, unsealed (its pytest passes, the server, the load
+    driver): each was given the whole environment, GITHUB_TOKEN, AWS_SECRET_ACCESS_KEY, SSH_AUTH_SOCK and the like.
+    None is now (the server keeps only the Hub's token, for a gated model; ``--env`` still sets what it is given)."""
+    from c128patch.smoke import server as smoke_server
+    from c128patch.smoke.passes import PassSpec, pytest_env
+
+    secrets = {"GITHUB_TOKEN": "g", "GH_TOKEN": "g", "AWS_SECRET_ACCESS_KEY": "a", "AWS_ACCESS_KEY_ID": "i",
+               "SSH_AUTH_SOCK": "/s", "MY_PASSWORD": "p", "NVIDIA_API_KEY": "n", "HF_TOKEN": "h"}
+    for key, value in {**secrets, "CUDA_VISIBLE_DEVICES": "0", "TOKENIZERS_PARALLELISM": "false"}.items():
+        monkeypatch.setenv(key, value)
+    env = pytest_env(PassSpec("patched", tmp_path), tmp_path / "rows", tmp_path / "results")
+    assert not set(secrets) & set(env) and env["CUDA_VISIBLE_DEVICES"] == "0", sorted(env)
+    assert env["TOKENIZERS_PARALLELISM"] == "false"
+    opts = smoke_server.ServerOptions(model_path="m", env={"MY_API_KEY": "given"})
+    env = smoke_server.server_env(opts, "on")
+    assert set(secrets) & set(env) == {"HF_TOKEN"} and env["MY_API_KEY"] == "given", sorted(env)

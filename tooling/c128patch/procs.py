@@ -7,6 +7,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import re
 import shutil
 import signal
 import stat
@@ -45,6 +46,16 @@ class Group(subprocess.Popen):
         self.end()
         with contextlib.suppress(BrokenPipeError):  # input still buffered for the child just killed
             super().__exit__(*exc)
+
+
+# a variable whose name says a credential (GITHUB_TOKEN, AWS_SECRET_ACCESS_KEY, HF_TOKEN, SSH_AUTH_SOCK, *_PASSWORD): a
+# child that runs a target's code unsealed (smoke's pytest passes, its load driver) is given none, nor doctor's probes
+CREDENTIAL = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?|API_?KEY|ACCESS_KEY|PRIVATE_KEY|AUTH)(_|$)")
+
+
+def without_credentials(env: "dict[str, str]", keep: "tuple[str, ...]" = ()) -> "dict[str, str]":
+    """``env`` without a variable ``CREDENTIAL`` names (but those of ``keep``)."""
+    return {k: v for k, v in env.items() if k in keep or not CREDENTIAL.search(k.upper())}
 
 
 @functools.cache  # libc loaded once: git.stream starts a Group per batch reader

@@ -10,7 +10,6 @@ import ctypes
 import errno
 import json
 import os
-import re
 import secrets
 import selectors
 import shutil
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from c128patch.errors import C128Error
-from c128patch.procs import Group, contained_prefix
+from c128patch.procs import CREDENTIAL, Group, contained_prefix
 
 # What the probe imports (a test points them at a stand-in where a real install cannot import).
 MODULES = {"package": "sglang", "server_args": "sglang.srt.server_args",
@@ -38,7 +37,7 @@ KEEP = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "LD_LIBRARY_P
         "VIRTUAL_ENV", "CONDA_PREFIX", "HF_HOME", "HF_HUB_OFFLINE")
 FAMILIES = ("LC_", "XDG_", "SGLANG_", "SGL_", "CUDA_", "NCCL_", "NVIDIA_", "NVCC_", "TORCH", "PYTORCH_", "TRITON_",
             "FLASHINFER_", "OMP_", "MKL_")
-_CREDENTIAL = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?|API_?KEY|ACCESS_KEY|PRIVATE_KEY|AUTH)(_|$)")
+_CREDENTIAL = CREDENTIAL
 ENVIRON = "sglang/srt/environ.py"
 ONLINE_C128_DSPARK_RULES = "sglang/srt/layers/attention/dsv4/online_c128_dspark_rules.py"
 _MARK = "C128PATCH-ANSWER"  # then this run's secret (read from stdin before any installed code loads), the answer

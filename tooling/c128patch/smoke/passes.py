@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from c128patch import PACKAGE_DIR
+from c128patch.procs import without_credentials
 from c128patch.smoke.logs import read_jsonl
 from c128patch.smoke.plugin import ROWS_ENV
 from c128patch.smoke.procs import Managed, exit_description
@@ -73,7 +74,7 @@ def pytest_argv(spec: PassSpec, suite: Path, python: str, out_dir: Path) -> list
 
 
 def pytest_env(spec: PassSpec, rows: Path, results: Path) -> dict[str, str]:
-    env = dict(os.environ)
+    env = without_credentials(dict(os.environ))  # the tree's tests run as the operator, unsealed: no token of theirs
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_DIR.parent), env.get("PYTHONPATH", "")) if p)
     env.update({ROWS_ENV: str(rows), TREE_ENV: str(spec.tree), SCALE_ENV: repr(spec.scale),
                 RESULTS_ENV: str(results), "PYTHONUNBUFFERED": "1"})

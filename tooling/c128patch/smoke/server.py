@@ -19,6 +19,7 @@ from typing import Any, Callable
 from c128patch import SCHEMA_VERSION
 from c128patch.errors import C128Error
 from c128patch.jsonio import write_json_atomic
+from c128patch.procs import without_credentials
 from c128patch.smoke.device import nvidia_smi, run_child
 from c128patch.smoke.logs import ServerLog, Tail, load_summary
 from c128patch.smoke.presets import LOAD_TOOLS, PRESETS
@@ -101,9 +102,14 @@ def server_argv(opts: ServerOptions) -> list[str]:
             "--host", HOST, "--port", str(opts.port)]
 
 
+# the one credential the server may need (a gated model it downloads from the Hub); the rest of the operator's are
+# not its (``procs.CREDENTIAL``: GITHUB_TOKEN, AWS_*, SSH_AUTH_SOCK), nor the load driver's
+HF_CREDENTIALS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
 def server_env(opts: ServerOptions, mode: str, base: dict[str, str] | None = None) -> dict[str, str]:
     """The server's environment for ``mode`` "on" (online C128 envs set) or "off" (unset)."""
-    env = dict(os.environ if base is None else base)
+    env = without_credentials(dict(os.environ if base is None else base), HF_CREDENTIALS)  # unsealed: the model's only
     for key in (*ONLINE_ENVS, *COMPACT_ENV):
         env.pop(key, None)
     env.update(opts.env)
@@ -270,7 +276,8 @@ def _run_problems(record: dict[str, Any], died: str | None, log: ServerLog, left
 def _drive_load(opts: ServerOptions, mode: str, server: Managed, tail: Tail, log: ServerLog,
                 result_file: Path, load_log: Path) -> tuple[dict[str, Any], str | None]:
     argv = load_argv(opts, mode, result_file)
-    load = Managed(f"load {mode}", argv, load_log, env={**os.environ, "PYTHONUNBUFFERED": "1"}, grace=opts.grace)
+    env = {**without_credentials(dict(os.environ)), "PYTHONUNBUFFERED": "1"}  # it drives the server: no credential
+    load = Managed(f"load {mode}", argv, load_log, env=env, grace=opts.grace)
     start = time.monotonic()
     with load:
         end = _follow(server, tail, log, lambda: load.poll() is not None, opts.duration)
