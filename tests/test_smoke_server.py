@@ -4,6 +4,7 @@ on/off run driven against stand-in server and load processes (real subprocesses,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -504,3 +505,23 @@ def test_smokes_unsealed_children_see_no_credential_of_the_operator(monkeypatch,
     opts = smoke_server.ServerOptions(model_path="m", env={"MY_API_KEY": "given"})
     env = smoke_server.server_env(opts, "on")
     assert set(secrets) & set(env) == {"HF_TOKEN"} and env["MY_API_KEY"] == "given", sorted(env)
+
+
+def test_smokes_probes_run_no_module_of_the_current_folder(monkeypatch, tmp_path):
+    """Helper 147: smoke's probes of the Python it runs (``python -c``: the current folder first on sys.path) ran a
+    top-level ``json.py`` or ``typing.py`` of the folder smoke was run from (an upstream tree's), as the operator, its
+    tokens in the environment (as doctor's did, helper 139)."""
+    import sys
+
+    from c128patch.errors import C128Error
+    from c128patch.smoke import server as smoke_server
+    from c128patch.smoke.device import probe_python
+
+    marker = tmp_path / "ran.txt"
+    for name in ("json.py", "typing.py", "platform.py", "importlib.py"):
+        (tmp_path / name).write_text(f"open({str(marker)!r}, 'a').write({name!r})\n")
+    monkeypatch.chdir(tmp_path)
+    probe_python(sys.executable)
+    with contextlib.suppress(C128Error):
+        smoke_server.installed_sglang(sys.executable)
+    assert not marker.exists(), marker.read_text()

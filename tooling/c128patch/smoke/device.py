@@ -15,7 +15,10 @@ from c128patch.errors import C128Error
 from c128patch.procs import run
 
 # Run by the suite's Python; prints one JSON object. Initialises CUDA only through torch.
-_PROBE = r"""
+# (first: ``python -c`` puts the current folder first on sys.path: a tree's top-level json.py ran, as the operator, when
+# smoke was run from inside it; helper 147, as doctor's probes, serve.serving._COMMON)
+NO_CWD = "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]\n"
+_PROBE = NO_CWD + r"""
 import json, platform
 info = {"python": platform.python_version()}
 try:

@@ -20,7 +20,7 @@ from c128patch import SCHEMA_VERSION
 from c128patch.errors import C128Error
 from c128patch.jsonio import write_json_atomic
 from c128patch.procs import without_credentials
-from c128patch.smoke.device import nvidia_smi, run_child
+from c128patch.smoke.device import NO_CWD, nvidia_smi, run_child
 from c128patch.smoke.logs import ServerLog, Tail, load_summary
 from c128patch.smoke.presets import LOAD_TOOLS, PRESETS
 from c128patch.smoke.procs import Managed, exit_description
@@ -163,7 +163,8 @@ def port_free(port: int) -> bool:
 
 def installed_sglang(python: str) -> dict[str, Any]:
     """Where ``python`` imports sglang from (its __init__ not run) and the provenance recorded there."""
-    code = ("import importlib.util, json; s = importlib.util.find_spec('sglang'); "
+    code = ("import sys; at = sys.path[:]\n" + NO_CWD + "import importlib.util, json\n"  # json of the folder: not run
+            "sys.path[:] = at; s = importlib.util.find_spec('sglang'); "  # (found there as a launch would: not run)
             "print(json.dumps([s.origin is None, list(s.submodule_search_locations or [])] if s else None))")
     out = run_child([python, "-c", code], 120)[0].strip()
     namespace, found = (json.loads(out.splitlines()[-1]) if out else None) or (False, None)
