@@ -296,3 +296,20 @@ def test_pythoninspect_in_the_operators_environment_keeps_each_verbs_exit_code(t
             verb, run.returncode, run.stderr)
         assert code == 0 or run.stderr.startswith("c128patch: error: "), (verb, run.stderr)
     assert not ran.exists()
+
+
+def test_pip_download_runs_nothing_of_the_current_folder(tmp_path, monkeypatch):
+    """Helper 147: ``wheel --from-release`` downloads with ``python -m pip``, which puts the current folder first on
+    sys.path; pip imports ``typing`` before it drops it: run from an upstream tree, the tree's top-level ``typing.py``
+    ran as the operator (their tokens in its environment). pip runs in its download folder now."""
+    from c128patch.upstream import releases
+
+    marker, here = tmp_path / "ran.txt", tmp_path / "tree"
+    here.mkdir()
+    for name in ("typing.py", "json.py", "runpy.py"):
+        (here / name).write_text(f"open({str(marker)!r}, 'a').write({name!r})\n")
+    monkeypatch.chdir(here)
+    (tmp_path / "dest").mkdir()
+    ok, _ = releases._pip_download_into(tmp_path / "dest", "0.0.0", ("--index-url", "http://127.0.0.1:9/simple",
+                                                                     "--retries", "0", "--timeout", "1"), None)
+    assert not ok and not marker.exists(), marker.read_text()

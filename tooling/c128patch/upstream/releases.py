@@ -312,11 +312,14 @@ def _metadata(wheel: Path) -> dict[str, str]:
 
 
 def _pip_download_into(dest: Path, version: str, extra: tuple[str, ...], progress: Progress | None) -> tuple[bool, str]:
+    # run in ``dest`` (ours, empty): ``-m`` puts the current folder first on sys.path, and pip imports ``typing``
+    # before it drops it: run from an upstream tree, its top-level typing.py ran as the operator, tokens and all
+    dest = dest.absolute()
     base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), *extra]
     last = ""
     if progress is not None and _pip_reports_bytes():
         with subprocess.Popen([*base, "--progress-bar", "raw", f"{PACKAGE}=={version}"], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) as pip:
+                              stderr=subprocess.STDOUT, text=True, cwd=dest) as pip:
             for line in pip.stdout:  # type: ignore[union-attr]
                 match = _RAW_PROGRESS.fullmatch(line.strip())
                 if match:
@@ -326,7 +329,7 @@ def _pip_download_into(dest: Path, version: str, extra: tuple[str, ...], progres
         return pip.returncode == 0, last
     # quiet, or an older pip that says no bytes: the time it takes, then the size it got
     with tempfile.TemporaryFile("w+") as out, subprocess.Popen(
-            [*base, "-q", f"{PACKAGE}=={version}"], stdout=out, stderr=subprocess.STDOUT, text=True) as pip:
+            [*base, "-q", f"{PACKAGE}=={version}"], stdout=out, stderr=subprocess.STDOUT, text=True, cwd=dest) as pip:
         while True:
             try:
                 pip.wait(timeout=1.0)
