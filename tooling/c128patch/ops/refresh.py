@@ -34,7 +34,7 @@ from c128patch.series.paths import check_relpath
 from c128patch.series.plan import base_holding, choose, merged_entries, sources_at
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER, find_trailers
-from c128patch.textsafe import shell_join
+from c128patch.textsafe import plain, shell_join
 
 FIXED_DATE = "Thu, 1 Jan 1970 00:00:00 +0000"
 _DATE = re.compile(r"^Date: .*$", re.MULTILINE)
@@ -64,6 +64,13 @@ class Export:
         changed += [_shown(layer.manifest_path, root) for layer in self.layers
                     if layer.manifest_path.read_text() != layer.to_toml()]
         return sorted(changed)
+
+
+def _why(git: Git, sha: str) -> str:
+    """A printed add-entry's ``--why``: the commit's subject as add-entry takes it (one printable line: a subject
+    holding ESC or U+2028 printed a command add-entry refused), else what to write."""
+    subject = "".join(c if c.isprintable() else " " for c in plain(git.out("log", "-1", "--format=%s", sha)))
+    return " ".join(subject.split()) or "WHY the layer carries it"
 
 
 def _differs(path: Path, data: bytes) -> bool:
@@ -211,7 +218,7 @@ def _as_layer_entries(git: Git, series: Series, report: dict, label: str) -> str
     if not kept:
         return "c128patch layer add-entry (docs/layers.md)"
     steps += [shell_join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit", ref,
-                          "--tree", str(tree), "--why", git.out("log", "-1", "--format=%s", sha)])
+                          "--tree", str(tree), "--why", _why(git, sha)])
               for ref, sha in kept]
     return " && ".join(steps)
 
@@ -345,7 +352,7 @@ def _export_commit(series: Series, git: Git, sha: str, name: str, exported: dict
         _made_an_entry(series, git, sha, label)
     if old is None and isinstance(series, Stack):  # whose entry would it be? the team says, with add-entry
         add = shell_join(["c128patch", "layer", "add-entry", "--layer", str(series.layers[-1].root), "--from-commit",
-                          sha[:12], "--why", git.out("log", "-1", "--format=%s", sha), "--tree", str(git.worktree)])
+                          sha[:12], "--why", _why(git, sha), "--tree", str(git.worktree)])
         raise C128Error(f"cannot refresh: commit {sha[:12]} carries no {ENTRY_TRAILER} trailer; make it an entry of "
                         f"a layer ({add}, or another layer's folder) or of the series, then refresh")
     if old is None:
