@@ -508,6 +508,23 @@ def test_a_moved_tag_in_the_release_cache_is_refused_saying_how_to_rebuild(fake_
     with pytest.raises(C128Error, match="tag v0.5.23 does not name the sources"):
         ReleaseHistory().ensure()
 
+
+def test_a_ref_shadowing_a_release_tag_in_the_cache_is_refused_saying_how_to_rebuild(fake_releases, tmp_path):
+    """Helper 148: `refs/v0.5.23` (the tag untouched) wins over `refs/tags/v0.5.23` where git resolves `v0.5.23`:
+    `apply --sglang-rev v0.5.23` built on 0.5.22's tree and said "identical ... on v0.5.23"; a `refs/replace/` ref
+    swaps the commit under every name. Any ref the import never makes is refused, saying how to rebuild."""
+    from c128patch.upstream.releases import ReleaseHistory
+
+    root = ReleaseHistory().ensure()
+    for ref in ("refs/v0.5.23", "refs/replace/" + "0" * 40):
+        subprocess.run(["git", "--git-dir", str(root), "update-ref", ref, "refs/tags/v0.5.22"], check=True)
+        with pytest.raises(C128Error, match=f"holds the ref '{ref}', which no import makes") as exc:
+            ReleaseHistory().ensure()
+        assert f"rm -rf {root}" in exc.value.message
+        subprocess.run(["git", "--git-dir", str(root), "update-ref", "-d", ref], check=True)
+    assert ReleaseHistory().ensure() == root
+
+
 def fake_release_cache(monkeypatch, tmp_path: Path) -> tuple[Path, Path]:
     """A release cache under ``tmp_path`` of fake release wheels (``fake_wheel``): its wheels folder and 0.5.23's."""
     from c128patch.upstream.releases import DEFAULT_RELEASES

@@ -585,10 +585,15 @@ class ReleaseHistory:
     def _check(self, versions: set[str], fresh: set[str]) -> None:
         """Refuse (saying how to rebuild) a corrupt pack or a tag not naming its release wheel's sources."""
         rebuild = f"rebuild it: rm -rf {shell_quote(str(self.root))} (the next run imports the releases again)"
-        proc = self.git.run("for-each-ref", "--format=%(refname:strip=2) %(tree)", "refs/tags", check=False)
+        proc = self.git.run("for-each-ref", "--format=%(refname) %(tree)", check=False)
         if proc.returncode != 0:
             raise C128Error(f"the release cache {self.root} is corrupt ({proc.stderr.strip()[-200:]}); {rebuild}")
-        trees = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+        refs = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+        # a ref the import never makes: `refs/v0.5.23` wins over the tag where git resolves `v0.5.23` (gitrevisions)
+        for ref in (r for r in refs if not r.startswith(("refs/tags/", "refs/heads/", "refs/c128patch/"))):
+            raise C128Error(f"the release cache {self.root} holds the ref {ref!r}, which no import makes (it shadows "
+                            f"a release's tag where a rev is resolved); {rebuild}")
+        trees = {r.removeprefix("refs/tags/"): t for r, t in refs.items() if r.startswith("refs/tags/")}
         lines = self._state(self._trees_file).split("\n")
         recorded = {**dict(line.split(" ", 1) for line in lines if " " in line),
                     **{v: trees.get(tag_for(v), "") for v in fresh}}
