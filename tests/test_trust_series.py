@@ -684,6 +684,45 @@ def test_a_cache_folder_everyone_may_write_or_another_user_owns_is_refused_in_on
         refused(["check", "--sglang-rev", "v0.5.23"], contains=f"the cache folder {target} is owned by another user")
 
 
+def test_what_of_the_cache_decides_the_tree_or_the_wheel_others_may_write_is_refused_in_one_line(fake_releases,
+                                                                                                tmp_path):
+    """Helper 148: only the cache folder, its wheels/ and its history's folder were checked: a world-writable
+    `refs/tags` (whoever writes it moves a tag) or `c128patch-trees` (the record the tags are checked against, moved
+    with them), a group-writable cache of a group not the user's, were used as they were."""
+    from c128patch.upstream.releases import ReleaseHistory
+
+    root = ReleaseHistory().ensure()
+    (root / "refs" / "tags").chmod(0o777)
+    refused(["check", "--sglang-rev", "v0.5.23"], contains=f"the cache folder {root / 'refs' / 'tags'} is writable by "
+            "every user")
+    (root / "refs" / "tags").chmod(0o755)
+    (root / "c128patch-trees").chmod(0o666)
+    line = refused(["check", "--sglang-rev", "v0.5.23"], contains="c128patch-trees cannot be read (writable by every "
+                   "user)")
+    assert f"rm -rf {root}" in line
+    (root / "c128patch-trees").chmod(0o644)
+    if os.getuid() == 0:  # (chgrp to a group not one's own needs root)
+        os.chown(root.parent, -1, 1)
+        root.parent.chmod(0o775)
+        refused(["check", "--sglang-rev", "v0.5.23"], contains=f"the cache folder {root.parent} is writable by group 1")
+        root.parent.chmod(0o755)
+    assert ReleaseHistory().ensure() == root
+
+
+def test_a_cached_wheel_others_may_write_is_refused_saying_to_remove_it(tmp_path, monkeypatch):
+    """Helper 148: a cached release wheel writable by every user was patched by `wheel --from-release` (its sum
+    recorded at its first use: whoever changed it first had it recorded)."""
+    from c128patch.upstream.releases import cached_wheel
+
+    _, wheel = fake_release_cache(monkeypatch, tmp_path)
+    wheel.chmod(0o666)
+    with pytest.raises(C128Error, match="is writable by every user") as exc:
+        cached_wheel(wheel)
+    assert f"rm {wheel}" in exc.value.message
+    wheel.chmod(0o644)
+    assert cached_wheel(wheel) == wheel
+
+
 @pytest.mark.parametrize("make", ["fifo", "dangling-link", "link-to-dev-zero", "folder"])
 def test_a_lock_file_of_the_cache_that_is_no_regular_file_is_one_line_never_a_hang_or_a_write_elsewhere(
         fake_releases, tmp_path, make):

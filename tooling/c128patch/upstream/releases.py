@@ -71,21 +71,32 @@ def cache_dir() -> Path:
     except RuntimeError as exc:  # no HOME and no passwd entry
         raise C128Error(f"cannot find a cache folder ({exc}); set C128PATCH_CACHE to a writable folder") from None
     ensure_folder(root)
-    for folder in (root, root / "wheels", root / "sglang-releases.git"):
+    history = root / "sglang-releases.git"  # (and what of it decides which tree a tag names: its refs, its objects)
+    for folder in (root, root / "wheels", history, *(history / p for p in _HISTORY_PARTS)):
         _owned(folder)
     return root
 
 
+_HISTORY_PARTS = ("refs", "refs/tags", "packed-refs", "objects", "objects/pack", "objects/info", "config")
+
+
+def _changeable(st: os.stat_result) -> str:
+    """Why a user other than the current one (root aside) may change what ``st`` describes, else "": another owner,
+    everyone's write bit, or a group's that is not the user's own (a user private group, umask 002, is theirs)."""
+    return f"owned by another user (uid {st.st_uid})" if st.st_uid not in (os.getuid(), 0) else \
+        "writable by every user" if st.st_mode & stat.S_IWOTH else \
+        f"writable by group {st.st_gid}" if st.st_mode & stat.S_IWGRP and st.st_gid not in (os.getgid(), 0) else ""
+
+
 def _owned(folder: Path) -> None:
-    """Refuse a folder of the cache that another user may change: owned by another user (root aside), or writable
-    by everyone (whoever can change it swaps the wheels and the history the tool patches and calls upstream's)."""
+    """Refuse a folder of the cache that another user may change (``_changeable``): whoever can change it
+    swaps the wheels and the history the tool patches and calls upstream's."""
     try:
         st = os.stat(folder)
     except OSError:  # (not made yet: made by us)
         return
-    if st.st_uid not in (os.getuid(), 0) or st.st_mode & stat.S_IWOTH:
-        whose = "writable by every user" if st.st_mode & stat.S_IWOTH else f"owned by another user (uid {st.st_uid})"
-        raise C128Error(f"the cache folder {folder} is {whose}: not used (whoever can change it chooses the wheels "
+    if why := _changeable(st):
+        raise C128Error(f"the cache folder {folder} is {why}: not used (whoever can change it chooses the wheels "
                         "and the history the tool takes as upstream's); set C128PATCH_CACHE to a folder of your own")
 
 
@@ -205,6 +216,8 @@ def _sums(folder: Path) -> dict[str, str]:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
                 raise OSError(0, "not a regular file of at most 1 MiB")
+            if why := _changeable(st):
+                raise OSError(0, why)
             text = f.read().decode(errors="replace")
     except FileNotFoundError:
         text = ""
@@ -235,6 +248,9 @@ def cached_wheel(wheel: Path) -> Path:
     if not regular:
         raise C128Error(f"the cached wheel {wheel} in the cache {folder} is not a regular file (a link, a device or a "
                         f"pipe); {fix}")
+    if why := _changeable(os.lstat(wheel)):
+        raise C128Error(f"the cached wheel {wheel} is {why}: not used (whoever can change it chooses what the tool "
+                        f"patches and calls upstream's); {fix}")
     have, recorded = _sha256(wheel), _sums(folder).get(wheel.name)
     if recorded is not None and recorded != have:
         raise C128Error(f"the cached wheel {wheel} changed since it was downloaded (sha256 {have[:16]}…, recorded "
@@ -542,6 +558,8 @@ class ReleaseHistory:
                 st = os.fstat(f.fileno())
                 if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
                     raise OSError(0, "not a regular file of at most 1 MiB")
+                if why := _changeable(st):
+                    raise OSError(0, why)
                 return f.read().decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else exc
