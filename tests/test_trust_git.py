@@ -64,7 +64,8 @@ def files_under(folder: Path) -> set[str]:
 # ---------------------------------------------------------------------------- 1. a hostile series folder
 @pytest.mark.parametrize("target", [".git/config", ".git/hooks/post-checkout", ".GIT/hooks/x", ".git./config",
                                     "python/.git /config", "GIT~1/config", "python/sglang/.gitattributes",
-                                    ".gitmodules", "GITMOD~1", "python/gi7d29~2", "python/sglang/a\nb.py"])
+                                    ".gitmodules", "GITMOD~1", "python/gi7d29~2", "python/sglang/a\nb.py",
+                                    "\uff0egit/hooks/post-checkout"])
 def test_an_overlay_into_gits_own_files_is_refused_by_lint_and_apply(series, tree, marker, target):
     prog, mark = marker
     (series / "overlay" / "sglang" / "c128_test_overlay.py").write_text(f"[core]\n\tfsmonitor = {prog}\n")

@@ -58,6 +58,11 @@ def journal(root: Path, moves: list, deletes: list, parts: list[str] | None = No
     (".GIT/config", "git's own folder"), ("a/.git./hooks/x", "git's own folder"), ("a/git~1/x", "git's own folder"),
     ("a/.git::$INDEX_ALLOCATION/hooks/x", "git's own folder"), ("a/.Git . :$DATA/x", "git's own folder"),
     ("a/.gitmodules:$DATA", "decides what git runs"),
+    # helper 148: compatibility forms, as NFKC folds them (full-width, small-form, one-dot-leader dots; full-width GIT)
+    ("\uff0egit/config", "git's own folder"), ("a/\ufe52GIT/x", "git's own folder"),
+    ("\u2024git/x", "git's own folder"),
+    ("a/.\uff27\uff29\uff34/x", "git's own folder"), ("\uff0egitmodules", "decides what git runs"),
+    ("a/\uff0e\uff0e/x", "must be relative"), ("a/\u2025/x", "must be relative"),
 ])
 def test_confine_refuses_what_leaves_the_root(tmp_path, path, says):
     with pytest.raises(C128Error, match=says) as exc:

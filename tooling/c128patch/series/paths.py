@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import unicodedata
 from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Iterable
@@ -36,7 +37,7 @@ def check_relpath(path: str, what: str) -> str:
         raise _unsafe(path, what, "its name is not UTF-8")
     parts = PurePosixPath(path).parts
     if not path or path.startswith(("/", "~")) or "\\" in path or path.endswith("/") or "//" in path or \
-            any(p in ("..", ".", "") for p in parts):
+            any(unicodedata.normalize("NFKC", p) in ("..", ".", "") for p in parts):  # (a full-width ．． too)
         raise _unsafe(path, what, "must be relative, inside the tree")
     for part in parts:
         if is_git_dir_name(part):
