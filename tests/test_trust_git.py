@@ -98,6 +98,25 @@ def test_a_patch_that_creates_a_git_hook_is_refused_as_unsafe_not_as_a_conflict(
     assert not (tree / ".git" / "hooks" / "post-checkout").exists() and not mark.exists()
 
 
+@pytest.mark.parametrize("quoted", ['"{}/python/.gitattributes"', '"{}/python/\\056gitattributes"',
+                                    '"{}/.gitmodules"'])
+def test_a_patch_whose_paths_git_quotes_is_read_as_git_reads_it(series, tree, quoted):
+    """Helper 148: git reads a C-quoted header path (`"b/python/.gitattributes"`, octal escapes too); unidiff kept the
+    quotes, so every path rule read `"b/python/.gitattributes"` and passed it, and `apply` committed the file."""
+    patch = series / "patches" / "0001-test.patch"
+    text = patch.read_text()
+    a, b = quoted.format("a"), quoted.format("b")
+    section = (f"diff --git {a} {b}\nnew file mode 100644\nindex {'0' * 40}..{'1' * 40}\n--- /dev/null\n+++ {b}\n"
+               "@@ -0,0 +1 @@\n+*.py filter=pwn\n")
+    cut = text.index("diff --git ")
+    patch.write_text(text[:cut] + section + text[cut:])
+    update_hashes(load_series(series))
+    refused(apply_args(tree, series), tree, "unsafe path in patch 0001-test.patch")
+    assert not (tree / "python" / ".gitattributes").exists() and not (tree / ".gitmodules").exists()
+    res = invoke("lint", "--offline", "--series", series, "--json")
+    assert res.code == 1 and any("unsafe path in patch" in f["message"] for f in res.out["findings"]), res.out
+
+
 @pytest.mark.parametrize("hooks", [".githooks", "python/sglang"])
 def test_an_overlay_into_the_folder_the_trees_hooks_run_from_is_refused(series, tree, hooks):
     """The user's own git runs hooks from core.hooksPath: a series may not write there either."""

@@ -13,7 +13,7 @@ from unidiff import Hunk, PatchSet
 from unidiff.errors import UnidiffParseError
 
 from c128patch.errors import C128Error
-from c128patch.git import Git
+from c128patch.git import Git, unquote
 from c128patch.series.manifest import read_series_file
 from c128patch.series.paths import check_relpath
 from c128patch.series.trailers import check_message, find_trailers
@@ -87,6 +87,9 @@ def _is_link(mode: str | None) -> bool:
 
 
 def _strip(path: str) -> str:
+    """A patch's path as git reads it: C-quoted (``"b/.gitattributes"``, ``"b/\\056git"``: unidiff keeps the quotes,
+    every rule read the quoted name and passed it) unquoted, its ``a/``/``b/`` prefix off."""
+    path = unquote(path)
     return path[2:] if path.startswith(("a/", "b/")) else path
 
 
@@ -97,7 +100,7 @@ def _moved_elsewhere(pf) -> str | None:
     start = max((i for i, line in enumerate(lines) if line.startswith("diff --git ")), default=len(lines))
     for line in lines[start + 1:]:
         m = _MOVED.match(line)
-        if m and m.group(3) != _strip(pf.source_file if m.group(2) == "from" else pf.target_file):
+        if m and unquote(m.group(3)) != _strip(pf.source_file if m.group(2) == "from" else pf.target_file):
             return line
     return None
 
