@@ -81,3 +81,14 @@ def test_lint_names_each_phase_for_a_piped_run(monkeypatch):
     monkeypatch.setattr(c128patch.progress, "reporter", lambda *a, **k: contextlib.nullcontext(Steps()))
     assert invoke("lint").code == 0
     assert [s.split(" ")[:2] for s in steps[-2:]] == [["the", "files,"], ["the", "gate"]], steps
+
+
+def test_update_hashes_with_a_file_of_the_manifest_gone_is_one_line_and_writes_nothing(tmp_path: Path):
+    """Helper 148: `lint --update-hashes` on a series missing a file its manifest names (a copy without `csrc/`) was
+    FileNotFoundError's traceback."""
+    series = copy_series(tmp_path / "series")
+    (series / "csrc" / "deepseek_v4" / "online_c128_dspark.cuh").unlink()
+    manifest = (series / "patches" / "series.toml").read_bytes()
+    res = invoke("lint", "--series", series, "--offline", "--update-hashes", as_json=False)
+    assert res.code == 2 and "Traceback" not in res.err and "online_c128_dspark.cuh cannot be read" in res.err, res.err
+    assert res.err.strip().count("\n") == 0 and (series / "patches" / "series.toml").read_bytes() == manifest

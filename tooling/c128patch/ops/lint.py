@@ -180,8 +180,12 @@ def update_hashes(series: Series) -> int:
 
     before = hashes()
     for e in series.entries:
-        e.variants = [replace(v, sha256=sha256_file(series.file_of(e, v))) for v in e.variants]
-        e.sha256 = sha256_file(series.file_of(e))
+        try:
+            e.variants = [replace(v, sha256=sha256_file(series.file_of(e, v))) for v in e.variants]
+            e.sha256 = sha256_file(series.file_of(e))
+        except OSError as exc:  # (a file the manifest names gone: FileNotFoundError's traceback)
+            raise C128Error(f"{series.manifest_path}: entry {e.name}'s file {exc.filename} cannot be read "
+                            f"({exc.strerror or exc}); restore it or remove the entry; nothing was written") from None
     try:
         series.save()
     except OSError as exc:  # a read-only or full series folder
