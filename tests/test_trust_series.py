@@ -116,6 +116,35 @@ def test_a_hostile_journal_moves_and_deletes_nothing(tmp_path, how):
     assert (foreign / "patches" / "keep.patch").read_text() == "keep"
 
 
+@pytest.mark.parametrize("how", ["world-writable", "group-writable", "relative", "another-user"])
+def test_a_journal_whose_group_names_a_folder_others_may_change_moves_nothing(tmp_path, how, monkeypatch):
+    """Helper 148: a plan's group may name another folder holding a plan of the same group; one that another user
+    owns or may write (`/tmp/shared`) had its moves and deletes run with the operator's authority, and whoever could
+    change it could swap a folder for a link between `confine`'s check and the move. A part must be the user's."""
+    other = series_folder(tmp_path / "other", "other")
+    (other / "patches" / "keep.patch").write_text("keep")
+    root = series_folder(tmp_path / "layer")
+    parts = [os.path.realpath(root), "other" if how == "relative" else os.path.realpath(other)]
+    journal(root, [["00000", "patches/x.patch"]], [], parts)
+    journal(other, [], ["patches/keep.patch"], parts)
+    monkeypatch.chdir(tmp_path)
+    if how == "another-user":
+        if os.getuid() != 0:
+            pytest.skip("chown needs root")
+        os.chown(other, 65534, -1)
+    elif how != "relative":
+        other.chmod(0o777 if how == "world-writable" else 0o775)
+        if how == "group-writable":
+            os.chown(other, -1, next(g for g in (1, 2, 65534) if g != os.getgid())) if os.getuid() == 0 \
+                else pytest.skip("chgrp to a group not one's own needs root")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(C128Error, match="an interrupted refresh cannot be finished.*its group names") as exc:
+        load_series(root)
+    assert "\n" not in exc.value.message
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (other / "patches" / "keep.patch").read_text() == "keep"
+
+
 @pytest.mark.parametrize("target", ["/dev/zero", "fifo", "outside-plan"])
 def test_a_journal_or_manifest_that_is_a_link_is_refused_before_it_is_read(tmp_path, target):
     """A layer can commit links: a plan linked to /dev/zero ran every reader out of memory (a FIFO: hung it); a

@@ -131,9 +131,31 @@ def _plan(root: Path, folder: str, group: bool = True) -> dict:
     if not isinstance(parts, list) or os.path.realpath(root) not in parts:
         raise C128Error(f"{where}: its group does not name its own folder {root}")
     for part in parts if group else ():
+        if why := _not_the_users(part, root):
+            raise C128Error(f"{where}: its group names {part!r}, {why}: not written (whoever else may change it "
+                            "can swap a folder for a link between the check and the move)")
         if not any((_read(Path(part) / f) or {}).get("group") == group_of for f in (TXN, STAGING)):
             raise C128Error(f"{where}: {part!r} is not a folder of the same refresh")
     return plan
+
+
+def _not_the_users(part: object, root: Path) -> str:
+    """Why another folder of a plan's group is not one only the user may change ("" when it is): not an absolute path,
+    another user's, or writable by others or by a group not the user's own (it, or its ``patches/``)."""
+    if not isinstance(part, str) or not os.path.isabs(part):
+        return "not an absolute path"
+    if os.path.realpath(part) == os.path.realpath(root):
+        return ""
+    for path in (part, os.path.join(part, "patches")):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_uid != os.getuid():
+            return f"owned by another user (uid {st.st_uid})"
+        if st.st_mode & 0o002 or st.st_mode & 0o020 and st.st_gid != os.getgid():
+            return "writable by other users"
+    return ""
 
 
 def _finish(group: dict, fault: Callable[[str], None] = _no_fault) -> None:
