@@ -95,3 +95,14 @@ def test_an_empty_env_switches_the_configs_layers_off_and_says_so(tmp_path, monk
     assert res.out["layers_in_effect"] == {"from": f"${ENV}", "layers": []}, res.out
     monkeypatch.delenv(ENV)
     assert invoke("gates").out["layers_in_effect"]["from"] == str(tmp_path / CONFIG)
+
+
+def test_verify_wheel_with_layer_says_the_layers_in_effect_in_its_json(tmp_path):
+    """Helper 148: `verify-wheel --layer DIR --json` (its report and its error object) carried no `layers_in_effect`,
+    where every other verb that reads a series says the layers it used."""
+    shutil.copytree(EXAMPLE, tmp_path / "acme")
+    wheel = tmp_path / "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl"
+    wheel.write_bytes(b"not a zip")
+    res = invoke("verify-wheel", wheel, "--layer", tmp_path / "acme")
+    assert res.code == 2 and res.out["layers_in_effect"]["from"] == "--layer", res.out
+    assert [r["name"] for r in res.out["layers_in_effect"]["layers"]] == ["acme"]

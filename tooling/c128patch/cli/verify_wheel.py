@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, json_verb, layer_option, say
+from c128patch.cli.common import _IN_EFFECT, emit_json, json_verb, layer_option, say
 
 
 @click.command("verify-wheel")
@@ -40,10 +40,11 @@ def command(wheel: Path, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
     # a wheel claiming this tool's series by name and version must carry it
     ours = load_series(series_dir or default_series_root())
     series = stack(ours, layer_dirs) if series_dir is not None or layer_dirs else None
+    _IN_EFFECT[:] = [series] if series is not None else []  # (its --json, an error object too: layers_in_effect)
     result = verify_wheel(wheel, series, compile_all, authenticity=not no_authenticity, upstream_wheel=upstream_wheel,
                           known=ours)
     if as_json:
-        return emit_json(vars(result))
+        return emit_json(vars(result), series)
     from c128patch.textsafe import one_line as o  # the wheel's strings: one line each, never a line of ours
 
     s, u, a = result.series, result.upstream, result.authenticity
