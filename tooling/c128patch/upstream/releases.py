@@ -72,12 +72,10 @@ def cache_dir() -> Path:
         raise C128Error(f"cannot find a cache folder ({exc}); set C128PATCH_CACHE to a writable folder") from None
     ensure_folder(root)
     history = root / "sglang-releases.git"  # (and what of it decides which tree a tag names: its refs, its objects)
-    for folder in (root, root / "wheels", history, *(history / p for p in _HISTORY_PARTS)):
+    for folder in (root, root / "wheels", history, history / "refs", history / "refs" / "tags", history / "packed-refs",
+                   history / "objects", history / "objects" / "pack", history / "objects" / "info", history / "config"):
         _owned(folder)
     return root
-
-
-_HISTORY_PARTS = ("refs", "refs/tags", "packed-refs", "objects", "objects/pack", "objects/info", "config")
 
 
 def _changeable(st: os.stat_result) -> str:
