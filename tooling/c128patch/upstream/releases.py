@@ -94,8 +94,10 @@ def _owned(folder: Path) -> None:
     except OSError:  # (not made yet: made by us)
         return
     if why := _changeable(st):
+        mine = "" if why.startswith("owned") else f"chmod go-w {shell_quote(str(folder))}, or "
         raise C128Error(f"the cache folder {folder} is {why}: not used (whoever can change it chooses the wheels "
-                        "and the history the tool takes as upstream's); set C128PATCH_CACHE to a folder of your own")
+                        f"and the history the tool takes as upstream's); {mine}set C128PATCH_CACHE to a folder of "
+                        "your own")
 
 
 def ensure_folder(folder: Path) -> Path:
