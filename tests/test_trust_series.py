@@ -1250,8 +1250,29 @@ def test_a_manifest_config_or_ledger_that_is_huge_is_one_line_unread(tmp_path, m
     ledger = series_folder(tmp_path / "l")
     (ledger / "patches" / "resolutions").mkdir()
     huge(ledger / "patches" / "resolutions" / "ledger.toml")
-    with pytest.raises(C128Error, match="not a resolution ledger \\(not a regular file of at most 64 MiB"):
+    with pytest.raises(C128Error, match="not a resolution ledger \\(not a regular file of at most 1 MiB"):
         Ledger(load_series(ledger)).rows()
+
+
+def test_a_ledger_is_capped_in_bytes_and_rows_to_what_real_ones_hold(tmp_path):
+    """h146: a 64 MiB `ledger.toml` (under the series files' limit) took ~15 s to parse, at every verb reading it, and
+    its rows were not counted. Ours holds 3 rows in 591 bytes: a ledger is read only up to 1 MiB and 5,000 rows, else
+    one line naming it; one of 4,000 real-sized rows reads."""
+    from c128patch.series.ledger import MAX_LEDGER, MAX_LEDGER_ROWS
+
+    series = load_series(series_folder(tmp_path / "s"))
+    (tmp_path / "s/patches/resolutions").mkdir()
+    ledger = tmp_path / "s/patches/resolutions/ledger.toml"
+    row = {"entry": "c128-dspark-record-streams", "key": "0123456789abcdef0123", "match": "0123456789abcdef0123",
+           "file": "python/sglang/srt/speculative/eagle_worker.py", "from": "v0.5.22", "onto": "v0.5.23"}
+    ledger.write_text(tomli_w.dumps({"resolutions": [row] * 4000}))
+    assert len(Ledger(series).rows()) == 4000
+    ledger.write_text("resolutions = [" + ",".join(['{entry="e",key="0",file="f"}'] * (MAX_LEDGER_ROWS + 1)) + "]\n")
+    with pytest.raises(C128Error, match=f"not a resolution ledger \\({MAX_LEDGER_ROWS + 1} resolutions, over the "):
+        Ledger(series).rows()
+    ledger.write_text("# " + "x" * MAX_LEDGER + "\nresolutions = []\n")
+    with pytest.raises(C128Error, match="not a resolution ledger \\(not a regular file of at most 1 MiB: not read"):
+        Ledger(series).rows()
 
 
 def test_status_never_reads_an_overlay_target_bigger_than_any_overlay(tmp_path, monkeypatch):

@@ -30,6 +30,8 @@ from c128patch.series.paths import check_entry_name, confine
 
 _KEY = re.compile(r"[0-9a-f]{1,64}")
 _REV = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]{0,199}")  # a row's ``from``/``onto``: a git rev name, shown in reports
+MAX_LEDGER = 1 << 20  # ledger.toml's bytes: ours holds 3 rows in 591 bytes; 5,000 rows of ~200 bytes fit
+MAX_LEDGER_ROWS = 5000  # (a 64 MiB ledger took 15 s to parse, at every verb that reads it)
 _PARSED: dict[bytes, dict] = {}  # ledger.toml's content digest -> its TOML (``read_toml``; rows are handed out copied)
 _MARKER = re.compile(r"^(<{7}|={7}|>{7}|\|{7})(?: .*)?$", re.M)
 
@@ -109,10 +111,12 @@ class Ledger:
         if not self._confined("ledger.toml").is_file():  # (read through no link of the series')
             return []
         bad = f"{self.index}: not a resolution ledger"
-        doc = read_toml(self.index, bad, _PARSED)
+        doc = read_toml(self.index, bad, _PARSED, MAX_LEDGER)
         rows = doc.get("resolutions", [])
         if not isinstance(rows, list):
             raise C128Error(f"{bad} ('resolutions' must be an array of tables)")
+        if len(rows) > MAX_LEDGER_ROWS:
+            raise C128Error(f"{bad} ({len(rows)} resolutions, over the {MAX_LEDGER_ROWS} a ledger may hold)")
         for i, row in enumerate(rows, 1):
             if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("entry", "key", "file")) \
                     or not all(isinstance(row.get(k, ""), str) for k in ("match", "from", "onto")):

@@ -264,14 +264,15 @@ def keep_written(old: str, new: str) -> str:
     return "".join(out + lines[at:]) + tail
 
 
-def read_toml(path: Path, bad: str, parsed: dict[bytes, Any] | None = None) -> dict[str, Any]:
+def read_toml(path: Path, bad: str, parsed: dict[bytes, Any] | None = None,
+              limit: int = MAX_SERIES_FILE) -> dict[str, Any]:
     """``path`` read as TOML; a file that cannot be is one line: "BAD (why)". ``parsed``: content digest -> what it
-    parsed to, kept there (the caller's, which must not change what it holds)."""
+    parsed to, kept there (the caller's, which must not change what it holds). ``limit``: its most bytes."""
     try:  # a pipe does not hang the open; a sparse file of gigabytes is not read into memory
         with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK)) as fh:
             st = os.fstat(fh.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SERIES_FILE:
-                raise C128Error(f"{bad} (not a regular file of at most {MAX_SERIES_FILE >> 20} MiB: not read)")
+            if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+                raise C128Error(f"{bad} (not a regular file of at most {limit >> 20} MiB: not read)")
             data = fh.read()
             if parsed is None:
                 return tomllib.loads(data.decode("utf-8"))
