@@ -717,3 +717,32 @@ def test_a_huge_results_file_is_one_line_unread(tmp_path):
     res = invoke("matrix", "--results", str(results), "--sglang-rev", "v0.5.23", as_json=False)
     assert res.code == 2 and res.err.strip() == f"c128patch: error: {suite}: {8 << 30} bytes, over the 64 MiB a JSON " \
         "file of ours may hold; not read", res.err
+
+
+@pytest.mark.parametrize("field, value", [("kernels", None), ("kernels", "x"), ("kernels", [1]), ("ok", "false"),
+                                          ("ok", [0]), ("ok", 1)])
+def test_a_results_file_with_a_field_of_another_type_is_one_line_or_not_verified(tmp_path, field, value):
+    """h146: `matrix` summarized a result without checking its fields' types: `"kernels": [1]` (or null, a string)
+    in compile.json was a traceback; `"ok": "false"` (or [0], 1) read as verified. Now a field of another type is
+    one line naming the file, and only JSON's true is ok (the cell failed)."""
+    results = tmp_path / "results"
+    shutil.copytree(REPO_ROOT / "ci" / "gpu" / "results", results)
+    compile_json = results / "v0.5.23" / "compile.json"
+    doc = json.loads(compile_json.read_text())
+    compile_json.write_text(json.dumps({**doc, field: value}))
+    res = invoke("matrix", "--results", str(results), "--sglang-rev", "v0.5.23")
+    if field == "ok":
+        assert res.code == 0 and res.out["releases"][0]["cells"]["compile"]["state"] == "failed", res.out
+    else:
+        assert res.code == 2 and res.err.strip().startswith(f"c128patch: error: {compile_json}: not a compile result "
+                                                            "(a field of the wrong type: "), res.err
+
+
+def test_matrix_results_naming_no_folder_is_one_line(tmp_path):
+    """h146: `matrix --results DIR` with DIR missing (a typo) printed every cell unverified and exited 0."""
+    res = invoke("matrix", "--results", str(tmp_path / "nope"), "--sglang-rev", "v0.5.23", as_json=False)
+    assert res.code == 2 and res.err.strip() == f"c128patch: error: --results {tmp_path / 'nope'} does not exist", \
+        res.err
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    res = invoke("matrix", "--results", str(tmp_path / "gone"), "--sglang-rev", "v0.5.23", as_json=False)
+    assert res.code == 2 and res.err.strip().endswith("gone is a link to nothing, not a folder"), res.err

@@ -39,7 +39,9 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
     from c128patch.progress import reporter, table_console
     from c128patch.textsafe import one_line, text
 
-    if results_dir is not None and os.path.lexists(results_dir) and not results_dir.is_dir():  # (a FIFO: no table)
+    if results_dir is not None and not os.path.lexists(results_dir):  # (read as "no evidence": all unverified, exit 0)
+        raise C128Error(f"--results {results_dir} does not exist")
+    if results_dir is not None and not results_dir.is_dir():  # (a FIFO, a dangling link: no table)
         raise C128Error(f"--results {results_dir} is {what_is(results_dir)}, not a folder")
     series = load_stack(series_dir, layer_dirs, quiet=as_json)
     root = results_dir or results_root(series)

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from c128patch.errors import C128Error
 from c128patch.evidence.keys import EvidenceKey
 from c128patch.jsonio import write_json_atomic
 from c128patch.series.manifest import Series
 from c128patch.smoke.passes import BAD
 from c128patch.smoke.trees import read_json
-from c128patch.textsafe import some
+from c128patch.textsafe import one_line, some
 
 Kind = Literal["compile", "suite", "differential", "memcheck", "racecheck", "initcheck", "synccheck",
                "upstream-suite", "simulation", "kernel-bench"]
@@ -115,8 +116,14 @@ def load_results(root: Path) -> list[Result]:
         for folder, label in [(rev_dir, "patched"), *((d, d.name) for d in sorted(rev_dir.iterdir()) if d.is_dir())]:
             for path in (p for p in sorted(folder.glob("*.json")) if p.stem in KINDS):
                 data = read_json(path) or {}
+                try:  # a field of another type (a list of numbers as `kernels`) was a traceback
+                    summary = summarize(path.stem, data)
+                except (TypeError, AttributeError, KeyError, ValueError) as exc:
+                    raise C128Error(f"{path}: not a {path.stem} result (a field of the wrong type: "
+                                    f"{one_line(str(exc))[:120]})") from None
+                # `ok` only as JSON's true: "false" or [0] read as verified
                 out.append(Result(rev_dir.name, path.stem, label, EvidenceKey.from_json(data.get("key")),
-                                  bool(data.get("ok")), summarize(path.stem, data), path, data))
+                                  data.get("ok") is True, summary, path, data))
     return out
 
 
