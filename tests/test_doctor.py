@@ -232,6 +232,38 @@ def test_a_record_row_naming_a_huge_or_special_file_is_not_read_whole(tmp_path: 
         doctor_module._record(doctor_module.Report(), Dist("0.5.23", info, tmp_path))
 
 
+def test_a_record_row_naming_a_file_outside_the_install_is_never_read(tmp_path: Path):
+    """h146: doctor hashed every file RECORD names, wherever it lay: a row `../../../../secret` (as root,
+    `../../etc/shadow`), `/abs/secret` or a link in site-packages to it was read and its match said ("ok: 3 installed
+    files match RECORD"). Only files in the site folder and the environment's scripts folder (pip's
+    `../../../bin/sglang`) are read; any other row is an error naming it, unread."""
+    from c128patch.serve.install import Dist
+    from c128patch.wheel.tools import record_hash
+
+    site = tmp_path / "env" / "lib" / "python3.11" / "site-packages"
+    info = site / "sglang-0.5.23.dist-info"
+    info.mkdir(parents=True)
+    (site / "sglang").mkdir()
+    (site / "sglang" / "a.py").write_bytes(b"a = 1\n")
+    (tmp_path / "env" / "bin").mkdir()
+    (tmp_path / "env" / "bin" / "sglang").write_bytes(b"#!/bin/sh\n")
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"root:x:0:0\n")
+    (site / "sglang" / "link.py").symlink_to(secret)
+    rows = {"sglang/a.py": b"a = 1\n", "../../../bin/sglang": b"#!/bin/sh\n"}
+    record = "".join(f"{name},{record_hash(data)},{len(data)}\n" for name, data in rows.items())
+    (info / "RECORD").write_text(record)
+    report = doctor_module.Report()
+    doctor_module._record(report, Dist("0.5.23", info, site))
+    assert [(f.level, f.message) for f in report.findings] == [("ok", "2 installed files match RECORD")]
+    for name in ("../../../../secret", str(secret), "sglang/link.py", "../../../bin/../../secret"):
+        (info / "RECORD").write_text(record + f"{name},{record_hash(secret.read_bytes())},11\n")
+        report = doctor_module.Report()
+        doctor_module._record(report, Dist("0.5.23", info, site))
+        ((finding),) = report.findings
+        assert finding.level == "error" and f"{name} (outside the install: not read)" in finding.message, finding
+
+
 def test_a_modified_installed_file_is_an_error_naming_it(patched_python: Path):
     target = next(patched_python.parent.parent.glob("lib/python*/site-packages/sglang/srt/environ.py"))
     original = target.read_bytes()

@@ -239,7 +239,8 @@ def _record(report: Report, sg: Dist) -> None:
                                      "checked")
         return
     sizes = {row[0]: row[2] for row in csv.reader(io.StringIO(text, newline="")) if len(row) >= 3}
-    why = {name: _unlike_record(sg.site / name, digest, sizes.get(name, "")) for name, digest in listed.items()}
+    why = {name: "outside the install: not read" if _outside(sg.site, name) else
+           _unlike_record(sg.site / name, digest, sizes.get(name, "")) for name, digest in listed.items()}
     bad = [f"{name} ({what})" for name, what in why.items() if what and what != "missing"]
     bad += [f"{name} (missing)" for name, what in why.items() if what == "missing"]
     if not bad:
@@ -247,6 +248,15 @@ def _record(report: Report, sg: Dist) -> None:
     else:
         report.add("error", "record", f"{len(bad)} of {len(listed)} installed files differ from RECORD: "
                                       f"{some(bad, 3)}; reinstall the wheel")
+
+
+def _outside(site: Path, name: str) -> bool:
+    """Does RECORD's ``name`` lie (links followed) outside the install: its site folder, or its environment's scripts
+    folder (pip's ``../../../bin/sglang``)? A row naming ``../../etc/shadow`` or ``/etc/shadow`` was hashed and its
+    match said: such a file is not read."""
+    where = os.path.realpath(site / name)
+    roots = [os.path.realpath(site), *([os.path.realpath(site.parents[2] / "bin")] if len(site.parents) > 2 else [])]
+    return not any(where == root or where.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
 
 
 MAX_RECORDED = 1 << 30  # bytes: a file RECORD names is hashed only up to this (sglang's largest is ~25 MB)
