@@ -30,6 +30,8 @@ def test_the_config_of_a_repository_passed_with_repo_or_tree_is_not_read(tmp_pat
     assert res.code == 0, res.err
     assert res.out["layers_in_effect"]["from"] == str(repo / CONFIG)
     assert [r["name"] for r in res.out["layers_in_effect"]["layers"]] == ["acme"]
+    # h146: the folder too (two layers named acme in two folders read alike): what the text says on stderr
+    assert [r["folder"] for r in res.out["layers_in_effect"]["layers"]] == [str((repo / "layers" / "acme").resolve())]
     res = invoke("gates", as_json=False)
     assert f"layers from {repo / CONFIG}: {(repo / 'layers' / 'acme').resolve()}" in res.err, res.err
 
@@ -50,6 +52,7 @@ def test_every_verb_reading_a_tree_applied_with_layers_takes_them_from_its_prove
     assert res.code == 0 and said in res.err, (res.err, res.text)
     res = invoke("status", "--tree", tree)
     assert res.out["equals_series"] and res.out["layers_in_effect"]["from"] == "the tree's provenance", res.out
+    assert [r["folder"] for r in res.out["layers_in_effect"]["layers"]] == [str(layer.resolve())], res.out
     res = invoke("refresh", "--check", "--tree", tree)
     assert res.code == 0 and res.out["changed"] == [], res.out
     assert [r["name"] for r in res.out["layers_in_effect"]["layers"]] == ["acme"]

@@ -202,8 +202,9 @@ def emit_json(data: dict[str, Any], series: Any = None) -> None:
     layers of ``series`` in effect (``load_stack``)."""
     from c128patch.series.layers import layer_rows
 
-    effect = {"layers_in_effect": {"from": getattr(series, "origin", "--layer"), "layers": layer_rows(series)}} \
-        if getattr(series, "layers", None) or getattr(series, "origin", "") else {}
+    effect = {"layers_in_effect": {"from": getattr(series, "origin", "--layer"), "layers": [
+        {**row, "folder": str(layer.root)} for row, layer in zip(layer_rows(series), series.layers)]}} \
+        if getattr(series, "layers", None) or getattr(series, "origin", "") else {}  # (folder: two layers of one name)
     _EMITTED.append(True)
     click.echo(json.dumps({**effect, **data, "schema": SCHEMA_VERSION}, indent=2, sort_keys=True, default=str))
 
