@@ -1315,6 +1315,31 @@ def test_a_pack_of_the_release_cache_damaged_past_its_refs_is_one_line_saying_ho
     assert not (tmp_path / "t").exists(), line
 
 
+def test_a_commit_graph_in_the_release_cache_is_refused_saying_how_to_rebuild(sglang_release_repo, tmp_path,
+                                                                             monkeypatch):
+    """h146: a commit-graph in the release cache (which never writes one) saying v0.5.23's commit has v0.5.22's tree:
+    git's `log --format=%T` read the forged tree; `apply` cloned it into the user's tree (whose `git diff v0.5.23`
+    then showed 2,099 files changed) and said "identical". Refused before any clone, one line naming the cache."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    root = cache / sglang_release_repo.name
+    shutil.copytree(sglang_release_repo, root)
+    (cache / "wheels").symlink_to(sglang_release_repo.parent / "wheels")
+    git = Git(git_dir=root)
+    git.run("commit-graph", "write", "--reachable")
+    graph = root / "objects" / "info" / "commit-graph"
+    real, older = (bytes.fromhex(git.out("rev-parse", f"{tag}^{{tree}}")) for tag in ("v0.5.23", "v0.5.22"))
+    graph.chmod(0o644)
+    graph.write_bytes(graph.read_bytes().replace(real, older))
+    assert git.out("log", "-1", "--format=%T", "v0.5.23") == older.hex()  # git reads the forged tree
+    monkeypatch.setenv("C128PATCH_CACHE", str(cache))
+    for verb in (["apply", "--sglang-rev", "v0.5.23", "--tree", tmp_path / "t"], ["check", "--sglang-rev", "v0.5.23"]):
+        refused(verb, contains=f"the release cache {root} holds objects/info/commit-graph, which this tool never "
+                               f"writes (git would read the releases' trees from it, not from the commits); rebuild "
+                               f"it: rm -rf {root}")
+    assert not (tmp_path / "t").exists()
+
+
 def test_a_huge_contract_lock_or_cuda_only_table_is_one_line_unread(tmp_path, monkeypatch):
     """h133: `patches/contract.lock` (`lint`, `contract`) and `patches/env/cuda-only.toml` (the tier's environment) were
     read whole: an 8 GB sparse one ran the verb out of memory (MemoryError's traceback). Read as every series file is:

@@ -603,6 +603,10 @@ class ReleaseHistory:
     def _check(self, versions: set[str], fresh: set[str]) -> None:
         """Refuse (saying how to rebuild) a corrupt pack or a tag not naming its release wheel's sources."""
         rebuild = f"rebuild it: rm -rf {shell_quote(str(self.root))} (the next run imports the releases again)"
+        for graph in ("commit-graph", "commit-graphs"):  # never written here (fast-import, gc.auto 0): a forged one
+            if os.path.lexists(self.root / "objects" / "info" / graph):  # names other trees for the tags' commits
+                raise C128Error(f"the release cache {self.root} holds objects/info/{graph}, which this tool never "
+                                f"writes (git would read the releases' trees from it, not from the commits); {rebuild}")
         proc = self.git.run("for-each-ref", "--format=%(refname) %(tree)", check=False)
         if proc.returncode != 0:
             raise C128Error(f"the release cache {self.root} is corrupt ({proc.stderr.strip()[-200:]}); {rebuild}")
