@@ -1340,6 +1340,29 @@ def test_a_commit_graph_in_the_release_cache_is_refused_saying_how_to_rebuild(sg
     assert not (tmp_path / "t").exists()
 
 
+def test_a_pack_index_of_the_release_cache_damaged_is_one_line_saying_how_to_rebuild(sglang_release_repo, tmp_path,
+                                                                                   monkeypatch):
+    """h146: 100 bytes of the release history's pack index damaged (a disk error, a bad copy): git found some objects
+    where they are not, and `apply` said entry c128-plan-zero-rows "does not apply to v0.5.23" (exit 1, a conflict
+    left in a fresh tree). The index's own checksum is checked first (~1 ms): one line naming the cache."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    root = cache / sglang_release_repo.name
+    shutil.copytree(sglang_release_repo, root)
+    (cache / "wheels").symlink_to(sglang_release_repo.parent / "wheels")
+    monkeypatch.setenv("C128PATCH_CACHE", str(cache))
+    idx = max((root / "objects" / "pack").glob("*.idx"), key=lambda p: p.stat().st_size)
+    idx.chmod(0o644)
+    data = idx.read_bytes()
+    idx.write_bytes(data[:2000] + b"\xff" * 100 + data[2100:])
+    for verb in (["apply", "--sglang-rev", "v0.5.23", "--tree", tmp_path / "t"], ["check", "--sglang-rev", "v0.5.23"]):
+        refused(verb, contains=f"the release cache {root} is corrupt (objects/pack/{idx.name} fails its checksum); "
+                               f"rebuild it: rm -rf {root}")
+    assert not (tmp_path / "t").exists()
+    idx.write_bytes(data)
+    assert invoke("check", "--sglang-rev", "v0.5.23").code == 0
+
+
 def test_a_huge_contract_lock_or_cuda_only_table_is_one_line_unread(tmp_path, monkeypatch):
     """h133: `patches/contract.lock` (`lint`, `contract`) and `patches/env/cuda-only.toml` (the tier's environment) were
     read whole: an 8 GB sparse one ran the verb out of memory (MemoryError's traceback). Read as every series file is:
