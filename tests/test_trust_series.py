@@ -1338,6 +1338,12 @@ def test_a_commit_graph_in_the_release_cache_is_refused_saying_how_to_rebuild(sg
                                f"writes (git would read the releases' trees from it, not from the commits); rebuild "
                                f"it: rm -rf {root}")
     assert not (tmp_path / "t").exists()
+    graph.rename(tmp_path / "commit-graph")  # the same graph in another object store the cache borrows from
+    (tmp_path / "alt" / "info").mkdir(parents=True)
+    (root / "objects" / "info" / "alternates").write_text(f"{tmp_path / 'alt'}\n")
+    (tmp_path / "commit-graph").rename(tmp_path / "alt" / "info" / "commit-graph")
+    assert git.out("log", "-1", "--format=%T", "v0.5.23") == older.hex()  # read there too
+    refused(["check", "--sglang-rev", "v0.5.23"], contains=f"the release cache {root} holds objects/info/alternates")
 
 
 def test_a_pack_index_of_the_release_cache_damaged_is_one_line_saying_how_to_rebuild(sglang_release_repo, tmp_path,

@@ -621,8 +621,10 @@ class ReleaseHistory:
     def _check(self, versions: set[str], fresh: set[str]) -> None:
         """Refuse (saying how to rebuild) a corrupt pack or a tag not naming its release wheel's sources."""
         rebuild = f"rebuild it: rm -rf {shell_quote(str(self.root))} (the next run imports the releases again)"
-        for graph in ("commit-graph", "commit-graphs"):  # never written here (fast-import, gc.auto 0): a forged one
-            if os.path.lexists(self.root / "objects" / "info" / graph):  # names other trees for the tags' commits
+        # never written here (fast-import, gc.auto 0): a forged graph names other trees for the tags' commits, and an
+        # alternates file borrows another object store, its graph read as well
+        for graph in ("commit-graph", "commit-graphs", "alternates", "http-alternates"):
+            if os.path.lexists(self.root / "objects" / "info" / graph):
                 raise C128Error(f"the release cache {self.root} holds objects/info/{graph}, which this tool never "
                                 f"writes (git would read the releases' trees from it, not from the commits); {rebuild}")
         for idx in sorted((self.root / "objects" / "pack").glob("*.idx")):  # (~1 ms: ~320 KB hashed)
