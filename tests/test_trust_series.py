@@ -1369,6 +1369,22 @@ def test_a_pack_index_of_the_release_cache_damaged_is_one_line_saying_how_to_reb
     assert invoke("check", "--sglang-rev", "v0.5.23").code == 0
 
 
+def test_apply_repo_with_a_damaged_pack_index_is_one_line_not_a_conflict(sglang_release_repo, tmp_path):
+    """h146: `apply --repo BARE` whose pack index is damaged: the fresh clone shares it, git found some objects where
+    they are not, and apply said entry c128-plan-zero-rows "does not apply" (a conflict, the clone left). At a stop in
+    a fresh clone the source's indexes are checked (only then): one line naming the repository, the clone removed."""
+    repo = tmp_path / "repo.git"
+    subprocess.run(["git", "clone", "-q", "--bare", "--no-local", str(sglang_release_repo), str(repo)], check=True)
+    idx = max((repo / "objects" / "pack").glob("*.idx"), key=lambda p: p.stat().st_size)
+    idx.chmod(0o644)
+    data = idx.read_bytes()
+    idx.write_bytes(data[:2000] + b"\xff" * 100 + data[2100:])
+    refused(["apply", "--repo", repo, "--sglang-rev", "v0.5.23", "--tree", tmp_path / "t"],
+            contains=f"the repository {repo.resolve()} is damaged (objects/pack/{idx.name} fails its checksum), not "
+                     "the series: repair it or clone it again")
+    assert not (tmp_path / "t").exists()
+
+
 def test_a_huge_contract_lock_or_cuda_only_table_is_one_line_unread(tmp_path, monkeypatch):
     """h133: `patches/contract.lock` (`lint`, `contract`) and `patches/env/cuda-only.toml` (the tier's environment) were
     read whole: an 8 GB sparse one ran the verb out of memory (MemoryError's traceback). Read as every series file is:

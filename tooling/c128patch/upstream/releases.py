@@ -548,6 +548,11 @@ def _index_sound(idx: Path) -> bool:
     return hashlib.sha1(data[:-20]).digest() == data[-20:] and data[-40:-20] == tail
 
 
+def damaged_index(objects: Path) -> str | None:
+    """The name of the first pack index under ``objects`` that fails its checksum (``_index_sound``), else None."""
+    return next((idx.name for idx in sorted((objects / "pack").glob("*.idx")) if not _index_sound(idx)), None)
+
+
 class ReleaseHistory:
     """The cached release-history repository (bare)."""
 
@@ -627,10 +632,10 @@ class ReleaseHistory:
             if os.path.lexists(self.root / "objects" / "info" / graph):
                 raise C128Error(f"the release cache {self.root} holds objects/info/{graph}, which this tool never "
                                 f"writes (git would read the releases' trees from it, not from the commits); {rebuild}")
-        for idx in sorted((self.root / "objects" / "pack").glob("*.idx")):  # (~1 ms: ~320 KB hashed)
-            if not _index_sound(idx):  # damaged: git found some objects where they are not, the patches "did not apply"
-                raise C128Error(f"the release cache {self.root} is corrupt (objects/pack/{idx.name} fails its "
-                                f"checksum); {rebuild}")
+        if bad := damaged_index(self.root / "objects"):  # (~1 ms: ~320 KB hashed)
+            # damaged: git found some objects where they are not, the patches "did not apply"
+            raise C128Error(f"the release cache {self.root} is corrupt (objects/pack/{bad} fails its checksum); "
+                            f"{rebuild}")
         proc = self.git.run("for-each-ref", "--format=%(refname) %(tree)", check=False)
         if proc.returncode != 0:
             raise C128Error(f"the release cache {self.root} is corrupt ({proc.stderr.strip()[-200:]}); {rebuild}")
