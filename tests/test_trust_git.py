@@ -956,6 +956,19 @@ def test_a_journal_field_git_would_read_as_an_option_is_refused_before_git_runs(
     assert git.out("for-each-ref", "--format=%(refname) %(objectname)") == before and git.current_branch() != "pwned"
 
 
+@pytest.mark.parametrize("field, value", [("layers", [1]), ("layers", [None]), ("layers", ["a\0b"]), ("layers", [""]),
+                                          ("series_root", "a\0b"), ("series_root", "")])
+def test_a_journal_naming_a_folder_that_is_no_path_is_one_line(series, tree, field, value):
+    """h146: a journal's `layers` was checked to be a list, its items not: `"layers": [1]` made `rebase --continue`
+    (and `apply --continue`) TypeError's traceback, a NUL in a folder ValueError's. A corrupt journal: one line."""
+    git, path, data = stopped_rebase(series, tree)
+    data[field] = value
+    path.write_text(json.dumps(data))
+    for verb in ("--continue", "--skip"):
+        refused(["rebase", verb, "--tree", tree], tree, f"cannot read the c128patch rebase journal {path} ({field!r} "
+                                                        f"holds {json.dumps(value)}, not folder paths)")
+
+
 def test_an_upstream_attribute_marking_files_binary_never_makes_refresh_write_a_binary_hunk(series, tree):
     """Upstream commits `*.cuh -diff`: the patch refresh wrote for a commit of the user's on the patched branch was
     "Binary files ... differ", a corrupt patch written into the series ("written, but lint fails on it")."""

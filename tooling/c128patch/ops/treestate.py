@@ -235,6 +235,15 @@ def read_journal(git: Git, path: Path, what: str) -> dict:
     return data
 
 
+_FOLDERS = ("series_root", "layers")  # a journal's folders: paths, each a non-empty string
+
+
+def shown_value(value: Any) -> str:
+    """A journal's value in a message: short, on one line."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:60] + "…"
+
+
 _TYPES: dict[str, type] = {"str": str, "int": int, "bool": bool, "dict": dict, "list": list, "None": type(None)}
 
 
@@ -256,6 +265,10 @@ def checked_fields(cls: type, data: dict, git: Git, path: Path, what: str) -> di
             raise corrupt_journal(git, path, what, f"{f.name!r} is a {type(value).__name__}")
         if f.name in _GIT_WORDS and isinstance(value, str) and value.startswith("-"):
             raise corrupt_journal(git, path, what, f"{f.name!r} starts with '-' (git would take it for an option)")
+        if f.name in _FOLDERS and not all(isinstance(v, str) and v and "\0" not in v
+                                          for v in (value if isinstance(value, list) else [value])):
+            # (`"layers": [1]` was TypeError's traceback at --continue, a NUL ValueError's)
+            raise corrupt_journal(git, path, what, f"{f.name!r} holds {shown_value(value)}, not folder paths")
     return dict(data)
 
 
