@@ -81,7 +81,8 @@ def test_a_hostile_committed_provenance_is_no_record_to_apply_not_a_traceback(tm
     refuse_taken_branch(series, git, "b", target)  # no record: nothing it holds to protect
 
 
-@pytest.mark.parametrize("folders", ["[", "5", "[1]", DEEP_JSON, b"\xff"], ids=["bad", "int", "list", "deep", "bytes"])
+@pytest.mark.parametrize("folders", ["[", "5", "[1]", DEEP_JSON, b"\xff", '["/a\\u0000b"]'],
+                         ids=["bad", "int", "list", "deep", "bytes", "nul"])  # (nul: h146, ValueError's traceback)
 def test_an_unreadable_record_of_a_trees_layer_folders_is_one_line(tmp_path: Path, folders):
     """Every verb in a layered tree reads the folders its layers were applied from (the git dir's layers.json):
     one that is not a list of paths was a traceback (ValueError, TypeError, RecursionError, UnicodeDecodeError)."""

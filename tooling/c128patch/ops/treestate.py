@@ -96,7 +96,8 @@ def tree_layers(git: Git) -> tuple[Path, ...]:
     if not names:
         return ()
     path = c128_state_dir(git) / "layers.json"
-    folders = [Path(f) for f in read_json(path, list) or [] if isinstance(f, str)]  # input: the git dir's
+    # input: the git dir's (a NUL in one: ValueError's traceback in every verb run in the tree)
+    folders = [Path(f) for f in read_json(path, list) or [] if isinstance(f, str) and "\0" not in f]
     usable = [f.is_absolute() and f.resolve() == f and (f / MANIFEST).is_file() for f in folders]
     if len(folders) != len(names) or not all(usable):
         gone = [f"{f} (layer {name}) " + ("is gone (moved or removed)" if not f.exists() else f"holds no {MANIFEST}")
