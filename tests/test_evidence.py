@@ -734,8 +734,8 @@ def test_a_results_file_with_a_field_of_another_type_is_one_line_or_not_verified
     if field == "ok":
         assert res.code == 0 and res.out["releases"][0]["cells"]["compile"]["state"] == "failed", res.out
     else:
-        assert res.code == 2 and res.err.strip().startswith(f"c128patch: error: {compile_json}: not a compile result "
-                                                            "(a field of the wrong type: "), res.err
+        said = f"c128patch: error: {compile_json}: not a valid compile.json result (a field of the wrong type: "
+        assert res.code == 2 and res.err.strip().startswith(said), res.err
 
 
 def test_matrix_results_naming_no_folder_is_one_line(tmp_path):

@@ -119,7 +119,7 @@ def load_results(root: Path) -> list[Result]:
                 try:  # a field of another type (a list of numbers as `kernels`) was a traceback
                     summary = summarize(path.stem, data)
                 except (TypeError, AttributeError, KeyError, ValueError) as exc:
-                    raise C128Error(f"{path}: not a {path.stem} result (a field of the wrong type: "
+                    raise C128Error(f"{path}: not a valid {path.stem}.json result (a field of the wrong type: "
                                     f"{one_line(str(exc))[:120]})") from None
                 # `ok` only as JSON's true: "false" or [0] read as verified
                 out.append(Result(rev_dir.name, path.stem, label, EvidenceKey.from_json(data.get("key")),

@@ -628,10 +628,12 @@ class ReleaseHistory:
         rebuild = f"rebuild it: rm -rf {shell_quote(str(self.root))} (the next run imports the releases again)"
         # never written here (fast-import, gc.auto 0): a forged graph names other trees for the tags' commits, and an
         # alternates file borrows another object store, its graph read as well
-        for graph in ("commit-graph", "commit-graphs", "alternates", "http-alternates"):
-            if os.path.lexists(self.root / "objects" / "info" / graph):
-                raise C128Error(f"the release cache {self.root} holds objects/info/{graph}, which this tool never "
-                                f"writes (git would read the releases' trees from it, not from the commits); {rebuild}")
+        info = self.root / "objects" / "info"
+        for foreign in (info / "commit-graph", info / "commit-graphs", info / "alternates", info / "http-alternates"):
+            if os.path.lexists(foreign):
+                raise C128Error(f"the release cache {self.root} holds objects/info/{foreign.name}, which this tool "
+                                f"never writes (git would read the releases' trees from it, not from the commits); "
+                                f"{rebuild}")
         if bad := damaged_index(self.root / "objects"):  # (~1 ms: ~320 KB hashed)
             # damaged: git found some objects where they are not, the patches "did not apply"
             raise C128Error(f"the release cache {self.root} is corrupt (objects/pack/{bad} fails its checksum); "
