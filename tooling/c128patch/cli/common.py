@@ -172,6 +172,12 @@ def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path
     return series
 
 
+def in_effect(series: Any) -> None:
+    """``series`` (or None) is the stack of this run: its layers go into an error object too (a verb that reads its
+    layers without ``load_stack``: verify-wheel)."""
+    _IN_EFFECT[:] = [series] if series is not None else []
+
+
 def recorded_layers_said(series: Any, quiet: bool = False) -> Any:
     """``series``, taken from an apply or rebase journal (``--continue``, ``--skip``, ``--drop``): its layers said as
     ``load_stack`` says them (on stderr, unless ``quiet``: --json, whose report and error object carry them)."""

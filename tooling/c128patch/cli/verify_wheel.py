@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import _IN_EFFECT, emit_json, json_verb, layer_option, say
+from c128patch.cli.common import emit_json, in_effect, json_verb, layer_option, say
 
 
 @click.command("verify-wheel")
@@ -40,7 +40,7 @@ def command(wheel: Path, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
     # a wheel claiming this tool's series by name and version must carry it
     ours = load_series(series_dir or default_series_root())
     series = stack(ours, layer_dirs) if series_dir is not None or layer_dirs else None
-    _IN_EFFECT[:] = [series] if series is not None else []  # (its --json, an error object too: layers_in_effect)
+    in_effect(series)
     result = verify_wheel(wheel, series, compile_all, authenticity=not no_authenticity, upstream_wheel=upstream_wheel,
                           known=ours)
     if as_json:
