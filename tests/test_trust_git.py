@@ -1402,6 +1402,15 @@ def test_the_operators_remote_settings_never_keep_a_url_mirror_from_fetching_a_n
     assert res.code == 0, res.err
 
 
+def _partial_clone(repo: Path, dest: Path, how: str) -> Path:
+    """A blobless clone of ``repo`` (through a file:// server that serves filters) at ``dest``."""
+    server = dest.parent / "server.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(repo), str(server)], check=True)
+    subprocess.run(["git", "-C", str(server), "config", "uploadpack.allowFilter", "true"], check=True)
+    subprocess.run(["git", "clone", "--quiet", how, "--filter=blob:none", server.as_uri(), str(dest)], check=True)
+    return dest
+
+
 def test_a_partial_clone_whose_remote_names_a_program_runs_nothing_on_a_missing_object(series, marker,
                                                                                         sglang_release_repo, tmp_path):
     """h140: a `--repo` that is a partial clone (`--filter=blob:none`: remote.origin.promisor) with
@@ -1409,12 +1418,7 @@ def test_a_partial_clone_whose_remote_names_a_program_runs_nothing_on_a_missing_
     and ran the program. Now refused in one line; and no call of the tool's but a clone or fetch reaches a remote at
     all (`protocol.*.allow=never`), whatever the repository's own `protocol.file.allow` says."""
     prog, mark = marker
-    server = tmp_path / "server.git"
-    subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(sglang_release_repo), str(server)], check=True)
-    subprocess.run(["git", "-C", str(server), "config", "uploadpack.allowFilter", "true"], check=True)
-    partial = tmp_path / "partial.git"
-    subprocess.run(["git", "clone", "--quiet", "--bare", "--filter=blob:none", server.as_uri(), str(partial)],
-                   check=True)
+    partial = _partial_clone(sglang_release_repo, tmp_path / "partial.git", "--bare")
     for key, value in (("remote.origin.uploadpack", f"{prog} </dev/null; git-upload-pack"),
                        ("protocol.file.allow", "always")):
         subprocess.run(["git", "-C", str(partial), "config", key, value], check=True)
@@ -1431,12 +1435,7 @@ def test_a_partial_clone_whose_remote_names_a_program_runs_nothing_on_a_missing_
 def test_the_full_clone_a_partial_clones_refusal_prints_is_taken_as_printed(series, sglang_release_repo, tmp_path):
     """The refusal of a partial clone names a command making a full one from its remote: run as printed (bash), then
     `check --repo` on what it made."""
-    server = tmp_path / "server.git"
-    subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(sglang_release_repo), str(server)], check=True)
-    subprocess.run(["git", "-C", str(server), "config", "uploadpack.allowFilter", "true"], check=True)
-    partial = tmp_path / "my sglang"
-    subprocess.run(["git", "clone", "--quiet", "--filter=blob:none", "--no-checkout", server.as_uri(), str(partial)],
-                   check=True)
+    partial = _partial_clone(sglang_release_repo, tmp_path / "my sglang", "--no-checkout")
     line = refused(["check", "--sglang-rev", "v0.5.23", "--repo", partial, "--series", series], None,
                    "use a full clone: ")
     command, _, repo = line.split("use a full clone: ", 1)[1].rpartition(", then --repo ")
