@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from c128patch.upstream.releases import wheel_for
-from c128patch.wheel.patch import patch_wheel
 from support import REPO_ROOT, invoke
 
 DOC = (REPO_ROOT / "docs" / "deploy.md").read_text()
@@ -27,12 +26,23 @@ def doc_command(prefix: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory, real_series, sglang_release_repo: Path) -> dict:
-    """A venv with upstream sglang 0.5.23, and the patched wheel of it."""
+def wheels_doc_example(tmp_path_factory: pytest.TempPathFactory, sglang_release_repo: Path):
+    """docs/wheels.md's example as written (its first line run in a fresh folder): (the doc, its console block, the
+    run, the folder). Its wheel is the series' 0.5.23 wheel for this interpreter, the one the venv installs: built
+    once for both."""
+    doc = (REPO_ROOT / "docs" / "wheels.md").read_text()
+    block = doc.split("```console\n", 1)[1].split("\n```", 1)[0].splitlines()
+    assert block[0] == "$ c128patch wheel --from-release 0.5.23 -o dist"
+    folder = tmp_path_factory.mktemp("wheels-doc")
+    return doc, block, run_doc_line(block[0].removeprefix("$ "), folder), folder
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory, wheels_doc_example) -> dict:
+    """A venv with upstream sglang 0.5.23, and the patched wheel of it (docs/wheels.md's example's)."""
     root = tmp_path_factory.mktemp("deploy")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("SOURCE_DATE_EPOCH", raising=False)
-        wheel = Path(patch_wheel(real_series, wheel_for("0.5.23"), root / "dist").wheel)
+    folder = wheels_doc_example[3]
+    (wheel,) = (folder / "dist").glob("sglang-0.5.23+c128.*.whl")
     subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True)
     python = root / "venv" / "bin" / "python"
     pip = [str(python), "-m", "pip", "--disable-pip-version-check", "--no-input"]
@@ -130,13 +140,10 @@ def test_step_1_and_the_readme_install_line_each_match_one_wheel(tmp_path: Path,
     assert Path(tmp_path / words[3]).is_file() and Path(words[3]).parent == Path("dist")
 
 
-def test_the_wheels_doc_example_shows_the_real_label(tmp_path: Path, sglang_release_repo: Path):
-    doc = (REPO_ROOT / "docs" / "wheels.md").read_text()
-    block = doc.split("```console\n", 1)[1].split("\n```", 1)[0].splitlines()
-    assert block[0] == "$ c128patch wheel --from-release 0.5.23 -o dist"
-    res = run_doc_line(block[0].removeprefix("$ "), tmp_path)
+def test_the_wheels_doc_example_shows_the_real_label(wheels_doc_example):
+    doc, block, res, folder = wheels_doc_example  # its first line run as written (the fixture)
     printed = next(line for line in res.text.splitlines() if not line.startswith(" "))  # after the entries
-    assert block[1] == printed and (tmp_path / printed).is_file()
+    assert block[1] == printed and (folder / printed).is_file()
     version = printed.split("/")[1].split("-")[1]
     assert set(re.findall(r"0\.5\.23(?:\+|%2B)c128\.[0-9a-z.]+?(?=-|`)", doc)) == {version,
                                                                                   version.replace("+", "%2B")}
