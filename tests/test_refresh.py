@@ -27,13 +27,27 @@ def cli(*args: str) -> tuple[int, dict]:
     return res.code, json.loads(res.text)
 
 
-@pytest.fixture
-def applied(tmp_path: Path, sglang_release_repo: Path, upstream_clone: Path) -> tuple[Path, Path]:
-    series = make_test_series(tmp_path / "series", sglang_release_repo, EDIT)
-    assert cli("apply", "--sglang-rev", "v0.5.23", "--repo", str(upstream_clone), "--series", str(series))[0] == 0
-    code, out = cli("refresh", "--tree", str(upstream_clone), "--series", str(series))  # normalize once
+@pytest.fixture(scope="module")
+def applied_once(tmp_path_factory: pytest.TempPathFactory, sglang_release_repo: Path) -> Path:
+    """The folder holding ``series`` (the test series) and ``sglang`` (a clone of the releases it was applied to at
+    v0.5.23, then refreshed once to normalize): made once, copied for each test (``applied``)."""
+    root = tmp_path_factory.mktemp("applied")
+    series, tree = make_test_series(root / "series", sglang_release_repo, EDIT), root / "sglang"
+    subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(sglang_release_repo), str(tree)], check=True)
+    subprocess.run(["git", "-C", str(tree), "checkout", "--quiet", "-b", "main", "v0.5.23"], check=True)
+    assert cli("apply", "--sglang-rev", "v0.5.23", "--repo", str(tree), "--series", str(series))[0] == 0
+    code, out = cli("refresh", "--tree", str(tree), "--series", str(series))  # normalize once
     assert code == 0, out
-    return series, upstream_clone
+    return root
+
+
+@pytest.fixture
+def applied(tmp_path: Path, applied_once: Path) -> tuple[Path, Path]:
+    """(series, tree): a copy of ``applied_once`` for one test to change (cp -a: the clone's .git state with it; no
+    absolute path is recorded in the tree or the series), at tmp_path/series and tmp_path/sglang as before."""
+    for name in ("series", "sglang"):
+        subprocess.run(["cp", "-a", str(applied_once / name), str(tmp_path / name)], check=True)
+    return tmp_path / "series", tmp_path / "sglang"
 
 
 def files(series: Path) -> dict[str, bytes]:
