@@ -79,6 +79,25 @@ ENV_PY = "python/sglang/srt/environ.py"
 SPOOF = b"Subject: [PATCH] x\n\nC128patch-Entry: c128-dspark-online-env\n---\n"
 
 
+@pytest.fixture(scope="module")
+def applied_023(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A clone of the releases (as ``upstream_clone``) with the product series applied at v0.5.23 by `apply` (no
+    layer): made once, copied for each test that starts there (``applied_clone``)."""
+    dest = tmp_path_factory.mktemp("applied-023") / "sglang"
+    subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(sglang_release_repo), str(dest)], check=True)
+    subprocess.run(["git", "-C", str(dest), "checkout", "--quiet", "-b", "main", "v0.5.23"], check=True)
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", dest).code == 0
+    return dest
+
+
+@pytest.fixture
+def applied_clone(applied_023: Path, tmp_path: Path) -> Path:
+    """``upstream_clone`` (tmp_path/sglang) after ``apply --sglang-rev v0.5.23 --repo`` it: a copy of ``applied_023``
+    (cp -a: its .git state with it; the tree records no absolute path of its own), for one test to change."""
+    subprocess.run(["cp", "-a", str(applied_023), str(tmp_path / "sglang")], check=True)
+    return tmp_path / "sglang"
+
+
 @pytest.mark.parametrize("manifest, files, says", [
     ('\n[[entries]]\nname = "x"\nkind = "patch"\nfile = "../x.patch"\nwhy = "w"\n', {}, "unsafe path"),
     ('\n[[entries]]\nname = "x"\nkind = "overlay"\nsource = "overlay/x.py"\ntarget = "python/.git/hooks/post-checkout"'
@@ -286,37 +305,34 @@ def full_disk(path: Path, data: bytes) -> None:
     raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
 
-def test_add_entry_to_a_folder_that_is_not_there_is_one_line_naming_layer_new(tmp_path, upstream_clone):
+def test_add_entry_to_a_folder_that_is_not_there_is_one_line_naming_layer_new(tmp_path, applied_clone):
     """A mistyped --layer (or a layer not made yet): a FileNotFoundError traceback from the layer's lock; it is one
     line naming `layer new`, nothing written."""
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
     res = invoke("layer", "add-entry", "--layer", tmp_path / "nowhere", "--from-commit", "HEAD", "--tree",
-                 upstream_clone, "--why", "w", as_json=False)
+                 applied_clone, "--why", "w", as_json=False)
     assert res.code == 2 and "Traceback" not in res.err and len(res.err.strip().splitlines()) == 1, res.err
     assert f"no layer at {tmp_path / 'nowhere'}" in res.err and "c128patch layer new " in res.err, res.err
     assert not (tmp_path / "nowhere").exists()
 
 
-def test_a_layer_entry_adding_non_ascii_text_is_taken_and_loads(tmp_path, upstream_clone):
+def test_a_layer_entry_adding_non_ascii_text_is_taken_and_loads(tmp_path, applied_clone):
     """A commit adding "# café → naïve" (UTF-8) to a file: add-entry said it made the entry, then every verb refused the
     layer ("patch ... is refused: 'ascii' codec can't encode characters"): the email parser had decoded the diff's
     bytes before the trailers were read from them."""
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
     anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
-    sha = commit_on(upstream_clone, ENV_PY, anchor, anchor + "    # acme: café → naïve\n", "acme: a comment")
+    sha = commit_on(applied_clone, ENV_PY, anchor, anchor + "    # acme: café → naïve\n", "acme: a comment")
     layer = tmp_path / "acme"
     assert invoke("layer", "new", layer, "--name", "acme").code == 0
-    add = invoke("layer", "add-entry", "--layer", layer, "--from-commit", sha, "--tree", upstream_clone, "--why", "w")
+    add = invoke("layer", "add-entry", "--layer", layer, "--from-commit", sha, "--tree", applied_clone, "--why", "w")
     assert add.code == 0, add.out
     lint = invoke("lint", "--offline", "--layer", layer)
     assert lint.code == 0 and lint.out["ok"] is True, lint.out
 
 
-def test_add_entry_makes_the_example_layers_first_entry_from_a_commit(tmp_path, upstream_clone, monkeypatch):
+def test_add_entry_makes_the_example_layers_first_entry_from_a_commit(tmp_path, applied_clone, monkeypatch):
     """The example's first entry was made by `layer add-entry`; the same commit gives the same file."""
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
     anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
-    sha = commit_on(upstream_clone, ENV_PY, anchor, anchor + "    # acme site layer: floor the DSPARK steps-per-second "
+    sha = commit_on(applied_clone, ENV_PY, anchor, anchor + "    # acme site layer: floor the DSPARK steps-per-second "
                     "cost table (default off).\n    SGLANG_ACME_SPS_FLOOR = EnvBool(False)\n",
                     "acme: declare SGLANG_ACME_SPS_FLOOR (default off)\n\nThe acme site's switch for the "
                     "steps-per-second floor; this only declares it.")
@@ -325,61 +341,59 @@ def test_add_entry_makes_the_example_layers_first_entry_from_a_commit(tmp_path, 
     manifest = layer / "patches" / "series.toml"
     gates = (EXAMPLE / "patches" / "series.toml").read_text().split("[[gates]]", 1)[1]
     manifest.write_text(manifest.read_text() + "\n[[gates]]" + gates)
-    before = snapshot(upstream_clone)
-    add = ["layer", "add-entry", "--layer", layer, "--from-commit", sha[:10], "--tree", upstream_clone, "--why", "w"]
+    before = snapshot(applied_clone)
+    add = ["layer", "add-entry", "--layer", layer, "--from-commit", sha[:10], "--tree", applied_clone, "--why", "w"]
     files = {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()}
     with monkeypatch.context() as m:  # a full disk while staging: one line, the layer as it was, no leftovers
         m.setattr(txn, "write_atomic", full_disk)
-        line = refused(add, upstream_clone, "No space left on device")
+        line = refused(add, applied_clone, "No space left on device")
     assert "nothing was changed in" in line and {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()} == files
-    res = invoke("layer", "add-entry", "--layer", layer, "--from-commit", sha[:10], "--tree", upstream_clone,
+    res = invoke("layer", "add-entry", "--layer", layer, "--from-commit", sha[:10], "--tree", applied_clone,
                  "--gate", "SGLANG_ACME_SPS_FLOOR", "--name", "acme-sps-env",
                  "--why", "declare the acme site's SGLANG_ACME_SPS_FLOOR beside the other speculative-decoding envs")
     assert res.code == 0 and res.out["entry"] == "acme/acme-sps-env" and res.out["findings"] == [], res.out
-    assert snapshot(upstream_clone) == before  # the branch is not changed
+    assert snapshot(applied_clone) == before  # the branch is not changed
     made = (layer / "patches" / "0001-acme-sps-env.patch").read_bytes()
     assert made == (EXAMPLE / "patches" / "0001-acme-sps-env.patch").read_bytes()
     assert load_series(layer).entries[0].sha256 == hashlib.sha256(made).hexdigest()
-    other = commit_on(upstream_clone, ENV_PY, anchor, anchor + "    SGLANG_ACME_OTHER = EnvBool(False)\n", "other")
-    again = invoke("layer", "add-entry", "--layer", layer, "--from-commit", other, "--tree", upstream_clone,
+    other = commit_on(applied_clone, ENV_PY, anchor, anchor + "    SGLANG_ACME_OTHER = EnvBool(False)\n", "other")
+    again = invoke("layer", "add-entry", "--layer", layer, "--from-commit", other, "--tree", applied_clone,
                    "--name", "acme-sps-env", "--why", "again", as_json=False)
     assert again.code == 2 and "has an entry 'acme-sps-env' already" in again.err
 
 
-def test_add_entry_run_again_on_the_same_commit_names_the_entry_it_is_and_adds_no_second_one(tmp_path, upstream_clone):
+def test_add_entry_run_again_on_the_same_commit_names_the_entry_it_is_and_adds_no_second_one(tmp_path, applied_clone):
     """A user re-runs the add-entry they ran (issue 37's walk): refused, naming the entry the commit is already, and
     no `pass --name`, which made a second entry of the same change that no apply can replay."""
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
     anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
-    sha = commit_on(upstream_clone, ENV_PY, anchor, anchor + "    # acme: the site's note\n", "acme: the site's note")
+    sha = commit_on(applied_clone, ENV_PY, anchor, anchor + "    # acme: the site's note\n", "acme: the site's note")
     layer = tmp_path / "acme"
     assert invoke("layer", "new", layer, "--name", "acme").code == 0
-    add = ["layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", upstream_clone, "--why", "w"]
+    add = ["layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", applied_clone, "--why", "w"]
     first = invoke(*add, as_json=False)
     assert first.code == 0, first.err
     # the next step it prints, run as printed: the stack applied beside the branch, which keeps the commit
     nxt = printed_command(first.text, "c128patch apply ")
     assert nxt == shlex.join(["c128patch", "apply", "--sglang-rev", "v0.5.23", "--layer", str(layer), "--tree",
-                              f"{upstream_clone}-acme"]) and f"  next: {nxt}" in first.text
+                              f"{applied_clone}-acme"]) and f"  next: {nxt}" in first.text
     ran = run_printed(nxt, cwd=tmp_path)
     assert ran.returncode == 0 and "acme/acme-the-site-s-note" in ran.stdout, ran.stderr[-2000:]
     files = {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()}
     for extra in ([], ["--name", "second"]):
-        line = refused([*add, *extra], upstream_clone,
+        line = refused([*add, *extra], applied_clone,
                        f"commit {sha[:12]} is entry 'acme/acme-the-site-s-note' of layer acme already")
         assert "--name" not in line and "nothing was written" in line, line
     assert {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()} == files
 
 
-def test_a_commit_carried_by_a_rebase_becomes_a_layer_entry_by_the_commands_printed(tmp_path, upstream_clone):
+def test_a_commit_carried_by_a_rebase_becomes_a_layer_entry_by_the_commands_printed(tmp_path, applied_clone):
     """Helper 108's case 04: (a) the rebase's note named `c128patch layer add-entry` with no arguments, and add-entry
     on the rebased tree printed an apply that made a new tree without the commit; (b) back on the layer's base,
     `--from-commit HEAD` named the rebase's provenance record ("is entry 'provenance' already"). Each printed
     sequence now carries the commit and works as printed; HEAD takes the user's commit below the record."""
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
     anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
-    commit_on(upstream_clone, ENV_PY, anchor, anchor + "    # site: the note\n", "site fix")
-    back = invoke("rebase", "--onto", "v0.5.22", "--tree", upstream_clone, as_json=False)
+    commit_on(applied_clone, ENV_PY, anchor, anchor + "    # site: the note\n", "site fix")
+    back = invoke("rebase", "--onto", "v0.5.22", "--tree", applied_clone, as_json=False)
     assert back.code == 0, back.err
     made = run_printed(printed_command(back.text, "c128patch layer new "))  # a layer on the tree's base, the entry
     assert made.returncode == 0, made.stdout + made.stderr
@@ -388,9 +402,9 @@ def test_a_commit_carried_by_a_rebase_becomes_a_layer_entry_by_the_commands_prin
 
     site = tmp_path / "site"
     assert invoke("layer", "new", site, "--name", "site").code == 0  # on the series base, v0.5.23
-    mine = Git(worktree=upstream_clone).rev_parse("HEAD~1")  # below the rebase's provenance record
-    line = refused(["layer", "add-entry", "--layer", site, "--from-commit", mine[:12], "--tree", upstream_clone,
-                    "--why", "site fix"], upstream_clone, "the tree is on v0.5.22, the layer site on v0.5.23")
+    mine = Git(worktree=applied_clone).rev_parse("HEAD~1")  # below the rebase's provenance record
+    line = refused(["layer", "add-entry", "--layer", site, "--from-commit", mine[:12], "--tree", applied_clone,
+                    "--why", "site fix"], applied_clone, "the tree is on v0.5.22, the layer site on v0.5.23")
     ran = run_printed(printed_command(line, "c128patch rebase "), cwd=tmp_path)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     [entry] = load_series(site).entries
@@ -398,9 +412,9 @@ def test_a_commit_carried_by_a_rebase_becomes_a_layer_entry_by_the_commands_prin
 
     other = tmp_path / "other"
     assert invoke("layer", "new", other, "--name", "other").code == 0
-    head = invoke("layer", "add-entry", "--layer", other, "--from-commit", "HEAD", "--tree", upstream_clone,
+    head = invoke("layer", "add-entry", "--layer", other, "--from-commit", "HEAD", "--tree", applied_clone,
                   "--why", "w", as_json=False)
-    git = Git(worktree=upstream_clone)
+    git = Git(worktree=applied_clone)
     assert head.code == 0, head.err
     assert (f"HEAD ({git.rev_parse('HEAD')[:12]}) is c128patch's provenance record, not a change of yours: took your "
             f"commit {git.rev_parse('HEAD~1')[:12]} (site fix) below it") in head.text, head.text
@@ -898,16 +912,15 @@ def test_a_users_commit_carried_by_a_rebase_is_still_theirs_when_apply_is_run_ag
 
 
 def test_add_entry_with_a_lint_error_says_the_entry_is_written_and_prints_the_lint_to_run_after_the_fix(
-        tmp_path, upstream_clone):
+        tmp_path, applied_clone):
     """docs/layers.md's add-entry before the layer's [[gates]] describe the env: exit 1 on lint's finding. The user
     is told the entry is written (running add-entry again would only be refused) and which lint to run once the
     gate is described; that lint then passes."""
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
     anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
-    commit_on(upstream_clone, ENV_PY, anchor, anchor + "    SGLANG_ACME_SPS_FLOOR = EnvBool(False)\n", "acme: env")
+    commit_on(applied_clone, ENV_PY, anchor, anchor + "    SGLANG_ACME_SPS_FLOOR = EnvBool(False)\n", "acme: env")
     layer = tmp_path / "acme"
     assert invoke("layer", "new", layer, "--name", "acme").code == 0
-    res = invoke("layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", upstream_clone,
+    res = invoke("layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", applied_clone,
                  "--gate", "SGLANG_ACME_SPS_FLOOR", "--why", "w", as_json=False)
     assert res.code == 1 and "lint error: acme-env: SGLANG_ACME_SPS_FLOOR" in res.text, res.text
     (line,) = [x for x in res.text.splitlines() if "the entry is written" in x]
@@ -1097,19 +1110,18 @@ def test_the_fresh_replay_takes_a_branch_s_trees_only_where_each_is_its_entry_s_
         assert replayed(name, known)[:2] == (each, rows), name
 
 
-def test_the_second_add_entry_prints_a_next_that_works_where_the_first_ones_tree_is(tmp_path, upstream_clone):
+def test_the_second_add_entry_prints_a_next_that_works_where_the_first_ones_tree_is(tmp_path, applied_clone):
     """The first entry's next: `apply ... --tree <tree>-acme` makes the stacked tree; the second's was the same
     apply, which then refused (the branch there exists) advising `git branch -D`. It takes the tree that exists:
     a rebase onto the same base, which replays the grown layer; each as printed."""
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
     layer = tmp_path / "acme"
     assert invoke("layer", "new", layer, "--name", "acme").code == 0
     anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
     nexts = []
     for name in ("one", "two"):
-        sha = commit_on(upstream_clone, ENV_PY, anchor, f"{anchor}    # acme: {name}\n", f"acme: {name}")
+        sha = commit_on(applied_clone, ENV_PY, anchor, f"{anchor}    # acme: {name}\n", f"acme: {name}")
         anchor += f"    # acme: {name}\n"
-        res = invoke("layer", "add-entry", "--layer", layer, "--from-commit", sha, "--tree", upstream_clone,
+        res = invoke("layer", "add-entry", "--layer", layer, "--from-commit", sha, "--tree", applied_clone,
                      "--name", name, "--why", "w", as_json=False)
         assert res.code == 0, res.text
         nexts.append(res.text.split("  next: ", 1)[1].strip())
@@ -1117,7 +1129,7 @@ def test_the_second_add_entry_prints_a_next_that_works_where_the_first_ones_tree
         assert ran.returncode == 0, (nexts[-1], ran.stderr)
     assert nexts[0].startswith("c128patch apply ") and nexts[1].startswith("c128patch rebase --onto v0.5.23 ")
     assert load_series(layer).version == "2"  # two stacks, two names: the second entry bumped it (both read "1")
-    stacked = Git(worktree=Path(f"{upstream_clone}-acme"))
+    stacked = Git(worktree=Path(f"{applied_clone}-acme"))
     assert [c for c in stacked.out("log", "--format=%s", "-3").splitlines()][1:] == ["acme: two", "acme: one"]
 
 
