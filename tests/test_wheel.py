@@ -684,18 +684,21 @@ def test_a_wheel_whose_file_name_claims_other_tags_than_its_wheel_file_is_refuse
                  "the WHEEL file's tags differ from the file name's", "--no-authenticity")
 
 
-def _with_changed_member(wheel: Path, dest: Path, member: str, text: str) -> Path:
-    """``wheel`` with ``member``'s text replaced, its RECORD row recomputed (a consistent wheel, not a torn one); its
-    members stored, not deflated again (the release's 39 MB: 20 s a copy, 4 s stored)."""
+def _with_changed_member(wheel: Path, dest: Path, member: str, text: str, more: dict[str, str] | None = None
+                         ) -> Path:
+    """``wheel`` with ``member``'s text replaced (and each of ``more``: member path -> text), their RECORD rows
+    recomputed (a consistent wheel, not a torn one); its members stored, not deflated again (the release's 39 MB:
+    20 s a copy, 4 s stored)."""
     from c128patch.wheel.tools import record_hash
 
+    changed = {member: text.encode(), **{path: new.encode() for path, new in (more or {}).items()}}
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as zf:
         record = next(i.filename for i in src.infolist() if i.filename.endswith(".dist-info/RECORD"))
         for info in src.infolist():
-            data = text.encode() if info.filename == member else src.read(info)
+            data = changed[info.filename] if info.filename in changed else src.read(info)
             if info.filename == record:
                 rows = list(csv.reader(io.StringIO(data.decode(), newline="")))
-                rows = [[r[0], record_hash(text.encode()), str(len(text.encode()))] if r and r[0] == member else r
+                rows = [[r[0], record_hash(changed[r[0]]), str(len(changed[r[0]]))] if r and r[0] in changed else r
                         for r in rows]
                 out = io.StringIO(newline="")
                 csv.writer(out, lineterminator="\n").writerows(rows)
@@ -712,13 +715,13 @@ def test_verify_compile_all_says_a_module_nested_too_deeply_in_one_line(patched,
     verify_fails(bad, "sglang/deep.py does not compile: nested too deeply", "--no-authenticity", "--compile-all")
 
 
-def _cp313(wheel: Path, dest: Path) -> Path:
+def _cp313(wheel: Path, dest: Path, more: dict[str, str] | None = None) -> Path:
     """``wheel`` as a cp313 wheel of the release: its WHEEL's tag as its file name's (else refused before its
-    content)."""
+    content); ``more``: other members changed in the same copy (``_with_changed_member``)."""
     name = "sglang-0.5.23.dist-info/WHEEL"
     with zipfile.ZipFile(wheel) as zf:
         text = zf.read(name).decode()
-    return _with_changed_member(wheel, dest, name, text.replace("cp311-cp311", "cp313-cp313"))
+    return _with_changed_member(wheel, dest, name, text.replace("cp311-cp311", "cp313-cp313"), more)
 
 
 def test_from_wheel_refuses_a_release_wheel_whose_content_is_not_the_releases(tmp_path: Path, out: Path,
@@ -751,7 +754,7 @@ def test_from_wheel_refuses_a_release_wheel_whose_content_is_not_the_releases(tm
         text = zf.read(metadata).decode()
     more = text.replace("\nRequires-Dist:", "\nRequires-Dist: evil-typosquat>=6.6\nRequires-Dist:", 1)
     assert more != text
-    _cp313(_with_changed_member(upstream_wheel, tmp_path / "more.whl", metadata, more), other)
+    _cp313(upstream_wheel, other, {metadata: more})  # one copy: the METADATA and WHEEL changed together
     refused(["wheel", "--from-wheel", str(other), "--series", str(wheel_series)], out,
             f"is not sglang 0.5.23's release wheel: {metadata} differs from the release's wheel")
     # its sources and metadata the release's, one more compiled module (imported in the place of scheduler.py)
