@@ -23,7 +23,7 @@ from c128patch.git import FAULT_HOOKS_ENV
 from c128patch.ops.treestate import FAULT_ENV
 from c128patch.series.manifest import load_series
 from support import REPO_ROOT, cli_process, copy_series, default_signals, invoke, run_printed
-from test_refresh import applied  # noqa: F401 (a fixture)
+from test_refresh import applied, applied_once  # noqa: F401 (fixtures)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
