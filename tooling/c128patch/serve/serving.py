@@ -37,7 +37,6 @@ KEEP = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "LD_LIBRARY_P
         "VIRTUAL_ENV", "CONDA_PREFIX", "HF_HOME", "HF_HUB_OFFLINE")
 FAMILIES = ("LC_", "XDG_", "SGLANG_", "SGL_", "CUDA_", "NCCL_", "NVIDIA_", "NVCC_", "TORCH", "PYTORCH_", "TRITON_",
             "FLASHINFER_", "OMP_", "MKL_")
-_CREDENTIAL = CREDENTIAL
 ENVIRON = "sglang/srt/environ.py"
 ONLINE_C128_DSPARK_RULES = "sglang/srt/layers/attention/dsv4/online_c128_dspark_rules.py"
 _MARK = "C128PATCH-ANSWER"  # then this run's secret (read from stdin before any installed code loads), the answer
@@ -211,7 +210,7 @@ def _run(python: str, args: list[str], timeout: float, line: str) -> subprocess.
     s, its group ended; None past ``OUTPUT`` bytes of its stdout or stderr (3 GB printed held 9 GB of the tool's
     memory)."""
     deadline, got = time.monotonic() + timeout, {1: bytearray(), 2: bytearray()}
-    env = {k: v for k, v in os.environ.items() if k in KEEP or k.startswith(FAMILIES) and not _CREDENTIAL.search(k)}
+    env = {k: v for k, v in os.environ.items() if k in KEEP or k.startswith(FAMILIES) and not CREDENTIAL.search(k)}
     prefix = contained()[0]
     if prefix:  # what Popen says of a program it cannot run (``unshare`` would run, then fail to)
         path = python if "/" in python else shutil.which(python) or python
