@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import click
 
 from c128patch.cli.common import (
+    Run,
     applied_here,
-    emit_json,
     load_stack,
     locate_tree,
     recorded_layers_said,
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
                    "that holds some is kept, at REV with no branch of the series.")
 @verb_options
 def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | None, cont: bool, abort: bool,
-            series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+            series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool, run: Run) -> None:
     """Check out REV on a new branch and apply the series, one commit per entry."""
     from c128patch.git import Git, work_tree_top
     from c128patch.ops.applier import Apply
@@ -59,10 +59,10 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
         if not as_json:
             say(f"applying in the tree you are in, {top} (pass --tree DIR for another)")
     if rev is not None:
-        series = load_stack(series_dir, layer_dirs, tree or local, repo, quiet=as_json)
+        series = load_stack(run, series_dir, layer_dirs, tree or local, repo)
         with reporter(not as_json, title="apply") as rep:
             result, older = apply_rev(series, repo, rev, tree=tree, branch=branch, reporter=rep)
-        return _report(result, series, as_json, older)
+        return _report(run, result, series, older)
     if branch:
         raise C128Error("--branch goes with --sglang-rev")
     where = tree or local  # None: the tree locate_tree finds, as status
@@ -71,13 +71,13 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     git = Git(worktree=locate_tree(where))
     if cont:
         with reporter(not as_json, title="apply") as rep:
-            result, series = continue_apply(git, load_stack(series_dir, layer_dirs, git.worktree, quiet=as_json)
-                                            if series_dir else recorded_layers_said(Apply(git).recorded(), as_json),
+            result, series = continue_apply(git, load_stack(run, series_dir, layer_dirs, git.worktree)
+                                            if series_dir else recorded_layers_said(run, Apply(git).recorded()),
                                             rep)
-        return _report(result, series, as_json)
+        return _report(run, result, series)
     aborted = Apply(git).abort()
     if as_json:
-        return emit_json(aborted)
+        return run.emit(aborted)
     if aborted["removed_clone"]:
         done = f"apply aborted: the clone {aborted['tree']} it made was removed"
     elif aborted["kept_clone"]:  # it holds the user's changes: at the rev, clean, the changes stashed (one line)
@@ -96,15 +96,15 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     say(done)
 
 
-def _report(r: ApplyResult, series: Series, as_json: bool, older: str = "") -> None:
+def _report(run: Run, r: ApplyResult, series: Series, older: str = "") -> None:
     from c128patch.evidence.matrix import verification_note
     from c128patch.git import Git
     from c128patch.series.layers import describe, layer_rows
     from c128patch.textsafe import count, shell_join
 
     note = verification_note(series.ours, Git(worktree=Path(r.tree)), r.upstream_commit, r.rev)
-    if as_json:
-        return emit_json({"ok": True, **r.to_json(), "evidence_note": note, "support_note": older,
+    if run.as_json:
+        return run.emit({"ok": True, **r.to_json(), "evidence_note": note, "support_note": older,
                           "layers": layer_rows(series)}, series)
     if r.already_applied:
         on_top = f", {r.commits_on_top} commit(s) of yours on top" if r.commits_on_top else ""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, exit_unless, load_stack, repo_option, say, verb_options
+from c128patch.cli.common import Run, exit_unless, load_stack, repo_option, say, verb_options
 
 
 @click.command("audit")
@@ -15,7 +15,7 @@ from c128patch.cli.common import emit_json, exit_unless, load_stack, repo_option
 @repo_option
 @verb_options
 def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...],
-            as_json: bool) -> None:
+            as_json: bool, run: Run) -> None:
     """Gate audit: statements a gated entry adds with side effects must run only under its env gate."""
     from c128patch.ops.audit import RULES, audit_series
     from c128patch.progress import reporter
@@ -23,7 +23,7 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, la
     from c128patch.series.plan import validate_files
     from c128patch.upstream.source import open_upstream
 
-    series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
+    series = load_stack(run, series_dir, layer_dirs, repo=repo)
     validate_files(series)
     revs = revs or (series.base,)
     rows = []
@@ -34,7 +34,7 @@ def command(revs: tuple[str, ...], repo: str | None, series_dir: Path | None, la
             rows.append((rev, audit_series(series, upstream.git, rev, upstream.resolve(rev))))
     ok = not any(f for _, f in rows)
     if as_json:
-        emit_json({"ok": ok, "rules": [r.name for r in RULES],
+        run.emit({"ok": ok, "rules": [r.name for r in RULES],
                    "revs": [{"rev": rev, "findings": [f.__dict__ for f in fs]} for rev, fs in rows]}, series)
     else:
         gated = [e.name for e in series.entries if e.gate]

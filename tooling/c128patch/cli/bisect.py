@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import Seconds, emit_json, load_stack, repo_option, say, verb_options
+from c128patch.cli.common import Run, Seconds, load_stack, repo_option, say, verb_options
 
 
 @click.command("bisect")
@@ -19,7 +19,7 @@ from c128patch.cli.common import Seconds, emit_json, load_stack, repo_option, sa
 @click.option("--python", "python", default=None, help="The interpreter the behavioural tier imports with.")
 @verb_options
 def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python: str | None, series_dir: Path | None,
-            layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+            layer_dirs: tuple[Path, ...], as_json: bool, run: Run) -> None:
     """Find the first upstream commit between the series' base and REV at which the series stops
     applying or fitting by the checks watch judges by: its API contract, the nvcc signature probe (where nvcc is),
     copies upstream made of what it patches (with --behaviour, also its behavioural tier); git bisect in a scratch
@@ -29,7 +29,7 @@ def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python
     from c128patch.progress import echo, reporter
     from c128patch.series.plan import validate_files
 
-    series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
+    series = load_stack(run, series_dir, layer_dirs, repo=repo)
     validate_files(series)
     if behaviour:  # as watch and treecheck say it: what the box cuts off here, or why it cannot
         echo("bisect --behaviour runs the target tree's code at each step, in the sealed box (leave out --behaviour "
@@ -37,6 +37,6 @@ def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python
     with reporter(not as_json, title="bisect") as rep:
         report = bisect(series, repo, onto, timeout=timeout, behaviour=behaviour, python=python, reporter=rep)
     if as_json:
-        return emit_json(report, series)
+        return run.emit(report, series)
     found = [f"first bad commit: {report['commit']} {report['subject']}", *(f"  {f}" for f in report["failing"])]
     say(*(found if report["found"] else []), report["summary"])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import check_output_dir, emit_json, load_stack, repo_option, say, verb_options
+from c128patch.cli.common import Run, check_output_dir, load_stack, repo_option, say, verb_options
 
 
 @click.command("build")
@@ -21,7 +21,7 @@ from c128patch.cli.common import check_output_dir, emit_json, load_stack, repo_o
               help="Pass --no-isolation to python -m build (build dependencies must be installed).")
 @verb_options
 def command(rev: str, repo: str | None, tree: Path | None, out_dir: Path, base_version: str | None,
-            no_isolation: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+            no_isolation: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool, run: Run) -> None:
     """Source-build a patched sglang wheel (PEP 517), for commits that have no release wheel.
 
     Applies the series first unless the tree already is REV + this series; the wheel gets the same
@@ -36,12 +36,12 @@ def command(rev: str, repo: str | None, tree: Path | None, out_dir: Path, base_v
     from c128patch.wheel.srcbuild import build_wheel
 
     check_output_dir(out_dir, "-o")
-    series = load_stack(series_dir, layer_dirs, tree, repo, quiet=as_json)
+    series = load_stack(run, series_dir, layer_dirs, tree, repo)
     with reporter(not as_json, title="build") as rep:
         upstream = open_upstream(repo, [rev], rep)
         result = build_wheel(series, upstream, rev, tree, out_dir, runner=run_build, base_override=base_version,
                              no_isolation=no_isolation, reporter=rep)
     if as_json:
-        return emit_json({"ok": True, **vars(result)}, series)
+        return run.emit({"ok": True, **vars(result)}, series)
     say(str(result.wheel), f"  sglang {result.version} built from {result.tree} ({rev} = "
                            f"{result.upstream_commit[:12]}) in {result.seconds:.0f} s")

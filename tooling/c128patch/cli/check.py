@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import emit_json, exit_unless, load_stack, repo_option, say, verb_options
+from c128patch.cli.common import Run, exit_unless, load_stack, repo_option, say, verb_options
 
 if TYPE_CHECKING:
     from c128patch.git import Git
@@ -61,7 +61,7 @@ def _verdict(verb: str, v: Verdict | None) -> str:
 @repo_option
 @verb_options
 def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, series_dir: Path | None,
-            layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+            layer_dirs: tuple[Path, ...], as_json: bool, run: Run) -> None:
     """Does the series apply to each REV, and what would apply and wheel do? Nothing is checked out.
     Per entry: which file was chosen and by which rule (exact/most preimage blobs, ancestor,
     strict, primary, only)."""
@@ -72,7 +72,7 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
     from c128patch.series.layers import describe, layer_rows
     from c128patch.textsafe import text
 
-    series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
+    series = load_stack(run, series_dir, layer_dirs, repo=repo)
     revs = revs or tuple(supported_releases(series))
     with reporter(not as_json, total=len(revs), title="check") as rep:
         upstream, results, elapsed = check_upstream(series, repo, revs, rep)
@@ -82,7 +82,7 @@ def command(revs: tuple[str, ...], strict: bool, deep: bool, repo: str | None, s
             contracts = {r.rev: _contract(series, upstream.git, r) for r in results}
     ok = all(r.ok and (not strict or exact(r)) for r in results) and all(c["ok"] for c in contracts.values())
     if as_json:
-        emit_json({"ok": ok, "strict": strict, "seconds": round(elapsed, 4),
+        run.emit({"ok": ok, "strict": strict, "seconds": round(elapsed, 4),
                    "series": {"name": series.name, "version": series.version}, "layers": layer_rows(series),
                    "revs": [{**r.to_json(), **({"contract": contracts[r.rev]} if deep else {})} for r in results]},
                   series)

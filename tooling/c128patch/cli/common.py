@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -131,16 +132,26 @@ def applied_tree_here(verb: str) -> Path | None:
     return top
 
 
-_IN_EFFECT: list[Any] = []  # the stack ``load_stack`` gave this run: its layers in an error object too
-_EMITTED: list[bool] = []  # a --json object printed this run (an interrupt after it prints no second one)
+@dataclass
+class Run:
+    """One verb's run: ``handles_errors`` makes it and passes it to the verb as ``run``."""
+
+    as_json: bool = False  # --json: the layers in effect are said in its report, not on stderr
+    stack: Any = None  # the series ``load_stack`` gave: its layers go into an error object too
+    emitted: bool = False  # its --json object is printed (an interrupt after it prints no second one)
+
+    def emit(self, data: dict[str, Any], series: Any = None) -> None:
+        """``emit_json``, once the verb's report is ready."""
+        emit_json(data, series)
+        self.emitted = True
 
 
-def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path | None = None,
-               repo: str | None = None, *, quiet: bool = False) -> Any:
+def load_stack(run: Run, series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path | None = None,
+               repo: str | None = None) -> Any:
     """``get_series`` with the layers named, else the operator's (the env, a c128patch.toml outside ``tree`` and
     ``repo``), else those the provenance of ``tree`` (else of the repository here, else of ./sglang, where ``apply``
-    makes its tree) names; the layers in effect are
-    said on stderr (unless named with --layer, or ``quiet``: --json), and in the --json report (``emit_json``)."""
+    makes its tree) names; the layers in effect are said on stderr (unless named with --layer, or with --json:
+    in its report, ``emit_json``); ``run`` keeps the stack for an error object."""
     from c128patch.git import Git
     from c128patch.ops.treestate import tree_layers  # not ops.layer: status stays light
     from c128patch.series.layers import ENV, get_series, lookup_layers
@@ -158,34 +169,27 @@ def load_stack(series_dir: Path | None, layer_dirs: tuple[Path, ...], tree: Path
     here = top(tree) if tree else top(Path.cwd()) or top(Path.cwd() / DEFAULT_TREE)
     if not origin and here and (folders := tree_layers(Git(worktree=here))):
         origin = "the tree's provenance"
-    series = get_series(series_dir, folders, exclude=pointed)
-    _IN_EFFECT[:] = [series]
+    series = run.stack = get_series(series_dir, folders, exclude=pointed)
     if series.layers:
         series.origin = origin
-        if origin != "--layer" and not quiet:  # named on the command line: known
+        if origin != "--layer" and not run.as_json:  # named on the command line: known
             click.echo(one_line(f"layers from {origin}: {', '.join(map(str, folders))}"), err=True)  # a tree's
     elif origin == f"${ENV}":  # set and empty: no layers, whatever c128patch.toml or the tree says (docs/layers.md)
         series.origin = origin
-        if not quiet:
+        if not run.as_json:
             click.echo(f"layers: none (${ENV} is set and empty; unset it to take c128patch.toml's or the tree's)",
                        err=True)
     return series
 
 
-def in_effect(series: Any) -> None:
-    """``series`` (or None) is the stack of this run: its layers go into an error object too (a verb that reads its
-    layers without ``load_stack``: verify-wheel)."""
-    _IN_EFFECT[:] = [series] if series is not None else []
-
-
-def recorded_layers_said(series: Any, quiet: bool = False) -> Any:
+def recorded_layers_said(run: Run, series: Any) -> Any:
     """``series``, taken from an apply or rebase journal (``--continue``, ``--skip``, ``--drop``): its layers said as
-    ``load_stack`` says them (on stderr, unless ``quiet``: --json, whose report and error object carry them)."""
+    ``load_stack`` says them (on stderr, unless --json, whose report and error object carry them)."""
     from c128patch.textsafe import one_line
 
-    _IN_EFFECT[:] = [series]
+    run.stack = series
     origin = getattr(series, "origin", "")
-    if series.layers and origin and origin != "--layer" and not quiet:
+    if series.layers and origin and origin != "--layer" and not run.as_json:
         click.echo(one_line(f"layers from {origin}: {', '.join(str(layer.root) for layer in series.layers)}"),
                    err=True)
     return series
@@ -211,7 +215,6 @@ def emit_json(data: dict[str, Any], series: Any = None) -> None:
     effect = {"layers_in_effect": {"from": getattr(series, "origin", "--layer"), "layers": [
         {**row, "folder": str(layer.root)} for row, layer in zip(layer_rows(series), series.layers)]}} \
         if getattr(series, "layers", None) or getattr(series, "origin", "") else {}  # (folder: two layers of one name)
-    _EMITTED.append(True)
     click.echo(json.dumps({**effect, **data, "schema": SCHEMA_VERSION}, indent=2, sort_keys=True, default=str))
 
 
@@ -225,18 +228,16 @@ def handles_errors(fn: Callable) -> Callable:
 
         main = threading.current_thread() is threading.main_thread()
         held = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
-        _IN_EFFECT.clear()
-        _EMITTED.clear()
+        run = Run(as_json=kwargs.get("as_json", False))
         try:
             _here()
-            return fn(*args, **kwargs)
+            return fn(*args, run=run, **kwargs)
         except C128Error as exc:
             from c128patch.textsafe import one_line
 
-            if kwargs.get("as_json", False):  # (docs/schemas/README.md: an error object carries the layers too)
+            if run.as_json:  # (docs/schemas/README.md: an error object carries the layers too)
                 emit_json({"ok": False, "error": exc.message, **({"hint": exc.hint} if exc.hint else {}),
-                           **({"report": exc.report} if getattr(exc, "report", None) else {})},
-                          _IN_EFFECT[0] if _IN_EFFECT else None)
+                           **({"report": exc.report} if getattr(exc, "report", None) else {})}, run.stack)
             said = filter(None, (f"c128patch: error: {one_line(exc.message)}", exc.hint))  # a newline of an input
             echo("\n".join(said))
             sys.exit(exc.exit_code)
@@ -257,8 +258,8 @@ def handles_errors(fn: Callable) -> Callable:
         except KeyboardInterrupt as exc:
             signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
             said = f"interrupted ({signal.Signals(signum).name}): no outcome; its scratch folders are removed"
-            if kwargs.get("as_json", False) and not _EMITTED:  # every --json run prints one object (schemas/README)
-                emit_json({"ok": False, "error": said}, _IN_EFFECT[0] if _IN_EFFECT else None)
+            if run.as_json and not run.emitted:  # every --json run prints one object (schemas/README)
+                emit_json({"ok": False, "error": said}, run.stack)
             echo(f"c128patch: {said}")
             sys.exit(exitcodes.SIGNAL + signum)
         finally:

@@ -6,15 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import (
-    applied_tree_here,
-    emit_json,
-    exit_unless,
-    load_stack,
-    repo_option,
-    say,
-    verb_options,
-)
+from c128patch.cli.common import Run, applied_tree_here, exit_unless, load_stack, repo_option, say, verb_options
 from c128patch.errors import C128Error
 
 LEVELS = {"unchecked": "not checked"}  # a finding's level as the text output says it
@@ -37,7 +29,7 @@ LEVELS = {"unchecked": "not checked"}  # a finding's level as the text output sa
               help="List the notes too (uses not resolved statically, uses not in the lock).")
 @verb_options
 def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: bool, use_nvcc: bool | None,  # noqa: C901  one verb's flags
-            verbose: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+            verbose: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool, run: Run) -> None:
     """Does the series still fit each upstream? Resolve every upstream module, name, attribute (on typed and
     untyped receivers) and call our code uses, bind each call to its definition and each upstream call of ours to
     ours, and compare signatures, mirrored values and namespace members with patches/contract.lock; an upstream
@@ -56,7 +48,7 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
 
     if not revs and tree is None:
         tree = applied_tree_here("contract")
-    series = load_stack(series_dir, layer_dirs, tree, repo, quiet=as_json)
+    series = load_stack(run, series_dir, layer_dirs, tree, repo)
     validate_files(series)
     if bool(revs) == (tree is not None):
         raise C128Error("pass --sglang-rev X (one or more) or --tree DIR (default: the patched tree here), not both "
@@ -94,7 +86,7 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     ok = all(not [e for e in r.errors if not (accept and e.acceptable)] and (accept or not r.warnings)
              and (accept or not r.unchecked) and (p is None or p[0] is not False) for _, r, p in results)
     if as_json:
-        emit_json({"ok": ok, "accepted": accepted, "series": {"name": series.name, "version": series.version},
+        run.emit({"ok": ok, "accepted": accepted, "series": {"name": series.name, "version": series.version},
                    "revs": [{"rev": label, **r.to_json(), "cxx_probe": p[1] if p else "not run",
                              "cxx_probe_ok": p[0] if p else None} for label, r, p in results]}, series)
     else:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, exit_unless, load_stack, verb_options
+from c128patch.cli.common import Run, exit_unless, load_stack, verb_options
 from c128patch.errors import C128Error
 
 _STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "error": "red"}
@@ -18,7 +18,7 @@ _STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "error": "red"}
               help="The Python that will serve (a venv's bin/python).")
 @click.argument("launch_args", nargs=-1, type=click.UNPROCESSED)
 @verb_options
-def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool,
+def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool, run: Run,
             launch_args: tuple[str, ...]) -> None:
     """Will the installed sglang do what the envs ask? Run it where the server will run.
 
@@ -35,14 +35,14 @@ def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
     from c128patch.textsafe import one_line
 
     try:
-        series = load_stack(series_dir, layer_dirs, quiet=as_json)
+        series = load_stack(run, series_dir, layer_dirs)
     except C128Error:
         if series_dir is not None:
             raise
         series = None  # doctor still reads the install; the env reference is missing (said below)
     report = diagnose(python, list(launch_args), series)
     if as_json:
-        emit_json(report.to_json(), series)
+        run.emit(report.to_json(), series)
     else:
         out = console(stderr=False)
         errors = sum(f.level == "error" for f in report.findings)

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, load_stack, verb_options
+from c128patch.cli.common import Run, load_stack, verb_options
 
 
 @click.command("gates")
 @click.option("--markdown", is_flag=True, help="Print the Markdown table docs/gates.md carries.")
 @verb_options
-def command(markdown: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+def command(markdown: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool, run: Run) -> None:
     """The env reference: every variable the series adds or reads, its default, what it does, what it conflicts with."""
     from rich.table import Column, Table
 
@@ -20,10 +20,10 @@ def command(markdown: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...
     from c128patch.series.gates import render_markdown
     from c128patch.textsafe import text
 
-    series = load_stack(series_dir, layer_dirs, quiet=as_json)
+    series = load_stack(run, series_dir, layer_dirs)
     entry_gates = {e.name: e.gate for e in series.entries}
     if as_json:
-        return emit_json({"ok": True, "series": {"name": series.name, "version": series.version},
+        return run.emit({"ok": True, "series": {"name": series.name, "version": series.version},
                           "gates": [{**g.to_toml(), "requires": list(g.requires), "conflicts": list(g.conflicts),
                                      "entries": [e for e, gate in entry_gates.items() if gate == g.name]}
                                     for g in series.gates]}, series)

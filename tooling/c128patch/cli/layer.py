@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from c128patch.cli.common import (
+    Run,
     applied_here,
-    emit_json,
     exit_unless,
     json_verb,
     locate_tree,
@@ -30,7 +30,7 @@ def command() -> None:
 @click.option("--base", default="", help="The release the layer is made on (default: the series base).")
 @series_dir_option
 @json_verb
-def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bool) -> None:
+def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bool, run: Run) -> None:
     """Make an empty layer in FOLDER (FOLDER/patches/series.toml)."""
     from c128patch.ops.layer import new_layer
     from c128patch.series.manifest import default_series_root, load_series
@@ -38,7 +38,7 @@ def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bo
 
     layer = new_layer(folder, name, load_series(series_dir or default_series_root()), base)
     if as_json:
-        return emit_json({"ok": True, "layer": {"name": layer.name, "version": layer.version,
+        return run.emit({"ok": True, "layer": {"name": layer.name, "version": layer.version,
                                                 "base": layer.base, "path": str(layer.root)}})
     add = shell_join(["c128patch", "layer", "add-entry", "--layer", str(folder), "--from-commit", "COMMIT", "--why",
                       "WHY"])
@@ -57,7 +57,7 @@ def new(folder: Path, name: str, base: str, series_dir: Path | None, as_json: bo
 @series_dir_option
 @json_verb
 def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: Path | None, series_dir: Path | None,
-              as_json: bool) -> None:
+              as_json: bool, run: Run) -> None:
     """Turn a commit of the patched branch into a layer entry: format-patch --full-index, manifest
     row, hash, lint. A commit lint would refuse as an entry is refused, nothing written; the branch is not
     changed; exit 1 when the layer's lint finds an error in another entry."""
@@ -73,7 +73,7 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
     done = add(folder, load_series(series_dir or default_series_root()), git, commit, why, gate, name)
     errors = [f for f in done.findings if f.level == "error"]
     if as_json:
-        emit_json({"ok": not errors, **vars(done), "findings": [vars(f) for f in done.findings]})
+        run.emit({"ok": not errors, **vars(done), "findings": [vars(f) for f in done.findings]})
     else:
         lint = shell_join(["c128patch", "lint", "--layer", str(folder)])
         record = read_provenance(git.worktree)

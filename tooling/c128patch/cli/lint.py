@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, exit_unless, load_stack, repo_option, say, verb_options
+from c128patch.cli.common import Run, exit_unless, load_stack, repo_option, say, verb_options
 
 OFFLINE_UNCHECKED = ("--offline: the bases (each patch file's sources at its base tag), the overlays' collisions "
                      "with upstream files, the gates upstream declares and the gate audit")
@@ -20,7 +20,7 @@ OFFLINE_UNCHECKED = ("--offline: the bases (each patch file's sources at its bas
 @repo_option
 @verb_options
 def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...],
-            as_json: bool) -> None:
+            as_json: bool, run: Run) -> None:
     """Validate the series manifest and its files."""
     from c128patch.ops.audit import audit_series
     from c128patch.ops.lint import Finding, lint_stack
@@ -29,7 +29,7 @@ def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Pa
     from c128patch.series.layers import describe, get_series
     from c128patch.upstream.source import open_upstream
 
-    series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
+    series = load_stack(run, series_dir, layer_dirs, repo=repo)
     if update_hashes:
         record_hashes(series)
         series = get_series(series_dir, [layer.root for layer in series.layers])
@@ -44,7 +44,7 @@ def command(update_hashes: bool, offline: bool, repo: str | None, series_dir: Pa
     errors = [f for f in findings if f.level == "error"]
     unchecked = OFFLINE_UNCHECKED if offline else ""
     if as_json:
-        emit_json({"ok": not errors, "series": {"name": series.name, "version": series.version},
+        run.emit({"ok": not errors, "series": {"name": series.name, "version": series.version},
                    "entries": len(series.entries), "findings": [vars(f) for f in findings],
                    "unchecked": unchecked}, series)
     else:

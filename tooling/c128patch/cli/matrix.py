@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, load_stack, verb_options
+from c128patch.cli.common import Run, load_stack, verb_options
 from c128patch.errors import C128Error, what_is
 
 STYLE = {"verified": "green", "failed": "red", "stale": "yellow", "unverified": "dim"}
@@ -29,7 +29,7 @@ APPLY_STYLE = {"clean": "strict", "3way": "3-way", "conflict": "CONFLICT", "coll
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print the release table as Markdown (README.md).")
 @verb_options
 def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, as_markdown: bool,
-            series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+            series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool, run: Run) -> None:
     """What the committed results prove per release: applies strict / 3-way, compiles for sm_90a, GPU
     suite, sanitizers, differential, upstream's own tests; stale or missing evidence says so."""
     from rich.table import Table
@@ -43,12 +43,12 @@ def command(revs: tuple[str, ...], repo: str | None, results_dir: Path | None, a
         raise C128Error(f"--results {results_dir} does not exist")
     if results_dir is not None and not results_dir.is_dir():  # (a FIFO, a dangling link: no table)
         raise C128Error(f"--results {results_dir} is {what_is(results_dir)}, not a folder")
-    series = load_stack(series_dir, layer_dirs, quiet=as_json)
+    series = load_stack(run, series_dir, layer_dirs)
     root = results_dir or results_root(series)
     with reporter(not (as_json or as_markdown), title="matrix") as rep:
         rows = matrix_for(series, repo, list(revs), root, rep)
     if as_json:
-        return emit_json({"ok": True, "series": {"name": series.name, "version": series.version}, "repo": repo,
+        return run.emit({"ok": True, "series": {"name": series.name, "version": series.version}, "repo": repo,
                           "results": str(root), "releases": [r.to_json() for r in rows]}, series)
     if as_markdown:
         return click.echo(markdown(rows), nl=False)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import check_output_dir, emit_json, locate_tree, repo_option, say, tree_option, verb_options
+from c128patch.cli.common import Run, check_output_dir, locate_tree, repo_option, say, tree_option, verb_options
 from c128patch.errors import C128Error
 
 
@@ -29,7 +29,7 @@ from c128patch.errors import C128Error
 @verb_options
 def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: bool, drop: tuple[str, ...],
             report_dir: Path | None, tree: Path | None, repo: str | None, series_dir: Path | None,
-            layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+            layer_dirs: tuple[Path, ...], as_json: bool, run: Run) -> None:
     """Move the patched branch onto another upstream rev: each entry replays the file the series
     chooses there, your edits are carried, the result is proven equal to a fresh apply."""
     from rich.table import Column, Table
@@ -53,16 +53,16 @@ def command(onto: str | None, cont: bool, skip: bool, abort: bool, drop_merged: 
         check_output_dir(report_dir, "--report")
     stack = None
     if onto:
-        stack = load_stack(series_dir, layer_dirs, git.worktree, repo, quiet=as_json)
+        stack = load_stack(run, series_dir, layer_dirs, git.worktree, repo)
         layer_dirs = tuple(layer.root for layer in stack.layers)
     elif not abort:  # the journal's layers (or those named): said as --onto says them
-        stack = recorded_layers_said(series_of(git, "continue", series_dir, layer_dirs), quiet=as_json)
+        stack = recorded_layers_said(run, series_of(git, "continue", series_dir, layer_dirs))
     verb = chosen[0]  # (``chosen`` is a column's below)
     done = rebase(git, verb, onto=onto or "", repo=repo, drop_merged=drop_merged,  # type: ignore[arg-type]
                   drop=drop, series_dir=series_dir, layer_dirs=layer_dirs, report_dir=report_dir, stack=stack)
     report = done.report
     if as_json:  # where the layers came from (docs/schemas); no refresh_command: it replays the series again
-        return emit_json(report, stack if onto else done.series)
+        return run.emit(report, stack if onto else done.series)
     if report.get("already_on"):
         return say(f"{git.worktree}: {report['branch'] or 'HEAD'} is already on {report['rev']} + {report['stack']} "
                    f"(at {report['head'][:12]}): nothing to do" + ("; no report written" if report_dir else ""))

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from c128patch.cli.common import (
-    emit_json,
+    Run,
     exit_unless,
     load_stack,
     locate_tree,
@@ -32,7 +32,8 @@ from c128patch.cli.common import (
               help="Export even when the tree differs from the series in ways no edit on the branch explains.")
 @verb_options
 def command(tree: Path | None, check_only: bool, as_primary: bool, as_variant: bool, version: str | None,
-            accept_differences: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+            accept_differences: bool, series_dir: Path | None,
+            layer_dirs: tuple[Path, ...], as_json: bool, run: Run) -> None:
     """Export the patched branch back into patches/ and the manifest."""
     primary = primary_or_variant(as_primary, as_variant, "primary when the tree's base is the series base")
     from c128patch.fit.contract import lock_items
@@ -42,12 +43,12 @@ def command(tree: Path | None, check_only: bool, as_primary: bool, as_variant: b
     from c128patch.textsafe import one_line
 
     root = locate_tree(tree)  # ./sglang from the folder above it: that tree's layers, as rebase takes them
-    series = load_stack(series_dir, layer_dirs, root, quiet=as_json)
+    series = load_stack(run, series_dir, layer_dirs, root)
     done = refresh(series, Git(worktree=root), check=check_only, primary=primary, version=version,
                    accept_differences=accept_differences, lock_items=lock_items)
     new, verb = done.result.series, "would change" if check_only else "changed"
     if as_json:
-        emit_json(done.to_json(), series)
+        run.emit(done.to_json(), series)
     else:
         say(one_line(f"tree: {done.result.equivalence.summary()}"),  # type: ignore[union-attr]  # the tree's rev
             *(f"note: {note}" for note in done.result.notes), *(f"  {verb} {path}" for path in done.changes),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import DEFAULT_TREE, emit_json, exit_unless, locate_tree, say, tree_option, verb_options
+from c128patch.cli.common import DEFAULT_TREE, Run, exit_unless, locate_tree, say, tree_option, verb_options
 from c128patch.errors import C128Error
 
 
@@ -15,7 +15,7 @@ from c128patch.errors import C128Error
 @click.option("--prove", is_flag=True, help="Prove the tree again even where the recorded proof still holds.")
 @verb_options
 def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...],
-            as_json: bool) -> None:
+            as_json: bool, run: Run) -> None:
     """Which series is applied on which upstream rev, and what changed since.
 
     Exit 0 when the tree equals a fresh apply of the series (HEAD proven identical, nothing uncommitted);
@@ -31,7 +31,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
     root = locate_tree(tree)
     unloaded = ""  # why the series the tree is compared with could not be loaded (its layer folder moved, say)
     try:
-        series = load_stack(series_dir, layer_dirs, root, quiet=as_json)  # ./sglang from above: its layers
+        series = load_stack(run, series_dir, layer_dirs, root)  # ./sglang from above: its layers
     except C128Error as exc:
         if series_dir or layer_dirs:  # named: a folder that is not one is the user's to fix, not silently dropped
             raise
@@ -52,7 +52,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
     again = ["c128patch", "rebase", "--onto", str(info.get("upstream", {}).get("rev") or ""), "--tree", str(root),
              *(["--series", str(series_dir)] if series_dir else []), *(a for d in layer_dirs for a in ("--layer", d))]
     if as_json:
-        emit_json(info, series)
+        run.emit(info, series)
     elif lines := [*_state(info), *(_applied(info, shell_join(map(str, again)), _own_layers(root, series, info)
                                             if info.get("series_current", {}).get("layers_differ") else "")
                                     if "series" in info else []),

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import applied_tree_here, emit_json, load_stack, repo_option, say, verb_options
+from c128patch.cli.common import Run, applied_tree_here, load_stack, repo_option, say, verb_options
 from c128patch.errors import C128Error
 
 
@@ -26,7 +26,7 @@ from c128patch.errors import C128Error
               "(then unchecked, exit 8).")
 @verb_options
 def command(tree: Path | None, rev: str | None, repo: str | None, python: str | None, no_run: bool,
-            series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+            series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool, run: Run) -> None:
     """Import every module the series adds or changes on a patched tree, gates off and on, in a sealed box and
     the target's own environment (or --python): each imported, imported with stand-ins, failed, or not checked,
     and resolve each one's sglang imports against the tree's files (a missing module or name fails); then run the
@@ -45,7 +45,7 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
 
     if rev is None and tree is None:
         tree = applied_tree_here("treecheck")
-    series = load_stack(series_dir, layer_dirs, tree, repo, quiet=as_json)
+    series = load_stack(run, series_dir, layer_dirs, tree, repo)
     validate_files(series)
     if (rev is None) == (tree is None):
         raise C128Error("pass --tree DIR (default: the patched tree here) or --sglang-rev X (one of them)")
@@ -63,7 +63,7 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
                                        run_code=not no_run, reporter=rep)
     payload = result.to_json()
     if as_json:
-        emit_json(payload, series)
+        run.emit(payload, series)
     else:
         say(*([describe(result.env)] if result.env else []),
             *(f"  {name}: {said}" for name, said in result.modules().items()),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import emit_json, in_effect, json_verb, layer_option, say
+from c128patch.cli.common import Run, json_verb, layer_option, say
 
 
 @click.command("verify-wheel")
@@ -23,7 +23,7 @@ from c128patch.cli.common import emit_json, in_effect, json_verb, layer_option, 
 @layer_option
 @json_verb
 def command(wheel: Path, series_dir: Path | None, layer_dirs: tuple[Path, ...], upstream_wheel: Path | None,
-            no_authenticity: bool, compile_all: bool, as_json: bool) -> None:
+            no_authenticity: bool, compile_all: bool, as_json: bool, run: Run) -> None:
     """Check a patched wheel: RECORD, version, SBOM vs provenance, every entry's effect present, and
     (unless --no-authenticity) that it is exactly its upstream wheel plus the declared diffs.
 
@@ -40,11 +40,11 @@ def command(wheel: Path, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
     # a wheel claiming this tool's series by name and version must carry it
     ours = load_series(series_dir or default_series_root())
     series = stack(ours, layer_dirs) if series_dir is not None or layer_dirs else None
-    in_effect(series)
+    run.stack = series  # its layers in an error object too
     result = verify_wheel(wheel, series, compile_all, authenticity=not no_authenticity, upstream_wheel=upstream_wheel,
                           known=ours)
     if as_json:
-        return emit_json(vars(result), series)
+        return run.emit(vars(result), series)
     from c128patch.textsafe import one_line as o  # the wheel's strings: one line each, never a line of ours
 
     s, u, a = result.series, result.upstream, result.authenticity

@@ -9,9 +9,9 @@ import click
 
 from c128patch import exitcodes
 from c128patch.cli.common import (
+    Run,
     Seconds,
     check_output_dir,
-    emit_json,
     load_stack,
     primary_or_variant,
     repo_option,
@@ -42,7 +42,7 @@ EXIT_HELP = ", ".join(f"{name} {code}" for name, code in exitcodes.WATCH.items()
 @verb_options
 def command(onto: str, repo: str | None, out: Path, timeout: float, as_primary: bool, as_variant: bool,
             python: str | None, no_run: bool, series_dir: Path | None, layer_dirs: tuple[Path, ...],
-            as_json: bool) -> None:
+            as_json: bool, run: Run) -> None:
     """Carry the series onto REV in a scratch clone (never your tree), prove and check the result, and
     say which of clean / refreshed / merged / conflict / failed / broken / unchecked it is, with a report under
     --out."""
@@ -55,14 +55,14 @@ def command(onto: str, repo: str | None, out: Path, timeout: float, as_primary: 
     from c128patch.textsafe import plain
 
     primary = primary_or_variant(as_primary, as_variant, "primary when REV is a release tag ahead of the series base")
-    series = load_stack(series_dir, layer_dirs, repo=repo, quiet=as_json)
+    series = load_stack(run, series_dir, layer_dirs, repo=repo)
     validate_files(series)
     check_output_dir(out, "--out")
     with reporter(not as_json, title="watch") as rep:
         report = core.watch(series, repo, onto, out, timeout=timeout, primary=primary, python=python,
                             run_code=not no_run, reporter=rep)
     if as_json:
-        emit_json(report, series)
+        run.emit(report, series)
     else:  # the Markdown report, as a terminal shows it; off one (a log, a pipe) as written: rich would pad each
         # paragraph to the console's width, a million columns there (progress.console)
         body = plain(render(report))

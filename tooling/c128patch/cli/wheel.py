@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import check_output_dir, emit_json, load_stack, say, verb_options
+from c128patch.cli.common import Run, check_output_dir, load_stack, say, verb_options
 from c128patch.errors import C128Error
 
 
@@ -23,7 +23,8 @@ from c128patch.errors import C128Error
               help="[--from-release] The serving platform, e.g. manylinux_2_34_aarch64 (default: this machine's).")
 @verb_options
 def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, python_tag: str | None,
-            platform: str | None, series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool) -> None:
+            platform: str | None, series_dir: Path | None,
+            layer_dirs: tuple[Path, ...], as_json: bool, run: Run) -> None:
     """Patch a released sglang wheel with the series (no rebuild): new local version, provenance, SBOM."""
     from c128patch.evidence.matrix import release_note
     from c128patch.progress import reporter
@@ -38,14 +39,14 @@ def command(from_wheel: Path | None, from_release: str | None, out_dir: Path, py
         raise C128Error("--python-tag/--platform choose the wheel of --from-release; --from-wheel names it already")
     target = WheelTarget(python_tag, platform)
     check_output_dir(out_dir, "-o")
-    series = load_stack(series_dir, layer_dirs, quiet=as_json)
+    series = load_stack(run, series_dir, layer_dirs)
     with reporter(not as_json, title="wheel") as rep:
         result = patch_from(series, from_wheel, from_release, target, out_dir, rep)
     note = release_note(series.ours, result.upstream_version)
     made = Path(result.wheel)  # others of this release there: an install line's glob (README's) takes them too
     beside = sorted(p.name for p in made.parent.glob(f"sglang-{result.upstream_version}+*.whl") if p != made)
     if as_json:
-        return emit_json({"ok": True, **vars(result), "evidence_note": note, "beside": beside}, series)
+        return run.emit({"ok": True, **vars(result), "evidence_note": note, "beside": beside}, series)
     say(*(f"  applied {row['name']} ({row['file']})" for row in result.entries), f"{result.wheel}",
         f"  sglang {result.version} = {result.upstream_version} + {describe(series)} ({len(result.entries)} entries), "
         f"sha256 {result.sha256[:16]}…, {result.seconds:.1f} s",

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import click
 
 from c128patch.cli import VerbTable
-from c128patch.cli.common import Seconds, check_output_dir, emit_json, exit_unless, json_verb, locate_tree
+from c128patch.cli.common import Run, Seconds, check_output_dir, exit_unless, json_verb, locate_tree
 from c128patch.errors import C128Error
 
 # One module per subcommand (cli/smoke/<name>.py, exposing `command`) and the line `smoke --help` lists (cli.VerbTable).
@@ -51,12 +51,12 @@ def progress(as_json: bool) -> Callable[[str], None]:
     return (lambda m: None) if as_json else echo
 
 
-def report_staged(staged: dict[str, Any], as_json: bool, then: list[str], **extra: Any) -> None:
+def report_staged(staged: dict[str, Any], run: Run, then: list[str], **extra: Any) -> None:
     """What --stage copied, and the command to run on the GPU machine (``then``: after `smoke`)."""
-    if as_json:
-        emit_json({"ok": True, "staged": staged, **extra})
+    if run.as_json:
+        run.emit({"ok": True, "staged": staged, **extra})
         return
-    say = progress(as_json)
+    say = progress(run.as_json)
     for label, info in staged.items():
         say(f"{label}: {info['files']} files, {info['bytes'] / 1e6:.2f} MB -> {info['path']}")
     from c128patch.textsafe import shell_join
@@ -64,9 +64,9 @@ def report_staged(staged: dict[str, Any], as_json: bool, then: list[str], **extr
     say("on the GPU machine: " + shell_join(["python", "-m", "c128patch", "smoke", *then]))
 
 
-def finish(report: dict[str, Any], as_json: bool, show: Callable[[], None]) -> None:
+def finish(report: dict[str, Any], run: Run, show: Callable[[], None]) -> None:
     """The report (JSON or ``show``); exit 1 when it is not ok."""
-    emit_json(report) if as_json else show()
+    run.emit(report) if run.as_json else show()
     exit_unless(report["ok"])
 
 

@@ -24,8 +24,8 @@ from c128patch.smoke.presets import SANITIZER_TOOLS
               help="C128PATCH_GPU_SCALE under compute-sanitizer.")
 @cli.common_options
 @click.pass_context
-def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, differential: bool, sanitizers: tuple[str, ...],
-            sanitizer_only: bool, **fields: Any) -> None:
+def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, run: cli.Run, differential: bool,
+            sanitizers: tuple[str, ...], sanitizer_only: bool, **fields: Any) -> None:
     """The project's GPU suite (tests/gpu) on the patched sources, on any machine with one CUDA GPU,
     nvcc, torch and tvm_ffi; optionally under compute-sanitizer and against the unpatched upstream
     sources (--differential)."""
@@ -42,7 +42,7 @@ def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, different
     if stage_dir is not None:
         staged = kernel.stage_trees(opts, stage_dir, say)
         up = ["--upstream-tree", staged["upstream"]["path"], "--differential"] if "upstream" in staged else []
-        cli.report_staged(staged, as_json, ["kernel", "--tree", staged["patched"]["path"], *up])
+        cli.report_staged(staged, run, ["kernel", "--tree", staged["patched"]["path"], *up])
         return
     report, path = kernel.run(opts, cli.command_line(ctx), say)
-    cli.finish(report, as_json, lambda: render.print_kernel(report, path))
+    cli.finish(report, run, lambda: render.print_kernel(report, path))

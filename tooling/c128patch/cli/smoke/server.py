@@ -58,7 +58,7 @@ def _argv(_ctx: click.Context, _param: click.Parameter, value: str | None) -> li
 @click.option("--allow-unpatched", is_flag=True, help="Run on an sglang without a c128patch provenance record.")
 @cli.common_options
 @click.pass_context
-def command(ctx: click.Context, out: Path | None, as_json: bool, **fields: Any) -> None:
+def command(ctx: click.Context, out: Path | None, as_json: bool, run: cli.Run, **fields: Any) -> None:
     """python -m sglang.launch_server with PR #32035's flags on a model, sustained multi-turn load
     with sglang's benchmark tools, crash watch, capacity from the log; then the same with the
     online-C128 envs off."""
@@ -74,4 +74,4 @@ def command(ctx: click.Context, out: Path | None, as_json: bool, **fields: Any) 
         if out is None and (isinstance(exc, KeyboardInterrupt) or not (opts.out / REPORT).exists()):
             shutil.rmtree(opts.out, ignore_errors=True)  # refused before any report, or interrupted: no temp folder
         raise
-    cli.finish(report, as_json, lambda: render.print_server(report, opts.out / REPORT))
+    cli.finish(report, run, lambda: render.print_server(report, opts.out / REPORT))

@@ -19,8 +19,8 @@ from c128patch.cli import smoke as cli
                    "GPU; each builds its own JIT modules).")
 @cli.common_options
 @click.pass_context
-def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, tests: Path | None, parallel_trees: bool,
-            **fields: Any) -> None:
+def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, run: cli.Run, tests: Path | None,
+            parallel_trees: bool, **fields: Any) -> None:
     """Upstream SGLang's own kernel tests that reach what the series touches, from an sglang
     checkout, on the patched and on the unpatched tree side by side, with a verdict per test."""
     from c128patch.smoke import render
@@ -31,9 +31,9 @@ def command(ctx: click.Context, stage_dir: Path | None, as_json: bool, tests: Pa
     say = cli.progress(as_json)
     if stage_dir is not None:
         staged, selection = suite.stage_run(opts, tests, stage_dir, say)
-        cli.report_staged(staged, as_json, ["upstream", "--tree", staged["patched"]["path"], "--upstream-tree",
+        cli.report_staged(staged, run, ["upstream", "--tree", staged["patched"]["path"], "--upstream-tree",
                                             staged["upstream"]["path"], "--tests", str(stage_dir / suite.STAGED_TESTS)],
                           selection=selection)
         return
     report, path = suite.run(opts, tests, cli.command_line(ctx), say, parallel_trees)
-    cli.finish(report, as_json, lambda: render.print_upstream(report, path, suite.RESULT))
+    cli.finish(report, run, lambda: render.print_upstream(report, path, suite.RESULT))
