@@ -1083,6 +1083,91 @@ def test_check_archive_refuses_names_a_file_system_folds_together_or_to_git(tmp_
         check_archive([zipfile.ZipInfo(n) for n in names], tmp_path / "x.whl")
 
 
+def _stream(wheel: Path, name: str) -> bytes:
+    """A member's compressed bytes as the archive stores them (after its local header)."""
+    import struct
+
+    with zipfile.ZipFile(wheel) as zf:
+        info = zf.getinfo(name)
+    data = wheel.read_bytes()
+    at = info.header_offset + 30 + sum(struct.unpack("<HH", data[info.header_offset + 26: info.header_offset + 30]))
+    return data[at: at + info.compress_size]
+
+
+class _Trailing:
+    """A deflater that leaves bytes after the stream's end (zipfile reads the member, CRC and all, and skips them)."""
+
+    def __init__(self, *args: object) -> None:
+        import zlib
+
+        self.z = zlib.compressobj(6, zlib.DEFLATED, -15)
+
+    def compress(self, data: bytes) -> bytes:
+        return self.z.compress(data)
+
+    def flush(self) -> bytes:
+        return self.z.flush() + b"HIDDEN"
+
+
+def test_saving_copies_an_unchanged_members_deflate_stream_only_when_it_is_exactly_the_content(tmp_path: Path,
+                                                                                               monkeypatch):
+    """``InWheel.save`` copies a member it did not change as the archive deflated it (the build deflated each one anew,
+    ~80 % of a 0.5.23 wheel's build) after reading it in full with its CRC checked, under headers of its own; a stream
+    with bytes after its end is deflated anew, a member whose CRC fails is refused, an edited one is deflated anew."""
+    import zlib
+
+    text = "".join(f"value_{i} = {i * 7919 % 1000}\n" for i in range(3000)).encode()
+    src = tmp_path / "sglang-0.5.23-py3-none-any.whl"
+    with zipfile.ZipFile(src, "w") as zf:  # level 1: not what the writer's own deflate (level 6) gives
+        zf.writestr(zipfile.ZipInfo("sglang/copied.py", (2001, 2, 3, 4, 5, 6)), text, zipfile.ZIP_DEFLATED, 1)
+        zf.writestr("sglang/stored.py", text, zipfile.ZIP_STORED)
+        zf.writestr("sglang/edited.py", text, zipfile.ZIP_DEFLATED, 1)
+        with monkeypatch.context() as mp:
+            mp.setattr(zipfile, "_get_compressor", _Trailing)
+            zf.writestr("sglang/hidden.py", text, zipfile.ZIP_DEFLATED)
+        for name, body in (("METADATA", "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n"),
+                           ("WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"), ("RECORD", "")):
+            zf.writestr(f"sglang-0.5.23.dist-info/{name}", body)
+    with zipfile.ZipFile(src) as zf:
+        assert zf.read("sglang/hidden.py") == text and _stream(src, "sglang/hidden.py").endswith(b"HIDDEN")
+    level6 = zlib.compressobj(6, zlib.DEFLATED, -15)
+    fresh = level6.compress(text) + level6.flush()
+    assert _stream(src, "sglang/copied.py") != fresh  # (else the test could not tell a copy from a new deflate)
+
+    def save(wheel: Path, dest: Path) -> Path:
+        with InWheel(wheel) as iw:
+            iw.extract(["sglang/edited.py"])
+            (iw.root / "sglang/edited.py").write_bytes(text + b"# edited\n")
+            return iw.save(dest, Version("0.5.23+c128.1"), 1_000_000_000)
+
+    out = save(src, tmp_path / "a")
+    assert _stream(out, "sglang/copied.py") == _stream(src, "sglang/copied.py")  # copied, not deflated again
+    assert _stream(out, "sglang/hidden.py") == fresh  # deflated anew: the hidden bytes are not carried
+    assert _stream(out, "sglang/stored.py") == fresh
+    edited = zlib.compressobj(6, zlib.DEFLATED, -15)
+    assert _stream(out, "sglang/edited.py") == edited.compress(text + b"# edited\n") + edited.flush()
+    check_record(out)  # every member's RECORD hash and size
+    with zipfile.ZipFile(out) as zf:
+        assert {n: zf.read(n) for n in ("sglang/copied.py", "sglang/hidden.py", "sglang/stored.py")} == \
+            dict.fromkeys(("sglang/copied.py", "sglang/hidden.py", "sglang/stored.py"), text)
+        info = zf.getinfo("sglang/copied.py")  # our header: our stamp and mode, not the input's
+        assert (info.date_time, info.external_attr >> 16, info.extra) == ((2001, 9, 9, 1, 46, 40), 0o100644, b"")
+    assert save(src, tmp_path / "b").read_bytes() == out.read_bytes()  # the same input, the same bytes
+
+    data = bytearray(src.read_bytes())  # the copied member's CRC made wrong (local header and central directory)
+    with zipfile.ZipFile(src) as zf:
+        info, start = zf.getinfo("sglang/copied.py"), zf.start_dir
+    assert data[start + 46: start + 46 + len(info.filename)] == info.filename.encode()  # the first central record
+    for at in (info.header_offset + 14, start + 16):
+        data[at] ^= 0xFF
+    bad = tmp_path / "bad" / src.name
+    bad.parent.mkdir()
+    bad.write_bytes(bytes(data))
+    with pytest.raises(C128Error, match="member sglang/copied.py cannot be read .*Bad CRC-32"):
+        save(bad, tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+
+
 @pytest.fixture(scope="module")
 def stored_copy(tmp_path_factory: pytest.TempPathFactory, upstream_wheel: Path):
     """The real 0.5.23 wheel's members (read once) and a writer of edited copies (stored: fast)."""

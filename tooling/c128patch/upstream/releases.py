@@ -418,6 +418,28 @@ class WheelZip(zipfile.ZipFile):
                     (20 if max(info.compress_size, info.file_size) >= 0xFFFFFFFF else 12)
         return None if pos == self.start_dir else pos
 
+    def deflated(self, info: zipfile.ZipInfo, data: bytes) -> bytes | None:
+        """The member's deflate stream as the archive stores it, when it inflates to exactly ``data`` (its content, as
+        ``read`` took it in full and checked its CRC) and ends at its last byte (no bytes hidden after the stream's
+        end, which readers skip); None otherwise (not deflated, or not so): the content is to be deflated anew."""
+        if info.compress_type != zipfile.ZIP_DEFLATED or info.flag_bits & 0x1:
+            return None
+        assert self.fp is not None
+        self.fp.seek(info.header_offset)  # the local header (its name and extra field lengths), as ``read`` found it
+        head = self.fp.read(30)
+        if len(head) < 30 or head[:4] != b"PK\x03\x04":
+            return None
+        name, extra = struct.unpack("<HH", head[26:30])
+        self.fp.seek(info.header_offset + 30 + name + extra)
+        raw = self.fp.read(info.compress_size)
+        inflate = zlib.decompressobj(-zlib.MAX_WBITS)
+        try:
+            same = len(raw) == info.compress_size and inflate.decompress(raw) == data and inflate.eof \
+                and not inflate.unused_data
+        except zlib.error:
+            return None
+        return raw if same else None
+
     def read(self, name: str | zipfile.ZipInfo, pwd: bytes | None = None) -> bytes:
         try:
             return super().read(name, pwd)
