@@ -1,8 +1,9 @@
 """Open a wheel, edit it as a folder, write it back reproducibly (after auditwheel's ``InWheel``).
 
 ``save()`` regenerates RECORD (``WheelFile``), orders entries (package first, ``.dist-info`` last),
-stamps SOURCE_DATE_EPOCH, normalises modes to 0644/0755: the same inputs give the same bytes. It
-writes inside the destination and renames at the end; a killed run's folders (by pid) are swept.
+stamps SOURCE_DATE_EPOCH, normalises modes to 0644/0755, keeps the deflate stream of a member it did not change
+(``WheelZip.deflated``: read whole, CRC checked, exactly its content) under headers of its own: the same inputs give
+the same bytes. It writes inside the destination and renames at the end; a killed run's folders (by pid) are swept.
 """
 
 from __future__ import annotations
