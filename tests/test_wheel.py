@@ -1166,6 +1166,13 @@ def test_saving_copies_an_unchanged_members_deflate_stream_only_when_it_is_exact
     with pytest.raises(C128Error, match="member sglang/copied.py cannot be read .*Bad CRC-32"):
         save(bad, tmp_path / "c")
     assert not (tmp_path / "c").exists()
+    from c128patch.wheel.tools import _WheelWriter
+
+    stream = _stream(src, "sglang/copied.py")
+    with _WheelWriter(bad, "w") as wf:  # a stream is never written under another method than deflate
+        wf.writestr(zipfile.ZipInfo("sglang/stored.py"), text, stream=stream)
+    with zipfile.ZipFile(bad) as zf:
+        assert zf.read("sglang/stored.py") == text
 
 
 @pytest.fixture(scope="module")

@@ -363,7 +363,8 @@ class _WheelWriter(WheelFile):
 
     def open(self, name_or_info: str | zipfile.ZipInfo, mode: str = "r", pwd: bytes | None = None) -> IO[bytes]:
         handle = super().open(name_or_info, mode, pwd)
-        if mode == "w" and self._stream is not None:
+        if mode == "w" and self._stream is not None and getattr(name_or_info, "compress_type", None) == \
+                zipfile.ZIP_DEFLATED:  # (a stream is a deflate stream: never written under another method)
             handle._compressor = _Stored(self._stream)
         return handle
 
