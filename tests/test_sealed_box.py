@@ -482,6 +482,27 @@ def test_python_is_taken_from_the_current_folder_and_refused_inside_the_tree(tmp
     assert run.code == 2 and "--python ./pyx lies inside the target tree" in run.err
 
 
+@pytest.mark.parametrize("verb", ["watch", "bisect"])
+@pytest.mark.parametrize("how", ["path", "file-url"])
+def test_a_python_inside_the_local_repo_watch_or_bisect_is_given_is_refused(tmp_path, monkeypatch, verb, how):
+    """Helper 153: ``watch --repo . --python ./pyx`` (and ``bisect --behaviour``) from inside an upstream clone took
+    the clone's own committed ``pyx`` as the interpreter: only treecheck's ``--tree`` was the target tree then."""
+    repo = tmp_path / "upstream"
+    repo.mkdir()
+    (repo / "pyx").write_text(f"#!/bin/sh\ntouch {tmp_path}/ran\nexec {sys.executable} \"$@\"\n")
+    (repo / "pyx").chmod(0o755)
+    git = Git(worktree=repo)
+    git.run("init", "-q")
+    git.run("add", "pyx")
+    git.run("commit", "-q", "-m", "a program of upstream's")
+    monkeypatch.chdir(repo)
+    given = "." if how == "path" else f"file://{repo}"
+    extra = ["--behaviour"] if verb == "bisect" else ["--out", str(tmp_path / "out")]
+    run = invoke(verb, "--repo", given, "--onto", "HEAD", "--python", "./pyx", *extra)
+    assert run.code == 2 and "--python ./pyx lies inside the target tree" in run.err, run.err
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "out").exists()
+
+
 def test_a_python_hard_linked_to_a_file_of_the_tree_is_refused(tmp_path):
     """Helper 95: a hard link outside the tree to a script inside it passed as --python (the tree's script ran)."""
     tree = trapped_tree(tmp_path, tmp_path / "ran.txt")

@@ -18,7 +18,7 @@ from c128patch.fit.sandbox import interpreter
 from c128patch.git import Git
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series
-from c128patch.upstream.source import open_upstream
+from c128patch.upstream.source import local_repo, open_upstream
 
 
 def fit_check(series: Series, git: Git, base: str, commit: str, head: str, ours: list[copies.Patched],
@@ -55,7 +55,8 @@ def bisect(series: Series, repo: str | None, onto: str, *, timeout: float = 600,
     """The first commit in ``base..onto`` where the series no longer applies or fits (module docstring)."""
     if not series.base:
         raise C128Error(f"{series.manifest_path} names no base: bisect starts there")
-    python = interpreter(python) if python else None  # the step runs elsewhere: a path from here, made absolute
+    # the step runs elsewhere: a path from here, made absolute; never a program of the local --repo
+    python = interpreter(python, local_repo(repo)) if python else None
     upstream = open_upstream(repo, [series.base, onto] if repo is None else [], reporter)
     base, target = upstream.resolve(series.base), upstream.resolve(onto)
     git = upstream.git

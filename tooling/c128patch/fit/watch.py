@@ -65,7 +65,7 @@ from c128patch.progress import NullReporter, Reporter, echo
 from c128patch.series.layers import layer_folders, layer_rows, stack
 from c128patch.series.manifest import Series, installed, load_series
 from c128patch.textsafe import one_line, shell_quote
-from c128patch.upstream.source import Target, Upstream, open_upstream
+from c128patch.upstream.source import Target, Upstream, local_repo, open_upstream
 
 EXIT: dict[str, int] = exitcodes.WATCH
 REPORT = "watch-report.json"
@@ -517,7 +517,7 @@ def watch(series: Series, repo: str | None, onto: str, out: Path, *, timeout: fl
     if out.is_dir() and any(out.iterdir()) and not (out / REPORT).is_file():
         raise C128Error(f"--out {out} holds files that are not a c128patch watch report; pass a new or empty "
                         "folder (nothing was written)")
-    python = interpreter(python) if python else None  # from the current folder, before the work moves
+    python = interpreter(python, local_repo(repo)) if python else None  # from the current folder, before the work moves
     run = Watch(series, repo, onto, out, primary=primary, python=python, run_code=run_code, reporter=reporter)
     with scratch("c128watch-") as tmp:
         try:

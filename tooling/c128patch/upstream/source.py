@@ -27,6 +27,15 @@ def is_url(repo: str) -> bool:
     return bool(_URL.match(repo))
 
 
+def local_repo(repo: str | None) -> Path | None:
+    """The folder a ``--repo`` names on this machine (a path, a ``file://`` URL), whose files are upstream's: a
+    ``--python`` inside it runs upstream's program (``fit.sandbox.interpreter``); None for the release history or a
+    remote URL."""
+    if not repo or (is_url(repo) and not repo.startswith("file://")):
+        return None
+    return Path(repo.removeprefix("file://")).expanduser().absolute()
+
+
 def shown(rev: str) -> str:
     """``rev`` for a message: an absurdly long one is cut."""
     return rev if len(rev) <= 80 else f"{rev[:40]}... ({len(rev)} characters)"
