@@ -35,6 +35,8 @@ ACROSS: dict[tuple[str, str], str] = {
     ("smoke", "wheel"): "`smoke --wheel` unpacks a wheel through the one check of its members and sizes "
                         "(wheel.tools.check_archive)",
     ("errors", "exitcodes"): "an error's exit code comes from the one table of exit codes",
+    ("jsonio", "errors"): "a lock another run holds past $C128PATCH_LOCK_TIMEOUT is one line (C128Error), never an "
+                          "unbounded wait",
     ("progress", "textsafe"): "a progress line names input (a path, a subject): made plain text by the one function "
                               "that strips what a terminal acts on",
 }

@@ -778,6 +778,31 @@ def test_a_lock_file_of_the_cache_that_is_no_regular_file_is_one_line_never_a_ha
     assert not outside.exists() and not (cache / "sglang-releases.git").exists()
 
 
+def test_a_lock_of_the_cache_another_process_holds_is_said_and_waited_for_in_bounded_time(tmp_path):
+    """Helper 153: a process holding the cache's lock (another run building it, or one that hangs holding it) made
+    every verb wait silently, with no limit: `check` and `apply` sat there until killed."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    lock = cache / "sglang-releases.lock"
+    lock.touch()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; fd = open(sys.argv[1]); "
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(lock)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        run = subprocess.run([sys.executable, "-m", "c128patch", "check", "--sglang-rev", "v0.5.23"],
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "C128PATCH_CACHE": str(cache), "C128PATCH_LOCK_TIMEOUT": "1"})
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
+        f"waiting for {lock}: another run holds its lock (at most 1 s, C128PATCH_LOCK_TIMEOUT)",
+        f"c128patch: error: {lock} is still locked by another run after 1 s: let it finish (or end it), then run "
+        "again; C128PATCH_LOCK_TIMEOUT=SECONDS waits longer"], run.stderr
+    assert not (cache / "sglang-releases.git").exists()
+
+
 @pytest.mark.parametrize("member", [
     "sglang/a.py\ndata 0\n\ncommit refs/heads/injected\ncommitter a <a@b> 0 +0000",  # commands for fast-import
     "sglang/../../x.py", "sglang/.GIT/hooks/post-checkout",

@@ -8,8 +8,12 @@ import fcntl
 import json
 import os
 import stat
+import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
+
+from c128patch.errors import C128Error
 
 _HELD: dict[str, int] = {}  # path -> the descriptor this process holds its lock on
 
@@ -23,10 +27,43 @@ def locked(path: Path) -> Iterator[None]:
         return
     _HELD[key] = os.open(key, os.O_RDONLY)
     try:
-        fcntl.flock(_HELD[key], fcntl.LOCK_EX)
+        _wait_for(_HELD[key], key)
         yield
     finally:
         os.close(_HELD.pop(key))  # (releases the lock)
+
+
+LOCK_TIMEOUT_ENV = "C128PATCH_LOCK_TIMEOUT"  # seconds a run waits for a lock another run holds (default 600)
+
+
+def _wait_for(fd: int, key: str) -> None:
+    """The lock on ``fd`` (of ``key``): at once when free; else said on stderr (a run waiting on another, or on a
+    process that holds the lock and never lets go, was silent and unbounded) and waited for, at most
+    ``$C128PATCH_LOCK_TIMEOUT`` seconds, then one line."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    try:
+        limit = float(os.environ.get(LOCK_TIMEOUT_ENV) or 600)
+        if not 0 <= limit <= 604800:
+            raise ValueError
+    except ValueError:
+        raise C128Error(f"{LOCK_TIMEOUT_ENV}={os.environ[LOCK_TIMEOUT_ENV]!r} is not a number of seconds from 0 to "
+                        "604800") from None
+    sys.stderr.write(f"waiting for {key}: another run holds its lock (at most {limit:g} s, {LOCK_TIMEOUT_ENV})\n")
+    sys.stderr.flush()
+    end = time.monotonic() + limit
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                raise C128Error(f"{key} is still locked by another run after {limit:g} s: let it finish (or end it), "
+                                f"then run again; {LOCK_TIMEOUT_ENV}=SECONDS waits longer") from None
+            time.sleep(min(0.2, max(end - time.monotonic(), 0.01)))
 
 
 def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> Path:
