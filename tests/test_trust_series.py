@@ -452,6 +452,21 @@ def test_a_layer_folder_a_trees_record_or_a_journal_names_is_held_to_the_configs
         undo()
 
 
+def test_a_config_in_a_bare_repository_given_as_a_file_url_is_never_read(tmp_path, monkeypatch):
+    """Helper 153: `--repo file:///R` from inside the bare repository R read R's c128patch.toml (and stacked its
+    layer): only a --repo PATH was excluded from the search, and a bare repository has no `.git` to stop it."""
+    monkeypatch.delenv(ENV, raising=False)
+    bare = tmp_path / "r.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(bare)], check=True)
+    (bare / "evil" / "patches").mkdir(parents=True)
+    (bare / "evil" / "patches" / "series.toml").write_text("bogus\n")
+    (bare / CONFIG).write_text('[layers]\npaths = ["evil"]\n')
+    monkeypatch.chdir(bare)
+    for given in (str(bare), f"file://{bare}"):
+        res = invoke("lint", "--offline", "--repo", given, as_json=False)
+        assert res.code == 0 and "layers from" not in res.err and "evil" not in res.err + res.text, (given, res.err)
+
+
 def test_apply_continue_and_rebase_onto_read_no_config_of_the_tree_they_were_pointed_at(tmp_path, monkeypatch):
     """Helper 137: `apply --continue --series DIR` and rebase's series loading called ``get_series``, which read
     c128patch.toml from the current folder excluding neither the tree nor the repository (`rebase --onto` looked

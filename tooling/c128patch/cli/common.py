@@ -156,6 +156,7 @@ def load_stack(run: Run, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
     from c128patch.ops.treestate import tree_layers  # not ops.layer: status stays light
     from c128patch.series.layers import ENV, get_series, lookup_layers
     from c128patch.textsafe import one_line
+    from c128patch.upstream.source import local_repo  # (a file:// URL names a folder here too)
 
     def top(folder: Path) -> Path | None:  # the repository holding folder (a bare one: itself), no git run
         chain = [folder.resolve(), *folder.resolve().parents]
@@ -164,7 +165,7 @@ def load_stack(run: Run, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
     for option, folder in [("--series", series_dir), *(("--layer", f) for f in layer_dirs)]:
         if folder is not None and os.path.lexists(folder) and not Path(folder).is_dir():  # (a FIFO: "no manifest")
             raise C128Error(f"{option} {folder} is {what_is(folder)}, not a folder")
-    pointed = [t for t in (top(Path(p)) for p in (tree, repo) if p and Path(p).is_dir()) if t]
+    pointed = [t for t in (top(Path(p)) for p in (tree, local_repo(repo)) if p and Path(p).is_dir()) if t]
     folders, origin = lookup_layers(layer_dirs, exclude=pointed)
     here = top(tree) if tree else top(Path.cwd()) or top(Path.cwd() / DEFAULT_TREE)
     if not origin and here and (folders := tree_layers(Git(worktree=here))):
