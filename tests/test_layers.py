@@ -1133,6 +1133,31 @@ def test_the_second_add_entry_prints_a_next_that_works_where_the_first_ones_tree
     assert [c for c in stacked.out("log", "--format=%s", "-3").splitlines()][1:] == ["acme: two", "acme: one"]
 
 
+def test_add_entry_into_another_folder_of_the_trees_layer_prints_a_next_naming_that_folder(tmp_path, applied_clone):
+    """Helper 153: a tree applied with layer acme from one folder, its commit added to another folder of acme (a copy
+    of the workspace, a second clone of the layer's repository): the printed rebase named the tree's recorded folder,
+    whose layer lacks the new entry, not the folder just written."""
+    layer = tmp_path / "acme"
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0
+    anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    sha = commit_on(applied_clone, ENV_PY, anchor, f"{anchor}    # acme: one\n", "acme: one")
+    res = invoke("layer", "add-entry", "--layer", layer, "--from-commit", sha, "--tree", applied_clone, "--name", "one",
+                 "--why", "w", as_json=False)
+    assert res.code == 0 and run_printed(res.text.split("  next: ", 1)[1].strip()).returncode == 0
+    stacked, other = Path(f"{applied_clone}-acme"), tmp_path / "elsewhere" / "acme"
+    shutil.copytree(layer, other, symlinks=True)
+    anchor += "    # acme: one\n"
+    sha = commit_on(stacked, ENV_PY, anchor, f"{anchor}    # acme: two\n", "acme: two")
+    res = invoke("layer", "add-entry", "--layer", other, "--from-commit", sha, "--tree", stacked, "--name", "two",
+                 "--why", "w", as_json=False)
+    assert res.code == 0, res.text
+    printed = res.text.split("  next: ", 1)[1].strip()
+    assert shlex.split(printed)[-2:] == ["--layer", str(other.resolve())], printed
+    ran = run_printed(printed)
+    assert ran.returncode == 0, (printed, ran.stderr)
+    assert "layer acme 2" in ran.stdout + ran.stderr
+
+
 def test_a_layered_trees_commit_without_an_entry_gets_refreshs_own_refusal_with_the_add_entry_that_works(
         sglang_release_repo, tmp_path):
     """After a rebase of a layered tree holding a commit of the user's, the note said our series "would need files

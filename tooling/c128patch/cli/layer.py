@@ -82,7 +82,8 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
         # a tree applied with the layer takes its new entry in place (a rebase makes the commit the entry); else
         # beside the branch, which keeps the commit
         beside = git.worktree if carried else Path(f"{git.worktree}-{done.layer}")
-        layers = [str(f) for f in tree_layers(git)] if carried else [str(folder)]  # the tree's whole stack
+        layers = [str(folder.resolve()) if name == done.layer else str(f)  # the tree's whole stack, this layer's
+                  for name, f in zip(applied_layers(record), tree_layers(git))] if carried else [str(folder)]  # here
         stack = shell_join(["c128patch", "rebase", "--onto", rev, "--tree", str(beside),
                             *(a for f in layers for a in ("--layer", f))]
                            if carried or beside.is_dir() and applied_here(beside) else  # a first next made it
