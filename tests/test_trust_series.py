@@ -259,7 +259,9 @@ REVIEWED = {
                       "root / folder",  # folder: TXN or STAGING
                       "staging / 'files' / f'{i:05d}'", "root / TXN / 'files' / staged"},  # staged: checked
     "series/layers.py": {"start / p",  # the operator's env, resolved then checked (lookup_layers)
-                         "Path(top) / name"},  # os.walk of a layer folder, only stat'd for its owner (_inside)
+                         "Path(top) / name",  # os.walk of a layer folder, only stat'd for its owner (_inside)
+                         # git's own pointer of a linked work tree to its git dir, only stat'd (_sparse)
+                         "folder / dot.read_text(errors='replace').strip().removeprefix('gitdir:').strip()"},
     "upstream/releases.py": {"dest / wheel.name"},  # a file pip wrote into our own folder
     "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')",
                            # git's own answer for the tree the operator named (its object store), not a tree's file
@@ -324,6 +326,31 @@ def test_a_config_shipped_in_an_upstream_tree_without_git_is_never_read(tmp_path
     monkeypatch.setenv(ENV, str(up / "evil"))
     with pytest.raises(C128Error, match="a tree c128patch patches"):
         lookup_layers((), cwd=tmp_path)
+
+
+@pytest.mark.parametrize("route", ["clone", "worktree"])
+def test_a_config_committed_by_upstream_is_never_read_in_a_sparse_checkout_of_it(tmp_path, monkeypatch, route):
+    """Helper 153: a sparse checkout of an upstream (cone `evil`: python/ left out of the work tree, the top's files
+    and the layer in) is still a tree the tool patches; its committed c128patch.toml was read and its layer stacked
+    ("layers from .../c128patch.toml"), as a clone or as a linked work tree alike."""
+    monkeypatch.delenv(ENV, raising=False)
+    up = hostile_upstream(tmp_path)
+    (up / "python" / "sglang" / "__init__.py").write_text("")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "-C", str(up), "add", "-A"], check=True)
+    subprocess.run([*git, "-C", str(up), "commit", "-qm", "upstream"], check=True)
+    sparse = tmp_path / "sparse"
+    if route == "clone":
+        subprocess.run([*git, "clone", "-q", "--no-checkout", str(up), str(sparse)], check=True)
+    else:
+        subprocess.run([*git, "-C", str(up), "worktree", "add", "-q", "--no-checkout", str(sparse)], check=True)
+    subprocess.run([*git, "-C", str(sparse), "sparse-checkout", "set", "evil"], check=True, capture_output=True)
+    subprocess.run([*git, "-C", str(sparse), "checkout", "-q"], check=True)
+    assert (sparse / CONFIG).is_file() and (sparse / "evil").is_dir() and not (sparse / "python").exists()
+    assert lookup_layers((), cwd=sparse)[0] == () and lookup_layers((), cwd=sparse / "evil")[0] == ()
+    monkeypatch.chdir(sparse / "evil")
+    res = invoke("lint", "--offline", as_json=False)
+    assert res.code == 0 and "layers from" not in res.err and "evil" not in res.err + res.text, (res.err, res.text)
 
 
 def test_a_layer_folder_inside_a_tree_the_tool_patches_is_refused(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from c128patch.errors import C128Error
-from c128patch.git import is_git_dir_name
+from c128patch.git import Git, is_git_dir_name
 from c128patch.series.manifest import (
     MANIFEST,
     Entry,
@@ -282,8 +282,27 @@ def _others_write(path: Path) -> str:
 
 def _patched_top(folder: Path) -> bool:
     """Is ``folder`` the top of a tree the tool patches (upstream's layout; a repository or not: a tarball or an sdist
-    has no ``.git``, helper 100)?"""
-    return (folder / UPSTREAM_PACKAGE).is_dir()
+    has no ``.git``, helper 100), a sparse checkout of one too, whose work tree leaves ``python/`` out while its HEAD
+    holds it (helper 153: the upstream's committed config and layer were read there)?"""
+    if (folder / UPSTREAM_PACKAGE).is_dir():
+        return True
+    return _sparse(folder) and Git(worktree=folder).ok("cat-file", "-e", f"HEAD:{UPSTREAM_PACKAGE}")
+
+
+def _sparse(folder: Path) -> bool:
+    """Is ``folder`` a work tree git checks out sparsely (its git dir, or a linked work tree's, has
+    ``info/sparse-checkout``)? No git is run: this is asked of every repository top above the current folder."""
+    dot = folder / ".git"
+    try:
+        if dot.is_dir():
+            git_dir = dot
+        elif dot.is_file() and dot.stat().st_size <= 4096:  # a linked work tree's "gitdir: PATH"
+            git_dir = folder / dot.read_text(errors="replace").strip().removeprefix("gitdir:").strip()
+        else:
+            return False
+        return (git_dir / "info" / "sparse-checkout").is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def find_config(start: Path, exclude: Sequence[Path] = ()) -> Path | None:
