@@ -351,6 +351,11 @@ def test_a_config_committed_by_upstream_is_never_read_in_a_sparse_checkout_of_it
     monkeypatch.chdir(sparse / "evil")
     res = invoke("lint", "--offline", as_json=False)
     assert res.code == 0 and "layers from" not in res.err and "evil" not in res.err + res.text, (res.err, res.text)
+    # one whose config the tool's git refuses (an include): still not read, and no verb is refused for it
+    subprocess.run(["git", "-C", str(sparse), "config", "include.path", str(tmp_path / "other.cfg")], check=True)
+    assert lookup_layers((), cwd=sparse / "evil")[0] == ()
+    res = invoke("lint", "--offline", as_json=False)
+    assert res.code == 0 and "layers from" not in res.err, res.err
 
 
 def test_a_layer_folder_inside_a_tree_the_tool_patches_is_refused(tmp_path, monkeypatch):

@@ -286,7 +286,10 @@ def _patched_top(folder: Path) -> bool:
     holds it (helper 153: the upstream's committed config and layer were read there)?"""
     if (folder / UPSTREAM_PACKAGE).is_dir():
         return True
-    return _sparse(folder) and Git(worktree=folder).ok("cat-file", "-e", f"HEAD:{UPSTREAM_PACKAGE}")
+    try:
+        return _sparse(folder) and Git(worktree=folder).ok("cat-file", "-e", f"HEAD:{UPSTREAM_PACKAGE}")
+    except C128Error:  # a repository git or the tool refuses (another user's, a config including a file): not the
+        return True  # operator's to take a config from; said by the verb that works in it, if one does
 
 
 def _sparse(folder: Path) -> bool:
