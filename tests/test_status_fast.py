@@ -52,11 +52,12 @@ def test_status_reads_the_proof_apply_recorded_without_replaying(applied, monkey
 
 
 def test_status_loads_no_replay_or_layer_module(applied):
-    """status reads: the modules that replay, lint or edit layers stay unimported (its start-up cost)."""
+    """status reads: the modules that replay, lint or edit layers, or fetch upstream (the release cache's zipfile and
+    urllib: ~90 ms once ``load_stack`` took ``local_repo`` from there), stay unimported (its start-up cost)."""
     series, tree = applied
     probe = ("import sys\nfrom c128patch.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-             "print(sorted(m for m in ('c128patch.ops.layer', 'c128patch.ops.replay', 'c128patch.ops.lint') "
-             "if m in sys.modules))")
+             "print(sorted(m for m in ('c128patch.ops.layer', 'c128patch.ops.replay', 'c128patch.ops.lint', "
+             "'c128patch.upstream.source', 'c128patch.upstream.releases') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", probe, "status", "--json", "--tree", str(tree), "--series",
                            str(series)], capture_output=True, text=True, check=False)
     assert '"proof": "recorded"' in proc.stdout and proc.stdout.rstrip().endswith("[]"), proc.stdout + proc.stderr

@@ -49,7 +49,7 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     from c128patch.ops.apply import apply_rev, continue_apply
     from c128patch.progress import reporter
     from c128patch.textsafe import shell_join
-    from c128patch.upstream.source import is_url
+    from c128patch.upstream import is_url
 
     if sum(map(bool, (rev, cont, abort))) != 1:
         raise C128Error("give exactly one of --sglang-rev REV, --continue, --abort")

@@ -156,7 +156,7 @@ def load_stack(run: Run, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
     from c128patch.ops.treestate import tree_layers  # not ops.layer: status stays light
     from c128patch.series.layers import ENV, get_series, lookup_layers
     from c128patch.textsafe import one_line
-    from c128patch.upstream.source import local_repo  # (a file:// URL names a folder here too)
+    from c128patch.upstream import local_repo  # (a file:// URL names a folder here too)
 
     def top(folder: Path) -> Path | None:  # the repository holding folder (a bare one: itself), no git run
         chain = [folder.resolve(), *folder.resolve().parents]

@@ -18,7 +18,8 @@ from c128patch.fit.sandbox import interpreter
 from c128patch.git import Git
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series
-from c128patch.upstream.source import local_repo, open_upstream
+from c128patch.upstream import local_repo
+from c128patch.upstream.source import open_upstream
 
 
 def fit_check(series: Series, git: Git, base: str, commit: str, head: str, ours: list[copies.Patched],

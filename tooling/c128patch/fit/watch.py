@@ -65,7 +65,8 @@ from c128patch.progress import NullReporter, Reporter, echo
 from c128patch.series.layers import layer_folders, layer_rows, stack
 from c128patch.series.manifest import Series, installed, load_series
 from c128patch.textsafe import one_line, shell_quote
-from c128patch.upstream.source import Target, Upstream, local_repo, open_upstream
+from c128patch.upstream import local_repo
+from c128patch.upstream.source import Target, Upstream, open_upstream
 
 EXIT: dict[str, int] = exitcodes.WATCH
 REPORT = "watch-report.json"

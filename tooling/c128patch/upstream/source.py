@@ -16,26 +16,10 @@ from c128patch.errors import C128Error
 from c128patch.git import Git, GitError, refuse_git_dir, work_tree_top
 from c128patch.progress import NullReporter, Reporter, echo
 from c128patch.textsafe import shell_quote
-from c128patch.upstream import DEFAULT_TREE
+from c128patch.upstream import DEFAULT_TREE, is_url
 from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, cache_dir, locked, release_version
 
 NET_TIMEOUT_ENV = "C128PATCH_NET_TIMEOUT"  # seconds a clone or fetch of --repo URL may take (default 600)
-_URL = re.compile(r"^([a-z][a-z0-9+.-]*://|[\w.-]+@[\w.-]+:)", re.IGNORECASE)
-
-
-def is_url(repo: str) -> bool:
-    return bool(_URL.match(repo))
-
-
-def local_repo(repo: str | None) -> Path | None:
-    """The folder a ``--repo`` names on this machine (a path, a ``file://`` URL), whose files are upstream's: a
-    ``--python`` inside it runs upstream's program (``fit.sandbox.interpreter``); None for the release history or a
-    remote URL."""
-    if not repo or (is_url(repo) and not repo.startswith("file://")):
-        return None
-    return Path(repo.removeprefix("file://")).expanduser().absolute()
-
-
 def shown(rev: str) -> str:
     """``rev`` for a message: an absurdly long one is cut."""
     return rev if len(rev) <= 80 else f"{rev[:40]}... ({len(rev)} characters)"
