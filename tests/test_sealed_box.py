@@ -348,6 +348,25 @@ def test_a_folder_to_keep_that_is_a_hidden_place_itself_is_one_line_not_a_failed
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("variable", ["TMPDIR", "HOME", "LD_LIBRARY_PATH"])
+def test_a_folder_holding_a_newline_is_one_line_not_a_split_seal(tmp_path, monkeypatch, variable):
+    """The seal's lists are lines: a TMPDIR holding a newline split there; the probe failed and the box ran with
+    reads and processes NOT confined, said with a false reason (mount failed). Now one line naming it, nothing left."""
+    if "writes NOT confined" in sandbox.isolation():
+        pytest.skip(sandbox.isolation())
+    odd, tmp = tmp_path / "a\nb", tmp_path / "tmp"
+    odd.mkdir(), tmp.mkdir()
+    monkeypatch.setenv(variable, str(odd))
+    monkeypatch.setattr(tempfile, "tempdir", str(odd if variable == "TMPDIR" else tmp))
+    sandbox._cuts.cache_clear()
+    try:
+        with pytest.raises(C128Error, match=r"^the sealed box cannot name the folder '.*a\\nb.*': it holds a newline"):
+            Sealed(sys.executable, ["-c", "pass"], 60, offline=True)
+    finally:
+        sandbox._cuts.cache_clear()
+    assert not list(odd.iterdir()) and not list(tmp.iterdir())
+
+
 def test_a_memory_hog_is_stopped_in_one_line():
     """Past ``memory`` bytes of data a process (2 GiB asked, 1 GiB allowed), the run is one line saying so."""
     with pytest.raises(C128Error, match=r"^the target's code ran out of memory \(the box allows 1 GiB of data a "

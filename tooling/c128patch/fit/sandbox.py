@@ -93,6 +93,11 @@ def _sealed(argv: list[str], writable: list[str], offline: bool, readable: list[
             hidden: list[str] | None = None, pids: bool = False) -> list[str]:
     """``argv`` in the seal (``offline``: in its own network namespace too; ``pids``: in its own pid and IPC
     namespaces); ``hidden``: the places to hide (``None``: none), ``readable`` kept in them (``writable`` too)."""
+    if odd := next((p for p in (*writable, *readable, *(hidden or ())) if "\n" in p), None):
+        # the seal's lists are lines: one split there kept a part of it, or hid nothing (reads NOT confined, said
+        # with a false reason)
+        raise C128Error(f"the sealed box cannot name the folder {odd!r}: it holds a newline (from TMPDIR, HOME, "
+                        "XDG_CACHE_HOME, C128PATCH_CACHE, LD_LIBRARY_PATH, CUDA_HOME or a path given); use one without")
     ns = [*(["--pid", "--fork", "--ipc"] if pids else []), *(["--net"] if offline else [])]
     return ["unshare", "--user", "--map-root-user", "--mount", *ns, "sh", "-c", _SEAL, "offline" if offline else "sh",
             *writable, "--", *readable, "--", *(hidden or ()), "--", *argv]
@@ -247,6 +252,7 @@ class Sealed:
         operator's other processes do not count; the kernel exempts root), where the host gives it one; ``pip``: it
         runs pip, which reads the site's pip config files (else hidden: ``SITE_PIP``)."""
         self.timeout, self.memory, self.files, self.output = timeout, memory, files, output
+        writes, reads, net, pids = _cuts()  # (before its folder is made: a refusal there leaves none)
         self.home = Path(scratch_dir("c128box-"))  # (a SIGKILLed run's swept by pid)
         scrubbed = {k: os.environ[k] for k in KEEP if k in os.environ} | (env or {})
         scrubbed.update(HOME=str(self.home), TMPDIR=str(self.home))
@@ -254,7 +260,6 @@ class Sealed:
         # a tree's __pycache__ may hold an unchecked-hash .pyc that Python runs instead of its source (-B only stops
         # writes): every hash-based one is checked against its source (helper 100)
         argv = [python, "-I", "-B", "--check-hash-based-pycs", "always", *args]
-        writes, reads, net, pids = _cuts()
         self.pids = not pids  # its own pid namespace (only with the whole seal)
         if not writes or (offline and not net):  # in a user namespace of its own
             argv = ["prlimit", f"--nproc={_capped(resource.RLIMIT_NPROC, procs)}", "--", *argv]
@@ -266,8 +271,12 @@ class Sealed:
                                 f"temporary folder or a top-level folder), to run {python}: keep what it needs (the "
                                 "interpreter's prefix, a folder in LD_LIBRARY_PATH or one a pip setting names) in a "
                                 f"folder below {whole[0]}, not in it")
-            argv = _sealed(argv, [os.path.realpath(p) for p in (self.home, *writable)], offline, kept, hidden,
-                           self.pids)
+            try:
+                argv = _sealed(argv, [os.path.realpath(p) for p in (self.home, *writable)], offline, kept, hidden,
+                               self.pids)
+            except C128Error:
+                self.kill()
+                raise
         elif offline and not net:  # the network cut off, the writes not
             argv = ["unshare", "--user", "--map-root-user", "--net", "sh", "-c", _RUN + 'exec "$@"', "offline", *argv]
         try:
