@@ -128,7 +128,7 @@ def test_server_command_and_envs(tmp_path):
                                       mem_fraction_static=0.8, server_args=("--hicache-storage-backend", "mooncake"),
                                       env={"SGLANG_DSPARK_RECORD_VERIFY_STREAMS": "1"}, python="py", out=tmp_path)
     argv = smoke_server.server_argv(opts)
-    assert argv[:3] == ["py", "-m", "sglang.launch_server"]
+    assert argv[:3] == smoke_server.module_argv("py", "sglang.launch_server")
     assert argv[argv.index("--tp-size") + 1] == "4" and argv[-4:] == ["--host", "127.0.0.1", "--port", "30123"]
     assert argv.count("--mem-fraction-static") == 1 and argv[argv.index("--mem-fraction-static") + 1] == "0.8"
     assert argv[argv.index("--speculative-algorithm") + 1] == "DSPARK"
@@ -140,6 +140,34 @@ def test_server_command_and_envs(tmp_path):
     assert not set(smoke_server.ONLINE_ENVS) & set(off)
     assert on["SGLANG_RAGGED_VERIFY_MODE"] == off["SGLANG_RAGGED_VERIFY_MODE"] == "compact"
     assert off["SGLANG_DSPARK_RECORD_VERIFY_STREAMS"] == "1"
+
+
+def test_the_server_and_load_launches_run_nothing_of_the_current_folder(tmp_path, monkeypatch):
+    """`python -m sglang.launch_server` (and bench_serving) put the current folder first on sys.path: run from an
+    upstream tree, its top-level runpy.py/json.py ran as the operator before sglang did. The launches the tool builds
+    run the installed module with its arguments, and nothing of the folder they are started in (nor do its children
+    on Python >= 3.11: PYTHONSAFEPATH)."""
+    marker, here, site = tmp_path / "ran.txt", tmp_path / "tree", tmp_path / "site"
+    here.mkdir(), (site / "sglang").mkdir(parents=True)
+    for name in ("runpy.py", "json.py", "typing.py"):
+        (here / name).write_text(f"open({str(marker)!r}, 'a').write({name!r} + ' ')\n")
+    (site / "sglang" / "__init__.py").write_text("")
+    for module in ("launch_server", "bench_serving"):  # each says its name, argv and whether a child sees the folder
+        (site / "sglang" / f"{module}.py").write_text(
+            "import json, subprocess, sys\nif __name__ == '__main__':\n"
+            f"    open({str(marker)!r}, 'a').write({module!r} + ' ' + ' '.join(sys.argv[1:3]) + ' ')\n"
+            "    subprocess.run([sys.executable, '-c', 'import json'])\n")
+    monkeypatch.chdir(here)
+    opts = smoke_server.ServerOptions(model_path="m", out=tmp_path / "out")
+    base = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site)}
+    env = smoke_server.server_env(opts, "on", base)
+    subprocess.run(smoke_server.server_argv(opts), env=env, check=True, timeout=60)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    subprocess.run(smoke_server.load_argv(opts, "on", tmp_path / "r.jsonl"), env=smoke_server.load_env(), check=True,
+                   timeout=60)
+    words = marker.read_text().split()
+    assert words[:3] == ["launch_server", "--model-path", "m"] and words[3] == "bench_serving", words
+    assert not {"runpy.py", "json.py", "typing.py"} & set(words), words  # (the children's: Python >= 3.11)
 
 
 def test_load_is_bounded_by_max_requests():

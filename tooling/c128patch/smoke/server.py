@@ -80,6 +80,17 @@ class ServerOptions:
     allow_unpatched: bool = False
 
 
+def module_argv(python: str, module: str) -> list[str]:
+    """``python -m module`` run as ``-m`` runs it, but with nothing of the current folder on sys.path: ``-m`` puts it
+    first (run from an upstream tree, its top-level ``runpy.py``/``json.py`` ran as the operator before sglang); the
+    smoke probes' ``NO_CWD``. ``PYTHONSAFEPATH`` (``server_env``, ``_drive_load``) keeps it off the children's path."""
+    return [python, "-c", NO_CWD + f"import runpy; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"]
+
+
+# (Python >= 3.11: no current folder on sys.path of a child it starts, sglang's spawned schedulers among them)
+SAFE_PATH = {"PYTHONSAFEPATH": "1"}
+
+
 def _set_flag(args: list[str], flag: str, value: str) -> list[str]:
     """``args`` with ``flag``'s value replaced (a preset spells a flag and its value as two words)."""
     if flag in args:
@@ -97,7 +108,7 @@ def server_argv(opts: ServerOptions) -> list[str]:
     if opts.moe_runner_backend:
         args = _set_flag(args, "--moe-runner-backend", opts.moe_runner_backend)
     # later flags win in argparse: the extra ones last
-    launcher = opts.launcher or [opts.python, "-m", "sglang.launch_server"]
+    launcher = opts.launcher or module_argv(opts.python, "sglang.launch_server")
     return [*launcher, "--model-path", opts.model_path, "--tp-size", str(opts.tp), *args, *opts.server_args,
             "--host", HOST, "--port", str(opts.port)]
 
@@ -117,7 +128,7 @@ def server_env(opts: ServerOptions, mode: str, base: dict[str, str] | None = Non
         env.update(ONLINE_ENVS)
     if opts.compact:
         env.update(COMPACT_ENV)
-    env["PYTHONUNBUFFERED"] = "1"
+    env.update(PYTHONUNBUFFERED="1", **SAFE_PATH)
     return env
 
 
@@ -140,7 +151,7 @@ def load_argv(opts: ServerOptions, mode: str, result_file: Path) -> list[str]:
     if opts.load_cmd:
         prefix = opts.load_cmd
     elif opts.load == "serving":
-        prefix = [opts.python, "-m", "sglang.bench_serving"]
+        prefix = module_argv(opts.python, "sglang.bench_serving")
     elif opts.multiturn_script is not None:
         prefix = [opts.python, str(opts.multiturn_script)]
     else:
@@ -274,10 +285,15 @@ def _run_problems(record: dict[str, Any], died: str | None, log: ServerLog, left
     return problems
 
 
+def load_env() -> dict[str, str]:
+    """The load driver's environment: the operator's, no credential (it drives the server), ``SAFE_PATH``."""
+    return {**without_credentials(dict(os.environ)), "PYTHONUNBUFFERED": "1", **SAFE_PATH}
+
+
 def _drive_load(opts: ServerOptions, mode: str, server: Managed, tail: Tail, log: ServerLog,
                 result_file: Path, load_log: Path) -> tuple[dict[str, Any], str | None]:
     argv = load_argv(opts, mode, result_file)
-    env = {**without_credentials(dict(os.environ)), "PYTHONUNBUFFERED": "1"}  # it drives the server: no credential
+    env = load_env()
     load = Managed(f"load {mode}", argv, load_log, env=env, grace=opts.grace)
     start = time.monotonic()
     with load:
