@@ -10,6 +10,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -190,6 +191,37 @@ def test_a_symlinked_or_non_utf8_contract_lock_is_refused_in_one_line(tmp_path):
     with pytest.raises(C128Error, match="not UTF-8 .* rewrite it with `c128patch refresh`"):
         read_lock(root / "patches")
     assert invoke("lint", "--offline", "--series", root).code == 1
+
+
+GOOD_ROW = "function  sglang.a.f  overlay/sglang/x.py:3  python/sglang/a.py:10  sig=0123456789ab"
+
+
+@pytest.mark.parametrize("row", [
+    "function  sglang.a.f  /etc/passwd:3  python/sglang/a.py:10  sig=0123456789ab",
+    "function  sglang.a.f  ../../victim.py:3  python/sglang/a.py:10  sig=0123456789ab",
+    "function  sglang.a.f  overlay/sglang/x.py  python/sglang/a.py:10  sig=0123456789ab",
+    "function  sglang.a.f  overlay/sglang/x.py:0  python/sglang/a.py:10  sig=0123456789ab",
+    "function  sglang.a.f  overlay/sglang/x.py:abc  python/sglang/a.py:10  sig=0123456789ab",
+    "function  sglang.a.f  overlay/\x1b]8;;https://evil/\x07x.py:3  python/sglang/a.py:10  sig=0123456789ab",
+    "function  sglang.a.f  .git/hooks/post-checkout:1  python/sglang/a.py:10  sig=0123456789ab",
+    "function  sglang.a.f  overlay/sglang/x.py:3  /etc/shadow:10  sig=0123456789ab",
+    "function  sglang.a.f  overlay/sglang/x.py:3  python/../../a.py:10  sig=0123456789ab",
+    "bogus  sglang.a.f  overlay/sglang/x.py:3  python/sglang/a.py:10  sig=0123456789ab",
+    "function  sglang.a.f  overlay/sglang/x.py:3  python/sglang/a.py:10  sig=0123456789ab,<img>",
+])
+def test_a_contract_lock_line_naming_an_odd_site_is_refused_naming_the_line(tmp_path, row):
+    """A contract.lock line with a site or definition no refresh writes (absolute, `..`, git's own folder, a control
+    character, no line number), an unknown kind or a hash that is not hex was taken silently; its fields reach the
+    findings, the reports and, kept by refresh, the next lock. One line naming the file and line now."""
+    from c128patch.series.contract import read_lock
+
+    root = series_folder(tmp_path / "s")
+    lock = root / "patches" / "contract.lock"
+    lock.write_text(f"# base v0.5.23\n{GOOD_ROW}\n{row}\n")
+    with pytest.raises(C128Error, match=rf"^{re.escape(str(lock))}:3: not a contract line refresh writes "):
+        read_lock(root / "patches")
+    lock.write_text(f"# base v0.5.23\n{GOOD_ROW}\n")
+    assert [i.site for i in read_lock(root / "patches").items] == ["overlay/sglang/x.py:3"]
 
 
 def test_a_good_journal_is_still_finished(tmp_path):

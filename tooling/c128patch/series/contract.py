@@ -9,12 +9,13 @@ reviewer. ``refresh`` writes it (``fit.contract``); a change of the surface show
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from c128patch.errors import C128Error
 from c128patch.series.manifest import read_series_file
-from c128patch.series.paths import confine
+from c128patch.series.paths import check_relpath, confine
 
 LOCK_NAME = "contract.lock"
 HEADER = ("# c128patch API contract: the upstream surface this series uses, one line per use site.\n"
@@ -27,6 +28,31 @@ HEADER = ("# c128patch API contract: the upstream surface this series uses, one 
           "rules decide; config: a leaf of a config namespace the rules read; file: an upstream file our code mirrors "
           "with nothing to check, sig = its blob ids (recorded, then reviewed: `contract --accept`; refresh adds "
           "none), the signature says why)\n")
+
+
+# the kinds of line refresh writes (``LockItem.kind``)
+KINDS = frozenset(("module", "function", "class", "method", "attr", "value", "env", "header", "cxx", "member", "typed",
+                   "mirror", "declared", "config", "callback", "installed", "file"))
+_SIG = re.compile(r"-|[0-9a-f]{12,64}")
+_AT = re.compile(r"(.+?)(?::([1-9][0-9]*))?")
+
+
+def _odd(kind: str, site: str, where: str, sigs: list[str]) -> str:
+    """Why a lock line's fields are not ones refresh writes ("" if they are): a known kind, our site a relative
+    ``path:line`` in the tree, upstream's definition a relative ``path[:line]``, each signature hash hex or ``-``."""
+    if kind not in KINDS:
+        return f"kind {kind!r} is none of {', '.join(sorted(KINDS))}"
+    for what, value, line in (("site", site, True), ("definition", where, False)):
+        m = _AT.fullmatch(value)
+        try:
+            check_relpath(m[1] if m else value, f"its {what}")
+        except C128Error as exc:
+            return exc.message
+        if line and not m[2]:
+            return f"its site {value!r} is not path:line"
+    if odd := next((s for s in sigs if not _SIG.fullmatch(s)), None):
+        return f"signature hash {odd!r} is not hex"
+    return ""
 
 
 def sig_hash(text: str) -> str:
@@ -108,6 +134,9 @@ def read_lock(patches_dir: Path) -> Lock | None:
         if len(parts) < 5 or not parts[4].startswith("sig="):
             raise C128Error(f"{path}:{number}: not a contract line (kind name site definition sig=HASH ...); "
                             "rewrite it with `c128patch refresh`")
+        if why := _odd(parts[0], parts[2], parts[3], parts[4][4:].split(",")):
+            raise C128Error(f"{path}:{number}: not a contract line refresh writes ({why}); rewrite it with "
+                            "`c128patch refresh`")
         shape = next((p.removeprefix("call=") for p in parts[5:] if p.startswith("call=")), "")
         lock.items.append(LockItem(parts[0], parts[1], parts[2], parts[3], tuple(parts[4][4:].split(",")), shape,
                                    signature.strip()))
