@@ -574,3 +574,22 @@ def test_primary_and_variant_together_are_a_usage_error_not_the_last_one_winning
     refused(["watch", "--onto", "v0.5.23", *flags, "--out", tmp_path / "w", "--series", series], None,
             "--primary and --variant together")
     assert not (tmp_path / "w").exists()
+
+
+def test_a_bad_contract_lock_line_is_fixed_by_the_command_printed(applied):
+    """A lock line refresh never writes (an odd site) refused refresh too, whose message said to rewrite the lock with
+    `c128patch refresh`: the fix printed could not work. It prints the line's deletion first; both work as printed."""
+    import re
+
+    from support import run_printed
+
+    series, tree = applied
+    lock = series / "patches" / "contract.lock"
+    kept = lock.read_text() if lock.exists() else "# base v0.5.23\n"
+    lock.write_text(kept + "function  sglang.a.f  /etc/passwd:3  python/sglang/a.py:10  sig=0123456789ab\n")
+    code, out = cli("refresh", "--tree", str(tree), "--series", str(series))
+    assert code != 0 and "not a contract line refresh writes" in out["error"], out
+    delete, refresh = re.findall(r"`([^`]+)`", out["error"])
+    assert run_printed(delete).returncode == 0 and refresh == "c128patch refresh"
+    assert run_printed(f"{refresh} --series {series}", cwd=tree).returncode == 0
+    assert "/etc/passwd" not in lock.read_text()

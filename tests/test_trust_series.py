@@ -188,7 +188,8 @@ def test_a_symlinked_or_non_utf8_contract_lock_is_refused_in_one_line(tmp_path):
     assert (tmp_path / "victim.txt").read_text() == "keep"
     (root / "patches" / "contract.lock").unlink()
     (root / "patches" / "contract.lock").write_bytes(b"# base v0.5.23\nfunction a.\xff b c sig=1\n")
-    with pytest.raises(C128Error, match="not UTF-8 .* rewrite it with `c128patch refresh`"):
+    with pytest.raises(C128Error, match=r"contract.lock:2: not UTF-8 .*; delete that line \(`sed -i 2d .*`\), then "
+                       "rewrite the lock with `c128patch refresh`"):
         read_lock(root / "patches")
     assert invoke("lint", "--offline", "--series", root).code == 1
 

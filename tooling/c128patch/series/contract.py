@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -120,10 +121,12 @@ def read_lock(patches_dir: Path) -> Lock | None:
         return None
     confine(patches_dir.parent, f"{patches_dir.name}/{LOCK_NAME}", "the contract lock", regular=True)
     lock = Lock(path)
+    data = read_series_file(path)  # (over 64 MiB: one line, never read into memory)
     try:
-        text = read_series_file(path).decode("utf-8")  # (over 64 MiB: one line, never read into memory)
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise C128Error(f"{path}: not UTF-8 (at byte {exc.start}); rewrite it with `c128patch refresh`") from None
+        number = data[:exc.start].count(b"\n") + 1
+        raise C128Error(f"{path}:{number}: not UTF-8 (at byte {exc.start}); {_rewrite(path, number)}") from None
     for number, raw in enumerate(text.splitlines(), 1):
         body, _, signature = raw.partition("  # ")
         if raw.startswith("# base "):
@@ -133,14 +136,20 @@ def read_lock(patches_dir: Path) -> Lock | None:
         parts = body.split()
         if len(parts) < 5 or not parts[4].startswith("sig="):
             raise C128Error(f"{path}:{number}: not a contract line (kind name site definition sig=HASH ...); "
-                            "rewrite it with `c128patch refresh`")
+                            + _rewrite(path, number))
         if why := _odd(parts[0], parts[2], parts[3], parts[4][4:].split(",")):
-            raise C128Error(f"{path}:{number}: not a contract line refresh writes ({why}); rewrite it with "
-                            "`c128patch refresh`")
+            raise C128Error(f"{path}:{number}: not a contract line refresh writes ({why}); {_rewrite(path, number)}")
         shape = next((p.removeprefix("call=") for p in parts[5:] if p.startswith("call=")), "")
         lock.items.append(LockItem(parts[0], parts[1], parts[2], parts[3], tuple(parts[4][4:].split(",")), shape,
                                    signature.strip()))
     return lock
+
+
+def _rewrite(path: Path, number: int) -> str:
+    """The fix for a bad line: refresh reads the lock it rewrites (the signatures it accepted), so the line goes
+    first."""
+    return (f"delete that line (`sed -i {number}d {shlex.quote(str(path))}`), then rewrite the lock with "
+            "`c128patch refresh`")
 
 
 def merged(new: list[LockItem], old: Lock | None) -> list[LockItem]:
