@@ -7,6 +7,7 @@ nowhere but its own folder (and the one a test gives it to report back), and can
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -316,6 +317,41 @@ def _unprivileged() -> tuple[list[str], str]:
         if subprocess.run([*as_nobody, python, "-S", "-c", reaches], capture_output=True).returncode == 0:
             return as_nobody, python
     pytest.skip("no interpreter the unprivileged user nobody can run")
+
+
+def test_the_box_dies_with_the_tool_even_by_sigkill(tmp_path):
+    """The box's first process in its pid namespace (the seal's shell, ``unshare --fork``'s child) outlived a
+    SIGKILLed tool: a `watch` killed during the tier's environment build left pip running for good. ``unshare``
+    dies with the tool (``Group``); ``--kill-child`` takes the namespace with it."""
+    if sandbox._cuts()[3]:
+        pytest.skip(sandbox.isolation())
+    token = f"c128-box-sigkill-{os.getpid()}"
+    boxed = f"import pathlib, time; pathlib.Path({str(tmp_path / 'up')!r}).touch(); time.sleep(60)"
+    code = (f"import sys, time; from c128patch.fit.sandbox import Sealed; box = Sealed(sys.executable, ['-c', "
+            f"{boxed!r}, {token!r}], 120, writable=({str(tmp_path)!r},)); time.sleep(120)")
+    tool = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "up").exists() and tool.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "up").exists(), "the box never started"
+    tool.kill()
+    tool.wait()
+
+    def left() -> list[int]:  # the boxed python and the seal's shell: their argv holds the token
+        found = []
+        for proc in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if proc.name.isdigit() and token.encode() in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+        return [pid for pid in found if pid > 1]
+    deadline = time.monotonic() + 5
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    still = left()
+    for pid in still:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+    assert not still, still
 
 
 def test_a_fork_bomb_is_capped_counting_the_boxs_processes_alone():

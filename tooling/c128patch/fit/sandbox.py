@@ -98,7 +98,9 @@ def _sealed(argv: list[str], writable: list[str], offline: bool, readable: list[
         # with a false reason)
         raise C128Error(f"the sealed box cannot name the folder {odd!r}: it holds a newline (from TMPDIR, HOME, "
                         "XDG_CACHE_HOME, C128PATCH_CACHE, LD_LIBRARY_PATH, CUDA_HOME or a path given); use one without")
-    ns = [*(["--pid", "--fork", "--ipc"] if pids else []), *(["--net"] if offline else [])]
+    # (--kill-child: the namespace's first process, the seal's shell, dies with ``unshare``, which dies with us
+    # (``Group``): without it a SIGKILLed watch left the shell and pip running for good)
+    ns = [*(["--pid", "--fork", "--kill-child", "--ipc"] if pids else []), *(["--net"] if offline else [])]
     return ["unshare", "--user", "--map-root-user", "--mount", *ns, "sh", "-c", _SEAL, "offline" if offline else "sh",
             *writable, "--", *readable, "--", *(hidden or ()), "--", *argv]
 
