@@ -222,6 +222,27 @@ def test_a_scratch_folder_of_another_pid_namespace_or_host_is_not_swept(tmp_path
     assert all(f.is_dir() for f in theirs) and not ours.exists()
 
 
+def test_a_sigkilled_runs_scratch_of_every_prefix_is_swept_by_the_next_run_of_any_kind(tmp_path, monkeypatch):
+    """A watch SIGKILLed in its behavioural tier left `c128box-*`, `c128env-lock-*` and `c128env-pipconf-*`; the next
+    `watch --no-run` swept only its own `c128watch-*`: the rest waited for a run that makes those same folders. The
+    first scratch folder a run makes sweeps a dead run's of every prefix; a live one's, another tag's, a name whose
+    digits run into the prefix, stay."""
+    from c128patch.procs import run_tag, scratch_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    stale = [tmp_path / f"{p}{dead.pid}-{run_tag()}-ab_9" for p in ("c128box-", "c128env-lock-", "c128env-pipconf-",
+                                                                     "c128box-probe-")]
+    kept = [tmp_path / f"c128box-{os.getppid()}-{run_tag()}-live", tmp_path / f"c128box-{dead.pid}-{'0' * 8}-theirs",
+            tmp_path / f"c128box{dead.pid}-{run_tag()}-nodash", tmp_path / f"c128box-{dead.pid}-{run_tag()}-a-b"]
+    for folder in (*stale, *kept):
+        (folder / "sub").mkdir(parents=True)
+    made = Path(scratch_dir("c128watch-"))
+    assert made.name.startswith(f"c128watch-{os.getpid()}-")
+    assert not [f for f in stale if f.exists()] and all(f.is_dir() for f in kept)
+
+
 def test_a_sigkilled_treechecks_unpacked_tree_is_swept_by_the_next_run(sglang_release_repo, tmp_path, monkeypatch):
     """Helper 139: SIGKILL during ``treecheck --sglang-rev`` left its unpacked tree (87 MB of sglang,
     ``c128treecheck-*``) and git's private index (``c128extract-*``) in TMPDIR, named by no pid: never swept."""

@@ -125,27 +125,30 @@ def named(prefix: str) -> str:
     return f"{prefix}{os.getpid()}-{run_tag()}-"
 
 
-_SWEPT: set[tuple[str, str]] = set()
+_SWEPT: set[str] = set()
 
 
 def sweep_stale(folder: Path, prefix: str) -> None:
-    """Remove ``<prefix><pid>-<run_tag>-*`` folders in ``folder`` whose process is gone (a killed run's), only ours:
-    of this host and pid namespace, a real folder (no link) the current user owns; once per folder and prefix in a
-    process (``check`` makes three scratch folders per rev)."""
-    if (str(folder), prefix) in _SWEPT:
+    """Remove the ``<prefix><pid>-<run_tag>-*`` folders in ``folder`` whose process is gone (a killed run's), of
+    every prefix (``prefix`` among them: a killed watch's box and environment folders had waited for a run that
+    makes those same ones), only ours: of this host and pid namespace, a real folder (no link) the current user
+    owns; once per folder in a process (``check`` makes three scratch folders per rev)."""
+    if str(folder) in _SWEPT:
         return
-    _SWEPT.add((str(folder), prefix))
+    _SWEPT.add(str(folder))
+    tag = run_tag()
     try:
-        candidates = list(folder.glob(f"{prefix}*-*"))
+        candidates = list(folder.glob(f"*-{tag}-*"))
     except OSError:
         return
-    tag = run_tag()
+    # every prefix ends in "-" (a pid's digits never run into it), ``mkdtemp``'s part has no "-"
+    ours = re.compile(rf"-([0-9]+)-{tag}-[a-z0-9_]+")
     for path in candidates:
-        pid, _, rest = path.name.removeprefix(prefix).partition("-")
-        if not pid.isdigit() or int(pid) == os.getpid() or not rest.startswith(f"{tag}-"):
+        m = ours.search(path.name)
+        if not m or m.end() != len(path.name) or int(m[1]) == os.getpid():
             continue
         try:
-            os.kill(int(pid), 0)
+            os.kill(int(m[1]), 0)
         except ProcessLookupError:
             with contextlib.suppress(OSError):
                 st = path.lstat()
