@@ -83,7 +83,7 @@ class ServerOptions:
 def module_argv(python: str, module: str) -> list[str]:
     """``python -m module`` run as ``-m`` runs it, but with nothing of the current folder on sys.path: ``-m`` puts it
     first (run from an upstream tree, its top-level ``runpy.py``/``json.py`` ran as the operator before sglang); the
-    smoke probes' ``NO_CWD``. ``PYTHONSAFEPATH`` (``server_env``, ``_drive_load``) keeps it off the children's path."""
+    smoke probes' ``NO_CWD``. ``PYTHONSAFEPATH`` (``server_env``, ``load_env``) keeps it off the children's path."""
     return [python, "-c", NO_CWD + f"import runpy; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"]
 
 
