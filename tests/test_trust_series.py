@@ -209,6 +209,10 @@ GOOD_ROW = "function  sglang.a.f  overlay/sglang/x.py:3  python/sglang/a.py:10  
     "function  sglang.a.f  overlay/sglang/x.py:3  python/../../a.py:10  sig=0123456789ab",
     "bogus  sglang.a.f  overlay/sglang/x.py:3  python/sglang/a.py:10  sig=0123456789ab",
     "function  sglang.a.f  overlay/sglang/x.py:3  python/sglang/a.py:10  sig=0123456789ab,<img>",
+    "function  sglang.a.f  overlay/\x9b31mx.py:3  python/sglang/a.py:10  sig=0123456789ab",
+    "function  sglang.a.f  overlay/sglang/x.py:3  :5  sig=0123456789ab",
+    "function  sglang.a.f  overlay/sglang/x.py:3  python/sglang/a.py  sig=0123456789ab",
+    "function  sglang.a.f  overlay/．．/x.py:3  python/sglang/a.py:10  sig=0123456789ab",
 ])
 def test_a_contract_lock_line_naming_an_odd_site_is_refused_naming_the_line(tmp_path, row):
     """A contract.lock line with a site or definition no refresh writes (absolute, `..`, git's own folder, a control

@@ -36,21 +36,25 @@ KINDS = frozenset(("module", "function", "class", "method", "attr", "value", "en
                    "mirror", "declared", "config", "callback", "installed", "file"))
 _SIG = re.compile(r"-|[0-9a-f]{12,64}")
 _AT = re.compile(r"(.+?)(?::([1-9][0-9]*))?")
+_C1 = re.compile("[\x80-\x9f]")
 
 
 def _odd(kind: str, site: str, where: str, sigs: list[str]) -> str:
     """Why a lock line's fields are not ones refresh writes ("" if they are): a known kind, our site a relative
-    ``path:line`` in the tree, upstream's definition a relative ``path[:line]``, each signature hash hex or ``-``."""
+    ``path:line`` in the tree, upstream's definition a relative ``path:line`` (a mirrored file's: ``path``), no
+    control character, each signature hash hex or ``-``."""
     if kind not in KINDS:
         return f"kind {kind!r} is none of {', '.join(sorted(KINDS))}"
-    for what, value, line in (("site", site, True), ("definition", where, False)):
+    for what, value, line in (("site", site, True), ("definition", where, kind != "file")):
+        if _C1.search(value):  # (``check_relpath`` refuses C0 and DEL only)
+            return f"its {what} {value!r} holds a control character"
         m = _AT.fullmatch(value)
         try:
             check_relpath(m[1] if m else value, f"its {what}")
         except C128Error as exc:
             return exc.message
         if line and not m[2]:
-            return f"its site {value!r} is not path:line"
+            return f"its {what} {value!r} is not path:line"
     if odd := next((s for s in sigs if not _SIG.fullmatch(s)), None):
         return f"signature hash {odd!r} is not hex"
     return ""
