@@ -64,6 +64,9 @@ def journal(root: Path, moves: list, deletes: list, parts: list[str] | None = No
     ("\u2024git/x", "git's own folder"),
     ("a/.\uff27\uff29\uff34/x", "git's own folder"), ("\uff0egitmodules", "decides what git runs"),
     ("a/\uff0e\uff0e/x", "must be relative"), ("a/\u2025/x", "must be relative"),
+    # C1 (CSI, NEL) and bidi controls, as wheel members are refused: a terminal or report line taking the name
+    ("a/\x9b2J/x", "control character"), ("a/\x85x", "control character"), ("a/x\u202egp.py", "control character"),
+    ("a/\u2066x", "control character"),
 ])
 def test_confine_refuses_what_leaves_the_root(tmp_path, path, says):
     with pytest.raises(C128Error, match=says) as exc:

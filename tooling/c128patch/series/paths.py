@@ -20,7 +20,8 @@ ENTRY_NAME_RULE = "1-80 characters of a-z 0-9 . _ -, starting with a letter or d
 PROVENANCE_PATH = "python/sglang/c128patch_provenance.json"  # (series.provenance's; here for series.plan)
 _GIT_FILES = (".gitattributes", ".gitmodules")  # the files that name programs and URLs for git
 _GIT_FILES_83 = re.compile(r"(gitmod|gi7eba|gitatt|gi7d29)~[1-9]")  # their NTFS short names, as git itself checks
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# C0, DEL, C1 (CSI, NEL...), line and paragraph separators, bidi controls (U+202E): no series path nor wheel member
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _NOT_UTF8 = re.compile("[\udc80-\udcff]")
 
 
@@ -31,7 +32,7 @@ def _unsafe(path: str, what: str, why: str) -> C128Error:
 def check_relpath(path: str, what: str) -> str:
     """``path`` when a series may name it: relative, inside the tree, no control character, and
     nothing of git's own (a ``.git`` folder, ``.gitattributes``, ``.gitmodules``)."""
-    if _CONTROL.search(path):
+    if CONTROL.search(path):
         raise _unsafe(path, what, "it holds a control character")
     if _NOT_UTF8.search(path):  # (git's bytes kept as surrogates, ``git.Git._raw``): no manifest can name it
         raise _unsafe(path, what, "its name is not UTF-8")

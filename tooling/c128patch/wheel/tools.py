@@ -37,6 +37,7 @@ from c128patch.errors import C128Error, need_file
 from c128patch.git import folded_name, is_git_dir_name
 from c128patch.ops.treestate import fault_point
 from c128patch.procs import scratch_dir
+from c128patch.series.paths import CONTROL
 from c128patch.upstream.releases import BINARY_SUFFIXES, WheelZip
 
 
@@ -79,8 +80,6 @@ def dist_info_dir(name: str, version: Version) -> str:
 MAX_EPOCH = 4354819199  # 2107-12-31 23:59:59 UTC: the zip format's last date
 MAX_UNPACKED = 2 << 30  # bytes: sglang 0.5.23 unpacks to 123 MB
 MAX_RATIO = 100  # unpacked / archive size: sglang wheels are ~3.3:1
-# C0, DEL, C1, line and paragraph separators, bidi controls
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _READABLE = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)  # what zipfile reads
 _FILE_TYPES = {stat.S_IFLNK: "a symlink", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
                stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
@@ -94,7 +93,7 @@ def check_archive(infos: list[zipfile.ZipInfo], wheel: Path, error: type[C128Err
     for info in infos:
         name = info.filename
         parts = [p for p in name.split("/") if p not in ("", ".")]  # as PurePosixPath(name).parts has them
-        if (not name or name.startswith("/") or "\\" in name or ":" in name or ".." in parts or _CONTROL.search(name)
+        if (not name or name.startswith("/") or "\\" in name or ":" in name or ".." in parts or CONTROL.search(name)
                 or any(is_git_dir_name(p) for p in parts)):  # (":": an NTFS stream, ``x.py::$DATA``)
             raise error(f"not a wheel: {wheel} has an unsafe member name {name!r}")
         # case, NFC, trailing dots and spaces: one file to some file systems; pip installs <dist>.data/purelib/X
