@@ -1366,6 +1366,26 @@ def test_a_manifest_config_or_ledger_that_is_huge_is_one_line_unread(tmp_path, m
         Ledger(load_series(ledger)).rows()
 
 
+def test_a_manifest_config_or_ledger_holding_an_integer_past_pythons_digit_limit_is_one_line(tmp_path, monkeypatch):
+    """h152: `x = 999...` (5,000 digits, 5 KB) in `patches/series.toml`, `c128patch.toml` or `ledger.toml`: tomllib's
+    int() raised ValueError (not a TOMLDecodeError): `lint` (and every verb reading them) printed its traceback."""
+    big = "9" * 5000
+    series = series_folder(tmp_path / "s")
+    (series / "patches" / "series.toml").write_text(SERIES.format(name="s") + f"x = {big}\n")
+    refused(["lint", "--offline", "--series", series], contains="not a series manifest (not readable as TOML: Exceeds")
+    operator = tmp_path / "op"
+    operator.mkdir()
+    (operator / CONFIG).write_text(f"[layers]\npaths = []\nx = {big}\n")
+    monkeypatch.chdir(operator)
+    monkeypatch.delenv(ENV, raising=False)
+    refused(["lint", "--offline", "--series", REPO_ROOT], contains="not a valid c128patch config (not readable as TOML")
+    ledger = series_folder(tmp_path / "l")
+    (ledger / "patches" / "resolutions").mkdir()
+    (ledger / "patches" / "resolutions" / "ledger.toml").write_text(f"x = {big}\n")
+    with pytest.raises(C128Error, match="not a resolution ledger \\(not readable as TOML"):
+        Ledger(load_series(ledger)).rows()
+
+
 def test_a_ledger_is_capped_in_bytes_and_rows_to_what_real_ones_hold(tmp_path):
     """h146: a 64 MiB `ledger.toml` (under the series files' limit) took ~15 s to parse, at every verb reading it, and
     its rows were not counted. Ours holds 3 rows in 591 bytes: a ledger is read only up to 1 MiB and 5,000 rows, else

@@ -287,6 +287,8 @@ def read_toml(path: Path, bad: str, parsed: dict[bytes, Any] | None = None,
         why = f"cannot read it: {exc.strerror}"
     except tomllib.TOMLDecodeError as exc:
         why = f"not valid TOML: {exc}"
+    except ValueError as exc:  # (an integer past Python's digit limit: tomllib's int() raises it, not its own error)
+        why = f"not readable as TOML: {exc}"
     except RecursionError:
         why = "nested too deeply to read"
     raise C128Error(f"{bad} ({why})") from None
