@@ -120,6 +120,40 @@ def test_a_hostile_journal_moves_and_deletes_nothing(tmp_path, how):
     assert (foreign / "patches" / "keep.patch").read_text() == "keep"
 
 
+@pytest.mark.parametrize("how", ["own-folder-another-users", "own-subfolder-another-users",
+                                 "others-subfolder-writable"])
+def test_a_journal_writing_through_a_folder_another_user_may_change_moves_nothing(tmp_path, how):
+    """h152: only the group's *other* folders, and of each only it and its `patches/`, were checked for their owner:
+    run as root, `lint --series DIR` on a folder of `nobody` holding a plan ran its deletes and moves there with root's
+    authority (a subfolder `nobody` owns, or a world-writable `overlay/` of another part, too), where whoever may
+    change a folder on the way can swap it for a link between `confine`'s check and the move."""
+    if os.getuid() != 0 and how != "others-subfolder-writable":
+        pytest.skip("chown needs root")
+    root = series_folder(tmp_path / "layer")
+    (root / "patches" / "keep.patch").write_text("keep")
+    if how == "own-folder-another-users":
+        journal(root, [], ["patches/keep.patch"])
+        for path in (root, *root.rglob("*")):
+            os.chown(path, 65534, 65534)
+    elif how == "own-subfolder-another-users":
+        (root / "patches" / "sub").mkdir()
+        os.chown(root / "patches" / "sub", 65534, 65534)
+        journal(root, [["00000", "patches/sub/x.patch"]], ["patches/keep.patch"])
+    else:
+        other = series_folder(tmp_path / "other", "other")
+        (other / "overlay").mkdir()
+        (other / "overlay").chmod(0o777)
+        parts = [os.path.realpath(root), os.path.realpath(other)]
+        journal(root, [], ["patches/keep.patch"], parts)
+        journal(other, [["00000", "overlay/x.py"]], [], parts)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    err = refused(["lint", "--offline", "--series", root],
+                  contains="an interrupted refresh cannot be finished")
+    assert re.search(r"is (owned by another user \(uid \d+\)|writable by other users): not written", err), err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (root / "patches" / "keep.patch").read_text() == "keep"
+
+
 @pytest.mark.parametrize("how", ["world-writable", "group-writable", "relative", "another-user"])
 def test_a_journal_whose_group_names_a_folder_others_may_change_moves_nothing(tmp_path, how, monkeypatch):
     """Helper 148: a plan's group may name another folder holding a plan of the same group; one that another user

@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 import signal
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable, TypeVar
 
 from c128patch.errors import C128Error, Interrupted
@@ -128,6 +128,9 @@ def _plan(root: Path, folder: str, group: bool = True) -> dict:
         if rel.split("/")[0] in (TXN, STAGING):
             raise C128Error(f"{where}: {rel!r} is the transaction's own folder")
         confine(root, rel, where)
+    if why := _on_the_way(root, [*(str(rel) for _, rel in moves), *deletes]):
+        raise C128Error(f"{where}: {why}: not written (whoever else may change it can swap a folder for a link "
+                        "between the check and the move)")
     if not isinstance(parts, list) or os.path.realpath(root) not in parts:
         raise C128Error(f"{where}: its group does not name its own folder {root}")
     for part in parts if group else ():
@@ -155,6 +158,24 @@ def _not_the_users(part: object, root: Path) -> str:
             return f"owned by another user (uid {st.st_uid})"
         if st.st_mode & 0o002 or st.st_mode & 0o020 and st.st_gid != os.getgid():
             return "writable by other users"
+    return ""
+
+
+def _on_the_way(root: Path, rels: list[str]) -> str:
+    """Why a folder a plan writes through (``root`` itself and each folder on the way to its paths) is one another user
+    may change ("" when none is): theirs, or writable by others or by a group not the user's own."""
+    real = os.path.realpath(root)  # (a link to the folder is the operator's spelling; confine refuses one below it)
+    folders = {os.path.join(real, *PurePosixPath(rel).parts[:n]) for rel in rels
+               for n in range(len(PurePosixPath(rel).parts))}
+    for folder in sorted(folders):
+        try:
+            st = os.lstat(folder)
+        except OSError:
+            continue
+        if st.st_uid != os.getuid():
+            return f"{folder} is owned by another user (uid {st.st_uid})"
+        if st.st_mode & 0o002 or st.st_mode & 0o020 and st.st_gid != os.getgid():
+            return f"{folder} is writable by other users"
     return ""
 
 
