@@ -1420,6 +1420,28 @@ def test_a_manifest_config_or_ledger_holding_an_integer_past_pythons_digit_limit
         Ledger(load_series(ledger)).rows()
 
 
+def test_the_proof_key_reads_the_resolutions_folder_as_the_ledger_does(tmp_path, monkeypatch):
+    """h152: `proofs.proof_key` (every apply's proof, every status) read each file under a part's `patches/resolutions/`
+    whole and through links: an 8 GB sparse file there (a layer's) ran `apply` out of memory after its commits. Now as
+    the ledger reads it: at most the series files' limit (one line naming it), nothing through a link."""
+    from c128patch.ops.proofs import proof_key
+    from c128patch.series import manifest
+
+    monkeypatch.setattr(manifest, "MAX_SERIES_FILE", 1 << 20)  # (the 64 MiB limit, made small to keep the test fast)
+    root = series_folder(tmp_path / "s")
+    (root / "patches" / "resolutions").mkdir()
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"a" * (2 << 20))
+    (root / "patches" / "resolutions" / "link").symlink_to(outside)
+    key = proof_key(None, load_series(root), "v0.5.23", "c" * 40, "h" * 40, tree="t" * 40)  # type: ignore[arg-type]
+    outside.write_bytes(b"b")
+    assert proof_key(None, load_series(root), "v0.5.23", "c" * 40, "h" * 40, tree="t" * 40) == key  # never read
+    with open(root / "patches" / "resolutions" / "huge", "wb") as f:
+        f.truncate(2 << 20)
+    with pytest.raises(C128Error, match="resolutions/huge is 2097152 bytes, over the 1 MiB"):
+        proof_key(None, load_series(root), "v0.5.23", "c" * 40, "h" * 40, tree="t" * 40)  # type: ignore[arg-type]
+
+
 def test_a_ledger_is_capped_in_bytes_and_rows_to_what_real_ones_hold(tmp_path):
     """h146: a 64 MiB `ledger.toml` (under the series files' limit) took ~15 s to parse, at every verb reading it, and
     its rows were not counted. Ours holds 3 rows in 591 bytes: a ledger is read only up to 1 MiB and 5,000 rows, else

@@ -14,7 +14,8 @@ from pathlib import Path
 from c128patch import __version__
 from c128patch.git import Git
 from c128patch.jsonio import read_json, write_json_atomic
-from c128patch.series.manifest import Series
+from c128patch.series.manifest import Series, read_series_file
+from c128patch.series.paths import symlink_on_path
 
 PROOF = "proof.json"  # in the c128patch state dir (``treestate.c128_state_dir``), beside layers.json
 _OBJECT_ID = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
@@ -27,8 +28,10 @@ def proof_key(git: Git, series: Series, rev: str, commit: str, head: str = "HEAD
     h = hashlib.sha256()
     for part in (series.ours, *series.layers):
         for path in [part.manifest_path, *sorted((part.patches_dir / "resolutions").rglob("*"))]:
-            if path.is_file():
-                h.update(f"\0{path.relative_to(part.root)}\0".encode() + path.read_bytes())
+            # what the ledger reads (``Ledger._confined``): no link on the way, at most 64 MiB a file (an 8 GB sparse
+            # file there was read whole, out of memory at every apply's proof and status)
+            if symlink_on_path(part.root, path) is None and path.is_file():
+                h.update(f"\0{path.relative_to(part.root)}\0".encode() + read_series_file(path))
     if not tree:
         head, tree = git.out("rev-parse", head, f"{head}^{{tree}}").split()
     return {"head": head, "tree": tree, "digest": series.digest(), "manifests_and_ledgers": h.hexdigest(),
