@@ -750,6 +750,23 @@ def test_bisect_on_an_upstream_the_series_fits_says_so(drift):
     assert run.code == 0 and "the series applies and fits v0.5.23: nothing to bisect" in run.text
 
 
+def test_bisect_behaviour_never_says_fits_where_the_tier_did_not_check(drift, monkeypatch):
+    """h152: with an interpreter the tier cannot import the tree with (no torch: `--python /usr/bin/python3`), each
+    step's tier checked nothing and failed nothing, and `bisect --behaviour` said "the series applies and fits trap:
+    nothing to bisect" (exit 0) over an upstream whose environ.py raised at import. A step it cannot judge: one line."""
+    from c128patch.fit import treecheck
+
+    unchecked = treecheck.TreecheckResult([treecheck.TierResult("off", torch=False),
+                                           treecheck.TierResult("on", torch=False)])
+    monkeypatch.setattr(treecheck, "run_rev", lambda *a, **k: unchecked)
+    run = invoke("bisect", "--onto", "v0.5.23", "--repo", str(drift.git_dir), "--series", str(REPO_ROOT),
+                 "--behaviour", as_json=False)
+    assert run.code == 2 and "fits" not in run.text, (run.code, run.text, run.err)
+    line = run.err.strip().splitlines()[-1]
+    assert line.startswith(f"c128patch: error: bisect --behaviour cannot judge {drift.rev_parse('v0.5.23')[:12]}: "
+                           "the behavioural tier did not check it (behavioural tier: torch is not installed"), line
+
+
 # -- the behavioural tier -----------------------------------------------------------------------
 
 CONTROLLER = "sglang.srt.layers.attention.dsv4.online_c128_dspark"

@@ -43,12 +43,14 @@ def _what_fails(series: Series, git: Git, base: str, commit: str, ours: list[cop
     try:
         failing = fit_check(series, git, base, commit, contract.patched_tree(series, git, commit[:12], commit),
                             ours)["failing"]
-        if behaviour and not failing:
-            failing = [f"behavioural tier: {f}" for f in
-                       treecheck.run_rev(series, git, commit[:12], commit, python=python).failed]
+        tier = treecheck.run_rev(series, git, commit[:12], commit, python=python) if behaviour and not failing else None
     except C128Error as exc:
         return [exc.message]
-    return failing
+    if tier is not None and not tier.failed and not tier.checked:  # neither good nor bad: never "fits" (h152)
+        raise C128Error(f"bisect --behaviour cannot judge {commit[:12]}: the behavioural tier did not check it "
+                        f"({(tier.not_checked() or [tier.verdict()])[0]}); give --python an interpreter it can import "
+                        "the tree with (torch installed), or leave out --behaviour")
+    return [f"behavioural tier: {f}" for f in tier.failed] if tier is not None else failing
 
 
 def bisect(series: Series, repo: str | None, onto: str, *, timeout: float = 600, behaviour: bool = False,
