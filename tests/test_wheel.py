@@ -882,9 +882,35 @@ def test_verify_refuses_an_edited_provenance_and_sbom_claiming_the_series(patche
     bad = tampered(src, tmp_path, {"sglang/c128patch_provenance.json": json.dumps(record).encode(),
                                    sbom: doc.encode()})
     verify_wheel(bad, authenticity=False)  # no anchor: consistent with itself
-    with pytest.raises(C128Error, match="entry 'test-patch': its file or gate is not series .* edited"):
+    with pytest.raises(C128Error, match="entry 'test-patch': its file, gate, kind or overlay's place is not series .* "
+                                        "edited"):
         verify_wheel(bad, authenticity=False, known=load_series(wheel_series))
+    with pytest.raises(C128Error, match=f"entry 'test-patch': its gate 'SGLANG_OPT_IN' is not {wheel_series}'s"):
+        verify_wheel(bad, load_series(wheel_series), authenticity=False)  # h152: --series took it
     verify_wheel(src, authenticity=False, known=load_series(wheel_series))
+
+
+def test_an_overlay_moved_to_another_module_is_not_the_series(patched, tmp_path: Path, wheel_series: Path,
+                                                              upstream_wheel: Path):
+    """h152: the overlay's file placed at another module (`sglang/srt/c128_test_overlay.py`), its provenance target and
+    files and its SBOM diff said so, RECORD recomputed: `verify-wheel --series` (authenticity too) said "upstream 0.5.23
+    + series test 1", exit 0: an overlay's file is hashed, where it lies was checked against nothing of the series."""
+    src = Path(patched.wheel)
+    (sbom,) = [n for n in members(src) if n.endswith("sboms/c128patch.cdx.json")]
+    record, doc = (json.loads(members(src)[n]) for n in ("sglang/c128patch_provenance.json", sbom))
+    (i,) = [i for i, e in enumerate(record["entries"]) if e["kind"] == "overlay"]
+    old, new = record["entries"][i]["target"], "python/sglang/srt/c128_test_overlay.py"
+    record["entries"][i].update(target=new, files=[new])
+    text = doc["metadata"]["component"]["pedigree"]["patches"][i]["diff"]["text"]
+    text["content"] = text["content"].replace(old, new)
+    bad = tampered(src, tmp_path, {"sglang/c128patch_provenance.json": json.dumps(record).encode(),
+                                   sbom: json.dumps(doc).encode(), old.removeprefix("python/"): None,
+                                   new.removeprefix("python/"): members(src)[old.removeprefix("python/")]})
+    verify_wheel(bad, authenticity=False)  # no anchor: consistent with itself
+    verify_fails(bad, f"entry 'test-overlay': its overlay's place '{new}' is not {wheel_series}'s", "--series",
+                 str(wheel_series), "--upstream-wheel", str(upstream_wheel))
+    with pytest.raises(C128Error, match="entry 'test-overlay': its file, gate, kind or overlay's place is not series"):
+        verify_wheel(bad, authenticity=False, known=load_series(wheel_series))
 
 
 def test_a_layer_row_of_the_provenance_cannot_take_an_entry_of_the_series_it_claims(patched, wheel_series: Path):

@@ -26,7 +26,7 @@ from unidiff.errors import UnidiffParseError
 from c128patch import procs
 from c128patch.errors import C128Error, need_file
 from c128patch.series.layers import layer_rows
-from c128patch.series.manifest import Series
+from c128patch.series.manifest import Entry, Series
 from c128patch.series.patchfile import hunk_header
 from c128patch.series.provenance import record_problem
 from c128patch.textsafe import plain
@@ -184,6 +184,20 @@ def _check_series(iw: InWheel, record: dict, series: Series) -> None:
             want = next((v.sha256 for v in e.patch_files() if v.file == entry["file"]), "")
         if want and entry.get("sha256") != want:
             raise _mismatch(iw.wheel, f"entry '{e.name}': its file's sha256 differs from the manifest's")
+        if why := _unlike(entry, e):
+            raise _mismatch(iw.wheel, f"entry '{e.name}': {why} {series.root}'s")
+
+
+def _unlike(row: dict, e: Entry) -> str:
+    """How a provenance row differs from the series' entry ``e`` in what its hashes do not cover: its kind, its gate, an
+    overlay's place (its file hashed, where it lies not: an overlay moved to another module verified as the series)."""
+    if row.get("kind") != e.kind:
+        return f"its kind {str(row.get('kind'))!r} is not"
+    if (row.get("gate") or "") != (e.gate or ""):
+        return f"its gate {str(row.get('gate'))!r} is not"
+    if e.kind == "overlay" and row.get("target") != e.target:  # (its files: only its target, `_check_effects`)
+        return f"its overlay's place {str(row.get('target'))!r} is not"
+    return ""
 
 
 def _claims(s: dict, known: Series) -> bool:
@@ -238,9 +252,9 @@ def _check_known(iw: InWheel, record: dict, known: Series) -> None:
     for row in (r for r in record.get("entries", []) if r.get("name") not in layered):
         e = entries.get(row.get("name"))
         files = ({v.sha256 for v in e.patch_files()} | {e.sha256}) - {""} if e is not None else set()
-        if e is None or (files and row.get("sha256") not in files) or (row.get("gate") or "") != (e.gate or ""):
-            raise _mismatch(iw.wheel, f"entry '{row.get('name')}': its file or gate is not series {known.name} "
-                                      f"{known.version}'s (the provenance was edited)")
+        if e is None or (files and row.get("sha256") not in files) or _unlike(row, e):
+            raise _mismatch(iw.wheel, f"entry '{row.get('name')}': its file, gate, kind or overlay's place is not "
+                                      f"series {known.name} {known.version}'s (the provenance was edited)")
 
 
 def _post_image_hunk(diff: bytes, path: str, num: int) -> tuple[int, str] | None:
