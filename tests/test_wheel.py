@@ -913,6 +913,28 @@ def test_an_overlay_moved_to_another_module_is_not_the_series(patched, tmp_path:
         verify_wheel(bad, authenticity=False, known=load_series(wheel_series))
 
 
+def test_a_wheel_leaving_out_an_entry_is_not_the_series_given(patched, tmp_path: Path, wheel_series: Path,
+                                                               upstream_wheel: Path):
+    """h152: the overlay entry taken out of the provenance and the SBOM and its file out of the wheel, RECORD
+    recomputed: `verify-wheel --series` (authenticity too) said "upstream 0.5.23 + series test 1", exit 0, of a wheel
+    lacking an entry of that series (its digest, which vouches for every entry, was all it compared)."""
+    src = Path(patched.wheel)
+    (sbom,) = [n for n in members(src) if n.endswith("sboms/c128patch.cdx.json")]
+    record, doc = (json.loads(members(src)[n]) for n in ("sglang/c128patch_provenance.json", sbom))
+    (i,) = [i for i, e in enumerate(record["entries"]) if e["kind"] == "overlay"]
+    assert i == len(record["entries"]) - 1  # the last: no SBOM row to renumber
+    target = record["entries"].pop(i)["target"].removeprefix("python/")
+    component = doc["metadata"]["component"]
+    del component["pedigree"]["patches"][i]
+    component["properties"] = [p for p in component["properties"]
+                               if not p["name"].startswith(f"c128patch:entry:{i + 1}:")]
+    bad = tampered(src, tmp_path, {"sglang/c128patch_provenance.json": json.dumps(record).encode(),
+                                   sbom: json.dumps(doc).encode(), target: None})
+    verify_wheel(bad, authenticity=False)  # no anchor: consistent with itself
+    verify_fails(bad, f"made from {wheel_series} by its digest, but lists no entry 'test-overlay'", "--series",
+                 str(wheel_series), "--upstream-wheel", str(upstream_wheel))
+
+
 def test_a_layer_row_of_the_provenance_cannot_take_an_entry_of_the_series_it_claims(patched, wheel_series: Path):
     """A wheel claiming the series (name, version, digest) lists one of its entries under a made-up layer: that row
     was not checked against the series (an outside check passed a wheel whose overlay was edited this way)."""

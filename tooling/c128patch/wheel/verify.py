@@ -186,6 +186,11 @@ def _check_series(iw: InWheel, record: dict, series: Series) -> None:
             raise _mismatch(iw.wheel, f"entry '{e.name}': its file's sha256 differs from the manifest's")
         if why := _unlike(entry, e):
             raise _mismatch(iw.wheel, f"entry '{e.name}': {why} {series.root}'s")
+    dropped = record.get("dropped", [])
+    if not isinstance(dropped, list) or not all(isinstance(d, dict) for d in dropped):
+        raise _mismatch(iw.wheel, "its provenance's dropped entries are not a list of records (the provenance was "
+                                  "edited)")
+    _left_out(iw, record.get("entries", []), dropped, series, f"made from {series.root} by its digest")
 
 
 def _unlike(row: dict, e: Entry) -> str:
@@ -198,6 +203,20 @@ def _unlike(row: dict, e: Entry) -> str:
     if e.kind == "overlay" and row.get("target") != e.target:  # (its files: only its target, `_check_effects`)
         return f"its overlay's place {str(row.get('target'))!r} is not"
     return ""
+
+
+def _left_out(iw: InWheel, listed: list[dict], dropped: list[dict], series: Series, said: str) -> None:
+    """Every entry of ``series`` is listed, or dropped where the series records its upstream merge: the series' digest
+    vouches for every entry (``said``: how the wheel takes the series)."""
+    entries = {e.name: e for e in series.entries}
+    rows = {r.get("name") for r in listed}
+    if missing := [name for name in entries if name not in rows | {d.get("name") for d in dropped}]:
+        raise _mismatch(iw.wheel, f"{said}, but lists no entry {missing[0]!r} (the provenance was edited)")
+    if unmerged := [name for name in entries if name not in rows and not entries[name].merged_in]:
+        # our digest vouches for every entry: one left out is vouched for only where the series records it upstream
+        raise _mismatch(iw.wheel, f"{said}, but leaves out entry {unmerged[0]!r}, which that series records no "
+                                  "upstream merge of (a wheel of a tree a rebase dropped it from: refresh the series, "
+                                  "which records the merge, then build again)")
 
 
 def _claims(s: dict, known: Series) -> bool:
@@ -240,15 +259,7 @@ def _check_known(iw: InWheel, record: dict, known: Series) -> None:
     if not all(isinstance(x, list) and all(isinstance(r, dict) for r in x) for x in (listed, dropped)):
         raise _mismatch(iw.wheel, "its provenance's entries or dropped entries are not a list of records (the "
                                   "provenance was edited)")
-    rows = {r.get("name") for r in listed}
-    if missing := [name for name in entries if name not in rows | {d.get("name") for d in dropped}]:
-        raise _mismatch(iw.wheel, f"claims series {known.name} {known.version}, but lists no entry {missing[0]!r} "
-                                  "(the provenance was edited)")
-    if unmerged := [name for name in entries if name not in rows and not entries[name].merged_in]:
-        # our digest vouches for every entry: one left out is vouched for only where the series records it upstream
-        raise _mismatch(iw.wheel, f"claims series {known.name} {known.version}, but leaves out entry {unmerged[0]!r}, "
-                                  "which that series records no upstream merge of (a wheel of a tree a rebase dropped "
-                                  "it from: refresh the series, which records the merge, then build again)")
+    _left_out(iw, listed, dropped, known, f"claims series {known.name} {known.version}")
     for row in (r for r in record.get("entries", []) if r.get("name") not in layered):
         e = entries.get(row.get("name"))
         files = ({v.sha256 for v in e.patch_files()} | {e.sha256}) - {""} if e is not None else set()
