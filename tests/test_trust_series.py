@@ -67,6 +67,10 @@ def journal(root: Path, moves: list, deletes: list, parts: list[str] | None = No
     # C1 (CSI, NEL) and bidi controls, as wheel members are refused: a terminal or report line taking the name
     ("a/\x9b2J/x", "control character"), ("a/\x85x", "control character"), ("a/x\u202egp.py", "control character"),
     ("a/\u2066x", "control character"),
+    # helper 152: a `.` part, which PurePosixPath drops (an overlay target `python/./sglang/srt/environ.py` passed
+    # `lint --offline`; `lint` then failed on git's "Invalid path", naming no rule)
+    ("python/./sglang/srt/environ.py", "must be relative"), ("./python/x", "must be relative"),
+    ("a/.", "must be relative"), (".", "must be relative"),
 ])
 def test_confine_refuses_what_leaves_the_root(tmp_path, path, says):
     with pytest.raises(C128Error, match=says) as exc:

@@ -36,9 +36,9 @@ def check_relpath(path: str, what: str) -> str:
         raise _unsafe(path, what, "it holds a control character")
     if _NOT_UTF8.search(path):  # (git's bytes kept as surrogates, ``git.Git._raw``): no manifest can name it
         raise _unsafe(path, what, "its name is not UTF-8")
-    parts = PurePosixPath(path).parts
+    parts = PurePosixPath(path).parts  # (which drops a ``.`` part: ``python/./sglang/x`` passed, git refused it later)
     if not path or path.startswith(("/", "~")) or "\\" in path or path.endswith("/") or "//" in path or \
-            any(unicodedata.normalize("NFKC", p) in ("..", ".", "") for p in parts):  # (a full-width ．． too)
+            any(unicodedata.normalize("NFKC", p) in ("..", ".", "") for p in path.split("/")):  # (full-width ．． too)
         raise _unsafe(path, what, "must be relative, inside the tree")
     for part in parts:
         if is_git_dir_name(part):
