@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import zipfile
@@ -568,6 +569,50 @@ def test_verify_refuses_a_wheel_holding_an_archive_its_central_directory_skips(p
     if where == "none":
         assert res.code == 0, res.err
         return
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1, res.err
+    assert "that no member of its central directory accounts for" in res.err, res.err
+
+
+def _hidden_in(src: Path, dest: Path, host: str, hidden: bytes) -> Path:
+    """``src`` with the local record ``hidden`` put right after ``host``'s deflate stream, inside the extent the central
+    directory gives ``host`` (its local header keeps the stream's own size; the offsets after it moved)."""
+    data = bytearray(src.read_bytes())
+    with zipfile.ZipFile(src) as zf:
+        info, start = zf.getinfo(host), zf.start_dir
+    assert info.compress_type == zipfile.ZIP_DEFLATED and not info.flag_bits & 0x08
+    name, extra = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+    end, k = info.header_offset + 30 + name + extra + info.compress_size, len(hidden)
+    out = data[:end] + hidden + data[end:]
+    pos = start + k
+    while out[pos:pos + 4] == b"PK\x01\x02":  # the central directory: the host's extent grows, later offsets move
+        size, offset = struct.unpack("<I", out[pos + 20:pos + 24])[0], struct.unpack("<I", out[pos + 42:pos + 46])[0]
+        if offset == info.header_offset:
+            out[pos + 20:pos + 24] = struct.pack("<I", size + k)
+        elif offset > info.header_offset:
+            out[pos + 42:pos + 46] = struct.pack("<I", offset + k)
+        pos += 46 + sum(struct.unpack("<HHH", out[pos + 28:pos + 34]))
+    out[pos + 16:pos + 20] = struct.pack("<I", struct.unpack("<I", out[pos + 16:pos + 20])[0] + k)  # (the EOCD)
+    dest.write_bytes(bytes(out))
+    return dest
+
+
+def test_verify_refuses_a_member_record_hidden_past_a_deflate_streams_end(patched, tmp_path: Path,
+                                                                          wheel_series: Path, upstream_wheel: Path):
+    """h152: a `.pth`'s local record put inside `environ.py`'s compressed extent, past its deflate stream's end, the
+    central directory's size of it grown to cover it: zipfile reads that extent and stops at the stream's end (the
+    member reads whole, its CRC and RECORD hash right), the records tile the file, and `verify-wheel --series`
+    (authenticity too) passed it; `jar t < wheel` goes by the local header's size and lists `zzz-evil.pth`."""
+    hidden = io.BytesIO()
+    with zipfile.ZipFile(hidden, "w") as zf:
+        zf.writestr("zzz-evil.pth", "import os; os.system('true')\n")
+    local = hidden.getvalue()[: hidden.getvalue().index(b"PK\x01\x02")]
+    bad = _hidden_in(Path(patched.wheel), tmp_path / Path(patched.wheel).name, "sglang/srt/environ.py", local)
+    with zipfile.ZipFile(bad) as zf:  # what zipfile sees: the wheel as it was
+        assert "zzz-evil.pth" not in zf.namelist() and zf.read("sglang/srt/environ.py")
+    if shutil.which("jar"):
+        listed = subprocess.run(["jar", "t"], stdin=open(bad, "rb"), capture_output=True, text=True).stdout
+        assert "zzz-evil.pth" in listed.splitlines()
+    res = run_cli(["verify-wheel", str(bad), "--series", str(wheel_series), "--upstream-wheel", str(upstream_wheel)])
     assert res.code == 2 and len(res.err.strip().splitlines()) == 1, res.err
     assert "that no member of its central directory accounts for" in res.err, res.err
 

@@ -411,6 +411,9 @@ class WheelZip(zipfile.ZipFile):
             if len(head) < 30 or head[:4] != b"PK\x03\x04":
                 return pos
             name, extra = struct.unpack("<HH", head[26:30])
+            end = self._short_record(info, head, fp.read(name + extra)[name:], pos + 30 + name + extra)
+            if end is not None:
+                return end
             pos += 30 + name + extra + info.compress_size
             if info.flag_bits & 0x08:  # a data descriptor: its signature optional, its sizes 8 bytes each in zip64
                 fp.seek(pos)
@@ -439,6 +442,35 @@ class WheelZip(zipfile.ZipFile):
         except zlib.error:
             return None
         return raw if same else None
+
+    def _short_record(self, info: zipfile.ZipInfo, head: bytes, extra: bytes, data: int) -> int | None:
+        """Where a reader going from the start takes ``info``'s data to end when that is before the central directory's
+        end of it (None: the same): its local header's sizes (a record hidden inside a member's compressed extent after
+        the deflate stream's end: zipfile reads the directory's extent and stops at the stream's end, `jar t < wheel`
+        went by the local sizes and unpacked the hidden member, h152); with a data descriptor (no local sizes), the
+        deflate stream's own end."""
+        assert self.fp is not None
+        if not info.flag_bits & 0x08:
+            crc, size, file_size = struct.unpack("<III", head[14:26])
+            at = 0
+            while 0xFFFFFFFF in (size, file_size) and at + 4 <= len(extra):  # zip64: its extra field's sizes
+                kind, length = struct.unpack("<HH", extra[at:at + 4])
+                if kind == 1 and length >= 16:  # (uncompressed, compressed)
+                    file_size, size = struct.unpack("<QQ", extra[at + 4:at + 20])
+                at += 4 + length
+            same = (crc, size, file_size) == (info.CRC, info.compress_size, info.file_size)
+            return None if same else data + max(0, min(size, info.compress_size))
+        if info.compress_type != zipfile.ZIP_DEFLATED:
+            return None
+        self.fp.seek(data)
+        inflate, left = zlib.decompressobj(-15), info.compress_size
+        while left > 0 and not inflate.eof and (chunk := self.fp.read(min(left, 1 << 20))):
+            left -= len(chunk)
+            inflate.decompress(chunk, 1 << 16)
+            while inflate.unconsumed_tail and not inflate.eof:
+                inflate.decompress(inflate.unconsumed_tail, 1 << 16)
+        return None if left == 0 and not inflate.unused_data else data + info.compress_size - left - \
+            len(inflate.unused_data)
 
     def read(self, name: str | zipfile.ZipInfo, pwd: bytes | None = None) -> bytes:
         try:
