@@ -26,7 +26,7 @@ from packaging.version import Version
 
 from c128patch.errors import C128Error
 from c128patch.series.manifest import load_series, sha256_file
-from c128patch.upstream.releases import wheel_for, wheel_timestamp
+from c128patch.upstream.releases import WheelZip, wheel_for, wheel_timestamp
 from c128patch.wheel.patch import patch_wheel
 from c128patch.wheel.rules import refusal
 from c128patch.wheel.sbom import PROPERTY_PREFIX, PatchEntry, diff_bytes, indexed_properties, purl_pypi
@@ -579,7 +579,7 @@ def _hidden_in(src: Path, dest: Path, host: str, hidden: bytes) -> Path:
     data = bytearray(src.read_bytes())
     with zipfile.ZipFile(src) as zf:
         info, start = zf.getinfo(host), zf.start_dir
-    assert info.compress_type == zipfile.ZIP_DEFLATED and not info.flag_bits & 0x08
+    assert info.compress_type == zipfile.ZIP_DEFLATED
     name, extra = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
     end, k = info.header_offset + 30 + name + extra + info.compress_size, len(hidden)
     out = data[:end] + hidden + data[end:]
@@ -615,6 +615,38 @@ def test_verify_refuses_a_member_record_hidden_past_a_deflate_streams_end(patche
     res = run_cli(["verify-wheel", str(bad), "--series", str(wheel_series), "--upstream-wheel", str(upstream_wheel)])
     assert res.code == 2 and len(res.err.strip().splitlines()) == 1, res.err
     assert "that no member of its central directory accounts for" in res.err, res.err
+
+
+def test_a_member_with_a_data_descriptor_hides_nothing_past_its_deflate_streams_end(tmp_path: Path):
+    """h152: a member written with a data descriptor (no sizes in its local header: a reader going from the start
+    inflates to the stream's end) opens; the same with a record put past that end, inside its extent, is one line."""
+    class Unseekable(io.RawIOBase):  # (zipfile writes data descriptors to a stream it cannot seek back in)
+        def __init__(self) -> None:
+            self.data = bytearray()
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b) -> int:  # noqa: ANN001
+            self.data += b
+            return len(b)
+
+    stream = Unseekable()
+    with zipfile.ZipFile(stream, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("pkg/environ.py", "X = 1\n" * 200)
+        zf.writestr("pkg/other.py", "Y = 2\n")
+    good = tmp_path / "good.whl"
+    good.write_bytes(bytes(stream.data))
+    with zipfile.ZipFile(good) as zf:
+        assert zf.getinfo("pkg/environ.py").flag_bits & 0x08
+    WheelZip(good).close()
+    hidden = io.BytesIO()
+    with zipfile.ZipFile(hidden, "w") as zf:
+        zf.writestr("zzz-evil.pth", "import os\n")
+    bad = _hidden_in(good, tmp_path / "bad.whl", "pkg/environ.py",
+                     hidden.getvalue()[: hidden.getvalue().index(b"PK\x01\x02")])
+    with pytest.raises(C128Error, match="that no member of its central directory accounts for"):
+        WheelZip(bad)
 
 
 @pytest.mark.parametrize("how", ["method", "encrypted"])
