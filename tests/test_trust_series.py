@@ -158,6 +158,19 @@ def test_a_journal_writing_through_a_folder_another_user_may_change_moves_nothin
     assert (root / "patches" / "keep.patch").read_text() == "keep"
 
 
+def test_a_write_into_a_folder_another_user_owns_is_refused_before_its_commit_point(tmp_path):
+    """h152: `refresh` or `layer add-entry` run as root into a series or layer folder of `nobody` wrote there with
+    root's authority; refused as the plan is staged (not past the commit point, where a refused plan would be left
+    committed and unfinishable): nothing written, no journal left."""
+    if os.getuid() != 0:
+        pytest.skip("chown needs root")
+    root = series_folder(tmp_path / "layer")
+    os.chown(root, 65534, 65534)
+    with pytest.raises(C128Error, match=r"refusing to write into .* is owned by another user \(uid 65534\)"):
+        txn.commit_all([(root, {root / "patches" / "x.patch": b"x"}, [], None)])
+    assert sorted(p.name for p in root.rglob("*")) == ["patches", "series.toml"]
+
+
 @pytest.mark.parametrize("how", ["world-writable", "group-writable", "relative", "another-user"])
 def test_a_journal_whose_group_names_a_folder_others_may_change_moves_nothing(tmp_path, how, monkeypatch):
     """Helper 148: a plan's group may name another folder holding a plan of the same group; one that another user

@@ -82,6 +82,9 @@ def commit_all(parts: list[Part], fault: Callable[[str], None] = _no_fault) -> N
                     moves.append([f"{i:05d}", _rel(root, path)])
                     fault(f"refresh-{'' if k == 0 else f'part{k}-'}staged:{i}")
                 plan = {"moves": moves, "deletes": [_rel(root, p) for p in deletes], "group": group}
+                if why := _on_the_way(root, [*(rel for _, rel in moves), *plan["deletes"]]):  # (before the commit
+                    raise C128Error(f"refusing to write into {root}: {why} (whoever else may change it can swap a "
+                                    "folder for a link while the tool writes); nothing was changed")  # point, h152)
                 write_atomic(staging / PLAN, json.dumps(plan).encode())
                 _fsync_dir(staging)
             fault("refresh-before-commit")
