@@ -152,16 +152,7 @@ def _not_the_users(part: object, root: Path) -> str:
         return "not an absolute path"
     if os.path.realpath(part) == os.path.realpath(root):
         return ""
-    for path in (part, os.path.join(part, "patches")):
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if st.st_uid != os.getuid():
-            return f"owned by another user (uid {st.st_uid})"
-        if st.st_mode & 0o002 or st.st_mode & 0o020 and st.st_gid != os.getgid():
-            return "writable by other users"
-    return ""
+    return next(filter(None, map(_others_may_change, (part, os.path.join(part, "patches")))), "")
 
 
 def _on_the_way(root: Path, rels: list[str]) -> str:
@@ -170,16 +161,19 @@ def _on_the_way(root: Path, rels: list[str]) -> str:
     real = os.path.realpath(root)  # (a link to the folder is the operator's spelling; confine refuses one below it)
     folders = {os.path.join(real, *PurePosixPath(rel).parts[:n]) for rel in rels
                for n in range(len(PurePosixPath(rel).parts))}
-    for folder in sorted(folders):
-        try:
-            st = os.lstat(folder)
-        except OSError:
-            continue
-        if st.st_uid != os.getuid():
-            return f"{folder} is owned by another user (uid {st.st_uid})"
-        if st.st_mode & 0o002 or st.st_mode & 0o020 and st.st_gid != os.getgid():
-            return f"{folder} is writable by other users"
-    return ""
+    return next((f"{folder} is {why}" for folder in sorted(folders) if (why := _others_may_change(folder))), "")
+
+
+def _others_may_change(path: str) -> str:
+    """Why a user other than the current one may change ``path`` ("" when none may, or it is not there): theirs, or
+    writable by others or by a group not the user's own."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return ""
+    if st.st_uid != os.getuid():
+        return f"owned by another user (uid {st.st_uid})"
+    return "writable by other users" if st.st_mode & 0o002 or st.st_mode & 0o020 and st.st_gid != os.getgid() else ""
 
 
 def _finish(group: dict, fault: Callable[[str], None] = _no_fault) -> None:
