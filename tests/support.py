@@ -47,6 +47,21 @@ def refused(args: list[str | Path], tree: Path | None = None, contains: str = ""
     return lines[0]
 
 
+# A verb run as a process of its own (in-process runs never: tests/conftest.py sets progress.BEAT past any test)
+# prints a heartbeat, "<step>: 12 s" (progress.PlainReporter; a transfer's "<what>: 1.2 of 3.4 MB, 5 s"), for a step
+# silent over progress.BEAT s: on a busy machine one may come before its error line.
+_PROGRESS_LINE = re.compile(r".+(?:: |, )\d+ s")
+
+
+def error_line(stderr: str) -> str:
+    """The one-line error contract of a process: stderr's last line is ``c128patch: error: ...``, and every line
+    before it a progress line (no error, traceback or warning among them). Returns the error line."""
+    *before, line = stderr.strip().splitlines() or [""]
+    assert line.startswith("c128patch: error: "), stderr
+    assert all(_PROGRESS_LINE.fullmatch(x) and not x.startswith(("c128patch", "Traceback")) for x in before), stderr
+    return line
+
+
 def default_signals() -> None:
     """``preexec_fn`` for a child a test signals: SIGINT back to its default disposition, so a Ctrl-C
     reaches it even when the test run was started in the background (``nohup ... &`` ignores SIGINT,

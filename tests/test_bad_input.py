@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from c128patch.git import Git
-from support import invoke, make_test_series, printed_command, refused, run_printed
+from support import error_line, invoke, make_test_series, printed_command, refused, run_printed
 
 CUH = "python/sglang/kernels/jit/csrc/deepseek_v4/c128_online_v2.cuh"
 EDIT = {CUH: ("    const uint32_t prefix_len = seq_len - extend_len;\n",
@@ -155,7 +155,7 @@ def test_missing_git(tmp_path: Path, series: Path):
     proc = subprocess.run([sys.executable, "-m", "c128patch", "check", "--sglang-rev", "v0.5.23",
                            "--series", str(series)], env=env, capture_output=True, text=True)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
+    assert [error_line(proc.stderr)] == [
         "c128patch: error: git not found on PATH; install git (>= 2.30) and retry"]
 
 

@@ -21,7 +21,7 @@ import pytest
 from c128patch import progress
 from c128patch.progress import PlainReporter, transfer
 from c128patch.upstream.releases import _pip_reports_bytes, wheel_for
-from support import invoke, table_column
+from support import error_line, invoke, table_column
 
 
 @pytest.mark.parametrize("columns", ["80", "400"])
@@ -122,6 +122,20 @@ def test_a_step_left_open_prints_its_phase_and_elapsed_time_every_beat():
     settled = out.getvalue()
     threading.Event().wait(0.1)
     assert out.getvalue() == settled
+
+
+def test_error_line_takes_the_progress_lines_before_the_error_and_nothing_else():
+    """tests/support.py's error_line (a process's one-line error, a busy machine's heartbeats before it): the lines
+    PlainReporter prints pass before the error; a second error, a traceback or any other line does not."""
+    from c128patch.progress import transfer_line
+
+    error = "c128patch: error: file size limit reached while patching"
+    beat, moved = "patching the upstream wheel: 12 s", transfer_line("sglang-0.5.23.whl", 12_600_000, 34_500_000, 14)
+    assert error_line(f"{beat}\n{moved}\n{error}\n") == error_line(error) == error
+    for said in (f"{error}\n{beat}", f"Traceback (most recent call last):\n{error}", f"warning: x\n{error}",
+                 f"{error}\n{error}", "", f"c128patch: error: 3 s\n{error}"):
+        with pytest.raises(AssertionError):
+            error_line(said)
 
 
 HOSTILE_STEP = "the gate audit on v0.5.23[/x] \x1b]8;;https://evil.example\x1b\\link\x1b]8;;\x1b\\\x07"
@@ -277,8 +291,8 @@ def test_output_to_a_closed_stdout_is_one_line_and_never_exit_0(args):
     proc = subprocess.run(["sh", "-c", 'exec "$0" -m c128patch "$@" >&-', sys.executable, *args],
                           stderr=subprocess.PIPE, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr == "c128patch: error: its output could not be written to stdout (stdout is closed): " \
-                          "what it said is lost\n", proc.stderr
+    assert error_line(proc.stderr) == "c128patch: error: its output could not be written to stdout (stdout is " \
+                                      "closed): what it said is lost", proc.stderr
 
 
 def test_pythoninspect_in_the_operators_environment_keeps_each_verbs_exit_code(tmp_path):

@@ -32,7 +32,7 @@ from c128patch.series.manifest import load_series
 from c128patch.series.patchfile import read_patch
 from c128patch.series.paths import confine
 from small_series import tree  # noqa: F401 (a fixture)
-from support import REPO_ROOT, invoke, refused
+from support import REPO_ROOT, error_line, invoke, refused
 from test_sealed_box import trapped_upstream  # noqa: F401 (a fixture)
 
 SERIES = '[series]\nname = "{name}"\nversion = "1"\nbase = "v0.5.23"\n'
@@ -910,7 +910,7 @@ def test_a_lock_file_of_the_cache_that_is_no_regular_file_is_one_line_never_a_ha
      "link-to-dev-zero": lambda: lock.symlink_to("/dev/zero"), "folder": lock.mkdir}[make]()
     run = subprocess.run([sys.executable, "-m", "c128patch", "check", "--sglang-rev", "v0.5.23"], capture_output=True,
                          text=True, timeout=60, env={**os.environ, "C128PATCH_CACHE": str(cache)})
-    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
+    assert run.returncode == 2 and [error_line(run.stderr)] == [
         f"c128patch: error: the lock file {lock} of the cache {cache} is not a regular file (a link, a pipe or a "
         f"folder): not used; remove it (rm -r {lock}) and run again"], run.stderr
     assert not outside.exists() and not (cache / "sglang-releases.git").exists()
