@@ -155,11 +155,11 @@ def test_apply_is_reproducible(tmp_path: Path, sglang_release_repo: Path, portab
     assert heads[0] == heads[1]
 
 
-def test_apply_and_check_from_a_url_mirror_once(tmp_path: Path, sglang_release_repo: Path, portable_series: Path,
+def test_apply_and_check_from_a_url_mirror_once(tmp_path: Path, packed_release_repo: Path, portable_series: Path,
                                                 monkeypatch):
     """--repo URL: cloned once (as a mirror) into the cache, then reused; the tree is a clone of it."""
     monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
-    url = sglang_release_repo.as_uri()  # file:///...: a URL, as far as git and the tool are concerned
+    url = packed_release_repo.as_uri()  # file:///...: a URL, as far as git and the tool are concerned
     code, out, err = run("apply", "--sglang-rev", "v0.5.21", "--repo", url, "--tree", str(tmp_path / "t"),
                          "--series", str(portable_series), "--json")
     assert code == 0, err
@@ -173,7 +173,7 @@ def test_apply_and_check_from_a_url_mirror_once(tmp_path: Path, sglang_release_r
     assert code == 0 and out["ok"] and mirrors[0].stat().st_mtime_ns == stamp  # no second clone
 
 
-def test_a_killed_first_mirror_is_detected_and_rebuilt(tmp_path: Path, sglang_release_repo: Path,
+def test_a_killed_first_mirror_is_detected_and_rebuilt(tmp_path: Path, packed_release_repo: Path,
                                                        portable_series: Path, monkeypatch):
     """kill -9 during the first clone of a --repo URL: the half-made mirror is never taken for one;
     the next run names it, removes it and clones again. A half-made mirror at the final name (as
@@ -188,7 +188,7 @@ def test_a_killed_first_mirror_is_detected_and_rebuilt(tmp_path: Path, sglang_re
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("C128PATCH_CACHE", str(cache))
-    url = sglang_release_repo.as_uri()
+    url = packed_release_repo.as_uri()
     args = [sys.executable, "-m", "c128patch", "check", "--sglang-rev", "v0.5.22", "--repo", url,
             "--series", str(portable_series)]
     proc = subprocess.Popen(args, env={**os.environ}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -1383,13 +1383,13 @@ def test_a_rebase_in_a_sparse_checkout_leaves_the_provenance_in_the_tree(series,
     assert res.code == 0, res.err
 
 
-def test_the_operators_remote_settings_never_keep_a_url_mirror_from_fetching_a_new_rev(series, sglang_release_repo,
+def test_the_operators_remote_settings_never_keep_a_url_mirror_from_fetching_a_new_rev(series, packed_release_repo,
                                                                                        tmp_path):
     """h140: `clone.defaultRemoteName = up` (or a `remote.origin.*` of their own) in the operator's global config named
     the `--repo URL` mirror's remote `up`; its later `fetch origin` failed, unsaid, and a rev upstream added after the
     first clone was an "unknown rev" for ever. The mirror is fetched from its URL now, whatever its remote is named."""
     source = tmp_path / "upstream.git"
-    subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(sglang_release_repo), str(source)], check=True)
+    subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(packed_release_repo), str(source)], check=True)
     home = tmp_path / "home"
     home.mkdir()
     (home / ".gitconfig").write_text('[clone]\n\tdefaultRemoteName = up\n[remote "origin"]\n\ttagOpt = --no-tags\n')
