@@ -1579,7 +1579,7 @@ def test_apply_repo_with_a_damaged_pack_index_is_one_line_not_a_conflict(sglang_
     they are not, and apply said entry c128-plan-zero-rows "does not apply" (a conflict, the clone left). At a stop in
     a fresh clone the source's indexes are checked (only then): one line naming the repository, the clone removed."""
     repo = tmp_path / "repo.git"
-    subprocess.run(["git", "clone", "-q", "--bare", "--no-local", str(sglang_release_repo), str(repo)], check=True)
+    subprocess.run(["git", "clone", "-q", "--bare", "--no-hardlinks", str(sglang_release_repo), str(repo)], check=True)
     idx = max((repo / "objects" / "pack").glob("*.idx"), key=lambda p: p.stat().st_size)
     idx.chmod(0o644)
     data = idx.read_bytes()
