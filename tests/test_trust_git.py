@@ -382,14 +382,14 @@ def test_a_textconv_program_of_the_trees_config_never_runs_in_a_rebase(series, t
 
 
 def test_a_trees_config_redirecting_the_fetch_or_naming_an_alternate_refs_command_runs_nothing(series, marker,
-                                                                                             sglang_release_repo,
+                                                                                             packed_release_repo,
                                                                                              tmp_path):
     """apply into an existing tree, and rebase onto a commit the tree lacks, fetch from the source into the tree: a
     ``url.<x>.insteadOf`` in the tree's config could send that fetch to ``ext::`` or to ssh with its
     ``core.sshCommand``, an ``core.alternateRefsCommand`` runs during it. The fetch reads none of the tree's config."""
     prog, mark = marker
     source = tmp_path / "source.git"
-    subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(sglang_release_repo), str(source)], check=True)
+    subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(packed_release_repo), str(source)], check=True)
     other = tmp_path / "other"
     subprocess.run(["git", "init", "--quiet", str(other)], check=True)
     me = ["-c", "user.name=t", "-c", "user.email=t@t.invalid"]  # (CI has no git identity)
@@ -1403,7 +1403,8 @@ def test_the_operators_remote_settings_never_keep_a_url_mirror_from_fetching_a_n
 
 
 def _partial_clone(repo: Path, dest: Path, how: str) -> Path:
-    """A blobless clone of ``repo`` (through a file:// server that serves filters) at ``dest``."""
+    """A blobless clone of ``repo`` (through a file:// server that serves filters) at ``dest``; ``repo`` is
+    ``packed_release_repo``: a clone through a URL, here and the full one the refusal prints, reuses its deltas."""
     server = dest.parent / "server.git"
     subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(repo), str(server)], check=True)
     subprocess.run(["git", "-C", str(server), "config", "uploadpack.allowFilter", "true"], check=True)
@@ -1412,13 +1413,13 @@ def _partial_clone(repo: Path, dest: Path, how: str) -> Path:
 
 
 def test_a_partial_clone_whose_remote_names_a_program_runs_nothing_on_a_missing_object(series, marker,
-                                                                                        sglang_release_repo, tmp_path):
+                                                                                        packed_release_repo, tmp_path):
     """h140: a `--repo` that is a partial clone (`--filter=blob:none`: remote.origin.promisor) with
     `remote.origin.uploadpack = <program>`: `check` read a blob it lacks, git fetched it lazily from the promisor remote
     and ran the program. Now refused in one line; and no call of the tool's but a clone or fetch reaches a remote at
     all (`protocol.*.allow=never`), whatever the repository's own `protocol.file.allow` says."""
     prog, mark = marker
-    partial = _partial_clone(sglang_release_repo, tmp_path / "partial.git", "--bare")
+    partial = _partial_clone(packed_release_repo, tmp_path / "partial.git", "--bare")
     for key, value in (("remote.origin.uploadpack", f"{prog} </dev/null; git-upload-pack"),
                        ("protocol.file.allow", "always")):
         subprocess.run(["git", "-C", str(partial), "config", key, value], check=True)
@@ -1432,10 +1433,10 @@ def test_a_partial_clone_whose_remote_names_a_program_runs_nothing_on_a_missing_
     assert not mark.exists() and not (tmp_path / "t").exists()
 
 
-def test_the_full_clone_a_partial_clones_refusal_prints_is_taken_as_printed(series, sglang_release_repo, tmp_path):
+def test_the_full_clone_a_partial_clones_refusal_prints_is_taken_as_printed(series, packed_release_repo, tmp_path):
     """The refusal of a partial clone names a command making a full one from its remote: run as printed (bash), then
     `check --repo` on what it made."""
-    partial = _partial_clone(sglang_release_repo, tmp_path / "my sglang", "--no-checkout")
+    partial = _partial_clone(packed_release_repo, tmp_path / "my sglang", "--no-checkout")
     line = refused(["check", "--sglang-rev", "v0.5.23", "--repo", partial, "--series", series], None,
                    "use a full clone: ")
     command, _, repo = line.split("use a full clone: ", 1)[1].rpartition(", then --repo ")
