@@ -183,13 +183,14 @@ def test_a_commit_whose_sources_differ_in_one_file_is_unverified_and_names_it(li
 
 
 def test_a_clone_without_the_release_tags_is_placed_by_content_not_called_older(sglang_release_repo: Path,
+                                                                                packed_release_repo: Path,
                                                                                 tmp_path: Path):
     """Issue 37's clone of one's own: the releases re-committed with other ids and no tags. Its 0.5.22 holds the
     files the series' variants were made on: no note sending the user to v0.5.20 or to new variants of our series
     (apply printed one); a commit holding none of them still gets it."""
     subprocess.run(["git", "init", "--quiet", "--bare", str(tmp_path / "mine.git")], check=True)
     git = Git(git_dir=tmp_path / "mine.git")
-    git.run("fetch", "--quiet", "--no-tags", str(sglang_release_repo), "refs/tags/*:refs/theirs/*")  # objects only
+    git.run("fetch", "--quiet", "--no-tags", str(packed_release_repo), "refs/tags/*:refs/theirs/*")  # objects only
     mine = git.with_env(GIT_AUTHOR_NAME="me", GIT_AUTHOR_EMAIL="me@x.invalid", GIT_COMMITTER_NAME="me",
                         GIT_COMMITTER_EMAIL="me@x.invalid")
     ids, parent = {}, []
@@ -204,14 +205,14 @@ def test_a_clone_without_the_release_tags_is_placed_by_content_not_called_older(
     assert support_note(series, git, "none", empty).startswith("none is older than (or not descended from) every")
 
 
-def test_a_root_commit_with_a_release_s_files_names_each_state_as_apply_does(sglang_release_repo: Path,
+def test_a_root_commit_with_a_release_s_files_names_each_state_as_apply_does(packed_release_repo: Path,
                                                                              tmp_path: Path, series: Path):
     """A clone whose one commit holds v0.5.22's files and no history: where the series picks other variant files
     there than on the release, the same evidence reads the same in `matrix` as in apply's note (it read
     "unverified" in one and "stale" in the other)."""
     subprocess.run(["git", "init", "--quiet", "--bare", str(tmp_path / "mine.git")], check=True)
     git = Git(git_dir=tmp_path / "mine.git")
-    git.run("fetch", "--quiet", "--no-tags", str(sglang_release_repo), "refs/tags/v0.5.22:refs/theirs/v0.5.22")
+    git.run("fetch", "--quiet", "--no-tags", str(packed_release_repo), "refs/tags/v0.5.22:refs/theirs/v0.5.22")
     tree = git.out("rev-parse", "refs/theirs/v0.5.22^{tree}")
     commit = git.with_env(GIT_AUTHOR_NAME="me", GIT_AUTHOR_EMAIL="me@x.invalid", GIT_COMMITTER_NAME="me",
                           GIT_COMMITTER_EMAIL="me@x.invalid").out("commit-tree", tree, "-m", "my 0.5.22")
