@@ -575,6 +575,42 @@ def test_a_layer_folder_a_trees_record_or_a_journal_names_is_held_to_the_configs
         undo()
 
 
+def test_a_series_folder_a_journal_names_is_held_to_the_layer_folders_rule(tmp_path, monkeypatch):
+    """Helper 156: an apply or rebase journal's `series_root` was loaded whoever owned it (only its layer folders were
+    owner-checked): a series folder another user may write, or owns, chose what `apply --continue` applies. Now the
+    layer folders' rule, but for the tool's own series and one given with --series."""
+    from c128patch.ops.treestate import c128_state_dir
+    from c128patch.series.layers import recorded_stack
+    from c128patch.series.manifest import default_series_root
+
+    tree, ours = tmp_path / "sglang", tmp_path / "ours"
+    for part in ("patches", "overlay"):
+        shutil.copytree(REPO_ROOT / part, ours / part)
+    git = Git(worktree=tree)
+    tree.mkdir()
+    git.run("init", "-q")
+    c128_state_dir(git).mkdir()
+    journal = c128_state_dir(git) / "apply.json"
+    assert recorded_stack(str(ours), [], journal).root == ours.resolve()
+    changes = [(ours, lambda p: p.chmod(0o777), lambda p: p.chmod(0o755), "writable by others: not read"),
+               (ours / "patches", lambda p: p.chmod(0o777), lambda p: p.chmod(0o755), "writable by others: not read")]
+    if os.geteuid() == 0:
+        changes += [(p, lambda p: os.chown(p, 65534, 65534), lambda p: os.chown(p, 0, 0), "owned by another user")
+                    for p in (ours, ours / "patches" / "series.toml")]
+    for path, change, undo, why in changes:
+        change(path)
+        at = "" if path == ours else rf" \(its {path.relative_to(ours)}\)"
+        with pytest.raises(C128Error, match=rf"^{journal} names series {ours}{at}, {why}.*--series$") as exc:
+            recorded_stack(str(ours), [], journal)
+        assert "\n" not in exc.value.message
+        assert recorded_stack(str(ours), [], journal, series_given=True).root == ours.resolve()
+        with monkeypatch.context() as m:  # the tool's own series, installed by another user (root): read
+            m.setattr("c128patch.series.layers.default_series_root", lambda: ours)
+            assert recorded_stack(str(ours), [], journal).root == ours.resolve()
+        undo(path)
+    assert recorded_stack(str(default_series_root()), [], journal).root == default_series_root().resolve()
+
+
 def test_a_config_in_a_bare_repository_given_as_a_file_url_is_never_read(tmp_path, monkeypatch):
     """Helper 153: `--repo file:///R` from inside the bare repository R read R's c128patch.toml (and stacked its
     layer): only a --repo PATH was excluded from the search, and a bare repository has no `.git` to stop it."""

@@ -141,8 +141,9 @@ def series_of(git: Git, verb: Verb, series_dir: Path | None, layer_dirs: tuple[P
     started = Journal.load(journal, git)
     root = str(series_dir or started.series_root)
     try:
-        return get_series(recorded_stack(root, [], journal).root, layer_dirs) if layer_dirs else \
-            recorded_stack(root, started.layers, journal)
+        given = series_dir is not None
+        return get_series(recorded_stack(root, [], journal, given).root, layer_dirs) if layer_dirs else \
+            recorded_stack(root, started.layers, journal, given)
     except C128Error as exc:  # (a folder moved since the stop: "make one with layer new" is no way on)
         assert git.worktree is not None
         raise C128Error(f"{exc.message}; the rebase in {git.worktree} goes on with the series and layers its journal "

@@ -243,14 +243,31 @@ def owned(folders: tuple[Path, ...], origin: str) -> tuple[Path, ...]:
     the operator's ``c128patch.toml``, a tree's record of its layers); --layer and the env are the operator's word."""
     for folder in (f for f in folders if f.exists()):
         for path in _inside(folder):  # (its patches/ or series.toml another's: they choose what the layer holds)
-            at = "" if path == folder else f" (its {path.relative_to(folder)})"
-            if (uid := path.lstat().st_uid) != os.getuid():
-                raise C128Error(f"{origin} names layer {folder}{at}, owned by another user (uid {uid}): not read (as "
-                                f"git's safe.directory); take it over (chown), or name it with --layer or {ENV}")
-            if not path.is_symlink() and (why := _others_write(path)):
-                raise C128Error(f"{origin} names layer {folder}{at}, {why}: not read (another user may change it); "
-                                f"chmod go-w it, or name it with --layer or {ENV}")
+            _held(folder, path, origin, "layer", f"--layer or {ENV}")
     return folders
+
+
+SERIES_PARTS = ("patches", "csrc", "overlay")  # what ``load_series`` reads of a series folder (a checkout holds more)
+
+
+def owned_series(root: Path, origin: str) -> Path:
+    """``root`` when it and the parts of it a series is read from are the user's and no other user may write them
+    (``owned``'s rule, for a series folder a journal names: whoever owns it chooses what is applied)."""
+    parts = (p for part in SERIES_PARTS if (root / part).is_dir() for p in _inside(root / part))
+    for path in (root, *parts) if root.exists() else ():
+        _held(root, path, origin, "series", "--series")
+    return root
+
+
+def _held(folder: Path, path: Path, origin: str, what: str, instead: str) -> None:
+    """Refuse ``path`` (``folder`` or in it) when another user owns it or may write it."""
+    at = "" if path == folder else f" (its {path.relative_to(folder)})"
+    if (uid := path.lstat().st_uid) != os.getuid():
+        raise C128Error(f"{origin} names {what} {folder}{at}, owned by another user (uid {uid}): not read (as "
+                        f"git's safe.directory); take it over (chown), or name it with {instead}")
+    if not path.is_symlink() and (why := _others_write(path)):
+        raise C128Error(f"{origin} names {what} {folder}{at}, {why}: not read (another user may change it); "
+                        f"chmod go-w it, or name it with {instead}")
 
 
 MAX_LAYER_WALK = 10_000  # entries of a layer folder checked for their owner (a layer holds a few dozen)
@@ -363,10 +380,13 @@ def get_series(series_dir: Path | None, layers: Sequence[Path] = (), exclude: Se
     return stack(series, lookup_layers(tuple(layers), exclude=exclude)[0])
 
 
-def recorded_stack(series_root: str, layers: Sequence[str], journal: Path) -> Series:
+def recorded_stack(series_root: str, layers: Sequence[str], journal: Path, series_given: bool = False) -> Series:
     """The stack an apply or rebase ``journal`` (a state file: input) names, its folders the operator's (``operators``:
-    none inside a tree the tool patches)."""
+    none inside a tree the tool patches; ``owned``, ``owned_series``: the user's, but for the tool's own series or one
+    the operator gave with --series)."""
     root, *folders = operators([Path(p).resolve() for p in [series_root, *layers]], str(journal))
+    if not series_given and root != default_series_root().resolve():
+        owned_series(root, str(journal))
     owned(tuple(folders), str(journal))
     made = stack(load_series(root), folders)
     if made.layers:  # (--json's layers_in_effect: from the journal, not "--layer", which nobody passed)
