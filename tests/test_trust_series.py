@@ -626,6 +626,24 @@ def test_a_config_in_a_bare_repository_given_as_a_file_url_is_never_read(tmp_pat
         assert res.code == 0 and "layers from" not in res.err and "evil" not in res.err + res.text, (given, res.err)
 
 
+def test_the_config_search_stops_at_a_bare_repositorys_root_as_at_a_work_trees(tmp_path, monkeypatch):
+    """Helper 156: from inside a bare repository no verb was pointed at (its refs/, its root) the c128patch.toml
+    search went on above it, stopping only at a `.git`: a config beyond the repository was read where git's own
+    discovery stops (a git dir: HEAD, objects/, refs/). Now a bare repository's root ends the search too."""
+    monkeypatch.delenv(ENV, raising=False)
+    (tmp_path / "lay" / "patches").mkdir(parents=True)
+    (tmp_path / "lay" / "patches" / "series.toml").write_text("")
+    (tmp_path / CONFIG).write_text('[layers]\npaths = ["lay"]\n')
+    bare, plain = tmp_path / "r.git", tmp_path / "plain" / "refs"
+    subprocess.run(["git", "init", "-q", "--bare", str(bare)], check=True)
+    plain.mkdir(parents=True)
+    assert lookup_layers(cwd=plain) == ((tmp_path / "lay",), str(tmp_path / CONFIG))  # no repository: read
+    for start in (bare, bare / "refs" / "heads"):
+        assert lookup_layers(cwd=start) == ((), ""), start
+    (bare / CONFIG).write_text("[layers]\npaths = []\n")  # the repository's own root is its top, as a work tree's
+    assert lookup_layers(cwd=bare / "refs") == ((), str(bare / CONFIG))
+
+
 def test_apply_continue_and_rebase_onto_read_no_config_of_the_tree_they_were_pointed_at(tmp_path, monkeypatch):
     """Helper 137: `apply --continue --series DIR` and rebase's series loading called ``get_series``, which read
     c128patch.toml from the current folder excluding neither the tree nor the repository (`rebase --onto` looked

@@ -325,11 +325,17 @@ def _sparse(folder: Path) -> bool:
         return False
 
 
+def _git_dir(folder: Path) -> bool:
+    """Is ``folder`` a git dir, a bare repository's root (git's own test: ``HEAD``, ``objects/``, ``refs/``)?"""
+    return (folder / "HEAD").is_file() and (folder / "objects").is_dir() and (folder / "refs").is_dir()
+
+
 def find_config(start: Path, exclude: Sequence[Path] = ()) -> Path | None:
-    """The operator's ``c128patch.toml`` at or above ``start`` up to a repository top, outside patched trees and
+    """The operator's ``c128patch.toml`` at or above ``start`` up to a repository top (a work tree's, or a bare
+    repository's root: ``_git_dir``), outside patched trees and
     ``exclude`` (the repositories a verb was pointed at)."""
     chain = [start, *start.parents]
-    tops = [i for i, folder in enumerate(chain) if (folder / ".git").exists()]
+    tops = [i for i, folder in enumerate(chain) if (folder / ".git").exists() or _git_dir(folder)]
     inside = max([i + 1 for i, f in enumerate(chain) if _patched_top(f) or f in exclude], default=0)
     last = min([i for i in tops if i >= inside], default=len(chain) - 1)
     config = next((f / CONFIG for f in chain[inside:last + 1] if (f / CONFIG).is_file()), None)
