@@ -150,3 +150,21 @@ def test_gates_json_lists_every_variable_with_the_entries_it_gates(real_series):
     assert rows["SGLANG_DSPARK_RECORD_VERIFY_STREAMS"]["entries"] == ["c128-dspark-record-streams-helper",
                                                                       "c128-dspark-record-streams"]
     assert rows["SGLANG_EXPERIMENTAL_ONLINE_C128_DSPARK"]["requires"] == ["SGLANG_OPT_USE_ONLINE_COMPRESS"]
+
+
+def test_gates_with_a_layer_lists_the_layers_own_gates_marked_with_it(tmp_path, real_series):
+    """Helper 156: docs/layers.md has a layer describe each env its entries add in its own [[gates]] (its env
+    reference), yet `gates --layer L` listed our series' gates only: the layer's were nowhere. Now each verb form
+    lists them after ours, marked with their layer."""
+    from test_layers import write_layer
+
+    gate = ('\n[[gates]]\nname = "SGLANG_ACME_SPS_FLOOR"\ndeclared_by = "series"\ntype = "int"\ndefault = "0"\n'
+            'enables = "acme floor"\n')
+    layer = write_layer(tmp_path / "acme", name="acme", gates=gate)
+    out = invoke("gates", "--layer", layer).out
+    assert [g["name"] for g in out["gates"]] == [g.name for g in real_series.gates] + ["SGLANG_ACME_SPS_FLOOR"]
+    assert out["gates"][-1]["layer"] == "acme" and "layer" not in out["gates"][0]
+    md = invoke("gates", "--markdown", "--layer", layer, as_json=False)
+    assert md.code == 0 and "| `SGLANG_ACME_SPS_FLOOR` | series (layer `acme`) | `0` (int) | acme floor |" in md.text
+    table = invoke("gates", "--layer", layer, as_json=False)
+    assert table.code == 0 and "SGLANG_ACME_SPS_FLOOR" in table.text and "(series, layer acme)" in table.text

@@ -193,14 +193,17 @@ def gate_problems(gates: list[Gate], entry_gates: dict[str, str], text: SeriesTe
     return found
 
 
-def render_markdown(gates: list[Gate], entry_gates: dict[str, str]) -> str:
-    """The env reference as a Markdown table (docs/gates.md carries it; `c128patch gates --markdown`)."""
+def render_markdown(gates: list[Gate], entry_gates: dict[str, str], layer_of: dict[int, str] | None = None) -> str:
+    """The env reference as a Markdown table (docs/gates.md carries it; `c128patch gates --markdown`); a layer's gate
+    (``layer_of``: by ``id``) is marked with its layer."""
+    layer_of = layer_of or {}
     lines = ["| variable | declared by | default | what setting it does | needs | conflicts with | entries | notes |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for g in gates:
         entries = ", ".join(f"`{e}`" for e, gate in entry_gates.items() if gate == g.name) or "-"
         lines.append("| " + " | ".join([
-            f"`{g.name}`", g.declared_by, f"{cell(md(g.default))} ({_kind(g)})", md_cell(g.enables),
+            f"`{g.name}`", f"{g.declared_by} (layer `{layer_of[id(g)]}`)" if id(g) in layer_of else g.declared_by,
+            f"{cell(md(g.default))} ({_kind(g)})", md_cell(g.enables),
             ", ".join(f"`{n}`" for n in g.requires) or "-", ", ".join(f"`{n}`" for n in g.conflicts) or "-",
             entries, md_cell(g.notes) or "-"]) + " |")  # a series' or layer's text is data (docs/security.md)
     return "\n".join(lines) + "\n"
