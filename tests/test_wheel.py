@@ -1436,3 +1436,72 @@ def test_a_member_that_differs_only_in_case_or_holds_a_control_is_refused_by_nam
     wheel = tiny_wheel(tmp_path / "w", extra)
     verify_fails(wheel, says)
     refused(["wheel", "--from-wheel", str(wheel), "--series", str(REPO_ROOT)], tmp_path / "out", says)
+
+
+def _stored(members: list[tuple[str, bytes]]) -> tuple[bytes, bytes]:
+    """(the local records, the central directory) of a stored zip of ``members``."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in members:
+            zf.writestr(name, data)
+    raw = buf.getvalue()
+    at = zipfile.ZipFile(io.BytesIO(raw)).start_dir
+    return raw[:at], raw[at:-22]
+
+
+def _two_directories(kind: str) -> bytes:
+    """A wheel of a.py and b.py whose b.py holds a second archive (a.py and zzz-evil.pth: its local record and
+    directory), and end records by ``kind``: "zip64" (plain), "locator" (the zip64 locator names a zip64 record in b.py
+    pointing to the second directory), "classic" (the classic end record names the second directory)."""
+    evil_locals, evil_cd = _stored([("a.py", b"A=1\n"), ("zzz-evil.pth", b"import os\n")])
+    evil_local = evil_locals[evil_locals.index(b"PK\x03\x04", 4):]
+    content_at = len(_stored([("a.py", b"A=1\n"), ("b.py", b"")])[0])
+    second = bytearray(evil_cd)
+    struct.pack_into("<L", second, second.index(b"PK\x01\x02", 4) + 42, content_at)  # its evil record: in b.py
+    second_at = content_at + len(evil_local)
+    fake = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, 2, 2, len(second), second_at)
+    locals_, cd = _stored([("a.py", b"A=1\n"), ("b.py", evil_local + bytes(second) + fake)])
+    cd_at, end64 = len(locals_), len(locals_) + len(cd)
+    locator_at = second_at + len(second) if kind == "locator" else end64
+    n, size, at = (2, len(second), second_at) if kind == "classic" else (0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF)
+    return locals_ + cd + struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, 2, 2, len(cd), cd_at) + \
+        struct.pack("<4sLQL", b"PK\x06\x07", 0, locator_at, 1) + \
+        struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, n, n, size, at, 0)
+
+
+def test_a_wheel_with_two_central_directories_is_refused_in_one_line(tmp_path: Path):
+    """Helper 156: a second central directory inside a stored member, named by the zip64 locator (zipfile reads the
+    zip64 record just before the locator, `unzip -l` the one the locator names) or by the classic end record beside a
+    zip64 one (zipfile takes the zip64 values): zipfile lists a.py and b.py, `unzip -l` lists zzz-evil.pth, and
+    WheelZip (so verify-wheel and wheel --from-wheel) opened it. So did an end record counting other members than its
+    directory, or a comment holding a second end record. Now each is one line; a plain zip64 wheel opens."""
+    good = tmp_path / "good.whl"
+    good.write_bytes(_two_directories("zip64"))
+    with WheelZip(good) as zf:
+        assert zf.namelist() == ["a.py", "b.py"]
+    plain = tmp_path / "plain.whl"
+    with zipfile.ZipFile(plain, "w") as zf:
+        zf.writestr("a.py", "A=1\n")
+        zf.comment = b"built by hand"
+    WheelZip(plain).close()
+    raw, hidden = plain.read_bytes(), b"".join(_stored([("zzz-evil.pth", b"import os\n")]))
+    cases = {"locator": _two_directories("locator"), "classic": _two_directories("classic"),
+             "count": raw[:-27] + struct.pack("<2H", 2, 2) + raw[-23:],  # (the end record: 22 bytes, then 13)
+             "comment": raw[:-15] + struct.pack("<H", len(hidden)) + hidden}
+    reasons = {"locator": "a zip64 locator naming a zip64 end record at", "classic": "a classic end record naming",
+               "count": "an end record counting 2 members where its directory lists 1",
+               "comment": "an archive comment holding zip records"}
+    for kind, data in cases.items():
+        bad = tmp_path / f"sglang-0.5.23-py3-none-any-{kind}.whl"
+        bad.write_bytes(data)
+        if kind in ("locator", "classic"):
+            with zipfile.ZipFile(bad) as zf:  # what zipfile sees: the wheel as it was
+                assert zf.namelist() == ["a.py", "b.py"]
+            if shutil.which("unzip"):
+                listed = subprocess.run(["unzip", "-l", str(bad)], capture_output=True, text=True).stdout
+                assert "zzz-evil.pth" in listed, listed
+        with pytest.raises(C128Error, match=rf"^not a wheel: {re.escape(str(bad))} has {reasons[kind]}") as exc:
+            WheelZip(bad)
+        assert "\n" not in exc.value.message
+    res = run_cli(["verify-wheel", str(tmp_path / "sglang-0.5.23-py3-none-any-locator.whl")])
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1 and "two central directories" in res.err, res.err

@@ -388,10 +388,14 @@ class WheelZip(zipfile.ZipFile):
                 raise C128Error(f"not a wheel: {wheel} is not a regular file (a device or a pipe); {fix}")
         try:
             super().__init__(wheel)
-            at = self._stray_bytes()
+            at, other = self._stray_bytes(), self._other_directory()
         except (zipfile.BadZipFile, OSError, struct.error) as exc:
             self.close()
             raise C128Error(f"not a wheel: {wheel} is not a whole wheel ({exc}); {fix}") from None
+        if other:
+            self.close()
+            raise C128Error(f"not a wheel: {wheel} has {other} (two central directories: readers disagree on its "
+                            f"members, `unzip -l` lists others than zipfile); {fix}")
         if at is not None:
             self.close()
             raise C128Error(f"not a wheel: {wheel} holds bytes at offset {at} that no member of its central "
@@ -420,6 +424,46 @@ class WheelZip(zipfile.ZipFile):
                 pos += (4 if fp.read(4) == b"PK\x07\x08" else 0) + \
                     (20 if max(info.compress_size, info.file_size) >= 0xFFFFFFFF else 12)
         return None if pos == self.start_dir else pos
+
+    def _other_directory(self) -> str:
+        """What, past the central directory zipfile read, lets another reader take another one ("": nothing): the end
+        records must follow it exactly, the zip64 locator point to the zip64 record zipfile reads (it reads the one
+        before the locator; `unzip`, Go go by the locator's offset), the classic record's fields be the zip64 one's
+        (or its 0xFFFF.. marks), the member count the directory's, the comment reach the file's end and hold no
+        record's signature."""
+        fp = self.fp
+        assert fp is not None
+        fp.seek(0, 2)
+        size = fp.tell()
+        at = zipfile._EndRecData(fp)[-1]  # noqa: SLF001 (where zipfile found the end record it read)
+        fp.seek(at)
+        _sig, disk, disk_cd, count_here, count, cd_size, cd_at, length = struct.unpack("<4s4H2LH", fp.read(22))
+        if at + 22 + length != size:
+            return "an archive comment that does not end at the file's end"
+        if any(sig in fp.read(length) for sig in (b"PK\x01\x02", b"PK\x03\x04", b"PK\x05\x06", b"PK\x06\x06",
+                                                  b"PK\x06\x07")):
+            return "an archive comment holding zip records"
+        cd_end = at
+        fp.seek(max(0, at - 20))
+        locator = fp.read(20) if at >= 20 else b""
+        if locator[:4] == b"PK\x06\x07":
+            _sig, _disk, record_at, _disks = struct.unpack("<4sLQL", locator)
+            cd_end = at - 20 - 56
+            fp.seek(cd_end)
+            _sig, record_size, _v, _n, disk, disk_cd, here64, count64, size64, at64 = struct.unpack(
+                "<4sQ2H2L4Q", fp.read(56))
+            if record_at != cd_end or record_size != 44:
+                return f"a zip64 locator naming a zip64 end record at {record_at}, not the one at {cd_end}"
+            pairs = ((count_here, here64, 0xFFFF), (count, count64, 0xFFFF), (cd_size, size64, 0xFFFFFFFF),
+                     (cd_at, at64, 0xFFFFFFFF))
+            if any(classic not in (mark, wide) for classic, wide, mark in pairs):
+                return "a classic end record naming another directory than its zip64 end record"
+            count_here, count, cd_size, cd_at = here64, count64, size64, at64
+        if (disk, disk_cd) != (0, 0) or cd_at != self.start_dir or cd_at + cd_size != cd_end:
+            return f"an end record naming a directory at {cd_at} ({cd_size} bytes), not the one at {self.start_dir}"
+        if count_here != count or count != len(self.filelist):
+            return f"an end record counting {count} members where its directory lists {len(self.filelist)}"
+        return ""
 
     def deflated(self, info: zipfile.ZipInfo, data: bytes) -> bytes | None:
         """The member's deflate stream as the archive stores it, when it inflates to exactly ``data`` (its content, as
