@@ -505,3 +505,40 @@ def test_a_ctrl_c_while_git_writes_the_index_leaves_no_lock_and_the_printed_way_
     else:
         assert snapshot(git.worktree)["head"] == before["head"]
     assert_nothing_in_progress(git)
+
+
+@pytest.mark.parametrize("way", ["continue", "abort"])
+def test_a_sigkill_during_applys_checkout_leaving_index_lock_is_led_out_by_status(
+        sglang_release_repo, series, reference, tmp_path, way):
+    """Helper 156: a SIGKILL of `apply` while its git checks the branch out: git dies with the tool (procs.Group's
+    PR_SET_PDEATHSIG) and leaves ``.git/index.lock``, which no run can prove its own (a git of the user's takes the
+    same lock), so it is not removed. The user's whole path, each command as printed: `status` names the lock with
+    its `rm -f` and the resume and undo; the lock cleared, the resume (or the undo) runs, the tree as an uninterrupted
+    apply left it (or as it was)."""
+    git = small_clone(sglang_release_repo, tmp_path / "t")
+    before = snapshot(git.worktree)
+    made = tmp_path / "hooks" / "post-checkout"
+    made.parent.mkdir()
+    made.write_text('#!/bin/sh\n: > "$(git rev-parse --git-path index.lock)"\n'
+                    "kill -KILL -$(ps -o pgid= $$ | tr -d ' ')\nsleep 5\n")
+    made.chmod(0o755)
+    proc = cli_process(["apply", "--sglang-rev", "v0.5.22", "--repo", git.worktree, "--series", series],
+                       {FAULT_HOOKS_ENV: str(made.parent)})
+    made.unlink()
+    assert proc.returncode == -9, (proc.returncode, proc.stderr)
+    lock = git.worktree / ".git" / "index.lock"
+    assert lock.exists()
+    res = invoke("status", "--tree", git.worktree, as_json=False)
+    assert f"{lock} is left over from a killed git or c128patch run" in res.text, res.text
+    clear = res.text.split("clear:", 1)[1].splitlines()[0].strip()
+    label = "resume:" if way == "continue" else "undo:"
+    out = res.text.split(label, 1)[1].splitlines()[0].strip()
+    assert run_printed(clear).returncode == 0 and not lock.exists()
+    done = run_printed(out)
+    assert done.returncode == 0, done.stderr
+    if way == "continue":
+        assert git.head() == reference["apply"] and git.current_branch() == "c128/v0.5.22"
+    else:
+        assert snapshot(git.worktree)["head"] == before["head"]
+    assert_nothing_in_progress(git)
+    assert "left over" not in invoke("status", "--tree", git.worktree, as_json=False).text
