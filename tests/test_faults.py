@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -542,3 +543,23 @@ def test_a_sigkill_during_applys_checkout_leaving_index_lock_is_led_out_by_statu
         assert snapshot(git.worktree)["head"] == before["head"]
     assert_nothing_in_progress(git)
     assert "left over" not in invoke("status", "--tree", git.worktree, as_json=False).text
+
+
+def test_apply_continue_refuses_a_journals_series_folder_others_may_write_and_takes_one_given(
+        sglang_release_repo, series, reference, tmp_path):
+    """Helper 156: `apply --continue` loaded the series folder its journal names whoever could write it. Now refused
+    in one line naming the way on; `--series DIR` (the operator's word) resumes to the uninterrupted result."""
+    ours = tmp_path / "series"
+    shutil.copytree(series, ours)
+    git = small_clone(sglang_release_repo, tmp_path / "t")
+    interrupt(["apply", "--sglang-rev", "v0.5.22", "--repo", git.worktree, "--series", ours],
+              git.worktree, APPLY_PHASES["after-entry-commit"], "kill")
+    (ours / "patches").chmod(0o777)
+    refused = invoke("apply", "--continue", "--tree", git.worktree, as_json=False)
+    assert refused.code != 0 and len(refused.err.strip().splitlines()) == 1, refused.err
+    assert f"names series {ours} (its patches), writable by others: not read" in refused.err, refused.err
+    assert "name it with --series" in refused.err
+    done = invoke("apply", "--continue", "--tree", git.worktree, "--series", ours, as_json=False)
+    assert done.code == 0, done.err
+    assert git.head() == reference["apply"]
+    assert_nothing_in_progress(git)
