@@ -247,13 +247,11 @@ def owned(folders: tuple[Path, ...], origin: str) -> tuple[Path, ...]:
     return folders
 
 
-SERIES_PARTS = ("patches", "csrc", "overlay")  # what ``load_series`` reads of a series folder (a checkout holds more)
-
-
 def owned_series(root: Path, origin: str) -> Path:
     """``root`` when it and the parts of it a series is read from are the user's and no other user may write them
     (``owned``'s rule, for a series folder a journal names: whoever owns it chooses what is applied)."""
-    parts = (p for part in SERIES_PARTS if (root / part).is_dir() for p in _inside(root / part))
+    folders = (root / "patches", root / "csrc", root / "overlay")  # what ``load_series`` reads (a checkout holds more)
+    parts = (p for part in folders if part.is_dir() for p in _inside(part))
     for path in (root, *parts) if root.exists() else ():
         _held(root, path, origin, "series", "--series")
     return root
