@@ -71,6 +71,10 @@ def journal(root: Path, moves: list, deletes: list, parts: list[str] | None = No
     # `lint --offline`; `lint` then failed on git's "Invalid path", naming no rule)
     ("python/./sglang/srt/environ.py", "must be relative"), ("./python/x", "must be relative"),
     ("a/.", "must be relative"), (".", "must be relative"),
+    # helper 155: a part past NAME_MAX or a name past 1024 bytes (lint and check passed it; apply's first stat of
+    # it was ENAMETOOLONG's traceback)
+    ("python/" + "a" * 256 + "/x.py", "name too long"), ("python/" + "\u00e9" * 128 + ".py", "name too long"),
+    ("python/" + "/".join(["b" * 200] * 6) + "/x.py", "name too long"),
 ])
 def test_confine_refuses_what_leaves_the_root(tmp_path, path, says):
     with pytest.raises(C128Error, match=says) as exc:

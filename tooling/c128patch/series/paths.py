@@ -23,6 +23,9 @@ _GIT_FILES_83 = re.compile(r"(gitmod|gi7eba|gitatt|gi7d29)~[1-9]")  # their NTFS
 # C0, DEL, C1 (CSI, NEL...), line and paragraph separators, bidi controls (U+202E): no series path nor wheel member
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _NOT_UTF8 = re.compile("[\udc80-\udcff]")
+# bytes of a name's part (NAME_MAX) and of the whole name: a longer one was git's index entry and Linux's ENAMETOOLONG
+# at apply's first stat of it (a traceback), after lint and check had passed it
+MAX_PART, MAX_PATH = 255, 1024
 
 
 def _unsafe(path: str, what: str, why: str) -> C128Error:
@@ -36,6 +39,9 @@ def check_relpath(path: str, what: str) -> str:
         raise _unsafe(path, what, "it holds a control character")
     if _NOT_UTF8.search(path):  # (git's bytes kept as surrogates, ``git.Git._raw``): no manifest can name it
         raise _unsafe(path, what, "its name is not UTF-8")
+    if len(path.encode(errors="surrogateescape")) > MAX_PATH or \
+            any(len(p.encode(errors="surrogateescape")) > MAX_PART for p in path.split("/")):
+        raise _unsafe(path, what, f"name too long: at most {MAX_PART} bytes a part and {MAX_PATH} in all")
     parts = PurePosixPath(path).parts  # (which drops a ``.`` part: ``python/./sglang/x`` passed, git refused it later)
     if not path or path.startswith(("/", "~")) or "\\" in path or path.endswith("/") or "//" in path or \
             any(unicodedata.normalize("NFKC", p) in ("..", ".", "") for p in path.split("/")):  # (full-width ．． too)
