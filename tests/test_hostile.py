@@ -90,6 +90,27 @@ def test_a_symlink_mode_in_another_spelling_is_a_symlink_too(sglang_release_repo
     refused(apply_args(tree, s), tree, "patches/0001-test.patch creates the symlink python/sglang/evil; ")
 
 
+@pytest.mark.parametrize("how", ["new", "mode-change"])
+def test_a_patch_making_a_submodule_entry_is_refused(sglang_release_repo, tree, tmp_path, how):
+    """Helper 155: a patch adding a `160000` entry (or changing a file's mode to it) passed lint and check, and apply
+    committed a submodule entry, "identical to a fresh apply"; a series carries only regular files."""
+    s = make_test_series(tmp_path / "s", sglang_release_repo, EDIT)
+    (patch,) = (s / "patches").glob("0001-*.patch")
+    zero, one = "0" * 40, "1" * 40
+    extra = (f"diff --git a/python/sub b/python/sub\nnew file mode 160000\nindex {zero}..{one}\n--- /dev/null\n"
+             f"+++ b/python/sub\n@@ -0,0 +1 @@\n+Subproject commit {one}\n") if how == "new" else (
+        f"diff --git a/{CUH} b/{CUH}\nold mode 100644\nnew mode 160000\n")
+    text = patch.read_text()
+    cut = text.rindex("-- \n") if "-- \n" in text else len(text)
+    patch.write_text(text[:cut] + extra + text[cut:])
+    update_hashes(load_series(s))
+    where = "python/sub" if how == "new" else CUH
+    res = invoke("lint", "--offline", "--series", s, "--json")
+    assert res.code == 1 and any(f"makes {where} a submodule entry" in f["message"]
+                                 for f in res.out["findings"]), res.out
+    refused(apply_args(tree, s), tree, f"patches/0001-test.patch makes {where} a submodule entry (mode 160000)")
+
+
 @pytest.mark.parametrize("points_to", ["absolute", "dotdot"])
 def test_an_overlay_source_that_is_a_symlink_is_refused(tree, series, tmp_path, points_to):
     secret = tmp_path / "secret.py"

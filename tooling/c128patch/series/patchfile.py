@@ -67,6 +67,12 @@ class PatchInfo:
         return [_strip(pf.target_file) for pf in self.patchset if _is_link(pf.target_mode)]
 
     @property
+    def gitlinks(self) -> list[str]:
+        """Paths the patch makes into submodule entries (``160000``, new or by a mode change), by the type bits: a
+        commit id in the tree where a file was, not a file a series carries."""
+        return [_strip(pf.target_file) for pf in self.patchset if _is_link(pf.target_mode, 0o160000)]
+
+    @property
     def needs(self) -> list[str]:
         """Paths that must exist before the patch (it does not create them)."""
         return [_strip(pf.path) for pf in self.patchset if not pf.is_added_file]
@@ -79,9 +85,9 @@ class PatchInfo:
         return None
 
 
-def _is_link(mode: str | None) -> bool:
+def _is_link(mode: str | None, kind: int = 0o120000) -> bool:
     try:
-        return int(mode or "0", 8) & 0o170000 == 0o120000
+        return int(mode or "0", 8) & 0o170000 == kind
     except ValueError:
         return False
 

@@ -444,6 +444,9 @@ def base_holding(git: Git, entry: Entry, commit: str) -> str:
 
 def symlink_refusal(entry: Entry, label: str, info: PatchInfo) -> str | None:
     """Why a patch making a symlink may not be carried (a later write could go through it); None: it makes none."""
+    if info.gitlinks:  # (a submodule entry: lint, check and apply took one, "identical to a fresh apply")
+        return (f"entry '{entry.name}': {label} makes {info.gitlinks[0]} a submodule entry (mode 160000); a series "
+                "carries only regular files")
     return (f"entry '{entry.name}': {label} creates the symlink {info.symlinks[0]}; a series may not create symlinks "
             "(a later write through it could leave the tree)") if info.symlinks else None
 
