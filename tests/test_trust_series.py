@@ -232,6 +232,30 @@ def test_lint_with_a_hostile_layer_journal_exits_non_zero_and_writes_nothing(tmp
     assert victim.read_text() == "keep" and not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize("in_git", [False, True])
+def test_the_way_back_from_a_journal_that_cannot_be_finished_works_as_printed(tmp_path, in_git):
+    """Helper 155: the refusal printed `git -C LAYER checkout -- patches` for a layer folder in no git work tree
+    (git's "not a git repository"), and said to remove the journal without a command."""
+    from support import printed_command, run_printed
+
+    layer = series_folder(tmp_path / "layer")
+    if in_git:
+        git = Git(layer)
+        git.run("init", "-q")
+        git.run("add", "-A")
+        git.run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "layer")
+    journal(layer, [["00000", "patches/series.toml"]], ["../victim.txt"])
+    (layer / "patches" / "series.toml").write_text("damaged by the interrupted refresh")
+    err = refused(["lint", "--offline", "--layer", layer], contains="an interrupted refresh cannot be finished")
+    command = printed_command(err, "git -C" if in_git else "rm -rf")
+    assert run_printed(command).returncode == 0, command
+    if not in_git:
+        assert "in no git work tree: put back its patches/" in err
+        (layer / "patches" / "series.toml").write_text(SERIES.format(name="site"))
+    assert not (layer / txn.TXN).exists()
+    assert invoke("lint", "--offline", "--layer", layer, as_json=False).code == 0
+
+
 def test_a_symlinked_or_non_utf8_contract_lock_is_refused_in_one_line(tmp_path):
     from c128patch.series.contract import read_lock
 

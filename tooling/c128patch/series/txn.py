@@ -23,6 +23,7 @@ from typing import Callable, TypeVar
 from c128patch.errors import C128Error, Interrupted
 from c128patch.jsonio import locked, read_json, write_atomic
 from c128patch.series.paths import confine
+from c128patch.textsafe import shell_join, shell_quote
 
 TXN = ".c128patch-txn"
 STAGING = ".c128patch-txn-staging"
@@ -205,6 +206,17 @@ def _roll_forward(root: Path, plan: dict, fault: Callable[[str], None] = _no_fau
         confine(root, rel, where).unlink(missing_ok=True)
 
 
+def _undo(root: Path) -> str:
+    """The way back from a journal that cannot be finished, as commands that work as printed (``git -C ROOT checkout``
+    was printed for a folder in no git work tree too)."""
+    rm = f"rm -rf {shell_join([root / TXN, root / STAGING])}"
+    if any((p / ".git").exists() for p in (root.absolute(), *root.absolute().parents)):
+        return (f"restore patches/ of each other folder it wrote from git too, then here: "
+                f"git -C {shell_quote(root)} checkout -- patches && {rm}")
+    return (f"{root} is in no git work tree: put back its patches/ (and each other folder it wrote) from your copy, "
+            f"then remove its journal: {rm}")
+
+
 def recover(root: Path) -> str | None:
     """Finish an interrupted committed transaction (with its whole group), or drop an uncommitted one; says which."""
     if not ((root / TXN).exists() or (root / STAGING).exists()):
@@ -225,9 +237,7 @@ def recover(root: Path) -> str | None:
                 return "finished an interrupted refresh"
         except (OSError, ValueError, KeyError, TypeError, C128Error) as exc:
             why = exc.message if isinstance(exc, C128Error) else str(exc)
-            raise C128Error(f"{root / TXN}: an interrupted refresh cannot be finished ({why}); restore patches/ of "
-                            f"each folder it wrote from git (git -C {root} checkout -- patches) and remove their "
-                            f"{TXN} and {STAGING} folders") from None
+            raise C128Error(f"{root / TXN}: an interrupted refresh cannot be finished ({why}); {_undo(root)}") from None
         if (root / STAGING).is_dir():
             shutil.rmtree(root / STAGING, ignore_errors=True)
             return "dropped an interrupted refresh that had not written anything"
