@@ -537,6 +537,10 @@ def test_a_config_or_layer_folder_others_may_write_is_refused(tmp_path, monkeypa
         with pytest.raises(C128Error, match="writable by others: not read") as exc:
             lookup_layers((), cwd=config.parent)
         assert "\n" not in exc.value.message
+        # helper 155: the fix is a command that works as printed ("chmod go-w it" named no path)
+        from support import printed_command, run_printed
+        assert run_printed(printed_command(exc.value.message, "chmod go-w")).returncode == 0
+        assert lookup_layers((), cwd=config.parent)[0] == ((config.parent / "lay").resolve(),)
         path.chmod(old)
     config.parent.chmod(0o1777)  # as /tmp: the sticky bit lets no other user replace the file
     assert lookup_layers((), cwd=config.parent)[0] == ((config.parent / "lay").resolve(),)

@@ -30,6 +30,7 @@ from c128patch.series.manifest import (
 )
 from c128patch.series.paths import confine, duplicates
 from c128patch.series.trailers import ENTRY_TRAILER, message_trailers
+from c128patch.textsafe import shell_quote
 
 if TYPE_CHECKING:
     from c128patch.series.patchfile import PatchInfo
@@ -265,7 +266,7 @@ def _held(folder: Path, path: Path, origin: str, what: str, instead: str) -> Non
                         f"git's safe.directory); take it over (chown), or name it with {instead}")
     if not path.is_symlink() and (why := _others_write(path)):
         raise C128Error(f"{origin} names {what} {folder}{at}, {why}: not read (another user may change it); "
-                        f"chmod go-w it, or name it with {instead}")
+                        f"chmod go-w {shell_quote(path)}, or name it with {instead}")
 
 
 MAX_LAYER_WALK = 10_000  # entries of a layer folder checked for their owner (a layer holds a few dozen)
@@ -345,8 +346,8 @@ def find_config(start: Path, exclude: Sequence[Path] = ()) -> Path | None:
             raise C128Error(f"{config}: {path} is owned by another user (uid {path.stat().st_uid}): not read (as "
                             f"git's safe.directory); take it over (chown), or name the layers with --layer or {ENV}")
         if why := _others_write(path):  # as another owner: whoever may write it (or swap the file) chooses the layers
-            raise C128Error(f"{config}: {path} is {why}: not read (another user may change it); chmod go-w it, or "
-                            f"name the layers with --layer or {ENV}")
+            raise C128Error(f"{config}: {path} is {why}: not read (another user may change it); chmod go-w "
+                            f"{shell_quote(path)}, or name the layers with --layer or {ENV}")
     return config
 
 
