@@ -256,6 +256,19 @@ def test_the_way_back_from_a_journal_that_cannot_be_finished_works_as_printed(tm
     assert invoke("lint", "--offline", "--layer", layer, as_json=False).code == 0
 
 
+def test_a_patch_file_that_is_a_fifo_is_said_so_not_missing(sglang_release_repo, tmp_path):
+    """Helper 155: a layer whose patch file is a FIFO was refused as "is missing" by lint and check."""
+    layer = tmp_path / "acme"
+    shutil.copytree(REPO_ROOT / "docs" / "examples" / "acme-layer", layer)
+    patch = layer / "patches" / "0002-acme-sps-floor-helper.patch"
+    patch.unlink()
+    os.mkfifo(patch)
+    says = "is a FIFO, not a regular file"
+    res = invoke("lint", "--offline", "--layer", layer, "--json")
+    assert res.code == 1 and any(f["message"] == f"patches/{patch.name} {says}" for f in res.out["findings"]), res.out
+    refused(["check", "--sglang-rev", "v0.5.23", "--layer", layer], contains=f"{patch} {says}")
+
+
 def test_a_symlinked_or_non_utf8_contract_lock_is_refused_in_one_line(tmp_path):
     from c128patch.series.contract import read_lock
 

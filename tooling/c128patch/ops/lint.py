@@ -11,7 +11,7 @@ from c128patch.series.contract import read_lock
 from c128patch.series.gates import ENVIRON_PATH, SeriesText, declaration_problems, declarations, gate_problems
 from c128patch.series.manifest import Entry, Series, Variant, sha256_file
 from c128patch.series.patchfile import read_patch
-from c128patch.series.paths import symlink_on_path
+from c128patch.series.paths import not_a_file, symlink_on_path
 from c128patch.series.plan import base_holding, merged_entries, prefixes, sources_at, symlink_refusal, tree_modes
 from c128patch.series.trailers import GATE_TRAILER
 
@@ -31,7 +31,7 @@ def _file_findings(series: Series, e: Entry, variant: Variant | None, patched: d
     path = series.file_of(e, variant)
     rel = path.relative_to(series.root)
     if not path.is_file():
-        return [Finding(e.name, f"{rel} is missing")]
+        return [Finding(e.name, f"{rel} {not_a_file(path)}")]
     found = []
     if symlink_on_path(series.root, path) is not None:
         found.append(Finding(e.name, f"{rel} is (or goes through) a symlink"))

@@ -76,6 +76,18 @@ def confine(root: Path, path: str, what: str, *, regular: bool = False) -> Path:
     return dest
 
 
+def not_a_file(path: Path) -> str:
+    """Why ``path``, a file the manifest names, cannot be read as one: "is missing", or what it is instead (a FIFO
+    named as a patch file was said to be missing)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "is missing"
+    kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if \
+        stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a plain file"
+    return f"is {kind}, not a regular file"
+
+
 def inside(path: str) -> bool:
     """Does ``path`` pass ``check_relpath``?"""
     try:

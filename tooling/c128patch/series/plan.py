@@ -31,7 +31,7 @@ from c128patch.errors import C128Error
 from c128patch.git import Git, ReadMemo, blob_id, ls_tree, remembered
 from c128patch.series.manifest import ABSENT, Entry, Series, Variant, sha256_file
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch, read_patches
-from c128patch.series.paths import PROVENANCE_PATH, symlink_on_path
+from c128patch.series.paths import PROVENANCE_PATH, not_a_file, symlink_on_path
 from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER, SERIES_TRAILER, find_trailers
 from c128patch.textsafe import one_line
 
@@ -400,7 +400,7 @@ class Planned:
 def verify_file(series: Series, entry: Entry, variant: Variant | None) -> Path:
     path = series.file_of(entry, variant)
     if not path.is_file():
-        raise C128Error(f"entry '{entry.name}': {path} is missing")
+        raise C128Error(f"entry '{entry.name}': {path} {not_a_file(path)}")
     root = series.part(entry.name)[0].root
     link = symlink_on_path(root, path)
     if link is not None:
