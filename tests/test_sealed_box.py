@@ -138,6 +138,21 @@ def test_the_targets_code_reads_no_secret_of_the_operators_home_tmp_or_etc(tmp_p
 
 
 
+def test_the_targets_code_reads_no_system_git_config(tmp_path):
+    """Helper 155: git's system config (`/etc/gitconfig`: a credential helper, a token in an `http.extraHeader`) was
+    readable by the target's code in the box; it is covered as `/etc/shadow` is."""
+    assert "/etc/gitconfig" in sandbox._hidden()
+    if not os.path.isfile("/etc/gitconfig") or not open("/etc/gitconfig").read():
+        pytest.skip("no /etc/gitconfig on this host to read")
+    (tmp_path / "mod.py").write_text("needed-c128")
+    out = Sealed(sys.executable, ["-c", PEEK, "/etc/gitconfig", str(tmp_path / "mod.py")], 60, offline=True,
+                 readable=(str(tmp_path),)).wait()[0]
+    assert "needed-c128" in out, out
+    if "reads NOT confined" in sandbox.isolation():
+        pytest.skip(sandbox.isolation())
+    assert out.startswith("/etc/gitconfig \n"), out  # (covered by /dev/null: empty)
+
+
 def test_the_targets_code_reads_no_site_pip_config_but_pip_in_the_box_does(tmp_path_factory, monkeypatch):
     """Helper 134: the site's pip config (``/etc/pip.conf``, ``$XDG_CONFIG_DIRS/pip/pip.conf``: an index URL with its
     credentials) was read by the tier's code; only a box that runs pip (``Sealed(pip=True)``) reads it now."""

@@ -42,8 +42,9 @@ NOTICE = ("runs the target tree's code (imports its modules) in a sealed box: sc
 # is hidden, what the run needs bound back
 SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "dev", "proc", "sys", "nix", "snap")
 # hidden in the system's: ssh's keys, shared memory (a scratch folder, a clone), the nix daemon's socket and
-# profiles (its store stays); a file is covered by /dev/null
-HIDDEN = ("/etc/ssh", "/dev/shm", "/nix/var", "/etc/shadow", "/etc/gshadow", "/etc/sudoers")
+# profiles (its store stays), git's system config (a credential helper, a token in an `http.extraHeader`: the box
+# runs no git); a file is covered by /dev/null
+HIDDEN = ("/etc/ssh", "/dev/shm", "/nix/var", "/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/gitconfig")
 # the site's pip config files (pip reads them wherever HOME is; one may hold an index URL's credentials): hidden but
 # where the box runs pip (``Sealed(pip=True)``)
 SITE_PIP = ("/etc/pip.conf", "pip/pip.conf")  # the second under each of $XDG_CONFIG_DIRS (/etc/xdg)
