@@ -269,6 +269,28 @@ def test_a_patch_file_that_is_a_fifo_is_said_so_not_missing(sglang_release_repo,
     refused(["check", "--sglang-rev", "v0.5.23", "--layer", layer], contains=f"{patch} {says}")
 
 
+@pytest.mark.parametrize("entry, file, says", [
+    ("../../x", "python/x.py", "unsafe entry name in the ledger"),
+    ("acme-sps-env", "/etc/passwd", "unsafe path in the ledger"),
+    ("acme-sps-env", "python/.git/config", "unsafe path in the ledger"),
+    ("acme-sps-env", "python/x.py", None),
+])
+def test_lint_reads_a_layers_ledger_rows_through_the_rule(tmp_path, entry, file, says):
+    """Helper 155: `lint` never read the ledger: a row naming entry '../../x' or file '/etc/passwd' passed
+    `lint --offline` (exit 0), found only where a rebase used the row."""
+    layer = tmp_path / "acme"
+    shutil.copytree(REPO_ROOT / "docs" / "examples" / "acme-layer", layer)
+    (layer / "patches" / "resolutions" / "acme-sps-env").mkdir(parents=True)
+    (layer / "patches" / "resolutions" / "acme-sps-env" / ("a" * 20 + ".diff")).write_text("")
+    (layer / "patches" / "resolutions" / "ledger.toml").write_text(tomli_w.dumps({"resolutions": [
+        {"entry": entry, "key": "a" * 20, "file": file, "from": "v0.5.22", "onto": "v0.5.23"}]}))
+    res = invoke("lint", "--offline", "--layer", layer, "--json")
+    if says is None:
+        assert res.code == 0, res.out
+    else:
+        assert res.code == 1 and any(says in f["message"] for f in res.out["findings"]), res.out
+
+
 def test_a_symlinked_or_non_utf8_contract_lock_is_refused_in_one_line(tmp_path):
     from c128patch.series.contract import read_lock
 

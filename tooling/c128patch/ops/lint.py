@@ -9,6 +9,7 @@ from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.series.contract import read_lock
 from c128patch.series.gates import ENVIRON_PATH, SeriesText, declaration_problems, declarations, gate_problems
+from c128patch.series.ledger import Ledger
 from c128patch.series.manifest import Entry, Series, Variant, sha256_file
 from c128patch.series.patchfile import read_patch
 from c128patch.series.paths import not_a_file, symlink_on_path
@@ -159,10 +160,13 @@ def lint_stack(series: Series, upstream: Git | None = None) -> list[Finding]:
     for layer in series.layers:
         found += [replace(f, entry=f"{layer.name}/{f.entry}") for f in lint_series(layer, upstream)]
     for part in (series.ours, *series.layers):
-        try:
-            read_lock(part.patches_dir)  # a symlinked, non-UTF-8 or malformed contract lock
-        except C128Error as exc:
-            found.append(Finding(part.name, exc.message))
+        # a symlinked, non-UTF-8 or malformed contract lock; the ledger's rows as rebase reads them (an entry or a
+        # file that leaves, a bad key: lint passed them, found only where a rebase used the row)
+        for read in (lambda: read_lock(part.patches_dir), lambda: Ledger(part).rows()):
+            try:
+                read()
+            except C128Error as exc:
+                found.append(Finding(part.name, exc.message))
     targets: dict[str, str] = {}
     for e in (e for e in series.entries if not e.is_patch):  # (within one part, lint_series said so already)
         other = targets.setdefault(e.target, e.name)

@@ -26,7 +26,7 @@ from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.jsonio import write_atomic
 from c128patch.series.manifest import Series, read_toml
-from c128patch.series.paths import check_entry_name, confine
+from c128patch.series.paths import check_entry_name, check_relpath, confine
 
 _KEY = re.compile(r"[0-9a-f]{1,64}")
 _REV = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]{0,199}")  # a row's ``from``/``onto``: a git rev name, shown in reports
@@ -123,6 +123,10 @@ class Ledger:
                 raise C128Error(f"{bad} (resolution #{i} needs string fields entry, key and file)")
             if not _KEY.fullmatch(row["key"]):  # (a file's name: refused as read, before a rebase writes its journal)
                 raise C128Error(f"unsafe ledger key in {self.index}: {row['key']!r} (a key is 1-64 hex digits)")
+            # its entry becomes a folder and its file a tree path: both held to the rule as read (`lint` passed a row
+            # naming entry '../../x' or file '/etc/passwd', found only where a rebase used it)
+            check_entry_name(row["entry"], f"the ledger {self.index}")
+            check_relpath(row["file"], f"the ledger {self.index}")
             for k in ("from", "onto"):  # free text of a pull request's that reaches "reused from ..." and reports
                 if row.get(k) and not _REV.fullmatch(row[k]):
                     raise C128Error(f"{bad} (resolution #{i}: {k} = {row[k]!r} is not a git rev name)")
