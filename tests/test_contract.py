@@ -534,18 +534,17 @@ def test_accept_waits_for_the_series_lock_and_keeps_the_change_another_writer_ma
         accept = subprocess.Popen([sys.executable, "-m", "c128patch", "contract", "--sglang-rev", "param-renamed",
                                    "--repo", str(drift.git_dir), "--series", str(series), "--no-nvcc", "--accept"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 240
-        while not any(f" {accept.pid} " in line and "->" in line  # (its wait for the lock)
-                      for line in Path("/proc/locks").read_text().splitlines()) and accept.poll() is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-        assert accept.poll() is None, "--accept wrote the lock while another writer held the series"
+        said = []  # its wait for the lock, said on stderr (jsonio._wait_for polls: no blocked flock in /proc/locks)
+        while not said or "waiting for" not in said[-1] and said[-1]:
+            said.append(accept.stderr.readline())
+        assert accept.poll() is None and "another run holds its lock" in said[-1], \
+            f"--accept wrote the lock while another writer held the series: {said}"
         text = lock.read_text()  # another writer's change, made while --accept waits
         lock.write_text(re.sub(r"(?m)^(config  device\.device  .*  sig=-)", r"\1,0123456789ab", text, count=1))
     finally:
         holder.communicate("\n", timeout=30)
     out, err = accept.communicate(timeout=240)
-    assert accept.returncode == 0, err
+    assert accept.returncode == 0, "".join(said) + err
     after = lock.read_text()
     assert re.search(r"(?m)^config  device\.device  .*  sig=-,0123456789ab", after), after[:2000]
     assert after != text  # its own change too
