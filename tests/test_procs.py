@@ -84,31 +84,3 @@ def test_ending_a_child_whose_wait_an_interrupt_left_holding_its_lock_does_not_h
     ender.join(15)
     assert not ender.is_alive(), "end() blocked on the lock an interrupted wait left held"
     assert proc.returncode == -signal.SIGKILL and _gone(proc.pid)
-
-
-@pytest.mark.parametrize("sub", ["clone", "checkout"])
-def test_a_long_untimed_git_call_dies_with_the_tool_even_by_sigkill(tmp_path, sub):
-    """An untimed git call that writes a tree (clone, checkout, read-tree -u, am) outlived a SIGKILLed tool and wrote
-    on into the folder the next run sweeps. A git that sleeps stands in for a long one: it must die with the tool."""
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    real = subprocess.run(["sh", "-c", "command -v git"], capture_output=True, text=True).stdout.strip()
-    (bin_ / "git").write_text(f'#!/bin/sh\ncase " $* " in *" {sub} "*) echo $$ > "{tmp_path}/pid"; exec sleep 30;; '
-                              f'esac\nexec {real} "$@"\n')
-    (bin_ / "git").chmod(0o755)
-    subprocess.run([real, "init", "-q", str(tmp_path / "repo")], check=True)
-    code = (f"from pathlib import Path; from c128patch.git import Git; Git(Path({str(tmp_path / 'repo')!r}))"
-            f".run({sub!r}, 'x', check=False)")
-    tool = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"})
-    pid_file = tmp_path / "pid"
-    deadline = time.monotonic() + 20
-    while not (pid_file.exists() and pid_file.read_text().strip()) and tool.poll() is None \
-            and time.monotonic() < deadline:
-        time.sleep(0.05)
-    git = int(pid_file.read_text())
-    tool.kill()
-    tool.wait()
-    gone = _gone(git)
-    if not gone:
-        os.kill(git, signal.SIGKILL)
-    assert gone

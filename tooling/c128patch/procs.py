@@ -27,7 +27,7 @@ class Group(subprocess.Popen):
         (``contained()``): what it forks dies with it even when we are SIGKILLed (git's remote helper, stuck on a
         server that never answers, had run on for ever)."""
         argv = [*contained_prefix()[0], *argv] if contained else argv
-        super().__init__(argv, start_new_session=True, preexec_fn=die_with_parent(), **kw)
+        super().__init__(argv, start_new_session=True, preexec_fn=_die_with_parent(), **kw)
 
     def end(self) -> None:
         """SIGKILL to the group (the child's forks too), the child reaped."""
@@ -59,7 +59,7 @@ def without_credentials(env: "dict[str, str]", keep: "tuple[str, ...]" = ()) -> 
 
 
 @functools.cache  # libc loaded once: git.stream starts a Group per batch reader
-def die_with_parent() -> Any:
+def _die_with_parent() -> Any:
     """The child's first step: SIGKILL when its parent dies (Linux; elsewhere None: nothing)."""
     import ctypes  # here, not in the child after the fork
 
