@@ -46,7 +46,9 @@ def _what_fails(series: Series, git: Git, base: str, commit: str, ours: list[cop
         tier = treecheck.run_rev(series, git, commit[:12], commit, python=python) if behaviour and not failing else None
     except C128Error as exc:
         return [exc.message]
-    if tier is not None and not tier.failed and not tier.checked:  # neither good nor bad: never "fits" (h152)
+    if tier is not None and not tier.failed and (not tier.ran or not all(t.torch for t in tier.tiers)):  # nothing
+        # imported: neither good nor bad, never "fits" (h152); a step that ran some (no triton: a scenario not run) is
+        # judged by what ran, as watch's bisect needs
         raise C128Error(f"bisect --behaviour cannot judge {commit[:12]}: the behavioural tier did not check it "
                         f"({(tier.not_checked() or [tier.verdict()])[0]}); give --python an interpreter it can import "
                         "the tree with (torch installed), or leave out --behaviour")
