@@ -37,6 +37,7 @@ ACROSS: dict[tuple[str, str], str] = {
     ("errors", "exitcodes"): "an error's exit code comes from the one table of exit codes",
     ("jsonio", "errors"): "a lock another run holds past $C128PATCH_LOCK_TIMEOUT is one line (C128Error), never an "
                           "unbounded wait",
+    ("jsonio", "textsafe"): "a lock wait's line names a path (input): made plain text before a terminal shows it",
     ("progress", "textsafe"): "a progress line names input (a path, a subject): made plain text by the one function "
                               "that strips what a terminal acts on",
 }

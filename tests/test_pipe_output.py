@@ -131,7 +131,8 @@ def test_error_line_takes_the_progress_lines_before_the_error_and_nothing_else()
 
     error = "c128patch: error: file size limit reached while patching"
     beat, moved = "patching the upstream wheel: 12 s", transfer_line("sglang-0.5.23.whl", 12_600_000, 34_500_000, 14)
-    assert error_line(f"{beat}\n{moved}\n{error}\n") == error_line(error) == error
+    wait = "waiting for /c/sglang-releases.lock: another run holds its lock (at most 600 s, C128PATCH_LOCK_TIMEOUT)"
+    assert error_line(f"{beat}\n{moved}\n{error}\n") == error_line(f"{wait}\n{error}") == error_line(error) == error
     for said in (f"{error}\n{beat}", f"Traceback (most recent call last):\n{error}", f"warning: x\n{error}",
                  f"{error}\n{error}", "", f"c128patch: error: 3 s\n{error}"):
         with pytest.raises(AssertionError):

@@ -1039,8 +1039,9 @@ def test_a_lock_file_of_the_cache_that_is_no_regular_file_is_one_line_never_a_ha
 
 def test_a_lock_of_the_cache_another_process_holds_is_said_and_waited_for_in_bounded_time(tmp_path):
     """Helper 153: a process holding the cache's lock (another run building it, or one that hangs holding it) made
-    every verb wait silently, with no limit: `check` and `apply` sat there until killed."""
-    cache = tmp_path / "cache"
+    every verb wait silently, with no limit: `check` and `apply` sat there until killed. The folder's name is input:
+    its controls never reach the terminal."""
+    cache = tmp_path / "cache\x1b]0;title\x07"
     cache.mkdir()
     lock = cache / "sglang-releases.lock"
     lock.touch()
@@ -1055,9 +1056,10 @@ def test_a_lock_of_the_cache_another_process_holds_is_said_and_waited_for_in_bou
     finally:
         holder.kill()
         holder.wait()
+    shown = str(lock).replace("\x1b", "").replace("\x07", "")
     assert run.returncode == 2 and run.stderr.strip().splitlines() == [
-        f"waiting for {lock}: another run holds its lock (at most 1 s, C128PATCH_LOCK_TIMEOUT)",
-        f"c128patch: error: {lock} is still locked by another run after 1 s: let it finish (or end it), then run "
+        f"waiting for {shown}: another run holds its lock (at most 1 s, C128PATCH_LOCK_TIMEOUT)",
+        f"c128patch: error: {shown} is still locked by another run after 1 s: let it finish (or end it), then run "
         "again; C128PATCH_LOCK_TIMEOUT=SECONDS waits longer"], run.stderr
     assert not (cache / "sglang-releases.git").exists()
 

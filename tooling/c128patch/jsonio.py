@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from c128patch.errors import C128Error
+from c128patch.textsafe import one_line
 
 _HELD: dict[str, int] = {}  # path -> the descriptor this process holds its lock on
 
@@ -34,12 +35,13 @@ def locked(path: Path) -> Iterator[None]:
 
 
 LOCK_TIMEOUT_ENV = "C128PATCH_LOCK_TIMEOUT"  # seconds a run waits for a lock another run holds (default 600)
+QUIET_WAIT = 1.0  # seconds a run waits for a lock before it says so
 
 
 def _wait_for(fd: int, key: str) -> None:
-    """The lock on ``fd`` (of ``key``): at once when free; else said on stderr (a run waiting on another, or on a
-    process that holds the lock and never lets go, was silent and unbounded) and waited for, at most
-    ``$C128PATCH_LOCK_TIMEOUT`` seconds, then one line."""
+    """The lock on ``fd`` (of ``key``): at once when free; else waited for, at most ``$C128PATCH_LOCK_TIMEOUT``
+    seconds, then one line; a wait past ``QUIET_WAIT`` s is said on stderr (a run waiting on another, or on a process
+    that holds the lock and never lets go, was silent and unbounded)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return
@@ -52,18 +54,23 @@ def _wait_for(fd: int, key: str) -> None:
     except ValueError:
         raise C128Error(f"{LOCK_TIMEOUT_ENV}={os.environ[LOCK_TIMEOUT_ENV]!r} is not a number of seconds from 0 to "
                         "604800") from None
-    sys.stderr.write(f"waiting for {key}: another run holds its lock (at most {limit:g} s, {LOCK_TIMEOUT_ENV})\n")
-    sys.stderr.flush()
-    end = time.monotonic() + limit
+    start = time.monotonic()
+    said = False
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
-            if time.monotonic() >= end:
+            waited = time.monotonic() - start
+            if not said and waited >= min(QUIET_WAIT, limit):  # another run's few-ms check is not worth a line
+                sys.stderr.write(f"waiting for {one_line(key)}: another run holds its lock (at most {limit:g} s, "
+                                 f"{LOCK_TIMEOUT_ENV})\n")
+                sys.stderr.flush()
+                said = True
+            if waited >= limit:
                 raise C128Error(f"{key} is still locked by another run after {limit:g} s: let it finish (or end it), "
                                 f"then run again; {LOCK_TIMEOUT_ENV}=SECONDS waits longer") from None
-            time.sleep(min(0.2, max(end - time.monotonic(), 0.01)))
+            time.sleep(min(0.05 if waited < QUIET_WAIT else 0.2, max(limit - waited, 0.01)))
 
 
 def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> Path:
