@@ -4,10 +4,12 @@ an optional time limit, the whole group killed when it ends, times out or we are
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import stat
@@ -19,15 +21,19 @@ from typing import Any, Sequence
 
 class Group(subprocess.Popen):
     """``Popen`` in a new session; ``end`` (and leaving its ``with`` block) kills its whole process group. On Linux
-    the child is killed when the tool dies, even by SIGKILL (``PR_SET_PDEATHSIG``): a killed run's clone does not
-    write on into the folder the next run removes."""
+    the child is killed when the tool dies, even by SIGKILL (``dying_prefix``: no ``preexec_fn``, which makes Python
+    fork in place of vfork and run its at-fork hooks, a deadlock from a thread): a killed run's clone does not write
+    on into the folder the next run removes."""
 
     def __init__(self, argv: Sequence[str], *, contained: bool = False, **kw: Any) -> None:
         """``contained``: ``argv`` the first process of a pid namespace of its own where the host allows it
         (``contained()``): what it forks dies with it even when we are SIGKILLed (git's remote helper, stuck on a
         server that never answers, had run on for ever)."""
-        argv = [*contained_prefix()[0], *argv] if contained else argv
-        super().__init__(argv, start_new_session=True, preexec_fn=_die_with_parent(), **kw)
+        argv = [*contained_prefix()[0], *argv] if contained else list(argv)
+        if dying_prefix()[0]:  # what Popen raises for a program not there, not the prefix's exit 127
+            _runnable(argv[0], kw.get("env"), kw.get("cwd"))
+        super().__init__(dying(argv, kw.get("env")), start_new_session=True, **kw)
+        self.args = argv  # what it runs (a timeout's message names it), not the prefix
 
     def end(self) -> None:
         """SIGKILL to the group (the child's forks too), the child reaped."""
@@ -58,16 +64,58 @@ def without_credentials(env: "dict[str, str]", keep: "tuple[str, ...]" = ()) -> 
     return {k: v for k, v in env.items() if k in keep or not CREDENTIAL.search(k.upper())}
 
 
-@functools.cache  # libc loaded once: git.stream starts a Group per batch reader
-def _die_with_parent() -> Any:
-    """The child's first step: SIGKILL when its parent dies (Linux; elsewhere None: nothing)."""
-    import ctypes  # here, not in the child after the fork
+# run by ``sh`` once ``setpriv`` set the death signal: a tool that died before that (the child already another's)
+# ends it here; the shell's own PWD and SHLVL (dash sets PWD, bash SHLVL) put back as they were in the env
+_ORPHANED = '[ "$PPID" = {pid} ] || exit 1; {env}exec "$@"'
 
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+@functools.cache
+def dying_prefix() -> tuple[list[str], str]:
+    """(the prefix that has a command SIGKILLed when the thread that started it dies, ""), or ([], why not here);
+    ``dying`` completes it. ``setpriv --pdeathsig`` sets ``PR_SET_PDEATHSIG`` and execs ``sh``, which checks that
+    its parent is still ours and execs the command; the signal holds across exec (cleared only by running a
+    set-user-ID or file-capability program): the child of a thread of ours dies with that thread, so a Group must
+    outlive no thread that started it (``ThreadPoolExecutor``'s workers live to its shutdown)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return [], "no setpriv (util-linux)"
+    prefix = [setpriv, "--pdeathsig", "KILL", "--", "/bin/sh", "-c"]
+    try:  # (util-linux before 2.33 has no --pdeathsig)
+        proc = subprocess.run([*prefix, _ORPHANED.format(pid=os.getpid(), env=""), "sh", setpriv, "--version"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=10,
+                              start_new_session=True)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [], str(exc)
+    if proc.returncode != 0:
+        return [], (proc.stderr.decode(errors="replace").strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+    return prefix, ""
+
+
+def dying(argv: list[str], env: Any = None) -> list[str]:
+    """``argv`` under ``dying_prefix`` (``env``: the one it runs with, None for ours), or as it is where there is
+    none."""
+    prefix = dying_prefix()[0]
+    if not prefix:
+        return argv
+    env = os.environ if env is None else env
+    kept = "".join(f"export {k}={shlex.quote(env[k])}; " if k in env else f"unset {k}; " for k in ("PWD", "SHLVL"))
+    if "PATH" not in env:  # the command found where Popen looks (os.defpath), not in sh's default; not exported
+        kept += f"PATH={shlex.quote(os.defpath)}; "
+    return [*prefix, _ORPHANED.format(pid=os.getpid(), env=kept), "sh", *argv]
+
+
+def _runnable(program: str, env: Any, cwd: Any) -> None:
+    """``FileNotFoundError`` (``PermissionError``) as ``Popen`` raises it where ``program`` cannot be run: found as
+    ``Popen`` looks (``env``'s PATH unless it holds a "/", relative to ``cwd``), a file that may be executed."""
+    def here(path: str) -> str:
+        return os.path.join(cwd, path) if cwd is not None else path
+
+    found = [here(program)] if os.path.dirname(program) else [here(os.path.join(d, program))
+                                                                for d in os.get_exec_path(env)]
+    if any(os.path.isfile(p) and os.access(p, os.X_OK) for p in found):
+        return
+    code = errno.EACCES if any(os.path.exists(p) for p in found) else errno.ENOENT
+    raise (PermissionError if code == errno.EACCES else FileNotFoundError)(code, os.strerror(code), program)
 
 
 @functools.cache
