@@ -232,7 +232,7 @@ def test_a_path_that_is_no_regular_file_is_said_to_be_what_it_is_not_missing(tmp
         os.mkfifo(path)
     else:
         path.symlink_to("/dev/null" if kind == "device-link" else tmp_path / "nowhere")
-    said = {"fifo": "a pipe (FIFO)", "device-link": "a character device (through a link)",
+    said = {"fifo": "a FIFO", "device-link": "a character device (through a link)",
             "dangling-link": "a link to nothing"}[kind]
     for args, message in [(["verify-wheel", str(path)], f"not a wheel: {path} is {said}, not a regular file"),
                           (["wheel", "--from-wheel", str(path), "-o", str(tmp_path / "o")],

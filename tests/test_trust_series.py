@@ -269,6 +269,22 @@ def test_a_patch_file_that_is_a_fifo_is_said_so_not_missing(sglang_release_repo,
     refused(["check", "--sglang-rev", "v0.5.23", "--layer", layer], contains=f"{patch} {says}")
 
 
+def test_a_manifest_file_that_is_no_regular_file_is_said_as_every_path_option_says_it(tmp_path):
+    """``series.paths.not_a_file`` had its own copy of ``errors.what_is``: a link to nothing was "is missing", a
+    character device "a device". One wording now (``what_is``), "is missing" only where nothing is there."""
+    from c128patch.errors import what_is
+    from c128patch.series.paths import not_a_file
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    said = {p: not_a_file(tmp_path / p) for p in ("fifo", "folder", "dangling", "nowhere")}
+    assert said == {"fifo": "is a FIFO, not a regular file", "folder": "is a folder, not a regular file",
+                    "dangling": "is a link to nothing, not a regular file", "nowhere": "is missing"}
+    assert not_a_file(Path("/dev/null")) == f"is {what_is('/dev/null')}, not a regular file"
+    assert what_is("/dev/null") == "a character device"
+
+
 @pytest.mark.parametrize("entry, file, says", [
     ("../../x", "python/x.py", "unsafe entry name in the ledger"),
     ("acme-sps-env", "/etc/passwd", "unsafe path in the ledger"),

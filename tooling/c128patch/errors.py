@@ -60,15 +60,15 @@ def what_is(path: object) -> str:
         mode = os.stat(path).st_mode  # type: ignore[arg-type]
     except OSError:
         return "a link to nothing" if os.path.islink(path) else "not there"  # type: ignore[arg-type]
-    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file"))
     kind = next((k for test, k in kinds if test(mode)), "not a regular file")
     return f"{kind} (through a link)" if os.path.islink(path) else kind  # type: ignore[arg-type]
 
 
 def need_file(path: object, missing: str, other: str) -> None:
-    """Refuse ``path`` unless it is a regular file: ``missing: PATH does not exist``, else ``other: PATH is a pipe
-    (FIFO), not a regular file`` (a FIFO was said not to exist)."""
+    """Refuse ``path`` unless it is a regular file: ``missing: PATH does not exist``, else ``other: PATH is a FIFO, not
+    a regular file`` (a FIFO was said not to exist)."""
     import os
 
     if os.path.isfile(path):  # type: ignore[arg-type]

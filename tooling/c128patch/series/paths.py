@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Iterable
 
-from c128patch.errors import C128Error
+from c128patch.errors import C128Error, what_is
 from c128patch.git import folded_name, is_git_dir_name
 
 ENTRY_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,79}")
@@ -77,15 +77,10 @@ def confine(root: Path, path: str, what: str, *, regular: bool = False) -> Path:
 
 
 def not_a_file(path: Path) -> str:
-    """Why ``path``, a file the manifest names, cannot be read as one: "is missing", or what it is instead (a FIFO
-    named as a patch file was said to be missing)."""
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return "is missing"
-    kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if \
-        stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a plain file"
-    return f"is {kind}, not a regular file"
+    """Why ``path``, a file the manifest names, cannot be read as one: "is missing", or what it is instead
+    (``errors.what_is``: a FIFO named as a patch file was said to be missing)."""
+    kind = what_is(path)
+    return "is missing" if kind == "not there" else f"is {kind}, not a regular file"
 
 
 def inside(path: str) -> bool:
