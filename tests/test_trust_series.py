@@ -624,6 +624,29 @@ def test_what_a_config_named_layer_folder_holds_is_held_to_the_configs_rule(tmp_
     assert lookup_layers((), cwd=config.parent)[0] == ((config.parent / "lay").resolve(),)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's file is made only as root")
+def test_a_layer_or_config_another_user_owns_is_refused_with_a_chown_that_works_as_printed(tmp_path, monkeypatch):
+    """Helper 157: the refusal said "take it over (chown)", no command to run. It prints the one that makes the
+    path the user's (root's to run: no other user may give a file away): the whole layer folder, only the config
+    or the folder holding it (maybe a repository's top)."""
+    from support import printed_command, run_printed
+
+    monkeypatch.delenv(ENV, raising=False)
+    config = tmp_path / "op" / CONFIG
+    manifest = config.parent / "lay" / "patches" / "series.toml"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text("")
+    config.write_text('[layers]\npaths = ["lay"]\n')
+    for path, recursive in ((manifest, True), (config, False)):
+        os.chown(path, 12345, -1)
+        with pytest.raises(C128Error, match="owned by another user \\(uid 12345\\)") as exc:
+            lookup_layers((), cwd=config.parent)
+        command = printed_command(exc.value.message, "chown")
+        assert command.startswith("chown -R " if recursive else f"chown {os.getuid()} "), command
+        assert run_printed(command).returncode == 0 and path.stat().st_uid == os.getuid(), command
+    assert lookup_layers((), cwd=config.parent)[0] == ((config.parent / "lay").resolve(),)
+
+
 def test_a_layer_folder_a_trees_record_or_a_journal_names_is_held_to_the_configs_rule(tmp_path):
     """Helper 137: the layer folders a tree's git dir records (``layers.json``, which every verb in a layered tree
     loads) or an apply/rebase journal names had no owner check and no others-may-write check, unlike those

@@ -30,7 +30,7 @@ from c128patch.series.manifest import (
 )
 from c128patch.series.paths import confine, duplicates
 from c128patch.series.trailers import ENTRY_TRAILER, message_trailers
-from c128patch.textsafe import shell_quote
+from c128patch.textsafe import shell_join, shell_quote
 
 if TYPE_CHECKING:
     from c128patch.series.patchfile import PatchInfo
@@ -263,10 +263,16 @@ def _held(folder: Path, path: Path, origin: str, what: str, instead: str) -> Non
     at = "" if path == folder else f" (its {path.relative_to(folder)})"
     if (uid := path.lstat().st_uid) != os.getuid():
         raise C128Error(f"{origin} names {what} {folder}{at}, owned by another user (uid {uid}): not read (as "
-                        f"git's safe.directory); take it over (chown), or name it with {instead}")
+                        f"git's safe.directory); {_made_yours(folder, True)}, or name it with {instead}")
     if not path.is_symlink() and (why := _others_write(path)):
         raise C128Error(f"{origin} names {what} {folder}{at}, {why}: not read (another user may change it); "
                         f"chmod go-w {shell_quote(path)}, or name it with {instead}")
+
+
+def _made_yours(path: Path, whole: bool) -> str:
+    """How ``path`` (``whole``: and all it holds) becomes the user's, as a command that runs as printed: ``chown``,
+    by root (no other user may give a file away)."""
+    return f"to use it, make it yours (as root: {shell_join(['chown', *['-R'] * whole, str(os.getuid()), path])})"
 
 
 MAX_LAYER_WALK = 10_000  # entries of a layer folder checked for their owner (a layer holds a few dozen)
@@ -344,7 +350,8 @@ def find_config(start: Path, exclude: Sequence[Path] = ()) -> Path | None:
     for path in (config, config.parent) if config is not None else ():  # whoever owns the folder may swap the file
         if path.stat().st_uid != os.getuid():
             raise C128Error(f"{config}: {path} is owned by another user (uid {path.stat().st_uid}): not read (as "
-                            f"git's safe.directory); take it over (chown), or name the layers with --layer or {ENV}")
+                            f"git's safe.directory); {_made_yours(path, False)}, or name the layers with --layer or "
+                            f"{ENV}")
         if why := _others_write(path):  # as another owner: whoever may write it (or swap the file) chooses the layers
             raise C128Error(f"{config}: {path} is {why}: not read (another user may change it); chmod go-w "
                             f"{shell_quote(path)}, or name the layers with --layer or {ENV}")
