@@ -354,3 +354,46 @@ def test_matrix_shows_a_refusal_quoting_upstreams_attributes_as_data(sparse_clon
     assert res.code == 0 and "Traceback" not in res.err, (res.code, res.err)
     assert "refused:" in res.text and "[/x][link=http://evil.example/]UTF-16[/link]" in res.text.replace("│", "") \
         .replace("\n", "").replace(" ", ""), res.text
+
+
+TAGS = ["<!--", "@maintainers/x", "`x`<img/src=x/onerror=alert(1)>", "0\u202ex", "0\u00a0v9", "0" + "a" * 200]
+
+
+def test_a_tag_upstream_puts_on_the_watched_commit_is_no_base_of_the_refreshed_series(sglang_release_repo, tmp_path):
+    """Helper 158: watch's refreshed series took ``sorted(tags)[0]`` of the commit it moved onto as its base: a tag
+    upstream put on main's head (``<!--``, sorting before ``v0.5.23``) became series.toml's base and reached the
+    report raw (``primary files for <!--; base <!--``: the rest of the page hidden); a tag holding U+202E or a byte
+    that is not UTF-8 failed the whole watch (exit 2, ``unsafe base``), so any upstream tag stopped the nightly run.
+    Only a plain word is a base now (``refresh.base_label``), and the report quotes the label and base as data."""
+    import watch_upstream as wu
+
+    git = wu.stand_in(sglang_release_repo, tmp_path / "sglang.git")
+    sha = git.out("rev-parse", "v0.5.23^{commit}")
+    for tag in TAGS:
+        git.run("update-ref", f"refs/tags/{tag}", sha)
+    subprocess.run([b"git", b"-C", bytes(tmp_path / "sglang.git"), b"update-ref", b"refs/tags/0\xff", sha.encode()],
+                   check=True)
+    series = wu.series_made_at(tmp_path / "s022", sglang_release_repo, "v0.5.22")
+    run = invoke("watch", "--onto", sha, "--repo", tmp_path / "sglang.git", "--out", tmp_path / "out", "--series",
+                 series, "--no-run")
+    assert run.code == 3 and run.out["outcome"] == "refreshed", (run.code, run.err)
+    assert run.out["refreshed"]["label"] == run.out["refreshed"]["base"] == "v0.5.23", run.out["refreshed"]
+    report = (tmp_path / "out" / "watch-report.md").read_text()
+    assert "(primary files for `v0.5.23`; base `v0.5.23`)" in report
+    _inert(report)
+
+
+def test_the_refreshed_series_label_and_a_conflicts_chosen_file_are_data_in_watchs_report():
+    """Helper 158: ``_refreshed`` put the label and base raw, ``_conflicts`` the rule that chose the file (it names a
+    variant's base, a series' text: ``nearest ancestor base <!--``)."""
+    new = {"version": "6", "mode": "primary", "label": "<!--", "base": "@maintainers/x", "applies_strictly": True,
+           "same_tree": True, "fixed_point": True, "changed": [], "notes": []}
+    conflict = {"entry": "c128-a", "file": "p/x.patch", "chosen_by": f"ancestor: nearest ancestor base {EVIL}",
+                "blocks": [], "after_skipping": [], "resolved_by_ledger": [], "unresolved": [], "detail": "d",
+                "hints": []}
+    text = "\n".join(watch_report._refreshed({"refreshed": new, "series": {"name": "s"}, "outcome": "refreshed",
+                                              "out": "o", "onto": {"rev": "v", "commit": "b" * 40}})
+                     + watch_report._conflicts({"conflicts": [conflict]}))
+    _inert(text)
+    rendered = MarkdownIt("commonmark").render(text)
+    assert "@maintainers" in rendered and "@maintainers" not in re.sub("<code>.*?</code>", "", rendered), text

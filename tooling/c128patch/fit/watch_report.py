@@ -170,7 +170,7 @@ def _conflicts(report: dict) -> list[str]:
     lines = []
     for c in report["conflicts"]:
         lines += [f"## Conflict: {c['entry']}", "", md(_conflict_line(c) + "."), "", f"from {md(c['file'])}"
-                  + (f" ({c['chosen_by']})" if c["chosen_by"] else ""), ""]
+                  + (f" ({md(c['chosen_by'])})" if c["chosen_by"] else ""), ""]  # it names a variant's base: data
         if c["after_skipping"]:
             lines += [f"Reached after skipping {', '.join(c['after_skipping'])}: "
                       "it may conflict only because of that.", ""]
@@ -229,7 +229,7 @@ def _refreshed(report: dict) -> list[str]:
         return []
     lines = [f"## The {'refreshed' if report['outcome'] != 'merged' else 'proposed'} series", "",
              f"- {md(s['name'])} {md(new['version'])} in {md(report['out'] + '/series/')} ({new['mode']} files for "
-             f"{new['label']}; base {new['base']})",
+             f"{md(new['label'])}; base {md(new['base'])})",  # a tag's name, the series' base: data
              f"- applied fresh on {md(where(report))}: "
              + ("every entry strictly" if new["applies_strictly"] else "**not strictly**")
              + (", the same tree as the proven rebase" if new["same_tree"] else ", **a different tree**")

@@ -110,9 +110,14 @@ def format_patch(git: Git, commit: str, entry_name: str, gate: str = "") -> byte
     return f"{mail}\n\n{body}\n{rest}".encode(errors="surrogateescape")
 
 
+# a tag a series may take as its base: it becomes series.toml's base, a variant's file name and every report's text
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+
+
 def base_label(git: Git, commit: str, rev: str) -> str:
-    """A variant's base name: a tag at ``commit`` (``rev`` first), else the short id; never a branch."""
-    tags = git.out("tag", "--points-at", commit).split()
+    """A variant's base name: a tag at ``commit`` (``rev`` first), else the short id; never a branch. Only a tag that
+    is a plain word (``LABEL``) is one: upstream names its tags (``<!--``, U+202E, a byte that is not UTF-8)."""
+    tags = [t for t in git.out("tag", "--points-at", commit).splitlines() if LABEL.fullmatch(t)]
     if rev in tags:
         return rev
     return sorted(tags)[0] if tags else commit[:12]
