@@ -398,3 +398,56 @@ def test_an_interrupted_json_run_prints_its_one_error_object(sglang_release_repo
 
     said = json.loads(proc.stdout)
     assert said["ok"] is False and said["error"].startswith("interrupted (SIGTERM): no outcome") and said["schema"]
+
+
+def _hangups_ignored() -> None:
+    """``preexec_fn``: as ``nohup`` starts a program (SIGHUP ignored), SIGINT at its default."""
+    default_signals()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def test_a_hangup_the_operator_ignores_with_nohup_does_not_stop_a_verb(sglang_release_repo, tmp_path):
+    """Helper 158: ``nohup c128patch watch ... &`` then logging out: every verb put its own SIGHUP handler over the
+    ignored one nohup set, so the hangup it was started to survive unwound it ("interrupted (SIGHUP): no outcome",
+    exit 129). A signal the operator ignores stays ignored; the apply goes on to its end."""
+    series, tree = copy_series(tmp_path / "series"), tmp_path / "tree"
+    args = ["apply", "--sglang-rev", "v0.5.23", "--tree", str(tree), "--series", str(series)]
+    proc = subprocess.run([sys.executable, "-m", "c128patch", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, FAULT_ENV: "sighup-before:c128-dspark-kernels-csrc"},
+                          preexec_fn=_hangups_ignored, start_new_session=True)
+    assert proc.returncode == 0 and "interrupted" not in proc.stderr, (proc.returncode, proc.stderr)
+    assert invoke("status", "--tree", tree, "--series", series).out["equals_series"] is True
+
+
+_TWICE = """
+import os, shutil, signal, sys
+from c128patch import procs
+from c128patch.cli.common import handles_errors
+
+rmtree = shutil.rmtree
+def pressed_again(*args, **kwargs):  # Ctrl-C pressed a second time as the scratch folder is being removed
+    os.kill(os.getpid(), signal.SIGINT)
+    return rmtree(*args, **kwargs)
+
+@handles_errors
+def verb(run):
+    with procs.scratch("c128watch-"):
+        shutil.rmtree = pressed_again
+        os.kill(os.getpid(), signal.SIG{first})
+
+verb()
+"""
+
+
+@pytest.mark.parametrize("first", ["INT", "TERM", "HUP"])
+def test_a_second_signal_while_a_verb_unwinds_leaves_no_scratch_and_keeps_the_first_signals_exit(tmp_path, first):
+    """Helper 158: Ctrl-C pressed twice (or a supervisor's SIGTERM, then a terminal's SIGINT) during `watch`: the
+    second KeyboardInterrupt cut short the removal the first had started, leaving ``c128watch-*`` in $TMPDIR under
+    "its scratch folders are removed", and the exit was the second's. A signal that comes while a verb unwinds waits;
+    the removal ends and the exit is the first signal's."""
+    proc = subprocess.run([sys.executable, "-c", _TWICE.format(first=first)], env={**os.environ, "TMPDIR": str(
+        tmp_path)}, capture_output=True, text=True, timeout=60, preexec_fn=default_signals)
+    sig = getattr(signal, f"SIG{first}")
+    assert proc.returncode == SIGNAL + sig, (proc.returncode, proc.stderr)
+    assert f"c128patch: interrupted ({sig.name}): no outcome" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())

@@ -228,7 +228,8 @@ def handles_errors(fn: Callable) -> Callable:
         from c128patch.textsafe import one_line
 
         main = threading.current_thread() is threading.main_thread()
-        held = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
+        held = {sig: signal.signal(sig, _stop) for sig in _STOPS if signal.getsignal(sig) != signal.SIG_IGN} \
+            if main else {}  # (one the operator ignores, ``nohup``'s SIGHUP, stays ignored)
         run = Run(as_json=kwargs.get("as_json", False))
         try:
             _here()
@@ -279,6 +280,17 @@ def _here() -> None:
                         "run it again; nothing was done") from None
 
 
+_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _stop(signum: int, _frame: object) -> None:
-    """SIGTERM and SIGHUP unwind a verb as Ctrl-C does: scratch folders removed, children ended, nothing claimed."""
+    """SIGTERM and SIGHUP unwind a verb as Ctrl-C does: scratch folders removed, children ended, nothing claimed. A
+    second signal while it unwinds (Ctrl-C pressed twice) waits: it cut the removal of a scratch folder short."""
+    for sig in _STOPS:
+        if signal.getsignal(sig) == _stop:
+            signal.signal(sig, _unwinding)
     raise KeyboardInterrupt(signum)
+
+
+def _unwinding(_signum: int, _frame: object) -> None:
+    """A stop signal that came while a verb unwinds from the first: it changes nothing (the exit is the first's)."""
