@@ -1225,6 +1225,37 @@ def test_layer_add_entry_reads_the_layer_under_its_lock(tmp_path, monkeypatch):
     assert held == [True]
 
 
+@txn.serialised  # another writer of the layer (what `layer add-entry` does): it reads, waits, then commits
+def _add_slowly(folder: Path, hold: float) -> None:
+    manifest = folder / "patches" / "series.toml"
+    text = manifest.read_text()
+    time.sleep(hold)
+    txn.commit_all([(folder, {manifest: (text + '\n[[entries]]\nname = "added"\nkind = "overlay"\nsource = '
+                                         '"overlay/x.py"\ntarget = "python/x.py"\nwhy = "w"\n').encode()}, [], None)])
+
+
+def test_lint_update_hashes_writes_a_layer_under_its_lock(tmp_path):
+    """Helper 158: `lint --update-hashes` read and wrote a layer's manifest without its lock: run while `layer
+    add-entry` held it between its read and its commit, its hashes were written at once and then lost under the
+    entry's commit (or, the other way round, the new entry lost under the hashes). It waits for the lock and reads
+    the manifest again under it: both the entry and the hash are kept."""
+    layer = tmp_path / "acme"
+    shutil.copytree(REPO_ROOT / "docs" / "examples" / "acme-layer", layer)
+    (layer / "overlay").mkdir(exist_ok=True)
+    (layer / "overlay" / "x.py").write_text("x = 1\n")
+    manifest = layer / "patches" / "series.toml"
+    right = load_series(layer).entries[0].sha256
+    manifest.write_text(manifest.read_text().replace(right, "0" * 64, 1))
+    writer = multiprocessing.get_context("fork").Process(target=_add_slowly, args=(layer, 2.0))
+    writer.start()
+    time.sleep(0.5)  # it holds the lock, its manifest read
+    res = invoke("lint", "--update-hashes", "--offline", "--layer", layer, as_json=False)
+    writer.join(60)
+    assert writer.exitcode == 0 and res.code == 0, res.err
+    entries = {e.name: e for e in load_series(layer).entries}
+    assert "added" in entries and next(iter(entries.values())).sha256 == right, manifest.read_text()
+
+
 # ------------------------------------------------------------------------------------------ robustness: argv
 def test_a_non_utf8_argv_is_taken_or_refused_in_one_line(tmp_path):
     """Non-UTF-8 bytes in a folder name and in an option (``python -m c128patch``, as a shell passes them)."""

@@ -7,10 +7,11 @@ from pathlib import PurePosixPath
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
+from c128patch.series import txn
 from c128patch.series.contract import read_lock
 from c128patch.series.gates import ENVIRON_PATH, SeriesText, declaration_problems, declarations, gate_problems
 from c128patch.series.ledger import Ledger
-from c128patch.series.manifest import Entry, Series, Variant, sha256_file
+from c128patch.series.manifest import Entry, Series, Variant, load_series, sha256_file
 from c128patch.series.patchfile import read_patch
 from c128patch.series.paths import not_a_file, symlink_on_path
 from c128patch.series.plan import base_holding, merged_entries, prefixes, sources_at, symlink_refusal, tree_modes
@@ -176,9 +177,16 @@ def lint_stack(series: Series, upstream: Git | None = None) -> list[Finding]:
 
 
 def update_hashes(series: Series) -> int:
-    """Write the current sha256 of every file into its manifest; returns how many changed."""
+    """Write the current sha256 of every file into its manifest; returns how many changed. Each part is read again and
+    written under its folder's lock (``txn.locked``: `layer add-entry` and `refresh` write under it; a manifest read
+    before it was taken would write back over an entry another writer added meanwhile)."""
     if series.layers:
         return sum(update_hashes(part) for part in (series.ours, *series.layers))
+    with txn.locked(series.root):
+        return _update_hashes(load_series(series.root))
+
+
+def _update_hashes(series: Series) -> int:
     def hashes() -> list[str]:
         return [h for e in series.entries for h in (e.sha256, *(v.sha256 for v in e.variants))]
 
