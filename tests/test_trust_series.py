@@ -1256,6 +1256,42 @@ def test_lint_update_hashes_writes_a_layer_under_its_lock(tmp_path):
     assert "added" in entries and next(iter(entries.values())).sha256 == right, manifest.read_text()
 
 
+ROW = {"entry": "other", "key": "ab", "match": "ab", "file": "python/o.py", "from": "v1", "onto": "v2"}
+
+
+@txn.serialised  # another tree's `rebase --continue` recording into the same layer's ledger
+def _record_slowly(folder: Path, hold: float) -> None:
+    import tomli_w
+
+    index = folder / "patches" / "resolutions" / "ledger.toml"
+    rows = Ledger(load_series(folder)).rows()
+    time.sleep(hold)
+    index.write_text(tomli_w.dumps({"resolutions": [*rows, ROW]}))
+
+
+def test_a_ledger_row_is_recorded_under_the_layers_lock(tmp_path):
+    """Helper 158: ``Ledger.record`` (`rebase --continue`) read the ledger's rows and wrote them back with its own
+    without the folder's lock: a row another writer recorded in between was lost. It reads and writes under it."""
+    from c128patch.series.ledger import Conflict
+
+    layer = series_folder(tmp_path / "layer")
+    (layer / "patches" / "resolutions").mkdir()
+    (layer / "patches" / "resolutions" / "ledger.toml").write_text("resolutions = []\n")
+    repo = tmp_path / "tree"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "python").mkdir()
+    (repo / "python" / "a.py").write_text("resolved\n")
+    subprocess.run(["git", "-C", str(repo), "add", "python/a.py"], check=True)
+    writer = multiprocessing.get_context("fork").Process(target=_record_slowly, args=(layer, 2.0))
+    writer.start()
+    time.sleep(0.5)  # it holds the lock, the rows read
+    conflict = Conflict.of("python/a.py", "<<<<<<< a\nours\n=======\ntheirs\n>>>>>>> b\n")
+    refs = Ledger(load_series(layer)).record(Git(worktree=repo), "mine", "v1", "v2", [conflict])
+    writer.join(60)
+    assert writer.exitcode == 0 and refs == [f"mine:{conflict.key}"]
+    assert sorted(r["entry"] for r in Ledger(load_series(layer)).rows()) == ["mine", "other"]
+
+
 # ------------------------------------------------------------------------------------------ robustness: argv
 def test_a_non_utf8_argv_is_taken_or_refused_in_one_line(tmp_path):
     """Non-UTF-8 bytes in a folder name and in an option (``python -m c128patch``, as a shell passes them)."""

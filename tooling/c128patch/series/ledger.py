@@ -24,7 +24,7 @@ import tomli_w
 
 from c128patch.errors import C128Error
 from c128patch.git import Git
-from c128patch.jsonio import write_atomic
+from c128patch.jsonio import locked, write_atomic
 from c128patch.series.manifest import Series, read_toml
 from c128patch.series.paths import check_entry_name, check_relpath, confine
 
@@ -193,9 +193,16 @@ class Ledger:
         return used
 
     def record(self, git: Git, entry: str, from_rev: str, onto_rev: str, conflicts: list[Conflict]) -> list[str]:
-        """Keep how the user resolved ``conflicts`` (their staged content), as diffs."""
+        """Keep how the user resolved ``conflicts`` (their staged content), as diffs; its rows read and written under
+        the part's folder lock (``locked``: `layer add-entry`, `refresh` and another tree's `rebase --continue` write
+        that folder too: a row recorded between this read and write was lost)."""
         ledger, local = self._of(entry)
-        rows = [r for r in ledger.rows() if not (r["entry"] == local and r["key"] in {c.key for c in conflicts})]
+        with locked(ledger.series.root):
+            return ledger._record(git, local, entry, from_rev, onto_rev, conflicts)
+
+    def _record(self, git: Git, local: str, entry: str, from_rev: str, onto_rev: str,
+                conflicts: list[Conflict]) -> list[str]:
+        rows = [r for r in self.rows() if not (r["entry"] == local and r["key"] in {c.key for c in conflicts})]
         refs = []
         for c in conflicts:
             resolved = git.run("show", f":{c.path}", check=False).stdout
@@ -203,7 +210,7 @@ class Ledger:
                                                 f"a/{c.path}", f"b/{c.path}", n=3))
             if not diff:
                 continue
-            target = ledger._diff_path(local, c.key)
+            target = self._diff_path(local, c.key)
             target.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(target, diff.encode())
             rows.append({"entry": local, "key": c.key,
@@ -212,5 +219,5 @@ class Ledger:
             refs.append(f"{entry}:{c.key}")
         if refs:
             rows.sort(key=lambda r: (r["entry"], r["file"], r["key"]))
-            write_atomic(ledger._confined("ledger.toml"), tomli_w.dumps({"resolutions": rows}).encode())
+            write_atomic(self._confined("ledger.toml"), tomli_w.dumps({"resolutions": rows}).encode())
         return refs
