@@ -857,6 +857,27 @@ def test_a_ref_shadowing_a_release_tag_in_the_cache_is_refused_saying_how_to_reb
     assert ReleaseHistory().ensure() == root
 
 
+@pytest.mark.parametrize("content", ["sha", "symref"])
+def test_a_file_at_the_top_of_the_cache_shadowing_a_release_tag_is_refused(fake_releases, tmp_path, content):
+    """Helper 158: a file ``v0.5.23`` at the top of the cache's git dir (a commit id, or ``ref: refs/tags/v0.5.22``)
+    is no ref ``for-each-ref`` lists, yet git resolves ``v0.5.23`` to it before ``refs/tags/v0.5.23``: `apply
+    --sglang-rev v0.5.23` built on 0.5.22's commit and said "c128/v0.5.23 = v0.5.23 + series ... identical to a fresh
+    apply ... on v0.5.23". Each release's tag name must resolve to its tag's commit, else one line saying how to
+    rebuild."""
+    from c128patch.upstream.releases import ReleaseHistory
+
+    root = ReleaseHistory().ensure()
+    older = subprocess.run(["git", "--git-dir", str(root), "rev-parse", "v0.5.22"], check=True, capture_output=True,
+                           text=True).stdout.strip()
+    (root / "v0.5.23").write_text((older if content == "sha" else "ref: refs/tags/v0.5.22") + "\n")
+    with pytest.raises(C128Error, match="v0.5.23 resolves to .* shadows the tag") as exc:
+        ReleaseHistory().ensure()
+    assert f"rm -rf {root}" in exc.value.message
+    refused(["check", "--sglang-rev", "v0.5.23"], contains="shadows the tag")
+    (root / "v0.5.23").unlink()
+    assert ReleaseHistory().ensure() == root
+
+
 def fake_release_cache(monkeypatch, tmp_path: Path) -> tuple[Path, Path]:
     """A release cache under ``tmp_path`` of fake release wheels (``fake_wheel``): its wheels folder and 0.5.23's."""
     from c128patch.upstream.releases import DEFAULT_RELEASES

@@ -46,7 +46,7 @@ from c128patch.git import Git, blob_id
 from c128patch.jsonio import write_atomic
 from c128patch.progress import NullReporter, Reporter, transfer
 from c128patch.series.paths import check_relpath
-from c128patch.textsafe import shell_quote
+from c128patch.textsafe import one_line, shell_quote
 
 DEFAULT_RELEASES: tuple[str, ...] = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 PACKAGE = "sglang"
@@ -755,8 +755,25 @@ class ReleaseHistory:
             if trees.get(tag_for(v)) != recorded[v]:
                 raise C128Error(f"the release cache {self.root}: tag {tag_for(v)} does not name the sources of the "
                                 f"sglang {v} release wheel (a moved tag); {rebuild}")
+        self._no_shadow(sorted(versions, key=Version), rebuild)
         if set(recorded) - set(r.split(" ", 1)[0] for r in lines if r):
             write_atomic(self._trees_file, "".join(f"{v} {t}\n" for v, t in sorted(recorded.items())).encode())
+
+
+    def _no_shadow(self, versions: list[str], rebuild: str) -> None:
+        """Each release's tag name resolves to its tag: a file ``v0.5.23`` at the top of the git dir (which
+        ``for-each-ref`` does not list) wins over ``refs/tags/v0.5.23`` where git resolves the name, and `apply
+        --sglang-rev v0.5.23` built on 0.5.22's commit and said "identical to a fresh apply ... on v0.5.23"."""
+        tags = [tag_for(v) for v in versions]
+        proc = self.git.run("rev-parse", *tags, *(f"refs/tags/{t}" for t in tags), check=False)
+        said = proc.stdout.split()
+        for tag, short, full in zip(tags, said, said[len(tags):]):
+            if short != full:
+                raise C128Error(f"the release cache {self.root}: {tag} resolves to {short[:12]}, not to its tag's "
+                                f"commit {full[:12]} (a file or ref of that name shadows the tag); {rebuild}")
+        if proc.returncode != 0 or len(said) != 2 * len(tags):
+            raise C128Error(f"the release cache {self.root}: the release tags do not resolve "
+                            f"({one_line(proc.stderr.strip())[-200:]}); {rebuild}")
 
 
 _PYTHON_TAG = re.compile(r"(cp|pp)([0-9])([0-9]{0,2})")  # fullmatch: cp3, cp312 (pip's --python-version 3.12)
