@@ -111,7 +111,7 @@ def format_patch(git: Git, commit: str, entry_name: str, gate: str = "") -> byte
 
 
 # a tag a series may take as its base: it becomes series.toml's base, a variant's file name and every report's text
-LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+/-]{0,63}")
 
 
 def base_label(git: Git, commit: str, rev: str) -> str:
