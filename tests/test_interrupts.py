@@ -451,3 +451,17 @@ def test_a_second_signal_while_a_verb_unwinds_leaves_no_scratch_and_keeps_the_fi
     assert proc.returncode == SIGNAL + sig, (proc.returncode, proc.stderr)
     assert f"c128patch: interrupted ({sig.name}): no outcome" in proc.stderr and "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("pid", ["99999999999999999999", "4294967296"])
+def test_a_folder_named_by_a_pid_no_process_can_have_is_passed_over_not_a_traceback(tmp_path, monkeypatch, pid):
+    """Helper 159: another user of a shared /tmp made ``x-99999999999999999999-TAG-a`` (the tag is this host's boot
+    and pid namespace, which every user reads): ``sweep_stale``'s ``os.kill`` raised OverflowError, a traceback in
+    every run of every user that makes a scratch folder. A pid no process can have names no run: passed over."""
+    from c128patch.procs import run_tag, scratch_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    odd = tmp_path / f"x-{pid}-{run_tag()}-a"
+    odd.mkdir()
+    made = Path(scratch_dir("c128watch-"))
+    assert made.is_dir() and odd.is_dir()

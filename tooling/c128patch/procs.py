@@ -174,6 +174,7 @@ def named(prefix: str) -> str:
 
 
 _SWEPT: set[str] = set()
+PID_MAX = 1 << 22  # Linux's PID_MAX_LIMIT: no pid is larger
 
 
 def sweep_stale(folder: Path, prefix: str) -> None:
@@ -193,7 +194,9 @@ def sweep_stale(folder: Path, prefix: str) -> None:
     ours = re.compile(rf"-([0-9]+)-{tag}-[a-z0-9_]+")
     for path in candidates:
         m = ours.search(path.name)
-        if not m or m.end() != len(path.name) or int(m[1]) == os.getpid():
+        # a pid no process can have (another user's /tmp/x-99999999999999999999-TAG-a: os.kill's OverflowError
+        # traceback in every run of every user) is no run's
+        if not m or m.end() != len(path.name) or not 0 < int(m[1]) <= PID_MAX or int(m[1]) == os.getpid():
             continue
         try:
             os.kill(int(m[1]), 0)
