@@ -585,6 +585,19 @@ def test_an_unwritable_cache_folder_says_how_to_move_it(series, tmp_path):
             "writable folder (export C128PATCH_CACHE=/path/to/cache)")
 
 
+@pytest.mark.parametrize("name", ["cache", "-cache"])
+def test_a_relative_cache_folder_is_the_cache_not_a_corrupt_one(series, sglang_release_repo, tmp_path, monkeypatch,
+                                                                name):
+    """Helper 159: ``C128PATCH_CACHE=cache`` (relative) named a sound cache "corrupt" (git ran in other folders, where
+    the name meant nothing) and printed ``rm -rf cache/sglang-releases.git``, which deleted it; ``-cache`` made that
+    rm's word an option. The folder is taken as it stands from the current one."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).symlink_to(sglang_release_repo.parent)
+    res = invoke("check", "--sglang-rev", "v0.5.23", "--series", series, env={"C128PATCH_CACHE": name},
+                 as_json=False)
+    assert res.code == 0, res.err
+
+
 @pytest.mark.parametrize("args", [
     ["wheel", "--from-release", "0.5.23", "-o", "afile/sub"],
     ["build", "--sglang-rev", "v0.5.23", "-o", "afile/sub"],

@@ -66,8 +66,10 @@ _IMPORT_REF = "refs/c128patch/import"
 def cache_dir() -> Path:
     explicit = os.environ.get("C128PATCH_CACHE")
     try:
+        # absolute: git runs in other folders (a relative cache was "corrupt: rm -rf" it, the printed fix deleting a
+        # sound cache; one starting with "-" an option to that rm)
         root = (Path(explicit) if explicit
-                else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "c128patch")
+                else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "c128patch").absolute()
     except RuntimeError as exc:  # no HOME and no passwd entry
         raise C128Error(f"cannot find a cache folder ({exc}); set C128PATCH_CACHE to a writable folder") from None
     ensure_folder(root)
