@@ -706,3 +706,24 @@ def test_an_environment_that_leaves_no_room_for_a_child_is_one_line(monkeypatch)
     (line,) = res.err.strip().splitlines()
     assert res.code == 2 and line.startswith("c128patch: error: cannot start /usr/bin/git: Argument list too long "
                                              "(the environment holds "), res.err
+
+
+@pytest.mark.parametrize("stop", ["e2big", "memory", "threads"])
+def test_a_run_stopped_by_its_limits_prints_its_json_error_object(monkeypatch, stop):
+    """Helper 159: ``wheel --json`` under ``ulimit -v 200000`` (and an E2BIG, a thread limit) exited 2 with its line on
+    stderr and nothing on stdout: every --json run prints one object (docs/schemas/README.md)."""
+    import errno
+
+    from c128patch.series import manifest
+
+    raised = {"e2big": OSError(errno.E2BIG, "Argument list too long", "/usr/bin/git"), "memory": MemoryError(),
+              "threads": RuntimeError("can't start new thread")}[stop]
+
+    def stopped(*args, **kw):
+        raise raised
+
+    monkeypatch.setattr(manifest, "read_series_file", stopped)
+    monkeypatch.setattr(manifest, "sha256_file", stopped)
+    res = invoke("lint", "--offline", "--series", REPO_ROOT)
+    (line,) = res.err.strip().splitlines()
+    assert res.code == 2 and res.out.get("ok") is False and line == f"c128patch: error: {res.out['error']}", res

@@ -237,7 +237,7 @@ def handles_errors(fn: Callable) -> Callable:
         except C128Error as exc:
             from c128patch.textsafe import one_line
 
-            if run.as_json:  # (docs/schemas/README.md: an error object carries the layers too)
+            if run.as_json and not run.emitted:  # (docs/schemas/README.md: an error object carries the layers too)
                 emit_json({"ok": False, "error": exc.message, **({"hint": exc.hint} if exc.hint else {}),
                            **({"report": exc.report} if getattr(exc, "report", None) else {})}, run.stack)
             said = filter(None, (f"c128patch: error: {one_line(exc.message)}", exc.hint))  # a newline of an input
@@ -247,16 +247,14 @@ def handles_errors(fn: Callable) -> Callable:
             if exc.errno != errno.E2BIG:
                 raise
             size = sum(len(k) + len(v) + 2 for k, v in os.environ.items())
-            echo(f"c128patch: error: cannot start {exc.filename or 'a child process'}: {exc.strerror} (the environment "
-                 f"holds {size} bytes, near the system's limit for a program's arguments and environment); unset "
-                 "large variables and run it again")
-            sys.exit(exitcodes.USAGE)
+            _fail(run, f"cannot start {exc.filename or 'a child process'}: {exc.strerror} (the environment holds "
+                  f"{size} bytes, near the system's limit for a program's arguments and environment); unset large "
+                  "variables and run it again")
         except (MemoryError, RuntimeError) as exc:  # (ulimit -v, -u, a full machine): one line, never a traceback
             if isinstance(exc, RuntimeError) and "can't start new thread" not in str(exc):
                 raise
-            echo("c128patch: error: out of memory or threads (its limits, ulimit -v and -u, or the machine's): it "
-                 "stopped there (c128patch status says what is left in a tree); raise the limit and run it again")
-            sys.exit(exitcodes.USAGE)
+            _fail(run, "out of memory or threads (its limits, ulimit -v and -u, or the machine's): it stopped there "
+                  "(c128patch status says what is left in a tree); raise the limit and run it again")
         except KeyboardInterrupt as exc:
             signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
             said = f"interrupted ({signal.Signals(signum).name}): no outcome; its scratch folders are removed"
@@ -269,6 +267,17 @@ def handles_errors(fn: Callable) -> Callable:
                 signal.signal(sig, handler)
 
     return wrapper
+
+
+def _fail(run: Run, message: str) -> None:
+    """Exit 2 with ``message``: one line on stderr, and with --json its error object on stdout (every --json run prints
+    one: an E2BIG or out-of-memory stop printed none, helper 159)."""
+    from c128patch.progress import echo
+
+    if run.as_json and not run.emitted:
+        emit_json({"ok": False, "error": message}, run.stack)
+    echo(f"c128patch: error: {message}")
+    sys.exit(exitcodes.USAGE)
 
 
 def _here() -> None:
