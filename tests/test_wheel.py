@@ -1505,3 +1505,18 @@ def test_a_wheel_with_two_central_directories_is_refused_in_one_line(tmp_path: P
         assert "\n" not in exc.value.message
     res = run_cli(["verify-wheel", str(tmp_path / "sglang-0.5.23-py3-none-any-locator.whl")])
     assert res.code == 2 and len(res.err.strip().splitlines()) == 1 and "two central directories" in res.err, res.err
+
+
+def test_a_wheel_over_a_series_files_size_limit_is_patched_and_verified(wheel_series: Path, upstream_wheel: Path,
+                                                                         tmp_path: Path, monkeypatch):
+    """Helper 159: a wheel was hashed as a file of the series is (``sha256_file``: 64 MiB at most), so an upstream
+    wheel over 64 MiB (0.5.23's is 39 MB, 0.5.18's 24 MB; one stored, not deflated, 124 MB) was refused as "series
+    file ... over the 64 MiB a patch or overlay may be", as was verify-wheel's upstream wheel and build's result. Here
+    the limit is made smaller than the wheel, as a later release's wheel would outgrow it."""
+    from c128patch.series import manifest
+
+    monkeypatch.setattr(manifest, "MAX_SERIES_FILE", 1 << 20)  # our patches are far smaller; the wheel is not
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    result = patch_wheel(load_series(wheel_series), upstream_wheel, tmp_path / "dist")
+    assert result.upstream_sha256 == hashlib.sha256(upstream_wheel.read_bytes()).hexdigest()
+    assert verify_wheel(Path(result.wheel), authenticity=True, upstream_wheel=upstream_wheel).authenticity

@@ -195,7 +195,7 @@ def pip_download(version: str, extra: tuple[str, ...] = (), progress: Progress |
         ok, last = _pip_download_into(Path(tmp), version, extra, progress)
         if ok:
             for wheel in Path(tmp).glob("*.whl"):
-                _record_sum(dest, wheel.name, _sha256(wheel))
+                _record_sum(dest, wheel.name, file_sha256(wheel))
                 os.replace(wheel, dest / wheel.name)
     return ok, last
 
@@ -203,7 +203,8 @@ def pip_download(version: str, extra: tuple[str, ...] = (), progress: Progress |
 SUMS = "SHA256SUMS"  # the cache's wheels as downloaded (``sha256sum`` lines)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """A file's sha256, read in blocks (a wheel: never held whole, nor under a series file's size limit)."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -253,7 +254,7 @@ def cached_wheel(wheel: Path) -> Path:
     if why := _changeable(os.lstat(wheel)):
         raise C128Error(f"the cached wheel {wheel} is {why}: not used (whoever can change it chooses what the tool "
                         f"patches and calls upstream's); {fix}")
-    have, recorded = _sha256(wheel), _sums(folder).get(wheel.name)
+    have, recorded = file_sha256(wheel), _sums(folder).get(wheel.name)
     if recorded is not None and recorded != have:
         raise C128Error(f"the cached wheel {wheel} changed since it was downloaded (sha256 {have[:16]}…, recorded "
                         f"{recorded[:16]}…); {fix}")
@@ -279,7 +280,7 @@ def check_release_content(wheel: Path, git: Git, commit: str, version: str) -> N
            f"sglang=={version}); to label a changed sglang, build it from source (c128patch build)")
     recorded = _sums(cache_dir() / "wheels").get(wheel.name)
     if recorded is not None:  # the download itself: its sources are the release's (~1 s of reading spared)
-        if (digest := _sha256(wheel)) != recorded:
+        if (digest := file_sha256(wheel)) != recorded:
             raise C128Error(f"{wheel} is not sglang {version}'s release wheel {wheel.name}: its sha256 is "
                             f"{digest[:16]}…, the one downloaded into the cache {recorded[:16]}…; {fix}")
         return

@@ -20,8 +20,15 @@ from unidiff.errors import UnidiffParseError
 
 from c128patch import procs
 from c128patch.errors import C128Error
-from c128patch.series.manifest import sha256_file
-from c128patch.upstream.releases import PACKAGE, WheelTarget, WheelZip, cached_wheel, local_wheels, pip_download
+from c128patch.upstream.releases import (
+    PACKAGE,
+    WheelTarget,
+    WheelZip,
+    cached_wheel,
+    file_sha256,
+    local_wheels,
+    pip_download,
+)
 from c128patch.wheel.patch import WHEEL_PROVENANCE, loose_git
 from c128patch.wheel.rules import wheel_path
 from c128patch.wheel.sbom import SBOM_NAME
@@ -77,7 +84,7 @@ def locate(record: dict, wheel: Path, given: Path | None) -> tuple[Path, str]:
     name, sha, version = pinned(record, wheel)
 
     def checked(path: Path, found: str) -> tuple[Path, str]:
-        have = sha256_file(path)
+        have = file_sha256(path)
         if have != sha:
             raise WheelMismatch(f"{wheel.name}: not made from the upstream wheel at hand: its provenance pins {name} "
                                 f"sha256 {sha[:16]}…, {path} has {have[:16]}…")

@@ -33,6 +33,7 @@ from c128patch.upstream.releases import (
     ReleaseHistory,
     WheelTarget,
     check_release_content,
+    file_sha256,
     release_version,
     release_wheel_for,
     tag_for,
@@ -242,7 +243,7 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
         tree = git.out("rev-parse", f"{commit}^{{tree}}")  # upstream by content, unlike the cache's commit
         check_wheel_patchable(planned, binary_dirs(iw.members()))
         rows = apply_entries(iw, planned, wheel.name, reporter, series)
-        upstream_sha = sha256_file(wheel)
+        upstream_sha = file_sha256(wheel)  # (sha256_file is a series file's: 64 MiB at most)
         epoch = source_date_epoch(wheel_timestamp(wheel))
         # By content only (release, source tree, wheel hash): the same wheel gives the same bytes on any cache.
         upstream = {"rev": tag, "tree": tree, "source": "release-wheel", "version": str(upstream_version),
@@ -252,7 +253,7 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
         out, version = finish(iw, series, planned, rows, upstream=upstream, ancestor=ancestor,
                               base=upstream_version, epoch=epoch, out_dir=out_dir, build="wheel")
     ours = {"name": series.name, "version": series.version, "digest": series.ours.digest()}
-    return WheelResult(str(out), str(version), sha256_file(out), str(upstream_version), str(wheel), upstream_sha, epoch,
+    return WheelResult(str(out), str(version), file_sha256(out), str(upstream_version), str(wheel), upstream_sha, epoch,
                        ours, rows, round(time.perf_counter() - start, 3), layer_rows(series))
 
 

@@ -33,9 +33,9 @@ from c128patch.procs import scratch_dir
 from c128patch.progress import NullReporter, Reporter, echo
 from c128patch.series import provenance
 from c128patch.series.layers import describe
-from c128patch.series.manifest import Series, sha256_file
+from c128patch.series.manifest import Series
 from c128patch.series.plan import Planned, plan
-from c128patch.upstream.releases import release_version
+from c128patch.upstream.releases import file_sha256, release_version
 from c128patch.upstream.source import Target, Upstream, prepare_tree
 from c128patch.wheel.patch import PACKAGE, finish
 from c128patch.wheel.sbom import Ancestor
@@ -233,5 +233,5 @@ def build_wheel(series: Series, upstream: Upstream, rev: str, tree: Path | None,
     finally:
         if not keep_log:
             shutil.rmtree(work, ignore_errors=True)
-    return BuildResult(str(final), str(version), str(base), sha256_file(final), str(git.worktree), rev, commit,
+    return BuildResult(str(final), str(version), str(base), file_sha256(final), str(git.worktree), rev, commit,
                        applied, cmd, env, round(time.perf_counter() - start, 3))
