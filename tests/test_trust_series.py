@@ -362,6 +362,23 @@ def test_a_contract_lock_line_naming_an_odd_site_is_refused_naming_the_line(tmp_
     assert [i.site for i in read_lock(root / "patches").items] == ["overlay/sglang/x.py:3"]
 
 
+def test_a_bad_contract_lock_lines_printed_deletion_works_for_a_folder_holding_a_newline(tmp_path):
+    """Helper 159: the printed ``sed -i Nd LOCK`` quoted the path with shlex.quote, whose newline the one printed line
+    shows as ``⏎``: pasted, the command named no file. The path is in bash's ``$'...'`` (``textsafe.shell_quote``)."""
+    from c128patch.series.contract import read_lock
+    from c128patch.textsafe import one_line
+    from support import printed_command, run_printed
+
+    root = series_folder(tmp_path / "new\nline")
+    lock = root / "patches" / "contract.lock"
+    lock.write_text(f"# base v0.5.23\n{GOOD_ROW}\nfunction  sglang.a.f  /etc/passwd:3  python/sglang/a.py:10  sig=01\n")
+    with pytest.raises(C128Error) as exc:
+        read_lock(root / "patches")
+    assert run_printed(printed_command(one_line(exc.value.message), "sed -i")).returncode == 0
+    assert "/etc/passwd" not in lock.read_text() and [i.site for i in read_lock(root / "patches").items] == [
+        "overlay/sglang/x.py:3"]
+
+
 def test_a_good_journal_is_still_finished(tmp_path):
     root = series_folder(tmp_path / "layer")
     journal(root, [["00000", "patches/new.patch"]], ["patches/series.toml"])

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from c128patch.errors import C128Error
 from c128patch.series.manifest import read_series_file
 from c128patch.series.paths import check_relpath, confine
+from c128patch.textsafe import shell_quote
 
 LOCK_NAME = "contract.lock"
 HEADER = ("# c128patch API contract: the upstream surface this series uses, one line per use site.\n"
@@ -152,7 +152,7 @@ def read_lock(patches_dir: Path) -> Lock | None:
 def _rewrite(path: Path, number: int) -> str:
     """The fix for a bad line: refresh reads the lock it rewrites (the signatures it accepted), so the line goes
     first."""
-    return (f"delete that line (`sed -i {number}d {shlex.quote(str(path))}`), then rewrite the lock with "
+    return (f"delete that line (`sed -i {number}d {shell_quote(path)}`), then rewrite the lock with "
             "`c128patch refresh`")
 
 
