@@ -607,11 +607,40 @@ def test_a_config_or_layer_folder_others_may_write_is_refused(tmp_path, monkeypa
         assert "\n" not in exc.value.message
         # helper 155: the fix is a command that works as printed ("chmod go-w it" named no path)
         from support import printed_command, run_printed
-        assert run_printed(printed_command(exc.value.message, "chmod go-w")).returncode == 0
+        assert run_printed(printed_command(exc.value.message, "chmod ")).returncode == 0
         assert lookup_layers((), cwd=config.parent)[0] == ((config.parent / "lay").resolve(),)
         path.chmod(old)
     config.parent.chmod(0o1777)  # as /tmp: the sticky bit lets no other user replace the file
     assert lookup_layers((), cwd=config.parent)[0] == ((config.parent / "lay").resolve(),)
+
+
+def test_one_printed_command_makes_a_layer_or_series_folder_others_may_write_readable(tmp_path, monkeypatch):
+    """Helper 159: each refusal printed ``chmod go-w`` of the one path it met first (the folder, then its patches/,
+    then series.toml...): pasted, the next run named the next; a layer of N files took N runs. The command now takes
+    the folder whose every entry is held to the rule whole (``chmod -R go-w``)."""
+    from c128patch.series.layers import owned_series
+    from support import printed_command, run_printed
+
+    monkeypatch.delenv(ENV, raising=False)
+    config = tmp_path / "op" / CONFIG
+    layer = config.parent / "lay"
+    for folder in (layer, tmp_path / "ser"):
+        (folder / "patches" / "sub").mkdir(parents=True)
+        for name in ("series.toml", "a.patch", "sub/b.patch"):
+            (folder / "patches" / name).write_text("")
+        for path in (folder, *folder.rglob("*")):
+            path.chmod(path.stat().st_mode | 0o002)
+    config.write_text('[layers]\npaths = ["lay"]\n')
+    with pytest.raises(C128Error, match="writable by others: not read") as exc:
+        lookup_layers((), cwd=config.parent)
+    assert run_printed(printed_command(exc.value.message, "chmod ")).returncode == 0
+    assert lookup_layers((), cwd=config.parent)[0] == (layer.resolve(),)
+    series = tmp_path / "ser"
+    for fixed in range(2):  # the folder itself, then its patches/ whole
+        with pytest.raises(C128Error, match="writable by others: not read") as exc:
+            owned_series(series, "the apply journal")
+        assert run_printed(printed_command(exc.value.message, "chmod ")).returncode == 0
+    assert owned_series(series, "the apply journal") == series
 
 
 def test_what_a_config_named_layer_folder_holds_is_held_to_the_configs_rule(tmp_path, monkeypatch):

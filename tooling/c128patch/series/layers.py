@@ -244,7 +244,7 @@ def owned(folders: tuple[Path, ...], origin: str) -> tuple[Path, ...]:
     the operator's ``c128patch.toml``, a tree's record of its layers); --layer and the env are the operator's word."""
     for folder in (f for f in folders if f.exists()):
         for path in _inside(folder):  # (its patches/ or series.toml another's: they choose what the layer holds)
-            _held(folder, path, origin, "layer", f"--layer or {ENV}")
+            _held(folder, path, origin, "layer", f"--layer or {ENV}", folder)
     return folders
 
 
@@ -252,21 +252,25 @@ def owned_series(root: Path, origin: str) -> Path:
     """``root`` when it and the parts of it a series is read from are the user's and no other user may write them
     (``owned``'s rule, for a series folder a journal names: whoever owns it chooses what is applied)."""
     folders = (root / "patches", root / "csrc", root / "overlay")  # what ``load_series`` reads (a checkout holds more)
-    parts = (p for part in folders if part.is_dir() for p in _inside(part))
-    for path in (root, *parts) if root.exists() else ():
-        _held(root, path, origin, "series", "--series")
+    if root.exists():
+        _held(root, root, origin, "series", "--series")
+        for part in (f for f in folders if f.is_dir()):
+            for path in _inside(part):
+                _held(root, path, origin, "series", "--series", part)
     return root
 
 
-def _held(folder: Path, path: Path, origin: str, what: str, instead: str) -> None:
-    """Refuse ``path`` (``folder`` or in it) when another user owns it or may write it."""
+def _held(folder: Path, path: Path, origin: str, what: str, instead: str, walked: Path | None = None) -> None:
+    """Refuse ``path`` (``folder`` or in it) when another user owns it or may write it; ``walked``: the folder whose
+    every entry is held so (the printed chmod takes it whole: one path a run took as many runs as it holds)."""
     at = "" if path == folder else f" (its {path.relative_to(folder)})"
     if (uid := path.lstat().st_uid) != os.getuid():
         raise C128Error(f"{origin} names {what} {folder}{at}, owned by another user (uid {uid}): not read (as "
                         f"git's safe.directory); {_made_yours(folder, True)}, or name it with {instead}")
     if not path.is_symlink() and (why := _others_write(path)):
         raise C128Error(f"{origin} names {what} {folder}{at}, {why}: not read (another user may change it); "
-                        f"chmod go-w {shell_quote(path)}, or name it with {instead}")
+                        f"{shell_join(['chmod', '-R', 'go-w', walked] if walked else ['chmod', 'go-w', path])}, or "
+                        f"name it with {instead}")
 
 
 def _made_yours(path: Path, whole: bool) -> str:
