@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 import zipfile
+import zlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -1520,3 +1521,62 @@ def test_a_wheel_over_a_series_files_size_limit_is_patched_and_verified(wheel_se
     result = patch_wheel(load_series(wheel_series), upstream_wheel, tmp_path / "dist")
     assert result.upstream_sha256 == hashlib.sha256(upstream_wheel.read_bytes()).hexdigest()
     assert verify_wheel(Path(result.wheel), authenticity=True, upstream_wheel=upstream_wheel).authenticity
+
+
+def _with_padded_streams(wheel: Path, dest: Path, names: set[str]) -> Path:
+    """``wheel`` (its WHEEL's tags made cp313, RECORD's row for it recomputed: ``_cp313``'s copy) with the members
+    ``names`` deflated behind eight empty stored blocks whose header padding bits are set: bits every inflater skips,
+    the same content."""
+    from c128patch.wheel.tools import record_hash
+
+    class Given:  # zipfile's compressor, giving the stream chosen
+        def __init__(self, stream: bytes) -> None:
+            self.stream = stream
+
+        def compress(self, data: bytes) -> bytes:
+            return b""
+
+        def flush(self) -> bytes:
+            return self.stream
+
+    tag, record = "sglang-0.5.23.dist-info/WHEEL", "sglang-0.5.23.dist-info/RECORD"
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as zf:
+        wheel_file = src.read(tag).replace(b"cp311-cp311", b"cp313-cp313")
+        for old in src.infolist():
+            data = wheel_file if old.filename == tag else src.read(old)
+            if old.filename == record:
+                data = data.replace(record_hash(src.read(tag)).removeprefix("sha256=").encode(),
+                                    record_hash(wheel_file).removeprefix("sha256=").encode())
+            info = zipfile.ZipInfo(old.filename, old.date_time)
+            info.external_attr = old.external_attr
+            if old.filename not in names:
+                zf.writestr(info, data)
+                continue
+            info.compress_type = zipfile.ZIP_DEFLATED
+            deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+            with zf.open(info, "w") as out:
+                out._compressor = Given(b"\xf8\x00\x00\xff\xff" * 8 + deflate.compress(data) + deflate.flush())
+                out.write(data)
+    return dest
+
+
+def test_a_wheel_checked_by_its_content_only_gives_no_member_stream_to_the_wheel_built(
+        wheel_series: Path, upstream_wheel: Path, tmp_path: Path, monkeypatch):
+    """Helper 159: ``wheel`` copies an unchanged member's deflate stream (505670a): from a wheel the cache never
+    downloaded (a cp313 wheel of the release, checked by its content only) that copied the wheel's own encoding, bits
+    every check skips (here empty stored blocks with their padding bits set: 40 chosen bits a member, any number of
+    blocks) into the wheel we build and label. Such a wheel's members are deflated anew: the wheel built holds a fresh
+    deflate of each."""
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    names = {"sglang/version.py", "sglang/__init__.py"}
+    crafted = _with_padded_streams(upstream_wheel, tmp_path / "sglang-0.5.23-cp313-cp313-manylinux_2_34_x86_64.whl",
+                                   names)
+    built = Path(patch_wheel(load_series(wheel_series), crafted, tmp_path / "dist").wheel)
+    with zipfile.ZipFile(built) as zf, built.open("rb") as fh:
+        for name in names:
+            info = zf.getinfo(name)
+            fh.seek(info.header_offset + 26)
+            skip = sum(struct.unpack("<HH", fh.read(4)))
+            stream = fh.read(skip + info.compress_size)[skip:]
+            fresh = zlib.compressobj(6, zlib.DEFLATED, -15)
+            assert stream == fresh.compress(zf.read(name)) + fresh.flush(), name

@@ -270,12 +270,12 @@ def cached_wheel(wheel: Path) -> Path:
     return wheel
 
 
-def check_release_content(wheel: Path, git: Git, commit: str, version: str) -> None:
+def check_release_content(wheel: Path, git: Git, commit: str, version: str) -> bool:
     """``wheel``, taken as sglang ``version``'s release wheel, checked against what is known of that release: its bytes
     against the cache's record of the wheel of that name as downloaded (``SHA256SUMS``), and its sources byte for byte
     against the release history's ``commit`` where there is no record (any platform's wheel of the release has the
     same sources; only their executable bits may differ); else one line. Its compiled extensions are checked only by
-    that record."""
+    that record. True: its bytes are the download's (not only its content: how each member is encoded too)."""
     fix = (f"start from sglang {version}'s own wheel (c128patch wheel --from-release {version}, or pip download "
            f"sglang=={version}); to label a changed sglang, build it from source (c128patch build)")
     recorded = _sums(cache_dir() / "wheels").get(wheel.name)
@@ -283,7 +283,7 @@ def check_release_content(wheel: Path, git: Git, commit: str, version: str) -> N
         if (digest := file_sha256(wheel)) != recorded:
             raise C128Error(f"{wheel} is not sglang {version}'s release wheel {wheel.name}: its sha256 is "
                             f"{digest[:16]}…, the one downloaded into the cache {recorded[:16]}…; {fix}")
-        return
+        return True
     want = {}
     for row in git.out("ls-tree", "-r", "-z", commit, "--", TREE_PREFIX + PACKAGE).split("\0"):
         if row:
@@ -302,6 +302,7 @@ def check_release_content(wheel: Path, git: Git, commit: str, version: str) -> N
         raise C128Error(f"{wheel} is not sglang {version}'s release wheel: {changed[0].removeprefix(TREE_PREFIX)}"
                         f"{more} {'differ' if more else 'differs'} from the release's "
                         f"{'sources' if changed[0].startswith(TREE_PREFIX) else 'wheel'}; {fix}")
+    return False
 
 
 _PER_WHEEL = ("RECORD", "WHEEL")  # .dist-info files a release's wheels differ in (hashes, tags)

@@ -238,7 +238,8 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
             raise C128Error(f"unknown release '{tag}' (the release source knows "
                             f"{', '.join('v' + v for v in history.versions())})")
         refuse_foreign(iw, git, commit, wheel.name)
-        check_release_content(wheel, git, commit, rel)  # the label and provenance say it is the release's wheel
+        # the label and provenance say it is the release's wheel; one checked by its content only is deflated anew
+        iw.keep_streams = check_release_content(wheel, git, commit, rel)
         planned = plan(series, git, commit)
         tree = git.out("rev-parse", f"{commit}^{{tree}}")  # upstream by content, unlike the cache's commit
         check_wheel_patchable(planned, binary_dirs(iw.members()))

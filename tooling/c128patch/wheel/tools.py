@@ -2,8 +2,9 @@
 
 ``save()`` regenerates RECORD (``WheelFile``), orders entries (package first, ``.dist-info`` last),
 stamps SOURCE_DATE_EPOCH, normalises modes to 0644/0755, keeps the deflate stream of a member it did not change
-(``WheelZip.deflated``: read whole, CRC checked, exactly its content) under headers of its own: the same inputs give
-the same bytes. It writes inside the destination and renames at the end; a killed run's folders (by pid) are swept.
+(``WheelZip.deflated``: read whole, CRC checked, exactly its content; only from a wheel whose bytes are known,
+``keep_streams``) under headers of its own: the same inputs give the same bytes. It writes inside the destination
+and renames at the end; a killed run's folders (by pid) are swept.
 """
 
 from __future__ import annotations
@@ -194,6 +195,9 @@ class InWheel:
         self._members: dict[str, zipfile.ZipInfo] = {}
         self._extracted: set[str] = set()
         self.dist_info = ""
+        # save() copies an unchanged member's deflate stream (its encoding, not only its content: bits no reader looks
+        # at, a crafted wheel's own): only from a wheel whose bytes are known (the release's download, our build)
+        self.keep_streams = True
 
     def __enter__(self) -> "InWheel":
         self._zip = WheelZip(self.wheel)
@@ -307,7 +311,8 @@ class InWheel:
             return path.read_bytes(), bool(path.stat().st_mode & 0o111), None
         info = self._members[name]
         data = self._zip.read(info)  # in full, its CRC checked
-        return data, bool((info.external_attr >> 16) & 0o111), self._zip.deflated(info, data)
+        return data, bool((info.external_attr >> 16) & 0o111), self._zip.deflated(info, data) if self.keep_streams \
+            else None
 
     def _write(self, path: Path, epoch: int) -> None:
         stamp = time.gmtime(max(epoch, MINIMUM_TIMESTAMP))[:6]
