@@ -1170,6 +1170,31 @@ def test_a_lock_of_the_cache_another_process_holds_is_said_and_waited_for_in_bou
     assert not (cache / "sglang-releases.git").exists()
 
 
+@pytest.mark.parametrize("value, said", [("abc", "'abc' is not a number of seconds"),
+                                         ("nan", "'nan' is not a number of seconds"),
+                                         ("-0", "still locked by another run after 0 s:")])
+def test_a_lock_timeout_that_is_no_number_is_said_with_the_lock_free_and_minus_zero_is_zero(tmp_path, value, said):
+    """Helper 159: ``$C128PATCH_LOCK_TIMEOUT`` was read only once a lock was taken: a typo (``abc``) passed every run
+    until the one that had to wait, which then failed where it was meant to wait longer; ``-0`` said "after -0 s"."""
+    from c128patch.jsonio import locked
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; fd = open(sys.argv[1]); "
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(lock)],
+                              stdout=subprocess.PIPE, text=True) if value == "-0" else None
+    try:
+        assert holder is None or holder.stdout.readline().strip() == "held"
+        with pytest.MonkeyPatch.context() as mp, pytest.raises(C128Error, match=re.escape(said)):
+            mp.setenv("C128PATCH_LOCK_TIMEOUT", value)
+            with locked(lock):
+                pass
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+
+
 @pytest.mark.parametrize("member", [
     "sglang/a.py\ndata 0\n\ncommit refs/heads/injected\ncommitter a <a@b> 0 +0000",  # commands for fast-import
     "sglang/../../x.py", "sglang/.GIT/hooks/post-checkout",

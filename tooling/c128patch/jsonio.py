@@ -38,22 +38,28 @@ LOCK_TIMEOUT_ENV = "C128PATCH_LOCK_TIMEOUT"  # seconds a run waits for a lock an
 QUIET_WAIT = 1.0  # seconds a run waits for a lock before it says so
 
 
-def _wait_for(fd: int, key: str) -> None:
-    """The lock on ``fd`` (of ``key``): at once when free; else waited for, at most ``$C128PATCH_LOCK_TIMEOUT``
-    seconds, then one line; a wait past ``QUIET_WAIT`` s is said on stderr (a run waiting on another, or on a process
-    that holds the lock and never lets go, was silent and unbounded)."""
+def lock_timeout() -> float:
+    """``$C128PATCH_LOCK_TIMEOUT`` in seconds (600 unset), from 0 to a week (``-0``: 0, not "-0 s"); else one line."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return
-    except BlockingIOError:
-        pass
-    try:
-        limit = float(os.environ.get(LOCK_TIMEOUT_ENV) or 600)
+        limit = float(os.environ.get(LOCK_TIMEOUT_ENV) or 600) + 0.0
         if not 0 <= limit <= 604800:
             raise ValueError
     except ValueError:
         raise C128Error(f"{LOCK_TIMEOUT_ENV}={os.environ[LOCK_TIMEOUT_ENV]!r} is not a number of seconds from 0 to "
                         "604800") from None
+    return limit
+
+
+def _wait_for(fd: int, key: str) -> None:
+    """The lock on ``fd`` (of ``key``): at once when free; else waited for, at most ``$C128PATCH_LOCK_TIMEOUT``
+    seconds, then one line; a wait past ``QUIET_WAIT`` s is said on stderr (a run waiting on another, or on a process
+    that holds the lock and never lets go, was silent and unbounded)."""
+    limit = lock_timeout()  # read first: a bad value is said by every run, not only the one that has to wait
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
     start = time.monotonic()
     said = False
     while True:
