@@ -763,6 +763,34 @@ def test_a_series_folder_a_journal_names_is_held_to_the_layer_folders_rule(tmp_p
     assert recorded_stack(str(default_series_root()), [], journal).root == default_series_root().resolve()
 
 
+def test_an_overlay_source_a_journals_series_names_outside_its_held_parts_is_held_too(tmp_path):
+    """Helper 159: ``owned_series`` checked the folder and its patches/, csrc/, overlay/, but an overlay entry's
+    ``source`` may be any file of the folder (``extra/x.py``): one another user may write, or owns, in a folder others
+    may write, was applied by ``apply --continue``. Each overlay source and the folders on its way are held too."""
+    from c128patch.ops.treestate import c128_state_dir
+    from c128patch.series.layers import recorded_stack
+
+    ours, tree = tmp_path / "ours", tmp_path / "sglang"
+    (ours / "patches").mkdir(parents=True)
+    (ours / "extra").mkdir()
+    (ours / "extra" / "x.py").write_text("x = 1\n")
+    (ours / "patches" / "series.toml").write_text(
+        '[series]\nname = "mine"\nversion = "1"\nbase = "v0.5.23"\n\n[[entries]]\nname = "ov"\nkind = "overlay"\n'
+        'why = "x"\nsource = "extra/x.py"\ntarget = "python/sglang/x.py"\n')
+    tree.mkdir()
+    git = Git(worktree=tree)
+    git.run("init", "-q")
+    c128_state_dir(git).mkdir()
+    journal = c128_state_dir(git) / "apply.json"
+    assert recorded_stack(str(ours), [], journal).root == ours.resolve()
+    for path in (ours / "extra", ours / "extra" / "x.py"):
+        path.chmod(path.stat().st_mode | 0o002)
+        with pytest.raises(C128Error, match=rf"\(its {path.relative_to(ours)}\), writable by others: not read"):
+            recorded_stack(str(ours), [], journal)
+        assert recorded_stack(str(ours), [], journal, series_given=True).root == ours.resolve()
+        path.chmod(path.stat().st_mode & ~0o002)
+
+
 def test_a_config_in_a_bare_repository_given_as_a_file_url_is_never_read(tmp_path, monkeypatch):
     """Helper 153: `--repo file:///R` from inside the bare repository R read R's c128patch.toml (and stacked its
     layer): only a --repo PATH was excluded from the search, and a bare repository has no `.git` to stop it."""

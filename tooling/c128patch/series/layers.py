@@ -260,6 +260,17 @@ def owned_series(root: Path, origin: str) -> Path:
     return root
 
 
+def _sources_held(series: Series, origin: str) -> None:
+    """``owned_series``' rule for each overlay source the manifest names outside ``patches/``, ``csrc/`` and
+    ``overlay/`` (``source = "extra/x.py"``: a file another user owns, in a folder others may write, was applied), and
+    the folders on its way."""
+    for entry in (e for e in series.entries if not e.is_patch):
+        path = series.file_of(entry)
+        for step in [path, *path.parents][: len(path.relative_to(series.root).parts)]:
+            if os.path.lexists(step):
+                _held(series.root, step, origin, "series", "--series")
+
+
 def _held(folder: Path, path: Path, origin: str, what: str, instead: str, walked: Path | None = None) -> None:
     """Refuse ``path`` (``folder`` or in it) when another user owns it or may write it; ``walked``: the folder whose
     every entry is held so (the printed chmod takes it whole: one path a run took as many runs as it holds)."""
@@ -401,10 +412,14 @@ def recorded_stack(series_root: str, layers: Sequence[str], journal: Path, serie
     none inside a tree the tool patches; ``owned``, ``owned_series``: the user's, but for the tool's own series or one
     the operator gave with --series)."""
     root, *folders = operators([Path(p).resolve() for p in [series_root, *layers]], str(journal))
-    if not series_given and root != default_series_root().resolve():
+    held = not series_given and root != default_series_root().resolve()
+    if held:
         owned_series(root, str(journal))
     owned(tuple(folders), str(journal))
-    made = stack(load_series(root), folders)
+    series = load_series(root)
+    if held:
+        _sources_held(series, str(journal))
+    made = stack(series, folders)
     if made.layers:  # (--json's layers_in_effect: from the journal, not "--layer", which nobody passed)
         made.origin = f"the {journal.stem} journal"  # type: ignore[attr-defined]
     return made
