@@ -824,6 +824,28 @@ def test_the_config_search_stops_at_a_bare_repositorys_root_as_at_a_work_trees(t
     assert lookup_layers(cwd=bare / "refs") == ((), str(bare / CONFIG))
 
 
+def test_a_bare_repository_whose_head_is_a_symlink_stops_the_config_search_and_is_excluded(tmp_path, monkeypatch,
+                                                                                            sglang_release_repo):
+    """Helper 159: a bare repository whose HEAD is a symlink (``core.preferSymlinkRefs``, to a branch with no commit
+    yet) is a repository to git, but not to the search (HEAD must be a file): from inside it the config above was read,
+    and ``check --repo R`` run from inside R read R's own c128patch.toml and stacked its layer."""
+    monkeypatch.delenv(ENV, raising=False)
+    bare = tmp_path / "r.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(sglang_release_repo), str(bare)], check=True)
+    (bare / "HEAD").unlink()
+    (bare / "HEAD").symlink_to("refs/heads/none-yet")
+    for folder in (tmp_path, bare):
+        (folder / "lay" / "patches").mkdir(parents=True)
+        (folder / "lay" / "patches" / "series.toml").write_text('[series]\nname = "lay"\nversion = "1"\n'
+                                                                'base = "v0.5.23"\n')
+    (tmp_path / CONFIG).write_text('[layers]\npaths = ["lay"]\n')
+    assert lookup_layers(cwd=bare / "refs") == ((), "")  # the config above the repository: not read
+    (bare / CONFIG).write_text('[layers]\npaths = ["lay"]\n')
+    monkeypatch.chdir(bare / "refs")
+    res = invoke("check", "--repo", bare, "--sglang-rev", "v0.5.23", as_json=False)
+    assert res.code == 0 and f"layers from {bare / CONFIG}" not in res.err, res.err  # (the one above: the operator's)
+
+
 def test_apply_continue_and_rebase_onto_read_no_config_of_the_tree_they_were_pointed_at(tmp_path, monkeypatch):
     """Helper 137: `apply --continue --series DIR` and rebase's series loading called ``get_series``, which read
     c128patch.toml from the current folder excluding neither the tree nor the repository (`rebase --onto` looked

@@ -160,7 +160,8 @@ def load_stack(run: Run, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
 
     def top(folder: Path) -> Path | None:  # the repository holding folder (a bare one: itself), no git run
         chain = [folder.resolve(), *folder.resolve().parents]
-        return next((f for f in chain if (f / ".git").exists() or (f / "HEAD").is_file()), None)
+        return next((f for f in chain if (f / ".git").exists() or (f / "HEAD").is_file() or (f / "HEAD").is_symlink()),
+                    None)  # (a symlinked HEAD: a bare repository to git)
 
     for option, folder in [("--series", series_dir), *(("--layer", f) for f in layer_dirs)]:
         if folder is not None and os.path.lexists(folder) and not Path(folder).is_dir():  # (a FIFO: "no manifest")

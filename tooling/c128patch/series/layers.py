@@ -346,8 +346,10 @@ def _sparse(folder: Path) -> bool:
 
 
 def _git_dir(folder: Path) -> bool:
-    """Is ``folder`` a git dir, a bare repository's root (git's own test: ``HEAD``, ``objects/``, ``refs/``)?"""
-    return (folder / "HEAD").is_file() and (folder / "objects").is_dir() and (folder / "refs").is_dir()
+    """Is ``folder`` a git dir, a bare repository's root (git's own test: ``HEAD``, ``objects/``, ``refs/``)? A ``HEAD``
+    that is a symlink (``core.preferSymlinkRefs``; to a branch with no commit yet) is one to git too (helper 159)."""
+    head = folder / "HEAD"
+    return (head.is_file() or head.is_symlink()) and (folder / "objects").is_dir() and (folder / "refs").is_dir()
 
 
 def find_config(start: Path, exclude: Sequence[Path] = ()) -> Path | None:
