@@ -1580,3 +1580,20 @@ def test_a_wheel_checked_by_its_content_only_gives_no_member_stream_to_the_wheel
             stream = fh.read(skip + info.compress_size)[skip:]
             fresh = zlib.compressobj(6, zlib.DEFLATED, -15)
             assert stream == fresh.compress(zf.read(name)) + fresh.flush(), name
+
+
+def test_a_given_wheel_with_a_corrupt_source_member_is_never_said_to_be_downloaded_again(tmp_path: Path, out: Path,
+                                                                                         wheel_series: Path,
+                                                                                         upstream_wheel: Path):
+    """Helper 159: a --from-wheel wheel the cache never downloaded (its sources compared with the release's) whose
+    member fails its CRC printed the cache's fix, "remove it (rm WHEEL) and run again: it is downloaded again": pasted,
+    it deleted the operator's own wheel, which nothing downloads again."""
+    other = _cp313(upstream_wheel, tmp_path / "sglang-0.5.23-cp313-cp313-manylinux_2_34_x86_64.whl")
+    with zipfile.ZipFile(other) as zf:
+        info = zf.getinfo("sglang/srt/environ.py")  # stored: its bytes are its content
+    data = bytearray(other.read_bytes())
+    data[info.header_offset + 30 + len(info.filename) + len(info.extra) + 100] ^= 0xFF
+    other.write_bytes(bytes(data))
+    line = refused(["wheel", "--from-wheel", str(other), "--series", str(wheel_series)], out,
+                   "member sglang/srt/environ.py cannot be read")
+    assert "downloaded again" not in line and "fetch it again" in line and other.exists()

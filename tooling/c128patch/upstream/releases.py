@@ -289,7 +289,8 @@ def check_release_content(wheel: Path, git: Git, commit: str, version: str) -> b
         if row:
             meta, _, path = row.partition("\t")
             want[path] = meta.split()[-1]
-    have = {path: blob_id(data) for path, _, data in iter_wheel_sources(wheel)}
+    # (not the cache's: its fix, "rm it: it is downloaded again", deleted the operator's wheel, never downloaded)
+    have = {path: blob_id(data) for path, _, data in iter_wheel_sources(wheel, GIVEN)}
     changed = sorted(p for p in want.keys() | have.keys() if want.get(p) != have.get(p))
     if not changed:  # its metadata (Requires-Dist: what pip installs with it; entry points) the release wheel's
         if (release := find_wheel(version)) is None:
@@ -380,12 +381,13 @@ def wheel_for(version: str, progress: Progress | None = None) -> Path:
 
 
 CACHED = "remove it (rm {wheel}) and run again: it is downloaded again"  # WheelZip's fix for a wheel of the cache
+GIVEN = "a truncated download? delete it and fetch it again"  # for one the operator gives (never downloaded again)
 
 
 class WheelZip(zipfile.ZipFile):
     """A wheel's zip archive; truncated or corrupt (opened, or a member read): one line naming it and the ``fix``."""
 
-    def __init__(self, wheel: Path, fix: str = "a truncated download? delete it and fetch it again") -> None:
+    def __init__(self, wheel: Path, fix: str = GIVEN) -> None:
         self.fix = fix = fix.format(wheel=shell_quote(str(wheel)))
         with contextlib.suppress(OSError):  # (a missing one: zipfile says so below)
             if not stat.S_ISREG(os.stat(wheel).st_mode):  # a device or a pipe (/dev/zero, a FIFO): an endless read
@@ -530,9 +532,10 @@ class WheelZip(zipfile.ZipFile):
                             f"{self.fix}") from None
 
 
-def iter_wheel_sources(wheel: Path) -> Iterator[tuple[str, str, bytes]]:
-    """(path, git mode, content) of each source file of an sglang wheel, as upstream's repository has it."""
-    with WheelZip(wheel, CACHED) as zf:
+def iter_wheel_sources(wheel: Path, fix: str = CACHED) -> Iterator[tuple[str, str, bytes]]:
+    """(path, git mode, content) of each source file of an sglang wheel, as upstream's repository has it (``fix``: what
+    a member that cannot be read prints: a wheel of the cache's, by default)."""
+    with WheelZip(wheel, fix) as zf:
         for info in sorted(zf.infolist(), key=lambda i: i.filename):
             name = info.filename
             if info.is_dir() or not name.startswith(f"{PACKAGE}/") or name.endswith(BINARY_SUFFIXES):
