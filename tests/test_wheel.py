@@ -1597,3 +1597,22 @@ def test_a_given_wheel_with_a_corrupt_source_member_is_never_said_to_be_download
     line = refused(["wheel", "--from-wheel", str(other), "--series", str(wheel_series)], out,
                    "member sglang/srt/environ.py cannot be read")
     assert "downloaded again" not in line and "fetch it again" in line and other.exists()
+
+
+@pytest.mark.parametrize("field, value", [("method", 0), ("flags", 0x1)])
+def test_a_local_header_naming_another_method_than_the_directory_is_refused(patched, tmp_path: Path, field, value):
+    """Helper 159: a member whose local header says stored (method 0) while the central directory says deflated (or
+    that says encrypted) passed verify-wheel and `wheel --from-wheel`: zipfile goes by the directory, a reader going
+    from the start would take the deflate stream itself as the member's content."""
+    src = Path(patched.wheel)
+    bad = tmp_path / src.name
+    shutil.copyfile(src, bad)
+    with zipfile.ZipFile(bad) as zf:
+        info = zf.getinfo("sglang/srt/environ.py")
+    assert info.compress_type == zipfile.ZIP_DEFLATED
+    with bad.open("r+b") as fh:
+        fh.seek(info.header_offset + (8 if field == "method" else 6))
+        fh.write(struct.pack("<H", value | (info.flag_bits if field == "flags" else 0)))
+    res = run_cli(["verify-wheel", str(bad), "--no-authenticity"])
+    assert res.code == 2 and "sglang/srt/environ.py's local header says compression method" in error_line(res.err), \
+        res.err

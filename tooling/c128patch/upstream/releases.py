@@ -394,10 +394,14 @@ class WheelZip(zipfile.ZipFile):
                 raise C128Error(f"not a wheel: {wheel} is not a regular file (a device or a pipe); {fix}")
         try:
             super().__init__(wheel)
-            at, other = self._stray_bytes(), self._other_directory()
+            at, other, unlike = self._stray_bytes(), self._other_directory(), self._unlike_local()
         except (zipfile.BadZipFile, OSError, struct.error) as exc:
             self.close()
             raise C128Error(f"not a wheel: {wheel} is not a whole wheel ({exc}); {fix}") from None
+        if unlike:
+            self.close()
+            raise C128Error(f"not a wheel: {wheel}: {unlike} (a reader going from the start, as some installers do, "
+                            f"takes the member's bytes otherwise than zipfile); {fix}")
         if other:
             self.close()
             raise C128Error(f"not a wheel: {wheel} has {other} (two central directories: readers disagree on its "
@@ -407,6 +411,19 @@ class WheelZip(zipfile.ZipFile):
             raise C128Error(f"not a wheel: {wheel} holds bytes at offset {at} that no member of its central "
                             "directory accounts for (another archive, which a reader going from the start, as some "
                             f"installers do, would unpack instead); {fix}")
+
+    def _unlike_local(self) -> str:
+        """A member whose local header names another compression method or encryption than the central directory's
+        ("": none): zipfile goes by the directory; a reader going from the start took a deflated member's stream as
+        its stored content (helper 159)."""
+        assert self.fp is not None
+        for info in self.infolist():
+            self.fp.seek(info.header_offset + 6)
+            flags, method = struct.unpack("<HH", self.fp.read(4))
+            if method != info.compress_type or (flags ^ info.flag_bits) & 0x1:
+                return (f"member {info.filename}'s local header says compression method {method} (flags {flags:#x}), "
+                        f"its central directory {info.compress_type} ({info.flag_bits:#x})")
+        return ""
 
     def _stray_bytes(self) -> int | None:
         """Where the members' local records stop tiling the file from its first byte to the central directory
