@@ -188,3 +188,32 @@ def test_the_childs_environment_is_the_one_given_not_its_prefix_shells(env):
 
     plain = subprocess.run(["env", "-0"], env=env, cwd="/", capture_output=True, text=True, timeout=30).stdout
     assert seen(procs.run(["env", "-0"], 10, env=env, cwd="/").stdout) == seen(plain)
+
+
+@pytest.mark.parametrize("sub", ["clone", "checkout"])
+def test_a_long_untimed_git_call_dies_with_the_tool_even_by_sigkill(tmp_path, sub):
+    """An untimed git call that writes a tree (clone, checkout, read-tree -u, am) outlived a SIGKILLed tool and wrote
+    on into the folder the next run sweeps (8f698c7's preexec_fn fix deadlocked CI and was reverted in 705acf5).
+    Through ``procs.dying`` now: a git that sleeps stands in for a long one; it must die with the tool."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    real = subprocess.run(["sh", "-c", "command -v git"], capture_output=True, text=True).stdout.strip()
+    (bin_ / "git").write_text(f'#!/bin/sh\ncase " $* " in *" {sub} "*) echo $$ > "{tmp_path}/pid"; exec sleep 30;; '
+                              f'esac\nexec {real} "$@"\n')
+    (bin_ / "git").chmod(0o755)
+    subprocess.run([real, "init", "-q", str(tmp_path / "repo")], check=True)
+    code = (f"from pathlib import Path; from c128patch.git import Git; Git(Path({str(tmp_path / 'repo')!r}))"
+            f".run({sub!r}, 'x', check=False)")
+    tool = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"})
+    pid_file = tmp_path / "pid"
+    deadline = time.monotonic() + 20
+    while not (pid_file.exists() and pid_file.read_text().strip()) and tool.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    git = int(pid_file.read_text())
+    tool.kill()
+    tool.wait()
+    gone = _gone(git)
+    if not gone:
+        os.kill(git, signal.SIGKILL)
+    assert gone

@@ -94,6 +94,11 @@ _NO_PROGRAMS = {"diff": ("--no-ext-diff", "--no-textconv", "--ignore-submodules=
 # a sparse checkout's `add` (git >= 2.34) refuses a path outside its cone (an overlay, the provenance): apply stopped
 # half done; `-c` here, not FORCED_CONFIG: a checkout would fill the tree in
 _PER_COMMAND = {"add": ("core.sparseCheckout=false",)}
+# the untimed calls that may run long and write a tree, a pack or refs: killed when the tool dies, even by SIGKILL
+# (``procs.dying``, no preexec_fn): a SIGKILLed run's checkout wrote on into the folder the next run sweeps. Only
+# these: the prefix costs a call two more execs (~1-1.5 ms of CPU, measured), and `check` makes 35 short ones a rev
+_LONG = frozenset(("clone", "fetch", "checkout", "checkout-index", "read-tree", "reset", "am", "stash",
+                   "clean", "worktree", "gc", "repack", "index-pack", "merge", "cherry-pick", "rebase", "archive"))
 _DRIVERS = re.compile(r"^(filter|merge|diff)\.(.+)\.(clean|smudge|process|driver|textconv)$")
 # another file the config includes: the check below sees .git/config change, never that file (a checkout may write
 # it, a branch may turn it on)
@@ -385,8 +390,10 @@ class Git:
         cmd = [git_executable(), *(x for s in settings for x in ("-c", s)), *args]
         try:
             if timeout is None:
-                proc = subprocess.run(cmd, cwd=self.cwd, env=env, input=input, capture_output=True, text=not binary,
+                argv = procs.dying(cmd, env) if args[:1] and args[0] in _LONG else cmd
+                proc = subprocess.run(argv, cwd=self.cwd, env=env, input=input, capture_output=True, text=not binary,
                                       errors=None if binary else "surrogateescape")  # bytes that are not UTF-8: kept
+                proc.args = cmd
             else:  # git and its helpers end together past ``timeout``, on an interrupt, or (contained) when we die
                 proc = procs.run(cmd, timeout, input=input, text=not binary, cwd=self.cwd, env=env, contained=True)
         except OSError as exc:  # (no pipe for git: ``ulimit -n`` too low, a traceback before)
