@@ -180,7 +180,8 @@ def test_a_child_whose_starter_died_before_its_death_signal_was_set_does_not_run
     assert procs.run(["echo", "ran"], 10).stdout == "ran\n"
 
 
-@pytest.mark.parametrize("env", [None, {"A": "1"}, {"A": "1", "PWD": "/elsewhere ' $x", "SHLVL": "7"}])
+@pytest.mark.parametrize("env", [None, {"A": "1"}, {"A": "1", "PWD": "/elsewhere ' $x", "SHLVL": "7"},
+                                 {b"PWD": b"/bytes", "SHLVL": Path("/a path")}])
 def test_the_childs_environment_is_the_one_given_not_its_prefix_shells(env):
     """The prefix's ``sh`` sets PWD (dash), SHLVL (bash): the command sees the environment it was given."""
     def seen(out: str) -> dict[str, str]:

@@ -97,7 +97,9 @@ def dying(argv: list[str], env: Any = None) -> list[str]:
     prefix = dying_prefix()[0]
     if not prefix:
         return argv
-    env = os.environ if env is None else env
+    # (Popen takes bytes and path-like names and values too)
+    env = {os.fsdecode(k): os.fsdecode(v) for k, v in (os.environ if env is None else env).items()
+           if os.fsdecode(k) in ("PWD", "SHLVL", "PATH")}
     kept = "".join(f"export {k}={shlex.quote(env[k])}; " if k in env else f"unset {k}; " for k in ("PWD", "SHLVL"))
     if "PATH" not in env:  # the command found where Popen looks (os.defpath), not in sh's default; not exported
         kept += f"PATH={shlex.quote(os.defpath)}; "
