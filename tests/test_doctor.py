@@ -750,3 +750,13 @@ def test_where_the_probes_cannot_have_a_pid_namespace_doctor_says_so(tmp_path: P
     res = invoke("doctor", "--python", sys.executable, as_json=False)
     assert ("the probes run without a pid namespace of their own here (unshare: Operation not permitted)"
             in res.text), res.text
+
+
+def test_where_the_tools_children_cannot_be_tied_to_it_doctor_says_so(monkeypatch: pytest.MonkeyPatch):
+    """Helper 157: without setpriv (util-linux < 2.33, macOS) a Group's child is not killed with a SIGKILLed tool
+    (``procs.dying_prefix``); the host's check says so, and says nothing where they are tied."""
+    res = invoke("doctor", "--python", sys.executable, as_json=False)
+    assert "children are not tied" not in res.text, res.text
+    monkeypatch.setattr(doctor_module, "dying_prefix", lambda: ([], "no setpriv (util-linux)"))
+    res = invoke("doctor", "--python", sys.executable, as_json=False)
+    assert "the tool's children are not tied to it here (no setpriv (util-linux))" in res.text, res.text

@@ -21,6 +21,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
+from c128patch.procs import dying_prefix
 from c128patch.series.gates import Gate
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import record_problem
@@ -89,6 +90,10 @@ def diagnose(python: str, launch_args: Sequence[str], series: Series | None) -> 
         report.add("warn", "probes", f"the probes run without a pid namespace of their own here ({contained()[1]}): "
                                      "a process the install forks into a session of its own is ended when a probe "
                                      "ends, but outlives doctor if doctor is killed (SIGKILL)")
+    if dying_prefix()[1]:  # (every verb's children: git, the sealed box, these probes)
+        report.add("warn", "probes", f"the tool's children are not tied to it here ({dying_prefix()[1]}): one it "
+                                     "starts (a probe, a git call, the sealed box) runs on to its own end if the tool "
+                                     "is killed (SIGKILL)")
     sg = interp.dists.get("sglang")
     readings: list[EnvReading] = []
     if sg is None:
