@@ -139,7 +139,7 @@ def test_a_program_that_is_not_there_is_said_as_popen_says_it(tmp_path):
     assert procs.dying_prefix()[0], procs.dying_prefix()[1]  # (this host has setpriv: the prefix is tested)
     for argv, kw, kind in ((["c128-no-such-program"], {}, FileNotFoundError),
                            (["c128-no-such-program"], {"env": {"PATH": str(tmp_path)}}, FileNotFoundError),
-                           ([str(tmp_path / "none")], {}, FileNotFoundError),
+                           ([str(tmp_path / "none")], {}, FileNotFoundError), ([b"c128-none"], {}, FileNotFoundError),
                            (["./x"], {"cwd": tmp_path}, PermissionError), ([str(tmp_path)], {}, PermissionError)):
         (tmp_path / "x").write_text("")
         with pytest.raises(kind) as exc:
@@ -150,6 +150,7 @@ def test_a_program_that_is_not_there_is_said_as_popen_says_it(tmp_path):
     (tmp_path / "x").chmod(0o755)  # found relative to cwd, and on the env's PATH, as Popen finds it
     assert procs.run(["./x"], 10, cwd=tmp_path).returncode == 0
     assert procs.run(["x"], 10, env={"PATH": str(tmp_path)}).returncode == 0
+    assert procs.run([b"x"], 10, cwd=os.fsencode(tmp_path), env={"PATH": "."}).returncode == 0  # bytes, as Popen
     with pytest.raises(subprocess.TimeoutExpired, match=r"\['sleep', '5'\]"):  # the command, not the prefix
         procs.run(["sleep", "5"], 0.2)
 

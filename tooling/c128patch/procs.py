@@ -110,10 +110,10 @@ def _runnable(program: str, env: Any, cwd: Any) -> None:
     """``FileNotFoundError`` (``PermissionError``) as ``Popen`` raises it where ``program`` cannot be run: found as
     ``Popen`` looks (``env``'s PATH unless it holds a "/", relative to ``cwd``), a file that may be executed."""
     def here(path: str) -> str:
-        return os.path.join(cwd, path) if cwd is not None else path
+        return os.path.join(os.fsdecode(cwd), path) if cwd is not None else path
 
-    found = [here(program)] if os.path.dirname(program) else [here(os.path.join(d, program))
-                                                                for d in os.get_exec_path(env)]
+    name = os.fsdecode(program)  # (str, bytes or path-like, as Popen takes it)
+    found = [here(name)] if os.path.dirname(name) else [here(os.path.join(d, name)) for d in os.get_exec_path(env)]
     if any(os.path.isfile(p) and os.access(p, os.X_OK) for p in found):
         return
     code = errno.EACCES if any(os.path.exists(p) for p in found) else errno.ENOENT
