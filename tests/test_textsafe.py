@@ -121,7 +121,8 @@ def test_the_commit_message_watch_writes_carries_upstreams_text_inert(outcome):
     """`commit-message.txt` (the CI workflow commits it; the pull request's merge reads it) carried upstream's renamed
     paths and a "merged" outcome's evidence as they were: `fixes #1.py` or `closes #12` closed an issue of the fork
     when the pull request merged, `@someone` pinged, a newline forged a trailer. Each stays one line, none live."""
-    evil = "x; fixes #1.py closes GH-7, https://github.com/o/r/issues/3 @someone\nSigned-off-by: x <x@y>\x1b[2J"
+    evil = ("x; fixes #1.py closes GH-7, https://github.com/o/r/issues/3 @someone\nSigned-off-by: x <x@y>\x1b[2J "
+            "see www.evil.example/x")  # (helper 158: a www. host is a URL GitHub links too)
     report = {"outcome": outcome, "series": {"name": "c128patch", "version": "4"},
               "refreshed": {"version": "5", "mode": "primary", "label": "v0.5.23"},
               "onto": {"rev": "v0.5.23", "commit": "b" * 40}, "headline": f"upstream holds it ({evil})",
@@ -129,7 +130,7 @@ def test_the_commit_message_watch_writes_carries_upstreams_text_inert(outcome):
               "equivalence": {"summary": f"identical ({evil})"}}
     message = watch_report.commit_message(report)
     assert message.startswith("patches: ") and "v0.5.23@bbbbbbbbbbbb" in message  # ours as it was
-    assert not re.search(r"(?<!\w)@\w|#\d|(?i:gh-\d)|://|\x1b", message), message
+    assert not re.search(r"(?<!\w)@\w|#\d|(?i:gh-\d)|://|\x1b|(?i:\bwww\.)", message), message
     assert not any(line.startswith("Signed-off-by") for line in message.splitlines()), message
     assert "\uff03" "1.py" in message and "\uff20someone" in message
 

@@ -98,12 +98,14 @@ def md(text: str, lang: str | None = None) -> str:
     return f"{'`' * (runs + 1)}{pad}{text}{pad}{'`' * (runs + 1)}"
 
 
-_LIVE = re.compile(r"(?<![\w])@(?=\w)|#(?=\d)|(?i:\bgh-(?=\d))|(?i:://)")
+_LIVE = re.compile(r"(?<![\w])@(?=\w)|#(?=\d)|(?i:\bgh-(?=\d))|(?i:://)|(?i:\bwww\.)")
 
 
 def inert(text: str) -> str:
     """Plain ``text`` that GitHub reads as it is (a commit message, no Markdown to quote it in): no ``@mention``,
     ``#12``/``GH-12`` reference (after ``closes``/``fixes``: the pull request's merge closed that issue of ours) nor
-    URL in it is live: ``＠``, ``＃``, ``GH‐`` and ``[:]//`` stand for them."""
+    URL in it is live (``www.evil.example`` is one to GitHub, as ``https://`` is): ``＠``, ``＃``, ``GH‐``, ``[:]//``
+    and ``www[.]`` stand for them."""
     stand_in = {"@": "\uff20", "#": "\uff03", "://": "[:]//"}
-    return _LIVE.sub(lambda m: stand_in.get(m.group(0), m.group(0)[:2] + "\u2010"), text)
+    return _LIVE.sub(lambda m: stand_in.get(m.group(0), m.group(0)[:3] + "[.]" if m.group(0).lower() == "www."
+                                            else m.group(0)[:2] + "\u2010"), text)
