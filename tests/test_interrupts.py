@@ -465,3 +465,20 @@ def test_a_folder_named_by_a_pid_no_process_can_have_is_passed_over_not_a_traceb
     odd.mkdir()
     made = Path(scratch_dir("c128watch-"))
     assert made.is_dir() and odd.is_dir()
+
+
+def test_ctrl_c_while_the_command_line_is_read_claims_no_outcome(monkeypatch, capsys):
+    """Helper 158: Ctrl-C while click read the command line or imported the verb's module (a tenth of a second of
+    every run, before the verb's own handler) printed click's "Aborted!" and exited 1, the code of `lint`'s errors or
+    `check`'s "does not apply". It is the tool's one line and 130, as inside a verb."""
+    from c128patch import cli
+
+    def cut_short(name: str, *args: object) -> object:
+        raise KeyboardInterrupt  # as Python raises it for SIGINT
+
+    monkeypatch.setattr(cli.importlib, "import_module", cut_short)
+    with pytest.raises(SystemExit) as done:
+        cli.main.main(["lint", "--offline"], prog_name="c128patch")
+    err = capsys.readouterr().err
+    assert done.value.code == SIGNAL + signal.SIGINT, (done.value.code, err)
+    assert err.strip() == "c128patch: interrupted (SIGINT): no outcome; nothing was done", err

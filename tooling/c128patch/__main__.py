@@ -1,11 +1,16 @@
 """The console entry (`c128patch`) and `python -m c128patch`: the click CLI of cli/."""
 
-import gc
-import os
 import sys
-from typing import Any, TextIO
 
-from c128patch import cli
+try:  # Ctrl-C as the tool starts (its imports are most of that): nothing was done, and a traceback said so
+    import gc
+    import os
+    from typing import Any, TextIO
+
+    from c128patch import cli
+except KeyboardInterrupt:
+    sys.stderr.write("c128patch: interrupted (SIGINT): no outcome; nothing was done\n")
+    raise SystemExit(130) from None  # (exitcodes.SIGNAL + SIGINT: that module is not imported yet)
 
 
 class ReaderGone:

@@ -122,12 +122,28 @@ class LazyGroup(VerbTable):
             return super().make_context(*args, **kwargs)
         except click.UsageError as exc:
             report_usage_error(exc, getattr(self, "_argv", []))
+        except KeyboardInterrupt as exc:
+            interrupted_before_the_verb(exc)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except click.UsageError as exc:
             report_usage_error(exc, getattr(self, "_argv", []))
+        except KeyboardInterrupt as exc:  # (in the verb, ``handles_errors`` takes it: it came before)
+            interrupted_before_the_verb(exc)
+
+
+def interrupted_before_the_verb(exc: KeyboardInterrupt) -> NoReturn:
+    """Ctrl-C while the command line is read or the verb's module imported: click said "Aborted!" and exited 1, the
+    code of a verb's finding (`lint`'s errors, `check`'s "does not apply"). One line and 128+N, as in a verb."""
+    import signal
+
+    from c128patch import exitcodes
+
+    signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+    click.echo(f"c128patch: interrupted ({signal.Signals(signum).name}): no outcome; nothing was done", err=True)
+    sys.exit(exitcodes.SIGNAL + signum)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
