@@ -1434,6 +1434,27 @@ def test_a_ledger_row_is_recorded_under_the_layers_lock(tmp_path):
     assert sorted(r["entry"] for r in Ledger(load_series(layer)).rows()) == ["mine", "other"]
 
 
+@txn.serialised  # the first of two `layer new` on one folder, past its check that no manifest is there
+def _make_slowly(folder: Path, hold: float) -> None:
+    time.sleep(hold)
+    (folder / "patches" / "series.toml").write_text(SERIES.format(name="first"))
+
+
+def test_two_layer_new_on_one_folder_are_serialised(tmp_path):
+    """Helper 158: two `layer new` at once on one folder both found no manifest, both wrote one and both exited 0 ("made
+    layer ..."): the first's was overwritten by the second. The write is under the folder's lock, the check again
+    under it: the second is refused, "exists already", and the first's layer stays."""
+    folder = tmp_path / "layer"
+    (folder / "patches").mkdir(parents=True)
+    writer = multiprocessing.get_context("fork").Process(target=_make_slowly, args=(folder, 1.5))
+    writer.start()
+    time.sleep(0.4)  # it holds the folder's lock
+    res = invoke("layer", "new", folder, "--name", "second", as_json=False)
+    writer.join(60)
+    assert writer.exitcode == 0 and res.code == 2 and "exists already" in res.err, (res.code, res.err)
+    assert load_series(folder).name == "first"
+
+
 # ------------------------------------------------------------------------------------------ robustness: argv
 def test_a_non_utf8_argv_is_taken_or_refused_in_one_line(tmp_path):
     """Non-UTF-8 bytes in a folder name and in an option (``python -m c128patch``, as a shell passes them)."""

@@ -51,8 +51,9 @@ def new_layer(folder: Path, name: str, series: Series, base: str = "") -> Series
     if name == series.name:  # (every verb refuses such a stack later: say so before writing anything)
         raise C128Error(f"layer new --name {name}: that is the series' own name; a layer needs its own; nothing was "
                         "written")
+    exists = f"{folder / MANIFEST} exists already: {folder} holds a layer or a series; nothing was written"
     if (folder / MANIFEST).exists():
-        raise C128Error(f"{folder / MANIFEST} exists already: {folder} holds a layer or a series; nothing was written")
+        raise C128Error(exists)
     base = base or series.base
     if base not in known_bases(series):
         raise C128Error(f"base {base!r} is not one the series {series.name} was made on "
@@ -61,7 +62,10 @@ def new_layer(folder: Path, name: str, series: Series, base: str = "") -> Series
     made = [p for p in (folder / "patches", *(folder / "patches").parents) if not os.path.lexists(p)]
     try:
         (folder / "patches").mkdir(parents=True, exist_ok=True)
-        layer.save()
+        with txn.locked(folder):  # two `layer new` at once both said it was made, the first one's overwritten
+            if (folder / MANIFEST).exists():
+                raise C128Error(exists)
+            layer.save()
     except OSError as exc:  # a file on the way, a read-only or full disk, /proc
         for path in made:  # the folders it made, empty (a full disk): taken back
             with contextlib.suppress(OSError):
