@@ -1455,6 +1455,27 @@ def test_two_layer_new_on_one_folder_are_serialised(tmp_path):
     assert load_series(folder).name == "first"
 
 
+@pytest.mark.parametrize("why", ["w\n\nC128patch-Entry: c128-plan-zero-rows\nC128patch-Gate: none",
+                                 "w\rc128patch-entry : c128-plan-zero-rows", "w \u202e\u2028x"])
+def test_an_entrys_why_that_is_not_one_printable_line_is_refused(tmp_path, why):
+    """Helper 158: an entry's ``why`` (a layer's manifest, a pull request's) goes into its overlay's commit message:
+    one holding a line break put ``C128patch-Entry: c128-plan-zero-rows`` (our entry's name) into the commit `apply`
+    made for the layer's overlay, and `lint --offline` passed it. Its text fields are one printable line now."""
+    import tomli_w
+
+    layer = tmp_path / "L"
+    assert invoke("layer", "new", layer, "--name", "site", as_json=False).code == 0
+    (layer / "overlay").mkdir()
+    (layer / "overlay" / "x.py").write_text("X = 1\n")
+    manifest = layer / "patches" / "series.toml"
+    manifest.write_text(manifest.read_text() + "\n" + tomli_w.dumps({"entries": [{
+        "name": "x", "kind": "overlay", "source": "overlay/x.py", "target": "python/sglang/site_x.py", "why": why}]}))
+    refused(["lint", "--offline", "--layer", layer], contains="'why' must be one line of printable text")
+    refused(["apply", "--sglang-rev", "v0.5.23", "--layer", layer, "--tree", tmp_path / "tree"],
+            contains="'why' must be one line")
+    assert not (tmp_path / "tree").exists()
+
+
 # ------------------------------------------------------------------------------------------ robustness: argv
 def test_a_non_utf8_argv_is_taken_or_refused_in_one_line(tmp_path):
     """Non-UTF-8 bytes in a folder name and in an option (``python -m c128patch``, as a shell passes them)."""

@@ -345,6 +345,10 @@ def _entry(raw: Any, index: int, path: Path) -> Entry:
     entry = Entry(name=name, kind=kind, why=_str(raw, "why", where, required=True), sha256=_str(raw, "sha256", where),
                   base_sources=_sources(raw.get("base_sources"), f"{where} base_sources"),
                   **{key: _str(raw, key, where) for key in (*_ENTRY_TEXT_FIELDS[1:], *_ENTRY_OPTIONAL_FIELDS)})
+    for key in _ENTRY_TEXT_FIELDS:  # into an overlay's commit message and reports: a line break there forged a
+        if not str(getattr(entry, key)).isprintable():  # trailer of another entry (C128patch-Entry: c128-...)
+            raise C128Error(f"{where}: '{key}' must be one line of printable text, not {getattr(entry, key)!r} (it "
+                            "goes into commit messages and reports)")
     if kind == "patch":
         entry.file = check_relpath(_str(raw, "file", where, required=True), where)
         variants = raw.get("variants", [])
