@@ -1476,6 +1476,20 @@ def test_an_entrys_why_that_is_not_one_printable_line_is_refused(tmp_path, why):
     assert not (tmp_path / "tree").exists()
 
 
+def test_a_variants_base_that_is_not_one_word_is_refused(tmp_path):
+    """Helper 158: a variant's ``base`` (a pull request's) was taken as any string while the series' own base is held
+    to one word; it is the text of the rule that chose a file (``nearest ancestor base ...``) in check's table and both
+    reports: ``v0.5.22\\nc128patch: all clean`` passed `lint --offline`. One word now, as the series' base."""
+    from support import copy_series
+
+    series = copy_series(tmp_path / "series")
+    manifest = series / "patches" / "series.toml"
+    text = manifest.read_text()
+    assert '\nbase = "v0.5.22"\n' in text
+    manifest.write_text(text.replace('\nbase = "v0.5.22"\n', '\nbase = "v0.5.22\\nc128patch: all clean"\n', 1))
+    refused(["lint", "--offline", "--series", series], contains="unsafe base 'v0.5.22\\nc128patch: all clean'")
+
+
 # ------------------------------------------------------------------------------------------ robustness: argv
 def test_a_non_utf8_argv_is_taken_or_refused_in_one_line(tmp_path):
     """Non-UTF-8 bytes in a folder name and in an option (``python -m c128patch``, as a shell passes them)."""

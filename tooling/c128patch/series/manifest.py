@@ -328,8 +328,10 @@ _ENTRY_KEYS = {"name", "kind", "file", "source", "target", "sha256", "variants",
 def _variant(raw: Any, where: str) -> Variant:
     if not isinstance(raw, dict):
         raise C128Error(f"{where} must be a table")
-    return Variant(check_relpath(_str(raw, "file", where, required=True), where),
-                   _str(raw, "base", where, required=True),
+    base = _str(raw, "base", where, required=True)
+    if not base.isprintable() or " " in base:  # (as the series' base: it reaches reports, progress and rev lookups)
+        raise C128Error(f"{where}: unsafe base {base!r} (one word, no spaces or control characters)")
+    return Variant(check_relpath(_str(raw, "file", where, required=True), where), base,
                    _str(raw, "sha256", where), _str(raw, "commit", where), _sources(raw.get("sources"), where))
 
 
