@@ -5,6 +5,7 @@ no scratch folder in the temp folder or --out, writes no report or wheel, claims
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -477,8 +478,11 @@ def test_ctrl_c_while_the_command_line_is_read_claims_no_outcome(monkeypatch, ca
         raise KeyboardInterrupt  # as Python raises it for SIGINT
 
     monkeypatch.setattr(cli.importlib, "import_module", cut_short)
-    with pytest.raises(SystemExit) as done:
-        cli.main.main(["lint", "--offline"], prog_name="c128patch")
-    err = capsys.readouterr().err
-    assert done.value.code == SIGNAL + signal.SIGINT, (done.value.code, err)
-    assert err.strip() == "c128patch: interrupted (SIGINT): no outcome; nothing was done", err
+    for json_too in (False, True):
+        with pytest.raises(SystemExit) as done:
+            cli.main.main(["lint", "--offline", *(["--json"] if json_too else [])], prog_name="c128patch")
+        out, err = capsys.readouterr()
+        assert done.value.code == SIGNAL + signal.SIGINT, (done.value.code, err)
+        assert err.strip() == "c128patch: interrupted (SIGINT): no outcome; nothing was done", err
+        assert (json.loads(out) if json_too else out) == ({"ok": False, "error": err.strip().removeprefix(
+            "c128patch: "), "schema": 1} if json_too else ""), out

@@ -123,7 +123,7 @@ class LazyGroup(VerbTable):
         except click.UsageError as exc:
             report_usage_error(exc, getattr(self, "_argv", []))
         except KeyboardInterrupt as exc:
-            interrupted_before_the_verb(exc)
+            interrupted_before_the_verb(exc, getattr(self, "_argv", []))
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -131,18 +131,23 @@ class LazyGroup(VerbTable):
         except click.UsageError as exc:
             report_usage_error(exc, getattr(self, "_argv", []))
         except KeyboardInterrupt as exc:  # (in the verb, ``handles_errors`` takes it: it came before)
-            interrupted_before_the_verb(exc)
+            interrupted_before_the_verb(exc, getattr(self, "_argv", []))
 
 
-def interrupted_before_the_verb(exc: KeyboardInterrupt) -> NoReturn:
+def interrupted_before_the_verb(exc: KeyboardInterrupt, argv: list[str]) -> NoReturn:
     """Ctrl-C while the command line is read or the verb's module imported: click said "Aborted!" and exited 1, the
-    code of a verb's finding (`lint`'s errors, `check`'s "does not apply"). One line and 128+N, as in a verb."""
+    code of a verb's finding (`lint`'s errors, `check`'s "does not apply"). One line (with --json, its one error
+    object too) and 128+N, as in a verb."""
     import signal
 
     from c128patch import exitcodes
+    from c128patch.cli.common import emit_json
 
     signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
-    click.echo(f"c128patch: interrupted ({signal.Signals(signum).name}): no outcome; nothing was done", err=True)
+    said = f"interrupted ({signal.Signals(signum).name}): no outcome; nothing was done"
+    if "--json" in (argv[: argv.index("--")] if "--" in argv else argv):
+        emit_json({"ok": False, "error": said})
+    click.echo(f"c128patch: {said}", err=True)
     sys.exit(exitcodes.SIGNAL + signum)
 
 
