@@ -1133,6 +1133,26 @@ def test_a_cache_folder_everyone_may_write_or_another_user_owns_is_refused_in_on
         refused(["check", "--sglang-rev", "v0.5.23"], contains=f"the cache folder {target} is owned by another user")
 
 
+def test_one_printed_chmod_makes_a_cache_everyone_may_write_usable(fake_releases, tmp_path):
+    """Helper 159: each run named one cache folder writable by every user and printed its ``chmod go-w``: a cache made
+    writable by all (``chmod -R o+w``) took nine runs, one command each. The printed command now takes them all."""
+    from c128patch.upstream.releases import ReleaseHistory
+    from support import printed_command, run_printed
+
+    root = ReleaseHistory().ensure()
+    folders = [root.parent, root.parent / "wheels", root, root / "refs", root / "refs" / "tags", root / "objects",
+               root / "objects" / "pack", root / "objects" / "info", root / "config"]
+    folders[1].mkdir(exist_ok=True)  # (wheels/: the stand-ins come from a wheelhouse)
+    for folder in folders:
+        folder.chmod(folder.stat().st_mode | 0o002)
+    line = refused(["check", "--sglang-rev", "v0.5.23"], contains=f"the cache folder {root.parent} is writable by "
+                   "every user (and 8 more of its folders)")
+    assert run_printed(printed_command(line, "chmod go-w")).returncode == 0
+    assert not [f for f in folders if f.stat().st_mode & 0o002]
+    run = invoke("check", "--sglang-rev", "v0.5.23", as_json=False)  # (stand-in wheels: the series does not fit them)
+    assert run.code == 1 and "the cache folder" not in run.err, run.err
+
+
 def test_what_of_the_cache_decides_the_tree_or_the_wheel_others_may_write_is_refused_in_one_line(fake_releases,
                                                                                                 tmp_path):
     """Helper 148: only the cache folder, its wheels/ and its history's folder were checked: a world-writable

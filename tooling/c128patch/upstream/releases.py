@@ -46,7 +46,7 @@ from c128patch.git import Git, blob_id
 from c128patch.jsonio import write_atomic
 from c128patch.progress import NullReporter, Reporter, transfer
 from c128patch.series.paths import check_relpath
-from c128patch.textsafe import one_line, shell_quote
+from c128patch.textsafe import one_line, shell_join, shell_quote
 
 DEFAULT_RELEASES: tuple[str, ...] = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 PACKAGE = "sglang"
@@ -74,9 +74,8 @@ def cache_dir() -> Path:
         raise C128Error(f"cannot find a cache folder ({exc}); set C128PATCH_CACHE to a writable folder") from None
     ensure_folder(root)
     history = root / "sglang-releases.git"  # (and what of it decides which tree a tag names: its refs, its objects)
-    for folder in (root, root / "wheels", history, history / "refs", history / "refs" / "tags", history / "packed-refs",
-                   history / "objects", history / "objects" / "pack", history / "objects" / "info", history / "config"):
-        _owned(folder)
+    _owned([root, root / "wheels", history, history / "refs", history / "refs" / "tags", history / "packed-refs",
+            history / "objects", history / "objects" / "pack", history / "objects" / "info", history / "config"])
     return root
 
 
@@ -88,16 +87,23 @@ def _changeable(st: os.stat_result) -> str:
         f"writable by group {st.st_gid}" if st.st_mode & stat.S_IWGRP and st.st_gid not in (os.getgid(), 0) else ""
 
 
-def _owned(folder: Path) -> None:
-    """Refuse a folder of the cache that another user may change (``_changeable``): whoever can change it
-    swaps the wheels and the history the tool patches and calls upstream's."""
-    try:
-        st = os.stat(folder)
-    except OSError:  # (not made yet: made by us)
-        return
-    if why := _changeable(st):
-        mine = "" if why.startswith("owned") else f"chmod go-w {shell_quote(str(folder))}, or "
-        raise C128Error(f"the cache folder {folder} is {why}: not used (whoever can change it chooses the wheels "
+def _owned(folders: list[Path]) -> None:
+    """Refuse the cache when a folder of it another user may change (``_changeable``): whoever can change it swaps the
+    wheels and the history the tool patches and calls upstream's. The printed chmod takes every such folder at once
+    (one a run: a cache made writable by all took nine runs, helper 159)."""
+    changed = []
+    for folder in folders:
+        try:
+            st = os.stat(folder)
+        except OSError:  # (not made yet: made by us)
+            continue
+        if why := _changeable(st):
+            changed.append((folder, why))
+    if changed:
+        folder, why = next((c for c in changed if c[1].startswith("owned")), changed[0])
+        mine = "" if why.startswith("owned") else f"{shell_join(['chmod', 'go-w', *(f for f, _ in changed)])}, or "
+        more = f" (and {len(changed) - 1} more of its folders)" if len(changed) > 1 else ""
+        raise C128Error(f"the cache folder {folder} is {why}{more}: not used (whoever can change it chooses the wheels "
                         f"and the history the tool takes as upstream's); {mine}set C128PATCH_CACHE to a folder of "
                         "your own")
 
