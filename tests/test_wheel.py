@@ -1616,3 +1616,12 @@ def test_a_local_header_naming_another_method_than_the_directory_is_refused(patc
     res = run_cli(["verify-wheel", str(bad), "--no-authenticity"])
     assert res.code == 2 and "sglang/srt/environ.py's local header says compression method" in error_line(res.err), \
         res.err
+
+
+def test_verify_wheels_layer_help_says_what_it_reads(monkeypatch):
+    """Helper 159: verify-wheel's --layer help was the shared one ("default: $C128PATCH_LAYERS, else c128patch.toml
+    ..., always said"), but verify-wheel reads neither: with $C128PATCH_LAYERS naming another layer than the wheel's, it
+    passed, saying nothing. Its help says it takes only the layers given."""
+    monkeypatch.setenv("COLUMNS", "200")
+    text = " ".join(run_cli(["verify-wheel", "--help"]).text.split())
+    assert "default: $C128PATCH_LAYERS" not in text and "$C128PATCH_LAYERS and c128patch.toml are not read here" in text

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import Run, json_verb, layer_option, say
+from c128patch.cli.common import Run, json_verb, say
 
 
 @click.command("verify-wheel")
@@ -20,7 +20,10 @@ from c128patch.cli.common import Run, json_verb, layer_option, say
                    "untouched files are upstream's).")
 @click.option("--compile-all", is_flag=True,
               help="Compile every .py of the wheel, not only the ones the series touches.")
-@layer_option
+@click.option("--layer", "layer_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Also require the wheel to be made with this layer folder, after the series, in the order given; "
+                   "repeatable (only those given: $C128PATCH_LAYERS and c128patch.toml are not read here; without "
+                   "--series or --layer, the layers its provenance declares; docs/layers.md).")
 @json_verb
 def command(wheel: Path, series_dir: Path | None, layer_dirs: tuple[Path, ...], upstream_wheel: Path | None,
             no_authenticity: bool, compile_all: bool, as_json: bool, run: Run) -> None:
