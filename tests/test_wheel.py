@@ -1625,3 +1625,31 @@ def test_verify_wheels_layer_help_says_what_it_reads(monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     text = " ".join(run_cli(["verify-wheel", "--help"]).text.split())
     assert "default: $C128PATCH_LAYERS" not in text and "$C128PATCH_LAYERS and c128patch.toml are not read here" in text
+
+
+def test_a_data_descriptor_only_the_local_header_has_hides_no_record(patched, tmp_path: Path, wheel_series: Path,
+                                                                     upstream_wheel: Path):
+    """Helper 159: h152's hidden record again, through the flags: `environ.py`'s local header says "data descriptor"
+    (bit 3) where the central directory does not, its sizes the directory's (grown over a descriptor and a `.pth`'s
+    record put after the stream): ``_short_record`` compared the sizes (equal), but `jar t < wheel` inflates to the
+    stream's end, reads the descriptor and lists `zzz-evil.pth`; verify-wheel --series with authenticity passed."""
+    host = "sglang/srt/environ.py"
+    src = Path(patched.wheel)
+    with zipfile.ZipFile(src) as zf:
+        info = zf.getinfo(host)
+    record = io.BytesIO()
+    with zipfile.ZipFile(record, "w") as zf:
+        zf.writestr("zzz-evil.pth", "import os; os.system('true')\n")
+    hidden = struct.pack("<4s3L", b"PK\x07\x08", info.CRC, info.compress_size, info.file_size) + \
+        record.getvalue()[: record.getvalue().index(b"PK\x01\x02")]
+    bad = _hidden_in(src, tmp_path / src.name, host, hidden)
+    raw = bytearray(bad.read_bytes())
+    at = info.header_offset
+    raw[at + 6:at + 8] = struct.pack("<H", struct.unpack("<H", raw[at + 6:at + 8])[0] | 0x08)
+    raw[at + 18:at + 22] = struct.pack("<I", info.compress_size + len(hidden))  # the local size: the directory's
+    bad.write_bytes(bytes(raw))
+    if shutil.which("jar"):
+        listed = subprocess.run(["jar", "t"], stdin=open(bad, "rb"), capture_output=True, text=True).stdout
+        assert "zzz-evil.pth" in listed.splitlines()
+    res = run_cli(["verify-wheel", str(bad), "--series", str(wheel_series), "--upstream-wheel", str(upstream_wheel)])
+    assert res.code == 2 and f"{host}'s local header says compression method 8, flags" in error_line(res.err), res.err

@@ -419,16 +419,17 @@ class WheelZip(zipfile.ZipFile):
                             f"installers do, would unpack instead); {fix}")
 
     def _unlike_local(self) -> str:
-        """A member whose local header names another compression method or encryption than the central directory's
-        ("": none): zipfile goes by the directory; a reader going from the start took a deflated member's stream as
-        its stored content (helper 159)."""
+        """A member whose local header names another compression method, encryption or data descriptor than the
+        central directory's ("": none): zipfile goes by the directory; a reader going from the start took a deflated
+        member's stream as its stored content, or (a descriptor only the local header has) read on from the stream's
+        end, past the extent ``_short_record`` compared, to a record hidden there (`jar t < wheel` listed it)."""
         assert self.fp is not None
         for info in self.infolist():
             self.fp.seek(info.header_offset + 6)
             flags, method = struct.unpack("<HH", self.fp.read(4))
-            if method != info.compress_type or (flags ^ info.flag_bits) & 0x1:
-                return (f"member {info.filename}'s local header says compression method {method} (flags {flags:#x}), "
-                        f"its central directory {info.compress_type} ({info.flag_bits:#x})")
+            if method != info.compress_type or (flags ^ info.flag_bits) & 0x9:
+                return (f"member {info.filename}'s local header says compression method {method}, flags {flags:#x}; "
+                        f"its central directory {info.compress_type}, {info.flag_bits:#x}")
         return ""
 
     def _stray_bytes(self) -> int | None:
