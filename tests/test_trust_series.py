@@ -643,15 +643,21 @@ def test_one_printed_command_makes_a_layer_or_series_folder_others_may_write_rea
     assert owned_series(series, "the apply journal") == series
 
 
-def test_what_a_config_named_layer_folder_holds_is_held_to_the_configs_rule(tmp_path, monkeypatch):
-    """Helper 142: only the layer folder itself was checked: its ``patches/`` or ``patches/series.toml`` owned by
-    another user, or writable by others, was read and stacked (that user chose the layer's patches)."""
+def _config_naming_a_layer(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """(a c128patch.toml naming the layer folder ``lay`` beside it, its empty manifest); no $C128PATCH_LAYERS."""
     monkeypatch.delenv(ENV, raising=False)
     config = tmp_path / "op" / CONFIG
     manifest = config.parent / "lay" / "patches" / "series.toml"
     manifest.parent.mkdir(parents=True)
     manifest.write_text("")
     config.write_text('[layers]\npaths = ["lay"]\n')
+    return config, manifest
+
+
+def test_what_a_config_named_layer_folder_holds_is_held_to_the_configs_rule(tmp_path, monkeypatch):
+    """Helper 142: only the layer folder itself was checked: its ``patches/`` or ``patches/series.toml`` owned by
+    another user, or writable by others, was read and stacked (that user chose the layer's patches)."""
+    config, manifest = _config_naming_a_layer(tmp_path, monkeypatch)
     for path in (manifest, manifest.parent):
         old = path.stat().st_mode
         path.chmod(old | 0o002)
@@ -677,12 +683,7 @@ def test_a_layer_or_config_another_user_owns_is_refused_with_a_chown_that_works_
     or the folder holding it (maybe a repository's top)."""
     from support import printed_command, run_printed
 
-    monkeypatch.delenv(ENV, raising=False)
-    config = tmp_path / "op" / CONFIG
-    manifest = config.parent / "lay" / "patches" / "series.toml"
-    manifest.parent.mkdir(parents=True)
-    manifest.write_text("")
-    config.write_text('[layers]\npaths = ["lay"]\n')
+    config, manifest = _config_naming_a_layer(tmp_path, monkeypatch)
     for path, recursive in ((manifest, True), (config, False)):
         os.chown(path, 12345, -1)
         with pytest.raises(C128Error, match="owned by another user \\(uid 12345\\)") as exc:

@@ -1527,17 +1527,7 @@ def _with_padded_streams(wheel: Path, dest: Path, names: set[str]) -> Path:
     """``wheel`` (its WHEEL's tags made cp313, RECORD's row for it recomputed: ``_cp313``'s copy) with the members
     ``names`` deflated behind eight empty stored blocks whose header padding bits are set: bits every inflater skips,
     the same content."""
-    from c128patch.wheel.tools import record_hash
-
-    class Given:  # zipfile's compressor, giving the stream chosen
-        def __init__(self, stream: bytes) -> None:
-            self.stream = stream
-
-        def compress(self, data: bytes) -> bytes:
-            return b""
-
-        def flush(self) -> bytes:
-            return self.stream
+    from c128patch.wheel.tools import _Stored, record_hash  # _Stored: zipfile's compressor giving the stream chosen
 
     tag, record = "sglang-0.5.23.dist-info/WHEEL", "sglang-0.5.23.dist-info/RECORD"
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as zf:
@@ -1555,7 +1545,7 @@ def _with_padded_streams(wheel: Path, dest: Path, names: set[str]) -> Path:
             info.compress_type = zipfile.ZIP_DEFLATED
             deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
             with zf.open(info, "w") as out:
-                out._compressor = Given(b"\xf8\x00\x00\xff\xff" * 8 + deflate.compress(data) + deflate.flush())
+                out._compressor = _Stored(b"\xf8\x00\x00\xff\xff" * 8 + deflate.compress(data) + deflate.flush())
                 out.write(data)
     return dest
 
