@@ -83,18 +83,27 @@ def test_outside_any_repository_the_error_says_which_folder_to_use(tmp_path: Pat
         "`c128patch apply` makes its tree) is not one; run from the tree, or pass --tree DIR")
 
 
-def test_status_on_a_checkout_below_the_record_names_the_patched_branch_to_check_out(workdir: Path, tmp_path: Path):
+@pytest.mark.parametrize("branch", [None, "c128/v0.5.23\u00a0patched\u2028x"])
+def test_status_on_a_checkout_below_the_record_names_the_patched_branch_to_check_out(workdir: Path, tmp_path: Path,
+                                                                                     branch: str | None):
     """In ./sglang, HEAD detached below the provenance commit (git checkout HEAD~2): status said "`c128patch apply`
     makes its tree in ./sglang: run status there", the folder the user is in; it names the branch that is applied
-    and the checkout that goes back to it, which runs as printed."""
+    and the checkout that goes back to it, which runs as printed. A branch name holding U+00A0 or U+2028 (git allows
+    both) was split by str.split and named no branch (helper 158)."""
     subprocess.run(["cp", "-a", str(workdir / "sglang"), str(tmp_path / "sglang")], check=True)
     tree = tmp_path / "sglang"
+    if branch:
+        subprocess.run(["git", "-C", str(tree), "branch", "--quiet", "-m", branch], check=True)
     subprocess.run(["git", "-C", str(tree), "checkout", "--quiet", "--detach", "HEAD~2"], check=True)
     res = in_dir(tree, "status")
     assert res.code == 2 and "makes its tree in" not in res.err, res.err
-    assert "HEAD is not a patched commit; branch c128/v0.5.23 is: git -C " in res.err, res.err
+    assert "HEAD is not a patched commit; branch c128/v0.5.23" in res.err and " is: git -C " in res.err, res.err
     assert run_printed(res.err.split(" is: ", 1)[1].strip()).returncode == 0
     assert in_dir(tree, "status").code == 0
+    if branch:
+        head = subprocess.run(["git", "-C", str(tree), "symbolic-ref", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout
+        assert head.rstrip("\n") == branch
 
 
 def test_status_in_a_repository_without_a_series_points_at_apply_s_tree(tmp_path: Path):

@@ -25,7 +25,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
     """
     from c128patch.cli.common import load_stack
     from c128patch.git import Git
-    from c128patch.ops.status import tree_status
+    from c128patch.ops.status import patched_branches, tree_status
     from c128patch.textsafe import one_line, shell_join
 
     root = locate_tree(tree)
@@ -39,7 +39,7 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
     try:
         info = tree_status(Git(worktree=root), series, prove_again=prove)
     except C128Error as exc:
-        if exc.message.startswith("no c128patch series is applied") and (held := _patched_branches(root)):
+        if exc.message.startswith("no c128patch series is applied") and (held := patched_branches(Git(worktree=root))):
             exc.hint = (f"HEAD is not a patched commit; branch {held[0]} is: "  # (a checkout below the record)
                         + shell_join(["git", "-C", str(root), "checkout", held[0]]))
         elif tree is None and exc.hint is None:
@@ -60,18 +60,6 @@ def command(tree: Path | None, prove: bool, series_dir: Path | None, layer_dirs:
                      [:len(refs)]), *(f"    {r['ref']} {r['commit'][:12]} {r['subject']}" for r in refs[:10])]:
         say(*map(one_line, lines))  # each a line: what the tree's provenance and its commits say is data
     exit_unless(info.get("equals_series"))
-
-
-def _patched_branches(root: Path) -> list[str]:
-    """The branches of the repository at ``root`` whose tip holds a provenance record (the newest first)."""
-    from c128patch.git import Git
-    from c128patch.series.provenance import PROVENANCE_PATH
-
-    git = Git(worktree=root)
-    if git.run("rev-parse", "--git-dir", check=False).returncode != 0:
-        return []
-    names = git.out("for-each-ref", "--sort=-committerdate", "--format=%(refname:short)", "refs/heads/").split()
-    return [b for b in names if git.run("cat-file", "-e", f"{b}:{PROVENANCE_PATH}", check=False).returncode == 0]
 
 
 def _state(info: dict) -> list[str]:

@@ -132,3 +132,15 @@ def tree_status(git: Git, series: Series | None = None, prove_again: bool = Fals
         identical = out.get("equivalence", {}).get("identical") is True
         out["equals_series"] = identical and not out["uncommitted"] and not out["drift"]
     return out
+
+
+def patched_branches(git: Git) -> list[str]:
+    """The branches of ``git``'s repository whose tip holds a provenance record (the newest first), in two git calls.
+    A branch name is data: split on newlines only (git allows U+00A0 or U+2028 in one)."""
+    if git.run("rev-parse", "--git-dir", check=False).returncode != 0:
+        return []
+    refs = git.out("for-each-ref", "--sort=-committerdate", "--format=%(refname)", "refs/heads/").split("\n")
+    refs = [r for r in refs if r]
+    found = git.run("cat-file", "--batch-check=%(objecttype)", input="".join(f"{r}:{PROVENANCE_PATH}\n" for r in refs),
+                    check=False).stdout.split("\n")
+    return [r.removeprefix("refs/heads/") for r, kind in zip(refs, found) if kind == "blob"]
