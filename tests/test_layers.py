@@ -1332,3 +1332,73 @@ def test_a_commit_whose_subject_holds_controls_becomes_a_layer_entry_by_the_comm
     assert made.returncode == 0, made.stdout + made.stderr
     [entry] = load_series(tmp_path / "layers" / "local").entries
     assert entry.why == "site fix ]8;;http://evil.examplelink]8;; tail", entry.why
+
+
+def test_apply_s_proof_takes_a_branch_s_trees_without_a_write_tree_per_entry_only_where_each_is_the_replay_s(
+        tmp_path, sglang_release_repo, monkeypatch):
+    """apply's fresh replay (``fresh_replay(known=...)``) writes no tree per entry: it takes the branch's pairs where
+    they chain from the commit's tree to the replay's, each changes only its entry's paths, and an entry a later one
+    touches again (e0: site_a.py, e2 changes it) ends at the tree the replay wrote after it (``ops.replay.own_pairs``).
+    A branch amended, shifted, or holding another content for site_a.py between e0 and e2 (the final tree the same)
+    is never taken: its trees are those of one write-tree per entry."""
+    from c128patch.ops.equivalence import fresh_replay
+    from c128patch.ops.replay import shared_later
+    from c128patch.series.plan import plan
+
+    def blob(text: str) -> str:
+        return hashlib.sha1(b"blob %d\0" % len(text) + text.encode()).hexdigest()
+
+    changes = [("site_a.py", "", "A = 1\n"), ("site_b.py", "", "B = 1\n"), ("site_a.py", "A = 1\n", "A = 2\n"),
+               ("site_c.py", "", "C = 1\n")]
+    entries, files = "", {}
+    for i, (name, old, new) in enumerate(changes):
+        path = f"python/sglang/{name}"
+        head = (f"new file mode 100644\nindex {'0' * 40}..{blob(new)}\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n"
+                if not old else f"index {blob(old)}..{blob(new)} 100644\n--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n"
+                f"-{old}")
+        data = (f"From {'0' * 40} Mon Sep 17 00:00:00 2001\nFrom: t <t@t>\nSubject: [PATCH] e{i}\n\n---\n"
+                f"diff --git a/{path} b/{path}\n{head}+{new}").encode()
+        entries += patch_entry(f"e{i}", f"{i + 1:04d}-e{i}.patch", data)
+        files[f"patches/{i + 1:04d}-e{i}.patch"] = data
+    series = stack(load_series(REPO_ROOT), [write_layer(tmp_path / "site", entries=entries, files=files)])
+    git = Git(git_dir=sglang_release_repo)
+    commit = git.rev_parse("v0.5.23")
+    calls: list[str] = []
+    raw = Git._raw
+    monkeypatch.setattr(Git, "_raw", lambda self, args, *a, **k: calls.append(args[0]) or raw(self, args, *a, **k))
+
+    def replayed(known: dict | None = None) -> tuple[dict, str, int]:
+        calls.clear()
+        result, tree, trees = fresh_replay(series, git, "v0.5.23", commit, known=known)
+        assert result.ok
+        return trees, tree, calls.count("write-tree")
+
+    each, final, writes_each = replayed()
+    taken, taken_final, writes_taken = replayed(each)
+    anchored = shared_later(plan(series, git, commit))  # (e0, and ours whose file a later one changes again)
+    assert "site/e0" in anchored and "site/e2" not in anchored, anchored
+    # the final tree and one per anchor (a tree per entry took 10 write-trees here)
+    assert (taken, taken_final) == (each, final) and writes_taken == 1 + len(anchored), (writes_taken, writes_each)
+    idx = Git(git_dir=sglang_release_repo, env={"GIT_INDEX_FILE": str(tmp_path / "forge.index"),
+                                                "GIT_WORK_TREE": str(tmp_path)})
+
+    def forged(tree: str, path: str, text: str) -> str:
+        idx.run("read-tree", tree)
+        idx.run("update-index", "--add", "--cacheinfo",
+                f"100644,{git.out('hash-object', '-w', '--stdin', input=text)},python/sglang/{path}")
+        return idx.out("write-tree")
+
+    e0, e1, e2 = each["site/e0"], each["site/e1"], each["site/e2"]
+    nine = forged(e0[1], "site_a.py", "A = 9\n")  # site_a.py as no replay leaves it after e0
+    nine_b = forged(e1[1], "site_a.py", "A = 9\n")
+    other = {**each, "site/e0": (e0[0], nine), "site/e1": (nine, nine_b), "site/e2": (nine_b, e2[1])}
+    extra = forged(e0[1], "site_x.py", "x\n")
+    amended = {**each, "site/e0": (e0[0], extra), "site/e1": (extra, forged(e1[1], "site_x.py", "x\n"))}
+    shifted = {**each, "site/e0": (e0[0], e1[1])}
+    c_early, c_early_2 = forged(e1[1], "site_c.py", "C = 1\n"), forged(e2[1], "site_c.py", "C = 1\n")
+    moved = {**each, "site/e1": (e1[0], c_early), "site/e2": (c_early, c_early_2),  # e3's file made by e1
+             "site/e3": (c_early_2, each["site/e3"][1])}
+    assert c_early_2 == each["site/e3"][1]
+    for name, known in (("another content between", other), ("amended", amended), ("shifted", shifted),
+                        ("another entry's change", moved)):
+        assert replayed(known)[:2] == (each, final), name

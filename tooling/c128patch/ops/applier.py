@@ -394,7 +394,7 @@ class Apply:
         try:  # the journal is gone: a signal here has nothing to resume or undo by it
             fault_point("at", "proof")
             fresh = fresh_replay(series, git, journal.rev, journal.upstream_commit,  # its trees: the branch's, checked
-                                 known=entry_trees(git, journal.upstream_commit, result.head))
+                                 known=entry_trees(git, journal.upstream_commit, result.head), planned=planned)
             proof = prove(series, git, journal.rev, journal.upstream_commit, result.head, accept=lambda edit: False,
                           fresh=fresh)
         except KeyboardInterrupt as stop:

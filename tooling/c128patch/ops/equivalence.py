@@ -26,6 +26,7 @@ from c128patch.ops.replay import (
     RevCheck,
     Trees,
     branch_commits,
+    own_pairs,
     replay_entry,
     replay_in_index,
 )
@@ -203,11 +204,22 @@ def fresh_replay(series: Series, git: Git, rev: str, commit: str, *, span: str =
                  each: bool = True, known: Trees | None = None) -> tuple[RevCheck, str, Trees]:
     """``prove``'s fresh replay (rows, tree, each entry's trees: {} where not ``each``); it reads nothing of the
     branch, so may run first; ``planned``: the ``plan`` of ``series`` less ``without`` on ``commit``, made already;
-    ``known``: a branch's ``entry_trees``, taken where its content is the replay's (``ops.replay.replay_run``)."""
+    ``known``: a branch's ``entry_trees``, taken where they are the replay's own (``ops.replay.own_pairs``, else
+    ``ops.replay.replay_run``)."""
     series = series.without(set(without)) if without else series
-    trees: Trees | None = {} if each else None
     with procs.scratch("c128fresh-") as tmp:
         index_file = Path(tmp) / "fresh.index"
+        if each and known:  # the branch's trees, where they are the replay's: no write-tree per entry
+            anchors: dict[str, str] = {}
+            replay, planned = replay_in_index(series, git, rev, commit, index_file, ledger=Ledger(series), span=span,
+                                              planned=planned, anchors=anchors)
+            final = index_git(git, index_file).out("write-tree")
+            own = own_pairs(git, planned, replay.entries, git.out("rev-parse", f"{commit}^{{tree}}"), final,
+                            known, anchors) if replay.ok else None
+            if own is not None:
+                return replay, final, own
+            index_file.unlink(missing_ok=True)
+        trees: Trees | None = {} if each else None
         replay, _ = replay_in_index(series, git, rev, commit, index_file, ledger=Ledger(series), span=span,
                                     trees=trees, planned=planned, known=known)
         return replay, index_git(git, index_file).out("write-tree"), trees or {}

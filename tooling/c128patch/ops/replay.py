@@ -521,13 +521,72 @@ def replay_run(git: Git, run: list[Planned], index_file: Path, tree: str,
     return None
 
 
+def _item_paths(item: Planned) -> list[str]:
+    return item.patch.paths if item.patch is not None else [item.entry.target]
+
+
+def shared_later(items: list[Planned]) -> set[str]:
+    """The entries of ``items`` (in order) a path of which a later one touches too (``own_pairs``' anchors)."""
+    seen: set[str] = set()
+    out = set()
+    for item in reversed(items):
+        if not seen.isdisjoint(_item_paths(item)):
+            out.add(item.entry.name)
+        seen.update(_item_paths(item))
+    return out
+
+
+def own_pairs(git: Git, planned: list[Planned], rows: list[EntryCheck], base_tree: str, final: str,
+              known: Trees, anchors: dict[str, str]) -> Trees | None:
+    """``known`` (a branch's entry trees) as a replay's own tree before and after each entry, with no ``write-tree``
+    per entry (``replay_in_index(trees=...)``): where each entry ``rows`` replayed (none failed, none following a
+    rename; skipped ones aside) has its pair there and plain paths, the pairs chain from ``base_tree`` to the replay's
+    ``final`` tree, each pair changes no path but its entry's own (one ``diff-tree --stdin``), and the pair of each
+    entry a path of which a later one touches too ends at the tree the replay wrote after it (``anchors``,
+    ``replay_in_index(anchors=...)``). A replayed entry changes its own paths only: on a path the entry touches last,
+    the final tree holds what it left, in the replay and in the pairs alike; the other entries are anchored. So each
+    pair is the replay's tree before and after its entry. None: not so (the caller writes each tree)."""
+    by_name = {p.entry.name: p for p in planned}
+    replayed = [r for r in rows if r.status != "skipped"]
+    if not replayed or any(r.status in FAILED or r.renamed or r.name not in known or r.name not in by_name
+                           for r in replayed):
+        return None
+    items = [by_name[r.name] for r in replayed]
+    if not all(plain_paths(_item_paths(item)) for item in items) or \
+            any(anchors.get(name) != known[name][1] for name in shared_later(items)):
+        return None
+    pairs = [known[r.name] for r in replayed]
+    if [b for b, _ in pairs] != [base_tree, *(a for _, a in pairs[:-1])] or pairs[-1][1] != final:
+        return None
+    said = git.run("diff-tree", "--stdin", "-r", "--no-renames", input="".join(f"{b} {a}\n" for b, a in pairs),
+                   check=False)
+    told = _raw_lines(said.stdout) if said.returncode == 0 else None
+    if told is None or any(p not in _item_paths(item) for item, pair in zip(items, pairs) for p in told.get(pair, {})):
+        return None
+    return {r.name: known[r.name] for r in replayed}
+
+
+def _to_anchor(run: list[Planned], anchored: set[str]) -> list[Planned]:
+    """``run`` up to its first anchor (whose tree is written after it: ``replay_in_index(anchors=...)``)."""
+    cut = next((i for i, item in enumerate(run) if item.entry.name in anchored), None)
+    return run if cut is None else run[:cut + 1]
+
+
+def _anchor(idx: Git, anchors: dict[str, str] | None, anchored: set[str], name: str) -> None:
+    """The index's tree after entry ``name`` into ``anchors``, where it is an anchor."""
+    if anchors is not None and name in anchored:
+        anchors[name] = idx.out("write-tree")
+
+
 def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file: Path, *,
                     ledger: Ledger | None = None, span: str = "",
                     trees: Trees | None = None, keep_index: bool = True, planned: list[Planned] | None = None,
-                    known: Trees | None = None) -> tuple[RevCheck, list[Planned]]:
+                    known: Trees | None = None,
+                    anchors: dict[str, str] | None = None) -> tuple[RevCheck, list[Planned]]:
     """The series on ``commit``; ``trees``: filled with entry -> (before, after); ``keep_index=False``: lazy;
     ``planned``: the series' ``plan`` on ``commit``, made already; ``known``: trees a caller holds (a branch's), taken
-    into ``trees`` where ``replay_run`` finds them the replay's own."""
+    into ``trees`` where ``replay_run`` finds them the replay's own; ``anchors``: filled with entry -> the tree after
+    it, for each entry a path of which a later one touches too (``shared_later``; ``own_pairs``)."""
     result = RevCheck(rev, commit)
     try:
         planned = plan(series, git, commit) if planned is None else planned
@@ -550,6 +609,7 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
     by_name = {p.entry.name: p for p in planned}
     todo, alone = list(series.entries), 0  # alone: entries left of a run replay_run did not take
     wanted = None if trees is None else known or {}
+    anchored = set() if anchors is None else shared_later([by_name[e.name] for e in todo if e.name in by_name])
     while todo:
         entry = todo.pop(0)
         if entry.name in merged:
@@ -558,6 +618,7 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
             continue
         run = [] if lazy is not None or alone else _run_from([by_name.get(e.name) for e in [entry, *todo]], present,
                                                               wanted)
+        run = _to_anchor(run, anchored)
         pairs = replay_run(git, run, index_file, tree, wanted) if len(run) > 1 else None
         if pairs is not None:  # each entry applied strictly, as one by one
             del todo[:len(run) - 1]
@@ -566,6 +627,7 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
                 present.update(item.touched)
                 if trees is not None:
                     trees[item.entry.name], tree = pair, pair[1]
+            _anchor(idx, anchors, anchored, run[-1].entry.name)
             continue
         alone = max(alone - 1, len(run) - 1, 0)
         row = replay_entry(git, by_name[entry.name], index_file, present, ledger=ledger, span=span, at=commit,
@@ -576,6 +638,8 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
         elif trees is not None:
             after = idx.out("write-tree")
             trees[entry.name], tree = (tree, after), after
+        else:
+            _anchor(idx, anchors, anchored, entry.name)
     if lazy is not None and lazy.waiting:
         lazy.reread()  # the replays' results, for the revs after this one
     return result, planned
