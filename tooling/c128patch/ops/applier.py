@@ -346,6 +346,7 @@ class Apply:
         git, series = self.git, self.series
         assert series is not None
         dated = self._dated(journal)
+        head = None  # HEAD as the last step of this process left it (None: read it)
         if journal.phase == "clone":
             fault_point("at", "clone")
             if git.rev_parse(journal.upstream_commit) is None:  # the clone was cut short: fetch what it lacks
@@ -359,10 +360,10 @@ class Apply:
             fault_point("at", "apply-checkout")  # C128PATCH_FAULT=kill-at:apply-checkout (ops.treestate)
             git.run("checkout", "--quiet", *(["--force", "-B"] if redo else ["-b"]), journal.branch,
                     journal.upstream_commit)
-            journal.phase, journal.in_step, journal.head_before = "entries", False, git.head() or ""
+            head = journal.upstream_commit  # (the commit the checkout made HEAD)
+            journal.phase, journal.in_step, journal.head_before = "entries", False, head
             journal.save(self.path)
         if journal.phase == "entries":
-            head = None  # what the last step of this loop committed
             while journal.done < len(planned):
                 run = self._run_at(planned, journal.done)
                 fault_point("before", run[0].entry.name)
@@ -377,7 +378,7 @@ class Apply:
             journal.phase = "provenance"
             journal.save(self.path)
         self.reporter.step("writing provenance")
-        self._begin(journal, [provenance.PROVENANCE_PATH])
+        self._begin(journal, [provenance.PROVENANCE_PATH], head)
         record = provenance.build(series, planned, journal.upstream_info, journal.entries)
         self._write(provenance.PROVENANCE_PATH, provenance.dumps(record).encode(), "the provenance record",
                     f"cannot write {provenance.PROVENANCE_PATH} in {self.tree}")
@@ -387,7 +388,8 @@ class Apply:
                   f"c128patch: provenance (series {series.name} {series.version} on {journal.rev})\n\n"
                   f"{ENTRY_TRAILER}: provenance\n")
         fault_point("after", "provenance")
-        remember_layers(git, series)  # before the proof: a signal in it leaves a tree whose status finds its layers
+        # before the proof: a signal in it leaves a tree whose status finds its layers
+        remember_layers(git, series, self.path.parent)
         self.path.unlink()
         result = self._result(journal)
         self.reporter.step("proving the tree against a fresh replay of the series")
@@ -485,9 +487,11 @@ class Apply:
             else:  # not one commit per file (a file of several messages): its first entry alone, as before
                 git.run("am", "--abort", check=False)
                 self._reset(journal.head_before, journal.step_paths)
-        return [(self._apply_entry(journal, run[0], planned, dated), git.head() or "")]
+        return [self._apply_entry(journal, run[0], planned, dated)]
 
-    def _apply_entry(self, journal: ApplyJournal, item: Planned, planned: list[Planned], dated: Git) -> str:
+    def _apply_entry(self, journal: ApplyJournal, item: Planned, planned: list[Planned],
+                     dated: Git) -> tuple[str, str]:
+        """(how ``item`` applied, its commit)."""
         git, series = self.git, self.series
         assert series is not None
         if item.patch is None:
@@ -495,7 +499,7 @@ class Apply:
                         f"cannot apply entry '{item.entry.name}' in {self.tree}: cannot write {item.entry.target}")
             git.run("add", "--force", "--", item.entry.target)  # whatever an ignore file says
             dated.run("commit", "--quiet", "--no-verify", "-m", overlay_message(item.entry, series))
-            return "clean"
+            return "clean", git.head() or ""
         self._check_worktree_paths([item])
         proc = dated.run("am", "--3way", "--committer-date-is-author-date", str(item.path), check=False)
         if proc.returncode != 0 and not have_blobs(git, preimages(item.patch)) and \
@@ -519,13 +523,14 @@ class Apply:
         if not item.patch.trailers.get(ENTRY_TRAILER):
             dated.run("commit", "--quiet", "--amend", "--no-edit", "--no-verify",
                       "--trailer", f"{ENTRY_TRAILER}: {item.entry.name}")
-        self._claims(journal, item)
-        return "whitespace" if loose else "3way" if "Falling back to patching base and 3-way" in output else "clean"
+        commit = self._claims(journal, item)
+        return ("whitespace" if loose else "3way" if "Falling back to patching base and 3-way" in output else "clean",
+                commit)
 
-    def _claims(self, journal: ApplyJournal, item: Planned, resolved: bool = False) -> None:
+    def _claims(self, journal: ApplyJournal, item: Planned, resolved: bool = False) -> str:
         """Each commit the step made (one per message of the file) carries ``item``'s entry trailer only, as git reads
         it (whatever the patch's message said, in any spelling or encoding); else refused, nothing of it kept (a hand
-        resolution: kept)."""
+        resolution: kept). Returns the last one (HEAD)."""
         made = branch_commits(self.git, journal.head_before)
         if not made or any(c.entry != item.entry.name for c in made):
             if not resolved:
@@ -533,6 +538,7 @@ class Apply:
             raise C128Error(f"entry '{item.entry.name}': its patch made commit(s) carrying {ENTRY_TRAILER} "
                             f"{', '.join(repr(c.entry) for c in made)}, not '{item.entry.name}' only; "
                             + ("fix its message, then resume" if resolved else "nothing of it was kept"))
+        return made[-1].sha
 
     def _check_worktree_paths(self, planned: list[Planned]) -> None:
         """Refuse a path through a symlink in the tree as it is now, or under the operator's ``core.hooksPath``."""

@@ -344,7 +344,7 @@ class RebaseLoop:
         elif proof.ok and (taken := self._taken_hint(journal)):  # c128/<new base> is another branch: not moved
             report["branch_name_taken"], report["branch_keeps_name"] = taken
         write_reports(self.state, report)
-        remember_layers(git, self.series)  # the stack the new tip's provenance names (a c128patch.toml's too)
+        remember_layers(git, self.series, self.state)  # the stack the new tip's provenance names (a c128patch.toml's)
         self._forget()
         if not proof.ok:
             shown = "\n".join(f"  {h.path} {h.header}" for d in proof.unattributed for h in d.hunks[:20])

@@ -82,9 +82,10 @@ def c128_state_dir(git: Git) -> Path:
     return git_paths(git, ["c128patch"])[0]
 
 
-def remember_layers(git: Git, series: Series) -> None:
-    """Keep the layer folders a tree was applied or rebased with in its git dir, for ``tree_layers``."""
-    write_json_atomic(c128_state_dir(git) / "layers.json", layer_folders(series), sync=False)
+def remember_layers(git: Git, series: Series, state: Path | None = None) -> None:
+    """Keep the layer folders a tree was applied or rebased with in its git dir (``state``: its ``c128_state_dir``,
+    read already), for ``tree_layers``."""
+    write_json_atomic((state or c128_state_dir(git)) / "layers.json", layer_folders(series), sync=False)
 
 
 def tree_layers(git: Git) -> tuple[Path, ...]:
