@@ -79,8 +79,13 @@ def supported_releases(series: Series) -> list[str]:
 def support_note(series: Series, git: Git, rev: str, commit: str) -> str:
     """A note when ``commit`` descends from none of the revs the series' files were made on."""
     bases = _bases(series)
-    here = [c for b, recorded in bases.items() if (c := (recorded and git.rev_parse(recorded)) or git.rev_parse(b))]
-    if any(c == commit or git.is_ancestor(c, commit) for c in here):
+    here = []
+    for b, recorded in bases.items():  # (one rev-parse to the rev itself where it is one of them: apply's usual case)
+        c = (recorded and git.rev_parse(recorded)) or git.rev_parse(b)
+        if c == commit:
+            return ""
+        here += [c] if c else []
+    if any(git.is_ancestor(c, commit) for c in here):
         return ""
     variants = [v for e in series.entries for v in e.patch_files() if v.sources]
     if not here and any(d is not None for d in base_distances(git, variants, commit).values()):
