@@ -55,7 +55,7 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
     dest = tree or DEFAULT_TREE
     cloning = upstream.kind != "path" and (not existed or dest.is_dir() and not any(dest.iterdir()))
     try:
-        worktree, fresh = prepare_tree(upstream, tree, target.commit, reporter, template=template)
+        worktree, fresh = prepare_tree(upstream, tree, target.commit, reporter, template=template, refused=True)
     except KeyboardInterrupt:  # git killed mid-clone leaves a half clone holding the journal: nothing of it stays
         if cloning:
             discard_fresh_tree(dest, existed)

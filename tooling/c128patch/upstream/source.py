@@ -188,9 +188,10 @@ def discard_fresh_tree(tree: Path, existed: bool) -> bool:
 
 
 def prepare_tree(upstream: Upstream, tree: Path | None, commit: str, reporter: Reporter = NullReporter(),
-                 template: Path | None = None) -> tuple[Path, bool]:
-    """The tree ``apply`` patches and whether it is a fresh clone (its git dir from ``template``, if given)."""
-    if tree is not None:
+                 template: Path | None = None, refused: bool = False) -> tuple[Path, bool]:
+    """The tree ``apply`` patches and whether it is a fresh clone (its git dir from ``template``, if given);
+    ``refused``: the caller ran ``refuse_git_dir`` on ``tree`` already (two git calls each)."""
+    if tree is not None and not refused:
         refuse_git_dir(tree)
     if upstream.kind == "path" and upstream.git.worktree is not None:
         if tree is not None and tree.resolve() != upstream.git.worktree.resolve():
