@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +104,8 @@ class ServerLog:
 
     def decode_stats(self) -> dict[str, Any]:
         """Means over the decode log lines that had running requests; max token usage."""
+        import statistics  # (here: ~10 ms CPU of imports every verb that reads results, apply's note, paid for none)
+
         busy = [r for r in self.decode if r.get("running_req", 0) > 0]
 
         def mean(key: str) -> float | None:
