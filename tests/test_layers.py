@@ -1402,3 +1402,32 @@ def test_apply_s_proof_takes_a_branch_s_trees_without_a_write_tree_per_entry_onl
     for name, known in (("another content between", other), ("amended", amended), ("shifted", shifted),
                         ("another entry's change", moved)):
         assert replayed(known)[:2] == (each, final), name
+
+
+def test_a_replay_writes_its_overlays_blobs_in_one_git_call(tmp_path, sglang_release_repo, monkeypatch):
+    """The series' overlays (5) are written by one ``hash-object -w`` (``series.plan.write_blobs``), not one each; the
+    replay's tree is the same."""
+    from c128patch.ops.replay import replay_in_index
+    from c128patch.series import plan as plan_module
+    from c128patch.series.plan import index_git
+
+    series = load_series(REPO_ROOT)
+    git = Git(git_dir=sglang_release_repo)
+    commit = git.rev_parse("v0.5.23")
+    assert sum(e.kind == "overlay" for e in series.entries) > 1
+    calls: list[list[str]] = []
+    raw = Git._raw
+    monkeypatch.setattr(Git, "_raw", lambda self, args, *a, **k: calls.append(args) or raw(self, args, *a, **k))
+    trees = []
+    for name, written in (("batched", {}), ("each", None)):
+        monkeypatch.setattr(plan_module, "_WRITTEN", {})
+        if written is None:  # one call each, as before
+            monkeypatch.setattr("c128patch.ops.replay.write_blobs", lambda git, paths: None)
+        calls.clear()
+        result, _ = replay_in_index(series, git, "v0.5.23", commit, tmp_path / f"{name}.index")
+        assert result.ok
+        trees.append(index_git(git, tmp_path / f"{name}.index").out("write-tree"))
+        hashed = [a for a in calls if a[0] == "hash-object"]
+        if written is not None:
+            assert len(hashed) == 1, hashed
+    assert trees[0] == trees[1]

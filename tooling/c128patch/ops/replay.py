@@ -50,6 +50,7 @@ from c128patch.series.plan import (
     plain_patch,
     plain_paths,
     plan,
+    write_blobs,
     written_blob,
 )
 
@@ -605,6 +606,7 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
         lazy = LazyIndex(git, idx, commit, touched)
     else:
         idx.run("read-tree", commit)
+        write_blobs(idx, [p.path for p in planned if p.patch is None])  # the overlays' blobs, in one call
     tree = idx.out("write-tree") if trees is not None else ""
     by_name = {p.entry.name: p for p in planned}
     todo, alone = list(series.entries), 0  # alone: entries left of a run replay_run did not take

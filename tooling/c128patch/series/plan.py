@@ -175,12 +175,28 @@ def _blobs(git: Git, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], str]
 _WRITTEN: dict[tuple, str] = {}  # (repository, file, its content) -> the blob ``hash-object -w`` wrote for it
 
 
+def _written_key(git: Git, path: Path) -> tuple:
+    return str(git.cwd), git.env.get("GIT_DIR", str(git.git_dir)), str(path), blob_id(path.read_bytes())
+
+
 def written_blob(git: Git, path: Path) -> str:
     """``git hash-object -w`` of ``path``, once per process for the same content."""
-    key = (str(git.cwd), git.env.get("GIT_DIR", str(git.git_dir)), str(path), blob_id(path.read_bytes()))
+    key = _written_key(git, path)
     if key not in _WRITTEN:
         _WRITTEN[key] = git.out("hash-object", "-w", "--no-filters", "--", str(path))
     return _WRITTEN[key]
+
+
+def write_blobs(git: Git, paths: list[Path]) -> None:
+    """``written_blob`` of each of ``paths``, by one ``hash-object -w`` for those not written yet (a replay's
+    overlays: one call, not one each)."""
+    keys = {path: _written_key(git, path) for path in dict.fromkeys(paths)}
+    todo = [path for path, key in keys.items() if key not in _WRITTEN]
+    if len(todo) < 2:
+        return  # (one: written_blob asks for it alone)
+    ids = git.out("hash-object", "-w", "--no-filters", "--", *(str(p) for p in todo)).split("\n")
+    if len(ids) == len(todo):
+        _WRITTEN.update((keys[path], blob) for path, blob in zip(todo, ids))
 
 
 class ReplayedTree:
