@@ -1008,6 +1008,31 @@ def test_a_changed_wheel_in_the_cache_is_refused_before_it_is_patched_or_trusted
         cached_wheel(wheel)
 
 
+def test_a_swapped_non_canonical_cached_wheel_with_its_sum_replaced_is_refused(tmp_path, monkeypatch):
+    """Helper 161: the cache's cp312 wheel (README's production path: wheel --from-release X --python-tag cp312)
+    swapped for one with a payload, its SHA256SUMS line replaced to match, went into the patched wheel: only the
+    canonical cp311 wheel was checked against the tree the release history recorded. Every wheel of a release with a
+    record gives its sources (executable bits aside: a release's wheels differ in them)."""
+    from c128patch.upstream.releases import ReleaseHistory, _record_sum, cached_wheel, file_sha256
+
+    folder, wheel = fake_release_cache(monkeypatch, tmp_path)
+    ReleaseHistory().ensure()  # records each release wheel's tree (from the canonical cp311 wheels)
+    other = folder / "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl"
+    with zipfile.ZipFile(wheel) as zi, zipfile.ZipFile(other, "w") as zo:  # the same sources, one made executable
+        for info in zi.infolist():
+            if info.filename == "sglang/srt/environ.py":
+                info.external_attr = 0o100755 << 16
+            zo.writestr(info, zi.read(info))
+    assert cached_wheel(other) == other  # the release's own: taken, its bytes recorded
+    with zipfile.ZipFile(other, "w") as zo:
+        zo.writestr("sglang/__init__.py", "import os\nos.system('touch /tmp/PWNED')\n")
+        zo.writestr("sglang/srt/environ.py", "X = 1\n")
+        zo.writestr("sglang-0.5.23.dist-info/WHEEL", "Wheel-Version: 1.0\n")
+    _record_sum(folder, other.name, file_sha256(other))  # the record replaced with it
+    with pytest.raises(C128Error, match="does not give the sources the release history recorded for sglang 0.5.23"):
+        cached_wheel(other)
+
+
 def test_a_cached_wheel_that_is_a_link_a_device_or_a_pipe_is_refused_in_one_line_not_read(tmp_path, monkeypatch):
     """h107 attack 10: a cached release wheel symlinked to /dev/zero hung `wheel --from-release` (its sha256 read
     through the link to no end). A cache wheel is read only if it is a regular file, never through a link; any wheel

@@ -265,10 +265,13 @@ def cached_wheel(wheel: Path) -> Path:
         raise C128Error(f"the cached wheel {wheel} changed since it was downloaded (sha256 {have[:16]}…, recorded "
                         f"{recorded[:16]}…); {fix}")
     history = ReleaseHistory()
-    if (parsed := parsed_name(wheel)) and wheel_tags(wheel) == HISTORY_TAGS:
+    if parsed := parsed_name(wheel):
         lines = history._state(history._trees_file).split("\n")  # (a damaged one: one line, not a traceback)
         tree = dict(line.split(" ", 1) for line in lines if " " in line).get(str(parsed[1]))
-        if tree and wheel_tree(wheel) != tree:
+        # the canonical wheel gives that tree; any other of the release the same sources, their executable bits aside
+        # (a cp312 wheel swapped with its SHA256SUMS line went into `wheel --from-release --python-tag cp312`)
+        if tree and (wheel_tree(wheel) != tree if wheel_tags(wheel) == HISTORY_TAGS else
+                     _sources_differ(wheel, history.git, tree.strip(), CACHED)):
             raise C128Error(f"the cached wheel {wheel} does not give the sources the release history recorded for "
                             f"sglang {parsed[1]} (a changed wheel); {fix}")
     if recorded is None:
@@ -290,14 +293,8 @@ def check_release_content(wheel: Path, git: Git, commit: str, version: str) -> b
             raise C128Error(f"{wheel} is not sglang {version}'s release wheel {wheel.name}: its sha256 is "
                             f"{digest[:16]}…, the one downloaded into the cache {recorded[:16]}…; {fix}")
         return True
-    want = {}
-    for row in git.out("ls-tree", "-r", "-z", commit, "--", TREE_PREFIX + PACKAGE).split("\0"):
-        if row:
-            meta, _, path = row.partition("\t")
-            want[path] = meta.split()[-1]
-    # (not the cache's: its fix, "rm it: it is downloaded again", deleted the operator's wheel, never downloaded)
-    have = {path: blob_id(data) for path, _, data in iter_wheel_sources(wheel, GIVEN)}
-    changed = sorted(p for p in want.keys() | have.keys() if want.get(p) != have.get(p))
+    # (not the cache's fix: its "rm it: it is downloaded again" deleted the operator's wheel, never downloaded)
+    changed = _sources_differ(wheel, git, commit, GIVEN)
     if not changed:  # its metadata (Requires-Dist: what pip installs with it; entry points) the release wheel's
         if (release := find_wheel(version)) is None:
             raise C128Error(f"{wheel}: no wheel of sglang {version} in the cache to check its .dist-info against "
@@ -310,6 +307,18 @@ def check_release_content(wheel: Path, git: Git, commit: str, version: str) -> b
                         f"{more} {'differ' if more else 'differs'} from the release's "
                         f"{'sources' if changed[0].startswith(TREE_PREFIX) else 'wheel'}; {fix}")
     return False
+
+
+def _sources_differ(wheel: Path, git: Git, rev: str, fix: str) -> list[str]:
+    """The source paths (``TREE_PREFIX``...) where ``wheel`` and the history's ``rev`` (a commit or a tree) differ in
+    content, sorted; executable bits aside (a release's wheels differ in them)."""
+    want = {}
+    for row in git.out("ls-tree", "-r", "-z", rev, "--", TREE_PREFIX + PACKAGE).split("\0"):
+        if row:
+            meta, _, path = row.partition("\t")
+            want[path] = meta.split()[-1]
+    have = {path: blob_id(data) for path, _, data in iter_wheel_sources(wheel, fix)}
+    return sorted(p for p in want.keys() | have.keys() if want.get(p) != have.get(p))
 
 
 _PER_WHEEL = ("RECORD", "WHEEL")  # .dist-info files a release's wheels differ in (hashes, tags)
