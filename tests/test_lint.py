@@ -92,3 +92,22 @@ def test_update_hashes_with_a_file_of_the_manifest_gone_is_one_line_and_writes_n
     res = invoke("lint", "--series", series, "--offline", "--update-hashes", as_json=False)
     assert res.code == 2 and "Traceback" not in res.err and "online_c128_dspark.cuh cannot be read" in res.err, res.err
     assert res.err.strip().count("\n") == 0 and (series / "patches" / "series.toml").read_bytes() == manifest
+
+
+def test_a_patch_unidiff_cannot_parse_is_one_finding_line(tmp_path: Path) -> None:
+    """Helper 161: a `+++` line with no `---` before it (unidiff's "Target without source: <line>\\n") gave lint an
+    error line and an empty one after it (the parser's message ends in the patch's own newline)."""
+    import pytest
+
+    from c128patch.errors import C128Error
+    from c128patch.series.patchfile import read_patch
+
+    patch = tmp_path / "0001-x.patch"
+    patch.write_text("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: x <x@x.invalid>\n"
+                     "Date: Thu, 1 Jan 1970 00:00:00 +0000\nSubject: [PATCH] x\n\nx\n\n"
+                     "diff --git a/python/ok b/python/ok\nnew file mode 100644\n"
+                     "index 0000000000000000000000000000000000000000..3b18e512dba79e4c8300dd08aeb37f8e728b8dad\n"
+                     "+++ b/.git/hooks/pre-commit\n@@ -0,0 +1 @@\n+hello\n")
+    with pytest.raises(C128Error, match="corrupt patch 0001-x.patch") as exc:
+        read_patch(patch)
+    assert "\n" not in exc.value.message and exc.value.message == exc.value.message.strip(), repr(exc.value.message)

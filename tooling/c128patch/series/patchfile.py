@@ -161,8 +161,8 @@ def _parse(path: Path, raw: bytes, git_parsed: bool = False) -> PatchInfo:
     body = msg.get_payload() if not msg.is_multipart() else ""  # (a str: parsed from one)
     try:
         patchset = PatchSet(text)
-    except UnidiffParseError as exc:
-        raise C128Error(f"corrupt patch {path.name}: {exc}") from exc
+    except UnidiffParseError as exc:  # (its message ends in the patch line's own newline: an empty line in lint)
+        raise C128Error(f"corrupt patch {path.name}: {str(exc).strip()}") from exc
     if len(patchset) == 0:
         raise C128Error(f"corrupt patch {path.name}: no diff in it")
     info = PatchInfo(path, subject, body.strip(), dict(find_trailers(body)), [_strip(pf.path) for pf in patchset],
