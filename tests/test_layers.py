@@ -1431,3 +1431,16 @@ def test_a_replay_writes_its_overlays_blobs_in_one_git_call(tmp_path, sglang_rel
         if written is not None:
             assert len(hashed) == 1, hashed
     assert trees[0] == trees[1]
+
+
+def test_a_layer_manifest_that_is_a_fifo_or_a_dangling_link_is_said_as_such_not_missing(tmp_path):
+    """Helper 161: a layer whose patches/series.toml was a FIFO or a link to nothing was "no layer at L: no
+    patches/series.toml (make one with c128patch layer new L --name NAME)", and that printed fix failed ("exists
+    already"). What is there is said in one line, as for --series; only a folder without one is "no layer"."""
+    for name, make in (("fifo", os.mkfifo), ("dangling", lambda p: p.symlink_to(tmp_path / "nothing"))):
+        (tmp_path / name / "patches").mkdir(parents=True)
+        make(tmp_path / name / "patches" / "series.toml")
+        res = invoke("lint", "--offline", "--layer", tmp_path / name, as_json=False)
+        assert res.code == 2 and len(res.err.strip().splitlines()) == 1, res.err
+        assert "no layer at" not in res.err and "patches/series.toml" in res.err, res.err
+        assert ("not a regular file" if name == "fifo" else "symlink") in res.err, res.err

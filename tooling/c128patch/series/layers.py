@@ -61,7 +61,7 @@ def load_layer(folder: Path, series: Series) -> Series:
     """The layer in ``folder``, checked against ``series`` (see the module doc); nothing is written."""
     if any(is_git_dir_name(p) for p in folder.resolve().parts):
         raise C128Error(f"unsafe layer folder {folder}: it is inside git's own folder")
-    if not (folder / MANIFEST).is_file():
+    if not os.path.lexists(folder / MANIFEST):  # (a FIFO or a link there: load_series says what it is, not "none")
         raise C128Error(f"no layer at {folder}: no {MANIFEST} (make one with c128patch layer new {folder} --name NAME)")
     layer = load_series(folder)
     where = str(layer.manifest_path)
