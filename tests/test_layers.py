@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from c128patch.errors import C128Error
 from c128patch.fit.contract import lock_items
 from c128patch.git import Git
 from c128patch.ops.refresh import format_patch, refresh_command
@@ -184,6 +185,27 @@ def test_a_config_file_naming_a_folder_outside_it_is_refused(tmp_path, monkeypat
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.chdir(tmp_path)
     refused(["check", "--sglang-rev", "v0.5.23"], contains="unsafe path in")
+
+
+def test_a_config_that_is_a_fifo_a_dangling_link_or_a_folder_is_refused_not_passed_over(tmp_path, monkeypatch):
+    """Helper 161: a c128patch.toml in the current folder that was a FIFO, a dangling link or a folder was passed over
+    in silence and the parent's config used instead (a symlink to a file was refused): the nearest one there decides,
+    and one that is no regular file is one line saying what it is."""
+    (tmp_path / "repo" / "sub").mkdir(parents=True)
+    (tmp_path / "repo" / CONFIG).write_text('[layers]\npaths = ["layers/acme"]\n')
+    monkeypatch.delenv(ENV, raising=False)
+    here = tmp_path / "repo" / "sub"
+    for make, said in ((os.mkfifo, "is a FIFO"), (lambda p: p.symlink_to(tmp_path / "none"), "is a symlink"),
+                       (os.mkdir, "is a folder")):
+        make(here / CONFIG)
+        with pytest.raises(C128Error, match=said) as exc:
+            lookup_layers((), cwd=here)
+        assert str(here / CONFIG) in exc.value.message and "\n" not in exc.value.message
+        monkeypatch.setenv(ENV, "")  # the fix it prints: the env (or --layer) wins over any file
+        assert lookup_layers((), cwd=here)[0] == ()
+        monkeypatch.delenv(ENV)
+        (here / CONFIG).rmdir() if (here / CONFIG).is_dir() and not (here / CONFIG).is_symlink() \
+            else (here / CONFIG).unlink()
 
 
 STACK_SCRIPT = """

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from c128patch.errors import C128Error
+from c128patch.errors import C128Error, what_is
 from c128patch.git import Git, is_git_dir_name
 from c128patch.series.manifest import (
     MANIFEST,
@@ -360,10 +360,14 @@ def find_config(start: Path, exclude: Sequence[Path] = ()) -> Path | None:
     tops = [i for i, folder in enumerate(chain) if (folder / ".git").exists() or _git_dir(folder)]
     inside = max([i + 1 for i, f in enumerate(chain) if _patched_top(f) or f in exclude], default=0)
     last = min([i for i in tops if i >= inside], default=len(chain) - 1)
-    config = next((f / CONFIG for f in chain[inside:last + 1] if (f / CONFIG).is_file()), None)
+    # the nearest one there decides, whatever it is (a FIFO or a dangling link was passed over for a parent's config)
+    config = next((f / CONFIG for f in chain[inside:last + 1] if os.path.lexists(f / CONFIG)), None)
     if config is not None and config.is_symlink():  # whoever made the link chose the folder its paths are under
         raise C128Error(f"{config} is a symlink (-> {os.readlink(config)}): not read; put the file itself there, or "
                         f"name the layers with --layer or {ENV}")
+    if config is not None and not config.is_file():
+        raise C128Error(f"{config} is {what_is(config)}, not a regular file: not read; put the config file itself "
+                        f"there (or remove it), or name the layers with --layer or {ENV}")
     for path in (config, config.parent) if config is not None else ():  # whoever owns the folder may swap the file
         if path.stat().st_uid != os.getuid():
             raise C128Error(f"{config}: {path} is owned by another user (uid {path.stat().st_uid}): not read (as "
