@@ -67,10 +67,11 @@ def error_line(stderr: str) -> str:
 
 
 def default_signals() -> None:
-    """``preexec_fn`` for a child a test signals: SIGINT back to its default disposition, so a Ctrl-C
-    reaches it even when the test run was started in the background (``nohup ... &`` ignores SIGINT,
-    and children inherit that)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    """``preexec_fn`` for a child a test signals: SIGINT, SIGHUP and SIGTERM back to their default dispositions, so a
+    signal reaches it even when the test run was started in the background (``nohup ... &`` ignores SIGINT and
+    SIGHUP, and children inherit that; the tool leaves a signal ignored as the operator set it)."""
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def cli_process(args: list[str | Path], env: dict[str, str] | None = None, timeout: float = 300
