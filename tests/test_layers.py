@@ -1074,14 +1074,17 @@ def test_apply_with_a_local_repo_and_contract_take_the_layers_that_tree_was_appl
     assert said in invoke("contract", "--tree", upstream_clone, "--no-nvcc", as_json=False).err
 
 
-def test_the_fresh_replay_takes_a_branch_s_trees_only_where_each_is_its_entry_s_own_change(
-        tmp_path, sglang_release_repo, monkeypatch):
-    """apply's proof replays a run of plain patches in one git apply and takes each entry's trees from the branch it
-    made (``known``) only where the pairs chain from the replay's tree and each one's diff is its entry's change: the
-    trees are those of one write-tree per entry, whatever the branch says (an entry whose file another one changes
-    starts a new run)."""
-    from c128patch.ops.replay import replay_in_index
+def _git_calls(monkeypatch) -> list[str]:
+    """The git subcommands run from now on (``Git._raw``), in order; the list is the caller's to clear."""
+    calls: list[str] = []
+    raw = Git._raw
+    monkeypatch.setattr(Git, "_raw", lambda self, args, *a, **k: calls.append(args[0]) or raw(self, args, *a, **k))
+    return calls
 
+
+def _four_plain_entries(tmp_path: Path):
+    """The shipped series and a layer of four plain patches e0..e3 (e0 adds site_a.py, e1 site_b.py, e2 changes
+    site_a.py again, e3 adds site_c.py)."""
     def blob(text: str) -> str:
         return hashlib.sha1(b"blob %d\0" % len(text) + text.encode()).hexdigest()
 
@@ -1097,12 +1100,21 @@ def test_the_fresh_replay_takes_a_branch_s_trees_only_where_each_is_its_entry_s_
                 f"diff --git a/{path} b/{path}\n{head}+{new}").encode()
         entries += patch_entry(f"e{i}", f"{i + 1:04d}-e{i}.patch", data)
         files[f"patches/{i + 1:04d}-e{i}.patch"] = data
-    series = stack(load_series(REPO_ROOT), [write_layer(tmp_path / "site", entries=entries, files=files)])
+    return stack(load_series(REPO_ROOT), [write_layer(tmp_path / "site", entries=entries, files=files)])
+
+
+def test_the_fresh_replay_takes_a_branch_s_trees_only_where_each_is_its_entry_s_own_change(
+        tmp_path, sglang_release_repo, monkeypatch):
+    """apply's proof replays a run of plain patches in one git apply and takes each entry's trees from the branch it
+    made (``known``) only where the pairs chain from the replay's tree and each one's diff is its entry's change: the
+    trees are those of one write-tree per entry, whatever the branch says (an entry whose file another one changes
+    starts a new run)."""
+    from c128patch.ops.replay import replay_in_index
+
+    series = _four_plain_entries(tmp_path)
     git = Git(git_dir=sglang_release_repo)
     commit = git.rev_parse("v0.5.23")
-    calls: list[str] = []
-    raw = Git._raw
-    monkeypatch.setattr(Git, "_raw", lambda self, args, *a, **k: calls.append(args[0]) or raw(self, args, *a, **k))
+    calls = _git_calls(monkeypatch)
 
     def replayed(name: str, known: dict | None = None) -> tuple[dict, list, int]:
         (tmp_path / name).mkdir()
@@ -1367,27 +1379,10 @@ def test_apply_s_proof_takes_a_branch_s_trees_without_a_write_tree_per_entry_onl
     from c128patch.ops.replay import shared_later
     from c128patch.series.plan import plan
 
-    def blob(text: str) -> str:
-        return hashlib.sha1(b"blob %d\0" % len(text) + text.encode()).hexdigest()
-
-    changes = [("site_a.py", "", "A = 1\n"), ("site_b.py", "", "B = 1\n"), ("site_a.py", "A = 1\n", "A = 2\n"),
-               ("site_c.py", "", "C = 1\n")]
-    entries, files = "", {}
-    for i, (name, old, new) in enumerate(changes):
-        path = f"python/sglang/{name}"
-        head = (f"new file mode 100644\nindex {'0' * 40}..{blob(new)}\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n"
-                if not old else f"index {blob(old)}..{blob(new)} 100644\n--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n"
-                f"-{old}")
-        data = (f"From {'0' * 40} Mon Sep 17 00:00:00 2001\nFrom: t <t@t>\nSubject: [PATCH] e{i}\n\n---\n"
-                f"diff --git a/{path} b/{path}\n{head}+{new}").encode()
-        entries += patch_entry(f"e{i}", f"{i + 1:04d}-e{i}.patch", data)
-        files[f"patches/{i + 1:04d}-e{i}.patch"] = data
-    series = stack(load_series(REPO_ROOT), [write_layer(tmp_path / "site", entries=entries, files=files)])
+    series = _four_plain_entries(tmp_path)
     git = Git(git_dir=sglang_release_repo)
     commit = git.rev_parse("v0.5.23")
-    calls: list[str] = []
-    raw = Git._raw
-    monkeypatch.setattr(Git, "_raw", lambda self, args, *a, **k: calls.append(args[0]) or raw(self, args, *a, **k))
+    calls = _git_calls(monkeypatch)
 
     def replayed(known: dict | None = None) -> tuple[dict, str, int]:
         calls.clear()
