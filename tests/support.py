@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import os
@@ -91,6 +92,7 @@ def run_printed(command: str, cwd: Path | None = None) -> subprocess.CompletedPr
     (this checkout's), as a user would run it."""
     if not _SHIM:
         folder = Path(tempfile.mkdtemp(prefix="c128patch-shim-"))
+        atexit.register(shutil.rmtree, folder, True)  # (outside the run's temporary folder where tempfile chose first)
         (folder / "c128patch").write_text(f'#!/bin/sh\nexec {sys.executable} -m c128patch "$@"\n')
         (folder / "c128patch").chmod(0o755)
         _SHIM.append(folder)
