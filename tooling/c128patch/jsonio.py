@@ -55,11 +55,6 @@ def _wait_for(fd: int, key: str) -> None:
     seconds, then one line; a wait past ``QUIET_WAIT`` s is said on stderr (a run waiting on another, or on a process
     that holds the lock and never lets go, was silent and unbounded)."""
     limit = lock_timeout()  # read first: a bad value is said by every run, not only the one that has to wait
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return
-    except BlockingIOError:
-        pass
     start = time.monotonic()
     said = False
     while True:
