@@ -356,8 +356,11 @@ def workflow_commands(script: str, sample: dict[str, str] | None = None) -> list
 # handed out last is the run's tail (the heavy tier's was test_scenarios, ~80 s of one worker alone), and xdist
 # alone would order the files by their number of tests (pyproject's addopts: --no-loadscope-reorder keeps the
 # order given here). The tier's scenario tests are two files (~10 and ~7 tier runs) so both workers share them.
-SLOW_FIRST = ("test_scenarios.py", "test_compile_kernels.py", "test_scenarios_upstream.py",
-              "test_smoke_upstream_suite.py", "test_watch_ci.py",
+# test_watch_ci.py first: in the heavy tier its recipe test builds the v0.5.23 environment on a fresh workspace and
+# hands it to the run's cache (share_environment), where test_scenarios.py, handed out third (the same worker, two
+# workers taking files in turn), then finds it instead of building it a second time; test_compile_kernels.py second.
+SLOW_FIRST = ("test_watch_ci.py", "test_compile_kernels.py", "test_scenarios.py", "test_scenarios_upstream.py",
+              "test_smoke_upstream_suite.py",
               "test_rebase.py", "test_watch.py", "test_layers.py", "test_planner_host_cpu.py",
               "test_watch_behaviour.py", "test_env.py", "test_reproducible.py", "test_deploy.py",
               "test_bench_variants.py")
@@ -370,3 +373,31 @@ def tier_unchecked(behaviour: dict) -> list[str]:
         needs = re.search(r": not checked: needs ([\w.]+)", line)
         assert needs and importlib.util.find_spec(needs[1].split(".")[0]) is None or " did not import" in line, line
     return [f"behavioural tier: {behaviour['verdict']}"] if behaviour["not_checked"] else []
+
+
+def share_environment(built: Path) -> bool:
+    """Hands the behavioural tier's environment a test built in a cache of its own (``built``: that cache's
+    ``envs/<key>``, ready) to this run's cache (``$C128PATCH_CACHE``, where ``fit.env.build`` looks) when that has none
+    of its key, so the tests that need the same environment there find it instead of building it again. The key is
+    the hash of the lock's packages (and the rows tried), so one key is one requirement set installed from the same
+    hashed wheels: the v0.5.23 environment the recipe's test builds on a fresh workspace (tests/test_watch_ci.py) is
+    the one test_scenarios.py, test_scenarios_upstream.py and test_env.py take from the run's cache (~120 CPU-s and
+    ~2 min to build, ~9 to copy). Copied into a folder of its own, renamed into place under the cache's lock, as
+    ``build`` does. Whether it was."""
+    from c128patch import procs
+    from c128patch.upstream.releases import cache_dir, locked
+
+    if not ((built / "c128patch-ready").is_file() and (built / "venv").is_dir() and not built.is_symlink()):
+        raise AssertionError(f"{built}: not a ready environment")
+    root = cache_dir() / "envs"
+    with locked(root / ".lock"):
+        final = root / built.name
+        if final.exists():
+            return False
+        tmp = Path(procs.scratch_dir(f".build-{built.name}-", root))
+        try:
+            shutil.copytree(built, tmp / "copy", symlinks=True)
+            os.rename(tmp / "copy", final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return True

@@ -21,7 +21,7 @@ from c128patch.fit import env, sandbox, treecheck
 from c128patch.progress import NullReporter
 from c128patch.series.manifest import load_series
 from c128patch.upstream.releases import wheel_for
-from support import RELEASES, REPO_ROOT, invoke
+from support import RELEASES, REPO_ROOT, invoke, share_environment
 
 SERIES = load_series(REPO_ROOT)
 CUDA = env.cuda_only(SERIES)
@@ -150,6 +150,28 @@ def test_building_an_environment_removes_those_unused_for_two_weeks(tmp_path, mo
     left = sorted(p.name for p in (tmp_path / "cache" / "envs").iterdir())
     assert left == sorted([".lock", used.name, recent.name, new.name]), left
     assert steps[-1] == f"removed 1 tier environment(s) unused for {env.UNUSED_DAYS} days: {old.name}"
+
+
+def test_an_environment_a_test_built_in_its_own_cache_is_taken_from_the_runs_once_shared(tmp_path, monkeypatch):
+    """tests/support.share_environment: the recipe's test builds v0.5.23's environment in a fresh workspace's cache;
+    handed to the run's cache, the tests that need that environment there take it (not built again); another lock
+    (another key) is not taken for it; a second hand-over copies nothing and leaves no scratch folder."""
+    monkeypatch.setattr(env, "_pip", lambda *a, **k: None)
+    lock = "# c128patch tier environment lock\nnumpy==2.3.5 --hash=sha256:" + "ab" * 32 + "\n"
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "workspace"))
+    own, built = env.build(lock, CUDA)
+    assert built
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "run"))
+    assert share_environment(own.parents[2])
+    monkeypatch.setattr(env, "_pip", lambda *a, **k: pytest.fail("built again although the run's cache has it"))
+    python, built = env.build(lock, CUDA)
+    assert not built and python == tmp_path / "run" / "envs" / own.parents[2].name / "venv" / "bin" / "python"
+    assert subprocess.run([str(python), "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True,
+                          check=True).stdout.strip() == str(python.parents[1])  # a venv of its own, where it lies
+    assert (python.parents[2] / "c128patch-ready").read_text() == lock and not share_environment(own.parents[2])
+    assert sorted(p.name for p in (tmp_path / "run" / "envs").iterdir()) == [".lock", own.parents[2].name]
+    with pytest.raises(pytest.fail.Exception, match="built again"):  # another requirement set: its own build
+        env.build(lock.replace("2.3.5", "2.3.6"), CUDA)
 
 
 def test_the_environment_is_compiled_when_built_and_one_built_before_on_its_next_use(tmp_path, monkeypatch):

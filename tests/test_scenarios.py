@@ -27,7 +27,8 @@ SERIES = load_series(REPO_ROOT)
 
 @pytest.fixture(scope="module")
 def tier_python() -> str:
-    """The tier's interpreter: the v0.5.23 environment ``fit.env`` builds from its committed lock (cached; heavy)."""
+    """The tier's interpreter: the v0.5.23 environment ``fit.env`` builds from its committed lock (cached; heavy; in
+    the heavy tier, the one the recipe's test built and handed to the run's cache: support.share_environment)."""
     return str(env.build((REPO_ROOT / "patches/env/v0.5.23.lock").read_text(), env.cuda_only(SERIES))[0])
 
 

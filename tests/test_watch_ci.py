@@ -24,7 +24,7 @@ import watch_upstream as wu
 from c128patch.cli import main
 from c128patch.fit.watch import EXIT
 from c128patch.git import Git
-from support import REPO_ROOT, tier_unchecked, workflow_commands
+from support import REPO_ROOT, share_environment, tier_unchecked, workflow_commands
 
 yaml = pytest.importorskip("yaml")
 
@@ -344,7 +344,8 @@ def test_the_recipe_as_written_builds_the_tiers_environment_and_is_clean_on_the_
     settings (C128PATCH_PIP_EXTRA_INDEX_URL: this machine's index) and the night is clean, exit 0, every module the
     series adds or changes imported and every scenario passed, gates off and on; nothing opened. Skipped here: the
     Install step (the fork's checkout here holds the series, not the package; the test's interpreter has it) and
-    the upload of the reports (an action, not a shell step)."""
+    the upload of the reports (an action, not a shell step). The environment built, the same key as the run's cache
+    would build from that lock, is then handed to that cache (support.share_environment): built once a run."""
     act = Actions(workflow, tmp_path, wu.stand_in(sglang_release_repo, tmp_path / "upstream.git"), own_env=True)
     act.setup()
     run = act.run("release")
@@ -358,6 +359,8 @@ def test_the_recipe_as_written_builds_the_tiers_environment_and_is_clean_on_the_
         assert len(gates["modules"]) == 11 and all(m["status"] == "ok" for m in gates["modules"].values()), gates
         assert len(gates["scenarios"]) == 8 and all(s["status"] == "passed" for s in gates["scenarios"].values())
     assert verbs(run) == ["pr list", "issue list"]
+    # the environment it built, to the tests that take v0.5.23's from the run's cache (support.share_environment)
+    share_environment(Path(tier["env"]["python"]).parents[2])
 
 
 def test_no_line_watch_prints_is_read_as_a_workflow_command(workflow):
