@@ -382,8 +382,9 @@ def share_environment(built: Path) -> bool:
     the hash of the lock's packages (and the rows tried), so one key is one requirement set installed from the same
     hashed wheels: the v0.5.23 environment the recipe's test builds on a fresh workspace (tests/test_watch_ci.py) is
     the one test_scenarios.py, test_scenarios_upstream.py and test_env.py take from the run's cache (~120 CPU-s and
-    ~2 min to build, ~9 to copy). Copied into a folder of its own, renamed into place under the cache's lock, as
-    ``build`` does. Whether it was."""
+    ~2 min to build). Moved (``built``'s cache loses it: a rename where both lie on one file system, as CI's do on
+    tmpfs, where a copy took 3.2 GB more; else a copy, ~9 s) into a folder of its own, renamed into place under the
+    cache's lock, as ``build`` does. Whether it was."""
     from c128patch import procs
     from c128patch.upstream.releases import cache_dir, locked
 
@@ -396,7 +397,7 @@ def share_environment(built: Path) -> bool:
             return False
         tmp = Path(procs.scratch_dir(f".build-{built.name}-", root))
         try:
-            shutil.copytree(built, tmp / "copy", symlinks=True)
+            shutil.move(built, tmp / "copy")
             os.rename(tmp / "copy", final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

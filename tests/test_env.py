@@ -168,7 +168,11 @@ def test_an_environment_a_test_built_in_its_own_cache_is_taken_from_the_runs_onc
     assert not built and python == tmp_path / "run" / "envs" / own.parents[2].name / "venv" / "bin" / "python"
     assert subprocess.run([str(python), "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True,
                           check=True).stdout.strip() == str(python.parents[1])  # a venv of its own, where it lies
-    assert (python.parents[2] / "c128patch-ready").read_text() == lock and not share_environment(own.parents[2])
+    assert (python.parents[2] / "c128patch-ready").read_text() == lock and not own.exists()  # moved, not copied
+    own.parents[2].mkdir(parents=True)
+    (own.parents[2] / "c128patch-ready").write_text(lock)
+    (own.parents[2] / "venv").mkdir()
+    assert not share_environment(own.parents[2])  # the run's cache has one: nothing moved
     assert sorted(p.name for p in (tmp_path / "run" / "envs").iterdir()) == [".lock", own.parents[2].name]
     with pytest.raises(pytest.fail.Exception, match="built again"):  # another requirement set: its own build
         env.build(lock.replace("2.3.5", "2.3.6"), CUDA)
