@@ -88,7 +88,7 @@ def test_confine_refuses_a_symlink_on_the_way_and_a_file_that_is_not_regular(tmp
     with pytest.raises(C128Error, match="goes through the symlink in"):
         confine(tmp_path, "in/x", "input X")
     (tmp_path / "folder").mkdir()
-    with pytest.raises(C128Error, match="is not a regular file"):
+    with pytest.raises(C128Error, match="is a folder, not a regular file"):
         confine(tmp_path, "folder", "input X", regular=True)
     assert confine(tmp_path, "out/x", "input X") == tmp_path / "out" / "x"
 
@@ -327,6 +327,56 @@ def test_a_symlinked_or_non_utf8_contract_lock_is_refused_in_one_line(tmp_path):
     assert invoke("lint", "--offline", "--series", root).code == 1
 
 
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_contract_lock_or_ledger_that_is_no_regular_file_is_refused_naming_it(tmp_path, kind):
+    """Helper 163: a FIFO or a folder at ``patches/contract.lock`` was "no lock" (`lint` passed, `contract --accept`
+    said it "does not exist: write it with `c128patch refresh`", and that refresh, onto a folder, failed past its
+    commit point with IsADirectoryError's traceback, the series half written); at ``resolutions/ledger.toml`` it was
+    "no ledger", its rows silently not used. Now each is refused in one line naming it, for every reader."""
+    from c128patch.series.contract import read_lock
+
+    def make(path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(path) if kind == "fifo" else path.mkdir()
+
+    what = "a FIFO" if kind == "fifo" else "a folder"
+    root = series_folder(tmp_path / "s")
+    make(root / "patches" / "contract.lock")
+    with pytest.raises(C128Error, match=f"patches/contract.lock is {what}, not a regular file"):
+        read_lock(root / "patches")
+    refused(["contract", "--sglang-rev", "v0.5.23", "--accept", "--series", root], contains=f"is {what}")
+    res = invoke("lint", "--offline", "--series", root)
+    assert res.code == 1 and any(f"contract.lock is {what}" in f["message"] for f in res.out["findings"]), res.out
+    layer = series_folder(tmp_path / "layer", "site")
+    make(layer / "patches" / "resolutions" / "ledger.toml")
+    with pytest.raises(C128Error, match=f"resolutions/ledger.toml is {what}, not a regular file"):
+        Ledger(load_series(layer)).rows()
+    res = invoke("lint", "--offline", "--layer", layer)
+    assert res.code == 1 and any(f"ledger.toml is {what}" in f["message"] for f in res.out["findings"]), res.out
+
+
+def test_a_write_or_a_journal_onto_a_folder_is_refused_before_anything_moves(tmp_path):
+    """Helper 163: ``commit_all`` staged a file whose place held a folder and failed at its ``os.replace`` past the
+    commit point (IsADirectoryError's traceback, the other files moved, a journal every read then refused); a journal
+    moving onto a folder was checked only as it moved. Both are one line now, nothing changed."""
+    root = series_folder(tmp_path / "s")
+    (root / "patches" / "contract.lock").mkdir()
+    (root / "patches" / "a.patch").write_text("old")
+    with pytest.raises(C128Error, match="patches/contract.lock is a folder, not a regular file.*nothing was changed"):
+        txn.commit_all([(root, {root / "patches" / "a.patch": b"new", root / "patches" / "contract.lock": b"x"}, [],
+                         None)])
+    assert (root / "patches" / "a.patch").read_text() == "old" and not (root / txn.TXN).exists() \
+        and not (root / txn.STAGING).exists()
+    journal(root, [["00000", "patches/contract.lock"]], [])
+    (root / txn.TXN / "files" / "00001").write_bytes(b"new")
+    plan = json.loads((root / txn.TXN / txn.PLAN).read_text())
+    plan["moves"].insert(0, ["00001", "patches/a.patch"])
+    (root / txn.TXN / txn.PLAN).write_text(json.dumps(plan))
+    with pytest.raises(C128Error, match="patches/contract.lock is a folder, not a regular file.*nothing was moved"):
+        load_series(root)
+    assert (root / "patches" / "a.patch").read_text() == "old" and (root / txn.TXN / "files" / "00001").exists()
+
+
 GOOD_ROW = "function  sglang.a.f  overlay/sglang/x.py:3  python/sglang/a.py:10  sig=0123456789ab"
 
 
@@ -444,7 +494,8 @@ REVIEWED = {
                          "self.root / check_entry_name(entry, 'the ledger') / f'{key}.diff'"},
     "series/txn.py": {"Path(part) / f",  # read only, to compare groups
                       "root / folder",  # folder: TXN or STAGING
-                      "staging / 'files' / f'{i:05d}'", "root / TXN / 'files' / staged"},  # staged: checked
+                      "staging / 'files' / f'{i:05d}'", "root / TXN / 'files' / staged",  # staged: checked
+                      "root / rel"},  # _not_files: rels confine()d before (commit_all's _rel, _plan), only stat'd
     "series/layers.py": {"start / p",  # the operator's env, resolved then checked (lookup_layers)
                          "Path(top) / name",  # os.walk of a layer folder, only stat'd for its owner (_inside)
                          # git's own pointer of a linked work tree to its git dir, only stat'd (_sparse)

@@ -9,6 +9,7 @@ reviewer. ``refresh`` writes it (``fit.contract``); a change of the surface show
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -121,8 +122,8 @@ def lock_path(patches_dir: Path) -> Path:
 def read_lock(patches_dir: Path) -> Lock | None:
     """The committed lock, or None when the series has none; a malformed line or a symlink is refused."""
     path = lock_path(patches_dir)
-    if not path.is_file() and not path.is_symlink():
-        return None
+    if not os.path.lexists(path):
+        return None  # (a FIFO or a folder there was "no lock", and refresh's write onto a folder a traceback)
     confine(patches_dir.parent, f"{patches_dir.name}/{LOCK_NAME}", "the contract lock", regular=True)
     lock = Lock(path)
     data = read_series_file(path)  # (over 64 MiB: one line, never read into memory)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,8 +109,10 @@ class Ledger:
     def rows(self) -> list[dict]:
         """The ledger's rows; a ledger that is not one (bad TOML, wrong shape) is a one-line error. Parsed once per
         content (a pull request's 64 MiB of rows was parsed again at every conflicting entry, loop and proof)."""
-        if not self._confined("ledger.toml").is_file():  # (read through no link of the series')
+        if not os.path.lexists(self._confined("ledger.toml")):  # (read through no link of the series')
             return []
+        confine(self.series.root, "patches/resolutions/ledger.toml", f"the ledger of {self.series.root}",
+                regular=True)  # (a FIFO or a folder there was no ledger: its rows silently not used)
         bad = f"{self.index}: not a resolution ledger"
         doc = read_toml(self.index, bad, _PARSED, MAX_LEDGER)
         rows = doc.get("resolutions", [])

@@ -72,7 +72,7 @@ def confine(root: Path, path: str, what: str, *, regular: bool = False) -> Path:
     if os.path.commonpath([real_root, os.path.realpath(dest)]) != real_root:
         raise C128Error(f"unsafe path in {what}: {path} resolves outside {root}; nothing was written")
     if regular and not (dest.exists() and stat.S_ISREG(dest.stat().st_mode)):
-        raise C128Error(f"unsafe path in {what}: {path} is not a regular file in {root}")
+        raise C128Error(f"unsafe path in {what}: {path} {not_a_file(dest)} in {root}")
     return dest
 
 

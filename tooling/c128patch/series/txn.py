@@ -22,7 +22,7 @@ from typing import Callable, TypeVar
 
 from c128patch.errors import C128Error, Interrupted
 from c128patch.jsonio import locked, read_json, write_atomic
-from c128patch.series.paths import confine
+from c128patch.series.paths import confine, not_a_file
 from c128patch.textsafe import shell_join, shell_quote
 
 TXN = ".c128patch-txn"
@@ -83,6 +83,8 @@ def commit_all(parts: list[Part], fault: Callable[[str], None] = _no_fault) -> N
                     moves.append([f"{i:05d}", _rel(root, path)])
                     fault(f"refresh-{'' if k == 0 else f'part{k}-'}staged:{i}")
                 plan = {"moves": moves, "deletes": [_rel(root, p) for p in deletes], "group": group}
+                if odd := _not_files(root, [*(rel for _, rel in moves), *plan["deletes"]]):  # (a folder there: the
+                    raise C128Error(f"refusing to write into {root}: {odd}; nothing was changed")  # move failed late)
                 if why := _on_the_way(root, [*(rel for _, rel in moves), *plan["deletes"]]):  # (before the commit
                     raise C128Error(f"refusing to write into {root}: {why} (whoever else may change it can swap a "
                                     "folder for a link while the tool writes); nothing was changed")  # point, h152)
@@ -132,6 +134,8 @@ def _plan(root: Path, folder: str, group: bool = True) -> dict:
         if rel.split("/")[0] in (TXN, STAGING):
             raise C128Error(f"{where}: {rel!r} is the transaction's own folder")
         confine(root, rel, where)
+    if why := _not_files(root, [*(str(rel) for _, rel in moves), *deletes]):
+        raise C128Error(f"{where}: {why}; nothing was moved")
     if why := _on_the_way(root, [*(str(rel) for _, rel in moves), *deletes]):
         raise C128Error(f"{where}: {why}: not written (whoever else may change it can swap a folder for a link "
                         "between the check and the move)")
@@ -154,6 +158,13 @@ def _not_the_users(part: object, root: Path) -> str:
     if os.path.realpath(part) == os.path.realpath(root):
         return ""
     return next(filter(None, map(_others_may_change, (part, os.path.join(part, "patches")))), "")
+
+
+def _not_files(root: Path, rels: list[str]) -> str:
+    """Why a path a plan replaces or removes cannot be (it is there and no regular file: a folder, a FIFO), "" when
+    each can: ``os.replace`` onto a folder failed past the commit point (a traceback, the folder half written)."""
+    return next((f"{rel} {not_a_file(root / rel)} (put a regular file there, or remove it)" for rel in rels
+                 if os.path.lexists(root / rel) and not (root / rel).is_file()), "")
 
 
 def _on_the_way(root: Path, rels: list[str]) -> str:
