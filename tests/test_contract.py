@@ -897,6 +897,31 @@ def test_a_header_that_never_ends_stops_the_nvcc_probe_in_its_time_limit(sglang_
     assert time.monotonic() - started < 30
 
 
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "folder"])
+def test_a_series_probe_or_cuda_only_table_that_is_no_regular_file_is_refused(sglang_release_repo, tmp_path, kind):
+    """Helper 163: the signature probe a series carries (``ci/kernel_probe/upstream_signatures.cu``) was taken as
+    ``series_root / PROBE``, past the confinement rule: a link out of the series was read whole (its target's words
+    into nvcc's error lines), a FIFO or a folder was "no probe"; a FIFO or a folder at ``patches/env/cuda-only.toml``
+    was an empty table. Each is one line naming it now, before nvcc is looked for."""
+    from c128patch.errors import C128Error
+    from c128patch.fit.env import cuda_only
+
+    root = tmp_path / "s"
+    for rel in (contract_cxx.PROBE, "patches/env/cuda-only.toml"):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "symlink":
+            (tmp_path / "secret").write_text("ghp_SECRET\n")
+            path.symlink_to(tmp_path / "secret")
+        else:
+            os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    with pytest.raises(C128Error, match="the series' signature probe"):
+        contract_cxx.probe(root, Git(sglang_release_repo), "v0.5.23", cached=False)
+    (root / "patches" / "series.toml").write_text('[series]\nname = "s"\nversion = "1"\nbase = "v0.5.23"\n')
+    with pytest.raises(C128Error, match="the series' CUDA-only table"):
+        cuda_only(load_series(root))
+
+
 def test_the_nvcc_probe_runs_sealed_and_shows_no_line_of_a_file_a_header_includes(sglang_release_repo, monkeypatch,
                                                                                    tmp_path):
     """Helper 137: nvcc ran with the operator's environment and files, and the probe's line kept its first three raw

@@ -23,6 +23,8 @@ from c128patch.fit.resolve import Reader
 from c128patch.fit.sandbox import Sealed
 from c128patch.git import Git, GitError
 from c128patch.jsonio import read_json, write_json_atomic
+from c128patch.series.manifest import read_series_file
+from c128patch.series.paths import confine
 from c128patch.textsafe import shell_join
 from c128patch.upstream.releases import cache_dir
 
@@ -254,9 +256,11 @@ def tvm_ffi_pin(series_root: Path, git: Git, head: str) -> str:
 def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tuple[bool | None, str]:
     """Compile the series' signature probe against ``head``'s headers: (ok, one line); ``ok`` None: not checked (no
     nvcc, no tvm-ffi, no probe in the series). A verdict is cached by the headers' tree id, the probe and nvcc."""
-    source = series_root / PROBE
-    if not source.is_file():
+    if not os.path.lexists(series_root / PROBE):
         return None, f"no {PROBE} in the series: C++ contract not compiled"
+    # a series' file: never through a link (its target's words reached nvcc's error lines), nor a FIFO ("no probe")
+    source = confine(series_root, PROBE, "the series' signature probe", regular=True)
+    text = read_series_file(source).decode(errors="replace")  # (64 MiB at most: it was read whole)
     compiler = nvcc()
     if compiler is None:
         return None, "nvcc not found: C++ contract not checked (only the header text was compared)"
@@ -269,7 +273,7 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
         except (OSError, subprocess.TimeoutExpired) as exc:
             return None, f"nvcc --version did not answer ({exc}): C++ contract not checked"
         # (SEALED: a verdict from before the probe ran sealed, whose line may hold a file's text, is compiled again)
-        key = hashlib.sha256("\0".join([headers, source.read_text(), compiler, version, SEALED]).encode()
+        key = hashlib.sha256("\0".join([headers, text, compiler, version, SEALED]).encode()
                              ).hexdigest()[:24]
         path = cache_dir() / "contract-probe" / f"{key}.json"
         entry = read_json(path, dict) or {}  # input: only an entry of this key whose line says its verdict counts

@@ -60,6 +60,8 @@ def torch_pin() -> str:
 def cuda_only(series: Series) -> dict[str, dict]:
     """The series' table of CUDA-only requirements: name -> {"imports": [...], "reason": ...}."""
     path = confine(series.root, "patches/env/cuda-only.toml", "the series' CUDA-only table")
+    if os.path.lexists(path):  # (a FIFO or a folder there was no table: every CUDA-only package then tried)
+        confine(series.root, "patches/env/cuda-only.toml", "the series' CUDA-only table", regular=True)
     try:
         table = tomllib.loads(read_series_file(path).decode("utf-8")) if path.is_file() else {}  # (64 MiB at most)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
