@@ -919,6 +919,25 @@ def test_apply_continue_and_rebase_onto_read_no_config_of_the_tree_they_were_poi
         assert said in line and "evil" not in line, line
 
 
+@pytest.mark.parametrize("kind", ["file", "fifo"])
+def test_a_layer_folder_a_config_or_the_env_names_that_is_no_folder_is_said_as_such(tmp_path, monkeypatch, kind):
+    """Helper 163: a c128patch.toml (or $C128PATCH_LAYERS) naming a regular file or a FIFO as a layer folder was "no
+    layer at X: no patches/series.toml (make one with c128patch layer new X --name NAME)", a fix that fails as
+    printed ("Directory X is a file", "Not a directory"); --layer said what it was. Now every way says it."""
+    monkeypatch.delenv(ENV, raising=False)
+    top = tmp_path / "work"
+    top.mkdir()
+    (top / "notalayer").write_text("x") if kind == "file" else os.mkfifo(top / "notalayer")
+    (top / CONFIG).write_text('[layers]\npaths = ["notalayer"]\n')
+    monkeypatch.chdir(top)
+    what = "a regular file" if kind == "file" else "a FIFO"
+    line = refused(["lint", "--offline"], contains=f"layer folder {top / 'notalayer'} is {what}, not a folder")
+    assert "layer new" not in line
+    (top / CONFIG).unlink()
+    monkeypatch.setenv(ENV, "notalayer")
+    refused(["lint", "--offline"], contains=f"is {what}, not a folder")
+
+
 def test_a_huge_config_or_one_naming_a_folder_twice_is_one_line_at_once(tmp_path, monkeypatch):
     """Helper 134: a 10 MB c128patch.toml naming one layer 2,000,000 times ran for many minutes (each loaded);
     $C128PATCH_LAYERS naming one twice loaded it twice."""

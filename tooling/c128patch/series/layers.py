@@ -61,6 +61,8 @@ def load_layer(folder: Path, series: Series) -> Series:
     """The layer in ``folder``, checked against ``series`` (see the module doc); nothing is written."""
     if any(is_git_dir_name(p) for p in folder.resolve().parts):
         raise C128Error(f"unsafe layer folder {folder}: it is inside git's own folder")
+    if os.path.lexists(folder) and not folder.is_dir():  # (a config's or the env's: "make one with layer new" failed)
+        raise C128Error(f"layer folder {folder} is {what_is(folder)}, not a folder: name a layer's folder instead")
     if not os.path.lexists(folder / MANIFEST):  # (a FIFO or a link there: load_series says what it is, not "none")
         raise C128Error(f"no layer at {folder}: no {MANIFEST} (make one with c128patch layer new {folder} --name NAME)")
     layer = load_series(folder)
