@@ -1643,3 +1643,21 @@ def test_a_data_descriptor_only_the_local_header_has_hides_no_record(patched, tm
         assert "zzz-evil.pth" in listed.splitlines()
     res = run_cli(["verify-wheel", str(bad), "--series", str(wheel_series), "--upstream-wheel", str(upstream_wheel)])
     assert res.code == 2 and f"{host}'s local header says compression method 8, flags" in error_line(res.err), res.err
+
+
+@pytest.mark.parametrize("layer, series, says", [
+    ("../../x", "4", "layer name '../../x'"), ("acme", "4", ""), ("acme", "4 ", "series version '4 '"),
+    ("a\x1bb", "4", "layer name 'a\\x1bb'")])
+def test_the_word_that_cannot_go_into_the_wheels_local_label_is_the_one_named(layer, series, says):
+    """Helper 163: a wheel's provenance whose layer row is named '../../x' (RECORD recomputed) was refused by
+    verify-wheel as "series version '4' cannot go into a PEP 440 local label": the series' own version blamed for
+    the layer's name. The error names the word at fault."""
+    from c128patch.wheel.patch import record_version
+
+    record = {"upstream": {"version": "0.5.23"}, "series": {"version": series, "digest": "ca046230aa"},
+              "layers": [{"name": layer, "digest": "57c98bca11"}]}
+    if not says:
+        assert str(record_version(record)) == "0.5.23+c128.4.ca046230.acme.57c98bca"
+        return
+    with pytest.raises(C128Error, match=re.escape(f"{says} cannot go into a PEP 440 local label")):
+        record_version(record)

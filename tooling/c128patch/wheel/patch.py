@@ -79,8 +79,20 @@ def patched_version(base: Version, series_version: str, digest: str,
     try:
         return Version(f"{base.public}+{label}")
     except (InvalidVersion, ValueError) as exc:  # (ValueError: a digit run over Python's int conversion limit)
-        raise C128Error(f"series version {series_version!r} cannot go into a PEP 440 local label "
-                        "(use letters, digits and dots)") from exc
+        # the word at fault, named (a provenance's layer name '../../x' was blamed on the series version '4')
+        words = [(f"series version {series_version!r}", series_version),
+                 (f"series digest {digest[:8]!r}", digest[:8]), *((f"layer name {n!r}", n) for n, _ in layers),
+                 *((f"layer digest {d[:8]!r}", d[:8]) for _, d in layers)]
+        what = next((said for said, word in words if not _local_word(word)), f"series version {series_version!r}")
+        raise C128Error(f"{what} cannot go into a PEP 440 local label (use letters, digits and dots)") from exc
+
+
+def _local_word(word: str) -> bool:
+    """Can ``word`` stand in a PEP 440 local label (``1+WORD``)?"""
+    try:
+        return bool(word) and Version(f"1+{word}").local is not None
+    except (InvalidVersion, ValueError):
+        return False
 
 
 def record_version(record: dict) -> Version:
