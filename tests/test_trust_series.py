@@ -93,7 +93,8 @@ def test_confine_refuses_a_symlink_on_the_way_and_a_file_that_is_not_regular(tmp
     assert confine(tmp_path, "out/x", "input X") == tmp_path / "out" / "x"
 
 
-@pytest.mark.parametrize("how", ["absolute", "dotdot", "foreign-folder", "symlinked-journal", "not-a-group", "deep"])
+@pytest.mark.parametrize("how", ["absolute", "dotdot", "foreign-folder", "symlinked-journal", "not-a-group", "deep",
+                                 "foreign-folders-own-plan"])
 def test_a_hostile_journal_moves_and_deletes_nothing(tmp_path, how):
     """A leftover journal naming an absolute path, a ``../`` path or a foreign folder of its group, or
     a journal folder that is a symlink: every read of the series refuses it in one line; nothing moves."""
@@ -109,6 +110,10 @@ def test_a_hostile_journal_moves_and_deletes_nothing(tmp_path, how):
     elif how == "foreign-folder":
         journal(root, [["00000", "patches/x.patch"]], [], [os.path.realpath(root), str(foreign)])
         journal(foreign, [], ["patches/keep.patch"], ["/elsewhere"])  # a plan of another group
+    elif how == "foreign-folders-own-plan":  # (helper 163: a plan of its own group, which names it: only the "same
+        # refresh" check refuses it; without that check the foreign folder's plan ran as part of this one's recovery)
+        journal(root, [["00000", "patches/x.patch"]], [], [os.path.realpath(root), os.path.realpath(foreign)])
+        journal(foreign, [], ["patches/keep.patch"], [os.path.realpath(foreign)])
     elif how == "deep":  # read back by the one reader of state files (jsonio.read_json): a RecursionError before
         journal(root, [["00000", "patches/x.patch"]], [])
         (root / txn.TXN / txn.PLAN).write_text("[" * 100_000 + "]" * 100_000)
