@@ -2138,6 +2138,38 @@ def test_apply_repo_with_a_damaged_pack_index_is_one_line_not_a_conflict(sglang_
     assert not (tmp_path / "t").exists()
 
 
+def test_a_urls_mirror_in_the_cache_with_a_damaged_pack_index_is_one_line_saying_how_to_rebuild(
+        sglang_release_repo, tmp_path, monkeypatch):
+    """Helper 163: a `--repo URL`'s mirror in the cache whose pack index is damaged gave `check` and `apply` "git
+    ls-tree -r ... failed: error: Could not read <id>", naming neither the cache nor a fix (the release history's own
+    indexes are checked at every use). The mirror's are too: one line naming it, whose rm -rf works as printed."""
+    import hashlib
+    import shlex
+
+    from c128patch.upstream.source import MIRROR_DONE
+
+    origin = tmp_path / "origin.git"
+    subprocess.run(["git", "clone", "-q", "--bare", "--no-hardlinks", str(sglang_release_repo), str(origin)],
+                   check=True)
+    url = f"file://{origin}"
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    mirror = tmp_path / "cache" / "remotes" / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
+    mirror.parent.mkdir(parents=True)
+    subprocess.run(["git", "clone", "-q", "--mirror", "--no-hardlinks", url, str(mirror)], check=True)
+    (mirror / MIRROR_DONE).write_text(url + "\n")
+    idx = max((mirror / "objects" / "pack").glob("*.idx"), key=lambda p: p.stat().st_size)
+    idx.chmod(0o644)
+    data = idx.read_bytes()
+    idx.write_bytes(data[:2000] + b"\xff" * 100 + data[2100:])
+    for verb in (["check"], ["apply", "--tree", tmp_path / "t"]):
+        line = refused([*verb, "--repo", url, "--sglang-rev", "v0.5.23"],
+                       contains=f"the mirror {mirror} of {url} in the cache is corrupt (objects/pack/{idx.name} fails "
+                                "its checksum); rebuild it: rm -rf ")
+        assert not (tmp_path / "t").exists()
+    subprocess.run(shlex.split(line.split("rebuild it: ", 1)[1].split(" (the next run", 1)[0]), check=True)
+    assert invoke("check", "--repo", url, "--sglang-rev", "v0.5.23").code == 0
+
+
 def test_a_huge_contract_lock_or_cuda_only_table_is_one_line_unread(tmp_path, monkeypatch):
     """h133: `patches/contract.lock` (`lint`, `contract`) and `patches/env/cuda-only.toml` (the tier's environment) were
     read whole: an 8 GB sparse one ran the verb out of memory (MemoryError's traceback). Read as every series file is:

@@ -17,7 +17,14 @@ from c128patch.git import Git, GitError, refuse_git_dir, work_tree_top
 from c128patch.progress import NullReporter, Reporter, echo
 from c128patch.textsafe import shell_quote
 from c128patch.upstream import DEFAULT_TREE, is_url
-from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory, cache_dir, locked, release_version
+from c128patch.upstream.releases import (
+    DEFAULT_RELEASES,
+    ReleaseHistory,
+    cache_dir,
+    damaged_index,
+    locked,
+    release_version,
+)
 
 NET_TIMEOUT_ENV = "C128PATCH_NET_TIMEOUT"  # seconds a clone or fetch of --repo URL may take (default 600)
 def shown(rev: str) -> str:
@@ -152,6 +159,9 @@ def _open_url(url: str, reporter: Reporter) -> Upstream:
                 os.replace(part, mirror)
             finally:
                 shutil.rmtree(part, ignore_errors=True)
+        if bad := damaged_index(mirror / "objects"):  # (~1 ms; as the release cache: git's "Could not read" named
+            raise C128Error(f"the mirror {mirror} of {url} in the cache is corrupt (objects/pack/{bad} fails its "  # no
+                            f"checksum); rebuild it: rm -rf {shell_quote(str(mirror))} (the next run clones it again)")
     return Upstream("url", Git(git_dir=mirror), url)
 
 
