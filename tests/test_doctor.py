@@ -760,3 +760,22 @@ def test_where_the_tools_children_cannot_be_tied_to_it_doctor_says_so(monkeypatc
     monkeypatch.setattr(doctor_module, "dying_prefix", lambda: ([], "no setpriv (util-linux)"))
     res = invoke("doctor", "--python", sys.executable, as_json=False)
     assert "the tool's children are not tied to it here (no setpriv (util-linux))" in res.text, res.text
+
+
+def test_a_layer_doctor_cannot_read_is_said_as_an_error_not_dropped(tmp_path: Path):
+    """Helper 163: `doctor --layer L` (or a config's, or $C128PATCH_LAYERS') where L is refused (here a leftover refresh
+    journal deleting ../victim.txt) dropped the stack with no word: no line named L or why, the layers in effect were
+    not said, and the report's only trace was "this tool carries no env reference: the envs are not read" (where an
+    sglang is installed). The refusal is an error finding now; nothing is deleted."""
+    layer = tmp_path / "L"
+    (layer / "patches").mkdir(parents=True)
+    (layer / "patches" / "series.toml").write_text('[series]\nname = "site"\nversion = "1"\nbase = "v0.5.23"\n')
+    (layer / ".c128patch-txn" / "files").mkdir(parents=True)
+    (layer / ".c128patch-txn" / "plan.json").write_text(json.dumps(
+        {"moves": [], "deletes": ["../victim.txt"], "group": {"id": "g", "parts": [os.path.realpath(layer)]}}))
+    (tmp_path / "victim.txt").write_text("keep")
+    res = invoke("doctor", "--layer", layer)
+    said = [f["message"] for f in res.out["findings"] if f["level"] == "error" and f["topic"] == "series"]
+    assert res.code == 1 and len(said) == 1, res.out
+    assert "not read" in said[0] and "an interrupted refresh cannot be finished" in said[0] and str(layer) in said[0]
+    assert (tmp_path / "victim.txt").read_text() == "keep"

@@ -34,13 +34,17 @@ def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
     from c128patch.serve.doctor import diagnose
     from c128patch.textsafe import one_line
 
+    refused = ""
     try:
         series = load_stack(run, series_dir, layer_dirs)
-    except C128Error:
+    except C128Error as exc:
         if series_dir is not None:
             raise
-        series = None  # doctor still reads the install; the env reference is missing (said below)
+        series, refused = None, exc.message  # doctor still reads the install; the env reference is missing
     report = diagnose(python, list(launch_args), series)
+    if refused:  # (said: a refused layer, a hostile journal in it too, was dropped with no word, "envs not read")
+        report.add("error", "series", f"the series and its layers were not read, so the envs they declare are not "
+                                      f"checked: {one_line(refused)}")
     if as_json:
         run.emit(report.to_json(), series)
     else:
