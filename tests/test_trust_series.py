@@ -94,7 +94,7 @@ def test_confine_refuses_a_symlink_on_the_way_and_a_file_that_is_not_regular(tmp
 
 
 @pytest.mark.parametrize("how", ["absolute", "dotdot", "foreign-folder", "symlinked-journal", "not-a-group", "deep",
-                                 "foreign-folders-own-plan"])
+                                 "foreign-folders-own-plan", "staged-link-after-a-file", "staged-fifo-after-a-file"])
 def test_a_hostile_journal_moves_and_deletes_nothing(tmp_path, how):
     """A leftover journal naming an absolute path, a ``../`` path or a foreign folder of its group, or
     a journal folder that is a symlink: every read of the series refuses it in one line; nothing moves."""
@@ -110,6 +110,11 @@ def test_a_hostile_journal_moves_and_deletes_nothing(tmp_path, how):
     elif how == "foreign-folder":
         journal(root, [["00000", "patches/x.patch"]], [], [os.path.realpath(root), str(foreign)])
         journal(foreign, [], ["patches/keep.patch"], ["/elsewhere"])  # a plan of another group
+    elif how.startswith("staged-"):  # (helper 163: a staged file that is a link or a FIFO was refused only at its own
+        # move, the moves before it done, and the refusal said "nothing was written")
+        journal(root, [["00000", "patches/x.patch"], ["00001", "patches/y.patch"]], [])
+        staged = root / txn.TXN / "files" / "00001"
+        staged.symlink_to(victim) if how == "staged-link-after-a-file" else os.mkfifo(staged)
     elif how == "foreign-folders-own-plan":  # (helper 163: a plan of its own group, which names it: only the "same
         # refresh" check refuses it; without that check the foreign folder's plan ran as part of this one's recovery)
         journal(root, [["00000", "patches/x.patch"]], [], [os.path.realpath(root), os.path.realpath(foreign)])

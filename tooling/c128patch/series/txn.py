@@ -134,6 +134,9 @@ def _plan(root: Path, folder: str, group: bool = True) -> dict:
         if rel.split("/")[0] in (TXN, STAGING):
             raise C128Error(f"{where}: {rel!r} is the transaction's own folder")
         confine(root, rel, where)
+    for staged in (f"{folder}/files/{m[0]}" for m in moves):  # each one still to move: a regular file, no link (a
+        if os.path.lexists(root / staged):  # link or FIFO was refused only at its own move, the ones before it done)
+            confine(root, staged, where, regular=True)
     if why := _not_files(root, [*(str(rel) for _, rel in moves), *deletes]):
         raise C128Error(f"{where}: {why}; nothing was moved")
     if why := _on_the_way(root, [*(str(rel) for _, rel in moves), *deletes]):
