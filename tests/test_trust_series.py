@@ -868,6 +868,23 @@ def test_a_config_in_a_bare_repository_given_as_a_file_url_is_never_read(tmp_pat
         assert res.code == 0 and "layers from" not in res.err and "evil" not in res.err + res.text, (given, res.err)
 
 
+def test_a_config_in_a_work_tree_whose_git_dir_is_given_as_repo_is_never_read(tmp_path, monkeypatch):
+    """Helper 163: `--repo R/.git` (or `.git` from inside R, or `file://R/.git`) names the repository R by its git dir:
+    only that folder was excluded from the search, so R's committed c128patch.toml (a checked-out branch without
+    python/sglang: nothing said R was a tree the tool patches) was read and its layer stacked ("layers from
+    R/c128patch.toml")."""
+    monkeypatch.delenv(ENV, raising=False)
+    repo = tmp_path / "r"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "evil" / "patches").mkdir(parents=True)
+    (repo / "evil" / "patches" / "series.toml").write_text("bogus\n")
+    (repo / CONFIG).write_text('[layers]\npaths = ["evil"]\n')
+    monkeypatch.chdir(repo)
+    for given in (".git", str(repo / ".git"), f"file://{repo}/.git"):
+        res = invoke("lint", "--offline", "--repo", given, as_json=False)
+        assert res.code == 0 and "layers from" not in res.err and "evil" not in res.err + res.text, (given, res.err)
+
+
 def test_the_config_search_stops_at_a_bare_repositorys_root_as_at_a_work_trees(tmp_path, monkeypatch):
     """Helper 156: from inside a bare repository no verb was pointed at (its refs/, its root) the c128patch.toml
     search went on above it, stopping only at a `.git`: a config beyond the repository was read where git's own

@@ -160,8 +160,10 @@ def load_stack(run: Run, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
 
     def top(folder: Path) -> Path | None:  # the repository holding folder (a bare one: itself), no git run
         chain = [folder.resolve(), *folder.resolve().parents]
-        return next((f for f in chain if (f / ".git").exists() or (f / "HEAD").is_file() or (f / "HEAD").is_symlink()),
-                    None)  # (a symlinked HEAD: a bare repository to git)
+        found = next((f for f in chain if (f / ".git").exists() or (f / "HEAD").is_file() or (f / "HEAD").is_symlink()),
+                     None)  # (a symlinked HEAD: a bare repository to git)
+        # a work tree's git dir (--repo R/.git) names the work tree too: its committed config and layer were stacked
+        return found.parent if found is not None and found.name == ".git" else found
 
     for option, folder in [("--series", series_dir), *(("--layer", f) for f in layer_dirs)]:
         if folder is not None and os.path.lexists(folder) and not Path(folder).is_dir():  # (a FIFO: "no manifest")
