@@ -166,6 +166,27 @@ def test_an_entry_whose_message_claims_another_entry_is_refused_and_not_kept(tre
     assert "test-overlay" not in git.out("log", "-3", "--format=%(trailers:key=C128patch-Entry,valueonly)")
 
 
+def test_apply_refuses_a_commit_git_recorded_with_another_entrys_trailer_even_past_the_plan(tree, series, monkeypatch):
+    """Helper 163: docs/security.md names ``Apply._claims`` (each step's commits carry its entry's trailer only, as git
+    recorded them) as the rule's last guard, proven by the test above, which the plan refuses before any commit: with
+    ``_claims`` made to accept anything, every test naming the rule still passed. Here the plan's reading is taken out
+    (as a message it misreads would be): git's own record is refused, nothing of the step kept."""
+    from c128patch.series import plan
+
+    patch = series / "patches" / "0001-test.patch"
+    patch.write_text(patch.read_text().replace("C128patch-Gate: none (test)",
+                                               "C128patch-Gate: none (test)\nC128patch-Entry: test-overlay"))
+    update_hashes(load_series(series))
+    monkeypatch.setattr(plan, "find_trailers", lambda text: [])  # the plan misses the claim
+    git = Git(worktree=tree)
+    before = git.head()
+    res = invoke(*apply_args(tree, series), as_json=False)
+    assert res.code == 2 and "entry 'test-patch': its patch made commit(s) carrying C128patch-Entry 'test-overlay'" \
+        in res.err and "nothing of it was kept" in res.err, res.err
+    assert "test-overlay" not in git.out("log", "HEAD", "--format=%(trailers:key=C128patch-Entry,valueonly)")
+    assert git.head() == before or "test-patch" not in git.out("log", f"{before}..HEAD", "--format=%B")
+
+
 # ---------------------------------------------------------------------------- 2. no conflict markers committed
 @pytest.fixture
 def rebase_stopped(tree: Path, series: Path) -> Git:
