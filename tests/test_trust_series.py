@@ -965,6 +965,18 @@ def test_a_layer_folder_a_config_or_the_env_names_that_is_no_folder_is_said_as_s
     refused(["lint", "--offline"], contains=f"is {what}, not a folder")
 
 
+@pytest.mark.parametrize("spelling", [".git", ".GIT", ".git.", "git~1"])
+def test_a_layer_folder_inside_gits_own_folder_is_refused_in_any_spelling(tmp_path, monkeypatch, spelling):
+    """Helper 163: ``load_layer`` refuses a layer folder inside a git dir (``R/.git/L``: git's own files, which a
+    hook or a config there could have written), in any spelling a file system may fold to it, but no test held it: with
+    the check taken out, every layer test still passed. --layer and $C128PATCH_LAYERS alike, one line."""
+    monkeypatch.delenv(ENV, raising=False)
+    layer = series_folder(tmp_path / "r" / spelling / "L")
+    refused(["lint", "--offline", "--layer", layer], contains=f"unsafe layer folder {layer}: it is inside git's own")
+    monkeypatch.setenv(ENV, str(layer))
+    refused(["lint", "--offline"], contains="it is inside git's own folder")
+
+
 def test_a_huge_config_or_one_naming_a_folder_twice_is_one_line_at_once(tmp_path, monkeypatch):
     """Helper 134: a 10 MB c128patch.toml naming one layer 2,000,000 times ran for many minutes (each loaded);
     $C128PATCH_LAYERS naming one twice loaded it twice."""
