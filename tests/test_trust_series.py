@@ -1723,6 +1723,25 @@ def test_status_prints_a_hostile_commit_subject_without_its_controls(upstream_cl
     assert not any(c in res.text for c in "\x1b\x07"), res.text
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85", "\x1c", "\x1e", "\r"],
+                         ids=["LS", "PS", "NEL", "FS", "RS", "CR"])
+def test_status_lists_a_recovery_ref_whose_subject_holds_a_line_separator(upstream_clone, separator: str):
+    """Helper 164: the commit HEAD was on before apply (upstream's) with U+2028, NEL or \\x1c in its subject: status
+    split git's records with ``str.splitlines``, which cuts there, and printed KeyError's traceback (``--json`` too).
+    Listed as one ref, its subject one line without them."""
+    hostile = f"before{separator}after \x1b[31mred"
+    subprocess.run(["git", "-C", str(upstream_clone), "-c", "user.name=u", "-c", "user.email=u@x.invalid", "commit",
+                    "-q", "--allow-empty", "-m", hostile], check=True)
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
+    res = invoke("status", "--tree", upstream_clone, as_json=False)
+    assert res.code == 0, (res.code, res.err)
+    (line,) = [x for x in res.text.splitlines() if "refs/c128patch/recovery/" in x]
+    assert "before" in line and "after" in line and not any(c in res.text for c in "\x1b\u2028\u2029\x85\x1c\x1e\r")
+    res = invoke("status", "--tree", upstream_clone)
+    (ref,) = json.loads(res.text)["recovery_refs"]
+    assert ref["subject"].startswith("before") and ref["subject"].endswith("red"), ref
+
+
 def test_status_and_refresh_print_what_a_trees_provenance_says_on_its_own_lines(upstream_clone):
     """The provenance a tree commits is the tree's: a newline in its series name, version or upstream rev split
     status's and refresh's lines, the rest (``forged: ok``) a line of its own."""

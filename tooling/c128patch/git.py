@@ -445,8 +445,9 @@ class Git:
 
     def lines(self, *args: str, **kw) -> list[str]:
         """``out``'s lines, split at "\n" only: a subject may hold U+2028, \x1c-\x1e or \x85, which
-        ``str.splitlines`` also splits at (a commit's record cut in two)."""
-        text = self.out(*args, **kw)
+        ``str.splitlines`` also splits at (a commit's record cut in two), or a CR, which a text-mode read turns into
+        "\n" (universal newlines): read as bytes."""
+        text = self.run(*args, binary=True, **kw).stdout.decode("utf-8", "surrogateescape").strip()
         return text.split("\n") if text else []
 
     def ok(self, *args: str, **kw) -> bool:

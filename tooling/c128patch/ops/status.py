@@ -95,8 +95,9 @@ def tree_status(git: Git, series: Series | None = None, prove_again: bool = Fals
     holder = running(common)
     headers, uncommitted = worktree_state(git)
     branch = headers.get("branch.head", "(detached)")
-    refs = git.out("for-each-ref", "--sort=-refname", "--format=%(refname)%00%(objectname)%00%(contents:subject)",
-                   RECOVERY_PREFIX).splitlines()  # HEAD before an apply or rebase, newest first
+    # HEAD before an apply or rebase, newest first; split at "\n" only (a subject's U+2028, NEL or CR cut a record)
+    refs = git.lines("for-each-ref", "--sort=-refname", "--format=%(refname)%00%(objectname)%00%(contents:subject)",
+                     RECOVERY_PREFIX)
     out = {
         "index_lock": {"path": str(lock), "c128patch_running": holder is not None,  # left by a killed run
                        "clear": shell_join(["rm", "-f", str(lock)])} if lock.exists() else None,
