@@ -723,6 +723,23 @@ def test_bisect_names_the_upstream_commit_that_broke_the_contract(drift):
                                            "record_stream_for_v2_verify(arg1, arg2, arg3) does not bind")
 
 
+def test_bisect_prints_the_first_bad_commits_subject_without_line_separators_or_controls(drift):
+    """Helper 164: the "first bad commit" line printed upstream's subject through ``plain`` alone: its ESC, C1 and
+    bidi were removed, its U+2028/U+2029 (a line break to some terminals and log viewers) reached the terminal."""
+    moved = drift.rev_parse("moved")
+    hostile = "moved\u2028forged: the series fits\u2029x \x1b[31mred \u202e \x85end"
+    commit = drift.with_env(GIT_AUTHOR_NAME="u", GIT_AUTHOR_EMAIL="u@x.invalid", GIT_COMMITTER_NAME="u",
+                            GIT_COMMITTER_EMAIL="u@x.invalid").out("commit-tree", f"{moved}^{{tree}}", "-p",
+                                                                   f"{moved}^", input=hostile)
+    wu.set_branch(drift, "moved-hostile", commit)
+    run = invoke("bisect", "--onto", "moved-hostile", "--repo", str(drift.git_dir), "--series", str(REPO_ROOT),
+                 as_json=False)
+    assert run.code == 0, run.err
+    [line] = [x for x in run.text.splitlines() if x.startswith("first bad commit: ")]
+    assert line.endswith("forged: the series fits ⏎ x [31mred  end"), line
+    assert not any(c in run.text for c in "\u2028\u2029\x1b\u202e\x85"), run.text
+
+
 def test_bisect_names_the_commit_where_the_series_stops_applying(drift):
     run = invoke("bisect", "--onto", "moved", "--repo", str(drift.git_dir), "--series", str(REPO_ROOT))
     assert run.code == 0, run.err
