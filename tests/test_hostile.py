@@ -564,14 +564,31 @@ def test_a_damaged_provenance_record_is_one_line_with_the_way_back(tree, series,
     assert invoke("status", "--tree", tree, "--series", series, as_json=False).code == 0  # the tree equals the series
 
 
-def test_a_committed_damaged_provenance_record_is_one_line(tree, series):
-    """Nothing to restore it from: the message says so (re-apply), and rebase refuses before it starts."""
+@pytest.mark.parametrize("record", ["[]", "\udcff{"], ids=["list", "not-utf8"])
+def test_a_committed_damaged_provenance_record_is_one_line(tree, series, record):
+    """HEAD commits the damage; rebase refuses before it starts. The fix it printed was "apply the series again
+    (c128patch apply) on a new branch", which fails as printed (no --sglang-rev; helper 164): the commit below holds
+    the good record, and the line says the command that restores it from there, which works as printed."""
     assert invoke(*apply_args(tree, series), as_json=False).code == 0
-    (tree / PROVENANCE_PATH).write_text("[]")
+    good = Git(worktree=tree).head()
+    (tree / PROVENANCE_PATH).write_bytes(record.encode("utf-8", "surrogateescape"))
     Git(worktree=tree).run("commit", "-qam", "damage")
-    line = refused(["rebase", "--onto", "v0.5.23", "--tree", tree, "--series", series], tree,
-                   "not a c128patch provenance record (a JSON list, not an object)")
-    assert "HEAD holds the same; apply the series again" in line
+    why = "not a c128patch provenance record (a JSON list, not an object)" if record == "[]" else "not UTF-8"
+    line = refused(["rebase", "--onto", "v0.5.23", "--tree", tree, "--series", series], tree, why)
+    assert f"HEAD holds the same; commit {good[:12]} holds a good record: restore it from there" in line, line
+    done = run_printed(printed_command(line, "git -C"))
+    assert done.returncode == 0, done.stderr
+    assert invoke("status", "--tree", tree, "--series", series, as_json=False).code == 1  # read: the change uncommitted
+
+
+def test_a_damaged_provenance_record_no_commit_holds_good_says_to_apply_again(tree, series):
+    """No commit of HEAD's history holds a good record: the line says to apply the series again."""
+    assert invoke(*apply_args(tree, series), as_json=False).code == 0
+    git = Git(worktree=tree)
+    (tree / PROVENANCE_PATH).write_text("[]")
+    git.run("commit", "-q", "--amend", "-a", "--no-edit")  # the provenance commit itself holds the damage
+    line = refused(["status", "--tree", tree, "--series", series], None, "a JSON list, not an object")
+    assert "HEAD holds the same and no commit below it a good record: apply the series again" in line, line
 
 
 @pytest.mark.parametrize("edit, why", [

@@ -81,9 +81,22 @@ def read_provenance(tree: Path) -> dict:
         if committed is not None and committed != data and _problem(committed) is None:
             fix = "restore it (" + shell_join(["git", "-C", str(tree), "checkout", "HEAD", "--", PROVENANCE_PATH]) + ")"
         else:
-            fix = "HEAD holds the same; apply the series again (c128patch apply) on a new branch"
+            fix = _restore_from_below(tree)
         raise C128Error(f"{path}: {problem}; {fix}")
     return json.loads(data)
+
+
+def _restore_from_below(tree: Path) -> str:
+    """The way back from a damaged record HEAD commits: the command restoring the newest good one a commit below holds
+    (a command that works as printed; "apply the series again (c128patch apply)" failed as printed, helper 164)."""
+    git = Git(worktree=tree)
+    for sha in git.lines("log", "--format=%H", "-n", "100", "HEAD", "--", PROVENANCE_PATH)[:100]:
+        data = _blob(git, sha)
+        if data is not None and _problem(data) is None:
+            return (f"HEAD holds the same; commit {sha[:12]} holds a good record: restore it from there ("
+                    + shell_join(["git", "-C", str(tree), "checkout", sha, "--", PROVENANCE_PATH]) + ")")
+    return ("HEAD holds the same and no commit below it a good record: apply the series again on a new branch "
+            "(c128patch apply --sglang-rev REV --branch NAME)")
 
 
 def committed(git: Git, rev: str) -> dict | None:
