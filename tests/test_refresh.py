@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -300,6 +301,39 @@ def test_a_committed_refresh_is_finished_by_any_reader(applied, tmp_path: Path):
     assert not (series / ".c128patch-txn").exists()
     assert "amended" in (series / "patches" / "0001-test.patch").read_text()
     assert cli("refresh", "--tree", str(tree), "--series", str(series), "--check")[0] == 0
+
+
+@pytest.mark.parametrize("errno_name", ["EROFS", "ENOSPC", "EACCES"])
+def test_a_committed_refresh_a_reader_cannot_finish_here_is_kept_not_undone(applied, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch,
+                                                                           errno_name: str):
+    """Helper 164: a series folder holding a committed refresh on a read-only mount (a full disk, no write permission):
+    every reader said the refresh "cannot be finished" and printed the undo: put back patches/ and `rm -rf` the journal
+    (which fails as printed there, and throws away a write past its commit point). It says to make the folder
+    writable and run again; nothing is removed; run again where it can write, the refresh is finished."""
+    import errno
+
+    from support import cli_process
+
+    series, tree = applied
+    amend_entry(tree)
+    proc = cli_process(["refresh", "--tree", tree, "--series", series],
+                       env={"C128PATCH_FAULT": "kill-at:refresh-committed"})
+    assert proc.returncode == -9
+    journal = series / ".c128patch-txn"
+    assert journal.is_dir()
+
+    def cannot(*_a, **_k):
+        raise OSError(getattr(errno, errno_name), os.strerror(getattr(errno, errno_name)))
+
+    with monkeypatch.context() as mp:
+        mp.setattr("c128patch.series.txn.os.replace", cannot)
+        line = refused(["lint", "--series", series, "--offline"], None, "cannot be finished here")
+    assert "rm -rf" not in line and "put back" not in line, line
+    assert f"past its commit point: nothing of it is lost; make {series} writable" in line, line
+    assert journal.is_dir()
+    assert cli("lint", "--series", str(series), "--offline")[0] == 0  # run again where it can write: finished
+    assert not journal.exists() and "amended" in (series / "patches" / "0001-test.patch").read_text()
 
 
 def as_installed(series: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

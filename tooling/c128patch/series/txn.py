@@ -11,6 +11,7 @@ group holding a plan of that group). ``locked`` serialises the writers of one fo
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -231,6 +232,10 @@ def _undo(root: Path) -> str:
             f"then remove its journal: {rm}")
 
 
+# what a sound journal meets where the folder cannot take a write now: it is kept for a run that can
+_NOT_HERE = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM}
+
+
 def recover(root: Path) -> str | None:
     """Finish an interrupted committed transaction (with its whole group), or drop an uncommitted one; says which."""
     if not ((root / TXN).exists() or (root / STAGING).exists()):
@@ -251,6 +256,12 @@ def recover(root: Path) -> str | None:
                 return "finished an interrupted refresh"
         except (OSError, ValueError, KeyError, TypeError, C128Error) as exc:
             why = exc.message if isinstance(exc, C128Error) else str(exc)
+            if isinstance(exc, OSError) and exc.errno in _NOT_HERE and (root / TXN).is_dir():
+                # a sound journal the folder cannot take now (a read-only mount, a full disk): the undo threw away a
+                # write past its commit point, and its `rm -rf` failed there as printed (helper 164)
+                raise C128Error(f"{root / TXN}: an interrupted refresh cannot be finished here ({why}); it is past its "
+                                f"commit point: nothing of it is lost; make {root} writable (or free space) and run "
+                                "it again: reading the folder finishes the write") from None
             raise C128Error(f"{root / TXN}: an interrupted refresh cannot be finished ({why}); {_undo(root)}") from None
         if (root / STAGING).is_dir():
             shutil.rmtree(root / STAGING, ignore_errors=True)
