@@ -398,3 +398,21 @@ def test_the_refreshed_series_label_and_a_conflicts_chosen_file_are_data_in_watc
     _inert(text)
     rendered = MarkdownIt("commonmark").render(text)
     assert "@maintainers" in rendered and "@maintainers" not in re.sub("<code>.*?</code>", "", rendered), text
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85"], ids=["LS", "PS", "NEL"])
+def test_a_tag_holding_a_unicode_line_separator_names_no_base(tmp_path, separator: str):
+    """A tag ``zz<U+2028>aa`` (git takes it): ``base_label`` split ``tag --points-at`` with ``str.splitlines``, which
+    cut it into ``zz`` and ``aa``, two plain words that are no tag: ``aa`` became the refreshed series' base (and
+    watch called the commit tagged). Read as git's records, split at "\\n" only: no plain word, the commit names it."""
+    from c128patch.git import Git
+    from c128patch.ops.refresh import base_label
+
+    git = Git(tmp_path)
+    git.run("init", "-q")
+    git.run("-c", "user.name=u", "-c", "user.email=u@x.invalid", "commit", "-q", "--allow-empty", "-m", "x")
+    sha = git.out("rev-parse", "HEAD")
+    git.run("update-ref", f"refs/tags/zz{separator}aa", sha)
+    assert base_label(git, sha, "main") == sha[:12]
+    git.run("tag", "v1", sha)
+    assert base_label(git, sha, "main") == "v1"

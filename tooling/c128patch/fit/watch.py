@@ -321,7 +321,7 @@ class Watch:
         self._step("refreshing the series from the rebased branch")
         target = copy_series_root(self.series, tmp / "refreshed")
         label = refresh_ops.base_label(git, onto_commit, self.onto)
-        tagged = label in git.out("tag", "--points-at", onto_commit).splitlines()
+        tagged = label in git.lines("tag", "--points-at", onto_commit)
         primary = self.primary if self.primary is not None else (final["direction"] == "forward" and tagged)
         info = {"mode": "primary" if primary else "variant", "label": label, "changed": [], "notes": [],
                 "version": target.version, "base": target.base, "problems": [], "path": "series",
@@ -397,7 +397,7 @@ class Watch:
         upstream, onto = self.upstream, self.info["onto"]  # both set: a conflict comes after ``_open``
         where = upstream.location if upstream.kind == "url" else self.source
         repo = f" --repo {_q(where)}" if upstream.kind != "release" else ""
-        tagged = onto["rev"] in upstream.git.out("tag", "--points-at", onto["commit"]).splitlines()
+        tagged = onto["rev"] in upstream.git.lines("tag", "--points-at", onto["commit"])
         shown = one_line(onto["rev"]) == onto["rev"]  # a tag holding what no report shows (U+202E) is its commit
         target = onto["rev"] if tagged and shown else onto["commit"]
         return [f"c128patch apply --sglang-rev {_q(self.series.base)}{repo} --tree {WORK_TREE}{self.series_args}",

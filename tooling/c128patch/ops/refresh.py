@@ -116,8 +116,9 @@ LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+/-]{0,63}")
 
 def base_label(git: Git, commit: str, rev: str) -> str:
     """A variant's base name: a tag at ``commit`` (``rev`` first), else the short id; never a branch. Only a tag that
-    is a plain word (``LABEL``) is one: upstream names its tags (``<!--``, U+202E, a byte that is not UTF-8)."""
-    tags = [t for t in git.out("tag", "--points-at", commit).splitlines() if LABEL.fullmatch(t)]
+    is a plain word (``LABEL``) is one: upstream names its tags (``<!--``, U+202E, a byte that is not UTF-8; U+2028,
+    which ``str.splitlines`` cut into two plain words that are no tag)."""
+    tags = [t for t in git.lines("tag", "--points-at", commit) if LABEL.fullmatch(t)]  # ("\n" only: a tag's U+2028)
     if rev in tags:
         return rev
     return sorted(tags)[0] if tags else commit[:12]
