@@ -765,3 +765,36 @@ def test_a_run_stopped_by_its_limits_prints_its_json_error_object(monkeypatch, s
     res = invoke("lint", "--offline", "--series", REPO_ROOT)
     (line,) = res.err.strip().splitlines()
     assert res.code == 2 and res.out.get("ok") is False and line == f"c128patch: error: {res.out['error']}", res
+
+
+# git commands whose output carries upstream's names or subjects (a tag, a ref, a subject may hold U+2028 or NEL)
+NAMED_OUTPUT = {"tag", "for-each-ref", "log", "branch", "show-ref", "ls-remote", "rev-list", "show", "describe"}
+
+
+def splitlines_of_named_output(source: str) -> list[str]:
+    """Calls ``X.out(CMD, ...).splitlines()`` / ``X.run(CMD, ...).stdout.splitlines()`` with CMD in NAMED_OUTPUT (a
+    ``rev-list`` of ids only is listed too: it takes ``--format``)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "splitlines"):
+            continue
+        inner = node.func.value.value if isinstance(node.func.value, ast.Attribute) else node.func.value
+        if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) and inner.func.attr in ("out", "run") \
+                and inner.args and isinstance(inner.args[0], ast.Constant) and inner.args[0].value in NAMED_OUTPUT:
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_git_output_carrying_upstreams_names_is_split_at_newlines_only():
+    """``str.splitlines`` cuts at U+2028, U+2029, NEL and \\x1c-\\x1e, which a tag, a branch or a subject may hold:
+    status's recovery refs (a KeyError, helper 164) and base_label's tags (a base that is no tag) were cut so.
+    ``Git.lines`` splits git's records at "\\n" only; this walks the code for the other way."""
+    root = REPO_ROOT / "tooling" / "c128patch"
+    found = {str(p.relative_to(root)): hits for p in sorted(root.rglob("*.py"))
+             if (hits := splitlines_of_named_output(p.read_text()))}
+    assert found == {}
+    assert splitlines_of_named_output('git.out("tag", "--points-at", c).splitlines()\n'
+                                      'g.run("log", x).stdout.splitlines()\ngit.out("ls-files").splitlines()\n') == [
+        "git.out('tag', '--points-at', c).splitlines()", "g.run('log', x).stdout.splitlines()"]

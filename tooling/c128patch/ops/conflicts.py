@@ -113,7 +113,7 @@ def analyze(git: Git, path: str, text: str, diff: str, *, head: str, old: str, o
     forward = git.is_ancestor(old, onto)
     behind = (rev or onto[:12]) if not forward and git.is_ancestor(onto, old) else ""
     span = f"{old}..{onto}" if forward else f"{onto}..{old}"
-    in_range = set(git.out("rev-list", span, "--", path).splitlines())
+    in_range = set(git.lines("rev-list", span, "--", path))
     touched = tuple(git.lines("log", "--format=%h %s", span, "--", path))
     try:
         hunks = [h for pf in PatchSet(diff) if pf.path.removeprefix("a/").removeprefix("b/") == path for h in pf]
