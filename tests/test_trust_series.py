@@ -505,7 +505,8 @@ REVIEWED = {
     "series/txn.py": {"Path(part) / f",  # read only, to compare groups
                       "root / folder",  # folder: TXN or STAGING
                       "staging / 'files' / f'{i:05d}'", "root / TXN / 'files' / staged",  # staged: checked
-                      "root / rel"},  # _not_files: rels confine()d before (commit_all's _rel, _plan), only stat'd
+                      "root / rel",  # _not_files: rels confine()d before (commit_all's _rel, _plan), only stat'd
+                      "root / staged"},  # _plan: TXN or STAGING, /files/, a name _STAGED matched; then confine()d
     "series/layers.py": {"start / p",  # the operator's env, resolved then checked (lookup_layers)
                          "Path(top) / name",  # os.walk of a layer folder, only stat'd for its owner (_inside)
                          # git's own pointer of a linked work tree to its git dir, only stat'd (_sparse)
