@@ -1461,3 +1461,21 @@ def test_a_layer_manifest_that_is_a_fifo_or_a_dangling_link_is_said_as_such_not_
         assert res.code == 2 and len(res.err.strip().splitlines()) == 1, res.err
         assert "no layer at" not in res.err and "patches/series.toml" in res.err, res.err
         assert ("not a regular file" if name == "fifo" else "symlink") in res.err, res.err
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_add_entry_where_the_new_patchs_name_holds_no_regular_file_is_one_line(tmp_path, applied_clone, kind):
+    """Helper 163: a layer holding a folder (or a FIFO) at the name the new entry's patch takes
+    (`patches/0001-<subject>.patch`) gave `layer add-entry` IsADirectoryError's traceback from its trial copy (and
+    past the trial, the transaction would have failed onto it). One line naming it now, nothing written."""
+    anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    commit_on(applied_clone, ENV_PY, anchor, anchor + "    # acme: the site's note\n", "acme: the site's note")
+    layer = tmp_path / "acme"
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0
+    there = layer / "patches" / "0001-acme-the-site-s-note.patch"
+    there.mkdir() if kind == "folder" else os.mkfifo(there)
+    files = {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()}
+    line = refused(["layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", applied_clone, "--why",
+                    "w"], applied_clone, "patches/0001-acme-the-site-s-note.patch is a")
+    assert "not a regular file" in line and "nothing was written" in line, line
+    assert {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()} == files

@@ -24,7 +24,7 @@ from c128patch.ops.treestate import fault_point
 from c128patch.series import txn
 from c128patch.series.layers import SEP, check_layer_name, known_bases, load_layer
 from c128patch.series.manifest import MANIFEST, Entry, Series, load_series
-from c128patch.series.paths import check_entry_name, check_relpath
+from c128patch.series.paths import check_entry_name, check_relpath, not_a_file
 from c128patch.series.plan import sources_at
 from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
 from c128patch.series.trailers import ENTRY_TRAILER
@@ -78,6 +78,10 @@ def _refuse_unsound(layer: Series, updated: Series, name: str, files: dict[str, 
     """Lint the layer as ``updated`` in a scratch copy: an error about the new entry's patch file (what the commit
     changes) refuses it before anything is written (it was written, then reported, with no way back but editing the
     manifest; helper 101)."""
+    for rel in files:  # (a folder or FIFO at the new patch's name: IsADirectoryError's traceback in the trial copy)
+        if os.path.lexists(layer.root / rel) and not (layer.root / rel).is_file():
+            raise C128Error(f"cannot add commit {sha[:12]} to layer {layer.name}: {rel} {not_a_file(layer.root / rel)} "
+                            f"in {layer.root} (the new entry's patch goes there: move it away); nothing was written")
     with procs.scratch("c128layer-") as tmp:
         trial = Path(tmp) / "layer"
         shutil.copytree(layer.root, trial, symlinks=True, ignore=shutil.ignore_patterns(".git", txn.TXN, txn.STAGING))
