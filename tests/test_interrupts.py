@@ -119,6 +119,44 @@ def test_a_signal_after_the_rebase_is_done_says_it_finished_not_no_outcome(sglan
     assert status.returncode == 0 and "on c128/v0.5.23" in status.stdout, status.stdout + status.stderr
 
 
+@pytest.mark.parametrize("as_json", [False, True], ids=["plain", "json"])
+def test_a_signal_past_the_verbs_end_never_says_nothing_was_done(applied, tmp_path, as_json: bool):
+    """Helper 164: a SIGINT just past `refresh`'s end (the series written, its summary printed; click and the
+    interpreter on their way out, the verb's handlers put back) said "interrupted (SIGINT): no outcome; nothing was
+    done" over a series it had just changed. The line says what it did stands; 128+N; with --json one object."""
+    from test_refresh import amend_entry, files
+
+    series, tree = applied
+    amend_entry(tree)
+    before = files(series)
+    proc = cli_process(["refresh", "--tree", tree, "--series", series, *(["--json"] if as_json else [])],
+                       {FAULT_ENV: "sigint-at:verb-ended", "TMPDIR": str(tmp_path)})
+    assert proc.returncode == SIGNAL + signal.SIGINT, proc.stderr
+    assert files(series) != before  # the refresh was done
+    assert "no outcome" not in proc.stderr and "nothing was done" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == ("c128patch: interrupted (SIGINT) after the command ended: what it "
+                                                    "did and printed above stands"), proc.stderr
+    if as_json:
+        assert json.loads(proc.stdout)["ok"] is True  # its one object: the report
+
+
+def test_a_signal_after_refresh_wrote_the_series_says_it_was_written(applied, tmp_path):
+    """Helper 164: a signal while refresh printed what it had written (the series changed) said "no outcome; its
+    scratch folders are removed". It says the refresh was written, and where."""
+    from test_refresh import amend_entry, files
+
+    series, tree = applied
+    amend_entry(tree)
+    before = files(series)
+    proc = cli_process(["refresh", "--tree", tree, "--series", series],
+                       {FAULT_ENV: "sigterm-at:refresh-written", "TMPDIR": str(tmp_path)})
+    assert proc.returncode == SIGNAL + signal.SIGTERM, proc.stderr
+    assert files(series) != before and "no outcome" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "c128patch: error: interrupted (SIGTERM): the refresh was written before it stopped: "), proc.stderr
+    assert str(series) in proc.stderr
+
+
 def _signalled(args: list, sig: signal.Signals, point: str, scratch) -> subprocess.CompletedProcess:
     """``args`` run with ``sig`` sent to the tool at the transaction's ``point`` (``ops.treestate``'s fault hook)."""
     scratch.mkdir(exist_ok=True)

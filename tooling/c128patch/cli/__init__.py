@@ -115,6 +115,8 @@ class LazyGroup(VerbTable):
 
     def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
         self._argv = list(sys.argv[1:] if args is None else args)
+        if common := sys.modules.get("c128patch.cli.common"):  # (an earlier run in this process: not imported for it)
+            common.VERB_ENDED[0] = False
         return super().main(args, *rest, **kwargs)
 
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
@@ -130,8 +132,23 @@ class LazyGroup(VerbTable):
             return super().invoke(ctx)
         except click.UsageError as exc:
             report_usage_error(exc, getattr(self, "_argv", []))
-        except KeyboardInterrupt as exc:  # (in the verb, ``handles_errors`` takes it: it came before)
+        except KeyboardInterrupt as exc:  # (in the verb, ``handles_errors`` takes it: it came before or after)
+            if (common := sys.modules.get("c128patch.cli.common")) and common.VERB_ENDED[0]:
+                interrupted_after_the_verb(exc)
             interrupted_before_the_verb(exc, getattr(self, "_argv", []))
+
+
+def interrupted_after_the_verb(exc: KeyboardInterrupt) -> NoReturn:
+    """A signal past the verb's end (its output printed, its write done): it said "no outcome; nothing was done"
+    after `refresh` had written the series (helper 164). The line says what stands; 128+N; no second JSON object."""
+    import signal
+
+    from c128patch import exitcodes
+
+    signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+    click.echo(f"c128patch: interrupted ({signal.Signals(signum).name}) after the command ended: what it did and "
+               "printed above stands", err=True)
+    sys.exit(exitcodes.SIGNAL + signum)
 
 
 def interrupted_before_the_verb(exc: KeyboardInterrupt, argv: list[str]) -> NoReturn:

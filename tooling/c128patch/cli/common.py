@@ -266,10 +266,21 @@ def handles_errors(fn: Callable) -> Callable:
             echo(f"c128patch: {said}")
             sys.exit(exitcodes.SIGNAL + signum)
         finally:
+            VERB_ENDED[0] = True  # a signal from here on is past the verb (``cli.LazyGroup.invoke``)
             for sig, handler in held.items():
                 signal.signal(sig, handler)
+            if os.environ.get("C128PATCH_FAULT"):  # (the fault-injection tests: a signal just past the verb)
+                from c128patch.ops.treestate import fault_point
+
+                fault_point("at", "verb-ended")
 
     return wrapper
+
+
+
+# Has this invocation's verb body ended (returned, exited, said its error or interruption)? A signal after it (click's
+# and the interpreter's way out) changes nothing it did: ``cli.LazyGroup`` reads it, and resets it as each run starts.
+VERB_ENDED = [False]
 
 
 def _fail(run: Run, message: str) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -38,14 +40,34 @@ def command(tree: Path | None, check_only: bool, as_primary: bool, as_variant: b
     primary = primary_or_variant(as_primary, as_variant, "primary when the tree's base is the series base")
     from c128patch.fit.contract import lock_items
     from c128patch.git import Git
-    from c128patch.ops.refresh import lint_command, refresh
-    from c128patch.series.layers import describe
-    from c128patch.textsafe import one_line
+    from c128patch.ops.refresh import refresh
 
     root = locate_tree(tree)  # ./sglang from the folder above it: that tree's layers, as rebase takes them
     series = load_stack(run, series_dir, layer_dirs, root)
     done = refresh(series, Git(worktree=root), check=check_only, primary=primary, version=version,
                    accept_differences=accept_differences, lock_items=lock_items)
+    try:  # past the write a signal is no "no outcome" (it said so over a series just written, helper 164)
+        _say(done, check_only, as_json, run, series)
+    except KeyboardInterrupt as stop:
+        if check_only or not done.changes:
+            raise
+        from c128patch.errors import Interrupted
+
+        raise Interrupted.by(stop, f"the refresh was written before it stopped: {len(done.changes)} file(s) changed "
+                                   f"in {done.result.series.root}") from None  # type: ignore[union-attr]
+    exit_unless(not done.failed)
+
+
+def _say(done: Any, check_only: bool, as_json: bool, run: Run, series: Any) -> None:
+    """What ``done`` did, as JSON or lines."""
+    from c128patch.ops.refresh import lint_command
+    from c128patch.series.layers import describe
+    from c128patch.textsafe import one_line
+
+    if os.environ.get("C128PATCH_FAULT"):  # (the fault-injection tests: a signal past the write)
+        from c128patch.ops.treestate import fault_point
+
+        fault_point("at", "refresh-written")
     new, verb = done.result.series, "would change" if check_only else "changed"
     if as_json:
         run.emit(done.to_json(), series)
@@ -58,4 +80,3 @@ def command(tree: Path | None, check_only: bool, as_primary: bool, as_variant: b
             *(f"  lint error: {finding}" for finding in done.result.lint_errors),
             *([f"  written, but lint fails on it: fix the series, then: {lint_command(new)}"]  # type: ignore[arg-type]
               if done.result.lint_errors else []))
-    exit_unless(not done.failed)
