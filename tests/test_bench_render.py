@@ -79,3 +79,27 @@ def test_growth_targets_hold_ours_to_a_multiple_of_raw_even_when_raw_does_not_gr
                     rebase: True, "apply per layer entry (s)": False}
     per_unit["rebase"]["raw plain "] = {"cpu": 0.007}  # 3x 7 ms >= ours' 20 ms
     assert {t["what"]: t["missed"] for t in bench_growth.targets(per_unit, 0.1, 0.11)}[rebase] is False
+
+
+def test_interleaved_warms_every_case_untimed_and_alternates_the_order_round_by_round():
+    calls: list[tuple[str, int]] = []
+    figures, _ = benchlib.interleaved({name: (lambda i, n=name: calls.append((n, i))) for name in ("a", "b")}, 3,
+                                      alternate=True, warmup=2)
+    assert calls == [("a", -2), ("b", -2), ("b", -1), ("a", -1),  # warm-up: each case, as timed rounds run them
+                     ("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2)]
+    assert [len(figures[n]["runs_wall"]) for n in ("a", "b")] == [3, 3]  # the warm-up is not among the runs
+
+
+def test_trust_cost_decides_only_when_the_median_pair_ratio_s_interval_is_on_one_side_of_the_target(tmp_path: Path):
+    import bench_trust_cost as tc
+
+    assert tc.median_interval([float(x) for x in range(1, 31)]) == (10.0, 21.0)  # n = 30: 95.7 %
+    assert tc.median_interval([1.0, 2.0, 3.0]) == (1.0, 3.0)  # too few pairs to leave any out
+    assert [tc.verdict(ci, 1.05) for ci in ([0.9, 1.04], [1.06, 1.2], [1.0, 1.1])] == ["met", "missed", "undecided"]
+    rec = record(1, False)
+    rec["targets"][0] |= {"ci95": [1.0, 1.1], "verdict": "undecided"}
+    rec |= {"load_before": [1.0, 2.0, 3.0], "work_on": "tmpfs /dev/shm"}
+    (tmp_path / "x.json").write_text(json.dumps({"history": [rec]}))
+    page = render.render(tmp_path)
+    assert "the median's 95 % interval 1–1.1: undecided" in page
+    assert "load 1/2/3 before, 7.5/6/5 on 2 cores, work on tmpfs /dev/shm" in page

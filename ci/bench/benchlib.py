@@ -63,16 +63,23 @@ def spread(values: Sequence[float]) -> dict[str, float]:
 
 
 def interleaved(cases: dict[str, Callable[[int], Any]], runs: int, prepare: Callable[[int], Any] | None = None,
-                children_only: bool = False) -> tuple[dict[str, dict], dict[str, Any]]:
+                children_only: bool = False, alternate: bool = False,
+                warmup: int = 0) -> tuple[dict[str, dict], dict[str, Any]]:
     """Each case ``runs`` times, round by round (the machine's drift hits every case alike);
-    ``prepare(i)`` runs untimed before round i. Returns (figures, each case's last result)."""
+    ``prepare(i)`` runs untimed before round i. ``alternate``: the cases in reverse order every other round (ABBA:
+    what running first or second costs falls on each case alike); ``warmup``: that many untimed rounds first, as
+    ``-1``, ``-2``, ... (every case warmed the same way). Returns (figures, each case's last result)."""
     wall: dict[str, list[float]] = {name: [] for name in cases}
     cpu: dict[str, list[float]] = {name: [] for name in cases}
     last: dict[str, Any] = {}
-    for i in range(runs):
+    for i in range(-warmup, runs):
         if prepare is not None:
             prepare(i)
-        for name, fn in cases.items():
+        order = list(cases.items())
+        for name, fn in (order[::-1] if alternate and i % 2 else order):
+            if i < 0:
+                fn(i)
+                continue
             w, c, last[name] = measure(lambda: fn(i), children_only)
             wall[name].append(w)
             cpu[name].append(c)

@@ -35,9 +35,10 @@ def missed(t: dict) -> str:
 def latest(rec: dict) -> list[str]:
     load = "/".join(f"{x:g}" for x in rec.get("load") or rec.get("load_average") or []) or "?"
     runs = rec.get("runs") or rec.get("reps") or rec.get("pairs", "?")
+    before = "/".join(f"{x:g}" for x in rec["load_before"]) + " before, " if rec.get("load_before") else ""
     lines = [f"Latest: {rec.get('time', rec['date'])}, commit {rec.get('commit') or rec.get('recorded_in', '?')}, "
-             f"{runs} runs, load {load} on {rec.get('cores', '?')} cores: "
-             f"`{rec.get('command', '?')}`.", ""]
+             f"{runs} runs, load {before}{load} on {rec.get('cores', '?')} cores"
+             + (f", work on {rec['work_on']}" if rec.get("work_on") else "") + f": `{rec.get('command', '?')}`.", ""]
     if "figures" in rec:
         lines += ["| what | wall s, median [min–max] | CPU s, median [min–max] |", "|---|---|---|"]
         lines += [f"| {what.strip()} | {spread(f['wall'])} | {spread(f['cpu'])} |"
@@ -53,8 +54,10 @@ def latest(rec: dict) -> list[str]:
                          f"; {side.strip()} git {v['cpu'] * 1e3:.1f} ms CPU / {v['wall'] * 1e3:.1f} ms wall"
                          for side, v in sides.items() if side not in ("", "raw ")))
     for t in rec.get("targets", []):
+        decided = (f" (the median's 95 % interval {t['ci95'][0]:g}–{t['ci95'][1]:g}: {t['verdict']})"
+                   if "ci95" in t else "")
         lines.append(f"- target {t['what']} ({t['on']}): {t['value']:g} ≤ {t['max']:g}: "
-                     f"{'**missed**' if t['missed'] else 'met'}")
+                     f"{'**missed**' if t['missed'] else 'met'}{decided}")
     return lines
 
 
