@@ -146,6 +146,25 @@ DIFF_HEADER = re.compile(rf"^diff --git (?:a/(?P<a>.*?)|{_QUOTED.format('a')}) (
 _ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
 
 
+def stripspace(message: str) -> str:
+    """``message`` as ``git commit -m`` stores it (``commit.cleanup=default`` without an editor: git's ``stripspace``
+    without comments): each line's trailing spaces, tabs and CRs dropped, runs of empty lines made one, leading and
+    trailing ones dropped, every line ended by a newline; "" for one of empty lines only (``git commit`` refuses it).
+    For ``commit-tree`` to make the very commit ``commit -m`` makes (tests/test_apply_commits.py)."""
+    out: list[str] = []
+    empties = 0
+    for line in message.split("\n"):
+        line = line.rstrip(" \t\r")  # (git's isspace: \v and \f are not spaces to it)
+        if not line:
+            empties += 1
+            continue
+        if empties and out:
+            out.append("")
+        out.append(line)
+        empties = 0
+    return "".join(f"{line}\n" for line in out)
+
+
 def header_path(match: re.Match) -> str:
     """The new path of a ``DIFF_HEADER`` match, unquoted."""
     if match["b"] is None:

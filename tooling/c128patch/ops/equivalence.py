@@ -132,7 +132,13 @@ def apply_cached(idx: Git, diff: str) -> bool:
     return idx.ok("apply", "--cached", input=diff) or idx.ok("apply", "--cached", "--3way", input=diff)
 
 
-def tree_without_provenance(git: Git, head: str, index_file: Path) -> str:
+def tree_without_provenance(git: Git, head: str, index_file: Path, like: str = "") -> str:
+    """The tree of ``head`` less the provenance file. ``like``: a tree it is expected to be (the fresh replay's),
+    taken where ``head``'s tree differs from it by that file added and nothing else (one diff-tree; a read-tree of
+    the whole tree, an update-index and a write-tree otherwise: ~60 ms of apply's proof)."""
+    if like and git.run("diff-tree", "-r", "-z", "--no-renames", "--name-status", like, head).stdout == \
+            f"A\0{PROVENANCE_PATH}\0":  # (only "added": a ``like`` holding the file is not head's tree less it)
+        return like
     idx = index_git(git, index_file)
     idx.run("read-tree", head)
     idx.run("update-index", "--force-remove", "--", PROVENANCE_PATH)
@@ -235,7 +241,7 @@ def prove(series: Series, git: Git, rev: str, commit: str, head: str = "HEAD", *
     series = series.without(set(without)) if without else series
     with procs.scratch("c128prove-") as tmp:
         scratch = Path(tmp)
-        tree = tree_without_provenance(git, head, scratch / "head.index")
+        tree = tree_without_provenance(git, head, scratch / "head.index", like=fresh_tree)
         result = Equivalence(describe(series).removeprefix("series "), rev, commit, head, fresh_tree, tree, replay,
                              without=list(without))
         if fresh_tree == tree:
