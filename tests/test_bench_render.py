@@ -91,7 +91,7 @@ def test_interleaved_warms_every_case_untimed_and_alternates_the_order_round_by_
 
 
 def test_trust_cost_decides_only_when_the_median_pair_ratio_s_interval_is_on_one_side_of_the_target(tmp_path: Path):
-    import bench_trust_cost as tc
+    tc = benchlib  # (bench_trust_cost and bench_apply decide by these)
 
     assert tc.median_interval([float(x) for x in range(1, 31)]) == (10.0, 21.0)  # n = 30: 95.7 %
     assert tc.median_interval([1.0, 2.0, 3.0]) == (1.0, 3.0)  # too few pairs to leave any out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import resource
@@ -91,6 +92,32 @@ def interleaved(cases: dict[str, Callable[[int], Any]], runs: int, prepare: Call
 def ratio(figures: dict, ours: str, raw: str) -> dict[str, float]:
     """Median over median, in wall and in CPU seconds."""
     return {on: round(figures[ours][on]["median"] / figures[raw][on]["median"], 3) for on in ("wall", "cpu")}
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free ``level`` interval of the median: the k-th smallest and k-th largest of ``values``, k the
+    largest with P(Binomial(n, 1/2) < k) <= (1 - level) / 2 (n = 30: the 10th and 21st, 95.7 %)."""
+    n, xs = len(values), sorted(values)
+    k, tail = 0, 0.0
+    while k < n and tail + math.comb(n, k) / 2 ** n <= (1 - level) / 2:
+        tail += math.comb(n, k) / 2 ** n
+        k += 1
+    return (xs[0], xs[-1]) if k == 0 else (xs[k - 1], xs[n - k])
+
+
+def paired(figures: dict, a: str, b: str) -> dict:
+    """A/B per pair (wall and CPU): median, min, max and the median's 95 % interval."""
+    out = {}
+    for on in ("wall", "cpu"):
+        r = [x / y for x, y in zip(figures[a][f"runs_{on}"], figures[b][f"runs_{on}"])]
+        lo, hi = median_interval(r)
+        out[on] = {"median": round(statistics.median(r), 3), "min": round(min(r), 3), "max": round(max(r), 3),
+                   "ci95": [round(lo, 3), round(hi, 3)]}
+    return out
+
+
+def verdict(ci: list[float], limit: float) -> str:
+    return "met" if ci[1] <= limit else "missed" if ci[0] > limit else "undecided"
 
 
 def target(what: str, value: float, limit: float, on: str = "wall") -> dict:
