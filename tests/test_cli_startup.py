@@ -160,3 +160,13 @@ def test_the_console_entry_answers_version_and_short_help(args, first):
 def test_python_dash_m_is_named_as_click_names_it():
     proc = subprocess.run([sys.executable, "-m", "c128patch", "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith("Usage: python -m c128patch [OPTIONS]")
+
+
+def test_check_apply_s_stack_loads_no_wheel_choosing_module(sglang_release_repo):
+    """packaging.tags and importlib.metadata choose a wheel for this interpreter (``wheel``, the release cache's
+    download); check, apply and status never do, and importing them cost ~25 ms at every start
+    (upstream.releases imports them where a wheel is chosen)."""
+    modules, out = loaded("check", "--sglang-rev", "v0.5.23", "--repo", str(sglang_release_repo))
+    assert "c128patch.ops.applier" in modules or "c128patch.ops.check" in modules, out
+    assert "c128patch.upstream.releases" in modules
+    assert not {"packaging.tags", "packaging.utils", "importlib.metadata"} & modules

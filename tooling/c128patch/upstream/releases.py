@@ -21,7 +21,6 @@ import calendar
 import contextlib
 import errno
 import hashlib
-import importlib.metadata
 import json
 import os
 import re
@@ -34,10 +33,8 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 
-from packaging.tags import Tag, sys_tags
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from c128patch import jsonio, procs
@@ -47,6 +44,9 @@ from c128patch.jsonio import write_atomic
 from c128patch.progress import NullReporter, Reporter, transfer
 from c128patch.series.paths import check_relpath
 from c128patch.textsafe import one_line, shell_join, shell_quote
+
+if TYPE_CHECKING:  # packaging.tags (and importlib.metadata): imported where a wheel is chosen, not at every start
+    from packaging.tags import Tag
 
 DEFAULT_RELEASES: tuple[str, ...] = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 PACKAGE = "sglang"
@@ -156,6 +156,8 @@ def wheelhouses() -> list[Path]:
 
 def parsed_name(wheel: Path) -> tuple | None:
     """``packaging``'s (name, version, build, tags) of a wheel file name; None for a name that is not a wheel's."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
     try:
         return parse_wheel_filename(wheel.name)
     except InvalidWheelFilename:
@@ -187,6 +189,8 @@ _RAW_PROGRESS = re.compile(r"Progress (\d+) of (\d+)")
 
 def _pip_reports_bytes() -> bool:
     """pip 24.1 and later print ``Progress N of M`` lines with ``--progress-bar raw``."""
+    import importlib.metadata
+
     try:
         return Version(importlib.metadata.version("pip")) >= Version("24.1")
     except (importlib.metadata.PackageNotFoundError, InvalidVersion):
@@ -844,6 +848,8 @@ class WheelTarget:
         return self.python_tag is None and self.platform is None
 
     def describe(self) -> str:
+        from packaging.tags import sys_tags
+
         if self.is_here:
             here = next(iter(sys_tags()))
             return f"this interpreter ({here.interpreter}, {here.platform})"
@@ -851,6 +857,8 @@ class WheelTarget:
 
     def rank(self, tag: Tag) -> int | None:
         """How well ``tag`` fits (lower is better); None when it does not."""
+        from packaging.tags import sys_tags
+
         here = list(sys_tags())
         if self.is_here:
             return here.index(tag) if tag in here else None
@@ -866,6 +874,8 @@ class WheelTarget:
 
     def pip_args(self) -> tuple[str, ...]:
         """``pip download`` options that select this target (none: pip's own, this interpreter)."""
+        from packaging.tags import sys_tags
+
         if self.is_here:
             return ()
         here = list(sys_tags())
