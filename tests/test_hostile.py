@@ -431,6 +431,25 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tree, series):
     assert (tree / ".git" / "c128patch.lock").read_text() == ""  # released
 
 
+@pytest.mark.parametrize("kind", ["link", "dangling", "fifo"])
+def test_a_repository_lock_that_is_a_link_or_a_pipe_is_never_used(tree, series, tmp_path, kind):
+    # helper 166: `.git/c128patch.lock` a link to ~/.bashrc had apply truncate it (JSON written, then emptied), a
+    # dangling one made its target, a FIFO gave an OSError traceback; `status` read through the link
+    victim, lock = tmp_path / "victim", tree / ".git" / "c128patch.lock"
+    if kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        if kind == "link":
+            victim.write_text("precious\n")
+        lock.symlink_to(victim)
+    line = refused(apply_args(tree, series), tree, f"the lock {lock} is not a regular file")
+    assert (victim.read_text() == "precious\n") if kind == "link" else not victim.exists()
+    assert "a c128patch" not in invoke("status", "--tree", tree, as_json=False).text
+    fix = line.split("remove it (", 1)[1].split(") and run again")[0]
+    assert subprocess.run(fix, shell=True).returncode == 0  # the fix as printed
+    assert invoke(*apply_args(tree, series), as_json=False).code == 0
+
+
 def test_a_rerun_after_an_interrupted_apply_names_both_ways_out(tree, series):
     assert cli_process(apply_args(tree, series), {"C128PATCH_FAULT": "kill-before:test-overlay"}).returncode == -9
     line = refused(apply_args(tree, series), tree, "a c128patch apply was interrupted in")

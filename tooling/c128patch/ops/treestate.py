@@ -300,6 +300,22 @@ class Holder:
     since: str = ""
 
 
+def _open_lock(path: Path, flags: int, action: str) -> int:
+    """``path``'s descriptor: a regular file, opened without following a link or waiting on a pipe; else one line."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise C128Error(f"cannot {action}: cannot create the lock {path} ({exc.strerror})") from None
+        fd = -1
+    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd >= 0:
+            os.close(fd)
+        raise C128Error(f"cannot {action}: the lock {path} is not a regular file (a link, a pipe or a folder): not "
+                        f"used; nothing was changed; remove it ({shell_join(['rm', '-r', str(path)])}) and run again")
+    return fd
+
+
 def _holder(fd: int) -> Holder | None:
     try:
         data = json.loads(os.pread(fd, 4096, 0) or b"null")
@@ -312,10 +328,8 @@ def _holder(fd: int) -> Holder | None:
 def repo_lock(git: Git, action: str) -> Iterator[None]:
     """Hold the repository's c128patch lock for ``action`` (not re-entrant: no operation calls another)."""
     path = git_paths(git, [], "--git-common-dir")[0] / LOCK_NAME
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise C128Error(f"cannot {action}: cannot create the lock {path} ({exc.strerror})") from None
+    # never through a link (one to ~/.bashrc was truncated, a dangling one made its target), nor a pipe (a traceback)
+    fd = _open_lock(path, os.O_RDWR | os.O_CREAT, action)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -343,9 +357,13 @@ def repo_lock(git: Git, action: str) -> Iterator[None]:
 def running(common_dir: Path) -> Holder | None:
     """Which c128patch operation holds the lock (in the git common dir ``common_dir``) right now (None: none)."""
     path = common_dir / LOCK_NAME
-    if not path.is_file():
+    try:  # (no link followed, no pipe waited on: not a lock of ours)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return None
-    fd = os.open(path, os.O_RDONLY)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # (the close releases it)
         return None
