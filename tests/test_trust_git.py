@@ -1597,3 +1597,36 @@ def test_extract_onto_a_full_disk_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(git_module.shutil, "disk_usage", lambda p: usage(1 << 30, 1 << 30, 4096))
     with pytest.raises(C128Error, match=r"cannot write the files into .*out: no space left on its disk \(4 KiB free\)"):
         git.extract("HEAD", ".", dest)
+
+
+def test_two_tags_whose_variant_file_names_meet_never_share_one_file(series, tree):
+    """helper 166: refresh names a variant's file `<stem>.<tag with '/' as '-'>.patch`: upstream's tags `v0.5.24-x`
+    and `v0.5.24/x` (both plain words, refresh.LABEL) named one file, the second refresh writing its patch over the
+    first's variant, whose recorded sha256 no longer matched its file."""
+    git = Git(worktree=tree)
+    assert invoke(*apply_args(tree, series), as_json=False).code == 0
+    for tag, note in (("v0.5.24-x", "first"), ("v0.5.24/x", "second")):
+        def edit(idx: Git, note: str = note) -> None:
+            text = git.blob("v0.5.23", CUH).decode().replace(LINE, LINE.rstrip("\n") + f"  // upstream's {note}\n")
+            blob = idx.out("hash-object", "-w", "--stdin", input=text)
+            idx.run("update-index", "--cacheinfo", f"100644,{blob},{CUH}")
+        onto = upstream_commit(git, "v0.5.23", f"upstream edits our line ({note})", edit)
+        git.run("tag", tag, onto)
+        assert invoke("rebase", "--onto", tag, "--tree", tree, "--series", series, as_json=False).code == 1
+        text = (tree / CUH).read_text()
+        start, end = text.index("<<<<<<<"), text.index(">>>>>>>")
+        (tree / CUH).write_text(text[:start] + LINE.rstrip("\n") + f"  // resolved {note}\n"
+                                + text[text.index("\n", end) + 1:])
+        git.run("add", CUH)
+        res = invoke("rebase", "--continue", "--tree", tree, as_json=False)
+        assert res.code == 0, res.err
+        before = {p: p.read_bytes() for p in series.rglob("*") if p.is_file()}
+        res = invoke("refresh", "--variant", "--tree", tree, "--series", series, as_json=False)
+        assert res.code == (0 if note == "first" else 2), res.err
+    assert "would be named as those of the series' base v0.5.24-x" in res.err, res.err
+    assert {p: p.read_bytes() for p in series.rglob("*") if p.is_file()} == before
+    assert invoke("lint", "--offline", "--series", series, as_json=False).code == 0
+    assert run_printed(res.err.split("them (", 1)[1].split("), and run again")[0]).returncode == 0  # as printed
+    assert invoke("refresh", "--variant", "--tree", tree, "--series", series, as_json=False).code == 0
+    assert invoke("lint", "--offline", "--series", series, as_json=False).code == 0
+    assert (series / "patches" / f"0001-test.{onto[:12]}.patch").is_file(), sorted((series / "patches").iterdir())

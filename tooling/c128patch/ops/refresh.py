@@ -280,6 +280,7 @@ def export(series: Series, git: Git, *, primary: bool | None = None, version: st
         raise C128Error(f"cannot refresh: the upstream base {base_commit!r} recorded in {PROVENANCE_PATH} is not in "
                         f"{git.worktree}")
     label = base_label(git, base_commit, base_rev or "")
+    _one_file_a_base(series, git, label)
     primary = label == series.base if primary is None else primary
     left_out = [d["name"] for d in record.get("dropped", []) if d.get("status") in ("dropped-as-merged", "skipped")]
     commits = [(c.sha, c.entry or slug(c.subject)) for c in branch_commits(git, base_commit)
@@ -498,6 +499,18 @@ def _fallback_gives_same_tree(series: Series, old: Entry, git: Git, sha: str, ba
         return idx.out("write-tree") == git.out("rev-parse", f"{sha}^{{tree}}")
 
 
+def _one_file_a_base(series: Series, git: Git, label: str) -> None:
+    """Refuse a tag ``label`` whose variant file would be another base's (``_export_patch`` names a file with '/' as
+    '-': upstream's tags ``v1/x`` and ``v1-x`` named one file, the second refresh's patch written over the first's)."""
+    other = sorted({b for e in series.entries for b in (e.base, *(v.base for v in e.variants))
+                    if b and b != label and b.replace("/", "-") == label.replace("/", "-")})
+    if other:
+        raise C128Error(f"cannot refresh: the tag {label}'s patch files would be named as those of the series' base "
+                        f"{other[0]}; delete the tag in your clone, its commit then names them "
+                        f"({shell_join(['git', '-C', str(git.worktree), 'tag', '-d', label])}), and run again; nothing "
+                        "was written")
+
+
 def _export_patch(series: Series, old: Entry, entry: Entry, data: bytes | None, stem: str,
                   base: tuple[str, str, tuple[tuple[str, str], ...]], primary: bool, result: Export) -> None:
     """One patch as the primary or the variant of ``base`` (label, commit, sources); ``data`` None: no variant."""
@@ -515,9 +528,13 @@ def _export_patch(series: Series, old: Entry, entry: Entry, data: bytes | None, 
         if data is not None:
             variants[label] = (None, commit, sources)  # filled below from ``data``
     entry.variants = []
+    named: dict[str, str] = {}  # file name -> the base it holds ("v1/x" and "v1-x" name one file: one's lost)
     for name in sorted(variants):
         source, source_commit, source_sources = variants[name]
         path = series.patches_dir / check_relpath(f"{stem}.{name.replace('/', '-')}.patch", f"entry '{entry.name}'")
+        if named.setdefault(path.name, name) != name:
+            raise C128Error(f"cannot refresh: entry '{entry.name}''s patches for {named[path.name]} and {name} would "
+                            f"both be named {path.name} (series.toml names both bases): nothing was written")
         if len(os.fsencode(path.name)) > 255:  # a 240-character tag: OSError's "File name too long", a traceback
             raise C128Error(f"cannot refresh: entry '{entry.name}''s patch for {name} would be named {path.name} "
                             f"({len(os.fsencode(path.name))} bytes; a file name holds at most 255): rebase onto a "
