@@ -10,7 +10,7 @@ from pathlib import Path
 from unidiff import PatchSet
 
 from c128patch.git import Git
-from c128patch.jsonio import write_json_atomic
+from c128patch.jsonio import write_atomic, write_json_atomic
 from c128patch.ops.conflicts import block_markdown
 from c128patch.ops.equivalence import Equivalence
 from c128patch.ops.merged import commit_diffs
@@ -53,7 +53,8 @@ def range_diff_of(git: Git, journal: Journal, new_head: str) -> list[str]:
 
 def write_reports(state: Path, report: dict) -> dict:
     write_json_atomic(state / "rebase-report.json", report)
-    (state / "rebase-report.md").write_text(render_markdown(report))
+    # renamed into place as the JSON is: write_text went through a link there (~/.bashrc overwritten with the report)
+    write_atomic(state / "rebase-report.md", render_markdown(report).encode())
     return report
 
 
