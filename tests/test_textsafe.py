@@ -4,6 +4,7 @@ watch's and rebase's Markdown reports as inert code spans and a terminal without
 from __future__ import annotations
 
 import html
+import json
 import re
 import subprocess
 
@@ -416,3 +417,19 @@ def test_a_tag_holding_a_unicode_line_separator_names_no_base(tmp_path, separato
     assert base_label(git, sha, "main") == sha[:12]
     git.run("tag", "v1", sha)
     assert base_label(git, sha, "main") == "v1"
+
+
+def test_json_output_and_reports_are_ascii_so_upstreams_text_is_inert_on_a_terminal(tmp_path, capsys):
+    """``--json`` objects and the JSON reports carry upstream's text as git gave it (helper 164: bisect's ``subject``,
+    watch-report.json's ``upstream_commits``), escaped by JSON: ESC, C1 (CSI ``\\x9b``), bidi and line separators as
+    ``\\uXXXX``, so ``cat`` of the report or of ``--json`` prints none of them raw."""
+    from c128patch.cli.common import emit_json
+    from c128patch.jsonio import write_json_atomic
+
+    hostile = "a\x1b]8;;http://evil.example/\x07b\x9b31mc\u202ed\u2028e\x85f\udcff"
+    emit_json({"subject": hostile})
+    printed = capsys.readouterr().out
+    written = write_json_atomic(tmp_path / "report.json", {"upstream_commits": [hostile]}).read_bytes()
+    for raw in (printed.encode("utf-8", "surrogateescape"), written):
+        assert all(b == 0x0A or 0x20 <= b < 0x7F for b in raw), raw
+    assert json.loads(printed)["subject"] == hostile == json.loads(written)["upstream_commits"][0]  # the data kept
