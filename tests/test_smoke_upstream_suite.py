@@ -629,3 +629,15 @@ def test_an_upstream_file_that_does_not_parse_is_one_line_naming_it(source):
     # input: a file of the target tree nested past the parser's limits, or broken, is never a traceback
     with pytest.raises(C128Error, match=r"^x\.py: (does not parse|nested too deeply to parse)"):
         sel.parse_imports(source, "x.py", "sglang")
+
+
+def test_smoke_says_it_runs_the_trees_code_unsealed_before_it_runs_any(checkout, tmp_path):
+    """Helper 164: ``smoke upstream --list`` runs the tree's tests' conftest.py (pytest collects them) as the
+    operator, outside the sealed box, and said nothing of it, where watch and treecheck say they run target code.
+    Said as the first pass starts (a refusal before it stays one line)."""
+    said = "smoke runs the tree's code as you, outside the sealed box"
+    res = invoke("smoke", "upstream", "--tree", str(checkout), "--list", "--out", str(tmp_path / "out"),
+                 as_json=False)
+    assert res.err.count(said) == 1, res.err
+    res = invoke("smoke", "kernel", "--tree", str(checkout), "--out", str(tmp_path / "k"), as_json=False)
+    assert res.code == 2 and said not in res.err, res.err  # refused before any of its code ran: not said

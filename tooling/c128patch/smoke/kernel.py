@@ -142,13 +142,19 @@ def build_report(command: str, opts: KernelOptions, prep: Prepared, device: dict
     return {**report, "problems": problems, "ok": not problems}
 
 
-def run_groups(groups: list[list[PassSpec]], cwd: Path, python: str, out: Path,
+# said as smoke first runs the tree's code (its kernels; its tests' conftest.py, even for --list; its server)
+UNSEALED = ("smoke runs the tree's code as you, outside the sealed box (it needs the GPU), without your credentials in "
+            "its environment: run it on a tree you trust")
+
+
+def run_groups(groups: list[list[PassSpec]], cwd: Path, python: str, out: Path, progress: Progress,
                announce: Callable[[list[PassSpec]], None], report: Callable[[Passes], dict[str, Any]],
                write: Callable[[dict[str, Any], Path], Path]) -> tuple[dict[str, Any], Path]:
     """Each group's passes at once, group after group, the report rewritten after each; the last report, its path."""
     passes: dict[str, dict] = {}
     result: dict[str, Any] = {}
     path = out
+    progress(UNSEALED)
     for group in groups:
         announce(group)
         passes.update(run_passes(group, cwd, python, out))
@@ -185,7 +191,7 @@ def run(opts: KernelOptions, command: str, progress: Progress) -> tuple[dict[str
         specs += [PassSpec(f"patched-{tool}", prep.patched, prep.upstream, opts.sanitizer_scale, sanitizer=tool,
                            sanitizer_exe=device.get("compute_sanitizer"), **common)
                   for tool in (() if opts.collect_only else opts.sanitizers)]  # --list: the plain pass only
-        report, path = run_groups([[s] for s in specs], prep.suite, opts.python, opts.out, announce,
+        report, path = run_groups([[s] for s in specs], prep.suite, opts.python, opts.out, progress, announce,
                                   lambda passes: build_report(command, opts, prep, device, passes),
                                   lambda rep, out: write_json_atomic(out / REPORT, {**rep, "schema": SCHEMA_VERSION}))
         if opts.collect_only and not report.get("tests"):
