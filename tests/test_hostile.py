@@ -787,7 +787,8 @@ def test_a_run_stopped_by_its_limits_prints_its_json_error_object(monkeypatch, s
 
 
 # git commands whose output carries upstream's names or subjects (a tag, a ref, a subject may hold U+2028 or NEL)
-NAMED_OUTPUT = {"tag", "for-each-ref", "log", "branch", "show-ref", "ls-remote", "rev-list", "show", "describe"}
+NAMED_OUTPUT = {"tag", "for-each-ref", "log", "branch", "show-ref", "ls-remote", "rev-list", "show", "describe",
+                "range-diff", "shortlog", "cherry"}
 
 
 def splitlines_of_named_output(source: str) -> list[str]:
@@ -817,3 +818,31 @@ def test_git_output_carrying_upstreams_names_is_split_at_newlines_only():
     assert splitlines_of_named_output('git.out("tag", "--points-at", c).splitlines()\n'
                                       'g.run("log", x).stdout.splitlines()\ngit.out("ls-files").splitlines()\n') == [
         "git.out('tag', '--points-at', c).splitlines()", "g.run('log', x).stdout.splitlines()"]
+
+
+def test_rebases_range_diff_keeps_a_subject_holding_a_line_separator_whole(tmp_path):
+    """Helper 164: range_diff_of split range-diff's output with ``str.splitlines``: a subject's U+2028 cut its line,
+    and the part after it (no ``N:`` at its start) was dropped from the report."""
+    from types import SimpleNamespace
+
+    from c128patch.git import Git
+    from c128patch.ops.rebase_report import range_diff_of
+
+    git = Git(tmp_path)
+    git.run("init", "-q")
+    ident = ("-c", "user.name=u", "-c", "user.email=u@x.invalid")
+
+    def commit(name: str, message: str) -> str:
+        (tmp_path / name).write_text(name)
+        git.run("add", name)
+        git.run(*ident, "commit", "-q", "-m", message)
+        return git.out("rev-parse", "HEAD")
+
+    base = commit("a", "base")
+    ours = commit("b", "one\u2028two")
+    git.run("checkout", "-q", base)
+    onto = commit("c", "upstream")
+    git.run(*ident, "cherry-pick", ours)
+    lines = range_diff_of(git, SimpleNamespace(old_commit=base, orig_head=ours, onto_commit=onto),
+                          git.out("rev-parse", "HEAD"))
+    assert len(lines) == 1 and lines[0].endswith("one\u2028two"), lines

@@ -46,9 +46,9 @@ def report_of(git: Git, journal: Journal, new_head: str | None = None, proof: Eq
 
 def range_diff_of(git: Git, journal: Journal, new_head: str) -> list[str]:
     """``git range-diff`` of the old branch and the new one: its commit-pair lines."""
-    proc = git.run("range-diff", "--no-color", f"{journal.old_commit}..{journal.orig_head}",
-                   f"{journal.onto_commit}..{new_head}", check=False)
-    return [line for line in proc.stdout.splitlines() if re.match(r"^\s*(\d+|-):", line)]
+    lines = git.lines("range-diff", "--no-color", f"{journal.old_commit}..{journal.orig_head}",
+                      f"{journal.onto_commit}..{new_head}", check=False)  # ("\n" only: a subject's U+2028 kept)
+    return [line for line in lines if re.match(r"^\s*(\d+|-):", line)]
 
 
 def write_reports(state: Path, report: dict) -> dict:
