@@ -1012,6 +1012,35 @@ def test_a_layer_cannot_claim_one_of_our_entries_in_any_spelling(tmp_path, spell
     assert not (tmp_path / "tree").exists()
 
 
+def test_a_folded_entry_trailer_is_read_as_git_reads_it_whole(tmp_path):
+    """helper 167: ``C128patch-Entry: site/x`` continued on a line starting with a blank is one trailer to git (its
+    value both lines); read as its first line only it passed ``lint`` (0 errors), and ``apply`` read the branch's
+    commits a line each: the continuation split the record, a ValueError traceback after the layer's commit."""
+    data = b"From x\nSubject: [PATCH] x\n\nC128patch-Entry: site/x\n c128-dspark-online-env\n---\n"
+    layer = series_folder(tmp_path / "layer")
+    (layer / "patches" / "0001-x.patch").write_bytes(data)
+    with (layer / "patches" / "series.toml").open("a") as fh:
+        fh.write('\n[[entries]]\nname = "x"\nkind = "patch"\nfile = "0001-x.patch"\nwhy = "w"\nbase = "v0.5.23"\n')
+    for verb in (["lint", "--offline"], ["check", "--sglang-rev", "v0.5.23"],
+                 ["apply", "--sglang-rev", "v0.5.23", "--tree", tmp_path / "tree"]):
+        refused([*verb, "--layer", layer], contains="carries 'C128patch-Entry: site/x c128-dspark-online-env'")
+    assert not (tmp_path / "tree").exists()
+
+
+def test_a_commit_with_a_folded_entry_trailer_is_one_branch_commit(tmp_path):
+    """The reader of a patched branch's commits takes a folded trailer unfolded (a commit of the user's own on the
+    branch, which ``status`` and ``rebase`` read): one record per commit, no traceback."""
+    from c128patch.ops.replay import branch_commits
+
+    git = Git(tmp_path)
+    git.run("init", "-q")
+    ident = ["-c", "user.name=t", "-c", "user.email=t@t.invalid"]
+    git.run(*ident, "commit", "-q", "--allow-empty", "-m", "base")
+    git.run(*ident, "commit", "-q", "--allow-empty", "-m", "mine\n\nC128patch-Entry: site/x\n  folded on\n")
+    [commit] = branch_commits(git, "HEAD~1")
+    assert (commit.entry, commit.subject) == ("site/x folded on", "mine")
+
+
 # --------------------------------------------------------------------------------------- item 5: the cache is checked
 def fake_wheel(folder: Path, version: str, text: str = "") -> Path:
     wheel = folder / f"sglang-{version}-cp311-cp311-manylinux_2_34_x86_64.whl"

@@ -135,7 +135,7 @@ def _add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, ga
         raise C128Error(f"the tree is on {label}, the layer {layer.name} on {layer.base}: add entries on a tree at the "
                         f"layer's base; to take this commit there, rebase this tree back and add it ({back} && "
                         f"{again}); nothing was written")
-    if trailer := git.out("log", "-1", f"--format=%(trailers:key={ENTRY_TRAILER},valueonly)", sha).strip():
+    if trailer := git.out("log", "-1", f"--format=%(trailers:key={ENTRY_TRAILER},valueonly,unfold)", sha).strip():
         raise C128Error(f"commit {sha[:12]} is entry '{trailer}' already ({ENTRY_TRAILER}); nothing was written")
     if same := entry_making(git, layer, sha):
         raise C128Error(f"commit {sha[:12]} is entry '{layer.name}{SEP}{same}' of layer {layer.name} already (the "
@@ -168,7 +168,7 @@ def _add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, ga
 
 def _entry_of(git: Git, sha: str) -> str:
     """A commit's entry trailer ("provenance": the tool's record; "": a commit of the user's)."""
-    return git.out("log", "-1", f"--format=%(trailers:key={ENTRY_TRAILER},valueonly)", sha).strip()
+    return git.out("log", "-1", f"--format=%(trailers:key={ENTRY_TRAILER},valueonly,unfold)", sha).strip()
 
 
 def _below_provenance(git: Git, sha: str, named: str) -> tuple[str, str]:

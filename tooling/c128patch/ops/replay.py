@@ -660,7 +660,7 @@ class BranchCommit:
 
 def branch_commits(git: Git, base: str, head: str = "HEAD") -> list[BranchCommit]:
     """The commits of ``base..head``, oldest first (provenance commits included, as ``entry`` says)."""
-    fmt = f"%H%x00%T%x00%P%x00%(trailers:key={ENTRY_TRAILER},valueonly,separator=%x20)%x00%s"
+    fmt = f"%H%x00%T%x00%P%x00%(trailers:key={ENTRY_TRAILER},valueonly,unfold,separator=%x20)%x00%s"
     out = []
     for line in git.lines("log", "--reverse", f"--format={fmt}", f"{base}..{head}"):
         sha, tree, parents, name, subject = line.split("\0")

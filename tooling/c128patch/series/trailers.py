@@ -9,15 +9,19 @@ ENTRY_TRAILER = "C128patch-Entry"  # the entry a commit or patch file is ("<laye
 SERIES_TRAILER = "C128patch-Series"  # the series name and version an overlay commit came from
 GATE_TRAILER = "C128patch-Gate"  # the env gate that turns the entry on ("none (<why>)": always on)
 _NAMES = {name.lower(): name for name in (ENTRY_TRAILER, SERIES_TRAILER, GATE_TRAILER)}
-# as git reads a trailer: the name in any case, blanks before the colon
-_TRAILER = re.compile(r"^(c128patch-[a-z-]+)[ \t]*:[ \t]*(.*)$", re.MULTILINE | re.IGNORECASE)
+# as git reads a trailer: the name in any case, blanks before the colon, its value continued on each following line
+# that starts with a blank (helper 167: a folded "C128patch-Entry: acme/x\n c128-..." read as "acme/x" passed lint;
+# git's value was both lines, and apply's read of the branch split its record at the newline: a traceback)
+_TRAILER = re.compile(r"^(c128patch-[a-z-]+)[ \t]*:[ \t]*(.*(?:\n[ \t]+\S.*)*)$", re.MULTILINE | re.IGNORECASE)
 _YEAR = re.compile(rb"[ \t\n\v\f\r]*([+-]?\d+)")  # strtol's reading: blanks, a sign, digits
 
 
 def find_trailers(text: str) -> list[tuple[str, str]]:
     """(name, value) of every ``C128patch-*`` trailer line in ``text``, in order, in any spelling git
-    takes for one (case, blanks before the colon), named as defined here."""
-    return [(_NAMES.get(name.lower(), name), value) for name, value in _TRAILER.findall(text)]
+    takes for one (case, blanks before the colon), named as defined here; a folded value unfolded as git's
+    ``%(trailers:unfold)`` does (its lines joined by one space)."""
+    return [(_NAMES.get(name.lower(), name), re.sub(r"[ \t]*\n[ \t]*", " ", value))
+            for name, value in _TRAILER.findall(text)]
 
 
 def _splits(line: bytes) -> bool:
