@@ -1712,6 +1712,28 @@ def test_watch_refuses_a_read_only_out_before_any_work(tmp_path):
     assert not list((tmp_path / "ro").iterdir())
 
 
+@pytest.mark.parametrize("err", ["EPERM", "ENOSPC"])
+def test_an_output_folder_access_allows_but_a_write_refuses_is_one_line_before_any_work(tmp_path, monkeypatch, err):
+    """helper 167: access() says "writable" where a write is refused (root in sysfs, a full disk): ``wheel -o`` did
+    the whole patch, then mkdir's PermissionError was a traceback (a full disk: one line, after the work). The output
+    check makes and removes a folder there first: one line naming the option and the folder, nothing written."""
+    import errno
+
+    out = tmp_path / "out"
+    out.mkdir()
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args, **kw):
+        if os.path.dirname(os.fspath(path)) == str(out):
+            raise OSError(getattr(errno, err), os.strerror(getattr(errno, err)), os.fspath(path))
+        return real_mkdir(path, *args, **kw)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    refused(["wheel", "--from-release", "0.5.23", "-o", out / "new"],
+            contains=f"cannot write in {out} ({os.strerror(getattr(errno, err))})")
+    assert not list(out.iterdir())
+
+
 def test_a_full_disk_while_watch_writes_its_report_is_one_line_and_leaves_no_report(tmp_path, monkeypatch):
     import errno
 

@@ -208,6 +208,15 @@ def check_output_dir(path: Path, option: str) -> Path:
         raise C128Error(f"{option} {path}: {probe} is a file, not a folder; pass a folder that is (or can be) made")
     if probe.is_dir() and not os.access(probe, os.W_OK | os.X_OK):
         raise C128Error(f"{option} {path}: {probe} is not writable; pass a folder you can write")
+    if probe.is_dir():  # access() says yes where a write is still refused (root: sysfs, an immutable folder; EPERM
+        from c128patch import procs  # was wheel's traceback after the work, helper 167): a folder made and removed
+
+        try:
+            with procs.scratch(".c128patch-probe-", probe):
+                pass
+        except OSError as exc:
+            raise C128Error(f"{option} {path}: cannot write in {probe} ({exc.strerror or exc}); pass a folder you "
+                            "can write") from None
     return path
 
 
