@@ -524,3 +524,49 @@ def test_ctrl_c_while_the_command_line_is_read_claims_no_outcome(monkeypatch, ca
         assert err.strip() == "c128patch: interrupted (SIGINT): no outcome; nothing was done", err
         assert (json.loads(out) if json_too else out) == ({"ok": False, "error": err.strip().removeprefix(
             "c128patch: "), "schema": 1} if json_too else ""), out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_during_a_wheel_download_ends_pip_and_leaves_none_of_its_folders(tmp_path, sig):
+    """helper 167: ``pip download`` (a release wheel not in the cache) ran as a plain child: a SIGTERM or SIGHUP to the
+    tool alone left it running on (the cache's lock given up, writing into the cache after "no outcome"), and pip's
+    own temporary folders (pip-download-*, pip-build-tracker-*) were left in $TMPDIR. A stand-in pip (on PYTHONPATH,
+    as ``python -m pip`` finds it) makes its folder in $TMPDIR, says its pid and waits."""
+    fake, scratch, said = tmp_path / "fakepip", tmp_path / "tmp", tmp_path / "pip.pid"
+    (fake / "pip").mkdir(parents=True)
+    scratch.mkdir()
+    (fake / "pip" / "__init__.py").write_text("")
+    (fake / "pip" / "__main__.py").write_text(
+        "import os, tempfile, time\ntempfile.mkdtemp(prefix='pip-download-')\n"
+        f"open({str(said)!r} + '.tmp', 'w').write(str(os.getpid()))\nos.rename({str(said)!r} + '.tmp', {str(said)!r})\n"
+        "time.sleep(120)\n")
+    env = {**os.environ, "TMPDIR": str(scratch), "C128PATCH_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(fake)}
+    env.pop("C128PATCH_WHEELHOUSE", None)
+    proc = subprocess.Popen([sys.executable, "-m", "c128patch", "wheel", "--from-release", "0.5.22", "--python-tag",
+                             "cp312", "-o", str(tmp_path / "out")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
+    until = time.monotonic() + 120
+    while not said.exists() and proc.poll() is None and time.monotonic() < until:
+        time.sleep(0.05)
+    assert said.exists(), ("pip was never started", proc.poll(), proc.stderr.read() if proc.poll() is not None else "")
+    pid = int(said.read_text())
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=120)
+    try:
+        assert proc.returncode == SIGNAL + sig and f"interrupted ({sig.name}): no outcome" in stderr, stderr
+        gone = time.monotonic() + 10
+        while time.monotonic() < gone and _running(pid):
+            time.sleep(0.05)
+        assert not _running(pid), "pip outlived the tool"
+        assert list(scratch.iterdir()) == [], list(scratch.iterdir())
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Is ``pid`` a live process (not gone, not a zombie)?"""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -352,14 +352,24 @@ def _metadata(wheel: Path) -> dict[str, str]:
 
 
 def _pip_download_into(dest: Path, version: str, extra: tuple[str, ...], progress: Progress | None) -> tuple[bool, str]:
+    """``_pip_run`` with pip's own temporary folders (pip-download-*, pip-build-tracker-*) in a scratch folder of ours:
+    pip killed with the tool (SIGTERM, SIGHUP) had left them in $TMPDIR."""
+    with procs.scratch("c128patch-pip-") as tmp:
+        return _pip_run(dest, version, extra, progress, {**os.environ, "TMPDIR": tmp})
+
+
+def _pip_run(dest: Path, version: str, extra: tuple[str, ...], progress: Progress | None,
+             env: dict[str, str]) -> tuple[bool, str]:
     # run in ``dest`` (ours, empty): ``-m`` puts the current folder first on sys.path, and pip imports ``typing``
-    # before it drops it: run from an upstream tree, its top-level typing.py ran as the operator, tokens and all
+    # before it drops it: run from an upstream tree, its top-level typing.py ran as the operator, tokens and all.
+    # A ``procs.Group`` (helper 167: a plain Popen's pip outlived a SIGTERM or SIGHUP of the tool, the cache's lock
+    # given up, downloading on into the cache)
     dest = dest.absolute()
     base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), *extra]
     last = ""
     if progress is not None and _pip_reports_bytes():
-        with subprocess.Popen([*base, "--progress-bar", "raw", f"{PACKAGE}=={version}"], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, cwd=dest) as pip:
+        with procs.Group([*base, "--progress-bar", "raw", f"{PACKAGE}=={version}"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, cwd=dest, env=env) as pip:
             for line in pip.stdout:  # type: ignore[union-attr]
                 match = _RAW_PROGRESS.fullmatch(line.strip())
                 if match:
@@ -368,8 +378,9 @@ def _pip_download_into(dest: Path, version: str, extra: tuple[str, ...], progres
                     last = line.strip()
         return pip.returncode == 0, last
     # quiet, or an older pip that says no bytes: the time it takes, then the size it got
-    with tempfile.TemporaryFile("w+") as out, subprocess.Popen(
-            [*base, "-q", f"{PACKAGE}=={version}"], stdout=out, stderr=subprocess.STDOUT, text=True, cwd=dest) as pip:
+    with tempfile.TemporaryFile("w+") as out, procs.Group(
+            [*base, "-q", f"{PACKAGE}=={version}"], stdout=out, stderr=subprocess.STDOUT, text=True, cwd=dest,
+            env=env) as pip:
         while True:
             try:
                 pip.wait(timeout=1.0)
