@@ -111,6 +111,24 @@ def _moved_elsewhere(pf) -> str | None:
     return None
 
 
+def _named_elsewhere(text: str, patchset) -> str | None:
+    """A ``---``/``+++`` line naming another path than its file's ``diff --git`` header: git takes the file's old
+    (new) path from it, unidiff (and so every check) the header's. ``diff --git a/x b/x`` with ``--- a/y`` was a
+    rename of y to x to git (y removed, x written from y's lines), "x modified" to lint, check and audit
+    (helper 167)."""
+    files, pf, header = iter(patchset), None, False
+    for line in text.split("\n"):
+        if line.startswith("diff --git "):
+            pf, header = next(files, None), True
+        elif line.startswith("@@"):
+            header = False
+        elif header and pf is not None and line.startswith(("--- ", "+++ ")):
+            name = line[4:].split("\t", 1)[0]  # (git ends the name at a tab)
+            if name != "/dev/null" and _strip(name) != _strip(pf.source_file if line[0] == "-" else pf.target_file):
+                return line
+    return None
+
+
 def split_message(text: str) -> tuple[str, str]:
     """(mail header + message, rest) of a format-patch text; rest starts at '---' or the diff."""
     cut = min([i for i in (text.find("\n---\n"), text.find("\ndiff --git ")) if i >= 0], default=len(text))
@@ -171,6 +189,9 @@ def _parse(path: Path, raw: bytes, git_parsed: bool = False) -> PatchInfo:
         if line := _moved_elsewhere(pf):
             raise C128Error(f"corrupt patch {path.name}: '{line}' names another path than its diff header "
                             f"({pf.source_file} -> {pf.target_file}), the one every check reads")
+    if line := _named_elsewhere(text, patchset):
+        raise C128Error(f"corrupt patch {path.name}: '{line}' names another path than its diff header, the one every "
+                        "check reads (git would take it as a rename)")
     for side in info.paths:  # the path rules first: an unsafe patch is refused as such, whatever else it is
         check_relpath(side, f"patch {path.name}")
     # git's own parser is stricter than unidiff about stray lines between hunks.
