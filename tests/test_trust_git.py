@@ -582,17 +582,19 @@ def test_a_patch_with_a_bad_rename_header_is_refused_as_corrupt_not_as_a_conflic
     assert "does not apply" not in line and "conflict" not in line
 
 
+@pytest.mark.parametrize("old", ["a/python/sglang/elsewhere.cuh", "{CUH}"], ids=["another-path", "no-prefix"])
 @pytest.mark.parametrize("verb", ["apply", "check", "lint"])
-def test_a_patch_whose_old_name_line_differs_from_its_diff_header_is_refused_as_corrupt(series, tree, verb):
+def test_a_patch_whose_old_name_line_differs_from_its_diff_header_is_refused_as_corrupt(series, tree, verb, old):
     """helper 167: ``diff --git a/X b/X`` then ``--- a/Y``: git takes Y as the old path (a rename of Y to X: Y removed,
     X written from Y's lines, ``git apply`` says ``Y => X``), unidiff and every check the header's X only; lint passed
-    it, check said "applies" where apply then failed on Y. Refused as corrupt, naming the line."""
+    it, check said "applies" where apply then failed on Y. Refused as corrupt, naming the line. ``--- python/x`` (no
+    ``a/``) is ``sglang/x``'s old path to git (-p1 drops the first part, whatever it is): as another path."""
     patch = series / "patches" / "0001-test.patch"
-    text = patch.read_text()
+    text, old = patch.read_text(), old.format(CUH=CUH)
     assert f"--- a/{CUH}\n" in text
-    patch.write_text(text.replace(f"--- a/{CUH}\n", "--- a/python/sglang/elsewhere.cuh\n", 1))
+    patch.write_text(text.replace(f"--- a/{CUH}\n", f"--- {old}\n", 1))
     update_hashes(load_series(series))
-    said = "corrupt patch 0001-test.patch: '--- a/python/sglang/elsewhere.cuh' names another path than its diff header"
+    said = f"corrupt patch 0001-test.patch: '--- {old}' names another path than its diff header"
     if verb == "lint":
         res = invoke("lint", "--offline", "--series", series, as_json=False)
         assert res.code == 1 and said in res.err + res.text, (res.code, res.err, res.text)

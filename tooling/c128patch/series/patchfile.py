@@ -123,8 +123,10 @@ def _named_elsewhere(text: str, patchset) -> str | None:
         elif line.startswith("@@"):
             header = False
         elif header and pf is not None and line.startswith(("--- ", "+++ ")):
-            name = line[4:].split("\t", 1)[0]  # (git ends the name at a tab)
-            if name != "/dev/null" and _strip(name) != _strip(pf.source_file if line[0] == "-" else pf.target_file):
+            name = unquote(line[4:].split("\t", 1)[0])  # (git ends the name at a tab)
+            # git (am and apply take -p1) drops its first part, whatever it is: `--- d/x` is x's old path, not d/x's
+            if name != "/dev/null" and name.partition("/")[2] != _strip(pf.source_file if line[0] == "-"
+                                                                          else pf.target_file):
                 return line
     return None
 
