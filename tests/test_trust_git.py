@@ -1667,3 +1667,19 @@ def test_a_link_at_the_rebase_report_is_replaced_never_written_through(series, t
                   as_json=False).code == 1
     assert victim.read_text() == "precious\n"
     assert not (state / "rebase-report.md").is_symlink() and "conflict" in (state / "rebase-report.md").read_text()
+
+
+def test_a_hunkless_file_diff_without_git_prefixes_is_refused_as_corrupt(tmp_path):
+    """helper 167: ``diff --git python/x.py python/x.py`` with ``new file mode`` and no hunk: git (-p1) makes ``x.py``,
+    every check read ``python/x.py`` (no ``---`` line to compare)."""
+    from c128patch.errors import C128Error
+    from c128patch.series.patchfile import read_patch
+
+    patch = tmp_path / "0001-x.patch"
+    patch.write_text("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: t <t@t.invalid>\n"
+                     "Subject: [PATCH] x\n\n---\ndiff --git python/x.py python/x.py\nnew file mode 100644\n"
+                     "index 0000000..e69de29\n")
+    with pytest.raises(C128Error, match="'diff --git python/x.py python/x.py' has no a/ and b/ prefixes"):
+        read_patch(patch)
+    patch.write_text(patch.read_text().replace("python/x.py python/x.py", "a/python/x.py b/python/x.py"))
+    assert read_patch(patch).paths == ["python/x.py"]

@@ -120,6 +120,11 @@ def _named_elsewhere(text: str, patchset) -> str | None:
     for line in text.split("\n"):
         if line.startswith("diff --git "):
             pf, header = next(files, None), True
+            # a header without a/ and b/: git's -p1 drops its first part (`diff --git python/x python/x` with no hunk
+            # made x, read here as python/x)
+            if pf is not None and any(unquote(side) != "/dev/null" and not unquote(side).startswith(("a/", "b/"))
+                                      for side in (pf.source_file, pf.target_file)):
+                return line
         elif line.startswith("@@"):
             header = False
         elif header and pf is not None and line.startswith(("--- ", "+++ ")):
@@ -192,8 +197,10 @@ def _parse(path: Path, raw: bytes, git_parsed: bool = False) -> PatchInfo:
             raise C128Error(f"corrupt patch {path.name}: '{line}' names another path than its diff header "
                             f"({pf.source_file} -> {pf.target_file}), the one every check reads")
     if line := _named_elsewhere(text, patchset):
-        raise C128Error(f"corrupt patch {path.name}: '{line}' names another path than its diff header, the one every "
-                        "check reads (git would take it as a rename)")
+        raise C128Error(f"corrupt patch {path.name}: '{line}' " + (
+            "has no a/ and b/ prefixes (git drops each path's first part: another path than every check reads)"
+            if line.startswith("diff --git ") else
+            "names another path than its diff header, the one every check reads (git would take it as a rename)"))
     for side in info.paths:  # the path rules first: an unsafe patch is refused as such, whatever else it is
         check_relpath(side, f"patch {path.name}")
     # git's own parser is stricter than unidiff about stray lines between hunks.
