@@ -2321,3 +2321,16 @@ def test_a_mirror_in_the_cache_that_is_a_link_or_a_file_is_one_line_and_nothing_
     refused(["check", "--repo", url, "--sglang-rev", "v0.5.23"],
             contains=f"the mirror {mirror} of {url} in the cache is not a folder (a link or a file): not used")
     assert (tmp_path / "victim" / "kept").is_file() and (mirror.is_symlink() or mirror.is_file())
+
+
+@pytest.mark.parametrize("name", ["my layer", "l\x1b[2J"], ids=["space", "escape"])
+def test_the_layer_new_a_missing_layer_prints_works_as_printed(tmp_path, monkeypatch, name):
+    """helper 167: "no layer at my layer: ... (make one with c128patch layer new my layer --name NAME)": run as printed
+    it made ``my/`` and refused the extra ``layer``; an ESC in the name was dropped from the printed path."""
+    from support import printed_command, run_printed
+
+    monkeypatch.chdir(tmp_path)
+    line = refused(["lint", "--offline", "--layer", name], contains="no layer at")
+    made = run_printed(printed_command(line, "c128patch layer new").replace("NAME", "mine"), cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / name / "patches" / "series.toml").is_file()

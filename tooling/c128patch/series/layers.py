@@ -64,7 +64,8 @@ def load_layer(folder: Path, series: Series) -> Series:
     if os.path.lexists(folder) and not folder.is_dir():  # (a config's or the env's: "make one with layer new" failed)
         raise C128Error(f"layer folder {folder} is {what_is(folder)}, not a folder: name a layer's folder instead")
     if not os.path.lexists(folder / MANIFEST):  # (a FIFO or a link there: load_series says what it is, not "none")
-        raise C128Error(f"no layer at {folder}: no {MANIFEST} (make one with c128patch layer new {folder} --name NAME)")
+        raise C128Error(f"no layer at {folder}: no {MANIFEST} (make one with c128patch layer new {shell_quote(folder)} "
+                        "--name NAME)")  # (quoted: `layer new my layer` made my/, helper 167)
     layer = load_series(folder)
     where = str(layer.manifest_path)
     check_layer_name(layer.name, where)
