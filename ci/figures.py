@@ -233,8 +233,11 @@ def tool_benchmarks(bench_root: Path, current: Callable[[dict[str, Any]], bool])
     parts = []
     if "apply" in got:
         a = got["apply"]
+        t = next((t for t in a.get("targets", []) if t.get("what", "").startswith("apply / raw")), None)
+        verdict = (f"; pair by pair {t['value']:.2f}×, 95 % {t['ci95'][0]:.2f}–{t['ci95'][1]:.2f}, target ≤ "
+                   f"{t['max']:g}×: {'*missed*' if t['missed'] else 'met'}") if t and t.get("ci95") else ""
         parts.append(f"`apply`, its proof included, {a['apply_s']:.2f} s vs raw `git worktree add` + `git am -3` "
-                     f"{a['raw_git_s']:.2f} s ({a['ratio']:.2f}×){mark('apply')}")
+                     f"{a['raw_git_s']:.2f} s ({a['ratio']:.2f}×{verdict}){mark('apply')}")
     if "layers" in got:
         y = got["layers"]
         parts.append(f"`apply` with a layer of {y['layer']['entries']} entries ([docs/layers.md](docs/layers.md), "
