@@ -4,6 +4,7 @@ advisory lock that serialises their writers; and the one way to read back a stat
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -32,6 +33,22 @@ def locked(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(_HELD.pop(key))  # (releases the lock)
+
+
+def open_regular(path: Path, flags: int) -> int | None:
+    """``path`` opened with ``flags`` (``O_CREAT`` makes it 0o644) without following a link or waiting on a pipe: its
+    descriptor, or None where a link, a pipe or a folder is there (a dangling link made its target, anywhere; opening a
+    pipe waited forever); any other OSError is raised."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            return None
+        raise
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    return None
 
 
 LOCK_TIMEOUT_ENV = "C128PATCH_LOCK_TIMEOUT"  # seconds a run waits for a lock another run holds (default 600)

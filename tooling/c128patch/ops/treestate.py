@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 from c128patch.errors import C128Error
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git, ls_tree, stale_lock_message, user_can_commit
-from c128patch.jsonio import MAX_JSON, read_json, write_json_atomic
+from c128patch.jsonio import MAX_JSON, open_regular, read_json, write_json_atomic
 from c128patch.progress import echo
 from c128patch.series.layers import layer_folders, operators, owned
 from c128patch.series.manifest import MANIFEST, Series
@@ -303,14 +303,10 @@ class Holder:
 def _open_lock(path: Path, flags: int, action: str) -> int:
     """``path``'s descriptor: a regular file, opened without following a link or waiting on a pipe; else one line."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        fd = open_regular(path, flags)
     except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
-            raise C128Error(f"cannot {action}: cannot create the lock {path} ({exc.strerror})") from None
-        fd = -1
-    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
-        if fd >= 0:
-            os.close(fd)
+        raise C128Error(f"cannot {action}: cannot create the lock {path} ({exc.strerror})") from None
+    if fd is None:
         raise C128Error(f"cannot {action}: the lock {path} is not a regular file (a link, a pipe or a folder): not "
                         f"used; nothing was changed; remove it ({shell_join(['rm', '-r', str(path)])}) and run again")
     return fd
@@ -358,11 +354,10 @@ def running(common_dir: Path) -> Holder | None:
     """Which c128patch operation holds the lock (in the git common dir ``common_dir``) right now (None: none)."""
     path = common_dir / LOCK_NAME
     try:  # (no link followed, no pipe waited on: not a lock of ours)
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = open_regular(path, os.O_RDONLY)
     except OSError:
         return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
+    if fd is None:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # (the close releases it)

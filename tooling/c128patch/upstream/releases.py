@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import calendar
 import contextlib
-import errno
 import hashlib
 import json
 import os
@@ -125,17 +124,14 @@ def unwritable(folder: Path, exc: OSError) -> C128Error:
 def locked(path: Path) -> contextlib.AbstractContextManager[None]:
     """``jsonio.locked`` on the lock file ``path`` (made here), so parallel runs don't build the same cache twice."""
     ensure_folder(path.parent)
-    try:  # never through a link (a dangling one made its target, anywhere), nor a pipe (opening one waited forever)
-        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-        os.close(fd)
+    try:  # never through a link, nor a pipe
+        fd = jsonio.open_regular(path, os.O_CREAT | os.O_WRONLY)
     except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
-            raise unwritable(path.parent, exc) from None
-        regular = False
-    if not regular:
+        raise unwritable(path.parent, exc) from None
+    if fd is None:
         raise C128Error(f"the lock file {path} of the cache {path.parent} is not a regular file (a link, a pipe or a "
                         f"folder): not used; remove it (rm -r {shell_quote(str(path))}) and run again")
+    os.close(fd)
     return jsonio.locked(path)
 
 
