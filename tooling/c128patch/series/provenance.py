@@ -90,7 +90,7 @@ def _restore_from_below(tree: Path) -> str:
     """The way back from a damaged record HEAD commits: the command restoring the newest good one a commit below holds
     (a command that works as printed; "apply the series again (c128patch apply)" failed as printed, helper 164)."""
     git = Git(worktree=tree)
-    for sha in git.lines("log", "--format=%H", "-n", "100", "HEAD", "--", PROVENANCE_PATH)[:100]:
+    for sha in git.lines("log", "--format=%H", "-n", "100", "HEAD", "--", PROVENANCE_PATH):
         data = _blob(git, sha)
         if data is not None and _problem(data) is None:
             return (f"HEAD holds the same; commit {sha[:12]} holds a good record: restore it from there ("
