@@ -94,7 +94,8 @@ def test_confine_refuses_a_symlink_on_the_way_and_a_file_that_is_not_regular(tmp
 
 
 @pytest.mark.parametrize("how", ["absolute", "dotdot", "foreign-folder", "symlinked-journal", "not-a-group", "deep",
-                                 "foreign-folders-own-plan", "staged-link-after-a-file", "staged-fifo-after-a-file"])
+                                 "foreign-folders-own-plan", "staged-link-after-a-file", "staged-fifo-after-a-file",
+                                 "path-no-string-after-a-file", "name-no-string-after-a-file"])
 def test_a_hostile_journal_moves_and_deletes_nothing(tmp_path, how):
     """A leftover journal naming an absolute path, a ``../`` path or a foreign folder of its group, or
     a journal folder that is a symlink: every read of the series refuses it in one line; nothing moves."""
@@ -119,6 +120,11 @@ def test_a_hostile_journal_moves_and_deletes_nothing(tmp_path, how):
         # refresh" check refuses it; without that check the foreign folder's plan ran as part of this one's recovery)
         journal(root, [["00000", "patches/x.patch"]], [], [os.path.realpath(root), os.path.realpath(foreign)])
         journal(foreign, [], ["patches/keep.patch"], [os.path.realpath(foreign)])
+    elif how.endswith("no-string-after-a-file"):  # (helper 168: checked as str(...), then a TypeError at its own
+        # move, the moves before it done)
+        second = ["00001", 5] if how.startswith("path") else [12345, "patches/y.patch"]
+        journal(root, [["00000", "patches/x.patch"], second], [])
+        (root / txn.TXN / "files" / "00001").write_bytes(b"two")
     elif how == "deep":  # read back by the one reader of state files (jsonio.read_json): a RecursionError before
         journal(root, [["00000", "patches/x.patch"]], [])
         (root / txn.TXN / txn.PLAN).write_text("[" * 100_000 + "]" * 100_000)

@@ -129,18 +129,19 @@ def _plan(root: Path, folder: str, group: bool = True) -> dict:
     moves, deletes, group_of = plan.get("moves"), plan.get("deletes"), plan.get("group")
     parts = group_of.get("parts") if isinstance(group_of, dict) else None
     if not isinstance(moves, list) or not isinstance(deletes, list) or not all(isinstance(d, str) for d in deletes) \
-            or not all(isinstance(m, list) and len(m) == 2 and _STAGED.fullmatch(str(m[0])) for m in moves):
+            or not all(isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m)  # (an int: a
+                       and _STAGED.fullmatch(m[0]) for m in moves):  # TypeError at its move, the ones before done)
         raise C128Error(f"{where}: 'moves' must be pairs of a staged file and a path, 'deletes' paths")
-    for rel in [*(str(rel) for _, rel in moves), *deletes]:
+    for rel in [*(rel for _, rel in moves), *deletes]:
         if rel.split("/")[0] in (TXN, STAGING):
             raise C128Error(f"{where}: {rel!r} is the transaction's own folder")
         confine(root, rel, where)
     for staged in (f"{folder}/files/{m[0]}" for m in moves):  # each one still to move: a regular file, no link (a
         if os.path.lexists(root / staged):  # link or FIFO was refused only at its own move, the ones before it done)
             confine(root, staged, where, regular=True)
-    if why := _not_files(root, [*(str(rel) for _, rel in moves), *deletes]):
+    if why := _not_files(root, [*(rel for _, rel in moves), *deletes]):
         raise C128Error(f"{where}: {why}; nothing was moved")
-    if why := _on_the_way(root, [*(str(rel) for _, rel in moves), *deletes]):
+    if why := _on_the_way(root, [*(rel for _, rel in moves), *deletes]):
         raise C128Error(f"{where}: {why}: not written (whoever else may change it can swap a folder for a link "
                         "between the check and the move)")
     if not isinstance(parts, list) or os.path.realpath(root) not in parts:
