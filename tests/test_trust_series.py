@@ -682,6 +682,29 @@ def test_a_config_or_layer_folder_others_may_write_is_refused(tmp_path, monkeypa
     assert lookup_layers((), cwd=config.parent)[0] == ((config.parent / "lay").resolve(),)
 
 
+def test_a_config_naming_a_layer_through_a_folder_another_user_may_change_is_refused(tmp_path, monkeypatch):
+    """Helper 168: only the config, its folder and the layer folder were held to the owner rule: a ``layers/`` between
+    them that another user owns (or any user may write, no sticky bit) let them rename the layer away and put theirs
+    in its place, and its layers were stacked. The printed fix works as printed."""
+    from support import printed_command, run_printed
+
+    monkeypatch.delenv(ENV, raising=False)
+    op = tmp_path / "op"
+    (op / "layers" / "team" / "lay").mkdir(parents=True)
+    (op / CONFIG).write_text('[layers]\npaths = ["layers/team/lay"]\n')
+    for how in ("owner", "mode"):
+        for way in (op / "layers", op / "layers" / "team"):
+            os.chown(way, 65534, 65534) if how == "owner" else way.chmod(0o777)
+            with pytest.raises(C128Error, match=f"through {way}, (owned by another user|writable by others)") as exc:
+                lookup_layers((), cwd=op)
+            assert "\n" not in exc.value.message
+            assert run_printed(printed_command(exc.value.message, "chown " if how == "owner" else "chmod ")) \
+                .returncode == 0
+            assert lookup_layers((), cwd=op)[0] == ((op / "layers" / "team" / "lay").resolve(),)
+    (op / "layers").chmod(0o1777)  # as /tmp: the sticky bit lets no other user rename what it holds
+    assert lookup_layers((), cwd=op)[0] == ((op / "layers" / "team" / "lay").resolve(),)
+
+
 def test_one_printed_command_makes_a_layer_or_series_folder_others_may_write_readable(tmp_path, monkeypatch):
     """Helper 159: each refusal printed ``chmod go-w`` of the one path it met first (the folder, then its patches/,
     then series.toml...): pasted, the next run named the next; a layer of N files took N runs. The command now takes

@@ -238,8 +238,13 @@ def read_config(path: Path) -> tuple[Path, ...]:
     paths = layers.get("paths", [])
     if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
         raise C128Error(f"{path}: [layers] paths must be an array of folder names")
-    return owned(tuple(confine(path.parent.resolve(), p, f"{path} [layers] paths").resolve() for p in paths),
-                 str(path))
+    top = path.parent.resolve()
+    folders = [confine(top, p, f"{path} [layers] paths") for p in paths]
+    for folder in folders:  # each folder on the way from the config's to a layer: whoever may change one can swap the
+        for step in reversed(folder.parents[:len(folder.relative_to(top).parts) - 1]):  # layer for a folder of theirs
+            if os.path.lexists(step):  # (helper 168: only the config's folder and the layer's were held)
+                _held(step, step, str(path), f"layer {folder} through", f"--layer or {ENV}")
+    return owned(tuple(f.resolve() for f in folders), str(path))
 
 
 def owned(folders: tuple[Path, ...], origin: str) -> tuple[Path, ...]:
