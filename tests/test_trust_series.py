@@ -67,6 +67,10 @@ def journal(root: Path, moves: list, deletes: list, parts: list[str] | None = No
     # C1 (CSI, NEL) and bidi controls, as wheel members are refused: a terminal or report line taking the name
     ("a/\x9b2J/x", "control character"), ("a/\x85x", "control character"), ("a/x\u202egp.py", "control character"),
     ("a/\u2066x", "control character"),
+    # helper 168: what ``textsafe.plain`` takes out of a report (zero-width characters, the Arabic letter mark, a BOM)
+    # passed as a path, shown as another: an overlay target `environ<U+200B>.py` read as upstream's environ.py
+    ("python/sglang/srt/environ\u200b.py", "control character"), ("a/x\u061cy", "control character"),
+    ("a/\ufeffx", "control character"), ("a/x\u2060y", "control character"),
     # helper 152: a `.` part, which PurePosixPath drops (an overlay target `python/./sglang/srt/environ.py` passed
     # `lint --offline`; `lint` then failed on git's "Invalid path", naming no rule)
     ("python/./sglang/srt/environ.py", "must be relative"), ("./python/x", "must be relative"),

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import re
 
-# C0 controls but tab and newline, DEL, C1 controls (ESC, BEL, CR, CSI...), bidi controls (U+202E: Trojan Source),
-# zero-width characters (a name spelled with U+200B reads as ours)
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+# DEL, C1 controls (ESC, BEL, CR, CSI...), bidi controls (U+202E: Trojan Source), zero-width characters (a name
+# spelled with U+200B reads as ours): what ``plain`` takes out, and what no series path may hold (``paths.CONTROL``)
+HIDDEN = r"\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff"
+_CONTROLS = re.compile(rf"[\x00-\x08\x0b-\x1f{HIDDEN}]")  # (and C0 controls but tab and newline)
 
 
 _UNDECODED = re.compile("[\udc80-\udcff]")  # a byte git gave that is not UTF-8 (``Git.run``: surrogateescape)

@@ -14,14 +14,16 @@ from typing import Iterable
 
 from c128patch.errors import C128Error, what_is
 from c128patch.git import folded_name, is_git_dir_name
+from c128patch.textsafe import HIDDEN
 
 ENTRY_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,79}")
 ENTRY_NAME_RULE = "1-80 characters of a-z 0-9 . _ -, starting with a letter or digit"
 PROVENANCE_PATH = "python/sglang/c128patch_provenance.json"  # (series.provenance's; here for series.plan)
 _GIT_FILES = (".gitattributes", ".gitmodules")  # the files that name programs and URLs for git
 _GIT_FILES_83 = re.compile(r"(gitmod|gi7eba|gitatt|gi7d29)~[1-9]")  # their NTFS short names, as git itself checks
-# C0, DEL, C1 (CSI, NEL...), line and paragraph separators, bidi controls (U+202E): no series path nor wheel member
-CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C0, line and paragraph separators, and all ``textsafe.plain`` takes out of what it shows (DEL, C1, bidi controls,
+# zero-width characters: a path holding U+200B or U+061C was shown as another): no series path nor wheel member
+CONTROL = re.compile(rf"[\x00-\x1f\u2028\u2029{HIDDEN}]")
 _NOT_UTF8 = re.compile("[\udc80-\udcff]")
 # bytes of a name's part (NAME_MAX) and of the whole name: a longer one was git's index entry and Linux's ENAMETOOLONG
 # at apply's first stat of it (a traceback), after lint and check had passed it
