@@ -2206,6 +2206,27 @@ def test_a_pack_of_the_release_cache_damaged_past_its_refs_is_one_line_saying_ho
     assert not (tmp_path / "t").exists(), line
 
 
+def test_a_release_cache_whose_config_gives_it_a_work_tree_is_refused_saying_how_to_fix_it(sglang_release_repo,
+                                                                                          tmp_path, monkeypatch):
+    """Helper 168: a release cache whose config says `core.bare = false` and `core.worktree = DIR` (a git dir with a
+    work tree elsewhere) had `check` run `git apply --cached` against it: every entry "does not exist in index", "NOT
+    all apply", on a sound release (under that folder). One line; the printed command makes it read as the bare
+    repository it is."""
+    from support import invoke, printed_command, run_printed
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    root = cache / sglang_release_repo.name
+    shutil.copytree(sglang_release_repo, root)
+    (cache / "wheels").symlink_to(sglang_release_repo.parent / "wheels")
+    for key, value in (("core.bare", "false"), ("core.worktree", str(tmp_path))):  # (a folder holding the cache)
+        subprocess.run(["git", "-C", str(root), "config", key, value], check=True)
+    monkeypatch.setenv("C128PATCH_CACHE", str(cache))
+    line = refused(["check", "--sglang-rev", "v0.5.23"], contains=f"{root}: its git config gives it the work tree")
+    assert run_printed(printed_command(line, "git -C ")).returncode == 0
+    assert invoke("check", "--sglang-rev", "v0.5.23", as_json=False).code == 0
+
+
 def test_a_commit_graph_in_the_release_cache_is_refused_saying_how_to_rebuild(sglang_release_repo, tmp_path,
                                                                              monkeypatch):
     """h146: a commit-graph in the release cache (which never writes one) saying v0.5.23's commit has v0.5.22's tree:

@@ -375,6 +375,11 @@ class Git:
             return (f"{self.cwd}: its git config sets core.worktree = {value}, another folder than this one; "
                     f"c128patch works only in the tree it is given: "
                     f"{shell_join(['git', '-C', str(self.cwd), 'config', '--unset', 'core.worktree'])}")
+        if self.worktree is None and top:  # a git dir given alone (the release cache) that says it has a work tree: git
+            # ran `apply --cached` there against it, and every entry "did not exist in index" (helper 168)
+            return (f"{self.cwd}: its git config gives it the work tree {top} (core.worktree = {value}, core.bare not "
+                    f"true); c128patch reads it as a bare repository: "
+                    f"{shell_join(['git', '-C', str(self.cwd), 'config', 'core.bare', 'true'])}")
         return ""
 
     def _partial_refusal(self, name: str, value: str) -> str:
