@@ -513,6 +513,8 @@ REVIEWED = {
                          # the entry checked in the join itself, the key just above it
                          "self.root / check_entry_name(entry, 'the ledger') / f'{key}.diff'"},
     "series/txn.py": {"Path(part) / f",  # read only, to compare groups
+                      # _on_the_way: its rels confine()d before, each folder on their way only lstat'd
+                      "os.path.join(real, *PurePosixPath(rel).parts[:n])",
                       "root / folder",  # folder: TXN or STAGING
                       "staging / 'files' / f'{i:05d}'", "root / TXN / 'files' / staged",  # staged: checked
                       "root / rel",  # _not_files: rels confine()d before (commit_all's _rel, _plan), only stat'd
@@ -530,17 +532,27 @@ _CONSTANT = ("TXN", "STAGING", "PLAN", "MANIFEST", "CONFIG", "LOCK_NAME", "PROVE
              "UPSTREAM_PACKAGE", "SUMS")
 
 
+def _constant(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) or (isinstance(node, ast.Name) and node.id in _CONSTANT) \
+        or isinstance(node, ast.JoinedStr) and all(isinstance(v, ast.Constant) for v in node.values)
+
+
 def unreviewed_joins(source: str, reviewed: set[str]) -> list[str]:
-    """The ``a / b`` joins in ``source`` whose right side is not a constant, less the reviewed ones."""
+    """The joins in ``source`` (``a / b``, ``os.path.join(a, b)``, ``a.joinpath(b)``) whose right side is not a
+    constant, less the reviewed ones (helper 168: only ``/`` was found, an ``os.path.join`` of input passed)."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
-            right = node.right
-            if isinstance(right, ast.Constant) or (isinstance(right, ast.Name) and right.id in _CONSTANT) \
-                    or isinstance(right, ast.JoinedStr) and all(isinstance(v, ast.Constant) for v in right.values):
-                continue
-            if ast.unparse(node) not in reviewed and not any(ast.unparse(node) in r for r in reviewed):
-                found.append(ast.unparse(node))
+            rights = [node.right]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                (node.func.attr == "joinpath" or node.func.attr == "join" and ast.unparse(node.func) == "os.path.join"):
+            rights = node.args[node.func.attr == "join":]
+        else:
+            continue
+        if all(_constant(r) for r in rights):
+            continue
+        if ast.unparse(node) not in reviewed and not any(ast.unparse(node) in r for r in reviewed):
+            found.append(ast.unparse(node))
     return found
 
 
@@ -550,6 +562,8 @@ def test_no_join_of_input_bypasses_confine():
     found = {rel: unreviewed_joins((root / rel).read_text(), REVIEWED.get(rel, set())) for rel in files}
     assert {k: v for k, v in found.items() if v} == {}
     assert unreviewed_joins("root / plan['moves'][0]\nroot / 'x' / TXN\n", set()) == ["root / plan['moves'][0]"]
+    assert unreviewed_joins("os.path.join(root, rel)\nroot.joinpath(*parts)\nos.path.join(root, 'patches')\n"
+                            "', '.join(names)\n", set()) == ["os.path.join(root, rel)", "root.joinpath(*parts)"]
 
 
 # ------------------------------------------------------------------------------------ item 2: config from the operator
