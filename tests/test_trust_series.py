@@ -524,12 +524,30 @@ REVIEWED = {
                          # git's own pointer of a linked work tree to its git dir, only stat'd (_sparse)
                          "folder / dot.read_text(errors='replace').strip().removeprefix('gitdir:').strip()"},
     "upstream/releases.py": {"dest / wheel.name"},  # a file pip wrote into our own folder
+    # helper 168: ops/ walked too (the journals', the tree's record's and a layer's readers)
+    "ops/applier.py": {"self.tree / path"},  # a patch's path (check_relpath at parse), in its own symlink check
+    "ops/audit.py": {"tree_root / rel"},  # a .py file a patch touches (check_relpath at parse), only read
+    "ops/layer.py": {"layer.root / rel", "trial / rel",  # patches/NNNN-<entry>.patch: the entry name checked
+                     "layer.patches_dir / file"},  # the same file, built from the checked entry name
+    "ops/rebase.py": {"git.worktree / path"},  # a path git lists as unmerged
+    "ops/rebase_loop.py": {"self.series.part(step.name)[0].root / step.file"},  # the manifest's file, checked at load
+    "ops/refresh.py": {"series.part(name)[0].root / entry.source",  # the manifest's, checked at load
+                       "series.patches_dir / v.file", "series.patches_dir / entry.file",  # the same
+                       "series.patches_dir / f'{stem}.patch'",  # the stem of a manifest's file
+                       # checked in the join itself
+                       "series.patches_dir / check_relpath(f\"{stem}.{name.replace('/', '-')}.patch\", f\"entry "
+                       "'{entry.name}'\")",
+                       "tree.parent / 'layers' / f\"local{(i if i > 1 else '')}\""},  # a number
+    "ops/replay.py": {"index_file.parent / f'renamed-{item.entry.name}.patch'"},  # a checked entry name, in scratch
+    "ops/status.py": {"git.cwd / e['target']"},  # a provenance target (check_relpath when read), only hashed
+    "ops/treestate.py": {"(git.worktree or Path.cwd()) / rel",  # git's own answer (rev-parse --git-path)
+                         "git.worktree / p", "git.worktree / path"},  # paths git lists as changed
     "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')",
                            # git's own answer for the tree the operator named (its object store), not a tree's file
                            "git.cwd / git.out('rev-parse', '--git-path', 'objects')"},
 }
 _CONSTANT = ("TXN", "STAGING", "PLAN", "MANIFEST", "CONFIG", "LOCK_NAME", "PROVENANCE_PATH", "MIRROR_DONE",
-             "UPSTREAM_PACKAGE", "SUMS")
+             "UPSTREAM_PACKAGE", "SUMS", "PROOF")
 
 
 def _constant(node: ast.expr) -> bool:
@@ -558,7 +576,7 @@ def unreviewed_joins(source: str, reviewed: set[str]) -> list[str]:
 
 def test_no_join_of_input_bypasses_confine():
     root = REPO_ROOT / "tooling" / "c128patch"
-    files = sorted(str(p.relative_to(root)) for d in ("series", "upstream") for p in (root / d).glob("*.py"))
+    files = sorted(str(p.relative_to(root)) for d in ("series", "upstream", "ops") for p in (root / d).glob("*.py"))
     found = {rel: unreviewed_joins((root / rel).read_text(), REVIEWED.get(rel, set())) for rel in files}
     assert {k: v for k, v in found.items() if v} == {}
     assert unreviewed_joins("root / plan['moves'][0]\nroot / 'x' / TXN\n", set()) == ["root / plan['moves'][0]"]
