@@ -1430,7 +1430,9 @@ def tiny_wheel(dest: Path, extra: dict[str, bytes]) -> Path:
                                                 "one file on some file systems (case"),
     ({"sglang/srt/a\nb.py": b""}, "unsafe member name 'sglang/srt/a\\nb.py'"),
     ({"sglang/srt/\x1b]8;;https://evil\x07x.py": b""}, "unsafe member name 'sglang/srt/\\x1b]8;;https://evil\\x07x.py'"),
-], ids=["case", "newline", "controls"])
+    # helper 168: a zero-width space, which every report takes out: `environ\u200b.py` was shown as environ.py
+    ({"sglang/srt/environ\u200b.py": b""}, "unsafe member name 'sglang/srt/environ\\u200b.py'"),
+], ids=["case", "newline", "controls", "zero-width"])
 def test_a_member_that_differs_only_in_case_or_holds_a_control_is_refused_by_name(tmp_path: Path, extra, says):
     """On a case-insensitive file system ``Environ.py`` unpacks over ``environ.py``; a newline in a name split the
     refusal into two lines. verify-wheel and wheel --from-wheel refuse both, in one line, before any work."""
