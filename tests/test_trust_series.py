@@ -542,12 +542,30 @@ REVIEWED = {
     "ops/status.py": {"git.cwd / e['target']"},  # a provenance target (check_relpath when read), only hashed
     "ops/treestate.py": {"(git.worktree or Path.cwd()) / rel",  # git's own answer (rev-parse --git-path)
                          "git.worktree / p", "git.worktree / path"},  # paths git lists as changed
+    # helper 168: wheel/ walked too (wheel members, a wheel's provenance and SBOM)
+    "wheel/authentic.py": {"Path(tmp) / f'{i:03d}.diff'",  # a number
+                           # an SBOM diff's path that git apply has just applied (it refuses `..` and absolute
+                           # paths), in our scratch; written only for a member name of upstream's (check_archive)
+                           "scratch / path"},
+    "wheel/patch.py": {"iw.root / target", "root / target",  # an overlay's target: the manifest's, checked at load
+                       "root / rel",  # _member_text: a path a series patch touches (check_relpath at parse)
+                       "iw.root / dist_info",  # the wheel's own .dist-info name (dist_info_dir of its checked name)
+                       "iw.root / dist_info / 'sboms' / SBOM_NAME"},
+    "wheel/srcbuild.py": {"out_dir / staged.name",  # the wheel our own build staged
+                          "tree / provenance.PROVENANCE_PATH"},  # a constant
+    "wheel/tools.py": {"self.root / name",  # a member name (check_archive: the path rules, no link or device)
+                       "self.root / self.dist_info", "self.root / new",  # the .dist-info name, from the checked one
+                       "dest_dir / self.name.filename(version)", "work / dest.name",  # the file name we build
+                       "total / 2 ** 20", "size / 2 ** 20", "total / size"},  # numbers, not paths
+    "wheel/verify.py": {"Path(tmp) / f'{i:03d}.diff'",  # a number
+                        # a provenance file or target: record_problem refuses one that is not inside() the tree
+                        "iw.root / target", "iw.root / path", "scratch / path", "scratch / wheel_path(e['target'])"},
     "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')",
                            # git's own answer for the tree the operator named (its object store), not a tree's file
                            "git.cwd / git.out('rev-parse', '--git-path', 'objects')"},
 }
 _CONSTANT = ("TXN", "STAGING", "PLAN", "MANIFEST", "CONFIG", "LOCK_NAME", "PROVENANCE_PATH", "MIRROR_DONE",
-             "UPSTREAM_PACKAGE", "SUMS", "PROOF")
+             "UPSTREAM_PACKAGE", "SUMS", "PROOF", "WHEEL_PROVENANCE")
 
 
 def _constant(node: ast.expr) -> bool:
@@ -576,7 +594,8 @@ def unreviewed_joins(source: str, reviewed: set[str]) -> list[str]:
 
 def test_no_join_of_input_bypasses_confine():
     root = REPO_ROOT / "tooling" / "c128patch"
-    files = sorted(str(p.relative_to(root)) for d in ("series", "upstream", "ops") for p in (root / d).glob("*.py"))
+    files = sorted(str(p.relative_to(root)) for d in ("series", "upstream", "ops", "wheel")
+                   for p in (root / d).glob("*.py"))
     found = {rel: unreviewed_joins((root / rel).read_text(), REVIEWED.get(rel, set())) for rel in files}
     assert {k: v for k, v in found.items() if v} == {}
     assert unreviewed_joins("root / plan['moves'][0]\nroot / 'x' / TXN\n", set()) == ["root / plan['moves'][0]"]
