@@ -737,6 +737,15 @@ def test_a_config_or_layer_folder_others_may_write_is_refused(tmp_path, monkeypa
     assert lookup_layers((), cwd=config.parent)[0] == ((config.parent / "lay").resolve(),)
 
 
+def test_a_layer_folder_the_env_names_too_long_to_look_at_is_one_line(tmp_path, monkeypatch):
+    """Helper 168: `$C128PATCH_LAYERS` naming a folder with a 300-byte part (or a path past PATH_MAX) was OSError's
+    "File name too long" traceback, from the check that no layer lies inside a tree the tool patches."""
+    for value in ("a" * 300, "a/" * 2100 + "a"):
+        monkeypatch.setenv(ENV, value)
+        with pytest.raises(C128Error, match=r"from \$C128PATCH_LAYERS\) cannot be looked at \(File name too long\)"):
+            lookup_layers((), cwd=tmp_path)
+
+
 def test_a_config_naming_a_layer_through_a_folder_another_user_may_change_is_refused(tmp_path, monkeypatch):
     """Helper 168: only the config, its folder and the layer folder were held to the owner rule: a ``layers/`` between
     them that another user owns (or any user may write, no sticky bit) let them rename the layer away and put theirs

@@ -408,7 +408,11 @@ def operators(folders: Sequence[Path], origin: str) -> tuple[Path, ...]:
     if dupes := duplicates(map(str, folders)):
         raise C128Error(f"layer folder {dupes[0]} (from {origin}) is named twice: name each layer folder once")
     for folder in folders:
-        top = next((f for f in [folder, *folder.parents] if _patched_top(f)), None)
+        try:
+            top = next((f for f in [folder, *folder.parents] if _patched_top(f)), None)
+        except OSError as exc:  # (a part over 255 bytes: ENAMETOOLONG's traceback, helper 168)
+            raise C128Error(f"layer folder {folder} (from {origin}) cannot be looked at ({exc.strerror}): name a "
+                            "layer's folder") from None
         if top is not None:
             raise C128Error(f"layer folder {folder} (from {origin}) is inside {top}, a "
                             "tree c128patch patches: layers come from the operator, not from upstream")
