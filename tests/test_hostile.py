@@ -765,6 +765,21 @@ def test_an_environment_that_leaves_no_room_for_a_child_is_one_line(monkeypatch)
                                              "(the environment holds "), res.err
 
 
+@pytest.mark.parametrize("args", [["lint", "--offline", "--series", "LONG"], ["check", "--repo", "LONG"],
+                                  ["apply", "--tree", "LONG", "--sglang-rev", "v0.5.23"], ["lint", "--offline"]],
+                         ids=["series", "repo", "tree", "env-series"])
+def test_a_folder_given_whose_name_is_too_long_is_one_line(tmp_path, monkeypatch, args):
+    """Helper 168: a folder given (``--series``, ``--repo``, ``apply --tree``, ``$C128PATCH_SERIES``) with a part over
+    255 bytes was OSError's "File name too long" traceback, wherever it was first looked at."""
+    long = str(tmp_path / ("a" * 300))
+    if args == ["lint", "--offline"]:
+        monkeypatch.setenv("C128PATCH_SERIES", long)
+    res = invoke(*[long if a == "LONG" else a for a in args], as_json=False)
+    (line,) = res.err.strip().splitlines()
+    assert res.code == 2 and line.startswith("c128patch: error: a path is too long for the file system (File name "
+                                             "too long): "), res.err
+
+
 @pytest.mark.parametrize("stop", ["e2big", "memory", "threads"])
 def test_a_run_stopped_by_its_limits_prints_its_json_error_object(monkeypatch, stop):
     """Helper 159: ``wheel --json`` under ``ulimit -v 200000`` (and an E2BIG, a thread limit) exited 2 with its line on

@@ -255,13 +255,8 @@ def handles_errors(fn: Callable) -> Callable:
             said = filter(None, (f"c128patch: error: {one_line(exc.message)}", exc.hint))  # a newline of an input
             echo("\n".join(said))
             sys.exit(exc.exit_code)
-        except OSError as exc:  # a child the environment leaves no room for (E2BIG): one line
-            if exc.errno != errno.E2BIG:
-                raise
-            size = sum(len(k) + len(v) + 2 for k, v in os.environ.items())
-            _fail(run, f"cannot start {exc.filename or 'a child process'}: {exc.strerror} (the environment holds "
-                  f"{size} bytes, near the system's limit for a program's arguments and environment); unset large "
-                  "variables and run it again")
+        except OSError as exc:  # a limit of the machine's (E2BIG, ENAMETOOLONG): one line
+            _fail(run, _limit_met(exc))
         except (MemoryError, RuntimeError) as exc:  # (ulimit -v, -u, a full machine): one line, never a traceback
             if isinstance(exc, RuntimeError) and "can't start new thread" not in str(exc):
                 raise
@@ -290,6 +285,22 @@ def handles_errors(fn: Callable) -> Callable:
 # Has this invocation's verb body ended (returned, exited, said its error or interruption)? A signal after it (click's
 # and the interpreter's way out) changes nothing it did: ``cli.LazyGroup`` reads it, and resets it as each run starts.
 VERB_ENDED = [False]
+
+
+def _limit_met(exc: OSError) -> str:
+    """The one line for an OSError of the machine's limits; any other is raised again."""
+    from c128patch.textsafe import one_line
+
+    if exc.errno == errno.ENAMETOOLONG:  # a folder given (--series, --tree, --repo, $C128PATCH_SERIES) with a part over
+        # 255 bytes, or past PATH_MAX: OSError's traceback where it was first looked at (helper 168)
+        return (f"a path is too long for the file system ({exc.strerror}): {one_line(str(exc.filename))[:120]}...; "
+                "name a shorter one")
+    if exc.errno == errno.E2BIG:  # a child the environment leaves no room for
+        size = sum(len(k) + len(v) + 2 for k, v in os.environ.items())
+        return (f"cannot start {exc.filename or 'a child process'}: {exc.strerror} (the environment holds {size} "
+                "bytes, near the system's limit for a program's arguments and environment); unset large variables and "
+                "run it again")
+    raise exc
 
 
 def _fail(run: Run, message: str) -> None:
