@@ -1167,6 +1167,25 @@ def test_the_second_add_entry_prints_a_next_that_works_where_the_first_ones_tree
     assert [c for c in stacked.out("log", "--format=%s", "-3").splitlines()][1:] == ["acme: two", "acme: one"]
 
 
+def test_two_dependent_commits_added_child_first_are_placed_in_the_branch_s_order_and_apply(tmp_path, applied_clone):
+    """Helper 170: commit two edits the line commit one adds; `add-entry HEAD` then `add-entry HEAD~1` wrote the layer
+    as [two, one], and the printed apply stopped at two ("v0.5.23 has no line ... not an entry of ours"). The
+    second is placed before the entry its commit is below, and says so; the apply printed is proven."""
+    layer = tmp_path / "acme"
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0
+    anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    commit_on(applied_clone, ENV_PY, anchor, f"{anchor}    # acme: one\n", "acme: one")
+    commit_on(applied_clone, ENV_PY, "    # acme: one\n", "    # acme: one, changed\n    # acme: two\n", "acme: two")
+    for rev, name in (("HEAD", "two"), ("HEAD~1", "one")):
+        res = invoke("layer", "add-entry", "--layer", layer, "--from-commit", rev, "--tree", applied_clone, "--name",
+                     name, "--why", "w", as_json=False)
+        assert res.code == 0, res.text
+    assert "placed before acme/two" in res.text, res.text
+    assert [e.name for e in load_series(layer).entries] == ["one", "two"]
+    ran = run_printed(res.text.split("  next: ", 1)[1].strip())
+    assert ran.returncode == 0 and "identical to a fresh apply" in ran.stdout + ran.stderr, ran.stderr
+
+
 def test_add_entry_into_another_folder_of_the_trees_layer_prints_a_next_naming_that_folder(tmp_path, applied_clone):
     """Helper 153: a tree applied with layer acme from one folder, its commit added to another folder of acme (a copy
     of the workspace, a second clone of the layer's repository): the printed rebase named the tree's recorded folder,

@@ -90,7 +90,9 @@ def add_entry(folder: Path, commit: str, why: str, gate: str, name: str, tree: P
                            ["c128patch", "apply", "--sglang-rev", rev, "--layer", str(folder), "--tree", str(beside)])
         say(*([done.took] if done.took else []),
             f"entry {done.entry} ({done.file} in {folder}) from commit {done.commit[:12]}: {', '.join(done.files)}; "
-            f"gate {done.gate or 'none'}", *(f"  lint {f.level}: {f.entry}: {f.message}" for f in done.findings),
+            f"gate {done.gate or 'none'}"
+            + (f"; placed before {done.before} (its commit is above this one on the branch)" if done.before else ""),
+            *(f"  lint {f.level}: {f.entry}: {f.message}" for f in done.findings),
             *([f"  the entry is written (not again: it is one); fix the layer, then: {lint}"] if errors else
               [f"  next: {stack}"] if release_version(rev) else []))
     exit_unless(not errors)

@@ -18,7 +18,7 @@ from c128patch import procs
 from c128patch.errors import C128Error
 from c128patch.git import Git
 from c128patch.ops.lint import Finding, lint_series
-from c128patch.ops.merged import entry_making
+from c128patch.ops.merged import entries_making, entry_making
 from c128patch.ops.refresh import base_label, bumped, format_patch, slug
 from c128patch.ops.treestate import fault_point
 from c128patch.series import txn
@@ -43,6 +43,7 @@ class NewEntry:
     files: list[str]
     findings: list[Finding] = field(default_factory=list)
     took: str = ""  # why ``commit`` is not the one named (the tool's provenance record was named: the one below)
+    before: str = ""  # the entry it was placed before (made by a commit above it on the branch), "": last
 
 
 def new_layer(folder: Path, name: str, series: Series, base: str = "") -> Series:
@@ -158,12 +159,21 @@ def _add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, ga
                   base_sources=sources_at(git, base_commit, touched), sha256=hashlib.sha256(data).hexdigest(),
                   file=file)
     version = bumped(layer.version) if layer.entries else layer.version  # a new stack: its name and version say so
-    updated = Series(layer.root, layer.name, version, layer.base, [*layer.entries, entry], gates=layer.gates)
+    at = _place(git, layer, sha)
+    updated = Series(layer.root, layer.name, version, layer.base, [*layer.entries[:at], entry, *layer.entries[at:]],
+                     gates=layer.gates)
     _refuse_unsound(layer, updated, name, {f"patches/{file}": data}, sha)
     txn.commit_all([(layer.root, {layer.patches_dir / file: data, layer.manifest_path: updated.to_toml().encode()},
                      [], layer.manifest_path)], fault=lambda point: fault_point("at", point))
     return NewEntry(layer.name, full, f"patches/{file}", sha, gate, touched, lint_series(load_series(layer.root)),
-                    took)
+                    took, f"{layer.name}{SEP}{layer.entries[at].name}" if at < len(layer.entries) else "")
+
+
+def _place(git: Git, layer: Series, sha: str) -> int:
+    """Where the entry of commit ``sha`` goes in the layer: before the first entry made by a commit above it on the
+    branch (added first, it would be replayed before the change it is made on: `apply` stopped at it), else last."""
+    above = set(entries_making(git, layer, git.lines("rev-list", f"{sha}..HEAD")).values())
+    return next((i for i, e in enumerate(layer.entries) if e.name in above), len(layer.entries))
 
 
 def _entry_of(git: Git, sha: str) -> str:

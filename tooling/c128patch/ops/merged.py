@@ -81,18 +81,24 @@ def entry_making(git: Git, series: Series, sha: str, names: Collection[str] | No
     """The entry of ``series`` (of ``names`` only, where given) one of whose patch files makes the change commit
     ``sha`` makes (``git patch-id --stable``: context, line numbers and whitespace aside), else "": a commit of the
     user's that is an entry already (``layer add-entry`` run twice; a layer's entry committed by hand)."""
+    return entries_making(git, series, [sha], names).get(sha, "")
+
+
+def entries_making(git: Git, series: Series, commits: Sequence[str],
+                   names: Collection[str] | None = None) -> dict[str, str]:
+    """``entry_making`` for many commits in two git calls: commit -> its entry, for those that make one."""
     files = [(e.name, series.file_of(e, v)) for e in series.entries if e.is_patch
              and (names is None or e.name in names) for v in e.patch_files()]
     diffs = [(i, path.read_text(errors="replace").partition("\ndiff --git ")[2])
              for i, (_, path) in enumerate(files) if path.is_file()]
-    if not any(diff for _, diff in diffs):
-        return ""
+    if not commits or not any(diff for _, diff in diffs):
+        return {}
     # one git call for all files: each under a made-up commit id, its index in ``files``
     theirs = git.run("patch-id", "--stable",
                      input="".join(f"commit {i:040x}\ndiff --git {diff}" for i, diff in diffs if diff)).stdout
-    mine = git.run("patch-id", "--stable", input=git.out("show", "--format=commit %H", "--full-index", sha)).stdout
-    return next((files[int(fake, 16)][0] for pid, fake in (line.split() for line in theirs.splitlines())
-                 if mine.split() and pid == mine.split()[0]), "")
+    entry = {pid: files[int(fake, 16)][0] for pid, fake in reversed([line.split() for line in theirs.splitlines()])}
+    mine = git.run("patch-id", "--stable", input=git.out("show", "--format=commit %H", "--full-index", *commits)).stdout
+    return {commit: entry[pid] for pid, commit in (line.split() for line in mine.splitlines()) if pid in entry}
 
 
 def commit_diffs(git: Git, commits: list[str], *args: str, paths: Sequence[str] = ()) -> dict[str, str]:
