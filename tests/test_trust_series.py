@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -2353,8 +2354,38 @@ def test_apply_repo_with_a_damaged_pack_index_is_one_line_not_a_conflict(sglang_
     idx.write_bytes(data[:2000] + b"\xff" * 100 + data[2100:])
     refused(["apply", "--repo", repo, "--sglang-rev", "v0.5.23", "--tree", tmp_path / "t"],
             contains=f"the repository {repo.resolve()} is damaged (objects/pack/{idx.name} fails its checksum), not "
-                     "the series: repair it or clone it again")
+                     f"the series: check it (git -C {repo.resolve()} fsck), then repair it or clone it again")
     assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("bare", [True, False], ids=["bare", "work-tree"])
+def test_the_operators_repo_path_with_a_damaged_pack_index_is_one_line_naming_it_and_fsck(sglang_release_repo,
+                                                                                         tmp_path, bare):
+    """Helper 170: `--repo PATH` (a clone of one pack) whose pack index is damaged: `check` said "all apply" or
+    "unknown rev 'v0.5.23'", `lint --repo` "git read-tree ... failed: fatal: unable to read tree", `lint` passed
+    with "base ... not in the upstream repository" (git's words, or none, naming neither the repository nor a
+    check). Its indexes are checked when it is opened, as the mirror's: one line naming it and `git -C PATH fsck`,
+    which works as printed (and finds the damage)."""
+    repo = tmp_path / ("repo.git" if bare else "repo")
+    subprocess.run(["git", "clone", "-q", *(["--bare"] if bare else ["--no-checkout"]),
+                    f"file://{sglang_release_repo}", str(repo)], check=True)
+    objects = repo / ("objects" if bare else ".git/objects")
+    (idx,) = (objects / "pack").glob("*.idx")
+    idx.chmod(0o644)
+    data = idx.read_bytes()
+    count = int.from_bytes(data[8 + 255 * 4:8 + 256 * 4], "big")
+    offsets = 8 + 1024 + 24 * count  # every object's offset in the pack: 4096
+    idx.write_bytes(data[:offsets] + b"\0\0\x10\0" * count + data[offsets + 4 * count:])
+    for verb in (["check", "--sglang-rev", "v0.5.23"], ["apply", "--sglang-rev", "v0.5.23", "--tree", tmp_path / "t"],
+                 ["lint"]):
+        line = refused([*verb, "--repo", repo], contains=f"the repository {repo.resolve()} is damaged "
+                       f"({objects.relative_to(repo)}/pack/{idx.name} fails its checksum), not the series: check it "
+                       f"(git -C {repo.resolve()} fsck), then repair it or clone it again")
+    assert not (tmp_path / "t").exists()
+    fsck = subprocess.run(shlex.split(line.split("check it (", 1)[1].split(")", 1)[0]), capture_output=True, text=True)
+    assert fsck.returncode != 0 and idx.stem in fsck.stderr, fsck.stderr
+    idx.write_bytes(data)
+    assert invoke("check", "--repo", repo, "--sglang-rev", "v0.5.23").code == 0
 
 
 def test_a_urls_mirror_in_the_cache_with_a_damaged_pack_index_is_one_line_saying_how_to_rebuild(

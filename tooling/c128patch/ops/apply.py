@@ -27,7 +27,14 @@ from c128patch.series.provenance import PROVENANCE_PATH, committed, starts_stack
 from c128patch.textsafe import shell_join, shell_quote
 from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.releases import damaged_index
-from c128patch.upstream.source import Target, Upstream, discard_fresh_tree, open_upstream, prepare_tree
+from c128patch.upstream.source import (
+    Target,
+    Upstream,
+    damaged_repository,
+    discard_fresh_tree,
+    open_upstream,
+    prepare_tree,
+)
 
 _DAMAGED = re.compile(r"inflate|corrupt|bad object|unable to read|invalid object|packed object|loose object")  # git's
 
@@ -104,11 +111,12 @@ def _damaged(upstream: Upstream, source: str) -> str:
     bad = damaged_index(Path(source) / "objects")
     if bad is None:
         return ""
+    if upstream.kind == "path":
+        return damaged_repository(source, f"objects/pack/{bad}")
     what, again = {"release": ("the release cache", f"rebuild it: rm -rf {shell_quote(source)} (the next run imports "
                                                     "the releases again)"),
                    "url": (f"the mirror of {upstream.location}:", f"rebuild it: rm -rf {shell_quote(source)} (the "
-                                                                  "next run mirrors it again)")}.get(
-        upstream.kind, ("the repository", "repair it or clone it again"))
+                                                                  "next run mirrors it again)")}[upstream.kind]
     return f"{what} {source} is damaged (objects/pack/{bad} fails its checksum), not the series: {again}"
 
 

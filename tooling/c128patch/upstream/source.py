@@ -126,9 +126,21 @@ def open_upstream(repo: str | None, revs: list[str], reporter: Reporter = NullRe
     if not path.exists():
         raise C128Error(f"missing repo: {path} does not exist")
     git = Git(worktree=path) if own_work_tree(path, "--repo") else Git(git_dir=path)
-    if not git.ok("rev-parse", "--git-dir"):
+    objects = git.run("rev-parse", "--git-path", "objects", check=False)
+    if objects.returncode != 0:
         raise C128Error(f"not a git repository: {path}")
+    # (~1 ms a pack index; git's "Could not read ..." or "unknown rev" named neither the repository nor a check)
+    store = (git.cwd / objects.stdout.strip()).resolve()
+    if bad := damaged_index(store):
+        shown_store = store.relative_to(path.resolve()) if store.is_relative_to(path.resolve()) else store
+        raise C128Error(damaged_repository(str(path.resolve()), f"{shown_store}/pack/{bad}"))
     return Upstream("path", git, str(path.resolve()))
+
+
+def damaged_repository(repo: str, index: str) -> str:
+    """The line for the operator's repository ``repo`` whose pack ``index`` fails its checksum: how to check it."""
+    return (f"the repository {repo} is damaged ({index} fails its checksum), not the series: check it (git -C "
+            f"{shell_quote(repo)} fsck), then repair it or clone it again")
 
 
 MIRROR_DONE = "c128patch-mirror-complete"  # written into a mirror once its clone finished
