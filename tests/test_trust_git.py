@@ -1387,6 +1387,88 @@ def test_a_trees_crlf_settings_and_sparse_checkout_neither_stop_apply_half_done(
     assert invoke("status", "--tree", tree, "--series", series).code == 0
 
 
+CRLF_CONFIG = "[core]\n\tautocrlf = true\n\teol = crlf\n\tsafecrlf = true\n"
+
+
+def test_the_operators_global_crlf_config_changes_no_commit_proof_or_refreshed_byte(series, sglang_release_repo,  # noqa: F811
+                                                                                    tmp_path, monkeypatch):
+    """Helper 170 (issue 36's open item): the operator's global config (GIT_CONFIG_GLOBAL: core.autocrlf=true,
+    core.eol=crlf, core.safecrlf=true), their clone checked out with it (CRLF files) and their own commit made with
+    it. `apply` refused "uncommitted changes" (the tool's git read none of it: CRLF files differed from the index), and
+    the `git stash -u` it printed said "No local changes to save". Now `apply` commits the trees a plain clone's apply
+    does, `status` proves it, and `refresh` writes the bytes it writes from a plain clone."""
+    (tmp_path / "gitconfig").write_text(CRLF_CONFIG)
+    trees, copies = [], []
+    for name, config in (("plain", os.devnull), ("crlf", str(tmp_path / "gitconfig"))):
+        monkeypatch.setenv("GIT_CONFIG_GLOBAL", config)
+        tree = small_clone(sglang_release_repo, tmp_path / name).worktree
+        nl = b"\r\n" if name == "crlf" else b"\n"
+        assert nl in (tree / CUH).read_bytes() and (nl == b"\r\n") == (b"\r\n" in (tree / CUH).read_bytes())
+        assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", tree, "--series", series).code == 0
+        said = invoke("status", "--tree", tree, "--series", series)
+        assert said.code == 0 and said.out["equivalence"]["identical"] is True, said.out["equivalence"]
+        edited = EDIT[CUH][1].rstrip("\n").encode() + nl
+        text = (tree / CUH).read_bytes()
+        assert text.count(edited) == 1
+        (tree / CUH).write_bytes(text.replace(edited, edited * 2))
+        # (their safecrlf=true would refuse the overlay the tool wrote with the series' LF bytes: not asked here)
+        proc = subprocess.run(["git", "-C", str(tree), "-c", "user.name=u", "-c", "user.email=u@x.invalid", "-c",
+                               "core.safecrlf=false", "commit", "-qam",
+                        "c128: blank line", "--trailer", "C128patch-Gate: none (test)"], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        copies.append(shutil.copytree(series, tmp_path / f"series-{name}"))
+        assert invoke("refresh", "--tree", tree, "--series", copies[-1]).code == 0
+        assert invoke("refresh", "--check", "--tree", tree, "--series", copies[-1]).code == 0
+        trees.append(Git(worktree=tree).out("log", "--format=%T", "v0.5.23..HEAD~1"))
+    assert trees[0] == trees[1]
+    assert snapshot_files(copies[0]) == snapshot_files(copies[1])
+
+
+def snapshot_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+            and ".git" not in p.parts}
+
+
+def test_a_checkout_of_this_repository_with_crlf_settings_keeps_the_series_bytes(tmp_path):
+    """Helper 170: the operator's global `core.autocrlf=true` (`core.eol=crlf`), in a clone of this repository (theirs,
+    or the one `pip install git+URL` makes, whose package takes the series from it): every patch and overlay was
+    written with CRLF line ends, and `lint` gave 35 errors ("sha256 does not match", "corrupt patch ... names another
+    path than its diff header"), `apply` refused. The repository's `.gitattributes` keeps every file's bytes."""
+    from support import REPO_ROOT
+
+    src, dest = tmp_path / "src", tmp_path / "clone"
+    src.mkdir()
+    for part in ("patches", "overlay", "csrc"):
+        shutil.copytree(REPO_ROOT / part, src / part)
+    shutil.copy(REPO_ROOT / ".gitattributes", src / ".gitattributes")
+    (tmp_path / "gitconfig").write_text(CRLF_CONFIG)
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    subprocess.run(["git", "init", "-q", str(src)], check=True, env=env)
+    subprocess.run(["git", "-C", str(src), "add", "-A"], check=True, env=env)
+    subprocess.run(["git", "-C", str(src), "-c", "user.name=u", "-c", "user.email=u@x.invalid", "commit", "-qm", "s"],
+                   check=True, env=env)
+    subprocess.run(["git", "clone", "-q", str(src), str(dest)], check=True,
+                   env={**env, "GIT_CONFIG_GLOBAL": str(tmp_path / "gitconfig")})
+    res = invoke("lint", "--offline", "--series", dest)
+    assert res.code == 0, res.text
+
+
+def test_a_series_file_with_crlf_line_ends_is_said_to_be_one_not_a_corrupt_patch(series):  # noqa: F811
+    """Helper 170: a series (or a layer) checked out with CRLF line ends: lint said "corrupt patch ... '--- a/...'
+    names another path than its diff header (git would take it as a rename)" and apply "sha256 does not match the
+    manifest (... record the change with `c128patch lint --update-hashes`)", which would record the CRLF bytes. Both
+    say what it is."""
+    entry = next(e for e in load_series(series).entries if e.is_patch)
+    path = load_series(series).file_of(entry)
+    path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    res = invoke("lint", "--offline", "--series", series, as_json=False)
+    said = [line for line in res.text.splitlines() if path.name in line]
+    assert res.code == 1 and len(said) == 1 and "its lines end in CRLF, the manifest's bytes in LF" in said[0], said
+    line = refused(["apply", "--sglang-rev", "v0.5.23", "--series", series, "--tree", series.parent / "t"],
+                   contains=f"corrupt series file patches/{path.name}: its lines end in CRLF")
+    assert "--update-hashes" not in line
+
+
 def test_a_rebase_in_a_sparse_checkout_leaves_the_provenance_in_the_tree(series, tree):
     """h140 case 35: in a sparse tree whose patterns leave out the provenance, rebase's checkout of its result left it
     out (skip-worktree, not on disk): status said "no c128patch series is applied" and advised checking out the

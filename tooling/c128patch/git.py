@@ -358,11 +358,29 @@ class Git:
                     off += [f"filter.{m.group(2)}.{k}" for k in ("clean=", "smudge=", "process=", "required=false")]
                 elif m and m.group(1) == "diff":  # (its cache would write notes into the repository)
                     off += [f"diff.{m.group(2)}.textconv=cat", f"diff.{m.group(2)}.cachetextconv=false"]
+            off += self._operators_eol(forced)
             _FILTERS[key] = (off, refusal)
         off, refusal = _FILTERS[key]
         if refusal:
             raise C128Error(refusal)
         return list(off)
+
+    def _operators_eol(self, forced: list[str]) -> list[str]:
+        """``core.autocrlf`` and ``core.eol`` as the operator's git reads them here (the repository's, else their
+        global or system config's, which the tool's calls read nothing else of): a tree their git checked out with
+        CRLF line ends was "uncommitted changes" to the tool's git, and the `git stash -u` printed said "No local
+        changes to save"; the commits are the same either way (``FORCED_CONFIG``'s core.safeCRLF, overlays staged
+        ``--no-filters``); none without a work tree."""
+        if self.worktree is None:
+            return []
+        env = self._base_env()
+        for name in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_NOSYSTEM", "GIT_CONFIG_SYSTEM"):
+            env.pop(name, None)
+            if name in os.environ and (name != "GIT_CONFIG_GLOBAL" or os.path.isabs(os.environ[name])):
+                env[name] = os.environ[name]
+        items = self._raw(["config", "-z", "--get-regexp", r"^core\.(autocrlf|eol)$"], env, forced).stdout
+        found = dict(item.partition("\n")[::2] for item in items.split("\0") if item)  # (the last one wins, as git's)
+        return [f"{name}={value}" for name, value in found.items()]
 
     def _layout_refusal(self, name: str, value: str, forced: list[str]) -> str:
         """Why c128patch cannot work in this repository as its config lays it out ("": it can)."""

@@ -11,7 +11,7 @@ from c128patch.series import txn
 from c128patch.series.contract import read_lock
 from c128patch.series.gates import ENVIRON_PATH, SeriesText, declaration_problems, declarations, gate_problems
 from c128patch.series.ledger import Ledger
-from c128patch.series.manifest import Entry, Series, Variant, load_series, sha256_file
+from c128patch.series.manifest import Entry, Series, Variant, hash_mismatch, load_series, sha256_file
 from c128patch.series.patchfile import read_patch
 from c128patch.series.paths import not_a_file, symlink_on_path
 from c128patch.series.plan import base_holding, merged_entries, prefixes, sources_at, symlink_refusal, tree_modes
@@ -40,8 +40,10 @@ def _file_findings(series: Series, e: Entry, variant: Variant | None, patched: d
     want = variant.sha256 if variant else e.sha256
     if not want:
         found.append(Finding(e.name, f"{rel} has no sha256 in the manifest"))
-    elif sha256_file(path) != want:
-        found.append(Finding(e.name, f"{rel}: sha256 does not match the manifest"))
+    elif why := hash_mismatch(path, want):
+        found.append(Finding(e.name, f"{rel}: {why}"))
+        if not why.startswith("sha256"):  # (its parse would call it corrupt for each '\r')
+            return found
     if variant is None:
         return found
     try:

@@ -54,6 +54,19 @@ def sha256_file(path: Path) -> str:
     return hashlib.sha256(read_series_file(path)).hexdigest()
 
 
+def hash_mismatch(path: Path, want: str) -> str:
+    """Why series file ``path`` is not the manifest's (sha256 ``want``), "" where it is: a file whose lines end in
+    CRLF where the manifest's end in LF says so (a checkout with core.autocrlf=true or core.eol=crlf: lint called
+    each patch "corrupt" for a '---' line "naming another path than its diff header", and offered --update-hashes)."""
+    data = read_series_file(path)
+    if hashlib.sha256(data).hexdigest() == want:
+        return ""
+    if b"\r\n" in data and hashlib.sha256(data.replace(b"\r\n", b"\n")).hexdigest() == want:
+        return ("its lines end in CRLF, the manifest's bytes in LF (a checkout with core.autocrlf=true or "
+                "core.eol=crlf wrote them): check it out again with its bytes as committed")
+    return "sha256 does not match the manifest"
+
+
 @dataclass(frozen=True)
 class Variant:
     """One patch file of an entry, made on upstream ``base`` (a tag; ``commit`` for a base no tag names), by

@@ -29,7 +29,7 @@ from typing import Callable, Literal
 from c128patch import procs
 from c128patch.errors import C128Error
 from c128patch.git import Git, ReadMemo, blob_id, ls_tree, remembered
-from c128patch.series.manifest import ABSENT, Entry, Series, Variant, sha256_file
+from c128patch.series.manifest import ABSENT, Entry, Series, Variant, hash_mismatch
 from c128patch.series.patchfile import NULL_BLOB, PatchInfo, read_patch, read_patches
 from c128patch.series.paths import PROVENANCE_PATH, not_a_file, symlink_on_path
 from c128patch.series.trailers import ENTRY_TRAILER, GATE_TRAILER, SERIES_TRAILER, find_trailers
@@ -422,9 +422,10 @@ def verify_file(series: Series, entry: Entry, variant: Variant | None) -> Path:
     if link is not None:
         raise C128Error(f"unsafe path in entry '{entry.name}': {path} goes through the symlink {link}")
     want = variant.sha256 if variant else entry.sha256
-    if want and sha256_file(path) != want:
-        raise C128Error(f"corrupt series file {path.relative_to(root)}: sha256 does not match the manifest "
-                        "(restore it, or record the change with `c128patch lint --update-hashes`)")
+    if want and (why := hash_mismatch(path, want)):
+        raise C128Error(f"corrupt series file {path.relative_to(root)}: {why}" + (
+            " (restore it, or record the change with `c128patch lint --update-hashes`)" if why.startswith("sha256")
+            else ""))
     return path
 
 
