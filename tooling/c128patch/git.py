@@ -376,8 +376,9 @@ class Git:
         env = self._base_env()
         for name in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_NOSYSTEM", "GIT_CONFIG_SYSTEM"):
             env.pop(name, None)
-            if name in os.environ and (name != "GIT_CONFIG_GLOBAL" or os.path.isabs(os.environ[name])):
-                env[name] = os.environ[name]
+            if name in os.environ:  # (a relative file would be the tree's: none read)
+                value = os.environ[name]
+                env[name] = value if name.endswith("NOSYSTEM") or os.path.isabs(value) else os.devnull
         items = self._raw(["config", "-z", "--get-regexp", r"^core\.(autocrlf|eol)$"], env, forced).stdout
         found = dict(item.partition("\n")[::2] for item in items.split("\0") if item)  # (the last one wins, as git's)
         return [f"{name}={value}" for name, value in found.items()]
